@@ -1,0 +1,135 @@
+"""Process groups that count what they send.
+
+Every collective in hybrid goes through a `Group`, which wraps one torch.distributed process group
+and records each call in a `CommLedger`: calls and bytes per (collective, group name). Tests assert
+communication volumes on the ledger exactly, and the planner predicts the same numbers.
+
+Byte convention (nccl-tests' "size S", see doc/PERFORMANCE.md there):
+  * all_reduce:      S = bytes of the tensor reduced (each rank's input = output size)
+  * all_gather:      S = bytes of the gathered output (world x the input)
+  * reduce_scatter:  S = bytes of the full input (world x the output)
+  * broadcast:       S = bytes of the tensor
+  * send / recv:     S = bytes of the tensor, counted by the sender (send) and receiver (recv)
+The wire bytes follow from S: an all-reduce ring moves 2(n-1)/n S per rank, all-gather and
+reduce-scatter (n-1)/n S.
+
+A group of size 1 never calls torch.distributed and records nothing: single-process code is the
+ordinary path, not a special case.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class LedgerEntry:
+    calls: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class CommLedger:
+    """Calls and bytes per (collective, group name)."""
+
+    entries: dict[tuple[str, str], LedgerEntry] = field(default_factory=lambda: defaultdict(LedgerEntry))
+
+    def record(self, op: str, group: str, nbytes: int) -> None:
+        e = self.entries[(op, group)]
+        e.calls += 1
+        e.bytes += nbytes
+
+    def calls(self, op: str, group: str) -> int:
+        return self.entries[(op, group)].calls if (op, group) in self.entries else 0
+
+    def bytes(self, op: str | None = None, group: str | None = None) -> int:
+        return sum(e.bytes for (o, g), e in self.entries.items()
+                   if (op is None or o == op) and (group is None or g == group))
+
+    def reset(self) -> None:
+        self.entries.clear()
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """{"op@group": {"calls": n, "bytes": b}}, for logs and JSON."""
+        return {f"{o}@{g}": {"calls": e.calls, "bytes": e.bytes} for (o, g), e in sorted(self.entries.items())}
+
+
+# torch 2.13 renamed the tensor-in/tensor-out collectives; keep working on older releases.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@dataclass
+class Group:
+    """One process group (or a solo rank) plus the ledger its collectives are recorded in.
+
+    `ranks` are global ranks in group order; `rank` is this process's index within them.
+    """
+
+    name: str
+    ranks: tuple[int, ...]
+    pg: "dist.ProcessGroup | None"
+    ledger: CommLedger
+
+    @classmethod
+    def solo(cls, name: str, ledger: CommLedger | None = None) -> "Group":
+        return cls(name=name, ranks=(dist.get_rank() if dist.is_initialized() else 0,), pg=None,
+                   ledger=ledger or CommLedger())
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def rank(self) -> int:
+        return self.ranks.index(dist.get_rank()) if self.size > 1 else 0
+
+    # --- collectives (in place where torch's are) -------------------------------------------
+    def all_reduce(self, t: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+        if self.size > 1:
+            self.ledger.record("all_reduce", self.name, _nbytes(t))
+            dist.all_reduce(t, op=op, group=self.pg)
+        return t
+
+    def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """Concatenate every rank's `t` along `dim`, in group order."""
+        if self.size == 1:
+            return t
+        t_moved = t.movedim(dim, 0).contiguous()  # torch gathers along dim 0
+        out = torch.empty((self.size * t_moved.shape[0],) + tuple(t_moved.shape[1:]),
+                          dtype=t.dtype, device=t.device)
+        self.ledger.record("all_gather", self.name, _nbytes(out))
+        _all_gather_single(out, t_moved, group=self.pg)
+        return out.movedim(0, dim)
+
+    def reduce_scatter(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """Sum over ranks, then keep this rank's 1/size slice along `dim`."""
+        if self.size == 1:
+            return t
+        if t.shape[dim] % self.size != 0:
+            raise ValueError(f"reduce_scatter over {self.name}: dim {dim} of size {t.shape[dim]} "
+                             f"is not divisible by the group size {self.size}")
+        t_moved = t.movedim(dim, 0).contiguous()
+        out = torch.empty((t_moved.shape[0] // self.size,) + tuple(t_moved.shape[1:]),
+                          dtype=t.dtype, device=t.device)
+        self.ledger.record("reduce_scatter", self.name, _nbytes(t_moved))
+        _reduce_scatter_single(out, t_moved, group=self.pg)
+        return out.movedim(0, dim)
+
+    def broadcast(self, t: torch.Tensor, src_index: int = 0) -> torch.Tensor:
+        if self.size > 1:
+            self.ledger.record("broadcast", self.name, _nbytes(t))
+            dist.broadcast(t, src=self.ranks[src_index], group=self.pg)
+        return t
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            dist.barrier(group=self.pg)

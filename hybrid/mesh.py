@@ -1,0 +1,197 @@
+"""The parallel layout: one object that says how ranks form the TP x DP x PP mesh.
+
+Two halves, kept apart so the rank arithmetic is unit-tested with no processes:
+
+* `ParallelDims` -- pure data: the sizes, the rank order, validation, and "which ranks share
+  my tensor/data/pipeline group". No torch.distributed calls.
+* `Mesh` -- `ParallelDims` plus this rank's coordinates and one `Group` per axis (built with
+  `torch.distributed.new_group`), handed down to every layer, schedule and optimizer that needs one.
+
+Rank order (Megatron's `RankGenerator`, order "tp-dp-pp"): TP is innermost, then DP, then PP,
+
+    rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+
+so with 8 GPUs per node and tp <= 8 every TP group lives inside one node (TP moves the most bytes,
+two all-reduces per layer per micro-batch), the DP replicas of a stage come next, and the pipeline
+stages -- whose point-to-point traffic is the lightest -- are spread across nodes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+import torch.distributed as dist
+
+from hybrid.comm import CommLedger, Group
+
+
+class Axis(Enum):
+    """A mesh axis; the value is the name used in the ledger and in error messages."""
+
+    TP = "tp"
+    DP = "dp"
+    PP = "pp"
+
+
+@dataclass(frozen=True)
+class Coords:
+    """Where one rank sits in the mesh."""
+
+    tp: int
+    dp: int
+    pp: int
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Sizes of the three mesh axes. world = tp * dp * pp.
+
+    Attributes:
+        tp: tensor-parallel size (`--tensor-model-parallel-size`).
+        pp: pipeline-parallel size (`--pipeline-model-parallel-size`).
+        dp: data-parallel size (derived from the world size in the scripts).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--tensor-model-parallel-size", self.tp),
+                            ("--pipeline-model-parallel-size", self.pp),
+                            ("data-parallel size", self.dp)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_world(cls, world_size: int, tp: int = 1, pp: int = 1) -> "ParallelDims":
+        """dp = world / (tp * pp); raises if the world does not factor that way."""
+        if world_size % (tp * pp) != 0:
+            raise ValueError(
+                f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp}) x "
+                f"--pipeline-model-parallel-size ({pp}) = {tp * pp}; choose sizes whose product divides {world_size}")
+        return cls(tp=tp, pp=pp, dp=world_size // (tp * pp))
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    # --- rank arithmetic (order tp-dp-pp, TP innermost) -------------------------------------
+    def coords(self, rank: int) -> Coords:
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank {rank} outside world of size {self.world}")
+        return Coords(tp=rank % self.tp, dp=(rank // self.tp) % self.dp, pp=rank // (self.tp * self.dp))
+
+    def rank(self, c: Coords) -> int:
+        return c.tp + self.tp * (c.dp + self.dp * c.pp)
+
+    def group_ranks(self, axis: Axis) -> list[list[int]]:
+        """Every group along `axis`: the ranks that differ only in that coordinate, in coordinate order."""
+        size = {Axis.TP: self.tp, Axis.DP: self.dp, Axis.PP: self.pp}[axis]
+        groups: dict[tuple[int, int], list[int]] = {}
+        for r in range(self.world):
+            c = self.coords(r)
+            key = {Axis.TP: (c.dp, c.pp), Axis.DP: (c.tp, c.pp), Axis.PP: (c.tp, c.dp)}[axis]
+            groups.setdefault(key, []).append(r)
+        out = [groups[k] for k in sorted(groups)]
+        assert all(len(g) == size for g in out)  # internal invariant, not user input
+        return out
+
+    def embedding_group_ranks(self) -> list[list[int]]:
+        """First and last pipeline stage of each pipeline: they hold the two copies of a tied
+        embedding (input embedding on stage 0, LM head on stage pp-1) and sum their gradients."""
+        return [[g[0], g[-1]] if len(g) > 1 else [g[0]] for g in self.group_ranks(Axis.PP)]
+
+    def group_of(self, axis: Axis, rank: int) -> list[int]:
+        return next(g for g in self.group_ranks(axis) if rank in g)
+
+
+def validate_model_dims(dims: ParallelDims, num_heads: int, num_kv_heads: int, num_layers: int) -> None:
+    """Check that a model can be split over `dims`; each failure names the flag and the fix."""
+    if num_heads % dims.tp != 0:
+        raise ValueError(f"--tensor-model-parallel-size {dims.tp} does not divide the {num_heads} attention heads; "
+                         f"use a divisor of {num_heads}")
+    if num_kv_heads % dims.tp != 0 and dims.tp % num_kv_heads != 0:
+        raise ValueError(f"--tensor-model-parallel-size {dims.tp} and the {num_kv_heads} key/value heads must divide "
+                         f"one another (kv-heads are split, or replicated when tp exceeds them)")
+    if num_layers < dims.pp:
+        raise ValueError(f"--pipeline-model-parallel-size {dims.pp} exceeds the {num_layers} layers; "
+                         f"use at most {num_layers} stages")
+
+
+def default_backend() -> tuple[str, torch.device]:
+    """NCCL + the local CUDA device when present, gloo + CPU otherwise; HYBRID_BACKEND/HYBRID_DEVICE override."""
+    backend = os.environ.get("HYBRID_BACKEND")
+    device = os.environ.get("HYBRID_DEVICE")
+    if device is None:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+    if backend is None:
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+    return backend, torch.device(device)
+
+
+@dataclass
+class Mesh:
+    """This rank's view of the layout: its coordinates and one `Group` per axis.
+
+    Build with `Mesh.build(dims)` after `torch.distributed.init_process_group`, or `Mesh.single()`
+    for one process (every group of size 1; collectives are no-ops).
+    """
+
+    dims: ParallelDims
+    rank: int
+    tp: Group
+    dp: Group
+    pp: Group
+    embedding: Group
+    device: torch.device
+    ledger: CommLedger = field(default_factory=CommLedger)
+
+    @property
+    def coords(self) -> Coords:
+        return self.dims.coords(self.rank)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.coords.pp == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.coords.pp == self.dims.pp - 1
+
+    @classmethod
+    def single(cls, device: torch.device | str = "cpu", ledger: CommLedger | None = None) -> "Mesh":
+        ledger = ledger or CommLedger()
+        solo = {a: Group.solo(a, ledger) for a in ("tp", "dp", "pp", "embedding")}
+        return cls(dims=ParallelDims(), rank=0, device=torch.device(device), ledger=ledger, **solo)
+
+    @classmethod
+    def build(cls, dims: ParallelDims, device: torch.device | None = None,
+              ledger: CommLedger | None = None) -> "Mesh":
+        """Create the process groups. Collective: every rank of the world must call it with equal `dims`."""
+        if not dist.is_initialized():
+            raise RuntimeError("Mesh.build needs torch.distributed.init_process_group first")
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if world != dims.world:
+            raise ValueError(f"layout tp={dims.tp} x dp={dims.dp} x pp={dims.pp} = {dims.world} ranks, "
+                             f"but the world has {world}; fix the sizes or the number of processes")
+        ledger = ledger or CommLedger()
+        groups = {axis.value: _new_groups(dims.group_ranks(axis), rank, axis.value, ledger) for axis in Axis}
+        groups["embedding"] = _new_groups(dims.embedding_group_ranks(), rank, "embedding", ledger)
+        device = device or default_backend()[1]
+        return cls(dims=dims, rank=rank, device=device, ledger=ledger, **groups)
+
+
+def _new_groups(all_ranks: list[list[int]], rank: int, name: str, ledger: CommLedger) -> Group:
+    """`new_group` is collective over the whole world, so every rank creates every group and keeps its own."""
+    mine = None
+    for ranks in all_ranks:
+        pg = dist.new_group(ranks) if len(ranks) > 1 else None
+        if rank in ranks:
+            mine = Group(name=name, ranks=tuple(ranks), pg=pg, ledger=ledger)
+    if mine is None:  # rank belongs to no group of this kind (cannot happen for the axes)
+        mine = Group.solo(name, ledger)
+    return mine

@@ -1,0 +1,210 @@
+"""Tensor-parallel layers (Megatron-LM, Shoeybi et al. 2019; sequence parallel, Korthikanti et al. 2022).
+
+Every layer takes a `TPContext` -- the TP group and whether sequence parallelism is on -- and tags
+each parameter with a `ShardSpec` (see sharding.py). Activations are batch-first, (B, T, C).
+
+Region entry/exit are explicit so several linears can share one collective:
+
+    h = tp.enter(x)                 # f, or all-gather of the sequence under SP
+    q, k, v = q_proj(h), k_proj(h), v_proj(h)        # column-parallel, enter=False
+    y = o_proj(attn(q, k, v))       # row-parallel: g, or reduce-scatter of the sequence under SP
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hybrid.comm import Group
+from hybrid.tp.mappings import (copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp,
+                                reduce_scatter_to_sp)
+from hybrid.tp.sharding import REPLICATED, InitFn, ShardSpec, set_spec, split_spec
+
+
+@dataclass(frozen=True)
+class TPContext:
+    """What a layer needs to know about tensor parallelism.
+
+    Attributes:
+        group: the tensor-parallel group (size 1 = no TP).
+        sequence_parallel: activations outside the TP regions are split along the sequence
+            (`--sequence-parallel`); norms and dropout then run on T/t tokens per rank.
+    """
+
+    group: Group
+    sequence_parallel: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        """Replicated (or sequence-sharded) activations -> input of column-parallel layers."""
+        return gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
+
+    def exit(self, y: torch.Tensor) -> torch.Tensor:
+        """Partial sums from row-parallel layers -> replicated (or sequence-sharded) activations."""
+        return reduce_scatter_to_sp(y, self.group) if self.sequence_parallel else reduce_from_tp(y, self.group)
+
+    def replicated_spec(self) -> ShardSpec:
+        """Spec of a parameter every TP rank holds whole and applies outside the TP regions: under
+        SP each rank sees only T/t tokens, so its gradient is a partial sum."""
+        return ShardSpec(partial_grad=True) if self.sequence_parallel and self.size > 1 else REPLICATED
+
+
+def normal_init(std: float) -> InitFn:
+    return lambda w, gen: w.normal_(0.0, std, generator=gen)
+
+
+def zeros_init(w: torch.Tensor, gen: torch.Generator) -> None:
+    w.zero_()
+
+
+def ones_init(w: torch.Tensor, gen: torch.Generator) -> None:
+    w.fill_(1.0)
+
+
+class ColumnParallelLinear(nn.Module):
+    """Y = X A, A = [A_1 ... A_t] split by output columns; rank i computes Y_i = X A_i.
+
+    Weight shard: (out/t, in). `enter=True` applies tp.enter to the input (pass False when the
+    caller entered the region once for several linears); `gather_output` all-gathers Y.
+    `out_spec` overrides the even split (replicated key/value heads).
+    """
+
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, bias: bool = True,
+                 enter: bool = True, gather_output: bool = False, init: InitFn = normal_init(0.02),
+                 out_spec: ShardSpec | None = None):
+        super().__init__()
+        self.tp, self.enter, self.gather_output = tp, enter, gather_output
+        spec = out_spec or _even_split(out_features, tp.size, dim=0, flag="output features")
+        local_out = spec.length
+        self.weight = set_spec(nn.Parameter(torch.empty(local_out, in_features)), spec, init)
+        self.bias = None
+        if bias:
+            self.bias = set_spec(nn.Parameter(torch.empty(local_out)), spec, zeros_init)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.enter:
+            x = self.tp.enter(x)
+        y = F.linear(x, self.weight, self.bias)  # (B, T, out/t)
+        return gather_from_tp(y, self.tp.group) if self.gather_output else y
+
+
+class RowParallelLinear(nn.Module):
+    """Y = X B, B = [B_1; ...; B_t] split by input rows; Y = sum_i X_i B_i.
+
+    The input is already split along its last dim (the output of a column-parallel layer).
+    Weight shard: (out, in/t). The bias is added once, after the sum (tp.exit).
+    """
+
+    def __init__(self, in_features: int, out_features: int, tp: TPContext, bias: bool = True,
+                 init: InitFn = normal_init(0.02)):
+        super().__init__()
+        self.tp = tp
+        spec = _even_split(in_features, tp.size, dim=1, flag="input features")
+        self.weight = set_spec(nn.Parameter(torch.empty(out_features, spec.length)), spec, init)
+        self.bias = None
+        if bias:
+            self.bias = set_spec(nn.Parameter(torch.empty(out_features)), tp.replicated_spec(), zeros_init)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.tp.exit(F.linear(x, self.weight))  # partial (B, T, out) summed over TP
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding table split by vocabulary rows; the vocabulary is padded to a multiple of
+    tp * `pad_to` (Megatron's make-vocab-size-divisible-by), padding rows are zeros and unused.
+
+    Rank i holds rows [i V_p/t, (i+1) V_p/t). A token outside that range contributes zero, so
+    summing over TP (tp.exit) gives every rank the full embedding.
+    """
+
+    def __init__(self, vocab_size: int, dim: int, tp: TPContext, pad_to: int = 1,
+                 init: InitFn = normal_init(0.02)):
+        super().__init__()
+        self.tp = tp
+        spec = vocab_spec(vocab_size, tp, pad_to)
+        self.vocab_start, self.vocab_size = spec.start(tp.rank), vocab_size
+        self.weight = set_spec(nn.Parameter(torch.empty(spec.length, dim)), spec, init)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.vocab_start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        y = F.embedding(local.masked_fill(outside, 0), self.weight)
+        y = y.masked_fill(outside.unsqueeze(-1), 0.0)  # (B, T, C), partial over TP
+        return self.tp.exit(y)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Tied LM head: vocab-parallel logits (B, T, V_p/t) = enter(h) E_i^T; padding columns are -inf."""
+        return parallel_logits(self.tp.enter(h), self.weight, self.vocab_start, self.vocab_size)
+
+
+def vocab_spec(vocab_size: int, tp: TPContext, pad_to: int) -> ShardSpec:
+    """Vocabulary rows split over TP after padding V up to a multiple of pad_to * t."""
+    multiple = pad_to * tp.size
+    return split_spec(vocab_size, tp.size, dim=0, padded_size=math.ceil(vocab_size / multiple) * multiple)
+
+
+def parallel_logits(h: torch.Tensor, weight: torch.Tensor, vocab_start: int, vocab_size: int) -> torch.Tensor:
+    logits = F.linear(h, weight)
+    n_real = max(0, min(weight.shape[0], vocab_size - vocab_start))
+    if n_real < weight.shape[0]:  # padded vocabulary rows never win the softmax
+        logits = logits.clone()
+        logits[..., n_real:] = float("-inf")
+    return logits
+
+
+class ParallelLMHead(nn.Module):
+    """Untied LM head: a column-parallel projection onto the (padded) vocabulary."""
+
+    def __init__(self, dim: int, vocab_size: int, tp: TPContext, pad_to: int = 1, init: InitFn = normal_init(0.02)):
+        super().__init__()
+        self.tp = tp
+        spec = vocab_spec(vocab_size, tp, pad_to)
+        self.vocab_start, self.vocab_size = spec.start(tp.rank), vocab_size
+        self.weight = set_spec(nn.Parameter(torch.empty(spec.length, dim)), spec, init)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel logits (B, T, V_p/t); padding columns are -inf."""
+        return parallel_logits(self.tp.enter(h), self.weight, self.vocab_start, self.vocab_size)
+
+    forward = logits
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm whose parameters carry the TP spec (partial gradients under SP)."""
+
+    def __init__(self, dim: int, tp: TPContext, eps: float = 1e-5):
+        super().__init__(dim, eps=eps)
+        set_spec(self.weight, tp.replicated_spec(), ones_init)
+        set_spec(self.bias, tp.replicated_spec(), zeros_init)
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * w, computed in fp32 (as transformers' LlamaRMSNorm)."""
+
+    def __init__(self, dim: int, tp: TPContext, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = set_spec(nn.Parameter(torch.ones(dim)), tp.replicated_spec(), ones_init)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def _even_split(size: int, tp_size: int, dim: int, flag: str) -> ShardSpec:
+    if size % tp_size != 0:
+        raise ValueError(f"{flag} ({size}) not divisible by --tensor-model-parallel-size {tp_size}")
+    return split_spec(size, tp_size, dim=dim)

@@ -1,0 +1,26 @@
+"""The model zoo: GPT-2 and the Llama family, built on hybrid's tensor-parallel layers."""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from hybrid.tp import TPContext, init_parameters
+from models.common import StageLayout, shift_labels
+from models.config import ARCH_GPT2, PRESETS, ModelConfig, from_hf, load_config
+from models.gpt2 import GPT2
+from models.llama import Llama
+
+
+def build_model(cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = None, seed: int | None = 1234,
+                pad_vocab_to: int = 1) -> nn.Module:
+    """The model (or one pipeline stage of it) for this TP rank; initialised from `seed` so every
+    layout starts from the same full weights (seed=None leaves them to a checkpoint load)."""
+    cls = GPT2 if cfg.arch == ARCH_GPT2 else Llama
+    model = cls(cfg, tp, stage=stage, pad_vocab_to=pad_vocab_to)
+    if seed is not None:
+        init_parameters(model, seed, tp.rank)
+    return model
+
+
+__all__ = ["GPT2", "Llama", "ModelConfig", "PRESETS", "StageLayout", "build_model", "from_hf", "load_config",
+           "shift_labels"]

@@ -1,0 +1,87 @@
+"""Pieces GPT-2 and Llama share: the stage layout, tensor-parallel attention, the LM loss."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hybrid.tp import (IGNORE_INDEX, ColumnParallelLinear, RowParallelLinear, ShardSpec, TPContext,
+                       normal_init, vocab_parallel_cross_entropy)
+from models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """The part of the model one pipeline stage holds: its Transformer blocks (by global index,
+    so parameter names -- and therefore initial weights and checkpoint keys -- are the same for
+    every layout), and whether it holds the embedding (first) and the head and loss (last)."""
+
+    layer_ids: tuple[int, ...]
+    first: bool = True
+    last: bool = True
+
+    @classmethod
+    def whole(cls, num_layers: int) -> "StageLayout":
+        return cls(layer_ids=tuple(range(num_layers)))
+
+
+def kv_spec(cfg: ModelConfig, tp: TPContext) -> ShardSpec | None:
+    """Key/value projection split. kv-heads divisible by tp: the even split (None). Fewer kv-heads
+    than tp ranks: each rank holds one whole kv-head, the one its query heads attend with --
+    rank r holds query heads [r a/t, (r+1) a/t), whose group is r * kv / t -- so each kv-head is
+    replicated on t/kv ranks and its gradient is summed over them (partial_grad)."""
+    kv, t, hd = cfg.num_kv_heads, tp.size, cfg.head_dim
+    if kv % t == 0:
+        return None
+    starts = tuple((r * kv // t) * hd for r in range(t))
+    return ShardSpec(dim=0, full_size=kv * hd, starts=starts, length=hd, partial_grad=True)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x_i, x_{i+d/2}) by position-dependent angles (transformers' rotate_half layout).
+    x: (B, heads, T, hd); cos, sin: (T, hd)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class ParallelAttention(nn.Module):
+    """Causal self-attention with heads split over TP: rank i holds a/t query heads and their
+    key/value heads; q/k/v are column-parallel (one shared region entry), the output projection
+    row-parallel. Communication: one all-reduce forward (o_proj) and one backward (the entry)."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPContext, out_std: float):
+        super().__init__()
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.tp, self.head_dim, self.dropout = tp, hd, cfg.dropout
+        self.n_heads = cfg.num_heads // tp.size
+        col = dict(tp=tp, bias=cfg.qkv_bias, enter=False)
+        self.q_proj = ColumnParallelLinear(h, cfg.num_heads * hd, **col)
+        self.k_proj = ColumnParallelLinear(h, cfg.num_kv_heads * hd, out_spec=kv_spec(cfg, tp), **col)
+        self.v_proj = ColumnParallelLinear(h, cfg.num_kv_heads * hd, out_spec=kv_spec(cfg, tp), **col)
+        self.o_proj = RowParallelLinear(cfg.num_heads * hd, h, tp, bias=cfg.out_bias, init=normal_init(out_std))
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = self.tp.enter(x)  # (B, T, C) replicated (SP: gathered from (B, T/t, C))
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, a/t, T, hd)
+        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, kv/t, T, hd)
+        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1],
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C), summed over TP
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_start: int, tp: TPContext) -> torch.Tensor:
+    """Mean cross-entropy over vocab-parallel logits; labels are already the next tokens
+    (IGNORE_INDEX where there is none)."""
+    return vocab_parallel_cross_entropy(logits, labels, vocab_start, tp.group, IGNORE_INDEX)
+
+
+def shift_labels(ids: torch.Tensor) -> torch.Tensor:
+    """labels[t] = ids[t+1]; the last position has no target (as transformers shifts inside)."""
+    return F.pad(ids[:, 1:], (0, 1), value=IGNORE_INDEX)

@@ -1,0 +1,160 @@
+"""Model configuration: one typed dataclass for GPT-2 and the Llama family, built from a
+transformers config (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config), a `config.json`
+directory, or a named preset.
+
+transformers' config classes are the source of truth for the architecture (and for RoPE variants,
+whose frequencies we compute with transformers' own `ROPE_INIT_FUNCTIONS`): we read them, never
+re-derive them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import AutoConfig, GPT2Config, LlamaConfig, PretrainedConfig, Qwen2Config
+
+ARCH_GPT2 = "gpt2"
+ARCH_LLAMA = "llama"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder-only Transformer.
+
+    Attributes:
+        arch: "gpt2" (learned positions, LayerNorm, GELU MLP, biases) or "llama" (RoPE, RMSNorm,
+            SwiGLU, grouped-query attention).
+        vocab_size: tokens in the vocabulary (before padding to a multiple of tp).
+        hidden_size: model width h.
+        num_layers: Transformer blocks L.
+        num_heads: query heads a.
+        num_kv_heads: key/value heads (= num_heads without GQA).
+        head_dim: per-head width (h / a unless the config sets it).
+        ffn_hidden_size: MLP inner width.
+        max_position_embeddings: longest sequence.
+        norm_eps: LayerNorm / RMSNorm epsilon.
+        tie_embeddings: the LM head reuses the input embedding.
+        qkv_bias / mlp_bias / out_bias: which linears have biases.
+        activation: transformers' ACT2FN name of the MLP activation (GPT-2 "gelu_new", Llama "silu").
+        dropout: dropout probability on embeddings, attention probabilities and residual branches.
+        hf: the transformers config it came from (RoPE parameters, names); not compared.
+    """
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    max_position_embeddings: int
+    norm_eps: float
+    tie_embeddings: bool
+    qkv_bias: bool
+    mlp_bias: bool
+    out_bias: bool
+    activation: str = "gelu_new"
+    dropout: float = 0.0
+    hf: PretrainedConfig | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def num_parameters(self) -> int:
+        """Exact parameter count (unpadded vocabulary, tied embedding counted once)."""
+        h, f, hd = self.hidden_size, self.ffn_hidden_size, self.head_dim
+        q, kv = self.num_heads * hd, self.num_kv_heads * hd
+        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv) * self.qkv_bias + h * self.out_bias
+        if self.arch == ARCH_GPT2:
+            mlp, norms = 2 * h * f + (f + h) * self.mlp_bias, 2 * 2 * h
+        else:
+            mlp, norms = 3 * h * f + (2 * f + h) * self.mlp_bias, 2 * h
+        final_norm = 2 * h if self.arch == ARCH_GPT2 else h
+        embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
+        pos = self.max_position_embeddings * h if self.arch == ARCH_GPT2 else 0
+        return self.num_layers * (attn + mlp + norms) + final_norm + embed + pos
+
+    def rope_inv_freq(self) -> tuple[torch.Tensor, float]:
+        """RoPE inverse frequencies and attention scaling, as transformers computes them."""
+        params = getattr(self.hf, "rope_parameters", None) or {}
+        rope_type = params.get("rope_type", "default")
+        if rope_type != "default":
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+            inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](self.hf, None)
+            return inv_freq.float(), float(scale)
+        theta = params.get("rope_theta", getattr(self.hf, "rope_theta", 10000.0))
+        return 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim)), 1.0
+
+
+def from_hf(hf: PretrainedConfig) -> ModelConfig:
+    """Our config from a transformers config object."""
+    if hf.model_type == "gpt2":
+        return ModelConfig(
+            arch=ARCH_GPT2, vocab_size=hf.vocab_size, hidden_size=hf.n_embd, num_layers=hf.n_layer,
+            num_heads=hf.n_head, num_kv_heads=hf.n_head, head_dim=hf.n_embd // hf.n_head,
+            ffn_hidden_size=hf.n_inner or 4 * hf.n_embd, max_position_embeddings=hf.n_positions,
+            norm_eps=hf.layer_norm_epsilon, tie_embeddings=True, qkv_bias=True, mlp_bias=True, out_bias=True,
+            activation=hf.activation_function, dropout=hf.resid_pdrop, hf=hf)
+    if hf.model_type in ("llama", "mistral", "qwen2"):
+        heads = hf.num_attention_heads
+        return ModelConfig(
+            arch=ARCH_LLAMA, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+            num_layers=hf.num_hidden_layers, num_heads=heads,
+            num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+            ffn_hidden_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
+            norm_eps=hf.rms_norm_eps, tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            qkv_bias=hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
+            mlp_bias=bool(getattr(hf, "mlp_bias", False)), out_bias=bool(getattr(hf, "attention_bias", False)),
+            activation=hf.hidden_act, dropout=float(getattr(hf, "attention_dropout", 0.0)), hf=hf)
+    raise ValueError(f"--model: unsupported model_type {hf.model_type!r}; supported: gpt2, llama, mistral, qwen2")
+
+
+def _gpt2(n_layer: int, n_embd: int, n_head: int, **kw: Any) -> GPT2Config:
+    return GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, **kw)
+
+
+def _llama(layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int = 128256, **kw: Any) -> LlamaConfig:
+    kw.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": 500000.0})
+    return LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                       num_key_value_heads=kv, intermediate_size=ffn, vocab_size=vocab,
+                       rms_norm_eps=1e-5, **{"max_position_embeddings": 8192, **kw})
+
+
+# Tiny presets run on CPU in tests and the demo (vocabulary 256 = byte-level text); real sizes
+# feed the planner. Real sizes follow the published configs (GPT-2: Radford et al. 2019;
+# Llama 3: Meta's config.json files).
+PRESETS: dict[str, Any] = {
+    "tiny-gpt2": lambda: _gpt2(4, 64, 4, vocab_size=256, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
+                               attn_pdrop=0.0),
+    "tiny-llama": lambda: _llama(4, 64, 4, 2, 176, vocab=256, max_position_embeddings=256,
+                                 tie_word_embeddings=False),
+    "tiny-qwen2": lambda: Qwen2Config(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=176, vocab_size=256,
+                                      max_position_embeddings=256, tie_word_embeddings=True),
+    "gpt2": lambda: _gpt2(12, 768, 12),
+    "gpt2-medium": lambda: _gpt2(24, 1024, 16),
+    "gpt2-large": lambda: _gpt2(36, 1280, 20),
+    "gpt2-xl": lambda: _gpt2(48, 1600, 25),
+    "llama-3-8b": lambda: _llama(32, 4096, 32, 8, 14336),
+    "llama-3-70b": lambda: _llama(80, 8192, 64, 8, 28672),
+    "llama-3-405b": lambda: _llama(126, 16384, 128, 8, 53248),
+}
+
+
+def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
+    """A preset name, a directory holding config.json, or a config.json file."""
+    key = str(name_or_path)
+    if key in PRESETS:
+        return from_hf(PRESETS[key]())
+    path = os.fspath(name_or_path)
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
+        return from_hf(AutoConfig.from_pretrained(path))
+    if os.path.isfile(path):
+        with open(path) as f:
+            cfg = json.load(f)
+        return from_hf(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    raise ValueError(f"--model {key!r} is neither a preset ({', '.join(PRESETS)}) nor a directory with config.json")

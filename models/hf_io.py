@@ -1,0 +1,131 @@
+"""transformers checkpoints <-> hybrid shards.
+
+`hf_source(cfg, name)` says where one of our parameters lives in a transformers state dict: the
+key, whether it is stored transposed (GPT-2's Conv1D keeps weights as (in, out)), and the offset
+of our rows inside a fused tensor (GPT-2's c_attn holds q, k and v one after another).
+
+Loading reads each shard with safetensors' `get_slice`, so a rank reads only its own rows and no
+rank ever holds the full model. Exporting gathers shards to full tensors and re-fuses them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from safetensors import safe_open
+
+from hybrid.comm import Group
+from hybrid.tp.sharding import full_shape, gather_full, logical_rows, spec_of
+from models.config import ARCH_GPT2, ModelConfig
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a parameter lives in a transformers state dict.
+
+    Attributes:
+        key: the state-dict key.
+        transpose: the stored tensor is our weight transposed ((in, out) Conv1D layout).
+        offset: start of our output rows within the stored tensor's output dim (fused q/k/v).
+    """
+
+    key: str
+    transpose: bool = False
+    offset: int = 0
+
+
+_GPT2_QKV = re.compile(r"h\.(\d+)\.attn\.(q|k|v)_proj\.(weight|bias)")
+_GPT2_CONV1D = re.compile(r"h\.\d+\.(attn\.o_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
+
+
+def hf_source(cfg: ModelConfig, name: str) -> Source:
+    """The transformers location of our parameter `name`."""
+    if cfg.arch != ARCH_GPT2:
+        return Source(name if name.startswith("lm_head.") else f"model.{name}")
+    if m := _GPT2_QKV.fullmatch(name):
+        layer, which, kind = m.groups()
+        return Source(f"transformer.h.{layer}.attn.c_attn.{kind}", transpose=kind == "weight",
+                      offset="qkv".index(which) * cfg.hidden_size)
+    key = "transformer." + name.replace("attn.o_proj", "attn.c_proj")
+    return Source(key, transpose=bool(_GPT2_CONV1D.fullmatch(name)))
+
+
+class CheckpointReader:
+    """Lazy reader of a safetensors checkpoint directory (one file or an index of shards)."""
+
+    def __init__(self, path: str | os.PathLike):
+        path = os.fspath(path)
+        index = os.path.join(path, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                self.files = {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
+        elif os.path.exists(os.path.join(path, "model.safetensors")):
+            single = os.path.join(path, "model.safetensors")
+            with safe_open(single, framework="pt") as f:
+                self.files = {k: single for k in f.keys()}
+        else:
+            raise ValueError(f"--model {path}: no model.safetensors(.index.json) found; save it with "
+                             f"save_pretrained(..., safe_serialization=True)")
+        self._open: dict[str, object] = {}
+
+    def resolve(self, key: str) -> str:
+        """Checkpoints saved from the bare model lack the "transformer."/"model." prefix."""
+        if key in self.files:
+            return key
+        bare = key.split(".", 1)[1]
+        if bare in self.files:
+            return bare
+        raise KeyError(f"checkpoint has no tensor {key!r}")
+
+    def get_slice(self, key: str):
+        key = self.resolve(key)
+        file = self.files[key]
+        if file not in self._open:
+            self._open[file] = safe_open(file, framework="pt")
+        return self._open[file].get_slice(key)
+
+
+@torch.no_grad()
+def load_hf_checkpoint(model: nn.Module, path: str | os.PathLike, tp_rank: int) -> None:
+    """Fill every parameter of `model` (any TP rank / pipeline stage) from a transformers
+    checkpoint, reading only this rank's rows."""
+    reader = CheckpointReader(path)
+    for name, p in model.named_parameters():
+        src = hf_source(model.cfg, name)
+        spec = spec_of(p)
+        ranges = [(0, n) for n in full_shape(p, spec)]  # our orientation, logical rows
+        count = None
+        if spec.dim is not None:
+            start, count = logical_rows(spec, tp_rank)
+            ranges[spec.dim] = (start, start + count)
+        ranges[0] = (ranges[0][0] + src.offset, ranges[0][1] + src.offset)
+        stored = ranges[::-1] if src.transpose else ranges
+        t = reader.get_slice(src.key)[tuple(slice(a, b) for a, b in stored)]
+        t = t.t() if src.transpose else t
+        target = p if spec.dim is None else p.narrow(spec.dim, 0, count)
+        target.copy_(t.to(p.dtype))
+
+
+def export_hf_state_dict(model: nn.Module, tp: Group, grads: bool = False) -> dict[str, torch.Tensor]:
+    """Full transformers-layout tensors (or gradients) from this stage's shards; collective over TP."""
+    pieces: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+    for name, p in model.named_parameters():
+        src = hf_source(model.cfg, name)
+        full = gather_full(p.grad if grads else p.detach(), spec_of(p), tp)
+        pieces[src.key].append((src.offset, full.t() if src.transpose else full))
+    out = {}
+    for key, parts in pieces.items():
+        parts.sort(key=lambda x: x[0])
+        transposed = hf_source_is_transposed(model.cfg, key)
+        out[key] = torch.cat([t for _, t in parts], dim=1 if transposed else 0) if len(parts) > 1 else parts[0][1]
+    return out
+
+
+def hf_source_is_transposed(cfg: ModelConfig, key: str) -> bool:
+    return cfg.arch == ARCH_GPT2 and key.endswith(".weight") and (".attn." in key or ".mlp." in key)

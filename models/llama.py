@@ -1,0 +1,85 @@
+"""The Llama family (Llama 2/3, Mistral, Qwen2) on hybrid's tensor-parallel layers.
+
+RoPE, RMSNorm, SwiGLU MLP, grouped-query attention; optional q/k/v bias (Qwen2); tied or untied
+embeddings. Parameter names follow transformers' LlamaForCausalLM without the "model." prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from transformers.activations import ACT2FN
+
+from hybrid.tp import ColumnParallelLinear, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
+from models.common import ParallelAttention, StageLayout, lm_loss
+from models.config import ModelConfig
+
+
+class SwiGLU(nn.Module):
+    """down(act(gate(x)) * up(x)): gate and up are column-parallel behind one region entry,
+    down is row-parallel -- one all-reduce each way."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPContext):
+        super().__init__()
+        h, f = cfg.hidden_size, cfg.ffn_hidden_size
+        self.tp = tp
+        self.gate_proj = ColumnParallelLinear(h, f, tp, bias=cfg.mlp_bias, enter=False)
+        self.up_proj = ColumnParallelLinear(h, f, tp, bias=cfg.mlp_bias, enter=False)
+        self.down_proj = RowParallelLinear(f, h, tp, bias=cfg.mlp_bias)
+        self.act = ACT2FN[cfg.activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.tp.enter(x)
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPContext):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
+        self.self_attn = ParallelAttention(cfg, tp, out_std=0.02)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
+        self.mlp = SwiGLU(cfg, tp)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    """Llama-family language model, or one pipeline stage of it; forward as GPT2.forward."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = None, pad_vocab_to: int = 1):
+        super().__init__()
+        self.cfg, self.tp = cfg, tp
+        self.stage = stage or StageLayout.whole(cfg.num_layers)
+        tied_head = self.stage.last and cfg.tie_embeddings
+        if self.stage.first or tied_head:
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, pad_to=pad_vocab_to)
+        self.layers = nn.ModuleDict({str(i): LlamaBlock(cfg, tp) for i in self.stage.layer_ids})
+        if self.stage.last:
+            self.norm = RMSNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
+            if not cfg.tie_embeddings:
+                self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp, pad_to=pad_vocab_to)
+        inv_freq, self.rope_scale = cfg.rope_inv_freq()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rope(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape (T, hd): angle t * inv_freq_j, duplicated for the two halves."""
+        freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        if self.stage.first:
+            x = self.embed_tokens(x)  # (B, T, C); SP: (B, T/t, C)
+        seq_len = x.shape[1] * (self.tp.size if self.tp.sequence_parallel else 1)
+        rope = self.rope(seq_len, x.device, x.dtype)
+        for block in self.layers.values():
+            x = block(x, rope)
+        if not self.stage.last:
+            return x
+        h = self.norm(x)
+        head = self.embed_tokens if self.cfg.tie_embeddings else self.lm_head
+        logits = head.logits(h)
+        return logits if labels is None else lm_loss(logits, labels, head.vocab_start, self.tp)
