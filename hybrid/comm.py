@@ -93,9 +93,11 @@ class Group:
         return self.ranks.index(dist.get_rank()) if self.size > 1 else 0
 
     # --- collectives (in place where torch's are) -------------------------------------------
-    def all_reduce(self, t: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+    def all_reduce(self, t: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM, tag: str = "") -> torch.Tensor:
+        """`tag` files the call under "group:tag" (e.g. "dp:metrics" for logged losses), so traffic
+        that is not part of the training math is counted but kept apart."""
         if self.size > 1:
-            self.ledger.record("all_reduce", self.name, _nbytes(t))
+            self.ledger.record("all_reduce", f"{self.name}:{tag}" if tag else self.name, _nbytes(t))
             dist.all_reduce(t, op=op, group=self.pg)
         return t
 

@@ -12,6 +12,8 @@ that rank's traceback in the message; a hang fails after `timeout` seconds and e
 from __future__ import annotations
 
 import os
+import pickle
+import queue as queue_module
 import socket
 import traceback
 from typing import Any, Callable
@@ -37,7 +39,8 @@ def _worker(fn: Callable, rank: int, world: int, port: int, backend: str, args: 
     torch.set_num_threads(1)
     try:
         dist.init_process_group(backend, rank=rank, world_size=world)
-        queue.put((rank, True, fn(rank, world, *args)))
+        # plain pickle: tensors travel as bytes, not as shared memory that dies with this process
+        queue.put((rank, True, pickle.dumps(fn(rank, world, *args))))
     except BaseException:  # report every failure, including assertion errors in the test body
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -61,9 +64,12 @@ def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout: fl
         for _ in range(world_size):
             try:
                 rank, ok, value = queue.get(timeout=timeout)
-            except Exception:  # queue.Empty: someone hangs
+            except queue_module.Empty:  # someone hangs
                 break
-            (results if ok else errors)[rank] = value
+            if ok:
+                results[rank] = pickle.loads(value)
+            else:
+                errors[rank] = value
             if errors:  # one failure usually leaves the others blocked in a collective
                 break
     finally:

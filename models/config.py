@@ -129,7 +129,7 @@ def _llama(layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int =
 # Llama 3: Meta's config.json files).
 PRESETS: dict[str, Any] = {
     "tiny-gpt2": lambda: _gpt2(4, 64, 4, vocab_size=256, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
-                               attn_pdrop=0.0),
+                               attn_pdrop=0.0, bos_token_id=0, eos_token_id=0),
     "tiny-llama": lambda: _llama(4, 64, 4, 2, 176, vocab=256, max_position_embeddings=256,
                                  tie_word_embeddings=False),
     "tiny-qwen2": lambda: Qwen2Config(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,

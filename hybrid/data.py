@@ -1,0 +1,81 @@
+"""Training text and batches.
+
+The default corpus ships with Python: `pydoc_data.topics` (~460 KB of English from Python's
+reference manual), so a fresh machine trains with nothing downloaded. Tokens are bytes (vocabulary
+256): no tokenizer files needed; a model whose vocabulary is larger simply never sees ids >= 256.
+
+Batches are a pure function of (seed, iteration): the global batch of step i is the same whatever
+the layout, and each data-parallel rank takes its own rows of it. That is what lets a parallel run
+be compared step for step with a single-process run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+BYTE_VOCAB = 256
+
+
+def load_corpus(path: str | None = None) -> torch.Tensor:
+    """The corpus as a 1-D tensor of byte ids; `path` None = Python's pydoc topics."""
+    if path is None:
+        import pydoc_data.topics
+        text = "\n\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))
+        data = text.encode("utf-8")
+    else:
+        if not os.path.isfile(path):
+            raise ValueError(f"--data-path {path!r} is not a file; give a UTF-8 text file or omit the flag")
+        with open(path, "rb") as f:
+            data = f.read()
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """Shapes of one training step.
+
+    Attributes:
+        global_batch: sequences per step over all data-parallel ranks (`--global-batch-size`).
+        micro_batch: sequences per forward/backward (`--micro-batch-size`).
+        seq_length: tokens per sequence (`--seq-length`).
+        dp: data-parallel size; accumulation steps = global / (micro * dp).
+    """
+
+    global_batch: int
+    micro_batch: int
+    seq_length: int
+    dp: int
+
+    def __post_init__(self) -> None:
+        if self.global_batch % (self.micro_batch * self.dp) != 0:
+            raise ValueError(
+                f"--global-batch-size {self.global_batch} must be a multiple of --micro-batch-size "
+                f"{self.micro_batch} x data-parallel size {self.dp} = {self.micro_batch * self.dp}")
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+
+def global_batch(corpus: torch.Tensor, spec: BatchSpec, seed: int, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels), each (global_batch, seq_length): random windows of the corpus; labels are
+    the inputs shifted by one token."""
+    if corpus.numel() <= spec.seq_length + 1:
+        raise ValueError(f"--seq-length {spec.seq_length} is longer than the corpus ({corpus.numel()} tokens)")
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + iteration)
+    starts = torch.randint(0, corpus.numel() - spec.seq_length - 1, (spec.global_batch,), generator=gen)
+    windows = torch.stack([corpus[s:s + spec.seq_length + 1] for s in starts.tolist()])
+    return windows[:, :-1], windows[:, 1:]
+
+
+def micro_batches(corpus: torch.Tensor, spec: BatchSpec, seed: int, iteration: int,
+                  dp_rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This data-parallel rank's micro-batches of step `iteration`: rows
+    [dp_rank * G/dp, (dp_rank + 1) * G/dp) of the global batch, cut into micro-batches."""
+    inputs, labels = global_batch(corpus, spec, seed, iteration)
+    per_rank = spec.global_batch // spec.dp
+    rows = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+    return list(zip(inputs[rows].split(spec.micro_batch), labels[rows].split(spec.micro_batch)))
