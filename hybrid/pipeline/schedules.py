@@ -1,0 +1,342 @@
+"""Pipeline schedules as data: each pipeline rank's ordered list of actions.
+
+`build_schedule(kind, pp, m, v)` is a pure function (no torch, no processes). The same lists feed the
+executor, the unit tests, the simulator (`hybrid.pipeline.simulate`), the planner and the timeline plots.
+
+Layout (Megatron's). The model is cut into `pp * v` consecutive stages. Rank `r` holds `v` model chunks;
+its chunk `c` is global stage
+
+    s = c * pp + r,
+
+so activations flow rank 0 -> 1 -> ... -> pp-1 within chunk c, then rank pp-1 chunk c -> rank 0 chunk c+1.
+Gradients flow the opposite way. Stage 0 reads the data (its forward needs no RECV_ACT); stage pp*v-1
+computes the loss (its backward starts from the loss, no RECV_GRAD).
+
+Action fields. `chunk` is always the *local* chunk on the rank that owns the list: for SEND_ACT the chunk that
+produced the activation, for RECV_ACT the chunk that will consume it (likewise for gradients). `peer` is the
+pipeline rank on the other end of a communication action, None for compute.
+
+How an executor must run a list (the simulator models exactly this):
+
+1. Walk the list in order.
+2. A maximal run of consecutive communication actions is ONE batch: post all its sends and receives together
+   (`torch.distributed.batch_isend_irecv`) and wait for the whole batch before the next compute action.
+3. A RECV precedes the compute that consumes it (possibly several batches earlier: a prefetched payload is kept
+   in a buffer keyed by (op, microbatch, chunk) until its compute runs); a SEND follows the compute that made it.
+4. Point-to-point messages between a pair of ranks are matched in posting order (NCCL ignores tags), so on every
+   directed pair (a -> b) the k-th send of a is the k-th receive of b, with the same payload. `build_schedule`
+   guarantees this by construction: receivers post receives in the order their sender produces the payloads.
+5. Payload shapes are fixed and known ahead (one micro-batch's hidden states), so no shape exchange is needed.
+6. With pp = 1 there is no communication at all: chunk c's output is handed to chunk c+1 in memory.
+
+Schedules (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", SC'21, Sec. 2.2):
+
+* GPIPE: all m forwards, then all m backwards (FIFO). Bubble (p-1)/(m+p-1); m activations held.
+* ONE_F_ONE_B (PipeDream-Flush): warm-up of min(p - r - 1, m) forwards, a steady state alternating one forward
+  and one backward, then a cool-down of the remaining backwards. Same bubble as GPipe, but at most
+  min(p - r, m) micro-batches in flight on rank r.
+* INTERLEAVED: 1F1B over "virtual micro-batches" (micro-batch, chunk), in Megatron's order. Needs m % pp == 0.
+  Warm-up on rank r is min(2 (p - r - 1) + (v - 1) p, m v) chunk-forwards, so the peak number of
+  (micro-batch, chunk) activations held on rank r is
+
+      peak_chunks(r) = min(2 (p - r - 1) + (v - 1) p + 1, m v)       (v >= 2)
+
+  i.e. peak_chunks(r) / v in units of a whole rank's activations for one micro-batch. Bubble with unit
+  per-chunk costs (tf = tb): exactly (p-1)/(v m + p - 1) (Narayanan: bubble time (p-1)(tf+tb)/v). Unlike
+  Megatron we do not special-case m == pp (Megatron then makes every rank all warm-up): the min(., m v) cap
+  gives the same bubble with fewer activations on the later ranks. With v = 1 INTERLEAVED returns the
+  ONE_F_ONE_B schedule (Megatron's interleaved warm-up formula would double the warm-up for no gain).
+  Caveat: when tb != tf, blocking batches cost the interleaved lists some time over the buffered ideal (the
+  communication is placed for tf = tb; see the placement notes below and docs/pipeline.md); 1F1B and GPipe
+  lose nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class Op(enum.Enum):
+    """What one action does. Compute ops run a chunk; the rest are point-to-point transfers."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    SEND_ACT = "send_act"  # send this chunk's output activation to the next stage
+    RECV_ACT = "recv_act"  # receive this chunk's input activation from the previous stage
+    SEND_GRAD = "send_grad"  # send the gradient w.r.t. this chunk's input to the previous stage
+    RECV_GRAD = "recv_grad"  # receive the gradient w.r.t. this chunk's output from the next stage
+
+    @property
+    def is_compute(self) -> bool:
+        return self in (Op.FORWARD, Op.BACKWARD)
+
+    @property
+    def is_send(self) -> bool:
+        return self in (Op.SEND_ACT, Op.SEND_GRAD)
+
+    @property
+    def is_recv(self) -> bool:
+        return self in (Op.RECV_ACT, Op.RECV_GRAD)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of a rank's list."""
+
+    op: Op
+    microbatch: int  # index in [0, m)
+    chunk: int = 0  # local model chunk on this rank, in [0, v); global stage = chunk * pp + rank
+    peer: int | None = None  # pipeline rank on the other end of a SEND/RECV; None for compute
+
+    def __str__(self) -> str:
+        peer = "" if self.peer is None else f"@{self.peer}"
+        return f"{self.op.name}(mb={self.microbatch},c={self.chunk}){peer}"
+
+
+class ScheduleKind(enum.Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class Phase(enum.Enum):
+    """The three phases of a 1F1B-style compute order (GPipe is all warm-up then all cool-down)."""
+
+    WARMUP = "warmup"  # forwards only, filling the pipeline
+    STEADY = "steady"  # one forward, then one backward
+    COOLDOWN = "cooldown"  # backwards only, draining the pipeline
+
+
+def stage_of(rank: int, chunk: int, pp: int) -> int:
+    """Global stage of `chunk` on `rank` (Megatron's layout: chunk-major, rank-minor)."""
+    return chunk * pp + rank
+
+
+def rank_chunk_of(stage: int, pp: int) -> tuple[int, int]:
+    """Inverse of `stage_of`: (rank, chunk) holding global stage `stage`."""
+    return stage % pp, stage // pp
+
+
+def validate(kind: ScheduleKind, pp: int, m: int, v: int) -> None:
+    """Raise ValueError naming the bad parameter and the fix."""
+    if not isinstance(kind, ScheduleKind):
+        raise ValueError(f"kind must be a ScheduleKind, got {kind!r}")
+    for name, value in (("pp", pp), ("m", m), ("v", v)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if kind is not ScheduleKind.INTERLEAVED and v != 1:
+        raise ValueError(f"v (chunks per rank) must be 1 for {kind.value}, got {v}; use ScheduleKind.INTERLEAVED")
+    if kind is ScheduleKind.INTERLEAVED and m % pp != 0:
+        raise ValueError(f"m (micro-batches) must be a multiple of pp={pp} for interleaved 1F1B, got m={m}; "
+                         f"use m={(m // pp + 1) * pp}")
+
+
+def warmup_forwards(kind: ScheduleKind, pp: int, rank: int, m: int, v: int = 1) -> int:
+    """Number of (chunk-)forwards rank `rank` runs before its first backward.
+
+    GPipe: all m. 1F1B: min(pp - rank - 1, m), one per downstream rank: just enough that the first gradient
+    arrives as the steady state begins (Narayanan et al. 2021). Interleaved (Megatron):
+    min(2 (pp - rank - 1) + (v - 1) pp, m v). Even the last rank must first push the first pp micro-batches
+    through chunks 0..v-2, (v - 1) pp chunk-forwards; a rank further upstream starts one step earlier and gets
+    its first gradient one step later, and fills both steps with forwards -- 2 per downstream rank.
+    """
+    validate(kind, pp, m, v)
+    if not 0 <= rank < pp:
+        raise ValueError(f"rank must be in [0, pp={pp}), got {rank}")
+    if kind is ScheduleKind.GPIPE:
+        return m
+    if kind is ScheduleKind.ONE_F_ONE_B or v == 1:
+        return min(pp - rank - 1, m)
+    return min(2 * (pp - rank - 1) + (v - 1) * pp, m * v)
+
+
+def build_schedule(kind: ScheduleKind, pp: int, m: int, v: int = 1) -> list[list[Action]]:
+    """Each pipeline rank's ordered action list (compute and communication) for one training step."""
+    validate(kind, pp, m, v)
+    orders = [compute_order(kind, pp, rank, m, v) for rank in range(pp)]
+    return _with_communication(orders, pp, v)
+
+
+def compute_order(kind: ScheduleKind, pp: int, rank: int, m: int, v: int = 1) -> list[Action]:
+    """Rank `rank`'s FORWARD/BACKWARD actions in execution order (no communication)."""
+    phases = compute_phases(kind, pp, rank, m, v)
+    return [a for phase in Phase for a in phases[phase]]
+
+
+def compute_phases(kind: ScheduleKind, pp: int, rank: int, m: int, v: int = 1) -> dict[Phase, list[Action]]:
+    """The compute order split into warm-up, steady state and cool-down."""
+    warmup = warmup_forwards(kind, pp, rank, m, v)
+    order = [_virtual_microbatch(k, pp, v) for k in range(m * v)] if v > 1 else [(i, 0) for i in range(m)]
+    forwards = [Action(Op.FORWARD, mb, chunk) for mb, chunk in order]
+    # Backward visits chunks in reverse within each group of pp micro-batches: gradients enter at the last chunk.
+    backwards = [Action(Op.BACKWARD, mb, v - 1 - chunk) for mb, chunk in order]
+    return _split_phases(forwards, backwards, warmup)
+
+
+def _virtual_microbatch(k: int, pp: int, v: int) -> tuple[int, int]:
+    """Megatron's k-th (micro-batch, chunk) on every rank: groups of pp micro-batches go through chunk 0,
+    then the same pp micro-batches through chunk 1, ..., then the next group."""
+    group, within = divmod(k, pp * v)
+    return group * pp + within % pp, within // pp
+
+
+def _split_phases(forwards: Sequence[Action], backwards: Sequence[Action], warmup: int) -> dict[Phase, list[Action]]:
+    """Warm-up: `warmup` forwards. Steady: the remaining forwards, each followed by the oldest backward.
+    Cool-down: the backwards left. GPipe is warmup = len(forwards) (no steady state)."""
+    steady_pairs = zip(forwards[warmup:], backwards)
+    steady = [a for pair in steady_pairs for a in pair]
+    return {
+        Phase.WARMUP: list(forwards[:warmup]),
+        Phase.STEADY: steady,
+        Phase.COOLDOWN: list(backwards[len(forwards) - warmup:]),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Communication placement (Megatron's lock-step pairing, derived from the timeline instead of hand-coded).
+#
+# Take the ideal unit-time timeline (every compute lasts 1, messages are free; `_unit_time_starts`). A send goes in
+# the batch right after its producer: in that timeline the batch is open over [t, S] = [producer end, start of the
+# sender's next compute]. Its receive goes in the LATEST batch of the receiver that (i) comes before the consumer
+# and (ii) is open at some moment of [t, S]: so the receiver never waits for data it does not need yet, and the
+# sender never waits longer than it already does. Then, per directed pair of ranks, receives are moved earlier
+# where needed so that they are posted in the sender's order (NCCL matches point-to-point messages in order).
+#
+# Deadlock freedom, for any durations: give each batch B the start time s(B) of the compute after it in the ideal
+# timeline. A posted batch X can only wait for a partner batch Y of another rank that is not posted yet because
+# that rank is stuck at an earlier batch P; P precedes Y by at least one compute, and Y's window overlaps X's, so
+# s(P) < e(Y) <= s(X). Following the waits, s strictly decreases, so waits never form a cycle.
+#
+# What comes out is Megatron's pattern: send_forward_recv_backward / send_backward_recv_forward pairs in the 1F1B
+# steady state (the last stage receives the next activation after its backward), and in the interleaved schedule
+# payloads crossing between rank pp-1 and rank 0 are received early into a buffer keyed by (op, micro-batch,
+# chunk), like Megatron's per-chunk receive queues.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Message:
+    send: Action  # on the sender, right after compute `producer`
+    recv: Action  # on the receiver (peer = sender), in the batch before compute `gap`
+    sender: int
+    producer: int  # index of the producing compute in the sender's order
+    gap: int  # the receiver's batch: the one before its compute number `gap`
+
+
+def _with_communication(orders: list[list[Action]], pp: int, v: int) -> list[list[Action]]:
+    starts = _unit_time_starts(orders, pp, v)
+    messages = [m for rank in range(pp) for m in _messages_of(rank, orders, starts, pp, v)]
+    messages = _in_sender_order(messages)
+    return [_rank_list(rank, orders[rank], messages) for rank in range(pp)]
+
+
+def _messages_of(rank: int, orders: list[list[Action]], starts: list[list[int]], pp: int, v: int) -> list[_Message]:
+    """The messages rank `rank` sends, each with the receiver's latest batch open during the sender's batch."""
+    out = []
+    for j, action in enumerate(orders[rank]):
+        pair = _message_pair(action, rank, pp, v)
+        if pair is None:
+            continue
+        send, recv = pair
+        receiver = send.peer
+        sender_next = starts[rank][j + 1] if j + 1 < len(starts[rank]) else starts[rank][j] + 1
+        consumer = orders[receiver].index(_consumer_of(recv))
+        open_gaps = sum(1 for start in starts[receiver] if start + 1 <= sender_next)  # batches opened by then
+        out.append(_Message(send, recv, rank, j, min(consumer, open_gaps)))
+    return out
+
+
+def _in_sender_order(messages: list[_Message]) -> list[_Message]:
+    """Per (sender, receiver) pair, move receives earlier (suffix minimum of the gap) so the receiver posts them
+    in send order. Moving earlier keeps the overlap: a later message's window starts later still."""
+    out: list[_Message] = []
+    by_pair: dict[tuple[int, int], list[_Message]] = {}
+    for m in messages:
+        by_pair.setdefault((m.sender, m.send.peer), []).append(m)
+    for pair_messages in by_pair.values():
+        pair_messages.sort(key=lambda m: m.producer)
+        earliest = None
+        for m in reversed(pair_messages):
+            earliest = m.gap if earliest is None else min(earliest, m.gap)
+            out.append(_Message(m.send, m.recv, m.sender, m.producer, earliest))
+    return out
+
+
+def _rank_list(rank: int, order: list[Action], messages: list[_Message]) -> list[Action]:
+    """Batch before compute g: the send of compute g-1, then the receives placed there, in (sender, send) order."""
+    sends = {m.producer: m.send for m in messages if m.sender == rank}
+    inbox: dict[int, list[_Message]] = {}
+    for m in messages:
+        if m.send.peer == rank:
+            inbox.setdefault(m.gap, []).append(m)
+    out: list[Action] = []
+    for gap in range(len(order) + 1):
+        if gap - 1 in sends:
+            out.append(sends[gap - 1])
+        out.extend(m.recv for m in sorted(inbox.get(gap, []), key=lambda m: (m.sender, m.producer)))
+        if gap < len(order):
+            out.append(order[gap])
+    return out
+
+
+def _message_pair(action: Action, rank: int, pp: int, v: int) -> tuple[Action, Action] | None:
+    """(send, receive) of what `action` produces -- its output activation or its input gradient -- or None when
+    nothing is sent: the last stage's forward (the loss follows), the first stage's backward, or a hand-off to a
+    chunk on the same rank (pp = 1)."""
+    forward = action.op is Op.FORWARD
+    target = stage_of(rank, action.chunk, pp) + (1 if forward else -1)
+    if not 0 <= target < pp * v:
+        return None
+    peer, peer_chunk = rank_chunk_of(target, pp)
+    if peer == rank:
+        return None
+    send = Action(Op.SEND_ACT if forward else Op.SEND_GRAD, action.microbatch, action.chunk, peer)
+    recv = Action(Op.RECV_ACT if forward else Op.RECV_GRAD, action.microbatch, peer_chunk, rank)
+    return send, recv
+
+
+def _consumer_of(recv: Action) -> Action:
+    """The compute that uses a received payload: RECV_ACT feeds FORWARD, RECV_GRAD feeds BACKWARD."""
+    return Action(Op.FORWARD if recv.op is Op.RECV_ACT else Op.BACKWARD, recv.microbatch, recv.chunk)
+
+
+def _unit_time_starts(orders: list[list[Action]], pp: int, v: int) -> list[list[int]]:
+    """Start time of each compute when every compute takes 1 and messages are free and buffered (as soon as
+    possible, in each rank's order). Forward at stage s waits for forward at s-1; backward at s waits for backward
+    at s+1 (or its own forward at the last stage). ValueError if the orders cannot all run (inconsistent)."""
+    done: dict[tuple[Op, int, int], int] = {}  # (op, micro-batch, global stage) -> end time
+    starts: list[list[int]] = [[] for _ in range(pp)]
+    clock, cursor, moved = [0] * pp, [0] * pp, True
+    while moved:
+        moved = False
+        for rank in range(pp):
+            while cursor[rank] < len(orders[rank]):
+                action = orders[rank][cursor[rank]]
+                ready = _ready_time(action, rank, pp, v, done)
+                if ready is None:
+                    break
+                start = max(clock[rank], ready)
+                starts[rank].append(start)
+                clock[rank] = start + 1
+                done[(action.op, action.microbatch, stage_of(rank, action.chunk, pp))] = start + 1
+                cursor[rank] += 1
+                moved = True
+    if any(cursor[r] < len(orders[r]) for r in range(pp)):
+        raise ValueError(f"compute orders cannot run: ranks stuck at positions {cursor}")
+    return starts
+
+
+def _ready_time(action: Action, rank: int, pp: int, v: int, done: dict[tuple[Op, int, int], int]) -> int | None:
+    stage = stage_of(rank, action.chunk, pp)
+    if action.op is Op.FORWARD:
+        needs = [(Op.FORWARD, action.microbatch, stage - 1)] if stage > 0 else []
+    else:
+        needs = [(Op.FORWARD, action.microbatch, stage)]
+        if stage < pp * v - 1:
+            needs.append((Op.BACKWARD, action.microbatch, stage + 1))
+    if any(key not in done for key in needs):
+        return None
+    return max((done[key] for key in needs), default=0)

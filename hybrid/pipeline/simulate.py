@@ -1,0 +1,344 @@
+"""Event simulation of all pipeline ranks running their action lists, under the executor's semantics.
+
+Model (the one `hybrid.pipeline.schedules` documents for the executor):
+
+* Each rank runs its list in order and has one compute stream: a FORWARD/BACKWARD starts when the previous step
+  on that rank ended and lasts `Costs.forward_time(stage)` / `Costs.backward_time(stage)`.
+* A maximal run of consecutive communication actions is one batch, *posted* when the rank reaches it. Messages
+  on a directed pair (a -> b) are matched in posting order: a's k-th send to b is b's k-th receive from a.
+* Rendezvous (conservative, as NCCL for anything but tiny messages): a message is transferred once both its send
+  and its receive are posted, taking `Costs.comm` seconds from the later of the two post times. A batch completes
+  when all its messages have; the rank then continues. A send therefore blocks its rank until the receiver
+  posts the matching receive -- which is what makes badly ordered lists deadlock. `Transfer.BUFFERED` instead
+  lets sends complete at once (receives still wait for their send): a lower bound for these lists.
+
+Because every rank's clock depends only on its own previous steps and on its partners' post times, the order in
+which the simulator advances ranks does not change the result. If no rank can advance and some are unfinished,
+the lists deadlock: `DeadlockError` names the stuck ranks, their pending batch and what each waits for.
+
+Metrics:
+
+* makespan T = the latest end time of any step (all ranks start at 0).
+* busy_r = the total compute time (forwards + backwards) of rank r; communication and waiting are idle.
+* bubble fraction = 1 - sum_r busy_r / (pp * T): the share of the pp x T device-time rectangle not computing.
+* in flight on rank r: (micro-batch, chunk) pairs whose forward on r has run and whose backward on r has not
+  finished, i.e. activation sets held, in units of one chunk's activations for one micro-batch
+  (`peak_in_flight`). `peak_in_flight_microbatches` counts distinct micro-batches instead; with v = 1 the two
+  agree. Memory in units of a whole rank's activations for one micro-batch is peak_in_flight / v.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from hybrid.pipeline.schedules import Action, Op, stage_of
+
+
+class Transfer(enum.Enum):
+    """When a point-to-point message lets its two ends go on."""
+
+    RENDEZVOUS = "rendezvous"  # both ends wait until both are posted (NCCL with payloads above its buffers)
+    BUFFERED = "buffered"  # a send completes at once; a receive when the send is posted (+ comm): the ideal
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Durations of the simulated steps, in any consistent time unit (e.g. seconds or "one forward")."""
+
+    forward: float = 1.0  # time of one chunk's forward for one micro-batch (tf)
+    backward: float = 1.0  # time of one chunk's backward for one micro-batch (tb)
+    comm: float = 0.0  # time of one point-to-point message, once both ends are posted
+    stage_forward: tuple[float, ...] | None = None  # per global stage (chunk * pp + rank); overrides `forward`
+    stage_backward: tuple[float, ...] | None = None  # per global stage; overrides `backward`
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "backward", "comm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Costs.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("stage_forward", "stage_backward"):
+            values = getattr(self, name)
+            if values is not None and any(t < 0 for t in values):
+                raise ValueError(f"Costs.{name} must hold times >= 0, got {values}")
+
+    def forward_time(self, stage: int) -> float:
+        return self.forward if self.stage_forward is None else self.stage_forward[stage]
+
+    def backward_time(self, stage: int) -> float:
+        return self.backward if self.stage_backward is None else self.stage_backward[stage]
+
+    def check_stages(self, num_stages: int) -> None:
+        for name in ("stage_forward", "stage_backward"):
+            values = getattr(self, name)
+            if values is not None and len(values) != num_stages:
+                raise ValueError(f"Costs.{name} must have one entry per global stage (pp * v = {num_stages}), "
+                                 f"got {len(values)}")
+
+
+@dataclass(frozen=True)
+class Span:
+    """One compute action on one rank."""
+
+    action: Action
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class BatchSpan:
+    """One communication batch on one rank: posted when the rank reached it, done when all its messages were."""
+
+    actions: tuple[Action, ...]
+    posted: float
+    done: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What `simulate` measured; times in the unit of `Costs`, all ranks start at 0."""
+
+    pp: int
+    v: int
+    timelines: tuple[tuple[Span, ...], ...]  # per rank, compute spans in execution order
+    batches: tuple[tuple[BatchSpan, ...], ...]  # per rank, communication batches in execution order
+    makespan: float  # T: latest end time over all ranks
+    busy: tuple[float, ...]  # per rank, total compute time
+    peak_in_flight: tuple[int, ...]  # per rank, max (micro-batch, chunk) activation sets held
+    peak_in_flight_microbatches: tuple[int, ...]  # per rank, max distinct micro-batches with activations held
+    peak_recv_buffers: tuple[int, ...]  # per rank, max payloads received but not yet consumed (prefetched)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """1 - sum_r busy_r / (pp * makespan); 0 for an empty schedule."""
+        if self.makespan == 0:
+            return 0.0
+        return 1.0 - sum(self.busy) / (self.pp * self.makespan)
+
+
+class DeadlockError(RuntimeError):
+    """The action lists cannot all finish under the executor's semantics."""
+
+
+@dataclass
+class _Batch:
+    actions: tuple[Action, ...]
+    partners: list[tuple[int, int] | None]  # per action, (rank, step index) of the batch holding its match
+
+
+# A message end: (rank, step index of its batch, position in the batch).
+_Endpoint = tuple[int, int, int]
+
+
+# A rank's list as steps: a compute Action or a _Batch of communication actions.
+_Step = Action | _Batch
+
+
+def simulate(schedule: list[list[Action]], costs: Costs = Costs(),
+             transfer: Transfer = Transfer.RENDEZVOUS) -> SimResult:
+    """Run all ranks' lists (schedule[r] is rank r's) under the executor's semantics; see the module docstring.
+
+    `transfer=Transfer.BUFFERED` gives the lower bound an executor that never blocks on sends would reach.
+    """
+    pp = len(schedule)
+    if pp < 1:
+        raise ValueError("schedule must hold one action list per pipeline rank, got none")
+    v = 1 + max((a.chunk for actions in schedule for a in actions), default=0)
+    costs.check_stages(pp * v)
+    steps = [_to_steps(actions) for actions in schedule]
+    _match_messages(steps, pp)
+    spans, batch_spans = _run(steps, costs, pp, transfer)
+    buffers = tuple(_peak_recv_buffers(actions) for actions in schedule)
+    return _result(pp, v, spans, batch_spans, buffers)
+
+
+def _to_steps(actions: list[Action]) -> list[_Step]:
+    """Group maximal runs of communication actions into batches."""
+    steps: list[_Step] = []
+    run: list[Action] = []
+    for action in actions:
+        if action.op.is_compute:
+            if run:
+                steps.append(_Batch(tuple(run), [None] * len(run)))
+                run = []
+            steps.append(action)
+        else:
+            run.append(action)
+    if run:
+        steps.append(_Batch(tuple(run), [None] * len(run)))
+    return steps
+
+
+def _match_messages(steps: list[list[_Step]], pp: int) -> None:
+    """Pair the k-th send a -> b with the k-th receive of b from a; record in each batch its messages' partner
+    batches. ValueError when a matched pair disagrees on the payload (that would corrupt data silently). A send
+    or receive with no partner keeps None and shows up as a deadlock."""
+    sends: dict[tuple[int, int], list[_Endpoint]] = {}  # (src, dst) -> sends in posting order
+    recvs: dict[tuple[int, int], list[_Endpoint]] = {}  # (src, dst) -> receives in posting order
+    for rank, rank_steps in enumerate(steps):
+        for index, step in enumerate(rank_steps):
+            if isinstance(step, _Batch):
+                for position, action in enumerate(step.actions):
+                    _check_peer(action, rank, pp)
+                    if action.op.is_send:
+                        sends.setdefault((rank, action.peer), []).append((rank, index, position))
+                    else:
+                        recvs.setdefault((action.peer, rank), []).append((rank, index, position))
+    for pair, pair_sends in sends.items():
+        for send, recv in zip(pair_sends, recvs.get(pair, [])):
+            _pair(send, recv, steps, pp)
+
+
+def _check_peer(action: Action, rank: int, pp: int) -> None:
+    if action.peer is None or not 0 <= action.peer < pp or action.peer == rank:
+        raise ValueError(f"rank {rank}: {action} needs a peer pipeline rank in [0, {pp}) other than itself")
+
+
+def _pair(send: _Endpoint, recv: _Endpoint, steps: list[list[_Step]], pp: int) -> None:
+    s_batch, r_batch = steps[send[0]][send[1]], steps[recv[0]][recv[1]]
+    s_action, r_action = s_batch.actions[send[2]], r_batch.actions[recv[2]]
+    if not _same_payload(s_action, send[0], r_action, recv[0], pp):
+        raise ValueError(f"rank {send[0]} {s_action} is matched (posting order) with rank {recv[0]} {r_action}: "
+                         "payloads differ; post receives in the order the sender sends")
+    s_batch.partners[send[2]] = recv[:2]
+    r_batch.partners[recv[2]] = send[:2]
+
+
+def _same_payload(send: Action, s_rank: int, recv: Action, r_rank: int, pp: int) -> bool:
+    """SEND_ACT of stage s pairs with RECV_ACT of stage s + 1; SEND_GRAD of stage s with RECV_GRAD of s - 1."""
+    expected = {Op.SEND_ACT: (Op.RECV_ACT, 1), Op.SEND_GRAD: (Op.RECV_GRAD, -1)}[send.op]
+    return (recv.op is expected[0] and recv.microbatch == send.microbatch
+            and stage_of(r_rank, recv.chunk, pp) == stage_of(s_rank, send.chunk, pp) + expected[1])
+
+
+def _run(steps: list[list[_Step]], costs: Costs, pp: int,
+         transfer: Transfer) -> tuple[list[list[Span]], list[list[BatchSpan]]]:
+    """Advance every rank as far as it can until all finish or none can move."""
+    clock = [0.0] * pp
+    cursor = [0] * pp
+    posted: dict[tuple[int, int], float] = {}  # (rank, step) -> post time of that batch
+    spans: list[list[Span]] = [[] for _ in range(pp)]
+    batch_spans: list[list[BatchSpan]] = [[] for _ in range(pp)]
+    moved = True
+    while moved:
+        moved = False
+        for rank in range(pp):
+            while cursor[rank] < len(steps[rank]):
+                step = steps[rank][cursor[rank]]
+                if isinstance(step, Action):
+                    end = clock[rank] + _duration(step, rank, pp, costs)
+                    spans[rank].append(Span(step, clock[rank], end))
+                else:
+                    posted.setdefault((rank, cursor[rank]), clock[rank])
+                    end = _batch_done(step, clock[rank], posted, costs, transfer)
+                    if end is None:
+                        break
+                    batch_spans[rank].append(BatchSpan(step.actions, clock[rank], end))
+                clock[rank] = end
+                cursor[rank] += 1
+                moved = True
+    _raise_if_stuck(steps, cursor, posted)
+    return spans, batch_spans
+
+
+def _duration(action: Action, rank: int, pp: int, costs: Costs) -> float:
+    stage = stage_of(rank, action.chunk, pp)
+    return costs.forward_time(stage) if action.op is Op.FORWARD else costs.backward_time(stage)
+
+
+def _batch_done(batch: _Batch, now: float, posted: dict[tuple[int, int], float], costs: Costs,
+                transfer: Transfer) -> float | None:
+    """Completion time of a batch posted at `now`, or None while a partner it must wait for is not posted yet."""
+    done = now
+    for action, partner in zip(batch.actions, batch.partners):
+        if transfer is Transfer.BUFFERED and action.op.is_send:
+            continue
+        if partner is None or partner not in posted:
+            return None
+        done = max(done, max(now, posted[partner]) + costs.comm)
+    return done
+
+
+def _raise_if_stuck(steps: list[list[_Step]], cursor: list[int], posted: dict[tuple[int, int], float]) -> None:
+    stuck = [rank for rank in range(len(steps)) if cursor[rank] < len(steps[rank])]
+    if not stuck:
+        return
+    lines = []
+    for rank in stuck:
+        batch = steps[rank][cursor[rank]]
+        waits = [f"{a} waits for " + ("no matching message" if p is None else f"rank {p[0]} to reach it")
+                 for a, p in zip(batch.actions, batch.partners) if p is None or p not in posted]
+        lines.append(f"rank {rank} stuck at batch [{', '.join(map(str, batch.actions))}]: {'; '.join(waits)}")
+    raise DeadlockError("pipeline schedule deadlocks:\n  " + "\n  ".join(lines))
+
+
+def _result(pp: int, v: int, spans: list[list[Span]], batch_spans: list[list[BatchSpan]],
+            buffers: tuple[int, ...]) -> SimResult:
+    ends = [s.end for rank in spans for s in rank] + [b.done for rank in batch_spans for b in rank]
+    peaks = [_peak_in_flight(rank) for rank in spans]
+    return SimResult(
+        pp=pp,
+        v=v,
+        timelines=tuple(tuple(rank) for rank in spans),
+        batches=tuple(tuple(rank) for rank in batch_spans),
+        makespan=max(ends, default=0.0),
+        busy=tuple(sum(s.end - s.start for s in rank) for rank in spans),
+        peak_in_flight=tuple(p[0] for p in peaks),
+        peak_in_flight_microbatches=tuple(p[1] for p in peaks),
+        peak_recv_buffers=buffers,
+    )
+
+
+def _peak_in_flight(spans: list[Span]) -> tuple[int, int]:
+    """Max (micro-batch, chunk) pairs and max distinct micro-batches held: + at a forward, - after a backward."""
+    held: dict[int, int] = {}  # micro-batch -> chunks held
+    peak_chunks = peak_mbs = 0
+    for span in spans:
+        mb = span.action.microbatch
+        held[mb] = held.get(mb, 0) + (1 if span.action.op is Op.FORWARD else -1)
+        if held[mb] == 0:
+            del held[mb]
+        peak_chunks = max(peak_chunks, sum(held.values()))
+        peak_mbs = max(peak_mbs, len(held))
+    return peak_chunks, peak_mbs
+
+
+def _peak_recv_buffers(actions: list[Action]) -> int:
+    """Max payloads a rank holds between their receive and the compute that consumes them (FORWARD(mb, c) takes
+    RECV_ACT(mb, c), BACKWARD(mb, c) takes RECV_GRAD(mb, c)). 1 means no prefetching beyond the next compute."""
+    consumes = {Op.FORWARD: Op.RECV_ACT, Op.BACKWARD: Op.RECV_GRAD}
+    held: set[tuple[Op, int, int]] = set()
+    peak = 0
+    for action in actions:
+        if action.op.is_recv:
+            held.add((action.op, action.microbatch, action.chunk))
+            peak = max(peak, len(held))
+        elif action.op.is_compute:
+            held.discard((consumes[action.op], action.microbatch, action.chunk))
+    return peak
+
+
+def format_timeline(result: SimResult, slot: float | None = None) -> str:
+    """ASCII picture: one row per rank, one cell per `slot` of time (default: the shortest compute span).
+
+    A cell reads F<mb> / B<mb> (with the chunk letter a, b, ... when v > 1) where a compute starts, '-' while
+    it continues, '.' when the rank is idle (bubble or waiting on communication).
+    """
+    durations = [s.end - s.start for rank in result.timelines for s in rank if s.end > s.start]
+    slot = slot or min(durations, default=1.0)
+    width = 1 + len(str(max((s.action.microbatch for r in result.timelines for s in r), default=0)))
+    width += 1 if result.v > 1 else 0
+    cells = round(result.makespan / slot)
+    rows = []
+    for rank, spans in enumerate(result.timelines):
+        row = ["." * width] * cells
+        for span in spans:
+            first, last = round(span.start / slot), round(span.end / slot)
+            for cell in range(first, last):
+                row[cell] = _label(span.action, result.v, width) if cell == first else "-" * width
+        rows.append(f"rank {rank} | " + " ".join(row))
+    return "\n".join(rows)
+
+
+def _label(action: Action, v: int, width: int) -> str:
+    chunk = chr(ord("a") + action.chunk) if v > 1 else ""
+    return f"{action.op.name[0]}{action.microbatch}{chunk}".ljust(width)

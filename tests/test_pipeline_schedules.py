@@ -1,0 +1,304 @@
+"""Pipeline schedules and their simulation: pure lists, no processes.
+
+Each property is checked on every configuration the schedules promise to support: GPipe and 1F1B for pp in 1..8
+and m in 1..3 pp; interleaved for pp in 1..8, v in {1, 2, 3} and m in {pp, 2 pp, 3 pp}.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+
+from hybrid.pipeline import (
+    Action,
+    Costs,
+    DeadlockError,
+    Op,
+    Phase,
+    ScheduleKind,
+    SimResult,
+    Transfer,
+    build_schedule,
+    compute_phases,
+    format_timeline,
+    simulate,
+    stage_of,
+    warmup_forwards,
+)
+
+GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED
+
+
+def _configs() -> list[tuple[ScheduleKind, int, int, int]]:
+    out = []
+    for pp in range(1, 9):
+        out += [(kind, pp, m, 1) for kind in (GPIPE, ONE_F_ONE_B) for m in range(1, 3 * pp + 1)]
+        out += [(INTERLEAVED, pp, m, v) for v in (1, 2, 3) for m in (pp, 2 * pp, 3 * pp)]
+    return out
+
+
+CONFIGS = _configs()
+
+
+@functools.lru_cache(maxsize=None)
+def _schedule(kind: ScheduleKind, pp: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
+    return tuple(tuple(actions) for actions in build_schedule(kind, pp, m, v))
+
+
+@functools.lru_cache(maxsize=None)
+def _unit_sim(kind: ScheduleKind, pp: int, m: int, v: int) -> SimResult:
+    return simulate([list(a) for a in _schedule(kind, pp, m, v)])
+
+
+def _computes(actions, op: Op) -> list[tuple[int, int]]:
+    return [(a.microbatch, a.chunk) for a in actions if a.op is op]
+
+
+# --- structure of the lists --------------------------------------------------------------------------------
+
+
+def test_every_microbatch_is_forwarded_and_backwarded_once_per_chunk():
+    for kind, pp, m, v in CONFIGS:
+        expected = Counter((mb, c) for mb in range(m) for c in range(v))
+        for actions in _schedule(kind, pp, m, v):
+            assert Counter(_computes(actions, Op.FORWARD)) == expected, (kind, pp, m, v)
+            assert Counter(_computes(actions, Op.BACKWARD)) == expected, (kind, pp, m, v)
+
+
+def test_every_backward_comes_after_its_forward_on_the_same_rank_and_chunk():
+    for kind, pp, m, v in CONFIGS:
+        for actions in _schedule(kind, pp, m, v):
+            forwarded = set()
+            for a in actions:
+                if a.op is Op.FORWARD:
+                    forwarded.add((a.microbatch, a.chunk))
+                elif a.op is Op.BACKWARD:
+                    assert (a.microbatch, a.chunk) in forwarded, (kind, pp, m, v, a)
+
+
+def _needs_recv(op: Op, rank: int, chunk: int, pp: int, v: int) -> bool:
+    """A forward needs an activation unless it is stage 0; a backward a gradient unless it is the last stage;
+    nothing crosses the wire when the neighbour stage is on the same rank (pp = 1)."""
+    stage = stage_of(rank, chunk, pp)
+    source = stage - 1 if op is Op.FORWARD else stage + 1
+    return 0 <= source < pp * v and source % pp != rank
+
+
+def test_each_compute_receives_exactly_what_it_needs_beforehand_and_sends_afterwards():
+    for kind, pp, m, v in CONFIGS:
+        for rank, actions in enumerate(_schedule(kind, pp, m, v)):
+            received = [(a.op, a.microbatch, a.chunk) for a in actions if a.op.is_recv]
+            assert len(received) == len(set(received)), (kind, pp, m, v, rank)
+            seen_recv, done = set(), set()
+            for a in actions:
+                if a.op.is_recv:
+                    seen_recv.add((a.op, a.microbatch, a.chunk))
+                elif a.op.is_send:
+                    producer = Op.FORWARD if a.op is Op.SEND_ACT else Op.BACKWARD
+                    assert (producer, a.microbatch, a.chunk) in done, (kind, pp, m, v, rank, a)
+                else:
+                    recv_op = Op.RECV_ACT if a.op is Op.FORWARD else Op.RECV_GRAD
+                    has = (recv_op, a.microbatch, a.chunk) in seen_recv
+                    assert has == _needs_recv(a.op, rank, a.chunk, pp, v), (kind, pp, m, v, rank, a)
+                    done.add((a.op, a.microbatch, a.chunk))
+
+
+def test_sends_and_receives_pair_up_in_the_same_order_on_every_pair_of_ranks():
+    """The k-th send a -> b carries what b's k-th receive from a expects (NCCL matches in posting order)."""
+    for kind, pp, m, v in CONFIGS:
+        sched = _schedule(kind, pp, m, v)
+        sent, got = {}, {}
+        for rank, actions in enumerate(sched):
+            for a in actions:
+                stage = stage_of(rank, a.chunk, pp)
+                if a.op is Op.SEND_ACT:
+                    sent.setdefault((rank, a.peer), []).append(("act", a.microbatch, stage + 1))
+                elif a.op is Op.SEND_GRAD:
+                    sent.setdefault((rank, a.peer), []).append(("grad", a.microbatch, stage - 1))
+                elif a.op.is_recv:
+                    kind_name = "act" if a.op is Op.RECV_ACT else "grad"
+                    got.setdefault((a.peer, rank), []).append((kind_name, a.microbatch, stage))
+        assert sent == got, (kind, pp, m, v)
+        for (src, dst), payloads in sent.items():
+            assert all(src_stage % pp == dst for _, _, src_stage in payloads), (kind, pp, m, v)
+
+
+def test_1f1b_phases_are_warmup_steady_cooldown():
+    pp, m = 4, 8
+    for rank in range(pp):
+        phases = compute_phases(ONE_F_ONE_B, pp, rank, m)
+        warmup = pp - rank - 1
+        assert [a.op for a in phases[Phase.WARMUP]] == [Op.FORWARD] * warmup
+        assert [a.op for a in phases[Phase.STEADY]] == [Op.FORWARD, Op.BACKWARD] * (m - warmup)
+        assert [a.op for a in phases[Phase.COOLDOWN]] == [Op.BACKWARD] * warmup
+
+
+def test_warmup_counts_follow_narayanan_and_megatron():
+    for pp in range(1, 9):
+        for rank in range(pp):
+            for m in range(1, 3 * pp + 1):
+                assert warmup_forwards(GPIPE, pp, rank, m) == m
+                assert warmup_forwards(ONE_F_ONE_B, pp, rank, m) == min(pp - rank - 1, m)
+            for v in (2, 3):
+                for m in (pp, 2 * pp, 3 * pp):
+                    megatron = (pp - rank - 1) * 2 + (v - 1) * pp
+                    assert warmup_forwards(INTERLEAVED, pp, rank, m, v) == min(megatron, m * v)
+
+
+def test_interleaved_with_one_chunk_is_1f1b():
+    for pp in range(1, 9):
+        for m in (pp, 2 * pp, 3 * pp):
+            assert build_schedule(INTERLEAVED, pp, m, 1) == build_schedule(ONE_F_ONE_B, pp, m)
+
+
+def test_1f1b_steady_state_batches_pair_send_forward_with_recv_backward():
+    """Megatron's send_forward_recv_backward: on a middle rank the activation goes out in the same batch that
+    brings the gradient back."""
+    actions = build_schedule(ONE_F_ONE_B, 4, 8)[1]
+    i = actions.index(Action(Op.SEND_ACT, 3, 0, 2))
+    assert actions[i + 1] == Action(Op.RECV_GRAD, 1, 0, 2)
+    assert actions[i + 2] == Action(Op.BACKWARD, 1, 0)
+
+
+# --- invalid input -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind, pp, m, v, name",
+    [
+        (ONE_F_ONE_B, 0, 4, 1, "pp"),
+        (GPIPE, 2, 0, 1, "m"),
+        (INTERLEAVED, 2, 4, 0, "v"),
+        (INTERLEAVED, 4, 6, 2, "m"),
+        (ONE_F_ONE_B, 2, 4, 2, "v"),
+        (GPIPE, 2.0, 4, 1, "pp"),
+    ],
+)
+def test_invalid_input_raises_value_error_naming_the_parameter(kind, pp, m, v, name):
+    with pytest.raises(ValueError, match=rf"^{name} "):
+        build_schedule(kind, pp, m, v)
+
+
+def test_a_free_string_kind_is_rejected():
+    with pytest.raises(ValueError, match="kind"):
+        build_schedule("1f1b", 2, 4)
+
+
+# --- simulation --------------------------------------------------------------------------------------------
+
+
+def _expected_peak(kind: ScheduleKind, pp: int, rank: int, m: int, v: int) -> int:
+    if kind is GPIPE:
+        return m
+    if v == 1:
+        return min(pp - rank, m)
+    return min(2 * (pp - rank - 1) + (v - 1) * pp + 1, m * v)
+
+
+def test_peak_in_flight_matches_the_formulas():
+    """1F1B: min(pp - r, m); GPipe: m; interleaved: min(2 (pp - r - 1) + (v - 1) pp + 1, m v) chunk activations."""
+    for kind, pp, m, v in CONFIGS:
+        result = _unit_sim(kind, pp, m, v)
+        expected = tuple(_expected_peak(kind, pp, r, m, v) for r in range(pp))
+        assert result.peak_in_flight == expected, (kind, pp, m, v)
+        if v == 1:
+            assert result.peak_in_flight_microbatches == expected, (kind, pp, m, v)
+        assert all(mbs <= min(m, c) for mbs, c in zip(result.peak_in_flight_microbatches, expected))
+
+
+def test_unit_time_bubble_is_exact():
+    """tf = tb = 1 per chunk, free comm: bubble = (pp - 1) / (v m + pp - 1), makespan = 2 (v m + pp - 1).
+    GPipe and 1F1B are the v = 1 case; interleaved meets Narayanan's (p - 1)/v bubble exactly."""
+    for kind, pp, m, v in CONFIGS:
+        result = _unit_sim(kind, pp, m, v)
+        assert result.makespan == 2 * (v * m + pp - 1), (kind, pp, m, v)
+        assert result.busy == (2.0 * m * v,) * pp
+        exact = 1 - Fraction(int(sum(result.busy)), int(pp * result.makespan))
+        assert exact == Fraction(pp - 1, v * m + pp - 1), (kind, pp, m, v)
+        assert result.bubble_fraction == pytest.approx(float(exact), abs=1e-12)
+
+
+def test_gpipe_and_1f1b_have_no_extra_bubble_when_backward_is_twice_forward():
+    for kind, pp, m, v in CONFIGS:
+        if kind is not INTERLEAVED:
+            result = simulate(list(map(list, _schedule(kind, pp, m, v))), Costs(forward=1.0, backward=2.0))
+            assert result.makespan == 3 * (m + pp - 1), (kind, pp, m)
+
+
+def test_no_deadlock_and_buffered_never_slower_with_random_costs():
+    """Whether lists deadlock does not depend on durations; random per-stage costs and comm also exercise the
+    timing code."""
+    rng = random.Random(0)
+    for kind, pp, m, v in CONFIGS[::3]:
+        stages = pp * v
+        costs = Costs(comm=rng.uniform(0, 0.5), stage_forward=tuple(rng.uniform(0.2, 2) for _ in range(stages)),
+                      stage_backward=tuple(rng.uniform(0.2, 4) for _ in range(stages)))
+        sched = list(map(list, _schedule(kind, pp, m, v)))
+        blocking, buffered = simulate(sched, costs), simulate(sched, costs, Transfer.BUFFERED)
+        assert buffered.makespan <= blocking.makespan + 1e-9, (kind, pp, m, v)
+        assert blocking.busy == pytest.approx(buffered.busy)
+
+
+def test_timelines_hold_every_compute_in_order_without_overlap():
+    result = _unit_sim(INTERLEAVED, 4, 8, 2)
+    for rank, spans in enumerate(result.timelines):
+        assert len(spans) == 2 * 8 * 2
+        assert all(a.end <= b.start for a, b in zip(spans, spans[1:]))
+        assert all(s.action.op.is_compute for s in spans)
+    assert max(s.end for spans in result.timelines for s in spans) == result.makespan
+
+
+def test_comm_time_delays_each_hop():
+    """pp = 2, m = 1: F on rank 0, hop, F and B on rank 1, hop, B on rank 0."""
+    result = simulate(build_schedule(ONE_F_ONE_B, 2, 1), Costs(forward=1, backward=2, comm=0.5))
+    assert result.makespan == 1 + 0.5 + 1 + 2 + 0.5 + 2
+
+
+def test_deadlock_names_the_stuck_ranks_and_their_pending_actions():
+    # Rank 0 waits for a gradient before sending the activation rank 1 needs to produce it.
+    schedule = [
+        [Action(Op.FORWARD, 0), Action(Op.RECV_GRAD, 0, 0, 1), Action(Op.BACKWARD, 0), Action(Op.SEND_ACT, 0, 0, 1)],
+        [Action(Op.RECV_ACT, 0, 0, 0), Action(Op.FORWARD, 0), Action(Op.BACKWARD, 0), Action(Op.SEND_GRAD, 0, 0, 0)],
+    ]
+    with pytest.raises(DeadlockError, match=r"rank 0 stuck at batch \[RECV_GRAD\(mb=0,c=0\)@1\]") as info:
+        simulate(schedule)
+    assert "rank 1 stuck at batch [RECV_ACT(mb=0,c=0)@0]" in str(info.value)
+
+
+def test_unmatched_send_is_reported_as_deadlock():
+    schedule = [[Action(Op.FORWARD, 0), Action(Op.SEND_ACT, 0, 0, 1)], [Action(Op.FORWARD, 0)]]
+    with pytest.raises(DeadlockError, match="no matching message"):
+        simulate(schedule)
+
+
+def test_messages_matched_with_the_wrong_payload_raise():
+    schedule = [
+        [Action(Op.FORWARD, 0), Action(Op.SEND_ACT, 0, 0, 1), Action(Op.FORWARD, 1), Action(Op.SEND_ACT, 1, 0, 1)],
+        [Action(Op.RECV_ACT, 1, 0, 0), Action(Op.RECV_ACT, 0, 0, 0), Action(Op.FORWARD, 0), Action(Op.FORWARD, 1)],
+    ]
+    with pytest.raises(ValueError, match="payloads differ"):
+        simulate(schedule)
+
+
+def test_costs_validate_their_fields():
+    with pytest.raises(ValueError, match="forward"):
+        Costs(forward=-1)
+    with pytest.raises(ValueError, match="stage_forward"):
+        simulate(build_schedule(ONE_F_ONE_B, 2, 2), Costs(stage_forward=(1.0,)))
+
+
+def test_format_timeline_draws_1f1b():
+    result = simulate(build_schedule(ONE_F_ONE_B, 2, 3))
+    assert format_timeline(result) == (
+        "rank 0 | F0 F1 .. B0 F2 B1 .. B2\n"
+        "rank 1 | .. F0 B0 F1 B1 F2 B2 .."
+    )
+
+
+def test_format_timeline_marks_chunks_and_long_steps():
+    result = simulate(build_schedule(INTERLEAVED, 1, 1, 2), Costs(forward=1, backward=2))
+    assert format_timeline(result) == "rank 0 | F0a F0b B0b --- B0a ---"
