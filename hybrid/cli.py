@@ -1,0 +1,68 @@
+"""The `hybrid` command.
+
+    hybrid layout --world 16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+    hybrid models
+    hybrid plan ...            (the layout planner, when installed)
+
+Training itself is launched with torchrun: `torchrun --nproc-per-node N scripts/train.py ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from hybrid.mesh import Axis, ParallelDims
+
+
+def _layout(args: argparse.Namespace) -> None:
+    dims = ParallelDims.from_world(args.world, tp=args.tensor_model_parallel_size,
+                                   pp=args.pipeline_model_parallel_size)
+    print(f"world {dims.world} = tp {dims.tp} x dp {dims.dp} x pp {dims.pp} (rank = tp + tp*(dp + dp_size*pp))")
+    for pp in range(dims.pp):
+        print(f"pipeline stage {pp}:")
+        for g in dims.group_ranks(Axis.TP):
+            if dims.coords(g[0]).pp == pp:
+                print(f"  dp {dims.coords(g[0]).dp}: tp group {g}")
+    print("dp groups:", dims.group_ranks(Axis.DP))
+    print("pp groups:", dims.group_ranks(Axis.PP))
+    print("embedding groups:", dims.embedding_group_ranks())
+
+
+def _models(args: argparse.Namespace) -> None:
+    from models.config import PRESETS, load_config
+    print(f"{'preset':<14} {'arch':<6} {'params':>10} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'vocab':>7}")
+    for name in PRESETS:
+        c = load_config(name)
+        print(f"{name:<14} {c.arch:<6} {c.num_parameters / 1e6:>9.1f}M {c.num_layers:>6} {c.hidden_size:>6} "
+              f"{c.num_heads:>5} {c.num_kv_heads:>3} {c.vocab_size:>7}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hybrid", description="Hybrid-parallel (TP x PP x DP) training toolkit")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("layout", help="print the rank layout of a mesh")
+    p.add_argument("--world", type=int, required=True, help="number of ranks")
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    p.set_defaults(func=_layout)
+    sub.add_parser("models", help="list model presets").set_defaults(func=_models)
+    for module in ("hybrid.planner.cli",):  # subcommands that live with their feature
+        try:
+            importlib.import_module(module).add_parser(sub)
+        except ModuleNotFoundError:
+            pass
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as e:
+        raise SystemExit(f"hybrid {args.command}: error: {e}") from None
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs hybrid (editable) with its dependencies and test extra.
+# torch first, pinned: on a machine without a GPU `torch==2.13.0` takes the CPU wheel (seconds, from
+# local disk here), while an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    "$PY" -m pip install -q "torch>=2.4,<=2.14.1"
+  else
+    "$PY" -m pip install -q torch==2.13.0
+  fi
+fi
+"$PY" -m pip install -q -e ".[test]" 2>&1 | grep -v -E "^WARNING: Running pip as|^\[notice\]" || true
+"$PY" -c "import hybrid, models, torch, transformers; print(f'hybrid ready: torch {torch.__version__}, transformers {transformers.__version__}')"
