@@ -132,6 +132,21 @@ class Group:
             dist.broadcast(t, src=self.ranks[src_index], group=self.pg)
         return t
 
+    def batch_p2p(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
+        """Post every send and receive together (`batch_isend_irecv`) and wait for all of them.
+        Peers are indices within this group. Each tensor is counted once: by its sender as
+        "send", by its receiver as "recv"."""
+        ops = []
+        for t, peer in sends:
+            self.ledger.record("send", self.name, _nbytes(t))
+            ops.append(dist.P2POp(dist.isend, t, self.ranks[peer], group=self.pg))
+        for t, peer in recvs:
+            self.ledger.record("recv", self.name, _nbytes(t))
+            ops.append(dist.P2POp(dist.irecv, t, self.ranks[peer], group=self.pg))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
     def barrier(self) -> None:
         if self.size > 1:
             dist.barrier(group=self.pg)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol, Sequence
 
 import torch
 import torch.nn as nn
@@ -61,21 +62,54 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
 
 
+class LocalForwardBackward:
+    """No pipeline: forward and backward each micro-batch in turn on one model, loss scaled by 1/m."""
+
+    def __init__(self, model: nn.Module, device: torch.device):
+        self.model, self.device = model, device
+
+    def forward_backward(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        total = torch.zeros((), device=self.device)
+        for inputs, labels in batches:
+            loss = self.model(inputs.to(self.device), labels.to(self.device)) / len(batches)
+            loss.backward()
+            total += loss.detach()
+        return total
+
+
+class ForwardBackward(Protocol):
+    def forward_backward(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor: ...
+
+
+@torch.no_grad()
+def sync_tied_embeddings(model: nn.Module, mesh: Mesh) -> None:
+    """GPT-2's input embedding (first stage) and LM head (last stage) are one logical weight held
+    twice: sum the two gradients over the embedding group so both copies take the same step."""
+    tied = [m.tied_embedding_weight() for m in model.modules() if hasattr(m, "tied_embedding_weight")]
+    tied = [w for w in tied if w is not None and w.grad is not None]
+    if not tied or (len(tied) == 1 and mesh.embedding.size == 1):
+        return
+    total = sum(w.grad for w in tied)  # both copies on this rank when pp = 1 with v chunks
+    mesh.embedding.all_reduce(total)
+    for w in tied:
+        w.grad.copy_(total)
+
+
 def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], optimizer: torch.optim.Optimizer,
-               mesh: Mesh, averager: GradAverager, lr: float | None = None) -> float:
-    """Forward/backward every micro-batch, sync gradients over TP (partial sums) and DP (average),
-    step. Returns the loss averaged over the global batch (the same number on every rank)."""
+               mesh: Mesh, averager: GradAverager, lr: float | None = None,
+               runner: ForwardBackward | None = None) -> float:
+    """Forward/backward every micro-batch (through the pipeline executor when given), sync gradients
+    over TP (partial sums), the embedding group (tied weights) and DP (average), then step.
+    Returns the loss averaged over the global batch (the same number on every rank)."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=mesh.device)
-    for inputs, labels in batches:
-        loss = model(inputs.to(mesh.device), labels.to(mesh.device)) / len(batches)
-        loss.backward()
-        total += loss.detach()
+    loss = (runner or LocalForwardBackward(model, mesh.device)).forward_backward(batches)
     sync_partial_grads(model.parameters(), mesh.tp)
+    sync_tied_embeddings(model, mesh)
     averager()
     if lr is not None:
         for group in optimizer.param_groups:
             group["lr"] = lr
     optimizer.step()
-    return mesh.dp.all_reduce(total, tag="metrics").item() / mesh.dp.size
+    mesh.pp.all_reduce(loss, tag="metrics")  # only the last stage holds it
+    return mesh.dp.all_reduce(loss, tag="metrics").item() / mesh.dp.size

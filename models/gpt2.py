@@ -72,6 +72,10 @@ class GPT2(nn.Module):
         if self.stage.last:
             self.ln_f = LayerNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
 
+    def tied_embedding_weight(self) -> torch.Tensor | None:
+        """The token embedding this stage holds as input embedding or LM head (tied), if any."""
+        return self.wte.weight if hasattr(self, "wte") else None
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.wte(ids)  # (B, T, C); under SP reduce-scattered to (B, T/t, C)
         pos = torch.arange(ids.shape[1], device=ids.device)

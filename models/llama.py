@@ -64,6 +64,10 @@ class Llama(nn.Module):
         inv_freq, self.rope_scale = cfg.rope_inv_freq()
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    def tied_embedding_weight(self) -> torch.Tensor | None:
+        """The token embedding this stage holds as input embedding or LM head, when they are tied."""
+        return self.embed_tokens.weight if self.cfg.tie_embeddings and hasattr(self, "embed_tokens") else None
+
     def rope(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape (T, hd): angle t * inv_freq_j, duplicated for the two halves."""
         freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), self.inv_freq)

@@ -30,7 +30,7 @@ def _train(mesh: Mesh, model_name: str, sp: bool = False):
     """STEPS AdamW steps on the same global batches; returns losses and full weights."""
     cfg = load_config(model_name)
     model = build_model(cfg, TPContext(mesh.tp, sequence_parallel=sp), seed=7)
-    opt_cfg = OptimizerConfig(lr=0.1, warmup_iters=1, train_iters=STEPS)
+    opt_cfg = OptimizerConfig(lr=0.05, warmup_iters=1, train_iters=STEPS)
     # SGD, not Adam: Adam's early steps are ~lr*sign(g), so elements whose gradient is at rounding
     # level (GPT-2's key bias has gradient exactly 0: softmax ignores a per-query shift) flip with
     # summation order -- even between two single-process runs that differ only in accumulation.

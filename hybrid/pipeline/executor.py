@@ -1,0 +1,166 @@
+"""Runs one pipeline rank's action list (from `build_schedule`) on real chunks of a model.
+
+The executor knows no schedule: it walks the list. Compute actions run one chunk's forward or
+backward for one micro-batch; each maximal run of communication actions is posted as one
+`batch_isend_irecv` over the pipeline group and waited on as a whole (see schedules.py for why that
+cannot deadlock). Payload shapes are fixed -- one micro-batch's hidden states, (b, s, h) or (b, s/t, h)
+under sequence parallelism -- so receives allocate their buffers with no shape handshake.
+
+Memory: once a chunk's output activation has been sent, its data is freed (Megatron's
+deallocate_output_tensor): backward needs only the autograd graph behind it, not its values, so a
+stage keeps exactly what its backward uses. Backward through a freed output goes straight to the
+autograd engine, which -- unlike `torch.autograd.backward` -- does not check that the gradient's
+shape matches the (now empty) output.
+
+Gradients accumulate over micro-batches in `.grad`; the last stage scales each micro-batch's loss by
+1/m, so the result is the gradient of the mean loss, as a single process with accumulation computes.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+from torch.autograd.variable import Variable
+
+from hybrid.comm import Group
+from hybrid.pipeline.schedules import Action, Op
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, labels) of one micro-batch
+
+
+@dataclass(frozen=True)
+class StageIO:
+    """What crosses a stage boundary: one micro-batch's hidden states."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+
+@dataclass
+class TimelineEvent:
+    """One action as it ran on this rank (perf_counter seconds), for Chrome-trace timelines."""
+
+    name: str
+    microbatch: int
+    chunk: int
+    start: float
+    end: float
+
+
+@dataclass
+class _StepState:
+    inputs: dict = field(default_factory=dict)     # (mb, chunk) -> chunk input (requires grad)
+    outputs: dict = field(default_factory=dict)    # (mb, chunk) -> chunk output, or scaled loss
+    received: dict = field(default_factory=dict)   # (op, mb, chunk) -> payload received
+    grads: dict = field(default_factory=dict)      # (mb, chunk) -> d loss / d input, to send
+    loss: torch.Tensor | None = None
+
+
+def _runs(actions: Sequence[Action]) -> list[list[Action]]:
+    """Split a list into single compute actions and maximal runs of communication actions."""
+    out: list[list[Action]] = []
+    for a in actions:
+        if not a.op.is_compute and out and not out[-1][0].op.is_compute:
+            out[-1].append(a)
+        else:
+            out.append([a])
+    return out
+
+
+def _free(t: torch.Tensor) -> None:
+    """Drop a sent output's storage; its grad_fn (what backward needs) stays."""
+    t.data = torch.empty((1,), dtype=t.dtype, device=t.device)
+
+
+def _backward(output: torch.Tensor, grad: torch.Tensor | None) -> None:
+    """Backward from `output` with incoming gradient `grad`, bypassing the shape check so a freed
+    output works (Megatron's custom_backward)."""
+    if grad is None:  # the loss
+        grad = torch.ones_like(output)
+    Variable._execution_engine.run_backward(
+        tensors=(output,), grad_tensors=(grad,), keep_graph=False, create_graph=False, inputs=(),
+        allow_unreachable=True, accumulate_grad=True)
+
+
+class PipelineExecutor:
+    """Runs `schedule` (this rank's action list) over `chunks` (this rank's model chunks).
+
+    Each chunk is a model built with a `StageLayout`: `chunk.stage.first` holds the embedding (reads
+    token ids), `chunk.stage.last` the head and loss. `forward_backward(batches)` returns this rank's
+    share of the mean loss (sum over micro-batches of loss/m on the last stage, zero elsewhere).
+    """
+
+    def __init__(self, chunks: Sequence[nn.Module], schedule: Sequence[Action], pp: Group, io: StageIO,
+                 device: torch.device, on_forward: Callable[[int, int], object] | None = None,
+                 record_timeline: bool = False):
+        self.chunks, self.schedule, self.pp, self.io, self.device = list(chunks), list(schedule), pp, io, device
+        self.on_forward = on_forward  # context factory (mb, chunk) wrapping each forward, e.g. a memory tag
+        self.record_timeline = record_timeline
+        self.events: list[TimelineEvent] = []
+        self._runs = _runs(self.schedule)
+
+    def forward_backward(self, batches: Sequence[Batch]) -> torch.Tensor:
+        st = _StepState(loss=torch.zeros((), device=self.device))
+        for run in self._runs:
+            t0 = time.perf_counter()
+            if run[0].op.is_compute:
+                (self._forward if run[0].op is Op.FORWARD else self._backward_step)(run[0], batches, st)
+            else:
+                self._communicate(run, st)
+            if self.record_timeline:
+                for a in run:
+                    self.events.append(TimelineEvent(a.op.value, a.microbatch, a.chunk, t0, time.perf_counter()))
+        if st.inputs or st.outputs or st.received or st.grads:
+            raise RuntimeError("pipeline schedule left work undone: "
+                               f"{list(st.inputs)} {list(st.outputs)} {list(st.received)} {list(st.grads)}")
+        return st.loss
+
+    def _forward(self, a: Action, batches: Sequence[Batch], st: _StepState) -> None:
+        chunk, key = self.chunks[a.chunk], (a.microbatch, a.chunk)
+        inputs, labels = batches[a.microbatch]
+        if chunk.stage.first:
+            x = inputs.to(self.device)
+        else:
+            x = st.received.pop((Op.RECV_ACT, *key)).requires_grad_()
+        with self.on_forward(*key) if self.on_forward else nullcontext():
+            y = chunk(x, labels.to(self.device) if chunk.stage.last else None)
+        if chunk.stage.last:
+            y = y / len(batches)
+            st.loss += y.detach()
+        elif self.pp.size == 1:  # v chunks on one rank: hand the activation over in memory
+            st.received[(Op.RECV_ACT, a.microbatch, a.chunk + 1)] = y.detach()
+        st.inputs[key], st.outputs[key] = x, y
+
+    def _backward_step(self, a: Action, batches: Sequence[Batch], st: _StepState) -> None:
+        chunk, key = self.chunks[a.chunk], (a.microbatch, a.chunk)
+        x, y = st.inputs.pop(key), st.outputs.pop(key)
+        _backward(y, None if chunk.stage.last else st.received.pop((Op.RECV_GRAD, *key)))
+        if chunk.stage.first:
+            return
+        if self.pp.size == 1:
+            st.received[(Op.RECV_GRAD, a.microbatch, a.chunk - 1)] = x.grad
+        else:
+            st.grads[key] = x.grad
+
+    def _communicate(self, run: list[Action], st: _StepState) -> None:
+        sends, recvs, arrivals, sent_outputs = [], [], [], []
+        for a in run:
+            key = (a.microbatch, a.chunk)
+            if a.op is Op.SEND_ACT:
+                sends.append((st.outputs[key].detach(), a.peer))
+                sent_outputs.append(st.outputs[key])
+            elif a.op is Op.SEND_GRAD:
+                sends.append((st.grads.pop(key), a.peer))
+            else:
+                buf = torch.empty(self.io.shape, dtype=self.io.dtype, device=self.device)
+                recvs.append((buf, a.peer))
+                arrivals.append(((a.op, *key), buf))
+        self.pp.batch_p2p(sends, recvs)
+        st.received.update(arrivals)
+        for y in sent_outputs:
+            _free(y)
