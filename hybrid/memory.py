@@ -11,13 +11,12 @@ Saved activations of one Transformer layer (tp = 1, fp32, no dropout, CPU flash 
 token (b s tokens; h hidden, a query heads, g key/value heads, d head width, f MLP width), in
 elements (x 4 bytes):
 
-    GPT-2:  4h + 4 + 2ad + 2gd + a + 5f         (= 28h + 4 + a at f = 4h, ad = gd = h)
+    GPT-2:  4h + 4 + 2ad + 2gd + a + 2f         (= 16h + 4 + a at f = 4h, ad = gd = h)
     Llama:  6h + 2 + 2ad + 2gd + a + 4f         plus 2 s d for RoPE cos/sin, shared by all layers
 
   GPT-2  ln_1: input h, mean 1, rstd 1 | q/k/v input (ln_1 output) h | attention: q ad, k gd, v gd,
          output ad (also the o_proj input), logsumexp a | ln_2: input h, mean 1, rstd 1 |
-         c_fc input h | gelu_new, written as Python ops: c_fc output f (pow), 0.5x f, 1+tanh f,
-         tanh f (4f) | c_proj input (gelu output) f.
+         c_fc input h | fused tanh-GELU input f | c_proj input (gelu output) f.
   Llama  RMSNorm x2: input h, rsqrt 1, normalised x h | q/k/v and gate/up inputs (norm outputs) h
          each | attention: rotated q ad, rotated k gd, v gd, output ad, logsumexp a |
          SwiGLU: gate output f (silu), silu output f, up output f, down input f.
@@ -26,10 +25,11 @@ Korthikanti et al. 2022 (Sec. 4.1) count sbh(34 + 5as/h) bytes per layer in fp16
 16 sbh activations of 2 bytes, 2 sbh one-byte dropout masks, and 5as^2 b for the materialised
 softmax (2 bytes), its dropout mask (1) and dropout output (2). Here the 16 sbh elements take 4
 bytes (64 sbh), there are no masks, and flash attention keeps a row logsumexp (4asb bytes) instead
-of the s x s matrix; GPT-2 adds gelu_new's three unfused intermediates (48 sbh; a fused GELU saves
-only its input) and the LayerNorm statistics (16 sb): 112 sbh + 16 sb + 4 asb bytes in all
-(tests/test_memory.py reconciles the two). Llama's SwiGLU saves 4f per token where a GELU MLP's
-inputs are 5f; its RMSNorms keep the normalised x besides the input.
+of the s x s matrix; GPT-2 adds the LayerNorm statistics (16 sb): 64 sbh + 16 sb + 4 asb bytes in
+all (tests/test_memory.py reconciles the two). GPT-2's GELU runs as torch's fused kernel, which saves
+only its input; transformers' Python gelu_new would keep three more f-wide intermediates (48 sbh).
+Llama's SwiGLU saves 4f per token where a GELU MLP's inputs are 2f; its RMSNorms keep the
+normalised x besides the input.
 
 Other settings save other tensors, and the formula above does not cover them: CUDA attention
 backends (their own auxiliaries), bf16 (RMSNorm saves fp32 upcasts), dropout (masks), tp > 1 or

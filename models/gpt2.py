@@ -20,13 +20,22 @@ from models.common import ParallelAttention, StageLayout, lm_loss
 from models.config import ModelConfig
 
 
+def activation(name: str) -> nn.Module:
+    """transformers' activation by name, except that GPT-2's tanh-approximated GELU ("gelu_new",
+    written out in Python there) runs as torch's fused kernel: the same function, one op that saves
+    only its input for backward instead of three intermediates (12 bytes/element less in fp32)."""
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return nn.GELU(approximate="tanh")
+    return ACT2FN[name]
+
+
 class GPT2MLP(nn.Module):
     """c_fc (column-parallel) -> GELU -> c_proj (row-parallel): one all-reduce each way."""
 
     def __init__(self, cfg: ModelConfig, tp: TPContext, out_std: float):
         super().__init__()
         self.c_fc = ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, tp, bias=cfg.mlp_bias)
-        self.act = ACT2FN[cfg.activation]
+        self.act = activation(cfg.activation)
         self.c_proj = RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, tp, bias=cfg.mlp_bias,
                                         init=normal_init(out_std))
 

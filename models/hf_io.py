@@ -108,6 +108,8 @@ def load_hf_checkpoint(model: nn.Module, path: str | os.PathLike, tp_rank: int) 
         stored = ranges[::-1] if src.transpose else ranges
         t = reader.get_slice(src.key)[tuple(slice(a, b) for a, b in stored)]
         t = t.t() if src.transpose else t
+        if spec.dim is not None and count < p.shape[spec.dim]:
+            p.zero_()  # vocabulary padding rows stay zero: a NaN there would leak through 0 * NaN
         target = p if spec.dim is None else p.narrow(spec.dim, 0, count)
         target.copy_(t.to(p.dtype))
 

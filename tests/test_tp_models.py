@@ -58,6 +58,9 @@ def _compare_case(name, tp_size, sp, ckpt_dir, world) -> dict:
     mesh = Mesh.build(ParallelDims.from_world(world, tp=tp_size))
     tp = TPContext(mesh.tp, sequence_parallel=sp)
     model = build_model(from_hf(hf_cfg), tp, seed=None).eval()
+    with torch.no_grad():  # the load must write every element, vocabulary padding included
+        for p in model.parameters():
+            p.fill_(float("nan"))
     load_hf_checkpoint(model, ckpt_dir, mesh.tp.rank)
     logits = model(ids)
     loss = model(ids, shift_labels(ids))

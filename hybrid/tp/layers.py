@@ -87,10 +87,10 @@ class ColumnParallelLinear(nn.Module):
         self.tp, self.enter, self.gather_output = tp, enter, gather_output
         spec = out_spec or _even_split(out_features, tp.size, dim=0, flag="output features")
         local_out = spec.length
-        self.weight = set_spec(nn.Parameter(torch.empty(local_out, in_features)), spec, init)
+        self.weight = set_spec(nn.Parameter(torch.zeros(local_out, in_features)), spec, init)
         self.bias = None
         if bias:
-            self.bias = set_spec(nn.Parameter(torch.empty(local_out)), spec, zeros_init)
+            self.bias = set_spec(nn.Parameter(torch.zeros(local_out)), spec, zeros_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.enter:
@@ -111,10 +111,10 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         self.tp = tp
         spec = _even_split(in_features, tp.size, dim=1, flag="input features")
-        self.weight = set_spec(nn.Parameter(torch.empty(out_features, spec.length)), spec, init)
+        self.weight = set_spec(nn.Parameter(torch.zeros(out_features, spec.length)), spec, init)
         self.bias = None
         if bias:
-            self.bias = set_spec(nn.Parameter(torch.empty(out_features)), tp.replicated_spec(), zeros_init)
+            self.bias = set_spec(nn.Parameter(torch.zeros(out_features)), tp.replicated_spec(), zeros_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.tp.exit(F.linear(x, self.weight))  # partial (B, T, out) summed over TP
@@ -135,7 +135,7 @@ class VocabParallelEmbedding(nn.Module):
         self.tp = tp
         spec = vocab_spec(vocab_size, tp, pad_to)
         self.vocab_start, self.vocab_size = spec.start(tp.rank), vocab_size
-        self.weight = set_spec(nn.Parameter(torch.empty(spec.length, dim)), spec, init)
+        self.weight = set_spec(nn.Parameter(torch.zeros(spec.length, dim)), spec, init)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.vocab_start
@@ -172,7 +172,7 @@ class ParallelLMHead(nn.Module):
         self.tp = tp
         spec = vocab_spec(vocab_size, tp, pad_to)
         self.vocab_start, self.vocab_size = spec.start(tp.rank), vocab_size
-        self.weight = set_spec(nn.Parameter(torch.empty(spec.length, dim)), spec, init)
+        self.weight = set_spec(nn.Parameter(torch.zeros(spec.length, dim)), spec, init)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel logits (B, T, V_p/t); padding columns are -inf."""
