@@ -77,6 +77,11 @@ def _free(t: torch.Tensor) -> None:
     t.data = torch.empty((1,), dtype=t.dtype, device=t.device)
 
 
+def _held_bytes(st: _StepState) -> int:
+    """Bytes of chunk outputs whose data is still held (a freed output keeps a 1-element stub)."""
+    return sum(y.numel() * y.element_size() for y in st.outputs.values() if y.numel() > 1)
+
+
 def _backward(output: torch.Tensor, grad: torch.Tensor | None) -> None:
     """Backward from `output` with incoming gradient `grad`, bypassing the shape check so a freed
     output works (Megatron's custom_backward)."""
@@ -102,16 +107,19 @@ class PipelineExecutor:
         self.on_forward = on_forward  # context factory (mb, chunk) wrapping each forward, e.g. a memory tag
         self.record_timeline = record_timeline
         self.events: list[TimelineEvent] = []
+        self.peak_held_output_bytes = 0  # most bytes of unsent chunk outputs held at once, last step
         self._runs = _runs(self.schedule)
 
     def forward_backward(self, batches: Sequence[Batch]) -> torch.Tensor:
         st = _StepState(loss=torch.zeros((), device=self.device))
+        self.peak_held_output_bytes = 0
         for run in self._runs:
             t0 = time.perf_counter()
             if run[0].op.is_compute:
                 (self._forward if run[0].op is Op.FORWARD else self._backward_step)(run[0], batches, st)
             else:
                 self._communicate(run, st)
+            self.peak_held_output_bytes = max(self.peak_held_output_bytes, _held_bytes(st))
             if self.record_timeline:
                 for a in run:
                     self.events.append(TimelineEvent(a.op.value, a.microbatch, a.chunk, t0, time.perf_counter()))
