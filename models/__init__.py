@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from hybrid.partition import partition_layers
 from hybrid.tp import TPContext, init_parameters
 from models.common import StageLayout, shift_labels
 from models.config import ARCH_GPT2, PRESETS, ModelConfig, from_hf, load_config
@@ -22,21 +23,13 @@ def build_model(cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = Non
     return model
 
 
-def uniform_stages(num_layers: int, num_stages: int) -> list[tuple[int, ...]]:
-    """Global layer ids of each of `num_stages` stages, split evenly."""
-    if num_layers % num_stages:
-        raise ValueError(f"{num_layers} layers cannot be split evenly over {num_stages} pipeline stages "
-                         f"(--pipeline-model-parallel-size x virtual stages); choose a divisor of {num_layers}")
-    per = num_layers // num_stages
-    return [tuple(range(s * per, (s + 1) * per)) for s in range(num_stages)]
-
-
 def build_pipeline_chunks(cfg: ModelConfig, tp: TPContext, pp_rank: int, pp: int, v: int = 1,
                           stages: list[tuple[int, ...]] | None = None, seed: int | None = 1234,
                           pad_vocab_to: int = 1) -> nn.ModuleList:
     """This pipeline rank's v model chunks. Chunk c is global stage c*pp + pp_rank (Megatron's
-    interleaved layout); `stages` gives each global stage's layer ids (default: even split)."""
-    stages = stages or uniform_stages(cfg.num_layers, pp * v)
+    interleaved layout); `stages` gives each global stage's layer ids (default: hybrid.partition's
+    uniform split)."""
+    stages = stages or partition_layers(cfg.num_layers, pp, v)
     last = pp * v - 1
     return nn.ModuleList(
         build_model(cfg, tp, StageLayout(layer_ids=stages[s], first=s == 0, last=s == last), seed=seed,
@@ -44,5 +37,5 @@ def build_pipeline_chunks(cfg: ModelConfig, tp: TPContext, pp_rank: int, pp: int
         for s in (c * pp + pp_rank for c in range(v)))
 
 
-__all__ = ["build_pipeline_chunks", "uniform_stages", "GPT2", "Llama", "ModelConfig", "PRESETS", "StageLayout", "build_model", "from_hf", "load_config",
+__all__ = ["build_pipeline_chunks", "GPT2", "Llama", "ModelConfig", "PRESETS", "StageLayout", "build_model", "from_hf", "load_config",
            "shift_labels"]

@@ -1,17 +1,18 @@
-"""Train a GPT-2 or Llama-family model with tensor + data parallelism. Launch with torchrun:
+"""Train a GPT-2 or Llama-family model with tensor, pipeline and data parallelism. Launch with torchrun:
 
-    torchrun --nproc-per-node 4 scripts/train.py --tensor-model-parallel-size 2 \
-        --micro-batch-size 4 --global-batch-size 16 --seq-length 128 --train-iters 50
+    torchrun --nproc-per-node 8 scripts/train.py --tensor-model-parallel-size 2 \
+        --pipeline-model-parallel-size 2 --micro-batch-size 2 --global-batch-size 16 --seq-length 128
 
-Flags follow Megatron-LM's names. The data-parallel size and the gradient-accumulation steps are
-derived: dp = world / (tp * pp), accumulation = global batch / (micro batch * dp). Every flag is
-checked before any process group starts; a bad one exits with a one-line error naming it.
+Flags follow Megatron-LM's names. The data-parallel size and the number of micro-batches are
+derived: dp = world / (tp * pp), micro-batches per step = global batch / (micro batch * dp). Every
+flag is checked before any process group starts; a bad one exits with a one-line error naming it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 import sys
 import time
 
@@ -23,9 +24,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from hybrid.data import BYTE_VOCAB, BatchSpec, load_corpus, micro_batches  # noqa: E402
 from hybrid.dp import GradAverager  # noqa: E402
 from hybrid.mesh import Mesh, ParallelDims, default_backend, validate_model_dims  # noqa: E402
+from hybrid.partition import (PartitionMethod, parse_layers_per_stage, partition_layers,  # noqa: E402
+                              stage_costs_from_config)
+from hybrid.pipeline import ScheduleKind, build_schedule  # noqa: E402
+from hybrid.pipeline.executor import PipelineExecutor, StageIO  # noqa: E402
+from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace  # noqa: E402
 from hybrid.tp import TPContext  # noqa: E402
-from hybrid.training import OptimizerConfig, build_optimizer, train_step  # noqa: E402
-from models import build_model, load_config  # noqa: E402
+from hybrid.training import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step  # noqa: E402
+from models import build_pipeline_chunks, load_config  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 
 
@@ -39,6 +45,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true", help="split norms/dropout along the sequence")
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                   help="layers per model chunk; v = layers / (pp * this) chunks per rank (interleaved 1F1B)")
+    g.add_argument("--pipeline-schedule", choices=[k.value for k in ScheduleKind], default=None,
+                   help="default: interleaved with virtual stages, else 1f1b")
+    g.add_argument("--pipeline-partition", choices=("uniform", "balanced"), default="uniform",
+                   help="balanced: split layers by FLOPs, counting the embedding and the LM head")
+    g.add_argument("--pipeline-layers-per-stage", default=None, help="layers of each stage by hand, e.g. 3,5,5,3")
+    g.add_argument("--timeline", default=None, help="write the last step's per-rank Chrome trace (JSON) here")
     g.add_argument("--micro-batch-size", type=int, default=4)
     g.add_argument("--global-batch-size", type=int, default=None, help="default: micro batch x dp")
     g = p.add_argument_group("optimization")
@@ -55,7 +70,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, ParallelDims, BatchSpec]:
+@dataclass(frozen=True)
+class PipelinePlan:
+    """How the model is cut: the schedule, chunks per rank, each global stage's layer ids."""
+
+    kind: ScheduleKind
+    v: int
+    stages: list[tuple[int, ...]]
+
+
+def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec) -> PipelinePlan:
+    v = 1
+    if args.num_layers_per_virtual_pipeline_stage is not None:
+        per = args.num_layers_per_virtual_pipeline_stage
+        if per < 1 or cfg.num_layers % (dims.pp * per):
+            raise ValueError(f"--num-layers-per-virtual-pipeline-stage {per} must divide the {cfg.num_layers} layers "
+                             f"/ --pipeline-model-parallel-size {dims.pp}")
+        v = cfg.num_layers // (dims.pp * per)
+    kind = ScheduleKind(args.pipeline_schedule or ("interleaved" if v > 1 else "1f1b"))
+    if kind is ScheduleKind.INTERLEAVED and v == 1 and dims.pp > 1:
+        raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage")
+    if kind is not ScheduleKind.INTERLEAVED and v > 1:
+        raise ValueError(f"--num-layers-per-virtual-pipeline-stage needs --pipeline-schedule interleaved, not {kind.value}")
+    m = batch.num_micro_batches
+    if kind is ScheduleKind.INTERLEAVED and m % dims.pp:
+        raise ValueError(f"interleaved 1F1B needs the micro-batches per step ({m} = --global-batch-size / "
+                         f"(--micro-batch-size x dp)) to be a multiple of --pipeline-model-parallel-size {dims.pp}")
+    if args.pipeline_layers_per_stage:
+        stages = partition_layers(cfg.num_layers, dims.pp, v,
+                                  layers_per_stage=parse_layers_per_stage(args.pipeline_layers_per_stage))
+    elif args.pipeline_partition == "balanced":
+        costs = stage_costs_from_config(cfg, args.seq_length, args.micro_batch_size)
+        stages = partition_layers(cfg.num_layers, dims.pp, v, method=PartitionMethod.BALANCED, **costs.as_kwargs())
+    else:
+        stages = partition_layers(cfg.num_layers, dims.pp, v)
+    return PipelinePlan(kind=kind, v=v, stages=stages)
+
+
+def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, ParallelDims, BatchSpec, PipelinePlan]:
     """Every check that needs no process group; raises ValueError naming the flag and the fix."""
     for flag in ("seq_length", "micro_batch_size", "train_iters", "log_interval"):
         if getattr(args, flag) < 1:
@@ -63,7 +115,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     if args.lr <= 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     cfg = load_config(args.model)
-    dims = ParallelDims.from_world(world, tp=args.tensor_model_parallel_size)
+    dims = ParallelDims.from_world(world, tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
     if args.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {args.seq_length} exceeds the model's {cfg.max_position_embeddings} "
@@ -74,8 +126,10 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     if cfg.vocab_size < BYTE_VOCAB:
         raise ValueError(f"--model vocabulary ({cfg.vocab_size}) is smaller than the {BYTE_VOCAB} byte tokens")
     gbs = args.global_batch_size or args.micro_batch_size * dims.dp
-    return cfg, dims, BatchSpec(global_batch=gbs, micro_batch=args.micro_batch_size,
-                                seq_length=args.seq_length, dp=dims.dp)
+    batch = BatchSpec(global_batch=gbs, micro_batch=args.micro_batch_size, seq_length=args.seq_length, dp=dims.dp)
+    if args.timeline and not os.path.isdir(os.path.dirname(os.path.abspath(args.timeline))):
+        raise ValueError(f"--timeline {args.timeline}: its directory does not exist")
+    return cfg, dims, batch, check_pipeline(args, cfg, dims, batch)
 
 
 def log0(mesh: Mesh, msg: str) -> None:
@@ -87,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        cfg, dims, batch = check_args(args, world)
+        cfg, dims, batch, plan = check_args(args, world)
         corpus = load_corpus(args.data_path)
     except ValueError as e:
         raise SystemExit(f"train.py: error: {e}") from None
@@ -99,19 +153,33 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     try:
-        run(args, cfg, dims, batch, corpus, device)
+        run(args, cfg, dims, batch, plan, corpus, device)
     finally:
         dist.destroy_process_group()
 
 
-def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, corpus: torch.Tensor,
+def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: BatchSpec, plan: PipelinePlan):
+    """The model chunks on this rank and what runs forward/backward over them."""
+    dims = mesh.dims
+    model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages, seed=args.seed)
+    model = model.to(mesh.device)
+    if args.load:
+        from models.hf_io import load_hf_checkpoint
+        for chunk in model:
+            load_hf_checkpoint(chunk, args.load, mesh.tp.rank)
+    if dims.pp == 1 and plan.v == 1:
+        return model, LocalForwardBackward(model[0], mesh.device)
+    seq = batch.seq_length // (dims.tp if args.sequence_parallel else 1)
+    schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
+    return model, PipelineExecutor(model, schedule, mesh.pp, StageIO((batch.micro_batch, seq, cfg.hidden_size)),
+                                   mesh.device, record_timeline=bool(args.timeline))
+
+
+def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, corpus: torch.Tensor,
         device: torch.device) -> None:
     mesh = Mesh.build(dims, device=device)
     tp = TPContext(mesh.tp, sequence_parallel=args.sequence_parallel)
-    model = build_model(cfg, tp, seed=args.seed).to(device)
-    if args.load:
-        from models.hf_io import load_hf_checkpoint
-        load_hf_checkpoint(model, args.load, mesh.tp.rank)
+    model, runner = build_runner(args, cfg, mesh, tp, batch, plan)
     opt_cfg = OptimizerConfig(lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
                               beta1=args.adam_beta1, beta2=args.adam_beta2, warmup_iters=args.lr_warmup_iters,
                               decay_style=args.lr_decay_style, train_iters=args.train_iters)
@@ -119,21 +187,36 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, corpus: to
     averager = GradAverager(model.parameters(), mesh.dp)
 
     local = sum(p.numel() for p in model.parameters())
+    pipe = (f" x pp {dims.pp} ({plan.kind.value}{f', v {plan.v}' if plan.v > 1 else ''}, layers "
+            f"{[len(s) for s in plan.stages]})" if dims.pp > 1 or plan.v > 1 else "")
     log0(mesh, f"hybrid: {args.model} ({cfg.num_parameters / 1e6:.2f}M parameters, {local / 1e6:.2f}M on rank 0) | "
-               f"tp {dims.tp}{' +sp' if args.sequence_parallel else ''} x dp {dims.dp} on {dims.world} "
+               f"tp {dims.tp}{' +sp' if args.sequence_parallel else ''}{pipe} x dp {dims.dp} on {dims.world} "
                f"{device.type} ranks | global batch {batch.global_batch} = micro {batch.micro_batch} x dp "
-               f"{dims.dp} x {batch.num_micro_batches} accumulation | seq {batch.seq_length}")
+               f"{dims.dp} x {batch.num_micro_batches} micro-batches | seq {batch.seq_length}")
     tokens_per_step = batch.global_batch * batch.seq_length
     t0 = time.perf_counter()
     for it in range(args.train_iters):
         batches = micro_batches(corpus, batch, args.seed, it, mesh.coords.dp)
-        loss = train_step(model, batches, optimizer, mesh, averager, lr=opt_cfg.lr_at(it))
+        loss = train_step(model, batches, optimizer, mesh, averager, lr=opt_cfg.lr_at(it), runner=runner)
         if (it + 1) % args.log_interval == 0 or it + 1 == args.train_iters:
             dt = (time.perf_counter() - t0) / args.log_interval
             log0(mesh, f" iteration {it + 1:>6}/{args.train_iters} | lm loss {loss:.4f} | "
                        f"lr {opt_cfg.lr_at(it):.3e} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s")
             t0 = time.perf_counter()
+    if args.timeline:
+        save_timeline(args.timeline, runner, mesh, plan)
     log0(mesh, f"done: final lm loss {loss:.4f}")
+
+
+def save_timeline(path: str, runner, mesh: Mesh, plan: PipelinePlan) -> None:
+    """Gather every rank's events of the last step; rank 0 writes the Chrome trace."""
+    events = getattr(runner, "events", [])
+    gathered = [None] * mesh.dims.world
+    dist.all_gather_object(gathered, (mesh.rank, mesh.coords.pp, events))
+    if mesh.rank == 0:
+        trace = chrome_trace({r: evs for r, _, evs in gathered}, {r: pp for r, pp, _ in gathered}, plan.v)
+        write_chrome_trace(path, trace)
+        print(f"timeline: {path} ({len(trace['traceEvents'])} events; open in Perfetto)", flush=True)
 
 
 if __name__ == "__main__":

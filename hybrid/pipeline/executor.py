@@ -43,7 +43,7 @@ class StageIO:
 
 @dataclass
 class TimelineEvent:
-    """One action as it ran on this rank (perf_counter seconds), for Chrome-trace timelines."""
+    """One action as it ran on this rank (wall-clock seconds, so ranks line up), for timelines."""
 
     name: str
     microbatch: int
@@ -113,8 +113,9 @@ class PipelineExecutor:
     def forward_backward(self, batches: Sequence[Batch]) -> torch.Tensor:
         st = _StepState(loss=torch.zeros((), device=self.device))
         self.peak_held_output_bytes = 0
+        self.events = []  # the timeline of the latest step
         for run in self._runs:
-            t0 = time.perf_counter()
+            t0 = time.time()
             if run[0].op.is_compute:
                 (self._forward if run[0].op is Op.FORWARD else self._backward_step)(run[0], batches, st)
             else:
@@ -122,7 +123,7 @@ class PipelineExecutor:
             self.peak_held_output_bytes = max(self.peak_held_output_bytes, _held_bytes(st))
             if self.record_timeline:
                 for a in run:
-                    self.events.append(TimelineEvent(a.op.value, a.microbatch, a.chunk, t0, time.perf_counter()))
+                    self.events.append(TimelineEvent(a.op.value, a.microbatch, a.chunk, t0, time.time()))
         if st.inputs or st.outputs or st.received or st.grads:
             raise RuntimeError("pipeline schedule left work undone: "
                                f"{list(st.inputs)} {list(st.outputs)} {list(st.received)} {list(st.grads)}")
