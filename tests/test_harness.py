@@ -1,0 +1,45 @@
+"""The multi-rank harness reports what went wrong: a failing rank's traceback, or a hang."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hybrid.testing import DistributedFailure, run_distributed
+
+
+def _sum_of_ranks(rank, world):
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _rank1_raises(rank, world):
+    if rank == 1:
+        raise ValueError("boom on rank one")
+    return rank
+
+
+def _rank0_hangs(rank, world):
+    if rank == 0:
+        time.sleep(60)
+    return rank
+
+
+def test_results_come_back_per_rank():
+    assert run_distributed(_sum_of_ranks, 3) == [3.0, 3.0, 3.0]
+
+
+def test_a_failing_rank_traceback_is_in_the_report():
+    with pytest.raises(DistributedFailure, match=r"rank 1 of 2 failed:(.|\n)*ValueError: boom on rank one"):
+        run_distributed(_rank1_raises, 2)
+
+
+def test_a_hang_fails_after_the_timeout_naming_the_rank():
+    t0 = time.monotonic()
+    with pytest.raises(DistributedFailure, match=r"ranks \[0\] of 2 did not finish within 5s"):
+        run_distributed(_rank0_hangs, 2, timeout=5)
+    assert time.monotonic() - t0 < 30
