@@ -1,0 +1,326 @@
+"""`hybrid plan`: rank the layouts of a model on a cluster.
+
+    hybrid plan --model llama-3-70b --gpus 256 --gpu h100-80g --global-batch-size 1024 --seq-length 4096
+    hybrid plan --num-layers 96 --hidden-size 12288 --num-attention-heads 96 --vocab-size 51200 \\
+                --gpus 1024 --global-batch-size 1536 --seq-length 2048 --top 10
+    hybrid plan --model gpt2-xl --gpus 8 --global-batch-size 64 --emit-args     # flags for scripts/train.py
+    hybrid plan --model llama-3-8b --global-batch-size 512 --scan-gpus 8,64,512  # best layout per GPU count
+
+Any search dimension is pinned with the flag scripts/train.py takes (--tensor-model-parallel-size,
+--pipeline-model-parallel-size, --micro-batch-size, --zero-stage, --num-layers-per-virtual-pipeline-stage,
+--sequence-parallel / --no-sequence-parallel, --recompute-granularity, --offload-optimizer, --offload-params).
+`hybrid/cli.py` calls `add_parser(subparsers)` and then `args.func(args)`; `main(argv)` runs it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from hybrid.planner.hardware import GB, GpuKind, hardware
+from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
+from hybrid.planner.schedule import SIM_BUDGET
+from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, SearchResult, SearchSpace, search,
+                                   summarize_rejections)
+from hybrid.planner.time import FlopsFormula
+from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `plan` on the `hybrid` command's subparsers."""
+    p = subparsers.add_parser("plan", help="rank TP x PP x DP layouts by predicted throughput",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model (a preset / config.json directory, or the sizes)")
+    g.add_argument("--model", help="preset name (hybrid models) or a directory holding config.json")
+    for flag in ("--num-layers", "--hidden-size", "--num-attention-heads"):
+        g.add_argument(flag, type=int)
+    g.add_argument("--num-query-groups", type=int, help="key/value heads (default: the attention heads)")
+    g.add_argument("--ffn-hidden-size", type=int, help="MLP width (default 4 x hidden)")
+    g.add_argument("--vocab-size", type=int, default=50257)
+    g.add_argument("--swiglu", action="store_true", help="Llama-style block: SwiGLU MLP, RMSNorm, RoPE, no biases")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=1,
+                   help="pad the vocabulary to a multiple of this x tp (default 1: of tp)")
+    g = p.add_argument_group("cluster")
+    g.add_argument("--gpus", type=int, help="GPUs in the job")
+    g.add_argument("--gpus-per-node", type=int)
+    g.add_argument("--gpu", default=GpuKind.A100_80G.value, choices=[k.value for k in GpuKind])
+    g.add_argument("--gpu-memory", type=float, help="GB per device (default: the preset's)")
+    g.add_argument("--gpu-tflops", type=float, help="dense bf16 peak, TFLOP/s (default: the preset's)")
+    g.add_argument("--intra-node-bandwidth", type=float, help="NVLink bus bandwidth, GB/s (nccl-tests busbw)")
+    g.add_argument("--inter-node-bandwidth", type=float, help="network bandwidth per GPU, GB/s per direction")
+    g.add_argument("--compute-efficiency", type=float, help="achieved fraction of peak for matmuls (default 0.6)")
+    g.add_argument("--allow-cross-node-tp", action="store_true", help="let a TP group span nodes")
+    g = p.add_argument_group("training")
+    g.add_argument("--global-batch-size", type=int, required=False)
+    g.add_argument("--seq-length", type=int, help="default: min(2048, the model's positions)")
+    g = p.add_argument_group("pin a search dimension (scripts/train.py flags)")
+    g.add_argument("--tensor-model-parallel-size", type=int)
+    g.add_argument("--pipeline-model-parallel-size", type=int)
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
+    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, help="chunks per pipeline rank (v)")
+    g.add_argument("--micro-batch-size", type=int)
+    g.add_argument("--zero-stage", type=int, choices=[int(z) for z in ZeroStage])
+    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--recompute-granularity", choices=[r.value for r in Recompute])
+    g.add_argument("--offload-optimizer", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--offload-params", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--max-micro-batch-size", type=int, default=MAX_MICRO_BATCH)
+    g.add_argument("--max-virtual-stages", type=int, default=MAX_V, help="most chunks per rank tried")
+    g = p.add_argument_group("output")
+    g.add_argument("--top", type=int, default=5, help="layouts to show")
+    g.add_argument("--json", action="store_true", help="machine-readable output")
+    g.add_argument("--emit-args", action="store_true", help="print scripts/train.py flags of the best layout")
+    g.add_argument("--scan-gpus", help="comma-separated GPU counts: the best layout of each")
+    g.add_argument("--flops-formula", default=FlopsFormula.EXACT.value, choices=[f.value for f in FlopsFormula],
+                   help="FLOP count for TFLOP/s: the model's shapes, or Narayanan et al. eq. (3)")
+    g.add_argument("--sim-budget", type=float, default=SIM_BUDGET,
+                   help="largest pipeline schedule simulated, pp (m v)^2")
+    g.add_argument("--show-rejected", type=int, default=6, help="rejection reasons to list")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`hybrid plan` on its own: 0 on success, 2 with a one-line explanation for an impossible request."""
+    parser = argparse.ArgumentParser(prog="hybrid plan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except ValueError as e:
+        print(f"hybrid plan: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run(args: argparse.Namespace) -> None:
+    """Search and print; ValueError (shown without a traceback by the caller) when nothing can run."""
+    model = model_from_args(args)
+    work = workload_from_args(args, model)
+    space = space_from_args(args)
+    formula = FlopsFormula(args.flops_formula)
+    if args.scan_gpus:
+        _scan(args, work, space, formula)
+        return
+    if args.gpus is None:
+        raise ValueError("--gpus is required (or --scan-gpus 8,64,512 for a scaling table)")
+    cluster = cluster_from_args(args, args.gpus)
+    result = search(work, cluster, space, top=args.top, formula=formula, budget=args.sim_budget)
+    if not result.plans:
+        raise ValueError(_nothing_fits(work, cluster, result, args.show_rejected))
+    if args.json:
+        print(json.dumps(_json(work, cluster, result, args.show_rejected), indent=2))
+    elif args.emit_args:
+        print(" ".join(train_args(work, result.plans[0], args.model)))
+    else:
+        print(_report(work, cluster, result, args.show_rejected))
+
+
+# --- arguments -> objects -----------------------------------------------------------------------------
+
+def model_from_args(args: argparse.Namespace) -> ModelConfig:
+    """--model, or a model built from the size flags (GPT-style unless --swiglu)."""
+    sizes = (args.num_layers, args.hidden_size, args.num_attention_heads)
+    if args.model:
+        if any(x is not None for x in sizes):
+            raise ValueError("give either --model or the size flags (--num-layers ...), not both")
+        return load_config(args.model)
+    if any(x is None for x in sizes):
+        raise ValueError("give --model (a preset or config.json directory) or all of --num-layers, --hidden-size "
+                         "and --num-attention-heads")
+    layers, hidden, heads = sizes
+    if hidden % heads:
+        raise ValueError(f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads}")
+    kv = args.num_query_groups or heads
+    if heads % kv:
+        raise ValueError(f"--num-query-groups {kv} must divide --num-attention-heads {heads}")
+    swiglu = args.swiglu
+    return ModelConfig(arch=ARCH_LLAMA if swiglu else ARCH_GPT2, vocab_size=args.vocab_size, hidden_size=hidden,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=hidden // heads,
+                       ffn_hidden_size=args.ffn_hidden_size or 4 * hidden,
+                       max_position_embeddings=args.seq_length or 2048, norm_eps=1e-5,
+                       tie_embeddings=not args.untie_embeddings_and_output_weights, qkv_bias=not swiglu,
+                       mlp_bias=not swiglu, out_bias=not swiglu, activation="silu" if swiglu else "gelu",
+                       dropout=0.0 if swiglu else 0.1)
+
+
+def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload:
+    if args.global_batch_size is None:
+        raise ValueError("--global-batch-size is required (sequences per optimizer step)")
+    seq = args.seq_length or min(2048, model.max_position_embeddings)
+    if model.arch == ARCH_GPT2 and seq > model.max_position_embeddings:
+        raise ValueError(f"--seq-length {seq} exceeds the model's {model.max_position_embeddings} learned "
+                         f"positions; use at most {model.max_position_embeddings}")
+    return Workload(model, global_batch=args.global_batch_size, seq_length=seq,
+                    pad_vocab_to=args.make_vocab_size_divisible_by)
+
+
+def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
+    hw = hardware(args.gpu).with_overrides(
+        memory_gb=args.gpu_memory, peak_tflops=args.gpu_tflops, gpus_per_node=args.gpus_per_node,
+        intra_node_gbps=args.intra_node_bandwidth, inter_node_gbps=args.inter_node_bandwidth,
+        compute_efficiency=args.compute_efficiency)
+    return Cluster(gpus=gpus, hw=hw, allow_cross_node_tp=args.allow_cross_node_tp)
+
+
+def space_from_args(args: argparse.Namespace) -> SearchSpace:
+    """Pinned flags become one-value dimensions; the rest are searched."""
+    one = (lambda x: None if x is None else (x,))
+    return SearchSpace(
+        tp=one(args.tensor_model_parallel_size), pp=one(args.pipeline_model_parallel_size),
+        v=one(args.virtual_pipeline_model_parallel_size), micro_batch=one(args.micro_batch_size),
+        zero=None if args.zero_stage is None else (ZeroStage(args.zero_stage),),
+        offload=_offloads(args.offload_optimizer, args.offload_params),
+        recompute=None if args.recompute_granularity is None else (Recompute(args.recompute_granularity),),
+        sequence_parallel=one(args.sequence_parallel),
+        layers_per_chunk=args.num_layers_per_virtual_pipeline_stage,
+        max_micro_batch=args.max_micro_batch_size, max_v=args.max_virtual_stages)
+
+
+def _offloads(optimizer: bool | None, params: bool | None) -> tuple[Offload, ...] | None:
+    if params:
+        if optimizer is False:
+            raise ValueError("--offload-params needs the optimizer offloaded too; drop --no-offload-optimizer")
+        return (Offload.OPTIMIZER_AND_PARAMS,)
+    if optimizer is None:
+        return None if params is None else (Offload.NONE, Offload.OPTIMIZER)
+    return (Offload.OPTIMIZER,) if optimizer else (Offload.NONE,)
+
+
+# --- output -------------------------------------------------------------------------------------------
+
+def _header(width: int) -> str:
+    return (f"{'#':>2}  {'layout':<{width}} {'mem GB':>7} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} "
+            f"{'MFU':>6} {'bubble':>7}")
+
+
+def _width(plans: list[Plan]) -> int:
+    return max([len("layout")] + [len(p.layout.short()) for p in plans])
+
+
+def _count(n: float) -> str:
+    """1.56B, 232.8M."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def _row(i: int, plan: Plan, width: int) -> str:
+    return (f"{i:>2}  {plan.layout.short():<{width}} {plan.memory_gb:>7.1f} {plan.time.total:>8.4g} "
+            f"{plan.tokens_per_s:>10,.0f} {plan.tflops_per_gpu:>8.1f} {100 * plan.mfu:>5.1f}% "
+            f"{100 * plan.bubble_fraction:>6.1f}%")
+
+
+def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> str:
+    hw, cfg = cluster.hw, work.model
+    lines = [f"{cfg.arch} {_count(cfg.num_parameters)} params, {cfg.num_layers} layers, h {cfg.hidden_size}, "
+             f"{cfg.num_heads} heads ({cfg.num_kv_heads} kv) | {cluster.gpus} x {hw.name} "
+             f"({hw.memory_gb:g} GB, {hw.peak_tflops:g} TFLOP/s, efficiency {hw.compute_efficiency:g}) | "
+             f"global batch {work.global_batch} x {work.seq_length} tokens",
+             "layout: tp pp dp v(chunks/rank) b(micro-batch) z(ZeRO) [offload] [sp] recompute; "
+             "TFLOP/s per GPU incl. recomputation; MFU without",
+             _header(_width(result.plans))]
+    lines += [_row(i + 1, p, _width(result.plans)) for i, p in enumerate(result.plans)]
+    best = result.plans[0]
+    t = best.time
+    lines.append(f"best: step {t.total:.4g} s = pipeline {t.pipeline:.4g} (compute {t.compute:.4g}, TP comm "
+                 f"{t.tp_comm:.4g}, bubble {100 * best.bubble_fraction:.1f}%) + DP sync {t.dp_comm:.4g} + "
+                 f"optimizer {t.optimizer:.4g} + other {t.other:.4g}")
+    lines.append(f"searched {result.considered} layouts: {len(result.rejected)} rejected, {result.dominated} "
+                 f"dominated (a variant with less recomputation/offload fits), {result.timed} simulated")
+    lines += [f"  {n:>6} x {r}" for n, r in summarize_rejections(result.rejected, show)]
+    return "\n".join(lines)
+
+
+def _nothing_fits(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> str:
+    reasons = "; ".join(f"{n} x {r}" for n, r in summarize_rejections(result.rejected, show))
+    return (f"no layout of the {_count(work.model.num_parameters)}-parameter model runs on {cluster.gpus} x "
+            f"{cluster.hw.name} with global batch {work.global_batch} x {work.seq_length}: {reasons or 'none'}. "
+            f"Try more GPUs, a GPU with more memory, or unpin dimensions.")
+
+
+def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str]:
+    """scripts/train.py flags that run `plan` (Megatron names)."""
+    lay = plan.layout
+    out = [] if model is None else ["--model", model]
+    out += ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
+            "--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(work.global_batch),
+            "--seq-length", str(work.seq_length), "--zero-stage", str(int(lay.zero))]
+    if lay.v > 1:
+        out += ["--num-layers-per-virtual-pipeline-stage", str(work.model.num_layers // (lay.pp * lay.v))]
+    if lay.sequence_parallel:
+        out.append("--sequence-parallel")
+    if lay.recompute is not Recompute.NONE:
+        out += ["--recompute-granularity", lay.recompute.value]
+    if lay.offload is not Offload.NONE:
+        out.append("--offload-optimizer")
+    if lay.offload is Offload.OPTIMIZER_AND_PARAMS:
+        out.append("--offload-params")
+    return out
+
+
+def plan_json(work: Workload, plan: Plan) -> dict:
+    """One plan as plain data."""
+    lay, t = plan.layout, plan.time
+    return {
+        "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "v": lay.v, "micro_batch": lay.micro_batch,
+                   "zero_stage": int(lay.zero), "offload": lay.offload.value, "recompute": lay.recompute.value,
+                   "sequence_parallel": lay.sequence_parallel},
+        "memory_gb": plan.memory_gb,
+        "memory_per_stage_gb": [{"rank": r.rank, "parameters": r.parameters,
+                                 "params": r.states.params / GB, "grads": r.states.grads / GB,
+                                 "optimizer": r.states.optimizer / GB, "activations": r.activations / GB,
+                                 "buffers": r.buffers / GB, "workspace": r.workspace / GB, "total": r.total / GB,
+                                 "host": r.states.host / GB} for r in plan.memory.ranks],
+        "in_flight": list(plan.memory.in_flight.chunks),
+        "step_seconds": t.total,
+        "time": {k: v for k, v in asdict(t).items() if k != "run"},
+        "simulated_m": list(t.run.simulated_m),
+        "extrapolated": t.run.extrapolated,
+        "tokens_per_s": plan.tokens_per_s,
+        "tflops_per_gpu": plan.tflops_per_gpu,
+        "flops_formula": plan.flops_formula.value,
+        "mfu": plan.mfu,
+        "bubble_fraction": plan.bubble_fraction,
+        "train_args": train_args(work, plan),
+    }
+
+
+def _json(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> dict:
+    return {"gpus": cluster.gpus, "gpu": cluster.hw.name, "global_batch": work.global_batch,
+            "seq_length": work.seq_length, "plans": [plan_json(work, p) for p in result.plans],
+            "considered": result.considered, "dominated": result.dominated, "timed": result.timed,
+            "rejected": [{"count": n, "example": r.what, "reason": r.reason}
+                         for n, r in summarize_rejections(result.rejected, show)]}
+
+
+def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula: FlopsFormula) -> None:
+    """The best layout at each GPU count: how the model scales."""
+    try:
+        counts = [int(x) for x in args.scan_gpus.split(",")]
+    except ValueError:
+        raise ValueError(f"--scan-gpus {args.scan_gpus!r}: give comma-separated GPU counts, e.g. 8,64,512") from None
+    rows = []
+    for n in counts:
+        cluster = cluster_from_args(args, n)
+        result = search(work, cluster, space, top=1, formula=formula, budget=args.sim_budget)
+        rows.append((n, result))
+    if args.json:
+        print(json.dumps([{"gpus": n, "best": plan_json(work, r.plans[0]) if r.plans else None,
+                           "rejected": [str(x) for _, x in summarize_rejections(r.rejected, 3)]}
+                          for n, r in rows], indent=2))
+        return
+    width = _width([r.plans[0] for _, r in rows if r.plans])
+    print(f"{'GPUs':>6}  " + _header(width)[4:])
+    for n, r in rows:
+        if r.plans:
+            print(f"{n:>6}  " + _row(1, r.plans[0], width)[4:])
+        else:
+            first = summarize_rejections(r.rejected, 1)
+            print(f"{n:>6}  none fits: {first[0][1] if first else 'no layout'}")

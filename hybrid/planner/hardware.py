@@ -1,0 +1,199 @@
+"""The machines the planner plans for: one typed record per accelerator kind, and the time of a collective.
+
+The GPU numbers are published peaks or achievable figures from a named benchmark; the collective latencies,
+the CPU-Adam throughput and the cpu preset are orders of magnitude. None is fitted to the validation rows.
+GB = 1e9 bytes, GB/s = 1e9 bytes per second, TFLOP/s = 1e12 FLOP per second.
+
+| preset   | bf16 peak   | memory | HBM       | NVLink busbw (8 GPUs)        | inter-node per GPU       | PCIe    |
+|----------|-------------|--------|-----------|------------------------------|--------------------------|---------|
+| a100-80g | 312 TFLOP/s | 80 GB  | 2.04 TB/s | 230 GB/s (NVLink 3, 300/dir) | 23.5 GB/s (HDR 200 Gb/s) | 25 GB/s |
+| h100-80g | 989 TFLOP/s | 80 GB  | 3.35 TB/s | 450 GB/s (NVLink 4, 450/dir) | 47 GB/s (NDR 400 Gb/s)   | 50 GB/s |
+| h200     | 989 TFLOP/s | 141 GB | 4.8 TB/s  | 450 GB/s                     | 47 GB/s                  | 50 GB/s |
+| cpu      | 1 TFLOP/s   | 64 GB  | 0.1 TB/s  | 5 GB/s (gloo, shared memory) | 1.2 GB/s (10 GbE)        | --      |
+
+Sources: peaks, memory sizes and HBM bandwidths from NVIDIA's A100 (2020), H100 (2022) and H200 (2023) data
+sheets (SXM parts, dense -- no 2:4 sparsity). Intra-node bandwidths are nccl-tests `all_reduce_perf` bus
+bandwidth at large sizes on one 8-GPU NVSwitch node: 230-250 GB/s on A100 SXM4, 460-480 GB/s on H100 SXM5
+(the lower ends taken). Inter-node: DGX A100 / DGX H100 have one 200 / 400 Gb/s InfiniBand NIC per GPU (8 per
+node; 25 / 50 GB/s line rate); we take 94 % of line rate (what ib_write_bw typically reaches), 23.5 and 47 GB/s
+per GPU. The cpu preset is an order-of-magnitude stand-in for a gloo process, for dry runs.
+
+The one efficiency constant (`COMPUTE_EFFICIENCY`, below) is the fraction of the dense peak that the
+Transformer's matrix multiplies sustain; memory-bound work is timed from the HBM bandwidth instead
+(hybrid/planner/time.py). Bandwidths are already achievable figures, so they carry no efficiency factor.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+GB = 1e9
+
+# Fraction of dense bf16 peak that the matmuls of a Transformer layer sustain end to end. A round engineering
+# figure between two observations, not a fit: cuBLAS reaches 80-90 % of peak on single large bf16 GEMMs on
+# A100 / H100, while tuned end-to-end training runs report 40-55 % of peak, because a step also runs thin
+# attention batched GEMMs (head width 64-128) and weight-gradient GEMMs and waits on ~20 kernel launches per
+# layer. It is set once for every GPU and model (override: --compute-efficiency); memory-bound kernels and
+# communication are timed from bandwidths instead. docs/planner.md shows the validation at 0.55 / 0.6 / 0.65.
+COMPUTE_EFFICIENCY = 0.6
+
+
+class GpuKind(enum.Enum):
+    """Accelerator presets (`--gpu`)."""
+
+    A100_80G = "a100-80g"
+    H100_80G = "h100-80g"
+    H200 = "h200"
+    CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator and the links around it.
+
+    Attributes:
+        name: preset name, for tables.
+        peak_tflops: dense bf16 peak of one device, TFLOP/s (`--gpu-tflops`).
+        memory_gb: device memory, GB (`--gpu-memory`).
+        hbm_tbps: device memory bandwidth, TB/s (times memory-bound work: elementwise ops, the optimizer).
+        gpus_per_node: devices sharing one NVLink domain and one host (`--gpus-per-node`).
+        intra_node_gbps: achievable NVLink bandwidth inside a node, GB/s, as nccl-tests bus bandwidth: a
+            collective moving W wire bytes per rank takes W / this (`--intra-node-bandwidth`).
+        inter_node_gbps: achievable network bandwidth per device (one NIC per GPU), GB/s, per direction
+            (`--inter-node-bandwidth`).
+        pcie_gbps: achievable host <-> device bandwidth per device, GB/s (offload traffic).
+        host_memory_gb: host memory per node, GB (holds offloaded optimizer states and parameters).
+        cpu_adam_params_per_s: parameters per second one node's CPUs update with Adam (DeepSpeed CPU-Adam,
+            ZeRO-Offload, Ren et al. 2021: ~1e9 parameters in ~0.2 s on a two-socket server).
+        intra_latency_s: fixed cost of one collective or message inside a node, seconds.
+        inter_latency_s: fixed cost of one collective or message across nodes, seconds.
+        compute_efficiency: fraction of `peak_tflops` the matmuls sustain (`--compute-efficiency`).
+    """
+
+    name: str
+    peak_tflops: float
+    memory_gb: float
+    hbm_tbps: float
+    gpus_per_node: int
+    intra_node_gbps: float
+    inter_node_gbps: float
+    pcie_gbps: float
+    host_memory_gb: float
+    cpu_adam_params_per_s: float
+    intra_latency_s: float = 10e-6
+    inter_latency_s: float = 30e-6
+    compute_efficiency: float = COMPUTE_EFFICIENCY
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
+                            ("hbm_tbps", self.hbm_tbps), ("--intra-node-bandwidth", self.intra_node_gbps),
+                            ("--inter-node-bandwidth", self.inter_node_gbps), ("pcie_gbps", self.pcie_gbps),
+                            ("host_memory_gb", self.host_memory_gb),
+                            ("cpu_adam_params_per_s", self.cpu_adam_params_per_s)):
+            if not value > 0:
+                raise ValueError(f"{flag} must be > 0, got {value}")
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise ValueError(f"--gpus-per-node must be a positive integer, got {self.gpus_per_node!r}")
+        if not 0 < self.compute_efficiency <= 1:
+            raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
+
+    @property
+    def achievable_flops(self) -> float:
+        """Matmul FLOP/s one device sustains: peak x compute_efficiency."""
+        return self.peak_tflops * 1e12 * self.compute_efficiency
+
+    def with_overrides(self, **changes: float | int | None) -> "Hardware":
+        """A copy with the given fields replaced; None values are ignored (unset CLI flags)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+PRESETS: dict[GpuKind, Hardware] = {
+    GpuKind.A100_80G: Hardware(name="a100-80g", peak_tflops=312.0, memory_gb=80.0, hbm_tbps=2.039,
+                               gpus_per_node=8, intra_node_gbps=230.0, inter_node_gbps=23.5, pcie_gbps=25.0,
+                               host_memory_gb=2000.0, cpu_adam_params_per_s=5e9),
+    GpuKind.H100_80G: Hardware(name="h100-80g", peak_tflops=989.0, memory_gb=80.0, hbm_tbps=3.35,
+                               gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
+                               host_memory_gb=2000.0, cpu_adam_params_per_s=5e9),
+    GpuKind.H200: Hardware(name="h200", peak_tflops=989.0, memory_gb=141.0, hbm_tbps=4.8,
+                           gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
+                           host_memory_gb=2000.0, cpu_adam_params_per_s=5e9),
+    GpuKind.CPU: Hardware(name="cpu", peak_tflops=1.0, memory_gb=64.0, hbm_tbps=0.1, gpus_per_node=8,
+                          intra_node_gbps=5.0, inter_node_gbps=1.2, pcie_gbps=100.0, host_memory_gb=512.0,
+                          cpu_adam_params_per_s=1e9, intra_latency_s=50e-6, inter_latency_s=100e-6),
+}
+
+
+def hardware(kind: GpuKind | str) -> Hardware:
+    """The preset for `kind` (a GpuKind or its `--gpu` name)."""
+    if isinstance(kind, str):
+        try:
+            kind = GpuKind(kind)
+        except ValueError:
+            raise ValueError(f"--gpu {kind!r} is not a preset; choose one of "
+                             f"{', '.join(k.value for k in GpuKind)}") from None
+    return PRESETS[kind]
+
+
+class Collective(enum.Enum):
+    """Collectives the planner times. Sizes follow the ledger (hybrid/comm.py, nccl-tests' size S)."""
+
+    ALL_REDUCE = "all_reduce"  # S = tensor bytes; ring wire bytes per rank 2(n-1)/n S
+    ALL_GATHER = "all_gather"  # S = gathered output bytes; wire (n-1)/n S
+    REDUCE_SCATTER = "reduce_scatter"  # S = full input bytes; wire (n-1)/n S
+
+
+def wire_bytes(op: Collective, size_bytes: float, n: int) -> float:
+    """Bytes each rank sends in a ring implementation (nccl-tests doc/PERFORMANCE.md)."""
+    if n <= 1:
+        return 0.0
+    factor = 2.0 if op is Collective.ALL_REDUCE else 1.0
+    return factor * (n - 1) / n * size_bytes
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """Where the members of one process group sit.
+
+    Attributes:
+        size: ranks in the group.
+        per_node: members of the group in one node (= size when the group fits in a node).
+    """
+
+    size: int
+    per_node: int
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.size > self.per_node
+
+
+def group_bandwidth(hw: Hardware, group: GroupPlacement) -> float:
+    """Achievable bus bandwidth (bytes/s) of a collective over `group`, with every group of its kind
+    running at once (all TP groups reduce together, all DP groups too).
+
+    Inside a node: NVLink bus bandwidth. Across nodes, the ring crosses each node boundary once per ring;
+    NCCL runs one ring per NIC, and the node's gpus_per_node NICs are shared evenly by the
+    gpus_per_node / per_node groups that have members there, so this group gets per_node NICs:
+    busbw = min(NVLink, per_node x NIC bandwidth).
+    """
+    if not group.spans_nodes:
+        return hw.intra_node_gbps * GB
+    return min(hw.intra_node_gbps, group.per_node * hw.inter_node_gbps) * GB
+
+
+def collective_seconds(hw: Hardware, op: Collective, size_bytes: float, group: GroupPlacement) -> float:
+    """Time of one collective: latency + wire bytes per rank / bus bandwidth. 0 for a group of one."""
+    if group.size <= 1 or size_bytes <= 0:
+        return 0.0
+    latency = hw.inter_latency_s if group.spans_nodes else hw.intra_latency_s
+    return latency + wire_bytes(op, size_bytes, group.size) / group_bandwidth(hw, group)
+
+
+def p2p_seconds(hw: Hardware, size_bytes: float, crosses_nodes: bool) -> float:
+    """One point-to-point message between pipeline neighbours: NVLink inside a node, the sender's NIC across."""
+    if size_bytes <= 0:
+        return 0.0
+    if crosses_nodes:
+        return hw.inter_latency_s + size_bytes / (hw.inter_node_gbps * GB)
+    return hw.intra_latency_s + size_bytes / (hw.intra_node_gbps * GB)

@@ -1,0 +1,280 @@
+"""What the planner decides and what it plans for: the layout (a point of the search space), the workload
+and the cluster, the checks that make a layout possible, and where each process group lands on the nodes.
+
+Rank order is the runtime's (hybrid/mesh.py, Megatron's "tp-dp-pp"): rank = tp + t (dp + d pp), so a TP
+group is t consecutive ranks, a DP group strides by t, pipeline neighbours are t d ranks apart.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from hybrid.partition import PartitionMethod, partition_layers, stage_costs_from_config
+from hybrid.pipeline import ScheduleKind
+from hybrid.planner.hardware import GroupPlacement, Hardware
+from models.config import ModelConfig
+
+
+class ZeroStage(enum.IntEnum):
+    """ZeRO stage (`--zero-stage`): what the data-parallel ranks partition (Rajbhandari et al. 2020)."""
+
+    NONE = 0  # nothing: every DP rank holds parameters, gradients and optimizer states
+    OPTIMIZER = 1  # P_os: optimizer states
+    GRADIENTS = 2  # P_os+g: optimizer states and gradients
+    PARAMETERS = 3  # P_os+g+p: optimizer states, gradients and parameters
+
+
+class Offload(enum.Enum):
+    """What lives in host memory (`--offload-optimizer`, `--offload-params`; ZeRO-Offload / ZeRO-Infinity)."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"  # fp32 master weights + Adam moments on the host; the CPU runs Adam
+    OPTIMIZER_AND_PARAMS = "optimizer+params"  # also the fp16 parameters (ZeRO-3 only), fetched per use
+
+
+class Recompute(enum.Enum):
+    """Activation recomputation (`--recompute-granularity`; Korthikanti et al. 2022)."""
+
+    NONE = "none"  # keep every activation
+    SELECTIVE = "selective"  # recompute the attention core (QK^T, softmax, dropout, .V) in backward
+    FULL = "full"  # keep only each layer's input, rerun the layer's forward in backward
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One candidate layout: the sizes and switches `scripts/train.py` takes.
+
+    Attributes:
+        tp: tensor-parallel size (`--tensor-model-parallel-size`).
+        pp: pipeline-parallel size (`--pipeline-model-parallel-size`).
+        dp: data-parallel size (world / (tp pp)).
+        v: model chunks per pipeline rank (interleaved schedule when > 1; set through
+            `--num-layers-per-virtual-pipeline-stage` = layers / (pp v)).
+        micro_batch: sequences per micro-batch (`--micro-batch-size`).
+        zero: ZeRO stage (`--zero-stage`).
+        offload: what lives in host memory.
+        recompute: activation recomputation (`--recompute-granularity`).
+        sequence_parallel: split norms / dropout along the sequence over TP (`--sequence-parallel`).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    v: int = 1
+    micro_batch: int = 1
+    zero: ZeroStage = ZeroStage.NONE
+    offload: Offload = Offload.NONE
+    recompute: Recompute = Recompute.NONE
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--tensor-model-parallel-size", self.tp), ("--pipeline-model-parallel-size", self.pp),
+                            ("data-parallel size", self.dp), ("virtual pipeline size v", self.v),
+                            ("--micro-batch-size", self.micro_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        if not isinstance(self.zero, ZeroStage):
+            object.__setattr__(self, "zero", ZeroStage(self.zero))
+        for name, kind in (("offload", Offload), ("recompute", Recompute)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"Layout.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def schedule(self) -> ScheduleKind:
+        """1F1B with one chunk per rank, interleaved 1F1B with several (Narayanan et al. 2021)."""
+        return ScheduleKind.ONE_F_ONE_B if self.v == 1 else ScheduleKind.INTERLEAVED
+
+    def short(self) -> str:
+        """Compact one-line description, e.g. 'tp8 pp2 dp32 v1 b1 z1 sp full'."""
+        bits = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"v{self.v}", f"b{self.micro_batch}",
+                f"z{int(self.zero)}"]
+        if self.offload is not Offload.NONE:
+            bits.append(f"off:{self.offload.value}")
+        if self.sequence_parallel:
+            bits.append("sp")
+        bits.append(self.recompute.value)
+        return " ".join(bits)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained.
+
+    Attributes:
+        model: the architecture (models/config.py).
+        global_batch: sequences per optimizer step (`--global-batch-size`).
+        seq_length: tokens per sequence (`--seq-length`).
+        pad_vocab_to: the vocabulary is padded to a multiple of pad_vocab_to x tp (Megatron's
+            `--make-vocab-size-divisible-by`; 1 = pad to a multiple of tp only, as the runtime does).
+    """
+
+    model: ModelConfig
+    global_batch: int
+    seq_length: int
+    pad_vocab_to: int = 1
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
+                            ("--make-vocab-size-divisible-by", self.pad_vocab_to)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+
+    def padded_vocab(self, tp: int) -> int:
+        """Vocabulary rows after padding to a multiple of pad_vocab_to x tp (hybrid/tp/layers.vocab_spec)."""
+        multiple = self.pad_vocab_to * tp
+        return math.ceil(self.model.vocab_size / multiple) * multiple
+
+    def num_microbatches(self, layout: Layout) -> int:
+        """m = global batch / (dp x micro-batch); check_layout guarantees it divides."""
+        return self.global_batch // (layout.dp * layout.micro_batch)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The machines.
+
+    Attributes:
+        gpus: devices in the job (`--gpus`).
+        hw: one device and its links (hybrid/planner/hardware.py).
+        allow_cross_node_tp: let a TP group span nodes (`--allow-cross-node-tp`); off by default because TP
+            moves four b s h all-reduces per layer per micro-batch.
+    """
+
+    gpus: int
+    hw: Hardware
+    allow_cross_node_tp: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
+            raise ValueError(f"--gpus must be a positive integer, got {self.gpus!r}")
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.gpus / self.hw.gpus_per_node)
+
+
+def layout_problems(work: Workload, cluster: Cluster, layout: Layout) -> list[str]:
+    """Why `layout` cannot run `work` on `cluster`, one reason per line; empty when it can. Each reason says
+    what to change ("tp 3 does not divide 32 heads")."""
+    cfg, t, p, v = work.model, layout.tp, layout.pp, layout.v
+    out = []
+    if layout.world != cluster.gpus:
+        out.append(f"tp {t} x pp {p} x dp {layout.dp} = {layout.world} ranks, not the {cluster.gpus} GPUs")
+    out += tp_problems(cfg, cluster, t)
+    out += pp_problems(cfg, p, v)
+    out += _batch_problems(work, layout)
+    out += _switch_problems(layout)
+    return out
+
+
+def tp_problems(cfg: ModelConfig, cluster: Cluster, t: int) -> list[str]:
+    """Why tensor-parallel size t cannot split `cfg` on `cluster` (empty when it can)."""
+    out = []
+    if cfg.num_heads % t:
+        out.append(f"tp {t} does not divide {cfg.num_heads} heads")
+    if cfg.num_kv_heads % t and t % cfg.num_kv_heads:
+        out.append(f"tp {t} and {cfg.num_kv_heads} kv-heads do not divide one another")
+    if cfg.ffn_hidden_size % t:
+        out.append(f"tp {t} does not divide the MLP width {cfg.ffn_hidden_size}")
+    g = cluster.hw.gpus_per_node
+    if not cluster.allow_cross_node_tp and (t > g or g % t):
+        out.append(f"tp {t} would span nodes of {g} GPUs (pass --allow-cross-node-tp to allow)")
+    return out
+
+
+def pp_problems(cfg: ModelConfig, p: int, v: int) -> list[str]:
+    """Why pp ranks with v chunks each cannot split the layers of `cfg` (empty when they can)."""
+    L = cfg.num_layers
+    if p * v > L:
+        return [f"pp {p} x v {v} = {p * v} stages exceed the {L} layers"]
+    if v > 1 and p == 1:
+        return [f"v {v} needs pp > 1 (interleaving chunks on one rank only adds hand-offs)"]
+    if v > 1 and L % (p * v):
+        return [f"pp {p} x v {v} = {p * v} stages do not divide the {L} layers (interleaving needs equal chunks)"]
+    return []
+
+
+def _batch_problems(work: Workload, layout: Layout) -> list[str]:
+    per_replica, rem = divmod(work.global_batch, layout.dp)
+    if rem:
+        return [f"global batch {work.global_batch} is not divisible by dp {layout.dp}"]
+    if per_replica % layout.micro_batch:
+        return [f"micro-batch {layout.micro_batch} does not divide the {per_replica} sequences per DP replica"]
+    m = per_replica // layout.micro_batch
+    if layout.v > 1 and m % layout.pp:
+        return [f"interleaving needs the {m} micro-batches to be a multiple of pp {layout.pp}"]
+    return []
+
+
+def _switch_problems(layout: Layout) -> list[str]:
+    out = []
+    if layout.sequence_parallel and layout.tp == 1:
+        out.append("sequence parallelism needs tp > 1")
+    if layout.zero is not ZeroStage.NONE and layout.dp == 1:
+        out.append(f"ZeRO {int(layout.zero)} with dp 1 partitions nothing (use ZeRO 0)")
+    if layout.offload is Offload.OPTIMIZER and layout.zero is ZeroStage.NONE:
+        out.append("optimizer offload needs ZeRO >= 1 (the CPU updates this rank's partition)")
+    if layout.offload is Offload.OPTIMIZER_AND_PARAMS and layout.zero is not ZeroStage.PARAMETERS:
+        out.append("parameter offload needs ZeRO 3")
+    return out
+
+
+def check_layout(work: Workload, cluster: Cluster, layout: Layout) -> None:
+    """ValueError naming every problem of `layout_problems`."""
+    problems = layout_problems(work, cluster, layout)
+    if problems:
+        raise ValueError(f"layout {layout.short()} cannot run: " + "; ".join(problems))
+
+
+# --- where the groups sit -------------------------------------------------------------------------
+
+def tp_placement(cluster: Cluster, layout: Layout) -> GroupPlacement:
+    """TP group = t consecutive ranks: inside a node when t divides the node size."""
+    t, g = layout.tp, cluster.hw.gpus_per_node
+    return GroupPlacement(size=t, per_node=t if g % t == 0 else math.gcd(t, g))
+
+
+def dp_placement(cluster: Cluster, layout: Layout) -> GroupPlacement:
+    """DP group = d ranks t apart inside a block of t d consecutive ranks (one pipeline stage)."""
+    t, d, g = layout.tp, layout.dp, cluster.hw.gpus_per_node
+    block = t * d
+    if g % block == 0:
+        return GroupPlacement(size=d, per_node=d)
+    return GroupPlacement(size=d, per_node=max(1, math.gcd(block, g) // t))
+
+
+def pipeline_crosses_nodes(cluster: Cluster, layout: Layout) -> bool:
+    """Do some pipeline neighbours (t d ranks apart) sit in different nodes?"""
+    return layout.pp > 1 and layout.tp * layout.dp * layout.pp > cluster.hw.gpus_per_node
+
+
+# --- which layers each stage holds ----------------------------------------------------------------
+
+def stage_layers(cfg: ModelConfig, pp: int, v: int, seq: int = 2048) -> tuple[int, ...]:
+    """Layer count of each of the pp v global stages (stage = chunk pp + rank), via hybrid.partition:
+    UNIFORM when pp v divides the layers (Megatron's default split), else BALANCED by FLOPs with the embedding
+    on stage 0 and the LM head on the last stage (hybrid.partition.stage_costs_from_config)."""
+    return _stage_layers(cfg.num_layers, pp, v, _balance_key(cfg, seq) if cfg.num_layers % (pp * v) else None)
+
+
+def _balance_key(cfg: ModelConfig, seq: int) -> tuple[float, float, float]:
+    costs = stage_costs_from_config(cfg, seq, 1)
+    return costs.layer_cost, costs.embedding_cost, costs.head_cost
+
+
+@lru_cache(maxsize=1024)
+def _stage_layers(num_layers: int, pp: int, v: int, costs: tuple[float, float, float] | None) -> tuple[int, ...]:
+    if costs is None:
+        parts = partition_layers(num_layers, pp, v, PartitionMethod.UNIFORM)
+    else:
+        layer, embedding, head = costs
+        parts = partition_layers(num_layers, pp, v, PartitionMethod.BALANCED, layer_cost=layer,
+                                 embedding_cost=embedding, head_cost=head)
+    return tuple(len(p) for p in parts)

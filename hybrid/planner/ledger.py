@@ -1,0 +1,150 @@
+"""Predicted communication, in the runtime's ledger convention (hybrid/comm.py: `CommLedger.summary()`),
+
+    {"all_reduce@tp": {"calls": n, "bytes": S}, ...}
+
+with S the nccl-tests size: all_reduce the tensor bytes, all_gather the gathered output, reduce_scatter the full
+input. The time model (time.py) prices exactly these entries, so a runtime ledger and the planner's time are
+compared on the same numbers.
+
+Tensor parallelism, per micro-batch on a stage holding n layers (Megatron, as tests/test_comm_volume.py
+measures on the runtime):
+
+* each layer: 2 all-reduces of b s h elements forward (attention and MLP outputs) and 2 backward (their
+  inputs); under SP each becomes an all-gather + reduce-scatter pair of the same size S;
+* full recomputation reruns the forward inside the backward: 2 more per layer in the backward;
+* first stage, the embedding: forward all-reduce (SP: reduce-scatter; backward all-gather);
+* last stage, the LM-head input: backward all-reduce (SP: forward all-gather, backward reduce-scatter), and the
+  vocab-parallel cross-entropy: 3 all-reduces of b s fp32 values, forward;
+* once per step under SP: one all-reduce of the gradients of the parameters applied on sequence shards (norms,
+  row-parallel biases, GPT-2's positions).
+
+Data parallelism per step, of this rank's Psi parameters, in buckets (hybrid/dp.py, 25 MiB): see time.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from hybrid.planner.hardware import Collective, GroupPlacement, Hardware, collective_seconds
+from hybrid.planner.layout import Recompute, ZeroStage
+from hybrid.planner.model import ACT_BYTES, Shard
+
+Ledger = dict[str, dict[str, float]]  # "op@group" -> {"calls": n, "bytes": S}
+
+BUCKET_BYTES = 25 * 2**20  # hybrid/dp.py DEFAULT_BUCKET_BYTES
+CE_ALL_REDUCES = 3  # vocab-parallel cross-entropy: max, sum of exponentials, target logit
+LOSS_BYTES = 4  # the cross-entropy's statistics are fp32
+
+
+class _Book:
+    """Accumulates (op, group) -> calls, bytes."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.bytes: Counter[str] = Counter()
+
+    def add(self, op: Collective, group: str, size: float, calls: int = 1) -> None:
+        if calls <= 0:
+            return
+        key = f"{op.value}@{group}"
+        self.calls[key] += calls
+        self.bytes[key] += calls * size
+
+    def ledger(self) -> Ledger:
+        return {k: {"calls": self.calls[k], "bytes": self.bytes[k]} for k in sorted(self.calls)}
+
+
+def tp_ledger(shard: Shard, b: int, s: int, layers: int, first: bool, last: bool, sp: bool,
+              recompute: Recompute = Recompute.NONE, elem_bytes: int = ACT_BYTES) -> dict[str, Ledger]:
+    """{"forward": ..., "backward": ...} TP entries of one micro-batch on a stage (empty at t = 1)."""
+    fwd, bwd = _Book(), _Book()
+    if shard.t > 1:
+        bsh = b * s * shard.cfg.hidden_size * elem_bytes
+        _pairs(fwd, bsh, 2 * layers, sp)
+        _pairs(bwd, bsh, (4 if recompute is Recompute.FULL else 2) * layers, sp)
+        if first:
+            fwd.add(Collective.REDUCE_SCATTER if sp else Collective.ALL_REDUCE, "tp", bsh)
+            if sp:
+                bwd.add(Collective.ALL_GATHER, "tp", bsh)
+        if last:
+            fwd.add(Collective.ALL_REDUCE, "tp", b * s * LOSS_BYTES, CE_ALL_REDUCES)
+            if sp:
+                fwd.add(Collective.ALL_GATHER, "tp", bsh)
+                bwd.add(Collective.REDUCE_SCATTER, "tp", bsh)
+            else:
+                bwd.add(Collective.ALL_REDUCE, "tp", bsh)
+    return {"forward": fwd.ledger(), "backward": bwd.ledger()}
+
+
+def _pairs(book: _Book, size: float, count: int, sp: bool) -> None:
+    """`count` all-reduces, or under SP as many all-gather + reduce-scatter pairs (the same wire bytes)."""
+    if sp:
+        book.add(Collective.ALL_GATHER, "tp", size, count)
+        book.add(Collective.REDUCE_SCATTER, "tp", size, count)
+    else:
+        book.add(Collective.ALL_REDUCE, "tp", size, count)
+
+
+def sp_grad_sync_ledger(shard: Shard, layers: int, first: bool, last: bool, grad_bytes: int) -> Ledger:
+    """Once per step under SP: one all-reduce of the sequence-split parameters' gradients (hybrid.tp
+    sync_partial_grads): each layer's norms and row-parallel biases, the final norm, GPT-2's positions."""
+    h = shard.cfg.hidden_size
+    numel = layers * shard.layer_replicated_params()
+    if first and shard.is_gpt2:
+        numel += shard.cfg.max_position_embeddings * h
+    if last:
+        numel += 2 * h if shard.is_gpt2 else h
+    book = _Book()
+    if shard.t > 1:
+        book.add(Collective.ALL_REDUCE, "tp", numel * grad_bytes)
+    return book.ledger()
+
+
+def dp_step_ledger(psi: float, zero: ZeroStage, dp: int, grad_bytes: int = 2, param_bytes: int = 2) -> Ledger:
+    """DP collectives after the last backward, for a rank holding `psi` parameters (bucketed):
+    ZeRO 0 all-reduce of the gradients; ZeRO 1 reduce-scatter of the gradients and all-gather of the updated
+    parameters (same wire bytes: the paper's 2 Psi); ZeRO 2 only the all-gather (its gradients were
+    reduce-scattered per micro-batch); ZeRO 3 nothing (parameters are gathered where used)."""
+    book = _Book()
+    if dp > 1:
+        grads, params = grad_bytes * psi, param_bytes * psi
+        if zero is ZeroStage.NONE:
+            _bucketed(book, Collective.ALL_REDUCE, grads)
+        if zero is ZeroStage.OPTIMIZER:
+            _bucketed(book, Collective.REDUCE_SCATTER, grads)
+        if zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
+            _bucketed(book, Collective.ALL_GATHER, params)
+    return book.ledger()
+
+
+def dp_microbatch_ledger(psi: float, zero: ZeroStage, dp: int, grad_bytes: int = 2,
+                         param_bytes: int = 2) -> dict[str, Ledger]:
+    """DP collectives inside one micro-batch for `psi` parameters: ZeRO 2 reduce-scatters the gradients in the
+    backward; ZeRO 3 also all-gathers the parameters in the forward and again in the backward (3 Psi per
+    micro-batch, the paper's 3 Psi at m = 1)."""
+    fwd, bwd = _Book(), _Book()
+    if dp > 1:
+        if zero >= ZeroStage.GRADIENTS:
+            _bucketed(bwd, Collective.REDUCE_SCATTER, grad_bytes * psi)
+        if zero is ZeroStage.PARAMETERS:
+            _bucketed(fwd, Collective.ALL_GATHER, param_bytes * psi)
+            _bucketed(bwd, Collective.ALL_GATHER, param_bytes * psi)
+    return {"forward": fwd.ledger(), "backward": bwd.ledger()}
+
+
+def _bucketed(book: _Book, op: Collective, size: float) -> None:
+    calls = max(1, math.ceil(size / BUCKET_BYTES))
+    book.add(op, "dp", size / calls, calls)
+
+
+def ledger_seconds(ledger: Ledger, hw: Hardware, group: GroupPlacement) -> float:
+    """Time of every entry on `group`: calls x latency + wire bytes / bus bandwidth (collective_seconds is
+    affine in the size, so each entry is priced at its mean size)."""
+    total = 0.0
+    for key, entry in ledger.items():
+        calls = int(entry["calls"])
+        if calls:
+            op = Collective(key.split("@")[0])
+            total += calls * collective_seconds(hw, op, entry["bytes"] / calls, group)
+    return total

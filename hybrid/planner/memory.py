@@ -1,0 +1,245 @@
+"""Device memory of each pipeline rank: model states, activations, buffers.
+
+Model states (Rajbhandari et al. 2020, "ZeRO", Sec. 3.1 and Table 1): mixed-precision Adam keeps fp16
+parameters (2 bytes), fp16 gradients (2) and K = 12 bytes of optimizer state (fp32 master weights, momentum,
+variance) per parameter. With Psi the parameters of this rank (its TP shard of its pipeline stage's layers,
+plus the embedding on the first stage and the final norm and LM head on the last) and Nd the data-parallel
+size, bytes per device:
+
+    ZeRO 0   (2 + 2 + K) Psi
+    ZeRO 1   4 Psi + K Psi / Nd                  (optimizer states partitioned)
+    ZeRO 2   2 Psi + (2 + K) Psi / Nd            (+ gradients)
+    ZeRO 3   (2 + 2 + K) Psi / Nd                (+ parameters)
+
+Offload (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021) moves the K Psi / Nd optimizer
+bytes to the host, and with parameter offload (ZeRO 3) the 2 Psi / Nd parameters too.
+
+Activations (Korthikanti et al. 2022, Table 2; hybrid/planner/model.py generalises it to GQA and SwiGLU):
+bytes per layer per micro-batch, GPT shapes,
+
+    no parallelism            sbh (34 + 5as/h)
+    tensor parallel           sbh (10 + 24/t + 5as/(ht))
+    tensor + sequence par.    sbh (34/t + 5as/(ht))
+    selective recomputation   drops the 5as/(ht) term
+    full recomputation        2sbh (the layer input; 2sbh/t under SP), plus one layer's full set while
+                              that layer is recomputed
+
+times the activation sets in flight on the rank, from the schedule simulation (hybrid/planner/schedule.py),
+plus the embedding dropout mask on rank 0 and the LM-head input and logits on the last rank
+(model.Shard.head_activation_bytes) for the micro-batches their chunks hold.
+
+Buffers: ZeRO 3 gathers the parameters of the unit being computed and prefetches the next: 2 x 2 bytes x the
+largest unit (a layer, the embedding, the head). Workspace: a fixed WORKSPACE_BYTES (CUDA context, cuBLAS and
+NCCL workspaces, DP gradient buckets, pipeline receive buffers) plus FRAGMENTATION of everything else for
+the caching allocator's fragmentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from hybrid.planner.hardware import GB
+from hybrid.planner.layout import Cluster, Layout, Offload, Recompute, Workload, ZeroStage, stage_layers
+from hybrid.planner.model import Shard
+from hybrid.planner.schedule import InFlight, in_flight
+
+ADAM_K = 12  # bytes of optimizer state per parameter: fp32 master, momentum, variance
+PARAM_BYTES = 2  # fp16 / bf16 parameters
+GRAD_BYTES = 2  # fp16 / bf16 gradients
+WORKSPACE_BYTES = 2.0 * GB  # CUDA context ~0.5 GB, cuBLAS + NCCL workspaces and buckets ~1 GB, headroom
+FRAGMENTATION = 0.05  # caching-allocator fragmentation, as a share of the tensors' bytes
+
+
+def model_state_bytes(psi: float, zero: ZeroStage, dp: int, k: int = ADAM_K) -> float:
+    """Bytes per device of parameters + gradients + optimizer states (ZeRO paper, Table 1 formulas)."""
+    zero = ZeroStage(zero)
+    if zero is ZeroStage.NONE:
+        return (2 + 2 + k) * psi
+    if zero is ZeroStage.OPTIMIZER:
+        return 4 * psi + k * psi / dp
+    if zero is ZeroStage.GRADIENTS:
+        return 2 * psi + (2 + k) * psi / dp
+    return (2 + 2 + k) * psi / dp
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Model-state bytes of one device, and what it keeps in host memory.
+
+    Attributes:
+        params: fp16 parameters on the device.
+        grads: fp16 gradients on the device.
+        optimizer: fp32 master weights and Adam moments on the device.
+        host: bytes offloaded to host memory.
+    """
+
+    params: float
+    grads: float
+    optimizer: float
+    host: float
+
+    @property
+    def device(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+def model_states(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offload.NONE,
+                 k: int = ADAM_K) -> ModelStates:
+    """Split of `model_state_bytes` into parameters, gradients and optimizer, with offload applied."""
+    zero = ZeroStage(zero)
+    params = PARAM_BYTES * psi / (dp if zero >= ZeroStage.PARAMETERS else 1)
+    grads = GRAD_BYTES * psi / (dp if zero >= ZeroStage.GRADIENTS else 1)
+    optimizer = k * psi / (dp if zero >= ZeroStage.OPTIMIZER else 1)
+    host = 0.0
+    if offload in (Offload.OPTIMIZER, Offload.OPTIMIZER_AND_PARAMS):
+        host, optimizer = optimizer, 0.0
+    if offload is Offload.OPTIMIZER_AND_PARAMS:
+        host, params = host + params, 0.0
+    return ModelStates(params=params, grads=grads, optimizer=optimizer, host=host)
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Device memory of one pipeline rank (every TP and DP rank of a stage holds the same).
+
+    Attributes:
+        rank: pipeline rank.
+        parameters: parameter count Psi of this rank (its TP share of its stages).
+        states: model states (params, grads, optimizer) and the host bytes.
+        activations: bytes of activations held at the peak (in-flight sets x per-set bytes, embedding and
+            logits included, plus the recomputation working set).
+        buffers: ZeRO 3 gathered-parameter buffers.
+        workspace: fixed workspace plus fragmentation.
+    """
+
+    rank: int
+    parameters: float
+    states: ModelStates
+    activations: float
+    buffers: float
+    workspace: float
+
+    @property
+    def total(self) -> float:
+        """Device bytes at the peak."""
+        return self.states.device + self.activations + self.buffers + self.workspace
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Memory of every pipeline rank of a layout.
+
+    Attributes:
+        ranks: one RankMemory per pipeline rank.
+        in_flight: the activation sets in flight, from the schedule simulation.
+        host_per_node: offloaded bytes one node's host memory must hold.
+    """
+
+    ranks: tuple[RankMemory, ...]
+    in_flight: InFlight
+    host_per_node: float
+
+    @property
+    def peak(self) -> RankMemory:
+        """The pipeline rank that needs the most device memory."""
+        return max(self.ranks, key=lambda r: r.total)
+
+
+def rank_parameters(work: Workload, layout: Layout) -> tuple[float, ...]:
+    """Psi of each pipeline rank: its layers' TP shares, plus the embedding (rank 0) and head (rank pp - 1)."""
+    return _rank_parameters(work, layout.tp, layout.pp, layout.v)
+
+
+@lru_cache(maxsize=4096)
+def _rank_parameters(work: Workload, tp: int, pp: int, v: int) -> tuple[float, ...]:
+    shard = Shard(work.model, tp, work.padded_vocab(tp))
+    layers = stage_layers(work.model, pp, v, work.seq_length)
+    out = []
+    for r in range(pp):
+        n = sum(layers[c * pp + r] for c in range(v)) * shard.layer_params()
+        if r == 0:
+            n += shard.embedding_params()
+        if r == pp - 1:
+            n += shard.head_params(shares_embedding=pp == 1)
+        out.append(float(n))
+    return tuple(out)
+
+
+def layer_activation_bytes(shard: Shard, b: int, s: int, sp: bool, recompute: Recompute) -> tuple[float, float]:
+    """(bytes one layer keeps per micro-batch in flight, working bytes while one layer is recomputed)."""
+    replicated, split, core = shard.layer_activation_terms(b, s, sp)
+    if recompute is Recompute.NONE:
+        return replicated + split + core, 0.0
+    if recompute is Recompute.SELECTIVE:
+        return replicated + split, core  # the attention core exists again during its backward
+    return shard.layer_input_bytes(b, s, sp), replicated + split + core
+
+
+def plan_memory(work: Workload, cluster: Cluster, layout: Layout) -> MemoryPlan:
+    """Per-pipeline-rank device memory of `layout` (assumed valid: see layout.check_layout)."""
+    flight, psis, acts, bufs = _rank_parts(work, layout)
+    ranks = tuple(_rank_memory(layout, r, psi, act, buf) for r, (psi, act, buf) in enumerate(zip(psis, acts, bufs)))
+    unit = model_states(1.0, layout.zero, layout.dp, layout.offload)
+    return MemoryPlan(ranks=ranks, in_flight=flight, host_per_node=_host_per_node(cluster, unit, max(psis)))
+
+
+def peak_memory(work: Workload, cluster: Cluster, layout: Layout) -> tuple[int, float, float]:
+    """(fullest pipeline rank, its device bytes, host bytes per node) without building every RankMemory:
+    the search's fast path. Equal to plan_memory's peak (states are linear in Psi)."""
+    _, psis, acts, bufs = _rank_parts(work, layout)
+    unit = model_states(1.0, layout.zero, layout.dp, layout.offload)
+    totals = [(psi * unit.device + act + buf) * (1 + FRAGMENTATION) + WORKSPACE_BYTES
+              for psi, act, buf in zip(psis, acts, bufs)]
+    rank = max(range(len(totals)), key=totals.__getitem__)
+    return rank, totals[rank], _host_per_node(cluster, unit, max(psis))
+
+
+def _host_per_node(cluster: Cluster, unit: ModelStates, psi: float) -> float:
+    """Offloaded bytes one host holds: the fullest rank's (`unit` = states of one parameter) x its GPUs."""
+    return unit.host * psi * min(cluster.hw.gpus_per_node, cluster.gpus)
+
+
+def _rank_parts(work: Workload, layout: Layout) -> tuple[InFlight, tuple[float, ...], tuple[float, ...],
+                                                       tuple[float, ...]]:
+    """In-flight peaks, and per pipeline rank: Psi, activation bytes, ZeRO-3 buffer bytes."""
+    flight, acts = _activations(work, layout.tp, layout.pp, layout.dp, layout.v, layout.micro_batch,
+                                layout.sequence_parallel, layout.recompute)
+    bufs = _zero3_buffers(work, layout) if layout.zero is ZeroStage.PARAMETERS else (0.0,) * layout.pp
+    return flight, rank_parameters(work, layout), acts, bufs
+
+
+@lru_cache(maxsize=4096)
+def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: bool,
+                 recompute: Recompute) -> tuple[InFlight, tuple[float, ...]]:
+    """Peak activation bytes of each pipeline rank (shared by every ZeRO / offload variant)."""
+    m = work.global_batch // (dp * b)
+    kind = Layout(tp=tp, pp=pp, dp=dp, v=v).schedule
+    flight = in_flight(kind, pp, m, v)
+    shard = Shard(work.model, tp, work.padded_vocab(tp))
+    layers = stage_layers(work.model, pp, v, work.seq_length)
+    s = work.seq_length
+    per_layer, working = layer_activation_bytes(shard, b, s, sp, recompute)
+    acts = []
+    for r in range(pp):
+        chunk_layers = max(layers[c * pp + r] for c in range(v))
+        acts.append(flight.chunks[r] * chunk_layers * per_layer + (working if chunk_layers else 0.0))
+    acts[0] += flight.first_chunk * shard.embedding_activation_bytes(b, s, sp)
+    acts[-1] += flight.last_chunk * shard.head_activation_bytes(b, s, sp)
+    return flight, tuple(acts)
+
+
+def _zero3_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
+    """ZeRO 3 gathers the unit being computed and prefetches the next: 2 x 2 bytes x the largest unit."""
+    shard = Shard(work.model, layout.tp, work.padded_vocab(layout.tp))
+    units = [shard.layer_params()] * layout.pp
+    units[0] = max(units[0], shard.embedding_params())
+    units[-1] = max(units[-1], shard.head_params(layout.pp == 1))
+    return tuple(2.0 * PARAM_BYTES * u for u in units)
+
+
+def _rank_memory(layout: Layout, r: int, psi: float, activations: float, buffers: float) -> RankMemory:
+    states = model_states(psi, layout.zero, layout.dp, layout.offload)
+    workspace = WORKSPACE_BYTES + FRAGMENTATION * (states.device + activations + buffers)
+    return RankMemory(rank=r, parameters=psi, states=states, activations=activations, buffers=buffers,
+                      workspace=workspace)

@@ -1,0 +1,183 @@
+"""The pipeline numbers the planner needs, taken from the schedule simulation (hybrid.pipeline), never from a
+second formula: activations in flight per rank, and the makespan (hence the bubble) of one step.
+
+Cost control. `build_schedule` costs about pp (m v)^2 operations and `simulate` about pp m v, so a step with
+m = 512 micro-batches on pp = 64 ranks is not simulated whole. Two properties of the lists, checked by
+tests/test_planner.py on every small configuration, make that unnecessary:
+
+* In flight. The number of (micro-batch, chunk) activation sets a rank holds depends only on the order of
+  its compute actions, not on their durations or on the messages between them; so it is simulated on the
+  compute-only lists (`compute_order`), which skips the quadratic message placement. It rises through the
+  warm-up and stays flat in the steady state: once every rank completes its warm-up -- m >= pp for 1F1B,
+  m >= 2 pp for interleaved (rank 0 warms up with 2 (pp - 1) + (v - 1) pp < 2 pp v chunk-forwards) -- the
+  peaks no longer change with m, so we simulate min(m, that saturation point), cached per (schedule, pp, m, v).
+* Makespan. In the steady state each further micro-batch (1F1B) or group of pp micro-batches (interleaved)
+  adds the same time. We simulate at m1, m1 + k, m1 + 2k (k = 1 or pp), slide the window while the two
+  increments differ (start-up transient), then extrapolate linearly: T(m) = T(m3) + (m - m3)/k (T(m3) - T(m2)).
+  Busy time is exact, m sum of the rank's stage costs; bubble = 1 - sum busy / (pp T) as `SimResult` defines it.
+
+Schedules up to `SIM_BUDGET` (pp (m v)^2) are simulated; a larger one raises `SimulationTooLarge`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from hybrid.pipeline import Costs, Op, ScheduleKind, SimResult, build_schedule, compute_order, simulate
+from hybrid.pipeline.schedules import Action
+
+SIM_BUDGET = 3.0e6  # pp (m v)^2 of the largest schedule simulated: about two seconds of list building
+_MAX_SLIDES = 8  # windows tried before giving up on a steady increment
+
+
+class SimulationTooLarge(ValueError):
+    """The schedule needed for an answer exceeds the simulation budget."""
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Activations held, from the compute-only simulation.
+
+    Attributes:
+        chunks: per pipeline rank, the peak number of (micro-batch, chunk) activation sets
+            (`SimResult.peak_in_flight`; one set = one chunk's layers for one micro-batch).
+        microbatches: per rank, the peak number of distinct micro-batches held.
+        first_chunk: peak micro-batches whose chunk 0 activations rank 0 holds (embedding outputs).
+        last_chunk: peak micro-batches whose last-chunk activations rank pp - 1 holds (logits).
+        simulated_m: the micro-batch count simulated (saturated: same peaks for every larger m).
+    """
+
+    chunks: tuple[int, ...]
+    microbatches: tuple[int, ...]
+    first_chunk: int
+    last_chunk: int
+    simulated_m: int
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Seconds of one micro-batch on each global stage (stage = chunk pp + rank), and of one message.
+
+    Attributes:
+        forward: per global stage, one micro-batch's forward.
+        backward: per global stage, its backward (recomputation included).
+        comm: one point-to-point activation or gradient message between neighbouring stages.
+    """
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    comm: float
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """One step of the pipeline, from the simulation.
+
+    Attributes:
+        makespan: seconds from the first forward to the last backward on any rank.
+        busy: per rank, seconds of compute.
+        bubble_fraction: 1 - sum busy / (pp makespan): idle share, imbalance and blocked messages included.
+        simulated_m: the micro-batch counts simulated.
+        extrapolated: True when makespan was extrapolated from `simulated_m`.
+    """
+
+    makespan: float
+    busy: tuple[float, ...]
+    bubble_fraction: float
+    simulated_m: tuple[int, ...]
+    extrapolated: bool
+
+
+def saturation_m(kind: ScheduleKind, pp: int, v: int) -> int:
+    """Smallest m at which every rank completes its warm-up (see the module docstring)."""
+    if kind is ScheduleKind.GPIPE:
+        raise ValueError("GPipe holds all m micro-batches: its peaks never saturate; simulate the full m")
+    return pp if v == 1 else 2 * pp
+
+
+def sim_size(pp: int, m: int, v: int) -> float:
+    """Work of building the lists, pp (m v)^2 (the list builder pairs every message with its consumer)."""
+    return pp * float(m * v) ** 2
+
+
+def in_flight(kind: ScheduleKind, pp: int, m: int, v: int) -> InFlight:
+    """Peak activations in flight per rank for m micro-batches (simulated at the saturation point)."""
+    m_sim = m if kind is ScheduleKind.GPIPE else min(m, saturation_m(kind, pp, v))
+    return _in_flight(kind, pp, m_sim, v)
+
+
+@lru_cache(maxsize=512)
+def _in_flight(kind: ScheduleKind, pp: int, m: int, v: int) -> InFlight:
+    # The peaks depend only on each rank's compute order (the simulator counts + at a forward, - after a
+    # backward, in execution order), so the compute-only lists give the same peaks as the full ones without
+    # the cost of placing the messages; tests/test_planner.py checks the two agree.
+    orders = [compute_order(kind, pp, rank, m, v) for rank in range(pp)]
+    result = simulate(orders, Costs())
+    return InFlight(chunks=result.peak_in_flight, microbatches=result.peak_in_flight_microbatches,
+                    first_chunk=_chunk_peak(result, 0, 0), last_chunk=_chunk_peak(result, pp - 1, v - 1),
+                    simulated_m=m)
+
+
+def _chunk_peak(result: SimResult, rank: int, chunk: int) -> int:
+    """Peak micro-batches of `chunk` held on `rank`: + at its forward, - at its backward, in timeline order."""
+    held = peak = 0
+    for span in result.timelines[rank]:
+        if span.action.chunk == chunk:
+            held += 1 if span.action.op is Op.FORWARD else -1
+            peak = max(peak, held)
+    return peak
+
+
+def run_pipeline(kind: ScheduleKind, pp: int, m: int, v: int, times: StageTimes,
+                 budget: float = SIM_BUDGET) -> PipelineRun:
+    """Makespan, busy time and bubble of one step, simulated (extrapolated in m when m is large)."""
+    if len(times.forward) != pp * v or len(times.backward) != pp * v:
+        raise ValueError(f"StageTimes must give one cost per global stage (pp x v = {pp * v})")
+    busy = tuple(m * sum(times.forward[c * pp + r] + times.backward[c * pp + r] for c in range(v))
+                 for r in range(pp))
+    step = 1 if v == 1 else pp
+    first = m if kind is ScheduleKind.GPIPE else min(m, saturation_m(kind, pp, v))
+    if m <= first + 2 * step or kind is ScheduleKind.GPIPE:
+        _check_budget(pp, m, v, budget, "the step")
+        return _run(m, busy, (m,), _makespan(kind, pp, m, v, times), extrapolated=False)
+    return _extrapolate(kind, pp, m, v, times, busy, first, step, budget)
+
+
+def _extrapolate(kind: ScheduleKind, pp: int, m: int, v: int, times: StageTimes, busy: tuple[float, ...],
+                 first: int, step: int, budget: float) -> PipelineRun:
+    ms = [first, first + step, first + 2 * step]
+    for _ in range(_MAX_SLIDES):
+        if ms[-1] >= m:
+            break
+        _check_budget(pp, ms[-1], v, budget, "the steady state")
+        t1, t2, t3 = (_makespan(kind, pp, k, v, times) for k in ms)
+        if abs((t3 - t2) - (t2 - t1)) <= 1e-9 * t3:
+            return _run(m, busy, tuple(ms), t3 + (m - ms[-1]) / step * (t3 - t2), extrapolated=True)
+        ms = [k + step for k in ms]
+    _check_budget(pp, m, v, budget, "the step (no steady increment found)")
+    return _run(m, busy, (m,), _makespan(kind, pp, m, v, times), extrapolated=False)
+
+
+def _run(m: int, busy: tuple[float, ...], ms: tuple[int, ...], makespan: float, extrapolated: bool) -> PipelineRun:
+    bubble = 0.0 if makespan <= 0 else max(0.0, 1.0 - sum(busy) / (len(busy) * makespan))  # float noise at pp = 1
+    return PipelineRun(makespan=makespan, busy=busy, bubble_fraction=bubble, simulated_m=ms,
+                       extrapolated=extrapolated)
+
+
+@lru_cache(maxsize=8192)
+def _makespan(kind: ScheduleKind, pp: int, m: int, v: int, times: StageTimes) -> float:
+    costs = Costs(stage_forward=times.forward, stage_backward=times.backward, comm=times.comm)
+    return simulate(_lists(kind, pp, m, v), costs).makespan
+
+
+@lru_cache(maxsize=128)
+def _lists(kind: ScheduleKind, pp: int, m: int, v: int) -> list[list[Action]]:
+    return build_schedule(kind, pp, m, v)
+
+
+def _check_budget(pp: int, m: int, v: int, budget: float, what: str) -> None:
+    if sim_size(pp, m, v) > budget:
+        raise SimulationTooLarge(
+            f"simulating {what} needs pp {pp} x v {v} with m = {m} micro-batches, pp (m v)^2 = "
+            f"{sim_size(pp, m, v):.2g} > the budget {budget:.2g}; raise --sim-budget or use fewer chunks (v)")

@@ -1,0 +1,291 @@
+"""Search the layouts of a model on a cluster and rank them by predicted throughput.
+
+    from hybrid.planner import Cluster, SearchSpace, Workload, hardware, search
+    result = search(Workload(load_config("llama-3-8b"), global_batch=512, seq_length=4096),
+                    Cluster(gpus=64, hw=hardware("h100-80g")), top=5)
+    result.plans[0].layout, result.plans[0].tokens_per_s, result.rejected[:3]
+
+Enumeration: tp over the divisors of the GPU count (must divide the heads and the MLP width, be compatible with
+the kv-heads, stay inside a node unless allowed), pp over the divisors of GPUs / tp (at most the layers; uneven
+splits balanced by hybrid.partition), v (chunks per rank) with pp v dividing the layers, dp = GPUs / (tp pp),
+micro-batch sizes dividing the per-replica batch, ZeRO 0-3, offload, recomputation, sequence parallelism.
+
+Dominance. For fixed sizes, more recomputation and more offload never make a step faster and always need
+less memory, so of those variants only the fitting ones not dominated by another fitting one (less
+recomputation and less offload) are timed; the rest are counted as `dominated`.
+
+Ranking. Each timed candidate needs a pipeline simulation; candidates are taken in order of a lower bound on
+their step time (time.lower_bound_seconds: no bubble) and the search stops once the bound exceeds the K-th best
+simulated time, which is then exact for the top K. Everything rejected keeps its reason (`Rejection`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field, replace
+
+from hybrid.planner.hardware import GB
+from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, layout_problems,
+                                   pp_problems, tp_problems)
+from hybrid.planner.memory import MemoryPlan, peak_memory, plan_memory
+from hybrid.planner.schedule import SIM_BUDGET, SimulationTooLarge
+from hybrid.planner.time import FlopsFormula, StepTime, lower_bound_seconds, model_flops, step_flops, step_time
+
+MAX_MICRO_BATCH = 16  # largest micro-batch tried unless pinned
+MAX_V = 4  # most chunks per pipeline rank tried unless pinned
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Which values each dimension may take; None = search it (the CLI pins with the train.py flags).
+
+    Attributes:
+        tp, pp, v, micro_batch: sizes to try.
+        zero, offload, recompute, sequence_parallel: switches to try.
+        layers_per_chunk: layers per virtual pipeline stage (`--num-layers-per-virtual-pipeline-stage`): pins
+            v = layers / (pp x this) for each pp; overrides `v`.
+        max_micro_batch: largest micro-batch tried when `micro_batch` is None.
+        max_v: most chunks per rank tried when `v` is None.
+    """
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    v: tuple[int, ...] | None = None
+    micro_batch: tuple[int, ...] | None = None
+    zero: tuple[ZeroStage, ...] | None = None
+    offload: tuple[Offload, ...] | None = None
+    recompute: tuple[Recompute, ...] | None = None
+    sequence_parallel: tuple[bool, ...] | None = None
+    layers_per_chunk: int | None = None
+    max_micro_batch: int = MAX_MICRO_BATCH
+    max_v: int = MAX_V
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A layout (or a family of them, e.g. 'tp 3') that cannot run, and why."""
+
+    what: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A layout with its predicted memory and time.
+
+    Attributes:
+        layout: the sizes and switches.
+        memory: per-pipeline-rank memory.
+        time: the step time and its parts.
+        tokens_per_s: global batch x sequence / step time.
+        tflops_per_gpu: hardware FLOPs (recomputation included, by `flops_formula`) per GPU per second / 1e12.
+        mfu: model FLOPs (no recomputation) per GPU per second / peak.
+        flops_formula: how `tflops_per_gpu` counts FLOPs.
+    """
+
+    layout: Layout
+    memory: MemoryPlan
+    time: StepTime
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    flops_formula: FlopsFormula
+
+    @property
+    def memory_gb(self) -> float:
+        """Device memory of the fullest pipeline rank, GB."""
+        return self.memory.peak.total / GB
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self.time.bubble_fraction
+
+
+@dataclass
+class SearchResult:
+    """What `search` found.
+
+    Attributes:
+        plans: the best layouts, fastest first (at most K).
+        rejected: every layout or family that cannot run, with its reason.
+        considered: complete layouts enumerated.
+        dominated: fitting layouts skipped because a variant with less recomputation / offload also fits.
+        timed: layouts whose step was simulated.
+    """
+
+    plans: list[Plan] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    considered: int = 0
+    dominated: int = 0
+    timed: int = 0
+
+
+def summarize_rejections(rejected: list[Rejection], limit: int = 8) -> list[tuple[int, Rejection]]:
+    """Group rejections whose reasons differ only in numbers; per group (count, an example), biggest groups
+    first. The OOM example is the layout that came closest to fitting."""
+    groups: dict[str, list[Rejection]] = {}
+    for r in rejected:
+        groups.setdefault(re.sub(r"\d+(\.\d+)?(e[+-]?\d+)?", "#", r.reason), []).append(r)
+    out = []
+    for members in groups.values():
+        example = min(members, key=_needed_gb) if members[0].reason.startswith("OOM") else members[0]
+        out.append((len(members), example))
+    out.sort(key=lambda item: -item[0])
+    return out[:limit]
+
+
+def _needed_gb(r: Rejection) -> float:
+    match = re.search(r"needs ([\d.]+) GB", r.reason)
+    return float(match.group(1)) if match else float("inf")
+
+
+def evaluate(work: Workload, cluster: Cluster, layout: Layout, formula: FlopsFormula = FlopsFormula.EXACT,
+             budget: float = SIM_BUDGET) -> Plan:
+    """Predict memory and time of one layout. ValueError naming every problem when it cannot run at all
+    (memory is reported, not enforced: compare `plan.memory_gb` with the device)."""
+    problems = layout_problems(work, cluster, layout)
+    if problems:
+        raise ValueError(f"layout {layout.short()} cannot run: " + "; ".join(problems))
+    memory = plan_memory(work, cluster, layout)
+    return _plan(work, cluster, layout, memory, step_time(work, cluster, layout, budget), formula)
+
+
+def _plan(work: Workload, cluster: Cluster, layout: Layout, memory: MemoryPlan, time: StepTime,
+          formula: FlopsFormula) -> Plan:
+    n, t = cluster.gpus, time.total
+    return Plan(layout=layout, memory=memory, time=time,
+                tokens_per_s=work.global_batch * work.seq_length / t,
+                tflops_per_gpu=step_flops(work, layout, formula) / (n * t) / 1e12,
+                mfu=model_flops(work) / (n * t) / (cluster.hw.peak_tflops * 1e12),
+                flops_formula=formula)
+
+
+def memory_problem(cluster: Cluster, rank: int, device_bytes: float, host_bytes: float) -> str | None:
+    """'OOM on stage 0: needs 93.1 GB of 80' (or the host-memory equivalent), None when it fits."""
+    hw = cluster.hw
+    if device_bytes > hw.memory_gb * GB:
+        need = f"{device_bytes / GB:.1f}"
+        if float(need) <= hw.memory_gb:  # 80.04 of 80 reads "80.0 of 80": show the excess
+            need = f"{device_bytes / GB:.3f}"
+        return f"OOM on stage {rank}: needs {need} GB of {hw.memory_gb:g}"
+    if host_bytes > hw.host_memory_gb * GB:
+        return f"host OOM: offload needs {host_bytes / GB:.0f} GB per node of {hw.host_memory_gb:g}"
+    return None
+
+
+def search(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace(), top: int = 5,
+           formula: FlopsFormula = FlopsFormula.EXACT, budget: float = SIM_BUDGET) -> SearchResult:
+    """The `top` fastest layouts that fit, and the reasons for the rest."""
+    if top < 1:
+        raise ValueError(f"--top must be >= 1, got {top}")
+    result = SearchResult()
+    fitting: list[tuple[float, Layout]] = []
+    for base in _sizes(work, cluster, space, result.rejected):
+        fitting += _fitting_variants(work, cluster, space, base, result)
+    fitting.sort(key=lambda item: item[0])
+    for bound, layout in fitting:
+        if len(result.plans) >= top and bound > result.plans[top - 1].time.total:
+            break
+        try:
+            time = step_time(work, cluster, layout, budget)
+        except SimulationTooLarge as e:
+            result.rejected.append(Rejection(layout.short(), str(e)))
+            continue
+        result.timed += 1
+        result.plans.append(_plan(work, cluster, layout, plan_memory(work, cluster, layout), time, formula))
+        result.plans.sort(key=lambda p: p.time.total)
+        del result.plans[top:]
+    return result
+
+
+def _sizes(work: Workload, cluster: Cluster, space: SearchSpace, rejected: list[Rejection]):
+    """Layouts with sizes set (tp, pp, dp, v, b, sp, zero) and no recomputation / offload; bad families are
+    rejected once, at the first size that rules them out."""
+    cfg, n = work.model, cluster.gpus
+    for tp in space.tp or _divisors(n):
+        problems = tp_problems(cfg, cluster, tp) + ([] if n % tp == 0 else [f"tp {tp} does not divide {n} GPUs"])
+        if problems:
+            rejected.append(Rejection(f"tp {tp}", "; ".join(problems)))
+            continue
+        for pp in space.pp or _divisors(n // tp):
+            yield from _sizes_for(work, cluster, space, tp, pp, rejected)
+
+
+def _sizes_for(work: Workload, cluster: Cluster, space: SearchSpace, tp: int, pp: int,
+               rejected: list[Rejection]):
+    cfg, n = work.model, cluster.gpus
+    if n % (tp * pp) or pp_problems(cfg, pp, 1):
+        reason = "; ".join(pp_problems(cfg, pp, 1) or [f"tp {tp} x pp {pp} does not divide {n} GPUs"])
+        rejected.append(Rejection(f"tp {tp} pp {pp}", reason))
+        return
+    dp = n // (tp * pp)
+    if work.global_batch % dp:
+        rejected.append(Rejection(f"tp {tp} pp {pp} dp {dp}",
+                                  f"global batch {work.global_batch} is not divisible by dp {dp}"))
+        return
+    vs = _chunk_counts(cfg.num_layers, pp, space)
+    if not vs:
+        rejected.append(Rejection(f"tp {tp} pp {pp}", f"pp {pp} x {space.layers_per_chunk} layers per virtual "
+                                                       f"stage does not divide the {cfg.num_layers} layers"))
+        return
+    per_replica = work.global_batch // dp
+    bs = space.micro_batch or tuple(b for b in _divisors(per_replica) if b <= space.max_micro_batch)
+    sps = space.sequence_parallel or ((False, True) if tp > 1 else (False,))
+    zeros = space.zero or (tuple(ZeroStage) if dp > 1 else (ZeroStage.NONE,))
+    pinned_v = space.v is not None or space.layers_per_chunk is not None
+    for v, b, sp, zero in itertools.product(vs, bs, sps, zeros):
+        if v > 1 and (per_replica // b) % pp and not pinned_v:
+            continue  # interleaving needs m to be a multiple of pp: not a layout, unless asked for
+        yield Layout(tp=tp, pp=pp, dp=dp, v=v, micro_batch=b, zero=zero, sequence_parallel=sp)
+
+
+def _fitting_variants(work: Workload, cluster: Cluster, space: SearchSpace, base: Layout,
+                      result: SearchResult) -> list[tuple[float, Layout]]:
+    """The Pareto-minimal (offload, recompute) variants of `base` that fit, with their time lower bounds."""
+    offloads = space.offload or _offloads_for(base.zero)
+    recomputes = space.recompute or tuple(Recompute)
+    fits: list[tuple[int, int, Layout]] = []
+    for i, offload in enumerate(offloads):
+        for j, recompute in enumerate(recomputes):
+            layout = replace(base, offload=offload, recompute=recompute)
+            result.considered += 1
+            problems = layout_problems(work, cluster, layout)
+            if problems:
+                result.rejected.append(Rejection(layout.short(), "; ".join(problems)))
+                continue
+            problem = memory_problem(cluster, *peak_memory(work, cluster, layout))
+            if problem:
+                result.rejected.append(Rejection(layout.short(), problem))
+            elif any(fi <= i and fj <= j for fi, fj, _ in fits):
+                result.dominated += 1
+            else:
+                fits.append((i, j, layout))
+    return [(lower_bound_seconds(work, cluster, layout), layout) for _, _, layout in fits]
+
+
+def _offloads_for(zero: ZeroStage) -> tuple[Offload, ...]:
+    """Offload choices that exist at this ZeRO stage: the CPU updates a partition (ZeRO >= 1), parameters are
+    fetched per use only under ZeRO 3 (ZeRO-Offload / ZeRO-Infinity)."""
+    if zero is ZeroStage.NONE:
+        return (Offload.NONE,)
+    if zero is ZeroStage.PARAMETERS:
+        return tuple(Offload)
+    return (Offload.NONE, Offload.OPTIMIZER)
+
+
+def _chunk_counts(num_layers: int, pp: int, space: SearchSpace) -> tuple[int, ...]:
+    """The v to try at this pp: pinned by layers per chunk, listed, or every v <= max_v that splits evenly."""
+    if space.layers_per_chunk is not None:
+        n = space.layers_per_chunk
+        return (num_layers // (pp * n),) if num_layers % (pp * n) == 0 else ()
+    if space.v is not None:
+        return space.v
+    return tuple(v for v in range(1, space.max_v + 1) if v == 1 or (pp > 1 and num_layers % (pp * v) == 0))
+
+
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
