@@ -54,6 +54,7 @@ Megatron-LM", SC'21, Sec. 2.2):
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -228,13 +229,16 @@ class _Message:
 
 def _with_communication(orders: list[list[Action]], pp: int, v: int) -> list[list[Action]]:
     starts = _unit_time_starts(orders, pp, v)
-    messages = [m for rank in range(pp) for m in _messages_of(rank, orders, starts, pp, v)]
+    position = [{a: i for i, a in enumerate(order)} for order in orders]  # O(1) consumer lookup
+    messages = [m for rank in range(pp) for m in _messages_of(rank, orders, starts, position, pp, v)]
     messages = _in_sender_order(messages)
     return [_rank_list(rank, orders[rank], messages) for rank in range(pp)]
 
 
-def _messages_of(rank: int, orders: list[list[Action]], starts: list[list[int]], pp: int, v: int) -> list[_Message]:
-    """The messages rank `rank` sends, each with the receiver's latest batch open during the sender's batch."""
+def _messages_of(rank: int, orders: list[list[Action]], starts: list[list[int]], position: list[dict[Action, int]],
+                 pp: int, v: int) -> list[_Message]:
+    """The messages rank `rank` sends, each with the receiver's latest batch open during the sender's batch.
+    A rank's unit-time starts increase, so the batches opened by a time are counted by bisection."""
     out = []
     for j, action in enumerate(orders[rank]):
         pair = _message_pair(action, rank, pp, v)
@@ -243,8 +247,8 @@ def _messages_of(rank: int, orders: list[list[Action]], starts: list[list[int]],
         send, recv = pair
         receiver = send.peer
         sender_next = starts[rank][j + 1] if j + 1 < len(starts[rank]) else starts[rank][j] + 1
-        consumer = orders[receiver].index(_consumer_of(recv))
-        open_gaps = sum(1 for start in starts[receiver] if start + 1 <= sender_next)  # batches opened by then
+        consumer = position[receiver][_consumer_of(recv)]
+        open_gaps = bisect.bisect_right(starts[receiver], sender_next - 1)  # batches opened by then
         out.append(_Message(send, recv, rank, j, min(consumer, open_gaps)))
     return out
 
