@@ -121,21 +121,26 @@ class RowParallelLinear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
-class VocabParallelEmbedding(nn.Module):
-    """Embedding table split by vocabulary rows; the vocabulary is padded to a multiple of
-    tp * `pad_to` (Megatron's make-vocab-size-divisible-by), padding rows are zeros and unused.
+class _VocabParallelWeight(nn.Module):
+    """A (V_p/t, C) table split by vocabulary rows; the vocabulary is padded to a multiple of
+    t * `pad_to` (Megatron's make-vocab-size-divisible-by), padding rows are zeros and unused.
+    Rank i holds rows [i V_p/t, (i+1) V_p/t)."""
 
-    Rank i holds rows [i V_p/t, (i+1) V_p/t). A token outside that range contributes zero, so
-    summing over TP (tp.exit) gives every rank the full embedding.
-    """
-
-    def __init__(self, vocab_size: int, dim: int, tp: TPContext, pad_to: int = 1,
-                 init: InitFn = normal_init(0.02)):
+    def __init__(self, vocab_size: int, dim: int, tp: TPContext, pad_to: int = 1, init: InitFn = normal_init(0.02)):
         super().__init__()
         self.tp = tp
         spec = vocab_spec(vocab_size, tp, pad_to)
         self.vocab_start, self.vocab_size = spec.start(tp.rank), vocab_size
         self.weight = set_spec(nn.Parameter(torch.zeros(spec.length, dim)), spec, init)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel logits (B, T, V_p/t) = enter(h) W_i^T; padding columns are -inf."""
+        return parallel_logits(self.tp.enter(h), self.weight, self.vocab_start, self.vocab_size)
+
+
+class VocabParallelEmbedding(_VocabParallelWeight):
+    """Token embedding split by vocabulary rows. A token outside this rank's rows contributes zero,
+    so summing over TP (tp.exit) gives every rank the full embedding. `logits` is the tied LM head."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.vocab_start
@@ -144,9 +149,15 @@ class VocabParallelEmbedding(nn.Module):
         y = y.masked_fill(outside.unsqueeze(-1), 0.0)  # (B, T, C), partial over TP
         return self.tp.exit(y)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Tied LM head: vocab-parallel logits (B, T, V_p/t) = enter(h) E_i^T; padding columns are -inf."""
-        return parallel_logits(self.tp.enter(h), self.weight, self.vocab_start, self.vocab_size)
+
+class ParallelLMHead(_VocabParallelWeight):
+    """Untied LM head: a column-parallel projection onto the (padded) vocabulary."""
+
+    def __init__(self, dim: int, vocab_size: int, tp: TPContext, pad_to: int = 1, init: InitFn = normal_init(0.02)):
+        super().__init__(vocab_size, dim, tp, pad_to, init)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.logits(h)
 
 
 def vocab_spec(vocab_size: int, tp: TPContext, pad_to: int) -> ShardSpec:
@@ -162,23 +173,6 @@ def parallel_logits(h: torch.Tensor, weight: torch.Tensor, vocab_start: int, voc
         logits = logits.clone()
         logits[..., n_real:] = float("-inf")
     return logits
-
-
-class ParallelLMHead(nn.Module):
-    """Untied LM head: a column-parallel projection onto the (padded) vocabulary."""
-
-    def __init__(self, dim: int, vocab_size: int, tp: TPContext, pad_to: int = 1, init: InitFn = normal_init(0.02)):
-        super().__init__()
-        self.tp = tp
-        spec = vocab_spec(vocab_size, tp, pad_to)
-        self.vocab_start, self.vocab_size = spec.start(tp.rank), vocab_size
-        self.weight = set_spec(nn.Parameter(torch.zeros(spec.length, dim)), spec, init)
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Vocab-parallel logits (B, T, V_p/t); padding columns are -inf."""
-        return parallel_logits(self.tp.enter(h), self.weight, self.vocab_start, self.vocab_size)
-
-    forward = logits
 
 
 class LayerNorm(nn.LayerNorm):
