@@ -15,6 +15,7 @@ import os
 import pickle
 import queue as queue_module
 import socket
+import time
 import traceback
 from typing import Any, Callable
 
@@ -61,9 +62,10 @@ def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout: fl
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
     try:
+        deadline = time.monotonic() + timeout  # for the whole job, process start-up included
         for _ in range(world_size):
             try:
-                rank, ok, value = queue.get(timeout=timeout)
+                rank, ok, value = queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue_module.Empty:  # someone hangs
                 break
             if ok:
