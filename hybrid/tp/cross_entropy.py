@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from hybrid.comm import Group
 
@@ -52,6 +53,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab_start: int,
                                  group: Group, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """Mean loss over the tokens whose target is not `ignore_index` (as F.cross_entropy)."""
+    if group.size == 1:  # the whole vocabulary is here: torch's fused kernel
+        return F.cross_entropy(logits.float().flatten(0, -2), target.flatten(), ignore_index=ignore_index)
     keep = target != ignore_index
     per_token = _VocabParallelCrossEntropy.apply(logits, target.masked_fill(~keep, 0), vocab_start, group)
     return (per_token * keep).sum() / keep.sum().clamp(min=1)

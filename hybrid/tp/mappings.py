@@ -49,11 +49,13 @@ class _CopyToTP(torch.autograd.Function):
 
 
 class _ReduceFromTP(torch.autograd.Function):
-    """g: all-reduce forward (sum the partial outputs), identity backward."""
+    """g: all-reduce forward (sum the partial outputs), identity backward. In place: the partial
+    sum is a fresh matmul output that no backward needs, so no copy is made (mark_dirty)."""
 
     @staticmethod
     def forward(ctx, x, group):
-        return group.all_reduce(x.clone())
+        ctx.mark_dirty(x)
+        return group.all_reduce(x)
 
     @staticmethod
     def backward(ctx, g):
