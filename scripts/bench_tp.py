@@ -1,0 +1,423 @@
+"""Speed of hybrid's tensor-parallel layers and models against their peers, side by side, on CPU.
+
+    python scripts/bench_tp.py [--repeats 15] [--mlp-repeats 60] [--warmup 3] [--hidden 256] [--seq 256]
+                               [--batch 4] [--layers 4] [--vocab 2048] [--out FILE.md]
+
+Two comparisons in one run:
+
+1. MLP block at tp = 2 (two gloo ranks, one thread each), forward + backward:
+       Y = GeLU(X A) B,   A = [A_1 A_2] (h -> 4h, column-parallel),   B = [B_1; B_2] (4h -> h, row-parallel)
+   ours (hybrid.tp, batch-first (B, T, h)) against megatron-core's tensor_parallel.ColumnParallelLinear /
+   RowParallelLinear (sequence-first (T, B, h)), built from the same weights, exact (erf) GeLU on both.
+   Both run one all-reduce forward (g, after B_i) and one backward (f, before A_i; megatron overlaps it
+   with the weight-gradient GEMM, async_op=True); the input requires grad, as inside a model, so the
+   backward all-reduce happens on both sides.
+2. One training step (forward, backward, AdamW step) at tp = 1 in one process with one thread, of our
+   GPT-2 and Llama against transformers' GPT2LMHeadModel / LlamaForCausalLM (attention "sdpa", its
+   default) of the same config, starting from the same weights.
+
+Timing: `--warmup` untimed steps each, then `--mlp-repeats` (MLP) or `--repeats` (training steps) rounds
+that alternate ours and the peer (ABAB), so a noisy machine slows both alike. Each step is timed with
+time.perf_counter (at tp = 2 after a barrier, as the slower rank's time). Reported: median and min per
+step, and the ratios ours/peer of the medians (the goal: <= 1.0 means ours is as fast or faster), of
+the mins, and the median of the per-round ratios (robust to a burst of outside load). Also
+the ratio of median CPU time (time.process_time, all threads of the process; at tp = 2 the slower
+rank's): it leaves out time the OS gave to other programs, so it stays stable on a shared, loaded
+machine where wall time does not -- but it also leaves out time a rank waits for its peer.
+
+megatron-core on CPU: its linear layers run unchanged given `use_cpu_initialization=True` (weights are
+initialised on the host instead of under its CUDA RNG tracker, which asserts "Torch not compiled with
+CUDA enabled" on a CPU build) and `gradient_accumulation_fusion=False` (a CUDA extension); its
+parallel_state builds gloo groups from the default process group. If it is missing or fails, its row
+is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hybrid.comm import Group
+from hybrid.mesh import Mesh, ParallelDims
+from hybrid.testing import run_distributed
+from hybrid.tp import ColumnParallelLinear, RowParallelLinear, TPContext, init_parameters
+
+TP = 2  # ranks of the MLP comparison
+NUM_HEADS, NUM_KV_HEADS = 4, 2  # of the model comparison (Llama uses grouped-query attention)
+
+# megatron-core warns at import (no Transformer Engine / Apex: it falls back to its local kernels)
+# and at the first backward; the spawned ranks re-import this module, so filter here.
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes of one run.
+
+    Attributes:
+        batch: sequences per step B.
+        seq: tokens per sequence T.
+        hidden: model width h (the MLP is h -> 4h -> h).
+        layers: Transformer blocks of the model comparison.
+        vocab: vocabulary of the model comparison (small, so the LM head does not dominate).
+    """
+
+    batch: int
+    seq: int
+    hidden: int
+    layers: int
+    vocab: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed step, in seconds: wall clock (perf_counter) and CPU time of the process (process_time)."""
+
+    wall: float
+    cpu: float
+
+
+def timed(fn: Callable[[], object]) -> Sample:
+    w0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return Sample(time.perf_counter() - w0, time.process_time() - c0)
+
+
+@dataclass
+class Row:
+    """One comparison: per-step samples of ours and the peer (the peer's empty, with the reason in
+    `skipped`, when it could not run)."""
+
+    name: str
+    peer: str
+    ours: list[Sample]
+    theirs: list[Sample]
+    skipped: str = ""
+
+    def ratio(self, stat: Callable[[list[float]], float], cpu: bool = False) -> float:
+        """stat(ours) / stat(peer) over wall (or CPU) seconds."""
+        pick = (lambda s: s.cpu) if cpu else (lambda s: s.wall)
+        return stat([pick(s) for s in self.ours]) / stat([pick(s) for s in self.theirs])
+
+    def paired_ratio(self) -> float:
+        """Median over rounds of ours_i / peer_i (wall): the two steps of a round ran back to back,
+        so a burst of outside load spoils one round's ratio, not a whole side's median."""
+        return statistics.median(a.wall / b.wall for a, b in zip(self.ours, self.theirs))
+
+
+def interleaved(steps: dict[str, Callable[[], Sample]], warmup: int, repeats: int,
+                log: Callable[[str], None]) -> dict[str, list[Sample]]:
+    """Run each step `warmup` times untimed, then `repeats` rounds of A, B, A, B, ...; each step
+    times itself (so it can leave set-up such as a barrier out)."""
+    for name, step in steps.items():
+        for _ in range(warmup):
+            step()
+        log(f"  {name}: warmed up ({warmup} steps)")
+    times: dict[str, list[Sample]] = {name: [] for name in steps}
+    for i in range(repeats):
+        for name, step in steps.items():
+            times[name].append(step())
+        if (i + 1) % max(1, repeats // 3) == 0 or i + 1 == repeats:
+            log("  %d/%d repeats, median so far: %s" % (i + 1, repeats, ", ".join(
+                f"{n} {1e3 * statistics.median(s.wall for s in t):.1f} ms" for n, t in times.items())))
+    return times
+
+
+# --- 1. MLP block at tp = 2 ------------------------------------------------------------------
+
+class HybridMLP(nn.Module):
+    """h -> 4h (column-parallel) -> GeLU -> h (row-parallel), batch-first (B, T, h)."""
+
+    def __init__(self, hidden: int, tp: TPContext):
+        super().__init__()
+        self.fc = ColumnParallelLinear(hidden, 4 * hidden, tp)
+        self.proj = RowParallelLinear(4 * hidden, hidden, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))  # (B, T, h), summed over TP
+
+
+class MegatronMLP(nn.Module):
+    """The same block from megatron-core's layers, sequence-first (T, B, h); uses megatron's global
+    parallel_state, which the caller initialises."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        from megatron.core import tensor_parallel
+        from megatron.core.model_parallel_config import ModelParallelConfig
+        config = ModelParallelConfig(
+            tensor_model_parallel_size=TP, sequence_parallel=False,
+            use_cpu_initialization=True,  # host init: no CUDA RNG tracker
+            perform_initialization=True, params_dtype=torch.float32,
+            gradient_accumulation_fusion=False)  # the fused wgrad GEMM is a CUDA extension
+        init = nn.init.xavier_normal_  # any; the benchmark copies these weights into ours
+        self.fc = tensor_parallel.ColumnParallelLinear(hidden, 4 * hidden, config=config, init_method=init,
+                                                       bias=True, gather_output=False)
+        self.proj = tensor_parallel.RowParallelLinear(4 * hidden, hidden, config=config, init_method=init,
+                                                      bias=True, input_is_parallel=True, skip_bias_add=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.fc(x)
+        y, _ = self.proj(F.gelu(y))
+        return y  # (T, B, h)
+
+
+def _timed_step(model: nn.Module, x: torch.Tensor, grad_out: torch.Tensor) -> Callable[[], Sample]:
+    """Forward + backward of the block; all ranks start together (barrier), each times itself."""
+    params = list(model.parameters())
+
+    def step() -> Sample:
+        for p in params + [x]:
+            p.grad = None
+        dist.barrier()
+        return timed(lambda: model(x).backward(grad_out))
+    return step
+
+
+def _mlp_rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dict:
+    """One rank of the MLP comparison: per-step seconds of each side, and why megatron was skipped."""
+    log = (lambda msg: print(msg, flush=True)) if rank == 0 else (lambda msg: None)
+    mesh = Mesh.build(ParallelDims.from_world(world, tp=world), device=torch.device("cpu"))
+    ours = HybridMLP(shape.hidden, TPContext(mesh.tp))
+    init_parameters(ours, seed=0, tp_rank=mesh.tp.rank)
+
+    gen = torch.Generator().manual_seed(1)  # same input on every rank (replicated activations)
+    x = torch.randn(shape.batch, shape.seq, shape.hidden, generator=gen).requires_grad_()  # (B, T, h)
+    grad_out = torch.randn(shape.batch, shape.seq, shape.hidden, generator=gen)
+    steps = {"ours": _timed_step(ours, x, grad_out)}
+
+    skipped, max_diff = "", float("nan")
+    try:
+        from megatron.core import parallel_state
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+        theirs = MegatronMLP(shape.hidden)
+        with torch.no_grad():  # identical shards: both split A by rows of (4h, h) and B by columns of (h, 4h)
+            for mine, peer in ((ours.fc, theirs.fc), (ours.proj, theirs.proj)):
+                mine.weight.copy_(peer.weight)
+                mine.bias.copy_(peer.bias)
+        x_sbh = x.detach().transpose(0, 1).contiguous().requires_grad_()  # (T, B, h)
+        with torch.no_grad():
+            max_diff = (ours(x) - theirs(x_sbh).transpose(0, 1)).abs().max().item()
+        steps["megatron"] = _timed_step(theirs, x_sbh, grad_out.transpose(0, 1).contiguous())
+    except Exception as e:  # missing package or no CPU path: report it, never invent numbers
+        skipped = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+        log(f"  megatron-core skipped: {skipped}")
+    if not skipped:
+        log(f"  same weights, same input: max |ours - megatron| = {max_diff:.2e}")
+    times = interleaved(steps, warmup, repeats, log)
+    # plain tuples: the parent unpickles them without this module's classes
+    return {"times": {side: [(t.wall, t.cpu) for t in ts] for side, ts in times.items()}, "skipped": skipped}
+
+
+def bench_mlp(shape: Shape, warmup: int, repeats: int) -> Row:
+    h = shape.hidden
+    name = f"MLP {h}->{4 * h}->{h} fwd+bwd, tp {TP}, (B, T) = ({shape.batch}, {shape.seq})"
+    peer = "megatron-core Column/RowParallelLinear"
+    print(f"[1/3] {name}: ours vs {peer} ({TP} gloo ranks)", flush=True)
+    results = run_distributed(_mlp_rank, TP, args=(shape, warmup, repeats), timeout=600)
+    # a step lasts as long as its slowest rank
+    per_step = {side: [Sample(max(w for w, _ in ss), max(c for _, c in ss))
+                       for ss in zip(*(r["times"][side] for r in results))]
+                for side in results[0]["times"]}
+    skipped = results[0]["skipped"]
+    return Row(name, peer, per_step["ours"], per_step.get("megatron", []), skipped)
+
+
+# --- 2. training step at tp = 1 against transformers -------------------------------------------
+
+def hf_configs(shape: Shape) -> dict:
+    """transformers configs of the two model families at the benchmark's size, no dropout."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    ffn = 64 * round(8 * shape.hidden / 3 / 64) or 64  # Llama's ~8h/3 SwiGLU width, a multiple of 64
+    gpt2 = GPT2Config(n_layer=shape.layers, n_embd=shape.hidden, n_head=NUM_HEADS, vocab_size=shape.vocab,
+                      n_positions=shape.seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                      bos_token_id=0, eos_token_id=0)
+    llama = LlamaConfig(num_hidden_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=NUM_HEADS,
+                        num_key_value_heads=NUM_KV_HEADS, intermediate_size=ffn, vocab_size=shape.vocab,
+                        max_position_embeddings=shape.seq, tie_word_embeddings=False,
+                        bos_token_id=0, eos_token_id=0)
+    return {"GPT-2": (GPT2LMHeadModel, gpt2), "Llama": (LlamaForCausalLM, llama)}
+
+
+def _train_step(loss_fn: Callable[[], torch.Tensor], opt: torch.optim.Optimizer) -> Callable[[], Sample]:
+    def step() -> None:
+        loss_fn().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return lambda: timed(step)
+
+
+def bench_model(label: str, index: int, shape: Shape, warmup: int, repeats: int) -> Row:
+    from transformers.utils import logging as hf_logging
+    from models import build_model, from_hf, shift_labels
+    from models.hf_io import load_hf_checkpoint
+    hf_logging.set_verbosity_error()  # "loss_type=None ... unrecognized" and the like
+    hf_logging.disable_progress_bar()  # save_pretrained's shard bar
+    cls, hf_cfg = hf_configs(shape)[label]
+    torch.manual_seed(0)
+    hf = cls(hf_cfg).train()
+    attn = hf.config._attn_implementation
+    with tempfile.TemporaryDirectory() as d:  # our model from transformers' weights
+        hf.save_pretrained(d)
+        ours = build_model(from_hf(hf_cfg), TPContext(Group.solo("tp")), seed=None).train()
+        load_hf_checkpoint(ours, d, tp_rank=0)
+    n_params = sum(p.numel() for p in hf.parameters())
+    name = (f"{label} train step (fwd+bwd+AdamW), tp 1, L={shape.layers} h={shape.hidden} "
+            f"V={shape.vocab} (B, T) = ({shape.batch}, {shape.seq})")
+    peer = f"transformers {cls.__name__} ({attn})"
+    print(f"[{index}/3] {name}, {n_params / 1e6:.1f}M params: ours vs {peer}", flush=True)
+
+    ids = torch.randint(0, shape.vocab, (shape.batch, shape.seq), generator=torch.Generator().manual_seed(2))
+    labels = shift_labels(ids)
+    with torch.no_grad():
+        l_ours, l_hf = ours(ids, labels).item(), hf(ids, labels=ids).loss.item()
+    print(f"  same weights, same batch: loss ours {l_ours:.6f}, transformers {l_hf:.6f}", flush=True)
+    steps = {"ours": _train_step(lambda: ours(ids, labels), torch.optim.AdamW(ours.parameters(), lr=1e-4)),
+             "transformers": _train_step(lambda: hf(ids, labels=ids).loss, torch.optim.AdamW(hf.parameters(), lr=1e-4))}
+    times = interleaved(steps, warmup, repeats, lambda msg: print(msg, flush=True))
+    return Row(name, peer, times["ours"], times["transformers"])
+
+
+# --- report ------------------------------------------------------------------------------------
+
+def _ms(samples: list[Sample]) -> str:
+    walls = [s.wall for s in samples]
+    return f"{1e3 * statistics.median(walls):.1f} / {1e3 * min(walls):.1f}"
+
+
+def table(rows: list[Row]) -> str:
+    """Wall-clock ms, the wall ratios (goal: median <= 1.0), and the CPU-time ratio."""
+    lines = ["| comparison | peer | ours ms (median / min) | peer ms (median / min) "
+             "| ours/peer (median) | ours/peer (min) | ours/peer (paired median) | ours/peer CPU time (median) "
+             "| goal <= 1.0 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.skipped:
+            lines.append(f"| {r.name} | {r.peer} | {_ms(r.ours)} | skipped: {r.skipped} | - | - | - | - | - |")
+            continue
+        ratio = r.ratio(statistics.median)
+        lines.append(f"| {r.name} | {r.peer} | {_ms(r.ours)} | {_ms(r.theirs)} | {ratio:.3f} "
+                     f"| {r.ratio(min):.3f} | {r.paired_ratio():.3f} | {r.ratio(statistics.median, cpu=True):.3f} "
+                     f"| {'met' if ratio <= 1.0 else 'missed'} |")
+    return "\n".join(lines)
+
+
+def _version(pkg: str) -> str:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _commit() -> str:
+    """The checkout benchmarked: short commit, "+ local changes" when tracked files differ from it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "diff", "--quiet", "HEAD"]).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + (" + local changes" if dirty else "")
+
+
+def report(rows: list[Row], args: argparse.Namespace, load: tuple[float, float]) -> str:
+    """Setup lines and the table; `load` is the 1-minute load average before and after the run
+    (above ~2 on this 2-core machine something else competed for the cores)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    command = "python scripts/bench_tp.py " + " ".join(sys.argv[1:])
+    return "\n".join([
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- machine: {os.cpu_count()}-core CPU ({cpu}), gloo, torch.set_num_threads(1) per process",
+        f"- versions: torch {torch.__version__}, megatron-core {_version('megatron-core')}, "
+        f"transformers {_version('transformers')}, python {platform.python_version()}",
+        f"- command: `{command.strip()}` at commit {_commit()}",
+        f"- timing: {args.warmup} warm-up steps, then interleaved (ABAB) repeats per side: {args.mlp_repeats} "
+        f"(MLP), {args.repeats} (training steps); 1-min load average {load[0]:.2f} before, {load[1]:.2f} after",
+        "",
+        table(rows),
+        "",
+    ])
+
+
+# --- command line ------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not the usage block
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = _Parser(prog="bench_tp.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=_positive, default=15, help="timed training steps per side (default 15)")
+    p.add_argument("--mlp-repeats", type=_positive, default=60,
+                   help="timed MLP steps per side (default 60; each is ~15x cheaper than a training step)")
+    p.add_argument("--warmup", type=_positive, default=3, help="untimed steps per side first (default 3)")
+    p.add_argument("--hidden", type=_positive, default=256, help="model width h (default 256)")
+    p.add_argument("--seq", type=_positive, default=256, help="tokens per sequence T (default 256)")
+    p.add_argument("--batch", type=_positive, default=4, help="sequences per step B (default 4)")
+    p.add_argument("--layers", type=_positive, default=4, help="Transformer blocks of the models (default 4)")
+    p.add_argument("--vocab", type=_positive, default=2048, help="vocabulary of the models (default 2048)")
+    p.add_argument("--out", metavar="FILE.md", help="also write the report (setup + table) as markdown")
+    args = p.parse_args(argv)
+    if args.hidden % (2 * NUM_HEADS) != 0:
+        p.error(f"--hidden {args.hidden}: must be a multiple of {2 * NUM_HEADS} "
+                f"({NUM_HEADS} heads of even width, for RoPE)")
+    if args.seq < 2:
+        p.error("--seq must be at least 2 (the loss predicts the next token)")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        p.error(f"--out {args.out}: directory does not exist")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    shape = Shape(batch=args.batch, seq=args.seq, hidden=args.hidden, layers=args.layers, vocab=args.vocab)
+    start = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    rows = [bench_mlp(shape, args.warmup, args.mlp_repeats)]
+    torch.set_num_threads(1)  # the same single thread per process as the TP ranks
+    for index, label in ((2, "GPT-2"), (3, "Llama")):
+        rows.append(bench_model(label, index, shape, args.warmup, args.repeats))
+    text = report(rows, args, (load_before, os.getloadavg()[0]))
+    print(f"\n{text}\ntotal {time.perf_counter() - start:.0f} s", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
