@@ -161,10 +161,10 @@ class PipelineExecutor:
         for a in run:
             key = (a.microbatch, a.chunk)
             if a.op is Op.SEND_ACT:
-                sends.append((st.outputs[key].detach(), a.peer))
+                sends.append((st.outputs[key].detach().contiguous(), a.peer))  # SP outputs are strided views
                 sent_outputs.append(st.outputs[key])
             elif a.op is Op.SEND_GRAD:
-                sends.append((st.grads.pop(key), a.peer))
+                sends.append((st.grads.pop(key).contiguous(), a.peer))
             else:
                 buf = torch.empty(self.io.shape, dtype=self.io.dtype, device=self.device)
                 recvs.append((buf, a.peer))
