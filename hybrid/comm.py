@@ -150,3 +150,41 @@ class Group:
     def barrier(self) -> None:
         if self.size > 1:
             dist.barrier(group=self.pg)
+
+    # --- asynchronous collectives into caller-owned buffers (ZeRO overlap) ------------------
+    # Each returns a work handle to `wait()` on before reading `out`; recorded on the ledger
+    # exactly as the blocking versions (same byte convention), at issue time.
+    def all_reduce_async(self, t: torch.Tensor, tag: str = "") -> "Work":
+        """In-place SUM over the group, returned before it completes."""
+        if self.size == 1:
+            return Work(None)
+        self.ledger.record("all_reduce", f"{self.name}:{tag}" if tag else self.name, _nbytes(t))
+        return Work(dist.all_reduce(t, group=self.pg, async_op=True))
+
+    def all_gather_into(self, out: torch.Tensor, shard: torch.Tensor) -> "Work":
+        """out (flat, size x shard) = every rank's `shard` concatenated in group order."""
+        if self.size == 1:
+            out.copy_(shard)
+            return Work(None)
+        self.ledger.record("all_gather", self.name, _nbytes(out))
+        return Work(_all_gather_single(out, shard, group=self.pg, async_op=True))
+
+    def reduce_scatter_into(self, out: torch.Tensor, full: torch.Tensor) -> "Work":
+        """out = this rank's 1/size slice (dim 0) of the SUM over ranks of `full`."""
+        if self.size == 1:
+            out.copy_(full)
+            return Work(None)
+        self.ledger.record("reduce_scatter", self.name, _nbytes(full))
+        return Work(_reduce_scatter_single(out, full, group=self.pg, async_op=True))
+
+
+@dataclass
+class Work:
+    """A pending collective (None: it already completed, e.g. on a group of size 1)."""
+
+    handle: object | None
+
+    def wait(self) -> None:
+        if self.handle is not None:
+            self.handle.wait()
+            self.handle = None

@@ -3,8 +3,9 @@
 After the last micro-batch's backward, gradients are packed into flat buckets of about
 `bucket_bytes` and each bucket is all-reduced over the DP group and divided by dp. One big
 all-reduce per bucket instead of one per parameter amortises each collective's fixed latency
-(the same reason torch DDP buckets at 25 MB). Overlapping the buckets with backward comes with
-the ZeRO work (issue: ZeRO stages 1-3), which replaces this class behind the same call.
+(the same reason torch DDP buckets at 25 MB). This is the reference implementation, kept for
+tests that compare against it; training uses `hybrid.zero.ZeroOptimizer` (stage 0 = this, with
+the buckets reduced from backward hooks so they overlap backward).
 
 Per step this moves 2(n-1)/n * Psi * bytes on the wire per rank (ring all-reduce of the
 Psi gradients this rank holds), recorded on the ledger as all_reduce@dp of Psi * bytes.
@@ -39,9 +40,22 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.
 class GradAverager:
     """Averages the gradients of `params` over the data-parallel group, bucket by bucket."""
 
+    loss_scale = 1.0  # no loss scaling (fp32)
+
     def __init__(self, params: Iterable[nn.Parameter], dp: Group, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
         self.dp = dp
         self.buckets = make_buckets([p for p in params if p.requires_grad], bucket_bytes)
+
+    def begin_step(self, num_micro_batches: int) -> None:
+        """Nothing to arm: this averager runs after backward."""
+
+    def finish_backward(self, model: nn.Module, mesh) -> None:
+        """After the last backward: TP partial sums, tied-embedding sums, then the DP average."""
+        from hybrid.tp import sync_partial_grads
+        from hybrid.training import sync_tied_embeddings
+        sync_partial_grads(model.parameters(), mesh.tp)
+        sync_tied_embeddings(model, mesh)
+        self()
 
     @torch.no_grad()
     def __call__(self) -> None:

@@ -16,9 +16,7 @@ from typing import Protocol, Sequence
 import torch
 import torch.nn as nn
 
-from hybrid.dp import GradAverager
 from hybrid.mesh import Mesh
-from hybrid.tp import sync_partial_grads
 
 
 @dataclass(frozen=True)
@@ -34,6 +32,8 @@ class OptimizerConfig:
         warmup_iters: linear warm-up steps (`--lr-warmup-iters`).
         decay_style: "constant" or "cosine" (`--lr-decay-style`), decaying to min_lr at train_iters.
         train_iters: total steps (`--train-iters`).
+        clip_grad: clip gradients to this global L2 norm, over every TP, PP and DP shard, each
+            logical element once (`--clip-grad`); 0 disables. Applied by the ZeRO optimizer.
     """
 
     lr: float = 1e-3
@@ -45,6 +45,7 @@ class OptimizerConfig:
     warmup_iters: int = 0
     decay_style: str = "cosine"
     train_iters: int = 100
+    clip_grad: float = 0.0
 
     def lr_at(self, it: int) -> float:
         if it < self.warmup_iters:
@@ -81,6 +82,17 @@ class ForwardBackward(Protocol):
     def forward_backward(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor: ...
 
 
+class GradSync(Protocol):
+    """Who makes gradients complete across ranks: `GradAverager` (after backward) or
+    `hybrid.zero.ZeroOptimizer` (from backward hooks, and also the optimizer)."""
+
+    loss_scale: float  # the loss was multiplied by this before backward (fp16); 1 otherwise
+
+    def begin_step(self, num_micro_batches: int) -> None: ...
+
+    def finish_backward(self, model: nn.Module, mesh: Mesh) -> None: ...
+
+
 @torch.no_grad()
 def sync_tied_embeddings(model: nn.Module, mesh: Mesh) -> None:
     """GPT-2's input embedding (first stage) and LM head (last stage) are one logical weight held
@@ -96,20 +108,22 @@ def sync_tied_embeddings(model: nn.Module, mesh: Mesh) -> None:
 
 
 def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], optimizer: torch.optim.Optimizer,
-               mesh: Mesh, averager: GradAverager, lr: float | None = None,
+               mesh: Mesh, averager: GradSync | None = None, lr: float | None = None,
                runner: ForwardBackward | None = None) -> float:
     """Forward/backward every micro-batch (through the pipeline executor when given), sync gradients
     over TP (partial sums), the embedding group (tied weights) and DP (average), then step.
+    `averager` None: the optimizer syncs its own gradients (a ZeroOptimizer).
     Returns the loss averaged over the global batch (the same number on every rank)."""
+    sync = averager if averager is not None else optimizer
     model.train()
     optimizer.zero_grad(set_to_none=True)
+    sync.begin_step(len(batches))
     loss = (runner or LocalForwardBackward(model, mesh.device)).forward_backward(batches)
-    sync_partial_grads(model.parameters(), mesh.tp)
-    sync_tied_embeddings(model, mesh)
-    averager()
+    sync.finish_backward(model, mesh)
     if lr is not None:
         for group in optimizer.param_groups:
             group["lr"] = lr
     optimizer.step()
+    loss = loss.float() / sync.loss_scale
     mesh.pp.all_reduce(loss, tag="metrics")  # only the last stage holds it
     return mesh.dp.all_reduce(loss, tag="metrics").item() / mesh.dp.size

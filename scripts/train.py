@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 8 scripts/train.py --tensor-model-parallel-size 2 \
         --pipeline-model-parallel-size 2 --micro-batch-size 2 --global-batch-size 16 --seq-length 128
 
-Flags follow Megatron-LM's names. The data-parallel size and the number of micro-batches are
+ZeRO (docs/zero.md): --zero-stage 0-3, --offload-optimizer, --offload-params, --bf16 / --fp16, --clip-grad,
+or --deepspeed-config ds.json. Flags follow Megatron-LM's names. The data-parallel size and the number of micro-batches are
 derived: dp = world / (tp * pp), micro-batches per step = global batch / (micro batch * dp). Every
 flag is checked before any process group starts; a bad one exits with a one-line error naming it.
 """
@@ -22,7 +23,6 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from hybrid.data import BYTE_VOCAB, BatchSpec, load_corpus, micro_batches  # noqa: E402
-from hybrid.dp import GradAverager  # noqa: E402
 from hybrid.mesh import Mesh, ParallelDims, default_backend, validate_model_dims  # noqa: E402
 from hybrid.partition import (PartitionMethod, parse_layers_per_stage, partition_layers,  # noqa: E402
                               stage_costs_from_config)
@@ -30,9 +30,11 @@ from hybrid.pipeline import ScheduleKind, build_schedule  # noqa: E402
 from hybrid.pipeline.executor import PipelineExecutor, StageIO  # noqa: E402
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace  # noqa: E402
 from hybrid.tp import TPContext  # noqa: E402
-from hybrid.training import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step  # noqa: E402
+from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step  # noqa: E402
 from models import build_pipeline_chunks, load_config  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
+from hybrid.zero import CpuAdam, Precision, ZeroConfig, ZeroOptimizer  # noqa: E402
+from hybrid.zero.ds_config import read_deepspeed_config  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,7 +67,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--weight-decay", type=float, default=0.01)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.95)
+    g.add_argument("--clip-grad", type=float, default=1.0, help="clip to this global gradient norm (0: off)")
     g.add_argument("--seed", type=int, default=1234)
+    g = p.add_argument_group("ZeRO and mixed precision")
+    g.add_argument("--zero-stage", type=int, default=0, help="0 DP, 1 optimizer states, 2 + gradients, 3 + parameters")
+    g.add_argument("--offload-optimizer", action="store_true", help="fp32 master weights, Adam and its step on the CPU")
+    g.add_argument("--offload-params", action="store_true", help="stage 3: parameter shards in CPU memory")
+    g.add_argument("--zero3-keep-gathered", action="store_true",
+                   help="stage 3: gather each layer once per step (all micro-batches), reduce-scatter once")
+    g.add_argument("--zero-bucket-bytes", type=int, default=25 * 2**20, help="stages 0-2 gradient bucket size")
+    g.add_argument("--cpu-adam", choices=[c.value for c in CpuAdam], default="auto",
+                   help="offloaded step: DeepSpeed's CPU Adam (auto: when it builds) or torch's")
+    g.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
+    g.add_argument("--fp16", action="store_true", help="fp16 compute, fp32 master weights, dynamic loss scaling")
+    g.add_argument("--deepspeed-config", default=None,
+                   help="DeepSpeed JSON: its zero_optimization / batch / clipping / bf16 / fp16 keys override the flags")
     g.add_argument("--log-interval", type=int, default=10)
     return p.parse_args(argv)
 
@@ -107,8 +123,46 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     return PipelinePlan(kind=kind, v=v, stages=stages)
 
 
+def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
+    """Overwrite the flags a DeepSpeed config sets; returns the keys it has that are not read."""
+    ds = read_deepspeed_config(args.deepspeed_config)
+    for attr, value in (("zero_stage", ds.zero_stage), ("offload_optimizer", ds.offload_optimizer),
+                        ("offload_params", ds.offload_params), ("micro_batch_size", ds.micro_batch),
+                        ("clip_grad", ds.clip_grad), ("bf16", ds.bf16), ("fp16", ds.fp16),
+                        ("zero_bucket_bytes", ds.bucket_bytes)):
+        if value is not None:
+            setattr(args, attr, value)
+    args.loss_scaling = {k: v for k, v in (("initial_loss_scale", ds.initial_loss_scale),
+                                           ("loss_scale_window", ds.loss_scale_window),
+                                           ("min_loss_scale", ds.min_loss_scale)) if v is not None}
+    dp = world // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size) or 1
+    if ds.accumulation is not None:
+        args.global_batch_size = args.micro_batch_size * dp * ds.accumulation
+    if ds.train_batch is not None:
+        if args.global_batch_size is not None and ds.train_batch != args.global_batch_size:
+            raise ValueError(f"--deepspeed-config: train_batch_size {ds.train_batch} != train_micro_batch_size_per_gpu "
+                             f"x gradient_accumulation_steps x dp = {args.global_batch_size}; make them agree")
+        args.global_batch_size = ds.train_batch
+    return ds.unsupported
+
+
+def check_zero(args: argparse.Namespace) -> ZeroConfig:
+    if args.bf16 and args.fp16:
+        raise ValueError("--bf16 and --fp16 are exclusive; choose one")
+    if args.clip_grad < 0:
+        raise ValueError(f"--clip-grad must be >= 0 (0 disables clipping), got {args.clip_grad}")
+    precision = Precision.BF16 if args.bf16 else Precision.FP16 if args.fp16 else Precision.FP32
+    return ZeroConfig(stage=args.zero_stage, precision=precision, offload_optimizer=args.offload_optimizer,
+                      offload_params=args.offload_params, keep_gathered=args.zero3_keep_gathered,
+                      bucket_bytes=args.zero_bucket_bytes, cpu_adam=CpuAdam(args.cpu_adam),
+                      **getattr(args, "loss_scaling", {}))
+
+
 def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, ParallelDims, BatchSpec, PipelinePlan]:
-    """Every check that needs no process group; raises ValueError naming the flag and the fix."""
+    """Every check that needs no process group; raises ValueError naming the flag and the fix.
+    Also sets `args.zero` (the ZeroConfig) and `args.ds_unsupported` (DeepSpeed keys not read)."""
+    args.ds_unsupported = apply_deepspeed_config(args, world) if args.deepspeed_config else []
+    args.zero = check_zero(args)
     for flag in ("seq_length", "micro_batch_size", "train_iters", "log_interval"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
@@ -145,6 +199,9 @@ def main(argv: list[str] | None = None) -> None:
         corpus = load_corpus(args.data_path)
     except ValueError as e:
         raise SystemExit(f"train.py: error: {e}") from None
+    if args.ds_unsupported and int(os.environ.get("RANK", "0")) == 0:
+        print(f"train.py: warning: --deepspeed-config keys not supported, ignored: {', '.join(args.ds_unsupported)}",
+              file=sys.stderr, flush=True)
 
     backend, device = default_backend()
     if device.type == "cpu":
@@ -171,8 +228,8 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
         return model, LocalForwardBackward(model[0], mesh.device)
     seq = batch.seq_length // (dims.tp if args.sequence_parallel else 1)
     schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
-    return model, PipelineExecutor(model, schedule, mesh.pp, StageIO((batch.micro_batch, seq, cfg.hidden_size)),
-                                   mesh.device, record_timeline=bool(args.timeline))
+    io = StageIO((batch.micro_batch, seq, cfg.hidden_size), args.zero.precision.dtype)  # activations in compute dtype
+    return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device, record_timeline=bool(args.timeline))
 
 
 def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, corpus: torch.Tensor,
@@ -182,9 +239,8 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     model, runner = build_runner(args, cfg, mesh, tp, batch, plan)
     opt_cfg = OptimizerConfig(lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
                               beta1=args.adam_beta1, beta2=args.adam_beta2, warmup_iters=args.lr_warmup_iters,
-                              decay_style=args.lr_decay_style, train_iters=args.train_iters)
-    optimizer = build_optimizer(model, opt_cfg)
-    averager = GradAverager(model.parameters(), mesh.dp)
+                              decay_style=args.lr_decay_style, train_iters=args.train_iters, clip_grad=args.clip_grad)
+    optimizer = ZeroOptimizer(model, mesh, args.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
 
     local = sum(p.numel() for p in model.parameters())
     pipe = (f" x pp {dims.pp} ({plan.kind.value}{f', v {plan.v}' if plan.v > 1 else ''}, layers "
@@ -193,15 +249,23 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
                f"tp {dims.tp}{' +sp' if args.sequence_parallel else ''}{pipe} x dp {dims.dp} on {dims.world} "
                f"{device.type} ranks | global batch {batch.global_batch} = micro {batch.micro_batch} x dp "
                f"{dims.dp} x {batch.num_micro_batches} micro-batches | seq {batch.seq_length}")
+    z = args.zero
+    log0(mesh, f"zero: stage {z.stage} | {z.precision.value}{' | offload optimizer (' + optimizer.optimizer_kind + ')' if z.offload_optimizer else ''}"
+               f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
+               f" | clip-grad {args.clip_grad}")
     tokens_per_step = batch.global_batch * batch.seq_length
     t0 = time.perf_counter()
     for it in range(args.train_iters):
         batches = micro_batches(corpus, batch, args.seed, it, mesh.coords.dp)
-        loss = train_step(model, batches, optimizer, mesh, averager, lr=opt_cfg.lr_at(it), runner=runner)
+        loss = train_step(model, batches, optimizer, mesh, lr=opt_cfg.lr_at(it), runner=runner)
         if (it + 1) % args.log_interval == 0 or it + 1 == args.train_iters:
             dt = (time.perf_counter() - t0) / args.log_interval
+            rep = optimizer.last_report
+            extra = f" | grad norm {rep.grad_norm:.3f}" if rep.grad_norm is not None else ""
+            if z.precision is Precision.FP16:
+                extra += f" | loss scale {rep.loss_scale:g} | skipped {optimizer.skipped_steps}"
             log0(mesh, f" iteration {it + 1:>6}/{args.train_iters} | lm loss {loss:.4f} | "
-                       f"lr {opt_cfg.lr_at(it):.3e} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s")
+                       f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s")
             t0 = time.perf_counter()
     if args.timeline:
         save_timeline(args.timeline, runner, mesh, plan)

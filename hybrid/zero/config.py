@@ -1,0 +1,85 @@
+"""ZeRO configuration: one typed dataclass, validated on construction (flags named in errors)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+
+class Precision(str, enum.Enum):
+    """Dtype of the parameters the forward/backward uses (and of gradients and their collectives)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"  # `--bf16`: fp32 master weights, no loss scaling (bf16 has fp32's exponent range)
+    FP16 = "fp16"  # `--fp16`: fp32 master weights and dynamic loss scaling
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
+
+
+class CpuAdam(str, enum.Enum):
+    """Which AdamW runs an offloaded optimizer step."""
+
+    AUTO = "auto"  # DeepSpeed's CPU Adam when it builds, torch's otherwise
+    DEEPSPEED = "deepspeed"  # deepspeed.ops.adam.DeepSpeedCPUAdam (AVX C++ kernel, built on first use)
+    TORCH = "torch"  # torch.optim.AdamW, fused CPU kernel
+    TORCH_LOOP = "torch-loop"  # torch.optim.AdamW's per-tensor loop: the kernel the non-offloaded path
+    #                            runs on CPU, so offloading changes no rounding (tests); slowest
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """How model state is partitioned over the data-parallel group (Rajbhandari et al. 2020).
+
+    Attributes:
+        stage: 0 = plain data parallelism (gradients all-reduced, everything replicated);
+            1 = optimizer states (and fp32 master weights) sharded; 2 = gradients sharded too;
+            3 = parameters sharded too, gathered per layer just before use (`--zero-stage`).
+        precision: compute dtype of parameters and gradients (`--bf16`, `--fp16`).
+        offload_optimizer: fp32 master weights, Adam moments and the optimizer step live in host
+            memory (`--offload-optimizer`); pinned when the model is on a GPU.
+        offload_params: stage 3 only: parameter shards live in host memory and are copied to the
+            device per layer, just before the all-gather (`--offload-params`).
+        keep_gathered: stage 3 with gradient accumulation (pipelines): gather each layer once per
+            step and keep it through every micro-batch; gradients accumulate at full size and are
+            reduce-scattered once, after the last micro-batch (`--zero3-keep-gathered`). Trades
+            stage-1 memory during the step for 2 Psi instead of 3 m Psi traffic.
+        bucket_bytes: stages 0-2: gradients are reduced in buckets of about this many bytes,
+            launched as backward produces them (`--zero-bucket-bytes`).
+        cpu_adam: the optimizer used when offloading (see CpuAdam).
+        initial_loss_scale: fp16: first loss scale (power of two).
+        loss_scale_window: fp16: steps without overflow before the scale doubles.
+        min_loss_scale: fp16: the scale never halves below this.
+    """
+
+    stage: int = 0
+    precision: Precision = Precision.FP32
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    keep_gathered: bool = False
+    bucket_bytes: int = 25 * 2**20
+    cpu_adam: CpuAdam = CpuAdam.AUTO
+    initial_loss_scale: float = 2.0**16
+    loss_scale_window: int = 1000
+    min_loss_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.stage not in (0, 1, 2, 3):
+            raise ValueError(f"--zero-stage must be 0, 1, 2 or 3, got {self.stage}")
+        if self.offload_params and self.stage != 3:
+            raise ValueError(f"--offload-params needs --zero-stage 3 (got stage {self.stage}): "
+                             "only stage 3 partitions the parameters")
+        if self.keep_gathered and self.stage != 3:
+            raise ValueError("--zero3-keep-gathered applies to --zero-stage 3 only")
+        if self.bucket_bytes < 1:
+            raise ValueError(f"--zero-bucket-bytes must be >= 1, got {self.bucket_bytes}")
+        if self.initial_loss_scale <= 0 or self.min_loss_scale <= 0 or self.loss_scale_window < 1:
+            raise ValueError("loss scaling: initial and minimum scale must be > 0 and the window >= 1")
+
+    @property
+    def sharded(self) -> bool:
+        """Optimizer state partitioned over DP (stages 1-3)."""
+        return self.stage >= 1

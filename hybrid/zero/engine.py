@@ -1,0 +1,459 @@
+"""ZeRO data parallelism (stages 0-3) as one optimizer that also owns gradient synchronisation.
+
+    zero = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=3), OptimizerConfig(lr=1e-3))
+    loss = train_step(chunks, batches, zero, mesh, runner=runner)   # begin / backward / finish / step
+
+What each rank keeps (Psi = this rank's TP/PP share of the parameters, n = DP size, b = bytes of
+the compute dtype, K = 12 with fp32 master weights (mixed precision), 8 without):
+
+    stage 0   params b Psi     grads b Psi     master + Adam K Psi        all-reduce grads
+    stage 1   params b Psi     grads b Psi     master + Adam K Psi / n    reduce-scatter grads, all-gather params
+    stage 2   params b Psi     grads b Psi/n   master + Adam K Psi / n    reduce-scatter grads as produced
+    stage 3   params b Psi/n   grads b Psi/n   master + Adam K Psi / n    + all-gather each layer before use
+
+Gradient synchronisation runs from autograd's post-accumulate-grad hooks: a unit (a bucket of
+~bucket_bytes for stages 0-2, one Transformer block or the chunk's remaining parameters for stage
+3) is reduced as soon as backward has produced all its gradients -- for stages 0-1 on the last
+micro-batch only (gradients accumulate in the full buffer), for stages 2-3 every micro-batch (the
+full gradient is dropped after each reduce-scatter; the shard accumulates). Collectives are posted
+asynchronously and waited for after backward, so they overlap the rest of backward. Hooks fire in
+the same order on every DP rank (identical graphs), so every rank posts the same collective
+sequence.
+
+Two kinds of gradient need more than DP before they are complete, and both are linear sums, so
+their order against the DP sum is free:
+  * TP partial gradients (sequence-parallel norms, replicated kv-heads): summed over TP inside the
+    hook, just before the unit's DP reduction (every TP rank runs the same hooks in the same order);
+  * tied embeddings (the first and last pipeline stage hold one logical weight): summed over the
+    embedding group, which spans pipeline stages that are at different points of backward -- a
+    collective from inside a hook could deadlock -- so their unit is `deferred`: reduced once after
+    the whole forward/backward, as the pre-ZeRO code did.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn as nn
+
+from hybrid.comm import Group
+from hybrid.mesh import Mesh
+from hybrid.tp import sync_partial_grads
+from hybrid.training import OptimizerConfig, sync_tied_embeddings
+from hybrid.zero.config import CpuAdam, Precision, ZeroConfig
+from hybrid.zero.units import FlatUnit
+
+MAX_IN_FLIGHT = 4  # reductions posted before the oldest is waited for (bounds the full-size temporaries)
+BLOCK_CONTAINERS = ("h", "layers")  # where each model keeps its Transformer blocks: GPT-2, Llama
+Blocks = list[tuple[nn.Module, FlatUnit]]  # stage 3: each block with its unit, in forward order
+Stage3Chunk = tuple[nn.Module, list[FlatUnit], Blocks]  # a chunk, its root units (+ tied), its blocks
+
+
+def block_modules(chunk: nn.Module) -> list[nn.Module]:
+    """The Transformer blocks of one model chunk, in forward order (stage 3's per-layer units)."""
+    for name in BLOCK_CONTAINERS:
+        blocks = getattr(chunk, name, None)
+        if isinstance(blocks, nn.ModuleDict):
+            return list(blocks.values())
+    return []
+
+
+def tied_weight(chunk: nn.Module) -> torch.Tensor | None:
+    fn = getattr(chunk, "tied_embedding_weight", None)
+    return fn() if fn is not None else None
+
+
+@dataclass
+class StepReport:
+    """What one optimizer step did."""
+
+    grad_norm: float | None  # global L2 norm before clipping (None unless clipping)
+    skipped: bool  # fp16 overflow: no update, the loss scale was halved
+    loss_scale: float
+
+
+class ZeroOptimizer:
+    """AdamW over ZeRO-partitioned fp32 master shards, plus the gradient sync that feeds it.
+
+    `model` is a pipeline rank's `nn.ModuleList` of chunks (or one module). The model's parameters
+    become views into flat compute-dtype buffers (cast here for --bf16/--fp16); the fp32 values
+    they held become the master weights.
+    """
+
+    def __init__(self, model: nn.Module, mesh: Mesh, cfg: ZeroConfig, opt_cfg: OptimizerConfig) -> None:
+        self.model, self.mesh, self.cfg, self.opt_cfg = model, mesh, cfg, opt_cfg
+        self.chunks = list(model) if isinstance(model, nn.ModuleList) else [model]
+        self.dp: Group = mesh.dp
+        self.device = mesh.device
+        self.dtype = cfg.precision.dtype
+        self.offload_device = torch.device("cpu")
+        self.pin = self.device.type == "cuda"
+        self.loss_scale = cfg.initial_loss_scale if cfg.precision is Precision.FP16 else 1.0
+        self.good_steps = self.skipped_steps = 0
+        self.last_report: StepReport | None = None
+        self._m = 1  # micro-batches of the current step
+        self._armed = False
+        self._pending: list[tuple[FlatUnit, object, torch.Tensor | None, torch.Tensor | None]] = []
+        self._launches: dict[int, int] = {}
+        self.units, self.stage3_plan = self._build_units()
+        for u in self.units:
+            self._init_unit(u)
+        self.optimizer, self.optimizer_kind = self._build_optimizer()
+        self._register_hooks()
+
+    # --- construction ------------------------------------------------------------------------
+    @property
+    def parts(self) -> int:
+        return self.dp.size if self.cfg.sharded else 1
+
+    def _unit(self, name: str, params: list[nn.Parameter], deferred: bool = False) -> FlatUnit:
+        return FlatUnit(name, params, parts=self.parts, part=self.dp.rank if self.cfg.sharded else 0,
+                        deferred=deferred)
+
+    def _build_units(self) -> tuple[list[FlatUnit], list[Stage3Chunk]]:
+        """Tied embeddings in their own deferred unit; stage 3: one unit per block plus one for each
+        chunk's remaining parameters; stages 0-2: buckets in backward order (last chunk, last
+        parameter first)."""
+        units, plan = [], []
+        self.duplicates: set[int] = set()
+        for c, chunk in reversed(list(enumerate(self.chunks))):
+            tied = tied_weight(chunk)
+            stage = getattr(chunk, "stage", None)
+            if tied is not None and stage is not None and not stage.first:
+                self.duplicates.add(id(tied))  # the LM-head copy: counted once, on the first stage
+            roots = [self._unit(f"chunk{c}.tied", [tied], deferred=True)] if tied is not None else []
+            rest = [p for p in chunk.parameters() if p is not tied and p.requires_grad]
+            if self.cfg.stage == 3:
+                blocks = [(b, self._unit(f"chunk{c}.block{i}", list(b.parameters())))
+                          for i, b in enumerate(block_modules(chunk))]
+                in_blocks = {id(p) for _, u in blocks for p in u.params}
+                root = [p for p in rest if id(p) not in in_blocks]
+                roots += [self._unit(f"chunk{c}.root", root)] if root else []
+                plan.append((chunk, roots, blocks))
+                units += roots + [u for _, u in blocks]
+            else:
+                units += roots + [self._unit(f"chunk{c}.bucket{i}", b)
+                                  for i, b in enumerate(_buckets(rest, self.cfg.bucket_bytes, self.dtype))]
+        return units, plan
+
+    def _init_unit(self, u: FlatUnit) -> None:
+        """Flat compute-dtype parameters, this rank's shard, gradient buffers and the fp32 master."""
+        values = u.flatten_values()  # fp32, padded
+        u.bind(values.to(self.dtype) if self.dtype != torch.float32 else values)
+        a, b = u.shard_range
+        offload_params = self.cfg.offload_params
+        if self.cfg.stage == 3:
+            u.shard = self._place(u.flat[a:b].clone(), offload_params)
+            u.free()
+        else:
+            u.shard = u.flat[a:b]
+        # fp32 shards that already sit where the optimizer runs are their own master weights
+        if self.dtype == torch.float32 and offload_params == self.cfg.offload_optimizer:
+            u.master = u.shard
+        else:
+            u.master = self._place(values[a:b].clone(), self.cfg.offload_optimizer)
+        if self.cfg.stage <= 1:
+            u.flat_grad = torch.zeros(u.padded, dtype=self.dtype, device=self.device)
+            u.bind_grads()
+            u.grad_shard = u.flat_grad[a:b]
+        else:
+            u.grad_shard = torch.zeros(u.shard_numel, dtype=self.dtype, device=self.device)
+        u.make_segments(self.mesh.tp, self.duplicates)
+        u.views = [u.master[s.lo:s.hi] for s in u.segments]
+
+    def _place(self, t: torch.Tensor, offload: bool) -> torch.Tensor:
+        if not offload:
+            return t
+        t = t.to(self.offload_device)
+        return t.pin_memory() if self.pin else t
+
+    def _master_grad_is_view(self, u: FlatUnit) -> bool:
+        """fp32 on the device: the reduced gradient shard is the master gradient (no copy)."""
+        return u.master is u.shard and not self.cfg.offload_optimizer and self.dtype == torch.float32
+
+    def _build_optimizer(self) -> tuple[torch.optim.Optimizer, str]:
+        """AdamW over the master segments, decay on matrices only (as training.build_optimizer)."""
+        decay = [v for u in self.units for v, s in zip(u.views, u.segments) if s.decay]
+        no_decay = [v for u in self.units for v, s in zip(u.views, u.segments) if not s.decay]
+        groups = [{"params": decay, "weight_decay": self.opt_cfg.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+        kw = dict(lr=self.opt_cfg.lr, betas=(self.opt_cfg.beta1, self.opt_cfg.beta2), eps=self.opt_cfg.eps)
+        if not self.cfg.offload_optimizer:
+            return torch.optim.AdamW(groups, **kw), "torch"
+        return cpu_adamw(groups, self.cfg.cpu_adam, **kw)
+
+    # --- hooks -------------------------------------------------------------------------------
+    def _register_hooks(self) -> None:
+        for u in self.units:
+            for p in u.params:
+                p.register_post_accumulate_grad_hook(partial(self._on_grad, u))
+        if self.cfg.precision is Precision.FP16:
+            for chunk in self.chunks:
+                if getattr(getattr(chunk, "stage", None), "last", True):
+                    chunk.register_forward_hook(self._scale_loss)
+        if self.cfg.stage == 3:
+            for chunk, roots, blocks in self.stage3_plan:
+                self._register_stage3(chunk, roots, blocks)
+
+    def _scale_loss(self, module: nn.Module, args, out):
+        """fp16: the loss times the loss scale, so small gradients survive fp16's range."""
+        return out * self.loss_scale if torch.is_tensor(out) and out.dim() == 0 else None
+
+    def _register_stage3(self, chunk: nn.Module, roots: list[FlatUnit], blocks: Blocks) -> None:
+        """Gather just before use, prefetch the next unit, free after use -- forward and backward.
+        The chunk's own (root) parameters -- embeddings, final norm, head -- are held for the
+        chunk's whole forward and whole backward, since they are used at both ends."""
+        units = [u for _, u in blocks]
+        first = units[:1]
+        last = units[-1:]
+        chunk.register_forward_pre_hook(lambda m, a: self._gather(roots, first))
+        chunk.register_forward_hook(lambda m, a, out: self._after_forward(roots, out, last))
+        for i, (block, u) in enumerate(blocks):
+            nxt, prev = units[i + 1:i + 2], units[max(0, i - 1):i] if i else []
+            block.register_forward_pre_hook(lambda m, a, u=u, nxt=nxt: self._gather([u], nxt))
+            block.register_forward_hook(lambda m, a, out, u=u, prev=prev: self._after_forward([u], out, prev))
+
+    def _gather(self, units: list[FlatUnit], prefetch: list[FlatUnit]) -> None:
+        for u in units:
+            u.finish_gather(self.dp, self.device)
+        for u in prefetch:  # posted now, waited for when that unit runs: overlaps this one's compute
+            u.start_gather(self.dp, self.device)
+
+    def _after_forward(self, units: list[FlatUnit], out, prefetch: list[FlatUnit]):
+        if not self.cfg.keep_gathered:
+            for u in units:
+                u.free()
+        if torch.is_tensor(out) and out.requires_grad:
+            # fires when the gradient w.r.t. this output exists: just before these units' backward
+            out.register_hook(lambda g: self._gather(units, prefetch))
+        return None
+
+    def _on_grad(self, u: FlatUnit, p: nn.Parameter) -> None:
+        """Post-accumulate-grad hook: reduce `u` once backward has produced all its gradients."""
+        if not self._armed:
+            return
+        u.fired += 1
+        per_micro_batch = self.cfg.stage >= 2 and not self.cfg.keep_gathered
+        if u.fired < len(u.params) * (1 if per_micro_batch else self._m):
+            return
+        u.fired = 0
+        if not (u.deferred or self.cfg.keep_gathered):
+            sync_partial_grads(u.params, self.mesh.tp)
+            self._launch(u)
+        if self.cfg.stage == 3 and not self.cfg.keep_gathered:
+            u.free()
+
+    # --- gradient reduction ------------------------------------------------------------------
+    def _launch(self, u: FlatUnit) -> None:
+        """Post u's DP reduction: all-reduce (stage 0), or reduce-scatter to this rank's shard."""
+        self._launches[id(u)] = self._launches.get(id(u), 0) + 1
+        if self.cfg.stage == 0:
+            self._pending.append((u, self.dp.all_reduce_async(u.flat_grad), None, None))
+        else:
+            full = u.flat_grad if self.cfg.stage == 1 else u.flatten_grads()  # 2-3: full grad freed here
+            out = torch.empty(u.shard_numel, dtype=self.dtype, device=self.device)
+            self._pending.append((u, self.dp.reduce_scatter_into(out, full), out, full))
+        while len(self._pending) > MAX_IN_FLIGHT:
+            self._complete(self._pending.pop(0))
+
+    def _complete(self, entry) -> None:
+        u, work, out, _full = entry
+        work.wait()
+        if out is None:  # stage 0: flat_grad reduced in place
+            return
+        if self.cfg.stage == 1:
+            u.grad_shard.copy_(out)
+        else:
+            u.grad_shard.add_(out)  # accumulate over micro-batches
+
+    def _drain(self) -> None:
+        while self._pending:
+            self._complete(self._pending.pop(0))
+
+    def begin_step(self, num_micro_batches: int) -> None:
+        """Arm the hooks for a step of `num_micro_batches` backward passes."""
+        self._m, self._armed, self._launches = num_micro_batches, True, {}
+        for u in self.units:
+            u.fired = 0
+
+    def finish_backward(self, model: nn.Module | None = None, mesh: Mesh | None = None) -> None:
+        """After the last backward: wait for the hooked reductions, then reduce the deferred units
+        (tied embeddings; every unit under keep_gathered) after their TP and embedding-group sums."""
+        self._drain()
+        late = [u for u in self.units if u.deferred or self.cfg.keep_gathered]
+        sync_partial_grads([p for u in late for p in u.params], self.mesh.tp)
+        sync_tied_embeddings(nn.ModuleList(self.chunks), self.mesh)
+        for u in late:
+            self._launch(u)
+        self._drain()
+        if self.cfg.stage == 3 and self.cfg.keep_gathered:
+            for u in self.units:
+                u.free()
+        self._armed = False
+        self._check_every_unit_reduced()
+
+    def _check_every_unit_reduced(self) -> None:
+        per_mb = self.cfg.stage >= 2 and not self.cfg.keep_gathered
+        for u in self.units:
+            want = self._m if per_mb and not u.deferred else 1
+            if self._launches.get(id(u), 0) != want:
+                raise RuntimeError(f"ZeRO unit {u.name} was reduced {self._launches.get(id(u), 0)} times this step, "
+                                   f"expected {want}: did every micro-batch run backward through it?")
+
+    # --- the optimizer step ------------------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for u in self.units:
+            u.grad_shard.zero_()
+            if u.flat_grad is not None:
+                u.flat_grad.zero_()
+                u.bind_grads()
+            else:
+                for p in u.params:
+                    p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> StepReport:
+        """Unscale and average the reduced gradients into fp32 master gradients, skip on fp16
+        overflow, clip by the global norm, AdamW on the master shards, write the new values back
+        to the compute-dtype parameters (stages 1-2: all-gathered to every rank)."""
+        self._make_master_grads()
+        skipped = self.cfg.precision is Precision.FP16 and self._overflow()
+        norm = None
+        if not skipped:
+            if self.opt_cfg.clip_grad > 0:
+                norm = self._clip(self.opt_cfg.clip_grad)
+            self.optimizer.step()
+            self._write_back()
+        self._update_loss_scale(skipped)
+        for u in self.units:
+            for v in u.views:
+                v.grad = None
+            if not self._master_grad_is_view(u):
+                u.master_grad = None
+        self.last_report = StepReport(grad_norm=norm, skipped=skipped, loss_scale=self.loss_scale)
+        return self.last_report
+
+    def _make_master_grads(self) -> None:
+        # the DP sum / n is the mean over the global batch; / loss scale undoes fp16 scaling
+        # (n and the scale are powers of two in practice, so this division is exact)
+        div = self.dp.size * self.loss_scale
+        for u in self.units:
+            if self._master_grad_is_view(u):
+                u.master_grad = u.grad_shard.div_(div)
+            else:
+                u.master_grad = u.grad_shard.to(u.master.device, torch.float32, copy=True).div_(div)
+            for v, s in zip(u.views, u.segments):
+                v.grad = u.master_grad[s.lo:s.hi]
+
+    def _all_ranks_sum(self, t: torch.Tensor, tag: str) -> torch.Tensor:
+        """Sum over TP, PP and (when the optimizer state is sharded) DP: over every shard once."""
+        t = t.to(self.device)
+        self.mesh.tp.all_reduce(t, tag=tag)
+        self.mesh.pp.all_reduce(t, tag=tag)
+        if self.cfg.sharded:
+            self.dp.all_reduce(t, tag=tag)
+        return t
+
+    def _overflow(self) -> bool:
+        bad = sum(float(not torch.isfinite(u.master_grad).all()) for u in self.units)
+        return self._all_ranks_sum(torch.tensor([bad], dtype=torch.float32), "overflow").item() > 0
+
+    def _clip(self, max_norm: float) -> float:
+        """||g|| over all TP, PP and DP shards, each logical element once (Segment.norm_weight);
+        scale by max_norm / (||g|| + 1e-6) when that is < 1 (torch's clip_grad_norm_)."""
+        local = torch.zeros((), dtype=torch.float64)
+        for u in self.units:
+            for s in u.segments:
+                if s.norm_weight:
+                    local += u.master_grad[s.lo:s.hi].double().square().sum().cpu() * s.norm_weight
+        norm = math.sqrt(self._all_ranks_sum(local.reshape(1), "clip").item())
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for u in self.units:
+                u.master_grad.mul_(coef)
+        return norm
+
+    def _write_back(self) -> None:
+        for u in self.units:
+            if u.master is not u.shard:
+                u.shard.copy_(u.master, non_blocking=self.pin)  # fp32 -> compute dtype, host -> device
+            if self.cfg.stage in (1, 2):  # every rank needs the whole updated unit
+                self.dp.all_gather_into(u.flat, u.shard.clone()).wait()
+
+    def _update_loss_scale(self, skipped: bool) -> None:
+        """Dynamic loss scaling: halve on overflow (the step is skipped), double after a window of
+        good steps."""
+        if self.cfg.precision is not Precision.FP16:
+            return
+        if skipped:
+            self.skipped_steps += 1
+            self.good_steps = 0
+            self.loss_scale = max(self.loss_scale / 2, self.cfg.min_loss_scale)
+        else:
+            self.good_steps += 1
+            if self.good_steps % self.cfg.loss_scale_window == 0:
+                self.loss_scale *= 2
+
+    @contextmanager
+    def gathered(self):
+        """Stage 3: every unit's full parameters inside the block (to read or save the weights)."""
+        if self.cfg.stage != 3:
+            yield
+            return
+        for u in self.units:
+            u.finish_gather(self.dp, self.device)
+        try:
+            yield
+        finally:
+            for u in self.units:
+                u.free()
+
+    # --- accounting ----------------------------------------------------------------------------
+    @property
+    def numel(self) -> int:
+        """Psi: parameters of this rank (its TP/PP share), unpadded."""
+        return sum(u.numel for u in self.units)
+
+    @property
+    def padded_numel(self) -> int:
+        return sum(u.padded for u in self.units)
+
+
+def _buckets(params: list[nn.Parameter], bucket_bytes: int, dtype: torch.dtype) -> list[list[nn.Parameter]]:
+    """Consecutive parameters in reverse registration order (the order backward produces them),
+    grouped until a bucket reaches `bucket_bytes`."""
+    size_of = torch.empty((), dtype=dtype).element_size()
+    out: list[list[nn.Parameter]] = [[]]
+    size = 0
+    for p in reversed(params):
+        if out[-1] and size + p.numel() * size_of > bucket_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += p.numel() * size_of
+    return [b for b in out if b]
+
+
+def cpu_adamw(groups: list[dict], which: CpuAdam, lr: float, betas: tuple[float, float],
+              eps: float) -> tuple[torch.optim.Optimizer, str]:
+    """DeepSpeed's CPU Adam (AVX kernel, one pass over m, v and the weights) when asked for or
+    when `auto` and it builds; torch's fused CPU AdamW otherwise."""
+    if which is CpuAdam.TORCH_LOOP:
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, foreach=False), "torch-loop"
+    if which is not CpuAdam.TORCH:
+        try:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+            return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True), "deepspeed-cpu-adam"
+        except Exception as e:  # no compiler, no deepspeed: fall back, unless it was asked for by name
+            if which is CpuAdam.DEEPSPEED:
+                raise RuntimeError(f"--cpu-adam deepspeed: DeepSpeedCPUAdam failed to build: {e}") from e
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True), "torch-fused"

@@ -1,0 +1,162 @@
+"""Flat units: the granularity at which ZeRO communicates and partitions.
+
+A unit is a list of parameters laid end to end in one flat buffer, padded to a multiple of the
+data-parallel size n so it splits into n equal shards (ZeRO's partition):
+
+    flat = [p_0 | p_1 | ... | p_k | pad],   numel(flat) = n S,   rank r owns flat[r S : (r+1) S]
+
+Each parameter's `.data` is a view into `flat`, so the model's forward reads the flat buffer with
+no copy. Stage 3 frees the buffer between uses by shrinking its *storage* to 0 bytes
+(`untyped_storage().resize_(0)`, as torch FSDP1 does): the views, and every view autograd saved for
+backward, keep pointing at that storage, so refilling it (all-gather) before backward makes them
+valid again without touching the autograd graph.
+
+Stage 0 is the degenerate partition n = 1: one shard, the whole unit.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from hybrid.comm import Group, Work
+from hybrid.tp import spec_of
+
+
+@dataclass
+class Segment:
+    """The part of one parameter that falls in this rank's shard: shard[lo:hi] = param.flat()[a:a+hi-lo]."""
+
+    param: nn.Parameter
+    lo: int
+    hi: int
+    decay: bool  # AdamW weight decay applies (matrices, not biases/norms: as build_optimizer)
+    norm_weight: float  # 1 where this rank's copy counts in the global gradient norm, 0 for duplicates
+
+
+def norm_weight(p: nn.Parameter, tp: Group, duplicate: bool) -> float:
+    """Count each logical element once in the global gradient norm: a parameter replicated over TP
+    (spec.dim None, including partial-grad ones, which hold the summed gradient after the TP sync)
+    counts on TP rank 0 only; a shard held by several TP ranks (replicated kv-heads: equal starts)
+    counts on the first of them; `duplicate` marks the second copy of a tied embedding."""
+    if duplicate:
+        return 0.0
+    spec = spec_of(p)
+    if spec.dim is None:
+        return 1.0 if tp.rank == 0 else 0.0
+    return 1.0 if spec.starts.index(spec.starts[tp.rank]) == tp.rank else 0.0
+
+
+@dataclass
+class FlatUnit:
+    """Parameters flattened into one buffer and split over `parts` ranks (1 for stage 0)."""
+
+    name: str
+    params: list[nn.Parameter]
+    parts: int  # shards (the DP size; 1 when the optimizer state is not sharded)
+    part: int  # this rank's shard index
+    deferred: bool = False  # reduced after the whole forward/backward (tied embeddings), not from a hook
+    offsets: list[int] = field(default_factory=list)
+    numel: int = 0
+    flat: torch.Tensor | None = None  # full compute-dtype buffer; params are views into it
+    shard: torch.Tensor | None = None  # this rank's parameter shard (stage 3: its own storage)
+    flat_grad: torch.Tensor | None = None  # stages 0-1: persistent full gradient buffer (p.grad views)
+    grad_shard: torch.Tensor | None = None  # reduced gradient of this rank's shard
+    master: torch.Tensor | None = None  # fp32 master shard the optimizer updates (may be `shard`)
+    master_grad: torch.Tensor | None = None  # fp32 gradient of `master` during the step
+    segments: list[Segment] = field(default_factory=list)
+    views: list[torch.Tensor] = field(default_factory=list)  # master[lo:hi] per segment: optimizer params
+    fired: int = 0  # post-accumulate-grad hooks seen since the last reduction
+    gathered: bool = True  # stage 3: flat holds the full parameters
+    gather_work: Work | None = None  # stage 3: prefetch in flight
+
+    def __post_init__(self) -> None:
+        off = 0
+        for p in self.params:
+            self.offsets.append(off)
+            off += p.numel()
+        self.numel = off
+
+    @property
+    def padded(self) -> int:
+        """numel rounded up to a multiple of `parts`."""
+        return -(-self.numel // self.parts) * self.parts
+
+    @property
+    def shard_numel(self) -> int:
+        return self.padded // self.parts
+
+    @property
+    def shard_range(self) -> tuple[int, int]:
+        return self.part * self.shard_numel, (self.part + 1) * self.shard_numel
+
+    def flatten_values(self) -> torch.Tensor:
+        """fp32 copy of the current parameter values, padded (zeros)."""
+        p0 = self.params[0]
+        out = torch.zeros(self.padded, dtype=torch.float32, device=p0.device)
+        for p, off in zip(self.params, self.offsets):
+            out[off:off + p.numel()].copy_(p.detach().flatten())
+        return out
+
+    def bind(self, flat: torch.Tensor) -> None:
+        """Make every parameter a view into `flat` (fixed for the unit's life)."""
+        self.flat = flat
+        for p, off in zip(self.params, self.offsets):
+            p.data = flat[off:off + p.numel()].view_as(p)
+
+    def bind_grads(self) -> None:
+        """Stages 0-1: every p.grad a view into the flat gradient buffer, so backward accumulates in it."""
+        for p, off in zip(self.params, self.offsets):
+            p.grad = self.flat_grad[off:off + p.numel()].view_as(p)
+
+    def flatten_grads(self) -> torch.Tensor:
+        """A new padded flat gradient (zeros where a parameter has none); frees the p.grad tensors."""
+        out = torch.zeros(self.padded, dtype=self.flat.dtype, device=self.flat.device)
+        for p, off in zip(self.params, self.offsets):
+            if p.grad is not None:
+                out[off:off + p.numel()].copy_(p.grad.flatten())
+            p.grad = None
+        return out
+
+    def make_segments(self, tp: Group, duplicates: set[int]) -> None:
+        """The parts of each parameter inside this rank's shard (optimizer params, norm weights)."""
+        a, b = self.shard_range
+        for p, off in zip(self.params, self.offsets):
+            lo, hi = max(a, off), min(b, off + p.numel())
+            if lo < hi:
+                self.segments.append(Segment(p, lo - a, hi - a, decay=p.dim() >= 2,
+                                             norm_weight=norm_weight(p, tp, id(p) in duplicates)))
+
+    # --- stage 3: gathering and freeing the full parameters -----------------------------------
+    def free(self) -> None:
+        """Release the full parameters' memory; views (and autograd's saved views) stay valid objects."""
+        self.flat.untyped_storage().resize_(0)
+        self.gathered = False
+
+    def start_gather(self, dp: Group, device: torch.device) -> None:
+        """Allocate the full buffer and post the all-gather of every rank's shard into it."""
+        if self.gathered or self.gather_work is not None:
+            return
+        self.flat.untyped_storage().resize_(self.padded * self.flat.element_size())
+        shard = self.shard.to(device, non_blocking=True)  # host -> device when parameters are offloaded
+        with preserve_version(self.flat):
+            self.gather_work = dp.all_gather_into(self.flat, shard)
+
+    def finish_gather(self, dp: Group, device: torch.device) -> None:
+        self.start_gather(dp, device)
+        if self.gather_work is not None:
+            self.gather_work.wait()
+            self.gather_work = None
+        self.gathered = True
+
+
+@contextmanager
+def preserve_version(t: torch.Tensor):
+    """Writing parameters in place (all-gather, optimizer write-back) is not a change autograd must
+    see: the values written are the ones the saved graph was built with (stage 3 refill) or the graph
+    is gone (after the step). Keep the version counter so saved views do not raise."""
+    with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(t):
+        yield
