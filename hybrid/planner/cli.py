@@ -5,35 +5,44 @@
                 --gpus 1024 --global-batch-size 1536 --seq-length 2048 --top 10
     hybrid plan --model gpt2-xl --gpus 8 --global-batch-size 64 --emit-args     # flags for scripts/train.py
     hybrid plan --model llama-3-8b --global-batch-size 512 --scan-gpus 8,64,512  # best layout per GPU count
+    hybrid plan --model llama-3-70b --gpus 64 --gpu h100-80g --global-batch-size 512 --seq-length 4096 \
+                --plot mem.png                                     # memory breakdown of the top layouts
+    hybrid calibrate --ranks 4 --out cpu.json                     # measure this machine, then
+    hybrid plan --hardware cpu.json --precision fp32 --activation-profile fp32-flash ...
 
 Any search dimension is pinned with the flag scripts/train.py takes (--tensor-model-parallel-size,
 --pipeline-model-parallel-size, --micro-batch-size, --zero-stage, --num-layers-per-virtual-pipeline-stage,
 --sequence-parallel / --no-sequence-parallel, --recompute-granularity, --offload-optimizer, --offload-params).
-`hybrid/cli.py` calls `add_parser(subparsers)` and then `args.func(args)`; `main(argv)` runs it alone.
+`hybrid/cli.py` calls `add_parser(subparsers)` -- which registers `plan` and `calibrate` (calibrate.py) -- and
+then `args.func(args)`; `main(argv)` runs `plan` alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import asdict
 
+from hybrid.planner import calibrate
 from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
+from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.planner.schedule import SIM_BUDGET
-from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, SearchResult, SearchSpace, search,
+from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, search,
                                    summarize_rejections)
 from hybrid.planner.time import FlopsFormula
 from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register `plan` on the `hybrid` command's subparsers."""
+    """Register `plan` and `calibrate` on the `hybrid` command's subparsers; returns plan's parser."""
     p = subparsers.add_parser("plan", help="rank TP x PP x DP layouts by predicted throughput",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=run)
+    calibrate.add_parser(subparsers)
     return p
 
 
@@ -59,9 +68,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inter-node-bandwidth", type=float, help="network bandwidth per GPU, GB/s per direction")
     g.add_argument("--compute-efficiency", type=float, help="achieved fraction of peak for matmuls (default 0.6)")
     g.add_argument("--allow-cross-node-tp", action="store_true", help="let a TP group span nodes")
+    g.add_argument("--hardware", metavar="FILE", help="a profile written by `hybrid calibrate` (replaces --gpu)")
     g = p.add_argument_group("training")
     g.add_argument("--global-batch-size", type=int, required=False)
     g.add_argument("--seq-length", type=int, help="default: min(2048, the model's positions)")
+    g.add_argument("--precision", default=Precision.MIXED.value, choices=[x.value for x in Precision],
+                   help="mixed: bf16 params/grads + fp32 master and Adam (2+2+12 bytes); fp32: 4+4+8 (this "
+                        "runtime on CPU)")
+    g.add_argument("--activation-profile", default=ActivationProfile.KORTHIKANTI.value,
+                   choices=[x.value for x in ActivationProfile],
+                   help="korthikanti: Megatron on GPU (bf16, dropout, materialised softmax); fp32-flash: this "
+                        "runtime on CPU (fp32, flash attention, no dropout)")
     g = p.add_argument_group("pin a search dimension (scripts/train.py flags)")
     g.add_argument("--tensor-model-parallel-size", type=int)
     g.add_argument("--pipeline-model-parallel-size", type=int)
@@ -85,6 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sim-budget", type=float, default=SIM_BUDGET,
                    help="largest pipeline schedule simulated, pp (m v)^2")
     g.add_argument("--show-rejected", type=int, default=6, help="rejection reasons to list")
+    g.add_argument("--plot", metavar="FILE.png", help="stacked bars of the top layouts' memory (worst stage)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +134,9 @@ def run(args: argparse.Namespace) -> None:
     result = search(work, cluster, space, top=args.top, formula=formula, budget=args.sim_budget)
     if not result.plans:
         raise ValueError(_nothing_fits(work, cluster, result, args.show_rejected))
+    if args.plot:
+        from hybrid.planner.plot import plot_memory
+        plot_memory(result.plans, args.plot, title=_plot_title(work, cluster), device_gb=cluster.hw.memory_gb)
     if args.json:
         print(json.dumps(_json(work, cluster, result, args.show_rejected), indent=2))
     elif args.emit_args:
@@ -160,11 +181,14 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
         raise ValueError(f"--seq-length {seq} exceeds the model's {model.max_position_embeddings} learned "
                          f"positions; use at most {model.max_position_embeddings}")
     return Workload(model, global_batch=args.global_batch_size, seq_length=seq,
-                    pad_vocab_to=args.make_vocab_size_divisible_by)
+                    pad_vocab_to=args.make_vocab_size_divisible_by, precision=Precision(args.precision),
+                    activations=ActivationProfile(args.activation_profile))
 
 
 def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
-    hw = hardware(args.gpu).with_overrides(
+    base = (calibrate.load_hardware(args.hardware, Precision(args.precision)) if args.hardware
+            else hardware(args.gpu))
+    hw = base.with_overrides(
         memory_gb=args.gpu_memory, peak_tflops=args.gpu_tflops, gpus_per_node=args.gpus_per_node,
         intra_node_gbps=args.intra_node_bandwidth, inter_node_gbps=args.inter_node_bandwidth,
         compute_efficiency=args.compute_efficiency)
@@ -234,15 +258,33 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -
                  f"optimizer {t.optimizer:.4g} + other {t.other:.4g}")
     lines.append(f"searched {result.considered} layouts: {len(result.rejected)} rejected, {result.dominated} "
                  f"dominated (a variant with less recomputation/offload fits), {result.timed} simulated")
-    lines += [f"  {n:>6} x {r}" for n, r in summarize_rejections(result.rejected, show)]
+    lines += [f"  {_rejection_line(n, r)}" for n, r in summarize_rejections(result.rejected, show)]
     return "\n".join(lines)
 
 
+def _rejection_line(count: int, example: Rejection) -> str:
+    """One group of rejections (same reason up to numbers), worded for what it is: a count and, for OOM, the
+    layout that came closest to fitting -- '5551 layouts rejected for OOM (closest: tp8 pp4 dp2 ... needs
+    80.006 GB of 80 on stage 0)' -- else one example: '3 rejected for the same reason, e.g. tp 16: ...'."""
+    if count == 1:
+        return f"{example}"
+    match = re.match(r"OOM on stage (\d+): (.*)", example.reason)
+    if match:
+        return f"{count} layouts rejected for OOM (closest: {example.what}, {match.group(2)} on stage {match.group(1)})"
+    return f"{count} rejected for the same reason, e.g. {example}"
+
+
 def _nothing_fits(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> str:
-    reasons = "; ".join(f"{n} x {r}" for n, r in summarize_rejections(result.rejected, show))
+    reasons = "; ".join(_rejection_line(n, r) for n, r in summarize_rejections(result.rejected, show))
     return (f"no layout of the {_count(work.model.num_parameters)}-parameter model runs on {cluster.gpus} x "
             f"{cluster.hw.name} with global batch {work.global_batch} x {work.seq_length}: {reasons or 'none'}. "
             f"Try more GPUs, a GPU with more memory, or unpin dimensions.")
+
+
+def _plot_title(work: Workload, cluster: Cluster) -> str:
+    cfg = work.model
+    return (f"{cfg.arch} {_count(cfg.num_parameters)} on {cluster.gpus} x {cluster.hw.name}, global batch "
+            f"{work.global_batch} x {work.seq_length}")
 
 
 def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str]:
@@ -323,4 +365,4 @@ def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula:
             print(f"{n:>6}  " + _row(1, r.plans[0], width)[4:])
         else:
             first = summarize_rejections(r.rejected, 1)
-            print(f"{n:>6}  none fits: {first[0][1] if first else 'no layout'}")
+            print(f"{n:>6}  none fits: {_rejection_line(*first[0]) if first else 'no layout'}")

@@ -69,6 +69,10 @@ class Hardware:
         intra_latency_s: fixed cost of one collective or message inside a node, seconds.
         inter_latency_s: fixed cost of one collective or message across nodes, seconds.
         compute_efficiency: fraction of `peak_tflops` the matmuls sustain (`--compute-efficiency`).
+        compute_units: processors the devices of one node share, when they share (a CPU's cores, with one
+            gloo rank per device and one thread per rank); None when each device computes on its own (GPUs).
+            With more devices than units, `peak_tflops` is one device's rate while the others idle, and the
+            node's devices together compute at most compute_units x that (time.py: the shared-compute bound).
     """
 
     name: str
@@ -84,6 +88,7 @@ class Hardware:
     intra_latency_s: float = 10e-6
     inter_latency_s: float = 30e-6
     compute_efficiency: float = COMPUTE_EFFICIENCY
+    compute_units: int | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -97,6 +102,15 @@ class Hardware:
             raise ValueError(f"--gpus-per-node must be a positive integer, got {self.gpus_per_node!r}")
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
+        if self.compute_units is not None and (not isinstance(self.compute_units, int) or self.compute_units < 1):
+            raise ValueError(f"compute_units must be a positive integer or None, got {self.compute_units!r}")
+
+    def shared_compute_factor(self, devices_per_node: int) -> float:
+        """How many times longer all devices of a node take to compute together than one alone: devices /
+        compute units when they oversubscribe the units, else 1."""
+        if self.compute_units is None or devices_per_node <= self.compute_units:
+            return 1.0
+        return devices_per_node / self.compute_units
 
     @property
     def achievable_flops(self) -> float:

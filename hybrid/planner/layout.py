@@ -15,6 +15,7 @@ from functools import lru_cache
 from hybrid.partition import PartitionMethod, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
 from hybrid.planner.hardware import GroupPlacement, Hardware
+from hybrid.planner.model import ActivationProfile, Precision, Shard
 from models.config import ModelConfig
 
 
@@ -113,18 +114,32 @@ class Workload:
         seq_length: tokens per sequence (`--seq-length`).
         pad_vocab_to: the vocabulary is padded to a multiple of pad_vocab_to x tp (Megatron's
             `--make-vocab-size-divisible-by`; 1 = pad to a multiple of tp only, as the runtime does).
+        precision: number formats of parameters, gradients and optimizer states (`--precision`; mixed for
+            GPU runs, fp32 for this runtime on CPU).
+        activations: which tensors a layer keeps for backward (`--activation-profile`; Korthikanti et al.'s
+            Megatron-on-GPU count by default, fp32-flash for this runtime on CPU).
     """
 
     model: ModelConfig
     global_batch: int
     seq_length: int
     pad_vocab_to: int = 1
+    precision: Precision = Precision.MIXED
+    activations: ActivationProfile = ActivationProfile.KORTHIKANTI
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
                             ("--make-vocab-size-divisible-by", self.pad_vocab_to)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        for name, kind in (("precision", Precision), ("activations", ActivationProfile)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"Workload.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        self.shard(1)  # ValueError now if the activation profile cannot describe the model
+
+    def shard(self, tp: int) -> Shard:
+        """The model seen from one TP rank at size tp, with this workload's vocabulary padding and profile."""
+        return Shard(self.model, tp, self.padded_vocab(tp), self.activations)
 
     def padded_vocab(self, tp: int) -> int:
         """Vocabulary rows after padding to a multiple of pad_vocab_to x tp (hybrid/tp/layers.vocab_spec)."""

@@ -15,19 +15,25 @@ measures on the runtime):
 * first stage, the embedding: forward all-reduce (SP: reduce-scatter; backward all-gather);
 * last stage, the LM-head input: backward all-reduce (SP: forward all-gather, backward reduce-scatter), and the
   vocab-parallel cross-entropy: 3 all-reduces of b s fp32 values, forward;
-* once per step under SP: one all-reduce of the gradients of the parameters applied on sequence shards (norms,
-  row-parallel biases, GPT-2's positions).
+* once per step, one all-reduce of the partial gradients (hybrid.tp.sync_partial_grads): under SP those of the
+  parameters applied on sequence shards (norms, row-parallel biases, GPT-2's positions); when t exceeds the
+  kv-heads, the replicated key/value projections (full size: every rank adds its head at its own rows).
 
 Data parallelism per step, of this rank's Psi parameters, in buckets (hybrid/dp.py, 25 MiB): see time.py.
+
+`step_ledger` puts it all together for one pipeline rank and one step -- TP, pipeline send/recv, DP, the
+tied-embedding all-reduce -- and tests/test_planner_runtime.py checks it equals the runtime's ledger exactly.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections import Counter
 
 from hybrid.planner.hardware import Collective, GroupPlacement, Hardware, collective_seconds
-from hybrid.planner.layout import Recompute, ZeroStage
+from hybrid.planner.layout import Layout, Recompute, Workload, ZeroStage, stage_layers
+from hybrid.planner.memory import rank_parameters
 from hybrid.planner.model import ACT_BYTES, Shard
 
 Ledger = dict[str, dict[str, float]]  # "op@group" -> {"calls": n, "bytes": S}
@@ -37,6 +43,13 @@ CE_ALL_REDUCES = 3  # vocab-parallel cross-entropy: max, sum of exponentials, ta
 LOSS_BYTES = 4  # the cross-entropy's statistics are fp32
 
 
+class Message(enum.Enum):
+    """Pipeline point-to-point traffic, as hybrid/comm.py records it: by the sender and by the receiver."""
+
+    SEND = "send"
+    RECV = "recv"
+
+
 class _Book:
     """Accumulates (op, group) -> calls, bytes."""
 
@@ -44,7 +57,7 @@ class _Book:
         self.calls: Counter[str] = Counter()
         self.bytes: Counter[str] = Counter()
 
-    def add(self, op: Collective, group: str, size: float, calls: int = 1) -> None:
+    def add(self, op: Collective | Message, group: str, size: float, calls: int = 1) -> None:
         if calls <= 0:
             return
         key = f"{op.value}@{group}"
@@ -52,7 +65,12 @@ class _Book:
         self.bytes[key] += calls * size
 
     def ledger(self) -> Ledger:
-        return {k: {"calls": self.calls[k], "bytes": self.bytes[k]} for k in sorted(self.calls)}
+        return {k: {"calls": self.calls[k], "bytes": _exact(self.bytes[k])} for k in sorted(self.calls)}
+
+
+def _exact(x: float) -> float | int:
+    """Whole byte counts as int, as the runtime's ledger has them."""
+    return int(x) if float(x).is_integer() else x
 
 
 def tp_ledger(shard: Shard, b: int, s: int, layers: int, first: bool, last: bool, sp: bool,
@@ -86,19 +104,30 @@ def _pairs(book: _Book, size: float, count: int, sp: bool) -> None:
         book.add(Collective.ALL_REDUCE, "tp", size, count)
 
 
-def sp_grad_sync_ledger(shard: Shard, layers: int, first: bool, last: bool, grad_bytes: int) -> Ledger:
-    """Once per step under SP: one all-reduce of the sequence-split parameters' gradients (hybrid.tp
-    sync_partial_grads): each layer's norms and row-parallel biases, the final norm, GPT-2's positions."""
-    h = shard.cfg.hidden_size
-    numel = layers * shard.layer_replicated_params()
-    if first and shard.is_gpt2:
-        numel += shard.cfg.max_position_embeddings * h
-    if last:
-        numel += 2 * h if shard.is_gpt2 else h
+def partial_grad_ledger(shard: Shard, layers: int, first: bool, last: bool, sp: bool, grad_bytes: int) -> Ledger:
+    """Once per step: one all-reduce of the partial gradients (hybrid.tp.sync_partial_grads), when there are
+    any -- under SP each layer's norms and row-parallel biases, the final norm, GPT-2's positions; when t
+    exceeds the kv-heads, each layer's key and value projections (weights and biases) at full size."""
+    cfg, h = shard.cfg, shard.cfg.hidden_size
+    numel = 0
+    if sp:
+        numel += layers * shard.layer_replicated_params()
+        if first and shard.is_gpt2:
+            numel += cfg.max_position_embeddings * h
+        if last:
+            numel += 2 * h if shard.is_gpt2 else h
+    if cfg.num_kv_heads % shard.t:  # kv-heads replicated over t / g ranks: gradients summed over TP
+        kv = cfg.num_kv_heads * cfg.head_dim
+        numel += layers * 2 * (kv * h + (kv if cfg.qkv_bias else 0))
     book = _Book()
-    if shard.t > 1:
+    if shard.t > 1 and numel:
         book.add(Collective.ALL_REDUCE, "tp", numel * grad_bytes)
     return book.ledger()
+
+
+def sp_grad_sync_ledger(shard: Shard, layers: int, first: bool, last: bool, grad_bytes: int) -> Ledger:
+    """`partial_grad_ledger` under SP."""
+    return partial_grad_ledger(shard, layers, first, last, True, grad_bytes)
 
 
 def dp_step_ledger(psi: float, zero: ZeroStage, dp: int, grad_bytes: int = 2, param_bytes: int = 2) -> Ledger:
@@ -136,6 +165,59 @@ def dp_microbatch_ledger(psi: float, zero: ZeroStage, dp: int, grad_bytes: int =
 def _bucketed(book: _Book, op: Collective, size: float) -> None:
     calls = max(1, math.ceil(size / BUCKET_BYTES))
     book.add(op, "dp", size / calls, calls)
+
+
+def merge(*ledgers: Ledger, times: int = 1) -> Ledger:
+    """Sum of ledgers (each counted `times` times), in the summary's format."""
+    book = _Book()
+    for ledger in ledgers:
+        for key, entry in ledger.items():
+            book.calls[key] += times * entry["calls"]
+            book.bytes[key] += times * entry["bytes"]
+    return book.ledger()
+
+
+def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
+    """Every collective and message one rank of pipeline rank `pp_rank` records in one training step, in
+    `CommLedger.summary()`'s format (traffic tagged ":metrics" -- the logged loss -- excluded):
+
+    * TP, per micro-batch and chunk (`tp_ledger`), and the per-step partial-gradient all-reduce;
+    * pipeline: each chunk sends its output and receives its input gradient (unless it is the last global
+      stage), receives its input and sends its input gradient (unless it is the first): b s h elements, b s h / t
+      under SP, one message each, counted as send@pp by the sender and recv@pp by the receiver; chunks on one
+      rank (pp = 1) hand over in memory;
+    * DP: `dp_step_ledger` of this rank's Psi, plus `dp_microbatch_ledger` per micro-batch (ZeRO 2/3);
+    * tied embeddings, pp > 1: the first and last stage all-reduce the embedding's gradient (V_p/t x h) over
+      the embedding group."""
+    cfg, b, s = work.model, layout.micro_batch, work.seq_length
+    pr, shard = work.precision, work.shard(layout.tp)
+    m, pp, v = work.num_microbatches(layout), layout.pp, layout.v
+    layers = stage_layers(cfg, pp, v, s)
+    last_stage = pp * v - 1
+    per_mb, pipe = [], _Book()
+    message = b * s * cfg.hidden_size * pr.activation_bytes // (layout.tp if layout.sequence_parallel else 1)
+    rank_layers = 0
+    for c in range(v):
+        stage = c * pp + pp_rank
+        first, last = stage == 0, stage == last_stage
+        rank_layers += layers[stage]
+        book = tp_ledger(shard, b, s, layers[stage], first, last, layout.sequence_parallel, layout.recompute,
+                         pr.activation_bytes)
+        per_mb += [book["forward"], book["backward"]]
+        if pp > 1:
+            hops = (0 if last else 1) + (0 if first else 1)  # output forward + gradient back, input + its gradient
+            pipe.add(Message.SEND, "pp", message, m * hops)
+            pipe.add(Message.RECV, "pp", message, m * hops)
+    psi = rank_parameters(work, layout)[pp_rank]
+    dp_mb = dp_microbatch_ledger(psi, layout.zero, layout.dp, pr.grad_bytes, pr.param_bytes)
+    per_step = [pipe.ledger(), dp_step_ledger(psi, layout.zero, layout.dp, pr.grad_bytes, pr.param_bytes),
+                partial_grad_ledger(shard, rank_layers, pp_rank == 0, pp_rank == pp - 1, layout.sequence_parallel,
+                                    pr.grad_bytes)]
+    if cfg.tie_embeddings and pp > 1 and pp_rank in (0, pp - 1):
+        tied = _Book()
+        tied.add(Collective.ALL_REDUCE, "embedding", shard.vocab // shard.t * cfg.hidden_size * pr.grad_bytes)
+        per_step.append(tied.ledger())
+    return merge(merge(*per_mb, dp_mb["forward"], dp_mb["backward"], times=m), *per_step)
 
 
 def ledger_seconds(ledger: Ledger, hw: Hardware, group: GroupPlacement) -> float:

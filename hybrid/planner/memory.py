@@ -11,6 +11,9 @@ size, bytes per device:
     ZeRO 2   2 Psi + (2 + K) Psi / Nd            (+ gradients)
     ZeRO 3   (2 + 2 + K) Psi / Nd                (+ parameters)
 
+Precision.FP32 (this runtime on CPU) keeps fp32 parameters and gradients and two fp32 Adam moments, no master
+copy: 4 + 4 + 8 bytes (`model_states(..., precision)`).
+
 Offload (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021) moves the K Psi / Nd optimizer
 bytes to the host, and with parameter offload (ZeRO 3) the 2 Psi / Nd parameters too.
 
@@ -24,6 +27,7 @@ bytes per layer per micro-batch, GPT shapes,
     full recomputation        2sbh (the layer input; 2sbh/t under SP), plus one layer's full set while
                               that layer is recomputed
 
+(the Korthikanti profile; ActivationProfile.FP32_FLASH counts what this runtime saves instead, model.py),
 times the activation sets in flight on the rank, from the schedule simulation (hybrid/planner/schedule.py),
 plus the embedding dropout mask on rank 0 and the LM-head input and logits on the last rank
 (model.Shard.head_activation_bytes) for the micro-batches their chunks hold.
@@ -41,12 +45,13 @@ from functools import lru_cache
 
 from hybrid.planner.hardware import GB
 from hybrid.planner.layout import Cluster, Layout, Offload, Recompute, Workload, ZeroStage, stage_layers
-from hybrid.planner.model import Shard
+from hybrid.planner.model import Precision, Shard
+from hybrid.pipeline import ScheduleKind
 from hybrid.planner.schedule import InFlight, in_flight
 
 ADAM_K = 12  # bytes of optimizer state per parameter: fp32 master, momentum, variance
-PARAM_BYTES = 2  # fp16 / bf16 parameters
-GRAD_BYTES = 2  # fp16 / bf16 gradients
+PARAM_BYTES = 2  # fp16 / bf16 parameters (Precision.MIXED)
+GRAD_BYTES = 2  # fp16 / bf16 gradients (Precision.MIXED)
 WORKSPACE_BYTES = 2.0 * GB  # CUDA context ~0.5 GB, cuBLAS + NCCL workspaces and buckets ~1 GB, headroom
 FRAGMENTATION = 0.05  # caching-allocator fragmentation, as a share of the tensors' bytes
 
@@ -85,12 +90,13 @@ class ModelStates:
 
 
 def model_states(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offload.NONE,
-                 k: int = ADAM_K) -> ModelStates:
-    """Split of `model_state_bytes` into parameters, gradients and optimizer, with offload applied."""
+                 precision: Precision = Precision.MIXED) -> ModelStates:
+    """Split of `model_state_bytes` into parameters, gradients and optimizer, with offload applied.
+    Precision.FP32 (this runtime on CPU): 4 + 4 + 8 bytes per parameter instead of 2 + 2 + 12."""
     zero = ZeroStage(zero)
-    params = PARAM_BYTES * psi / (dp if zero >= ZeroStage.PARAMETERS else 1)
-    grads = GRAD_BYTES * psi / (dp if zero >= ZeroStage.GRADIENTS else 1)
-    optimizer = k * psi / (dp if zero >= ZeroStage.OPTIMIZER else 1)
+    params = precision.param_bytes * psi / (dp if zero >= ZeroStage.PARAMETERS else 1)
+    grads = precision.grad_bytes * psi / (dp if zero >= ZeroStage.GRADIENTS else 1)
+    optimizer = precision.optimizer_bytes * psi / (dp if zero >= ZeroStage.OPTIMIZER else 1)
     host = 0.0
     if offload in (Offload.OPTIMIZER, Offload.OPTIMIZER_AND_PARAMS):
         host, optimizer = optimizer, 0.0
@@ -153,7 +159,7 @@ def rank_parameters(work: Workload, layout: Layout) -> tuple[float, ...]:
 
 @lru_cache(maxsize=4096)
 def _rank_parameters(work: Workload, tp: int, pp: int, v: int) -> tuple[float, ...]:
-    shard = Shard(work.model, tp, work.padded_vocab(tp))
+    shard = work.shard(tp)
     layers = stage_layers(work.model, pp, v, work.seq_length)
     out = []
     for r in range(pp):
@@ -176,11 +182,13 @@ def layer_activation_bytes(shard: Shard, b: int, s: int, sp: bool, recompute: Re
     return shard.layer_input_bytes(b, s, sp), replicated + split + core
 
 
-def plan_memory(work: Workload, cluster: Cluster, layout: Layout) -> MemoryPlan:
-    """Per-pipeline-rank device memory of `layout` (assumed valid: see layout.check_layout)."""
-    flight, psis, acts, bufs = _rank_parts(work, layout)
-    ranks = tuple(_rank_memory(layout, r, psi, act, buf) for r, (psi, act, buf) in enumerate(zip(psis, acts, bufs)))
-    unit = model_states(1.0, layout.zero, layout.dp, layout.offload)
+def plan_memory(work: Workload, cluster: Cluster, layout: Layout, schedule: ScheduleKind | None = None) -> MemoryPlan:
+    """Per-pipeline-rank device memory of `layout` (assumed valid: see layout.check_layout). `schedule`
+    overrides the layout's (1F1B, or interleaved when v > 1), e.g. GPipe to compare with a runtime run."""
+    flight, psis, acts, bufs = _rank_parts(work, layout, schedule)
+    ranks = tuple(_rank_memory(work, layout, r, psi, act, buf)
+                  for r, (psi, act, buf) in enumerate(zip(psis, acts, bufs)))
+    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision)
     return MemoryPlan(ranks=ranks, in_flight=flight, host_per_node=_host_per_node(cluster, unit, max(psis)))
 
 
@@ -188,7 +196,7 @@ def peak_memory(work: Workload, cluster: Cluster, layout: Layout) -> tuple[int, 
     """(fullest pipeline rank, its device bytes, host bytes per node) without building every RankMemory:
     the search's fast path. Equal to plan_memory's peak (states are linear in Psi)."""
     _, psis, acts, bufs = _rank_parts(work, layout)
-    unit = model_states(1.0, layout.zero, layout.dp, layout.offload)
+    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision)
     totals = [(psi * unit.device + act + buf) * (1 + FRAGMENTATION) + WORKSPACE_BYTES
               for psi, act, buf in zip(psis, acts, bufs)]
     rank = max(range(len(totals)), key=totals.__getitem__)
@@ -200,30 +208,30 @@ def _host_per_node(cluster: Cluster, unit: ModelStates, psi: float) -> float:
     return unit.host * psi * min(cluster.hw.gpus_per_node, cluster.gpus)
 
 
-def _rank_parts(work: Workload, layout: Layout) -> tuple[InFlight, tuple[float, ...], tuple[float, ...],
-                                                       tuple[float, ...]]:
+def _rank_parts(work: Workload, layout: Layout, schedule: ScheduleKind | None = None
+                ) -> tuple[InFlight, tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
     """In-flight peaks, and per pipeline rank: Psi, activation bytes, ZeRO-3 buffer bytes."""
     flight, acts = _activations(work, layout.tp, layout.pp, layout.dp, layout.v, layout.micro_batch,
-                                layout.sequence_parallel, layout.recompute)
+                                layout.sequence_parallel, layout.recompute, schedule or layout.schedule)
     bufs = _zero3_buffers(work, layout) if layout.zero is ZeroStage.PARAMETERS else (0.0,) * layout.pp
     return flight, rank_parameters(work, layout), acts, bufs
 
 
 @lru_cache(maxsize=4096)
 def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: bool,
-                 recompute: Recompute) -> tuple[InFlight, tuple[float, ...]]:
+                 recompute: Recompute, kind: ScheduleKind) -> tuple[InFlight, tuple[float, ...]]:
     """Peak activation bytes of each pipeline rank (shared by every ZeRO / offload variant)."""
     m = work.global_batch // (dp * b)
-    kind = Layout(tp=tp, pp=pp, dp=dp, v=v).schedule
     flight = in_flight(kind, pp, m, v)
-    shard = Shard(work.model, tp, work.padded_vocab(tp))
+    shard = work.shard(tp)
     layers = stage_layers(work.model, pp, v, work.seq_length)
     s = work.seq_length
     per_layer, working = layer_activation_bytes(shard, b, s, sp, recompute)
     acts = []
     for r in range(pp):
         chunk_layers = max(layers[c * pp + r] for c in range(v))
-        acts.append(flight.chunks[r] * chunk_layers * per_layer + (working if chunk_layers else 0.0))
+        per_chunk = chunk_layers * per_layer + (shard.chunk_activation_bytes(b, s) if chunk_layers else 0.0)
+        acts.append(flight.chunks[r] * per_chunk + (working if chunk_layers else 0.0))
     acts[0] += flight.first_chunk * shard.embedding_activation_bytes(b, s, sp)
     acts[-1] += flight.last_chunk * shard.head_activation_bytes(b, s, sp)
     return flight, tuple(acts)
@@ -231,15 +239,16 @@ def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: 
 
 def _zero3_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
     """ZeRO 3 gathers the unit being computed and prefetches the next: 2 x 2 bytes x the largest unit."""
-    shard = Shard(work.model, layout.tp, work.padded_vocab(layout.tp))
+    shard = work.shard(layout.tp)
     units = [shard.layer_params()] * layout.pp
     units[0] = max(units[0], shard.embedding_params())
     units[-1] = max(units[-1], shard.head_params(layout.pp == 1))
-    return tuple(2.0 * PARAM_BYTES * u for u in units)
+    return tuple(2.0 * work.precision.param_bytes * u for u in units)
 
 
-def _rank_memory(layout: Layout, r: int, psi: float, activations: float, buffers: float) -> RankMemory:
-    states = model_states(psi, layout.zero, layout.dp, layout.offload)
+def _rank_memory(work: Workload, layout: Layout, r: int, psi: float, activations: float,
+                 buffers: float) -> RankMemory:
+    states = model_states(psi, layout.zero, layout.dp, layout.offload, work.precision)
     workspace = WORKSPACE_BYTES + FRAGMENTATION * (states.device + activations + buffers)
     return RankMemory(rank=r, parameters=psi, states=states, activations=activations, buffers=buffers,
                       workspace=workspace)

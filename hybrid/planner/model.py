@@ -5,17 +5,74 @@ key/value heads split when t divides them and one whole head per rank otherwise,
 multiple of t and split by rows.
 
 Notation: b micro-batch, s sequence, h hidden, a query heads, g key/value heads, d head width, f MLP width,
-t tensor-parallel size, V_p padded vocabulary. Mixed precision: activations 2 bytes, dropout masks 1 byte.
+t tensor-parallel size, V_p padded vocabulary.
+
+Two activation profiles (`ActivationProfile`), i.e. two answers to "which tensors does autograd keep":
+
+* KORTHIKANTI (the default, for published GPU runs): Megatron in fp16 / bf16 with dropout and a materialised
+  softmax, Korthikanti et al. 2022, Table 2 -- activations 2 bytes, dropout masks 1 byte, 5as^2b per layer for
+  the attention core.
+* FP32_FLASH: this repository's runtime as tests/test_planner_runtime.py measures it -- fp32, no dropout,
+  CPU flash attention (a per-row logsumexp instead of the s x s matrix), the tensors torch saves for our
+  layers (hybrid/memory.py derives them one by one). Exact, byte for byte, for the layouts that test runs.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from models.config import ARCH_GPT2, ModelConfig
 
 ACT_BYTES = 2  # bf16 / fp16 activations
 MASK_BYTES = 1  # dropout masks (Korthikanti et al. 2022 count them as one byte)
+FP32 = 4
+INDEX_BYTES = 8  # int64 token ids and positions
+BOOL_BYTES = 1
+
+
+class Precision(enum.Enum):
+    """Number formats of the model states (`--precision`).
+
+    MIXED: bf16 / fp16 parameters and gradients, fp32 master weights and two Adam moments (Rajbhandari et al.
+    2020: 2 + 2 + K, K = 12). FP32: fp32 parameters and gradients, two fp32 Adam moments, no master copy
+    (4 + 4 + 8): what scripts/train.py runs on CPU.
+    """
+
+    MIXED = "mixed"
+    FP32 = "fp32"
+
+    @property
+    def param_bytes(self) -> int:
+        return 2 if self is Precision.MIXED else 4
+
+    @property
+    def grad_bytes(self) -> int:
+        return 2 if self is Precision.MIXED else 4
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """K: optimizer-state bytes per parameter (fp32 master + momentum + variance, or the two moments)."""
+        return 12 if self is Precision.MIXED else 8
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of one activation element between stages and in TP collectives."""
+        return 2 if self is Precision.MIXED else 4
+
+    @property
+    def adam_bytes(self) -> int:
+        """HBM bytes Adam moves per parameter. Mixed: read + write fp32 master, momentum, variance (24),
+        read the gradient and write the 2-byte parameter (4) = 28. FP32: read + write the parameter and both
+        moments (24), read the gradient (4) = 28."""
+        return 28
+
+
+class ActivationProfile(enum.Enum):
+    """Which tensors a layer keeps for backward (`--activation-profile`); see the module docstring."""
+
+    KORTHIKANTI = "korthikanti"
+    FP32_FLASH = "fp32-flash"
 
 
 @dataclass(frozen=True)
@@ -31,6 +88,12 @@ class Shard:
     cfg: ModelConfig
     t: int
     vocab: int
+    profile: ActivationProfile = ActivationProfile.KORTHIKANTI
+
+    def __post_init__(self) -> None:
+        if self.profile is ActivationProfile.FP32_FLASH and self.cfg.dropout > 0:
+            raise ValueError(f"activation profile fp32-flash models our runtime without dropout (the model has "
+                             f"dropout {self.cfg.dropout}); use the korthikanti profile or a model with dropout 0")
 
     @property
     def is_gpt2(self) -> bool:
@@ -120,7 +183,11 @@ class Shard:
         * attention core: softmax output 2 a s^2 b / t, plus with attention dropout its mask and output 3 a s^2 b
           / t -> 5as^2b/t.
 
-        GPT shapes with dropout give Table 2: sbh(10 + 24/t + 5as/(ht)), with SP sbh(34/t + 5as/(ht))."""
+        GPT shapes with dropout give Table 2: sbh(10 + 24/t + 5as/(ht)), with SP sbh(34/t + 5as/(ht)).
+
+        FP32_FLASH profile: see `_runtime_layer_terms`."""
+        if self.profile is ActivationProfile.FP32_FLASH:
+            return self._runtime_layer_terms(b, s, sp)
         cfg, h = self.cfg, self.cfg.hidden_size
         dropout = cfg.dropout > 0
         # four (s, b, h) tensors -- two norm inputs, the QKV input, the first MLP GEMM's input -- and two masks
@@ -133,12 +200,49 @@ class Shard:
         core = (cfg.num_heads // self.t) * s * s * b * per_score
         return replicated, split, core
 
+    def _runtime_layer_terms(self, b: int, s: int, sp: bool) -> tuple[float, float, float]:
+        """Our runtime's saved tensors (fp32, no dropout, CPU flash attention; hybrid/memory.py), per token:
+
+        * sequence-split under SP: the two norms' saved tensors -- LayerNorm input, mean, rstd (h + 2);
+          RMSNorm input, rsqrt, normalised x (2h + 1);
+        * the column-parallel GEMMs' input, h: without SP one tensor per region entry, shared by the
+          GEMMs behind it (2: attention, MLP); under SP the entry all-gathers into a sequence-major buffer
+          (`out.movedim`), which F.linear copies for each GEMM -- q, k, v and the MLP's 1 (GELU) or 2
+          (gate, up) GEMMs each save their own h;
+        * tensor-split: rotated q and k, v, the attention output (o_proj input) (2ad + 2 kv)/t, the
+          flash-attention logsumexp a/t, the MLP -- fused GELU input and c_proj input 2f/t, or SwiGLU's
+          gate, silu, up and down input 4f/t;
+        * attention core: none (flash attention recomputes the scores in backward)."""
+        cfg, h = self.cfg, self.cfg.hidden_size
+        tokens = b * s
+        norms = 2 * (h + 2 if self.is_gpt2 else 2 * h + 1) * tokens * FP32
+        if sp:
+            norms /= self.t
+            gemm_inputs = (3 + (1 if self.is_gpt2 else 2)) * h * tokens * FP32
+        else:
+            gemm_inputs = 2 * h * tokens * FP32
+        mlp = (2 if self.is_gpt2 else 4) * self.ffn_width
+        split = tokens * (2 * self.q_width + 2 * self.kv_width + cfg.num_heads // self.t + mlp) * FP32
+        return norms + gemm_inputs, split, 0.0
+
+    def chunk_activation_bytes(self, b: int, s: int) -> float:
+        """Per chunk and micro-batch, shared by its layers: Llama's RoPE cos and sin, 2 s d fp32 (FP32_FLASH;
+        the Korthikanti profile does not count them)."""
+        if self.profile is ActivationProfile.FP32_FLASH and not self.is_gpt2:
+            return 2.0 * s * self.cfg.head_dim * FP32
+        return 0.0
+
     def layer_input_bytes(self, b: int, s: int, sp: bool) -> float:
         """Full recomputation keeps only the layer input: 2sbh (2sbh/t under SP, where it is sequence-split)."""
-        return s * b * self.cfg.hidden_size * ACT_BYTES / (self.t if sp else 1)
+        elem = FP32 if self.profile is ActivationProfile.FP32_FLASH else ACT_BYTES
+        return s * b * self.cfg.hidden_size * elem / (self.t if sp else 1)
 
     def embedding_activation_bytes(self, b: int, s: int, sp: bool) -> float:
-        """Stage 0 per micro-batch in flight: the embedding dropout mask, sbh bytes (/t under SP)."""
+        """Stage 0 per micro-batch in flight: the embedding dropout mask, sbh bytes (/t under SP).
+        FP32_FLASH: the vocab-parallel lookup's int64 row indices and bool out-of-range mask (9 bytes a token),
+        plus GPT-2's int64 positions (s of them: under SP a rank's slice is a view of the whole arange)."""
+        if self.profile is ActivationProfile.FP32_FLASH:
+            return b * s * (INDEX_BYTES + BOOL_BYTES) + (s * INDEX_BYTES if self.is_gpt2 else 0)
         if self.cfg.dropout <= 0:
             return 0.0
         return s * b * self.cfg.hidden_size * MASK_BYTES / (self.t if sp else 1)
@@ -147,7 +251,24 @@ class Shard:
         """Last stage per micro-batch in flight: final-norm input 2sbh (/t under SP), LM-head input 2sbh
         (gathered), logits 2sbV_p/t in bf16 and 4sbV_p/t in fp32 for the vocab-parallel cross-entropy."""
         h = self.cfg.hidden_size
+        if self.profile is ActivationProfile.FP32_FLASH:
+            return self._runtime_head_bytes(b, s, sp)
         norm_in = s * b * h * ACT_BYTES / (self.t if sp else 1)
         head_in = s * b * h * ACT_BYTES
         logits = s * b * self.vocab / self.t * (ACT_BYTES + 4)
         return norm_in + head_in + logits
+
+    def _runtime_head_bytes(self, b: int, s: int, sp: bool) -> float:
+        """FP32_FLASH, last stage per micro-batch: the final norm's saved tensors (h + 2 or 2h + 1 a token, /t
+        under SP), the LM-head GEMM input h (gathered), and the loss. At t > 1 the vocab-parallel
+        cross-entropy keeps its fp32 softmax V_p/t, its int64 target index and bool ownership mask and the
+        loss's bool ignore mask (10 bytes a token), and the int64 token count the mean divides by; at t = 1
+        torch's fused cross-entropy keeps its fp32 log-softmax V_p, the int64 targets and a 4-byte total
+        weight (hybrid/tp/cross_entropy.py)."""
+        h, tokens = self.cfg.hidden_size, b * s
+        norm = (h + 2 if self.is_gpt2 else 2 * h + 1) * tokens * FP32 / (self.t if sp else 1)
+        head_in = h * tokens * FP32
+        softmax = tokens * self.vocab // self.t * FP32
+        if self.t == 1:
+            return norm + head_in + softmax + tokens * INDEX_BYTES + FP32
+        return norm + head_in + softmax + tokens * (INDEX_BYTES + 2 * BOOL_BYTES) + INDEX_BYTES

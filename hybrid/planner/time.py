@@ -57,13 +57,12 @@ from dataclasses import dataclass
 from hybrid.planner.hardware import GB, Collective, GroupPlacement, collective_seconds, p2p_seconds
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, dp_placement,
                                    pipeline_crosses_nodes, stage_layers, tp_placement)
-from hybrid.planner.ledger import (Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds, sp_grad_sync_ledger,
+from hybrid.planner.ledger import (Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds, partial_grad_ledger,
                                    tp_ledger)
-from hybrid.planner.memory import GRAD_BYTES, PARAM_BYTES, rank_parameters
-from hybrid.planner.model import ACT_BYTES, Shard
+from hybrid.planner.memory import rank_parameters
+from hybrid.planner.model import Shard
 from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline
 
-ADAM_BYTES_PER_PARAM = 28  # 2 x (4 + 4 + 4) fp32 master/momentum/variance read+write, + 2 grad read + 2 param write
 
 
 class FlopsFormula(enum.Enum):
@@ -83,7 +82,7 @@ def megatron_step_flops(batch: int, seq: int, layers: int, hidden: int, vocab: i
 
 def exact_step_flops(work: Workload, tp: int = 1, recompute: Recompute = Recompute.NONE) -> float:
     """FLOPs all GPUs execute in one step, from the model's shapes at tensor-parallel size `tp`."""
-    shard = Shard(work.model, tp, work.padded_vocab(tp))
+    shard = work.shard(tp)
     s = work.seq_length
     layer = 3 * shard.layer_forward_flops(1, s) + _recompute_flops(shard, 1, s, recompute)
     head = 3 * shard.head_forward_flops(1, s)
@@ -172,7 +171,7 @@ class _Context:
 
 def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
     return _Context(work=work, cluster=cluster, layout=layout,
-                    shard=Shard(work.model, layout.tp, work.padded_vocab(layout.tp)),
+                    shard=work.shard(layout.tp),
                     tp_group=tp_placement(cluster, layout), dp_group=dp_placement(cluster, layout))
 
 
@@ -190,7 +189,7 @@ def _tp_cost(ctx: _Context, layers: int, first: bool, last: bool) -> tuple[float
     """(forward, backward) seconds of the TP ledger of `layers` layers and the stage's edges."""
     lay = ctx.layout
     book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, layers, first, last,
-                     lay.sequence_parallel, lay.recompute)
+                     lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes)
     return ctx.tp_seconds(book["forward"]), ctx.tp_seconds(book["backward"])
 
 
@@ -223,10 +222,11 @@ def _chunk_dp_overlap(ctx: _Context, chunk_params: float) -> tuple[float, float]
     """Per-micro-batch (forward, backward) seconds of ZeRO 2/3 collectives and parameter fetches of one chunk;
     they run under the chunk's compute (prefetching), so the chunk takes the longer of the two."""
     lay, hw = ctx.layout, ctx.cluster.hw
-    book = dp_microbatch_ledger(chunk_params, lay.zero, lay.dp, GRAD_BYTES, PARAM_BYTES)
+    pr = ctx.work.precision
+    book = dp_microbatch_ledger(chunk_params, lay.zero, lay.dp, pr.grad_bytes, pr.param_bytes)
     fwd, bwd = ctx.dp_seconds(book["forward"]), ctx.dp_seconds(book["backward"])
     if lay.offload is Offload.OPTIMIZER_AND_PARAMS:  # this rank's parameter partition over PCIe, each way
-        fetch = PARAM_BYTES * chunk_params / lay.dp / (hw.pcie_gbps * GB)
+        fetch = pr.param_bytes * chunk_params / lay.dp / (hw.pcie_gbps * GB)
         fwd, bwd = fwd + fetch, bwd + fetch
     return fwd, bwd
 
@@ -273,7 +273,7 @@ def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[Stage
         compute[r] += c.compute
         comm[r] += c.comm
         hidden[r] += c.hidden
-    message = layout.micro_batch * work.seq_length * work.model.hidden_size * ACT_BYTES
+    message = layout.micro_batch * work.seq_length * work.model.hidden_size * work.precision.activation_bytes
     message /= layout.tp if layout.sequence_parallel else 1  # SP: hidden states between stages are (b, s/t, h)
     p2p = p2p_seconds(cluster.hw, message, pipeline_crosses_nodes(cluster, layout)) if pp > 1 else 0.0
     busiest = max(range(pp), key=lambda r: compute[r] + comm[r])
@@ -283,33 +283,36 @@ def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[Stage
 def _dp_step_seconds(ctx: _Context, psi: float) -> float:
     """DP synchronisation after the last backward for a rank holding `psi` parameters (ledger.dp_step_ledger)."""
     lay = ctx.layout
-    return ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, GRAD_BYTES, PARAM_BYTES))
+    pr = ctx.work.precision
+    return ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, pr.grad_bytes, pr.param_bytes))
 
 
 def _optimizer_seconds(ctx: _Context, psi: float) -> float:
     """Adam on this rank's partition: on the GPU (HBM-bound) or, offloaded, over PCIe and on the host CPUs."""
     lay, hw = ctx.layout, ctx.cluster.hw
     part = psi / (lay.dp if lay.zero >= ZeroStage.OPTIMIZER else 1)
+    pr = ctx.work.precision
     if lay.offload is Offload.NONE:
-        return ctx.hbm_seconds(ADAM_BYTES_PER_PARAM * part)
-    pcie = (GRAD_BYTES + PARAM_BYTES) * part / (hw.pcie_gbps * GB)
+        return ctx.hbm_seconds(pr.adam_bytes * part)
+    pcie = (pr.grad_bytes + pr.param_bytes) * part / (hw.pcie_gbps * GB)
     cpu = part * min(hw.gpus_per_node, ctx.cluster.gpus) / hw.cpu_adam_params_per_s
     return pcie + cpu
 
 
 def _other_seconds(ctx: _Context) -> float:
-    """Tied-embedding gradient all-reduce between the first and last stage (pp > 1), and under SP the
-    partial-gradient all-reduce of the fullest pipeline rank."""
-    lay, cfg, hw = ctx.layout, ctx.work.model, ctx.cluster.hw
+    """Tied-embedding gradient all-reduce (the V_p/t x h table) between the first and last stage (pp > 1), and
+    the partial-gradient all-reduce (SP, replicated kv-heads) of the fullest pipeline rank."""
+    lay, cfg, hw, grad_bytes = ctx.layout, ctx.work.model, ctx.cluster.hw, ctx.work.precision.grad_bytes
     out = 0.0
     if cfg.tie_embeddings and lay.pp > 1:
         pair = GroupPlacement(size=2, per_node=1 if pipeline_crosses_nodes(ctx.cluster, lay) else 2)
-        out += collective_seconds(hw, Collective.ALL_REDUCE, GRAD_BYTES * ctx.shard.embedding_params(), pair)
-    if lay.sequence_parallel:
+        table = ctx.shard.vocab // ctx.shard.t * cfg.hidden_size
+        out += collective_seconds(hw, Collective.ALL_REDUCE, grad_bytes * table, pair)
+    if lay.tp > 1:
         layers = stage_layers(cfg, lay.pp, lay.v, ctx.work.seq_length)
-        out += max(ctx.tp_seconds(sp_grad_sync_ledger(
-            ctx.shard, sum(layers[c * lay.pp + r] for c in range(lay.v)), r == 0, r == lay.pp - 1, GRAD_BYTES))
-            for r in range(lay.pp))
+        out += max(ctx.tp_seconds(partial_grad_ledger(
+            ctx.shard, sum(layers[c * lay.pp + r] for c in range(lay.v)), r == 0, r == lay.pp - 1,
+            lay.sequence_parallel, grad_bytes)) for r in range(lay.pp))
     return out
 
 
@@ -321,11 +324,29 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     run = run_pipeline(layout.schedule, layout.pp, m, layout.v, times, budget)
     psi = max(rank_parameters(work, layout))  # both grow with Psi: the fullest rank finishes last
     dp = _dp_step_seconds(ctx, psi)
-    opt = _optimizer_seconds(ctx, psi)
+    opt = _optimizer_seconds(ctx, psi) * cluster.hw.shared_compute_factor(_devices_per_node(cluster))
     other = _other_seconds(ctx)
-    return StepTime(total=run.makespan + dp + opt + other, pipeline=run.makespan, compute=m * compute,
+    pipeline = max(run.makespan, shared_compute_bound(cluster, layout, run))
+    return StepTime(total=pipeline + dp + opt + other, pipeline=pipeline, compute=m * compute,
                     tp_comm=m * tp_comm, pp_comm=times.comm, dp_comm=dp, overlapped_dp=m * hidden,
                     optimizer=opt, other=other, bubble_fraction=run.bubble_fraction, run=run)
+
+
+def _devices_per_node(cluster: Cluster) -> int:
+    return min(cluster.gpus, cluster.hw.gpus_per_node)
+
+
+def shared_compute_bound(cluster: Cluster, layout: Layout, run: PipelineRun) -> float:
+    """Devices that share compute units (a CPU's cores: `Hardware.compute_units`) cannot together be busy
+    longer than the units allow: the pipeline takes at least the busy seconds of every device of a node
+    (t d ranks per pipeline rank, each `run.busy`, priced at one device's uncontended rate) / the units.
+    A bubble is then not lost -- an idle rank's core serves the others -- while TP groups, which compute in
+    lock-step, are slowed by every member's share. 0 when devices compute on their own (GPUs)."""
+    hw = cluster.hw
+    if hw.shared_compute_factor(_devices_per_node(cluster)) == 1.0:
+        return 0.0
+    nodes = max(1, cluster.nodes)
+    return layout.tp * layout.dp * sum(run.busy) / (nodes * hw.compute_units)
 
 
 def lower_bound_seconds(work: Workload, cluster: Cluster, layout: Layout) -> float:

@@ -1,0 +1,313 @@
+"""`hybrid calibrate`: measure this machine and write a hardware profile that `hybrid plan --hardware FILE`
+uses in place of a preset.
+
+    hybrid calibrate --ranks 4 --out cpu.json          # spawns 4 ranks (gloo on CPU, nccl on GPUs)
+    hybrid plan --model tiny-gpt2 --gpus 4 --global-batch-size 16 --hardware cpu.json --precision fp32 \\
+                --activation-profile fp32-flash
+
+What is measured, with every rank running at once (so a CPU's cores are shared as they are in training; each
+rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scripts set it):
+
+* matmul FLOP/s per dtype (fp32; bf16 where the device runs it): n x n x n products, 2 n^3 FLOPs each, with
+  every rank busy at once (median rank) and with rank 0 alone -> `peak_tflops` (bf16 when measured, else
+  fp32; `load_hardware(..., Precision.FP32)` takes the fp32 rate) with `compute_efficiency` 1: it is an
+  achieved rate already. On GPUs (nccl) the all-at-once rate; on a CPU (gloo) the alone rate, and
+  `compute_units` = the CPU count: ranks beyond the cores share them, which the planner's shared-compute
+  bound prices (time.py) -- an idle pipeline rank gives its core to the others;
+* memory bandwidth: a large tensor copy, read + write bytes / second (alone on a CPU, as above) -> `hbm_tbps`
+  (what the planner prices elementwise work and Adam with);
+* all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
+  output), timed over a few calls after a warm-up: algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or
+  x (n - 1)/n (all-gather), the nccl-tests convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the
+  all-reduce busbw at the largest size, `intra_latency_s` the time of the smallest all-reduce.
+
+Not measured (one machine cannot): the network between nodes, PCIe, host memory for offload. Those fields
+keep the `cpu` preset's values (or `--base` preset's) and the profile says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.distributed as dist
+
+from hybrid.planner.hardware import GB, GpuKind, Hardware, hardware
+from hybrid.planner.model import Precision
+
+FORMAT = "hybrid-hardware-profile/1"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# torch 2.13 renamed the tensor-in/tensor-out all-gather (as hybrid/comm.py handles it)
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+DEFAULT_SIZES = (8, 2**16, 2**20, 2**23)  # bytes: latency, small, medium, large
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """What `calibrate` measures.
+
+    Attributes:
+        ranks: processes spawned (the N of the collectives; the device count of the profile).
+        backend: torch.distributed backend ("gloo" on CPU, "nccl" on GPUs).
+        matmul_n: side of the square matmuls, elements.
+        copy_bytes: size of the tensor copied to measure memory bandwidth, bytes.
+        sizes: collective sizes S, bytes (nccl-tests' convention).
+        seconds: time spent per matmul / copy measurement, seconds.
+        base: preset whose unmeasured fields (network, PCIe, host memory) the profile keeps.
+    """
+
+    ranks: int = 4
+    backend: str = "gloo"
+    matmul_n: int = 512
+    copy_bytes: int = 2**26
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    seconds: float = 0.5
+    base: str = GpuKind.CPU.value
+
+    def __post_init__(self) -> None:
+        if self.ranks < 2:
+            raise ValueError(f"--ranks must be >= 2 to time collectives, got {self.ranks}")
+        for flag, value in (("--matmul-size", self.matmul_n), ("--copy-bytes", self.copy_bytes),
+                            ("--seconds", self.seconds)):
+            if not value > 0:
+                raise ValueError(f"{flag} must be > 0, got {value}")
+        if not self.sizes or min(self.sizes) < 4:
+            raise ValueError(f"--sizes must be byte counts >= 4, got {self.sizes}")
+        hardware(self.base)  # ValueError naming the presets
+
+
+def bus_bandwidth(op: str, size_bytes: float, seconds: float, n: int) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s, nccl-tests' convention: algbw = S / t; busbw = algbw x 2(n-1)/n for
+    all_reduce, x (n-1)/n for all_gather and reduce_scatter."""
+    algbw = size_bytes / seconds
+    factor = 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+    return algbw, algbw * factor
+
+
+def _timed(fn, seconds: float, min_calls: int = 2) -> float:
+    """Seconds per call of fn(): one warm-up, then calls until `seconds` have passed (at least min_calls)."""
+    fn()
+    calls, start = 0, time.perf_counter()
+    while calls < min_calls or time.perf_counter() - start < seconds:
+        fn()
+        calls += 1
+    return (time.perf_counter() - start) / calls
+
+
+def matmul_flops(dtype: torch.dtype, n: int, seconds: float, device: torch.device) -> float | None:
+    """FLOP/s of n x n x n matmuls in `dtype` (2 n^3 FLOPs each); None if the device cannot run them."""
+    try:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        out = torch.empty(n, n, device=device, dtype=dtype)
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+        def step() -> None:
+            torch.mm(a, b, out=out)
+            sync()
+        return 2.0 * n**3 / _timed(step, seconds)
+    except (RuntimeError, TypeError):
+        return None
+
+
+def copy_bandwidth(nbytes: int, seconds: float, device: torch.device) -> float:
+    """Bytes/s of a tensor copy, read + written."""
+    src = torch.ones(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def step() -> None:
+        dst.copy_(src)
+        sync()
+    return 2.0 * nbytes / _timed(step, seconds)
+
+
+def _collective_seconds(op: str, size: int, world: int, device: torch.device) -> float:
+    """Seconds of one collective of nccl-tests size `size`, every rank calling it together (the slowest rank's
+    mean over a few calls: all ranks time the same calls, and the max is all-reduced)."""
+    elems = max(1, size // 4)
+    if op == "all_reduce":
+        t = torch.ones(elems, device=device)
+        call = (lambda: dist.all_reduce(t))
+    else:
+        shard = torch.ones(max(1, elems // world), device=device)
+        out = torch.empty(shard.numel() * world, device=device)
+        call = (lambda: _all_gather_single(out, shard))
+    calls = 20 if size <= 2**20 else 5
+    call()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    took = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return took.item()
+
+
+def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
+    """Runs on every spawned rank: compute and memory rates with every rank busy at once and with rank 0
+    alone (the others wait in a barrier), then the collectives."""
+    device = torch.device(f"cuda:{rank}") if cfg.backend == "nccl" else torch.device("cpu")
+    say = (lambda msg: print(f"calibrate: {msg}", flush=True)) if rank == 0 else (lambda msg: None)
+    out: dict = {"matmul_flops": {}, "matmul_flops_alone": {}, "collectives": {"all_reduce": [], "all_gather": []}}
+
+    def alone(fn):
+        dist.barrier()
+        value = fn() if rank == 0 else None
+        dist.barrier()
+        return value
+
+    for name, dtype in DTYPES.items():
+        dist.barrier()
+        together = matmul_flops(dtype, cfg.matmul_n, cfg.seconds, device)
+        solo = alone(lambda: matmul_flops(dtype, cfg.matmul_n, cfg.seconds, device))
+        out["matmul_flops"][name], out["matmul_flops_alone"][name] = together, solo
+        if together is None:
+            say(f"matmul {name}: unsupported")
+        elif rank == 0:
+            say(f"matmul {name} {cfg.matmul_n}^3: {together / 1e9:.1f} GFLOP/s per rank with {world} ranks at once, "
+                f"{solo / 1e9:.1f} alone (rank 0)")
+    dist.barrier()
+    out["copy_bytes_per_s"] = copy_bandwidth(cfg.copy_bytes, cfg.seconds, device)
+    out["copy_bytes_per_s_alone"] = alone(lambda: copy_bandwidth(cfg.copy_bytes, cfg.seconds, device))
+    if rank == 0:
+        say(f"memory copy {cfg.copy_bytes / 2**20:.0f} MiB: {out['copy_bytes_per_s'] / GB:.2f} GB/s per rank with "
+            f"{world} at once, {out['copy_bytes_per_s_alone'] / GB:.2f} alone (rank 0)")
+    for op in ("all_reduce", "all_gather"):
+        for size in cfg.sizes:
+            seconds = _collective_seconds(op, size, world, device)
+            algbw, busbw = bus_bandwidth(op, size, seconds, world)
+            out["collectives"][op].append({"bytes": size, "seconds": seconds, "algbw_gbps": algbw / GB,
+                                           "busbw_gbps": busbw / GB})
+            say(f"{op} {size:>10,d} B over {world} ranks: {seconds * 1e6:10.1f} us, algbw {algbw / GB:7.3f} GB/s, "
+                f"busbw {busbw / GB:7.3f} GB/s")
+    return out
+
+
+def calibrate(cfg: CalibrationConfig = CalibrationConfig(), timeout: float = 300.0) -> dict:
+    """Spawn cfg.ranks processes, measure, and return the profile (a JSON-ready dict; see `load_hardware`)."""
+    from hybrid.testing import run_distributed
+    per_rank = run_distributed(_measure_rank, cfg.ranks, args=(cfg,), timeout=timeout, backend=cfg.backend)
+    return make_profile(cfg, per_rank)
+
+
+def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
+    """The profile from every rank's measurements: medians over ranks, collectives from rank 0 (all ranks
+    report the slowest rank's time)."""
+    together, alone = {}, {}
+    for name in DTYPES:
+        rates = [r["matmul_flops"][name] for r in per_rank]
+        if all(x is not None for x in rates):
+            together[name] = statistics.median(rates) / 1e12
+            alone[name] = per_rank[0]["matmul_flops_alone"][name] / 1e12
+    if "fp32" not in together:
+        raise ValueError("fp32 matmuls could not be measured on this device")
+    # Ranks sharing a CPU's cores: a rank's rate alone, and how many such rates the cores give at once.
+    # Separate devices (nccl): the rate with every device busy, no sharing.
+    cores = os.cpu_count() if cfg.backend == "gloo" else None
+    matmul = alone if cores else together
+    collectives = per_rank[0]["collectives"]
+    largest = max(collectives["all_reduce"], key=lambda e: e["bytes"])
+    smallest = min(collectives["all_reduce"], key=lambda e: e["bytes"])
+    base = hardware(cfg.base)
+    copy = (per_rank[0]["copy_bytes_per_s_alone"] if cores
+            else statistics.median(r["copy_bytes_per_s"] for r in per_rank))
+    memory_gb = _host_memory_gb() / cfg.ranks if cfg.backend == "gloo" else base.memory_gb
+    hw = base.with_overrides(
+        name=f"calibrated {platform.node() or 'host'} ({cfg.ranks} x {cfg.backend})",
+        peak_tflops=matmul.get("bf16", matmul["fp32"]), compute_efficiency=1.0, hbm_tbps=copy / 1e12,
+        gpus_per_node=cfg.ranks, intra_node_gbps=largest["busbw_gbps"], intra_latency_s=smallest["seconds"],
+        memory_gb=memory_gb, compute_units=cores)
+    return {
+        "format": FORMAT,
+        "hardware": asdict(hw),
+        "matmul_tflops": matmul,
+        "matmul_tflops_all_ranks_at_once": together,
+        "matmul_tflops_one_rank_alone": alone,
+        "measured": {"ranks": cfg.ranks, "backend": cfg.backend, "threads_per_rank": 1 if cfg.backend == "gloo"
+                     else None, "matmul_n": cfg.matmul_n, "copy_bytes": cfg.copy_bytes,
+                     "memory_copy_gbps": copy / GB, "cpu_count": os.cpu_count(), "collectives": collectives,
+                     "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                     "torch": torch.__version__, "machine": platform.platform()},
+        "not_measured": {"from_preset": cfg.base,
+                         "fields": ["inter_node_gbps", "inter_latency_s", "pcie_gbps", "host_memory_gb",
+                                    "cpu_adam_params_per_s"]},
+    }
+
+
+def _host_memory_gb() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
+    except (ValueError, OSError, AttributeError):
+        return hardware(GpuKind.CPU).memory_gb
+
+
+def save_profile(profile: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(profile, f, indent=2)
+        f.write("\n")
+
+
+def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
+    """The Hardware of a profile written by `hybrid calibrate`. With Precision.FP32 the fp32 matmul rate is
+    the peak (the profile's default peak is bf16 where it was measured)."""
+    try:
+        with open(path) as f:
+            profile = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--hardware {path}: cannot read a profile ({e})") from None
+    if not isinstance(profile, dict) or profile.get("format") != FORMAT:
+        raise ValueError(f"--hardware {path}: not a {FORMAT} file (write one with `hybrid calibrate --out FILE`)")
+    known = {f.name for f in fields(Hardware)}
+    hw = Hardware(**{k: v for k, v in profile["hardware"].items() if k in known})
+    if precision is Precision.FP32 and "fp32" in profile.get("matmul_tflops", {}):
+        hw = hw.with_overrides(peak_tflops=profile["matmul_tflops"]["fp32"])
+    return hw
+
+
+# --- command line -----------------------------------------------------------------------------------
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `calibrate` on the `hybrid` command's subparsers."""
+    p = subparsers.add_parser("calibrate", help="measure this machine; write a hardware profile for `hybrid plan`",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="hardware.json", help="profile to write (JSON)")
+    p.add_argument("--ranks", type=int, default=CalibrationConfig.ranks, help="processes to spawn")
+    p.add_argument("--backend", default=None, help="gloo (CPU) or nccl (GPUs); default: nccl when CUDA is present")
+    p.add_argument("--matmul-size", type=int, default=CalibrationConfig.matmul_n, help="n of the n^3 matmuls")
+    p.add_argument("--copy-bytes", type=int, default=CalibrationConfig.copy_bytes)
+    p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES),
+                   help="collective sizes in bytes, comma-separated")
+    p.add_argument("--seconds", type=float, default=CalibrationConfig.seconds, help="per compute measurement")
+    p.add_argument("--base", default=GpuKind.CPU.value, choices=[k.value for k in GpuKind],
+                   help="preset giving the fields not measured (network, PCIe, host memory)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> None:
+    try:
+        sizes = tuple(int(x) for x in args.sizes.split(","))
+    except ValueError:
+        raise ValueError(f"--sizes {args.sizes!r}: give comma-separated byte counts, e.g. 8,65536,8388608") from None
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    cfg = CalibrationConfig(ranks=args.ranks, backend=backend, matmul_n=args.matmul_size,
+                            copy_bytes=args.copy_bytes, sizes=sizes, seconds=args.seconds, base=args.base)
+    start = time.perf_counter()
+    print(f"calibrate: spawning {cfg.ranks} {backend} ranks ...", flush=True)
+    profile = calibrate(cfg)
+    save_profile(profile, args.out)
+    hw = profile["hardware"]
+    print(f"calibrate: wrote {args.out} in {time.perf_counter() - start:.0f} s: matmul "
+          + ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in profile["matmul_tflops"].items())
+          + (f" per rank alone ({hw['compute_units']} cores shared)" if hw["compute_units"] else " per device")
+          + f", memory {hw['hbm_tbps'] * 1e3:.2f} GB/s, all-reduce busbw {hw['intra_node_gbps']:.3f} GB/s,"
+          f" latency {hw['intra_latency_s'] * 1e6:.0f} us. Use: hybrid plan --hardware {args.out} ...")
