@@ -1,0 +1,559 @@
+"""Speed and activation memory of hybrid's pipeline executor against torch.distributed.pipelining, on CPU.
+
+    python scripts/bench_pipeline.py [--pp 2,4] [--microbatches 8] [--repeats 7] [--warmup 1] [--hidden 256]
+                                     [--layers 8] [--seq 128] [--micro-batch 4] [--vocab 2048] [--out FILE.md]
+
+One model split, one set of micro-batches, four runtimes side by side, for each pipeline size pp (pp gloo
+ranks, one thread each):
+
+* ours:  `PipelineExecutor` walking `build_schedule(ONE_F_ONE_B | GPIPE, pp, m)[rank]`;
+* torch: `torch.distributed.pipelining.Schedule1F1B` / `ScheduleGPipe` over a `PipelineStage`.
+
+Both run the very same chunk modules (`build_pipeline_chunks`, GPT-2 layout: stage 0 embeds, stage pp-1 has the
+tied head and the loss). torch computes the loss outside the stage (`loss_fn(stage output, target)`), so its
+stage module is a thin wrapper returning the chunk's hidden states, or its logits on the last stage, and
+`loss_fn` is the same `lm_loss` our last chunk calls. Loss semantics agree: ours scales each micro-batch's
+loss by 1/m before backward, torch (`scale_grads=True`) divides the accumulated gradients by m after the
+last backward; both give the gradient of the mean over micro-batches (checked below, same weights).
+
+Timing: `warmup` untimed steps per runtime, then `repeats` rounds that run the four in turn (ABAB...), so
+a noisy machine slows all alike. A step is forward + backward of all m micro-batches (no optimizer),
+started after a barrier; its time is the slowest rank's. Reported: median and min, and ours/torch of
+the medians, of the mins, and the median of the per-round ratios (below 1.0: ours faster). Also the CPU seconds a step costs, summed over
+the ranks (`time.process_time`, all threads of each process, gloo's included): wall-clock time on a
+shared machine moves with whatever else runs, CPU time much less, so it shows runtime overhead even when
+the wall-clock ratios are noise.
+
+Memory, one extra (untimed) step per runtime, measured the same way on both:
+
+* saved activations: `hybrid.memory.SavedActivationLedger` (saved_tensors_hooks) entered around the whole
+  step, each forward tagged with its micro-batch (ours through `on_forward`; torch by wrapping the stage's
+  `forward_one_chunk`, and its `loss_fn`, which runs outside the stage). Peak bytes per stage.
+* held outputs: stage outputs a runtime keeps alive that autograd did not save (a sent activation's
+  values, the last stage's logits): ours `peak_held_output_bytes`; torch the distinct storages of the
+  outputs in `PipelineStage.fwd_cache` (and `output_chunks`), sampled after every forward -- the only
+  point where they grow.
+* torch also keeps per-micro-batch receive buffers for activations and gradients allocated across steps
+  (`args_recv_info`, `grad_recv_info`); their total is reported beside the table.
+
+Where the time goes: PROFILE_STEPS more untimed steps per runtime time each rank's forward / loss /
+backward (ours from the executor's own timeline, torch by wrapping `forward_one_chunk`, `loss_fn` and
+`backward_one_chunk`); the rest of a rank's step is waiting on messages, bubbles and runtime overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from hybrid.memory import SavedActivationLedger, storage_key
+from hybrid.mesh import Mesh, ParallelDims
+from hybrid.pipeline import ScheduleKind, build_schedule
+from hybrid.pipeline.executor import PipelineExecutor, StageIO
+from hybrid.testing import run_distributed
+from hybrid.tp import TPContext
+
+NUM_HEADS = 4
+KINDS = {"1F1B": ScheduleKind.ONE_F_ONE_B, "GPipe": ScheduleKind.GPIPE}
+MiB = 2 ** 20
+PROFILE_STEPS = 2  # untimed steps per runtime that split each rank's step into compute and waiting
+
+warnings.filterwarnings("ignore", message=".*pipelining.*")  # torch's "prototype" notices, in every rank
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes of one run.
+
+    Attributes:
+        layers: Transformer blocks L, split evenly over the pp stages (a multiple of pp).
+        hidden: model width h (NUM_HEADS heads).
+        seq: tokens per sequence T.
+        micro_batch: sequences per micro-batch b.
+        vocab: vocabulary (small, so the LM head on the last stage does not dominate).
+        m: micro-batches per step.
+    """
+
+    layers: int
+    hidden: int
+    seq: int
+    micro_batch: int
+    vocab: int
+    m: int
+
+
+@dataclass
+class PPResult:
+    """What one pipeline size measured; per-rank lists are indexed by pipeline rank."""
+
+    pp: int
+    times: dict[str, list[float]]  # runtime name -> per-step seconds (slowest rank)
+    cpu: dict[str, list[float]]  # runtime name -> per-step CPU seconds, summed over ranks
+    saved: dict[str, list[int]]  # runtime name -> peak saved-activation bytes per stage
+    held: dict[str, list[int]]  # runtime name -> peak held output bytes per stage
+    torch_recv_buffers: list[int]  # per stage, bytes of torch's persistent receive buffers
+    busy: dict[str, list[tuple[float, float]]]  # runtime name -> per stage (median step s, median compute s)
+    check: dict[str, float] = field(default_factory=dict)  # loss / gradient agreement
+
+
+def model_config(shape: Shape):
+    from transformers import GPT2Config
+    from models import from_hf
+    return from_hf(GPT2Config(n_layer=shape.layers, n_embd=shape.hidden, n_head=NUM_HEADS, vocab_size=shape.vocab,
+                              n_positions=shape.seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                              bos_token_id=0, eos_token_id=0))
+
+
+def make_batches(shape: Shape, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    from models import shift_labels
+    gen = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(0, shape.vocab, (shape.micro_batch, shape.seq), generator=gen) for _ in range(shape.m)]
+    return [(x, shift_labels(x)) for x in ids]
+
+
+def _distinct_bytes(tensors) -> int:
+    """Bytes of the distinct storages under `tensors` (a freed 1-element stub counts 0)."""
+    keys = {storage_key(t) for t in tensors if isinstance(t, torch.Tensor) and t.numel() > 1}
+    return sum(k[2] for k in keys)
+
+
+# --- the two runtimes, one step each ---------------------------------------------------------
+
+class Ours:
+    """hybrid's executor over this rank's action list."""
+
+    def __init__(self, chunks: nn.ModuleList, kind: ScheduleKind, mesh: Mesh, shape: Shape):
+        self.chunks, self.kind, self.mesh, self.shape = chunks, kind, mesh, shape
+        self.io = StageIO((shape.micro_batch, shape.seq, shape.hidden))
+        self.schedule = build_schedule(kind, mesh.dims.pp, shape.m)[mesh.coords.pp]
+        self.executor = PipelineExecutor(chunks, self.schedule, mesh.pp, self.io, mesh.device)
+
+    def step(self, batches) -> float:
+        """Loss on the last stage (mean over micro-batches), 0 elsewhere."""
+        return self.executor.forward_backward(batches).item()
+
+    def measure(self, batches) -> tuple[int, int]:
+        """(peak saved-activation bytes, peak held output bytes) of one step."""
+        ledger = SavedActivationLedger(params=self.chunks.parameters())
+        ex = PipelineExecutor(self.chunks, self.schedule, self.mesh.pp, self.io, self.mesh.device,
+                              on_forward=lambda mb, c: ledger.tagged(mb))
+        with ledger:
+            ex.forward_backward(batches)
+        _check_released(ledger, "ours")
+        return ledger.peak_bytes, ex.peak_held_output_bytes
+
+    def compute_seconds(self, batches) -> tuple[float, float]:
+        """(step seconds, seconds in forward / backward compute) of one step, from the executor's timeline."""
+        ex = PipelineExecutor(self.chunks, self.schedule, self.mesh.pp, self.io, self.mesh.device,
+                              record_timeline=True)
+        t0 = time.perf_counter()
+        ex.forward_backward(batches)
+        total = time.perf_counter() - t0
+        return total, sum(e.end - e.start for e in ex.events if e.name in ("forward", "backward"))
+
+
+class StageModule(nn.Module):
+    """A chunk as torch's PipelineStage wants it: x -> hidden states, or logits on the last stage (torch's
+    schedule applies `loss_fn` to them)."""
+
+    def __init__(self, chunk: nn.Module):
+        super().__init__()
+        self.chunk = chunk
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.chunk(x, None)  # (b, T, h), or (b, T, V) logits on the last stage
+
+
+class Torch:
+    """torch.distributed.pipelining's Schedule1F1B / ScheduleGPipe over one PipelineStage of the same chunk."""
+
+    def __init__(self, chunks: nn.ModuleList, kind: ScheduleKind, mesh: Mesh, shape: Shape):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from models.common import lm_loss
+        (chunk,) = chunks
+        self.chunks, self.shape = chunks, shape
+        self.first, self.last = chunk.stage.first, chunk.stage.last
+        self.stage = PipelineStage(StageModule(chunk), mesh.coords.pp, mesh.dims.pp, mesh.device, group=mesh.pp.pg)
+        self.ledger: SavedActivationLedger | None = None  # set only while measuring
+        self.held_peak = 0
+        self.busy: float | None = None  # seconds in forward / loss / backward, counted only when not None
+        self._mb = None  # micro-batch of the latest forward: torch computes its loss right after
+        head = chunk.wte if self.last else None
+
+        def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            with self.ledger.tagged(self._mb) if self.ledger else nullcontext(), self._timer():
+                return lm_loss(logits, labels, head.vocab_start, chunk.tp)
+
+        cls = {ScheduleKind.ONE_F_ONE_B: Schedule1F1B, ScheduleKind.GPIPE: ScheduleGPipe}[kind]
+        self.schedule = cls(self.stage, shape.m, loss_fn=loss_fn, scale_grads=True)
+        forward_one_chunk, backward_one_chunk = self.stage.forward_one_chunk, self.stage.backward_one_chunk
+
+        def tagged_forward(fwd_chunk_id: int, *args, **kwargs):
+            self._mb = fwd_chunk_id
+            with self.ledger.tagged(fwd_chunk_id) if self.ledger else nullcontext(), self._timer():
+                out = forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+            if self.ledger:
+                held = [t for outs, _ in self.stage.fwd_cache.values() for t in outs]
+                held += [t for t in self.stage.output_chunks if isinstance(t, torch.Tensor)]
+                self.held_peak = max(self.held_peak, _distinct_bytes(held))
+            return out
+
+        def timed_backward(*args, **kwargs):
+            with self._timer():
+                return backward_one_chunk(*args, **kwargs)
+        # the schedule calls both through the instance, so these wrappers see every micro-batch
+        self.stage.forward_one_chunk, self.stage.backward_one_chunk = tagged_forward, timed_backward
+
+    @contextmanager
+    def _timer(self):
+        if self.busy is None:
+            yield
+            return
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.busy += time.perf_counter() - t0
+
+    def step(self, batches) -> float:
+        args = (torch.cat([x for x, _ in batches]),) if self.first else ()  # re-split into the same m micro-batches
+        target = torch.cat([y for _, y in batches]) if self.last else None
+        losses: list[torch.Tensor] | None = [] if self.last else None
+        self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        return torch.stack(losses).mean().item() if self.last else 0.0
+
+    def measure(self, batches) -> tuple[int, int]:
+        self.ledger, self.held_peak = SavedActivationLedger(params=self.chunks.parameters()), 0
+        try:
+            with self.ledger:
+                self.step(batches)
+            _check_released(self.ledger, "torch")
+            return self.ledger.peak_bytes, self.held_peak
+        finally:
+            self.ledger = None
+
+    def compute_seconds(self, batches) -> tuple[float, float]:
+        """(step seconds, seconds in forward / loss / backward compute) of one step."""
+        self.busy = 0.0
+        try:
+            t0 = time.perf_counter()
+            self.step(batches)
+            return time.perf_counter() - t0, self.busy
+        finally:
+            self.busy = None
+
+    def recv_buffer_bytes(self) -> int:
+        infos = [i for infos in self.stage.args_recv_info.values() for i in infos]
+        infos += [i for infos in self.stage.grad_recv_info.values() for i in infos]
+        return _distinct_bytes(getattr(i, "buffer", None) for i in infos)
+
+
+def _check_released(ledger: SavedActivationLedger, who: str) -> None:
+    if ledger.current_bytes != 0:
+        raise RuntimeError(f"{who}: {ledger.current_bytes} saved bytes still held after the step")
+
+
+# --- one pipeline size on pp ranks -------------------------------------------------------------
+
+def _timed(run: Callable[[], object], params: list[nn.Parameter]) -> Callable[[], tuple[float, float]]:
+    """The step as (wall seconds, CPU seconds of this process, all its threads)."""
+    def step() -> tuple[float, float]:
+        for p in params:
+            p.grad = None
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        run()
+        return time.perf_counter() - t0, time.process_time() - c0
+    return step
+
+
+def _grads(params: list[nn.Parameter]) -> list[torch.Tensor]:
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dict:
+    from models import build_pipeline_chunks
+    log = (lambda msg: print(msg, flush=True)) if rank == 0 else (lambda msg: None)
+    torch.manual_seed(0)
+    mesh = Mesh.build(ParallelDims(pp=world), device=torch.device("cpu"))
+    cfg = model_config(shape)
+    chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp), mesh.coords.pp, world, seed=0).train()
+    params = list(chunks.parameters())
+    batches = make_batches(shape)
+    runtimes = {}
+    for name, kind in KINDS.items():
+        runtimes[f"ours {name}"] = Ours(chunks, kind, mesh, shape)
+        runtimes[f"torch {name}"] = Torch(chunks, kind, mesh, shape)
+
+    # warm-up (torch infers shapes on its first step), then the same step on both from the same weights
+    steps = {n: _timed(lambda r=r: r.step(batches), params) for n, r in runtimes.items()}
+    for n, step in steps.items():
+        for _ in range(warmup):
+            step()
+        log(f"  {n}: warmed up ({warmup} steps)")
+    check = {}
+    for name in KINDS:
+        out = {}
+        for side in ("ours", "torch"):
+            for p in params:
+                p.grad = None
+            out[side] = (runtimes[f"{side} {name}"].step(batches), _grads(params))
+        diff = max(((a - b).abs().max().item() for a, b in zip(out["ours"][1], out["torch"][1])), default=0.0)
+        scale = max((g.abs().max().item() for g in out["torch"][1]), default=0.0)
+        check[f"{name} loss ours"], check[f"{name} loss torch"] = out["ours"][0], out["torch"][0]
+        check[f"{name} max |grad diff| / max |grad|"] = diff / scale if scale else diff
+
+    times: dict[str, list[float]] = {n: [] for n in runtimes}
+    cpu: dict[str, list[float]] = {n: [] for n in runtimes}
+    for i in range(repeats):
+        for n, step in steps.items():
+            wall, used = step()
+            times[n].append(wall)
+            cpu[n].append(used)
+        log(f"  {i + 1}/{repeats} rounds, median so far: " + ", ".join(
+            f"{n} {1e3 * statistics.median(t):.0f} ms" for n, t in times.items()))
+
+    saved, held, busy = {}, {}, {}
+    for n, r in runtimes.items():
+        for p in params:
+            p.grad = None
+        dist.barrier()
+        saved[n], held[n] = r.measure(batches)
+        busy[n] = []
+        for _ in range(PROFILE_STEPS):
+            for p in params:
+                p.grad = None
+            dist.barrier()
+            busy[n].append(r.compute_seconds(batches))
+    log(f"  memory measured (one ledger step per runtime), compute / wait split ({PROFILE_STEPS} steps per runtime)")
+    recv = runtimes["torch 1F1B"].recv_buffer_bytes()
+    return {"times": times, "cpu": cpu, "saved": saved, "held": held, "busy": busy, "recv": recv, "check": check}
+
+
+def bench(pp: int, shape: Shape, warmup: int, repeats: int) -> PPResult:
+    results = run_distributed(_rank, pp, args=(shape, warmup, repeats), timeout=1800)
+    names = list(results[0]["times"])
+    times = {n: [max(ts) for ts in zip(*(r["times"][n] for r in results))] for n in names}  # slowest rank
+    cpu = {n: [sum(ts) for ts in zip(*(r["cpu"][n] for r in results))] for n in names}  # all ranks together
+    # gradient differences: the worst over ranks; losses: the last stage's (it computes them)
+    check = {k: max(r["check"][k] for r in results) for k in results[0]["check"] if "grad" in k}
+    check.update({k: v for k, v in results[-1]["check"].items() if "loss" in k})
+    return PPResult(pp=pp, times=times, cpu=cpu,
+                    saved={n: [r["saved"][n] for r in results] for n in names},
+                    held={n: [r["held"][n] for r in results] for n in names},
+                    torch_recv_buffers=[r["recv"] for r in results], check=check,
+                    busy={n: [(statistics.median([t for t, _ in r["busy"][n]]),
+                               statistics.median([c for _, c in r["busy"][n]])) for r in results] for n in names})
+
+
+# --- report ------------------------------------------------------------------------------------
+
+def _ms(ts: list[float]) -> str:
+    return f"{1e3 * statistics.median(ts):.0f} / {1e3 * min(ts):.0f}"
+
+
+def _mib(per_stage: list[int]) -> str:
+    return " / ".join(f"{b / MiB:.1f}" for b in per_stage)
+
+
+def _paired(ours: list[float], theirs: list[float]) -> float:
+    """Median over rounds of ours/torch within a round: adjacent steps, so slow drifts of the machine cancel."""
+    return statistics.median(a / b for a, b in zip(ours, theirs))
+
+
+def time_table(results: list[PPResult], m: int) -> str:
+    lines = ["| pp | m | schedule | ours ms (median / min) | torch ms (median / min) | ours/torch (median) "
+             "| ours/torch (min) | ours/torch (paired median) | CPU s per step, all ranks: ours / torch (median) "
+             "| ours/torch CPU (paired median) | goal: ours/torch <= 1.0 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        for name in KINDS:
+            ours, theirs = f"ours {name}", f"torch {name}"
+            ratio = statistics.median(res.times[ours]) / statistics.median(res.times[theirs])
+            ratio_min = min(res.times[ours]) / min(res.times[theirs])
+            paired = _paired(res.times[ours], res.times[theirs])
+            lines.append(f"| {res.pp} | {m} | {name} | {_ms(res.times[ours])} | {_ms(res.times[theirs])} "
+                         f"| {ratio:.3f} | {ratio_min:.3f} | {paired:.3f} "
+                         f"| {statistics.median(res.cpu[ours]):.2f} / {statistics.median(res.cpu[theirs]):.2f} "
+                         f"| {_paired(res.cpu[ours], res.cpu[theirs]):.3f} "
+                         f"| {'met' if ratio <= 1.0 else 'missed'} (median) |")
+    return "\n".join(lines)
+
+
+def memory_table(results: list[PPResult]) -> str:
+    lines = ["| pp | schedule | saved activations MiB per stage: ours | torch | held outputs MiB per stage: ours "
+             "| torch | goal: ours <= torch |",
+             "|---|---|---|---|---|---|---|"]
+    for res in results:
+        for name in KINDS:
+            ours, theirs = f"ours {name}", f"torch {name}"
+            ok = all(a <= b and a + c <= b + d for a, b, c, d in
+                     zip(res.saved[ours], res.saved[theirs], res.held[ours], res.held[theirs]))
+            lines.append(f"| {res.pp} | {name} | {_mib(res.saved[ours])} | {_mib(res.saved[theirs])} "
+                         f"| {_mib(res.held[ours])} | {_mib(res.held[theirs])} | {'met' if ok else 'missed'} |")
+    return "\n".join(lines)
+
+
+def split_table(results: list[PPResult]) -> str:
+    """Per stage: compute (forward, loss, backward) and the rest of the step (waiting on messages, bubbles,
+    the runtime's own work), median of the PROFILE_STEPS untimed steps."""
+    def cells(per_stage: list[tuple[float, float]]) -> str:
+        return " / ".join(f"{1e3 * c:.0f} + {1e3 * (t - c):.0f}" for t, c in per_stage)
+    lines = ["| pp | schedule | ours: compute + rest ms, per stage | torch: compute + rest ms, per stage |",
+             "|---|---|---|---|"]
+    for res in results:
+        for name in KINDS:
+            ours, theirs = cells(res.busy[f"ours {name}"]), cells(res.busy[f"torch {name}"])
+            lines.append(f"| {res.pp} | {name} | {ours} | {theirs} |")
+    return "\n".join(lines)
+
+
+def checks(results: list[PPResult]) -> list[str]:
+    out = []
+    for res in results:
+        c = res.check
+        parts = [f"{name}: loss ours {c[f'{name} loss ours']:.6f} / torch {c[f'{name} loss torch']:.6f}, "
+                 f"max |grad diff| / max |grad| {c[f'{name} max |grad diff| / max |grad|']:.1e}" for name in KINDS]
+        out.append(f"- same weights and micro-batches, pp {res.pp}: " + "; ".join(parts))
+        out.append(f"- torch's persistent receive buffers (m activations + m gradients), pp {res.pp}, MiB per stage: "
+                   f"{_mib(res.torch_recv_buffers)}")
+    return out
+
+
+def _version(pkg: str) -> str:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def report(results: list[PPResult], args: argparse.Namespace, shape: Shape, load: tuple[float, float]) -> str:
+    """Setup lines, the table, and the correctness / buffer notes; `load` is the 1-minute load average
+    before and after (on this 2-core machine, pp = 4 already runs two ranks per core)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    command = "python scripts/bench_pipeline.py " + " ".join(sys.argv[1:])
+    return "\n".join([
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- machine: {os.cpu_count()}-core CPU ({cpu}), gloo, one process per pipeline rank, "
+        "torch.set_num_threads(1) per process",
+        f"- versions: torch {torch.__version__}, transformers {_version('transformers')}, "
+        f"python {platform.python_version()}",
+        f"- command: `{command.strip()}`",
+        f"- model: GPT-2, L={shape.layers}, h={shape.hidden}, {NUM_HEADS} heads, V={shape.vocab}, fp32; "
+        f"micro-batch (b, T) = ({shape.micro_batch}, {shape.seq}), m = {shape.m}; layers split evenly",
+        f"- timing: forward + backward of one step (no optimizer), {args.warmup} warm-up step(s), then {args.repeats} "
+        f"interleaved rounds (ours 1F1B, torch 1F1B, ours GPipe, torch GPipe); slowest rank per step; "
+        f"1-min load average {load[0]:.2f} before, {load[1]:.2f} after",
+        "",
+        time_table(results, shape.m),
+        "",
+        "Memory (one untimed step per runtime under the saved-tensor ledger):",
+        "",
+        memory_table(results),
+        "",
+        f"Where the time goes ({PROFILE_STEPS} more untimed steps per runtime, median; compute = forward, loss "
+        "and backward; rest = waiting on messages and bubbles, plus the runtime's own work):",
+        "",
+        split_table(results),
+        "",
+        *checks(results),
+        "",
+    ])
+
+
+# --- command line ------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not the usage block
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 2, e.g. 2,4; got {text!r}") from None
+    if any(v < 2 for v in values):
+        raise argparse.ArgumentTypeError(f"pipeline sizes must be >= 2 (a pipeline needs two stages), got {text!r}")
+    return values
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = _Parser(prog="bench_pipeline.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--pp", type=_sizes, default=[2, 4], help="pipeline sizes, comma-separated (default 2,4)")
+    p.add_argument("--microbatches", type=_positive, default=8, help="micro-batches per step m (default 8)")
+    p.add_argument("--repeats", type=_positive, default=7, help="timed rounds of the four runtimes (default 7)")
+    p.add_argument("--warmup", type=_positive, default=1,
+                   help="untimed steps per runtime first (default 1; one more untimed step checks the gradients)")
+    p.add_argument("--hidden", type=_positive, default=256,
+                   help=f"model width h, a multiple of {NUM_HEADS} (default 256)")
+    p.add_argument("--layers", type=_positive, default=8, help="Transformer blocks L (default 8)")
+    p.add_argument("--seq", type=_positive, default=128, help="tokens per sequence T (default 128)")
+    p.add_argument("--micro-batch", type=_positive, default=4, help="sequences per micro-batch b (default 4)")
+    p.add_argument("--vocab", type=_positive, default=2048, help="vocabulary V (default 2048)")
+    p.add_argument("--out", metavar="FILE.md", help="also write the report (setup + table) as markdown")
+    args = p.parse_args(argv)
+    if args.hidden % NUM_HEADS != 0:
+        p.error(f"--hidden {args.hidden}: must be a multiple of the {NUM_HEADS} heads")
+    bad = [pp for pp in args.pp if args.layers % pp != 0]
+    if bad:
+        p.error(f"--layers {args.layers}: the even split needs a multiple of every --pp size, not of {bad[0]}")
+    if args.microbatches < max(args.pp):
+        p.error(f"--microbatches {args.microbatches}: torch's Schedule1F1B needs m >= pp; use >= {max(args.pp)}")
+    if args.seq < 2:
+        p.error("--seq must be at least 2 (the loss predicts the next token)")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        p.error(f"--out {args.out}: directory does not exist")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    shape = Shape(layers=args.layers, hidden=args.hidden, seq=args.seq, micro_batch=args.micro_batch,
+                  vocab=args.vocab, m=args.microbatches)
+    start = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    results = []
+    for i, pp in enumerate(args.pp, 1):
+        print(f"[{i}/{len(args.pp)}] pp {pp}, m {shape.m}: ours vs torch.distributed.pipelining, 1F1B and GPipe "
+              f"({pp} gloo ranks)", flush=True)
+        results.append(bench(pp, shape, args.warmup, args.repeats))
+    text = report(results, args, shape, (load_before, os.getloadavg()[0]))
+    print(f"\n{text}\ntotal {time.perf_counter() - start:.0f} s", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
