@@ -103,14 +103,15 @@ def test_pipeline_loss_and_gradients_match_single_process(results, case):
 STEPS, GLOBAL, MICRO, TSEQ = 5, 8, 2, 32
 
 
-def _train(mesh: Mesh, model_name: str, kind: ScheduleKind = ScheduleKind.ONE_F_ONE_B):
+def _train(mesh: Mesh, model_name: str, sp: bool = False, kind: ScheduleKind = ScheduleKind.ONE_F_ONE_B):
     cfg = load_config(model_name)
-    tp = TPContext(mesh.tp)
+    tp = TPContext(mesh.tp, sequence_parallel=sp)
     pp = mesh.dims.pp
     chunks = build_pipeline_chunks(cfg, tp, mesh.coords.pp, pp, 1, seed=11)
     spec = BatchSpec(GLOBAL, MICRO, TSEQ, mesh.dims.dp)
     schedule = build_schedule(kind, pp, spec.num_micro_batches)[mesh.coords.pp]
-    runner = PipelineExecutor(chunks, schedule, mesh.pp, StageIO((MICRO, TSEQ, cfg.hidden_size)), mesh.device)
+    seq = TSEQ // mesh.dims.tp if sp else TSEQ  # under SP a stage boundary carries T/t tokens
+    runner = PipelineExecutor(chunks, schedule, mesh.pp, StageIO((MICRO, seq, cfg.hidden_size)), mesh.device)
     # why SGD: see test_training.py. lr 0.05 keeps training smooth (loss 5.56 -> 4.37); at 0.1 rounding
     # differences grow ~10x per step (chaotic regime), at 0.05 they stay ~3e-7 after 5 steps.
     opt = torch.optim.SGD(chunks.parameters(), lr=0.05, momentum=0.9)
@@ -122,14 +123,15 @@ def _train(mesh: Mesh, model_name: str, kind: ScheduleKind = ScheduleKind.ONE_F_
     return losses, weights
 
 
-def _composed(rank, world, model_name):
-    return _train(Mesh.build(ParallelDims.from_world(world, tp=2, pp=2)), model_name)
+def _composed(rank, world, model_name, sp):
+    return _train(Mesh.build(ParallelDims.from_world(world, tp=2, pp=2)), model_name, sp)
 
 
-@pytest.mark.parametrize("model_name", ["tiny-gpt2", "tiny-llama"])
-def test_tp2_pp2_dp2_training_matches_single_process(model_name):
+@pytest.mark.parametrize("model_name,sp", [("tiny-gpt2", False), ("tiny-llama", False), ("tiny-llama", True)],
+                         ids=["gpt2", "llama", "llama-sp"])
+def test_tp2_pp2_dp2_training_matches_single_process(model_name, sp):
     ref_losses, ref_weights = _train(Mesh.single(), model_name)
-    results = run_distributed(_composed, 8, args=(model_name,), timeout=600)
+    results = run_distributed(_composed, 8, args=(model_name, sp), timeout=600)
     seen = set()
     for losses, weights in results:
         assert losses == pytest.approx(ref_losses, rel=RTOL)
