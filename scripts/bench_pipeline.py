@@ -66,6 +66,7 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
+from hybrid.cliutil import OneLineParser, positive_int  # noqa: E402
 
 NUM_HEADS = 4
 KINDS = {"1F1B": ScheduleKind.ONE_F_ONE_B, "GPipe": ScheduleKind.GPIPE}
@@ -482,19 +483,7 @@ def report(results: list[PPResult], args: argparse.Namespace, shape: Shape, load
 
 # --- command line ------------------------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not the usage block
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+_Parser, _positive = OneLineParser, positive_int
 
 
 def _sizes(text: str) -> list[int]:

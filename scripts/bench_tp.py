@@ -57,6 +57,7 @@ from hybrid.comm import Group
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.testing import run_distributed
 from hybrid.tp import ColumnParallelLinear, RowParallelLinear, TPContext, init_parameters
+from hybrid.cliutil import OneLineParser, positive_int  # noqa: E402
 
 TP = 2  # ranks of the MLP comparison
 NUM_HEADS, NUM_KV_HEADS = 4, 2  # of the model comparison (Llama uses grouped-query attention)
@@ -364,19 +365,7 @@ def report(rows: list[Row], args: argparse.Namespace, load: tuple[float, float])
 
 # --- command line ------------------------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not the usage block
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+_Parser, _positive = OneLineParser, positive_int
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

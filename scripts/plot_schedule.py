@@ -38,6 +38,7 @@ from matplotlib.transforms import offset_copy  # noqa: E402
 
 from hybrid.pipeline.schedules import Op, ScheduleKind, build_schedule  # noqa: E402
 from hybrid.pipeline.simulate import Costs, simulate  # noqa: E402
+from hybrid.cliutil import OneLineParser, positive_int  # noqa: E402
 
 COMPUTE = ("forward", "backward")
 
@@ -206,19 +207,7 @@ def draw(pic: Picture, out: str) -> None:
 
 # --- command line ------------------------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not the usage block
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+_Parser, _positive = OneLineParser, positive_int
 
 
 def _ratio(text: str) -> float:
