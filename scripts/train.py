@@ -58,6 +58,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--timeline", default=None, help="write the last step's per-rank Chrome trace (JSON) here")
     g.add_argument("--micro-batch-size", type=int, default=4)
     g.add_argument("--global-batch-size", type=int, default=None, help="default: micro batch x dp")
+    g.add_argument("--auto-parallel", action="store_true",
+                   help="let the planner choose tp, pp, v, micro batch, ZeRO stage, offload and SP for this world "
+                        "size and device memory (needs --global-batch-size)")
+    g.add_argument("--hardware", default=None, help="with --auto-parallel: a `hybrid calibrate` profile (JSON) "
+                                                    "to plan with instead of the device preset")
     g = p.add_argument_group("optimization")
     g.add_argument("--train-iters", type=int, default=100)
     g.add_argument("--lr", type=float, default=1e-3)
@@ -191,10 +196,58 @@ def log0(mesh: Mesh, msg: str) -> None:
         print(msg, flush=True)
 
 
+def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
+    """Ask the planner for the fastest layout that fits (hybrid/planner) and set the layout flags from it.
+
+    The device is this process's: a CUDA GPU's memory and the nearest GPU preset, or on CPU the `cpu`
+    preset with this machine's memory shared by the local ranks. Recomputation is pinned off (train.py has
+    none); the planner models our runtime exactly on CPU (fp32, flash attention: docs/planner.md)."""
+    import dataclasses
+
+    from hybrid.planner import ActivationProfile, Cluster, Precision, Recompute, SearchSpace, Workload, hardware, search
+
+    if args.global_batch_size is None:
+        raise ValueError("--auto-parallel needs --global-batch-size (the planner picks the micro-batch)")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        kind = next((k for k in ("h200", "h100-80g") if k.split("-")[0] in props.name.lower()), "a100-80g")
+        hw = dataclasses.replace(hardware(kind), memory_gb=props.total_memory / 1e9)
+        profile = ActivationProfile.KORTHIKANTI
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        hw = dataclasses.replace(hardware("cpu"), memory_gb=total / local / 1e9, gpus_per_node=local)
+        profile = ActivationProfile.FP32_FLASH
+    precision = Precision.MIXED if (args.bf16 or args.fp16) else Precision.FP32
+    if args.hardware:
+        from hybrid.planner import calibrate
+        if not os.path.isfile(args.hardware):
+            raise ValueError(f"--hardware {args.hardware!r} is not a file; write one with `hybrid calibrate --out FILE`")
+        hw = calibrate.load_hardware(args.hardware, precision).with_overrides(memory_gb=hw.memory_gb)
+    work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
+                    precision=precision, activations=profile)
+    result = search(work, Cluster(gpus=world, hw=hw), SearchSpace(recompute=(Recompute.NONE,)), top=1)
+    if not result.plans:
+        raise ValueError(f"--auto-parallel: no layout of {args.model} fits {world} x {hw.memory_gb:.1f} GB; "
+                         f"run `hybrid plan` to see why")
+    lay = result.plans[0].layout
+    args.tensor_model_parallel_size, args.pipeline_model_parallel_size = lay.tp, lay.pp
+    args.micro_batch_size, args.zero_stage, args.sequence_parallel = lay.micro_batch, int(lay.zero), lay.sequence_parallel
+    args.offload_optimizer = lay.offload.value != "none"
+    args.offload_params = lay.offload.value == "optimizer+params"
+    args.num_layers_per_virtual_pipeline_stage = (work.model.num_layers // (lay.pp * lay.v)) if lay.v > 1 else None
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}, micro-batch {lay.micro_batch}, "
+              f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel} "
+              f"(predicted {result.plans[0].time.total:.3g} s/step on {hw.name})", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
+        if args.auto_parallel:
+            apply_auto_parallel(args, world)
         cfg, dims, batch, plan = check_args(args, world)
         corpus = load_corpus(args.data_path)
     except ValueError as e:

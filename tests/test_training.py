@@ -84,12 +84,26 @@ def test_tp2_dp2_training_matches_single_process(model_name, tp, sp):
     (["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "12",
       "--micro-batch-size", "4"], 2, "multiple of --pipeline-model-parallel-size 2"),
     (["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "1,2"], 2, "--pipeline-layers-per-stage"),
+    (["--auto-parallel"], 4, "--auto-parallel needs --global-batch-size"),
+    (["--auto-parallel", "--global-batch-size", "8", "--hardware", "/nonexistent.json"], 4, "--hardware"),
 ])
 def test_bad_flags_are_rejected_before_any_process_group(argv, world, message, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", str(world))
     with pytest.raises(SystemExit, match=re.escape(message)) as e:
         train_script.main(argv)
     assert "\n" not in str(e.value), "the error is one line"
+    assert not torch.distributed.is_initialized()
+
+
+def test_auto_parallel_asks_the_planner_for_a_layout_that_passes_every_check(monkeypatch, capsys):
+    """--auto-parallel sets the layout flags from the planner's best plan, before any process group."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    args = train_script.parse_args(["--auto-parallel", "--global-batch-size", "32", "--seq-length", "64"])
+    train_script.apply_auto_parallel(args, 8)
+    cfg, dims, batch, plan = train_script.check_args(args, 8)
+    assert dims.world == 8 and batch.global_batch == 32
+    assert "auto-parallel: tp" in capsys.readouterr().out
     assert not torch.distributed.is_initialized()
 
 
