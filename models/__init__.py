@@ -6,18 +6,18 @@ import torch.nn as nn
 
 from hybrid.partition import partition_layers
 from hybrid.tp import TPContext, init_parameters
-from models.common import StageLayout, shift_labels
+from models.common import Recompute, StageLayout, set_recompute, shift_labels
 from models.config import ARCH_GPT2, PRESETS, ModelConfig, from_hf, load_config
 from models.gpt2 import GPT2
 from models.llama import Llama
 
 
 def build_model(cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = None, seed: int | None = 1234,
-                pad_vocab_to: int = 1) -> nn.Module:
+                pad_vocab_to: int = 1, recompute: Recompute = Recompute.NONE) -> nn.Module:
     """The model (or one pipeline stage of it) for this TP rank; initialised from `seed` so every
     layout starts from the same full weights (seed=None leaves them to a checkpoint load)."""
     cls = GPT2 if cfg.arch == ARCH_GPT2 else Llama
-    model = cls(cfg, tp, stage=stage, pad_vocab_to=pad_vocab_to)
+    model = set_recompute(cls(cfg, tp, stage=stage, pad_vocab_to=pad_vocab_to), recompute)
     if seed is not None:
         init_parameters(model, seed, tp.rank)
     return model
@@ -25,7 +25,7 @@ def build_model(cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = Non
 
 def build_pipeline_chunks(cfg: ModelConfig, tp: TPContext, pp_rank: int, pp: int, v: int = 1,
                           stages: list[tuple[int, ...]] | None = None, seed: int | None = 1234,
-                          pad_vocab_to: int = 1) -> nn.ModuleList:
+                          pad_vocab_to: int = 1, recompute: Recompute = Recompute.NONE) -> nn.ModuleList:
     """This pipeline rank's v model chunks. Chunk c is global stage c*pp + pp_rank (Megatron's
     interleaved layout); `stages` gives each global stage's layer ids (default: hybrid.partition's
     uniform split)."""
@@ -33,9 +33,9 @@ def build_pipeline_chunks(cfg: ModelConfig, tp: TPContext, pp_rank: int, pp: int
     last = pp * v - 1
     return nn.ModuleList(
         build_model(cfg, tp, StageLayout(layer_ids=stages[s], first=s == 0, last=s == last), seed=seed,
-                    pad_vocab_to=pad_vocab_to)
+                    pad_vocab_to=pad_vocab_to, recompute=recompute)
         for s in (c * pp + pp_rank for c in range(v)))
 
 
-__all__ = ["build_pipeline_chunks", "GPT2", "Llama", "ModelConfig", "PRESETS", "StageLayout", "build_model", "from_hf", "load_config",
+__all__ = ["Recompute", "build_pipeline_chunks", "set_recompute", "GPT2", "Llama", "ModelConfig", "PRESETS", "StageLayout", "build_model", "from_hf", "load_config",
            "shift_labels"]

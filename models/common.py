@@ -2,15 +2,42 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from hybrid.tp import (IGNORE_INDEX, ColumnParallelLinear, RowParallelLinear, ShardSpec, TPContext,
                        normal_init, vocab_parallel_cross_entropy)
 from models.config import ModelConfig
+
+
+class Recompute(enum.Enum):
+    """Activation recomputation (`--recompute-granularity`; Korthikanti et al. 2022).
+
+    SELECTIVE recomputes the attention core in backward (its saved q, k, v are kept, its output and
+    softmax statistics are not); FULL keeps only each block's input and reruns the whole block in
+    backward (its TP collectives included, as in Megatron). Both use torch's non-reentrant checkpoint."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+def set_recompute(model: nn.Module, granularity: Recompute) -> nn.Module:
+    """Set the recomputation of every block and attention layer in `model`."""
+    for m in model.modules():
+        if hasattr(m, "recompute"):
+            m.recompute = granularity
+    return model
+
+
+def maybe_checkpoint(enabled: bool, fn, *args):
+    """fn(*args), recomputed in backward instead of saving its intermediates when `enabled`."""
+    return checkpoint(fn, *args, use_reentrant=False) if enabled else fn(*args)
 
 
 @dataclass(frozen=True)
@@ -56,6 +83,7 @@ class ParallelAttention(nn.Module):
         super().__init__()
         h, hd = cfg.hidden_size, cfg.head_dim
         self.tp, self.head_dim, self.dropout = tp, hd, cfg.dropout
+        self.recompute = Recompute.NONE
         self.n_heads = cfg.num_heads // tp.size
         col = dict(tp=tp, bias=cfg.qkv_bias, enter=False)
         self.q_proj = ColumnParallelLinear(h, cfg.num_heads * hd, **col)
@@ -71,9 +99,14 @@ class ParallelAttention(nn.Module):
         v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1],
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = maybe_checkpoint(self.recompute is Recompute.SELECTIVE and self.training, self.core, q, k, v)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C), summed over TP
+
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(hd) + causal mask) v, per head."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1],
+                                              dropout_p=self.dropout if self.training else 0.0)
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_start: int, tp: TPContext) -> torch.Tensor:

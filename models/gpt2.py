@@ -16,7 +16,7 @@ from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, LayerNorm, RowParallelLinear, TPContext, VocabParallelEmbedding, normal_init
 from hybrid.tp.sharding import set_spec
-from models.common import ParallelAttention, StageLayout, lm_loss
+from models.common import ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
 from models.config import ModelConfig
 
 
@@ -52,8 +52,12 @@ class GPT2Block(nn.Module):
         self.ln_2 = LayerNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
         self.mlp = GPT2MLP(cfg, tp, out_std)
         self.drop = nn.Dropout(cfg.dropout)
+        self.recompute = Recompute.NONE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x)
+
+    def block(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attn(self.ln_1(x)))
         return x + self.drop(self.mlp(self.ln_2(x)))
 

@@ -11,7 +11,7 @@ import torch.nn as nn
 from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
-from models.common import ParallelAttention, StageLayout, lm_loss
+from models.common import ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
 from models.config import ModelConfig
 
 
@@ -40,8 +40,13 @@ class LlamaBlock(nn.Module):
         self.self_attn = ParallelAttention(cfg, tp, out_std=0.02)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg, tp)
+        self.recompute = Recompute.NONE
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, *rope)
+
+    def block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rope = (cos, sin)
         x = x + self.self_attn(self.input_layernorm(x), rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 

@@ -31,7 +31,7 @@ from hybrid.pipeline.executor import PipelineExecutor, StageIO  # noqa: E402
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace  # noqa: E402
 from hybrid.tp import TPContext  # noqa: E402
 from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step  # noqa: E402
-from models import build_pipeline_chunks, load_config  # noqa: E402
+from models import Recompute, build_pipeline_chunks, load_config  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 from hybrid.zero import CpuAdam, Precision, ZeroConfig, ZeroOptimizer  # noqa: E402
 from hybrid.zero.ds_config import read_deepspeed_config  # noqa: E402
@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--pipeline-partition", choices=("uniform", "balanced"), default="uniform",
                    help="balanced: split layers by FLOPs, counting the embedding and the LM head")
     g.add_argument("--pipeline-layers-per-stage", default=None, help="layers of each stage by hand, e.g. 3,5,5,3")
+    g.add_argument("--recompute-granularity", choices=[r.value for r in Recompute if r is not Recompute.NONE],
+                   default=None, help="recompute activations in backward: selective (attention core) or full (block)")
     g.add_argument("--timeline", default=None, help="write the last step's per-rank Chrome trace (JSON) here")
     g.add_argument("--micro-batch-size", type=int, default=4)
     g.add_argument("--global-batch-size", type=int, default=None, help="default: micro batch x dp")
@@ -271,7 +273,8 @@ def main(argv: list[str] | None = None) -> None:
 def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: BatchSpec, plan: PipelinePlan):
     """The model chunks on this rank and what runs forward/backward over them."""
     dims = mesh.dims
-    model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages, seed=args.seed)
+    model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages, seed=args.seed,
+                                  recompute=Recompute(args.recompute_granularity or "none"))
     model = model.to(mesh.device)
     if args.load:
         from models.hf_io import load_hf_checkpoint
