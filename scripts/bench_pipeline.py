@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
 import os
 import platform
 import statistics
@@ -56,7 +55,9 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+import torch  # noqa: E402
 import torch.distributed as dist
 import torch.nn as nn
 
@@ -66,7 +67,7 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
-from hybrid.cliutil import OneLineParser, positive_int  # noqa: E402
+from hybrid.cliutil import OneLineParser, cpu_name, package_version, positive_int  # noqa: E402
 
 NUM_HEADS = 4
 KINDS = {"1F1B": ScheduleKind.ONE_F_ONE_B, "GPipe": ScheduleKind.GPIPE}
@@ -435,22 +436,13 @@ def checks(results: list[PPResult]) -> list[str]:
     return out
 
 
-def _version(pkg: str) -> str:
-    try:
-        return importlib.metadata.version(pkg)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+_version = package_version
 
 
 def report(results: list[PPResult], args: argparse.Namespace, shape: Shape, load: tuple[float, float]) -> str:
     """Setup lines, the table, and the correctness / buffer notes; `load` is the 1-minute load average
     before and after (on this 2-core machine, pp = 4 already runs two ranks per core)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     command = "python scripts/bench_pipeline.py " + " ".join(sys.argv[1:])
     return "\n".join([
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
 import os
 import platform
 import statistics
@@ -48,7 +47,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+import torch  # noqa: E402
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
@@ -57,7 +58,7 @@ from hybrid.comm import Group
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.testing import run_distributed
 from hybrid.tp import ColumnParallelLinear, RowParallelLinear, TPContext, init_parameters
-from hybrid.cliutil import OneLineParser, positive_int  # noqa: E402
+from hybrid.cliutil import OneLineParser, cpu_name, package_version, positive_int  # noqa: E402
 
 TP = 2  # ranks of the MLP comparison
 NUM_HEADS, NUM_KV_HEADS = 4, 2  # of the model comparison (Llama uses grouped-query attention)
@@ -320,11 +321,7 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def _version(pkg: str) -> str:
-    try:
-        return importlib.metadata.version(pkg)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+_version = package_version
 
 
 def _commit() -> str:
@@ -342,12 +339,7 @@ def _commit() -> str:
 def report(rows: list[Row], args: argparse.Namespace, load: tuple[float, float]) -> str:
     """Setup lines and the table; `load` is the 1-minute load average before and after the run
     (above ~2 on this 2-core machine something else competed for the cores)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     command = "python scripts/bench_tp.py " + " ".join(sys.argv[1:])
     return "\n".join([
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
