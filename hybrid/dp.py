@@ -23,17 +23,20 @@ from hybrid.comm import Group
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
-def make_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.Parameter]]:
+def make_buckets(params: list[nn.Parameter], bucket_bytes: int,
+                 element_size: int | None = None) -> list[list[nn.Parameter]]:
     """Consecutive parameters (in reverse registration order: the order backward produces them)
-    grouped until a bucket reaches `bucket_bytes`."""
+    grouped until a bucket reaches `bucket_bytes`. `element_size` counts each element at that many
+    bytes (the gradient dtype, when it differs from the parameters'); default: the parameter's own."""
     buckets: list[list[nn.Parameter]] = [[]]
     size = 0
     for p in reversed(params):
-        if buckets[-1] and size + p.numel() * p.element_size() > bucket_bytes:
+        nbytes = p.numel() * (element_size or p.element_size())
+        if buckets[-1] and size + nbytes > bucket_bytes:
             buckets.append([])
             size = 0
         buckets[-1].append(p)
-        size += p.numel() * p.element_size()
+        size += nbytes
     return [b for b in buckets if b]
 
 

@@ -41,6 +41,7 @@ import torch
 import torch.nn as nn
 
 from hybrid.comm import Group
+from hybrid.dp import make_buckets
 from hybrid.mesh import Mesh
 from hybrid.tp import sync_partial_grads
 from hybrid.training import OptimizerConfig, sync_tied_embeddings
@@ -137,7 +138,8 @@ class ZeroOptimizer:
                 units += roots + [u for _, u in blocks]
             else:
                 units += roots + [self._unit(f"chunk{c}.bucket{i}", b)
-                                  for i, b in enumerate(_buckets(rest, self.cfg.bucket_bytes, self.dtype))]
+                                  for i, b in enumerate(make_buckets(rest, self.cfg.bucket_bytes,
+                                                                       _element_size(self.dtype)))]
         return units, plan
 
     def _init_unit(self, u: FlatUnit) -> None:
@@ -428,19 +430,8 @@ class ZeroOptimizer:
         return sum(u.padded for u in self.units)
 
 
-def _buckets(params: list[nn.Parameter], bucket_bytes: int, dtype: torch.dtype) -> list[list[nn.Parameter]]:
-    """Consecutive parameters in reverse registration order (the order backward produces them),
-    grouped until a bucket reaches `bucket_bytes`."""
-    size_of = torch.empty((), dtype=dtype).element_size()
-    out: list[list[nn.Parameter]] = [[]]
-    size = 0
-    for p in reversed(params):
-        if out[-1] and size + p.numel() * size_of > bucket_bytes:
-            out.append([])
-            size = 0
-        out[-1].append(p)
-        size += p.numel() * size_of
-    return [b for b in out if b]
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def cpu_adamw(groups: list[dict], which: CpuAdam, lr: float, betas: tuple[float, float],
