@@ -1,0 +1,3 @@
+from hybrid.train.main import main
+
+main()

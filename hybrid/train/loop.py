@@ -1,0 +1,97 @@
+"""The training run on one rank, after every check has passed: build the mesh, the model chunks, the
+pipeline runner and the ZeRO optimizer, then step."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from hybrid.data import BatchSpec, micro_batches
+from hybrid.mesh import Mesh, ParallelDims
+from hybrid.pipeline import build_schedule
+from hybrid.pipeline.executor import PipelineExecutor, StageIO
+from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
+from hybrid.tp import TPContext
+from hybrid.train.args import PipelinePlan
+from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.zero import Precision, ZeroOptimizer
+from models import Recompute, build_pipeline_chunks
+from models.config import ModelConfig
+
+
+def log0(mesh: Mesh, msg: str) -> None:
+    if mesh.rank == 0:
+        print(msg, flush=True)
+
+
+def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: BatchSpec, plan: PipelinePlan):
+    """The model chunks on this rank and what runs forward/backward over them."""
+    dims = mesh.dims
+    model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages, seed=args.seed,
+                                  recompute=Recompute(args.recompute_granularity or "none"))
+    model = model.to(mesh.device)
+    if args.load:
+        from models.hf_io import load_hf_checkpoint
+        for chunk in model:
+            load_hf_checkpoint(chunk, args.load, mesh.tp.rank)
+    if dims.pp == 1 and plan.v == 1:
+        return model, LocalForwardBackward(model[0], mesh.device)
+    seq = batch.seq_length // (dims.tp if args.sequence_parallel else 1)
+    schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
+    io = StageIO((batch.micro_batch, seq, cfg.hidden_size), args.zero.precision.dtype)  # activations in compute dtype
+    return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device, record_timeline=bool(args.timeline))
+
+
+def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, corpus: torch.Tensor,
+        device: torch.device) -> None:
+    mesh = Mesh.build(dims, device=device)
+    tp = TPContext(mesh.tp, sequence_parallel=args.sequence_parallel)
+    model, runner = build_runner(args, cfg, mesh, tp, batch, plan)
+    opt_cfg = OptimizerConfig(lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+                              beta1=args.adam_beta1, beta2=args.adam_beta2, warmup_iters=args.lr_warmup_iters,
+                              decay_style=args.lr_decay_style, train_iters=args.train_iters, clip_grad=args.clip_grad)
+    optimizer = ZeroOptimizer(model, mesh, args.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
+
+    local = sum(p.numel() for p in model.parameters())
+    pipe = (f" x pp {dims.pp} ({plan.kind.value}{f', v {plan.v}' if plan.v > 1 else ''}, layers "
+            f"{[len(s) for s in plan.stages]})" if dims.pp > 1 or plan.v > 1 else "")
+    log0(mesh, f"hybrid: {args.model} ({cfg.num_parameters / 1e6:.2f}M parameters, {local / 1e6:.2f}M on rank 0) | "
+               f"tp {dims.tp}{' +sp' if args.sequence_parallel else ''}{pipe} x dp {dims.dp} on {dims.world} "
+               f"{device.type} ranks | global batch {batch.global_batch} = micro {batch.micro_batch} x dp "
+               f"{dims.dp} x {batch.num_micro_batches} micro-batches | seq {batch.seq_length}")
+    z = args.zero
+    log0(mesh, f"zero: stage {z.stage} | {z.precision.value}{' | offload optimizer (' + optimizer.optimizer_kind + ')' if z.offload_optimizer else ''}"
+               f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
+               f" | clip-grad {args.clip_grad}")
+    tokens_per_step = batch.global_batch * batch.seq_length
+    t0 = time.perf_counter()
+    for it in range(args.train_iters):
+        batches = micro_batches(corpus, batch, args.seed, it, mesh.coords.dp)
+        loss = train_step(model, batches, optimizer, mesh, lr=opt_cfg.lr_at(it), runner=runner)
+        if (it + 1) % args.log_interval == 0 or it + 1 == args.train_iters:
+            dt = (time.perf_counter() - t0) / args.log_interval
+            rep = optimizer.last_report
+            extra = f" | grad norm {rep.grad_norm:.3f}" if rep.grad_norm is not None else ""
+            if z.precision is Precision.FP16:
+                extra += f" | loss scale {rep.loss_scale:g} | skipped {optimizer.skipped_steps}"
+            log0(mesh, f" iteration {it + 1:>6}/{args.train_iters} | lm loss {loss:.4f} | "
+                       f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s")
+            t0 = time.perf_counter()
+    if args.timeline:
+        save_timeline(args.timeline, runner, mesh, plan)
+    log0(mesh, f"done: final lm loss {loss:.4f}")
+
+
+def save_timeline(path: str, runner, mesh: Mesh, plan: PipelinePlan) -> None:
+    """Gather every rank's events of the last step; rank 0 writes the Chrome trace."""
+    events = getattr(runner, "events", [])
+    gathered = [None] * mesh.dims.world
+    dist.all_gather_object(gathered, (mesh.rank, mesh.coords.pp, events))
+    if mesh.rank == 0:
+        trace = chrome_trace({r: evs for r, _, evs in gathered}, {r: pp for r, pp, _ in gathered}, plan.v)
+        write_chrome_trace(path, trace)
+        print(f"timeline: {path} ({len(trace['traceEvents'])} events; open in Perfetto)", flush=True)
+
+
