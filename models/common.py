@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import functools
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -10,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from hybrid.tp import (IGNORE_INDEX, ColumnParallelLinear, RowParallelLinear, ShardSpec, TPContext,
-                       normal_init, vocab_parallel_cross_entropy)
+from hybrid.tp import (IGNORE_INDEX, ColumnParallelLinear, ParallelRNG, Region, RowParallelLinear, ShardSpec,
+                       TPContext, normal_init, vocab_parallel_cross_entropy)
 from models.config import ModelConfig
 
 
@@ -35,9 +37,18 @@ def set_recompute(model: nn.Module, granularity: Recompute) -> nn.Module:
     return model
 
 
-def maybe_checkpoint(enabled: bool, fn, *args):
-    """fn(*args), recomputed in backward instead of saving its intermediates when `enabled`."""
-    return checkpoint(fn, *args, use_reentrant=False) if enabled else fn(*args)
+def maybe_checkpoint(enabled: bool, fn, *args, rng: ParallelRNG | None = None):
+    """fn(*args), recomputed in backward instead of saving its intermediates when `enabled`.
+
+    torch's checkpoint replays the default generators only; `rng`'s dropout streams are replayed
+    too (Megatron's CheckpointFunction does the same with its RNG tracker), so the recomputed
+    forward draws the original masks."""
+    if not enabled:
+        return fn(*args)
+    if rng is None:
+        return checkpoint(fn, *args, use_reentrant=False)
+    state = rng.get_state()
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), rng.restored(state)))
 
 
 @dataclass(frozen=True)
@@ -74,15 +85,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+@functools.lru_cache(maxsize=8)
+def sliding_window_mask(seq_len: int, window: int, device: torch.device) -> torch.Tensor:
+    """(T, T) bool, True where query i may attend key j: 0 <= i - j < window (causal, the last
+    `window` positions including i itself -- transformers' `kv_idx > q_idx - sliding_window`)."""
+    i = torch.arange(seq_len, device=device)
+    dist = i[:, None] - i[None, :]
+    return (dist >= 0) & (dist < window)
+
+
 class ParallelAttention(nn.Module):
     """Causal self-attention with heads split over TP: rank i holds a/t query heads and their
     key/value heads; q/k/v are column-parallel (one shared region entry), the output projection
-    row-parallel. Communication: one all-reduce forward (o_proj) and one backward (the entry)."""
+    row-parallel. Communication: one all-reduce forward (o_proj) and one backward (the entry).
 
-    def __init__(self, cfg: ModelConfig, tp: TPContext, out_std: float):
+    `window` (sliding-window attention) restricts each query to the last `window` keys; SDPA then
+    takes an explicit boolean mask (on CUDA: the memory-efficient kernel instead of flash).
+    Attention-probability dropout is drawn from the TENSOR_PARALLEL stream: each rank's heads
+    are different elements of the (B, a, T, T) probabilities."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPContext, out_std: float, window: int | None = None):
         super().__init__()
         h, hd = cfg.hidden_size, cfg.head_dim
-        self.tp, self.head_dim, self.dropout = tp, hd, cfg.dropout
+        self.tp, self.head_dim, self.dropout, self.window = tp, hd, cfg.attention_dropout, window
         self.recompute = Recompute.NONE
         self.n_heads = cfg.num_heads // tp.size
         col = dict(tp=tp, bias=cfg.qkv_bias, enter=False)
@@ -99,14 +124,19 @@ class ParallelAttention(nn.Module):
         v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y = maybe_checkpoint(self.recompute is Recompute.SELECTIVE and self.training, self.core, q, k, v)
+        y = maybe_checkpoint(self.recompute is Recompute.SELECTIVE and self.training, self.core, q, k, v,
+                             rng=self.tp.rng)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C), summed over TP
 
-
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(q k^T / sqrt(hd) + causal mask) v, per head."""
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1],
-                                              dropout_p=self.dropout if self.training else 0.0)
+        """softmax(q k^T / sqrt(hd) + causal (or sliding-window) mask) v, per head, with dropout on
+        the probabilities in training."""
+        T = q.shape[2]
+        mask = sliding_window_mask(T, self.window, q.device) if self.window is not None and self.window < T else None
+        p = self.dropout if self.training else 0.0
+        with self.tp.rng.fork(Region.TENSOR_PARALLEL) if p > 0 else nullcontext():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=p,
+                                                  enable_gqa=k.shape[1] != q.shape[1])
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_start: int, tp: TPContext) -> torch.Tensor:

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, GPT2Config, LlamaConfig, PretrainedConfig, Qwen2Config
 
+from models import hf_fields
+
 ARCH_GPT2 = "gpt2"
 ARCH_LLAMA = "llama"
 
@@ -40,7 +42,15 @@ class ModelConfig:
         tie_embeddings: the LM head reuses the input embedding.
         qkv_bias / mlp_bias / out_bias: which linears have biases.
         activation: transformers' ACT2FN name of the MLP activation (GPT-2 "gelu_new", Llama "silu").
-        dropout: dropout probability on embeddings, attention probabilities and residual branches.
+        dropout: hidden dropout -- probability on each residual branch's output (Megatron's
+            `--hidden-dropout`; GPT-2's resid_pdrop; 0 for the Llama family, which has none).
+        embedding_dropout: probability on the embedding output (GPT-2's embd_pdrop); None: `dropout`.
+        attention_dropout: probability on the attention probabilities (GPT-2's attn_pdrop, Llama's
+            attention_dropout); None: `dropout`.
+        sliding_window: window W of sliding-window attention: the query at position t attends keys
+            at positions (t - W, t] (transformers' `kv_idx > q_idx - sliding_window`); None: full.
+        sliding_layers: the layer ids that use the window (Mistral: all; Qwen2: those whose
+            `layer_types` entry is "sliding_attention").
         hf: the transformers config it came from (RoPE parameters, names); not compared.
     """
 
@@ -60,7 +70,26 @@ class ModelConfig:
     out_bias: bool
     activation: str = "gelu_new"
     dropout: float = 0.0
+    embedding_dropout: float | None = None
+    attention_dropout: float | None = None
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()
     hf: PretrainedConfig | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("embedding_dropout", "attention_dropout"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self.dropout)
+        for name in ("dropout", "embedding_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"--model: {name} {getattr(self, name)} must be in [0, 1)")
+        if self.sliding_layers and (self.sliding_window is None or self.sliding_window < 1):
+            raise ValueError(f"--model: sliding_window {self.sliding_window} must be >= 1 for the sliding "
+                             f"layers {list(self.sliding_layers)}")
+
+    def window(self, layer_id: int) -> int | None:
+        """The attention window of layer `layer_id` (None: full causal attention)."""
+        return self.sliding_window if layer_id in self.sliding_layers else None
 
     @property
     def num_parameters(self) -> int:
@@ -90,27 +119,33 @@ class ModelConfig:
 
 
 def from_hf(hf: PretrainedConfig) -> ModelConfig:
-    """Our config from a transformers config object."""
+    """Our config from a transformers config object; a field that changes the math in a way we do
+    not implement is a ValueError naming it (models/hf_fields.py)."""
+    if hf.model_type not in hf_fields.ALL:
+        raise ValueError(f"--model: unsupported model_type {hf.model_type!r}; supported: {', '.join(hf_fields.ALL)}")
+    hf_fields.check_supported(hf)
     if hf.model_type == "gpt2":
         return ModelConfig(
             arch=ARCH_GPT2, vocab_size=hf.vocab_size, hidden_size=hf.n_embd, num_layers=hf.n_layer,
             num_heads=hf.n_head, num_kv_heads=hf.n_head, head_dim=hf.n_embd // hf.n_head,
             ffn_hidden_size=hf.n_inner or 4 * hf.n_embd, max_position_embeddings=hf.n_positions,
             norm_eps=hf.layer_norm_epsilon, tie_embeddings=True, qkv_bias=True, mlp_bias=True, out_bias=True,
-            activation=hf.activation_function, dropout=hf.resid_pdrop, hf=hf)
-    if hf.model_type in ("llama", "mistral", "qwen2"):
-        heads = hf.num_attention_heads
-        return ModelConfig(
-            arch=ARCH_LLAMA, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
-            num_layers=hf.num_hidden_layers, num_heads=heads,
-            num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
-            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
-            ffn_hidden_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
-            norm_eps=hf.rms_norm_eps, tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            qkv_bias=hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
-            mlp_bias=bool(getattr(hf, "mlp_bias", False)), out_bias=bool(getattr(hf, "attention_bias", False)),
-            activation=hf.hidden_act, dropout=float(getattr(hf, "attention_dropout", 0.0)), hf=hf)
-    raise ValueError(f"--model: unsupported model_type {hf.model_type!r}; supported: gpt2, llama, mistral, qwen2")
+            activation=hf.activation_function, dropout=float(hf.resid_pdrop),
+            embedding_dropout=float(hf.embd_pdrop), attention_dropout=float(hf.attn_pdrop), hf=hf)
+    heads = hf.num_attention_heads
+    llama = hf.model_type == "llama"  # Mistral's and Qwen2's modeling code reads no bias flags
+    window, windowed = hf_fields.sliding_layers(hf)
+    return ModelConfig(
+        arch=ARCH_LLAMA, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+        num_layers=hf.num_hidden_layers, num_heads=heads,
+        num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+        ffn_hidden_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
+        norm_eps=hf.rms_norm_eps, tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        qkv_bias=hf.model_type == "qwen2" or (llama and bool(hf.attention_bias)),
+        mlp_bias=llama and bool(hf.mlp_bias), out_bias=llama and bool(hf.attention_bias),
+        activation=hf.hidden_act, dropout=0.0, embedding_dropout=0.0,
+        attention_dropout=float(hf.attention_dropout or 0.0), sliding_window=window, sliding_layers=windowed, hf=hf)
 
 
 def _gpt2(n_layer: int, n_embd: int, n_head: int, **kw: Any) -> GPT2Config:

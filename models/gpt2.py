@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from transformers.activations import ACT2FN
 
-from hybrid.tp import ColumnParallelLinear, LayerNorm, RowParallelLinear, TPContext, VocabParallelEmbedding, normal_init
+from hybrid.tp import ColumnParallelLinear, Dropout, LayerNorm, RowParallelLinear, TPContext, VocabParallelEmbedding, normal_init
 from hybrid.tp.sharding import set_spec
 from models.common import ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
 from models.config import ModelConfig
@@ -51,11 +51,12 @@ class GPT2Block(nn.Module):
         self.attn = ParallelAttention(cfg, tp, out_std)
         self.ln_2 = LayerNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
         self.mlp = GPT2MLP(cfg, tp, out_std)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout, tp.rng, tp.activation_region)  # resid_pdrop
         self.recompute = Recompute.NONE
+        self.rng = tp.rng
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x)
+        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, rng=self.rng)
 
     def block(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attn(self.ln_1(x)))
@@ -80,7 +81,7 @@ class GPT2(nn.Module):
         if self.stage.first:
             self.wpe = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
             set_spec(self.wpe.weight, tp.replicated_spec(), normal_init(0.01))
-            self.drop = nn.Dropout(cfg.dropout)
+            self.drop = Dropout(cfg.embedding_dropout, tp.rng, tp.activation_region)  # embd_pdrop
         self.h = nn.ModuleDict({str(i): GPT2Block(cfg, tp) for i in self.stage.layer_ids})
         if self.stage.last:
             self.ln_f = LayerNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)

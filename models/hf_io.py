@@ -91,11 +91,54 @@ class CheckpointReader:
         return self._open[file].get_slice(key)
 
 
+def expected_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The full stored shape of every checkpoint tensor `model` reads, as its config implies it: our
+    full parameter shapes, fused along the output dim (GPT-2's c_attn) and transposed (Conv1D)."""
+    rows: dict[str, int] = {}
+    rest: dict[str, tuple[tuple[int, ...], bool]] = {}
+    for name, p in model.named_parameters():
+        src, shape = hf_source(model.cfg, name), full_shape(p, spec_of(p))
+        rows[src.key] = max(rows.get(src.key, 0), src.offset + shape[0])
+        rest[src.key] = (shape[1:], src.transpose)
+    out = {}
+    for key, (tail, transpose) in rest.items():
+        shape = (rows[key], *tail)
+        out[key] = shape[::-1] if transpose else shape
+    return out
+
+
+def check_shapes(model: nn.Module, reader: "CheckpointReader", path: str | os.PathLike) -> None:
+    """Every tensor the model reads has exactly the shape its config implies -- a larger one would
+    otherwise be cropped silently by the sliced read."""
+    for key, want in expected_shapes(model).items():
+        found = tuple(reader.get_slice(key).get_shape())
+        if found != want:
+            raise ValueError(f"--load {os.fspath(path)}: tensor {reader.resolve(key)} has shape {list(found)}, but the "
+                             f"model config implies {list(want)}; use the config.json saved with this checkpoint")
+
+
+def check_checkpoint(cfg: ModelConfig, path: str | os.PathLike) -> None:
+    """Before any process group: the checkpoint at `path` has every tensor of the model `cfg`
+    describes, each with the shape the config implies (ValueError naming the first that differs)."""
+    from hybrid.comm import Group
+    from hybrid.tp import TPContext
+    from models import build_model
+
+    with torch.device("meta"):  # shapes only: no memory, no init
+        model = build_model(cfg, TPContext(Group.solo("tp")), seed=None)
+    reader = CheckpointReader(path)
+    try:
+        check_shapes(model, reader, path)
+    except KeyError as e:
+        raise ValueError(f"--load {os.fspath(path)}: {e.args[0]}; the checkpoint does not match --model") from None
+
+
 @torch.no_grad()
 def load_hf_checkpoint(model: nn.Module, path: str | os.PathLike, tp_rank: int) -> None:
     """Fill every parameter of `model` (any TP rank / pipeline stage) from a transformers
-    checkpoint, reading only this rank's rows."""
+    checkpoint, reading only this rank's rows; every tensor's full shape is checked first."""
     reader = CheckpointReader(path)
+    check_shapes(model, reader, path)
     for name, p in model.named_parameters():
         src = hf_source(model.cfg, name)
         spec = spec_of(p)

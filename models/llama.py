@@ -1,7 +1,7 @@
 """The Llama family (Llama 2/3, Mistral, Qwen2) on hybrid's tensor-parallel layers.
 
 RoPE, RMSNorm, SwiGLU MLP, grouped-query attention; optional q/k/v bias (Qwen2); tied or untied
-embeddings. Parameter names follow transformers' LlamaForCausalLM without the "model." prefix.
+embeddings; sliding-window attention on the layers the config names (Mistral, Qwen2). Parameter names follow transformers' LlamaForCausalLM without the "model." prefix.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from transformers.activations import ACT2FN
 
-from hybrid.tp import ColumnParallelLinear, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
+from hybrid.tp import ColumnParallelLinear, Dropout, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
 from models.common import ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
 from models.config import ModelConfig
 
@@ -34,21 +34,27 @@ class SwiGLU(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPContext):
+    """Pre-RMSNorm block. Layer `layer_id` attends within cfg.window(layer_id) (sliding window)
+    or causally over the whole sequence. transformers' Llama has no hidden dropout; `--hidden-dropout`
+    adds it on both residual branches, as Megatron does."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPContext, layer_id: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
-        self.self_attn = ParallelAttention(cfg, tp, out_std=0.02)
+        self.self_attn = ParallelAttention(cfg, tp, out_std=0.02, window=cfg.window(layer_id))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg, tp)
+        self.drop = Dropout(cfg.dropout, tp.rng, tp.activation_region)
         self.recompute = Recompute.NONE
+        self.rng = tp.rng
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, *rope)
+        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, *rope, rng=self.rng)
 
     def block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rope = (cos, sin)
-        x = x + self.self_attn(self.input_layernorm(x), rope)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.drop(self.self_attn(self.input_layernorm(x), rope))
+        return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
 
 
 class Llama(nn.Module):
@@ -61,7 +67,9 @@ class Llama(nn.Module):
         tied_head = self.stage.last and cfg.tie_embeddings
         if self.stage.first or tied_head:
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, pad_to=pad_vocab_to)
-        self.layers = nn.ModuleDict({str(i): LlamaBlock(cfg, tp) for i in self.stage.layer_ids})
+        if self.stage.first:
+            self.drop = Dropout(cfg.embedding_dropout, tp.rng, tp.activation_region)  # 0 unless --hidden-dropout
+        self.layers = nn.ModuleDict({str(i): LlamaBlock(cfg, tp, i) for i in self.stage.layer_ids})
         if self.stage.last:
             self.norm = RMSNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
             if not cfg.tie_embeddings:
@@ -81,7 +89,7 @@ class Llama(nn.Module):
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self.stage.first:
-            x = self.embed_tokens(x)  # (B, T, C); SP: (B, T/t, C)
+            x = self.drop(self.embed_tokens(x))  # (B, T, C); SP: (B, T/t, C)
         seq_len = x.shape[1] * (self.tp.size if self.tp.sequence_parallel else 1)
         rope = self.rope(seq_len, x.device, x.dtype)
         for block in self.layers.values():

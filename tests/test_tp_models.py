@@ -1,6 +1,10 @@
 """Our models against transformers' own, sharded over tp in {1, 2, 4}, with and without sequence
 parallelism: logits, loss and every parameter gradient (gathered to full shape) within 1e-5
-relative in fp32. One 4-rank job computes every case; each test checks one case's numbers."""
+relative in fp32. One 4-rank job computes every case; each test checks one case's numbers.
+
+Every config has dropout 0 and both models run in eval mode: a dropout mask is a random draw, and
+ours come from the tensor-parallel RNG streams (hybrid/tp/random.py), transformers' from torch's
+global generator -- equal masks are not expected (tests/test_dropout.py tests ours)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ import tempfile
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.testing import run_distributed
@@ -22,24 +27,35 @@ WORLD = 4
 BATCH, SEQ = 2, 16
 
 
+WINDOW = 5  # sliding window, well below SEQ: a query sees 5 of up to 16 keys
+
+
 def hf_models():
-    """Small random configs; the GPT-2 vocabulary (251) is divisible by no tp > 1, and both Llama
-    configs have 2 kv-heads, fewer than tp = 4 (kv-heads replicated)."""
+    """Small random configs; the GPT-2 vocabulary (251) is divisible by no tp > 1, and the Llama-family
+    configs have 2 kv-heads, fewer than tp = 4 (kv-heads replicated). mistral-sw windows every layer
+    and has head_dim 12 != hidden / heads = 8; qwen2-sw windows layers >= max_window_layers = 1 only
+    (layer 0 attends fully); llama-bias has attention and MLP biases and llama3 RoPE scaling."""
+    llama = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=80, vocab_size=256, max_position_embeddings=64, attention_dropout=0.0)
     return {
         "gpt2": (GPT2LMHeadModel, GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=251, n_positions=64,
                                              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                              bos_token_id=0, eos_token_id=0)),
-        "llama": (LlamaForCausalLM, LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                                                num_key_value_heads=2, intermediate_size=80, vocab_size=256,
-                                                max_position_embeddings=64, tie_word_embeddings=False)),
-        "qwen2": (Qwen2ForCausalLM, Qwen2Config(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                                                num_key_value_heads=2, intermediate_size=80, vocab_size=256,
-                                                max_position_embeddings=64, tie_word_embeddings=True)),
+        "llama": (LlamaForCausalLM, LlamaConfig(**llama, tie_word_embeddings=False)),
+        "qwen2": (Qwen2ForCausalLM, Qwen2Config(**llama, tie_word_embeddings=True)),
+        "mistral-sw": (MistralForCausalLM, MistralConfig(**llama, sliding_window=WINDOW, head_dim=12)),
+        "qwen2-sw": (Qwen2ForCausalLM, Qwen2Config(**llama, use_sliding_window=True, sliding_window=WINDOW,
+                                                   max_window_layers=1, tie_word_embeddings=True)),
+        "llama-bias": (LlamaForCausalLM, LlamaConfig(**llama, attention_bias=True, mlp_bias=True, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8})),
     }
 
 
-CASES = [(name, tp, sp) for name in ("gpt2", "llama", "qwen2") for tp in (1, 2, 4) for sp in (False, True)
-         if not (tp == 1 and sp)]
+CASES = ([(name, tp, sp) for name in ("gpt2", "llama", "qwen2") for tp in (1, 2, 4) for sp in (False, True)
+          if not (tp == 1 and sp)]
+         + [(name, tp, False) for name in ("mistral-sw", "qwen2-sw") for tp in (1, 2, 4)]
+         + [("mistral-sw", 4, True), ("llama-bias", 1, False), ("llama-bias", 2, True)])
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

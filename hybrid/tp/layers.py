@@ -13,7 +13,7 @@ Region entry/exit are explicit so several linears can share one collective:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -22,7 +22,11 @@ import torch.nn.functional as F
 from hybrid.comm import Group
 from hybrid.tp.mappings import (copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp,
                                 reduce_scatter_to_sp)
+from hybrid.tp.random import ParallelRNG, Region
 from hybrid.tp.sharding import REPLICATED, InitFn, ShardSpec, set_spec, split_spec
+
+
+DEFAULT_SEED = 1234  # scripts/train.py's --seed default
 
 
 @dataclass(frozen=True)
@@ -33,10 +37,23 @@ class TPContext:
         group: the tensor-parallel group (size 1 = no TP).
         sequence_parallel: activations outside the TP regions are split along the sequence
             (`--sequence-parallel`); norms and dropout then run on T/t tokens per rank.
+        rng: this rank's dropout streams (hybrid/tp/random.py); default: seed 1234 at this TP
+            rank, pipeline rank 0, on the CPU -- the training loop passes one built from `--seed`.
     """
 
     group: Group
     sequence_parallel: bool = False
+    rng: ParallelRNG | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.rng is None:
+            object.__setattr__(self, "rng", ParallelRNG(DEFAULT_SEED, tp_rank=self.group.rank))
+
+    @property
+    def activation_region(self) -> Region:
+        """The dropout region of activations outside the TP regions: replicated, or split along
+        the sequence under SP (each rank's T/t tokens need masks of their own)."""
+        return Region.TENSOR_PARALLEL if self.sequence_parallel and self.size > 1 else Region.REPLICATED
 
     @property
     def size(self) -> int:

@@ -1,0 +1,148 @@
+"""transformers config fields: each one that changes the math is implemented (and matches
+transformers) or rejected by name; checkpoint tensors must have the shapes config.json implies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen2Config
+
+from hybrid.comm import Group
+from hybrid.tp import TPContext
+from models import build_model, from_hf
+from models.hf_io import check_checkpoint, load_hf_checkpoint
+
+SMALL = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=80, vocab_size=256, max_position_embeddings=64)
+GPT2 = dict(n_layer=2, n_embd=32, n_head=4, vocab_size=256, n_positions=64, bos_token_id=0, eos_token_id=0)
+
+
+def _gpt2(**kw):
+    return GPT2Config(**{**GPT2, **kw})
+
+
+def _with(cfg, **attrs):
+    """A valid config with attributes set afterwards, as a hand-edited config.json would give
+    (transformers' own validators would refuse some of these at construction)."""
+    for k, v in attrs.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+REJECTED = [  # (config, the field named in the error)
+    (_gpt2(scale_attn_weights=False), "scale_attn_weights=False"),
+    (_gpt2(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx=True"),
+    (_gpt2(reorder_and_upcast_attn=True), "reorder_and_upcast_attn=True"),
+    (_gpt2(add_cross_attention=True), "add_cross_attention=True"),
+    (_gpt2(tie_word_embeddings=False), "tie_word_embeddings=False"),
+    (_gpt2(initializer_range=0.01), "initializer_range=0.01"),
+    (_gpt2(activation_function="nope"), "activation_function='nope'"),
+    (_with(_gpt2(), n_head=5), "n_head=5"),
+    (LlamaConfig(**SMALL, hidden_act="nope"), "hidden_act='nope'"),
+    (_with(LlamaConfig(**SMALL), quantization_config={"quant_method": "gptq"}), "quantization_config="),
+    (LlamaConfig(**SMALL, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}),
+     "rope_parameters.rope_type='dynamic'"),
+    (_with(LlamaConfig(**SMALL), rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}),
+     "rope_parameters.rope_type='longrope'"),
+    (_with(LlamaConfig(**SMALL), rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                  "partial_rotary_factor": 0.5}),
+     "rope_parameters.partial_rotary_factor=0.5"),
+    (_with(MistralConfig(**{**SMALL, "hidden_size": 34}, head_dim=None)), "num_attention_heads=4"),
+    (_with(Qwen2Config(**{**SMALL, "hidden_size": 34})), "num_attention_heads=4"),
+    (_with(MistralConfig(**SMALL), layer_types=["full_attention", "sliding_attention"]), "layer_types="),
+    (_with(Qwen2Config(**SMALL), layer_types=["chunked_attention", "full_attention"]), "layer_types="),
+    (_with(Qwen2Config(**SMALL), layer_types=["sliding_attention", "full_attention"]), "sliding_window=None"),
+    (_with(Qwen2Config(**SMALL), is_encoder_decoder=True), "is_encoder_decoder=True"),
+    (_with(LlamaConfig(**SMALL), attention_dropout=1.0), "attention_dropout 1.0"),
+]
+
+
+@pytest.mark.parametrize("hf,field", REJECTED, ids=[f for _, f in REJECTED])
+def test_unimplemented_config_field_is_rejected_by_name(hf, field):
+    with pytest.raises(ValueError) as e:
+        from_hf(hf)
+    assert field in str(e.value) and "\n" not in str(e.value)
+
+
+def test_harmless_fields_are_accepted():
+    from_hf(_gpt2(summary_type="mean", summary_first_dropout=0.3, use_cache=False, bos_token_id=1))
+    from_hf(LlamaConfig(**SMALL, pretraining_tp=4, use_cache=False, pad_token_id=0))
+
+
+def test_mistral_and_qwen2_ignore_bias_flags_as_transformers_does():
+    """MistralAttention / Qwen2Attention read no attention_bias: a stray one must not add biases."""
+    mistral = from_hf(_with(MistralConfig(**SMALL), attention_bias=True, mlp_bias=True))
+    qwen = from_hf(_with(Qwen2Config(**SMALL), attention_bias=True, mlp_bias=True))
+    assert (mistral.qkv_bias, mistral.out_bias, mistral.mlp_bias) == (False, False, False)
+    assert (qwen.qkv_bias, qwen.out_bias, qwen.mlp_bias) == (True, False, False)
+
+
+@pytest.mark.parametrize("hf,window,layers", [
+    (MistralConfig(**SMALL, sliding_window=7), 7, (0, 1)),
+    (MistralConfig(**SMALL, sliding_window=None), None, ()),
+    (Qwen2Config(**{**SMALL, "num_hidden_layers": 4}, use_sliding_window=True, sliding_window=7, max_window_layers=1),
+     7, (1, 2, 3)),
+    (Qwen2Config(**SMALL, use_sliding_window=False, sliding_window=7), None, ()),
+    (Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=7,
+                 layer_types=["sliding_attention", "full_attention"]), 7, (0,)),
+], ids=["mistral", "mistral-none", "qwen2-max-window-layers", "qwen2-off", "qwen2-layer-types"])
+def test_sliding_window_layers_follow_transformers(hf, window, layers):
+    cfg = from_hf(hf)
+    assert (cfg.sliding_window, cfg.sliding_layers) == (window, layers)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16},
+], ids=["linear", "yarn"])
+def test_static_rope_scaling_matches_transformers(rope, tmp_path):
+    """Logits of a 2-layer Llama with RoPE scaling against transformers', tp = 1, fp32; the
+    tolerance is test_tp_models' 1e-5 (a few fp32 roundings through two blocks)."""
+    hf_cfg = LlamaConfig(**SMALL, rope_parameters=rope)
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(hf_cfg).eval()
+    hf.save_pretrained(tmp_path)
+    model = build_model(from_hf(hf_cfg), TPContext(Group.solo("tp")), seed=None).eval()
+    load_hf_checkpoint(model, tmp_path, 0)
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
+    ref = hf(ids).logits
+    assert ((model(ids) - ref).abs().max() / ref.abs().max()).item() <= 1e-5
+
+
+def _saved_gpt2(tmp_path, **cfg_kw):
+    from transformers import GPT2LMHeadModel
+    GPT2LMHeadModel(_gpt2(**cfg_kw)).save_pretrained(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("key,grow", [("transformer.wte.weight", 0), ("transformer.h.1.attn.c_attn.weight", 1),
+                                      ("transformer.h.0.mlp.c_fc.bias", 0)])
+def test_checkpoint_tensor_larger_than_config_is_an_error(tmp_path, key, grow):
+    """One tensor is grown by 3 along one dim; the sliced read would crop it and train on. Both the
+    pre-flight check (before any process group) and the loader itself name it."""
+    path = _saved_gpt2(tmp_path)
+    tensors = load_file(path / "model.safetensors")
+    expected = list(tensors[key].shape)
+    found = list(expected)
+    found[grow] += 3
+    tensors[key] = torch.zeros(found)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    cfg = from_hf(_gpt2())
+    msg = f"tensor {key} has shape {found}, but the model config implies {expected}"
+    with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+        check_checkpoint(cfg, path)
+    model = build_model(cfg, TPContext(Group.solo("tp")), seed=None)
+    with pytest.raises(ValueError, match="has shape"):
+        load_hf_checkpoint(model, path, 0)
+
+
+def test_checkpoint_matching_config_passes_and_missing_tensor_is_named(tmp_path):
+    path = _saved_gpt2(tmp_path)
+    check_checkpoint(from_hf(_gpt2()), path)
+    deeper = from_hf(GPT2Config(**{**GPT2, "n_layer": 3}))
+    with pytest.raises(ValueError, match="no tensor 'transformer.h.2"):
+        check_checkpoint(deeper, path)
+    assert json.loads((path / "config.json").read_text())["n_layer"] == 2
