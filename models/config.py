@@ -160,16 +160,19 @@ def _llama(layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int =
 
 
 # Tiny presets run on CPU in tests and the demo (vocabulary 256 = byte-level text); real sizes
-# feed the planner. Real sizes follow the published configs (GPT-2: Radford et al. 2019;
+# feed the planner. The tiny presets set dropout 0 explicitly: the parallel-vs-single-process tests
+# train them, and dropout masks of TP-sharded regions legitimately differ between layouts (each TP
+# rank draws its own, as in Megatron), so only dropout 0 makes layouts comparable. Real sizes follow the published configs (GPT-2: Radford et al. 2019;
 # Llama 3: Meta's config.json files).
 PRESETS: dict[str, Any] = {
     "tiny-gpt2": lambda: _gpt2(4, 64, 4, vocab_size=256, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
                                attn_pdrop=0.0, bos_token_id=0, eos_token_id=0),
     "tiny-llama": lambda: _llama(4, 64, 4, 2, 176, vocab=256, max_position_embeddings=256,
-                                 tie_word_embeddings=False),
+                                 tie_word_embeddings=False, attention_dropout=0.0),
     "tiny-qwen2": lambda: Qwen2Config(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
                                       num_key_value_heads=2, intermediate_size=176, vocab_size=256,
-                                      max_position_embeddings=256, tie_word_embeddings=True),
+                                      max_position_embeddings=256, tie_word_embeddings=True,
+                                      attention_dropout=0.0),
     "gpt2": lambda: _gpt2(12, 768, 12),
     "gpt2-medium": lambda: _gpt2(24, 1024, 16),
     "gpt2-large": lambda: _gpt2(36, 1280, 20),

@@ -146,3 +146,17 @@ def test_checkpoint_matching_config_passes_and_missing_tensor_is_named(tmp_path)
     with pytest.raises(ValueError, match="no tensor 'transformer.h.2"):
         check_checkpoint(deeper, path)
     assert json.loads((path / "config.json").read_text())["n_layer"] == 2
+
+
+def test_train_load_of_a_grown_checkpoint_fails_before_any_process_group(tmp_path):
+    """`train.py --load DIR` with a tensor larger than DIR's config.json: check_args (which runs
+    before any process group; main turns its ValueError into `train.py: error: ...`) names it."""
+    from hybrid.train.args import check_args, parse_args
+
+    path = _saved_gpt2(tmp_path)
+    tensors = load_file(path / "model.safetensors")
+    tensors["transformer.wpe.weight"] = torch.zeros(80, 32)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"tensor transformer.wpe.weight has shape \[80, 32\], but the model "
+                                         r"config implies \[64, 32\]"):
+        check_args(parse_args(["--model", str(path), "--load", str(path), "--seq-length", "32"]), 1)

@@ -20,6 +20,7 @@ from hybrid.pipeline import ScheduleKind
 from hybrid.zero import CpuAdam, Precision, ZeroConfig
 from hybrid.zero.ds_config import read_deepspeed_config
 from models import Recompute, load_config
+from models import cli as model_cli
 from models.config import ModelConfig
 
 DESCRIPTION = "Train a GPT-2 or Llama-family model with tensor, pipeline and data parallelism."
@@ -78,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--deepspeed-config", default=None,
                    help="DeepSpeed JSON: its zero_optimization / batch / clipping / bf16 / fp16 keys override the flags")
     g.add_argument("--log-interval", type=int, default=10)
+    model_cli.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -163,7 +165,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.lr <= 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
-    cfg = load_config(args.model)
+    cfg = model_cli.check(args, load_config(args.model))  # dropout flags; --load shapes
     dims = ParallelDims.from_world(world, tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
     if args.seq_length > cfg.max_position_embeddings:

@@ -13,7 +13,7 @@ from hybrid.mesh import Mesh, ParallelDims
 from hybrid.pipeline import build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
-from hybrid.tp import TPContext
+from hybrid.tp import ParallelRNG, TPContext
 from hybrid.train.args import PipelinePlan
 from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroOptimizer
@@ -47,7 +47,8 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
 def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, corpus: torch.Tensor,
         device: torch.device) -> None:
     mesh = Mesh.build(dims, device=device)
-    tp = TPContext(mesh.tp, sequence_parallel=args.sequence_parallel)
+    tp = TPContext(mesh.tp, sequence_parallel=args.sequence_parallel,
+                   rng=ParallelRNG(args.seed, mesh.coords.tp, mesh.coords.pp, mesh.device))  # dropout streams
     model, runner = build_runner(args, cfg, mesh, tp, batch, plan)
     opt_cfg = OptimizerConfig(lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
                               beta1=args.adam_beta1, beta2=args.adam_beta2, warmup_iters=args.lr_warmup_iters,
