@@ -43,13 +43,24 @@ def fail(message: str, status: int = 1) -> SystemExit:
     return SystemExit(message if is_rank_zero() else status)
 
 
+def _closest(token: str, options: list[str]) -> str | None:
+    """The valid flag meant by `token`: one holding all its words (--tensor-parallel -> --tensor-model-parallel-size,
+    the shortest such), else the closest spelling (difflib, as git and pip suggest)."""
+    words = set(token.lstrip("-").split("-"))
+    holding = sorted((o for o in options if o.startswith("--") and words <= set(o[2:].split("-"))), key=len)
+    if holding:
+        return holding[0]
+    close = difflib.get_close_matches(token, options, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def _suggest(message: str, options: list[str]) -> str:
     """"; did you mean --lr?" for the unrecognized --flags of an argparse message that are close to a valid one."""
     pairs = []
     for token in re.findall(r"(?<![\w-])(--?[\w-]+)", message.split(":", 1)[-1]):
-        close = difflib.get_close_matches(token.split("=")[0], options, n=1, cutoff=0.6)
+        close = _closest(token.split("=")[0], options)
         if close:
-            pairs.append((token, close[0]))
+            pairs.append((token, close))
     if not pairs:
         return "; see --help"
     if len(pairs) == 1:
@@ -65,6 +76,17 @@ class OneLineParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """Unknown --flags are reported (with a suggestion) before argparse's own "required" check, which would
+        otherwise hide a misspelt required flag."""
+        argv = sys.argv[1:] if args is None else list(args)
+        if not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            options = {s for a in self._actions for s in a.option_strings}
+            unknown = [t for t in argv if t.startswith("--") and t != "--" and t.split("=", 1)[0] not in options]
+            if unknown:
+                self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return super().parse_known_args(argv, namespace)
 
     def error(self, message: str) -> None:
         if "unrecognized arguments" in message:
