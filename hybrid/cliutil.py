@@ -25,13 +25,16 @@ def is_rank_zero() -> bool:
 def record_error(message: str) -> None:
     """Write `message` to torch elastic's error file (TORCHELASTIC_ERROR_FILE, set by torchrun for each worker) so
     the launcher's failure summary shows it as the root cause instead of "To enable traceback see ...".
-    The file format is torch.distributed.elastic.multiprocessing.errors' plain-string message."""
+    """
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
     try:
         with open(path, "w") as f:
-            json.dump({"message": message, "timestamp": str(int(time.time()))}, f)
+            # the layout torch's ErrorHandler.record_exception writes; the summary shows "py_callstack" as the
+            # failure's traceback, so it holds the one line rather than a stack
+            json.dump({"message": {"message": message, "extraInfo": {"py_callstack": message,
+                                                                      "timestamp": str(int(time.time()))}}}, f)
     except OSError:
         pass  # the summary then falls back to the exit code; the error line itself was already printed
 
@@ -68,6 +71,9 @@ def _suggest(message: str, options: list[str]) -> str:
     return "; did you mean " + ", ".join(f"{good} for {bad}" for bad, good in pairs) + "?"
 
 
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line ("prog: error: ...", with the closest valid flag for a
     mistyped one) instead of the usage block, printed once under torchrun. Prefixes are not expanded
@@ -76,6 +82,8 @@ class OneLineParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        # argparse takes "-1e-4" and "-inf" for flags ("expected one argument"); they are negative numbers
+        self._negative_number_matcher = _NEGATIVE_NUMBER
 
     def parse_known_args(self, args=None, namespace=None):
         """Unknown --flags are reported (with a suggestion) before argparse's own "required" check, which would

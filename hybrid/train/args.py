@@ -8,6 +8,7 @@ ValueError naming the flag and the fix; `hybrid.train.main` turns it into one li
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -247,8 +248,9 @@ def _conflict(args: argparse.Namespace, attr: str, key: str, value) -> None:
     """A DeepSpeed value that contradicts a flag given on the command line: an error naming both."""
     if attr in args.explicit and getattr(args, attr) != value:
         flag = f"--{attr.replace('_', '-')}"
-        raise ValueError(f"--deepspeed-config sets {key} = {value} but {flag} {getattr(args, attr)} was given; "
-                         f"remove one of them")
+        given = flag if isinstance(value, bool) else f"{flag} {getattr(args, attr)}"
+        shown = json.dumps(value) if isinstance(value, bool) else value
+        raise ValueError(f"--deepspeed-config sets {key} = {shown} but {given} was given; remove one of them")
 
 
 def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
