@@ -383,3 +383,22 @@ def test_plan_help_has_no_developer_notes_and_marks_required_flags(capsys):
     assert "add_parser" not in text and "args.func" not in text and "hybrid/cli.py" not in text
     assert "Required: --global-batch-size" in text and "(required, unless --scan-gpus)" in text
     assert " --global-batch-size N [" in text.replace("\n", " ")  # argparse shows required flags unbracketed
+
+
+@pytest.mark.parametrize("plan_argv", [
+    ["--model", "gpt2-medium", "--gpus", "8", "--global-batch-size", "32", "--seq-length", "1024"],
+    ["--model", "tiny-llama", "--gpus", "4", "--global-batch-size", "16", "--seq-length", "64", "--precision", "fp32",
+     "--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2"],
+    ["--model", "llama-3-8b", "--gpus", "64", "--gpu", "h100-80g", "--global-batch-size", "512",
+     "--seq-length", "4096"],
+], ids=["gpt2-medium-8", "tiny-llama-interleaved-4", "llama-3-8b-64"])
+def test_emit_args_are_accepted_by_train_py(plan_argv, capsys):
+    """`hybrid plan --emit-args` prints flags that train.py's own parse and checks accept at that world size."""
+    from hybrid.planner.cli import main as plan_main
+    from hybrid.train.args import check_args, parse_args
+    assert plan_main(plan_argv + ["--emit-args"]) == 0
+    flags = capsys.readouterr().out.split()
+    world = int(plan_argv[plan_argv.index("--gpus") + 1])
+    cfg, dims, batch, plan = check_args(parse_args(flags), world=world)
+    assert dims.world == world
+    assert ("--bf16" in flags) == ("--precision" not in plan_argv), "mixed-precision plans train in bf16"
