@@ -43,6 +43,9 @@ from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
 
 MAX_GPUS = 2**20  # a million devices: beyond any cluster, and the search stays seconds long
+# the search enumerates the micro-batch over the divisors of global batch / dp, a loop as long as that number:
+# 2**24 sequences (~8 s) is far beyond any published run (Llama 3: 2048-16384 sequences per step)
+MAX_GLOBAL_BATCH = 2**24
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -86,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-cross-node-tp", action="store_true", help="let a TP group span nodes")
     g.add_argument("--hardware", metavar="FILE", help="a profile written by `hybrid calibrate` (replaces --gpu)")
     g = p.add_argument_group("training")
-    g.add_argument("--global-batch-size", type=positive_int, metavar="N", required=True,
+    g.add_argument("--global-batch-size", type=int_in(1, MAX_GLOBAL_BATCH), metavar="N", required=True,
                    help="sequences per optimizer step (required)")
     g.add_argument("--seq-length", type=positive_int, metavar="N", help="None: min(2048, the model's positions)")
     g.add_argument("--precision", default=Precision.MIXED.value, choices=[x.value for x in Precision],
@@ -113,7 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pin parameter offload")
     g.add_argument("--max-micro-batch-size", type=positive_int, metavar="N", default=MAX_MICRO_BATCH,
                    help="largest micro-batch tried")
-    g.add_argument("--max-virtual-stages", type=positive_int, metavar="N", default=MAX_V,
+    g.add_argument("--max-virtual-stages", type=int_in(1, 1024), metavar="N", default=MAX_V,
                    help="most chunks per rank tried")
     g = p.add_argument_group("output")
     g.add_argument("--top", type=positive_int, metavar="N", default=5, help="layouts to show")

@@ -159,11 +159,16 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 def check_files(args: argparse.Namespace, cfg: ModelConfig) -> None:
     """Inputs exist and have the right format, outputs can be written -- before any work."""
-    if args.timeline:
+    for flag, value in (("--timeline", args.timeline), ("--load", args.load), ("--data-path", args.data_path),
+                        ("--hardware", args.hardware), ("--deepspeed-config", args.deepspeed_config),
+                        ("--pipeline-layers-per-stage", args.pipeline_layers_per_stage)):
+        if value is not None and not value.strip():
+            raise ValueError(f"{flag} is empty; give a value or omit the flag")
+    if args.timeline is not None:
         check_output_file("--timeline", args.timeline)
-    if args.hardware and not args.auto_parallel:
+    if args.hardware is not None and not args.auto_parallel:
         raise ValueError("--hardware is read by --auto-parallel only; add --auto-parallel or drop --hardware")
-    if args.load:
+    if args.load is not None:
         check_checkpoint(args.load, cfg, args.model)
 
 
@@ -190,6 +195,17 @@ def check_checkpoint(path: str, cfg: ModelConfig, model: str) -> None:
             raise ValueError(f"--load {path} holds a different model than --model {model} "
                              f"({saved.arch} {saved.num_layers} layers x {saved.hidden_size} vs {cfg.arch} "
                              f"{cfg.num_layers} x {cfg.hidden_size}); pass --model {path}")
+
+
+def check_batch_memory(batch: BatchSpec) -> None:
+    """Every rank draws the whole global batch of token ids (hybrid.data.global_batch: int64 windows of seq + 1,
+    stacked, then inputs and labels) before taking its rows: that must fit in this machine's memory."""
+    need = batch.global_batch * (batch.seq_length + 1) * 8 * 2
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ValueError(f"--global-batch-size {batch.global_batch} x --seq-length {batch.seq_length} tokens need "
+                         f"{need / 2**30:.3g} GiB of token ids per rank, more than this machine's "
+                         f"{have / 2**30:.0f} GiB; use a smaller batch")
 
 
 def check_corpus(corpus: torch.Tensor, args: argparse.Namespace) -> None:
@@ -315,6 +331,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
         raise ValueError(f"--model vocabulary ({cfg.vocab_size}) is smaller than the {BYTE_VOCAB} byte tokens")
     gbs = args.global_batch_size or args.micro_batch_size * dims.dp
     batch = BatchSpec(global_batch=gbs, micro_batch=args.micro_batch_size, seq_length=args.seq_length, dp=dims.dp)
+    check_batch_memory(batch)
     check_files(args, cfg)
     return cfg, dims, batch, check_pipeline(args, cfg, dims, batch)
 
@@ -329,8 +346,12 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
 
     from hybrid.planner import ActivationProfile, Cluster, Precision, Recompute, SearchSpace, Workload, hardware, search
 
+    from hybrid.planner.cli import MAX_GLOBAL_BATCH
     if args.global_batch_size is None:
         raise ValueError("--auto-parallel needs --global-batch-size (the planner picks the micro-batch)")
+    if args.global_batch_size > MAX_GLOBAL_BATCH:
+        raise ValueError(f"--auto-parallel plans a --global-batch-size of at most {MAX_GLOBAL_BATCH}, "
+                         f"got {args.global_batch_size}")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
