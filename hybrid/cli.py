@@ -4,7 +4,8 @@
     hybrid models
     hybrid plan ...            (the layout planner, when installed)
 
-Training itself is launched with torchrun: `torchrun --nproc-per-node N scripts/train.py ...`.
+Training itself is launched with torchrun: `torchrun --nproc-per-node N -m hybrid.train ...` (or
+`python -m hybrid.train ...` for one process).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import argparse
 import importlib
 import sys
 
+from hybrid.cliutil import HelpFormatter, OneLineParser, fail, int_in, positive_int
 from hybrid.mesh import Axis, ParallelDims
+
+MAX_WORLD = 2**16  # `layout` prints a line per TP group: beyond this it is a wall of text, not a layout
 
 
 def _layout(args: argparse.Namespace) -> None:
@@ -40,14 +44,15 @@ def _models(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hybrid", description="Hybrid-parallel (TP x PP x DP) training toolkit")
+    parser = OneLineParser(prog="hybrid", description="Hybrid-parallel (TP x PP x DP) training toolkit",
+                           formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("layout", help="print the rank layout of a mesh")
-    p.add_argument("--world", type=int, required=True, help="number of ranks")
-    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    p = sub.add_parser("layout", help="print the rank layout of a mesh", formatter_class=HelpFormatter)
+    p.add_argument("--world", type=int_in(1, MAX_WORLD), metavar="N", required=True, help="number of ranks (required)")
+    p.add_argument("--tensor-model-parallel-size", type=positive_int, metavar="N", default=1, help="tp")
+    p.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", default=1, help="pp")
     p.set_defaults(func=_layout)
-    sub.add_parser("models", help="list model presets").set_defaults(func=_models)
+    sub.add_parser("models", help="list model presets", formatter_class=HelpFormatter).set_defaults(func=_models)
     for module in ("hybrid.planner.cli",):  # subcommands that live with their feature
         try:
             importlib.import_module(module).add_parser(sub)
@@ -61,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.func(args)
     except ValueError as e:
-        raise SystemExit(f"hybrid {args.command}: error: {e}") from None
+        raise fail(f"hybrid {args.command}: error: {e}") from None
 
 
 if __name__ == "__main__":

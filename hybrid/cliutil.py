@@ -1,26 +1,229 @@
-"""Small command-line helpers shared by the scripts: one-line argparse errors and typed values."""
+"""Small command-line helpers shared by the scripts: one-line errors (printed once under torchrun, recorded for
+the launcher's failure summary), typed and range-checked values, output paths checked before the work and
+written atomically."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from typing import Callable, Iterator
+
+
+def is_rank_zero() -> bool:
+    """True in a single process and on global rank 0 under torchrun (RANK unset or "0")."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def record_error(message: str) -> None:
+    """Write `message` to torch elastic's error file (TORCHELASTIC_ERROR_FILE, set by torchrun for each worker) so
+    the launcher's failure summary shows it as the root cause instead of "To enable traceback see ...".
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            # the layout torch's ErrorHandler.record_exception writes; the summary shows "py_callstack" as the
+            # failure's traceback, so it holds the one line rather than a stack
+            json.dump({"message": {"message": message, "extraInfo": {"py_callstack": message,
+                                                                      "timestamp": str(int(time.time()))}}}, f)
+    except OSError:
+        pass  # the summary then falls back to the exit code; the error line itself was already printed
+
+
+def fail(message: str, status: int = 1) -> SystemExit:
+    """The SystemExit that ends a run with one error line: printed by rank 0 only (every rank of a torchrun job
+    checks the same inputs), recorded in every rank's elastic error file. `raise fail(...)`."""
+    record_error(message)
+    return SystemExit(message if is_rank_zero() else status)
+
+
+def _closest(token: str, options: list[str]) -> str | None:
+    """The valid flag meant by `token`: one holding all its words (--tensor-parallel -> --tensor-model-parallel-size,
+    the shortest such), else the closest spelling (difflib, as git and pip suggest)."""
+    words = set(token.lstrip("-").split("-"))
+    holding = sorted((o for o in options if o.startswith("--") and words <= set(o[2:].split("-"))), key=len)
+    if holding:
+        return holding[0]
+    close = difflib.get_close_matches(token, options, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _suggest(message: str, options: list[str]) -> str:
+    """"; did you mean --lr?" for the unrecognized --flags of an argparse message that are close to a valid one."""
+    pairs = []
+    for token in re.findall(r"(?<![\w-])(--?[\w-]+)", message.split(":", 1)[-1]):
+        close = _closest(token.split("=")[0], options)
+        if close:
+            pairs.append((token, close))
+    if not pairs:
+        return "; see --help"
+    if len(pairs) == 1:
+        return f"; did you mean {pairs[0][1]}?"
+    return "; did you mean " + ", ".join(f"{good} for {bad}" for bad, good in pairs) + "?"
+
+
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line ("prog: error: ..."), not the usage block."""
+    """An ArgumentParser whose errors are one line ("prog: error: ...", with the closest valid flag for a
+    mistyped one) instead of the usage block, printed once under torchrun. Prefixes are not expanded
+    (allow_abbrev=False, as Megatron): `--lr-warm 5` is an error, not silently `--lr-warmup-iters`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        # argparse takes "-1e-4" and "-inf" for flags ("expected one argument"); they are negative numbers
+        self._negative_number_matcher = _NEGATIVE_NUMBER
+
+    def parse_known_args(self, args=None, namespace=None):
+        """Unknown --flags are reported (with a suggestion) before argparse's own "required" check, which would
+        otherwise hide a misspelt required flag."""
+        argv = sys.argv[1:] if args is None else list(args)
+        if not any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            options = {s for a in self._actions for s in a.option_strings}
+            unknown = [t for t in argv if t.startswith("--") and t != "--" and t.split("=", 1)[0] not in options]
+            if unknown:
+                self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return super().parse_known_args(argv, namespace)
 
     def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        if "unrecognized arguments" in message:
+            message += _suggest(message, [s for a in self._actions for s in a.option_strings])
+        elif "invalid choice" in message:
+            message = message.replace("\n", " ")
+        text = f"{self.prog}: error: {message}"
+        record_error(text)
+        if is_rank_zero():
+            sys.stderr.write(text + ("" if text.endswith("\n") else "\n"))
+        sys.exit(2)
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help keeps the description's line breaks (examples) and shows every option's default."""
+
+
+# --- typed values (argparse `type=`): the error names the flag, argparse prefixes it --------------------
+
+def _number(text: str, kind: type) -> float | int:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        value = kind(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                         f"got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
+
+
+def int_in(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """argparse type: an integer in [low, high] (None: unbounded)."""
+    def parse(text: str) -> int:
+        value = _number(text, int)
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected an integer {_range(low, high)}, got {value}")
+        return value
+    parse.__name__ = "int"
+    return parse
+
+
+def float_in(low: float | None = None, high: float | None = None, low_open: bool = False,
+             high_open: bool = False) -> Callable[[str], float]:
+    """argparse type: a finite float in the interval (open or closed ends; None: unbounded)."""
+    def parse(text: str) -> float:
+        value = _number(text, float)
+        bad_low = low is not None and (value <= low if low_open else value < low)
+        bad_high = high is not None and (value >= high if high_open else value > high)
+        if bad_low or bad_high:
+            raise argparse.ArgumentTypeError(f"expected a number {_range(low, high, low_open, high_open)}, "
+                                             f"got {text}")
+        return value
+    parse.__name__ = "float"
+    return parse
+
+
+def _range(low, high, low_open: bool = False, high_open: bool = False) -> str:
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    if low is None:
+        return f"{'<' if high_open else '<='} {high}"
+    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+positive_int = int_in(1)
+nonnegative_int = int_in(0)
+positive_float = float_in(0.0, low_open=True)
+nonnegative_float = float_in(0.0)
+
+
+def check_number(flag: str, value, low: float | None = None, high: float | None = None, *,
+                 low_open: bool = False, integer: bool = False) -> None:
+    """ValueError naming `flag` unless `value` is a finite number (an int when `integer`) in range; for values
+    that arrive without argparse (a DeepSpeed JSON, a profile)."""
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or not math.isfinite(value):
+        raise ValueError(f"{flag} must be {'an integer' if integer else 'a finite number'}, got {value!r}")
+    if (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+        raise ValueError(f"{flag} must be {_range(low, high, low_open)}, got {value!r}")
+
+
+# --- output paths -----------------------------------------------------------------------------------------
+
+def check_output_file(flag: str, path: str) -> None:
+    """Before any work: `path` can be written as a file (its directory exists and is writable; it is not a
+    directory). ValueError naming the flag otherwise."""
+    if not path:
+        raise ValueError(f"{flag}: give a file name")
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{flag} {path!r}: its directory {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"{flag} {path!r} is not writable")
+
+
+def check_output_dir(flag: str, path: str) -> None:
+    """Before any work: `path` is a writable directory, or can be created (its nearest existing ancestor is a
+    writable directory). For directory outputs (a checkpoint or TensorBoard directory)."""
+    if not path:
+        raise ValueError(f"{flag}: give a directory")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} exists and is not a directory")
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r} is not writable ({probe})")
+
+
+@contextlib.contextmanager
+def atomic_output(path: str, suffix: str = "") -> Iterator[str]:
+    """Yield a temporary path beside `path`; on success it is renamed onto `path` (atomic on POSIX), on an
+    exception removed -- a failed run leaves nothing half-written. `suffix` keeps the extension for writers
+    that infer the format from it (matplotlib)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp.", suffix=suffix, dir=directory)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the result gets an ordinary file's mode
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def package_version(pkg: str) -> str:

@@ -11,6 +11,7 @@ be compared step for step with a single-process run.
 
 from __future__ import annotations
 
+import codecs
 import os
 from dataclasses import dataclass
 
@@ -28,8 +29,17 @@ def load_corpus(path: str | None = None) -> torch.Tensor:
     else:
         if not os.path.isfile(path):
             raise ValueError(f"--data-path {path!r} is not a file; give a UTF-8 text file or omit the flag")
-        with open(path, "rb") as f:
-            data = f.read()
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ValueError(f"--data-path {path!r}: cannot read it ({e.strerror})") from None
+        if not data:
+            raise ValueError(f"--data-path {path!r} is empty; give a UTF-8 text file")
+        try:  # the head is enough to tell text from a binary file given by mistake
+            codecs.getincrementaldecoder("utf-8")().decode(data[:1 << 16], final=False)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--data-path {path!r}: not UTF-8 text (byte {e.start}); give a UTF-8 text file") from None
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from enum import Enum
 
 import torch
@@ -69,10 +70,17 @@ class ParallelDims:
     @classmethod
     def from_world(cls, world_size: int, tp: int = 1, pp: int = 1) -> "ParallelDims":
         """dp = world / (tp * pp); raises if the world does not factor that way."""
+        for flag, value in (("world size", world_size), ("--tensor-model-parallel-size", tp),
+                            ("--pipeline-model-parallel-size", pp)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
         if world_size % (tp * pp) != 0:
+            launch = (f" (this is one process: launch {tp * pp} or a multiple with torchrun --nproc-per-node)"
+                      if world_size == 1 else "")
             raise ValueError(
                 f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp}) x "
-                f"--pipeline-model-parallel-size ({pp}) = {tp * pp}; choose sizes whose product divides {world_size}")
+                f"--pipeline-model-parallel-size ({pp}) = {tp * pp}; choose sizes whose product divides "
+                f"{world_size}{launch}")
         return cls(tp=tp, pp=pp, dp=world_size // (tp * pp))
 
     @property
@@ -170,8 +178,10 @@ class Mesh:
 
     @classmethod
     def build(cls, dims: ParallelDims, device: torch.device | None = None,
-              ledger: CommLedger | None = None) -> "Mesh":
-        """Create the process groups. Collective: every rank of the world must call it with equal `dims`."""
+              ledger: CommLedger | None = None, timeout: timedelta | None = None) -> "Mesh":
+        """Create the process groups. Collective: every rank of the world must call it with equal `dims`.
+        `timeout` bounds each group's collectives (`--distributed-timeout-minutes`; new_group does not inherit
+        init_process_group's timeout, so it is passed on)."""
         if not dist.is_initialized():
             raise RuntimeError("Mesh.build needs torch.distributed.init_process_group first")
         world, rank = dist.get_world_size(), dist.get_rank()
@@ -179,17 +189,19 @@ class Mesh:
             raise ValueError(f"layout tp={dims.tp} x dp={dims.dp} x pp={dims.pp} = {dims.world} ranks, "
                              f"but the world has {world}; fix the sizes or the number of processes")
         ledger = ledger or CommLedger()
-        groups = {axis.value: _new_groups(dims.group_ranks(axis), rank, axis.value, ledger) for axis in Axis}
-        groups["embedding"] = _new_groups(dims.embedding_group_ranks(), rank, "embedding", ledger)
+        groups = {axis.value: _new_groups(dims.group_ranks(axis), rank, axis.value, ledger, timeout)
+                  for axis in Axis}
+        groups["embedding"] = _new_groups(dims.embedding_group_ranks(), rank, "embedding", ledger, timeout)
         device = device or default_backend()[1]
         return cls(dims=dims, rank=rank, device=device, ledger=ledger, **groups)
 
 
-def _new_groups(all_ranks: list[list[int]], rank: int, name: str, ledger: CommLedger) -> Group:
+def _new_groups(all_ranks: list[list[int]], rank: int, name: str, ledger: CommLedger,
+                timeout: timedelta | None = None) -> Group:
     """`new_group` is collective over the whole world, so every rank creates every group and keeps its own."""
     mine = None
     for ranks in all_ranks:
-        pg = dist.new_group(ranks) if len(ranks) > 1 else None
+        pg = dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None
         if rank in ranks:
             mine = Group(name=name, ranks=tuple(ranks), pg=pg, ledger=ledger)
     if mine is None:  # rank belongs to no group of this kind (cannot happen for the axes)

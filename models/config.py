@@ -183,16 +183,74 @@ PRESETS: dict[str, Any] = {
 }
 
 
+SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
+# config.json keys that are sizes (a positive integer when present; None allowed where transformers derives it)
+_SIZE_KEYS = {"n_embd": False, "n_head": False, "n_layer": False, "n_positions": False, "n_inner": True,
+              "hidden_size": False, "num_attention_heads": False, "num_hidden_layers": False,
+              "num_key_value_heads": True, "intermediate_size": False, "vocab_size": False,
+              "max_position_embeddings": False, "head_dim": True}
+
+
 def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
-    """A preset name, a directory holding config.json, or a config.json file."""
+    """A preset name, a directory holding config.json, or a config.json file. Every unreadable, malformed or
+    unsupported config is a ValueError naming the file and what is wrong (never transformers' OSError/KeyError)."""
     key = str(name_or_path)
     if key in PRESETS:
         return from_hf(PRESETS[key]())
     path = os.fspath(name_or_path)
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
-        return from_hf(AutoConfig.from_pretrained(path))
-    if os.path.isfile(path):
-        with open(path) as f:
-            cfg = json.load(f)
-        return from_hf(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
-    raise ValueError(f"--model {key!r} is neither a preset ({', '.join(PRESETS)}) nor a directory with config.json")
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    if os.path.isdir(path) and not os.path.isfile(file):
+        raise ValueError(f"--model {path!r}: the directory has no config.json (a transformers model directory "
+                         f"holds one; write it with config.save_pretrained)")
+    if not os.path.isfile(file):
+        import difflib
+        close = difflib.get_close_matches(key, PRESETS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"--model {key!r} is neither a preset nor a directory with config.json; {hint}"
+                         f"presets: {', '.join(PRESETS)} (hybrid models)")
+    raw = read_config_json(file)
+    try:
+        if os.path.isdir(path):
+            hf = AutoConfig.from_pretrained(path)
+        else:
+            hf = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    except (OSError, KeyError, TypeError, ValueError, AttributeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--model {file}: transformers cannot build a {raw.get('model_type', '')} config from it "
+                         f"({reason})") from None
+    return from_hf(hf)
+
+
+def read_config_json(file: str) -> dict:
+    """The JSON object of a config.json, checked: UTF-8, valid JSON, a supported model_type, sizes that are
+    positive integers and head sizes that divide. ValueError naming the file and the key otherwise."""
+    try:
+        with open(file, encoding="utf-8") as f:
+            raw = json.load(f)
+    except UnicodeDecodeError:
+        raise ValueError(f"--model {file}: not UTF-8 text; a config.json is UTF-8 JSON") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--model {file}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except OSError as e:
+        raise ValueError(f"--model {file}: cannot read it ({e.strerror})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"--model {file}: the top level must be a JSON object")
+    kind = raw.get("model_type")
+    if kind is None:
+        raise ValueError(f"--model {file}: no model_type; add e.g. \"model_type\": \"llama\" "
+                         f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    if kind not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"--model {file}: unsupported model_type {kind!r}; supported: "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    for k, nullable in _SIZE_KEYS.items():
+        v = raw.get(k)
+        if k in raw and not (v is None and nullable) and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"--model {file}: {k} must be a positive integer, got {json.dumps(v)}")
+    hidden, heads = raw.get("n_embd", raw.get("hidden_size")), raw.get("n_head", raw.get("num_attention_heads"))
+    kv = raw.get("num_key_value_heads")
+    if hidden and heads and raw.get("head_dim") is None and hidden % heads:
+        raise ValueError(f"--model {file}: the hidden size {hidden} is not divisible by the {heads} attention "
+                         f"heads; set head_dim or change the sizes")
+    if heads and kv and heads % kv:
+        raise ValueError(f"--model {file}: num_key_value_heads {kv} does not divide num_attention_heads {heads}")
+    return raw

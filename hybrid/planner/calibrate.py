@@ -29,15 +29,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 import torch
 import torch.distributed as dist
 
+from hybrid.cliutil import HelpFormatter, check_output_file, float_in, int_in
 from hybrid.planner.hardware import GB, GpuKind, Hardware, hardware
 from hybrid.planner.model import Precision
 
@@ -251,26 +253,63 @@ def _host_memory_gb() -> float:
 
 
 def save_profile(profile: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(profile, f, indent=2)
-        f.write("\n")
+    """Write atomically: a failure leaves no half-written profile."""
+    from hybrid.cliutil import atomic_output
+    with atomic_output(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(profile, f, indent=2)
+            f.write("\n")
 
 
 def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
     """The Hardware of a profile written by `hybrid calibrate`. With Precision.FP32 the fp32 matmul rate is
-    the peak (the profile's default peak is bf16 where it was measured)."""
+    the peak (the profile's default peak is bf16 where it was measured). Every missing or ill-typed field is a
+    ValueError naming it."""
     try:
-        with open(path) as f:
-            profile = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+        with open(path, encoding="utf-8") as f:
+            profile = json.load(f, parse_constant=lambda c: float("nan"))
+    except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--hardware {path}: cannot read a profile ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--hardware {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(profile, dict) or profile.get("format") != FORMAT:
         raise ValueError(f"--hardware {path}: not a {FORMAT} file (write one with `hybrid calibrate --out FILE`)")
-    known = {f.name for f in fields(Hardware)}
-    hw = Hardware(**{k: v for k, v in profile["hardware"].items() if k in known})
-    if precision is Precision.FP32 and "fp32" in profile.get("matmul_tflops", {}):
-        hw = hw.with_overrides(peak_tflops=profile["matmul_tflops"]["fp32"])
+    fields_ = profile.get("hardware")
+    if not isinstance(fields_, dict):
+        raise ValueError(f"--hardware {path}: no \"hardware\" object; write the profile with `hybrid calibrate`")
+    known = {f.name: f for f in fields(Hardware)}
+    for name, f in known.items():
+        required = f.default is MISSING and f.default_factory is MISSING
+        if name not in fields_:
+            if required:
+                raise ValueError(f"--hardware {path}: hardware.{name} is missing; re-run `hybrid calibrate`")
+            continue
+        _check_field(path, name, fields_[name])
+    matmul = profile.get("matmul_tflops", {})
+    if precision is Precision.FP32 and isinstance(matmul, dict) and "fp32" in matmul:
+        _check_field(path, "matmul_tflops.fp32", matmul["fp32"], where="")
+    try:
+        hw = Hardware(**{k: v for k, v in fields_.items() if k in known})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--hardware {path}: {e}") from None
+    if precision is Precision.FP32 and isinstance(matmul, dict) and "fp32" in matmul:
+        hw = hw.with_overrides(peak_tflops=matmul["fp32"])
     return hw
+
+
+def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
+    """Numbers finite and > 0 (None allowed for compute_units), the name a string."""
+    if name == "name":
+        if not isinstance(value, str):
+            raise ValueError(f"--hardware {path}: hardware.name must be a string, got {json.dumps(value)}")
+        return
+    if name == "compute_units" and value is None:
+        return
+    integer = name in ("gpus_per_node", "compute_units")
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a finite number > 0"
+        raise ValueError(f"--hardware {path}: {where}{name} must be {kind}, got {json.dumps(value)}")
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -278,15 +317,20 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `calibrate` on the `hybrid` command's subparsers."""
     p = subparsers.add_parser("calibrate", help="measure this machine; write a hardware profile for `hybrid plan`",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="hardware.json", help="profile to write (JSON)")
-    p.add_argument("--ranks", type=int, default=CalibrationConfig.ranks, help="processes to spawn")
-    p.add_argument("--backend", default=None, help="gloo (CPU) or nccl (GPUs); default: nccl when CUDA is present")
-    p.add_argument("--matmul-size", type=int, default=CalibrationConfig.matmul_n, help="n of the n^3 matmuls")
-    p.add_argument("--copy-bytes", type=int, default=CalibrationConfig.copy_bytes)
+                              description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--out", default="hardware.json", metavar="FILE", help="profile to write (JSON)")
+    p.add_argument("--ranks", type=int_in(2, 1024), metavar="N", default=CalibrationConfig.ranks,
+                   help="processes to spawn")
+    p.add_argument("--backend", default=None, choices=("gloo", "nccl"),
+                   help="gloo (CPU) or nccl (GPUs); None: nccl when CUDA is present")
+    p.add_argument("--matmul-size", type=int_in(1, 2**15), metavar="N", default=CalibrationConfig.matmul_n,
+                   help="n of the n^3 matmuls")
+    p.add_argument("--copy-bytes", type=int_in(4, 2**34), metavar="N", default=CalibrationConfig.copy_bytes,
+                   help="bytes of the tensor copied to time memory bandwidth")
     p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES),
                    help="collective sizes in bytes, comma-separated")
-    p.add_argument("--seconds", type=float, default=CalibrationConfig.seconds, help="per compute measurement")
+    p.add_argument("--seconds", type=float_in(0.0, 600.0, low_open=True), metavar="X",
+                   default=CalibrationConfig.seconds, help="per compute measurement")
     p.add_argument("--base", default=GpuKind.CPU.value, choices=[k.value for k in GpuKind],
                    help="preset giving the fields not measured (network, PCIe, host memory)")
     p.set_defaults(func=run)
@@ -298,7 +342,12 @@ def run(args: argparse.Namespace) -> None:
         sizes = tuple(int(x) for x in args.sizes.split(","))
     except ValueError:
         raise ValueError(f"--sizes {args.sizes!r}: give comma-separated byte counts, e.g. 8,65536,8388608") from None
+    if max(sizes) > 2**34:
+        raise ValueError(f"--sizes: {max(sizes)} bytes is more than 16 GiB per collective; give smaller sizes")
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("--backend nccl needs CUDA devices; this machine has none (use gloo)")
+    check_output_file("--out", args.out)
     cfg = CalibrationConfig(ranks=args.ranks, backend=backend, matmul_n=args.matmul_size,
                             copy_bytes=args.copy_bytes, sizes=sizes, seconds=args.seconds, base=args.base)
     start = time.perf_counter()

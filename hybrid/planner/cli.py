@@ -10,21 +10,27 @@
     hybrid calibrate --ranks 4 --out cpu.json                     # measure this machine, then
     hybrid plan --hardware cpu.json --precision fp32 --activation-profile fp32-flash ...
 
-Any search dimension is pinned with the flag scripts/train.py takes (--tensor-model-parallel-size,
+Any search dimension is pinned with the flag train.py takes (--tensor-model-parallel-size,
 --pipeline-model-parallel-size, --micro-batch-size, --zero-stage, --num-layers-per-virtual-pipeline-stage,
 --sequence-parallel / --no-sequence-parallel, --recompute-granularity, --offload-optimizer, --offload-params).
-`hybrid/cli.py` calls `add_parser(subparsers)` -- which registers `plan` and `calibrate` (calibrate.py) -- and
-then `args.func(args)`; `main(argv)` runs `plan` alone.
+Required: --global-batch-size; --gpus (or --scan-gpus); --model or all of --num-layers, --hidden-size and
+--num-attention-heads.
 """
+
+# Module layout: `hybrid/cli.py` calls `add_parser(subparsers)` -- which registers `plan` and `calibrate`
+# (calibrate.py) -- and then `args.func(args)`; `main(argv)` runs `plan` alone. --help shows USAGE.
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from dataclasses import asdict
 
+from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_output_file, float_in, int_in,
+                            nonnegative_int, positive_float, positive_int)
 from hybrid.planner import calibrate
 from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
@@ -36,10 +42,16 @@ from hybrid.planner.time import FlopsFormula
 from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
 
+MAX_GPUS = 2**20  # a million devices: beyond any cluster, and the search stays seconds long
+# the search enumerates the micro-batch over the divisors of global batch / dp, a loop as long as that number:
+# 2**24 sequences (~8 s) is far beyond any published run (Llama 3: 2048-16384 sequences per step)
+MAX_GLOBAL_BATCH = 2**24
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `plan` and `calibrate` on the `hybrid` command's subparsers; returns plan's parser."""
     p = subparsers.add_parser("plan", help="rank TP x PP x DP layouts by predicted throughput",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter)
     add_arguments(p)
     p.set_defaults(func=run)
     calibrate.add_parser(subparsers)
@@ -49,29 +61,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (a preset / config.json directory, or the sizes)")
     g.add_argument("--model", help="preset name (hybrid models) or a directory holding config.json")
-    for flag in ("--num-layers", "--hidden-size", "--num-attention-heads"):
-        g.add_argument(flag, type=int)
-    g.add_argument("--num-query-groups", type=int, help="key/value heads (default: the attention heads)")
-    g.add_argument("--ffn-hidden-size", type=int, help="MLP width (default 4 x hidden)")
-    g.add_argument("--vocab-size", type=int, default=50257)
+    g.add_argument("--num-layers", type=positive_int, metavar="N", help="Transformer blocks")
+    g.add_argument("--hidden-size", type=positive_int, metavar="N", help="model width")
+    g.add_argument("--num-attention-heads", type=positive_int, metavar="N", help="query heads")
+    g.add_argument("--num-query-groups", type=positive_int, metavar="N",
+                   help="key/value heads (None: the attention heads)")
+    g.add_argument("--ffn-hidden-size", type=positive_int, metavar="N", help="MLP width (None: 4 x hidden)")
+    g.add_argument("--vocab-size", type=positive_int, metavar="N", default=50257, help="vocabulary")
     g.add_argument("--swiglu", action="store_true", help="Llama-style block: SwiGLU MLP, RMSNorm, RoPE, no biases")
-    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=1,
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true", help="separate LM head")
+    g.add_argument("--make-vocab-size-divisible-by", type=positive_int, metavar="N", default=1,
                    help="pad the vocabulary to a multiple of this x tp (default 1: of tp)")
     g = p.add_argument_group("cluster")
-    g.add_argument("--gpus", type=int, help="GPUs in the job")
-    g.add_argument("--gpus-per-node", type=int)
-    g.add_argument("--gpu", default=GpuKind.A100_80G.value, choices=[k.value for k in GpuKind])
-    g.add_argument("--gpu-memory", type=float, help="GB per device (default: the preset's)")
-    g.add_argument("--gpu-tflops", type=float, help="dense bf16 peak, TFLOP/s (default: the preset's)")
-    g.add_argument("--intra-node-bandwidth", type=float, help="NVLink bus bandwidth, GB/s (nccl-tests busbw)")
-    g.add_argument("--inter-node-bandwidth", type=float, help="network bandwidth per GPU, GB/s per direction")
-    g.add_argument("--compute-efficiency", type=float, help="achieved fraction of peak for matmuls (default 0.6)")
+    g.add_argument("--gpus", type=int_in(1, MAX_GPUS), metavar="N",
+                   help="GPUs in the job (required, unless --scan-gpus)")
+    g.add_argument("--gpus-per-node", type=positive_int, metavar="N", help="None: the preset's")
+    g.add_argument("--gpu", default=GpuKind.A100_80G.value, choices=[k.value for k in GpuKind], help="device preset")
+    g.add_argument("--gpu-memory", type=positive_float, metavar="GB", help="GB per device (None: the preset's)")
+    g.add_argument("--gpu-tflops", type=positive_float, metavar="X",
+                   help="dense bf16 peak, TFLOP/s (None: the preset's)")
+    g.add_argument("--intra-node-bandwidth", type=positive_float, metavar="GBPS",
+                   help="NVLink bus bandwidth, GB/s (nccl-tests busbw)")
+    g.add_argument("--inter-node-bandwidth", type=positive_float, metavar="GBPS",
+                   help="network bandwidth per GPU, GB/s per direction")
+    g.add_argument("--compute-efficiency", type=float_in(0.0, 1.0, low_open=True), metavar="X",
+                   help="achieved fraction of peak for matmuls, in (0, 1] (None: 0.6)")
     g.add_argument("--allow-cross-node-tp", action="store_true", help="let a TP group span nodes")
     g.add_argument("--hardware", metavar="FILE", help="a profile written by `hybrid calibrate` (replaces --gpu)")
     g = p.add_argument_group("training")
-    g.add_argument("--global-batch-size", type=int, required=False)
-    g.add_argument("--seq-length", type=int, help="default: min(2048, the model's positions)")
+    g.add_argument("--global-batch-size", type=int_in(1, MAX_GLOBAL_BATCH), metavar="N", required=True,
+                   help="sequences per optimizer step (required)")
+    g.add_argument("--seq-length", type=positive_int, metavar="N", help="None: min(2048, the model's positions)")
     g.add_argument("--precision", default=Precision.MIXED.value, choices=[x.value for x in Precision],
                    help="mixed: bf16 params/grads + fp32 master and Adam (2+2+12 bytes); fp32: 4+4+8 (this "
                         "runtime on CPU)")
@@ -80,35 +100,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="korthikanti: Megatron on GPU (bf16, dropout, materialised softmax); fp32-flash: this "
                         "runtime on CPU (fp32, flash attention, no dropout)")
     g = p.add_argument_group("pin a search dimension (scripts/train.py flags)")
-    g.add_argument("--tensor-model-parallel-size", type=int)
-    g.add_argument("--pipeline-model-parallel-size", type=int)
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
-    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, help="chunks per pipeline rank (v)")
-    g.add_argument("--micro-batch-size", type=int)
-    g.add_argument("--zero-stage", type=int, choices=[int(z) for z in ZeroStage])
-    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--recompute-granularity", choices=[r.value for r in Recompute])
-    g.add_argument("--offload-optimizer", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--offload-params", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--max-micro-batch-size", type=int, default=MAX_MICRO_BATCH)
-    g.add_argument("--max-virtual-stages", type=int, default=MAX_V, help="most chunks per rank tried")
+    g.add_argument("--tensor-model-parallel-size", type=positive_int, metavar="N", help="pin tp")
+    g.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", help="pin pp")
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=positive_int, metavar="N",
+                   help="pin the layers per model chunk")
+    g.add_argument("--virtual-pipeline-model-parallel-size", type=positive_int, metavar="N",
+                   help="pin the chunks per pipeline rank (v)")
+    g.add_argument("--micro-batch-size", type=positive_int, metavar="N", help="pin the micro-batch")
+    g.add_argument("--zero-stage", type=int, choices=[int(z) for z in ZeroStage], help="pin the ZeRO stage")
+    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None, help="pin SP")
+    g.add_argument("--recompute-granularity", choices=[r.value for r in Recompute], help="pin recomputation")
+    g.add_argument("--offload-optimizer", action=argparse.BooleanOptionalAction, default=None,
+                   help="pin optimizer offload")
+    g.add_argument("--offload-params", action=argparse.BooleanOptionalAction, default=None,
+                   help="pin parameter offload")
+    g.add_argument("--max-micro-batch-size", type=positive_int, metavar="N", default=MAX_MICRO_BATCH,
+                   help="largest micro-batch tried")
+    g.add_argument("--max-virtual-stages", type=int_in(1, 1024), metavar="N", default=MAX_V,
+                   help="most chunks per rank tried")
     g = p.add_argument_group("output")
-    g.add_argument("--top", type=int, default=5, help="layouts to show")
+    g.add_argument("--top", type=positive_int, metavar="N", default=5, help="layouts to show")
     g.add_argument("--json", action="store_true", help="machine-readable output")
-    g.add_argument("--emit-args", action="store_true", help="print scripts/train.py flags of the best layout")
-    g.add_argument("--scan-gpus", help="comma-separated GPU counts: the best layout of each")
+    g.add_argument("--emit-args", action="store_true",
+                   help="print the train.py flags of the best layout train.py accepts (needs --model)")
+    g.add_argument("--scan-gpus", metavar="N,N,...", help="comma-separated GPU counts: the best layout of each")
     g.add_argument("--flops-formula", default=FlopsFormula.EXACT.value, choices=[f.value for f in FlopsFormula],
                    help="FLOP count for TFLOP/s: the model's shapes, or Narayanan et al. eq. (3)")
-    g.add_argument("--sim-budget", type=float, default=SIM_BUDGET,
+    g.add_argument("--sim-budget", type=positive_float, metavar="X", default=SIM_BUDGET,
                    help="largest pipeline schedule simulated, pp (m v)^2")
-    g.add_argument("--show-rejected", type=int, default=6, help="rejection reasons to list")
+    g.add_argument("--show-rejected", type=nonnegative_int, metavar="N", default=6, help="rejection reasons to list")
     g.add_argument("--plot", metavar="FILE.png", help="stacked bars of the top layouts' memory (worst stage)")
 
 
 def main(argv: list[str] | None = None) -> int:
     """`hybrid plan` on its own: 0 on success, 2 with a one-line explanation for an impossible request."""
-    parser = argparse.ArgumentParser(prog="hybrid plan", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="hybrid plan", description=__doc__, formatter_class=HelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -121,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> None:
     """Search and print; ValueError (shown without a traceback by the caller) when nothing can run."""
+    check_outputs(args)
     model = model_from_args(args)
     work = workload_from_args(args, model)
     space = space_from_args(args)
@@ -134,15 +161,50 @@ def run(args: argparse.Namespace) -> None:
     result = search(work, cluster, space, top=args.top, formula=formula, budget=args.sim_budget)
     if not result.plans:
         raise ValueError(_nothing_fits(work, cluster, result, args.show_rejected))
+    emitted = accepted_train_args(work, result.plans, args) if args.emit_args else None
     if args.plot:
         from hybrid.planner.plot import plot_memory
-        plot_memory(result.plans, args.plot, title=_plot_title(work, cluster), device_gb=cluster.hw.memory_gb)
+        with atomic_output(args.plot, suffix=os.path.splitext(args.plot)[1]) as tmp:
+            plot_memory(result.plans, tmp, title=_plot_title(work, cluster), device_gb=cluster.hw.memory_gb)
     if args.json:
         print(json.dumps(_json(work, cluster, result, args.show_rejected), indent=2))
     elif args.emit_args:
-        print(" ".join(train_args(work, result.plans[0], args.model)))
+        print(" ".join(emitted))
     else:
         print(_report(work, cluster, result, args.show_rejected))
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before the search: --plot can be written and matplotlib is there; --emit-args has a model train.py can
+    build."""
+    if args.plot:
+        check_output_file("--plot", args.plot)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
+    if args.emit_args and not args.model:
+        raise ValueError("--emit-args needs --model (a preset or config.json directory): train.py builds the model "
+                         "from it, not from the size flags")
+    if args.hardware and not os.path.isfile(args.hardware):
+        raise ValueError(f"--hardware {args.hardware!r} is not a file; write one with `hybrid calibrate --out FILE`")
+
+
+def accepted_train_args(work: Workload, plans: list[Plan], args: argparse.Namespace) -> list[str]:
+    """The train.py flags of the fastest plan that train.py's own checks accept (hybrid.train.args, the code
+    train.py runs before any process group); ValueError with train.py's reason when none passes."""
+    from hybrid.train.args import check_args, parse_args
+
+    reasons = []
+    for plan in plans:
+        flags = train_args(work, plan, args.model)
+        try:
+            check_args(parse_args(flags), world=plan.layout.world)
+            return flags
+        except (ValueError, SystemExit) as e:
+            reasons.append(f"{plan.layout.short()}: {e}")
+    raise ValueError(f"--emit-args: train.py rejects the {len(plans)} best layouts (first: {reasons[0]}); "
+                     f"raise --top, or unpin dimensions")
 
 
 # --- arguments -> objects -----------------------------------------------------------------------------
@@ -304,6 +366,8 @@ def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str
         out.append("--offload-optimizer")
     if lay.offload is Offload.OPTIMIZER_AND_PARAMS:
         out.append("--offload-params")
+    if work.precision is Precision.MIXED:
+        out.append("--bf16")  # the plan's memory counts bf16 parameters and gradients (2+2+12 bytes)
     return out
 
 
@@ -347,7 +411,10 @@ def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula:
     try:
         counts = [int(x) for x in args.scan_gpus.split(",")]
     except ValueError:
-        raise ValueError(f"--scan-gpus {args.scan_gpus!r}: give comma-separated GPU counts, e.g. 8,64,512") from None
+        counts = []
+    if not counts or not all(1 <= n <= MAX_GPUS for n in counts):
+        raise ValueError(f"--scan-gpus {args.scan_gpus!r}: give comma-separated GPU counts in [1, {MAX_GPUS}], "
+                         f"e.g. 8,64,512")
     rows = []
     for n in counts:
         cluster = cluster_from_args(args, n)

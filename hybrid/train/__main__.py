@@ -1,3 +1,3 @@
-from hybrid.train.main import main
+from hybrid.train.main import cli
 
-main()
+cli()

@@ -8,11 +8,15 @@ ValueError naming the flag and the fix; `hybrid.train.main` turns it into one li
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
 
+from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
 from hybrid.data import BYTE_VOCAB, BatchSpec
 from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
@@ -24,47 +28,60 @@ from models import cli as model_cli
 from models.config import ModelConfig
 
 DESCRIPTION = "Train a GPT-2 or Llama-family model with tensor, pipeline and data parallelism."
+EPILOG = """launch (one process per device; dp = world / (tp x pp) is derived):
+  torchrun --nproc-per-node 8 -m hybrid.train --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \\
+      --micro-batch-size 2 --global-batch-size 16 --seq-length 128 --train-iters 200 --log-interval 20
+  python -m hybrid.train --train-iters 20          # one process, no torchrun
+  (scripts/train.py is the same entry point in a checkout)
+
+Every input is checked before any process group starts; a bad one exits with one line naming it
+(docs/troubleshooting.md lists the errors)."""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=DESCRIPTION)
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="train.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
     g = p.add_argument_group("model and data")
-    g.add_argument("--model", default="tiny-gpt2", help="preset name or a transformers model/config directory")
+    g.add_argument("--model", default="tiny-gpt2", help="preset name (hybrid models) or a transformers "
+                                                         "config.json / model directory")
     g.add_argument("--load", default=None, help="transformers checkpoint directory to start from (safetensors)")
-    g.add_argument("--data-path", default=None, help="UTF-8 text file (default: Python's pydoc topics)")
-    g.add_argument("--seq-length", type=int, default=128)
+    g.add_argument("--data-path", default=None, help="UTF-8 text file; None: Python's pydoc topics")
+    g.add_argument("--seq-length", type=int, default=128, help="tokens per sequence")
     g = p.add_argument_group("parallelism")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tp: ranks splitting each layer")
     g.add_argument("--sequence-parallel", action="store_true", help="split norms/dropout along the sequence")
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pp: pipeline stages")
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
                    help="layers per model chunk; v = layers / (pp * this) chunks per rank (interleaved 1F1B)")
     g.add_argument("--pipeline-schedule", choices=[k.value for k in ScheduleKind], default=None,
-                   help="default: interleaved with virtual stages, else 1f1b")
+                   help="None: interleaved with virtual stages, else 1f1b")
     g.add_argument("--pipeline-partition", choices=("uniform", "balanced"), default="uniform",
                    help="balanced: split layers by FLOPs, counting the embedding and the LM head")
     g.add_argument("--pipeline-layers-per-stage", default=None, help="layers of each stage by hand, e.g. 3,5,5,3")
     g.add_argument("--recompute-granularity", choices=[r.value for r in Recompute if r is not Recompute.NONE],
                    default=None, help="recompute activations in backward: selective (attention core) or full (block)")
     g.add_argument("--timeline", default=None, help="write the last step's per-rank Chrome trace (JSON) here")
-    g.add_argument("--micro-batch-size", type=int, default=4)
-    g.add_argument("--global-batch-size", type=int, default=None, help="default: micro batch x dp")
+    g.add_argument("--micro-batch-size", type=int, default=4, help="sequences per forward/backward per rank")
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="sequences per optimizer step; None: micro batch x dp")
     g.add_argument("--auto-parallel", action="store_true",
                    help="let the planner choose tp, pp, v, micro batch, ZeRO stage, offload and SP for this world "
                         "size and device memory (needs --global-batch-size)")
     g.add_argument("--hardware", default=None, help="with --auto-parallel: a `hybrid calibrate` profile (JSON) "
                                                     "to plan with instead of the device preset")
+    g.add_argument("--distributed-timeout-minutes", type=float, default=10.0,
+                   help="bound on process-group start-up and on every collective: a rank that dies or stalls "
+                        "ends the job after this long, naming the lost rank")
     g = p.add_argument_group("optimization")
-    g.add_argument("--train-iters", type=int, default=100)
-    g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument("--min-lr", type=float, default=1e-4)
-    g.add_argument("--lr-warmup-iters", type=int, default=10)
-    g.add_argument("--lr-decay-style", choices=("constant", "cosine"), default="cosine")
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.95)
+    g.add_argument("--train-iters", type=int, default=100, help="optimizer steps")
+    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    g.add_argument("--min-lr", type=float, default=1e-4, help="learning rate at the end of the decay")
+    g.add_argument("--lr-warmup-iters", type=int, default=10, help="linear warm-up steps")
+    g.add_argument("--lr-decay-style", choices=("constant", "cosine"), default="cosine", help="decay after warm-up")
+    g.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decoupled weight decay (matrices only)")
+    g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam first-moment decay, in [0, 1)")
+    g.add_argument("--adam-beta2", type=float, default=0.95, help="Adam second-moment decay, in [0, 1)")
     g.add_argument("--clip-grad", type=float, default=1.0, help="clip to this global gradient norm (0: off)")
-    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--seed", type=int, default=1234, help=f"initialisation and data order, in [0, {MAX_SEED}]")
     g = p.add_argument_group("ZeRO and mixed precision")
     g.add_argument("--zero-stage", type=int, default=0, help="0 DP, 1 optimizer states, 2 + gradients, 3 + parameters")
     g.add_argument("--offload-optimizer", action="store_true", help="fp32 master weights, Adam and its step on the CPU")
@@ -77,10 +94,128 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
     g.add_argument("--fp16", action="store_true", help="fp16 compute, fp32 master weights, dynamic loss scaling")
     g.add_argument("--deepspeed-config", default=None,
-                   help="DeepSpeed JSON: its zero_optimization / batch / clipping / bf16 / fp16 keys override the flags")
-    g.add_argument("--log-interval", type=int, default=10)
+                   help="DeepSpeed JSON: its zero_optimization / batch / clipping / bf16 / fp16 keys set the flags "
+                        "(a value that contradicts a flag given explicitly is an error)")
+    g.add_argument("--log-interval", type=int, default=10, help="print the loss every this many steps")
     model_cli.add_arguments(p)
-    return p.parse_args(argv)
+    _short_metavars(p)
+    return p
+
+
+def _short_metavars(p: argparse.ArgumentParser) -> None:
+    """N for counts, X for numbers, PATH for files: keeps each option of --help on one line."""
+    for a in p._actions:
+        if a.option_strings and a.metavar is None and a.choices is None and a.nargs is None and a.const is None:
+            a.metavar = {int: "N", float: "X"}.get(a.type, "PATH" if a.dest in PATHS else "TEXT")
+
+
+PATHS = {"model", "load", "data_path", "timeline", "hardware", "deepspeed_config"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags; `args.explicit` holds the dests given on the command line (DeepSpeed conflicts are checked
+    against them)."""
+    p = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = p.parse_args(argv)
+    actions = {s: a.dest for a in p._actions for s in a.option_strings}
+    args.explicit = {actions[t.split("=", 1)[0]] for t in argv if t.split("=", 1)[0] in actions}
+    return args
+
+
+MAX_TIMEOUT_MINUTES = 7 * 24 * 60
+MAX_SEED = 2**32 - 1  # data.py draws from seed * 1_000_003 + iteration: stays far below a 64-bit generator seed
+# (flag dest, lowest value, lowest is excluded, integer): every size, rate, coefficient and count
+NUMBERS = (
+    ("seq_length", 1, False, True), ("micro_batch_size", 1, False, True), ("global_batch_size", 1, False, True),
+    ("train_iters", 1, False, True), ("log_interval", 1, False, True), ("lr_warmup_iters", 0, False, True),
+    ("tensor_model_parallel_size", 1, False, True), ("pipeline_model_parallel_size", 1, False, True),
+    ("num_layers_per_virtual_pipeline_stage", 1, False, True), ("zero_bucket_bytes", 1, False, True),
+    ("lr", 0.0, True, False), ("min_lr", 0.0, False, False), ("weight_decay", 0.0, False, False),
+    ("clip_grad", 0.0, False, False), ("distributed_timeout_minutes", 0.0, True, False),
+)
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Zero, negative, NaN and infinity wherever they make no sense; ValueError naming the flag."""
+    for dest, low, low_open, integer in NUMBERS:
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        flag = f"--{dest.replace('_', '-')}"
+        if not integer and not math.isfinite(value):
+            raise ValueError(f"{flag} must be a finite number, got {value}")
+        if value < low or (low_open and value == low):
+            raise ValueError(f"{flag} must be {'>' if low_open else '>='} {low}, got {value}")
+    for flag, beta in (("--adam-beta1", args.adam_beta1), ("--adam-beta2", args.adam_beta2)):
+        if not 0 <= beta < 1:
+            raise ValueError(f"{flag} must be in [0, 1), got {beta}")
+    if args.min_lr > args.lr:
+        raise ValueError(f"--min-lr {args.min_lr} exceeds --lr {args.lr}; the decay would raise the rate")
+    if args.distributed_timeout_minutes > MAX_TIMEOUT_MINUTES:
+        raise ValueError(f"--distributed-timeout-minutes must be at most {MAX_TIMEOUT_MINUTES} (a week), "
+                         f"got {args.distributed_timeout_minutes}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ValueError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
+
+
+def check_files(args: argparse.Namespace, cfg: ModelConfig) -> None:
+    """Inputs exist and have the right format, outputs can be written -- before any work."""
+    for flag, value in (("--timeline", args.timeline), ("--load", args.load), ("--data-path", args.data_path),
+                        ("--hardware", args.hardware), ("--deepspeed-config", args.deepspeed_config),
+                        ("--pipeline-layers-per-stage", args.pipeline_layers_per_stage)):
+        if value is not None and not value.strip():
+            raise ValueError(f"{flag} is empty; give a value or omit the flag")
+    if args.timeline is not None:
+        check_output_file("--timeline", args.timeline)
+    if args.hardware is not None and not args.auto_parallel:
+        raise ValueError("--hardware is read by --auto-parallel only; add --auto-parallel or drop --hardware")
+    if args.load is not None:
+        check_checkpoint(args.load, cfg, args.model)
+
+
+def check_checkpoint(path: str, cfg: ModelConfig, model: str) -> None:
+    """--load: a directory whose safetensors header(s) open and whose config.json, if any, is the --model's."""
+    from models.hf_io import CheckpointReader
+
+    if not os.path.isdir(path):
+        raise ValueError(f"--load {path!r} is not a directory; give a transformers model directory (safetensors)")
+    try:
+        reader = CheckpointReader(path)
+        missing = sorted({f for f in reader.files.values() if not os.path.isfile(f)})
+    except ValueError as e:
+        raise ValueError(str(e).replace("--model", "--load", 1)) from None
+    except Exception as e:  # safetensors' header error, a malformed index (JSONDecodeError, KeyError)
+        raise ValueError(f"--load {path}: not a readable safetensors checkpoint ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if missing:
+        raise ValueError(f"--load {path}: the index names missing shard files: {', '.join(missing[:3])}")
+    if os.path.isfile(os.path.join(path, "config.json")):
+        saved = load_config(path)
+        shape = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size", "ffn_hidden_size")
+        if saved.arch != cfg.arch or any(getattr(saved, k) != getattr(cfg, k) for k in shape):
+            raise ValueError(f"--load {path} holds a different model than --model {model} "
+                             f"({saved.arch} {saved.num_layers} layers x {saved.hidden_size} vs {cfg.arch} "
+                             f"{cfg.num_layers} x {cfg.hidden_size}); pass --model {path}")
+
+
+def check_batch_memory(batch: BatchSpec) -> None:
+    """Every rank draws the whole global batch of token ids (hybrid.data.global_batch: int64 windows of seq + 1,
+    stacked, then inputs and labels) before taking its rows: that must fit in this machine's memory."""
+    need = batch.global_batch * (batch.seq_length + 1) * 8 * 2
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ValueError(f"--global-batch-size {batch.global_batch} x --seq-length {batch.seq_length} tokens need "
+                         f"{need / 2**30:.3g} GiB of token ids per rank, more than this machine's "
+                         f"{have / 2**30:.0f} GiB; use a smaller batch")
+
+
+def check_corpus(corpus: torch.Tensor, args: argparse.Namespace) -> None:
+    """The corpus holds at least one sequence plus its shifted label."""
+    if corpus.numel() <= args.seq_length + 1:
+        where = args.data_path or "the default corpus"
+        raise ValueError(f"--data-path {where} has {corpus.numel()} tokens, fewer than one sequence of "
+                         f"--seq-length {args.seq_length} + 1; give more text or a shorter --seq-length")
 
 
 @dataclass(frozen=True)
@@ -120,25 +255,50 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     return PipelinePlan(kind=kind, v=v, stages=stages)
 
 
+DS_FLAGS = (("zero_stage", "zero_optimization.stage"), ("offload_optimizer", "zero_optimization.offload_optimizer"),
+            ("offload_params", "zero_optimization.offload_param"), ("micro_batch_size",
+                                                                  "train_micro_batch_size_per_gpu"),
+            ("clip_grad", "gradient_clipping"), ("bf16", "bf16.enabled"), ("fp16", "fp16.enabled"),
+            ("zero_bucket_bytes", "zero_optimization.reduce_bucket_size"))
+
+
+def _conflict(args: argparse.Namespace, attr: str, key: str, value) -> None:
+    """A DeepSpeed value that contradicts a flag given on the command line: an error naming both."""
+    if attr in args.explicit and getattr(args, attr) != value:
+        flag = f"--{attr.replace('_', '-')}"
+        given = flag if isinstance(value, bool) else f"{flag} {getattr(args, attr)}"
+        shown = json.dumps(value) if isinstance(value, bool) else value
+        raise ValueError(f"--deepspeed-config sets {key} = {shown} but {given} was given; remove one of them")
+
+
 def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
-    """Overwrite the flags a DeepSpeed config sets; returns the keys it has that are not read."""
+    """Set the flags a DeepSpeed config sets (an explicit flag it contradicts is an error); returns the keys it has
+    that are not read."""
     ds = read_deepspeed_config(args.deepspeed_config)
-    for attr, value in (("zero_stage", ds.zero_stage), ("offload_optimizer", ds.offload_optimizer),
-                        ("offload_params", ds.offload_params), ("micro_batch_size", ds.micro_batch),
-                        ("clip_grad", ds.clip_grad), ("bf16", ds.bf16), ("fp16", ds.fp16),
-                        ("zero_bucket_bytes", ds.bucket_bytes)):
+    args.explicit = getattr(args, "explicit", set())  # a Namespace built by hand has none
+    for attr, key in DS_FLAGS:
+        value = getattr(ds, {"micro_batch_size": "micro_batch", "zero_bucket_bytes": "bucket_bytes"}.get(attr, attr))
         if value is not None:
+            _conflict(args, attr, key, value)
             setattr(args, attr, value)
     args.loss_scaling = {k: v for k, v in (("initial_loss_scale", ds.initial_loss_scale),
                                            ("loss_scale_window", ds.loss_scale_window),
                                            ("min_loss_scale", ds.min_loss_scale)) if v is not None}
-    dp = world // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size) or 1
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    dp = world // (tp * pp) if tp >= 1 and pp >= 1 else 1
     if ds.accumulation is not None:
-        args.global_batch_size = args.micro_batch_size * dp * ds.accumulation
+        gbs = args.micro_batch_size * max(dp, 1) * ds.accumulation
+        if "global_batch_size" in args.explicit and args.global_batch_size != gbs:
+            raise ValueError(f"--deepspeed-config gradient_accumulation_steps {ds.accumulation} gives a global "
+                             f"batch of micro batch {args.micro_batch_size} x dp {dp} x {ds.accumulation} = {gbs}, "
+                             f"but --global-batch-size {args.global_batch_size} was given; remove one of them")
+        args.global_batch_size = gbs
     if ds.train_batch is not None:
         if args.global_batch_size is not None and ds.train_batch != args.global_batch_size:
-            raise ValueError(f"--deepspeed-config: train_batch_size {ds.train_batch} != train_micro_batch_size_per_gpu "
-                             f"x gradient_accumulation_steps x dp = {args.global_batch_size}; make them agree")
+            given = ("--global-batch-size" if ds.accumulation is None else
+                     "train_micro_batch_size_per_gpu x gradient_accumulation_steps x dp")
+            raise ValueError(f"--deepspeed-config: train_batch_size {ds.train_batch} != {given} = "
+                             f"{args.global_batch_size}; make them agree")
         args.global_batch_size = ds.train_batch
     return ds.unsupported
 
@@ -146,8 +306,6 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
 def check_zero(args: argparse.Namespace) -> ZeroConfig:
     if args.bf16 and args.fp16:
         raise ValueError("--bf16 and --fp16 are exclusive; choose one")
-    if args.clip_grad < 0:
-        raise ValueError(f"--clip-grad must be >= 0 (0 disables clipping), got {args.clip_grad}")
     precision = Precision.BF16 if args.bf16 else Precision.FP16 if args.fp16 else Precision.FP32
     return ZeroConfig(stage=args.zero_stage, precision=precision, offload_optimizer=args.offload_optimizer,
                       offload_params=args.offload_params, keep_gathered=args.zero3_keep_gathered,
@@ -158,14 +316,13 @@ def check_zero(args: argparse.Namespace) -> ZeroConfig:
 def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, ParallelDims, BatchSpec, PipelinePlan]:
     """Every check that needs no process group; raises ValueError naming the flag and the fix.
     Also sets `args.zero` (the ZeroConfig) and `args.ds_unsupported` (DeepSpeed keys not read)."""
+    check_numbers(args)
     args.ds_unsupported = apply_deepspeed_config(args, world) if args.deepspeed_config else []
+    check_numbers(args)  # again: the DeepSpeed config may have set them
     args.zero = check_zero(args)
-    for flag in ("seq_length", "micro_batch_size", "train_iters", "log_interval"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.lr <= 0:
-        raise ValueError(f"--lr must be > 0, got {args.lr}")
-    cfg = model_cli.check(args, load_config(args.model))  # dropout flags; --load shapes
+    cfg = load_config(args.model)
+    check_files(args, cfg)  # --load readable, outputs writable
+    cfg = model_cli.check(args, cfg)  # dropout flags; --load tensor shapes
     dims = ParallelDims.from_world(world, tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
     if args.seq_length > cfg.max_position_embeddings:
@@ -178,8 +335,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
         raise ValueError(f"--model vocabulary ({cfg.vocab_size}) is smaller than the {BYTE_VOCAB} byte tokens")
     gbs = args.global_batch_size or args.micro_batch_size * dims.dp
     batch = BatchSpec(global_batch=gbs, micro_batch=args.micro_batch_size, seq_length=args.seq_length, dp=dims.dp)
-    if args.timeline and not os.path.isdir(os.path.dirname(os.path.abspath(args.timeline))):
-        raise ValueError(f"--timeline {args.timeline}: its directory does not exist")
+    check_batch_memory(batch)
     return cfg, dims, batch, check_pipeline(args, cfg, dims, batch)
 
 
@@ -193,8 +349,12 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
 
     from hybrid.planner import ActivationProfile, Cluster, Precision, Recompute, SearchSpace, Workload, hardware, search
 
+    from hybrid.planner.cli import MAX_GLOBAL_BATCH
     if args.global_batch_size is None:
         raise ValueError("--auto-parallel needs --global-batch-size (the planner picks the micro-batch)")
+    if args.global_batch_size > MAX_GLOBAL_BATCH:
+        raise ValueError(f"--auto-parallel plans a --global-batch-size of at most {MAX_GLOBAL_BATCH}, "
+                         f"got {args.global_batch_size}")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

@@ -15,6 +15,7 @@ from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
 from hybrid.tp import ParallelRNG, TPContext
 from hybrid.train.args import PipelinePlan
+from hybrid.train.liveness import inject_fault
 from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroOptimizer
 from models import Recompute, build_pipeline_chunks
@@ -46,7 +47,7 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
 
 def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, corpus: torch.Tensor,
         device: torch.device) -> None:
-    mesh = Mesh.build(dims, device=device)
+    mesh = Mesh.build(dims, device=device, timeout=getattr(args, "distributed_timeout", None))
     tp = TPContext(mesh.tp, sequence_parallel=args.sequence_parallel,
                    rng=ParallelRNG(args.seed, mesh.coords.tp, mesh.coords.pp, mesh.device))  # dropout streams
     model, runner = build_runner(args, cfg, mesh, tp, batch, plan)
@@ -69,6 +70,7 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     tokens_per_step = batch.global_batch * batch.seq_length
     t0 = time.perf_counter()
     for it in range(args.train_iters):
+        inject_fault(mesh.rank, it)  # test-only hook (HYBRID_TEST_FAULT); a no-op by default
         batches = micro_batches(corpus, batch, args.seed, it, mesh.coords.dp)
         loss = train_step(model, batches, optimizer, mesh, lr=opt_cfg.lr_at(it), runner=runner)
         if (it + 1) % args.log_interval == 0 or it + 1 == args.train_iters:

@@ -1,48 +1,106 @@
-"""Entry point: `torchrun --nproc-per-node N -m hybrid.train ...` (or `scripts/train.py`, the same code).
+"""Entry point: `torchrun --nproc-per-node N -m hybrid.train ...` (or `scripts/train.py`, the same code), or
+`python -m hybrid.train ...` for one process without torchrun.
 
     torchrun --nproc-per-node 8 -m hybrid.train --tensor-model-parallel-size 2 \
         --pipeline-model-parallel-size 2 --micro-batch-size 2 --global-batch-size 16 --seq-length 128
 
-Every flag is checked before any process group starts; a bad one exits with a one-line error naming it.
+Every input is checked before any process group starts; a bad one exits with one line naming it, printed by rank
+0 only and recorded in torch elastic's error file, so torchrun's failure summary shows it as the root cause. A rank
+that dies or stalls ends the job after `--distributed-timeout-minutes` with one line naming it (liveness.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
+from hybrid.cliutil import fail, is_rank_zero
 from hybrid.data import load_corpus
 from hybrid.mesh import default_backend
-from hybrid.train.args import apply_auto_parallel, check_args, parse_args
+from hybrid.train import liveness
+from hybrid.train.args import apply_auto_parallel, check_args, check_corpus, check_numbers, parse_args
 from hybrid.train.loop import run
 
 
-def main(argv: list[str] | None = None) -> None:
+def under_launcher() -> bool:
+    """torchrun (or any env:// launcher) sets RANK; without it this is one process."""
+    return "RANK" in os.environ
+
+
+def env_world() -> int:
+    """WORLD_SIZE (torchrun sets it; 1 without a launcher)."""
+    text = os.environ.get("WORLD_SIZE", "1")
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"the environment's WORLD_SIZE {text!r} is not a positive integer; launch with "
+                         f"torchrun --nproc-per-node N")
+    return int(text)
+
+
+def validate(argv: list[str] | None):
+    """Parse and check everything the run touches; SystemExit with one line on the first bad input.
+    Returns (args, world, (cfg, dims, batch, plan), corpus)."""
     args = parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
+        world = env_world()
+        check_numbers(args)
         if args.auto_parallel:
             apply_auto_parallel(args, world)
         cfg, dims, batch, plan = check_args(args, world)
         corpus = load_corpus(args.data_path)
+        check_corpus(corpus, args)
+        if world > 1 and not under_launcher():
+            raise ValueError(f"WORLD_SIZE is {world} but RANK is not set; launch {world} processes with "
+                             f"torchrun --nproc-per-node {world}")
     except ValueError as e:
-        raise SystemExit(f"train.py: error: {e}") from None
-    if args.ds_unsupported and int(os.environ.get("RANK", "0")) == 0:
+        raise fail(f"train.py: error: {e}") from None
+    if args.ds_unsupported and is_rank_zero():
         print(f"train.py: warning: --deepspeed-config keys not supported, ignored: {', '.join(args.ds_unsupported)}",
               file=sys.stderr, flush=True)
+    return args, world, (cfg, dims, batch, plan), corpus
+
+
+def init_distributed(args: argparse.Namespace, world: int, device: torch.device, backend: str) -> None:
+    """The process group, with `--distributed-timeout-minutes` on start-up and every collective. Without a
+    launcher: a one-rank group on an in-process store (no MASTER_ADDR/PORT needed)."""
+    timeout = timedelta(minutes=args.distributed_timeout_minutes)
+    device_id = device if device.type == "cuda" else None
+    if under_launcher():
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
+                                device_id=device_id)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, world, (cfg, dims, batch, plan), corpus = validate(argv)
+    args.distributed_timeout = timedelta(minutes=args.distributed_timeout_minutes)
 
     backend, device = default_backend()
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     else:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    init_distributed(args, world, device, backend)
+    heartbeat = (liveness.Heartbeat(dist.get_rank(), world, args.distributed_timeout.total_seconds())
+                 if world > 1 and under_launcher() else None)
     try:
         run(args, cfg, dims, batch, plan, corpus, device)
+    except Exception as e:
+        liveness.exit_if_ranks_lost(heartbeat, e)  # exits naming the lost rank; returns if all are alive
+        raise
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         dist.destroy_process_group()
 
 
+def cli() -> None:
+    """The command-line entry (`python -m hybrid.train`, scripts/train.py): `main` under torch elastic's
+    `record`, so an unexpected exception's traceback reaches torchrun's failure summary too."""
+    record(main)()

@@ -55,64 +55,103 @@ class DeepSpeedSettings:
 
 
 def read_deepspeed_config(path: str) -> DeepSpeedSettings:
-    if not os.path.isfile(path):
-        raise ValueError(f"--deepspeed-config {path!r} is not a file")
-    try:
-        with open(path) as f:
-            ds = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--deepspeed-config {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(ds, dict):
-        raise ValueError(f"--deepspeed-config {path}: the top level must be a JSON object")
+    """Read and type-check `path`; every error names the key (dotted) and what to write instead."""
+    ds = _load_json(path)
     out = DeepSpeedSettings(unsupported=[k for k in ds if k not in TOP_LEVEL])
     zero = _section(ds, "zero_optimization", out)
-    out.zero_stage = _int(zero, "stage", "zero_optimization.stage")
+    out.zero_stage = _int(zero, "stage", "zero_optimization.stage", 0, 3)
     out.offload_optimizer = _offload(_section(zero, "offload_optimizer", out, "zero_optimization."),
-                                     "zero_optimization.offload_optimizer.device")
+                                     "zero_optimization.offload_optimizer")
     out.offload_params = _offload(_section(zero, "offload_param", out, "zero_optimization."),
-                                  "zero_optimization.offload_param.device")
-    if "reduce_bucket_size" in zero:
-        out.bucket_bytes = 4 * _int(zero, "reduce_bucket_size", "zero_optimization.reduce_bucket_size")
-    out.micro_batch = _int(ds, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu")
-    out.accumulation = _int(ds, "gradient_accumulation_steps", "gradient_accumulation_steps")
-    out.train_batch = _int(ds, "train_batch_size", "train_batch_size")
-    if "gradient_clipping" in ds:
-        out.clip_grad = float(ds["gradient_clipping"])
+                                  "zero_optimization.offload_param")
+    bucket = _int(zero, "reduce_bucket_size", "zero_optimization.reduce_bucket_size", 1)
+    out.bucket_bytes = None if bucket is None else 4 * bucket
+    out.micro_batch = _int(ds, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", 1)
+    out.accumulation = _int(ds, "gradient_accumulation_steps", "gradient_accumulation_steps", 1)
+    out.train_batch = _int(ds, "train_batch_size", "train_batch_size", 1)
+    out.clip_grad = _float(ds, "gradient_clipping", "gradient_clipping", 0.0)
     for kind in ("bf16", "fp16"):
-        sec = _section(ds, kind, out)
-        if "enabled" in sec:
-            setattr(out, kind, bool(sec["enabled"]))
-    fp16 = ds.get("fp16", {}) if isinstance(ds.get("fp16"), dict) else {}
-    if "initial_scale_power" in fp16:
-        out.initial_loss_scale = 2.0 ** _int(fp16, "initial_scale_power", "fp16.initial_scale_power")
-    out.loss_scale_window = _int(fp16, "loss_scale_window", "fp16.loss_scale_window")
-    if "min_loss_scale" in fp16:
-        out.min_loss_scale = float(fp16["min_loss_scale"])
+        setattr(out, kind, _bool(_section(ds, kind, out), "enabled", f"{kind}.enabled"))
+    fp16 = ds.get("fp16", {})
+    power = _int(fp16, "initial_scale_power", "fp16.initial_scale_power", 0, MAX_SCALE_POWER)
+    out.initial_loss_scale = None if power is None else 2.0 ** power
+    out.loss_scale_window = _int(fp16, "loss_scale_window", "fp16.loss_scale_window", 1)
+    out.min_loss_scale = _float(fp16, "min_loss_scale", "fp16.min_loss_scale", 0.0, low_open=True)
     return out
+
+
+MAX_SCALE_POWER = 127  # 2**127 is the largest power of two a float32 holds; the loss scale is one
+
+
+def _load_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise ValueError(f"--deepspeed-config {path!r} is not a file")
+
+    def no_constant(name: str):
+        raise ValueError(f"--deepspeed-config {path}: {name} is not a JSON number; write a finite number")
+    try:
+        with open(path, encoding="utf-8") as f:
+            ds = json.load(f, parse_constant=no_constant)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--deepspeed-config {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--deepspeed-config {path}: not UTF-8 text; save the JSON as UTF-8") from None
+    except OSError as e:
+        raise ValueError(f"--deepspeed-config {path}: cannot read it ({e.strerror})") from None
+    if not isinstance(ds, dict):
+        raise ValueError(f"--deepspeed-config {path}: the top level must be a JSON object")
+    return ds
 
 
 def _section(parent: dict, key: str, out: DeepSpeedSettings, prefix: str = "") -> dict:
     sec = parent.get(key, {})
     if not isinstance(sec, dict):
-        raise ValueError(f"--deepspeed-config: {prefix}{key} must be an object")
+        raise ValueError(f"--deepspeed-config: {prefix}{key} must be an object, got {json.dumps(sec)}")
     out.unsupported += [f"{prefix}{key}.{k}" for k in sec if k not in SUPPORTED[key]]
     return sec
 
 
-def _int(sec: dict, key: str, name: str) -> int | None:
+def _int(sec: dict, key: str, name: str, low: int, high: int | None = None) -> int | None:
     if key not in sec:
         return None
     value = sec[key]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"--deepspeed-config: {name} must be an integer, got {value!r} "
+        raise ValueError(f"--deepspeed-config: {name} must be an integer, got {json.dumps(value)} "
                          "('auto' values are not resolved here; write the number)")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"--deepspeed-config: {name} must be {bound}, got {value}")
+    return value
+
+
+def _float(sec: dict, key: str, name: str, low: float, low_open: bool = False) -> float | None:
+    if key not in sec:
+        return None
+    value = sec[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"--deepspeed-config: {name} must be a number, got {json.dumps(value)}")
+    if value < low or (low_open and value == low):
+        raise ValueError(f"--deepspeed-config: {name} must be {'>' if low_open else '>='} {low:g}, got {value}")
+    return float(value)
+
+
+def _bool(sec: dict, key: str, name: str) -> bool | None:
+    """JSON true/false only: the string "false" is truthy in Python and must not switch a mode on."""
+    if key not in sec:
+        return None
+    value = sec[key]
+    if not isinstance(value, bool):
+        raise ValueError(f"--deepspeed-config: {name} must be true or false (JSON booleans), got {json.dumps(value)}")
     return value
 
 
 def _offload(sec: dict, name: str) -> bool | None:
+    if "pin_memory" in sec:
+        _bool(sec, "pin_memory", f"{name}.pin_memory")
     if "device" not in sec:
         return None
     device = sec["device"]
     if device not in ("cpu", "none"):
-        raise ValueError(f"--deepspeed-config: {name} {device!r} is not supported; use 'cpu' or 'none'")
+        raise ValueError(f"--deepspeed-config: {name}.device {device!r} is not supported; "
+                         "use 'cpu' or 'none'")
     return device == "cpu"

@@ -1,0 +1,412 @@
+"""Every bad input is one error line, before any work: train.py flags, the DeepSpeed JSON, the --model config.json,
+--load / --data-path contents, output paths, `hybrid plan`, `hybrid layout` and `hybrid calibrate`.
+
+Each case runs the real entry point in-process (train: hybrid.train.main.main; the others: hybrid.cli.main) with
+init_process_group and calibrate's process spawner replaced by functions that fail the test, and asserts: a non-zero
+exit, exactly one line on stderr, starting "<prog>: error:" and naming the flag/key/file, no traceback, no file left
+behind in the working directory, and that it came quickly (before any rendezvous or search of note)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hybrid.cli
+import hybrid.testing
+
+train_main = importlib.import_module("hybrid.train.main")  # the module (hybrid.train.main the attribute is main())
+FAST_S = 20.0  # generous on a loaded 2-core machine; a rendezvous would wait minutes, a calibrate run ~30 s
+
+GOOD_PROFILE = {"format": "hybrid-hardware-profile/1",
+                "hardware": {"name": "test", "peak_tflops": 1.0, "memory_gb": 8.0, "hbm_tbps": 0.01,
+                             "gpus_per_node": 2, "intra_node_gbps": 1.0, "inter_node_gbps": 1.0, "pcie_gbps": 1.0,
+                             "host_memory_gb": 16.0, "cpu_adam_params_per_s": 1e8},
+                "matmul_tflops": {"fp32": 0.5}}
+
+
+def _profile(**hardware) -> dict:
+    prof = json.loads(json.dumps(GOOD_PROFILE))
+    for k, v in hardware.items():
+        if v is _DROP:
+            del prof["hardware"][k]
+        else:
+            prof["hardware"][k] = v
+    return prof
+
+
+_DROP = object()
+LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128}
+PLAN = ["--model", "tiny-gpt2", "--gpus", "2", "--global-batch-size", "8", "--seq-length", "32"]
+
+
+def _cfg(**kw) -> dict:
+    return {**LLAMA, **kw}
+
+
+# (id, command, argv, files to create {name: str | bytes | JSON-able}, env, fragment the error line must hold)
+# "{d}" in argv is the working directory of the case.
+CASES = [
+    # --- train.py: numbers -----------------------------------------------------------------------------
+    ("lr-inf", "train", ["--lr", "inf"], {}, {}, "--lr"),
+    ("lr-nan", "train", ["--lr", "nan"], {}, {}, "--lr"),
+    ("lr-zero", "train", ["--lr", "0"], {}, {}, "--lr"),
+    ("lr-negative", "train", ["--lr", "-1"], {}, {}, "--lr"),
+    ("lr-text", "train", ["--lr", "fast"], {}, {}, "--lr"),
+    ("min-lr-nan", "train", ["--min-lr", "nan"], {}, {}, "--min-lr"),
+    ("min-lr-negative", "train", ["--min-lr", "-1e-4"], {}, {}, "--min-lr"),
+    ("min-lr-above-lr", "train", ["--min-lr", "0.1"], {}, {}, "--min-lr"),
+    ("clip-grad-nan", "train", ["--clip-grad", "nan"], {}, {}, "--clip-grad"),
+    ("clip-grad-negative", "train", ["--clip-grad", "-1"], {}, {}, "--clip-grad"),
+    ("clip-grad-inf", "train", ["--clip-grad", "inf"], {}, {}, "--clip-grad"),
+    ("weight-decay-negative", "train", ["--weight-decay", "-5"], {}, {}, "--weight-decay"),
+    ("weight-decay-nan", "train", ["--weight-decay", "nan"], {}, {}, "--weight-decay"),
+    ("beta1-above-one", "train", ["--adam-beta1", "1.5"], {}, {}, "--adam-beta1"),
+    ("beta1-negative", "train", ["--adam-beta1", "-0.1"], {}, {}, "--adam-beta1"),
+    ("beta2-one", "train", ["--adam-beta2", "1"], {}, {}, "--adam-beta2"),
+    ("beta2-nan", "train", ["--adam-beta2", "nan"], {}, {}, "--adam-beta2"),
+    ("global-batch-zero", "train", ["--global-batch-size", "0"], {}, {}, "--global-batch-size"),
+    ("global-batch-negative", "train", ["--global-batch-size", "-2"], {}, {}, "--global-batch-size"),
+    ("micro-batch-zero", "train", ["--micro-batch-size", "0"], {}, {}, "--micro-batch-size"),
+    ("micro-batch-negative", "train", ["--micro-batch-size", "-1"], {}, {}, "--micro-batch-size"),
+    ("tp-zero", "train", ["--tensor-model-parallel-size", "0"], {}, {}, "--tensor-model-parallel-size"),
+    ("pp-zero", "train", ["--pipeline-model-parallel-size", "0"], {}, {}, "--pipeline-model-parallel-size"),
+    ("pp-negative", "train", ["--pipeline-model-parallel-size", "-1"], {}, {}, "--pipeline-model-parallel-size"),
+    ("vpp-zero", "train", ["--num-layers-per-virtual-pipeline-stage", "0"], {}, {},
+     "--num-layers-per-virtual-pipeline-stage"),
+    ("seed-float", "train", ["--seed", "1e20"], {}, {}, "--seed"),
+    ("seed-huge", "train", ["--seed", "99999999999999999999999"], {}, {}, "--seed"),
+    ("seed-negative", "train", ["--seed", "-1"], {}, {}, "--seed"),
+    ("seq-length-zero", "train", ["--seq-length", "0"], {}, {}, "--seq-length"),
+    ("seq-length-negative", "train", ["--seq-length", "-5"], {}, {}, "--seq-length"),
+    ("train-iters-zero", "train", ["--train-iters", "0"], {}, {}, "--train-iters"),
+    ("log-interval-zero", "train", ["--log-interval", "0"], {}, {}, "--log-interval"),
+    ("warmup-negative", "train", ["--lr-warmup-iters", "-1"], {}, {}, "--lr-warmup-iters"),
+    ("bucket-zero", "train", ["--zero-bucket-bytes", "0"], {}, {}, "--zero-bucket-bytes"),
+    ("timeout-zero", "train", ["--distributed-timeout-minutes", "0"], {}, {}, "--distributed-timeout-minutes"),
+    ("timeout-nan", "train", ["--distributed-timeout-minutes", "nan"], {}, {}, "--distributed-timeout-minutes"),
+    ("timeout-huge", "train", ["--distributed-timeout-minutes", "1e12"], {}, {}, "--distributed-timeout-minutes"),
+    ("zero-stage-4", "train", ["--zero-stage", "4"], {}, {}, "--zero-stage"),
+    ("zero-stage-negative", "train", ["--zero-stage", "-1"], {}, {}, "--zero-stage"),
+    ("micro-batch-beyond-memory", "train", ["--micro-batch-size", str(10**15)], {}, {}, "--global-batch-size"),
+    ("timeline-empty", "train", ["--timeline", ""], {}, {}, "--timeline"),
+    ("load-empty", "train", ["--load", ""], {}, {}, "--load"),
+    ("data-path-empty-string", "train", ["--data-path", " "], {}, {}, "--data-path"),
+    ("auto-batch-huge", "train", ["--auto-parallel", "--global-batch-size", str(10**18)], {}, {},
+     "--global-batch-size"),
+    # --- train.py: flags, layout, environment -----------------------------------------------------------
+    ("typo-suggests", "train", ["--lrr", "1"], {}, {}, "did you mean --lr?"),
+    ("typo-words-suggest", "train", ["--tensor-parallel", "2"], {}, {}, "--tensor-model-parallel-size"),
+    ("prefix-not-expanded", "train", ["--lr-warm", "5"], {}, {}, "--lr-warmup-iters"),
+    ("bad-choice", "train", ["--pipeline-schedule", "zigzag"], {}, {}, "--pipeline-schedule"),
+    ("bf16-and-fp16", "train", ["--bf16", "--fp16"], {}, {}, "--bf16 and --fp16"),
+    ("layers-per-stage-text", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "a,b"],
+     {}, {"WORLD_SIZE": "2"}, "--pipeline-layers-per-stage"),
+    ("tp-not-dividing-world", "train", ["--tensor-model-parallel-size", "3"], {}, {"WORLD_SIZE": "4"},
+     "--tensor-model-parallel-size"),
+    ("tp-without-torchrun", "train", ["--tensor-model-parallel-size", "2"], {}, {}, "torchrun"),
+    ("world-without-rank", "train", [], {}, {"WORLD_SIZE": "2"}, "RANK"),
+    ("world-size-text", "train", [], {}, {"WORLD_SIZE": "two"}, "WORLD_SIZE"),
+    ("hardware-without-auto", "train", ["--hardware", "{d}/hw.json"], {"hw.json": GOOD_PROFILE}, {}, "--hardware"),
+    ("auto-without-batch", "train", ["--auto-parallel"], {}, {}, "--global-batch-size"),
+    ("auto-profile-missing-field", "train", ["--auto-parallel", "--global-batch-size", "8", "--hardware",
+                                             "{d}/hw.json"], {"hw.json": _profile(peak_tflops=_DROP)}, {},
+     "hardware.peak_tflops"),
+    # --- train.py: files -----------------------------------------------------------------------------------
+    ("timeline-is-dir", "train", ["--timeline", "{d}"], {}, {}, "--timeline"),
+    ("timeline-no-dir", "train", ["--timeline", "{d}/no/such/t.json"], {}, {}, "--timeline"),
+    ("data-missing", "train", ["--data-path", "{d}/missing.txt"], {}, {}, "--data-path"),
+    ("data-is-dir", "train", ["--data-path", "{d}"], {}, {}, "--data-path"),
+    ("data-empty", "train", ["--data-path", "{d}/empty.txt"], {"empty.txt": ""}, {}, "--data-path"),
+    ("data-binary", "train", ["--data-path", "{d}/data.bin"], {"data.bin": b"\xff\xfe\x00\x81" * 100}, {},
+     "--data-path"),
+    ("data-too-short", "train", ["--data-path", "{d}/short.txt", "--seq-length", "64"], {"short.txt": "hello"}, {},
+     "--data-path"),
+    ("load-missing", "train", ["--load", "{d}/nope"], {}, {}, "--load"),
+    ("load-no-weights", "train", ["--load", "{d}/ckpt"], {"ckpt/readme.txt": "x"}, {}, "--load"),
+    ("load-corrupt", "train", ["--load", "{d}/ckpt"], {"ckpt/model.safetensors": b"not a safetensors file"}, {},
+     "--load"),
+    ("load-index-missing-shard", "train", ["--load", "{d}/ckpt"],
+     {"ckpt/model.safetensors.index.json": {"weight_map": {"wte.weight": "model-1.safetensors"}}}, {}, "--load"),
+    ("load-other-model", "train", ["--load", "{d}/ckpt"],
+     {"ckpt/config.json": LLAMA, "ckpt/model.safetensors.index.json": {"weight_map": {}}}, {}, "--load"),
+    # --- train.py: the --model config.json -----------------------------------------------------------------
+    ("model-unknown", "train", ["--model", "no-such-model"], {}, {}, "--model"),
+    ("model-near-preset", "train", ["--model", "tiny-gpt3"], {}, {}, "did you mean 'tiny-gpt2'"),
+    ("model-dir-no-config", "train", ["--model", "{d}/m"], {"m/readme.txt": "x"}, {}, "config.json"),
+    ("config-malformed", "train", ["--model", "{d}/m"], {"m/config.json": "{\"model_type\": "}, {}, "config.json"),
+    ("config-not-utf8", "train", ["--model", "{d}/m"], {"m/config.json": b"{\"model_type\": \"\xff\"}"}, {},
+     "config.json"),
+    ("config-no-model-type", "train", ["--model", "{d}/m"], {"m/config.json": {"hidden_size": 64}}, {},
+     "model_type"),
+    ("config-unsupported-arch", "train", ["--model", "{d}/m"], {"m/config.json": {"model_type": "bert"}}, {},
+     "unsupported model_type 'bert'"),
+    ("config-heads-not-dividing", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(num_attention_heads=3)}, {},
+     "not divisible"),
+    ("config-kv-not-dividing", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(num_key_value_heads=3)}, {},
+     "num_key_value_heads"),
+    ("config-zero-heads", "train", ["--model", "{d}/m"], {"m/config.json": {"model_type": "gpt2", "n_head": 0}}, {},
+     "n_head"),
+    ("config-size-text", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(vocab_size="big")}, {},
+     "vocab_size"),
+    ("config-top-level-list", "train", ["--model", "{d}/c.json"], {"c.json": [1, 2]}, {}, "c.json"),
+    # --- train.py: the DeepSpeed JSON ----------------------------------------------------------------------
+    ("ds-bf16-string", "ds", {"bf16": {"enabled": "false"}}, {}, {}, "bf16.enabled"),
+    ("ds-fp16-string", "ds", {"fp16": {"enabled": "true"}}, {}, {}, "fp16.enabled"),
+    ("ds-micro-null", "ds", {"train_micro_batch_size_per_gpu": None}, {}, {}, "train_micro_batch_size_per_gpu"),
+    ("ds-micro-string", "ds", {"train_micro_batch_size_per_gpu": "4"}, {}, {}, "train_micro_batch_size_per_gpu"),
+    ("ds-accumulation-zero", "ds", {"gradient_accumulation_steps": 0}, {}, {}, "gradient_accumulation_steps"),
+    ("ds-train-batch-zero", "ds", {"train_batch_size": 0}, {}, {}, "train_batch_size"),
+    ("ds-scale-power-high", "ds", {"fp16": {"enabled": True, "initial_scale_power": 200}}, {}, {},
+     "fp16.initial_scale_power"),
+    ("ds-scale-power-negative", "ds", {"fp16": {"initial_scale_power": -1}}, {}, {}, "fp16.initial_scale_power"),
+    ("ds-window-zero", "ds", {"fp16": {"loss_scale_window": 0}}, {}, {}, "fp16.loss_scale_window"),
+    ("ds-min-scale-zero", "ds", {"fp16": {"min_loss_scale": 0}}, {}, {}, "fp16.min_loss_scale"),
+    ("ds-clipping-string", "ds", {"gradient_clipping": "1.0"}, {}, {}, "gradient_clipping"),
+    ("ds-clipping-negative", "ds", {"gradient_clipping": -1}, {}, {}, "gradient_clipping"),
+    ("ds-stage-5", "ds", {"zero_optimization": {"stage": 5}}, {}, {}, "zero_optimization.stage"),
+    ("ds-zero-null", "ds", {"zero_optimization": None}, {}, {}, "zero_optimization"),
+    ("ds-bucket-negative", "ds", {"zero_optimization": {"reduce_bucket_size": -1}}, {}, {},
+     "zero_optimization.reduce_bucket_size"),
+    ("ds-offload-nvme", "ds", {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, {}, {},
+     "offload_param.device"),
+    ("ds-pin-memory-string", "ds", {"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": "yes"}}},
+     {}, {}, "pin_memory"),
+    ("ds-nan-literal", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": "{\"gradient_clipping\": NaN}"},
+     {}, "NaN"),
+    ("ds-not-json", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": "stage: 3"}, {}, "ds.json"),
+    ("ds-not-utf8", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": b"{\"a\": \"\xff\"}"}, {}, "ds.json"),
+    ("ds-top-level-list", "ds", [1], {}, {}, "top level"),
+    ("ds-missing", "train", ["--deepspeed-config", "{d}/nope.json"], {}, {}, "--deepspeed-config"),
+    ("ds-conflicts-stage-flag", "ds+", ({"zero_optimization": {"stage": 2}}, ["--zero-stage", "1"]), {}, {},
+     "--zero-stage"),
+    ("ds-conflicts-micro-flag", "ds+", ({"train_micro_batch_size_per_gpu": 4}, ["--micro-batch-size", "2"]), {}, {},
+     "--micro-batch-size"),
+    ("ds-conflicts-batch-flag", "ds+", ({"gradient_accumulation_steps": 2}, ["--global-batch-size", "16"]), {}, {},
+     "--global-batch-size"),
+    ("ds-conflicts-bf16-flag", "ds+", ({"bf16": {"enabled": False}}, ["--bf16"]), {}, {}, "--bf16"),
+    # --- hybrid plan ----------------------------------------------------------------------------------------
+    ("plan-gpus-zero", "plan", PLAN[:2] + ["--gpus", "0"] + PLAN[4:], {}, {}, "--gpus"),
+    ("plan-gpus-negative", "plan", PLAN[:2] + ["--gpus", "-8"] + PLAN[4:], {}, {}, "--gpus"),
+    ("plan-gpus-huge", "plan", PLAN[:2] + ["--gpus", str(10**12)] + PLAN[4:], {}, {}, "--gpus"),
+    ("plan-batch-zero", "plan", PLAN[:4] + ["--global-batch-size", "0"], {}, {}, "--global-batch-size"),
+    ("plan-batch-huge", "plan", PLAN[:4] + ["--global-batch-size", str(10**18)], {}, {}, "--global-batch-size"),
+    ("plan-virtual-stages-huge", "plan", PLAN + ["--max-virtual-stages", str(10**9)], {}, {}, "--max-virtual-stages"),
+    ("plan-batch-missing", "plan", PLAN[:4], {}, {}, "--global-batch-size"),
+    ("plan-gpus-missing", "plan", PLAN[:2] + PLAN[4:], {}, {}, "--gpus"),
+    ("plan-seq-zero", "plan", PLAN[:6] + ["--seq-length", "0"], {}, {}, "--seq-length"),
+    ("plan-memory-nan", "plan", PLAN + ["--gpu-memory", "nan"], {}, {}, "--gpu-memory"),
+    ("plan-memory-negative", "plan", PLAN + ["--gpu-memory", "-1"], {}, {}, "--gpu-memory"),
+    ("plan-tflops-inf", "plan", PLAN + ["--gpu-tflops", "inf"], {}, {}, "--gpu-tflops"),
+    ("plan-efficiency-zero", "plan", PLAN + ["--compute-efficiency", "0"], {}, {}, "--compute-efficiency"),
+    ("plan-efficiency-above-one", "plan", PLAN + ["--compute-efficiency", "1.5"], {}, {}, "--compute-efficiency"),
+    ("plan-bandwidth-negative", "plan", PLAN + ["--inter-node-bandwidth", "-3"], {}, {}, "--inter-node-bandwidth"),
+    ("plan-top-zero", "plan", PLAN + ["--top", "0"], {}, {}, "--top"),
+    ("plan-tp-zero", "plan", PLAN + ["--tensor-model-parallel-size", "0"], {}, {}, "--tensor-model-parallel-size"),
+    ("plan-micro-negative", "plan", PLAN + ["--micro-batch-size", "-1"], {}, {}, "--micro-batch-size"),
+    ("plan-sim-budget-zero", "plan", PLAN + ["--sim-budget", "0"], {}, {}, "--sim-budget"),
+    ("plan-layers-zero", "plan", ["--num-layers", "0", "--hidden-size", "64", "--num-attention-heads", "4", "--gpus",
+                                  "2", "--global-batch-size", "8"], {}, {}, "--num-layers"),
+    ("plan-heads-not-dividing", "plan", ["--num-layers", "2", "--hidden-size", "100", "--num-attention-heads", "3",
+                                         "--gpus", "2", "--global-batch-size", "8"], {}, {}, "--num-attention-heads"),
+    ("plan-groups-not-dividing", "plan", ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                                          "--num-query-groups", "3", "--gpus", "2", "--global-batch-size", "8"], {}, {},
+     "--num-query-groups"),
+    ("plan-scan-zero", "plan", PLAN[:2] + PLAN[4:] + ["--scan-gpus", "8,0"], {}, {}, "--scan-gpus"),
+    ("plan-scan-text", "plan", PLAN[:2] + PLAN[4:] + ["--scan-gpus", "a,b"], {}, {}, "--scan-gpus"),
+    ("plan-plot-no-matplotlib", "plan-nompl", PLAN + ["--plot", "{d}/mem.png"], {}, {}, "pip install matplotlib"),
+    ("plan-plot-is-dir", "plan", PLAN + ["--plot", "{d}"], {}, {}, "--plot"),
+    ("plan-emit-args-sizes", "plan", ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                                      "--gpus", "2", "--global-batch-size", "8", "--emit-args"], {}, {}, "--emit-args"),
+    ("plan-emit-args-train-rejects", "plan", ["--model", "tiny-llama", "--gpus", "2", "--global-batch-size", "8",
+                                              "--seq-length", "1000", "--emit-args"], {}, {}, "--seq-length 1000"),
+    ("plan-hardware-missing", "plan", PLAN + ["--hardware", "{d}/nope.json"], {}, {}, "--hardware"),
+    ("plan-hardware-missing-field", "plan", PLAN + ["--hardware", "{d}/hw.json"],
+     {"hw.json": _profile(memory_gb=_DROP)}, {}, "hardware.memory_gb"),
+    ("plan-hardware-string-field", "plan", PLAN + ["--hardware", "{d}/hw.json"],
+     {"hw.json": _profile(hbm_tbps="fast")}, {}, "hardware.hbm_tbps"),
+    ("plan-hardware-wrong-format", "plan", PLAN + ["--hardware", "{d}/hw.json"], {"hw.json": {"format": "x"}}, {},
+     "--hardware"),
+    ("plan-hardware-not-json", "plan", PLAN + ["--hardware", "{d}/hw.json"], {"hw.json": "peak: 1"}, {},
+     "--hardware"),
+    ("plan-model-bad-config", "plan", ["--model", "{d}/m", "--gpus", "2", "--global-batch-size", "8"],
+     {"m/config.json": {"model_type": "t5"}}, {}, "model_type"),
+    ("plan-typo", "plan", PLAN + ["--gpus-per-nod", "8"], {}, {}, "did you mean --gpus-per-node?"),
+    # --- hybrid layout --------------------------------------------------------------------------------------
+    ("layout-world-zero", "layout", ["--world", "0"], {}, {}, "--world"),
+    ("layout-world-negative", "layout", ["--world", "-4"], {}, {}, "--world"),
+    ("layout-world-huge", "layout", ["--world", str(10**9)], {}, {}, "--world"),
+    ("layout-world-text", "layout", ["--world", "eight"], {}, {}, "--world"),
+    ("layout-tp-zero", "layout", ["--world", "8", "--tensor-model-parallel-size", "0"], {}, {},
+     "--tensor-model-parallel-size"),
+    ("layout-tp-not-dividing", "layout", ["--world", "8", "--tensor-model-parallel-size", "3"], {}, {},
+     "--tensor-model-parallel-size"),
+    ("layout-typo", "layout", ["--wrld", "8"], {}, {}, "did you mean --world?"),
+    # --- hybrid calibrate ----------------------------------------------------------------------------------
+    ("calibrate-out-dir", "calibrate", ["--out", "{d}"], {}, {}, "--out"),
+    ("calibrate-out-no-dir", "calibrate", ["--out", "{d}/no/such/hw.json"], {}, {}, "--out"),
+    ("calibrate-ranks-one", "calibrate", ["--ranks", "1"], {}, {}, "--ranks"),
+    ("calibrate-seconds-inf", "calibrate", ["--seconds", "inf"], {}, {}, "--seconds"),
+    ("calibrate-seconds-zero", "calibrate", ["--seconds", "0"], {}, {}, "--seconds"),
+    ("calibrate-matmul-zero", "calibrate", ["--matmul-size", "0"], {}, {}, "--matmul-size"),
+    ("calibrate-copy-negative", "calibrate", ["--copy-bytes", "-1"], {}, {}, "--copy-bytes"),
+    ("calibrate-sizes-text", "calibrate", ["--sizes", "8,abc"], {}, {}, "--sizes"),
+    ("calibrate-sizes-tiny", "calibrate", ["--sizes", "2"], {}, {}, "--sizes"),
+    ("calibrate-base-unknown", "calibrate", ["--base", "tpu"], {}, {}, "--base"),
+]
+if not torch.cuda.is_available():
+    CASES.append(("calibrate-nccl-without-cuda", "calibrate", ["--backend", "nccl"], {}, {}, "--backend nccl"))
+
+PROG = {"train": "train.py", "ds": "train.py", "ds+": "train.py", "plan": "hybrid plan", "plan-nompl": "hybrid plan",
+        "layout": "hybrid layout", "calibrate": "hybrid calibrate"}
+
+
+def _write_files(root, files: dict) -> None:
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif isinstance(content, str):
+            path.write_text(content)
+        else:
+            path.write_text(json.dumps(content))
+
+
+def _argv(command: str, argv, root) -> tuple:
+    """The entry point and its argv; a DeepSpeed case's JSON is written to ds.json first."""
+    if command in ("ds", "ds+"):
+        cfg, extra = (argv, []) if command == "ds" else argv
+        (root / "ds.json").write_text(json.dumps(cfg))
+        return train_main.main, ["--deepspeed-config", str(root / "ds.json")] + extra
+    argv = [a.replace("{d}", str(root)) for a in argv]
+    if command == "train":
+        return train_main.main, argv
+    return hybrid.cli.main, [command.split("-")[0]] + argv
+
+
+def _no_process_group(*a, **k):
+    raise AssertionError("a process group was started for a bad input")
+
+
+def _all_files(root) -> set[str]:
+    return {os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_error_line_before_any_work(case, tmp_path, monkeypatch, capsys):
+    name, command, argv, files, env, fragment = case
+    monkeypatch.chdir(tmp_path)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_ERROR_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    monkeypatch.setattr(hybrid.testing, "run_distributed", _no_process_group)  # calibrate's rank spawner
+    if command == "plan-nompl":
+        monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    _write_files(tmp_path, files)
+    fn, full_argv = _argv(command, argv, tmp_path)
+    before = _all_files(tmp_path)
+
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        fn(full_argv)
+    elapsed = time.perf_counter() - start
+
+    code = exit_info.value.code
+    out, err = capsys.readouterr()
+    text = err + (f"{code}\n" if isinstance(code, str) else "")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert code not in (0, None), "a bad input must exit non-zero"
+    assert len(lines) == 1, f"expected one error line, got {lines}"
+    assert lines[0].startswith(f"{PROG[command]}: error: "), lines[0]
+    assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    assert "Traceback" not in text + out
+    assert _all_files(tmp_path) == before, "nothing may be left behind"
+    assert elapsed < FAST_S, f"took {elapsed:.1f} s: the check is not before the work"
+
+
+def test_the_table_covers_at_least_80_bad_inputs_of_every_command():
+    kinds = {c[1].split("-")[0].rstrip("+") for c in CASES}
+    assert len(CASES) >= 80 and kinds == {"train", "ds", "plan", "layout", "calibrate"}
+
+
+def test_deepspeed_booleans_and_flags_that_agree_are_accepted(tmp_path, monkeypatch):
+    """The other side of the conflict checks: JSON false leaves bf16 off, and a value equal to the flag is fine."""
+    from hybrid.train.args import check_args, parse_args
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"bf16": {"enabled": False}, "zero_optimization": {"stage": 1},
+                                "gradient_accumulation_steps": 2}))
+    args = parse_args(["--deepspeed-config", str(path), "--zero-stage", "1", "--micro-batch-size", "2",
+                       "--global-batch-size", "8"])
+    check_args(args, world=2)
+    assert args.zero.precision.value == "fp32" and args.zero.stage == 1 and args.global_batch_size == 8
+
+
+def test_error_under_torchrun_is_printed_by_rank_zero_only_and_recorded(tmp_path, monkeypatch, capsys):
+    """Rank 1 of a torchrun job exits non-zero silently; both ranks write the line to their elastic error file."""
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / f"error{rank}.json"))
+        with pytest.raises(SystemExit) as e:
+            train_main.main(["--lr", "inf"])
+        printed = (capsys.readouterr().err + (e.value.code if isinstance(e.value.code, str) else "")).strip()
+        assert printed == ("train.py: error: --lr must be a finite number, got inf" if rank == "0" else "")
+        assert e.value.code not in (0, None)
+        recorded = json.loads((tmp_path / f"error{rank}.json").read_text())["message"]
+        assert recorded["message"] == "train.py: error: --lr must be a finite number, got inf"
+    monkeypatch.setenv("RANK", "1")  # argparse errors too
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error_parse.json"))
+    with pytest.raises(SystemExit):
+        train_main.main(["--lrr", "1"])
+    assert capsys.readouterr().err == ""
+    assert "did you mean --lr?" in (tmp_path / "error_parse.json").read_text()
+
+
+def test_help_shows_every_option_with_help_and_default_and_the_launch_example(capsys):
+    from hybrid.train.args import build_parser
+    parser = build_parser()
+    text = parser.format_help()
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help, f"{action.option_strings[0]} has no help"
+    assert text.count("(default:") == len([a for a in parser._actions if a.option_strings]) - 1
+    assert "torchrun --nproc-per-node 8 -m hybrid.train --tensor-model-parallel-size 2" in text
+    assert "python -m hybrid.train" in text
+
+
+def test_plan_help_has_no_developer_notes_and_marks_required_flags(capsys):
+    with pytest.raises(SystemExit):
+        hybrid.cli.main(["plan", "--help"])
+    text = capsys.readouterr().out
+    assert "add_parser" not in text and "args.func" not in text and "hybrid/cli.py" not in text
+    assert "Required: --global-batch-size" in text and "(required, unless --scan-gpus)" in text
+    assert " --global-batch-size N [" in text.replace("\n", " ")  # argparse shows required flags unbracketed
+
+
+@pytest.mark.parametrize("plan_argv", [
+    ["--model", "gpt2-medium", "--gpus", "8", "--global-batch-size", "32", "--seq-length", "1024"],
+    ["--model", "tiny-llama", "--gpus", "4", "--global-batch-size", "16", "--seq-length", "64", "--precision", "fp32",
+     "--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2"],
+    ["--model", "llama-3-8b", "--gpus", "64", "--gpu", "h100-80g", "--global-batch-size", "512",
+     "--seq-length", "4096"],
+], ids=["gpt2-medium-8", "tiny-llama-interleaved-4", "llama-3-8b-64"])
+def test_emit_args_are_accepted_by_train_py(plan_argv, capsys):
+    """`hybrid plan --emit-args` prints flags that train.py's own parse and checks accept at that world size."""
+    from hybrid.planner.cli import main as plan_main
+    from hybrid.train.args import check_args, parse_args
+    assert plan_main(plan_argv + ["--emit-args"]) == 0
+    flags = capsys.readouterr().out.split()
+    world = int(plan_argv[plan_argv.index("--gpus") + 1])
+    cfg, dims, batch, plan = check_args(parse_args(flags), world=world)
+    assert dims.world == world
+    assert ("--bf16" in flags) == ("--precision" not in plan_argv), "mixed-precision plans train in bf16"

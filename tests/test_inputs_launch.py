@@ -1,0 +1,92 @@
+"""The few input and fault checks that need real processes: a bad flag under torchrun is printed once and is
+torchrun's root cause; `python -m hybrid.train` runs one process from outside a checkout; a 2-rank job whose
+rank 1 is stopped (SIGSTOP) or killed (SIGKILL) -- injected through the test-only HYBRID_TEST_FAULT hook -- ends
+within the distributed timeout with one line naming rank 1."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hybrid.testing import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1"]
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYBRID_TEST_FAULT",
+                                                             "TORCHELASTIC_ERROR_FILE")}
+    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def test_bad_flag_under_torchrun_prints_once_and_is_the_root_cause(tmp_path):
+    """Run as a pip user would: `torchrun -m hybrid.train` from a directory that is not the checkout."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hybrid.train",
+           "--lr", "inf"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    line = "train.py: error: --lr must be a finite number, got inf"
+    assert out.returncode != 0
+    printed = [ln for ln in out.stderr.splitlines() if ln.startswith("train.py: error:")]
+    assert printed == [line], "rank 0 prints the error once; rank 1 is silent"
+    root_cause = out.stderr.split("Root Cause")[1]
+    assert f"traceback : {line}" in root_cause, "torchrun's summary names the root cause"
+    assert "To enable traceback" not in out.stderr
+    assert not os.listdir(tmp_path), "nothing left behind"
+
+
+def test_python_m_hybrid_train_runs_one_process_without_torchrun(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hybrid.train", "--train-iters", "2"] + TINY, cwd=tmp_path,
+                         env=_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "on 1 cpu ranks" in out.stdout and "done: final lm loss" in out.stdout
+
+
+def _launch_two_ranks(tmp_path, fault: str, timeout_min: float) -> tuple[list[subprocess.Popen], list]:
+    """Two ranks of `python -m hybrid.train` with env:// rendezvous (rank 0 hosts the store), as a launcher would."""
+    port, procs, logs = free_port(), [], []
+    for rank in range(2):
+        env = _env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HYBRID_TEST_FAULT=fault)
+        log = open(tmp_path / f"rank{rank}.log", "w+")
+        procs.append(subprocess.Popen([sys.executable, "-m", "hybrid.train", "--train-iters", "1000",
+                                       "--distributed-timeout-minutes", str(timeout_min)] + TINY,
+                                      cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
+        logs.append(log)
+    return procs, logs
+
+
+@pytest.mark.parametrize("sig", ["SIGSTOP", "SIGKILL"])
+def test_lost_rank_ends_the_job_within_the_timeout_naming_it(tmp_path, sig):
+    """Rank 1 stops (or dies) at iteration 3. Rank 0 waits in its next all-reduce: for SIGKILL gloo reports the
+    closed connection at once, for SIGSTOP the collective times out after --distributed-timeout-minutes (6 s).
+    Then the heartbeat post-mortem (liveness.py: at most max(3 s, 3 beats) = 3 s) names rank 1. Bound: timeout +
+    window + 10 s of slack for a loaded machine, measured from the moment of the fault."""
+    timeout_s, window_s = 6.0, 3.0
+    procs, logs = _launch_two_ranks(tmp_path, f"1:3:{sig}", timeout_s / 60)
+    try:
+        rc0 = procs[0].wait(timeout=150)
+        ended = time.time()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait()
+    out0, out1 = ((tmp_path / f"rank{r}.log").read_text() for r in range(2))
+    fault = re.search(r"fault injection: \w+ to rank 1 at iteration 3, t=([\d.]+)", out1)
+    assert fault, out1[-2000:]
+    assert rc0 != 0
+    errors = [ln for ln in out0.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and errors[0].startswith("train.py: error: rank 1 of 2 stopped responding"), out0[-2000:]
+    assert "Traceback" not in out0
+    assert ended - float(fault.group(1)) < timeout_s + window_s + 10.0
+    for log in logs:
+        log.close()
