@@ -14,7 +14,7 @@ from models.config import ModelConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("dropout (default: the model config's probabilities)")
+    g = parser.add_argument_group("dropout", "None keeps the model config's probabilities")
     g.add_argument("--hidden-dropout", type=float, default=None,
                    help="dropout on the embedding output and each residual branch (GPT-2: embd_pdrop and "
                         "resid_pdrop; Llama family: none)")
