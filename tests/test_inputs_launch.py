@@ -90,3 +90,16 @@ def test_lost_rank_ends_the_job_within_the_timeout_naming_it(tmp_path, sig):
     assert ended - float(fault.group(1)) < timeout_s + window_s + 10.0
     for log in logs:
         log.close()
+
+
+def test_an_install_ships_the_training_entry_point():
+    """pyproject's package list (include hybrid*, models*) holds hybrid.train and its __main__, so `python -m
+    hybrid.train` works from a pip install as it does above from a directory outside the checkout."""
+    import tomllib
+
+    from setuptools import find_packages
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        include = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = find_packages(ROOT, include=include)
+    assert {"hybrid", "hybrid.train", "hybrid.planner", "hybrid.zero", "models"} <= set(packages)
+    assert os.path.isfile(os.path.join(ROOT, "hybrid", "train", "__main__.py"))
