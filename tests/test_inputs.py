@@ -96,6 +96,7 @@ CASES = [
     ("zero-stage-4", "train", ["--zero-stage", "4"], {}, {}, "--zero-stage"),
     ("zero-stage-negative", "train", ["--zero-stage", "-1"], {}, {}, "--zero-stage"),
     ("micro-batch-beyond-memory", "train", ["--micro-batch-size", str(10**15)], {}, {}, "--global-batch-size"),
+    ("model-beyond-host-memory", "train", ["--model", "llama-3-405b", "--seq-length", "64"], {}, {}, "--model"),
     ("timeline-empty", "train", ["--timeline", ""], {}, {}, "--timeline"),
     ("load-empty", "train", ["--load", ""], {}, {}, "--load"),
     ("data-path-empty-string", "train", ["--data-path", " "], {}, {}, "--data-path"),
