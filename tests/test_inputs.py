@@ -96,6 +96,7 @@ CASES = [
     ("zero-stage-4", "train", ["--zero-stage", "4"], {}, {}, "--zero-stage"),
     ("zero-stage-negative", "train", ["--zero-stage", "-1"], {}, {}, "--zero-stage"),
     ("micro-batch-beyond-memory", "train", ["--micro-batch-size", str(10**15)], {}, {}, "--global-batch-size"),
+    ("model-beyond-host-memory", "train", ["--model", "llama-3-405b", "--seq-length", "64"], {}, {}, "--model"),
     ("timeline-empty", "train", ["--timeline", ""], {}, {}, "--timeline"),
     ("load-empty", "train", ["--load", ""], {}, {}, "--load"),
     ("data-path-empty-string", "train", ["--data-path", " "], {}, {}, "--data-path"),
@@ -410,3 +411,30 @@ def test_emit_args_are_accepted_by_train_py(plan_argv, capsys):
     cfg, dims, batch, plan = check_args(parse_args(flags), world=world)
     assert dims.world == world
     assert ("--bf16" in flags) == ("--precision" not in plan_argv), "mixed-precision plans train in bf16"
+
+
+def test_atomic_output_leaves_nothing_on_failure_and_replaces_on_success(tmp_path):
+    from hybrid.cliutil import atomic_output
+    target = tmp_path / "out.json"
+    with pytest.raises(RuntimeError):
+        with atomic_output(str(target)) as tmp:
+            open(tmp, "w").write("half")
+            raise RuntimeError("the work failed")
+    assert not os.listdir(tmp_path)
+    with atomic_output(str(target), suffix=".json") as tmp:
+        assert tmp.endswith(".json") and os.path.dirname(tmp) == str(tmp_path)
+        open(tmp, "w").write("done")
+    assert os.listdir(tmp_path) == ["out.json"] and target.read_text() == "done"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask, "an ordinary file's mode, not mkstemp's 0600"
+
+
+def test_output_directory_checks(tmp_path):
+    from hybrid.cliutil import check_output_dir
+    check_output_dir("--save", str(tmp_path / "new" / "dir"))  # creatable
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="--save .* exists and is not a directory"):
+        check_output_dir("--save", str(tmp_path / "file"))
+    with pytest.raises(ValueError, match="--save .* is not writable"):
+        check_output_dir("--save", str(tmp_path / "file" / "sub"))

@@ -199,15 +199,39 @@ def check_checkpoint(path: str, cfg: ModelConfig, model: str) -> None:
                              f"{cfg.num_layers} x {cfg.hidden_size}); pass --model {path}")
 
 
+def check_host(args: argparse.Namespace, cfg: ModelConfig, batch: BatchSpec, world: int) -> None:
+    """What depends on this machine, not on the layout (so `hybrid plan --emit-args`, which runs check_args for
+    a cluster, skips it): the batch of token ids and the model's weights fit its memory."""
+    check_batch_memory(batch)
+    check_model_fits_host(cfg, world, args.model)
+
+
 def check_batch_memory(batch: BatchSpec) -> None:
-    """Every rank draws the whole global batch of token ids (hybrid.data.global_batch: int64 windows of seq + 1,
-    stacked, then inputs and labels) before taking its rows: that must fit in this machine's memory."""
-    need = batch.global_batch * (batch.seq_length + 1) * 8 * 2
+    """Every rank draws the whole global batch of token ids before taking its rows (hybrid.data.global_batch
+    stacks global_batch int64 windows of seq + 1 tokens; inputs and labels are views of it): that must fit in
+    this machine's memory."""
+    need = batch.global_batch * (batch.seq_length + 1) * 8
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > have:
         raise ValueError(f"--global-batch-size {batch.global_batch} x --seq-length {batch.seq_length} tokens need "
                          f"{need / 2**30:.3g} GiB of token ids per rank, more than this machine's "
                          f"{have / 2**30:.0f} GiB; use a smaller batch")
+
+
+def check_model_fits_host(cfg: ModelConfig, world: int, model: str) -> None:
+    """On CPU: the fp32 weights alone, each stored once over the world in the best case (ZeRO-3 shards them over
+    dp, tp and pp split them), times the ranks on this host, must fit its memory -- a lower bound that every
+    layout and offload choice adds to. A GPU run is sized by `hybrid plan` / --auto-parallel instead."""
+    if torch.cuda.is_available():
+        return
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if os.environ.get("LOCAL_WORLD_SIZE", "").isdigit() \
+        else world
+    need = cfg.num_parameters * 4 * local / world
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ValueError(f"--model {model}: its {cfg.num_parameters / 1e9:.3g}B parameters need at least "
+                         f"{need / 2**30:.0f} GiB (fp32) on this host's {local} rank(s), more than its "
+                         f"{have / 2**30:.0f} GiB; run `hybrid plan` to size the job")
 
 
 def check_corpus(corpus: torch.Tensor, args: argparse.Namespace) -> None:
@@ -335,7 +359,6 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
         raise ValueError(f"--model vocabulary ({cfg.vocab_size}) is smaller than the {BYTE_VOCAB} byte tokens")
     gbs = args.global_batch_size or args.micro_batch_size * dims.dp
     batch = BatchSpec(global_batch=gbs, micro_batch=args.micro_batch_size, seq_length=args.seq_length, dp=dims.dp)
-    check_batch_memory(batch)
     return cfg, dims, batch, check_pipeline(args, cfg, dims, batch)
 
 

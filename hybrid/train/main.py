@@ -24,7 +24,8 @@ from hybrid.cliutil import fail, is_rank_zero
 from hybrid.data import load_corpus
 from hybrid.mesh import default_backend
 from hybrid.train import liveness
-from hybrid.train.args import apply_auto_parallel, check_args, check_corpus, check_numbers, parse_args
+from hybrid.train.args import (apply_auto_parallel, check_args, check_corpus, check_host, check_numbers,
+                               parse_args)
 from hybrid.train.loop import run
 
 
@@ -52,6 +53,7 @@ def validate(argv: list[str] | None):
         if args.auto_parallel:
             apply_auto_parallel(args, world)
         cfg, dims, batch, plan = check_args(args, world)
+        check_host(args, cfg, batch, world)
         corpus = load_corpus(args.data_path)
         check_corpus(corpus, args)
         if world > 1 and not under_launcher():
