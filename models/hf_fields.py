@@ -86,7 +86,7 @@ def _check_head_dim(hf: PretrainedConfig) -> None:
 
 def _check_rope(hf: PretrainedConfig) -> None:
     params = getattr(hf, "rope_parameters", None) or {}
-    if params and not isinstance(params.get("rope_type", "default"), str):
+    if any(isinstance(v, dict) for v in params.values()):  # per layer type: {"full_attention": {...}, ...}
         _reject(hf.model_type, "rope_parameters", params, "one RoPE for every layer")
     rope_type = params.get("rope_type", "default")
     if rope_type not in ROPE_TYPES:

@@ -15,7 +15,7 @@ from hybrid.comm import Group
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.testing import run_distributed
 from hybrid.tp import Dropout, ParallelRNG, Region, TPContext, gather_full, sync_partial_grads
-from hybrid.tp.random import PP_SEED_STRIDE, TP_SEED_OFFSET, default_generator
+from hybrid.tp.random import PP_SEED_STRIDE, TP_SEED_OFFSET
 from models import Recompute, build_model, from_hf, shift_labels
 from models.common import ParallelAttention
 

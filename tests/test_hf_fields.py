@@ -47,6 +47,10 @@ REJECTED = [  # (config, the field named in the error)
      "rope_parameters.rope_type='dynamic'"),
     (_with(LlamaConfig(**SMALL), rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}),
      "rope_parameters.rope_type='longrope'"),
+    (_with(LlamaConfig(**SMALL), rope_parameters={"rope_type": "proportional", "rope_theta": 1e4}),
+     "rope_parameters.rope_type='proportional'"),
+    (_with(Qwen2Config(**SMALL), rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+     "rope_parameters={'full_attention'"),
     (_with(LlamaConfig(**SMALL), rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                   "partial_rotary_factor": 0.5}),
      "rope_parameters.partial_rotary_factor=0.5"),
@@ -110,6 +114,27 @@ def test_static_rope_scaling_matches_transformers(rope, tmp_path):
     ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
     ref = hf(ids).logits
     assert ((model(ids) - ref).abs().max() / ref.abs().max()).item() <= 1e-5
+
+
+def test_sliding_window_changes_the_logits(tmp_path):
+    """The window matters at this size (so test_tp_models' sliding cases can fail): Mistral with
+    window 5 over 24 tokens matches transformers within 1e-5, the same weights with the window
+    dropped differ by more than 10% (measured: 56% with test_tp_models' config)."""
+    import dataclasses
+
+    from transformers import MistralForCausalLM
+    hf_cfg = MistralConfig(**SMALL, sliding_window=5)
+    torch.manual_seed(0)
+    hf = MistralForCausalLM(hf_cfg).eval()
+    hf.save_pretrained(tmp_path)
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
+    ref = hf(ids).logits
+    errs = []
+    for cfg in (from_hf(hf_cfg), dataclasses.replace(from_hf(hf_cfg), sliding_layers=())):
+        model = build_model(cfg, TPContext(Group.solo("tp")), seed=None).eval()
+        load_hf_checkpoint(model, tmp_path, 0)
+        errs.append(((model(ids) - ref).abs().max() / ref.abs().max()).item())
+    assert errs[0] <= 1e-5 and errs[1] > 0.1, errs
 
 
 def _saved_gpt2(tmp_path, **cfg_kw):
