@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.data import BYTE_VOCAB, BatchSpec
+from hybrid.fault import args as fault_args
 from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
@@ -78,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--deepspeed-config", default=None,
                    help="DeepSpeed JSON: its zero_optimization / batch / clipping / bf16 / fp16 keys override the flags")
     g.add_argument("--log-interval", type=int, default=10)
+    fault_args.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -158,6 +160,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     Also sets `args.zero` (the ZeroConfig) and `args.ds_unsupported` (DeepSpeed keys not read)."""
     args.ds_unsupported = apply_deepspeed_config(args, world) if args.deepspeed_config else []
     args.zero = check_zero(args)
+    args.fault = fault_args.check(args)
     for flag in ("seq_length", "micro_batch_size", "train_iters", "log_interval"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
