@@ -142,10 +142,10 @@ class Group:
         return t
 
     def batch_p2p(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
-                  label: str = "") -> None:
+                  labels: tuple[str, ...] = ()) -> None:
         """Post every send and receive together (`batch_isend_irecv`) and wait for all of them.
         Peers are indices within this group. Each tensor is counted once: by its sender as
-        "send", by its receiver as "recv". `label` names the batch in the op trail."""
+        "send", by its receiver as "recv". `labels` name each send, then each receive, in the op trail."""
         ops = []
         for t, peer in sends:
             self.ledger.record("send", self.name, _nbytes(t))
@@ -155,7 +155,7 @@ class Group:
             ops.append(dist.P2POp(dist.irecv, t, self.ranks[peer], group=self.pg))
         if ops:
             with TRAIL.op(self.name, self.ranks, "p2p", sends=tuple(self.ranks[q] for _, q in sends),
-                          recvs=tuple(self.ranks[q] for _, q in recvs), label=label):
+                          recvs=tuple(self.ranks[q] for _, q in recvs), labels=labels):
                 for work in dist.batch_isend_irecv(ops):
                     work.wait()
 

@@ -38,15 +38,8 @@ class OpRecord:
     iteration: int
     microbatch: int
     phase: str
-    label: str = ""  # p2p: the pipeline actions, e.g. "send_act mb 1 -> 2"
-    p2p: list[tuple[str, int, int]] = field(default_factory=list)  # (send|recv, peer global rank, k-th)
+    p2p: list[tuple[str, int, int, str]] = field(default_factory=list)  # (send|recv, peer global rank, k-th, label)
     started: float = 0.0  # time.time()
-
-    def describe(self) -> str:
-        if self.op == "p2p":
-            what = self.label or ", ".join(f"{d} #{k} {'->' if d == 'send' else '<-'} rank {q}" for d, q, k in self.p2p)
-            return f"{self.group} p2p [{what}] (group {self.group} ranks {list(self.ranks)})"
-        return f"{self.group} {self.op} #{self.seq} (group {self.group} ranks {list(self.ranks)})"
 
 
 class Trail:
@@ -95,18 +88,19 @@ class Trail:
 
     # --- ops ---------------------------------------------------------------------------------
     def start(self, group: str, ranks: tuple[int, ...], op: str, sends: tuple[int, ...] = (),
-              recvs: tuple[int, ...] = (), label: str = "") -> OpRecord:
-        """Record an op as started: collectives count on `group`; p2p counts per peer (global ranks)."""
-        rec = OpRecord(group, tuple(ranks), op, 0, self.iteration, self.microbatch, self.phase, label)
+              recvs: tuple[int, ...] = (), labels: tuple[str, ...] = ()) -> OpRecord:
+        """Record an op as started: collectives count on `group`; p2p counts per peer (global ranks),
+        `labels` naming each send, then each receive (e.g. "send_act of micro-batch 1")."""
+        rec = OpRecord(group, tuple(ranks), op, 0, self.iteration, self.microbatch, self.phase)
         if self.on_op_start is not None:
             self.on_op_start(rec, sends)
         with self.lock:
             if op == "p2p":
-                for d, peers in (("send", sends), ("recv", recvs)):
-                    for q in peers:
-                        key = f"{d}:{q}"
-                        self.p2p[key] = self.p2p.get(key, 0) + 1
-                        rec.p2p.append((d, q, self.p2p[key]))
+                items = [("send", q) for q in sends] + [("recv", q) for q in recvs]
+                for i, (d, q) in enumerate(items):
+                    key = f"{d}:{q}"
+                    self.p2p[key] = self.p2p.get(key, 0) + 1
+                    rec.p2p.append((d, q, self.p2p[key], labels[i] if i < len(labels) else d))
             else:
                 rec.seq = self.seq[group] = self.seq.get(group, 0) + 1
             rec.started = time.time()

@@ -20,6 +20,7 @@ is below k. A rank whose heartbeat is older than `stale_after` is reported as st
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import os
@@ -51,7 +52,7 @@ def not_arrived(rec: dict, owner: int, states: dict[int, dict | None]) -> list[i
     """Ranks that have not yet started their side of `owner`'s op `rec`."""
     if rec["op"] == "p2p":
         out = []
-        for d, q, k in rec["p2p"]:
+        for d, q, k, _ in rec["p2p"]:
             s = states.get(q)
             other = "recv" if d == "send" else "send"
             if (s is None or s["p2p"].get(f"{other}:{owner}", 0) < k) and q not in out:
@@ -68,7 +69,8 @@ def _where(rec_or_state: dict) -> str:
 def _describe_op(rec: dict) -> str:
     group = f"(group {rec['group']} ranks {list(rec['ranks'])})"
     if rec["op"] == "p2p":
-        return f"{rec['group']} p2p [{rec['label'] or rec['p2p']}] {group}"
+        items = ", ".join(f"{what} #{k} {'->' if d == 'send' else '<-'} rank {q}" for d, q, k, what in rec["p2p"])
+        return f"{rec['group']} p2p [{items}] {group}"
     return f"{rec['group']} {rec['op']} #{rec['seq']} {group}"
 
 
@@ -97,9 +99,12 @@ def verdict(me: int, states: dict[int, dict | None], now: float, stale_after: fl
         rec, missing = next(((r, m) for r, m in waits if m), waits[-1])
         group = rec["group"] if rec["op"] != "p2p" else None
         who = "; ".join(_describe_rank(q, states, now, stale_after, group) for q in missing) or "none (all started it)"
-        line = (f"hang verdict: rank {me} waited {now - rec['started']:.1f}s in {_describe_op(rec)} at {_where(rec)}; "
-                f"not arrived: {who}")
-        peers = rec["ranks"] if rec["op"] != "p2p" else [q for _, q, _ in rec["p2p"]]
+        line = f"hang verdict: rank {me} waited {now - rec['started']:.1f}s in {_describe_op(rec)} at {_where(rec)}"
+        if rec["op"] == "p2p":  # name the transfers that are blocked, each with its micro-batch
+            line += "; blocked on " + ", ".join(f"{what} {'->' if d == 'send' else '<-'} rank {q}"
+                                                for d, q, _, what in rec["p2p"] if q in missing)
+        line += f"; not arrived: {who}"
+        peers = rec["ranks"] if rec["op"] != "p2p" else [q for _, q, _, _ in rec["p2p"]]
         stale = [q for q in peers if q != me and q not in missing and states.get(q) and now - states[q]["t"] > stale_after]
         if stale:
             line += "; stopped heart-beating: " + "; ".join(_describe_rank(q, states, now, stale_after, group) for q in stale)
@@ -161,6 +166,7 @@ class HangWatchdog:
     def fire(self, first: bool) -> None:
         """Raise the alarm (first) or answer it, print this rank's verdict, wait briefly for the other
         live ranks to print theirs (the store may live in one of them), exit with EXIT_HANG."""
+        atexit.register(_exit_hang)  # a peer's exit may fail our main thread first: still exit 75
         try:
             if first:
                 self.store.set("fired", str(self.rank))
@@ -179,4 +185,10 @@ class HangWatchdog:
                 time.sleep(0.05)
         except Exception:  # noqa: BLE001
             pass
-        os._exit(EXIT_HANG)
+        _exit_hang()
+
+
+def _exit_hang() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_HANG)

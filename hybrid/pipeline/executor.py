@@ -80,10 +80,10 @@ def _phase(run: list[Action]) -> tuple[str, int]:
     return "p2p", next((a.microbatch for a in run if a.op.is_send), run[0].microbatch)
 
 
-def _label(run: list[Action], peers: tuple[int, ...]) -> str:
-    """"send_act mb 1 -> rank 2, recv_grad mb 0 <- rank 2" (global ranks)."""
-    return ", ".join(f"{a.op.value} mb {a.microbatch} {'->' if a.op.is_send else '<-'} rank {peers[a.peer]}"
-                     for a in run)
+def _labels(run: list[Action]) -> tuple[str, ...]:
+    """Each send, then each receive of a run, named for the op trail: "send_act of micro-batch 1"."""
+    ordered = [a for a in run if a.op.is_send] + [a for a in run if not a.op.is_send]
+    return tuple(f"{a.op.value} of micro-batch {a.microbatch}" for a in ordered)
 
 
 def _free(t: torch.Tensor) -> None:
@@ -184,7 +184,7 @@ class PipelineExecutor:
                 buf = torch.empty(self.io.shape, dtype=self.io.dtype, device=self.device)
                 recvs.append((buf, a.peer))
                 arrivals.append(((a.op, *key), buf))
-        self.pp.batch_p2p(sends, recvs, label=_label(run, self.pp.ranks))
+        self.pp.batch_p2p(sends, recvs, labels=_labels(run))
         st.received.update(arrivals)
         for y in sent_outputs:
             _free(y)
