@@ -7,10 +7,13 @@ forward and backward compute, p2p wait, optimizer -- time blocked in a collectiv
 over the world gathers the (ranks x steps x phases) table; rank 0 prints each rank's step-time
 p50/p90/max and names rank r in phase f when
 
-    median_steps(t[r, f]) > factor * median_{peers}(median_steps(t[q, f]))   and the excess > MIN_EXCESS_S
+    mine = median_steps(t[r, f]),  ref = median_{peers}(median_steps(t[q, f])):
+    mine > factor * ref   and   mine - ref > MIN_STEP_SHARE * median step time
 
 The median over the interval's steps is what makes it "consistent" (slow in at least half the
-steps). Peers are the ranks at the same pipeline stage: stages run different layers and schedules,
+steps); the second condition asks that the excess matter to the step (a synchronous step waits for
+its slowest rank): on a busy CPU a 12 ms forward that takes 27 ms on one rank is scheduling noise,
+not a straggler, when the step takes 260 ms. Peers are the ranks at the same pipeline stage: stages run different layers and schedules,
 so only they should take equal time.
 """
 
@@ -22,7 +25,7 @@ from hybrid.fault.nan_guard import world_sum
 from hybrid.mesh import Mesh
 
 PHASES = ("forward", "backward", "p2p", "optimizer")  # named; "comm" and "other" only add to the step time
-MIN_EXCESS_S = 0.005  # seconds per step: below this a ratio is timer noise, not a straggler
+MIN_STEP_SHARE = 0.1  # the excess must cost at least this share of the median step time
 
 
 class StragglerReport:
@@ -53,6 +56,7 @@ def percentile_line(table: torch.Tensor, first: int, last: int) -> str:
 
 def slow_ranks(table: torch.Tensor, mesh: Mesh, factor: float, first: int, last: int) -> list[str]:
     med = table[:, :, 1:].median(dim=1).values  # (world, phases): each rank's median step
+    floor = MIN_STEP_SHARE * table[:, :, 0].median().item()
     stage = [mesh.dims.coords(r).pp for r in range(table.shape[0])]
     named = []
     for r in range(table.shape[0]):
@@ -62,7 +66,7 @@ def slow_ranks(table: torch.Tensor, mesh: Mesh, factor: float, first: int, last:
         for i, phase in enumerate(PHASES):
             ref = med[peers, i].median().item()
             mine = med[r, i].item()
-            if mine > factor * ref and mine - ref > MIN_EXCESS_S:
+            if mine > factor * ref and mine - ref > floor:
                 named.append(f"straggler: rank {r} is slower than its {len(peers)} peers in {phase}: "
                              f"{mine * 1e3:.1f} ms vs {ref * 1e3:.1f} ms per step (medians over iterations "
                              f"{first}-{last}, factor {factor:g})")
