@@ -96,3 +96,23 @@ def test_verdict_names_op_iteration_micro_batch_and_the_missing_rank(age, word):
     assert line.startswith("hang verdict: rank 0 waited 9.0s in dp all_reduce #4 (group dp ranks [0, 2]) at "
                            "iteration 5 micro-batch 1; not arrived: rank 2 ("), line
     assert word in line
+
+
+def test_a_rank_outside_any_op_names_the_collective_a_peer_has_not_started():
+    """NCCL returns from a collective at launch and blocks later (loss.item()): no op is pending, the
+    sequence numbers alone name who is behind."""
+    last = {"dp": {"op": "all_reduce", "seq": 17, "ranks": [0, 2], "iteration": 5, "microbatch": 1}}
+    states = {0: _state(0, {"dp": 17}, phase="other"), 2: _state(2, {"dp": 16})}
+    states[0]["last"] = last
+    line = verdict(0, states, now=100.0, stale_after=3.0)
+    assert line.endswith("not arrived: dp all_reduce #17 at iteration 5 micro-batch 1 not started by ranks [2]"), line
+
+
+@pytest.mark.parametrize("argv,message", [(["--watchdog-timeout", "-1"], "--watchdog-timeout must be >= 0"),
+                                          (["--max-skipped-steps", "0"], "--max-skipped-steps must be >= 1"),
+                                          (["--straggler-factor", "1"], "--straggler-factor must be > 1")])
+def test_bad_fault_flags_are_rejected_before_any_process_group(argv, message, monkeypatch):
+    from hybrid.train.main import main
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(SystemExit, match=f"train.py: error: {re.escape(message)}"):
+        main(argv)

@@ -55,6 +55,7 @@ class Trail:
         self.phase = "other"
         self.seq: dict[str, int] = {}
         self.done: dict[str, int] = {}
+        self.last: dict[str, dict] = {}  # group -> its latest collective: op, seq, ranks, iteration, micro-batch
         self.p2p: dict[str, int] = {}  # "send:q" / "recv:q" -> count started
         self.pending: list[OpRecord] = []
         self.last_progress = time.monotonic()
@@ -103,6 +104,8 @@ class Trail:
                     rec.p2p.append((d, q, self.p2p[key], labels[i] if i < len(labels) else d))
             else:
                 rec.seq = self.seq[group] = self.seq.get(group, 0) + 1
+                self.last[group] = {"op": op, "seq": rec.seq, "ranks": list(ranks), "iteration": rec.iteration,
+                                    "microbatch": rec.microbatch}
             rec.started = time.time()
             self.pending.append(rec)
         self.last_progress = time.monotonic()
@@ -138,6 +141,7 @@ class Trail:
         with self.lock:
             return {"iteration": self.iteration, "microbatch": self.microbatch, "phase": self.phase,
                     "idle": time.monotonic() - self.last_progress, "seq": dict(self.seq), "done": dict(self.done),
+                    "last": {g: dict(v) for g, v in self.last.items()},
                     "p2p": dict(self.p2p), "pending": [asdict(r) for r in self.pending]}
 
 

@@ -109,6 +109,10 @@ def verdict(me: int, states: dict[int, dict | None], now: float, stale_after: fl
         if stale:
             line += "; stopped heart-beating: " + "; ".join(_describe_rank(q, states, now, stale_after, group) for q in stale)
         return line
+    behind = _behind(me, states)
+    if behind:  # e.g. NCCL: collectives return before they complete, the host blocks later (loss.item())
+        return (f"hang verdict: rank {me} is in no communication op ({st['phase']} at {_where(st)}, no progress for "
+                f"{st['idle']:.1f}s); not arrived: " + "; ".join(behind))
     waiters = []
     for q, s in sorted(states.items()):
         for r in (s or {}).get("pending", []):
@@ -117,6 +121,17 @@ def verdict(me: int, states: dict[int, dict | None], now: float, stale_after: fl
                 break
     return (f"hang verdict: rank {me} is in no communication op ({st['phase']} at {_where(st)}, no progress for "
             f"{st['idle']:.1f}s); not arrived: rank {me} (this rank), awaited by: {'; '.join(waiters) or 'nobody'}")
+
+
+def _behind(me: int, states: dict[int, dict | None]) -> list[str]:
+    """Collectives this rank started that a member of its group has not (sequence numbers alone): the
+    verdict of a rank that waits outside any op, as under NCCL, whose collectives return at launch."""
+    out = []
+    for group, last in sorted(states[me].get("last", {}).items()):
+        lag = [q for q in last["ranks"] if q != me and states.get(q) and states[q]["seq"].get(group, 0) < last["seq"]]
+        if lag:
+            out.append(f"{group} {last['op']} #{last['seq']} at {_where(last)} not started by ranks {lag}")
+    return out
 
 
 # --- the thread ------------------------------------------------------------------------------------
