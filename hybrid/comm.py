@@ -15,6 +15,9 @@ reduce-scatter (n-1)/n S.
 
 A group of size 1 never calls torch.distributed and records nothing: single-process code is the
 ordinary path, not a special case.
+
+Every op is also recorded where it starts in the process's op trail (hybrid/fault/trail.py: a
+sequence number per group, the op in flight), which the hang watchdog reads; the trail observes only.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from hybrid.fault.trail import TRAIL
 
 
 @dataclass
@@ -98,7 +103,8 @@ class Group:
         that is not part of the training math is counted but kept apart."""
         if self.size > 1:
             self.ledger.record("all_reduce", f"{self.name}:{tag}" if tag else self.name, _nbytes(t))
-            dist.all_reduce(t, op=op, group=self.pg)
+            with TRAIL.op(self.name, self.ranks, "all_reduce"):
+                dist.all_reduce(t, op=op, group=self.pg)
         return t
 
     def all_gather(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
@@ -109,7 +115,8 @@ class Group:
         out = torch.empty((self.size * t_moved.shape[0],) + tuple(t_moved.shape[1:]),
                           dtype=t.dtype, device=t.device)
         self.ledger.record("all_gather", self.name, _nbytes(out))
-        _all_gather_single(out, t_moved, group=self.pg)
+        with TRAIL.op(self.name, self.ranks, "all_gather"):
+            _all_gather_single(out, t_moved, group=self.pg)
         return out.movedim(0, dim)
 
     def reduce_scatter(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
@@ -123,19 +130,22 @@ class Group:
         out = torch.empty((t_moved.shape[0] // self.size,) + tuple(t_moved.shape[1:]),
                           dtype=t.dtype, device=t.device)
         self.ledger.record("reduce_scatter", self.name, _nbytes(t_moved))
-        _reduce_scatter_single(out, t_moved, group=self.pg)
+        with TRAIL.op(self.name, self.ranks, "reduce_scatter"):
+            _reduce_scatter_single(out, t_moved, group=self.pg)
         return out.movedim(0, dim)
 
     def broadcast(self, t: torch.Tensor, src_index: int = 0) -> torch.Tensor:
         if self.size > 1:
             self.ledger.record("broadcast", self.name, _nbytes(t))
-            dist.broadcast(t, src=self.ranks[src_index], group=self.pg)
+            with TRAIL.op(self.name, self.ranks, "broadcast"):
+                dist.broadcast(t, src=self.ranks[src_index], group=self.pg)
         return t
 
-    def batch_p2p(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
+    def batch_p2p(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+                  labels: tuple[str, ...] = ()) -> None:
         """Post every send and receive together (`batch_isend_irecv`) and wait for all of them.
         Peers are indices within this group. Each tensor is counted once: by its sender as
-        "send", by its receiver as "recv"."""
+        "send", by its receiver as "recv". `labels` name each send, then each receive, in the op trail."""
         ops = []
         for t, peer in sends:
             self.ledger.record("send", self.name, _nbytes(t))
@@ -144,12 +154,15 @@ class Group:
             self.ledger.record("recv", self.name, _nbytes(t))
             ops.append(dist.P2POp(dist.irecv, t, self.ranks[peer], group=self.pg))
         if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
+            with TRAIL.op(self.name, self.ranks, "p2p", sends=tuple(self.ranks[q] for _, q in sends),
+                          recvs=tuple(self.ranks[q] for _, q in recvs), labels=labels):
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
 
     def barrier(self) -> None:
         if self.size > 1:
-            dist.barrier(group=self.pg)
+            with TRAIL.op(self.name, self.ranks, "barrier"):
+                dist.barrier(group=self.pg)
 
     # --- asynchronous collectives into caller-owned buffers (ZeRO overlap) ------------------
     # Each returns a work handle to `wait()` on before reading `out`; recorded on the ledger
@@ -159,7 +172,8 @@ class Group:
         if self.size == 1:
             return Work(None)
         self.ledger.record("all_reduce", f"{self.name}:{tag}" if tag else self.name, _nbytes(t))
-        return Work(dist.all_reduce(t, group=self.pg, async_op=True))
+        rec = TRAIL.start(self.name, self.ranks, "all_reduce")
+        return Work(dist.all_reduce(t, group=self.pg, async_op=True), rec)
 
     def all_gather_into(self, out: torch.Tensor, shard: torch.Tensor) -> "Work":
         """out (flat, size x shard) = every rank's `shard` concatenated in group order."""
@@ -167,7 +181,8 @@ class Group:
             out.copy_(shard)
             return Work(None)
         self.ledger.record("all_gather", self.name, _nbytes(out))
-        return Work(_all_gather_single(out, shard, group=self.pg, async_op=True))
+        rec = TRAIL.start(self.name, self.ranks, "all_gather")
+        return Work(_all_gather_single(out, shard, group=self.pg, async_op=True), rec)
 
     def reduce_scatter_into(self, out: torch.Tensor, full: torch.Tensor) -> "Work":
         """out = this rank's 1/size slice (dim 0) of the SUM over ranks of `full`."""
@@ -175,16 +190,23 @@ class Group:
             out.copy_(full)
             return Work(None)
         self.ledger.record("reduce_scatter", self.name, _nbytes(full))
-        return Work(_reduce_scatter_single(out, full, group=self.pg, async_op=True))
+        rec = TRAIL.start(self.name, self.ranks, "reduce_scatter")
+        return Work(_reduce_scatter_single(out, full, group=self.pg, async_op=True), rec)
 
 
 @dataclass
 class Work:
-    """A pending collective (None: it already completed, e.g. on a group of size 1)."""
+    """A pending collective (None: it already completed, e.g. on a group of size 1), and its
+    op-trail record (completed when waited for)."""
 
     handle: object | None
+    record: object | None = None
 
     def wait(self) -> None:
         if self.handle is not None:
-            self.handle.wait()
+            if self.record is None:
+                self.handle.wait()
+            else:
+                with TRAIL.waiting(self.record):
+                    self.handle.wait()
             self.handle = None

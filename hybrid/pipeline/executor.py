@@ -28,6 +28,7 @@ import torch.nn as nn
 from torch.autograd.variable import Variable
 
 from hybrid.comm import Group
+from hybrid.fault.trail import TRAIL
 from hybrid.pipeline.schedules import Action, Op
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, labels) of one micro-batch
@@ -70,6 +71,19 @@ def _runs(actions: Sequence[Action]) -> list[list[Action]]:
         else:
             out.append([a])
     return out
+
+
+def _phase(run: list[Action]) -> tuple[str, int]:
+    """(phase, micro-batch) of a run, for the op trail: a p2p batch goes by its first send."""
+    if run[0].op.is_compute:
+        return run[0].op.value, run[0].microbatch
+    return "p2p", next((a.microbatch for a in run if a.op.is_send), run[0].microbatch)
+
+
+def _labels(run: list[Action]) -> tuple[str, ...]:
+    """Each send, then each receive of a run, named for the op trail: "send_act of micro-batch 1"."""
+    ordered = [a for a in run if a.op.is_send] + [a for a in run if not a.op.is_send]
+    return tuple(f"{a.op.value} of micro-batch {a.microbatch}" for a in ordered)
 
 
 def _free(t: torch.Tensor) -> None:
@@ -116,6 +130,7 @@ class PipelineExecutor:
         self.events = []  # the timeline of the latest step
         for run in self._runs:
             t0 = time.time()
+            TRAIL.enter(*_phase(run))  # observed by the hang watchdog and the straggler report
             if run[0].op.is_compute:
                 (self._forward if run[0].op is Op.FORWARD else self._backward_step)(run[0], batches, st)
             else:
@@ -169,7 +184,7 @@ class PipelineExecutor:
                 buf = torch.empty(self.io.shape, dtype=self.io.dtype, device=self.device)
                 recvs.append((buf, a.peer))
                 arrivals.append(((a.op, *key), buf))
-        self.pp.batch_p2p(sends, recvs)
+        self.pp.batch_p2p(sends, recvs, labels=_labels(run))
         st.received.update(arrivals)
         for y in sent_outputs:
             _free(y)

@@ -18,6 +18,7 @@ import torch
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
 from hybrid.data import BYTE_VOCAB, BatchSpec
+from hybrid.fault import args as fault_args
 from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(a value that contradicts a flag given explicitly is an error)")
     g.add_argument("--log-interval", type=int, default=10, help="print the loss every this many steps")
     model_cli.add_arguments(p)
+    fault_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -344,6 +346,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     args.ds_unsupported = apply_deepspeed_config(args, world) if args.deepspeed_config else []
     check_numbers(args)  # again: the DeepSpeed config may have set them
     args.zero = check_zero(args)
+    args.fault = fault_args.check(args)
     cfg = load_config(args.model)
     check_files(args, cfg)  # --load readable, outputs writable
     cfg = model_cli.check(args, cfg)  # dropout flags; --load tensor shapes

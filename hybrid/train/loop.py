@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from hybrid.data import BatchSpec, micro_batches
+from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.pipeline import build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
@@ -67,12 +68,15 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     log0(mesh, f"zero: stage {z.stage} | {z.precision.value}{' | offload optimizer (' + optimizer.optimizer_kind + ')' if z.offload_optimizer else ''}"
                f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
                f" | clip-grad {args.clip_grad}")
+    ft = FaultTolerance.start(args.fault, mesh, model, runner, optimizer, args.log_interval)  # hybrid/fault
     tokens_per_step = batch.global_batch * batch.seq_length
     t0 = time.perf_counter()
     for it in range(args.train_iters):
         inject_fault(mesh.rank, it)  # test-only hook (HYBRID_TEST_FAULT); a no-op by default
+        ft.begin_iteration(it)
         batches = micro_batches(corpus, batch, args.seed, it, mesh.coords.dp)
-        loss = train_step(model, batches, optimizer, mesh, lr=opt_cfg.lr_at(it), runner=runner)
+        loss = train_step(model, batches, ft.optimizer, mesh, lr=opt_cfg.lr_at(it), runner=ft.runner)
+        ft.end_iteration(it)
         if (it + 1) % args.log_interval == 0 or it + 1 == args.train_iters:
             dt = (time.perf_counter() - t0) / args.log_interval
             rep = optimizer.last_report
@@ -82,6 +86,7 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
             log0(mesh, f" iteration {it + 1:>6}/{args.train_iters} | lm loss {loss:.4f} | "
                        f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s")
             t0 = time.perf_counter()
+    ft.stop()
     if args.timeline:
         save_timeline(args.timeline, runner, mesh, plan)
     log0(mesh, f"done: final lm loss {loss:.4f}")

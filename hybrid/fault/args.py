@@ -1,0 +1,53 @@
+"""Flags of the fault-tolerance features; hybrid/train/args.py calls `add_arguments` and `check`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """What the watchdog, the NaN guard and the straggler report do.
+
+    Attributes:
+        watchdog_timeout: seconds a training step may make no progress (no op started or finished,
+            no phase change) before every rank prints a hang verdict and exits; 0 disables
+            (`--watchdog-timeout`).
+        check_nan: skip the step on every rank when any rank has a non-finite loss or gradient
+            (`--check-for-nan-in-loss-and-grad`, on by default).
+        max_skipped_steps: stop the run (exit code 65) after this many consecutive skipped steps
+            (`--max-skipped-steps`).
+        straggler_factor: name a rank whose median phase time per step exceeds its peers' median by
+            this factor (`--straggler-factor`).
+    """
+
+    watchdog_timeout: float = 300.0
+    check_nan: bool = True
+    max_skipped_steps: int = 10
+    straggler_factor: float = 1.5
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fault tolerance")
+    g.add_argument("--watchdog-timeout", type=float, default=FaultConfig.watchdog_timeout,
+                   help="seconds without progress in a step before every rank prints a hang verdict and exits "
+                        "(code 75); 0: off")
+    g.add_argument("--check-for-nan-in-loss-and-grad", action=argparse.BooleanOptionalAction, default=True,
+                   help="skip the step on every rank when any rank's loss or gradient is not finite")
+    g.add_argument("--max-skipped-steps", type=int, default=FaultConfig.max_skipped_steps,
+                   help="stop (exit code 65) after this many consecutive skipped steps")
+    g.add_argument("--straggler-factor", type=float, default=FaultConfig.straggler_factor,
+                   help="name a rank slower than its peers by this factor in a phase, every log interval")
+
+
+def check(args: argparse.Namespace) -> FaultConfig:
+    if args.watchdog_timeout < 0:
+        raise ValueError(f"--watchdog-timeout must be >= 0 seconds (0 disables it), got {args.watchdog_timeout}")
+    if args.max_skipped_steps < 1:
+        raise ValueError(f"--max-skipped-steps must be >= 1, got {args.max_skipped_steps}")
+    if args.straggler_factor <= 1:
+        raise ValueError(f"--straggler-factor must be > 1 (a rank this many times slower than its peers), "
+                         f"got {args.straggler_factor}")
+    return FaultConfig(watchdog_timeout=args.watchdog_timeout, check_nan=args.check_for_nan_in_loss_and_grad,
+                       max_skipped_steps=args.max_skipped_steps, straggler_factor=args.straggler_factor)

@@ -1,0 +1,119 @@
+"""Test-only fault injection: the one place that reads HYBRID_FAULT. Unset (the default), nothing
+is installed and training runs untouched.
+
+    HYBRID_FAULT="hang:rank=2,op=dp.all_reduce,iteration=5,microbatch=1"   sleep before that op
+    HYBRID_FAULT="stop:rank=2,op=pp.send,iteration=5,microbatch=1"         SIGSTOP itself there
+    HYBRID_FAULT="nan:rank=1,iterations=7"                                 NaN gradient (7 or 7,10-12)
+    HYBRID_FAULT="slow:rank=2,ms=50"                                       sleep per micro-batch forward
+
+Several faults are separated by ";". Iterations are 1-based (as logged), micro-batches 0-based. `op` is
+"GROUP.OP" with OP a collective (all_reduce, all_gather, reduce_scatter, broadcast) or send / recv
+(a point-to-point batch that contains one).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+ENV = "HYBRID_FAULT"
+KINDS = ("hang", "stop", "nan", "slow")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    op: str = ""  # hang/stop: "dp.all_reduce", "pp.send"
+    iteration: int = 0  # hang/stop
+    microbatch: int = 0  # hang/stop
+    iterations: frozenset[int] = frozenset()  # nan
+    ms: float = 0.0  # slow
+    seconds: float = 3600.0  # hang: how long to sleep
+
+
+def _iterations(text: str) -> frozenset[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(out)
+
+
+def parse(text: str) -> list[Fault]:
+    faults = []
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        kind, _, rest = item.partition(":")
+        if kind not in KINDS:
+            raise ValueError(f"{ENV}: unknown fault {kind!r}; use one of {', '.join(KINDS)}")
+        kw: dict = {}
+        # "iterations=7,10-12" holds commas: split on "," only before a key=
+        fields, key = {}, None
+        for tok in rest.split(","):
+            if "=" in tok:
+                key, _, val = tok.partition("=")
+                fields[key] = val
+            elif key is not None:
+                fields[key] += "," + tok
+        for k, v in fields.items():
+            if k == "iterations":
+                kw[k] = _iterations(v)
+            elif k in ("rank", "iteration", "microbatch"):
+                kw[k] = int(v)
+            elif k in ("ms", "seconds"):
+                kw[k] = float(v)
+            else:
+                kw[k] = v
+        faults.append(Fault(kind=kind, **kw))
+    return faults
+
+
+def faults_for(rank: int) -> list[Fault]:
+    """The faults this rank must inject (none when HYBRID_FAULT is unset)."""
+    return [f for f in parse(os.environ.get(ENV, "")) if f.rank == rank]
+
+
+class Injector:
+    """Installs this rank's faults: op hooks on the trail, a forward delay, NaN gradient hooks."""
+
+    def __init__(self, faults: list[Fault]):
+        self.faults = faults
+        self._handles: list = []
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    def on_op_start(self, rec, sends: tuple[int, ...]) -> None:
+        for f in self.faults:
+            if f.kind not in ("hang", "stop") or (rec.iteration, rec.microbatch) != (f.iteration, f.microbatch):
+                continue
+            group, _, op = f.op.partition(".")
+            hit = rec.group == group and (rec.op == op or (op == "send" and rec.op == "p2p" and sends)
+                                          or (op == "recv" and rec.op == "p2p" and not sends))
+            if hit:
+                print(f"inject: rank {f.rank} {f.kind} before {f.op} at iteration {f.iteration} "
+                      f"micro-batch {f.microbatch}", flush=True)
+                if f.kind == "stop":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                else:
+                    time.sleep(f.seconds)
+
+    def on_forward(self) -> None:
+        for f in self.faults:
+            if f.kind == "slow":
+                time.sleep(f.ms / 1e3)
+
+    def begin_iteration(self, iteration: int, model: nn.Module) -> None:
+        """nan: this iteration's backward writes NaN into the first trainable parameter's gradient
+        (before gradient accumulation and the DP reduction, as a bad kernel would)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if any(f.kind == "nan" and iteration in f.iterations for f in self.faults):
+            p = next(p for p in model.parameters() if p.requires_grad)
+            self._handles.append(p.register_hook(lambda g: torch.full_like(g, float("nan"))))

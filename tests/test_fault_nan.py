@@ -1,0 +1,98 @@
+"""NaN/inf guard: a NaN in one TP rank's gradient makes every rank skip the step with its state bit for
+bit untouched, logs the iteration, rank and parameter; K consecutive skips stop the run with exit 65."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import torch
+
+from hybrid.data import load_corpus, micro_batches
+from hybrid.fault.nan_guard import EXIT_NAN, TooManySkippedSteps
+from hybrid.fault.session import FaultTolerance
+from hybrid.fault.testing import launch
+from hybrid.mesh import Mesh
+from hybrid.testing import run_distributed
+from hybrid.tp import TPContext
+from hybrid.train.args import check_args, parse_args
+from hybrid.train.loop import build_runner
+from hybrid.training import OptimizerConfig, train_step
+from hybrid.zero import ZeroOptimizer
+
+# 2 ranks tp2, the training entry point's defaults otherwise (ZeRO stage 0, fp32, clipping on)
+ARGV = ["--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "4",
+        "--seq-length", "32", "--train-iters", "12", "--log-interval", "100", "--max-skipped-steps", "3"]
+FAULT = "nan:rank=1,iterations=7,9-12"  # rank 1 = tp rank 1; rank 0 has finite gradients
+
+
+def _state(model, zopt: ZeroOptimizer) -> list[torch.Tensor]:
+    """Everything a step may change: parameters, fp32 masters, Adam moments and step counts."""
+    out = [p.detach().clone() for p in model.parameters()] + [u.master.clone() for u in zopt.units]
+    for st in zopt.optimizer.state.values():
+        out += [v.clone() if torch.is_tensor(v) else torch.tensor(v) for _, v in sorted(st.items())]
+    return out
+
+
+def _run(rank, world):
+    """The loop of hybrid/train/loop.py (same builders, same FaultTolerance hooks), with a state
+    snapshot after every iteration."""
+    args = parse_args(ARGV)
+    cfg, dims, batch, plan = check_args(args, world)
+    mesh = Mesh.build(dims, device=torch.device("cpu"))
+    model, runner = build_runner(args, cfg, mesh, TPContext(mesh.tp), batch, plan)
+    opt_cfg = OptimizerConfig(lr=args.lr, warmup_iters=args.lr_warmup_iters, train_iters=args.train_iters,
+                              clip_grad=args.clip_grad)
+    zopt = ZeroOptimizer(model, mesh, args.zero, opt_cfg)
+    corpus = load_corpus()
+    log, states, stopped_at = io.StringIO(), [_state(model, zopt)], None
+    with contextlib.redirect_stdout(log):
+        ft = FaultTolerance.start(args.fault, mesh, model, runner, zopt, args.log_interval)
+        try:
+            for it in range(args.train_iters):
+                ft.begin_iteration(it)
+                train_step(model, micro_batches(corpus, batch, args.seed, it, mesh.coords.dp), ft.optimizer, mesh,
+                           lr=opt_cfg.lr_at(it), runner=ft.runner)
+                ft.end_iteration(it)
+                states.append(_state(model, zopt))
+        except TooManySkippedSteps as e:
+            stopped_at = (it + 1, e.code)
+            states.append(_state(model, zopt))
+        ft.stop()
+    return states, ft.guard.skipped, stopped_at, log.getvalue()
+
+
+def _equal(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_nan_in_one_tp_rank_gradient_skips_the_step_on_every_rank_bit_identically(monkeypatch):
+    monkeypatch.setenv("HYBRID_FAULT", FAULT)
+    results = run_distributed(_run, 2, timeout=300)
+    for rank, (states, skipped, stopped_at, log) in enumerate(results):
+        # states[i] = after iteration i (1-based); iteration 7 skipped: state after 7 == after 6, bit for bit
+        assert _equal(states[7], states[6]), f"rank {rank}: skipped step changed the state"
+        assert not _equal(states[8], states[7]) and not _equal(states[6], states[5]), "good steps do update"
+        # 9, 10, 11 skipped: the third consecutive skip stops the run with EXIT_NAN, on every rank alike
+        assert skipped == [7, 9, 10, 11] and stopped_at == (11, EXIT_NAN), (rank, skipped, stopped_at)
+        assert _equal(states[11], states[8]) and len(states) == 12
+        if rank == 1:  # model order: the embedding shard comes first
+            assert f"nan-guard: iteration 7: rank {rank}: non-finite gradient of 0.wte.weight" in log, log
+        else:
+            assert f"rank {rank}: non-finite" not in log, log
+    log0 = results[0][3]
+    assert "iteration 7: skipped the step on every rank (non-finite on ranks [1]; 1 consecutive)" in log0, log0
+    assert "3 consecutive steps skipped at iteration 11 (--max-skipped-steps 3); stopping with exit code 65" in log0
+
+
+def test_consecutive_skips_end_the_training_job_with_exit_code_65():
+    (run,) = launch(["--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "6", "--max-skipped-steps",
+                     "2"], 1, {"HYBRID_FAULT": "nan:rank=0,iterations=3-4"})
+    assert run.returncode == EXIT_NAN, run.stderr[-2000:]
+    assert "nan-guard: iteration 3: rank 0: non-finite gradient of 0.wte.weight" in run.stdout, run.stdout
+    assert "stopping with exit code 65" in run.stdout
+
+
+def test_the_guard_can_be_switched_off():
+    assert parse_args(["--no-check-for-nan-in-loss-and-grad"]).check_for_nan_in_loss_and_grad is False
+    assert parse_args([]).check_for_nan_in_loss_and_grad is True

@@ -1,0 +1,95 @@
+"""Straggler report and more than one node: a rank slowed by 50 ms per micro-batch is named (with the
+phase) within 10 steps; two torchrun agents on loopback (c10d rendezvous) run tp2 x dp2 with TP inside
+each node, name no straggler and print the single-agent run's losses exactly; losing one agent ends the
+job with a non-zero exit, no process left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hybrid.testing import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = ["-m", "hybrid.train", "--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size",
+         "8", "--seq-length", "32", "--log-interval", "5"]
+ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+
+
+def _torchrun(nnodes: int, port: int, iters: int, env=None, **popen) -> subprocess.Popen:
+    rdzv = (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", str(port)]
+            if nnodes == 2 else ["--nnodes", "1"])
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(4 // nnodes), *TRAIN,
+           "--train-iters", str(iters)]
+    popen.setdefault("stdout", subprocess.PIPE)
+    return subprocess.Popen(cmd, cwd=ROOT, env=dict(ENV, **(env or {})), stderr=subprocess.STDOUT, text=True,
+                            **popen)
+
+
+def _losses(out: str) -> list[str]:
+    """The logged losses as printed (exact decimal strings)."""
+    return re.findall(r"iteration +\d+/\d+ \| lm loss (\S+)", out)
+
+
+@pytest.fixture(scope="module")
+def single_agent_with_a_slow_rank() -> str:
+    """One agent, 4 ranks, rank 2 sleeping 50 ms before every micro-batch's forward. The sleep changes
+    no number, so this is also the single-agent reference for the two-agent run's losses."""
+    p = _torchrun(1, 0, 10, env={"HYBRID_FAULT": "slow:rank=2,ms=50"})
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out[-3000:]
+    return out
+
+
+def test_a_rank_slowed_50ms_per_micro_batch_is_named_with_its_phase(single_agent_with_a_slow_rank):
+    out = single_agent_with_a_slow_rank
+    named = re.findall(r"straggler: rank (\d+) is slower than its 3 peers in (\w+)", out)
+    assert named == [("2", "forward"), ("2", "forward")], out  # in both reports (iterations 1-5 and 6-10)
+    assert len(re.findall(r"step time ms p50/p90/max, iterations \d+-\d+: r0 \S+ r1 \S+ r2 \S+ r3 \S+", out)) == 2
+
+
+def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single_agent_with_a_slow_rank):
+    port = free_port()
+    a = _torchrun(2, port, 10)
+    time.sleep(1.0)  # agent a hosts the rendezvous store
+    b = _torchrun(2, port, 10)
+    out_a, _ = a.communicate(timeout=300)
+    out_b, _ = b.communicate(timeout=60)
+    assert a.returncode == 0 and b.returncode == 0, (out_a[-3000:], out_b[-3000:])
+    out = out_a + out_b  # global rank 0 runs under whichever agent the rendezvous made first
+    assert "nodes: 2 x 2 ranks (LOCAL_WORLD_SIZE 2); every tp group inside one node" in out, out
+    assert _losses(out) == _losses(single_agent_with_a_slow_rank) and len(_losses(out)) == 2, out
+    assert re.findall(r"straggler: \w+", out) == ["straggler: none"] * 2, out  # a clean run names nobody
+
+
+def test_losing_one_agent_ends_the_job_cleanly(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    port = free_port()
+    log = open(tmp_path / "a.log", "w")
+    a = _torchrun(2, port, 1000, stdout=log)
+    time.sleep(1.0)
+    b = _torchrun(2, port, 1000)
+    deadline = time.monotonic() + 180
+    while "iteration" not in (tmp_path / "a.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)  # both agents' ranks are training
+    node_b = [psutil.Process(b.pid), *psutil.Process(b.pid).children(recursive=True)]
+    survivors = psutil.Process(a.pid).children(recursive=True)
+    assert len(node_b) == 3 and len(survivors) == 2, "an agent and its 2 workers each"
+    for proc in node_b:  # the node is gone: its agent and its workers, at once
+        proc.kill()
+    b.wait()
+    t = time.monotonic()
+    try:
+        a.wait(timeout=120)
+    finally:
+        if a.poll() is None:
+            a.kill()
+    assert a.returncode != 0, "the surviving agent reports the failure"
+    assert time.monotonic() - t < 120
+    gone, alive = psutil.wait_procs(survivors, timeout=10)
+    assert not alive, f"workers left behind: {alive}"
