@@ -43,7 +43,22 @@ def fail(message: str, status: int = 1) -> SystemExit:
     """The SystemExit that ends a run with one error line: printed by rank 0 only (every rank of a torchrun job
     checks the same inputs), recorded in every rank's elastic error file. `raise fail(...)`."""
     record_error(message)
-    return SystemExit(message if is_rank_zero() else status)
+    error = SystemExit(message if is_rank_zero() else status)
+    error.message = message  # for a rank that outlives rank 0 (outlive_rank_zero)
+    return error
+
+
+def outlive_rank_zero(error: SystemExit, grace_s: float = 60.0) -> None:
+    """A non-zero rank that failed the input checks waits for the launcher to stop it: torchrun terminates the
+    other workers as soon as one exits non-zero, so a rank 1 that exits first can kill a slower rank 0 before rank 0
+    prints the one error line. Rank 0 fails on the same inputs and torchrun then ends this process; if it is still
+    alive after `grace_s` (rank 0 saw different files, say), it prints the line itself and the SystemExit goes on."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+    message = getattr(error, "message", None)
+    if message:
+        print(f"{message} (rank {os.environ.get('RANK')})", file=sys.stderr, flush=True)
 
 
 def _closest(token: str, options: list[str]) -> str | None:
@@ -105,7 +120,9 @@ class OneLineParser(argparse.ArgumentParser):
         record_error(text)
         if is_rank_zero():
             sys.stderr.write(text + ("" if text.endswith("\n") else "\n"))
-        sys.exit(2)
+        error = SystemExit(2)
+        error.message = text.rstrip("\n")
+        raise error
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

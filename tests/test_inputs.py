@@ -353,7 +353,10 @@ def test_deepspeed_booleans_and_flags_that_agree_are_accepted(tmp_path, monkeypa
 
 
 def test_error_under_torchrun_is_printed_by_rank_zero_only_and_recorded(tmp_path, monkeypatch, capsys):
-    """Rank 1 of a torchrun job exits non-zero silently; both ranks write the line to their elastic error file."""
+    """Rank 1 of a torchrun job exits non-zero silently, after waiting for the launcher to stop it (so it cannot kill
+    a slower rank 0 before rank 0 prints); both ranks write the line to their elastic error file."""
+    waited = []
+    monkeypatch.setattr(train_main, "outlive_rank_zero", lambda e: waited.append(e.message))
     for rank in ("0", "1"):
         monkeypatch.setenv("RANK", rank)
         monkeypatch.setenv("WORLD_SIZE", "2")
@@ -371,6 +374,18 @@ def test_error_under_torchrun_is_printed_by_rank_zero_only_and_recorded(tmp_path
         train_main.main(["--lrr", "1"])
     assert capsys.readouterr().err == ""
     assert "did you mean --lr?" in (tmp_path / "error_parse.json").read_text()
+    assert waited == ["train.py: error: --lr must be a finite number, got inf",
+                      "train.py: error: unrecognized arguments: --lrr; did you mean --lr?"]
+
+
+def test_a_rank_that_outlives_rank_zero_prints_the_line_itself(monkeypatch, capsys):
+    """If torchrun has not stopped rank 1 within the grace period, rank 0 did not report: rank 1 says it."""
+    from hybrid.cliutil import fail, outlive_rank_zero
+    monkeypatch.setenv("RANK", "1")
+    error = fail("train.py: error: --lr must be a finite number, got inf")
+    assert error.code == 1
+    outlive_rank_zero(error, grace_s=0.1)
+    assert capsys.readouterr().err == "train.py: error: --lr must be a finite number, got inf (rank 1)\n"
 
 
 def test_help_shows_every_option_with_help_and_default_and_the_launch_example(capsys):

@@ -122,7 +122,8 @@ def test_main_job_tp2_pp2_dp2_runs_under_torchrun_and_the_loss_goes_down(tmp_pat
            "--lr", "3e-3", "--timeline", str(timeline)]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    losses = [float(line.split("lm loss")[1].split("|")[0]) for line in out.stdout.splitlines() if "iteration" in line]
+    losses = [float(line.split("lm loss")[1].split("|")[0]) for line in out.stdout.splitlines()
+              if line.lstrip().startswith("iteration")]
     assert len(losses) == 3 and losses[-1] < losses[0] - 0.5, out.stdout
     events = json.loads(timeline.read_text())["traceEvents"]
     forwards = [e for e in events if e.get("cat") == "forward"]

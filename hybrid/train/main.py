@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from hybrid.cliutil import fail, is_rank_zero
+from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
 from hybrid.data import load_corpus
 from hybrid.mesh import default_backend
 from hybrid.train import liveness
@@ -80,7 +80,12 @@ def init_distributed(args: argparse.Namespace, world: int, device: torch.device,
 
 
 def main(argv: list[str] | None = None) -> None:
-    args, world, (cfg, dims, batch, plan), corpus = validate(argv)
+    try:
+        args, world, (cfg, dims, batch, plan), corpus = validate(argv)
+    except SystemExit as e:
+        if e.code not in (0, None) and not is_rank_zero() and under_launcher():
+            outlive_rank_zero(e)  # so rank 0's one line is printed before torchrun stops the job
+        raise
     args.distributed_timeout = timedelta(minutes=args.distributed_timeout_minutes)
 
     backend, device = default_backend()
