@@ -96,3 +96,18 @@ def test_consecutive_skips_end_the_training_job_with_exit_code_65():
 def test_the_guard_can_be_switched_off():
     assert parse_args(["--no-check-for-nan-in-loss-and-grad"]).check_for_nan_in_loss_and_grad is False
     assert parse_args([]).check_for_nan_in_loss_and_grad is True
+
+
+def test_the_one_fault_hook_parses_every_kind_and_rejects_a_bad_one():
+    """HYBRID_FAULT (hybrid/fault/inject.py) is the only test-only hook; unset, nothing is injected."""
+    import pytest
+
+    from hybrid.fault.inject import Fault, faults_for, parse
+    faults = parse("signal:rank=1,iteration=3,signal=SIGKILL; nan:rank=0,iterations=2,5-6; slow:rank=2,ms=50")
+    assert faults == [Fault("signal", 1, iteration=3, signal="SIGKILL"),
+                      Fault("nan", 0, iterations=frozenset({2, 5, 6})), Fault("slow", 2, ms=50.0)]
+    with pytest.raises(ValueError, match="signal=SIGKILL"):
+        parse("signal:rank=1,iteration=3,signal=SIGNOPE")
+    with pytest.raises(ValueError, match="unknown fault"):
+        parse("boom:rank=1")
+    assert faults_for(0) == [] or "HYBRID_FAULT" in __import__("os").environ

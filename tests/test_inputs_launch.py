@@ -1,6 +1,6 @@
 """The few input and fault checks that need real processes: a bad flag under torchrun is printed once and is
 torchrun's root cause; `python -m hybrid.train` runs one process from outside a checkout; a 2-rank job whose
-rank 1 is stopped (SIGSTOP) or killed (SIGKILL) -- injected through the test-only HYBRID_TEST_FAULT hook -- ends
+rank 1 is stopped (SIGSTOP) or killed (SIGKILL) -- injected through the test-only HYBRID_FAULT hook -- ends
 within the distributed timeout with one line naming rank 1."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ TINY = ["--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1"]
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYBRID_TEST_FAULT",
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYBRID_FAULT",
                                                              "TORCHELASTIC_ERROR_FILE")}
     env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **extra)
     return env
@@ -52,7 +52,7 @@ def _launch_two_ranks(tmp_path, fault: str, timeout_min: float) -> tuple[list[su
     port, procs, logs = free_port(), [], []
     for rank in range(2):
         env = _env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HYBRID_TEST_FAULT=fault)
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HYBRID_FAULT=fault)
         log = open(tmp_path / f"rank{rank}.log", "w+")
         procs.append(subprocess.Popen([sys.executable, "-m", "hybrid.train", "--train-iters", "1000",
                                        "--distributed-timeout-minutes", str(timeout_min)] + TINY,
@@ -71,7 +71,7 @@ def test_stalled_and_killed_ranks_end_their_jobs_within_the_timeout_naming_them(
     jobs = {}
     for sig in ("SIGSTOP", "SIGKILL"):
         (tmp_path / sig).mkdir()
-        jobs[sig] = _launch_two_ranks(tmp_path / sig, f"1:3:{sig}", timeout_s / 60)
+        jobs[sig] = _launch_two_ranks(tmp_path / sig, f"signal:rank=1,iteration=3,signal={sig}", timeout_s / 60)
     ended = {}
     try:
         deadline = time.monotonic() + 150
@@ -91,7 +91,7 @@ def test_stalled_and_killed_ranks_end_their_jobs_within_the_timeout_naming_them(
                 log.close()
     for sig, (procs, _) in jobs.items():
         out0, out1 = ((tmp_path / sig / f"rank{r}.log").read_text() for r in range(2))
-        fault = re.search(rf"fault injection: {sig} to rank 1 at iteration 3, t=([\d.]+)", out1)
+        fault = re.search(rf"inject: {sig} to rank 1 at iteration 3, t=([\d.]+)", out1)
         assert fault, out1[-2000:]
         assert sig in ended and procs[0].returncode != 0, out0[-2000:]
         errors = [ln for ln in out0.splitlines() if "error:" in ln]

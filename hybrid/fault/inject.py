@@ -5,6 +5,9 @@ is installed and training runs untouched.
     HYBRID_FAULT="stop:rank=2,op=pp.send,iteration=5,microbatch=1"         SIGSTOP itself there
     HYBRID_FAULT="nan:rank=1,iterations=7"                                 NaN gradient (7 or 7,10-12)
     HYBRID_FAULT="slow:rank=2,ms=50"                                       sleep per micro-batch forward
+    HYBRID_FAULT="signal:rank=1,iteration=3,signal=SIGKILL"                 signal itself as iteration 3 starts
+                                                                           (SIGKILL: a crashed rank, SIGSTOP: a
+                                                                           stalled one)
 
 Several faults are separated by ";". Iterations are 1-based (as logged), micro-batches 0-based. `op` is
 "GROUP.OP" with OP a collective (all_reduce, all_gather, reduce_scatter, broadcast) or send / recv
@@ -22,7 +25,7 @@ import torch
 import torch.nn as nn
 
 ENV = "HYBRID_FAULT"
-KINDS = ("hang", "stop", "nan", "slow")
+KINDS = ("hang", "stop", "nan", "slow", "signal")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class Fault:
     iterations: frozenset[int] = frozenset()  # nan
     ms: float = 0.0  # slow
     seconds: float = 3600.0  # hang: how long to sleep
+    signal: str = ""  # signal: SIGKILL, SIGSTOP, SIGTERM, ...
 
 
 def _iterations(text: str) -> frozenset[int]:
@@ -69,6 +73,8 @@ def parse(text: str) -> list[Fault]:
                 kw[k] = float(v)
             else:
                 kw[k] = v
+        if kind == "signal" and not isinstance(getattr(signal, kw.get("signal", ""), None), signal.Signals):
+            raise ValueError(f"{ENV}: signal fault needs signal=SIGKILL|SIGSTOP|SIGTERM|..., got {item!r}")
         faults.append(Fault(kind=kind, **kw))
     return faults
 
@@ -109,8 +115,12 @@ class Injector:
                 time.sleep(f.ms / 1e3)
 
     def begin_iteration(self, iteration: int, model: nn.Module) -> None:
-        """nan: this iteration's backward writes NaN into the first trainable parameter's gradient
+        """signal: the rank signals itself now. nan: this iteration's backward writes NaN into the first trainable parameter's gradient
         (before gradient accumulation and the DP reduction, as a bad kernel would)."""
+        for f in self.faults:
+            if f.kind == "signal" and f.iteration == iteration:
+                print(f"inject: {f.signal} to rank {f.rank} at iteration {iteration}, t={time.time():.3f}", flush=True)
+                os.kill(os.getpid(), getattr(signal, f.signal))
         for h in self._handles:
             h.remove()
         self._handles = []

@@ -8,7 +8,7 @@ waits in a collective (the c10d bindings release the GIL) and stops when the pro
 collective fails, a survivor reads every counter, waits three intervals and reads again: the ranks whose counter
 did not move are the lost ones. The job then ends with one line naming them, within the timeout plus that window.
 
-`inject_fault` is the test-only hook that makes a rank die or stall (HYBRID_TEST_FAULT, unset by default).
+Tests make a rank die or stall through the one test-only hook, hybrid/fault/inject.py (HYBRID_FAULT="signal:...").
 """
 
 from __future__ import annotations
@@ -23,22 +23,6 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from hybrid.cliutil import record_error
-
-FAULT_ENV = "HYBRID_TEST_FAULT"  # "RANK:ITERATION:SIGNAL", e.g. "1:2:SIGSTOP"; tests only
-
-
-def inject_fault(rank: int, iteration: int) -> None:
-    """Test-only hook, a no-op unless HYBRID_TEST_FAULT="RANK:ITERATION:SIGNAL" is set: at the start of
-    ITERATION, rank RANK sends itself SIGNAL (SIGKILL: a crashed rank; SIGSTOP: a stalled one). This is the one
-    place the variable is read."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    want_rank, want_iter, sig = spec.split(":")
-    if int(want_rank) == rank and int(want_iter) == iteration:
-        print(f"fault injection: {sig} to rank {rank} at iteration {iteration}, t={time.time():.3f}", flush=True)
-        os.kill(os.getpid(), getattr(signal, sig))
-
 
 class StoreLost(RuntimeError):
     """The rendezvous store no longer answers (without torchrun it lives in rank 0's process)."""

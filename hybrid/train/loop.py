@@ -16,7 +16,6 @@ from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
 from hybrid.tp import ParallelRNG, TPContext
 from hybrid.train.args import PipelinePlan
-from hybrid.train.liveness import inject_fault
 from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroOptimizer
 from models import Recompute, build_pipeline_chunks
@@ -72,7 +71,6 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     tokens_per_step = batch.global_batch * batch.seq_length
     t0 = time.perf_counter()
     for it in range(args.train_iters):
-        inject_fault(mesh.rank, it)  # test-only hook (HYBRID_TEST_FAULT); a no-op by default
         ft.begin_iteration(it)
         batches = micro_batches(corpus, batch, args.seed, it, mesh.coords.dp)
         loss = train_step(model, batches, ft.optimizer, mesh, lr=opt_cfg.lr_at(it), runner=ft.runner)
