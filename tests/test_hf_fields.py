@@ -32,6 +32,14 @@ def _with(cfg, **attrs):
     return cfg
 
 
+def _forced(cfg, **attrs):
+    """As _with, past huggingface_hub's strict type check on assignment (a config object built by code
+    that sidesteps it): the type checks of hf_fields must not rely on that validator."""
+    for k, v in attrs.items():
+        object.__setattr__(cfg, k, v)
+    return cfg
+
+
 REJECTED = [  # (config, the field named in the error)
     (_gpt2(scale_attn_weights=False), "scale_attn_weights=False"),
     (_gpt2(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx=True"),
@@ -60,7 +68,36 @@ REJECTED = [  # (config, the field named in the error)
     (_with(Qwen2Config(**SMALL), layer_types=["chunked_attention", "full_attention"]), "layer_types="),
     (_with(Qwen2Config(**SMALL), layer_types=["sliding_attention", "full_attention"]), "sliding_window=None"),
     (_with(Qwen2Config(**SMALL), is_encoder_decoder=True), "is_encoder_decoder=True"),
-    (_with(LlamaConfig(**SMALL), attention_dropout=1.0), "attention_dropout 1.0"),
+    (_with(LlamaConfig(**SMALL), attention_dropout=1.0), "attention_dropout=1.0"),
+    # values out of range: transformers' config classes accept every one of these
+    (LlamaConfig(**SMALL, rms_norm_eps=float("nan")), "rms_norm_eps=nan must be a finite number > 0"),
+    (LlamaConfig(**SMALL, rms_norm_eps=float("inf")), "rms_norm_eps=inf"),
+    (MistralConfig(**SMALL, rms_norm_eps=-1e-6), "rms_norm_eps=-1e-06"),
+    (Qwen2Config(**SMALL, rms_norm_eps=0.0), "rms_norm_eps=0.0"),
+    (_gpt2(layer_norm_epsilon=-1e-5), "layer_norm_epsilon=-1e-05"),
+    (_gpt2(layer_norm_epsilon=float("nan")), "layer_norm_epsilon=nan"),
+    (_gpt2(attn_pdrop=1.0), "attn_pdrop=1.0 must be a probability in [0, 1)"),
+    (_gpt2(resid_pdrop=-0.1), "resid_pdrop=-0.1"),
+    (_gpt2(embd_pdrop=float("nan")), "embd_pdrop=nan"),
+    (Qwen2Config(**SMALL, attention_dropout=1.5), "qwen2 config field attention_dropout=1.5"),
+    (MistralConfig(**SMALL, attention_dropout=-0.5), "attention_dropout=-0.5"),
+    (LlamaConfig(**SMALL, rope_parameters={"rope_type": "default", "rope_theta": 0.0}),
+     "rope_parameters.rope_theta=0.0"),
+    (MistralConfig(**SMALL, rope_parameters={"rope_type": "default", "rope_theta": float("nan")}),
+     "rope_parameters.rope_theta=nan"),
+    (_with(LlamaConfig(**SMALL), rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 0.5}),
+     "rope_parameters.factor=0.5"),
+    (_with(LlamaConfig(**SMALL), vocab_size=0), "vocab_size=0 must be a positive integer"),
+    (_with(MistralConfig(**SMALL), hidden_size=-32), "hidden_size=-32"),
+    (_with(Qwen2Config(**SMALL), num_attention_heads=0), "num_attention_heads=0"),
+    (_with(LlamaConfig(**SMALL), num_key_value_heads=0), "num_key_value_heads=0"),
+    (_forced(MistralConfig(**SMALL), head_dim=8.5), "head_dim=8.5"),
+    (_with(MistralConfig(**SMALL), sliding_window=0), "sliding_window=0"),
+    (_with(_gpt2(), n_embd=0), "n_embd=0"),
+    (_with(_gpt2(), n_layer=-1), "n_layer=-1"),
+    (_forced(_gpt2(), n_inner=2.5), "n_inner=2.5"),
+    (_forced(LlamaConfig(**SMALL), attention_bias="yes"), "attention_bias='yes' must be true or false"),
+    (_forced(LlamaConfig(**SMALL), tie_word_embeddings=1), "tie_word_embeddings=1"),
 ]
 
 
