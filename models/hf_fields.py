@@ -56,6 +56,31 @@ RULES = (
 )
 
 
+# Every field the four config classes hold or their modeling code reads, classified (tests/test_hf_fields.py
+# checks that nothing transformers adds goes unclassified: the union of these and RULES covers it).
+IMPLEMENTED = {
+    "gpt2": {"vocab_size", "n_embd", "n_head", "n_layer", "n_positions", "n_inner", "activation_function",
+             "layer_norm_epsilon", "attn_pdrop", "resid_pdrop", "embd_pdrop",
+             # GPT2Config's attribute_map aliases of the n_* sizes
+             "hidden_size", "num_attention_heads", "num_hidden_layers", "max_position_embeddings"},
+    "llama": {"vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+              "intermediate_size", "max_position_embeddings", "head_dim", "hidden_act", "rms_norm_eps",
+              "attention_dropout", "attention_bias", "mlp_bias", "rope_parameters", "tie_word_embeddings"},
+}
+IMPLEMENTED["mistral"] = IMPLEMENTED["llama"] - {"attention_bias", "mlp_bias"} | {"sliding_window"}
+IMPLEMENTED["qwen2"] = IMPLEMENTED["mistral"] | {"use_sliding_window", "max_window_layers", "layer_types"}
+# Fields that do not change the training math of the causal-LM model: bookkeeping, generation, output
+# switches, heads other than the LM head (GPT-2's summary_* double-heads and classifier fields), the attention
+# kernel choice. pad_token_id: transformers gives nn.Embedding that padding_idx, whose row then gets no
+# gradient; the forward pass is the same and we train that row like any other (docs/tensor-parallel.md).
+HARMLESS = {"_name_or_path", "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "dtype",
+            "chunk_size_feed_forward", "id2label", "label2id", "num_labels", "problem_type", "output_attentions",
+            "output_hidden_states", "return_dict", "use_cache", "transformers_version", "model_type",
+            "_attn_implementation", "pretraining_tp", "summary_type", "summary_use_proj", "summary_activation",
+            "summary_proj_to_labels", "summary_first_dropout", "summary_last_dropout", "classifier_dropout",
+            "hidden_dropout"}
+
+
 # Value ranges of the numeric fields (transformers' config classes accept NaN, inf and negatives for all
 # of them). Sizes: a positive integer (None where transformers derives it); eps: a finite number > 0 (the
 # norm divides by sqrt(mean(x^2) + eps), which is NaN for eps < 0 and 0/0 on an all-zero row for eps = 0);

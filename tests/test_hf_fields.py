@@ -3,6 +3,7 @@ transformers) or rejected by name; checkpoint tensors must have the shapes confi
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -108,6 +109,38 @@ def test_unimplemented_config_field_is_rejected_by_name(hf, field):
     assert field in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("config_class,model_type", [(GPT2Config, "gpt2"), (LlamaConfig, "llama"),
+                                                     (MistralConfig, "mistral"), (Qwen2Config, "qwen2")])
+def test_every_field_transformers_defines_or_reads_is_classified(config_class, model_type):
+    """The reference is transformers itself: every key of the config class's to_dict() and every `config.X`
+    that its modeling_<type>.py reads is implemented, harmless, or has a rejection rule -- so a field a new
+    transformers release adds fails here rather than being ignored silently."""
+    import inspect
+    import re
+
+    import transformers
+
+    from models import hf_fields
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    source = inspect.getsource(module)
+    read = set(re.findall(r"\bconfig\.([A-Za-z_]\w*)", source))
+    read |= set(re.findall(r"getattr\((?:self\.)?config, \"(\w+)\"", source))
+    read = {f for f in read if not callable(getattr(config_class, f, None))}  # methods (to_dict, ...)
+    fields = set(config_class().to_dict()) | read
+    rejected = {r.field for r in hf_fields.RULES if model_type in r.model_types}
+    known = hf_fields.IMPLEMENTED[model_type] | hf_fields.HARMLESS | rejected
+    assert fields - known == set(), f"transformers {transformers.__version__} {model_type}: unclassified"
+
+
+def test_top_level_partial_rotary_factor_and_old_rope_scaling_are_rejected():
+    """transformers folds a top-level partial_rotary_factor / rope_scaling into rope_parameters; either is
+    then rejected by name (RoPE on part of the head, dynamic frequencies)."""
+    with pytest.raises(ValueError, match="partial_rotary_factor=0.5"):
+        from_hf(LlamaConfig(**SMALL, partial_rotary_factor=0.5))
+    with pytest.raises(ValueError, match="rope_type='dynamic'"):
+        from_hf(MistralConfig(**SMALL, rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+
+
 def test_harmless_fields_are_accepted():
     from_hf(_gpt2(summary_type="mean", summary_first_dropout=0.3, use_cache=False, bos_token_id=1))
     from_hf(LlamaConfig(**SMALL, pretraining_tp=4, use_cache=False, pad_token_id=0))
@@ -208,6 +241,14 @@ def test_checkpoint_matching_config_passes_and_missing_tensor_is_named(tmp_path)
     with pytest.raises(ValueError, match="no tensor 'transformer.h.2"):
         check_checkpoint(deeper, path)
     assert json.loads((path / "config.json").read_text())["n_layer"] == 2
+
+
+def test_checkpoint_deeper_than_config_is_an_error(tmp_path):
+    """A 3-layer checkpoint read with a 2-layer config: every tensor the model reads has the right shape, but
+    layer 2 would be dropped silently; the check names it."""
+    path = _saved_gpt2(tmp_path, n_layer=3)
+    with pytest.raises(ValueError, match=r"tensor transformer.h.2.\S+ belongs to layer 2, but the model config has 2"):
+        check_checkpoint(from_hf(_gpt2()), path)
 
 
 def test_train_load_of_a_grown_checkpoint_fails_before_any_process_group(tmp_path):
