@@ -543,3 +543,64 @@ def test_output_directory_checks(tmp_path):
         check_output_dir("--save", str(tmp_path / "file"))
     with pytest.raises(ValueError, match="--save .* is not writable"):
         check_output_dir("--save", str(tmp_path / "file" / "sub"))
+
+
+def _script(name: str):
+    """scripts/<name>.py as a module (the scripts are not a package)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+# (script, argv, files, fragment): the benchmark and plotting scripts' flags, checked before any spawn
+SCRIPT_CASES = [
+    ("bench_zero", ["--dp", "0"], {}, "--dp"),
+    ("bench_zero", ["--steps", "-1"], {}, "--steps"),
+    ("bench_zero", ["--hidden", "100"], {}, "--hidden 100"),
+    ("bench_zero", ["--out", "/dev/null"], {}, "--out '/dev/null' is not a regular file"),
+    ("bench_zero", ["--out", "{d}"], {}, "is a directory"),
+    ("bench_zero", ["--opt-numel", "0"], {}, "--opt-numel"),
+    ("bench_planner", ["--ranks", "0"], {}, "--ranks"),
+    ("bench_planner", ["--ranks", "1"], {}, "--ranks"),
+    ("bench_planner", ["--heads", "3"], {}, "--heads 3"),
+    ("bench_planner", ["--global-batch", "6", "--micro-batch", "4"], {}, "--micro-batch 4"),
+    ("bench_planner", ["--hardware", "{d}/nope.json"], {}, "--hardware"),
+    ("bench_planner", ["--hardware", "{d}/hw.json"], {"hw.json": _profile(peak_tflops=_DROP)},
+     "hardware.peak_tflops"),
+    ("bench_planner", ["--out", "/dev/null"], {}, "--out '/dev/null' is not a regular file"),
+    ("bench_planner", ["--save-hardware", "{d}/pipe"], {"pipe": FIFO}, "--save-hardware"),
+    ("bench_planner", ["--stepz", "3"], {}, "did you mean --steps?"),
+    ("bench_tp", ["--out", "/dev/null"], {}, "--out '/dev/null' is not a regular file"),
+    ("bench_tp", ["--out", "{d}/pipe"], {"pipe": FIFO}, "is not a regular file"),
+    ("bench_pipeline", ["--out", "/dev/null"], {}, "--out '/dev/null' is not a regular file"),
+    ("bench_pipeline", ["--out", "{d}"], {}, "is a directory"),
+    ("plot_schedule", ["--out", "{d}/pipe.png"], {"pipe.png": FIFO}, "is not a regular file"),
+    ("plot_schedule", ["--out", "{d}/no/such/x.png"], {}, "does not exist"),
+    ("plot_schedule", ["--out", "{d}/x.png", "--no-matplotlib"], {}, "pip install matplotlib"),
+]
+
+
+@pytest.mark.parametrize("case", SCRIPT_CASES, ids=[f"{c[0]}:{' '.join(c[1])}" for c in SCRIPT_CASES])
+def test_script_bad_flag_is_one_error_line_before_any_work(case, tmp_path, monkeypatch, capsys):
+    name, argv, files, fragment = case
+    monkeypatch.chdir(tmp_path)
+    _write_files(tmp_path, files)
+    module = _script(name)
+    argv = [a.replace("{d}", str(tmp_path)) for a in argv]
+    if "--no-matplotlib" in argv:
+        argv.remove("--no-matplotlib")
+        monkeypatch.setattr(module, "matplotlib", None)
+    elif name == "plot_schedule" and module.matplotlib is None:
+        monkeypatch.setattr(module, "matplotlib", object())  # the path checks come first either way
+    before = _all_files(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert exit_info.value.code not in (0, None)
+    assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: ") and fragment in lines[0], lines
+    assert _all_files(tmp_path) == before, "nothing may be left behind"
