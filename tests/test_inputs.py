@@ -118,6 +118,7 @@ CASES = [
     ("prefix-not-expanded", "train", ["--lr-warm", "5"], {}, {}, "--lr-warmup-iters"),
     ("bad-choice", "train", ["--pipeline-schedule", "zigzag"], {}, {}, "--pipeline-schedule"),
     ("bf16-and-fp16", "train", ["--bf16", "--fp16"], {}, {}, "--bf16 and --fp16"),
+    ("cpu-adam-without-offload", "train", ["--cpu-adam", "deepspeed"], {}, {}, "--cpu-adam deepspeed picks the offloaded"),
     ("layers-per-stage-text", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "a,b"],
      {}, {"WORLD_SIZE": "2"}, "--pipeline-layers-per-stage"),
     ("tp-not-dividing-world", "train", ["--tensor-model-parallel-size", "3"], {}, {"WORLD_SIZE": "4"},

@@ -332,6 +332,10 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
 def check_zero(args: argparse.Namespace) -> ZeroConfig:
     if args.bf16 and args.fp16:
         raise ValueError("--bf16 and --fp16 are exclusive; choose one")
+    if "cpu_adam" in getattr(args, "explicit", set()) and not args.offload_optimizer:
+        # the engine runs torch's AdamW on the device unless the step is offloaded: the flag would do nothing
+        raise ValueError(f"--cpu-adam {args.cpu_adam} picks the offloaded optimizer step; add --offload-optimizer "
+                         f"or drop --cpu-adam")
     precision = Precision.BF16 if args.bf16 else Precision.FP16 if args.fp16 else Precision.FP32
     return ZeroConfig(stage=args.zero_stage, precision=precision, offload_optimizer=args.offload_optimizer,
                       offload_params=args.offload_params, keep_gathered=args.zero3_keep_gathered,
