@@ -196,17 +196,34 @@ def check_number(flag: str, value, low: float | None = None, high: float | None 
 # --- output paths -----------------------------------------------------------------------------------------
 
 def check_output_file(flag: str, path: str) -> None:
-    """Before any work: `path` can be written as a file (its directory exists and is writable; it is not a
-    directory). ValueError naming the flag otherwise."""
+    """Before any work: `path` can be written as a regular file -- it is absent or a regular file (not a
+    directory, device such as /dev/null, FIFO or socket), and a file can be created beside it, which is what
+    atomic_output does (so /proc, /sys and read-only mounts fail here, not after the work). ValueError naming
+    the flag otherwise."""
     if not path:
         raise ValueError(f"{flag}: give a file name")
     if os.path.isdir(path):
         raise ValueError(f"{flag} {path!r} is a directory; give a file name")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"{flag} {path!r} is not a regular file (a device, FIFO or socket); give a file name")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ValueError(f"{flag} {path!r}: its directory {parent} does not exist; create it first")
     if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise ValueError(f"{flag} {path!r} is not writable")
+    _probe_create(flag, path, parent)
+
+
+def _probe_create(flag: str, path: str, parent: str) -> None:
+    """Create and remove a temporary file in `parent`: os.access says yes to root everywhere, but /proc, /sys
+    and read-only file systems refuse the create that atomic_output will do."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.probe.", dir=parent)
+    except OSError as e:
+        raise ValueError(f"{flag} {path!r}: cannot create a file in {parent} ({e.strerror}); "
+                         f"give a path on a writable file system") from None
+    os.close(fd)
+    os.remove(probe)
 
 
 def check_output_dir(flag: str, path: str) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, GPT2Config, LlamaConfig, PretrainedConfig, Qwen2Config
 
 from models import hf_fields
@@ -214,11 +215,16 @@ def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
             hf = AutoConfig.from_pretrained(path)
         else:
             hf = AutoConfig.for_model(raw.pop("model_type"), **raw)
-    except (OSError, KeyError, TypeError, ValueError, AttributeError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except (OSError, KeyError, TypeError, ValueError, AttributeError, StrictDataclassError) as e:
+        # huggingface_hub's strict-dataclass error spreads one reason over two lines ("Validation error for
+        # field 'attention_bias':" / "TypeError: ... expected bool, got str"): keep both, on one line
+        reason = " ".join(ln.strip() for ln in str(e).strip().splitlines()[:2]) or type(e).__name__
         raise ValueError(f"--model {file}: transformers cannot build a {raw.get('model_type', '')} config from it "
                          f"({reason})") from None
-    return from_hf(hf)
+    try:
+        return from_hf(hf)
+    except ValueError as e:  # a rejected field: say which file holds it
+        raise ValueError(str(e).replace("--model:", f"--model {file}:", 1)) from None
 
 
 def read_config_json(file: str) -> dict:
@@ -253,4 +259,17 @@ def read_config_json(file: str) -> dict:
                          f"heads; set head_dim or change the sizes")
     if heads and kv and heads % kv:
         raise ValueError(f"--model {file}: num_key_value_heads {kv} does not divide num_attention_heads {heads}")
+    _check_rope_factor_json(raw, file)
     return raw
+
+
+def _check_rope_factor_json(raw: dict, file: str) -> None:
+    """A RoPE scaling factor below 1 (or NaN) is only a warning line from transformers' config class, printed
+    while it builds the config: refuse it here, before, as one error (hf_fields checks it again on the object)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        params = raw.get(key)
+        if isinstance(params, dict) and "factor" in params:
+            factor = params["factor"]
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1 \
+                    or factor == float("inf"):
+                raise ValueError(f"--model {file}: {key}.factor must be a finite number >= 1, got {json.dumps(factor)}")

@@ -14,6 +14,7 @@ docs/tensor-parallel.md has the table.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -55,9 +56,92 @@ RULES = (
 )
 
 
+# Every field the four config classes hold or their modeling code reads, classified (tests/test_hf_fields.py
+# checks that nothing transformers adds goes unclassified: the union of these and RULES covers it).
+IMPLEMENTED = {
+    "gpt2": {"vocab_size", "n_embd", "n_head", "n_layer", "n_positions", "n_inner", "activation_function",
+             "layer_norm_epsilon", "attn_pdrop", "resid_pdrop", "embd_pdrop",
+             # GPT2Config's attribute_map aliases of the n_* sizes
+             "hidden_size", "num_attention_heads", "num_hidden_layers", "max_position_embeddings"},
+    "llama": {"vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+              "intermediate_size", "max_position_embeddings", "head_dim", "hidden_act", "rms_norm_eps",
+              "attention_dropout", "attention_bias", "mlp_bias", "rope_parameters", "tie_word_embeddings"},
+}
+IMPLEMENTED["mistral"] = IMPLEMENTED["llama"] - {"attention_bias", "mlp_bias"} | {"sliding_window"}
+IMPLEMENTED["qwen2"] = IMPLEMENTED["mistral"] | {"use_sliding_window", "max_window_layers", "layer_types"}
+# Fields that do not change the training math of the causal-LM model: bookkeeping, generation, output
+# switches, heads other than the LM head (GPT-2's summary_* double-heads and classifier fields), the attention
+# kernel choice. pad_token_id: transformers gives nn.Embedding that padding_idx, whose row then gets no
+# gradient; the forward pass is the same and we train that row like any other (docs/tensor-parallel.md).
+HARMLESS = {"_name_or_path", "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "dtype",
+            "chunk_size_feed_forward", "id2label", "label2id", "num_labels", "problem_type", "output_attentions",
+            "output_hidden_states", "return_dict", "use_cache", "transformers_version", "model_type",
+            "_attn_implementation", "pretraining_tp", "summary_type", "summary_use_proj", "summary_activation",
+            "summary_proj_to_labels", "summary_first_dropout", "summary_last_dropout", "classifier_dropout",
+            "hidden_dropout"}
+
+
+# Value ranges of the numeric fields (transformers' config classes accept NaN, inf and negatives for all
+# of them). Sizes: a positive integer (None where transformers derives it); eps: a finite number > 0 (the
+# norm divides by sqrt(mean(x^2) + eps), which is NaN for eps < 0 and 0/0 on an all-zero row for eps = 0);
+# dropout probabilities: [0, 1) (p = 1 zeroes everything and rescales by 1 / (1 - p) = inf).
+SIZES = {"gpt2": ("vocab_size", "n_embd", "n_head", "n_layer", "n_positions"),
+         "llama": ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                   "max_position_embeddings")}
+OPTIONAL_SIZES = {"gpt2": ("n_inner",), "llama": ("num_key_value_heads", "head_dim", "sliding_window")}
+EPSILONS = {"gpt2": ("layer_norm_epsilon",), "llama": ("rms_norm_eps",)}
+DROPOUTS = {"gpt2": ("attn_pdrop", "resid_pdrop", "embd_pdrop"), "llama": ("attention_dropout",)}
+BOOLEANS = {"gpt2": (), "llama": ("attention_bias", "mlp_bias", "tie_word_embeddings", "use_sliding_window")}
+
+
+def check_values(hf: PretrainedConfig) -> None:
+    """ValueError naming the first numeric field out of range (see SIZES / EPSILONS / DROPOUTS; RoPE's
+    after its layout is checked, _check_rope_values)."""
+    mt = hf.model_type
+    family = "gpt2" if mt == "gpt2" else "llama"
+    for name in SIZES[family] + OPTIONAL_SIZES[family]:
+        v = getattr(hf, name, None)
+        if (v is not None or name in SIZES[family]) and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            _bad(mt, name, v, "a positive integer")
+    for name in EPSILONS[family]:
+        v = getattr(hf, name, None)
+        if not _real(v) or not math.isfinite(v) or v <= 0:
+            _bad(mt, name, v, "a finite number > 0")
+    for name in DROPOUTS[family]:
+        v = getattr(hf, name, None)
+        if v is not None and (not _real(v) or not 0.0 <= v < 1.0):
+            _bad(mt, name, v, "a probability in [0, 1)")
+    for name in BOOLEANS[family]:
+        v = getattr(hf, name, None)
+        if v is not None and not isinstance(v, bool):
+            _bad(mt, name, v, "true or false")
+
+
+def _check_rope_values(hf: PretrainedConfig) -> None:
+    """rope_theta: the base of the inverse frequencies theta^(-2i/d), a finite number > 0 (theta <= 0 gives
+    NaN or inf angles); a scaling factor >= 1, as transformers' rope validation asks (it only warns).""" 
+    params = getattr(hf, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(hf, "rope_theta", None))
+    if not _real(theta) or not math.isfinite(theta) or theta <= 0:
+        _bad(hf.model_type, "rope_parameters.rope_theta", theta, "a finite number > 0")
+    if "factor" in params and params.get("rope_type", "default") != "default":
+        factor = params["factor"]
+        if not _real(factor) or not math.isfinite(factor) or factor < 1:
+            _bad(hf.model_type, "rope_parameters.factor", factor, "a finite number >= 1 (transformers' bound)")
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _bad(model_type: str, field: str, value: Any, wanted: str) -> None:
+    raise ValueError(f"--model: {model_type} config field {field}={value!r} must be {wanted}")
+
+
 def check_supported(hf: PretrainedConfig) -> None:
-    """Raise ValueError naming the first config field whose value changes the math in a way we do
-    not implement."""
+    """Raise ValueError naming the first config field whose value is out of range (check_values) or
+    changes the math in a way we do not implement."""
+    check_values(hf)
     mt = hf.model_type
     for rule in RULES:
         if mt in rule.model_types and hasattr(hf, rule.field) and not rule.ok(getattr(hf, rule.field)):
@@ -65,6 +149,7 @@ def check_supported(hf: PretrainedConfig) -> None:
     _check_head_dim(hf)
     if mt in LLAMA_FAMILY:
         _check_rope(hf)
+        _check_rope_values(hf)
         if mt == "qwen2" and "sliding_attention" in (hf.layer_types or ()) and hf.sliding_window is None:
             _reject(mt, "sliding_window", None, "an integer window for the sliding_attention layers "
                                                 "(set use_sliding_window=True and sliding_window)")

@@ -131,6 +131,20 @@ def check_checkpoint(cfg: ModelConfig, path: str | os.PathLike) -> None:
         check_shapes(model, reader, path)
     except KeyError as e:
         raise ValueError(f"--load {os.fspath(path)}: {e.args[0]}; the checkpoint does not match --model") from None
+    check_no_extra_layers(cfg, reader, path)
+
+
+_LAYER_KEY = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")
+
+
+def check_no_extra_layers(cfg: ModelConfig, reader: "CheckpointReader", path: str | os.PathLike) -> None:
+    """A checkpoint deeper than the config (blocks numbered >= num_layers) would load its first layers and drop
+    the rest silently: an error naming the first such tensor."""
+    extra = sorted((int(m.group(1)), k) for k in reader.files if (m := _LAYER_KEY.search(k))
+                   and int(m.group(1)) >= cfg.num_layers)
+    if extra:
+        raise ValueError(f"--load {os.fspath(path)}: tensor {extra[0][1]} belongs to layer {extra[0][0]}, but the "
+                         f"model config has {cfg.num_layers} layers; use the config.json saved with this checkpoint")
 
 
 @torch.no_grad()

@@ -67,7 +67,8 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
-from hybrid.cliutil import OneLineParser, cpu_name, package_version, positive_int  # noqa: E402
+from hybrid.cliutil import (OneLineParser, atomic_output, check_output_file, cpu_name, package_version,  # noqa: E402
+                            positive_int)
 
 NUM_HEADS = 4
 KINDS = {"1F1B": ScheduleKind.ONE_F_ONE_B, "GPipe": ScheduleKind.GPIPE}
@@ -512,8 +513,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--microbatches {args.microbatches}: torch's Schedule1F1B needs m >= pp; use >= {max(args.pp)}")
     if args.seq < 2:
         p.error("--seq must be at least 2 (the loss predicts the next token)")
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        p.error(f"--out {args.out}: directory does not exist")
+    if args.out:
+        try:
+            check_output_file("--out", args.out)  # a regular file in an existing, writable directory
+        except ValueError as e:
+            p.error(str(e))
     return args
 
 
@@ -531,7 +535,7 @@ def main(argv: list[str] | None = None) -> None:
     text = report(results, args, shape, (load_before, os.getloadavg()[0]))
     print(f"\n{text}\ntotal {time.perf_counter() - start:.0f} s", flush=True)
     if args.out:
-        with open(args.out, "w") as f:
+        with atomic_output(args.out) as tmp, open(tmp, "w") as f:
             f.write(text)
         print(f"wrote {args.out}")
 

@@ -32,6 +32,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from transformers import GPT2Config  # noqa: E402
 
+from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_output_file, int_in,  # noqa: E402
+                            nonnegative_int, positive_int)
 from hybrid.dp import GradAverager  # noqa: E402
 from hybrid.mesh import Mesh, ParallelDims  # noqa: E402
 from hybrid.pipeline import ScheduleKind, build_schedule  # noqa: E402
@@ -113,22 +115,42 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / var if var else float("nan")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, each checked before the calibration and the spawn (one error line naming it)."""
+    p = OneLineParser(prog="bench_planner.py", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--hardware", help="a `hybrid calibrate` profile (default: calibrate now)")
     p.add_argument("--save-hardware", help="where to keep the profile measured now")
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=4096)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--global-batch", type=int, default=32)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--ranks", type=int_in(2, 64), default=4, help="gloo ranks (>= 2: the calibration times "
+                                                                 "collectives)")
+    p.add_argument("--layers", type=positive_int, default=8, help="GPT-2 blocks")
+    p.add_argument("--hidden", type=positive_int, default=256, help="model width, a multiple of --heads")
+    p.add_argument("--heads", type=positive_int, default=8, help="attention heads")
+    p.add_argument("--vocab", type=positive_int, default=4096, help="vocabulary")
+    p.add_argument("--seq", type=int_in(2), default=128, help="tokens per sequence")
+    p.add_argument("--micro-batch", type=positive_int, default=4, help="sequences per micro-batch")
+    p.add_argument("--global-batch", type=positive_int, default=32, help="sequences per step")
+    p.add_argument("--warmup", type=nonnegative_int, default=1, help="untimed rounds first")
+    p.add_argument("--steps", type=positive_int, default=3, help="timed rounds")
     p.add_argument("--out", help="write the Markdown table here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.hidden % args.heads:
+        p.error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
+    if args.global_batch % args.micro_batch:
+        p.error(f"--global-batch {args.global_batch} is not a multiple of --micro-batch {args.micro_batch}")
+    try:
+        if args.hardware is not None:
+            load_hardware(args.hardware, Precision.FP32)  # readable and complete, before any work
+        for flag in ("--save-hardware", "--out"):
+            value = getattr(args, flag[2:].replace("-", "_"))
+            if value is not None:
+                check_output_file(flag, value)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     t0 = time.perf_counter()
 
     if args.hardware:
@@ -162,7 +184,7 @@ def main() -> None:
     table = report(args, cfg, hw, rows, rho, time.perf_counter() - t0)
     print(table)
     if args.out:
-        with open(args.out, "w") as f:
+        with atomic_output(args.out) as tmp, open(tmp, "w") as f:
             f.write(table + "\n")
 
 

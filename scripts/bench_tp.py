@@ -58,7 +58,8 @@ from hybrid.comm import Group
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.testing import run_distributed
 from hybrid.tp import ColumnParallelLinear, RowParallelLinear, TPContext, init_parameters
-from hybrid.cliutil import OneLineParser, cpu_name, package_version, positive_int  # noqa: E402
+from hybrid.cliutil import (OneLineParser, atomic_output, check_output_file, cpu_name, package_version,  # noqa: E402
+                            positive_int)
 
 TP = 2  # ranks of the MLP comparison
 NUM_HEADS, NUM_KV_HEADS = 4, 2  # of the model comparison (Llama uses grouped-query attention)
@@ -378,8 +379,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"({NUM_HEADS} heads of even width, for RoPE)")
     if args.seq < 2:
         p.error("--seq must be at least 2 (the loss predicts the next token)")
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        p.error(f"--out {args.out}: directory does not exist")
+    if args.out:
+        try:
+            check_output_file("--out", args.out)  # a regular file in an existing, writable directory
+        except ValueError as e:
+            p.error(str(e))
     return args
 
 
@@ -395,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     text = report(rows, args, (load_before, os.getloadavg()[0]))
     print(f"\n{text}\ntotal {time.perf_counter() - start:.0f} s", flush=True)
     if args.out:
-        with open(args.out, "w") as f:
+        with atomic_output(args.out) as tmp, open(tmp, "w") as f:
             f.write(text)
         print(f"wrote {args.out}")
 

@@ -28,6 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_output_file, int_in,  # noqa: E402
+                            positive_int)
 from hybrid.testing import run_distributed  # noqa: E402
 
 COUNTED = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather", "broadcast",
@@ -267,22 +269,37 @@ def write_table(path: str, args, rows: list[dict], opt_rows: list[dict]) -> None
             lines.append(f"| {r['name']} | {r['step_s'] * 1e3:.0f} | {r['floor_s'] * 1e3:.0f} | {r['step_s'] / r['floor_s']:.1f} |")
     if opt_rows and "bw" in opt_rows[0]:
         lines += ["", f"Measured memory bandwidth (best of in-place x += y on the same 200 tensors, on 256 MB, and a 256 MB copy): {opt_rows[0]['bw'] / 1e9:.1f} GB/s."]
-    with open(path, "w") as f:
+    with atomic_output(path) as tmp, open(tmp, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dp", type=int, default=2)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--micro", type=int, default=4)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--opt-numel", type=int, default=50_000_000)
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "results", "bench_zero.md"))
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, each checked before any process is spawned (one error line naming it)."""
+    p = OneLineParser(prog="bench_zero.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--dp", type=int_in(2, 64), default=2, help="data-parallel ranks (ZeRO shards over them)")
+    p.add_argument("--layers", type=positive_int, default=4, help="Llama blocks")
+    p.add_argument("--hidden", type=positive_int, default=512, help="model width, a multiple of 16 (8 heads of "
+                                                                    "even width, for RoPE)")
+    p.add_argument("--seq", type=positive_int, default=128, help="tokens per sequence")
+    p.add_argument("--micro", type=positive_int, default=4, help="sequences per micro-batch per rank")
+    p.add_argument("--steps", type=positive_int, default=4, help="timed steps after one warm-up")
+    p.add_argument("--opt-numel", type=int_in(200), default=50_000_000,
+                   help="parameters of the offloaded-optimizer table (in 200 tensors)")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "results", "bench_zero.md"),
+                   help="the Markdown report")
     args = p.parse_args(argv)
+    if args.hidden % 16:
+        p.error(f"--hidden {args.hidden} must be a multiple of 16 (8 heads of even width, for RoPE)")
+    try:
+        check_output_file("--out", args.out)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     load = os.getloadavg()[0]
     rows = bench_frameworks(args)
     opt_rows = bench_optimizer_step(args.opt_numel)

@@ -28,17 +28,20 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-import matplotlib  # noqa: E402
+try:  # without matplotlib, --help and the flag checks still work; main() then says how to install it
+    import matplotlib  # noqa: E402
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.colors import to_rgb  # noqa: E402
-from matplotlib.patches import Patch, Rectangle  # noqa: E402
-from matplotlib.transforms import offset_copy  # noqa: E402
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: E402
+    from matplotlib.colors import to_rgb  # noqa: E402
+    from matplotlib.patches import Patch, Rectangle  # noqa: E402
+    from matplotlib.transforms import offset_copy  # noqa: E402
+except ImportError:
+    matplotlib = None
 
 from hybrid.pipeline.schedules import Op, ScheduleKind, build_schedule  # noqa: E402
 from hybrid.pipeline.simulate import Costs, simulate  # noqa: E402
-from hybrid.cliutil import OneLineParser, positive_int  # noqa: E402
+from hybrid.cliutil import OneLineParser, atomic_output, check_output_file, positive_int  # noqa: E402
 
 COMPUTE = ("forward", "backward")
 
@@ -201,7 +204,8 @@ def draw(pic: Picture, out: str) -> None:
               bbox_to_anchor=(0.5, 0), bbox_transform=below, ncol=len(handles) + 1, frameon=False, fontsize=8,
               handletextpad=0.5, columnspacing=1.5)
     fig.tight_layout()
-    fig.savefig(out, dpi=130, bbox_inches="tight")
+    with atomic_output(out, suffix=".png") as tmp:  # a failed draw leaves no half-written picture
+        fig.savefig(tmp, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -252,8 +256,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.out = args.out or default_out(args)
     if not args.out.lower().endswith(".png"):
         p.error(f"--out {args.out}: must end in .png")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        p.error(f"--out {args.out}: directory does not exist")
+    try:
+        check_output_file("--out", args.out)  # a regular file in an existing, writable directory
+    except ValueError as e:
+        p.error(str(e))
+    if matplotlib is None:
+        p.error("drawing needs matplotlib, which is not installed: pip install matplotlib")
     return args
 
 

@@ -3,6 +3,7 @@ transformers) or rejected by name; checkpoint tensors must have the shapes confi
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -29,6 +30,14 @@ def _with(cfg, **attrs):
     (transformers' own validators would refuse some of these at construction)."""
     for k, v in attrs.items():
         setattr(cfg, k, v)
+    return cfg
+
+
+def _forced(cfg, **attrs):
+    """As _with, past huggingface_hub's strict type check on assignment (a config object built by code
+    that sidesteps it): the type checks of hf_fields must not rely on that validator."""
+    for k, v in attrs.items():
+        object.__setattr__(cfg, k, v)
     return cfg
 
 
@@ -60,7 +69,36 @@ REJECTED = [  # (config, the field named in the error)
     (_with(Qwen2Config(**SMALL), layer_types=["chunked_attention", "full_attention"]), "layer_types="),
     (_with(Qwen2Config(**SMALL), layer_types=["sliding_attention", "full_attention"]), "sliding_window=None"),
     (_with(Qwen2Config(**SMALL), is_encoder_decoder=True), "is_encoder_decoder=True"),
-    (_with(LlamaConfig(**SMALL), attention_dropout=1.0), "attention_dropout 1.0"),
+    (_with(LlamaConfig(**SMALL), attention_dropout=1.0), "attention_dropout=1.0"),
+    # values out of range: transformers' config classes accept every one of these
+    (LlamaConfig(**SMALL, rms_norm_eps=float("nan")), "rms_norm_eps=nan must be a finite number > 0"),
+    (LlamaConfig(**SMALL, rms_norm_eps=float("inf")), "rms_norm_eps=inf"),
+    (MistralConfig(**SMALL, rms_norm_eps=-1e-6), "rms_norm_eps=-1e-06"),
+    (Qwen2Config(**SMALL, rms_norm_eps=0.0), "rms_norm_eps=0.0"),
+    (_gpt2(layer_norm_epsilon=-1e-5), "layer_norm_epsilon=-1e-05"),
+    (_gpt2(layer_norm_epsilon=float("nan")), "layer_norm_epsilon=nan"),
+    (_gpt2(attn_pdrop=1.0), "attn_pdrop=1.0 must be a probability in [0, 1)"),
+    (_gpt2(resid_pdrop=-0.1), "resid_pdrop=-0.1"),
+    (_gpt2(embd_pdrop=float("nan")), "embd_pdrop=nan"),
+    (Qwen2Config(**SMALL, attention_dropout=1.5), "qwen2 config field attention_dropout=1.5"),
+    (MistralConfig(**SMALL, attention_dropout=-0.5), "attention_dropout=-0.5"),
+    (LlamaConfig(**SMALL, rope_parameters={"rope_type": "default", "rope_theta": 0.0}),
+     "rope_parameters.rope_theta=0.0"),
+    (MistralConfig(**SMALL, rope_parameters={"rope_type": "default", "rope_theta": float("nan")}),
+     "rope_parameters.rope_theta=nan"),
+    (_with(LlamaConfig(**SMALL), rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 0.5}),
+     "rope_parameters.factor=0.5"),
+    (_with(LlamaConfig(**SMALL), vocab_size=0), "vocab_size=0 must be a positive integer"),
+    (_with(MistralConfig(**SMALL), hidden_size=-32), "hidden_size=-32"),
+    (_with(Qwen2Config(**SMALL), num_attention_heads=0), "num_attention_heads=0"),
+    (_with(LlamaConfig(**SMALL), num_key_value_heads=0), "num_key_value_heads=0"),
+    (_forced(MistralConfig(**SMALL), head_dim=8.5), "head_dim=8.5"),
+    (_with(MistralConfig(**SMALL), sliding_window=0), "sliding_window=0"),
+    (_with(_gpt2(), n_embd=0), "n_embd=0"),
+    (_with(_gpt2(), n_layer=-1), "n_layer=-1"),
+    (_forced(_gpt2(), n_inner=2.5), "n_inner=2.5"),
+    (_forced(LlamaConfig(**SMALL), attention_bias="yes"), "attention_bias='yes' must be true or false"),
+    (_forced(LlamaConfig(**SMALL), tie_word_embeddings=1), "tie_word_embeddings=1"),
 ]
 
 
@@ -69,6 +107,38 @@ def test_unimplemented_config_field_is_rejected_by_name(hf, field):
     with pytest.raises(ValueError) as e:
         from_hf(hf)
     assert field in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("config_class,model_type", [(GPT2Config, "gpt2"), (LlamaConfig, "llama"),
+                                                     (MistralConfig, "mistral"), (Qwen2Config, "qwen2")])
+def test_every_field_transformers_defines_or_reads_is_classified(config_class, model_type):
+    """The reference is transformers itself: every key of the config class's to_dict() and every `config.X`
+    that its modeling_<type>.py reads is implemented, harmless, or has a rejection rule -- so a field a new
+    transformers release adds fails here rather than being ignored silently."""
+    import inspect
+    import re
+
+    import transformers
+
+    from models import hf_fields
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    source = inspect.getsource(module)
+    read = set(re.findall(r"\bconfig\.([A-Za-z_]\w*)", source))
+    read |= set(re.findall(r"getattr\((?:self\.)?config, \"(\w+)\"", source))
+    read = {f for f in read if not callable(getattr(config_class, f, None))}  # methods (to_dict, ...)
+    fields = set(config_class().to_dict()) | read
+    rejected = {r.field for r in hf_fields.RULES if model_type in r.model_types}
+    known = hf_fields.IMPLEMENTED[model_type] | hf_fields.HARMLESS | rejected
+    assert fields - known == set(), f"transformers {transformers.__version__} {model_type}: unclassified"
+
+
+def test_top_level_partial_rotary_factor_and_old_rope_scaling_are_rejected():
+    """transformers folds a top-level partial_rotary_factor / rope_scaling into rope_parameters; either is
+    then rejected by name (RoPE on part of the head, dynamic frequencies)."""
+    with pytest.raises(ValueError, match="partial_rotary_factor=0.5"):
+        from_hf(LlamaConfig(**SMALL, partial_rotary_factor=0.5))
+    with pytest.raises(ValueError, match="rope_type='dynamic'"):
+        from_hf(MistralConfig(**SMALL, rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
 
 
 def test_harmless_fields_are_accepted():
@@ -171,6 +241,14 @@ def test_checkpoint_matching_config_passes_and_missing_tensor_is_named(tmp_path)
     with pytest.raises(ValueError, match="no tensor 'transformer.h.2"):
         check_checkpoint(deeper, path)
     assert json.loads((path / "config.json").read_text())["n_layer"] == 2
+
+
+def test_checkpoint_deeper_than_config_is_an_error(tmp_path):
+    """A 3-layer checkpoint read with a 2-layer config: every tensor the model reads has the right shape, but
+    layer 2 would be dropped silently; the check names it."""
+    path = _saved_gpt2(tmp_path, n_layer=3)
+    with pytest.raises(ValueError, match=r"tensor transformer.h.2.\S+ belongs to layer 2, but the model config has 2"):
+        check_checkpoint(from_hf(_gpt2()), path)
 
 
 def test_train_load_of_a_grown_checkpoint_fails_before_any_process_group(tmp_path):

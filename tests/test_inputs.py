@@ -42,13 +42,23 @@ def _profile(**hardware) -> dict:
 
 
 _DROP = object()
+FIFO = object()  # in a case's files: a named pipe there (an output path that is not a regular file)
+
+
+class Symlink(str):
+    """In a case's files: a symbolic link to this target."""
 LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
          "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128}
+GPT2_JSON = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 256, "n_positions": 128}
 PLAN = ["--model", "tiny-gpt2", "--gpus", "2", "--global-batch-size", "8", "--seq-length", "32"]
 
 
 def _cfg(**kw) -> dict:
     return {**LLAMA, **kw}
+
+
+def _gpt2(**kw) -> dict:
+    return {**GPT2_JSON, **kw}
 
 
 # (id, command, argv, files to create {name: str | bytes | JSON-able}, env, fragment the error line must hold)
@@ -108,6 +118,7 @@ CASES = [
     ("prefix-not-expanded", "train", ["--lr-warm", "5"], {}, {}, "--lr-warmup-iters"),
     ("bad-choice", "train", ["--pipeline-schedule", "zigzag"], {}, {}, "--pipeline-schedule"),
     ("bf16-and-fp16", "train", ["--bf16", "--fp16"], {}, {}, "--bf16 and --fp16"),
+    ("cpu-adam-without-offload", "train", ["--cpu-adam", "deepspeed"], {}, {}, "--cpu-adam deepspeed picks the offloaded"),
     ("layers-per-stage-text", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "a,b"],
      {}, {"WORLD_SIZE": "2"}, "--pipeline-layers-per-stage"),
     ("tp-not-dividing-world", "train", ["--tensor-model-parallel-size", "3"], {}, {"WORLD_SIZE": "4"},
@@ -120,9 +131,41 @@ CASES = [
     ("auto-profile-missing-field", "train", ["--auto-parallel", "--global-batch-size", "8", "--hardware",
                                              "{d}/hw.json"], {"hw.json": _profile(peak_tflops=_DROP)}, {},
      "hardware.peak_tflops"),
+    ("auto-with-tp", "train", ["--auto-parallel", "--global-batch-size", "8", "--tensor-model-parallel-size", "2"],
+     {}, {}, "--auto-parallel chooses tp, but --tensor-model-parallel-size was given"),
+    ("auto-with-pp", "train", ["--auto-parallel", "--global-batch-size", "8", "--pipeline-model-parallel-size", "1"],
+     {}, {}, "--auto-parallel chooses pp, but --pipeline-model-parallel-size was given"),
+    ("auto-with-vpp", "train", ["--auto-parallel", "--global-batch-size", "8",
+                                "--num-layers-per-virtual-pipeline-stage", "1"], {}, {},
+     "but --num-layers-per-virtual-pipeline-stage was given"),
+    ("auto-with-schedule", "train", ["--auto-parallel", "--global-batch-size", "8", "--pipeline-schedule", "gpipe"],
+     {}, {}, "but --pipeline-schedule was given"),
+    ("auto-with-stage-layers", "train", ["--auto-parallel", "--global-batch-size", "8",
+                                         "--pipeline-layers-per-stage", "4"], {}, {},
+     "but --pipeline-layers-per-stage was given"),
+    ("auto-with-micro-batch", "train", ["--auto-parallel", "--global-batch-size", "8", "--micro-batch-size", "2"],
+     {}, {}, "--auto-parallel chooses the micro-batch, but --micro-batch-size was given"),
+    ("auto-with-zero-stage", "train", ["--auto-parallel", "--global-batch-size", "8", "--zero-stage", "0"], {}, {},
+     "--auto-parallel chooses the ZeRO stage, but --zero-stage was given"),
+    ("auto-with-sp", "train", ["--auto-parallel", "--global-batch-size", "8", "--sequence-parallel"], {}, {},
+     "but --sequence-parallel was given"),
+    ("auto-with-offload", "train", ["--auto-parallel", "--global-batch-size", "8", "--offload-optimizer"], {}, {},
+     "but --offload-optimizer was given"),
+    ("auto-with-ds-stage", "train", ["--auto-parallel", "--global-batch-size", "8", "--deepspeed-config",
+                                     "{d}/ds.json"], {"ds.json": {"zero_optimization": {"stage": 2}}}, {},
+     "--auto-parallel chooses stage, but --deepspeed-config sets zero_optimization.stage"),
+    ("auto-with-ds-micro", "train", ["--auto-parallel", "--global-batch-size", "8", "--deepspeed-config",
+                                     "{d}/ds.json"], {"ds.json": {"train_micro_batch_size_per_gpu": 2}}, {},
+     "--deepspeed-config sets train_micro_batch_size_per_gpu"),
     # --- train.py: files -----------------------------------------------------------------------------------
     ("timeline-is-dir", "train", ["--timeline", "{d}"], {}, {}, "--timeline"),
     ("timeline-no-dir", "train", ["--timeline", "{d}/no/such/t.json"], {}, {}, "--timeline"),
+    ("timeline-dev-null", "train", ["--timeline", "/dev/null"], {}, {}, "--timeline '/dev/null' is not a regular file"),
+    ("timeline-fifo", "train", ["--timeline", "{d}/pipe"], {"pipe": FIFO}, {}, "is not a regular file"),
+    ("timeline-proc", "train", ["--timeline", "/proc/self/timeline.json"], {}, {}, "--timeline '/proc/self/timeline"),
+    ("timeline-proc-file", "train", ["--timeline", "/proc/self/status"], {}, {}, "--timeline '/proc/self/status'"),
+    ("timeline-symlink-dev-null", "train", ["--timeline", "{d}/link"], {"link": Symlink("/dev/null")}, {},
+     "is not a regular file"),
     ("data-missing", "train", ["--data-path", "{d}/missing.txt"], {}, {}, "--data-path"),
     ("data-is-dir", "train", ["--data-path", "{d}"], {}, {}, "--data-path"),
     ("data-empty", "train", ["--data-path", "{d}/empty.txt"], {"empty.txt": ""}, {}, "--data-path"),
@@ -157,6 +200,44 @@ CASES = [
      "n_head"),
     ("config-size-text", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(vocab_size="big")}, {},
      "vocab_size"),
+    ("config-rms-eps-nan", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(rms_norm_eps=float("nan"))}, {},
+     "m/config.json: llama config field rms_norm_eps=nan"),
+    ("config-rms-eps-inf", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(rms_norm_eps=float("inf"))}, {},
+     "rms_norm_eps=inf"),
+    ("config-rms-eps-negative", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(rms_norm_eps=-1e-5)}, {},
+     "rms_norm_eps=-1e-05"),
+    ("config-rms-eps-string", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(rms_norm_eps="small")}, {},
+     "rms_norm_eps"),
+    ("config-ln-eps-negative", "train", ["--model", "{d}/m"], {"m/config.json": _gpt2(layer_norm_epsilon=-1e-5)}, {},
+     "m/config.json: gpt2 config field layer_norm_epsilon=-1e-05"),
+    ("config-ln-eps-nan", "train", ["--model", "{d}/m"], {"m/config.json": _gpt2(layer_norm_epsilon=float("nan"))},
+     {}, "layer_norm_epsilon=nan"),
+    ("config-rope-theta-zero", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(rope_theta=0)}, {},
+     "m/config.json: llama config field rope_parameters.rope_theta=0"),
+    ("config-rope-theta-negative", "train", ["--model", "{d}/m"],
+     {"m/config.json": _cfg(rope_parameters={"rope_type": "default", "rope_theta": -1.0})}, {}, "rope_theta=-1.0"),
+    ("config-rope-theta-nan", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(rope_theta=float("nan"))}, {},
+     "rope_theta=nan"),
+    ("config-rope-factor-zero", "train", ["--model", "{d}/m"],
+     {"m/config.json": _cfg(rope_scaling={"rope_type": "linear", "factor": 0})}, {}, "rope_scaling.factor"),
+    ("config-attn-pdrop-one", "train", ["--model", "{d}/m"], {"m/config.json": _gpt2(attn_pdrop=1.0)}, {},
+     "gpt2 config field attn_pdrop=1.0"),
+    ("config-resid-pdrop-negative", "train", ["--model", "{d}/m"], {"m/config.json": _gpt2(resid_pdrop=-0.1)}, {},
+     "resid_pdrop=-0.1"),
+    ("config-embd-pdrop-nan", "train", ["--model", "{d}/m"], {"m/config.json": _gpt2(embd_pdrop=float("nan"))}, {},
+     "embd_pdrop=nan"),
+    ("config-attention-dropout-above-one", "train", ["--model", "{d}/m"],
+     {"m/config.json": _cfg(attention_dropout=1.5)}, {}, "m/config.json: llama config field attention_dropout=1.5"),
+    ("config-qwen2-attention-dropout-one", "train", ["--model", "{d}/m"],
+     {"m/config.json": _cfg(model_type="qwen2", attention_dropout=1.0)}, {}, "qwen2 config field attention_dropout"),
+    ("config-vocab-zero", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(vocab_size=0)}, {}, "vocab_size"),
+    ("config-hidden-negative", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(hidden_size=-64)}, {},
+     "hidden_size"),
+    ("config-heads-zero", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(num_attention_heads=0)}, {},
+     "num_attention_heads"),
+    ("config-head-dim-float", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(head_dim=16.5)}, {}, "head_dim"),
+    ("config-bias-string", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(attention_bias="yes")}, {},
+     "attention_bias"),
     ("config-top-level-list", "train", ["--model", "{d}/c.json"], {"c.json": [1, 2]}, {}, "c.json"),
     # --- train.py: the DeepSpeed JSON ----------------------------------------------------------------------
     ("ds-bf16-string", "ds", {"bf16": {"enabled": "false"}}, {}, {}, "bf16.enabled"),
@@ -224,6 +305,9 @@ CASES = [
     ("plan-scan-text", "plan", PLAN[:2] + PLAN[4:] + ["--scan-gpus", "a,b"], {}, {}, "--scan-gpus"),
     ("plan-plot-no-matplotlib", "plan-nompl", PLAN + ["--plot", "{d}/mem.png"], {}, {}, "pip install matplotlib"),
     ("plan-plot-is-dir", "plan", PLAN + ["--plot", "{d}"], {}, {}, "--plot"),
+    ("plan-plot-dev-null", "plan", PLAN + ["--plot", "/dev/null"], {}, {}, "--plot '/dev/null' is not a regular file"),
+    ("plan-plot-fifo", "plan", PLAN + ["--plot", "{d}/pipe.png"], {"pipe.png": FIFO}, {}, "is not a regular file"),
+    ("plan-plot-proc", "plan", PLAN + ["--plot", "/proc/self/mem.png"], {}, {}, "--plot '/proc/self/mem.png'"),
     ("plan-emit-args-sizes", "plan", ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
                                       "--gpus", "2", "--global-batch-size", "8", "--emit-args"], {}, {}, "--emit-args"),
     ("plan-emit-args-train-rejects", "plan", ["--model", "tiny-llama", "--gpus", "2", "--global-batch-size", "8",
@@ -253,6 +337,9 @@ CASES = [
     # --- hybrid calibrate ----------------------------------------------------------------------------------
     ("calibrate-out-dir", "calibrate", ["--out", "{d}"], {}, {}, "--out"),
     ("calibrate-out-no-dir", "calibrate", ["--out", "{d}/no/such/hw.json"], {}, {}, "--out"),
+    ("calibrate-out-dev-null", "calibrate", ["--out", "/dev/null"], {}, {}, "--out '/dev/null' is not a regular file"),
+    ("calibrate-out-fifo", "calibrate", ["--out", "{d}/pipe"], {"pipe": FIFO}, {}, "is not a regular file"),
+    ("calibrate-out-proc", "calibrate", ["--out", "/proc/self/hw.json"], {}, {}, "--out '/proc/self/hw.json'"),
     ("calibrate-ranks-one", "calibrate", ["--ranks", "1"], {}, {}, "--ranks"),
     ("calibrate-seconds-inf", "calibrate", ["--seconds", "inf"], {}, {}, "--seconds"),
     ("calibrate-seconds-zero", "calibrate", ["--seconds", "0"], {}, {}, "--seconds"),
@@ -273,7 +360,11 @@ def _write_files(root, files: dict) -> None:
     for name, content in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
+        if content is FIFO:
+            os.mkfifo(path)
+        elif isinstance(content, Symlink):
+            os.symlink(content, path)
+        elif isinstance(content, bytes):
             path.write_bytes(content)
         elif isinstance(content, str):
             path.write_text(content)
@@ -453,3 +544,64 @@ def test_output_directory_checks(tmp_path):
         check_output_dir("--save", str(tmp_path / "file"))
     with pytest.raises(ValueError, match="--save .* is not writable"):
         check_output_dir("--save", str(tmp_path / "file" / "sub"))
+
+
+def _script(name: str):
+    """scripts/<name>.py as a module (the scripts are not a package)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+# (script, argv, files, fragment): the benchmark and plotting scripts' flags, checked before any spawn
+SCRIPT_CASES = [
+    ("bench_zero", ["--dp", "0"], {}, "--dp"),
+    ("bench_zero", ["--steps", "-1"], {}, "--steps"),
+    ("bench_zero", ["--hidden", "100"], {}, "--hidden 100"),
+    ("bench_zero", ["--out", "/dev/null"], {}, "--out '/dev/null' is not a regular file"),
+    ("bench_zero", ["--out", "{d}"], {}, "is a directory"),
+    ("bench_zero", ["--opt-numel", "0"], {}, "--opt-numel"),
+    ("bench_planner", ["--ranks", "0"], {}, "--ranks"),
+    ("bench_planner", ["--ranks", "1"], {}, "--ranks"),
+    ("bench_planner", ["--heads", "3"], {}, "--heads 3"),
+    ("bench_planner", ["--global-batch", "6", "--micro-batch", "4"], {}, "--micro-batch 4"),
+    ("bench_planner", ["--hardware", "{d}/nope.json"], {}, "--hardware"),
+    ("bench_planner", ["--hardware", "{d}/hw.json"], {"hw.json": _profile(peak_tflops=_DROP)},
+     "hardware.peak_tflops"),
+    ("bench_planner", ["--out", "/dev/null"], {}, "--out '/dev/null' is not a regular file"),
+    ("bench_planner", ["--save-hardware", "{d}/pipe"], {"pipe": FIFO}, "--save-hardware"),
+    ("bench_planner", ["--stepz", "3"], {}, "did you mean --steps?"),
+    ("bench_tp", ["--out", "/dev/null"], {}, "--out '/dev/null' is not a regular file"),
+    ("bench_tp", ["--out", "{d}/pipe"], {"pipe": FIFO}, "is not a regular file"),
+    ("bench_pipeline", ["--out", "/dev/null"], {}, "--out '/dev/null' is not a regular file"),
+    ("bench_pipeline", ["--out", "{d}"], {}, "is a directory"),
+    ("plot_schedule", ["--out", "{d}/pipe.png"], {"pipe.png": FIFO}, "is not a regular file"),
+    ("plot_schedule", ["--out", "{d}/no/such/x.png"], {}, "does not exist"),
+    ("plot_schedule", ["--out", "{d}/x.png", "--no-matplotlib"], {}, "pip install matplotlib"),
+]
+
+
+@pytest.mark.parametrize("case", SCRIPT_CASES, ids=[f"{c[0]}:{' '.join(c[1])}" for c in SCRIPT_CASES])
+def test_script_bad_flag_is_one_error_line_before_any_work(case, tmp_path, monkeypatch, capsys):
+    name, argv, files, fragment = case
+    monkeypatch.chdir(tmp_path)
+    _write_files(tmp_path, files)
+    module = _script(name)
+    argv = [a.replace("{d}", str(tmp_path)) for a in argv]
+    if "--no-matplotlib" in argv:
+        argv.remove("--no-matplotlib")
+        monkeypatch.setattr(module, "matplotlib", None)
+    elif name == "plot_schedule" and module.matplotlib is None:
+        monkeypatch.setattr(module, "matplotlib", object())  # the path checks come first either way
+    before = _all_files(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert exit_info.value.code not in (0, None)
+    assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: ") and fragment in lines[0], lines
+    assert _all_files(tmp_path) == before, "nothing may be left behind"

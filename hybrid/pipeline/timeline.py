@@ -10,7 +10,6 @@ event, so ranks on one host line up.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 
 from hybrid.pipeline.executor import TimelineEvent
@@ -40,8 +39,10 @@ def chrome_trace(events: Mapping[int, Sequence[TimelineEvent]], pp_rank_of: Mapp
 
 
 def write_chrome_trace(path: str, trace: dict) -> None:
-    """Write atomically: a failed run leaves no half-written file."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(trace, f)
-    os.replace(tmp, path)
+    """Write atomically (hybrid.cliutil.atomic_output: a unique temporary beside `path`, renamed onto it): a
+    failed run leaves no half-written file, and no fixed `path.tmp` that two runs could share."""
+    from hybrid.cliutil import atomic_output
+
+    with atomic_output(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(trace, f)

@@ -332,6 +332,10 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
 def check_zero(args: argparse.Namespace) -> ZeroConfig:
     if args.bf16 and args.fp16:
         raise ValueError("--bf16 and --fp16 are exclusive; choose one")
+    if "cpu_adam" in getattr(args, "explicit", set()) and not args.offload_optimizer:
+        # the engine runs torch's AdamW on the device unless the step is offloaded: the flag would do nothing
+        raise ValueError(f"--cpu-adam {args.cpu_adam} picks the offloaded optimizer step; add --offload-optimizer "
+                         f"or drop --cpu-adam")
     precision = Precision.BF16 if args.bf16 else Precision.FP16 if args.fp16 else Precision.FP32
     return ZeroConfig(stage=args.zero_stage, precision=precision, offload_optimizer=args.offload_optimizer,
                       offload_params=args.offload_params, keep_gathered=args.zero3_keep_gathered,
@@ -376,6 +380,7 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     from hybrid.planner import ActivationProfile, Cluster, Precision, Recompute, SearchSpace, Workload, hardware, search
 
     from hybrid.planner.cli import MAX_GLOBAL_BATCH
+    check_auto_parallel_conflicts(args)
     if args.global_batch_size is None:
         raise ValueError("--auto-parallel needs --global-batch-size (the planner picks the micro-batch)")
     if args.global_batch_size > MAX_GLOBAL_BATCH:
@@ -415,3 +420,32 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
               f"(predicted {result.plans[0].time.total:.3g} s/step on {hw.name})", flush=True)
 
 
+
+
+# the flags whose values --auto-parallel chooses (dest, what it chooses), and the DeepSpeed keys that set them
+AUTO_CHOSEN = (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_size", "pp"),
+               ("num_layers_per_virtual_pipeline_stage", "the virtual stages"),
+               ("pipeline_schedule", "the schedule (interleaved when it picks virtual stages)"),
+               ("pipeline_layers_per_stage", "the layers of each stage"),
+               ("micro_batch_size", "the micro-batch"), ("zero_stage", "the ZeRO stage"),
+               ("sequence_parallel", "sequence parallelism"), ("offload_optimizer", "the offload"),
+               ("offload_params", "the offload"))
+AUTO_CHOSEN_DS = (("zero_stage", "zero_optimization.stage"), ("offload_optimizer", "zero_optimization.offload_optimizer"),
+                  ("offload_params", "zero_optimization.offload_param"),
+                  ("micro_batch", "train_micro_batch_size_per_gpu"))
+
+
+def check_auto_parallel_conflicts(args: argparse.Namespace) -> None:
+    """--auto-parallel sets the layout flags itself: one also given on the command line (or by the DeepSpeed
+    JSON) would be silently overwritten, or would overwrite the plan -- an error naming both instead."""
+    explicit = getattr(args, "explicit", set())
+    for dest, what in AUTO_CHOSEN:
+        if dest in explicit:
+            raise ValueError(f"--auto-parallel chooses {what}, but --{dest.replace('_', '-')} was given; "
+                             f"drop one of them")
+    if args.deepspeed_config:
+        ds = read_deepspeed_config(args.deepspeed_config)
+        for attr, key in AUTO_CHOSEN_DS:
+            if getattr(ds, attr) is not None:
+                raise ValueError(f"--auto-parallel chooses {key.split('.')[-1].replace('_', ' ')}, but "
+                                 f"--deepspeed-config sets {key}; drop the key or --auto-parallel")
