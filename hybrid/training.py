@@ -120,10 +120,11 @@ def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]
     sync.begin_step(len(batches))
     loss = (runner or LocalForwardBackward(model, mesh.device)).forward_backward(batches)
     sync.finish_backward(model, mesh)
+    scale = sync.loss_scale  # the scale backward used: an fp16 overflow step halves it in step()
     if lr is not None:
         for group in optimizer.param_groups:
             group["lr"] = lr
     optimizer.step()
-    loss = loss.float() / sync.loss_scale
+    loss = loss.float() / scale
     mesh.pp.all_reduce(loss, tag="metrics")  # only the last stage holds it
     return mesh.dp.all_reduce(loss, tag="metrics").item() / mesh.dp.size

@@ -27,7 +27,7 @@ class CpuAdam(str, enum.Enum):
     DEEPSPEED = "deepspeed"  # deepspeed.ops.adam.DeepSpeedCPUAdam (AVX C++ kernel, built on first use)
     TORCH = "torch"  # torch.optim.AdamW, fused CPU kernel
     TORCH_LOOP = "torch-loop"  # torch.optim.AdamW's per-tensor loop: the kernel the non-offloaded path
-    #                            runs on CPU, so offloading changes no rounding (tests); slowest
+    #                            runs on CPU, so offloading changes no rounding; slowest
 
 
 @dataclass(frozen=True)

@@ -148,16 +148,16 @@ class ZeroOptimizer:
         u.bind(values.to(self.dtype) if self.dtype != torch.float32 else values)
         a, b = u.shard_range
         offload_params = self.cfg.offload_params
-        if self.cfg.stage == 3:
-            u.shard = self._place(u.flat[a:b].clone(), offload_params)
-            u.free()
-        else:
-            u.shard = u.flat[a:b]
+        u.shard = self._place(u.flat[a:b].clone(), offload_params) if self.cfg.stage == 3 else u.flat[a:b]
         # fp32 shards that already sit where the optimizer runs are their own master weights
         if self.dtype == torch.float32 and offload_params == self.cfg.offload_optimizer:
             u.master = u.shard
         else:
             u.master = self._place(values[a:b].clone(), self.cfg.offload_optimizer)
+        if self.cfg.stage == 3:
+            # only now: in fp32 `values` *is* the flat buffer, so freeing it first would leave the
+            # master copy above reading a 0-byte storage
+            u.free()
         if self.cfg.stage <= 1:
             u.flat_grad = torch.zeros(u.padded, dtype=self.dtype, device=self.device)
             u.bind_grads()

@@ -9,8 +9,10 @@ predicts; with mixed precision (b = 2, fp32 master weights) it is
 
     stage 1: 2 Psi + 2 Psi + 12 Psi / n      stage 2: 2 Psi + 14 Psi / n      stage 3: 16 Psi / n
 
-where Psi counts the padded flat units (each unit rounded up to a multiple of n, < n elements per
-unit more than the model's Psi). In fp32 the master weights *are* the parameter shard (K = 8).
+for this rank's Psi parameters (its TP/PP share: the sum of numel of its model before ZeRO). The
+engine pads each flat unit to a multiple of n (< n elements per unit), so what it holds is the
+formula at Psi' with Psi <= Psi' <= Psi + (n - 1) units. In fp32 the master weights *are* the
+parameter shard (K = 8).
 
 Communication. `paper_volume(ledger)` converts the CommLedger (nccl-tests sizes S) to the paper's
 per-step volume unit: an all-reduce counts 2 S (reduce-scatter + all-gather), a reduce-scatter or
@@ -27,6 +29,7 @@ import torch
 
 from hybrid.comm import CommLedger
 from hybrid.memory import ModelStateLedger, StateKind, storage_key
+from hybrid.zero.config import ZeroConfig
 from hybrid.zero.engine import ZeroOptimizer
 
 DEVICE, OFFLOAD = "device", "offload"
@@ -65,16 +68,16 @@ def state_ledger(zero: ZeroOptimizer) -> ModelStateLedger:
     return ModelStateLedger(entries=dict(entries))
 
 
-def paper_state_bytes(zero: ZeroOptimizer) -> dict[tuple[StateKind, str], int]:
-    """ZeRO's model-state formula for this rank's configuration, in bytes per (kind, placement)."""
-    cfg = zero.cfg
-    psi, n = zero.padded_numel, zero.parts
-    b = torch.empty((), dtype=zero.dtype).element_size()
+def paper_state_bytes(cfg: ZeroConfig, psi: int, dp: int) -> dict[tuple[StateKind, str], int]:
+    """ZeRO's model-state formula in bytes per (kind, placement) for `psi` parameters on a rank of a
+    data-parallel group of `dp` ranks (a partition over n = dp for stages 1-3, n = 1 for stage 0)."""
+    n = dp if cfg.sharded else 1
+    b = torch.empty((), dtype=cfg.precision.dtype).element_size()
     opt = OFFLOAD if cfg.offload_optimizer else DEVICE
     out: dict = defaultdict(int)
     out[(StateKind.PARAMETERS, OFFLOAD if cfg.offload_params else DEVICE)] += b * psi // (n if cfg.stage == 3 else 1)
     out[(StateKind.GRADIENTS, DEVICE)] += b * psi // (n if cfg.stage >= 2 else 1)
-    master_is_shard = zero.dtype == torch.float32 and cfg.offload_params == cfg.offload_optimizer
+    master_is_shard = cfg.precision.dtype == torch.float32 and cfg.offload_params == cfg.offload_optimizer
     if not master_is_shard:
         out[(StateKind.MASTER_WEIGHTS, opt)] += 4 * psi // n
     out[(StateKind.OPTIMIZER_STATES, opt)] += 8 * psi // n  # Adam: exp_avg + exp_avg_sq, fp32
