@@ -24,8 +24,9 @@ bytes per layer per micro-batch, GPT shapes,
     tensor parallel           sbh (10 + 24/t + 5as/(ht))
     tensor + sequence par.    sbh (34/t + 5as/(ht))
     selective recomputation   drops the 5as/(ht) term
-    full recomputation        2sbh (the layer input; 2sbh/t under SP), plus one layer's full set while
-                              that layer is recomputed
+    full recomputation        2sbh (the layer input; 2sbh/t under SP), plus, while one layer is
+                              recomputed, its full set less the input it shares (the last rank: after
+                              one micro-batch's head set is freed)
 
 (the Korthikanti profile; ActivationProfile.FP32_FLASH counts what this runtime saves instead, model.py),
 times the activation sets in flight on the rank, from the schedule simulation (hybrid/planner/schedule.py),
@@ -173,13 +174,20 @@ def _rank_parameters(work: Workload, tp: int, pp: int, v: int) -> tuple[float, .
 
 
 def layer_activation_bytes(shard: Shard, b: int, s: int, sp: bool, recompute: Recompute) -> tuple[float, float]:
-    """(bytes one layer keeps per micro-batch in flight, working bytes while one layer is recomputed)."""
+    """(bytes one layer keeps per micro-batch in flight, bytes its recomputation adds on top at the peak).
+
+    Full: the layer input stays (Korthikanti et al.: 2sbh); the rerun forward re-saves the layer's whole set,
+    of which the input is already held (the first norm saves that very tensor), so it adds set - input.
+    Selective: the attention core re-saves its own tensors during its backward, after the same layer's MLP
+    backward has freed the MLP intermediates: it adds only what exceeds them (nothing for flash attention,
+    whose core is a logsumexp; the materialised softmax of the Korthikanti profile can exceed them)."""
     replicated, split, core = shard.layer_activation_terms(b, s, sp)
     if recompute is Recompute.NONE:
         return replicated + split + core, 0.0
     if recompute is Recompute.SELECTIVE:
-        return replicated + split, core  # the attention core exists again during its backward
-    return shard.layer_input_bytes(b, s, sp), replicated + split + core
+        return replicated + split, max(0.0, core - shard.mlp_activation_bytes(b, s))
+    kept = shard.layer_input_bytes(b, s, sp)
+    return kept, replicated + split + core - kept
 
 
 def plan_memory(work: Workload, cluster: Cluster, layout: Layout, schedule: ScheduleKind | None = None) -> MemoryPlan:
@@ -233,7 +241,10 @@ def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: 
         per_chunk = chunk_layers * per_layer + (shard.chunk_activation_bytes(b, s) if chunk_layers else 0.0)
         acts.append(flight.chunks[r] * per_chunk + (working if chunk_layers else 0.0))
     acts[0] += flight.first_chunk * shard.embedding_activation_bytes(b, s, sp)
-    acts[-1] += flight.last_chunk * shard.head_activation_bytes(b, s, sp)
+    head = shard.head_activation_bytes(b, s, sp)
+    # the last rank's first backward runs the head's (freeing one micro-batch's head set) before any layer of
+    # that micro-batch is recomputed: the peak is the larger of end-of-forward and first recomputation
+    acts[-1] += flight.last_chunk * head - min(head, working if layers[-1] else 0.0)
     return flight, tuple(acts)
 
 
