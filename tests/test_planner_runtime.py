@@ -38,6 +38,7 @@ from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
 from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.zero import Precision as ZeroPrecision
 from hybrid.zero import ZeroConfig, ZeroOptimizer
 from models import Recompute as ModelRecompute
 from models import build_pipeline_chunks, load_config, shift_labels
@@ -61,11 +62,13 @@ LAYOUTS = [
 # (zero stage, recomputation) run for every layout
 VARIANTS = [(0, NONE), (1, NONE), (2, NONE), (3, NONE), (1, SELECTIVE), (3, FULL)]
 CASES = [layout + variant for layout in LAYOUTS for variant in VARIANTS]
+# bf16 (--bf16): model states 2 + 2 + 12 bytes a parameter, and the step's fp32 master-gradient copy
+BF16_CASES = [("tiny-gpt2", 2, 1, False, ONE_F_ONE_B, 2, z, NONE) for z in (0, 3)]
 IDS = [f"{n}-tp{t}-pp{p}{'-sp' if sp else ''}-{k.value}-m{m}-z{z}-{r.value}" for n, t, p, sp, k, m, z, r in CASES]
 
 
 def _measure_case(world: int, name: str, tp: int, pp: int, sp: bool, kind: ScheduleKind, m: int, zero: int,
-                  recompute: Recompute) -> dict:
+                  recompute: Recompute, precision: ZeroPrecision = ZeroPrecision.FP32) -> dict:
     """One step as hybrid/train/loop.py runs it; this rank's ledgers."""
     cfg = load_config(name)
     mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
@@ -76,7 +79,9 @@ def _measure_case(world: int, name: str, tp: int, pp: int, sp: bool, kind: Sched
     else:
         io = StageIO((B, S // (tp if sp else 1), cfg.hidden_size))
         runner = PipelineExecutor(chunks, build_schedule(kind, pp, m)[mesh.coords.pp], mesh.pp, io, mesh.device)
-    optimizer = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=zero), OptimizerConfig(clip_grad=CLIP))
+    optimizer = ZeroOptimizer(chunks, mesh,
+                              ZeroConfig(stage=zero, precision=precision), OptimizerConfig(clip_grad=CLIP))
+    transient = _record_master_grads(optimizer)
     gen = torch.Generator().manual_seed(mesh.coords.dp)
     batches = [(x, shift_labels(x)) for x in (torch.randint(0, cfg.vocab_size, (B, S), generator=gen)
                                               for _ in range(m))]
@@ -88,15 +93,36 @@ def _measure_case(world: int, name: str, tp: int, pp: int, sp: bool, kind: Sched
     # stages 2-3 keep the reduced gradient shard outside any .grad (the full gradient is freed per micro-batch)
     states["gradients"] = states.get("gradients", 0) + sum(
         u.grad_shard.untyped_storage().nbytes() for u in optimizer.units if u.flat_grad is None)
+    # stage 3 in bf16: the parameter shard is its own storage, beside the fp32 master (in fp32 it is the master)
+    states["parameters"] = states.get("parameters", 0) + sum(
+        u.shard.untyped_storage().nbytes() for u in optimizer.units
+        if zero == 3 and u.shard.untyped_storage().data_ptr() != u.master.untyped_storage().data_ptr())
     comm = mesh.ledger.summary()
-    return {"pp_rank": mesh.coords.pp, "activations": saved.peak_bytes,
+    return {"pp_rank": mesh.coords.pp, "activations": saved.peak_bytes, "step_transient": transient[0],
             "comm": {k: v for k, v in comm.items() if ":" not in k},
             "tagged": {k: v for k, v in comm.items() if ":" in k},
             "states": states, "units": len(optimizer.units)}
 
 
+def _record_master_grads(optimizer: ZeroOptimizer) -> list[int]:
+    """Bytes of the fp32 master gradients the step makes that are not the reduced gradient itself (bf16: a
+    copy of each unit's shard), read when the step has made them."""
+    out = [0]
+    make = optimizer._make_master_grads
+
+    def counted() -> None:
+        make()
+        out[0] = sum(u.master_grad.untyped_storage().nbytes() for u in optimizer.units
+                     if u.master_grad.untyped_storage().data_ptr() != u.grad_shard.untyped_storage().data_ptr())
+
+    optimizer._make_master_grads = counted
+    return out
+
+
 def _measure_all(rank: int, world: int) -> dict:
-    return {case: _measure_case(world, *case) for case in CASES}
+    out = {case: _measure_case(world, *case) for case in CASES}
+    out.update({("bf16",) + case: _measure_case(world, *case, precision=ZeroPrecision.BF16) for case in BF16_CASES})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +130,10 @@ def measured() -> list[dict]:
     return run_distributed(_measure_all, WORLD, timeout=600)
 
 
-def _predicted(name: str, tp: int, pp: int, sp: bool, kind: ScheduleKind, m: int, zero: int, recompute: Recompute):
+def _predicted(name: str, tp: int, pp: int, sp: bool, kind: ScheduleKind, m: int, zero: int, recompute: Recompute,
+               precision: Precision = Precision.FP32):
     dp = WORLD // (tp * pp)
-    work = Workload(load_config(name), global_batch=dp * B * m, seq_length=S, precision=Precision.FP32,
+    work = Workload(load_config(name), global_batch=dp * B * m, seq_length=S, precision=precision,
                     activations=ActivationProfile.FP32_FLASH)
     layout = Layout(tp=tp, pp=pp, dp=dp, micro_batch=B, sequence_parallel=sp, zero=ZeroStage(zero),
                     recompute=recompute)
@@ -140,6 +167,7 @@ def test_model_state_bytes_match_the_zero_runtime(measured, case):
                                                                    StateKind.OPTIMIZER_STATES))
         padding = 16 * (layout.dp - 1) * got["units"] if layout.zero else 0
         assert 0 <= elementwise - memory.ranks[got["pp_rank"]].states.device <= padding, f"rank {rank}"
+        assert got["step_transient"] == memory.ranks[got["pp_rank"]].step_transient == 0  # fp32: no copy
 
 
 @pytest.mark.parametrize("case", CASES[:len(VARIANTS)] + CASES[-len(VARIANTS):], ids=IDS[:len(VARIANTS)] + IDS[-len(VARIANTS):])
@@ -155,3 +183,21 @@ def test_tagged_traffic_is_one_scalar_per_group(measured, case):
         tagged = per_rank[case]["tagged"]
         assert set(tagged) == want
         assert all(e["calls"] == 1 and e["bytes"] <= 8 for e in tagged.values())
+
+
+@pytest.mark.parametrize("case", BF16_CASES, ids=[f"z{c[6]}" for c in BF16_CASES])
+def test_bf16_model_states_are_16_bytes_a_parameter_plus_the_steps_fp32_gradient(measured, case):
+    """--bf16 keeps bf16 parameters and gradients (accumulated and reduced in bf16), fp32 master weights and
+    Adam moments: Precision.MIXED's 2 + 2 + 12, not Megatron's fp32 main gradients (18-20). The step then makes
+    the fp32 master gradient of the shard, 4 Psi / Nd bytes (ZeRO 0: Nd = 1), after the activations are freed."""
+    _, layout, memory = _predicted(*case, precision=Precision.MIXED)
+    for rank, per_rank in enumerate(measured):
+        got = per_rank[("bf16",) + case]
+        predicted = memory.ranks[got["pp_rank"]]
+        elementwise = sum(got["states"].get(k.value, 0) for k in (StateKind.PARAMETERS, StateKind.GRADIENTS,
+                                                                   StateKind.MASTER_WEIGHTS,
+                                                                   StateKind.OPTIMIZER_STATES))
+        padding = 16 * (layout.dp - 1) * got["units"] if layout.zero else 0
+        assert 0 <= elementwise - predicted.states.device <= padding, f"rank {rank}"
+        assert 0 <= got["step_transient"] - predicted.step_transient <= 4 * (layout.dp - 1) * got["units"]
+        assert predicted.step_transient == 4 * predicted.parameters / (layout.dp if layout.zero else 1)

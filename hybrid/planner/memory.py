@@ -90,6 +90,19 @@ class ModelStates:
         return self.params + self.grads + self.optimizer
 
 
+def step_transient_bytes(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offload.NONE,
+                         precision: Precision = Precision.MIXED) -> float:
+    """The fp32 master gradient of this rank's shard, made in the optimizer step (hybrid/zero/engine.py
+    `_make_master_grads`) from the bf16 / fp16 gradient the runtime accumulates and reduces: 4 Psi / Nd bytes
+    (Nd = 1 at ZeRO 0) on the device, while the activations are already freed. Unlike Megatron, which keeps
+    fp32 main gradients through the backward (18-20 bytes per parameter without ZeRO), hybrid keeps 2 + 2 + 12.
+    None in fp32 (the reduced gradient is the master gradient) or with the optimizer offloaded (the copy is
+    made on the host)."""
+    if precision is not Precision.MIXED or offload is not Offload.NONE:
+        return 0.0
+    return 4.0 * psi / (dp if ZeroStage(zero) >= ZeroStage.OPTIMIZER else 1)
+
+
 def model_states(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offload.NONE,
                  precision: Precision = Precision.MIXED) -> ModelStates:
     """Split of `model_state_bytes` into parameters, gradients and optimizer, with offload applied.
@@ -118,6 +131,7 @@ class RankMemory:
             logits included, plus the recomputation working set).
         buffers: ZeRO 3 gathered-parameter buffers.
         workspace: fixed workspace plus fragmentation.
+        step_transient: bytes the optimizer step adds while no activation is held (`step_transient_bytes`).
     """
 
     rank: int
@@ -126,11 +140,12 @@ class RankMemory:
     activations: float
     buffers: float
     workspace: float
+    step_transient: float = 0.0
 
     @property
     def total(self) -> float:
-        """Device bytes at the peak."""
-        return self.states.device + self.activations + self.buffers + self.workspace
+        """Device bytes at the peak: the backward's (activations, gathered buffers) or the optimizer step's."""
+        return self.states.device + max(self.activations + self.buffers, self.step_transient) + self.workspace
 
 
 @dataclass(frozen=True)
@@ -205,8 +220,9 @@ def peak_memory(work: Workload, cluster: Cluster, layout: Layout) -> tuple[int, 
     the search's fast path. Equal to plan_memory's peak (states are linear in Psi)."""
     _, psis, acts, bufs = _rank_parts(work, layout)
     unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision)
-    totals = [(psi * unit.device + act + buf) * (1 + FRAGMENTATION) + WORKSPACE_BYTES
-              for psi, act, buf in zip(psis, acts, bufs)]
+    step = step_transient_bytes(1.0, layout.zero, layout.dp, layout.offload, work.precision)
+    totals = [psi * unit.device + max(act + buf, step * psi) + FRAGMENTATION * (psi * unit.device + act + buf)
+              + WORKSPACE_BYTES for psi, act, buf in zip(psis, acts, bufs)]
     rank = max(range(len(totals)), key=totals.__getitem__)
     return rank, totals[rank], _host_per_node(cluster, unit, max(psis))
 
@@ -262,4 +278,5 @@ def _rank_memory(work: Workload, layout: Layout, r: int, psi: float, activations
     states = model_states(psi, layout.zero, layout.dp, layout.offload, work.precision)
     workspace = WORKSPACE_BYTES + FRAGMENTATION * (states.device + activations + buffers)
     return RankMemory(rank=r, parameters=psi, states=states, activations=activations, buffers=buffers,
-                      workspace=workspace)
+                      workspace=workspace, step_transient=step_transient_bytes(psi, layout.zero, layout.dp,
+                                                                               layout.offload, work.precision))
