@@ -60,7 +60,7 @@ def test_published_layout_predicts_tflops_within_15_percent(checks, billion):
     assert check.published.memory_gb <= A100_BYTES / 1e9
 
 
-# The 1T row: the planner under-predicts it (published layout 142 TFLOP/s predicted, 163 measured: -13 %, inside
+# The 1T row: the planner under-predicts it (published layout 143 TFLOP/s predicted, 163 measured: -12 %, inside
 # the 15 % tolerance) and its best layout (151.5) stays below the paper's figure -- issue 14's "under-predicts
 # 530B-1T runs". Strict: the xfail turns into a failure the day the model is fixed, so it is then removed.
 UNDER_PREDICTED = pytest.mark.xfail(strict=True, reason="planner under-predicts the 1T run (issue 14)")
