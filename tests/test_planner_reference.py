@@ -89,4 +89,5 @@ def test_reference_data_ships_with_the_repository():
     """The tables live in tests/data with their sources, so a clean clone runs every check above."""
     assert reference_dir() == REFERENCE
     assert {p.name for p in REFERENCE.glob("*.csv")} == {MEGATRON_CSV, ZERO_CSV}
-    assert "2104.04473" in (REFERENCE / "README.md").read_text() and "1910.02054" in (REFERENCE / "README.md").read_text()
+    sources = (REFERENCE / "README.md").read_text()
+    assert "2104.04473" in sources and "1910.02054" in sources  # Narayanan et al. 2021, Rajbhandari et al. 2020

@@ -4,12 +4,12 @@ The GPU numbers are published peaks or achievable figures from a named benchmark
 the CPU-Adam throughput and the cpu preset are orders of magnitude. None is fitted to the validation rows.
 GB = 1e9 bytes, GB/s = 1e9 bytes per second, TFLOP/s = 1e12 FLOP per second.
 
-| preset   | bf16 peak   | memory           | HBM       | NVLink busbw (8 GPUs)        | inter-node per GPU       | PCIe    |
-|----------|-------------|------------------|-----------|------------------------------|--------------------------|---------|
-| a100-80g | 312 TFLOP/s | 80 GB (85.9e9 B) | 2.04 TB/s | 230 GB/s (NVLink 3, 300/dir) | 23.5 GB/s (HDR 200 Gb/s) | 25 GB/s |
-| h100-80g | 989 TFLOP/s | 80 GB (85.5e9 B) | 3.35 TB/s | 450 GB/s (NVLink 4, 450/dir) | 47 GB/s (NDR 400 Gb/s)   | 50 GB/s |
-| h200     | 989 TFLOP/s | 141 GB (150.8e9) | 4.8 TB/s  | 450 GB/s                     | 47 GB/s                  | 50 GB/s |
-| cpu      | 1 TFLOP/s   | 64 GB            | 0.1 TB/s  | 5 GB/s (gloo, shared memory) | 1.2 GB/s (10 GbE)        | --      |
+| preset   | bf16 peak   | memory          | HBM       | NVLink busbw (8 GPUs)        | inter-node per GPU       | PCIe    |
+|----------|-------------|-----------------|-----------|------------------------------|--------------------------|---------|
+| a100-80g | 312 TFLOP/s | 80 GB (85.9e9)  | 2.04 TB/s | 230 GB/s (NVLink 3, 300/dir) | 23.5 GB/s (HDR 200 Gb/s) | 25 GB/s |
+| h100-80g | 989 TFLOP/s | 80 GB (85.5e9)  | 3.35 TB/s | 450 GB/s (NVLink 4, 450/dir) | 47 GB/s (NDR 400 Gb/s)   | 50 GB/s |
+| h200     | 989 TFLOP/s | 141 GB (150.8e9)| 4.8 TB/s  | 450 GB/s                     | 47 GB/s                  | 50 GB/s |
+| cpu      | 1 TFLOP/s   | 64 GB           | 0.1 TB/s  | 5 GB/s (gloo, shared memory) | 1.2 GB/s (10 GbE)        | --      |
 
 Sources: peaks, memory sizes and HBM bandwidths from NVIDIA's A100 (2020), H100 (2022) and H200 (2023) data
 sheets (SXM parts, dense -- no 2:4 sparsity). Intra-node bandwidths are nccl-tests `all_reduce_perf` bus
