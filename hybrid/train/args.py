@@ -390,11 +390,13 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         kind = next((k for k in ("h200", "h100-80g") if k.split("-")[0] in props.name.lower()), "a100-80g")
-        hw = dataclasses.replace(hardware(kind), memory_gb=props.total_memory / 1e9)
+        hw = dataclasses.replace(hardware(kind), memory_gb=props.total_memory / 1e9,
+                                 memory_bytes=float(props.total_memory))  # what this card holds
         profile = ActivationProfile.KORTHIKANTI
     else:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        hw = dataclasses.replace(hardware("cpu"), memory_gb=total / local / 1e9, gpus_per_node=local)
+        hw = dataclasses.replace(hardware("cpu"), memory_gb=total / local / 1e9, gpus_per_node=local,
+                                 memory_bytes=None)
         profile = ActivationProfile.FP32_FLASH
     precision = Precision.MIXED if (args.bf16 or args.fp16) else Precision.FP32
     if args.hardware:
