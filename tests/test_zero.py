@@ -521,16 +521,24 @@ def test_first_step_master_gradients_equal_the_reference(dp2, refs):
     ref = refs["adamw"]["grads"]
     tol = {Precision.FP32: GRAD_RTOL_FP32, Precision.BF16: GRAD_ROUNDINGS * 2.0**-8,
            Precision.FP16: GRAD_ROUNDINGS * 2.0**-11}
-    for precision in PRECISIONS:
-        for case in _low_precision_cases(precision):
-            for rank, per_rank in enumerate(dp2):
-                covered = {}
-                for name, start, stop, g in per_rank[case]["grads"]:
-                    err = (g - ref[name][start:stop]).abs().max().item() / ref[name].abs().max().item()
-                    assert err <= tol[precision], f"{case} rank {rank}: {name}[{start}:{stop}] rel err {err:.2e}"
-                    covered[name] = covered.get(name, 0) + stop - start
-                # the shards of the two ranks cover every element once: half each, up to padding
-                assert sum(covered.values()) * 2 >= sum(t.numel() for t in ref.values()) - 2 * len(ref), case
+    for precision, stage, suffix in [(p, st, x) for p in PRECISIONS for st in range(4) for x in offloads(st)]:
+        case = matrix_name(precision, stage, suffix)
+        pieces: dict[str, list] = {}
+        for rank, per_rank in enumerate(dp2):
+            for name, start, stop, g in per_rank[case]["grads"]:
+                err = (g - ref[name][start:stop]).abs().max().item() / ref[name].abs().max().item()
+                assert err <= tol[precision], f"{case} rank {rank}: {name}[{start}:{stop}] rel err {err:.2e}"
+                pieces.setdefault(name, []).append((start, stop))
+        # every element compared: stage 0 holds it on both ranks (keep one copy), stages 1-3 on one
+        assert pieces.keys() == ref.keys(), case
+        for name, spans in pieces.items():
+            spans = sorted(spans)[::2] if stage == 0 else sorted(spans)
+            assert _tiles(spans, ref[name].numel()), (case, name, spans)
+
+
+def _tiles(spans: list[tuple[int, int]], numel: int) -> bool:
+    """The spans, in order, cover [0, numel) end to end, each element once."""
+    return spans[0][0] == 0 and spans[-1][1] == numel and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
 
 
 def test_fp16_overflow_skips_the_step_and_lowers_the_loss_scale(dp2):
