@@ -401,6 +401,8 @@ def test_model_state_ledger_equals_the_zero_paper_accounting(layout):
             continue
         for rank, per_rank in enumerate(results):
             got, model = per_rank[case], per_rank[case]["model"]
+            if dp == world:  # no TP/PP split: the rank holds the whole model, as its config counts it
+                assert model["psi"] == load_config(c.model).num_parameters
             measured = {k: v for k, v in got["memory"].items() if k[0] in KINDS}
             low = paper_state_bytes(c.zero, model["psi"], dp)
             high = paper_state_bytes(c.zero, model["psi"] + padding_bound(c.zero, model, dp), dp)
