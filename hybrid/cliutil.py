@@ -238,6 +238,7 @@ def check_output_dir(flag: str, path: str) -> None:
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path!r} is not writable ({probe})")
+    _probe_create(flag, path, probe)  # /proc, /sys, read-only mounts: os.access says yes to root
 
 
 @contextlib.contextmanager

@@ -544,6 +544,26 @@ def test_output_directory_checks(tmp_path):
         check_output_dir("--save", str(tmp_path / "file"))
     with pytest.raises(ValueError, match="--save .* is not writable"):
         check_output_dir("--save", str(tmp_path / "file" / "sub"))
+    with pytest.raises(ValueError, match="--save '/proc/self/ckpt'"):
+        check_output_dir("--save", "/proc/self/ckpt")
+    assert sorted(os.listdir(tmp_path)) == ["file"], "the probe leaves nothing behind"
+
+
+def test_output_file_probe_refuses_a_file_system_that_refuses_creation(tmp_path, monkeypatch):
+    """os.access answers yes for root even where a create fails (/proc, read-only mounts); the probe create is
+    what atomic_output will do, so its failure is the error -- here a read-only file system, simulated."""
+    import errno
+    import tempfile
+
+    from hybrid.cliutil import check_output_file
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    check_output_file("--out", str(tmp_path / "ok.json"))
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    with pytest.raises(ValueError, match=r"--out '.*ro.json': cannot create a file in .* \(Read-only file system\)"):
+        check_output_file("--out", str(tmp_path / "ro.json"))
 
 
 def _script(name: str):
