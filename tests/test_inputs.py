@@ -126,6 +126,13 @@ CASES = [
     ("tp-without-torchrun", "train", ["--tensor-model-parallel-size", "2"], {}, {}, "torchrun"),
     ("world-without-rank", "train", [], {}, {"WORLD_SIZE": "2"}, "RANK"),
     ("world-size-text", "train", [], {}, {"WORLD_SIZE": "two"}, "WORLD_SIZE"),
+    ("rank-without-master-addr", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1"}, "MASTER_ADDR is not"),
+    ("rank-without-master-port", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"},
+     "MASTER_PORT is not"),
+    ("master-port-text", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost",
+                                           "MASTER_PORT": "http"}, "MASTER_PORT 'http'"),
+    ("local-world-text", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost",
+                                           "MASTER_PORT": "29500", "LOCAL_WORLD_SIZE": "all"}, "LOCAL_WORLD_SIZE 'all'"),
     ("hardware-without-auto", "train", ["--hardware", "{d}/hw.json"], {"hw.json": GOOD_PROFILE}, {}, "--hardware"),
     ("auto-without-batch", "train", ["--auto-parallel"], {}, {}, "--global-batch-size"),
     ("auto-profile-missing-field", "train", ["--auto-parallel", "--global-batch-size", "8", "--hardware",
@@ -396,7 +403,7 @@ def _all_files(root) -> set[str]:
 def test_bad_input_is_one_error_line_before_any_work(case, tmp_path, monkeypatch, capsys):
     name, command, argv, files, env, fragment = case
     monkeypatch.chdir(tmp_path)
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_ERROR_FILE"):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_ERROR_FILE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
@@ -625,3 +632,13 @@ def test_script_bad_flag_is_one_error_line_before_any_work(case, tmp_path, monke
     assert exit_info.value.code not in (0, None)
     assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: ") and fragment in lines[0], lines
     assert _all_files(tmp_path) == before, "nothing may be left behind"
+
+
+@pytest.mark.parametrize("rank", ["0x", "2", "-1"])
+def test_a_rank_outside_the_world_is_an_error_not_a_rendezvous_that_never_completes(rank, monkeypatch):
+    """(Not a table row: a rank other than "0" prints nothing and waits for the launcher, by design.)"""
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(ValueError, match=f"RANK '{rank}' is not an integer in \\[0, WORLD_SIZE 2\\)"):
+        train_main.check_launcher_env(2)
