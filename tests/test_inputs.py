@@ -160,7 +160,7 @@ CASES = [
      "but --offload-optimizer was given"),
     ("auto-with-ds-stage", "train", ["--auto-parallel", "--global-batch-size", "8", "--deepspeed-config",
                                      "{d}/ds.json"], {"ds.json": {"zero_optimization": {"stage": 2}}}, {},
-     "--auto-parallel chooses stage, but --deepspeed-config sets zero_optimization.stage"),
+     "--auto-parallel chooses the ZeRO stage, but --deepspeed-config sets zero_optimization.stage"),
     ("auto-with-ds-micro", "train", ["--auto-parallel", "--global-batch-size", "8", "--deepspeed-config",
                                      "{d}/ds.json"], {"ds.json": {"train_micro_batch_size_per_gpu": 2}}, {},
      "--deepspeed-config sets train_micro_batch_size_per_gpu"),
