@@ -346,6 +346,8 @@ CASES = [
     ("layout-tp-not-dividing", "layout", ["--world", "8", "--tensor-model-parallel-size", "3"], {}, {},
      "--tensor-model-parallel-size"),
     ("layout-typo", "layout", ["--wrld", "8"], {}, {}, "did you mean --world?"),
+    ("layout-unrelated-flag", "layout", ["--world", "8", "--order", "tp-dp"], {}, {},
+     "unrecognized arguments: --order; see --help"),
     # --- hybrid calibrate ----------------------------------------------------------------------------------
     ("calibrate-out-dir", "calibrate", ["--out", "{d}"], {}, {}, "--out"),
     ("calibrate-out-no-dir", "calibrate", ["--out", "{d}/no/such/hw.json"], {}, {}, "--out"),
