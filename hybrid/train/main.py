@@ -70,6 +70,8 @@ def validate(argv: list[str] | None):
         world = env_world()
         check_numbers(args)
         if args.auto_parallel:
+            if under_launcher():
+                check_launcher_env(world)  # the planner reads LOCAL_WORLD_SIZE
             apply_auto_parallel(args, world)
         cfg, dims, batch, plan = check_args(args, world)
         check_host(args, cfg, batch, world)
