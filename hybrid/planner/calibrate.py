@@ -287,8 +287,11 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
             continue
         _check_field(path, name, fields_[name])
     matmul = profile.get("matmul_tflops", {})
-    if precision is Precision.FP32 and isinstance(matmul, dict) and "fp32" in matmul:
-        _check_field(path, "matmul_tflops.fp32", matmul["fp32"], where="")
+    if not isinstance(matmul, dict):  # a string or list here was read as "no fp32 rate" and planned on
+        raise ValueError(f"--hardware {path}: matmul_tflops must be an object of rates by dtype, got "
+                         f"{json.dumps(matmul)}; re-run `hybrid calibrate`")
+    for dtype, rate in matmul.items():
+        _check_field(path, f"matmul_tflops.{dtype}", rate, where="")
     try:
         hw = Hardware(**{k: v for k, v in fields_.items() if k in known})
     except (TypeError, ValueError) as e:

@@ -422,8 +422,6 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
               f"(predicted {result.plans[0].time.total:.3g} s/step on {hw.name})", flush=True)
 
 
-
-
 # the flags whose values --auto-parallel chooses (dest, what it chooses), and the DeepSpeed keys that set them
 AUTO_CHOSEN = (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_size", "pp"),
                ("num_layers_per_virtual_pipeline_stage", "the virtual stages"),
@@ -432,9 +430,10 @@ AUTO_CHOSEN = (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_s
                ("micro_batch_size", "the micro-batch"), ("zero_stage", "the ZeRO stage"),
                ("sequence_parallel", "sequence parallelism"), ("offload_optimizer", "the offload"),
                ("offload_params", "the offload"))
-AUTO_CHOSEN_DS = (("zero_stage", "zero_optimization.stage"), ("offload_optimizer", "zero_optimization.offload_optimizer"),
-                  ("offload_params", "zero_optimization.offload_param"),
-                  ("micro_batch", "train_micro_batch_size_per_gpu"))
+AUTO_CHOSEN_DS = (("zero_stage", "zero_optimization.stage", "the ZeRO stage"),
+                  ("offload_optimizer", "zero_optimization.offload_optimizer", "the offload"),
+                  ("offload_params", "zero_optimization.offload_param", "the offload"),
+                  ("micro_batch", "train_micro_batch_size_per_gpu", "the micro-batch"))
 
 
 def check_auto_parallel_conflicts(args: argparse.Namespace) -> None:
@@ -447,7 +446,7 @@ def check_auto_parallel_conflicts(args: argparse.Namespace) -> None:
                              f"drop one of them")
     if args.deepspeed_config:
         ds = read_deepspeed_config(args.deepspeed_config)
-        for attr, key in AUTO_CHOSEN_DS:
+        for attr, key, what in AUTO_CHOSEN_DS:
             if getattr(ds, attr) is not None:
-                raise ValueError(f"--auto-parallel chooses {key.split('.')[-1].replace('_', ' ')}, but "
-                                 f"--deepspeed-config sets {key}; drop the key or --auto-parallel")
+                raise ValueError(f"--auto-parallel chooses {what}, but --deepspeed-config sets {key}; drop the key "
+                                 f"or --auto-parallel")
