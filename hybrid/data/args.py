@@ -15,6 +15,10 @@ from hybrid.data.tokenizer import TOKENIZER_TYPES, build_tokenizer
 
 # token ids are checked against the model's vocabulary by reading the .bin files when they total at most this
 SCAN_BYTES = 2 << 30
+# Megatron's default is 100; at the end of a run both the valid and the test split are evaluated, so 100 would add
+# 200 forward-only global batches -- more than a 200-iteration CPU run's whole training (docs/data.md). 10 is the
+# default here; pass --eval-iters 100 for Megatron's.
+EVAL_ITERS = 10
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HuggingFaceTokenizer: a tokenizer.json or a folder holding one")
     g.add_argument("--eval-interval", type=int, default=1000, metavar="N",
                    help="validation loss every this many iterations (and at the end)")
-    g.add_argument("--eval-iters", type=int, default=100, metavar="N",
-                   help="global batches of the valid split per validation (0: none)")
+    g.add_argument("--eval-iters", type=int, default=EVAL_ITERS, metavar="N",
+                   help="global batches of the valid split per validation, and of the test split at the end "
+                        "(0: none)")
 
 
 def parse_blend(values: list[str] | None) -> tuple[list[str | None], list[float] | None]:
