@@ -1,5 +1,7 @@
-"""train.py with the data pipeline: an indexed dataset and a blend train, the validation loss is the same on every
-layout and printed as Megatron prints it, and bad data inputs are one error line before any process group."""
+"""train.py with the data pipeline: a blend of indexed datasets trains, the validation loss is the same on every
+layout and printed as Megatron prints it, the TensorBoard events (read back with tensorboard's EventAccumulator)
+and the JSON-lines records hold the logged numbers, and bad data inputs are one error line before any process
+group."""
 
 from __future__ import annotations
 
@@ -47,15 +49,23 @@ def _run(nproc: int, argv: list[str]) -> str:
     return out.stdout
 
 
-def test_validation_loss_is_the_same_on_every_layout(tmp_path):
-    """A blend of two indexed datasets; the 4 validation/test numbers (iterations 2, 4, end valid, end test)
-    of tp 2 x pp 2 and of pp 2 (interleaved, v 2) x dp 2 equal the single process's. Tolerance: the losses
-    are ~5 and training differs only by fp32 reduction order (relative ~1e-7 per op), amplified by 4 Adam
-    steps; 1e-4 relative bounds what the repo's layout tests see after a few steps."""
-    byte_dataset(str(tmp_path / "a"), 200)
-    byte_dataset(str(tmp_path / "b"), 400)
-    data = ["--data-path", "0.4", str(tmp_path / "a"), "0.6", str(tmp_path / "b")]
-    ref = _run(1, COMMON + data + ["--micro-batch-size", "2"])
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One single-process run on a blend of two indexed datasets, writing TensorBoard and JSON lines."""
+    d = tmp_path_factory.mktemp("ref")
+    byte_dataset(str(d / "a"), 200)
+    byte_dataset(str(d / "b"), 400)
+    data = ["--data-path", "0.4", str(d / "a"), "0.6", str(d / "b")]
+    out = _run(1, COMMON + data + ["--micro-batch-size", "2", "--tensorboard-dir", str(d / "tb"),
+                                   "--metrics-file", str(d / "m.jsonl"), "--peak-tflops", "2"])
+    return data, out, d
+
+
+def test_validation_loss_is_the_same_on_every_layout(reference):
+    """The 4 validation/test numbers (iterations 2, 4, end valid, end test) of tp 2 x pp 2 and of pp 2
+    (interleaved, v 2) x dp 2 equal the single process's. Tolerance: the losses are ~5 and the runs differ only by
+    fp32 reduction order (relative ~1e-7 per op), amplified by 4 Adam steps; 1e-4 relative bounds it."""
+    data, ref, _ = reference
     found = VALID.findall(ref)
     assert [(it, where) for it, where, _, _ in found] == [("2", ""), ("4", ""), ("4", " on validation set"),
                                                           ("4", " on test set")], ref
@@ -68,6 +78,33 @@ def test_validation_loss_is_the_same_on_every_layout(tmp_path):
                     "--micro-batch-size", "1"]):
         out = _run(4, COMMON + data + layout)
         assert [float(v) for _, _, v, _ in VALID.findall(out)] == pytest.approx(ref_losses, rel=1e-4), out
+
+
+def test_tensorboard_and_metrics_file_hold_the_logged_numbers(reference):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, out, d = reference
+    tb, jl = d / "tb", d / "m.jsonl"
+    logged = {int(m[0]): (float(m[1]), float(m[2]), float(m[3])) for m in re.findall(
+        r"iteration +(\d+)/\d+ \| lm loss (\S+) \|.* \| ([\d.e+-]+) TFLOP/s/device \| MFU ([\d.]+)%", out)}
+    valid = [float(v) for v in re.findall(r"validation loss at iteration \d+[^|]* \| lm loss value: (\S+)", out)]
+    assert sorted(logged) == [2, 4] and len(valid) == 4, out
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    scalars = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+    assert {"lm loss", "learning-rate", "grad-norm", "throughput", "lm loss validation"} <= set(scalars)
+    records = [json.loads(line) for line in jl.read_text().splitlines()]
+    train = {r["iteration"]: r for r in records if "lm_loss" in r}
+    for it, (loss, tflops, mfu) in logged.items():
+        assert scalars["lm loss"][it] == pytest.approx(loss, abs=5e-5)  # the line prints 4 decimals
+        assert scalars["lm loss"][it] == pytest.approx(train[it]["lm_loss"], rel=1e-7)  # TensorBoard: float32
+        assert train[it]["tflops_per_device"] == pytest.approx(tflops, rel=5e-3)  # printed to 3 digits
+        assert train[it]["mfu"] == pytest.approx(train[it]["tflops_per_device"] / 2, rel=1e-12)
+        assert 100 * train[it]["mfu"] == pytest.approx(mfu, abs=5e-3)
+        assert train[it]["consumed_samples"] == it * 8  # --global-batch-size 8
+    assert scalars["lm loss validation"][2] == pytest.approx(valid[0], rel=1e-6)  # printed to 7 digits
+    assert scalars["lm loss test"][4] == pytest.approx(valid[-1], rel=1e-6)
 
 
 def _no_process_group(*a, **k):

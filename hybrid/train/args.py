@@ -20,6 +20,7 @@ from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
 from hybrid.data import BatchSpec
 from hybrid.data import args as data_args
 from hybrid.fault import args as fault_args
+from hybrid.metrics import args as metrics_args
 from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-interval", type=int, default=10, help="print the loss every this many steps")
     model_cli.add_arguments(p)
     data_args.add_arguments(p)
+    metrics_args.add_arguments(p)
     fault_args.add_arguments(p)
     _short_metavars(p)
     return p
@@ -347,6 +349,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     args.zero = check_zero(args)
     args.fault = fault_args.check(args)
     args.data = data_args.check(args)
+    args.metrics = metrics_args.check(args)
     cfg = load_config(args.model)
     check_files(args, cfg)  # --load readable, outputs writable
     cfg = model_cli.check(args, cfg)  # dropout flags; --load tensor shapes

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from hybrid.data import BatchSpec, DataSource
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh, ParallelDims
+from hybrid.metrics.loop import RunMetrics
 from hybrid.pipeline import build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
@@ -71,6 +72,7 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
                f" | clip-grad {args.clip_grad}")
     ft = FaultTolerance.start(args.fault, mesh, model, runner, optimizer, args.log_interval)  # hybrid/fault
     tokens_per_step = batch.global_batch * batch.seq_length
+    metrics = RunMetrics.start(args, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
     t0 = time.perf_counter()
     for it in range(args.train_iters):
         inject_fault(mesh.rank, it)  # test-only hook (HYBRID_TEST_FAULT); a no-op by default
@@ -85,13 +87,16 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
             if z.precision is Precision.FP16:
                 extra += f" | loss scale {rep.loss_scale:g} | skipped {optimizer.skipped_steps}"
             log0(mesh, f" iteration {it + 1:>6}/{args.train_iters} | lm loss {loss:.4f} | "
-                       f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s")
+                       f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s"
+                       f"{metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps)}")
             t0 = time.perf_counter()
         t_eval = time.perf_counter()
-        run_evaluations(args, model, runner, mesh, data, batch, optimizer, it + 1)  # every --eval-interval
+        metrics.write_eval(it + 1, run_evaluations(args, model, runner, mesh, data, batch, optimizer, it + 1))
         t0 += time.perf_counter() - t_eval  # ms/iter counts training only
     ft.stop()
-    run_evaluations(args, model, runner, mesh, data, batch, optimizer, args.train_iters, final=True)
+    metrics.write_eval(args.train_iters, run_evaluations(args, model, runner, mesh, data, batch, optimizer,
+                                                         args.train_iters, final=True))
+    metrics.close()
     if args.timeline:
         save_timeline(args.timeline, runner, mesh, plan)
     log0(mesh, f"done: final lm loss {loss:.4f}")
