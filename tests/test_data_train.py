@@ -62,8 +62,9 @@ def reference(tmp_path_factory):
 
 
 def test_validation_loss_is_the_same_on_every_layout(reference):
-    """The 4 validation/test numbers (iterations 2, 4, end valid, end test) of tp 2 x pp 2 and of pp 2
-    (interleaved, v 2) x dp 2 equal the single process's. Tolerance: the losses are ~5 and the runs differ only by
+    """The 4 validation/test numbers (iterations 2, 4, end valid, end test) of tp 2 x pp 2, of pp 2
+    (interleaved, v 2) x dp 2 and of ZeRO-3 (parameters gathered by forward hooks) x dp 2 equal the single
+    process's. Tolerance: the losses are ~5 and the runs differ only by
     fp32 reduction order (relative ~1e-7 per op), amplified by 4 Adam steps; 1e-4 relative bounds it."""
     data, ref, _ = reference
     found = VALID.findall(ref)
@@ -72,11 +73,12 @@ def test_validation_loss_is_the_same_on_every_layout(reference):
     ref_losses = [float(v) for _, _, v, _ in found]
     for _, _, v, ppl in found:
         assert float(ppl) == pytest.approx(np.exp(float(v)), rel=1e-6)
-    for layout in (["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-                    "--micro-batch-size", "2"],
-                   ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
-                    "--micro-batch-size", "1"]):
-        out = _run(4, COMMON + data + layout)
+    for nproc, layout in ((4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                               "--micro-batch-size", "2"]),
+                          (4, ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+                               "--micro-batch-size", "1"]),
+                          (2, ["--zero-stage", "3", "--zero3-keep-gathered", "--micro-batch-size", "2"])):
+        out = _run(nproc, COMMON + data + layout)
         assert [float(v) for _, _, v, _ in VALID.findall(out)] == pytest.approx(ref_losses, rel=1e-4), out
 
 
