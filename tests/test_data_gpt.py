@@ -115,6 +115,18 @@ def test_blend_counts_stay_within_one_sample_of_the_weights():
             assert within[which == d].tolist() == list(range(int((which == d).sum())))
 
 
+def test_blend_order_equals_megatron_cores_build_blending_indices():
+    try:
+        from megatron.core.datasets import helpers_cpp
+    except Exception:
+        pytest.skip("megatron-core not installed (pip install -e '.[bench]')")
+    for weights in ([0.3, 0.7], [0.5, 0.25, 0.25], [0.1, 0.2, 0.3, 0.4]):
+        which, within = np.zeros(3000, np.int16), np.zeros(3000, np.int64)
+        helpers_cpp.build_blending_indices(which, within, np.array(weights), len(weights), 3000, False)
+        ours = blend_indices(weights, 3000)
+        assert np.array_equal(ours[0], which) and np.array_equal(ours[1], within)
+
+
 def test_data_path_blend_realizes_the_weights_end_to_end(tmp_path):
     a = make(str(tmp_path / "a"), [50] * 40, value=1)
     b = make(str(tmp_path / "b"), [50] * 40, value=2)

@@ -133,15 +133,17 @@ def _shuffled(start: int, stop: int, rng: np.random.RandomState) -> np.ndarray:
 def blend_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
     """(dataset of sample i, its sample number within that dataset), megatron-core's build_blending_indices:
     greedy on the error w_d max(i, 1) - n_d, so |n_d(i) - w_d i| <= 1 for every prefix i."""
-    w = np.asarray(weights, dtype=np.float64)
-    counts = np.zeros(len(w), dtype=np.int64)
-    which = np.empty(size, dtype=np.int16)
-    within = np.empty(size, dtype=np.int64)
-    for i in range(size):
-        d = int(np.argmax(w * max(i, 1) - counts))
+    w = [float(x) for x in weights]
+    counts = [0] * len(w)
+    which = [0] * size
+    within = [0] * size
+    ds = range(len(w))
+    for i in range(size):  # plain Python: ~10x faster than numpy calls on tiny arrays
+        t = max(i, 1)
+        d = max(ds, key=lambda k: w[k] * t - counts[k])  # first maximum on ties, as C++'s strict >
         which[i], within[i] = d, counts[d]
         counts[d] += 1
-    return which, within
+    return np.asarray(which, dtype=np.int16), np.asarray(within, dtype=np.int64)
 
 
 class Blend:
