@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
-from hybrid.data import load_corpus
 from hybrid.mesh import default_backend
 from hybrid.train import liveness
 from hybrid.train.args import (apply_auto_parallel, check_args, check_corpus, check_host, check_numbers,
@@ -75,8 +74,7 @@ def validate(argv: list[str] | None):
             apply_auto_parallel(args, world)
         cfg, dims, batch, plan = check_args(args, world)
         check_host(args, cfg, batch, world)
-        corpus = load_corpus(args.data_path)
-        check_corpus(corpus, args)
+        corpus = check_corpus(args, cfg, batch)  # the DataSource of --data-path (hybrid/data)
         if world > 1 and not under_launcher():
             raise ValueError(f"WORLD_SIZE is {world} but RANK is not set; launch {world} processes with "
                              f"torchrun --nproc-per-node {world}")
