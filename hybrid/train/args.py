@@ -18,6 +18,7 @@ import torch
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
 from hybrid.data import BYTE_VOCAB, BatchSpec
+from hybrid.checkpoint import args as ckpt_args
 from hybrid.fault import args as fault_args
 from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model and data")
     g.add_argument("--model", default="tiny-gpt2", help="preset name (hybrid models) or a transformers "
                                                          "config.json / model directory")
-    g.add_argument("--load", default=None, help="transformers checkpoint directory to start from (safetensors)")
+    g.add_argument("--load", default=None, help="a --save directory to resume from (its latest complete checkpoint), or a "
+                                                "transformers model directory (safetensors) for initial weights")
     g.add_argument("--data-path", default=None, help="UTF-8 text file; None: Python's pydoc topics")
     g.add_argument("--seq-length", type=int, default=128, help="tokens per sequence")
     g = p.add_argument_group("parallelism")
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-interval", type=int, default=10, help="print the loss every this many steps")
     model_cli.add_arguments(p)
     fault_args.add_arguments(p)
+    ckpt_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -347,6 +350,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     check_numbers(args)  # again: the DeepSpeed config may have set them
     args.zero = check_zero(args)
     args.fault = fault_args.check(args)
+    args.ckpt = ckpt_args.check(args)  # a --load naming a checkpoint directory moves to args.ckpt.load
     cfg = load_config(args.model)
     check_files(args, cfg)  # --load readable, outputs writable
     cfg = model_cli.check(args, cfg)  # dropout flags; --load tensor shapes

@@ -8,6 +8,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from hybrid.checkpoint.run import RunCheckpoints
 from hybrid.data import BatchSpec, micro_batches
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh, ParallelDims
@@ -70,8 +71,11 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
                f" | clip-grad {args.clip_grad}")
     ft = FaultTolerance.start(args.fault, mesh, model, runner, optimizer, args.log_interval)  # hybrid/fault
     tokens_per_step = batch.global_batch * batch.seq_length
+    ckpt = RunCheckpoints(args.ckpt, mesh, model, optimizer, tp.rng, run_info(args, dims, plan))  # hybrid/checkpoint
+    start, consumed = ckpt.resume()
+    it, loss = start - 1, float("nan")
     t0 = time.perf_counter()
-    for it in range(args.train_iters):
+    for it in range(start, args.train_iters):
         inject_fault(mesh.rank, it)  # test-only hook (HYBRID_TEST_FAULT); a no-op by default
         ft.begin_iteration(it)
         batches = micro_batches(corpus, batch, args.seed, it, mesh.coords.dp)
@@ -86,10 +90,22 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
             log0(mesh, f" iteration {it + 1:>6}/{args.train_iters} | lm loss {loss:.4f} | "
                        f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s")
             t0 = time.perf_counter()
+        consumed += batch.global_batch
+        if ckpt.after_step(it + 1, consumed):  # --exit-signal-handler: SIGTERM, saved
+            break
+    ckpt.finish(it + 1, consumed)
     ft.stop()
     if args.timeline:
         save_timeline(args.timeline, runner, mesh, plan)
     log0(mesh, f"done: final lm loss {loss:.4f}")
+
+
+def run_info(args, dims: ParallelDims, plan: PipelinePlan) -> dict:
+    """What a checkpoint records of the run (state.json): the model, the layout, the flags."""
+    flags = {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (str, int, float, bool, type(None)))}
+    layout = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero": args.zero.stage, "v": plan.v,
+              "stages": [list(s) for s in plan.stages]}
+    return {"model": args.model, "layout": layout, "args": flags}
 
 
 def save_timeline(path: str, runner, mesh: Mesh, plan: PipelinePlan) -> None:
