@@ -405,3 +405,26 @@ def test_bad_checkpoint_flags_are_one_line_before_any_process_group(tmp_path, ar
     text = str(e.value.code)
     assert text.startswith("train.py: error: ") and message.format(**fill) in text and "\n" not in text
     assert not dist.is_initialized()
+
+
+def test_sigterm_with_exit_signal_handler_finishes_the_step_saves_and_exits_zero(tmp_path):
+    import signal
+    import time
+    save = str(tmp_path / "ckpt")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", CRASH_ENV)}
+    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    log = open(tmp_path / "log", "w+")
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--seq-length", "32",
+                             "--micro-batch-size", "2", "--log-interval", "1", "--train-iters", "100000", "--save",
+                             save, "--exit-signal-handler"], cwd=tmp_path, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while " iteration      2/" not in (tmp_path / "log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 0
+    text = (tmp_path / "log").read_text()
+    line = next(ln for ln in text.splitlines() if "SIGTERM: saved iteration" in ln)
+    k = int(line.split("iteration ")[1].split(";")[0])
+    assert k >= 2 and store.read_latest(save) == k and store.complete_iterations(save) == [k]
+    assert store.read_state(store.final_path(save, k))["consumed_samples"] == 2 * k

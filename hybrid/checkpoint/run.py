@@ -37,8 +37,10 @@ class RunCheckpoints:
         self.last_saved: int | None = None
         # gloo groups of every rank: the save's own (a background save's collectives run on it, never
         # interleaved with training's), and one for the main thread's checks (verify, SIGTERM agreement)
-        self.pg = dist.new_group(backend="gloo")
-        self.ctl = dist.new_group(backend="gloo")
+        # (none when the run neither saves nor loads)
+        active = cfg.save is not None or cfg.load is not None
+        self.pg = dist.new_group(backend="gloo") if active else None
+        self.ctl = dist.new_group(backend="gloo") if active else None
         self._signalled = False
         if cfg.exit_signal_handler:
             signal.signal(signal.SIGTERM, self._on_sigterm)
