@@ -394,11 +394,17 @@ def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path):
     (["--load", "{d}/empty"], "is an empty directory: no checkpoint"),
     (["--ckpt-step", "3"], "--ckpt-step / --no-load-optim / --no-load-rng need --load DIR"),
     (["--save-keep", "0", "--save", "{d}/c"], "--save-keep must be at least 1, got 0"),
+    (["--load", "{d}/partial"], "holds no complete checkpoint (only unfinished saves)"),
+    (["--load", "{d}/done", "--ckpt-step", "7"], "--ckpt-step 7: '{d}/done' has no complete checkpoint of that "
+                                                 "iteration (it has 3)"),
 ])
 def test_bad_checkpoint_flags_are_one_line_before_any_process_group(tmp_path, argv, message, capsys):
     from hybrid.train.main import validate
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("x")
+    (tmp_path / "partial" / "iter_0000003.tmp").mkdir(parents=True)
+    (tmp_path / "done" / "iter_0000003").mkdir(parents=True)
+    (tmp_path / "done" / "iter_0000003" / store.MANIFEST).write_text("{}")
     fill = {"d": str(tmp_path), "f": str(tmp_path / "file")}
     with pytest.raises(SystemExit) as e:
         validate([a.format(**fill) for a in argv])
@@ -428,3 +434,42 @@ def test_sigterm_with_exit_signal_handler_finishes_the_step_saves_and_exits_zero
     k = int(line.split("iteration ")[1].split(";")[0])
     assert k >= 2 and store.read_latest(save) == k and store.complete_iterations(save) == [k]
     assert store.read_state(store.final_path(save, k))["consumed_samples"] == 2 * k
+
+
+# --- the geometry, against brute force ---------------------------------------------------------------
+def test_a_flat_range_is_at_most_three_contiguous_rectangles_covering_exactly_it():
+    from hybrid.checkpoint.shards import flat_rectangles
+    for rows, cols in ((1, 1), (3, 1), (4, 5), (7, 3)):
+        n = rows * cols
+        for f0 in range(n + 1):
+            for f1 in range(f0, n + 1):
+                mark = torch.zeros(rows, cols, dtype=torch.int32)
+                rects = flat_rectangles(f0, f1, cols)
+                assert len(rects) <= 3
+                pos = f0
+                for r, c, nr, nc in rects:  # in flat order, each contiguous: starts where the previous ended
+                    assert r * cols + c == pos and (nr == 1 or (c == 0 and nc == cols))
+                    mark[r:r + nr, c:c + nc] += 1
+                    pos += nr * nc
+                want = torch.zeros(n, dtype=torch.int32)
+                want[f0:f1] = 1
+                assert pos == f1 and torch.equal(mark.flatten(), want)
+
+
+def test_placeholder_boxes_tile_what_the_local_chunks_leave():
+    from hybrid.checkpoint.shards import complement
+    gen = torch.Generator().manual_seed(0)
+    for shape in ((10,), (6, 7), (5, 1)):
+        for _ in range(20):
+            mark = torch.zeros(shape, dtype=torch.int32)
+            boxes = []
+            for _ in range(3):  # up to 3 disjoint random boxes
+                off = [int(torch.randint(0, s, (1,), generator=gen)) for s in shape]
+                size = [int(torch.randint(1, s - o + 1, (1,), generator=gen)) for s, o in zip(shape, off)]
+                region = tuple(slice(o, o + z) for o, z in zip(off, size))
+                if mark[region].sum() == 0:
+                    mark[region] += 1
+                    boxes.append((tuple(off), tuple(size)))
+            for off, size in complement(shape, boxes):
+                mark[tuple(slice(o, o + z) for o, z in zip(off, size))] += 1
+            assert torch.equal(mark, torch.ones(shape, dtype=torch.int32))
