@@ -49,13 +49,15 @@ def model_cfg(name: str, vocab: int | None = None):
 class Run:
     """One model + ZeroOptimizer + runner at a layout, trained as train.py trains."""
 
-    def __init__(self, mesh: Mesh, model: tuple[str, int | None], zero: ZeroConfig, seed: int = 5):
+    def __init__(self, mesh: Mesh, model: tuple[str, int | None], zero: ZeroConfig, seed: int = 5, v: int = 1):
         self.mesh, self.cfg, self.model_name = mesh, model_cfg(*model), model[0]
         self.rng = ParallelRNG(seed, mesh.coords.tp, mesh.coords.pp)
         tp = TPContext(mesh.tp, rng=self.rng)
-        self.model = build_pipeline_chunks(self.cfg, tp, mesh.coords.pp, mesh.dims.pp, 1, seed=seed)
+        self.model = build_pipeline_chunks(self.cfg, tp, mesh.coords.pp, mesh.dims.pp, v, seed=seed)
         self.spec = BatchSpec(GLOBAL, MICRO, SEQ, mesh.dims.dp)
-        if mesh.dims.pp == 1:
+        if v > 1:
+            self.runner = None  # interleaved chunks: loaded and inspected, not trained here
+        elif mesh.dims.pp == 1:
             self.runner = LocalForwardBackward(self.model[0], mesh.device)
         else:
             schedule = build_schedule(ScheduleKind.ONE_F_ONE_B, mesh.dims.pp, self.spec.num_micro_batches)
@@ -158,10 +160,15 @@ def _layout(run_: Run):
     return d.tp, d.pp, d.dp, run_.opt.cfg.stage
 
 
-def _reshard_load(mesh: Mesh, z: int, root: str) -> dict:
+def matrix_zero(stage: int) -> ZeroConfig:
+    """The matrix's ZeRO 3 layout runs offloaded (parameters and optimizer on the host; train.py's CPU Adam)."""
+    return zero_cfg(stage, offload=stage == 3)
+
+
+def _reshard_load(mesh: Mesh, z: int, root: str, v: int = 1) -> dict:
     out = {}
     for src in LAYOUTS:
-        run_ = Run(mesh, RESHARD_MODEL, ZeroConfig(stage=z))
+        run_ = Run(mesh, RESHARD_MODEL, matrix_zero(z), v=v)
         st = run_.load(store.final_path(os.path.join(root, "reshard", lname(src)), N), rng=False)
         out[lname(src)] = {"state": full_state(run_), "step": adam_step(run_), "json": st}
     return out
@@ -207,14 +214,20 @@ def _world8(rank, world, root, phase):
             continue
         mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
         if phase == "straight":
-            out[lname((tp, pp, dp, z))] = _reshard_save(Run(mesh, RESHARD_MODEL, ZeroConfig(stage=z)), root, corpus)
+            out[lname((tp, pp, dp, z))] = _reshard_save(Run(mesh, RESHARD_MODEL, matrix_zero(z)), root, corpus)
             if (tp, pp, dp, z) == LAYOUTS[0]:
                 out["async"] = _async_saves(mesh, root, corpus)
         else:
             out[lname((tp, pp, dp, z))] = _reshard_load(mesh, z, root)
             if (tp, pp, dp, z) == LAYOUTS[0]:
                 out["async"] = _async_check(mesh, root)
+    if phase == "resumed":  # one more target: interleaved virtual stages (pp 2 x v 2, one layer per chunk)
+        mesh = Mesh.build(ParallelDims.from_world(world, tp=2, pp=2))
+        out[INTERLEAVED] = _reshard_load(mesh, 1, root, v=2)
     return out
+
+
+INTERLEAVED = "tp2pp2v2dp2z1"
 
 
 def _world1(rank, world, root):
@@ -270,11 +283,12 @@ def _saved(spawns, layout) -> tuple[dict, int]:
 def _loaded(spawns, target, source) -> list[dict]:
     if target == LAYOUTS[-1]:
         return [spawns["single"]["load"][lname(source)]]
-    return [spawns["resumed"][rank][lname(target)][lname(source)] for rank in range(8)]
+    key = target if target == INTERLEAVED else lname(target)
+    return [spawns["resumed"][rank][key][lname(source)] for rank in range(8)]
 
 
-@pytest.mark.parametrize("target", LAYOUTS, ids=lname)
-@pytest.mark.parametrize("source", LAYOUTS, ids=lname)
+@pytest.mark.parametrize("target", LAYOUTS + [INTERLEAVED], ids=lambda t: t if isinstance(t, str) else lname(t))
+@pytest.mark.parametrize("source", LAYOUTS, ids=lname)  # ZeRO 3 offloaded (matrix_zero)
 def test_a_checkpoint_loads_at_any_layout_with_identical_parameters_moments_and_step(spawns, source, target):
     want, step = _saved(spawns, source)
     assert step == N
@@ -377,7 +391,7 @@ def _losses(stdout: str) -> dict[int, str]:
             for ln in stdout.splitlines() if ln.startswith(" iteration")}
 
 
-def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path):
+def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path, capsys):
     save = str(tmp_path / "ckpt")
     first = _train(["--save", save, "--save-interval", "3", "--async-save", "--save-keep", "2"], tmp_path)
     assert store.complete_iterations(save) == [3, 6] and store.read_latest(save) == 6
@@ -385,6 +399,17 @@ def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path):
     assert f"checkpoint: resumed from {store.final_path(save, 3)}" in second
     a, b = _losses(first), _losses(second)
     assert sorted(b) == [4, 5, 6] and all(a[i] == b[i] for i in b), (a, b)
+    from hybrid.cli import main as hybrid_cli
+    capsys.readouterr()
+    hybrid_cli(["checkpoint", "inspect", save])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{save}: latest -> iter_0000006" and len(lines) == 3
+    assert "iter_0000006 (latest): iteration 6 | consumed samples 12 |" in lines[2]
+    assert "tp 1 x pp 1 x dp 2, ZeRO 1" in lines[2] and lines[2].endswith("ok: every checksum matches")
+    with open(os.path.join(store.final_path(save, 3), "state.json"), "a") as f:
+        f.write(" ")
+    hybrid_cli(["checkpoint", "inspect", store.final_path(save, 3)])
+    assert "CORRUPT: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
