@@ -404,7 +404,7 @@ def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path, capsys)
     hybrid_cli(["checkpoint", "inspect", save])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{save}: latest -> iter_0000006" and len(lines) == 3
-    assert "iter_0000006 (latest): iteration 6 | consumed samples 12 |" in lines[2]
+    assert "iter_0000006 (latest): iteration 6 | consumed samples 24 |" in lines[2]  # 6 x (micro 2 x dp 2)
     assert "tp 1 x pp 1 x dp 2, ZeRO 1" in lines[2] and lines[2].endswith("ok: every checksum matches")
     with open(os.path.join(store.final_path(save, 3), "state.json"), "a") as f:
         f.write(" ")
