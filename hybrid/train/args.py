@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
+from hybrid.checkpoint import args as ckpt_args
 from hybrid.data import BatchSpec
 from hybrid.data import args as data_args
 from hybrid.fault import args as fault_args
@@ -46,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model and data")
     g.add_argument("--model", default="tiny-gpt2", help="preset name (hybrid models) or a transformers "
                                                          "config.json / model directory")
-    g.add_argument("--load", default=None, help="transformers checkpoint directory to start from (safetensors)")
+    g.add_argument("--load", default=None, help="a --save directory to resume from (its latest complete checkpoint), or a "
+                                                "transformers model directory (safetensors) for initial weights")
     g.add_argument("--seq-length", type=int, default=128, help="tokens per sequence")
     g = p.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tp: ranks splitting each layer")
@@ -103,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_args.add_arguments(p)
     metrics_args.add_arguments(p)
     fault_args.add_arguments(p)
+    ckpt_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -354,6 +357,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     args.fault = fault_args.check(args)
     args.data = data_args.check(args)
     args.metrics = metrics_args.check(args)
+    args.ckpt = ckpt_args.check(args)  # a --load naming a checkpoint directory moves to args.ckpt.load
     cfg = load_config(args.model)
     check_files(args, cfg)  # --load readable, outputs writable
     cfg = model_cli.check(args, cfg)  # dropout flags; --load tensor shapes

@@ -8,6 +8,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from hybrid.checkpoint.run import RunCheckpoints
 from hybrid.data import BatchSpec, DataSource
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh, ParallelDims
@@ -72,10 +73,13 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     ft = FaultTolerance.start(args.fault, mesh, model, runner, optimizer, args.log_interval)  # hybrid/fault
     tokens_per_step = batch.global_batch * batch.seq_length
     metrics = RunMetrics.start(args, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
+    ckpt = RunCheckpoints(args.ckpt, mesh, model, optimizer, tp.rng, run_info(args, dims, plan))  # hybrid/checkpoint
+    start, consumed = ckpt.resume()
+    it, loss = start - 1, float("nan")
     t0 = time.perf_counter()
-    for it in range(args.train_iters):
+    for it in range(start, args.train_iters):
         ft.begin_iteration(it)
-        batches = data.batches(it * batch.global_batch, batch, mesh.coords.dp)  # consumed samples: it x G
+        batches = data.batches(consumed, batch, mesh.coords.dp)  # a pure function of the samples consumed so far
         loss = train_step(model, batches, ft.optimizer, mesh, lr=opt_cfg.lr_at(it), runner=ft.runner)
         ft.end_iteration(it)
         if (it + 1) % args.log_interval == 0 or it + 1 == args.train_iters:
@@ -91,6 +95,10 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
         t_eval = time.perf_counter()
         metrics.write_eval(it + 1, run_evaluations(args, model, runner, mesh, data, batch, optimizer, it + 1))
         t0 += time.perf_counter() - t_eval  # ms/iter counts training only
+        consumed += batch.global_batch
+        if ckpt.after_step(it + 1, consumed):  # --exit-signal-handler: SIGTERM, saved
+            break
+    ckpt.finish(it + 1, consumed)
     ft.stop()
     metrics.write_eval(args.train_iters, run_evaluations(args, model, runner, mesh, data, batch, optimizer,
                                                          args.train_iters, final=True))
@@ -98,6 +106,14 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     if args.timeline:
         save_timeline(args.timeline, runner, mesh, plan)
     log0(mesh, f"done: final lm loss {loss:.4f}")
+
+
+def run_info(args, dims: ParallelDims, plan: PipelinePlan) -> dict:
+    """What a checkpoint records of the run (state.json): the model, the layout, the flags."""
+    flags = {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (str, int, float, bool, type(None)))}
+    layout = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero": args.zero.stage, "v": plan.v,
+              "stages": [list(s) for s in plan.stages]}
+    return {"model": args.model, "layout": layout, "args": flags}
 
 
 def save_timeline(path: str, runner, mesh: Mesh, plan: PipelinePlan) -> None:
