@@ -129,7 +129,10 @@ def _bad_cases(d: str):
         json.dump({"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
                    "post_processor": None, "decoder": None,
                    "model": {"type": "WordLevel", "vocab": {f"w{i}": i for i in range(300)}, "unk_token": "w0"}}, f)
+    from transformers import GPT2Config
+    GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128, n_positions=64).to_json_file(f"{d}/small.json")
     return [
+        (["--model", f"{d}/small.json", "--seq-length", "32"], "byte tokens need a vocabulary of 256"),
         (["--data-path", f"{d}/missing"], "--data-path"),
         (["--data-path", f"{d}/noidx/x"], "x.idx is missing"),
         (["--data-path", f"{d}/trunc"], "truncated"),
