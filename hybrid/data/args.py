@@ -120,8 +120,8 @@ def check_token_ids(datasets: list, vocab_size: int) -> None:
     """Every token id < the model's vocabulary: byte text needs 256; indexed data is scanned when small enough
     (SCAN_BYTES), else its dtype bounds it."""
     for d in datasets:
-        if d.dtype.itemsize == 1 and d.dtype.kind == "u" and not hasattr(d, "sequence_pointers"):
-            top = BYTE_VOCAB - 1  # byte text: any byte may appear
+        if getattr(d, "byte_text", False):
+            top = BYTE_VOCAB - 1
         elif d.num_tokens * d.dtype.itemsize <= SCAN_BYTES:
             top = d.max_token()
         else:

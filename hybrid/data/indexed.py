@@ -180,6 +180,8 @@ class IndexedDataset:
 class InMemoryDocuments:
     """Documents held in memory with IndexedDataset's reading interface (the byte-level text corpus)."""
 
+    byte_text = True  # any byte may appear: the model needs the whole 256-token byte vocabulary
+
     def __init__(self, tokens: np.ndarray, lengths: np.ndarray, name: str):
         self.prefix, self.dtype = name, tokens.dtype
         self._tokens = tokens
