@@ -63,12 +63,17 @@ def outlive_rank_zero(error: SystemExit, grace_s: float = 60.0) -> None:
 
 def _closest(token: str, options: list[str]) -> str | None:
     """The valid flag meant by `token`: one holding all its words (--tensor-parallel -> --tensor-model-parallel-size,
-    the shortest such), else the closest spelling (difflib, as git and pip suggest)."""
+    the shortest such), else one it abbreviates (--lr-warm -> --lr-warmup-iters), else the closest spelling
+    (difflib, as git and pip suggest)."""
     words = set(token.lstrip("-").split("-"))
     holding = sorted((o for o in options if o.startswith("--") and words <= set(o[2:].split("-"))), key=len)
     if holding:
         return holding[0]
-    close = difflib.get_close_matches(token, options, n=1, cutoff=0.6)
+    prefixed = sorted((o for o in options if o.startswith(token) and len(token) > 3), key=len)
+    if prefixed:  # an abbreviation (not expanded: allow_abbrev=False) of --lr-warmup-iters
+        return prefixed[0]
+    # 0.75, not difflib's 0.6: the shared "--" alone lifts unrelated flags to ~0.7 (--order -> --world)
+    close = difflib.get_close_matches(token, options, n=1, cutoff=0.75)
     return close[0] if close else None
 
 
@@ -238,6 +243,7 @@ def check_output_dir(flag: str, path: str) -> None:
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path!r} is not writable ({probe})")
+    _probe_create(flag, path, probe)  # /proc, /sys, read-only mounts: os.access says yes to root
 
 
 @contextlib.contextmanager

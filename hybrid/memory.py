@@ -113,7 +113,8 @@ class SavedActivationLedger:
     parameters are views of).
     """
 
-    def __init__(self, params: Iterable[torch.Tensor] = ()):
+    def __init__(self, params: Iterable[torch.Tensor] = (), recomputation: bool = False):
+        self.recomputation = recomputation  # also count what checkpointed regions re-save in backward
         self.tag: Hashable = None  # tag the next saved tensors are filed under (set by `tagged`)
         self._param_storages = {storage_key(p) for p in params}
         self._current = 0  # bytes of distinct saved storages alive now
@@ -130,11 +131,16 @@ class SavedActivationLedger:
         hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         hooks.__enter__()
         self._hooks.append(hooks)
+        if self.recomputation:
+            _install_recomputation_hook()
+            _RECOMPUTING_LEDGERS.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         # stops counting new saves; what was saved is still released as autograd frees it
         self._hooks.pop().__exit__(*exc)
+        if self.recomputation:
+            _RECOMPUTING_LEDGERS.remove(self)
 
     @contextmanager
     def tagged(self, tag: Hashable) -> Iterator[None]:
@@ -202,6 +208,17 @@ class SavedActivationLedger:
         weakref.finalize(handle, self._released.append, (key, tag))
         return handle
 
+    def _track(self, t: torch.Tensor, owner: object) -> None:
+        """Count `t` as saved until `owner` is garbage: a tensor a checkpointed region re-saved in backward,
+        held by the checkpoint frame until the node that needs it unpacks it."""
+        key, tag = storage_key(t), self.tag
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or key in self._param_storages:
+            return
+        with self._lock:
+            self._apply_releases()
+            self._acquire(key, tag)
+        weakref.finalize(owner, self._released.append, (key, tag))
+
     @staticmethod
     def _unpack(packed: _Saved | torch.Tensor) -> torch.Tensor:
         # autograd re-attaches the grad_fn of a saved output itself; a detached tensor is what it expects
@@ -232,6 +249,55 @@ class SavedActivationLedger:
             if self._tag_refs[(tag, key)] == 0:
                 del self._tag_refs[(tag, key)]
                 self._tags[tag].current -= nbytes
+
+
+# --- recomputation (activation checkpointing) --------------------------------------------------
+#
+# torch's non-reentrant checkpoint saves a region's *inputs* through the ambient saved-tensor hooks (its
+# NoopSaveInputs node), so the ledger sees them; what the region's ops save is replaced by placeholders, and
+# in backward the recomputed tensors are kept by the checkpoint frame under its own innermost hooks
+# (`_recomputation_hook`), which the ledger's hooks never see. That recompute working set -- one layer's whole
+# set under full recomputation (Korthikanti et al. 2022: "plus the activations of the layer being
+# recomputed") -- is real memory. With `recomputation=True` the ledger wraps that hook's pack function: each
+# re-saved tensor counts from its re-save until the frame's entry for it (keyed by a weakly held handle that
+# the unpack drops) is gone. Relies on torch.utils.checkpoint internals (torch 2.1-2.13); a torch without
+# them raises at __enter__ rather than measuring less.
+
+_RECOMPUTING_LEDGERS: list[SavedActivationLedger] = []
+_RECOMPUTATION_HOOKED = False
+
+
+def _install_recomputation_hook() -> None:
+    global _RECOMPUTATION_HOOKED
+    if _RECOMPUTATION_HOOKED:
+        return
+    from torch.utils import checkpoint as ckpt
+    hook_cls = getattr(ckpt, "_recomputation_hook", None)
+    if hook_cls is None:
+        raise RuntimeError("SavedActivationLedger(recomputation=True): this torch has no "
+                           "torch.utils.checkpoint._recomputation_hook; recomputed tensors cannot be counted")
+    original_init = hook_cls.__init__
+
+    def init(hook, target_frame_ref, gid) -> None:
+        original_init(hook, target_frame_ref, gid)
+        pack = hook.pack_hook
+
+        def counted_pack(x):
+            frame = target_frame_ref()
+            index = frame.recomp_counter[gid]
+            try:
+                return pack(x)  # may raise _StopRecomputationError after storing x (early stop)
+            finally:
+                holder = frame.weak_holders[index]() if index < len(frame.weak_holders) else None
+                handle = holder.handles.get(gid) if holder is not None else None
+                if handle is not None:
+                    for ledger in _RECOMPUTING_LEDGERS:
+                        ledger._track(x, handle)
+
+        hook.pack_hook = counted_pack
+
+    hook_cls.__init__ = init
+    _RECOMPUTATION_HOOKED = True
 
 
 # --- model state -------------------------------------------------------------------------------

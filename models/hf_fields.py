@@ -119,7 +119,7 @@ def check_values(hf: PretrainedConfig) -> None:
 
 def _check_rope_values(hf: PretrainedConfig) -> None:
     """rope_theta: the base of the inverse frequencies theta^(-2i/d), a finite number > 0 (theta <= 0 gives
-    NaN or inf angles); a scaling factor >= 1, as transformers' rope validation asks (it only warns).""" 
+    NaN or inf angles); a scaling factor >= 1, as transformers' rope validation asks (it only warns)."""
     params = getattr(hf, "rope_parameters", None) or {}
     theta = params.get("rope_theta", getattr(hf, "rope_theta", None))
     if not _real(theta) or not math.isfinite(theta) or theta <= 0:

@@ -263,3 +263,17 @@ def test_train_load_of_a_grown_checkpoint_fails_before_any_process_group(tmp_pat
     with pytest.raises(ValueError, match=r"tensor transformer.wpe.weight has shape \[80, 32\], but the model "
                                          r"config implies \[64, 32\]"):
         check_args(parse_args(["--model", str(path), "--load", str(path), "--seq-length", "32"]), 1)
+
+
+@pytest.mark.parametrize("name,params", [("gpt2.json", 124_439_808), ("llama-3.1-8b.json", 8_030_261_248),
+                                         ("mistral-7b-v0.3.json", 7_248_023_552), ("qwen2.5-7b.json", 7_615_616_512)])
+def test_published_config_json_files_pass_every_check(name, params):
+    """The value and field checks refuse nothing real: the config.json files of these models on the Hugging Face
+    hub (tests/data/configs: transcribed, every key that transformers reads) load, with the exact parameter
+    counts the hub reports for their safetensors (GPT-2 124,439,808; Llama 3.1 8B 8,030,261,248; Mistral 7B v0.3
+    7,248,023,552; Qwen2.5 7B 7,615,616,512)."""
+    import os
+
+    from models import load_config
+    cfg = load_config(os.path.join(os.path.dirname(__file__), "data", "configs", name))
+    assert cfg.num_parameters == params

@@ -126,6 +126,16 @@ CASES = [
     ("tp-without-torchrun", "train", ["--tensor-model-parallel-size", "2"], {}, {}, "torchrun"),
     ("world-without-rank", "train", [], {}, {"WORLD_SIZE": "2"}, "RANK"),
     ("world-size-text", "train", [], {}, {"WORLD_SIZE": "two"}, "WORLD_SIZE"),
+    ("rank-without-master-addr", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1"}, "MASTER_ADDR is not"),
+    ("rank-without-master-port", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"},
+     "MASTER_PORT is not"),
+    ("master-port-text", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost",
+                                           "MASTER_PORT": "http"}, "MASTER_PORT 'http'"),
+    ("local-world-text", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost",
+                                           "MASTER_PORT": "29500", "LOCAL_WORLD_SIZE": "all"}, "LOCAL_WORLD_SIZE 'all'"),
+    ("auto-local-world-text", "train", ["--auto-parallel", "--global-batch-size", "8"], {},
+     {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500", "LOCAL_WORLD_SIZE": "all"},
+     "LOCAL_WORLD_SIZE 'all'"),
     ("hardware-without-auto", "train", ["--hardware", "{d}/hw.json"], {"hw.json": GOOD_PROFILE}, {}, "--hardware"),
     ("auto-without-batch", "train", ["--auto-parallel"], {}, {}, "--global-batch-size"),
     ("auto-profile-missing-field", "train", ["--auto-parallel", "--global-batch-size", "8", "--hardware",
@@ -153,7 +163,7 @@ CASES = [
      "but --offload-optimizer was given"),
     ("auto-with-ds-stage", "train", ["--auto-parallel", "--global-batch-size", "8", "--deepspeed-config",
                                      "{d}/ds.json"], {"ds.json": {"zero_optimization": {"stage": 2}}}, {},
-     "--auto-parallel chooses stage, but --deepspeed-config sets zero_optimization.stage"),
+     "--auto-parallel chooses the ZeRO stage, but --deepspeed-config sets zero_optimization.stage"),
     ("auto-with-ds-micro", "train", ["--auto-parallel", "--global-batch-size", "8", "--deepspeed-config",
                                      "{d}/ds.json"], {"ds.json": {"train_micro_batch_size_per_gpu": 2}}, {},
      "--deepspeed-config sets train_micro_batch_size_per_gpu"),
@@ -317,6 +327,11 @@ CASES = [
      {"hw.json": _profile(memory_gb=_DROP)}, {}, "hardware.memory_gb"),
     ("plan-hardware-string-field", "plan", PLAN + ["--hardware", "{d}/hw.json"],
      {"hw.json": _profile(hbm_tbps="fast")}, {}, "hardware.hbm_tbps"),
+    ("plan-hardware-matmul-string", "plan", PLAN + ["--precision", "fp32", "--hardware", "{d}/hw.json"],
+     {"hw.json": {**GOOD_PROFILE, "matmul_tflops": "fast"}}, {}, "matmul_tflops must be an object"),
+    ("plan-hardware-matmul-bf16-nan", "plan", PLAN + ["--hardware", "{d}/hw.json"],
+     {"hw.json": {**GOOD_PROFILE, "matmul_tflops": {"fp32": 0.5, "bf16": float("nan")}}}, {},
+     "matmul_tflops.bf16"),
     ("plan-hardware-wrong-format", "plan", PLAN + ["--hardware", "{d}/hw.json"], {"hw.json": {"format": "x"}}, {},
      "--hardware"),
     ("plan-hardware-not-json", "plan", PLAN + ["--hardware", "{d}/hw.json"], {"hw.json": "peak: 1"}, {},
@@ -334,6 +349,8 @@ CASES = [
     ("layout-tp-not-dividing", "layout", ["--world", "8", "--tensor-model-parallel-size", "3"], {}, {},
      "--tensor-model-parallel-size"),
     ("layout-typo", "layout", ["--wrld", "8"], {}, {}, "did you mean --world?"),
+    ("layout-unrelated-flag", "layout", ["--world", "8", "--order", "tp-dp"], {}, {},
+     "unrecognized arguments: --order; see --help"),
     # --- hybrid calibrate ----------------------------------------------------------------------------------
     ("calibrate-out-dir", "calibrate", ["--out", "{d}"], {}, {}, "--out"),
     ("calibrate-out-no-dir", "calibrate", ["--out", "{d}/no/such/hw.json"], {}, {}, "--out"),
@@ -396,7 +413,7 @@ def _all_files(root) -> set[str]:
 def test_bad_input_is_one_error_line_before_any_work(case, tmp_path, monkeypatch, capsys):
     name, command, argv, files, env, fragment = case
     monkeypatch.chdir(tmp_path)
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_ERROR_FILE"):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_ERROR_FILE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
@@ -544,6 +561,26 @@ def test_output_directory_checks(tmp_path):
         check_output_dir("--save", str(tmp_path / "file"))
     with pytest.raises(ValueError, match="--save .* is not writable"):
         check_output_dir("--save", str(tmp_path / "file" / "sub"))
+    with pytest.raises(ValueError, match="--save '/proc/self/ckpt'"):
+        check_output_dir("--save", "/proc/self/ckpt")
+    assert sorted(os.listdir(tmp_path)) == ["file"], "the probe leaves nothing behind"
+
+
+def test_output_file_probe_refuses_a_file_system_that_refuses_creation(tmp_path, monkeypatch):
+    """os.access answers yes for root even where a create fails (/proc, read-only mounts); the probe create is
+    what atomic_output will do, so its failure is the error -- here a read-only file system, simulated."""
+    import errno
+    import tempfile
+
+    from hybrid.cliutil import check_output_file
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    check_output_file("--out", str(tmp_path / "ok.json"))
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    with pytest.raises(ValueError, match=r"--out '.*ro.json': cannot create a file in .* \(Read-only file system\)"):
+        check_output_file("--out", str(tmp_path / "ro.json"))
 
 
 def _script(name: str):
@@ -605,3 +642,13 @@ def test_script_bad_flag_is_one_error_line_before_any_work(case, tmp_path, monke
     assert exit_info.value.code not in (0, None)
     assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: ") and fragment in lines[0], lines
     assert _all_files(tmp_path) == before, "nothing may be left behind"
+
+
+@pytest.mark.parametrize("rank", ["0x", "2", "-1"])
+def test_a_rank_outside_the_world_is_an_error_not_a_rendezvous_that_never_completes(rank, monkeypatch):
+    """(Not a table row: a rank other than "0" prints nothing and waits for the launcher, by design.)"""
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(ValueError, match=f"RANK '{rank}' is not an integer in \\[0, WORLD_SIZE 2\\)"):
+        train_main.check_launcher_env(2)

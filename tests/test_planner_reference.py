@@ -1,9 +1,11 @@
-"""The planner against published numbers (<repo root>/../shared/reference; skipped when absent).
+"""The planner against published numbers (tests/data, copied from the papers with their sources in
+tests/data/README.md; never skipped).
 
 * ZeRO paper Table 1: model-state GB per device reproduced to the paper's printed digits.
 * Narayanan et al. 2021 Table 1: each row's layout on the a100-80g preset predicts the published TFLOP/s per
   GPU within 15 %, with one global efficiency constant (hardware.COMPUTE_EFFICIENCY) and no per-row fitting;
-  the planner's own best layout for the model on that many GPUs is not predicted slower than the published one.
+  the planner's own best layout for the model on that many GPUs is not predicted slower than the published
+  figure (the paper's measured TFLOP/s per GPU, not the planner's prediction for the published layout).
 """
 
 from __future__ import annotations
@@ -12,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from hybrid.planner.reference import (check_megatron, gpt_model, last_digit, megatron_rows, zero_prediction_gb,
-                                      zero_rows)
+from hybrid.planner.reference import (MEGATRON_CSV, ZERO_CSV, check_megatron, gpt_model, last_digit, megatron_rows,
+                                      reference_dir, zero_prediction_gb, zero_rows)
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
-pytestmark = pytest.mark.skipif(not REFERENCE.is_dir(), reason=f"published reference data not found at {REFERENCE} "
-                                                              f"(outside the project workspace)")
+REFERENCE = Path(__file__).resolve().parent / "data"
 
 TOLERANCE = 0.15
+A100_BYTES = 81920 * 2**20  # an "80 GB" A100 holds 80 GiB (nvidia-smi: 81920 MiB)
 
 
 def test_zero_table1_is_reproduced_to_its_printed_digits():
@@ -56,11 +57,37 @@ def test_published_layout_predicts_tflops_within_15_percent(checks, billion):
                                            f"published {check.row.tflops_per_gpu}")
     layout = check.published.layout
     assert (layout.tp, layout.pp, layout.dp) == (check.row.tp, check.row.pp, check.row.dp)
-    assert check.published.memory_gb <= 80
+    assert check.published.memory_gb <= A100_BYTES / 1e9
+
+
+# The 1T row: the planner under-predicts it (published layout 143 TFLOP/s predicted, 163 measured: -12 %, inside
+# the 15 % tolerance) and its best layout (151.5) stays below the paper's figure -- issue 14's "under-predicts
+# 530B-1T runs". Strict: the xfail turns into a failure the day the model is fixed, so it is then removed.
+UNDER_PREDICTED = pytest.mark.xfail(strict=True, reason="planner under-predicts the 1T run (issue 14)")
+
+
+@pytest.mark.parametrize("billion", [1.7, 7.5, 39.1, 145.6, pytest.param(1008.0, marks=UNDER_PREDICTED)])
+def test_planner_best_is_not_slower_than_the_published_figure(checks, billion):
+    """Against the paper's measured TFLOP/s per GPU (same FLOP count, eq. 3), not against the planner's own
+    prediction for the published layout (that layout is inside the search, so the check could not fail)."""
+    check = checks[billion]
+    assert check.best.tflops_per_gpu >= check.row.tflops_per_gpu, (
+        f"{billion}B: best {check.best.layout.short()} predicts {check.best.tflops_per_gpu:.1f} TFLOP/s, "
+        f"published {check.row.tflops_per_gpu}")
+    assert check.best.memory_gb <= A100_BYTES / 1e9
 
 
 @pytest.mark.parametrize("billion", [1.7, 7.5, 39.1, 145.6, 1008.0])
-def test_planner_best_is_not_slower_than_the_published_layout(checks, billion):
+def test_planner_best_is_within_the_model_error_of_the_published_figure(checks, billion):
+    """Every row, the 1T one included: the best layout's prediction is at most the planner's stated error
+    (TOLERANCE) below the paper's measured figure."""
     check = checks[billion]
-    assert check.best.time.total <= check.published.time.total * (1 + 1e-9)
-    assert check.best.memory_gb <= 80
+    assert check.best.tflops_per_gpu >= (1 - TOLERANCE) * check.row.tflops_per_gpu
+
+
+def test_reference_data_ships_with_the_repository():
+    """The tables live in tests/data with their sources, so a clean clone runs every check above."""
+    assert reference_dir() == REFERENCE
+    assert {p.name for p in REFERENCE.glob("*.csv")} == {MEGATRON_CSV, ZERO_CSV}
+    sources = (REFERENCE / "README.md").read_text()
+    assert "2104.04473" in sources and "1910.02054" in sources  # Narayanan et al. 2021, Rajbhandari et al. 2020

@@ -34,3 +34,24 @@ def test_recomputation_changes_memory_not_numbers(name):
             assert torch.equal(g, ref_grads[n]), n
     assert peaks[Recompute.FULL] < peaks[Recompute.SELECTIVE] < none_peak
     assert peaks[Recompute.FULL] < none_peak / 3
+
+
+def test_recomputation_ledger_counts_the_rerun_layer_once():
+    """One block under full recomputation: without `recomputation` the ledger sees only the block input (the
+    checkpoint's saved input, b s h fp32); with it, the backward's rerun re-saves the block's whole set, whose
+    first tensor is that same input -- so the peak equals what the block saves without recomputation."""
+    from models.gpt2 import GPT2Block
+    cfg = load_config("tiny-gpt2")
+    torch.manual_seed(0)
+    block = GPT2Block(cfg, TPContext(Group.solo("tp"))).train()
+    x = torch.randn(2, 32, cfg.hidden_size, requires_grad=True)
+    peaks = {}
+    for granularity, counted in ((Recompute.NONE, False), (Recompute.FULL, False), (Recompute.FULL, True)):
+        block.recompute = granularity
+        ledger = SavedActivationLedger(params=block.parameters(), recomputation=counted)
+        with ledger:
+            block(x * 1.0).sum().backward()  # x * 1.0: the block input is an activation, not a leaf
+        peaks[granularity, counted] = ledger.peak_bytes
+        assert ledger.current_bytes == 0
+    assert peaks[Recompute.FULL, False] == 2 * 32 * cfg.hidden_size * 4
+    assert peaks[Recompute.FULL, True] == peaks[Recompute.NONE, False]

@@ -227,7 +227,8 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
         name=f"calibrated {platform.node() or 'host'} ({cfg.ranks} x {cfg.backend})",
         peak_tflops=matmul.get("bf16", matmul["fp32"]), compute_efficiency=1.0, hbm_tbps=copy / 1e12,
         gpus_per_node=cfg.ranks, intra_node_gbps=largest["busbw_gbps"], intra_latency_s=smallest["seconds"],
-        memory_gb=memory_gb, compute_units=cores)
+        memory_gb=memory_gb, compute_units=cores,
+        memory_bytes=None if cfg.backend == "gloo" else base.memory_bytes)  # the card's real capacity
     return {
         "format": FORMAT,
         "hardware": asdict(hw),
@@ -286,8 +287,11 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
             continue
         _check_field(path, name, fields_[name])
     matmul = profile.get("matmul_tflops", {})
-    if precision is Precision.FP32 and isinstance(matmul, dict) and "fp32" in matmul:
-        _check_field(path, "matmul_tflops.fp32", matmul["fp32"], where="")
+    if not isinstance(matmul, dict):  # a string or list here was read as "no fp32 rate" and planned on
+        raise ValueError(f"--hardware {path}: matmul_tflops must be an object of rates by dtype, got "
+                         f"{json.dumps(matmul)}; re-run `hybrid calibrate`")
+    for dtype, rate in matmul.items():
+        _check_field(path, f"matmul_tflops.{dtype}", rate, where="")
     try:
         hw = Hardware(**{k: v for k, v in fields_.items() if k in known})
     except (TypeError, ValueError) as e:
@@ -298,12 +302,12 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
 
 
 def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
-    """Numbers finite and > 0 (None allowed for compute_units), the name a string."""
+    """Numbers finite and > 0 (None allowed for compute_units and memory_bytes), the name a string."""
     if name == "name":
         if not isinstance(value, str):
             raise ValueError(f"--hardware {path}: hardware.name must be a string, got {json.dumps(value)}")
         return
-    if name == "compute_units" and value is None:
+    if name in ("compute_units", "memory_bytes") and value is None:
         return
     integer = name in ("gpus_per_node", "compute_units")
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))

@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> None:
     if args.plot:
         from hybrid.planner.plot import plot_memory
         with atomic_output(args.plot, suffix=os.path.splitext(args.plot)[1]) as tmp:
-            plot_memory(result.plans, tmp, title=_plot_title(work, cluster), device_gb=cluster.hw.memory_gb)
+            plot_memory(result.plans, tmp, title=_plot_title(work, cluster), device_gb=cluster.hw.capacity_bytes / GB)
     if args.json:
         print(json.dumps(_json(work, cluster, result, args.show_rejected), indent=2))
     elif args.emit_args:
@@ -307,7 +307,7 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -
     hw, cfg = cluster.hw, work.model
     lines = [f"{cfg.arch} {_count(cfg.num_parameters)} params, {cfg.num_layers} layers, h {cfg.hidden_size}, "
              f"{cfg.num_heads} heads ({cfg.num_kv_heads} kv) | {cluster.gpus} x {hw.name} "
-             f"({hw.memory_gb:g} GB, {hw.peak_tflops:g} TFLOP/s, efficiency {hw.compute_efficiency:g}) | "
+             f"({hw.capacity_bytes / GB:.4g} GB, {hw.peak_tflops:g} TFLOP/s, efficiency {hw.compute_efficiency:g}) | "
              f"global batch {work.global_batch} x {work.seq_length} tokens",
              "layout: tp pp dp v(chunks/rank) b(micro-batch) z(ZeRO) [offload] [sp] recompute; "
              "TFLOP/s per GPU incl. recomputation; MFU without",

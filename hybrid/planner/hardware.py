@@ -4,12 +4,12 @@ The GPU numbers are published peaks or achievable figures from a named benchmark
 the CPU-Adam throughput and the cpu preset are orders of magnitude. None is fitted to the validation rows.
 GB = 1e9 bytes, GB/s = 1e9 bytes per second, TFLOP/s = 1e12 FLOP per second.
 
-| preset   | bf16 peak   | memory | HBM       | NVLink busbw (8 GPUs)        | inter-node per GPU       | PCIe    |
-|----------|-------------|--------|-----------|------------------------------|--------------------------|---------|
-| a100-80g | 312 TFLOP/s | 80 GB  | 2.04 TB/s | 230 GB/s (NVLink 3, 300/dir) | 23.5 GB/s (HDR 200 Gb/s) | 25 GB/s |
-| h100-80g | 989 TFLOP/s | 80 GB  | 3.35 TB/s | 450 GB/s (NVLink 4, 450/dir) | 47 GB/s (NDR 400 Gb/s)   | 50 GB/s |
-| h200     | 989 TFLOP/s | 141 GB | 4.8 TB/s  | 450 GB/s                     | 47 GB/s                  | 50 GB/s |
-| cpu      | 1 TFLOP/s   | 64 GB  | 0.1 TB/s  | 5 GB/s (gloo, shared memory) | 1.2 GB/s (10 GbE)        | --      |
+| preset   | bf16 peak   | memory          | HBM       | NVLink busbw (8 GPUs)        | inter-node per GPU       | PCIe    |
+|----------|-------------|-----------------|-----------|------------------------------|--------------------------|---------|
+| a100-80g | 312 TFLOP/s | 80 GB (85.9e9)  | 2.04 TB/s | 230 GB/s (NVLink 3, 300/dir) | 23.5 GB/s (HDR 200 Gb/s) | 25 GB/s |
+| h100-80g | 989 TFLOP/s | 80 GB (85.5e9)  | 3.35 TB/s | 450 GB/s (NVLink 4, 450/dir) | 47 GB/s (NDR 400 Gb/s)   | 50 GB/s |
+| h200     | 989 TFLOP/s | 141 GB (150.8e9)| 4.8 TB/s  | 450 GB/s                     | 47 GB/s                  | 50 GB/s |
+| cpu      | 1 TFLOP/s   | 64 GB           | 0.1 TB/s  | 5 GB/s (gloo, shared memory) | 1.2 GB/s (10 GbE)        | --      |
 
 Sources: peaks, memory sizes and HBM bandwidths from NVIDIA's A100 (2020), H100 (2022) and H200 (2023) data
 sheets (SXM parts, dense -- no 2:4 sparsity). Intra-node bandwidths are nccl-tests `all_reduce_perf` bus
@@ -29,6 +29,7 @@ import enum
 from dataclasses import dataclass, replace
 
 GB = 1e9
+MIB = 2**20  # nvidia-smi's MiB
 
 # Fraction of dense bf16 peak that the matmuls of a Transformer layer sustain end to end. A round engineering
 # figure between two observations, not a fit: cuBLAS reaches 80-90 % of peak on single large bf16 GEMMs on
@@ -69,6 +70,11 @@ class Hardware:
         intra_latency_s: fixed cost of one collective or message inside a node, seconds.
         inter_latency_s: fixed cost of one collective or message across nodes, seconds.
         compute_efficiency: fraction of `peak_tflops` the matmuls sustain (`--compute-efficiency`).
+        memory_bytes: what the device really holds, bytes (CUDA's total memory, nvidia-smi's MiB x 2^20):
+            an "80 GB" A100 or H100 has 80 GiB-class HBM (81920 / 81559 MiB = 85.9e9 / 85.5e9 bytes), an H200
+            "141 GB" 143771 MiB (150.8e9). None: memory_gb x 1e9 (a `--gpu-memory` value is taken as stated).
+            The planner's demand already carries the reserve (memory.WORKSPACE_BYTES, 2 GB: CUDA context,
+            cuBLAS / NCCL workspaces, buckets; plus memory.FRAGMENTATION of the tensors).
         compute_units: processors the devices of one node share, when they share (a CPU's cores, with one
             gloo rank per device and one thread per rank); None when each device computes on its own (GPUs).
             With more devices than units, `peak_tflops` is one device's rate while the others idle, and the
@@ -89,6 +95,7 @@ class Hardware:
     inter_latency_s: float = 30e-6
     compute_efficiency: float = COMPUTE_EFFICIENCY
     compute_units: int | None = None
+    memory_bytes: float | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -113,25 +120,35 @@ class Hardware:
         return devices_per_node / self.compute_units
 
     @property
+    def capacity_bytes(self) -> float:
+        """Device bytes a plan may fill (see memory_bytes)."""
+        return self.memory_bytes if self.memory_bytes is not None else self.memory_gb * GB
+
+    @property
     def achievable_flops(self) -> float:
         """Matmul FLOP/s one device sustains: peak x compute_efficiency."""
         return self.peak_tflops * 1e12 * self.compute_efficiency
 
     def with_overrides(self, **changes: float | int | None) -> "Hardware":
         """A copy with the given fields replaced; None values are ignored (unset CLI flags)."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if "memory_gb" in changes and "memory_bytes" not in changes:
+            changes["memory_bytes"] = None  # a stated --gpu-memory replaces the preset's measured capacity
+        return replace(self, **changes)
 
 
 PRESETS: dict[GpuKind, Hardware] = {
     GpuKind.A100_80G: Hardware(name="a100-80g", peak_tflops=312.0, memory_gb=80.0, hbm_tbps=2.039,
                                gpus_per_node=8, intra_node_gbps=230.0, inter_node_gbps=23.5, pcie_gbps=25.0,
-                               host_memory_gb=2000.0, cpu_adam_params_per_s=5e9),
+                               host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,
+                               memory_bytes=81920 * MIB),
     GpuKind.H100_80G: Hardware(name="h100-80g", peak_tflops=989.0, memory_gb=80.0, hbm_tbps=3.35,
                                gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
-                               host_memory_gb=2000.0, cpu_adam_params_per_s=5e9),
+                               host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,
+                               memory_bytes=81559 * MIB),
     GpuKind.H200: Hardware(name="h200", peak_tflops=989.0, memory_gb=141.0, hbm_tbps=4.8,
                            gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
-                           host_memory_gb=2000.0, cpu_adam_params_per_s=5e9),
+                           host_memory_gb=2000.0, cpu_adam_params_per_s=5e9, memory_bytes=143771 * MIB),
     GpuKind.CPU: Hardware(name="cpu", peak_tflops=1.0, memory_gb=64.0, hbm_tbps=0.1, gpus_per_node=8,
                           intra_node_gbps=5.0, inter_node_gbps=1.2, pcie_gbps=100.0, host_memory_gb=512.0,
                           cpu_adam_params_per_s=1e9, intra_latency_s=50e-6, inter_latency_s=100e-6),

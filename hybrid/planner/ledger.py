@@ -11,7 +11,10 @@ measures on the runtime):
 
 * each layer: 2 all-reduces of b s h elements forward (attention and MLP outputs) and 2 backward (their
   inputs); under SP each becomes an all-gather + reduce-scatter pair of the same size S;
-* full recomputation reruns the forward inside the backward: 2 more per layer in the backward;
+* full recomputation reruns the layer's forward inside the backward, as torch's non-reentrant checkpoint does:
+  it stops once the last tensor the backward needs is re-saved (early stop), so the MLP's output collective,
+  whose result no op in the layer saves, is not rerun -- 1 more all-reduce per layer (under SP the two
+  all-gathers and the attention output's reduce-scatter: 2 + 1), where Megatron's reentrant checkpoint reruns 2;
 * first stage, the embedding: forward all-reduce (SP: reduce-scatter; backward all-gather);
 * last stage, the LM-head input: backward all-reduce (SP: forward all-gather, backward reduce-scatter), and the
   vocab-parallel cross-entropy: 3 all-reduces of b s fp32 values, forward;
@@ -19,7 +22,20 @@ measures on the runtime):
   parameters applied on sequence shards (norms, row-parallel biases, GPT-2's positions); when t exceeds the
   kv-heads, the replicated key/value projections (full size: every rank adds its head at its own rows).
 
-Data parallelism per step, of this rank's Psi parameters, in buckets (hybrid/dp.py, 25 MiB): see time.py.
+Data parallelism and ZeRO, by the units hybrid/zero/engine.py communicates (`zero_units`): each chunk's tied
+embedding (first and last stage of a tied model) is a unit of its own, reduced once per step after the whole
+backward; stage 3 makes one unit per Transformer block plus one of the chunk's other parameters (embedding,
+final norm, head); stages 0-2 bucket those into ~25 MiB units. Each unit is padded to a multiple of the DP
+size for stages 1-3 (its reduce-scatter and all-gather sizes). Per step (`zero_ledger`, m micro-batches):
+
+    stage 0   all-reduce every unit once
+    stage 1   reduce-scatter every unit once, all-gather every unit once (the updated parameters)
+    stage 2   reduce-scatter every unit m times (tied: once), all-gather every unit once
+    stage 3   reduce-scatter as stage 2, all-gather every unit 2 m times (before its forward and its backward)
+
+and the TP partial-gradient all-reduce runs once per reduction of each unit holding partial gradients (per
+micro-batch at stages 2-3). The time model (time.py) prices DP volume by Psi in buckets (the same bytes up to
+padding; the tied unit's separate call is one collective latency).
 
 `step_ledger` puts it all together for one pipeline rank and one step -- TP, pipeline send/recv, DP, the
 tied-embedding all-reduce -- and tests/test_planner_runtime.py checks it equals the runtime's ledger exactly.
@@ -30,10 +46,10 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
+from dataclasses import dataclass
 
 from hybrid.planner.hardware import Collective, GroupPlacement, Hardware, collective_seconds
 from hybrid.planner.layout import Layout, Recompute, Workload, ZeroStage, stage_layers
-from hybrid.planner.memory import rank_parameters
 from hybrid.planner.model import ACT_BYTES, Shard
 
 Ledger = dict[str, dict[str, float]]  # "op@group" -> {"calls": n, "bytes": S}
@@ -80,7 +96,11 @@ def tp_ledger(shard: Shard, b: int, s: int, layers: int, first: bool, last: bool
     if shard.t > 1:
         bsh = b * s * shard.cfg.hidden_size * elem_bytes
         _pairs(fwd, bsh, 2 * layers, sp)
-        _pairs(bwd, bsh, (4 if recompute is Recompute.FULL else 2) * layers, sp)
+        _pairs(bwd, bsh, 2 * layers, sp)
+        if recompute is Recompute.FULL:  # the rerun forward, up to the attention output's collective
+            bwd.add(Collective.ALL_GATHER if sp else Collective.ALL_REDUCE, "tp", bsh, (2 if sp else 1) * layers)
+            if sp:
+                bwd.add(Collective.REDUCE_SCATTER, "tp", bsh, layers)
         if first:
             fwd.add(Collective.REDUCE_SCATTER if sp else Collective.ALL_REDUCE, "tp", bsh)
             if sp:
@@ -105,9 +125,20 @@ def _pairs(book: _Book, size: float, count: int, sp: bool) -> None:
 
 
 def partial_grad_ledger(shard: Shard, layers: int, first: bool, last: bool, sp: bool, grad_bytes: int) -> Ledger:
-    """Once per step: one all-reduce of the partial gradients (hybrid.tp.sync_partial_grads), when there are
-    any -- under SP each layer's norms and row-parallel biases, the final norm, GPT-2's positions; when t
-    exceeds the kv-heads, each layer's key and value projections (weights and biases) at full size."""
+    """One all-reduce of all the partial gradients (hybrid.tp.sync_partial_grads) of `layers` layers and the
+    stage's edges, when there are any (`partial_grad_numel`); the runtime runs one per ZeRO unit that holds
+    some (`zero_ledger`), the time model prices this one."""
+    numel = partial_grad_numel(shard, layers, first, last, sp)
+    book = _Book()
+    if shard.t > 1 and numel:
+        book.add(Collective.ALL_REDUCE, "tp", numel * grad_bytes)
+    return book.ledger()
+
+
+def partial_grad_numel(shard: Shard, layers: int, first: bool, last: bool, sp: bool) -> int:
+    """Elements of the partial gradients -- under SP each layer's norms and row-parallel biases, the final
+    norm, GPT-2's positions; when t exceeds the kv-heads, each layer's key and value projections (weights and
+    biases) at full size."""
     cfg, h = shard.cfg, shard.cfg.hidden_size
     numel = 0
     if sp:
@@ -119,10 +150,7 @@ def partial_grad_ledger(shard: Shard, layers: int, first: bool, last: bool, sp: 
     if cfg.num_kv_heads % shard.t:  # kv-heads replicated over t / g ranks: gradients summed over TP
         kv = cfg.num_kv_heads * cfg.head_dim
         numel += layers * 2 * (kv * h + (kv if cfg.qkv_bias else 0))
-    book = _Book()
-    if shard.t > 1 and numel:
-        book.add(Collective.ALL_REDUCE, "tp", numel * grad_bytes)
-    return book.ledger()
+    return numel if shard.t > 1 else 0
 
 
 def sp_grad_sync_ledger(shard: Shard, layers: int, first: bool, last: bool, grad_bytes: int) -> Ledger:
@@ -167,6 +195,77 @@ def _bucketed(book: _Book, op: Collective, size: float) -> None:
     book.add(op, "dp", size / calls, calls)
 
 
+@dataclass(frozen=True)
+class ZeroUnit:
+    """One hybrid.zero FlatUnit of a rank.
+
+    Attributes:
+        numel: parameters in the unit (before padding).
+        deferred: the tied embedding: reduced once per step, after the whole backward (engine.py).
+        partial: elements its TP partial-gradient all-reduce carries (full tensors; 0: none).
+    """
+
+    numel: int
+    deferred: bool = False
+    partial: int = 0
+
+
+def zero_units(work: Workload, layout: Layout, pp_rank: int, bucket_bytes: int = BUCKET_BYTES) -> list[ZeroUnit]:
+    """The units ZeroOptimizer builds on pipeline rank `pp_rank`, chunk by chunk. Stages 0-2 bucket a chunk's
+    parameters greedily; here into ceil(bytes / bucket_bytes) equal buckets, the partial gradients in as many
+    of them as there are layers holding some (exact when a chunk fits one bucket, as in the runtime test)."""
+    cfg, shard, h, sp = work.model, work.shard(layout.tp), work.model.hidden_size, layout.sequence_parallel
+    pp, v = layout.pp, layout.v
+    layers = stage_layers(cfg, pp, v, work.seq_length)
+    table = shard.vocab // shard.t * h
+    norm = 2 * h if shard.is_gpt2 else h
+    positions = cfg.max_position_embeddings * h if shard.is_gpt2 else 0
+    layer_partial = partial_grad_numel(shard, 1, False, False, sp)
+    units: list[ZeroUnit] = []
+    for c in reversed(range(v)):
+        stage = c * pp + pp_rank
+        first, last, n = stage == 0, stage == pp * v - 1, layers[stage]
+        tied = cfg.tie_embeddings and (first or last)
+        if tied:
+            units.append(ZeroUnit(table, deferred=True))
+        root = (positions + (0 if tied else table) if first else 0) + (norm + (0 if tied else table) if last else 0)
+        root_partial = partial_grad_numel(shard, 0, first, last, sp)
+        if layout.zero is ZeroStage.PARAMETERS:
+            units += [ZeroUnit(shard.layer_params(), partial=layer_partial)] * n
+            units += [ZeroUnit(root, partial=root_partial)] if root else []
+            continue
+        rest = n * shard.layer_params() + root
+        buckets = max(1, math.ceil(rest * work.precision.grad_bytes / bucket_bytes))
+        holders = min(buckets, (n if layer_partial else 0) + (1 if root_partial else 0))
+        partial = n * layer_partial + root_partial
+        units += [ZeroUnit(rest // buckets + (1 if i < rest % buckets else 0),
+                           partial=(partial // holders + (1 if i < partial % holders else 0)) if i < holders else 0)
+                  for i in range(buckets)]
+    return units
+
+
+def zero_ledger(units: list[ZeroUnit], zero: ZeroStage, dp: int, t: int, m: int, grad_bytes: int,
+                param_bytes: int) -> Ledger:
+    """DP (and TP partial-gradient) collectives of one step over `units` (see the module docstring)."""
+    book = _Book()
+    parts = dp if zero >= ZeroStage.OPTIMIZER else 1
+    for u in units:
+        padded = -(-u.numel // parts) * parts
+        reductions = m if zero >= ZeroStage.GRADIENTS and not u.deferred else 1
+        if dp > 1:
+            if zero is ZeroStage.NONE:
+                book.add(Collective.ALL_REDUCE, "dp", u.numel * grad_bytes)
+            else:
+                book.add(Collective.REDUCE_SCATTER, "dp", padded * grad_bytes, reductions)
+            if zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
+                book.add(Collective.ALL_GATHER, "dp", padded * param_bytes)
+            if zero is ZeroStage.PARAMETERS:
+                book.add(Collective.ALL_GATHER, "dp", padded * param_bytes, 2 * m)
+        if t > 1 and u.partial and not u.deferred:
+            book.add(Collective.ALL_REDUCE, "tp", u.partial * grad_bytes, reductions)
+    return book.ledger()
+
+
 def merge(*ledgers: Ledger, times: int = 1) -> Ledger:
     """Sum of ledgers (each counted `times` times), in the summary's format."""
     book = _Book()
@@ -186,7 +285,7 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
       stage), receives its input and sends its input gradient (unless it is the first): b s h elements, b s h / t
       under SP, one message each, counted as send@pp by the sender and recv@pp by the receiver; chunks on one
       rank (pp = 1) hand over in memory;
-    * DP: `dp_step_ledger` of this rank's Psi, plus `dp_microbatch_ledger` per micro-batch (ZeRO 2/3);
+    * DP and the TP partial-gradient all-reduces, unit by unit (`zero_units`, `zero_ledger`);
     * tied embeddings, pp > 1: the first and last stage all-reduce the embedding's gradient (V_p/t x h) over
       the embedding group."""
     cfg, b, s = work.model, layout.micro_batch, work.seq_length
@@ -196,11 +295,9 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
     last_stage = pp * v - 1
     per_mb, pipe = [], _Book()
     message = b * s * cfg.hidden_size * pr.activation_bytes // (layout.tp if layout.sequence_parallel else 1)
-    rank_layers = 0
     for c in range(v):
         stage = c * pp + pp_rank
         first, last = stage == 0, stage == last_stage
-        rank_layers += layers[stage]
         book = tp_ledger(shard, b, s, layers[stage], first, last, layout.sequence_parallel, layout.recompute,
                          pr.activation_bytes)
         per_mb += [book["forward"], book["backward"]]
@@ -208,16 +305,14 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
             hops = (0 if last else 1) + (0 if first else 1)  # output forward + gradient back, input + its gradient
             pipe.add(Message.SEND, "pp", message, m * hops)
             pipe.add(Message.RECV, "pp", message, m * hops)
-    psi = rank_parameters(work, layout)[pp_rank]
-    dp_mb = dp_microbatch_ledger(psi, layout.zero, layout.dp, pr.grad_bytes, pr.param_bytes)
-    per_step = [pipe.ledger(), dp_step_ledger(psi, layout.zero, layout.dp, pr.grad_bytes, pr.param_bytes),
-                partial_grad_ledger(shard, rank_layers, pp_rank == 0, pp_rank == pp - 1, layout.sequence_parallel,
-                                    pr.grad_bytes)]
+    units = zero_units(work, layout, pp_rank)
+    per_step = [pipe.ledger(), zero_ledger(units, layout.zero, layout.dp, layout.tp, m, pr.grad_bytes,
+                                           pr.param_bytes)]
     if cfg.tie_embeddings and pp > 1 and pp_rank in (0, pp - 1):
         tied = _Book()
         tied.add(Collective.ALL_REDUCE, "embedding", shard.vocab // shard.t * cfg.hidden_size * pr.grad_bytes)
         per_step.append(tied.ledger())
-    return merge(merge(*per_mb, dp_mb["forward"], dp_mb["backward"], times=m), *per_step)
+    return merge(merge(*per_mb, times=m), *per_step)
 
 
 def ledger_seconds(ledger: Ledger, hw: Hardware, group: GroupPlacement) -> float:

@@ -24,8 +24,9 @@ bytes per layer per micro-batch, GPT shapes,
     tensor parallel           sbh (10 + 24/t + 5as/(ht))
     tensor + sequence par.    sbh (34/t + 5as/(ht))
     selective recomputation   drops the 5as/(ht) term
-    full recomputation        2sbh (the layer input; 2sbh/t under SP), plus one layer's full set while
-                              that layer is recomputed
+    full recomputation        2sbh (the layer input; 2sbh/t under SP), plus, while one layer is
+                              recomputed, its full set less the input it shares (the last rank: after
+                              one micro-batch's head set is freed)
 
 (the Korthikanti profile; ActivationProfile.FP32_FLASH counts what this runtime saves instead, model.py),
 times the activation sets in flight on the rank, from the schedule simulation (hybrid/planner/schedule.py),
@@ -89,6 +90,19 @@ class ModelStates:
         return self.params + self.grads + self.optimizer
 
 
+def step_transient_bytes(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offload.NONE,
+                         precision: Precision = Precision.MIXED) -> float:
+    """The fp32 master gradient of this rank's shard, made in the optimizer step (hybrid/zero/engine.py
+    `_make_master_grads`) from the bf16 / fp16 gradient the runtime accumulates and reduces: 4 Psi / Nd bytes
+    (Nd = 1 at ZeRO 0) on the device, while the activations are already freed. Unlike Megatron, which keeps
+    fp32 main gradients through the backward (18-20 bytes per parameter without ZeRO), hybrid keeps 2 + 2 + 12.
+    None in fp32 (the reduced gradient is the master gradient) or with the optimizer offloaded (the copy is
+    made on the host)."""
+    if precision is not Precision.MIXED or offload is not Offload.NONE:
+        return 0.0
+    return 4.0 * psi / (dp if ZeroStage(zero) >= ZeroStage.OPTIMIZER else 1)
+
+
 def model_states(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offload.NONE,
                  precision: Precision = Precision.MIXED) -> ModelStates:
     """Split of `model_state_bytes` into parameters, gradients and optimizer, with offload applied.
@@ -117,6 +131,7 @@ class RankMemory:
             logits included, plus the recomputation working set).
         buffers: ZeRO 3 gathered-parameter buffers.
         workspace: fixed workspace plus fragmentation.
+        step_transient: bytes the optimizer step adds while no activation is held (`step_transient_bytes`).
     """
 
     rank: int
@@ -125,11 +140,12 @@ class RankMemory:
     activations: float
     buffers: float
     workspace: float
+    step_transient: float = 0.0
 
     @property
     def total(self) -> float:
-        """Device bytes at the peak."""
-        return self.states.device + self.activations + self.buffers + self.workspace
+        """Device bytes at the peak: the backward's (activations, gathered buffers) or the optimizer step's."""
+        return self.states.device + max(self.activations + self.buffers, self.step_transient) + self.workspace
 
 
 @dataclass(frozen=True)
@@ -173,13 +189,20 @@ def _rank_parameters(work: Workload, tp: int, pp: int, v: int) -> tuple[float, .
 
 
 def layer_activation_bytes(shard: Shard, b: int, s: int, sp: bool, recompute: Recompute) -> tuple[float, float]:
-    """(bytes one layer keeps per micro-batch in flight, working bytes while one layer is recomputed)."""
+    """(bytes one layer keeps per micro-batch in flight, bytes its recomputation adds on top at the peak).
+
+    Full: the layer input stays (Korthikanti et al.: 2sbh); the rerun forward re-saves the layer's whole set,
+    of which the input is already held (the first norm saves that very tensor), so it adds set - input.
+    Selective: the attention core re-saves its own tensors during its backward, after the same layer's MLP
+    backward has freed the MLP intermediates: it adds only what exceeds them (nothing for flash attention,
+    whose core is a logsumexp; the materialised softmax of the Korthikanti profile can exceed them)."""
     replicated, split, core = shard.layer_activation_terms(b, s, sp)
     if recompute is Recompute.NONE:
         return replicated + split + core, 0.0
     if recompute is Recompute.SELECTIVE:
-        return replicated + split, core  # the attention core exists again during its backward
-    return shard.layer_input_bytes(b, s, sp), replicated + split + core
+        return replicated + split, max(0.0, core - shard.mlp_activation_bytes(b, s))
+    kept = shard.layer_input_bytes(b, s, sp)
+    return kept, replicated + split + core - kept
 
 
 def plan_memory(work: Workload, cluster: Cluster, layout: Layout, schedule: ScheduleKind | None = None) -> MemoryPlan:
@@ -197,8 +220,9 @@ def peak_memory(work: Workload, cluster: Cluster, layout: Layout) -> tuple[int, 
     the search's fast path. Equal to plan_memory's peak (states are linear in Psi)."""
     _, psis, acts, bufs = _rank_parts(work, layout)
     unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision)
-    totals = [(psi * unit.device + act + buf) * (1 + FRAGMENTATION) + WORKSPACE_BYTES
-              for psi, act, buf in zip(psis, acts, bufs)]
+    step = step_transient_bytes(1.0, layout.zero, layout.dp, layout.offload, work.precision)
+    totals = [psi * unit.device + max(act + buf, step * psi) + FRAGMENTATION * (psi * unit.device + act + buf)
+              + WORKSPACE_BYTES for psi, act, buf in zip(psis, acts, bufs)]
     rank = max(range(len(totals)), key=totals.__getitem__)
     return rank, totals[rank], _host_per_node(cluster, unit, max(psis))
 
@@ -233,7 +257,10 @@ def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: 
         per_chunk = chunk_layers * per_layer + (shard.chunk_activation_bytes(b, s) if chunk_layers else 0.0)
         acts.append(flight.chunks[r] * per_chunk + (working if chunk_layers else 0.0))
     acts[0] += flight.first_chunk * shard.embedding_activation_bytes(b, s, sp)
-    acts[-1] += flight.last_chunk * shard.head_activation_bytes(b, s, sp)
+    head = shard.head_activation_bytes(b, s, sp)
+    # the last rank's first backward runs the head's (freeing one micro-batch's head set) before any layer of
+    # that micro-batch is recomputed: the peak is the larger of end-of-forward and first recomputation
+    acts[-1] += flight.last_chunk * head - min(head, working if layers[-1] else 0.0)
     return flight, tuple(acts)
 
 
@@ -251,4 +278,5 @@ def _rank_memory(work: Workload, layout: Layout, r: int, psi: float, activations
     states = model_states(psi, layout.zero, layout.dp, layout.offload, work.precision)
     workspace = WORKSPACE_BYTES + FRAGMENTATION * (states.device + activations + buffers)
     return RankMemory(rank=r, parameters=psi, states=states, activations=activations, buffers=buffers,
-                      workspace=workspace)
+                      workspace=workspace, step_transient=step_transient_bytes(psi, layout.zero, layout.dp,
+                                                                               layout.offload, work.precision))

@@ -209,10 +209,11 @@ class Shard:
           GEMMs behind it (2: attention, MLP); under SP the entry all-gathers into a sequence-major buffer
           (`out.movedim`), which F.linear copies for each GEMM -- q, k, v and the MLP's 1 (GELU) or 2
           (gate, up) GEMMs each save their own h;
-        * tensor-split: rotated q and k, v, the attention output (o_proj input) (2ad + 2 kv)/t, the
-          flash-attention logsumexp a/t, the MLP -- fused GELU input and c_proj input 2f/t, or SwiGLU's
-          gate, silu, up and down input 4f/t;
-        * attention core: none (flash attention recomputes the scores in backward)."""
+        * tensor-split: rotated q and k, v, the attention output (o_proj input) (2ad + 2 kv)/t, the MLP --
+          fused GELU input and c_proj input 2f/t, or SwiGLU's gate, silu, up and down input 4f/t;
+        * attention core: the flash-attention logsumexp a/t (the s x s scores are recomputed in backward
+          anyway), the one tensor selective recomputation drops (its q, k, v are its saved inputs, its output
+          is the o_proj input)."""
         cfg, h = self.cfg, self.cfg.hidden_size
         tokens = b * s
         norms = 2 * (h + 2 if self.is_gpt2 else 2 * h + 1) * tokens * FP32
@@ -222,8 +223,14 @@ class Shard:
         else:
             gemm_inputs = 2 * h * tokens * FP32
         mlp = (2 if self.is_gpt2 else 4) * self.ffn_width
-        split = tokens * (2 * self.q_width + 2 * self.kv_width + cfg.num_heads // self.t + mlp) * FP32
-        return norms + gemm_inputs, split, 0.0
+        split = tokens * (2 * self.q_width + 2 * self.kv_width + mlp) * FP32
+        return norms + gemm_inputs, split, tokens * (cfg.num_heads // self.t) * FP32
+
+    def mlp_activation_bytes(self, b: int, s: int) -> float:
+        """The MLP intermediates of one layer (GELU input and output, or SwiGLU's four f-wide tensors): freed by
+        the MLP's backward, before the same layer's attention-core backward runs."""
+        elem = FP32 if self.profile is ActivationProfile.FP32_FLASH else ACT_BYTES
+        return s * b * (2 if self.is_gpt2 else 4) * self.ffn_width * elem
 
     def chunk_activation_bytes(self, b: int, s: int) -> float:
         """Per chunk and micro-batch, shared by its layers: Llama's RoPE cos and sin, 2 s d fp32 (FP32_FLASH;

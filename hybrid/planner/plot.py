@@ -18,6 +18,8 @@ PARTS = (
     ("optimizer states", "#C44E52", lambda r: r.states.optimizer),
     ("activations", "#8172B2", lambda r: r.activations),
     ("ZeRO-3 buffers", "#CCB974", lambda r: r.buffers),
+    # the optimizer step's fp32 gradient, beyond what the (then freed) activations and buffers took
+    ("step fp32 gradient", "#64B5CD", lambda r: max(0.0, r.step_transient - r.activations - r.buffers)),
     ("workspace", "#8C8C8C", lambda r: r.workspace),
 )
 

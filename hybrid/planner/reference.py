@@ -1,4 +1,4 @@
-"""The planner against published numbers (the files in <repo>/../shared/reference, see its README.md).
+"""The planner against published numbers (the files in <repo>/tests/data, see its README.md for the sources).
 
     python -m hybrid.planner.reference            # prints the tables of docs/planner.md
 
@@ -30,8 +30,9 @@ ZERO_CSV = "zero_2020_table1.csv"
 
 
 def reference_dir() -> Path:
-    """<repo root>/../shared/reference (may not exist outside the project's workspace)."""
-    return Path(__file__).resolve().parents[2].parent / "shared" / "reference"
+    """<repo root>/tests/data: the published tables, copied with their sources (tests/data/README.md), so the
+    validation runs on a clean clone."""
+    return Path(__file__).resolve().parents[2] / "tests" / "data"
 
 
 def gpt_model(layers: int, hidden: int, heads: int, vocab: int, seq: int) -> ModelConfig:

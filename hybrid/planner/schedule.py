@@ -21,6 +21,8 @@ Schedules up to `SIM_BUDGET` (pp (m v)^2) are simulated; a larger one raises `Si
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -139,7 +141,7 @@ def run_pipeline(kind: ScheduleKind, pp: int, m: int, v: int, times: StageTimes,
     step = 1 if v == 1 else pp
     first = m if kind is ScheduleKind.GPIPE else min(m, saturation_m(kind, pp, v))
     if m <= first + 2 * step or kind is ScheduleKind.GPIPE:
-        _check_budget(pp, m, v, budget, "the step")
+        _check_budget(pp, m, v, budget, "the step", m)
         return _run(m, busy, (m,), _makespan(kind, pp, m, v, times), extrapolated=False)
     return _extrapolate(kind, pp, m, v, times, busy, first, step, budget)
 
@@ -150,12 +152,12 @@ def _extrapolate(kind: ScheduleKind, pp: int, m: int, v: int, times: StageTimes,
     for _ in range(_MAX_SLIDES):
         if ms[-1] >= m:
             break
-        _check_budget(pp, ms[-1], v, budget, "the steady state")
+        _check_budget(pp, ms[-1], v, budget, "the steady state", m)
         t1, t2, t3 = (_makespan(kind, pp, k, v, times) for k in ms)
         if abs((t3 - t2) - (t2 - t1)) <= 1e-9 * t3:
             return _run(m, busy, tuple(ms), t3 + (m - ms[-1]) / step * (t3 - t2), extrapolated=True)
         ms = [k + step for k in ms]
-    _check_budget(pp, m, v, budget, "the step (no steady increment found)")
+    _check_budget(pp, m, v, budget, "the step (no steady increment found)", m)
     return _run(m, busy, (m,), _makespan(kind, pp, m, v, times), extrapolated=False)
 
 
@@ -176,8 +178,13 @@ def _lists(kind: ScheduleKind, pp: int, m: int, v: int) -> list[list[Action]]:
     return build_schedule(kind, pp, m, v)
 
 
-def _check_budget(pp: int, m: int, v: int, budget: float, what: str) -> None:
-    if sim_size(pp, m, v) > budget:
+def _check_budget(pp: int, m: int, v: int, budget: float, what: str, m_step: int) -> None:
+    """Refuse to simulate `m` micro-batches beyond the budget; the fix names the budget that always suffices:
+    pp (m_step v)^2 for the step's own m_step (every simulation of the step, slides included, is at most that)."""
+    size = sim_size(pp, m, v)
+    if size > budget:
+        enough = math.ceil(sim_size(pp, m_step, v))
         raise SimulationTooLarge(
             f"simulating {what} needs pp {pp} x v {v} with m = {m} micro-batches, pp (m v)^2 = "
-            f"{sim_size(pp, m, v):.2g} > the budget {budget:.2g}; raise --sim-budget or use fewer chunks (v)")
+            f"{size:.6g} > the budget {budget:.6g}; rerun with --sim-budget {enough} (pp (m v)^2 at the step's "
+            f"m = {m_step}), or use fewer chunks v or micro-batches")

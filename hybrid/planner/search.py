@@ -165,13 +165,15 @@ def _plan(work: Workload, cluster: Cluster, layout: Layout, memory: MemoryPlan, 
 
 
 def memory_problem(cluster: Cluster, rank: int, device_bytes: float, host_bytes: float) -> str | None:
-    """'OOM on stage 0: needs 93.1 GB of 80' (or the host-memory equivalent), None when it fits."""
+    """'OOM on stage 0: needs 93.1 GB of 85.9' (or the host-memory equivalent), None when it fits. The device
+    holds hw.capacity_bytes (an 80 GB card: 85.9e9 bytes)."""
     hw = cluster.hw
-    if device_bytes > hw.memory_gb * GB:
+    capacity = hw.capacity_bytes / GB
+    if device_bytes > hw.capacity_bytes:
         need = f"{device_bytes / GB:.1f}"
-        if float(need) <= hw.memory_gb:  # 80.04 of 80 reads "80.0 of 80": show the excess
+        if float(need) <= round(capacity, 1):  # 85.94 of 85.9 reads "85.9 of 85.9": show the excess
             need = f"{device_bytes / GB:.3f}"
-        return f"OOM on stage {rank}: needs {need} GB of {hw.memory_gb:g}"
+        return f"OOM on stage {rank}: needs {need} GB of {capacity:.4g}"
     if host_bytes > hw.host_memory_gb * GB:
         return f"host OOM: offload needs {host_bytes / GB:.0f} GB per node of {hw.host_memory_gb:g}"
     return None

@@ -17,8 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
-from hybrid.data import BYTE_VOCAB, BatchSpec
+from hybrid.checkpoint import args as ckpt_args
+from hybrid.data import BatchSpec
+from hybrid.data import args as data_args
 from hybrid.fault import args as fault_args
+from hybrid.metrics import args as metrics_args
 from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
@@ -44,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model and data")
     g.add_argument("--model", default="tiny-gpt2", help="preset name (hybrid models) or a transformers "
                                                          "config.json / model directory")
-    g.add_argument("--load", default=None, help="transformers checkpoint directory to start from (safetensors)")
-    g.add_argument("--data-path", default=None, help="UTF-8 text file; None: Python's pydoc topics")
+    g.add_argument("--load", default=None, help="a --save directory to resume from (its latest complete checkpoint), or a "
+                                                "transformers model directory (safetensors) for initial weights")
     g.add_argument("--seq-length", type=int, default=128, help="tokens per sequence")
     g = p.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tp: ranks splitting each layer")
@@ -99,7 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(a value that contradicts a flag given explicitly is an error)")
     g.add_argument("--log-interval", type=int, default=10, help="print the loss every this many steps")
     model_cli.add_arguments(p)
+    data_args.add_arguments(p)
+    metrics_args.add_arguments(p)
     fault_args.add_arguments(p)
+    ckpt_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -111,7 +117,7 @@ def _short_metavars(p: argparse.ArgumentParser) -> None:
             a.metavar = {int: "N", float: "X"}.get(a.type, "PATH" if a.dest in PATHS else "TEXT")
 
 
-PATHS = {"model", "load", "data_path", "timeline", "hardware", "deepspeed_config"}
+PATHS = {"model", "load", "timeline", "hardware", "deepspeed_config"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -163,7 +169,7 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 def check_files(args: argparse.Namespace, cfg: ModelConfig) -> None:
     """Inputs exist and have the right format, outputs can be written -- before any work."""
-    for flag, value in (("--timeline", args.timeline), ("--load", args.load), ("--data-path", args.data_path),
+    for flag, value in (("--timeline", args.timeline), ("--load", args.load),
                         ("--hardware", args.hardware), ("--deepspeed-config", args.deepspeed_config),
                         ("--pipeline-layers-per-stage", args.pipeline_layers_per_stage)):
         if value is not None and not value.strip():
@@ -236,12 +242,10 @@ def check_model_fits_host(cfg: ModelConfig, world: int, model: str) -> None:
                          f"{have / 2**30:.0f} GiB; run `hybrid plan` to size the job")
 
 
-def check_corpus(corpus: torch.Tensor, args: argparse.Namespace) -> None:
-    """The corpus holds at least one sequence plus its shifted label."""
-    if corpus.numel() <= args.seq_length + 1:
-        where = args.data_path or "the default corpus"
-        raise ValueError(f"--data-path {where} has {corpus.numel()} tokens, fewer than one sequence of "
-                         f"--seq-length {args.seq_length} + 1; give more text or a shorter --seq-length")
+def check_corpus(args: argparse.Namespace, cfg: ModelConfig, batch: BatchSpec):
+    """Open --data-path (hybrid/data/args.py): every dataset readable, enough tokens for one sequence plus its
+    shifted label in the train split, token ids within the model's vocabulary. Returns the DataSource."""
+    return data_args.build(args, args.data, batch, cfg.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -351,6 +355,9 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     check_numbers(args)  # again: the DeepSpeed config may have set them
     args.zero = check_zero(args)
     args.fault = fault_args.check(args)
+    args.data = data_args.check(args)
+    args.metrics = metrics_args.check(args)
+    args.ckpt = ckpt_args.check(args)  # a --load naming a checkpoint directory moves to args.ckpt.load
     cfg = load_config(args.model)
     check_files(args, cfg)  # --load readable, outputs writable
     cfg = model_cli.check(args, cfg)  # dropout flags; --load tensor shapes
@@ -362,8 +369,6 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     if args.sequence_parallel and args.seq_length % dims.tp:
         raise ValueError(f"--sequence-parallel needs --seq-length ({args.seq_length}) divisible by "
                          f"--tensor-model-parallel-size ({dims.tp})")
-    if cfg.vocab_size < BYTE_VOCAB:
-        raise ValueError(f"--model vocabulary ({cfg.vocab_size}) is smaller than the {BYTE_VOCAB} byte tokens")
     gbs = args.global_batch_size or args.micro_batch_size * dims.dp
     batch = BatchSpec(global_batch=gbs, micro_batch=args.micro_batch_size, seq_length=args.seq_length, dp=dims.dp)
     return cfg, dims, batch, check_pipeline(args, cfg, dims, batch)
@@ -390,11 +395,13 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         kind = next((k for k in ("h200", "h100-80g") if k.split("-")[0] in props.name.lower()), "a100-80g")
-        hw = dataclasses.replace(hardware(kind), memory_gb=props.total_memory / 1e9)
+        hw = dataclasses.replace(hardware(kind), memory_gb=props.total_memory / 1e9,
+                                 memory_bytes=float(props.total_memory))  # what this card holds
         profile = ActivationProfile.KORTHIKANTI
     else:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        hw = dataclasses.replace(hardware("cpu"), memory_gb=total / local / 1e9, gpus_per_node=local)
+        hw = dataclasses.replace(hardware("cpu"), memory_gb=total / local / 1e9, gpus_per_node=local,
+                                 memory_bytes=None)
         profile = ActivationProfile.FP32_FLASH
     precision = Precision.MIXED if (args.bf16 or args.fp16) else Precision.FP32
     if args.hardware:
@@ -420,8 +427,6 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
               f"(predicted {result.plans[0].time.total:.3g} s/step on {hw.name})", flush=True)
 
 
-
-
 # the flags whose values --auto-parallel chooses (dest, what it chooses), and the DeepSpeed keys that set them
 AUTO_CHOSEN = (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_size", "pp"),
                ("num_layers_per_virtual_pipeline_stage", "the virtual stages"),
@@ -430,9 +435,10 @@ AUTO_CHOSEN = (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_s
                ("micro_batch_size", "the micro-batch"), ("zero_stage", "the ZeRO stage"),
                ("sequence_parallel", "sequence parallelism"), ("offload_optimizer", "the offload"),
                ("offload_params", "the offload"))
-AUTO_CHOSEN_DS = (("zero_stage", "zero_optimization.stage"), ("offload_optimizer", "zero_optimization.offload_optimizer"),
-                  ("offload_params", "zero_optimization.offload_param"),
-                  ("micro_batch", "train_micro_batch_size_per_gpu"))
+AUTO_CHOSEN_DS = (("zero_stage", "zero_optimization.stage", "the ZeRO stage"),
+                  ("offload_optimizer", "zero_optimization.offload_optimizer", "the offload"),
+                  ("offload_params", "zero_optimization.offload_param", "the offload"),
+                  ("micro_batch", "train_micro_batch_size_per_gpu", "the micro-batch"))
 
 
 def check_auto_parallel_conflicts(args: argparse.Namespace) -> None:
@@ -445,7 +451,7 @@ def check_auto_parallel_conflicts(args: argparse.Namespace) -> None:
                              f"drop one of them")
     if args.deepspeed_config:
         ds = read_deepspeed_config(args.deepspeed_config)
-        for attr, key in AUTO_CHOSEN_DS:
+        for attr, key, what in AUTO_CHOSEN_DS:
             if getattr(ds, attr) is not None:
-                raise ValueError(f"--auto-parallel chooses {key.split('.')[-1].replace('_', ' ')}, but "
-                                 f"--deepspeed-config sets {key}; drop the key or --auto-parallel")
+                raise ValueError(f"--auto-parallel chooses {what}, but --deepspeed-config sets {key}; drop the key "
+                                 f"or --auto-parallel")

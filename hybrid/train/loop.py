@@ -8,14 +8,17 @@ import time
 import torch
 import torch.distributed as dist
 
-from hybrid.data import BatchSpec, micro_batches
+from hybrid.checkpoint.run import RunCheckpoints
+from hybrid.data import BatchSpec, DataSource
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh, ParallelDims
+from hybrid.metrics.loop import RunMetrics
 from hybrid.pipeline import build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
 from hybrid.tp import ParallelRNG, TPContext
 from hybrid.train.args import PipelinePlan
+from hybrid.train.evaluate import run_evaluations
 from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroOptimizer
 from models import Recompute, build_pipeline_chunks
@@ -45,7 +48,7 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
     return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device, record_timeline=bool(args.timeline))
 
 
-def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, corpus: torch.Tensor,
+def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, data: DataSource,
         device: torch.device) -> None:
     mesh = Mesh.build(dims, device=device, timeout=getattr(args, "distributed_timeout", None))
     tp = TPContext(mesh.tp, sequence_parallel=args.sequence_parallel,
@@ -69,10 +72,14 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
                f" | clip-grad {args.clip_grad}")
     ft = FaultTolerance.start(args.fault, mesh, model, runner, optimizer, args.log_interval)  # hybrid/fault
     tokens_per_step = batch.global_batch * batch.seq_length
+    metrics = RunMetrics.start(args, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
+    ckpt = RunCheckpoints(args.ckpt, mesh, model, optimizer, tp.rng, run_info(args, dims, plan))  # hybrid/checkpoint
+    start, consumed = ckpt.resume()
+    it, loss = start - 1, float("nan")
     t0 = time.perf_counter()
-    for it in range(args.train_iters):
+    for it in range(start, args.train_iters):
         ft.begin_iteration(it)
-        batches = micro_batches(corpus, batch, args.seed, it, mesh.coords.dp)
+        batches = data.batches(consumed, batch, mesh.coords.dp)  # a pure function of the samples consumed so far
         loss = train_step(model, batches, ft.optimizer, mesh, lr=opt_cfg.lr_at(it), runner=ft.runner)
         ft.end_iteration(it)
         if (it + 1) % args.log_interval == 0 or it + 1 == args.train_iters:
@@ -82,12 +89,31 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
             if z.precision is Precision.FP16:
                 extra += f" | loss scale {rep.loss_scale:g} | skipped {optimizer.skipped_steps}"
             log0(mesh, f" iteration {it + 1:>6}/{args.train_iters} | lm loss {loss:.4f} | "
-                       f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s")
+                       f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s"
+                       f"{metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps)}")
             t0 = time.perf_counter()
+        t_eval = time.perf_counter()
+        metrics.write_eval(it + 1, run_evaluations(args, model, runner, mesh, data, batch, optimizer, it + 1))
+        t0 += time.perf_counter() - t_eval  # ms/iter counts training only
+        consumed += batch.global_batch
+        if ckpt.after_step(it + 1, consumed):  # --exit-signal-handler: SIGTERM, saved
+            break
+    ckpt.finish(it + 1, consumed)
     ft.stop()
+    metrics.write_eval(args.train_iters, run_evaluations(args, model, runner, mesh, data, batch, optimizer,
+                                                         args.train_iters, final=True))
+    metrics.close()
     if args.timeline:
         save_timeline(args.timeline, runner, mesh, plan)
     log0(mesh, f"done: final lm loss {loss:.4f}")
+
+
+def run_info(args, dims: ParallelDims, plan: PipelinePlan) -> dict:
+    """What a checkpoint records of the run (state.json): the model, the layout, the flags."""
+    flags = {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (str, int, float, bool, type(None)))}
+    layout = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero": args.zero.stage, "v": plan.v,
+              "stages": [list(s) for s in plan.stages]}
+    return {"model": args.model, "layout": layout, "args": flags}
 
 
 def save_timeline(path: str, runner, mesh: Mesh, plan: PipelinePlan) -> None:

@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
-from hybrid.data import load_corpus
 from hybrid.mesh import default_backend
 from hybrid.train import liveness
 from hybrid.train.args import (apply_auto_parallel, check_args, check_corpus, check_host, check_numbers,
@@ -43,6 +42,25 @@ def env_world() -> int:
     return int(text)
 
 
+def check_launcher_env(world: int) -> None:
+    """With RANK set, init_process_group reads env:// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): a missing or
+    malformed one would be torch's traceback, and a RANK outside the world a rendezvous that never completes."""
+    rank = os.environ["RANK"]
+    if not rank.isdigit() or int(rank) >= world:
+        raise ValueError(f"the environment's RANK {rank!r} is not an integer in [0, WORLD_SIZE {world}); launch "
+                         f"with torchrun --nproc-per-node N")
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(var, "").strip():
+            raise ValueError(f"RANK is set but {var} is not (torchrun sets both); launch with torchrun, or unset "
+                             f"RANK for one process")
+    port = os.environ["MASTER_PORT"]
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"the environment's MASTER_PORT {port!r} is not a port number in [1, 65535]")
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local is not None and (not local.isdigit() or not 1 <= int(local) <= world):
+        raise ValueError(f"the environment's LOCAL_WORLD_SIZE {local!r} is not an integer in [1, WORLD_SIZE {world}]")
+
+
 def validate(argv: list[str] | None):
     """Parse and check everything the run touches; SystemExit with one line on the first bad input.
     Returns (args, world, (cfg, dims, batch, plan), corpus)."""
@@ -51,14 +69,17 @@ def validate(argv: list[str] | None):
         world = env_world()
         check_numbers(args)
         if args.auto_parallel:
+            if under_launcher():
+                check_launcher_env(world)  # the planner reads LOCAL_WORLD_SIZE
             apply_auto_parallel(args, world)
         cfg, dims, batch, plan = check_args(args, world)
         check_host(args, cfg, batch, world)
-        corpus = load_corpus(args.data_path)
-        check_corpus(corpus, args)
+        corpus = check_corpus(args, cfg, batch)  # the DataSource of --data-path (hybrid/data)
         if world > 1 and not under_launcher():
             raise ValueError(f"WORLD_SIZE is {world} but RANK is not set; launch {world} processes with "
                              f"torchrun --nproc-per-node {world}")
+        if under_launcher():
+            check_launcher_env(world)
     except ValueError as e:
         raise fail(f"train.py: error: {e}") from None
     if args.ds_unsupported and is_rank_zero():

@@ -429,6 +429,14 @@ class ZeroOptimizer:
     def padded_numel(self) -> int:
         return sum(u.padded for u in self.units)
 
+    # --- checkpoints (hybrid/checkpoint) ------------------------------------------------------
+    @torch.no_grad()
+    def sync_params_from_master(self) -> None:
+        """After the fp32 master shards were loaded from a checkpoint: rebuild the compute-dtype
+        parameters from them, exactly as after an optimizer step (cast, copy to the device, stages
+        1-2 all-gather; stage 3 gathers when the parameters are next used)."""
+        self._write_back()
+
 
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()

@@ -11,8 +11,8 @@ predicts; with mixed precision (b = 2, fp32 master weights) it is
 
 for this rank's Psi parameters (its TP/PP share: the sum of numel of its model before ZeRO). The
 engine pads each flat unit to a multiple of n (< n elements per unit), so what it holds is the
-formula at Psi' with Psi <= Psi' <= Psi + (n - 1) units. In fp32 the master weights *are* the
-parameter shard (K = 8).
+formula at Psi' with Psi <= Psi' <= Psi + (n - 1) x (number of units). In fp32 the master weights
+*are* the parameter shard (K = 8).
 
 Communication. `paper_volume(ledger)` converts the CommLedger (nccl-tests sizes S) to the paper's
 per-step volume unit: an all-reduce counts 2 S (reduce-scatter + all-gather), a reduce-scatter or

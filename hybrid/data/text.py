@@ -1,4 +1,4 @@
-"""Training text and batches.
+"""Byte-level text and the random-window batches of the unit tests.
 
 The default corpus ships with Python: `pydoc_data.topics` (~460 KB of English from Python's
 reference manual), so a fresh machine trains with nothing downloaded. Tokens are bytes (vocabulary
@@ -22,6 +22,12 @@ BYTE_VOCAB = 256
 
 def load_corpus(path: str | None = None) -> torch.Tensor:
     """The corpus as a 1-D tensor of byte ids; `path` None = Python's pydoc topics."""
+    return torch.frombuffer(bytearray(read_text(path)), dtype=torch.uint8).long()
+
+
+def read_text(path: str | None = None) -> bytes:
+    """The bytes of a UTF-8 text file (ValueError naming --data-path if it is not one); None: Python's pydoc
+    topics."""
     if path is None:
         import pydoc_data.topics
         text = "\n\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))
@@ -40,7 +46,7 @@ def load_corpus(path: str | None = None) -> torch.Tensor:
             codecs.getincrementaldecoder("utf-8")().decode(data[:1 << 16], final=False)
         except UnicodeDecodeError as e:
             raise ValueError(f"--data-path {path!r}: not UTF-8 text (byte {e.start}); give a UTF-8 text file") from None
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+    return data
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,97 @@
+"""Checkpoint flags of the training entry point (Megatron-LM's names); hybrid/train/args.py calls
+`add_arguments` and, before any process group, `check`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from hybrid.checkpoint import store
+from hybrid.cliutil import check_output_dir
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """What to save and what to resume from.
+
+    Attributes:
+        save: directory to write checkpoints into (`--save`); None: no checkpoints.
+        save_interval: save every this many iterations (`--save-interval`); None: only at the end.
+        save_keep: keep this many newest complete checkpoints, deleting older ones (`--save-keep`);
+            None: keep all. The newest complete one is never deleted.
+        load: hybrid checkpoint directory to resume from (`--load` naming one); None: start fresh.
+        ckpt_step: resume from this iteration's checkpoint instead of the latest (`--ckpt-step`).
+        load_optim: restore Adam moments, step and the fp16 loss scaler (off: `--no-load-optim`).
+        load_rng: restore each rank's RNG streams when the layout is the saved one (off: `--no-load-rng`).
+        async_save: write in a background thread on its own gloo group (`--async-save`).
+        exit_signal_handler: on SIGTERM finish the step, save, exit 0 (`--exit-signal-handler`).
+    """
+
+    save: str | None = None
+    save_interval: int | None = None
+    save_keep: int | None = None
+    load: str | None = None
+    ckpt_step: int | None = None
+    load_optim: bool = True
+    load_rng: bool = True
+    async_save: bool = False
+    exit_signal_handler: bool = False
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("checkpointing")
+    g.add_argument("--save", default=None, metavar="PATH",
+                   help="directory for checkpoints (sharded, atomic; docs/checkpoint.md); also saved at the end")
+    g.add_argument("--save-interval", type=int, default=None, metavar="N", help="save every N iterations")
+    g.add_argument("--save-keep", type=int, default=None, metavar="N",
+                   help="keep the N newest complete checkpoints (never deletes the newest); None: all")
+    g.add_argument("--ckpt-step", type=int, default=None, metavar="N",
+                   help="with --load DIR: resume from iteration N's checkpoint, not the latest")
+    g.add_argument("--no-load-optim", action="store_true", help="--load: do not restore the optimizer state")
+    g.add_argument("--no-load-rng", action="store_true", help="--load: do not restore the RNG state")
+    g.add_argument("--async-save", action="store_true",
+                   help="write checkpoints in the background (training blocks only to copy the shards)")
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="on SIGTERM: finish the current step, save a checkpoint, exit 0")
+
+
+def resume_dir(path: str | None) -> str | None:
+    """`--load PATH` names a hybrid checkpoint directory (resume) rather than a transformers model folder
+    (initial weights, models/hf_io.py)."""
+    return path if path and store.is_checkpoint_dir(path) else None
+
+
+def check(args: argparse.Namespace) -> CheckpointConfig:
+    """ValueError naming the flag and the fix. A --load naming a hybrid checkpoint directory moves to the
+    config (`args.load` is then None: it keeps meaning transformers initial weights)."""
+    if args.save_interval is not None and args.save_interval < 1:
+        raise ValueError(f"--save-interval must be a positive number of iterations, got {args.save_interval}")
+    if args.save_keep is not None and args.save_keep < 1:
+        raise ValueError(f"--save-keep must be at least 1, got {args.save_keep}")
+    if args.save is None:
+        for flag, on in (("--save-interval", args.save_interval is not None), ("--save-keep", args.save_keep),
+                         ("--async-save", args.async_save), ("--exit-signal-handler", args.exit_signal_handler)):
+            if on:
+                raise ValueError(f"{flag} needs --save DIR")
+    else:
+        check_output_dir("--save", args.save)
+    load = resume_dir(args.load)
+    if args.load is not None and load is None and os.path.isdir(args.load) and not os.listdir(args.load):
+        raise ValueError(f"--load {args.load!r} is an empty directory: no checkpoint (iter_*/) and no transformers "
+                         f"model; give the --save directory of an earlier run")
+    if load is not None:
+        done = store.complete_iterations(load)
+        if not done:
+            raise ValueError(f"--load {load!r} holds no complete checkpoint (only unfinished saves)")
+        if args.ckpt_step is not None and args.ckpt_step not in done:
+            raise ValueError(f"--ckpt-step {args.ckpt_step}: {load!r} has no complete checkpoint of that iteration "
+                             f"(it has {', '.join(map(str, done[-5:]))})")
+        args.load = None
+    elif args.ckpt_step is not None or args.no_load_optim or args.no_load_rng:
+        raise ValueError("--ckpt-step / --no-load-optim / --no-load-rng need --load DIR naming a checkpoint "
+                         "directory (an earlier --save)")
+    return CheckpointConfig(save=args.save, save_interval=args.save_interval, save_keep=args.save_keep, load=load,
+                            ckpt_step=args.ckpt_step, load_optim=not args.no_load_optim,
+                            load_rng=not args.no_load_rng, async_save=args.async_save,
+                            exit_signal_handler=args.exit_signal_handler)

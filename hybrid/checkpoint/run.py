@@ -1,0 +1,139 @@
+"""Checkpoints inside a training run: resume, periodic and final saves, retention, SIGTERM.
+
+    ckpt = RunCheckpoints(args.ckpt, mesh, model, optimizer, rng, run_info)
+    start, consumed = ckpt.resume()
+    for it in range(start, train_iters):
+        ...step...
+        if ckpt.after_step(it + 1, consumed):   # True: SIGTERM was handled (saved); stop
+            break
+    ckpt.finish(iteration, consumed)             # the final save; waits for an asynchronous one
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import torch
+import torch.distributed as dist
+
+from hybrid.checkpoint import core, store
+from hybrid.checkpoint.args import CheckpointConfig
+
+
+def _log(msg: str) -> None:
+    if dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+class RunCheckpoints:
+    """The checkpoint side of one run. `info` is JSON-able and saved in state.json (the layout, the model,
+    the flags); `info["layout"]` decides whether the per-rank RNG state can be restored (same layout only)."""
+
+    def __init__(self, cfg: CheckpointConfig, mesh, model, optimizer, rng, info: dict):
+        self.cfg, self.mesh, self.opt, self.rng, self.info = cfg, mesh, optimizer, rng, info
+        self.names = core.param_names(model)
+        self.pending: core.PendingSave | None = None
+        self.last_saved: int | None = None
+        # gloo groups of every rank: the save's own (a background save's collectives run on it, never
+        # interleaved with training's), and one for the main thread's checks (verify, SIGTERM agreement)
+        # (none when the run neither saves nor loads)
+        active = cfg.save is not None or cfg.load is not None
+        self.pg = dist.new_group(backend="gloo") if active else None
+        self.ctl = dist.new_group(backend="gloo") if active else None
+        self._signalled = False
+        if cfg.exit_signal_handler:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._signalled = True  # acted on after the current step (after_step)
+
+    # --- resume -----------------------------------------------------------------------------------------
+    def resume(self) -> tuple[int, int]:
+        """Load the newest complete, intact checkpoint of --load (or --ckpt-step's); (iteration, consumed
+        samples) to continue from -- (0, 0) without --load. A corrupt one is skipped with a warning (an
+        explicit --ckpt-step is an error instead)."""
+        if self.cfg.load is None:
+            return 0, 0
+        root = self.cfg.load
+        tries = [self.cfg.ckpt_step] if self.cfg.ckpt_step is not None else store.candidates(root)
+        for iteration in tries:
+            path = store.final_path(root, iteration)
+            error = core.verify(path, self.ctl)
+            if error is None:
+                return self._load(path)
+            if self.cfg.ckpt_step is not None:
+                raise RuntimeError(f"checkpoint: --ckpt-step {iteration}: {error}")
+            _log(f"checkpoint: warning: {error}; falling back to the previous complete checkpoint")
+        raise RuntimeError(f"checkpoint: no intact checkpoint in --load {root}")
+
+    def _load(self, path: str) -> tuple[int, int]:
+        saved = store.read_state(path)
+        if saved.get("model") != self.info.get("model"):
+            raise RuntimeError(f"checkpoint: {path} holds model {saved.get('model')!r}, this run trains "
+                               f"{self.info.get('model')!r}; give the --model it was saved with")
+        # RNG streams are per (tp, pp, dp) coordinate: restorable on the same mesh only
+        same = all(saved["layout"].get(k) == self.info["layout"].get(k) for k in ("tp", "pp", "dp"))
+        rng = self.cfg.load_rng and same
+        state = core.load(self.opt, self.names, self.rng, path, optim=self.cfg.load_optim, rng_too=rng, pg=self.pg)
+        lay = saved["layout"]
+        _log(f"checkpoint: resumed from {path} (saved at tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']}, "
+             f"ZeRO {lay['zero']}) | iteration {state['iteration']} | consumed samples {state['consumed_samples']}"
+             f"{'' if self.cfg.load_optim else ' | optimizer state not loaded'}"
+             f"{'' if rng else ' | RNG not restored (' + ('--no-load-rng' if same else 'another layout') + ')'}")
+        self.last_saved = state["iteration"]
+        return state["iteration"], state["consumed_samples"]
+
+    # --- save -------------------------------------------------------------------------------------------
+    def save(self, iteration: int, consumed: int) -> None:
+        """A checkpoint of the state after `iteration` steps (asynchronous: completed by the next save or by
+        finish)."""
+        self.wait()
+        state = dict(self.info, iteration=iteration, consumed_samples=consumed)
+        pending = core.start_save(self.opt, self.names, self.rng, self.cfg.save, iteration, state, pg=self.pg,
+                                  asynchronous=self.cfg.async_save)
+        self.last_saved = iteration
+        if self.cfg.async_save:
+            self.pending = pending
+            _log(f"checkpoint: saving iteration {iteration} to {self.cfg.save} in the background")
+        else:
+            self._complete(pending)
+
+    def wait(self) -> None:
+        """Complete the asynchronous save in flight, if any."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self._complete(pending)
+
+    def _complete(self, pending: core.PendingSave) -> None:
+        path = pending.finish()
+        _log(f"checkpoint: saved iteration {pending.iteration} to {path}")
+        if self.cfg.save_keep and dist.get_rank() == 0:
+            for gone in store.retain(self.cfg.save, self.cfg.save_keep):
+                print(f"checkpoint: removed {store.final_path(self.cfg.save, gone)} (--save-keep "
+                      f"{self.cfg.save_keep})", flush=True)
+
+    def after_step(self, iteration: int, consumed: int) -> bool:
+        """After step `iteration` (1-based count of completed steps): the periodic save, and SIGTERM. True
+        when the run must stop (the checkpoint is then complete)."""
+        if self.cfg.save and self.cfg.save_interval and iteration % self.cfg.save_interval == 0:
+            self.save(iteration, consumed)
+        if self.cfg.exit_signal_handler and self._any_rank_signalled():
+            if self.last_saved != iteration:
+                self.save(iteration, consumed)
+            self.wait()
+            _log(f"checkpoint: SIGTERM: saved iteration {iteration}; exiting")
+            return True
+        return False
+
+    def _any_rank_signalled(self) -> bool:
+        """The signal may reach the ranks at different steps; all stop at the same one (an all-reduce)."""
+        flag = torch.tensor([float(self._signalled)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ctl)
+        return flag.item() > 0
+
+    def finish(self, iteration: int, consumed: int) -> None:
+        """The final save (when --save and not just saved), then wait for any background save."""
+        if self.cfg.save and self.last_saved != iteration:
+            self.save(iteration, consumed)
+        self.wait()

@@ -1,0 +1,132 @@
+"""Data flags of train.py (Megatron's names): `add_arguments` builds them, `check` validates them without
+touching files, `build` opens the datasets and returns the DataSource -- all before any process group."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import dataclass
+
+from hybrid.data.gpt import parse_split
+from hybrid.data.source import DataSource, SplitSizes, open_dataset
+from hybrid.data.text import BYTE_VOCAB, BatchSpec
+from hybrid.data.tokenizer import TOKENIZER_TYPES, build_tokenizer
+
+# token ids are checked against the model's vocabulary by reading the .bin files when they total at most this
+SCAN_BYTES = 2 << 30
+# Megatron's default is 100; at the end of a run both the valid and the test split are evaluated, so 100 would add
+# 200 forward-only global batches -- more than a 200-iteration CPU run's whole training (docs/data.md). 10 is the
+# default here; pass --eval-iters 100 for Megatron's.
+EVAL_ITERS = 10
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Attributes:
+        paths: dataset entries (text files or indexed prefixes); [None] = the built-in corpus.
+        weights: blend weights, normalised to sum 1.
+        split: train/valid/test document shares, normalised.
+        eval_interval: iterations between validation runs (`--eval-interval`).
+        eval_iters: global batches per validation run (`--eval-iters`; 0: no validation).
+    """
+
+    paths: list[str | None]
+    weights: list[float]
+    split: tuple[float, float, float]
+    eval_interval: int
+    eval_iters: int
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data and validation")
+    g.add_argument("--data-path", nargs="+", default=None, metavar="PATH",
+                   help="a UTF-8 text file (byte tokens), an indexed-dataset prefix (PREFIX.bin/.idx from "
+                        "scripts/preprocess_data.py), or a blend 'W1 P1 W2 P2 ...'; None: Python's pydoc topics")
+    g.add_argument("--split", default="969, 30, 1", metavar="TEXT",
+                   help="train, valid, test shares of each dataset's documents")
+    g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=None,
+                   help="the tokenizer the data was preprocessed with: its vocabulary is checked against the model's")
+    g.add_argument("--tokenizer-model", default=None, metavar="PATH",
+                   help="HuggingFaceTokenizer: a tokenizer.json or a folder holding one")
+    g.add_argument("--eval-interval", type=int, default=1000, metavar="N",
+                   help="validation loss every this many iterations (and at the end)")
+    g.add_argument("--eval-iters", type=int, default=EVAL_ITERS, metavar="N",
+                   help="global batches of the valid split per validation, and of the test split at the end "
+                        "(0: none)")
+
+
+def parse_blend(values: list[str] | None) -> tuple[list[str | None], list[float] | None]:
+    """Megatron's --data-path: prefixes, or weight/prefix pairs '0.3 a 0.7 b' (all weighted or none)."""
+    if not values:
+        return [None], [1.0]
+    for v in values:
+        if not v.strip():
+            raise ValueError("--data-path is empty; give a file, a prefix or a blend, or omit the flag")
+    if len(values) % 2 == 0:
+        weights = [_number(v) for v in values[::2]]
+        if all(w is not None for w in weights):
+            if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+                raise ValueError(f"--data-path weights {values[::2]} must be finite, >= 0, not all 0")
+            return list(values[1::2]), [w / sum(weights) for w in weights]
+        if any(w is not None for w in weights):
+            raise ValueError(f"--data-path {' '.join(values)}: give weight/prefix pairs (0.3 A 0.7 B) or only "
+                             f"prefixes")
+    if len(values) > 1 and any(_number(v) is not None and not os.path.exists(v) for v in values):
+        raise ValueError(f"--data-path {' '.join(values)}: a weight without its prefix; give pairs W1 P1 W2 P2")
+    return list(values), None
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def check(args: argparse.Namespace) -> DataConfig:
+    """The flags alone (no file opened): ValueError naming the flag."""
+    paths, weights = parse_blend(args.data_path)
+    split = parse_split(args.split)
+    if args.eval_interval < 1:
+        raise ValueError(f"--eval-interval must be >= 1, got {args.eval_interval}")
+    if args.eval_iters < 0:
+        raise ValueError(f"--eval-iters must be >= 0 (0: no validation), got {args.eval_iters}")
+    if args.tokenizer_model and not args.tokenizer_type:
+        raise ValueError("--tokenizer-model needs --tokenizer-type HuggingFaceTokenizer")
+    if split[0] == 0:
+        raise ValueError(f"--split {args.split!r} gives training no data; give the train share first")
+    return DataConfig(paths=paths, weights=weights or [], split=split, eval_interval=args.eval_interval,
+                      eval_iters=args.eval_iters)
+
+
+def build(args: argparse.Namespace, data: DataConfig, batch: BatchSpec, vocab_size: int) -> DataSource:
+    """Open every dataset (headers and sizes checked), check token ids fit the model's vocabulary, and build
+    the train/valid/test sample indices for this run."""
+    datasets = [open_dataset(p) for p in data.paths]
+    weights = data.weights or [d.num_tokens / max(1, sum(x.num_tokens for x in datasets)) for d in datasets]
+    if args.tokenizer_type:
+        tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+        if tok.vocab_size > vocab_size:
+            raise ValueError(f"--tokenizer-model {args.tokenizer_model or args.tokenizer_type}: vocabulary "
+                             f"{tok.vocab_size} exceeds the model's {vocab_size}; use a model with a larger "
+                             f"vocab_size or the tokenizer the model was built for")
+    check_token_ids(datasets, vocab_size)
+    sizes = SplitSizes.for_run(args.train_iters, batch.global_batch, data.eval_interval, data.eval_iters)
+    return DataSource(datasets, weights, data.split, args.seq_length, args.seed, sizes)
+
+
+def check_token_ids(datasets: list, vocab_size: int) -> None:
+    """Every token id < the model's vocabulary: byte text needs 256; indexed data is scanned when small enough
+    (SCAN_BYTES), else its dtype bounds it."""
+    for d in datasets:
+        if d.dtype.itemsize == 1 and d.dtype.kind == "u" and not hasattr(d, "sequence_pointers"):
+            top = BYTE_VOCAB - 1  # byte text: any byte may appear
+        elif d.num_tokens * d.dtype.itemsize <= SCAN_BYTES:
+            top = d.max_token()
+        else:
+            continue
+        if top >= vocab_size:
+            what = "byte tokens" if top == BYTE_VOCAB - 1 else f"token id {top}"
+            raise ValueError(f"--data-path {d.prefix}: {what} need a vocabulary of {top + 1}, more than the "
+                             f"model's {vocab_size}; preprocess with the model's tokenizer or use a larger model")

@@ -1,0 +1,157 @@
+"""Tokenize a corpus into Megatron's indexed format (scripts/preprocess_data.py; Megatron-LM's
+tools/preprocess_data.py flags).
+
+    python scripts/preprocess_data.py --input corpus.jsonl --json-keys text --output-prefix data/corpus \\
+        --tokenizer-type HuggingFaceTokenizer --tokenizer-model tok/ --append-eod --workers 4
+
+writes data/corpus_text_document.bin/.idx (one per --json-keys key). `--input` is JSON lines (one object per
+line) or, for a .txt file, plain text whose paragraphs (blank-line separated) are the documents. Documents are
+tokenized by --workers processes in input order; the files are written under temporary names and renamed at
+the end, so a failed run leaves nothing that looks complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from typing import Iterator
+
+from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file, fail, int_in, positive_int
+from hybrid.data.indexed import IndexedDatasetWriter, bin_path, idx_path, optimal_dtype
+from hybrid.data.tokenizer import TOKENIZER_TYPES, Tokenizer, build_tokenizer
+
+PROG = "preprocess_data.py"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--input", required=True, metavar="PATH", help="JSON lines (.jsonl/.json) or plain text (.txt)")
+    p.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY", help="keys of each JSON object to tokenize")
+    p.add_argument("--output-prefix", required=True, metavar="PATH",
+                   help="writes PATH_{key}_document.bin and .idx")
+    p.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, required=True, help="the tokenizer")
+    p.add_argument("--tokenizer-model", default=None, metavar="PATH",
+                   help="HuggingFaceTokenizer: tokenizer.json or a folder holding one")
+    p.add_argument("--append-eod", action="store_true", help="end every document with the end-of-document token")
+    p.add_argument("--workers", type=positive_int, default=1, metavar="N", help="tokenizing processes")
+    p.add_argument("--log-interval", type=int_in(1), default=10000, metavar="N",
+                   help="print documents/s and MB/s every this many documents")
+    return p
+
+
+def documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, {key: text}) per document; ValueError naming the line for bad JSON or a missing key."""
+    if path.endswith(".txt"):
+        with open(path, encoding="utf-8") as f:
+            para, start = [], 1
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    para.append(line)
+                elif para:
+                    yield start, {k: "".join(para) for k in keys}
+                    para = []
+                if not para:
+                    start = n + 1
+            if para:
+                yield start, {k: "".join(para) for k in keys}
+        return
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--input {path}: line {n} is not JSON ({e.msg}); give one JSON object per line")
+            if not isinstance(obj, dict):
+                raise ValueError(f"--input {path}: line {n} is not a JSON object")
+            missing = [k for k in keys if not isinstance(obj.get(k), str)]
+            if missing:
+                raise ValueError(f"--input {path}: line {n} has no string {missing[0]!r} (keys: "
+                                 f"{', '.join(list(obj)[:5])}); pass --json-keys with the text's key")
+            yield n, {k: obj[k] for k in keys}
+
+
+_TOKENIZER: Tokenizer | None = None
+
+
+def _init_worker(tok: Tokenizer) -> None:
+    global _TOKENIZER
+    _TOKENIZER = tok
+
+
+def _encode(item: tuple[int, dict[str, str]]) -> tuple[dict[str, list[int]], int]:
+    _, doc = item
+    return {k: _TOKENIZER.encode(v) for k, v in doc.items()}, sum(len(v.encode("utf-8")) for v in doc.values())
+
+
+def check(args: argparse.Namespace) -> Tokenizer:
+    if not os.path.isfile(args.input):
+        raise ValueError(f"--input {args.input!r} is not a file; give a JSON-lines or .txt file")
+    for key in args.json_keys:
+        for path in (bin_path(output_name(args.output_prefix, key)), idx_path(output_name(args.output_prefix, key))):
+            check_output_file("--output-prefix", path)
+    tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    if args.append_eod and tok.eod is None:
+        raise ValueError(f"--append-eod: --tokenizer-model {args.tokenizer_model} has no end-of-document token "
+                         f"(one of <|endoftext|>, </s>, ...); add one or drop --append-eod")
+    return tok
+
+
+def output_name(prefix: str, key: str) -> str:
+    return f"{prefix}_{key}_document"
+
+
+def run(args: argparse.Namespace, tok: Tokenizer, out=sys.stderr) -> dict:
+    """Tokenize and write; returns counts and timings (documents, tokens, bytes, seconds)."""
+    writers = {k: IndexedDatasetWriter(output_name(args.output_prefix, k), optimal_dtype(tok.vocab_size))
+               for k in args.json_keys}
+    t0 = time.perf_counter()
+    docs = nbytes = tokens = 0
+    pool = multiprocessing.get_context("fork").Pool(args.workers, _init_worker, (tok,)) if args.workers > 1 else None
+    try:
+        if pool is None:
+            _init_worker(tok)
+        items = documents(args.input, args.json_keys)
+        encoded = pool.imap(_encode, items, chunksize=64) if pool else map(_encode, items)
+        for ids, size in encoded:
+            for k, seq in ids.items():
+                if args.append_eod:
+                    seq.append(tok.eod)
+                writers[k].add_document(seq)
+                tokens += len(seq)
+            docs, nbytes = docs + 1, nbytes + size
+            if docs % args.log_interval == 0:
+                dt = time.perf_counter() - t0
+                print(f"Processed {docs} documents ({docs / dt:.0f} docs/s, {nbytes / dt / 1e6:.2f} MB/s).",
+                      file=out, flush=True)
+        for w in writers.values():
+            w.finalize()
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    finally:
+        if pool:
+            pool.terminate()
+    dt = time.perf_counter() - t0
+    return {"documents": docs, "tokens": tokens, "bytes": nbytes, "seconds": dt}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    try:
+        tok = check(args)
+        stats = run(args, tok)
+    except ValueError as e:
+        raise fail(f"{PROG}: error: {e}") from None
+    dt = max(stats["seconds"], 1e-9)
+    print(f"{PROG}: {stats['documents']} documents, {stats['tokens']} tokens, {stats['bytes'] / 1e6:.2f} MB in "
+          f"{dt:.2f} s ({stats['documents'] / dt:.0f} docs/s, {stats['bytes'] / dt / 1e6:.2f} MB/s, "
+          f"{args.workers} worker(s)) -> {', '.join(output_name(args.output_prefix, k) for k in args.json_keys)}"
+          f".bin/.idx", flush=True)
+    return stats

@@ -1,0 +1,115 @@
+"""What training reads: the train/valid/test samples of `--data-path` and the batches of a step.
+
+A batch is a pure function of (seed, consumed samples): global batch k is blended samples
+[consumed, consumed + G) of the train split, data-parallel rank r takes rows [r G/dp, (r + 1) G/dp) of it, cut
+into micro-batches. Nothing depends on the layout or on how many steps ran before in this process, so a run
+resumed from a checkpoint -- at any dp or micro-batch size -- sees exactly the samples an uninterrupted run sees.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+import torch
+
+from hybrid.data.gpt import Blend, GPTSamples, samples_per_dataset, split_ranges
+from hybrid.data.indexed import IndexedDataset, InMemoryDocuments, bin_path, idx_path
+from hybrid.data.text import BatchSpec, read_text
+
+
+class Split(IntEnum):
+    TRAIN = 0
+    VALID = 1
+    TEST = 2
+
+
+def text_documents(data: bytes, name: str) -> InMemoryDocuments:
+    """A text as byte tokens, one document per paragraph (cut after each blank line, so the documents
+    concatenated are the text again)."""
+    cuts = [m.end() for m in re.finditer(rb"\n\n+", data)]
+    bounds = [0] + [c for c in cuts if c < len(data)] + [len(data)]
+    tokens = np.frombuffer(data, dtype=np.uint8)
+    return InMemoryDocuments(tokens, np.diff(np.asarray(bounds, dtype=np.int64)), name)
+
+
+def open_dataset(path: str | None) -> IndexedDataset | InMemoryDocuments:
+    """A --data-path entry: a UTF-8 text file (byte tokens) or an indexed-dataset prefix (PREFIX.bin/.idx);
+    None is Python's pydoc topics. ValueError naming --data-path otherwise."""
+    if path is None:
+        return text_documents(read_text(None), "the default corpus")
+    sibling = {".bin": ".idx", ".idx": ".bin"}.get(path[-4:])
+    if sibling and os.path.isfile(path[:-4] + sibling):
+        raise ValueError(f"--data-path {path}: give the prefix without .bin/.idx ({path[:-4]})")
+    if os.path.isfile(path):
+        return text_documents(read_text(path), path)
+    if os.path.isfile(bin_path(path)) or os.path.isfile(idx_path(path)):
+        return IndexedDataset(path)
+    if os.path.isdir(path):
+        raise ValueError(f"--data-path {path!r} is a directory; give a UTF-8 text file or an indexed-dataset "
+                         f"prefix (PREFIX.bin + PREFIX.idx)")
+    raise ValueError(f"--data-path {path!r}: no such file, nor {bin_path(path)} / {idx_path(path)}; give a UTF-8 "
+                     f"text file or a prefix written by scripts/preprocess_data.py")
+
+
+@dataclass(frozen=True)
+class SplitSizes:
+    """Samples each split must supply over the whole run (Megatron's train_val_test_num_samples):
+    train = iterations x G, valid = (iterations // eval interval + 1) x eval iters x G, test = eval iters x G."""
+
+    train: int
+    valid: int
+    test: int
+
+    @classmethod
+    def for_run(cls, train_iters: int, global_batch: int, eval_interval: int, eval_iters: int) -> "SplitSizes":
+        evals = train_iters // eval_interval + 1
+        return cls(train_iters * global_batch, evals * eval_iters * global_batch, eval_iters * global_batch)
+
+
+class DataSource:
+    """Blended train/valid/test samples of one or more datasets, and the micro-batches of a step."""
+
+    def __init__(self, datasets: list, weights: list[float], split: tuple[float, float, float], seq_length: int,
+                 seed: int, sizes: SplitSizes):
+        self.datasets, self.weights, self.seq_length, self.seed = datasets, weights, seq_length, seed
+        self.splits: dict[Split, Blend | None] = {}
+        for s, size in zip(Split, (sizes.train, sizes.valid, sizes.test)):
+            self.splits[s] = self._build_split(s, split, size) if size > 0 else None
+
+    def _build_split(self, s: Split, split: tuple[float, float, float], size: int) -> Blend | None:
+        parts = []
+        need = [size] if len(self.datasets) == 1 else samples_per_dataset(self.weights, size)
+        for docs, n in zip(self.datasets, need):
+            rng = split_ranges(split, len(docs))[s]
+            if rng is None or rng[1] <= rng[0]:
+                if s is Split.TRAIN:
+                    raise ValueError(f"--data-path {docs.prefix}: --split gives its train split no document "
+                                     f"({len(docs)} documents); give more data or a larger train share")
+                return None
+            try:
+                parts.append(GPTSamples(docs, np.arange(*rng), self.seq_length, n, self.seed))
+            except ValueError as e:
+                if s is Split.TRAIN:
+                    raise ValueError(f"--data-path {e}; give more data or a shorter --seq-length") from None
+                return None  # a valid/test split too small for one sample: no evaluation on it
+        return Blend(parts, self.weights, size)
+
+    def has(self, s: Split) -> bool:
+        return self.splits[s] is not None
+
+    def samples(self, s: Split, start: int, count: int) -> torch.Tensor:
+        """(count, seq_length + 1) int64 tokens: samples [start, start + count) of split s."""
+        blend = self.splits[s]
+        return torch.from_numpy(np.stack([blend[i] for i in range(start, start + count)]))
+
+    def batches(self, consumed_samples: int, spec: BatchSpec, dp_rank: int,
+                s: Split = Split.TRAIN) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This dp rank's micro-batches of the global batch that starts at sample `consumed_samples`:
+        (inputs, labels), each (micro_batch, seq_length); labels are the inputs shifted by one."""
+        per_rank = spec.global_batch // spec.dp
+        rows = self.samples(s, consumed_samples + dp_rank * per_rank, per_rank)
+        return list(zip(rows[:, :-1].split(spec.micro_batch), rows[:, 1:].split(spec.micro_batch)))

@@ -1,0 +1,83 @@
+"""Train a byte-level BPE tokenizer offline with the `tokenizers` library (scripts/train_tokenizer.py).
+
+    python scripts/train_tokenizer.py --output tok/ --vocab-size 4096 [--input a.txt b.jsonl]
+
+Without --input it trains on Python's pydoc topics (ships with Python). Writes a transformers tokenizer folder:
+tokenizer.json (what preprocess_data.py and train.py read with `tokenizers` alone) plus tokenizer_config.json and
+special_tokens_map.json (what transformers' AutoTokenizer.from_pretrained reads). `<|endoftext|>` is id 0, the
+end-of-document token of --append-eod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Iterator
+
+from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_dir, fail, int_in
+from hybrid.data.text import read_text
+
+PROG = "train_tokenizer.py"
+EOD = "<|endoftext|>"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--input", nargs="*", default=None, metavar="PATH",
+                   help="text (.txt) or JSON-lines files; none: Python's pydoc topics")
+    p.add_argument("--json-key", default="text", metavar="KEY", help="the text key of JSON lines")
+    p.add_argument("--vocab-size", type=int_in(257, 1 << 20), default=4096, metavar="N",
+                   help="vocabulary, including the 256 byte tokens and <|endoftext|>")
+    p.add_argument("--output", required=True, metavar="DIR", help="the tokenizer folder to write")
+    return p
+
+
+def texts(paths: list[str] | None, key: str) -> Iterator[str]:
+    if not paths:
+        yield read_text(None).decode("utf-8")
+        return
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ValueError(f"--input {path!r} is not a file")
+        with open(path, encoding="utf-8") as f:
+            if path.endswith(".txt"):
+                yield f.read()
+                continue
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    obj = json.loads(line)
+                    if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
+                        raise ValueError(f"--input {path}: line {n} has no string {key!r}; pass --json-key")
+                    yield obj[key]
+
+
+def train(paths: list[str] | None, vocab_size: int, output: str, key: str = "text"):
+    """Byte-level BPE (GPT-2's pre-tokenizer and decoder) on the texts; saves and returns the Tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts(paths, key), trainer=trainer)
+    os.makedirs(output, exist_ok=True)
+    tok.save(os.path.join(output, "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOD, "eos_token": EOD, "unk_token": EOD,
+              "model_max_length": 1 << 30}
+    with open(os.path.join(output, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    with open(os.path.join(output, "special_tokens_map.json"), "w") as f:
+        json.dump({"bos_token": EOD, "eos_token": EOD, "unk_token": EOD}, f, indent=1)
+    return tok
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        check_output_dir("--output", args.output)
+        tok = train(args.input, args.vocab_size, args.output, args.json_key)
+    except (ValueError, json.JSONDecodeError) as e:
+        raise fail(f"{PROG}: error: {e}") from None
+    print(f"{PROG}: vocabulary {tok.get_vocab_size()} ({EOD} = {tok.token_to_id(EOD)}) -> {args.output}", flush=True)

@@ -1,0 +1,80 @@
+"""Where a run's numbers go besides the log line: TensorBoard (`--tensorboard-dir`, Megatron's scalar names) and a
+JSON-lines file (`--metrics-file`, one object per log interval or evaluation). Rank 0 writes; every other rank
+holds a writer that does nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from hybrid.metrics.flops import model_flops_per_token, hardware_flops_per_token
+
+# our field -> Megatron's TensorBoard tag
+TB_NAMES = {"lm_loss": "lm loss", "lr": "learning-rate", "grad_norm": "grad-norm", "loss_scale": "loss-scale",
+            "iteration_time_s": "iteration-time", "tflops_per_device": "throughput", "tokens_per_s": "tokens-per-sec",
+            "mfu": "mfu", "consumed_samples": "consumed-samples", "skipped_iterations": "skipped-iterations"}
+
+
+@dataclass
+class StepRates:
+    """Throughput of one log interval.
+
+    Attributes:
+        tokens_per_s: tokens trained per second over all devices (global batch x seq / step time).
+        tflops_per_device: model TFLOP/s per device (flops.model_flops_per_token x tokens/s / world).
+        hw_tflops_per_device: the same counting recomputed forwards (flops.hardware_flops_per_token).
+        mfu: tflops_per_device / the device's peak (None when the peak is unknown).
+    """
+
+    tokens_per_s: float
+    tflops_per_device: float
+    hw_tflops_per_device: float
+    mfu: float | None
+
+
+def step_rates(cfg, seq_length: int, tokens_per_step: int, step_s: float, world: int, recompute: str,
+               peak_tflops: float | None) -> StepRates:
+    tps = tokens_per_step / step_s
+    model = model_flops_per_token(cfg, seq_length) * tps / world / 1e12
+    hw = hardware_flops_per_token(cfg, seq_length, recompute) * tps / world / 1e12
+    return StepRates(tps, model, hw, model / peak_tflops if peak_tflops else None)
+
+
+class MetricsWriter:
+    """TensorBoard and/or JSON lines, on rank 0 (`enabled`); `close()` flushes both."""
+
+    def __init__(self, tensorboard_dir: str | None, metrics_file: str | None, enabled: bool):
+        self.tb = self.file = None
+        if not enabled:
+            return
+        if tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tb = SummaryWriter(log_dir=tensorboard_dir, max_queue=1000)
+        if metrics_file:
+            self.file = open(metrics_file, "a", buffering=1)  # a line per record, appended across resumes
+
+    def write(self, iteration: int, values: dict[str, float | int | None]) -> None:
+        values = {k: v for k, v in values.items() if v is not None}
+        if self.tb is not None:
+            for key, value in values.items():
+                self.tb.add_scalar(TB_NAMES.get(key, key), value, iteration)
+        if self.file is not None:
+            clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in values.items()}
+            self.file.write(json.dumps({"iteration": iteration, **clean}) + "\n")
+
+    def write_eval(self, iteration: int, losses: dict[str, float]) -> None:
+        """Megatron's tags: 'lm loss validation', 'lm loss validation ppl' (and 'test')."""
+        values = {}
+        for name, loss in losses.items():
+            split = "test" if "test" in name else "validation"
+            values[f"lm loss {split}"] = loss
+            values[f"lm loss {split} ppl"] = math.exp(min(20.0, loss))
+        if values:
+            self.write(iteration, values)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.file is not None:
+            self.file.close()

@@ -1,0 +1,96 @@
+"""Validation: the mean lm loss over `--eval-iters` global batches of the valid (or test) split, forward only,
+on any layout, printed as Megatron prints it.
+
+Evaluation e (0, 1, ...) reads split samples [e K G, (e + 1) K G) (K = eval iters, G = global batch): Megatron's
+valid iterator continues from one evaluation to the next, and here that position is a function of e alone, so a
+resumed run evaluates on the same samples. The periodic evaluation after iteration N is e = N / interval - 1;
+the one at the end of training is e = train_iters // interval.
+
+Through a pipeline every micro-batch walks the global stages 0, 1, ..., pp v - 1 in order: the rank holding stage
+s (pp rank s mod pp, its chunk s // pp) receives the activation from stage s - 1, runs the chunk under no_grad and
+sends the result on; the last stage's loss is summed over pp and dp. Slower than a schedule but exact and
+deadlock-free, and evaluation is a small share of a run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hybrid.data import BatchSpec, DataSource, Split
+from hybrid.mesh import Mesh
+
+
+@torch.no_grad()
+def forward_loss(chunks, mesh: Mesh, inputs: torch.Tensor, labels: torch.Tensor, io) -> torch.Tensor:
+    """The micro-batch's mean loss on the rank holding the last stage (0 elsewhere)."""
+    pp, v = mesh.dims.pp, len(chunks)
+    x, loss = None, torch.zeros((), device=mesh.device)
+    for s in range(pp * v):
+        owner, chunk = s % pp, chunks[s // pp]
+        if owner != mesh.coords.pp:
+            continue
+        if s == 0:
+            x = inputs.to(mesh.device)
+        elif (s - 1) % pp != owner:  # from another rank
+            x = torch.empty(io.shape, dtype=io.dtype, device=mesh.device)
+            mesh.pp.batch_p2p([], [(x, (s - 1) % pp)], labels=("eval-recv",))
+        y = chunk(x, labels.to(mesh.device) if s == pp * v - 1 else None)
+        if s == pp * v - 1:
+            loss = y.float()
+        elif (s + 1) % pp != owner:
+            mesh.pp.batch_p2p([(y.contiguous(), (s + 1) % pp)], [], labels=("eval-send",))
+        else:
+            x = y
+    return loss
+
+
+def evaluate(model, mesh: Mesh, data: DataSource, batch: BatchSpec, split: Split, index: int, iters: int,
+             io=None, loss_scale: float = 1.0) -> float:
+    """Mean lm loss over `iters` global batches of `split`, evaluation number `index` (same on every rank)."""
+    chunks = list(model)
+    for c in chunks:
+        c.eval()
+    total = torch.zeros((), device=mesh.device)
+    start = index * iters * batch.global_batch
+    for k in range(iters):
+        for inputs, labels in data.batches(start + k * batch.global_batch, batch, mesh.coords.dp, split):
+            total += forward_loss(chunks, mesh, inputs, labels, io) / loss_scale  # fp16: the hook scaled it
+    for c in chunks:
+        c.train()
+    mesh.pp.all_reduce(total, tag="metrics")
+    mesh.dp.all_reduce(total, tag="metrics")
+    return total.item() / (mesh.dims.dp * iters * batch.num_micro_batches)
+
+
+def validation_line(loss: float, where: str) -> str:
+    """Megatron's block: ' validation loss at iteration N | lm loss value: X | lm loss PPL: Y | ' between dashes;
+    PPL = exp(min(20, loss)) as Megatron caps it."""
+    text = f" validation loss at {where} | lm loss value: {loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E} | "
+    rule = "-" * len(text)
+    return f"{rule}\n{text}\n{rule}"
+
+
+def run_evaluations(args, model, runner, mesh: Mesh, data: DataSource, batch: BatchSpec, optimizer, iteration: int,
+                    final: bool = False) -> dict[str, float]:
+    """After `iteration`: the periodic validation when it is a multiple of --eval-interval; with `final`, the
+    end-of-training validation and test losses. Rank 0 prints Megatron's lines; returns {name: loss}."""
+    cfg = args.data
+    if cfg.eval_iters == 0 or (not final and iteration % cfg.eval_interval):
+        return {}
+    io, scale = getattr(runner, "io", None), getattr(optimizer, "loss_scale", 1.0)
+    out = {}
+    splits = ((Split.VALID, "validation set"), (Split.TEST, "test set")) if final else ((Split.VALID, None),)
+    for split, name in splits:
+        if not data.has(split):
+            continue
+        index = iteration // cfg.eval_interval if final else iteration // cfg.eval_interval - 1
+        if split is Split.TEST:
+            index = 0
+        loss = evaluate(model, mesh, data, batch, split, index, cfg.eval_iters, io, scale)
+        out[name or "validation"] = loss
+        if mesh.rank == 0:
+            where = f"iteration {iteration}" + (f" on {name}" if name else "")
+            print(validation_line(loss, where), flush=True)
+    return out

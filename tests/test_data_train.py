@@ -1,0 +1,160 @@
+"""train.py with the data pipeline: a blend of indexed datasets trains, the validation loss is the same on every
+layout and printed as Megatron prints it, the TensorBoard events (read back with tensorboard's EventAccumulator)
+and the JSON-lines records hold the logged numbers, and bad data inputs are one error line before any process
+group."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+from hybrid.data.indexed import IndexedDatasetWriter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+train_main = importlib.import_module("hybrid.train.main")
+VALID = re.compile(r"^ validation loss at iteration (\d+)( on (?:validation|test) set)? \| lm loss value: (\S+) \| "
+                   r"lm loss PPL: (\S+) \| $", re.M)
+
+
+def byte_dataset(prefix: str, n_docs: int = 300, seed: int = 0) -> None:
+    """Byte-token documents (vocabulary 256, the tiny presets') from the pydoc corpus' paragraphs."""
+    import pydoc_data.topics
+    text = "\n\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)).encode()
+    paras = [p for p in text.split(b"\n\n") if p][:n_docs]
+    w = IndexedDatasetWriter(prefix, np.uint16)
+    for p in paras:
+        w.add_document(np.frombuffer(p, np.uint8).astype(np.uint16))
+    w.finalize()
+
+
+COMMON = ["--seq-length", "32", "--global-batch-size", "8", "--train-iters", "4", "--log-interval", "2",
+          "--eval-interval", "2", "--eval-iters", "2", "--split", "90,8,2"]
+
+
+def _run(nproc: int, argv: list[str]) -> str:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)] if nproc > 1
+                else [sys.executable])
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(launcher + ["scripts/train.py"] + argv, cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One single-process run on a blend of two indexed datasets, writing TensorBoard and JSON lines."""
+    d = tmp_path_factory.mktemp("ref")
+    byte_dataset(str(d / "a"), 200)
+    byte_dataset(str(d / "b"), 400)
+    data = ["--data-path", "0.4", str(d / "a"), "0.6", str(d / "b")]
+    out = _run(1, COMMON + data + ["--micro-batch-size", "2", "--tensorboard-dir", str(d / "tb"),
+                                   "--metrics-file", str(d / "m.jsonl"), "--peak-tflops", "2"])
+    return data, out, d
+
+
+def test_validation_loss_is_the_same_on_every_layout(reference):
+    """The 4 validation/test numbers (iterations 2, 4, end valid, end test) of tp 2 x pp 2, of pp 2
+    (interleaved, v 2) x dp 2 and of ZeRO-3 (parameters gathered by forward hooks) x dp 2 equal the single
+    process's. Tolerance: the losses are ~5 and the runs differ only by
+    fp32 reduction order (relative ~1e-7 per op), amplified by 4 Adam steps; 1e-4 relative bounds it."""
+    data, ref, _ = reference
+    found = VALID.findall(ref)
+    assert [(it, where) for it, where, _, _ in found] == [("2", ""), ("4", ""), ("4", " on validation set"),
+                                                          ("4", " on test set")], ref
+    ref_losses = [float(v) for _, _, v, _ in found]
+    for _, _, v, ppl in found:
+        assert float(ppl) == pytest.approx(np.exp(float(v)), rel=1e-6)
+    for nproc, layout in ((4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                               "--micro-batch-size", "2"]),
+                          (4, ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+                               "--micro-batch-size", "1"]),
+                          (2, ["--zero-stage", "3", "--zero3-keep-gathered", "--micro-batch-size", "2"])):
+        out = _run(nproc, COMMON + data + layout)
+        assert [float(v) for _, _, v, _ in VALID.findall(out)] == pytest.approx(ref_losses, rel=1e-4), out
+
+
+def test_tensorboard_and_metrics_file_hold_the_logged_numbers(reference):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, out, d = reference
+    tb, jl = d / "tb", d / "m.jsonl"
+    logged = {int(m[0]): (float(m[1]), float(m[2]), float(m[3])) for m in re.findall(
+        r"iteration +(\d+)/\d+ \| lm loss (\S+) \|.* \| ([\d.e+-]+) TFLOP/s/device \| MFU ([\d.]+)%", out)}
+    valid = [float(v) for v in re.findall(r"validation loss at iteration \d+[^|]* \| lm loss value: (\S+)", out)]
+    assert sorted(logged) == [2, 4] and len(valid) == 4, out
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    scalars = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+    assert {"lm loss", "learning-rate", "grad-norm", "throughput", "lm loss validation"} <= set(scalars)
+    records = [json.loads(line) for line in jl.read_text().splitlines()]
+    train = {r["iteration"]: r for r in records if "lm_loss" in r}
+    for it, (loss, tflops, mfu) in logged.items():
+        assert scalars["lm loss"][it] == pytest.approx(loss, abs=5e-5)  # the line prints 4 decimals
+        assert scalars["lm loss"][it] == pytest.approx(train[it]["lm_loss"], rel=1e-7)  # TensorBoard: float32
+        assert train[it]["tflops_per_device"] == pytest.approx(tflops, rel=5e-3)  # printed to 3 digits
+        assert train[it]["mfu"] == pytest.approx(train[it]["tflops_per_device"] / 2, rel=1e-12)
+        assert 100 * train[it]["mfu"] == pytest.approx(mfu, abs=5e-3)
+        assert train[it]["consumed_samples"] == it * 8  # --global-batch-size 8
+    assert scalars["lm loss validation"][2] == pytest.approx(valid[0], rel=1e-6)  # printed to 7 digits
+    assert scalars["lm loss test"][4] == pytest.approx(valid[-1], rel=1e-6)
+
+
+def _no_process_group(*a, **k):
+    raise AssertionError("a process group was started for a bad input")
+
+
+def _bad_cases(d: str):
+    byte_dataset(f"{d}/ok", 50)
+    byte_dataset(f"{d}/tiny", 2)  # two short paragraphs: fewer tokens than one --seq-length 256 sample
+    os.makedirs(f"{d}/noidx", exist_ok=True)
+    byte_dataset(f"{d}/noidx/x", 5)
+    os.remove(f"{d}/noidx/x.idx")
+    byte_dataset(f"{d}/trunc", 20)
+    with open(f"{d}/trunc.bin", "r+b") as f:
+        f.truncate(10)
+    big = IndexedDatasetWriter(f"{d}/bigvocab", np.uint16)
+    big.add_document(np.arange(0, 1000))
+    big.finalize()
+    with open(f"{d}/tok.json", "w") as f:  # a tokenizers JSON with a vocabulary of 300 > tiny-gpt2's 256
+        json.dump({"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
+                   "post_processor": None, "decoder": None,
+                   "model": {"type": "WordLevel", "vocab": {f"w{i}": i for i in range(300)}, "unk_token": "w0"}}, f)
+    return [
+        (["--data-path", f"{d}/missing"], "--data-path"),
+        (["--data-path", f"{d}/noidx/x"], "x.idx is missing"),
+        (["--data-path", f"{d}/trunc"], "truncated"),
+        (["--data-path", f"{d}/ok.bin"], "give the prefix"),
+        (["--data-path", "0.5", f"{d}/ok", "x", f"{d}/ok"], "weight/prefix pairs"),
+        (["--data-path", f"{d}/ok", "--split", "1,2"], "--split"),
+        (["--data-path", f"{d}/tiny", "--seq-length", "256", "--split", "1,0,0"], "fewer than one sample"),
+        (["--data-path", f"{d}/bigvocab"], "token id 999"),
+        (["--data-path", f"{d}/ok", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+          f"{d}/tok.json"], "vocabulary 300 exceeds the model's 256"),
+        (["--eval-iters", "-1"], "--eval-iters"),
+        (["--eval-interval", "0"], "--eval-interval"),
+        (["--data-path", f"{d}/ok", "--split", "0,1,0"], "gives training no data"),
+    ]
+
+
+def test_bad_data_inputs_are_one_error_line_before_any_process_group(tmp_path, monkeypatch, capsys):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_ERROR_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    for argv, fragment in _bad_cases(str(tmp_path)):
+        with pytest.raises(SystemExit) as e:
+            train_main.main(argv)
+        out, err = capsys.readouterr()
+        text = err + (f"{e.value.code}\n" if isinstance(e.value.code, str) else "")
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("train.py: error: "), (argv, lines)
+        assert fragment in lines[0], (fragment, lines[0])
