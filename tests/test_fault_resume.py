@@ -22,8 +22,8 @@ import torch
 from hybrid.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMON = ["--micro-batch-size", "2", "--global-batch-size", "8", "--seq-length", "32", "--log-interval", "1",
-          "--lr", "3e-3"]
+COMMON = ["--global-batch-size", "8", "--seq-length", "32", "--log-interval", "1", "--lr", "3e-3"]
+MICRO = ["--micro-batch-size", "2"]  # --auto-parallel picks its own
 
 
 def _torchrun(nproc: int, flags: list[str], env: dict | None = None, restarts: int = 0) -> subprocess.CompletedProcess:
@@ -59,7 +59,7 @@ def _final_tensors(save_dir: str) -> dict[str, torch.Tensor]:
 
 
 def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_continues_bit_identically(tmp_path):
-    flags = ["--tensor-model-parallel-size", "2", "--train-iters", "8", "--save-interval", "2"]
+    flags = MICRO + ["--tensor-model-parallel-size", "2", "--train-iters", "8", "--save-interval", "2"]
     straight = _torchrun(4, flags + ["--save", str(tmp_path / "straight")])
     assert straight.returncode == 0, straight.stderr[-3000:]
     killed = _torchrun(4, flags + ["--save", str(tmp_path / "killed"), "--load", str(tmp_path / "killed")],
@@ -84,7 +84,7 @@ def test_a_run_restarted_on_fewer_ranks_re_plans_reshards_and_continues(tmp_path
     number of addends folded together (here <= 64 per reduction), through 4 steps of AdamW whose early steps
     are sign-like -- measured 1e-5 here as in tests/test_parallel_adamw.py; we allow 1e-4 relative on the loss."""
     save = str(tmp_path / "ckpt")
-    layout = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+    layout = MICRO + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
     straight = _torchrun(8, layout + ["--train-iters", "8"])
     assert straight.returncode == 0, straight.stderr[-3000:]
     first = _torchrun(8, layout + ["--train-iters", "8", "--save", save, "--exit-interval", "4"])
