@@ -26,6 +26,8 @@ class CheckpointConfig:
         load_rng: restore each rank's RNG streams when the layout is the saved one (off: `--no-load-rng`).
         async_save: write in a background thread on its own gloo group (`--async-save`).
         exit_signal_handler: on SIGTERM finish the step, save, exit 0 (`--exit-signal-handler`).
+        exit_interval: stop after an iteration divisible by this, saving first when --save is given
+            (`--exit-interval`, Megatron's name); None: run to --train-iters.
     """
 
     save: str | None = None
@@ -37,6 +39,8 @@ class CheckpointConfig:
     load_rng: bool = True
     async_save: bool = False
     exit_signal_handler: bool = False
+    exit_interval: int | None = None
+    fresh_start_note: str | None = None  # why a --load DIR equal to --save starts from scratch (logged)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-load-rng", action="store_true", help="--load: do not restore the RNG state")
     g.add_argument("--async-save", action="store_true",
                    help="write checkpoints in the background (training blocks only to copy the shards)")
+    g.add_argument("--exit-interval", type=int, default=None, metavar="N",
+                   help="stop after an iteration divisible by N (saved first with --save); resume with --load")
     g.add_argument("--exit-signal-handler", action="store_true",
                    help="on SIGTERM: finish the current step, save a checkpoint, exit 0")
 
@@ -60,6 +66,25 @@ def resume_dir(path: str | None) -> str | None:
     """`--load PATH` names a hybrid checkpoint directory (resume) rather than a transformers model folder
     (initial weights, models/hf_io.py)."""
     return path if path and store.is_checkpoint_dir(path) else None
+
+
+def _same_dir(a: str | None, b: str | None) -> bool:
+    return a is not None and b is not None and os.path.realpath(a) == os.path.realpath(b)
+
+
+def _auto_resume(args: argparse.Namespace) -> None:
+    """Restartable jobs (torchrun --max-restarts) keep their flags across attempts, so:
+    * `--save DIR --load DIR` (Megatron's convention) with no complete checkpoint in DIR yet -- the first
+      attempt, or a crash before the first save completed -- starts fresh instead of failing;
+    * a restarted attempt (TORCHELASTIC_RESTART_COUNT > 0) given only `--save DIR` resumes from DIR's latest
+      complete checkpoint by itself."""
+    has_ckpt = args.save is not None and os.path.isdir(args.save) and bool(store.complete_iterations(args.save))
+    if _same_dir(args.load, args.save) and not has_ckpt:
+        args.load = None
+        args.fresh_start_note = f"checkpoint: no complete checkpoint in {args.save} yet; starting from scratch"
+    elif args.load is None and has_ckpt and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        args.load = args.save
+        args.fresh_start_note = None
 
 
 def check(args: argparse.Namespace) -> CheckpointConfig:
@@ -76,6 +101,9 @@ def check(args: argparse.Namespace) -> CheckpointConfig:
                 raise ValueError(f"{flag} needs --save DIR")
     else:
         check_output_dir("--save", args.save)
+    if args.exit_interval is not None and args.exit_interval < 1:
+        raise ValueError(f"--exit-interval must be a positive number of iterations, got {args.exit_interval}")
+    _auto_resume(args)
     load = resume_dir(args.load)
     if args.load is not None and load is None and os.path.isdir(args.load) and not os.listdir(args.load):
         raise ValueError(f"--load {args.load!r} is an empty directory: no checkpoint (iter_*/) and no transformers "
@@ -94,4 +122,5 @@ def check(args: argparse.Namespace) -> CheckpointConfig:
     return CheckpointConfig(save=args.save, save_interval=args.save_interval, save_keep=args.save_keep, load=load,
                             ckpt_step=args.ckpt_step, load_optim=not args.no_load_optim,
                             load_rng=not args.no_load_rng, async_save=args.async_save,
-                            exit_signal_handler=args.exit_signal_handler)
+                            exit_signal_handler=args.exit_signal_handler, exit_interval=args.exit_interval,
+                            fresh_start_note=getattr(args, "fresh_start_note", None))

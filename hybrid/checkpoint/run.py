@@ -54,6 +54,8 @@ class RunCheckpoints:
         samples) to continue from -- (0, 0) without --load. A corrupt one is skipped with a warning (an
         explicit --ckpt-step is an error instead)."""
         if self.cfg.load is None:
+            if self.cfg.fresh_start_note:
+                _log(self.cfg.fresh_start_note)
             return 0, 0
         root = self.cfg.load
         tries = [self.cfg.ckpt_step] if self.cfg.ckpt_step is not None else store.candidates(root)
@@ -118,6 +120,12 @@ class RunCheckpoints:
         when the run must stop (the checkpoint is then complete)."""
         if self.cfg.save and self.cfg.save_interval and iteration % self.cfg.save_interval == 0:
             self.save(iteration, consumed)
+        if self.cfg.exit_interval and iteration % self.cfg.exit_interval == 0:
+            if self.cfg.save and self.last_saved != iteration:
+                self.save(iteration, consumed)
+            self.wait()
+            _log(f"checkpoint: --exit-interval {self.cfg.exit_interval}: stopping after iteration {iteration}")
+            return True
         if self.cfg.exit_signal_handler and self._any_rank_signalled():
             if self.last_saved != iteration:
                 self.save(iteration, consumed)

@@ -8,6 +8,9 @@ is installed and training runs untouched.
     HYBRID_FAULT="signal:rank=1,iteration=3,signal=SIGKILL"                 signal itself as iteration 3 starts
                                                                            (SIGKILL: a crashed rank, SIGSTOP: a
                                                                            stalled one)
+    HYBRID_FAULT="signal:rank=1,iteration=3,signal=SIGKILL,restart=0"       only in torchrun's first attempt
+                                                                           (TORCHELASTIC_RESTART_COUNT 0), so the
+                                                                           restarted job runs on
 
 Several faults are separated by ";". Iterations are 1-based (as logged), micro-batches 0-based. `op` is
 "GROUP.OP" with OP a collective (all_reduce, all_gather, reduce_scatter, broadcast) or send / recv
@@ -39,6 +42,7 @@ class Fault:
     ms: float = 0.0  # slow
     seconds: float = 3600.0  # hang: how long to sleep
     signal: str = ""  # signal: SIGKILL, SIGSTOP, SIGTERM, ...
+    restart: int = -1  # signal: only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT); -1: every attempt
 
 
 def _iterations(text: str) -> frozenset[int]:
@@ -67,7 +71,7 @@ def parse(text: str) -> list[Fault]:
         for k, v in fields.items():
             if k == "iterations":
                 kw[k] = _iterations(v)
-            elif k in ("rank", "iteration", "microbatch"):
+            elif k in ("rank", "iteration", "microbatch", "restart"):
                 kw[k] = int(v)
             elif k in ("ms", "seconds"):
                 kw[k] = float(v)
@@ -82,6 +86,11 @@ def parse(text: str) -> list[Fault]:
 def faults_for(rank: int) -> list[Fault]:
     """The faults this rank must inject (none when HYBRID_FAULT is unset)."""
     return [f for f in parse(os.environ.get(ENV, "")) if f.rank == rank]
+
+
+def _attempt() -> int:
+    """torchrun's restart count for this worker (0 in the first attempt and without torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 class Injector:
@@ -118,7 +127,7 @@ class Injector:
         """signal: the rank signals itself now. nan: this iteration's backward writes NaN into the first trainable parameter's gradient
         (before gradient accumulation and the DP reduction, as a bad kernel would)."""
         for f in self.faults:
-            if f.kind == "signal" and f.iteration == iteration:
+            if f.kind == "signal" and f.iteration == iteration and f.restart in (-1, _attempt()):
                 print(f"inject: {f.signal} to rank {f.rank} at iteration {iteration}, t={time.time():.3f}", flush=True)
                 os.kill(os.getpid(), getattr(signal, f.signal))
         for h in self._handles:
