@@ -459,6 +459,20 @@ def test_sigterm_with_exit_signal_handler_finishes_the_step_saves_and_exits_zero
     k = int(line.split("iteration ")[1].split(";")[0])
     assert k >= 2 and store.read_latest(save) == k and store.complete_iterations(save) == [k]
     assert store.read_state(store.final_path(save, k))["consumed_samples"] == 2 * k
+    # resuming it with another model, or after its only checkpoint is damaged: one line, before any step
+    base = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--seq-length", "32", "--load", save]
+    other = subprocess.run(base + ["--model", "tiny-llama"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert other.returncode != 0 and other.stderr.strip().splitlines()[-1] == (
+        f"train.py: error: --load {store.final_path(save, k)} holds model 'tiny-gpt2', this run trains "
+        f"'tiny-llama'; give the --model it was saved with")
+    with open(os.path.join(store.final_path(save, k), ".metadata"), "r+b") as f:
+        f.truncate(10)
+    bad = subprocess.run(base, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and " iteration" not in bad.stdout
+    assert bad.stderr.strip().splitlines()[-1] == (f"train.py: error: --load {save}: no intact checkpoint (every one "
+                                                   f"failed its checksums); see `hybrid checkpoint inspect {save}`")
+    assert "(truncated?); falling back to the previous complete checkpoint" in bad.stdout
 
 
 # --- the geometry, against brute force ---------------------------------------------------------------
