@@ -14,3 +14,8 @@ from hybrid.convert.to_hf import hybrid_to_hf
 from hybrid.convert.to_hybrid import deepspeed_to_hybrid, hf_to_hybrid
 
 __all__ = ["Format", "deepspeed_to_hybrid", "detect", "hf_to_hybrid", "hybrid_to_hf"]
+
+import warnings
+
+# DCP warns on every no-process-group load/save that it assumes one process: that is the design here
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")

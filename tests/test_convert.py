@@ -1,0 +1,198 @@
+"""`hybrid convert`: transformers -> hybrid -> transformers is bit-exact for GPT-2 (tied), Llama (GQA), Mistral
+(sliding window, tied) and Qwen2 (qkv bias) with a vocabulary no tp divides; a checkpoint a tp2 x pp2 x dp2
+ZeRO-3 train.py run saved exports to a folder transformers loads with our loss; train.py at tp 2 starts from a
+converted checkpoint exactly as from the transformers folder; bad input is one line and leaves nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+
+from hybrid.checkpoint import store
+from hybrid.cli import main as hybrid_main
+from hybrid.convert import hf_to_hybrid, hybrid_to_hf
+from hybrid.convert.verify import load_ours
+from models import shift_labels
+from models.config import load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+VOCAB = 259  # divisible by neither tp 2 nor tp 4: padded rows inside training, none in any file
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, vocab_size=VOCAB,
+             max_position_embeddings=64, bos_token_id=0, eos_token_id=0)
+MODELS = {
+    "gpt2": lambda: GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                               eos_token_id=0)),
+    "llama-gqa": lambda: LlamaForCausalLM(LlamaConfig(**SMALL, num_key_value_heads=2, tie_word_embeddings=False)),
+    "mistral-window-tied": lambda: MistralForCausalLM(MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=8,
+                                                                    tie_word_embeddings=True)),
+    "qwen2-bias": lambda: Qwen2ForCausalLM(Qwen2Config(**SMALL, num_key_value_heads=1, tie_word_embeddings=False)),
+}
+
+
+def hf_folder(name: str, path: str) -> str:
+    """A tiny transformers model with every tensor random (biases and norms too: a dropped or swapped tensor
+    cannot pass as its neighbour), saved by save_pretrained."""
+    torch.manual_seed(len(name))
+    model = MODELS[name]()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.05)
+    model.save_pretrained(path)
+    return path
+
+
+def tensors(path: str) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".safetensors"):
+            out.update(load_file(os.path.join(path, f)))
+    return out
+
+
+def no_litter(parent: str) -> list[str]:
+    return [n for n in os.listdir(parent) if ".tmp." in n]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_round_trip_is_bit_exact_with_the_same_keys(tmp_path, name):
+    src = hf_folder(name, str(tmp_path / "hf"))
+    line = hf_to_hybrid(src, str(tmp_path / "ckpt"))
+    assert line.startswith("verify: OK")
+    # a store of the ckpt layout: latest -> iter_0000000, manifest checks, model-only state
+    assert store.read_latest(str(tmp_path / "ckpt")) == 0
+    assert store.verify_all(store.final_path(str(tmp_path / "ckpt"), 0)).error is None
+    state = store.read_state(store.final_path(str(tmp_path / "ckpt"), 0))
+    assert (state["contents"], state["iteration"], state["model"]) == ("model", 0, src)
+    shard = 40_000 if name == "llama-gqa" else 5 * 10**9  # llama: several files + index
+    assert hybrid_to_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"), max_shard_bytes=shard).startswith("verify: OK")
+    a, b = tensors(src), tensors(str(tmp_path / "out"))
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    if name == "llama-gqa":
+        with open(tmp_path / "out" / "model.safetensors.index.json") as f:
+            index = json.load(f)
+        assert sorted(index["weight_map"]) == sorted(a) and len(set(index["weight_map"].values())) > 1
+        assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in a.values())
+    assert no_litter(str(tmp_path)) == []
+
+
+def test_bf16_export_is_the_rounded_weights(tmp_path):
+    src = hf_folder("qwen2-bias", str(tmp_path / "hf"))
+    hf_to_hybrid(src, str(tmp_path / "ckpt"), verify=False)
+    line = hybrid_to_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"), dtype=torch.bfloat16)
+    assert line.startswith("verify: OK") and "KL" in line
+    a, b = tensors(src), tensors(str(tmp_path / "out"))
+    assert all(torch.equal(a[k].to(torch.bfloat16), b[k]) for k in a)
+    assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).dtype == torch.bfloat16
+
+
+# --- a real training run -----------------------------------------------------------------------------------
+def torchrun(n: int, *flags: str, timeout: int = 240) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+           "scripts/train.py", "--micro-batch-size", "1", "--seq-length", "16", "--log-interval", "1", *flags]
+    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    return p.stdout
+
+
+def losses(out: str) -> list[str]:
+    return re.findall(r"iteration +\d+/\d+ \| lm loss (\S+)", out)
+
+
+def test_zero3_tp2_pp2_dp2_checkpoint_exports_with_our_loss(tmp_path):
+    """train.py saves after 2 steps at tp 2 x pp 2 x dp 2, ZeRO 3 (the tied embedding on both pipeline ends, 259
+    vocabulary rows padded to 260); the export loads in transformers, whose loss on a fixed batch equals the
+    loss of our model on the checkpoint's weights (DCP-loaded, tp 1)."""
+    src = hf_folder("mistral-window-tied", str(tmp_path / "hf"))
+    torchrun(8, "--model", src, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+             "--zero-stage", "3", "--global-batch-size", "4", "--train-iters", "2", "--lr", "1e-2",
+             "--save", str(tmp_path / "run"))
+    assert store.read_latest(str(tmp_path / "run")) == 2
+    assert hybrid_to_hf(str(tmp_path / "run"), str(tmp_path / "out")).startswith("verify: OK")
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    cfg = load_config(src)
+    with torch.no_grad():
+        ours = load_ours(cfg, store.final_path(str(tmp_path / "run"), 2))(ids, shift_labels(ids)).item()
+        theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))(input_ids=ids, labels=ids).loss.item()
+        start = MistralForCausalLM.from_pretrained(src)(input_ids=ids, labels=ids).loss.item()
+    assert abs(ours - theirs) <= 1e-5
+    assert abs(ours - start) > 1e-3  # the two steps at lr 1e-2 changed the weights: this is the trained model
+
+
+def test_train_py_at_tp2_starts_from_a_converted_checkpoint_as_from_the_folder(tmp_path):
+    """The same first losses from --load CONVERTED (the ckpt resume path, DCP resharding 1 -> tp 2) as from
+    --load FOLDER (models/hf_io's sliced safetensors reads)."""
+    src = hf_folder("llama-gqa", str(tmp_path / "hf"))
+    hf_to_hybrid(src, str(tmp_path / "ckpt"), verify=False)
+    common = ["--model", src, "--tensor-model-parallel-size", "2", "--global-batch-size", "2", "--train-iters", "2"]
+    resumed = torchrun(2, *common, "--load", str(tmp_path / "ckpt"), "--no-load-optim", "--no-load-rng")
+    assert "checkpoint: resumed from" in resumed and "optimizer state not loaded" in resumed
+    fresh = torchrun(2, *common, "--load", src)
+    assert len(losses(resumed)) == 2 and losses(resumed) == losses(fresh)
+
+
+# --- bad input: one line, nothing written ------------------------------------------------------------------
+def _break(kind: str, tmp) -> tuple[list[str], str]:
+    """(argv, expected words) of one bad conversion."""
+    src = hf_folder("gpt2", str(tmp / "hf"))
+    if kind == "wrong-format":
+        os.makedirs(tmp / "junk")
+        (tmp / "junk" / "weights.bin").write_bytes(b"x")
+        return [str(tmp / "junk")], "is not a transformers model folder"
+    if kind == "missing-config":
+        os.remove(tmp / "hf" / "config.json")
+        return [src], "no config.json"
+    if kind == "missing-shard":
+        hf_to_hybrid(src, str(tmp / "ckpt"), verify=False)
+        it = store.final_path(str(tmp / "ckpt"), 0)
+        os.remove(os.path.join(it, "__0_0.distcp"))
+        return [str(tmp / "ckpt")], "__0_0.distcp: missing"
+    if kind == "shape-mismatch":
+        with open(tmp / "hf" / "config.json") as f:
+            cfg = json.load(f)
+        cfg["n_inner"] = 64  # the weights have 4 x 32 = 128
+        with open(tmp / "hf" / "config.json", "w") as f:
+            json.dump(cfg, f)
+        return [src], "has shape [32, 128], but config.json implies [32, 64]"
+    if kind == "wrong-model":
+        hf_to_hybrid(src, str(tmp / "ckpt"), verify=False)
+        return [str(tmp / "ckpt"), "--model", "tiny-llama"], "no tensor model/embed_tokens.weight"
+    if kind == "unsupported-arch":
+        with open(tmp / "hf" / "config.json") as f:
+            cfg = json.load(f)
+        with open(tmp / "hf" / "config.json", "w") as f:
+            json.dump(dict(cfg, model_type="bert"), f)
+        return [src], "unsupported model_type 'bert'"
+    if kind == "dst-not-empty":
+        os.makedirs(tmp / "out")
+        (tmp / "out" / "keep.txt").write_text("mine")
+        return [src], "exists and is not empty"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["wrong-format", "missing-config", "missing-shard", "shape-mismatch",
+                                  "wrong-model", "unsupported-arch", "dst-not-empty"])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, kind):
+    argv, words = _break(kind, tmp_path)
+    before = (tmp_path / "out" / "keep.txt").read_text() if kind == "dst-not-empty" else None
+    with pytest.raises(SystemExit) as e:
+        hybrid_main(["convert", argv[0], str(tmp_path / "out"), *argv[1:]])
+    msg = str(e.value.code)
+    assert msg.startswith("hybrid convert: error: ") and "\n" not in msg and words in msg, msg
+    if kind == "dst-not-empty":
+        assert os.listdir(tmp_path / "out") == ["keep.txt"] and (tmp_path / "out" / "keep.txt").read_text() == before
+    else:
+        assert not os.path.exists(tmp_path / "out")
+    assert no_litter(str(tmp_path)) == []
