@@ -36,19 +36,21 @@ GLOBAL, MICRO, SEQ, N = 8, 2, 16, 2  # N steps before and after the save
 # train.py's optimizer defaults (hybrid/train/loop.py builds OptimizerConfig from these flags)
 OPT = OptimizerConfig(lr=1e-3, min_lr=1e-4, weight_decay=0.01, beta1=0.9, beta2=0.95, warmup_iters=1,
                       decay_style="cosine", train_iters=2 * N, clip_grad=1.0)
-LLAMA_ODD_VOCAB = ("tiny-llama", 259)  # 259 rows: padded at tp 2 and 4; 2 kv-heads < tp 4
+# resharding model: 259 vocabulary rows (padded at tp 2 and 4), tied embeddings (across pipeline stages),
+# 2 kv-heads (replicated at tp 4)
+RESHARD_MODEL = ("tiny-llama", 259)
 
 
 def model_cfg(name: str, vocab: int | None = None):
     cfg = load_config(name)
-    return dataclasses.replace(cfg, vocab_size=vocab) if vocab else cfg
+    return dataclasses.replace(cfg, vocab_size=vocab, tie_embeddings=True) if vocab else cfg
 
 
 class Run:
     """One model + ZeroOptimizer + runner at a layout, trained as train.py trains."""
 
     def __init__(self, mesh: Mesh, model: tuple[str, int | None], zero: ZeroConfig, seed: int = 5):
-        self.mesh, self.cfg = mesh, model_cfg(*model)
+        self.mesh, self.cfg, self.model_name = mesh, model_cfg(*model), model[0]
         self.rng = ParallelRNG(seed, mesh.coords.tp, mesh.coords.pp)
         tp = TPContext(mesh.tp, rng=self.rng)
         self.model = build_pipeline_chunks(self.cfg, tp, mesh.coords.pp, mesh.dims.pp, 1, seed=seed)
@@ -67,8 +69,14 @@ class Run:
                            self.mesh, lr=OPT.lr_at(it), runner=self.runner) for it in range(start, stop)]
 
     def save(self, root: str, iteration: int, asynchronous: bool = False) -> core.PendingSave:
-        return core.start_save(self.opt, self.names, self.rng, root, iteration, {"iteration": iteration},
-                               asynchronous=asynchronous)
+        state = dict(self.info(), iteration=iteration, consumed_samples=iteration * GLOBAL)
+        return core.start_save(self.opt, self.names, self.rng, root, iteration, state, asynchronous=asynchronous)
+
+    def info(self) -> dict:
+        """What train.py records of the run (hybrid/train/loop.run_info)."""
+        d = self.mesh.dims
+        return {"model": self.model_name,
+                "layout": {"tp": d.tp, "pp": d.pp, "dp": d.dp, "zero": self.opt.cfg.stage}}
 
     def load(self, directory: str, rng: bool = True) -> dict:
         return core.load(self.opt, self.names, self.rng, directory, rng_too=rng)
@@ -130,21 +138,270 @@ def _resume_phase(rank, world, root, phase, cases=tuple(RESUME_CASES)):
     return out
 
 
+
+# --- (2) resharding: save at each layout, load at every other ---------------------------------------------
+LAYOUTS = [(2, 2, 2, 1), (1, 2, 4, 2), (2, 1, 4, 3), (4, 2, 1, 0), (1, 1, 1, 0)]  # (tp, pp, dp, zero)
+
+
+def lname(layout) -> str:
+    return "tp{}pp{}dp{}z{}".format(*layout)
+
+
+def _reshard_save(run_: Run, root: str, corpus) -> dict:
+    run_.train(0, N, corpus)
+    run_.save(os.path.join(root, "reshard", lname(_layout(run_))), N).finish()
+    return {"state": full_state(run_), "step": adam_step(run_)}
+
+
+def _layout(run_: Run):
+    d = run_.mesh.dims
+    return d.tp, d.pp, d.dp, run_.opt.cfg.stage
+
+
+def _reshard_load(mesh: Mesh, z: int, root: str) -> dict:
+    out = {}
+    for src in LAYOUTS:
+        run_ = Run(mesh, RESHARD_MODEL, ZeroConfig(stage=z))
+        st = run_.load(store.final_path(os.path.join(root, "reshard", lname(src)), N), rng=False)
+        out[lname(src)] = {"state": full_state(run_), "step": adam_step(run_), "json": st}
+    return out
+
+
+# --- (4) asynchronous saves ---------------------------------------------------------------------------
+def _async_saves(mesh: Mesh, root: str, corpus) -> dict:
+    """Save asynchronously, then change every parameter and moment before the save completes: the
+    checkpoint must hold the values of the moment of the call. Then 6 back-to-back saves."""
+    from hybrid.checkpoint.args import CheckpointConfig
+    from hybrid.checkpoint.run import RunCheckpoints
+    run_ = Run(mesh, RESHARD_MODEL, ZeroConfig(stage=1))
+    run_.train(0, N, corpus)
+    before = full_state(run_)
+    ck = RunCheckpoints(CheckpointConfig(save=os.path.join(root, "async"), async_save=True), mesh, run_.model,
+                        run_.opt, run_.rng, run_.info())
+    ck.save(N, N * GLOBAL)
+    with torch.no_grad():
+        for u in run_.opt.units:
+            u.master.add_(1.0)
+            for v in u.views:
+                for k in core.MOMENTS:
+                    run_.opt.optimizer.state[v][k].add_(1.0)
+    run_.opt.sync_params_from_master()
+    for i in range(N + 1, N + 7):
+        ck.save(i, i * GLOBAL)
+    ck.finish(N + 6, (N + 6) * GLOBAL)
+    return {"before": before, "iterations": store.complete_iterations(os.path.join(root, "async")),
+            "latest": store.read_latest(os.path.join(root, "async"))}
+
+
+def _async_check(mesh: Mesh, root: str) -> dict:
+    run_ = Run(mesh, RESHARD_MODEL, ZeroConfig(stage=1))
+    run_.load(store.final_path(os.path.join(root, "async"), N), rng=False)
+    return full_state(run_)
+
+
+def _world8(rank, world, root, phase):
+    corpus = load_corpus()
+    out = {"resume": _resume_phase(rank, world, root, phase)}
+    for tp, pp, dp, z in LAYOUTS:
+        if tp * pp * dp != world:
+            continue
+        mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
+        if phase == "straight":
+            out[lname((tp, pp, dp, z))] = _reshard_save(Run(mesh, RESHARD_MODEL, ZeroConfig(stage=z)), root, corpus)
+            if (tp, pp, dp, z) == LAYOUTS[0]:
+                out["async"] = _async_saves(mesh, root, corpus)
+        else:
+            out[lname((tp, pp, dp, z))] = _reshard_load(mesh, z, root)
+            if (tp, pp, dp, z) == LAYOUTS[0]:
+                out["async"] = _async_check(mesh, root)
+    return out
+
+
+def _world1(rank, world, root):
+    """(1, 1, 1, 0): save, and load every world-8 checkpoint; then the fault cases (one process)."""
+    corpus = load_corpus()
+    mesh = Mesh.build(ParallelDims.from_world(1))
+    out = {lname(LAYOUTS[-1]): _reshard_save(Run(mesh, RESHARD_MODEL, ZeroConfig(stage=0)), root, corpus)}
+    out["load"] = _reshard_load(mesh, 0, root)
+    out["faults"] = _faults(mesh, root, corpus)
+    return out
+
+
 @pytest.fixture(scope="module")
-def resume(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("resume"))
-    straight = run_distributed(_resume_phase, 8, args=(root, "straight"), timeout=600)
-    resumed = run_distributed(_resume_phase, 8, args=(root, "resumed"), timeout=600)
-    return straight, resumed
+def spawns(tmp_path_factory):
+    """Three spawns shared by every case: 8 ranks save, 1 rank saves and loads, 8 fresh ranks load."""
+    root = str(tmp_path_factory.mktemp("ckpt"))
+    straight = run_distributed(_world8, 8, args=(root, "straight"), timeout=900)
+    single = run_distributed(_world1, 1, args=(root,), timeout=900)[0]
+    resumed = run_distributed(_world8, 8, args=(root, "resumed"), timeout=900)
+    return {"straight": straight, "single": single, "resumed": resumed}
 
 
 @pytest.mark.parametrize("case", [f"{m}-z{z}{'-offload' if off else ''}" for m, z, off in RESUME_CASES])
-def test_resume_after_save_is_bit_identical_to_the_uninterrupted_run(resume, case):
-    straight, resumed = resume
+def test_resume_after_save_is_bit_identical_to_the_uninterrupted_run(spawns, case):
     for rank in range(8):
-        a, b = straight[rank][case], resumed[rank][case]
+        a, b = spawns["straight"][rank]["resume"][case], spawns["resumed"][rank]["resume"][case]
         assert a[0][N:] == b[0], f"rank {rank}: losses after the resume differ"
         assert a[2] == b[2] == 2 * N
         for name in a[1]:
             for kind in a[1][name]:
                 assert torch.equal(a[1][name][kind], b[1][name][kind]), f"rank {rank}: {name} {kind}"
+
+
+def _merged(per_rank: list[dict]) -> dict:
+    """name -> kind -> tensor over all ranks (each pipeline stage has its own names; replicas must agree)."""
+    out: dict = {}
+    for st in per_rank:
+        for name, kinds in st.items():
+            for kind, t in kinds.items():
+                have = out.setdefault(name, {}).setdefault(kind, t)
+                assert torch.equal(have, t), f"ranks disagree on {name} {kind}"
+    return out
+
+
+def _saved(spawns, layout) -> tuple[dict, int]:
+    if layout == LAYOUTS[-1]:
+        r = spawns["single"][lname(layout)]
+        return _merged([r["state"]]), r["step"]
+    rs = [spawns["straight"][rank][lname(layout)] for rank in range(8)]
+    return _merged([r["state"] for r in rs]), rs[0]["step"]
+
+
+def _loaded(spawns, target, source) -> list[dict]:
+    if target == LAYOUTS[-1]:
+        return [spawns["single"]["load"][lname(source)]]
+    return [spawns["resumed"][rank][lname(target)][lname(source)] for rank in range(8)]
+
+
+@pytest.mark.parametrize("target", LAYOUTS, ids=lname)
+@pytest.mark.parametrize("source", LAYOUTS, ids=lname)
+def test_a_checkpoint_loads_at_any_layout_with_identical_parameters_moments_and_step(spawns, source, target):
+    want, step = _saved(spawns, source)
+    assert step == N
+    got = _loaded(spawns, target, source)
+    full = _merged([g["state"] for g in got])
+    assert sorted(full) == sorted(want)
+    for name in want:
+        for kind in ("param", *core.MOMENTS):
+            assert torch.equal(full[name][kind], want[name][kind]), f"{name} {kind}"
+            assert full[name][kind].abs().sum() > 0  # the moments are not the zeros of a fresh optimizer
+    for g in got:
+        assert g["step"] == N
+        assert g["json"]["iteration"] == N and g["json"]["consumed_samples"] == N * GLOBAL
+        assert g["json"]["scaler"] == {"loss_scale": 1.0, "good_steps": 0, "skipped_steps": 0}
+
+
+def test_async_save_keeps_the_values_of_the_call_and_back_to_back_saves_complete(spawns):
+    saved = spawns["straight"][0]["async"]
+    assert saved["iterations"] == list(range(N, N + 7)) and saved["latest"] == N + 6
+    before = _merged([spawns["straight"][r]["async"]["before"] for r in range(8)])
+    after = _merged([spawns["resumed"][r]["async"] for r in range(8)])
+    for name in before:
+        for kind in before[name]:
+            assert torch.equal(after[name][kind], before[name][kind]), f"{name} {kind}"
+
+
+# --- (3) faults -----------------------------------------------------------------------------------------
+def _faults(mesh: Mesh, root: str, corpus) -> dict:
+    """A crash at each point of a save leaves `latest` on the previous checkpoint; the next save cleans up;
+    a truncated or bit-flipped file is named on load and the run falls back to the previous checkpoint."""
+    from hybrid.checkpoint.args import CheckpointConfig
+    from hybrid.checkpoint.run import RunCheckpoints
+    d = os.path.join(root, "faults")
+    run_ = Run(mesh, ("tiny-gpt2", None), ZeroConfig(stage=0))
+    run_.train(0, 1, corpus)
+    run_.save(d, 1).finish()
+    run_.train(1, 2, corpus)
+    out = {}
+    for point in ("after_data", "before_rename"):
+        os.environ[CRASH_ENV] = point
+        try:
+            run_.save(d, 2).finish()
+            out[point] = "no crash"
+        except SimulatedCrash:
+            out[point] = (store.read_latest(d), store.candidates(d), sorted(os.listdir(d)))
+        finally:
+            del os.environ[CRASH_ENV]
+    run_.save(d, 2).finish()
+    out["after"] = (store.read_latest(d), sorted(os.listdir(d)))
+    data = os.path.join(store.final_path(d, 2), "__0_0.distcp")
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) - 1)
+    out["truncated"] = core.verify(store.final_path(d, 2))
+    fresh = Run(mesh, ("tiny-gpt2", None), ZeroConfig(stage=0))
+    out["resumed"] = RunCheckpoints(CheckpointConfig(load=d), mesh, fresh.model, fresh.opt, fresh.rng,
+                                    fresh.info()).resume()
+    data = os.path.join(store.final_path(d, 1), "__0_0.distcp")
+    with open(data, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 1]))
+    out["flipped"] = core.verify(store.final_path(d, 1))
+    return out
+
+
+def test_a_crash_during_a_save_leaves_latest_on_the_previous_checkpoint(spawns):
+    f = spawns["single"]["faults"]
+    latest, cands, listing = f["after_data"]
+    assert latest == 1 and cands == [1] and "iter_0000002.tmp" in listing and "iter_0000002" not in listing
+    latest, cands, listing = f["before_rename"]
+    assert latest == 1 and cands == [1] and "iter_0000002.tmp" in listing
+    latest, listing = f["after"]
+    assert latest == 2 and listing == ["iter_0000001", "iter_0000002", "latest"]  # the leftover .tmp is gone
+
+
+def test_a_truncated_or_flipped_file_is_named_and_load_falls_back_to_the_previous_checkpoint(spawns):
+    f = spawns["single"]["faults"]
+    assert "__0_0.distcp" in f["truncated"] and "truncated" in f["truncated"] and "\n" not in f["truncated"]
+    assert f["resumed"] == (1, GLOBAL)
+    assert "__0_0.distcp" in f["flipped"] and "sha256" in f["flipped"]
+
+
+# --- (5) through train.py -------------------------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", os.path.join(ROOT, "scripts", "train.py"),
+         "--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1", "--zero-stage", "1", "--train-iters", "6"]
+
+
+def _train(argv, cwd) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", CRASH_ENV)}
+    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    out = subprocess.run(TRAIN + argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def _losses(stdout: str) -> dict[int, str]:
+    return {int(ln.split()[1].split("/")[0]): ln.split("lm loss ")[1].split()[0]
+            for ln in stdout.splitlines() if ln.startswith(" iteration")}
+
+
+def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path):
+    save = str(tmp_path / "ckpt")
+    first = _train(["--save", save, "--save-interval", "3", "--async-save", "--save-keep", "2"], tmp_path)
+    assert store.complete_iterations(save) == [3, 6] and store.read_latest(save) == 6
+    second = _train(["--load", save, "--ckpt-step", "3"], tmp_path)
+    assert f"checkpoint: resumed from {store.final_path(save, 3)}" in second
+    a, b = _losses(first), _losses(second)
+    assert sorted(b) == [4, 5, 6] and all(a[i] == b[i] for i in b), (a, b)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--save-interval", "0", "--save", "{d}/c"], "--save-interval must be a positive number of iterations, got 0"),
+    (["--save-interval", "5"], "--save-interval needs --save DIR"),
+    (["--save", "{f}"], "--save '{f}' exists and is not a directory"),
+    (["--load", "{d}/empty"], "is an empty directory: no checkpoint"),
+    (["--ckpt-step", "3"], "--ckpt-step / --no-load-optim / --no-load-rng need --load DIR"),
+    (["--save-keep", "0", "--save", "{d}/c"], "--save-keep must be at least 1, got 0"),
+])
+def test_bad_checkpoint_flags_are_one_line_before_any_process_group(tmp_path, argv, message, capsys):
+    from hybrid.train.main import validate
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    fill = {"d": str(tmp_path), "f": str(tmp_path / "file")}
+    with pytest.raises(SystemExit) as e:
+        validate([a.format(**fill) for a in argv])
+    text = str(e.value.code)
+    assert text.startswith("train.py: error: ") and message.format(**fill) in text and "\n" not in text
+    assert not dist.is_initialized()
