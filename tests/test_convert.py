@@ -196,3 +196,46 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, kind):
     else:
         assert not os.path.exists(tmp_path / "out")
     assert no_litter(str(tmp_path)) == []
+
+
+# --- DeepSpeed -> hybrid -------------------------------------------------------------------------------------
+DS_RUN = """
+import os, sys
+os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3], RANK="0", WORLD_SIZE="1",
+                  LOCAL_RANK="0")
+import torch, deepspeed
+from transformers import AutoConfig, AutoModelForCausalLM
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1]), dtype=torch.float32)
+deepspeed.init_distributed(dist_backend="gloo")
+ds = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True}
+engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), config=ds)
+ids = torch.randint(0, 259, (1, 16), generator=torch.Generator().manual_seed(2))
+engine.backward(engine(input_ids=ids, labels=ids).loss)
+engine.step()
+engine.save_checkpoint(sys.argv[2])
+engine.eval()
+with torch.no_grad():
+    torch.save(engine(input_ids=ids).logits, os.path.join(sys.argv[2], "logits.pt"))
+"""
+
+
+def test_deepspeed_zero3_checkpoint_converts_with_the_deepspeed_models_logits(tmp_path):
+    """A ZeRO-3 DeepSpeed checkpoint (DeepSpeed on CPU, one gloo rank, one AdamW step) of a tiny Llama, read by
+    DeepSpeed's get_fp32_state_dict_from_zero_checkpoint: our model on the converted checkpoint gives the logits
+    the DeepSpeed engine computed."""
+    from hybrid.testing import free_port
+    cfg_dir = str(tmp_path / "cfg")
+    LlamaConfig(**SMALL, num_key_value_heads=2, tie_word_embeddings=False).save_pretrained(cfg_dir)
+    (tmp_path / "make.py").write_text(DS_RUN)
+    p = subprocess.run([sys.executable, str(tmp_path / "make.py"), cfg_dir, str(tmp_path / "ds"), str(free_port())],
+                       env=ENV, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    with pytest.raises(SystemExit, match="holds no model config; give --model"):
+        hybrid_main(["convert", str(tmp_path / "ds"), str(tmp_path / "ckpt")])
+    hybrid_main(["convert", str(tmp_path / "ds"), str(tmp_path / "ckpt"), "--model", cfg_dir])
+    ids = torch.randint(0, 259, (1, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = load_ours(load_config(cfg_dir), store.final_path(str(tmp_path / "ckpt"), 0))(ids)
+    theirs = torch.load(tmp_path / "ds" / "logits.pt")
+    assert (ours - theirs).abs().max().item() <= 1e-5
