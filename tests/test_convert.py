@@ -239,3 +239,23 @@ def test_deepspeed_zero3_checkpoint_converts_with_the_deepspeed_models_logits(tm
         ours = load_ours(load_config(cfg_dir), store.final_path(str(tmp_path / "ckpt"), 0))(ids)
     theirs = torch.load(tmp_path / "ds" / "logits.pt")
     assert (ours - theirs).abs().max().item() <= 1e-5
+
+
+def test_a_wrong_mapping_fails_the_self_check_and_writes_nothing(tmp_path, monkeypatch):
+    """The verification compares against transformers, not against the converter: swapping GPT-2's k and v rows
+    (what a wrong c_attn offset would do) is caught. (A q <-> k swap moves these random models' logits by
+    only 7e-7: their attention is nearly uniform. The bit-exact round trip is the guard for that.), and DST is never created."""
+    from hybrid.convert import mapping
+    src = hf_folder("gpt2", str(tmp_path / "hf"))
+    right = mapping.ours_from_hf
+
+    def swapped(p, stored):  # k reads v's rows [64, 96) of c_attn and v reads k's [32, 64)
+        swap = {".k_proj.": 64, ".v_proj.": 32}
+        for part, offset in swap.items():
+            if part in p.name:
+                p = mapping.Param(p.name, p.shape, mapping.Source(p.source.key, p.source.transpose, offset))
+        return right(p, stored)
+    monkeypatch.setattr(mapping, "ours_from_hf", swapped)
+    with pytest.raises(SystemExit, match=r"verify: FAILED: logits max-abs \S+, KL"):
+        hybrid_main(["convert", src, str(tmp_path / "out")])
+    assert not os.path.exists(tmp_path / "out") and no_litter(str(tmp_path)) == []
