@@ -300,3 +300,26 @@ def test_round_trip_through_tp_pp_dp_zero_layouts_is_bit_exact(tmp_path):
         hybrid_to_hf(os.path.join(root, name + ".resaved"), os.path.join(root, name + ".out"), verify=False)
         a, b = tensors(os.path.join(root, name)), tensors(os.path.join(root, name + ".out"))
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+# --- hybrid generate (tp 1, greedy, no KV cache) --------------------------------------------------------------
+def test_greedy_generation_equals_transformers_generate(tmp_path, capsys):
+    """32 greedy tokens from the converted checkpoint and from the folder itself equal transformers' generate
+    (weights N(0, 0.3): peaked logits, so no argmax is decided by rounding)."""
+    torch.manual_seed(3)
+    hf = MODELS["llama-gqa"]()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.3)
+    hf.save_pretrained(tmp_path / "hf")
+    hf_to_hybrid(str(tmp_path / "hf"), str(tmp_path / "ckpt"), verify=False)
+    prompt = [5, 17, 200, 3]
+    hf.generation_config.eos_token_id = None
+    want = hf.eval().generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
+                              pad_token_id=0)[0, len(prompt):].tolist()
+    assert len(want) == 32 and len(set(want)) > 4  # not one token repeated
+    for src in (tmp_path / "ckpt", tmp_path / "hf"):
+        capsys.readouterr()
+        hybrid_main(["generate", str(src), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "32"])
+        line = capsys.readouterr().out.splitlines()[0]
+        assert line == f"generate: 32 new tokens (greedy): {','.join(map(str, want))}", src
