@@ -305,19 +305,20 @@ def test_round_trip_through_tp_pp_dp_zero_layouts_is_bit_exact(tmp_path):
 # --- hybrid generate (tp 1, greedy, no KV cache) --------------------------------------------------------------
 def test_greedy_generation_equals_transformers_generate(tmp_path, capsys):
     """32 greedy tokens from the converted checkpoint and from the folder itself equal transformers' generate
-    (weights N(0, 0.3): peaked logits, so no argmax is decided by rounding)."""
+    (weights N(0, 1): 18 distinct tokens, and the top-2 logit gap is >= 0.099 at every step, so no argmax is
+    decided by rounding; at N(0, 0.3) a random Llama repeats one token)."""
     torch.manual_seed(3)
     hf = MODELS["llama-gqa"]()
     with torch.no_grad():
         for p in hf.parameters():
-            p.normal_(0, 0.3)
+            p.normal_(0, 1.0)
     hf.save_pretrained(tmp_path / "hf")
     hf_to_hybrid(str(tmp_path / "hf"), str(tmp_path / "ckpt"), verify=False)
     prompt = [5, 17, 200, 3]
     hf.generation_config.eos_token_id = None
     want = hf.eval().generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
                               pad_token_id=0)[0, len(prompt):].tolist()
-    assert len(want) == 32 and len(set(want)) > 4  # not one token repeated
+    assert len(want) == 32 and len(set(want)) >= 18  # not one token repeated
     for src in (tmp_path / "ckpt", tmp_path / "hf"):
         capsys.readouterr()
         hybrid_main(["generate", str(src), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "32"])
