@@ -67,6 +67,7 @@ def no_litter(parent: str) -> list[str]:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_round_trip_is_bit_exact_with_the_same_keys(tmp_path, name):
     src = hf_folder(name, str(tmp_path / "hf"))
+    (tmp_path / "hf" / "tokenizer_config.json").write_text('{"model_max_length": 64}')  # carried through
     line = hf_to_hybrid(src, str(tmp_path / "ckpt"))
     assert line.startswith("verify: OK")
     # a store of the ckpt layout: latest -> iter_0000000, manifest checks, model-only state
@@ -85,6 +86,8 @@ def test_round_trip_is_bit_exact_with_the_same_keys(tmp_path, name):
             index = json.load(f)
         assert sorted(index["weight_map"]) == sorted(a) and len(set(index["weight_map"].values())) > 1
         assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in a.values())
+    for carried in ("tokenizer_config.json", "generation_config.json"):
+        assert (tmp_path / "out" / carried).read_bytes() == (tmp_path / "hf" / carried).read_bytes()
     assert no_litter(str(tmp_path)) == []
 
 
