@@ -162,6 +162,11 @@ def _break(kind: str, tmp) -> tuple[list[str], str]:
         it = store.final_path(str(tmp / "ckpt"), 0)
         os.remove(os.path.join(it, "__0_0.distcp"))
         return [str(tmp / "ckpt")], "__0_0.distcp: missing"
+    if kind == "missing-hf-shard":
+        GPT2LMHeadModel.from_pretrained(src).save_pretrained(tmp / "sharded", max_shard_size="50KB")
+        shards = sorted(n for n in os.listdir(tmp / "sharded") if n.endswith(".safetensors"))
+        os.remove(tmp / "sharded" / shards[-1])
+        return [str(tmp / "sharded")], f"{shards[-1]} (listed in the index for"
     if kind == "shape-mismatch":
         with open(tmp / "hf" / "config.json") as f:
             cfg = json.load(f)
@@ -185,8 +190,8 @@ def _break(kind: str, tmp) -> tuple[list[str], str]:
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["wrong-format", "missing-config", "missing-shard", "shape-mismatch",
-                                  "wrong-model", "unsupported-arch", "dst-not-empty"])
+@pytest.mark.parametrize("kind", ["wrong-format", "missing-config", "missing-shard", "missing-hf-shard",
+                                  "shape-mismatch", "wrong-model", "unsupported-arch", "dst-not-empty"])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, kind):
     argv, words = _break(kind, tmp_path)
     before = (tmp_path / "out" / "keep.txt").read_text() if kind == "dst-not-empty" else None
@@ -246,8 +251,8 @@ def test_deepspeed_zero3_checkpoint_converts_with_the_deepspeed_models_logits(tm
 
 def test_a_wrong_mapping_fails_the_self_check_and_writes_nothing(tmp_path, monkeypatch):
     """The verification compares against transformers, not against the converter: swapping GPT-2's k and v rows
-    (what a wrong c_attn offset would do) is caught. (A q <-> k swap moves these random models' logits by
-    only 7e-7: their attention is nearly uniform. The bit-exact round trip is the guard for that.), and DST is never created."""
+    (what a wrong c_attn offset would do) is caught, and DST is never created. (A q <-> k swap moves these
+    random models' logits by only 7e-7: their attention is nearly uniform. The bit-exact round trip guards it.)"""
     from hybrid.convert import mapping
     src = hf_folder("gpt2", str(tmp_path / "hf"))
     right = mapping.ours_from_hf

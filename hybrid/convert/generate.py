@@ -51,7 +51,7 @@ def load_model(src: str, model: str | None = None):
 def prompt_ids(args: argparse.Namespace, cfg, folder: str):
     """Token ids of the prompt, and a decoder for the output."""
     tok = None
-    if os.path.isfile(os.path.join(folder, "tokenizer.json")) or os.path.isfile(os.path.join(folder, "tokenizer.model")):
+    if any(os.path.isfile(os.path.join(folder, n)) for n in ("tokenizer.json", "tokenizer.model")):
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(folder)
     if args.prompt_ids is not None:

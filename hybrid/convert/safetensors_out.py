@@ -84,7 +84,10 @@ def write_sharded(directory: str, shapes: dict[str, tuple[int, ...]], tensors: I
                 if key != want or tuple(t.shape) != shapes[key]:
                     raise RuntimeError(f"safetensors writer: got {key} {list(t.shape)}, expected {want} "
                                        f"{list(shapes[want])}")
-                f.write(t.detach().to("cpu", dtype).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                # the tensor's own bytes through the buffer protocol: no further copy (to() and contiguous() copy
+                # only when the dtype or the layout changes)
+                f.write(memoryview(t.detach().to("cpu", dtype).contiguous().reshape(-1).view(torch.uint8).numpy()))
+                del t
             f.flush()
             os.fsync(f.fileno())
     if len(shards) > 1:
