@@ -49,13 +49,15 @@ def model_cfg(name: str, vocab: int | None = None):
 class Run:
     """One model + ZeroOptimizer + runner at a layout, trained as train.py trains."""
 
-    def __init__(self, mesh: Mesh, model: tuple[str, int | None], zero: ZeroConfig, seed: int = 5):
+    def __init__(self, mesh: Mesh, model: tuple[str, int | None], zero: ZeroConfig, seed: int = 5, v: int = 1):
         self.mesh, self.cfg, self.model_name = mesh, model_cfg(*model), model[0]
         self.rng = ParallelRNG(seed, mesh.coords.tp, mesh.coords.pp)
         tp = TPContext(mesh.tp, rng=self.rng)
-        self.model = build_pipeline_chunks(self.cfg, tp, mesh.coords.pp, mesh.dims.pp, 1, seed=seed)
+        self.model = build_pipeline_chunks(self.cfg, tp, mesh.coords.pp, mesh.dims.pp, v, seed=seed)
         self.spec = BatchSpec(GLOBAL, MICRO, SEQ, mesh.dims.dp)
-        if mesh.dims.pp == 1:
+        if v > 1:
+            self.runner = None  # interleaved chunks: loaded and inspected, not trained here
+        elif mesh.dims.pp == 1:
             self.runner = LocalForwardBackward(self.model[0], mesh.device)
         else:
             schedule = build_schedule(ScheduleKind.ONE_F_ONE_B, mesh.dims.pp, self.spec.num_micro_batches)
@@ -158,10 +160,15 @@ def _layout(run_: Run):
     return d.tp, d.pp, d.dp, run_.opt.cfg.stage
 
 
-def _reshard_load(mesh: Mesh, z: int, root: str) -> dict:
+def matrix_zero(stage: int) -> ZeroConfig:
+    """The matrix's ZeRO 3 layout runs offloaded (parameters and optimizer on the host; train.py's CPU Adam)."""
+    return zero_cfg(stage, offload=stage == 3)
+
+
+def _reshard_load(mesh: Mesh, z: int, root: str, v: int = 1) -> dict:
     out = {}
     for src in LAYOUTS:
-        run_ = Run(mesh, RESHARD_MODEL, ZeroConfig(stage=z))
+        run_ = Run(mesh, RESHARD_MODEL, matrix_zero(z), v=v)
         st = run_.load(store.final_path(os.path.join(root, "reshard", lname(src)), N), rng=False)
         out[lname(src)] = {"state": full_state(run_), "step": adam_step(run_), "json": st}
     return out
@@ -207,14 +214,20 @@ def _world8(rank, world, root, phase):
             continue
         mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
         if phase == "straight":
-            out[lname((tp, pp, dp, z))] = _reshard_save(Run(mesh, RESHARD_MODEL, ZeroConfig(stage=z)), root, corpus)
+            out[lname((tp, pp, dp, z))] = _reshard_save(Run(mesh, RESHARD_MODEL, matrix_zero(z)), root, corpus)
             if (tp, pp, dp, z) == LAYOUTS[0]:
                 out["async"] = _async_saves(mesh, root, corpus)
         else:
             out[lname((tp, pp, dp, z))] = _reshard_load(mesh, z, root)
             if (tp, pp, dp, z) == LAYOUTS[0]:
                 out["async"] = _async_check(mesh, root)
+    if phase == "resumed":  # one more target: interleaved virtual stages (pp 2 x v 2, one layer per chunk)
+        mesh = Mesh.build(ParallelDims.from_world(world, tp=2, pp=2))
+        out[INTERLEAVED] = _reshard_load(mesh, 1, root, v=2)
     return out
+
+
+INTERLEAVED = "tp2pp2v2dp2z1"
 
 
 def _world1(rank, world, root):
@@ -270,11 +283,12 @@ def _saved(spawns, layout) -> tuple[dict, int]:
 def _loaded(spawns, target, source) -> list[dict]:
     if target == LAYOUTS[-1]:
         return [spawns["single"]["load"][lname(source)]]
-    return [spawns["resumed"][rank][lname(target)][lname(source)] for rank in range(8)]
+    key = target if target == INTERLEAVED else lname(target)
+    return [spawns["resumed"][rank][key][lname(source)] for rank in range(8)]
 
 
-@pytest.mark.parametrize("target", LAYOUTS, ids=lname)
-@pytest.mark.parametrize("source", LAYOUTS, ids=lname)
+@pytest.mark.parametrize("target", LAYOUTS + [INTERLEAVED], ids=lambda t: t if isinstance(t, str) else lname(t))
+@pytest.mark.parametrize("source", LAYOUTS, ids=lname)  # ZeRO 3 offloaded (matrix_zero)
 def test_a_checkpoint_loads_at_any_layout_with_identical_parameters_moments_and_step(spawns, source, target):
     want, step = _saved(spawns, source)
     assert step == N
@@ -377,7 +391,7 @@ def _losses(stdout: str) -> dict[int, str]:
             for ln in stdout.splitlines() if ln.startswith(" iteration")}
 
 
-def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path):
+def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path, capsys):
     save = str(tmp_path / "ckpt")
     first = _train(["--save", save, "--save-interval", "3", "--async-save", "--save-keep", "2"], tmp_path)
     assert store.complete_iterations(save) == [3, 6] and store.read_latest(save) == 6
@@ -385,6 +399,17 @@ def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path):
     assert f"checkpoint: resumed from {store.final_path(save, 3)}" in second
     a, b = _losses(first), _losses(second)
     assert sorted(b) == [4, 5, 6] and all(a[i] == b[i] for i in b), (a, b)
+    from hybrid.cli import main as hybrid_cli
+    capsys.readouterr()
+    hybrid_cli(["checkpoint", "inspect", save])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{save}: latest -> iter_0000006" and len(lines) == 3
+    assert "iter_0000006 (latest): iteration 6 | consumed samples 24 |" in lines[2]  # 6 x (micro 2 x dp 2)
+    assert "tp 1 x pp 1 x dp 2, ZeRO 1" in lines[2] and lines[2].endswith("ok: every checksum matches")
+    with open(os.path.join(store.final_path(save, 3), "state.json"), "a") as f:
+        f.write(" ")
+    hybrid_cli(["checkpoint", "inspect", store.final_path(save, 3)])
+    assert "CORRUPT: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -394,14 +419,96 @@ def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path):
     (["--load", "{d}/empty"], "is an empty directory: no checkpoint"),
     (["--ckpt-step", "3"], "--ckpt-step / --no-load-optim / --no-load-rng need --load DIR"),
     (["--save-keep", "0", "--save", "{d}/c"], "--save-keep must be at least 1, got 0"),
+    (["--load", "{d}/partial"], "holds no complete checkpoint (only unfinished saves)"),
+    (["--load", "{d}/done", "--ckpt-step", "7"], "--ckpt-step 7: '{d}/done' has no complete checkpoint of that "
+                                                 "iteration (it has 3)"),
 ])
 def test_bad_checkpoint_flags_are_one_line_before_any_process_group(tmp_path, argv, message, capsys):
     from hybrid.train.main import validate
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("x")
+    (tmp_path / "partial" / "iter_0000003.tmp").mkdir(parents=True)
+    (tmp_path / "done" / "iter_0000003").mkdir(parents=True)
+    (tmp_path / "done" / "iter_0000003" / store.MANIFEST).write_text("{}")
     fill = {"d": str(tmp_path), "f": str(tmp_path / "file")}
     with pytest.raises(SystemExit) as e:
         validate([a.format(**fill) for a in argv])
     text = str(e.value.code)
     assert text.startswith("train.py: error: ") and message.format(**fill) in text and "\n" not in text
     assert not dist.is_initialized()
+
+
+def test_sigterm_with_exit_signal_handler_finishes_the_step_saves_and_exits_zero(tmp_path):
+    import signal
+    import time
+    save = str(tmp_path / "ckpt")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", CRASH_ENV)}
+    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    log = open(tmp_path / "log", "w+")
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--seq-length", "32",
+                             "--micro-batch-size", "2", "--log-interval", "1", "--train-iters", "100000", "--save",
+                             save, "--exit-signal-handler"], cwd=tmp_path, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while " iteration      2/" not in (tmp_path / "log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 0
+    text = (tmp_path / "log").read_text()
+    line = next(ln for ln in text.splitlines() if "SIGTERM: saved iteration" in ln)
+    k = int(line.split("iteration ")[1].split(";")[0])
+    assert k >= 2 and store.read_latest(save) == k and store.complete_iterations(save) == [k]
+    assert store.read_state(store.final_path(save, k))["consumed_samples"] == 2 * k
+    # resuming it with another model, or after its only checkpoint is damaged: one line, before any step
+    base = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--seq-length", "32", "--load", save]
+    other = subprocess.run(base + ["--model", "tiny-llama"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert other.returncode != 0 and other.stderr.strip().splitlines()[-1] == (
+        f"train.py: error: --load {store.final_path(save, k)} holds model 'tiny-gpt2', this run trains "
+        f"'tiny-llama'; give the --model it was saved with")
+    with open(os.path.join(store.final_path(save, k), ".metadata"), "r+b") as f:
+        f.truncate(10)
+    bad = subprocess.run(base, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and " iteration" not in bad.stdout
+    assert bad.stderr.strip().splitlines()[-1] == (f"train.py: error: --load {save}: no intact checkpoint (every one "
+                                                   f"failed its checksums); see `hybrid checkpoint inspect {save}`")
+    assert "(truncated?); falling back to the previous complete checkpoint" in bad.stdout
+
+
+# --- the geometry, against brute force ---------------------------------------------------------------
+def test_a_flat_range_is_at_most_three_contiguous_rectangles_covering_exactly_it():
+    from hybrid.checkpoint.shards import flat_rectangles
+    for rows, cols in ((1, 1), (3, 1), (4, 5), (7, 3)):
+        n = rows * cols
+        for f0 in range(n + 1):
+            for f1 in range(f0, n + 1):
+                mark = torch.zeros(rows, cols, dtype=torch.int32)
+                rects = flat_rectangles(f0, f1, cols)
+                assert len(rects) <= 3
+                pos = f0
+                for r, c, nr, nc in rects:  # in flat order, each contiguous: starts where the previous ended
+                    assert r * cols + c == pos and (nr == 1 or (c == 0 and nc == cols))
+                    mark[r:r + nr, c:c + nc] += 1
+                    pos += nr * nc
+                want = torch.zeros(n, dtype=torch.int32)
+                want[f0:f1] = 1
+                assert pos == f1 and torch.equal(mark.flatten(), want)
+
+
+def test_placeholder_boxes_tile_what_the_local_chunks_leave():
+    from hybrid.checkpoint.shards import complement
+    gen = torch.Generator().manual_seed(0)
+    for shape in ((10,), (6, 7), (5, 1)):
+        for _ in range(20):
+            mark = torch.zeros(shape, dtype=torch.int32)
+            boxes = []
+            for _ in range(3):  # up to 3 disjoint random boxes
+                off = [int(torch.randint(0, s, (1,), generator=gen)) for s in shape]
+                size = [int(torch.randint(1, s - o + 1, (1,), generator=gen)) for s, o in zip(shape, off)]
+                region = tuple(slice(o, o + z) for o, z in zip(off, size))
+                if mark[region].sum() == 0:
+                    mark[region] += 1
+                    boxes.append((tuple(off), tuple(size)))
+            for off, size in complement(shape, boxes):
+                mark[tuple(slice(o, o + z) for o, z in zip(off, size))] += 1
+            assert torch.equal(mark, torch.ones(shape, dtype=torch.int32))

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from hybrid.checkpoint import core, store
 from hybrid.checkpoint.args import CheckpointConfig
+from hybrid.cliutil import fail
 
 
 def _log(msg: str) -> None:
@@ -37,8 +38,10 @@ class RunCheckpoints:
         self.last_saved: int | None = None
         # gloo groups of every rank: the save's own (a background save's collectives run on it, never
         # interleaved with training's), and one for the main thread's checks (verify, SIGTERM agreement)
-        self.pg = dist.new_group(backend="gloo")
-        self.ctl = dist.new_group(backend="gloo")
+        # (none when the run neither saves nor loads)
+        active = cfg.save is not None or cfg.load is not None
+        self.pg = dist.new_group(backend="gloo") if active else None
+        self.ctl = dist.new_group(backend="gloo") if active else None
         self._signalled = False
         if cfg.exit_signal_handler:
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -50,7 +53,8 @@ class RunCheckpoints:
     def resume(self) -> tuple[int, int]:
         """Load the newest complete, intact checkpoint of --load (or --ckpt-step's); (iteration, consumed
         samples) to continue from -- (0, 0) without --load. A corrupt one is skipped with a warning (an
-        explicit --ckpt-step is an error instead)."""
+        explicit --ckpt-step is an error instead). Errors are one line on every rank at once (SystemExit:
+        the verdict is collective)."""
         if self.cfg.load is None:
             return 0, 0
         root = self.cfg.load
@@ -61,15 +65,16 @@ class RunCheckpoints:
             if error is None:
                 return self._load(path)
             if self.cfg.ckpt_step is not None:
-                raise RuntimeError(f"checkpoint: --ckpt-step {iteration}: {error}")
+                raise fail(f"train.py: error: --ckpt-step {iteration}: {error}")
             _log(f"checkpoint: warning: {error}; falling back to the previous complete checkpoint")
-        raise RuntimeError(f"checkpoint: no intact checkpoint in --load {root}")
+        raise fail(f"train.py: error: --load {root}: no intact checkpoint (every one failed its checksums); "
+                   f"see `hybrid checkpoint inspect {root}`")
 
     def _load(self, path: str) -> tuple[int, int]:
         saved = store.read_state(path)
         if saved.get("model") != self.info.get("model"):
-            raise RuntimeError(f"checkpoint: {path} holds model {saved.get('model')!r}, this run trains "
-                               f"{self.info.get('model')!r}; give the --model it was saved with")
+            raise fail(f"train.py: error: --load {path} holds model {saved.get('model')!r}, this run trains "
+                       f"{self.info.get('model')!r}; give the --model it was saved with")
         # RNG streams are per (tp, pp, dp) coordinate: restorable on the same mesh only
         same = all(saved["layout"].get(k) == self.info["layout"].get(k) for k in ("tp", "pp", "dp"))
         rng = self.cfg.load_rng and same
