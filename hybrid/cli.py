@@ -4,6 +4,7 @@
     hybrid models
     hybrid plan ...            (the layout planner, when installed)
     hybrid checkpoint inspect DIR
+    hybrid convert SRC DST     (checkpoints: transformers <-> hybrid, DeepSpeed -> hybrid)
 
 Training itself is launched with torchrun: `torchrun --nproc-per-node N -m hybrid.train ...` (or
 `python -m hybrid.train ...` for one process).
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", default=1, help="pp")
     p.set_defaults(func=_layout)
     sub.add_parser("models", help="list model presets", formatter_class=HelpFormatter).set_defaults(func=_models)
-    for module in ("hybrid.planner.cli", "hybrid.checkpoint.inspect"):  # subcommands that live with their feature
+    for module in ("hybrid.planner.cli", "hybrid.checkpoint.inspect", "hybrid.convert.cli"):  # with their feature
         try:
             importlib.import_module(module).add_parser(sub)
         except ModuleNotFoundError:

@@ -1,0 +1,21 @@
+"""Model conversion: transformers <-> hybrid checkpoints, DeepSpeed ZeRO -> hybrid (docs/convert.md).
+
+    hybrid convert path/to/hf_model ckpt/          # transformers -> hybrid (model weights, iteration 0)
+    hybrid convert ckpt/ exported/ --dtype bf16    # hybrid (any layout, any ZeRO stage) -> transformers
+    hybrid convert ds_run/ ckpt/ --model cfg_dir   # DeepSpeed ZeRO checkpoint -> hybrid
+
+A hybrid checkpoint holds every parameter as its global (TP-unsharded, unpadded) tensor under `model/NAME`
+(hybrid/checkpoint/core.py), so conversion is a single process with no process group: DCP reads and
+writes whole global tensors, and a later multi-rank load reshards by itself.
+"""
+
+from hybrid.convert.detect import Format, detect
+from hybrid.convert.to_hf import hybrid_to_hf
+from hybrid.convert.to_hybrid import deepspeed_to_hybrid, hf_to_hybrid
+
+__all__ = ["Format", "deepspeed_to_hybrid", "detect", "hf_to_hybrid", "hybrid_to_hf"]
+
+import warnings
+
+# DCP warns on every no-process-group load/save that it assumes one process: that is the design here
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")

@@ -1,0 +1,81 @@
+"""What every direction shares: the destination (checked, written in a temporary directory, renamed), the
+model config (read, and written back for transformers), the tokenizer files passed through."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import torch
+
+from hybrid.cliutil import check_output_dir
+from models.config import ARCH_GPT2, ModelConfig, load_config
+
+# files of a transformers folder that are not weights and that we carry through unchanged
+PASS_THROUGH = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_dst(dst: str) -> None:
+    """DST is new (or an empty directory) in a writable place; ValueError otherwise."""
+    if os.path.exists(dst) and not (os.path.isdir(dst) and not os.listdir(dst)):
+        raise ValueError(f"DST {dst!r} exists and is not empty; give a new directory (nothing is overwritten)")
+    check_output_dir("DST", dst)
+
+
+@contextlib.contextmanager
+def staged_dst(dst: str) -> Iterator[str]:
+    """A temporary directory beside DST, renamed onto DST when the body succeeds and removed when it raises:
+    a failed or interrupted conversion leaves no DST (a crash leaves only a .DST.tmp.* directory)."""
+    parent = os.path.dirname(os.path.abspath(dst))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(dst))}.tmp.", dir=parent)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        if os.path.isdir(dst):
+            os.rmdir(dst)  # empty (check_dst)
+        os.replace(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def read_config(path: str, what: str) -> ModelConfig:
+    """load_config with its messages naming `what` (SRC / --model) instead of train.py's --model."""
+    try:
+        return load_config(path)
+    except ValueError as e:
+        msg = str(e)
+        raise ValueError(what + msg[len("--model"):] if msg.startswith("--model") else msg) from None
+
+
+def hf_config(cfg: ModelConfig, dtype: torch.dtype):
+    """The transformers config to write beside exported weights: the source's, with the sizes our config
+    holds (the checkpoint's own vocabulary, tying) and the architecture AutoModelForCausalLM builds."""
+    hf = copy.deepcopy(cfg.hf)
+    hf.vocab_size = cfg.vocab_size
+    if cfg.arch != ARCH_GPT2:
+        hf.tie_word_embeddings = cfg.tie_embeddings
+    hf.architectures = [ARCHITECTURES[hf.model_type]]
+    hf.dtype = dtype
+    return hf
+
+
+def copy_pass_through(src_dirs: list[str], dst: str) -> list[str]:
+    """Tokenizer (and generation-config) files from the first of `src_dirs` holding each; their names."""
+    copied = []
+    for name in PASS_THROUGH:
+        for d in src_dirs:
+            if d and os.path.isfile(os.path.join(d, name)):
+                shutil.copyfile(os.path.join(d, name), os.path.join(dst, name))
+                copied.append(name)
+                break
+    return copied

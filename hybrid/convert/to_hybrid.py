@@ -1,0 +1,141 @@
+"""transformers folder (or DeepSpeed ZeRO checkpoint) -> hybrid checkpoint of model weights.
+
+Reading a transformers folder goes through DCP's own HuggingFaceStorageReader (torch.distributed.checkpoint):
+a DCP load of a state dict keyed by transformers names, with the dtype cast to fp32 done by the reader's copy.
+Our key mapping (mapping.py) is the adapter to hybrid's names. The hybrid side is a DCP save of `model/NAME`
+plain tensors with no process group (no_dist): a later load at any TP x PP x DP layout reads its chunks of
+them (DCP reshards), exactly as it reads a checkpoint a training run wrote.
+
+The checkpoint has the store layout of hybrid/checkpoint/store.py (DST/iter_0000000/ + DST/latest, manifest
+with checksums) and state.json marks it `"contents": "model"`: iteration 0, no optimizer moments, no RNG.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from hybrid.checkpoint import store
+from hybrid.convert import mapping
+from hybrid.convert.common import check_dst, copy_pass_through, hf_config, read_config, staged_dst
+from hybrid.convert.verify import verify_hybrid_against
+from models.config import ModelConfig
+from models.hf_io import CheckpointReader
+
+MODEL_ONLY = "model"  # state.json "contents" of a converted checkpoint (a training run's: "full")
+
+
+def _check_shapes(cfg: ModelConfig, found: dict[str, tuple[int, ...]], where: str) -> None:
+    for key, want in mapping.hf_shapes(cfg).items():
+        if key not in found:
+            raise ValueError(f"{where}: no tensor {key!r}, which the config's {cfg.hf.model_type} model needs "
+                             f"(a checkpoint of another model, or missing shards?)")
+        if tuple(found[key]) != tuple(want):
+            raise ValueError(f"{where}: tensor {key} has shape {list(found[key])}, but config.json implies "
+                             f"{list(want)}; use the config.json saved with these weights")
+
+
+def _read_hf_folder(src: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every transformers tensor the model needs, fp32, through DCP's HuggingFaceStorageReader."""
+    reader = CheckpointReader(src)  # resolves "transformer."/"model."-less keys of bare-model checkpoints
+    names: dict[str, str] = {}
+    found: dict[str, tuple[int, ...]] = {}
+    for key in mapping.hf_shapes(cfg):
+        try:
+            names[key] = reader.resolve(key)
+        except KeyError:
+            continue
+        if not os.path.isfile(reader.files[names[key]]):
+            raise ValueError(f"SRC {src}: {os.path.basename(reader.files[names[key]])} (listed in the index for "
+                             f"{names[key]}) is missing")
+        found[key] = tuple(reader.get_slice(key).get_shape())
+    _check_shapes(cfg, found, f"SRC {src}")
+    buffers = {names[k]: torch.empty(s, dtype=torch.float32) for k, s in found.items()}
+    dcp.load(buffers, storage_reader=dcp.HuggingFaceStorageReader(src), no_dist=True)
+    return {k: buffers[names[k]] for k in found}
+
+
+def _write(tmp_root: str, cfg: ModelConfig, stored: Callable[[str], torch.Tensor], state: dict,
+           pass_through: list[str]) -> str:
+    """DCP-save our tensors into tmp_root/iter_0000000.tmp, then the store's finalize (manifest, rename,
+    `latest`). Returns the iteration directory."""
+    it_dir = store.tmp_path(tmp_root, 0)
+    os.makedirs(it_dir)
+    sd = {f"model/{p.name}": mapping.ours_from_hf(p, stored(p.source.key)) for p in mapping.params(cfg)}
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(it_dir, sync_files=True), no_dist=True)
+    del sd
+    hf = hf_config(cfg, torch.float32)
+    for d in (it_dir, tmp_root):  # root: `--model DST` builds the model from it
+        hf.to_json_file(os.path.join(d, "config.json"))
+    copy_pass_through(pass_through, it_dir)
+    files = {n: store.describe(os.path.join(it_dir, n)) for n in os.listdir(it_dir) if n != ".metadata"}
+    return store.finalize(tmp_root, 0, files, state)
+
+
+def model_state(cfg: ModelConfig, model: str, source: dict) -> dict:
+    """state.json of a converted checkpoint. `model` is what train.py's --model must then be (the ckpt resume
+    compares it); the layout is the conversion's (one process)."""
+    return {"format": store.FORMAT, "contents": MODEL_ONLY, "iteration": 0, "consumed_samples": 0, "adam_step": 0,
+            "model": model, "converted_from": source,
+            "layout": {"tp": 1, "pp": 1, "dp": 1, "zero": 0, "v": 1, "stages": [list(range(cfg.num_layers))]},
+            "args": {}}
+
+
+def hf_to_hybrid(src: str, dst: str, verify: bool = True, log=print) -> str:
+    """Convert the transformers folder `src` into a new hybrid checkpoint `dst`; the verification line."""
+    check_dst(dst)
+    cfg = read_config(src, "SRC")
+    tensors = _read_hf_folder(src, cfg)
+    state = model_state(cfg, src, {"format": "transformers", "path": os.path.abspath(src)})
+    line = "verify: skipped (--no-verify)"
+    with staged_dst(dst) as tmp:
+        it_dir = _write(tmp, cfg, tensors.__getitem__, state, [src])
+        del tensors
+        if verify:
+            from transformers import AutoModelForCausalLM
+            line = verify_hybrid_against(cfg, it_dir, lambda: AutoModelForCausalLM.from_pretrained(
+                src, dtype=torch.float32), torch.float32)
+    log(f"convert: {src} (transformers {cfg.hf.model_type}, {cfg.num_parameters / 1e6:.2f}M parameters) -> "
+        f"{dst} (hybrid checkpoint, model weights, iteration 0)")
+    log(line)
+    return line
+
+
+def _deepspeed_state_dict(src: str) -> dict[str, torch.Tensor]:
+    """DeepSpeed's own consolidation of a ZeRO (1/2/3) checkpoint into one fp32 state dict."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # reading needs no accelerator
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    sd = get_fp32_state_dict_from_zero_checkpoint(src)
+    return {k.removeprefix("module."): v for k, v in sd.items()}
+
+
+def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log=print) -> str:
+    """A DeepSpeed ZeRO checkpoint of a transformers model (`model`: its config folder, config.json or preset)
+    -> a new hybrid checkpoint `dst`."""
+    check_dst(dst)
+    cfg = read_config(model, "--model")
+    sd = _deepspeed_state_dict(src)
+    bare = {k.split(".", 1)[1]: k for k in sd}
+
+    def get(key: str) -> torch.Tensor:
+        return sd[key] if key in sd else sd[bare[key.split(".", 1)[1]]]
+    found = {k: tuple(get(k).shape) for k in mapping.hf_shapes(cfg) if k in sd or k.split(".", 1)[1] in bare}
+    _check_shapes(cfg, found, f"SRC {src}")
+    state = model_state(cfg, model, {"format": "deepspeed", "path": os.path.abspath(src)})
+    line = "verify: skipped (--no-verify)"
+    with staged_dst(dst) as tmp:
+        it_dir = _write(tmp, cfg, lambda k: get(k).float(), state, [model if os.path.isdir(model) else ""])
+        if verify:
+            def reference():
+                from transformers import AutoModelForCausalLM
+                m = AutoModelForCausalLM.from_config(cfg.hf, dtype=torch.float32)
+                m.load_state_dict({k: get(k) for k in found}, strict=False)
+                return m
+            line = verify_hybrid_against(cfg, it_dir, reference, torch.float32)
+    log(f"convert: {src} (DeepSpeed ZeRO checkpoint of {cfg.hf.model_type}) -> {dst} (hybrid checkpoint, model "
+        f"weights, iteration 0)")
+    log(line)
+    return line
