@@ -85,7 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inter-node-bandwidth", type=positive_float, metavar="GBPS",
                    help="network bandwidth per GPU, GB/s per direction")
     g.add_argument("--compute-efficiency", type=float_in(0.0, 1.0, low_open=True), metavar="X",
-                   help="achieved fraction of peak for matmuls, in (0, 1] (None: 0.6)")
+                   help="fraction of peak a large matmul sustains, in (0, 1] (None: the preset's GEMM curve: "
+                        "a100 0.727, h100/h200 0.789)")
+    g.add_argument("--gemm-overhead", type=float_in(0.0, 1.0), metavar="S",
+                   help="fixed seconds of one matmul kernel, the GEMM curve's t0 (None: the preset's, 6.4e-6)")
     g.add_argument("--allow-cross-node-tp", action="store_true", help="let a TP group span nodes")
     g.add_argument("--hardware", metavar="FILE", help="a profile written by `hybrid calibrate` (replaces --gpu)")
     g = p.add_argument_group("training")
@@ -253,7 +256,7 @@ def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
     hw = base.with_overrides(
         memory_gb=args.gpu_memory, peak_tflops=args.gpu_tflops, gpus_per_node=args.gpus_per_node,
         intra_node_gbps=args.intra_node_bandwidth, inter_node_gbps=args.inter_node_bandwidth,
-        compute_efficiency=args.compute_efficiency)
+        compute_efficiency=args.compute_efficiency, gemm_overhead_s=args.gemm_overhead)
     return Cluster(gpus=gpus, hw=hw, allow_cross_node_tp=args.allow_cross_node_tp)
 
 
