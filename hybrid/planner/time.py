@@ -40,8 +40,10 @@ hardware.collective_seconds):
   (the same wire bytes: the paper's 2 Psi). ZeRO 2 keeps only a gradient partition, so it reduce-scatters each
   micro-batch's gradients during that micro-batch's backward and all-gathers the parameters once per step;
   ZeRO 3 also all-gathers the parameters in each micro-batch's forward and backward: 3 Psi per micro-batch
-  (the paper's 3 Psi at m = 1). Those per-micro-batch collectives overlap the stage's compute (prefetching):
-  the stage takes max(compute, collective).
+  (the paper's 3 Psi at m = 1). Those per-micro-batch collectives overlap the stage's compute (prefetching),
+  except what has nothing to run under (`_overlapped`): the first layer's all-gather of each forward and the
+  last layer's reduce-scatter of each backward are exposed, and when the DP and TP rings share NVLink the DP
+  traffic overlaps only the compute, not the TP collectives on the same link.
 * Tied embeddings with pp > 1: one all-reduce of the embedding gradient between the first and the last stage.
 
 Optimizer: Adam is memory-bound, 28 bytes per parameter of the rank's partition (read and write the fp32
@@ -259,16 +261,36 @@ class _StageCost:
     hidden: float  # ZeRO 2/3 collective seconds that run under the compute
 
 
+def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bool) -> tuple[float, float]:
+    """(seconds, hidden DP seconds) of one pass of a stage whose `layers` layers compute for `compute` seconds,
+    spend `tp` in synchronous TP collectives and move `dp` seconds of ZeRO 2/3 traffic (or parameter fetches).
+
+    Only what has compute to run under is hidden: the first layer's all-gather of a forward (nothing runs
+    before it) and the last layer's reduce-scatter of a backward (nothing runs after it) are exposed, one
+    layer's share dp / layers each. When the DP and TP groups share a link (both inside a node, on NVLink) the
+    link carries both, so the rest overlaps only the compute, not the TP collectives:
+        contended:  exposed + tp + max(compute, dp - exposed)
+        otherwise:  exposed + max(compute + tp, dp - exposed)"""
+    if dp <= 0:
+        return compute + tp, 0.0
+    exposed = dp / max(1, layers)
+    rest = dp - exposed
+    if contended:
+        return exposed + tp + max(compute, rest), min(compute, rest)
+    return exposed + max(compute + tp, rest), min(compute + tp, rest)
+
+
 def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> _StageCost:
     edge = _edge_cost(ctx, first, last)
     f_comp = n * cost.forward_compute + edge.forward_compute
     b_comp = n * cost.backward_compute + edge.backward_compute
-    f = f_comp + n * cost.forward_comm + edge.forward_comm
-    b = b_comp + n * cost.backward_comm + edge.backward_comm
+    f_tp = n * cost.forward_comm + edge.forward_comm
+    b_tp = n * cost.backward_comm + edge.backward_comm
     dp_f, dp_b = _chunk_dp_overlap(ctx, n * ctx.shard.layer_params())
-    comm = n * (cost.forward_comm + cost.backward_comm) + edge.forward_comm + edge.backward_comm
-    return _StageCost(forward=max(f, dp_f), backward=max(b, dp_b), compute=f_comp + b_comp, comm=comm,
-                      hidden=min(f, dp_f) + min(b, dp_b))
+    contended = ctx.layout.tp > 1 and not ctx.dp_group.spans_nodes  # TP and DP rings on the same NVLink
+    f, f_hidden = _overlapped(f_comp, f_tp, dp_f, n, contended)
+    b, b_hidden = _overlapped(b_comp, b_tp, dp_b, n, contended)
+    return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden)
 
 
 def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[StageTimes, float, float, float]:
