@@ -33,7 +33,7 @@ from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_o
                             nonnegative_int, positive_float, positive_int)
 from hybrid.planner import calibrate
 from hybrid.planner.hardware import GB, GpuKind, hardware
-from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
+from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage, stage_layers
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, search,
@@ -359,7 +359,12 @@ def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str
     out += ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
             "--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(work.global_batch),
             "--seq-length", str(work.seq_length), "--zero-stage", str(int(lay.zero))]
-    if lay.v > 1:
+    counts = stage_layers(work.model, lay.pp, lay.v, work.seq_length)
+    if len(set(counts)) > 1:  # uneven stages: the planner's exact split, and v chunks per rank
+        out += ["--pipeline-layers-per-stage", ",".join(map(str, counts))]
+        if lay.v > 1:
+            out += ["--virtual-pipeline-model-parallel-size", str(lay.v)]
+    elif lay.v > 1:
         out += ["--num-layers-per-virtual-pipeline-stage", str(work.model.num_layers // (lay.pp * lay.v))]
     if lay.sequence_parallel:
         out.append("--sequence-parallel")
