@@ -18,8 +18,8 @@ bandwidth at large sizes on one 8-GPU NVSwitch node: 230-250 GB/s on A100 SXM4, 
 node; 25 / 50 GB/s line rate); we take 94 % of line rate (what ib_write_bw typically reaches), 23.5 and 47 GB/s
 per GPU. The cpu preset is an order-of-magnitude stand-in for a gloo process, for dry runs.
 
-The one efficiency constant (`COMPUTE_EFFICIENCY`, below) is the fraction of the dense peak that the
-Transformer's matrix multiplies sustain; memory-bound work is timed from the HBM bandwidth instead
+Matrix multiplies are timed by shape on each preset's GEMM curve (below: a roofline plus a fixed cost per
+kernel, with an asymptotic efficiency e per GPU); memory-bound work is timed from the HBM bandwidth
 (hybrid/planner/time.py). Bandwidths are already achievable figures, so they carry no efficiency factor.
 """
 
