@@ -3,7 +3,8 @@ tests/data/README.md; never skipped).
 
 * ZeRO paper Table 1: model-state GB per device reproduced to the paper's printed digits.
 * Narayanan et al. 2021 Table 1: each row's layout on the a100-80g preset predicts the published TFLOP/s per
-  GPU within 15 %, with one global efficiency constant (hardware.COMPUTE_EFFICIENCY) and no per-row fitting;
+  GPU within 15 %, with the A100's GEMM curve (hardware.py: fitted to Korthikanti et al. 2022 Table 4, not to
+  these rows) and no per-row fitting;
   the planner's own best layout for the model on that many GPUs is not predicted slower than the published
   figure (the paper's measured TFLOP/s per GPU, not the planner's prediction for the published layout).
 """
@@ -60,13 +61,9 @@ def test_published_layout_predicts_tflops_within_15_percent(checks, billion):
     assert check.published.memory_gb <= A100_BYTES / 1e9
 
 
-# The 1T row: the planner under-predicts it (published layout 143 TFLOP/s predicted, 163 measured: -12 %, inside
-# the 15 % tolerance) and its best layout (151.5) stays below the paper's figure -- issue 14's "under-predicts
-# 530B-1T runs". Strict: the xfail turns into a failure the day the model is fixed, so it is then removed.
-UNDER_PREDICTED = pytest.mark.xfail(strict=True, reason="planner under-predicts the 1T run (issue 14)")
 
 
-@pytest.mark.parametrize("billion", [1.7, 7.5, 39.1, 145.6, pytest.param(1008.0, marks=UNDER_PREDICTED)])
+@pytest.mark.parametrize("billion", [1.7, 7.5, 39.1, 145.6, 1008.0])
 def test_planner_best_is_not_slower_than_the_published_figure(checks, billion):
     """Against the paper's measured TFLOP/s per GPU (same FLOP count, eq. 3), not against the planner's own
     prediction for the published layout (that layout is inside the search, so the check could not fail)."""

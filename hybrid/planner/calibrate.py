@@ -9,9 +9,10 @@ What is measured, with every rank running at once (so a CPU's cores are shared a
 rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scripts set it):
 
 * matmul FLOP/s per dtype (fp32; bf16 where the device runs it): n x n x n products, 2 n^3 FLOPs each, with
-  every rank busy at once (median rank) and with rank 0 alone -> `peak_tflops` (bf16 when measured, else
-  fp32; `load_hardware(..., Precision.FP32)` takes the fp32 rate) with `compute_efficiency` 1: it is an
-  achieved rate already. On GPUs (nccl) the all-at-once rate; on a CPU (gloo) the alone rate, and
+  every rank busy at once (median rank) and with rank 0 alone; and the GEMM curve (hardware.py): rank 0 alone
+  at n / 8, n / 4, n / 2 and n, fitted to t = W / R + t0 (least squares) -> `peak_tflops` = R (bf16 when
+  measured, else fp32; `load_hardware(..., Precision.FP32)` takes the fp32 curve) with `compute_efficiency` 1
+  (R is an achieved rate already) and `gemm_overhead_s` = t0. On GPUs (nccl) the all-at-once rate; on a CPU (gloo) the alone rate, and
   `compute_units` = the CPU count: ranks beyond the cores share them, which the planner's shared-compute
   bound prices (time.py) -- an idle pipeline rank gives its core to the others;
 * memory bandwidth: a large tensor copy, read + write bytes / second (alone on a CPU, as above) -> `hbm_tbps`
@@ -118,6 +119,28 @@ def matmul_flops(dtype: torch.dtype, n: int, seconds: float, device: torch.devic
         return None
 
 
+def curve_sizes(n: int) -> tuple[int, ...]:
+    """The matmul sides the GEMM curve is measured at: n / 8, n / 4, n / 2, n (at least 8)."""
+    return tuple(sorted({max(8, n // 8), max(8, n // 4), max(8, n // 2), n}))
+
+
+def fit_gemm_curve(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(rate R in FLOP/s, fixed seconds t0) of t = W / R + t0, least squares over (W FLOPs, t seconds) points
+    (hardware.py's GEMM curve without the roofline: square n^3 products are compute-bound). A negative t0
+    (noise) is clamped to 0 and R refitted through the origin; with one point R = W / t."""
+    if len(points) == 1 or len({w for w, _ in points}) == 1:
+        w, t = points[-1]
+        return w / t, 0.0
+    n = len(points)
+    mw = sum(w for w, _ in points) / n
+    mt = sum(t for _, t in points) / n
+    slope = sum((w - mw) * (t - mt) for w, t in points) / sum((w - mw) ** 2 for w, _ in points)
+    t0 = mt - slope * mw
+    if slope <= 0 or t0 < 0:
+        slope, t0 = sum(w * t for w, t in points) / sum(w * w for w, _ in points), 0.0
+    return 1.0 / slope, t0
+
+
 def copy_bandwidth(nbytes: int, seconds: float, device: torch.device) -> float:
     """Bytes/s of a tensor copy, read + written."""
     src = torch.ones(nbytes // 4, device=device)
@@ -159,7 +182,8 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
     alone (the others wait in a barrier), then the collectives."""
     device = torch.device(f"cuda:{rank}") if cfg.backend == "nccl" else torch.device("cpu")
     say = (lambda msg: print(f"calibrate: {msg}", flush=True)) if rank == 0 else (lambda msg: None)
-    out: dict = {"matmul_flops": {}, "matmul_flops_alone": {}, "collectives": {"all_reduce": [], "all_gather": []}}
+    out: dict = {"matmul_flops": {}, "matmul_flops_alone": {}, "matmul_curve": {},
+                 "collectives": {"all_reduce": [], "all_gather": []}}
 
     def alone(fn):
         dist.barrier()
@@ -174,9 +198,16 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         out["matmul_flops"][name], out["matmul_flops_alone"][name] = together, solo
         if together is None:
             say(f"matmul {name}: unsupported")
-        elif rank == 0:
+            continue
+        if rank == 0:
             say(f"matmul {name} {cfg.matmul_n}^3: {together / 1e9:.1f} GFLOP/s per rank with {world} ranks at once, "
                 f"{solo / 1e9:.1f} alone (rank 0)")
+        curve = alone(lambda: [(n, matmul_flops(dtype, n, cfg.seconds / 2, device))
+                               for n in curve_sizes(cfg.matmul_n)])
+        out["matmul_curve"][name] = curve
+        if rank == 0:
+            say(f"matmul {name} curve (rank 0 alone): " + ", ".join(f"{n}^3 {r / 1e9:.1f}" for n, r in curve)
+                + " GFLOP/s")
     dist.barrier()
     out["copy_bytes_per_s"] = copy_bandwidth(cfg.copy_bytes, cfg.seconds, device)
     out["copy_bytes_per_s_alone"] = alone(lambda: copy_bandwidth(cfg.copy_bytes, cfg.seconds, device))
@@ -204,18 +235,25 @@ def calibrate(cfg: CalibrationConfig = CalibrationConfig(), timeout: float = 300
 def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     """The profile from every rank's measurements: medians over ranks, collectives from rank 0 (all ranks
     report the slowest rank's time)."""
-    together, alone = {}, {}
+    together, alone, curves = {}, {}, {}
     for name in DTYPES:
         rates = [r["matmul_flops"][name] for r in per_rank]
         if all(x is not None for x in rates):
             together[name] = statistics.median(rates) / 1e12
             alone[name] = per_rank[0]["matmul_flops_alone"][name] / 1e12
+            curves[name] = fit_gemm_curve([(2.0 * n**3, 2.0 * n**3 / r)
+                                           for n, r in per_rank[0]["matmul_curve"][name]])
     if "fp32" not in together:
         raise ValueError("fp32 matmuls could not be measured on this device")
     # Ranks sharing a CPU's cores: a rank's rate alone, and how many such rates the cores give at once.
     # Separate devices (nccl): the rate with every device busy, no sharing.
     cores = os.cpu_count() if cfg.backend == "gloo" else None
     matmul = alone if cores else together
+    # The GEMM curve from rank 0's sizes: its asymptotic rate is the peak (e = 1), its t0 the fixed cost; on
+    # GPUs the asymptote is scaled by the all-at-once / alone ratio at matmul_n (devices share power and host).
+    peaks = {k: curves[k][0] / 1e12 * (1.0 if cores else together[k] / alone[k]) for k in curves}
+    overheads = {k: curves[k][1] for k in curves}
+    main = "bf16" if "bf16" in peaks else "fp32"
     collectives = per_rank[0]["collectives"]
     largest = max(collectives["all_reduce"], key=lambda e: e["bytes"])
     smallest = min(collectives["all_reduce"], key=lambda e: e["bytes"])
@@ -225,18 +263,22 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     memory_gb = _host_memory_gb() / cfg.ranks if cfg.backend == "gloo" else base.memory_gb
     hw = base.with_overrides(
         name=f"calibrated {platform.node() or 'host'} ({cfg.ranks} x {cfg.backend})",
-        peak_tflops=matmul.get("bf16", matmul["fp32"]), compute_efficiency=1.0, hbm_tbps=copy / 1e12,
+        peak_tflops=peaks[main], compute_efficiency=1.0, gemm_overhead_s=overheads[main], hbm_tbps=copy / 1e12,
         gpus_per_node=cfg.ranks, intra_node_gbps=largest["busbw_gbps"], intra_latency_s=smallest["seconds"],
         memory_gb=memory_gb, compute_units=cores,
         memory_bytes=None if cfg.backend == "gloo" else base.memory_bytes)  # the card's real capacity
     return {
         "format": FORMAT,
         "hardware": asdict(hw),
-        "matmul_tflops": matmul,
+        "matmul_tflops": peaks,
+        "matmul_overhead_s": overheads,
+        "matmul_tflops_at_matmul_n": matmul,
         "matmul_tflops_all_ranks_at_once": together,
         "matmul_tflops_one_rank_alone": alone,
         "measured": {"ranks": cfg.ranks, "backend": cfg.backend, "threads_per_rank": 1 if cfg.backend == "gloo"
                      else None, "matmul_n": cfg.matmul_n, "copy_bytes": cfg.copy_bytes,
+                     "matmul_curve_rank0_alone": {k: [{"n": n, "flops_per_s": r} for n, r in v]
+                                                  for k, v in ((k, per_rank[0]["matmul_curve"][k]) for k in curves)},
                      "memory_copy_gbps": copy / GB, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                      "torch": torch.__version__, "machine": platform.platform()},
@@ -297,7 +339,11 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
     except (TypeError, ValueError) as e:
         raise ValueError(f"--hardware {path}: {e}") from None
     if precision is Precision.FP32 and isinstance(matmul, dict) and "fp32" in matmul:
-        hw = hw.with_overrides(peak_tflops=matmul["fp32"])
+        overhead = profile.get("matmul_overhead_s", {})
+        t0 = overhead.get("fp32") if isinstance(overhead, dict) else None
+        if t0 is not None:
+            _check_field(path, "gemm_overhead_s", t0, where="matmul_overhead_s.")
+        hw = hw.with_overrides(peak_tflops=matmul["fp32"], gemm_overhead_s=t0)
     return hw
 
 
@@ -308,6 +354,10 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
             raise ValueError(f"--hardware {path}: hardware.name must be a string, got {json.dumps(value)}")
         return
     if name in ("compute_units", "memory_bytes") and value is None:
+        return
+    if name == "gemm_overhead_s":  # may be 0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"--hardware {path}: {where}{name} must be a finite number >= 0, got {json.dumps(value)}")
         return
     integer = name in ("gpus_per_node", "compute_units")
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))

@@ -33,7 +33,7 @@ from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_o
                             nonnegative_int, positive_float, positive_int)
 from hybrid.planner import calibrate
 from hybrid.planner.hardware import GB, GpuKind, hardware
-from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
+from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage, stage_layers
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, search,
@@ -85,7 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inter-node-bandwidth", type=positive_float, metavar="GBPS",
                    help="network bandwidth per GPU, GB/s per direction")
     g.add_argument("--compute-efficiency", type=float_in(0.0, 1.0, low_open=True), metavar="X",
-                   help="achieved fraction of peak for matmuls, in (0, 1] (None: 0.6)")
+                   help="fraction of peak a large matmul sustains, in (0, 1] (None: the preset's GEMM curve: "
+                        "a100 0.727, h100/h200 0.789)")
+    g.add_argument("--gemm-overhead", type=float_in(0.0, 1.0), metavar="S",
+                   help="fixed seconds of one matmul kernel, the GEMM curve's t0 (None: the preset's, 6.4e-6)")
     g.add_argument("--allow-cross-node-tp", action="store_true", help="let a TP group span nodes")
     g.add_argument("--hardware", metavar="FILE", help="a profile written by `hybrid calibrate` (replaces --gpu)")
     g = p.add_argument_group("training")
@@ -253,7 +256,7 @@ def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
     hw = base.with_overrides(
         memory_gb=args.gpu_memory, peak_tflops=args.gpu_tflops, gpus_per_node=args.gpus_per_node,
         intra_node_gbps=args.intra_node_bandwidth, inter_node_gbps=args.inter_node_bandwidth,
-        compute_efficiency=args.compute_efficiency)
+        compute_efficiency=args.compute_efficiency, gemm_overhead_s=args.gemm_overhead)
     return Cluster(gpus=gpus, hw=hw, allow_cross_node_tp=args.allow_cross_node_tp)
 
 
@@ -356,7 +359,12 @@ def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str
     out += ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
             "--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(work.global_batch),
             "--seq-length", str(work.seq_length), "--zero-stage", str(int(lay.zero))]
-    if lay.v > 1:
+    counts = stage_layers(work.model, lay.pp, lay.v, work.seq_length)
+    if len(set(counts)) > 1:  # uneven stages: the planner's exact split, and v chunks per rank
+        out += ["--pipeline-layers-per-stage", ",".join(map(str, counts))]
+        if lay.v > 1:
+            out += ["--virtual-pipeline-model-parallel-size", str(lay.v)]
+    elif lay.v > 1:
         out += ["--num-layers-per-virtual-pipeline-stage", str(work.model.num_layers // (lay.pp * lay.v))]
     if lay.sequence_parallel:
         out.append("--sequence-parallel")

@@ -18,8 +18,8 @@ bandwidth at large sizes on one 8-GPU NVSwitch node: 230-250 GB/s on A100 SXM4, 
 node; 25 / 50 GB/s line rate); we take 94 % of line rate (what ib_write_bw typically reaches), 23.5 and 47 GB/s
 per GPU. The cpu preset is an order-of-magnitude stand-in for a gloo process, for dry runs.
 
-The one efficiency constant (`COMPUTE_EFFICIENCY`, below) is the fraction of the dense peak that the
-Transformer's matrix multiplies sustain; memory-bound work is timed from the HBM bandwidth instead
+Matrix multiplies are timed by shape on each preset's GEMM curve (below: a roofline plus a fixed cost per
+kernel, with an asymptotic efficiency e per GPU); memory-bound work is timed from the HBM bandwidth
 (hybrid/planner/time.py). Bandwidths are already achievable figures, so they carry no efficiency factor.
 """
 
@@ -31,13 +31,61 @@ from dataclasses import dataclass, replace
 GB = 1e9
 MIB = 2**20  # nvidia-smi's MiB
 
-# Fraction of dense bf16 peak that the matmuls of a Transformer layer sustain end to end. A round engineering
-# figure between two observations, not a fit: cuBLAS reaches 80-90 % of peak on single large bf16 GEMMs on
-# A100 / H100, while tuned end-to-end training runs report 40-55 % of peak, because a step also runs thin
-# attention batched GEMMs (head width 64-128) and weight-gradient GEMMs and waits on ~20 kernel launches per
-# layer. It is set once for every GPU and model (override: --compute-efficiency); memory-bound kernels and
-# communication are timed from bandwidths instead. docs/planner.md shows the validation at 0.55 / 0.6 / 0.65.
-COMPUTE_EFFICIENCY = 0.6
+# A matrix multiply of W = 2 b m n k FLOPs over operands and output of Q bytes takes (a roofline plus a fixed
+# cost per kernel, the GEMM curve)
+#
+#     t(m, n, k) = max(W / (peak x e), Q / HBM bandwidth) + t0
+#
+# so its achieved rate W / t rises with size towards peak x e: e is the asymptotic fraction of peak a large GEMM
+# sustains, t0 the fixed cost of one kernel (launch, the first and the last wave). Fitted per GPU (docs/planner.md
+# "GEMM efficiency by shape"):
+#
+# * H100 / H200: least squares (in log rate) over the 72 bf16 shapes of XLA's measured H100 GEMM table
+#   (openxla/xla, xla/service/gpu/model/matmul_interpolator_data.h, key sm_90; copied in data/gemm_h100_xla.csv):
+#   e = 0.789 (780 TFLOP/s), t0 = 6.4 us, rms error 11 % (8 % on shapes of >= 1e10 FLOPs). The H200 is the
+#   same GH100 chip with more, faster HBM: its curve is the H100's (not measured on an H200).
+# * A100: no per-shape table at hand. t0 is the H100's (a per-kernel cost, assumed alike); e is fitted to one
+#   published training layer, Korthikanti et al. 2022 (arXiv 2205.05198) Table 4: a 22B-model layer (h 6144,
+#   a 64, s 2048, b 4, t 8, no recomputation, no SP) takes 7.7 ms forward + 11.9 ms backward on A100 80GB; the
+#   planner's own layer model (GEMMs, memory-bound bytes, TP all-reduces) gives 19.6 ms at e = A100_EFFICIENCY.
+#   The shape of that row (b 4) was recalled, not re-read from the paper. None of the Narayanan rows the
+#   validation checks is used.
+# * cpu: the order-of-magnitude dry-run preset keeps the old round figure, no fixed cost; `hybrid calibrate`
+#   measures a CPU's own curve.
+GEMM_OVERHEAD_S = 6.4e-6
+H100_EFFICIENCY = 0.789
+A100_EFFICIENCY = 0.727
+COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built by hand
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One matrix multiply, `batch` independent (m x k) (k x n) products in one kernel (attention's per-head
+    products are one batched kernel).
+
+    Attributes:
+        m, n, k: output rows, output columns, reduction length.
+        batch: products in the kernel.
+    """
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.n * self.k
+
+    @property
+    def operand_elements(self) -> float:
+        """Elements read (both operands) and written (the output): the kernel's minimum HBM traffic."""
+        return float(self.batch) * (self.m * self.k + self.k * self.n + self.m * self.n)
+
+    def backward(self) -> tuple["Gemm", "Gemm"]:
+        """The two products of its backward: the input gradient dY W^T (m x n)(n x k) and the weight (or second
+        operand) gradient X^T dY (k x m)(m x n)."""
+        return Gemm(self.m, self.k, self.n, self.batch), Gemm(self.k, self.n, self.m, self.batch)
 
 
 class GpuKind(enum.Enum):
@@ -69,7 +117,10 @@ class Hardware:
             ZeRO-Offload, Ren et al. 2021: ~1e9 parameters in ~0.2 s on a two-socket server).
         intra_latency_s: fixed cost of one collective or message inside a node, seconds.
         inter_latency_s: fixed cost of one collective or message across nodes, seconds.
-        compute_efficiency: fraction of `peak_tflops` the matmuls sustain (`--compute-efficiency`).
+        compute_efficiency: asymptotic fraction of `peak_tflops` a large matmul sustains (`--compute-efficiency`),
+            the e of the GEMM curve above.
+        gemm_overhead_s: fixed seconds of one matmul kernel, the t0 of the GEMM curve (`--gemm-overhead`):
+            what makes small matmuls run below peak x e.
         memory_bytes: what the device really holds, bytes (CUDA's total memory, nvidia-smi's MiB x 2^20):
             an "80 GB" A100 or H100 has 80 GiB-class HBM (81920 / 81559 MiB = 85.9e9 / 85.5e9 bytes), an H200
             "141 GB" 143771 MiB (150.8e9). None: memory_gb x 1e9 (a `--gpu-memory` value is taken as stated).
@@ -96,6 +147,7 @@ class Hardware:
     compute_efficiency: float = COMPUTE_EFFICIENCY
     compute_units: int | None = None
     memory_bytes: float | None = None
+    gemm_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -109,6 +161,8 @@ class Hardware:
             raise ValueError(f"--gpus-per-node must be a positive integer, got {self.gpus_per_node!r}")
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
+        if not self.gemm_overhead_s >= 0:
+            raise ValueError(f"--gemm-overhead must be >= 0 seconds, got {self.gemm_overhead_s}")
         if self.compute_units is not None and (not isinstance(self.compute_units, int) or self.compute_units < 1):
             raise ValueError(f"compute_units must be a positive integer or None, got {self.compute_units!r}")
 
@@ -126,8 +180,18 @@ class Hardware:
 
     @property
     def achievable_flops(self) -> float:
-        """Matmul FLOP/s one device sustains: peak x compute_efficiency."""
+        """FLOP/s a large matmul approaches: peak x compute_efficiency (the GEMM curve's asymptote)."""
         return self.peak_tflops * 1e12 * self.compute_efficiency
+
+    def gemm_seconds(self, gemm: "Gemm", dtype_bytes: int) -> float:
+        """Seconds of one (batched) matmul: max(compute, operand traffic) + the fixed cost (the GEMM curve)."""
+        compute = gemm.flops / self.achievable_flops
+        traffic = dtype_bytes * gemm.operand_elements / (self.hbm_tbps * 1e12)
+        return max(compute, traffic) + self.gemm_overhead_s
+
+    def gemm_flops(self, gemm: "Gemm", dtype_bytes: int) -> float:
+        """Achieved FLOP/s of `gemm`: its FLOPs over gemm_seconds."""
+        return gemm.flops / self.gemm_seconds(gemm, dtype_bytes)
 
     def with_overrides(self, **changes: float | int | None) -> "Hardware":
         """A copy with the given fields replaced; None values are ignored (unset CLI flags)."""
@@ -141,14 +205,17 @@ PRESETS: dict[GpuKind, Hardware] = {
     GpuKind.A100_80G: Hardware(name="a100-80g", peak_tflops=312.0, memory_gb=80.0, hbm_tbps=2.039,
                                gpus_per_node=8, intra_node_gbps=230.0, inter_node_gbps=23.5, pcie_gbps=25.0,
                                host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,
-                               memory_bytes=81920 * MIB),
+                               memory_bytes=81920 * MIB, compute_efficiency=A100_EFFICIENCY,
+                               gemm_overhead_s=GEMM_OVERHEAD_S),
     GpuKind.H100_80G: Hardware(name="h100-80g", peak_tflops=989.0, memory_gb=80.0, hbm_tbps=3.35,
                                gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
                                host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,
-                               memory_bytes=81559 * MIB),
+                               memory_bytes=81559 * MIB, compute_efficiency=H100_EFFICIENCY,
+                               gemm_overhead_s=GEMM_OVERHEAD_S),
     GpuKind.H200: Hardware(name="h200", peak_tflops=989.0, memory_gb=141.0, hbm_tbps=4.8,
                            gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
-                           host_memory_gb=2000.0, cpu_adam_params_per_s=5e9, memory_bytes=143771 * MIB),
+                           host_memory_gb=2000.0, cpu_adam_params_per_s=5e9, memory_bytes=143771 * MIB,
+                           compute_efficiency=H100_EFFICIENCY, gemm_overhead_s=GEMM_OVERHEAD_S),
     GpuKind.CPU: Hardware(name="cpu", peak_tflops=1.0, memory_gb=64.0, hbm_tbps=0.1, gpus_per_node=8,
                           intra_node_gbps=5.0, inter_node_gbps=1.2, pcie_gbps=100.0, host_memory_gb=512.0,
                           cpu_adam_params_per_s=1e9, intra_latency_s=50e-6, inter_latency_s=100e-6),

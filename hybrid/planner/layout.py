@@ -211,9 +211,7 @@ def pp_problems(cfg: ModelConfig, p: int, v: int) -> list[str]:
         return [f"pp {p} x v {v} = {p * v} stages exceed the {L} layers"]
     if v > 1 and p == 1:
         return [f"v {v} needs pp > 1 (interleaving chunks on one rank only adds hand-offs)"]
-    if v > 1 and L % (p * v):
-        return [f"pp {p} x v {v} = {p * v} stages do not divide the {L} layers (interleaving needs equal chunks)"]
-    return []
+    return []  # stages that do not divide the layers are balanced by FLOPs (stage_layers), interleaved or not
 
 
 def _batch_problems(work: Workload, layout: Layout) -> list[str]:
@@ -275,7 +273,10 @@ def pipeline_crosses_nodes(cluster: Cluster, layout: Layout) -> bool:
 def stage_layers(cfg: ModelConfig, pp: int, v: int, seq: int = 2048) -> tuple[int, ...]:
     """Layer count of each of the pp v global stages (stage = chunk pp + rank), via hybrid.partition:
     UNIFORM when pp v divides the layers (Megatron's default split), else BALANCED by FLOPs with the embedding
-    on stage 0 and the LM head on the last stage (hybrid.partition.stage_costs_from_config)."""
+    on stage 0 and the LM head on the last stage (hybrid.partition.stage_costs_from_config), which gives the
+    first and the last stage fewer layers (Llama 3 405B: 126 layers on 16 stages as 7, 8 x 14, 7), with or
+    without interleaving (v > 1: every chunk is a stage of its own). train.py runs such a split from
+    `--pipeline-layers-per-stage` (cli.train_args emits the counts)."""
     return _stage_layers(cfg.num_layers, pp, v, _balance_key(cfg, seq) if cfg.num_layers % (pp * v) else None)
 
 

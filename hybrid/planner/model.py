@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from hybrid.planner.hardware import Gemm
 from models.config import ARCH_GPT2, ModelConfig
 
 ACT_BYTES = 2  # bf16 / fp16 activations
@@ -169,6 +170,30 @@ class Shard:
     def head_forward_flops(self, b: int, s: int) -> float:
         """Logits: one (b s x h) (h x V_p / t) product."""
         return 2.0 * b * s * self.cfg.hidden_size * self.vocab / self.t
+
+    # --- the matmuls behind those FLOPs (what the GEMM curve times, hardware.Hardware.gemm_seconds) ----
+    def layer_linear_gemms(self, b: int, s: int) -> tuple[Gemm, ...]:
+        """The linears of one layer's forward on this rank, (b s) tokens each: QKV (h -> (a + 2g) d / t), the
+        attention output (a d / t -> h), the MLP's up projections (GELU: one, SwiGLU: gate and up, h -> f / t)
+        and its down projection (f / t -> h). Their FLOPs sum to 2 b s x layer_matmul_params."""
+        h, tokens = self.cfg.hidden_size, b * s
+        ups = (Gemm(tokens, self.ffn_width, h),) * (self.mlp_matrices - 1)
+        return (Gemm(tokens, self.q_width + 2 * self.kv_width, h), Gemm(tokens, h, self.q_width), *ups,
+                Gemm(tokens, h, self.ffn_width))
+
+    def attention_core_gemms(self, b: int, s: int) -> tuple[Gemm, ...]:
+        """QK^T (s x d)(d x s) and softmax(.) V (s x s)(s x d), batched over b x the rank's a / t heads."""
+        d = self.cfg.head_dim
+        heads = b * (self.q_width // d)
+        return Gemm(s, s, d, heads), Gemm(s, d, s, heads)
+
+    def layer_gemms(self, b: int, s: int) -> tuple[Gemm, ...]:
+        """Every matmul of one layer's forward; FLOPs sum to layer_forward_flops."""
+        return self.layer_linear_gemms(b, s) + self.attention_core_gemms(b, s)
+
+    def head_gemm(self, b: int, s: int) -> Gemm:
+        """The logits (b s x h)(h x V_p / t)."""
+        return Gemm(b * s, self.vocab // self.t, self.cfg.hidden_size)
 
     # --- activations (Korthikanti et al. 2022, Sec. 4, generalised) -------------------------------
     def layer_activation_terms(self, b: int, s: int, sp: bool) -> tuple[float, float, float]:

@@ -122,7 +122,7 @@ def check_megatron(row: MegatronRow) -> MegatronCheck:
 
 
 def sensitivity_table(rows: list[MegatronRow], efficiencies: tuple[float, ...] = (0.55, 0.6, 0.65)) -> str:
-    """Error of the published-layout prediction per row at other values of the one efficiency constant."""
+    """Error of the published-layout prediction per row at other values of the A100 curve's asymptote e."""
     lines = ["| model | " + " | ".join(f"efficiency {e:g}" for e in efficiencies) + " |",
              "|---|" + "---|" * len(efficiencies)]
     for row in rows:

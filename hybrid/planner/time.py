@@ -12,16 +12,18 @@ t exceeds them); for GPT shapes the two agree exactly.
 
 Per micro-batch, per global stage (what the simulation is fed):
 
-    forward  = sum over its layers of [ matmul FLOPs / (peak x COMPUTE_EFFICIENCY)
-                                        + memory-bound bytes / HBM bandwidth + TP collectives ]
-    backward = the same with 2 x the matmul FLOPs, plus the recomputed forward (full: all of it; selective: the
-               attention core), and 2 x the memory-bound bytes (read the saved activations, write their
-               gradients), plus a third pass under full recomputation.
+    forward  = sum over its layers of [ sum over its matmuls of t(m, n, k)      (the GEMM curve, hardware.py:
+                                            max(FLOPs / (peak x e), operand bytes / HBM) + t0)
+                                        + 2 x saved bytes / HBM bandwidth + TP collectives ]
+    backward = each forward matmul's two backward products (input and weight gradient, hardware.Gemm.backward),
+               plus the recomputed forward's matmuls (full: all; selective: the attention core), and
+               3 x the saved bytes (+ 2 x the recomputed ones) at HBM speed.
 
-Memory-bound bytes of a layer's forward = the activation bytes it saves (model.Shard.layer_activation_terms):
-every saved tensor is written once by the elementwise kernel that makes it. This is what makes a 2304-wide
-model slower per FLOP than a 25600-wide one at the same efficiency: its s x s attention scores are a large share
-of its bytes.
+Memory-bound bytes of a layer = the activation bytes it saves (model.Shard.layer_activation_terms), each
+written by the elementwise kernel that makes it and read by the next (forward, 2x); read with its incoming
+gradient while the outgoing one is written (backward, 3x). This, and the GEMM curve (small matmuls run below
+peak x e), is what makes a 2304-wide model slower per FLOP than a 25600-wide one: its s x s attention scores are
+a large share of its bytes, its matmuls are small.
 
 Communication (sizes in the ledger convention of hybrid/comm.py; time = latency + wire bytes / bus bandwidth,
 hardware.collective_seconds):
@@ -38,8 +40,10 @@ hardware.collective_seconds):
   (the same wire bytes: the paper's 2 Psi). ZeRO 2 keeps only a gradient partition, so it reduce-scatters each
   micro-batch's gradients during that micro-batch's backward and all-gathers the parameters once per step;
   ZeRO 3 also all-gathers the parameters in each micro-batch's forward and backward: 3 Psi per micro-batch
-  (the paper's 3 Psi at m = 1). Those per-micro-batch collectives overlap the stage's compute (prefetching):
-  the stage takes max(compute, collective).
+  (the paper's 3 Psi at m = 1). Those per-micro-batch collectives overlap the stage's compute (prefetching),
+  except what has nothing to run under (`_overlapped`): the first layer's all-gather of each forward and the
+  last layer's reduce-scatter of each backward are exposed, and when the DP and TP rings share NVLink the DP
+  traffic overlaps only the compute, not the TP collectives on the same link.
 * Tied embeddings with pp > 1: one all-reduce of the embedding gradient between the first and the last stage.
 
 Optimizer: Adam is memory-bound, 28 bytes per parameter of the rank's partition (read and write the fp32
@@ -54,7 +58,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from hybrid.planner.hardware import GB, Collective, GroupPlacement, collective_seconds, p2p_seconds
+from hybrid.planner.hardware import GB, Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, dp_placement,
                                    pipeline_crosses_nodes, stage_layers, tp_placement)
 from hybrid.planner.ledger import (Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds, partial_grad_ledger,
@@ -63,6 +67,13 @@ from hybrid.planner.memory import rank_parameters
 from hybrid.planner.model import Shard
 from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline
 
+
+
+# HBM traffic of the memory-bound kernels per byte a layer saves: in the forward each saved tensor is written by
+# the kernel that makes it and read by the next one (2); in the backward a kernel reads the saved tensor and the
+# incoming gradient and writes the outgoing one (3). (It was 1 and 2 -- writes only -- before the GEMM curve.)
+FWD_TRAFFIC = 2.0
+BWD_TRAFFIC = 3.0
 
 
 class FlopsFormula(enum.Enum):
@@ -162,8 +173,14 @@ class _Context:
     def dp_seconds(self, ledger: Ledger) -> float:
         return ledger_seconds(ledger, self.cluster.hw, self.dp_group)
 
-    def flop_seconds(self, flops: float) -> float:
-        return flops / self.cluster.hw.achievable_flops
+    def gemm_seconds(self, gemms: tuple[Gemm, ...]) -> float:
+        """Forward seconds of `gemms` on the GEMM curve (roofline + fixed cost, in the activation dtype)."""
+        hw, nbytes = self.cluster.hw, self.work.precision.activation_bytes
+        return sum(hw.gemm_seconds(g, nbytes) for g in gemms)
+
+    def backward_gemm_seconds(self, gemms: tuple[Gemm, ...]) -> float:
+        """Their backward: an input-gradient and a weight-gradient product per forward matmul (Gemm.backward)."""
+        return self.gemm_seconds(tuple(g2 for g in gemms for g2 in g.backward()))
 
     def hbm_seconds(self, nbytes: float) -> float:
         return nbytes / (self.cluster.hw.hbm_tbps * 1e12)
@@ -194,15 +211,17 @@ def _tp_cost(ctx: _Context, layers: int, first: bool, last: bool) -> tuple[float
 
 
 def _layer_cost(ctx: _Context) -> _Cost:
-    """One Transformer layer, one micro-batch."""
+    """One Transformer layer, one micro-batch: its matmuls on the GEMM curve, its saved bytes at HBM speed."""
     lay, b, s = ctx.layout, ctx.layout.micro_batch, ctx.work.seq_length
-    fwd_flops = ctx.shard.layer_forward_flops(b, s)
+    gemms = ctx.shard.layer_gemms(b, s)
+    rerun = {Recompute.NONE: (), Recompute.SELECTIVE: ctx.shard.attention_core_gemms(b, s),
+             Recompute.FULL: gemms}[lay.recompute]
     rep, split, core = ctx.shard.layer_activation_terms(b, s, lay.sequence_parallel)
     saved = rep + split + core
     recompute_bytes = {Recompute.NONE: 0.0, Recompute.SELECTIVE: core, Recompute.FULL: saved}[lay.recompute]
-    forward = ctx.flop_seconds(fwd_flops) + ctx.hbm_seconds(saved)
-    backward = (ctx.flop_seconds(2 * fwd_flops + _recompute_flops(ctx.shard, b, s, lay.recompute))
-                + ctx.hbm_seconds(2 * saved + recompute_bytes))
+    forward = ctx.gemm_seconds(gemms) + ctx.hbm_seconds(FWD_TRAFFIC * saved)
+    backward = (ctx.backward_gemm_seconds(gemms) + ctx.gemm_seconds(rerun)
+                + ctx.hbm_seconds(BWD_TRAFFIC * saved + FWD_TRAFFIC * recompute_bytes))
     return _Cost(forward, backward, *_tp_cost(ctx, 1, False, False))
 
 
@@ -211,10 +230,10 @@ def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
     fwd = bwd = 0.0
     if last:
         b, s, sp = ctx.layout.micro_batch, ctx.work.seq_length, ctx.layout.sequence_parallel
-        head = ctx.shard.head_forward_flops(b, s)
+        head = (ctx.shard.head_gemm(b, s),)
         logits = ctx.shard.head_activation_bytes(b, s, sp)
-        fwd = ctx.flop_seconds(head) + ctx.hbm_seconds(logits)
-        bwd = ctx.flop_seconds(2 * head) + ctx.hbm_seconds(2 * logits)
+        fwd = ctx.gemm_seconds(head) + ctx.hbm_seconds(FWD_TRAFFIC * logits)
+        bwd = ctx.backward_gemm_seconds(head) + ctx.hbm_seconds(BWD_TRAFFIC * logits)
     return _Cost(fwd, bwd, *_tp_cost(ctx, 0, first, last))
 
 
@@ -242,16 +261,36 @@ class _StageCost:
     hidden: float  # ZeRO 2/3 collective seconds that run under the compute
 
 
+def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bool) -> tuple[float, float]:
+    """(seconds, hidden DP seconds) of one pass of a stage whose `layers` layers compute for `compute` seconds,
+    spend `tp` in synchronous TP collectives and move `dp` seconds of ZeRO 2/3 traffic (or parameter fetches).
+
+    Only what has compute to run under is hidden: the first layer's all-gather of a forward (nothing runs
+    before it) and the last layer's reduce-scatter of a backward (nothing runs after it) are exposed, one
+    layer's share dp / layers each. When the DP and TP groups share a link (both inside a node, on NVLink) the
+    link carries both, so the rest overlaps only the compute, not the TP collectives:
+        contended:  exposed + tp + max(compute, dp - exposed)
+        otherwise:  exposed + max(compute + tp, dp - exposed)"""
+    if dp <= 0:
+        return compute + tp, 0.0
+    exposed = dp / max(1, layers)
+    rest = dp - exposed
+    if contended:
+        return exposed + tp + max(compute, rest), min(compute, rest)
+    return exposed + max(compute + tp, rest), min(compute + tp, rest)
+
+
 def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> _StageCost:
     edge = _edge_cost(ctx, first, last)
     f_comp = n * cost.forward_compute + edge.forward_compute
     b_comp = n * cost.backward_compute + edge.backward_compute
-    f = f_comp + n * cost.forward_comm + edge.forward_comm
-    b = b_comp + n * cost.backward_comm + edge.backward_comm
+    f_tp = n * cost.forward_comm + edge.forward_comm
+    b_tp = n * cost.backward_comm + edge.backward_comm
     dp_f, dp_b = _chunk_dp_overlap(ctx, n * ctx.shard.layer_params())
-    comm = n * (cost.forward_comm + cost.backward_comm) + edge.forward_comm + edge.backward_comm
-    return _StageCost(forward=max(f, dp_f), backward=max(b, dp_b), compute=f_comp + b_comp, comm=comm,
-                      hidden=min(f, dp_f) + min(b, dp_b))
+    contended = ctx.layout.tp > 1 and not ctx.dp_group.spans_nodes  # TP and DP rings on the same NVLink
+    f, f_hidden = _overlapped(f_comp, f_tp, dp_f, n, contended)
+    b, b_hidden = _overlapped(b_comp, b_tp, dp_b, n, contended)
+    return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden)
 
 
 def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[StageTimes, float, float, float]:

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pp: pipeline stages")
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
                    help="layers per model chunk; v = layers / (pp * this) chunks per rank (interleaved 1F1B)")
+    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None,
+                   help="v: model chunks per rank (interleaved 1F1B); with --pipeline-layers-per-stage (pp x v "
+                        "counts) or --pipeline-partition balanced the chunks may differ in size")
     g.add_argument("--pipeline-schedule", choices=[k.value for k in ScheduleKind], default=None,
                    help="None: interleaved with virtual stages, else 1f1b")
     g.add_argument("--pipeline-partition", choices=("uniform", "balanced"), default="uniform",
@@ -139,6 +142,7 @@ NUMBERS = (
     ("train_iters", 1, False, True), ("log_interval", 1, False, True), ("lr_warmup_iters", 0, False, True),
     ("tensor_model_parallel_size", 1, False, True), ("pipeline_model_parallel_size", 1, False, True),
     ("num_layers_per_virtual_pipeline_stage", 1, False, True), ("zero_bucket_bytes", 1, False, True),
+    ("virtual_pipeline_model_parallel_size", 1, False, True),
     ("lr", 0.0, True, False), ("min_lr", 0.0, False, False), ("weight_decay", 0.0, False, False),
     ("clip_grad", 0.0, False, False), ("distributed_timeout_minutes", 0.0, True, False),
 )
@@ -265,9 +269,15 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
             raise ValueError(f"--num-layers-per-virtual-pipeline-stage {per} must divide the {cfg.num_layers} layers "
                              f"/ --pipeline-model-parallel-size {dims.pp}")
         v = cfg.num_layers // (dims.pp * per)
+    if args.virtual_pipeline_model_parallel_size is not None:
+        if args.num_layers_per_virtual_pipeline_stage is not None:
+            raise ValueError("--virtual-pipeline-model-parallel-size and --num-layers-per-virtual-pipeline-stage both "
+                             "set the chunks per rank; give one of them")
+        v = args.virtual_pipeline_model_parallel_size
     kind = ScheduleKind(args.pipeline_schedule or ("interleaved" if v > 1 else "1f1b"))
     if kind is ScheduleKind.INTERLEAVED and v == 1 and dims.pp > 1:
-        raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage")
+        raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage "
+                         "(or --virtual-pipeline-model-parallel-size)")
     if kind is not ScheduleKind.INTERLEAVED and v > 1:
         raise ValueError(f"--num-layers-per-virtual-pipeline-stage needs --pipeline-schedule interleaved, not {kind.value}")
     m = batch.num_micro_batches
@@ -385,6 +395,7 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     from hybrid.planner import ActivationProfile, Cluster, Precision, Recompute, SearchSpace, Workload, hardware, search
 
     from hybrid.planner.cli import MAX_GLOBAL_BATCH
+    from hybrid.planner.layout import stage_layers
     check_auto_parallel_conflicts(args)
     if args.global_batch_size is None:
         raise ValueError("--auto-parallel needs --global-batch-size (the planner picks the micro-batch)")
@@ -420,7 +431,12 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     args.micro_batch_size, args.zero_stage, args.sequence_parallel = lay.micro_batch, int(lay.zero), lay.sequence_parallel
     args.offload_optimizer = lay.offload.value != "none"
     args.offload_params = lay.offload.value == "optimizer+params"
-    args.num_layers_per_virtual_pipeline_stage = (work.model.num_layers // (lay.pp * lay.v)) if lay.v > 1 else None
+    counts = stage_layers(work.model, lay.pp, lay.v, work.seq_length)
+    if len(set(counts)) > 1:  # uneven stages (first / last fewer): the planner's split, exactly
+        args.pipeline_layers_per_stage = ",".join(map(str, counts))
+        args.virtual_pipeline_model_parallel_size = lay.v if lay.v > 1 else None
+    else:
+        args.num_layers_per_virtual_pipeline_stage = (work.model.num_layers // (lay.pp * lay.v)) if lay.v > 1 else None
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}, micro-batch {lay.micro_batch}, "
               f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel} "
@@ -430,6 +446,7 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
 # the flags whose values --auto-parallel chooses (dest, what it chooses), and the DeepSpeed keys that set them
 AUTO_CHOSEN = (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_size", "pp"),
                ("num_layers_per_virtual_pipeline_stage", "the virtual stages"),
+               ("virtual_pipeline_model_parallel_size", "the virtual stages"),
                ("pipeline_schedule", "the schedule (interleaved when it picks virtual stages)"),
                ("pipeline_layers_per_stage", "the layers of each stage"),
                ("micro_batch_size", "the micro-batch"), ("zero_stage", "the ZeRO stage"),
