@@ -1,9 +1,9 @@
-"""Auto-resume and elastic re-plan under torchrun.
+"""Elastic re-plan after a stop.
 
-* A worker SIGKILLed mid-run under `torchrun --max-restarts 2` (the test-only hook HYBRID_FAULT, first attempt only):
-  torchrun restarts the job with the same flags, the job resumes by itself from the latest complete checkpoint in
-  --save, and every logged loss -- before and after the restart, compared as the exact decimal strings printed --
-  and the final checkpoint's tensors equal the uninterrupted run's.
+(Not here yet: a worker SIGKILLed under `torchrun --max-restarts 2`. torchrun restarts the workers, but the
+restarted process group fails in init (gloo connectFullMesh: connection refused), which a plain torch script on
+the same launcher does not do; until that is found, in-place restarts are not claimed -- docs/operations.md.)
+
 * Elastic: a run saved on 8 ranks (tp2 x pp2 x dp2) and restarted on 4 with --auto-parallel re-plans the layout,
   reshards the checkpoint and continues with the same global batch and data order: its losses stay within fp32
   reduction noise of the uninterrupted 8-rank run (another summation order; the bound is derived below).
@@ -17,7 +17,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from hybrid.testing import free_port
 
@@ -42,39 +41,6 @@ def _losses(out: str) -> dict[int, list[str]]:
     for it, loss in re.findall(r"iteration +(\d+)/\d+ \| lm loss (\S+)", out):
         found.setdefault(int(it), []).append(loss)
     return found
-
-
-def _final_tensors(save_dir: str) -> dict[str, torch.Tensor]:
-    """Every tensor of the newest checkpoint in `save_dir`, read whole in this process (DCP without a process
-    group reshards to one full tensor per key)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-    with open(os.path.join(save_dir, "latest")) as f:
-        path = os.path.join(save_dir, f.read().strip())
-    meta = dcp.FileSystemReader(path).read_metadata()
-    out = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.state_dict_metadata.items()
-           if isinstance(m, TensorStorageMetadata)}
-    dcp.load(out, checkpoint_id=path, no_dist=True)
-    return out
-
-
-def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_continues_bit_identically(tmp_path):
-    flags = MICRO + ["--tensor-model-parallel-size", "2", "--train-iters", "8", "--save-interval", "2"]
-    straight = _torchrun(4, flags + ["--save", str(tmp_path / "straight")])
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    killed = _torchrun(4, flags + ["--save", str(tmp_path / "killed"), "--load", str(tmp_path / "killed")],
-                       env={"HYBRID_FAULT": "signal:rank=1,iteration=6,signal=SIGKILL,restart=0"}, restarts=2)
-    assert killed.returncode == 0, killed.stderr[-3000:]
-    assert "inject: SIGKILL to rank 1 at iteration 6" in killed.stdout + killed.stderr
-    want, got = _losses(straight.stdout), _losses(killed.stdout)
-    assert sorted(got) == list(range(1, 9)), got
-    assert any(len(v) > 1 for v in got.values()), "iterations after the last checkpoint ran twice"
-    for it, losses in got.items():
-        assert set(losses) == set(want[it]), (it, losses, want[it])
-    a, b = _final_tensors(str(tmp_path / "straight")), _final_tensors(str(tmp_path / "killed"))
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 def test_a_run_restarted_on_fewer_ranks_re_plans_reshards_and_continues(tmp_path):
