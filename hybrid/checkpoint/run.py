@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -25,6 +26,17 @@ from hybrid.cliutil import fail
 def _log(msg: str) -> None:
     if dist.get_rank() == 0:
         print(msg, flush=True)
+
+
+def _same_config(path: str, model: str | None) -> bool:
+    """The checkpoint's own config.json (written by `hybrid convert`) describes the model this run builds from
+    --model, whatever the spelling of the path or preset it was saved under."""
+    from models import load_config
+    own = os.path.join(path, "config.json")
+    try:
+        return model is not None and os.path.isfile(own) and load_config(own) == load_config(model)
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 class RunCheckpoints:
@@ -74,17 +86,20 @@ class RunCheckpoints:
 
     def _load(self, path: str) -> tuple[int, int]:
         saved = store.read_state(path)
-        if saved.get("model") != self.info.get("model"):
+        model_only = saved.get("contents") == "model"  # `hybrid convert` output: weights, no optimizer or RNG
+        if saved.get("model") != self.info.get("model") and not _same_config(path, self.info.get("model")):
             raise fail(f"train.py: error: --load {path} holds model {saved.get('model')!r}, this run trains "
                        f"{self.info.get('model')!r}; give the --model it was saved with")
         # RNG streams are per (tp, pp, dp) coordinate: restorable on the same mesh only
         same = all(saved["layout"].get(k) == self.info["layout"].get(k) for k in ("tp", "pp", "dp"))
-        rng = self.cfg.load_rng and same
-        state = core.load(self.opt, self.names, self.rng, path, optim=self.cfg.load_optim, rng_too=rng, pg=self.pg)
+        rng = self.cfg.load_rng and same and not model_only
+        optim = self.cfg.load_optim and not model_only
+        state = core.load(self.opt, self.names, self.rng, path, optim=optim, rng_too=rng, pg=self.pg)
         lay = saved["layout"]
         _log(f"checkpoint: resumed from {path} (saved at tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']}, "
              f"ZeRO {lay['zero']}) | iteration {state['iteration']} | consumed samples {state['consumed_samples']}"
-             f"{'' if self.cfg.load_optim else ' | optimizer state not loaded'}"
+             f"{' | weights only (a converted checkpoint)' if model_only else ''}"
+             f"{'' if optim or model_only else ' | optimizer state not loaded'}"
              f"{'' if rng else ' | RNG not restored (' + ('--no-load-rng' if same else 'another layout') + ')'}")
         self.last_saved = state["iteration"]
         return state["iteration"], state["consumed_samples"]
