@@ -19,7 +19,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STARTS = ("torchrun", "hybrid ", "python", "bash ", "scripts/")
+STARTS = ("torchrun", "hybrid ", "python", "bash ", "scripts/", "mkdir ")
 SKIP = {  # substring of the command -> why it is not run here, and what covers it
     "bash scripts/test.sh": "the test command itself (CI runs it)",
     "bash scripts/setup.sh": "run by scripts/test.sh before the suite; the rest of the line is run below",
@@ -79,6 +79,30 @@ def _shorten(words: list[str]) -> list[str]:
     return out + ["--train-iters", "2", "--log-interval", "1"]
 
 
+WORKDIRS: dict[str, str] = {}
+
+
+@pytest.fixture
+def workdir(where, tmp_path_factory) -> str:
+    """One working directory per doc file, shared by its commands in document order (a tokenizer, then the data
+    it writes, then a run on it), holding what the commands name as their own input: `corpus.jsonl` (Python's
+    pydoc topics as JSON lines) and `path/to/config.json` (a tiny GPT-2 whose vocabulary holds a 4096 tokenizer)."""
+    if where not in WORKDIRS:
+        import json
+
+        from pydoc_data.topics import topics
+        from transformers import GPT2Config
+        d = tmp_path_factory.mktemp(where.replace("/", "_"))
+        with open(d / "corpus.jsonl", "w") as f:
+            for text in topics.values():
+                f.write(json.dumps({"text": text}) + "\n")
+        (d / "path" / "to").mkdir(parents=True)
+        GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=256, vocab_size=4096).to_json_file(
+            str(d / "path" / "to" / "config.json"))
+        WORKDIRS[where] = str(d)
+    return WORKDIRS[where]
+
+
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory) -> str:
     """A tiny transformers GPT-2 folder (config.json + safetensors), as `path/to/hf_model` stands for."""
@@ -97,13 +121,13 @@ def test_the_docs_hold_the_commands_this_test_runs():
 
 
 @pytest.mark.parametrize("where,command", COMMANDS, ids=[f"{w}:{c[:60]}" for w, c in COMMANDS])
-def test_documented_command_runs(where, command, hf_model, tmp_path):
+def test_documented_command_runs(where, command, hf_model, workdir):
     if "HEAD_NODE" in command or not _pieces(command):
         pytest.skip(next(why for s, why in SKIP.items() if s in command))
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     for part in _pieces(command):
         argv = _argv(part, hf_model)
-        out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+        out = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=400)
         assert out.returncode == 0, f"{where}: {part}\n{out.stdout[-1500:]}\n{out.stderr[-3000:]}"
         if any(w.endswith("train.py") for w in argv):
             assert "done: final lm loss" in out.stdout, out.stdout[-1500:]
