@@ -32,47 +32,21 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench_planner import model_config, spearman  # noqa: E402
+from bench_planner import _build, model_config, spearman  # noqa: E402
 from hybrid.cliutil import HelpFormatter, OneLineParser, atomic_output, check_output_file, nonnegative_int, positive_int  # noqa: E402,E501
-from hybrid.dp import GradAverager  # noqa: E402
-from hybrid.mesh import Mesh, ParallelDims  # noqa: E402
-from hybrid.pipeline import ScheduleKind, build_schedule  # noqa: E402
-from hybrid.pipeline.executor import PipelineExecutor, StageIO  # noqa: E402
 from hybrid.planner import Cluster, Layout, evaluate  # noqa: E402
 from hybrid.planner.calibrate import CalibrationConfig, calibrate, load_hardware, save_profile  # noqa: E402
 from hybrid.planner.layout import Workload  # noqa: E402
 from hybrid.planner.model import ActivationProfile, Precision  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
-from hybrid.tp import TPContext  # noqa: E402
-from hybrid.training import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step  # noqa: E402
-from models import build_pipeline_chunks, shift_labels  # noqa: E402
 
 RANKS = 2
 GLOBAL_BATCH = 16
 LAYOUTS = [(tp, pp, b) for tp, pp in ((1, 1), (2, 1), (1, 2)) for b in (1, 2, 8)]  # dp = RANKS / (tp pp)
 
 
-def _build(world: int, cfg, tp: int, pp: int, b: int, seq: int):
-    """One layout's mesh, model, optimizer and batches on this rank; returns a function running one step."""
-    dims = ParallelDims.from_world(world, tp=tp, pp=pp)
-    mesh = Mesh.build(dims)
-    chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp), mesh.coords.pp, pp, seed=0)
-    m = GLOBAL_BATCH // (dims.dp * b)
-    if pp == 1:
-        runner = LocalForwardBackward(chunks[0], mesh.device)
-    else:
-        schedule = build_schedule(ScheduleKind.ONE_F_ONE_B, pp, m)[mesh.coords.pp]
-        runner = PipelineExecutor(chunks, schedule, mesh.pp, StageIO((b, seq, cfg.hidden_size)), mesh.device)
-    optimizer = build_optimizer(chunks, OptimizerConfig())
-    averager = GradAverager(chunks.parameters(), mesh.dp)
-    gen = torch.Generator().manual_seed(mesh.coords.dp)
-    batches = [(x, shift_labels(x)) for x in (torch.randint(0, cfg.vocab_size, (b, seq), generator=gen)
-                                              for _ in range(m))]
-    return lambda: train_step(chunks, batches, optimizer, mesh, averager, runner=runner)
-
-
 def _measure_all(rank: int, world: int, cfg, seq: int, warmup: int, steps: int) -> dict:
-    step = {key: _build(world, cfg, *key, seq) for key in LAYOUTS}
+    step = {key: _build(world, cfg, *key, seq, GLOBAL_BATCH) for key in LAYOUTS}  # bench_planner's step
     out: dict = {key: [] for key in LAYOUTS}
     for i in range(warmup + steps):
         for key in LAYOUTS:

@@ -4,7 +4,6 @@ is a pure function of (seed, consumed samples) whatever the data-parallel and mi
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest

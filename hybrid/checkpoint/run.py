@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
 import torch
 import torch.distributed as dist

@@ -14,7 +14,6 @@ Tests make a rank die or stall through the one test-only hook, hybrid/fault/inje
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
