@@ -1,7 +1,11 @@
 """Speed and activation memory of hybrid's pipeline executor against torch.distributed.pipelining, on CPU.
 
-    python scripts/bench_pipeline.py [--pp 2,4] [--microbatches 8] [--repeats 7] [--warmup 1] [--hidden 256]
-                                     [--layers 8] [--seq 128] [--micro-batch 4] [--vocab 2048] [--out FILE.md]
+    python scripts/bench_pipeline.py --out docs/results/bench_pipeline.md   # ~5 minutes on 2 CPU cores
+    python scripts/bench_pipeline.py --quick --out /tmp/pp.md               # smoke run (measures nothing)
+    [--pp 2] [--microbatches 4] [--repeats 10] [--runs 3] [--warmup 1] [--hidden 256] [--layers 8] [--seq 128]
+    [--micro-batch 2] [--vocab 2048]
+
+--pp is at most the cores (2 here): with more ranks than cores the OS scheduler, not the runtime, sets the time.
 
 One model split, one set of micro-batches, four runtimes side by side, for each pipeline size pp (pp gloo
 ranks, one thread each):
@@ -24,7 +28,10 @@ the ranks (`time.process_time`, all threads of each process, gloo's included): w
 shared machine moves with whatever else runs, CPU time much less, so it shows runtime overhead even when
 the wall-clock ratios are noise.
 
-Memory, one extra (untimed) step per runtime, measured the same way on both:
+Memory, extra (untimed) steps per runtime, measured the same way on both:
+
+* peak live tensors: `LiveTensorProbe`, one TorchDispatchMode around the whole step, the same function for both
+  runtimes: every storage an ATen op creates counts from its creation until it is freed;
 
 * saved activations: `hybrid.memory.SavedActivationLedger` (saved_tensors_hooks) entered around the whole
   step, each forward tagged with its micro-batch (ours through `on_forward`; torch by wrapping the stage's
@@ -562,7 +569,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = _Parser(prog="bench_pipeline.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--pp", type=_sizes, default=[2], help="pipeline sizes, comma-separated, each <= the cores "
                    "(default 2)")
-    p.add_argument("--microbatches", type=_positive, default=8, help="micro-batches per step m (default 8)")
+    p.add_argument("--microbatches", type=_positive, default=4, help="micro-batches per step m (default 4)")
     p.add_argument("--repeats", type=_positive, default=10,
                    help="timed rounds of the four runtimes per block (default 10)")
     p.add_argument("--runs", type=_positive, default=3, help="blocks of rounds, for the ratio's spread (default 3)")
@@ -574,7 +581,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"model width h, a multiple of {NUM_HEADS} (default 256)")
     p.add_argument("--layers", type=_positive, default=8, help="Transformer blocks L (default 8)")
     p.add_argument("--seq", type=_positive, default=128, help="tokens per sequence T (default 128)")
-    p.add_argument("--micro-batch", type=_positive, default=4, help="sequences per micro-batch b (default 4)")
+    p.add_argument("--micro-batch", type=_positive, default=2, help="sequences per micro-batch b (default 2)")
     p.add_argument("--vocab", type=_positive, default=2048, help="vocabulary V (default 2048)")
     p.add_argument("--out", metavar="FILE.md", help="also write the report (setup + table) as markdown")
     args = p.parse_args(argv)

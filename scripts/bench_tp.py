@@ -2,7 +2,7 @@
 
     python scripts/bench_tp.py --out docs/results/bench_tp.md   # ~6 minutes on 2 CPU cores
     python scripts/bench_tp.py --quick --out /tmp/tp.md          # smoke run (tiny sizes; measures nothing)
-    [--runs 3] [--repeats 10] [--mlp-repeats 20] [--warmup 2] [--hidden 1024] [--seq 128] [--batch 2]
+    [--runs 3] [--repeats 10] [--mlp-repeats 20] [--warmup 1] [--hidden 1024] [--seq 128] [--batch 1]
     [--layers 2] [--vocab 2048]
 
 Two comparisons in one run:
@@ -408,10 +408,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=_positive, default=10, help="timed training steps per side per run (default 10)")
     p.add_argument("--mlp-repeats", type=_positive, default=20, help="timed MLP steps per side per run (default 20)")
     p.add_argument("--runs", type=_positive, default=3, help="runs per comparison, for the ratio's spread (default 3)")
-    p.add_argument("--warmup", type=_positive, default=2, help="untimed steps per side first (default 2)")
+    p.add_argument("--warmup", type=_positive, default=1, help="untimed steps per side first (default 1)")
     p.add_argument("--hidden", type=_positive, default=1024, help="model width h (default 1024)")
     p.add_argument("--seq", type=_positive, default=128, help="tokens per sequence T (default 128)")
-    p.add_argument("--batch", type=_positive, default=2, help="sequences per step B (default 2)")
+    p.add_argument("--batch", type=_positive, default=1, help="sequences per step B (default 1)")
     p.add_argument("--layers", type=_positive, default=2, help="Transformer blocks of the models (default 2)")
     p.add_argument("--vocab", type=_positive, default=2048, help="vocabulary of the models (default 2048)")
     p.add_argument("--out", metavar="FILE.md", help="also write the report (setup + table) as markdown")
