@@ -1,6 +1,6 @@
 """Speed and activation memory of hybrid's pipeline executor against torch.distributed.pipelining, on CPU.
 
-    python scripts/bench_pipeline.py --out docs/results/bench_pipeline.md   # ~5 minutes on 2 CPU cores
+    python scripts/bench_pipeline.py --out docs/results/bench_pipeline.md   # ~9 minutes on 2 cores under load 16-46
     python scripts/bench_pipeline.py --quick --out /tmp/pp.md               # smoke run (measures nothing)
     [--pp 2] [--microbatches 4] [--repeats 10] [--runs 3] [--warmup 1] [--hidden 256] [--layers 8] [--seq 128]
     [--micro-batch 2] [--vocab 2048]

@@ -1,6 +1,6 @@
 """Speed of hybrid's tensor-parallel layers and models against their peers, side by side, on CPU.
 
-    python scripts/bench_tp.py --out docs/results/bench_tp.md   # ~6 minutes on 2 CPU cores
+    python scripts/bench_tp.py --out docs/results/bench_tp.md   # ~14 minutes on 2 cores under load ~16
     python scripts/bench_tp.py --quick --out /tmp/tp.md          # smoke run (tiny sizes; measures nothing)
     [--runs 3] [--repeats 10] [--mlp-repeats 20] [--warmup 1] [--hidden 1024] [--seq 128] [--batch 1]
     [--layers 2] [--vocab 2048]

@@ -1,6 +1,7 @@
 """ZeRO-3 side by side: hybrid vs torch FSDP2 vs DeepSpeed ZeRO-3, each peer set up as its docs recommend.
 
-    python scripts/bench_zero.py            # ~8 minutes on 2 CPU cores; writes docs/results/bench_zero.md
+    python scripts/bench_zero.py            # writes docs/results/bench_zero.md; 15 rows of 11 steps, each step
+                                            # ~5 s on 2 loaded cores (~25 min; 50 min under load 20-75)
     python scripts/bench_zero.py --quick --out /tmp/z.md   # smoke run (a tiny model; measures nothing)
 
 Same model (a ~120M-parameter Llama built from hybrid's layers at tp = 1, so every framework wraps the same
@@ -127,7 +128,8 @@ def run_hybrid(rank, world, args, kernel):
     mesh = Mesh.build(ParallelDims(dp=world))
     model = torch.nn.ModuleList([build(args)])
     zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=3), OptimizerConfig(lr=1e-3, weight_decay=0.01))
-    label = f"torch AdamW default ({zero.optimizer_kind})" if kernel == "default" else _swap_optimizer(zero, kernel, args)
+    label = (f"torch AdamW default ({zero.optimizer_kind}; per-tensor loop on CPU)" if kernel == "default"
+             else _swap_optimizer(zero, kernel, args))
 
     def step(it):
         mesh.ledger.reset()
