@@ -23,7 +23,8 @@ last backward; both give the gradient of the mean over micro-batches (checked be
 Timing: `warmup` untimed steps per runtime, then `repeats` rounds that run the four in turn (ABAB...), so
 a noisy machine slows all alike. A step is forward + backward of all m micro-batches (no optimizer),
 started after a barrier; its time is the slowest rank's. Reported: median and min, and ours/torch of
-the medians, of the mins, and the median of the per-round ratios (below 1.0: ours faster). Also the CPU seconds a step costs, summed over
+the medians, of the mins, and the median of the per-round ratios (below 1.0: ours faster); the table gives the
+ratio per block of rounds with its min-max. Also the CPU seconds a step costs, summed over
 the ranks (`time.process_time`, all threads of each process, gloo's included): wall-clock time on a
 shared machine moves with whatever else runs, CPU time much less, so it shows runtime overhead even when
 the wall-clock ratios are noise.

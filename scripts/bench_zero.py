@@ -344,7 +344,8 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
     lines = ["# ZeRO-3 benchmark (`python scripts/bench_zero.py" + (" --quick" if args.quick else "") + "`)", "",
              *(["**--quick smoke run: tiny model, all rows in one pair of processes; these numbers measure "
                 "nothing.**", ""] if args.quick else []),
-             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {os.cpu_count()}-core "
+             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+             f"machine: {os.cpu_count()}-core "
              f"CPU ({cpu_name()}), shared with other jobs; 1-min load average {args.load[0]:.2f} at the start, "
              f"{args.load[1]:.2f} at the end (above {os.cpu_count()} means other processes competed for the cores)",
              f"- versions: torch {torch.__version__}, deepspeed {package_version('deepspeed')}",
@@ -360,9 +361,11 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
              "hybrid is faster. A lead is claimed only where the min-max of the per-repeat ratios excludes 1.0.",
              "- memory: growth of the resident set over a baseline taken after every import and before the model is "
              "built (peak VmHWM reset at the baseline via /proc/self/clear_refs), the larger rank",
-             "- peers as their docs recommend: torch FSDP2 `fully_shard` per block + root, `torch.optim.AdamW(fused=True)`;"
-             " DeepSpeed ZeRO-3 with `overlap_comm`, `contiguous_gradients`, reduce_bucket_size = h^2, "
-             "stage3_prefetch_bucket_size = 0.9 h^2, stage3_param_persistence_threshold = 10 h (the values transformers' "
+             "- peers as their docs recommend: torch FSDP2 `fully_shard` per block + root, "
+             "`torch.optim.AdamW(fused=True)`; DeepSpeed ZeRO-3 with `overlap_comm`, `contiguous_gradients`, "
+             "reduce_bucket_size = h^2, "
+             "stage3_prefetch_bucket_size = 0.9 h^2, stage3_param_persistence_threshold = 10 h (the values "
+             "transformers' "
              "DeepSpeed integration fills in for \"auto\"), optimizer named in the config (DeepSpeed's own CPU Adam "
              "kernel); hybrid `ZeroOptimizer(stage=3)` with its default optimizer, and again with the peer's kernel "
              "swapped in over the same shards, so each ratio compares sharding, not the optimizer kernel.",
@@ -396,7 +399,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=positive_int, default=2, help="Llama blocks")
     p.add_argument("--hidden", type=positive_int, default=1024, help="model width, a multiple of 16 (8 heads of "
                                                                      "even width, for RoPE)")
-    p.add_argument("--vocab", type=positive_int, default=36000, help="vocabulary (with the defaults: 101M parameters, most in the embedding and untied head)")
+    p.add_argument("--vocab", type=positive_int, default=36000,
+                   help="vocabulary (with the defaults: 101M parameters, most in the embedding and untied head)")
     p.add_argument("--seq", type=positive_int, default=64, help="tokens per sequence")
     p.add_argument("--micro", type=positive_int, default=1, help="sequences per micro-batch per rank")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps (the median is reported)")
