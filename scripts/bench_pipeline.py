@@ -1,7 +1,11 @@
 """Speed and activation memory of hybrid's pipeline executor against torch.distributed.pipelining, on CPU.
 
-    python scripts/bench_pipeline.py [--pp 2,4] [--microbatches 8] [--repeats 7] [--warmup 1] [--hidden 256]
-                                     [--layers 8] [--seq 128] [--micro-batch 4] [--vocab 2048] [--out FILE.md]
+    python scripts/bench_pipeline.py --out docs/results/bench_pipeline.md   # ~9 minutes on 2 cores under load 16-46
+    python scripts/bench_pipeline.py --quick --out /tmp/pp.md               # smoke run (measures nothing)
+    [--pp 2] [--microbatches 4] [--repeats 10] [--runs 3] [--warmup 1] [--hidden 256] [--layers 8] [--seq 128]
+    [--micro-batch 2] [--vocab 2048]
+
+--pp is at most the cores (2 here): with more ranks than cores the OS scheduler, not the runtime, sets the time.
 
 One model split, one set of micro-batches, four runtimes side by side, for each pipeline size pp (pp gloo
 ranks, one thread each):
@@ -19,12 +23,16 @@ last backward; both give the gradient of the mean over micro-batches (checked be
 Timing: `warmup` untimed steps per runtime, then `repeats` rounds that run the four in turn (ABAB...), so
 a noisy machine slows all alike. A step is forward + backward of all m micro-batches (no optimizer),
 started after a barrier; its time is the slowest rank's. Reported: median and min, and ours/torch of
-the medians, of the mins, and the median of the per-round ratios (below 1.0: ours faster). Also the CPU seconds a step costs, summed over
+the medians, of the mins, and the median of the per-round ratios (below 1.0: ours faster); the table gives the
+ratio per block of rounds with its min-max. Also the CPU seconds a step costs, summed over
 the ranks (`time.process_time`, all threads of each process, gloo's included): wall-clock time on a
 shared machine moves with whatever else runs, CPU time much less, so it shows runtime overhead even when
 the wall-clock ratios are noise.
 
-Memory, one extra (untimed) step per runtime, measured the same way on both:
+Memory, extra (untimed) steps per runtime, measured the same way on both:
+
+* peak live tensors: `LiveTensorProbe`, one TorchDispatchMode around the whole step, the same function for both
+  runtimes: every storage an ATen op creates counts from its creation until it is freed;
 
 * saved activations: `hybrid.memory.SavedActivationLedger` (saved_tensors_hooks) entered around the whole
   step, each forward tagged with its micro-batch (ours through `on_forward`; torch by wrapping the stage's
@@ -51,6 +59,7 @@ import statistics
 import sys
 import time
 import warnings
+import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
@@ -60,6 +69,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 import torch.distributed as dist
 import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybrid.memory import SavedActivationLedger, storage_key
 from hybrid.mesh import Mesh, ParallelDims
@@ -108,6 +118,7 @@ class PPResult:
     cpu: dict[str, list[float]]  # runtime name -> per-step CPU seconds, summed over ranks
     saved: dict[str, list[int]]  # runtime name -> peak saved-activation bytes per stage
     held: dict[str, list[int]]  # runtime name -> peak held output bytes per stage
+    live: dict[str, list[int]]  # runtime name -> peak live tensor bytes per stage (LiveTensorProbe)
     torch_recv_buffers: list[int]  # per stage, bytes of torch's persistent receive buffers
     busy: dict[str, list[tuple[float, float]]]  # runtime name -> per stage (median step s, median compute s)
     check: dict[str, float] = field(default_factory=dict)  # loss / gradient agreement
@@ -132,6 +143,49 @@ def _distinct_bytes(tensors) -> int:
     """Bytes of the distinct storages under `tensors` (a freed 1-element stub counts 0)."""
     keys = {storage_key(t) for t in tensors if isinstance(t, torch.Tensor) and t.numel() > 1}
     return sum(k[2] for k in keys)
+
+
+class LiveTensorProbe(TorchDispatchMode):
+    """One memory probe for both runtimes: peak bytes of the tensor storages that ATen ops create while it
+    is active (forward, loss, backward, gradients, sent / received activations, temporaries), each counted
+    until its storage is freed (a weakref finalizer on the storage; views share it and count once).
+    Storages that exist before the step (weights; torch's receive buffers, allocated on its first step) are
+    not counted, on either side."""
+
+    def __init__(self):
+        super().__init__()
+        self.current = self.peak = 0
+        self._live: set[int] = set()
+
+    def _track(self, t: torch.Tensor) -> None:
+        s = t.untyped_storage()
+        key = s.data_ptr()
+        if key == 0 or key in self._live:
+            return
+        self._live.add(key)
+        n = s.nbytes()
+        self.current += n
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(s, self._release, key, n)
+
+    def _release(self, key: int, n: int) -> None:
+        self._live.discard(key)
+        self.current -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                self._track(t)
+        return out
+
+
+def peak_live_bytes(run: Callable[[], object]) -> int:
+    """The probe around one step: the same function for ours and torch."""
+    probe = LiveTensorProbe()
+    with probe:
+        run()
+    return probe.peak
 
 
 # --- the two runtimes, one step each ---------------------------------------------------------
@@ -330,12 +384,16 @@ def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dic
         log(f"  {i + 1}/{repeats} rounds, median so far: " + ", ".join(
             f"{n} {1e3 * statistics.median(t):.0f} ms" for n, t in times.items()))
 
-    saved, held, busy = {}, {}, {}
+    saved, held, live, busy = {}, {}, {}, {}
     for n, r in runtimes.items():
         for p in params:
             p.grad = None
         dist.barrier()
         saved[n], held[n] = r.measure(batches)
+        for p in params:
+            p.grad = None
+        dist.barrier()
+        live[n] = peak_live_bytes(lambda r=r: r.step(batches))
         busy[n] = []
         for _ in range(PROFILE_STEPS):
             for p in params:
@@ -344,11 +402,12 @@ def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dic
             busy[n].append(r.compute_seconds(batches))
     log(f"  memory measured (one ledger step per runtime), compute / wait split ({PROFILE_STEPS} steps per runtime)")
     recv = runtimes["torch 1F1B"].recv_buffer_bytes()
-    return {"times": times, "cpu": cpu, "saved": saved, "held": held, "busy": busy, "recv": recv, "check": check}
+    return {"times": times, "cpu": cpu, "saved": saved, "held": held, "live": live, "busy": busy, "recv": recv,
+            "check": check}
 
 
 def bench(pp: int, shape: Shape, warmup: int, repeats: int) -> PPResult:
-    results = run_distributed(_rank, pp, args=(shape, warmup, repeats), timeout=1800)
+    results = run_distributed(_rank, pp, args=(shape, warmup, repeats), timeout=900)
     names = list(results[0]["times"])
     times = {n: [max(ts) for ts in zip(*(r["times"][n] for r in results))] for n in names}  # slowest rank
     cpu = {n: [sum(ts) for ts in zip(*(r["cpu"][n] for r in results))] for n in names}  # all ranks together
@@ -358,6 +417,7 @@ def bench(pp: int, shape: Shape, warmup: int, repeats: int) -> PPResult:
     return PPResult(pp=pp, times=times, cpu=cpu,
                     saved={n: [r["saved"][n] for r in results] for n in names},
                     held={n: [r["held"][n] for r in results] for n in names},
+                    live={n: [r["live"][n] for r in results] for n in names},
                     torch_recv_buffers=[r["recv"] for r in results], check=check,
                     busy={n: [(statistics.median([t for t, _ in r["busy"][n]]),
                                statistics.median([c for _, c in r["busy"][n]])) for r in results] for n in names})
@@ -378,36 +438,50 @@ def _paired(ours: list[float], theirs: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(ours, theirs))
 
 
-def time_table(results: list[PPResult], m: int) -> str:
-    lines = ["| pp | m | schedule | ours ms (median / min) | torch ms (median / min) | ours/torch (median) "
-             "| ours/torch (min) | ours/torch (paired median) | CPU s per step, all ranks: ours / torch (median) "
-             "| ours/torch CPU (paired median) | goal: ours/torch <= 1.0 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+def block_ratios(ours: list[float], theirs: list[float], runs: int) -> list[float]:
+    """The rounds cut into `runs` consecutive blocks; per block median(ours) / median(torch)."""
+    n = len(ours) // runs
+    return [statistics.median(ours[i * n:(i + 1) * n]) / statistics.median(theirs[i * n:(i + 1) * n])
+            for i in range(runs)]
+
+
+def verdict(ratios: list[float]) -> str:
+    """A lead only where every block's ratio is on the same side of 1.0 (the min-max excludes it)."""
+    if len(ratios) < 2:
+        return "no lead claimed (one block)"
+    if max(ratios) < 1.0:
+        return "ours faster"
+    if min(ratios) > 1.0:
+        return "torch faster"
+    return "no lead claimed (spread includes 1.0)"
+
+
+def time_table(results: list[PPResult], m: int, runs: int) -> str:
+    lines = ["| pp | m | schedule | ours ms (median / min) | torch ms (median / min) "
+             "| ours/torch, median of blocks (min - max) | CPU s per step, all ranks: ours / torch (median) "
+             "| ours/torch CPU (paired median) | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         for name in KINDS:
             ours, theirs = f"ours {name}", f"torch {name}"
-            ratio = statistics.median(res.times[ours]) / statistics.median(res.times[theirs])
-            ratio_min = min(res.times[ours]) / min(res.times[theirs])
-            paired = _paired(res.times[ours], res.times[theirs])
+            q = block_ratios(res.times[ours], res.times[theirs], runs)
             lines.append(f"| {res.pp} | {m} | {name} | {_ms(res.times[ours])} | {_ms(res.times[theirs])} "
-                         f"| {ratio:.3f} | {ratio_min:.3f} | {paired:.3f} "
+                         f"| {statistics.median(q):.3f} ({min(q):.3f} - {max(q):.3f}) "
                          f"| {statistics.median(res.cpu[ours]):.2f} / {statistics.median(res.cpu[theirs]):.2f} "
-                         f"| {_paired(res.cpu[ours], res.cpu[theirs]):.3f} "
-                         f"| {'met' if ratio <= 1.0 else 'missed'} (median) |")
+                         f"| {_paired(res.cpu[ours], res.cpu[theirs]):.3f} | {verdict(q)} |")
     return "\n".join(lines)
 
 
 def memory_table(results: list[PPResult]) -> str:
-    lines = ["| pp | schedule | saved activations MiB per stage: ours | torch | held outputs MiB per stage: ours "
-             "| torch | goal: ours <= torch |",
+    lines = ["| pp | schedule | peak live tensors MiB per stage (one probe, both sides): ours | torch "
+             "| saved activations MiB per stage (one ledger, both sides): ours | torch | ours <= torch (live) |",
              "|---|---|---|---|---|---|---|"]
     for res in results:
         for name in KINDS:
             ours, theirs = f"ours {name}", f"torch {name}"
-            ok = all(a <= b and a + c <= b + d for a, b, c, d in
-                     zip(res.saved[ours], res.saved[theirs], res.held[ours], res.held[theirs]))
-            lines.append(f"| {res.pp} | {name} | {_mib(res.saved[ours])} | {_mib(res.saved[theirs])} "
-                         f"| {_mib(res.held[ours])} | {_mib(res.held[theirs])} | {'met' if ok else 'missed'} |")
+            ok = all(a <= b for a, b in zip(res.live[ours], res.live[theirs]))
+            lines.append(f"| {res.pp} | {name} | {_mib(res.live[ours])} | {_mib(res.live[theirs])} "
+                         f"| {_mib(res.saved[ours])} | {_mib(res.saved[theirs])} | {'yes' if ok else 'no'} |")
     return "\n".join(lines)
 
 
@@ -454,13 +528,16 @@ def report(results: list[PPResult], args: argparse.Namespace, shape: Shape, load
         f"- command: `{command.strip()}`",
         f"- model: GPT-2, L={shape.layers}, h={shape.hidden}, {NUM_HEADS} heads, V={shape.vocab}, fp32; "
         f"micro-batch (b, T) = ({shape.micro_batch}, {shape.seq}), m = {shape.m}; layers split evenly",
-        f"- timing: forward + backward of one step (no optimizer), {args.warmup} warm-up step(s), then {args.repeats} "
-        f"interleaved rounds (ours 1F1B, torch 1F1B, ours GPipe, torch GPipe); slowest rank per step; "
-        f"1-min load average {load[0]:.2f} before, {load[1]:.2f} after",
+        f"- timing: forward + backward of one step (no optimizer), {args.warmup} warm-up step(s), then "
+        f"{args.repeats * args.runs} "
+        f"interleaved rounds (ours 1F1B, torch 1F1B, ours GPipe, torch GPipe) in {args.runs} consecutive blocks; "
+        f"slowest rank per step; ratio per block = median ours / median torch; a lead is claimed only where the "
+        f"min-max over blocks excludes 1.0; 1-min load average {load[0]:.2f} at the start, {load[1]:.2f} at the end",
         "",
-        time_table(results, shape.m),
+        time_table(results, shape.m, args.runs),
         "",
-        "Memory (one untimed step per runtime under the saved-tensor ledger):",
+        "Memory (untimed steps per runtime; the same two probes on both sides: `LiveTensorProbe`, a dispatch mode "
+        "counting every storage an op creates during the step until it is freed, and the saved-tensor ledger):",
         "",
         memory_table(results),
         "",
@@ -491,19 +568,31 @@ def _sizes(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = _Parser(prog="bench_pipeline.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--pp", type=_sizes, default=[2, 4], help="pipeline sizes, comma-separated (default 2,4)")
-    p.add_argument("--microbatches", type=_positive, default=8, help="micro-batches per step m (default 8)")
-    p.add_argument("--repeats", type=_positive, default=7, help="timed rounds of the four runtimes (default 7)")
+    p.add_argument("--pp", type=_sizes, default=[2], help="pipeline sizes, comma-separated, each <= the cores "
+                   "(default 2)")
+    p.add_argument("--microbatches", type=_positive, default=4, help="micro-batches per step m (default 4)")
+    p.add_argument("--repeats", type=_positive, default=10,
+                   help="timed rounds of the four runtimes per block (default 10)")
+    p.add_argument("--runs", type=_positive, default=3, help="blocks of rounds, for the ratio's spread (default 3)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: tiny sizes, 2 rounds, 1 block (checks the script, measures nothing)")
     p.add_argument("--warmup", type=_positive, default=1,
                    help="untimed steps per runtime first (default 1; one more untimed step checks the gradients)")
     p.add_argument("--hidden", type=_positive, default=256,
                    help=f"model width h, a multiple of {NUM_HEADS} (default 256)")
     p.add_argument("--layers", type=_positive, default=8, help="Transformer blocks L (default 8)")
     p.add_argument("--seq", type=_positive, default=128, help="tokens per sequence T (default 128)")
-    p.add_argument("--micro-batch", type=_positive, default=4, help="sequences per micro-batch b (default 4)")
+    p.add_argument("--micro-batch", type=_positive, default=2, help="sequences per micro-batch b (default 2)")
     p.add_argument("--vocab", type=_positive, default=2048, help="vocabulary V (default 2048)")
     p.add_argument("--out", metavar="FILE.md", help="also write the report (setup + table) as markdown")
     args = p.parse_args(argv)
+    if args.quick:
+        args.hidden, args.layers, args.seq, args.micro_batch, args.vocab = 16, 2, 8, 1, 64
+        args.microbatches, args.repeats, args.runs, args.warmup = 2, 2, 1, 1
+    cores = os.cpu_count() or 1
+    if max(args.pp) > cores:
+        p.error(f"--pp {max(args.pp)}: more ranks than the {cores} cores would time the OS scheduler, not the "
+                f"runtimes; use --pp <= {cores}")
     if args.hidden % NUM_HEADS != 0:
         p.error(f"--hidden {args.hidden}: must be a multiple of the {NUM_HEADS} heads")
     bad = [pp for pp in args.pp if args.layers % pp != 0]
@@ -531,7 +620,7 @@ def main(argv: list[str] | None = None) -> None:
     for i, pp in enumerate(args.pp, 1):
         print(f"[{i}/{len(args.pp)}] pp {pp}, m {shape.m}: ours vs torch.distributed.pipelining, 1F1B and GPipe "
               f"({pp} gloo ranks)", flush=True)
-        results.append(bench(pp, shape, args.warmup, args.repeats))
+        results.append(bench(pp, shape, args.warmup, args.repeats * args.runs))
     text = report(results, args, shape, (load_before, os.getloadavg()[0]))
     print(f"\n{text}\ntotal {time.perf_counter() - start:.0f} s", flush=True)
     if args.out:

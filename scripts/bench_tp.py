@@ -1,7 +1,9 @@
 """Speed of hybrid's tensor-parallel layers and models against their peers, side by side, on CPU.
 
-    python scripts/bench_tp.py [--repeats 15] [--mlp-repeats 60] [--warmup 3] [--hidden 256] [--seq 256]
-                               [--batch 4] [--layers 4] [--vocab 2048] [--out FILE.md]
+    python scripts/bench_tp.py --out docs/results/bench_tp.md   # ~14 minutes on 2 cores under load ~16
+    python scripts/bench_tp.py --quick --out /tmp/tp.md          # smoke run (tiny sizes; measures nothing)
+    [--runs 3] [--repeats 10] [--mlp-repeats 20] [--warmup 1] [--hidden 1024] [--seq 128] [--batch 1]
+    [--layers 2] [--vocab 2048]
 
 Two comparisons in one run:
 
@@ -12,18 +14,19 @@ Two comparisons in one run:
    Both run one all-reduce forward (g, after B_i) and one backward (f, before A_i; megatron overlaps it
    with the weight-gradient GEMM, async_op=True); the input requires grad, as inside a model, so the
    backward all-reduce happens on both sides.
-2. One training step (forward, backward, AdamW step) at tp = 1 in one process with one thread, of our
-   GPT-2 and Llama against transformers' GPT2LMHeadModel / LlamaForCausalLM (attention "sdpa", its
-   default) of the same config, starting from the same weights.
+2. One training step (forward, backward, fused AdamW step on both sides) at tp = 1 in one process with one
+   thread, of our GPT-2 and Llama against transformers' GPT2LMHeadModel / LlamaForCausalLM (attention "sdpa",
+   its default; use_cache=False) of the same config, starting from the same weights. GPT-2 twice: the peer with
+   GPT-2's own `gelu_new` (Python ops) and with `gelu_pytorch_tanh` (the fused kernel hybrid uses).
 
-Timing: `--warmup` untimed steps each, then `--mlp-repeats` (MLP) or `--repeats` (training steps) rounds
-that alternate ours and the peer (ABAB), so a noisy machine slows both alike. Each step is timed with
-time.perf_counter (at tp = 2 after a barrier, as the slower rank's time). Reported: median and min per
-step, and the ratios ours/peer of the medians (the goal: <= 1.0 means ours is as fast or faster), of
-the mins, and the median of the per-round ratios (robust to a burst of outside load). Also
-the ratio of median CPU time (time.process_time, all threads of the process; at tp = 2 the slower
-rank's): it leaves out time the OS gave to other programs, so it stays stable on a shared, loaded
-machine where wall time does not -- but it also leaves out time a rank waits for its peer.
+Timing: `--warmup` untimed steps each, then `--runs` runs of `--mlp-repeats` (MLP; a run = fresh processes) or
+`--repeats` (training steps; a run = a block in the same process) rounds that alternate ours and the peer
+(ABAB), so a noisy machine slows both alike. Each run gives a ratio median(ours) / median(peer); the table
+reports their median and min-max, and claims a lead only where the min-max excludes 1.0. Each step is timed with
+time.perf_counter (at tp = 2 after a barrier, as the slower rank's time). Also the ratio of median CPU time
+(time.process_time, all threads of the process; at tp = 2 the slower rank's): it leaves out time the OS gave
+to other programs, so it moves less on a shared, loaded machine -- but it also leaves out time a rank waits
+for its peer.
 
 megatron-core on CPU: its linear layers run unchanged given `use_cpu_initialization=True` (weights are
 initialised on the host instead of under its CUDA RNG tracker, which asserts "Torch not compiled with
@@ -44,7 +47,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
@@ -113,6 +116,7 @@ class Row:
     ours: list[Sample]
     theirs: list[Sample]
     skipped: str = ""
+    run_ratios: list[float] = field(default_factory=list)  # per run: median(ours) / median(peer), wall
 
     def ratio(self, stat: Callable[[list[float]], float], cpu: bool = False) -> float:
         """stat(ours) / stat(peer) over wall (or CPU) seconds."""
@@ -132,7 +136,8 @@ def interleaved(steps: dict[str, Callable[[], Sample]], warmup: int, repeats: in
     for name, step in steps.items():
         for _ in range(warmup):
             step()
-        log(f"  {name}: warmed up ({warmup} steps)")
+        if warmup:
+            log(f"  {name}: warmed up ({warmup} steps)")
     times: dict[str, list[Sample]] = {name: [] for name in steps}
     for i in range(repeats):
         for name, step in steps.items():
@@ -229,33 +234,46 @@ def _mlp_rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) ->
     return {"times": {side: [(t.wall, t.cpu) for t in ts] for side, ts in times.items()}, "skipped": skipped}
 
 
-def bench_mlp(shape: Shape, warmup: int, repeats: int) -> Row:
+def bench_mlp(shape: Shape, warmup: int, repeats: int, runs: int) -> Row:
+    """`runs` separate runs (fresh processes each), `repeats` interleaved steps per side in each; the
+    ratio per run is median(ours) / median(megatron), and the row reports the median and spread of those."""
     h = shape.hidden
     name = f"MLP {h}->{4 * h}->{h} fwd+bwd, tp {TP}, (B, T) = ({shape.batch}, {shape.seq})"
     peer = "megatron-core Column/RowParallelLinear"
-    print(f"[1/3] {name}: ours vs {peer} ({TP} gloo ranks)", flush=True)
-    results = run_distributed(_mlp_rank, TP, args=(shape, warmup, repeats), timeout=600)
-    # a step lasts as long as its slowest rank
-    per_step = {side: [Sample(max(w for w, _ in ss), max(c for _, c in ss))
-                       for ss in zip(*(r["times"][side] for r in results))]
-                for side in results[0]["times"]}
-    skipped = results[0]["skipped"]
-    return Row(name, peer, per_step["ours"], per_step.get("megatron", []), skipped)
+    row = Row(name, peer, [], [])
+    for run in range(runs):
+        print(f"[1/4] {name}: ours vs {peer} ({TP} gloo ranks), run {run + 1}/{runs}", flush=True)
+        results = run_distributed(_mlp_rank, TP, args=(shape, warmup, repeats), timeout=600)
+        # a step lasts as long as its slowest rank
+        per_step = {side: [Sample(max(w for w, _ in ss), max(c for _, c in ss))
+                           for ss in zip(*(r["times"][side] for r in results))]
+                    for side in results[0]["times"]}
+        row.skipped = results[0]["skipped"]
+        row.ours += per_step["ours"]
+        if row.skipped:
+            return row
+        row.theirs += per_step["megatron"]
+        row.run_ratios.append(statistics.median(s.wall for s in per_step["ours"]) /
+                              statistics.median(s.wall for s in per_step["megatron"]))
+    return row
 
 
 # --- 2. training step at tp = 1 against transformers -------------------------------------------
 
-def hf_configs(shape: Shape) -> dict:
-    """transformers configs of the two model families at the benchmark's size, no dropout."""
+def hf_configs(shape: Shape, gelu: str = "gelu_new") -> dict:
+    """transformers configs of the two model families at the benchmark's size, no dropout, no KV cache
+    (`use_cache=False`: training builds none), GPT-2 with the MLP activation `gelu` -- "gelu_new" (GPT-2's
+    own, tanh GELU written as Python ops) or "gelu_pytorch_tanh" (the same function as one fused kernel,
+    which is what hybrid's GPT-2 runs for either name)."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     ffn = 64 * round(8 * shape.hidden / 3 / 64) or 64  # Llama's ~8h/3 SwiGLU width, a multiple of 64
     gpt2 = GPT2Config(n_layer=shape.layers, n_embd=shape.hidden, n_head=NUM_HEADS, vocab_size=shape.vocab,
                       n_positions=shape.seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                      bos_token_id=0, eos_token_id=0)
+                      bos_token_id=0, eos_token_id=0, use_cache=False, activation_function=gelu)
     llama = LlamaConfig(num_hidden_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=NUM_HEADS,
                         num_key_value_heads=NUM_KV_HEADS, intermediate_size=ffn, vocab_size=shape.vocab,
                         max_position_embeddings=shape.seq, tie_word_embeddings=False,
-                        bos_token_id=0, eos_token_id=0)
+                        bos_token_id=0, eos_token_id=0, use_cache=False)
     return {"GPT-2": (GPT2LMHeadModel, gpt2), "Llama": (LlamaForCausalLM, llama)}
 
 
@@ -267,13 +285,13 @@ def _train_step(loss_fn: Callable[[], torch.Tensor], opt: torch.optim.Optimizer)
     return lambda: timed(step)
 
 
-def bench_model(label: str, index: int, shape: Shape, warmup: int, repeats: int) -> Row:
+def bench_model(label: str, gelu: str, index: int, shape: Shape, warmup: int, repeats: int, runs: int) -> Row:
     from transformers.utils import logging as hf_logging
     from models import build_model, from_hf, shift_labels
     from models.hf_io import load_hf_checkpoint
     hf_logging.set_verbosity_error()  # "loss_type=None ... unrecognized" and the like
     hf_logging.disable_progress_bar()  # save_pretrained's shard bar
-    cls, hf_cfg = hf_configs(shape)[label]
+    cls, hf_cfg = hf_configs(shape, gelu)[label]
     torch.manual_seed(0)
     hf = cls(hf_cfg).train()
     attn = hf.config._attn_implementation
@@ -282,20 +300,30 @@ def bench_model(label: str, index: int, shape: Shape, warmup: int, repeats: int)
         ours = build_model(from_hf(hf_cfg), TPContext(Group.solo("tp")), seed=None).train()
         load_hf_checkpoint(ours, d, tp_rank=0)
     n_params = sum(p.numel() for p in hf.parameters())
+    act = f", peer MLP {gelu}" if label == "GPT-2" else ""
     name = (f"{label} train step (fwd+bwd+AdamW), tp 1, L={shape.layers} h={shape.hidden} "
-            f"V={shape.vocab} (B, T) = ({shape.batch}, {shape.seq})")
-    peer = f"transformers {cls.__name__} ({attn})"
-    print(f"[{index}/3] {name}, {n_params / 1e6:.1f}M params: ours vs {peer}", flush=True)
+            f"V={shape.vocab} (B, T) = ({shape.batch}, {shape.seq}){act}")
+    peer = f"transformers {cls.__name__} ({attn}, use_cache=False)"
+    print(f"[{index}/4] {name}, {n_params / 1e6:.1f}M params: ours vs {peer}", flush=True)
 
     ids = torch.randint(0, shape.vocab, (shape.batch, shape.seq), generator=torch.Generator().manual_seed(2))
     labels = shift_labels(ids)
     with torch.no_grad():
         l_ours, l_hf = ours(ids, labels).item(), hf(ids, labels=ids).loss.item()
     print(f"  same weights, same batch: loss ours {l_ours:.6f}, transformers {l_hf:.6f}", flush=True)
-    steps = {"ours": _train_step(lambda: ours(ids, labels), torch.optim.AdamW(ours.parameters(), lr=1e-4)),
-             "transformers": _train_step(lambda: hf(ids, labels=ids).loss, torch.optim.AdamW(hf.parameters(), lr=1e-4))}
-    times = interleaved(steps, warmup, repeats, lambda msg: print(msg, flush=True))
-    return Row(name, peer, times["ours"], times["transformers"])
+    # the same optimizer kernel on both sides (torch's fused CPU AdamW), so the ratio is about the model
+    steps = {"ours": _train_step(lambda: ours(ids, labels),
+                                 torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=True)),
+             "transformers": _train_step(lambda: hf(ids, labels=ids).loss,
+                                         torch.optim.AdamW(hf.parameters(), lr=1e-4, fused=True))}
+    row = Row(name, peer, [], [])
+    for run in range(runs):  # blocks of interleaved rounds in this process; the ratio's spread is over blocks
+        times = interleaved(steps, warmup if run == 0 else 0, repeats, lambda msg: print(msg, flush=True))
+        row.ours += times["ours"]
+        row.theirs += times["transformers"]
+        row.run_ratios.append(statistics.median(s.wall for s in times["ours"]) /
+                              statistics.median(s.wall for s in times["transformers"]))
+    return row
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -305,20 +333,29 @@ def _ms(samples: list[Sample]) -> str:
     return f"{1e3 * statistics.median(walls):.1f} / {1e3 * min(walls):.1f}"
 
 
+def verdict(ratios: list[float]) -> str:
+    """A lead only where every run's ratio is on the same side of 1.0 (the min-max spread excludes it)."""
+    if len(ratios) < 2:
+        return "no lead claimed (one run)"
+    if max(ratios) < 1.0:
+        return "ours faster"
+    if min(ratios) > 1.0:
+        return "peer faster"
+    return "no lead claimed (spread includes 1.0)"
+
+
 def table(rows: list[Row]) -> str:
-    """Wall-clock ms, the wall ratios (goal: median <= 1.0), and the CPU-time ratio."""
+    """Wall-clock ms over all runs, the per-run ratio's median and min-max, the CPU-time ratio, and the verdict."""
     lines = ["| comparison | peer | ours ms (median / min) | peer ms (median / min) "
-             "| ours/peer (median) | ours/peer (min) | ours/peer (paired median) | ours/peer CPU time (median) "
-             "| goal <= 1.0 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| ours/peer, median of runs (min - max) | ours/peer CPU time (median) | verdict |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.skipped:
-            lines.append(f"| {r.name} | {r.peer} | {_ms(r.ours)} | skipped: {r.skipped} | - | - | - | - | - |")
+            lines.append(f"| {r.name} | {r.peer} | {_ms(r.ours)} | skipped: {r.skipped} | - | - | - |")
             continue
-        ratio = r.ratio(statistics.median)
-        lines.append(f"| {r.name} | {r.peer} | {_ms(r.ours)} | {_ms(r.theirs)} | {ratio:.3f} "
-                     f"| {r.ratio(min):.3f} | {r.paired_ratio():.3f} | {r.ratio(statistics.median, cpu=True):.3f} "
-                     f"| {'met' if ratio <= 1.0 else 'missed'} |")
+        q = r.run_ratios
+        lines.append(f"| {r.name} | {r.peer} | {_ms(r.ours)} | {_ms(r.theirs)} | {statistics.median(q):.3f} "
+                     f"({min(q):.3f} - {max(q):.3f}) | {r.ratio(statistics.median, cpu=True):.3f} | {verdict(q)} |")
     return "\n".join(lines)
 
 
@@ -348,8 +385,13 @@ def report(rows: list[Row], args: argparse.Namespace, load: tuple[float, float])
         f"- versions: torch {torch.__version__}, megatron-core {_version('megatron-core')}, "
         f"transformers {_version('transformers')}, python {platform.python_version()}",
         f"- command: `{command.strip()}` at commit {_commit()}",
-        f"- timing: {args.warmup} warm-up steps, then interleaved (ABAB) repeats per side: {args.mlp_repeats} "
-        f"(MLP), {args.repeats} (training steps); 1-min load average {load[0]:.2f} before, {load[1]:.2f} after",
+        f"- timing: {args.warmup} warm-up steps, then {args.runs} runs of interleaved (ABAB) steps per side: "
+        f"{args.mlp_repeats} (MLP; each run in fresh processes), {args.repeats} (training steps; runs are blocks in "
+        f"one process); ratio per run = median ours / median peer; a lead is claimed only where the min-max over "
+        f"runs excludes 1.0; 1-min load average {load[0]:.2f} at the start, {load[1]:.2f} at the end",
+        "- same optimizer kernel on both sides of the model rows: torch.optim.AdamW(fused=True); transformers "
+        "with use_cache=False; GPT-2 twice, the peer with its own gelu_new and with gelu_pytorch_tanh (hybrid runs "
+        "the fused tanh GELU, nn.GELU(approximate='tanh'), for either name)",
         "",
         table(rows),
         "",
@@ -363,17 +405,22 @@ _Parser, _positive = OneLineParser, positive_int
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = _Parser(prog="bench_tp.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=_positive, default=15, help="timed training steps per side (default 15)")
-    p.add_argument("--mlp-repeats", type=_positive, default=60,
-                   help="timed MLP steps per side (default 60; each is ~15x cheaper than a training step)")
-    p.add_argument("--warmup", type=_positive, default=3, help="untimed steps per side first (default 3)")
-    p.add_argument("--hidden", type=_positive, default=256, help="model width h (default 256)")
-    p.add_argument("--seq", type=_positive, default=256, help="tokens per sequence T (default 256)")
-    p.add_argument("--batch", type=_positive, default=4, help="sequences per step B (default 4)")
-    p.add_argument("--layers", type=_positive, default=4, help="Transformer blocks of the models (default 4)")
+    p.add_argument("--repeats", type=_positive, default=10, help="timed training steps per side per run (default 10)")
+    p.add_argument("--mlp-repeats", type=_positive, default=20, help="timed MLP steps per side per run (default 20)")
+    p.add_argument("--runs", type=_positive, default=3, help="runs per comparison, for the ratio's spread (default 3)")
+    p.add_argument("--warmup", type=_positive, default=1, help="untimed steps per side first (default 1)")
+    p.add_argument("--hidden", type=_positive, default=1024, help="model width h (default 1024)")
+    p.add_argument("--seq", type=_positive, default=128, help="tokens per sequence T (default 128)")
+    p.add_argument("--batch", type=_positive, default=1, help="sequences per step B (default 1)")
+    p.add_argument("--layers", type=_positive, default=2, help="Transformer blocks of the models (default 2)")
     p.add_argument("--vocab", type=_positive, default=2048, help="vocabulary of the models (default 2048)")
     p.add_argument("--out", metavar="FILE.md", help="also write the report (setup + table) as markdown")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: tiny sizes, 2 steps, 1 run (checks the script, measures nothing)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.hidden, args.seq, args.batch, args.layers, args.vocab = 64, 16, 1, 1, 128
+        args.repeats, args.mlp_repeats, args.runs, args.warmup = 2, 2, 1, 1
     if args.hidden % (2 * NUM_HEADS) != 0:
         p.error(f"--hidden {args.hidden}: must be a multiple of {2 * NUM_HEADS} "
                 f"({NUM_HEADS} heads of even width, for RoPE)")
@@ -392,10 +439,10 @@ def main(argv: list[str] | None = None) -> None:
     shape = Shape(batch=args.batch, seq=args.seq, hidden=args.hidden, layers=args.layers, vocab=args.vocab)
     start = time.perf_counter()
     load_before = os.getloadavg()[0]
-    rows = [bench_mlp(shape, args.warmup, args.mlp_repeats)]
+    rows = [bench_mlp(shape, args.warmup, args.mlp_repeats, args.runs)]
     torch.set_num_threads(1)  # the same single thread per process as the TP ranks
-    for index, label in ((2, "GPT-2"), (3, "Llama")):
-        rows.append(bench_model(label, index, shape, args.warmup, args.repeats))
+    for index, (label, gelu) in enumerate((("GPT-2", "gelu_new"), ("GPT-2", "gelu_pytorch_tanh"), ("Llama", "")), 2):
+        rows.append(bench_model(label, gelu, index, shape, args.warmup, args.repeats, args.runs))
     text = report(rows, args, (load_before, os.getloadavg()[0]))
     print(f"\n{text}\ntotal {time.perf_counter() - start:.0f} s", flush=True)
     if args.out:

@@ -1,0 +1,30 @@
+"""Each benchmark script's --quick mode runs end to end and writes its table.
+
+Speed itself is never asserted here (it lives in scripts/bench_*.py and docs/results/); this only proves
+the scripts still run against the current library, so the published tables can be regenerated.
+"""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ("bench_zero.py", "bench_tp.py", "bench_pipeline.py")
+
+
+def test_bench_scripts_quick_mode_writes_a_table(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    outs = {s: tmp_path / (s[:-3] + ".md") for s in SCRIPTS}
+    # the three start together: most of a quick run is process start-up and imports, not compute
+    procs = {s: subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", s), "--quick", "--out", str(outs[s])],
+                                 env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+             for s in SCRIPTS}
+    for s, p in procs.items():
+        log, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, f"{s} --quick failed:\n{log[-3000:]}"
+        text = outs[s].read_text()
+        assert "load average" in text, f"{s}: the table must record the load average"
+        rows = [line for line in text.splitlines() if line.startswith("| ")]
+        assert len(rows) >= 3, f"{s}: no table in {outs[s]}:\n{text}"
+        assert "failed" not in text and "skipped" not in text, f"{s}: a row did not run:\n{text}"
