@@ -327,7 +327,7 @@ def _faults(mesh: Mesh, root: str, corpus) -> dict:
     run_.train(1, 2, corpus)
     out = {}
     for point in ("after_data", "before_rename"):
-        os.environ[CRASH_ENV] = point
+        os.environ[CRASH_ENV] = f"crash:point={point}"  # the one test-only hook, HYBRID_FAULT
         try:
             run_.save(d, 2).finish()
             out[point] = "no crash"

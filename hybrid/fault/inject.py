@@ -8,6 +8,8 @@ is installed and training runs untouched.
     HYBRID_FAULT="signal:rank=1,iteration=3,signal=SIGKILL"                 signal itself as iteration 3 starts
                                                                            (SIGKILL: a crashed rank, SIGSTOP: a
                                                                            stalled one)
+    HYBRID_FAULT="crash:point=after_data"                                  raise inside a checkpoint save (see
+                                                                           hybrid/checkpoint/faults.py)
     HYBRID_FAULT="signal:rank=1,iteration=3,signal=SIGKILL,restart=0"       only in torchrun's first attempt
                                                                            (TORCHELASTIC_RESTART_COUNT 0), so the
                                                                            restarted job runs on
@@ -28,7 +30,7 @@ import torch
 import torch.nn as nn
 
 ENV = "HYBRID_FAULT"
-KINDS = ("hang", "stop", "nan", "slow", "signal")
+KINDS = ("hang", "stop", "nan", "slow", "signal", "crash")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Fault:
     ms: float = 0.0  # slow
     seconds: float = 3600.0  # hang: how long to sleep
     signal: str = ""  # signal: SIGKILL, SIGSTOP, SIGTERM, ...
+    point: str = ""  # crash: the checkpoint save's crash point (hybrid/checkpoint/faults.py); rank -1: every rank
     restart: int = -1  # signal: only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT); -1: every attempt
 
 
@@ -77,6 +80,8 @@ def parse(text: str) -> list[Fault]:
                 kw[k] = float(v)
             else:
                 kw[k] = v
+        if kind == "crash":
+            kw.setdefault("rank", -1)
         if kind == "signal" and not isinstance(getattr(signal, kw.get("signal", ""), None), signal.Signals):
             raise ValueError(f"{ENV}: signal fault needs signal=SIGKILL|SIGSTOP|SIGTERM|..., got {item!r}")
         faults.append(Fault(kind=kind, **kw))
