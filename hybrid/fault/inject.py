@@ -10,6 +10,9 @@ is installed and training runs untouched.
                                                                            stalled one)
     HYBRID_FAULT="crash:point=after_data"                                  raise inside a checkpoint save (see
                                                                            hybrid/checkpoint/faults.py)
+    HYBRID_FAULT="signal:rank=1,iteration=3,signal=SIGKILL,op=tp.all_reduce,microbatch=1"
+                                                                           signal itself before that op instead
+                                                                           (mid-step, mid-accumulation)
     HYBRID_FAULT="signal:rank=1,iteration=3,signal=SIGKILL,restart=0"       only in torchrun's first attempt
                                                                            (TORCHELASTIC_RESTART_COUNT 0), so the
                                                                            restarted job runs on
@@ -110,7 +113,8 @@ class Injector:
 
     def on_op_start(self, rec, sends: tuple[int, ...]) -> None:
         for f in self.faults:
-            if f.kind not in ("hang", "stop") or (rec.iteration, rec.microbatch) != (f.iteration, f.microbatch):
+            at_op = f.kind in ("hang", "stop") or (f.kind == "signal" and f.op and f.restart in (-1, _attempt()))
+            if not at_op or (rec.iteration, rec.microbatch) != (f.iteration, f.microbatch):
                 continue
             group, _, op = f.op.partition(".")
             hit = rec.group == group and (rec.op == op or (op == "send" and rec.op == "p2p" and sends)
@@ -120,6 +124,8 @@ class Injector:
                       f"micro-batch {f.microbatch}", flush=True)
                 if f.kind == "stop":
                     os.kill(os.getpid(), signal.SIGSTOP)
+                elif f.kind == "signal":
+                    os.kill(os.getpid(), getattr(signal, f.signal))
                 else:
                     time.sleep(f.seconds)
 
@@ -132,7 +138,7 @@ class Injector:
         """signal: the rank signals itself now. nan: this iteration's backward writes NaN into the first trainable parameter's gradient
         (before gradient accumulation and the DP reduction, as a bad kernel would)."""
         for f in self.faults:
-            if f.kind == "signal" and f.iteration == iteration and f.restart in (-1, _attempt()):
+            if f.kind == "signal" and not f.op and f.iteration == iteration and f.restart in (-1, _attempt()):
                 print(f"inject: {f.signal} to rank {f.rank} at iteration {iteration}, t={time.time():.3f}", flush=True)
                 os.kill(os.getpid(), getattr(signal, f.signal))
         for h in self._handles:

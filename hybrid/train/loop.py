@@ -17,6 +17,7 @@ from hybrid.pipeline import build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
 from hybrid.tp import ParallelRNG, TPContext
+from hybrid.tp.random import PP_SEED_STRIDE
 from hybrid.train.args import PipelinePlan
 from hybrid.train.evaluate import run_evaluations
 from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
@@ -51,6 +52,11 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
 def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, data: DataSource,
         device: torch.device) -> None:
     mesh = Mesh.build(dims, device=device, timeout=getattr(args, "distributed_timeout", None))
+    # The default generators (CPU and every CUDA device), as Megatron's _set_random_seed: seed + 100 * pp_rank.
+    # Training draws only from explicit generators (data, init, the dropout streams), but the default one is
+    # checkpointed for whatever else draws from it -- unseeded it starts at a per-process value, and a resumed
+    # run's saved state would differ from an uninterrupted run's.
+    torch.manual_seed(args.seed + PP_SEED_STRIDE * mesh.coords.pp)
     tp = TPContext(mesh.tp, sequence_parallel=args.sequence_parallel,
                    rng=ParallelRNG(args.seed, mesh.coords.tp, mesh.coords.pp, mesh.device))  # dropout streams
     model, runner = build_runner(args, cfg, mesh, tp, batch, plan)

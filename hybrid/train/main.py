@@ -88,13 +88,35 @@ def validate(argv: list[str] | None):
     return args, world, (cfg, dims, batch, plan), corpus
 
 
+def attempt_store(timeout: timedelta) -> dist.Store | None:
+    """torchrun's agent store, with this restart attempt's keys kept apart from earlier attempts'.
+
+    torchrun (c10d rendezvous, torch >= 2.4) hands every attempt the same agent TCPStore, and env:// adds no
+    per-attempt prefix ("we create a new TCPStore for every retry", torch/distributed/rendezvous.py -- no longer
+    true once the rendezvous shares its store). A restarted rank could then read a dead rank's gloo address from
+    the attempt before and fail in connectFullMesh (connection refused). Prefixing by TORCHELASTIC_RESTART_COUNT,
+    as torch elastic itself once did (`/worker/attempt_N`), keeps each attempt's keys its own. None when the
+    launcher does not share its store (env:// is then fresh per attempt)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                        timeout=timeout)
+    return dist.PrefixStore(f"/worker/attempt_{attempt}", tcp)
+
+
 def init_distributed(args: argparse.Namespace, world: int, device: torch.device, backend: str) -> None:
     """The process group, with `--distributed-timeout-minutes` on start-up and every collective. Without a
     launcher: a one-rank group on an in-process store (no MASTER_ADDR/PORT needed)."""
     timeout = timedelta(minutes=args.distributed_timeout_minutes)
     device_id = device if device.type == "cuda" else None
     if under_launcher():
-        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
+        store = attempt_store(timeout)
+        if store is None:
+            dist.init_process_group(backend, timeout=timeout, device_id=device_id)
+        else:
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world,
+                                    timeout=timeout, device_id=device_id)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
                                 device_id=device_id)
