@@ -57,8 +57,21 @@ def reference(tmp_path_factory):
     byte_dataset(str(d / "b"), 400)
     data = ["--data-path", "0.4", str(d / "a"), "0.6", str(d / "b")]
     out = _run(1, COMMON + data + ["--micro-batch-size", "2", "--tensorboard-dir", str(d / "tb"),
-                                   "--metrics-file", str(d / "m.jsonl"), "--peak-tflops", "2"])
+                                   "--metrics-file", str(d / "m.jsonl"), "--hardware", hardware_profile(d, 2.0)])
     return data, out, d
+
+
+def hardware_profile(d, fp32_tflops: float) -> str:
+    """A `hybrid calibrate` profile whose fp32 matmul rate is `fp32_tflops` (MFU's peak for an fp32 run; no
+    compute_units, so not shared among ranks)."""
+    import dataclasses
+
+    from hybrid.planner.calibrate import FORMAT
+    from hybrid.planner.hardware import hardware
+    hw = dataclasses.asdict(hardware("cpu").with_overrides(compute_units=None))
+    path = d / "hw.json"
+    path.write_text(json.dumps({"format": FORMAT, "hardware": hw, "matmul_tflops": {"fp32": fp32_tflops}}))
+    return str(path)
 
 
 def test_validation_loss_is_the_same_on_every_layout(reference):
@@ -92,6 +105,7 @@ def test_tensorboard_and_metrics_file_hold_the_logged_numbers(reference):
         r"iteration +(\d+)/\d+ \| lm loss (\S+) \|.* \| ([\d.e+-]+) TFLOP/s/device \| MFU ([\d.]+)%", out)}
     valid = [float(v) for v in re.findall(r"validation loss at iteration \d+[^|]* \| lm loss value: (\S+)", out)]
     assert sorted(logged) == [2, 4] and len(valid) == 4, out
+    assert "metrics: MFU against 2 TFLOP/s per rank (--hardware " in out, out  # the profile's fp32 rate
     acc = EventAccumulator(str(tb))
     acc.Reload()
     scalars = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
@@ -105,6 +119,8 @@ def test_tensorboard_and_metrics_file_hold_the_logged_numbers(reference):
         assert train[it]["mfu"] == pytest.approx(train[it]["tflops_per_device"] / 2, rel=1e-12)
         assert 100 * train[it]["mfu"] == pytest.approx(mfu, abs=5e-3)
         assert train[it]["consumed_samples"] == it * 8  # --global-batch-size 8
+        assert scalars["mem-peak-rss-bytes"][it] == pytest.approx(train[it]["peak_rss_bytes"], rel=1e-7)
+        assert train[it]["peak_rss_bytes_per_rank"] == [train[it]["peak_rss_bytes"]]  # one rank
     assert scalars["lm loss validation"][2] == pytest.approx(valid[0], rel=1e-6)  # printed to 7 digits
     assert scalars["lm loss test"][4] == pytest.approx(valid[-1], rel=1e-6)
 

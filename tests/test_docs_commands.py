@@ -24,8 +24,10 @@ SKIP = {  # substring of the command -> why it is not run here, and what covers 
     "bash scripts/test.sh": "the test command itself (CI runs it)",
     "bash scripts/setup.sh": "run by scripts/test.sh before the suite; the rest of the line is run below",
     "HEAD_NODE": "a multi-node template; two agents on loopback run in tests/test_fault_nodes.py",
-    "--timeline timeline.json": "the README's main job: run by tests/test_training.py with its falling loss and "
-                                "its timeline checked",
+    "plot_run.py quickstart.jsonl": "the README main job's plot of its metrics file: run by tests/test_training.py",
+    "--timeline timeline.json": "the README's main job: run as written by tests/test_training.py (its first 20 "
+                                "losses against tests/data/quickstart_losses.json, timeline, checkpoint, "
+                                "validation loss, memory, plot)",
     "--offload-optimizer --offload-params --bf16": "run as written, with its output checked, by "
                                                    "tests/test_zero_flags.py (README's headline ZeRO command)",
 }

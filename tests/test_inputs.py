@@ -136,7 +136,12 @@ CASES = [
     ("auto-local-world-text", "train", ["--auto-parallel", "--global-batch-size", "8"], {},
      {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500", "LOCAL_WORLD_SIZE": "all"},
      "LOCAL_WORLD_SIZE 'all'"),
-    ("hardware-without-auto", "train", ["--hardware", "{d}/hw.json"], {"hw.json": GOOD_PROFILE}, {}, "--hardware"),
+    # --hardware without --auto-parallel gives MFU's peak (hybrid/metrics/args.py): checked all the same
+    ("hardware-and-peak-tflops", "train", ["--hardware", "{d}/hw.json", "--peak-tflops", "1"],
+     {"hw.json": GOOD_PROFILE}, {}, "--peak-tflops and --hardware both set MFU's peak"),
+    ("hardware-missing", "train", ["--hardware", "{d}/nope.json"], {}, {}, "--hardware"),
+    ("hardware-profile-missing-field", "train", ["--hardware", "{d}/hw.json"],
+     {"hw.json": _profile(peak_tflops=_DROP)}, {}, "hardware.peak_tflops"),
     ("auto-without-batch", "train", ["--auto-parallel"], {}, {}, "--global-batch-size"),
     ("auto-profile-missing-field", "train", ["--auto-parallel", "--global-batch-size", "8", "--hardware",
                                              "{d}/hw.json"], {"hw.json": _profile(peak_tflops=_DROP)}, {},

@@ -21,6 +21,7 @@ from models import build_model, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import reference_losses  # noqa: E402
 import train as train_script  # noqa: E402
 
 STEPS, GLOBAL, MICRO, SEQ = 4, 8, 2, 32
@@ -113,18 +114,59 @@ def test_missing_data_path_is_rejected(monkeypatch, tmp_path):
         train_script.main(["--data-path", str(tmp_path / "missing.txt")])
 
 
-def test_main_job_tp2_pp2_dp2_runs_under_torchrun_and_the_loss_goes_down(tmp_path):
-    """The README's main command, shortened: 8 processes, tp 2 x pp 2 x dp 2, with a timeline."""
-    timeline = tmp_path / "timeline.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "8", "scripts/train.py",
-           "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--micro-batch-size", "2",
-           "--global-batch-size", "16", "--seq-length", "64", "--train-iters", "30", "--log-interval", "10",
-           "--lr", "3e-3", "--timeline", str(timeline)]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    losses = [float(line.split("lm loss")[1].split("|")[0]) for line in out.stdout.splitlines()
-              if line.lstrip().startswith("iteration")]
-    assert len(losses) == 3 and losses[-1] < losses[0] - 0.5, out.stdout
-    events = json.loads(timeline.read_text())["traceEvents"]
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    """The README's main command as written (tp 2 x pp 2 x dp 2 on 8 processes, its checkpoint, metrics file,
+    timeline and plot), run once for every test below, stopped after reference_losses.ITERATIONS steps by
+    --exit-interval (the schedule and data order still follow its --train-iters) and logging every step."""
+    workdir = tmp_path_factory.mktemp("quickstart")
+    return reference_losses.run_quickstart(str(workdir), timeout=400), workdir
+
+
+def test_quickstart_first_losses_equal_the_committed_reference(quickstart):
+    """Every one of the first 20 losses, as logged at full precision (the JSON-lines repr: equal strings are equal
+    floats) and on the log line, equals tests/data/quickstart_losses.json: any numeric change to training shows up.
+    An intended one: `python scripts/reference_losses.py --write`."""
+    run, _ = quickstart
+    diffs = reference_losses.differences(run, reference_losses.load_reference())
+    assert not diffs, "; ".join(diffs) + " (an intended change: python scripts/reference_losses.py --write)"
+
+
+def test_quickstart_trains_saves_a_checkpoint_validates_and_plots(quickstart):
+    run, workdir = quickstart
+    out = run["stdout"]
+    losses = [float(x) for x in run["logged"]]
+    assert len(losses) == reference_losses.ITERATIONS and losses[-1] < losses[0] - 0.5, out
+    events = json.loads((workdir / "timeline.json").read_text())["traceEvents"]
     forwards = [e for e in events if e.get("cat") == "forward"]
     assert len(forwards) == 8 * 4, "4 micro-batches forwarded by each of 8 ranks in the last step"
+    assert "checkpoint: saved iteration 20 to quickstart_ckpt/iter_0000020" in out, out[-2000:]
+    assert (workdir / "quickstart_ckpt" / "iter_0000020").is_dir()
+    assert re.search(r"validation loss at iteration 20 on validation set \| lm loss value: \S+", out), out[-2000:]
+    png = (workdir / "quickstart.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and "wrote quickstart.png" in run["outputs"][0]
+
+
+def _import_torch_peak_rss() -> int:
+    """Peak RSS of a fresh interpreter that only imports torch: a floor for any training rank's."""
+    code = "import torch; from hybrid.metrics.memory import peak_rss_bytes; print(peak_rss_bytes())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    return int(out.stdout)
+
+
+def test_quickstart_logs_each_ranks_peak_memory(quickstart):
+    """CPU: every log record holds the 8 ranks' peak RSS (hybrid/metrics/memory.py). Each is above what importing
+    torch alone takes, below the host's memory, never falls (a peak since start), and the log line shows the
+    largest, in MiB."""
+    run, _ = quickstart
+    records = [r for r in run["records"] if "lm_loss" in r]
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    floor = _import_torch_peak_rss()
+    per_rank = [r["peak_rss_bytes_per_rank"] for r in records]
+    assert all(len(p) == 8 for p in per_rank)
+    assert all(floor < b < host for p in per_rank for b in p), (floor, per_rank[0])
+    assert all(a <= b for prev, cur in zip(per_rank, per_rank[1:]) for a, b in zip(prev, cur))
+    assert all(r["peak_rss_bytes"] == max(r["peak_rss_bytes_per_rank"]) for r in records)
+    shown = [float(m) for m in re.findall(r"\| peak RSS ([\d.]+) MiB \(max, rank \d", run["stdout"])]
+    assert shown == pytest.approx([r["peak_rss_bytes"] / 2**20 for r in records], abs=0.051)

@@ -1,9 +1,11 @@
-"""Metrics flags of train.py: `add_arguments`, and `check` (outputs writable, numbers sane) before any process
-group."""
+"""Metrics flags of train.py: `add_arguments`, and `check` (outputs writable, numbers sane, MFU's peak resolved)
+before any process group."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 from dataclasses import dataclass
 
 from hybrid.cliutil import check_output_dir, check_output_file
@@ -14,12 +16,15 @@ class MetricsConfig:
     """Attributes:
         tensorboard_dir: TensorBoard event directory (`--tensorboard-dir`; None: off).
         metrics_file: JSON-lines file, appended (`--metrics-file`; None: off).
-        peak_tflops: one device's peak TFLOP/s for MFU (`--peak-tflops`; None: the known-GPU table, else no MFU).
+        peak_tflops: one rank's peak TFLOP/s for MFU: `--peak-tflops`, or derived from a `hybrid calibrate`
+            profile (`--hardware`, `profile_peak_tflops`); None: the known-GPU table on CUDA, else no MFU.
+        peak_source: where peak_tflops came from, for the run's header line.
     """
 
     tensorboard_dir: str | None
     metrics_file: str | None
     peak_tflops: float | None
+    peak_source: str | None = None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,19 +34,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-file", default=None, metavar="PATH",
                    help="append one JSON object per log interval and evaluation to this file")
     g.add_argument("--peak-tflops", type=float, default=None, metavar="X",
-                   help="one device's peak TFLOP/s for MFU; None: bf16 peak of a known GPU, none on CPU "
-                        "(measure it with `hybrid calibrate`)")
+                   help="one device's peak TFLOP/s for MFU; None: the --hardware profile's, else the bf16 peak "
+                        "of a known GPU, else (CPU) no MFU")
+    # --hardware (a `hybrid calibrate` profile) is defined with --auto-parallel in hybrid/train/args.py; it also
+    # gives MFU's peak here (profile_peak_tflops)
 
 
-def check(args: argparse.Namespace) -> MetricsConfig:
+def profile_peak_tflops(path: str, fp32: bool, local_ranks: int) -> float:
+    """One rank's peak TFLOP/s from a `hybrid calibrate` profile: its fitted matmul rate R for the run's
+    precision (fp32; else bf16 where measured, else fp32), times min(1, cores / local ranks) when the profile's
+    ranks share a CPU's cores (`compute_units`, set by calibrate on gloo). R is one rank's rate with the cores to
+    itself, so ranks beyond the cores split them: 8 ranks on 2 cores have R x 2 / 8 each, and MFU =
+    (model FLOP/s of all ranks) / (R x cores) -- the share of the machine's matmul rate the run achieves. On
+    GPUs (no compute_units) R is per device, measured with every device busy."""
+    from hybrid.planner import calibrate
+    from hybrid.planner.model import Precision as PlanPrecision
+    if not os.path.isfile(path):
+        raise ValueError(f"--hardware {path!r} is not a file; write one with `hybrid calibrate --out FILE`")
+    hw = calibrate.load_hardware(path, PlanPrecision.FP32 if fp32 else PlanPrecision.MIXED)
+    share = min(1.0, hw.compute_units / local_ranks) if hw.compute_units else 1.0
+    return hw.peak_tflops * share
+
+
+def check(args: argparse.Namespace, world: int = 1) -> MetricsConfig:
+    """Needs args.zero (the precision) set; `world` gives the local ranks when LOCAL_WORLD_SIZE is unset."""
     if args.tensorboard_dir is not None:
         check_output_dir("--tensorboard-dir", args.tensorboard_dir)
         try:
-            import tensorboard  # noqa: F401  (SummaryWriter needs it)
+            importlib.import_module("tensorboard")  # SummaryWriter needs it
         except ImportError:
             raise ValueError("--tensorboard-dir needs the tensorboard package; pip install tensorboard") from None
     if args.metrics_file is not None:
         check_output_file("--metrics-file", args.metrics_file)
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise ValueError(f"--peak-tflops must be > 0, got {args.peak_tflops}")
-    return MetricsConfig(args.tensorboard_dir, args.metrics_file, args.peak_tflops)
+    peak, source = args.peak_tflops, "--peak-tflops" if args.peak_tflops is not None else None
+    hardware = getattr(args, "hardware", None)
+    if hardware:  # an empty one is rejected by hybrid/train/args.py's check_files
+        if peak is not None:
+            raise ValueError("--peak-tflops and --hardware both set MFU's peak; give one of them")
+        local = os.environ.get("LOCAL_WORLD_SIZE", "")
+        local_ranks = int(local) if local.isdigit() and int(local) > 0 else world
+        fp32 = args.zero.precision.value == "fp32"
+        peak = profile_peak_tflops(hardware, fp32, local_ranks)
+        source = f"--hardware {hardware}, {'fp32' if fp32 else 'mixed-precision'} matmul rate, {local_ranks} local ranks"
+    return MetricsConfig(args.tensorboard_dir, args.metrics_file, peak, source)

@@ -44,9 +44,11 @@ def hardware_flops_per_token(cfg: ModelConfig, seq_length: int, recompute: str =
     return model_flops_per_token(cfg, seq_length) + extra
 
 
-# dense bf16 peak TFLOP/s of one device, by a name fragment of torch.cuda.get_device_name (vendor data sheets)
-PEAK_TFLOPS = (("h200", 989.0), ("h100", 989.0), ("a100", 312.0), ("l40s", 362.0), ("a10g", 125.0),
-               ("v100", 125.0))
+# dense bf16 peak TFLOP/s of one device, by a name fragment of torch.cuda.get_device_name (vendor data sheets:
+# half the "with sparsity" figure), first match wins: the H100 PCIe (1513 sparse) and NVL (1671) before the SXM
+# part ("NVIDIA H100 80GB HBM3", 1979); V100 has no bf16, its fp16 tensor-core peak
+PEAK_TFLOPS = (("h200", 989.0), ("h100 pcie", 756.0), ("h100 nvl", 835.0), ("h100", 989.0), ("a100", 312.0),
+               ("l40s", 362.0), ("a10g", 125.0), ("v100", 125.0))
 
 
 def device_peak_tflops(name: str) -> float | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.metrics.flops import device_peak_tflops
+from hybrid.metrics.memory import MemoryMeasure, gather_peaks, measure_for, memory_field
 from hybrid.metrics.writer import MetricsWriter, step_rates
 
 
@@ -19,32 +20,47 @@ class RunMetrics:
     world: int
     recompute: str
     peak_tflops: float | None
+    peak_source: str | None
     train_iters: int
+    device: torch.device
+    memory: MemoryMeasure
     writer: MetricsWriter
 
     @classmethod
     def start(cls, args, cfg, batch, mesh) -> "RunMetrics":
         m = args.metrics
-        peak = m.peak_tflops
+        peak, source = m.peak_tflops, m.peak_source
         if peak is None and mesh.device.type == "cuda":
-            peak = device_peak_tflops(torch.cuda.get_device_name(mesh.device))
+            name = torch.cuda.get_device_name(mesh.device)
+            peak, source = device_peak_tflops(name), f"{name}, bf16 dense peak (hybrid/metrics/flops.py)"
         return cls(cfg, batch.seq_length, batch.global_batch, mesh.dims.world, args.recompute_granularity or "none",
-                   peak, args.train_iters, MetricsWriter(m.tensorboard_dir, m.metrics_file, mesh.rank == 0))
+                   peak, source, args.train_iters, mesh.device, measure_for(mesh.device),
+                   MetricsWriter(m.tensorboard_dir, m.metrics_file, mesh.rank == 0))
+
+    def header(self) -> str:
+        """The run's metrics line: what MFU divides by, and which memory measure the lines show."""
+        mfu = (f"MFU against {self.peak_tflops:.4g} TFLOP/s per rank ({self.peak_source})" if self.peak_tflops
+               else "no MFU (unknown device peak: --hardware PROFILE or --peak-tflops X)")
+        return f"metrics: {mfu} | memory: {self.memory.label} per rank, peak since start"
 
     def log_interval(self, iteration: int, step_s: float, loss: float, lr: float, report, skipped: int) -> str:
-        """' | consumed samples N | X TFLOP/s/device (hw Y) | MFU Z% | ETA' for the log line; records the interval."""
+        """' | consumed samples N | X TFLOP/s/device (hw Y) | MFU Z% | peak RSS M MiB (...) | ETA' for the log
+        line; records the interval. Collective (the memory all-gather): every rank calls it."""
         rates = step_rates(self.cfg, self.seq_length, self.global_batch * self.seq_length, step_s, self.world,
                            self.recompute, self.peak_tflops)
+        peaks = gather_peaks(self.device)
         consumed = iteration * self.global_batch
         self.writer.write(iteration, {
             "consumed_samples": consumed, "lm_loss": loss, "lr": lr, "grad_norm": report.grad_norm,
             "loss_scale": report.loss_scale, "skipped_iterations": skipped, "iteration_time_s": step_s,
             "tokens_per_s": rates.tokens_per_s, "tflops_per_device": rates.tflops_per_device,
-            "hw_tflops_per_device": rates.hw_tflops_per_device, "mfu": rates.mfu})
+            "hw_tflops_per_device": rates.hw_tflops_per_device, "mfu": rates.mfu,
+            self.memory.key: max(peaks), f"{self.memory.key}_per_rank": peaks})
         hw = f" (hw {rates.hw_tflops_per_device:.3g})" if self.recompute != "none" else ""
         mfu = f" | MFU {100 * rates.mfu:.2f}%" if rates.mfu is not None else ""
         eta = (self.train_iters - iteration) * step_s
         return (f" | consumed samples {consumed} | {rates.tflops_per_device:.3g} TFLOP/s/device{hw}{mfu}"
+                f"{memory_field(peaks, self.memory)}"
                 f" | ETA {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}")
 
     def write_eval(self, iteration: int, losses: dict[str, float]) -> None:

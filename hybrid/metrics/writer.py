@@ -13,7 +13,8 @@ from hybrid.metrics.flops import model_flops_per_token, hardware_flops_per_token
 # our field -> Megatron's TensorBoard tag
 TB_NAMES = {"lm_loss": "lm loss", "lr": "learning-rate", "grad_norm": "grad-norm", "loss_scale": "loss-scale",
             "iteration_time_s": "iteration-time", "tflops_per_device": "throughput", "tokens_per_s": "tokens-per-sec",
-            "mfu": "mfu", "consumed_samples": "consumed-samples", "skipped_iterations": "skipped-iterations"}
+            "mfu": "mfu", "consumed_samples": "consumed-samples", "skipped_iterations": "skipped-iterations",
+            "max_memory_allocated_bytes": "mem-max-allocated-bytes", "peak_rss_bytes": "mem-peak-rss-bytes"}
 
 
 @dataclass
@@ -54,11 +55,13 @@ class MetricsWriter:
         if metrics_file:
             self.file = open(metrics_file, "a", buffering=1)  # a line per record, appended across resumes
 
-    def write(self, iteration: int, values: dict[str, float | int | None]) -> None:
+    def write(self, iteration: int, values: dict[str, float | int | list | None]) -> None:
+        """Scalars to TensorBoard and everything (lists too: per-rank values) to the JSON line."""
         values = {k: v for k, v in values.items() if v is not None}
         if self.tb is not None:
             for key, value in values.items():
-                self.tb.add_scalar(TB_NAMES.get(key, key), value, iteration)
+                if not isinstance(value, list):  # per-rank lists stay in the JSON file
+                    self.tb.add_scalar(TB_NAMES.get(key, key), value, iteration)
         if self.file is not None:
             clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in values.items()}
             self.file.write(json.dumps({"iteration": iteration, **clean}) + "\n")

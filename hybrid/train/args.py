@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--auto-parallel", action="store_true",
                    help="let the planner choose tp, pp, v, micro batch, ZeRO stage, offload and SP for this world "
                         "size and device memory (needs --global-batch-size)")
-    g.add_argument("--hardware", default=None, help="with --auto-parallel: a `hybrid calibrate` profile (JSON) "
-                                                    "to plan with instead of the device preset")
+    g.add_argument("--hardware", default=None, help="a `hybrid calibrate` profile (JSON): MFU's peak, and with "
+                                                    "--auto-parallel the device to plan for")
     g.add_argument("--distributed-timeout-minutes", type=float, default=10.0,
                    help="bound on process-group start-up and on every collective: a rank that dies or stalls "
                         "ends the job after this long, naming the lost rank")
@@ -180,8 +180,6 @@ def check_files(args: argparse.Namespace, cfg: ModelConfig) -> None:
             raise ValueError(f"{flag} is empty; give a value or omit the flag")
     if args.timeline is not None:
         check_output_file("--timeline", args.timeline)
-    if args.hardware is not None and not args.auto_parallel:
-        raise ValueError("--hardware is read by --auto-parallel only; add --auto-parallel or drop --hardware")
     if args.load is not None:
         check_checkpoint(args.load, cfg, args.model)
 
@@ -366,7 +364,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     args.zero = check_zero(args)
     args.fault = fault_args.check(args)
     args.data = data_args.check(args)
-    args.metrics = metrics_args.check(args)
+    args.metrics = metrics_args.check(args, world)
     args.ckpt = ckpt_args.check(args)  # a --load naming a checkpoint directory moves to args.ckpt.load
     cfg = load_config(args.model)
     check_files(args, cfg)  # --load readable, outputs writable

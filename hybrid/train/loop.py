@@ -79,6 +79,7 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     ft = FaultTolerance.start(args.fault, mesh, model, runner, optimizer, args.log_interval)  # hybrid/fault
     tokens_per_step = batch.global_batch * batch.seq_length
     metrics = RunMetrics.start(args, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
+    log0(mesh, metrics.header())
     ckpt = RunCheckpoints(args.ckpt, mesh, model, optimizer, tp.rng, run_info(args, dims, plan))  # hybrid/checkpoint
     start, consumed = ckpt.resume()
     it, loss = start - 1, float("nan")
@@ -94,9 +95,10 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
             extra = f" | grad norm {rep.grad_norm:.3f}" if rep.grad_norm is not None else ""
             if z.precision is Precision.FP16:
                 extra += f" | loss scale {rep.loss_scale:g} | skipped {optimizer.skipped_steps}"
+            fields = metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps)  # collective
             log0(mesh, f" iteration {it + 1:>6}/{args.train_iters} | lm loss {loss:.4f} | "
                        f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s"
-                       f"{metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps)}")
+                       f"{fields}")
             t0 = time.perf_counter()
         t_eval = time.perf_counter()
         metrics.write_eval(it + 1, run_evaluations(args, model, runner, mesh, data, batch, optimizer, it + 1))
@@ -106,8 +108,8 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
             break
     ckpt.finish(it + 1, consumed)
     ft.stop()
-    metrics.write_eval(args.train_iters, run_evaluations(args, model, runner, mesh, data, batch, optimizer,
-                                                         args.train_iters, final=True))
+    last = it + 1  # the last completed step: --train-iters, or earlier after --exit-interval / SIGTERM
+    metrics.write_eval(last, run_evaluations(args, model, runner, mesh, data, batch, optimizer, last, final=True))
     metrics.close()
     if args.timeline:
         save_timeline(args.timeline, runner, mesh, plan)
