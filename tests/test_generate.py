@@ -105,7 +105,7 @@ def test_greedy_tokens_equal_transformers_at_tp2_under_torchrun(random_llama):
     p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert _first_line(p.stdout) == f"generate: {NEW} new tokens (greedy): {','.join(map(str, want))}"
-    assert "tp 2, KV cache" in p.stdout
+    assert "tp 2 on cpu, KV cache" in p.stdout
 
 
 # --- sampling -------------------------------------------------------------------------------------------------

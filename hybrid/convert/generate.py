@@ -289,18 +289,19 @@ def _validate(args: argparse.Namespace):
     return world, tp, sampling, codec, prompt_ids(args, cfg, codec), source
 
 
-def _tp_group(world: int, tp: int) -> Group:
+def _tp_group(world: int, tp: int, backend: str, device: torch.device) -> Group:
     import torch.distributed as dist
 
-    from hybrid.mesh import Mesh, ParallelDims, default_backend
+    from hybrid.mesh import Mesh, ParallelDims
     if world == 1:
         return Group.solo("tp")
-    dist.init_process_group(default_backend()[0])
-    return Mesh.build(ParallelDims(tp=tp), device=torch.device("cpu")).tp
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    return Mesh.build(ParallelDims(tp=tp), device=device).tp
 
 
 def run(args: argparse.Namespace) -> None:
     from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
+    from hybrid.mesh import default_backend
     try:
         world, tp_size, sampling, codec, ids, (cfg, folder, state) = _validate(args)
     except ValueError as e:
@@ -308,11 +309,16 @@ def run(args: argparse.Namespace) -> None:
         if not is_rank_zero():
             outlive_rank_zero(error)  # rank 0 prints the one line before torchrun stops the job
         raise error from None
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    tp = _tp_group(world, tp_size)
+    backend, device = default_backend()  # NCCL + this rank's GPU when there is one, gloo + CPU otherwise
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    tp = _tp_group(world, tp_size, backend, device)
     try:
-        model = load_model(cfg, folder, state is not None, tp)
-        out = generate(model, ids, args.max_new_tokens, cfg.max_position_embeddings, cfg.vocab_size, sampling, tp)
+        model = load_model(cfg, folder, state is not None, tp).to(device)
+        out = generate(model, ids.to(device), args.max_new_tokens, cfg.max_position_embeddings, cfg.vocab_size,
+                       sampling, tp).cpu()
     finally:
         if world > 1:
             import torch.distributed as dist
@@ -320,7 +326,7 @@ def run(args: argparse.Namespace) -> None:
     if is_rank_zero():
         new = out[0, ids.shape[1]:].tolist()
         print(f"generate: {len(new)} new tokens ({sampling.describe()}): {','.join(map(str, new))}")
-        print(f"tokenizer: {codec.source}; tp {tp_size}, KV cache")
+        print(f"tokenizer: {codec.source}; tp {tp_size} on {device.type}, KV cache")
         print(codec.decode(out[0].tolist()))
 
 

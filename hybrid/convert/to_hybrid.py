@@ -2,9 +2,10 @@
 
 Reading a transformers folder goes through DCP's own HuggingFaceStorageReader (torch.distributed.checkpoint):
 a DCP load of a state dict keyed by transformers names, with the dtype cast to fp32 done by the reader's copy.
-Our key mapping (mapping.py) is the adapter to hybrid's names. The hybrid side is a DCP save of `model/NAME`
-plain tensors with no process group (no_dist): a later load at any TP x PP x DP layout reads its chunks of
-them (DCP reshards), exactly as it reads a checkpoint a training run wrote.
+Our key mapping (mapping.py) is the adapter to hybrid's names. The hybrid side is written, still in one process,
+as the ranks of a run at the target layout (default tp 1 x pp 1) would save it (presharded.py): `model/NAME`
+ShardedTensors cut into each rank's TP shard, one file per rank. A later load at any TP x PP x DP layout reads
+its chunks of them (DCP reshards), exactly as it reads a checkpoint a training run wrote.
 
 The checkpoint has the store layout of hybrid/checkpoint/store.py (DST/iter_0000000/ + DST/latest, manifest
 with checksums) and state.json marks it `"contents": "model"`: iteration 0, no optimizer moments, no RNG.
@@ -102,7 +103,7 @@ def hf_to_hybrid(src: str, dst: str, verify: bool = True, log=print, target: Tar
             line = verify_hybrid_against(cfg, it_dir, lambda: AutoModelForCausalLM.from_pretrained(
                 src, dtype=torch.float32), torch.float32)
     log(f"convert: {src} (transformers {cfg.hf.model_type}, {cfg.num_parameters / 1e6:.2f}M parameters) -> "
-        f"{dst} (hybrid checkpoint, model weights, iteration 0)")
+        f"{dst} (hybrid checkpoint, model weights, iteration 0, chunks for tp {target.tp} x pp {target.pp})")
     log(line)
     return line
 
@@ -141,6 +142,6 @@ def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log
                 return m
             line = verify_hybrid_against(cfg, it_dir, reference, torch.float32)
     log(f"convert: {src} (DeepSpeed ZeRO checkpoint of {cfg.hf.model_type}) -> {dst} (hybrid checkpoint, model "
-        f"weights, iteration 0)")
+        f"weights, iteration 0, chunks for tp {target.tp} x pp {target.pp})")
     log(line)
     return line
