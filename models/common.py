@@ -94,6 +94,43 @@ def sliding_window_mask(seq_len: int, window: int, device: torch.device) -> torc
     return (dist >= 0) & (dist < window)
 
 
+def decode_mask(t_q: int, t_k: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """(T_q, T_k) bool for queries that are the last T_q of T_k positions (decoding with a KV cache): query i
+    sits at position t_k - t_q + i and sees key j when 0 <= pos - j (< window, with a sliding window)."""
+    pos = torch.arange(t_k - t_q, t_k, device=device)
+    dist = pos[:, None] - torch.arange(t_k, device=device)[None, :]
+    return (dist >= 0) & (dist < window) if window is not None else dist >= 0
+
+
+class LayerCache:
+    """One layer's keys and values of the tokens seen so far, (B, kv-heads on this TP rank, T_past, hd), after
+    RoPE: a decoding step computes k, v for its new tokens only and attends over past + new."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new tokens' k, v (along T); the whole keys and values."""
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+
+class KVCache:
+    """The KV cache of a whole model (or stage) for incremental decoding, inference only: `length` tokens are
+    cached, so the next forward's tokens sit at positions length, length + 1, ... (RoPE angles, GPT-2's learned
+    positions). The model's forward advances `length` by the tokens it was given."""
+
+    def __init__(self) -> None:
+        self.length = 0
+        self._layers: dict[int, LayerCache] = {}
+
+    def layer(self, layer_id: int) -> LayerCache:
+        return self._layers.setdefault(layer_id, LayerCache())
+
+
 class ParallelAttention(nn.Module):
     """Causal self-attention with heads split over TP: rank i holds a/t query heads and their
     key/value heads; q/k/v are column-parallel (one shared region entry), the output projection
@@ -116,7 +153,8 @@ class ParallelAttention(nn.Module):
         self.v_proj = ColumnParallelLinear(h, cfg.num_kv_heads * hd, out_spec=kv_spec(cfg, tp), **col)
         self.o_proj = RowParallelLinear(cfg.num_heads * hd, h, tp, bias=cfg.out_bias, init=normal_init(out_std))
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                cache: LayerCache | None = None) -> torch.Tensor:
         x = self.tp.enter(x)  # (B, T, C) replicated (SP: gathered from (B, T/t, C))
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, a/t, T, hd)
@@ -124,6 +162,8 @@ class ParallelAttention(nn.Module):
         v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.extend(k, v)  # (B, kv/t, T_past + T, hd)
         y = maybe_checkpoint(self.recompute is Recompute.SELECTIVE and self.training, self.core, q, k, v,
                              rng=self.tp.rng)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C), summed over TP
@@ -131,8 +171,11 @@ class ParallelAttention(nn.Module):
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """softmax(q k^T / sqrt(hd) + causal (or sliding-window) mask) v, per head, with dropout on
         the probabilities in training."""
-        T = q.shape[2]
-        mask = sliding_window_mask(T, self.window, q.device) if self.window is not None and self.window < T else None
+        T, T_k = q.shape[2], k.shape[2]
+        if T_k > T:  # decoding: the queries are the last T of T_k positions
+            mask = decode_mask(T, T_k, self.window, q.device)
+        else:
+            mask = sliding_window_mask(T, self.window, q.device) if self.window is not None and self.window < T else None
         p = self.dropout if self.training else 0.0
         with self.tp.rng.fork(Region.TENSOR_PARALLEL) if p > 0 else nullcontext():
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=p,

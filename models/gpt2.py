@@ -16,7 +16,7 @@ from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, Dropout, LayerNorm, RowParallelLinear, TPContext, VocabParallelEmbedding, normal_init
 from hybrid.tp.sharding import set_spec
-from models.common import ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
+from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
 from models.config import ModelConfig
 
 
@@ -55,11 +55,12 @@ class GPT2Block(nn.Module):
         self.recompute = Recompute.NONE
         self.rng = tp.rng
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, rng=self.rng)
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, cache,
+                                rng=self.rng)
 
-    def block(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln_1(x)))
+    def block(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x), cache=cache))
         return x + self.drop(self.mlp(self.ln_2(x)))
 
 
@@ -90,18 +91,23 @@ class GPT2(nn.Module):
         """The token embedding this stage holds as input embedding or LM head (tied), if any."""
         return self.wte.weight if hasattr(self, "wte") else None
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+    def embed(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Token + learned position embeddings of positions start .. start + T - 1."""
         x = self.wte(ids)  # (B, T, C); under SP reduce-scattered to (B, T/t, C)
-        pos = torch.arange(ids.shape[1], device=ids.device)
+        pos = torch.arange(start, start + ids.shape[1], device=ids.device)
         if self.tp.sequence_parallel:
             pos = pos.chunk(self.tp.size)[self.tp.rank]  # the positions of this rank's T/t tokens
         return self.drop(x + self.wpe(pos))
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """`cache` (inference): x holds only the tokens after the cached ones, which it then adds to."""
         if self.stage.first:
-            x = self.embed(x)
-        for block in self.h.values():
-            x = block(x)
+            x = self.embed(x, start=cache.length if cache is not None else 0)
+        for i, block in self.h.items():
+            x = block(x, None if cache is None else cache.layer(int(i)))
+        if cache is not None:
+            cache.length += x.shape[1] * (self.tp.size if self.tp.sequence_parallel else 1)
         if not self.stage.last:
             return x
         logits = self.wte.logits(self.ln_f(x))

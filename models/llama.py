@@ -11,7 +11,7 @@ import torch.nn as nn
 from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, Dropout, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
-from models.common import ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
+from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
 from models.config import ModelConfig
 
 
@@ -48,12 +48,15 @@ class LlamaBlock(nn.Module):
         self.recompute = Recompute.NONE
         self.rng = tp.rng
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, *rope, rng=self.rng)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                cache: LayerCache | None = None) -> torch.Tensor:
+        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, *rope, cache,
+                                rng=self.rng)
 
-    def block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              cache: LayerCache | None = None) -> torch.Tensor:
         rope = (cos, sin)
-        x = x + self.drop(self.self_attn(self.input_layernorm(x), rope))
+        x = x + self.drop(self.self_attn(self.input_layernorm(x), rope, cache))
         return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -81,19 +84,25 @@ class Llama(nn.Module):
         """The token embedding this stage holds as input embedding or LM head, when they are tied."""
         return self.embed_tokens.weight if self.cfg.tie_embeddings and hasattr(self, "embed_tokens") else None
 
-    def rope(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape (T, hd): angle t * inv_freq_j, duplicated for the two halves."""
-        freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), self.inv_freq)
+    def rope(self, seq_len: int, device: torch.device, dtype: torch.dtype,
+             start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape (T, hd) for positions start .. start + T - 1: angle t * inv_freq_j, duplicated for
+        the two halves."""
+        freqs = torch.outer(torch.arange(start, start + seq_len, device=device, dtype=torch.float32), self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """`cache` (inference): x holds only the tokens after the cached ones, which it then adds to."""
         if self.stage.first:
             x = self.drop(self.embed_tokens(x))  # (B, T, C); SP: (B, T/t, C)
         seq_len = x.shape[1] * (self.tp.size if self.tp.sequence_parallel else 1)
-        rope = self.rope(seq_len, x.device, x.dtype)
-        for block in self.layers.values():
-            x = block(x, rope)
+        rope = self.rope(seq_len, x.device, x.dtype, start=cache.length if cache is not None else 0)
+        for i, block in self.layers.items():
+            x = block(x, rope, None if cache is None else cache.layer(int(i)))
+        if cache is not None:
+            cache.length += seq_len
         if not self.stage.last:
             return x
         h = self.norm(x)

@@ -111,6 +111,14 @@ def _to_global(p: torch.Tensor, tp_rank: int, rect: tuple[int, int, int, int]) -
     return (tuple(off), tuple(size)), start[0], start[1]
 
 
+def shard_box(p: torch.Tensor, tp_rank: int) -> Box | None:
+    """The global box of p's whole TP shard (its real rows): the one chunk a rank saves of p when its ZeRO shard
+    holds all of p (dp 1, or ZeRO 0). None when the shard is all vocabulary padding."""
+    rect, = flat_rectangles(0, p.numel(), math.prod(p.shape[1:]))
+    g = _to_global(p, tp_rank, rect)
+    return None if g is None else g[0]
+
+
 def is_owner(p: torch.Tensor, tp_rank: int, dp_rank: int, sharded: bool, duplicate: bool) -> bool:
     """This rank writes p's chunks (each global element once; see the module docstring)."""
     if duplicate or (not sharded and dp_rank != 0):

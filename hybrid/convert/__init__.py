@@ -3,10 +3,13 @@
     hybrid convert path/to/hf_model ckpt/          # transformers -> hybrid (model weights, iteration 0)
     hybrid convert ckpt/ exported/ --dtype bf16    # hybrid (any layout, any ZeRO stage) -> transformers
     hybrid convert ds_run/ ckpt/ --model cfg_dir   # DeepSpeed ZeRO checkpoint -> hybrid
+    hybrid convert hf/ ckpt/ --target-tensor-parallel-size 2 --target-pipeline-parallel-size 2   # pre-sharded
+    hybrid generate ckpt/ --prompt "..." [--temperature 0.8 --top-p 0.9]      # the sanity check after
 
 A hybrid checkpoint holds every parameter as its global (TP-unsharded, unpadded) tensor under `model/NAME`
-(hybrid/checkpoint/core.py), so conversion is a single process with no process group: DCP reads and
-writes whole global tensors, and a later multi-rank load reshards by itself.
+(hybrid/checkpoint/core.py), cut into the chunks the saving ranks held, so conversion is a single process with
+no process group: DCP reads whole global tensors out of any chunks, a conversion writes the chunks a run at
+the target layout would (presharded.py), and a later multi-rank load at any layout reshards by itself.
 """
 
 from hybrid.convert.detect import Format, detect

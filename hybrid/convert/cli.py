@@ -7,6 +7,7 @@ import argparse
 from hybrid.cliutil import HelpFormatter, int_in
 from hybrid.convert.common import DTYPES
 from hybrid.convert.detect import Format, detect
+from hybrid.convert.presharded import PP_FLAG, TP_FLAG, TargetLayout
 from hybrid.convert.safetensors_out import parse_size
 
 
@@ -15,7 +16,12 @@ def run(args: argparse.Namespace) -> None:
     fmt = detect(args.src)
     to = args.to or ("hf" if fmt is Format.HYBRID else "hybrid")
     verify = not args.no_verify
+    target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size)
     if fmt is Format.HYBRID:
+        if target != TargetLayout():
+            flag = TP_FLAG if target.tp != 1 else PP_FLAG
+            raise ValueError(f"{flag} pre-shards a conversion to hybrid; SRC {args.src!r} is a hybrid checkpoint, "
+                             f"which train.py loads at any layout as it is")
         if to != "hf":
             raise ValueError(f"--to hybrid: SRC {args.src!r} is already a hybrid checkpoint (train.py loads it at "
                              f"any layout); use --to hf")
@@ -32,12 +38,12 @@ def run(args: argparse.Namespace) -> None:
     if fmt is Format.HF:
         if args.model is not None:
             raise ValueError("--model: a transformers SRC carries its own config.json; drop --model")
-        hf_to_hybrid(args.src, args.dst, verify)
+        hf_to_hybrid(args.src, args.dst, verify, target=target)
     else:
         if args.model is None:
             raise ValueError(f"SRC {args.src!r} is a DeepSpeed checkpoint, which holds no model config; give "
                              f"--model (the transformers config folder or preset it was trained from)")
-        deepspeed_to_hybrid(args.src, args.dst, args.model, verify)
+        deepspeed_to_hybrid(args.src, args.dst, args.model, verify, target=target)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -56,6 +62,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "a hybrid SRC it overrides the config the checkpoint records")
     p.add_argument("--iteration", type=int_in(0), default=None, metavar="N",
                    help="hybrid SRC: export iteration N (default: the one `latest` names)")
+    p.add_argument(TP_FLAG, type=int_in(1), default=1, metavar="N",
+                   help="--to hybrid: write the chunks a run at tensor-parallel size N saves (loading reshards to "
+                        "any layout either way; this makes the first load at N read one chunk per rank)")
+    p.add_argument(PP_FLAG, type=int_in(1), default=1, metavar="N",
+                   help="--to hybrid: as above, for N pipeline stages (train.py's uniform partition)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the logits check of the converted model against the source")
     p.set_defaults(func=run)

@@ -1,96 +1,355 @@
-"""`hybrid generate`: greedy decoding from a hybrid checkpoint or a transformers folder, one process, tp 1, no
-KV cache (each new token re-runs the whole prefix: O(T^2) work, enough for the sanity check after a conversion
-or a run). The prompt is text -- through the folder's tokenizer when one was carried along, else UTF-8 bytes
-(the byte-level vocabulary train.py's data uses) -- or explicit token ids.
+"""`hybrid generate`: greedy or sampled decoding from a hybrid checkpoint or a transformers folder, with a KV
+cache, at any TP under torchrun -- the sanity check after a conversion or a run.
 
-    x_{t+1} = argmax_v z_t(v),   z = model(x_1 .. x_t)[-1]
+    greedy:   x_{t+1} = argmax_v z_t(v)
+    sampled:  x_{t+1} ~ softmax(filter(z_t / temperature)),  filter = top-k, then top-p (nucleus)
+              (the order of transformers' generate: TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+z_t is the last position's logits. The first forward runs the prompt and fills the KV cache; each later one
+feeds only the newest token (models/common.KVCache: keys and values of the tokens seen so far, at their
+positions). At tp t every rank holds its heads' cache and its vocabulary slice of z; the slices are
+all-gathered, every rank picks the same token from the same logits with the same seeded generator, and rank
+0's pick is broadcast so the ranks can never drift apart. Pipeline parallelism is not supported here.
+
+The prompt is text -- through the tokenizer carried with SRC, the one the run recorded, or UTF-8 bytes (the
+byte-level vocabulary of train.py's built-in data) -- or explicit token ids.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 
 import torch
 
-from hybrid.cliutil import HelpFormatter, int_in
+from hybrid.cliutil import HelpFormatter, float_in, int_in
+from hybrid.comm import Group
 from hybrid.convert.detect import Format, detect
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+
+
+# --- choosing the next token ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is chosen from the logits.
+
+    Attributes:
+        temperature: 0 = greedy (argmax); > 0 samples from softmax(z / temperature).
+        top_k: sample among the k largest logits only (0: all).
+        top_p: sample from the smallest set of most probable tokens whose probability reaches top_p (1: all).
+        seed: the sampling generator's seed: the same seed, model and prompt give the same tokens.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature == 0 and (self.top_k or self.top_p < 1):
+            flag = "--top-k" if self.top_k else "--top-p"
+            raise ValueError(f"{flag} filters sampling, but --temperature is 0 (greedy); give --temperature > 0 "
+                             f"(1 = the model's own distribution)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def describe(self) -> str:
+        if self.greedy:
+            return "greedy"
+        return (f"sampled: temperature {self.temperature:g}, top-k {self.top_k or 'off'}, "
+                f"top-p {self.top_p:g}, seed {self.seed}")
+
+
+def filter_logits(z: torch.Tensor, s: SamplingConfig) -> torch.Tensor:
+    """(B, V) logits -> z / temperature with -inf outside top-k, then outside top-p.
+
+    top-k keeps z_v >= the k-th largest value (ties at it stay). top-p sorts the tokens by probability,
+    p_(1) >= p_(2) >= ..., and keeps token (i) while the mass before it, p_(1) + ... + p_(i-1), is below top_p:
+    the smallest prefix whose mass reaches top_p (Holtzman et al. 2020); the most probable token always stays."""
+    z = z / s.temperature
+    if s.top_k:
+        kth = torch.topk(z, min(s.top_k, z.shape[-1]), dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if s.top_p < 1:
+        p_sorted, order = torch.softmax(z, dim=-1).sort(dim=-1, descending=True)
+        before = p_sorted.cumsum(dim=-1) - p_sorted
+        drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before >= s.top_p)
+        z = z.masked_fill(drop, float("-inf"))
+    return z
+
+
+def next_tokens(z: torch.Tensor, s: SamplingConfig, gen: torch.Generator) -> torch.Tensor:
+    """(B, V) fp32 logits -> (B, 1) token ids."""
+    if s.greedy:
+        return z.argmax(-1, keepdim=True)
+    probs = torch.softmax(filter_logits(z, s), dim=-1)
+    return torch.multinomial(probs.cpu(), 1, generator=gen).to(z.device)
+
+
+# --- decoding -------------------------------------------------------------------------------------------------
+def full_logits(z: torch.Tensor, tp: Group, vocab: int) -> torch.Tensor:
+    """(B, V_padded / t) vocab-parallel logits of one position -> (B, V) fp32: the TP slices concatenated in
+    rank order (rank r holds rows [r V_p/t, (r+1) V_p/t)), the padding rows dropped."""
+    return tp.all_gather(z.float().contiguous(), dim=-1)[..., :vocab]
 
 
 @torch.no_grad()
-def greedy(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, max_len: int) -> torch.Tensor:
-    """(1, T) prompt -> (1, T + n) with n = min(new_tokens, max_len - T) tokens appended by argmax."""
-    for _ in range(min(new_tokens, max_len - ids.shape[1])):
-        nxt = model(ids)[:, -1].float().argmax(-1, keepdim=True)
+def generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, max_len: int, vocab: int,
+             sampling: SamplingConfig = SamplingConfig(), tp: Group | None = None,
+             use_cache: bool = True, on_logits=None) -> torch.Tensor:
+    """(B, T) prompt -> (B, T + n), n = min(new_tokens, max_len - T). Without the cache every step re-runs the
+    whole sequence (O(T^2) work; the reference the cached path is tested against). `on_logits(step, z)` sees
+    each step's (B, V) logits."""
+    from models.common import KVCache
+    tp = tp or Group.solo("tp")
+    cache = KVCache() if use_cache else None
+    gen = torch.Generator().manual_seed(sampling.seed)
+    feed = ids
+    for step in range(min(new_tokens, max_len - ids.shape[1])):
+        z = full_logits(model(feed, cache=cache)[:, -1], tp, vocab)
+        if on_logits is not None:
+            on_logits(step, z)
+        nxt = tp.broadcast(next_tokens(z, sampling, gen).contiguous(), 0)
         ids = torch.cat([ids, nxt], dim=1)
+        feed = nxt if use_cache else ids
     return ids
 
 
-def load_model(src: str, model: str | None = None):
-    """(our model at tp 1 in eval mode, its config, the folder its tokenizer files would be in)."""
-    from hybrid.comm import Group
-    from hybrid.convert.common import read_config
-    from hybrid.convert.to_hf import check_against, checkpoint_config, iteration_dir
-    from hybrid.convert.verify import load_ours
+# --- the model and its weights --------------------------------------------------------------------------------
+def _load_hybrid_shards(model: torch.nn.Module, it_dir: str, tp_rank: int, distributed: bool) -> None:
+    """Each parameter's TP shard from the checkpoint: one ShardedTensor per parameter whose chunk is this rank's
+    shard box (hybrid/checkpoint/shards.shard_box, the rows a run at this tp saves), read by DCP from whatever
+    chunks the checkpoint holds."""
+    import torch.distributed.checkpoint as dcp
+
+    from hybrid.checkpoint.shards import shard_box, sharded_tensor
+    from hybrid.tp.sharding import full_shape, spec_of
+    sd = {}
+    for name, p in model.named_parameters():
+        box = shard_box(p, tp_rank)
+        if box is None:
+            continue  # a shard of vocabulary padding only
+        view = p.data[tuple(slice(0, s) for s in box[1])]  # the real rows sit first in the local shard
+        sd[f"model/{name}"] = sharded_tensor([view], [box], full_shape(p, spec_of(p)))
+    dcp.load(sd, storage_reader=dcp.FileSystemReader(it_dir), no_dist=not distributed)
+
+
+def load_model(cfg, folder: str, hybrid: bool, tp: Group | None = None) -> torch.nn.Module:
+    """Our model at this TP rank (eval mode), its weights read from the checkpoint directory `folder` (hybrid)
+    or the transformers folder (each rank reads only its rows)."""
     from hybrid.tp import TPContext
     from models import build_model
     from models.hf_io import load_hf_checkpoint
-    if detect(src) is Format.HYBRID:
+    tp = tp or Group.solo("tp")
+    net = build_model(cfg, TPContext(tp), seed=None).eval()
+    if not hybrid:
+        load_hf_checkpoint(net, folder, tp.rank)
+        return net
+    with torch.no_grad():
+        for p in net.parameters():
+            p.zero_()  # vocabulary padding rows stay zero (they are in no checkpoint)
+    _load_hybrid_shards(net, folder, tp.rank, tp.size > 1)
+    return net
+
+
+def read_source(src: str, model: str | None):
+    """(config, checkpoint directory or transformers folder, state.json or None), checked, with no weights
+    read: a hybrid checkpoint's files against its manifest and its tensors against the config."""
+    from hybrid.checkpoint import store
+    from hybrid.convert.common import read_config
+    from hybrid.convert.to_hf import check_against, checkpoint_config, iteration_dir
+    fmt = detect(src)
+    if fmt is Format.HYBRID:
         it_dir = iteration_dir(src, None)
         cfg = checkpoint_config(it_dir, model)
         check_against(cfg, it_dir)
-        return load_ours(cfg, it_dir), cfg, it_dir
-    if detect(src) is not Format.HF:
+        return cfg, it_dir, store.read_state(it_dir)
+    if fmt is not Format.HF:
         raise ValueError(f"SRC {src!r}: generate reads a hybrid checkpoint or a transformers folder; convert it first")
-    cfg = read_config(src, "SRC")
-    net = build_model(cfg, TPContext(Group.solo("tp")), seed=None).eval()
-    load_hf_checkpoint(net, src, 0)
-    return net, cfg, src
+    if model is not None:
+        raise ValueError("--model: a transformers SRC carries its own config.json; drop --model")
+    return read_config(src, "SRC"), src, None
 
 
-def prompt_ids(args: argparse.Namespace, cfg, folder: str):
-    """Token ids of the prompt, and a decoder for the output."""
-    tok = None
-    if any(os.path.isfile(os.path.join(folder, n)) for n in ("tokenizer.json", "tokenizer.model")):
+# --- the tokenizer --------------------------------------------------------------------------------------------
+@dataclass
+class TextCodec:
+    """encode / decode of the prompt and output, and where it came from (printed)."""
+
+    source: str
+    encode: object
+    decode: object
+
+
+def _bytes_codec(why: str) -> TextCodec:
+    return TextCodec(f"UTF-8 bytes ({why})", lambda text: list(text.encode("utf-8")),
+                     lambda ids: bytes(x for x in ids if x < 256).decode("utf-8", "replace"))
+
+
+def _tokenizer_codec(path: str, why: str) -> TextCodec:
+    """A transformers tokenizer folder (AutoTokenizer: its special tokens, e.g. BOS, as transformers adds them),
+    or a bare tokenizers JSON as train.py's --tokenizer-model (no special tokens: as the data were encoded)."""
+    folder = path if os.path.isdir(path) else None
+    if folder is not None and os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(folder)
+        return TextCodec(f"{path} ({why})", lambda text: tok(text)["input_ids"], tok.decode)
+    from tokenizers import Tokenizer
+
+    from hybrid.data.tokenizer import tokenizer_file
+    tok = Tokenizer.from_file(tokenizer_file(path, "--tokenizer"))
+    return TextCodec(f"{path} ({why})", lambda text: tok.encode(text, add_special_tokens=False).ids, tok.decode)
+
+
+def _has_tokenizer(d: str | None) -> bool:
+    return bool(d) and os.path.isdir(d) and any(os.path.isfile(os.path.join(d, n)) for n in TOKENIZER_FILES)
+
+
+def find_codec(given: str | None, folder: str, state: dict | None) -> TextCodec:
+    """--tokenizer; else tokenizer files carried with SRC (a conversion copies them); else, for a checkpoint of a
+    train.py run, the run's --tokenizer-type / --tokenizer-model, or the files in the folder its --model named;
+    else UTF-8 bytes (train.py's built-in and text-file data are byte tokens)."""
+    if given is not None:
+        if not os.path.exists(given):
+            raise ValueError(f"--tokenizer {given!r} does not exist; give a tokenizer folder or tokenizer.json")
+        return _tokenizer_codec(given, "--tokenizer")
+    parent = os.path.dirname(os.path.abspath(folder))
+    for d in (folder, parent) if state is not None else (folder,):
+        if _has_tokenizer(d):
+            return _tokenizer_codec(d, "carried with SRC")
+    if state is None:
+        return _bytes_codec("SRC carries no tokenizer")
+    args, model = state.get("args", {}), state.get("model")
+    if args.get("tokenizer_type") == "ByteLevel":
+        return _bytes_codec("the run's --tokenizer-type ByteLevel")
+    if args.get("tokenizer_type") == "HuggingFaceTokenizer" and args.get("tokenizer_model"):
+        if os.path.exists(args["tokenizer_model"]):
+            return _tokenizer_codec(args["tokenizer_model"], "the run's --tokenizer-model")
+        raise ValueError(f"the run's --tokenizer-model {args['tokenizer_model']!r} no longer exists; give "
+                         f"--tokenizer (its tokenizer.json) or --prompt-ids")
+    if _has_tokenizer(model):
+        return _tokenizer_codec(model, "the run's --model folder")
+    return _bytes_codec("the run recorded no tokenizer")
+
+
+def prompt_ids(args: argparse.Namespace, cfg, codec: TextCodec) -> torch.Tensor:
+    """(1, T) token ids of the prompt, checked against the vocabulary and the context."""
     if args.prompt_ids is not None:
         try:
             ids = [int(x) for x in args.prompt_ids.split(",")]
         except ValueError:
             raise ValueError(f"--prompt-ids {args.prompt_ids!r}: give comma-separated token ids, e.g. 1,2,3") from None
-    elif tok is not None:
-        ids = tok(args.prompt)["input_ids"]
     else:
-        ids = list(args.prompt.encode("utf-8"))
+        ids = codec.encode(args.prompt)
     bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
     if not ids or bad:
         raise ValueError(f"prompt: {len(ids)} tokens, {len(bad)} outside the vocabulary [0, {cfg.vocab_size}); "
                          f"give a non-empty --prompt or --prompt-ids below {cfg.vocab_size}")
     if len(ids) >= cfg.max_position_embeddings:
         raise ValueError(f"prompt: {len(ids)} tokens, the model's context is {cfg.max_position_embeddings}")
-    decode = tok.decode if tok is not None else (lambda t: bytes(x for x in t if x < 256).decode("utf-8", "replace"))
-    return torch.tensor([ids]), decode
+    return torch.tensor([ids])
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+def _check_layout(args: argparse.Namespace, world: int, cfg) -> int:
+    """The TP size (default: every launched process); one line naming the flag when the layout cannot run."""
+    from hybrid.mesh import ParallelDims, validate_model_dims
+    if args.pipeline_model_parallel_size != 1:
+        raise ValueError(f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}: generate runs at "
+                         f"pp 1 only (pipeline parallelism is not implemented for decoding); use tensor "
+                         f"parallelism (--tensor-model-parallel-size) to spread a large model")
+    tp = args.tensor_model_parallel_size or world
+    if tp != world:
+        launched = "1 was" if world == 1 else f"{world} were"
+        raise ValueError(f"--tensor-model-parallel-size {tp} needs {tp} processes, but {launched} launched; "
+                         f"use torchrun --nproc-per-node {tp}")
+    validate_model_dims(ParallelDims(tp=tp), cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
+    return tp
+
+
+def _validate(args: argparse.Namespace):
+    """Every check, before any process group: (world, tp, sampling, codec, prompt, (cfg, folder, state))."""
+    from hybrid.train.main import check_launcher_env, env_world, under_launcher
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise ValueError("give one of --prompt TEXT or --prompt-ids 1,2,3")
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    world = env_world()
+    if world > 1 and not under_launcher():
+        raise ValueError(f"WORLD_SIZE is {world} but RANK is not set; launch with torchrun --nproc-per-node {world}")
+    if under_launcher():
+        check_launcher_env(world)
+    source = read_source(args.src, args.model)
+    cfg, folder, state = source
+    tp = _check_layout(args, world, cfg)
+    codec = find_codec(args.tokenizer, folder, state)
+    return world, tp, sampling, codec, prompt_ids(args, cfg, codec), source
+
+
+def _tp_group(world: int, tp: int, backend: str, device: torch.device) -> Group:
+    import torch.distributed as dist
+
+    from hybrid.mesh import Mesh, ParallelDims
+    if world == 1:
+        return Group.solo("tp")
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    return Mesh.build(ParallelDims(tp=tp), device=device).tp
 
 
 def run(args: argparse.Namespace) -> None:
-    if (args.prompt is None) == (args.prompt_ids is None):
-        raise ValueError("give one of --prompt TEXT or --prompt-ids 1,2,3")
-    model, cfg, folder = load_model(args.src, args.model)
-    ids, decode = prompt_ids(args, cfg, folder)
-    out = greedy(model, ids, args.max_new_tokens, cfg.max_position_embeddings)
-    new = out[0, ids.shape[1]:].tolist()
-    print(f"generate: {len(new)} new tokens (greedy): {','.join(map(str, new))}")
-    print(decode(out[0].tolist()))
+    from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
+    from hybrid.mesh import default_backend
+    try:
+        world, tp_size, sampling, codec, ids, (cfg, folder, state) = _validate(args)
+    except ValueError as e:
+        error = fail(f"hybrid generate: error: {e}")
+        if not is_rank_zero():
+            outlive_rank_zero(error)  # rank 0 prints the one line before torchrun stops the job
+        raise error from None
+    backend, device = default_backend()  # NCCL + this rank's GPU when there is one, gloo + CPU otherwise
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    tp = _tp_group(world, tp_size, backend, device)
+    try:
+        model = load_model(cfg, folder, state is not None, tp).to(device)
+        out = generate(model, ids.to(device), args.max_new_tokens, cfg.max_position_embeddings, cfg.vocab_size,
+                       sampling, tp).cpu()
+    finally:
+        if world > 1:
+            import torch.distributed as dist
+            dist.destroy_process_group()
+    if is_rank_zero():
+        new = out[0, ids.shape[1]:].tolist()
+        print(f"generate: {len(new)} new tokens ({sampling.describe()}): {','.join(map(str, new))}")
+        print(f"tokenizer: {codec.source}; tp {tp_size} on {device.type}, KV cache")
+        print(codec.decode(out[0].tolist()))
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("generate", help="greedy generation from a hybrid checkpoint or transformers folder",
-                              description=__doc__, formatter_class=HelpFormatter)
+    p = subparsers.add_parser("generate", help="greedy or sampled generation from a hybrid checkpoint or "
+                              "transformers folder (any TP under torchrun)", description=__doc__,
+                              formatter_class=HelpFormatter)
     p.add_argument("src", metavar="SRC", help="a hybrid checkpoint directory or a transformers model folder")
-    p.add_argument("--prompt", default=None, help="prompt text (the tokenizer carried with SRC, else UTF-8 bytes)")
+    p.add_argument("--prompt", default=None, help="prompt text (through SRC's tokenizer, else UTF-8 bytes)")
     p.add_argument("--prompt-ids", default=None, metavar="IDS", help="prompt as comma-separated token ids")
     p.add_argument("--max-new-tokens", type=int_in(1), default=32, metavar="N", help="tokens to generate")
+    p.add_argument("--temperature", type=float_in(0.0), default=0.0, metavar="T",
+                   help="0: greedy; > 0: sample from softmax(logits / T)")
+    p.add_argument("--top-k", type=int_in(0), default=0, metavar="K", help="sample among the K most likely (0: off)")
+    p.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), default=1.0, metavar="P",
+                   help="sample from the smallest set of tokens holding probability P (1: off)")
+    p.add_argument("--seed", type=int_in(0), default=0, metavar="N", help="seed of the sampling generator")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="a tokenizer folder or tokenizer.json (default: SRC's, the run's, else UTF-8 bytes)")
+    p.add_argument("--tensor-model-parallel-size", type=int_in(1), default=None, metavar="N",
+                   help="TP size (default: the number of processes torchrun launched)")
+    p.add_argument("--pipeline-model-parallel-size", type=int_in(1), default=1, metavar="N",
+                   help="only 1: generate has no pipeline parallelism")
     p.add_argument("--model", default=None, metavar="CONFIG", help="hybrid SRC: the model config, if not recorded")
     p.set_defaults(func=run)
     return p

@@ -2,9 +2,10 @@
 
 Reading a transformers folder goes through DCP's own HuggingFaceStorageReader (torch.distributed.checkpoint):
 a DCP load of a state dict keyed by transformers names, with the dtype cast to fp32 done by the reader's copy.
-Our key mapping (mapping.py) is the adapter to hybrid's names. The hybrid side is a DCP save of `model/NAME`
-plain tensors with no process group (no_dist): a later load at any TP x PP x DP layout reads its chunks of
-them (DCP reshards), exactly as it reads a checkpoint a training run wrote.
+Our key mapping (mapping.py) is the adapter to hybrid's names. The hybrid side is written, still in one process,
+as the ranks of a run at the target layout (default tp 1 x pp 1) would save it (presharded.py): `model/NAME`
+ShardedTensors cut into each rank's TP shard, one file per rank. A later load at any TP x PP x DP layout reads
+its chunks of them (DCP reshards), exactly as it reads a checkpoint a training run wrote.
 
 The checkpoint has the store layout of hybrid/checkpoint/store.py (DST/iter_0000000/ + DST/latest, manifest
 with checksums) and state.json marks it `"contents": "model"`: iteration 0, no optimizer moments, no RNG.
@@ -21,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from hybrid.checkpoint import store
 from hybrid.convert import mapping
 from hybrid.convert.common import check_dst, copy_pass_through, hf_config, read_config, staged_dst
+from hybrid.convert.presharded import TargetLayout, check_target, rank_state_dicts, save_as_ranks
 from hybrid.convert.verify import verify_hybrid_against
 from models.config import ModelConfig
 from models.hf_io import CheckpointReader
@@ -59,14 +61,14 @@ def _read_hf_folder(src: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def _write(tmp_root: str, cfg: ModelConfig, stored: Callable[[str], torch.Tensor], state: dict,
-           pass_through: list[str]) -> str:
-    """DCP-save our tensors into tmp_root/iter_0000000.tmp, then the store's finalize (manifest, rename,
-    `latest`). Returns the iteration directory."""
+           pass_through: list[str], target: TargetLayout) -> str:
+    """Save our tensors into tmp_root/iter_0000000.tmp as the ranks of a run at `target` would (presharded.py),
+    then the store's finalize (manifest, rename, `latest`). Returns the iteration directory."""
     it_dir = store.tmp_path(tmp_root, 0)
     os.makedirs(it_dir)
-    sd = {f"model/{p.name}": mapping.ours_from_hf(p, stored(p.source.key)) for p in mapping.params(cfg)}
-    dcp.save(sd, storage_writer=dcp.FileSystemWriter(it_dir, sync_files=True), no_dist=True)
-    del sd
+    ours = {p.name: mapping.ours_from_hf(p, stored(p.source.key)) for p in mapping.params(cfg)}
+    save_as_ranks(rank_state_dicts(cfg, target, ours.__getitem__), it_dir)
+    del ours
     hf = hf_config(cfg, torch.float32)
     for d in (it_dir, tmp_root):  # root: `--model DST` builds the model from it
         hf.to_json_file(os.path.join(d, "config.json"))
@@ -75,31 +77,33 @@ def _write(tmp_root: str, cfg: ModelConfig, stored: Callable[[str], torch.Tensor
     return store.finalize(tmp_root, 0, files, state)
 
 
-def model_state(cfg: ModelConfig, model: str, source: dict) -> dict:
+def model_state(cfg: ModelConfig, model: str, source: dict, target: TargetLayout) -> dict:
     """state.json of a converted checkpoint. `model` is what train.py's --model must then be (the ckpt resume
-    compares it); the layout is the conversion's (one process)."""
+    compares it); the layout is the one the chunks are cut for (a run at tp x pp, dp 1, ZeRO 0)."""
     return {"format": store.FORMAT, "contents": MODEL_ONLY, "iteration": 0, "consumed_samples": 0, "adam_step": 0,
             "model": model, "converted_from": source,
-            "layout": {"tp": 1, "pp": 1, "dp": 1, "zero": 0, "v": 1, "stages": [list(range(cfg.num_layers))]},
+            "layout": target.layout(cfg),
             "args": {}}
 
 
-def hf_to_hybrid(src: str, dst: str, verify: bool = True, log=print) -> str:
-    """Convert the transformers folder `src` into a new hybrid checkpoint `dst`; the verification line."""
+def hf_to_hybrid(src: str, dst: str, verify: bool = True, log=print, target: TargetLayout = TargetLayout()) -> str:
+    """Convert the transformers folder `src` into a new hybrid checkpoint `dst` pre-sharded for `target`; the
+    verification line."""
     check_dst(dst)
     cfg = read_config(src, "SRC")
+    check_target(cfg, target)
     tensors = _read_hf_folder(src, cfg)
-    state = model_state(cfg, src, {"format": "transformers", "path": os.path.abspath(src)})
+    state = model_state(cfg, src, {"format": "transformers", "path": os.path.abspath(src)}, target)
     line = "verify: skipped (--no-verify)"
     with staged_dst(dst) as tmp:
-        it_dir = _write(tmp, cfg, tensors.__getitem__, state, [src])
+        it_dir = _write(tmp, cfg, tensors.__getitem__, state, [src], target)
         del tensors
         if verify:
             from transformers import AutoModelForCausalLM
             line = verify_hybrid_against(cfg, it_dir, lambda: AutoModelForCausalLM.from_pretrained(
                 src, dtype=torch.float32), torch.float32)
     log(f"convert: {src} (transformers {cfg.hf.model_type}, {cfg.num_parameters / 1e6:.2f}M parameters) -> "
-        f"{dst} (hybrid checkpoint, model weights, iteration 0)")
+        f"{dst} (hybrid checkpoint, model weights, iteration 0, chunks for tp {target.tp} x pp {target.pp})")
     log(line)
     return line
 
@@ -112,11 +116,13 @@ def _deepspeed_state_dict(src: str) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in sd.items()}
 
 
-def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log=print) -> str:
+def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log=print,
+                        target: TargetLayout = TargetLayout()) -> str:
     """A DeepSpeed ZeRO checkpoint of a transformers model (`model`: its config folder, config.json or preset)
-    -> a new hybrid checkpoint `dst`."""
+    -> a new hybrid checkpoint `dst` pre-sharded for `target`."""
     check_dst(dst)
     cfg = read_config(model, "--model")
+    check_target(cfg, target)
     sd = _deepspeed_state_dict(src)
     bare = {k.split(".", 1)[1]: k for k in sd}
 
@@ -124,10 +130,10 @@ def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log
         return sd[key] if key in sd else sd[bare[key.split(".", 1)[1]]]
     found = {k: tuple(get(k).shape) for k in mapping.hf_shapes(cfg) if k in sd or k.split(".", 1)[1] in bare}
     _check_shapes(cfg, found, f"SRC {src}")
-    state = model_state(cfg, model, {"format": "deepspeed", "path": os.path.abspath(src)})
+    state = model_state(cfg, model, {"format": "deepspeed", "path": os.path.abspath(src)}, target)
     line = "verify: skipped (--no-verify)"
     with staged_dst(dst) as tmp:
-        it_dir = _write(tmp, cfg, lambda k: get(k).float(), state, [model if os.path.isdir(model) else ""])
+        it_dir = _write(tmp, cfg, lambda k: get(k).float(), state, [model if os.path.isdir(model) else ""], target)
         if verify:
             def reference():
                 from transformers import AutoModelForCausalLM
@@ -136,6 +142,6 @@ def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log
                 return m
             line = verify_hybrid_against(cfg, it_dir, reference, torch.float32)
     log(f"convert: {src} (DeepSpeed ZeRO checkpoint of {cfg.hf.model_type}) -> {dst} (hybrid checkpoint, model "
-        f"weights, iteration 0)")
+        f"weights, iteration 0, chunks for tp {target.tp} x pp {target.pp})")
     log(line)
     return line
