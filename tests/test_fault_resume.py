@@ -18,12 +18,17 @@ import random
 import re
 import subprocess
 import sys
+import threading
+import time
+from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from hybrid.fault.attempt import agree
 from hybrid.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +56,35 @@ def _losses(out: str) -> dict[int, list[str]]:
     for it, loss in re.findall(r"iteration +(\d+)/\d+ \| lm loss (\S+)", out):
         found.setdefault(int(it), []).append(loss)
     return found
+
+
+def _agree_all(master: "dist.TCPStore", world: int, delays: list[float]) -> list[str]:
+    """Every rank's result of `agree`, each rank a thread on its own store client, starting after its delay."""
+    out: list[str | None] = [None] * world
+
+    def rank(r: int) -> None:
+        time.sleep(delays[r])
+        client = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=timedelta(seconds=20))
+        out[r] = agree(client, r, world, timedelta(seconds=20))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_ranks_agree_on_a_fresh_attempt_id_over_an_earlier_attempts_keys():
+    """A second attempt on the same store, its rank 0 first (so it reads every hello/r the first attempt left),
+    then its ranks in reverse: all get one id, not the first attempt's."""
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    first = _agree_all(master, 4, [0.0, 0.0, 0.0, 0.0])
+    assert len(set(first)) == 1
+    second = _agree_all(master, 4, [0.0, 0.6, 0.4, 0.2])
+    assert len(set(second)) == 1 and second[0] != first[0], (first, second)
+    fewer = _agree_all(master, 2, [0.3, 0.0])  # a membership change: another world, the same store
+    assert len(set(fewer)) == 1 and fewer[0] not in (first[0], second[0])
 
 
 def _json_losses(path: str) -> dict[int, list[str]]:

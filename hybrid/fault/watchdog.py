@@ -30,6 +30,7 @@ import time
 
 import torch.distributed as dist
 
+from hybrid.fault.attempt import attempt_id
 from hybrid.fault.trail import TRAIL
 
 EXIT_HANG = 75  # sysexits EX_TEMPFAIL: try again (torchrun --max-restarts restarts the job)
@@ -37,14 +38,14 @@ EXIT_HANG = 75  # sysexits EX_TEMPFAIL: try again (torchrun --max-restarts resta
 
 def open_store(timeout_s: float) -> "dist.Store":
     """A fresh client of the rendezvous store (MASTER_ADDR:MASTER_PORT: torchrun's agent store, or the
-    env:// store rank 0 hosts), keys under hybrid/fault/<restart count>/ so a restarted job starts clean."""
+    env:// store rank 0 hosts), keys under hybrid/fault/<attempt id>/ so a restarted job starts clean."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if addr and port:
         store = dist.TCPStore(addr, int(port), is_master=False, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=timeout_s))
     else:
         store = dist.distributed_c10d._get_default_store()
-    return dist.PrefixStore(f"hybrid/fault/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+    return dist.PrefixStore(f"hybrid/fault/{attempt_id()}/", store)
 
 
 # --- the verdict: a pure function of every rank's published state --------------------------------

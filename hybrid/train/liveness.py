@@ -22,6 +22,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from hybrid.cliutil import record_error
+from hybrid.fault.attempt import attempt_id
 
 class StoreLost(RuntimeError):
     """The rendezvous store no longer answers (without torchrun it lives in rank 0's process)."""
@@ -39,7 +40,7 @@ class Heartbeat:
         self.rank, self.world = rank, world
         self.interval = min(10.0, max(0.5, timeout_s / 10))
         self.address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-        self._prefix = f"hybrid/heartbeat/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        self._prefix = f"hybrid/heartbeat/{attempt_id()}"
         self._store = self._connect()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True, name="hybrid-heartbeat")

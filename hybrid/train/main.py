@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
+from hybrid.fault.attempt import attempt_store
 from hybrid.mesh import default_backend
 from hybrid.train import liveness
 from hybrid.train.args import (apply_auto_parallel, check_args, check_corpus, check_host, check_numbers,
@@ -88,26 +89,10 @@ def validate(argv: list[str] | None):
     return args, world, (cfg, dims, batch, plan), corpus
 
 
-def attempt_store(timeout: timedelta) -> dist.Store | None:
-    """torchrun's agent store, with this restart attempt's keys kept apart from earlier attempts'.
-
-    torchrun (c10d rendezvous, torch >= 2.4) hands every attempt the same agent TCPStore, and env:// adds no
-    per-attempt prefix ("we create a new TCPStore for every retry", torch/distributed/rendezvous.py -- no longer
-    true once the rendezvous shares its store). A restarted rank could then read a dead rank's gloo address from
-    the attempt before and fail in connectFullMesh (connection refused). Prefixing by TORCHELASTIC_RESTART_COUNT,
-    as torch elastic itself once did (`/worker/attempt_N`), keeps each attempt's keys its own. None when the
-    launcher does not share its store (env:// is then fresh per attempt)."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                        timeout=timeout)
-    return dist.PrefixStore(f"/worker/attempt_{attempt}", tcp)
-
-
 def init_distributed(args: argparse.Namespace, world: int, device: torch.device, backend: str) -> None:
     """The process group, with `--distributed-timeout-minutes` on start-up and every collective. Without a
-    launcher: a one-rank group on an in-process store (no MASTER_ADDR/PORT needed)."""
+    launcher: a one-rank group on an in-process store (no MASTER_ADDR/PORT needed). Under torchrun's shared agent
+    store, the group's keys live under an id the ranks agree on for this attempt (hybrid/fault/attempt.py)."""
     timeout = timedelta(minutes=args.distributed_timeout_minutes)
     device_id = device if device.type == "cuda" else None
     if under_launcher():
