@@ -1,7 +1,8 @@
 """Straggler report and more than one node: a rank slowed by 50 ms per micro-batch is named (with the
 phase) within 10 steps; two torchrun agents on loopback (c10d rendezvous) run tp2 x dp2 with TP inside
 each node, name no straggler and print the single-agent run's losses exactly; losing one agent ends the
-job with a non-zero exit, no process left behind."""
+job with a non-zero exit, no process left behind; under elastic `--nnodes 1:2 --max-restarts 1` losing one agent
+restarts the job on the survivor, re-planned (--auto-parallel) and resharded from the latest checkpoint."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ TRAIN = ["-m", "hybrid.train", "--tensor-model-parallel-size", "2", "--micro-bat
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 
 
-def _torchrun(nnodes: int, port: int, iters: int, env=None, **popen) -> subprocess.Popen:
-    rdzv = (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", str(port)]
+def _torchrun(nnodes: int, port: int, iters: int, env=None, launch=("--nnodes", "2"), train=TRAIN,
+              **popen) -> subprocess.Popen:
+    rdzv = ([*launch, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", str(port)]
             if nnodes == 2 else ["--nnodes", "1"])
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(4 // nnodes), *TRAIN,
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(4 // nnodes), *train,
            "--train-iters", str(iters)]
     popen.setdefault("stdout", subprocess.PIPE)
     return subprocess.Popen(cmd, cwd=ROOT, env=dict(ENV, **(env or {})), stderr=subprocess.STDOUT, text=True,
@@ -93,3 +95,47 @@ def test_losing_one_agent_ends_the_job_cleanly(tmp_path):
     assert time.monotonic() - t < 120
     gone, alive = psutil.wait_procs(survivors, timeout=10)
     assert not alive, f"workers left behind: {alive}"
+
+
+def test_an_elastic_job_that_loses_a_node_re_plans_on_the_survivor_and_continues(tmp_path):
+    """torchrun --nnodes 1:2 --max-restarts 1, two agents of 2 ranks, saving every 2 iterations. Node b (its agent
+    and workers) is killed after iteration 3; agent a's workers fail on the dead peer, a restarts them in a
+    rendezvous of one node, and they resume from the latest checkpoint on 2 ranks: --auto-parallel re-plans the
+    layout, the checkpoint reshards, and the run ends at iteration 10 with the same global batch, each iteration
+    after the resume consuming 8 more samples."""
+    psutil = pytest.importorskip("psutil")
+    port, save = free_port(), str(tmp_path / "ckpt")
+    train = ["-m", "hybrid.train", "--auto-parallel", "--global-batch-size", "8", "--seq-length", "32",
+             "--log-interval", "1", "--save", save, "--load", save, "--save-interval", "2"]
+    launch = ("--nnodes", "1:2", "--max-restarts", "1", "--rdzv-conf", "last_call_timeout=5")  # b joins a's first round
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    a = _torchrun(2, port, 10, launch=launch, train=train, stdout=open(logs[0], "w"))
+    time.sleep(1.0)  # agent a hosts the rendezvous store
+    b = _torchrun(2, port, 10, launch=launch, train=train, stdout=open(logs[1], "w"))
+    deadline = time.monotonic() + 180
+    while not any(re.search(r"nodes: 2 x 2 ranks[^$]*iteration +3/", p.read_text(), re.S) for p in logs):
+        assert time.monotonic() < deadline, [p.read_text()[-2000:] for p in logs]
+        time.sleep(0.2)
+    for proc in [psutil.Process(b.pid), *psutil.Process(b.pid).children(recursive=True)]:
+        proc.kill()
+    b.wait()
+    try:
+        a.wait(timeout=240)
+    finally:
+        if a.poll() is None:
+            a.kill()
+    out = logs[0].read_text()
+    assert a.returncode == 0, out[-4000:]
+    resumed = re.search(r"checkpoint: resumed from \S+ \(saved at tp \d+ x pp \d+ x dp \d+.*\| iteration (\d+)", out)
+    assert resumed, out[-4000:]
+    assert re.search(r"on 2 cpu ranks", out), out[-4000:]  # the re-planned layout, on the survivor's 2 ranks
+    start = int(resumed.group(1))
+    after = out[resumed.end():]
+    got = [(int(i), int(c)) for i, c in re.findall(r"iteration +(\d+)/10 \|.*?consumed samples (\d+)", after)]
+    assert got == [(i, 8 * i) for i in range(start + 1, 11)], got
+    before = dict(re.findall(r"iteration +(\d+)/10 \| lm loss (\S+)", out[:resumed.start()]))
+    again = dict(re.findall(r"iteration +(\d+)/10 \| lm loss (\S+)", after))
+    redone = sorted(set(before) & set(again))
+    assert redone, (before, again)  # iterations run on 4 ranks and again on 2: another summation order only
+    for it in redone:
+        assert float(again[it]) == pytest.approx(float(before[it]), rel=1e-4), (it, before[it], again[it])
