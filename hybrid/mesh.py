@@ -117,14 +117,20 @@ class ParallelDims:
         return next(g for g in self.group_ranks(axis) if rank in g)
 
 
-def validate_model_dims(dims: ParallelDims, num_heads: int, num_kv_heads: int, num_layers: int) -> None:
-    """Check that a model can be split over `dims`; each failure names the flag and the fix."""
+def validate_model_dims(dims: ParallelDims, num_heads: int, num_kv_heads: int, num_layers: int,
+                        ffn_hidden_size: int | None = None) -> None:
+    """Check that a model can be split over `dims`; each failure names the flag and the fix. The trainer
+    (hybrid/train/args.check_args) and `hybrid checkpoint inspect --world-size` both ask this."""
     if num_heads % dims.tp != 0:
         raise ValueError(f"--tensor-model-parallel-size {dims.tp} does not divide the {num_heads} attention heads; "
                          f"use a divisor of {num_heads}")
     if num_kv_heads % dims.tp != 0 and dims.tp % num_kv_heads != 0:
         raise ValueError(f"--tensor-model-parallel-size {dims.tp} and the {num_kv_heads} key/value heads must divide "
                          f"one another (kv-heads are split, or replicated when tp exceeds them)")
+    if ffn_hidden_size is not None and ffn_hidden_size % dims.tp != 0:
+        # the MLP's first projection is column-parallel, its second row-parallel: an even split of the FFN size
+        raise ValueError(f"--tensor-model-parallel-size {dims.tp} does not divide the FFN size {ffn_hidden_size}; "
+                         f"use a divisor of {ffn_hidden_size}")
     if num_layers < dims.pp:
         raise ValueError(f"--pipeline-model-parallel-size {dims.pp} exceeds the {num_layers} layers; "
                          f"use at most {num_layers} stages")

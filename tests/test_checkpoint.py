@@ -4,8 +4,9 @@ asynchronous saves, and the train.py flags.
 References are independent of the checkpoint code: the uninterrupted run (exact resume), and tensors
 gathered by a separate path -- parameters with the ZeRO engine's own gather and ShardSpec's gather_full,
 Adam moments by all-gathering each flat unit over DP, cutting it at the unit's parameter offsets and
-gathering over TP -- on the saving and on the loading layout (resharding). Everything is fp32 and must
-be bit-identical (torch.equal): a checkpoint copies values, it computes nothing.
+gathering over TP -- on the saving and on the loading layout (resharding). Everything must be
+bit-identical (torch.equal): a checkpoint copies values, it computes nothing. fp32 throughout, except the
+bf16/fp16 resume cases (compute-dtype parameters over fp32 master weights and the fp16 loss scaler).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import ParallelRNG, TPContext, gather_full, spec_of
 from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
-from hybrid.zero import ZeroConfig, ZeroOptimizer
+from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
 from models import build_pipeline_chunks, load_config
 
+FP32 = Precision.FP32
 GLOBAL, MICRO, SEQ, N = 8, 2, 16, 2  # N steps before and after the save
 # train.py's optimizer defaults (hybrid/train/loop.py builds OptimizerConfig from these flags)
 OPT = OptimizerConfig(lr=1e-3, min_lr=1e-4, weight_decay=0.01, beta1=0.9, beta2=0.95, warmup_iters=1,
@@ -61,7 +63,7 @@ class Run:
         else:
             schedule = build_schedule(ScheduleKind.ONE_F_ONE_B, mesh.dims.pp, self.spec.num_micro_batches)
             self.runner = PipelineExecutor(self.model, schedule[mesh.coords.pp], mesh.pp,
-                                           StageIO((MICRO, SEQ, self.cfg.hidden_size), torch.float32), mesh.device)
+                                           StageIO((MICRO, SEQ, self.cfg.hidden_size), zero.precision.dtype), mesh.device)
         self.opt = ZeroOptimizer(self.model, mesh, zero, OPT)
         self.names = core.param_names(self.model)
 
@@ -83,20 +85,25 @@ class Run:
         return core.load(self.opt, self.names, self.rng, directory, rng_too=rng)
 
 
+MASTER = "master"
+
+
 def full_state(run: Run) -> dict[str, dict[str, torch.Tensor]]:
-    """name -> {param, exp_avg, exp_avg_sq}: full tensors gathered without the checkpoint code (see the
+    """name -> {param (the compute dtype's), master (fp32), exp_avg, exp_avg_sq}: full tensors gathered without the checkpoint code (see the
     module docstring). Every rank returns its pipeline stage's parameters."""
     opt, mesh = run.opt, run.mesh
     out: dict[str, dict[str, torch.Tensor]] = {}
     with opt.gathered():
         for n, p in run.model.named_parameters():
             out.setdefault(n.split(".", 1)[1], {})["param"] = gather_full(p.detach().float(), spec_of(p), mesh.tp).clone()
-    for kind in core.MOMENTS:
+    for kind in (MASTER, *core.MOMENTS):
         for u in opt.units:
             shard = torch.zeros(u.shard_numel)
-            for v, s in zip(u.views, u.segments):
+            for v, s in zip(u.views, u.segments):  # v: this rank's fp32 master slice of one parameter
                 st = opt.optimizer.state.get(v)
-                if st:
+                if kind == MASTER:
+                    shard[s.lo:s.hi] = v.detach().float().cpu()
+                elif st:
                     shard[s.lo:s.hi] = st[kind].float().cpu()
             flat = torch.cat(mesh.dp.all_gather(shard, dim=0).chunk(opt.dp.size)) if opt.cfg.sharded else shard
             for p, off in zip(u.params, u.offsets):
@@ -111,22 +118,35 @@ def adam_step(run: Run) -> int:
 
 
 # --- (1) exact resume at tp2 x pp2 x dp2 ----------------------------------------------------------------
-RESUME_CASES = [(m, z, off) for m in ("tiny-gpt2", "tiny-llama") for z, off in ((0, False), (1, False), (3, False),
-                                                                                  (3, True))]
+RESUME_CASES = [(m, z, off, FP32) for m in ("tiny-gpt2", "tiny-llama")
+                for z, off in ((0, False), (1, False), (3, False), (3, True))]
+# mixed precision: bf16 / fp16 compute parameters over fp32 master weights (ZeRO 1: full compute copies on every
+# rank; ZeRO 3: sharded), the fp16 loss scaler included
+RESUME_CASES += [("tiny-llama", z, False, p) for p in (Precision.BF16, Precision.FP16) for z in (1, 3)]
+# fp16: a scale of 2^14 doubled after every good step (window 1) overflows at the 4th step of this run
+# (2^17), so the scaler doubles before the save and halves (a skipped step) after it; a loader that did not
+# restore it would start again at 2^14 and skip nothing
+FP16_SCALER = {"initial_loss_scale": 2.0**14, "loss_scale_window": 1}
 
 
-def zero_cfg(stage: int, offload: bool) -> ZeroConfig:
+def case_name(m: str, z: int, off: bool, precision: Precision) -> str:
+    return f"{m}-z{z}{'-offload' if off else ''}{'' if precision is FP32 else '-' + precision.value}"
+
+
+def zero_cfg(stage: int, offload: bool, precision: Precision = Precision.FP32) -> ZeroConfig:
     """train.py's defaults: --cpu-adam auto (DeepSpeed's CPU Adam where it builds) when offloading."""
-    return ZeroConfig(stage=stage, offload_optimizer=offload, offload_params=offload and stage == 3)
+    scaler = FP16_SCALER if precision is Precision.FP16 else {}
+    return ZeroConfig(stage=stage, offload_optimizer=offload, offload_params=offload and stage == 3,
+                      precision=precision, **scaler)
 
 
 def _resume_phase(rank, world, root, phase, cases=tuple(RESUME_CASES)):
     mesh = Mesh.build(ParallelDims.from_world(world, tp=2, pp=2))
     corpus = load_corpus()
     out = {}
-    for m, z, off in cases:
-        key = f"{m}-z{z}{'-offload' if off else ''}"
-        run = Run(mesh, (m, None), zero_cfg(z, off))
+    for m, z, off, precision in cases:
+        key = case_name(m, z, off, precision)
+        run = Run(mesh, (m, None), zero_cfg(z, off, precision))
         if phase == "straight":  # 2N steps, saving after N (the save must not perturb the run)
             losses = run.train(0, N, corpus)
             run.save(os.path.join(root, key), N).finish()
@@ -135,7 +155,7 @@ def _resume_phase(rank, world, root, phase, cases=tuple(RESUME_CASES)):
             state = run.load(store.final_path(os.path.join(root, key), N))
             assert state["iteration"] == N
             losses = run.train(N, 2 * N, corpus)
-        out[key] = (losses, full_state(run), adam_step(run))
+        out[key] = (losses, full_state(run), adam_step(run), core.scaler_state(run.opt))
     return out
 
 
@@ -249,12 +269,18 @@ def spawns(tmp_path_factory):
     return {"straight": straight, "single": single, "resumed": resumed}
 
 
-@pytest.mark.parametrize("case", [f"{m}-z{z}{'-offload' if off else ''}" for m, z, off in RESUME_CASES])
+@pytest.mark.parametrize("case", [case_name(*c) for c in RESUME_CASES])
 def test_resume_after_save_is_bit_identical_to_the_uninterrupted_run(spawns, case):
+    """Per-step losses, compute-dtype parameters, fp32 master weights, both moments, the Adam step and the
+    loss scaler (scale, good steps, skipped steps) after the resume equal the uninterrupted run's."""
     for rank in range(8):
         a, b = spawns["straight"][rank]["resume"][case], spawns["resumed"][rank]["resume"][case]
         assert a[0][N:] == b[0], f"rank {rank}: losses after the resume differ"
-        assert a[2] == b[2] == 2 * N
+        assert a[3] == b[3], f"rank {rank}: loss scaler {a[3]} (uninterrupted) vs {b[3]} (resumed)"
+        if case.endswith("-fp16"):  # the scaler moved on both sides of the save (see FP16_SCALER)
+            assert a[3]["skipped_steps"] == 1 and a[3]["loss_scale"] == 2.0**16, a[3]
+        skipped = a[3]["skipped_steps"]
+        assert a[2] == b[2] == 2 * N - skipped  # a skipped fp16 step does not advance AdamW
         for name in a[1]:
             for kind in a[1][name]:
                 assert torch.equal(a[1][name][kind], b[1][name][kind]), f"rank {rank}: {name} {kind}"
@@ -405,6 +431,10 @@ def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path, capsys)
     assert lines[0] == f"{save}: latest -> iter_0000006" and len(lines) == 3
     assert "iter_0000006 (latest): iteration 6 | consumed samples 24 |" in lines[2]  # 6 x (micro 2 x dp 2)
     assert "tp 1 x pp 1 x dp 2, ZeRO 1" in lines[2] and lines[2].endswith("ok: every checksum matches")
+    hybrid_cli(["checkpoint", "inspect", store.final_path(save, 6), "--tensor-model-parallel-size", "2",
+                "--pipeline-model-parallel-size", "2", "--world-size", "8"])
+    assert capsys.readouterr().out.splitlines()[1] == ("    at tp 2 x pp 2 on 8 ranks: loadable (dp 2; vocabulary 256 "
+                                                       "rows, padded to 256 at tp 2)")
     with open(os.path.join(store.final_path(save, 3), "state.json"), "a") as f:
         f.write(" ")
     hybrid_cli(["checkpoint", "inspect", store.final_path(save, 3)])
@@ -511,3 +541,74 @@ def test_placeholder_boxes_tile_what_the_local_chunks_leave():
             for off, size in complement(shape, boxes):
                 mark[tuple(slice(o, o + z) for o, z in zip(off, size))] += 1
             assert torch.equal(mark, torch.ones(shape, dtype=torch.int32))
+
+
+# --- (6) `hybrid checkpoint inspect --world-size`: loadable at a layout? ---------------------------------
+# a Llama whose sizes trip each rule: 12 heads, 4 kv-heads, FFN 100, 4 layers, a 259-row vocabulary
+ODD_MODEL = {"model_type": "llama", "hidden_size": 96, "num_attention_heads": 12, "num_key_value_heads": 4,
+             "intermediate_size": 100, "num_hidden_layers": 4, "vocab_size": 259}
+
+
+@pytest.fixture
+def odd_checkpoint(tmp_path):
+    """A complete checkpoint directory of ODD_MODEL (no tensors: inspect reads state.json and checksums)."""
+    import json
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(ODD_MODEL))
+    root = str(tmp_path / "ckpt")
+    os.makedirs(store.tmp_path(root, 3))
+    with open(os.path.join(store.tmp_path(root, 3), ".metadata"), "wb") as f:
+        f.write(b"dcp metadata stand-in")
+    state = {"iteration": 3, "consumed_samples": 24, "model": str(config), "adam_step": 3,
+             "layout": {"tp": 2, "pp": 1, "dp": 2, "zero": 1},
+             "args": {"global_batch_size": 8, "micro_batch_size": 2, "seq_length": 32}}
+    store.finalize(root, 3, {}, state)
+    return root, state
+
+
+@pytest.mark.parametrize("tp, pp, world, why", [
+    (8, 1, 8, "--tensor-model-parallel-size 8 does not divide the 12 attention heads; use a divisor of 12"),
+    (6, 1, 6, "--tensor-model-parallel-size 6 and the 4 key/value heads must divide one another"),
+    (12, 1, 12, "--tensor-model-parallel-size 12 does not divide the FFN size 100; use a divisor of 100"),
+    (1, 5, 5, "--pipeline-model-parallel-size 5 exceeds the 4 layers; use at most 4 stages"),
+    (4, 1, 6, "world size 6 is not divisible by --tensor-model-parallel-size (4) x --pipeline-model-parallel-size "
+              "(1) = 4"),
+])
+def test_inspect_says_why_a_checkpoint_cannot_be_loaded_at_a_layout(odd_checkpoint, tp, pp, world, why):
+    """The reasons are the trainer's own (hybrid/mesh.py), word for word: train.py at that layout refuses
+    with the same text."""
+    from hybrid.checkpoint.inspect import Target, loadable_at
+    from hybrid.train.main import validate
+    root, state = odd_checkpoint
+    ok, reason = loadable_at(state, Target(tp, pp, world))
+    assert not ok and reason.startswith(why), reason
+    os.environ["WORLD_SIZE"] = str(world)
+    try:
+        with pytest.raises(SystemExit) as e:
+            validate(["--model", state["model"], "--tensor-model-parallel-size", str(tp),
+                      "--pipeline-model-parallel-size", str(pp), "--micro-batch-size", "1"])
+    finally:
+        del os.environ["WORLD_SIZE"]
+    assert str(e.value.code) == f"train.py: error: {reason}"
+
+
+def test_inspect_says_a_checkpoint_loads_at_a_layout_with_the_vocabulary_padding_and_batch_split(odd_checkpoint,
+                                                                                                 capsys):
+    from hybrid.checkpoint.inspect import Target, loadable_at
+    from hybrid.cli import main as hybrid_cli
+    root, state = odd_checkpoint
+    ok, notes = loadable_at(state, Target(4, 2, 16))
+    assert ok and notes == "dp 2; vocabulary 259 rows, padded to 260 at tp 4"
+    ok, notes = loadable_at(state, Target(4, 2, 24))  # dp 3: the saved global batch 8 does not split
+    assert ok and "the saved batch does not split at dp 3 (--global-batch-size 8 must be a multiple of " \
+                  "--micro-batch-size 2 x data-parallel size 3 = 6)" in notes
+    capsys.readouterr()
+    hybrid_cli(["checkpoint", "inspect", root, "--tensor-model-parallel-size", "8", "--world-size", "8"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("  iter_0000003 (latest): iteration 3 |") and lines[1].endswith("ok: every checksum matches")
+    assert lines[2] == ("    at tp 8 x pp 1 on 8 ranks: NOT loadable: --tensor-model-parallel-size 8 does not divide "
+                        "the 12 attention heads; use a divisor of 12")
+    with pytest.raises(SystemExit) as e:
+        hybrid_cli(["checkpoint", "inspect", root, "--tensor-model-parallel-size", "2"])
+    assert str(e.value.code) == ("hybrid checkpoint: error: --tensor-model-parallel-size needs --world-size N (the "
+                                 "ranks the run would be launched on)")

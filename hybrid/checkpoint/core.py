@@ -165,6 +165,20 @@ class _Prestaged(AsyncStager):
 
 
 # --- save -------------------------------------------------------------------------------------------
+class _Writer(dcp.FileSystemWriter):
+    """DCP's FileSystemWriter (every file fsynced) with the test-only crash point between this rank's data
+    files and DCP's .metadata (faults.py; a no-op unless HYBRID_FAULT names it)."""
+
+    def __init__(self, path: str, iteration: int):
+        super().__init__(path, sync_files=True)
+        self.iteration = iteration
+
+    def write_data(self, plan, planner):
+        future = super().write_data(plan, planner)  # synchronous: the files are written when it returns
+        crash_point("after_rank_files", self.iteration)
+        return future
+
+
 class PendingSave:
     """A save whose data is being (or has been) written; `finish()` makes it complete and `latest`."""
 
@@ -179,7 +193,7 @@ class PendingSave:
         tmp = store.tmp_path(self.root, self.iteration)
         rank = dist.get_rank(self.pg)
         mine = {n: store.describe(os.path.join(tmp, n)) for n in store.rank_files(tmp, dist.get_rank())}
-        crash_point("after_data")  # test-only: every rank's data durable, nothing finalized
+        crash_point("after_data", self.iteration)  # test-only: every rank's data durable, nothing finalized
         everyone: list = [None] * dist.get_world_size(self.pg)
         dist.all_gather_object(everyone, mine, group=self.pg)
         path = store.final_path(self.root, self.iteration)
@@ -206,7 +220,7 @@ def start_save(opt, names: dict[int, str], rng, root: str, iteration: int, state
     sd = tensor_state(opt, owned, (MODEL, *MOMENTS), stage=asynchronous)
     sd.update({k: v.clone() for k, v in rng_state(rank, rng).items()})
     state = dict(state, format=store.FORMAT, adam_step=adam_step(opt), scaler=scaler_state(opt))
-    writer = dcp.FileSystemWriter(tmp, sync_files=True)
+    writer = _Writer(tmp, iteration)
     if asynchronous:
         future = dcp.async_save(sd, storage_writer=writer, process_group=pg, async_stager=_Prestaged())
         return PendingSave(root, iteration, state, pg, future)

@@ -2,10 +2,14 @@
 
     hybrid checkpoint inspect runs/ckpt                 # every checkpoint in a --save directory
     hybrid checkpoint inspect runs/ckpt/iter_0000200    # one
+    hybrid checkpoint inspect runs/ckpt --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 \
+        --world-size 16                                 # ... and can each be loaded at that layout?
 
 For each: iteration, consumed samples, the layout it was saved at, size, and the verdict -- complete and
-every checksum matching, incomplete (an unfinished save), or the first corrupt file. Any layout whose tp
-and pp divide the model loads it (DCP reshards); nothing here needs a process group.
+every checksum matching, incomplete (an unfinished save), or the first corrupt file. With a layout, whether
+it loads there and why not: DCP reshards to any layout the model can be split over, so the question is the
+trainer's own (hybrid/mesh.py: dp from the world size, heads / kv-heads / FFN size / layers against tp and
+pp), asked of the model the checkpoint was saved from. Nothing here needs a process group.
 """
 
 from __future__ import annotations
@@ -13,38 +17,98 @@ from __future__ import annotations
 import argparse
 import os
 
+from dataclasses import dataclass
+
 from hybrid.checkpoint import store
-from hybrid.cliutil import HelpFormatter
+from hybrid.cliutil import HelpFormatter, positive_int
+from hybrid.mesh import ParallelDims, validate_model_dims
 
 
-def _one(path: str, latest: int | None) -> str:
+@dataclass(frozen=True)
+class Target:
+    """The layout asked about (`--tensor-model-parallel-size`, `--pipeline-model-parallel-size`, `--world-size`)."""
+
+    tp: int
+    pp: int
+    world: int
+
+
+def loadable_at(state: dict, target: Target) -> tuple[bool, str]:
+    """(whether a checkpoint with this state.json loads at `target`, the reason or what to know). The
+    rules are the trainer's: ParallelDims.from_world and validate_model_dims (hybrid/mesh.py), the
+    vocabulary padding of hybrid/tp/layers.vocab_spec, the batch split of hybrid/data.BatchSpec."""
+    from hybrid.data import BatchSpec
+    from hybrid.tp.layers import vocab_spec
+    from models import load_config
+    try:
+        cfg = load_config(state["model"])
+    except (KeyError, ValueError) as e:
+        return False, f"cannot tell: the model it was saved from is unreadable ({e})"
+    try:
+        dims = ParallelDims.from_world(target.world, tp=target.tp, pp=target.pp)
+        validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
+    except ValueError as e:
+        return False, str(e)
+    # the padding rows are not saved (shards.py): any tp loads any vocabulary
+    padded = vocab_spec(cfg.vocab_size, dims.tp, 1)
+    notes = [f"dp {dims.dp}", f"vocabulary {cfg.vocab_size} rows, padded to {padded.length * dims.tp} at tp {dims.tp}"]
+    flags = state.get("args", {})
+    gbs, micro, seq = flags.get("global_batch_size"), flags.get("micro_batch_size"), flags.get("seq_length")
+    if gbs and micro and seq:  # the saved batch, kept unless the resumed run passes another
+        try:
+            BatchSpec(gbs, micro, seq, dims.dp)
+        except ValueError as e:
+            notes.append(f"the saved batch does not split at dp {dims.dp} ({e}): pass another --global-batch-size "
+                         f"or --micro-batch-size")
+    return True, "; ".join(notes)
+
+
+def _at(state: dict, target: Target) -> str:
+    ok, why = loadable_at(state, target)
+    where = f"at tp {target.tp} x pp {target.pp} on {target.world} ranks"
+    return f"{where}: loadable ({why})" if ok else f"{where}: NOT loadable: {why}"
+
+
+def _one(path: str, latest: int | None, target: Target | None = None) -> str:
     v = store.verify_all(path)
     name = os.path.basename(os.path.normpath(path))
     size = f"{v.bytes / 2**20:.2f} MiB"
     if not v.complete:
         return f"{name}: incomplete (no manifest.json: a save that did not finish; removed by the next save) | {size}"
     s = store.read_state(path)
+    at = "" if target is None else "\n    " + _at(s, target)
     lay = s.get("layout", {})
     mark = " (latest)" if latest is not None and store.iter_name(latest) == name else ""
     verdict = "ok: every checksum matches" if v.error is None else f"CORRUPT: {v.error}"
     return (f"{name}{mark}: iteration {s.get('iteration')} | consumed samples {s.get('consumed_samples')} | "
             f"model {s.get('model')} | saved at tp {lay.get('tp')} x pp {lay.get('pp')} x dp {lay.get('dp')}, "
-            f"ZeRO {lay.get('zero')} | adam step {s.get('adam_step')} | {size} | {verdict}")
+            f"ZeRO {lay.get('zero')} | adam step {s.get('adam_step')} | {size} | {verdict}{at}")
+
+
+def _target(args: argparse.Namespace) -> Target | None:
+    given = [f for f, v in (("--tensor-model-parallel-size", args.tensor_model_parallel_size),
+                            ("--pipeline-model-parallel-size", args.pipeline_model_parallel_size)) if v is not None]
+    if args.world_size is None:
+        if given:
+            raise ValueError(f"{given[0]} needs --world-size N (the ranks the run would be launched on)")
+        return None
+    return Target(args.tensor_model_parallel_size or 1, args.pipeline_model_parallel_size or 1, args.world_size)
 
 
 def run(args: argparse.Namespace) -> None:
     path = args.dir
+    target = _target(args)
     if not os.path.isdir(path):
         raise ValueError(f"{path!r} is not a directory; give a --save directory or one of its iter_* directories")
     if os.path.isfile(os.path.join(path, store.MANIFEST)) or os.path.basename(os.path.normpath(path)).startswith("iter_"):
-        print(_one(path, None))
+        print(_one(path, None, target))
         return
     if not store.is_checkpoint_dir(path):
         raise ValueError(f"{path!r} holds no checkpoint (no iter_* directories, no `latest`)")
     latest = store.read_latest(path)
     print(f"{path}: latest -> {store.iter_name(latest) if latest is not None else 'none'}")
     for name in sorted(n for n in os.listdir(path) if n.startswith("iter_")):
-        print("  " + _one(os.path.join(path, name), latest))
+        print("  " + _one(os.path.join(path, name), latest, target))
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -54,4 +118,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     q = sub.add_parser("inspect", help="iteration, layout, size and checksum verdict of checkpoints",
                        formatter_class=HelpFormatter)
     q.add_argument("dir", metavar="DIR", help="a --save directory or one iter_* directory")
+    q.add_argument("--tensor-model-parallel-size", type=positive_int, metavar="N", default=None,
+                   help="with --world-size: can it be loaded at this tp (default 1)?")
+    q.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", default=None,
+                   help="with --world-size: can it be loaded at this pp (default 1)?")
+    q.add_argument("--world-size", type=positive_int, metavar="N", default=None,
+                   help="the ranks the resumed run would have (dp = world / (tp x pp))")
     q.set_defaults(func=run)

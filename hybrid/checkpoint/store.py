@@ -125,7 +125,7 @@ def finalize(root: str, iteration: int, files: dict[str, dict], state: dict) -> 
     write_durable(os.path.join(tmp, MANIFEST), json.dumps({"format": FORMAT, "files": files}, indent=1,
                                                           sort_keys=True))
     from hybrid.checkpoint.faults import crash_point
-    crash_point("before_rename")  # test-only: a crash with every file written but the directory not renamed
+    crash_point("before_rename", iteration)  # test-only: a crash with every file written but the directory not renamed
     final = final_path(root, iteration)
     if os.path.exists(final):  # a re-save of the same iteration (a resumed run): replace it
         shutil.rmtree(final)

@@ -13,6 +13,9 @@ is installed and training runs untouched.
     HYBRID_FAULT="signal:rank=1,iteration=3,signal=SIGKILL,op=tp.all_reduce,microbatch=1"
                                                                            signal itself before that op instead
                                                                            (mid-step, mid-accumulation)
+    HYBRID_FAULT="crash:point=after_rank_files,rank=1,iteration=4,signal=SIGKILL"
+                                                                           signal itself there instead (a real
+                                                                           kill), in the save of iteration 4 only
     HYBRID_FAULT="signal:rank=1,iteration=3,signal=SIGKILL,restart=0"       only in torchrun's first attempt
                                                                            (TORCHELASTIC_RESTART_COUNT 0), so the
                                                                            restarted job runs on
@@ -41,12 +44,12 @@ class Fault:
     kind: str
     rank: int
     op: str = ""  # hang/stop: "dp.all_reduce", "pp.send"
-    iteration: int = 0  # hang/stop
+    iteration: int = 0  # hang/stop; crash: only in the save of this iteration (0: every save)
     microbatch: int = 0  # hang/stop
     iterations: frozenset[int] = frozenset()  # nan
     ms: float = 0.0  # slow
     seconds: float = 3600.0  # hang: how long to sleep
-    signal: str = ""  # signal: SIGKILL, SIGSTOP, SIGTERM, ...
+    signal: str = ""  # signal: SIGKILL, SIGSTOP, SIGTERM, ...; crash: send it instead of raising ("": raise)
     point: str = ""  # crash: the checkpoint save's crash point (hybrid/checkpoint/faults.py); rank -1: every rank
     restart: int = -1  # signal: only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT); -1: every attempt
 
@@ -57,6 +60,10 @@ def _iterations(text: str) -> frozenset[int]:
         lo, _, hi = part.partition("-")
         out.update(range(int(lo), int(hi or lo) + 1))
     return frozenset(out)
+
+
+def _is_signal(name: str) -> bool:
+    return isinstance(getattr(signal, name, None), signal.Signals)
 
 
 def parse(text: str) -> list[Fault]:
@@ -85,8 +92,10 @@ def parse(text: str) -> list[Fault]:
                 kw[k] = v
         if kind == "crash":
             kw.setdefault("rank", -1)
-        if kind == "signal" and not isinstance(getattr(signal, kw.get("signal", ""), None), signal.Signals):
+        if kind == "signal" and not _is_signal(kw.get("signal", "")):
             raise ValueError(f"{ENV}: signal fault needs signal=SIGKILL|SIGSTOP|SIGTERM|..., got {item!r}")
+        if kind == "crash" and "signal" in kw and not _is_signal(kw["signal"]):
+            raise ValueError(f"{ENV}: crash fault's signal= must name a signal (SIGKILL, SIGTERM, ...), got {item!r}")
         faults.append(Fault(kind=kind, **kw))
     return faults
 

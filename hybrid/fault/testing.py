@@ -32,8 +32,10 @@ class RankRun:
 
 
 def launch(argv: list[str], world: int, env: dict[str, str] | None = None, timeout: float = 120.0,
-           kill_stopped: bool = True) -> list[RankRun]:
-    """Run the ranks to completion (or `timeout`, then SIGKILL); poll 10 times a second."""
+           kill_stopped: bool = True, teardown_after: float | None = None) -> list[RankRun]:
+    """Run the ranks to completion (or `timeout`, then SIGKILL); poll 10 times a second. `teardown_after`:
+    SIGKILL the rest this many seconds after the first rank exits non-zero, as torchrun tears a job down
+    (None: wait for every rank)."""
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="hybrid-fault-")
     procs, files = [], []
@@ -51,6 +53,8 @@ def launch(argv: list[str], world: int, env: dict[str, str] | None = None, timeo
         for r, p in enumerate(procs):
             if r not in exited and p.poll() is not None:
                 exited[r] = time.monotonic()
+                if p.returncode != 0 and teardown_after is not None:
+                    deadline = min(deadline, exited[r] + teardown_after)
             if r not in injected and "inject:" in open(files[r][0].name).read():
                 injected[r] = time.monotonic()
         if kill_stopped and injected and all(r in exited or _stopped(procs[r].pid) for r in range(world)):

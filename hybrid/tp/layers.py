@@ -148,7 +148,7 @@ class _VocabParallelWeight(nn.Module):
     def __init__(self, vocab_size: int, dim: int, tp: TPContext, pad_to: int = 1, init: InitFn = normal_init(0.02)):
         super().__init__()
         self.tp = tp
-        spec = vocab_spec(vocab_size, tp, pad_to)
+        spec = vocab_spec(vocab_size, tp.size, pad_to)
         self.vocab_start, self.vocab_size = spec.start(tp.rank), vocab_size
         self.weight = set_spec(nn.Parameter(torch.zeros(spec.length, dim)), spec, init)
 
@@ -179,10 +179,10 @@ class ParallelLMHead(_VocabParallelWeight):
         return self.logits(h)
 
 
-def vocab_spec(vocab_size: int, tp: TPContext, pad_to: int) -> ShardSpec:
+def vocab_spec(vocab_size: int, tp_size: int, pad_to: int) -> ShardSpec:
     """Vocabulary rows split over TP after padding V up to a multiple of pad_to * t."""
-    multiple = pad_to * tp.size
-    return split_spec(vocab_size, tp.size, dim=0, padded_size=math.ceil(vocab_size / multiple) * multiple)
+    multiple = pad_to * tp_size
+    return split_spec(vocab_size, tp_size, dim=0, padded_size=math.ceil(vocab_size / multiple) * multiple)
 
 
 def parallel_logits(h: torch.Tensor, weight: torch.Tensor, vocab_start: int, vocab_size: int) -> torch.Tensor:

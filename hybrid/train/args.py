@@ -370,7 +370,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     check_files(args, cfg)  # --load readable, outputs writable
     cfg = model_cli.check(args, cfg)  # dropout flags; --load tensor shapes
     dims = ParallelDims.from_world(world, tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size)
-    validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
+    validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     if args.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {args.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")
