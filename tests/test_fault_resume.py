@@ -4,7 +4,9 @@
   (a seeded random iteration, micro-batch and rank) -- and the restarted job resumes by itself from the latest
   complete checkpoint in --save: every loss it logs (as exact float reprs from --metrics-file, the re-run
   iterations included) and every tensor of its final checkpoint (parameters, Adam moments, master weights) equal
-  the uninterrupted run's, at tp2 x dp2 (4 ranks) and tp2 x pp2 x dp2 (8 ranks).
+  the uninterrupted run's, at tp2 x dp2 (4 ranks) and tp2 x pp2 x dp2 (8 ranks). At tp2 x dp2 the restarted
+  attempt is SIGKILLed again inside its first save (between a rank's files and the metadata); the third attempt
+  resumes from the checkpoint before it.
 * Elastic: a run saved on 8 ranks (tp2 x pp2 x dp2) and restarted on 4 with --auto-parallel re-plans the layout,
   reshards the checkpoint and continues with the same global batch and data order: its losses stay within fp32
   reduction noise of the uninterrupted 8-rank run (another summation order; the bound is derived below).
@@ -136,15 +138,22 @@ def _kill(nproc: int, micro_batches: int) -> str:
     return f"signal:rank={rank},iteration={iteration},microbatch={mb},op=tp.all_reduce,signal=SIGKILL,restart=0"
 
 
-def _killed_and_restarted(tmp_path, nproc: int, layout: list[str], straight) -> None:
+def _killed_and_restarted(tmp_path, nproc: int, layout: list[str], straight, in_save: bool = False) -> None:
+    """in_save: the restarted attempt is killed too, inside its first save (a seeded rank, after writing its own
+    file, before DCP's .metadata), and the third attempt resumes from the checkpoint before that save."""
     want, _, want_ckpt = straight
     metrics, save = str(tmp_path / "metrics.jsonl"), str(tmp_path / "ckpt")
     fault = _kill(nproc, micro_batches=2)  # global 8 = micro 2 x dp 2 x 2 micro-batches
+    if in_save:
+        rank = random.Random(SEED - nproc).randrange(nproc)
+        fault += f";crash:point=after_rank_files,rank={rank},signal=SIGKILL,restart=1"
     out = _torchrun(nproc, layout + ITERS + ["--save", save, "--save-interval", "3", "--metrics-file", metrics],
                     env={"HYBRID_FAULT": fault}, restarts=2)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "inject: SIGKILL" in out.stdout or "inject: rank" in out.stdout, (fault, out.stdout[-2000:])
-    assert "checkpoint: resumed from" in out.stdout, out.stdout[-3000:]
+    assert out.stdout.count("checkpoint: resumed from") == 1 + in_save, out.stdout[-3000:]
+    if in_save:
+        assert "at crash point after_rank_files" in out.stdout, out.stdout[-3000:]
     got = _json_losses(metrics)
     assert sorted(got) == sorted(want) == list(range(1, 9)), (fault, got)
     for it, losses in got.items():
@@ -155,9 +164,9 @@ def _killed_and_restarted(tmp_path, nproc: int, layout: list[str], straight) -> 
         assert torch.equal(resumed[k], ref[k]), (fault, k)
 
 
-def test_a_worker_killed_mid_accumulation_under_torchrun_restarts_and_matches_bit_for_bit_tp2_dp2(
+def test_killed_mid_accumulation_then_mid_save_under_torchrun_restarts_and_matches_bit_for_bit_tp2_dp2(
         tmp_path, straight4):
-    _killed_and_restarted(tmp_path, 4, TP2, straight4)
+    _killed_and_restarted(tmp_path, 4, TP2, straight4, in_save=True)
 
 
 def test_a_worker_killed_mid_accumulation_under_torchrun_restarts_and_matches_bit_for_bit_tp2_pp2_dp2(

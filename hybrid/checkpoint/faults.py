@@ -8,6 +8,7 @@ reads HYBRID_FAULT): a no-op unless it holds a `crash` fault naming the point.
                                                  alone finalizes)
     ...,rank=1          only on global rank 1 (default: every rank)
     ...,iteration=4     only in the save of iteration 4 (default: every save)
+    ...,restart=1       only in torchrun's attempt 1 (TORCHELASTIC_RESTART_COUNT)
     ...,signal=SIGKILL  the process sends itself that signal there -- a real kill, nothing unwinds, no
                         handler runs -- instead of raising SimulatedCrash (which a test catches in-process)
 """
@@ -18,7 +19,7 @@ import os
 import signal
 import time
 
-from hybrid.fault.inject import ENV, parse  # ENV: re-exported for tests that set or clear it
+from hybrid.fault.inject import ENV, attempt, parse  # ENV: re-exported for tests that set or clear it
 
 __all__ = ["ENV", "POINTS", "SimulatedCrash", "crash_point"]
 
@@ -37,6 +38,8 @@ def crash_point(name: str, iteration: int) -> None:
     rank = int(os.environ.get("RANK", "0"))
     for f in parse(spec):
         if f.kind != "crash" or f.point != name or f.rank not in (-1, rank) or f.iteration not in (0, iteration):
+            continue
+        if f.restart not in (-1, attempt()):  # restart=K: only in torchrun's attempt K
             continue
         if f.signal:
             print(f"inject: {f.signal} to rank {rank} at crash point {name} of the save of iteration {iteration}, "

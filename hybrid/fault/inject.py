@@ -105,7 +105,7 @@ def faults_for(rank: int) -> list[Fault]:
     return [f for f in parse(os.environ.get(ENV, "")) if f.rank == rank]
 
 
-def _attempt() -> int:
+def attempt() -> int:
     """torchrun's restart count for this worker (0 in the first attempt and without torchrun)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
@@ -122,7 +122,7 @@ class Injector:
 
     def on_op_start(self, rec, sends: tuple[int, ...]) -> None:
         for f in self.faults:
-            at_op = f.kind in ("hang", "stop") or (f.kind == "signal" and f.op and f.restart in (-1, _attempt()))
+            at_op = f.kind in ("hang", "stop") or (f.kind == "signal" and f.op and f.restart in (-1, attempt()))
             if not at_op or (rec.iteration, rec.microbatch) != (f.iteration, f.microbatch):
                 continue
             group, _, op = f.op.partition(".")
@@ -147,7 +147,7 @@ class Injector:
         """signal: the rank signals itself now. nan: this iteration's backward writes NaN into the first trainable parameter's gradient
         (before gradient accumulation and the DP reduction, as a bad kernel would)."""
         for f in self.faults:
-            if f.kind == "signal" and not f.op and f.iteration == iteration and f.restart in (-1, _attempt()):
+            if f.kind == "signal" and not f.op and f.iteration == iteration and f.restart in (-1, attempt()):
                 print(f"inject: {f.signal} to rank {f.rank} at iteration {iteration}, t={time.time():.3f}", flush=True)
                 os.kill(os.getpid(), getattr(signal, f.signal))
         for h in self._handles:
