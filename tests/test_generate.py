@@ -1,5 +1,6 @@
 """`hybrid generate`: the KV-cached forward gives the full recompute's logits; greedy tokens equal transformers'
-generate(do_sample=False) at tp 1 (checkpoint and folder) and tp 2 (torchrun, 2 gloo ranks); sampling's
+generate(do_sample=False) at tp 1 (checkpoint and folder), tp 2, pp 2 and tp 2 x pp 2 (torchrun, 2 or 4 gloo
+ranks); sampling's
 temperature / top-k / top-p filters equal transformers' own logits warpers; sampling is seeded; the tokenizer is
 found where the run left it; bad flags are one line."""
 
@@ -61,15 +62,15 @@ def test_kv_cached_logits_equal_the_full_recompute(tmp_path, name):
     assert err <= 32 * 2**-23 * full.abs().max().item(), err
 
 
-# --- greedy against transformers at tp 1 and tp 2 -------------------------------------------------------------
-@pytest.fixture(scope="module")
-def random_llama(tmp_path_factory):
+# --- greedy against transformers at tp 1, tp 2, pp 2, tp 2 x pp 2 -----------------------------------------------
+def _random_llama(root, seed: int, layers: int, distinct: int):
     """A Llama (GQA) with N(0, 1) weights, saved, converted (pre-sharded for tp 2), and transformers' 32 greedy
-    tokens from it: 18 distinct, and the top-2 logit gap is >= 0.099 at every step, so no argmax is decided by
-    rounding (at N(0, 0.3) a random Llama repeats one token)."""
-    root = tmp_path_factory.mktemp("gen")
-    torch.manual_seed(3)
+    tokens from it, at least `distinct` of them distinct (at N(0, 0.3) a random Llama repeats one token)."""
+    torch.manual_seed(seed)
     hf = MODELS["llama-gqa"]()
+    if layers != hf.config.num_hidden_layers:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        hf = LlamaForCausalLM(LlamaConfig(**{**hf.config.to_dict(), "num_hidden_layers": layers}))
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0, 1.0)
@@ -78,8 +79,21 @@ def random_llama(tmp_path_factory):
     hf.generation_config.eos_token_id = None
     want = hf.eval().generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False,
                               pad_token_id=0)[0, len(PROMPT):].tolist()
-    assert len(want) == NEW and len(set(want)) >= 18  # not one token repeated
+    assert len(want) == NEW and len(set(want)) >= distinct  # not one token repeated
     return root, want
+
+
+@pytest.fixture(scope="module")
+def random_llama(tmp_path_factory):
+    """2 layers: 18 distinct tokens, and the top-2 logit gap is >= 0.099 at every step, so no argmax is decided
+    by rounding."""
+    return _random_llama(tmp_path_factory.mktemp("gen"), 3, 2, 18)
+
+
+@pytest.fixture(scope="module")
+def random_llama3(tmp_path_factory):
+    """3 layers (not divisible by pp 2): 16 distinct tokens, top-2 logit gap >= 0.077 at every step."""
+    return _random_llama(tmp_path_factory.mktemp("gen3"), 6, 3, 16)
 
 
 def _first_line(out: str) -> str:
@@ -106,6 +120,41 @@ def test_greedy_tokens_equal_transformers_at_tp2_under_torchrun(random_llama):
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert _first_line(p.stdout) == f"generate: {NEW} new tokens (greedy): {','.join(map(str, want))}"
     assert "tp 2 on cpu, KV cache" in p.stdout
+
+
+def _torchrun(nproc: int, src, *flags: str) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "-m",
+           "hybrid.cli", "generate", str(src), "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens",
+           str(NEW), *flags]
+    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    return p.stdout
+
+
+def test_greedy_tokens_equal_transformers_at_pp2_under_torchrun(random_llama):
+    """2 gloo ranks, pp 2 (tp 1), from the transformers folder: stage 0 holds the embedding and layer 0, stage 1
+    layer 1, the norm and the head; each its layer's KV cache, the hidden states sent 0 -> 1 every step."""
+    root, want = random_llama
+    out = _torchrun(2, root / "hf", "--pipeline-model-parallel-size", "2")
+    assert _first_line(out) == f"generate: {NEW} new tokens (greedy): {','.join(map(str, want))}"
+    assert "tp 1 x pp 2 (layers [1, 1]) on cpu, KV cache" in out
+
+
+def test_greedy_tokens_equal_transformers_at_tp2_pp2_under_torchrun(random_llama3):
+    """4 gloo ranks, tp 2 x pp 2 (tp innermost: ranks 0, 1 are stage 0), from the converted checkpoint (read by
+    DCP, each rank its stage's layers at its tp shard); 3 layers split 1, 2 (--pipeline-layers-per-stage: the
+    uniform split does not divide)."""
+    root, want = random_llama3
+    out = _torchrun(4, root / "ckpt", "--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "1,2")
+    assert _first_line(out) == f"generate: {NEW} new tokens (greedy): {','.join(map(str, want))}"
+    assert "tp 2 x pp 2 (layers [1, 2]) on cpu, KV cache" in out
+
+
+def test_pp_that_does_not_divide_the_layers_names_the_counts_flag(random_llama3):
+    with pytest.raises(SystemExit) as e:
+        hybrid_main(["generate", str(random_llama3[0] / "hf"), "--prompt", "hi", "--pipeline-model-parallel-size", "2"])
+    assert str(e.value.code) == ("hybrid generate: error: --pipeline-model-parallel-size 2 does not divide the 3 "
+                                 "layers; give the layers per stage, e.g. --pipeline-layers-per-stage 1,2")
 
 
 # --- sampling -------------------------------------------------------------------------------------------------
@@ -176,7 +225,10 @@ def test_tokenizer_is_the_one_carried_or_recorded_else_bytes(tmp_path):
 
 
 @pytest.mark.parametrize("flags,words", [
-    (["--pipeline-model-parallel-size", "2"], "--pipeline-model-parallel-size 2: generate runs at pp 1 only"),
+    (["--pipeline-model-parallel-size", "2"], "--tensor-model-parallel-size 1 x --pipeline-model-parallel-size 2 "
+                                              "needs 2 processes, but 1 was launched; use torchrun --nproc-per-node 2"),
+    (["--pipeline-model-parallel-size", "3"], "--pipeline-model-parallel-size 3 exceeds the 2 layers"),
+    (["--pipeline-layers-per-stage", "1,2"], "--pipeline-layers-per-stage gives 2 counts for 1 stages"),
     (["--top-k", "5"], "--top-k filters sampling, but --temperature is 0"),
     (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size 2 needs 2 processes, but 1 was launched"),
     (["--tokenizer", "/nonexistent"], "--tokenizer '/nonexistent' does not exist"),

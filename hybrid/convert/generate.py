@@ -1,5 +1,5 @@
 """`hybrid generate`: greedy or sampled decoding from a hybrid checkpoint or a transformers folder, with a KV
-cache, at any TP under torchrun -- the sanity check after a conversion or a run.
+cache, at any TP x PP under torchrun -- the sanity check after a conversion or a run.
 
     greedy:   x_{t+1} = argmax_v z_t(v)
     sampled:  x_{t+1} ~ softmax(filter(z_t / temperature)),  filter = top-k, then top-p (nucleus)
@@ -9,7 +9,11 @@ z_t is the last position's logits. The first forward runs the prompt and fills t
 feeds only the newest token (models/common.KVCache: keys and values of the tokens seen so far, at their
 positions). At tp t every rank holds its heads' cache and its vocabulary slice of z; the slices are
 all-gathered, every rank picks the same token from the same logits with the same seeded generator, and rank
-0's pick is broadcast so the ranks can never drift apart. Pipeline parallelism is not supported here.
+0's pick is broadcast so the ranks can never drift apart. At pp p > 1 (world = t x p) each stage holds the
+layers hybrid.partition gives it (uniform, or --pipeline-layers-per-stage) and their KV cache; a step runs
+stage 0 (embedding) -> ... -> stage p-1 (head), each sending its (B, T, C) hidden states to the next
+(point-to-point over the pp group); the last stage picks the token and broadcasts it over the pp group, so
+every stage feeds the same token to the next step. One micro-batch, no overlap: one stage works at a time.
 
 The prompt is text -- through the tokenizer carried with SRC, the one the run recorded, or UTF-8 bytes (the
 byte-level vocabulary of train.py's built-in data) -- or explicit token ids.
@@ -97,23 +101,44 @@ def full_logits(z: torch.Tensor, tp: Group, vocab: int) -> torch.Tensor:
     return tp.all_gather(z.float().contiguous(), dim=-1)[..., :vocab]
 
 
+def stage_forward(model: torch.nn.Module, feed: torch.Tensor, cache, pp: Group, hidden: int) -> torch.Tensor:
+    """This stage's part of one forward: stage 0 embeds the (B, T) token ids, a later stage receives the
+    previous stage's (B, T, C) hidden states; a stage that is not the last sends its output on. Every stage
+    knows T (all hold the same ids), so the receive buffer's shape needs no handshake."""
+    x = feed
+    if pp.rank > 0:
+        dtype = next(model.parameters()).dtype
+        x = torch.empty(feed.shape + (hidden,), dtype=dtype, device=feed.device)
+        pp.batch_p2p([], [(x, pp.rank - 1)], labels=("hidden",))
+    y = model(x, cache=cache)
+    if pp.rank < pp.size - 1:
+        pp.batch_p2p([(y.contiguous(), pp.rank + 1)], [], labels=("hidden",))
+    return y
+
+
 @torch.no_grad()
 def generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, max_len: int, vocab: int,
              sampling: SamplingConfig = SamplingConfig(), tp: Group | None = None,
-             use_cache: bool = True, on_logits=None) -> torch.Tensor:
+             use_cache: bool = True, on_logits=None, pp: Group | None = None, hidden: int = 0) -> torch.Tensor:
     """(B, T) prompt -> (B, T + n), n = min(new_tokens, max_len - T). Without the cache every step re-runs the
     whole sequence (O(T^2) work; the reference the cached path is tested against). `on_logits(step, z)` sees
-    each step's (B, V) logits."""
+    each step's (B, V) logits (on the last pipeline stage). With `pp` (size > 1) `model` is this rank's stage
+    and `hidden` the model's hidden size; every rank returns the same ids."""
     from models.common import KVCache
-    tp = tp or Group.solo("tp")
-    cache = KVCache() if use_cache else None
+    tp, pp = tp or Group.solo("tp"), pp or Group.solo("pp")
+    last = pp.rank == pp.size - 1
+    cache = KVCache() if use_cache else None  # this stage's layers only
     gen = torch.Generator().manual_seed(sampling.seed)
     feed = ids
     for step in range(min(new_tokens, max_len - ids.shape[1])):
-        z = full_logits(model(feed, cache=cache)[:, -1], tp, vocab)
-        if on_logits is not None:
-            on_logits(step, z)
-        nxt = tp.broadcast(next_tokens(z, sampling, gen).contiguous(), 0)
+        y = stage_forward(model, feed, cache, pp, hidden)
+        nxt = torch.empty(ids.shape[0], 1, dtype=ids.dtype, device=ids.device)
+        if last:
+            z = full_logits(y[:, -1], tp, vocab)
+            if on_logits is not None:
+                on_logits(step, z)
+            nxt = tp.broadcast(next_tokens(z, sampling, gen).to(ids.dtype).contiguous(), 0)
+        nxt = pp.broadcast(nxt, pp.size - 1)  # the last stage's pick to every stage (same tp rank)
         ids = torch.cat([ids, nxt], dim=1)
         feed = nxt if use_cache else ids
     return ids
@@ -138,21 +163,23 @@ def _load_hybrid_shards(model: torch.nn.Module, it_dir: str, tp_rank: int, distr
     dcp.load(sd, storage_reader=dcp.FileSystemReader(it_dir), no_dist=not distributed)
 
 
-def load_model(cfg, folder: str, hybrid: bool, tp: Group | None = None) -> torch.nn.Module:
-    """Our model at this TP rank (eval mode), its weights read from the checkpoint directory `folder` (hybrid)
-    or the transformers folder (each rank reads only its rows)."""
+def load_model(cfg, folder: str, hybrid: bool, tp: Group | None = None, pp: Group | None = None,
+               stages: list[tuple[int, ...]] | None = None) -> torch.nn.Module:
+    """Our model at this TP rank and pipeline stage (eval mode; the stage's layers from `stages`, one per pp
+    rank, as the trainer builds its chunks: models.build_pipeline_chunks), its weights read from the checkpoint
+    directory `folder` (hybrid) or the transformers folder (each rank reads only its rows and its layers)."""
     from hybrid.tp import TPContext
-    from models import build_model
+    from models import build_pipeline_chunks
     from models.hf_io import load_hf_checkpoint
-    tp = tp or Group.solo("tp")
-    net = build_model(cfg, TPContext(tp), seed=None).eval()
+    tp, pp = tp or Group.solo("tp"), pp or Group.solo("pp")
+    net = build_pipeline_chunks(cfg, TPContext(tp), pp.rank, pp.size, 1, stages=stages, seed=None)[0].eval()
     if not hybrid:
         load_hf_checkpoint(net, folder, tp.rank)
         return net
     with torch.no_grad():
         for p in net.parameters():
             p.zero_()  # vocabulary padding rows stay zero (they are in no checkpoint)
-    _load_hybrid_shards(net, folder, tp.rank, tp.size > 1)
+    _load_hybrid_shards(net, folder, tp.rank, tp.size * pp.size > 1)
     return net
 
 
@@ -255,24 +282,49 @@ def prompt_ids(args: argparse.Namespace, cfg, codec: TextCodec) -> torch.Tensor:
 
 
 # --- the command ----------------------------------------------------------------------------------------------
-def _check_layout(args: argparse.Namespace, world: int, cfg) -> int:
-    """The TP size (default: every launched process); one line naming the flag when the layout cannot run."""
+@dataclass(frozen=True)
+class Layout:
+    """How generate spreads the model: world = tp x pp (no data parallelism: one prompt).
+
+    Attributes:
+        tp: tensor-parallel size.
+        pp: pipeline stages.
+        stages: each stage's global layer ids (hybrid.partition.partition_layers).
+    """
+
+    tp: int
+    pp: int
+    stages: list[tuple[int, ...]]
+
+    def describe(self) -> str:
+        return f"tp {self.tp}" + (f" x pp {self.pp} (layers {[len(s) for s in self.stages]})" if self.pp > 1 else "")
+
+
+def _check_layout(args: argparse.Namespace, world: int, cfg) -> Layout:
+    """The layout (default tp: every launched process / pp); one line naming the flag when it cannot run."""
     from hybrid.mesh import ParallelDims, validate_model_dims
-    if args.pipeline_model_parallel_size != 1:
-        raise ValueError(f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}: generate runs at "
-                         f"pp 1 only (pipeline parallelism is not implemented for decoding); use tensor "
-                         f"parallelism (--tensor-model-parallel-size) to spread a large model")
-    tp = args.tensor_model_parallel_size or world
-    if tp != world:
+    from hybrid.partition import parse_layers_per_stage, partition_layers
+    pp = args.pipeline_model_parallel_size
+    validate_model_dims(ParallelDims(tp=1, pp=pp), cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
+    manual = parse_layers_per_stage(args.pipeline_layers_per_stage) if args.pipeline_layers_per_stage else None
+    if manual is None and cfg.num_layers % pp:  # the uniform split's own message names train.py's --pipeline-partition
+        q, r = divmod(cfg.num_layers, pp)
+        counts = ",".join(map(str, [q] * (pp - r) + [q + 1] * r))
+        raise ValueError(f"--pipeline-model-parallel-size {pp} does not divide the {cfg.num_layers} layers; give "
+                         f"the layers per stage, e.g. --pipeline-layers-per-stage {counts}")
+    stages = partition_layers(cfg.num_layers, pp, 1, layers_per_stage=manual)  # uniform unless given
+    tp = args.tensor_model_parallel_size or max(1, world // pp)
+    if tp * pp != world:
         launched = "1 was" if world == 1 else f"{world} were"
-        raise ValueError(f"--tensor-model-parallel-size {tp} needs {tp} processes, but {launched} launched; "
-                         f"use torchrun --nproc-per-node {tp}")
-    validate_model_dims(ParallelDims(tp=tp), cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
-    return tp
+        flags = f"--tensor-model-parallel-size {tp}" + (f" x --pipeline-model-parallel-size {pp}" if pp > 1 else "")
+        raise ValueError(f"{flags} needs {tp * pp} processes, but {launched} launched; "
+                         f"use torchrun --nproc-per-node {tp * pp}")
+    validate_model_dims(ParallelDims(tp=tp, pp=pp), cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
+    return Layout(tp, pp, stages)
 
 
 def _validate(args: argparse.Namespace):
-    """Every check, before any process group: (world, tp, sampling, codec, prompt, (cfg, folder, state))."""
+    """Every check, before any process group: (world, layout, sampling, codec, prompt, (cfg, folder, state))."""
     from hybrid.train.main import check_launcher_env, env_world, under_launcher
     if (args.prompt is None) == (args.prompt_ids is None):
         raise ValueError("give one of --prompt TEXT or --prompt-ids 1,2,3")
@@ -284,26 +336,28 @@ def _validate(args: argparse.Namespace):
         check_launcher_env(world)
     source = read_source(args.src, args.model)
     cfg, folder, state = source
-    tp = _check_layout(args, world, cfg)
+    layout = _check_layout(args, world, cfg)
     codec = find_codec(args.tokenizer, folder, state)
-    return world, tp, sampling, codec, prompt_ids(args, cfg, codec), source
+    return world, layout, sampling, codec, prompt_ids(args, cfg, codec), source
 
 
-def _tp_group(world: int, tp: int, backend: str, device: torch.device) -> Group:
+def _groups(world: int, layout: Layout, backend: str, device: torch.device) -> tuple[Group, Group]:
+    """This rank's (tp, pp) groups of the tp x pp mesh (hybrid.mesh: tp innermost)."""
     import torch.distributed as dist
 
     from hybrid.mesh import Mesh, ParallelDims
     if world == 1:
-        return Group.solo("tp")
+        return Group.solo("tp"), Group.solo("pp")
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
-    return Mesh.build(ParallelDims(tp=tp), device=device).tp
+    mesh = Mesh.build(ParallelDims(tp=layout.tp, pp=layout.pp), device=device)
+    return mesh.tp, mesh.pp
 
 
 def run(args: argparse.Namespace) -> None:
     from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
     from hybrid.mesh import default_backend
     try:
-        world, tp_size, sampling, codec, ids, (cfg, folder, state) = _validate(args)
+        world, layout, sampling, codec, ids, (cfg, folder, state) = _validate(args)
     except ValueError as e:
         error = fail(f"hybrid generate: error: {e}")
         if not is_rank_zero():
@@ -314,11 +368,11 @@ def run(args: argparse.Namespace) -> None:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    tp = _tp_group(world, tp_size, backend, device)
+    tp, pp = _groups(world, layout, backend, device)
     try:
-        model = load_model(cfg, folder, state is not None, tp).to(device)
+        model = load_model(cfg, folder, state is not None, tp, pp, layout.stages).to(device)
         out = generate(model, ids.to(device), args.max_new_tokens, cfg.max_position_embeddings, cfg.vocab_size,
-                       sampling, tp).cpu()
+                       sampling, tp, pp=pp, hidden=cfg.hidden_size).cpu()
     finally:
         if world > 1:
             import torch.distributed as dist
@@ -326,13 +380,13 @@ def run(args: argparse.Namespace) -> None:
     if is_rank_zero():
         new = out[0, ids.shape[1]:].tolist()
         print(f"generate: {len(new)} new tokens ({sampling.describe()}): {','.join(map(str, new))}")
-        print(f"tokenizer: {codec.source}; tp {tp_size} on {device.type}, KV cache")
+        print(f"tokenizer: {codec.source}; {layout.describe()} on {device.type}, KV cache")
         print(codec.decode(out[0].tolist()))
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="greedy or sampled generation from a hybrid checkpoint or "
-                              "transformers folder (any TP under torchrun)", description=__doc__,
+                              "transformers folder (any TP x PP under torchrun)", description=__doc__,
                               formatter_class=HelpFormatter)
     p.add_argument("src", metavar="SRC", help="a hybrid checkpoint directory or a transformers model folder")
     p.add_argument("--prompt", default=None, help="prompt text (through SRC's tokenizer, else UTF-8 bytes)")
@@ -347,9 +401,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="a tokenizer folder or tokenizer.json (default: SRC's, the run's, else UTF-8 bytes)")
     p.add_argument("--tensor-model-parallel-size", type=int_in(1), default=None, metavar="N",
-                   help="TP size (default: the number of processes torchrun launched)")
+                   help="TP size (default: the number of processes torchrun launched / the PP size)")
     p.add_argument("--pipeline-model-parallel-size", type=int_in(1), default=1, metavar="N",
-                   help="only 1: generate has no pipeline parallelism")
+                   help="pipeline stages (world = TP x PP); the layers split uniformly unless "
+                        "--pipeline-layers-per-stage")
+    p.add_argument("--pipeline-layers-per-stage", default=None, metavar="COUNTS",
+                   help="layers on each stage, e.g. 1,2 (as train.py's flag)")
     p.add_argument("--model", default=None, metavar="CONFIG", help="hybrid SRC: the model config, if not recorded")
     p.set_defaults(func=run)
     return p
