@@ -9,13 +9,13 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("bench_zero.py", "bench_tp.py", "bench_pipeline.py")
+SCRIPTS = ("bench_zero.py", "bench_tp.py", "bench_pipeline.py", "bench_checkpoint.py")
 
 
 def test_bench_scripts_quick_mode_writes_a_table(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     outs = {s: tmp_path / (s[:-3] + ".md") for s in SCRIPTS}
-    # the three start together: most of a quick run is process start-up and imports, not compute
+    # they start together: most of a quick run is process start-up and imports, not compute
     procs = {s: subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", s), "--quick", "--out", str(outs[s])],
                                  env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True)
