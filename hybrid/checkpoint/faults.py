@@ -19,7 +19,7 @@ import os
 import signal
 import time
 
-from hybrid.fault.inject import ENV, attempt, parse  # ENV: re-exported for tests that set or clear it
+from hybrid.fault.inject import ENV, parse  # ENV: re-exported for tests that set or clear it
 
 __all__ = ["ENV", "POINTS", "SimulatedCrash", "crash_point"]
 
@@ -39,7 +39,7 @@ def crash_point(name: str, iteration: int) -> None:
     for f in parse(spec):
         if f.kind != "crash" or f.point != name or f.rank not in (-1, rank) or f.iteration not in (0, iteration):
             continue
-        if f.restart not in (-1, attempt()):  # restart=K: only in torchrun's attempt K
+        if not f.in_this_attempt():  # restart=K: only in torchrun's attempt K
             continue
         if f.signal:
             print(f"inject: {f.signal} to rank {rank} at crash point {name} of the save of iteration {iteration}, "

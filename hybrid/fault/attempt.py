@@ -16,8 +16,8 @@ fresh by a random nonce, so nothing written by an earlier attempt can be mistake
 hello/r may still hold a dead rank's nonce when rank 0 first reads it; that ack goes unread, and the live
 rank's own hello overwrites it and is acked on a later pass. Cost: rank 0 makes O(world) store round trips a
 pass (about 0.1 ms each on a LAN: under a second a pass at 4k ranks) until every rank has confirmed; the others
-make three. The process group, the heartbeat and the hang
-watchdog then keep their keys under the id (`attempt_id()`).
+make three. The process group, the heartbeat and the hang watchdog then keep their keys under the id
+(`attempt_id()`).
 """
 
 from __future__ import annotations

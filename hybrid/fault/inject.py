@@ -43,7 +43,7 @@ KINDS = ("hang", "stop", "nan", "slow", "signal", "crash")
 class Fault:
     kind: str
     rank: int
-    op: str = ""  # hang/stop: "dp.all_reduce", "pp.send"
+    op: str = ""  # hang/stop, and signal when given: "dp.all_reduce", "pp.send"
     iteration: int = 0  # hang/stop; crash: only in the save of this iteration (0: every save)
     microbatch: int = 0  # hang/stop
     iterations: frozenset[int] = frozenset()  # nan
@@ -51,7 +51,10 @@ class Fault:
     seconds: float = 3600.0  # hang: how long to sleep
     signal: str = ""  # signal: SIGKILL, SIGSTOP, SIGTERM, ...; crash: send it instead of raising ("": raise)
     point: str = ""  # crash: the checkpoint save's crash point (hybrid/checkpoint/faults.py); rank -1: every rank
-    restart: int = -1  # signal: only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT); -1: every attempt
+    restart: int = -1  # signal/crash: only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT); -1: every attempt
+
+    def in_this_attempt(self) -> bool:
+        return self.restart in (-1, attempt())
 
 
 def _iterations(text: str) -> frozenset[int]:
@@ -122,7 +125,7 @@ class Injector:
 
     def on_op_start(self, rec, sends: tuple[int, ...]) -> None:
         for f in self.faults:
-            at_op = f.kind in ("hang", "stop") or (f.kind == "signal" and f.op and f.restart in (-1, attempt()))
+            at_op = f.kind in ("hang", "stop") or (f.kind == "signal" and f.op and f.in_this_attempt())
             if not at_op or (rec.iteration, rec.microbatch) != (f.iteration, f.microbatch):
                 continue
             group, _, op = f.op.partition(".")
@@ -147,7 +150,7 @@ class Injector:
         """signal: the rank signals itself now. nan: this iteration's backward writes NaN into the first trainable parameter's gradient
         (before gradient accumulation and the DP reduction, as a bad kernel would)."""
         for f in self.faults:
-            if f.kind == "signal" and not f.op and f.iteration == iteration and f.restart in (-1, attempt()):
+            if f.kind == "signal" and not f.op and f.iteration == iteration and f.in_this_attempt():
                 print(f"inject: {f.signal} to rank {f.rank} at iteration {iteration}, t={time.time():.3f}", flush=True)
                 os.kill(os.getpid(), getattr(signal, f.signal))
         for h in self._handles:

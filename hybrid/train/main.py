@@ -97,11 +97,8 @@ def init_distributed(args: argparse.Namespace, world: int, device: torch.device,
     device_id = device if device.type == "cuda" else None
     if under_launcher():
         store = attempt_store(timeout)
-        if store is None:
-            dist.init_process_group(backend, timeout=timeout, device_id=device_id)
-        else:
-            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=world,
-                                    timeout=timeout, device_id=device_id)
+        given = {} if store is None else dict(store=store, rank=int(os.environ["RANK"]), world_size=world)
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id, **given)  # else env://
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
                                 device_id=device_id)
