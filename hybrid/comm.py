@@ -159,6 +159,29 @@ class Group:
                 for work in dist.batch_isend_irecv(ops):
                     work.wait()
 
+    def batch_p2p_async(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+                        labels: tuple[str, ...] = ()) -> list["Work"]:
+        """Post every send and receive together (`batch_isend_irecv`) and return one `Work` per op -- sends,
+        then receives -- without waiting: the caller waits for each where it needs it (the pipeline executor:
+        a receive just before the compute that reads it, sends at the end of the step). Ledger as
+        `batch_p2p`. Each op has its own op-trail record, so a hang names the one transfer waited for.
+        A backend that coalesces a batch into fewer handles (NCCL) gives every op all of them: waiting
+        any op then waits the whole batch, which is still correct, only less lazy."""
+        if not sends and not recvs:
+            return []
+        ops, recs = [], []
+        items = [(t, q, dist.isend, "send") for t, q in sends] + [(t, q, dist.irecv, "recv") for t, q in recvs]
+        for i, (t, peer, fn, kind) in enumerate(items):
+            self.ledger.record(kind, self.name, _nbytes(t))
+            label = labels[i:i + 1] if i < len(labels) else ()
+            who = (self.ranks[peer],)
+            recs.append(TRAIL.start(self.name, self.ranks, "p2p", sends=who if kind == "send" else (),
+                                    recvs=who if kind == "recv" else (), labels=label))
+            ops.append(dist.P2POp(fn, t, self.ranks[peer], group=self.pg))
+        handles = dist.batch_isend_irecv(ops)
+        per_op = handles if len(handles) == len(ops) else [_AllOf(handles)] * len(ops)
+        return [Work(h, rec) for h, rec in zip(per_op, recs)]
+
     def barrier(self) -> None:
         if self.size > 1:
             with TRAIL.op(self.name, self.ranks, "barrier"):
@@ -202,6 +225,10 @@ class Work:
     handle: object | None
     record: object | None = None
 
+    def done(self) -> bool:
+        """True once the op has completed (then `wait` returns at once); never blocks."""
+        return self.handle is None or self.handle.is_completed()
+
     def wait(self) -> None:
         if self.handle is not None:
             if self.record is None:
@@ -210,3 +237,17 @@ class Work:
                 with TRAIL.waiting(self.record):
                     self.handle.wait()
             self.handle = None
+
+
+class _AllOf:
+    """Several backend handles that complete together (a coalesced batch): waited, or done, as one."""
+
+    def __init__(self, handles: list) -> None:
+        self.handles = handles
+
+    def wait(self) -> None:
+        for h in self.handles:
+            h.wait()
+
+    def is_completed(self) -> bool:
+        return all(h.is_completed() for h in self.handles)

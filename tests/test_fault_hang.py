@@ -98,6 +98,24 @@ def test_verdict_names_op_iteration_micro_batch_and_the_missing_rank(age, word):
     assert word in line
 
 
+def test_with_lazy_pipeline_waits_the_verdict_names_the_op_waited_for_not_an_early_posted_one():
+    """The pipeline posts sends and receives ahead and waits for each only when needed: rank 0 here has a
+    posted receive of micro-batch 3 (rank 1 has not sent it yet -- only early, not stuck) and waits for the
+    gradient of micro-batch 1, which rank 1 never sent. The verdict names the wait; rank 1, waiting for
+    nothing, is reported as outside any op and awaited by rank 0."""
+    early = _rec("pp", [0, 1], "p2p", p2p=[("recv", 1, 4, "recv_act of micro-batch 3")])
+    waited = _rec("pp", [0, 1], "p2p", p2p=[("recv", 1, 2, "recv_grad of micro-batch 1")])
+    unwaited_send = _rec("pp", [0, 1], "p2p", p2p=[("send", 0, 2, "send_grad of micro-batch 0")])
+    states = {0: _state(0, p2p={"recv:1": 4}, pending=[early, waited]),
+              1: _state(1, p2p={"send:0": 1, "recv:0": 2}, pending=[unwaited_send], phase="forward")}
+    states[0]["blocked"], states[1]["blocked"] = 1, None
+    line = verdict(0, states, now=100.0, stale_after=3.0)
+    assert "blocked on recv_grad of micro-batch 1 <- rank 1" in line and "micro-batch 3" not in line, line
+    line = verdict(1, states, now=100.0, stale_after=3.0)
+    assert line.startswith("hang verdict: rank 1 is in no communication op (forward"), line
+    assert "awaited by: rank 0 in pp p2p [recv_grad of micro-batch 1" in line, line
+
+
 def test_a_rank_outside_any_op_names_the_collective_a_peer_has_not_started():
     """NCCL returns from a collective at launch and blocks later (loss.item()): no op is pending, the
     sequence numbers alone name who is behind."""

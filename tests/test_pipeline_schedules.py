@@ -229,18 +229,82 @@ def test_gpipe_and_1f1b_have_no_extra_bubble_when_backward_is_twice_forward():
             assert result.makespan == 3 * (m + pp - 1), (kind, pp, m)
 
 
-def test_no_deadlock_and_buffered_never_slower_with_random_costs():
-    """Whether lists deadlock does not depend on durations; random per-stage costs and comm also exercise the
-    timing code."""
+def _random_costs(rng: random.Random, stages: int, comm: float) -> Costs:
+    return Costs(comm=comm, stage_forward=tuple(rng.uniform(0.2, 2) for _ in range(stages)),
+                 stage_backward=tuple(rng.uniform(0.2, 4) for _ in range(stages)))
+
+
+def test_no_deadlock_and_waiting_less_is_never_slower_with_random_costs():
+    """Whether lists deadlock does not depend on durations or on how the executor waits; random per-stage costs
+    and comm also exercise the timing code. Each mode waits for a subset of what the next one waits for
+    (lazy: a compute's own input; buffered: a batch's receives; rendezvous: the whole batch), so
+    lazy <= buffered <= rendezvous."""
     rng = random.Random(0)
     for kind, pp, m, v in CONFIGS[::3]:
-        stages = pp * v
-        costs = Costs(comm=rng.uniform(0, 0.5), stage_forward=tuple(rng.uniform(0.2, 2) for _ in range(stages)),
-                      stage_backward=tuple(rng.uniform(0.2, 4) for _ in range(stages)))
+        costs = _random_costs(rng, pp * v, rng.uniform(0, 0.5))
         sched = list(map(list, _schedule(kind, pp, m, v)))
-        blocking, buffered = simulate(sched, costs), simulate(sched, costs, Transfer.BUFFERED)
-        assert buffered.makespan <= blocking.makespan + 1e-9, (kind, pp, m, v)
-        assert blocking.busy == pytest.approx(buffered.busy)
+        lazy, buffered, blocking = (simulate(sched, costs, t) for t in (Transfer.LAZY, Transfer.BUFFERED,
+                                                                          Transfer.RENDEZVOUS))
+        assert lazy.makespan <= buffered.makespan + 1e-9 and buffered.makespan <= blocking.makespan + 1e-9, \
+            (kind, pp, m, v)
+        assert blocking.busy == pytest.approx(buffered.busy) and lazy.busy == pytest.approx(buffered.busy)
+
+
+def _earliest_starts(sched: list[list[Action]], costs: Costs, pp: int) -> dict[tuple[int, Action], float]:
+    """Reference for lazy waits with free messages: the longest path through the compute DAG in each rank's order.
+    A compute starts at max(the end of the rank's previous compute, the end of the computes it depends on):
+    forward at stage s on forward at s - 1; backward at s on backward at s + 1 and on its own forward."""
+    v = 1 + max(a.chunk for actions in sched for a in actions)
+    orders = [[a for a in actions if a.op.is_compute] for actions in sched]
+    end: dict[tuple[Op, int, int], float] = {}
+    start: dict[tuple[int, Action], float] = {}
+    cursor, clock = [0] * pp, [0.0] * pp
+    while any(cursor[r] < len(orders[r]) for r in range(pp)):
+        for r in range(pp):
+            while cursor[r] < len(orders[r]):
+                a = orders[r][cursor[r]]
+                s = stage_of(r, a.chunk, pp)
+                needs = [(Op.FORWARD, a.microbatch, s - 1)] if a.op is Op.FORWARD and s > 0 else []
+                if a.op is Op.BACKWARD:
+                    needs = [(Op.FORWARD, a.microbatch, s)] + ([(Op.BACKWARD, a.microbatch, s + 1)]
+                                                                 if s < pp * v - 1 else [])
+                if any(n not in end for n in needs):
+                    break
+                t = max([clock[r]] + [end[n] for n in needs])
+                dur = costs.forward_time(s) if a.op is Op.FORWARD else costs.backward_time(s)
+                start[(r, a)], clock[r] = t, t + dur
+                end[(a.op, a.microbatch, s)] = t + dur
+                cursor[r] += 1
+    return start
+
+
+def test_lazy_waits_start_every_compute_as_early_as_its_data_allows():
+    """With free messages, Transfer.LAZY (the executor's waits) starts each compute exactly when the longest
+    path through the data dependencies says it can: no rank ever waits on a message it does not need yet."""
+    rng = random.Random(1)
+    for kind, pp, m, v in CONFIGS[::2]:
+        costs = _random_costs(rng, pp * v, 0.0)
+        sched = list(map(list, _schedule(kind, pp, m, v)))
+        result = simulate(sched, costs)
+        starts = _earliest_starts(sched, costs, pp)
+        for r, spans in enumerate(result.timelines):
+            for span in spans:
+                assert span.start == pytest.approx(starts[(r, span.action)], abs=1e-9), (kind, pp, m, v, r, span)
+
+
+@pytest.mark.parametrize("tf, tb", [(1, 1), (1, 2), (1, 3), (2, 3)])
+def test_interleaved_bubble_is_one_over_v_of_1f1b_whatever_backward_costs(tf, tb):
+    """Narayanan's interleaved bubble, (p - 1)(tf + tb) / v per chunk-cost unit, exactly: makespan
+    (tf + tb)(v m + p - 1) per chunk, for tb = tf, 2 tf (no recomputation), 3 tf (full recomputation) and 1.5 tf.
+    The 1F1B comparison runs whole-rank costs v tf, v tb: its bubble is (p - 1) v (tf + tb), v times larger."""
+    for pp in range(2, 9):
+        for v in (2, 3, 4):
+            for m in (pp, 2 * pp, 4 * pp):
+                result = simulate(build_schedule(INTERLEAVED, pp, m, v), Costs(forward=tf, backward=tb))
+                assert result.makespan == (tf + tb) * (v * m + pp - 1), (pp, v, m)
+                one_f_one_b = simulate(build_schedule(ONE_F_ONE_B, pp, m), Costs(forward=v * tf, backward=v * tb))
+                bubble, bubble_1f1b = (r.makespan - m * v * (tf + tb) for r in (result, one_f_one_b))
+                assert bubble * v == bubble_1f1b == (pp - 1) * v * (tf + tb), (pp, v, m)
 
 
 def test_timelines_hold_every_compute_in_order_without_overlap():
@@ -265,14 +329,20 @@ def test_deadlock_names_the_stuck_ranks_and_their_pending_actions():
         [Action(Op.RECV_ACT, 0, 0, 0), Action(Op.FORWARD, 0), Action(Op.BACKWARD, 0), Action(Op.SEND_GRAD, 0, 0, 0)],
     ]
     with pytest.raises(DeadlockError, match=r"rank 0 stuck at batch \[RECV_GRAD\(mb=0,c=0\)@1\]") as info:
-        simulate(schedule)
+        simulate(schedule, transfer=Transfer.RENDEZVOUS)
     assert "rank 1 stuck at batch [RECV_ACT(mb=0,c=0)@0]" in str(info.value)
+    with pytest.raises(DeadlockError) as info:  # lazily: each rank stuck at the compute whose input never comes
+        simulate(schedule)
+    assert "rank 0 stuck at BACKWARD(mb=0,c=0): its input RECV_GRAD(mb=0,c=0)@1 waits for rank 1 to post it" \
+        in str(info.value), str(info.value)
+    assert "rank 1 stuck at FORWARD(mb=0,c=0): its input RECV_ACT(mb=0,c=0)@0 waits for rank 0" in str(info.value)
 
 
 def test_unmatched_send_is_reported_as_deadlock():
     schedule = [[Action(Op.FORWARD, 0), Action(Op.SEND_ACT, 0, 0, 1)], [Action(Op.FORWARD, 0)]]
-    with pytest.raises(DeadlockError, match="no matching message"):
-        simulate(schedule)
+    for transfer in (Transfer.LAZY, Transfer.RENDEZVOUS):  # BUFFERED, a bound, never waits for sends
+        with pytest.raises(DeadlockError, match="no matching message"):
+            simulate(schedule, transfer=transfer)
 
 
 def test_messages_matched_with_the_wrong_payload_raise():

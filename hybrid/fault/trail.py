@@ -58,6 +58,7 @@ class Trail:
         self.last: dict[str, dict] = {}  # group -> its latest collective: op, seq, ranks, iteration, micro-batch
         self.p2p: dict[str, int] = {}  # "send:q" / "recv:q" -> count started
         self.pending: list[OpRecord] = []
+        self.blocked: OpRecord | None = None  # the op the caller waits for right now (lazy p2p: one of several)
         self.last_progress = time.monotonic()
         self.phase_seconds = dict.fromkeys(PHASES, 0.0)
         self._phase_since = time.monotonic()
@@ -123,9 +124,11 @@ class Trail:
     def waiting(self, rec: OpRecord):
         """The caller blocks until `rec` completes: the time counts as comm (p2p for p2p)."""
         old = self._switch("p2p" if rec.op == "p2p" else "comm")
+        self.blocked = rec
         try:
             yield
         finally:
+            self.blocked = None
             self.complete(rec)
             self._switch(old)
 
@@ -142,7 +145,8 @@ class Trail:
             return {"iteration": self.iteration, "microbatch": self.microbatch, "phase": self.phase,
                     "idle": time.monotonic() - self.last_progress, "seq": dict(self.seq), "done": dict(self.done),
                     "last": {g: dict(v) for g, v in self.last.items()},
-                    "p2p": dict(self.p2p), "pending": [asdict(r) for r in self.pending]}
+                    "p2p": dict(self.p2p), "pending": [asdict(r) for r in self.pending],
+                    "blocked": self.pending.index(self.blocked) if self.blocked in self.pending else None}
 
 
 TRAIL = Trail()

@@ -85,19 +85,27 @@ def _describe_rank(q: int, states: dict, now: float, stale_after: float, group: 
         where += f", started {group} ops {s['seq'].get(group, 0)} times"
     if age > stale_after:
         return f"rank {q} (no heartbeat for {age:.1f}s: stopped or dead; last seen {where})"
-    blocked = next(((r, m) for r in s["pending"] if (m := not_arrived(r, q, states))), None)
-    if blocked:  # a cascade: say whom q waits for, so every line leads to the root
-        where += f", itself waiting in {_describe_op(blocked[0])} for ranks {blocked[1]}"
+    waited = _waited_op(s)
+    if waited and (missing := not_arrived(waited, q, states)):  # a cascade: whom q waits for, so every line
+        where += f", itself waiting in {_describe_op(waited)} for ranks {missing}"  # leads to the root
     return f"rank {q} ({where}, heartbeat {age:.1f}s ago)"
+
+
+def _waited_op(state: dict) -> dict | None:
+    """The op a rank waits for right now, or None. Other pending ops (the lazy pipeline's posted sends and
+    receives, ZeRO's async collectives) are not waited for yet: a partner missing there may only be early.
+    A state without the "blocked" field (written by a blocking-only trail) waits for its newest op."""
+    pending = state["pending"]
+    blocked = state.get("blocked", len(pending) - 1 if pending else None)
+    return None if blocked is None else pending[blocked]
 
 
 def verdict(me: int, states: dict[int, dict | None], now: float, stale_after: float) -> str:
     """The one line rank `me` prints, from every rank's state (None: never published)."""
     st = states[me]
-    pending = st["pending"]
-    if pending:
-        waits = [(r, not_arrived(r, me, states)) for r in pending]
-        rec, missing = next(((r, m) for r, m in waits if m), waits[-1])
+    rec = _waited_op(st)
+    if rec is not None:
+        missing = not_arrived(rec, me, states)
         group = rec["group"] if rec["op"] != "p2p" else None
         who = "; ".join(_describe_rank(q, states, now, stale_after, group) for q in missing) or "none (all started it)"
         line = f"hang verdict: rank {me} waited {now - rec['started']:.1f}s in {_describe_op(rec)} at {_where(rec)}"
@@ -116,10 +124,9 @@ def verdict(me: int, states: dict[int, dict | None], now: float, stale_after: fl
                 f"{st['idle']:.1f}s); not arrived: " + "; ".join(behind))
     waiters = []
     for q, s in sorted(states.items()):
-        for r in (s or {}).get("pending", []):
-            if me in not_arrived(r, q, states):
-                waiters.append(f"rank {q} in {_describe_op(r)} at {_where(r)}")
-                break
+        r = _waited_op(s) if s else None
+        if r and me in not_arrived(r, q, states):
+            waiters.append(f"rank {q} in {_describe_op(r)} at {_where(r)}")
     return (f"hang verdict: rank {me} is in no communication op ({st['phase']} at {_where(st)}, no progress for "
             f"{st['idle']:.1f}s); not arrived: rank {me} (this rank), awaited by: {'; '.join(waiters) or 'nobody'}")
 

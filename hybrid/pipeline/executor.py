@@ -2,15 +2,23 @@
 
 The executor knows no schedule: it walks the list. Compute actions run one chunk's forward or
 backward for one micro-batch; each maximal run of communication actions is posted as one
-`batch_isend_irecv` over the pipeline group and waited on as a whole (see schedules.py for why that
-cannot deadlock). Payload shapes are fixed -- one micro-batch's hidden states, (b, s, h) or (b, s/t, h)
-under sequence parallelism -- so receives allocate their buffers with no shape handshake.
+`batch_isend_irecv` over the pipeline group and NOT waited for as a whole (lazy waits, Megatron's
+overlap_p2p_comm): a receive is waited for just before the compute that reads it, a send at the end of
+the step (or earlier, once it has completed, to free its buffer). A compute therefore waits only for its
+own input, and a rank never blocks on a neighbour that has not yet posted a receive it will need later:
+this is what lets the interleaved schedule reach its (p - 1)/v bubble when the backward costs more than
+the forward, and removes GPipe's send waits (`simulate(..., Transfer.LAZY)` models exactly this).
+It cannot deadlock where the blocking execution would not: every wait here is a subset of what a
+blocking batch waits for, at the same point of the list or later. Payload shapes are fixed -- one
+micro-batch's hidden states, (b, s, h) or (b, s/t, h) under sequence parallelism -- so receives
+allocate their buffers with no shape handshake.
 
-Memory: once a chunk's output activation has been sent, its data is freed (Megatron's
-deallocate_output_tensor): backward needs only the autograd graph behind it, not its values, so a
-stage keeps exactly what its backward uses. Backward through a freed output goes straight to the
-autograd engine, which -- unlike `torch.autograd.backward` -- does not check that the gradient's
-shape matches the (now empty) output.
+Memory: once a chunk's output activation has been sent, the executor drops it (Megatron's
+deallocate_output_tensor): backward needs only the autograd graph behind it, not its values. The
+storage lives on in the pending send until the receiver has taken it; `peak_held_output_bytes` counts
+unsent outputs, `peak_sending_bytes` outputs whose send was still in flight. Backward through a freed
+output goes straight to the autograd engine, which -- unlike `torch.autograd.backward` -- does not check
+that the gradient's shape matches the (now empty) output.
 
 Gradients accumulate over micro-batches in `.grad`; the last stage scales each micro-batch's loss by
 1/m, so the result is the gradient of the mean loss, as a single process with accumulation computes.
@@ -57,7 +65,9 @@ class TimelineEvent:
 class _StepState:
     inputs: dict = field(default_factory=dict)     # (mb, chunk) -> chunk input (requires grad)
     outputs: dict = field(default_factory=dict)    # (mb, chunk) -> chunk output, or scaled loss
-    received: dict = field(default_factory=dict)   # (op, mb, chunk) -> payload received
+    received: dict = field(default_factory=dict)   # (op, mb, chunk) -> payload (pp = 1: handed over in memory)
+    incoming: dict = field(default_factory=dict)   # (op, mb, chunk) -> (buffer, Work): posted, not yet waited
+    sending: list = field(default_factory=list)    # (Work, payload) of sends posted, not yet waited
     grads: dict = field(default_factory=dict)      # (mb, chunk) -> d loss / d input, to send
     loss: torch.Tensor | None = None
 
@@ -96,6 +106,11 @@ def _held_bytes(st: _StepState) -> int:
     return sum(y.numel() * y.element_size() for y in st.outputs.values() if y.numel() > 1)
 
 
+def _sending_bytes(st: _StepState) -> int:
+    """Bytes of sent payloads whose send has not completed (the receiver has not taken them yet)."""
+    return sum(t.numel() * t.element_size() for _, t in st.sending)
+
+
 def _backward(output: torch.Tensor, grad: torch.Tensor | None) -> None:
     """Backward from `output` with incoming gradient `grad`, bypassing the shape check so a freed
     output works (Megatron's custom_backward)."""
@@ -122,35 +137,71 @@ class PipelineExecutor:
         self.record_timeline = record_timeline
         self.events: list[TimelineEvent] = []
         self.peak_held_output_bytes = 0  # most bytes of unsent chunk outputs held at once, last step
+        self.peak_sending_bytes = 0  # most bytes of sent payloads still in flight at once, last step
         self._runs = _runs(self.schedule)
 
     def forward_backward(self, batches: Sequence[Batch]) -> torch.Tensor:
         st = _StepState(loss=torch.zeros((), device=self.device))
-        self.peak_held_output_bytes = 0
+        self.peak_held_output_bytes = self.peak_sending_bytes = 0
         self.events = []  # the timeline of the latest step
         for run in self._runs:
-            t0 = time.time()
             TRAIL.enter(*_phase(run))  # observed by the hang watchdog and the straggler report
             if run[0].op.is_compute:
                 (self._forward if run[0].op is Op.FORWARD else self._backward_step)(run[0], batches, st)
             else:
+                t0 = time.time()
                 self._communicate(run, st)
+                self._record(run, t0)
             self.peak_held_output_bytes = max(self.peak_held_output_bytes, _held_bytes(st))
-            if self.record_timeline:
-                for a in run:
-                    self.events.append(TimelineEvent(a.op.value, a.microbatch, a.chunk, t0, time.time()))
-        if st.inputs or st.outputs or st.received or st.grads:
+            self.peak_sending_bytes = max(self.peak_sending_bytes, _sending_bytes(st))
+        self._finish_sends(st)
+        if st.inputs or st.outputs or st.received or st.incoming or st.grads:
             raise RuntimeError("pipeline schedule left work undone: "
-                               f"{list(st.inputs)} {list(st.outputs)} {list(st.received)} {list(st.grads)}")
+                               f"{list(st.inputs)} {list(st.outputs)} {list(st.received)} {list(st.incoming)} "
+                               f"{list(st.grads)}")
         return st.loss
+
+    def _record(self, run: list[Action], t0: float, name: str | None = None) -> None:
+        if self.record_timeline:
+            end = time.time()
+            for a in run:
+                self.events.append(TimelineEvent(name or a.op.value, a.microbatch, a.chunk, t0, end))
+
+    def _take(self, a: Action, op: Op, st: _StepState) -> torch.Tensor:
+        """The payload `a` consumes: handed over in memory (pp = 1) or received -- waited for only now.
+        The wait shows on the timeline as a "wait" event of the consuming action."""
+        key = (op, a.microbatch, a.chunk)
+        if key in st.received:
+            return st.received.pop(key)
+        buf, work = st.incoming.pop(key)
+        t0 = time.time()
+        work.wait()
+        self._record([a], t0, name="wait")
+        return buf
+
+    def _finish_sends(self, st: _StepState) -> None:
+        """End of the step: wait for every send still in flight (its receiver has posted by now or will)."""
+        t0 = time.time()
+        for work, _ in st.sending:
+            work.wait()
+        if st.sending:
+            self._record([Action(Op.SEND_ACT, -1)], t0, name="wait")
+        st.sending.clear()
+
+    def _reap_sends(self, st: _StepState) -> None:
+        """Drop sends that have completed, so their payloads are freed before the end of the step."""
+        if st.sending:
+            still = [(w, t) for w, t in st.sending if not w.done()]
+            for w, _ in st.sending:
+                if w.done():
+                    w.wait()  # returns at once; closes its op-trail record
+            st.sending[:] = still
 
     def _forward(self, a: Action, batches: Sequence[Batch], st: _StepState) -> None:
         chunk, key = self.chunks[a.chunk], (a.microbatch, a.chunk)
         inputs, labels = batches[a.microbatch]
-        if chunk.stage.first:
-            x = inputs.to(self.device)
-        else:
-            x = st.received.pop((Op.RECV_ACT, *key)).requires_grad_()
+        x = inputs.to(self.device) if chunk.stage.first else self._take(a, Op.RECV_ACT, st).requires_grad_()
+        t0 = time.time()
         with self.on_forward(*key) if self.on_forward else nullcontext():
             y = chunk(x, labels.to(self.device) if chunk.stage.last else None)
         if chunk.stage.last:
@@ -159,11 +210,15 @@ class PipelineExecutor:
         elif self.pp.size == 1:  # v chunks on one rank: hand the activation over in memory
             st.received[(Op.RECV_ACT, a.microbatch, a.chunk + 1)] = y.detach()
         st.inputs[key], st.outputs[key] = x, y
+        self._record([a], t0)
 
     def _backward_step(self, a: Action, batches: Sequence[Batch], st: _StepState) -> None:
         chunk, key = self.chunks[a.chunk], (a.microbatch, a.chunk)
         x, y = st.inputs.pop(key), st.outputs.pop(key)
-        _backward(y, None if chunk.stage.last else st.received.pop((Op.RECV_GRAD, *key)))
+        grad = None if chunk.stage.last else self._take(a, Op.RECV_GRAD, st)
+        t0 = time.time()
+        _backward(y, grad)
+        self._record([a], t0)
         if chunk.stage.first:
             return
         if self.pp.size == 1:
@@ -172,7 +227,9 @@ class PipelineExecutor:
             st.grads[key] = x.grad
 
     def _communicate(self, run: list[Action], st: _StepState) -> None:
-        sends, recvs, arrivals, sent_outputs = [], [], [], []
+        """Post the run's sends and receives as one batch; wait for none of them here (see the module doc)."""
+        self._reap_sends(st)
+        sends, recvs, keys, sent_outputs = [], [], [], []
         for a in run:
             key = (a.microbatch, a.chunk)
             if a.op is Op.SEND_ACT:
@@ -181,10 +238,10 @@ class PipelineExecutor:
             elif a.op is Op.SEND_GRAD:
                 sends.append((st.grads.pop(key).contiguous(), a.peer))
             else:
-                buf = torch.empty(self.io.shape, dtype=self.io.dtype, device=self.device)
-                recvs.append((buf, a.peer))
-                arrivals.append(((a.op, *key), buf))
-        self.pp.batch_p2p(sends, recvs, labels=_labels(run))
-        st.received.update(arrivals)
+                recvs.append((torch.empty(self.io.shape, dtype=self.io.dtype, device=self.device), a.peer))
+                keys.append((a.op, *key))
+        works = self.pp.batch_p2p_async(sends, recvs, labels=_labels(run))
+        st.sending.extend(zip(works[:len(sends)], (t for t, _ in sends)))
+        st.incoming.update((k, (buf, w)) for k, (buf, _), w in zip(keys, recvs, works[len(sends):]))
         for y in sent_outputs:
-            _free(y)
+            _free(y)  # the pending send keeps the payload's storage until it completes

@@ -6,11 +6,17 @@ Model (the one `hybrid.pipeline.schedules` documents for the executor):
   on that rank ended and lasts `Costs.forward_time(stage)` / `Costs.backward_time(stage)`.
 * A maximal run of consecutive communication actions is one batch, *posted* when the rank reaches it. Messages
   on a directed pair (a -> b) are matched in posting order: a's k-th send to b is b's k-th receive from a.
-* Rendezvous (conservative, as NCCL for anything but tiny messages): a message is transferred once both its send
-  and its receive are posted, taking `Costs.comm` seconds from the later of the two post times. A batch completes
-  when all its messages have; the rank then continues. A send therefore blocks its rank until the receiver
-  posts the matching receive -- which is what makes badly ordered lists deadlock. `Transfer.BUFFERED` instead
-  lets sends complete at once (receives still wait for their send): a lower bound for these lists.
+  A message is transferred once both its send and its receive are posted, taking `Costs.comm` seconds from the
+  later of the two post times. What a rank waits for depends on `Transfer`:
+* `Transfer.LAZY` (default; what `PipelineExecutor` does): posting never blocks. A FORWARD/BACKWARD waits
+  only for the message carrying its own input (RECV_ACT / RECV_GRAD of the same micro-batch and chunk); sends
+  are waited for at the end of the step, so a rank's last send still counts towards the makespan. A compute
+  then starts at max(previous end on its rank, its input's arrival): with comm = 0 that is the earliest start
+  the data dependencies allow for this compute order (tests check it against a longest-path computation).
+* `Transfer.RENDEZVOUS` (blocking batches, as an executor that waits for each whole batch -- Megatron without
+  overlap_p2p_comm): a batch completes when all its messages have; the rank then continues. A send therefore
+  blocks its rank until the receiver posts the matching receive -- which is what makes badly ordered lists
+  deadlock. `Transfer.BUFFERED` lets sends complete at once, receives still wait at their batch.
 
 Because every rank's clock depends only on its own previous steps and on its partners' post times, the order in
 which the simulator advances ranks does not change the result. If no rank can advance and some are unfinished,
@@ -38,8 +44,9 @@ from hybrid.pipeline.schedules import Action, Op, stage_of
 class Transfer(enum.Enum):
     """When a point-to-point message lets its two ends go on."""
 
-    RENDEZVOUS = "rendezvous"  # both ends wait until both are posted (NCCL with payloads above its buffers)
-    BUFFERED = "buffered"  # a send completes at once; a receive when the send is posted (+ comm): the ideal
+    LAZY = "lazy"  # posting never blocks; a compute waits for its own input, sends are waited at the step's end
+    RENDEZVOUS = "rendezvous"  # a whole batch blocks until every message in it moved (both ends posted)
+    BUFFERED = "buffered"  # a batch blocks on its receives only; sends complete at once
 
 
 @dataclass(frozen=True)
@@ -134,10 +141,11 @@ _Step = Action | _Batch
 
 
 def simulate(schedule: list[list[Action]], costs: Costs = Costs(),
-             transfer: Transfer = Transfer.RENDEZVOUS) -> SimResult:
+             transfer: Transfer = Transfer.LAZY) -> SimResult:
     """Run all ranks' lists (schedule[r] is rank r's) under the executor's semantics; see the module docstring.
 
-    `transfer=Transfer.BUFFERED` gives the lower bound an executor that never blocks on sends would reach.
+    `Transfer.LAZY` is what `PipelineExecutor` does; `Transfer.RENDEZVOUS` and `Transfer.BUFFERED` model
+    executors that wait for each batch (all of it, or its receives).
     """
     pp = len(schedule)
     if pp < 1:
@@ -146,7 +154,8 @@ def simulate(schedule: list[list[Action]], costs: Costs = Costs(),
     costs.check_stages(pp * v)
     steps = [_to_steps(actions) for actions in schedule]
     _match_messages(steps, pp)
-    spans, batch_spans = _run(steps, costs, pp, transfer)
+    run = _run_lazy if transfer is Transfer.LAZY else _run
+    spans, batch_spans = run(steps, costs, pp, transfer)
     buffers = tuple(_peak_recv_buffers(actions) for actions in schedule)
     return _result(pp, v, spans, batch_spans, buffers)
 
@@ -238,6 +247,92 @@ def _run(steps: list[list[_Step]], costs: Costs, pp: int,
                 moved = True
     _raise_if_stuck(steps, cursor, posted)
     return spans, batch_spans
+
+
+def _run_lazy(steps: list[list[_Step]], costs: Costs, pp: int,
+              transfer: Transfer) -> tuple[list[list[Span]], list[list[BatchSpan]]]:
+    """Transfer.LAZY: batches are posted without blocking; a compute waits for the message carrying its input.
+
+    A message moves at max(its send's post, its receive's post) + comm. The compute consuming it starts at
+    max(the rank's clock, that arrival); it cannot be placed before the sender has posted the send, since the
+    arrival depends on it. Batch spans get done = the arrival of their last message (sends included: the
+    executor waits for them at the end of the step, so they count towards the makespan)."""
+    inputs = [_input_messages(rank_steps) for rank_steps in steps]
+    clock, cursor = [0.0] * pp, [0] * pp
+    posted: dict[tuple[int, int], float] = {}
+    spans: list[list[Span]] = [[] for _ in range(pp)]
+    moved = True
+    while moved:
+        moved = False
+        for rank in range(pp):
+            while cursor[rank] < len(steps[rank]):
+                index, step = cursor[rank], steps[rank][cursor[rank]]
+                if isinstance(step, _Batch):
+                    posted[(rank, index)] = clock[rank]
+                else:
+                    ready = _input_arrival(step, rank, steps, inputs, posted, costs)
+                    if ready is None:
+                        break
+                    start = max(clock[rank], ready)
+                    clock[rank] = start + _duration(step, rank, pp, costs)
+                    spans[rank].append(Span(step, start, clock[rank]))
+                cursor[rank] += 1
+                moved = True
+    _raise_if_lazy_stuck(steps, cursor, inputs, posted)
+    batch_spans = [[BatchSpan(step.actions, posted[(rank, i)], _lazy_batch_done(rank, i, step, posted, costs))
+                    for i, step in enumerate(rank_steps) if isinstance(step, _Batch)]
+                   for rank, rank_steps in enumerate(steps)]
+    return spans, batch_spans
+
+
+def _input_messages(rank_steps: list[_Step]) -> dict[tuple[Op, int, int], tuple[int, int]]:
+    """(consumer op, micro-batch, chunk) -> (step index, position) of the receive that carries its input."""
+    consumer = {Op.RECV_ACT: Op.FORWARD, Op.RECV_GRAD: Op.BACKWARD}
+    out = {}
+    for index, step in enumerate(rank_steps):
+        if isinstance(step, _Batch):
+            for position, a in enumerate(step.actions):
+                if a.op.is_recv:
+                    out[(consumer[a.op], a.microbatch, a.chunk)] = (index, position)
+    return out
+
+
+def _input_arrival(action: Action, rank: int, steps: list[list[_Step]], inputs: list[dict],
+                   posted: dict[tuple[int, int], float], costs: Costs) -> float | None:
+    """When `action`'s input message has arrived (0.0 if it receives none), None while its send is not posted."""
+    where = inputs[rank].get((action.op, action.microbatch, action.chunk))
+    if where is None:
+        return 0.0
+    partner = steps[rank][where[0]].partners[where[1]]
+    if partner is None or partner not in posted:
+        return None
+    return max(posted[(rank, where[0])], posted[partner]) + costs.comm
+
+
+def _lazy_batch_done(rank: int, index: int, batch: _Batch, posted: dict[tuple[int, int], float],
+                     costs: Costs) -> float:
+    own = posted[(rank, index)]
+    return max([own] + [max(own, posted[p]) + costs.comm for p in batch.partners if p is not None])
+
+
+def _raise_if_lazy_stuck(steps: list[list[_Step]], cursor: list[int], inputs: list[dict],
+                         posted: dict[tuple[int, int], float]) -> None:
+    """A rank stuck at a compute whose input never comes, or a message with no partner (its wait at the end of
+    the step would never return)."""
+    stuck = [rank for rank in range(len(steps)) if cursor[rank] < len(steps[rank])]
+    lines = [f"rank {rank}: {a} has no matching message, so the end-of-step wait for it never returns"
+             for rank, rank_steps in enumerate(steps) if rank not in stuck
+             for step in rank_steps if isinstance(step, _Batch)
+             for a, p in zip(step.actions, step.partners) if p is None]
+    for rank in stuck:
+        action = steps[rank][cursor[rank]]  # lazily, only a compute can wait
+        index, position = inputs[rank][(action.op, action.microbatch, action.chunk)]
+        batch = steps[rank][index]
+        partner = batch.partners[position]
+        who = "no matching message" if partner is None else f"rank {partner[0]} to post it"
+        lines.append(f"rank {rank} stuck at {action}: its input {batch.actions[position]} waits for {who}")
+    if lines:
+        raise DeadlockError("pipeline schedule deadlocks:\n  " + "\n  ".join(lines))
 
 
 def _duration(action: Action, rank: int, pp: int, costs: Costs) -> float:
