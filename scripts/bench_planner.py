@@ -45,7 +45,7 @@ from hybrid.planner.model import ActivationProfile, Precision  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 from hybrid.tp import TPContext  # noqa: E402
 from hybrid.training import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step  # noqa: E402
-from models import build_pipeline_chunks, from_hf, shift_labels  # noqa: E402
+from models import Recompute, build_pipeline_chunks, from_hf, shift_labels  # noqa: E402
 
 LAYOUTS = [(1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (2, 2)]  # (tp, pp); dp = ranks / (tp pp)
 
@@ -55,16 +55,20 @@ def model_config(layers: int, hidden: int, heads: int, vocab: int, seq: int):
                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
 
 
-def _build(world: int, cfg, tp: int, pp: int, b: int, seq: int, global_batch: int):
-    """One layout's mesh, model, optimizer and batches on this rank; returns a function running one step."""
+def _build(world: int, cfg, tp: int, pp: int, b: int, seq: int, global_batch: int, v: int = 1,
+           recompute: str = "none"):
+    """One layout's mesh, model, optimizer and batches on this rank; returns a function running one step.
+    v > 1: the interleaved schedule with v chunks per rank; recompute: models.Recompute's value."""
     dims = ParallelDims.from_world(world, tp=tp, pp=pp)
     mesh = Mesh.build(dims)
-    chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp), mesh.coords.pp, pp, seed=0)
+    chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp), mesh.coords.pp, pp, v, seed=0,
+                                   recompute=Recompute(recompute))
     m = global_batch // (dims.dp * b)
-    if pp == 1:
+    if pp == 1 and v == 1:
         runner = LocalForwardBackward(chunks[0], mesh.device)
     else:
-        schedule = build_schedule(ScheduleKind.ONE_F_ONE_B, pp, m)[mesh.coords.pp]
+        kind = ScheduleKind.INTERLEAVED if v > 1 else ScheduleKind.ONE_F_ONE_B
+        schedule = build_schedule(kind, pp, m, v)[mesh.coords.pp]
         runner = PipelineExecutor(chunks, schedule, mesh.pp, StageIO((b, seq, cfg.hidden_size)), mesh.device)
     optimizer = build_optimizer(chunks, OptimizerConfig())
     averager = GradAverager(chunks.parameters(), mesh.dp)

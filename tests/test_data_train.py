@@ -177,3 +177,21 @@ def test_bad_data_inputs_are_one_error_line_before_any_process_group(tmp_path, m
         lines = [ln for ln in text.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("train.py: error: "), (argv, lines)
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def test_the_run_prints_its_measured_time_split_and_the_planners_prediction(reference):
+    """Every log interval: the measured split of the step (op-trail phases, hybrid/fault/straggler.py); once at the
+    start with --hardware: the planner's prediction of the same shares for this layout (hybrid/metrics/split.py).
+    A single process has no collectives and no pipeline: both say 0 there, and each line's shares add up to 100 %
+    (to the printed rounding)."""
+    from hybrid.metrics.split import predicted_split, run_layout  # noqa: F401  (the prediction's source)
+
+    _, out, _ = reference
+    splits = re.findall(r"^time split, iterations \d+-\d+ \(mean over ranks\): compute ([\d.]+)%, collectives "
+                        r"([\d.]+)%, pipeline waits ([\d.]+)%, optimizer ([\d.]+)%, other ([\d.]+)%$", out, re.M)
+    assert len(splits) == 2, out
+    for shares in splits:
+        assert sum(map(float, shares)) == pytest.approx(100, abs=0.3) and float(shares[1]) == float(shares[2]) == 0
+    (pred,) = re.findall(r"^planner: predicted \S+ s/step on .*: compute ([\d.]+)%, collectives ([\d.]+)%, pipeline "
+                         r"waits ([\d.]+)% \(bubble [\d.]+%\), optimizer ([\d.]+)%$", out, re.M)
+    assert sum(map(float, pred)) == pytest.approx(100, abs=0.3) and float(pred[1]) == float(pred[2]) == 0, pred

@@ -25,6 +25,7 @@ from hybrid.fault.nan_guard import world_sum
 from hybrid.mesh import Mesh
 
 PHASES = ("forward", "backward", "p2p", "optimizer")  # named; "comm" and "other" only add to the step time
+COLUMNS = PHASES + ("comm", "other")  # the table's phase columns (after the step total)
 # the excess must cost at least this share of the median step time. 0.1 named a clean run's rank 3 (25 ms vs 9 ms
 # backward in a 147 ms step, 11%) with 8 ranks' worth of load on 2 cores; a rank slowed 50 ms per micro-batch costs
 # ~40% of its step here, and a straggler worth chasing on a cluster costs far more than a fifth of the step.
@@ -34,27 +35,47 @@ MIN_STEP_SHARE = 0.2
 class StragglerReport:
     def __init__(self, mesh: Mesh, factor: float):
         self.mesh, self.factor = mesh, factor
-        self.rows: list[list[float]] = []  # per step: [total, *PHASES]
+        self.rows: list[list[float]] = []  # per step: [total, *COLUMNS]
 
     def record(self, phase_seconds: dict[str, float]) -> None:
-        self.rows.append([sum(phase_seconds.values())] + [phase_seconds.get(p, 0.0) for p in PHASES])
+        self.rows.append([sum(phase_seconds.values())] + [phase_seconds.get(p, 0.0) for p in COLUMNS])
 
     def report(self, first: int, last: int) -> list[str]:
         """Collective. Lines about iterations first..last (rank 0's are non-empty); resets the table."""
         world, steps = self.mesh.dims.world, len(self.rows)
-        table = torch.zeros(world, steps, 1 + len(PHASES), dtype=torch.float64)
+        table = torch.zeros(world, steps, 1 + len(COLUMNS), dtype=torch.float64)
         table[self.mesh.rank] = torch.tensor(self.rows, dtype=torch.float64)
         table = world_sum(self.mesh, table.to(self.mesh.device), "straggler").cpu()
         self.rows = []
         if self.mesh.rank != 0:
             return []
-        return [percentile_line(table, first, last)] + slow_ranks(table, self.mesh, self.factor, first, last)
+        return ([percentile_line(table, first, last), time_split_line(table, first, last)]
+                + slow_ranks(table, self.mesh, self.factor, first, last))
 
 
 def percentile_line(table: torch.Tensor, first: int, last: int) -> str:
     q = torch.quantile(table[:, :, 0], torch.tensor([0.5, 0.9, 1.0], dtype=table.dtype), dim=1) * 1e3  # (3, world)
     per = " ".join(f"r{r} {q[0, r]:.1f}/{q[1, r]:.1f}/{q[2, r]:.1f}" for r in range(table.shape[0]))
     return f"step time ms p50/p90/max, iterations {first}-{last}: {per}"
+
+
+def time_split(table: torch.Tensor) -> dict[str, float]:
+    """Where the step time goes, as shares of it: per rank the sum over the interval's steps of each phase /
+    the sum of its step times, then the mean over ranks. compute = forward + backward (time blocked in a
+    collective inside them excluded), collectives = blocked in TP / DP / embedding collectives, pipeline =
+    blocked on pipeline messages (the bubble, and the transfers), optimizer, other (data, logging)."""
+    col = {name: 1 + i for i, name in enumerate(COLUMNS)}
+    total = table[:, :, 0].sum(dim=1).clamp_min(1e-12)
+    share = {name: (table[:, :, col[name]].sum(dim=1) / total).mean().item() for name in COLUMNS}
+    return {"compute": share["forward"] + share["backward"], "collectives": share["comm"],
+            "pipeline": share["p2p"], "optimizer": share["optimizer"], "other": share["other"]}
+
+
+def time_split_line(table: torch.Tensor, first: int, last: int) -> str:
+    s = time_split(table)
+    return (f"time split, iterations {first}-{last} (mean over ranks): compute {s['compute']:.1%}, collectives "
+            f"{s['collectives']:.1%}, pipeline waits {s['pipeline']:.1%}, optimizer {s['optimizer']:.1%}, "
+            f"other {s['other']:.1%}")
 
 
 def slow_ranks(table: torch.Tensor, mesh: Mesh, factor: float, first: int, last: int) -> list[str]:

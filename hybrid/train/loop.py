@@ -13,6 +13,7 @@ from hybrid.data import BatchSpec, DataSource
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.metrics.loop import RunMetrics
+from hybrid.metrics.split import predicted_split_line
 from hybrid.pipeline import build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
@@ -80,6 +81,8 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     tokens_per_step = batch.global_batch * batch.seq_length
     metrics = RunMetrics.start(args, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
     log0(mesh, metrics.header())
+    if mesh.rank == 0 and (line := predicted_split_line(args, cfg, dims, batch, plan)):  # with --hardware
+        log0(mesh, line)
     ckpt = RunCheckpoints(args.ckpt, mesh, model, optimizer, tp.rng, run_info(args, dims, plan))  # hybrid/checkpoint
     start, consumed = ckpt.resume()
     it, loss = start - 1, float("nan")

@@ -1,0 +1,72 @@
+"""The planner's prediction of where a run's step time goes, in the categories the runtime measures.
+
+The runtime measures, per rank and step, the op trail's phases (hybrid/fault/trail.py; printed every log
+interval as "time split ..." by hybrid/fault/straggler.py): compute (forward + backward, time blocked in a
+collective excluded), collectives (blocked in TP / DP / embedding collectives), pipeline waits (blocked on
+pipeline messages: bubble and transfers), optimizer, other. With `--hardware PROFILE`, train.py prints the
+planner's prediction of the same shares for the run's own layout once at the start (`predicted_split_line`).
+
+The prediction for the average rank (the measured line is a mean over ranks), from `StepTime`:
+
+    busy     = mean over pipeline ranks of the simulated compute of a rank (its stage costs, TP collectives
+               included: they run in the compute stream), m micro-batches
+    compute  = busy x compute / (compute + tp_comm)          (the busiest rank's ratio of matmul to TP time)
+               + pipeline - makespan                          (ranks sharing a CPU's cores: the shared-compute
+                                                              bound's excess, time a rank computes slower)
+    collectives = busy x tp_comm / (compute + tp_comm) + dp_comm + other   (TP in the stages, DP, embedding / SP)
+    pipeline = makespan - busy                                (the simulated bubble and messages)
+    optimizer = optimizer;  shares = each / total
+"""
+
+from __future__ import annotations
+
+from hybrid.planner import ActivationProfile, Cluster, Layout, Offload, Precision, Recompute, StepTime, Workload
+from hybrid.planner import ZeroStage, evaluate
+from hybrid.planner.layout import stage_layers
+
+
+def predicted_split(t: StepTime) -> dict[str, float]:
+    """Shares of the predicted step (see the module docstring); they sum to 1."""
+    busy = sum(t.run.busy) / len(t.run.busy)
+    ratio = t.compute / (t.compute + t.tp_comm) if t.compute + t.tp_comm > 0 else 1.0
+    contention = t.pipeline - t.run.makespan  # >= 0: pipeline = max(makespan, shared-compute bound)
+    parts = {"compute": busy * ratio + contention, "collectives": busy * (1 - ratio) + t.dp_comm + t.other,
+             "pipeline": max(0.0, t.run.makespan - busy), "optimizer": t.optimizer}
+    total = sum(parts.values())
+    return {k: v / total for k, v in parts.items()}
+
+
+def run_layout(args, cfg, dims, batch, v: int) -> tuple[Workload, Layout]:
+    """The planner's Workload and Layout for this train.py run."""
+    z = args.zero
+    mixed = z.precision.value != "fp32"
+    work = Workload(cfg, global_batch=batch.global_batch, seq_length=batch.seq_length,
+                    precision=Precision.MIXED if mixed else Precision.FP32,
+                    activations=ActivationProfile.KORTHIKANTI if mixed else ActivationProfile.FP32_FLASH)
+    offload = (Offload.OPTIMIZER_AND_PARAMS if z.offload_params else
+               Offload.OPTIMIZER if z.offload_optimizer else Offload.NONE)
+    layout = Layout(tp=dims.tp, pp=dims.pp, dp=dims.dp, v=v, micro_batch=batch.micro_batch, zero=ZeroStage(z.stage),
+                    offload=offload, recompute=Recompute(args.recompute_granularity or "none"),
+                    sequence_parallel=bool(args.sequence_parallel))
+    return work, layout
+
+
+def predicted_split_line(args, cfg, dims, batch, plan) -> str | None:
+    """'planner: predicted ... s/step: compute a%, ...' for this run with its --hardware profile; None without
+    one. Names the planner's stage split when it differs from the run's (the planner balances by FLOPs)."""
+    if not getattr(args, "hardware", None):
+        return None
+    from hybrid.planner.calibrate import load_hardware
+
+    work, layout = run_layout(args, cfg, dims, batch, plan.v)
+    hw = load_hardware(args.hardware, work.precision)
+    try:
+        t = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout).time
+    except ValueError as e:  # a layout the planner does not model (its message names why)
+        return f"planner: no prediction for this run: {e}"
+    s = predicted_split(t)
+    ours, theirs = [len(st) for st in plan.stages], list(stage_layers(cfg, dims.pp, plan.v, batch.seq_length))
+    note = f"; the planner's stages {theirs}, the run's {ours}" if ours != theirs else ""
+    return (f"planner: predicted {t.total:.3g} s/step on {hw.name}: compute {s['compute']:.1%}, collectives "
+            f"{s['collectives']:.1%}, pipeline waits {s['pipeline']:.1%} (bubble {t.bubble_fraction:.1%}), "
+            f"optimizer {s['optimizer']:.1%}{note}")
