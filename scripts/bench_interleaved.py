@@ -46,6 +46,7 @@ from hybrid.planner import Cluster, Layout, evaluate  # noqa: E402
 from hybrid.planner.calibrate import CalibrationConfig, calibrate, load_hardware, save_profile  # noqa: E402
 from hybrid.planner.layout import Workload  # noqa: E402
 from hybrid.planner.model import ActivationProfile, Precision  # noqa: E402
+from hybrid.planner.time import stage_times  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 from hybrid.tp import TPContext  # noqa: E402
 from hybrid.training import OptimizerConfig, build_optimizer, train_step  # noqa: E402
@@ -123,6 +124,22 @@ def simulated(kind: ScheduleKind, v: int, m: int, steps: list[dict]) -> tuple[fl
     return result.makespan, result.bubble_fraction
 
 
+def stage_table(stages: dict, measured: dict) -> str:
+    """Per global stage, one micro-batch's forward and backward: the median measured on the timeline against the
+    planner's stage costs (`stage_times`), to show which part of the compute model is off."""
+    lines = ["Per stage, one micro-batch (ms): measured median / planner, forward and backward:", "",
+             "| schedule | stage | forward measured | forward planner | backward measured | backward planner |",
+             "|---|---|---|---|---|---|"]
+    for (kind, v), st in stages.items():
+        steps = [timeline_numbers(e, v) for e in measured[(kind, v)]["events"]]
+        for s in range(PP * v):
+            f, b = (statistics.median([t for x in steps for t in x["per_stage"][(n, s)]]) for n in
+                    ("forward", "backward"))
+            lines.append(f"| {_name(kind, v)} | {s} | {f * 1e3:.1f} | {st.forward[s] * 1e3:.1f} | {b * 1e3:.1f} | "
+                         f"{st.backward[s] * 1e3:.1f} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineParser(prog="bench_interleaved.py", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--hardware", help="a `hybrid calibrate` profile (default: calibrate now, 2 ranks)")
@@ -167,9 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     cluster = Cluster(gpus=PP, hw=hw)
     plans = {(k, v): evaluate(work, cluster, Layout(pp=PP, v=v, micro_batch=b)).time
              for k, v in SCHEDULES if k is not ScheduleKind.GPIPE}
+    stages = {(k, v): stage_times(work, cluster, Layout(pp=PP, v=v, micro_batch=b))[0]
+              for k, v in SCHEDULES if k is not ScheduleKind.GPIPE}
     measured = run_distributed(_measure, PP, timeout=3600,
                                args=(cfg, b, m, args.seq, args.warmup, args.steps))[0]
     report = _report(args, cfg, hw, plans, measured, load_before, os.getloadavg(), time.perf_counter() - start)
+    report += "\n\n" + stage_table(stages, measured)
     print(report)
     if args.out:
         with atomic_output(args.out) as tmp, open(tmp, "w") as f:

@@ -56,6 +56,31 @@ def test_profile_round_trips_into_the_planner(profile_path):
     assert plan.time.total > 0 and plan.memory.peak.states.device > 0
 
 
+def test_the_elementwise_rate_makes_the_planners_layer_take_the_measured_time(profile_path):
+    """Calibrate times one real GPT-2 layer at LAYER_SHAPE and solves for the rate of its memory-bound kernels:
+    with that rate the planner's layer (GEMMs on the profile's fp32 curve + the traffic it counts) takes exactly
+    the measured forward + backward seconds; a layer no slower than its GEMMs leaves the field None."""
+    from hybrid.planner.calibrate import LAYER_SHAPE, elementwise_rate, layer_config
+    from hybrid.planner.time import layer_parts
+
+    profile = json.loads(profile_path.read_text())
+    measured = profile["measured"]
+    assert measured["layer_shape_b_s_h_heads"] == list(LAYER_SHAPE)
+    layer = measured["layer_forward_backward_seconds"]
+    assert len(layer) == 2 and min(layer) > 0
+    hw = load_hardware(str(profile_path), Precision.FP32)
+    b, s = LAYER_SHAPE[:2]
+    work = Workload(layer_config(), global_batch=b, seq_length=s, precision=Precision.FP32,
+                    activations=ActivationProfile.FP32_FLASH)
+    gemm_fwd, gemm_bwd, traffic = layer_parts(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b))
+    if hw.elementwise_tbps is None:  # the tiny run's layer ran no slower than its GEMMs
+        assert sum(layer) <= gemm_fwd + gemm_bwd
+    else:
+        assert measured["elementwise_gbps"] == pytest.approx(hw.elementwise_tbps * 1e3)
+        assert gemm_fwd + gemm_bwd + traffic / hw.elementwise_bytes_per_s == pytest.approx(sum(layer), rel=1e-12)
+    assert elementwise_rate(hw, (gemm_fwd / 2, gemm_bwd / 2)) is None
+
+
 def test_hybrid_plan_reads_the_profile(profile_path, capsys):
     assert plan_main(["--model", "tiny-gpt2", "--gpus", "2", "--global-batch-size", "8", "--seq-length", "32",
                       "--hardware", str(profile_path), "--precision", "fp32", "--activation-profile",

@@ -16,7 +16,15 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   `compute_units` = the CPU count: ranks beyond the cores share them, which the planner's shared-compute
   bound prices (time.py) -- an idle pipeline rank gives its core to the others;
 * memory bandwidth: a large tensor copy, read + write bytes / second (alone on a CPU, as above) -> `hbm_tbps`
-  (what the planner prices elementwise work and Adam with);
+  (the GEMMs' operand-traffic bound);
+* one real Transformer layer (models.GPT2Block, fp32, no dropout, at LAYER_SHAPE: small and unlike the
+  benchmarks' shapes, so they validate it), forward and backward (alone on a CPU): the time beyond its GEMMs on
+  the curve just fitted, divided into the memory-bound traffic the planner counts for a layer
+  (time.layer_parts) -> `elementwise_tbps`, the rate the planner prices a layer's norms, activations and
+  adds, and Adam, with. On a GPU it comes out near the copy rate; on a CPU core GELU's tanh and softmax's exp
+  run below it (this 2-core VM, three calibrations: 4.2-5.2 against 13.4-13.9 GB/s), and pricing them at the
+  copy rate under-predicted a layer by 10-13 % (docs/results/bench_interleaved.md). When the layer runs no
+  slower than its GEMMs (noise) the field stays None (copy rate);
 * all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
   output), timed over a few calls after a warm-up: algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or
   x (n - 1)/n (all-gather), the nccl-tests convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the
@@ -153,6 +161,57 @@ def copy_bandwidth(nbytes: int, seconds: float, device: torch.device) -> float:
     return 2.0 * nbytes / _timed(step, seconds)
 
 
+LAYER_SHAPE = (4, 128, 384, 6)  # (micro-batch, sequence, hidden, heads) of the layer calibrate times
+
+
+def layer_config():
+    """The one-layer GPT-2 (no dropout) calibrate times, as a models.ModelConfig."""
+    from transformers import GPT2Config
+
+    from models import from_hf
+    _, s, h, a = LAYER_SHAPE
+    return from_hf(GPT2Config(n_layer=1, n_embd=h, n_head=a, vocab_size=256, n_positions=s, resid_pdrop=0.0,
+                              embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+
+
+def layer_seconds(seconds: float, device: torch.device) -> tuple[float, float]:
+    """(forward, backward) seconds of one GPT-2 block at LAYER_SHAPE, fp32 (backward = forward + backward
+    timed together, less the forward)."""
+    from hybrid.comm import Group
+    from hybrid.tp import TPContext
+    from models.gpt2 import GPT2Block
+    b, s, h, _ = LAYER_SHAPE
+    block = GPT2Block(layer_config(), TPContext(Group.solo("tp"))).to(device)
+    x = torch.randn(b, s, h, device=device, requires_grad=True)
+    grad = torch.randn(b, s, h, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def forward() -> None:
+        with torch.no_grad():
+            block(x)
+        sync()
+
+    def both() -> None:
+        block(x).backward(grad)
+        sync()
+    fwd = _timed(forward, seconds)
+    return fwd, max(0.0, _timed(both, seconds) - fwd)
+
+
+def elementwise_rate(hw: Hardware, layer: tuple[float, float]) -> float | None:
+    """Bytes/s that make the planner's layer (GEMMs on `hw`'s curve + its counted memory-bound traffic at this
+    rate) take the measured forward + backward seconds; None when the layer ran no slower than its GEMMs."""
+    from hybrid.planner.layout import Cluster, Layout, Workload
+    from hybrid.planner.model import ActivationProfile
+    from hybrid.planner.time import layer_parts
+    b, s, _, _ = LAYER_SHAPE
+    work = Workload(layer_config(), global_batch=b, seq_length=s, precision=Precision.FP32,
+                    activations=ActivationProfile.FP32_FLASH)
+    gemm_fwd, gemm_bwd, traffic = layer_parts(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b))
+    rest = sum(layer) - gemm_fwd - gemm_bwd
+    return traffic / rest if rest > 0 else None
+
+
 def _collective_seconds(op: str, size: int, world: int, device: torch.device) -> float:
     """Seconds of one collective of nccl-tests size `size`, every rank calling it together (the slowest rank's
     mean over a few calls: all ranks time the same calls, and the max is all-reduced)."""
@@ -214,6 +273,11 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
     if rank == 0:
         say(f"memory copy {cfg.copy_bytes / 2**20:.0f} MiB: {out['copy_bytes_per_s'] / GB:.2f} GB/s per rank with "
             f"{world} at once, {out['copy_bytes_per_s_alone'] / GB:.2f} alone (rank 0)")
+    layer = alone(lambda: layer_seconds(cfg.seconds, device))
+    out["layer_seconds"] = layer
+    if rank == 0:
+        say(f"one GPT-2 layer {LAYER_SHAPE[:3]} (b, s, h): forward {layer[0] * 1e3:.2f} ms, backward "
+            f"{layer[1] * 1e3:.2f} ms (rank 0 alone)")
     for op in ("all_reduce", "all_gather"):
         for size in cfg.sizes:
             seconds = _collective_seconds(op, size, world, device)
@@ -267,6 +331,10 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
         gpus_per_node=cfg.ranks, intra_node_gbps=largest["busbw_gbps"], intra_latency_s=smallest["seconds"],
         memory_gb=memory_gb, compute_units=cores,
         memory_bytes=None if cfg.backend == "gloo" else base.memory_bytes)  # the card's real capacity
+    # the layer is fp32: its GEMMs on the fp32 curve
+    fp32 = hw.with_overrides(peak_tflops=peaks["fp32"], gemm_overhead_s=overheads["fp32"])
+    rate = elementwise_rate(fp32, tuple(per_rank[0]["layer_seconds"]))
+    hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None)
     return {
         "format": FORMAT,
         "hardware": asdict(hw),
@@ -279,7 +347,9 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                      else None, "matmul_n": cfg.matmul_n, "copy_bytes": cfg.copy_bytes,
                      "matmul_curve_rank0_alone": {k: [{"n": n, "flops_per_s": r} for n, r in v]
                                                   for k, v in ((k, per_rank[0]["matmul_curve"][k]) for k in curves)},
-                     "memory_copy_gbps": copy / GB, "cpu_count": os.cpu_count(), "collectives": collectives,
+                     "memory_copy_gbps": copy / GB, "layer_shape_b_s_h_heads": list(LAYER_SHAPE),
+                     "layer_forward_backward_seconds": list(per_rank[0]["layer_seconds"]),
+                     "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                      "torch": torch.__version__, "machine": platform.platform()},
         "not_measured": {"from_preset": cfg.base,
@@ -353,7 +423,7 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
         if not isinstance(value, str):
             raise ValueError(f"--hardware {path}: hardware.name must be a string, got {json.dumps(value)}")
         return
-    if name in ("compute_units", "memory_bytes") and value is None:
+    if name in ("compute_units", "memory_bytes", "elementwise_tbps") and value is None:
         return
     if name == "gemm_overhead_s":  # may be 0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -412,5 +482,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"calibrate: wrote {args.out} in {time.perf_counter() - start:.0f} s: matmul "
           + ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in profile["matmul_tflops"].items())
           + (f" per rank alone ({hw['compute_units']} cores shared)" if hw["compute_units"] else " per device")
-          + f", memory {hw['hbm_tbps'] * 1e3:.2f} GB/s, all-reduce busbw {hw['intra_node_gbps']:.3f} GB/s,"
+          + f", memory {hw['hbm_tbps'] * 1e3:.2f} GB/s (elementwise kernels "
+          + (f"{hw['elementwise_tbps'] * 1e3:.2f} GB/s" if hw.get("elementwise_tbps") else "at that rate")
+          + f"), all-reduce busbw {hw['intra_node_gbps']:.3f} GB/s,"
           f" latency {hw['intra_latency_s'] * 1e6:.0f} us. Use: hybrid plan --hardware {args.out} ...")

@@ -126,6 +126,10 @@ class Hardware:
             "141 GB" 143771 MiB (150.8e9). None: memory_gb x 1e9 (a `--gpu-memory` value is taken as stated).
             The planner's demand already carries the reserve (memory.WORKSPACE_BYTES, 2 GB: CUDA context,
             cuBLAS / NCCL workspaces, buckets; plus memory.FRAGMENTATION of the tensors).
+        elementwise_tbps: the rate a Transformer layer's memory-bound kernels (norms, activations, softmax,
+            residual adds) and the optimizer reach, TB/s of the traffic the planner counts for them; None:
+            hbm_tbps (a GPU, where they are bandwidth-bound). `hybrid calibrate` measures it from one real layer
+            (on a CPU core GELU's tanh and softmax's exp are slower than moving their bytes).
         compute_units: processors the devices of one node share, when they share (a CPU's cores, with one
             gloo rank per device and one thread per rank); None when each device computes on its own (GPUs).
             With more devices than units, `peak_tflops` is one device's rate while the others idle, and the
@@ -148,6 +152,7 @@ class Hardware:
     compute_units: int | None = None
     memory_bytes: float | None = None
     gemm_overhead_s: float = 0.0
+    elementwise_tbps: float | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -163,6 +168,8 @@ class Hardware:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
         if not self.gemm_overhead_s >= 0:
             raise ValueError(f"--gemm-overhead must be >= 0 seconds, got {self.gemm_overhead_s}")
+        if self.elementwise_tbps is not None and not self.elementwise_tbps > 0:
+            raise ValueError(f"elementwise_tbps must be > 0 or None, got {self.elementwise_tbps}")
         if self.compute_units is not None and (not isinstance(self.compute_units, int) or self.compute_units < 1):
             raise ValueError(f"compute_units must be a positive integer or None, got {self.compute_units!r}")
 
@@ -177,6 +184,11 @@ class Hardware:
     def capacity_bytes(self) -> float:
         """Device bytes a plan may fill (see memory_bytes)."""
         return self.memory_bytes if self.memory_bytes is not None else self.memory_gb * GB
+
+    @property
+    def elementwise_bytes_per_s(self) -> float:
+        """Bytes/s of memory-bound kernels: elementwise_tbps when measured, else the HBM bandwidth."""
+        return (self.elementwise_tbps or self.hbm_tbps) * 1e12
 
     @property
     def achievable_flops(self) -> float:

@@ -183,7 +183,8 @@ class _Context:
         return self.gemm_seconds(tuple(g2 for g in gemms for g2 in g.backward()))
 
     def hbm_seconds(self, nbytes: float) -> float:
-        return nbytes / (self.cluster.hw.hbm_tbps * 1e12)
+        """Seconds of memory-bound kernels moving `nbytes` (Hardware.elementwise_bytes_per_s)."""
+        return nbytes / self.cluster.hw.elementwise_bytes_per_s
 
 
 def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
@@ -223,6 +224,16 @@ def _layer_cost(ctx: _Context) -> _Cost:
     backward = (ctx.backward_gemm_seconds(gemms) + ctx.gemm_seconds(rerun)
                 + ctx.hbm_seconds(BWD_TRAFFIC * saved + FWD_TRAFFIC * recompute_bytes))
     return _Cost(forward, backward, *_tp_cost(ctx, 1, False, False))
+
+
+def layer_parts(work: Workload, cluster: Cluster, layout: Layout) -> tuple[float, float, float]:
+    """One layer, one micro-batch, no recomputation: (forward GEMM seconds, backward GEMM seconds, bytes of
+    memory-bound traffic forward + backward), the parts `_layer_cost` adds up. `hybrid calibrate` measures a
+    real layer and solves for the rate that makes these reproduce it (Hardware.elementwise_tbps)."""
+    ctx = _context(work, cluster, layout)
+    gemms = ctx.shard.layer_gemms(layout.micro_batch, work.seq_length)
+    saved = sum(ctx.shard.layer_activation_terms(layout.micro_batch, work.seq_length, layout.sequence_parallel))
+    return ctx.gemm_seconds(gemms), ctx.backward_gemm_seconds(gemms), (FWD_TRAFFIC + BWD_TRAFFIC) * saved
 
 
 def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
