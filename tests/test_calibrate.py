@@ -56,29 +56,52 @@ def test_profile_round_trips_into_the_planner(profile_path):
     assert plan.time.total > 0 and plan.memory.peak.states.device > 0
 
 
-def test_the_elementwise_rate_makes_the_planners_layer_take_the_measured_time(profile_path):
-    """Calibrate times one real GPT-2 layer at LAYER_SHAPE and solves for the rate of its memory-bound kernels:
-    with that rate the planner's layer (GEMMs on the profile's fp32 curve + the traffic it counts) takes exactly
-    the measured forward + backward seconds; a layer no slower than its GEMMs leaves the field None."""
-    from hybrid.planner.calibrate import LAYER_SHAPE, elementwise_rate, layer_config
-    from hybrid.planner.time import layer_parts
+def test_the_layer_fit_makes_the_planners_layer_take_the_measured_times(profile_path):
+    """Calibrate times one real GPT-2 layer at two LAYER_SHAPES and solves for the rate of its memory-bound
+    kernels and a fixed cost per layer pass: with them the planner's layer (GEMMs on the profile's fp32 curve +
+    its counted traffic at that rate + the fixed costs) takes exactly the measured forward + backward seconds
+    at both shapes -- or, where noise left no positive solution, at the larger shape with no fixed cost."""
+    from hybrid.planner.calibrate import LAYER_SHAPES, layer_parts_of
 
     profile = json.loads(profile_path.read_text())
     measured = profile["measured"]
-    assert measured["layer_shape_b_s_h_heads"] == list(LAYER_SHAPE)
-    layer = measured["layer_forward_backward_seconds"]
-    assert len(layer) == 2 and min(layer) > 0
+    assert measured["layer_shapes_b_s_h_heads"] == [list(x) for x in LAYER_SHAPES]
+    layers = measured["layer_forward_backward_seconds"]
+    assert len(layers) == 2 and all(len(x) == 2 and min(x) > 0 for x in layers)
     hw = load_hardware(str(profile_path), Precision.FP32)
-    b, s = LAYER_SHAPE[:2]
-    work = Workload(layer_config(), global_batch=b, seq_length=s, precision=Precision.FP32,
-                    activations=ActivationProfile.FP32_FLASH)
-    gemm_fwd, gemm_bwd, traffic = layer_parts(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b))
-    if hw.elementwise_tbps is None:  # the tiny run's layer ran no slower than its GEMMs
-        assert sum(layer) <= gemm_fwd + gemm_bwd
-    else:
-        assert measured["elementwise_gbps"] == pytest.approx(hw.elementwise_tbps * 1e3)
-        assert gemm_fwd + gemm_bwd + traffic / hw.elementwise_bytes_per_s == pytest.approx(sum(layer), rel=1e-12)
-    assert elementwise_rate(hw, (gemm_fwd / 2, gemm_bwd / 2)) is None
+    fixed = hw.layer_forward_overhead_s + hw.layer_backward_overhead_s
+    exact = LAYER_SHAPES if fixed > 0 else LAYER_SHAPES[:1]
+    for shape, layer in zip(exact, layers):
+        gemm_fwd, gemm_bwd, traffic = layer_parts_of(hw, shape)
+        if hw.elementwise_tbps is None:  # the tiny run's layer ran no slower than its GEMMs
+            assert sum(layer) <= gemm_fwd + gemm_bwd
+            continue
+        predicted = gemm_fwd + gemm_bwd + traffic / hw.elementwise_bytes_per_s + fixed
+        assert predicted == pytest.approx(sum(layer), rel=1e-9), shape
+
+
+def test_fit_layer_solves_two_shapes_exactly_and_falls_back_on_noise():
+    """Synthetic layers built from a known rate (2 GB/s) and fixed costs (1 ms forward, 2 ms backward) give
+    them back; a larger layer that is faster than the smaller one (noise) gives no fixed cost."""
+    from hybrid.planner.calibrate import LAYER_SHAPES, fit_layer, layer_parts_of
+    from hybrid.planner.time import BWD_TRAFFIC, FWD_TRAFFIC
+
+    hw = load_hardware_preset_cpu()
+    rate, cf, cb = 2e9, 1e-3, 2e-3
+    layers = []
+    for shape in LAYER_SHAPES:
+        gf, gb, traffic = layer_parts_of(hw, shape)
+        share = FWD_TRAFFIC / (FWD_TRAFFIC + BWD_TRAFFIC)
+        layers.append((gf + share * traffic / rate + cf, gb + (1 - share) * traffic / rate + cb))
+    got_rate, got_f, got_b = fit_layer(hw, layers)
+    assert got_rate == pytest.approx(rate) and got_f == pytest.approx(cf) and got_b == pytest.approx(cb)
+    got_rate, got_f, got_b = fit_layer(hw, [layers[1], layers[0]])  # the big layer measured as fast as the small
+    assert got_f == got_b == 0.0 and (got_rate is None or got_rate > 0)
+
+
+def load_hardware_preset_cpu():
+    from hybrid.planner import hardware
+    return hardware("cpu")
 
 
 def test_hybrid_plan_reads_the_profile(profile_path, capsys):

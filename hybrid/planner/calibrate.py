@@ -17,16 +17,20 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   bound prices (time.py) -- an idle pipeline rank gives its core to the others;
 * memory bandwidth: a large tensor copy, read + write bytes / second (alone on a CPU, as above) -> `hbm_tbps`
   (the GEMMs' operand-traffic bound);
-* one real Transformer layer (models.GPT2Block, fp32, no dropout, at LAYER_SHAPE: small and unlike the
-  benchmarks' shapes, so they validate it), forward and backward (alone on a CPU): the time beyond its GEMMs on
-  the curve just fitted, divided into the memory-bound traffic the planner counts for a layer
-  (time.layer_parts) -> `elementwise_tbps`, the rate the planner prices a layer's norms, activations and
-  adds, and Adam, with. On a GPU it comes out near the copy rate; on a CPU core GELU's tanh and softmax's exp
-  run below it (this 2-core VM, three calibrations: 4.2-5.2 against 13.4-13.9 GB/s), and pricing them at the
-  copy rate under-predicted a layer by 10-13 % (docs/results/bench_interleaved.md). When the layer runs no
-  slower than its GEMMs (noise) the field stays None (copy rate);
+* one real Transformer layer (models.GPT2Block, fp32, no dropout) at the two LAYER_SHAPES (small, and unlike
+  the benchmarks' shapes, so they validate it), forward and backward (alone on a CPU): the time beyond its
+  GEMMs on the curve just fitted is solved (`fit_layer`) for a rate of the memory-bound traffic the planner
+  counts for a layer (time.layer_parts) -> `elementwise_tbps`, and a fixed cost per layer pass ->
+  `layer_forward_overhead_s` / `layer_backward_overhead_s` (Python, dispatcher, autograd: what makes a small
+  layer slower than its bytes, as t0 does for a GEMM). On a GPU the rate comes out near the copy rate; on a
+  CPU core GELU's tanh and softmax's exp run below it (this 2-core VM, one-shape calibrations: 4.2-5.2 against
+  13.4-13.9 GB/s), and pricing them at the copy rate under-predicted a layer by 10-13 %
+  (docs/results/bench_interleaved.md). When noise leaves no positive solution the fields fall back (rate from
+  the larger shape, no fixed cost; the copy rate if even that layer ran no slower than its GEMMs);
 * all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
-  output), timed over a few calls after a warm-up: algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or
+  output), timed over a few calls after a warm-up -- with gloo each call after a matmul whose operands exceed a
+  core's L2 (only the call timed), as collectives run in training: back to back, a 1 MiB gloo all-reduce took
+  1.1 ms here, after a compute burst 3.8 ms, and the planner under-predicted tp 2 steps by up to 2x: algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or
   x (n - 1)/n (all-gather), the nccl-tests convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the
   all-reduce busbw at the largest size, `intra_latency_s` the time of the smallest all-reduce.
 
@@ -161,27 +165,27 @@ def copy_bandwidth(nbytes: int, seconds: float, device: torch.device) -> float:
     return 2.0 * nbytes / _timed(step, seconds)
 
 
-LAYER_SHAPE = (4, 128, 384, 6)  # (micro-batch, sequence, hidden, heads) of the layer calibrate times
+LAYER_SHAPES = ((4, 128, 384, 6), (1, 32, 384, 6))  # (micro-batch, sequence, hidden, heads) calibrate times
 
 
-def layer_config():
-    """The one-layer GPT-2 (no dropout) calibrate times, as a models.ModelConfig."""
+def layer_config(shape: tuple[int, int, int, int]):
+    """The one-layer GPT-2 (no dropout) of `shape`, as a models.ModelConfig."""
     from transformers import GPT2Config
 
     from models import from_hf
-    _, s, h, a = LAYER_SHAPE
+    _, s, h, a = shape
     return from_hf(GPT2Config(n_layer=1, n_embd=h, n_head=a, vocab_size=256, n_positions=s, resid_pdrop=0.0,
                               embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
 
 
-def layer_seconds(seconds: float, device: torch.device) -> tuple[float, float]:
-    """(forward, backward) seconds of one GPT-2 block at LAYER_SHAPE, fp32 (backward = forward + backward
-    timed together, less the forward)."""
+def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torch.device) -> tuple[float, float]:
+    """(forward, backward) seconds of one GPT-2 block of `shape`, fp32 (backward = forward + backward timed
+    together, less the forward)."""
     from hybrid.comm import Group
     from hybrid.tp import TPContext
     from models.gpt2 import GPT2Block
-    b, s, h, _ = LAYER_SHAPE
-    block = GPT2Block(layer_config(), TPContext(Group.solo("tp"))).to(device)
+    b, s, h, _ = shape
+    block = GPT2Block(layer_config(shape), TPContext(Group.solo("tp"))).to(device)
     x = torch.randn(b, s, h, device=device, requires_grad=True)
     grad = torch.randn(b, s, h, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -198,18 +202,37 @@ def layer_seconds(seconds: float, device: torch.device) -> tuple[float, float]:
     return fwd, max(0.0, _timed(both, seconds) - fwd)
 
 
-def elementwise_rate(hw: Hardware, layer: tuple[float, float]) -> float | None:
-    """Bytes/s that make the planner's layer (GEMMs on `hw`'s curve + its counted memory-bound traffic at this
-    rate) take the measured forward + backward seconds; None when the layer ran no slower than its GEMMs."""
+def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int]) -> tuple[float, float, float]:
+    """The planner's (forward GEMM s, backward GEMM s, memory-bound traffic bytes) of one layer of `shape`."""
     from hybrid.planner.layout import Cluster, Layout, Workload
     from hybrid.planner.model import ActivationProfile
     from hybrid.planner.time import layer_parts
-    b, s, _, _ = LAYER_SHAPE
-    work = Workload(layer_config(), global_batch=b, seq_length=s, precision=Precision.FP32,
+    b, s = shape[:2]
+    work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=Precision.FP32,
                     activations=ActivationProfile.FP32_FLASH)
-    gemm_fwd, gemm_bwd, traffic = layer_parts(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b))
-    rest = sum(layer) - gemm_fwd - gemm_bwd
-    return traffic / rest if rest > 0 else None
+    return layer_parts(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b))
+
+
+def fit_layer(hw: Hardware, measured: list[tuple[float, float]]) -> tuple[float | None, float, float]:
+    """(elementwise bytes/s, forward fixed s, backward fixed s) of a layer pass from the layers measured at
+    LAYER_SHAPES: what each takes beyond its GEMMs on `hw`'s curve, rest = traffic / rate + fixed, solved
+    exactly on the forward + backward totals of the two shapes (a bandwidth term and a per-pass cost: Python,
+    the dispatcher, autograd -- what makes a small layer slower than its bytes, as t0 does for a GEMM). The
+    fixed cost is split between the passes by their own residuals (mean over the shapes). When the two do not
+    give a positive rate and cost (noise), the larger shape alone gives the rate and the cost is 0; when even
+    that layer runs no slower than its GEMMs, the rate is None (the copy rate is kept)."""
+    parts = [layer_parts_of(hw, shape) for shape in LAYER_SHAPES]
+    rests = [(f - gf, b - gb, traffic) for (f, b), (gf, gb, traffic) in zip(measured, parts)]
+    (f1, b1, t1), (f2, b2, t2) = rests
+    rate = (t1 - t2) / (f1 + b1 - f2 - b2) if f1 + b1 != f2 + b2 else -1.0
+    fixed = f1 + b1 - t1 / rate if rate > 0 else -1.0
+    if rate <= 0 or fixed < 0:
+        return (t1 / (f1 + b1) if f1 + b1 > 0 else None), 0.0, 0.0
+    # split the fixed cost by each pass's share of the residual beyond its traffic (FWD: BWD = 2: 3)
+    from hybrid.planner.time import BWD_TRAFFIC, FWD_TRAFFIC
+    fwd = [f - t * FWD_TRAFFIC / (FWD_TRAFFIC + BWD_TRAFFIC) / rate for f, _, t in rests]
+    share = min(1.0, max(0.0, statistics.fmean(fwd) / fixed))
+    return rate, fixed * share, fixed * (1 - share)
 
 
 def _collective_seconds(op: str, size: int, world: int, device: torch.device) -> float:
@@ -226,12 +249,21 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device) ->
     calls = 20 if size <= 2**20 else 5
     call()
     dist.barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    if device.type == "cuda":
+    if device.type == "cuda":  # NCCL on its stream: back to back, as it overlaps the compute stream
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
         torch.cuda.synchronize()
-    took = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64)
+        seconds = time.perf_counter() - start
+    else:  # gloo: as in training, each call after a compute burst (cold caches); only the call timed
+        a, b = torch.randn(512, 2048), torch.randn(2048, 512)
+        seconds = 0.0
+        for _ in range(calls):
+            a @ b  # 4.2 MiB of operands: more than a core's L2, like a layer's GEMM between two collectives
+            start = time.perf_counter()
+            call()
+            seconds += time.perf_counter() - start
+    took = torch.tensor([seconds / calls], dtype=torch.float64)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     return took.item()
 
@@ -273,11 +305,12 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
     if rank == 0:
         say(f"memory copy {cfg.copy_bytes / 2**20:.0f} MiB: {out['copy_bytes_per_s'] / GB:.2f} GB/s per rank with "
             f"{world} at once, {out['copy_bytes_per_s_alone'] / GB:.2f} alone (rank 0)")
-    layer = alone(lambda: layer_seconds(cfg.seconds, device))
-    out["layer_seconds"] = layer
+    out["layer_seconds"] = [alone(lambda shape=shape: layer_seconds(shape, cfg.seconds, device))
+                            for shape in LAYER_SHAPES]
     if rank == 0:
-        say(f"one GPT-2 layer {LAYER_SHAPE[:3]} (b, s, h): forward {layer[0] * 1e3:.2f} ms, backward "
-            f"{layer[1] * 1e3:.2f} ms (rank 0 alone)")
+        for shape, (f, b) in zip(LAYER_SHAPES, out["layer_seconds"]):
+            say(f"one GPT-2 layer (b, s, h) = {shape[:3]}: forward {f * 1e3:.2f} ms, backward {b * 1e3:.2f} ms "
+                "(rank 0 alone)")
     for op in ("all_reduce", "all_gather"):
         for size in cfg.sizes:
             seconds = _collective_seconds(op, size, world, device)
@@ -333,8 +366,9 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
         memory_bytes=None if cfg.backend == "gloo" else base.memory_bytes)  # the card's real capacity
     # the layer is fp32: its GEMMs on the fp32 curve
     fp32 = hw.with_overrides(peak_tflops=peaks["fp32"], gemm_overhead_s=overheads["fp32"])
-    rate = elementwise_rate(fp32, tuple(per_rank[0]["layer_seconds"]))
-    hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None)
+    rate, fixed_fwd, fixed_bwd = fit_layer(fp32, [tuple(x) for x in per_rank[0]["layer_seconds"]])
+    hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
+                           layer_backward_overhead_s=fixed_bwd)
     return {
         "format": FORMAT,
         "hardware": asdict(hw),
@@ -347,8 +381,8 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                      else None, "matmul_n": cfg.matmul_n, "copy_bytes": cfg.copy_bytes,
                      "matmul_curve_rank0_alone": {k: [{"n": n, "flops_per_s": r} for n, r in v]
                                                   for k, v in ((k, per_rank[0]["matmul_curve"][k]) for k in curves)},
-                     "memory_copy_gbps": copy / GB, "layer_shape_b_s_h_heads": list(LAYER_SHAPE),
-                     "layer_forward_backward_seconds": list(per_rank[0]["layer_seconds"]),
+                     "memory_copy_gbps": copy / GB, "layer_shapes_b_s_h_heads": [list(x) for x in LAYER_SHAPES],
+                     "layer_forward_backward_seconds": [list(x) for x in per_rank[0]["layer_seconds"]],
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                      "torch": torch.__version__, "machine": platform.platform()},
@@ -425,7 +459,7 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
         return
     if name in ("compute_units", "memory_bytes", "elementwise_tbps") and value is None:
         return
-    if name == "gemm_overhead_s":  # may be 0
+    if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s"):  # may be 0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"--hardware {path}: {where}{name} must be a finite number >= 0, got {json.dumps(value)}")
         return

@@ -130,6 +130,9 @@ class Hardware:
             residual adds) and the optimizer reach, TB/s of the traffic the planner counts for them; None:
             hbm_tbps (a GPU, where they are bandwidth-bound). `hybrid calibrate` measures it from one real layer
             (on a CPU core GELU's tanh and softmax's exp are slower than moving their bytes).
+        layer_forward_overhead_s, layer_backward_overhead_s: fixed seconds of one layer's forward / backward
+            pass beyond its kernels' work (framework overhead: Python, the dispatcher, autograd; kernel launch
+            gaps), calibrated with elementwise_tbps; 0 for the GPU presets (their e absorbs it).
         compute_units: processors the devices of one node share, when they share (a CPU's cores, with one
             gloo rank per device and one thread per rank); None when each device computes on its own (GPUs).
             With more devices than units, `peak_tflops` is one device's rate while the others idle, and the
@@ -153,6 +156,8 @@ class Hardware:
     memory_bytes: float | None = None
     gemm_overhead_s: float = 0.0
     elementwise_tbps: float | None = None
+    layer_forward_overhead_s: float = 0.0
+    layer_backward_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -166,8 +171,10 @@ class Hardware:
             raise ValueError(f"--gpus-per-node must be a positive integer, got {self.gpus_per_node!r}")
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
-        if not self.gemm_overhead_s >= 0:
-            raise ValueError(f"--gemm-overhead must be >= 0 seconds, got {self.gemm_overhead_s}")
+        for name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s"):
+            if not getattr(self, name) >= 0:
+                flag = "--gemm-overhead" if name == "gemm_overhead_s" else name
+                raise ValueError(f"{flag} must be >= 0 seconds, got {getattr(self, name)}")
         if self.elementwise_tbps is not None and not self.elementwise_tbps > 0:
             raise ValueError(f"elementwise_tbps must be > 0 or None, got {self.elementwise_tbps}")
         if self.compute_units is not None and (not isinstance(self.compute_units, int) or self.compute_units < 1):

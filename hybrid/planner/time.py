@@ -220,9 +220,11 @@ def _layer_cost(ctx: _Context) -> _Cost:
     rep, split, core = ctx.shard.layer_activation_terms(b, s, lay.sequence_parallel)
     saved = rep + split + core
     recompute_bytes = {Recompute.NONE: 0.0, Recompute.SELECTIVE: core, Recompute.FULL: saved}[lay.recompute]
-    forward = ctx.gemm_seconds(gemms) + ctx.hbm_seconds(FWD_TRAFFIC * saved)
+    hw = ctx.cluster.hw  # + a layer pass's fixed cost (calibrated on CPUs; 0 on the GPU presets)
+    forward = ctx.gemm_seconds(gemms) + ctx.hbm_seconds(FWD_TRAFFIC * saved) + hw.layer_forward_overhead_s
     backward = (ctx.backward_gemm_seconds(gemms) + ctx.gemm_seconds(rerun)
-                + ctx.hbm_seconds(BWD_TRAFFIC * saved + FWD_TRAFFIC * recompute_bytes))
+                + ctx.hbm_seconds(BWD_TRAFFIC * saved + FWD_TRAFFIC * recompute_bytes) + hw.layer_backward_overhead_s
+                + (hw.layer_forward_overhead_s if lay.recompute is Recompute.FULL else 0.0))
     return _Cost(forward, backward, *_tp_cost(ctx, 1, False, False))
 
 
