@@ -451,3 +451,32 @@ def test_hybrid_command_has_the_plan_subcommand(capsys):
     from hybrid.cli import main as hybrid_main
     hybrid_main(["plan"] + BASE + ["--top", "1"])
     assert "tokens/s" in capsys.readouterr().out
+
+
+def test_the_shared_compute_bound_counts_compute_not_time_waiting_in_tp_collectives():
+    """Ranks sharing a CPU's cores (8 gloo ranks, 2 cores): the pipeline takes at least every rank's compute over
+    the cores -- tp d m sum_r compute_r / units, from the stage costs without their TP collectives. A slower
+    all-reduce (waiting, not computing) leaves the bound unchanged; it still lengthens the makespan."""
+    import dataclasses
+
+    from hybrid.planner import ActivationProfile, Precision, evaluate, hardware
+    from hybrid.planner.time import shared_compute_bound, stage_times
+    from models import load_config
+
+    cfg = load_config("tiny-gpt2")
+    work = Workload(cfg, global_batch=16, seq_length=128, precision=Precision.FP32,
+                    activations=ActivationProfile.FP32_FLASH)
+    layout = Layout(tp=2, pp=2, dp=2, micro_batch=2)
+    base = dataclasses.replace(hardware("cpu"), compute_units=2, gpus_per_node=8)
+    bounds, makespans = [], []
+    for latency in (1e-4, 1e-2):
+        cluster = Cluster(gpus=8, hw=dataclasses.replace(base, intra_latency_s=latency))
+        t = evaluate(work, cluster, layout).time
+        times = stage_times(work, cluster, layout)[0]
+        m = work.num_microbatches(layout)
+        bound = shared_compute_bound(cluster, layout, t.run, m, times)
+        assert bound == pytest.approx(2 * 2 * m * sum(times.rank_compute) / 2)
+        assert t.pipeline == pytest.approx(max(t.run.makespan, bound))
+        bounds.append(bound)
+        makespans.append(t.run.makespan)
+    assert bounds[0] == pytest.approx(bounds[1]) and makespans[1] > makespans[0]

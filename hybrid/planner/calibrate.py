@@ -28,9 +28,11 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   (docs/results/bench_interleaved.md). When noise leaves no positive solution the fields fall back (rate from
   the larger shape, no fixed cost; the copy rate if even that layer ran no slower than its GEMMs);
 * all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
-  output), timed over a few calls after a warm-up -- with gloo each call after a matmul whose operands exceed a
-  core's L2 (only the call timed), as collectives run in training: back to back, a 1 MiB gloo all-reduce took
-  1.1 ms here, after a compute burst 3.8 ms, and the planner under-predicted tp 2 steps by up to 2x: algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or
+  output), timed over a few calls after a warm-up -- with gloo and a core per rank each call after a matmul
+  whose operands exceed a core's L2 (only the call timed: cold caches and the ranks' compute jitter, as
+  collectives meet them in training; back to back, a 1 MiB gloo all-reduce took 1.1-2.0 ms here, after a
+  matmul 3.8-4.2 ms, and the planner under-predicted tp 2 steps by up to 2x); with more ranks than cores, and
+  with nccl, back to back: algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or
   x (n - 1)/n (all-gather), the nccl-tests convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the
   all-reduce busbw at the largest size, `intra_latency_s` the time of the smallest all-reduce.
 
@@ -249,15 +251,20 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device) ->
     calls = 20 if size <= 2**20 else 5
     call()
     dist.barrier()
-    if device.type == "cuda":  # NCCL on its stream: back to back, as it overlaps the compute stream
+    oversubscribed = device.type != "cuda" and world > (os.cpu_count() or 1)
+    if device.type == "cuda" or oversubscribed:
+        # NCCL on its stream: back to back, as it overlaps the compute stream. More gloo ranks than cores: a
+        # compute burst before each call would time the OS scheduler (8 ranks on 2 cores: a 17-21 ms "latency"),
+        # whose cost the shared-compute bound already prices; back to back, as before.
         start = time.perf_counter()
         for _ in range(calls):
             call()
-        torch.cuda.synchronize()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-    else:  # gloo: as in training, each call after a compute burst (cold caches); only the call timed
+    else:  # gloo, a core per rank: as in training, each call after a compute burst; only the call timed
         a, b = torch.randn(512, 2048), torch.randn(2048, 512)
-        seconds = 0.0
+        seconds = 0.0  # a core per rank: cold caches and the ranks' compute jitter, as TP ranks meet them
         for _ in range(calls):
             a @ b  # 4.2 MiB of operands: more than a core's L2, like a layer's GEMM between two collectives
             start = time.perf_counter()

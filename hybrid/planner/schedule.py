@@ -65,11 +65,14 @@ class StageTimes:
         forward: per global stage, one micro-batch's forward.
         backward: per global stage, its backward (recomputation included).
         comm: one point-to-point activation or gradient message between neighbouring stages.
+        rank_compute: per pipeline rank, one micro-batch's compute over its chunks without the TP collectives
+            in the stage times (what occupies a core; the shared-compute bound's input); () when not given.
     """
 
     forward: tuple[float, ...]
     backward: tuple[float, ...]
     comm: float
+    rank_compute: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -329,7 +329,7 @@ def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[Stage
     message /= layout.tp if layout.sequence_parallel else 1  # SP: hidden states between stages are (b, s/t, h)
     p2p = p2p_seconds(cluster.hw, message, pipeline_crosses_nodes(cluster, layout)) if pp > 1 else 0.0
     busiest = max(range(pp), key=lambda r: compute[r] + comm[r])
-    return StageTimes(tuple(fwd), tuple(bwd), p2p), compute[busiest], comm[busiest], max(hidden)
+    return StageTimes(tuple(fwd), tuple(bwd), p2p, tuple(compute)), compute[busiest], comm[busiest], max(hidden)
 
 
 def _dp_step_seconds(ctx: _Context, psi: float) -> float:
@@ -378,7 +378,7 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     dp = _dp_step_seconds(ctx, psi)
     opt = _optimizer_seconds(ctx, psi) * cluster.hw.shared_compute_factor(_devices_per_node(cluster))
     other = _other_seconds(ctx)
-    pipeline = max(run.makespan, shared_compute_bound(cluster, layout, run))
+    pipeline = max(run.makespan, shared_compute_bound(cluster, layout, run, m, times))
     return StepTime(total=pipeline + dp + opt + other, pipeline=pipeline, compute=m * compute,
                     tp_comm=m * tp_comm, pp_comm=times.comm, dp_comm=dp, overlapped_dp=m * hidden,
                     optimizer=opt, other=other, bubble_fraction=run.bubble_fraction, run=run)
@@ -388,17 +388,20 @@ def _devices_per_node(cluster: Cluster) -> int:
     return min(cluster.gpus, cluster.hw.gpus_per_node)
 
 
-def shared_compute_bound(cluster: Cluster, layout: Layout, run: PipelineRun) -> float:
+def shared_compute_bound(cluster: Cluster, layout: Layout, run: PipelineRun, m: int = 0,
+                         times: StageTimes | None = None) -> float:
     """Devices that share compute units (a CPU's cores: `Hardware.compute_units`) cannot together be busy
-    longer than the units allow: the pipeline takes at least the busy seconds of every device of a node
-    (t d ranks per pipeline rank, each `run.busy`, priced at one device's uncontended rate) / the units.
-    A bubble is then not lost -- an idle rank's core serves the others -- while TP groups, which compute in
-    lock-step, are slowed by every member's share. 0 when devices compute on their own (GPUs)."""
+    longer than the units allow: the pipeline takes at least the compute seconds of every device of a node
+    (t d ranks per pipeline rank, each m x its per-micro-batch compute, priced at one device's uncontended
+    rate) / the units. A bubble is then not lost -- an idle rank's core serves the others -- and neither is
+    time a rank waits in a TP collective: only compute occupies a core (`times.rank_compute`; without it, the
+    simulated busy time, TP collectives included). 0 when devices compute on their own (GPUs)."""
     hw = cluster.hw
     if hw.shared_compute_factor(_devices_per_node(cluster)) == 1.0:
         return 0.0
     nodes = max(1, cluster.nodes)
-    return layout.tp * layout.dp * sum(run.busy) / (nodes * hw.compute_units)
+    work = m * sum(times.rank_compute) if times is not None and times.rank_compute else sum(run.busy)
+    return layout.tp * layout.dp * work / (nodes * hw.compute_units)
 
 
 def lower_bound_seconds(work: Workload, cluster: Cluster, layout: Layout) -> float:
