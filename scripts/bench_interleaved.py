@@ -35,9 +35,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench_planner import model_config  # noqa: E402
-from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_output_file,  # noqa: E402
-                            nonnegative_int, positive_int)
+from bench_planner import check_paths, model_config, write_report  # noqa: E402
+from hybrid.cliutil import HelpFormatter, OneLineParser, nonnegative_int, positive_int  # noqa: E402
 from hybrid.dp import GradAverager  # noqa: E402
 from hybrid.mesh import Mesh, ParallelDims  # noqa: E402
 from hybrid.pipeline import Costs, ScheduleKind, build_schedule, simulate, stage_of  # noqa: E402
@@ -159,13 +158,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"use --micro-batches {args.micro_batches + 1}")
     if args.hidden % 8:
         p.error(f"--hidden {args.hidden} must be a multiple of the 8 heads")
-    try:
-        if args.hardware is not None:
-            load_hardware(args.hardware, Precision.FP32)
-        if args.out is not None:
-            check_output_file("--out", args.out)
-    except ValueError as e:
-        p.error(str(e))
+    check_paths(p, args)
     return args
 
 
@@ -190,10 +183,7 @@ def main(argv: list[str] | None = None) -> None:
                                args=(cfg, b, m, args.seq, args.warmup, args.steps))[0]
     report = _report(args, cfg, hw, plans, measured, load_before, os.getloadavg(), time.perf_counter() - start)
     report += "\n\n" + stage_table(stages, measured)
-    print(report)
-    if args.out:
-        with atomic_output(args.out) as tmp, open(tmp, "w") as f:
-            f.write(report + "\n")
+    write_report(args.out, report)
 
 
 def _report(args, cfg, hw, plans, measured, load_before, load_after, seconds) -> str:

@@ -141,16 +141,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     if args.global_batch % args.micro_batch:
         p.error(f"--global-batch {args.global_batch} is not a multiple of --micro-batch {args.micro_batch}")
+    check_paths(p, args, ("--save-hardware", "--out"))
+    return args
+
+
+def check_paths(p: argparse.ArgumentParser, args: argparse.Namespace, outputs: tuple[str, ...] = ("--out",)) -> None:
+    """The planner benchmarks' --hardware profile readable and complete, and their output files writable,
+    before any work: one error line naming the flag."""
     try:
         if args.hardware is not None:
-            load_hardware(args.hardware, Precision.FP32)  # readable and complete, before any work
-        for flag in ("--save-hardware", "--out"):
+            load_hardware(args.hardware, Precision.FP32)
+        for flag in outputs:
             value = getattr(args, flag[2:].replace("-", "_"))
             if value is not None:
                 check_output_file(flag, value)
     except ValueError as e:
         p.error(str(e))
-    return args
+
+
+def write_report(path: str | None, report: str) -> None:
+    """Print the report and, with --out, write it atomically (no half-written file on a failure)."""
+    print(report)
+    if path:
+        with atomic_output(path) as tmp, open(tmp, "w") as f:
+            f.write(report + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,11 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append((layout, plan, statistics.median(measured[key]), min(measured[key])))
     rho = (spearman([r[1].time.total for r in rows], [r[2] for r in rows]),
            spearman([r[1].time.total for r in rows], [r[3] for r in rows]))
-    table = report(args, cfg, hw, rows, rho, time.perf_counter() - t0)
-    print(table)
-    if args.out:
-        with atomic_output(args.out) as tmp, open(tmp, "w") as f:
-            f.write(table + "\n")
+    write_report(args.out, report(args, cfg, hw, rows, rho, time.perf_counter() - t0))
 
 
 def report(args, cfg, hw, rows, rho: tuple[float, float], seconds: float) -> str:

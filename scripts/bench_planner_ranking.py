@@ -36,8 +36,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench_planner import _build, model_config, spearman  # noqa: E402
-from hybrid.cliutil import HelpFormatter, OneLineParser, atomic_output, check_output_file, nonnegative_int, positive_int  # noqa: E402,E501
+from bench_planner import _build, check_paths, model_config, spearman, write_report  # noqa: E402
+from hybrid.cliutil import HelpFormatter, OneLineParser, nonnegative_int, positive_int  # noqa: E402
 from hybrid.planner import Cluster, Layout, Recompute, evaluate  # noqa: E402
 from hybrid.planner.calibrate import CalibrationConfig, calibrate, load_hardware, save_profile  # noqa: E402
 from hybrid.planner.layout import Workload  # noqa: E402
@@ -90,13 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.hidden % 8:
         p.error(f"--hidden {args.hidden} must be a multiple of the 8 heads")
-    try:
-        if args.hardware is not None:
-            load_hardware(args.hardware, Precision.FP32)
-        if args.out is not None:
-            check_output_file("--out", args.out)
-    except ValueError as e:
-        p.error(str(e))
+    check_paths(p, args)
     return args
 
 
@@ -118,10 +112,7 @@ def main(argv: list[str] | None = None) -> None:
                                ).time.total for key in LAYOUTS}
     measured = run_distributed(_measure_all, RANKS, timeout=1800, args=(cfg, args.seq, args.warmup, args.steps))[0]
     report = _report(args, cfg, hw, predicted, measured, load_before, os.getloadavg(), time.perf_counter() - start)
-    print(report)
-    if args.out:
-        with atomic_output(args.out) as tmp, open(tmp, "w") as f:
-            f.write(report + "\n")
+    write_report(args.out, report)
 
 
 def _report(args, cfg, hw, predicted, measured, load_before, load_after, seconds) -> str:
