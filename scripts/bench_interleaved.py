@@ -35,8 +35,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench_planner import check_paths, model_config, write_report  # noqa: E402
-from hybrid.cliutil import HelpFormatter, OneLineParser, nonnegative_int, positive_int  # noqa: E402
+from bench_planner import check_paths, model_config, two_rank_parser, write_report  # noqa: E402
+from hybrid.cliutil import positive_int  # noqa: E402
 from hybrid.dp import GradAverager  # noqa: E402
 from hybrid.mesh import Mesh, ParallelDims  # noqa: E402
 from hybrid.pipeline import Costs, ScheduleKind, build_schedule, simulate, stage_of  # noqa: E402
@@ -140,16 +140,9 @@ def stage_table(stages: dict, measured: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = OneLineParser(prog="bench_interleaved.py", description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--hardware", help="a `hybrid calibrate` profile (default: calibrate now, 2 ranks)")
-    p.add_argument("--layers", type=positive_int, default=8, help="GPT-2 blocks (a multiple of 8: pp 2 x v 4)")
-    p.add_argument("--hidden", type=positive_int, default=512, help="model width (8 heads)")
-    p.add_argument("--seq", type=positive_int, default=256, help="tokens per sequence")
+    p = two_rank_parser("bench_interleaved.py", __doc__, layers=8, hidden=512, seq=256)  # layers: 8 k (pp 2 x v 4)
     p.add_argument("--micro-batch", type=positive_int, default=2, help="sequences per micro-batch")
     p.add_argument("--micro-batches", type=positive_int, default=8, help="m, a multiple of pp = 2")
-    p.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed rounds first")
-    p.add_argument("--steps", type=positive_int, default=10, help="timed rounds")
-    p.add_argument("--out", help="write the Markdown report here")
     args = p.parse_args(argv)
     if args.layers % (PP * 4):
         p.error(f"--layers {args.layers} must be a multiple of 8 (pp 2 x v 4 chunks); use --layers 8")

@@ -145,6 +145,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def two_rank_parser(prog: str, doc: str, layers: int, hidden: int, seq: int) -> OneLineParser:
+    """The flags the 2-rank planner checks share (bench_planner_ranking, bench_interleaved): the profile, the
+    GPT-2's size (8 heads), the rounds, the report. Callers add their own and check --hidden % 8."""
+    p = OneLineParser(prog=prog, description=doc, formatter_class=HelpFormatter)
+    p.add_argument("--hardware", help="a `hybrid calibrate` profile (default: calibrate now, 2 ranks)")
+    p.add_argument("--layers", type=positive_int, default=layers, help="GPT-2 blocks")
+    p.add_argument("--hidden", type=positive_int, default=hidden, help="model width (8 heads)")
+    p.add_argument("--seq", type=positive_int, default=seq, help="tokens per sequence")
+    p.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed rounds first")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed rounds (>= 10 for issue 14's checks)")
+    p.add_argument("--out", help="write the Markdown report here")
+    return p
+
+
 def check_paths(p: argparse.ArgumentParser, args: argparse.Namespace, outputs: tuple[str, ...] = ("--out",)) -> None:
     """The planner benchmarks' --hardware profile readable and complete, and their output files writable,
     before any work: one error line naming the flag."""

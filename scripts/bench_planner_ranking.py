@@ -36,8 +36,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench_planner import _build, check_paths, model_config, spearman, write_report  # noqa: E402
-from hybrid.cliutil import HelpFormatter, OneLineParser, nonnegative_int, positive_int  # noqa: E402
+from bench_planner import _build, check_paths, model_config, spearman, two_rank_parser, write_report  # noqa: E402,E501
 from hybrid.planner import Cluster, Layout, Recompute, evaluate  # noqa: E402
 from hybrid.planner.calibrate import CalibrationConfig, calibrate, load_hardware, save_profile  # noqa: E402
 from hybrid.planner.layout import Workload  # noqa: E402
@@ -79,14 +78,7 @@ def _spread(xs: list[float]) -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = OneLineParser(prog="bench_planner_ranking.py", description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--hardware", help="a `hybrid calibrate` profile (default: calibrate now, 2 ranks)")
-    p.add_argument("--layers", type=positive_int, default=4, help="GPT-2 blocks")
-    p.add_argument("--hidden", type=positive_int, default=256, help="model width (8 heads)")
-    p.add_argument("--seq", type=positive_int, default=128, help="tokens per sequence")
-    p.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed rounds first")
-    p.add_argument("--steps", type=positive_int, default=10, help="timed rounds (>= 10 for the issue's check)")
-    p.add_argument("--out", help="write the Markdown report here")
+    p = two_rank_parser("bench_planner_ranking.py", __doc__, layers=4, hidden=256, seq=128)
     args = p.parse_args(argv)
     if args.hidden % 8:
         p.error(f"--hidden {args.hidden} must be a multiple of the 8 heads")
