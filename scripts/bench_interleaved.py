@@ -35,14 +35,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench_planner import check_paths, model_config, two_rank_parser, write_report  # noqa: E402
+from bench_planner import two_rank_args, two_rank_parser, two_rank_setup, write_report  # noqa: E402
 from hybrid.cliutil import positive_int  # noqa: E402
 from hybrid.dp import GradAverager  # noqa: E402
 from hybrid.mesh import Mesh, ParallelDims  # noqa: E402
 from hybrid.pipeline import Costs, ScheduleKind, build_schedule, simulate, stage_of  # noqa: E402
 from hybrid.pipeline.executor import PipelineExecutor, StageIO  # noqa: E402
 from hybrid.planner import Cluster, Layout, evaluate  # noqa: E402
-from hybrid.planner.calibrate import CalibrationConfig, calibrate, load_hardware, save_profile  # noqa: E402
 from hybrid.planner.layout import Workload  # noqa: E402
 from hybrid.planner.model import ActivationProfile, Precision  # noqa: E402
 from hybrid.planner.time import stage_times  # noqa: E402
@@ -149,21 +148,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.micro_batches % PP:
         p.error(f"--micro-batches {args.micro_batches} must be a multiple of pp = 2 (interleaved); "
                 f"use --micro-batches {args.micro_batches + 1}")
-    if args.hidden % 8:
-        p.error(f"--hidden {args.hidden} must be a multiple of the 8 heads")
-    check_paths(p, args)
-    return args
+    return two_rank_args(p, args)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     start, load_before = time.perf_counter(), os.getloadavg()
-    path = args.hardware or "/tmp/hybrid_bench_interleaved_hardware.json"
-    if not args.hardware:
-        print("bench_interleaved: calibrating (2 ranks) ...", flush=True)
-        save_profile(calibrate(CalibrationConfig(ranks=PP)), path)
-    hw = load_hardware(path, Precision.FP32)
-    cfg = model_config(args.layers, args.hidden, 8, 4096, args.seq)
+    hw, cfg = two_rank_setup(args, "bench_interleaved")
     b, m = args.micro_batch, args.micro_batches
     work = Workload(cfg, global_batch=b * m, seq_length=args.seq, precision=Precision.FP32,
                     activations=ActivationProfile.FP32_FLASH)

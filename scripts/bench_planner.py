@@ -159,6 +159,24 @@ def two_rank_parser(prog: str, doc: str, layers: int, hidden: int, seq: int) -> 
     return p
 
 
+def two_rank_args(p: OneLineParser, args: argparse.Namespace) -> argparse.Namespace:
+    """Checks of two_rank_parser's flags: 8 heads divide --hidden, the paths (check_paths)."""
+    if args.hidden % 8:
+        p.error(f"--hidden {args.hidden} must be a multiple of the 8 heads")
+    check_paths(p, args)
+    return args
+
+
+def two_rank_setup(args: argparse.Namespace, name: str):
+    """(the fp32 profile -- --hardware, or calibrated now on 2 ranks and kept in /tmp --, the GPT-2 config of
+    --layers / --hidden / --seq, 8 heads, vocabulary 4096)."""
+    path = args.hardware or f"/tmp/hybrid_{name}_hardware.json"
+    if not args.hardware:
+        print(f"{name}: calibrating (2 ranks) ...", flush=True)
+        save_profile(calibrate(CalibrationConfig(ranks=2)), path)
+    return load_hardware(path, Precision.FP32), model_config(args.layers, args.hidden, 8, 4096, args.seq)
+
+
 def check_paths(p: argparse.ArgumentParser, args: argparse.Namespace, outputs: tuple[str, ...] = ("--out",)) -> None:
     """The planner benchmarks' --hardware profile readable and complete, and their output files writable,
     before any work: one error line naming the flag."""

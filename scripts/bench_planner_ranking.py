@@ -36,9 +36,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench_planner import _build, check_paths, model_config, spearman, two_rank_parser, write_report  # noqa: E402,E501
+from bench_planner import _build, spearman, two_rank_args, two_rank_parser, two_rank_setup, write_report  # noqa: E402,E501
 from hybrid.planner import Cluster, Layout, Recompute, evaluate  # noqa: E402
-from hybrid.planner.calibrate import CalibrationConfig, calibrate, load_hardware, save_profile  # noqa: E402
 from hybrid.planner.layout import Workload  # noqa: E402
 from hybrid.planner.model import ActivationProfile, Precision  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
@@ -79,23 +78,14 @@ def _spread(xs: list[float]) -> float:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = two_rank_parser("bench_planner_ranking.py", __doc__, layers=4, hidden=256, seq=128)
-    args = p.parse_args(argv)
-    if args.hidden % 8:
-        p.error(f"--hidden {args.hidden} must be a multiple of the 8 heads")
-    check_paths(p, args)
-    return args
+    return two_rank_args(p, p.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     start = time.perf_counter()
     load_before = os.getloadavg()
-    path = args.hardware or "/tmp/hybrid_bench_planner_ranking_hardware.json"
-    if not args.hardware:
-        print("bench_planner_ranking: calibrating (2 ranks) ...", flush=True)
-        save_profile(calibrate(CalibrationConfig(ranks=RANKS)), path)
-    hw = load_hardware(path, Precision.FP32)
-    cfg = model_config(args.layers, args.hidden, 8, 4096, args.seq)
+    hw, cfg = two_rank_setup(args, "bench_planner_ranking")
     work = Workload(cfg, global_batch=GLOBAL_BATCH, seq_length=args.seq, precision=Precision.FP32,
                     activations=ActivationProfile.FP32_FLASH)
     cluster = Cluster(gpus=RANKS, hw=hw)
