@@ -480,3 +480,27 @@ def test_the_shared_compute_bound_counts_compute_not_time_waiting_in_tp_collecti
         bounds.append(bound)
         makespans.append(t.run.makespan)
     assert bounds[0] == pytest.approx(bounds[1]) and makespans[1] > makespans[0]
+
+
+@pytest.mark.parametrize("zero", [ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS])
+def test_zero_1_2_post_step_all_gather_is_priced_as_overlapping_the_next_forward(zero):
+    """The runtime's default (ZeroConfig.overlap_param_gather): only the first bucket's gather, and what the
+    rest does not fit under the first micro-batch's forward, is exposed; ZeRO 1's reduce-scatter stays whole."""
+    from hybrid.planner.ledger import BUCKET_BYTES
+    from hybrid.planner.time import _context, _dp_step_seconds, stage_times
+
+    work = Workload(gpt_model(24, 2048, 16, 51200, 2048), global_batch=64, seq_length=2048)
+    cluster = Cluster(gpus=16, hw=hardware("a100-80g"))
+    layout = Layout(tp=1, pp=2, dp=8, micro_batch=1, zero=zero)
+    t = step_time(work, cluster, layout)
+    ctx = _context(work, cluster, layout)
+    psi = max(rank_parameters(work, layout))
+    pr = work.precision
+    gather = ctx.dp_seconds(dp_step_ledger(psi, ZeroStage.GRADIENTS, 8, pr.grad_bytes, pr.param_bytes))
+    whole = ctx.dp_seconds(dp_step_ledger(psi, zero, 8, pr.grad_bytes, pr.param_bytes))
+    n = math.ceil(pr.param_bytes * psi / BUCKET_BYTES)
+    times = stage_times(work, cluster, layout)[0]
+    forward = min(times.forward[0], times.forward[1])
+    assert n > 1 and gather > 0
+    assert t.dp_comm == pytest.approx(whole - gather + gather / n + max(0.0, gather * (1 - 1 / n) - forward))
+    assert t.dp_comm < whole and _dp_step_seconds(ctx, psi) == pytest.approx(whole)  # no forward: all exposed

@@ -215,6 +215,7 @@ def start_save(opt, names: dict[int, str], rng, root: str, iteration: int, state
             print(f"checkpoint: removed the unfinished {name} of an earlier save", flush=True)
         os.makedirs(tmp)
     dist.barrier(group=pg)
+    opt.wait_params()  # fp32 master shards view the buffers a post-step all-gather may still be writing
     ensure_adam_state(opt)
     owned = [c for c in optimizer_chunks(opt, names) if c.owner]
     sd = tensor_state(opt, owned, (MODEL, *MOMENTS), stage=asynchronous)
@@ -259,6 +260,7 @@ def load(opt, names: dict[int, str], rng, directory: str, optim: bool = True, rn
     rank = dist.get_rank()
     rngs = {k: v.clone() for k, v in rng_state(rank, rng).items()} if rng_too else {}
     sd.update(rngs)
+    opt.wait_params()  # a post-step all-gather in flight would write the buffers the master views
     dcp.load(sd, storage_reader=dcp.FileSystemReader(directory), process_group=pg)
     if optim:
         set_adam_step(opt, state["adam_step"])

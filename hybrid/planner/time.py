@@ -56,13 +56,14 @@ each chunk's 2 Psi / Nd parameter bytes over PCIe in every micro-batch's forward
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from hybrid.planner.hardware import GB, Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, dp_placement,
                                    pipeline_crosses_nodes, stage_layers, tp_placement)
-from hybrid.planner.ledger import (Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds, partial_grad_ledger,
-                                   tp_ledger)
+from hybrid.planner.ledger import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
+                                   partial_grad_ledger, tp_ledger)
 from hybrid.planner.memory import rank_parameters
 from hybrid.planner.model import Shard
 from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline
@@ -332,11 +333,27 @@ def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[Stage
     return StageTimes(tuple(fwd), tuple(bwd), p2p, tuple(compute)), compute[busiest], comm[busiest], max(hidden)
 
 
-def _dp_step_seconds(ctx: _Context, psi: float) -> float:
-    """DP synchronisation after the last backward for a rank holding `psi` parameters (ledger.dp_step_ledger)."""
+def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0) -> float:
+    """DP synchronisation after the last backward for a rank holding `psi` parameters (ledger.dp_step_ledger).
+
+    ZeRO 1-2's all-gather of the updated parameters overlaps the next step's forward (the runtime's default,
+    ZeroConfig.overlap_param_gather: each bucket is waited for by the first block that uses it). Exposed: the
+    first of its n buckets (nothing runs before it) and whatever the rest does not fit under the first
+    micro-batch's forward on this rank (`forward_s`, the only compute before the last bucket is needed):
+
+        gather / n + max(0, gather (1 - 1/n) - forward_s)
+
+    Ignored: the gathers share the link with the forward's TP collectives (contention), and a rank whose first
+    forward waits for its pipeline input has more time to hide them."""
     lay = ctx.layout
     pr = ctx.work.precision
-    return ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, pr.grad_bytes, pr.param_bytes))
+    total = ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, pr.grad_bytes, pr.param_bytes))
+    if lay.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) and lay.dp > 1:
+        gather = ctx.dp_seconds(dp_step_ledger(psi, ZeroStage.GRADIENTS, lay.dp, pr.grad_bytes, pr.param_bytes))
+        n = max(1, math.ceil(pr.param_bytes * psi / BUCKET_BYTES))
+        exposed = gather / n + max(0.0, gather * (1 - 1 / n) - forward_s)
+        total -= gather - exposed
+    return total
 
 
 def _optimizer_seconds(ctx: _Context, psi: float) -> float:
@@ -375,7 +392,8 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     times, compute, tp_comm, hidden = stage_times(work, cluster, layout)
     run = run_pipeline(layout.schedule, layout.pp, m, layout.v, times, budget)
     psi = max(rank_parameters(work, layout))  # both grow with Psi: the fullest rank finishes last
-    dp = _dp_step_seconds(ctx, psi)
+    first_forward = min(sum(times.forward[c * layout.pp + r] for c in range(layout.v)) for r in range(layout.pp))
+    dp = _dp_step_seconds(ctx, psi, first_forward)
     opt = _optimizer_seconds(ctx, psi) * cluster.hw.shared_compute_factor(_devices_per_node(cluster))
     other = _other_seconds(ctx)
     pipeline = max(run.makespan, shared_compute_bound(cluster, layout, run, m, times))
@@ -422,5 +440,5 @@ def lower_bound_seconds(work: Workload, cluster: Cluster, layout: Layout) -> flo
         busiest = max(busiest, fill + work_r)
         fill += times.forward[r] + times.backward[r] + 2 * times.comm
     psi = max(rank_parameters(work, layout))
-    tail = _dp_step_seconds(ctx, psi) + _optimizer_seconds(ctx, psi)
+    tail = _dp_step_seconds(ctx, psi, math.inf) + _optimizer_seconds(ctx, psi)  # ZeRO 1-2: the least exposed
     return busiest + tail + _other_seconds(ctx)

@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--zero3-keep-gathered", action="store_true",
                    help="stage 3: gather each layer once per step (all micro-batches), reduce-scatter once")
     g.add_argument("--zero-bucket-bytes", type=int, default=25 * 2**20, help="stages 0-2 gradient bucket size")
+    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=True,
+                   help="stages 1-2: the next forward waits for each post-step parameter all-gather just before "
+                        "the block that uses it (default on; --no-overlap-param-gather waits in the step)")
     g.add_argument("--cpu-adam", choices=[c.value for c in CpuAdam], default="auto",
                    help="offloaded step: DeepSpeed's CPU Adam (auto: when it builds) or torch's")
     g.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
@@ -348,10 +351,15 @@ def check_zero(args: argparse.Namespace) -> ZeroConfig:
         # the engine runs torch's AdamW on the device unless the step is offloaded: the flag would do nothing
         raise ValueError(f"--cpu-adam {args.cpu_adam} picks the offloaded optimizer step; add --offload-optimizer "
                          f"or drop --cpu-adam")
+    if "overlap_param_gather" in getattr(args, "explicit", set()) and args.zero_stage not in (1, 2):
+        flag = "--overlap-param-gather" if args.overlap_param_gather else "--no-overlap-param-gather"
+        raise ValueError(f"{flag} applies to --zero-stage 1 or 2 (stage 3 gathers each layer just before use, "
+                         f"stage 0 gathers nothing); got --zero-stage {args.zero_stage}: drop the flag")
     precision = Precision.BF16 if args.bf16 else Precision.FP16 if args.fp16 else Precision.FP32
     return ZeroConfig(stage=args.zero_stage, precision=precision, offload_optimizer=args.offload_optimizer,
                       offload_params=args.offload_params, keep_gathered=args.zero3_keep_gathered,
                       bucket_bytes=args.zero_bucket_bytes, cpu_adam=CpuAdam(args.cpu_adam),
+                      overlap_param_gather=args.overlap_param_gather,
                       **getattr(args, "loss_scaling", {}))
 
 

@@ -49,6 +49,11 @@ class ZeroConfig:
             stage-1 memory during the step for 2 Psi instead of 3 m Psi traffic.
         bucket_bytes: stages 0-2: gradients are reduced in buckets of about this many bytes,
             launched as backward produces them (`--zero-bucket-bytes`).
+        overlap_param_gather: stages 1-2: the post-step all-gather of the updated parameters is posted
+            and not waited for; the next forward waits for each bucket just before the first block (or
+            chunk edge) that uses it, so the gathers overlap the forward (Megatron's
+            `--overlap-param-gather`, DeepSpeed's and FSDP's prefetch). `--no-overlap-param-gather`
+            waits for all of them in the step, as before.
         cpu_adam: the optimizer used when offloading (see CpuAdam).
         initial_loss_scale: fp16: first loss scale (power of two).
         loss_scale_window: fp16: steps without overflow before the scale doubles.
@@ -61,6 +66,7 @@ class ZeroConfig:
     offload_params: bool = False
     keep_gathered: bool = False
     bucket_bytes: int = 25 * 2**20
+    overlap_param_gather: bool = True
     cpu_adam: CpuAdam = CpuAdam.AUTO
     initial_loss_scale: float = 2.0**16
     loss_scale_window: int = 1000

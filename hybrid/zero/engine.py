@@ -100,6 +100,7 @@ class ZeroOptimizer:
         self._armed = False
         self._pending: list[tuple[FlatUnit, object, torch.Tensor | None, torch.Tensor | None]] = []
         self._launches: dict[int, int] = {}
+        self._param_gathers: dict[int, tuple[object, torch.Tensor]] = {}  # id(unit) -> (work, send buffer)
         self.units, self.stage3_plan = self._build_units()
         for u in self.units:
             self._init_unit(u)
@@ -201,6 +202,53 @@ class ZeroOptimizer:
         if self.cfg.stage == 3:
             for chunk, roots, blocks in self.stage3_plan:
                 self._register_stage3(chunk, roots, blocks)
+        if self.overlaps_param_gather:
+            self._gather_order = self._register_gather_waits()
+
+    @property
+    def overlaps_param_gather(self) -> bool:
+        """Stages 1-2 with overlap_param_gather: the next forward waits for the post-step all-gathers."""
+        return self.cfg.stage in (1, 2) and self.cfg.overlap_param_gather and self.dp.size > 1
+
+    def _register_gather_waits(self) -> list[FlatUnit]:
+        """Forward pre-hooks that wait for the post-step all-gathers just before use: each chunk for the units
+        holding its parameters outside the blocks (embedding, final norm, head: used at both ends), each block
+        for the units holding its parameters. Returns the units in the order the forward needs them, which is
+        the order `_write_back` posts them (collectives complete in posting order)."""
+        unit_of = {id(p): u for u in self.units for p in u.params}
+        order: list[FlatUnit] = []
+
+        def units_of(params) -> list[FlatUnit]:
+            out = []
+            for p in params:
+                u = unit_of.get(id(p))
+                if u is not None and u not in out:
+                    out.append(u)
+            return out
+
+        for chunk in self.chunks:
+            blocks = block_modules(chunk)
+            in_blocks = {id(p) for b in blocks for p in b.parameters()}
+            edge = units_of(p for p in chunk.parameters() if id(p) not in in_blocks)
+            chunk.register_forward_pre_hook(lambda m, a, us=tuple(edge): self._wait_gathers(us))
+            order += [u for u in edge if u not in order]
+            for b in blocks:
+                mine = tuple(units_of(b.parameters()))
+                b.register_forward_pre_hook(lambda m, a, us=mine: self._wait_gathers(us))
+                order += [u for u in mine if u not in order]
+        return order + [u for u in self.units if u not in order]
+
+    def _wait_gathers(self, units) -> None:
+        if self._param_gathers:
+            for u in units:
+                entry = self._param_gathers.pop(id(u), None)
+                if entry is not None:
+                    entry[0].wait()
+
+    def wait_params(self) -> None:
+        """Wait for every post-step all-gather still in flight: before anything reads or writes the parameters
+        other than the forward (which waits per block): a checkpoint load or save, `gathered`, the next step."""
+        self._wait_gathers(self.units)
 
     def _scale_loss(self, module: nn.Module, args, out):
         """fp16: the loss times the loss scale, so small gradients survive fp16's range."""
@@ -385,11 +433,20 @@ class ZeroOptimizer:
         return norm
 
     def _write_back(self) -> None:
-        for u in self.units:
+        """The updated master shards into the compute-dtype parameters; stages 1-2 all-gather every unit to
+        every rank -- posted in the next forward's order and left in flight when overlapping (the forward's
+        hooks wait per block), else waited for here."""
+        self.wait_params()  # a gather still in flight writes the buffers written below
+        for u in (self._gather_order if self.overlaps_param_gather else self.units):
             if u.master is not u.shard:
                 u.shard.copy_(u.master, non_blocking=self.pin)  # fp32 -> compute dtype, host -> device
             if self.cfg.stage in (1, 2):  # every rank needs the whole updated unit
-                self.dp.all_gather_into(u.flat, u.shard.clone()).wait()
+                send = u.shard.clone()  # the gather writes u.flat, which u.shard views
+                work = self.dp.all_gather_into(u.flat, send)
+                if self.overlaps_param_gather:
+                    self._param_gathers[id(u)] = (work, send)
+                else:
+                    work.wait()
 
     def _update_loss_scale(self, skipped: bool) -> None:
         """Dynamic loss scaling: halve on overflow (the step is skipped), double after a window of
@@ -407,7 +464,9 @@ class ZeroOptimizer:
 
     @contextmanager
     def gathered(self):
-        """Stage 3: every unit's full parameters inside the block (to read or save the weights)."""
+        """Every unit's full parameters inside the block (to read or save the weights): stage 3 gathers them,
+        stages 1-2 wait for the post-step all-gathers still in flight."""
+        self.wait_params()
         if self.cfg.stage != 3:
             yield
             return
