@@ -184,8 +184,6 @@ def test_the_run_prints_its_measured_time_split_and_the_planners_prediction(refe
     start with --hardware: the planner's prediction of the same shares for this layout (hybrid/metrics/split.py).
     A single process has no collectives and no pipeline: both say 0 there, and each line's shares add up to 100 %
     (to the printed rounding)."""
-    from hybrid.metrics.split import predicted_split, run_layout  # noqa: F401  (the prediction's source)
-
     _, out, _ = reference
     splits = re.findall(r"^time split, iterations \d+-\d+ \(mean over ranks\): compute ([\d.]+)%, collectives "
                         r"([\d.]+)%, pipeline waits ([\d.]+)%, optimizer ([\d.]+)%, other ([\d.]+)%$", out, re.M)
