@@ -38,12 +38,30 @@ def documented_commands() -> list[tuple[str, str]]:
     found = []
     for path in ["README.md"] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))):
         text = open(os.path.join(ROOT, path)).read()
-        for block in re.findall(r"```(?:bash|sh|shell|console)?\n(.*?)```", text, re.S):
+        for block in shell_blocks(text):
             for line in block.replace("\\\n", " ").splitlines():
                 line = line.strip().removeprefix("$ ")
                 if line.startswith(STARTS) and line.isascii():  # not a diagram's "torchrun ─► train.py"
                     found.append((os.path.relpath(os.path.join(ROOT, path), ROOT), line))
     return found
+
+
+def shell_blocks(text: str) -> list[str]:
+    """The bodies of the fenced blocks whose language is a shell's (or none), fences read line by line in
+    pairs: a fence of another language (```text, ```python) opens a block that is skipped, and its closing
+    fence is never mistaken for an opener (which ran the prose after it)."""
+    blocks, lang, body = [], None, []
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            if lang is None:
+                lang, body = line.lstrip()[3:].strip(), []
+            else:
+                if lang in ("", "bash", "sh", "shell", "console"):
+                    blocks.append("\n".join(body) + "\n")
+                lang = None
+        elif lang is not None:
+            body.append(line)
+    return blocks
 
 
 def _pieces(command: str) -> list[str]:
