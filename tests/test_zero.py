@@ -285,7 +285,10 @@ def skipped_step_probe(mesh: Mesh, stage: int) -> dict:
 
 def _state_tensors(opt: ZeroOptimizer) -> dict[str, torch.Tensor]:
     """Every tensor a step may write: parameters (flat buffers; stage 3 its shards), fp32 masters,
-    every optimizer state entry (Adam moments and step counts)."""
+    every optimizer state entry (Adam moments and step counts). Stages 1-2 overlap the post-step parameter
+    all-gather with the next forward: wait for it, or `flat` is read while the previous step's gather is still
+    writing it (stage 2 failed so once, a "changed" flat buffer, in a run of the suite on two workers)."""
+    opt.wait_params()
     out = {}
     for u in opt.units:
         out[f"{u.name}.shard"] = u.shard.clone()
