@@ -48,6 +48,7 @@ def single_agent_with_a_slow_rank() -> str:
     return out
 
 
+@pytest.mark.serial  # step times compared across ranks: runs alone under xdist
 def test_a_rank_slowed_50ms_per_micro_batch_is_named_with_its_phase(single_agent_with_a_slow_rank):
     out = single_agent_with_a_slow_rank
     named = re.findall(r"straggler: rank (\d+) is slower than its 3 peers in (\w+)", out)
@@ -55,6 +56,7 @@ def test_a_rank_slowed_50ms_per_micro_batch_is_named_with_its_phase(single_agent
     assert len(re.findall(r"step time ms p50/p90/max, iterations \d+-\d+: r0 \S+ r1 \S+ r2 \S+ r3 \S+", out)) == 2
 
 
+@pytest.mark.serial  # a clean run names no straggler: runs alone under xdist
 def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single_agent_with_a_slow_rank):
     port = free_port()
     a = _torchrun(2, port, 10)
@@ -97,6 +99,7 @@ def test_losing_one_agent_ends_the_job_cleanly(tmp_path):
     assert not alive, f"workers left behind: {alive}"
 
 
+@pytest.mark.serial  # the kill lands between two saves: runs alone under xdist
 def test_an_elastic_job_that_loses_a_node_re_plans_on_the_survivor_and_continues(tmp_path):
     """torchrun --nnodes 1:2 --max-restarts 1, two agents of 2 ranks, saving every 3 iterations. Node b (its agent
     and workers) is killed once iteration 4 is logged; agent a's workers fail on the dead peer, a restarts them in

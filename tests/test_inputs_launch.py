@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from hybrid.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,6 +63,7 @@ def _launch_two_ranks(tmp_path, fault: str, timeout_min: float) -> tuple[list[su
     return procs, logs
 
 
+@pytest.mark.serial  # ends within the timeout + window + 10 s: runs alone under xdist
 def test_stalled_and_killed_ranks_end_their_jobs_within_the_timeout_naming_them(tmp_path):
     """Two 2-rank jobs at once (one start-up cost): in each, rank 1 stops (SIGSTOP) or dies (SIGKILL) at iteration 3.
     Rank 0 waits in its next all-reduce: for SIGKILL gloo reports the closed connection at once, for SIGSTOP the
