@@ -1,7 +1,7 @@
 """ZeRO-3 side by side: hybrid vs torch FSDP2 vs DeepSpeed ZeRO-3, each peer set up as its docs recommend.
 
-    python scripts/bench_zero.py            # writes docs/results/bench_zero.md; 15 rows of 11 steps, each step
-                                            # ~5 s on 2 loaded cores (~25 min; 50 min under load 20-75)
+    python scripts/bench_zero.py            # writes docs/results/bench_zero.md; 27 rows of 11 steps (9 x 3
+                                            # repeats), each step ~5 s on 2 loaded cores (~45 min; more under load)
     python scripts/bench_zero.py --quick --out /tmp/z.md   # smoke run (a tiny model; measures nothing)
 
 Same model (a ~120M-parameter Llama built from hybrid's layers at tp = 1, so every framework wraps the same
@@ -10,7 +10,9 @@ nn.Module), same dp, batch, fp32, same steps, on gloo + CPU, one thread per rank
 * hybrid ZeRO-3 with its default optimizer (torch.optim.AdamW, which on CPU runs its per-tensor loop);
 * hybrid ZeRO-3 with `torch.optim.AdamW(fused=True)` and torch FSDP2 with the same fused AdamW;
 * hybrid ZeRO-3 with DeepSpeedCPUAdam and DeepSpeed ZeRO-3 with the optimizer named in its config (on the CPU
-  accelerator DeepSpeed builds its cpu_adam AVX kernel), with its recommended bucket sizes.
+  accelerator DeepSpeed builds its cpu_adam AVX kernel), with its recommended bucket sizes;
+* a second table: hybrid ZeRO-1 and ZeRO-2 (torch fused AdamW) with the post-step parameter all-gather overlapped
+  with the next forward (the default) and blocking (`overlap_param_gather=False`), ratio on / off.
 
 Each peer is compared with the hybrid row that runs the same optimizer kernel, so the ratio is about sharding.
 Every row runs in fresh processes (one per rank); step time = median over steps of the slowest rank; memory =
@@ -139,6 +141,29 @@ def run_hybrid(rank, world, args, kernel):
             "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g)}
 
 
+def run_hybrid_overlap(rank, world, args, spec):
+    """hybrid ZeRO 1 or 2 (`spec` "1:on", "2:off", ...) with the post-step parameter all-gather overlapped with
+    the next forward or blocking after the step; torch's fused AdamW, so the optimizer kernel is not what the
+    rows differ in."""
+    from hybrid.mesh import Mesh, ParallelDims
+    from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+    from hybrid.zero import ZeroConfig, ZeroOptimizer
+    stage, overlap = spec.split(":")
+    base = memory_baseline()
+    mesh = Mesh.build(ParallelDims(dp=world))
+    model = torch.nn.ModuleList([build(args)])
+    z = ZeroConfig(stage=int(stage), overlap_param_gather=overlap == "on")
+    zero = ZeroOptimizer(model, mesh, z, OptimizerConfig(lr=1e-3, weight_decay=0.01))
+    label = _swap_optimizer(zero, "fused", args)
+
+    def step(it):
+        mesh.ledger.reset()
+        train_step(model, [batch(args, rank, it)], zero, mesh, runner=LocalForwardBackward(model[0], mesh.device))
+    times = _time_steps(step, args)
+    return {"times": times, "mem_mb": memory_growth_mb(base), "optimizer": label,
+            "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g)}
+
+
 def deepspeed_config(args) -> dict:
     """ZeRO-3 as DeepSpeed's docs and transformers' DeepSpeed integration recommend ("auto" values):
     reduce_bucket_size = h^2, stage3_prefetch_bucket_size = 0.9 h^2, stage3_param_persistence_threshold
@@ -198,6 +223,11 @@ ROWS = [("hybrid ZeRO-3", run_hybrid, "default", None),
         ("torch FSDP2", run_fsdp2, "fused", 1),
         ("hybrid ZeRO-3", run_hybrid, "deepspeed", None),
         ("DeepSpeed ZeRO-3", run_deepspeed, "deepspeed", 3)]
+OVERLAP_FROM = len(ROWS)  # the rows after this one: hybrid ZeRO 1-2, post-step gather overlap on vs off
+ROWS += [("hybrid ZeRO-1, gather overlap off", run_hybrid_overlap, "1:off", None),
+         ("hybrid ZeRO-1, gather overlap on", run_hybrid_overlap, "1:on", OVERLAP_FROM),
+         ("hybrid ZeRO-2, gather overlap off", run_hybrid_overlap, "2:off", None),
+         ("hybrid ZeRO-2, gather overlap on", run_hybrid_overlap, "2:on", OVERLAP_FROM + 2)]
 
 
 def _spawned(rank, world, index, args):
@@ -305,22 +335,25 @@ def _spread(ratios: list[float]) -> str:
     return f"{min(ratios):.2f} - {max(ratios):.2f}"
 
 
-def _verdict(ratios: list[float]) -> str:
+def _verdict(ratios: list[float], above: str = "hybrid faster", below: str = "peer faster") -> str:
     """A lead only where every repeat's ratio is on the same side of 1.0 (the min-max spread excludes it)."""
     if len(ratios) < 2:
         return "no lead claimed (one repeat)"
     if min(ratios) > 1.0:
-        return "hybrid faster"
+        return above
     if max(ratios) < 1.0:
-        return "peer faster"
+        return below
     return "no lead claimed (spread includes 1.0)"
 
 
-def framework_table(results: list[list[dict]]) -> list[str]:
+def framework_table(results: list[list[dict]], rows: range | None = None,
+                    head: str = "ratio to hybrid, same kernel", above: str = "hybrid faster",
+                    below: str = "peer faster") -> list[str]:
     lines = ["| framework | optimizer kernel | step ms (median of repeats; per repeat) | memory growth / rank MB "
-             "(median) | ratio to hybrid, same kernel: median (min - max over repeats) | verdict |",
+             f"(median) | {head}: median (min - max over repeats) | verdict |",
              "|---|---|---|---|---|---|"]
-    for i, (name, _, kernel, ref) in enumerate(ROWS):
+    for i in rows if rows is not None else range(OVERLAP_FROM):
+        name, _, kernel, ref = ROWS[i]
         cells = [r[i] for r in results]
         ok = [c for c in cells if "step_s" in c]
         if not ok:
@@ -332,7 +365,7 @@ def framework_table(results: list[list[dict]]) -> list[str]:
             ratios = [r[i]["step_s"] / r[ref]["step_s"] for r in results if "step_s" in r[i] and "step_s" in r[ref]]
             if ratios:
                 ratio_cell = f"{statistics.median(ratios):.2f} ({_spread(ratios)})"
-                verdict = _verdict(ratios)
+                verdict = _verdict(ratios, above, below)
         per = ", ".join(f"{s:.0f}" for s in steps)
         lines.append(f"| {name} | {ok[0]['optimizer']} | {statistics.median(steps):.0f} ({per}) | "
                      f"{statistics.median(c['mem_mb'] for c in ok):.0f} | {ratio_cell} | {verdict} |")
@@ -371,7 +404,13 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
              "swapped in over the same shards, so each ratio compares sharding, not the optimizer kernel.",
              "- no offload rows: on a CPU-only machine parameters and optimizer state already live in host memory, "
              "so offload moves nothing (it would only switch the optimizer kernel, which the rows below already do).",
-             "", *framework_table(results)]
+             "", *framework_table(results),
+             "", "ZeRO 1-2: the post-step parameter all-gather overlapped with the next forward (the default) or "
+             "blocking after the step (`overlap_param_gather=False`, `--no-overlap-param-gather`); hybrid alone, the "
+             "same model, fp32, threads and torch fused AdamW as above, each row in fresh processes in the same "
+             "repeats. Ratio = overlap on / off in the same repeat; below 1.0 the overlap is faster.", "",
+             *framework_table(results, range(OVERLAP_FROM, len(ROWS)), "ratio on / off",
+                              above="overlap slower", below="overlap faster")]
     if opt_rows:
         lines += ["", f"AdamW kernels alone, {args.opt_numel / 1e6:.0f}M fp32 parameters in 200 tensors, "
                   f"{os.cpu_count()} threads, fastest step over 3 interleaved rounds. Floor = 28 bytes/param "
