@@ -280,13 +280,15 @@ def _offloads_for(zero: ZeroStage) -> tuple[Offload, ...]:
 
 
 def _chunk_counts(num_layers: int, pp: int, space: SearchSpace) -> tuple[int, ...]:
-    """The v to try at this pp: pinned by layers per chunk, listed, or every v <= max_v that splits evenly."""
+    """The v to try at this pp: pinned by layers per chunk, listed, or every v <= max_v that gives each of the pp v
+    chunks a layer; a v that does not split the layers evenly gets the balanced uneven split (layout.stage_layers:
+    Llama 3 405B's 126 layers on 16 ranks x 4 chunks)."""
     if space.layers_per_chunk is not None:
         n = space.layers_per_chunk
         return (num_layers // (pp * n),) if num_layers % (pp * n) == 0 else ()
     if space.v is not None:
         return space.v
-    return tuple(v for v in range(1, space.max_v + 1) if v == 1 or (pp > 1 and num_layers % (pp * v) == 0))
+    return tuple(v for v in range(1, space.max_v + 1) if v == 1 or (pp > 1 and pp * v <= num_layers))
 
 
 def _divisors(n: int) -> tuple[int, ...]:

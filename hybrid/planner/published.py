@@ -1,0 +1,125 @@
+"""The planner on published runs that are not in shared/reference: other models, GPUs, frameworks, schedules.
+
+    python -m hybrid.planner.published        # prints the table of docs/planner.md "Published runs"
+
+Each run gives its layout as published. Whatever the source leaves out the planner picks (micro-batch, chunks per
+rank, ZeRO stage, recomputation, sequence parallelism). Each prediction is compared with the one number the source
+states, in the source's own unit:
+
+* BLOOM-176B (BigScience, Megatron-DeepSpeed on 384 A100 80GB). Source: bigscience-workshop/bigscience,
+  train/tr11-176B-ml/README.md and tr11-176B-ml.slurm. Layout: TP 4, PP 12, DP 8, micro-batch 2, global batch
+  2048 x 2048 tokens, full activation checkpointing, bf16, DeepSpeed's BF16_Optimizer (the README: it "implements
+  its own ZeRO Stage 1"), DeepSpeed's pipeline engine (1F1B, no interleaving), 70 layers, h 14336, 112 heads,
+  vocabulary padded to 250880, GeLU, ALiBi. Stages as the README lists them: embedding + 5, 6 x 10, 5 + head.
+  Network: 4 Omni-Path 100 Gb/s links per 8-GPU node = 6.25 GB/s per GPU, the nominal rate (not measured).
+  Published: "elapsed time per iteration (s): 104.70" at iteration 85376, GBS 2048 (the README's log line). We
+  compare step time, which needs no FLOP formula.
+* Llama 3 405B (Meta, 16K H100 80GB). Source: Llama Team, "The Llama 3 Herd of Models" (arXiv 2407.21783)
+  Table 4, as reproduced at https://stevengong.co/notes/Model-FLOPs-Utilization. Two rows: 8,192 GPUs at TP 8,
+  CP 1, PP 16, DP 64, and 16,384 GPUs at DP 128; sequence 8192, 16M tokens per batch (2048 sequences). Published
+  430 and 400 TFLOP/s per GPU (BF16 MFU 43 % and 41 % of 989). We compare model FLOPs (no recomputation) per GPU,
+  counted with the model's own shapes (FlopsFormula.EXACT); the paper's own count is not in that source. The third
+  row (CP 16, sequence 131072) is left out: the planner has no context parallelism. 126 layers, h 16384, 128 heads,
+  8 kv-heads, FFN 53248, vocabulary 128256, untied head (the Hugging Face config).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from hybrid.planner.hardware import hardware
+from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
+from hybrid.planner.reference import gpt_model
+from hybrid.planner.search import Plan, SearchSpace, search
+from hybrid.planner.time import FlopsFormula
+from models.config import ARCH_LLAMA, ModelConfig
+
+
+class Metric(enum.Enum):
+    """The number a source states."""
+
+    STEP_S = "step time, s"
+    MODEL_TFLOPS = "model TFLOP/s per GPU"
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published run: its workload, its GPUs, the layout choices it states, and its one number."""
+
+    name: str
+    source: str
+    workload: Workload
+    gpu: str
+    gpus: int
+    space: SearchSpace
+    metric: Metric
+    published: float
+    inter_node_gbps: float | None = None
+
+    def predict(self) -> Plan:
+        hw = hardware(self.gpu)
+        if self.inter_node_gbps is not None:
+            hw = hw.with_overrides(inter_node_gbps=self.inter_node_gbps)
+        result = search(self.workload, Cluster(gpus=self.gpus, hw=hw), self.space, top=1,
+                        formula=FlopsFormula.EXACT)
+        if not result.plans:
+            raise ValueError(f"{self.name}: the published layout does not fit: {result.rejected[:3]}")
+        return result.plans[0]
+
+    def value(self, plan: Plan) -> float:
+        """The prediction in the source's unit."""
+        if self.metric is Metric.STEP_S:
+            return self.workload.global_batch * self.workload.seq_length / plan.tokens_per_s
+        return plan.mfu * hardware(self.gpu).peak_tflops
+
+
+def llama3_405b() -> ModelConfig:
+    return ModelConfig(arch=ARCH_LLAMA, vocab_size=128256, hidden_size=16384, num_layers=126, num_heads=128,
+                       num_kv_heads=8, head_dim=128, ffn_hidden_size=53248, max_position_embeddings=8192,
+                       norm_eps=1e-5, tie_embeddings=False, qkv_bias=False, mlp_bias=False, out_bias=False,
+                       activation="silu", dropout=0.0)
+
+
+BLOOM_SOURCE = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md (iteration 85376 log line)"
+LLAMA_SOURCE = "Llama 3 Herd of Models (arXiv 2407.21783) Table 4, via stevengong.co/notes/Model-FLOPs-Utilization"
+
+
+def published_runs() -> list[PublishedRun]:
+    bloom = Workload(gpt_model(70, 14336, 112, 250880, 2048), global_batch=2048, seq_length=2048)
+    bloom_space = SearchSpace(tp=(4,), pp=(12,), v=(1,), micro_batch=(2,), zero=(ZeroStage.OPTIMIZER,),
+                              offload=(Offload.NONE,), recompute=(Recompute.FULL,), sequence_parallel=(False,))
+    llama = Workload(llama3_405b(), global_batch=2048, seq_length=8192)
+    llama_space = SearchSpace(tp=(8,), pp=(16,), offload=(Offload.NONE,))
+    return [PublishedRun("BLOOM-176B, 384 A100 80GB, t4 p12 d8", BLOOM_SOURCE, bloom, "a100-80g", 384, bloom_space,
+                         Metric.STEP_S, 104.70, inter_node_gbps=4 * 100 / 8 / 8),
+            PublishedRun("Llama 3 405B, 8192 H100, t8 p16 d64", LLAMA_SOURCE, llama, "h100-80g", 8192, llama_space,
+                         Metric.MODEL_TFLOPS, 430.0),
+            PublishedRun("Llama 3 405B, 16384 H100, t8 p16 d128", LLAMA_SOURCE, llama, "h100-80g", 16384,
+                         llama_space, Metric.MODEL_TFLOPS, 400.0)]
+
+
+def check(run: PublishedRun) -> tuple[Plan, float, float]:
+    """(the plan, its prediction in the source's unit, predicted / published - 1)."""
+    plan = run.predict()
+    got = run.value(plan)
+    return plan, got, got / run.published - 1
+
+
+def table(runs: list[PublishedRun]) -> str:
+    lines = ["| run | compared | layout (planner's picks where unpublished) | bubble | memory | predicted | "
+             "published | error |", "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        plan, got, err = check(run)
+        lines.append(f"| {run.name} | {run.metric.value} | {plan.layout.short()} | "
+                     f"{100 * plan.bubble_fraction:.1f} % | {plan.memory_gb:.1f} GB | {got:.1f} | "
+                     f"{run.published:g} | {100 * err:+.1f} % |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    print(table(published_runs()))
+
+
+if __name__ == "__main__":
+    main()
