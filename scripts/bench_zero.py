@@ -3,6 +3,7 @@
     python scripts/bench_zero.py            # writes docs/results/bench_zero.md; 27 rows of 11 steps (9 x 3
                                             # repeats), each step ~5 s on 2 loaded cores (~45 min; more under load)
     python scripts/bench_zero.py --quick --out /tmp/z.md   # smoke run (a tiny model; measures nothing)
+    python scripts/bench_zero.py --overlap-only  # only the ZeRO 1-2 overlap rows -> docs/results/bench_zero_overlap.md
 
 Same model (a ~120M-parameter Llama built from hybrid's layers at tp = 1, so every framework wraps the same
 nn.Module), same dp, batch, fp32, same steps, on gloo + CPU, one thread per rank. Rows:
@@ -266,6 +267,9 @@ def bench_frameworks(args) -> list[list[dict]]:
     for rep in range(args.repeats):
         round_ = []
         for i, (name, _, kernel, _) in enumerate(ROWS):
+            if args.overlap_only and i < OVERLAP_FROM:
+                round_.append({"error": "not run (--overlap-only)"})
+                continue
             t0 = time.time()
             round_.append(run_row(i, args))
             print(f"repeat {rep + 1}/{args.repeats} {name} ({kernel}): {round_[-1]} ({time.time() - t0:.0f}s)",
@@ -374,7 +378,9 @@ def framework_table(results: list[list[dict]], rows: range | None = None,
 
 def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]) -> None:
     cfg = model_config(args)
-    lines = ["# ZeRO-3 benchmark (`python scripts/bench_zero.py" + (" --quick" if args.quick else "") + "`)", "",
+    flags = (" --quick" if args.quick else "") + (" --overlap-only" if args.overlap_only else "")
+    title = "ZeRO 1-2 gather overlap benchmark" if args.overlap_only else "ZeRO-3 benchmark"
+    lines = [f"# {title} (`python scripts/bench_zero.py{flags}`)", "",
              *(["**--quick smoke run: tiny model, all rows in one pair of processes; these numbers measure "
                 "nothing.**", ""] if args.quick else []),
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
@@ -385,7 +391,7 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
              f"- model: Llama, {args.layers} layers, hidden {args.hidden}, 8 heads, FFN {3 * args.hidden}, vocab "
              f"{args.vocab}, untied head: {cfg.num_parameters / 1e6:.1f}M parameters, fp32 (no mixed precision on "
              f"any side: hybrid's CPU path trains in fp32 here)",
-             f"- run: ZeRO-3 / FULL_SHARD over dp {args.dp} gloo ranks on {os.cpu_count()} cores, one thread per rank "
+             f"- run: {'ZeRO 1-2' if args.overlap_only else 'ZeRO-3 / FULL_SHARD'} over dp {args.dp} gloo ranks on {os.cpu_count()} cores, one thread per rank "
              f"(OMP_NUM_THREADS=1), micro-batch {args.micro} x seq {args.seq}, no gradient clipping, AdamW lr 1e-3, "
              f"betas (0.9, 0.95), weight decay 0.01",
              f"- timing: {args.warmup} warm-up step(s), then the median of {args.steps} steps, each step the slowest "
@@ -394,6 +400,7 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
              "hybrid is faster. A lead is claimed only where the min-max of the per-repeat ratios excludes 1.0.",
              "- memory: growth of the resident set over a baseline taken after every import and before the model is "
              "built (peak VmHWM reset at the baseline via /proc/self/clear_refs), the larger rank",
+             *([] if args.overlap_only else [
              "- peers as their docs recommend: torch FSDP2 `fully_shard` per block + root, "
              "`torch.optim.AdamW(fused=True)`; DeepSpeed ZeRO-3 with `overlap_comm`, `contiguous_gradients`, "
              "reduce_bucket_size = h^2, "
@@ -404,7 +411,8 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
              "swapped in over the same shards, so each ratio compares sharding, not the optimizer kernel.",
              "- no offload rows: on a CPU-only machine parameters and optimizer state already live in host memory, "
              "so offload moves nothing (it would only switch the optimizer kernel, which the rows below already do).",
-             "", *framework_table(results),
+             ]),
+             "", *([] if args.overlap_only else framework_table(results)),
              "", "ZeRO 1-2: the post-step parameter all-gather overlapped with the next forward (the default) or "
              "blocking after the step (`overlap_param_gather=False`, `--no-overlap-param-gather`); hybrid alone, the "
              "same model, fp32, threads and torch fused AdamW as above, each row in fresh processes in the same "
@@ -449,9 +457,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="parameters of the optimizer-kernel table (in 200 tensors)")
     p.add_argument("--quick", action="store_true", help="smoke run: a tiny model, 2 steps, 1 repeat, small "
                    "optimizer table (checks the script, measures nothing)")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "results", "bench_zero.md"),
-                   help="the Markdown report")
+    p.add_argument("--overlap-only", action="store_true", help="only the ZeRO 1-2 gather overlap on/off rows (no "
+                   "ZeRO-3 peers, no optimizer table); default --out docs/results/bench_zero_overlap.md")
+    p.add_argument("--out", default=None, help="the Markdown report (default docs/results/bench_zero.md)")
     args = p.parse_args(argv)
+    if args.out is None:
+        name = "bench_zero_overlap.md" if args.overlap_only else "bench_zero.md"
+        args.out = os.path.join(os.path.dirname(__file__), "..", "docs", "results", name)
     if args.quick:
         args.layers, args.hidden, args.vocab, args.seq, args.steps, args.warmup, args.repeats = 1, 64, 256, 16, 2, 1, 1
         args.opt_numel = 200_000
@@ -472,7 +484,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"  # the spawned ranks (and DeepSpeed's OpenMP kernels) inherit it
     load = os.getloadavg()[0]
     results = bench_frameworks(args)
-    opt_rows = [] if args.quick else bench_optimizer_step(args.opt_numel)
+    opt_rows = [] if args.quick or args.overlap_only else bench_optimizer_step(args.opt_numel)
     args.load = (load, os.getloadavg()[0])
     write_table(os.path.abspath(args.out), args, results, opt_rows)
 
