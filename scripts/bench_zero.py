@@ -121,9 +121,21 @@ def _swap_optimizer(zero, kernel: str, args) -> str:
     return "DeepSpeedCPUAdam"
 
 
+def _time_hybrid(rank, args, mesh, model, zero, base: int, label: str) -> dict:
+    """Steps of hybrid's train_step, timed; this rank's times, memory growth and DP bytes per step."""
+    from hybrid.training import LocalForwardBackward, train_step
+
+    def step(it):
+        mesh.ledger.reset()
+        train_step(model, [batch(args, rank, it)], zero, mesh, runner=LocalForwardBackward(model[0], mesh.device))
+    times = _time_steps(step, args)
+    return {"times": times, "mem_mb": memory_growth_mb(base), "optimizer": label,
+            "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g)}
+
+
 def run_hybrid(rank, world, args, kernel):
     from hybrid.mesh import Mesh, ParallelDims
-    from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+    from hybrid.training import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     if kernel == "deepspeed":
         import deepspeed.ops.adam  # noqa: F401  (its import is part of the baseline, as on DeepSpeed's side)
@@ -134,12 +146,7 @@ def run_hybrid(rank, world, args, kernel):
     label = (f"torch AdamW default ({zero.optimizer_kind}; per-tensor loop on CPU)" if kernel == "default"
              else _swap_optimizer(zero, kernel, args))
 
-    def step(it):
-        mesh.ledger.reset()
-        train_step(model, [batch(args, rank, it)], zero, mesh, runner=LocalForwardBackward(model[0], mesh.device))
-    times = _time_steps(step, args)
-    return {"times": times, "mem_mb": memory_growth_mb(base), "optimizer": label,
-            "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g)}
+    return _time_hybrid(rank, args, mesh, model, zero, base, label)
 
 
 def run_hybrid_overlap(rank, world, args, spec):
@@ -147,7 +154,7 @@ def run_hybrid_overlap(rank, world, args, spec):
     the next forward or blocking after the step; torch's fused AdamW, so the optimizer kernel is not what the
     rows differ in."""
     from hybrid.mesh import Mesh, ParallelDims
-    from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+    from hybrid.training import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     stage, overlap = spec.split(":")
     base = memory_baseline()
@@ -157,12 +164,7 @@ def run_hybrid_overlap(rank, world, args, spec):
     zero = ZeroOptimizer(model, mesh, z, OptimizerConfig(lr=1e-3, weight_decay=0.01))
     label = _swap_optimizer(zero, "fused", args)
 
-    def step(it):
-        mesh.ledger.reset()
-        train_step(model, [batch(args, rank, it)], zero, mesh, runner=LocalForwardBackward(model[0], mesh.device))
-    times = _time_steps(step, args)
-    return {"times": times, "mem_mb": memory_growth_mb(base), "optimizer": label,
-            "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g)}
+    return _time_hybrid(rank, args, mesh, model, zero, base, label)
 
 
 def deepspeed_config(args) -> dict:
