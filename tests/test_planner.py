@@ -23,7 +23,7 @@ from hybrid.planner.hardware import GB, Collective, GroupPlacement, collective_s
 from hybrid.planner.layout import dp_placement, layout_problems, pipeline_crosses_nodes, tp_placement
 from hybrid.planner.ledger import dp_microbatch_ledger, dp_step_ledger, sp_grad_sync_ledger, tp_ledger
 from hybrid.planner.memory import layer_activation_bytes, peak_memory, rank_parameters
-from hybrid.planner.model import Shard
+from hybrid.planner.model import ActivationProfile, Shard
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.schedule import StageTimes, _chunk_peak, _in_flight, saturation_m
 from hybrid.planner.search import SearchResult, _fitting_variants, _sizes
@@ -182,6 +182,25 @@ def test_activations_reproduce_korthikanti_table2(t):
     # the rerun re-saves the whole set, but its first tensor (the norm's input) is the kept 2sbh input itself:
     # tests/test_planner_runtime.py measures this peak with the recomputation ledger
     assert (full, working) == (pytest.approx(2 * sbh), pytest.approx(rep + split + core - 2 * sbh))
+
+
+@pytest.mark.parametrize("t", [1, 8])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_bf16_flash_swaps_the_softmax_for_a_logsumexp(t, dropout):
+    """bf16-flash is Korthikanti's count with the attention core 5as^2b/t (or 2as^2b/t without dropout)
+    replaced by flash attention's fp32 logsumexp, 4asb/t: linear in s, so selective recomputation saves
+    only that and its rerun adds nothing at the peak."""
+    s, b, h, a = 8192, 1, 4096, 32
+    cfg = replace(gpt_model(4, h, a, 51200, s), dropout=dropout)
+    mat, flash = (Shard(cfg, t, 51200, profile) for profile in (ActivationProfile.KORTHIKANTI,
+                                                                  ActivationProfile.BF16_FLASH))
+    for sp in (False, True):
+        *kept, core = mat.layer_activation_terms(b, s, sp)
+        assert core == pytest.approx((5 if dropout else 2) * a * s * s * b / t)
+        assert flash.layer_activation_terms(b, s, sp) == (*kept, pytest.approx(4 * a * s * b / t))
+    assert layer_activation_bytes(flash, b, s, True, Recompute.SELECTIVE)[1] == 0.0
+    none, _ = layer_activation_bytes(flash, b, s, True, Recompute.NONE)
+    assert none == pytest.approx(s * b * h * (34 if dropout else 32) / t + 4 * a * s * b / t)
 
 
 # --- FLOPs: Narayanan et al. 2021 eq. (3) --------------------------------------------------------------
@@ -422,6 +441,19 @@ def test_cli_json_and_emit_args(capsys):
                         ("--recompute-granularity", "full"), ("--global-batch-size", "32")):
         assert flags[flags.index(flag) + 1] == value
     assert "--sequence-parallel" in flags
+
+
+def test_cli_flash_profile_frees_the_score_memory(capsys):
+    """`--activation-profile bf16-flash` reaches the plan: at s 4096 the materialised softmax (korthikanti)
+    needs more memory on the same pinned layout than flash attention's logsumexp."""
+    pin = ["--model", "llama-3-8b", "--gpus", "8", "--global-batch-size", "64", "--seq-length", "4096",
+           "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "1", "--zero-stage", "0",
+           "--recompute-granularity", "none", "--micro-batch-size", "1", "--json", "--top", "1"]
+    mem = {}
+    for profile in ("korthikanti", "bf16-flash"):
+        assert plan_main(pin + ["--activation-profile", profile]) == 0
+        mem[profile] = json.loads(capsys.readouterr().out)["plans"][0]["memory_gb"]
+    assert mem["bf16-flash"] < mem["korthikanti"]
 
 
 def test_cli_model_from_sizes_and_scan(capsys):

@@ -100,8 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "runtime on CPU)")
     g.add_argument("--activation-profile", default=ActivationProfile.KORTHIKANTI.value,
                    choices=[x.value for x in ActivationProfile],
-                   help="korthikanti: Megatron on GPU (bf16, dropout, materialised softmax); fp32-flash: this "
-                        "runtime on CPU (fp32, flash attention, no dropout)")
+                   help="korthikanti: Megatron on GPU (bf16, dropout, materialised softmax); bf16-flash: the "
+                        "same with flash attention (no s x s tensors); fp32-flash: this runtime on CPU (fp32, "
+                        "flash attention, no dropout)")
     g = p.add_argument_group("pin a search dimension (scripts/train.py flags)")
     g.add_argument("--tensor-model-parallel-size", type=positive_int, metavar="N", help="pin tp")
     g.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", help="pin pp")

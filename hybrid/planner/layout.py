@@ -117,7 +117,8 @@ class Workload:
         precision: number formats of parameters, gradients and optimizer states (`--precision`; mixed for
             GPU runs, fp32 for this runtime on CPU).
         activations: which tensors a layer keeps for backward (`--activation-profile`; Korthikanti et al.'s
-            Megatron-on-GPU count by default, fp32-flash for this runtime on CPU).
+            Megatron-on-GPU count by default, bf16-flash for the same with flash attention, fp32-flash for
+            this runtime on CPU).
     """
 
     model: ModelConfig

@@ -28,7 +28,8 @@ bytes per layer per micro-batch, GPT shapes,
                               recomputed, its full set less the input it shares (the last rank: after
                               one micro-batch's head set is freed)
 
-(the Korthikanti profile; ActivationProfile.FP32_FLASH counts what this runtime saves instead, model.py),
+(the Korthikanti profile; BF16_FLASH swaps the 5as/(ht) term for flash attention's logsumexp, FP32_FLASH
+counts what this runtime saves instead, model.py),
 times the activation sets in flight on the rank, from the schedule simulation (hybrid/planner/schedule.py),
 plus the embedding dropout mask on rank 0 and the LM-head input and logits on the last rank
 (model.Shard.head_activation_bytes) for the micro-batches their chunks hold.

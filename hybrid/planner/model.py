@@ -7,11 +7,15 @@ multiple of t and split by rows.
 Notation: b micro-batch, s sequence, h hidden, a query heads, g key/value heads, d head width, f MLP width,
 t tensor-parallel size, V_p padded vocabulary.
 
-Two activation profiles (`ActivationProfile`), i.e. two answers to "which tensors does autograd keep":
+Three activation profiles (`ActivationProfile`), i.e. three answers to "which tensors does autograd keep":
 
 * KORTHIKANTI (the default, for published GPU runs): Megatron in fp16 / bf16 with dropout and a materialised
   softmax, Korthikanti et al. 2022, Table 2 -- activations 2 bytes, dropout masks 1 byte, 5as^2b per layer for
   the attention core.
+* BF16_FLASH: the same run with flash attention (Dao et al. 2022), as Megatron-core, torchtitan and Meta's
+  Llama 3 stack train today: the attention core keeps one fp32 logsumexp per query row and head, 4asb/t,
+  instead of the s x s softmax (its dropout, if any, is regenerated from the RNG state, so no mask either).
+  Everything else is Korthikanti's count.
 * FP32_FLASH: this repository's runtime as tests/test_planner_runtime.py measures it -- fp32, no dropout,
   CPU flash attention (a per-row logsumexp instead of the s x s matrix), the tensors torch saves for our
   layers (hybrid/memory.py derives them one by one). Exact, byte for byte, for the layouts that test runs.
@@ -73,6 +77,7 @@ class ActivationProfile(enum.Enum):
     """Which tensors a layer keeps for backward (`--activation-profile`); see the module docstring."""
 
     KORTHIKANTI = "korthikanti"
+    BF16_FLASH = "bf16-flash"
     FP32_FLASH = "fp32-flash"
 
 
@@ -187,6 +192,14 @@ class Shard:
         heads = b * (self.q_width // d)
         return Gemm(s, s, d, heads), Gemm(s, d, s, heads)
 
+    def flash_backward_gemms(self, b: int, s: int) -> tuple[Gemm, ...]:
+        """BF16_FLASH: flash attention's backward recomputes the scores QK^T from the kept Q, K and logsumexp
+        (Dao et al. 2022, Alg. 4): 5 core matmuls in backward instead of 4. Not counted for FP32_FLASH, whose
+        per-layer rates `hybrid calibrate` fits to measured CPU layers, which include it."""
+        if self.profile is not ActivationProfile.BF16_FLASH:
+            return ()
+        return self.attention_core_gemms(b, s)[:1]
+
     def layer_gemms(self, b: int, s: int) -> tuple[Gemm, ...]:
         """Every matmul of one layer's forward; FLOPs sum to layer_forward_flops."""
         return self.layer_linear_gemms(b, s) + self.attention_core_gemms(b, s)
@@ -206,7 +219,8 @@ class Shard:
           intermediates -- GELU: its input and output 4sbf/t; SwiGLU: gate, up, silu(gate), product 8sbf/t.
           For GPT (f = 4h, g = a) 24sbh/t;
         * attention core: softmax output 2 a s^2 b / t, plus with attention dropout its mask and output 3 a s^2 b
-          / t -> 5as^2b/t.
+          / t -> 5as^2b/t; BF16_FLASH: the fp32 logsumexp 4asb/t (flash attention's backward recomputes the
+          scores from Q, K, V, which are kept anyway).
 
         GPT shapes with dropout give Table 2: sbh(10 + 24/t + 5as/(ht)), with SP sbh(34/t + 5as/(ht)).
 
@@ -221,6 +235,8 @@ class Shard:
             replicated /= self.t
         mlp = (2 if self.is_gpt2 else 4) * self.ffn_width
         split = s * b * (self.q_width + 2 * self.kv_width + self.q_width + mlp) * ACT_BYTES
+        if self.profile is ActivationProfile.BF16_FLASH:
+            return replicated, split, (cfg.num_heads // self.t) * s * b * FP32
         per_score = ACT_BYTES + (MASK_BYTES + ACT_BYTES if dropout else 0)
         core = (cfg.num_heads // self.t) * s * s * b * per_score
         return replicated, split, core

@@ -16,7 +16,8 @@ Per micro-batch, per global stage (what the simulation is fed):
                                             max(FLOPs / (peak x e), operand bytes / HBM) + t0)
                                         + 2 x saved bytes / HBM bandwidth + TP collectives ]
     backward = each forward matmul's two backward products (input and weight gradient, hardware.Gemm.backward),
-               plus the recomputed forward's matmuls (full: all; selective: the attention core), and
+               plus the recomputed forward's matmuls (full: all; selective: the attention core; bf16-flash:
+               + QK^T, which flash attention's backward recomputes), and
                3 x the saved bytes (+ 2 x the recomputed ones) at HBM speed.
 
 Memory-bound bytes of a layer = the activation bytes it saves (model.Shard.layer_activation_terms), each
@@ -217,7 +218,7 @@ def _layer_cost(ctx: _Context) -> _Cost:
     lay, b, s = ctx.layout, ctx.layout.micro_batch, ctx.work.seq_length
     gemms = ctx.shard.layer_gemms(b, s)
     rerun = {Recompute.NONE: (), Recompute.SELECTIVE: ctx.shard.attention_core_gemms(b, s),
-             Recompute.FULL: gemms}[lay.recompute]
+             Recompute.FULL: gemms}[lay.recompute] + ctx.shard.flash_backward_gemms(b, s)
     rep, split, core = ctx.shard.layer_activation_terms(b, s, lay.sequence_parallel)
     saved = rep + split + core
     recompute_bytes = {Recompute.NONE: 0.0, Recompute.SELECTIVE: core, Recompute.FULL: saved}[lay.recompute]

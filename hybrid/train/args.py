@@ -414,7 +414,7 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
         kind = next((k for k in ("h200", "h100-80g") if k.split("-")[0] in props.name.lower()), "a100-80g")
         hw = dataclasses.replace(hardware(kind), memory_gb=props.total_memory / 1e9,
                                  memory_bytes=float(props.total_memory))  # what this card holds
-        profile = ActivationProfile.KORTHIKANTI
+        profile = ActivationProfile.BF16_FLASH  # models/common.py attends with SDPA: flash on a GPU
     else:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         hw = dataclasses.replace(hardware("cpu"), memory_gb=total / local / 1e9, gpus_per_node=local,
