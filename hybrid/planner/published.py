@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from hybrid.planner.hardware import hardware
 from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile
+from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.search import Plan, SearchSpace, search
 from hybrid.planner.time import FlopsFormula
@@ -58,13 +59,14 @@ class PublishedRun:
     metric: Metric
     published: float
     inter_node_gbps: float | None = None
+    sim_budget: float = SIM_BUDGET
 
     def predict(self) -> Plan:
         hw = hardware(self.gpu)
         if self.inter_node_gbps is not None:
             hw = hw.with_overrides(inter_node_gbps=self.inter_node_gbps)
         result = search(self.workload, Cluster(gpus=self.gpus, hw=hw), self.space, top=1,
-                        formula=FlopsFormula.EXACT)
+                        formula=FlopsFormula.EXACT, budget=self.sim_budget)
         if not result.plans:
             raise ValueError(f"{self.name}: the published layout does not fit: {result.rejected[:3]}")
         return result.plans[0]
@@ -81,6 +83,32 @@ def llama3_405b() -> ModelConfig:
                        num_kv_heads=8, head_dim=128, ffn_hidden_size=53248, max_position_embeddings=8192,
                        norm_eps=1e-5, tie_embeddings=False, qkv_bias=False, mlp_bias=False, out_bias=False,
                        activation="silu", dropout=0.0)
+
+
+KORTHIKANTI_SOURCE = "Korthikanti et al. 2022 (arXiv 2205.05198) Tables 3 and 5"
+# Table 3 (model, heads, hidden, layers, pp, GPUs, global batch, micro-batch), Sec. 6 (v = 3 for 175B and
+# 530B), Table 5 (iteration s: full recomputation, selective recomputation + sequence parallelism); t = 8, d = 1,
+# s = 2048, V = 51200 for every row
+KORTHIKANTI_TABLE5 = (("22B", 64, 6144, 48, 1, 8, 4, 4, 1, 1.42, 1.10),
+                      ("175B", 96, 12288, 96, 8, 64, 64, 1, 3, 18.13, 13.75),
+                      ("530B", 128, 20480, 105, 35, 280, 280, 1, 3, 49.05, 37.83),
+                      ("1T", 160, 25600, 128, 64, 512, 512, 1, 1, 94.42, 71.49))
+
+
+def korthikanti_runs() -> list[PublishedRun]:
+    """Korthikanti Table 5: each model twice, full recomputation without SP and selective with SP (the two
+    recomputation modes the paper times end to end), on the layout of its Table 3, compared on step time."""
+    runs = []
+    for name, a, h, layers, pp, gpus, batch, b, v, full_s, selective_s in KORTHIKANTI_TABLE5:
+        work = Workload(gpt_model(layers, h, a, 51200, 2048), global_batch=batch, seq_length=2048)
+        for recompute, sp, seconds in ((Recompute.FULL, False, full_s), (Recompute.SELECTIVE, True, selective_s)):
+            space = SearchSpace(tp=(8,), pp=(pp,), v=(v,), micro_batch=(b,), zero=(ZeroStage.NONE,),
+                                offload=(Offload.NONE,), recompute=(recompute,), sequence_parallel=(sp,))
+            mode = "selective + SP" if sp else "full recompute"
+            runs.append(PublishedRun(f"{name}, {gpus} A100 80GB, t8 p{pp} d1 v{v}, {mode}", KORTHIKANTI_SOURCE,
+                                     work, "a100-80g", gpus, space, Metric.STEP_S, seconds,
+                                     sim_budget=pp * (batch // b * v) ** 2))  # the whole step, simulated
+    return runs
 
 
 BLOOM_SOURCE = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md (iteration 85376 log line)"
@@ -104,11 +132,21 @@ def published_runs() -> list[PublishedRun]:
                          llama_space, Metric.MODEL_TFLOPS, 400.0)]
 
 
+def all_runs() -> list[PublishedRun]:
+    """Every published run the planner is checked on outside shared/reference."""
+    return published_runs() + korthikanti_runs()
+
+
 def check(run: PublishedRun) -> tuple[Plan, float, float]:
     """(the plan, its prediction in the source's unit, predicted / published - 1)."""
     plan = run.predict()
     got = run.value(plan)
     return plan, got, got / run.published - 1
+
+
+def shown(value: float) -> str:
+    """A prediction as the table prints it: 3 significant digits below 10, one decimal above."""
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
 
 def table(runs: list[PublishedRun]) -> str:
@@ -117,13 +155,13 @@ def table(runs: list[PublishedRun]) -> str:
     for run in runs:
         plan, got, err = check(run)
         lines.append(f"| {run.name} | {run.metric.value} | {plan.layout.short()} | "
-                     f"{100 * plan.bubble_fraction:.1f} % | {plan.memory_gb:.1f} GB | {got:.1f} | "
+                     f"{100 * plan.bubble_fraction:.1f} % | {plan.memory_gb:.1f} GB | {shown(got)} | "
                      f"{run.published:g} | {100 * err:+.1f} % |")
     return "\n".join(lines)
 
 
 def main() -> None:
-    print(table(published_runs()))
+    print(table(all_runs()))
 
 
 if __name__ == "__main__":
