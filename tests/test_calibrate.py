@@ -130,3 +130,24 @@ def test_ranks_sharing_cores_cannot_be_busier_together_than_the_cores(profile_pa
     assert alone.pipeline == alone.run.makespan
     assert shared.pipeline == pytest.approx(max(shared.run.makespan, 2 * sum(shared.run.busy)))
     assert shared.total > alone.total
+
+
+def test_one_rank_measures_compute_and_keeps_the_base_presets_node(tmp_path):
+    """A machine with one GPU calibrates with --ranks 1: matmul, copy and layer rates are measured, no
+    collective is timed, and the node (its size, NVLink rate, latency) is the --base preset's, listed as not
+    measured -- so the profile still plans multi-GPU layouts of that node."""
+    from hybrid.planner import hardware
+    base = hardware("h200")
+    profile = calibrate(dataclasses.replace(TINY, ranks=1, base="h200"), timeout=120)
+    hw, measured = profile["hardware"], profile["measured"]
+    assert measured["collectives"] == {"all_reduce": [], "all_gather": []}
+    assert (hw["gpus_per_node"], hw["intra_node_gbps"], hw["intra_latency_s"]) == (
+        base.gpus_per_node, base.intra_node_gbps, base.intra_latency_s)
+    assert {"gpus_per_node", "intra_node_gbps", "intra_latency_s"} <= set(profile["not_measured"]["fields"])
+    assert profile["matmul_tflops"]["fp32"] > 0 and hw["hbm_tbps"] > 0
+    path = tmp_path / "one.json"
+    save_profile(profile, str(path))
+    plan = evaluate(Workload(load_config("tiny-gpt2"), global_batch=8, seq_length=32, precision=Precision.FP32,
+                             activations=ActivationProfile.FP32_FLASH),
+                    Cluster(gpus=2, hw=load_hardware(str(path), Precision.FP32)), Layout(tp=2, micro_batch=2))
+    assert plan.time.tp_comm > 0  # priced with the preset's NVLink

@@ -366,7 +366,7 @@ CASES = [
     ("calibrate-out-dev-null", "calibrate", ["--out", "/dev/null"], {}, {}, "--out '/dev/null' is not a regular file"),
     ("calibrate-out-fifo", "calibrate", ["--out", "{d}/pipe"], {"pipe": FIFO}, {}, "is not a regular file"),
     ("calibrate-out-proc", "calibrate", ["--out", "/proc/self/hw.json"], {}, {}, "--out '/proc/self/hw.json'"),
-    ("calibrate-ranks-one", "calibrate", ["--ranks", "1"], {}, {}, "--ranks"),
+    ("calibrate-ranks-zero", "calibrate", ["--ranks", "0"], {}, {}, "--ranks"),
     ("calibrate-seconds-inf", "calibrate", ["--seconds", "inf"], {}, {}, "--seconds"),
     ("calibrate-seconds-zero", "calibrate", ["--seconds", "0"], {}, {}, "--seconds"),
     ("calibrate-matmul-zero", "calibrate", ["--matmul-size", "0"], {}, {}, "--matmul-size"),

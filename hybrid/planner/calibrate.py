@@ -63,6 +63,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # torch 2.13 renamed the tensor-in/tensor-out all-gather (as hybrid/comm.py handles it)
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 DEFAULT_SIZES = (8, 2**16, 2**20, 2**23)  # bytes: latency, small, medium, large
+GPU_MATMUL_N, GPU_COPY_BYTES = 8192, 2**30  # nccl defaults: products that fill a GPU, a copy far beyond its L2
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,9 @@ class CalibrationConfig:
     """What `calibrate` measures.
 
     Attributes:
-        ranks: processes spawned (the N of the collectives; the device count of the profile).
+        ranks: processes spawned (the N of the collectives; the device count of the profile). One rank (a
+            machine with one GPU) measures compute and memory only: the collective fields keep `base`'s values
+            and the profile lists them under "not_measured".
         backend: torch.distributed backend ("gloo" on CPU, "nccl" on GPUs).
         matmul_n: side of the square matmuls, elements.
         copy_bytes: size of the tensor copied to measure memory bandwidth, bytes.
@@ -88,8 +91,8 @@ class CalibrationConfig:
     base: str = GpuKind.CPU.value
 
     def __post_init__(self) -> None:
-        if self.ranks < 2:
-            raise ValueError(f"--ranks must be >= 2 to time collectives, got {self.ranks}")
+        if self.ranks < 1:
+            raise ValueError(f"--ranks must be >= 1, got {self.ranks}")
         for flag, value in (("--matmul-size", self.matmul_n), ("--copy-bytes", self.copy_bytes),
                             ("--seconds", self.seconds)):
             if not value > 0:
@@ -318,7 +321,7 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         for shape, (f, b) in zip(LAYER_SHAPES, out["layer_seconds"]):
             say(f"one GPT-2 layer (b, s, h) = {shape[:3]}: forward {f * 1e3:.2f} ms, backward {b * 1e3:.2f} ms "
                 "(rank 0 alone)")
-    for op in ("all_reduce", "all_gather"):
+    for op in ("all_reduce", "all_gather") if world > 1 else ():  # one rank: nothing to time
         for size in cfg.sizes:
             seconds = _collective_seconds(op, size, world, device)
             algbw, busbw = bus_bandwidth(op, size, seconds, world)
@@ -359,17 +362,16 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     overheads = {k: curves[k][1] for k in curves}
     main = "bf16" if "bf16" in peaks else "fp32"
     collectives = per_rank[0]["collectives"]
-    largest = max(collectives["all_reduce"], key=lambda e: e["bytes"])
-    smallest = min(collectives["all_reduce"], key=lambda e: e["bytes"])
     base = hardware(cfg.base)
+    # one rank times no collective: the node (its size, NVLink rate and latency) is the base preset's
+    node = node_fields(collectives["all_reduce"], cfg.ranks, base)
     copy = (per_rank[0]["copy_bytes_per_s_alone"] if cores
             else statistics.median(r["copy_bytes_per_s"] for r in per_rank))
     memory_gb = _host_memory_gb() / cfg.ranks if cfg.backend == "gloo" else base.memory_gb
     hw = base.with_overrides(
         name=f"calibrated {platform.node() or 'host'} ({cfg.ranks} x {cfg.backend})",
         peak_tflops=peaks[main], compute_efficiency=1.0, gemm_overhead_s=overheads[main], hbm_tbps=copy / 1e12,
-        gpus_per_node=cfg.ranks, intra_node_gbps=largest["busbw_gbps"], intra_latency_s=smallest["seconds"],
-        memory_gb=memory_gb, compute_units=cores,
+        **node, memory_gb=memory_gb, compute_units=cores,
         memory_bytes=None if cfg.backend == "gloo" else base.memory_bytes)  # the card's real capacity
     # the layer is fp32: its GEMMs on the fp32 curve
     fp32 = hw.with_overrides(peak_tflops=peaks["fp32"], gemm_overhead_s=overheads["fp32"])
@@ -395,8 +397,19 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                      "torch": torch.__version__, "machine": platform.platform()},
         "not_measured": {"from_preset": cfg.base,
                          "fields": ["inter_node_gbps", "inter_latency_s", "pcie_gbps", "host_memory_gb",
-                                    "cpu_adam_params_per_s"]},
+                                    "cpu_adam_params_per_s"] + (sorted(node) if cfg.ranks == 1 else [])},
     }
+
+
+def node_fields(all_reduces: list[dict], ranks: int, base: Hardware) -> dict:
+    """gpus_per_node, intra_node_gbps (busbw of the largest all-reduce) and intra_latency_s (the smallest's time)
+    from the timed all-reduces; with one rank none was timed and the base preset's node is kept."""
+    if ranks == 1:
+        return {"gpus_per_node": base.gpus_per_node, "intra_node_gbps": base.intra_node_gbps,
+                "intra_latency_s": base.intra_latency_s}
+    largest = max(all_reduces, key=lambda e: e["bytes"])
+    smallest = min(all_reduces, key=lambda e: e["bytes"])
+    return {"gpus_per_node": ranks, "intra_node_gbps": largest["busbw_gbps"], "intra_latency_s": smallest["seconds"]}
 
 
 def _host_memory_gb() -> float:
@@ -484,14 +497,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p = subparsers.add_parser("calibrate", help="measure this machine; write a hardware profile for `hybrid plan`",
                               description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--out", default="hardware.json", metavar="FILE", help="profile to write (JSON)")
-    p.add_argument("--ranks", type=int_in(2, 1024), metavar="N", default=CalibrationConfig.ranks,
-                   help="processes to spawn")
+    p.add_argument("--ranks", type=int_in(1, 1024), metavar="N", default=CalibrationConfig.ranks,
+                   help="processes to spawn (with nccl at most the GPU count; 1: no collectives timed, the "
+                        "--base preset's node kept)")
     p.add_argument("--backend", default=None, choices=("gloo", "nccl"),
                    help="gloo (CPU) or nccl (GPUs); None: nccl when CUDA is present")
-    p.add_argument("--matmul-size", type=int_in(1, 2**15), metavar="N", default=CalibrationConfig.matmul_n,
-                   help="n of the n^3 matmuls")
-    p.add_argument("--copy-bytes", type=int_in(4, 2**34), metavar="N", default=CalibrationConfig.copy_bytes,
-                   help="bytes of the tensor copied to time memory bandwidth")
+    p.add_argument("--matmul-size", type=int_in(1, 2**15), metavar="N", default=None,
+                   help=f"n of the n^3 matmuls; None: {CalibrationConfig.matmul_n} with gloo, {GPU_MATMUL_N} with "
+                        "nccl (a GPU reaches its rate only on large products)")
+    p.add_argument("--copy-bytes", type=int_in(4, 2**34), metavar="N", default=None,
+                   help=f"bytes of the tensor copied to time memory bandwidth; None: {CalibrationConfig.copy_bytes} "
+                        f"with gloo, {GPU_COPY_BYTES} with nccl (far beyond a GPU's L2 cache)")
     p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES),
                    help="collective sizes in bytes, comma-separated")
     p.add_argument("--seconds", type=float_in(0.0, 600.0, low_open=True), metavar="X",
@@ -512,9 +528,15 @@ def run(args: argparse.Namespace) -> None:
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl" and not torch.cuda.is_available():
         raise ValueError("--backend nccl needs CUDA devices; this machine has none (use gloo)")
+    if backend == "nccl" and args.ranks > torch.cuda.device_count():
+        raise ValueError(f"--ranks {args.ranks}: nccl takes one GPU a rank and this machine has "
+                         f"{torch.cuda.device_count()}; use --ranks {torch.cuda.device_count()}")
+    gpu = backend == "nccl"
     check_output_file("--out", args.out)
-    cfg = CalibrationConfig(ranks=args.ranks, backend=backend, matmul_n=args.matmul_size,
-                            copy_bytes=args.copy_bytes, sizes=sizes, seconds=args.seconds, base=args.base)
+    cfg = CalibrationConfig(ranks=args.ranks, backend=backend,
+                            matmul_n=args.matmul_size or (GPU_MATMUL_N if gpu else CalibrationConfig.matmul_n),
+                            copy_bytes=args.copy_bytes or (GPU_COPY_BYTES if gpu else CalibrationConfig.copy_bytes),
+                            sizes=sizes, seconds=args.seconds, base=args.base)
     start = time.perf_counter()
     print(f"calibrate: spawning {cfg.ranks} {backend} ranks ...", flush=True)
     profile = calibrate(cfg)
@@ -525,5 +547,6 @@ def run(args: argparse.Namespace) -> None:
           + (f" per rank alone ({hw['compute_units']} cores shared)" if hw["compute_units"] else " per device")
           + f", memory {hw['hbm_tbps'] * 1e3:.2f} GB/s (elementwise kernels "
           + (f"{hw['elementwise_tbps'] * 1e3:.2f} GB/s" if hw.get("elementwise_tbps") else "at that rate")
-          + f"), all-reduce busbw {hw['intra_node_gbps']:.3f} GB/s,"
-          f" latency {hw['intra_latency_s'] * 1e6:.0f} us. Use: hybrid plan --hardware {args.out} ...")
+          + (f"), all-reduce busbw {hw['intra_node_gbps']:.3f} GB/s, latency {hw['intra_latency_s'] * 1e6:.0f} us"
+             if cfg.ranks > 1 else f"), no collectives (one rank: the {cfg.base} preset's node is kept)")
+          + f". Use: hybrid plan --hardware {args.out} ...")

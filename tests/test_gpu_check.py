@@ -1,0 +1,87 @@
+"""scripts/gpu_check.py cannot rot: its --dry-run runs every section's code on CPU with a tiny model (the GPU run
+is the same code at the sizes in the script), and its bad inputs end with one line before any work."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.py")
+SECTIONS = ("env", "ceilings", "hf_match", "zero_offload", "multi_rank", "speed", "calibrate", "planner")
+
+
+@pytest.fixture(scope="module")
+def dry(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "gpu_check.json").read_text())
+
+
+def test_dry_run_runs_every_section(dry):
+    _, results = dry
+    assert results["dry_run"] is True
+    assert {k: v["status"] for k, v in results["sections"].items()} == {k: "ok" for k in SECTIONS}
+
+
+def test_dry_run_compares_with_transformers_in_fp32_and_bf16(dry):
+    r = dry[1]["sections"]["hf_match"]["result"]
+    for kind in ("gpt2", "llama"):
+        assert max(r[kind]["fp32_rel_err"].values()) <= 1e-5
+        bf16 = r[kind]["bf16_rel_err_vs_fp32_reference"]
+        assert all(bf16["ours"][k] <= bf16["bound"][k] for k in bf16["bound"])
+        assert all(bf16["bound"][k] >= 2 * 2.0**-8 for k in bf16["bound"])
+
+
+def test_dry_run_offload_copies_are_bit_exact(dry):
+    r = dry[1]["sections"]["zero_offload"]["result"]
+    assert r["pinned_nonblocking_vs_unpinned_blocking"]["master_bit_equal"]
+    assert r["offload_vs_device_same_adamw_arithmetic"]["master_bit_equal"]  # one CPU: the same kernels
+
+
+def test_dry_run_two_rank_layouts_match_one_rank(dry):
+    r = dry[1]["sections"]["multi_rank"]["result"]
+    for layout in ("tp2", "pp2", "dp2_zero3_offload"):
+        assert r[layout]["ok"] and len(r[layout]["losses"]) == 3, r[layout]
+
+
+def test_dry_run_speed_calibrate_and_planner_report_numbers(dry):
+    out, results = dry
+    s = results["sections"]
+    speed = s["speed"]["result"]
+    for run in ("train_py_recompute_none", "train_py_recompute_selective"):
+        assert speed[run]["step_s"]["n"] == 3 and speed[run]["tokens_per_s"] > 0
+    assert speed["fwd_bwd_one_micro_batch"]["ours_compiled_blocks"]["s"]["median"] > 0
+    assert s["calibrate"]["result"]["gemms"] and (out / "h200_profile.json").exists()
+    assert set(s["planner"]["result"]) == {f"{rc} / {hw}" for rc in ("none", "selective")
+                                           for hw in ("h200 preset", "measured profile")}
+    md = (out / "gpu_check.md").read_text()
+    assert all(f"## {name}: ok" in md for name in SECTIONS)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--out", "{f}"], "is a file"),
+    (["--out", "{d}", "--only", "env,bogus"], "unknown section"),
+    (["--out", "{d}", "--budget-s", "0"], "--budget-s"),
+    (["--out", "{d}", "--budget-s", "nan"], "--budget-s"),
+] + ([] if torch.cuda.is_available() else [(["--out", "{d}"], "--dry-run")]))
+def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, argv, message):
+    f = tmp_path / "file"
+    f.write_text("x")
+    argv = [a.format(f=f, d=tmp_path / "out") for a in argv]
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    script = sys.modules["gpu_check"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit) as e:
+        script.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and message in err[-1], err
+    assert not (tmp_path / "out").exists()  # nothing written
