@@ -146,18 +146,44 @@ class Group:
         """Post every send and receive together (`batch_isend_irecv`) and wait for all of them.
         Peers are indices within this group. Each tensor is counted once: by its sender as
         "send", by its receiver as "recv". `labels` name each send, then each receive, in the op trail."""
-        ops = []
+        ops, landings = [], []
         for t, peer in sends:
             self.ledger.record("send", self.name, _nbytes(t))
-            ops.append(dist.P2POp(dist.isend, t, self.ranks[peer], group=self.pg))
+            ops.append(dist.P2POp(dist.isend, self._wire(t), self.ranks[peer], group=self.pg))
         for t, peer in recvs:
             self.ledger.record("recv", self.name, _nbytes(t))
-            ops.append(dist.P2POp(dist.irecv, t, self.ranks[peer], group=self.pg))
+            buf, land = self._landing(t)
+            landings.append(land)
+            ops.append(dist.P2POp(dist.irecv, buf, self.ranks[peer], group=self.pg))
         if ops:
             with TRAIL.op(self.name, self.ranks, "p2p", sends=tuple(self.ranks[q] for _, q in sends),
                           recvs=tuple(self.ranks[q] for _, q in recvs), labels=labels):
                 for work in dist.batch_isend_irecv(ops):
                     work.wait()
+            for land in landings:
+                land()
+
+    @property
+    def host_staged(self) -> bool:
+        """gloo moves bytes over TCP from host memory: it all-reduces CUDA tensors through its own host copies,
+        but its send / recv read the tensor's pointer as host memory ("writev: Bad address" on a CUDA tensor,
+        seen on an H200 with HYBRID_BACKEND=gloo). Point-to-point CUDA tensors then go through a host copy."""
+        if self.pg is None:
+            return False
+        if not hasattr(self, "_host_staged"):
+            self._host_staged = dist.get_backend(self.pg) == "gloo"
+        return self._host_staged
+
+    def _wire(self, t: torch.Tensor) -> torch.Tensor:
+        """What a send hands the backend: `t`, or its host copy (gloo, CUDA tensor; the copy is synchronous)."""
+        return t.cpu() if t.is_cuda and self.host_staged else t
+
+    def _landing(self, t: torch.Tensor):
+        """(buffer the backend receives into, callable that puts it into `t` once the receive completed)."""
+        if not (t.is_cuda and self.host_staged):
+            return t, lambda: None
+        buf = torch.empty(t.shape, dtype=t.dtype)
+        return buf, lambda: t.copy_(buf)
 
     def batch_p2p_async(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
                         labels: tuple[str, ...] = ()) -> list["Work"]:
@@ -169,7 +195,7 @@ class Group:
         any op then waits the whole batch, which is still correct, only less lazy."""
         if not sends and not recvs:
             return []
-        ops, recs = [], []
+        ops, recs, landings = [], [], []
         items = [(t, q, dist.isend, "send") for t, q in sends] + [(t, q, dist.irecv, "recv") for t, q in recvs]
         for i, (t, peer, fn, kind) in enumerate(items):
             self.ledger.record(kind, self.name, _nbytes(t))
@@ -177,10 +203,12 @@ class Group:
             who = (self.ranks[peer],)
             recs.append(TRAIL.start(self.name, self.ranks, "p2p", sends=who if kind == "send" else (),
                                     recvs=who if kind == "recv" else (), labels=label))
-            ops.append(dist.P2POp(fn, t, self.ranks[peer], group=self.pg))
+            buf, land = self._landing(t) if kind == "recv" else (self._wire(t), None)
+            landings.append(land)
+            ops.append(dist.P2POp(fn, buf, self.ranks[peer], group=self.pg))
         handles = dist.batch_isend_irecv(ops)
         per_op = handles if len(handles) == len(ops) else [_AllOf(handles)] * len(ops)
-        return [Work(h, rec) for h, rec in zip(per_op, recs)]
+        return [Work(h, rec, land) for h, rec, land in zip(per_op, recs, landings)]
 
     def barrier(self) -> None:
         if self.size > 1:
@@ -224,6 +252,7 @@ class Work:
 
     handle: object | None
     record: object | None = None
+    land: object | None = None  # after the wait: a host-staged receive's copy into its device tensor
 
     def done(self) -> bool:
         """True once the op has completed (then `wait` returns at once); never blocks."""
@@ -237,6 +266,8 @@ class Work:
                 with TRAIL.waiting(self.record):
                     self.handle.wait()
             self.handle = None
+            if self.land is not None:
+                self.land()
 
 
 class _AllOf:

@@ -25,7 +25,7 @@ Sections (each runs on its own; a failure is recorded with its traceback and the
                 (HYBRID_BACKEND=gloo HYBRID_DEVICE=cuda:0) under torchrun, at tp 2, pp 2 and dp 2 with ZeRO 3 +
                 offload; each run's losses against one NCCL rank's (fp32, 3 steps).
   speed         train.py (what users run) on a ~1.2B-parameter Llama (Llama 3.2 1B's shape), seq 4096, --bf16,
-                micro-batch 1, 8 micro-batches a step, selective recomputation off and on: tokens/s, TFLOP/s, MFU
+                micro-batch 1, 8 micro-batches a step, selective recomputation off and on, and --compile: tokens/s, TFLOP/s, MFU
                 against the device's dense bf16 peak, peak memory (median and spread over the timed steps). Then
                 transformers' LlamaForCausalLM of the same config as its Trainer runs it with bf16=True (fp32
                 weights under bf16 autocast, fused AdamW, use_cache=False, "sdpa"), the same step; and one
@@ -454,13 +454,14 @@ def speed_config(c: Check):
     return hf_config("llama", m, rope_theta=500000.0)
 
 
-def train_py_speed(c: Check, cfg_dir: str, recompute: str | None) -> dict:
+def train_py_speed(c: Check, cfg_dir: str, recompute: str | None, extra: tuple[str, ...] = ()) -> dict:
     s = c.sizes
     flags = ["--model", cfg_dir, "--bf16", "--seq-length", str(s.seq), "--micro-batch-size", "1",
-             "--global-batch-size", str(s.micro_batches), "--train-iters", str(s.iters), "--lr-warmup-iters", "0"]
+             "--global-batch-size", str(s.micro_batches), "--train-iters", str(s.iters), "--lr-warmup-iters", "0",
+             *extra]
     if recompute:
         flags += ["--recompute-granularity", recompute]
-    run = train_py(c, flags, tag=f"speed_{recompute or 'none'}")
+    run = train_py(c, flags, tag=f"speed_{recompute or 'none'}{''.join(extra).replace('-', '_')}")
     timed_steps = run["records"][s.warm:]
     key = "max_memory_allocated_bytes" if c.device.type == "cuda" else "peak_rss_bytes"
     return {"step_s": spread([r["iteration_time_s"] for r in timed_steps]),
@@ -522,9 +523,9 @@ def fwd_bwd(c: Check, hf_cfg) -> dict:
 
 def compiled(c: Check, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> dict:
     """Forward + backward with every block under torch.compile; the first call's time includes compiling."""
+    from hybrid.train.loop import compile_blocks
     t0 = time.monotonic()
-    for block in model.layers.values():  # the dry run checks this code, not inductor's C++ build (~40 s)
-        block.compile(backend="eager" if c.dry else "inductor")
+    compile_blocks([model], backend="eager" if c.dry else "inductor")  # dry: this code, not inductor's C++ build
     model(x, labels).backward()
     sync(c.device)
     compile_s = time.monotonic() - t0
@@ -545,6 +546,9 @@ def speed(c: Check) -> dict:
         hf_cfg.save_pretrained(cfg_dir)  # config.json only: train.py initialises the weights itself
         for recompute in (None, "selective"):
             out[f"train_py_recompute_{recompute or 'none'}"] = isolated(lambda: train_py_speed(c, cfg_dir, recompute))
+        # --compile: inductor's C++ build alone takes ~40 s on a CPU, so the dry run leaves it to tests/test_compile.py
+        out["train_py_compile"] = ({"skipped": "dry run (tests/test_compile.py runs train.py --compile)"} if c.dry
+                                   else isolated(lambda: train_py_speed(c, cfg_dir, None, ("--compile",))))
     hf = out["transformers_trainer_step"] = isolated(lambda: hf_trainer_step(c, hf_cfg))
     out["fwd_bwd_one_micro_batch"] = isolated(lambda: fwd_bwd(c, hf_cfg))
     ours = out["train_py_recompute_none"]
@@ -553,6 +557,9 @@ def speed(c: Check) -> dict:
         if "step_s" in ours:
             out["ours_over_transformers_step_time"] = ours["step_s"]["median"] / hf["step_s"]["median"]
     out["passed"] = not any("error" in v for v in out.values() if isinstance(v, dict))
+    if "step_s" in hf and "step_s" in out["train_py_compile"]:
+        out["ours_compiled_over_transformers_step_time"] = (out["train_py_compile"]["step_s"]["median"]
+                                                            / hf["step_s"]["median"])
     return out
 
 

@@ -80,22 +80,26 @@ def test_the_layer_fit_makes_the_planners_layer_take_the_measured_times(profile_
         assert predicted == pytest.approx(sum(layer), rel=1e-9), shape
 
 
-def test_fit_layer_solves_two_shapes_exactly_and_falls_back_on_noise():
-    """Synthetic layers built from a known rate (2 GB/s) and fixed costs (1 ms forward, 2 ms backward) give
-    them back; a larger layer that is faster than the smaller one (noise) gives no fixed cost."""
-    from hybrid.planner.calibrate import LAYER_SHAPES, fit_layer, layer_parts_of
+@pytest.mark.parametrize("probe, preset, rate, cf, cb", [("cpu", "cpu", 2e9, 1e-3, 2e-3),
+                                                         ("gpu", "h200", 2.5e12, 40e-6, 90e-6)])
+def test_fit_layer_solves_two_shapes_exactly_and_falls_back_on_noise(probe, preset, rate, cf, cb):
+    """Synthetic layers built from a known rate and fixed costs (a CPU core: 2 GB/s, 1 ms forward, 2 ms backward;
+    a GPU's bf16 probe: 2.5 TB/s, 40 / 90 us) give them back; a larger layer that is faster than the smaller one
+    (noise) gives no fixed cost."""
+    from hybrid.planner import hardware
+    from hybrid.planner.calibrate import CPU_PROBE, GPU_PROBE, fit_layer, layer_parts_of
     from hybrid.planner.time import BWD_TRAFFIC, FWD_TRAFFIC
 
-    hw = load_hardware_preset_cpu()
-    rate, cf, cb = 2e9, 1e-3, 2e-3
+    probe = {"cpu": CPU_PROBE, "gpu": GPU_PROBE}[probe]
+    hw = hardware(preset)
     layers = []
-    for shape in LAYER_SHAPES:
-        gf, gb, traffic = layer_parts_of(hw, shape)
+    for shape in probe.shapes:
+        gf, gb, traffic = layer_parts_of(hw, shape, probe)
         share = FWD_TRAFFIC / (FWD_TRAFFIC + BWD_TRAFFIC)
         layers.append((gf + share * traffic / rate + cf, gb + (1 - share) * traffic / rate + cb))
-    got_rate, got_f, got_b = fit_layer(hw, layers)
+    got_rate, got_f, got_b = fit_layer(hw, layers, probe)
     assert got_rate == pytest.approx(rate) and got_f == pytest.approx(cf) and got_b == pytest.approx(cb)
-    got_rate, got_f, got_b = fit_layer(hw, [layers[1], layers[0]])  # the big layer measured as fast as the small
+    got_rate, got_f, got_b = fit_layer(hw, [layers[1], layers[0]], probe)  # the big layer as fast as the small
     assert got_f == got_b == 0.0 and (got_rate is None or got_rate > 0)
 
 

@@ -121,6 +121,7 @@ CASES = [
     ("cpu-adam-without-offload", "train", ["--cpu-adam", "deepspeed"], {}, {}, "--cpu-adam deepspeed picks the offloaded"),
     ("no-overlap-param-gather-stage-3", "train", ["--zero-stage", "3", "--no-overlap-param-gather"], {}, {},
      "--no-overlap-param-gather applies to --zero-stage 1 or 2"),
+    ("compile-zero-3", "train", ["--compile", "--zero-stage", "3"], {}, {}, "--compile does not run with --zero-stage 3"),
     ("overlap-param-gather-stage-0", "train", ["--overlap-param-gather"], {}, {},
      "--overlap-param-gather applies to --zero-stage 1 or 2"),
     ("layers-per-stage-text", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "a,b"],

@@ -43,6 +43,15 @@ def _grads(optimizer) -> list[tuple[nn.Parameter, torch.Tensor]]:
     return [(p, p.grad) for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
 
 
+def _all_finite(optimizer) -> bool:
+    """Every gradient finite, checked over a ZeRO optimizer's flat shards (a few large tensors, one host read;
+    their padding is zeros) -- False also when there are no flat shards to check, so the caller looks closer."""
+    flats = [u.grad_shard for u in getattr(optimizer, "units", ())]
+    if not flats:
+        return False
+    return bool(torch.stack([torch.isfinite(f).all() for f in flats]).all())
+
+
 class NanGuard:
     """Decides, with one world-wide flag exchange, whether this step's update is applied."""
 
@@ -56,6 +65,8 @@ class NanGuard:
         """'loss', the name of the first parameter (model order) whose gradient is not finite, or None."""
         if loss is not None and not torch.isfinite(loss).all():
             return "loss"
+        if _all_finite(optimizer):  # the common case, without a device synchronisation per parameter
+            return None
         bad = [p for p, g in _grads(optimizer) if not torch.isfinite(g).all()]
         if not bad:
             return None

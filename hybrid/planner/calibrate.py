@@ -17,13 +17,13 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   bound prices (time.py) -- an idle pipeline rank gives its core to the others;
 * memory bandwidth: a large tensor copy, read + write bytes / second (alone on a CPU, as above) -> `hbm_tbps`
   (the GEMMs' operand-traffic bound);
-* one real Transformer layer (models.GPT2Block, fp32, no dropout) at the two LAYER_SHAPES (small, and unlike
-  the benchmarks' shapes, so they validate it), forward and backward (alone on a CPU): the time beyond its
+* one real Transformer layer (models.GPT2Block, no dropout) at two shapes (`LayerProbe`: on a CPU fp32 at the
+  small LAYER_SHAPES, unlike the benchmarks' shapes so they validate it; on a GPU bf16 at GPU_PROBE's larger
+  shapes), forward and backward (alone on a CPU): the time beyond its
   GEMMs on the curve just fitted is solved (`fit_layer`) for a rate of the memory-bound traffic the planner
   counts for a layer (time.layer_parts) -> `elementwise_tbps`, and a fixed cost per layer pass ->
   `layer_forward_overhead_s` / `layer_backward_overhead_s` (Python, dispatcher, autograd: what makes a small
-  layer slower than its bytes, as t0 does for a GEMM). On a GPU the rate comes out near the copy rate; on a
-  CPU core GELU's tanh and softmax's exp run below it (this 2-core VM, one-shape calibrations: 4.2-5.2 against
+  layer slower than its bytes, as t0 does for a GEMM). On a CPU core GELU's tanh and softmax's exp run below it (this 2-core VM, one-shape calibrations: 4.2-5.2 against
   13.4-13.9 GB/s), and pricing them at the copy rate under-predicted a layer by 10-13 %
   (docs/results/bench_interleaved.md). When noise leaves no positive solution the fields fall back (rate from
   the larger shape, no fixed cost; the copy rate if even that layer ran no slower than its GEMMs);
@@ -173,6 +173,33 @@ def copy_bandwidth(nbytes: int, seconds: float, device: torch.device) -> float:
 LAYER_SHAPES = ((4, 128, 384, 6), (1, 32, 384, 6))  # (micro-batch, sequence, hidden, heads) calibrate times
 
 
+@dataclass(frozen=True)
+class LayerProbe:
+    """The real layers `calibrate` times, and how the planner prices them.
+
+    Attributes:
+        shapes: two (micro-batch, sequence, hidden, heads), the larger first (fit_layer solves two unknowns).
+        dtype: the layer's parameters and activations ("fp32" or "bf16", a DTYPES key).
+        precision, profile: the planner's Workload fields for such a layer.
+    """
+
+    shapes: tuple[tuple[int, int, int, int], ...]
+    dtype: str
+    precision: Precision
+    profile: str  # an ActivationProfile value (hybrid.planner.model imports this module's names lazily)
+
+
+# A CPU core: small fp32 layers, as the runtime trains there. A GPU: bf16 layers large enough that the memory-bound
+# kernels, not launches, dominate what the GEMMs leave (the CPU shapes took 0.3-2.4 ms on an H200, all launch
+# overhead, and fitted a 47 GB/s "rate" that priced a 1.2B model's step at 9 s against 0.76 measured).
+CPU_PROBE = LayerProbe(LAYER_SHAPES, "fp32", Precision.FP32, "fp32-flash")
+GPU_PROBE = LayerProbe(((2, 2048, 2048, 16), (1, 512, 1024, 8)), "bf16", Precision.MIXED, "bf16-flash")
+
+
+def probe_for(device: torch.device) -> LayerProbe:
+    return GPU_PROBE if device.type == "cuda" else CPU_PROBE
+
+
 def layer_config(shape: tuple[int, int, int, int]):
     """The one-layer GPT-2 (no dropout) of `shape`, as a models.ModelConfig."""
     from transformers import GPT2Config
@@ -183,16 +210,17 @@ def layer_config(shape: tuple[int, int, int, int]):
                               embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
 
 
-def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torch.device) -> tuple[float, float]:
-    """(forward, backward) seconds of one GPT-2 block of `shape`, fp32 (backward = forward + backward timed
+def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torch.device,
+                  dtype: torch.dtype = torch.float32) -> tuple[float, float]:
+    """(forward, backward) seconds of one GPT-2 block of `shape` in `dtype` (backward = forward + backward timed
     together, less the forward)."""
     from hybrid.comm import Group
     from hybrid.tp import TPContext
     from models.gpt2 import GPT2Block
     b, s, h, _ = shape
-    block = GPT2Block(layer_config(shape), TPContext(Group.solo("tp"))).to(device)
-    x = torch.randn(b, s, h, device=device, requires_grad=True)
-    grad = torch.randn(b, s, h, device=device)
+    block = GPT2Block(layer_config(shape), TPContext(Group.solo("tp"))).to(device, dtype)
+    x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(b, s, h, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def forward() -> None:
@@ -207,26 +235,28 @@ def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torc
     return fwd, max(0.0, _timed(both, seconds) - fwd)
 
 
-def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int]) -> tuple[float, float, float]:
+def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int],
+                   probe: LayerProbe = CPU_PROBE) -> tuple[float, float, float]:
     """The planner's (forward GEMM s, backward GEMM s, memory-bound traffic bytes) of one layer of `shape`."""
     from hybrid.planner.layout import Cluster, Layout, Workload
     from hybrid.planner.model import ActivationProfile
     from hybrid.planner.time import layer_parts
     b, s = shape[:2]
-    work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=Precision.FP32,
-                    activations=ActivationProfile.FP32_FLASH)
+    work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
+                    activations=ActivationProfile(probe.profile))
     return layer_parts(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b))
 
 
-def fit_layer(hw: Hardware, measured: list[tuple[float, float]]) -> tuple[float | None, float, float]:
+def fit_layer(hw: Hardware, measured: list[tuple[float, float]],
+              probe: LayerProbe = CPU_PROBE) -> tuple[float | None, float, float]:
     """(elementwise bytes/s, forward fixed s, backward fixed s) of a layer pass from the layers measured at
-    LAYER_SHAPES: what each takes beyond its GEMMs on `hw`'s curve, rest = traffic / rate + fixed, solved
+    the probe's shapes: what each takes beyond its GEMMs on `hw`'s curve, rest = traffic / rate + fixed, solved
     exactly on the forward + backward totals of the two shapes (a bandwidth term and a per-pass cost: Python,
     the dispatcher, autograd -- what makes a small layer slower than its bytes, as t0 does for a GEMM). The
     fixed cost is split between the passes by their own residuals (mean over the shapes). When the two do not
     give a positive rate and cost (noise), the larger shape alone gives the rate and the cost is 0; when even
     that layer runs no slower than its GEMMs, the rate is None (the copy rate is kept)."""
-    parts = [layer_parts_of(hw, shape) for shape in LAYER_SHAPES]
+    parts = [layer_parts_of(hw, shape, probe) for shape in probe.shapes]
     rests = [(f - gf, b - gb, traffic) for (f, b), (gf, gb, traffic) in zip(measured, parts)]
     (f1, b1, t1), (f2, b2, t2) = rests
     rate = (t1 - t2) / (f1 + b1 - f2 - b2) if f1 + b1 != f2 + b2 else -1.0
@@ -315,12 +345,13 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
     if rank == 0:
         say(f"memory copy {cfg.copy_bytes / 2**20:.0f} MiB: {out['copy_bytes_per_s'] / GB:.2f} GB/s per rank with "
             f"{world} at once, {out['copy_bytes_per_s_alone'] / GB:.2f} alone (rank 0)")
-    out["layer_seconds"] = [alone(lambda shape=shape: layer_seconds(shape, cfg.seconds, device))
-                            for shape in LAYER_SHAPES]
+    probe = probe_for(device)
+    out["layer_seconds"] = [alone(lambda shape=shape: layer_seconds(shape, cfg.seconds, device, DTYPES[probe.dtype]))
+                            for shape in probe.shapes]
     if rank == 0:
-        for shape, (f, b) in zip(LAYER_SHAPES, out["layer_seconds"]):
-            say(f"one GPT-2 layer (b, s, h) = {shape[:3]}: forward {f * 1e3:.2f} ms, backward {b * 1e3:.2f} ms "
-                "(rank 0 alone)")
+        for shape, (f, b) in zip(probe.shapes, out["layer_seconds"]):
+            say(f"one {probe.dtype} GPT-2 layer (b, s, h) = {shape[:3]}: forward {f * 1e3:.2f} ms, backward "
+                f"{b * 1e3:.2f} ms (rank 0 alone)")
     for op in ("all_reduce", "all_gather") if world > 1 else ():  # one rank: nothing to time
         for size in cfg.sizes:
             seconds = _collective_seconds(op, size, world, device)
@@ -373,9 +404,10 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
         peak_tflops=peaks[main], compute_efficiency=1.0, gemm_overhead_s=overheads[main], hbm_tbps=copy / 1e12,
         **node, memory_gb=memory_gb, compute_units=cores,
         memory_bytes=None if cfg.backend == "gloo" else base.memory_bytes)  # the card's real capacity
-    # the layer is fp32: its GEMMs on the fp32 curve
-    fp32 = hw.with_overrides(peak_tflops=peaks["fp32"], gemm_overhead_s=overheads["fp32"])
-    rate, fixed_fwd, fixed_bwd = fit_layer(fp32, [tuple(x) for x in per_rank[0]["layer_seconds"]])
+    # the layer's GEMMs on its dtype's curve (the probe's: fp32 on a CPU, bf16 on a GPU)
+    probe = CPU_PROBE if cfg.backend == "gloo" else GPU_PROBE
+    curve = hw.with_overrides(peak_tflops=peaks[probe.dtype], gemm_overhead_s=overheads[probe.dtype])
+    rate, fixed_fwd, fixed_bwd = fit_layer(curve, [tuple(x) for x in per_rank[0]["layer_seconds"]], probe)
     hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
                            layer_backward_overhead_s=fixed_bwd)
     return {
@@ -390,7 +422,8 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                      else None, "matmul_n": cfg.matmul_n, "copy_bytes": cfg.copy_bytes,
                      "matmul_curve_rank0_alone": {k: [{"n": n, "flops_per_s": r} for n, r in v]
                                                   for k, v in ((k, per_rank[0]["matmul_curve"][k]) for k in curves)},
-                     "memory_copy_gbps": copy / GB, "layer_shapes_b_s_h_heads": [list(x) for x in LAYER_SHAPES],
+                     "memory_copy_gbps": copy / GB, "layer_shapes_b_s_h_heads": [list(x) for x in probe.shapes],
+                     "layer_dtype": probe.dtype,
                      "layer_forward_backward_seconds": [list(x) for x in per_rank[0]["layer_seconds"]],
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

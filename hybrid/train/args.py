@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pipeline-layers-per-stage", default=None, help="layers of each stage by hand, e.g. 3,5,5,3")
     g.add_argument("--recompute-granularity", choices=[r.value for r in Recompute if r is not Recompute.NONE],
                    default=None, help="recompute activations in backward: selective (attention core) or full (block)")
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile each Transformer block's forward (fused elementwise kernels; the first "
+                        "step pays the compilation); not with --zero-stage 3")
     g.add_argument("--timeline", default=None, help="write the last step's per-rank Chrome trace (JSON) here")
     g.add_argument("--micro-batch-size", type=int, default=4, help="sequences per forward/backward per rank")
     g.add_argument("--global-batch-size", type=int, default=None,
@@ -385,6 +388,11 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     if args.sequence_parallel and args.seq_length % dims.tp:
         raise ValueError(f"--sequence-parallel needs --seq-length ({args.seq_length}) divisible by "
                          f"--tensor-model-parallel-size ({dims.tp})")
+    if args.compile and args.zero.stage == 3:
+        # stage 3 frees each block's parameters after use (a 0-byte storage) and gathers them anew: not what a
+        # compiled graph's inputs are checked against; not tested, so refused
+        raise ValueError("--compile does not run with --zero-stage 3 (parameters gathered and freed around each "
+                         "block); use --zero-stage 0-2, or drop --compile")
     gbs = args.global_batch_size or args.micro_batch_size * dims.dp
     batch = BatchSpec(global_batch=gbs, micro_batch=args.micro_batch_size, seq_length=args.seq_length, dp=dims.dp)
     return cfg, dims, batch, check_pipeline(args, cfg, dims, batch)

@@ -38,6 +38,8 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
     model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages, seed=args.seed,
                                   recompute=Recompute(args.recompute_granularity or "none"))
     model = model.to(mesh.device)
+    if getattr(args, "compile", False):
+        compile_blocks(model)
     if args.load:
         from models.hf_io import load_hf_checkpoint
         for chunk in model:
@@ -48,6 +50,17 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
     schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
     io = StageIO((batch.micro_batch, seq, cfg.hidden_size), args.zero.precision.dtype)  # activations in compute dtype
     return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device, record_timeline=bool(args.timeline))
+
+
+def compile_blocks(chunks, backend: str = "inductor") -> None:
+    """torch.compile each Transformer block's forward (torchtitan compiles per block too: one graph, reused by
+    every layer of the same shape). The forward method, not the module call: hooks (ZeRO's parameter waits, the
+    fault trail) stay eager around it. Measured on an H200 (docs/results/gpu_h200.md): a 1.2B Llama's forward +
+    backward 19 % faster."""
+    from hybrid.zero.engine import block_modules
+    for chunk in chunks:
+        for block in block_modules(chunk):
+            block.forward = torch.compile(block.forward, backend=backend)
 
 
 def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, data: DataSource,

@@ -187,7 +187,10 @@ class ZeroOptimizer:
         groups = [g for g in groups if g["params"]]
         kw = dict(lr=self.opt_cfg.lr, betas=(self.opt_cfg.beta1, self.opt_cfg.beta2), eps=self.opt_cfg.eps)
         if not self.cfg.offload_optimizer:
-            return torch.optim.AdamW(groups, **kw), "torch"
+            # on a GPU the fused kernel: one pass over weights, gradients and moments (the foreach default makes
+            # ~8 passes and a full-size temporary; measured 0.1 s of a 0.76 s step of a 1.2B model on an H200)
+            fused = self.device.type == "cuda"
+            return torch.optim.AdamW(groups, **kw, fused=fused or None), "torch-fused" if fused else "torch"
         return cpu_adamw(groups, self.cfg.cpu_adam, **kw)
 
     # --- hooks -------------------------------------------------------------------------------
@@ -420,11 +423,14 @@ class ZeroOptimizer:
     def _clip(self, max_norm: float) -> float:
         """||g|| over all TP, PP and DP shards, each logical element once (Segment.norm_weight);
         scale by max_norm / (||g|| + 1e-6) when that is < 1 (torch's clip_grad_norm_)."""
-        local = torch.zeros((), dtype=torch.float64)
+        # accumulated where the master gradients live, in fp64 without an fp64 copy of any segment, and read once
+        # (a host read per segment was a device synchronisation per parameter)
+        local = torch.zeros((), dtype=torch.float64, device=self.units[0].master_grad.device)
         for u in self.units:
             for s in u.segments:
                 if s.norm_weight:
-                    local += u.master_grad[s.lo:s.hi].double().square().sum().cpu() * s.norm_weight
+                    local += torch.linalg.vector_norm(u.master_grad[s.lo:s.hi], dtype=torch.float64).square() \
+                        * s.norm_weight
         norm = math.sqrt(self._all_ranks_sum(local.reshape(1), "clip").item())
         coef = max_norm / (norm + 1e-6)
         if coef < 1.0:
