@@ -31,6 +31,9 @@ Sections (each runs on its own; a failure is recorded with its traceback and the
                 weights under bf16 autocast, fused AdamW, use_cache=False, "sdpa"), the same step; and one
                 micro-batch's forward + backward of both models with bf16 weights, ours also with each block under
                 torch.compile.
+  breakdown     the speed run's step taken apart in one process: device bytes of the model states, of one
+                micro-batch's forward and its forward + backward peak, of the optimizer step; device time of the
+                forward + backward, the gradient sync and the optimizer step; each beside the planner's term.
   calibrate     `hybrid calibrate --ranks 1` on the device (GEMM curve, copy rate, a layer's memory-bound rate),
                 then every GEMM shape of the speed model timed and set against the curve: the h200 preset's and
                 the one just measured.
@@ -66,7 +69,7 @@ import torch.nn as nn  # noqa: E402
 
 from hybrid.cliutil import HelpFormatter  # noqa: E402
 
-SECTIONS = ("env", "ceilings", "hf_match", "zero_offload", "multi_rank", "speed", "calibrate", "planner")
+SECTIONS = ("env", "ceilings", "hf_match", "zero_offload", "multi_rank", "speed", "breakdown", "calibrate", "planner")
 BF16_UNIT_ROUNDOFF = 2.0**-8  # bf16 keeps 8 significant bits: a rounding errs by at most 2^-8 relative
 
 
@@ -563,6 +566,62 @@ def speed(c: Check) -> dict:
     return out
 
 
+# --- the step taken apart ---------------------------------------------------------------------------------------
+
+def breakdown(c: Check) -> dict:
+    """train.py's step of the speed model (ZeRO 0, bf16, clip 1.0), taken apart in one process: device bytes of
+    the model states, of one micro-batch's forward (what it keeps) and at the forward + backward peak, and of the
+    optimizer step; device time of the micro-batches' forward + backward, of the gradient sync and of the
+    optimizer step -- each beside the planner's term for it (h200 preset)."""
+    from hybrid.mesh import Mesh
+    from hybrid.planner import Cluster, Layout, Workload, evaluate, hardware
+    from hybrid.planner.model import ActivationProfile, Precision as PlanPrecision
+    from hybrid.training import LocalForwardBackward, OptimizerConfig
+    from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
+    from models import build_model, from_hf, shift_labels
+    s, dev = c.sizes, c.device
+    cfg = from_hf(speed_config(c))
+    mesh = Mesh.single(dev)
+    model = nn.ModuleList([build_model(cfg, solo_tp(), seed=1234)]).to(dev)
+    opt = ZeroOptimizer(model, mesh, ZeroConfig(stage=0, precision=Precision.BF16), OptimizerConfig(lr=1e-4, clip_grad=1.0))
+    runner = LocalForwardBackward(model[0], dev)
+    ids = torch.randint(0, cfg.vocab_size, (s.micro_batches, 1, s.seq), generator=torch.Generator().manual_seed(3))
+    batches = [(x, shift_labels(x)) for x in ids]
+    allocated = (lambda: torch.cuda.memory_allocated(dev)) if dev.type == "cuda" else (lambda: 0)
+    phases = {"forward_backward": lambda: runner.forward_backward(batches), "finish_backward": opt.finish_backward,
+              "optimizer_step": opt.step}
+    times: dict[str, list[float]] = {k: [] for k in phases}
+    peaks: dict[str, int] = {}
+    for it in range(s.iters - s.warm + 1):  # the first step (Adam's moments created) is not timed
+        opt.zero_grad()
+        opt.begin_step(len(batches))
+        for name, fn in phases.items():
+            reset_peak(dev)
+            if it:
+                times[name] += timed(fn, dev, reps=1, warmup=0)
+            else:
+                fn()
+            peaks[name] = max(peaks.get(name, 0), peak_memory(dev) or 0)
+    opt.zero_grad()
+    states = allocated()  # parameters, gradients, fp32 master and Adam moments
+    x, y = batches[0]
+    reset_peak(dev)
+    loss = model[0](x.to(dev), y.to(dev))
+    kept = allocated() - states
+    loss.backward()
+    one_mb_peak = (peak_memory(dev) or 0) - states
+    work = Workload(cfg, global_batch=s.micro_batches, seq_length=s.seq, precision=PlanPrecision.MIXED,
+                    activations=ActivationProfile.BF16_FLASH)
+    plan = evaluate(work, Cluster(gpus=1, hw=hardware("h200")), Layout(micro_batch=1))
+    rank = plan.memory.ranks[0]
+    return {"measured": {"states_bytes": states, "one_micro_batch_forward_kept_bytes": kept,
+                         "one_micro_batch_forward_backward_peak_above_states_bytes": one_mb_peak,
+                         "peak_bytes_by_phase": peaks, "seconds_by_phase": {k: spread(v) for k, v in times.items()}},
+            "planner_h200": {"states_bytes": rank.states.device, "activations_bytes": rank.activations,
+                             "step_transient_bytes": rank.step_transient, "workspace_bytes": rank.workspace,
+                             "forward_backward_s": plan.time.compute, "optimizer_s": plan.time.optimizer}}
+
+
 # --- calibrate and the planner ----------------------------------------------------------------------------------
 
 def calibrate(c: Check) -> dict:
@@ -674,7 +733,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # section -> (function, seconds it needs on an H200, estimated)
 PLAN = {"env": (env, 0), "ceilings": (ceilings, 10), "hf_match": (hf_match, 20), "zero_offload": (zero_offload, 20),
-        "multi_rank": (multi_rank, 60), "speed": (speed, 120), "calibrate": (calibrate, 40), "planner": (planner, 0)}
+        "multi_rank": (multi_rank, 60), "speed": (speed, 120), "breakdown": (breakdown, 40), "calibrate": (calibrate, 40),
+        "planner": (planner, 0)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.py")
-SECTIONS = ("env", "ceilings", "hf_match", "zero_offload", "multi_rank", "speed", "calibrate", "planner")
+SECTIONS = ("env", "ceilings", "hf_match", "zero_offload", "multi_rank", "speed", "breakdown", "calibrate",
+            "planner")
 
 
 @pytest.fixture(scope="module")
