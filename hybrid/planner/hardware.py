@@ -42,8 +42,13 @@ MIB = 2**20  # nvidia-smi's MiB
 #
 # * H100 / H200: least squares (in log rate) over the 72 bf16 shapes of XLA's measured H100 GEMM table
 #   (openxla/xla, xla/service/gpu/model/matmul_interpolator_data.h, key sm_90; copied in data/gemm_h100_xla.csv):
-#   e = 0.789 (780 TFLOP/s), t0 = 6.4 us, rms error 11 % (8 % on shapes of >= 1e10 FLOPs). The H200 is the
-#   same GH100 chip with more, faster HBM: its curve is the H100's (not measured on an H200).
+#   e = 0.789 (780 TFLOP/s), t0 = 6.4 us, rms error 11 % (8 % on shapes of >= 1e10 FLOPs).
+# * H200 (the same GH100 chip, more and faster HBM): least squares (in log rate) over 16 bf16 shapes measured on
+#   an H200 by scripts/gpu_check.py on 2026-12-04 (data/gemm_h200_measured.csv: the 15 GEMM shapes of a 1.2B Llama
+#   at s 4096, forward and backward, and an 8192^3 product; each the median of 10 calls timed one by one between
+#   CUDA events, the geometric mean of two runs): e = 0.796, t0 = 21.4 us, rms error 10 %. The larger t0 than
+#   XLA's H100 table is partly the method: a call alone between two events includes the idle GPU's launch gap,
+#   which a full training stream hides.
 # * A100: no per-shape table at hand. t0 is the H100's (a per-kernel cost, assumed alike); e is fitted to one
 #   published training layer, Korthikanti et al. 2022 (arXiv 2205.05198) Table 4: a 22B-model layer (h 6144,
 #   a 64, s 2048, b 4, t 8, no recomputation, no SP) takes 7.7 ms forward + 11.9 ms backward on A100 80GB; the
@@ -54,6 +59,7 @@ MIB = 2**20  # nvidia-smi's MiB
 #   measures a CPU's own curve.
 GEMM_OVERHEAD_S = 6.4e-6
 H100_EFFICIENCY = 0.789
+H200_EFFICIENCY, H200_GEMM_OVERHEAD_S = 0.796, 21.4e-6
 A100_EFFICIENCY = 0.727
 COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built by hand
 
@@ -234,7 +240,7 @@ PRESETS: dict[GpuKind, Hardware] = {
     GpuKind.H200: Hardware(name="h200", peak_tflops=989.0, memory_gb=141.0, hbm_tbps=4.8,
                            gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
                            host_memory_gb=2000.0, cpu_adam_params_per_s=5e9, memory_bytes=143771 * MIB,
-                           compute_efficiency=H100_EFFICIENCY, gemm_overhead_s=GEMM_OVERHEAD_S),
+                           compute_efficiency=H200_EFFICIENCY, gemm_overhead_s=H200_GEMM_OVERHEAD_S),
     GpuKind.CPU: Hardware(name="cpu", peak_tflops=1.0, memory_gb=64.0, hbm_tbps=0.1, gpus_per_node=8,
                           intra_node_gbps=5.0, inter_node_gbps=1.2, pcie_gbps=100.0, host_memory_gb=512.0,
                           cpu_adam_params_per_s=1e9, intra_latency_s=50e-6, inter_latency_s=100e-6),

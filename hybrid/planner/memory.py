@@ -133,6 +133,9 @@ class RankMemory:
         buffers: ZeRO 3 gathered-parameter buffers.
         workspace: fixed workspace plus fragmentation.
         step_transient: bytes the optimizer step adds while no activation is held (`step_transient_bytes`).
+        backward_transient: bytes the last rank's first backward adds to its activations for a moment, beyond
+            what the recomputation working set already adds: the loss's gradients over the logits
+            (`Shard.head_backward_transient_bytes`; 0 on other ranks).
     """
 
     rank: int
@@ -142,11 +145,14 @@ class RankMemory:
     buffers: float
     workspace: float
     step_transient: float = 0.0
+    backward_transient: float = 0.0
 
     @property
     def total(self) -> float:
-        """Device bytes at the peak: the backward's (activations, gathered buffers) or the optimizer step's."""
-        return self.states.device + max(self.activations + self.buffers, self.step_transient) + self.workspace
+        """Device bytes at the peak: the backward's (activations, gathered buffers, the loss's gradient) or the
+        optimizer step's."""
+        backward = self.activations + self.buffers + self.backward_transient
+        return self.states.device + max(backward, self.step_transient) + self.workspace
 
 
 @dataclass(frozen=True)
@@ -209,9 +215,9 @@ def layer_activation_bytes(shard: Shard, b: int, s: int, sp: bool, recompute: Re
 def plan_memory(work: Workload, cluster: Cluster, layout: Layout, schedule: ScheduleKind | None = None) -> MemoryPlan:
     """Per-pipeline-rank device memory of `layout` (assumed valid: see layout.check_layout). `schedule`
     overrides the layout's (1F1B, or interleaved when v > 1), e.g. GPipe to compare with a runtime run."""
-    flight, psis, acts, bufs = _rank_parts(work, layout, schedule)
-    ranks = tuple(_rank_memory(work, layout, r, psi, act, buf)
-                  for r, (psi, act, buf) in enumerate(zip(psis, acts, bufs)))
+    flight, psis, acts, bufs, extra = _rank_parts(work, layout, schedule)
+    ranks = tuple(_rank_memory(work, layout, r, psi, act, buf, more)
+                  for r, (psi, act, buf, more) in enumerate(zip(psis, acts, bufs, extra)))
     unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision)
     return MemoryPlan(ranks=ranks, in_flight=flight, host_per_node=_host_per_node(cluster, unit, max(psis)))
 
@@ -219,11 +225,11 @@ def plan_memory(work: Workload, cluster: Cluster, layout: Layout, schedule: Sche
 def peak_memory(work: Workload, cluster: Cluster, layout: Layout) -> tuple[int, float, float]:
     """(fullest pipeline rank, its device bytes, host bytes per node) without building every RankMemory:
     the search's fast path. Equal to plan_memory's peak (states are linear in Psi)."""
-    _, psis, acts, bufs = _rank_parts(work, layout)
+    _, psis, acts, bufs, extra = _rank_parts(work, layout)
     unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision)
     step = step_transient_bytes(1.0, layout.zero, layout.dp, layout.offload, work.precision)
-    totals = [psi * unit.device + max(act + buf, step * psi) + FRAGMENTATION * (psi * unit.device + act + buf)
-              + WORKSPACE_BYTES for psi, act, buf in zip(psis, acts, bufs)]
+    totals = [psi * unit.device + max(act + buf + more, step * psi) + FRAGMENTATION * (psi * unit.device + act + buf)
+              + WORKSPACE_BYTES for psi, act, buf, more in zip(psis, acts, bufs, extra)]
     rank = max(range(len(totals)), key=totals.__getitem__)
     return rank, totals[rank], _host_per_node(cluster, unit, max(psis))
 
@@ -233,19 +239,20 @@ def _host_per_node(cluster: Cluster, unit: ModelStates, psi: float) -> float:
     return unit.host * psi * min(cluster.hw.gpus_per_node, cluster.gpus)
 
 
-def _rank_parts(work: Workload, layout: Layout, schedule: ScheduleKind | None = None
-                ) -> tuple[InFlight, tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
-    """In-flight peaks, and per pipeline rank: Psi, activation bytes, ZeRO-3 buffer bytes."""
-    flight, acts = _activations(work, layout.tp, layout.pp, layout.dp, layout.v, layout.micro_batch,
-                                layout.sequence_parallel, layout.recompute, schedule or layout.schedule)
+def _rank_parts(work: Workload, layout: Layout, schedule: ScheduleKind | None = None):
+    """In-flight peaks, and per pipeline rank: Psi, activation bytes, ZeRO-3 buffer bytes, backward transient."""
+    flight, acts, extra = _activations(work, layout.tp, layout.pp, layout.dp, layout.v, layout.micro_batch,
+                                       layout.sequence_parallel, layout.recompute, schedule or layout.schedule)
     bufs = _zero3_buffers(work, layout) if layout.zero is ZeroStage.PARAMETERS else (0.0,) * layout.pp
-    return flight, rank_parameters(work, layout), acts, bufs
+    return flight, rank_parameters(work, layout), acts, bufs, extra
 
 
 @lru_cache(maxsize=4096)
 def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: bool,
-                 recompute: Recompute, kind: ScheduleKind) -> tuple[InFlight, tuple[float, ...]]:
-    """Peak activation bytes of each pipeline rank (shared by every ZeRO / offload variant)."""
+                 recompute: Recompute, kind: ScheduleKind
+                 ) -> tuple[InFlight, tuple[float, ...], tuple[float, ...]]:
+    """Peak activation bytes of each pipeline rank (shared by every ZeRO / offload variant), and what the last
+    rank's first backward adds for a moment beyond them (the loss's gradients over the logits)."""
     m = work.global_batch // (dp * b)
     flight = in_flight(kind, pp, m, v)
     shard = work.shard(tp)
@@ -259,10 +266,14 @@ def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: 
         acts.append(flight.chunks[r] * per_chunk + (working if chunk_layers else 0.0))
     acts[0] += flight.first_chunk * shard.embedding_activation_bytes(b, s, sp)
     head = shard.head_activation_bytes(b, s, sp)
-    # the last rank's first backward runs the head's (freeing one micro-batch's head set) before any layer of
-    # that micro-batch is recomputed: the peak is the larger of end-of-forward and first recomputation
-    acts[-1] += flight.last_chunk * head - min(head, working if layers[-1] else 0.0)
-    return flight, tuple(acts)
+    # the last rank's first backward runs the head's (its loss gradients over the logits exist for a moment on top
+    # of everything held; then one micro-batch's head set is freed) before any layer of that micro-batch is
+    # recomputed: the peak is end-of-forward plus the larger of the two
+    rerun = working if layers[-1] else 0.0
+    acts[-1] += flight.last_chunk * head - min(head, rerun)
+    extra = [0.0] * pp
+    extra[-1] = max(0.0, shard.head_backward_transient_bytes(b, s) - max(0.0, rerun - head))
+    return flight, tuple(acts), tuple(extra)
 
 
 def _zero3_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
@@ -275,9 +286,10 @@ def _zero3_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
 
 
 def _rank_memory(work: Workload, layout: Layout, r: int, psi: float, activations: float,
-                 buffers: float) -> RankMemory:
+                 buffers: float, backward_transient: float) -> RankMemory:
     states = model_states(psi, layout.zero, layout.dp, layout.offload, work.precision)
     workspace = WORKSPACE_BYTES + FRAGMENTATION * (states.device + activations + buffers)
     return RankMemory(rank=r, parameters=psi, states=states, activations=activations, buffers=buffers,
                       workspace=workspace, step_transient=step_transient_bytes(psi, layout.zero, layout.dp,
-                                                                               layout.offload, work.precision))
+                                                                               layout.offload, work.precision),
+                      backward_transient=backward_transient)

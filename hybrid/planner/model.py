@@ -306,6 +306,21 @@ class Shard:
         logits = s * b * self.vocab / self.t * (ACT_BYTES + 4)
         return norm_in + head_in + logits
 
+    def head_backward_transient_bytes(self, b: int, s: int) -> float:
+        """What the loss's backward allocates over one micro-batch's logits beyond what the forward kept, for a
+        moment, on the last stage (this runtime's profiles; Korthikanti's Table 2 counts saved tensors only: 0).
+        t = 1, torch's fused cross-entropy on fp32 logits: the gradient w.r.t. its log-softmax and the
+        log-softmax's input gradient, both fp32: 8 bytes a logit (measured on an H200: a 1.2B Llama at s 4096
+        peaked 4.2 GB = 8.0 x 4096 x 128256 bytes above its kept activations, docs/results/gpu_h200.md).
+        t > 1, hybrid's vocab-parallel cross-entropy writes its gradient into the saved fp32 softmax in place:
+        only the cast back to the bf16 logits' dtype, 2 bytes a logit (none in fp32). Derived, not measured."""
+        if self.profile is ActivationProfile.KORTHIKANTI:
+            return 0.0
+        logits = b * s * self.vocab / self.t
+        if self.t == 1:
+            return 2 * FP32 * logits
+        return 0.0 if self.profile is ActivationProfile.FP32_FLASH else ACT_BYTES * logits
+
     def _runtime_head_bytes(self, b: int, s: int, sp: bool) -> float:
         """FP32_FLASH, last stage per micro-batch: the final norm's saved tensors (h + 2 or 2h + 1 a token, /t
         under SP), the LM-head GEMM input h (gathered), and the loss. At t > 1 the vocab-parallel
