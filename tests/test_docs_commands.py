@@ -30,6 +30,8 @@ SKIP = {  # substring of the command -> why it is not run here, and what covers 
                                 "validation loss, memory, plot)",
     "--offload-optimizer --offload-params --bf16": "run as written, with its output checked, by "
                                                    "tests/test_zero_flags.py (README's headline ZeRO command)",
+    "scripts/gpu_check.py --out gpu_results": "needs a GPU; tests/test_gpu_check.py runs the same script with "
+                                              "--dry-run (every section, CPU, tiny sizes)",
 }
 
 
