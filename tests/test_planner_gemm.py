@@ -121,6 +121,32 @@ def test_overlap_exposes_the_first_gather_and_shares_a_contended_link():
     assert _overlapped(2.0, 1.0, 12.0, 4, contended=False) == (3.0 + 9.0, 3.0)
     assert _overlapped(2.0, 1.0, 12.0, 4, contended=True) == (3.0 + 1.0 + 9.0, 2.0)
     assert _overlapped(2.0, 1.0, 0.0, 4, contended=True) == (3.0, 0.0)
+    # a pipeline message on the DP ring's link takes from the window: 3 s of DP + 5 s of message fits in 9 s of
+    # compute + TP; 3 + 8 s does not, and the excess (2 s) is exposed
+    assert _overlapped(8.0, 1.0, 4.0, 4, contended=False, pp_link=5.0) == (1.0 + 9.0, 3.0)
+    assert _overlapped(8.0, 1.0, 4.0, 4, contended=False, pp_link=8.0) == (1.0 + 11.0, 3.0)
+    assert _overlapped(8.0, 1.0, 4.0, 4, contended=True, pp_link=8.0) == (1.0 + 1.0 + 11.0, 3.0)
+
+
+def test_pipeline_messages_contend_with_zero3_traffic_only_on_the_same_link(monkeypatch):
+    """pp 2 x dp 4 in one 8-GPU node with ZeRO 3 on a slow NVLink: the stage's outgoing activation and the ZeRO 3
+    ring share NVLink, so the step is slower than with the message priced apart; at dp 8 x pp 2 on two nodes (the
+    DP ring inside each node on NVLink, the pipeline between the nodes on the NICs: rank order tp-dp-pp) nothing
+    is shared and nothing changes."""
+    from hybrid.planner import evaluate
+    from hybrid.planner import time as ptime
+    from hybrid.planner.layout import ZeroStage
+    hw = hardware("a100-80g").with_overrides(intra_node_gbps=20.0)
+    work = Workload(load_config("gpt2-xl"), global_batch=32, seq_length=1024)
+    shared = Layout(tp=1, pp=2, dp=4, micro_batch=4, zero=ZeroStage.PARAMETERS)
+    apart = Layout(tp=1, pp=2, dp=8, micro_batch=2, zero=ZeroStage.PARAMETERS)
+    with_link = {name: evaluate(work, Cluster(gpus=lay.world, hw=hw), lay).time.total
+                 for name, lay in (("shared", shared), ("apart", apart))}
+    monkeypatch.setattr(ptime, "_pp_send_on_dp_link", lambda ctx: 0.0)
+    without = {name: evaluate(work, Cluster(gpus=lay.world, hw=hw), lay).time.total
+               for name, lay in (("shared", shared), ("apart", apart))}
+    assert with_link["shared"] > without["shared"]
+    assert with_link["apart"] == without["apart"]
 
 
 def test_a_layout_whose_dp_traffic_exceeds_its_compute_is_not_best():

@@ -276,7 +276,8 @@ class _StageCost:
     hidden: float  # ZeRO 2/3 collective seconds that run under the compute
 
 
-def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bool) -> tuple[float, float]:
+def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bool,
+                pp_link: float = 0.0) -> tuple[float, float]:
     """(seconds, hidden DP seconds) of one pass of a stage whose `layers` layers compute for `compute` seconds,
     spend `tp` in synchronous TP collectives and move `dp` seconds of ZeRO 2/3 traffic (or parameter fetches).
 
@@ -284,15 +285,18 @@ def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bo
     before it) and the last layer's reduce-scatter of a backward (nothing runs after it) are exposed, one
     layer's share dp / layers each. When the DP and TP groups share a link (both inside a node, on NVLink) the
     link carries both, so the rest overlaps only the compute, not the TP collectives:
-        contended:  exposed + tp + max(compute, dp - exposed)
-        otherwise:  exposed + max(compute + tp, dp - exposed)"""
+        contended:  exposed + tp + max(compute, dp - exposed + pp_link)
+        otherwise:  exposed + max(compute + tp, dp - exposed + pp_link)
+    `pp_link`: seconds of this pass's outgoing pipeline message when it leaves on the DP ring's link (both on
+    NVLink, or both on the NICs): the link carries it too, so it takes from the window the DP traffic runs in.
+    The message's own transfer stays where the pipeline simulation places it."""
     if dp <= 0:
         return compute + tp, 0.0
     exposed = dp / max(1, layers)
     rest = dp - exposed
     if contended:
-        return exposed + tp + max(compute, rest), min(compute, rest)
-    return exposed + max(compute + tp, rest), min(compute + tp, rest)
+        return exposed + tp + max(compute, rest + pp_link), min(compute, rest)
+    return exposed + max(compute + tp, rest + pp_link), min(compute + tp, rest)
 
 
 def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> _StageCost:
@@ -303,9 +307,22 @@ def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> 
     b_tp = n * cost.backward_comm + edge.backward_comm
     dp_f, dp_b = _chunk_dp_overlap(ctx, n * ctx.shard.layer_params())
     contended = ctx.layout.tp > 1 and not ctx.dp_group.spans_nodes  # TP and DP rings on the same NVLink
-    f, f_hidden = _overlapped(f_comp, f_tp, dp_f, n, contended)
-    b, b_hidden = _overlapped(b_comp, b_tp, dp_b, n, contended)
+    send = _pp_send_on_dp_link(ctx)  # forward: to the next stage (not the last); backward: to the previous
+    f, f_hidden = _overlapped(f_comp, f_tp, dp_f, n, contended, 0.0 if last else send)
+    b, b_hidden = _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send)
     return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden)
+
+
+def _pp_send_on_dp_link(ctx: _Context) -> float:
+    """Seconds of one pipeline message (b s h, / t under SP) when it leaves on the link the DP ring uses: both
+    inside a node (NVLink) or both across nodes (the NICs); 0 without a pipeline or when they use different
+    links. Links are full duplex: only the outgoing message competes with the ring's outgoing traffic."""
+    lay, work = ctx.layout, ctx.work
+    crosses = pipeline_crosses_nodes(ctx.cluster, lay)
+    if lay.pp == 1 or crosses != ctx.dp_group.spans_nodes:
+        return 0.0
+    message = lay.micro_batch * work.seq_length * work.model.hidden_size * work.precision.activation_bytes
+    return p2p_seconds(ctx.cluster.hw, message / (lay.tp if lay.sequence_parallel else 1), crosses)
 
 
 def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[StageTimes, float, float, float]:
