@@ -5,6 +5,9 @@ curve and the planner's prediction for what was measured -- written as JSON and 
     python scripts/gpu_check.py --dry-run --out /tmp/gpu      # the same code on CPU with tiny sizes (the test suite)
     [--only env,hf_match,...] [--budget-s 420]
 
+Results go to OUT/gpu_check.json and OUT/gpu_check.md after every section; a later run into the same folder (say
+--only for the sections that failed) replaces the sections it runs and keeps the others.
+
 Sections (each runs on its own; a failure is recorded with its traceback and the next one runs):
 
   env           torch / CUDA / driver / transformers versions, the device, the date.
@@ -25,10 +28,11 @@ Sections (each runs on its own; a failure is recorded with its traceback and the
                 (HYBRID_BACKEND=gloo HYBRID_DEVICE=cuda:0) under torchrun, at tp 2, pp 2 and dp 2 with ZeRO 3 +
                 offload; each run's losses against one NCCL rank's (fp32, 3 steps).
   speed         train.py (what users run) on a ~1.2B-parameter Llama (Llama 3.2 1B's shape), seq 4096, --bf16,
-                micro-batch 1, 8 micro-batches a step, selective recomputation off and on, and --compile: tokens/s, TFLOP/s, MFU
-                against the device's dense bf16 peak, peak memory (median and spread over the timed steps). Then
-                transformers' LlamaForCausalLM of the same config as its Trainer runs it with bf16=True (fp32
-                weights under bf16 autocast, fused AdamW, use_cache=False, "sdpa"), the same step; and one
+                micro-batch 1, 8 micro-batches a step, selective recomputation off and on, and --compile:
+                tokens/s, TFLOP/s, MFU against the device's dense bf16 peak, peak memory (median and spread over
+                the timed steps). Then transformers' LlamaForCausalLM of the same config in a loop shaped like its
+                Trainer with bf16=True (fp32 weights under bf16 autocast, fused AdamW, use_cache=False, "sdpa",
+                no clipping), the same step; and one
                 micro-batch's forward + backward of both models with bf16 weights, ours also with each block under
                 torch.compile.
   breakdown     the speed run's step taken apart in one process: device bytes of the model states, of one
@@ -112,7 +116,7 @@ class Check:
         self.sizes = DRY if dry else REAL
         self.device = torch.device("cpu" if dry else "cuda")
         self.start = time.monotonic()
-        self.results: dict = {"dry_run": dry, "sections": {}}
+        self.results: dict = {"dry_run": dry, "sections": earlier_sections(out, dry)}
 
     def left(self) -> float:
         return self.budget_s - (time.monotonic() - self.start)
@@ -145,6 +149,27 @@ class Check:
             f.write("\n")
         with open(os.path.join(self.out, "gpu_check.md"), "w") as f:
             f.write(markdown(self.results))
+
+
+def earlier_sections(out: str, dry: bool) -> dict:
+    """The sections an earlier run of the same kind (dry or not) wrote into `out`, kept beside this run's."""
+    try:
+        with open(os.path.join(out, "gpu_check.json")) as f:
+            earlier = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return dict(earlier.get("sections", {})) if earlier.get("dry_run") == dry else {}
+
+
+def commit() -> str:
+    """HYBRID_COMMIT (set it where the checkout travels without .git), else git's short hash of this checkout."""
+    if os.environ.get("HYBRID_COMMIT"):
+        return os.environ["HYBRID_COMMIT"]
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 # --- timing -----------------------------------------------------------------------------------------------------
@@ -195,7 +220,7 @@ def env(c: Check) -> dict:
     out = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "transformers": transformers.__version__, "machine": platform.platform(), "cpus": os.cpu_count(),
-           "commit": os.environ.get("HYBRID_COMMIT", "unknown")}
+           "commit": commit()}
     if c.device.type == "cuda":
         p = torch.cuda.get_device_properties(0)
         out.update(device=p.name, capability=f"{p.major}.{p.minor}", multiprocessors=p.multi_processor_count,
@@ -478,8 +503,9 @@ def train_py_speed(c: Check, cfg_dir: str, recompute: str | None, extra: tuple[s
 
 
 def hf_trainer_step(c: Check, hf_cfg) -> dict:
-    """transformers as its Trainer runs bf16=True: fp32 weights, bf16 autocast, fused AdamW, s.micro_batches
-    micro-batches accumulated, one optimizer step."""
+    """transformers in a loop shaped like its Trainer with bf16=True: fp32 weights, bf16 autocast, fused AdamW,
+    s.micro_batches micro-batches accumulated, one optimizer step -- no gradient clipping (the Trainer clips at 1.0,
+    train.py does too) and no data loader: the loop is no slower than the Trainer would be."""
     s, dev = c.sizes, c.device
     reset_peak(dev)
     with torch.device(dev):
@@ -713,22 +739,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--out", required=True, metavar="DIR", help="folder for gpu_check.json / .md, logs and the profile")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: exercises the code, measures nothing")
-    p.add_argument("--only", default=",".join(SECTIONS), metavar="LIST", help="comma-separated sections to run")
+    p.add_argument("--only", default=None, metavar="LIST",
+                   help="comma-separated sections to run, of: " + ", ".join(SECTIONS) + "; None: all")
     p.add_argument("--budget-s", type=float, default=420.0, metavar="X",
                    help="skip a section when less than its estimate is left of this many seconds")
     args = p.parse_args(argv)
-    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    only = list(SECTIONS) if args.only is None else [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]
-    if unknown or not only:
-        p.error(f"--only {args.only!r}: unknown section(s) {unknown}; choose from {','.join(SECTIONS)}")
+    if not only:
+        p.error(f"--only {args.only!r} names no section; give some of {','.join(SECTIONS)}, or omit it for all")
+    if unknown:
+        p.error(f"--only {args.only!r}: unknown section(s) {', '.join(unknown)}; choose from {','.join(SECTIONS)}")
     if not args.budget_s > 0:
         p.error(f"--budget-s must be > 0 seconds, got {args.budget_s}")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        p.error(f"--out {args.out!r} is a file; give a folder (created if missing)")
     if not args.dry_run and not torch.cuda.is_available():
         p.error("no CUDA device: run on a GPU machine, or pass --dry-run to exercise the script on CPU")
+    args.out = writable_folder(p, args.out)
     args.only = only
     return args
+
+
+def writable_folder(p: argparse.ArgumentParser, out: str) -> str:
+    """--out as an absolute path (the calibrate section runs from the checkout), created if missing and checked
+    writable before any section runs: one line otherwise."""
+    if not out.strip():
+        p.error("--out is empty; give a folder (created if missing)")
+    out = os.path.abspath(out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        p.error(f"--out {out!r} is a file; give a folder (created if missing)")
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        p.error(f"--out {out!r}: cannot write there ({e.strerror or e}); give a writable folder")
+    return out
 
 
 # section -> (function, seconds it needs on an H200, estimated)

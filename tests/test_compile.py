@@ -29,3 +29,21 @@ def test_compiled_blocks_train_as_the_eager_run(tmp_path):
     assert len(eager) == len(compiled) == 3
     for a, b in zip(compiled, eager):
         assert abs(a - b) <= 1e-5 * abs(b), (compiled, eager)
+
+
+def test_auto_parallel_with_compile_searches_only_what_compile_runs_with(monkeypatch):
+    """--auto-parallel --compile: the planner is asked for ZeRO 0-2 without recomputation (train.py refuses ZeRO 3
+    and recomputation with --compile), so the layout it picks is one the run accepts."""
+    from hybrid import planner
+    from hybrid.train.args import apply_auto_parallel, parse_args
+    seen = []
+    real = planner.search
+
+    def spy(work, cluster, space, **kw):
+        seen.append(space)
+        return real(work, cluster, space, **kw)
+    monkeypatch.setattr(planner, "search", spy)
+    args = parse_args(["--auto-parallel", "--compile", "--global-batch-size", "16", "--seq-length", "32"])
+    apply_auto_parallel(args, 4)
+    assert [int(z) for z in seen[0].zero] == [0, 1, 2] and [r.value for r in seen[0].recompute] == ["none"]
+    assert args.zero_stage in (0, 1, 2)

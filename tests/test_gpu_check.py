@@ -68,8 +68,30 @@ def test_dry_run_speed_calibrate_and_planner_report_numbers(dry):
     assert all(f"## {name}: ok" in md for name in SECTIONS)
 
 
+def _script():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    script = sys.modules["gpu_check"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_a_later_run_into_the_folder_keeps_the_sections_it_does_not_run(tmp_path, monkeypatch):
+    """--only reruns a part (the GPU lease is short): its sections are replaced, the others kept. --out is taken
+    relative to where the command runs, though the calibrate section runs from the checkout."""
+    monkeypatch.chdir(tmp_path)
+    script = _script()
+    assert script.main(["--dry-run", "--out", "rel", "--only", "env"]) == 0
+    assert script.main(["--dry-run", "--out", "rel", "--only", "ceilings"]) == 0
+    results = json.loads((tmp_path / "rel" / "gpu_check.json").read_text())
+    assert list(results["sections"]) == ["env", "ceilings"]
+    assert results["sections"]["env"]["result"]["commit"] != "unknown"  # git's hash of this checkout
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["--out", "{f}"], "is a file"),
+    (["--dry-run", "--out", "{f}"], "is a file"),
+    (["--dry-run", "--out", ""], "--out is empty"),
+    (["--dry-run", "--out", "{f}/sub"], "cannot write there"),
+    (["--out", "{d}", "--only", ""], "names no section"),
     (["--out", "{d}", "--only", "env,bogus"], "unknown section"),
     (["--out", "{d}", "--budget-s", "0"], "--budget-s"),
     (["--out", "{d}", "--budget-s", "nan"], "--budget-s"),
@@ -78,11 +100,8 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, argv, message):
     f = tmp_path / "file"
     f.write_text("x")
     argv = [a.format(f=f, d=tmp_path / "out") for a in argv]
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    script = sys.modules["gpu_check"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-    spec.loader.exec_module(script)
     with pytest.raises(SystemExit) as e:
-        script.main(argv)
+        _script().main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and message in err[-1], err
     assert not (tmp_path / "out").exists()  # nothing written

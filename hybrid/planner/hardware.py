@@ -60,6 +60,7 @@ MIB = 2**20  # nvidia-smi's MiB
 GEMM_OVERHEAD_S = 6.4e-6
 H100_EFFICIENCY = 0.789
 H200_EFFICIENCY, H200_GEMM_OVERHEAD_S = 0.796, 21.4e-6
+H200_CUDA_BYTES = 150_109_880_320  # total_memory measured on an H200 (nvidia-smi says 143771 MiB: 615 MiB more)
 A100_EFFICIENCY = 0.727
 COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built by hand
 
@@ -127,9 +128,11 @@ class Hardware:
             the e of the GEMM curve above.
         gemm_overhead_s: fixed seconds of one matmul kernel, the t0 of the GEMM curve (`--gemm-overhead`):
             what makes small matmuls run below peak x e.
-        memory_bytes: what the device really holds, bytes (CUDA's total memory, nvidia-smi's MiB x 2^20):
-            an "80 GB" A100 or H100 has 80 GiB-class HBM (81920 / 81559 MiB = 85.9e9 / 85.5e9 bytes), an H200
-            "141 GB" 143771 MiB (150.8e9). None: memory_gb x 1e9 (a `--gpu-memory` value is taken as stated).
+        memory_bytes: what the device really holds, bytes: an "80 GB" A100 or H100 has 80 GiB-class HBM (81920 /
+            81559 MiB by nvidia-smi = 85.9e9 / 85.5e9 bytes); an H200 "141 GB" shows 143771 MiB in nvidia-smi but
+            gives CUDA 150,109,880,320 bytes (143156 MiB: torch.cuda.get_device_properties().total_memory on the
+            H200 of docs/results/gpu_h200.md), which is what allocations can use. None: memory_gb x 1e9 (a
+            `--gpu-memory` value is taken as stated).
             The planner's demand already carries the reserve (memory.WORKSPACE_BYTES, 2 GB: CUDA context,
             cuBLAS / NCCL workspaces, buckets; plus memory.FRAGMENTATION of the tensors).
         elementwise_tbps: the rate a Transformer layer's memory-bound kernels (norms, activations, softmax,
@@ -239,7 +242,7 @@ PRESETS: dict[GpuKind, Hardware] = {
                                gemm_overhead_s=GEMM_OVERHEAD_S),
     GpuKind.H200: Hardware(name="h200", peak_tflops=989.0, memory_gb=141.0, hbm_tbps=4.8,
                            gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
-                           host_memory_gb=2000.0, cpu_adam_params_per_s=5e9, memory_bytes=143771 * MIB,
+                           host_memory_gb=2000.0, cpu_adam_params_per_s=5e9, memory_bytes=H200_CUDA_BYTES,
                            compute_efficiency=H200_EFFICIENCY, gemm_overhead_s=H200_GEMM_OVERHEAD_S),
     GpuKind.CPU: Hardware(name="cpu", peak_tflops=1.0, memory_gb=64.0, hbm_tbps=0.1, gpus_per_node=8,
                           intra_node_gbps=5.0, inter_node_gbps=1.2, pcie_gbps=100.0, host_memory_gb=512.0,

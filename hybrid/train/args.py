@@ -388,14 +388,31 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     if args.sequence_parallel and args.seq_length % dims.tp:
         raise ValueError(f"--sequence-parallel needs --seq-length ({args.seq_length}) divisible by "
                          f"--tensor-model-parallel-size ({dims.tp})")
-    if args.compile and args.zero.stage == 3:
-        # stage 3 frees each block's parameters after use (a 0-byte storage) and gathers them anew: not what a
-        # compiled graph's inputs are checked against; not tested, so refused
-        raise ValueError("--compile does not run with --zero-stage 3 (parameters gathered and freed around each "
-                         "block); use --zero-stage 0-2, or drop --compile")
+    check_compile(args)
     gbs = args.global_batch_size or args.micro_batch_size * dims.dp
     batch = BatchSpec(global_batch=gbs, micro_batch=args.micro_batch_size, seq_length=args.seq_length, dp=dims.dp)
     return cfg, dims, batch, check_pipeline(args, cfg, dims, batch)
+
+
+COMPILE_ZERO_STAGES = (0, 1, 2)
+
+
+def check_compile(args: argparse.Namespace) -> None:
+    """--compile (a compiled forward per block) with what it has been run with: ZeRO 0-2, no recomputation.
+    ZeRO 3 frees each block's parameters after use (a 0-byte storage) and gathers them anew around the forward;
+    recomputation checkpoints with a context that replays the tensor-parallel dropout streams, which torch.compile
+    cannot trace (dynamo: "checkpoint not implemented for ... context_fn")."""
+    if not args.compile:
+        return
+    if args.zero.stage == 3:
+        where = "--zero-stage 3" if "zero_stage" in getattr(args, "explicit", {"zero_stage"}) else \
+            "ZeRO stage 3 (--deepspeed-config zero_optimization.stage)"
+        raise ValueError(f"--compile does not run with {where} (parameters gathered and freed around each block); "
+                         f"use stage 0-2, or drop --compile")
+    if args.recompute_granularity:
+        raise ValueError(f"--compile does not run with --recompute-granularity {args.recompute_granularity} "
+                         f"(torch.compile cannot trace the checkpoint that replays the dropout streams); drop one "
+                         f"of them")
 
 
 def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
@@ -436,7 +453,11 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
         hw = calibrate.load_hardware(args.hardware, precision).with_overrides(memory_gb=hw.memory_gb)
     work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
                     precision=precision, activations=profile)
-    result = search(work, Cluster(gpus=world, hw=hw), SearchSpace(recompute=(Recompute.NONE,)), top=1)
+    # --compile runs with ZeRO 0-2 only (check_args): the search keeps to what the run will accept
+    from hybrid.planner.layout import ZeroStage
+    space = SearchSpace(recompute=(Recompute.NONE,),
+                        zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None)
+    result = search(work, Cluster(gpus=world, hw=hw), space, top=1)
     if not result.plans:
         raise ValueError(f"--auto-parallel: no layout of {args.model} fits {world} x {hw.memory_gb:.1f} GB; "
                          f"run `hybrid plan` to see why")

@@ -85,7 +85,8 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     log0(mesh, f"hybrid: {args.model} ({cfg.num_parameters / 1e6:.2f}M parameters, {local / 1e6:.2f}M on rank 0) | "
                f"tp {dims.tp}{' +sp' if args.sequence_parallel else ''}{pipe} x dp {dims.dp} on {dims.world} "
                f"{device.type} ranks | global batch {batch.global_batch} = micro {batch.micro_batch} x dp "
-               f"{dims.dp} x {batch.num_micro_batches} micro-batches | seq {batch.seq_length}")
+               f"{dims.dp} x {batch.num_micro_batches} micro-batches | seq {batch.seq_length}"
+               f"{' | blocks compiled (torch.compile)' if getattr(args, 'compile', False) else ''}")
     z = args.zero
     log0(mesh, f"zero: stage {z.stage} | {z.precision.value}{' | offload optimizer (' + optimizer.optimizer_kind + ')' if z.offload_optimizer else ''}"
                f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
