@@ -305,6 +305,8 @@ CASES = [
       ["--accumulate-allreduce-grads-in-fp32"]),
      {}, {}, "--accumulate-allreduce-grads-in-fp32 was given"),
     # --- hybrid plan ----------------------------------------------------------------------------------------
+    ("plan-fp32-grads-in-fp32", "plan", PLAN + ["--precision", "fp32", "--accumulate-allreduce-grads-in-fp32"], {},
+     {}, "--accumulate-allreduce-grads-in-fp32 needs --precision mixed"),
     ("plan-gpus-zero", "plan", PLAN[:2] + ["--gpus", "0"] + PLAN[4:], {}, {}, "--gpus"),
     ("plan-gpus-negative", "plan", PLAN[:2] + ["--gpus", "-8"] + PLAN[4:], {}, {}, "--gpus"),
     ("plan-gpus-huge", "plan", PLAN[:2] + ["--gpus", str(10**12)] + PLAN[4:], {}, {}, "--gpus"),

@@ -458,7 +458,8 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
             raise ValueError(f"--hardware {args.hardware!r} is not a file; write one with `hybrid calibrate --out FILE`")
         hw = calibrate.load_hardware(args.hardware, precision).with_overrides(memory_gb=hw.memory_gb)
     work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
-                    precision=precision, activations=profile)
+                    precision=precision, activations=profile,
+                    fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision is Precision.MIXED)
     result = search(work, Cluster(gpus=world, hw=hw), SearchSpace(recompute=(Recompute.NONE,)), top=1)
     if not result.plans:
         raise ValueError(f"--auto-parallel: no layout of {args.model} fits {world} x {hw.memory_gb:.1f} GB; "
