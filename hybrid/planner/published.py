@@ -100,6 +100,8 @@ def korthikanti_runs() -> list[PublishedRun]:
     recomputation modes the paper times end to end), on the layout of its Table 3, compared on step time."""
     runs = []
     for name, a, h, layers, pp, gpus, batch, b, v, full_s, selective_s in KORTHIKANTI_TABLE5:
+        # 2-byte gradients, as the Narayanan rows (reference.py): the paper does not state fp16 or bf16, and only
+        # Megatron's --bf16 defaults to fp32 main grads
         work = Workload(gpt_model(layers, h, a, 51200, 2048), global_batch=batch, seq_length=2048)
         for recompute, sp, seconds in ((Recompute.FULL, False, full_s), (Recompute.SELECTIVE, True, selective_s)):
             space = SearchSpace(tp=(8,), pp=(pp,), v=(v,), micro_batch=(b,), zero=(ZeroStage.NONE,),
@@ -122,6 +124,7 @@ def published_runs() -> list[PublishedRun]:
     # assumed, not stated in our source: flash attention, as every 2024 stack training at s 8192 uses.
     # Korthikanti's materialised softmax, 16 heads a rank x 8192^2 x 2 bytes = 2.1 GB a layer and
     # micro-batch, would force full recomputation
+    # 2-byte gradients: our source for these rows (Table 4, via a third-party page) does not state the gradient dtype
     llama = Workload(llama3_405b(), global_batch=2048, seq_length=8192, activations=ActivationProfile.BF16_FLASH)
     llama_space = SearchSpace(tp=(8,), pp=(16,), offload=(Offload.NONE,))
     return [PublishedRun("BLOOM-176B, 384 A100 80GB, t4 p12 d8", BLOOM_SOURCE, bloom, "a100-80g", 384, bloom_space,
