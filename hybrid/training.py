@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.nn as nn
 
 from hybrid.mesh import Mesh
+from hybrid.tp.sharding import param_grad
 
 
 @dataclass(frozen=True)
@@ -94,17 +95,19 @@ class GradSync(Protocol):
 
 
 @torch.no_grad()
-def sync_tied_embeddings(model: nn.Module, mesh: Mesh) -> None:
+def sync_tied_embeddings(model: nn.Module, mesh: Mesh,
+                         grad: Callable[[nn.Parameter], torch.Tensor | None] = param_grad) -> None:
     """GPT-2's input embedding (first stage) and LM head (last stage) are one logical weight held
-    twice: sum the two gradients over the embedding group so both copies take the same step."""
+    twice: sum the two gradients over the embedding group so both copies take the same step.
+    `grad(w)` is the tensor holding w's gradient (p.grad, or ZeRO's fp32 buffer slot)."""
     tied = [m.tied_embedding_weight() for m in model.modules() if hasattr(m, "tied_embedding_weight")]
-    tied = [w for w in tied if w is not None and w.grad is not None]
-    if not tied or (len(tied) == 1 and mesh.embedding.size == 1):
+    grads = [g for g in (grad(w) for w in tied if w is not None) if g is not None]
+    if not grads or (len(grads) == 1 and mesh.embedding.size == 1):
         return
-    total = sum(w.grad for w in tied)  # both copies on this rank when pp = 1 with v chunks
+    total = sum(grads)  # both copies on this rank when pp = 1 with v chunks
     mesh.embedding.all_reduce(total)
-    for w in tied:
-        w.grad.copy_(total)
+    for g in grads:
+        g.copy_(total)
 
 
 def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], optimizer: torch.optim.Optimizer,

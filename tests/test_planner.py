@@ -22,9 +22,10 @@ from hybrid.planner import (Cluster, Layout, Offload, Recompute, SearchSpace, Si
 from hybrid.planner.cli import main as plan_main
 from hybrid.planner.hardware import GB, Collective, GroupPlacement, collective_seconds, group_bandwidth, wire_bytes
 from hybrid.planner.layout import dp_placement, layout_problems, pipeline_crosses_nodes, tp_placement
-from hybrid.planner.ledger import dp_microbatch_ledger, dp_step_ledger, sp_grad_sync_ledger, tp_ledger
-from hybrid.planner.memory import layer_activation_bytes, peak_memory, rank_parameters
-from hybrid.planner.model import ActivationProfile, Shard
+from hybrid.planner.ledger import (dp_microbatch_ledger, dp_step_ledger, sp_grad_sync_ledger, step_ledger,
+                                   tp_ledger, zero_units)
+from hybrid.planner.memory import layer_activation_bytes, peak_memory, rank_parameters, step_transient_bytes
+from hybrid.planner.model import ActivationProfile, Precision, Shard
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.schedule import StageTimes, _chunk_peak, _in_flight, saturation_m
 from hybrid.planner.search import SearchResult, _fitting_variants, _sizes
@@ -230,6 +231,40 @@ def test_model_states_follow_the_zero_paper(zero, dp):
     if zero >= ZeroStage.OPTIMIZER:  # offload moves the K Psi / Nd optimizer bytes to the host
         off = model_states(psi, zero, dp, Offload.OPTIMIZER)
         assert (off.device, off.host) == (pytest.approx(want - k * psi / dp), pytest.approx(k * psi / dp))
+
+
+@pytest.mark.parametrize("zero", list(ZeroStage))
+def test_fp32_gradients_price_4_bytes_a_gradient_and_no_step_transient(zero):
+    """Workload.fp32_grads (Megatron's main grads): ZeRO 0 (2 + 4 + 12) Psi = 18 Psi, 1: 6 Psi + 12 Psi / Nd,
+    2: 2 Psi + 16 Psi / Nd, 3: 18 Psi / Nd; the reduced fp32 gradient is the master gradient, so the step adds
+    nothing, where bf16 gradients need a 4 Psi / Nd fp32 copy."""
+    psi, dp, k = 1e9, 8, 12
+    want = {0: (2 + 4 + k) * psi, 1: 6 * psi + k * psi / dp, 2: 2 * psi + (4 + k) * psi / dp,
+            3: (2 + 4 + k) * psi / dp}[int(zero)]
+    assert model_states(psi, zero, dp, fp32_grads=True).device == pytest.approx(want)
+    assert step_transient_bytes(psi, zero, dp, fp32_grads=True) == 0
+    assert step_transient_bytes(psi, zero, dp) == 4 * psi / (dp if zero >= ZeroStage.OPTIMIZER else 1)
+
+
+def test_fp32_gradients_double_the_dp_gradient_traffic_and_slow_the_step():
+    """Same layout, fp32 gradients: the step ledger's DP gradient reduce-scatters carry twice the bytes, the
+    parameter all-gathers the same (up to padding: 4-byte gradients fill the 25 MiB buckets twice as fast, so
+    there are more units, each padded by < dp elements); the predicted DP time grows and the device memory by
+    2 Psi (ZeRO 1)."""
+    cfg = load_config("gpt2-medium")
+    work, fp32 = (Workload(cfg, global_batch=32, seq_length=1024, fp32_grads=f) for f in (False, True))
+    layout = Layout(tp=2, pp=2, dp=2, zero=ZeroStage.OPTIMIZER, recompute=Recompute.FULL)
+    a, b = step_ledger(work, layout, 0), step_ledger(fp32, layout, 0)
+    units = len(zero_units(fp32, layout, 0))
+    assert 0 <= b["reduce_scatter@dp"]["bytes"] - 2 * a["reduce_scatter@dp"]["bytes"] < 4 * layout.dp * units
+    assert abs(b["all_gather@dp"]["bytes"] - a["all_gather@dp"]["bytes"]) < 2 * layout.dp * units
+    cluster = Cluster(gpus=8, hw=hardware("a100-80g"))
+    assert step_time(fp32, cluster, layout).dp_comm > step_time(work, cluster, layout).dp_comm
+    psi = rank_parameters(work, layout)[0]
+    device = [plan_memory(w, cluster, layout).ranks[0].states.device for w in (work, fp32)]
+    assert device[1] - device[0] == pytest.approx(2 * psi)
+    with pytest.raises(ValueError, match="--accumulate-allreduce-grads-in-fp32 needs --precision mixed"):
+        Workload(cfg, global_batch=32, seq_length=1024, precision=Precision.FP32, fp32_grads=True)
 
 
 # --- pipeline numbers from the simulation ----------------------------------------------------------------
@@ -445,6 +480,23 @@ def test_cli_json_and_emit_args(capsys):
                         ("--recompute-granularity", "full"), ("--global-batch-size", "32")):
         assert flags[flags.index(flag) + 1] == value
     assert "--sequence-parallel" in flags
+
+
+def test_cli_emit_args_and_auto_parallel_pass_fp32_gradients_through(capsys, monkeypatch):
+    """`hybrid plan --accumulate-allreduce-grads-in-fp32 --emit-args` emits the flag (train.py's own checks accept
+    it), and train.py --auto-parallel plans a run with the flag as fp32 gradients."""
+    assert plan_main(BASE + ["--emit-args", "--accumulate-allreduce-grads-in-fp32"]) == 0
+    flags = capsys.readouterr().out.split()
+    assert "--bf16" in flags and "--accumulate-allreduce-grads-in-fp32" in flags
+    import hybrid.planner as planner
+    from hybrid.train.args import apply_auto_parallel, parse_args
+    seen, real = [], planner.search
+    monkeypatch.setattr(planner, "search", lambda work, *a, **kw: seen.append(work) or real(work, *a, **kw))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    args = parse_args(["--auto-parallel", "--global-batch-size", "8", "--seq-length", "32", "--bf16",
+                       "--accumulate-allreduce-grads-in-fp32"])
+    apply_auto_parallel(args, 2)
+    assert [w.fp32_grads for w in seen] == [True] and args.accumulate_allreduce_grads_in_fp32
 
 
 def test_cli_flash_profile_frees_the_score_memory(capsys):

@@ -20,7 +20,10 @@ at ZeRO 1 and with full recomputation at ZeRO 3 (the rerun forward's TP collecti
 parameters gathered for the backward). The activation ledger also counts what recomputation re-saves in
 backward (`recomputation=True`): full recomputation's peak is the layer inputs plus one layer's rerun set.
 Two bf16 cases (ZeRO 0 and 3) check Precision.MIXED's 2 + 2 + 12 bytes a parameter and the fp32 master gradient
-the step makes (`RankMemory.step_transient`). Not covered here: interleaving (v > 1), SP with pp > 1, offload.
+the step makes (`RankMemory.step_transient`). Three bf16 cases with fp32 gradients (`--accumulate-allreduce-grads-in-
+fp32`, Workload.fp32_grads: ZeRO 0 and 3 at tp 2 with SP, ZeRO 2 at pp 2 with the tied embedding across the
+stages) check 2 + 4 + 12 bytes a parameter, no step transient, and every DP, embedding-group and TP
+partial-gradient entry of the ledger in fp32. Not covered here: interleaving (v > 1), SP with pp > 1, offload.
 """
 
 from __future__ import annotations
@@ -65,11 +68,15 @@ VARIANTS = [(0, NONE), (1, NONE), (2, NONE), (3, NONE), (1, SELECTIVE), (3, FULL
 CASES = [layout + variant for layout in LAYOUTS for variant in VARIANTS]
 # bf16 (--bf16): model states 2 + 2 + 12 bytes a parameter, and the step's fp32 master-gradient copy
 BF16_CASES = [("tiny-gpt2", 2, 1, False, ONE_F_ONE_B, 2, z, NONE) for z in (0, 3)]
+# bf16 with fp32 gradients: model states 2 + 4 + 12 bytes a parameter, no master-gradient copy, fp32 gradient traffic
+FP32_GRAD_CASES = [("tiny-gpt2", 2, 1, True, ONE_F_ONE_B, 2, z, NONE) for z in (0, 3)] + \
+    [("tiny-gpt2", 1, 2, False, ONE_F_ONE_B, 4, 2, NONE)]
 IDS = [f"{n}-tp{t}-pp{p}{'-sp' if sp else ''}-{k.value}-m{m}-z{z}-{r.value}" for n, t, p, sp, k, m, z, r in CASES]
 
 
 def _measure_case(world: int, name: str, tp: int, pp: int, sp: bool, kind: ScheduleKind, m: int, zero: int,
-                  recompute: Recompute, precision: ZeroPrecision = ZeroPrecision.FP32) -> dict:
+                  recompute: Recompute, precision: ZeroPrecision = ZeroPrecision.FP32,
+                  fp32_grads: bool = False) -> dict:
     """One step as hybrid/train/loop.py runs it; this rank's ledgers."""
     cfg = load_config(name)
     mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
@@ -78,10 +85,10 @@ def _measure_case(world: int, name: str, tp: int, pp: int, sp: bool, kind: Sched
     if pp == 1:
         runner = LocalForwardBackward(chunks[0], mesh.device)
     else:
-        io = StageIO((B, S // (tp if sp else 1), cfg.hidden_size))
+        io = StageIO((B, S // (tp if sp else 1), cfg.hidden_size), precision.dtype)  # the compute dtype's
         runner = PipelineExecutor(chunks, build_schedule(kind, pp, m)[mesh.coords.pp], mesh.pp, io, mesh.device)
-    optimizer = ZeroOptimizer(chunks, mesh,
-                              ZeroConfig(stage=zero, precision=precision), OptimizerConfig(clip_grad=CLIP))
+    zero_cfg = ZeroConfig(stage=zero, precision=precision, accumulate_fp32_grads=fp32_grads)
+    optimizer = ZeroOptimizer(chunks, mesh, zero_cfg, OptimizerConfig(clip_grad=CLIP))
     transient = _record_master_grads(optimizer)
     gen = torch.Generator().manual_seed(mesh.coords.dp)
     batches = [(x, shift_labels(x)) for x in (torch.randint(0, cfg.vocab_size, (B, S), generator=gen)
@@ -94,6 +101,9 @@ def _measure_case(world: int, name: str, tp: int, pp: int, sp: bool, kind: Sched
     # stages 2-3 keep the reduced gradient shard outside any .grad (the full gradient is freed per micro-batch)
     states["gradients"] = states.get("gradients", 0) + sum(
         u.grad_shard.untyped_storage().nbytes() for u in optimizer.units if u.flat_grad is None)
+    # fp32 gradients at stages 0-1: the flat fp32 buffer is no .grad either (each bf16 .grad is added in and freed)
+    states["gradients"] += sum(u.flat_grad.untyped_storage().nbytes() for u in optimizer.units
+                               if fp32_grads and u.flat_grad is not None)
     # stage 3 in bf16: the parameter shard is its own storage, beside the fp32 master (in fp32 it is the master)
     states["parameters"] = states.get("parameters", 0) + sum(
         u.shard.untyped_storage().nbytes() for u in optimizer.units
@@ -123,6 +133,8 @@ def _record_master_grads(optimizer: ZeroOptimizer) -> list[int]:
 def _measure_all(rank: int, world: int) -> dict:
     out = {case: _measure_case(world, *case) for case in CASES}
     out.update({("bf16",) + case: _measure_case(world, *case, precision=ZeroPrecision.BF16) for case in BF16_CASES})
+    out.update({("fp32-grads",) + case: _measure_case(world, *case, precision=ZeroPrecision.BF16, fp32_grads=True)
+                for case in FP32_GRAD_CASES})
     return out
 
 
@@ -132,10 +144,10 @@ def measured() -> list[dict]:
 
 
 def _predicted(name: str, tp: int, pp: int, sp: bool, kind: ScheduleKind, m: int, zero: int, recompute: Recompute,
-               precision: Precision = Precision.FP32):
+               precision: Precision = Precision.FP32, fp32_grads: bool = False):
     dp = WORLD // (tp * pp)
     work = Workload(load_config(name), global_batch=dp * B * m, seq_length=S, precision=precision,
-                    activations=ActivationProfile.FP32_FLASH)
+                    activations=ActivationProfile.FP32_FLASH, fp32_grads=fp32_grads)
     layout = Layout(tp=tp, pp=pp, dp=dp, micro_batch=B, sequence_parallel=sp, zero=ZeroStage(zero),
                     recompute=recompute)
     return work, layout, plan_memory(work, Cluster(gpus=WORLD, hw=hardware("cpu")), layout, schedule=kind)
@@ -205,3 +217,40 @@ def test_bf16_model_states_are_16_bytes_a_parameter_plus_the_steps_fp32_gradient
         assert 0 <= elementwise - predicted.states.device <= padding, f"rank {rank}"
         assert 0 <= got["step_transient"] - predicted.step_transient <= 4 * (layout.dp - 1) * got["units"]
         assert predicted.step_transient == 4 * predicted.parameters / (layout.dp if layout.zero else 1)
+
+
+FP32_GRAD_IDS = [f"{'sp-' if c[3] else ''}tp{c[1]}-pp{c[2]}-z{c[6]}" for c in FP32_GRAD_CASES]
+
+
+@pytest.mark.parametrize("case", FP32_GRAD_CASES, ids=FP32_GRAD_IDS)
+def test_fp32_gradients_are_18_bytes_a_parameter_at_zero_0_and_leave_no_step_transient(measured, case):
+    """--bf16 --accumulate-allreduce-grads-in-fp32: bf16 parameters, fp32 gradients (the flat buffer at ZeRO 0-1,
+    the shard at 2-3), fp32 master weights and Adam moments -- Workload.fp32_grads' 2 + 4 + 12 bytes (ZeRO 0: 18
+    Psi, Megatron's count) -- up to the padding at 18 bytes an element; the reduced fp32 shard is the master
+    gradient, so neither the runtime nor the planner has a step transient."""
+    _, layout, memory = _predicted(*case, precision=Precision.MIXED, fp32_grads=True)
+    for rank, per_rank in enumerate(measured):
+        got = per_rank[("fp32-grads",) + case]
+        predicted = memory.ranks[got["pp_rank"]]
+        elementwise = sum(got["states"].get(k.value, 0) for k in (StateKind.PARAMETERS, StateKind.GRADIENTS,
+                                                                   StateKind.MASTER_WEIGHTS,
+                                                                   StateKind.OPTIMIZER_STATES))
+        padding = 18 * (layout.dp - 1) * got["units"] if layout.zero else 0
+        assert 0 <= elementwise - predicted.states.device <= padding, f"rank {rank}"
+        assert predicted.states.grads == 4 * predicted.parameters / (layout.dp if layout.zero >= 2 else 1)
+        assert got["step_transient"] == predicted.step_transient == 0
+
+
+@pytest.mark.parametrize("case", FP32_GRAD_CASES, ids=FP32_GRAD_IDS)
+def test_fp32_gradient_traffic_equals_the_planners_ledger(measured, case):
+    """Every collective and message of the bf16 step with fp32 gradients -- fp32 DP gradient reductions, bf16
+    parameter all-gathers, the embedding group's all-reduce of the tied embedding's fp32 gradient (pp 2), the TP
+    all-reduce of the fp32 partial gradients (SP) beside the bf16 activations' -- equals `step_ledger` with
+    Workload.fp32_grads, entry by entry; its gradient reductions carry twice the bf16 default's bytes."""
+    work, layout, _ = _predicted(*case, precision=Precision.MIXED, fp32_grads=True)
+    default, _, _ = _predicted(*case, precision=Precision.MIXED)
+    grads = "all_reduce@dp" if layout.zero == 0 else "reduce_scatter@dp"
+    for rank, per_rank in enumerate(measured):
+        got = per_rank[("fp32-grads",) + case]
+        assert step_ledger(work, layout, got["pp_rank"]) == got["comm"], f"rank {rank}"
+        assert got["comm"][grads]["bytes"] == 2 * step_ledger(default, layout, got["pp_rank"])[grads]["bytes"]

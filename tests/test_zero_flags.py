@@ -73,6 +73,28 @@ def test_bad_deepspeed_configs_exit_with_one_line(cfg, message, tmp_path, monkey
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("precision,accum,want", [
+    ({"bf16": {"enabled": True}}, "fp32", True),  # DeepSpeed's fp32 accumulation under bf16: the flag
+    ({"fp16": {"enabled": True}}, "fp32", True),
+    ({"bf16": {"enabled": True}}, "bf16", False),  # the compute dtype: hybrid's default
+    ({}, "fp32", False),  # fp32 training accumulates in fp32 anyway: nothing to switch on, no error
+])
+def test_deepspeed_grad_accum_dtype_sets_the_fp32_gradients_flag(precision, accum, want, tmp_path):
+    path = _write(tmp_path, {**precision, "data_types": {"grad_accum_dtype": accum}})
+    args = train_script.parse_args(["--deepspeed-config", path])
+    train_script.check_args(args, world=2)
+    assert args.zero.accumulate_fp32_grads is want and args.ds_unsupported == []
+
+
+def test_fp32_gradients_flag_reaches_the_zero_config():
+    args = train_script.parse_args(["--bf16", "--accumulate-allreduce-grads-in-fp32"])
+    train_script.check_args(args, world=2)
+    assert args.zero.accumulate_fp32_grads and args.zero.grad_dtype == torch.float32
+    args = train_script.parse_args(["--bf16"])
+    train_script.check_args(args, world=2)
+    assert not args.zero.accumulate_fp32_grads and args.zero.grad_dtype == torch.bfloat16  # default: off
+
+
 def test_deepspeed_reader_accepts_an_empty_config(tmp_path):
     s = read_deepspeed_config(_write(tmp_path, {}))
     assert s.zero_stage is None and s.unsupported == []

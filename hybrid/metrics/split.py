@@ -42,7 +42,8 @@ def run_layout(args, cfg, dims, batch, v: int) -> tuple[Workload, Layout]:
     mixed = z.precision.value != "fp32"
     work = Workload(cfg, global_batch=batch.global_batch, seq_length=batch.seq_length,
                     precision=Precision.MIXED if mixed else Precision.FP32,
-                    activations=ActivationProfile.KORTHIKANTI if mixed else ActivationProfile.FP32_FLASH)
+                    activations=ActivationProfile.KORTHIKANTI if mixed else ActivationProfile.FP32_FLASH,
+                    fp32_grads=z.accumulate_fp32_grads)
     offload = (Offload.OPTIMIZER_AND_PARAMS if z.offload_params else
                Offload.OPTIMIZER if z.offload_optimizer else Offload.NONE)
     layout = Layout(tp=dims.tp, pp=dims.pp, dp=dims.dp, v=v, micro_batch=batch.micro_batch, zero=ZeroStage(z.stage),

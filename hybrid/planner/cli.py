@@ -98,6 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", default=Precision.MIXED.value, choices=[x.value for x in Precision],
                    help="mixed: bf16 params/grads + fp32 master and Adam (2+2+12 bytes); fp32: 4+4+8 (this "
                         "runtime on CPU)")
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
+                   help="--precision mixed: fp32 gradients (2+4+12 bytes; twice the DP gradient traffic), as "
+                        "train.py's flag of that name (Megatron's default with --bf16)")
     g.add_argument("--activation-profile", default=ActivationProfile.KORTHIKANTI.value,
                    choices=[x.value for x in ActivationProfile],
                    help="korthikanti: Megatron on GPU (bf16, dropout, materialised softmax); bf16-flash: the "
@@ -248,7 +251,8 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                          f"positions; use at most {model.max_position_embeddings}")
     return Workload(model, global_batch=args.global_batch_size, seq_length=seq,
                     pad_vocab_to=args.make_vocab_size_divisible_by, precision=Precision(args.precision),
-                    activations=ActivationProfile(args.activation_profile))
+                    activations=ActivationProfile(args.activation_profile),
+                    fp32_grads=args.accumulate_allreduce_grads_in_fp32)
 
 
 def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
@@ -377,6 +381,8 @@ def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str
         out.append("--offload-params")
     if work.precision is Precision.MIXED:
         out.append("--bf16")  # the plan's memory counts bf16 parameters and gradients (2+2+12 bytes)
+    if work.fp32_grads:
+        out.append("--accumulate-allreduce-grads-in-fp32")  # ... and fp32 gradients (2+4+12)
     return out
 
 

@@ -119,6 +119,10 @@ class Workload:
         activations: which tensors a layer keeps for backward (`--activation-profile`; Korthikanti et al.'s
             Megatron-on-GPU count by default, bf16-flash for the same with flash attention, fp32-flash for
             this runtime on CPU).
+        fp32_grads: mixed precision only: gradients accumulate and are reduced over DP in fp32 "main grads"
+            (`--accumulate-allreduce-grads-in-fp32`; Megatron's default with --bf16): 4 gradient bytes a
+            parameter instead of 2 (ZeRO 0: 2 + 4 + 12 = 18), twice the DP gradient traffic, and no separate fp32
+            master-gradient copy in the step.
     """
 
     model: ModelConfig
@@ -127,6 +131,7 @@ class Workload:
     pad_vocab_to: int = 1
     precision: Precision = Precision.MIXED
     activations: ActivationProfile = ActivationProfile.KORTHIKANTI
+    fp32_grads: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
@@ -136,7 +141,16 @@ class Workload:
         for name, kind in (("precision", Precision), ("activations", ActivationProfile)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"Workload.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if self.fp32_grads and self.precision is not Precision.MIXED:
+            raise ValueError("--accumulate-allreduce-grads-in-fp32 needs --precision mixed (fp32 gradients are "
+                             "already 4 bytes); drop the flag or plan mixed precision")
         self.shard(1)  # ValueError now if the activation profile cannot describe the model
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes of one gradient element, in memory and in the DP (and TP partial, tied-embedding) reductions:
+        4 with fp32_grads, else the precision's (2 mixed, 4 fp32)."""
+        return 4 if self.fp32_grads else self.precision.grad_bytes
 
     def shard(self, tp: int) -> Shard:
         """The model seen from one TP rank at size tp, with this workload's vocabulary padding and profile."""

@@ -35,7 +35,8 @@ size for stages 1-3 (its reduce-scatter and all-gather sizes). Per step (`zero_l
 
 and the TP partial-gradient all-reduce runs once per reduction of each unit holding partial gradients (per
 micro-batch at stages 2-3). The time model (time.py) prices DP volume by Psi in buckets (the same bytes up to
-padding; the tied unit's separate call is one collective latency).
+padding; the tied unit's separate call is one collective latency). Gradient collectives move `Workload.grad_bytes`
+an element: 4 with fp32 gradients (`--accumulate-allreduce-grads-in-fp32`, twice the mixed-precision bytes).
 
 `step_ledger` puts it all together for one pipeline rank and one step -- TP, pipeline send/recv, DP, the
 tied-embedding all-reduce -- and tests/test_planner_runtime.py checks it equals the runtime's ledger exactly.
@@ -235,7 +236,7 @@ def zero_units(work: Workload, layout: Layout, pp_rank: int, bucket_bytes: int =
             units += [ZeroUnit(root, partial=root_partial)] if root else []
             continue
         rest = n * shard.layer_params() + root
-        buckets = max(1, math.ceil(rest * work.precision.grad_bytes / bucket_bytes))
+        buckets = max(1, math.ceil(rest * work.grad_bytes / bucket_bytes))  # the runtime buckets gradient bytes
         holders = min(buckets, (n if layer_partial else 0) + (1 if root_partial else 0))
         partial = n * layer_partial + root_partial
         units += [ZeroUnit(rest // buckets + (1 if i < rest % buckets else 0),
@@ -306,11 +307,11 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
             pipe.add(Message.SEND, "pp", message, m * hops)
             pipe.add(Message.RECV, "pp", message, m * hops)
     units = zero_units(work, layout, pp_rank)
-    per_step = [pipe.ledger(), zero_ledger(units, layout.zero, layout.dp, layout.tp, m, pr.grad_bytes,
+    per_step = [pipe.ledger(), zero_ledger(units, layout.zero, layout.dp, layout.tp, m, work.grad_bytes,
                                            pr.param_bytes)]
     if cfg.tie_embeddings and pp > 1 and pp_rank in (0, pp - 1):
         tied = _Book()
-        tied.add(Collective.ALL_REDUCE, "embedding", shard.vocab // shard.t * cfg.hidden_size * pr.grad_bytes)
+        tied.add(Collective.ALL_REDUCE, "embedding", shard.vocab // shard.t * cfg.hidden_size * work.grad_bytes)
         per_step.append(tied.ledger())
     return merge(merge(*per_mb, times=m), *per_step)
 

@@ -14,6 +14,11 @@ size, bytes per device:
 Precision.FP32 (this runtime on CPU) keeps fp32 parameters and gradients and two fp32 Adam moments, no master
 copy: 4 + 4 + 8 bytes (`model_states(..., precision)`).
 
+fp32 gradients (`Workload.fp32_grads`, `--accumulate-allreduce-grads-in-fp32`: Megatron's main grads) price the
+gradient at 4 bytes instead of 2: ZeRO 0 (2 + 4 + 12) Psi = 18 Psi, ZeRO 1 6 Psi + 12 Psi / Nd, ZeRO 2
+2 Psi + 16 Psi / Nd, ZeRO 3 18 Psi / Nd -- and the step needs no separate fp32 master gradient
+(`step_transient_bytes`), the reduced fp32 shard being it.
+
 Offload (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021) moves the K Psi / Nd optimizer
 bytes to the host, and with parameter offload (ZeRO 3) the 2 Psi / Nd parameters too.
 
@@ -92,25 +97,26 @@ class ModelStates:
 
 
 def step_transient_bytes(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offload.NONE,
-                         precision: Precision = Precision.MIXED) -> float:
+                         precision: Precision = Precision.MIXED, fp32_grads: bool = False) -> float:
     """The fp32 master gradient of this rank's shard, made in the optimizer step (hybrid/zero/engine.py
     `_make_master_grads`) from the bf16 / fp16 gradient the runtime accumulates and reduces: 4 Psi / Nd bytes
-    (Nd = 1 at ZeRO 0) on the device, while the activations are already freed. Unlike Megatron, which keeps
-    fp32 main gradients through the backward (18-20 bytes per parameter without ZeRO), hybrid keeps 2 + 2 + 12.
-    None in fp32 (the reduced gradient is the master gradient) or with the optimizer offloaded (the copy is
-    made on the host)."""
-    if precision is not Precision.MIXED or offload is not Offload.NONE:
+    (Nd = 1 at ZeRO 0) on the device, while the activations are already freed. By default hybrid keeps
+    2 + 2 + 12 bytes a parameter; with fp32 gradients (Megatron's main grads, 18 without ZeRO) they are in
+    model_states instead. None in fp32 or with fp32 gradients (the reduced gradient is the master gradient) or
+    with the optimizer offloaded (the copy is made on the host)."""
+    if precision is not Precision.MIXED or fp32_grads or offload is not Offload.NONE:
         return 0.0
     return 4.0 * psi / (dp if ZeroStage(zero) >= ZeroStage.OPTIMIZER else 1)
 
 
 def model_states(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offload.NONE,
-                 precision: Precision = Precision.MIXED) -> ModelStates:
+                 precision: Precision = Precision.MIXED, fp32_grads: bool = False) -> ModelStates:
     """Split of `model_state_bytes` into parameters, gradients and optimizer, with offload applied.
-    Precision.FP32 (this runtime on CPU): 4 + 4 + 8 bytes per parameter instead of 2 + 2 + 12."""
+    Precision.FP32 (this runtime on CPU): 4 + 4 + 8 bytes per parameter instead of 2 + 2 + 12; `fp32_grads`
+    (mixed precision with fp32 main grads): 2 + 4 + 12."""
     zero = ZeroStage(zero)
     params = precision.param_bytes * psi / (dp if zero >= ZeroStage.PARAMETERS else 1)
-    grads = precision.grad_bytes * psi / (dp if zero >= ZeroStage.GRADIENTS else 1)
+    grads = (4 if fp32_grads else precision.grad_bytes) * psi / (dp if zero >= ZeroStage.GRADIENTS else 1)
     optimizer = precision.optimizer_bytes * psi / (dp if zero >= ZeroStage.OPTIMIZER else 1)
     host = 0.0
     if offload in (Offload.OPTIMIZER, Offload.OPTIMIZER_AND_PARAMS):
@@ -218,7 +224,7 @@ def plan_memory(work: Workload, cluster: Cluster, layout: Layout, schedule: Sche
     flight, psis, acts, bufs, extra = _rank_parts(work, layout, schedule)
     ranks = tuple(_rank_memory(work, layout, r, psi, act, buf, more)
                   for r, (psi, act, buf, more) in enumerate(zip(psis, acts, bufs, extra)))
-    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision)
+    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads)
     return MemoryPlan(ranks=ranks, in_flight=flight, host_per_node=_host_per_node(cluster, unit, max(psis)))
 
 
@@ -226,8 +232,8 @@ def peak_memory(work: Workload, cluster: Cluster, layout: Layout) -> tuple[int, 
     """(fullest pipeline rank, its device bytes, host bytes per node) without building every RankMemory:
     the search's fast path. Equal to plan_memory's peak (states are linear in Psi)."""
     _, psis, acts, bufs, extra = _rank_parts(work, layout)
-    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision)
-    step = step_transient_bytes(1.0, layout.zero, layout.dp, layout.offload, work.precision)
+    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads)
+    step = step_transient_bytes(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads)
     totals = [psi * unit.device + max(act + buf + more, step * psi) + FRAGMENTATION * (psi * unit.device + act + buf)
               + WORKSPACE_BYTES for psi, act, buf, more in zip(psis, acts, bufs, extra)]
     rank = max(range(len(totals)), key=totals.__getitem__)
@@ -287,9 +293,10 @@ def _zero3_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
 
 def _rank_memory(work: Workload, layout: Layout, r: int, psi: float, activations: float,
                  buffers: float, backward_transient: float) -> RankMemory:
-    states = model_states(psi, layout.zero, layout.dp, layout.offload, work.precision)
+    states = model_states(psi, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads)
     workspace = WORKSPACE_BYTES + FRAGMENTATION * (states.device + activations + buffers)
     return RankMemory(rank=r, parameters=psi, states=states, activations=activations, buffers=buffers,
                       workspace=workspace, step_transient=step_transient_bytes(psi, layout.zero, layout.dp,
-                                                                               layout.offload, work.precision),
+                                                                               layout.offload, work.precision,
+                                                                               work.fp32_grads),
                       backward_transient=backward_transient)

@@ -9,7 +9,8 @@ states, in the source's own unit:
 * BLOOM-176B (BigScience, Megatron-DeepSpeed on 384 A100 80GB). Source: bigscience-workshop/bigscience,
   train/tr11-176B-ml/README.md and tr11-176B-ml.slurm. Layout: TP 4, PP 12, DP 8, micro-batch 2, global batch
   2048 x 2048 tokens, full activation checkpointing, bf16, DeepSpeed's BF16_Optimizer (the README: it "implements
-  its own ZeRO Stage 1"), DeepSpeed's pipeline engine (1F1B, no interleaving), 70 layers, h 14336, 112 heads,
+  its own ZeRO Stage 1" and "accumulates grads in fp32", unsharded: planned with fp32 gradients), DeepSpeed's
+  pipeline engine (1F1B, no interleaving), 70 layers, h 14336, 112 heads,
   vocabulary padded to 250880, GeLU, ALiBi. Stages as the README lists them: embedding + 5, 6 x 10, 5 + head.
   Network: 4 Omni-Path 100 Gb/s links per 8-GPU node = 6.25 GB/s per GPU, the nominal rate (not measured).
   Published: "elapsed time per iteration (s): 104.70" at iteration 85376, GBS 2048 (the README's log line). We
@@ -100,6 +101,8 @@ def korthikanti_runs() -> list[PublishedRun]:
     recomputation modes the paper times end to end), on the layout of its Table 3, compared on step time."""
     runs = []
     for name, a, h, layers, pp, gpus, batch, b, v, full_s, selective_s in KORTHIKANTI_TABLE5:
+        # 2-byte gradients, as the Narayanan rows (reference.py): the paper does not state fp16 or bf16, and only
+        # Megatron's --bf16 defaults to fp32 main grads
         work = Workload(gpt_model(layers, h, a, 51200, 2048), global_batch=batch, seq_length=2048)
         for recompute, sp, seconds in ((Recompute.FULL, False, full_s), (Recompute.SELECTIVE, True, selective_s)):
             space = SearchSpace(tp=(8,), pp=(pp,), v=(v,), micro_batch=(b,), zero=(ZeroStage.NONE,),
@@ -116,12 +119,15 @@ LLAMA_SOURCE = "Llama 3 Herd of Models (arXiv 2407.21783) Table 4, via stevengon
 
 
 def published_runs() -> list[PublishedRun]:
-    bloom = Workload(gpt_model(70, 14336, 112, 250880, 2048), global_batch=2048, seq_length=2048)
+    # fp32 gradients: the source README says the BF16_Optimizer "accumulates grads in fp32" in a static fp32 buffer
+    # it does not shard ("4 bytes * params of additional memory"): ZeRO 1 with a 4-byte unsharded gradient
+    bloom = Workload(gpt_model(70, 14336, 112, 250880, 2048), global_batch=2048, seq_length=2048, fp32_grads=True)
     bloom_space = SearchSpace(tp=(4,), pp=(12,), v=(1,), micro_batch=(2,), zero=(ZeroStage.OPTIMIZER,),
                               offload=(Offload.NONE,), recompute=(Recompute.FULL,), sequence_parallel=(False,))
     # assumed, not stated in our source: flash attention, as every 2024 stack training at s 8192 uses.
     # Korthikanti's materialised softmax, 16 heads a rank x 8192^2 x 2 bytes = 2.1 GB a layer and
     # micro-batch, would force full recomputation
+    # 2-byte gradients: our source for these rows (Table 4, via a third-party page) does not state the gradient dtype
     llama = Workload(llama3_405b(), global_batch=2048, seq_length=8192, activations=ActivationProfile.BF16_FLASH)
     llama_space = SearchSpace(tp=(8,), pp=(16,), offload=(Offload.NONE,))
     return [PublishedRun("BLOOM-176B, 384 A100 80GB, t4 p12 d8", BLOOM_SOURCE, bloom, "a100-80g", 384, bloom_space,

@@ -65,6 +65,8 @@ class MegatronRow:
 
     @property
     def workload(self) -> Workload:
+        # 2-byte gradients (fp32_grads off): the paper does not say fp16 or bf16, and Megatron-LM turns fp32 main
+        # grads on by default only with --bf16 (arguments.py); with --fp16 it keeps fp16 gradients
         return Workload(gpt_model(self.layers, self.hidden, self.heads, self.vocab, self.seq),
                         global_batch=self.global_batch, seq_length=self.seq)
 

@@ -37,7 +37,8 @@ hardware.collective_seconds):
 * PP: one b s h x 2-byte message per stage boundary per micro-batch each way (/t under SP, where hidden states
   between stages are sequence-split), over NVLink or the sender's NIC; the simulation places them.
 * DP, after the last backward, not overlapped (as the runtime's GradAverager does): ZeRO 0 all-reduces the
-  rank's 2 Psi gradient bytes; ZeRO 1 reduce-scatters them and all-gathers the updated 2 Psi parameter bytes
+  rank's 2 Psi gradient bytes (4 Psi with fp32 gradients, Workload.fp32_grads: every gradient byte count here
+  doubles); ZeRO 1 reduce-scatters them and all-gathers the updated 2 Psi parameter bytes
   (the same wire bytes: the paper's 2 Psi). ZeRO 2 keeps only a gradient partition, so it reduce-scatters each
   micro-batch's gradients during that micro-batch's backward and all-gathers the parameters once per step;
   ZeRO 3 also all-gathers the parameters in each micro-batch's forward and backward: 3 Psi per micro-batch
@@ -257,7 +258,7 @@ def _chunk_dp_overlap(ctx: _Context, chunk_params: float) -> tuple[float, float]
     they run under the chunk's compute (prefetching), so the chunk takes the longer of the two."""
     lay, hw = ctx.layout, ctx.cluster.hw
     pr = ctx.work.precision
-    book = dp_microbatch_ledger(chunk_params, lay.zero, lay.dp, pr.grad_bytes, pr.param_bytes)
+    book = dp_microbatch_ledger(chunk_params, lay.zero, lay.dp, ctx.work.grad_bytes, pr.param_bytes)
     fwd, bwd = ctx.dp_seconds(book["forward"]), ctx.dp_seconds(book["backward"])
     if lay.offload is Offload.OPTIMIZER_AND_PARAMS:  # this rank's parameter partition over PCIe, each way
         fetch = pr.param_bytes * chunk_params / lay.dp / (hw.pcie_gbps * GB)
@@ -365,9 +366,10 @@ def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0) -> float
     forward waits for its pipeline input has more time to hide them."""
     lay = ctx.layout
     pr = ctx.work.precision
-    total = ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, pr.grad_bytes, pr.param_bytes))
+    total = ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, ctx.work.grad_bytes, pr.param_bytes))
     if lay.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) and lay.dp > 1:
-        gather = ctx.dp_seconds(dp_step_ledger(psi, ZeroStage.GRADIENTS, lay.dp, pr.grad_bytes, pr.param_bytes))
+        gather = ctx.dp_seconds(dp_step_ledger(psi, ZeroStage.GRADIENTS, lay.dp, ctx.work.grad_bytes,
+                                               pr.param_bytes))
         n = max(1, math.ceil(pr.param_bytes * psi / BUCKET_BYTES))
         exposed = gather / n + max(0.0, gather * (1 - 1 / n) - forward_s)
         total -= gather - exposed
@@ -378,10 +380,10 @@ def _optimizer_seconds(ctx: _Context, psi: float) -> float:
     """Adam on this rank's partition: on the GPU (HBM-bound) or, offloaded, over PCIe and on the host CPUs."""
     lay, hw = ctx.layout, ctx.cluster.hw
     part = psi / (lay.dp if lay.zero >= ZeroStage.OPTIMIZER else 1)
-    pr = ctx.work.precision
+    pr, grad = ctx.work.precision, ctx.work.grad_bytes  # fp32 gradients: Adam reads 4 bytes, not 2
     if lay.offload is Offload.NONE:
-        return ctx.hbm_seconds(pr.adam_bytes * part)
-    pcie = (pr.grad_bytes + pr.param_bytes) * part / (hw.pcie_gbps * GB)
+        return ctx.hbm_seconds((pr.adam_bytes + grad - pr.grad_bytes) * part)
+    pcie = (grad + pr.param_bytes) * part / (hw.pcie_gbps * GB)
     cpu = part * min(hw.gpus_per_node, ctx.cluster.gpus) / hw.cpu_adam_params_per_s
     return pcie + cpu
 
@@ -389,7 +391,7 @@ def _optimizer_seconds(ctx: _Context, psi: float) -> float:
 def _other_seconds(ctx: _Context) -> float:
     """Tied-embedding gradient all-reduce (the V_p/t x h table) between the first and last stage (pp > 1), and
     the partial-gradient all-reduce (SP, replicated kv-heads) of the fullest pipeline rank."""
-    lay, cfg, hw, grad_bytes = ctx.layout, ctx.work.model, ctx.cluster.hw, ctx.work.precision.grad_bytes
+    lay, cfg, hw, grad_bytes = ctx.layout, ctx.work.model, ctx.cluster.hw, ctx.work.grad_bytes
     out = 0.0
     if cfg.tie_embeddings and lay.pp > 1:
         pair = GroupPlacement(size=2, per_node=1 if pipeline_crosses_nodes(ctx.cluster, lay) else 2)

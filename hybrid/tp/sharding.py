@@ -133,27 +133,37 @@ def gather_full(t: torch.Tensor, spec: ShardSpec, tp: Group) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sync_partial_grads(params: Iterable[nn.Parameter], tp: Group) -> None:
+def param_grad(p: nn.Parameter) -> torch.Tensor | None:
+    """p.grad: where backward leaves a parameter's gradient unless the caller keeps it elsewhere."""
+    return p.grad
+
+
+def sync_partial_grads(params: Iterable[nn.Parameter], tp: Group,
+                       grad: Callable[[nn.Parameter], torch.Tensor | None] = param_grad) -> None:
     """Sum partial gradients over TP, in one all-reduce.
 
     Each partial parameter gets a slot the size of its full tensor in one flat buffer; every rank
     adds its gradient at its own rows, the buffer is all-reduced over TP, and each rank reads its
-    rows back. Replicas of the same rows thus all end with the full sum.
+    rows back. Replicas of the same rows thus all end with the full sum. `grad(p)` is the tensor
+    holding p's gradient (ZeRO's fp32 gradients keep it in a flat fp32 buffer, not in p.grad); the
+    all-reduce runs in its dtype.
     """
-    partial = [p for p in params if spec_of(p).partial_grad and p.grad is not None]
+    pairs = [(p, grad(p)) for p in params if spec_of(p).partial_grad]
+    partial, grads = [p for p, g in pairs if g is not None], {id(p): g for p, g in pairs if g is not None}
     if tp.size == 1 or not partial:
         return
-    fulls = [torch.zeros(full_shape(p, spec_of(p)), dtype=p.grad.dtype, device=p.grad.device) for p in partial]
+    fulls = [torch.zeros(full_shape(p, spec_of(p)), dtype=grads[id(p)].dtype, device=grads[id(p)].device)
+             for p in partial]
     tp_rank = tp.rank
     for p, full in zip(partial, fulls):
-        _slot(full, spec_of(p), tp_rank).copy_(_real(p.grad, spec_of(p), tp_rank))
+        _slot(full, spec_of(p), tp_rank).copy_(_real(grads[id(p)], spec_of(p), tp_rank))
     flat = torch.cat([f.flatten() for f in fulls])
     tp.all_reduce(flat)
     offset = 0
     for p, full in zip(partial, fulls):
         full.copy_(flat[offset:offset + full.numel()].view_as(full))
         offset += full.numel()
-        _real(p.grad, spec_of(p), tp_rank).copy_(_slot(full, spec_of(p), tp_rank))
+        _real(grads[id(p)], spec_of(p), tp_rank).copy_(_slot(full, spec_of(p), tp_rank))
 
 
 def _slot(full: torch.Tensor, spec: ShardSpec, tp_rank: int) -> torch.Tensor:

@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=True,
                    help="stages 1-2: the next forward waits for each post-step parameter all-gather just before "
                         "the block that uses it (default on; --no-overlap-param-gather waits in the step)")
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
+                   help="--bf16/--fp16: accumulate gradients over micro-batches and reduce them over DP in fp32 "
+                        "(4 bytes a parameter, twice the DP gradient bytes; Megatron's default with --bf16)")
     g.add_argument("--cpu-adam", choices=[c.value for c in CpuAdam], default="auto",
                    help="offloaded step: DeepSpeed's CPU Adam (auto: when it builds) or torch's")
     g.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
@@ -325,6 +328,8 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
         if value is not None:
             _conflict(args, attr, key, value)
             setattr(args, attr, value)
+    if ds.grad_accum_dtype is not None:
+        _apply_grad_accum_dtype(args, ds.grad_accum_dtype)
     args.loss_scaling = {k: v for k, v in (("initial_loss_scale", ds.initial_loss_scale),
                                            ("loss_scale_window", ds.loss_scale_window),
                                            ("min_loss_scale", ds.min_loss_scale)) if v is not None}
@@ -347,6 +352,23 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
     return ds.unsupported
 
 
+def _apply_grad_accum_dtype(args: argparse.Namespace, dtype: str) -> None:
+    """DeepSpeed's data_types.grad_accum_dtype: "fp32" under bf16/fp16 is --accumulate-allreduce-grads-in-fp32;
+    the compute dtype itself (fp32 in fp32 training) is the default. A 16-bit dtype other than the compute dtype
+    is not something hybrid runs: an error naming the key."""
+    compute = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    if dtype not in ("fp32", compute):
+        raise ValueError(f"--deepspeed-config sets data_types.grad_accum_dtype = {dtype!r} but the compute dtype is "
+                         f"{compute}: gradients accumulate in the compute dtype or in fp32; write {compute!r} or "
+                         f"'fp32'")
+    want = dtype == "fp32" and compute != "fp32"
+    flag = "accumulate_allreduce_grads_in_fp32"
+    if flag in args.explicit and args.accumulate_allreduce_grads_in_fp32 != want:
+        raise ValueError(f"--deepspeed-config sets data_types.grad_accum_dtype = {dtype!r} but "
+                         f"--accumulate-allreduce-grads-in-fp32 was given; remove one of them")
+    args.accumulate_allreduce_grads_in_fp32 = want
+
+
 def check_zero(args: argparse.Namespace) -> ZeroConfig:
     if args.bf16 and args.fp16:
         raise ValueError("--bf16 and --fp16 are exclusive; choose one")
@@ -363,6 +385,7 @@ def check_zero(args: argparse.Namespace) -> ZeroConfig:
                       offload_params=args.offload_params, keep_gathered=args.zero3_keep_gathered,
                       bucket_bytes=args.zero_bucket_bytes, cpu_adam=CpuAdam(args.cpu_adam),
                       overlap_param_gather=args.overlap_param_gather,
+                      accumulate_fp32_grads=args.accumulate_allreduce_grads_in_fp32,
                       **getattr(args, "loss_scaling", {}))
 
 
@@ -452,7 +475,8 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
             raise ValueError(f"--hardware {args.hardware!r} is not a file; write one with `hybrid calibrate --out FILE`")
         hw = calibrate.load_hardware(args.hardware, precision).with_overrides(memory_gb=hw.memory_gb)
     work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
-                    precision=precision, activations=profile)
+                    precision=precision, activations=profile,
+                    fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision is Precision.MIXED)
     # --compile runs with ZeRO 0-2 only (check_args): the search keeps to what the run will accept
     from hybrid.planner.layout import ZeroStage
     space = SearchSpace(recompute=(Recompute.NONE,),

@@ -90,6 +90,7 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     z = args.zero
     log0(mesh, f"zero: stage {z.stage} | {z.precision.value}{' | offload optimizer (' + optimizer.optimizer_kind + ')' if z.offload_optimizer else ''}"
                f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
+               f"{' | fp32 grads' if z.accumulate_fp32_grads else ''}"
                f" | clip-grad {args.clip_grad}")
     ft = FaultTolerance.start(args.fault, mesh, model, runner, optimizer, args.log_interval)  # hybrid/fault
     tokens_per_step = batch.global_batch * batch.seq_length

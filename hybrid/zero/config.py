@@ -54,6 +54,11 @@ class ZeroConfig:
             chunk edge) that uses it, so the gathers overlap the forward (Megatron's
             `--overlap-param-gather`, DeepSpeed's and FSDP's prefetch). `--no-overlap-param-gather`
             waits for all of them in the step, as before.
+        accumulate_fp32_grads: --bf16/--fp16 only: gradients accumulate over micro-batches and are reduced
+            over DP in fp32 "main grads" (Megatron's `--accumulate-allreduce-grads-in-fp32`, its default with
+            --bf16): each backward's compute-dtype .grad is added into an fp32 buffer and released. Gradient
+            memory 4 bytes a parameter (a shard's at stages 2-3) instead of 2, DP gradient traffic twice the
+            bytes, no fp32 master-gradient copy in the step. Off by default: bit-exact with earlier runs.
         cpu_adam: the optimizer used when offloading (see CpuAdam).
         initial_loss_scale: fp16: first loss scale (power of two).
         loss_scale_window: fp16: steps without overflow before the scale doubles.
@@ -67,6 +72,7 @@ class ZeroConfig:
     keep_gathered: bool = False
     bucket_bytes: int = 25 * 2**20
     overlap_param_gather: bool = True
+    accumulate_fp32_grads: bool = False
     cpu_adam: CpuAdam = CpuAdam.AUTO
     initial_loss_scale: float = 2.0**16
     loss_scale_window: int = 1000
@@ -80,6 +86,9 @@ class ZeroConfig:
                              "only stage 3 partitions the parameters")
         if self.keep_gathered and self.stage != 3:
             raise ValueError("--zero3-keep-gathered applies to --zero-stage 3 only")
+        if self.accumulate_fp32_grads and self.precision is Precision.FP32:
+            raise ValueError("--accumulate-allreduce-grads-in-fp32 needs --bf16 or --fp16 (fp32 training already "
+                             "accumulates and reduces fp32 gradients): add --bf16 or drop the flag")
         if self.bucket_bytes < 1:
             raise ValueError(f"--zero-bucket-bytes must be >= 1, got {self.bucket_bytes}")
         if self.initial_loss_scale <= 0 or self.min_loss_scale <= 0 or self.loss_scale_window < 1:
@@ -89,3 +98,9 @@ class ZeroConfig:
     def sharded(self) -> bool:
         """Optimizer state partitioned over DP (stages 1-3)."""
         return self.stage >= 1
+
+    @property
+    def grad_dtype(self) -> torch.dtype:
+        """Dtype of the gradient buffers and of their DP collectives: fp32 with accumulate_fp32_grads, else the
+        compute dtype."""
+        return torch.float32 if self.accumulate_fp32_grads else self.precision.dtype

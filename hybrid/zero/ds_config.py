@@ -16,9 +16,11 @@ SUPPORTED = {
     "offload_param": {"device", "pin_memory"},
     "bf16": {"enabled"},
     "fp16": {"enabled", "initial_scale_power", "loss_scale_window", "min_loss_scale"},
+    "data_types": {"grad_accum_dtype"},
 }
 TOP_LEVEL = {"zero_optimization", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-             "train_batch_size", "gradient_clipping", "bf16", "fp16"}
+             "train_batch_size", "gradient_clipping", "bf16", "fp16", "data_types"}
+GRAD_ACCUM_DTYPES = ("fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -35,6 +37,8 @@ class DeepSpeedSettings:
         bf16 / fp16: the *.enabled flags.
         bucket_bytes: zero_optimization.reduce_bucket_size (elements in DeepSpeed; bytes here, x4).
         initial_loss_scale, loss_scale_window, min_loss_scale: fp16 dynamic loss scaling.
+        grad_accum_dtype: data_types.grad_accum_dtype ("fp32", "bf16" or "fp16"): the dtype gradients
+            accumulate in; "fp32" under bf16/fp16 is --accumulate-allreduce-grads-in-fp32.
         unsupported: dotted names of the keys present but not read.
     """
 
@@ -51,6 +55,7 @@ class DeepSpeedSettings:
     initial_loss_scale: float | None = None
     loss_scale_window: int | None = None
     min_loss_scale: float | None = None
+    grad_accum_dtype: str | None = None
     unsupported: list[str] = field(default_factory=list)
 
 
@@ -77,6 +82,11 @@ def read_deepspeed_config(path: str) -> DeepSpeedSettings:
     out.initial_loss_scale = None if power is None else 2.0 ** power
     out.loss_scale_window = _int(fp16, "loss_scale_window", "fp16.loss_scale_window", 1)
     out.min_loss_scale = _float(fp16, "min_loss_scale", "fp16.min_loss_scale", 0.0, low_open=True)
+    accum = _section(ds, "data_types", out).get("grad_accum_dtype")
+    if accum is not None and accum not in GRAD_ACCUM_DTYPES:
+        raise ValueError(f"--deepspeed-config: data_types.grad_accum_dtype must be one of "
+                         f"{', '.join(map(json.dumps, GRAD_ACCUM_DTYPES))}, got {json.dumps(accum)}")
+    out.grad_accum_dtype = accum
     return out
 
 

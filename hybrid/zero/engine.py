@@ -11,6 +11,13 @@ the compute dtype, K = 12 with fp32 master weights (mixed precision), 8 without)
     stage 2   params b Psi     grads b Psi/n   master + Adam K Psi / n    reduce-scatter grads as produced
     stage 3   params b Psi/n   grads b Psi/n   master + Adam K Psi / n    + all-gather each layer before use
 
+With fp32 gradients (`accumulate_fp32_grads`, Megatron's `--accumulate-allreduce-grads-in-fp32`) the grads
+column holds 4 bytes a parameter instead of b, and the gradient collectives move fp32: each backward's
+compute-dtype p.grad is added into the unit's fp32 buffer by the post-accumulate-grad hook and released
+(Megatron's main_grad), so micro-batches accumulate and ranks sum with fp32 rounding; the reduced fp32 shard
+is then the master gradient itself (no fp32 copy in the step). Stage 0 without offload: 2 + 4 + 12 = 18 bytes
+a parameter.
+
 Gradient synchronisation runs from autograd's post-accumulate-grad hooks: a unit (a bucket of
 ~bucket_bytes for stages 0-2, one Transformer block or the chunk's remaining parameters for stage
 3) is reduced as soon as backward has produced all its gradients -- for stages 0-1 on the last
@@ -91,6 +98,7 @@ class ZeroOptimizer:
         self.dp: Group = mesh.dp
         self.device = mesh.device
         self.dtype = cfg.precision.dtype
+        self.grad_dtype = cfg.grad_dtype  # fp32 with accumulate_fp32_grads, else the compute dtype
         self.offload_device = torch.device("cpu")
         self.pin = self.device.type == "cuda"
         self.loss_scale = cfg.initial_loss_scale if cfg.precision is Precision.FP16 else 1.0
@@ -102,6 +110,7 @@ class ZeroOptimizer:
         self._launches: dict[int, int] = {}
         self._param_gathers: dict[int, tuple[object, torch.Tensor]] = {}  # id(unit) -> (work, send buffer)
         self.units, self.stage3_plan = self._build_units()
+        self._unit_of = {id(p): u for u in self.units for p in u.params}
         for u in self.units:
             self._init_unit(u)
         self.optimizer, self.optimizer_kind = self._build_optimizer()
@@ -140,7 +149,7 @@ class ZeroOptimizer:
             else:
                 units += roots + [self._unit(f"chunk{c}.bucket{i}", b)
                                   for i, b in enumerate(make_buckets(rest, self.cfg.bucket_bytes,
-                                                                       _element_size(self.dtype)))]
+                                                                       _element_size(self.grad_dtype)))]
         return units, plan
 
     def _init_unit(self, u: FlatUnit) -> None:
@@ -160,11 +169,12 @@ class ZeroOptimizer:
             # master copy above reading a 0-byte storage
             u.free()
         if self.cfg.stage <= 1:
-            u.flat_grad = torch.zeros(u.padded, dtype=self.dtype, device=self.device)
-            u.bind_grads()
+            u.flat_grad = torch.zeros(u.padded, dtype=self.grad_dtype, device=self.device)
+            if not self.cfg.accumulate_fp32_grads:  # fp32 grads: the hooks add p.grad into flat_grad instead
+                u.bind_grads()
             u.grad_shard = u.flat_grad[a:b]
         else:
-            u.grad_shard = torch.zeros(u.shard_numel, dtype=self.dtype, device=self.device)
+            u.grad_shard = torch.zeros(u.shard_numel, dtype=self.grad_dtype, device=self.device)
         u.make_segments(self.mesh.tp, self.duplicates)
         u.views = [u.master[s.lo:s.hi] for s in u.segments]
 
@@ -175,8 +185,11 @@ class ZeroOptimizer:
         return t.pin_memory() if self.pin else t
 
     def _master_grad_is_view(self, u: FlatUnit) -> bool:
-        """fp32 on the device: the reduced gradient shard is the master gradient (no copy)."""
-        return u.master is u.shard and not self.cfg.offload_optimizer and self.dtype == torch.float32
+        """The reduced gradient shard is the master gradient (no copy) when it is fp32 and the optimizer runs on
+        the device: fp32 training (its master is the shard), or fp32 gradients (accumulate_fp32_grads)."""
+        if self.cfg.offload_optimizer:
+            return False
+        return self.cfg.accumulate_fp32_grads or (u.master is u.shard and self.dtype == torch.float32)
 
     def _build_optimizer(self) -> tuple[torch.optim.Optimizer, str]:
         """AdamW over the master segments, decay on matrices only (as training.build_optimizer)."""
@@ -287,29 +300,46 @@ class ZeroOptimizer:
         return None
 
     def _on_grad(self, u: FlatUnit, p: nn.Parameter) -> None:
-        """Post-accumulate-grad hook: reduce `u` once backward has produced all its gradients."""
+        """Post-accumulate-grad hook: (fp32 grads) add p.grad into u's fp32 buffer; reduce `u` once backward has
+        produced all its gradients."""
         if not self._armed:
             return
+        if self.cfg.accumulate_fp32_grads:
+            if u.flat_grad is None and u.full_grad is None:  # stages 2-3: u's first gradient since its reduction
+                u.full_grad = torch.zeros(u.padded, dtype=torch.float32, device=self.device)
+            u.add_grad(u.flat_grad if u.flat_grad is not None else u.full_grad, p)
         u.fired += 1
         per_micro_batch = self.cfg.stage >= 2 and not self.cfg.keep_gathered
         if u.fired < len(u.params) * (1 if per_micro_batch else self._m):
             return
         u.fired = 0
         if not (u.deferred or self.cfg.keep_gathered):
-            sync_partial_grads(u.params, self.mesh.tp)
+            sync_partial_grads(u.params, self.mesh.tp, self._grad_of)
             self._launch(u)
         if self.cfg.stage == 3 and not self.cfg.keep_gathered:
             u.free()
 
     # --- gradient reduction ------------------------------------------------------------------
+    def _grad_of(self, p: nn.Parameter) -> torch.Tensor | None:
+        """The gradient backward has accumulated for p: p.grad, or with fp32 grads p's slot of its unit's fp32
+        buffer (what the TP partial-gradient and tied-embedding sums must add)."""
+        u = self._unit_of.get(id(p))
+        if u is None or not self.cfg.accumulate_fp32_grads:
+            return p.grad
+        buf = u.flat_grad if u.flat_grad is not None else u.full_grad
+        return None if buf is None else u.grad_view(buf, p)
+
     def _launch(self, u: FlatUnit) -> None:
         """Post u's DP reduction: all-reduce (stage 0), or reduce-scatter to this rank's shard."""
         self._launches[id(u)] = self._launches.get(id(u), 0) + 1
         if self.cfg.stage == 0:
             self._pending.append((u, self.dp.all_reduce_async(u.flat_grad), None, None))
         else:
-            full = u.flat_grad if self.cfg.stage == 1 else u.flatten_grads()  # 2-3: full grad freed here
-            out = torch.empty(u.shard_numel, dtype=self.dtype, device=self.device)
+            if self.cfg.stage == 1:
+                full = u.flat_grad
+            else:  # 2-3: the full gradient is freed once its reduce-scatter completes
+                full = u.take_full_grad() if self.cfg.accumulate_fp32_grads else u.flatten_grads()
+            out = torch.empty(u.shard_numel, dtype=self.grad_dtype, device=self.device)
             self._pending.append((u, self.dp.reduce_scatter_into(out, full), out, full))
         while len(self._pending) > MAX_IN_FLIGHT:
             self._complete(self._pending.pop(0))
@@ -339,8 +369,8 @@ class ZeroOptimizer:
         (tied embeddings; every unit under keep_gathered) after their TP and embedding-group sums."""
         self._drain()
         late = [u for u in self.units if u.deferred or self.cfg.keep_gathered]
-        sync_partial_grads([p for u in late for p in u.params], self.mesh.tp)
-        sync_tied_embeddings(nn.ModuleList(self.chunks), self.mesh)
+        sync_partial_grads([p for u in late for p in u.params], self.mesh.tp, self._grad_of)
+        sync_tied_embeddings(nn.ModuleList(self.chunks), self.mesh, self._grad_of)
         for u in late:
             self._launch(u)
         self._drain()
@@ -366,8 +396,10 @@ class ZeroOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         for u in self.units:
             u.grad_shard.zero_()
+            u.full_grad = None
             if u.flat_grad is not None:
                 u.flat_grad.zero_()
+            if u.flat_grad is not None and not self.cfg.accumulate_fp32_grads:
                 u.bind_grads()
             else:
                 for p in u.params:

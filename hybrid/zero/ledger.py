@@ -9,7 +9,8 @@ predicts; with mixed precision (b = 2, fp32 master weights) it is
 
     stage 1: 2 Psi + 2 Psi + 12 Psi / n      stage 2: 2 Psi + 14 Psi / n      stage 3: 16 Psi / n
 
-for this rank's Psi parameters (its TP/PP share: the sum of numel of its model before ZeRO). The
+for this rank's Psi parameters (its TP/PP share: the sum of numel of its model before ZeRO); with fp32
+gradients (`accumulate_fp32_grads`) the gradient term is 4 Psi (4 Psi / n at stages 2-3). The
 engine pads each flat unit to a multiple of n (< n elements per unit), so what it holds is the
 formula at Psi' with Psi <= Psi' <= Psi + (n - 1) x (number of units). In fp32 the master weights
 *are* the parameter shard (K = 8).
@@ -55,6 +56,7 @@ def state_ledger(zero: ZeroOptimizer) -> ModelStateLedger:
     for u in zero.units:
         add(StateKind.GRADIENTS, u.flat_grad, False)
         add(StateKind.GRADIENTS, u.grad_shard, False)
+        add(StateKind.GRADIENTS, u.full_grad, False)
         for p in u.params:
             add(StateKind.GRADIENTS, p.grad, False)
         add(StateKind.GRADIENTS, u.master_grad, opt_off)
@@ -76,7 +78,8 @@ def paper_state_bytes(cfg: ZeroConfig, psi: int, dp: int) -> dict[tuple[StateKin
     opt = OFFLOAD if cfg.offload_optimizer else DEVICE
     out: dict = defaultdict(int)
     out[(StateKind.PARAMETERS, OFFLOAD if cfg.offload_params else DEVICE)] += b * psi // (n if cfg.stage == 3 else 1)
-    out[(StateKind.GRADIENTS, DEVICE)] += b * psi // (n if cfg.stage >= 2 else 1)
+    g = torch.empty((), dtype=cfg.grad_dtype).element_size()  # 4 with accumulate_fp32_grads
+    out[(StateKind.GRADIENTS, DEVICE)] += g * psi // (n if cfg.stage >= 2 else 1)
     master_is_shard = cfg.precision.dtype == torch.float32 and cfg.offload_params == cfg.offload_optimizer
     if not master_is_shard:
         out[(StateKind.MASTER_WEIGHTS, opt)] += 4 * psi // n

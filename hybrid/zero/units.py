@@ -63,7 +63,10 @@ class FlatUnit:
     numel: int = 0
     flat: torch.Tensor | None = None  # full compute-dtype buffer; params are views into it
     shard: torch.Tensor | None = None  # this rank's parameter shard (stage 3: its own storage)
-    flat_grad: torch.Tensor | None = None  # stages 0-1: persistent full gradient buffer (p.grad views)
+    flat_grad: torch.Tensor | None = None  # stages 0-1: persistent full gradient buffer (p.grad views, or with
+    #                                        fp32 grads the fp32 buffer the hooks add each p.grad into)
+    full_grad: torch.Tensor | None = None  # stages 2-3 with fp32 grads: the full fp32 gradient accumulating since
+    #                                        the unit's last reduce-scatter (None between)
     grad_shard: torch.Tensor | None = None  # reduced gradient of this rank's shard
     master: torch.Tensor | None = None  # fp32 master shard the optimizer updates (may be `shard`)
     master_grad: torch.Tensor | None = None  # fp32 gradient of `master` during the step
@@ -73,10 +76,13 @@ class FlatUnit:
     gathered: bool = True  # stage 3: flat holds the full parameters
     gather_work: Work | None = None  # stage 3: prefetch in flight
 
+    offset_of: dict[int, int] = field(default_factory=dict)  # id(param) -> its offset
+
     def __post_init__(self) -> None:
         off = 0
         for p in self.params:
             self.offsets.append(off)
+            self.offset_of[id(p)] = off
             off += p.numel()
         self.numel = off
 
@@ -120,6 +126,26 @@ class FlatUnit:
                 out[off:off + p.numel()].copy_(p.grad.flatten())
             p.grad = None
         return out
+
+    def grad_view(self, buf: torch.Tensor, p: nn.Parameter) -> torch.Tensor:
+        """p's slot of a flat gradient buffer of this unit, shaped as p."""
+        off = self.offset_of[id(p)]
+        return buf[off:off + p.numel()].view_as(p)
+
+    def add_grad(self, buf: torch.Tensor, p: nn.Parameter) -> None:
+        """fp32 grads (Megatron's main_grad): buf[p] += p.grad, then free p.grad. torch keeps p.grad in p's dtype,
+        so the fp32 buffer cannot be p.grad itself. Every bf16 / fp16 value is an fp32 value, so the only rounding
+        is the fp32 sum's (unit roundoff 2^-24), where accumulating in p.grad rounds each sum to 2^-8 (bf16)."""
+        self.grad_view(buf, p).add_(p.grad)
+        p.grad = None
+
+    def take_full_grad(self) -> torch.Tensor:
+        """fp32 grads, stages 2-3: the full fp32 gradient accumulated since the last reduce-scatter (zeros when
+        no hook fired), handed to the reduce-scatter; the unit starts a new one at its next gradient."""
+        full = self.full_grad if self.full_grad is not None else torch.zeros(
+            self.padded, dtype=torch.float32, device=self.flat.device)
+        self.full_grad = None
+        return full
 
     def make_segments(self, tp: Group, duplicates: set[int]) -> None:
         """The parts of each parameter inside this rank's shard (optimizer params, norm weights)."""
