@@ -27,7 +27,7 @@ import pytest
 HEAVY = {"test_checkpoint.py": 226, "test_docs_commands.py": 222, "test_fault_nodes.py": 196,
          "test_fault_resume.py": 144, "test_convert.py": 108, "test_fault_hang.py": 101, "test_zero.py": 89,
          "test_data_train.py": 89, "test_pipeline_executor.py": 75, "test_bench_smoke.py": 66,
-         "test_training.py": 57, "test_compile.py": 60, "test_gpu_check.py": 110, "test_checkpoint_kill.py": 50, "test_zero_flags.py": 45,
+         "test_training.py": 57, "test_fp32_grads.py": 60, "test_compile.py": 60, "test_gpu_check.py": 110, "test_checkpoint_kill.py": 50, "test_zero_flags.py": 45,
          "test_inputs_launch.py": 43, "test_planner_runtime.py": 42, "test_parallel_adamw.py": 30,
          "test_harness.py": 24, "test_generate.py": 22, "test_zero_param_overlap.py": 19, "test_comm_volume.py": 19,
          "test_fault_nan.py": 14, "test_tp_models.py": 13, "test_planner_uneven.py": 10, "test_inputs.py": 9,
