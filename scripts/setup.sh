@@ -12,5 +12,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install -q torch==2.13.0
   fi
 fi
-"$PY" -m pip install -q -e ".[test]" 2>&1 | grep -v -E "^WARNING: Running pip as|^\[notice\]" || true
+# test + bench: the suite runs every benchmark's --quick mode with its peers (megatron-core among them) and checks
+# the indexed dataset byte for byte against megatron-core's reader
+"$PY" -m pip install -q -e ".[test,bench]" 2>&1 | grep -v -E "^WARNING: Running pip as|^\[notice\]" || true
 "$PY" -c "import hybrid, models, torch, transformers; print(f'hybrid ready: torch {torch.__version__}, transformers {transformers.__version__}')"
