@@ -85,8 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--train-iters", type=int, default=100, help="optimizer steps")
     g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     g.add_argument("--min-lr", type=float, default=1e-4, help="learning rate at the end of the decay")
-    g.add_argument("--lr-warmup-iters", type=int, default=10, help="linear warm-up steps")
-    g.add_argument("--lr-decay-style", choices=("constant", "cosine"), default="cosine", help="decay after warm-up")
+    g.add_argument("--lr-warmup-iters", type=int, default=10,
+                   help="linear warm-up: step k <= N runs at lr k / N (Megatron's; 0: none)")
+    g.add_argument("--lr-decay-iters", type=int, default=None,
+                   help="the step the decay reaches --min-lr (then stays); None: --train-iters. Keep it when a "
+                        "resumed run raises --train-iters, and the schedule stays the same")
+    g.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default="cosine",
+                   help="decay after warm-up")
     g.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decoupled weight decay (matrices only)")
     g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam first-moment decay, in [0, 1)")
     g.add_argument("--adam-beta2", type=float, default=0.95, help="Adam second-moment decay, in [0, 1)")
@@ -149,6 +154,7 @@ MAX_SEED = 2**32 - 1  # data.py draws from seed * 1_000_003 + iteration: stays f
 NUMBERS = (
     ("seq_length", 1, False, True), ("micro_batch_size", 1, False, True), ("global_batch_size", 1, False, True),
     ("train_iters", 1, False, True), ("log_interval", 1, False, True), ("lr_warmup_iters", 0, False, True),
+    ("lr_decay_iters", 1, False, True),
     ("tensor_model_parallel_size", 1, False, True), ("pipeline_model_parallel_size", 1, False, True),
     ("num_layers_per_virtual_pipeline_stage", 1, False, True), ("zero_bucket_bytes", 1, False, True),
     ("virtual_pipeline_model_parallel_size", 1, False, True),

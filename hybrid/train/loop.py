@@ -13,6 +13,7 @@ from hybrid.data import BatchSpec, DataSource
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.metrics.loop import RunMetrics
+from hybrid.metrics.memory import current_rss_bytes
 from hybrid.metrics.split import predicted_split_line
 from hybrid.pipeline import build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
@@ -20,6 +21,7 @@ from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
 from hybrid.tp import ParallelRNG, TPContext
 from hybrid.tp.random import PP_SEED_STRIDE
 from hybrid.train.args import PipelinePlan
+from hybrid.train import explain
 from hybrid.train.evaluate import run_evaluations
 from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroOptimizer
@@ -65,6 +67,7 @@ def compile_blocks(chunks, backend: str = "inductor") -> None:
 
 def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, data: DataSource,
         device: torch.device) -> None:
+    baseline = current_rss_bytes()  # before the model: the planner's memory line adds it on CPU (explain.py)
     mesh = Mesh.build(dims, device=device, timeout=getattr(args, "distributed_timeout", None))
     # The default generators (CPU and every CUDA device), as Megatron's _set_random_seed: seed + 100 * pp_rank.
     # Training draws only from explicit generators (data, init, the dropout streams), but the default one is
@@ -76,7 +79,8 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     model, runner = build_runner(args, cfg, mesh, tp, batch, plan)
     opt_cfg = OptimizerConfig(lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
                               beta1=args.adam_beta1, beta2=args.adam_beta2, warmup_iters=args.lr_warmup_iters,
-                              decay_style=args.lr_decay_style, train_iters=args.train_iters, clip_grad=args.clip_grad)
+                              decay_style=args.lr_decay_style, train_iters=args.train_iters, clip_grad=args.clip_grad,
+                              decay_iters=args.lr_decay_iters)
     optimizer = ZeroOptimizer(model, mesh, args.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
 
     local = sum(p.numel() for p in model.parameters())
@@ -92,7 +96,8 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
                f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
                f"{' | fp32 grads' if z.accumulate_fp32_grads else ''}"
                f" | clip-grad {args.clip_grad}")
-    ft = FaultTolerance.start(args.fault, mesh, model, runner, optimizer, args.log_interval)  # hybrid/fault
+    ft = FaultTolerance.start(args.fault, mesh, model, runner, optimizer, args.log_interval,
+                              args.metrics.timing_log_interval)  # hybrid/fault
     tokens_per_step = batch.global_batch * batch.seq_length
     metrics = RunMetrics.start(args, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
     log0(mesh, metrics.header())
@@ -100,15 +105,19 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
         log0(mesh, line)
     ckpt = RunCheckpoints(args.ckpt, mesh, model, optimizer, tp.rng, run_info(args, dims, plan))  # hybrid/checkpoint
     start, consumed = ckpt.resume()
+    if mesh.rank == 0:  # model, weights, data, schedule, the planner's figures; on resume what changed
+        for line in explain.startup_lines(args, run_info(args, dims, plan), cfg, dims, batch, plan, data, start,
+                                          consumed, device, baseline):
+            print(line, flush=True)
     it, loss = start - 1, float("nan")
-    t0 = time.perf_counter()
+    t0, since = time.perf_counter(), start  # the interval's clock and its first step (a resumed run's is not 0)
     for it in range(start, args.train_iters):
         ft.begin_iteration(it)
         batches = data.batches(consumed, batch, mesh.coords.dp)  # a pure function of the samples consumed so far
         loss = train_step(model, batches, ft.optimizer, mesh, lr=opt_cfg.lr_at(it), runner=ft.runner)
         ft.end_iteration(it)
         if (it + 1) % args.log_interval == 0 or it + 1 == args.train_iters:
-            dt = (time.perf_counter() - t0) / args.log_interval
+            dt = (time.perf_counter() - t0) / (it + 1 - since)  # the steps it timed: fewer after a resume or at the end
             rep = optimizer.last_report
             extra = f" | grad norm {rep.grad_norm:.3f}" if rep.grad_norm is not None else ""
             if z.precision is Precision.FP16:
@@ -117,7 +126,7 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
             log0(mesh, f" iteration {it + 1:>6}/{args.train_iters} | lm loss {loss:.4f} | "
                        f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s"
                        f"{fields}")
-            t0 = time.perf_counter()
+            t0, since = time.perf_counter(), it + 1
         t_eval = time.perf_counter()
         metrics.write_eval(it + 1, run_evaluations(args, model, runner, mesh, data, batch, optimizer, it + 1))
         t0 += time.perf_counter() - t_eval  # ms/iter counts training only
