@@ -27,7 +27,8 @@ def layout_line(dims: ParallelDims, nodes: list[str]) -> str:
     per = [nodes.count(n) for n in order]
     shape = f"{len(order)} x {per[0]}" if len(set(per)) == 1 else "+".join(map(str, per))
     local = os.environ.get("LOCAL_WORLD_SIZE")  # torchrun's; unset in one process without a launcher
-    launcher = f"LOCAL_WORLD_SIZE {local}" if local else "one process, no launcher"
+    launcher = (f"LOCAL_WORLD_SIZE {local}" if local else "one process, no launcher" if dims.world == 1 else
+                "LOCAL_WORLD_SIZE unset: not started by torchrun")
     spans = [g for g in dims.group_ranks(Axis.TP) if len({nodes[r] for r in g}) > 1]
     if not spans:
         return f"nodes: {shape} ranks ({launcher}); every tp group inside one node"

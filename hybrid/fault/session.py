@@ -89,7 +89,8 @@ class FaultTolerance:
             self.watchdog.armed = False
         self.straggler.record(TRAIL.take_phase_seconds())
         report = getattr(self.optimizer.inner, "last_report", None)
-        self._skipped |= not self.optimizer.applied or bool(getattr(report, "skipped", False))
+        applied = self.optimizer.applied  # False: the NaN guard skipped it; else fp16's overflow check may have
+        self._skipped |= not applied or bool(getattr(report, "skipped", False))
         if (it + 1) % self.log_interval == 0:
             lines = self.straggler.report(self._first, it + 1)  # collective: every interval, printed or not
             self._intervals += 1

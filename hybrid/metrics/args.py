@@ -73,8 +73,9 @@ def check(args: argparse.Namespace, world: int = 1) -> MetricsConfig:
             raise ValueError("--tensorboard-dir needs the tensorboard package; pip install tensorboard") from None
     if args.metrics_file is not None:
         check_output_file("--metrics-file", args.metrics_file)
-    if args.timing_log_interval < 1:
-        raise ValueError(f"--timing-log-interval must be >= 1 (1: every log interval), got {args.timing_log_interval}")
+    every = getattr(args, "timing_log_interval", MetricsConfig.timing_log_interval)  # a Namespace built by hand
+    if every < 1:
+        raise ValueError(f"--timing-log-interval must be >= 1 (1: every log interval), got {every}")
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise ValueError(f"--peak-tflops must be > 0, got {args.peak_tflops}")
     peak, source = args.peak_tflops, "--peak-tflops" if args.peak_tflops is not None else None
@@ -87,4 +88,4 @@ def check(args: argparse.Namespace, world: int = 1) -> MetricsConfig:
         fp32 = args.zero.precision.value == "fp32"
         peak = profile_peak_tflops(hardware, fp32, local_ranks)
         source = f"--hardware {hardware}, {'fp32' if fp32 else 'mixed-precision'} matmul rate, {local_ranks} local ranks"
-    return MetricsConfig(args.tensorboard_dir, args.metrics_file, peak, source, args.timing_log_interval)
+    return MetricsConfig(args.tensorboard_dir, args.metrics_file, peak, source, every)

@@ -145,7 +145,9 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
 
 def run_info(args, dims: ParallelDims, plan: PipelinePlan) -> dict:
     """What a checkpoint records of the run (state.json): the model, the layout, the flags."""
-    flags = {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (str, int, float, bool, type(None)))}
+    scalar = (str, int, float, bool, type(None))
+    flags = {k: v for k, v in sorted(vars(args).items())
+             if isinstance(v, scalar) or (isinstance(v, list) and all(isinstance(x, scalar) for x in v))}  # --data-path
     layout = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero": args.zero.stage, "v": plan.v,
               "stages": [list(s) for s in plan.stages]}
     return {"model": args.model, "layout": layout, "args": flags}
