@@ -51,7 +51,7 @@ from hybrid.comm import Group
 from hybrid.dp import make_buckets
 from hybrid.mesh import Mesh
 from hybrid.tp import sync_partial_grads
-from hybrid.training import OptimizerConfig, sync_tied_embeddings
+from hybrid.train_step import OptimizerConfig, sync_tied_embeddings
 from hybrid.zero.config import CpuAdam, Precision, ZeroConfig
 from hybrid.zero.units import FlatUnit
 
