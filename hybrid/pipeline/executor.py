@@ -36,7 +36,7 @@ import torch.nn as nn
 from torch.autograd.variable import Variable
 
 from hybrid.comm import Group
-from hybrid.fault.trail import TRAIL
+from hybrid.trail import TRAIL
 from hybrid.pipeline.schedules import Action, Op
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, labels) of one micro-batch

@@ -81,7 +81,8 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    # fused: the kernel ZeroOptimizer runs (one pass; elementwise, so per-tensor here = flat shards there, bit for bit)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
 
 
 class LocalForwardBackward:
