@@ -58,7 +58,7 @@ def _load_uneven(rank: int, world: int, root: str, ids: torch.Tensor) -> dict:
     from hybrid.checkpoint import core
     from hybrid.mesh import Mesh, ParallelDims
     from hybrid.tp import TPContext
-    from hybrid.training import OptimizerConfig
+    from hybrid.train_step import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     from models import build_pipeline_chunks
     mesh = Mesh.build(ParallelDims.from_world(world, pp=2))

@@ -20,7 +20,7 @@ from hybrid.data.indexed import InMemoryDocuments
 from hybrid.data.source import DataSource, Split, SplitSizes
 from hybrid.train import explain
 from hybrid.train.explain import DataFacts, Prediction, Weights, WeightsKind
-from hybrid.training import OptimizerConfig
+from hybrid.train_step import OptimizerConfig
 from models import load_config
 
 TINY = load_config("tiny-gpt2")

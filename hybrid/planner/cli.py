@@ -345,7 +345,7 @@ def _baseline(hw) -> float | None:
     """This process's resident bytes on host hardware (None on GPUs)."""
     if not _on_host(hw):
         return None
-    from hybrid.metrics.memory import current_rss_bytes
+    from hybrid.metrics.peak_memory import current_rss_bytes
     return float(current_rss_bytes())
 
 

@@ -26,7 +26,7 @@ from enum import Enum
 
 from hybrid.data.gpt import epoch_plan, samples_per_dataset, split_ranges
 from hybrid.data.source import DataSource, Split, SplitSizes
-from hybrid.training import OptimizerConfig
+from hybrid.train_step import OptimizerConfig
 from models.config import PRESETS, ModelConfig
 
 MIB = 2**20
@@ -435,7 +435,7 @@ def _run_hardware(hardware_path: str | None, precision, device) -> tuple[object,
 
 def predict(args, cfg: ModelConfig, dims, batch, plan, device, baseline_bytes: float) -> Prediction:
     """The planner's evaluation of exactly this layout (hybrid/metrics/split.py's run_layout), in the log's
-    units: ms/iter, tokens/s, and memory by the device's measure (hybrid/metrics/memory.py)."""
+    units: ms/iter, tokens/s, and memory by the device's measure (hybrid/metrics/peak_memory.py)."""
     from hybrid.metrics.split import run_layout
     from hybrid.planner import Cluster, evaluate
 

@@ -13,7 +13,7 @@ from hybrid.data import BatchSpec, DataSource
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.metrics.loop import RunMetrics
-from hybrid.metrics.memory import current_rss_bytes
+from hybrid.metrics.peak_memory import current_rss_bytes
 from hybrid.metrics.split import predicted_split_line
 from hybrid.pipeline import build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
