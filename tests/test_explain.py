@@ -180,8 +180,11 @@ def test_a_larger_train_iters_without_decay_iters_names_the_moved_schedule_and_t
     lines = explain.resume_lines(saved(), info(train_iters=30), 10, 80, facts, 8)
     assert lines[0] == "resume: flags changed since the checkpoint: --train-iters 20 -> 30"
     assert lines[1].startswith("resume: lr schedule changed: iteration 11 runs at ") and lines[1].endswith(
-        "; to keep the saved run's schedule pass --lr-decay-iters 20 (the decay then ends where it did and the "
-        "extra iterations run at --min-lr)")
+        "; to keep the saved run's schedule pass --lr-decay-iters 20 (the decay then ends where it did and "
+        "iterations past it run at --min-lr)")
+    dropped = explain.resume_lines(saved(lr_decay_iters=20), info(train_iters=30), 10, 80, None, 8)[1]
+    assert dropped.endswith("pass --lr-decay-iters 20 (the decay then ends where it did and iterations past it "
+                            "run at --min-lr)")
     # 20 x 8 samples of 32 tokens read 5,121 of the 4,000 train tokens: 2 epochs, the second (36 samples of an
     # epoch's 124) under Megatron's 80 % and shuffled alone; 30 x 8 read 7,681: 2 epochs, the second (116) shuffled
     # with the first -- another order
@@ -365,3 +368,10 @@ def test_an_export_of_a_run_with_its_own_tokenizer_carries_it(tmp_path):
     assert tok.eos_token_id == 3
     indexed = {"args": {"tokenizer_type": None, "data_path": [str(tmp_path / "prefix")]}}  # no such text file
     assert export_tokenizer(str(tmp_path), [], indexed, 64).startswith("tokenizer: none written")
+
+
+def test_resume_at_the_end_says_nothing_is_left_and_names_unset_flags_so():
+    lines = explain.resume_lines(saved(iteration=20, lr_decay_iters=20), info(), 20, 160, None, 8)
+    assert lines == ["resume: flags changed since the checkpoint: --lr-decay-iters 20 -> unset",
+                     "resume: the checkpoint is at iteration 20 and --train-iters is 20: nothing left to train "
+                     "(raise --train-iters to continue)"]

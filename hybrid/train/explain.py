@@ -292,6 +292,11 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def _value(v) -> str:
+    """A flag's value as typed: None is unset, a list its words."""
+    return "unset" if v is None else " ".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
 def changed_flags(saved: dict, now: dict) -> dict[str, tuple]:
     """{dest: (saved value, this run's)} for the flags that differ (run control and layout left out); a flag the
     checkpoint did not record (an older version's) is left out too."""
@@ -314,15 +319,19 @@ def lr_change_line(saved_flags: dict, now_flags: dict, start: int) -> str | None
     if all(saved_flags.get(k) == now_flags.get(k) for k in SCHEDULE_FLAGS if k in saved_flags):
         return None
     old, new = schedule_of({**now_flags, **saved_flags}), schedule_of(now_flags)
+    if start >= new.train_iters:
+        return None  # nothing left to run (resume_lines says so)
     differ = next((k for k in range(start, new.train_iters) if old.lr_at(k) != new.lr_at(k)), None)
     if differ is None:
         return (f"resume: lr schedule unchanged for iterations {start + 1}-{new.train_iters}: "
                 f"{schedule_text(new)}")
     hint = ""
-    if (saved_flags.get("lr_decay_iters") is None and new.decay_iters is None
-            and old.train_iters != new.train_iters and old.decay_style != "constant"):
-        hint = (f"; to keep the saved run's schedule pass --lr-decay-iters {old.train_iters} (the decay then ends "
-                f"where it did and the extra iterations run at --min-lr)")
+    old_end, new_end = old.decay_iters or old.train_iters, new.decay_iters or new.train_iters
+    same_shape = (old.lr, old.min_lr, old.warmup_iters, old.decay_style) == \
+        (new.lr, new.min_lr, new.warmup_iters, new.decay_style)
+    if old_end != new_end and same_shape and old.decay_style != "constant":
+        hint = (f"; to keep the saved run's schedule pass --lr-decay-iters {old_end} (the decay then ends where it "
+                f"did and iterations past it run at --min-lr)")
     return (f"resume: lr schedule changed: iteration {differ + 1} runs at {new.lr_at(differ):.4g} where the saved "
             f"run's schedule gives {old.lr_at(differ):.4g} (now: {schedule_text(new)}; saved: "
             f"{schedule_text(old)}){hint}")
@@ -371,7 +380,10 @@ def resume_lines(saved: dict, now: dict, start: int, consumed: int, facts: DataF
     changed = changed_flags(old, new)
     if changed:
         lines.append("resume: flags changed since the checkpoint: "
-                     + ", ".join(f"{_flag(k)} {a} -> {b}" for k, (a, b) in changed.items()))
+                     + ", ".join(f"{_flag(k)} {_value(a)} -> {_value(b)}" for k, (a, b) in changed.items()))
+    if start >= new["train_iters"]:
+        lines.append(f"resume: the checkpoint is at iteration {start} and --train-iters is {new['train_iters']}: "
+                     f"nothing left to train (raise --train-iters to continue)")
     lay_old, lay_new = saved.get("layout", {}), now["layout"]
     if any(lay_old.get(k) != lay_new.get(k) for k in ("tp", "pp", "dp", "zero", "v", "stages")):
         lines.append(f"resume: layout changed: saved at {layout_text(lay_old)}, now {layout_text(lay_new)}: the "
