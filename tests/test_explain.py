@@ -375,3 +375,25 @@ def test_resume_at_the_end_says_nothing_is_left_and_names_unset_flags_so():
     assert lines == ["resume: flags changed since the checkpoint: --lr-decay-iters 20 -> unset",
                      "resume: the checkpoint is at iteration 20 and --train-iters is 20: nothing left to train "
                      "(raise --train-iters to continue)"]
+
+
+def test_a_model_the_planner_does_not_describe_is_a_line_not_a_crash():
+    """A transformers GPT-2 with dropout 0.1 on CPU: the planner's fp32 profile models no dropout and refuses
+    it; the start-up line says so and the run goes on (README's `--load path/to/hf_model` command)."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import GPT2Config
+
+    from hybrid.data import BatchSpec
+    from hybrid.mesh import ParallelDims
+    from hybrid.train.args import PipelinePlan
+    from hybrid.zero import ZeroConfig
+    from models.config import from_hf
+    from hybrid.pipeline import ScheduleKind
+    cfg = from_hf(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=300))
+    args = SimpleNamespace(zero=ZeroConfig(), hardware=None, recompute_granularity=None, sequence_parallel=False)
+    p = explain.predict(args, cfg, ParallelDims(dp=1), BatchSpec(4, 4, 16, 1),
+                        PipelinePlan(ScheduleKind.ONE_F_ONE_B, 1, [(0, 1)]), torch.device("cpu"), 0.0)
+    assert explain.prediction_line(p).startswith("planner: no prediction for this layout on this cpu: activation "
+                                                 "profile fp32-flash models our runtime without dropout")

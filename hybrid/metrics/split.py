@@ -59,11 +59,11 @@ def predicted_split_line(args, cfg, dims, batch, plan) -> str | None:
         return None
     from hybrid.planner.calibrate import load_hardware
 
-    work, layout = run_layout(args, cfg, dims, batch, plan.v)
-    hw = load_hardware(args.hardware, work.precision)
     try:
+        work, layout = run_layout(args, cfg, dims, batch, plan.v)  # ValueError: a model it does not describe
+        hw = load_hardware(args.hardware, work.precision)
         t = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout).time
-    except ValueError as e:  # a layout the planner does not model (its message names why)
+    except ValueError as e:  # a model or layout the planner does not model (its message names why)
         return f"planner: no prediction for this run: {e}"
     s = predicted_split(t)
     ours, theirs = [len(st) for st in plan.stages], list(stage_layers(cfg, dims.pp, plan.v, batch.seq_length))

@@ -244,6 +244,7 @@ class Prediction:
         tensors_bytes: the planner's tensors of that rank (model states, activations, buffers).
         baseline_bytes: the process's resident bytes before the model was built (CPU); 0 on CUDA.
         error: why there is no prediction (a layout the planner does not model); the rest is then unset.
+        stages_note: the planner's layers per stage against the run's, when they differ (it splits its own way).
     """
 
     hardware: str
@@ -254,6 +255,7 @@ class Prediction:
     tensors_bytes: float = 0.0
     baseline_bytes: float = 0.0
     error: str | None = None
+    stages_note: str = ""
 
 
 def prediction_line(p: Prediction) -> str:
@@ -269,7 +271,8 @@ def prediction_line(p: Prediction) -> str:
     else:
         memory = (f"{p.memory_label} {p.memory_bytes / MIB:,.0f} MiB on the fullest rank (its tensors; the "
                   f"planner's 2 GB CUDA reserve left out, as max_memory_allocated leaves it out)")
-    return f"planner: this layout on {p.hardware}: {time}{memory} -- compare with the iteration lines"
+    note = f" ({p.stages_note})" if p.stages_note else ""
+    return f"planner: this layout on {p.hardware}: {time}{memory}{note} -- compare with the iteration lines"
 
 
 # --- resume ---------------------------------------------------------------------------------------------------
@@ -451,19 +454,25 @@ def predict(args, cfg: ModelConfig, dims, batch, plan, device, baseline_bytes: f
     from hybrid.metrics.split import run_layout
     from hybrid.planner import Cluster, evaluate
 
-    work, layout = run_layout(args, cfg, dims, batch, plan.v)
-    hw, name, timed = _run_hardware(getattr(args, "hardware", None), work.precision, device)
+    name = os.path.basename(args.hardware) if getattr(args, "hardware", None) else f"this {device.type}"
     try:
+        work, layout = run_layout(args, cfg, dims, batch, plan.v)
+        hw, name, timed = _run_hardware(getattr(args, "hardware", None), work.precision, device)
         result = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout)
-    except ValueError as e:
+    except ValueError as e:  # a model or layout the planner does not describe: its message names why
         return Prediction(name, error=str(e))
+    except Exception as e:  # noqa: BLE001 -- a description of the run must never stop it
+        return Prediction(name, error=f"the planner failed ({type(e).__name__}: {e})")
     peak = result.memory.peak
     tensors = peak.total - peak.workspace
     cuda = device.type == "cuda"
     step = result.time.total if timed else None
+    from hybrid.planner.layout import stage_layers
+    ours, theirs = [len(st) for st in plan.stages], list(stage_layers(cfg, dims.pp, plan.v, batch.seq_length))
     return Prediction(name, step, batch.global_batch * batch.seq_length / step if step else None,
                       tensors + (0.0 if cuda else baseline_bytes), "max allocated" if cuda else "peak RSS",
-                      tensors, 0.0 if cuda else baseline_bytes)
+                      tensors, 0.0 if cuda else baseline_bytes,
+                      stages_note=f"the planner's stages {theirs}, the run's {ours}" if ours != theirs else "")
 
 
 def startup_lines(args, info: dict, cfg: ModelConfig, dims, batch, plan, data: DataSource, start: int,
