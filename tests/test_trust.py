@@ -8,6 +8,7 @@ afterwards. The checkpoint folder is hashed before and after: nothing in it is c
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib
 import io
@@ -17,6 +18,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -433,3 +435,99 @@ def test_a_deepspeed_folder_runs_no_pickle_and_reads_only_its_own_folder(tmp_pat
         assert f"{where}.pt: holds io.open, which a DeepSpeed ZeRO checkpoint's allow-list does not admit" \
             in line and "refused, nothing in it was run" in line, line
     assert not os.path.exists(marker) and tree(src) == before and not os.path.exists(tmp_path / "out")
+
+
+# --- every float flag of every command refuses NaN and infinity ---------------------------------------------
+class _Captured(Exception):
+    pass
+
+
+def _parser_built_by(fn) -> argparse.ArgumentParser:
+    """The parser a script's parse_args builds (captured at its parse, before any check runs)."""
+    from hybrid.cliutil import OneLineParser
+    got = []
+
+    def grab(self, *a, **k):
+        got.append(self)
+        raise _Captured
+    with mock.patch.object(argparse.ArgumentParser, "parse_known_args", grab), \
+            mock.patch.object(OneLineParser, "parse_known_args", grab):
+        try:
+            fn([])
+        except _Captured:
+            pass
+    assert got, fn
+    return got[0]
+
+
+def _float_flags(parser: argparse.ArgumentParser, prefix: tuple = ()) -> list[tuple[tuple, str]]:
+    """(subcommand path, flag) of every option whose type yields floats, through sub-commands."""
+    out = []
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                out += _float_flags(sub, prefix + (name,))
+        elif a.option_strings and a.type is not None and _yields_float(a.type):
+            out.append((prefix, a.option_strings[0]))
+    return out
+
+
+def _yields_float(kind) -> bool:
+    """The flag's type turns some number into a float (float itself, cliutil.float_in, a size parser...)."""
+    for text in ("0.5", "1.5", "2.5", "100.5", "1e-3"):
+        try:
+            return isinstance(kind(text), float)
+        except (argparse.ArgumentTypeError, ValueError, TypeError):
+            continue
+    return False
+
+
+def _script_entries() -> dict:
+    from tests.test_inputs import _script
+    entries = {}
+    for f in sorted(os.listdir(os.path.join(ROOT, "scripts"))):
+        module = _script(f[:-3]) if f.endswith(".py") else None
+        if module is not None and hasattr(module, "parse_args"):
+            entries[f[:-3]] = module.parse_args
+    from hybrid.data import preprocess, train_tokenizer
+    entries["preprocess_data"] = lambda argv: preprocess.build_parser().parse_args(argv)
+    entries["train_tokenizer"] = lambda argv: train_tokenizer.build_parser().parse_args(argv)
+    return entries
+
+
+def _float_flag_cases() -> list:
+    from hybrid.train.args import build_parser
+    cases = [("train.py", (), flag) for _, flag in _float_flags(build_parser())]
+    cases += [("hybrid", path, flag) for path, flag in _float_flags(hybrid.cli.build_parser())]
+    for name, fn in _script_entries().items():
+        if name != "train":  # scripts/train.py is train.py's parser, walked above
+            cases += [(name, (), flag) for _, flag in _float_flags(_parser_built_by(fn))]
+    return cases
+
+
+FLOAT_FLAGS = _float_flag_cases()
+
+
+def test_the_walk_finds_the_float_flags_of_every_command():
+    progs = {c[0] for c in FLOAT_FLAGS}
+    assert {"train.py", "hybrid", "gpu_check", "plot_schedule"} <= progs and len(FLOAT_FLAGS) >= 24, FLOAT_FLAGS
+    assert ("train.py", (), "--watchdog-timeout") in FLOAT_FLAGS and ("train.py", (), "--straggler-factor") in FLOAT_FLAGS
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("case", FLOAT_FLAGS, ids=[f"{c[0]}:{' '.join(c[1])}:{c[2]}" for c in FLOAT_FLAGS])
+def test_every_float_flag_refuses_nan_and_infinity_by_name(case, value, tmp_path, monkeypatch, capsys):
+    """train.py through its whole validation (before any process group); the other commands at their parse."""
+    prog, path, flag = case
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    if prog == "train.py":
+        fn, argv = train_main.validate, [flag, value]
+    elif prog == "hybrid":
+        fn, argv = hybrid.cli.main, list(path) + [f"{flag}={value}"]
+    else:
+        fn, argv = _script_entries()[prog], [f"{flag}={value}"]
+    with pytest.raises(SystemExit) as e:
+        fn(argv)
+    text = capsys.readouterr().err + (str(e.value.code) if isinstance(e.value.code, str) else "")
+    assert e.value.code not in (0, None) and flag in text and "Traceback" not in text, text

@@ -100,6 +100,7 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
         log0(mesh, line)
     ckpt = RunCheckpoints(args.ckpt, mesh, model, optimizer, tp.rng, run_info(args, dims, plan))  # hybrid/checkpoint
     start, consumed = ckpt.resume()
+    ft.check_weights()  # the NaN guard: NaN/inf in loaded weights is one line now, not skipped steps later
     it, loss = start - 1, float("nan")
     t0 = time.perf_counter()
     for it in range(start, args.train_iters):
