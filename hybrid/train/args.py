@@ -26,7 +26,7 @@ from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
 from hybrid.zero import CpuAdam, Precision, ZeroConfig
-from hybrid.zero.ds_config import read_deepspeed_config
+from hybrid.zero.ds_config import deepspeed_origins, read_deepspeed_config
 from models import Recompute, load_config
 from models import cli as model_cli
 from models.config import ModelConfig
@@ -144,6 +144,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 MAX_TIMEOUT_MINUTES = 7 * 24 * 60
+MAX_COUNT = 1 << 53  # every count and size flag: far above any run, exact in a float64
 MAX_SEED = 2**32 - 1  # data.py draws from seed * 1_000_003 + iteration: stays far below a 64-bit generator seed
 # (flag dest, lowest value, lowest is excluded, integer): every size, rate, coefficient and count
 NUMBERS = (
@@ -166,6 +167,8 @@ def check_numbers(args: argparse.Namespace) -> None:
         flag = f"--{dest.replace('_', '-')}"
         if not integer and not math.isfinite(value):
             raise ValueError(f"{flag} must be a finite number, got {value}")
+        if integer and value > MAX_COUNT:  # 10**400 would overflow the float arithmetic of later checks
+            raise ValueError(f"{flag} must be at most {MAX_COUNT}, got an integer of {len(str(value))} digits")
         if value < low or (low_open and value == low):
             raise ValueError(f"{flag} must be {'>' if low_open else '>='} {low}, got {value}")
     for flag, beta in (("--adam-beta1", args.adam_beta1), ("--adam-beta2", args.adam_beta2)):
@@ -328,6 +331,7 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
         if value is not None:
             _conflict(args, attr, key, value)
             setattr(args, attr, value)
+    args.ds_origins = deepspeed_origins(ds, args.explicit, DS_FLAGS)  # a later error names the JSON key
     if ds.grad_accum_dtype is not None:
         _apply_grad_accum_dtype(args, ds.grad_accum_dtype)
     args.loss_scaling = {k: v for k, v in (("initial_loss_scale", ds.initial_loss_scale),

@@ -27,6 +27,7 @@ from hybrid.train import liveness
 from hybrid.train.args import (apply_auto_parallel, check_args, check_corpus, check_host, check_numbers,
                                parse_args)
 from hybrid.train.loop import run
+from hybrid.zero.ds_config import name_keys
 
 
 def under_launcher() -> bool:
@@ -81,8 +82,8 @@ def validate(argv: list[str] | None):
                              f"torchrun --nproc-per-node {world}")
         if under_launcher():
             check_launcher_env(world)
-    except ValueError as e:
-        raise fail(f"train.py: error: {e}") from None
+    except ValueError as e:  # a value the DeepSpeed config set is named by its JSON key (ds_config.name_keys)
+        raise fail(f"train.py: error: {name_keys(str(e), getattr(args, 'ds_origins', {}))}") from None
     if args.ds_unsupported and is_rank_zero():
         print(f"train.py: warning: --deepspeed-config keys not supported, ignored: {', '.join(args.ds_unsupported)}",
               file=sys.stderr, flush=True)
