@@ -137,6 +137,8 @@ class NanGuard:
                    f"(--max-skipped-steps {self.max_skipped}); stopping with exit code {EXIT_NAN}")
             if self.mesh.rank == 0:
                 print(msg, flush=True)
+            from hybrid.cliutil import record_error
+            record_error(f"train.py: error: {msg}")  # torchrun's summary shows it
             raise TooManySkippedSteps(EXIT_NAN)
 
 

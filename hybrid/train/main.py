@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> None:
                  if world > 1 and under_launcher() else None)
     try:
         run(args, cfg, dims, batch, plan, corpus, device)
-    except Exception as e:
-        liveness.exit_if_ranks_lost(heartbeat, e)  # exits naming the lost rank; returns if all are alive
+    except (Exception, SystemExit) as e:
+        liveness.end_after_failure(heartbeat, e)  # under a launcher: exits, naming the rank that failed first
         raise
     finally:
         if heartbeat is not None:
