@@ -149,6 +149,8 @@ class PipelineExecutor:
         self.placement = placement  # which global stage each chunk is: where payloads are handed over in memory
         self.on_forward = on_forward  # context factory (mb, chunk) wrapping each forward, e.g. a memory tag
         self.on_weight_hold = on_weight_hold  # told of each output gradient B keeps for W (see the module doc)
+        # called with a chunk before its W runs: ZeRO-3 gathers the chunk's parameters (ZeroOptimizer.gather_chunk)
+        self.before_weight: Callable[[nn.Module], None] | None = None
         self.record_timeline = record_timeline
         self.events: list[TimelineEvent] = []
         self.peak_held_output_bytes = 0  # most bytes of unsent chunk outputs held at once, last step
@@ -277,6 +279,8 @@ class PipelineExecutor:
         """W: the weight gradients of (mb, chunk), accumulated into .grad; then its graph is released."""
         work: WeightWork = st.weight_work.pop((a.microbatch, a.chunk))
         t0 = time.time()
+        if self.before_weight is not None:
+            self.before_weight(self.chunks[a.chunk])
         backward_weight(work, _backward)
         self._record([a], t0)
 
