@@ -11,7 +11,9 @@ arithmetic is unchanged too. Where a layout would change the accumulation order 
 1e-6 relative; every case below is checked with torch.equal.
 
 Cases (at most 8 gloo ranks, tiny models): pp 2 x tp 2 x dp 2 with ZeRO 1 and 3, and pp 4 (tp 2 or dp 2), for
-GPT-2 (tied embeddings: under ZBV both copies sit on rank 0) and Llama (GQA); sequence parallelism once.
+GPT-2 (tied embeddings: under ZBV both copies sit on rank 0) and Llama (GQA); sequence parallelism once; full
+recomputation twice (W recomputes the block a second time: the dropout streams are replayed each time) and
+selective once.
 """
 
 from __future__ import annotations
@@ -29,24 +31,25 @@ from hybrid.testing import run_distributed
 from hybrid.tp import TPContext, gather_full, spec_of
 from hybrid.training import OptimizerConfig, train_step
 from hybrid.zero import ZeroConfig, ZeroOptimizer
-from models import build_pipeline_chunks, load_config
+from models import Recompute, build_pipeline_chunks, load_config
 
 STEPS, GLOBAL, MICRO, SEQ = 4, 16, 2, 32
 OPT = OptimizerConfig(lr=1e-3, min_lr=1e-4, warmup_iters=1, decay_style="cosine", train_iters=STEPS, clip_grad=1.0)
 ONE_F_ONE_B, ZB_H1, ZBV = ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1, ScheduleKind.ZBV
 
-# name -> (model, zero-bubble kind, tp, pp, ZeRO stage, sequence parallel); dp = world / (tp pp)
+NONE, SELECTIVE, FULL = Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL
+# name -> (model, zero-bubble kind, tp, pp, ZeRO stage, sequence parallel, recomputation); dp = world / (tp pp)
 CASES_PP2 = {
-    "gpt2-zbh1-pp2-tp2-dp2-zero1": ("tiny-gpt2", ZB_H1, 2, 2, 1, False),
-    "llama-zbh1-pp2-tp2-dp2-zero3": ("tiny-llama", ZB_H1, 2, 2, 3, False),
-    "gpt2-zbv-pp2-tp2-dp2-zero3": ("tiny-gpt2", ZBV, 2, 2, 3, False),
-    "llama-zbv-pp2-tp2sp-dp2-zero1": ("tiny-llama", ZBV, 2, 2, 1, True),
+    "gpt2-zbh1-pp2-tp2-dp2-zero1": ("tiny-gpt2", ZB_H1, 2, 2, 1, False, NONE),
+    "llama-zbh1-pp2-tp2-dp2-zero3-full": ("tiny-llama", ZB_H1, 2, 2, 3, False, FULL),
+    "gpt2-zbv-pp2-tp2-dp2-zero3": ("tiny-gpt2", ZBV, 2, 2, 3, False, NONE),
+    "llama-zbv-pp2-tp2sp-dp2-zero1-full": ("tiny-llama", ZBV, 2, 2, 1, True, FULL),
 }
 CASES_PP4 = {
-    "llama-zbh1-pp4-tp2-zero1": ("tiny-llama", ZB_H1, 2, 4, 1, False),
-    "gpt2-zbh1-pp4-dp2-zero3": ("tiny-gpt2", ZB_H1, 1, 4, 3, False),
-    "gpt2-zbv-pp4-tp2-zero1": ("tiny-gpt2", ZBV, 2, 4, 1, False),
-    "llama-zbv-pp4-dp2-zero3": ("tiny-llama", ZBV, 1, 4, 3, False),
+    "llama-zbh1-pp4-tp2-zero1": ("tiny-llama", ZB_H1, 2, 4, 1, False, NONE),
+    "gpt2-zbh1-pp4-dp2-zero3-selective": ("tiny-gpt2", ZB_H1, 1, 4, 3, False, SELECTIVE),
+    "gpt2-zbv-pp4-tp2-zero1": ("tiny-gpt2", ZBV, 2, 4, 1, False, NONE),
+    "llama-zbv-pp4-dp2-zero3": ("tiny-llama", ZBV, 1, 4, 3, False, NONE),
 }
 
 
@@ -55,13 +58,13 @@ def _config(model: str, pp: int):
     return dataclasses.replace(cfg, num_layers=max(cfg.num_layers, 2 * pp))  # ZBV: 2 pp stages of >= 1 layer
 
 
-def _train(mesh: Mesh, model: str, kind: ScheduleKind, zero: int, sp: bool) -> dict:
+def _train(mesh: Mesh, model: str, kind: ScheduleKind, zero: int, sp: bool, recompute: Recompute) -> dict:
     pp = mesh.dims.pp
     v = 2 if kind is ZBV else 1
     cfg = _config(model, pp)
     stage_ids = [kind.placement.stage(mesh.coords.pp, c, pp) for c in range(v)]
     tp = TPContext(mesh.tp, sequence_parallel=sp)
-    chunks = build_pipeline_chunks(cfg, tp, mesh.coords.pp, pp, v, seed=7, stage_ids=stage_ids)
+    chunks = build_pipeline_chunks(cfg, tp, mesh.coords.pp, pp, v, seed=7, stage_ids=stage_ids, recompute=recompute)
     spec = BatchSpec(GLOBAL, MICRO, SEQ, mesh.dims.dp)
     seq = SEQ // mesh.dims.tp if sp else SEQ
     schedule = build_schedule(kind, pp, spec.num_micro_batches, v)[mesh.coords.pp]
@@ -82,9 +85,9 @@ def _train(mesh: Mesh, model: str, kind: ScheduleKind, zero: int, sp: bool) -> d
 
 def _both(rank: int, world: int, cases: dict) -> dict:
     out = {}
-    for name, (model, kind, tp, pp, zero, sp) in cases.items():
+    for name, (model, kind, tp, pp, zero, sp, recompute) in cases.items():
         mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
-        out[name] = {k: _train(mesh, model, k, zero, sp) for k in (ONE_F_ONE_B, kind)}
+        out[name] = {k: _train(mesh, model, k, zero, sp, recompute) for k in (ONE_F_ONE_B, kind)}
     return out
 
 
