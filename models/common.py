@@ -22,11 +22,12 @@ class Recompute(enum.Enum):
 
     SELECTIVE recomputes the attention core in backward (its saved q, k, v are kept, its output and
     softmax statistics are not); FULL keeps only each block's input and reruns the whole block in
-    backward (its TP collectives included, as in Megatron). Both use torch's non-reentrant checkpoint."""
+    backward (its TP collectives included, as in Megatron). Both use torch's non-reentrant checkpoint.
+    The one enum of the runtime and the planner (hybrid/planner/layout.py prices each mode)."""
 
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
+    NONE = "none"  # keep every activation
+    SELECTIVE = "selective"  # recompute the attention core (QK^T, softmax, dropout, .V) in backward
+    FULL = "full"  # keep only each layer's input, rerun the layer's forward in backward
 
 
 def set_recompute(model: nn.Module, granularity: Recompute) -> nn.Module:

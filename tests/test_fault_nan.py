@@ -17,7 +17,7 @@ from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
 from hybrid.train.args import check_args, parse_args
 from hybrid.train.loop import build_runner
-from hybrid.training import OptimizerConfig, train_step
+from hybrid.train_step import OptimizerConfig, train_step
 from hybrid.zero import ZeroOptimizer
 
 # 2 ranks tp2, the training entry point's defaults otherwise (ZeRO stage 0, fp32, clipping on)

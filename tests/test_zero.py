@@ -48,11 +48,11 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext, gather_full, spec_of
-from hybrid.training import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step
 from hybrid.zero import CpuAdam, Precision, ZeroConfig, ZeroOptimizer
 from hybrid.zero.engine import tied_weight
-from hybrid.zero.ledger import paper_state_bytes, paper_volume, state_ledger
-from hybrid.memory import StateKind
+from hybrid.zero.accounting import paper_state_bytes, paper_volume, state_ledger
+from hybrid.measured_memory import StateKind
 from models import build_pipeline_chunks, load_config
 
 STEPS, GLOBAL, MICRO, SEQ = 10, 8, 2, 32

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.metrics.flops import device_peak_tflops
-from hybrid.metrics.memory import MemoryMeasure, gather_peaks, measure_for, memory_field
+from hybrid.metrics.peak_memory import MemoryMeasure, gather_peaks, measure_for, memory_field
 from hybrid.metrics.writer import MetricsWriter, step_rates
 
 

@@ -1,6 +1,6 @@
 """The planner's prediction of where a run's step time goes, in the categories the runtime measures.
 
-The runtime measures, per rank and step, the op trail's phases (hybrid/fault/trail.py; printed every log
+The runtime measures, per rank and step, the op trail's phases (hybrid/trail.py; printed every log
 interval as "time split ..." by hybrid/fault/straggler.py): compute (forward + backward, time blocked in a
 collective excluded), collectives (blocked in TP / DP / embedding collectives), pipeline waits (blocked on
 pipeline messages: bubble and transfers), optimizer, other. With `--hardware PROFILE`, train.py prints the

@@ -46,7 +46,7 @@ import torch.nn as nn
 from torch.autograd.variable import Variable
 
 from hybrid.comm import Group
-from hybrid.fault.trail import TRAIL
+from hybrid.trail import TRAIL
 from hybrid.pipeline.schedules import Action, Op, Placement
 from hybrid.pipeline.split_backward import WeightWork, backward_input, backward_weight
 

@@ -439,23 +439,51 @@ def check_compile(args: argparse.Namespace) -> None:
 
 
 def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
-    """Ask the planner for the fastest layout that fits (hybrid/planner) and set the layout flags from it.
+    """Ask the planner for the fastest layout that fits (hybrid/planner) and set the layout flags it decides
+    (hybrid/planner/train_flags.py: the one plan-to-flags mapping); check_args then checks them as any flags.
 
     The device is this process's: a CUDA GPU's memory and the nearest GPU preset, or on CPU the `cpu`
-    preset with this machine's memory shared by the local ranks. Recomputation is pinned off (train.py has
-    none); the planner models our runtime exactly on CPU (fp32, flash attention: docs/planner.md)."""
-    import dataclasses
+    preset with this machine's memory shared by the local ranks. Recomputation is pinned to what was given
+    (none by default); the planner models our runtime exactly on CPU (fp32, flash attention: docs/planner.md)."""
+    from hybrid.planner import Cluster, SearchSpace, Workload, search
+    from hybrid.planner.layout import ZeroStage
+    from hybrid.planner.train_flags import MAX_GLOBAL_BATCH, layout_flags
 
-    from hybrid.planner import ActivationProfile, Cluster, Precision, Recompute, SearchSpace, Workload, hardware, search
-
-    from hybrid.planner.cli import MAX_GLOBAL_BATCH
-    from hybrid.planner.layout import stage_layers
     check_auto_parallel_conflicts(args)
     if args.global_batch_size is None:
         raise ValueError("--auto-parallel needs --global-batch-size (the planner picks the micro-batch)")
     if args.global_batch_size > MAX_GLOBAL_BATCH:
         raise ValueError(f"--auto-parallel plans a --global-batch-size of at most {MAX_GLOBAL_BATCH}, "
                          f"got {args.global_batch_size}")
+    precision = Precision.BF16 if (args.bf16 or args.fp16) else Precision.FP32
+    hw, profile = _planning_device(args, world, precision.planned)
+    work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
+                    precision=precision.planned, activations=profile,
+                    fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
+    # --compile runs with ZeRO 0-2 only (check_args): the search keeps to what the run will accept
+    space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),),
+                        zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None)
+    result = search(work, Cluster(gpus=world, hw=hw), space, top=1)
+    if not result.plans:
+        raise ValueError(f"--auto-parallel: no layout of {args.model} fits {world} x {hw.memory_gb:.1f} GB; "
+                         f"run `hybrid plan` to see why")
+    lay = result.plans[0].layout
+    for dest, value in layout_flags(work, lay).items():
+        setattr(args, dest, value)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}, micro-batch {lay.micro_batch}, "
+              f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel} "
+              f"(predicted {result.plans[0].time.total:.3g} s/step on {hw.name})", flush=True)
+
+
+def _planning_device(args: argparse.Namespace, world: int, precision: Precision):
+    """(Hardware, ActivationProfile) of this process's device: a CUDA GPU (its memory, the nearest preset, flash
+    attention in bf16), or the CPU preset with this host's memory shared by the local ranks (fp32 flash);
+    --hardware's profile when given."""
+    import dataclasses
+
+    from hybrid.planner import ActivationProfile, hardware
+
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -468,38 +496,12 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
         hw = dataclasses.replace(hardware("cpu"), memory_gb=total / local / 1e9, gpus_per_node=local,
                                  memory_bytes=None)
         profile = ActivationProfile.FP32_FLASH
-    precision = Precision.MIXED if (args.bf16 or args.fp16) else Precision.FP32
     if args.hardware:
         from hybrid.planner import calibrate
         if not os.path.isfile(args.hardware):
             raise ValueError(f"--hardware {args.hardware!r} is not a file; write one with `hybrid calibrate --out FILE`")
         hw = calibrate.load_hardware(args.hardware, precision).with_overrides(memory_gb=hw.memory_gb)
-    work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
-                    precision=precision, activations=profile,
-                    fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision is Precision.MIXED)
-    # --compile runs with ZeRO 0-2 only (check_args): the search keeps to what the run will accept
-    from hybrid.planner.layout import ZeroStage
-    space = SearchSpace(recompute=(Recompute.NONE,),
-                        zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None)
-    result = search(work, Cluster(gpus=world, hw=hw), space, top=1)
-    if not result.plans:
-        raise ValueError(f"--auto-parallel: no layout of {args.model} fits {world} x {hw.memory_gb:.1f} GB; "
-                         f"run `hybrid plan` to see why")
-    lay = result.plans[0].layout
-    args.tensor_model_parallel_size, args.pipeline_model_parallel_size = lay.tp, lay.pp
-    args.micro_batch_size, args.zero_stage, args.sequence_parallel = lay.micro_batch, int(lay.zero), lay.sequence_parallel
-    args.offload_optimizer = lay.offload.value != "none"
-    args.offload_params = lay.offload.value == "optimizer+params"
-    counts = stage_layers(work.model, lay.pp, lay.v, work.seq_length)
-    if len(set(counts)) > 1:  # uneven stages (first / last fewer): the planner's split, exactly
-        args.pipeline_layers_per_stage = ",".join(map(str, counts))
-        args.virtual_pipeline_model_parallel_size = lay.v if lay.v > 1 else None
-    else:
-        args.num_layers_per_virtual_pipeline_stage = (work.model.num_layers // (lay.pp * lay.v)) if lay.v > 1 else None
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}, micro-batch {lay.micro_batch}, "
-              f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel} "
-              f"(predicted {result.plans[0].time.total:.3g} s/step on {hw.name})", flush=True)
+    return hw, profile
 
 
 # the flags whose values --auto-parallel chooses (dest, what it chooses), and the DeepSpeed keys that set them

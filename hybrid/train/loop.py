@@ -21,7 +21,7 @@ from hybrid.tp import ParallelRNG, TPContext
 from hybrid.tp.random import PP_SEED_STRIDE
 from hybrid.train.args import PipelinePlan
 from hybrid.train.evaluate import run_evaluations
-from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroOptimizer
 from models import Recompute, build_pipeline_chunks
 from models.config import ModelConfig

@@ -7,17 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-class Precision(str, enum.Enum):
-    """Dtype of the parameters the forward/backward uses (and of gradients and their collectives)."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"  # `--bf16`: fp32 master weights, no loss scaling (bf16 has fp32's exponent range)
-    FP16 = "fp16"  # `--fp16`: fp32 master weights and dynamic loss scaling
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
+from hybrid.precision import Precision
 
 
 class CpuAdam(str, enum.Enum):

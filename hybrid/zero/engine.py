@@ -51,7 +51,7 @@ from hybrid.comm import Group
 from hybrid.dp import make_buckets
 from hybrid.mesh import Mesh
 from hybrid.tp import sync_partial_grads
-from hybrid.training import OptimizerConfig, sync_tied_embeddings
+from hybrid.train_step import OptimizerConfig, sync_tied_embeddings
 from hybrid.zero.config import CpuAdam, Precision, ZeroConfig
 from hybrid.zero.units import FlatUnit
 
@@ -95,7 +95,9 @@ class ZeroOptimizer:
     def __init__(self, model: nn.Module, mesh: Mesh, cfg: ZeroConfig, opt_cfg: OptimizerConfig) -> None:
         self.model, self.mesh, self.cfg, self.opt_cfg = model, mesh, cfg, opt_cfg
         self.chunks = list(model) if isinstance(model, nn.ModuleList) else [model]
-        self.dp: Group = mesh.dp
+        # gradients are reduced (and ZeRO shards) over DP x CP: each CP rank saw other tokens of the same sequences
+        # (Megatron's dp_cp group); the DP group itself when cp = 1 -- the only CP edit here
+        self.dp: Group = mesh.dp_cp
         self.device = mesh.device
         self.dtype = cfg.precision.dtype
         self.grad_dtype = cfg.grad_dtype  # fp32 with accumulate_fp32_grads, else the compute dtype
