@@ -180,13 +180,13 @@ def _offload(sec: dict, name: str) -> bool | None:
     return device == "cpu"
 
 
-def deepspeed_origins(ds: DeepSpeedSettings, explicit: set[str], flags: tuple[tuple[str, str], ...]) -> dict[str, str]:
+def deepspeed_origins(ds: DeepSpeedSettings, explicit: set[str], flags: tuple[tuple[str, str, str], ...]
+                      ) -> dict[str, str]:
     """Which train.py flags took their value from the DeepSpeed config (not given on the command line): flag ->
-    the JSON key. `flags`: (dest, key) pairs the caller applies (hybrid/train/args.DS_FLAGS); the global batch
-    comes from train_batch_size, or the micro-batch x gradient_accumulation_steps."""
-    attrs = {"micro_batch_size": "micro_batch", "zero_bucket_bytes": "bucket_bytes"}
-    out = {f"--{dest.replace('_', '-')}": key for dest, key in flags
-           if getattr(ds, attrs.get(dest, dest)) is not None and dest not in explicit}
+    the JSON key. `flags`: (dest, key, settings field) triples the caller applies (hybrid/train/args.DS_FLAGS);
+    the global batch comes from train_batch_size, or the micro-batch x gradient_accumulation_steps."""
+    out = {f"--{dest.replace('_', '-')}": key for dest, key, attr in flags
+           if getattr(ds, attr) is not None and dest not in explicit}
     if "global_batch_size" not in explicit:
         if ds.train_batch is not None:
             out["--global-batch-size"] = "train_batch_size"
