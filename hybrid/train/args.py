@@ -18,6 +18,7 @@ import torch
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
 from hybrid.checkpoint import args as ckpt_args
+from hybrid.cp import args as cp_args
 from hybrid.data import BatchSpec
 from hybrid.data import args as data_args
 from hybrid.fault import args as fault_args
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     metrics_args.add_arguments(p)
     fault_args.add_arguments(p)
     ckpt_args.add_arguments(p)
+    cp_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -403,8 +405,11 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     cfg = load_config(args.model)
     check_files(args, cfg)  # --load readable, outputs writable
     cfg = model_cli.check(args, cfg)  # dropout flags; --load tensor shapes
-    dims = ParallelDims.from_world(world, tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size)
+    args.cp = cp_args.check(args)
+    dims = ParallelDims.from_world(world, tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
+                                   cp=args.cp.size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
+    cp_args.check_model(args.cp, cfg, dims.tp, args.seq_length, args.sequence_parallel, args.compile)
     if args.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {args.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")

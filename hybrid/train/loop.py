@@ -24,6 +24,7 @@ from hybrid.train.evaluate import run_evaluations
 from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroOptimizer
 from models import Recompute, build_pipeline_chunks
+from models.common import set_context_parallel
 from models.config import ModelConfig
 
 
@@ -37,7 +38,7 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
     dims = mesh.dims
     model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages, seed=args.seed,
                                   recompute=Recompute(args.recompute_granularity or "none"))
-    model = model.to(mesh.device)
+    model = set_context_parallel(model.to(mesh.device), args.cp.context(mesh))  # hybrid/cp; None without CP
     if getattr(args, "compile", False):
         compile_blocks(model)
     if args.load:
@@ -46,10 +47,15 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
             load_hf_checkpoint(chunk, args.load, mesh.tp.rank)
     if dims.pp == 1 and plan.v == 1:
         return model, LocalForwardBackward(model[0], mesh.device)
-    seq = batch.seq_length // (dims.tp if args.sequence_parallel else 1)
+    seq = batch.seq_length // dims.cp // (dims.tp if args.sequence_parallel else 1)  # CP: this rank's T/cp tokens
     schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
     io = StageIO((batch.micro_batch, seq, cfg.hidden_size), args.zero.precision.dtype)  # activations in compute dtype
     return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device, record_timeline=bool(args.timeline))
+
+
+def cp_part(args, dims: ParallelDims) -> str:
+    """' x cp 2 (p2p)' for the start-up line; empty without context parallelism."""
+    return f" x cp {dims.cp} ({args.cp.comm_type.value})" if dims.cp > 1 else ""
 
 
 def compile_blocks(chunks, backend: str = "inductor") -> None:
@@ -83,7 +89,7 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     pipe = (f" x pp {dims.pp} ({plan.kind.value}{f', v {plan.v}' if plan.v > 1 else ''}, layers "
             f"{[len(s) for s in plan.stages]})" if dims.pp > 1 or plan.v > 1 else "")
     log0(mesh, f"hybrid: {args.model} ({cfg.num_parameters / 1e6:.2f}M parameters, {local / 1e6:.2f}M on rank 0) | "
-               f"tp {dims.tp}{' +sp' if args.sequence_parallel else ''}{pipe} x dp {dims.dp} on {dims.world} "
+               f"tp {dims.tp}{' +sp' if args.sequence_parallel else ''}{cp_part(args, dims)}{pipe} x dp {dims.dp} on {dims.world} "
                f"{device.type} ranks | global batch {batch.global_batch} = micro {batch.micro_batch} x dp "
                f"{dims.dp} x {batch.num_micro_batches} micro-batches | seq {batch.seq_length}"
                f"{' | blocks compiled (torch.compile)' if getattr(args, 'compile', False) else ''}")
@@ -101,10 +107,12 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     ckpt = RunCheckpoints(args.ckpt, mesh, model, optimizer, tp.rng, run_info(args, dims, plan))  # hybrid/checkpoint
     start, consumed = ckpt.resume()
     it, loss = start - 1, float("nan")
+    sharding = args.cp.sharding(mesh.cp.rank)
     t0 = time.perf_counter()
     for it in range(start, args.train_iters):
         ft.begin_iteration(it)
         batches = data.batches(consumed, batch, mesh.coords.dp)  # a pure function of the samples consumed so far
+        batches = sharding.batches(batches)  # this CP rank's tokens (+ packed documents' positions): hybrid/cp/data.py
         loss = train_step(model, batches, ft.optimizer, mesh, lr=opt_cfg.lr_at(it), runner=ft.runner)
         ft.end_iteration(it)
         if (it + 1) % args.log_interval == 0 or it + 1 == args.train_iters:
@@ -137,7 +145,7 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
 def run_info(args, dims: ParallelDims, plan: PipelinePlan) -> dict:
     """What a checkpoint records of the run (state.json): the model, the layout, the flags."""
     flags = {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (str, int, float, bool, type(None)))}
-    layout = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero": args.zero.stage, "v": plan.v,
+    layout = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "cp": dims.cp, "zero": args.zero.stage, "v": plan.v,
               "stages": [list(s) for s in plan.stages]}
     return {"model": args.model, "layout": layout, "args": flags}
 
