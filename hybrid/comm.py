@@ -17,7 +17,7 @@ reduce-scatter (n-1)/n S.
 A group of size 1 never calls torch.distributed and records nothing: single-process code is the
 ordinary path, not a special case.
 
-Every op is also recorded where it starts in the process's op trail (hybrid/fault/trail.py: a
+Every op is also recorded where it starts in the process's op trail (hybrid/trail.py: a
 sequence number per group, the op in flight), which the hang watchdog reads; the trail observes only.
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from hybrid.fault.trail import TRAIL
+from hybrid.trail import TRAIL
 
 
 @dataclass

@@ -25,11 +25,12 @@ class Recompute(enum.Enum):
 
     SELECTIVE recomputes the attention core in backward (its saved q, k, v are kept, its output and
     softmax statistics are not); FULL keeps only each block's input and reruns the whole block in
-    backward (its TP collectives included, as in Megatron). Both use torch's non-reentrant checkpoint."""
+    backward (its TP collectives included, as in Megatron). Both use torch's non-reentrant checkpoint.
+    The one enum of the runtime and the planner (hybrid/planner/layout.py prices each mode)."""
 
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
+    NONE = "none"  # keep every activation
+    SELECTIVE = "selective"  # recompute the attention core (QK^T, softmax, dropout, .V) in backward
+    FULL = "full"  # keep only each layer's input, rerun the layer's forward in backward
 
 
 def set_recompute(model: nn.Module, granularity: Recompute) -> nn.Module:
@@ -51,7 +52,23 @@ def maybe_checkpoint(enabled: bool, fn, *args, rng: ParallelRNG | None = None):
     if rng is None:
         return checkpoint(fn, *args, use_reentrant=False)
     state = rng.get_state()
-    return checkpoint(fn, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), rng.restored(state)))
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), _Replay(rng, state)))
+
+
+class _Replay:
+    """`rng.restored(state)` as a context that can be entered once per recomputation: a zero-bubble schedule's
+    W (hybrid/pipeline/split_backward.py) recomputes the region a second time, after B did."""
+
+    def __init__(self, rng: ParallelRNG, state: dict) -> None:
+        self.rng, self.state, self.entered = rng, state, []
+
+    def __enter__(self) -> None:
+        cm = self.rng.restored(self.state)
+        cm.__enter__()
+        self.entered.append(cm)
+
+    def __exit__(self, *exc) -> bool | None:
+        return self.entered.pop().__exit__(*exc)
 
 
 def set_context_parallel(model: nn.Module, cp: CPContext | None) -> nn.Module:

@@ -31,7 +31,7 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import IGNORE_INDEX, TPContext, gather_full, spec_of, sync_partial_grads
-from hybrid.training import LocalForwardBackward, sync_tied_embeddings
+from hybrid.train_step import LocalForwardBackward, sync_tied_embeddings
 from models import build_model, build_pipeline_chunks, from_hf, shift_labels
 from models.common import set_context_parallel
 

@@ -20,6 +20,7 @@ import torch
 
 from hybrid.cp.data import TokenSharding, seq_kwargs
 from hybrid.data import BatchSpec, DataSource, Split
+from hybrid.data.args import DataConfig
 from hybrid.mesh import Mesh
 
 
@@ -75,11 +76,11 @@ def validation_line(loss: float, where: str) -> str:
     return f"{rule}\n{text}\n{rule}"
 
 
-def run_evaluations(args, model, runner, mesh: Mesh, data: DataSource, batch: BatchSpec, optimizer, iteration: int,
-                    final: bool = False) -> dict[str, float]:
+def run_evaluations(cfg: DataConfig, model, runner, mesh: Mesh, data: DataSource, batch: BatchSpec, optimizer,
+                    iteration: int, final: bool = False, sharding: TokenSharding = TokenSharding()) -> dict[str, float]:
     """After `iteration`: the periodic validation when it is a multiple of --eval-interval; with `final`, the
-    end-of-training validation and test losses. Rank 0 prints Megatron's lines; returns {name: loss}."""
-    cfg = args.data
+    end-of-training validation and test losses. Rank 0 prints Megatron's lines; returns {name: loss}. `sharding`:
+    this CP rank's cut of each micro-batch (hybrid/cp/data.py)."""
     if cfg.eval_iters == 0 or (not final and iteration % cfg.eval_interval):
         return {}
     io, scale = getattr(runner, "io", None), getattr(optimizer, "loss_scale", 1.0)
@@ -91,8 +92,7 @@ def run_evaluations(args, model, runner, mesh: Mesh, data: DataSource, batch: Ba
         index = iteration // cfg.eval_interval if final else iteration // cfg.eval_interval - 1
         if split is Split.TEST:
             index = 0
-        loss = evaluate(model, mesh, data, batch, split, index, cfg.eval_iters, io, scale,
-                        args.cp.sharding(mesh.cp.rank) if hasattr(args, "cp") else TokenSharding())
+        loss = evaluate(model, mesh, data, batch, split, index, cfg.eval_iters, io, scale, sharding)
         out[name or "validation"] = loss
         if mesh.rank == 0:
             where = f"iteration {iteration}" + (f" on {name}" if name else "")
