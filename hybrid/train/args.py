@@ -20,6 +20,7 @@ import torch
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
 from hybrid.checkpoint import args as ckpt_args
+from hybrid.cp import args as cp_args
 from hybrid.data import BatchSpec
 from hybrid.data import args as data_args
 from hybrid.fault import args as fault_args
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     metrics_args.add_arguments(p)
     fault_args.add_arguments(p)
     ckpt_args.add_arguments(p)
+    cp_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -340,8 +342,11 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     cfg = load_config(ns.model)
     check_files(ns, cfg)  # --load readable, outputs writable
     cfg = model_cli.check(ns, cfg)  # dropout flags; --load tensor shapes
-    dims = ParallelDims.from_world(world, tp=ns.tensor_model_parallel_size, pp=ns.pipeline_model_parallel_size)
+    cp = cp_args.check(ns)
+    dims = ParallelDims.from_world(world, tp=ns.tensor_model_parallel_size, pp=ns.pipeline_model_parallel_size,
+                                   cp=cp.size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
+    cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")
@@ -361,7 +366,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
         optimizer=OptimizerConfig(lr=ns.lr, min_lr=ns.min_lr, weight_decay=ns.weight_decay, beta1=ns.adam_beta1,
                                   beta2=ns.adam_beta2, warmup_iters=ns.lr_warmup_iters, decay_style=ns.lr_decay_style,
                                   train_iters=ns.train_iters, clip_grad=ns.clip_grad),
-        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics,
+        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp,
         flags=tuple((k, v) for k, v in sorted(vars(ns).items()) if isinstance(v, (str, int, float, bool, type(None)))),
         ds_unsupported=tuple(unsupported))
 
