@@ -224,15 +224,13 @@ def _train_rank(rank: int, world: int, argv: list[str]) -> str:
     """train.py's run on this rank, its stdout captured, with a clock that moves 1 s per training step and
     stands still otherwise: every interval's ms/iter must then be 1000 exactly."""
     import importlib
-    from datetime import timedelta
     from types import SimpleNamespace
 
     import torch
 
     from hybrid.train import loop
     train_main = importlib.import_module("hybrid.train.main")
-    args, _, (cfg, dims, batch, plan), corpus = train_main.validate(argv)
-    args.distributed_timeout = timedelta(minutes=3)
+    run, _, corpus = train_main.validate(argv)
     clock = [0.0]
     step = loop.train_step
 
@@ -243,7 +241,7 @@ def _train_rank(rank: int, world: int, argv: list[str]) -> str:
     loop.train_step, loop.time = timed_step, SimpleNamespace(perf_counter=lambda: clock[0])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        loop.run(args, cfg, dims, batch, plan, corpus, torch.device("cpu"))
+        loop.run(run, corpus, torch.device("cpu"))
     return out.getvalue()
 
 
@@ -377,23 +375,15 @@ def test_resume_at_the_end_says_nothing_is_left_and_names_unset_flags_so():
                      "(raise --train-iters to continue)"]
 
 
-def test_a_model_the_planner_does_not_describe_is_a_line_not_a_crash():
+def test_a_model_the_planner_does_not_describe_is_a_line_not_a_crash(tmp_path):
     """A transformers GPT-2 with dropout 0.1 on CPU: the planner's fp32 profile models no dropout and refuses
     it; the start-up line says so and the run goes on (README's `--load path/to/hf_model` command)."""
-    from types import SimpleNamespace
-
     import torch
     from transformers import GPT2Config
 
-    from hybrid.data import BatchSpec
-    from hybrid.mesh import ParallelDims
-    from hybrid.train.args import PipelinePlan
-    from hybrid.zero import ZeroConfig
-    from models.config import from_hf
-    from hybrid.pipeline import ScheduleKind
-    cfg = from_hf(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=300))
-    args = SimpleNamespace(zero=ZeroConfig(), hardware=None, recompute_granularity=None, sequence_parallel=False)
-    p = explain.predict(args, cfg, ParallelDims(dp=1), BatchSpec(4, 4, 16, 1),
-                        PipelinePlan(ScheduleKind.ONE_F_ONE_B, 1, [(0, 1)]), torch.device("cpu"), 0.0)
+    from hybrid.train.args import parse_args, run_config
+    GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=300).save_pretrained(tmp_path)
+    run = run_config(parse_args(["--model", str(tmp_path), "--seq-length", "16"]), 1)
+    p = explain.predict(run, torch.device("cpu"), 0.0)
     assert explain.prediction_line(p).startswith("planner: no prediction for this layout on this cpu: activation "
                                                  "profile fp32-flash models our runtime without dropout")

@@ -283,8 +283,8 @@ RUN_CONTROL = {"load", "save", "save_interval", "save_keep", "ckpt_step", "no_lo
                "tensorboard_dir", "metrics_file", "timeline", "distributed_timeout_minutes", "hardware",
                "peak_tflops", "watchdog_timeout", "straggler_factor", "auto_parallel"}
 # the layout, compared as one (the layout line)
-LAYOUT_FLAGS = {"tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
-                "virtual_pipeline_model_parallel_size", "pipeline_schedule", "pipeline_partition",
+LAYOUT_FLAGS = {"tensor_model_parallel_size", "context_parallel_size", "pipeline_model_parallel_size",
+                "num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_schedule", "pipeline_partition",
                 "pipeline_layers_per_stage", "zero_stage", "micro_batch_size"}
 SCHEDULE_FLAGS = ("lr", "min_lr", "lr_warmup_iters", "lr_decay_style", "train_iters", "lr_decay_iters")
 # flags that choose which samples a step reads (with train_iters and the global batch: `data_order_line`)
@@ -297,7 +297,7 @@ def _flag(dest: str) -> str:
 
 def _value(v) -> str:
     """A flag's value as typed: None is unset, a list its words."""
-    return "unset" if v is None else " ".join(map(str, v)) if isinstance(v, list) else str(v)
+    return "unset" if v is None else " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
 
 def changed_flags(saved: dict, now: dict) -> dict[str, tuple]:
@@ -305,14 +305,20 @@ def changed_flags(saved: dict, now: dict) -> dict[str, tuple]:
     checkpoint did not record (an older version's) is left out too."""
     out = {}
     for k in sorted(set(saved) & set(now)):
-        if k not in RUN_CONTROL and k not in LAYOUT_FLAGS and saved[k] != now[k]:
+        if k not in RUN_CONTROL and k not in LAYOUT_FLAGS and _json(saved[k]) != _json(now[k]):
             out[k] = (saved[k], now[k])
     return out
 
 
+def _json(v):
+    """A value as state.json holds it (a tuple is a list there)."""
+    return list(v) if isinstance(v, tuple) else v
+
+
 def layout_text(layout: dict) -> str:
     v = f" (v {layout['v']})" if layout.get("v", 1) > 1 else ""
-    return (f"tp {layout['tp']} x pp {layout['pp']}{v} x dp {layout['dp']}, ZeRO {layout['zero']}, stages "
+    cp = f" x cp {layout['cp']}" if layout.get("cp", 1) > 1 else ""
+    return (f"tp {layout['tp']}{cp} x pp {layout['pp']}{v} x dp {layout['dp']}, ZeRO {layout['zero']}, stages "
             f"{[len(s) for s in layout.get('stages', [])]}")
 
 
@@ -353,7 +359,7 @@ def data_order_line(saved_flags: dict, now_flags: dict, facts: DataFacts, global
                     saved_global_batch: int, consumed: int) -> str | None:
     """Whether the samples from `consumed` on are the ones the saved run would have read."""
     for k in DATA_FLAGS:
-        if k in saved_flags and saved_flags[k] != now_flags.get(k):
+        if k in saved_flags and _json(saved_flags[k]) != _json(now_flags.get(k)):
             return (f"resume: data order changed: {_flag(k)} differs from the saved run's, so the samples from "
                     f"{consumed:,} on are not the ones it would have read")
     old_samples = saved_flags["train_iters"] * saved_global_batch
@@ -388,7 +394,7 @@ def resume_lines(saved: dict, now: dict, start: int, consumed: int, facts: DataF
         lines.append(f"resume: the checkpoint is at iteration {start} and --train-iters is {new['train_iters']}: "
                      f"nothing left to train (raise --train-iters to continue)")
     lay_old, lay_new = saved.get("layout", {}), now["layout"]
-    if any(lay_old.get(k) != lay_new.get(k) for k in ("tp", "pp", "dp", "zero", "v", "stages")):
+    if any(lay_old.get(k, 1) != lay_new.get(k, 1) for k in ("tp", "cp", "pp", "dp", "zero", "v", "stages")):
         lines.append(f"resume: layout changed: saved at {layout_text(lay_old)}, now {layout_text(lay_new)}: the "
                      f"checkpoint is resharded on load; losses agree with the saved layout's up to fp32 summation "
                      f"order, and dropout's per-rank streams restart unless tp, pp and dp are the same")
@@ -448,16 +454,20 @@ def _run_hardware(hardware_path: str | None, precision, device) -> tuple[object,
     return hardware("cpu"), "the cpu preset", False
 
 
-def predict(args, cfg: ModelConfig, dims, batch, plan, device, baseline_bytes: float) -> Prediction:
-    """The planner's evaluation of exactly this layout (hybrid/metrics/split.py's run_layout), in the log's
-    units: ms/iter, tokens/s, and memory by the device's measure (hybrid/metrics/peak_memory.py)."""
+def predict(run, device, baseline_bytes: float) -> Prediction:
+    """The planner's evaluation of exactly this run's layout (hybrid/metrics/split.py's run_layout), in the log's
+    units: ms/iter, tokens/s, and memory by the device's measure (hybrid/metrics/peak_memory.py). `run`: the
+    RunConfig (hybrid/train/config.py)."""
     from hybrid.metrics.split import run_layout
     from hybrid.planner import Cluster, evaluate
+    from hybrid.planner.layout import stage_layers
 
-    name = os.path.basename(args.hardware) if getattr(args, "hardware", None) else f"this {device.type}"
+    cfg, dims, batch, plan = run.model.arch, run.parallel.dims, run.training.batch, run.parallel.pipeline
+    name = os.path.basename(run.training.hardware) if run.training.hardware else f"this {device.type}"
     try:
-        work, layout = run_layout(args, cfg, dims, batch, plan.v)
-        hw, name, timed = _run_hardware(getattr(args, "hardware", None), work.precision, device)
+        work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch,
+                                  plan.v)
+        hw, name, timed = _run_hardware(run.training.hardware, work.precision, device)
         result = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout)
     except ValueError as e:  # a model or layout the planner does not describe: its message names why
         return Prediction(name, error=str(e))
@@ -467,7 +477,6 @@ def predict(args, cfg: ModelConfig, dims, batch, plan, device, baseline_bytes: f
     tensors = peak.total - peak.workspace
     cuda = device.type == "cuda"
     step = result.time.total if timed else None
-    from hybrid.planner.layout import stage_layers
     ours, theirs = [len(st) for st in plan.stages], list(stage_layers(cfg, dims.pp, plan.v, batch.seq_length))
     return Prediction(name, step, batch.global_batch * batch.seq_length / step if step else None,
                       tensors + (0.0 if cuda else baseline_bytes), "max allocated" if cuda else "peak RSS",
@@ -475,19 +484,20 @@ def predict(args, cfg: ModelConfig, dims, batch, plan, device, baseline_bytes: f
                       stages_note=f"the planner's stages {theirs}, the run's {ours}" if ours != theirs else "")
 
 
-def startup_lines(args, info: dict, cfg: ModelConfig, dims, batch, plan, data: DataSource, start: int,
-                  consumed: int, device, baseline_bytes: float) -> list[str]:
-    """Every start-up line, in order (rank 0 prints them). `info` is run_info's dict (what a checkpoint
-    records of this run); `start`, `consumed` what the resume returned; `baseline_bytes` the process's resident
-    bytes before the model was built."""
-    ckpt_dir, saved = read_saved_state(args.ckpt.load, start)
-    lines = [model_line(args.model, cfg, weights_of(args.load, ckpt_dir, start, saved), args.seed)]
-    d = args.data
-    sizes = SplitSizes.for_run(args.train_iters, batch.global_batch, d.eval_interval, d.eval_iters)
-    facts = data_facts(data, sizes, d.split, args.split, d.eval_iters)
+def startup_lines(run, info: dict, data: DataSource, start: int, consumed: int, device,
+                  baseline_bytes: float) -> list[str]:
+    """Every start-up line, in order (rank 0 prints them). `run` is the RunConfig, `info` run_info's dict (what a
+    checkpoint records of this run); `start`, `consumed` what the resume returned; `baseline_bytes` the process's
+    resident bytes before the model was built."""
+    flags, batch, d = info["args"], run.training.batch, run.data
+    ckpt_dir, saved = read_saved_state(run.checkpoint.load, start)
+    weights = weights_of(run.model.init_weights, ckpt_dir, start, saved)
+    lines = [model_line(run.model.name, run.model.arch, weights, run.training.seed)]
+    sizes = SplitSizes.for_run(run.training.train_iters, batch.global_batch, d.eval_interval, d.eval_iters)
+    facts = data_facts(data, sizes, d.split, flags.get("split", ""), d.eval_iters)
     lines += data_lines(facts)
-    lines.append(schedule_line(info["args"], batch.global_batch, batch.seq_length))
-    lines.append(prediction_line(predict(args, cfg, dims, batch, plan, device, baseline_bytes)))
+    lines.append(schedule_line(flags, batch.global_batch, batch.seq_length))
+    lines.append(prediction_line(predict(run, device, baseline_bytes)))
     if saved is not None:
         lines += resume_lines(saved, info, start, consumed, facts, batch.global_batch)
     return lines
