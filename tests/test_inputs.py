@@ -382,6 +382,11 @@ CASES = [
                                            "--sim-budget", "10"], {}, {}, "rerun with --sim-budget"),
     ("plan-layers-zero", "plan", ["--num-layers", "0", "--hidden-size", "64", "--num-attention-heads", "4", "--gpus",
                                   "2", "--global-batch-size", "8"], {}, {}, "--num-layers"),
+    ("plan-layers-100000", "plan", ["--num-layers", "100000", "--hidden-size", "64", "--num-attention-heads", "4",
+                                    "--gpus", "8", "--global-batch-size", "8"], {}, {},
+     "--num-layers 100000: the planner splits at most 2048 layers"),  # was a 75 GiB table (issue 24)
+    ("plan-model-100000-layers", "plan", ["--model", "{d}/m", "--gpus", "8", "--global-batch-size", "8"],
+     {"m/config.json": _cfg(num_hidden_layers=100000)}, {}, "100000 layers; the planner splits at most 2048"),
     ("plan-heads-not-dividing", "plan", ["--num-layers", "2", "--hidden-size", "100", "--num-attention-heads", "3",
                                          "--gpus", "2", "--global-batch-size", "8"], {}, {}, "--num-attention-heads"),
     ("plan-groups-not-dividing", "plan", ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
