@@ -612,3 +612,74 @@ def test_a_build_in_progress_is_waited_for_not_called_stale(tmp_path, monkeypatc
         waited = time.monotonic() - start
     child.wait()
     assert waited > 0.5 and lines == [], (waited, lines)  # waited for the build; nothing left to build
+
+
+# --- transformers folders and tokenizers: truncated or malformed files are one line -------------------------
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory) -> str:
+    """A tiny GPT-2 saved by transformers' save_pretrained, with a tokenizer trained by train_tokenizer.py."""
+    from transformers import AutoModelForCausalLM
+
+    from hybrid.data.train_tokenizer import train as train_tokenizer
+    from models.config import PRESETS
+    root = tmp_path_factory.mktemp("hf")
+    AutoModelForCausalLM.from_config(PRESETS["tiny-gpt2"]()).save_pretrained(root / "hf")
+    text = root / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 50)
+    train_tokenizer([str(text)], 300, str(root / "hf"))
+    return str(root / "hf")
+
+
+def _cut(name: str, keep: int | None = None):
+    def edit(folder):
+        path = os.path.join(folder, name)
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[:len(data) // 2 if keep is None else keep])
+    return edit
+
+
+def _write(name: str, text: str):
+    def edit(folder):
+        open(os.path.join(folder, name), "w").write(text)
+    return edit
+
+
+# (id, how the folder is altered, argv after SRC for generate, the fragment)
+FOLDER_CASES = [
+    ("safetensors-truncated", _cut("model.safetensors"), [], "not a readable safetensors checkpoint"),
+    ("safetensors-header-cut", _cut("model.safetensors", 100), [], "not a readable safetensors checkpoint"),
+    ("safetensors-empty", _cut("model.safetensors", 0), [], "not a readable safetensors checkpoint"),
+    ("safetensors-not-one", _write("model.safetensors", "hello"), [], "not a readable safetensors checkpoint"),
+    ("index-names-missing-shard", _write("model.safetensors.index.json",
+                                         '{"weight_map": {"transformer.wte.weight": "gone.safetensors"}}'), [],
+     "missing shard files: gone.safetensors"),
+    ("tokenizer-truncated", _cut("tokenizer.json"), ["--prompt", "hi"], "tokenizer.json (carried with SRC): not readable"),
+    ("tokenizer-empty-object", _write("tokenizer.json", "{}"), ["--prompt", "hi"], "not a readable tokenizer"),
+    ("tokenizer-config-truncated", _cut("tokenizer_config.json"), ["--prompt", "hi"],
+     "tokenizer_config.json (carried with SRC): not readable JSON"),
+    ("tokenizer-flag-truncated", _cut("tokenizer.json"), ["--prompt", "hi", "--tokenizer", "{src}/tokenizer.json"],
+     "tokenizer.json (--tokenizer): not readable JSON"),
+]
+
+
+FOLDER_RUNS = [(c, cmd) for c in FOLDER_CASES for cmd in ("generate", "convert") if cmd == "generate" or not c[2]]
+
+
+@pytest.mark.parametrize("case, command", FOLDER_RUNS, ids=[f"{c[0]}-{cmd}" for c, cmd in FOLDER_RUNS])
+def test_a_truncated_model_or_tokenizer_file_is_one_line(hf_folder, tmp_path, monkeypatch, capsys, case, command):
+    """generate reads weights and the tokenizer; convert reads the weights (it copies tokenizer files as they are)."""
+    name, edit, argv, fragment = case
+    src = str(tmp_path / "src")
+    shutil.copytree(hf_folder, src)
+    edit(src)
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    before = tree(src)
+    if command == "convert":
+        args = [command, src, str(tmp_path / "out")]
+    else:
+        args = ([command, src, "--max-new-tokens", "2"] + [a.replace("{src}", src) for a in argv]
+                + (["--prompt-ids", "1,2"] if not argv else []))
+    line = one_line_error(hybrid.cli.main, args, capsys)
+    assert line.startswith(f"hybrid {command}: error: ") and fragment in line, line
+    assert tree(src) == before and not os.path.exists(tmp_path / "out")
