@@ -54,7 +54,9 @@ def check_safetensors(src: str, what: str = "SRC") -> None:
     from models.hf_io import CheckpointReader
     try:
         reader = CheckpointReader(src)
-    except Exception as e:  # safetensors' header error, a malformed index
+    except Exception as e:  # safetensors' header error, a malformed index; ours (an index naming a file outside)
+        if isinstance(e, ValueError) and str(e).startswith("--model"):
+            raise ValueError(what + str(e)[len("--model"):]) from None
         raise ValueError(f"{what} {src}: not a readable safetensors checkpoint ({type(e).__name__}: "
                          f"{(str(e).strip().splitlines() or [''])[0][:160]})") from None
     missing = sorted({os.path.basename(f) for f in reader.files.values() if not os.path.isfile(f)})
