@@ -472,6 +472,8 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
         raise ValueError(f"--hardware {path}: cannot read a profile ({e})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--hardware {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a 5000-digit number
+        raise ValueError(f"--hardware {path}: not a JSON file hybrid reads ({type(e).__name__})") from None
     if not isinstance(profile, dict) or profile.get("format") != FORMAT:
         raise ValueError(f"--hardware {path}: not a {FORMAT} file (write one with `hybrid calibrate --out FILE`)")
     fields_ = profile.get("hardware")

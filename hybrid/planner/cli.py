@@ -220,11 +220,20 @@ def model_from_args(args: argparse.Namespace) -> ModelConfig:
     if args.model:
         if any(x is not None for x in sizes):
             raise ValueError("give either --model or the size flags (--num-layers ...), not both")
-        return load_config(args.model)
+        cfg = load_config(args.model)
+        from hybrid.partition import MAX_BALANCED_LAYERS
+        if cfg.num_layers > MAX_BALANCED_LAYERS:
+            raise ValueError(f"--model {args.model}: {cfg.num_layers} layers; the planner splits at most "
+                             f"{MAX_BALANCED_LAYERS} over pipeline stages (published models have ~100)")
+        return cfg
     if any(x is None for x in sizes):
         raise ValueError("give --model (a preset or config.json directory) or all of --num-layers, --hidden-size "
                          "and --num-attention-heads")
     layers, hidden, heads = sizes
+    from hybrid.partition import MAX_BALANCED_LAYERS
+    if layers > MAX_BALANCED_LAYERS:  # the planner tries pp that do not divide them: the balanced split's tables
+        raise ValueError(f"--num-layers {layers}: the planner splits at most {MAX_BALANCED_LAYERS} layers over "
+                         f"pipeline stages (published models have ~100)")
     if hidden % heads:
         raise ValueError(f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads}")
     kv = args.num_query_groups or heads
