@@ -20,6 +20,7 @@ import torch.distributed as dist
 from hybrid.checkpoint import core, store
 from hybrid.checkpoint.args import CheckpointConfig
 from hybrid.cliutil import fail
+from hybrid.stateful import Stateful
 
 
 def _log(msg: str) -> None:
@@ -40,10 +41,15 @@ def _same_config(path: str, model: str | None) -> bool:
 
 class RunCheckpoints:
     """The checkpoint side of one run. `info` is JSON-able and saved in state.json (the layout, the model,
-    the flags); `info["layout"]` decides whether the per-rank RNG state can be restored (same layout only)."""
+    the flags); `info["layout"]` decides whether the per-rank RNG state can be restored (same layout only).
+    The state is the optimizer's (the model's master weights, Adam), the RNG's, and that of any further owners
+    given as {key prefix: Stateful} (the fault counters: {"fault.": FaultTolerance}); the data position is the
+    iteration and the samples consumed, recorded in state.json."""
 
-    def __init__(self, cfg: CheckpointConfig, mesh, model, optimizer, rng, info: dict):
+    def __init__(self, cfg: CheckpointConfig, mesh, model, optimizer, rng, info: dict,
+                 owners: dict[str, Stateful] | None = None):
         self.cfg, self.mesh, self.opt, self.rng, self.info = cfg, mesh, optimizer, rng, info
+        self.owners = dict(owners or {})
         self.names = core.param_names(model)
         self.pending: core.PendingSave | None = None
         self.last_saved: int | None = None
@@ -93,7 +99,8 @@ class RunCheckpoints:
         same = all(saved["layout"].get(k) == self.info["layout"].get(k) for k in ("tp", "pp", "dp"))
         rng = self.cfg.load_rng and same and not model_only
         optim = self.cfg.load_optim and not model_only
-        state = core.load(self.opt, self.names, self.rng, path, optim=optim, rng_too=rng, pg=self.pg)
+        owners = {**core.statefuls(self.opt, self.names, self.rng, optim=optim, rng_too=rng), **self.owners}
+        state = core.load_state(owners, path, pg=self.pg)
         lay = saved["layout"]
         _log(f"checkpoint: resumed from {path} (saved at tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']}, "
              f"ZeRO {lay['zero']}) | iteration {state['iteration']} | consumed samples {state['consumed_samples']}"
@@ -109,7 +116,8 @@ class RunCheckpoints:
         finish)."""
         self.wait()
         state = dict(self.info, iteration=iteration, consumed_samples=consumed)
-        pending = core.start_save(self.opt, self.names, self.rng, self.cfg.save, iteration, state, pg=self.pg,
+        owners = {**core.statefuls(self.opt, self.names, self.rng), **self.owners}
+        pending = core.save_state(owners, self.cfg.save, iteration, state, pg=self.pg,
                                   asynchronous=self.cfg.async_save)
         self.last_saved = iteration
         if self.cfg.async_save:

@@ -88,7 +88,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     log0(mesh, metrics.header())
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
-    ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run))  # hybrid/checkpoint
+    ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run),
+                          owners={"fault.": ft})  # hybrid/checkpoint: every owner of state
     start, consumed = ckpt.resume()
     train_iters, log_interval, z = run.training.train_iters, run.training.log_interval, run.zero
     it, loss = start - 1, float("nan")
