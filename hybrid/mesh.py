@@ -163,6 +163,11 @@ class Mesh:
     embedding: Group
     device: torch.device
     ledger: CommLedger = field(default_factory=CommLedger)
+    world: Group | None = None  # every rank: start-up and logging collectives (node ids, timeline, memory peaks)
+
+    def __post_init__(self) -> None:
+        if self.world is None:
+            self.world = Group.solo("world", self.ledger)
 
     @property
     def coords(self) -> Coords:
@@ -198,6 +203,8 @@ class Mesh:
         groups = {axis.value: _new_groups(dims.group_ranks(axis), rank, axis.value, ledger, timeout)
                   for axis in Axis}
         groups["embedding"] = _new_groups(dims.embedding_group_ranks(), rank, "embedding", ledger, timeout)
+        groups["world"] = (Group("world", tuple(range(world)), dist.group.WORLD, ledger) if world > 1
+                           else Group.solo("world", ledger))
         device = device or default_backend()[1]
         return cls(dims=dims, rank=rank, device=device, ledger=ledger, **groups)
 

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from hybrid.checkpoint import store
 from hybrid.checkpoint.faults import crash_point
 from hybrid.checkpoint.shards import sharded_tensor
+from hybrid.comm import CommLedger, Group
 from hybrid.stateful import Shards, Stateful
 from hybrid.tp.random import RNGState
 from hybrid.zero.state import MOMENTS, adam_step, param_names, scaler_state  # noqa: F401  (the names tests read)
@@ -111,91 +112,101 @@ class _Writer(dcp.FileSystemWriter):
         return future
 
 
+def world_group(group: Group | None = None) -> Group:
+    """`group`, or every rank of the job over the default process group (a caller that brings none: tests, tools),
+    counted on a ledger of its own."""
+    if group is not None:
+        return group
+    world = dist.get_world_size()
+    if world == 1:
+        return Group.solo("ckpt", CommLedger())
+    return Group("ckpt", tuple(range(world)), dist.group.WORLD, CommLedger())
+
+
 class PendingSave:
     """A save whose data is being (or has been) written; `finish()` makes it complete and `latest`."""
 
-    def __init__(self, root: str, iteration: int, state: dict, pg, future: Future | None):
-        self.root, self.iteration, self.state, self.pg, self.future = root, iteration, state, pg, future
+    def __init__(self, root: str, iteration: int, state: dict, group: Group, future: Future | None):
+        self.root, self.iteration, self.state, self.group, self.future = root, iteration, state, group, future
 
     def finish(self) -> str:
         """Wait for the data, checksum this rank's files, and (rank 0) write the manifest, rename, advance
-        `latest`. Collective over the save's process group."""
+        `latest`. Collective over the save's group."""
         if self.future is not None:
             self.future.result()
         tmp = store.tmp_path(self.root, self.iteration)
-        rank = dist.get_rank(self.pg)
         mine = {n: store.describe(os.path.join(tmp, n)) for n in store.rank_files(tmp, dist.get_rank())}
         crash_point("after_data", self.iteration)  # test-only: every rank's data durable, nothing finalized
-        everyone: list = [None] * dist.get_world_size(self.pg)
-        dist.all_gather_object(everyone, mine, group=self.pg)
+        everyone = self.group.all_gather_object(mine)
         path = store.final_path(self.root, self.iteration)
-        if rank == 0:
+        if self.group.rank == 0:
             store.finalize(self.root, self.iteration, {k: v for d in everyone for k, v in d.items()}, self.state)
-        dist.barrier(group=self.pg)
+        self.group.barrier()
         return path
 
 
-def start_save(opt, names: dict[int, str], rng, root: str, iteration: int, state: dict, pg=None,
+def start_save(opt, names: dict[int, str], rng, root: str, iteration: int, state: dict, pg: Group | None = None,
                asynchronous: bool = False) -> PendingSave:
     """Save the optimizer's state and this rank's RNG (`save_state`)."""
     return save_state(statefuls(opt, names, rng), root, iteration, state, pg, asynchronous)
 
 
-def save_state(owners: dict[str, Stateful], root: str, iteration: int, state: dict, pg=None,
+def save_state(owners: dict[str, Stateful], root: str, iteration: int, state: dict, group: Group | None = None,
                asynchronous: bool = False) -> PendingSave:
     """Write this rank's pieces of every owner's state into root/iter_N.tmp/ (plain values into state.json with
     `state`). Synchronous: returns once the data is durable; asynchronous: once it is staged (copied), the write
-    runs in a thread on `pg`. Either way `finish()` completes the checkpoint. Collective over `pg` (every rank of
-    the job)."""
+    runs in a thread on `group`. Either way `finish()` completes the checkpoint. Collective over `group` (every
+    rank of the job; None: the default process group)."""
+    group = world_group(group)
     tmp = store.tmp_path(root, iteration)
-    if dist.get_rank(pg) == 0:
+    if group.rank == 0:
         for name in store.clean_partial(root):
             print(f"checkpoint: removed the unfinished {name} of an earlier save", flush=True)
         os.makedirs(tmp)
-    dist.barrier(group=pg)
+    group.barrier()
     sd, plain, _ = collect(owners, saving=True, stage=asynchronous)
     state = dict(state, format=store.FORMAT, **plain)
     writer = _Writer(tmp, iteration)
     if asynchronous:
-        future = dcp.async_save(sd, storage_writer=writer, process_group=pg, async_stager=_Prestaged())
-        return PendingSave(root, iteration, state, pg, future)
-    dcp.save(sd, storage_writer=writer, process_group=pg)
-    return PendingSave(root, iteration, state, pg, None)
+        future = group.delegate_async("dcp_save", lambda pg: dcp.async_save(
+            sd, storage_writer=writer, process_group=pg, async_stager=_Prestaged()))
+        return PendingSave(root, iteration, state, group, future)
+    group.delegate("dcp_save", lambda pg: dcp.save(sd, storage_writer=writer, process_group=pg))
+    return PendingSave(root, iteration, state, group, None)
 
 
 # --- load -------------------------------------------------------------------------------------------
-def verify(directory: str, pg=None) -> str | None:
+def verify(directory: str, group: Group | None = None) -> str | None:
     """Every file of `directory` against its manifest, the files spread over the ranks; the first error
-    (one line) or None. Collective over `pg`."""
+    (one line) or None. Collective over `group` (None: the default process group)."""
+    group = world_group(group)
     error = None
     try:
         manifest = store.read_manifest(directory)
         files = sorted(manifest["files"].items())
-        world, rank = dist.get_world_size(pg), dist.get_rank(pg)
-        for name, want in files[rank::world]:
+        for name, want in files[group.rank::group.size]:
             store.verify_file(directory, name, want)
     except store.CorruptCheckpoint as e:
         error = str(e)
-    errors: list = [None] * dist.get_world_size(pg)
-    dist.all_gather_object(errors, error, group=pg)
-    return next((e for e in errors if e), None)
+    return next((e for e in group.all_gather_object(error) if e), None)
 
 
 def load(opt, names: dict[int, str], rng, directory: str, optim: bool = True, rng_too: bool = True,
-         pg=None) -> dict:
+         pg: Group | None = None) -> dict:
     """Fill the master weights (and the Adam moments and step, the loss scaler, this rank's RNG) from a
     checkpoint written at any layout (`load_state`). Returns state.json."""
     return load_state(statefuls(opt, names, rng, optim=optim, rng_too=rng_too), directory, pg)
 
 
-def load_state(owners: dict[str, Stateful], directory: str, pg=None) -> dict:
+def load_state(owners: dict[str, Stateful], directory: str, group: Group | None = None) -> dict:
     """Fill every owner's state from a checkpoint: DCP reads each piece this rank holds from whichever saved pieces
     overlap it, state.json gives the plain values; then each owner's load_state_dict puts derived state right.
     An owner's plain value the checkpoint lacks (saved before the owner kept it) is left out. Returns state.json.
-    Collective over `pg`."""
+    Collective over `group` (None: the default process group)."""
     state = store.read_state(directory)
     sd, plain, own = collect(owners, saving=False)
-    dcp.load(sd, storage_reader=dcp.FileSystemReader(directory), process_group=pg)
+    reader = dcp.FileSystemReader(directory)
+    world_group(group).delegate("dcp_load", lambda pg: dcp.load(sd, storage_reader=reader, process_group=pg))
     for prefix, owner in owners.items():
         loaded = {}
         for k, v in own[prefix].items():

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from hybrid.checkpoint import core, store
 from hybrid.checkpoint.args import CheckpointConfig
 from hybrid.cliutil import fail
+from hybrid.comm import Group
 from hybrid.stateful import Stateful
 
 
@@ -53,12 +54,13 @@ class RunCheckpoints:
         self.names = core.param_names(model)
         self.pending: core.PendingSave | None = None
         self.last_saved: int | None = None
-        # gloo groups of every rank: the save's own (a background save's collectives run on it, never
-        # interleaved with training's), and one for the main thread's checks (verify, SIGTERM agreement)
-        # (none when the run neither saves nor loads)
+        # gloo groups of every rank, counted on the mesh's ledger: the save's own (a background save's
+        # collectives run on it, never interleaved with training's), and one for the main thread's checks
+        # (verify, SIGTERM agreement) (none when the run neither saves nor loads)
         active = cfg.save is not None or cfg.load is not None
-        self.pg = dist.new_group(backend="gloo") if active else None
-        self.ctl = dist.new_group(backend="gloo") if active else None
+        ranks, ledger = list(range(mesh.dims.world)), mesh.ledger
+        self.pg = Group.create("ckpt", ranks, ledger, backend="gloo") if active else None
+        self.ctl = Group.create("ckpt_ctl", ranks, ledger, backend="gloo") if active else None
         self._signalled = False
         if cfg.exit_signal_handler:
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -100,7 +102,7 @@ class RunCheckpoints:
         rng = self.cfg.load_rng and same and not model_only
         optim = self.cfg.load_optim and not model_only
         owners = {**core.statefuls(self.opt, self.names, self.rng, optim=optim, rng_too=rng), **self.owners}
-        state = core.load_state(owners, path, pg=self.pg)
+        state = core.load_state(owners, path, self.pg)
         lay = saved["layout"]
         _log(f"checkpoint: resumed from {path} (saved at tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']}, "
              f"ZeRO {lay['zero']}) | iteration {state['iteration']} | consumed samples {state['consumed_samples']}"
@@ -117,8 +119,7 @@ class RunCheckpoints:
         self.wait()
         state = dict(self.info, iteration=iteration, consumed_samples=consumed)
         owners = {**core.statefuls(self.opt, self.names, self.rng), **self.owners}
-        pending = core.save_state(owners, self.cfg.save, iteration, state, pg=self.pg,
-                                  asynchronous=self.cfg.async_save)
+        pending = core.save_state(owners, self.cfg.save, iteration, state, self.pg, asynchronous=self.cfg.async_save)
         self.last_saved = iteration
         if self.cfg.async_save:
             self.pending = pending
@@ -162,8 +163,7 @@ class RunCheckpoints:
     def _any_rank_signalled(self) -> bool:
         """The signal may reach the ranks at different steps; all stop at the same one (an all-reduce)."""
         flag = torch.tensor([float(self._signalled)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ctl)
-        return flag.item() > 0
+        return self.ctl.all_reduce(flag, op=dist.ReduceOp.MAX, tag="sigterm").item() > 0
 
     def finish(self, iteration: int, consumed: int) -> None:
         """The final save (when --save and not just saved), then wait for any background save."""

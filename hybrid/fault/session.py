@@ -57,7 +57,7 @@ class FaultTolerance:
     def start(cls, cfg: FaultConfig, mesh: Mesh, model: nn.Module, runner, optimizer,
               log_interval: int) -> "FaultTolerance":
         """Collective (gathers node ids). Rank 0 prints the node layout."""
-        line = nodes.describe(mesh.dims)
+        line = nodes.describe(mesh.dims, mesh.world)
         if mesh.rank == 0:
             print(line, flush=True)
         return cls(cfg, mesh, model, runner, optimizer, log_interval)

@@ -8,7 +8,6 @@ import time
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from hybrid.checkpoint.run import RunCheckpoints
 from hybrid.data import DataSource
@@ -157,8 +156,7 @@ def run_info(run: RunConfig) -> dict:
 def save_timeline(path: str, runner, mesh: Mesh, plan: PipelinePlan) -> None:
     """Gather every rank's events of the last step; rank 0 writes the Chrome trace."""
     events = getattr(runner, "events", [])
-    gathered = [None] * mesh.dims.world
-    dist.all_gather_object(gathered, (mesh.rank, mesh.coords.pp, events))
+    gathered = mesh.world.all_gather_object((mesh.rank, mesh.coords.pp, events))
     if mesh.rank == 0:
         trace = chrome_trace({r: evs for r, _, evs in gathered}, {r: pp for r, pp, _ in gathered}, plan.v)
         write_chrome_trace(path, trace)
