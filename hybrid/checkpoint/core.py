@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import AsyncStager
 
-from hybrid.checkpoint import store
+from hybrid.checkpoint import safe_read, store
 from hybrid.checkpoint.faults import crash_point
 from hybrid.checkpoint.shards import sharded_tensor
 from hybrid.comm import CommLedger, Group
@@ -82,7 +82,7 @@ def collect(owners: dict[str, Stateful], saving: bool, stage: bool = False):
 
 
 class _Prestaged(AsyncStager):
-    """The state dict is already a private CPU copy (tensor_state(stage=True)): nothing more to stage.
+    """The state dict is already a private CPU copy (collect(stage=True)): nothing more to stage.
     (DCP's default stager would deep-copy ShardedTensors without their local shards.)"""
 
     _synchronize_after_execute = False
@@ -182,6 +182,7 @@ def verify(directory: str, group: Group | None = None) -> str | None:
     group = world_group(group)
     error = None
     try:
+        safe_read.check_checkpoint(directory)  # manifest, state.json, .metadata: well-formed, confined, no code
         manifest = store.read_manifest(directory)
         files = sorted(manifest["files"].items())
         for name, want in files[group.rank::group.size]:
@@ -205,8 +206,8 @@ def load_state(owners: dict[str, Stateful], directory: str, group: Group | None 
     Collective over `group` (None: the default process group)."""
     state = store.read_state(directory)
     sd, plain, own = collect(owners, saving=False)
-    reader = dcp.FileSystemReader(directory)
-    world_group(group).delegate("dcp_load", lambda pg: dcp.load(sd, storage_reader=reader, process_group=pg))
+    # .metadata through safe_read: only DCP's own classes are unpickled (an untrusted checkpoint runs no code)
+    world_group(group).delegate("dcp_load", lambda pg: safe_read.load(sd, directory, process_group=pg))
     for prefix, owner in owners.items():
         loaded = {}
         for k, v in own[prefix].items():

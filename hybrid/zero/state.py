@@ -153,8 +153,7 @@ def key(kind: str, name: str) -> str:
 
 
 def _view(opt, c: Chunk, kind: str) -> torch.Tensor:
-    view = opt.units[c.unit].views[c.seg]
-    base = view if kind == MODEL else opt.optimizer.state[view][kind]
+    base = opt.units[c.unit].views[c.seg] if kind == MODEL else opt.moment(c.unit, c.seg, kind)
     return base[c.lo:c.hi].view(c.sizes)
 
 
