@@ -8,7 +8,6 @@ import time
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from hybrid.checkpoint.run import RunCheckpoints
 from hybrid.data import DataSource
@@ -89,7 +88,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     log0(mesh, metrics.header())
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
-    ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run))  # hybrid/checkpoint
+    ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run),
+                          owners={"fault.": ft})  # hybrid/checkpoint: every owner of state
     start, consumed = ckpt.resume()
     ft.check_weights()  # the NaN guard: NaN/inf in loaded weights is one line now, not skipped steps later
     train_iters, log_interval, z = run.training.train_iters, run.training.log_interval, run.zero
@@ -166,8 +166,7 @@ def run_info(run: RunConfig) -> dict:
 def save_timeline(path: str, runner, mesh: Mesh, plan: PipelinePlan) -> None:
     """Gather every rank's events of the last step; rank 0 writes the Chrome trace."""
     events = getattr(runner, "events", [])
-    gathered = [None] * mesh.dims.world
-    dist.all_gather_object(gathered, (mesh.rank, mesh.coords.pp, events))
+    gathered = mesh.world.all_gather_object((mesh.rank, mesh.coords.pp, events))
     if mesh.rank == 0:
         trace = chrome_trace({r: evs for r, _, evs in gathered}, {r: pp for r, pp, _ in gathered}, plan.v)
         write_chrome_trace(path, trace)
