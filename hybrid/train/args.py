@@ -365,10 +365,16 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                 timeline=ns.timeline, hardware=ns.hardware),
         optimizer=OptimizerConfig(lr=ns.lr, min_lr=ns.min_lr, weight_decay=ns.weight_decay, beta1=ns.adam_beta1,
                                   beta2=ns.adam_beta2, warmup_iters=ns.lr_warmup_iters, decay_style=ns.lr_decay_style,
-                                  train_iters=ns.train_iters, clip_grad=ns.clip_grad),
+                                  train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters),
         zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp,
-        flags=tuple((k, v) for k, v in sorted(vars(ns).items()) if isinstance(v, (str, int, float, bool, type(None)))),
+        flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
         ds_unsupported=tuple(unsupported))
+
+
+def _recorded(value) -> bool:
+    """A flag value a checkpoint records: a scalar, or a list of them (--data-path)."""
+    scalar = (str, int, float, bool, type(None))
+    return isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(x, scalar) for x in value))
 
 
 def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, ParallelDims, BatchSpec, PipelinePlan]:
