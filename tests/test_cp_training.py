@@ -158,9 +158,11 @@ def test_cp2_dp2_low_precision_training_equals_cp1_on_the_same_ranks(spawn, case
         _check(spawn[rank][case], spawn[rank]["cp1"][case], rtol, weights=False)
 
 
-def test_packed_documents_change_the_losses():
-    """The document mask is in effect (the corpus' lines are documents): not the plain run's losses."""
-    assert reference("z2-docs")["losses"][0] != pytest.approx(reference("z2")["losses"][0], rel=1e-3)
+def test_packed_documents_change_the_training():
+    """The document mask is in effect (the corpus' lines are documents): after 5 steps the weights are not the
+    plain run's (the first loss is not a test of it: at initialisation every attention pattern gives ~ln 256)."""
+    docs, plain = reference("z2-docs")["weights"], reference("z2")["weights"]
+    assert max(rel(docs[n], plain[n]) for n in plain) > 100 * RTOL
 
 
 @pytest.mark.parametrize("case", ["z1", "z3"])
