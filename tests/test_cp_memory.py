@@ -7,8 +7,10 @@ autograd keeps for backward, each storage once).
                 keeps a/8 heads of all T tokens, the same bytes)
     allgather   1/8 of it plus, per layer, what the all-gather path keeps beyond its own tokens: the gathered
                 K, V of all T tokens in sequence order (2 B g T d x 4 bytes, less the T/8 it would hold
-                anyway), within 10 % (plain causal attention: no (T/8) x T mask -- each chunk attends a
-                prefix with torch's causal_lower_right; with a window or documents the mask is kept too)
+                anyway), and the causal bias of its two chunks: each chunk of n = T/16 queries attends its key
+                prefix with torch's causal_lower_right, which SDPA on CPU materialises as fp32 and keeps,
+                n x (i + 1) n + n x (16 - i) n floats = 4 n^2 (2 CP + 1) bytes on every rank i (on CUDA the
+                efficient kernel takes it without a tensor); within 10 %
 
 The single process runs the plain model (SDPA's flash kernel, no CP code)."""
 
@@ -70,7 +72,8 @@ def measured():
 def allgather_fixed_bytes() -> int:
     """What the all-gather path keeps per rank beyond 1/CP (the module doc), over the layers."""
     kv_full = 2 * HEADS * SEQ * (HIDDEN // HEADS) * FP32
-    return LAYERS * (kv_full - kv_full // CP)
+    n = SEQ // (2 * CP)
+    return LAYERS * (kv_full - kv_full // CP + FP32 * n * n * (2 * CP + 1))
 
 
 @pytest.mark.parametrize("comm", ["p2p", "a2a", "allgather"])

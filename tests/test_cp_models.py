@@ -174,3 +174,65 @@ def test_cp_model_equals_single_process(layout, comm, model, docs):
     logits = unshard([shards[i] for i in range(cp)])
     assert rel(logits, ref_logits) <= TOL
     assert {n for r in per_rank for n in r["grads"]} == set(ref_grads)  # every parameter compared somewhere
+
+
+# --- CP 2 x PP 2 under the other pipeline schedules ---------------------------------------------------------
+SCHEDULES = [ScheduleKind.GPIPE, ScheduleKind.INTERLEAVED, ScheduleKind.ZB_H1, ScheduleKind.ZBV]
+SCHEDULE_CASES = [(kind, comm.value) for kind in SCHEDULES for comm in (CommType.P2P, CommType.A2A)]
+M4 = 4  # micro-batches (interleaving needs a multiple of pp)
+
+
+def _llama4():
+    return from_hf(MistralConfig(num_hidden_layers=4, hidden_size=H, num_attention_heads=16, num_key_value_heads=8,
+                                 intermediate_size=96, vocab_size=V, max_position_embeddings=64, attention_dropout=0.0,
+                                 tie_word_embeddings=False, sliding_window=None))
+
+
+def _batches4():
+    gen = torch.Generator().manual_seed(4)
+    return [(x, shift_labels(x)) for x in (torch.randint(0, V, (B, T), generator=gen) for _ in range(M4))]
+
+
+def _schedule_run(mesh: Mesh, kind: ScheduleKind, comm: str):
+    pp, v = mesh.dims.pp, 1 if kind in (ScheduleKind.GPIPE, ScheduleKind.ZB_H1) else 2
+    stage_ids = [kind.placement.stage(mesh.coords.pp, c, pp) for c in range(v)]
+    chunks = build_pipeline_chunks(_llama4(), TPContext(mesh.tp), mesh.coords.pp, pp, v, seed=5, stage_ids=stage_ids)
+    set_context_parallel(chunks, CPContext(mesh.cp, CommType(comm)))
+    local = TokenSharding(mesh.dims.cp, mesh.cp.rank).batches(_batches4())
+    runner = PipelineExecutor(chunks, build_schedule(kind, pp, M4, v)[mesh.coords.pp], mesh.pp,
+                              StageIO((B, T // mesh.dims.cp, H)), mesh.device, placement=kind.placement)
+    loss = runner.forward_backward(local)
+    mesh.pp.all_reduce(loss)
+    grads = {n: mesh.dp_cp.all_reduce(p.grad.clone()) / mesh.dp_cp.size for c in chunks for n, p in c.named_parameters()}
+    return {"loss": mesh.dp_cp.all_reduce(loss).item() / mesh.dp_cp.size, "grads": grads}
+
+
+def _schedules(rank: int, world: int):
+    mesh = Mesh.build(ParallelDims.from_world(world, pp=2, cp=2))
+    return {case: _schedule_run(mesh, *case) for case in SCHEDULE_CASES}
+
+
+@functools.lru_cache(maxsize=1)
+def schedule_results():
+    return run_distributed(_schedules, 4, timeout=1200)
+
+
+@functools.lru_cache(maxsize=1)
+def schedule_reference():
+    model = build_model(_llama4(), TPContext(Group.solo("tp")), seed=5)
+    loss = sum(model(x, y) for x, y in _batches4()) / M4
+    loss.backward()
+    return loss.item(), {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kind,comm", SCHEDULE_CASES, ids=[f"{k.value}-{c}" for k, c in SCHEDULE_CASES])
+def test_cp2_pp2_every_schedule_equals_single_process(kind, comm):
+    ref_loss, ref_grads = schedule_reference()
+    seen = set()
+    for r, per_rank in enumerate(schedule_results()):
+        got = per_rank[(kind, comm)]
+        assert abs(got["loss"] - ref_loss) <= TOL * ref_loss, f"rank {r}: loss {got['loss']} vs {ref_loss}"
+        for n, g in got["grads"].items():
+            assert rel(g, ref_grads[n]) <= TOL, f"rank {r}: {n} rel err {rel(g, ref_grads[n]):.2e}"
+            seen.add(n)
+    assert seen == set(ref_grads)
