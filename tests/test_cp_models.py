@@ -236,3 +236,40 @@ def test_cp2_pp2_every_schedule_equals_single_process(kind, comm):
             assert rel(g, ref_grads[n]) <= TOL, f"rank {r}: {n} rel err {rel(g, ref_grads[n]):.2e}"
             seen.add(n)
     assert seen == set(ref_grads)
+
+
+# --- the ledger of a whole model -----------------------------------------------------------------------------
+def _ledger_run(rank: int, world: int):
+    mesh = Mesh.build(ParallelDims.from_world(world, cp=world))
+    out = {}
+    for comm in CommType:
+        model = set_context_parallel(build_model(configs()["llama"], TPContext(mesh.tp), seed=5),
+                                     CPContext(mesh.cp, comm))
+        runner = LocalForwardBackward(model, mesh.device)
+        mesh.ledger.reset()
+        runner.forward_backward(TokenSharding(world, mesh.cp.rank).batches(_batches()))
+        out[comm.value] = mesh.ledger.summary()
+    return out
+
+
+def test_one_step_of_a_model_moves_exactly_the_formula_bytes_over_cp():
+    """CP 2, 2 layers, M micro-batches: per layer and micro-batch the attention's bytes (hybrid/cp/ring.py's
+    ring_bytes; a2a's four all-to-alls each way; allgather's gather + reduce-scatter), plus the loss's 4-byte token
+    count per micro-batch -- and nothing else on the cp group."""
+    from hybrid.cp.ring import ring_bytes
+    cp, cfg = 2, configs()["llama"]
+    tl, d = T // cp, cfg.head_dim
+    kv_el = 2 * B * cfg.num_kv_heads * tl * d  # a rank's K and V, fp32
+    q_bytes = B * cfg.num_heads * tl * d * 4
+    n = cfg.num_layers * M  # attention calls in one step
+    fwd, bwd = ring_bytes(kv_el, cp, 4)
+    for per_rank in run_distributed(_ledger_run, cp):
+        for comm, summary in per_rank.items():
+            assert summary["all_reduce@cp"] == {"calls": M, "bytes": 4 * M}, comm
+        p2p, a2a, ag = per_rank["p2p"], per_rank["a2a"], per_rank["allgather"]
+        assert p2p["send@cp"]["bytes"] == p2p["recv@cp"]["bytes"] == n * (fwd + bwd)
+        assert a2a["all_to_all@cp"]["bytes"] == n * 2 * (2 * q_bytes + kv_el * 4)
+        assert ag["all_gather@cp"]["bytes"] == ag["reduce_scatter@cp"]["bytes"] == n * cp * kv_el * 4
+        for comm, want in (("p2p", {"send@cp", "recv@cp"}), ("a2a", {"all_to_all@cp"}),
+                           ("allgather", {"all_gather@cp", "reduce_scatter@cp"})):
+            assert {k for k in per_rank[comm] if k.endswith("@cp")} == want | {"all_reduce@cp"}, comm

@@ -81,8 +81,13 @@ def _one(path: str, latest: int | None, target: Target | None = None) -> str:
     mark = " (latest)" if latest is not None and store.iter_name(latest) == name else ""
     verdict = "ok: every checksum matches" if v.error is None else f"CORRUPT: {v.error}"
     return (f"{name}{mark}: iteration {s.get('iteration')} | consumed samples {s.get('consumed_samples')} | "
-            f"model {s.get('model')} | saved at tp {lay.get('tp')} x pp {lay.get('pp')} x dp {lay.get('dp')}, "
+            f"model {s.get('model')} | saved at tp {lay.get('tp')}{_cp(lay)} x pp {lay.get('pp')} x dp {lay.get('dp')}, "
             f"ZeRO {lay.get('zero')} | adam step {s.get('adam_step')} | {size} | {verdict}{at}")
+
+
+def _cp(layout: dict) -> str:
+    """' x cp 2' for a checkpoint saved with context parallelism (it changes no parameter: loads at any cp)."""
+    return f" x cp {layout['cp']}" if layout.get("cp", 1) > 1 else ""
 
 
 def _target(args: argparse.Namespace) -> Target | None:
