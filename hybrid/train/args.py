@@ -34,7 +34,7 @@ from hybrid.train.config import (FLAGS, MAX_SEED, ModelSetup, ParallelConfig, Pi
                                  TrainingConfig)
 from hybrid.train_step import OptimizerConfig
 from hybrid.zero import CpuAdam, ZeroConfig
-from hybrid.zero.ds_config import read_deepspeed_config
+from hybrid.zero.ds_config import deepspeed_origins, read_deepspeed_config
 from models import Recompute, load_config
 from models import cli as model_cli
 from models.config import ModelConfig
@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+MAX_COUNT = 1 << 53  # every count and size flag: far above any run, exact in a float64
+
+
 def check_numbers(args: argparse.Namespace) -> None:
     """Zero, negative, NaN and infinity wherever they make no sense (each flag's `low` in FLAGS); ValueError
     naming the flag."""
@@ -98,6 +101,8 @@ def check_numbers(args: argparse.Namespace) -> None:
             continue
         if flag.type is float and not math.isfinite(value):
             raise ValueError(f"{flag.name} must be a finite number, got {value}")
+        if flag.type is int and value > MAX_COUNT:  # 10**400 would overflow the float arithmetic of later checks
+            raise ValueError(f"{flag.name} must be at most {MAX_COUNT}, got an integer of {len(str(value))} digits")
         if value < flag.low or (flag.low_open and value == flag.low):
             raise ValueError(f"{flag.name} must be {'>' if flag.low_open else '>='} {flag.low}, got {value}")
     for flag, beta in (("--adam-beta1", args.adam_beta1), ("--adam-beta2", args.adam_beta2)):
@@ -270,6 +275,18 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
                              f"{args.global_batch_size}; make them agree")
         args.global_batch_size = ds.train_batch
     return ds.unsupported
+
+
+def deepspeed_origins_of(args: argparse.Namespace) -> dict[str, str]:
+    """The flags --deepspeed-config sets (not given on the command line) -> their JSON keys, so a later check's
+    error names the key the user wrote (ds_config.name_keys); {} without a readable config."""
+    if not args.deepspeed_config:
+        return {}
+    try:
+        ds = read_deepspeed_config(args.deepspeed_config)
+    except ValueError:
+        return {}
+    return deepspeed_origins(ds, getattr(args, "explicit", set()), DS_FLAGS)
 
 
 def _apply_grad_accum_dtype(args: argparse.Namespace, dtype: str) -> None:

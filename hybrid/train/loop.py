@@ -91,6 +91,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
         log0(mesh, line)
     ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run))  # hybrid/checkpoint
     start, consumed = ckpt.resume()
+    ft.check_weights()  # the NaN guard: NaN/inf in loaded weights is one line now, not skipped steps later
     train_iters, log_interval, z = run.training.train_iters, run.training.log_interval, run.zero
     it, loss = start - 1, float("nan")
     sharding = run.cp.sharding(mesh.cp.rank)
