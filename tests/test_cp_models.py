@@ -1,11 +1,11 @@
 """Context-parallel models against the unsharded single-process model (the acceptance test of issue 29).
 
-On 8 gloo ranks, for every comm type (p2p ring, a2a Ulysses, allgather) and two layouts --
-TP 2 (+ sequence parallel) x CP 2 x PP 2 (1F1B, 2 micro-batches) and TP 2 x CP 4 -- the logits, the loss and
-every parameter gradient equal the single-process model's within 1e-5 of the largest value (fp32):
+On 8 gloo ranks, for every comm type (p2p ring, a2a Ulysses, allgather) and three layouts --
+TP 2 (+ sequence parallel) x CP 2 x PP 2 (1F1B, 2 micro-batches), TP 2 x CP 4 and CP 4 x PP 2 -- the logits, the
+loss and every parameter gradient equal the single-process model's within 1e-5 of the largest value (fp32):
 
   * llama: GQA (16 query, 8 key/value heads: 8 and 4 per TP rank, so Ulysses splits them 2 and 4 ways);
-  * mistral-w3: a sliding window of 3 on every layer, shorter than a load-balanced chunk (8 / 4 tokens);
+  * mistral-w3: a sliding window of 3 on every layer, shorter than a load-balanced chunk (8 / 4 tokens at CP 2 / 4);
   * mistral-w20: a window of 20, longer than a rank's whole shard (16 / 8 tokens);
   * gpt2: learned positions (looked up at each rank's scattered positions), tied embeddings;
   * llama-docs, gpt2-docs: packed documents with `--reset-attention-mask --reset-position-ids`, against the
@@ -37,7 +37,7 @@ from models.common import set_context_parallel
 
 TOL = 1e-5
 B, T, M, H, V, EOD = 2, 32, 2, 64, 128, 0
-LAYOUTS = {"tp2-cp2-pp2-sp": (2, 2, 2, True), "tp2-cp4": (2, 4, 1, False)}
+LAYOUTS = {"tp2-cp2-pp2-sp": (2, 2, 2, True), "tp2-cp4": (2, 4, 1, False), "cp4-pp2": (1, 4, 2, False)}
 
 
 def configs():
