@@ -18,6 +18,7 @@ from transformers import LlamaConfig
 from hybrid.planner import Cluster, Layout, Recompute, Workload, evaluate, hardware
 from hybrid.planner.hardware import Gemm
 from hybrid.planner.model import ActivationProfile, Precision
+from hybrid.planner.ops import KernelProfile
 from models import from_hf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +36,7 @@ def _workload() -> Workload:
                       intermediate_size=8192, vocab_size=128256, max_position_embeddings=4096,
                       tie_word_embeddings=True, rope_theta=500000.0)
     return Workload(from_hf(cfg), global_batch=8, seq_length=4096, precision=Precision.MIXED,
-                    activations=ActivationProfile.BF16_FLASH)
+                    activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.EAGER)
 
 
 def test_the_h200_preset_curve_fits_the_gemms_measured_on_an_h200():

@@ -1,6 +1,7 @@
 """The planner on published runs outside shared/reference (hybrid/planner/published.py): the numbers
-docs/planner.md reports ("Published runs") are the ones the code computes, each layout is the published one,
-and the Llama 3 405B layout's 126 layers go on 16 ranks with the edge stages one layer short, as the paper ran."""
+docs/planner.md reports ("Published runs") are the ones the code computes, each layout is the published one, the
+fit / check split holds (only the rows that fitted a constant are FIT rows, and each names it), and the Llama 3
+405B layout's 126 layers go on 16 ranks with the edge stages one layer short, as the paper ran."""
 
 from __future__ import annotations
 
@@ -10,23 +11,45 @@ import pytest
 
 from hybrid.planner.layout import Recompute, stage_layers
 from hybrid.planner.model import ActivationProfile
-from hybrid.planner.published import Metric, all_runs, check, korthikanti_runs, published_runs, shown, table
+from hybrid.planner.published import (Metric, Role, all_runs, check, korthikanti_runs, published_runs, shown,
+                                      summaries, summary, table, torchtitan_runs)
 
 RUNS = published_runs()
 KORTHIKANTI = korthikanti_runs()
-# name -> (layout the planner reports, prediction as the table shows it, error in %), as in docs/planner.md
-DOCUMENTED = {RUNS[0].name: ("tp4 pp12 dp8 v1 b2 z1 full", "92.9", -11.3),
-              RUNS[1].name: ("tp8 pp16 dp64 v4 b1 z1 sp full", "395.1", -8.1),
-              RUNS[2].name: ("tp8 pp16 dp128 v4 b1 z1 sp full", "355.0", -11.3),
-              KORTHIKANTI[0].name: ("tp8 pp1 dp1 v1 b4 z0 full", "1.30", -8.3),
-              KORTHIKANTI[1].name: ("tp8 pp1 dp1 v1 b4 z0 sp selective", "0.99", -10.3),
-              KORTHIKANTI[2].name: ("tp8 pp8 dp1 v3 b1 z0 full", "17.1", -5.5),
-              KORTHIKANTI[3].name: ("tp8 pp8 dp1 v3 b1 z0 sp selective", "12.8", -7.0),
-              KORTHIKANTI[4].name: ("tp8 pp35 dp1 v3 b1 z0 full", "50.5", 3.0),
-              KORTHIKANTI[5].name: ("tp8 pp35 dp1 v3 b1 z0 sp selective", "36.7", -3.0),
-              KORTHIKANTI[6].name: ("tp8 pp64 dp1 v1 b1 z0 full", "100.2", 6.1),
-              KORTHIKANTI[7].name: ("tp8 pp64 dp1 v1 b1 z0 sp selective", "74.2", 3.8)}
-
+# name -> (layout the planner reports, prediction as the table shows it, throughput error in %: + optimistic)
+DOCUMENTED = {
+    'BLOOM-176B, 384 A100 80GB, t4 p12 d8': ('tp4 pp12 dp8 v1 b2 z1 full', '94.5', 10.8),
+    'Llama 3 405B, 8192 H100, t8 p16 d64': ('tp8 pp16 dp64 v4 b1 z1 sp full', '417.6', -2.9),
+    'Llama 3 405B, 16384 H100, t8 p16 d128': ('tp8 pp16 dp128 v4 b1 z1 sp selective-op', '432.1', 8.0),
+    '22B, 8 A100 80GB, t8 p1 d1 v1, full recompute': ('tp8 pp1 dp1 v1 b4 z0 full', '1.36', 4.7),
+    '22B, 8 A100 80GB, t8 p1 d1 v1, selective + SP': ('tp8 pp1 dp1 v1 b4 z0 sp selective', '1.02', 8.0),
+    '175B, 64 A100 80GB, t8 p8 d1 v3, full recompute': ('tp8 pp8 dp1 v3 b1 z0 full', '17.1', 6.1),
+    '175B, 64 A100 80GB, t8 p8 d1 v3, selective + SP': ('tp8 pp8 dp1 v3 b1 z0 sp selective', '12.6', 9.2),
+    '530B, 280 A100 80GB, t8 p35 d1 v3, full recompute': ('tp8 pp35 dp1 v3 b1 z0 full', '49.1', -0.1),
+    '530B, 280 A100 80GB, t8 p35 d1 v3, selective + SP': ('tp8 pp35 dp1 v3 b1 z0 sp selective', '36.4', 4.0),
+    '1T, 512 A100 80GB, t8 p64 d1 v1, full recompute': ('tp8 pp64 dp1 v1 b1 z0 full', '94.8', -0.4),
+    '1T, 512 A100 80GB, t8 p64 d1 v1, selective + SP': ('tp8 pp64 dp1 v1 b1 z0 sp selective', '71.1', 0.6),
+    'MT-NLG 530B, 2240 A100 80GB, t8 p35 d8': ('tp8 pp35 dp8 v1 b1 z1 full', '46.2', 30.1),
+    'MT-NLG 530B, 2800 A100 80GB, t8 p35 d10': ('tp8 pp35 dp10 v1 b1 z1 full', '38.2', 31.6),
+    'MT-NLG 530B, 3360 A100 80GB, t8 p35 d12': ('tp8 pp35 dp12 v1 b1 z1 full', '32.8', 35.4),
+    'torchtitan Llama 3 8B, 64 A100, FSDP, b1, selective-op': ('tp1 pp1 dp64 v1 b1 z3 selective-op', '3195.2', 7.5),
+    'torchtitan Llama 3 70B, 64 A100, FSDP, b1, full': ('tp1 pp1 dp64 v1 b1 z3 full', '348.6', 5.3),
+    'torchtitan Llama 2 13B, 64 A100, FSDP, b2, no AC': ('tp1 pp1 dp64 v1 b2 z3 none', '2357.1', 9.0),
+    'torchtitan Llama 2 13B, 64 A100, FSDP, b2, selective-op': ('tp1 pp1 dp64 v1 b2 z3 selective-op', '2062.8', 8.3),
+    'torchtitan Llama 2 70B, 64 A100, FSDP, b1, selective-op': ('tp1 pp1 dp64 v1 b1 z3 selective-op', '431.7', 21.6),
+    'torchtitan Llama 2 70B, 64 A100, FSDP, b2, full': ('tp1 pp1 dp64 v1 b2 z3 full', '371.5', 5.2),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '5765.2', 0.1),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '6945.2', 4.2),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile + Float8, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '8957.4', 5.0),
+    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '5809.4', 3.6),
+    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '7024.6', 7.8),
+    'torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x TP 8 + compile + Float8, b16, full': ('tp8 pp1 dp32 v1 b16 z3 sp full', '826.2', -0.3),
+    'NeMo Llama 3 8B FP8, 8 H100, FSDP, b1': ('tp1 pp1 dp8 v1 b1 z3 none', '14523.9', 3.2),
+    'NeMo Llama 3 70B FP8, 64 H100, t4 p8 v5, b1': ('tp4 pp8 dp2 v5 b1 z1 sp none', '1527.2', -5.7),
+}
+# check rows the model misses by more than 15 % (docs/planner.md says why); a fix must move them here
+KNOWN_MISSES = {"MT-NLG 530B, 2240 A100 80GB, t8 p35 d8", "MT-NLG 530B, 2800 A100 80GB, t8 p35 d10",
+                "MT-NLG 530B, 3360 A100 80GB, t8 p35 d12", "torchtitan Llama 2 70B, 64 A100, FSDP, b1, selective-op"}
 
 _CHECKED: dict[str, tuple] = {}
 
@@ -39,8 +62,7 @@ def _check(run):
 
 
 def _id(run) -> str:
-    mode = f"-{run.space.recompute[0].value}" if run.space.recompute else ""
-    return run.name.split(",")[0].replace(" ", "-") + f"-{run.gpus}{mode}"
+    return run.name.replace(" ", "-").replace(",", "")
 
 
 @pytest.mark.parametrize("run", all_runs(), ids=_id)
@@ -51,13 +73,47 @@ def test_each_published_run_predicts_what_the_docs_report(run):
     assert shown(got) == value and round(100 * err, 1) == error
     assert (plan.layout.tp, plan.layout.pp, plan.layout.dp) == (run.space.tp[0], run.space.pp[0],
                                                                 run.gpus // (run.space.tp[0] * run.space.pp[0]))
+    assert (abs(err) > 0.15) == (run.name in KNOWN_MISSES)
 
 
-def test_docs_table_is_the_one_the_module_prints():
+def test_docs_table_and_summary_are_the_ones_the_module_prints():
     with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
         docs = f.read()
-    for line in table(all_runs()).splitlines()[2:]:
+    runs = all_runs()
+    for run in runs:  # warm the cache so table() and summaries() reuse the plans
+        _check(run)
+    for line in table(runs).splitlines()[2:]:
         assert line in docs
+    for line in summaries(runs).splitlines():
+        assert line in docs
+
+
+def test_fit_rows_name_their_constant_and_check_rows_fit_nothing():
+    """Held-out discipline in code: one published row fits a constant (the 500 W H100's clock, fit.py), and says
+    so; every other row only checks."""
+    fit = [r for r in all_runs() if r.role is Role.FIT]
+    assert [r.name for r in fit] == ["torchtitan Llama 3.1 8B, 8 H100 500W, FSDP, b2, selective-op"]
+    assert all("H100_500W_CLOCK" in r.fits for r in fit)
+    assert all(not r.fits for r in all_runs() if r.role is Role.CHECK)
+
+
+def test_check_row_errors_lean_both_ways_and_summary_counts_them():
+    errors = [_check(r)[2] for r in all_runs() if r.role is Role.CHECK]
+    assert min(errors) < 0 < max(errors)
+    s = summary(errors)
+    assert s.rows == len(errors) and s.within_15 == len(errors) - len(KNOWN_MISSES)
+    assert s.low == min(errors) and s.high == max(errors)
+
+
+def test_torchtitan_selective_op_run_is_predicted_to_fit_near_what_it_used():
+    """torchtitan's Table 1 (op-level SAC, 8 GPUs, b 2 at s 8192) used 82.4 GiB (88.5 GB) of a 96 GB card; the
+    planner's selective-op puts it within 10 % of that and under the card -- Megatron's selective (attention core
+    only) would not fit."""
+    run = next(r for r in torchtitan_runs() if r.role is Role.FIT)
+    plan = _check(run)[0]
+    assert plan.layout.recompute is Recompute.SELECTIVE_OP
+    assert plan.memory_gb == pytest.approx(run.memory_gib * 2**30 / 1e9, rel=0.10)
+    assert plan.memory.peak.total <= run.hardware().capacity_bytes
 
 
 def test_korthikanti_table5_is_both_recomputation_modes_on_each_table3_layout():

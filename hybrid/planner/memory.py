@@ -208,12 +208,18 @@ def layer_activation_bytes(shard: Shard, b: int, s: int, sp: bool, recompute: Re
     of which the input is already held (the first norm saves that very tensor), so it adds set - input.
     Selective: the attention core re-saves its own tensors during its backward, after the same layer's MLP
     backward has freed the MLP intermediates: it adds only what exceeds them (nothing for flash attention,
-    whose core is a logsumexp; the materialised softmax of the Korthikanti profile can exceed them)."""
+    whose core is a logsumexp; the materialised softmax of the Korthikanti profile can exceed them).
+    Selective-op (torchtitan's SAC): the layer input, every other matmul's output and the attention output stay
+    (Shard.selective_op_kept_bytes); the backward reruns the rest of the layer, which exists again while that
+    layer's backward runs, as under full recomputation."""
     replicated, split, core = shard.layer_activation_terms(b, s, sp)
     if recompute is Recompute.NONE:
         return replicated + split + core, 0.0
     if recompute is Recompute.SELECTIVE:
         return replicated + split, max(0.0, core - shard.mlp_activation_bytes(b, s))
+    if recompute is Recompute.SELECTIVE_OP:  # the outputs the policy stores; the rest is rerun one layer at a time
+        kept = shard.selective_op_kept_bytes(b, s, sp)
+        return kept, max(0.0, replicated + split + core - kept)
     kept = shard.layer_input_bytes(b, s, sp)
     return kept, replicated + split + core - kept
 

@@ -450,6 +450,7 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
 
     from hybrid.planner.cli import MAX_GLOBAL_BATCH
     from hybrid.planner.layout import stage_layers
+    from hybrid.planner.ops import KernelProfile
     check_auto_parallel_conflicts(args)
     if args.global_batch_size is None:
         raise ValueError("--auto-parallel needs --global-batch-size (the planner picks the micro-batch)")
@@ -475,7 +476,7 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
             raise ValueError(f"--hardware {args.hardware!r} is not a file; write one with `hybrid calibrate --out FILE`")
         hw = calibrate.load_hardware(args.hardware, precision).with_overrides(memory_gb=hw.memory_gb)
     work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
-                    precision=precision, activations=profile,
+                    precision=precision, activations=profile, kernels=KernelProfile.EAGER,  # our eager layers
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision is Precision.MIXED)
     # --compile runs with ZeRO 0-2 only (check_args): the search keeps to what the run will accept
     from hybrid.planner.layout import ZeroStage
