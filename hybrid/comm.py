@@ -9,6 +9,7 @@ Byte convention (nccl-tests' "size S", see doc/PERFORMANCE.md there):
   * all_gather:      S = bytes of the gathered output (world x the input)
   * reduce_scatter:  S = bytes of the full input (world x the output)
   * broadcast:       S = bytes of the tensor
+  * all_to_all:      S = bytes of each rank's input (= its output; (n-1)/n S leave the rank)
   * send / recv:     S = bytes of the tensor, counted by the sender (send) and receiver (recv)
 The wire bytes follow from S: an all-reduce ring moves 2(n-1)/n S per rank, all-gather and
 reduce-scatter (n-1)/n S.
@@ -16,7 +17,7 @@ reduce-scatter (n-1)/n S.
 A group of size 1 never calls torch.distributed and records nothing: single-process code is the
 ordinary path, not a special case.
 
-Every op is also recorded where it starts in the process's op trail (hybrid/fault/trail.py: a
+Every op is also recorded where it starts in the process's op trail (hybrid/trail.py: a
 sequence number per group, the op in flight), which the hang watchdog reads; the trail observes only.
 """
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from hybrid.fault.trail import TRAIL
+from hybrid.trail import TRAIL
 
 
 @dataclass
@@ -133,6 +134,21 @@ class Group:
         with TRAIL.op(self.name, self.ranks, "reduce_scatter"):
             _reduce_scatter_single(out, t_moved, group=self.pg)
         return out.movedim(0, dim)
+
+    def all_to_all(self, t: torch.Tensor, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+        """Split `t` into `size` equal pieces along `scatter_dim`, send piece j to rank j, and concatenate the
+        pieces received (in group order) along `gather_dim` (Ulysses' sequence <-> head exchange)."""
+        if self.size == 1:
+            return t
+        if t.shape[scatter_dim] % self.size != 0:
+            raise ValueError(f"all_to_all over {self.name}: dim {scatter_dim} of size {t.shape[scatter_dim]} "
+                             f"is not divisible by the group size {self.size}")
+        pieces = torch.stack(t.chunk(self.size, dim=scatter_dim))  # (size, ...): piece j goes to rank j
+        out = torch.empty_like(pieces)
+        self.ledger.record("all_to_all", self.name, _nbytes(pieces))
+        with TRAIL.op(self.name, self.ranks, "all_to_all"):
+            dist.all_to_all_single(out, pieces, group=self.pg)
+        return torch.cat(out.unbind(0), dim=gather_dim)
 
     def broadcast(self, t: torch.Tensor, src_index: int = 0) -> torch.Tensor:
         if self.size > 1:

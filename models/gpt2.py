@@ -16,7 +16,7 @@ from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, Dropout, LayerNorm, RowParallelLinear, TPContext, VocabParallelEmbedding, normal_init
 from hybrid.tp.sharding import set_spec
-from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
+from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, checkpoint_block
 from models.config import ModelConfig
 
 
@@ -56,8 +56,8 @@ class GPT2Block(nn.Module):
         self.rng = tp.rng
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, cache,
-                                rng=self.rng)
+        return checkpoint_block(self.recompute, self.training, self.block, x, cache,
+                                 rng=self.rng)
 
     def block(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         x = x + self.drop(self.attn(self.ln_1(x), cache=cache))

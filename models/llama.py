@@ -11,7 +11,7 @@ import torch.nn as nn
 from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, Dropout, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
-from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
+from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, checkpoint_block
 from models.config import ModelConfig
 
 
@@ -50,8 +50,8 @@ class LlamaBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 cache: LayerCache | None = None) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, *rope, cache,
-                                rng=self.rng)
+        return checkpoint_block(self.recompute, self.training, self.block, x, *rope, cache,
+                                 rng=self.rng)
 
     def block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               cache: LayerCache | None = None) -> torch.Tensor:

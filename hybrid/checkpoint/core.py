@@ -105,8 +105,7 @@ def load_scaler_state(opt, state: dict) -> None:
 
 # --- DCP state dicts --------------------------------------------------------------------------------
 def _tensor(opt, c: Chunk, kind: str) -> torch.Tensor:
-    view = opt.units[c.unit].views[c.seg]
-    base = view if kind == MODEL else opt.optimizer.state[view][kind]
+    base = opt.units[c.unit].views[c.seg] if kind == MODEL else opt.moment(c.unit, c.seg, kind)
     return base[c.lo:c.hi].view(c.sizes)
 
 

@@ -325,7 +325,7 @@ def _check_layout(args: argparse.Namespace, world: int, cfg) -> Layout:
 
 def _validate(args: argparse.Namespace):
     """Every check, before any process group: (world, layout, sampling, codec, prompt, (cfg, folder, state))."""
-    from hybrid.train.main import check_launcher_env, env_world, under_launcher
+    from hybrid.launch import check_launcher_env, env_world, under_launcher
     if (args.prompt is None) == (args.prompt_ids is None):
         raise ValueError("give one of --prompt TEXT or --prompt-ids 1,2,3")
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)

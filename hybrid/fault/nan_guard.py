@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from hybrid.fault.trail import TRAIL
+from hybrid.trail import TRAIL
 from hybrid.mesh import Mesh
 
 EXIT_NAN = 65  # sysexits EX_DATAERR: the data or the numbers went bad; restarting will not help

@@ -21,7 +21,7 @@ from hybrid.fault.args import FaultConfig
 from hybrid.fault.inject import Injector, faults_for
 from hybrid.fault.nan_guard import GuardedOptimizer, GuardedRunner, NanGuard
 from hybrid.fault.straggler import StragglerReport
-from hybrid.fault.trail import TRAIL
+from hybrid.trail import TRAIL
 from hybrid.fault.watchdog import HangWatchdog
 from hybrid.mesh import Mesh
 

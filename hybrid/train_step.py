@@ -61,7 +61,8 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    # fused: the kernel ZeroOptimizer runs (one pass; elementwise, so per-tensor here = flat shards there, bit for bit)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
 
 
 class LocalForwardBackward:
@@ -104,8 +105,9 @@ def sync_tied_embeddings(model: nn.Module, mesh: Mesh,
     grads = [g for g in (grad(w) for w in tied if w is not None) if g is not None]
     if not grads or (len(grads) == 1 and mesh.embedding.size == 1):
         return
-    total = sum(grads)  # both copies on this rank when pp = 1 with v chunks
-    mesh.embedding.all_reduce(total)
+    total = sum(grads)  # both copies on this rank when pp = 1 with v chunks, or ZBV's V (stages 0 and 2pp-1)
+    if len(grads) == 1:  # the other copy is on the other end of the embedding group
+        mesh.embedding.all_reduce(total)
     for g in grads:
         g.copy_(total)
 
