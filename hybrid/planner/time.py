@@ -156,6 +156,24 @@ class StepTime:
     other: float
     bubble_fraction: float
     run: PipelineRun
+    terms: tuple[tuple[str, float], ...] = ()
+
+    def term(self, name: str) -> float:
+        return dict(self.terms)[name]
+
+
+# The parts of a step, in the order `hybrid plan --explain` prints them; they add up to StepTime.total.
+TERMS = (("gemm", "matmuls on the GEMM curve (recomputed ones included)"),
+         ("attention", "flash attention at the GPU's flash rate"),
+         ("memory_bound", "non-matmul ops: their bytes at the achievable bandwidth (ops.py)"),
+         ("launches", "their kernels x the per-kernel latency (+ a calibrated CPU's per-pass costs)"),
+         ("tp", "tensor-parallel collectives (synchronous)"),
+         ("pp_p2p", "pipeline messages a blocking schedule waits out (0: overlapped, inside the bubble)"),
+         ("dp_in_passes", "ZeRO 2/3 gathers / reduce-scatters not hidden under compute"),
+         ("bubble", "pipeline idle time: fill, drain, imbalance, waits for messages (simulated)"),
+         ("dp_exposed", "DP / ZeRO gradient sync after the last backward"),
+         ("optimizer", "the optimizer step: its passes over the states and its launches (or offload)"),
+         ("other", "tied-embedding and sequence-parallel partial-gradient all-reduces"))
 
 
 @dataclass(frozen=True)
@@ -403,6 +421,7 @@ class _StageCost:
     compute: float  # matmuls and memory-bound kernels, forward + backward
     comm: float  # TP collectives, forward + backward
     hidden: float  # ZeRO 2/3 collective seconds that run under the compute
+    parts: Pass = Pass()  # the compute by kind of work, forward + backward
 
 
 def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bool,
@@ -439,7 +458,9 @@ def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> 
     send = _pp_send_on_dp_link(ctx)  # forward: to the next stage (not the last); backward: to the previous
     f, f_hidden = _overlapped(f_comp, f_tp, dp_f, n, contended, 0.0 if last else send)
     b, b_hidden = _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send)
-    return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden)
+    parts = (cost.forward + cost.backward).scaled(n) + edge.forward + edge.backward
+    return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden,
+                      parts=parts)
 
 
 def _pp_send_on_dp_link(ctx: _Context) -> float:
@@ -454,15 +475,34 @@ def _pp_send_on_dp_link(ctx: _Context) -> float:
     return p2p_seconds(ctx.cluster.hw, message / (lay.tp if lay.sequence_parallel else 1), crosses)
 
 
+@dataclass(frozen=True)
+class _Stages:
+    """The per-micro-batch stage costs the simulation gets, and the busiest pipeline rank's parts of them."""
+
+    times: StageTimes
+    compute: float  # busiest rank, per micro-batch: matmuls, flash attention, memory-bound kernels
+    comm: float  # its TP collectives
+    hidden: float  # the most ZeRO 2/3 seconds any rank hides under its compute
+    parts: Pass  # its compute by kind of work
+    p2p: float  # its blocking point-to-point seconds (0 when the messages overlap: the simulation places them)
+    busy: float  # its stage costs, everything it does per micro-batch
+
+
 def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[StageTimes, float, float, float]:
     """Per-global-stage seconds of one micro-batch for the simulation, plus (busiest rank's compute per
     micro-batch, its TP seconds per micro-batch, ZeRO seconds hidden under compute per micro-batch)."""
+    st = _stages(work, cluster, layout)
+    return st.times, st.compute, st.comm, st.hidden
+
+
+def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
     ctx = _context(work, cluster, layout)
     pp, v = layout.pp, layout.v
     layers = stage_layers(work.model, pp, v, work.seq_length)
     cost = _layer_cost(ctx)
     kinds: dict[tuple[int, bool, bool], _StageCost] = {}  # stages alike in (layers, first, last) cost alike
     fwd, bwd, compute, comm, hidden = [], [], [0.0] * pp, [0.0] * pp, [0.0] * pp
+    parts, paid = [Pass()] * pp, [0.0] * pp
     for stage, n in enumerate(layers):
         key = (n, stage == 0, stage == pp * v - 1)
         if key not in kinds:
@@ -473,6 +513,7 @@ def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[Stage
         compute[r] += c.compute
         comm[r] += c.comm
         hidden[r] += c.hidden
+        parts[r] = parts[r] + c.parts
     message = layout.micro_batch * work.seq_length * work.model.hidden_size * work.precision.activation_bytes
     message /= layout.tp if layout.sequence_parallel else 1  # SP: hidden states between stages are (b, s/t, h)
     p2p = p2p_seconds(cluster.hw, message, pipeline_crosses_nodes(cluster, layout)) if pp > 1 else 0.0
@@ -481,13 +522,16 @@ def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[Stage
         p2p = (p2p_seconds(cluster.hw, message / layout.tp, pipeline_crosses_nodes(cluster, layout))
                + collective_seconds(cluster.hw, Collective.ALL_GATHER, message, gather))
     if work.p2p.blocking and pp > 1:  # each pass waits out the messages it exchanges
-        fwd = [f + p2p * ((stage > 0) + (stage < pp * v - 1)) for stage, f in enumerate(fwd)]
-        bwd = [b + p2p * ((stage > 0) + (stage < pp * v - 1)) for stage, b in enumerate(bwd)]
-        for stage in range(pp * v):
-            comm[stage % pp] += 2 * p2p * ((stage > 0) + (stage < pp * v - 1))
+        edges = [(stage > 0) + (stage < pp * v - 1) for stage in range(pp * v)]
+        fwd = [f + p2p * k for f, k in zip(fwd, edges)]
+        bwd = [b + p2p * k for b, k in zip(bwd, edges)]
+        for stage, k in enumerate(edges):
+            paid[stage % pp] += 2 * p2p * k
         p2p = 0.0  # the hand-off itself is then immediate: both ends have already paid for the transfer
-    busiest = max(range(pp), key=lambda r: compute[r] + comm[r])
-    return StageTimes(tuple(fwd), tuple(bwd), p2p, tuple(compute)), compute[busiest], comm[busiest], max(hidden)
+    busy = [sum(fwd[c * pp + r] + bwd[c * pp + r] for c in range(v)) for r in range(pp)]
+    busiest = max(range(pp), key=lambda r: busy[r])
+    return _Stages(StageTimes(tuple(fwd), tuple(bwd), p2p, tuple(compute)), compute[busiest], comm[busiest],
+                   max(hidden), parts[busiest], paid[busiest], busy[busiest])
 
 
 def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0) -> float:
@@ -585,7 +629,8 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     """Seconds of one step of `layout` (assumed valid: see layout.check_layout)."""
     ctx = _context(work, cluster, layout)
     m = work.num_microbatches(layout)
-    times, compute, tp_comm, hidden = stage_times(work, cluster, layout)
+    st = _stages(work, cluster, layout)
+    times, compute, tp_comm, hidden = st.times, st.compute, st.comm, st.hidden
     run = run_pipeline(layout.schedule, layout.pp, m, layout.v, times, budget)
     psi = max(rank_parameters(work, layout))  # both grow with Psi: the fullest rank finishes last
     first_forward = min(sum(times.forward[c * layout.pp + r] for c in range(layout.v)) for r in range(layout.pp))
@@ -593,9 +638,14 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     opt = _optimizer_seconds(ctx, psi) * cluster.hw.shared_compute_factor(_devices_per_node(cluster))
     other = _other_seconds(ctx)
     pipeline = max(run.makespan, shared_compute_bound(cluster, layout, run, m, times))
+    p = st.parts.scaled(m)
+    in_passes = m * (st.busy - st.compute - st.comm - st.p2p)
+    terms = (("gemm", p.gemm), ("attention", p.attention), ("memory_bound", p.memory), ("launches", p.launches),
+             ("tp", m * tp_comm), ("pp_p2p", m * st.p2p), ("dp_in_passes", in_passes),
+             ("bubble", pipeline - m * st.busy), ("dp_exposed", dp), ("optimizer", opt), ("other", other))
     return StepTime(total=pipeline + dp + opt + other, pipeline=pipeline, compute=m * compute,
                     tp_comm=m * tp_comm, pp_comm=times.comm, dp_comm=dp, overlapped_dp=m * hidden,
-                    optimizer=opt, other=other, bubble_fraction=run.bubble_fraction, run=run)
+                    optimizer=opt, other=other, bubble_fraction=run.bubble_fraction, run=run, terms=terms)
 
 
 def _devices_per_node(cluster: Cluster) -> int:
