@@ -146,11 +146,12 @@ class Workload:
             torchtitan without torch.compile); None: EAGER for the fp32-flash profile (this runtime on CPU),
             FUSED otherwise.
         fp8: the linear layers' GEMMs in FP8 (`--fp8`; Transformer Engine / torchao float8): at the device's FP8
-            peak, their saved inputs 1 byte, casts and amax reductions added to the memory-bound work, an FP8
-            copy of the weights (and its transpose) and the per-tensor scales in memory. The LM head and the
-            attention stay bf16. The planner only: the runtime's FP8 waits for a GPU.
-        p2p: how the pipeline's messages block (`--pipeline-p2p`): OVERLAPPED (this runtime, Megatron-core) or
-            BLOCKING (DeepSpeed's pipeline engine: each pass also pays its messages, latency + bytes).
+            peak, their saved inputs 1 byte, casts and amax reductions added to the memory-bound work, the FP8
+            casts of the computing layer's weights (and transposes) and the per-tensor scales in memory. The LM
+            head and the attention stay bf16. The planner only: the runtime's FP8 waits for a GPU.
+        p2p: how the pipeline's messages block (`--pipeline-p2p`): OVERLAPPED (this runtime, Megatron-core),
+            BLOCKING (DeepSpeed's pipeline engine: each pass also pays its messages, latency + bytes) or
+            BLOCKING_SCATTER (Megatron-LM 2021-22: blocking, each TP rank sending 1/t, NVLink all-gather).
     """
 
     model: ModelConfig
