@@ -208,6 +208,10 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
                          "(or --virtual-pipeline-model-parallel-size)")
     if kind is not ScheduleKind.INTERLEAVED and v > 1:
         raise ValueError(f"--num-layers-per-virtual-pipeline-stage needs --pipeline-schedule interleaved, not {kind.value}")
+    if args.recompute_granularity == "selective-op" and kind in (ScheduleKind.ZB_H1, ScheduleKind.ZBV):
+        raise ValueError(f"--recompute-granularity selective-op does not run with --pipeline-schedule {kind.value}: "
+                         "its W reruns a block a second time and torch's selective checkpoint frees what it stored "
+                         "after the first; use --recompute-granularity full or selective, or 1f1b")
     m = batch.num_micro_batches
     if kind is ScheduleKind.INTERLEAVED and m % dims.pp:
         raise ValueError(f"interleaved 1F1B needs the micro-batches per step ({m} = --global-batch-size / "
