@@ -61,7 +61,7 @@ GEMM_OVERHEAD_S = 6.4e-6
 H100_EFFICIENCY = 0.789
 H200_EFFICIENCY, H200_GEMM_OVERHEAD_S = 0.796, 21.4e-6
 H200_CUDA_BYTES = 150_109_880_320  # total_memory measured on an H200 (nvidia-smi says 143771 MiB: 615 MiB more)
-A100_EFFICIENCY = 0.768
+A100_EFFICIENCY = 0.706
 COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built by hand
 
 # Whole-layer terms beyond the GEMMs (ops.py prices each memory-bound op by its bytes and kernels). Where each
@@ -85,10 +85,10 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   scaling the GEMM asymptote and the flash rate) is **fitted** to one row, torchtitan's Table 1 (Llama 3.1 8B,
 #   FSDP on 8 GPUs, 5,762 tokens/s a GPU; fit.fit_h100_500w_clock); its capacity assumes the
 #   80 GB part's ratio of usable to nominal bytes (81559 MiB of 80 GiB) for 96 GiB.
-H100_500W_CLOCK = 0.672
+H100_500W_CLOCK = 0.670
 H100_96G_BYTES = round(96 * 2**30 * 81559 / 81920)
 ELEMENTWISE_FRACTION = 4.16 / 4.8
-KERNEL_OVERHEAD_S = 8.76e-6
+KERNEL_OVERHEAD_S = 7.78e-6
 A100_FLASH, HOPPER_FLASH = 0.50, 0.35
 HOPPER_FP8_TFLOPS = 1979.0
 

@@ -447,8 +447,25 @@ def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bo
     return exposed + max(compute + tp, rest + pp_link), min(compute + tp, rest)
 
 
+def _grad_accumulation(ctx: _Context, params: float) -> Pass:
+    """Per micro-batch, an eager runtime's autograd adds each new weight gradient into the accumulated one
+    (AccumulateGrad: read both, write one -- 3 x the gradient bytes a parameter; none for the first of the m
+    micro-batches, so (m - 1) / m on average; on the rank's shard only under ZeRO 2-3, which reduce-scatter every
+    micro-batch). Fused stacks accumulate inside the weight-gradient GEMM (Megatron's gradient-accumulation
+    fusion): nothing here."""
+    if ctx.work.kernel_profile is not KernelProfile.EAGER:
+        return Pass()
+    m = ctx.work.num_microbatches(ctx.layout)
+    share = 1.0 / ctx.layout.dp if ctx.layout.zero >= ZeroStage.GRADIENTS else 1.0
+    nbytes = 3 * ctx.work.grad_bytes * params * share * (m - 1) / m
+    return Pass(memory=ctx.hbm_seconds(nbytes))
+
+
 def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> _StageCost:
     edge = _edge_cost(ctx, first, last)
+    params = n * ctx.shard.layer_params() + (ctx.shard.embedding_params() if first else 0) + (
+        ctx.shard.head_params(shares_embedding=first) if last else 0)
+    edge = _Cost(edge.forward, edge.backward + _grad_accumulation(ctx, params), edge.forward_comm, edge.backward_comm)
     f_comp = n * cost.forward_compute + edge.forward_compute
     b_comp = n * cost.backward_compute + edge.backward_compute
     f_tp = n * cost.forward_comm + edge.forward_comm
