@@ -74,9 +74,9 @@ def test_planned_memory_is_what_the_h200_allocated():
 @pytest.mark.parametrize("recompute", [Recompute.NONE, Recompute.SELECTIVE])
 def test_planned_step_time_is_within_10_percent_of_the_h200_run(recompute):
     """train.py's step (median of 10): 0.726 s, selective recomputation 0.793 s; planned on the h200 preset with
-    the whole-layer model and our eager kernels 0.736 / 0.762 s (+1.3 % / -3.9 %). The forward + backward of run 3
+    the whole-layer model and our eager kernels 0.735 / 0.762 s (+1.2 % / -4.0 %). The forward + backward of run 3
     is the row the per-kernel latency is fitted to (tests/test_planner_fit.py), so the no-recomputation step
-    checks only the optimizer (planned 21 ms of passes and launches, measured 36 ms) and the selective one the
+    checks only the optimizer (planned 20 ms of passes and launches, measured 36 ms) and the selective one the
     rerun attention; before issue 26 they were -9.1 % / -8.6 %."""
     measured = _run("run2_dcd63a0.json")["speed"]["result"][f"train_py_recompute_{recompute.value}"]["step_s"]
     plan = evaluate(_workload(), Cluster(gpus=1, hw=hardware("h200")), Layout(micro_batch=1, recompute=recompute))
