@@ -194,12 +194,19 @@ def _manual_counts(counts: Sequence[int] | None, num_layers: int, stages: int) -
     return counts
 
 
+MAX_BALANCED_LAYERS = 2048  # its DP tables: (L + 1)^2 float64 = 34 MB each at 2048 (100000 layers asked 75 GiB)
+
+
 def _balanced_counts(costs: list[float], stages: int, embedding_cost: float, head_cost: float) -> list[int]:
     """Layer counts minimising the largest stage cost, then the sum of squared stage costs, then the
     counts lexicographically (fewest layers early). Two dynamic programmes over (stage, first layer):
     the first finds the optimal largest cost M; the second, allowed only stages costing <= M, the least
     sum of squares (additive, so it decomposes where a lexicographic (max, squares) pair would not)."""
     n = len(costs)
+    if n > MAX_BALANCED_LAYERS:
+        raise ValueError(f"--num-layers {n}: the balanced pipeline split holds (layers + 1)^2 float tables "
+                         f"({(n + 1) ** 2 * 8 / 2**30:.1f} GiB each); it splits at most {MAX_BALANCED_LAYERS} layers "
+                         f"(published models have ~100); use --pipeline-partition uniform with a pp that divides them")
     if n < stages - 2:
         raise ValueError(f"the model's {n} layers cannot fill {stages} stages (pp x v): every stage but the first "
                          f"and the last needs a layer; use at most {n + 2} stages")

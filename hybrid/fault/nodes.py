@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 import socket
 
-import torch.distributed as dist
-
+from hybrid.comm import Group
 from hybrid.mesh import Axis, ParallelDims
 
 
@@ -37,10 +36,8 @@ def layout_line(dims: ParallelDims, nodes: list[str]) -> str:
             f"ranks per node")
 
 
-def describe(dims: ParallelDims) -> str:
-    """Collective over the world: gather every rank's node id, return `layout_line`."""
-    if dims.world == 1:
-        return layout_line(dims, [node_id()])
-    nodes: list[str] = [""] * dims.world
-    dist.all_gather_object(nodes, node_id())
-    return layout_line(dims, nodes)
+def describe(dims: ParallelDims, world: Group | None = None) -> str:
+    """Collective over the `world` group (Mesh.world): gather every rank's node id, return `layout_line`."""
+    if dims.world == 1 or world is None:
+        return layout_line(dims, [node_id()] * dims.world)
+    return layout_line(dims, world.all_gather_object(node_id()))

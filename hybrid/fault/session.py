@@ -61,7 +61,7 @@ class FaultTolerance:
     def start(cls, cfg: FaultConfig, mesh: Mesh, model: nn.Module, runner, optimizer,
               log_interval: int, timing_every: int = 1) -> "FaultTolerance":
         """Collective (gathers node ids). Rank 0 prints the node layout."""
-        line = nodes.describe(mesh.dims)
+        line = nodes.describe(mesh.dims, mesh.world)
         if mesh.rank == 0:
             print(line, flush=True)
         return cls(cfg, mesh, model, runner, optimizer, log_interval, timing_every)
@@ -105,6 +105,18 @@ class FaultTolerance:
             self._first, self._skipped = it + 2, False
         if self.guard is not None:
             self.guard.after_step(self.optimizer.inner, it + 1, self.optimizer.applied)
+
+    def state_dict(self) -> dict[str, object]:
+        """The NaN guard's counters as a Stateful (hybrid/stateful.py): the iterations it skipped and the current
+        run of consecutive skips, so a resumed run stops at --max-skipped-steps where an uninterrupted one would.
+        The same on every rank (the guard's verdict is collective)."""
+        if self.guard is None:
+            return {}
+        return {"nan_skipped": list(self.guard.skipped), "nan_consecutive": self.guard.consecutive}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        if self.guard is not None and "nan_consecutive" in state:
+            self.guard.skipped, self.guard.consecutive = list(state["nan_skipped"]), state["nan_consecutive"]
 
     def stop(self) -> None:
         if self.watchdog:

@@ -25,6 +25,7 @@ class RunMetrics:
     device: torch.device
     memory: MemoryMeasure
     writer: MetricsWriter
+    peaks_group: object = None  # the Group the memory peaks are gathered over (Mesh.world)
     timing_every: int = 1
 
     @classmethod
@@ -37,7 +38,8 @@ class RunMetrics:
             peak, source = device_peak_tflops(name), f"{name}, bf16 dense peak (hybrid/metrics/flops.py)"
         return cls(cfg, batch.seq_length, batch.global_batch, mesh.dims.world, run.model.recompute.value,
                    peak, source, run.training.train_iters, mesh.device, measure_for(mesh.device),
-                   MetricsWriter(m.tensorboard_dir, m.metrics_file, mesh.rank == 0), m.timing_log_interval)
+                   MetricsWriter(m.tensorboard_dir, m.metrics_file, mesh.rank == 0), mesh.world,
+                   m.timing_log_interval)
 
     def header(self) -> str:
         """The run's metrics line: what MFU divides by, and which memory measure the lines show."""
@@ -53,7 +55,7 @@ class RunMetrics:
         line; records the interval. Collective (the memory all-gather): every rank calls it."""
         rates = step_rates(self.cfg, self.seq_length, self.global_batch * self.seq_length, step_s, self.world,
                            self.recompute, self.peak_tflops)
-        peaks = gather_peaks(self.device)
+        peaks = gather_peaks(self.device, self.peaks_group)
         consumed = iteration * self.global_batch
         self.writer.write(iteration, {
             "consumed_samples": consumed, "lm_loss": loss, "lr": lr, "grad_norm": report.grad_norm,

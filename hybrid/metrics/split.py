@@ -43,7 +43,7 @@ def run_layout(z, recompute: Recompute, sequence_parallel: bool, cfg, dims, batc
     work = Workload(cfg, global_batch=batch.global_batch, seq_length=batch.seq_length,
                     precision=Precision.MIXED if mixed else Precision.FP32,
                     activations=ActivationProfile.KORTHIKANTI if mixed else ActivationProfile.FP32_FLASH,
-                    fp32_grads=z.accumulate_fp32_grads)
+                    fp32_grads=z.accumulate_fp32_grads, kernels=KernelProfile.EAGER)  # train.py's eager layers
     offload = (Offload.OPTIMIZER_AND_PARAMS if z.offload_params else
                Offload.OPTIMIZER if z.offload_optimizer else Offload.NONE)
     layout = Layout(tp=dims.tp, pp=dims.pp, dp=dims.dp, v=v, micro_batch=batch.micro_batch, zero=ZeroStage(z.stage),

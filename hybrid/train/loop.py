@@ -8,7 +8,6 @@ import time
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from hybrid.checkpoint.run import RunCheckpoints
 from hybrid.data import DataSource
@@ -93,7 +92,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     log0(mesh, metrics.header())
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
-    ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run))  # hybrid/checkpoint
+    ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run),
+                          owners={"fault.": ft})  # hybrid/checkpoint: every owner of state
     start, consumed = ckpt.resume()
     if mesh.rank == 0:  # model, weights, data, schedule, the planner's figures; on resume what changed
         for line in explain.startup_lines(run, run_info(run), data, start, consumed, device, baseline):
@@ -174,8 +174,7 @@ def run_info(run: RunConfig) -> dict:
 def save_timeline(path: str, runner, mesh: Mesh, plan: PipelinePlan) -> None:
     """Gather every rank's events of the last step; rank 0 writes the Chrome trace."""
     events = getattr(runner, "events", [])
-    gathered = [None] * mesh.dims.world
-    dist.all_gather_object(gathered, (mesh.rank, mesh.coords.pp, events))
+    gathered = mesh.world.all_gather_object((mesh.rank, mesh.coords.pp, events))
     if mesh.rank == 0:
         trace = chrome_trace({r: evs for r, _, evs in gathered}, {r: pp for r, pp, _ in gathered}, plan.v)
         write_chrome_trace(path, trace)
