@@ -373,8 +373,24 @@ def data_order_line(saved_flags: dict, now_flags: dict, facts: DataFacts, global
     if old == new:
         return f"resume: data order unchanged: {head} and its shuffle still spans {span}, as the saved run's did"
     was = "; ".join(f"{e}{', the last alone' if alone else ''}" for e, alone in old)
+    keep = same_order_up_to(facts, old_samples) // global_batch
+    hint = f"; --train-iters up to {keep} keeps the saved order" if keep * global_batch >= consumed else ""
     return (f"resume: data order changed: {head}, so its shuffle spans {span} (was {was}) and is drawn anew: the "
-            f"samples from {consumed:,} on differ from the saved run's plan")
+            f"samples from {consumed:,} on differ from the saved run's plan{hint}")
+
+
+def same_order_up_to(facts: DataFacts, samples: int) -> int:
+    """The most samples a run may ask for and still draw the train order a run asking for `samples` drew: the
+    (epochs, last alone) plan is the same on an interval of sample counts (epochs only grow; within an epoch count
+    the last epoch is shuffled alone below Megatron's 80 % and with the others above it), found by bisection."""
+    plan = train_epochs(facts, samples)
+    lo, hi = samples, max(2 * samples, 1)
+    while train_epochs(facts, hi) == plan:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if train_epochs(facts, mid) == plan else (lo, mid)
+    return lo
 
 
 def resume_lines(saved: dict, now: dict, start: int, consumed: int, facts: DataFacts | None,
