@@ -5,6 +5,7 @@
     hybrid plan ...            (the layout planner, when installed)
     hybrid checkpoint inspect DIR
     hybrid convert SRC DST     (checkpoints: transformers <-> hybrid, DeepSpeed -> hybrid)
+    hybrid generate SRC        (decoding from a checkpoint, any TP x PP under torchrun)
 
 Training itself is launched with torchrun: `torchrun --nproc-per-node N -m hybrid.train ...` (or
 `python -m hybrid.train ...` for one process).
@@ -65,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cp: ranks splitting each sequence")
     p.set_defaults(func=_layout)
     sub.add_parser("models", help="list model presets", formatter_class=HelpFormatter).set_defaults(func=_models)
-    for module in ("hybrid.planner.cli", "hybrid.checkpoint.inspect", "hybrid.convert.cli"):  # with their feature
+    for module in ("hybrid.planner.cli", "hybrid.checkpoint.inspect", "hybrid.convert.cli",  # with their feature
+                   "hybrid.generate.cli"):
         try:
             importlib.import_module(module).add_parser(sub)
         except ModuleNotFoundError:
