@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import hybrid.cli
 import hybrid.testing
+from hybrid.cliutil import foreign_flags
 
 train_main = importlib.import_module("hybrid.train.main")  # the module (hybrid.train.main the attribute is main())
 FAST_S = 20.0  # generous on a loaded 2-core machine; a rendezvous would wait minutes, a calibrate run ~30 s
@@ -143,6 +144,12 @@ CASES = [
      "--overlap-param-gather applies to --zero-stage 1 or 2"),
     ("layers-per-stage-text", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "a,b"],
      {}, {"WORLD_SIZE": "2"}, "--pipeline-layers-per-stage"),
+    ("lr-decay-iters-zero", "train", ["--lr-decay-iters", "0"], {}, {}, "--lr-decay-iters must be >= 1"),
+    ("timing-log-interval-zero", "train", ["--timing-log-interval", "0"], {}, {}, "--timing-log-interval must be"),
+    ("pp-uneven-layers", "train", ["--pipeline-model-parallel-size", "3"], {}, {"WORLD_SIZE": "3"},
+     "use --pipeline-partition balanced, or --pipeline-layers-per-stage 1,1,2"),
+    ("layers-per-stage-sum", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "2,3"],
+     {}, {"WORLD_SIZE": "2"}, "sums to 5, not the model's 4 layers"),
     ("tp-not-dividing-world", "train", ["--tensor-model-parallel-size", "3"], {}, {"WORLD_SIZE": "4"},
      "--tensor-model-parallel-size"),
     ("tp-without-torchrun", "train", ["--tensor-model-parallel-size", "2"], {}, {}, "torchrun"),
@@ -503,6 +510,21 @@ def _no_process_group(*a, **k):
     raise AssertionError("a process group was started for a bad input")
 
 
+def _commands() -> dict[str, set[str]]:
+    """Every command's flags, by the name a message quotes it with (hybrid/cliutil.py's foreign_flags)."""
+    from torch.distributed.run import get_args_parser
+
+    from hybrid.cliutil import command_flags
+    from hybrid.train.args import build_parser
+    sub = next(a for a in hybrid.cli.build_parser()._actions if isinstance(getattr(a, "choices", None), dict))
+    commands = {f"hybrid {name}": command_flags(p) for name, p in sub.choices.items()}
+    commands.update({"train.py": command_flags(build_parser()), "torchrun": command_flags(get_args_parser())})
+    return commands
+
+
+COMMANDS = _commands()
+
+
 def _all_files(root) -> set[str]:
     return {os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs}
 
@@ -537,6 +559,8 @@ def test_bad_input_is_one_error_line_before_any_work(case, tmp_path, monkeypatch
     assert lines[0].startswith(f"{PROG[command]}: error: "), lines[0]
     fragment = fragment.replace("{d}", str(tmp_path))
     assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    # every flag it suggests is one the command (or the command it quotes) accepts
+    assert foreign_flags(lines[0], COMMANDS[PROG[command]], COMMANDS, tuple(full_argv)) == [], lines[0]
     assert "Traceback" not in text + out
     assert _all_files(tmp_path) == before, "nothing may be left behind"
     assert elapsed < FAST_S, f"took {elapsed:.1f} s: the check is not before the work"

@@ -108,7 +108,8 @@ def hf_to_hybrid(src: str, dst: str, verify: bool = True, log=print, target: Tar
             line = verify_hybrid_against(cfg, it_dir, lambda: AutoModelForCausalLM.from_pretrained(
                 src, dtype=torch.float32), torch.float32)
     log(f"convert: {src} (transformers {cfg.hf.model_type}, {cfg.num_parameters / 1e6:.2f}M parameters) -> "
-        f"{dst} (hybrid checkpoint, model weights, iteration 0, chunks for tp {target.tp} x pp {target.pp})")
+        f"{dst} (hybrid checkpoint, model weights, iteration 0, chunks for tp {target.tp} x pp {target.pp}"
+        f"{target.describe(cfg)})")
     log(line)
     return line
 
@@ -214,6 +215,6 @@ def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log
                 return m
             line = verify_hybrid_against(cfg, it_dir, reference, torch.float32)
     log(f"convert: {src} (DeepSpeed ZeRO checkpoint of {cfg.hf.model_type}) -> {dst} (hybrid checkpoint, model "
-        f"weights, iteration 0, chunks for tp {target.tp} x pp {target.pp})")
+        f"weights, iteration 0, chunks for tp {target.tp} x pp {target.pp}{target.describe(cfg)})")
     log(line)
     return line

@@ -33,8 +33,8 @@ class TooManySkippedSteps(SystemExit):
 
 
 def world_sum(mesh: Mesh, t: torch.Tensor, tag: str) -> torch.Tensor:
-    """SUM over every rank: over TP, then PP, then DP (the mesh's groups tile the world)."""
-    for g in (mesh.tp, mesh.pp, mesh.dp):
+    """SUM over every rank: over TP, then PP, then DP x CP (the mesh's groups tile the world)."""
+    for g in (mesh.tp, mesh.pp, mesh.dp_cp):
         g.all_reduce(t, tag=tag)
     return t
 

@@ -562,6 +562,18 @@ class ZeroOptimizer:
         return sum(u.padded for u in self.units)
 
     # --- checkpoints (hybrid/checkpoint) ------------------------------------------------------
+    def state_dict(self, optimizer: bool = True, names: dict[int, str] | None = None) -> dict[str, object]:
+        """The model's fp32 master weights (and with `optimizer` Adam's moments, step and loss scaler) as a sharded
+        state dict (hybrid/stateful.py; the keys and pieces: hybrid/zero/state.py). `names`: id(param) -> global
+        name (default: the model's own)."""
+        from hybrid.zero import state
+        return state.state_dict(self, optimizer, names)
+
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
+        """After a checkpoint filled `state_dict()`'s pieces: the step, the loss scaler, the parameters."""
+        from hybrid.zero import state
+        state.load_state_dict(self, state_dict)
+
     @torch.no_grad()
     def sync_params_from_master(self) -> None:
         """After the fp32 master shards were loaded from a checkpoint: rebuild the compute-dtype
