@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from command_flags import foreign
 from hybrid.cli import main as hybrid_main
 from hybrid.comm import Group
 from hybrid.convert import hf_to_hybrid
@@ -239,3 +240,4 @@ def test_bad_generate_flags_are_one_line(random_llama, flags, words):
         hybrid_main(["generate", str(root / "hf"), "--prompt", "hi", *flags])
     msg = str(e.value.code)
     assert msg.startswith("hybrid generate: error: ") and "\n" not in msg and words in msg, msg
+    assert foreign(msg, "hybrid generate", flags) == [], msg  # it suggests only flags `hybrid generate` accepts
