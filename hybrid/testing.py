@@ -13,16 +13,33 @@ that clean process -- no test state, no process group, no thread pool started --
 import costs under spawn (8 ranks on 2 cores: ~12 s of wall time a launch). Each rank then takes the caller's
 current environment (the forkserver's is the one of its first use), working directory and sys.path, as under
 spawn. `start_method="spawn"` gives fully fresh interpreters.
+
+End-to-end runs of the training entry point go the same way, as the command line would run them:
+
+    runs = launch(["--tensor-model-parallel-size", "2", ...], world=4, env={"HYBRID_FAULT": "..."})
+    out = torchrun(["--tensor-model-parallel-size", "2", ...], nproc=4, cwd=tmp_path)   # .returncode, .stdout
+
+`launch` forks `world` ranks that each run `python -m hybrid.train ARGV` -- torchrun's environment (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, OMP_NUM_THREADS=1), stdout and stderr to files, the
+exit status a shell would see -- and gives each rank's status, output and exit time; `torchrun` joins them as
+torchrun's own output would, tearing the job down when a rank fails. A test whose subject is torchrun itself
+(restarts, elastic membership, its error files and failure summary) runs the real one.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import queue as queue_module
 import socket
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -30,9 +47,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-# imported once by the forkserver, inherited by every rank it forks; importing them starts no thread pool
-PRELOAD = ["torch", "torch.distributed", "hybrid.testing", "hybrid.mesh", "hybrid.comm", "hybrid.tp", "hybrid.data",
-           "hybrid.training", "hybrid.zero", "hybrid.pipeline.executor", "hybrid.checkpoint.core", "models"]
+# imported once by the forkserver, inherited by every rank it forks; importing them starts no thread pool.
+# torch._dynamo: torch imports it at the first optimizer's construction (add_param_group is wrapped by
+# torch._disable_dynamo), ~1.3 s of CPU in every rank that builds one. Neither transformers nor
+# torch.distributed.checkpoint (hybrid.checkpoint.core; ~0.05 s once dynamo is in): a preset run's ranks show
+# they do not import them (tests/test_presets.py).
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hybrid.testing", "hybrid.mesh", "hybrid.comm", "hybrid.tp",
+           "hybrid.data", "hybrid.training", "hybrid.zero", "hybrid.pipeline.executor", "models", "hybrid.train.main"]
 
 
 class DistributedFailure(RuntimeError):
@@ -103,3 +124,157 @@ def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout: fl
         missing = sorted(set(range(world_size)) - set(results))
         raise DistributedFailure(f"ranks {missing} of {world_size} did not finish within {timeout:.0f}s")
     return [results[r] for r in range(world_size)]
+
+
+# --- end-to-end runs of the training entry point ---------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class RankRun:
+    """One rank of a `launch`: its exit status (None: still running at the deadline, then SIGKILLed; -N: killed
+    by signal N, as subprocess reports it), its output, and when it was seen to exit and to inject a fault."""
+
+    rank: int
+    returncode: int | None
+    stdout: str
+    stderr: str
+    exited: float | None  # time.monotonic() when it was seen to exit (None: killed at the deadline)
+    injected: float | None  # when its stdout first showed "inject:" (None: it injected nothing)
+
+
+def train_main(argv: list[str]) -> None:
+    """The rank body of `launch`: what `python -m hybrid.train ARGV` runs (hybrid.train.main.cli)."""
+    from hybrid.train.main import cli
+    sys.argv = [os.path.join(ROOT, "scripts", "train.py"), *argv]
+    cli()
+
+
+def _exit_status(e: SystemExit) -> int:
+    """The status the interpreter gives an uncaught SystemExit (a message: printed to stderr, status 1)."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def _rank(entry: Callable, argv: list[str], environ: dict[str, str], cwd: str, out: str, err: str) -> None:
+    """A forked rank: the caller's environment and directory, stdout and stderr at fd level to the files, `entry`
+    run as a script's main, then the interpreter's own shutdown (non-daemon threads joined, atexit handlers, streams
+    flushed) and the exit status a shell would see."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(environ)
+    for fd, path in ((1, out), (2, err)):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    try:
+        entry(argv)
+        status = 0
+    except SystemExit as e:
+        status = _exit_status(e)
+    except BaseException:  # an uncaught exception: the traceback on stderr, status 1
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    threading._shutdown()  # as the interpreter's exit: wait for non-daemon threads, then atexit
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def launch(argv: list[str], world: int, env: dict[str, str] | None = None, timeout: float = 120.0,
+           kill_stopped: bool = True, teardown_after: float | None = None, cwd: str | None = None,
+           entry: Callable = train_main, term_grace: float = 5.0) -> list[RankRun]:
+    """Run `entry(argv)` (default: `python -m hybrid.train ARGV`) on `world` forked ranks with the env://
+    variables torchrun sets, to completion or `timeout` (then SIGKILL); poll 10 times a second.
+
+    `teardown_after`: this many seconds after the first rank exits non-zero, stop the rest as torchrun does
+    (SIGTERM, SIGKILL after `term_grace` s); None waits for every rank. `kill_stopped`: end the wait once every
+    rank left is SIGSTOPped after an injected fault. `entry` must be importable by name (a module-level function).
+    """
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="hybrid-launch-")
+    cwd = cwd or ROOT
+    procs, files = [], []
+    for r in range(world):
+        out, err = os.path.join(tmp, f"{r}.out"), os.path.join(tmp, f"{r}.err")
+        open(out, "w").close()
+        e = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
+                 LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", PYTHONPATH=ROOT,
+                 OMP_NUM_THREADS="1", **(env or {}))
+        p = ctx.Process(target=_rank, args=(entry, list(argv), e, cwd, out, err), daemon=True)
+        p.start()
+        procs.append(p)
+        files.append((out, err))
+    exited: dict[int, float] = {}
+    injected: dict[int, float] = {}
+    deadline = time.monotonic() + timeout
+    teardown: float | None = None
+    while len(exited) < world and time.monotonic() < deadline:
+        for r, p in enumerate(procs):
+            if r not in exited and p.exitcode is not None:
+                exited[r] = time.monotonic()
+                if p.exitcode != 0 and teardown_after is not None and teardown is None:
+                    teardown = exited[r] + teardown_after
+            if r not in injected and "inject:" in _read(files[r][0]):
+                injected[r] = time.monotonic()
+        if teardown is not None and time.monotonic() >= teardown:
+            _stop(procs, term_grace)
+            continue
+        if kill_stopped and injected and all(r in exited or _stopped(procs[r].pid) for r in range(world)):
+            break  # only SIGSTOPped ranks are left
+        time.sleep(0.1)
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+        p.join()
+    return [RankRun(r, p.exitcode if r in exited else None, _read(files[r][0]), _read(files[r][1]), exited.get(r),
+                    injected.get(r)) for r, p in enumerate(procs)]
+
+
+def torchrun(argv: list[str], nproc: int, env: dict[str, str] | None = None, cwd: str | None = None,
+             timeout: float = 600.0, entry: Callable = train_main) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node NPROC scripts/train.py ARGV` as forked ranks (`launch`): the ranks' stdout and
+    stderr joined in rank order, status 0 when every rank exits 0, else 1 (torchrun's on a failed worker), the
+    others stopped as torchrun stops them. A rank still running at `timeout` fails the call, as
+    subprocess.run's timeout would (subprocess.TimeoutExpired)."""
+    runs = launch(argv, nproc, env=env, timeout=timeout, kill_stopped=False, teardown_after=0.0, cwd=cwd,
+                  entry=entry)
+    stdout, stderr = "".join(r.stdout for r in runs), "".join(r.stderr for r in runs)
+    if any(r.exited is None for r in runs):
+        raise subprocess.TimeoutExpired(["torchrun", *argv], timeout, output=stdout, stderr=stderr)
+    return subprocess.CompletedProcess(["torchrun", "--nproc-per-node", str(nproc), *argv],
+                                       0 if all(r.returncode == 0 for r in runs) else 1, stdout, stderr)
+
+
+def _stop(procs: list, grace: float) -> None:
+    """torchrun's teardown of a failed job: SIGTERM to the workers still running, SIGKILL after `grace` s."""
+    live = [p for p in procs if p.exitcode is None]
+    for p in live:
+        p.terminate()
+    end = time.monotonic() + grace
+    for p in live:
+        p.join(max(0.0, end - time.monotonic()))
+        if p.exitcode is None:
+            p.kill()
+
+
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False

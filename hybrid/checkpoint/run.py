@@ -13,13 +13,24 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from hybrid.checkpoint import core, store
+from hybrid.checkpoint import store
 from hybrid.checkpoint.args import CheckpointConfig
 from hybrid.cliutil import fail
+
+if TYPE_CHECKING:
+    from hybrid.checkpoint import core
+
+
+def _core():
+    """hybrid.checkpoint.core, imported by the first save or load: torch.distributed.checkpoint (and DTensor
+    with it) costs every rank ~0.7 s of CPU to import, which a run without --save / --load does not need."""
+    from hybrid.checkpoint import core
+    return core
 
 
 def _log(msg: str) -> None:
@@ -44,13 +55,13 @@ class RunCheckpoints:
 
     def __init__(self, cfg: CheckpointConfig, mesh, model, optimizer, rng, info: dict):
         self.cfg, self.mesh, self.opt, self.rng, self.info = cfg, mesh, optimizer, rng, info
-        self.names = core.param_names(model)
+        active = cfg.save is not None or cfg.load is not None
+        self.names = _core().param_names(model) if active else {}
         self.pending: core.PendingSave | None = None
         self.last_saved: int | None = None
         # gloo groups of every rank: the save's own (a background save's collectives run on it, never
         # interleaved with training's), and one for the main thread's checks (verify, SIGTERM agreement)
         # (none when the run neither saves nor loads)
-        active = cfg.save is not None or cfg.load is not None
         self.pg = dist.new_group(backend="gloo") if active else None
         self.ctl = dist.new_group(backend="gloo") if active else None
         self._signalled = False
@@ -74,7 +85,7 @@ class RunCheckpoints:
         tries = [self.cfg.ckpt_step] if self.cfg.ckpt_step is not None else store.candidates(root)
         for iteration in tries:
             path = store.final_path(root, iteration)
-            error = core.verify(path, self.ctl)
+            error = _core().verify(path, self.ctl)
             if error is None:
                 return self._load(path)
             if self.cfg.ckpt_step is not None:
@@ -93,7 +104,7 @@ class RunCheckpoints:
         same = all(saved["layout"].get(k) == self.info["layout"].get(k) for k in ("tp", "pp", "dp"))
         rng = self.cfg.load_rng and same and not model_only
         optim = self.cfg.load_optim and not model_only
-        state = core.load(self.opt, self.names, self.rng, path, optim=optim, rng_too=rng, pg=self.pg)
+        state = _core().load(self.opt, self.names, self.rng, path, optim=optim, rng_too=rng, pg=self.pg)
         lay = saved["layout"]
         _log(f"checkpoint: resumed from {path} (saved at tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']}, "
              f"ZeRO {lay['zero']}) | iteration {state['iteration']} | consumed samples {state['consumed_samples']}"
@@ -109,7 +120,7 @@ class RunCheckpoints:
         finish)."""
         self.wait()
         state = dict(self.info, iteration=iteration, consumed_samples=consumed)
-        pending = core.start_save(self.opt, self.names, self.rng, self.cfg.save, iteration, state, pg=self.pg,
+        pending = _core().start_save(self.opt, self.names, self.rng, self.cfg.save, iteration, state, pg=self.pg,
                                   asynchronous=self.cfg.async_save)
         self.last_saved = iteration
         if self.cfg.async_save:
