@@ -144,10 +144,23 @@ class RankRun:
 
 
 def train_main(argv: list[str]) -> None:
-    """The rank body of `launch`: what `python -m hybrid.train ARGV` runs (hybrid.train.main.cli)."""
+    """The rank body of `launch`: what `python -m hybrid.train ARGV` (scripts/train.py ARGV) runs."""
     from hybrid.train.main import cli
     sys.argv = [os.path.join(ROOT, "scripts", "train.py"), *argv]
     cli()
+
+
+def python_main(argv: list[str]) -> None:
+    """`python -m MODULE ARGS` or `python SCRIPT ARGS` (argv without the `python`), run as the interpreter runs
+    them: as __main__, with sys.argv[0] the file and the script's folder first on sys.path."""
+    import runpy
+    if argv[:1] == ["-m"]:
+        sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file in argv[0]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        runpy.run_path(argv[0], run_name="__main__")
 
 
 def _exit_status(e: SystemExit) -> int:
@@ -167,6 +180,8 @@ def _rank(entry: Callable, argv: list[str], environ: dict[str, str], cwd: str, o
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(environ)
+    if environ.get("OMP_NUM_THREADS", "").isdigit():  # what a new interpreter's torch would take from it
+        torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
     for fd, path in ((1, out), (2, err)):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -190,9 +205,10 @@ def _rank(entry: Callable, argv: list[str], environ: dict[str, str], cwd: str, o
 
 def launch(argv: list[str], world: int, env: dict[str, str] | None = None, timeout: float = 120.0,
            kill_stopped: bool = True, teardown_after: float | None = None, cwd: str | None = None,
-           entry: Callable = train_main, term_grace: float = 5.0) -> list[RankRun]:
+           entry: Callable = train_main, term_grace: float = 5.0, launcher_env: bool = True) -> list[RankRun]:
     """Run `entry(argv)` (default: `python -m hybrid.train ARGV`) on `world` forked ranks with the env://
-    variables torchrun sets, to completion or `timeout` (then SIGKILL); poll 10 times a second.
+    variables torchrun sets (`launcher_env=False`: none, as a command run without torchrun), to completion or
+    `timeout` (then SIGKILL); poll 10 times a second.
 
     `teardown_after`: this many seconds after the first rank exits non-zero, stop the rest as torchrun does
     (SIGTERM, SIGKILL after `term_grace` s); None waits for every rank. `kill_stopped`: end the wait once every
@@ -207,10 +223,13 @@ def launch(argv: list[str], world: int, env: dict[str, str] | None = None, timeo
     for r in range(world):
         out, err = os.path.join(tmp, f"{r}.out"), os.path.join(tmp, f"{r}.err")
         open(out, "w").close()
-        e = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
-                 LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", PYTHONPATH=ROOT,
-                 OMP_NUM_THREADS="1", **(env or {}))
-        p = ctx.Process(target=_rank, args=(entry, list(argv), e, cwd, out, err), daemon=True)
+        e = dict(os.environ, PYTHONPATH=ROOT)
+        if launcher_env:
+            e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
+                     LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", OMP_NUM_THREADS="1")
+        e.update(env or {})
+        # not a daemon: a command may start processes of its own (calibrate's ranks); launch always reaps it
+        p = ctx.Process(target=_rank, args=(entry, list(argv), e, cwd, out, err))
         p.start()
         procs.append(p)
         files.append((out, err))
@@ -253,6 +272,16 @@ def torchrun(argv: list[str], nproc: int, env: dict[str, str] | None = None, cwd
         raise subprocess.TimeoutExpired(["torchrun", *argv], timeout, output=stdout, stderr=stderr)
     return subprocess.CompletedProcess(["torchrun", "--nproc-per-node", str(nproc), *argv],
                                        0 if all(r.returncode == 0 for r in runs) else 1, stdout, stderr)
+
+
+def run(argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None, timeout: float = 600.0,
+        entry: Callable = python_main) -> subprocess.CompletedProcess:
+    """`python ARGV` (a script or -m module, no launcher) as one fork of the forkserver: subprocess.run's result
+    (status, stdout, stderr) without a new interpreter's start-up."""
+    (r,) = launch(argv, 1, env=env, timeout=timeout, kill_stopped=False, cwd=cwd, entry=entry, launcher_env=False)
+    if r.exited is None:
+        raise subprocess.TimeoutExpired(["python", *argv], timeout, output=r.stdout, stderr=r.stderr)
+    return subprocess.CompletedProcess(["python", *argv], r.returncode, r.stdout, r.stderr)
 
 
 def _stop(procs: list, grace: float) -> None:
