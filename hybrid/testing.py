@@ -29,9 +29,12 @@ torchrun's own output would, tearing the job down when a rank fails. A test whos
 from __future__ import annotations
 
 import atexit
+import io
 import os
 import pickle
 import queue as queue_module
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -182,12 +185,19 @@ def _rank(entry: Callable, argv: list[str], environ: dict[str, str], cwd: str, o
     os.environ.update(environ)
     if environ.get("OMP_NUM_THREADS", "").isdigit():  # what a new interpreter's torch would take from it
         torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
+    sys.stdout.flush()
+    sys.stderr.flush()
     for fd, path in ((1, out), (2, err)):
-        sys.stdout.flush()
-        sys.stderr.flush()
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(f, fd)
         os.close(f)
+    # the streams a new interpreter opens on a file: stdout block-buffered (write-through under PYTHONUNBUFFERED,
+    # as `python -u`), stderr line-buffered
+    if environ.get("PYTHONUNBUFFERED"):
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    else:
+        sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
     try:
         entry(argv)
         status = 0
@@ -203,47 +213,100 @@ def _rank(entry: Callable, argv: list[str], environ: dict[str, str], cwd: str, o
     os._exit(status)
 
 
-def launch(argv: list[str], world: int, env: dict[str, str] | None = None, timeout: float = 120.0,
+class Forked:
+    """One process forked from the forkserver, running `entry(argv)` as `_rank` describes, behind a handle like
+    subprocess.Popen's: pid, poll(), wait(), send_signal(), terminate(), kill(), and its output so far."""
+
+    def __init__(self, argv: list[str], environ: dict[str, str], cwd: str | None = None,
+                 entry: Callable = python_main, name: str = "proc") -> None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)  # read when the forkserver starts: at the first call
+        self.folder = tempfile.mkdtemp(prefix="hybrid-forked-")
+        self.out, self.err = os.path.join(self.folder, f"{name}.out"), os.path.join(self.folder, f"{name}.err")
+        open(self.out, "w").close()
+        # not a daemon: a command may start processes of its own (calibrate's ranks); its owner reaps it
+        self._proc = ctx.Process(target=_rank, args=(entry, list(argv), environ, cwd or ROOT, self.out, self.err))
+        self._proc.start()
+        self.pid = self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs; -N when signal N ended it (as subprocess reports it)."""
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired(f"forked {self.pid}", timeout)
+        return self._proc.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._proc.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def stdout(self) -> str:
+        return _read(self.out)
+
+    def stderr(self) -> str:
+        return _read(self.err)
+
+
+def environment(env: dict[str, str | None] | None = None) -> dict[str, str]:
+    """This process's environment with PYTHONPATH at this checkout and `env` applied (a None value unsets)."""
+    e = dict(os.environ, PYTHONPATH=ROOT)
+    for k, v in (env or {}).items():
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = v
+    return e
+
+
+def start(argv: list[str], env: dict[str, str | None] | None = None, cwd: str | None = None,
+          entry: Callable = python_main) -> Forked:
+    """`python ARGV` (a script, or -m and a module) started as a fork, not waited for: subprocess.Popen's use."""
+    return Forked(argv, environment(env), cwd, entry)
+
+
+def launch(argv: list[str], world: int, env: dict[str, str | None] | None = None, timeout: float = 120.0,
            kill_stopped: bool = True, teardown_after: float | None = None, cwd: str | None = None,
            entry: Callable = train_main, term_grace: float = 5.0, launcher_env: bool = True) -> list[RankRun]:
     """Run `entry(argv)` (default: `python -m hybrid.train ARGV`) on `world` forked ranks with the env://
     variables torchrun sets (`launcher_env=False`: none, as a command run without torchrun), to completion or
-    `timeout` (then SIGKILL); poll 10 times a second.
+    `timeout` (then SIGKILL); poll 10 times a second. `env` is applied to this process's environment (a None
+    value unsets), then the launcher's variables.
 
     `teardown_after`: this many seconds after the first rank exits non-zero, stop the rest as torchrun does
     (SIGTERM, SIGKILL after `term_grace` s); None waits for every rank. `kill_stopped`: end the wait once every
     rank left is SIGSTOPped after an injected fault. `entry` must be importable by name (a module-level function).
     """
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
     port = free_port()
-    tmp = tempfile.mkdtemp(prefix="hybrid-launch-")
-    cwd = cwd or ROOT
-    procs, files = [], []
+    procs = []
     for r in range(world):
-        out, err = os.path.join(tmp, f"{r}.out"), os.path.join(tmp, f"{r}.err")
-        open(out, "w").close()
-        e = dict(os.environ, PYTHONPATH=ROOT)
-        if launcher_env:
-            e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
-                     LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", OMP_NUM_THREADS="1")
-        e.update(env or {})
-        # not a daemon: a command may start processes of its own (calibrate's ranks); launch always reaps it
-        p = ctx.Process(target=_rank, args=(entry, list(argv), e, cwd, out, err))
-        p.start()
-        procs.append(p)
-        files.append((out, err))
+        rank_env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
+                        LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", OMP_NUM_THREADS="1")
+        procs.append(Forked(argv, environment({**(env or {}), **(rank_env if launcher_env else {})}), cwd, entry,
+                            name=str(r)))
     exited: dict[int, float] = {}
     injected: dict[int, float] = {}
     deadline = time.monotonic() + timeout
     teardown: float | None = None
     while len(exited) < world and time.monotonic() < deadline:
         for r, p in enumerate(procs):
-            if r not in exited and p.exitcode is not None:
+            if r not in exited and p.poll() is not None:
                 exited[r] = time.monotonic()
-                if p.exitcode != 0 and teardown_after is not None and teardown is None:
+                if p.returncode != 0 and teardown_after is not None and teardown is None:
                     teardown = exited[r] + teardown_after
-            if r not in injected and "inject:" in _read(files[r][0]):
+            if r not in injected and "inject:" in p.stdout():
                 injected[r] = time.monotonic()
         if teardown is not None and time.monotonic() >= teardown:
             _stop(procs, term_grace)
@@ -252,14 +315,16 @@ def launch(argv: list[str], world: int, env: dict[str, str] | None = None, timeo
             break  # only SIGSTOPped ranks are left
         time.sleep(0.1)
     for p in procs:
-        if p.exitcode is None:
-            p.kill()
-        p.join()
-    return [RankRun(r, p.exitcode if r in exited else None, _read(files[r][0]), _read(files[r][1]), exited.get(r),
-                    injected.get(r)) for r, p in enumerate(procs)]
+        p.kill()
+        p.wait()
+    runs = [RankRun(r, p.returncode if r in exited else None, p.stdout(), p.stderr(), exited.get(r), injected.get(r))
+            for r, p in enumerate(procs)]
+    for p in procs:
+        shutil.rmtree(p.folder, ignore_errors=True)
+    return runs
 
 
-def torchrun(argv: list[str], nproc: int, env: dict[str, str] | None = None, cwd: str | None = None,
+def torchrun(argv: list[str], nproc: int, env: dict[str, str | None] | None = None, cwd: str | None = None,
              timeout: float = 600.0, entry: Callable = train_main) -> subprocess.CompletedProcess:
     """`torchrun --nproc-per-node NPROC scripts/train.py ARGV` as forked ranks (`launch`): the ranks' stdout and
     stderr joined in rank order, status 0 when every rank exits 0, else 1 (torchrun's on a failed worker), the
@@ -274,25 +339,26 @@ def torchrun(argv: list[str], nproc: int, env: dict[str, str] | None = None, cwd
                                        0 if all(r.returncode == 0 for r in runs) else 1, stdout, stderr)
 
 
-def run(argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None, timeout: float = 600.0,
+def run(argv: list[str], env: dict[str, str | None] | None = None, cwd: str | None = None, timeout: float = 600.0,
         entry: Callable = python_main) -> subprocess.CompletedProcess:
-    """`python ARGV` (a script or -m module, no launcher) as one fork of the forkserver: subprocess.run's result
-    (status, stdout, stderr) without a new interpreter's start-up."""
+    """`python ARGV` (a script, or -m and a module; no launcher) as one fork: subprocess.run's result (status,
+    stdout, stderr) without a new interpreter's start-up."""
     (r,) = launch(argv, 1, env=env, timeout=timeout, kill_stopped=False, cwd=cwd, entry=entry, launcher_env=False)
     if r.exited is None:
         raise subprocess.TimeoutExpired(["python", *argv], timeout, output=r.stdout, stderr=r.stderr)
     return subprocess.CompletedProcess(["python", *argv], r.returncode, r.stdout, r.stderr)
 
 
-def _stop(procs: list, grace: float) -> None:
+def _stop(procs: list[Forked], grace: float) -> None:
     """torchrun's teardown of a failed job: SIGTERM to the workers still running, SIGKILL after `grace` s."""
-    live = [p for p in procs if p.exitcode is None]
+    live = [p for p in procs if p.poll() is None]
     for p in live:
         p.terminate()
     end = time.monotonic() + grace
     for p in live:
-        p.join(max(0.0, end - time.monotonic()))
-        if p.exitcode is None:
+        try:
+            p.wait(max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
             p.kill()
 
 
