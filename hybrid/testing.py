@@ -339,6 +339,20 @@ def torchrun(argv: list[str], nproc: int, env: dict[str, str | None] | None = No
                                        0 if all(r.returncode == 0 for r in runs) else 1, stdout, stderr)
 
 
+def torchrun_cli(args: list[str], env: dict[str, str | None] | None = None, cwd: str | None = None,
+                 timeout: float = 600.0) -> subprocess.CompletedProcess:
+    """`torchrun ARGS` as a user writes it, its arguments parsed by torch's own parser: a single-node job without
+    restarts runs as forked ranks (`torchrun`, the script or module as __main__), anything else under the real
+    torchrun (python -m torch.distributed.run)."""
+    from torch.distributed.run import get_args_parser
+    ta = get_args_parser().parse_args(args)
+    if ta.nnodes in ("1", "1:1") and not ta.max_restarts and not ta.no_python and str(ta.nproc_per_node).isdigit():
+        target = (["-m"] if ta.module else []) + [ta.training_script, *ta.training_script_args]
+        return torchrun(target, int(ta.nproc_per_node), env=env, cwd=cwd, timeout=timeout, entry=python_main)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], cwd=cwd or ROOT,
+                          env=environment(env), capture_output=True, text=True, timeout=timeout)
+
+
 def run(argv: list[str], env: dict[str, str | None] | None = None, cwd: str | None = None, timeout: float = 600.0,
         entry: Callable = python_main) -> subprocess.CompletedProcess:
     """`python ARGV` (a script, or -m and a module; no launcher) as one fork: subprocess.run's result (status,

@@ -207,6 +207,11 @@ def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
     raw = read_config_json(file)
     from huggingface_hub.errors import StrictDataclassError  # transformers' config validation (it imports it)
     from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+    verbosity = hf_logging.get_verbosity()
+    # transformers' own config warnings (a token id outside the vocabulary, say) are not ours to print: what
+    # matters is checked here and in hf_fields, and a bad input stays one line
+    hf_logging.set_verbosity_error()
     try:
         if os.path.isdir(path):
             hf = AutoConfig.from_pretrained(path)
@@ -218,6 +223,8 @@ def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
         reason = " ".join(ln.strip() for ln in str(e).strip().splitlines()[:2]) or type(e).__name__
         raise ValueError(f"--model {file}: transformers cannot build a {raw.get('model_type', '')} config from it "
                          f"({reason})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
     try:
         return from_hf(hf)
     except ValueError as e:  # a rejected field: say which file holds it

@@ -9,8 +9,8 @@ reason and where they are covered instead.
 
 How they run: a `python` or `hybrid` command as one fork of hybrid.testing's forkserver (the interpreter with
 torch and hybrid already imported: the command's own code runs as __main__, without a new interpreter's ~4 s of
-CPU), a single-node `torchrun` as its ranks forked the same way (hybrid.testing.torchrun: torchrun's environment,
-its arguments parsed by torch's own parser), anything else (mkdir) in the shell. One run per distinct flag
+CPU), a single-node `torchrun` as its ranks forked the same way (hybrid.testing.torchrun_cli: its arguments parsed
+by torch's own parser, torchrun's environment), anything else (mkdir) in the shell. One run per distinct flag
 combination: a train.py command whose program and flag names (not values) an earlier command already ran is
 parsed and checked in-process instead (hybrid.train.main.validate: every check a run makes before its process
 group), so a value that is wrong still fails.
@@ -23,7 +23,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 
 import pytest
 
@@ -172,13 +171,7 @@ def _execute(argv: list[str], workdir: str) -> subprocess.CompletedProcess:
     if argv[0] in ("python", "python3"):
         return testing.run(argv[1:], env=env, cwd=workdir, timeout=400)
     if argv[0] == "torchrun":
-        from torch.distributed.run import get_args_parser
-        ta = get_args_parser().parse_args(argv[1:])  # torchrun's own parser: its flags are checked as written
-        if ta.nnodes in ("1", "1:1") and not ta.max_restarts and not ta.no_python:
-            target = (["-m"] if ta.module else []) + [ta.training_script, *ta.training_script_args]
-            return testing.torchrun(target, int(ta.nproc_per_node), env=env, cwd=workdir, timeout=400,
-                                    entry=testing.python_main)
-        argv = [sys.executable, "-m", "torch.distributed.run"] + argv[1:]  # torchrun is the subject: the real one
+        return testing.torchrun_cli(argv[1:], env=env, cwd=workdir, timeout=400)
     return subprocess.run(argv, cwd=workdir, env=dict(os.environ, **env), capture_output=True, text=True,
                           timeout=400)
 
