@@ -9,6 +9,7 @@ Byte convention (nccl-tests' "size S", see doc/PERFORMANCE.md there):
   * all_gather:      S = bytes of the gathered output (world x the input)
   * reduce_scatter:  S = bytes of the full input (world x the output)
   * broadcast:       S = bytes of the tensor
+  * all_to_all:      S = bytes of each rank's input (= its output; (n-1)/n S leave the rank)
   * send / recv:     S = bytes of the tensor, counted by the sender (send) and receiver (recv)
 The wire bytes follow from S: an all-reduce ring moves 2(n-1)/n S per rank, all-gather and
 reduce-scatter (n-1)/n S.
@@ -16,19 +17,28 @@ reduce-scatter (n-1)/n S.
 A group of size 1 never calls torch.distributed and records nothing: single-process code is the
 ordinary path, not a special case.
 
-Every op is also recorded where it starts in the process's op trail (hybrid/fault/trail.py: a
+Besides the mesh's axes (tp, dp, pp, embedding) there is the world (`Mesh.world`: start-up node ids, the
+timeline, the memory peaks of the log line) and the checkpoint's own gloo groups (`Group.create`). A library
+that runs its own collectives on a process group -- DCP's save and load plans -- gets it from `Group.delegate`,
+which counts the call (bytes 0: the library chooses them) and keeps it in the op trail.
+
+Every op is also recorded where it starts in the process's op trail (hybrid/trail.py: a
 sequence number per group, the op in flight), which the hang watchdog reads; the trail observes only.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from hybrid.fault.trail import TRAIL
+from hybrid.trail import TRAIL
 
 
 @dataclass
@@ -72,6 +82,23 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+T = TypeVar("T")
+_delegations: dict[int, int] = defaultdict(int)  # id(process group) -> library routines running on it now
+_delegations_lock = threading.Lock()
+
+
+def delegated(pg) -> bool:
+    """A library routine handed `pg` by `Group.delegate` is running on it now (its collectives are counted there).
+    `pg` None is the default group, which a size-1 Group hands over."""
+    with _delegations_lock:
+        return _delegations[id(pg)] > 0
+
+
+def _open(pg, step: int) -> None:
+    with _delegations_lock:
+        _delegations[id(pg)] += step
+
+
 @dataclass
 class Group:
     """One process group (or a solo rank) plus the ledger its collectives are recorded in.
@@ -88,6 +115,16 @@ class Group:
     def solo(cls, name: str, ledger: CommLedger | None = None) -> "Group":
         return cls(name=name, ranks=(dist.get_rank() if dist.is_initialized() else 0,), pg=None,
                    ledger=ledger or CommLedger())
+
+    @classmethod
+    def create(cls, name: str, ranks: list[int], ledger: CommLedger, backend: str | None = None,
+               timeout: timedelta | None = None) -> "Group":
+        """A new process group over `ranks` (collective over the world: every rank calls it), e.g. the
+        checkpoint's gloo groups; a solo group when it has one rank."""
+        if len(ranks) == 1:
+            return cls.solo(name, ledger)
+        pg = dist.new_group(list(ranks), backend=backend, timeout=timeout)
+        return cls(name=name, ranks=tuple(ranks), pg=pg, ledger=ledger)
 
     @property
     def size(self) -> int:
@@ -133,6 +170,21 @@ class Group:
         with TRAIL.op(self.name, self.ranks, "reduce_scatter"):
             _reduce_scatter_single(out, t_moved, group=self.pg)
         return out.movedim(0, dim)
+
+    def all_to_all(self, t: torch.Tensor, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+        """Split `t` into `size` equal pieces along `scatter_dim`, send piece j to rank j, and concatenate the
+        pieces received (in group order) along `gather_dim` (Ulysses' sequence <-> head exchange)."""
+        if self.size == 1:
+            return t
+        if t.shape[scatter_dim] % self.size != 0:
+            raise ValueError(f"all_to_all over {self.name}: dim {scatter_dim} of size {t.shape[scatter_dim]} "
+                             f"is not divisible by the group size {self.size}")
+        pieces = torch.stack(t.chunk(self.size, dim=scatter_dim))  # (size, ...): piece j goes to rank j
+        out = torch.empty_like(pieces)
+        self.ledger.record("all_to_all", self.name, _nbytes(pieces))
+        with TRAIL.op(self.name, self.ranks, "all_to_all"):
+            dist.all_to_all_single(out, pieces, group=self.pg)
+        return torch.cat(out.unbind(0), dim=gather_dim)
 
     def broadcast(self, t: torch.Tensor, src_index: int = 0) -> torch.Tensor:
         if self.size > 1:
@@ -212,8 +264,45 @@ class Group:
 
     def barrier(self) -> None:
         if self.size > 1:
+            self.ledger.record("barrier", self.name, 0)
             with TRAIL.op(self.name, self.ranks, "barrier"):
                 dist.barrier(group=self.pg)
+
+    def all_gather_object(self, obj: object) -> list:
+        """Every rank's picklable `obj`, in group order (for small control data: node ids, checksums, trace
+        events). Counted as calls, bytes 0: torch pickles and sizes it."""
+        if self.size == 1:
+            return [obj]
+        out: list = [None] * self.size
+        self.ledger.record("all_gather_object", self.name, 0)
+        with TRAIL.op(self.name, self.ranks, "all_gather_object"):
+            dist.all_gather_object(out, obj, group=self.pg)
+        return out
+
+    def delegate(self, op: str, fn: Callable[[object], T]) -> T:
+        """Run `fn(pg)`, a library routine that runs its own collectives on this group's process group (DCP's save
+        and load: gather the plans, scatter them, a barrier). One call of `op` on the ledger (bytes 0), one op in
+        the trail (a hang inside it is named)."""
+        self.ledger.record(op, self.name, 0)
+        _open(self.pg, 1)
+        try:
+            with TRAIL.op(self.name, self.ranks, op):
+                return fn(self.pg)
+        finally:
+            _open(self.pg, -1)
+
+    def delegate_async(self, op: str, start: Callable[[object], Future]) -> Future:
+        """`delegate` for a routine that goes on in a thread of its own (DCP's async_save): the group stays handed
+        over until the returned future is done."""
+        self.ledger.record(op, self.name, 0)
+        _open(self.pg, 1)
+        try:
+            future = start(self.pg)
+        except BaseException:
+            _open(self.pg, -1)
+            raise
+        future.add_done_callback(lambda _: _open(self.pg, -1))
+        return future
 
     # --- asynchronous collectives into caller-owned buffers (ZeRO overlap) ------------------
     # Each returns a work handle to `wait()` on before reading `out`; recorded on the ledger

@@ -56,7 +56,7 @@ import torch.multiprocessing as mp
 # torch.distributed.checkpoint (hybrid.checkpoint.core; ~0.05 s once dynamo is in): a preset run's ranks show
 # they do not import them (tests/test_presets.py).
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hybrid.testing", "hybrid.mesh", "hybrid.comm", "hybrid.tp",
-           "hybrid.data", "hybrid.training", "hybrid.zero", "hybrid.pipeline.executor", "models", "hybrid.train.main"]
+           "hybrid.data", "hybrid.train_step", "hybrid.zero", "hybrid.pipeline.executor", "models", "hybrid.train.main"]
 
 
 class DistributedFailure(RuntimeError):
@@ -147,10 +147,9 @@ class RankRun:
 
 
 def train_main(argv: list[str]) -> None:
-    """The rank body of `launch`: what `python -m hybrid.train ARGV` (scripts/train.py ARGV) runs."""
-    from hybrid.train.main import cli
-    sys.argv = [os.path.join(ROOT, "scripts", "train.py"), *argv]
-    cli()
+    """The rank body of `launch`: `python -m hybrid.train ARGV` (the code of scripts/train.py ARGV). Run by name,
+    as the interpreter would: this module sits below the entry points and imports none (tests/test_import_graph.py)."""
+    python_main(["-m", "hybrid.train", *argv])
 
 
 def python_main(argv: list[str]) -> None:

@@ -27,7 +27,7 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import ParallelRNG, TPContext, gather_full, spec_of
-from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
 from models import build_pipeline_chunks, load_config
 
@@ -488,15 +488,18 @@ def test_sigterm_with_exit_signal_handler_finishes_the_step_saves_and_exits_zero
     base = [os.path.join(ROOT, "scripts", "train.py"), "--seq-length", "32", "--load", save]
     other = testing.run(base + ["--model", "tiny-llama"], cwd=str(tmp_path), env=env, timeout=300)
     assert other.returncode != 0 and other.stderr.strip().splitlines()[-1] == (
-        f"train.py: error: --load {store.final_path(save, k)} holds model 'tiny-gpt2', this run trains "
-        f"'tiny-llama'; give the --model it was saved with")
+        f"train.py: error: --load {store.final_path(save, k)} holds another model: its arch is \"gpt2\", --model "
+        f"tiny-llama has \"llama\"; give the --model it was saved with (its config is compared, not its path: "
+        f"saved as 'tiny-gpt2')")
     with open(os.path.join(store.final_path(save, k), ".metadata"), "r+b") as f:
         f.truncate(10)
     bad = testing.run(base, cwd=str(tmp_path), env=env, timeout=300)
     assert bad.returncode != 0 and " iteration" not in bad.stdout
-    assert bad.stderr.strip().splitlines()[-1] == (f"train.py: error: --load {save}: no intact checkpoint (every one "
-                                                   f"failed its checksums); see `hybrid checkpoint inspect {save}`")
-    assert "(truncated?); falling back to the previous complete checkpoint" in bad.stdout
+    # refused before any process group (hybrid/checkpoint/args.py), naming the damaged file
+    newest = os.path.join(store.final_path(save, k), ".metadata")
+    assert bad.stderr.strip().splitlines()[-1].startswith(
+        f"train.py: error: --load {save!r}: no intact checkpoint (the newest: {newest}: 10 bytes, the manifest says ")
+    assert bad.stderr.strip().splitlines()[-1].endswith(f"(truncated?)); see `hybrid checkpoint inspect {save}`")
 
 
 # --- the geometry, against brute force ---------------------------------------------------------------
@@ -546,15 +549,20 @@ ODD_MODEL = {"model_type": "llama", "hidden_size": 96, "num_attention_heads": 12
 
 @pytest.fixture
 def odd_checkpoint(tmp_path):
-    """A complete checkpoint directory of ODD_MODEL (no tensors: inspect reads state.json and checksums)."""
+    """A complete checkpoint directory of ODD_MODEL (no tensors -- DCP's metadata of an empty state dict: inspect
+    reads state.json, the metadata and the checksums)."""
     import json
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import Metadata
     config = tmp_path / "config.json"
     config.write_text(json.dumps(ODD_MODEL))
     root = str(tmp_path / "ckpt")
     os.makedirs(store.tmp_path(root, 3))
     with open(os.path.join(store.tmp_path(root, 3), ".metadata"), "wb") as f:
-        f.write(b"dcp metadata stand-in")
+        pickle.dump(Metadata(state_dict_metadata={}, storage_data={}), f)
     state = {"iteration": 3, "consumed_samples": 24, "model": str(config), "adam_step": 3,
+             "scaler": {"loss_scale": 1.0, "good_steps": 0, "skipped_steps": 0},
              "layout": {"tp": 2, "pp": 1, "dp": 2, "zero": 1},
              "args": {"global_batch_size": 8, "micro_batch_size": 2, "seq_length": 32}}
     store.finalize(root, 3, {}, state)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import hybrid.cli
 import hybrid.testing
+from hybrid.cliutil import foreign_flags
 
 train_main = importlib.import_module("hybrid.train.main")  # the module (hybrid.train.main the attribute is main())
 FAST_S = 20.0  # generous on a loaded 2-core machine; a rendezvous would wait minutes, a calibrate run ~30 s
@@ -110,6 +111,15 @@ CASES = [
     ("timeline-empty", "train", ["--timeline", ""], {}, {}, "--timeline"),
     ("load-empty", "train", ["--load", ""], {}, {}, "--load"),
     ("data-path-empty-string", "train", ["--data-path", " "], {}, {}, "--data-path"),
+    ("micro-batch-400-digits", "train", ["--micro-batch-size", "1" + "0" * 400], {}, {},
+     "--micro-batch-size must be at most"),
+    ("train-iters-huge", "train", ["--train-iters", str(10**30)], {}, {}, "--train-iters must be at most"),
+    ("watchdog-nan", "train", ["--watchdog-timeout", "nan"], {}, {}, "--watchdog-timeout"),
+    ("watchdog-inf", "train", ["--watchdog-timeout", "inf"], {}, {}, "--watchdog-timeout"),
+    ("watchdog-negative", "train", ["--watchdog-timeout", "-1"], {}, {}, "--watchdog-timeout"),
+    ("straggler-nan", "train", ["--straggler-factor", "nan"], {}, {}, "--straggler-factor"),
+    ("straggler-inf", "train", ["--straggler-factor", "inf"], {}, {}, "--straggler-factor"),
+    ("peak-tflops-inf", "train", ["--peak-tflops", "inf"], {}, {}, "--peak-tflops must be a finite number"),
     ("auto-batch-huge", "train", ["--auto-parallel", "--global-batch-size", str(10**18)], {}, {},
      "--global-batch-size"),
     # --- train.py: flags, layout, environment -----------------------------------------------------------
@@ -134,6 +144,12 @@ CASES = [
      "--overlap-param-gather applies to --zero-stage 1 or 2"),
     ("layers-per-stage-text", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "a,b"],
      {}, {"WORLD_SIZE": "2"}, "--pipeline-layers-per-stage"),
+    ("lr-decay-iters-zero", "train", ["--lr-decay-iters", "0"], {}, {}, "--lr-decay-iters must be >= 1"),
+    ("timing-log-interval-zero", "train", ["--timing-log-interval", "0"], {}, {}, "--timing-log-interval must be"),
+    ("pp-uneven-layers", "train", ["--pipeline-model-parallel-size", "3"], {}, {"WORLD_SIZE": "3"},
+     "use --pipeline-partition balanced, or --pipeline-layers-per-stage 1,1,2"),
+    ("layers-per-stage-sum", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "2,3"],
+     {}, {"WORLD_SIZE": "2"}, "sums to 5, not the model's 4 layers"),
     ("tp-not-dividing-world", "train", ["--tensor-model-parallel-size", "3"], {}, {"WORLD_SIZE": "4"},
      "--tensor-model-parallel-size"),
     ("tp-without-torchrun", "train", ["--tensor-model-parallel-size", "2"], {}, {}, "torchrun"),
@@ -194,6 +210,22 @@ CASES = [
     ("timeline-proc-file", "train", ["--timeline", "/proc/self/status"], {}, {}, "--timeline '/proc/self/status'"),
     ("timeline-symlink-dev-null", "train", ["--timeline", "{d}/link"], {"link": Symlink("/dev/null")}, {},
      "is not a regular file"),
+    ("save-symlink-loop", "train", ["--save", "{d}/loop"], {"loop": Symlink("loop")}, {},
+     "is a symbolic link that does not resolve"),
+    ("save-under-symlink-loop", "train", ["--save", "{d}/loop/ckpt"], {"loop": Symlink("loop")}, {},
+     "is a symbolic link that does not resolve"),
+    ("save-dangling-symlink", "train", ["--save", "{d}/gone"], {"gone": Symlink("/nonexistent/ckpt")}, {},
+     "is a symbolic link that does not resolve"),
+    ("save-over-another-run", "train", ["--save", "{d}/ckpt"], {"ckpt/iter_0000002/manifest.json": "{}",
+                                                               "ckpt/latest": "iter_0000002"}, {},
+     "--save '{d}/ckpt' holds another run's checkpoints (1, latest iteration 2); resume it with --load"),
+    ("save-over-another-run-loading-elsewhere", "train", ["--save", "{d}/ckpt", "--load", "{d}/hf"],
+     {"ckpt/iter_0000002/manifest.json": "{}"}, {}, "or pass --overwrite-save"),
+    ("overwrite-save-without-save", "train", ["--overwrite-save"], {}, {}, "--overwrite-save needs --save DIR"),
+    ("load-checkpoint-manifest-empty", "train", ["--load", "{d}/ckpt"], {"ckpt/iter_0000002/manifest.json": "{}"}, {},
+     "manifest.json: format None"),
+    ("load-checkpoint-manifest-list", "train", ["--load", "{d}/ckpt", "--ckpt-step", "2"],
+     {"ckpt/iter_0000002/manifest.json": "[]"}, {}, "--ckpt-step 2: {d}/ckpt/iter_0000002/manifest.json: a JSON list"),
     ("data-missing", "train", ["--data-path", "{d}/missing.txt"], {}, {}, "--data-path"),
     ("data-is-dir", "train", ["--data-path", "{d}"], {}, {}, "--data-path"),
     ("data-empty", "train", ["--data-path", "{d}/empty.txt"], {"empty.txt": ""}, {}, "--data-path"),
@@ -207,6 +239,12 @@ CASES = [
      "--load"),
     ("load-index-missing-shard", "train", ["--load", "{d}/ckpt"],
      {"ckpt/model.safetensors.index.json": {"weight_map": {"wte.weight": "model-1.safetensors"}}}, {}, "--load"),
+    ("load-index-traversal", "train", ["--load", "{d}/ckpt"],
+     {"ckpt/model.safetensors.index.json": {"weight_map": {"wte.weight": "../outside.safetensors"}}}, {},
+     "maps 'wte.weight' to '../outside.safetensors', not a file of the folder"),
+    ("load-index-absolute", "train", ["--load", "{d}/ckpt"],
+     {"ckpt/model.safetensors.index.json": {"weight_map": {"wte.weight": "/etc/passwd"}}}, {},
+     "to '/etc/passwd', not a file of the folder"),
     ("load-other-model", "train", ["--load", "{d}/ckpt"],
      {"ckpt/config.json": LLAMA, "ckpt/model.safetensors.index.json": {"weight_map": {}}}, {}, "--load"),
     # --- train.py: the --model config.json -----------------------------------------------------------------
@@ -267,6 +305,13 @@ CASES = [
     ("config-bias-string", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(attention_bias="yes")}, {},
      "attention_bias"),
     ("config-top-level-list", "train", ["--model", "{d}/c.json"], {"c.json": [1, 2]}, {}, "c.json"),
+    ("config-deep-nesting", "train", ["--model", "{d}/m"], {"m/config.json": "[" * 100000 + "]" * 100000}, {},
+     "m/config.json: not a config.json hybrid reads (RecursionError)"),
+    ("config-5000-digit-number", "train", ["--model", "{d}/m"],
+     {"m/config.json": '{"model_type": "llama", "hidden_size": 1' + "0" * 5000 + "}"}, {},
+     "m/config.json: not a config.json hybrid reads"),
+    ("hardware-deep-nesting", "train", ["--hardware", "{d}/hw.json"], {"hw.json": "[" * 100000 + "]" * 100000}, {},
+     "--hardware {d}/hw.json: not a JSON file hybrid reads"),
     # --- train.py: the DeepSpeed JSON ----------------------------------------------------------------------
     ("ds-bf16-string", "ds", {"bf16": {"enabled": "false"}}, {}, {}, "bf16.enabled"),
     ("ds-fp16-string", "ds", {"fp16": {"enabled": "true"}}, {}, {}, "fp16.enabled"),
@@ -292,6 +337,10 @@ CASES = [
     ("ds-nan-literal", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": "{\"gradient_clipping\": NaN}"},
      {}, "NaN"),
     ("ds-not-json", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": "stage: 3"}, {}, "ds.json"),
+    ("ds-deep-nesting", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": "[" * 100000 + "]" * 100000},
+     {}, "ds.json: not a JSON file hybrid reads (RecursionError"),
+    ("ds-5000-digit-number", "train", ["--deepspeed-config", "{d}/ds.json"],
+     {"ds.json": '{"gradient_clipping": 1' + "0" * 5000 + "}"}, {}, "ds.json: not a JSON file hybrid reads"),
     ("ds-not-utf8", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": b"{\"a\": \"\xff\"}"}, {}, "ds.json"),
     ("ds-top-level-list", "ds", [1], {}, {}, "top level"),
     ("ds-missing", "train", ["--deepspeed-config", "{d}/nope.json"], {}, {}, "--deepspeed-config"),
@@ -302,6 +351,26 @@ CASES = [
     ("ds-conflicts-batch-flag", "ds+", ({"gradient_accumulation_steps": 2}, ["--global-batch-size", "16"]), {}, {},
      "--global-batch-size"),
     ("ds-conflicts-bf16-flag", "ds+", ({"bf16": {"enabled": False}}, ["--bf16"]), {}, {}, "--bf16"),
+    # (issue 24) a DeepSpeed value is named by its JSON key, also when a later check refuses it
+    ("ds-clipping-1e999", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": '{"gradient_clipping": 1e999}'},
+     {}, "--deepspeed-config: gradient_clipping must be a finite number"),
+    ("ds-clipping-400-digits", "train", ["--deepspeed-config", "{d}/ds.json"],
+     {"ds.json": '{"gradient_clipping": 1' + "0" * 400 + "}"}, {}, "gradient_clipping must be a finite number"),
+    ("ds-min-scale-1e999", "train", ["--deepspeed-config", "{d}/ds.json"],
+     {"ds.json": '{"fp16": {"enabled": true, "min_loss_scale": 1e999}}'}, {}, "fp16.min_loss_scale must be a finite"),
+    ("ds-micro-400-digits", "train", ["--deepspeed-config", "{d}/ds.json"],
+     {"ds.json": '{"train_micro_batch_size_per_gpu": 1' + "0" * 400 + "}"}, {},
+     "train_micro_batch_size_per_gpu must be in [1, 9007199254740992], got an integer of 401 digits"),
+    ("ds-bucket-huge", "ds", {"zero_optimization": {"reduce_bucket_size": 10**30}}, {}, {},
+     "zero_optimization.reduce_bucket_size must be in"),
+    ("ds-window-huge", "ds", {"fp16": {"loss_scale_window": 10**30}}, {}, {}, "fp16.loss_scale_window must be in"),
+    ("ds-micro-beyond-memory", "ds", {"train_micro_batch_size_per_gpu": 10**15}, {}, {},
+     "--deepspeed-config train_micro_batch_size_per_gpu"),
+    ("ds-train-batch-beyond-memory", "ds", {"train_batch_size": 10**15}, {}, {}, "--deepspeed-config train_batch_size "),
+    ("ds-accumulation-beyond-memory", "ds", {"gradient_accumulation_steps": 10**15}, {}, {},
+     "--deepspeed-config train_micro_batch_size_per_gpu x gradient_accumulation_steps"),
+    ("ds-train-batch-not-multiple", "ds", {"train_micro_batch_size_per_gpu": 3, "train_batch_size": 8}, {}, {},
+     "--deepspeed-config train_batch_size 8 must be a multiple of --deepspeed-config train_micro_batch_size_per_gpu"),
     ("ds-grad-accum-dtype-unknown", "ds", {"data_types": {"grad_accum_dtype": "fp8"}}, {}, {},
      "data_types.grad_accum_dtype must be one of"),
     ("ds-grad-accum-dtype-other-16-bit", "ds", {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp16"}},
@@ -337,6 +406,11 @@ CASES = [
                                            "--sim-budget", "10"], {}, {}, "rerun with --sim-budget"),
     ("plan-layers-zero", "plan", ["--num-layers", "0", "--hidden-size", "64", "--num-attention-heads", "4", "--gpus",
                                   "2", "--global-batch-size", "8"], {}, {}, "--num-layers"),
+    ("plan-layers-100000", "plan", ["--num-layers", "100000", "--hidden-size", "64", "--num-attention-heads", "4",
+                                    "--gpus", "8", "--global-batch-size", "8"], {}, {},
+     "--num-layers 100000: the planner splits at most 2048 layers"),  # was a 75 GiB table (issue 24)
+    ("plan-model-100000-layers", "plan", ["--model", "{d}/m", "--gpus", "8", "--global-batch-size", "8"],
+     {"m/config.json": _cfg(num_hidden_layers=100000)}, {}, "100000 layers; the planner splits at most 2048"),
     ("plan-heads-not-dividing", "plan", ["--num-layers", "2", "--hidden-size", "100", "--num-attention-heads", "3",
                                          "--gpus", "2", "--global-batch-size", "8"], {}, {}, "--num-attention-heads"),
     ("plan-groups-not-dividing", "plan", ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -436,6 +510,21 @@ def _no_process_group(*a, **k):
     raise AssertionError("a process group was started for a bad input")
 
 
+def _commands() -> dict[str, set[str]]:
+    """Every command's flags, by the name a message quotes it with (hybrid/cliutil.py's foreign_flags)."""
+    from torch.distributed.run import get_args_parser
+
+    from hybrid.cliutil import command_flags
+    from hybrid.train.args import build_parser
+    sub = next(a for a in hybrid.cli.build_parser()._actions if isinstance(getattr(a, "choices", None), dict))
+    commands = {f"hybrid {name}": command_flags(p) for name, p in sub.choices.items()}
+    commands.update({"train.py": command_flags(build_parser()), "torchrun": command_flags(get_args_parser())})
+    return commands
+
+
+COMMANDS = _commands()
+
+
 def _all_files(root) -> set[str]:
     return {os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs}
 
@@ -468,7 +557,10 @@ def test_bad_input_is_one_error_line_before_any_work(case, tmp_path, monkeypatch
     assert code not in (0, None), "a bad input must exit non-zero"
     assert len(lines) == 1, f"expected one error line, got {lines}"
     assert lines[0].startswith(f"{PROG[command]}: error: "), lines[0]
+    fragment = fragment.replace("{d}", str(tmp_path))
     assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    # every flag it suggests is one the command (or the command it quotes) accepts
+    assert foreign_flags(lines[0], COMMANDS[PROG[command]], COMMANDS, tuple(full_argv)) == [], lines[0]
     assert "Traceback" not in text + out
     assert _all_files(tmp_path) == before, "nothing may be left behind"
     assert elapsed < FAST_S, f"took {elapsed:.1f} s: the check is not before the work"
@@ -481,14 +573,14 @@ def test_the_table_covers_at_least_80_bad_inputs_of_every_command():
 
 def test_deepspeed_booleans_and_flags_that_agree_are_accepted(tmp_path, monkeypatch):
     """The other side of the conflict checks: JSON false leaves bf16 off, and a value equal to the flag is fine."""
-    from hybrid.train.args import check_args, parse_args
+    from hybrid.train.args import parse_args, run_config
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"bf16": {"enabled": False}, "zero_optimization": {"stage": 1},
                                 "gradient_accumulation_steps": 2}))
     args = parse_args(["--deepspeed-config", str(path), "--zero-stage", "1", "--micro-batch-size", "2",
                        "--global-batch-size", "8"])
-    check_args(args, world=2)
-    assert args.zero.precision.value == "fp32" and args.zero.stage == 1 and args.global_batch_size == 8
+    run = run_config(args, world=2)
+    assert run.zero.precision.value == "fp32" and run.zero.stage == 1 and run.training.batch.global_batch == 8
 
 
 def test_error_under_torchrun_is_printed_by_rank_zero_only_and_recorded(tmp_path, monkeypatch, capsys):

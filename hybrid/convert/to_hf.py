@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.distributed.checkpoint as dcp
 
-from hybrid.checkpoint import store
+from hybrid.checkpoint import safe_read, store
 from hybrid.convert import mapping
 from hybrid.convert.common import check_dst, copy_pass_through, hf_config, read_config, staged_dst
 from hybrid.convert.detect import is_iteration_dir
 from hybrid.convert.safetensors_out import write_sharded
+from hybrid.convert.tokenizer_out import export_tokenizer
 from hybrid.convert.verify import load_ours, verdict, compare
 from models.config import ModelConfig
 
@@ -63,7 +63,7 @@ def checkpoint_config(it_dir: str, model: str | None) -> ModelConfig:
 
 def check_against(cfg: ModelConfig, it_dir: str) -> dict:
     """Every parameter the config implies is in the checkpoint with that shape, and nothing else is."""
-    meta = dcp.FileSystemReader(it_dir).read_metadata().state_dict_metadata
+    meta = safe_read.read_metadata(it_dir).state_dict_metadata  # restricted unpickler, checked, confined
     ours = {f"model/{p.name}": p.shape for p in mapping.params(cfg)}
     for key, shape in ours.items():
         if key not in meta:
@@ -90,7 +90,7 @@ def hybrid_to_hf(src: str, dst: str, dtype: torch.dtype = torch.float32, max_sha
     def read(p: mapping.Param) -> torch.Tensor:
         key = f"model/{p.name}"
         t = torch.empty(p.shape, dtype=meta[key].properties.dtype)
-        dcp.load({key: t}, storage_reader=dcp.FileSystemReader(it_dir), no_dist=True)
+        safe_read.load({key: t}, it_dir, no_dist=True)
         return t
     stored = mapping.hf_shapes(cfg)
     shapes = {k: stored[k] for k in mapping.hf_keys(cfg)}  # the order hf_tensors yields them in
@@ -98,9 +98,11 @@ def hybrid_to_hf(src: str, dst: str, dtype: torch.dtype = torch.float32, max_sha
     with staged_dst(dst) as tmp:
         files = write_sharded(tmp, shapes, mapping.hf_tensors(cfg, read), dtype, max_shard_bytes)
         hf_config(cfg, dtype).to_json_file(os.path.join(tmp, "config.json"))
-        saved = store.read_state(it_dir).get("model") or ""
-        copy_pass_through([it_dir, os.path.dirname(os.path.abspath(it_dir)),
-                           saved if os.path.isdir(saved) else ""], tmp)
+        state = store.read_state(it_dir)
+        saved = state.get("model") or ""
+        carried = copy_pass_through([it_dir, os.path.dirname(os.path.abspath(it_dir)),
+                                     saved if os.path.isdir(saved) else ""], tmp)
+        tokenizer = export_tokenizer(tmp, carried, state, cfg.max_position_embeddings)  # AutoTokenizer loads it
         if verify:
             from transformers import AutoModelForCausalLM
             ours = load_ours(cfg, it_dir)
@@ -110,5 +112,6 @@ def hybrid_to_hf(src: str, dst: str, dtype: torch.dtype = torch.float32, max_sha
     log(f"convert: {it_dir} (hybrid checkpoint, {cfg.hf.model_type}, {cfg.num_parameters / 1e6:.2f}M parameters) "
         f"-> {dst} (transformers, {len(files)} safetensors file{'s' if len(files) > 1 else ''}, "
         f"{str(dtype).removeprefix('torch.')})")
+    log(tokenizer)
     log(line)
     return line

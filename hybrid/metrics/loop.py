@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid.metrics.flops import device_peak_tflops
-from hybrid.metrics.memory import MemoryMeasure, gather_peaks, measure_for, memory_field
+from hybrid.metrics.peak_memory import MemoryMeasure, gather_peaks, measure_for, memory_field
 from hybrid.metrics.writer import MetricsWriter, step_rates
 
 
@@ -25,30 +25,37 @@ class RunMetrics:
     device: torch.device
     memory: MemoryMeasure
     writer: MetricsWriter
+    peaks_group: object = None  # the Group the memory peaks are gathered over (Mesh.world)
+    timing_every: int = 1
 
     @classmethod
-    def start(cls, args, cfg, batch, mesh) -> "RunMetrics":
-        m = args.metrics
+    def start(cls, run, cfg, batch, mesh) -> "RunMetrics":
+        """For a run (hybrid.train.config.RunConfig): its metrics config, recomputation and length."""
+        m = run.metrics
         peak, source = m.peak_tflops, m.peak_source
         if peak is None and mesh.device.type == "cuda":
             name = torch.cuda.get_device_name(mesh.device)
             peak, source = device_peak_tflops(name), f"{name}, bf16 dense peak (hybrid/metrics/flops.py)"
-        return cls(cfg, batch.seq_length, batch.global_batch, mesh.dims.world, args.recompute_granularity or "none",
-                   peak, source, args.train_iters, mesh.device, measure_for(mesh.device),
-                   MetricsWriter(m.tensorboard_dir, m.metrics_file, mesh.rank == 0))
+        return cls(cfg, batch.seq_length, batch.global_batch, mesh.dims.world, run.model.recompute.value,
+                   peak, source, run.training.train_iters, mesh.device, measure_for(mesh.device),
+                   MetricsWriter(m.tensorboard_dir, m.metrics_file, mesh.rank == 0), mesh.world,
+                   m.timing_log_interval)
 
     def header(self) -> str:
         """The run's metrics line: what MFU divides by, and which memory measure the lines show."""
         mfu = (f"MFU against {self.peak_tflops:.4g} TFLOP/s per rank ({self.peak_source})" if self.peak_tflops
                else "no MFU (unknown device peak: --hardware PROFILE or --peak-tflops X)")
-        return f"metrics: {mfu} | memory: {self.memory.label} per rank, peak since start"
+        every = ("every log interval" if self.timing_every == 1 else
+                 f"every {self.timing_every} log intervals and when a straggler is named or a step skipped")
+        return (f"metrics: {mfu} | memory: {self.memory.label} per rank, peak since start | per-rank step times, "
+                f"time split, straggler verdict: {every} (--timing-log-interval)")
 
     def log_interval(self, iteration: int, step_s: float, loss: float, lr: float, report, skipped: int) -> str:
         """' | consumed samples N | X TFLOP/s/device (hw Y) | MFU Z% | peak RSS M MiB (...) | ETA' for the log
         line; records the interval. Collective (the memory all-gather): every rank calls it."""
         rates = step_rates(self.cfg, self.seq_length, self.global_batch * self.seq_length, step_s, self.world,
                            self.recompute, self.peak_tflops)
-        peaks = gather_peaks(self.device)
+        peaks = gather_peaks(self.device, self.peaks_group)
         consumed = iteration * self.global_batch
         self.writer.write(iteration, {
             "consumed_samples": consumed, "lm_loss": loss, "lr": lr, "grad_norm": report.grad_norm,
