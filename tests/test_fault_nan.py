@@ -12,7 +12,7 @@ import torch
 from hybrid.data import load_corpus, micro_batches
 from hybrid.fault.nan_guard import EXIT_NAN, TooManySkippedSteps
 from hybrid.fault.session import FaultTolerance
-from hybrid.fault.testing import launch
+from hybrid.testing import launch
 from hybrid.mesh import Mesh
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext

@@ -631,9 +631,9 @@ def hf_folder(tmp_path_factory) -> str:
     from transformers import AutoModelForCausalLM
 
     from hybrid.data.train_tokenizer import train as train_tokenizer
-    from models.config import PRESETS
+    from models.presets import transformers_config
     root = tmp_path_factory.mktemp("hf")
-    AutoModelForCausalLM.from_config(PRESETS["tiny-gpt2"]()).save_pretrained(root / "hf")
+    AutoModelForCausalLM.from_config(transformers_config("tiny-gpt2")).save_pretrained(root / "hf")
     text = root / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog " * 50)
     train_tokenizer([str(text)], 300, str(root / "hf"))
