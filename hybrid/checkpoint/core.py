@@ -247,6 +247,21 @@ def verify(directory: str, pg=None) -> str | None:
     return next((e for e in errors if e), None)
 
 
+def _one_per_box(chunks: list[Chunk]) -> tuple[list[Chunk], list[tuple[Chunk, Chunk]]]:
+    """One chunk per (name, box) for DCP, which refuses overlapping local shards, and the (twin, kept) pairs
+    left out: a tied embedding whose two copies sit on one rank (pp = 1 with v chunks, ZBV's first and last
+    stage on rank 0) has the same global box twice."""
+    kept: dict[tuple, Chunk] = {}
+    twins = []
+    for c in chunks:
+        key = (c.name, tuple(c.offsets), tuple(c.sizes))
+        if key in kept:
+            twins.append((c, kept[key]))
+        else:
+            kept[key] = c
+    return list(kept.values()), twins
+
+
 def load(opt, names: dict[int, str], rng, directory: str, optim: bool = True, rng_too: bool = True,
          pg=None) -> dict:
     """Fill the master weights (and the Adam moments and step, the loss scaler, this rank's RNG) from a
@@ -256,12 +271,16 @@ def load(opt, names: dict[int, str], rng, directory: str, optim: bool = True, rn
     if optim:
         ensure_adam_state(opt)
     kinds = (MODEL, *MOMENTS) if optim else (MODEL,)
-    sd = tensor_state(opt, optimizer_chunks(opt, names), kinds)
+    chunks, twins = _one_per_box(optimizer_chunks(opt, names))
+    sd = tensor_state(opt, chunks, kinds)
     rank = dist.get_rank()
     rngs = {k: v.clone() for k, v in rng_state(rank, rng).items()} if rng_too else {}
     sd.update(rngs)
     opt.wait_params()  # a post-step all-gather in flight would write the buffers the master views
     dcp.load(sd, storage_reader=dcp.FileSystemReader(directory), process_group=pg)
+    for twin, read in twins:  # the second copy of a tied weight on this rank: the values just read
+        for kind in kinds:
+            _tensor(opt, twin, kind).copy_(_tensor(opt, read, kind))
     if optim:
         set_adam_step(opt, state["adam_step"])
         load_scaler_state(opt, state["scaler"])

@@ -25,6 +25,7 @@ from hybrid.metrics import args as metrics_args
 from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
+from hybrid.pipeline.args import check_zero_bubble
 from hybrid.zero import CpuAdam, Precision, ZeroConfig
 from hybrid.zero.ds_config import read_deepspeed_config
 from models import Recompute, load_config
@@ -60,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="v: model chunks per rank (interleaved 1F1B); with --pipeline-layers-per-stage (pp x v "
                         "counts) or --pipeline-partition balanced the chunks may differ in size")
     g.add_argument("--pipeline-schedule", choices=[k.value for k in ScheduleKind], default=None,
-                   help="None: interleaved with virtual stages, else 1f1b")
+                   help="None: interleaved with virtual stages, else 1f1b; zbh1 / zbv: zero-bubble (backward split "
+                        "into input and weight gradients; zbv: two chunks a rank in a V)")
     g.add_argument("--pipeline-partition", choices=("uniform", "balanced"), default="uniform",
                    help="balanced: split layers by FLOPs, counting the embedding and the LM head")
     g.add_argument("--pipeline-layers-per-stage", default=None, help="layers of each stage by hand, e.g. 3,5,5,3")
@@ -282,10 +284,11 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
                              "set the chunks per rank; give one of them")
         v = args.virtual_pipeline_model_parallel_size
     kind = ScheduleKind(args.pipeline_schedule or ("interleaved" if v > 1 else "1f1b"))
+    v = check_zero_bubble(args, kind, v, dims.pp, cfg.num_layers)  # zbv: 2 chunks a rank (hybrid/pipeline/args.py)
     if kind is ScheduleKind.INTERLEAVED and v == 1 and dims.pp > 1:
         raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage "
                          "(or --virtual-pipeline-model-parallel-size)")
-    if kind is not ScheduleKind.INTERLEAVED and v > 1:
+    if kind not in (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV) and v > 1:
         raise ValueError(f"--num-layers-per-virtual-pipeline-stage needs --pipeline-schedule interleaved, not {kind.value}")
     m = batch.num_micro_batches
     if kind is ScheduleKind.INTERLEAVED and m % dims.pp:

@@ -36,7 +36,9 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
     """The model chunks on this rank and what runs forward/backward over them."""
     dims = mesh.dims
     model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages, seed=args.seed,
-                                  recompute=Recompute(args.recompute_granularity or "none"))
+                                  recompute=Recompute(args.recompute_granularity or "none"),
+                                  stage_ids=[plan.kind.placement.stage(mesh.coords.pp, c, dims.pp)
+                                             for c in range(plan.v)])
     model = model.to(mesh.device)
     if getattr(args, "compile", False):
         compile_blocks(model)
@@ -49,7 +51,8 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
     seq = batch.seq_length // (dims.tp if args.sequence_parallel else 1)
     schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
     io = StageIO((batch.micro_batch, seq, cfg.hidden_size), args.zero.precision.dtype)  # activations in compute dtype
-    return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device, record_timeline=bool(args.timeline))
+    return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device, record_timeline=bool(args.timeline),
+                                   placement=plan.kind.placement)
 
 
 def compile_blocks(chunks, backend: str = "inductor") -> None:
@@ -78,6 +81,8 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
                               beta1=args.adam_beta1, beta2=args.adam_beta2, warmup_iters=args.lr_warmup_iters,
                               decay_style=args.lr_decay_style, train_iters=args.train_iters, clip_grad=args.clip_grad)
     optimizer = ZeroOptimizer(model, mesh, args.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
+    if isinstance(runner, PipelineExecutor):
+        runner.before_weight = optimizer.gather_chunk  # zero-bubble W under ZeRO-3: the chunk's weights gathered
 
     local = sum(p.numel() for p in model.parameters())
     pipe = (f" x pp {dims.pp} ({plan.kind.value}{f', v {plan.v}' if plan.v > 1 else ''}, layers "
