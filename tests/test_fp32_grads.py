@@ -46,10 +46,10 @@ U = {BF16: 2.0**-8, FP16: 2.0**-11}  # unit roundoff of the compute dtype
 
 
 def zcfg(stage: int, fp32_grads: bool = True, precision: Precision = BF16, **kw) -> ZeroConfig:
-    """The offloaded cases run torch's per-tensor AdamW loop on the host: the kernel the device path runs on CPU,
-    so offloading changes no rounding and may be compared bit for bit."""
+    """The offloaded cases run torch's fused AdamW on the host: the kernel the device path runs (on CPU too), so
+    offloading changes no rounding and may be compared bit for bit."""
     if kw.get("offload_optimizer"):
-        kw.setdefault("cpu_adam", CpuAdam.TORCH_LOOP)
+        kw.setdefault("cpu_adam", CpuAdam.TORCH)
     return ZeroConfig(stage=stage, precision=precision, accumulate_fp32_grads=fp32_grads, **kw)
 
 

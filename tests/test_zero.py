@@ -104,9 +104,9 @@ def capture_first_step_grads(opt: ZeroOptimizer, chunks) -> list:
         if not got:
             for u in opt.units:
                 offset = {id(p): off for p, off in zip(u.params, u.offsets)}
-                for v, s in zip(u.views, u.segments):
+                for s in u.segments:
                     start = u.shard_range[0] + s.lo - offset[id(s.param)]
-                    got.append((names[id(s.param)], start, start + s.hi - s.lo, v.grad.detach().clone()))
+                    got.append((names[id(s.param)], start, start + s.hi - s.lo, opt.segment_grad(u, s).clone()))
         return inner(*args, **kw)
 
     opt.optimizer.step = step

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import AsyncStager
 
-from hybrid.checkpoint import store
+from hybrid.checkpoint import safe_read, store
 from hybrid.checkpoint.faults import crash_point
 from hybrid.checkpoint.shards import Chunk, optimizer_chunks, sharded_tensor
 
@@ -105,8 +105,7 @@ def load_scaler_state(opt, state: dict) -> None:
 
 # --- DCP state dicts --------------------------------------------------------------------------------
 def _tensor(opt, c: Chunk, kind: str) -> torch.Tensor:
-    view = opt.units[c.unit].views[c.seg]
-    base = view if kind == MODEL else opt.optimizer.state[view][kind]
+    base = opt.units[c.unit].views[c.seg] if kind == MODEL else opt.moment(c.unit, c.seg, kind)
     return base[c.lo:c.hi].view(c.sizes)
 
 
@@ -235,6 +234,7 @@ def verify(directory: str, pg=None) -> str | None:
     (one line) or None. Collective over `pg`."""
     error = None
     try:
+        safe_read.check_checkpoint(directory)  # manifest, state.json, .metadata: well-formed, confined, no code
         manifest = store.read_manifest(directory)
         files = sorted(manifest["files"].items())
         world, rank = dist.get_world_size(pg), dist.get_rank(pg)
@@ -249,7 +249,7 @@ def verify(directory: str, pg=None) -> str | None:
 
 def _one_per_box(chunks: list[Chunk]) -> tuple[list[Chunk], list[tuple[Chunk, Chunk]]]:
     """One chunk per (name, box) for DCP, which refuses overlapping local shards, and the (twin, kept) pairs
-    left out: a tied embedding whose two copies sit on one rank (pp = 1 with v chunks, ZBV's first and last
+    left out: a tied embedding whose two copies sit on one rank (pp = 1 with v chunks, zbv's first and last
     stage on rank 0) has the same global box twice."""
     kept: dict[tuple, Chunk] = {}
     twins = []
@@ -277,7 +277,7 @@ def load(opt, names: dict[int, str], rng, directory: str, optim: bool = True, rn
     rngs = {k: v.clone() for k, v in rng_state(rank, rng).items()} if rng_too else {}
     sd.update(rngs)
     opt.wait_params()  # a post-step all-gather in flight would write the buffers the master views
-    dcp.load(sd, storage_reader=dcp.FileSystemReader(directory), process_group=pg)
+    safe_read.load(sd, directory, process_group=pg)  # .metadata: only DCP's own classes (safe_read.py)
     for twin, read in twins:  # the second copy of a tied weight on this rank: the values just read
         for kind in kinds:
             _tensor(opt, twin, kind).copy_(_tensor(opt, read, kind))

@@ -7,7 +7,7 @@ resumed run evaluates on the same samples. The periodic evaluation after iterati
 the one at the end of training is e = train_iters // interval.
 
 Through a pipeline every micro-batch walks the global stages 0, 1, ..., pp v - 1 in order: the rank holding stage
-s (pp rank s mod pp, its chunk s // pp; under ZBV's V placement rank min(s, 2 pp - 1 - s)) receives the activation from stage s - 1, runs the chunk under no_grad and
+s (pp rank s mod pp, its chunk s // pp; under zbv's V rank min(s, 2 pp - 1 - s)) receives the activation from stage s - 1, runs the chunk under no_grad and
 sends the result on; the last stage's loss is summed over pp and dp. Slower than a schedule but exact and
 deadlock-free, and evaluation is a small share of a run.
 """
@@ -18,15 +18,18 @@ import math
 
 import torch
 
+from hybrid.cp.data import TokenSharding, seq_kwargs
 from hybrid.data import BatchSpec, DataSource, Split
+from hybrid.data.args import DataConfig
 from hybrid.mesh import Mesh
 from hybrid.pipeline.schedules import Placement
 
 
 @torch.no_grad()
-def forward_loss(chunks, mesh: Mesh, inputs: torch.Tensor, labels: torch.Tensor, io,
+def forward_loss(chunks, mesh: Mesh, inputs: torch.Tensor, labels: torch.Tensor, io, *info,
                  placement: Placement = Placement.LOOP) -> torch.Tensor:
-    """The micro-batch's mean loss on the rank holding the last stage (0 elsewhere)."""
+    """The micro-batch's mean loss on the rank holding the last stage (0 elsewhere); `info`: its SequenceInfo,
+    with packed documents; `placement`: which stage each (rank, chunk) holds (the V under zbv)."""
     pp, v = mesh.dims.pp, len(chunks)
     x, loss = None, torch.zeros((), device=mesh.device)
     for s in range(pp * v):
@@ -40,7 +43,7 @@ def forward_loss(chunks, mesh: Mesh, inputs: torch.Tensor, labels: torch.Tensor,
         elif prev != owner:  # from another rank
             x = torch.empty(io.shape, dtype=io.dtype, device=mesh.device)
             mesh.pp.batch_p2p([], [(x, prev)], labels=("eval-recv",))
-        y = chunk(x, labels.to(mesh.device) if s == pp * v - 1 else None)
+        y = chunk(x, labels.to(mesh.device) if s == pp * v - 1 else None, **seq_kwargs(info, mesh.device))
         if s == pp * v - 1:
             loss = y.float()
         elif (nxt := placement.rank_chunk(s + 1, pp)[0]) != owner:
@@ -51,21 +54,23 @@ def forward_loss(chunks, mesh: Mesh, inputs: torch.Tensor, labels: torch.Tensor,
 
 
 def evaluate(model, mesh: Mesh, data: DataSource, batch: BatchSpec, split: Split, index: int, iters: int,
-             io=None, loss_scale: float = 1.0, placement: Placement = Placement.LOOP) -> float:
-    """Mean lm loss over `iters` global batches of `split`, evaluation number `index` (same on every rank)."""
+             io=None, loss_scale: float = 1.0, sharding: TokenSharding = TokenSharding(),
+             placement: Placement = Placement.LOOP) -> float:
+    """Mean lm loss over `iters` global batches of `split`, evaluation number `index` (same on every rank);
+    `sharding` cuts each micro-batch for this CP rank (and packed documents), as training does."""
     chunks = list(model)
     for c in chunks:
         c.eval()
     total = torch.zeros((), device=mesh.device)
     start = index * iters * batch.global_batch
     for k in range(iters):
-        for inputs, labels in data.batches(start + k * batch.global_batch, batch, mesh.coords.dp, split):
-            total += forward_loss(chunks, mesh, inputs, labels, io, placement) / loss_scale  # fp16: hook scaled it
+        for mb in sharding.batches(data.batches(start + k * batch.global_batch, batch, mesh.coords.dp, split)):
+            total += forward_loss(chunks, mesh, *mb[:2], io, *mb[2:], placement=placement) / loss_scale  # fp16
     for c in chunks:
         c.train()
     mesh.pp.all_reduce(total, tag="metrics")
-    mesh.dp.all_reduce(total, tag="metrics")
-    return total.item() / (mesh.dims.dp * iters * batch.num_micro_batches)
+    mesh.dp_cp.all_reduce(total, tag="metrics")  # CP: each rank's loss is CP x its share (hybrid/cp/loss.py)
+    return total.item() / (mesh.dp_cp.size * iters * batch.num_micro_batches)
 
 
 def validation_line(loss: float, where: str) -> str:
@@ -76,11 +81,11 @@ def validation_line(loss: float, where: str) -> str:
     return f"{rule}\n{text}\n{rule}"
 
 
-def run_evaluations(args, model, runner, mesh: Mesh, data: DataSource, batch: BatchSpec, optimizer, iteration: int,
-                    final: bool = False) -> dict[str, float]:
+def run_evaluations(cfg: DataConfig, model, runner, mesh: Mesh, data: DataSource, batch: BatchSpec, optimizer,
+                    iteration: int, final: bool = False, sharding: TokenSharding = TokenSharding()) -> dict[str, float]:
     """After `iteration`: the periodic validation when it is a multiple of --eval-interval; with `final`, the
-    end-of-training validation and test losses. Rank 0 prints Megatron's lines; returns {name: loss}."""
-    cfg = args.data
+    end-of-training validation and test losses. Rank 0 prints Megatron's lines; returns {name: loss}. `sharding`:
+    this CP rank's cut of each micro-batch (hybrid/cp/data.py)."""
     if cfg.eval_iters == 0 or (not final and iteration % cfg.eval_interval):
         return {}
     io, scale = getattr(runner, "io", None), getattr(optimizer, "loss_scale", 1.0)
@@ -92,7 +97,7 @@ def run_evaluations(args, model, runner, mesh: Mesh, data: DataSource, batch: Ba
         index = iteration // cfg.eval_interval if final else iteration // cfg.eval_interval - 1
         if split is Split.TEST:
             index = 0
-        loss = evaluate(model, mesh, data, batch, split, index, cfg.eval_iters, io, scale,
+        loss = evaluate(model, mesh, data, batch, split, index, cfg.eval_iters, io, scale, sharding,
                         getattr(runner, "placement", Placement.LOOP))
         out[name or "validation"] = loss
         if mesh.rank == 0:

@@ -15,9 +15,9 @@ class CpuAdam(str, enum.Enum):
 
     AUTO = "auto"  # DeepSpeed's CPU Adam when it builds, torch's otherwise
     DEEPSPEED = "deepspeed"  # deepspeed.ops.adam.DeepSpeedCPUAdam (AVX C++ kernel, built on first use)
-    TORCH = "torch"  # torch.optim.AdamW, fused CPU kernel
-    TORCH_LOOP = "torch-loop"  # torch.optim.AdamW's per-tensor loop: the kernel the non-offloaded path
-    #                            runs on CPU, so offloading changes no rounding; slowest
+    TORCH = "torch"  # torch.optim.AdamW, fused CPU kernel: the kernel the non-offloaded path runs, so
+    #                  offloading with it changes no rounding
+    TORCH_LOOP = "torch-loop"  # torch.optim.AdamW's per-tensor loop (torch's CPU default); slowest
 
 
 @dataclass(frozen=True)
