@@ -56,7 +56,8 @@ def test_zbv_plan_holds_two_chunks_a_rank(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("MASTER_ADDR", "localhost")
     monkeypatch.setenv("MASTER_PORT", "29500")
-    _, _, (_, _, _, plan), _ = validate(["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zbv"])
+    run, _, _ = validate(["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zbv"])
+    plan = run.parallel.pipeline
     assert plan.v == 2 and len(plan.stages) == 4
 
 
