@@ -17,7 +17,7 @@ from transformers.activations import ACT2FN
 from hybrid.tp import ColumnParallelLinear, Dropout, LayerNorm, RowParallelLinear, TPContext, VocabParallelEmbedding, normal_init
 from hybrid.tp.sharding import set_spec
 from hybrid.cp.data import SequenceInfo
-from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
+from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, checkpoint_block
 from models.config import ModelConfig
 
 
@@ -58,8 +58,7 @@ class GPT2Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None,
                 segments: torch.Tensor | None = None) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, cache, segments,
-                                rng=self.rng)
+        return checkpoint_block(self.recompute, self.training, self.block, x, cache, segments, rng=self.rng)
 
     def block(self, x: torch.Tensor, cache: LayerCache | None = None,
               segments: torch.Tensor | None = None) -> torch.Tensor:

@@ -12,7 +12,7 @@ from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, Dropout, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
 from hybrid.cp.data import SequenceInfo
-from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
+from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, checkpoint_block
 from models.config import ModelConfig
 
 
@@ -51,8 +51,8 @@ class LlamaBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, *rope, cache,
-                                segments, rng=self.rng)
+        return checkpoint_block(self.recompute, self.training, self.block, x, *rope, cache, segments,
+                                rng=self.rng)
 
     def block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:

@@ -72,7 +72,8 @@ def test_the_layer_fit_makes_the_planners_layer_take_the_measured_times(profile_
     fixed = hw.layer_forward_overhead_s + hw.layer_backward_overhead_s
     exact = LAYER_SHAPES if fixed > 0 else LAYER_SHAPES[:1]
     for shape, layer in zip(exact, layers):
-        gemm_fwd, gemm_bwd, traffic = layer_parts_of(hw, shape)
+        parts = layer_parts_of(hw, shape)
+        gemm_fwd, gemm_bwd, traffic = parts.forward_s, parts.backward_s, parts.forward_bytes + parts.backward_bytes
         if hw.elementwise_tbps is None:  # the tiny run's layer ran no slower than its GEMMs
             assert sum(layer) <= gemm_fwd + gemm_bwd
             continue
@@ -88,15 +89,13 @@ def test_fit_layer_solves_two_shapes_exactly_and_falls_back_on_noise(probe, pres
     (noise) gives no fixed cost."""
     from hybrid.planner import hardware
     from hybrid.planner.calibrate import CPU_PROBE, GPU_PROBE, fit_layer, layer_parts_of
-    from hybrid.planner.time import BWD_TRAFFIC, FWD_TRAFFIC
 
     probe = {"cpu": CPU_PROBE, "gpu": GPU_PROBE}[probe]
     hw = hardware(preset)
     layers = []
     for shape in probe.shapes:
-        gf, gb, traffic = layer_parts_of(hw, shape, probe)
-        share = FWD_TRAFFIC / (FWD_TRAFFIC + BWD_TRAFFIC)
-        layers.append((gf + share * traffic / rate + cf, gb + (1 - share) * traffic / rate + cb))
+        p = layer_parts_of(hw, shape, probe)
+        layers.append((p.forward_s + p.forward_bytes / rate + cf, p.backward_s + p.backward_bytes / rate + cb))
     got_rate, got_f, got_b = fit_layer(hw, layers, probe)
     assert got_rate == pytest.approx(rate) and got_f == pytest.approx(cf) and got_b == pytest.approx(cb)
     got_rate, got_f, got_b = fit_layer(hw, [layers[1], layers[0]], probe)  # the big layer as fast as the small

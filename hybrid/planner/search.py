@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from hybrid.planner.hardware import GB
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, layout_problems,
-                                   pp_problems, tp_problems)
+                                   pp_problems, recompute_at_most, tp_problems)
 from hybrid.planner.predicted_memory import MemoryPlan, peak_memory, plan_memory
 from hybrid.planner.schedule import SIM_BUDGET, SimulationTooLarge
 from hybrid.planner.time import FlopsFormula, StepTime, lower_bound_seconds, model_flops, step_flops, step_time
@@ -293,8 +293,8 @@ def _fitting_variants(work: Workload, cluster: Cluster, space: SearchSpace, base
             problem = memory_problem(cluster, *peak_memory(work, cluster, layout))
             if problem:
                 result.rejected.append(Rejection(layout.short(), problem))
-            elif any(fi <= i and fj <= j for fi, fj, _ in fits):
-                result.dominated += 1
+            elif any(fi <= i and recompute_at_most(fitting.recompute, recompute) for fi, _, fitting in fits):
+                result.dominated += 1  # (selective and selective-op do not dominate each other)
             else:
                 fits.append((i, j, layout))
     return [(lower_bound_seconds(work, cluster, layout), layout) for _, _, layout in fits]
