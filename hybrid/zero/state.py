@@ -204,4 +204,5 @@ def _one_per_box(chunks: list[Chunk]) -> tuple[list[Chunk], list[tuple[Chunk, Ch
             twins.append((c, kept[box]))
         else:
             kept[box] = c
-    return [c for c in chunks if any(c is k for k in kept.values())], twins
+    keep = {id(k) for k in kept.values()}
+    return [c for c in chunks if id(c) in keep], twins
