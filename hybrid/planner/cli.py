@@ -394,6 +394,8 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -
     lines.append(f"best: step {t.total:.4g} s = pipeline {t.pipeline:.4g} (compute {t.compute:.4g}, TP comm "
                  f"{t.tp_comm:.4g}, bubble {100 * best.bubble_fraction:.1f}%) + DP sync {t.dp_comm:.4g} + "
                  f"optimizer {t.optimizer:.4g} + other {t.other:.4g}")
+    if best.layout.short() in result.notes:  # a zero-bubble schedule chosen: why (hybrid/planner/search.py)
+        lines.append(f"schedule: {result.notes[best.layout.short()]}")
     lines.append(f"searched {result.considered} layouts: {len(result.rejected)} rejected, {result.dominated} "
                  f"dominated (a variant with less recomputation/offload fits), {result.timed} simulated")
     lines += [f"  {_rejection_line(n, r)}" for n, r in summarize_rejections(result.rejected, show)]
@@ -456,7 +458,7 @@ def plan_json(work: Workload, plan: Plan) -> dict:
     return {
         "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "v": lay.v, "micro_batch": lay.micro_batch,
                    "zero_stage": int(lay.zero), "offload": lay.offload.value, "recompute": lay.recompute.value,
-                   "sequence_parallel": lay.sequence_parallel},
+                   "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule.value},
         "memory_gb": plan.memory_gb,
         "memory_per_stage_gb": [{"rank": r.rank, "parameters": r.parameters,
                                  "params": r.states.params / GB, "grads": r.states.grads / GB,

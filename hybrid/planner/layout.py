@@ -77,6 +77,8 @@ class Layout:
         offload: what lives in host memory.
         recompute: activation recomputation (`--recompute-granularity`).
         sequence_parallel: split norms / dropout along the sequence over TP (`--sequence-parallel`).
+        zero_bubble: the ZB-H1 schedule (`--pipeline-schedule zbh1`, Qi et al. 2024): each backward split into
+            B (input gradient) and a deferred W (weight gradients) filling 1F1B's bubble; v = 1, pp >= 2.
     """
 
     tp: int = 1
@@ -88,6 +90,7 @@ class Layout:
     offload: Offload = Offload.NONE
     recompute: Recompute = Recompute.NONE
     sequence_parallel: bool = False
+    zero_bubble: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--tensor-model-parallel-size", self.tp), ("--pipeline-model-parallel-size", self.pp),
@@ -100,6 +103,8 @@ class Layout:
         for name, kind in (("offload", Offload), ("recompute", Recompute)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"Layout.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if self.zero_bubble and (self.v != 1 or self.pp < 2):
+            raise ValueError(f"--pipeline-schedule zbh1 needs one chunk a rank and pp >= 2, got v {self.v}, pp {self.pp}")
 
     @property
     def world(self) -> int:
@@ -107,7 +112,10 @@ class Layout:
 
     @property
     def schedule(self) -> ScheduleKind:
-        """1F1B with one chunk per rank, interleaved 1F1B with several (Narayanan et al. 2021)."""
+        """1F1B with one chunk per rank, interleaved 1F1B with several (Narayanan et al. 2021); ZB-H1 with
+        `zero_bubble`."""
+        if self.zero_bubble:
+            return ScheduleKind.ZB_H1
         return ScheduleKind.ONE_F_ONE_B if self.v == 1 else ScheduleKind.INTERLEAVED
 
     def short(self) -> str:
@@ -119,6 +127,8 @@ class Layout:
         if self.sequence_parallel:
             bits.append("sp")
         bits.append(self.recompute.value)
+        if self.zero_bubble:
+            bits.append("zbh1")
         return " ".join(bits)
 
 

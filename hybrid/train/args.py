@@ -29,6 +29,7 @@ from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.metrics import args as metrics_args
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
+from hybrid.pipeline.args import check_zero_bubble
 from hybrid.precision import Precision
 from hybrid.train.config import (FLAGS, MAX_SEED, ModelSetup, ParallelConfig, PipelinePlan, RunConfig,  # noqa: F401
                                  TrainingConfig)
@@ -210,10 +211,11 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
                              "set the chunks per rank; give one of them")
         v = args.virtual_pipeline_model_parallel_size
     kind = ScheduleKind(args.pipeline_schedule or ("interleaved" if v > 1 else "1f1b"))
+    v = check_zero_bubble(args, kind, v, dims.pp, cfg.num_layers)  # zbv: 2 chunks a rank (hybrid/pipeline/args.py)
     if kind is ScheduleKind.INTERLEAVED and v == 1 and dims.pp > 1:
         raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage "
                          "(or --virtual-pipeline-model-parallel-size)")
-    if kind is not ScheduleKind.INTERLEAVED and v > 1:
+    if kind not in (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV) and v > 1:
         raise ValueError(f"--num-layers-per-virtual-pipeline-stage needs --pipeline-schedule interleaved, not {kind.value}")
     if args.recompute_granularity == "selective-op" and kind in (ScheduleKind.ZB_H1, ScheduleKind.ZBV):
         raise ValueError(f"--recompute-granularity selective-op does not run with --pipeline-schedule {kind.value}: "

@@ -95,7 +95,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--virtual-pipeline-model-parallel-size", PARALLEL,
          "v: model chunks per rank (interleaved 1F1B); with --pipeline-layers-per-stage (pp x v counts) or "
          "--pipeline-partition balanced the chunks may differ in size", type=int, low=1),
-    Flag("--pipeline-schedule", PARALLEL, "None: interleaved with virtual stages, else 1f1b", type=str,
+    Flag("--pipeline-schedule", PARALLEL, "None: interleaved with virtual stages, else 1f1b; zbh1 / zbv: zero bubble "
+         "(each backward split into input and weight gradients; zbv: two chunks a rank in a V)", type=str,
          choices=tuple(k.value for k in ScheduleKind)),
     Flag("--pipeline-partition", PARALLEL, "balanced: split layers by FLOPs, counting the embedding and the LM head",
          default="uniform", type=str, choices=("uniform", "balanced")),

@@ -40,7 +40,9 @@ def build_runner(run: RunConfig, mesh: Mesh, tp: TPContext):
     dims, plan, batch, setup = mesh.dims, run.parallel.pipeline, run.training.batch, run.model
     cfg = setup.arch
     model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages,
-                                  seed=run.training.seed, recompute=setup.recompute)
+                                  seed=run.training.seed, recompute=setup.recompute,
+                                  stage_ids=[plan.kind.placement.stage(mesh.coords.pp, c, dims.pp)
+                                             for c in range(plan.v)])
     model = set_context_parallel(model.to(mesh.device), run.cp.context(mesh))  # hybrid/cp; None without CP
     if setup.compile:
         compile_blocks(model)
@@ -54,7 +56,7 @@ def build_runner(run: RunConfig, mesh: Mesh, tp: TPContext):
     schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
     io = StageIO((batch.micro_batch, seq, cfg.hidden_size), run.zero.precision.dtype)  # activations in compute dtype
     return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device,
-                                   record_timeline=bool(run.training.timeline))
+                                   record_timeline=bool(run.training.timeline), placement=plan.kind.placement)
 
 
 def compile_blocks(chunks, backend: str = "inductor") -> None:
@@ -84,6 +86,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     model, runner = build_runner(run, mesh, tp)
     opt_cfg = run.optimizer
     optimizer = ZeroOptimizer(model, mesh, run.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
+    if isinstance(runner, PipelineExecutor):
+        runner.before_weight = optimizer.gather_chunk  # zero-bubble W under ZeRO-3: the chunk's weights gathered
     log0(mesh, _header(run, model, optimizer, device))
     ft = FaultTolerance.start(run.fault, mesh, model, runner, optimizer, run.training.log_interval,
                               run.metrics.timing_log_interval)  # hybrid/fault
