@@ -204,12 +204,15 @@ class Mesh:
     ledger: CommLedger = field(default_factory=CommLedger)
     cp: Group | None = None  # context parallel (None: a solo group, cp = 1)
     dp_cp: Group | None = None  # DP x CP, where gradients are reduced and ZeRO shards (None: the DP group)
+    world: Group | None = None  # every rank: start-up and logging collectives (node ids, timeline, memory peaks)
 
     def __post_init__(self) -> None:
         if self.cp is None:
             self.cp = Group.solo("cp", self.ledger)
         if self.dp_cp is None:
             self.dp_cp = self.dp
+        if self.world is None:
+            self.world = Group.solo("world", self.ledger)
 
     @property
     def coords(self) -> Coords:
@@ -247,6 +250,8 @@ class Mesh:
         groups["embedding"] = _new_groups(dims.embedding_group_ranks(), rank, "embedding", ledger, timeout)
         groups["dp_cp"] = (_new_groups(dims.group_ranks((Axis.CP, Axis.DP)), rank, "dp_cp", ledger, timeout)
                            if dims.cp > 1 else groups["dp"])
+        groups["world"] = (Group("world", tuple(range(world)), dist.group.WORLD, ledger) if world > 1
+                           else Group.solo("world", ledger))
         device = device or default_backend()[1]
         return cls(dims=dims, rank=rank, device=device, ledger=ledger, **groups)
 

@@ -237,6 +237,8 @@ def read_config_json(file: str) -> dict:
         raise ValueError(f"--model {file}: not UTF-8 text; a config.json is UTF-8 JSON") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--model {file}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a 5000-digit number
+        raise ValueError(f"--model {file}: not a config.json hybrid reads ({type(e).__name__})") from None
     except OSError as e:
         raise ValueError(f"--model {file}: cannot read it ({e.strerror})") from None
     if not isinstance(raw, dict):

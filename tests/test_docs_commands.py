@@ -32,6 +32,8 @@ SKIP = {  # substring of the command -> why it is not run here, and what covers 
                                                    "tests/test_zero_flags.py (README's headline ZeRO command)",
     "scripts/gpu_check.py --out gpu_results": "needs a GPU; tests/test_gpu_check.py runs the same script with "
                                               "--dry-run (every section, CPU, tiny sizes)",
+    "$(hybrid plan": "README's planner chain (a shell substitution): run as written by tests/test_readme_chain.py",
+    "plot_run.py run.jsonl": "the planner chain's plot of its metrics file: run by tests/test_readme_chain.py",
 }
 
 

@@ -17,7 +17,7 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 from hybrid.cli import main as hybrid_main
 from hybrid.comm import Group
 from hybrid.convert import hf_to_hybrid
-from hybrid.convert.generate import SamplingConfig, filter_logits, find_codec
+from hybrid.generate.decode import SamplingConfig, filter_logits, find_codec
 from hybrid.convert.presharded import TargetLayout
 from hybrid.tp import TPContext
 from models import build_model

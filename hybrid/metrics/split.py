@@ -58,11 +58,13 @@ def predicted_split_line(run, cfg, dims, batch, plan) -> str | None:
         return None
     from hybrid.planner.calibrate import load_hardware
 
-    work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch, plan.v)
-    hw = load_hardware(run.training.hardware, work.precision)
     try:
+        # ValueError: a model it does not describe
+        work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch,
+                                  plan.v)
+        hw = load_hardware(run.training.hardware, work.precision)
         t = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout).time
-    except ValueError as e:  # a layout the planner does not model (its message names why)
+    except ValueError as e:  # a model or layout the planner does not model (its message names why)
         return f"planner: no prediction for this run: {e}"
     s = predicted_split(t)
     ours, theirs = [len(st) for st in plan.stages], list(stage_layers(cfg, dims.pp, plan.v, batch.seq_length))

@@ -492,6 +492,8 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
         raise ValueError(f"--hardware {path}: cannot read a profile ({e})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--hardware {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a 5000-digit number
+        raise ValueError(f"--hardware {path}: not a JSON file hybrid reads ({type(e).__name__})") from None
     if not isinstance(profile, dict) or profile.get("format") != FORMAT:
         raise ValueError(f"--hardware {path}: not a {FORMAT} file (write one with `hybrid calibrate --out FILE`)")
     fields_ = profile.get("hardware")
@@ -547,10 +549,29 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
 
 # --- command line -----------------------------------------------------------------------------------
 
+HELP = """Measure this machine and write a hardware profile (JSON) for `hybrid plan --hardware FILE` (the planner then
+predicts step times and memory for this machine instead of a preset) and for `train.py --hardware FILE` (MFU
+against the matmul rate measured here).
+
+It starts --ranks processes (gloo on a CPU, nccl on GPUs), each timing matrix products, a memory copy and one real
+Transformer layer, then collectives between them: about 20 s on a CPU, a minute or two on GPUs. Use as many ranks
+as you will train with on one machine: on a CPU they share its cores as training ranks do. What it cannot measure
+on one machine (the network between nodes, PCIe, host memory for offload) comes from the --base preset, and the
+profile says which fields did.
+
+  hybrid calibrate --out cpu.json                                  # this machine, 4 CPU ranks
+  hybrid plan --model tiny-gpt2 --gpus 4 --global-batch-size 16 --seq-length 128 --hardware cpu.json \\
+      --precision fp32 --emit-args                                 # the fastest layout, as train.py flags
+  hybrid calibrate --ranks 1 --base h200 --out h200.json           # one GPU; the node's links from the preset
+
+How each number is measured and fitted: docs/planner.md, "Calibration"."""
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register `calibrate` on the `hybrid` command's subparsers."""
+    """Register `calibrate` on the `hybrid` command's subparsers (--help: HELP, for users; the module docstring
+    is the implementation's)."""
     p = subparsers.add_parser("calibrate", help="measure this machine; write a hardware profile for `hybrid plan`",
-                              description=__doc__, formatter_class=HelpFormatter)
+                              description=HELP, formatter_class=HelpFormatter)
     p.add_argument("--out", default="hardware.json", metavar="FILE", help="profile to write (JSON)")
     p.add_argument("--ranks", type=int_in(1, 1024), metavar="N", default=CalibrationConfig.ranks,
                    help="processes to spawn (with nccl at most the GPU count; 1: no collectives timed, the "

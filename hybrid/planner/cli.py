@@ -238,11 +238,20 @@ def model_from_args(args: argparse.Namespace) -> ModelConfig:
     if args.model:
         if any(x is not None for x in sizes):
             raise ValueError("give either --model or the size flags (--num-layers ...), not both")
-        return load_config(args.model)
+        cfg = load_config(args.model)
+        from hybrid.partition import MAX_BALANCED_LAYERS
+        if cfg.num_layers > MAX_BALANCED_LAYERS:
+            raise ValueError(f"--model {args.model}: {cfg.num_layers} layers; the planner splits at most "
+                             f"{MAX_BALANCED_LAYERS} over pipeline stages (published models have ~100)")
+        return cfg
     if any(x is None for x in sizes):
         raise ValueError("give --model (a preset or config.json directory) or all of --num-layers, --hidden-size "
                          "and --num-attention-heads")
     layers, hidden, heads = sizes
+    from hybrid.partition import MAX_BALANCED_LAYERS
+    if layers > MAX_BALANCED_LAYERS:  # the planner tries pp that do not divide them: the balanced split's tables
+        raise ValueError(f"--num-layers {layers}: the planner splits at most {MAX_BALANCED_LAYERS} layers over "
+                         f"pipeline stages (published models have ~100)")
     if hidden % heads:
         raise ValueError(f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads}")
     kv = args.num_query_groups or heads
@@ -309,9 +318,41 @@ def _offloads(optimizer: bool | None, params: bool | None) -> tuple[Offload, ...
 
 # --- output -------------------------------------------------------------------------------------------
 
-def _header(width: int) -> str:
-    return (f"{'#':>2}  {'layout':<{width}} {'mem GB':>7} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} "
+def _on_host(hw) -> bool:
+    """CPU hardware (the cpu preset, a gloo calibration): train.py measures peak RSS there, not GPU memory."""
+    return hw.compute_units is not None or hw.name == "cpu"
+
+
+def _header(width: int, host: bool = False) -> str:
+    mem = "RSS MiB" if host else "mem GB"
+    return (f"{'#':>2}  {'layout':<{width}} {mem:>7} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} "
             f"{'MFU':>6} {'bubble':>7}")
+
+
+def _rate(tflops: float) -> str:
+    """TFLOP/s to 3 significant digits below 10 (a CPU's 0.0191, not 0.0), as train.py's log line prints it."""
+    return f"{tflops:.1f}" if tflops >= 10 else f"{tflops:.3g}"
+
+
+def _memory(plan: Plan, baseline: float | None) -> str:
+    """GB of the fullest device's demand; on a host (baseline: this process's resident bytes) the peak RSS a
+    rank reaches, as train.py's log measures it: the rank's tensors, without the GPU reserve, plus the process."""
+    if baseline is None:
+        return f"{plan.memory_gb:>7.1f}"
+    peak = plan.memory.peak
+    return f"{(peak.total - peak.workspace + baseline) / 2**20:>7,.0f}"
+
+
+def _units_line(host: bool, baseline: float | None) -> str:
+    """What the columns are, in the terms of train.py's iteration lines."""
+    if host:
+        return (f"units as train.py's log lines measure them: RSS MiB = the fullest rank's peak resident memory: "
+                f"its tensors (model states, activations) + {baseline / 2**20:,.0f} MiB, this process's size now "
+                f"(Python, torch: what a rank holds before its model); step s = ms/iter / 1000; tokens/s over all "
+                f"ranks; TFLOP/s = model FLOPs per rank per second (the log's TFLOP/s/device)")
+    return ("units: mem GB = the fullest GPU's demand with the planner's 2 GB CUDA/NCCL reserve (train.py's "
+            "'max allocated' counts tensors only: about this less 2 GB); step s = ms/iter / 1000; TFLOP/s = model "
+            "FLOPs per GPU per second (the log's TFLOP/s/device)")
 
 
 def _width(plans: list[Plan]) -> int:
@@ -323,10 +364,18 @@ def _count(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
-def _row(i: int, plan: Plan, width: int) -> str:
-    return (f"{i:>2}  {plan.layout.short():<{width}} {plan.memory_gb:>7.1f} {plan.time.total:>8.4g} "
-            f"{plan.tokens_per_s:>10,.0f} {plan.tflops_per_gpu:>8.1f} {100 * plan.mfu:>5.1f}% "
+def _row(i: int, plan: Plan, width: int, baseline: float | None = None) -> str:
+    return (f"{i:>2}  {plan.layout.short():<{width}} {_memory(plan, baseline)} {plan.time.total:>8.4g} "
+            f"{plan.tokens_per_s:>10,.0f} {_rate(plan.tflops_per_gpu):>8} {100 * plan.mfu:>5.1f}% "
             f"{100 * plan.bubble_fraction:>6.1f}%")
+
+
+def _baseline(hw) -> float | None:
+    """This process's resident bytes on host hardware (None on GPUs)."""
+    if not _on_host(hw):
+        return None
+    from hybrid.metrics.peak_memory import current_rss_bytes
+    return float(current_rss_bytes())
 
 
 def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> str:
@@ -337,8 +386,10 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -
              f"global batch {work.global_batch} x {work.seq_length} tokens",
              "layout: tp pp dp v(chunks/rank) b(micro-batch) z(ZeRO) [offload] [sp] recompute; "
              "TFLOP/s per GPU incl. recomputation; MFU without",
-             _header(_width(result.plans))]
-    lines += [_row(i + 1, p, _width(result.plans)) for i, p in enumerate(result.plans)]
+             _header(_width(result.plans), _on_host(hw))]
+    baseline = _baseline(hw)
+    lines += [_row(i + 1, p, _width(result.plans), baseline) for i, p in enumerate(result.plans)]
+    lines.append(_units_line(_on_host(hw), baseline))
     best = result.plans[0]
     t = best.time
     lines.append(f"best: step {t.total:.4g} s = pipeline {t.pipeline:.4g} (compute {t.compute:.4g}, TP comm "
@@ -456,10 +507,12 @@ def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula:
                           for n, r in rows], indent=2))
         return
     width = _width([r.plans[0] for _, r in rows if r.plans])
-    print(f"{'GPUs':>6}  " + _header(width)[4:])
+    hw = cluster_from_args(args, counts[0]).hw
+    baseline = _baseline(hw)
+    print(f"{'GPUs':>6}  " + _header(width, _on_host(hw))[4:])
     for n, r in rows:
         if r.plans:
-            print(f"{n:>6}  " + _row(1, r.plans[0], width)[4:])
+            print(f"{n:>6}  " + _row(1, r.plans[0], width, baseline)[4:])
         else:
             first = summarize_rejections(r.rejected, 1)
             print(f"{n:>6}  none fits: {_rejection_line(*first[0]) if first else 'no layout'}")

@@ -4,7 +4,11 @@ on any layout, printed as Megatron prints it.
 Evaluation e (0, 1, ...) reads split samples [e K G, (e + 1) K G) (K = eval iters, G = global batch): Megatron's
 valid iterator continues from one evaluation to the next, and here that position is a function of e alone, so a
 resumed run evaluates on the same samples. The periodic evaluation after iteration N is e = N / interval - 1;
-the one at the end of training is e = train_iters // interval.
+the one at the end of training (iteration N, the last) is e = ceil(N / interval) - 1: the periodic one's when N
+is a multiple of the interval, the next block otherwise. So "validation loss at iteration N" has one value, and
+it is printed once: when the last iteration is a periodic one, the periodic evaluation is left to the final one
+(labelled "on validation set"), and a run stopped early (--exit-interval, SIGTERM) at a periodic iteration does
+not evaluate it again at the end. (Megatron prints both, on different samples: its iterator has moved on.)
 
 Through a pipeline every micro-batch walks the global stages 0, 1, ..., pp v - 1 in order: the rank holding stage
 s (pp rank s mod pp, its chunk s // pp) receives the activation from stage s - 1, runs the chunk under no_grad and
@@ -77,21 +81,25 @@ def validation_line(loss: float, where: str) -> str:
 
 
 def run_evaluations(cfg: DataConfig, model, runner, mesh: Mesh, data: DataSource, batch: BatchSpec, optimizer,
-                    iteration: int, final: bool = False, sharding: TokenSharding = TokenSharding()) -> dict[str, float]:
+                    iteration: int, final: bool = False, sharding: TokenSharding = TokenSharding(),
+                    train_iters: int | None = None) -> dict[str, float]:
     """After `iteration`: the periodic validation when it is a multiple of --eval-interval; with `final`, the
     end-of-training validation and test losses. Rank 0 prints Megatron's lines; returns {name: loss}. `sharding`:
-    this CP rank's cut of each micro-batch (hybrid/cp/data.py)."""
-    if cfg.eval_iters == 0 or (not final and iteration % cfg.eval_interval):
-        return {}
+    this CP rank's cut of each micro-batch (hybrid/cp/data.py). `train_iters` (--train-iters) lets the last
+    iteration's validation be printed once (module docstring); None: every evaluation runs."""
+    last = train_iters is not None and iteration == train_iters
+    if cfg.eval_iters == 0 or (not final and (iteration % cfg.eval_interval or last)):
+        return {}  # the last iteration's validation is the final one's
     io, scale = getattr(runner, "io", None), getattr(optimizer, "loss_scale", 1.0)
     out = {}
     splits = ((Split.VALID, "validation set"), (Split.TEST, "test set")) if final else ((Split.VALID, None),)
     for split, name in splits:
         if not data.has(split):
             continue
-        index = iteration // cfg.eval_interval if final else iteration // cfg.eval_interval - 1
-        if split is Split.TEST:
-            index = 0
+        early = train_iters is not None and iteration < train_iters
+        if split is Split.VALID and final and early and iteration % cfg.eval_interval == 0:
+            continue  # stopped early right after a periodic evaluation: printed already, same samples
+        index = 0 if split is Split.TEST else -(-iteration // cfg.eval_interval) - 1
         loss = evaluate(model, mesh, data, batch, split, index, cfg.eval_iters, io, scale, sharding)
         out[name or "validation"] = loss
         if mesh.rank == 0:
