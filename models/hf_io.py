@@ -64,7 +64,12 @@ class CheckpointReader:
         index = os.path.join(path, "model.safetensors.index.json")
         if os.path.exists(index):
             with open(index) as f:
-                self.files = {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
+                weight_map = json.load(f)["weight_map"]
+            for k, v in weight_map.items():  # shard names are files of this folder: "../x" or "/x" would read outside
+                if not isinstance(v, str) or os.path.basename(v) != v or v in ("", ".", ".."):
+                    raise ValueError(f"--model {path}: model.safetensors.index.json maps {k!r} to {v!r:.80}, not a "
+                                     f"file of the folder")
+            self.files = {k: os.path.join(path, v) for k, v in weight_map.items()}
         elif os.path.exists(os.path.join(path, "model.safetensors")):
             single = os.path.join(path, "model.safetensors")
             with safe_open(single, framework="pt") as f:

@@ -25,11 +25,13 @@ def layout_line(dims: ParallelDims, nodes: list[str]) -> str:
     order = list(dict.fromkeys(nodes))
     per = [nodes.count(n) for n in order]
     shape = f"{len(order)} x {per[0]}" if len(set(per)) == 1 else "+".join(map(str, per))
-    local = os.environ.get("LOCAL_WORLD_SIZE", "?")
+    local = os.environ.get("LOCAL_WORLD_SIZE")  # torchrun's; unset in one process without a launcher
+    launcher = (f"LOCAL_WORLD_SIZE {local}" if local else "one process, no launcher" if dims.world == 1 else
+                "LOCAL_WORLD_SIZE unset: not started by torchrun")
     spans = [g for g in dims.group_ranks(Axis.TP) if len({nodes[r] for r in g}) > 1]
     if not spans:
-        return f"nodes: {shape} ranks (LOCAL_WORLD_SIZE {local}); every tp group inside one node"
-    return (f"nodes: {shape} ranks (LOCAL_WORLD_SIZE {local}); warning: tp groups {spans[:4]} span nodes, so "
+        return f"nodes: {shape} ranks ({launcher}); every tp group inside one node"
+    return (f"nodes: {shape} ranks ({launcher}); warning: tp groups {spans[:4]} span nodes, so "
             f"tensor-parallel all-reduces cross the network; make --tensor-model-parallel-size divide the "
             f"ranks per node")
 

@@ -63,6 +63,19 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def current_rss_bytes() -> int:
+    """This process's resident set size now (VmRSS); 0 without /proc. The start-up line's baseline: what a rank
+    holds before its model is built (the interpreter, torch's libraries, the process group)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     """This rank's peak by the measure of its device kind (module docstring)."""
     if device.type == "cuda":

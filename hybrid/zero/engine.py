@@ -598,9 +598,16 @@ def cpu_adamw(groups: list[dict], which: CpuAdam, lr: float, betas: tuple[float,
     if which is CpuAdam.TORCH_LOOP:
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, foreach=False), "torch-loop"
     if which is not CpuAdam.TORCH:
+        from hybrid.zero.cpu_adam_build import StaleBuildLock, cpu_adam_build
         try:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
-            return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True), "deepspeed-cpu-adam"
+            with cpu_adam_build(lambda line: print(line, flush=True)):  # a first build says so; a stale lock is named
+                return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True), "deepspeed-cpu-adam"
+        except StaleBuildLock as e:
+            if which is CpuAdam.DEEPSPEED:
+                from hybrid.cliutil import fail
+                raise fail(f"train.py: error: {e}") from None
+            print(f"train.py: warning: {e}; using torch's fused AdamW meanwhile", flush=True)
         except Exception as e:  # no compiler, no deepspeed: fall back, unless it was asked for by name
             if which is CpuAdam.DEEPSPEED:
                 raise RuntimeError(f"--cpu-adam deepspeed: DeepSpeedCPUAdam failed to build: {e}") from e

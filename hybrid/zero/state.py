@@ -166,7 +166,7 @@ def state_dict(opt, optimizer: bool = True, names: dict[int, str] | None = None)
     if optimizer:
         ensure_adam_state(opt)
     by_name: dict[str, list[Chunk]] = defaultdict(list)
-    for c in optimizer_chunks(opt, names or param_names(opt.model)):
+    for c in _one_per_box(optimizer_chunks(opt, names or param_names(opt.model)))[0]:
         by_name[c.name].append(c)
     out: dict[str, object] = {}
     for kind in (MODEL, *MOMENTS) if optimizer else (MODEL,):
@@ -185,4 +185,24 @@ def load_state_dict(opt, state: dict[str, object]) -> None:
         set_adam_step(opt, state["adam_step"])
     if "scaler" in state:
         load_scaler_state(opt, state["scaler"])
+    kinds = (MODEL, *MOMENTS) if "adam_step" in state else (MODEL,)
+    for twin, kept in _one_per_box(optimizer_chunks(opt, param_names(opt.model)))[1]:
+        for kind in kinds:  # the second copy of a tied weight on this rank: the values just loaded
+            _view(opt, twin, kind).copy_(_view(opt, kept, kind))
     opt.sync_params_from_master()
+
+
+def _one_per_box(chunks: list[Chunk]) -> tuple[list[Chunk], list[tuple[Chunk, Chunk]]]:
+    """One chunk per (name, global box), the written one first, and the (twin, kept) pairs left out: a tied
+    embedding whose two copies sit on one rank (pp = 1 with v chunks; zbv's first and last stage, both on pp rank
+    0) has the same box twice, which DCP refuses as overlapping pieces -- and only one of them is written."""
+    kept: dict[tuple, Chunk] = {}
+    twins = []
+    for c in sorted(chunks, key=lambda c: not c.owner):  # stable: owners first, else the order given
+        box = (c.name, tuple(c.offsets), tuple(c.sizes))
+        if box in kept:
+            twins.append((c, kept[box]))
+        else:
+            kept[box] = c
+    keep = {id(k) for k in kept.values()}
+    return [c for c in chunks if id(c) in keep], twins
