@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, Dropout, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
 from hybrid.cp.data import SequenceInfo
+from models.activations import activation
 from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, checkpoint_block
 from models.config import ModelConfig
 
@@ -27,7 +27,7 @@ class SwiGLU(nn.Module):
         self.gate_proj = ColumnParallelLinear(h, f, tp, bias=cfg.mlp_bias, enter=False)
         self.up_proj = ColumnParallelLinear(h, f, tp, bias=cfg.mlp_bias, enter=False)
         self.down_proj = RowParallelLinear(f, h, tp, bias=cfg.mlp_bias)
-        self.act = ACT2FN[cfg.activation]
+        self.act = activation(cfg.activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tp.enter(x)

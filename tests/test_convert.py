@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,18 +15,17 @@ from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
+from hybrid import testing
 from hybrid.checkpoint import store
 from hybrid.cli import main as hybrid_main
 from hybrid.convert import hf_to_hybrid, hybrid_to_hf
 from hybrid.convert.presharded import TargetLayout
 from hybrid.convert.verify import load_ours
-from hybrid.cliutil import foreign_flags
-from test_convert_preshard import accepted_flags
+from command_flags import foreign
 from models import shift_labels
 from models.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 VOCAB = 259  # divisible by neither tp 2 nor tp 4: padded rows inside training, none in any file
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, vocab_size=VOCAB,
              max_position_embeddings=64, bos_token_id=0, eos_token_id=0)
@@ -106,9 +103,10 @@ def test_bf16_export_is_the_rounded_weights(tmp_path):
 
 # --- a real training run -----------------------------------------------------------------------------------
 def torchrun(n: int, *flags: str, timeout: int = 240) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-           "scripts/train.py", "--micro-batch-size", "1", "--seq-length", "16", "--log-interval", "1", *flags]
-    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    """`torchrun --standalone --nproc-per-node N scripts/train.py ...`, its ranks forked from hybrid.testing's
+    forkserver."""
+    p = testing.torchrun(["--micro-batch-size", "1", "--seq-length", "16", "--log-interval", "1", *flags], n,
+                         env={"OMP_NUM_THREADS": "1"}, cwd=ROOT, timeout=timeout)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     return p.stdout
 
@@ -217,8 +215,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, kind):
         hybrid_main(["convert", argv[0], str(tmp_path / "out"), *argv[1:]])
     msg = str(e.value.code)
     assert msg.startswith("hybrid convert: error: ") and "\n" not in msg and words in msg, msg
-    accepted, commands = accepted_flags()  # every flag it suggests is one `hybrid convert` accepts
-    assert foreign_flags(msg, accepted, commands, tuple(argv)) == [], msg
+    assert foreign(msg, "hybrid convert", argv) == [], msg  # it suggests only flags `hybrid convert` accepts
     if kind == "dst-not-empty":
         assert os.listdir(tmp_path / "out") == ["keep.txt"] and (tmp_path / "out" / "keep.txt").read_text() == before
     else:
@@ -256,8 +253,8 @@ def test_deepspeed_zero3_checkpoint_converts_with_the_deepspeed_models_logits(tm
     cfg_dir = str(tmp_path / "cfg")
     LlamaConfig(**SMALL, num_key_value_heads=2, tie_word_embeddings=False).save_pretrained(cfg_dir)
     (tmp_path / "make.py").write_text(DS_RUN)
-    p = subprocess.run([sys.executable, str(tmp_path / "make.py"), cfg_dir, str(tmp_path / "ds"), str(free_port())],
-                       env=ENV, capture_output=True, text=True, timeout=180)
+    p = testing.run([str(tmp_path / "make.py"), cfg_dir, str(tmp_path / "ds"), str(free_port())],
+                    env={"OMP_NUM_THREADS": "1"}, timeout=180)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     with pytest.raises(SystemExit, match="holds no model config; give --model"):
         hybrid_main(["convert", str(tmp_path / "ds"), str(tmp_path / "ckpt")])

@@ -11,10 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-import hybrid.cli
+from command_flags import foreign
 from hybrid.checkpoint import store
 from hybrid.cli import main as hybrid_main
-from hybrid.cliutil import command_flags, foreign_flags
 from hybrid.convert.presharded import MICRO_BATCH, SEQ_LENGTH, TargetLayout
 from hybrid.train.args import build_parser, check_args, parse_args
 from models import load_config, shift_labels
@@ -115,14 +114,6 @@ def test_three_layers_pre_shard_on_two_stages_as_a_run_saves_them_and_load_with_
 
 # --- every error suggests only flags `hybrid convert` accepts ------------------------------------------------------
 
-def accepted_flags() -> tuple[set[str], dict[str, set[str]]]:
-    """`hybrid convert`'s flags, and every command's (by the name a message would quote it with)."""
-    sub = next(a for a in hybrid.cli.build_parser()._actions if isinstance(getattr(a, "choices", None), dict))
-    commands = {f"hybrid {name}": command_flags(p) for name, p in sub.choices.items()}
-    commands["train.py"] = command_flags(build_parser())
-    return commands["hybrid convert"], commands
-
-
 CONVERT_ERRORS = [
     (["--target-pipeline-parallel-size", "2"], "the model's 3 layers do not divide into the 2 stages "
                                                "(--target-pipeline-parallel-size 2)"),
@@ -144,17 +135,15 @@ def test_convert_errors_suggest_only_flags_convert_accepts(tmp_path, argv, words
         hybrid_main(["convert", src, str(tmp_path / "out"), *argv])
     msg = str(e.value.code)
     assert msg.startswith("hybrid convert: error: ") and words in msg, msg
-    accepted, commands = accepted_flags()
-    assert foreign_flags(msg, accepted, commands, tuple(argv)) == [], msg
+    assert foreign(msg, "hybrid convert", argv) == [], msg
     assert not os.path.exists(tmp_path / "out")
 
 
 def test_the_walker_finds_a_flag_the_command_does_not_take():
     """The check itself: train.py's --pipeline-model-parallel-size in a convert message, and a quoted command
     line's flag checked against that command."""
-    accepted, commands = accepted_flags()
-    assert foreign_flags("use --pipeline-model-parallel-size 2", accepted, commands) == \
-        ["--pipeline-model-parallel-size"]
-    assert foreign_flags("run `train.py --pipeline-model-parallel-size 2`", accepted, commands) == []
-    assert foreign_flags("run `hybrid calibrate --nope`", accepted, commands) == ["--nope"]
-    assert foreign_flags("--bogus 3 is wrong", accepted, commands, ("--bogus", "3")) == []  # the user's own
+    assert foreign("use --pipeline-model-parallel-size 2", "hybrid convert") == ["--pipeline-model-parallel-size"]
+    assert foreign("run `train.py --pipeline-model-parallel-size 2`", "hybrid convert") == []
+    assert foreign("run `hybrid calibrate --nope`", "hybrid convert") == ["--nope"]
+    assert foreign("launch with torchrun --nproc-per-node 2", "hybrid convert") == []
+    assert foreign("--bogus 3 is wrong", "hybrid convert", ("--bogus", "3")) == []  # the user's own flag

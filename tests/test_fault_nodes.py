@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from hybrid import testing
 from hybrid.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,8 +43,11 @@ def _losses(out: str) -> list[str]:
 def single_agent_with_a_slow_rank() -> str:
     """One agent, 4 ranks, rank 2 sleeping 50 ms before every micro-batch's forward. The sleep changes
     no number, so this is also the single-agent reference for the two-agent run's losses."""
-    p = _torchrun(1, 0, 10, env={"HYBRID_FAULT": "slow:rank=2,ms=50"})
-    out, _ = p.communicate(timeout=300)
+    # torchrun is not the subject here: its 4 ranks forked from hybrid.testing's forkserver
+    p = testing.torchrun([*TRAIN, "--train-iters", "10"], 4, env={"HYBRID_FAULT": "slow:rank=2,ms=50",
+                                                                 "OMP_NUM_THREADS": "1"},
+                         cwd=ROOT, timeout=300, entry=testing.python_main)
+    out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     return out
 

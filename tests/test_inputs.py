@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import hybrid.cli
 import hybrid.testing
-from hybrid.cliutil import foreign_flags
+from command_flags import foreign
 
 train_main = importlib.import_module("hybrid.train.main")  # the module (hybrid.train.main the attribute is main())
 FAST_S = 20.0  # generous on a loaded 2-core machine; a rendezvous would wait minutes, a calibrate run ~30 s
@@ -510,19 +510,6 @@ def _no_process_group(*a, **k):
     raise AssertionError("a process group was started for a bad input")
 
 
-def _commands() -> dict[str, set[str]]:
-    """Every command's flags, by the name a message quotes it with (hybrid/cliutil.py's foreign_flags)."""
-    from torch.distributed.run import get_args_parser
-
-    from hybrid.cliutil import command_flags
-    from hybrid.train.args import build_parser
-    sub = next(a for a in hybrid.cli.build_parser()._actions if isinstance(getattr(a, "choices", None), dict))
-    commands = {f"hybrid {name}": command_flags(p) for name, p in sub.choices.items()}
-    commands.update({"train.py": command_flags(build_parser()), "torchrun": command_flags(get_args_parser())})
-    return commands
-
-
-COMMANDS = _commands()
 
 
 def _all_files(root) -> set[str]:
@@ -560,7 +547,7 @@ def test_bad_input_is_one_error_line_before_any_work(case, tmp_path, monkeypatch
     fragment = fragment.replace("{d}", str(tmp_path))
     assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
     # every flag it suggests is one the command (or the command it quotes) accepts
-    assert foreign_flags(lines[0], COMMANDS[PROG[command]], COMMANDS, tuple(full_argv)) == [], lines[0]
+    assert foreign(lines[0], PROG[command], full_argv) == [], lines[0]
     assert "Traceback" not in text + out
     assert _all_files(tmp_path) == before, "nothing may be left behind"
     assert elapsed < FAST_S, f"took {elapsed:.1f} s: the check is not before the work"

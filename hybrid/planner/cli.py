@@ -107,7 +107,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "flash attention, no dropout)")
     g.add_argument("--kernels", choices=[k.value for k in KernelProfile], default=None,
                    help="how the non-matmul ops run: fused (Megatron-LM / Transformer Engine) or eager (plain "
-                        "PyTorch: this runtime, torchtitan without compile); None: eager for fp32-flash, else fused")
+                        "PyTorch: this runtime, torchtitan without compile); None: fused for korthikanti, eager for "
+                        "the flash profiles")
     g.add_argument("--fp8", action="store_true",
                    help="the linear layers' GEMMs in FP8 (Transformer Engine / torchao float8): the FP8 peak, "
                         "1-byte saved inputs, casts and scales (h100 / h200; the planner only)")

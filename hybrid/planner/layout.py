@@ -153,8 +153,8 @@ class Workload:
             master-gradient copy in the step.
         kernels: how the non-matmul ops are implemented (`--kernels`; hybrid/planner/ops.py): FUSED
             (Megatron-LM / Megatron-core, apex, Transformer Engine) or EAGER (plain PyTorch: this runtime,
-            torchtitan without torch.compile); None: EAGER for the fp32-flash profile (this runtime on CPU),
-            FUSED otherwise.
+            torchtitan without torch.compile); None: FUSED for the korthikanti profile, EAGER for the flash
+            profiles (`kernel_profile`).
         fp8: the linear layers' GEMMs in FP8 (`--fp8`; Transformer Engine / torchao float8): at the device's FP8
             peak, their saved inputs 1 byte, casts and amax reductions added to the memory-bound work, the FP8
             casts of the computing layer's weights (and transposes) and the per-tensor scales in memory. The LM
@@ -195,10 +195,12 @@ class Workload:
 
     @property
     def kernel_profile(self) -> KernelProfile:
-        """`kernels`, or its default: EAGER for this runtime's fp32-flash profile, FUSED otherwise."""
+        """`kernels`, or its default by activation profile: FUSED for korthikanti (Megatron's runs, with their
+        fused kernels), EAGER for the flash profiles (this runtime on CPU and GPU, PyTorch-native trainers such as
+        torchtitan); a fused flash stack (Megatron-core with Transformer Engine) says --kernels fused."""
         if self.kernels is not None:
             return self.kernels
-        return KernelProfile.EAGER if self.activations is ActivationProfile.FP32_FLASH else KernelProfile.FUSED
+        return KernelProfile.FUSED if self.activations is ActivationProfile.KORTHIKANTI else KernelProfile.EAGER
 
     @property
     def grad_bytes(self) -> int:
