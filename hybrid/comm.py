@@ -10,6 +10,8 @@ Byte convention (nccl-tests' "size S", see doc/PERFORMANCE.md there):
   * reduce_scatter:  S = bytes of the full input (world x the output)
   * broadcast:       S = bytes of the tensor
   * send / recv:     S = bytes of the tensor, counted by the sender (send) and receiver (recv)
+  * all_to_all:      S = bytes this rank sends to the *other* ranks (its own chunk stays in memory): what
+                     crosses a link, so an MoE dispatch's bytes are those of the tokens it routes off-rank
 The wire bytes follow from S: an all-reduce ring moves 2(n-1)/n S per rank, all-gather and
 reduce-scatter (n-1)/n S.
 
@@ -133,6 +135,22 @@ class Group:
         with TRAIL.op(self.name, self.ranks, "reduce_scatter"):
             _reduce_scatter_single(out, t_moved, group=self.pg)
         return out.movedim(0, dim)
+
+    def all_to_all_single(self, t: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                          tag: str = "") -> torch.Tensor:
+        """Rows of `t` (dim 0) in blocks of in_splits[j] go to group rank j; the result holds every rank's block
+        for us, in group order (out_splits[j] rows from rank j). The split sizes must agree pairwise (the MoE
+        dispatcher exchanges them first). Ledger: the bytes sent to other ranks (module docstring)."""
+        if self.size == 1:
+            return t
+        t = t.contiguous()
+        row = t[0].numel() * t.element_size() if t.dim() > 1 else t.element_size()
+        self.ledger.record("all_to_all", f"{self.name}:{tag}" if tag else self.name,
+                           (sum(in_splits) - in_splits[self.rank]) * row)
+        out = torch.empty((sum(out_splits),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        with TRAIL.op(self.name, self.ranks, "all_to_all"):
+            dist.all_to_all_single(out, t, out_splits, in_splits, group=self.pg)
+        return out
 
     def broadcast(self, t: torch.Tensor, src_index: int = 0) -> torch.Tensor:
         if self.size > 1:
