@@ -163,6 +163,13 @@ class Mesh:
     embedding: Group
     device: torch.device
     ledger: CommLedger = field(default_factory=CommLedger)
+    ep: Group | None = None  # MoE: the expert-parallel group (hybrid/moe/parallel.py); None for a dense model
+    edp: Group | None = None  # MoE: the expert-data-parallel group, over which expert gradients are reduced
+
+    @property
+    def expert_dp(self) -> Group:
+        """The group expert parameters are replicated (and ZeRO-sharded) over: edp, or dp without MoE."""
+        return self.edp if self.edp is not None else self.dp
 
     @property
     def coords(self) -> Coords:
@@ -184,10 +191,12 @@ class Mesh:
 
     @classmethod
     def build(cls, dims: ParallelDims, device: torch.device | None = None,
-              ledger: CommLedger | None = None, timeout: timedelta | None = None) -> "Mesh":
+              ledger: CommLedger | None = None, timeout: timedelta | None = None, expert_parallel: int | None = None
+              ) -> "Mesh":
         """Create the process groups. Collective: every rank of the world must call it with equal `dims`.
         `timeout` bounds each group's collectives (`--distributed-timeout-minutes`; new_group does not inherit
-        init_process_group's timeout, so it is passed on)."""
+        init_process_group's timeout, so it is passed on). `expert_parallel` (an MoE model's EP size) adds the
+        ep and edp groups of hybrid/moe/parallel.py's folding."""
         if not dist.is_initialized():
             raise RuntimeError("Mesh.build needs torch.distributed.init_process_group first")
         world, rank = dist.get_world_size(), dist.get_rank()
@@ -198,6 +207,11 @@ class Mesh:
         groups = {axis.value: _new_groups(dims.group_ranks(axis), rank, axis.value, ledger, timeout)
                   for axis in Axis}
         groups["embedding"] = _new_groups(dims.embedding_group_ranks(), rank, "embedding", ledger, timeout)
+        if expert_parallel is not None:
+            from hybrid.moe.parallel import ExpertAxis, ExpertLayout
+            layout = ExpertLayout(dims, expert_parallel)
+            for axis in (ExpertAxis.EP, ExpertAxis.EDP):
+                groups[axis.value] = _new_groups(layout.group_ranks(axis), rank, axis.value, ledger, timeout)
         device = device or default_backend()[1]
         return cls(dims=dims, rank=rank, device=device, ledger=ledger, **groups)
 

@@ -27,7 +27,7 @@ BATCH, SEQ = 2, 16
 
 
 def ours(kind, hf, path, cfg: MoEConfig):
-    model = build_model(from_hf(hf.config), TPContext(Group.solo("tp")), seed=None, moe=ExpertContext(cfg)).eval()
+    model = build_model(from_hf(hf.config), TPContext(Group.solo("tp")), seed=None, moe=ExpertContext(cfg))
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(float("nan"))  # the load must write every expert
@@ -149,3 +149,24 @@ def test_presets_count_parameters_as_transformers(preset, hf_class):
     with torch.device("meta"):
         hf = hf_cls[hf_class](cfg.hf)
     assert cfg.num_parameters == sum(p.numel() for p in hf.parameters())
+
+
+def test_full_recompute_replays_the_routing(monkeypatch):
+    """Full recomputation reruns the block in backward; a last-bit difference in its router logits could flip a
+    near tie and change every size after it. The original choice is replayed: even with a top-k that would choose
+    other experts while recomputing, the gradients equal those without recomputation."""
+    from hybrid.moe.layer import in_recompute
+    from models import Recompute, set_recompute
+    topk = torch.topk
+    monkeypatch.setattr(torch, "topk", lambda t, k, dim=-1, **kw: topk(-t if in_recompute() else t, k, dim=dim, **kw))
+    hf = hf_model("mixtral")
+    path = save(hf)
+    ids = torch.randint(0, 64, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for granularity in (Recompute.NONE, Recompute.FULL):
+        model = set_recompute(ours("mixtral", hf, path, MoEConfig(aux_loss_coeff=COEFF)), granularity)
+        model(ids, shift_labels(ids)).backward()
+        out[granularity] = export_hf_state_dict(model, Group.solo("tp"), grads=True)
+        assert all(not layer._replay for layer in moe_layers(model))  # every stored choice was used
+    none, full = out[Recompute.NONE], out[Recompute.FULL]
+    assert max(rel(full[k], none[k]) for k in none) < RTOL

@@ -37,6 +37,7 @@ from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, Sharde
 from torch.distributed._shard.sharded_tensor.api import ShardedTensorBase
 from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
 
+from hybrid.moe.params import is_expert
 from hybrid.tp import spec_of
 from hybrid.tp.sharding import full_shape, logical_rows
 
@@ -120,10 +121,14 @@ def shard_box(p: torch.Tensor, tp_rank: int) -> Box | None:
 
 
 def is_owner(p: torch.Tensor, tp_rank: int, dp_rank: int, sharded: bool, duplicate: bool) -> bool:
-    """This rank writes p's chunks (each global element once; see the module docstring)."""
+    """This rank writes p's chunks (each global element once; see the module docstring). An MoE expert's
+    `dp_rank` is its expert-DP rank: the expert lives on one rank of each expert-DP replica, whichever TP rank
+    that is (hybrid/moe/parallel.py), so no TP rank is skipped."""
     if duplicate or (not sharded and dp_rank != 0):
         return False
     spec = spec_of(p)
+    if is_expert(p) and spec.dim is None:
+        return True
     if spec.dim is None:
         return tp_rank == 0
     return spec.starts.index(spec.starts[tp_rank]) == tp_rank
@@ -132,7 +137,7 @@ def is_owner(p: torch.Tensor, tp_rank: int, dp_rank: int, sharded: bool, duplica
 def optimizer_chunks(opt, names: dict[int, str]) -> list[Chunk]:
     """Every chunk of every parameter in a ZeroOptimizer's master shards on this rank. `names` maps id(param)
     to its global name."""
-    tp_rank, dp_rank = opt.mesh.tp.rank, opt.dp.rank
+    tp_rank = opt.mesh.tp.rank
     out = []
     for ui, u in enumerate(opt.units):
         a, _ = u.shard_range
@@ -142,6 +147,7 @@ def optimizer_chunks(opt, names: dict[int, str]) -> list[Chunk]:
             if p.dim() > 2:
                 raise ValueError(f"checkpoint: parameter {names[id(p)]} has {p.dim()} dims; at most 2 are supported")
             f0 = s.lo + a - offsets[id(p)]  # flat range of p inside this segment
+            dp_rank = (opt.mesh.expert_dp if is_expert(p) else opt.dp).rank
             owner = is_owner(p, tp_rank, dp_rank, opt.cfg.sharded, id(p) in opt.duplicates)
             for rect in flat_rectangles(f0, f0 + s.hi - s.lo, math.prod(p.shape[1:])):
                 g = _to_global(p, tp_rank, rect)

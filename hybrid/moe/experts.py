@@ -60,8 +60,9 @@ class LocalExperts(nn.ModuleDict):
         object.__setattr__(self, "act", act)  # a plain attribute: not one of the dict's experts
         self.impl = impl
 
-    def run(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """(R, h) rows in blocks of `counts` (one per local expert, in id order) -> (R, h) outputs."""
+    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """(R, h) rows in blocks of `counts` (one per local expert, in id order) -> (R, h) outputs. Called as a
+        module (never through a helper): ZeRO stage 3 gathers the experts' parameters in its forward hooks."""
         impl = self.impl
         if impl is ExpertsImpl.AUTO:
             impl = ExpertsImpl.GROUPED if x.is_cuda else ExpertsImpl.LOOP

@@ -15,6 +15,7 @@ shares sum to the micro-batch's loss over the TP group, whose counts are all-red
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -111,6 +112,13 @@ class MoELayer(nn.Module):
             if cfg.moe_shared_expert_gate:
                 self.shared_expert_gate = _Weight(1, h, tp.replicated_spec(), expert=False)
         self.score_function = mc.score_function or "softmax"
+        self.bias_counts: torch.Tensor | None = None
+        # full recomputation reruns this forward in backward; its routing must be the original's, not a new
+        # top-k (a last-bit difference in the recomputed logits can flip a near tie, and the experts' all-to-all
+        # sizes would no longer match the saved tensors nor the peers': Megatron's router replay). The choices
+        # of each forward wait here, oldest first -- backward runs the micro-batches in forward order.
+        self.recompute = "none"  # set by models.common.set_recompute (a Recompute, compared by its value)
+        self._replay: deque = deque()
         self.aux_grad_scale = 1.0  # loss scale / micro-batches of the current step (set_aux_grad_scale)
         self.pool_owner = False  # hf_aux_loss: this is the stage's first MoE layer, it opens each forward's pool
         self.pool_ref: list = [None]  # shared by the stage's MoE layers: the current HFPool
@@ -126,18 +134,26 @@ class MoELayer(nn.Module):
 
     def _record(self, counts: torch.Tensor) -> None:
         self.stat_counts = counts.detach().clone() if self.stat_counts is None else self.stat_counts + counts
+        if self.gate.expert_bias is not None:  # this step's loads, for the bias update (runtime.after_step)
+            self.bias_counts = counts.detach().clone() if self.bias_counts is None else self.bias_counts + counts
 
     # --- forward ----------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape  # T: this rank's tokens of each sequence (T / tp under sequence parallelism)
         flat = x.reshape(-1, C)
+        replaying = in_recompute()
+        replay = self._replay.popleft() if replaying and self._replay else (None, None)
         r = route(self.gate(flat), self.cfg.moe_top_k, self.cfg.moe_router_pre_softmax,
-                  self.cfg.moe_norm_topk_prob, self.score_function, self.gate.expert_bias)
+                  self.cfg.moe_norm_topk_prob, self.score_function, self.gate.expert_bias, chosen=replay[0])
         counts = tokens_per_expert(r.experts, self.cfg.num_experts)
-        recording = not in_recompute()
+        recording = self.training and not replaying
         if recording:
             self._record(counts)
         keep, pad = self._capacity(r, flat.shape[0])
+        if replay[1] is not None:
+            keep = replay[1]
+        if recording and getattr(self.recompute, "value", self.recompute) == "full":
+            self._replay.append((r.experts.detach(), keep))
         y = self._dispatch(flat, r, keep, pad)
         y = self._balance(y, r, counts, B, T, recording).view(B, T, C)
         if hasattr(self, "shared_expert"):
@@ -169,7 +185,7 @@ class MoELayer(nn.Module):
         xr = torch.cat([x, x.new_zeros(1, x.shape[1])])[tok]  # (R, h)
         ep = self.moe.ep
         if self.moe.ep_size == 1:
-            yr = self.experts.run(xr, d.counts.tolist())
+            yr = self.experts(xr, d.counts.tolist())
         else:
             send = d.counts.view(ep.size, -1)  # (ep, E_l): rows for each rank's experts
             recv = ep.all_to_all_single(send.flatten(), [send.shape[1]] * ep.size, [send.shape[1]] * ep.size,
@@ -177,7 +193,7 @@ class MoELayer(nn.Module):
             in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
             order = dsp.expert_major(recv)
             local = all_to_all(xr, ep, out_splits, in_splits)[order]
-            out = self.experts.run(local, recv.sum(0).tolist())
+            out = self.experts(local, recv.sum(0).tolist())
             yr = all_to_all(out[torch.argsort(order)], ep, in_splits, out_splits)
         w = torch.where(valid, r.probs.flatten()[d.rows.clamp(min=0)], 0.0)
         y = x.new_zeros(N + 1, x.shape[1]).index_add(0, tok, yr * w.unsqueeze(1).to(yr.dtype))
@@ -195,7 +211,7 @@ class MoELayer(nn.Module):
             mine &= ep.all_gather(keep, dim=0)
         d = dsp.permutation((experts - self.first_expert).clamp(0, len(self.experts) - 1), len(self.experts), mine)
         tok = d.rows // k
-        yr = self.experts.run(X[tok], d.counts.tolist())
+        yr = self.experts(X[tok], d.counts.tolist())
         Y = X.new_zeros(X.shape).index_add(0, tok, yr * probs.flatten()[d.rows].unsqueeze(1).to(yr.dtype))
         return reduce_scatter_rows(Y, ep)
 
@@ -208,6 +224,8 @@ class MoELayer(nn.Module):
 
     def _balance(self, y: torch.Tensor, r: Routing, counts: torch.Tensor, B: int, T: int, recording: bool):
         mc, k = self.moe.config, self.cfg.moe_top_k
+        if not self.training:  # evaluation: no backward, no statistics
+            return y
         split = self.tp.size if self.tp.sequence_parallel else 1  # ranks the micro-batch's tokens are spread on
         coeff, kind = mc.aux_coeff, mc.load_balancing
         if coeff > 0 and kind is LoadBalancing.AUX_LOSS:

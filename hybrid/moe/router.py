@@ -56,20 +56,23 @@ class Routing:
 
 
 def route(logits: torch.Tensor, k: int, pre_softmax: bool = True, norm_topk: bool = True,
-          score_function: str = SOFTMAX, bias: torch.Tensor | None = None) -> Routing:
+          score_function: str = SOFTMAX, bias: torch.Tensor | None = None,
+          chosen: torch.Tensor | None = None) -> Routing:
     """Top-k routing of (N, E) logits (see the module docstring). `bias` (E,) is added to the scores for the
-    choice only (expert bias); it needs scores to choose from: pre-softmax or sigmoid."""
+    choice only (expert bias); it needs scores to choose from: pre-softmax or sigmoid. `chosen` (N, k) replays
+    an earlier choice (activation recomputation): the weights are recomputed, the experts are not re-chosen."""
     logits = logits.float()
+    pick = (lambda scores: chosen) if chosen is not None else (lambda scores: _top(scores, k))
     if score_function == SIGMOID:
         s = torch.sigmoid(logits)
-        experts = torch.topk(s if bias is None else s + bias, k, dim=-1).indices
+        experts = pick(s if bias is None else s + bias)
         probs = s.gather(1, experts)
         if norm_topk and k > 1:
             probs = probs / (probs.sum(-1, keepdim=True) + 1e-20)
         return Routing(logits, s / (s.sum(-1, keepdim=True) + 1e-20), experts, probs)
     s = torch.softmax(logits, dim=-1)
     if pre_softmax:
-        experts = torch.topk(s if bias is None else s + bias, k, dim=-1).indices
+        experts = pick(s if bias is None else s + bias)
         probs = s.gather(1, experts)
         if norm_topk:
             probs = probs / probs.sum(-1, keepdim=True)
@@ -77,9 +80,16 @@ def route(logits: torch.Tensor, k: int, pre_softmax: bool = True, norm_topk: boo
         if bias is not None:
             raise ValueError("--moe-router-enable-expert-bias needs scores to choose with: a pre-softmax or "
                              "sigmoid router")
-        top, experts = torch.topk(logits, k, dim=-1)
-        probs = torch.softmax(top, dim=-1)
+        experts = pick(logits)
+        probs = torch.softmax(logits.gather(1, experts), dim=-1)
     return Routing(logits, s, experts, probs)
+
+
+@torch.no_grad()
+def _top(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest entries' ids per row (no autograd node: the weights are gathered afterwards, so a replayed
+    choice saves the same tensors for backward)."""
+    return torch.topk(scores, k, dim=-1).indices
 
 
 def tokens_per_expert(experts: torch.Tensor, num_experts: int) -> torch.Tensor:

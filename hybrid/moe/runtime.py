@@ -42,9 +42,9 @@ def after_step(model: nn.Module, mesh) -> None:
     """DeepSeek-V3's expert-bias update from this step's loads, summed over the stage's ranks (TP and DP: every
     token of the global batch), the same on every rank."""
     for layer in moe_layers(model):
-        if layer.gate.expert_bias is None or layer.stat_counts is None:
+        if layer.gate.expert_bias is None or layer.bias_counts is None:
             continue
-        counts = layer.stat_counts.clone()
+        counts, layer.bias_counts = layer.bias_counts, None
         mesh.tp.all_reduce(counts, tag="moe")
         mesh.dp.all_reduce(counts, tag="moe")
         layer.gate.expert_bias.copy_(updated_expert_bias(layer.gate.expert_bias, counts,
@@ -76,8 +76,7 @@ def step_statistics(model: nn.Module, mesh, micro_batches: int, layout=None) -> 
     """Collective over the world (every rank must call it): the statistics since the last call, then reset.
     `layout` (hybrid.moe.parallel.ExpertLayout) names the rank of the hot expert."""
     layers = moe_layers(model)
-    n_local = len(layers)
-    E = layers[0].cfg.num_experts if layers else 0
+    E = _cfg(model).num_experts
     ids = [int(name.split(".")[-2]) for name, m in model.named_modules() if isinstance(m, MoELayer)]
     num_layers = _max_layers(model)
     table = torch.zeros(num_layers, E + 2, dtype=torch.float64, device=mesh.device)
@@ -89,8 +88,6 @@ def step_statistics(model: nn.Module, mesh, micro_batches: int, layout=None) -> 
         layer.reset_stats()
     for group in (mesh.tp, mesh.dp, mesh.pp):  # each stage's layers over its ranks, the stages' rows over PP
         group.all_reduce(table, tag="moe")
-    if n_local == 0 and mesh.pp.size == 1:
-        return None
     counts = table[:, :E]
     used = counts.sum(1) > 0
     if not used.any():
@@ -106,6 +103,28 @@ def step_statistics(model: nn.Module, mesh, micro_batches: int, layout=None) -> 
                          hot_expert=(layer_id, expert, owner))
 
 
+def _cfg(model: nn.Module):
+    """The ModelConfig of a model or of its first pipeline chunk."""
+    return (model[0] if isinstance(model, nn.ModuleList) else model).cfg
+
+
 def _max_layers(model: nn.Module) -> int:
-    chunks = model if isinstance(model, nn.ModuleList) else [model]
-    return max(getattr(c, "cfg").num_layers for c in chunks)
+    return _cfg(model).num_layers
+
+
+def log_fields(model: nn.Module, mesh, micro_batches: int, layout=None) -> tuple[str, dict]:
+    """(' | moe tokens/expert 24-42 (imbalance 1.31, hot: layer 3 expert 5 on rank 2) | aux loss 0.0123', the same
+    numbers for TensorBoard / JSON lines); ('', {}) for a dense model. Collective: every rank calls it."""
+    if not _cfg(model).num_experts:
+        return "", {}
+    st = step_statistics(model, mesh, micro_batches, layout)
+    if st is None:
+        return "", {}
+    layer, expert, rank = st.hot_expert
+    line = (f" | moe tokens/expert {st.tokens_min:.0f}-{st.tokens_max:.0f} (imbalance {st.imbalance:.2f}, hot: "
+            f"layer {layer} expert {expert} on rank {rank})")
+    line += f" | aux loss {st.aux_loss:.4g}" if st.aux_loss else ""
+    line += f" | z loss {st.z_loss:.4g}" if st.z_loss else ""
+    return line, {"moe_tokens_per_expert_min": st.tokens_min, "moe_tokens_per_expert_max": st.tokens_max,
+                  "moe_imbalance": st.imbalance, "moe_aux_loss": st.aux_loss, "moe_z_loss": st.z_loss,
+                  "moe_hot_expert": [layer, expert, rank]}

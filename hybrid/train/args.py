@@ -22,6 +22,7 @@ from hybrid.data import BatchSpec
 from hybrid.data import args as data_args
 from hybrid.fault import args as fault_args
 from hybrid.metrics import args as metrics_args
+from hybrid.moe import args as moe_args
 from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     metrics_args.add_arguments(p)
     fault_args.add_arguments(p)
     ckpt_args.add_arguments(p)
+    moe_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -405,6 +407,7 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
     cfg = model_cli.check(args, cfg)  # dropout flags; --load tensor shapes
     dims = ParallelDims.from_world(world, tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
+    args.moe = moe_args.check(args, cfg, dims)  # hybrid/moe: None for a dense model
     if args.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {args.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")

@@ -14,6 +14,7 @@ from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.metrics.loop import RunMetrics
 from hybrid.metrics.split import predicted_split_line
+from hybrid.moe.runtime import log_fields as moe_log_fields
 from hybrid.pipeline import build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
@@ -36,7 +37,8 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
     """The model chunks on this rank and what runs forward/backward over them."""
     dims = mesh.dims
     model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages, seed=args.seed,
-                                  recompute=Recompute(args.recompute_granularity or "none"))
+                                  recompute=Recompute(args.recompute_granularity or "none"),
+                                  moe=expert_context(args, mesh))
     model = model.to(mesh.device)
     if getattr(args, "compile", False):
         compile_blocks(model)
@@ -52,6 +54,22 @@ def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: Batch
     return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device, record_timeline=bool(args.timeline))
 
 
+def expert_context(args, mesh: Mesh):
+    """The MoE layers' flags and expert-parallel group (hybrid/moe); None for a dense model."""
+    if getattr(args, "moe", None) is None:
+        return None
+    from hybrid.moe.layer import ExpertContext
+    return ExpertContext(args.moe, mesh.ep)
+
+
+def expert_layout(args, dims: ParallelDims):
+    """How the expert layers fold the ranks (hybrid/moe/parallel.py); None for a dense model."""
+    if getattr(args, "moe", None) is None:
+        return None
+    from hybrid.moe.parallel import ExpertLayout
+    return ExpertLayout(dims, args.moe.expert_parallel)
+
+
 def compile_blocks(chunks, backend: str = "inductor") -> None:
     """torch.compile each Transformer block's forward (torchtitan compiles per block too: one graph, reused by
     every layer of the same shape). The forward method, not the module call: hooks (ZeRO's parameter waits, the
@@ -65,7 +83,8 @@ def compile_blocks(chunks, backend: str = "inductor") -> None:
 
 def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, data: DataSource,
         device: torch.device) -> None:
-    mesh = Mesh.build(dims, device=device, timeout=getattr(args, "distributed_timeout", None))
+    mesh = Mesh.build(dims, device=device, timeout=getattr(args, "distributed_timeout", None),
+                      expert_parallel=args.moe.expert_parallel if getattr(args, "moe", None) else None)
     # The default generators (CPU and every CUDA device), as Megatron's _set_random_seed: seed + 100 * pp_rank.
     # Training draws only from explicit generators (data, init, the dropout streams), but the default one is
     # checkpointed for whatever else draws from it -- unseeded it starts at a per-process value, and a resumed
@@ -113,7 +132,10 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
             extra = f" | grad norm {rep.grad_norm:.3f}" if rep.grad_norm is not None else ""
             if z.precision is Precision.FP16:
                 extra += f" | loss scale {rep.loss_scale:g} | skipped {optimizer.skipped_steps}"
-            fields = metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps)  # collective
+            moe_line, moe_values = moe_log_fields(model, mesh, batch.num_micro_batches * args.log_interval,
+                                                  expert_layout(args, dims))  # collective; '' for a dense model
+            fields = moe_line + metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps,
+                                                     extra=moe_values)  # collective
             log0(mesh, f" iteration {it + 1:>6}/{args.train_iters} | lm loss {loss:.4f} | "
                        f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s"
                        f"{fields}")
