@@ -24,13 +24,21 @@ MAX_WORLD = 2**16  # `layout` prints a line per TP group: beyond this it is a wa
 
 def _layout(args: argparse.Namespace) -> None:
     dims = ParallelDims.from_world(args.world, tp=args.tensor_model_parallel_size,
-                                   pp=args.pipeline_model_parallel_size)
-    print(f"world {dims.world} = tp {dims.tp} x dp {dims.dp} x pp {dims.pp} (rank = tp + tp*(dp + dp_size*pp))")
+                                   pp=args.pipeline_model_parallel_size, cp=args.context_parallel_size)
+    if dims.cp == 1:
+        print(f"world {dims.world} = tp {dims.tp} x dp {dims.dp} x pp {dims.pp} (rank = tp + tp*(dp + dp_size*pp))")
+    else:
+        print(f"world {dims.world} = tp {dims.tp} x cp {dims.cp} x dp {dims.dp} x pp {dims.pp} "
+              f"(rank = tp + tp*(cp + cp_size*(dp + dp_size*pp)))")
     for pp in range(dims.pp):
         print(f"pipeline stage {pp}:")
-        for g in dims.group_ranks(Axis.TP):
-            if dims.coords(g[0]).pp == pp:
-                print(f"  dp {dims.coords(g[0]).dp}: tp group {g}")
+        for g in sorted(dims.group_ranks(Axis.TP)):
+            c = dims.coords(g[0])
+            if c.pp == pp:
+                print(f"  dp {c.dp}{f' cp {c.cp}' if dims.cp > 1 else ''}: tp group {g}")
+    if dims.cp > 1:
+        print("cp groups:", dims.group_ranks(Axis.CP))
+        print("dp x cp groups (gradients, ZeRO):", dims.group_ranks((Axis.CP, Axis.DP)))
     print("dp groups:", dims.group_ranks(Axis.DP))
     print("pp groups:", dims.group_ranks(Axis.PP))
     print("embedding groups:", dims.embedding_group_ranks())
@@ -46,13 +54,15 @@ def _models(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="hybrid", description="Hybrid-parallel (TP x PP x DP) training toolkit",
+    parser = OneLineParser(prog="hybrid", description="Hybrid-parallel (TP x CP x PP x DP) training toolkit",
                            formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("layout", help="print the rank layout of a mesh", formatter_class=HelpFormatter)
     p.add_argument("--world", type=int_in(1, MAX_WORLD), metavar="N", required=True, help="number of ranks (required)")
     p.add_argument("--tensor-model-parallel-size", type=positive_int, metavar="N", default=1, help="tp")
     p.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", default=1, help="pp")
+    p.add_argument("--context-parallel-size", type=positive_int, metavar="N", default=1,
+                   help="cp: ranks splitting each sequence")
     p.set_defaults(func=_layout)
     sub.add_parser("models", help="list model presets", formatter_class=HelpFormatter).set_defaults(func=_models)
     for module in ("hybrid.planner.cli", "hybrid.checkpoint.inspect", "hybrid.convert.cli"):  # with their feature

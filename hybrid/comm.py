@@ -9,16 +9,18 @@ Byte convention (nccl-tests' "size S", see doc/PERFORMANCE.md there):
   * all_gather:      S = bytes of the gathered output (world x the input)
   * reduce_scatter:  S = bytes of the full input (world x the output)
   * broadcast:       S = bytes of the tensor
+  * all_to_all:      S = bytes of each rank's input (= its output; (n-1)/n S leave the rank)
   * send / recv:     S = bytes of the tensor, counted by the sender (send) and receiver (recv)
-  * all_to_all:      S = bytes this rank sends to the *other* ranks (its own chunk stays in memory): what
-                     crosses a link, so an MoE dispatch's bytes are those of the tokens it routes off-rank
+  * all_to_all_v:    (variable splits, the MoE token dispatch) S = bytes this rank sends to the *other* ranks:
+                     the split sizes differ per rank and per step, so the ledger counts what leaves the rank
+                     (its own block never does) -- an MoE dispatch's bytes are those of the tokens routed off-rank
 The wire bytes follow from S: an all-reduce ring moves 2(n-1)/n S per rank, all-gather and
 reduce-scatter (n-1)/n S.
 
 A group of size 1 never calls torch.distributed and records nothing: single-process code is the
 ordinary path, not a special case.
 
-Every op is also recorded where it starts in the process's op trail (hybrid/fault/trail.py: a
+Every op is also recorded where it starts in the process's op trail (hybrid/trail.py: a
 sequence number per group, the op in flight), which the hang watchdog reads; the trail observes only.
 """
 
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from hybrid.fault.trail import TRAIL
+from hybrid.trail import TRAIL
 
 
 @dataclass
@@ -136,7 +138,22 @@ class Group:
             _reduce_scatter_single(out, t_moved, group=self.pg)
         return out.movedim(0, dim)
 
-    def all_to_all_single(self, t: torch.Tensor, out_splits: list[int], in_splits: list[int],
+    def all_to_all(self, t: torch.Tensor, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+        """Split `t` into `size` equal pieces along `scatter_dim`, send piece j to rank j, and concatenate the
+        pieces received (in group order) along `gather_dim` (Ulysses' sequence <-> head exchange)."""
+        if self.size == 1:
+            return t
+        if t.shape[scatter_dim] % self.size != 0:
+            raise ValueError(f"all_to_all over {self.name}: dim {scatter_dim} of size {t.shape[scatter_dim]} "
+                             f"is not divisible by the group size {self.size}")
+        pieces = torch.stack(t.chunk(self.size, dim=scatter_dim))  # (size, ...): piece j goes to rank j
+        out = torch.empty_like(pieces)
+        self.ledger.record("all_to_all", self.name, _nbytes(pieces))
+        with TRAIL.op(self.name, self.ranks, "all_to_all"):
+            dist.all_to_all_single(out, pieces, group=self.pg)
+        return torch.cat(out.unbind(0), dim=gather_dim)
+
+    def all_to_all_v(self, t: torch.Tensor, out_splits: list[int], in_splits: list[int],
                           tag: str = "") -> torch.Tensor:
         """Rows of `t` (dim 0) in blocks of in_splits[j] go to group rank j; the result holds every rank's block
         for us, in group order (out_splits[j] rows from rank j). The split sizes must agree pairwise (the MoE
@@ -145,10 +162,10 @@ class Group:
             return t
         t = t.contiguous()
         row = t[0].numel() * t.element_size() if t.dim() > 1 else t.element_size()
-        self.ledger.record("all_to_all", f"{self.name}:{tag}" if tag else self.name,
+        self.ledger.record("all_to_all_v", f"{self.name}:{tag}" if tag else self.name,
                            (sum(in_splits) - in_splits[self.rank]) * row)
         out = torch.empty((sum(out_splits),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-        with TRAIL.op(self.name, self.ranks, "all_to_all"):
+        with TRAIL.op(self.name, self.ranks, "all_to_all_v"):
             dist.all_to_all_single(out, t, out_splits, in_splits, group=self.pg)
         return out
 

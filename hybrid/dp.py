@@ -55,7 +55,7 @@ class GradAverager:
     def finish_backward(self, model: nn.Module, mesh) -> None:
         """After the last backward: TP partial sums, tied-embedding sums, then the DP average."""
         from hybrid.tp import sync_partial_grads
-        from hybrid.training import sync_tied_embeddings
+        from hybrid.train_step import sync_tied_embeddings
         sync_partial_grads(model.parameters(), mesh.tp)
         sync_tied_embeddings(model, mesh)
         self()

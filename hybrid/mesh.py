@@ -1,19 +1,27 @@
-"""The parallel layout: one object that says how ranks form the TP x DP x PP mesh.
+"""The parallel layout: one object that says how ranks form the TP x CP x DP x PP mesh.
 
 Two halves, kept apart so the rank arithmetic is unit-tested with no processes:
 
 * `ParallelDims` -- pure data: the sizes, the rank order, validation, and "which ranks share
-  my tensor/data/pipeline group". No torch.distributed calls.
+  my tensor/context/data/pipeline group". No torch.distributed calls.
 * `Mesh` -- `ParallelDims` plus this rank's coordinates and one `Group` per axis (built with
   `torch.distributed.new_group`), handed down to every layer, schedule and optimizer that needs one.
 
-Rank order (Megatron's `RankGenerator`, order "tp-dp-pp"): TP is innermost, then DP, then PP,
+Rank order (Megatron's `RankGenerator`, order "tp-cp-ep-dp-pp" without EP): TP is innermost, then CP, then DP,
+then PP -- a mixed-radix number whose digits are the coordinates, innermost first:
 
-    rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+    rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
 
-so with 8 GPUs per node and tp <= 8 every TP group lives inside one node (TP moves the most bytes,
-two all-reduces per layer per micro-batch), the DP replicas of a stage come next, and the pipeline
-stages -- whose point-to-point traffic is the lightest -- are spread across nodes.
+so with 8 GPUs per node and tp <= 8 every TP group lives inside one node (TP moves the most bytes, two
+all-reduces per layer per micro-batch), context parallelism -- a ring or all-to-all of keys and values every
+layer -- comes next and stays inside the node when tp x cp <= 8, then the DP replicas of a stage, and the
+pipeline stages -- whose point-to-point traffic is the lightest -- are spread across nodes. The order is data
+(`ParallelDims.order`): the arithmetic below never names an axis, so another order or another axis (expert
+parallelism) is a new string, not new code.
+
+Gradients of every parameter are reduced over DP x CP (Megatron's dp_cp group): each CP rank saw different
+tokens of the same sequences, exactly as DP ranks see different sequences. `Mesh.dp_cp` is that group (the DP
+group itself when cp = 1).
 """
 
 from __future__ import annotations
@@ -30,11 +38,17 @@ from hybrid.comm import CommLedger, Group
 
 
 class Axis(Enum):
-    """A mesh axis; the value is the name used in the ledger and in error messages."""
+    """A mesh axis; the value is the name used in the ledger, in `ParallelDims.order` and in error messages."""
 
     TP = "tp"
+    CP = "cp"
     DP = "dp"
     PP = "pp"
+
+
+DEFAULT_ORDER = "tp-cp-dp-pp"  # innermost first (Megatron's "tp-cp-ep-dp-pp", no EP yet)
+FLAGS = {"tp": "--tensor-model-parallel-size", "cp": "--context-parallel-size",
+         "pp": "--pipeline-model-parallel-size", "dp": "data-parallel size"}
 
 
 @dataclass(frozen=True)
@@ -44,67 +58,92 @@ class Coords:
     tp: int
     dp: int
     pp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """Sizes of the three mesh axes. world = tp * dp * pp.
+    """Sizes of the mesh axes and their rank order. world = tp * cp * dp * pp.
 
     Attributes:
         tp: tensor-parallel size (`--tensor-model-parallel-size`).
         pp: pipeline-parallel size (`--pipeline-model-parallel-size`).
         dp: data-parallel size (derived from the world size in the scripts).
+        cp: context-parallel size (`--context-parallel-size`): ranks splitting each sequence.
+        order: the axes from innermost (consecutive ranks) to outermost, joined by "-".
     """
 
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    cp: int = 1
+    order: str = DEFAULT_ORDER
 
     def __post_init__(self) -> None:
-        for flag, value in (("--tensor-model-parallel-size", self.tp),
-                            ("--pipeline-model-parallel-size", self.pp),
-                            ("data-parallel size", self.dp)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+        for axis in ("tp", "pp", "dp", "cp"):
+            value = getattr(self, axis)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{FLAGS[axis]} must be a positive integer, got {value!r}")
+        if sorted(self.axes) != sorted(a.value for a in Axis):
+            raise ValueError(f"rank order {self.order!r} must name each of {[a.value for a in Axis]} once")
 
     @classmethod
-    def from_world(cls, world_size: int, tp: int = 1, pp: int = 1) -> "ParallelDims":
-        """dp = world / (tp * pp); raises if the world does not factor that way."""
-        for flag, value in (("world size", world_size), ("--tensor-model-parallel-size", tp),
-                            ("--pipeline-model-parallel-size", pp)):
+    def from_world(cls, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1) -> "ParallelDims":
+        """dp = world / (tp * cp * pp); raises if the world does not factor that way."""
+        for flag, value in (("world size", world_size), (FLAGS["tp"], tp), (FLAGS["pp"], pp), (FLAGS["cp"], cp)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
-        if world_size % (tp * pp) != 0:
-            launch = (f" (this is one process: launch {tp * pp} or a multiple with torchrun --nproc-per-node)"
+        model = tp * cp * pp
+        if world_size % model != 0:
+            launch = (f" (this is one process: launch {model} or a multiple with torchrun --nproc-per-node)"
                       if world_size == 1 else "")
+            cp_part = f" x --context-parallel-size ({cp})" if cp > 1 else ""
             raise ValueError(
-                f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp}) x "
-                f"--pipeline-model-parallel-size ({pp}) = {tp * pp}; choose sizes whose product divides "
+                f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp}){cp_part} x "
+                f"--pipeline-model-parallel-size ({pp}) = {model}; choose sizes whose product divides "
                 f"{world_size}{launch}")
-        return cls(tp=tp, pp=pp, dp=world_size // (tp * pp))
+        return cls(tp=tp, pp=pp, dp=world_size // model, cp=cp)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(self.order.split("-"))
 
     @property
     def world(self) -> int:
-        return self.tp * self.dp * self.pp
+        return self.tp * self.cp * self.dp * self.pp
 
-    # --- rank arithmetic (order tp-dp-pp, TP innermost) -------------------------------------
+    def size(self, axis: Axis) -> int:
+        return getattr(self, axis.value)
+
+    # --- rank arithmetic: a mixed-radix number, digits in `order` (innermost first) -------------
     def coords(self, rank: int) -> Coords:
         if not 0 <= rank < self.world:
             raise ValueError(f"rank {rank} outside world of size {self.world}")
-        return Coords(tp=rank % self.tp, dp=(rank // self.tp) % self.dp, pp=rank // (self.tp * self.dp))
+        digits = {}
+        for name in self.axes:
+            n = getattr(self, name)
+            digits[name], rank = rank % n, rank // n
+        return Coords(**digits)
 
     def rank(self, c: Coords) -> int:
-        return c.tp + self.tp * (c.dp + self.dp * c.pp)
+        r = 0
+        for name in reversed(self.axes):
+            r = r * getattr(self, name) + getattr(c, name)
+        return r
 
-    def group_ranks(self, axis: Axis) -> list[list[int]]:
-        """Every group along `axis`: the ranks that differ only in that coordinate, in coordinate order."""
-        size = {Axis.TP: self.tp, Axis.DP: self.dp, Axis.PP: self.pp}[axis]
-        groups: dict[tuple[int, int], list[int]] = {}
+    def group_ranks(self, axis: Axis | tuple[Axis, ...]) -> list[list[int]]:
+        """Every group along `axis` (or along several axes together, e.g. (CP, DP)): the ranks that differ only
+        in those coordinates, in rank order; groups ordered by the other coordinates (tp, cp, dp, pp)."""
+        axes = {a.value for a in (axis if isinstance(axis, tuple) else (axis,))}
+        others = [a.value for a in Axis if a.value not in axes]
+        groups: dict[tuple[int, ...], list[int]] = {}
         for r in range(self.world):
             c = self.coords(r)
-            key = {Axis.TP: (c.dp, c.pp), Axis.DP: (c.tp, c.pp), Axis.PP: (c.tp, c.dp)}[axis]
-            groups.setdefault(key, []).append(r)
+            groups.setdefault(tuple(getattr(c, a) for a in others), []).append(r)
         out = [groups[k] for k in sorted(groups)]
+        size = 1
+        for a in axes:
+            size *= getattr(self, a)
         assert all(len(g) == size for g in out)  # internal invariant, not user input
         return out
 
@@ -113,7 +152,7 @@ class ParallelDims:
         embedding (input embedding on stage 0, LM head on stage pp-1) and sum their gradients."""
         return [[g[0], g[-1]] if len(g) > 1 else [g[0]] for g in self.group_ranks(Axis.PP)]
 
-    def group_of(self, axis: Axis, rank: int) -> list[int]:
+    def group_of(self, axis: Axis | tuple[Axis, ...], rank: int) -> list[int]:
         return next(g for g in self.group_ranks(axis) if rank in g)
 
 
@@ -163,13 +202,21 @@ class Mesh:
     embedding: Group
     device: torch.device
     ledger: CommLedger = field(default_factory=CommLedger)
+    cp: Group | None = None  # context parallel (None: a solo group, cp = 1)
+    dp_cp: Group | None = None  # DP x CP, where gradients are reduced and ZeRO shards (None: the DP group)
     ep: Group | None = None  # MoE: the expert-parallel group (hybrid/moe/parallel.py); None for a dense model
     edp: Group | None = None  # MoE: the expert-data-parallel group, over which expert gradients are reduced
 
+    def __post_init__(self) -> None:
+        if self.cp is None:
+            self.cp = Group.solo("cp", self.ledger)
+        if self.dp_cp is None:
+            self.dp_cp = self.dp
+
     @property
     def expert_dp(self) -> Group:
-        """The group expert parameters are replicated (and ZeRO-sharded) over: edp, or dp without MoE."""
-        return self.edp if self.edp is not None else self.dp
+        """The group expert parameters are replicated (and ZeRO-sharded) over: edp, or dp_cp without MoE."""
+        return self.edp if self.edp is not None else self.dp_cp
 
     @property
     def coords(self) -> Coords:
@@ -201,12 +248,14 @@ class Mesh:
             raise RuntimeError("Mesh.build needs torch.distributed.init_process_group first")
         world, rank = dist.get_world_size(), dist.get_rank()
         if world != dims.world:
-            raise ValueError(f"layout tp={dims.tp} x dp={dims.dp} x pp={dims.pp} = {dims.world} ranks, "
+            raise ValueError(f"layout tp={dims.tp} x cp={dims.cp} x dp={dims.dp} x pp={dims.pp} = {dims.world} ranks, "
                              f"but the world has {world}; fix the sizes or the number of processes")
         ledger = ledger or CommLedger()
         groups = {axis.value: _new_groups(dims.group_ranks(axis), rank, axis.value, ledger, timeout)
                   for axis in Axis}
         groups["embedding"] = _new_groups(dims.embedding_group_ranks(), rank, "embedding", ledger, timeout)
+        groups["dp_cp"] = (_new_groups(dims.group_ranks((Axis.CP, Axis.DP)), rank, "dp_cp", ledger, timeout)
+                           if dims.cp > 1 else groups["dp"])
         if expert_parallel is not None:
             from hybrid.moe.parallel import ExpertAxis, ExpertLayout
             layout = ExpertLayout(dims, expert_parallel)

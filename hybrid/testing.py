@@ -32,7 +32,7 @@ import torch.multiprocessing as mp
 
 # imported once by the forkserver, inherited by every rank it forks; importing them starts no thread pool
 PRELOAD = ["torch", "torch.distributed", "hybrid.testing", "hybrid.mesh", "hybrid.comm", "hybrid.tp", "hybrid.data",
-           "hybrid.training", "hybrid.zero", "hybrid.pipeline.executor", "hybrid.checkpoint.core", "models"]
+           "hybrid.train_step", "hybrid.zero", "hybrid.pipeline.executor", "hybrid.checkpoint.core", "models"]
 
 
 class DistributedFailure(RuntimeError):

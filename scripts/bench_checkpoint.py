@@ -124,7 +124,7 @@ class Hybrid:
     def __init__(self, args, rank: int, world: int):
         from hybrid.checkpoint import core
         from hybrid.mesh import Mesh, ParallelDims
-        from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+        from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
         from hybrid.zero import ZeroConfig, ZeroOptimizer
         self.core = core
         self.mesh = Mesh.build(ParallelDims(dp=world))

@@ -47,7 +47,7 @@ from hybrid.planner.model import ActivationProfile, Precision  # noqa: E402
 from hybrid.planner.time import stage_times  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 from hybrid.tp import TPContext  # noqa: E402
-from hybrid.training import OptimizerConfig, build_optimizer, train_step  # noqa: E402
+from hybrid.train_step import OptimizerConfig, build_optimizer, train_step  # noqa: E402
 from models import build_pipeline_chunks, shift_labels  # noqa: E402
 
 PP = 2

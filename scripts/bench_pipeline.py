@@ -34,7 +34,7 @@ Memory, extra (untimed) steps per runtime, measured the same way on both:
 * peak live tensors: `LiveTensorProbe`, one TorchDispatchMode around the whole step, the same function for both
   runtimes: every storage an ATen op creates counts from its creation until it is freed;
 
-* saved activations: `hybrid.memory.SavedActivationLedger` (saved_tensors_hooks) entered around the whole
+* saved activations: `hybrid.measured_memory.SavedActivationLedger` (saved_tensors_hooks) entered around the whole
   step, each forward tagged with its micro-batch (ours through `on_forward`; torch by wrapping the stage's
   `forward_one_chunk`, and its `loss_fn`, which runs outside the stage). Peak bytes per stage.
 * held outputs: stage outputs a runtime keeps alive that autograd did not save (a sent activation's
@@ -71,7 +71,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hybrid.memory import SavedActivationLedger, storage_key
+from hybrid.measured_memory import SavedActivationLedger, storage_key
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO

@@ -44,7 +44,7 @@ from hybrid.planner.layout import Workload  # noqa: E402
 from hybrid.planner.model import ActivationProfile, Precision  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 from hybrid.tp import TPContext  # noqa: E402
-from hybrid.training import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step  # noqa: E402
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step  # noqa: E402
 from models import Recompute, build_pipeline_chunks, from_hf, shift_labels  # noqa: E402
 
 LAYOUTS = [(1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (2, 2)]  # (tp, pp); dp = ranks / (tp pp)

@@ -123,7 +123,7 @@ def _swap_optimizer(zero, kernel: str, args) -> str:
 
 def _time_hybrid(rank, args, mesh, model, zero, base: int, label: str) -> dict:
     """Steps of hybrid's train_step, timed; this rank's times, memory growth and DP bytes per step."""
-    from hybrid.training import LocalForwardBackward, train_step
+    from hybrid.train_step import LocalForwardBackward, train_step
 
     def step(it):
         mesh.ledger.reset()
@@ -135,7 +135,7 @@ def _time_hybrid(rank, args, mesh, model, zero, base: int, label: str) -> dict:
 
 def run_hybrid(rank, world, args, kernel):
     from hybrid.mesh import Mesh, ParallelDims
-    from hybrid.training import OptimizerConfig
+    from hybrid.train_step import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     if kernel == "deepspeed":
         import deepspeed.ops.adam  # noqa: F401  (its import is part of the baseline, as on DeepSpeed's side)
@@ -154,7 +154,7 @@ def run_hybrid_overlap(rank, world, args, spec):
     the next forward or blocking after the step; torch's fused AdamW, so the optimizer kernel is not what the
     rows differ in."""
     from hybrid.mesh import Mesh, ParallelDims
-    from hybrid.training import OptimizerConfig
+    from hybrid.train_step import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     stage, overlap = spec.split(":")
     base = memory_baseline()

@@ -350,7 +350,7 @@ def hf_match(c: Check) -> dict:
 def zero_run(c: Check, zero_cfg, pinned: bool = True) -> dict:
     """3 fp32 steps of one process under `zero_cfg`: losses, final weights, fp32 master shards."""
     from hybrid.mesh import Mesh
-    from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+    from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
     from hybrid.zero import ZeroOptimizer
     from models import build_model, from_hf, shift_labels
 
@@ -602,7 +602,7 @@ def breakdown(c: Check) -> dict:
     from hybrid.mesh import Mesh
     from hybrid.planner import Cluster, Layout, Workload, evaluate, hardware
     from hybrid.planner.model import ActivationProfile, Precision as PlanPrecision
-    from hybrid.training import LocalForwardBackward, OptimizerConfig
+    from hybrid.train_step import LocalForwardBackward, OptimizerConfig
     from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
     from models import build_model, from_hf, shift_labels
     s, dev = c.sizes, c.device

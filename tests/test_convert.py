@@ -295,7 +295,7 @@ def _load_and_resave(rank, world, root):
     from hybrid.checkpoint import core
     from hybrid.mesh import Mesh, ParallelDims
     from hybrid.tp import TPContext
-    from hybrid.training import OptimizerConfig
+    from hybrid.train_step import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     from models import build_pipeline_chunks
     for name, (tp, pp, dp, zero) in RESAVE:
@@ -351,7 +351,7 @@ def _run_at_target(rank, world, root, ids):
     from hybrid.checkpoint import core
     from hybrid.mesh import Mesh, ParallelDims
     from hybrid.tp import TPContext
-    from hybrid.training import OptimizerConfig
+    from hybrid.train_step import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     from models import build_pipeline_chunks
     mesh = Mesh.build(ParallelDims.from_world(world, tp=TARGET.tp, pp=TARGET.pp))

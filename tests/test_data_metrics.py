@@ -124,9 +124,9 @@ def test_peak_rss_counts_an_allocation_the_process_touches_and_not_its_parents()
     import os
     import subprocess
     import sys
-    child = "from hybrid.metrics.memory import peak_rss_bytes; print(peak_rss_bytes())"
+    child = "from hybrid.metrics.peak_memory import peak_rss_bytes; print(peak_rss_bytes())"
     code = ("import os, subprocess, sys, torch\n"
-            "from hybrid.metrics.memory import peak_rss_bytes, peak_memory_bytes\n"
+            "from hybrid.metrics.peak_memory import peak_rss_bytes, peak_memory_bytes\n"
             "rss = int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
             "before = peak_rss_bytes()\n"
             "x = torch.ones(64 * 2**20)  # 256 MiB of float32, every page written\n"

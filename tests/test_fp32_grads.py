@@ -29,7 +29,7 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext, gather_full, spec_of
-from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import CpuAdam, Precision, ZeroConfig, ZeroOptimizer
 from models import build_pipeline_chunks, load_config
 from test_checkpoint import Run, full_state
@@ -46,10 +46,10 @@ U = {BF16: 2.0**-8, FP16: 2.0**-11}  # unit roundoff of the compute dtype
 
 
 def zcfg(stage: int, fp32_grads: bool = True, precision: Precision = BF16, **kw) -> ZeroConfig:
-    """The offloaded cases run torch's per-tensor AdamW loop on the host: the kernel the device path runs on CPU,
-    so offloading changes no rounding and may be compared bit for bit."""
+    """The offloaded cases run torch's fused AdamW on the host: the kernel the device path runs (on CPU too), so
+    offloading changes no rounding and may be compared bit for bit."""
     if kw.get("offload_optimizer"):
-        kw.setdefault("cpu_adam", CpuAdam.TORCH_LOOP)
+        kw.setdefault("cpu_adam", CpuAdam.TORCH)
     return ZeroConfig(stage=stage, precision=precision, accumulate_fp32_grads=fp32_grads, **kw)
 
 

@@ -110,6 +110,15 @@ CASES = [
     ("timeline-empty", "train", ["--timeline", ""], {}, {}, "--timeline"),
     ("load-empty", "train", ["--load", ""], {}, {}, "--load"),
     ("data-path-empty-string", "train", ["--data-path", " "], {}, {}, "--data-path"),
+    ("micro-batch-400-digits", "train", ["--micro-batch-size", "1" + "0" * 400], {}, {},
+     "--micro-batch-size must be at most"),
+    ("train-iters-huge", "train", ["--train-iters", str(10**30)], {}, {}, "--train-iters must be at most"),
+    ("watchdog-nan", "train", ["--watchdog-timeout", "nan"], {}, {}, "--watchdog-timeout"),
+    ("watchdog-inf", "train", ["--watchdog-timeout", "inf"], {}, {}, "--watchdog-timeout"),
+    ("watchdog-negative", "train", ["--watchdog-timeout", "-1"], {}, {}, "--watchdog-timeout"),
+    ("straggler-nan", "train", ["--straggler-factor", "nan"], {}, {}, "--straggler-factor"),
+    ("straggler-inf", "train", ["--straggler-factor", "inf"], {}, {}, "--straggler-factor"),
+    ("peak-tflops-inf", "train", ["--peak-tflops", "inf"], {}, {}, "--peak-tflops must be a finite number"),
     ("auto-batch-huge", "train", ["--auto-parallel", "--global-batch-size", str(10**18)], {}, {},
      "--global-batch-size"),
     # --- train.py: flags, layout, environment -----------------------------------------------------------
@@ -194,6 +203,22 @@ CASES = [
     ("timeline-proc-file", "train", ["--timeline", "/proc/self/status"], {}, {}, "--timeline '/proc/self/status'"),
     ("timeline-symlink-dev-null", "train", ["--timeline", "{d}/link"], {"link": Symlink("/dev/null")}, {},
      "is not a regular file"),
+    ("save-symlink-loop", "train", ["--save", "{d}/loop"], {"loop": Symlink("loop")}, {},
+     "is a symbolic link that does not resolve"),
+    ("save-under-symlink-loop", "train", ["--save", "{d}/loop/ckpt"], {"loop": Symlink("loop")}, {},
+     "is a symbolic link that does not resolve"),
+    ("save-dangling-symlink", "train", ["--save", "{d}/gone"], {"gone": Symlink("/nonexistent/ckpt")}, {},
+     "is a symbolic link that does not resolve"),
+    ("save-over-another-run", "train", ["--save", "{d}/ckpt"], {"ckpt/iter_0000002/manifest.json": "{}",
+                                                               "ckpt/latest": "iter_0000002"}, {},
+     "--save '{d}/ckpt' holds another run's checkpoints (1, latest iteration 2); resume it with --load"),
+    ("save-over-another-run-loading-elsewhere", "train", ["--save", "{d}/ckpt", "--load", "{d}/hf"],
+     {"ckpt/iter_0000002/manifest.json": "{}"}, {}, "or pass --overwrite-save"),
+    ("overwrite-save-without-save", "train", ["--overwrite-save"], {}, {}, "--overwrite-save needs --save DIR"),
+    ("load-checkpoint-manifest-empty", "train", ["--load", "{d}/ckpt"], {"ckpt/iter_0000002/manifest.json": "{}"}, {},
+     "manifest.json: format None"),
+    ("load-checkpoint-manifest-list", "train", ["--load", "{d}/ckpt", "--ckpt-step", "2"],
+     {"ckpt/iter_0000002/manifest.json": "[]"}, {}, "--ckpt-step 2: {d}/ckpt/iter_0000002/manifest.json: a JSON list"),
     ("data-missing", "train", ["--data-path", "{d}/missing.txt"], {}, {}, "--data-path"),
     ("data-is-dir", "train", ["--data-path", "{d}"], {}, {}, "--data-path"),
     ("data-empty", "train", ["--data-path", "{d}/empty.txt"], {"empty.txt": ""}, {}, "--data-path"),
@@ -302,6 +327,26 @@ CASES = [
     ("ds-conflicts-batch-flag", "ds+", ({"gradient_accumulation_steps": 2}, ["--global-batch-size", "16"]), {}, {},
      "--global-batch-size"),
     ("ds-conflicts-bf16-flag", "ds+", ({"bf16": {"enabled": False}}, ["--bf16"]), {}, {}, "--bf16"),
+    # (issue 24) a DeepSpeed value is named by its JSON key, also when a later check refuses it
+    ("ds-clipping-1e999", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": '{"gradient_clipping": 1e999}'},
+     {}, "--deepspeed-config: gradient_clipping must be a finite number"),
+    ("ds-clipping-400-digits", "train", ["--deepspeed-config", "{d}/ds.json"],
+     {"ds.json": '{"gradient_clipping": 1' + "0" * 400 + "}"}, {}, "gradient_clipping must be a finite number"),
+    ("ds-min-scale-1e999", "train", ["--deepspeed-config", "{d}/ds.json"],
+     {"ds.json": '{"fp16": {"enabled": true, "min_loss_scale": 1e999}}'}, {}, "fp16.min_loss_scale must be a finite"),
+    ("ds-micro-400-digits", "train", ["--deepspeed-config", "{d}/ds.json"],
+     {"ds.json": '{"train_micro_batch_size_per_gpu": 1' + "0" * 400 + "}"}, {},
+     "train_micro_batch_size_per_gpu must be in [1, 9007199254740992], got an integer of 401 digits"),
+    ("ds-bucket-huge", "ds", {"zero_optimization": {"reduce_bucket_size": 10**30}}, {}, {},
+     "zero_optimization.reduce_bucket_size must be in"),
+    ("ds-window-huge", "ds", {"fp16": {"loss_scale_window": 10**30}}, {}, {}, "fp16.loss_scale_window must be in"),
+    ("ds-micro-beyond-memory", "ds", {"train_micro_batch_size_per_gpu": 10**15}, {}, {},
+     "--deepspeed-config train_micro_batch_size_per_gpu"),
+    ("ds-train-batch-beyond-memory", "ds", {"train_batch_size": 10**15}, {}, {}, "--deepspeed-config train_batch_size "),
+    ("ds-accumulation-beyond-memory", "ds", {"gradient_accumulation_steps": 10**15}, {}, {},
+     "--deepspeed-config train_micro_batch_size_per_gpu x gradient_accumulation_steps"),
+    ("ds-train-batch-not-multiple", "ds", {"train_micro_batch_size_per_gpu": 3, "train_batch_size": 8}, {}, {},
+     "--deepspeed-config train_batch_size 8 must be a multiple of --deepspeed-config train_micro_batch_size_per_gpu"),
     ("ds-grad-accum-dtype-unknown", "ds", {"data_types": {"grad_accum_dtype": "fp8"}}, {}, {},
      "data_types.grad_accum_dtype must be one of"),
     ("ds-grad-accum-dtype-other-16-bit", "ds", {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp16"}},
@@ -468,6 +513,7 @@ def test_bad_input_is_one_error_line_before_any_work(case, tmp_path, monkeypatch
     assert code not in (0, None), "a bad input must exit non-zero"
     assert len(lines) == 1, f"expected one error line, got {lines}"
     assert lines[0].startswith(f"{PROG[command]}: error: "), lines[0]
+    fragment = fragment.replace("{d}", str(tmp_path))
     assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
     assert "Traceback" not in text + out
     assert _all_files(tmp_path) == before, "nothing may be left behind"
@@ -481,14 +527,14 @@ def test_the_table_covers_at_least_80_bad_inputs_of_every_command():
 
 def test_deepspeed_booleans_and_flags_that_agree_are_accepted(tmp_path, monkeypatch):
     """The other side of the conflict checks: JSON false leaves bf16 off, and a value equal to the flag is fine."""
-    from hybrid.train.args import check_args, parse_args
+    from hybrid.train.args import parse_args, run_config
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"bf16": {"enabled": False}, "zero_optimization": {"stage": 1},
                                 "gradient_accumulation_steps": 2}))
     args = parse_args(["--deepspeed-config", str(path), "--zero-stage", "1", "--micro-batch-size", "2",
                        "--global-batch-size", "8"])
-    check_args(args, world=2)
-    assert args.zero.precision.value == "fp32" and args.zero.stage == 1 and args.global_batch_size == 8
+    run = run_config(args, world=2)
+    assert run.zero.precision.value == "fp32" and run.zero.stage == 1 and run.training.batch.global_batch == 8
 
 
 def test_error_under_torchrun_is_printed_by_rank_zero_only_and_recorded(tmp_path, monkeypatch, capsys):

@@ -2,7 +2,7 @@
 model state (model_state_bytes).
 
 Per-layer saved bytes at tp = 1, fp32, no dropout, CPU flash attention, per token (b s tokens), in
-4-byte elements (hybrid/memory.py lists each saved tensor):
+4-byte elements (hybrid/measured_memory.py lists each saved tensor):
 
     GPT-2:  4h + 4 + 2ad + 2gd + a + 2f
     Llama:  6h + 2 + 2ad + 2gd + a + 4f,   plus 2 s d (RoPE cos/sin, once per stage, not per layer)
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hybrid.comm import Group
-from hybrid.memory import ModelStateLedger, SavedActivationLedger, StateKind, model_state_bytes
+from hybrid.measured_memory import ModelStateLedger, SavedActivationLedger, StateKind, model_state_bytes
 from hybrid.tp import TPContext
 from models import ModelConfig, StageLayout, build_model, load_config, shift_labels
 

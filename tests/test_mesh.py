@@ -76,3 +76,54 @@ def test_model_that_cannot_be_split_is_rejected_with_the_flag(tp, heads, kv, lay
 def test_valid_gqa_splits_pass():
     validate_model_dims(ParallelDims(tp=8), 32, 8, 32)   # kv split evenly
     validate_model_dims(ParallelDims(tp=8), 32, 2, 32)   # kv replicated 4x
+
+
+# --- context parallelism: CP between TP and DP (Megatron's "tp-cp-ep-dp-pp" without EP) ----------------------
+def cp_factorisations(world: int):
+    for tp, cp, pp in itertools.product(range(1, world + 1), repeat=3):
+        if world % (tp * cp * pp) == 0:
+            yield tp, cp, pp, world // (tp * cp * pp)
+
+
+CP_LAYOUTS = [(w, *f) for w in (8, 16) for f in cp_factorisations(w)]
+
+
+@pytest.mark.parametrize("world,tp,cp,pp,dp", CP_LAYOUTS,
+                         ids=[f"w{w}-tp{t}-cp{c}-pp{p}-dp{d}" for w, t, c, p, d in CP_LAYOUTS])
+def test_cp_sits_between_tp_and_dp_and_dp_cp_groups_partition_each_stage(world, tp, cp, pp, dp):
+    dims = ParallelDims.from_world(world, tp=tp, pp=pp, cp=cp)
+    assert (dims.tp, dims.cp, dims.pp, dims.dp) == (tp, cp, pp, dp)
+    for r in range(world):
+        c = dims.coords(r)
+        assert dims.rank(c) == r == c.tp + tp * (c.cp + cp * (c.dp + dp * c.pp))
+    for axis, size in ((Axis.TP, tp), (Axis.CP, cp), (Axis.DP, dp), (Axis.PP, pp), ((Axis.CP, Axis.DP), cp * dp)):
+        groups = dims.group_ranks(axis)
+        assert sorted(r for g in groups for r in g) == list(range(world)) and all(len(g) == size for g in groups)
+    for g in dims.group_ranks(Axis.CP):  # a CP group: stride tp, so tp x cp consecutive ranks hold a TP x CP block
+        assert all(b - a == tp for a, b in zip(g, g[1:]))
+    for g in dims.group_ranks((Axis.CP, Axis.DP)):  # dp_cp: every rank of one (TP rank, stage), nothing else
+        cs = [dims.coords(r) for r in g]
+        assert len({(c.tp, c.pp) for c in cs}) == 1 and len({(c.cp, c.dp) for c in cs}) == cp * dp
+
+
+def test_cp_defaults_to_one_and_keeps_the_three_axis_layout():
+    for tp, pp, dp in ((2, 2, 2), (1, 4, 2), (4, 1, 2)):
+        plain, with_cp = ParallelDims(tp=tp, pp=pp, dp=dp), ParallelDims(tp=tp, pp=pp, dp=dp, cp=1)
+        assert plain == with_cp
+        assert plain.group_ranks((Axis.CP, Axis.DP)) == plain.group_ranks(Axis.DP)
+        assert all(len(g) == 1 for g in plain.group_ranks(Axis.CP))
+
+
+def test_rank_order_is_data():
+    dims = ParallelDims(tp=2, cp=2, dp=2, order="cp-tp-dp-pp")  # CP innermost instead
+    assert dims.group_of(Axis.CP, 0) == [0, 1] and dims.group_of(Axis.TP, 0) == [0, 2]
+    assert ParallelDims(tp=2, cp=2, dp=2).group_of(Axis.CP, 0) == [0, 2]
+    with pytest.raises(ValueError, match="must name each of"):
+        ParallelDims(order="tp-dp-pp")
+
+
+def test_world_not_divisible_by_tp_cp_pp_names_the_cp_flag():
+    with pytest.raises(ValueError, match=r"--context-parallel-size \(3\)"):
+        ParallelDims.from_world(8, tp=2, cp=3)
+    with pytest.raises(ValueError, match="--context-parallel-size must be a positive integer"):
+        ParallelDims(cp=0)

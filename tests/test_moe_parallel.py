@@ -32,7 +32,7 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
-from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import ZeroConfig, ZeroOptimizer
 from models import Recompute, build_pipeline_chunks, from_hf
 from models.hf_io import export_hf_state_dict, load_hf_checkpoint
@@ -217,8 +217,8 @@ def _ledger(rank, world):
         received = [None] * world
         torch.distributed.all_gather_object(received, experts.tolist())
         back = sum(1 for s in range(world) if s != rank for row in received[s] for e in row if e == rank)
-        out[name] = (mesh.ledger.bytes("all_to_all", "ep"), off_rank, back, mesh.ledger.calls("all_to_all", "ep"),
-                     mesh.ledger.bytes("all_to_all", "ep:counts"))
+        out[name] = (mesh.ledger.bytes("all_to_all_v", "ep"), off_rank, back, mesh.ledger.calls("all_to_all_v", "ep"),
+                     mesh.ledger.bytes("all_to_all_v", "ep:counts"))
     return out
 
 

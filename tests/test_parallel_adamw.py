@@ -40,7 +40,7 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext, gather_full, spec_of
-from hybrid.training import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step
 from hybrid.zero import ZeroConfig, ZeroOptimizer
 from models import build_pipeline_chunks, load_config
 

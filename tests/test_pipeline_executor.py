@@ -20,7 +20,7 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext, gather_full, spec_of
-from hybrid.training import sync_tied_embeddings, train_step
+from hybrid.train_step import sync_tied_embeddings, train_step
 from models import build_model, build_pipeline_chunks, from_hf, load_config, shift_labels
 
 RTOL, ATOL = 1e-5, 1e-7

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybrid.memory import SavedActivationLedger
+from hybrid.measured_memory import SavedActivationLedger
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO

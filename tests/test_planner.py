@@ -22,9 +22,9 @@ from hybrid.planner import (Cluster, Layout, Offload, Recompute, SearchSpace, Si
 from hybrid.planner.cli import main as plan_main
 from hybrid.planner.hardware import GB, Collective, GroupPlacement, collective_seconds, group_bandwidth, wire_bytes
 from hybrid.planner.layout import dp_placement, layout_problems, pipeline_crosses_nodes, tp_placement
-from hybrid.planner.ledger import (dp_microbatch_ledger, dp_step_ledger, sp_grad_sync_ledger, step_ledger,
+from hybrid.planner.predicted_comm import (dp_microbatch_ledger, dp_step_ledger, sp_grad_sync_ledger, step_ledger,
                                    tp_ledger, zero_units)
-from hybrid.planner.memory import layer_activation_bytes, peak_memory, rank_parameters, step_transient_bytes
+from hybrid.planner.predicted_memory import layer_activation_bytes, peak_memory, rank_parameters, step_transient_bytes
 from hybrid.planner.model import ActivationProfile, Precision, Shard
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.schedule import StageTimes, _chunk_peak, _in_flight, saturation_m
@@ -574,7 +574,7 @@ def test_the_shared_compute_bound_counts_compute_not_time_waiting_in_tp_collecti
 def test_zero_1_2_post_step_all_gather_is_priced_as_overlapping_the_next_forward(zero):
     """The runtime's default (ZeroConfig.overlap_param_gather): only the first bucket's gather, and what the
     rest does not fit under the first micro-batch's forward, is exposed; ZeRO 1's reduce-scatter stays whole."""
-    from hybrid.planner.ledger import BUCKET_BYTES
+    from hybrid.planner.predicted_comm import BUCKET_BYTES
     from hybrid.planner.time import _context, _dp_step_seconds, stage_times
 
     work = Workload(gpt_model(24, 2048, 16, 51200, 2048), global_batch=64, seq_length=2048)

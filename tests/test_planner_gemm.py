@@ -155,7 +155,7 @@ def test_a_layout_whose_dp_traffic_exceeds_its_compute_is_not_best():
     is at least that traffic, and the search picks something else."""
     from hybrid.planner import SearchSpace, evaluate, search
     from hybrid.planner.layout import ZeroStage
-    from hybrid.planner.memory import rank_parameters
+    from hybrid.planner.predicted_memory import rank_parameters
     hw = hardware("a100-80g").with_overrides(inter_node_gbps=0.5)
     work = Workload(load_config("gpt2-xl"), global_batch=64, seq_length=1024)
     cluster = Cluster(gpus=16, hw=hw)

@@ -5,7 +5,7 @@ case's recomputation), the pipeline executor (pp > 1), `ZeroOptimizer` (the stag
 gradient synchronisation) with train.py's default `--clip-grad 1.0`, fp32 on CPU, and `train_step`. On every
 rank it measures:
 
-* model state -- parameters + gradients + AdamW moments + master weights (`hybrid.memory.model_state_bytes`
+* model state -- parameters + gradients + AdamW moments + master weights (`hybrid.measured_memory.model_state_bytes`
   after the step, plus the ZeRO 2-3 gradient shards no `.grad` points to) -- against `plan_memory` with
   Precision.FP32 (4 + 4 + 8 bytes per parameter): equal up to the ZeRO padding (each unit is padded to a
   multiple of dp: at most dp - 1 elements of 16 bytes a unit);
@@ -31,17 +31,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybrid.memory import SavedActivationLedger, StateKind, model_state_bytes
+from hybrid.measured_memory import SavedActivationLedger, StateKind, model_state_bytes
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.planner import Cluster, Layout, hardware, plan_memory
 from hybrid.planner.layout import Recompute, Workload, ZeroStage
-from hybrid.planner.ledger import step_ledger
+from hybrid.planner.predicted_comm import step_ledger
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
-from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision as ZeroPrecision
 from hybrid.zero import ZeroConfig, ZeroOptimizer
 from models import Recompute as ModelRecompute

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybrid.comm import Group
-from hybrid.memory import SavedActivationLedger
+from hybrid.measured_memory import SavedActivationLedger
 from hybrid.tp import TPContext
 from models import Recompute, build_model, load_config, shift_labels
 

@@ -16,7 +16,7 @@ from hybrid.dp import GradAverager
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext, gather_full, spec_of
-from hybrid.training import OptimizerConfig, train_step
+from hybrid.train_step import OptimizerConfig, train_step
 from models import build_model, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,14 +149,14 @@ def test_quickstart_trains_saves_a_checkpoint_validates_and_plots(quickstart):
 
 def _import_torch_peak_rss() -> int:
     """Peak RSS of a fresh interpreter that only imports torch: a floor for any training rank's."""
-    code = "import torch; from hybrid.metrics.memory import peak_rss_bytes; print(peak_rss_bytes())"
+    code = "import torch; from hybrid.metrics.peak_memory import peak_rss_bytes; print(peak_rss_bytes())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=ROOT))
     return int(out.stdout)
 
 
 def test_quickstart_logs_each_ranks_peak_memory(quickstart):
-    """CPU: every log record holds the 8 ranks' peak RSS (hybrid/metrics/memory.py). Each is above what importing
+    """CPU: every log record holds the 8 ranks' peak RSS (hybrid/metrics/peak_memory.py). Each is above what importing
     torch alone takes, below the host's memory, never falls (a peak since start), and the log line shows the
     largest, in MiB."""
     run, _ = quickstart

@@ -48,11 +48,11 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext, gather_full, spec_of
-from hybrid.training import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step
 from hybrid.zero import CpuAdam, Precision, ZeroConfig, ZeroOptimizer
 from hybrid.zero.engine import tied_weight
-from hybrid.zero.ledger import paper_state_bytes, paper_volume, state_ledger
-from hybrid.memory import StateKind
+from hybrid.zero.accounting import paper_state_bytes, paper_volume, state_ledger
+from hybrid.measured_memory import StateKind
 from models import build_pipeline_chunks, load_config
 
 STEPS, GLOBAL, MICRO, SEQ = 10, 8, 2, 32
@@ -104,9 +104,9 @@ def capture_first_step_grads(opt: ZeroOptimizer, chunks) -> list:
         if not got:
             for u in opt.units:
                 offset = {id(p): off for p, off in zip(u.params, u.offsets)}
-                for v, s in zip(u.views, u.segments):
+                for s in u.segments:
                     start = u.shard_range[0] + s.lo - offset[id(s.param)]
-                    got.append((names[id(s.param)], start, start + s.hi - s.lo, v.grad.detach().clone()))
+                    got.append((names[id(s.param)], start, start + s.hi - s.lo, opt.segment_grad(u, s).clone()))
         return inner(*args, **kw)
 
     opt.optimizer.step = step

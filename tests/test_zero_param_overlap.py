@@ -14,7 +14,7 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
-from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
 from hybrid.zero.engine import block_modules
 from models import build_pipeline_chunks, load_config

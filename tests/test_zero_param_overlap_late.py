@@ -24,7 +24,7 @@ from hybrid.data import BatchSpec, load_corpus, micro_batches
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
-from hybrid.training import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
 from models import build_pipeline_chunks, load_config
 

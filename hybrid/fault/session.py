@@ -21,7 +21,7 @@ from hybrid.fault.args import FaultConfig
 from hybrid.fault.inject import Injector, faults_for
 from hybrid.fault.nan_guard import GuardedOptimizer, GuardedRunner, NanGuard
 from hybrid.fault.straggler import StragglerReport
-from hybrid.fault.trail import TRAIL
+from hybrid.trail import TRAIL
 from hybrid.fault.watchdog import HangWatchdog
 from hybrid.mesh import Mesh
 
@@ -67,6 +67,11 @@ class FaultTolerance:
             TRAIL.enter("forward", self._mb)
             self._mb += 1
         self.injector.on_forward()
+
+    def check_weights(self) -> None:
+        """Before the first step (collective): the NaN guard's check of the loaded or initial weights."""
+        if self.guard is not None:
+            self.guard.check_weights(self.optimizer.inner)
 
     def begin_iteration(self, it: int) -> None:
         """`it` 0-based, as the loop counts; the trail and every message use it + 1, as the log does."""

@@ -1,7 +1,7 @@
 """Straggler report: per-rank step-time percentiles every log interval, and the rank (with the phase)
 that is consistently slower than its peers.
 
-Each rank keeps, per step, the seconds it spent in each phase of the op trail (hybrid/fault/trail.py):
+Each rank keeps, per step, the seconds it spent in each phase of the op trail (hybrid/trail.py):
 forward and backward compute, p2p wait, optimizer -- time blocked in a collective is counted apart
 (comm), so a fast rank waiting for a slow peer does not look slow itself. Every log interval one SUM
 over the world gathers the (ranks x steps x phases) table; rank 0 prints each rank's step-time

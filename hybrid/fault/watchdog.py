@@ -1,6 +1,6 @@
 """Hang verdicts: a watchdog thread per rank that names the op a stuck job waits in, and who is missing.
 
-Every `interval` seconds each rank's watchdog writes its op trail (hybrid/fault/trail.py: per-group
+Every `interval` seconds each rank's watchdog writes its op trail (hybrid/trail.py: per-group
 sequence numbers, per-peer p2p counters, the ops in flight, iteration, micro-batch, phase) and a
 wall-clock heartbeat to the rendezvous store -- a TCPStore, which keeps answering while the process
 groups are wedged (under torchrun it lives in the agent; under env:// in rank 0's process). When
@@ -31,7 +31,7 @@ import time
 import torch.distributed as dist
 
 from hybrid.fault.attempt import attempt_id
-from hybrid.fault.trail import TRAIL
+from hybrid.trail import TRAIL
 
 EXIT_HANG = 75  # sysexits EX_TEMPFAIL: try again (torchrun --max-restarts restarts the job)
 

@@ -6,7 +6,7 @@
 A run is what train.py wrote: its `--metrics-file` (JSON lines) or its `--tensorboard-dir` (read with
 tensorboard's EventAccumulator, Megatron's tags). Three panels, one curve per run in each: lm loss per logged
 iteration (validation losses as markers on a dashed line of the same colour), tokens/s over all ranks, and the
-peak memory of the fullest rank (CUDA max allocated, or CPU peak RSS: hybrid/metrics/memory.py). A metrics file
+peak memory of the fullest rank (CUDA max allocated, or CPU peak RSS: hybrid/metrics/peak_memory.py). A metrics file
 appended to by a resumed run holds some iterations twice; the later record wins. matplotlib draws with its Agg
 backend (no display needed); the PNG is written atomically.
 """
@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, atomic_output, check_output_file, fail
-from hybrid.metrics.memory import CPU_MEASURE, CUDA_MEASURE
+from hybrid.metrics.peak_memory import CPU_MEASURE, CUDA_MEASURE
 from hybrid.metrics.writer import TB_NAMES
 
 MEMORY = (CPU_MEASURE, CUDA_MEASURE)

@@ -89,6 +89,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 
 def _check_combinations(args: argparse.Namespace, cfg, dims: ParallelDims, moe: MoEConfig) -> None:
+    if dims.cp > 1:
+        raise ValueError(f"--context-parallel-size {dims.cp} with an MoE model is not implemented (the balancing "
+                         f"loss's counts would need the TP x CP group); use TP, EP and DP")
     shared = cfg.moe_shared_expert_ffn_hidden_size
     if shared and shared % dims.tp:
         raise ValueError(f"--tensor-model-parallel-size {dims.tp} does not divide the shared expert's width {shared}; "

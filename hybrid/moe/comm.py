@@ -20,12 +20,12 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, out_splits, in_splits):
         ctx.group, ctx.splits = group, (out_splits, in_splits)
-        return group.all_to_all_single(x, out_splits, in_splits)
+        return group.all_to_all_v(x, out_splits, in_splits)
 
     @staticmethod
     def backward(ctx, g):
         out_splits, in_splits = ctx.splits
-        return ctx.group.all_to_all_single(g.contiguous(), in_splits, out_splits), None, None, None
+        return ctx.group.all_to_all_v(g.contiguous(), in_splits, out_splits), None, None, None
 
 
 class _GatherRows(torch.autograd.Function):

@@ -188,7 +188,7 @@ class MoELayer(nn.Module):
             yr = self.experts(xr, d.counts.tolist())
         else:
             send = d.counts.view(ep.size, -1)  # (ep, E_l): rows for each rank's experts
-            recv = ep.all_to_all_single(send.flatten(), [send.shape[1]] * ep.size, [send.shape[1]] * ep.size,
+            recv = ep.all_to_all_v(send.flatten(), [send.shape[1]] * ep.size, [send.shape[1]] * ep.size,
                                         tag="counts").view(ep.size, -1)  # rows each rank sends our experts
             in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
             order = dsp.expert_major(recv)

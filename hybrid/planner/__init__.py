@@ -12,14 +12,14 @@ activations=ActivationProfile.FP32_FLASH)`; `step_ledger` predicts its communica
 tests/test_planner_runtime.py checks all three against a run. `hybrid calibrate` (calibrate.py) measures a
 machine for `hybrid plan --hardware FILE`.
 
-Memory (memory.py), time (time.py) and the pipeline numbers (schedule.py, from hybrid.pipeline's simulation)
+Memory (predicted_memory.py), time (time.py) and the pipeline numbers (schedule.py, from hybrid.pipeline's simulation)
 are documented with their formulas and sources in docs/planner.md. The `hybrid plan` command is cli.py.
 """
 
 from hybrid.planner.hardware import COMPUTE_EFFICIENCY, PRESETS, GpuKind, Hardware, hardware
 from hybrid.planner.layout import Cluster, Layout, Offload, Recompute, Workload, ZeroStage, check_layout
-from hybrid.planner.ledger import step_ledger
-from hybrid.planner.memory import MemoryPlan, RankMemory, model_state_bytes, model_states, plan_memory
+from hybrid.planner.predicted_comm import step_ledger
+from hybrid.planner.predicted_memory import MemoryPlan, RankMemory, model_state_bytes, model_states, plan_memory
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.planner.schedule import InFlight, PipelineRun, SimulationTooLarge, in_flight, run_pipeline
 from hybrid.planner.search import Plan, Rejection, SearchResult, SearchSpace, evaluate, search

@@ -33,19 +33,17 @@ from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_o
                             nonnegative_int, positive_float, positive_int)
 from hybrid.planner import calibrate
 from hybrid.planner.hardware import GB, GpuKind, hardware
-from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage, stage_layers
+from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, search,
                                    summarize_rejections)
 from hybrid.planner.time import FlopsFormula
+from hybrid.planner.train_flags import MAX_GLOBAL_BATCH, plan_flags
 from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
 
 MAX_GPUS = 2**20  # a million devices: beyond any cluster, and the search stays seconds long
-# the search enumerates the micro-batch over the divisors of global batch / dp, a loop as long as that number:
-# 2**24 sequences (~8 s) is far beyond any published run (Llama 3: 2048-16384 sequences per step)
-MAX_GLOBAL_BATCH = 2**24
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -95,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--global-batch-size", type=int_in(1, MAX_GLOBAL_BATCH), metavar="N", required=True,
                    help="sequences per optimizer step (required)")
     g.add_argument("--seq-length", type=positive_int, metavar="N", help="None: min(2048, the model's positions)")
-    g.add_argument("--precision", default=Precision.MIXED.value, choices=[x.value for x in Precision],
+    g.add_argument("--precision", default=Precision.MIXED.value, choices=[Precision.MIXED.value, Precision.FP32.value],
                    help="mixed: bf16 params/grads + fp32 master and Adam (2+2+12 bytes); fp32: 4+4+8 (this "
                         "runtime on CPU)")
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
@@ -358,32 +356,10 @@ def _plot_title(work: Workload, cluster: Cluster) -> str:
 
 
 def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str]:
-    """scripts/train.py flags that run `plan` (Megatron names)."""
-    lay = plan.layout
-    out = [] if model is None else ["--model", model]
-    out += ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
-            "--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(work.global_batch),
-            "--seq-length", str(work.seq_length), "--zero-stage", str(int(lay.zero))]
-    counts = stage_layers(work.model, lay.pp, lay.v, work.seq_length)
-    if len(set(counts)) > 1:  # uneven stages: the planner's exact split, and v chunks per rank
-        out += ["--pipeline-layers-per-stage", ",".join(map(str, counts))]
-        if lay.v > 1:
-            out += ["--virtual-pipeline-model-parallel-size", str(lay.v)]
-    elif lay.v > 1:
-        out += ["--num-layers-per-virtual-pipeline-stage", str(work.model.num_layers // (lay.pp * lay.v))]
-    if lay.sequence_parallel:
-        out.append("--sequence-parallel")
-    if lay.recompute is not Recompute.NONE:
-        out += ["--recompute-granularity", lay.recompute.value]
-    if lay.offload is not Offload.NONE:
-        out.append("--offload-optimizer")
-    if lay.offload is Offload.OPTIMIZER_AND_PARAMS:
-        out.append("--offload-params")
-    if work.precision is Precision.MIXED:
-        out.append("--bf16")  # the plan's memory counts bf16 parameters and gradients (2+2+12 bytes)
-    if work.fp32_grads:
-        out.append("--accumulate-allreduce-grads-in-fp32")  # ... and fp32 gradients (2+4+12)
-    return out
+    """scripts/train.py flags that run `plan` (Megatron names): the planner's mapping (train_flags.py) written with
+    train.py's own flag table (hybrid/train/config.py)."""
+    from hybrid.train.config import to_argv
+    return to_argv(plan_flags(work, plan.layout, model))
 
 
 def plan_json(work: Workload, plan: Plan) -> dict:

@@ -16,6 +16,7 @@ from hybrid.partition import PartitionMethod, partition_layers, stage_costs_from
 from hybrid.pipeline import ScheduleKind
 from hybrid.planner.hardware import GroupPlacement, Hardware
 from hybrid.planner.model import ActivationProfile, Precision, Shard
+from models.common import Recompute  # noqa: F401  (re-exported: the runtime's enum is the planner's)
 from models.config import ModelConfig
 
 
@@ -34,14 +35,6 @@ class Offload(enum.Enum):
     NONE = "none"
     OPTIMIZER = "optimizer"  # fp32 master weights + Adam moments on the host; the CPU runs Adam
     OPTIMIZER_AND_PARAMS = "optimizer+params"  # also the fp16 parameters (ZeRO-3 only), fetched per use
-
-
-class Recompute(enum.Enum):
-    """Activation recomputation (`--recompute-granularity`; Korthikanti et al. 2022)."""
-
-    NONE = "none"  # keep every activation
-    SELECTIVE = "selective"  # recompute the attention core (QK^T, softmax, dropout, .V) in backward
-    FULL = "full"  # keep only each layer's input, rerun the layer's forward in backward
 
 
 @dataclass(frozen=True)

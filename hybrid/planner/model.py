@@ -18,7 +18,7 @@ Three activation profiles (`ActivationProfile`), i.e. three answers to "which te
   Everything else is Korthikanti's count.
 * FP32_FLASH: this repository's runtime as tests/test_planner_runtime.py measures it -- fp32, no dropout,
   CPU flash attention (a per-row logsumexp instead of the s x s matrix), the tensors torch saves for our
-  layers (hybrid/memory.py derives them one by one). Exact, byte for byte, for the layouts that test runs.
+  layers (hybrid/measured_memory.py derives them one by one). Exact, byte for byte, for the layouts that test runs.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from hybrid.planner.hardware import Gemm
+from hybrid.precision import Precision  # noqa: F401  (re-exported: the planner's --precision)
 from models.config import ARCH_GPT2, ModelConfig
 
 ACT_BYTES = 2  # bf16 / fp16 activations
@@ -34,43 +35,6 @@ MASK_BYTES = 1  # dropout masks (Korthikanti et al. 2022 count them as one byte)
 FP32 = 4
 INDEX_BYTES = 8  # int64 token ids and positions
 BOOL_BYTES = 1
-
-
-class Precision(enum.Enum):
-    """Number formats of the model states (`--precision`).
-
-    MIXED: bf16 / fp16 parameters and gradients, fp32 master weights and two Adam moments (Rajbhandari et al.
-    2020: 2 + 2 + K, K = 12). FP32: fp32 parameters and gradients, two fp32 Adam moments, no master copy
-    (4 + 4 + 8): what scripts/train.py runs on CPU.
-    """
-
-    MIXED = "mixed"
-    FP32 = "fp32"
-
-    @property
-    def param_bytes(self) -> int:
-        return 2 if self is Precision.MIXED else 4
-
-    @property
-    def grad_bytes(self) -> int:
-        return 2 if self is Precision.MIXED else 4
-
-    @property
-    def optimizer_bytes(self) -> int:
-        """K: optimizer-state bytes per parameter (fp32 master + momentum + variance, or the two moments)."""
-        return 12 if self is Precision.MIXED else 8
-
-    @property
-    def activation_bytes(self) -> int:
-        """Bytes of one activation element between stages and in TP collectives."""
-        return 2 if self is Precision.MIXED else 4
-
-    @property
-    def adam_bytes(self) -> int:
-        """HBM bytes Adam moves per parameter. Mixed: read + write fp32 master, momentum, variance (24),
-        read the gradient and write the 2-byte parameter (4) = 28. FP32: read + write the parameter and both
-        moments (24), read the gradient (4) = 28."""
-        return 28
 
 
 class ActivationProfile(enum.Enum):
@@ -242,7 +206,7 @@ class Shard:
         return replicated, split, core
 
     def _runtime_layer_terms(self, b: int, s: int, sp: bool) -> tuple[float, float, float]:
-        """Our runtime's saved tensors (fp32, no dropout, CPU flash attention; hybrid/memory.py), per token:
+        """Our runtime's saved tensors (fp32, no dropout, CPU flash attention; hybrid/measured_memory.py), per token:
 
         * sequence-split under SP: the two norms' saved tensors -- LayerNorm input, mean, rstd (h + 2);
           RMSNorm input, rsqrt, normalised x (2h + 1);

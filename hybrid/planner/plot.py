@@ -2,13 +2,13 @@
 
 One bar per layout, for its fullest pipeline rank (the one that decides whether it fits): parameters,
 gradients, optimizer states, activations, ZeRO-3 gather buffers and workspace (fixed + fragmentation), in GB,
-with the device memory drawn as a line. The numbers are `Plan.memory.peak` (hybrid/planner/memory.py).
+with the device memory drawn as a line. The numbers are `Plan.memory.peak` (hybrid/planner/predicted_memory.py).
 """
 
 from __future__ import annotations
 
 from hybrid.planner.hardware import GB
-from hybrid.planner.memory import RankMemory
+from hybrid.planner.predicted_memory import RankMemory
 from hybrid.planner.search import Plan
 
 # (label, colour, bytes of a RankMemory)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hybrid.planner.hardware import GB, hardware
 from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
-from hybrid.planner.memory import model_state_bytes
+from hybrid.planner.predicted_memory import model_state_bytes
 from hybrid.planner.search import Plan, SearchSpace, search
 from hybrid.planner.time import FlopsFormula
 from models.config import ARCH_GPT2, ModelConfig

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from hybrid.planner.hardware import GB
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, layout_problems,
                                    pp_problems, tp_problems)
-from hybrid.planner.memory import MemoryPlan, peak_memory, plan_memory
+from hybrid.planner.predicted_memory import MemoryPlan, peak_memory, plan_memory
 from hybrid.planner.schedule import SIM_BUDGET, SimulationTooLarge
 from hybrid.planner.time import FlopsFormula, StepTime, lower_bound_seconds, model_flops, step_flops, step_time
 

@@ -64,9 +64,9 @@ from dataclasses import dataclass
 from hybrid.planner.hardware import GB, Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, dp_placement,
                                    pipeline_crosses_nodes, stage_layers, tp_placement)
-from hybrid.planner.ledger import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
+from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
                                    partial_grad_ledger, tp_ledger)
-from hybrid.planner.memory import rank_parameters
+from hybrid.planner.predicted_memory import rank_parameters
 from hybrid.planner.model import Shard
 from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline
 

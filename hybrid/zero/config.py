@@ -7,17 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-class Precision(str, enum.Enum):
-    """Dtype of the parameters the forward/backward uses (and of gradients and their collectives)."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"  # `--bf16`: fp32 master weights, no loss scaling (bf16 has fp32's exponent range)
-    FP16 = "fp16"  # `--fp16`: fp32 master weights and dynamic loss scaling
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
+from hybrid.precision import Precision
 
 
 class CpuAdam(str, enum.Enum):
@@ -25,9 +15,9 @@ class CpuAdam(str, enum.Enum):
 
     AUTO = "auto"  # DeepSpeed's CPU Adam when it builds, torch's otherwise
     DEEPSPEED = "deepspeed"  # deepspeed.ops.adam.DeepSpeedCPUAdam (AVX C++ kernel, built on first use)
-    TORCH = "torch"  # torch.optim.AdamW, fused CPU kernel
-    TORCH_LOOP = "torch-loop"  # torch.optim.AdamW's per-tensor loop: the kernel the non-offloaded path
-    #                            runs on CPU, so offloading changes no rounding; slowest
+    TORCH = "torch"  # torch.optim.AdamW, fused CPU kernel: the kernel the non-offloaded path runs, so
+    #                  offloading with it changes no rounding
+    TORCH_LOOP = "torch-loop"  # torch.optim.AdamW's per-tensor loop (torch's CPU default); slowest
 
 
 @dataclass(frozen=True)

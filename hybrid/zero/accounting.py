@@ -29,7 +29,7 @@ from collections import defaultdict
 import torch
 
 from hybrid.comm import CommLedger
-from hybrid.memory import ModelStateLedger, StateKind, storage_key
+from hybrid.measured_memory import ModelStateLedger, StateKind, storage_key
 from hybrid.zero.config import ZeroConfig
 from hybrid.zero.engine import ZeroOptimizer
 

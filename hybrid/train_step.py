@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from hybrid.mesh import Mesh
+from hybrid.cp.data import seq_kwargs
 from hybrid.moe import runtime as moe_runtime
 from hybrid.tp.sharding import param_grad
 
@@ -62,7 +63,8 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    # fused: the kernel ZeroOptimizer runs (one pass; elementwise, so per-tensor here = flat shards there, bit for bit)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
 
 
 class LocalForwardBackward:
@@ -73,8 +75,8 @@ class LocalForwardBackward:
 
     def forward_backward(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
-        for inputs, labels in batches:
-            loss = self.model(inputs.to(self.device), labels.to(self.device)) / len(batches)
+        for inputs, labels, *info in batches:  # info: a SequenceInfo with packed documents (hybrid/cp/data.py)
+            loss = self.model(inputs.to(self.device), labels.to(self.device), **seq_kwargs(info, self.device)) / len(batches)
             loss.backward()
             total += loss.detach()
         return total
@@ -105,8 +107,9 @@ def sync_tied_embeddings(model: nn.Module, mesh: Mesh,
     grads = [g for g in (grad(w) for w in tied if w is not None) if g is not None]
     if not grads or (len(grads) == 1 and mesh.embedding.size == 1):
         return
-    total = sum(grads)  # both copies on this rank when pp = 1 with v chunks
-    mesh.embedding.all_reduce(total)
+    total = sum(grads)  # both copies on this rank when pp = 1 with v chunks, or ZBV's V (stages 0 and 2pp-1)
+    if len(grads) == 1:  # the other copy is on the other end of the embedding group
+        mesh.embedding.all_reduce(total)
     for g in grads:
         g.copy_(total)
 
@@ -133,4 +136,5 @@ def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]
     moe_runtime.after_step(model, mesh)  # DeepSeek-V3's expert-bias update (MoE models with the bias only)
     loss = loss.float() / scale
     mesh.pp.all_reduce(loss, tag="metrics")  # only the last stage holds it
-    return mesh.dp.all_reduce(loss, tag="metrics").item() / mesh.dp.size
+    # over DP x CP: a CP rank's loss is CP x its share of the sequence's mean (hybrid/cp/loss.py)
+    return mesh.dp_cp.all_reduce(loss, tag="metrics").item() / mesh.dp_cp.size

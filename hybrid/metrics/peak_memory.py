@@ -6,7 +6,7 @@ Two measures, one per device kind, each named for what it is:
   since the process started (Megatron's `mem-max-allocated-bytes`). Cached-but-free blocks are not counted.
 * CPU: the process's peak resident set size, the kernel's high-water mark of its resident pages (`VmHWM` in
   /proc/self/status). torch keeps no allocator statistics on CPU, and the other candidates measure less than
-  what the host must hold: the activation ledger (hybrid/memory.py) counts saved activations only and costs a
+  what the host must hold: the activation ledger (hybrid/measured_memory.py) counts saved activations only and costs a
   hook on every saved tensor; model-state bytes leave out activations, buffers and workspace. Peak RSS is what a
   host memory limit (a cgroup, the OOM killer) counts, and reading it costs one small file read. It includes the
   interpreter and the mapped pages of torch's libraries (a few hundred MB) that a GPU figure leaves out --
