@@ -6,27 +6,24 @@ from __future__ import annotations
 import pytest
 
 from hybrid.moe.config import Dispatcher, ExpertsImpl, LoadBalancing, MoEConfig
-from hybrid.train.args import check_args, parse_args
+from hybrid.train.args import parse_args, run_config
 
 
 def check(argv, world=1):
-    return check_args(parse_args(["--seq-length", "32", *argv]), world)
+    return run_config(parse_args(["--seq-length", "32", *argv]), world)
 
 
 def test_defaults_are_megatrons():
     """Dropless, alltoall, aux_loss type with coefficient 0 (Megatron's and transformers' defaults: no
     balancing loss unless asked), EP 1."""
-    args = parse_args(["--model", "tiny-mixtral", "--seq-length", "32"])
-    check_args(args, 1)
-    assert args.moe == MoEConfig() and args.moe.dispatcher is Dispatcher.ALLTOALL
-    assert args.moe.load_balancing is LoadBalancing.AUX_LOSS and args.moe.aux_coeff == 0.0
-    assert args.moe.capacity_factor is None and args.moe.experts_impl is ExpertsImpl.AUTO
+    moe = check(["--model", "tiny-mixtral"]).moe
+    assert moe == MoEConfig() and moe.dispatcher is Dispatcher.ALLTOALL
+    assert moe.load_balancing is LoadBalancing.AUX_LOSS and moe.aux_coeff == 0.0
+    assert moe.capacity_factor is None and moe.experts_impl is ExpertsImpl.AUTO
 
 
 def test_a_dense_model_has_no_moe_config():
-    args = parse_args(["--model", "tiny-llama", "--seq-length", "32"])
-    check_args(args, 1)
-    assert args.moe is None
+    assert check(["--model", "tiny-llama"]).moe is None
 
 
 BAD = [
@@ -44,6 +41,7 @@ BAD = [
       "--moe-token-dispatcher-type", "allgather"], 1, "alltoall only"),
     (["--model", "tiny-mixtral", "--moe-router-load-balancing-type", "hf_aux_loss", "--moe-aux-loss-coeff", "0.01",
       "--pipeline-model-parallel-size", "2"], 2, "hf_aux_loss pools every MoE layer's counts"),
+    (["--model", "tiny-mixtral", "--context-parallel-size", "2"], 2, "--context-parallel-size 2 with an MoE model"),
 ]
 
 

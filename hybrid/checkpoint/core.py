@@ -5,6 +5,8 @@ What is saved (keys of the DCP state dict; `NAME` is a parameter's global name):
     model/NAME                 fp32 master weights, the full unsharded tensor, as chunks (shards.py)
     optim.exp_avg/NAME         AdamW first moment, same chunks
     optim.exp_avg_sq/NAME      AdamW second moment, same chunks
+    moe/NAME.gate.expert_bias  an MoE router's expert bias (DeepSeek-V3's balancing; hybrid/moe/runtime.py),
+                               the same on every rank holding the layer, so one copy
     rng/<rank>/<stream>        per-rank RNG state (torch CPU/CUDA generators, the TP dropout streams):
                                keyed by rank because DCP keeps a key saved on every rank from one rank only
 
@@ -28,6 +30,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from hybrid.checkpoint import safe_read, store
 from hybrid.checkpoint.faults import crash_point
 from hybrid.checkpoint.shards import Chunk, optimizer_chunks, sharded_tensor
+from hybrid.moe import runtime as moe_runtime
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 MODEL = "model"
@@ -219,6 +222,7 @@ def start_save(opt, names: dict[int, str], rng, root: str, iteration: int, state
     owned = [c for c in optimizer_chunks(opt, names) if c.owner]
     sd = tensor_state(opt, owned, (MODEL, *MOMENTS), stage=asynchronous)
     sd.update({k: v.clone() for k, v in rng_state(rank, rng).items()})
+    sd.update({k: v.clone() for k, v in moe_runtime.state_dict(opt.chunks).items()})  # MoE routers' expert bias
     state = dict(state, format=store.FORMAT, adam_step=adam_step(opt), scaler=scaler_state(opt))
     writer = _Writer(tmp, iteration)
     if asynchronous:
@@ -260,7 +264,7 @@ def load(opt, names: dict[int, str], rng, directory: str, optim: bool = True, rn
     rank = dist.get_rank()
     rngs = {k: v.clone() for k, v in rng_state(rank, rng).items()} if rng_too else {}
     sd.update(rngs)
-    opt.wait_params()  # a post-step all-gather in flight would write the buffers the master views
+    sd.update(moe_runtime.state_dict(opt.chunks))  # loaded in place  # a post-step all-gather in flight would write the buffers the master views
     safe_read.load(sd, directory, process_group=pg)  # .metadata: only DCP's own classes (safe_read.py)
     if optim:
         set_adam_step(opt, state["adam_step"])

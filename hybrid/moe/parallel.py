@@ -103,3 +103,14 @@ class ExpertLayout:
     def placement(self, num_experts: int) -> list[tuple[int, range]]:
         """(rank, its experts) for every rank: what `hybrid layout` prints."""
         return [(r, self.experts_of(self.coords(r).ep, num_experts)) for r in range(self.dims.world)]
+
+    def describe(self, num_experts: int) -> list[str]:
+        """`hybrid layout`'s lines for the expert layers: the folding, the groups, which ranks hold which experts."""
+        self.check_experts(num_experts)
+        lines = [f"expert layers: each stage's {self.stage_size} ranks = expert-tp {self.etp} x ep {self.ep} x "
+                 f"expert-dp {self.edp} (order etp-ep-edp); {num_experts} experts, {num_experts // self.ep} per rank",
+                 f"ep groups (token all-to-all): {self.group_ranks(ExpertAxis.EP)}",
+                 f"expert-dp groups (expert gradients, ZeRO): {self.group_ranks(ExpertAxis.EDP)}"]
+        for rank, experts in self.placement(num_experts):
+            lines.append(f"  rank {rank}: experts {experts.start}-{experts.stop - 1}")
+        return lines

@@ -37,6 +37,15 @@ def set_aux_grad_scale(model: nn.Module, scale: float) -> None:
         layer.aux_grad_scale = scale
 
 
+def state_dict(model: nn.Module | list) -> dict[str, torch.Tensor]:
+    """The MoE layers' state outside the parameters, for the checkpoint: each router's expert bias (DeepSeek-V3),
+    `moe/<layer name>.gate.expert_bias` -> the live buffer (the same on every rank holding the layer: its update
+    is summed over the stage's ranks, so DCP keeps one copy). Empty without the bias."""
+    chunks = model if isinstance(model, (list, nn.ModuleList)) else [model]
+    return {f"moe/{name}.gate.expert_bias": m.gate.expert_bias for chunk in chunks
+            for name, m in chunk.named_modules() if isinstance(m, MoELayer) and m.gate.expert_bias is not None}
+
+
 @torch.no_grad()
 def after_step(model: nn.Module, mesh) -> None:
     """DeepSeek-V3's expert-bias update from this step's loads, summed over the stage's ranks (TP and DP: every
