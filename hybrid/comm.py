@@ -26,6 +26,7 @@ sequence number per group, the op in flight), which the hang watchdog reads; the
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -161,7 +162,7 @@ class Group:
         if self.size == 1:
             return t
         t = t.contiguous()
-        row = t[0].numel() * t.element_size() if t.dim() > 1 else t.element_size()
+        row = math.prod(t.shape[1:]) * t.element_size()  # bytes of one row (t may have none)
         self.ledger.record("all_to_all_v", f"{self.name}:{tag}" if tag else self.name,
                            (sum(in_splits) - in_splits[self.rank]) * row)
         out = torch.empty((sum(out_splits),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)

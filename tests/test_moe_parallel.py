@@ -208,7 +208,8 @@ def _ledger(rank, world):
     out = {}
     for name, experts in (("uniform", torch.stack([(torch.arange(N) + rank) % world,
                                                    (torch.arange(N) + rank + 1) % world], 1)),
-                          ("skewed", torch.stack([torch.zeros(N, dtype=torch.long), torch.arange(N) % (world - 1) + 1], 1))):
+                          ("skewed", torch.stack([torch.zeros(N, dtype=torch.long), torch.arange(N) % (world - 1) + 1], 1)),
+                          ("idle", torch.stack([torch.zeros(N, dtype=torch.long), torch.ones(N, dtype=torch.long)], 1))):
         mesh.ledger.reset()
         probs = torch.full((N, K), 0.5, requires_grad=True)
         r = Routing(logits=torch.zeros(N, world), scores=torch.zeros(N, world), experts=experts, probs=probs)
@@ -241,8 +242,9 @@ def test_alltoall_bytes_equal_the_formula(ledgers):
 def test_alltoall_bytes_are_the_rows_routed_off_rank(ledgers):
     """Any routing: forward + backward = 2 x (rows sent to other ranks + rows returned to them) x h x b."""
     for r in ledgers:
-        nbytes, off_rank, back, _, _ = r["skewed"]
-        assert nbytes == 2 * (off_rank + back) * H * 4
+        for case in ("skewed", "idle"):  # idle: ranks 2 and 3 receive no row at all (empty all-to-alls)
+            nbytes, off_rank, back, _, _ = r[case]
+            assert nbytes == 2 * (off_rank + back) * H * 4
 
 
 def test_expert_layout_folds_the_stage_ranks():
