@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("bench_zero.py", "bench_tp.py", "bench_pipeline.py", "bench_checkpoint.py")
+SCRIPTS = ("bench_zero.py", "bench_tp.py", "bench_pipeline.py", "bench_checkpoint.py", "bench_moe.py")
 
 
 def test_bench_scripts_quick_mode_writes_a_table(tmp_path):
