@@ -52,7 +52,8 @@ def _layout(args: argparse.Namespace) -> None:
 
 
 def _models(args: argparse.Namespace) -> None:
-    from models.config import PRESETS, load_config
+    from models.config import load_config
+    from models.presets import PRESETS
     print(f"{'preset':<14} {'arch':<6} {'params':>10} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'vocab':>7}")
     for name in PRESETS:
         c = load_config(name)

@@ -204,6 +204,7 @@ class Mesh:
     ledger: CommLedger = field(default_factory=CommLedger)
     cp: Group | None = None  # context parallel (None: a solo group, cp = 1)
     dp_cp: Group | None = None  # DP x CP, where gradients are reduced and ZeRO shards (None: the DP group)
+    world: Group | None = None  # every rank: start-up and logging collectives (node ids, timeline, memory peaks)
     ep: Group | None = None  # MoE: the expert-parallel group (hybrid/moe/parallel.py); None for a dense model
     edp: Group | None = None  # MoE: the expert-data-parallel group, over which expert gradients are reduced
 
@@ -212,6 +213,8 @@ class Mesh:
             self.cp = Group.solo("cp", self.ledger)
         if self.dp_cp is None:
             self.dp_cp = self.dp
+        if self.world is None:
+            self.world = Group.solo("world", self.ledger)
 
     @property
     def expert_dp(self) -> Group:
@@ -256,6 +259,8 @@ class Mesh:
         groups["embedding"] = _new_groups(dims.embedding_group_ranks(), rank, "embedding", ledger, timeout)
         groups["dp_cp"] = (_new_groups(dims.group_ranks((Axis.CP, Axis.DP)), rank, "dp_cp", ledger, timeout)
                            if dims.cp > 1 else groups["dp"])
+        groups["world"] = (Group("world", tuple(range(world)), dist.group.WORLD, ledger) if world > 1
+                           else Group.solo("world", ledger))
         if expert_parallel is not None:
             from hybrid.moe.parallel import ExpertAxis, ExpertLayout
             layout = ExpertLayout(dims, expert_parallel)

@@ -32,11 +32,15 @@ class OptimizerConfig:
         weight_decay: decoupled weight decay on matrices; biases and norms are not decayed
             (`--weight-decay`).
         beta1, beta2, eps: Adam (`--adam-beta1`, `--adam-beta2`, `--adam-eps`).
-        warmup_iters: linear warm-up steps (`--lr-warmup-iters`).
-        decay_style: "constant" or "cosine" (`--lr-decay-style`), decaying to min_lr at train_iters.
+        warmup_iters: linear warm-up steps (`--lr-warmup-iters`), Megatron's: step k <= warmup_iters runs at
+            lr k / warmup_iters (step 0 at 0, as Megatron's init_lr 0).
+        decay_style: "constant", "linear" or "cosine" (`--lr-decay-style`), decaying to min_lr at decay_iters.
         train_iters: total steps (`--train-iters`).
         clip_grad: clip gradients to this global L2 norm, over every TP, PP and DP shard, each
             logical element once (`--clip-grad`); 0 disables. Applied by the ZeRO optimizer.
+        decay_iters: the step at which the decay reaches min_lr (`--lr-decay-iters`, Megatron's; None:
+            train_iters). A run extended by a larger --train-iters keeps its schedule when this stays the same;
+            past it the rate stays at min_lr.
     """
 
     lr: float = 1e-3
@@ -49,14 +53,30 @@ class OptimizerConfig:
     decay_style: str = "cosine"
     train_iters: int = 100
     clip_grad: float = 0.0
+    decay_iters: int | None = None
 
     def lr_at(self, it: int) -> float:
-        if it < self.warmup_iters:
-            return self.lr * (it + 1) / self.warmup_iters
+        """The rate of step `it` (0-based), megatron-core's OptimizerParamScheduler.get_lr at num_steps = it
+        (Megatron counts in samples, warm-up and decay steps times the global batch: the same ratios):
+
+            it <= W (W > 0):   lr it / W
+            constant:          lr
+            it > D:            min_lr
+            else:              min_lr + c (lr - min_lr),  r = (it - W) / (D - W),
+                               c = 1 - r (linear), (1 + cos(pi r)) / 2 (cosine)
+
+        with W = warmup_iters, D = decay_iters (default train_iters). A function of `it` alone: a resumed run
+        with the same W and D steps at the rates an uninterrupted one does."""
+        w, d = self.warmup_iters, self.decay_iters or self.train_iters
+        if w > 0 and it <= w:
+            return self.lr * it / w
         if self.decay_style == "constant":
             return self.lr
-        progress = (it - self.warmup_iters) / max(1, self.train_iters - self.warmup_iters)
-        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+        if it > d:
+            return self.min_lr
+        ratio = (it - w) / (d - w)  # it > w and it <= d here, so d > w
+        coeff = 1.0 - ratio if self.decay_style == "linear" else 0.5 * (1 + math.cos(math.pi * ratio))
+        return self.min_lr + coeff * (self.lr - self.min_lr)
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:

@@ -7,9 +7,10 @@ import torch.nn as nn
 from hybrid.partition import partition_layers
 from hybrid.tp import TPContext, init_parameters
 from models.common import Recompute, StageLayout, set_recompute, shift_labels
-from models.config import ARCH_GPT2, PRESETS, ModelConfig, from_hf, load_config
+from models.config import ARCH_GPT2, ModelConfig, from_hf, load_config
 from models.gpt2 import GPT2
 from models.llama import Llama
+from models.presets import PRESETS
 
 
 def build_model(cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = None, seed: int | None = 1234,

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
+from models import activations
+
+if TYPE_CHECKING:  # the checks run on transformers' config objects; importing this module does not import it
+    from transformers import PretrainedConfig
 
 MOE = ("mixtral", "qwen2_moe")  # Mixture-of-Experts members of the Llama family (hybrid/moe)
 LLAMA_FAMILY = ("llama", "mistral", "qwen2") + MOE
@@ -48,8 +50,8 @@ RULES = (
     Rule("is_encoder_decoder", ALL, lambda v: not v, "decoder-only"),
     Rule("initializer_range", ALL, lambda v: v is None or v == INIT_STD, f"weights are initialised with std {INIT_STD}"),
     Rule("quantization_config", ALL, lambda v: not v, "full-precision weights only"),
-    Rule("activation_function", ("gpt2",), lambda v: v in ACT2FN, "a transformers ACT2FN name"),
-    Rule("hidden_act", LLAMA_FAMILY, lambda v: v in ACT2FN, "a transformers ACT2FN name"),
+    Rule("activation_function", ("gpt2",), activations.known, "a transformers ACT2FN name"),
+    Rule("hidden_act", LLAMA_FAMILY, activations.known, "a transformers ACT2FN name"),
     Rule("layer_types", ("mistral",), lambda v: v is None,
          "transformers' MistralModel ignores layer_types and windows every layer; drop the field"),
     Rule("layer_types", ("qwen2",), lambda v: v is None or set(v) <= {"full_attention", "sliding_attention"},

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, Dropout, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
 from hybrid.cp.data import SequenceInfo
-from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
+from models.activations import activation
+from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, checkpoint_block
 from models.config import ModelConfig
 
 
@@ -28,7 +28,7 @@ class SwiGLU(nn.Module):
         self.gate_proj = ColumnParallelLinear(h, f, tp, bias=cfg.mlp_bias, enter=False)
         self.up_proj = ColumnParallelLinear(h, f, tp, bias=cfg.mlp_bias, enter=False)
         self.down_proj = RowParallelLinear(f, h, tp, bias=cfg.mlp_bias)
-        self.act = ACT2FN[cfg.activation]
+        self.act = activation(cfg.activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tp.enter(x)
@@ -56,8 +56,8 @@ class LlamaBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, *rope, cache,
-                                segments, rng=self.rng)
+        return checkpoint_block(self.recompute, self.training, self.block, x, *rope, cache, segments,
+                                rng=self.rng)
 
     def block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch.nn as nn
-from transformers.activations import ACT2FN
-
 from hybrid.moe.layer import ExpertContext, MoELayer
 from hybrid.tp import TPContext
+from models.activations import activation
 from models.config import ModelConfig
 
 
@@ -26,4 +25,4 @@ def moe_mlp(cfg: ModelConfig, tp: TPContext, moe: ExpertContext | None) -> nn.Mo
     if cfg.moe_shared_expert_ffn_hidden_size:
         shared = SwiGLU(dataclasses.replace(cfg, ffn_hidden_size=cfg.moe_shared_expert_ffn_hidden_size,
                                             mlp_bias=False), tp)
-    return MoELayer(cfg, tp, moe or ExpertContext(), ACT2FN[cfg.activation], shared)
+    return MoELayer(cfg, tp, moe or ExpertContext(), activation(cfg.activation), shared)

@@ -130,7 +130,7 @@ def our_layer(shape: Shape, mesh, impl):
                       num_kv_heads=4, head_dim=shape.hidden // 4, ffn_hidden_size=shape.ffn,
                       max_position_embeddings=16, norm_eps=1e-5, tie_embeddings=False, qkv_bias=False,
                       mlp_bias=False, out_bias=False, activation="silu", num_experts=shape.experts,
-                      moe_top_k=shape.topk, moe_ffn_hidden_size=shape.ffn, moe_layers=(0,), moe_family="mixtral")
+                      moe_top_k=shape.topk, moe_ffn_hidden_size=shape.ffn, moe_layers=(0,), model_type="mixtral")
     ep = mesh.ep.size if mesh.ep is not None else 1
     return MoELayer(cfg, TPContext(mesh.tp), ExpertContext(MoEConfig(expert_parallel=ep, experts_impl=impl), mesh.ep),
                     ACT2FN["silu"])

@@ -2,8 +2,8 @@
 names the partial directory, and the resumed run continues exactly. The resumed run also makes 20 back-to-back
 asynchronous saves (--save-interval 1 --async-save) while training's TP and DP collectives run between them.
 
-Two launches of `python -m hybrid.train` as 4 rank processes (hybrid/fault/testing.launch, tp 2 x dp 2, ZeRO 1),
-no torchrun restart -- the second is a new job, as an operator (or a scheduler) would start after a crash:
+Two launches of `python -m hybrid.train` as 4 ranks forked from hybrid.testing's forkserver (launch; tp 2 x dp 2,
+ZeRO 1), no torchrun restart -- the second is a new job, as an operator (or a scheduler) would start after a crash:
 
   A  --save-interval 2; rank 1 sends itself SIGKILL inside the save of iteration 4, after writing its own .distcp
      file and before DCP's .metadata (HYBRID_FAULT crash:point=after_rank_files,...,signal=SIGKILL): a kill
@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from hybrid.checkpoint import store
-from hybrid.fault.testing import launch
+from hybrid.testing import launch
 
 ITERS = 22  # both launches: the LR schedule (cosine over --train-iters) must be the same
 COMMON = ["--tensor-model-parallel-size", "2", "--zero-stage", "1", "--micro-batch-size", "2", "--global-batch-size",

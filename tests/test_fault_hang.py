@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from hybrid.fault.testing import launch
+from hybrid.testing import launch
 from hybrid.fault.watchdog import EXIT_HANG, not_arrived, verdict
 
 TIMEOUT = 5  # --watchdog-timeout in these runs (seconds)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from hybrid import testing
 from hybrid.fault.attempt import agree
 from hybrid.testing import free_port
 
@@ -43,13 +44,15 @@ SEED = 20261203  # draws where each kill lands
 
 
 def _torchrun(nproc: int, flags: list[str], env: dict | None = None, restarts: int = 0) -> subprocess.CompletedProcess:
+    """The real torchrun where it is the subject (restarts > 0); else the same job as ranks forked from
+    hybrid.testing's forkserver (torchrun's environment, no agent)."""
+    env = {"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1", **(env or {})}  # no fault unless the test injects one
+    if not restarts:
+        return testing.torchrun(COMMON + flags, nproc, env=env, cwd=ROOT, timeout=600)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--max-restarts",
            str(restarts), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{free_port()}", "-m",
            "hybrid.train", *COMMON, *flags]
-    full_env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **(env or {}))
-    if "HYBRID_FAULT" not in (env or {}):
-        full_env.pop("HYBRID_FAULT", None)
-    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=ROOT, env=testing.environment(env), capture_output=True, text=True, timeout=600)
 
 
 def _losses(out: str) -> dict[int, list[str]]:

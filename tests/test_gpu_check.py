@@ -6,11 +6,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
+
+from hybrid import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.py")
@@ -21,8 +22,7 @@ SECTIONS = ("env", "ceilings", "hf_match", "zero_offload", "multi_rank", "speed"
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
-    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out", str(out)], capture_output=True, text=True,
-                          timeout=600)
+    proc = testing.run([SCRIPT, "--dry-run", "--out", str(out)], timeout=600)  # a fork of hybrid.testing's forkserver
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "gpu_check.json").read_text())
 

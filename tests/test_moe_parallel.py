@@ -201,7 +201,7 @@ def _ledger(rank, world):
     cfg = ModelConfig(arch="llama", vocab_size=16, hidden_size=H, num_layers=1, num_heads=2, num_kv_heads=2,
                       head_dim=4, ffn_hidden_size=8, max_position_embeddings=16, norm_eps=1e-5, tie_embeddings=False,
                       qkv_bias=False, mlp_bias=False, out_bias=False, activation="silu", num_experts=world,
-                      moe_top_k=K, moe_ffn_hidden_size=4, moe_layers=(0,), moe_family="mixtral")
+                      moe_top_k=K, moe_ffn_hidden_size=4, moe_layers=(0,), model_type="mixtral")
     mesh = Mesh.build(ParallelDims.from_world(world), expert_parallel=world)
     layer = MoELayer(cfg, TPContext(mesh.tp), ExpertContext(MoEConfig(expert_parallel=world), mesh.ep), ACT2FN["silu"])
     x = torch.randn(N, H, requires_grad=True)

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from hybrid import testing
 from hybrid.data import BatchSpec, load_corpus, micro_batches
 from hybrid.dp import GradAverager
 from hybrid.mesh import Mesh, ParallelDims
@@ -120,7 +121,15 @@ def quickstart(tmp_path_factory):
     timeline and plot), run once for every test below, stopped after reference_losses.ITERATIONS steps by
     --exit-interval (the schedule and data order still follow its --train-iters) and logging every step."""
     workdir = tmp_path_factory.mktemp("quickstart")
-    return reference_losses.run_quickstart(str(workdir), timeout=400), workdir
+    return reference_losses.run_quickstart(str(workdir), timeout=400, runner=_forked), workdir
+
+
+def _forked(argv: list[str], cwd: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """A part of the README command (reference_losses.command_parts: `python -m torch.distributed.run ...` or
+    `python SCRIPT ...`) run by hybrid.testing: torchrun's ranks, or the script, forked from its forkserver."""
+    if argv[1:3] == ["-m", "torch.distributed.run"]:
+        return testing.torchrun_cli(argv[3:], env=env, cwd=cwd, timeout=timeout)
+    return testing.run(argv[1:], env=env, cwd=cwd, timeout=timeout)
 
 
 def test_quickstart_first_losses_equal_the_committed_reference(quickstart):

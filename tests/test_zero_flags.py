@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from hybrid import testing
 from hybrid.train.args import run_config
 from hybrid.zero.ds_config import read_deepspeed_config
 
@@ -136,9 +137,8 @@ def readme_command(marker: str) -> list[str]:
 
 
 def _torchrun_train(argv: list[str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", *argv]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    """`torchrun ARGV` as written; its ranks forked from hybrid.testing's forkserver (hybrid.testing.torchrun_cli)."""
+    return testing.torchrun_cli(argv, env={"OMP_NUM_THREADS": "1"}, cwd=ROOT, timeout=600)
 
 
 def _logged_losses(stdout: str) -> list[float]:

@@ -86,8 +86,8 @@ def _one(path: str, latest: int | None, target: Target | None = None) -> str:
     lay = s.get("layout", {})
     verdict = "ok: every checksum matches" if v.error is None else f"CORRUPT: {v.error}"
     return (f"{name}{mark}: iteration {s.get('iteration')} | consumed samples {s.get('consumed_samples')} | "
-            f"model {s.get('model')} ({_identity(s)}) | saved at tp {lay.get('tp')} x pp {lay.get('pp')} x dp {lay.get('dp')}, "
-            f"ZeRO {lay.get('zero')} | adam step {s.get('adam_step')} | {size} | {verdict}{at}")
+            f"model {s.get('model')} ({_identity(s)}) | saved at tp {lay.get('tp')}{_cp(lay)} x pp {lay.get('pp')} x "
+            f"dp {lay.get('dp')}, ZeRO {lay.get('zero')} | adam step {s.get('adam_step')} | {size} | {verdict}{at}")
 
 
 def _identity(state: dict) -> str:
@@ -95,6 +95,11 @@ def _identity(state: dict) -> str:
     ident = state.get("model_identity")
     sha = ident.get("sha256") if isinstance(ident, dict) else None
     return f"config {sha}" if isinstance(sha, str) else "config not recorded: saved before identities"
+
+
+def _cp(layout: dict) -> str:
+    """' x cp 2' for a checkpoint saved with context parallelism (it changes no parameter: loads at any cp)."""
+    return f" x cp {layout['cp']}" if isinstance(layout.get("cp"), int) and layout["cp"] > 1 else ""
 
 
 def _target(args: argparse.Namespace) -> Target | None:

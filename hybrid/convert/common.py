@@ -48,6 +48,22 @@ def staged_dst(dst: str) -> Iterator[str]:
         raise
 
 
+def check_safetensors(src: str, what: str = "SRC") -> None:
+    """Every safetensors file of a transformers folder opens (its header parses and covers the file) and every
+    shard its index names exists: a truncated or corrupt one is one line naming it, before any work."""
+    from models.hf_io import CheckpointReader
+    try:
+        reader = CheckpointReader(src)
+    except Exception as e:  # safetensors' header error, a malformed index; ours (an index naming a file outside)
+        if isinstance(e, ValueError) and str(e).startswith("--model"):
+            raise ValueError(what + str(e)[len("--model"):]) from None
+        raise ValueError(f"{what} {src}: not a readable safetensors checkpoint ({type(e).__name__}: "
+                         f"{(str(e).strip().splitlines() or [''])[0][:160]})") from None
+    missing = sorted({os.path.basename(f) for f in reader.files.values() if not os.path.isfile(f)})
+    if missing:
+        raise ValueError(f"{what} {src}: the index names missing shard files: {', '.join(missing[:3])}")
+
+
 def read_config(path: str, what: str) -> ModelConfig:
     """load_config with its messages naming `what` (SRC / --model) instead of train.py's --model."""
     try:

@@ -37,13 +37,30 @@ def set_aux_grad_scale(model: nn.Module, scale: float) -> None:
         layer.aux_grad_scale = scale
 
 
-def state_dict(model: nn.Module | list) -> dict[str, torch.Tensor]:
-    """The MoE layers' state outside the parameters, for the checkpoint: each router's expert bias (DeepSeek-V3),
-    `moe/<layer name>.gate.expert_bias` -> the live buffer (the same on every rank holding the layer: its update
-    is summed over the stage's ranks, so DCP keeps one copy). Empty without the bias."""
-    chunks = model if isinstance(model, (list, nn.ModuleList)) else [model]
-    return {f"moe/{name}.gate.expert_bias": m.gate.expert_bias for chunk in chunks
-            for name, m in chunk.named_modules() if isinstance(m, MoELayer) and m.gate.expert_bias is not None}
+class ExpertBiasState:
+    """The MoE routers' expert biases (DeepSeek-V3) as the checkpoint's Stateful (hybrid/stateful.py), under
+    `moe/<layer name>.gate.expert_bias`: a whole tensor per layer, the same on every rank holding the layer (its
+    update is summed over the stage's ranks), so the checkpoint keeps one copy and every layout reads it back."""
+
+    def __init__(self, model: nn.Module):
+        chunks = model if isinstance(model, (list, nn.ModuleList)) else [model]
+        self.buffers = {f"{name}.gate.expert_bias": m.gate.expert_bias for chunk in chunks
+                        for name, m in chunk.named_modules()
+                        if isinstance(m, MoELayer) and m.gate.expert_bias is not None}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.buffers)
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for k, t in state.items():
+            self.buffers[k].copy_(t)
+
+
+def owners(model: nn.Module) -> dict:
+    """The MoE state the checkpoint collects, by key prefix ({} without expert biases)."""
+    state = ExpertBiasState(model)
+    return {"moe/": state} if state.buffers else {}
 
 
 @torch.no_grad()

@@ -18,9 +18,9 @@ def check_model_fields(cfg) -> None:
     if bad:
         raise ValueError(f"--model: moe_layers {list(cfg.moe_layers)} name layer {bad[0]} outside the "
                          f"{cfg.num_layers} layers")
-    if cfg.moe_family not in MOE_FAMILIES:
-        raise ValueError(f"--model: moe_family {cfg.moe_family!r} must be one of {', '.join(MOE_FAMILIES)} "
-                         f"(the checkpoint naming of the expert tensors)")
+    if cfg.model_type not in MOE_FAMILIES:
+        raise ValueError(f"--model: model_type {cfg.model_type!r} with experts; MoE models are "
+                         f"{', '.join(MOE_FAMILIES)} (their checkpoint naming of the expert tensors)")
     if cfg.moe_shared_expert_gate and not cfg.moe_shared_expert_ffn_hidden_size:
         raise ValueError("--model: moe_shared_expert_gate needs a shared expert "
                          "(moe_shared_expert_ffn_hidden_size > 0)")

@@ -625,6 +625,18 @@ class ZeroOptimizer:
         return sum(u.padded for u in self.units)
 
     # --- checkpoints (hybrid/checkpoint) ------------------------------------------------------
+    def state_dict(self, optimizer: bool = True, names: dict[int, str] | None = None) -> dict[str, object]:
+        """The model's fp32 master weights (and with `optimizer` Adam's moments, step and loss scaler) as a sharded
+        state dict (hybrid/stateful.py; the keys and pieces: hybrid/zero/state.py). `names`: id(param) -> global
+        name (default: the model's own)."""
+        from hybrid.zero import state
+        return state.state_dict(self, optimizer, names)
+
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
+        """After a checkpoint filled `state_dict()`'s pieces: the step, the loss scaler, the parameters."""
+        from hybrid.zero import state
+        state.load_state_dict(self, state_dict)
+
     @torch.no_grad()
     def sync_params_from_master(self) -> None:
         """After the fp32 master shards were loaded from a checkpoint: rebuild the compute-dtype
@@ -649,9 +661,16 @@ def cpu_adamw(groups: list[dict], which: CpuAdam, lr: float, betas: tuple[float,
     if which is CpuAdam.TORCH_LOOP:
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, foreach=False), "torch-loop"
     if which is not CpuAdam.TORCH:
+        from hybrid.zero.cpu_adam_build import StaleBuildLock, cpu_adam_build
         try:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
-            return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True), "deepspeed-cpu-adam"
+            with cpu_adam_build(lambda line: print(line, flush=True)):  # a first build says so; a stale lock is named
+                return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True), "deepspeed-cpu-adam"
+        except StaleBuildLock as e:
+            if which is CpuAdam.DEEPSPEED:
+                from hybrid.cliutil import fail
+                raise fail(f"train.py: error: {e}") from None
+            print(f"train.py: warning: {e}; using torch's fused AdamW meanwhile", flush=True)
         except Exception as e:  # no compiler, no deepspeed: fall back, unless it was asked for by name
             if which is CpuAdam.DEEPSPEED:
                 raise RuntimeError(f"--cpu-adam deepspeed: DeepSpeedCPUAdam failed to build: {e}") from e

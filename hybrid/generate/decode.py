@@ -186,7 +186,7 @@ def read_source(src: str, model: str | None):
     """(config, checkpoint directory or transformers folder, state.json or None), checked, with no weights
     read: a hybrid checkpoint's files against its manifest and its tensors against the config."""
     from hybrid.checkpoint import store
-    from hybrid.convert.common import read_config
+    from hybrid.convert.common import check_safetensors, read_config
     from hybrid.convert.to_hf import check_against, checkpoint_config, iteration_dir
     fmt = detect(src)
     if fmt is Format.HYBRID:
@@ -198,7 +198,9 @@ def read_source(src: str, model: str | None):
         raise ValueError(f"SRC {src!r}: generate reads a hybrid checkpoint or a transformers folder; convert it first")
     if model is not None:
         raise ValueError("--model: a transformers SRC carries its own config.json; drop --model")
-    return read_config(src, "SRC"), src, None
+    cfg = read_config(src, "SRC")
+    check_safetensors(src)  # a truncated file: one line here, not safetensors' traceback at the load
+    return cfg, src, None
 
 
 # --- the tokenizer --------------------------------------------------------------------------------------------
@@ -217,6 +219,30 @@ def _bytes_codec(why: str) -> TextCodec:
 
 
 def _tokenizer_codec(path: str, why: str) -> TextCodec:
+    """_read_tokenizer, with a file that does not parse (truncated, another format) as one line naming it."""
+    import json
+    files = [os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".json")] \
+        if os.path.isdir(path) else [path]
+    for f in files:  # each JSON file parses: the error can then name the one that does not
+        try:
+            with open(f, "rb") as fh:
+                json.loads(fh.read().decode("utf-8"))
+        except (ValueError, RecursionError, OSError) as e:
+            raise ValueError(f"tokenizer {f} ({why}): not readable JSON ({type(e).__name__}: "
+                             f"{(str(e).strip().splitlines() or [''])[0][:120]}); give --tokenizer or --prompt-ids")
+    try:
+        return _read_tokenizer(path, why)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        error: Exception = e
+    except ValueError:  # ours: names the file already
+        raise
+    except Exception as e:  # tokenizers' "EOF while parsing", transformers' KeyError on a partial tokenizer.json
+        error = e
+    raise ValueError(f"tokenizer {path} ({why}): not a readable tokenizer ({type(error).__name__}: "
+                     f"{(str(error).strip().splitlines() or [''])[0][:160]}); give --tokenizer or --prompt-ids")
+
+
+def _read_tokenizer(path: str, why: str) -> TextCodec:
     """A transformers tokenizer folder (AutoTokenizer: its special tokens, e.g. BOS, as transformers adds them),
     or a bare tokenizers JSON as train.py's --tokenizer-model (no special tokens: as the data were encoded)."""
     folder = path if os.path.isdir(path) else None
