@@ -241,12 +241,12 @@ class Mesh:
 
     @classmethod
     def build(cls, dims: ParallelDims, device: torch.device | None = None,
-              ledger: CommLedger | None = None, timeout: timedelta | None = None, expert_parallel: int | None = None
-              ) -> "Mesh":
+              ledger: CommLedger | None = None, timeout: timedelta | None = None,
+              expert_groups: dict[str, list[list[int]]] | None = None) -> "Mesh":
         """Create the process groups. Collective: every rank of the world must call it with equal `dims`.
         `timeout` bounds each group's collectives (`--distributed-timeout-minutes`; new_group does not inherit
-        init_process_group's timeout, so it is passed on). `expert_parallel` (an MoE model's EP size) adds the
-        ep and edp groups of hybrid/moe/parallel.py's folding."""
+        init_process_group's timeout, so it is passed on). `expert_groups` (an MoE model's, from
+        hybrid.moe.parallel.ExpertLayout.groups: {"ep": ranks of every group, "edp": ...}) adds those groups."""
         if not dist.is_initialized():
             raise RuntimeError("Mesh.build needs torch.distributed.init_process_group first")
         world, rank = dist.get_world_size(), dist.get_rank()
@@ -261,11 +261,8 @@ class Mesh:
                            if dims.cp > 1 else groups["dp"])
         groups["world"] = (Group("world", tuple(range(world)), dist.group.WORLD, ledger) if world > 1
                            else Group.solo("world", ledger))
-        if expert_parallel is not None:
-            from hybrid.moe.parallel import ExpertAxis, ExpertLayout
-            layout = ExpertLayout(dims, expert_parallel)
-            for axis in (ExpertAxis.EP, ExpertAxis.EDP):
-                groups[axis.value] = _new_groups(layout.group_ranks(axis), rank, axis.value, ledger, timeout)
+        for name, ranks in (expert_groups or {}).items():
+            groups[name] = _new_groups(ranks, rank, name, ledger, timeout)
         device = device or default_backend()[1]
         return cls(dims=dims, rank=rank, device=device, ledger=ledger, **groups)
 

@@ -171,10 +171,11 @@ def _step(forward, grad):
 def _layer_rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dict:
     import torch.distributed as dist
 
-    from hybrid.mesh import Mesh, ParallelDims
+    from hybrid.mesh import ParallelDims
     from hybrid.moe.config import ExpertsImpl
+    from hybrid.moe.parallel import build_mesh
     log = (lambda m: print(m, flush=True)) if rank == 0 else (lambda m: None)
-    mesh = Mesh.build(ParallelDims.from_world(world), device=torch.device("cpu"), expert_parallel=world)
+    mesh = build_mesh(ParallelDims.from_world(world), world, device=torch.device("cpu"))
     gen = torch.Generator().manual_seed(10 + rank)
     x = torch.randn(shape.tokens, shape.hidden, generator=gen)
     grad = torch.randn(shape.tokens, shape.hidden, generator=gen)

@@ -27,6 +27,7 @@ from hybrid.checkpoint.store import CorruptCheckpoint
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.moe.config import MoEConfig
 from hybrid.moe.layer import ExpertContext
+from hybrid.moe.parallel import build_mesh
 from hybrid.moe.params import is_expert
 from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
@@ -48,7 +49,7 @@ class Run:
     def __init__(self, layout, world):
         tp, pp, ep, zero = LAYOUTS[layout]
         self.cfg = from_hf(hf_config("mixtral", 4))
-        self.mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp), expert_parallel=ep)
+        self.mesh = build_mesh(ParallelDims.from_world(world, tp=tp, pp=pp), ep)
         self.rng = ParallelRNG(5, self.mesh.coords.tp, self.mesh.coords.pp)
         moe = ExpertContext(MoEConfig(expert_parallel=ep, aux_loss_coeff=0.01, expert_bias=True,
                                       bias_update_rate=0.01), self.mesh.ep)

@@ -18,6 +18,7 @@ from hybrid.convert.presharded import TargetLayout
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.moe.config import MoEConfig
 from hybrid.moe.layer import ExpertContext
+from hybrid.moe.parallel import build_mesh
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
 from hybrid.train_step import OptimizerConfig
@@ -68,7 +69,7 @@ def test_generate_equals_transformers(converted, kind, capsys):
 
 def _load_at(rank, world, root, kind, tp, ep, zero):
     cfg = from_hf(hf_config(kind, 4))
-    mesh = Mesh.build(ParallelDims.from_world(world, tp=tp), expert_parallel=ep)
+    mesh = build_mesh(ParallelDims.from_world(world, tp=tp), ep)
     chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp, sequence_parallel=tp > 1), 0, 1, seed=None,
                                    moe=ExpertContext(MoEConfig(expert_parallel=ep), mesh.ep))
     opt = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=zero), OptimizerConfig())

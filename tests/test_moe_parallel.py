@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.moe.config import Dispatcher, MoEConfig
 from hybrid.moe.layer import ExpertContext
-from hybrid.moe.parallel import ExpertLayout
+from hybrid.moe.parallel import ExpertLayout, build_mesh
 from hybrid.moe.router import Routing
 from hybrid.moe.runtime import set_aux_grad_scale
 from hybrid.pipeline import ScheduleKind, build_schedule
@@ -73,7 +73,7 @@ def _build(case, path, world, zero):
     hf_cfg = hf_model(kind, LAYERS).config
     cfg = from_hf(hf_cfg)
     dims = ParallelDims.from_world(world, tp=tp, pp=pp)
-    mesh = Mesh.build(dims, expert_parallel=ep)
+    mesh = build_mesh(dims, ep)
     moe = ExpertContext(MoEConfig(expert_parallel=ep, aux_loss_coeff=COEFF, dispatcher=Dispatcher(dispatcher)), mesh.ep)
     chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp, sequence_parallel=tp > 1), mesh.coords.pp, pp, v, seed=None,
                                    recompute=Recompute(recompute), moe=moe)
@@ -202,7 +202,7 @@ def _ledger(rank, world):
                       head_dim=4, ffn_hidden_size=8, max_position_embeddings=16, norm_eps=1e-5, tie_embeddings=False,
                       qkv_bias=False, mlp_bias=False, out_bias=False, activation="silu", num_experts=world,
                       moe_top_k=K, moe_ffn_hidden_size=4, moe_layers=(0,), model_type="mixtral")
-    mesh = Mesh.build(ParallelDims.from_world(world), expert_parallel=world)
+    mesh = build_mesh(ParallelDims.from_world(world), world)
     layer = MoELayer(cfg, TPContext(mesh.tp), ExpertContext(MoEConfig(expert_parallel=world), mesh.ep), ACT2FN["silu"])
     x = torch.randn(N, H, requires_grad=True)
     out = {}

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from hybrid.mesh import ParallelDims
+from hybrid.mesh import Mesh, ParallelDims
 
 
 class ExpertAxis(Enum):
@@ -114,3 +114,12 @@ class ExpertLayout:
         for rank, experts in self.placement(num_experts):
             lines.append(f"  rank {rank}: experts {experts.start}-{experts.stop - 1}")
         return lines
+
+    def groups(self) -> dict[str, list[list[int]]]:
+        """The ep and edp groups, as Mesh.build's `expert_groups`."""
+        return {axis.value: self.group_ranks(axis) for axis in (ExpertAxis.EP, ExpertAxis.EDP)}
+
+
+def build_mesh(dims: ParallelDims, expert_parallel: int = 1, **kw) -> Mesh:
+    """Mesh.build with the expert layers' groups (every rank of the world calls it)."""
+    return Mesh.build(dims, expert_groups=ExpertLayout(dims, expert_parallel).groups(), **kw)

@@ -94,8 +94,9 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     dims, plan, batch = run.parallel.dims, run.parallel.pipeline, run.training.batch
     cfg, seed = run.model.arch, run.training.seed
     baseline = current_rss_bytes()  # before the model: the planner's memory line adds it on CPU (explain.py)
+    experts = expert_layout(run)  # MoE: the expert layers' ep and edp groups (hybrid/moe/parallel.py)
     mesh = Mesh.build(dims, device=device, timeout=timedelta(minutes=run.parallel.timeout_minutes),
-                      expert_parallel=run.moe.expert_parallel if run.moe is not None else None)
+                      expert_groups=experts.groups() if experts is not None else None)
     # The default generators (CPU and every CUDA device), as Megatron's _set_random_seed: seed + 100 * pp_rank.
     # Training draws only from explicit generators (data, init, the dropout streams), but the default one is
     # checkpointed for whatever else draws from it -- unseeded it starts at a per-process value, and a resumed
