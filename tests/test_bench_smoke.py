@@ -9,7 +9,8 @@ import os
 from hybrid import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("bench_zero.py", "bench_tp.py", "bench_pipeline.py", "bench_checkpoint.py", "bench_startup.py")
+SCRIPTS = ("bench_zero.py", "bench_tp.py", "bench_pipeline.py", "bench_checkpoint.py", "bench_startup.py",
+           "bench_moe.py")
 
 
 def test_bench_scripts_quick_mode_writes_a_table(tmp_path):
