@@ -755,3 +755,30 @@ def test_the_same_config_under_another_path_resumes_and_overwrite_save_replaces_
     done = train(["--save", other, "--overwrite-save", "--train-iters", "1"], tmp_path)
     assert "--overwrite-save: removed the earlier run's 1 checkpoint(s)" in done.stdout
     assert store.complete_iterations(other) == [1] and store.read_latest(other) == 1
+
+
+# --- tools never replace a good output with a worse one ----------------------------------------------------------
+@pytest.mark.parametrize("bad", ["empty", "whitespace", "not-json", "not-utf8", "no-key", "fifo"])
+def test_a_bad_input_never_replaces_a_good_tokenizer_or_dataset(tmp_path, monkeypatch, capsys, bad):
+    """train_tokenizer.py and preprocess_data.py read every input before writing: a bad one is one line and the
+    tokenizer / indexed dataset already at the output stays byte for byte."""
+    from hybrid.data import preprocess, train_tokenizer
+    monkeypatch.chdir(tmp_path)
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"text": f"document {i} about foxes and dogs"}) + "\n" for i in range(40)))
+    train_tokenizer.main(["--input", str(good), "--output", "tok", "--vocab-size", "300"])
+    preprocess.main(["--input", str(good), "--output-prefix", "data", "--tokenizer-type", "ByteLevel"])
+    capsys.readouterr()
+    path = tmp_path / "bad.jsonl"
+    if bad == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_bytes({"empty": b"", "whitespace": b"\n \n", "not-json": b"{\"text\": \n",
+                          "not-utf8": b"{\"text\": \"\xff\xfe\"}\n", "no-key": b"{\"body\": \"x\"}\n"}[bad])
+    before = tree(tmp_path)
+    for fn, argv in ((train_tokenizer.main, ["--input", str(path), "--output", "tok", "--vocab-size", "300"]),
+                     (preprocess.main, ["--input", str(path), "--output-prefix", "data", "--tokenizer-type",
+                                        "ByteLevel"])):
+        line = one_line_error(fn, argv, capsys)
+        assert "error: --input" in line and "bad.jsonl" in line, line
+    assert tree(tmp_path) == before, "a good output was replaced"
