@@ -782,3 +782,30 @@ def test_a_bad_input_never_replaces_a_good_tokenizer_or_dataset(tmp_path, monkey
         line = one_line_error(fn, argv, capsys)
         assert "error: --input" in line and "bad.jsonl" in line, line
     assert tree(tmp_path) == before, "a good output was replaced"
+
+
+# --- the NaN guard: non-finite weights at load, a skipped first step -----------------------------------------------
+def test_non_finite_loaded_weights_are_one_line_naming_the_parameter(hf_folder, tmp_path):
+    """A --load folder with a NaN weight: the guard stops before the first step (exit 65), one line naming it -- it
+    was an AttributeError at the first log line."""
+    from safetensors.torch import load_file, save_file
+    src = str(tmp_path / "nan")
+    shutil.copytree(hf_folder, src)
+    weights = load_file(os.path.join(src, "model.safetensors"))
+    weights["transformer.h.1.mlp.c_fc.weight"][3, 5] = float("nan")
+    save_file(weights, os.path.join(src, "model.safetensors"), metadata={"format": "pt"})
+    out = train(["--load", src, "--model", src, "--train-iters", "3"], tmp_path, check=False)
+    errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
+    assert out.returncode == 65 and len(errors) == 1, out.stderr[-2000:]
+    assert errors[0].startswith("train.py: error: nan-guard: the weights at the start of training are not finite "
+                                "(0.h.1.mlp.c_fc.weight on rank 0") and "Traceback" not in out.stderr
+
+
+def test_a_skipped_first_step_is_logged_not_an_attribute_error(tmp_path):
+    env_fault = {"HYBRID_FAULT": "nan:rank=0,iterations=1"}
+    out = subprocess.run([sys.executable, "-m", "hybrid.train", "--train-iters", "2"] + TINY, cwd=tmp_path,
+                         env={**_env(), **env_fault}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "nan-guard: iteration 1: skipped the step on every rank" in out.stdout
+    first = next(ln for ln in out.stdout.splitlines() if ln.startswith(" iteration      1/"))
+    assert "grad norm" not in first, first  # the skipped step has no norm (it was last_report None: AttributeError)
