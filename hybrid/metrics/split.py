@@ -23,6 +23,7 @@ from __future__ import annotations
 from hybrid.planner import ActivationProfile, Cluster, Layout, Offload, Precision, Recompute, StepTime, Workload
 from hybrid.planner import ZeroStage, evaluate
 from hybrid.planner.layout import stage_layers
+from hybrid.planner.ops import KernelProfile
 
 
 def predicted_split(t: StepTime) -> dict[str, float]:
