@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 
+import pytest
 import torch
 
 from hybrid.data import load_corpus, micro_batches
@@ -85,6 +86,7 @@ def test_nan_in_one_tp_rank_gradient_skips_the_step_on_every_rank_bit_identicall
     assert "3 consecutive steps skipped at iteration 11 (--max-skipped-steps 3); stopping with exit code 65" in log0
 
 
+@pytest.mark.slow
 def test_consecutive_skips_end_the_training_job_with_exit_code_65():
     (run,) = launch(["--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "6", "--max-skipped-steps",
                      "2"], 1, {"HYBRID_FAULT": "nan:rank=0,iterations=3-4"})
