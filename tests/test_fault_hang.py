@@ -38,6 +38,7 @@ def _check_every_live_rank_exits_with_one_verdict(runs, stopped: set[int] = froz
 
 
 @pytest.mark.serial  # exit within the watchdog timeout + 10 s: runs alone under xdist
+@pytest.mark.slow
 def test_a_rank_stalled_before_a_dp_all_reduce_is_named_by_every_live_rank():
     runs = launch(TP2_DP2, 4, {"HYBRID_FAULT": "hang:rank=2,op=dp.all_reduce,iteration=5,microbatch=1"})
     lines = _check_every_live_rank_exits_with_one_verdict(runs)
@@ -50,6 +51,7 @@ def test_a_rank_stalled_before_a_dp_all_reduce_is_named_by_every_live_rank():
 
 
 @pytest.mark.serial  # exit within the watchdog timeout + 10 s: runs alone under xdist
+@pytest.mark.slow
 def test_a_rank_stalled_before_a_pipeline_send_is_named_by_its_peer():
     runs = launch(PP2, 2, {"HYBRID_FAULT": "hang:rank=1,op=pp.send,iteration=5,microbatch=1"})
     lines = _check_every_live_rank_exits_with_one_verdict(runs)
@@ -60,6 +62,7 @@ def test_a_rank_stalled_before_a_pipeline_send_is_named_by_its_peer():
 
 
 @pytest.mark.serial  # exit within the watchdog timeout + 10 s: runs alone under xdist
+@pytest.mark.slow
 def test_a_stopped_rank_is_reported_by_its_peers_as_not_heart_beating():
     runs = launch(TP2_DP2, 4, {"HYBRID_FAULT": "stop:rank=2,op=dp.all_reduce,iteration=5,microbatch=1"})
     lines = _check_every_live_rank_exits_with_one_verdict(runs, stopped={2})
