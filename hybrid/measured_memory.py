@@ -210,6 +210,15 @@ class SavedActivationLedger:
         weakref.finalize(handle, self._released.append, (key, tag))
         return handle
 
+    def track(self, t: torch.Tensor, owner: object, tag: Hashable = None) -> None:
+        """Count `t` under `tag` as held until `owner` is garbage: e.g. an output gradient a zero-bubble B keeps
+        for its W (hybrid/pipeline/split_backward.py), which autograd does not save and the hooks do not see."""
+        outer, self.tag = self.tag, tag
+        try:
+            self._track(t, owner)
+        finally:
+            self.tag = outer
+
     def _track(self, t: torch.Tensor, owner: object) -> None:
         """Count `t` as saved until `owner` is garbage: a tensor a checkpointed region re-saved in backward,
         held by the checkpoint frame until the node that needs it unpacks it."""

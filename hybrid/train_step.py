@@ -1,6 +1,7 @@
 """One training step: micro-batches, gradient synchronisation, the optimizer.
 
-    loss = train_step(model, batches, optimizer, mesh, averager)
+    loss = train_step(model, batches, zero_optimizer, mesh, runner=runner)     # train.py: ZeroOptimizer syncs
+    loss = train_step(model, batches, torch_adamw, mesh, averager)             # tests' reference: GradAverager
 
 Each micro-batch's loss is scaled by 1/m before backward, so the accumulated gradient is the
 gradient of the mean loss over this rank's rows; averaging over DP then gives the gradient of the
@@ -18,6 +19,7 @@ import torch.nn as nn
 
 from hybrid.mesh import Mesh
 from hybrid.cp.data import seq_kwargs
+from hybrid.moe import runtime as moe_runtime
 from hybrid.tp.sharding import param_grad
 
 
@@ -106,8 +108,9 @@ class ForwardBackward(Protocol):
 
 
 class GradSync(Protocol):
-    """Who makes gradients complete across ranks: `GradAverager` (after backward) or
-    `hybrid.zero.ZeroOptimizer` (from backward hooks, and also the optimizer)."""
+    """Who makes gradients complete across ranks: `hybrid.zero.ZeroOptimizer` (from backward hooks, and also the
+    optimizer: what train.py runs), or `hybrid.dp.GradAverager` (after backward: the tests' unsharded-DP
+    reference, never a training path)."""
 
     loss_scale: float  # the loss was multiplied by this before backward (fp16); 1 otherwise
 
@@ -144,6 +147,7 @@ def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sync.begin_step(len(batches))
+    moe_runtime.set_aux_grad_scale(model, sync.loss_scale / len(batches))  # MoE aux losses, as the LM loss
     loss = (runner or LocalForwardBackward(model, mesh.device)).forward_backward(batches)
     sync.finish_backward(model, mesh)
     scale = sync.loss_scale  # the scale backward used: an fp16 overflow step halves it in step()
@@ -151,6 +155,7 @@ def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]
         for group in optimizer.param_groups:
             group["lr"] = lr
     optimizer.step()
+    moe_runtime.after_step(model, mesh)  # DeepSeek-V3's expert-bias update (MoE models with the bias only)
     loss = loss.float() / scale
     mesh.pp.all_reduce(loss, tag="metrics")  # only the last stage holds it
     # over DP x CP: a CP rank's loss is CP x its share of the sequence's mean (hybrid/cp/loss.py)

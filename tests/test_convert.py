@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,6 +15,7 @@ from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
+from hybrid import testing
 from hybrid.checkpoint import store
 from hybrid.cli import main as hybrid_main
 from hybrid.convert import hf_to_hybrid, hybrid_to_hf
@@ -27,7 +26,6 @@ from models import shift_labels
 from models.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 VOCAB = 259  # divisible by neither tp 2 nor tp 4: padded rows inside training, none in any file
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, vocab_size=VOCAB,
              max_position_embeddings=64, bos_token_id=0, eos_token_id=0)
@@ -105,9 +103,10 @@ def test_bf16_export_is_the_rounded_weights(tmp_path):
 
 # --- a real training run -----------------------------------------------------------------------------------
 def torchrun(n: int, *flags: str, timeout: int = 240) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-           "scripts/train.py", "--micro-batch-size", "1", "--seq-length", "16", "--log-interval", "1", *flags]
-    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    """`torchrun --standalone --nproc-per-node N scripts/train.py ...`, its ranks forked from hybrid.testing's
+    forkserver."""
+    p = testing.torchrun(["--micro-batch-size", "1", "--seq-length", "16", "--log-interval", "1", *flags], n,
+                         env={"OMP_NUM_THREADS": "1"}, cwd=ROOT, timeout=timeout)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     return p.stdout
 
@@ -116,6 +115,7 @@ def losses(out: str) -> list[str]:
     return re.findall(r"iteration +\d+/\d+ \| lm loss (\S+)", out)
 
 
+@pytest.mark.slow
 def test_zero3_tp2_pp2_dp2_checkpoint_exports_with_our_loss(tmp_path):
     """train.py saves after 2 steps at tp 2 x pp 2 x dp 2, ZeRO 3 (the tied embedding on both pipeline ends, 259
     vocabulary rows padded to 260); the export loads in transformers, whose loss on a fixed batch equals the
@@ -136,6 +136,7 @@ def test_zero3_tp2_pp2_dp2_checkpoint_exports_with_our_loss(tmp_path):
     assert abs(ours - start) > 1e-3  # the two steps at lr 1e-2 changed the weights: this is the trained model
 
 
+@pytest.mark.slow
 def test_train_py_at_tp2_starts_from_a_converted_checkpoint_as_from_the_folder(tmp_path):
     """The same first losses from --load CONVERTED (the ckpt resume path, DCP resharding 1 -> tp 2) as from
     --load FOLDER (models/hf_io's sliced safetensors reads)."""
@@ -246,6 +247,7 @@ with torch.no_grad():
 """
 
 
+@pytest.mark.slow
 def test_deepspeed_zero3_checkpoint_converts_with_the_deepspeed_models_logits(tmp_path):
     """A ZeRO-3 DeepSpeed checkpoint (DeepSpeed on CPU, one gloo rank, one AdamW step) of a tiny Llama, read by
     DeepSpeed's get_fp32_state_dict_from_zero_checkpoint: our model on the converted checkpoint gives the logits
@@ -254,8 +256,8 @@ def test_deepspeed_zero3_checkpoint_converts_with_the_deepspeed_models_logits(tm
     cfg_dir = str(tmp_path / "cfg")
     LlamaConfig(**SMALL, num_key_value_heads=2, tie_word_embeddings=False).save_pretrained(cfg_dir)
     (tmp_path / "make.py").write_text(DS_RUN)
-    p = subprocess.run([sys.executable, str(tmp_path / "make.py"), cfg_dir, str(tmp_path / "ds"), str(free_port())],
-                       env=ENV, capture_output=True, text=True, timeout=180)
+    p = testing.run([str(tmp_path / "make.py"), cfg_dir, str(tmp_path / "ds"), str(free_port())],
+                    env={"OMP_NUM_THREADS": "1"}, timeout=180)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     with pytest.raises(SystemExit, match="holds no model config; give --model"):
         hybrid_main(["convert", str(tmp_path / "ds"), str(tmp_path / "ckpt")])
@@ -313,6 +315,7 @@ def _load_and_resave(rank, world, root):
         core.start_save(opt, names, None, os.path.join(root, name + ".resaved"), 1, state).finish()
 
 
+@pytest.mark.slow
 def test_round_trip_through_tp_pp_dp_zero_layouts_is_bit_exact(tmp_path):
     """transformers -> hybrid -> (loaded and re-saved at tp1 x pp2 x dp2 ZeRO 3 / tp4, 2 kv-heads replicated /
     tp2 x pp2 ZeRO 1, tied embedding on both stages; vocabulary 259 padded to 260) -> transformers: every
@@ -379,6 +382,7 @@ def _run_at_target(rank, world, root, ids):
     return out
 
 
+@pytest.mark.slow
 def test_presharded_tp2_pp2_is_what_a_run_saves_and_loads_with_transformers_logits(tmp_path):
     """`hybrid convert --target-tensor-parallel-size 2 --target-pipeline-parallel-size 2`, for all four models:
     the chunks in .metadata (box and file, per parameter) are those a tp2 x pp2 run saves; the run loads the

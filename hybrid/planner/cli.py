@@ -75,7 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus", type=int_in(1, MAX_GPUS), metavar="N",
                    help="GPUs in the job (required, unless --scan-gpus)")
     g.add_argument("--gpus-per-node", type=positive_int, metavar="N", help="None: the preset's")
-    g.add_argument("--gpu", default=GpuKind.A100_80G.value, choices=[k.value for k in GpuKind], help="device preset")
+    g.add_argument("--gpu", default=GpuKind.A100_80G.value, choices=[k.value for k in GpuKind],
+                   help="device preset: a100-80g, h100-80g (SXM, 700 W), h100-96g-500w (torchtitan's Grand Teton "
+                        "H100: HBM2e, 500 W), h200, cpu (docs/planner.md 'Hardware')")
     g.add_argument("--gpu-memory", type=positive_float, metavar="GB", help="GB per device (None: the preset's)")
     g.add_argument("--gpu-tflops", type=positive_float, metavar="X",
                    help="dense bf16 peak, TFLOP/s (None: the preset's)")
@@ -107,7 +109,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "flash attention, no dropout)")
     g.add_argument("--kernels", choices=[k.value for k in KernelProfile], default=None,
                    help="how the non-matmul ops run: fused (Megatron-LM / Transformer Engine) or eager (plain "
-                        "PyTorch: this runtime, torchtitan without compile); None: eager for fp32-flash, else fused")
+                        "PyTorch: this runtime, torchtitan without compile); None: fused for korthikanti, eager for "
+                        "the flash profiles")
     g.add_argument("--fp8", action="store_true",
                    help="the linear layers' GEMMs in FP8 (Transformer Engine / torchao float8): the FP8 peak, "
                         "1-byte saved inputs, casts and scales (h100 / h200; the planner only)")
@@ -394,6 +397,8 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -
     lines.append(f"best: step {t.total:.4g} s = pipeline {t.pipeline:.4g} (compute {t.compute:.4g}, TP comm "
                  f"{t.tp_comm:.4g}, bubble {100 * best.bubble_fraction:.1f}%) + DP sync {t.dp_comm:.4g} + "
                  f"optimizer {t.optimizer:.4g} + other {t.other:.4g}")
+    if best.layout.short() in result.notes:  # a zero-bubble schedule chosen: why (hybrid/planner/search.py)
+        lines.append(f"schedule: {result.notes[best.layout.short()]}")
     lines.append(f"searched {result.considered} layouts: {len(result.rejected)} rejected, {result.dominated} "
                  f"dominated (a variant with less recomputation/offload fits), {result.timed} simulated")
     lines += [f"  {_rejection_line(n, r)}" for n, r in summarize_rejections(result.rejected, show)]
@@ -456,7 +461,7 @@ def plan_json(work: Workload, plan: Plan) -> dict:
     return {
         "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "v": lay.v, "micro_batch": lay.micro_batch,
                    "zero_stage": int(lay.zero), "offload": lay.offload.value, "recompute": lay.recompute.value,
-                   "sequence_parallel": lay.sequence_parallel},
+                   "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule.value},
         "memory_gb": plan.memory_gb,
         "memory_per_stage_gb": [{"rank": r.rank, "parameters": r.parameters,
                                  "params": r.states.params / GB, "grads": r.states.grads / GB,

@@ -77,6 +77,8 @@ class Layout:
         offload: what lives in host memory.
         recompute: activation recomputation (`--recompute-granularity`).
         sequence_parallel: split norms / dropout along the sequence over TP (`--sequence-parallel`).
+        zero_bubble: the ZB-H1 schedule (`--pipeline-schedule zbh1`, Qi et al. 2024): each backward split into
+            B (input gradient) and a deferred W (weight gradients) filling 1F1B's bubble; v = 1, pp >= 2.
     """
 
     tp: int = 1
@@ -88,6 +90,7 @@ class Layout:
     offload: Offload = Offload.NONE
     recompute: Recompute = Recompute.NONE
     sequence_parallel: bool = False
+    zero_bubble: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--tensor-model-parallel-size", self.tp), ("--pipeline-model-parallel-size", self.pp),
@@ -100,6 +103,8 @@ class Layout:
         for name, kind in (("offload", Offload), ("recompute", Recompute)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"Layout.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if self.zero_bubble and (self.v != 1 or self.pp < 2):
+            raise ValueError(f"--pipeline-schedule zbh1 needs one chunk a rank and pp >= 2, got v {self.v}, pp {self.pp}")
 
     @property
     def world(self) -> int:
@@ -107,7 +112,10 @@ class Layout:
 
     @property
     def schedule(self) -> ScheduleKind:
-        """1F1B with one chunk per rank, interleaved 1F1B with several (Narayanan et al. 2021)."""
+        """1F1B with one chunk per rank, interleaved 1F1B with several (Narayanan et al. 2021); ZB-H1 with
+        `zero_bubble`."""
+        if self.zero_bubble:
+            return ScheduleKind.ZB_H1
         return ScheduleKind.ONE_F_ONE_B if self.v == 1 else ScheduleKind.INTERLEAVED
 
     def short(self) -> str:
@@ -119,6 +127,8 @@ class Layout:
         if self.sequence_parallel:
             bits.append("sp")
         bits.append(self.recompute.value)
+        if self.zero_bubble:
+            bits.append("zbh1")
         return " ".join(bits)
 
 
@@ -143,8 +153,8 @@ class Workload:
             master-gradient copy in the step.
         kernels: how the non-matmul ops are implemented (`--kernels`; hybrid/planner/ops.py): FUSED
             (Megatron-LM / Megatron-core, apex, Transformer Engine) or EAGER (plain PyTorch: this runtime,
-            torchtitan without torch.compile); None: EAGER for the fp32-flash profile (this runtime on CPU),
-            FUSED otherwise.
+            torchtitan without torch.compile); None: FUSED for the korthikanti profile, EAGER for the flash
+            profiles (`kernel_profile`).
         fp8: the linear layers' GEMMs in FP8 (`--fp8`; Transformer Engine / torchao float8): at the device's FP8
             peak, their saved inputs 1 byte, casts and amax reductions added to the memory-bound work, the FP8
             casts of the computing layer's weights (and transposes) and the per-tensor scales in memory. The LM
@@ -185,10 +195,12 @@ class Workload:
 
     @property
     def kernel_profile(self) -> KernelProfile:
-        """`kernels`, or its default: EAGER for this runtime's fp32-flash profile, FUSED otherwise."""
+        """`kernels`, or its default by activation profile: FUSED for korthikanti (Megatron's runs, with their
+        fused kernels), EAGER for the flash profiles (this runtime on CPU and GPU, PyTorch-native trainers such as
+        torchtitan); a fused flash stack (Megatron-core with Transformer Engine) says --kernels fused."""
         if self.kernels is not None:
             return self.kernels
-        return KernelProfile.EAGER if self.activations is ActivationProfile.FP32_FLASH else KernelProfile.FUSED
+        return KernelProfile.FUSED if self.activations is ActivationProfile.KORTHIKANTI else KernelProfile.EAGER
 
     @property
     def grad_bytes(self) -> int:

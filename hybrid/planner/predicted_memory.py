@@ -54,7 +54,7 @@ from hybrid.planner.hardware import GB
 from hybrid.planner.layout import Cluster, Layout, Offload, Recompute, Workload, ZeroStage, stage_layers
 from hybrid.planner.model import Precision, Shard
 from hybrid.pipeline import ScheduleKind
-from hybrid.planner.schedule import InFlight, in_flight
+from hybrid.planner.schedule import InFlight, in_flight, kept_gradient_bytes
 
 ADAM_K = 12  # bytes of optimizer state per parameter: fp32 master, momentum, variance
 PARAM_BYTES = 2  # fp16 / bf16 parameters (Precision.MIXED)
@@ -304,6 +304,8 @@ def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: 
     # recomputed: the peak is end-of-forward plus the larger of the two
     rerun = working if layers[-1] else 0.0
     acts[-1] += flight.last_chunk * head - min(head, rerun)
+    for r in range(1, pp) if kind.splits_backward else ():  # zero bubble: what B keeps for W (stage 0 keeps none)
+        acts[r] += flight.weight_pending[r] * kept_gradient_bytes(shard, b, s, sp, layers[r], r == pp - 1)
     extra = [0.0] * pp
     extra[-1] = max(0.0, shard.head_backward_transient_bytes(b, s) - max(0.0, rerun - head))
     return flight, tuple(acts), tuple(extra)

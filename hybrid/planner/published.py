@@ -165,7 +165,8 @@ def published_runs() -> list[PublishedRun]:
     # Korthikanti's materialised softmax, 16 heads a rank x 8192^2 x 2 bytes = 2.1 GB a layer and
     # micro-batch, would force full recomputation
     # 2-byte gradients: our source for these rows (Table 4, via a third-party page) does not state the gradient dtype
-    llama = Workload(llama3_405b(), global_batch=2048, seq_length=8192, activations=ActivationProfile.BF16_FLASH)
+    llama = Workload(llama3_405b(), global_batch=2048, seq_length=8192, activations=ActivationProfile.BF16_FLASH,
+                     kernels=KernelProfile.FUSED)  # Meta's production stack: fused kernels (assumed)
     llama_space = SearchSpace(tp=(8,), pp=(16,), offload=(Offload.NONE,))
     return [PublishedRun("BLOOM-176B, 384 A100 80GB, t4 p12 d8", BLOOM_SOURCE, bloom, "a100-80g", 384, bloom_space,
                          Metric.STEP_S, 104.70, inter_node_gbps=4 * 100 / 8 / 8),

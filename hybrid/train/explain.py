@@ -27,7 +27,8 @@ from enum import Enum
 from hybrid.data.gpt import epoch_plan, samples_per_dataset, split_ranges
 from hybrid.data.source import DataSource, Split, SplitSizes
 from hybrid.train_step import OptimizerConfig
-from models.config import PRESETS, ModelConfig
+from models.config import ModelConfig
+from models.presets import PRESETS
 
 MIB = 2**20
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybrid.moe.params import is_expert
 from hybrid.stateful import Shards, flat_rectangles, global_box, is_owner
 from hybrid.tp import spec_of
 from hybrid.tp.sharding import full_shape
@@ -65,7 +66,7 @@ def param_names(model) -> dict[int, str]:
 def optimizer_chunks(opt, names: dict[int, str]) -> list[Chunk]:
     """Every chunk of every parameter in a ZeroOptimizer's master shards on this rank. `names` maps id(param)
     to its global name."""
-    tp_rank, dp_rank = opt.mesh.tp.rank, opt.dp.rank
+    tp_rank = opt.mesh.tp.rank
     out = []
     for ui, u in enumerate(opt.units):
         a, _ = u.shard_range
@@ -75,6 +76,7 @@ def optimizer_chunks(opt, names: dict[int, str]) -> list[Chunk]:
             if p.dim() > 2:
                 raise ValueError(f"checkpoint: parameter {names[id(p)]} has {p.dim()} dims; at most 2 are supported")
             f0 = s.lo + a - offsets[id(p)]  # flat range of p inside this segment
+            dp_rank = (opt.mesh.expert_dp if is_expert(p) else opt.dp).rank  # MoE experts: their expert-DP rank
             owner = is_owner(p, tp_rank, dp_rank, opt.cfg.sharded, id(p) in opt.duplicates)
             for rect in flat_rectangles(f0, f0 + s.hi - s.lo, math.prod(p.shape[1:])):
                 g = global_box(p, tp_rank, rect)
@@ -166,7 +168,7 @@ def state_dict(opt, optimizer: bool = True, names: dict[int, str] | None = None)
     if optimizer:
         ensure_adam_state(opt)
     by_name: dict[str, list[Chunk]] = defaultdict(list)
-    for c in optimizer_chunks(opt, names or param_names(opt.model)):
+    for c in _one_per_box(optimizer_chunks(opt, names or param_names(opt.model)))[0]:
         by_name[c.name].append(c)
     out: dict[str, object] = {}
     for kind in (MODEL, *MOMENTS) if optimizer else (MODEL,):
@@ -185,4 +187,24 @@ def load_state_dict(opt, state: dict[str, object]) -> None:
         set_adam_step(opt, state["adam_step"])
     if "scaler" in state:
         load_scaler_state(opt, state["scaler"])
+    kinds = (MODEL, *MOMENTS) if "adam_step" in state else (MODEL,)
+    for twin, kept in _one_per_box(optimizer_chunks(opt, param_names(opt.model)))[1]:
+        for kind in kinds:  # the second copy of a tied weight on this rank: the values just loaded
+            _view(opt, twin, kind).copy_(_view(opt, kept, kind))
     opt.sync_params_from_master()
+
+
+def _one_per_box(chunks: list[Chunk]) -> tuple[list[Chunk], list[tuple[Chunk, Chunk]]]:
+    """One chunk per (name, global box), the written one first, and the (twin, kept) pairs left out: a tied
+    embedding whose two copies sit on one rank (pp = 1 with v chunks; zbv's first and last stage, both on pp rank
+    0) has the same box twice, which DCP refuses as overlapping pieces -- and only one of them is written."""
+    kept: dict[tuple, Chunk] = {}
+    twins = []
+    for c in sorted(chunks, key=lambda c: not c.owner):  # stable: owners first, else the order given
+        box = (c.name, tuple(c.offsets), tuple(c.sizes))
+        if box in kept:
+            twins.append((c, kept[box]))
+        else:
+            kept[box] = c
+    keep = {id(k) for k in kept.values()}
+    return [c for c in chunks if id(c) in keep], twins
