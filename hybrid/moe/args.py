@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the expert bias's step u")
     g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="X",
                    help="rows per expert = ceil(X k tokens / E); slots beyond are dropped by lowest probability "
-                        "(default: dropless)")
+                        "(unset: dropless)")
     g.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",
                    help="pad every expert's rows to the capacity (static shapes; alltoall dispatcher)")
     g.add_argument("--moe-experts-impl", choices=[i.value for i in ExpertsImpl], default="auto",
