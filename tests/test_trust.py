@@ -732,6 +732,26 @@ def test_another_config_is_one_line_naming_the_first_differing_field(saved, tmp_
     assert "its vocab_size is 256" in line and "has 300" in line, line
 
 
+def test_an_edited_config_under_the_same_path_is_one_line_not_a_size_mismatch(tmp_path, monkeypatch, capsys):
+    """The issue's case: train with --model DIR, edit DIR/config.json (a wider vocabulary, more layers), --load with
+    the same --model DIR -- it was load_state_dict's size-mismatch traceback; the path is the same, the model is
+    not, and the checkpoint is left as it was."""
+    model = _config_folder(tmp_path / "m")
+    train(["--model", model, "--train-iters", "1", "--save", str(tmp_path / "ck")], tmp_path)
+    before = tree(tmp_path / "ck")
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    for field, saved_value, edit in (("vocab_size", 256, {"vocab_size": 300}), ("num_layers", 4, {"n_layer": 6})):
+        config = json.load(open(os.path.join(model, "config.json")))
+        json.dump({**config, **edit}, open(os.path.join(model, "config.json"), "w"))
+        argv = TINY + ["--model", model, "--load", str(tmp_path / "ck"), "--train-iters", "2"]
+        line = one_line_error(train_main.main, argv, capsys)
+        assert line.startswith("train.py: error: --load ") and "holds another model: " in line, line
+        assert f"its {field} is {saved_value}, --model {model} has {list(edit.values())[0]}" in line, line
+        json.dump(config, open(os.path.join(model, "config.json"), "w"))
+    assert tree(tmp_path / "ck") == before
+
+
 def test_a_forged_moment_shape_is_one_line_before_any_process_group(saved, tmp_path, monkeypatch, capsys):
     ck, _, _ = _planted(saved, tmp_path, _meta_edit(lambda m: _resize(m, "optim.exp_avg/wpe.weight", [300, 64])))
     _isolate(monkeypatch, tmp_path)
