@@ -452,7 +452,7 @@ class ZeroOptimizer:
         for bit as `div_` would) -- one pass over the gradients fewer. Dividing by a power of two is exact, so the
         clip norm taken on the undivided values and divided by it is the norm of the divided ones, bit for bit."""
         div = self.dp.size * self.loss_scale
-        fold = not self.cfg.offload_optimizer and _power_of_two(div)
+        fold = _takes_grad_scale(self.optimizer) and _power_of_two(div)
         for u in self.units:
             if self._master_grad_is_view(u):
                 u.master_grad = u.grad_shard if fold else u.grad_shard.div_(div)
@@ -559,6 +559,12 @@ class ZeroOptimizer:
         parameters from them, exactly as after an optimizer step (cast, copy to the device, stages
         1-2 all-gather; stage 3 gathers when the parameters are next used)."""
         self._write_back()
+
+
+def _takes_grad_scale(optimizer: torch.optim.Optimizer) -> bool:
+    """torch's fused AdamW divides each gradient by `optimizer.grad_scale` as it reads it (what GradScaler uses);
+    any other kernel (DeepSpeed's CPU Adam, the per-tensor loop) gets gradients already divided."""
+    return isinstance(optimizer, torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
 
 
 def _power_of_two(x: float) -> bool:
