@@ -105,8 +105,9 @@ def sync_tied_embeddings(model: nn.Module, mesh: Mesh,
     grads = [g for g in (grad(w) for w in tied if w is not None) if g is not None]
     if not grads or (len(grads) == 1 and mesh.embedding.size == 1):
         return
-    total = sum(grads)  # both copies on this rank when pp = 1 with v chunks
-    mesh.embedding.all_reduce(total)
+    total = sum(grads)  # both copies on this rank when pp = 1 with v chunks, or ZBV's V (stages 0 and 2pp-1)
+    if len(grads) == 1:  # the other copy is on the other end of the embedding group
+        mesh.embedding.all_reduce(total)
     for g in grads:
         g.copy_(total)
 

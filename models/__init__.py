@@ -25,16 +25,19 @@ def build_model(cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = Non
 
 def build_pipeline_chunks(cfg: ModelConfig, tp: TPContext, pp_rank: int, pp: int, v: int = 1,
                           stages: list[tuple[int, ...]] | None = None, seed: int | None = 1234,
-                          pad_vocab_to: int = 1, recompute: Recompute = Recompute.NONE) -> nn.ModuleList:
+                          pad_vocab_to: int = 1, recompute: Recompute = Recompute.NONE,
+                          stage_ids: list[int] | None = None) -> nn.ModuleList:
     """This pipeline rank's v model chunks. Chunk c is global stage c*pp + pp_rank (Megatron's
-    interleaved layout); `stages` gives each global stage's layer ids (default: hybrid.partition's
+    interleaved layout) unless `stage_ids` lists the global stage of each chunk (ZBV's V: pp_rank and
+    2 pp - 1 - pp_rank); `stages` gives each global stage's layer ids (default: hybrid.partition's
     uniform split)."""
     stages = stages or partition_layers(cfg.num_layers, pp, v)
     last = pp * v - 1
+    stage_ids = stage_ids if stage_ids is not None else [c * pp + pp_rank for c in range(v)]
     return nn.ModuleList(
         build_model(cfg, tp, StageLayout(layer_ids=stages[s], first=s == 0, last=s == last), seed=seed,
                     pad_vocab_to=pad_vocab_to, recompute=recompute)
-        for s in (c * pp + pp_rank for c in range(v)))
+        for s in stage_ids)
 
 
 __all__ = ["Recompute", "build_pipeline_chunks", "set_recompute", "GPT2", "Llama", "ModelConfig", "PRESETS", "StageLayout", "build_model", "from_hf", "load_config",

@@ -49,7 +49,23 @@ def maybe_checkpoint(enabled: bool, fn, *args, rng: ParallelRNG | None = None):
     if rng is None:
         return checkpoint(fn, *args, use_reentrant=False)
     state = rng.get_state()
-    return checkpoint(fn, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), rng.restored(state)))
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), _Replay(rng, state)))
+
+
+class _Replay:
+    """`rng.restored(state)` as a context that can be entered once per recomputation: a zero-bubble schedule's
+    W (hybrid/pipeline/split_backward.py) recomputes the region a second time, after B did."""
+
+    def __init__(self, rng: ParallelRNG, state: dict) -> None:
+        self.rng, self.state, self.entered = rng, state, []
+
+    def __enter__(self) -> None:
+        cm = self.rng.restored(self.state)
+        cm.__enter__()
+        self.entered.append(cm)
+
+    def __exit__(self, *exc) -> bool | None:
+        return self.entered.pop().__exit__(*exc)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from hybrid.train import apply_auto_parallel, check_args, main, parse_args  # noqa: E402,F401
+from hybrid.train import apply_auto_parallel, check_args, main, parse_args, run_config  # noqa: E402,F401
 from hybrid.train.main import cli  # noqa: E402
 
 if __name__ == "__main__":

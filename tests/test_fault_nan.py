@@ -15,7 +15,7 @@ from hybrid.fault.testing import launch
 from hybrid.mesh import Mesh
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
-from hybrid.train.args import check_args, parse_args
+from hybrid.train.args import parse_args, run_config
 from hybrid.train.loop import build_runner
 from hybrid.train_step import OptimizerConfig, train_step
 from hybrid.zero import ZeroOptimizer
@@ -37,21 +37,21 @@ def _state(model, zopt: ZeroOptimizer) -> list[torch.Tensor]:
 def _run(rank, world):
     """The loop of hybrid/train/loop.py (same builders, same FaultTolerance hooks), with a state
     snapshot after every iteration."""
-    args = parse_args(ARGV)
-    cfg, dims, batch, plan = check_args(args, world)
-    mesh = Mesh.build(dims, device=torch.device("cpu"))
-    model, runner = build_runner(args, cfg, mesh, TPContext(mesh.tp), batch, plan)
-    opt_cfg = OptimizerConfig(lr=args.lr, warmup_iters=args.lr_warmup_iters, train_iters=args.train_iters,
-                              clip_grad=args.clip_grad)
-    zopt = ZeroOptimizer(model, mesh, args.zero, opt_cfg)
+    run = run_config(parse_args(ARGV), world)
+    batch = run.training.batch
+    mesh = Mesh.build(run.parallel.dims, device=torch.device("cpu"))
+    model, runner = build_runner(run, mesh, TPContext(mesh.tp))
+    opt_cfg = OptimizerConfig(lr=run.optimizer.lr, warmup_iters=run.optimizer.warmup_iters,
+                              train_iters=run.training.train_iters, clip_grad=run.optimizer.clip_grad)
+    zopt = ZeroOptimizer(model, mesh, run.zero, opt_cfg)
     corpus = load_corpus()
     log, states, stopped_at = io.StringIO(), [_state(model, zopt)], None
     with contextlib.redirect_stdout(log):
-        ft = FaultTolerance.start(args.fault, mesh, model, runner, zopt, args.log_interval)
+        ft = FaultTolerance.start(run.fault, mesh, model, runner, zopt, run.training.log_interval)
         try:
-            for it in range(args.train_iters):
+            for it in range(run.training.train_iters):
                 ft.begin_iteration(it)
-                train_step(model, micro_batches(corpus, batch, args.seed, it, mesh.coords.dp), ft.optimizer, mesh,
+                train_step(model, micro_batches(corpus, batch, run.training.seed, it, mesh.coords.dp), ft.optimizer, mesh,
                            lr=opt_cfg.lr_at(it), runner=ft.runner)
                 ft.end_iteration(it)
                 states.append(_state(model, zopt))

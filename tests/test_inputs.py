@@ -481,14 +481,14 @@ def test_the_table_covers_at_least_80_bad_inputs_of_every_command():
 
 def test_deepspeed_booleans_and_flags_that_agree_are_accepted(tmp_path, monkeypatch):
     """The other side of the conflict checks: JSON false leaves bf16 off, and a value equal to the flag is fine."""
-    from hybrid.train.args import check_args, parse_args
+    from hybrid.train.args import parse_args, run_config
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"bf16": {"enabled": False}, "zero_optimization": {"stage": 1},
                                 "gradient_accumulation_steps": 2}))
     args = parse_args(["--deepspeed-config", str(path), "--zero-stage", "1", "--micro-batch-size", "2",
                        "--global-batch-size", "8"])
-    check_args(args, world=2)
-    assert args.zero.precision.value == "fp32" and args.zero.stage == 1 and args.global_batch_size == 8
+    run = run_config(args, world=2)
+    assert run.zero.precision.value == "fp32" and run.zero.stage == 1 and run.training.batch.global_batch == 8
 
 
 def test_error_under_torchrun_is_printed_by_rank_zero_only_and_recorded(tmp_path, monkeypatch, capsys):

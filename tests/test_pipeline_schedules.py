@@ -1,7 +1,7 @@
 """Pipeline schedules and their simulation: pure lists, no processes.
 
-Each property is checked on every configuration the schedules promise to support: GPipe and 1F1B for pp in 1..8
-and m in 1..3 pp; interleaved for pp in 1..8, v in {1, 2, 3} and m in {pp, 2 pp, 3 pp}.
+Each property is checked on every configuration the schedules promise to support: GPipe, 1F1B and ZB-H1 for pp in
+1..8 and m in 1..3 pp; ZBV (v = 2) likewise; interleaved for pp in 1..8, v in {1, 2, 3} and m in {pp, 2 pp, 3 pp}.
 """
 
 from __future__ import annotations
@@ -19,25 +19,30 @@ from hybrid.pipeline import (
     DeadlockError,
     Op,
     Phase,
+    Placement,
     ScheduleKind,
     SimResult,
     Transfer,
     build_schedule,
     compute_phases,
     format_timeline,
+    rank_chunk_of,
     simulate,
     stage_of,
     warmup_forwards,
 )
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED
+ZB_H1, ZBV = ScheduleKind.ZB_H1, ScheduleKind.ZBV
+BACKWARDS = (Op.BACKWARD, Op.BACKWARD_INPUT)  # what consumes the output gradient: a full backward, or B
 
 
 def _configs() -> list[tuple[ScheduleKind, int, int, int]]:
     out = []
     for pp in range(1, 9):
-        out += [(kind, pp, m, 1) for kind in (GPIPE, ONE_F_ONE_B) for m in range(1, 3 * pp + 1)]
+        out += [(kind, pp, m, 1) for kind in (GPIPE, ONE_F_ONE_B, ZB_H1) for m in range(1, 3 * pp + 1)]
         out += [(INTERLEAVED, pp, m, v) for v in (1, 2, 3) for m in (pp, 2 * pp, 3 * pp)]
+        out += [(ZBV, pp, m, 2) for m in range(1, 3 * pp + 1)]
     return out
 
 
@@ -51,7 +56,10 @@ def _schedule(kind: ScheduleKind, pp: int, m: int, v: int) -> tuple[tuple[Action
 
 @functools.lru_cache(maxsize=None)
 def _unit_sim(kind: ScheduleKind, pp: int, m: int, v: int) -> SimResult:
-    return simulate([list(a) for a in _schedule(kind, pp, m, v)])
+    """tf = tb = 1 per chunk for the fused backward; the zero-bubble kinds with tF = tB = tW = 1 (the paper's
+    equal costs)."""
+    costs = Costs(forward=1.0, backward=2.0) if kind.splits_backward else Costs()
+    return simulate([list(a) for a in _schedule(kind, pp, m, v)], costs, placement=kind.placement)
 
 
 def _computes(actions, op: Op) -> list[tuple[int, int]]:
@@ -62,30 +70,40 @@ def _computes(actions, op: Op) -> list[tuple[int, int]]:
 
 
 def test_every_microbatch_is_forwarded_and_backwarded_once_per_chunk():
+    """Once F and once the full backward -- or, for the zero-bubble kinds, once B and once W."""
     for kind, pp, m, v in CONFIGS:
         expected = Counter((mb, c) for mb in range(m) for c in range(v))
+        backward_ops = (Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT) if kind.splits_backward else (Op.BACKWARD,)
         for actions in _schedule(kind, pp, m, v):
             assert Counter(_computes(actions, Op.FORWARD)) == expected, (kind, pp, m, v)
-            assert Counter(_computes(actions, Op.BACKWARD)) == expected, (kind, pp, m, v)
+            for op in backward_ops:
+                assert Counter(_computes(actions, op)) == expected, (kind, pp, m, v, op)
+            assert not any(a.op is Op.BACKWARD for a in actions) or not kind.splits_backward
 
 
-def test_every_backward_comes_after_its_forward_on_the_same_rank_and_chunk():
+def test_every_backward_comes_after_its_forward_and_every_w_after_its_b_on_the_same_rank_and_chunk():
     for kind, pp, m, v in CONFIGS:
         for actions in _schedule(kind, pp, m, v):
-            forwarded = set()
+            forwarded, b_done = set(), set()
             for a in actions:
                 if a.op is Op.FORWARD:
                     forwarded.add((a.microbatch, a.chunk))
-                elif a.op is Op.BACKWARD:
+                elif a.op in BACKWARDS:
                     assert (a.microbatch, a.chunk) in forwarded, (kind, pp, m, v, a)
+                    b_done.add((a.microbatch, a.chunk))
+                elif a.op is Op.BACKWARD_WEIGHT:
+                    assert (a.microbatch, a.chunk) in b_done, (kind, pp, m, v, a)
 
 
-def _needs_recv(op: Op, rank: int, chunk: int, pp: int, v: int) -> bool:
-    """A forward needs an activation unless it is stage 0; a backward a gradient unless it is the last stage;
-    nothing crosses the wire when the neighbour stage is on the same rank (pp = 1)."""
-    stage = stage_of(rank, chunk, pp)
+def _needs_recv(op: Op, rank: int, chunk: int, pp: int, v: int, placement: Placement) -> bool:
+    """A forward needs an activation unless it is stage 0; a backward (or B) a gradient unless it is the last
+    stage; a W nothing; nothing crosses the wire when the neighbour stage is on the same rank (pp = 1, the turn of
+    the V)."""
+    if op is Op.BACKWARD_WEIGHT:
+        return False
+    stage = stage_of(rank, chunk, pp, placement)
     source = stage - 1 if op is Op.FORWARD else stage + 1
-    return 0 <= source < pp * v and source % pp != rank
+    return 0 <= source < pp * v and rank_chunk_of(source, pp, placement)[0] != rank
 
 
 def test_each_compute_receives_exactly_what_it_needs_beforehand_and_sends_afterwards():
@@ -98,13 +116,13 @@ def test_each_compute_receives_exactly_what_it_needs_beforehand_and_sends_afterw
                 if a.op.is_recv:
                     seen_recv.add((a.op, a.microbatch, a.chunk))
                 elif a.op.is_send:
-                    producer = Op.FORWARD if a.op is Op.SEND_ACT else Op.BACKWARD
+                    producer = Op.FORWARD if a.op is Op.SEND_ACT else "backward"
                     assert (producer, a.microbatch, a.chunk) in done, (kind, pp, m, v, rank, a)
-                else:
+                elif a.op is not Op.BACKWARD_WEIGHT:  # a W takes nothing from the wire: B took the gradient
                     recv_op = Op.RECV_ACT if a.op is Op.FORWARD else Op.RECV_GRAD
                     has = (recv_op, a.microbatch, a.chunk) in seen_recv
-                    assert has == _needs_recv(a.op, rank, a.chunk, pp, v), (kind, pp, m, v, rank, a)
-                    done.add((a.op, a.microbatch, a.chunk))
+                    assert has == _needs_recv(a.op, rank, a.chunk, pp, v, kind.placement), (kind, pp, m, v, rank, a)
+                    done.add(("backward" if a.op in BACKWARDS else a.op, a.microbatch, a.chunk))
 
 
 def test_sends_and_receives_pair_up_in_the_same_order_on_every_pair_of_ranks():
@@ -114,7 +132,7 @@ def test_sends_and_receives_pair_up_in_the_same_order_on_every_pair_of_ranks():
         sent, got = {}, {}
         for rank, actions in enumerate(sched):
             for a in actions:
-                stage = stage_of(rank, a.chunk, pp)
+                stage = stage_of(rank, a.chunk, pp, kind.placement)
                 if a.op is Op.SEND_ACT:
                     sent.setdefault((rank, a.peer), []).append(("act", a.microbatch, stage + 1))
                 elif a.op is Op.SEND_GRAD:
@@ -124,7 +142,7 @@ def test_sends_and_receives_pair_up_in_the_same_order_on_every_pair_of_ranks():
                     got.setdefault((a.peer, rank), []).append((kind_name, a.microbatch, stage))
         assert sent == got, (kind, pp, m, v)
         for (src, dst), payloads in sent.items():
-            assert all(src_stage % pp == dst for _, _, src_stage in payloads), (kind, pp, m, v)
+            assert all(rank_chunk_of(stage, pp, kind.placement)[0] == dst for _, _, stage in payloads), (kind, pp, m, v)
 
 
 def test_1f1b_phases_are_warmup_steady_cooldown():
@@ -194,17 +212,27 @@ def test_a_free_string_kind_is_rejected():
 def _expected_peak(kind: ScheduleKind, pp: int, rank: int, m: int, v: int) -> int:
     if kind is GPIPE:
         return m
+    if kind is ZB_H1:  # every rank holds pp micro-batches (F done, W not): rank r defers r W's
+        return min(pp, m)
+    if kind is ZBV:  # chunk activations; 2 pp = pp whole-rank micro-batches, 1F1B's rank-0 peak, on every rank
+        return min(2 * pp, 2 * m, m + rank + 1)
     if v == 1:
         return min(pp - rank, m)
     return min(2 * (pp - rank - 1) + (v - 1) * pp + 1, m * v)
 
 
 def test_peak_in_flight_matches_the_formulas():
-    """1F1B: min(pp - r, m); GPipe: m; interleaved: min(2 (pp - r - 1) + (v - 1) pp + 1, m v) chunk activations."""
+    """1F1B: min(pp - r, m); GPipe: m; interleaved: min(2 (pp - r - 1) + (v - 1) pp + 1, m v) chunk activations;
+    ZB-H1: min(pp, m) (held from F to W); ZBV: min(2 pp, 2 m, m + r + 1) chunk activations. ZB-H1 rank r has at
+    most min(r + 1, m) micro-batches between B and W."""
     for kind, pp, m, v in CONFIGS:
         result = _unit_sim(kind, pp, m, v)
         expected = tuple(_expected_peak(kind, pp, r, m, v) for r in range(pp))
         assert result.peak_in_flight == expected, (kind, pp, m, v)
+        if kind is ZB_H1:
+            assert result.peak_weight_pending == tuple(min(r + 1, m) for r in range(pp)), (pp, m)
+        elif not kind.splits_backward:
+            assert result.peak_weight_pending == (0,) * pp
         if v == 1:
             assert result.peak_in_flight_microbatches == expected, (kind, pp, m, v)
         assert all(mbs <= min(m, c) for mbs, c in zip(result.peak_in_flight_microbatches, expected))
@@ -214,6 +242,8 @@ def test_unit_time_bubble_is_exact():
     """tf = tb = 1 per chunk, free comm: bubble = (pp - 1) / (v m + pp - 1), makespan = 2 (v m + pp - 1).
     GPipe and 1F1B are the v = 1 case; interleaved meets Narayanan's (p - 1)/v bubble exactly."""
     for kind, pp, m, v in CONFIGS:
+        if kind.splits_backward:
+            continue  # their closed forms: the tests below
         result = _unit_sim(kind, pp, m, v)
         assert result.makespan == 2 * (v * m + pp - 1), (kind, pp, m, v)
         assert result.busy == (2.0 * m * v,) * pp
@@ -224,14 +254,15 @@ def test_unit_time_bubble_is_exact():
 
 def test_gpipe_and_1f1b_have_no_extra_bubble_when_backward_is_twice_forward():
     for kind, pp, m, v in CONFIGS:
-        if kind is not INTERLEAVED:
+        if kind in (GPIPE, ONE_F_ONE_B):
             result = simulate(list(map(list, _schedule(kind, pp, m, v))), Costs(forward=1.0, backward=2.0))
             assert result.makespan == 3 * (m + pp - 1), (kind, pp, m)
 
 
 def _random_costs(rng: random.Random, stages: int, comm: float) -> Costs:
     return Costs(comm=comm, stage_forward=tuple(rng.uniform(0.2, 2) for _ in range(stages)),
-                 stage_backward=tuple(rng.uniform(0.2, 4) for _ in range(stages)))
+                 stage_backward=tuple(rng.uniform(0.2, 4) for _ in range(stages)),
+                 stage_weight_share=tuple(rng.uniform(0, 1) for _ in range(stages)))
 
 
 def test_no_deadlock_and_waiting_less_is_never_slower_with_random_costs():
@@ -243,37 +274,41 @@ def test_no_deadlock_and_waiting_less_is_never_slower_with_random_costs():
     for kind, pp, m, v in CONFIGS[::3]:
         costs = _random_costs(rng, pp * v, rng.uniform(0, 0.5))
         sched = list(map(list, _schedule(kind, pp, m, v)))
-        lazy, buffered, blocking = (simulate(sched, costs, t) for t in (Transfer.LAZY, Transfer.BUFFERED,
-                                                                          Transfer.RENDEZVOUS))
+        lazy, buffered, blocking = (simulate(sched, costs, t, kind.placement)
+                                    for t in (Transfer.LAZY, Transfer.BUFFERED, Transfer.RENDEZVOUS))
         assert lazy.makespan <= buffered.makespan + 1e-9 and buffered.makespan <= blocking.makespan + 1e-9, \
             (kind, pp, m, v)
         assert blocking.busy == pytest.approx(buffered.busy) and lazy.busy == pytest.approx(buffered.busy)
 
 
-def _earliest_starts(sched: list[list[Action]], costs: Costs, pp: int) -> dict[tuple[int, Action], float]:
+def _earliest_starts(sched: list[list[Action]], costs: Costs, pp: int,
+                     placement: Placement = Placement.LOOP) -> dict[tuple[int, Action], float]:
     """Reference for lazy waits with free messages: the longest path through the compute DAG in each rank's order.
     A compute starts at max(the end of the rank's previous compute, the end of the computes it depends on):
-    forward at stage s on forward at s - 1; backward at s on backward at s + 1 and on its own forward."""
+    forward at stage s on forward at s - 1; backward (or B) at s on backward (or B) at s + 1 and on its own
+    forward; W on its own B."""
     v = 1 + max(a.chunk for actions in sched for a in actions)
     orders = [[a for a in actions if a.op.is_compute] for actions in sched]
-    end: dict[tuple[Op, int, int], float] = {}
+    end: dict[tuple[str, int, int], float] = {}
     start: dict[tuple[int, Action], float] = {}
     cursor, clock = [0] * pp, [0.0] * pp
     while any(cursor[r] < len(orders[r]) for r in range(pp)):
         for r in range(pp):
             while cursor[r] < len(orders[r]):
                 a = orders[r][cursor[r]]
-                s = stage_of(r, a.chunk, pp)
-                needs = [(Op.FORWARD, a.microbatch, s - 1)] if a.op is Op.FORWARD and s > 0 else []
-                if a.op is Op.BACKWARD:
-                    needs = [(Op.FORWARD, a.microbatch, s)] + ([(Op.BACKWARD, a.microbatch, s + 1)]
-                                                                 if s < pp * v - 1 else [])
+                s = stage_of(r, a.chunk, pp, placement)
+                needs = [("F", a.microbatch, s - 1)] if a.op is Op.FORWARD and s > 0 else []
+                if a.op in BACKWARDS:
+                    needs = [("F", a.microbatch, s)] + ([("B", a.microbatch, s + 1)] if s < pp * v - 1 else [])
+                if a.op is Op.BACKWARD_WEIGHT:
+                    needs = [("B", a.microbatch, s)]
                 if any(n not in end for n in needs):
                     break
                 t = max([clock[r]] + [end[n] for n in needs])
-                dur = costs.forward_time(s) if a.op is Op.FORWARD else costs.backward_time(s)
+                dur = {Op.FORWARD: costs.forward_time, Op.BACKWARD: costs.backward_time,
+                       Op.BACKWARD_INPUT: costs.input_time, Op.BACKWARD_WEIGHT: costs.weight_time}[a.op](s)
                 start[(r, a)], clock[r] = t, t + dur
-                end[(a.op, a.microbatch, s)] = t + dur
+                end[("B" if a.op in BACKWARDS else a.op.letter, a.microbatch, s)] = t + dur
                 cursor[r] += 1
     return start
 
@@ -285,8 +320,8 @@ def test_lazy_waits_start_every_compute_as_early_as_its_data_allows():
     for kind, pp, m, v in CONFIGS[::2]:
         costs = _random_costs(rng, pp * v, 0.0)
         sched = list(map(list, _schedule(kind, pp, m, v)))
-        result = simulate(sched, costs)
-        starts = _earliest_starts(sched, costs, pp)
+        result = simulate(sched, costs, placement=kind.placement)
+        starts = _earliest_starts(sched, costs, pp, kind.placement)
         for r, spans in enumerate(result.timelines):
             for span in spans:
                 assert span.start == pytest.approx(starts[(r, span.action)], abs=1e-9), (kind, pp, m, v, r, span)

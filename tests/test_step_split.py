@@ -13,7 +13,7 @@ from hybrid.metrics.split import predicted_split, run_layout
 from hybrid.mesh import ParallelDims
 from hybrid.planner import Cluster, evaluate, hardware
 from hybrid.zero.config import ZeroConfig
-from models import load_config
+from models import Recompute, load_config
 
 
 def test_measured_split_is_each_phase_over_the_step_averaged_over_ranks():
@@ -32,9 +32,8 @@ def test_predicted_split_accounts_for_the_whole_predicted_step(tp, pp, dp, v):
     being the simulated makespan's idle part (zero without a pipeline; ranks slowed by sharing cores count as
     compute)."""
     cfg = load_config("tiny-gpt2")
-    args = argparse.Namespace(zero=ZeroConfig(), recompute_granularity=None, sequence_parallel=False)
     batch = argparse.Namespace(global_batch=16, seq_length=64, micro_batch=2)
-    work, layout = run_layout(args, cfg, ParallelDims(tp=tp, pp=pp, dp=dp), batch, v)
+    work, layout = run_layout(ZeroConfig(), Recompute.NONE, False, cfg, ParallelDims(tp=tp, pp=pp, dp=dp), batch, v)
     t = evaluate(work, Cluster(gpus=tp * pp * dp, hw=hardware("cpu")), layout).time
     split = predicted_split(t)
     assert sum(split.values()) == pytest.approx(1.0)

@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from hybrid.train.args import run_config
 from hybrid.zero.ds_config import read_deepspeed_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,12 +52,12 @@ def test_deepspeed_config_sets_the_flags_and_names_what_it_ignores(tmp_path):
         "zero_optimization": {"stage": 3, "overlap_comm": True, "offload_optimizer": {"device": "cpu"},
                               "offload_param": {"device": "cpu", "buffer_count": 4}}})
     args = train_script.parse_args(["--deepspeed-config", path])
-    train_script.check_args(args, world=4)
-    assert (args.zero.stage, args.zero.offload_optimizer, args.zero.offload_params) == (3, True, True)
-    assert args.zero.precision.value == "bf16" and args.clip_grad == 0.5
-    assert (args.micro_batch_size, args.global_batch_size) == (3, 3 * 4 * 2)
-    assert args.ds_unsupported == ["optimizer", "zero_optimization.overlap_comm",
-                                   "zero_optimization.offload_param.buffer_count"]
+    run = run_config(args, world=4)
+    assert (run.zero.stage, run.zero.offload_optimizer, run.zero.offload_params) == (3, True, True)
+    assert run.zero.precision.value == "bf16" and run.optimizer.clip_grad == 0.5
+    assert (run.training.batch.micro_batch, run.training.batch.global_batch) == (3, 3 * 4 * 2)
+    assert list(run.ds_unsupported) == ["optimizer", "zero_optimization.overlap_comm",
+                                        "zero_optimization.offload_param.buffer_count"]
 
 
 @pytest.mark.parametrize("cfg,message", [
@@ -82,17 +83,15 @@ def test_bad_deepspeed_configs_exit_with_one_line(cfg, message, tmp_path, monkey
 def test_deepspeed_grad_accum_dtype_sets_the_fp32_gradients_flag(precision, accum, want, tmp_path):
     path = _write(tmp_path, {**precision, "data_types": {"grad_accum_dtype": accum}})
     args = train_script.parse_args(["--deepspeed-config", path])
-    train_script.check_args(args, world=2)
-    assert args.zero.accumulate_fp32_grads is want and args.ds_unsupported == []
+    run = run_config(args, world=2)
+    assert run.zero.accumulate_fp32_grads is want and list(run.ds_unsupported) == []
 
 
 def test_fp32_gradients_flag_reaches_the_zero_config():
-    args = train_script.parse_args(["--bf16", "--accumulate-allreduce-grads-in-fp32"])
-    train_script.check_args(args, world=2)
-    assert args.zero.accumulate_fp32_grads and args.zero.grad_dtype == torch.float32
-    args = train_script.parse_args(["--bf16"])
-    train_script.check_args(args, world=2)
-    assert not args.zero.accumulate_fp32_grads and args.zero.grad_dtype == torch.bfloat16  # default: off
+    zero = run_config(train_script.parse_args(["--bf16", "--accumulate-allreduce-grads-in-fp32"]), world=2).zero
+    assert zero.accumulate_fp32_grads and zero.grad_dtype == torch.float32
+    zero = run_config(train_script.parse_args(["--bf16"]), world=2).zero
+    assert not zero.accumulate_fp32_grads and zero.grad_dtype == torch.bfloat16  # default: off
 
 
 def test_deepspeed_reader_accepts_an_empty_config(tmp_path):

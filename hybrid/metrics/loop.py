@@ -27,14 +27,15 @@ class RunMetrics:
     writer: MetricsWriter
 
     @classmethod
-    def start(cls, args, cfg, batch, mesh) -> "RunMetrics":
-        m = args.metrics
+    def start(cls, run, cfg, batch, mesh) -> "RunMetrics":
+        """For a run (hybrid.train.config.RunConfig): its metrics config, recomputation and length."""
+        m = run.metrics
         peak, source = m.peak_tflops, m.peak_source
         if peak is None and mesh.device.type == "cuda":
             name = torch.cuda.get_device_name(mesh.device)
             peak, source = device_peak_tflops(name), f"{name}, bf16 dense peak (hybrid/metrics/flops.py)"
-        return cls(cfg, batch.seq_length, batch.global_batch, mesh.dims.world, args.recompute_granularity or "none",
-                   peak, source, args.train_iters, mesh.device, measure_for(mesh.device),
+        return cls(cfg, batch.seq_length, batch.global_batch, mesh.dims.world, run.model.recompute.value,
+                   peak, source, run.training.train_iters, mesh.device, measure_for(mesh.device),
                    MetricsWriter(m.tensorboard_dir, m.metrics_file, mesh.rank == 0))
 
     def header(self) -> str:

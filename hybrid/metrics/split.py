@@ -36,9 +36,9 @@ def predicted_split(t: StepTime) -> dict[str, float]:
     return {k: v / total for k, v in parts.items()}
 
 
-def run_layout(args, cfg, dims, batch, v: int) -> tuple[Workload, Layout]:
-    """The planner's Workload and Layout for this train.py run."""
-    z = args.zero
+def run_layout(z, recompute: Recompute, sequence_parallel: bool, cfg, dims, batch,
+               v: int) -> tuple[Workload, Layout]:
+    """The planner's Workload and Layout for this train.py run (its ZeroConfig `z`)."""
     mixed = z.precision.value != "fp32"
     work = Workload(cfg, global_batch=batch.global_batch, seq_length=batch.seq_length,
                     precision=Precision.MIXED if mixed else Precision.FP32,
@@ -47,20 +47,19 @@ def run_layout(args, cfg, dims, batch, v: int) -> tuple[Workload, Layout]:
     offload = (Offload.OPTIMIZER_AND_PARAMS if z.offload_params else
                Offload.OPTIMIZER if z.offload_optimizer else Offload.NONE)
     layout = Layout(tp=dims.tp, pp=dims.pp, dp=dims.dp, v=v, micro_batch=batch.micro_batch, zero=ZeroStage(z.stage),
-                    offload=offload, recompute=Recompute(args.recompute_granularity or "none"),
-                    sequence_parallel=bool(args.sequence_parallel))
+                    offload=offload, recompute=recompute, sequence_parallel=sequence_parallel)
     return work, layout
 
 
-def predicted_split_line(args, cfg, dims, batch, plan) -> str | None:
+def predicted_split_line(run, cfg, dims, batch, plan) -> str | None:
     """'planner: predicted ... s/step: compute a%, ...' for this run with its --hardware profile; None without
     one. Names the planner's stage split when it differs from the run's (the planner balances by FLOPs)."""
-    if not getattr(args, "hardware", None):
+    if not run.training.hardware:
         return None
     from hybrid.planner.calibrate import load_hardware
 
-    work, layout = run_layout(args, cfg, dims, batch, plan.v)
-    hw = load_hardware(args.hardware, work.precision)
+    work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch, plan.v)
+    hw = load_hardware(run.training.hardware, work.precision)
     try:
         t = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout).time
     except ValueError as e:  # a layout the planner does not model (its message names why)

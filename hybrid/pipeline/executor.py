@@ -22,6 +22,16 @@ that the gradient's shape matches the (now empty) output.
 
 Gradients accumulate over micro-batches in `.grad`; the last stage scales each micro-batch's loss by
 1/m, so the result is the gradient of the mean loss, as a single process with accumulation computes.
+
+Zero-bubble lists split a backward into BACKWARD_INPUT (B: the input gradient, sent at once) and a later
+BACKWARD_WEIGHT (W: the weight gradients, accumulated into `.grad` through autograd, so post-accumulate-grad
+hooks fire in W); `hybrid.pipeline.split_backward` holds the method. Between B and W the executor keeps the
+`WeightWork` of that (micro-batch, chunk); `on_weight_hold(tensor, owner, microbatch)`, when given, is told of
+each output gradient kept for W, `owner` being freed once W has run (the memory ledger counts them).
+
+Hand-offs in memory. When the next (or previous) stage of a chunk is on this rank -- pp = 1 with v chunks, or
+the turn of the V (`Placement.V`: stages pp - 1 and pp both on rank pp - 1) -- the payload is handed over in
+memory, and the lists hold no message for it.
 """
 
 from __future__ import annotations
@@ -37,7 +47,8 @@ from torch.autograd.variable import Variable
 
 from hybrid.comm import Group
 from hybrid.trail import TRAIL
-from hybrid.pipeline.schedules import Action, Op
+from hybrid.pipeline.schedules import Action, Op, Placement
+from hybrid.pipeline.split_backward import WeightWork, backward_input, backward_weight
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, labels) of one micro-batch
 
@@ -69,6 +80,7 @@ class _StepState:
     incoming: dict = field(default_factory=dict)   # (op, mb, chunk) -> (buffer, Work): posted, not yet waited
     sending: list = field(default_factory=list)    # (Work, payload) of sends posted, not yet waited
     grads: dict = field(default_factory=dict)      # (mb, chunk) -> d loss / d input, to send
+    weight_work: dict = field(default_factory=dict)  # (mb, chunk) -> WeightWork: B has run, W has not
     loss: torch.Tensor | None = None
 
 
@@ -85,8 +97,8 @@ def _runs(actions: Sequence[Action]) -> list[list[Action]]:
 
 def _phase(run: list[Action]) -> tuple[str, int]:
     """(phase, micro-batch) of a run, for the op trail: a p2p batch goes by its first send."""
-    if run[0].op.is_compute:
-        return run[0].op.value, run[0].microbatch
+    if run[0].op.is_compute:  # B and W are backward work
+        return ("forward" if run[0].op is Op.FORWARD else "backward"), run[0].microbatch
     return "p2p", next((a.microbatch for a in run if a.op.is_send), run[0].microbatch)
 
 
@@ -131,9 +143,14 @@ class PipelineExecutor:
 
     def __init__(self, chunks: Sequence[nn.Module], schedule: Sequence[Action], pp: Group, io: StageIO,
                  device: torch.device, on_forward: Callable[[int, int], object] | None = None,
-                 record_timeline: bool = False):
+                 record_timeline: bool = False, placement: Placement = Placement.LOOP,
+                 on_weight_hold: Callable[[torch.Tensor, object, int], None] | None = None):
         self.chunks, self.schedule, self.pp, self.io, self.device = list(chunks), list(schedule), pp, io, device
+        self.placement = placement  # which global stage each chunk is: where payloads are handed over in memory
         self.on_forward = on_forward  # context factory (mb, chunk) wrapping each forward, e.g. a memory tag
+        self.on_weight_hold = on_weight_hold  # told of each output gradient B keeps for W (see the module doc)
+        # called with a chunk before its W runs: ZeRO-3 gathers the chunk's parameters (ZeroOptimizer.gather_chunk)
+        self.before_weight: Callable[[nn.Module], None] | None = None
         self.record_timeline = record_timeline
         self.events: list[TimelineEvent] = []
         self.peak_held_output_bytes = 0  # most bytes of unsent chunk outputs held at once, last step
@@ -147,7 +164,7 @@ class PipelineExecutor:
         for run in self._runs:
             TRAIL.enter(*_phase(run))  # observed by the hang watchdog and the straggler report
             if run[0].op.is_compute:
-                (self._forward if run[0].op is Op.FORWARD else self._backward_step)(run[0], batches, st)
+                self._compute[run[0].op](run[0], batches, st)
             else:
                 t0 = time.time()
                 self._communicate(run, st)
@@ -155,11 +172,24 @@ class PipelineExecutor:
             self.peak_held_output_bytes = max(self.peak_held_output_bytes, _held_bytes(st))
             self.peak_sending_bytes = max(self.peak_sending_bytes, _sending_bytes(st))
         self._finish_sends(st)
-        if st.inputs or st.outputs or st.received or st.incoming or st.grads:
+        if st.inputs or st.outputs or st.received or st.incoming or st.grads or st.weight_work:
             raise RuntimeError("pipeline schedule left work undone: "
                                f"{list(st.inputs)} {list(st.outputs)} {list(st.received)} {list(st.incoming)} "
-                               f"{list(st.grads)}")
+                               f"{list(st.grads)} {list(st.weight_work)}")
         return st.loss
+
+    @property
+    def _compute(self) -> dict[Op, Callable]:
+        return {Op.FORWARD: self._forward, Op.BACKWARD: self._backward_step,
+                Op.BACKWARD_INPUT: self._backward_input, Op.BACKWARD_WEIGHT: self._backward_weight}
+
+    def _local_neighbour(self, chunk: int, step: int) -> int | None:
+        """The local chunk holding the stage `step` (+1 / -1) away from `chunk`, when it is on this rank."""
+        pp = max(self.pp.size, 1)
+        rank = self.pp.rank
+        target = self.placement.stage(rank, chunk, pp) + step
+        peer, peer_chunk = self.placement.rank_chunk(target, pp)
+        return peer_chunk if peer == rank else None
 
     def _record(self, run: list[Action], t0: float, name: str | None = None) -> None:
         if self.record_timeline:
@@ -207,8 +237,8 @@ class PipelineExecutor:
         if chunk.stage.last:
             y = y / len(batches)
             st.loss += y.detach()
-        elif self.pp.size == 1:  # v chunks on one rank: hand the activation over in memory
-            st.received[(Op.RECV_ACT, a.microbatch, a.chunk + 1)] = y.detach()
+        elif (nxt := self._local_neighbour(a.chunk, +1)) is not None:  # next stage on this rank: in memory
+            st.received[(Op.RECV_ACT, a.microbatch, nxt)] = y.detach()
         st.inputs[key], st.outputs[key] = x, y
         self._record([a], t0)
 
@@ -219,12 +249,40 @@ class PipelineExecutor:
         t0 = time.time()
         _backward(y, grad)
         self._record([a], t0)
-        if chunk.stage.first:
-            return
-        if self.pp.size == 1:
-            st.received[(Op.RECV_GRAD, a.microbatch, a.chunk - 1)] = x.grad
+        if not chunk.stage.first:
+            self._pass_back(a, x.grad, st)
+
+    def _pass_back(self, a: Action, dx: torch.Tensor, st: _StepState) -> None:
+        """d loss / d input of (mb, chunk): to the previous stage's chunk in memory, or kept for SEND_GRAD."""
+        prev = self._local_neighbour(a.chunk, -1)
+        if prev is not None:
+            st.received[(Op.RECV_GRAD, a.microbatch, prev)] = dx
         else:
-            st.grads[key] = x.grad
+            st.grads[(a.microbatch, a.chunk)] = dx
+
+    def _backward_input(self, a: Action, batches: Sequence[Batch], st: _StepState) -> None:
+        """B: the input gradient now (sent or handed over); what W needs is kept (first stage: everything)."""
+        chunk, key = self.chunks[a.chunk], (a.microbatch, a.chunk)
+        x, y = st.inputs.pop(key), st.outputs.pop(key)
+        grad = None if chunk.stage.last else self._take(a, Op.RECV_GRAD, st)
+        t0 = time.time()
+        dx, work = backward_input(y, grad, None if chunk.stage.first else x, list(chunk.parameters()), _backward)
+        self._record([a], t0)
+        st.weight_work[key] = work
+        if self.on_weight_hold is not None:
+            for g in work.held_grads():
+                self.on_weight_hold(g, work, a.microbatch)
+        if not chunk.stage.first:
+            self._pass_back(a, dx, st)
+
+    def _backward_weight(self, a: Action, batches: Sequence[Batch], st: _StepState) -> None:
+        """W: the weight gradients of (mb, chunk), accumulated into .grad; then its graph is released."""
+        work: WeightWork = st.weight_work.pop((a.microbatch, a.chunk))
+        t0 = time.time()
+        if self.before_weight is not None:
+            self.before_weight(self.chunks[a.chunk])
+        backward_weight(work, _backward)
+        self._record([a], t0)
 
     def _communicate(self, run: list[Action], st: _StepState) -> None:
         """Post the run's sends and receives as one batch; wait for none of them here (see the module doc)."""

@@ -62,10 +62,17 @@ from dataclasses import dataclass
 
 
 class Op(enum.Enum):
-    """What one action does. Compute ops run a chunk; the rest are point-to-point transfers."""
+    """What one action does. Compute ops run a chunk; the rest are point-to-point transfers.
+
+    A backward is either one BACKWARD (input and weight gradients together: GPipe, 1F1B, interleaved) or, in the
+    zero-bubble schedules, a BACKWARD_INPUT ("B": the gradient w.r.t. the chunk's input, which the previous
+    stage waits for) followed later by a BACKWARD_WEIGHT ("W": the weight gradients, which nobody waits for,
+    so they can fill bubbles; Qi et al. 2024)."""
 
     FORWARD = "forward"
     BACKWARD = "backward"
+    BACKWARD_INPUT = "backward_input"  # B: d loss / d input of the chunk (sent to the previous stage)
+    BACKWARD_WEIGHT = "backward_weight"  # W: d loss / d weights, from what B left (saved inputs, output grads)
     SEND_ACT = "send_act"  # send this chunk's output activation to the next stage
     RECV_ACT = "recv_act"  # receive this chunk's input activation from the previous stage
     SEND_GRAD = "send_grad"  # send the gradient w.r.t. this chunk's input to the previous stage
@@ -73,7 +80,23 @@ class Op(enum.Enum):
 
     @property
     def is_compute(self) -> bool:
-        return self in (Op.FORWARD, Op.BACKWARD)
+        return self in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)
+
+    @property
+    def is_backward(self) -> bool:
+        """Consumes the output gradient and produces the input gradient: BACKWARD or BACKWARD_INPUT."""
+        return self in (Op.BACKWARD, Op.BACKWARD_INPUT)
+
+    @property
+    def frees_activations(self) -> bool:
+        """The compute after which a (micro-batch, chunk)'s saved activations are gone: the full backward, or W
+        (W still needs F's saved inputs; the executor keeps the whole graph until W)."""
+        return self in (Op.BACKWARD, Op.BACKWARD_WEIGHT)
+
+    @property
+    def letter(self) -> str:
+        """F, B or W, as the schedule pictures draw them (a full backward is drawn as B too)."""
+        return {Op.FORWARD: "F", Op.BACKWARD: "B", Op.BACKWARD_INPUT: "B", Op.BACKWARD_WEIGHT: "W"}.get(self, "?")
 
     @property
     def is_send(self) -> bool:
@@ -98,10 +121,44 @@ class Action:
         return f"{self.op.name}(mb={self.microbatch},c={self.chunk}){peer}"
 
 
+class Placement(enum.Enum):
+    """Which global stage each (rank, local chunk) holds.
+
+    LOOP (Megatron's interleaved layout): chunk c of rank r is stage c pp + r, so the activations loop
+    0 -> pp-1, then back to rank 0 for the next chunk. V (ZBV, Qi et al. 2024 Sec. 6): two chunks, chunk 0 of
+    rank r is stage r and chunk 1 is stage 2 pp - 1 - r, so the activations go down the ranks and come back up:
+    rank pp-1 holds stages pp-1 and pp (a hand-off in memory) and rank 0 holds the first and the last stage.
+    """
+
+    LOOP = "loop"
+    V = "v"
+
+    def stage(self, rank: int, chunk: int, pp: int) -> int:
+        if self is Placement.V:
+            return rank if chunk == 0 else 2 * pp - 1 - rank
+        return chunk * pp + rank
+
+    def rank_chunk(self, stage: int, pp: int) -> tuple[int, int]:
+        if self is Placement.V:
+            return (stage, 0) if stage < pp else (2 * pp - 1 - stage, 1)
+        return stage % pp, stage // pp
+
+
 class ScheduleKind(enum.Enum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZB_H1 = "zbh1"  # zero bubble, 1F1B's memory: 1F1B with each backward split into B and a deferred W
+    ZBV = "zbv"  # zero bubble, V placement, two chunks a rank
+
+    @property
+    def placement(self) -> Placement:
+        return Placement.V if self is ScheduleKind.ZBV else Placement.LOOP
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether the schedule runs B and W as separate actions (the zero-bubble schedules)."""
+        return self in (ScheduleKind.ZB_H1, ScheduleKind.ZBV)
 
 
 class Phase(enum.Enum):
@@ -112,14 +169,14 @@ class Phase(enum.Enum):
     COOLDOWN = "cooldown"  # backwards only, draining the pipeline
 
 
-def stage_of(rank: int, chunk: int, pp: int) -> int:
-    """Global stage of `chunk` on `rank` (Megatron's layout: chunk-major, rank-minor)."""
-    return chunk * pp + rank
+def stage_of(rank: int, chunk: int, pp: int, placement: Placement = Placement.LOOP) -> int:
+    """Global stage of `chunk` on `rank` (default: Megatron's layout, chunk-major, rank-minor)."""
+    return placement.stage(rank, chunk, pp)
 
 
-def rank_chunk_of(stage: int, pp: int) -> tuple[int, int]:
+def rank_chunk_of(stage: int, pp: int, placement: Placement = Placement.LOOP) -> tuple[int, int]:
     """Inverse of `stage_of`: (rank, chunk) holding global stage `stage`."""
-    return stage % pp, stage // pp
+    return placement.rank_chunk(stage, pp)
 
 
 def validate(kind: ScheduleKind, pp: int, m: int, v: int) -> None:
@@ -129,7 +186,9 @@ def validate(kind: ScheduleKind, pp: int, m: int, v: int) -> None:
     for name, value in (("pp", pp), ("m", m), ("v", v)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if kind is not ScheduleKind.INTERLEAVED and v != 1:
+    if kind is ScheduleKind.ZBV and v != 2:
+        raise ValueError(f"v (chunks per rank) must be 2 for zbv (the V holds stages r and 2 pp - 1 - r), got {v}")
+    if kind not in (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV) and v != 1:
         raise ValueError(f"v (chunks per rank) must be 1 for {kind.value}, got {v}; use ScheduleKind.INTERLEAVED")
     if kind is ScheduleKind.INTERLEAVED and m % pp != 0:
         raise ValueError(f"m (micro-batches) must be a multiple of pp={pp} for interleaved 1F1B, got m={m}; "
@@ -139,19 +198,23 @@ def validate(kind: ScheduleKind, pp: int, m: int, v: int) -> None:
 def warmup_forwards(kind: ScheduleKind, pp: int, rank: int, m: int, v: int = 1) -> int:
     """Number of (chunk-)forwards rank `rank` runs before its first backward.
 
-    GPipe: all m. 1F1B: min(pp - rank - 1, m), one per downstream rank: just enough that the first gradient
-    arrives as the steady state begins (Narayanan et al. 2021). Interleaved (Megatron):
+    GPipe: all m. 1F1B (and ZB-H1): min(pp - rank - 1, m), one per downstream rank: just enough that the first
+    gradient arrives as the steady state begins (Narayanan et al. 2021). Interleaved (Megatron):
     min(2 (pp - rank - 1) + (v - 1) pp, m v). Even the last rank must first push the first pp micro-batches
     through chunks 0..v-2, (v - 1) pp chunk-forwards; a rank further upstream starts one step earlier and gets
     its first gradient one step later, and fills both steps with forwards -- 2 per downstream rank.
+    ZBV: the forwards before the first B of its list (2 pp when m >= 2 pp - 1, see `_zbv_order`).
     """
     validate(kind, pp, m, v)
     if not 0 <= rank < pp:
         raise ValueError(f"rank must be in [0, pp={pp}), got {rank}")
     if kind is ScheduleKind.GPIPE:
         return m
-    if kind is ScheduleKind.ONE_F_ONE_B or v == 1:
+    if kind in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1) or v == 1:
         return min(pp - rank - 1, m)
+    if kind is ScheduleKind.ZBV:
+        order = _zbv_order(pp, rank, m)
+        return next(i for i, a in enumerate(order) if a.op is not Op.FORWARD)
     return min(2 * (pp - rank - 1) + (v - 1) * pp, m * v)
 
 
@@ -159,23 +222,91 @@ def build_schedule(kind: ScheduleKind, pp: int, m: int, v: int = 1) -> list[list
     """Each pipeline rank's ordered action list (compute and communication) for one training step."""
     validate(kind, pp, m, v)
     orders = [compute_order(kind, pp, rank, m, v) for rank in range(pp)]
-    return _with_communication(orders, pp, v)
+    return _with_communication(orders, pp, v, kind.placement)
 
 
 def compute_order(kind: ScheduleKind, pp: int, rank: int, m: int, v: int = 1) -> list[Action]:
-    """Rank `rank`'s FORWARD/BACKWARD actions in execution order (no communication)."""
+    """Rank `rank`'s compute actions (F, B, and W for the zero-bubble kinds) in execution order, no
+    communication."""
     phases = compute_phases(kind, pp, rank, m, v)
     return [a for phase in Phase for a in phases[phase]]
 
 
 def compute_phases(kind: ScheduleKind, pp: int, rank: int, m: int, v: int = 1) -> dict[Phase, list[Action]]:
-    """The compute order split into warm-up, steady state and cool-down."""
+    """The compute order split into warm-up, steady state and cool-down. For the zero-bubble kinds: the
+    forwards before the first backward, up to the last forward, the rest (B's and the deferred W's)."""
     warmup = warmup_forwards(kind, pp, rank, m, v)
+    if kind.splits_backward:
+        order = _zb_h1_order(pp, rank, m) if kind is ScheduleKind.ZB_H1 else _zbv_order(pp, rank, m)
+        last_forward = max(i for i, a in enumerate(order) if a.op is Op.FORWARD)
+        return {Phase.WARMUP: order[:warmup], Phase.STEADY: order[warmup:last_forward + 1],
+                Phase.COOLDOWN: order[last_forward + 1:]}
     order = [_virtual_microbatch(k, pp, v) for k in range(m * v)] if v > 1 else [(i, 0) for i in range(m)]
     forwards = [Action(Op.FORWARD, mb, chunk) for mb, chunk in order]
     # Backward visits chunks in reverse within each group of pp micro-batches: gradients enter at the last chunk.
     backwards = [Action(Op.BACKWARD, mb, v - 1 - chunk) for mb, chunk in order]
     return _split_phases(forwards, backwards, warmup)
+
+
+def _zb_h1_order(pp: int, rank: int, m: int) -> list[Action]:
+    """ZB-H1 (Qi et al. 2024, Sec. 2.1; torch's ScheduleInterleavedZeroBubble with one chunk, "ZB1P"): 1F1B's
+    order with each backward split into B and W, rank r deferring its first r W's. The B's then run as early
+    as 1F1B's backwards could if they did not wait for W's, and the r deferred W's fill the cool-down, where
+    rank r of 1F1B idles for r backwards. Every rank then holds at most pp micro-batches (F done, W not)."""
+    warmup = min(pp - rank - 1, m)
+    order = [Action(Op.FORWARD, mb) for mb in range(warmup)]
+    b = w = 0
+    for step in range(warmup, m + warmup):  # steady state (a forward, then a B), then the cool-down B's
+        if step < m:
+            order.append(Action(Op.FORWARD, step))
+        order.append(Action(Op.BACKWARD_INPUT, b))
+        b += 1
+        if step - warmup >= rank:  # past the first `rank` B's: a W of the oldest micro-batch after each B
+            order.append(Action(Op.BACKWARD_WEIGHT, w))
+            w += 1
+    order += [Action(Op.BACKWARD_WEIGHT, mb) for mb in range(w, m)]
+    return order
+
+
+def _zbv_order(pp: int, rank: int, m: int) -> list[Action]:
+    """ZBV (Qi et al. 2024, Sec. 6; torch's ScheduleZBVZeroBubble, which this follows action for action).
+    Chunk 0 is stage r, chunk 1 stage 2 pp - 1 - r (`Placement.V`). Built for n = max(m, 2 pp - 1) micro-batches,
+    the fewest that fill the V, then the actions of micro-batches >= m are dropped (as torch does).
+
+    warm-up: 2 (pp - r) - 1 chunk-0 forwards; r pairs (F chunk 1, F chunk 0); pp - r triples (F, B, W of chunk 1)
+    steady:  F chunk 0, B W chunk 0, F chunk 1, B W chunk 1, until every forward ran
+    cool-down: r pairs (B chunk 0, B chunk 1); pp - r pairs (B chunk 0, W chunk 0); the W's left, chunk 1 first.
+    """
+    n = max(2 * pp - 1, m)
+    order: list[Action] = []
+    count = {key: 0 for key in ("f0", "f1", "b0", "b1", "w0", "w1")}
+
+    def add(op: Op, chunk: int) -> None:
+        key = {Op.FORWARD: "f", Op.BACKWARD_INPUT: "b", Op.BACKWARD_WEIGHT: "w"}[op] + str(chunk)
+        order.append(Action(op, count[key], chunk))
+        count[key] += 1
+
+    F, B, W = Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT
+    for _ in range(2 * (pp - rank) - 1):
+        add(F, 0)
+    for _ in range(rank):
+        add(F, 1), add(F, 0)
+    for _ in range(pp - rank):
+        add(F, 1), add(B, 1), add(W, 1)
+    while count["f1"] < count["f0"] or count["f0"] < n:
+        if count["f0"] < n:
+            add(F, 0)
+        add(B, 0), add(W, 0), add(F, 1), add(B, 1), add(W, 1)
+    # each B so far was followed by its W, so the W counters equal the B counters here (torch's w0_cnt = b0_cnt)
+    for _ in range(rank):
+        add(B, 0), add(B, 1)
+    for _ in range(pp - rank):
+        add(B, 0), add(W, 0)
+    while count["w1"] < count["b1"]:
+        add(W, 1)
+    while count["w0"] < count["b0"]:
+        add(W, 0)
+    return [a for a in order if a.microbatch < m]
 
 
 def _virtual_microbatch(k: int, pp: int, v: int) -> tuple[int, int]:
@@ -228,21 +359,22 @@ class _Message:
     gap: int  # the receiver's batch: the one before its compute number `gap`
 
 
-def _with_communication(orders: list[list[Action]], pp: int, v: int) -> list[list[Action]]:
-    starts = _unit_time_starts(orders, pp, v)
-    position = [{a: i for i, a in enumerate(order)} for order in orders]  # O(1) consumer lookup
-    messages = [m for rank in range(pp) for m in _messages_of(rank, orders, starts, position, pp, v)]
+def _with_communication(orders: list[list[Action]], pp: int, v: int,
+                        placement: Placement = Placement.LOOP) -> list[list[Action]]:
+    starts = _unit_time_starts(orders, pp, v, placement)
+    position = [{_dependency_key(a): i for i, a in enumerate(order)} for order in orders]  # O(1) consumer lookup
+    messages = [m for rank in range(pp) for m in _messages_of(rank, orders, starts, position, pp, v, placement)]
     messages = _in_sender_order(messages)
     return [_rank_list(rank, orders[rank], messages) for rank in range(pp)]
 
 
-def _messages_of(rank: int, orders: list[list[Action]], starts: list[list[int]], position: list[dict[Action, int]],
-                 pp: int, v: int) -> list[_Message]:
+def _messages_of(rank: int, orders: list[list[Action]], starts: list[list[int]], position: list[dict],
+                 pp: int, v: int, placement: Placement) -> list[_Message]:
     """The messages rank `rank` sends, each with the receiver's latest batch open during the sender's batch.
     A rank's unit-time starts increase, so the batches opened by a time are counted by bisection."""
     out = []
     for j, action in enumerate(orders[rank]):
-        pair = _message_pair(action, rank, pp, v)
+        pair = _message_pair(action, rank, pp, v, placement)
         if pair is None:
             continue
         send, recv = pair
@@ -287,15 +419,18 @@ def _rank_list(rank: int, order: list[Action], messages: list[_Message]) -> list
     return out
 
 
-def _message_pair(action: Action, rank: int, pp: int, v: int) -> tuple[Action, Action] | None:
+def _message_pair(action: Action, rank: int, pp: int, v: int,
+                  placement: Placement = Placement.LOOP) -> tuple[Action, Action] | None:
     """(send, receive) of what `action` produces -- its output activation or its input gradient -- or None when
-    nothing is sent: the last stage's forward (the loss follows), the first stage's backward, or a hand-off to a
-    chunk on the same rank (pp = 1)."""
+    nothing is sent: a W (its gradients stay on the rank), the last stage's forward (the loss follows), the
+    first stage's backward, or a hand-off to a chunk on the same rank (pp = 1; the V's turn on rank pp - 1)."""
+    if not (action.op is Op.FORWARD or action.op.is_backward):
+        return None
     forward = action.op is Op.FORWARD
-    target = stage_of(rank, action.chunk, pp) + (1 if forward else -1)
+    target = stage_of(rank, action.chunk, pp, placement) + (1 if forward else -1)
     if not 0 <= target < pp * v:
         return None
-    peer, peer_chunk = rank_chunk_of(target, pp)
+    peer, peer_chunk = rank_chunk_of(target, pp, placement)
     if peer == rank:
         return None
     send = Action(Op.SEND_ACT if forward else Op.SEND_GRAD, action.microbatch, action.chunk, peer)
@@ -303,16 +438,25 @@ def _message_pair(action: Action, rank: int, pp: int, v: int) -> tuple[Action, A
     return send, recv
 
 
-def _consumer_of(recv: Action) -> Action:
-    """The compute that uses a received payload: RECV_ACT feeds FORWARD, RECV_GRAD feeds BACKWARD."""
-    return Action(Op.FORWARD if recv.op is Op.RECV_ACT else Op.BACKWARD, recv.microbatch, recv.chunk)
+def _dependency_key(action: Action) -> tuple[str, int, int]:
+    """("F" | "B" | "W", micro-batch, chunk): a full BACKWARD and a B play the same part in the dependencies
+    (both consume the output gradient and produce the input gradient)."""
+    kind = "F" if action.op is Op.FORWARD else "B" if action.op.is_backward else "W"
+    return kind, action.microbatch, action.chunk
 
 
-def _unit_time_starts(orders: list[list[Action]], pp: int, v: int) -> list[list[int]]:
+def _consumer_of(recv: Action) -> tuple[str, int, int]:
+    """The compute that uses a received payload: RECV_ACT feeds the forward, RECV_GRAD the backward (or B)."""
+    return ("F" if recv.op is Op.RECV_ACT else "B"), recv.microbatch, recv.chunk
+
+
+def _unit_time_starts(orders: list[list[Action]], pp: int, v: int,
+                      placement: Placement = Placement.LOOP) -> list[list[int]]:
     """Start time of each compute when every compute takes 1 and messages are free and buffered (as soon as
-    possible, in each rank's order). Forward at stage s waits for forward at s-1; backward at s waits for backward
-    at s+1 (or its own forward at the last stage). ValueError if the orders cannot all run (inconsistent)."""
-    done: dict[tuple[Op, int, int], int] = {}  # (op, micro-batch, global stage) -> end time
+    possible, in each rank's order). Forward at stage s waits for forward at s-1; backward (or B) at s waits
+    for backward at s+1 (or its own forward at the last stage) and its own forward; W waits for its own B.
+    ValueError if the orders cannot all run (inconsistent)."""
+    done: dict[tuple[str, int, int], int] = {}  # (F|B|W, micro-batch, global stage) -> end time
     starts: list[list[int]] = [[] for _ in range(pp)]
     clock, cursor, moved = [0] * pp, [0] * pp, True
     while moved:
@@ -320,13 +464,14 @@ def _unit_time_starts(orders: list[list[Action]], pp: int, v: int) -> list[list[
         for rank in range(pp):
             while cursor[rank] < len(orders[rank]):
                 action = orders[rank][cursor[rank]]
-                ready = _ready_time(action, rank, pp, v, done)
+                ready = _ready_time(action, rank, pp, v, done, placement)
                 if ready is None:
                     break
                 start = max(clock[rank], ready)
                 starts[rank].append(start)
                 clock[rank] = start + 1
-                done[(action.op, action.microbatch, stage_of(rank, action.chunk, pp))] = start + 1
+                kind, mb, chunk = _dependency_key(action)
+                done[(kind, mb, stage_of(rank, chunk, pp, placement))] = start + 1
                 cursor[rank] += 1
                 moved = True
     if any(cursor[r] < len(orders[r]) for r in range(pp)):
@@ -334,14 +479,24 @@ def _unit_time_starts(orders: list[list[Action]], pp: int, v: int) -> list[list[
     return starts
 
 
-def _ready_time(action: Action, rank: int, pp: int, v: int, done: dict[tuple[Op, int, int], int]) -> int | None:
-    stage = stage_of(rank, action.chunk, pp)
+def dependencies(action: Action, rank: int, pp: int, v: int,
+                 placement: Placement = Placement.LOOP) -> list[tuple[str, int, int]]:
+    """What a compute waits for, as (F|B|W, micro-batch, global stage): a forward the forward of the stage
+    before; a backward (or B) its own forward and the backward of the stage after; a W its own B."""
+    stage = stage_of(rank, action.chunk, pp, placement)
     if action.op is Op.FORWARD:
-        needs = [(Op.FORWARD, action.microbatch, stage - 1)] if stage > 0 else []
-    else:
-        needs = [(Op.FORWARD, action.microbatch, stage)]
-        if stage < pp * v - 1:
-            needs.append((Op.BACKWARD, action.microbatch, stage + 1))
+        return [("F", action.microbatch, stage - 1)] if stage > 0 else []
+    if action.op is Op.BACKWARD_WEIGHT:
+        return [("B", action.microbatch, stage)]
+    needs = [("F", action.microbatch, stage)]
+    if stage < pp * v - 1:
+        needs.append(("B", action.microbatch, stage + 1))
+    return needs
+
+
+def _ready_time(action: Action, rank: int, pp: int, v: int, done: dict[tuple[str, int, int], int],
+                placement: Placement = Placement.LOOP) -> int | None:
+    needs = dependencies(action, rank, pp, v, placement)
     if any(key not in done for key in needs):
         return None
     return max((done[key] for key in needs), default=0)

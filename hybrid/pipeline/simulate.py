@@ -2,8 +2,9 @@
 
 Model (the one `hybrid.pipeline.schedules` documents for the executor):
 
-* Each rank runs its list in order and has one compute stream: a FORWARD/BACKWARD starts when the previous step
-  on that rank ended and lasts `Costs.forward_time(stage)` / `Costs.backward_time(stage)`.
+* Each rank runs its list in order and has one compute stream: a compute starts when the previous step on that
+  rank ended and lasts `Costs.forward_time(stage)` (F), `Costs.backward_time(stage)` (a full backward),
+  `Costs.input_time(stage)` (B) or `Costs.weight_time(stage)` (W); B + W = the full backward.
 * A maximal run of consecutive communication actions is one batch, *posted* when the rank reaches it. Messages
   on a directed pair (a -> b) are matched in posting order: a's k-th send to b is b's k-th receive from a.
   A message is transferred once both its send and its receive are posted, taking `Costs.comm` seconds from the
@@ -25,11 +26,13 @@ the lists deadlock: `DeadlockError` names the stuck ranks, their pending batch a
 Metrics:
 
 * makespan T = the latest end time of any step (all ranks start at 0).
-* busy_r = the total compute time (forwards + backwards) of rank r; communication and waiting are idle.
+* busy_r = the total compute time (F, B, W) of rank r; communication and waiting are idle.
 * bubble fraction = 1 - sum_r busy_r / (pp * T): the share of the pp x T device-time rectangle not computing.
 * in flight on rank r: (micro-batch, chunk) pairs whose forward on r has run and whose backward on r has not
-  finished, i.e. activation sets held, in units of one chunk's activations for one micro-batch
-  (`peak_in_flight`). `peak_in_flight_microbatches` counts distinct micro-batches instead; with v = 1 the two
+  finished -- for the zero-bubble schedules, whose W has not finished (W still needs F's saved inputs) -- i.e.
+  activation sets held, in units of one chunk's activations for one micro-batch (`peak_in_flight`).
+  `peak_weight_pending` counts the pairs whose B has run and W has not: each also holds the output gradients
+  B left for W. `peak_in_flight_microbatches` counts distinct micro-batches instead; with v = 1 the two
   agree. Memory in units of a whole rank's activations for one micro-batch is peak_in_flight / v.
 """
 
@@ -38,7 +41,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from hybrid.pipeline.schedules import Action, Op, stage_of
+from hybrid.pipeline.schedules import Action, Op, Placement, stage_of
 
 
 class Transfer(enum.Enum):
@@ -58,6 +61,10 @@ class Costs:
     comm: float = 0.0  # time of one point-to-point message, once both ends are posted
     stage_forward: tuple[float, ...] | None = None  # per global stage (chunk * pp + rank); overrides `forward`
     stage_backward: tuple[float, ...] | None = None  # per global stage; overrides `backward`
+    # W's share of the full backward (B = (1 - share) tb, W = share tb); 0.5: a linear layer's dX and dW GEMMs
+    # cost the same FLOPs
+    weight_share: float = 0.5
+    stage_weight_share: tuple[float, ...] | None = None  # per global stage; overrides `weight_share`
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "comm"):
@@ -67,6 +74,9 @@ class Costs:
             values = getattr(self, name)
             if values is not None and any(t < 0 for t in values):
                 raise ValueError(f"Costs.{name} must hold times >= 0, got {values}")
+        shares = (self.weight_share,) + (self.stage_weight_share or ())
+        if any(not 0 <= f <= 1 for f in shares):
+            raise ValueError(f"Costs.weight_share / stage_weight_share must lie in [0, 1], got {shares}")
 
     def forward_time(self, stage: int) -> float:
         return self.forward if self.stage_forward is None else self.stage_forward[stage]
@@ -74,8 +84,17 @@ class Costs:
     def backward_time(self, stage: int) -> float:
         return self.backward if self.stage_backward is None else self.stage_backward[stage]
 
+    def weight_time(self, stage: int) -> float:
+        """W of one micro-batch on `stage`: its share of the full backward."""
+        share = self.weight_share if self.stage_weight_share is None else self.stage_weight_share[stage]
+        return share * self.backward_time(stage)
+
+    def input_time(self, stage: int) -> float:
+        """B of one micro-batch on `stage`: the full backward less W."""
+        return self.backward_time(stage) - self.weight_time(stage)
+
     def check_stages(self, num_stages: int) -> None:
-        for name in ("stage_forward", "stage_backward"):
+        for name in ("stage_forward", "stage_backward", "stage_weight_share"):
             values = getattr(self, name)
             if values is not None and len(values) != num_stages:
                 raise ValueError(f"Costs.{name} must have one entry per global stage (pp * v = {num_stages}), "
@@ -113,6 +132,7 @@ class SimResult:
     peak_in_flight: tuple[int, ...]  # per rank, max (micro-batch, chunk) activation sets held
     peak_in_flight_microbatches: tuple[int, ...]  # per rank, max distinct micro-batches with activations held
     peak_recv_buffers: tuple[int, ...]  # per rank, max payloads received but not yet consumed (prefetched)
+    peak_weight_pending: tuple[int, ...] = ()  # per rank, max (micro-batch, chunk) with B done and W not
 
     @property
     def bubble_fraction(self) -> float:
@@ -141,11 +161,13 @@ _Step = Action | _Batch
 
 
 def simulate(schedule: list[list[Action]], costs: Costs = Costs(),
-             transfer: Transfer = Transfer.LAZY) -> SimResult:
+             transfer: Transfer = Transfer.LAZY, placement: Placement = Placement.LOOP) -> SimResult:
     """Run all ranks' lists (schedule[r] is rank r's) under the executor's semantics; see the module docstring.
 
     `Transfer.LAZY` is what `PipelineExecutor` does; `Transfer.RENDEZVOUS` and `Transfer.BUFFERED` model
-    executors that wait for each batch (all of it, or its receives).
+    executors that wait for each batch (all of it, or its receives). `placement`: which stage each (rank,
+    chunk) holds -- `ScheduleKind.placement` of the lists' kind (V for ZBV); a wrong one raises ValueError
+    (messages matched with different payloads).
     """
     pp = len(schedule)
     if pp < 1:
@@ -153,9 +175,9 @@ def simulate(schedule: list[list[Action]], costs: Costs = Costs(),
     v = 1 + max((a.chunk for actions in schedule for a in actions), default=0)
     costs.check_stages(pp * v)
     steps = [_to_steps(actions) for actions in schedule]
-    _match_messages(steps, pp)
+    _match_messages(steps, pp, placement)
     run = _run_lazy if transfer is Transfer.LAZY else _run
-    spans, batch_spans = run(steps, costs, pp, transfer)
+    spans, batch_spans = run(steps, _Durations(costs, pp, placement), pp, transfer)
     buffers = tuple(_peak_recv_buffers(actions) for actions in schedule)
     return _result(pp, v, spans, batch_spans, buffers)
 
@@ -177,7 +199,7 @@ def _to_steps(actions: list[Action]) -> list[_Step]:
     return steps
 
 
-def _match_messages(steps: list[list[_Step]], pp: int) -> None:
+def _match_messages(steps: list[list[_Step]], pp: int, placement: Placement) -> None:
     """Pair the k-th send a -> b with the k-th receive of b from a; record in each batch its messages' partner
     batches. ValueError when a matched pair disagrees on the payload (that would corrupt data silently). A send
     or receive with no partner keeps None and shows up as a deadlock."""
@@ -194,7 +216,7 @@ def _match_messages(steps: list[list[_Step]], pp: int) -> None:
                         recvs.setdefault((action.peer, rank), []).append((rank, index, position))
     for pair, pair_sends in sends.items():
         for send, recv in zip(pair_sends, recvs.get(pair, [])):
-            _pair(send, recv, steps, pp)
+            _pair(send, recv, steps, pp, placement)
 
 
 def _check_peer(action: Action, rank: int, pp: int) -> None:
@@ -202,24 +224,25 @@ def _check_peer(action: Action, rank: int, pp: int) -> None:
         raise ValueError(f"rank {rank}: {action} needs a peer pipeline rank in [0, {pp}) other than itself")
 
 
-def _pair(send: _Endpoint, recv: _Endpoint, steps: list[list[_Step]], pp: int) -> None:
+def _pair(send: _Endpoint, recv: _Endpoint, steps: list[list[_Step]], pp: int, placement: Placement) -> None:
     s_batch, r_batch = steps[send[0]][send[1]], steps[recv[0]][recv[1]]
     s_action, r_action = s_batch.actions[send[2]], r_batch.actions[recv[2]]
-    if not _same_payload(s_action, send[0], r_action, recv[0], pp):
+    if not _same_payload(s_action, send[0], r_action, recv[0], pp, placement):
         raise ValueError(f"rank {send[0]} {s_action} is matched (posting order) with rank {recv[0]} {r_action}: "
                          "payloads differ; post receives in the order the sender sends")
     s_batch.partners[send[2]] = recv[:2]
     r_batch.partners[recv[2]] = send[:2]
 
 
-def _same_payload(send: Action, s_rank: int, recv: Action, r_rank: int, pp: int) -> bool:
+def _same_payload(send: Action, s_rank: int, recv: Action, r_rank: int, pp: int, placement: Placement) -> bool:
     """SEND_ACT of stage s pairs with RECV_ACT of stage s + 1; SEND_GRAD of stage s with RECV_GRAD of s - 1."""
     expected = {Op.SEND_ACT: (Op.RECV_ACT, 1), Op.SEND_GRAD: (Op.RECV_GRAD, -1)}[send.op]
     return (recv.op is expected[0] and recv.microbatch == send.microbatch
-            and stage_of(r_rank, recv.chunk, pp) == stage_of(s_rank, send.chunk, pp) + expected[1])
+            and stage_of(r_rank, recv.chunk, pp, placement) == stage_of(s_rank, send.chunk, pp, placement)
+            + expected[1])
 
 
-def _run(steps: list[list[_Step]], costs: Costs, pp: int,
+def _run(steps: list[list[_Step]], costs: "_Durations", pp: int,
          transfer: Transfer) -> tuple[list[list[Span]], list[list[BatchSpan]]]:
     """Advance every rank as far as it can until all finish or none can move."""
     clock = [0.0] * pp
@@ -234,11 +257,11 @@ def _run(steps: list[list[_Step]], costs: Costs, pp: int,
             while cursor[rank] < len(steps[rank]):
                 step = steps[rank][cursor[rank]]
                 if isinstance(step, Action):
-                    end = clock[rank] + _duration(step, rank, pp, costs)
+                    end = clock[rank] + costs.of(step, rank)
                     spans[rank].append(Span(step, clock[rank], end))
                 else:
                     posted.setdefault((rank, cursor[rank]), clock[rank])
-                    end = _batch_done(step, clock[rank], posted, costs, transfer)
+                    end = _batch_done(step, clock[rank], posted, costs.costs, transfer)
                     if end is None:
                         break
                     batch_spans[rank].append(BatchSpan(step.actions, clock[rank], end))
@@ -249,7 +272,7 @@ def _run(steps: list[list[_Step]], costs: Costs, pp: int,
     return spans, batch_spans
 
 
-def _run_lazy(steps: list[list[_Step]], costs: Costs, pp: int,
+def _run_lazy(steps: list[list[_Step]], costs: "_Durations", pp: int,
               transfer: Transfer) -> tuple[list[list[Span]], list[list[BatchSpan]]]:
     """Transfer.LAZY: batches are posted without blocking; a compute waits for the message carrying its input.
 
@@ -270,37 +293,45 @@ def _run_lazy(steps: list[list[_Step]], costs: Costs, pp: int,
                 if isinstance(step, _Batch):
                     posted[(rank, index)] = clock[rank]
                 else:
-                    ready = _input_arrival(step, rank, steps, inputs, posted, costs)
+                    ready = _input_arrival(step, rank, steps, inputs, posted, costs.costs)
                     if ready is None:
                         break
                     start = max(clock[rank], ready)
-                    clock[rank] = start + _duration(step, rank, pp, costs)
+                    clock[rank] = start + costs.of(step, rank)
                     spans[rank].append(Span(step, start, clock[rank]))
                 cursor[rank] += 1
                 moved = True
     _raise_if_lazy_stuck(steps, cursor, inputs, posted)
-    batch_spans = [[BatchSpan(step.actions, posted[(rank, i)], _lazy_batch_done(rank, i, step, posted, costs))
+    batch_spans = [[BatchSpan(step.actions, posted[(rank, i)], _lazy_batch_done(rank, i, step, posted, costs.costs))
                     for i, step in enumerate(rank_steps) if isinstance(step, _Batch)]
                    for rank, rank_steps in enumerate(steps)]
     return spans, batch_spans
 
 
-def _input_messages(rank_steps: list[_Step]) -> dict[tuple[Op, int, int], tuple[int, int]]:
-    """(consumer op, micro-batch, chunk) -> (step index, position) of the receive that carries its input."""
-    consumer = {Op.RECV_ACT: Op.FORWARD, Op.RECV_GRAD: Op.BACKWARD}
+def _input_messages(rank_steps: list[_Step]) -> dict[tuple[bool, int, int], tuple[int, int]]:
+    """(consumer is a forward, micro-batch, chunk) -> (step index, position) of the receive carrying its input
+    (RECV_ACT feeds the forward, RECV_GRAD the backward or B; a W receives nothing)."""
     out = {}
     for index, step in enumerate(rank_steps):
         if isinstance(step, _Batch):
             for position, a in enumerate(step.actions):
                 if a.op.is_recv:
-                    out[(consumer[a.op], a.microbatch, a.chunk)] = (index, position)
+                    out[(a.op is Op.RECV_ACT, a.microbatch, a.chunk)] = (index, position)
     return out
+
+
+def _input_key(action: Action) -> tuple[bool, int, int] | None:
+    """The `_input_messages` key of a compute's input, None for a W (its input is on the rank already)."""
+    if action.op is Op.BACKWARD_WEIGHT:
+        return None
+    return action.op is Op.FORWARD, action.microbatch, action.chunk
 
 
 def _input_arrival(action: Action, rank: int, steps: list[list[_Step]], inputs: list[dict],
                    posted: dict[tuple[int, int], float], costs: Costs) -> float | None:
     """When `action`'s input message has arrived (0.0 if it receives none), None while its send is not posted."""
-    where = inputs[rank].get((action.op, action.microbatch, action.chunk))
+    key = _input_key(action)
+    where = None if key is None else inputs[rank].get(key)
     if where is None:
         return 0.0
     partner = steps[rank][where[0]].partners[where[1]]
@@ -326,7 +357,7 @@ def _raise_if_lazy_stuck(steps: list[list[_Step]], cursor: list[int], inputs: li
              for a, p in zip(step.actions, step.partners) if p is None]
     for rank in stuck:
         action = steps[rank][cursor[rank]]  # lazily, only a compute can wait
-        index, position = inputs[rank][(action.op, action.microbatch, action.chunk)]
+        index, position = inputs[rank][_input_key(action)]
         batch = steps[rank][index]
         partner = batch.partners[position]
         who = "no matching message" if partner is None else f"rank {partner[0]} to post it"
@@ -335,9 +366,19 @@ def _raise_if_lazy_stuck(steps: list[list[_Step]], cursor: list[int], inputs: li
         raise DeadlockError("pipeline schedule deadlocks:\n  " + "\n  ".join(lines))
 
 
-def _duration(action: Action, rank: int, pp: int, costs: Costs) -> float:
-    stage = stage_of(rank, action.chunk, pp)
-    return costs.forward_time(stage) if action.op is Op.FORWARD else costs.backward_time(stage)
+@dataclass(frozen=True)
+class _Durations:
+    """Each compute's duration on its rank: `Costs` read at the action's global stage."""
+
+    costs: Costs
+    pp: int
+    placement: Placement
+
+    def of(self, action: Action, rank: int) -> float:
+        stage = stage_of(rank, action.chunk, self.pp, self.placement)
+        read = {Op.FORWARD: self.costs.forward_time, Op.BACKWARD: self.costs.backward_time,
+                Op.BACKWARD_INPUT: self.costs.input_time, Op.BACKWARD_WEIGHT: self.costs.weight_time}[action.op]
+        return read(stage)
 
 
 def _batch_done(batch: _Batch, now: float, posted: dict[tuple[int, int], float], costs: Costs,
@@ -370,6 +411,7 @@ def _result(pp: int, v: int, spans: list[list[Span]], batch_spans: list[list[Bat
             buffers: tuple[int, ...]) -> SimResult:
     ends = [s.end for rank in spans for s in rank] + [b.done for rank in batch_spans for b in rank]
     peaks = [_peak_in_flight(rank) for rank in spans]
+    pending = tuple(_peak_weight_pending(rank) for rank in spans)
     return SimResult(
         pp=pp,
         v=v,
@@ -380,14 +422,18 @@ def _result(pp: int, v: int, spans: list[list[Span]], batch_spans: list[list[Bat
         peak_in_flight=tuple(p[0] for p in peaks),
         peak_in_flight_microbatches=tuple(p[1] for p in peaks),
         peak_recv_buffers=buffers,
+        peak_weight_pending=pending,
     )
 
 
 def _peak_in_flight(spans: list[Span]) -> tuple[int, int]:
-    """Max (micro-batch, chunk) pairs and max distinct micro-batches held: + at a forward, - after a backward."""
+    """Max (micro-batch, chunk) pairs and max distinct micro-batches held: + at a forward, - after a full
+    backward or a W (a B frees nothing: W still needs F's saved tensors)."""
     held: dict[int, int] = {}  # micro-batch -> chunks held
     peak_chunks = peak_mbs = 0
     for span in spans:
+        if not (span.action.op is Op.FORWARD or span.action.op.frees_activations):
+            continue
         mb = span.action.microbatch
         held[mb] = held.get(mb, 0) + (1 if span.action.op is Op.FORWARD else -1)
         if held[mb] == 0:
@@ -397,17 +443,26 @@ def _peak_in_flight(spans: list[Span]) -> tuple[int, int]:
     return peak_chunks, peak_mbs
 
 
+def _peak_weight_pending(spans: list[Span]) -> int:
+    """Max (micro-batch, chunk) pairs whose B has run and whose W has not: + at a B, - after its W."""
+    pending = peak = 0
+    for span in spans:
+        pending += {Op.BACKWARD_INPUT: 1, Op.BACKWARD_WEIGHT: -1}.get(span.action.op, 0)
+        peak = max(peak, pending)
+    return peak
+
+
 def _peak_recv_buffers(actions: list[Action]) -> int:
     """Max payloads a rank holds between their receive and the compute that consumes them (FORWARD(mb, c) takes
     RECV_ACT(mb, c), BACKWARD(mb, c) takes RECV_GRAD(mb, c)). 1 means no prefetching beyond the next compute."""
-    consumes = {Op.FORWARD: Op.RECV_ACT, Op.BACKWARD: Op.RECV_GRAD}
+    consumes = {Op.FORWARD: Op.RECV_ACT, Op.BACKWARD: Op.RECV_GRAD, Op.BACKWARD_INPUT: Op.RECV_GRAD}
     held: set[tuple[Op, int, int]] = set()
     peak = 0
     for action in actions:
         if action.op.is_recv:
             held.add((action.op, action.microbatch, action.chunk))
             peak = max(peak, len(held))
-        elif action.op.is_compute:
+        elif action.op in consumes:
             held.discard((consumes[action.op], action.microbatch, action.chunk))
     return peak
 
@@ -415,7 +470,7 @@ def _peak_recv_buffers(actions: list[Action]) -> int:
 def format_timeline(result: SimResult, slot: float | None = None) -> str:
     """ASCII picture: one row per rank, one cell per `slot` of time (default: the shortest compute span).
 
-    A cell reads F<mb> / B<mb> (with the chunk letter a, b, ... when v > 1) where a compute starts, '-' while
+    A cell reads F<mb> / B<mb> / W<mb> (with the chunk letter a, b, ... when v > 1) where a compute starts, '-' while
     it continues, '.' when the rank is idle (bubble or waiting on communication).
     """
     durations = [s.end - s.start for rank in result.timelines for s in rank if s.end > s.start]
@@ -436,4 +491,4 @@ def format_timeline(result: SimResult, slot: float | None = None) -> str:
 
 def _label(action: Action, v: int, width: int) -> str:
     chunk = chr(ord("a") + action.chunk) if v > 1 else ""
-    return f"{action.op.name[0]}{action.microbatch}{chunk}".ljust(width)
+    return f"{action.op.letter}{action.microbatch}{chunk}".ljust(width)

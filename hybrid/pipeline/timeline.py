@@ -2,7 +2,8 @@
 
 Each rank's executed actions (`PipelineExecutor.events`) become complete ("X") events: one track
 (pid) per pipeline stage, one row (tid) per global rank, named like the schedule pictures -- F3 is
-the forward of micro-batch 3, B3 its backward, with the chunk shown as F3.1 when v > 1; batches of
+the forward of micro-batch 3, B3 its backward (its input gradient, under a zero-bubble schedule), W3 its
+weight gradients (zero-bubble schedules), with the chunk shown as F3.1 when v > 1; batches of
 sends and receives appear as "comm" events. Times are wall-clock microseconds from the earliest
 event, so ranks on one host line up.
 """
@@ -14,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from hybrid.pipeline.executor import TimelineEvent
 
-_LETTER = {"forward": "F", "backward": "B"}
+_LETTER = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
 
 
 def _label(e: TimelineEvent, v: int) -> str:

@@ -39,7 +39,7 @@ from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, search,
                                    summarize_rejections)
 from hybrid.planner.time import FlopsFormula
-from hybrid.planner.train_flags import MAX_GLOBAL_BATCH, as_argv, plan_flags
+from hybrid.planner.train_flags import MAX_GLOBAL_BATCH, plan_flags
 from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
 
@@ -356,8 +356,10 @@ def _plot_title(work: Workload, cluster: Cluster) -> str:
 
 
 def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str]:
-    """scripts/train.py flags that run `plan` (Megatron names; the mapping is train_flags.py's)."""
-    return as_argv(plan_flags(work, plan.layout, model))
+    """scripts/train.py flags that run `plan` (Megatron names): the planner's mapping (train_flags.py) written with
+    train.py's own flag table (hybrid/train/config.py)."""
+    from hybrid.train.config import to_argv
+    return to_argv(plan_flags(work, plan.layout, model))
 
 
 def plan_json(work: Workload, plan: Plan) -> dict:

@@ -1,9 +1,9 @@
 """train.py's flags for a plan: the one mapping from the planner's decision (a `Layout` on a `Workload`) to the
 flags scripts/train.py takes, in Megatron's names.
 
-`hybrid plan --emit-args` prints them (`as_argv`); `train.py --auto-parallel` sets them on its parsed flags
-(hybrid/train/args.py). Either way train.py's own checks then judge them: the planner decides, the trainer
-checks what it is given.
+`hybrid plan --emit-args` prints them (as command-line words by train.py's own flag table,
+hybrid/train/config.py: to_argv); `train.py --auto-parallel` sets them on its parsed flags (hybrid/train/args.py).
+Either way train.py's own checks then judge them: the planner decides, the trainer checks what it is given.
 """
 
 from __future__ import annotations
@@ -53,13 +53,3 @@ def plan_flags(work: Workload, lay: Layout, model: str | None = None) -> dict[st
     wl = workload_flags(work)
     flags.update({k: wl.pop(k) for k in ("global_batch_size", "seq_length")})
     return {**flags, **lay_flags, **wl}
-
-
-def as_argv(flags: dict[str, object]) -> list[str]:
-    """`--flag value` for each flag; True is the bare switch, False and None leave the flag out (its default)."""
-    out: list[str] = []
-    for dest, value in flags.items():
-        if value is None or value is False:
-            continue
-        out += [f"--{dest.replace('_', '-')}"] + ([] if value is True else [str(value)])
-    return out

@@ -1,8 +1,11 @@
 """Command-line flags of the training entry point and every check that needs no process group.
 
-Flags follow Megatron-LM's names. The data-parallel size and the number of micro-batches are derived:
-dp = world / (tp * pp), micro-batches per step = global batch / (micro batch * dp). `check_args` raises
-ValueError naming the flag and the fix; `hybrid.train.main` turns it into one line before any process group.
+Flags follow Megatron-LM's names; train.py's own are one table (hybrid/train/config.py: FLAGS), each feature's in
+its folder (hybrid/<feature>/args.py). The data-parallel size and the number of micro-batches are derived:
+dp = world / (tp * pp), micro-batches per step = global batch / (micro batch * dp). `run_config` reads the parsed
+flags and returns the frozen, typed `RunConfig`; the argparse Namespace ends here (the checks work on their own
+copy of it). Every check raises ValueError naming the flag and the fix; hybrid.train.main turns it into one line
+before any process group.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
 
 import torch
 
@@ -21,11 +23,16 @@ from hybrid.checkpoint import args as ckpt_args
 from hybrid.data import BatchSpec
 from hybrid.data import args as data_args
 from hybrid.fault import args as fault_args
-from hybrid.metrics import args as metrics_args
+from hybrid.launch import MAX_TIMEOUT_MINUTES
 from hybrid.mesh import ParallelDims, validate_model_dims
+from hybrid.metrics import args as metrics_args
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
-from hybrid.zero import CpuAdam, Precision, ZeroConfig
+from hybrid.precision import Precision
+from hybrid.train.config import (FLAGS, MAX_SEED, ModelSetup, ParallelConfig, PipelinePlan, RunConfig,  # noqa: F401
+                                 TrainingConfig)
+from hybrid.train_step import OptimizerConfig
+from hybrid.zero import CpuAdam, ZeroConfig
 from hybrid.zero.ds_config import read_deepspeed_config
 from models import Recompute, load_config
 from models import cli as model_cli
@@ -43,76 +50,13 @@ Every input is checked before any process group starts; a bad one exits with one
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """train.py's own flags from the FLAGS table (in its groups and order), then each feature's."""
     p = OneLineParser(prog="train.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
-    g = p.add_argument_group("model and data")
-    g.add_argument("--model", default="tiny-gpt2", help="preset name (hybrid models) or a transformers "
-                                                         "config.json / model directory")
-    g.add_argument("--load", default=None, help="a --save directory to resume from (its latest complete checkpoint), or a "
-                                                "transformers model directory (safetensors) for initial weights")
-    g.add_argument("--seq-length", type=int, default=128, help="tokens per sequence")
-    g = p.add_argument_group("parallelism")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tp: ranks splitting each layer")
-    g.add_argument("--sequence-parallel", action="store_true", help="split norms/dropout along the sequence")
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pp: pipeline stages")
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
-                   help="layers per model chunk; v = layers / (pp * this) chunks per rank (interleaved 1F1B)")
-    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None,
-                   help="v: model chunks per rank (interleaved 1F1B); with --pipeline-layers-per-stage (pp x v "
-                        "counts) or --pipeline-partition balanced the chunks may differ in size")
-    g.add_argument("--pipeline-schedule", choices=[k.value for k in ScheduleKind], default=None,
-                   help="None: interleaved with virtual stages, else 1f1b")
-    g.add_argument("--pipeline-partition", choices=("uniform", "balanced"), default="uniform",
-                   help="balanced: split layers by FLOPs, counting the embedding and the LM head")
-    g.add_argument("--pipeline-layers-per-stage", default=None, help="layers of each stage by hand, e.g. 3,5,5,3")
-    g.add_argument("--recompute-granularity", choices=[r.value for r in Recompute if r is not Recompute.NONE],
-                   default=None, help="recompute activations in backward: selective (attention core) or full (block)")
-    g.add_argument("--compile", action="store_true",
-                   help="torch.compile each Transformer block's forward (fused elementwise kernels; the first "
-                        "step pays the compilation); not with --zero-stage 3")
-    g.add_argument("--timeline", default=None, help="write the last step's per-rank Chrome trace (JSON) here")
-    g.add_argument("--micro-batch-size", type=int, default=4, help="sequences per forward/backward per rank")
-    g.add_argument("--global-batch-size", type=int, default=None,
-                   help="sequences per optimizer step; None: micro batch x dp")
-    g.add_argument("--auto-parallel", action="store_true",
-                   help="let the planner choose tp, pp, v, micro batch, ZeRO stage, offload and SP for this world "
-                        "size and device memory (needs --global-batch-size)")
-    g.add_argument("--hardware", default=None, help="a `hybrid calibrate` profile (JSON): MFU's peak, and with "
-                                                    "--auto-parallel the device to plan for")
-    g.add_argument("--distributed-timeout-minutes", type=float, default=10.0,
-                   help="bound on process-group start-up and on every collective: a rank that dies or stalls "
-                        "ends the job after this long, naming the lost rank")
-    g = p.add_argument_group("optimization")
-    g.add_argument("--train-iters", type=int, default=100, help="optimizer steps")
-    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    g.add_argument("--min-lr", type=float, default=1e-4, help="learning rate at the end of the decay")
-    g.add_argument("--lr-warmup-iters", type=int, default=10, help="linear warm-up steps")
-    g.add_argument("--lr-decay-style", choices=("constant", "cosine"), default="cosine", help="decay after warm-up")
-    g.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decoupled weight decay (matrices only)")
-    g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam first-moment decay, in [0, 1)")
-    g.add_argument("--adam-beta2", type=float, default=0.95, help="Adam second-moment decay, in [0, 1)")
-    g.add_argument("--clip-grad", type=float, default=1.0, help="clip to this global gradient norm (0: off)")
-    g.add_argument("--seed", type=int, default=1234, help=f"initialisation and data order, in [0, {MAX_SEED}]")
-    g = p.add_argument_group("ZeRO and mixed precision")
-    g.add_argument("--zero-stage", type=int, default=0, help="0 DP, 1 optimizer states, 2 + gradients, 3 + parameters")
-    g.add_argument("--offload-optimizer", action="store_true", help="fp32 master weights, Adam and its step on the CPU")
-    g.add_argument("--offload-params", action="store_true", help="stage 3: parameter shards in CPU memory")
-    g.add_argument("--zero3-keep-gathered", action="store_true",
-                   help="stage 3: gather each layer once per step (all micro-batches), reduce-scatter once")
-    g.add_argument("--zero-bucket-bytes", type=int, default=25 * 2**20, help="stages 0-2 gradient bucket size")
-    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=True,
-                   help="stages 1-2: the next forward waits for each post-step parameter all-gather just before "
-                        "the block that uses it (default on; --no-overlap-param-gather waits in the step)")
-    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
-                   help="--bf16/--fp16: accumulate gradients over micro-batches and reduce them over DP in fp32 "
-                        "(4 bytes a parameter, twice the DP gradient bytes; Megatron's default with --bf16)")
-    g.add_argument("--cpu-adam", choices=[c.value for c in CpuAdam], default="auto",
-                   help="offloaded step: DeepSpeed's CPU Adam (auto: when it builds) or torch's")
-    g.add_argument("--bf16", action="store_true", help="bf16 compute, fp32 master weights")
-    g.add_argument("--fp16", action="store_true", help="fp16 compute, fp32 master weights, dynamic loss scaling")
-    g.add_argument("--deepspeed-config", default=None,
-                   help="DeepSpeed JSON: its zero_optimization / batch / clipping / bf16 / fp16 keys set the flags "
-                        "(a value that contradicts a flag given explicitly is an error)")
-    g.add_argument("--log-interval", type=int, default=10, help="print the loss every this many steps")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for flag in FLAGS:
+        if flag.group not in groups:
+            groups[flag.group] = p.add_argument_group(flag.group)
+        flag.add_to(groups[flag.group])
     model_cli.add_arguments(p)
     data_args.add_arguments(p)
     metrics_args.add_arguments(p)
@@ -129,7 +73,7 @@ def _short_metavars(p: argparse.ArgumentParser) -> None:
             a.metavar = {int: "N", float: "X"}.get(a.type, "PATH" if a.dest in PATHS else "TEXT")
 
 
-PATHS = {"model", "load", "timeline", "hardware", "deepspeed_config"}
+PATHS = {f.dest for f in FLAGS if f.path}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -143,31 +87,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-MAX_TIMEOUT_MINUTES = 7 * 24 * 60
-MAX_SEED = 2**32 - 1  # data.py draws from seed * 1_000_003 + iteration: stays far below a 64-bit generator seed
-# (flag dest, lowest value, lowest is excluded, integer): every size, rate, coefficient and count
-NUMBERS = (
-    ("seq_length", 1, False, True), ("micro_batch_size", 1, False, True), ("global_batch_size", 1, False, True),
-    ("train_iters", 1, False, True), ("log_interval", 1, False, True), ("lr_warmup_iters", 0, False, True),
-    ("tensor_model_parallel_size", 1, False, True), ("pipeline_model_parallel_size", 1, False, True),
-    ("num_layers_per_virtual_pipeline_stage", 1, False, True), ("zero_bucket_bytes", 1, False, True),
-    ("virtual_pipeline_model_parallel_size", 1, False, True),
-    ("lr", 0.0, True, False), ("min_lr", 0.0, False, False), ("weight_decay", 0.0, False, False),
-    ("clip_grad", 0.0, False, False), ("distributed_timeout_minutes", 0.0, True, False),
-)
-
-
 def check_numbers(args: argparse.Namespace) -> None:
-    """Zero, negative, NaN and infinity wherever they make no sense; ValueError naming the flag."""
-    for dest, low, low_open, integer in NUMBERS:
-        value = getattr(args, dest)
-        if value is None:
+    """Zero, negative, NaN and infinity wherever they make no sense (each flag's `low` in FLAGS); ValueError
+    naming the flag."""
+    for flag in FLAGS:
+        value = getattr(args, flag.dest)
+        if flag.low is None or value is None:
             continue
-        flag = f"--{dest.replace('_', '-')}"
-        if not integer and not math.isfinite(value):
-            raise ValueError(f"{flag} must be a finite number, got {value}")
-        if value < low or (low_open and value == low):
-            raise ValueError(f"{flag} must be {'>' if low_open else '>='} {low}, got {value}")
+        if flag.type is float and not math.isfinite(value):
+            raise ValueError(f"{flag.name} must be a finite number, got {value}")
+        if value < flag.low or (flag.low_open and value == flag.low):
+            raise ValueError(f"{flag.name} must be {'>' if flag.low_open else '>='} {flag.low}, got {value}")
     for flag, beta in (("--adam-beta1", args.adam_beta1), ("--adam-beta2", args.adam_beta2)):
         if not 0 <= beta < 1:
             raise ValueError(f"{flag} must be in [0, 1), got {beta}")
@@ -218,11 +148,11 @@ def check_checkpoint(path: str, cfg: ModelConfig, model: str) -> None:
                              f"{cfg.num_layers} x {cfg.hidden_size}); pass --model {path}")
 
 
-def check_host(args: argparse.Namespace, cfg: ModelConfig, batch: BatchSpec, world: int) -> None:
+def check_host(run: RunConfig, world: int) -> None:
     """What depends on this machine, not on the layout (so `hybrid plan --emit-args`, which runs check_args for
     a cluster, skips it): the batch of token ids and the model's weights fit its memory."""
-    check_batch_memory(batch)
-    check_model_fits_host(cfg, world, args.model)
+    check_batch_memory(run.training.batch)
+    check_model_fits_host(run.model.arch, world, run.model.name)
 
 
 def check_batch_memory(batch: BatchSpec) -> None:
@@ -253,19 +183,10 @@ def check_model_fits_host(cfg: ModelConfig, world: int, model: str) -> None:
                          f"{have / 2**30:.0f} GiB; run `hybrid plan` to size the job")
 
 
-def check_corpus(args: argparse.Namespace, cfg: ModelConfig, batch: BatchSpec):
+def check_corpus(args: argparse.Namespace, run: RunConfig):
     """Open --data-path (hybrid/data/args.py): every dataset readable, enough tokens for one sequence plus its
     shifted label in the train split, token ids within the model's vocabulary. Returns the DataSource."""
-    return data_args.build(args, args.data, batch, cfg.vocab_size)
-
-
-@dataclass(frozen=True)
-class PipelinePlan:
-    """How the model is cut: the schedule, chunks per rank, each global stage's layer ids."""
-
-    kind: ScheduleKind
-    v: int
-    stages: list[tuple[int, ...]]
+    return data_args.build(args, run.data, run.training.batch, run.model.arch.vocab_size)
 
 
 def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec) -> PipelinePlan:
@@ -302,11 +223,8 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     return PipelinePlan(kind=kind, v=v, stages=stages)
 
 
-DS_FLAGS = (("zero_stage", "zero_optimization.stage"), ("offload_optimizer", "zero_optimization.offload_optimizer"),
-            ("offload_params", "zero_optimization.offload_param"), ("micro_batch_size",
-                                                                  "train_micro_batch_size_per_gpu"),
-            ("clip_grad", "gradient_clipping"), ("bf16", "bf16.enabled"), ("fp16", "fp16.enabled"),
-            ("zero_bucket_bytes", "zero_optimization.reduce_bucket_size"))
+# (flag dest, DeepSpeed JSON key, DeepSpeedConfig attribute): the flags a DeepSpeed config sets (FLAGS' column)
+DS_FLAGS = tuple((f.dest, *f.deepspeed) for f in FLAGS if f.deepspeed)
 
 
 def _conflict(args: argparse.Namespace, attr: str, key: str, value) -> None:
@@ -323,8 +241,8 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
     that are not read."""
     ds = read_deepspeed_config(args.deepspeed_config)
     args.explicit = getattr(args, "explicit", set())  # a Namespace built by hand has none
-    for attr, key in DS_FLAGS:
-        value = getattr(ds, {"micro_batch_size": "micro_batch", "zero_bucket_bytes": "bucket_bytes"}.get(attr, attr))
+    for attr, key, field in DS_FLAGS:
+        value = getattr(ds, field)
         if value is not None:
             _conflict(args, attr, key, value)
             setattr(args, attr, value)
@@ -389,45 +307,78 @@ def check_zero(args: argparse.Namespace) -> ZeroConfig:
                       **getattr(args, "loss_scaling", {}))
 
 
-def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, ParallelDims, BatchSpec, PipelinePlan]:
-    """Every check that needs no process group; raises ValueError naming the flag and the fix.
-    Also sets `args.zero` (the ZeroConfig) and `args.ds_unsupported` (DeepSpeed keys not read)."""
-    check_numbers(args)
-    args.ds_unsupported = apply_deepspeed_config(args, world) if args.deepspeed_config else []
-    check_numbers(args)  # again: the DeepSpeed config may have set them
-    args.zero = check_zero(args)
-    args.fault = fault_args.check(args)
-    args.data = data_args.check(args)
-    args.metrics = metrics_args.check(args, world)
-    args.ckpt = ckpt_args.check(args)  # a --load naming a checkpoint directory moves to args.ckpt.load
-    cfg = load_config(args.model)
-    check_files(args, cfg)  # --load readable, outputs writable
-    cfg = model_cli.check(args, cfg)  # dropout flags; --load tensor shapes
-    dims = ParallelDims.from_world(world, tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size)
+def run_config(args: argparse.Namespace, world: int) -> RunConfig:
+    """Every check that needs no process group, then the typed config; raises ValueError naming the flag and the
+    fix. `args` is left as given: the checks work on a copy (the DeepSpeed JSON fills in flags, a --load naming a
+    checkpoint directory moves to the checkpoint config), which ends here."""
+    ns = argparse.Namespace(**vars(args))
+    check_numbers(ns)
+    unsupported = apply_deepspeed_config(ns, world) if ns.deepspeed_config else []
+    check_numbers(ns)  # again: the DeepSpeed config may have set them
+    zero = ns.zero = check_zero(ns)  # metrics_args.check reads the precision from it
+    fault = fault_args.check(ns)
+    data = data_args.check(ns)
+    metrics = metrics_args.check(ns, world)
+    checkpoint = ckpt_args.check(ns)  # a --load naming a checkpoint directory moves to checkpoint.load
+    cfg = load_config(ns.model)
+    check_files(ns, cfg)  # --load readable, outputs writable
+    cfg = model_cli.check(ns, cfg)  # dropout flags; --load tensor shapes
+    dims = ParallelDims.from_world(world, tp=ns.tensor_model_parallel_size, pp=ns.pipeline_model_parallel_size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
-    if args.seq_length > cfg.max_position_embeddings:
-        raise ValueError(f"--seq-length {args.seq_length} exceeds the model's {cfg.max_position_embeddings} "
+    if ns.seq_length > cfg.max_position_embeddings:
+        raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")
-    if args.sequence_parallel and args.seq_length % dims.tp:
-        raise ValueError(f"--sequence-parallel needs --seq-length ({args.seq_length}) divisible by "
+    if ns.sequence_parallel and ns.seq_length % dims.tp:
+        raise ValueError(f"--sequence-parallel needs --seq-length ({ns.seq_length}) divisible by "
                          f"--tensor-model-parallel-size ({dims.tp})")
-    check_compile(args)
-    gbs = args.global_batch_size or args.micro_batch_size * dims.dp
-    batch = BatchSpec(global_batch=gbs, micro_batch=args.micro_batch_size, seq_length=args.seq_length, dp=dims.dp)
-    return cfg, dims, batch, check_pipeline(args, cfg, dims, batch)
+    check_compile(ns, zero)
+    gbs = ns.global_batch_size or ns.micro_batch_size * dims.dp
+    batch = BatchSpec(global_batch=gbs, micro_batch=ns.micro_batch_size, seq_length=ns.seq_length, dp=dims.dp)
+    pipeline = check_pipeline(ns, cfg, dims, batch)
+    return RunConfig(
+        parallel=ParallelConfig(dims, ns.sequence_parallel, pipeline, ns.distributed_timeout_minutes),
+        model=ModelSetup(ns.model, cfg, init_weights=ns.load, recompute=Recompute(ns.recompute_granularity or "none"),
+                         compile=ns.compile),
+        training=TrainingConfig(batch, train_iters=ns.train_iters, log_interval=ns.log_interval, seed=ns.seed,
+                                timeline=ns.timeline, hardware=ns.hardware),
+        optimizer=OptimizerConfig(lr=ns.lr, min_lr=ns.min_lr, weight_decay=ns.weight_decay, beta1=ns.adam_beta1,
+                                  beta2=ns.adam_beta2, warmup_iters=ns.lr_warmup_iters, decay_style=ns.lr_decay_style,
+                                  train_iters=ns.train_iters, clip_grad=ns.clip_grad),
+        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics,
+        flags=tuple((k, v) for k, v in sorted(vars(ns).items()) if isinstance(v, (str, int, float, bool, type(None)))),
+        ds_unsupported=tuple(unsupported))
+
+
+def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, ParallelDims, BatchSpec, PipelinePlan]:
+    """`run_config`'s checks; (model config, dims, batch, pipeline plan) of the run they accept (`hybrid plan
+    --emit-args` asks it of each plan)."""
+    run = run_config(args, world)
+    return run.model.arch, run.parallel.dims, run.training.batch, run.parallel.pipeline
+
+
+def configure(args: argparse.Namespace, world: int):
+    """The whole command line, as train.py runs it: --auto-parallel's plan (when asked), every check, the host's
+    memory, then the datasets opened. Returns (RunConfig, DataSource); `args` is left as given."""
+    ns = argparse.Namespace(**vars(args))
+    check_numbers(ns)
+    if ns.auto_parallel:
+        apply_auto_parallel(ns, world)
+    run = run_config(ns, world)
+    check_host(run, world)
+    return run, check_corpus(ns, run)
 
 
 COMPILE_ZERO_STAGES = (0, 1, 2)
 
 
-def check_compile(args: argparse.Namespace) -> None:
+def check_compile(args: argparse.Namespace, zero: ZeroConfig) -> None:
     """--compile (a compiled forward per block) with what it has been run with: ZeRO 0-2, no recomputation.
     ZeRO 3 frees each block's parameters after use (a 0-byte storage) and gathers them anew around the forward;
     recomputation checkpoints with a context that replays the tensor-parallel dropout streams, which torch.compile
     cannot trace (dynamo: "checkpoint not implemented for ... context_fn")."""
     if not args.compile:
         return
-    if args.zero.stage == 3:
+    if zero.stage == 3:
         where = "--zero-stage 3" if "zero_stage" in getattr(args, "explicit", {"zero_stage"}) else \
             "ZeRO stage 3 (--deepspeed-config zero_optimization.stage)"
         raise ValueError(f"--compile does not run with {where} (parameters gathered and freed around each block); "

@@ -19,6 +19,7 @@ import math
 import torch
 
 from hybrid.data import BatchSpec, DataSource, Split
+from hybrid.data.args import DataConfig
 from hybrid.mesh import Mesh
 
 
@@ -72,11 +73,10 @@ def validation_line(loss: float, where: str) -> str:
     return f"{rule}\n{text}\n{rule}"
 
 
-def run_evaluations(args, model, runner, mesh: Mesh, data: DataSource, batch: BatchSpec, optimizer, iteration: int,
-                    final: bool = False) -> dict[str, float]:
+def run_evaluations(cfg: DataConfig, model, runner, mesh: Mesh, data: DataSource, batch: BatchSpec, optimizer,
+                    iteration: int, final: bool = False) -> dict[str, float]:
     """After `iteration`: the periodic validation when it is a multiple of --eval-interval; with `final`, the
     end-of-training validation and test losses. Rank 0 prints Megatron's lines; returns {name: loss}."""
-    cfg = args.data
     if cfg.eval_iters == 0 or (not final and iteration % cfg.eval_interval):
         return {}
     io, scale = getattr(runner, "io", None), getattr(optimizer, "loss_scale", 1.0)

@@ -1,17 +1,19 @@
 """The training run on one rank, after every check has passed: build the mesh, the model chunks, the
-pipeline runner and the ZeRO optimizer, then step."""
+pipeline runner and the ZeRO optimizer, then step. Everything it is asked to do is one `RunConfig`
+(hybrid/train/config.py)."""
 
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from hybrid.checkpoint.run import RunCheckpoints
-from hybrid.data import BatchSpec, DataSource
+from hybrid.data import DataSource
 from hybrid.fault.session import FaultTolerance
-from hybrid.mesh import Mesh, ParallelDims
+from hybrid.mesh import Mesh
 from hybrid.metrics.loop import RunMetrics
 from hybrid.metrics.split import predicted_split_line
 from hybrid.pipeline import build_schedule
@@ -19,12 +21,11 @@ from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
 from hybrid.tp import ParallelRNG, TPContext
 from hybrid.tp.random import PP_SEED_STRIDE
-from hybrid.train.args import PipelinePlan
+from hybrid.train.config import PipelinePlan, RunConfig
 from hybrid.train.evaluate import run_evaluations
-from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.train_step import LocalForwardBackward, train_step
 from hybrid.zero import Precision, ZeroOptimizer
-from models import Recompute, build_pipeline_chunks
-from models.config import ModelConfig
+from models import build_pipeline_chunks
 
 
 def log0(mesh: Mesh, msg: str) -> None:
@@ -32,24 +33,26 @@ def log0(mesh: Mesh, msg: str) -> None:
         print(msg, flush=True)
 
 
-def build_runner(args, cfg: ModelConfig, mesh: Mesh, tp: TPContext, batch: BatchSpec, plan: PipelinePlan):
+def build_runner(run: RunConfig, mesh: Mesh, tp: TPContext):
     """The model chunks on this rank and what runs forward/backward over them."""
-    dims = mesh.dims
-    model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages, seed=args.seed,
-                                  recompute=Recompute(args.recompute_granularity or "none"))
+    dims, plan, batch, setup = mesh.dims, run.parallel.pipeline, run.training.batch, run.model
+    cfg = setup.arch
+    model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages,
+                                  seed=run.training.seed, recompute=setup.recompute)
     model = model.to(mesh.device)
-    if getattr(args, "compile", False):
+    if setup.compile:
         compile_blocks(model)
-    if args.load:
+    if setup.init_weights:
         from models.hf_io import load_hf_checkpoint
         for chunk in model:
-            load_hf_checkpoint(chunk, args.load, mesh.tp.rank)
+            load_hf_checkpoint(chunk, setup.init_weights, mesh.tp.rank)
     if dims.pp == 1 and plan.v == 1:
         return model, LocalForwardBackward(model[0], mesh.device)
-    seq = batch.seq_length // (dims.tp if args.sequence_parallel else 1)
+    seq = batch.seq_length // (dims.tp if run.parallel.sequence_parallel else 1)
     schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
-    io = StageIO((batch.micro_batch, seq, cfg.hidden_size), args.zero.precision.dtype)  # activations in compute dtype
-    return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device, record_timeline=bool(args.timeline))
+    io = StageIO((batch.micro_batch, seq, cfg.hidden_size), run.zero.precision.dtype)  # activations in compute dtype
+    return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device,
+                                   record_timeline=bool(run.training.timeline))
 
 
 def compile_blocks(chunks, backend: str = "inductor") -> None:
@@ -63,63 +66,51 @@ def compile_blocks(chunks, backend: str = "inductor") -> None:
             block.forward = torch.compile(block.forward, backend=backend)
 
 
-def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: PipelinePlan, data: DataSource,
-        device: torch.device) -> None:
-    mesh = Mesh.build(dims, device=device, timeout=getattr(args, "distributed_timeout", None))
+def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
+    """Train on this rank: the mesh, the model, the optimizer, the features around the step, then the steps."""
+    dims, plan, batch = run.parallel.dims, run.parallel.pipeline, run.training.batch
+    cfg, seed = run.model.arch, run.training.seed
+    mesh = Mesh.build(dims, device=device, timeout=timedelta(minutes=run.parallel.timeout_minutes))
     # The default generators (CPU and every CUDA device), as Megatron's _set_random_seed: seed + 100 * pp_rank.
     # Training draws only from explicit generators (data, init, the dropout streams), but the default one is
     # checkpointed for whatever else draws from it -- unseeded it starts at a per-process value, and a resumed
     # run's saved state would differ from an uninterrupted run's.
-    torch.manual_seed(args.seed + PP_SEED_STRIDE * mesh.coords.pp)
-    tp = TPContext(mesh.tp, sequence_parallel=args.sequence_parallel,
-                   rng=ParallelRNG(args.seed, mesh.coords.tp, mesh.coords.pp, mesh.device))  # dropout streams
-    model, runner = build_runner(args, cfg, mesh, tp, batch, plan)
-    opt_cfg = OptimizerConfig(lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
-                              beta1=args.adam_beta1, beta2=args.adam_beta2, warmup_iters=args.lr_warmup_iters,
-                              decay_style=args.lr_decay_style, train_iters=args.train_iters, clip_grad=args.clip_grad)
-    optimizer = ZeroOptimizer(model, mesh, args.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
-
-    local = sum(p.numel() for p in model.parameters())
-    pipe = (f" x pp {dims.pp} ({plan.kind.value}{f', v {plan.v}' if plan.v > 1 else ''}, layers "
-            f"{[len(s) for s in plan.stages]})" if dims.pp > 1 or plan.v > 1 else "")
-    log0(mesh, f"hybrid: {args.model} ({cfg.num_parameters / 1e6:.2f}M parameters, {local / 1e6:.2f}M on rank 0) | "
-               f"tp {dims.tp}{' +sp' if args.sequence_parallel else ''}{pipe} x dp {dims.dp} on {dims.world} "
-               f"{device.type} ranks | global batch {batch.global_batch} = micro {batch.micro_batch} x dp "
-               f"{dims.dp} x {batch.num_micro_batches} micro-batches | seq {batch.seq_length}"
-               f"{' | blocks compiled (torch.compile)' if getattr(args, 'compile', False) else ''}")
-    z = args.zero
-    log0(mesh, f"zero: stage {z.stage} | {z.precision.value}{' | offload optimizer (' + optimizer.optimizer_kind + ')' if z.offload_optimizer else ''}"
-               f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
-               f"{' | fp32 grads' if z.accumulate_fp32_grads else ''}"
-               f" | clip-grad {args.clip_grad}")
-    ft = FaultTolerance.start(args.fault, mesh, model, runner, optimizer, args.log_interval)  # hybrid/fault
+    torch.manual_seed(seed + PP_SEED_STRIDE * mesh.coords.pp)
+    tp = TPContext(mesh.tp, sequence_parallel=run.parallel.sequence_parallel,
+                   rng=ParallelRNG(seed, mesh.coords.tp, mesh.coords.pp, mesh.device))  # dropout streams
+    model, runner = build_runner(run, mesh, tp)
+    opt_cfg = run.optimizer
+    optimizer = ZeroOptimizer(model, mesh, run.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
+    log0(mesh, _header(run, model, optimizer, device))
+    ft = FaultTolerance.start(run.fault, mesh, model, runner, optimizer, run.training.log_interval)  # hybrid/fault
     tokens_per_step = batch.global_batch * batch.seq_length
-    metrics = RunMetrics.start(args, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
+    metrics = RunMetrics.start(run, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
     log0(mesh, metrics.header())
-    if mesh.rank == 0 and (line := predicted_split_line(args, cfg, dims, batch, plan)):  # with --hardware
+    if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
-    ckpt = RunCheckpoints(args.ckpt, mesh, model, optimizer, tp.rng, run_info(args, dims, plan))  # hybrid/checkpoint
+    ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run))  # hybrid/checkpoint
     start, consumed = ckpt.resume()
+    train_iters, log_interval, z = run.training.train_iters, run.training.log_interval, run.zero
     it, loss = start - 1, float("nan")
     t0 = time.perf_counter()
-    for it in range(start, args.train_iters):
+    for it in range(start, train_iters):
         ft.begin_iteration(it)
         batches = data.batches(consumed, batch, mesh.coords.dp)  # a pure function of the samples consumed so far
         loss = train_step(model, batches, ft.optimizer, mesh, lr=opt_cfg.lr_at(it), runner=ft.runner)
         ft.end_iteration(it)
-        if (it + 1) % args.log_interval == 0 or it + 1 == args.train_iters:
-            dt = (time.perf_counter() - t0) / args.log_interval
+        if (it + 1) % log_interval == 0 or it + 1 == train_iters:
+            dt = (time.perf_counter() - t0) / log_interval
             rep = optimizer.last_report
             extra = f" | grad norm {rep.grad_norm:.3f}" if rep.grad_norm is not None else ""
             if z.precision is Precision.FP16:
                 extra += f" | loss scale {rep.loss_scale:g} | skipped {optimizer.skipped_steps}"
             fields = metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps)  # collective
-            log0(mesh, f" iteration {it + 1:>6}/{args.train_iters} | lm loss {loss:.4f} | "
+            log0(mesh, f" iteration {it + 1:>6}/{train_iters} | lm loss {loss:.4f} | "
                        f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s"
                        f"{fields}")
             t0 = time.perf_counter()
         t_eval = time.perf_counter()
-        metrics.write_eval(it + 1, run_evaluations(args, model, runner, mesh, data, batch, optimizer, it + 1))
+        metrics.write_eval(it + 1, run_evaluations(run.data, model, runner, mesh, data, batch, optimizer, it + 1))
         t0 += time.perf_counter() - t_eval  # ms/iter counts training only
         consumed += batch.global_batch
         if ckpt.after_step(it + 1, consumed):  # --exit-signal-handler: SIGTERM, saved
@@ -127,19 +118,39 @@ def run(args, cfg: ModelConfig, dims: ParallelDims, batch: BatchSpec, plan: Pipe
     ckpt.finish(it + 1, consumed)
     ft.stop()
     last = it + 1  # the last completed step: --train-iters, or earlier after --exit-interval / SIGTERM
-    metrics.write_eval(last, run_evaluations(args, model, runner, mesh, data, batch, optimizer, last, final=True))
+    metrics.write_eval(last, run_evaluations(run.data, model, runner, mesh, data, batch, optimizer, last, final=True))
     metrics.close()
-    if args.timeline:
-        save_timeline(args.timeline, runner, mesh, plan)
+    if run.training.timeline:
+        save_timeline(run.training.timeline, runner, mesh, plan)
     log0(mesh, f"done: final lm loss {loss:.4f}")
 
 
-def run_info(args, dims: ParallelDims, plan: PipelinePlan) -> dict:
+def _header(run: RunConfig, model, optimizer: ZeroOptimizer, device: torch.device) -> str:
+    """The two start-up lines: the model and the layout; ZeRO and precision."""
+    dims, plan, batch, cfg = run.parallel.dims, run.parallel.pipeline, run.training.batch, run.model.arch
+    local = sum(p.numel() for p in model.parameters())
+    pipe = (f" x pp {dims.pp} ({plan.kind.value}{f', v {plan.v}' if plan.v > 1 else ''}, layers "
+            f"{[len(s) for s in plan.stages]})" if dims.pp > 1 or plan.v > 1 else "")
+    sp = " +sp" if run.parallel.sequence_parallel else ""
+    z = run.zero
+    return (f"hybrid: {run.model.name} ({cfg.num_parameters / 1e6:.2f}M parameters, {local / 1e6:.2f}M on rank 0) | "
+            f"tp {dims.tp}{sp}{pipe} x dp {dims.dp} on {dims.world} "
+            f"{device.type} ranks | global batch {batch.global_batch} = micro {batch.micro_batch} x dp "
+            f"{dims.dp} x {batch.num_micro_batches} micro-batches | seq {batch.seq_length}"
+            f"{' | blocks compiled (torch.compile)' if run.model.compile else ''}\n"
+            f"zero: stage {z.stage} | {z.precision.value}"
+            f"{' | offload optimizer (' + optimizer.optimizer_kind + ')' if z.offload_optimizer else ''}"
+            f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
+            f"{' | fp32 grads' if z.accumulate_fp32_grads else ''}"
+            f" | clip-grad {run.optimizer.clip_grad}")
+
+
+def run_info(run: RunConfig) -> dict:
     """What a checkpoint records of the run (state.json): the model, the layout, the flags."""
-    flags = {k: v for k, v in sorted(vars(args).items()) if isinstance(v, (str, int, float, bool, type(None)))}
-    layout = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero": args.zero.stage, "v": plan.v,
+    dims, plan = run.parallel.dims, run.parallel.pipeline
+    layout = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero": run.zero.stage, "v": plan.v,
               "stages": [list(s) for s in plan.stages]}
-    return {"model": args.model, "layout": layout, "args": flags}
+    return {"model": run.model.name, "layout": layout, "args": run.flag_values}
 
 
 def save_timeline(path: str, runner, mesh: Mesh, plan: PipelinePlan) -> None:

@@ -21,49 +21,42 @@ from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
 from hybrid.launch import (check_launch, check_launcher_env, env_world, init_distributed, start_device,  # noqa: F401
                            under_launcher)
 from hybrid.train import liveness
-from hybrid.train.args import (apply_auto_parallel, check_args, check_corpus, check_host, check_numbers,
-                               parse_args)
-from hybrid.train.loop import run
+from hybrid.train.args import configure, parse_args
+from hybrid.train.loop import run as train
 
 
 def validate(argv: list[str] | None):
     """Parse and check everything the run touches; SystemExit with one line on the first bad input.
-    Returns (args, world, (cfg, dims, batch, plan), corpus)."""
+    Returns (RunConfig, world, corpus): the flags end here."""
     args = parse_args(argv)
     try:
         world = env_world()
-        check_numbers(args)
-        if args.auto_parallel:
-            if under_launcher():
-                check_launcher_env(world)  # the planner reads LOCAL_WORLD_SIZE
-            apply_auto_parallel(args, world)
-        cfg, dims, batch, plan = check_args(args, world)
-        check_host(args, cfg, batch, world)
-        corpus = check_corpus(args, cfg, batch)  # the DataSource of --data-path (hybrid/data)
+        if args.auto_parallel and under_launcher():
+            check_launcher_env(world)  # the planner reads LOCAL_WORLD_SIZE
+        run, corpus = configure(args, world)  # the DataSource of --data-path (hybrid/data)
         check_launch(world)
     except ValueError as e:
         raise fail(f"train.py: error: {e}") from None
-    if args.ds_unsupported and is_rank_zero():
-        print(f"train.py: warning: --deepspeed-config keys not supported, ignored: {', '.join(args.ds_unsupported)}",
+    if run.ds_unsupported and is_rank_zero():
+        print(f"train.py: warning: --deepspeed-config keys not supported, ignored: {', '.join(run.ds_unsupported)}",
               file=sys.stderr, flush=True)
-    return args, world, (cfg, dims, batch, plan), corpus
+    return run, world, corpus
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        args, world, (cfg, dims, batch, plan), corpus = validate(argv)
+        run, world, corpus = validate(argv)
     except SystemExit as e:
         if e.code not in (0, None) and not is_rank_zero() and under_launcher():
             outlive_rank_zero(e)  # so rank 0's one line is printed before torchrun stops the job
         raise
-    args.distributed_timeout = timedelta(minutes=args.distributed_timeout_minutes)
-
+    timeout = timedelta(minutes=run.parallel.timeout_minutes)
     backend, device = start_device(world)
-    init_distributed(world, device, backend, args.distributed_timeout)
-    heartbeat = (liveness.Heartbeat(dist.get_rank(), world, args.distributed_timeout.total_seconds())
+    init_distributed(world, device, backend, timeout)
+    heartbeat = (liveness.Heartbeat(dist.get_rank(), world, timeout.total_seconds())
                  if world > 1 and under_launcher() else None)
     try:
-        run(args, cfg, dims, batch, plan, corpus, device)
+        train(run, corpus, device)
     except Exception as e:
         liveness.exit_if_ranks_lost(heartbeat, e)  # exits naming the lost rank; returns if all are alive
         raise

@@ -301,6 +301,15 @@ class ZeroOptimizer:
             block.register_forward_pre_hook(lambda m, a, u=u, nxt=nxt: self._gather([u], nxt))
             block.register_forward_hook(lambda m, a, out, u=u, prev=prev: self._after_forward([u], out, prev))
 
+    def gather_chunk(self, chunk: nn.Module) -> None:
+        """Stage 3: gather every unit of `chunk` now. A zero-bubble W (hybrid/pipeline/split_backward.py) runs
+        apart from the forward and input backward whose hooks gather, and some weight-gradient kernels read the
+        weight (CPU layer norm); each unit is freed again once its gradients are in (`_on_grad`)."""
+        if self.cfg.stage != 3 or self.cfg.keep_gathered:
+            return
+        _, roots, blocks = next(plan for plan in self.stage3_plan if plan[0] is chunk)
+        self._gather(roots + [u for _, u in blocks], [])
+
     def _gather(self, units: list[FlatUnit], prefetch: list[FlatUnit]) -> None:
         for u in units:
             u.finish_gather(self.dp, self.device)
