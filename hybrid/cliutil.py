@@ -240,6 +240,9 @@ def check_output_dir(flag: str, path: str) -> None:
         raise ValueError(f"{flag} {path!r} exists and is not a directory")
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
+        if os.path.islink(probe):  # exists() is False for a link loop or a link to nothing: mkdir would fail later
+            raise ValueError(f"{flag} {path!r}: {probe} is a symbolic link that does not resolve (a loop, or its "
+                             f"target is missing); give a directory")
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path!r} is not writable ({probe})")

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from hybrid.mesh import Mesh
+from hybrid.cp.data import seq_kwargs
 from hybrid.tp.sharding import param_grad
 
 
@@ -73,8 +74,8 @@ class LocalForwardBackward:
 
     def forward_backward(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
-        for inputs, labels in batches:
-            loss = self.model(inputs.to(self.device), labels.to(self.device)) / len(batches)
+        for inputs, labels, *info in batches:  # info: a SequenceInfo with packed documents (hybrid/cp/data.py)
+            loss = self.model(inputs.to(self.device), labels.to(self.device), **seq_kwargs(info, self.device)) / len(batches)
             loss.backward()
             total += loss.detach()
         return total
@@ -132,4 +133,5 @@ def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]
     optimizer.step()
     loss = loss.float() / scale
     mesh.pp.all_reduce(loss, tag="metrics")  # only the last stage holds it
-    return mesh.dp.all_reduce(loss, tag="metrics").item() / mesh.dp.size
+    # over DP x CP: a CP rank's loss is CP x its share of the sequence's mean (hybrid/cp/loss.py)
+    return mesh.dp_cp.all_reduce(loss, tag="metrics").item() / mesh.dp_cp.size

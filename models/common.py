@@ -12,6 +12,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from hybrid.cp.attention import CPContext, context_attention
+from hybrid.cp.loss import context_parallel_loss
+from hybrid.cp.masks import AttentionMask
 from hybrid.tp import (IGNORE_INDEX, ColumnParallelLinear, ParallelRNG, Region, RowParallelLinear, ShardSpec,
                        TPContext, normal_init, vocab_parallel_cross_entropy)
 from models.config import ModelConfig
@@ -66,6 +69,17 @@ class _Replay:
 
     def __exit__(self, *exc) -> bool | None:
         return self.entered.pop().__exit__(*exc)
+
+
+def set_context_parallel(model: nn.Module, cp: CPContext | None) -> nn.Module:
+    """Give every attention layer and model (chunk) in `model` the context-parallel group (None: no CP): its
+    attention then covers the whole sequence from T/CP local tokens, its positions and loss follow the
+    load-balanced layout (hybrid/cp/). Applied after building, like `set_recompute`: the parameters are the same
+    at every CP size."""
+    for m in model.modules():
+        if hasattr(m, "cp"):
+            m.cp = cp if cp is not None and cp.size > 1 else None
+    return model
 
 
 @dataclass(frozen=True)
@@ -156,13 +170,19 @@ class ParallelAttention(nn.Module):
     `window` (sliding-window attention) restricts each query to the last `window` keys; SDPA then
     takes an explicit boolean mask (on CUDA: the memory-efficient kernel instead of flash).
     Attention-probability dropout is drawn from the TENSOR_PARALLEL stream: each rank's heads
-    are different elements of the (B, a, T, T) probabilities."""
+    are different elements of the (B, a, T, T) probabilities.
+
+    Context parallelism (`self.cp`, set by `set_context_parallel`): x holds this rank's T/CP load-balanced
+    tokens and the core attends them to the whole sequence by ring, Ulysses or all-gather (hybrid/cp/);
+    `segments` (packed documents, `--reset-attention-mask`) restrict each query to its own document. The
+    projections, RoPE and TP are unchanged: they act token by token."""
 
     def __init__(self, cfg: ModelConfig, tp: TPContext, out_std: float, window: int | None = None):
         super().__init__()
         h, hd = cfg.hidden_size, cfg.head_dim
         self.tp, self.head_dim, self.dropout, self.window = tp, hd, cfg.attention_dropout, window
         self.recompute = Recompute.NONE
+        self.cp: CPContext | None = None
         self.n_heads = cfg.num_heads // tp.size
         col = dict(tp=tp, bias=cfg.qkv_bias, enter=False)
         self.q_proj = ColumnParallelLinear(h, cfg.num_heads * hd, **col)
@@ -171,7 +191,7 @@ class ParallelAttention(nn.Module):
         self.o_proj = RowParallelLinear(cfg.num_heads * hd, h, tp, bias=cfg.out_bias, init=normal_init(out_std))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                cache: LayerCache | None = None) -> torch.Tensor:
+                cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
         x = self.tp.enter(x)  # (B, T, C) replicated (SP: gathered from (B, T/t, C))
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, a/t, T, hd)
@@ -181,13 +201,18 @@ class ParallelAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, kv/t, T_past + T, hd)
-        y = maybe_checkpoint(self.recompute is Recompute.SELECTIVE and self.training, self.core, q, k, v,
+        y = maybe_checkpoint(self.recompute is Recompute.SELECTIVE and self.training, self.core, q, k, v, segments,
                              rng=self.tp.rng)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C), summed over TP
 
-    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             segments: torch.Tensor | None = None) -> torch.Tensor:
         """softmax(q k^T / sqrt(hd) + causal (or sliding-window) mask) v, per head, with dropout on
         the probabilities in training."""
+        if self.cp is not None or segments is not None:  # the whole sequence from T/CP tokens, or packed documents
+            if self.training and self.dropout > 0:
+                raise NotImplementedError("attention dropout with context parallelism or --reset-attention-mask")
+            return context_attention(q, k, v, self.cp, AttentionMask(self.window, segments))
         T, T_k = q.shape[2], k.shape[2]
         if T_k > T:  # decoding: the queries are the last T of T_k positions
             mask = decode_mask(T, T_k, self.window, q.device)
@@ -199,9 +224,13 @@ class ParallelAttention(nn.Module):
                                                   enable_gqa=k.shape[1] != q.shape[1])
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_start: int, tp: TPContext) -> torch.Tensor:
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_start: int, tp: TPContext,
+            cp: CPContext | None = None) -> torch.Tensor:
     """Mean cross-entropy over vocab-parallel logits; labels are already the next tokens
-    (IGNORE_INDEX where there is none)."""
+    (IGNORE_INDEX where there is none). Under CP: this rank's share of the mean over the whole sequence, scaled
+    for the DP x CP gradient average (hybrid/cp/loss.py)."""
+    if cp is not None:
+        return context_parallel_loss(logits, labels, vocab_start, tp.group, cp.group)
     return vocab_parallel_cross_entropy(logits, labels, vocab_start, tp.group, IGNORE_INDEX)
 
 

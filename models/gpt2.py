@@ -16,6 +16,7 @@ from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, Dropout, LayerNorm, RowParallelLinear, TPContext, VocabParallelEmbedding, normal_init
 from hybrid.tp.sharding import set_spec
+from hybrid.cp.data import SequenceInfo
 from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
 from models.config import ModelConfig
 
@@ -55,12 +56,14 @@ class GPT2Block(nn.Module):
         self.recompute = Recompute.NONE
         self.rng = tp.rng
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, cache,
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None,
+                segments: torch.Tensor | None = None) -> torch.Tensor:
+        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, cache, segments,
                                 rng=self.rng)
 
-    def block(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln_1(x), cache=cache))
+    def block(self, x: torch.Tensor, cache: LayerCache | None = None,
+              segments: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x), cache=cache, segments=segments))
         return x + self.drop(self.mlp(self.ln_2(x)))
 
 
@@ -86,29 +89,35 @@ class GPT2(nn.Module):
         self.h = nn.ModuleDict({str(i): GPT2Block(cfg, tp) for i in self.stage.layer_ids})
         if self.stage.last:
             self.ln_f = LayerNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
+        self.cp = None  # context parallelism (models.common.set_context_parallel): this rank's positions, the loss
 
     def tied_embedding_weight(self) -> torch.Tensor | None:
         """The token embedding this stage holds as input embedding or LM head (tied), if any."""
         return self.wte.weight if hasattr(self, "wte") else None
 
-    def embed(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """Token + learned position embeddings of positions start .. start + T - 1."""
+    def embed(self, ids: torch.Tensor, start: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Token + learned position embeddings of positions start .. start + T - 1 (or `positions`, (T,) or
+        (B, T): CP's load-balanced tokens, `--reset-position-ids`)."""
         x = self.wte(ids)  # (B, T, C); under SP reduce-scattered to (B, T/t, C)
-        pos = torch.arange(start, start + ids.shape[1], device=ids.device)
+        pos = torch.arange(start, start + ids.shape[1], device=ids.device) if positions is None else positions
         if self.tp.sequence_parallel:
-            pos = pos.chunk(self.tp.size)[self.tp.rank]  # the positions of this rank's T/t tokens
+            pos = pos.chunk(self.tp.size, dim=-1)[self.tp.rank]  # the positions of this rank's T/t tokens
         return self.drop(x + self.wpe(pos))
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
-        """`cache` (inference): x holds only the tokens after the cached ones, which it then adds to."""
+                cache: KVCache | None = None, seq: SequenceInfo | None = None) -> torch.Tensor:
+        """`cache` (inference): x holds only the tokens after the cached ones, which it then adds to. `seq`: the
+        micro-batch's positions and document ids (`--reset-position-ids`, `--reset-attention-mask`)."""
         if self.stage.first:
-            x = self.embed(x, start=cache.length if cache is not None else 0)
+            positions = seq.positions.to(x.device) if seq is not None else \
+                self.cp.positions(x.shape[1], x.device) if self.cp is not None else None
+            x = self.embed(x, start=cache.length if cache is not None else 0, positions=positions)
+        segments = seq.segments if seq is not None else None
         for i, block in self.h.items():
-            x = block(x, None if cache is None else cache.layer(int(i)))
+            x = block(x, None if cache is None else cache.layer(int(i)), segments)
         if cache is not None:
             cache.length += x.shape[1] * (self.tp.size if self.tp.sequence_parallel else 1)
         if not self.stage.last:
             return x
         logits = self.wte.logits(self.ln_f(x))
-        return logits if labels is None else lm_loss(logits, labels, self.wte.vocab_start, self.tp)
+        return logits if labels is None else lm_loss(logits, labels, self.wte.vocab_start, self.tp, self.cp)

@@ -11,6 +11,7 @@ import torch.nn as nn
 from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, Dropout, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
+from hybrid.cp.data import SequenceInfo
 from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
 from models.config import ModelConfig
 
@@ -49,14 +50,14 @@ class LlamaBlock(nn.Module):
         self.rng = tp.rng
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                cache: LayerCache | None = None) -> torch.Tensor:
+                cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
         return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, *rope, cache,
-                                rng=self.rng)
+                                segments, rng=self.rng)
 
     def block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              cache: LayerCache | None = None) -> torch.Tensor:
+              cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
         rope = (cos, sin)
-        x = x + self.drop(self.self_attn(self.input_layernorm(x), rope, cache))
+        x = x + self.drop(self.self_attn(self.input_layernorm(x), rope, cache, segments))
         return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -79,28 +80,38 @@ class Llama(nn.Module):
                 self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp, pad_to=pad_vocab_to)
         inv_freq, self.rope_scale = cfg.rope_inv_freq()
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.cp = None  # context parallelism (models.common.set_context_parallel): this rank's positions, the loss
 
     def tied_embedding_weight(self) -> torch.Tensor | None:
         """The token embedding this stage holds as input embedding or LM head, when they are tied."""
         return self.embed_tokens.weight if self.cfg.tie_embeddings and hasattr(self, "embed_tokens") else None
 
-    def rope(self, seq_len: int, device: torch.device, dtype: torch.dtype,
-             start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape (T, hd) for positions start .. start + T - 1: angle t * inv_freq_j, duplicated for
-        the two halves."""
-        freqs = torch.outer(torch.arange(start, start + seq_len, device=device, dtype=torch.float32), self.inv_freq)
+    def rope(self, seq_len: int, device: torch.device, dtype: torch.dtype, start: int = 0,
+             positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape (T, hd) for positions start .. start + T - 1 (or `positions`: (T,) or (B, T), giving
+        (B, 1, T, hd) to broadcast over heads): angle t * inv_freq_j, duplicated for the two halves."""
+        if positions is None:
+            positions = torch.arange(start, start + seq_len, device=device)
+        freqs = positions.to(device, torch.float32)[..., None] * self.inv_freq  # = torch.outer for (T,)
         emb = torch.cat((freqs, freqs), dim=-1)
+        if emb.dim() == 3:
+            emb = emb[:, None]
         return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
-        """`cache` (inference): x holds only the tokens after the cached ones, which it then adds to."""
+                cache: KVCache | None = None, seq: SequenceInfo | None = None) -> torch.Tensor:
+        """`cache` (inference): x holds only the tokens after the cached ones, which it then adds to. `seq`: the
+        micro-batch's positions and document ids (`--reset-position-ids`, `--reset-attention-mask`)."""
         if self.stage.first:
-            x = self.drop(self.embed_tokens(x))  # (B, T, C); SP: (B, T/t, C)
+            x = self.drop(self.embed_tokens(x))  # (B, T, C); SP: (B, T/t, C); CP: T is this rank's T/CP
         seq_len = x.shape[1] * (self.tp.size if self.tp.sequence_parallel else 1)
-        rope = self.rope(seq_len, x.device, x.dtype, start=cache.length if cache is not None else 0)
+        positions = seq.positions if seq is not None else \
+            self.cp.positions(seq_len, x.device) if self.cp is not None else None
+        rope = self.rope(seq_len, x.device, x.dtype, start=cache.length if cache is not None else 0,
+                         positions=positions)
+        segments = seq.segments if seq is not None else None
         for i, block in self.layers.items():
-            x = block(x, rope, None if cache is None else cache.layer(int(i)))
+            x = block(x, rope, None if cache is None else cache.layer(int(i)), segments)
         if cache is not None:
             cache.length += seq_len
         if not self.stage.last:
@@ -108,4 +119,4 @@ class Llama(nn.Module):
         h = self.norm(x)
         head = self.embed_tokens if self.cfg.tie_embeddings else self.lm_head
         logits = head.logits(h)
-        return logits if labels is None else lm_loss(logits, labels, head.vocab_start, self.tp)
+        return logits if labels is None else lm_loss(logits, labels, head.vocab_start, self.tp, self.cp)

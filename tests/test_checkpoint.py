@@ -551,15 +551,20 @@ ODD_MODEL = {"model_type": "llama", "hidden_size": 96, "num_attention_heads": 12
 
 @pytest.fixture
 def odd_checkpoint(tmp_path):
-    """A complete checkpoint directory of ODD_MODEL (no tensors: inspect reads state.json and checksums)."""
+    """A complete checkpoint directory of ODD_MODEL (no tensors -- DCP's metadata of an empty state dict: inspect
+    reads state.json, the metadata and the checksums)."""
     import json
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import Metadata
     config = tmp_path / "config.json"
     config.write_text(json.dumps(ODD_MODEL))
     root = str(tmp_path / "ckpt")
     os.makedirs(store.tmp_path(root, 3))
     with open(os.path.join(store.tmp_path(root, 3), ".metadata"), "wb") as f:
-        f.write(b"dcp metadata stand-in")
+        pickle.dump(Metadata(state_dict_metadata={}, storage_data={}), f)
     state = {"iteration": 3, "consumed_samples": 24, "model": str(config), "adam_step": 3,
+             "scaler": {"loss_scale": 1.0, "good_steps": 0, "skipped_steps": 0},
              "layout": {"tp": 2, "pp": 1, "dp": 2, "zero": 1},
              "args": {"global_batch_size": 8, "micro_batch_size": 2, "seq_length": 32}}
     store.finalize(root, 3, {}, state)

@@ -115,3 +115,33 @@ def test_an_install_ships_the_training_entry_point():
     packages = find_packages(ROOT, include=include)
     assert {"hybrid", "hybrid.train", "hybrid.planner", "hybrid.zero", "models"} <= set(packages)
     assert os.path.isfile(os.path.join(ROOT, "hybrid", "train", "__main__.py"))
+
+
+def _torchrun(tmp_path, fault: str, *flags: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hybrid.train",
+           "--distributed-timeout-minutes", "0.2"] + TINY + list(flags)
+    return subprocess.run(cmd, cwd=tmp_path, env=_env(HYBRID_FAULT=fault), capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("fault, flags, code, cause", [
+    # rank 1 raises inside a checkpoint save while rank 0 waits for it in the save's all-gather
+    ("crash:point=after_data,rank=1", ["--train-iters", "4", "--save", "ckpt", "--save-interval", "2"], 1,
+     "SimulatedCrash"),
+    # rank 1's gradients are NaN from iteration 2: the NaN guard stops every rank with exit code 65
+    ("nan:rank=1,iterations=2-9", ["--train-iters", "8", "--max-skipped-steps", "2"], 65,
+     "train.py: error: nan-guard: 2 consecutive steps skipped"),
+], ids=["exception-on-rank-1", "nan-guard-stop"])
+def test_torchrun_names_the_rank_that_failed_and_the_others_exit_by_themselves(tmp_path, fault, flags, code, cause):
+    """Real torchrun (2 workers): its summary's root cause is the rank that failed, with its exit code and error;
+    the other rank stops by itself (exit 0, one line naming the failed rank), so torchrun sends no SIGTERM and
+    lists no other failure (liveness.end_after_failure)."""
+    out = _torchrun(tmp_path, fault, *flags)
+    assert out.returncode != 0
+    summary = out.stderr.split("Root Cause (first observed failure):")[1]
+    assert re.search(rf"rank +: 1 \(local_rank: 1\)\n +exitcode +: {code} ", summary), summary
+    assert cause in summary, summary
+    assert "closing signal SIGTERM" not in out.stderr and "(SIGTERM)" not in out.stderr, out.stderr[-3000:]
+    assert "<NO_OTHER_FAILURES>" in out.stderr, out.stderr[-3000:]
+    if code == 1:
+        assert "train.py: rank 0: stopped: rank 1 failed first" in out.stderr

@@ -28,6 +28,11 @@ class CheckpointConfig:
         exit_signal_handler: on SIGTERM finish the step, save, exit 0 (`--exit-signal-handler`).
         exit_interval: stop after an iteration divisible by this, saving first when --save is given
             (`--exit-interval`, Megatron's name); None: run to --train-iters.
+        fresh_start_note: why a `--load DIR` equal to `--save` starts from scratch (logged at the start).
+        identity: the model's identity (hybrid/checkpoint/identity.py: config fields and their hash), recorded in
+            every state.json and compared with a loaded checkpoint's; None when the run neither saves nor loads.
+        overwrite: with `--overwrite-save`, the iterations of another run's complete checkpoints found in --save;
+            they are removed once this run's first checkpoint is complete (until then they stay loadable).
     """
 
     save: str | None = None
@@ -41,6 +46,9 @@ class CheckpointConfig:
     exit_signal_handler: bool = False
     exit_interval: int | None = None
     fresh_start_note: str | None = None  # why a --load DIR equal to --save starts from scratch (logged)
+    identity: dict | None = None  # the --model's identity (identity.py): saved in state.json, compared on load
+    overwrite: tuple[int, ...] = ()  # --overwrite-save: another run's iterations in --save, removed after the
+    # first checkpoint of this run is complete
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop after an iteration divisible by N (saved first with --save); resume with --load")
     g.add_argument("--exit-signal-handler", action="store_true",
                    help="on SIGTERM: finish the current step, save a checkpoint, exit 0")
+    g.add_argument("--overwrite-save", action="store_true",
+                   help="--save DIR may hold another run's checkpoints (not the one --load resumes): replace them "
+                        "(removed once this run's first checkpoint is complete); without it such a DIR is refused")
 
 
 def resume_dir(path: str | None) -> str | None:
@@ -87,6 +98,52 @@ def _auto_resume(args: argparse.Namespace) -> None:
         args.fresh_start_note = None
 
 
+def _check_save_dir(args: argparse.Namespace) -> tuple[int, ...]:
+    """--save DIR holding another run's complete checkpoints -- any the run does not resume from (--load DIR, the
+    same folder) -- is refused unless --overwrite-save consents; returns the iterations to replace."""
+    if args.save is None or not os.path.isdir(args.save):
+        return ()
+    theirs = tuple(store.complete_iterations(args.save))
+    if not theirs or _same_dir(args.load, args.save):
+        return ()
+    if not args.overwrite_save:
+        latest = store.read_latest(args.save)
+        raise ValueError(f"--save {args.save!r} holds another run's checkpoints ({len(theirs)}, latest iteration "
+                         f"{latest if latest is not None else theirs[-1]}); resume it with --load {args.save}, save "
+                         f"elsewhere, or pass --overwrite-save to replace them")
+    return theirs
+
+
+def _resume_candidate(load: str, step: int | None) -> tuple[str, dict, object]:
+    """(directory, state.json, DCP metadata) of the checkpoint the resume will load: --ckpt-step's, else the first
+    of store.candidates whose small files are well-formed (safe_read.check_checkpoint; the checksums are verified
+    after start-up, on every rank). ValueError naming the file when none is."""
+    from hybrid.checkpoint import safe_read
+    tries = [step] if step is not None else store.candidates(load)
+    errors = []
+    for iteration in tries:
+        directory = store.final_path(load, iteration)
+        try:
+            meta = safe_read.check_checkpoint(directory)
+            return directory, store.read_state(directory), meta
+        except store.CorruptCheckpoint as e:
+            errors.append(str(e))
+    if step is not None:
+        raise ValueError(f"--ckpt-step {step}: {errors[0]}")
+    raise ValueError(f"--load {load!r}: no intact checkpoint (the newest: {errors[0]}); see `hybrid checkpoint "
+                     f"inspect {load}`")
+
+
+def _check_model(load: str, step: int | None, model: str, cfg) -> None:
+    """The checkpoint to resume holds --model's model: the same identity (config fields, not the path) and every
+    parameter's shape in DCP's metadata. ValueError (one line, the first differing field) otherwise."""
+    from hybrid.checkpoint.identity import mismatch, model_identity, shape_mismatch
+    directory, state, meta = _resume_candidate(load, step)
+    why = mismatch(state, directory, model_identity(cfg), model, type(cfg)) or shape_mismatch(meta, cfg, directory)
+    if why:
+        raise ValueError(why)
+
+
 def check(args: argparse.Namespace) -> CheckpointConfig:
     """ValueError naming the flag and the fix. A --load naming a hybrid checkpoint directory moves to the
     config (`args.load` is then None: it keeps meaning transformers initial weights)."""
@@ -96,18 +153,25 @@ def check(args: argparse.Namespace) -> CheckpointConfig:
         raise ValueError(f"--save-keep must be at least 1, got {args.save_keep}")
     if args.save is None:
         for flag, on in (("--save-interval", args.save_interval is not None), ("--save-keep", args.save_keep),
-                         ("--async-save", args.async_save), ("--exit-signal-handler", args.exit_signal_handler)):
+                         ("--async-save", args.async_save), ("--exit-signal-handler", args.exit_signal_handler),
+                         ("--overwrite-save", getattr(args, "overwrite_save", False))):
             if on:
                 raise ValueError(f"{flag} needs --save DIR")
     else:
         check_output_dir("--save", args.save)
     if args.exit_interval is not None and args.exit_interval < 1:
         raise ValueError(f"--exit-interval must be a positive number of iterations, got {args.exit_interval}")
+    args.overwrite_save = getattr(args, "overwrite_save", False)  # a Namespace built by hand may lack it
     _auto_resume(args)
     load = resume_dir(args.load)
     if args.load is not None and load is None and os.path.isdir(args.load) and not os.listdir(args.load):
         raise ValueError(f"--load {args.load!r} is an empty directory: no checkpoint (iter_*/) and no transformers "
                          f"model; give the --save directory of an earlier run")
+    overwrite = _check_save_dir(args)
+    cfg = None
+    if args.save is not None or load is not None:
+        from models import load_config
+        cfg = load_config(args.model)
     if load is not None:
         done = store.complete_iterations(load)
         if not done:
@@ -115,12 +179,15 @@ def check(args: argparse.Namespace) -> CheckpointConfig:
         if args.ckpt_step is not None and args.ckpt_step not in done:
             raise ValueError(f"--ckpt-step {args.ckpt_step}: {load!r} has no complete checkpoint of that iteration "
                              f"(it has {', '.join(map(str, done[-5:]))})")
+        _check_model(load, args.ckpt_step, args.model, cfg)
         args.load = None
     elif args.ckpt_step is not None or args.no_load_optim or args.no_load_rng:
         raise ValueError("--ckpt-step / --no-load-optim / --no-load-rng need --load DIR naming a checkpoint "
                          "directory (an earlier --save)")
+    from hybrid.checkpoint.identity import model_identity
     return CheckpointConfig(save=args.save, save_interval=args.save_interval, save_keep=args.save_keep, load=load,
                             ckpt_step=args.ckpt_step, load_optim=not args.no_load_optim,
                             load_rng=not args.no_load_rng, async_save=args.async_save,
                             exit_signal_handler=args.exit_signal_handler, exit_interval=args.exit_interval,
-                            fresh_start_note=getattr(args, "fresh_start_note", None))
+                            fresh_start_note=getattr(args, "fresh_start_note", None),
+                            identity=model_identity(cfg) if cfg is not None else None, overwrite=overwrite)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import AsyncStager
 
-from hybrid.checkpoint import store
+from hybrid.checkpoint import safe_read, store
 from hybrid.checkpoint.faults import crash_point
 from hybrid.checkpoint.shards import Chunk, optimizer_chunks, sharded_tensor
 
@@ -234,6 +234,7 @@ def verify(directory: str, pg=None) -> str | None:
     (one line) or None. Collective over `pg`."""
     error = None
     try:
+        safe_read.check_checkpoint(directory)  # manifest, state.json, .metadata: well-formed, confined, no code
         manifest = store.read_manifest(directory)
         files = sorted(manifest["files"].items())
         world, rank = dist.get_world_size(pg), dist.get_rank(pg)
@@ -260,7 +261,7 @@ def load(opt, names: dict[int, str], rng, directory: str, optim: bool = True, rn
     rngs = {k: v.clone() for k, v in rng_state(rank, rng).items()} if rng_too else {}
     sd.update(rngs)
     opt.wait_params()  # a post-step all-gather in flight would write the buffers the master views
-    dcp.load(sd, storage_reader=dcp.FileSystemReader(directory), process_group=pg)
+    safe_read.load(sd, directory, process_group=pg)  # .metadata: only DCP's own classes (safe_read.py)
     if optim:
         set_adam_step(opt, state["adam_step"])
         load_scaler_state(opt, state["scaler"])

@@ -70,19 +70,31 @@ def _at(state: dict, target: Target) -> str:
 
 
 def _one(path: str, latest: int | None, target: Target | None = None) -> str:
-    v = store.verify_all(path)
     name = os.path.basename(os.path.normpath(path))
+    if not os.path.isdir(path):
+        return f"{name}: not a checkpoint directory (a {'dangling link' if os.path.islink(path) else 'file'})"
+    v = store.verify_all(path)
+    mark = " (latest)" if latest is not None and store.iter_name(latest) == name else ""
     size = f"{v.bytes / 2**20:.2f} MiB"
     if not v.complete:
         return f"{name}: incomplete (no manifest.json: a save that did not finish; removed by the next save) | {size}"
-    s = store.read_state(path)
-    at = "" if target is None else "\n    " + _at(s, target)
+    try:
+        s = store.read_state(path)
+    except store.CorruptCheckpoint:  # named by the verdict; nothing else of it is trusted
+        return f"{name}{mark}: CORRUPT: {v.error} | {size}"
+    at = "" if target is None or v.error else "\n    " + _at(s, target)
     lay = s.get("layout", {})
-    mark = " (latest)" if latest is not None and store.iter_name(latest) == name else ""
     verdict = "ok: every checksum matches" if v.error is None else f"CORRUPT: {v.error}"
     return (f"{name}{mark}: iteration {s.get('iteration')} | consumed samples {s.get('consumed_samples')} | "
-            f"model {s.get('model')} | saved at tp {lay.get('tp')} x pp {lay.get('pp')} x dp {lay.get('dp')}, "
+            f"model {s.get('model')} ({_identity(s)}) | saved at tp {lay.get('tp')} x pp {lay.get('pp')} x dp {lay.get('dp')}, "
             f"ZeRO {lay.get('zero')} | adam step {s.get('adam_step')} | {size} | {verdict}{at}")
+
+
+def _identity(state: dict) -> str:
+    """The model's identity hash (hybrid/checkpoint/identity.py), or why there is none."""
+    ident = state.get("model_identity")
+    sha = ident.get("sha256") if isinstance(ident, dict) else None
+    return f"config {sha}" if isinstance(sha, str) else "config not recorded: saved before identities"
 
 
 def _target(args: argparse.Namespace) -> Target | None:

@@ -11,13 +11,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 
 import torch
 import torch.distributed as dist
 
-from hybrid.checkpoint import core, store
+from hybrid.checkpoint import core, identity, store
 from hybrid.checkpoint.args import CheckpointConfig
 from hybrid.cliutil import fail
 
@@ -44,6 +45,8 @@ class RunCheckpoints:
 
     def __init__(self, cfg: CheckpointConfig, mesh, model, optimizer, rng, info: dict):
         self.cfg, self.mesh, self.opt, self.rng, self.info = cfg, mesh, optimizer, rng, info
+        if cfg.identity is not None:  # the model by its config (checkpoint/identity.py), compared on load
+            self.info = dict(info, model_identity=cfg.identity)
         self.names = core.param_names(model)
         self.pending: core.PendingSave | None = None
         self.last_saved: int | None = None
@@ -86,14 +89,20 @@ class RunCheckpoints:
     def _load(self, path: str) -> tuple[int, int]:
         saved = store.read_state(path)
         model_only = saved.get("contents") == "model"  # `hybrid convert` output: weights, no optimizer or RNG
-        if saved.get("model") != self.info.get("model") and not _same_config(path, self.info.get("model")):
-            raise fail(f"train.py: error: --load {path} holds model {saved.get('model')!r}, this run trains "
-                       f"{self.info.get('model')!r}; give the --model it was saved with")
+        why = identity.mismatch(saved, path, self.cfg.identity, self.info.get("model")) if self.cfg.identity else None
+        if why is None and self.cfg.identity is None and saved.get("model") != self.info.get("model") \
+                and not _same_config(path, self.info.get("model")):
+            why = f"--load {path} holds model {saved.get('model')!r}, this run trains {self.info.get('model')!r}"
+        if why:
+            raise fail(f"train.py: error: {why}")
         # RNG streams are per (tp, pp, dp) coordinate: restorable on the same mesh only
         same = all(saved["layout"].get(k) == self.info["layout"].get(k) for k in ("tp", "pp", "dp"))
         rng = self.cfg.load_rng and same and not model_only
         optim = self.cfg.load_optim and not model_only
-        state = core.load(self.opt, self.names, self.rng, path, optim=optim, rng_too=rng, pg=self.pg)
+        try:
+            state = core.load(self.opt, self.names, self.rng, path, optim=optim, rng_too=rng, pg=self.pg)
+        except store.CorruptCheckpoint as e:  # a data file that is not DCP's tensors (safe_read.py): one line
+            raise fail(f"train.py: error: --load {path}: {e}") from None
         lay = saved["layout"]
         _log(f"checkpoint: resumed from {path} (saved at tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']}, "
              f"ZeRO {lay['zero']}) | iteration {state['iteration']} | consumed samples {state['consumed_samples']}"
@@ -127,6 +136,11 @@ class RunCheckpoints:
     def _complete(self, pending: core.PendingSave) -> None:
         path = pending.finish()
         _log(f"checkpoint: saved iteration {pending.iteration} to {path}")
+        if self.cfg.overwrite and dist.get_rank() == 0:  # --overwrite-save: another run's, now replaced
+            gone = store.remove_iterations(self.cfg.save, [i for i in self.cfg.overwrite if i != pending.iteration])
+            print(f"checkpoint: --overwrite-save: removed the earlier run's {len(gone)} checkpoint(s) from "
+                  f"{self.cfg.save}", flush=True)
+        self.cfg = dataclasses.replace(self.cfg, overwrite=())
         if self.cfg.save_keep and dist.get_rank() == 0:
             for gone in store.retain(self.cfg.save, self.cfg.save_keep):
                 print(f"checkpoint: removed {store.final_path(self.cfg.save, gone)} (--save-keep "

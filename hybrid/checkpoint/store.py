@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -60,9 +61,12 @@ def is_checkpoint_dir(root: str) -> bool:
 
 def read_latest(root: str) -> int | None:
     """The iteration `latest` names, when it names a complete checkpoint."""
+    path = os.path.join(root, LATEST)
+    if not os.path.isfile(path):  # a FIFO or a device (a link to /dev/zero) is not read
+        return None
     try:
-        with open(os.path.join(root, LATEST)) as f:
-            m = _ITER.match(f.read().strip())
+        with open(path, "rb") as f:
+            m = _ITER.match(f.read(64).decode("ascii", "replace").strip())
     except OSError:
         return None
     if m and int(m.group(1)) in complete_iterations(root):
@@ -127,7 +131,9 @@ def finalize(root: str, iteration: int, files: dict[str, dict], state: dict) -> 
     from hybrid.checkpoint.faults import crash_point
     crash_point("before_rename", iteration)  # test-only: a crash with every file written but the directory not renamed
     final = final_path(root, iteration)
-    if os.path.exists(final):  # a re-save of the same iteration (a resumed run): replace it
+    if os.path.islink(final):  # a re-save of the same iteration (a resumed run): replace it
+        os.unlink(final)
+    elif os.path.exists(final):
         shutil.rmtree(final)
     os.replace(tmp, final)
     fsync_path(root)
@@ -146,6 +152,21 @@ def clean_partial(root: str) -> list[str]:
     return gone
 
 
+def remove_iterations(root: str, iterations: list[int]) -> list[int]:
+    """Delete these complete checkpoints (a directory that is a link is unlinked, its target kept)."""
+    gone = []
+    for i in iterations:
+        path = final_path(root, i)
+        if os.path.islink(path):
+            os.unlink(path)
+        elif os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            continue
+        gone.append(i)
+    return gone
+
+
 def retain(root: str, keep: int) -> list[int]:
     """Delete all but the `keep` newest complete checkpoints; the one `latest` names is always kept."""
     done = complete_iterations(root)
@@ -156,22 +177,74 @@ def retain(root: str, keep: int) -> list[int]:
     return doomed
 
 
-def read_manifest(directory: str) -> dict:
+MAX_JSON_BYTES = {MANIFEST: 64 << 20, STATE: 16 << 20}  # far above any real one: a bound on what is parsed
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def is_plain_name(name: str) -> bool:
+    """A file name inside one folder: no separator, not `.` or `..`, no NUL (a manifest or metadata entry naming
+    `../../x` or `/etc/passwd` would read outside the checkpoint)."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and "\0" not in name and os.path.basename(name) == name)
+
+
+def _read_json(directory: str, name: str):
+    """A small JSON file of a checkpoint: a regular file (not a link, FIFO or device), bounded in size, valid
+    UTF-8 JSON; CorruptCheckpoint naming it otherwise."""
+    path = os.path.join(directory, name)
+    if os.path.islink(path):
+        raise CorruptCheckpoint(f"{path}: a symbolic link; a checkpoint's files are regular files inside its folder")
+    if not os.path.isfile(path):
+        raise CorruptCheckpoint(f"{path}: {'not a regular file' if os.path.exists(path) else 'missing'}")
+    if os.path.getsize(path) > MAX_JSON_BYTES[name]:
+        raise CorruptCheckpoint(f"{path}: {os.path.getsize(path)} bytes, more than any {name} hybrid writes")
     try:
-        with open(os.path.join(directory, MANIFEST)) as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as e:
-        raise CorruptCheckpoint(f"{directory}: unreadable {MANIFEST} ({type(e).__name__})") from None
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CorruptCheckpoint(f"{path}: unreadable {name} ({type(e).__name__})") from None
+
+
+def _count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def read_manifest(directory: str) -> dict:
+    """manifest.json, checked: {"format": FORMAT, "files": {name: {"bytes": n, "sha256": hex}}} with every name a
+    plain file of the folder and DCP's .metadata and state.json among them; CorruptCheckpoint naming the key."""
+    manifest = _read_json(directory, MANIFEST)
+    where = os.path.join(directory, MANIFEST)
+    if not isinstance(manifest, dict):
+        raise CorruptCheckpoint(f"{where}: a JSON {type(manifest).__name__}, not an object")
     if manifest.get("format") != FORMAT:
-        raise CorruptCheckpoint(f"{directory}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+        raise CorruptCheckpoint(f"{where}: format {manifest.get('format')!r:.80}, expected {FORMAT!r}")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise CorruptCheckpoint(f"{where}: \"files\" is {type(files).__name__}, not an object of file entries")
+    for name, want in files.items():
+        if not is_plain_name(name) or name == MANIFEST:
+            raise CorruptCheckpoint(f"{where}: entry {name!r:.80} is not a file of the checkpoint folder (paths "
+                                    f"are confined to it)")
+        if not isinstance(want, dict) or not _count(want.get("bytes")) or \
+                not (isinstance(want.get("sha256"), str) and _HEX.match(want["sha256"])):
+            raise CorruptCheckpoint(f"{where}: entry {name!r} is {json.dumps(want)[:80]}, expected "
+                                    f"{{\"bytes\": <integer>, \"sha256\": <64 hex digits>}}")
+    for name in (".metadata", STATE):
+        if name not in files:
+            raise CorruptCheckpoint(f"{where}: lists no {name}")
     return manifest
 
 
 def verify_file(directory: str, name: str, want: dict) -> None:
-    """CorruptCheckpoint (one line) when the file is missing, of another size, or of another sha256."""
+    """CorruptCheckpoint (one line) when the file is missing, a link, of another size, or of another sha256."""
+    if not is_plain_name(name):
+        raise CorruptCheckpoint(f"{os.path.join(directory, MANIFEST)}: entry {name!r:.80} is not a file of the "
+                                f"checkpoint folder")
     path = os.path.join(directory, name)
+    if os.path.islink(path):
+        raise CorruptCheckpoint(f"{path}: a symbolic link; a checkpoint's files are regular files inside its folder")
     if not os.path.isfile(path):
-        raise CorruptCheckpoint(f"{path}: missing")
+        raise CorruptCheckpoint(f"{path}: {'not a regular file' if os.path.exists(path) else 'missing'}")
     size = os.path.getsize(path)
     if size != want["bytes"]:
         raise CorruptCheckpoint(f"{path}: {size} bytes, the manifest says {want['bytes']} (truncated?)")
@@ -179,9 +252,59 @@ def verify_file(directory: str, name: str, want: dict) -> None:
         raise CorruptCheckpoint(f"{path}: sha256 differs from the manifest (corrupted)")
 
 
+# state.json: key -> (check, what it must be); the keys the resume and `inspect` read
+_LAYOUT = {"tp": 1, "pp": 1, "dp": 1, "zero": 0}
+
+
 def read_state(directory: str) -> dict:
-    with open(os.path.join(directory, STATE)) as f:
-        return json.load(f)
+    """state.json, checked: the fields a resume reads have their types and ranges, and the iteration is the one
+    the directory is named for; CorruptCheckpoint naming the field otherwise."""
+    state = _read_json(directory, STATE)
+    where = os.path.join(directory, STATE)
+
+    def bad(key: str, value, want: str) -> CorruptCheckpoint:
+        return CorruptCheckpoint(f"{where}: {key} is {json.dumps(value)[:80]}, expected {want}")
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint(f"{where}: a JSON {type(state).__name__}, not an object")
+    for key in ("iteration", "consumed_samples"):
+        if not _count(state.get(key)):
+            raise bad(key, state.get(key), "a non-negative integer")
+    if "adam_step" in state and not _count(state["adam_step"]):
+        raise bad("adam_step", state["adam_step"], "a non-negative integer")
+    if not isinstance(state.get("model"), str) or not state["model"]:
+        raise bad("model", state.get("model"), "the --model it was trained with (a string)")
+    layout = state.get("layout")
+    if not isinstance(layout, dict):
+        raise bad("layout", layout, "an object")
+    for key, low in _LAYOUT.items():
+        if type(layout.get(key)) is not int or not low <= layout[key] <= (3 if key == "zero" else 1 << 20):
+            raise bad(f"layout.{key}", layout.get(key), f"an integer >= {low}")
+    for key in ("args", "model_identity", "scaler", "converted_from"):
+        if key in state and not isinstance(state[key], dict):
+            raise bad(key, state[key], "an object")
+    if state.get("contents", "full") not in ("full", "model"):
+        raise bad("contents", state.get("contents"), '"full" or "model"')
+    if state.get("contents") != "model":
+        _check_scaler(state, bad)
+    m = _ITER.match(os.path.basename(os.path.normpath(directory)))
+    if m and int(m.group(1)) != state["iteration"]:
+        raise bad("iteration", state["iteration"], f"{int(m.group(1))} (the directory's name)")
+    return state
+
+
+def _check_scaler(state: dict, bad) -> None:
+    """A training run's state.json: the Adam step and the fp16 loss scaler (read when the optimizer is loaded)."""
+    if "adam_step" not in state:
+        raise bad("adam_step", None, "a non-negative integer")
+    scaler = state.get("scaler")
+    if not isinstance(scaler, dict):
+        raise bad("scaler", scaler, "an object")
+    scale = scaler.get("loss_scale")
+    if type(scale) not in (int, float) or not (math.isfinite(scale) and scale > 0):
+        raise bad("scaler.loss_scale", scale, "a finite number > 0")
+    for key in ("good_steps", "skipped_steps"):
+        if not _count(scaler.get(key)):
+            raise bad(f"scaler.{key}", scaler.get(key), "a non-negative integer")
 
 
 @dataclass(frozen=True)
@@ -195,11 +318,14 @@ class Verdict:
 
 
 def verify_all(directory: str) -> Verdict:
-    """Every file against the manifest (single process)."""
-    total = sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory))
-    if not os.path.isfile(os.path.join(directory, MANIFEST)):
+    """The manifest, state.json and DCP's .metadata well-formed and confined (safe_read.check_checkpoint), then
+    every file against the manifest (single process)."""
+    total = sum(os.lstat(os.path.join(directory, n)).st_size for n in os.listdir(directory))
+    if not os.path.lexists(os.path.join(directory, MANIFEST)):
         return Verdict(directory, False, "no manifest.json (an unfinished save)", total)
+    from hybrid.checkpoint.safe_read import check_checkpoint
     try:
+        check_checkpoint(directory)  # the small files well-formed, .metadata through the restricted unpickler
         manifest = read_manifest(directory)
         for name, want in sorted(manifest["files"].items()):
             verify_file(directory, name, want)

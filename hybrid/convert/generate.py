@@ -149,8 +149,7 @@ def _load_hybrid_shards(model: torch.nn.Module, it_dir: str, tp_rank: int, distr
     """Each parameter's TP shard from the checkpoint: one ShardedTensor per parameter whose chunk is this rank's
     shard box (hybrid/checkpoint/shards.shard_box, the rows a run at this tp saves), read by DCP from whatever
     chunks the checkpoint holds."""
-    import torch.distributed.checkpoint as dcp
-
+    from hybrid.checkpoint import safe_read
     from hybrid.checkpoint.shards import shard_box, sharded_tensor
     from hybrid.tp.sharding import full_shape, spec_of
     sd = {}
@@ -160,7 +159,7 @@ def _load_hybrid_shards(model: torch.nn.Module, it_dir: str, tp_rank: int, distr
             continue  # a shard of vocabulary padding only
         view = p.data[tuple(slice(0, s) for s in box[1])]  # the real rows sit first in the local shard
         sd[f"model/{name}"] = sharded_tensor([view], [box], full_shape(p, spec_of(p)))
-    dcp.load(sd, storage_reader=dcp.FileSystemReader(it_dir), no_dist=not distributed)
+    safe_read.load(sd, it_dir, no_dist=not distributed)  # .metadata: only DCP's own classes (safe_read.py)
 
 
 def load_model(cfg, folder: str, hybrid: bool, tp: Group | None = None, pp: Group | None = None,

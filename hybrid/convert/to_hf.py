@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.distributed.checkpoint as dcp
 
-from hybrid.checkpoint import store
+from hybrid.checkpoint import safe_read, store
 from hybrid.convert import mapping
 from hybrid.convert.common import check_dst, copy_pass_through, hf_config, read_config, staged_dst
 from hybrid.convert.detect import is_iteration_dir
@@ -63,7 +62,7 @@ def checkpoint_config(it_dir: str, model: str | None) -> ModelConfig:
 
 def check_against(cfg: ModelConfig, it_dir: str) -> dict:
     """Every parameter the config implies is in the checkpoint with that shape, and nothing else is."""
-    meta = dcp.FileSystemReader(it_dir).read_metadata().state_dict_metadata
+    meta = safe_read.read_metadata(it_dir).state_dict_metadata  # restricted unpickler, checked, confined
     ours = {f"model/{p.name}": p.shape for p in mapping.params(cfg)}
     for key, shape in ours.items():
         if key not in meta:
@@ -90,7 +89,7 @@ def hybrid_to_hf(src: str, dst: str, dtype: torch.dtype = torch.float32, max_sha
     def read(p: mapping.Param) -> torch.Tensor:
         key = f"model/{p.name}"
         t = torch.empty(p.shape, dtype=meta[key].properties.dtype)
-        dcp.load({key: t}, storage_reader=dcp.FileSystemReader(it_dir), no_dist=True)
+        safe_read.load({key: t}, it_dir, no_dist=True)
         return t
     stored = mapping.hf_shapes(cfg)
     shapes = {k: stored[k] for k in mapping.hf_keys(cfg)}  # the order hf_tensors yields them in

@@ -14,12 +14,15 @@ with checksums) and state.json marks it `"contents": "model"`: iteration 0, no o
 from __future__ import annotations
 
 import os
+import pickle
+import re
 from collections.abc import Callable
 
 import torch
 import torch.distributed.checkpoint as dcp
 
 from hybrid.checkpoint import store
+from hybrid.checkpoint.identity import model_identity
 from hybrid.convert import mapping
 from hybrid.convert.common import check_dst, copy_pass_through, hf_config, read_config, staged_dst
 from hybrid.convert.presharded import TargetLayout, check_target, rank_state_dicts, save_as_ranks
@@ -81,7 +84,7 @@ def model_state(cfg: ModelConfig, model: str, source: dict, target: TargetLayout
     """state.json of a converted checkpoint. `model` is what train.py's --model must then be (the ckpt resume
     compares it); the layout is the one the chunks are cut for (a run at tp x pp, dp 1, ZeRO 0)."""
     return {"format": store.FORMAT, "contents": MODEL_ONLY, "iteration": 0, "consumed_samples": 0, "adam_step": 0,
-            "model": model, "converted_from": source,
+            "model": model, "model_identity": model_identity(cfg), "converted_from": source,
             "layout": target.layout(cfg),
             "args": {}}
 
@@ -108,11 +111,78 @@ def hf_to_hybrid(src: str, dst: str, verify: bool = True, log=print, target: Tar
     return line
 
 
+def _deepspeed_allowed() -> list:
+    """The classes a DeepSpeed ZeRO checkpoint pickles beside tensors and containers (which torch's weights-only
+    unpickler admits by itself): the ZeRO stage enum, the fp16 loss scalers, bf16's parameter-fragment addresses,
+    and the argparse Namespace a Megatron-DeepSpeed run stores as `args`. Each is a plain data class: unpickling
+    sets its fields and calls nothing else."""
+    import argparse
+
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address, argparse.Namespace]
+
+
+class _WeightsOnlyTorch:
+    """`torch` as DeepSpeed's zero_to_fp32 module sees it while we call it: its torch.load(..., weights_only=False)
+    becomes torch.load(weights_only=True) under the allow-list, and a refusal is one line naming the file."""
+
+    def __init__(self, allowed: list):
+        self.allowed = allowed
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def load(self, f, *args, **kwargs):
+        kwargs["weights_only"] = True
+        try:
+            with torch.serialization.safe_globals(self.allowed):
+                return torch.load(f, *args, **kwargs)
+        except pickle.UnpicklingError as e:
+            found = re.search(r"GLOBAL ([\w.]+)", str(e))
+            what = f"holds {found.group(1)}, which" if found else "holds an object that"
+            raise ValueError(f"SRC {f}: {what} a DeepSpeed ZeRO checkpoint's allow-list does not admit (tensors, "
+                             f"containers, {', '.join(c.__name__ for c in self.allowed)}); refused, nothing in it "
+                             f"was run") from None
+
+
+def _deepspeed_tag(src: str) -> str:
+    """The checkpoint directory `latest` names, confined to `src` (DeepSpeed would join any path it holds)."""
+    path = os.path.join(src, "latest")
+    if not os.path.isfile(path):
+        raise ValueError(f"SRC {path}: not a regular file (DeepSpeed's `latest` names the global_step directory)")
+    with open(path, "rb") as f:
+        tag = f.read(256).decode("utf-8", "replace").strip()
+    where = os.path.join(src, tag)
+    if not store.is_plain_name(tag) or not os.path.isdir(where) or os.path.islink(where):
+        raise ValueError(f"SRC {path}: names {tag[:80]!r}, not a directory inside {src!r}; write the global_step "
+                         f"directory's name there")
+    links = [n for n in sorted(os.listdir(where)) if os.path.islink(os.path.join(where, n))]
+    if links:
+        raise ValueError(f"SRC {os.path.join(where, links[0])}: a symbolic link; a checkpoint's files are read from "
+                         f"its own folder only")
+    return tag
+
+
 def _deepspeed_state_dict(src: str) -> dict[str, torch.Tensor]:
-    """DeepSpeed's own consolidation of a ZeRO (1/2/3) checkpoint into one fp32 state dict."""
+    """DeepSpeed's own consolidation of a ZeRO (1/2/3) checkpoint into one fp32 state dict, its pickles read
+    with torch.load(weights_only=True) and an allow-list (_WeightsOnlyTorch): a checkpoint's files run no code."""
+    from unittest import mock
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # reading needs no accelerator
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    sd = get_fp32_state_dict_from_zero_checkpoint(src)
+    from deepspeed.utils import zero_to_fp32
+    tag = _deepspeed_tag(src)
+    # (its tqdm bars would be lines beside an error's one line; the conversion prints its own summary)
+    with mock.patch.object(zero_to_fp32, "torch", _WeightsOnlyTorch(_deepspeed_allowed())), \
+            mock.patch.object(zero_to_fp32, "tqdm", lambda it, *a, **k: it):
+        try:
+            sd = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(src, tag=tag)
+        except ValueError:
+            raise
+        except Exception as e:  # DeepSpeed's own errors on a malformed folder: FileNotFoundError, KeyError, ...
+            why = (str(e).strip().splitlines() or [""])[0][:200]
+            raise ValueError(f"SRC {src}: DeepSpeed cannot read it as a ZeRO checkpoint ({type(e).__name__}: "
+                             f"{why})") from None
     return {k.removeprefix("module."): v for k, v in sd.items()}
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.distributed.checkpoint as dcp
 
+from hybrid.checkpoint import safe_read
 from hybrid.comm import Group
 from hybrid.tp import TPContext
 from models import build_model
@@ -37,7 +37,7 @@ def load_ours(cfg: ModelConfig, it_dir: str) -> torch.nn.Module:
     """Our whole model (tp 1) with every parameter read from the hybrid checkpoint `it_dir` by DCP."""
     model = build_model(cfg, TPContext(Group.solo("tp")), seed=None).eval()
     sd = {f"model/{n}": p.data for n, p in model.named_parameters()}
-    dcp.load(sd, storage_reader=dcp.FileSystemReader(it_dir), no_dist=True)
+    safe_read.load(sd, it_dir, no_dist=True)  # .metadata unpickled with only DCP's own classes
     return model
 
 

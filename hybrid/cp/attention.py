@@ -116,3 +116,13 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: 
     pos = torch.arange(T, device=q.device)
     o = sdpa(qh, kh, vh, mask, pos, pos)  # (B, a/CP, T, d) in sequence order
     return heads_to_seq(o.index_select(2, gathered).contiguous(), group)
+
+
+def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPContext | None,
+                      mask: AttentionMask) -> torch.Tensor:
+    """The attention layer's entry: over CP ranks when `cp` is given, else over the whole local sequence in
+    order (packed documents at cp = 1) with torch's SDPA."""
+    if cp is not None and cp.size > 1:
+        return cp.attention(q, k, v, mask)
+    pos = torch.arange(q.shape[2], device=q.device)
+    return sdpa(q, k, v, mask, pos, pos)

@@ -34,22 +34,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def texts(paths: list[str] | None, key: str) -> Iterator[str]:
+    """The documents of --input (or pydoc's topics); ValueError naming the file and line on anything unreadable."""
     if not paths:
         yield read_text(None).decode("utf-8")
         return
     for path in paths:
         if not os.path.isfile(path):
-            raise ValueError(f"--input {path!r} is not a file")
-        with open(path, encoding="utf-8") as f:
-            if path.endswith(".txt"):
-                yield f.read()
-                continue
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    obj = json.loads(line)
-                    if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
-                        raise ValueError(f"--input {path}: line {n} has no string {key!r}; pass --json-key")
-                    yield obj[key]
+            raise ValueError(f"--input {path!r} is not a {'regular file' if os.path.exists(path) else 'file'}")
+        try:
+            with open(path, encoding="utf-8") as f:
+                if path.endswith(".txt"):
+                    yield f.read()
+                    continue
+                for n, line in enumerate(f, 1):
+                    if line.strip():
+                        yield _json_text(path, n, line, key)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--input {path}: not UTF-8 text (byte {e.start} of a read block); convert it to "
+                             f"UTF-8") from None
+
+
+def _json_text(path: str, n: int, line: str, key: str) -> str:
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError) as e:
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"--input {path}: line {n} is not JSON ({why}); "
+                         f"a .jsonl file holds one JSON object per line, a .txt file plain text") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
+        raise ValueError(f"--input {path}: line {n} has no string {key!r}; pass --json-key")
+    return obj[key]
+
+
+def check_inputs(paths: list[str] | None, key: str) -> int:
+    """Read every input once before training (nothing is written on a bad one): the characters of text they
+    hold. An input with no text would train a tokenizer of the byte alphabet alone -- an error, so an empty or
+    mistyped file never replaces a good tokenizer."""
+    chars = sum(len(t.strip()) for t in texts(paths, key))
+    if not chars:
+        raise ValueError(f"--input {' '.join(paths or [])} holds no text (empty or whitespace only); nothing "
+                         f"written")
+    return chars
 
 
 def train(paths: list[str] | None, vocab_size: int, output: str, key: str = "text"):
@@ -62,22 +87,39 @@ def train(paths: list[str] | None, vocab_size: int, output: str, key: str = "tex
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts(paths, key), trainer=trainer)
-    os.makedirs(output, exist_ok=True)
-    tok.save(os.path.join(output, "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOD, "eos_token": EOD, "unk_token": EOD,
               "model_max_length": 1 << 30}
-    with open(os.path.join(output, "tokenizer_config.json"), "w") as f:
-        json.dump(config, f, indent=1)
-    with open(os.path.join(output, "special_tokens_map.json"), "w") as f:
-        json.dump({"bos_token": EOD, "eos_token": EOD, "unk_token": EOD}, f, indent=1)
+    special = {"bos_token": EOD, "eos_token": EOD, "unk_token": EOD}
+    os.makedirs(output, exist_ok=True)
+    # each file written beside its final name and renamed over it only once all three are written
+    staged = []
+    try:
+        for name, write in (("tokenizer.json", lambda p: tok.save(p)),
+                            ("tokenizer_config.json", lambda p: _dump(config, p)),
+                            ("special_tokens_map.json", lambda p: _dump(special, p))):
+            tmp = os.path.join(output, f".{name}.tmp")
+            write(tmp)
+            staged.append((tmp, os.path.join(output, name)))
+    except BaseException:
+        for tmp, _ in staged:
+            os.remove(tmp)
+        raise
+    for tmp, final in staged:
+        os.replace(tmp, final)
     return tok
+
+
+def _dump(obj: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         check_output_dir("--output", args.output)
+        check_inputs(args.input, args.json_key)
         tok = train(args.input, args.vocab_size, args.output, args.json_key)
-    except (ValueError, json.JSONDecodeError) as e:
+    except (ValueError, OSError) as e:
         raise fail(f"{PROG}: error: {e}") from None
     print(f"{PROG}: vocabulary {tok.get_vocab_size()} ({EOD} = {tok.token_to_id(EOD)}) -> {args.output}", flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 
@@ -41,13 +42,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="name a rank slower than its peers by this factor in a phase, every log interval")
 
 
+MAX_WATCHDOG_S = 7 * 24 * 3600  # a week, as --distributed-timeout-minutes: longer is a typo, not a timeout
+
+
 def check(args: argparse.Namespace) -> FaultConfig:
-    if args.watchdog_timeout < 0:
-        raise ValueError(f"--watchdog-timeout must be >= 0 seconds (0 disables it), got {args.watchdog_timeout}")
+    """ValueError naming the flag: NaN and infinity are refused everywhere (NaN compares false, so `nan < 0`
+    would let a NaN timeout through and disable the watchdog without a word; inf would do the same)."""
+    if not math.isfinite(args.watchdog_timeout) or not 0 <= args.watchdog_timeout <= MAX_WATCHDOG_S:
+        raise ValueError(f"--watchdog-timeout must be a number of seconds in [0, {MAX_WATCHDOG_S}] (0 disables "
+                         f"it), got {args.watchdog_timeout}")
     if args.max_skipped_steps < 1:
         raise ValueError(f"--max-skipped-steps must be >= 1, got {args.max_skipped_steps}")
-    if args.straggler_factor <= 1:
-        raise ValueError(f"--straggler-factor must be > 1 (a rank this many times slower than its peers), "
-                         f"got {args.straggler_factor}")
+    if not math.isfinite(args.straggler_factor) or args.straggler_factor <= 1:
+        raise ValueError(f"--straggler-factor must be a finite number > 1 (a rank this many times slower than its "
+                         f"peers), got {args.straggler_factor}")
     return FaultConfig(watchdog_timeout=args.watchdog_timeout, check_nan=args.check_for_nan_in_loss_and_grad,
                        max_skipped_steps=args.max_skipped_steps, straggler_factor=args.straggler_factor)

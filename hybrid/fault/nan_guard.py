@@ -8,6 +8,10 @@ the world -- tells every rank the same set of bad ranks. On a bad step nothing i
 parameters, master weights and Adam moments keep their values bit for bit, and the next step's
 zero_grad discards the gradients. After `max_skipped` consecutive skips the run stops with EXIT_NAN.
 
+Before the first step (`check_weights`) the weights themselves are checked the same way: a checkpoint or
+`--load` folder holding NaN/inf would make every step non-finite, so the run stops at once with one line naming
+the first such parameter instead of skipping --max-skipped-steps steps.
+
 fp16: a non-finite gradient is the dynamic loss scaler's signal to halve the scale, which
 hybrid/zero/engine.py already does (skipping the step on every rank); the guard leaves those steps
 to it (loss included: a scaled loss may overflow too) and only counts them toward --max-skipped-steps.
@@ -29,8 +33,8 @@ class TooManySkippedSteps(SystemExit):
 
 
 def world_sum(mesh: Mesh, t: torch.Tensor, tag: str) -> torch.Tensor:
-    """SUM over every rank: over TP, then PP, then DP (the mesh's groups tile the world)."""
-    for g in (mesh.tp, mesh.pp, mesh.dp):
+    """SUM over every rank: over TP, then PP, then DP x CP (the mesh's groups tile the world)."""
+    for g in (mesh.tp, mesh.pp, mesh.dp_cp):
         g.all_reduce(t, tag=tag)
     return t
 
@@ -52,6 +56,14 @@ def _all_finite(optimizer) -> bool:
     return bool(torch.stack([torch.isfinite(f).all() for f in flats]).all())
 
 
+def _masters(optimizer) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    """(parameter, this rank's fp32 master values of it): a ZeRO optimizer's master shards by segment (under
+    ZeRO 3 the parameters themselves hold no data between steps), otherwise each parameter."""
+    if hasattr(optimizer, "units"):
+        return [(s.param, u.views[i]) for u in optimizer.units for i, s in enumerate(u.segments) if u.views]
+    return [(p, p.detach()) for g in optimizer.param_groups for p in g["params"]]
+
+
 class NanGuard:
     """Decides, with one world-wide flag exchange, whether this step's update is applied."""
 
@@ -71,6 +83,30 @@ class NanGuard:
         if not bad:
             return None
         return f"gradient of {min(self.order.get(id(p), (1 << 30, '?')) for p in bad)[1]}"
+
+    def first_non_finite_weight(self, optimizer) -> str | None:
+        """The name of the first parameter (model order) whose master weights are not finite on this rank."""
+        bad = [p for p, w in _masters(optimizer) if not torch.isfinite(w).all()]
+        return min(self.order.get(id(p), (1 << 30, "?")) for p in bad)[1] if bad else None
+
+    def check_weights(self, optimizer) -> None:
+        """Before the first step: every rank's weights finite, or SystemExit(EXIT_NAN) on every rank with one
+        line (from the lowest rank holding a non-finite weight, which names it)."""
+        from hybrid.cliutil import record_error
+        what = self.first_non_finite_weight(optimizer)
+        flags = torch.zeros(self.mesh.dims.world, device=self.mesh.device)
+        flags[self.mesh.rank] = 1.0 if what else 0.0
+        bad = world_sum(self.mesh, flags, "nan").nonzero().flatten().tolist()
+        if not bad:
+            return
+        line = (f"train.py: error: nan-guard: the weights at the start of training are not finite ("
+                f"{what + ' on rank ' + str(self.mesh.rank) if what else 'on ranks ' + str(bad)}; non-finite on ranks "
+                f"{bad}): the --load checkpoint or folder holds NaN/inf; load an earlier checkpoint")
+        record_error(line)
+        if self.mesh.rank == bad[0]:
+            import sys
+            print(line, file=sys.stderr, flush=True)
+        raise TooManySkippedSteps(EXIT_NAN)
 
     def step_is_finite(self, loss: torch.Tensor | None, optimizer, iteration: int) -> bool:
         if self.defer_grads:  # fp16: the loss scaler decides (a scaled loss or gradient may overflow)
@@ -101,6 +137,8 @@ class NanGuard:
                    f"(--max-skipped-steps {self.max_skipped}); stopping with exit code {EXIT_NAN}")
             if self.mesh.rank == 0:
                 print(msg, flush=True)
+            from hybrid.cliutil import record_error
+            record_error(f"train.py: error: {msg}")  # torchrun's summary shows it
             raise TooManySkippedSteps(EXIT_NAN)
 
 
@@ -119,7 +157,12 @@ class GuardedOptimizer:
     def step(self):
         TRAIL.enter("optimizer")
         self.applied = self.guard is None or self.guard.step_is_finite(self.runner.last_loss, self.inner, self.iteration)
-        return self.inner.step() if self.applied else None
+        if self.applied:
+            return self.inner.step()
+        if hasattr(self.inner, "last_report"):  # what the log line reads: a skipped step has no norm
+            from hybrid.zero.engine import StepReport
+            self.inner.last_report = StepReport(grad_norm=None, skipped=True, loss_scale=self.inner.loss_scale)
+        return None
 
 
 class GuardedRunner:

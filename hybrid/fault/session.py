@@ -68,6 +68,11 @@ class FaultTolerance:
             self._mb += 1
         self.injector.on_forward()
 
+    def check_weights(self) -> None:
+        """Before the first step (collective): the NaN guard's check of the loaded or initial weights."""
+        if self.guard is not None:
+            self.guard.check_weights(self.optimizer.inner)
+
     def begin_iteration(self, it: int) -> None:
         """`it` 0-based, as the loop counts; the trail and every message use it + 1, as the log does."""
         self._mb = 0

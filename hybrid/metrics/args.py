@@ -66,8 +66,8 @@ def check(args: argparse.Namespace, world: int = 1) -> MetricsConfig:
             raise ValueError("--tensorboard-dir needs the tensorboard package; pip install tensorboard") from None
     if args.metrics_file is not None:
         check_output_file("--metrics-file", args.metrics_file)
-    if args.peak_tflops is not None and not args.peak_tflops > 0:
-        raise ValueError(f"--peak-tflops must be > 0, got {args.peak_tflops}")
+    if args.peak_tflops is not None and not 0 < args.peak_tflops < float("inf"):
+        raise ValueError(f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}")
     peak, source = args.peak_tflops, "--peak-tflops" if args.peak_tflops is not None else None
     hardware = getattr(args, "hardware", None)
     if hardware:  # an empty one is rejected by hybrid/train/args.py's check_files

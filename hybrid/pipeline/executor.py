@@ -46,11 +46,12 @@ import torch.nn as nn
 from torch.autograd.variable import Variable
 
 from hybrid.comm import Group
+from hybrid.cp.data import seq_kwargs
 from hybrid.trail import TRAIL
 from hybrid.pipeline.schedules import Action, Op, Placement
 from hybrid.pipeline.split_backward import WeightWork, backward_input, backward_weight
 
-Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, labels) of one micro-batch
+Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, labels) of one micro-batch (+ a SequenceInfo with packed documents)
 
 
 @dataclass(frozen=True)
@@ -229,11 +230,11 @@ class PipelineExecutor:
 
     def _forward(self, a: Action, batches: Sequence[Batch], st: _StepState) -> None:
         chunk, key = self.chunks[a.chunk], (a.microbatch, a.chunk)
-        inputs, labels = batches[a.microbatch]
+        inputs, labels, *info = batches[a.microbatch]  # info: the micro-batch's SequenceInfo (hybrid/cp/data.py)
         x = inputs.to(self.device) if chunk.stage.first else self._take(a, Op.RECV_ACT, st).requires_grad_()
         t0 = time.time()
         with self.on_forward(*key) if self.on_forward else nullcontext():
-            y = chunk(x, labels.to(self.device) if chunk.stage.last else None)
+            y = chunk(x, labels.to(self.device) if chunk.stage.last else None, **seq_kwargs(info, self.device))
         if chunk.stage.last:
             y = y / len(batches)
             st.loss += y.detach()

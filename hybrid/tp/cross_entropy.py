@@ -51,10 +51,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab_start: int,
-                                 group: Group, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """Mean loss over the tokens whose target is not `ignore_index` (as F.cross_entropy)."""
+                                 group: Group, ignore_index: int = IGNORE_INDEX, reduction: str = "mean") -> torch.Tensor:
+    """Mean (`reduction` "sum": sum) of the loss over the tokens whose target is not `ignore_index` (as
+    F.cross_entropy)."""
     if group.size == 1:  # the whole vocabulary is here: torch's fused kernel
-        return F.cross_entropy(logits.float().flatten(0, -2), target.flatten(), ignore_index=ignore_index)
+        return F.cross_entropy(logits.float().flatten(0, -2), target.flatten(), ignore_index=ignore_index,
+                               reduction=reduction)
     keep = target != ignore_index
     per_token = _VocabParallelCrossEntropy.apply(logits, target.masked_fill(~keep, 0), vocab_start, group)
-    return (per_token * keep).sum() / keep.sum().clamp(min=1)
+    total = (per_token * keep).sum()
+    return total if reduction == "sum" else total / keep.sum().clamp(min=1)

@@ -20,6 +20,7 @@ import torch
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
 from hybrid.checkpoint import args as ckpt_args
+from hybrid.cp import args as cp_args
 from hybrid.data import BatchSpec
 from hybrid.data import args as data_args
 from hybrid.fault import args as fault_args
@@ -33,7 +34,7 @@ from hybrid.train.config import (FLAGS, MAX_SEED, ModelSetup, ParallelConfig, Pi
                                  TrainingConfig)
 from hybrid.train_step import OptimizerConfig
 from hybrid.zero import CpuAdam, ZeroConfig
-from hybrid.zero.ds_config import read_deepspeed_config
+from hybrid.zero.ds_config import deepspeed_origins, read_deepspeed_config
 from models import Recompute, load_config
 from models import cli as model_cli
 from models.config import ModelConfig
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     metrics_args.add_arguments(p)
     fault_args.add_arguments(p)
     ckpt_args.add_arguments(p)
+    cp_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -87,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+MAX_COUNT = 1 << 53  # every count and size flag: far above any run, exact in a float64
+
+
 def check_numbers(args: argparse.Namespace) -> None:
     """Zero, negative, NaN and infinity wherever they make no sense (each flag's `low` in FLAGS); ValueError
     naming the flag."""
@@ -96,6 +101,8 @@ def check_numbers(args: argparse.Namespace) -> None:
             continue
         if flag.type is float and not math.isfinite(value):
             raise ValueError(f"{flag.name} must be a finite number, got {value}")
+        if flag.type is int and value > MAX_COUNT:  # 10**400 would overflow the float arithmetic of later checks
+            raise ValueError(f"{flag.name} must be at most {MAX_COUNT}, got an integer of {len(str(value))} digits")
         if value < flag.low or (flag.low_open and value == flag.low):
             raise ValueError(f"{flag.name} must be {'>' if flag.low_open else '>='} {flag.low}, got {value}")
     for flag, beta in (("--adam-beta1", args.adam_beta1), ("--adam-beta2", args.adam_beta2)):
@@ -270,6 +277,18 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
     return ds.unsupported
 
 
+def deepspeed_origins_of(args: argparse.Namespace) -> dict[str, str]:
+    """The flags --deepspeed-config sets (not given on the command line) -> their JSON keys, so a later check's
+    error names the key the user wrote (ds_config.name_keys); {} without a readable config."""
+    if not args.deepspeed_config:
+        return {}
+    try:
+        ds = read_deepspeed_config(args.deepspeed_config)
+    except ValueError:
+        return {}
+    return deepspeed_origins(ds, getattr(args, "explicit", set()), DS_FLAGS)
+
+
 def _apply_grad_accum_dtype(args: argparse.Namespace, dtype: str) -> None:
     """DeepSpeed's data_types.grad_accum_dtype: "fp32" under bf16/fp16 is --accumulate-allreduce-grads-in-fp32;
     the compute dtype itself (fp32 in fp32 training) is the default. A 16-bit dtype other than the compute dtype
@@ -323,8 +342,11 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     cfg = load_config(ns.model)
     check_files(ns, cfg)  # --load readable, outputs writable
     cfg = model_cli.check(ns, cfg)  # dropout flags; --load tensor shapes
-    dims = ParallelDims.from_world(world, tp=ns.tensor_model_parallel_size, pp=ns.pipeline_model_parallel_size)
+    cp = cp_args.check(ns)
+    dims = ParallelDims.from_world(world, tp=ns.tensor_model_parallel_size, pp=ns.pipeline_model_parallel_size,
+                                   cp=cp.size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
+    cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")
@@ -344,7 +366,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
         optimizer=OptimizerConfig(lr=ns.lr, min_lr=ns.min_lr, weight_decay=ns.weight_decay, beta1=ns.adam_beta1,
                                   beta2=ns.adam_beta2, warmup_iters=ns.lr_warmup_iters, decay_style=ns.lr_decay_style,
                                   train_iters=ns.train_iters, clip_grad=ns.clip_grad),
-        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics,
+        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp,
         flags=tuple((k, v) for k, v in sorted(vars(ns).items()) if isinstance(v, (str, int, float, bool, type(None)))),
         ds_unsupported=tuple(unsupported))
 

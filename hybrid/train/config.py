@@ -20,6 +20,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from hybrid.checkpoint.args import CheckpointConfig
+from hybrid.cp.args import CPConfig
 from hybrid.data import BatchSpec
 from hybrid.data.args import DataConfig
 from hybrid.fault.args import FaultConfig
@@ -189,7 +190,8 @@ class ParallelConfig:
     """How the ranks split the work.
 
     Attributes:
-        dims: tp x pp x dp (`--tensor-model-parallel-size`, `--pipeline-model-parallel-size`; dp = world / (tp pp)).
+        dims: tp x cp x pp x dp (`--tensor-model-parallel-size`, `--context-parallel-size`,
+            `--pipeline-model-parallel-size`; dp = world / (tp cp pp)).
         sequence_parallel: norms and dropout on sequence shards of the TP group (`--sequence-parallel`).
         pipeline: the schedule and the layers of each stage.
         timeout_minutes: bound on process-group start-up and every collective (`--distributed-timeout-minutes`).
@@ -257,6 +259,7 @@ class RunConfig:
         checkpoint: saves, resume, exits (hybrid/checkpoint/args.py).
         fault: watchdog, NaN guard, stragglers (hybrid/fault/args.py).
         metrics: TensorBoard, the JSON-lines file, MFU's peak (hybrid/metrics/args.py).
+        cp: context parallelism and packed documents (hybrid/cp/args.py).
         flags: every flag's final value (dest -> int / float / str / bool / None), as checkpoints record it.
         ds_unsupported: keys of --deepspeed-config that hybrid does not read (a warning at start-up).
     """
@@ -270,6 +273,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     metrics: MetricsConfig = field(default_factory=lambda: MetricsConfig(None, None, None))
+    cp: CPConfig = field(default_factory=CPConfig)
     flags: tuple[tuple[str, object], ...] = ()
     ds_unsupported: tuple[str, ...] = ()
 

@@ -18,14 +18,16 @@ import math
 
 import torch
 
+from hybrid.cp.data import TokenSharding, seq_kwargs
 from hybrid.data import BatchSpec, DataSource, Split
 from hybrid.data.args import DataConfig
 from hybrid.mesh import Mesh
 
 
 @torch.no_grad()
-def forward_loss(chunks, mesh: Mesh, inputs: torch.Tensor, labels: torch.Tensor, io) -> torch.Tensor:
-    """The micro-batch's mean loss on the rank holding the last stage (0 elsewhere)."""
+def forward_loss(chunks, mesh: Mesh, inputs: torch.Tensor, labels: torch.Tensor, io, *info) -> torch.Tensor:
+    """The micro-batch's mean loss on the rank holding the last stage (0 elsewhere); `info`: its SequenceInfo,
+    with packed documents."""
     pp, v = mesh.dims.pp, len(chunks)
     x, loss = None, torch.zeros((), device=mesh.device)
     for s in range(pp * v):
@@ -37,7 +39,7 @@ def forward_loss(chunks, mesh: Mesh, inputs: torch.Tensor, labels: torch.Tensor,
         elif (s - 1) % pp != owner:  # from another rank
             x = torch.empty(io.shape, dtype=io.dtype, device=mesh.device)
             mesh.pp.batch_p2p([], [(x, (s - 1) % pp)], labels=("eval-recv",))
-        y = chunk(x, labels.to(mesh.device) if s == pp * v - 1 else None)
+        y = chunk(x, labels.to(mesh.device) if s == pp * v - 1 else None, **seq_kwargs(info, mesh.device))
         if s == pp * v - 1:
             loss = y.float()
         elif (s + 1) % pp != owner:
@@ -48,21 +50,22 @@ def forward_loss(chunks, mesh: Mesh, inputs: torch.Tensor, labels: torch.Tensor,
 
 
 def evaluate(model, mesh: Mesh, data: DataSource, batch: BatchSpec, split: Split, index: int, iters: int,
-             io=None, loss_scale: float = 1.0) -> float:
-    """Mean lm loss over `iters` global batches of `split`, evaluation number `index` (same on every rank)."""
+             io=None, loss_scale: float = 1.0, sharding: TokenSharding = TokenSharding()) -> float:
+    """Mean lm loss over `iters` global batches of `split`, evaluation number `index` (same on every rank);
+    `sharding` cuts each micro-batch for this CP rank (and packed documents), as training does."""
     chunks = list(model)
     for c in chunks:
         c.eval()
     total = torch.zeros((), device=mesh.device)
     start = index * iters * batch.global_batch
     for k in range(iters):
-        for inputs, labels in data.batches(start + k * batch.global_batch, batch, mesh.coords.dp, split):
-            total += forward_loss(chunks, mesh, inputs, labels, io) / loss_scale  # fp16: the hook scaled it
+        for mb in sharding.batches(data.batches(start + k * batch.global_batch, batch, mesh.coords.dp, split)):
+            total += forward_loss(chunks, mesh, *mb[:2], io, *mb[2:]) / loss_scale  # fp16: the hook scaled it
     for c in chunks:
         c.train()
     mesh.pp.all_reduce(total, tag="metrics")
-    mesh.dp.all_reduce(total, tag="metrics")
-    return total.item() / (mesh.dims.dp * iters * batch.num_micro_batches)
+    mesh.dp_cp.all_reduce(total, tag="metrics")  # CP: each rank's loss is CP x its share (hybrid/cp/loss.py)
+    return total.item() / (mesh.dp_cp.size * iters * batch.num_micro_batches)
 
 
 def validation_line(loss: float, where: str) -> str:
@@ -74,9 +77,10 @@ def validation_line(loss: float, where: str) -> str:
 
 
 def run_evaluations(cfg: DataConfig, model, runner, mesh: Mesh, data: DataSource, batch: BatchSpec, optimizer,
-                    iteration: int, final: bool = False) -> dict[str, float]:
+                    iteration: int, final: bool = False, sharding: TokenSharding = TokenSharding()) -> dict[str, float]:
     """After `iteration`: the periodic validation when it is a multiple of --eval-interval; with `final`, the
-    end-of-training validation and test losses. Rank 0 prints Megatron's lines; returns {name: loss}."""
+    end-of-training validation and test losses. Rank 0 prints Megatron's lines; returns {name: loss}. `sharding`:
+    this CP rank's cut of each micro-batch (hybrid/cp/data.py)."""
     if cfg.eval_iters == 0 or (not final and iteration % cfg.eval_interval):
         return {}
     io, scale = getattr(runner, "io", None), getattr(optimizer, "loss_scale", 1.0)
@@ -88,7 +92,7 @@ def run_evaluations(cfg: DataConfig, model, runner, mesh: Mesh, data: DataSource
         index = iteration // cfg.eval_interval if final else iteration // cfg.eval_interval - 1
         if split is Split.TEST:
             index = 0
-        loss = evaluate(model, mesh, data, batch, split, index, cfg.eval_iters, io, scale)
+        loss = evaluate(model, mesh, data, batch, split, index, cfg.eval_iters, io, scale, sharding)
         out[name or "validation"] = loss
         if mesh.rank == 0:
             where = f"iteration {iteration}" + (f" on {name}" if name else "")

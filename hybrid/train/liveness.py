@@ -51,13 +51,58 @@ class Heartbeat:
         return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5 + 3 * self.interval))
 
     def _beat(self) -> None:
-        key = f"{self._prefix}/{self.rank}"
+        """Bump this rank's counter every `interval`; every second, stop this process (exit 0) if another rank
+        has claimed the job's first failure (end_after_failure) -- the main thread may be blocked in a
+        collective with that rank, which only a timeout would end."""
+        key, last = f"{self._prefix}/{self.rank}", 0.0
         while not self._stop.is_set():
             try:
-                self._store.add(key, 1)
+                if time.monotonic() - last >= self.interval:
+                    self._store.add(key, 1)
+                    last = time.monotonic()
+                if self._store.check([self._claim_key]):
+                    self._stop_for(self._store.get(self._claim_key).decode())
             except Exception:  # the store is gone; the post-mortem reports it
                 return
-            self._stop.wait(self.interval)
+            self._stop.wait(min(1.0, self.interval))
+
+    @property
+    def _claim_key(self) -> str:
+        return f"{self._prefix}/first_failure"
+
+    def _stop_for(self, claim: str, quiet: bool = False) -> None:
+        """Exit 0 because rank `claim` failed first (not this one): its error is the job's."""
+        rank, kind = claim.split(":")
+        if int(rank) == self.rank:
+            return
+        if kind != "exit" and not quiet:  # an "exit" is the one-line error every rank reached: said once
+            print(f"train.py: rank {self.rank}: stopped: rank {rank} failed first (its error is torchrun's root "
+                  f"cause)", file=sys.stderr, flush=True)
+        try:
+            self._connect().add(f"{self._prefix}/stopped", 1)
+        except Exception:
+            pass
+        sys.stdout.flush()
+        os._exit(0)
+
+    def claim_failure(self, kind: str) -> None:
+        """Claim the attempt's first failure for this rank (atomic in the store); if another rank holds it, stop
+        (exit 0). `kind`: "exit" (a one-line error every rank reaches) or "error". StoreLost if the store is gone."""
+        try:
+            got = self._connect().compare_set(self._claim_key, "", f"{self.rank}:{kind}").decode()
+        except Exception as e:
+            raise StoreLost(str(e)) from None
+        self._stop_for(got, quiet=kind == "exit")
+
+    def wait_for_others(self, ranks: int, deadline_s: float) -> None:
+        """The rank that failed first waits (at most `deadline_s`) until `ranks` others have stopped themselves."""
+        end = time.monotonic() + deadline_s
+        try:
+            store = self._connect()
+            while time.monotonic() < end and store.add(f"{self._prefix}/stopped", 0) < ranks:
+                time.sleep(0.1)
+        except Exception:
+            pass
 
     def stop(self) -> None:
         self._stop.set()
@@ -80,12 +125,82 @@ class Heartbeat:
         return [r for r in range(self.world) if r != self.rank and after[r] == before[r]]
 
 
-def exit_if_ranks_lost(heartbeat: Heartbeat | None, error: BaseException, prog: str = "train.py") -> None:
-    """After `error` ended this rank's run: if other ranks are gone, the lowest survivor prints one line naming
-    them, every survivor records it for torchrun's summary, and the process exits 1 (os._exit: a process group
-    with a dead peer cannot be torn down reliably). Returns when every rank is alive (a real bug: re-raise)."""
-    if heartbeat is None:
+def _is_comm_error(error: BaseException) -> bool:
+    """An error a collective raises when a peer is gone or silent (gloo/NCCL, a store or a timeout): then the lost
+    rank, not this one, is the cause."""
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(
+        w in text for w in ("Connection closed", "Connection reset", "Timed out", "timed out", "gloo", "NCCL",
+                            "Broken pipe", "DistStoreError"))
+
+
+def _one_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:200]
+
+
+def end_after_failure(heartbeat: Heartbeat | None, error: BaseException, prog: str = "train.py") -> None:
+    """After `error` ended this rank's run (an exception, or a SystemExit with a non-zero status), under a
+    launcher: make the launcher's summary name the rank that failed first, and let the others exit by themselves.
+
+    torchrun stops every worker with SIGTERM as soon as one exits non-zero and calls the earliest failure the
+    root cause -- to the second, so a rank it terminated often took the place of the one that failed. So the
+    first rank to fail claims it in the rendezvous store (compare_set); every other rank's heartbeat thread sees
+    the claim within a second, prints one line naming that rank and exits 0, even while its main thread waits in
+    a collective with the failed rank. The claimant waits for them (bounded), then exits non-zero with its error
+    recorded: the only failure torchrun sees. When this rank's own error is a failed collective, the heartbeats
+    are asked first whether a peer was lost (killed or stalled); the line then names it (the lost rank cannot
+    claim anything). Returns (the caller re-raises) without a heartbeat (one process, no launcher) or for a
+    SystemExit of 0."""
+    if heartbeat is None or (isinstance(error, SystemExit) and error.code in (0, None)):
         return
+    lost: list[int] = []
+    if _is_comm_error(error) and not isinstance(error, SystemExit):
+        lost, message = _lost(heartbeat, error, prog)
+        if lost:
+            _claim_or_stop(heartbeat, "error")
+            record_error(message)
+            print(message, file=sys.stderr, flush=True)
+            _exit_after_others(heartbeat, len(lost), 1)
+    _claim_or_stop(heartbeat, "exit" if isinstance(error, SystemExit) else "error")
+    _exit_as_the_failure(heartbeat, error, prog)
+
+
+def _claim_or_stop(heartbeat: Heartbeat, kind: str) -> None:
+    try:
+        heartbeat.claim_failure(kind)  # exits 0 when another rank failed first
+    except StoreLost:
+        pass  # nobody to coordinate with: report it ourselves
+
+
+def _exit_after_others(heartbeat: Heartbeat, lost: int, status: int) -> None:
+    heartbeat.wait_for_others(heartbeat.world - 1 - lost, deadline_s=max(10.0, 2 * heartbeat.interval + 2))
+    heartbeat.stop()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _exit_as_the_failure(heartbeat: Heartbeat, error: BaseException, prog: str) -> None:
+    """This rank failed first: print and record its error, let the others stop, exit non-zero."""
+    import traceback
+
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+    if isinstance(error, SystemExit):  # a one-line error (cliutil.fail, recorded already) or the NaN guard's stop
+        status = error.code if isinstance(error.code, int) else 1
+        message = getattr(error, "message", None) or (error.code if isinstance(error.code, str) else None)
+        if message:  # cliutil.fail prints on rank 0 only, which may be one of the ranks that stop quietly
+            print(message, file=sys.stderr, flush=True)
+    else:
+        status = 1
+        traceback.print_exception(error)
+        ErrorHandler().record_exception(error)  # the traceback in torchrun's summary, as `record` writes it
+        print(f"{prog}: error: rank {heartbeat.rank} failed: {type(error).__name__}: {_one_line(error)}",
+              file=sys.stderr, flush=True)
+    _exit_after_others(heartbeat, 0, status)
+
+
+def _lost(heartbeat: Heartbeat, error: BaseException, prog: str) -> tuple[list[int], str]:
+    """(the other ranks that are gone, the one line naming them) -- ([], "") when every rank is alive."""
     try:
         lost = heartbeat.lost_ranks()
         what = (f"rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of {heartbeat.world} stopped "
@@ -95,13 +210,6 @@ def exit_if_ranks_lost(heartbeat: Heartbeat | None, error: BaseException, prog: 
         what = (f"the rendezvous store at {heartbeat.address} is gone (without torchrun it lives in rank 0: "
                 f"rank 0 was lost)")
     if not lost:
-        return
-    cause = (str(error).strip().splitlines() or [""])[0][:200]
-    message = (f"{prog}: error: {what}; rank {heartbeat.rank} stopped with {type(error).__name__}: {cause}. "
-               f"See the lost rank's log (docs/troubleshooting.md)")
-    record_error(message)
-    survivors = [r for r in range(heartbeat.world) if r not in lost]
-    if heartbeat.rank == survivors[0]:
-        print(message, file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(1)
+        return [], ""
+    return lost, (f"{prog}: error: {what}; rank {heartbeat.rank} stopped with {type(error).__name__}: "
+                  f"{_one_line(error)}. See the lost rank's log (docs/troubleshooting.md)")

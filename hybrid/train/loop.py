@@ -26,6 +26,7 @@ from hybrid.train.evaluate import run_evaluations
 from hybrid.train_step import LocalForwardBackward, train_step
 from hybrid.zero import Precision, ZeroOptimizer
 from models import build_pipeline_chunks
+from models.common import set_context_parallel
 
 
 def log0(mesh: Mesh, msg: str) -> None:
@@ -39,7 +40,7 @@ def build_runner(run: RunConfig, mesh: Mesh, tp: TPContext):
     cfg = setup.arch
     model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages,
                                   seed=run.training.seed, recompute=setup.recompute)
-    model = model.to(mesh.device)
+    model = set_context_parallel(model.to(mesh.device), run.cp.context(mesh))  # hybrid/cp; None without CP
     if setup.compile:
         compile_blocks(model)
     if setup.init_weights:
@@ -48,7 +49,7 @@ def build_runner(run: RunConfig, mesh: Mesh, tp: TPContext):
             load_hf_checkpoint(chunk, setup.init_weights, mesh.tp.rank)
     if dims.pp == 1 and plan.v == 1:
         return model, LocalForwardBackward(model[0], mesh.device)
-    seq = batch.seq_length // (dims.tp if run.parallel.sequence_parallel else 1)
+    seq = batch.seq_length // dims.cp // (dims.tp if run.parallel.sequence_parallel else 1)  # CP: T/cp tokens a rank
     schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
     io = StageIO((batch.micro_batch, seq, cfg.hidden_size), run.zero.precision.dtype)  # activations in compute dtype
     return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device,
@@ -90,12 +91,15 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
         log0(mesh, line)
     ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run))  # hybrid/checkpoint
     start, consumed = ckpt.resume()
+    ft.check_weights()  # the NaN guard: NaN/inf in loaded weights is one line now, not skipped steps later
     train_iters, log_interval, z = run.training.train_iters, run.training.log_interval, run.zero
     it, loss = start - 1, float("nan")
+    sharding = run.cp.sharding(mesh.cp.rank)
     t0 = time.perf_counter()
     for it in range(start, train_iters):
         ft.begin_iteration(it)
         batches = data.batches(consumed, batch, mesh.coords.dp)  # a pure function of the samples consumed so far
+        batches = sharding.batches(batches)  # this CP rank's tokens (+ packed documents' positions): hybrid/cp/data.py
         loss = train_step(model, batches, ft.optimizer, mesh, lr=opt_cfg.lr_at(it), runner=ft.runner)
         ft.end_iteration(it)
         if (it + 1) % log_interval == 0 or it + 1 == train_iters:
@@ -110,7 +114,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
                        f"{fields}")
             t0 = time.perf_counter()
         t_eval = time.perf_counter()
-        metrics.write_eval(it + 1, run_evaluations(run.data, model, runner, mesh, data, batch, optimizer, it + 1))
+        metrics.write_eval(it + 1, run_evaluations(run.data, model, runner, mesh, data, batch, optimizer, it + 1, sharding=sharding))
         t0 += time.perf_counter() - t_eval  # ms/iter counts training only
         consumed += batch.global_batch
         if ckpt.after_step(it + 1, consumed):  # --exit-signal-handler: SIGTERM, saved
@@ -118,7 +122,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     ckpt.finish(it + 1, consumed)
     ft.stop()
     last = it + 1  # the last completed step: --train-iters, or earlier after --exit-interval / SIGTERM
-    metrics.write_eval(last, run_evaluations(run.data, model, runner, mesh, data, batch, optimizer, last, final=True))
+    metrics.write_eval(last, run_evaluations(run.data, model, runner, mesh, data, batch, optimizer, last, final=True,
+                                            sharding=sharding))
     metrics.close()
     if run.training.timeline:
         save_timeline(run.training.timeline, runner, mesh, plan)
@@ -134,7 +139,7 @@ def _header(run: RunConfig, model, optimizer: ZeroOptimizer, device: torch.devic
     sp = " +sp" if run.parallel.sequence_parallel else ""
     z = run.zero
     return (f"hybrid: {run.model.name} ({cfg.num_parameters / 1e6:.2f}M parameters, {local / 1e6:.2f}M on rank 0) | "
-            f"tp {dims.tp}{sp}{pipe} x dp {dims.dp} on {dims.world} "
+            f"tp {dims.tp}{sp}{_cp_part(run)}{pipe} x dp {dims.dp} on {dims.world} "
             f"{device.type} ranks | global batch {batch.global_batch} = micro {batch.micro_batch} x dp "
             f"{dims.dp} x {batch.num_micro_batches} micro-batches | seq {batch.seq_length}"
             f"{' | blocks compiled (torch.compile)' if run.model.compile else ''}\n"
@@ -145,10 +150,15 @@ def _header(run: RunConfig, model, optimizer: ZeroOptimizer, device: torch.devic
             f" | clip-grad {run.optimizer.clip_grad}")
 
 
+def _cp_part(run: RunConfig) -> str:
+    """' x cp 2 (p2p)' for the start-up line; empty without context parallelism."""
+    return f" x cp {run.cp.size} ({run.cp.comm_type.value})" if run.cp.size > 1 else ""
+
+
 def run_info(run: RunConfig) -> dict:
     """What a checkpoint records of the run (state.json): the model, the layout, the flags."""
     dims, plan = run.parallel.dims, run.parallel.pipeline
-    layout = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero": run.zero.stage, "v": plan.v,
+    layout = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "cp": dims.cp, "zero": run.zero.stage, "v": plan.v,
               "stages": [list(s) for s in plan.stages]}
     return {"model": run.model.name, "layout": layout, "args": run.flag_values}
 

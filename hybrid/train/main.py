@@ -21,8 +21,9 @@ from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
 from hybrid.launch import (check_launch, check_launcher_env, env_world, init_distributed, start_device,  # noqa: F401
                            under_launcher)
 from hybrid.train import liveness
-from hybrid.train.args import configure, parse_args
+from hybrid.train.args import configure, deepspeed_origins_of, parse_args
 from hybrid.train.loop import run as train
+from hybrid.zero.ds_config import name_keys
 
 
 def validate(argv: list[str] | None):
@@ -35,8 +36,8 @@ def validate(argv: list[str] | None):
             check_launcher_env(world)  # the planner reads LOCAL_WORLD_SIZE
         run, corpus = configure(args, world)  # the DataSource of --data-path (hybrid/data)
         check_launch(world)
-    except ValueError as e:
-        raise fail(f"train.py: error: {e}") from None
+    except ValueError as e:  # a value the DeepSpeed config set is named by its JSON key (ds_config.name_keys)
+        raise fail(f"train.py: error: {name_keys(str(e), deepspeed_origins_of(args))}") from None
     if run.ds_unsupported and is_rank_zero():
         print(f"train.py: warning: --deepspeed-config keys not supported, ignored: {', '.join(run.ds_unsupported)}",
               file=sys.stderr, flush=True)
@@ -57,8 +58,8 @@ def main(argv: list[str] | None = None) -> None:
                  if world > 1 and under_launcher() else None)
     try:
         train(run, corpus, device)
-    except Exception as e:
-        liveness.exit_if_ranks_lost(heartbeat, e)  # exits naming the lost rank; returns if all are alive
+    except (Exception, SystemExit) as e:
+        liveness.end_after_failure(heartbeat, e)  # under a launcher: exits, naming the rank that failed first
         raise
     finally:
         if heartbeat is not None:

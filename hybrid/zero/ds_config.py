@@ -7,7 +7,9 @@ about it -- nothing is dropped silently. Values are validated with errors that n
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from dataclasses import dataclass, field
 
 SUPPORTED = {
@@ -121,7 +123,10 @@ def _section(parent: dict, key: str, out: DeepSpeedSettings, prefix: str = "") -
     return sec
 
 
-def _int(sec: dict, key: str, name: str, low: int, high: int | None = None) -> int | None:
+MAX_INT = 1 << 53  # above any count or size a run has (and exactly a float64): JSON allows 1e400-digit integers
+
+
+def _int(sec: dict, key: str, name: str, low: int, high: int | None = MAX_INT) -> int | None:
     if key not in sec:
         return None
     value = sec[key]
@@ -130,7 +135,8 @@ def _int(sec: dict, key: str, name: str, low: int, high: int | None = None) -> i
                          "('auto' values are not resolved here; write the number)")
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"--deepspeed-config: {name} must be {bound}, got {value}")
+        shown = value if abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
+        raise ValueError(f"--deepspeed-config: {name} must be {bound}, got {shown}")
     return value
 
 
@@ -140,9 +146,16 @@ def _float(sec: dict, key: str, name: str, low: float, low_open: bool = False) -
     value = sec[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"--deepspeed-config: {name} must be a number, got {json.dumps(value)}")
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond any float
+        raise ValueError(f"--deepspeed-config: {name} must be a finite number, got an integer of "
+                         f"{len(str(abs(sec[key])))} digits") from None
+    if not math.isfinite(value):  # 1e999 parses as inf
+        raise ValueError(f"--deepspeed-config: {name} must be a finite number, got {json.dumps(sec[key])}")
     if value < low or (low_open and value == low):
         raise ValueError(f"--deepspeed-config: {name} must be {'>' if low_open else '>='} {low:g}, got {value}")
-    return float(value)
+    return value
 
 
 def _bool(sec: dict, key: str, name: str) -> bool | None:
@@ -165,3 +178,28 @@ def _offload(sec: dict, name: str) -> bool | None:
         raise ValueError(f"--deepspeed-config: {name}.device {device!r} is not supported; "
                          "use 'cpu' or 'none'")
     return device == "cpu"
+
+
+def deepspeed_origins(ds: DeepSpeedSettings, explicit: set[str], flags: tuple[tuple[str, str, str], ...]
+                      ) -> dict[str, str]:
+    """Which train.py flags took their value from the DeepSpeed config (not given on the command line): flag ->
+    the JSON key. `flags`: (dest, key, settings field) triples the caller applies (hybrid/train/args.DS_FLAGS);
+    the global batch comes from train_batch_size, or the micro-batch x gradient_accumulation_steps."""
+    out = {f"--{dest.replace('_', '-')}": key for dest, key, attr in flags
+           if getattr(ds, attr) is not None and dest not in explicit}
+    if "global_batch_size" not in explicit:
+        if ds.train_batch is not None:
+            out["--global-batch-size"] = "train_batch_size"
+        elif ds.accumulation is not None:
+            out["--global-batch-size"] = "train_micro_batch_size_per_gpu x gradient_accumulation_steps"
+        elif ds.micro_batch is not None:
+            out["--global-batch-size"] = "train_micro_batch_size_per_gpu (x dp)"
+    return out
+
+
+def name_keys(message: str, origins: dict[str, str]) -> str:
+    """A later check's message with each flag the DeepSpeed config set named by its JSON key instead: the user
+    gave `gradient_clipping`, not --clip-grad."""
+    for flag, key in origins.items():
+        message = re.sub(re.escape(flag) + r"(?![\w-])", f"--deepspeed-config {key}", message)
+    return message

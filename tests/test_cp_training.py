@@ -1,0 +1,175 @@
+"""Context-parallel training against single-process training, through the real step (ZeroOptimizer + train_step),
+with the ZeRO stages, recomputation modes and precisions users choose.
+
+On 4 gloo ranks as CP 2 x DP 2 (gradients reduced and ZeRO sharded over the 4-rank dp_cp group), tiny-llama
+(GQA) trains 5 AdamW steps; the logged losses and every final weight equal the single-process run's within
+RTOL = 1e-5 of each tensor's largest entry -- the bound tests/test_zero.py derives for AdamW with eps = 1e-5
+(a parallel run sums gradients in another order; eps keeps that noise from becoming a full step).
+
+    fp32 cases   ZeRO 0, 1, 2, 3 (p2p) | recompute selective, full (ZeRO 1, p2p) | a2a and allgather (ZeRO 3,
+                 full recompute) | packed documents (--reset-attention-mask --reset-position-ids, ZeRO 2)
+    bf16, fp16   ZeRO 1 and 3 (p2p): against the same run at CP 1 on the same 4 ranks (DP 4), losses within
+                 one unit roundoff of the compute dtype (2^-8, 2^-11). Not against one process: the fp16 loss
+                 scaler sees the gradient summed over 4 ranks in fp16, which overflows at step 1 where one
+                 process's does not (measured: DP 4 without CP skips that step too), so the runs part ways
+                 for reasons that are not CP's. Here only the attention's rounding differs (the ring
+                 accumulates in fp32, SDPA rounds its output to the compute dtype).
+
+A checkpoint saved at CP 2 x DP 2 (ZeRO 1 and 3) loads at CP 1 (DP 4) and CP 4 (DP 1): parameters, Adam moments
+and step equal, and the next steps' losses equal the uninterrupted run's -- CP changes no parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from hybrid.checkpoint import core
+from hybrid.cp import CommType, CPContext
+from hybrid.cp.data import TokenSharding
+from hybrid.data import BatchSpec, load_corpus, micro_batches
+from hybrid.mesh import Mesh, ParallelDims
+from hybrid.testing import run_distributed
+from hybrid.tp import ParallelRNG, TPContext, gather_full, spec_of
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
+from models import Recompute, build_pipeline_chunks, load_config
+from models.common import set_context_parallel
+
+RTOL = 1e-5
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}
+STEPS, SAVE_AT, GLOBAL, MICRO, SEQ = 5, 3, 8, 2, 32
+OPT = OptimizerConfig(lr=5e-4, eps=1e-5, weight_decay=0.01, decay_style="constant")
+FP32, BF16, FP16 = Precision.FP32, Precision.BF16, Precision.FP16
+EOD = 10  # the newline byte: the corpus' lines become documents
+
+CASES = {  # name -> (zero stage, recompute, comm type, precision, packed documents)
+    "z0": (0, Recompute.NONE, CommType.P2P, FP32, False),
+    "z1": (1, Recompute.NONE, CommType.P2P, FP32, False),
+    "z2": (2, Recompute.NONE, CommType.P2P, FP32, False),
+    "z3": (3, Recompute.NONE, CommType.P2P, FP32, False),
+    "z1-selective": (1, Recompute.SELECTIVE, CommType.P2P, FP32, False),
+    "z1-full": (1, Recompute.FULL, CommType.P2P, FP32, False),
+    "z3-full-a2a": (3, Recompute.FULL, CommType.A2A, FP32, False),
+    "z3-full-allgather": (3, Recompute.FULL, CommType.ALLGATHER, FP32, False),
+    "z2-docs": (2, Recompute.NONE, CommType.P2P, FP32, True),
+    "z1-bf16": (1, Recompute.NONE, CommType.P2P, BF16, False),
+    "z3-bf16": (3, Recompute.NONE, CommType.P2P, BF16, False),
+    "z1-fp16": (1, Recompute.NONE, CommType.P2P, FP16, False),
+    "z3-fp16": (3, Recompute.NONE, CommType.P2P, FP16, False),
+}
+
+
+class Run:
+    """tiny-llama + ZeroOptimizer at a layout, trained as train.py trains (hybrid/train/loop.py)."""
+
+    def __init__(self, mesh: Mesh, case: str):
+        stage, recompute, comm, precision, docs = CASES[case]
+        self.mesh, self.rng = mesh, ParallelRNG(5, mesh.coords.tp, mesh.coords.pp)
+        self.model = build_pipeline_chunks(load_config("tiny-llama"), TPContext(mesh.tp, rng=self.rng), 0, 1,
+                                           seed=5, recompute=recompute)
+        set_context_parallel(self.model, CPContext(mesh.cp, comm))
+        self.spec = BatchSpec(GLOBAL, MICRO, SEQ, mesh.dims.dp)
+        self.sharding = TokenSharding(mesh.dims.cp, mesh.cp.rank, docs, docs, EOD)
+        self.runner = LocalForwardBackward(self.model[0], mesh.device)
+        self.opt = ZeroOptimizer(self.model, mesh, ZeroConfig(stage=stage, precision=precision), OPT)
+
+    def train(self, start: int, stop: int, corpus) -> list[float]:
+        return [train_step(self.model, self.sharding.batches(micro_batches(corpus, self.spec, 3, it, self.mesh.coords.dp)),
+                           self.opt, self.mesh, lr=OPT.lr_at(it), runner=self.runner) for it in range(start, stop)]
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        with self.opt.gathered():
+            return {n: gather_full(p.detach().float(), spec_of(p), self.mesh.tp).clone()
+                    for n, p in self.model.named_parameters()}
+
+
+def _case(mesh: Mesh, case: str, corpus) -> dict:
+    run = Run(mesh, case)
+    return {"losses": run.train(0, STEPS, corpus), "weights": run.weights()}
+
+
+def _resume(meshes: dict, case: str, root: str, corpus) -> dict:
+    """Train to SAVE_AT at CP 2 x DP 2 and save; load at CP 1 and CP 4, train on; per target: losses, state."""
+    saver = Run(meshes["cp2"], case)
+    saver.train(0, SAVE_AT, corpus)
+    names = core.param_names(saver.model)
+    state = {"model": "tiny-llama", "layout": {"tp": 1, "pp": 1, "dp": 2, "cp": 2, "zero": CASES[case][0]},
+             "iteration": SAVE_AT, "consumed_samples": SAVE_AT * GLOBAL}
+    core.start_save(saver.opt, names, saver.rng, root, SAVE_AT, state).finish()
+    out = {}
+    for target in ("cp1", "cp4"):
+        run = Run(meshes[target], case)
+        core.load(run.opt, core.param_names(run.model), run.rng, core_path(root), rng_too=False)
+        out[target] = {"step": core.adam_step(run.opt), "losses": run.train(SAVE_AT, STEPS, corpus),
+                       "weights": run.weights()}
+    return out
+
+
+def core_path(root: str) -> str:
+    from hybrid.checkpoint import store
+    return store.final_path(root, SAVE_AT)
+
+
+def _world4(rank: int, world: int, root: str):
+    corpus = load_corpus()
+    meshes = {"cp2": Mesh.build(ParallelDims.from_world(world, cp=2)),
+              "cp1": Mesh.build(ParallelDims.from_world(world, cp=1)),
+              "cp4": Mesh.build(ParallelDims.from_world(world, cp=4))}
+    out = {case: _case(meshes["cp2"], case, corpus) for case in CASES}
+    out["cp1"] = {case: _case(meshes["cp1"], case, corpus) for case in CASES if CASES[case][3] is not FP32}
+    out["resume"] = {case: _resume(meshes, case, f"{root}/{case}", corpus) for case in ("z1", "z3")}
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def reference(case: str) -> dict:
+    return _case(Mesh.single(), case, load_corpus())
+
+
+@pytest.fixture(scope="module")
+def spawn(tmp_path_factory):
+    return run_distributed(_world4, 4, args=(str(tmp_path_factory.mktemp("cp-ckpt")),), timeout=1800)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def _check(got: dict, ref: dict, rtol: float, weights: bool = True) -> None:
+    assert got["losses"] == pytest.approx(ref["losses"], rel=rtol)
+    if weights:
+        for n, w in ref["weights"].items():
+            assert rel(got["weights"][n], w) <= rtol, f"{n}: {rel(got['weights'][n], w):.2e}"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if CASES[c][3] is FP32])
+def test_cp2_dp2_training_equals_single_process(spawn, case):
+    for rank in range(4):
+        _check(spawn[rank][case], reference(case), RTOL)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if CASES[c][3] is not FP32])
+def test_cp2_dp2_low_precision_training_equals_cp1_on_the_same_ranks(spawn, case):
+    rtol = UNIT_ROUNDOFF[CASES[case][3].value]
+    for rank in range(4):
+        _check(spawn[rank][case], spawn[rank]["cp1"][case], rtol, weights=False)
+
+
+def test_packed_documents_change_the_losses():
+    """The document mask is in effect (the corpus' lines are documents): not the plain run's losses."""
+    assert reference("z2-docs")["losses"][0] != pytest.approx(reference("z2")["losses"][0], rel=1e-3)
+
+
+@pytest.mark.parametrize("case", ["z1", "z3"])
+@pytest.mark.parametrize("target", ["cp1", "cp4"])
+def test_a_cp2_checkpoint_loads_at_cp1_and_cp4_and_continues_the_same_run(spawn, case, target):
+    ref = reference(case)
+    for rank in range(4):
+        got = spawn[rank]["resume"][case][target]
+        assert got["step"] == SAVE_AT
+        assert got["losses"] == pytest.approx(ref["losses"][SAVE_AT:], rel=RTOL)
+        for n, w in ref["weights"].items():
+            assert rel(got["weights"][n], w) <= RTOL

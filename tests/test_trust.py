@@ -1,0 +1,533 @@
+"""Untrusted files are data (issue 24): a checkpoint or model folder from elsewhere runs no code, reads nothing
+outside its folder, and a bad one is one line naming the file -- through every entry point that reads it
+(train.py --load, `hybrid convert`, `hybrid generate`, `hybrid checkpoint inspect`). No run replaces another's
+checkpoint without consent, and the model is recognised by its config, not its path.
+
+Each payload is a pickle whose unpickling opens (creates) a marker file: the test fails if the marker exists
+afterwards. The checkpoint folder is hashed before and after: nothing in it is changed or lost."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import io
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import metadata as md
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+import hybrid.cli
+from hybrid.checkpoint import safe_read, store
+
+train_main = importlib.import_module("hybrid.train.main")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1"]
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYBRID_FAULT",
+                                                             "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RESTART_COUNT")}
+    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    return env
+
+
+def train(argv: list[str], cwd, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "hybrid.train"] + TINY + argv, cwd=cwd, env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    if check:
+        assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> str:
+    """A real checkpoint: 2 steps of the default tiny model, one process, saved at iteration 2."""
+    root = tmp_path_factory.mktemp("saved")
+    train(["--train-iters", "2", "--save", str(root / "ckpt")], root)
+    return str(root / "ckpt")
+
+
+# --- what a hostile author of a checkpoint folder writes --------------------------------------------------------
+class Payload:
+    """Unpickling this calls open(marker, "w"): the marker's existence proves the pickle ran."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def rehash(it_dir: str, extra: dict | None = None) -> None:
+    """Recompute the manifest over every file, as anyone can: a checksum is integrity, not authenticity."""
+    files = {n: store.describe(os.path.join(it_dir, n)) for n in sorted(os.listdir(it_dir))
+             if n != store.MANIFEST and os.path.isfile(os.path.join(it_dir, n))}
+    files.update(extra or {})
+    with open(os.path.join(it_dir, store.MANIFEST), "w") as f:
+        json.dump({"format": store.FORMAT, "files": files}, f)
+
+
+def _meta(it_dir: str) -> md.Metadata:
+    with open(os.path.join(it_dir, ".metadata"), "rb") as f:
+        return pickle.load(f)  # the test's own, trusted checkpoint
+
+
+def _write_meta(it_dir: str, meta) -> None:
+    with open(os.path.join(it_dir, ".metadata"), "wb") as f:
+        pickle.dump(meta, f)
+
+
+def _first_model_item(meta: md.Metadata):
+    return next(i for i in meta.storage_data if i.fqn.startswith("model/"))
+
+
+def plant_metadata_payload(it_dir, marker):
+    with open(os.path.join(it_dir, ".metadata"), "wb") as f:
+        pickle.dump(Payload(marker), f)
+    rehash(it_dir)
+
+
+def plant_metadata_payload_inside(it_dir, marker):
+    """DCP's metadata, intact, with a payload hidden in a field (planner_data) -- the unpickler sees it first."""
+    meta = _meta(it_dir)
+    meta.planner_data = {"model/wte.weight": Payload(marker)}
+    _write_meta(it_dir, meta)
+    rehash(it_dir)
+
+
+def plant_bytes_entry(it_dir, marker):
+    """Only DCP's own classes, but a tensor declared as pickled bytes whose bytes are a payload: DCP's planner
+    would torch.load(weights_only=False) them."""
+    meta = _meta(it_dir)
+    item = _first_model_item(meta)
+    with open(os.path.join(it_dir, "payload.bin"), "wb") as f:
+        buf = io.BytesIO()
+        torch.save(Payload(marker), buf)
+        f.write(buf.getvalue())
+    meta.state_dict_metadata[item.fqn] = md.BytesStorageMetadata()
+    meta.storage_data = {md.MetadataIndex(item.fqn): _StorageInfo("payload.bin", 0, len(buf.getvalue()))}
+    _write_meta(it_dir, meta)
+    rehash(it_dir)
+
+
+def plant_data_payload(it_dir, marker):
+    """Metadata well-formed and confined; the bytes of the first model tensor are a torch.save'd payload (DCP reads
+    data with weights_only=True, which refuses it; we make that one line)."""
+    meta = _meta(it_dir)
+    item = _first_model_item(meta)
+    data = os.path.join(it_dir, meta.storage_data[item].relative_path)
+    buf = io.BytesIO()
+    torch.save(Payload(marker), buf)
+    start = os.path.getsize(data)
+    with open(data, "ab") as f:
+        f.write(buf.getvalue())
+    meta.storage_data[item] = _StorageInfo(os.path.basename(data), start, len(buf.getvalue()))
+    _write_meta(it_dir, meta)
+    rehash(it_dir)
+
+
+def _retarget(path: str):
+    def plant(it_dir, marker):
+        meta = _meta(it_dir)
+        item = _first_model_item(meta)
+        old = meta.storage_data[item]
+        meta.storage_data[item] = _StorageInfo(path, old.offset, old.length)
+        _write_meta(it_dir, meta)
+        if path == "extra.distcp":
+            shutil.copyfile(os.path.join(it_dir, old.relative_path), os.path.join(it_dir, path))
+            rehash(it_dir)
+            manifest = json.load(open(os.path.join(it_dir, store.MANIFEST)))
+            del manifest["files"][path]
+            json.dump(manifest, open(os.path.join(it_dir, store.MANIFEST), "w"))
+        else:
+            rehash(it_dir)
+    return plant
+
+
+def _meta_edit(fn):
+    def plant(it_dir, marker):
+        meta = _meta(it_dir)
+        fn(meta)
+        _write_meta(it_dir, meta)
+        rehash(it_dir)
+    return plant
+
+
+def _outside_chunk(meta):
+    t = meta.state_dict_metadata["model/wte.weight"]
+    t.chunks[0] = md.ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([10**9, 64]))
+
+
+def _offset_beyond(meta):
+    item = _first_model_item(meta)
+    old = meta.storage_data[item]
+    meta.storage_data[item] = _StorageInfo(old.relative_path, 10**12, old.length)
+
+
+def _transforms(meta):
+    item = _first_model_item(meta)
+    old = meta.storage_data[item]
+    meta.storage_data[item] = _StorageInfo(old.relative_path, old.offset, old.length, ["zstd"])
+
+
+def _json_edit(name: str, fn):
+    def plant(it_dir, marker):
+        path = os.path.join(it_dir, name)
+        with open(path) as f:
+            doc = json.load(f)
+        doc = fn(doc)
+        with open(path, "w") as f:
+            f.write(doc if isinstance(doc, str) else json.dumps(doc))
+        if name != store.MANIFEST:
+            rehash(it_dir)
+    return plant
+
+
+def _bytes(name: str, content: bytes, rehashed: bool = True):
+    def plant(it_dir, marker):
+        with open(os.path.join(it_dir, name), "wb") as f:
+            f.write(content)
+        if rehashed and name != store.MANIFEST:
+            rehash(it_dir)
+    return plant
+
+
+def _truncate(name: str):
+    def plant(it_dir, marker):
+        path = os.path.join(it_dir, name)
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(data[:len(data) // 2])
+        rehash(it_dir)
+    return plant
+
+
+def _symlink(name: str, target: str):
+    def plant(it_dir, marker):
+        os.remove(os.path.join(it_dir, name))
+        os.symlink(target, os.path.join(it_dir, name))
+        rehash(it_dir, {name: {"bytes": 1, "sha256": "0" * 64}})
+    return plant
+
+
+def _set(key, value):
+    def edit(doc):
+        d = doc
+        *path, last = key.split(".")
+        for k in path:
+            d = d[k]
+        d[last] = value
+        return doc
+    return edit
+
+
+# (id, how the folder is altered, the fragment the one error line must hold)
+CASES = [
+    ("metadata-pickle-payload", plant_metadata_payload, ".metadata: not DCP metadata (refers to io.open"),
+    ("metadata-payload-inside", plant_metadata_payload_inside, "refers to io.open, which a hybrid checkpoint's metadata never"),
+    ("metadata-bytes-entry", plant_bytes_entry, "refers to torch.distributed.checkpoint.metadata.BytesStorageMetadata"),
+    ("metadata-path-traversal", _retarget("../../outside.distcp"), "not a file of the checkpoint folder"),
+    ("metadata-absolute-path", _retarget("/etc/passwd"), "'/etc/passwd', not a file of the checkpoint folder"),
+    ("metadata-unlisted-file", _retarget("extra.distcp"), "which manifest.json does not list"),
+    ("metadata-offset-beyond-file", _meta_edit(_offset_beyond), "reads bytes [1000000000000"),
+    ("metadata-chunk-outside-tensor", _meta_edit(_outside_chunk), "lies outside its size"),
+    ("metadata-transforms", _meta_edit(_transforms), "with transforms"),
+    ("metadata-truncated", _truncate(".metadata"), ".metadata: not DCP metadata"),
+    ("metadata-empty", _bytes(".metadata", b""), ".metadata: not DCP metadata"),
+    ("metadata-a-list", _bytes(".metadata", pickle.dumps([1, 2])), "holds a list, not DCP's Metadata"),
+    ("metadata-symlink", _symlink(".metadata", "/etc/hostname"), ".metadata: a symbolic link"),
+    ("manifest-path-traversal", _json_edit(store.MANIFEST, lambda d: {**d, "files": {
+        **d["files"], "../../x": {"bytes": 1, "sha256": "0" * 64}}}), "entry '../../x' is not a file of the checkpoint"),
+    ("manifest-absolute", _json_edit(store.MANIFEST, lambda d: {**d, "files": {
+        **d["files"], "/etc/passwd": {"bytes": 1, "sha256": "0" * 64}}}), "entry '/etc/passwd' is not a file"),
+    ("manifest-files-a-list", _json_edit(store.MANIFEST, _set("files", [])), '"files" is list'),
+    ("manifest-entry-string", _json_edit(store.MANIFEST, lambda d: {**d, "files": {**d["files"], "state.json": "x"}}),
+     "expected {\"bytes\": <integer>"),
+    ("manifest-bytes-negative", _json_edit(store.MANIFEST, lambda d: {**d, "files": {
+        **d["files"], "state.json": {"bytes": -1, "sha256": "0" * 64}}}), "entry 'state.json' is"),
+    ("manifest-top-level-list", _json_edit(store.MANIFEST, lambda d: [d]), "a JSON list, not an object"),
+    ("manifest-not-json", _bytes(store.MANIFEST, b"{\"format\": "), "unreadable manifest.json"),
+    ("manifest-not-utf8", _bytes(store.MANIFEST, b"{\"format\": \"\xff\"}"), "unreadable manifest.json"),
+    ("manifest-deep-nesting", _bytes(store.MANIFEST, b"[" * 100000 + b"]" * 100000), "unreadable manifest.json"),
+    ("manifest-no-metadata", _json_edit(store.MANIFEST, lambda d: {**d, "files": {
+        k: v for k, v in d["files"].items() if k != ".metadata"}}), "lists no .metadata"),
+    ("manifest-wrong-format", _json_edit(store.MANIFEST, _set("format", 7)), "format 7, expected"),
+    ("state-iteration-string", _json_edit(store.STATE, _set("iteration", "2")),
+     'state.json: iteration is "2", expected a non-negative integer'),
+    ("state-iteration-other", _json_edit(store.STATE, _set("iteration", 7)), "iteration is 7, expected 2"),
+    ("state-consumed-negative", _json_edit(store.STATE, _set("consumed_samples", -4)), "consumed_samples is -4"),
+    ("state-layout-number", _json_edit(store.STATE, _set("layout", 3)), "layout is 3, expected an object"),
+    ("state-layout-tp-zero", _json_edit(store.STATE, _set("layout.tp", 0)), "layout.tp is 0"),
+    ("state-layout-zero-9", _json_edit(store.STATE, _set("layout.zero", 9)), "layout.zero is 9"),
+    ("state-scaler-null", _json_edit(store.STATE, _set("scaler", None)), "scaler is null, expected an object"),
+    ("state-scale-nan", _json_edit(store.STATE, _set("scaler.loss_scale", "NaN")), "scaler.loss_scale"),
+    ("state-adam-step-float", _json_edit(store.STATE, _set("adam_step", 1.5)), "adam_step is 1.5"),
+    ("state-model-list", _json_edit(store.STATE, _set("model", ["x"])), "model is [\"x\"]"),
+    ("state-args-string", _json_edit(store.STATE, _set("args", "x")), "args is \"x\", expected an object"),
+    ("state-top-level-list", _json_edit(store.STATE, lambda d: [d]), "state.json: a JSON list"),
+    ("state-not-json", _bytes(store.STATE, b"{"), "unreadable state.json"),
+    ("state-huge", _bytes(store.STATE, b" " * (17 << 20)), "more than any state.json hybrid writes"),
+    ("state-symlink", _symlink(store.STATE, "/etc/hostname"), "state.json: a symbolic link"),
+]
+# what reads a checkpoint folder: (entry, argv after the folder, program name in the error line)
+READERS = {
+    "train": (lambda ck, out: (train_main.main, TINY + ["--load", ck, "--train-iters", "3"]), "train.py"),
+    "convert": (lambda ck, out: (hybrid.cli.main, ["convert", ck, out]), "hybrid convert"),
+    "generate": (lambda ck, out: (hybrid.cli.main, ["generate", ck, "--prompt-ids", "1,2", "--max-new-tokens", "2"]),
+                 "hybrid generate"),
+}
+
+
+def tree(root) -> dict[str, str]:
+    """Every file under root (links as their target) -> its sha256: what must not change."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = os.path.join(d, n)
+            if os.path.islink(p):
+                out[os.path.relpath(p, root)] = "-> " + os.readlink(p)
+            elif os.path.isfile(p):
+                out[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+def _no_process_group(*a, **k):
+    raise AssertionError("a process group was started for a bad checkpoint")
+
+
+def _isolate(monkeypatch, cwd) -> None:
+    monkeypatch.chdir(cwd)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_ERROR_FILE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def one_line_error(fn, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        fn(argv)
+    code = e.value.code
+    out, err = capsys.readouterr()
+    text = err + (f"{code}\n" if isinstance(code, str) else "")
+    lines = [ln for ln in text.splitlines() if ln.strip() and "[WARNING]" not in ln]
+    assert code not in (0, None), "a bad input must exit non-zero"
+    assert len(lines) == 1, lines
+    assert "Traceback" not in text + out
+    return lines[0]
+
+
+def _planted(saved, tmp_path, plant) -> tuple[str, str, str]:
+    ck = str(tmp_path / "ckpt")
+    shutil.copytree(saved, ck, symlinks=True)
+    marker = str(tmp_path / "PAYLOAD_RAN")
+    plant(store.final_path(ck, 2), marker)
+    return ck, marker, str(tmp_path / "out")
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_a_hostile_checkpoint_is_one_line_runs_nothing_and_changes_nothing(saved, tmp_path, monkeypatch, capsys,
+                                                                           case, reader):
+    name, plant, fragment = case
+    ck, marker, out = _planted(saved, tmp_path, plant)
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    before = tree(ck)
+    make, prog = READERS[reader]
+    fn, argv = make(ck, out)
+    line = one_line_error(fn, argv, capsys)
+    assert line.startswith(f"{prog}: error: ") and fragment in line, line
+    assert not os.path.exists(marker), "the payload ran"
+    assert tree(ck) == before, "the checkpoint was changed"
+    assert not os.path.exists(out) and not [n for n in os.listdir(tmp_path) if ".tmp." in n]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_inspect_names_the_bad_file_and_runs_nothing(saved, tmp_path, capsys, case):
+    name, plant, fragment = case
+    ck, marker, _ = _planted(saved, tmp_path, plant)
+    before = tree(ck)
+    hybrid.cli.main(["checkpoint", "inspect", ck])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("  iter_0000002 (latest): ") and "CORRUPT: " in lines[1], lines
+    assert fragment in lines[1], lines
+    assert "ok: every checksum" not in lines[1]
+    assert not os.path.exists(marker) and tree(ck) == before
+
+
+def test_a_payload_in_the_tensor_data_is_refused_by_every_reader(saved, tmp_path, monkeypatch, capsys):
+    """The metadata is well-formed and confined, so the up-front checks pass; DCP reads the data with
+    torch.load(weights_only=True), which refuses the payload: one line naming the file, through train.py (after
+    the process group: a real process), convert and generate."""
+    ck, marker, out = _planted(saved, tmp_path, plant_data_payload)
+    before = tree(ck)
+    run = train(["--load", ck, "--train-iters", "3"], tmp_path, check=False)
+    errors = [ln for ln in run.stderr.splitlines() if ln.strip() and "Warning" not in ln and "warn" not in ln]
+    assert run.returncode != 0 and len(errors) == 1, run.stderr[-3000:]
+    assert errors[0].startswith(f"train.py: error: --load {store.final_path(ck, 2)}: ") and "__0_0.distcp" in errors[0]
+    assert "not the tensors DCP wrote" in errors[0] and "Traceback" not in run.stderr
+    _isolate(monkeypatch, tmp_path)
+    for reader in ("convert", "generate"):
+        (make, prog) = READERS[reader]
+        line = one_line_error(*make(ck, out), capsys)
+        assert line.startswith(f"{prog}: error: ") and "__0_0.distcp: not the tensors DCP wrote" in line, line
+    assert not os.path.exists(marker) and tree(ck) == before and not os.path.exists(out)
+
+
+def test_the_restricted_unpickler_reads_what_dcp_writes_and_nothing_else(saved):
+    meta = safe_read.read_metadata(store.final_path(saved, 2))
+    assert meta.state_dict_metadata["model/wte.weight"].size == torch.Size([256, 64])
+    for bad in (pickle.dumps(Payload("/nonexistent/x")), pickle.dumps(os.system), pickle.dumps(dict.fromkeys),
+                b"\x80\x04\x8c\x07pathlib\x94\x8c\x0fPosixPath.touch\x94\x93\x94.",  # a method by a dotted name
+                b"cpathlib\nPosixPath.touch\n."):
+        with pytest.raises(pickle.UnpicklingError, match="metadata never holds"):
+            safe_read.MetadataUnpickler(io.BytesIO(bad)).load()
+
+
+def test_latest_pointing_at_a_device_or_a_fifo_is_not_read(saved, tmp_path):
+    ck = str(tmp_path / "ckpt")
+    shutil.copytree(saved, ck)
+    os.remove(os.path.join(ck, store.LATEST))
+    os.symlink("/dev/zero", os.path.join(ck, store.LATEST))
+    assert store.read_latest(ck) is None and store.candidates(ck) == [2]
+    os.remove(os.path.join(ck, store.LATEST))
+    os.mkfifo(os.path.join(ck, store.LATEST))
+    assert store.read_latest(ck) is None  # (opening a FIFO would block for ever)
+
+
+# --- DeepSpeed folders: torch.load(weights_only=True) with an allow-list ------------------------------------
+def _deepspeed_folder(root, model_states=None, optim_states=None, latest="global_step1") -> str:
+    src = os.path.join(root, "ds")
+    os.makedirs(os.path.join(src, "global_step1"))
+    with open(os.path.join(src, "latest"), "w") as f:
+        f.write(latest)
+    for name, obj in (("zero_pp_rank_0_mp_rank_00_model_states.pt", model_states),
+                      ("zero_pp_rank_0_mp_rank_00_optim_states.pt", optim_states)):
+        torch.save(obj if obj is not None else {"ds_version": "0.19"}, os.path.join(src, "global_step1", name))
+    return src
+
+
+@pytest.mark.parametrize("where", ["model_states", "optim_states", "latest-traversal", "latest-absolute"])
+def test_a_deepspeed_folder_runs_no_pickle_and_reads_only_its_own_folder(tmp_path, monkeypatch, capsys, where):
+    marker = str(tmp_path / "PAYLOAD_RAN")
+    (tmp_path / "outside").mkdir()
+    payload = {"ds_version": "0.19", "args": Payload(marker)}
+    kw = {"model_states": payload} if where == "model_states" else {"optim_states": payload}
+    if where.startswith("latest"):
+        kw = {"latest": "../outside" if where == "latest-traversal" else str(tmp_path / "outside")}
+    src = _deepspeed_folder(str(tmp_path), **kw)
+    _isolate(monkeypatch, tmp_path)
+    before = tree(src)
+    line = one_line_error(hybrid.cli.main, ["convert", src, str(tmp_path / "out"), "--model", "tiny-llama"], capsys)
+    if where.startswith("latest"):
+        assert "latest: names" in line and "not a directory inside" in line, line
+    else:
+        assert f"{where}.pt: holds io.open, which a DeepSpeed ZeRO checkpoint's allow-list does not admit" \
+            in line and "refused, nothing in it was run" in line, line
+    assert not os.path.exists(marker) and tree(src) == before and not os.path.exists(tmp_path / "out")
+
+
+# --- every float flag of every command refuses NaN and infinity ---------------------------------------------
+class _Captured(Exception):
+    pass
+
+
+def _parser_built_by(fn) -> argparse.ArgumentParser:
+    """The parser a script's parse_args builds (captured at its parse, before any check runs)."""
+    from hybrid.cliutil import OneLineParser
+    got = []
+
+    def grab(self, *a, **k):
+        got.append(self)
+        raise _Captured
+    with mock.patch.object(argparse.ArgumentParser, "parse_known_args", grab), \
+            mock.patch.object(OneLineParser, "parse_known_args", grab):
+        try:
+            fn([])
+        except _Captured:
+            pass
+    assert got, fn
+    return got[0]
+
+
+def _float_flags(parser: argparse.ArgumentParser, prefix: tuple = ()) -> list[tuple[tuple, str]]:
+    """(subcommand path, flag) of every option whose type yields floats, through sub-commands."""
+    out = []
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                out += _float_flags(sub, prefix + (name,))
+        elif a.option_strings and a.type is not None and _yields_float(a.type):
+            out.append((prefix, a.option_strings[0]))
+    return out
+
+
+def _yields_float(kind) -> bool:
+    """The flag's type turns some number into a float (float itself, cliutil.float_in, a size parser...)."""
+    for text in ("0.5", "1.5", "2.5", "100.5", "1e-3"):
+        try:
+            return isinstance(kind(text), float)
+        except (argparse.ArgumentTypeError, ValueError, TypeError):
+            continue
+    return False
+
+
+def _script_entries() -> dict:
+    from tests.test_inputs import _script
+    entries = {}
+    for f in sorted(os.listdir(os.path.join(ROOT, "scripts"))):
+        module = _script(f[:-3]) if f.endswith(".py") else None
+        if module is not None and hasattr(module, "parse_args"):
+            entries[f[:-3]] = module.parse_args
+    from hybrid.data import preprocess, train_tokenizer
+    entries["preprocess_data"] = lambda argv: preprocess.build_parser().parse_args(argv)
+    entries["train_tokenizer"] = lambda argv: train_tokenizer.build_parser().parse_args(argv)
+    return entries
+
+
+def _float_flag_cases() -> list:
+    from hybrid.train.args import build_parser
+    cases = [("train.py", (), flag) for _, flag in _float_flags(build_parser())]
+    cases += [("hybrid", path, flag) for path, flag in _float_flags(hybrid.cli.build_parser())]
+    for name, fn in _script_entries().items():
+        if name != "train":  # scripts/train.py is train.py's parser, walked above
+            cases += [(name, (), flag) for _, flag in _float_flags(_parser_built_by(fn))]
+    return cases
+
+
+FLOAT_FLAGS = _float_flag_cases()
+
+
+def test_the_walk_finds_the_float_flags_of_every_command():
+    progs = {c[0] for c in FLOAT_FLAGS}
+    assert {"train.py", "hybrid", "gpu_check", "plot_schedule"} <= progs and len(FLOAT_FLAGS) >= 24, FLOAT_FLAGS
+    assert ("train.py", (), "--watchdog-timeout") in FLOAT_FLAGS and ("train.py", (), "--straggler-factor") in FLOAT_FLAGS
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("case", FLOAT_FLAGS, ids=[f"{c[0]}:{' '.join(c[1])}:{c[2]}" for c in FLOAT_FLAGS])
+def test_every_float_flag_refuses_nan_and_infinity_by_name(case, value, tmp_path, monkeypatch, capsys):
+    """train.py through its whole validation (before any process group); the other commands at their parse."""
+    prog, path, flag = case
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    if prog == "train.py":
+        fn, argv = train_main.validate, [flag, value]
+    elif prog == "hybrid":
+        fn, argv = hybrid.cli.main, list(path) + [f"{flag}={value}"]
+    else:
+        fn, argv = _script_entries()[prog], [f"{flag}={value}"]
+    with pytest.raises(SystemExit) as e:
+        fn(argv)
+    text = capsys.readouterr().err + (str(e.value.code) if isinstance(e.value.code, str) else "")
+    assert e.value.code not in (0, None) and flag in text and "Traceback" not in text, text
