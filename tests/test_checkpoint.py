@@ -493,15 +493,18 @@ def test_sigterm_with_exit_signal_handler_finishes_the_step_saves_and_exits_zero
     other = subprocess.run(base + ["--model", "tiny-llama"], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=300)
     assert other.returncode != 0 and other.stderr.strip().splitlines()[-1] == (
-        f"train.py: error: --load {store.final_path(save, k)} holds model 'tiny-gpt2', this run trains "
-        f"'tiny-llama'; give the --model it was saved with")
+        f"train.py: error: --load {store.final_path(save, k)} holds another model: its arch is \"gpt2\", --model "
+        f"tiny-llama has \"llama\"; give the --model it was saved with (its config is compared, not its path: "
+        f"saved as 'tiny-gpt2')")
     with open(os.path.join(store.final_path(save, k), ".metadata"), "r+b") as f:
         f.truncate(10)
     bad = subprocess.run(base, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and " iteration" not in bad.stdout
-    assert bad.stderr.strip().splitlines()[-1] == (f"train.py: error: --load {save}: no intact checkpoint (every one "
-                                                   f"failed its checksums); see `hybrid checkpoint inspect {save}`")
-    assert "(truncated?); falling back to the previous complete checkpoint" in bad.stdout
+    # refused before any process group (hybrid/checkpoint/args.py), naming the damaged file
+    newest = os.path.join(store.final_path(save, k), ".metadata")
+    assert bad.stderr.strip().splitlines()[-1].startswith(
+        f"train.py: error: --load {save!r}: no intact checkpoint (the newest: {newest}: 10 bytes, the manifest says ")
+    assert bad.stderr.strip().splitlines()[-1].endswith(f"(truncated?)); see `hybrid checkpoint inspect {save}`")
 
 
 # --- the geometry, against brute force ---------------------------------------------------------------
