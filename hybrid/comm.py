@@ -259,6 +259,20 @@ class Group:
             return Work(_AllOf(self._exchange_gather(out, shard)), rec)
         return Work(_all_gather_single(out, shard, group=self.pg, async_op=True), rec)
 
+    def all_gather_in_place(self, out: torch.Tensor) -> "Work":
+        """`out` (flat, `size` equal chunks) holds this rank's chunk already: every rank's chunk gathered into it.
+        The exchange sends the chunk where it lies; a native all-gather needs a separate send buffer (a copy, kept
+        alive by the Work)."""
+        if self.size == 1:
+            return Work(None)
+        mine = out.view(-1).chunk(self.size)[self.rank]
+        if self._gathers_by_exchange(out):
+            return self.all_gather_into(out, mine)
+        send = mine.clone()  # the gather writes all of `out`, this rank's chunk included
+        work = self.all_gather_into(out, send)
+        work.keep = send
+        return work
+
     # --- gloo's all-gather as point-to-point exchanges ---------------------------------------
     def _gathers_by_exchange(self, out: torch.Tensor) -> bool:
         """gloo on host tensors: an all-gather is n - 1 direct sends of this rank's shard and n - 1 receives, the
@@ -273,7 +287,8 @@ class Group:
         order (gloo matches a pair's messages first in, first out; each gather also has its own tag)."""
         me, n = self.rank, self.size
         parts = out.view(-1).chunk(n)
-        parts[me].copy_(shard.reshape(-1))
+        if parts[me].data_ptr() != shard.data_ptr():  # all_gather_in_place: already there
+            parts[me].copy_(shard.reshape(-1))
         self._exchange_seq = (getattr(self, "_exchange_seq", 0) + 1) % _MAX_TAG
         ops = []
         for j in range(n):
@@ -301,6 +316,7 @@ class Work:
     handle: object | None
     record: object | None = None
     land: object | None = None  # after the wait: a host-staged receive's copy into its device tensor
+    keep: object | None = None  # a buffer the collective reads, kept alive until it completes
 
     def done(self) -> bool:
         """True once the op has completed (then `wait` returns at once); never blocks."""
@@ -313,7 +329,7 @@ class Work:
             else:
                 with TRAIL.waiting(self.record):
                     self.handle.wait()
-            self.handle = None
+            self.handle = self.keep = None
             if self.land is not None:
                 self.land()
 

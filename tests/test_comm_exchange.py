@@ -38,6 +38,10 @@ def _check(rank: int, world: int) -> dict:
             want = torch.empty_like(o)
             dist.all_gather_into_tensor(want, s, group=g.pg)
             results[(name, s.numel())] = torch.equal(o, want)
+        flat = torch.full((g.size * 9,), float("nan"))  # in place: this rank's chunk already in the output
+        flat.view(g.size, 9)[g.rank] = torch.arange(9.0) + 100 * g.ranks[g.rank]
+        g.all_gather_in_place(flat).wait()
+        results[(name, "in place")] = torch.equal(flat, torch.cat([torch.arange(9.0) + 100 * r for r in g.ranks]))
         x = torch.randn(2, 5, generator=torch.Generator().manual_seed(rank))  # the blocking form, along dim 1
         want = torch.cat([torch.randn(2, 5, generator=torch.Generator().manual_seed(r)) for r in g.ranks], dim=1)
         results[(name, "dim1")] = torch.equal(g.all_gather(x, dim=1), want)
@@ -53,5 +57,5 @@ def test_exchange_all_gather_equals_gloo_s_own_with_gathers_in_flight():
         sizes = {"world": 4, "pair": 2, "triple": 3}
         for name in ("world", "pair") + (("triple",) if rank < 3 else ()):
             n = sizes[name]
-            want_bytes = 4 * n * sum(1000 + 7 * i for i in range(3)) + 4 * 2 * 5 * n
-            assert ledger[("all_gather", name)] == (4, want_bytes), (rank, name, ledger)
+            want_bytes = 4 * n * sum(1000 + 7 * i for i in range(3)) + 4 * 2 * 5 * n + 4 * 9 * n
+            assert ledger[("all_gather", name)] == (5, want_bytes), (rank, name, ledger)
