@@ -132,7 +132,8 @@ class Hybrid:
         self.opt = ZeroOptimizer(self.model, self.mesh, ZeroConfig(stage=3), OptimizerConfig(lr=1e-3,
                                                                                               weight_decay=0.01))
         self.names = core.param_names(self.model)
-        self.pg = dist.new_group(backend="gloo")  # the save's own group, as RunCheckpoints makes it
+        from hybrid.comm import Group
+        self.pg = Group.create("ckpt", list(range(world)), self.mesh.ledger, backend="gloo")  # as RunCheckpoints
         train_step(self.model, [bench_zero.batch(args, rank, 0)], self.opt, self.mesh,
                    runner=LocalForwardBackward(self.model[0], self.mesh.device))
 
@@ -144,9 +145,15 @@ class Hybrid:
         return out
 
     def save(self, d: str, asynchronous: bool = False):
-        pending = self.core.start_save(self.opt, self.names, None, d, 1, {"iteration": 1}, pg=self.pg,
+        pending = self.core.start_save(self.opt, self.names, None, d, 1, self.state_json(), pg=self.pg,
                                        asynchronous=asynchronous)
         return pending.finish if asynchronous else pending.finish()
+
+    def state_json(self) -> dict:
+        """The state.json fields a resume checks (store.read_state): a training run's, one Adam step in."""
+        return {"iteration": 1, "consumed_samples": 0, "adam_step": 1, "model": "bench",
+                "layout": {"tp": 1, "pp": 1, "dp": self.mesh.dims.dp, "zero": 3},
+                "scaler": {"loss_scale": 1.0, "good_steps": 0, "skipped_steps": 0}}
 
     def load(self, d: str) -> None:
         from hybrid.checkpoint import store

@@ -385,10 +385,11 @@ def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
 def zero_offload(c: Check) -> dict:
     from hybrid.zero import ZeroConfig
     from hybrid.zero.config import CpuAdam
-    loop = dict(stage=3, offload_optimizer=True, offload_params=True, cpu_adam=CpuAdam.TORCH_LOOP)
+    # CpuAdam.TORCH: torch's AdamW, on CPU the fused kernel the non-offloaded path runs (bit for bit on one CPU)
+    torch_adam = dict(stage=3, offload_optimizer=True, offload_params=True, cpu_adam=CpuAdam.TORCH)
     on_device = zero_run(c, ZeroConfig(stage=3))
-    pinned = zero_run(c, ZeroConfig(**loop))
-    blocking = zero_run(c, ZeroConfig(**loop), pinned=False)
+    pinned = zero_run(c, ZeroConfig(**torch_adam))
+    blocking = zero_run(c, ZeroConfig(**torch_adam), pinned=False)
     default = zero_run(c, ZeroConfig(stage=3, offload_optimizer=True, offload_params=True))
 
     def diff(a: dict, b: dict) -> dict:
@@ -398,7 +399,7 @@ def zero_offload(c: Check) -> dict:
                 "max_rel_master": rel(a["master"], b["master"]), "losses": [a["losses"], b["losses"]]}
 
     race = diff(pinned, blocking)
-    return {"optimizers": {"device": on_device["optimizer"], "offload_torch_loop": pinned["optimizer"],
+    return {"optimizers": {"device": on_device["optimizer"], "offload_torch": pinned["optimizer"],
                            "offload_default": default["optimizer"]},
             "host_master_shards_pinned": pinned["host_shards_pinned"],
             "pinned_nonblocking_vs_unpinned_blocking": race,
@@ -602,6 +603,7 @@ def breakdown(c: Check) -> dict:
     from hybrid.mesh import Mesh
     from hybrid.planner import Cluster, Layout, Workload, evaluate, hardware
     from hybrid.planner.model import ActivationProfile, Precision as PlanPrecision
+    from hybrid.planner.ops import KernelProfile
     from hybrid.train_step import LocalForwardBackward, OptimizerConfig
     from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
     from models import build_model, from_hf, shift_labels
@@ -637,7 +639,7 @@ def breakdown(c: Check) -> dict:
     loss.backward()
     one_mb_peak = (peak_memory(dev) or 0) - states
     work = Workload(cfg, global_batch=s.micro_batches, seq_length=s.seq, precision=PlanPrecision.MIXED,
-                    activations=ActivationProfile.BF16_FLASH)
+                    activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.EAGER)  # train.py's layers
     plan = evaluate(work, Cluster(gpus=1, hw=hardware("h200")), Layout(micro_batch=1))
     rank = plan.memory.ranks[0]
     return {"measured": {"states_bytes": states, "one_micro_batch_forward_kept_bytes": kept,
@@ -691,6 +693,7 @@ def planner(c: Check) -> dict:
     from hybrid.planner import Cluster, Layout, Recompute, Workload, evaluate, hardware
     from hybrid.planner.calibrate import load_hardware
     from hybrid.planner.model import ActivationProfile, Precision
+    from hybrid.planner.ops import KernelProfile
     from models import from_hf
     speed_res = c.results["sections"].get("speed", {}).get("result", {})
     profile = os.path.join(c.out, "h200_profile.json")
@@ -698,7 +701,8 @@ def planner(c: Check) -> dict:
     if os.path.exists(profile):
         hws["measured profile"] = load_hardware(profile)
     work = Workload(from_hf(speed_config(c)), global_batch=c.sizes.micro_batches, seq_length=c.sizes.seq,
-                    precision=Precision.MIXED, activations=ActivationProfile.BF16_FLASH)
+                    precision=Precision.MIXED, activations=ActivationProfile.BF16_FLASH,
+                    kernels=KernelProfile.EAGER)  # train.py's eager layers (hybrid/planner/ops.py)
     out = {}
     for rc in (Recompute.NONE, Recompute.SELECTIVE):
         measured = speed_res.get(f"train_py_recompute_{rc.value}")

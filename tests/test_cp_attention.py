@@ -16,6 +16,7 @@ import torch.distributed as dist
 from hybrid.comm import CommLedger, Group
 from hybrid.cp import AttentionMask, CommType, CPContext, shard, unshard
 from hybrid.cp.attention import check_ulysses_heads
+from hybrid.cp.ring import ring_bytes
 from hybrid.testing import run_distributed
 from tests.test_cp_softmax import _segments, close, reference_attention, reference_mask
 
@@ -95,10 +96,11 @@ def test_cp_ledger_bytes_equal_formulas(cp, heads):
     tl = T // cp
     kv = 2 * B * g * tl * D * 4  # one rank's K and V, fp32
     q_bytes = B * a * tl * D * 4
+    fwd, bwd = ring_bytes(2 * B * g * tl * D, cp, 4)
+    assert (fwd, bwd) == ((cp - 1) * kv, (cp - 1) * kv + cp * kv)  # fp32: the accumulators are kv-sized
     for r in range(cp):
         ring = results()[r][(cp, "p2p", heads, "causal")][4]
-        # forward (CP-1) kv; backward (CP-1) kv + CP fp32 accumulators
-        assert _bytes(ring, "send@cp") == _bytes(ring, "recv@cp") == (cp - 1) * kv * 2 + cp * kv
+        assert _bytes(ring, "send@cp") == _bytes(ring, "recv@cp") == fwd + bwd
         ag = results()[r][(cp, "allgather", heads, "causal")][4]
         assert _bytes(ag, "all_gather@cp") == _bytes(ag, "reduce_scatter@cp") == cp * kv
         assert set(ag) == {"all_gather@cp", "reduce_scatter@cp"}

@@ -83,3 +83,28 @@ def test_cp_flags_are_checked_by_name():
         cp_args.check_model(cp4, dataclasses.replace(cfg, attention_dropout=0.1), 1, 32, False)
     with pytest.raises(ValueError, match="--compile does not run with --context-parallel-size 4"):
         cp_args.check_model(cp4, cfg, 1, 32, False, compile=True)
+
+
+@pytest.mark.parametrize("argv,world,message", [
+    (["--context-parallel-size", "3"], 4, "--context-parallel-size (3)"),
+    (["--context-parallel-size", "0"], 1, "--context-parallel-size must be"),
+    (["--context-parallel-size", "4", "--seq-length", "36"], 4, "--seq-length 36 is not divisible by 2 x "
+                                                                "--context-parallel-size (8)"),
+    (["--model", "tiny-llama", "--context-parallel-size", "4", "--cp-comm-type", "a2a", "--seq-length", "32"], 4,
+     "--cp-comm-type a2a splits heads over --context-parallel-size 4"),
+    (["--context-parallel-size", "2", "--attention-dropout", "0.1"], 2, "--attention-dropout 0"),
+    (["--reset-attention-mask"], 1, "--reset-attention-mask finds documents by the end-of-document token"),
+    (["--cp-comm-type", "ring"], 1, "--cp-comm-type: invalid choice"),
+    (["--context-parallel-size", "2", "--auto-parallel", "--global-batch-size", "8"], 2,
+     "--auto-parallel does not plan context parallelism"),
+])
+def test_bad_cp_flags_are_one_line_before_any_process_group(argv, world, message, monkeypatch, capsys):
+    import torch.distributed as dist
+    from hybrid.train.main import main
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code not in (0, None)
+    lines = [ln for ln in (str(e.value.code) + "\n" + capsys.readouterr().err).splitlines() if "error:" in ln]
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not dist.is_initialized()

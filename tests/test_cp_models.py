@@ -1,11 +1,11 @@
 """Context-parallel models against the unsharded single-process model (the acceptance test of issue 29).
 
-On 8 gloo ranks, for every comm type (p2p ring, a2a Ulysses, allgather) and two layouts --
-TP 2 (+ sequence parallel) x CP 2 x PP 2 (1F1B, 2 micro-batches) and TP 2 x CP 4 -- the logits, the loss and
-every parameter gradient equal the single-process model's within 1e-5 of the largest value (fp32):
+On 8 gloo ranks, for every comm type (p2p ring, a2a Ulysses, allgather) and three layouts --
+TP 2 (+ sequence parallel) x CP 2 x PP 2 (1F1B, 2 micro-batches), TP 2 x CP 4 and CP 4 x PP 2 -- the logits, the
+loss and every parameter gradient equal the single-process model's within 1e-5 of the largest value (fp32):
 
   * llama: GQA (16 query, 8 key/value heads: 8 and 4 per TP rank, so Ulysses splits them 2 and 4 ways);
-  * mistral-w3: a sliding window of 3 on every layer, shorter than a load-balanced chunk (8 / 4 tokens);
+  * mistral-w3: a sliding window of 3 on every layer, shorter than a load-balanced chunk (8 / 4 tokens at CP 2 / 4);
   * mistral-w20: a window of 20, longer than a rank's whole shard (16 / 8 tokens);
   * gpt2: learned positions (looked up at each rank's scattered positions), tied embeddings;
   * llama-docs, gpt2-docs: packed documents with `--reset-attention-mask --reset-position-ids`, against the
@@ -37,7 +37,7 @@ from models.common import set_context_parallel
 
 TOL = 1e-5
 B, T, M, H, V, EOD = 2, 32, 2, 64, 128, 0
-LAYOUTS = {"tp2-cp2-pp2-sp": (2, 2, 2, True), "tp2-cp4": (2, 4, 1, False)}
+LAYOUTS = {"tp2-cp2-pp2-sp": (2, 2, 2, True), "tp2-cp4": (2, 4, 1, False), "cp4-pp2": (1, 4, 2, False)}
 
 
 def configs():
@@ -174,3 +174,102 @@ def test_cp_model_equals_single_process(layout, comm, model, docs):
     logits = unshard([shards[i] for i in range(cp)])
     assert rel(logits, ref_logits) <= TOL
     assert {n for r in per_rank for n in r["grads"]} == set(ref_grads)  # every parameter compared somewhere
+
+
+# --- CP 2 x PP 2 under the other pipeline schedules ---------------------------------------------------------
+SCHEDULES = [ScheduleKind.GPIPE, ScheduleKind.INTERLEAVED, ScheduleKind.ZB_H1, ScheduleKind.ZBV]
+SCHEDULE_CASES = [(kind, comm.value) for kind in SCHEDULES for comm in (CommType.P2P, CommType.A2A)]
+M4 = 4  # micro-batches (interleaving needs a multiple of pp)
+
+
+def _llama4():
+    return from_hf(MistralConfig(num_hidden_layers=4, hidden_size=H, num_attention_heads=16, num_key_value_heads=8,
+                                 intermediate_size=96, vocab_size=V, max_position_embeddings=64, attention_dropout=0.0,
+                                 tie_word_embeddings=False, sliding_window=None))
+
+
+def _batches4():
+    gen = torch.Generator().manual_seed(4)
+    return [(x, shift_labels(x)) for x in (torch.randint(0, V, (B, T), generator=gen) for _ in range(M4))]
+
+
+def _schedule_run(mesh: Mesh, kind: ScheduleKind, comm: str):
+    pp, v = mesh.dims.pp, 1 if kind in (ScheduleKind.GPIPE, ScheduleKind.ZB_H1) else 2
+    stage_ids = [kind.placement.stage(mesh.coords.pp, c, pp) for c in range(v)]
+    chunks = build_pipeline_chunks(_llama4(), TPContext(mesh.tp), mesh.coords.pp, pp, v, seed=5, stage_ids=stage_ids)
+    set_context_parallel(chunks, CPContext(mesh.cp, CommType(comm)))
+    local = TokenSharding(mesh.dims.cp, mesh.cp.rank).batches(_batches4())
+    runner = PipelineExecutor(chunks, build_schedule(kind, pp, M4, v)[mesh.coords.pp], mesh.pp,
+                              StageIO((B, T // mesh.dims.cp, H)), mesh.device, placement=kind.placement)
+    loss = runner.forward_backward(local)
+    mesh.pp.all_reduce(loss)
+    grads = {n: mesh.dp_cp.all_reduce(p.grad.clone()) / mesh.dp_cp.size for c in chunks for n, p in c.named_parameters()}
+    return {"loss": mesh.dp_cp.all_reduce(loss).item() / mesh.dp_cp.size, "grads": grads}
+
+
+def _schedules(rank: int, world: int):
+    mesh = Mesh.build(ParallelDims.from_world(world, pp=2, cp=2))
+    return {case: _schedule_run(mesh, *case) for case in SCHEDULE_CASES}
+
+
+@functools.lru_cache(maxsize=1)
+def schedule_results():
+    return run_distributed(_schedules, 4, timeout=1200)
+
+
+@functools.lru_cache(maxsize=1)
+def schedule_reference():
+    model = build_model(_llama4(), TPContext(Group.solo("tp")), seed=5)
+    loss = sum(model(x, y) for x, y in _batches4()) / M4
+    loss.backward()
+    return loss.item(), {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kind,comm", SCHEDULE_CASES, ids=[f"{k.value}-{c}" for k, c in SCHEDULE_CASES])
+def test_cp2_pp2_every_schedule_equals_single_process(kind, comm):
+    ref_loss, ref_grads = schedule_reference()
+    seen = set()
+    for r, per_rank in enumerate(schedule_results()):
+        got = per_rank[(kind, comm)]
+        assert abs(got["loss"] - ref_loss) <= TOL * ref_loss, f"rank {r}: loss {got['loss']} vs {ref_loss}"
+        for n, g in got["grads"].items():
+            assert rel(g, ref_grads[n]) <= TOL, f"rank {r}: {n} rel err {rel(g, ref_grads[n]):.2e}"
+            seen.add(n)
+    assert seen == set(ref_grads)
+
+
+# --- the ledger of a whole model -----------------------------------------------------------------------------
+def _ledger_run(rank: int, world: int):
+    mesh = Mesh.build(ParallelDims.from_world(world, cp=world))
+    out = {}
+    for comm in CommType:
+        model = set_context_parallel(build_model(configs()["llama"], TPContext(mesh.tp), seed=5),
+                                     CPContext(mesh.cp, comm))
+        runner = LocalForwardBackward(model, mesh.device)
+        mesh.ledger.reset()
+        runner.forward_backward(TokenSharding(world, mesh.cp.rank).batches(_batches()))
+        out[comm.value] = mesh.ledger.summary()
+    return out
+
+
+def test_one_step_of_a_model_moves_exactly_the_formula_bytes_over_cp():
+    """CP 2, 2 layers, M micro-batches: per layer and micro-batch the attention's bytes (hybrid/cp/ring.py's
+    ring_bytes; a2a's four all-to-alls each way; allgather's gather + reduce-scatter), plus the loss's 4-byte token
+    count per micro-batch -- and nothing else on the cp group."""
+    from hybrid.cp.ring import ring_bytes
+    cp, cfg = 2, configs()["llama"]
+    tl, d = T // cp, cfg.head_dim
+    kv_el = 2 * B * cfg.num_kv_heads * tl * d  # a rank's K and V, fp32
+    q_bytes = B * cfg.num_heads * tl * d * 4
+    n = cfg.num_layers * M  # attention calls in one step
+    fwd, bwd = ring_bytes(kv_el, cp, 4)
+    for per_rank in run_distributed(_ledger_run, cp):
+        for comm, summary in per_rank.items():
+            assert summary["all_reduce@cp"] == {"calls": M, "bytes": 4 * M}, comm
+        p2p, a2a, ag = per_rank["p2p"], per_rank["a2a"], per_rank["allgather"]
+        assert p2p["send@cp"]["bytes"] == p2p["recv@cp"]["bytes"] == n * (fwd + bwd)
+        assert a2a["all_to_all@cp"]["bytes"] == n * 2 * (2 * q_bytes + kv_el * 4)
+        assert ag["all_gather@cp"]["bytes"] == ag["reduce_scatter@cp"]["bytes"] == n * cp * kv_el * 4
+        for comm, want in (("p2p", {"send@cp", "recv@cp"}), ("a2a", {"all_to_all@cp"}),
+                           ("allgather", {"all_gather@cp", "reduce_scatter@cp"})):
+            assert {k for k in per_rank[comm] if k.endswith("@cp")} == want | {"all_reduce@cp"}, comm

@@ -54,7 +54,7 @@ def loadable_at(state: dict, target: Target) -> tuple[bool, str]:
     notes = [f"dp {dims.dp}", f"vocabulary {cfg.vocab_size} rows, padded to {padded.length * dims.tp} at tp {dims.tp}"]
     flags = state.get("args", {})
     gbs, micro, seq = flags.get("global_batch_size"), flags.get("micro_batch_size"), flags.get("seq_length")
-    if gbs and micro and seq:  # the saved batch, kept unless the resumed run passes another
+    if all(type(v) is int and v > 0 for v in (gbs, micro, seq)):  # the saved batch, kept unless the run passes another
         try:
             BatchSpec(gbs, micro, seq, dims.dp)
         except ValueError as e:
@@ -86,8 +86,8 @@ def _one(path: str, latest: int | None, target: Target | None = None) -> str:
     lay = s.get("layout", {})
     verdict = "ok: every checksum matches" if v.error is None else f"CORRUPT: {v.error}"
     return (f"{name}{mark}: iteration {s.get('iteration')} | consumed samples {s.get('consumed_samples')} | "
-            f"model {s.get('model')} ({_identity(s)}) | saved at tp {lay.get('tp')} x pp {lay.get('pp')} x dp {lay.get('dp')}, "
-            f"ZeRO {lay.get('zero')} | adam step {s.get('adam_step')} | {size} | {verdict}{at}")
+            f"model {s.get('model')} ({_identity(s)}) | saved at tp {lay.get('tp')}{_cp(lay)} x pp {lay.get('pp')} x "
+            f"dp {lay.get('dp')}, ZeRO {lay.get('zero')} | adam step {s.get('adam_step')} | {size} | {verdict}{at}")
 
 
 def _identity(state: dict) -> str:
@@ -95,6 +95,11 @@ def _identity(state: dict) -> str:
     ident = state.get("model_identity")
     sha = ident.get("sha256") if isinstance(ident, dict) else None
     return f"config {sha}" if isinstance(sha, str) else "config not recorded: saved before identities"
+
+
+def _cp(layout: dict) -> str:
+    """' x cp 2' for a checkpoint saved with context parallelism (it changes no parameter: loads at any cp)."""
+    return f" x cp {layout['cp']}" if isinstance(layout.get("cp"), int) and layout["cp"] > 1 else ""
 
 
 def _target(args: argparse.Namespace) -> Target | None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from hybrid.comm import Group
 from hybrid.cp.balance import gathered_indices, local_indices
@@ -87,11 +88,25 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
 
 def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Group,
                         mask: AttentionMask = AttentionMask()) -> torch.Tensor:
-    """Gather K and V (one all-gather of both, reduce-scattered in backward), attend the local queries."""
+    """Gather K and V (one all-gather of both, reduce-scattered in backward), attend the local queries.
+
+    Plain causal attention needs no mask: put the gathered keys in sequence order; each of the rank's two chunks
+    (positions [a, b)) then sees exactly the keys [0, b) with its diagonal at the bottom right (torch's
+    `causal_lower_right`), so nothing of size (T/CP) x T is built or kept. Windows and documents take the mask."""
     cp, T = group.size, q.shape[2] * group.size
     kv = gather_seq(torch.stack([k, v]), group, dim=3)  # (2, B, g, T, d), rank-major order
     q_pos, k_pos = local_indices(group.rank, cp, T, q.device), gathered_indices(cp, T, q.device)
-    return sdpa(q, kv[0], kv[1], mask, q_pos, k_pos)
+    if mask.segments is not None or (mask.window is not None and mask.window < T):
+        return sdpa(q, kv[0], kv[1], mask, q_pos, k_pos)
+    kv = kv.index_select(3, torch.argsort(k_pos))  # sequence order
+    n, gqa = q.shape[2] // 2, k.shape[1] != q.shape[1]
+    outs = []
+    for half in (0, 1):
+        end = int(q_pos[half * n + n - 1]) + 1  # the chunk's last position + 1: the keys it may see
+        outs.append(F.scaled_dot_product_attention(q[:, :, half * n:(half + 1) * n], kv[0][:, :, :end],
+                                                   kv[1][:, :, :end], attn_mask=causal_lower_right(n, end),
+                                                   enable_gqa=gqa))
+    return torch.cat(outs, dim=2)
 
 
 def check_ulysses_heads(q_heads: int, kv_heads: int, cp: int) -> None:

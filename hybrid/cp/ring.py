@@ -134,6 +134,14 @@ class RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), own[0].to(k.dtype), own[1].to(v.dtype), None, None
 
 
+def ring_bytes(kv_elements: int, cp: int, element_size: int) -> tuple[int, int]:
+    """(forward, backward) bytes one rank sends per attention layer and micro-batch (`send@cp` on the ledger;
+    as many received), for a rank's K and V of `kv_elements` elements (2 B g (T/CP) d) in the compute dtype:
+    forward CP - 1 ring steps of K, V; backward the same plus CP transfers of the fp32 dK, dV accumulators."""
+    kv = kv_elements * element_size
+    return (cp - 1) * kv, (cp - 1) * kv + cp * kv_elements * 4
+
+
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Group,
                    mask: AttentionMask = AttentionMask()) -> torch.Tensor:
     return RingAttention.apply(q, k, v, group, mask)

@@ -1,0 +1,230 @@
+"""Context parallelism in the planner: a CP layout is, per rank, the plain layout it reduces to, plus the two
+things CP adds -- longer attention and the CP transfers (hybrid/cp/, docs/context-parallel.md).
+
+Reduction. CP c on (global batch G, sequence s) at (tp, pp, dp): every rank holds G/dp sequences' s/c tokens
+(load-balanced: two chunks of s/2c), gradients are reduced -- and ZeRO shards -- over the dp x c ranks of the
+runtime's dp_cp group. Per rank that is the plain layout (tp, pp, dp c) on (G c, s/c): the same parameters and
+ZeRO partition, activations of b s/c tokens a micro-batch, the same micro-batches, the same linear-layer FLOPs,
+TP and PP traffic at s/c tokens. So memory and everything but attention come from the plain planner on the
+reduced problem (`reduce`); what differs is added here:
+
+  attention   a rank's s/c queries see keys of all c ranks, not only their own: c - 1 more (s/c)^2 blocks
+              per layer and micro-batch, 4 b (s/c)^2 a d / t FLOPs each forward (twice that backward, once
+              more when recomputed), timed on the GEMM curve as batched (s/c x s/c x d) products -- the ring's
+              block. Counted in full, as the plain planner counts every s x s score (Narayanan et al.) and MFU's
+              numerator does: causal attention computes half of them (the runtime's ring skips the masked
+              half of each block), so at long context both plain and CP plans overstate attention time by up
+              to 2x, consistently.
+  CP traffic  per layer and micro-batch, kv = 2 b (s/c) g d / t x 2 bytes (a rank's bf16 K and V):
+              p2p        forward c - 1 ring steps of kv, each overlapped with one block's attention (1/c of
+                         the core); backward c - 1 steps of kv + fp32 dK, dV (2 kv) and one last dK, dV:
+                         exposed = sum over steps of max(0, transfer - block compute)
+              a2a        Ulysses: 4 all-to-alls forward (q, k, v, out) and 4 backward, each moving
+                         (c - 1)/c of its tensor, not overlapped
+              allgather  an all-gather of kv (c kv) forward and a reduce-scatter of its gradient backward, not
+                         overlapped
+              The CP group is c ranks tp apart (rank order tp-cp-dp-pp): inside a node when tp c <= GPUs per
+              node (NVLink), else the ring crosses nodes (the NIC).
+  memory      flash attention's (no s x s scores; Megatron's CP requires flash kernels): the reduced plan's,
+              plus the ring's receive buffers (one kv block forward; kv + its fp32 gradient backward).
+
+The extra seconds per micro-batch of a pipeline rank (its layers, over all its chunks, x the above) enter the step as
+a 1F1B pipeline's critical path does: m + (pp - 1)/v times (m micro-batches, v chunks a rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hybrid.cp.attention import CommType
+from hybrid.cp.ring import ring_bytes
+from hybrid.planner.hardware import Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds
+from hybrid.planner.layout import Cluster, Layout, Recompute, Workload, stage_layers
+from hybrid.planner.search import Plan, SearchSpace, evaluate, search
+from hybrid.planner.time import model_flops
+
+BF16 = 2  # bytes of K, V on the wire (GPU runs: bf16)
+SEARCH_MARGIN = 4  # plans asked of each reduced search per plan wanted (some reduced layouts are no CP layout)
+
+
+def reduce(work: Workload, layout: Layout, cp: int) -> tuple[Workload, Layout]:
+    """The plain problem a CP layout equals per rank (see the module doc)."""
+    if work.seq_length % (2 * cp):
+        raise ValueError(f"--seq-length {work.seq_length} is not divisible by 2 x --context-parallel-size ({2 * cp})")
+    return (replace(work, global_batch=work.global_batch * cp, seq_length=work.seq_length // cp),
+            replace(layout, dp=layout.dp * cp))
+
+
+def cp_placement(cluster: Cluster, tp: int, cp: int) -> GroupPlacement:
+    """CP group = c ranks tp apart: inside a node when tp c divides into the node, else spread over nodes."""
+    g = cluster.hw.gpus_per_node
+    return GroupPlacement(size=cp, per_node=cp if tp * cp <= g else max(1, g // tp))
+
+
+@dataclass(frozen=True)
+class CPCost:
+    """Seconds CP adds to one layer's forward + backward on one micro-batch, on one rank.
+
+    Attributes:
+        attention: the extra attention compute (c - 1 more key blocks), recomputation included.
+        transfer: the CP transfers' time.
+        exposed: the part of `transfer` not hidden under attention compute (all of it for a2a, allgather).
+        buffer_bytes: the ring's receive buffers held during a layer's backward (memory).
+    """
+
+    attention: float
+    transfer: float
+    exposed: float
+    buffer_bytes: float
+
+
+def layer_cost(work: Workload, cluster: Cluster, layout: Layout, cp: int, comm: CommType) -> CPCost:
+    """What CP adds to one layer and micro-batch (module doc)."""
+    hw, shard = cluster.hw, work.shard(layout.tp)
+    b, s = layout.micro_batch, work.seq_length // cp
+    d = work.model.head_dim
+    heads = b * (shard.q_width // d)
+    block = (Gemm(s, s, d, heads), Gemm(s, d, s, heads))  # one (s/c)^2 block: QK^T, then PV
+    nbytes = work.precision.activation_bytes
+    fwd = sum(hw.gemm_seconds(g, nbytes) for g in block)
+    bwd = sum(hw.gemm_seconds(g2, nbytes) for g in block for g2 in g.backward())
+    rerun = fwd if layout.recompute is not Recompute.NONE else 0.0  # full and selective both rerun the core
+    attention = (cp - 1) * (fwd + bwd + rerun)
+    kv_elements = 2 * b * s * shard.kv_width
+    kv = kv_elements * BF16
+    group = cp_placement(cluster, layout.tp, cp)
+    if comm is CommType.P2P:
+        crosses = group.spans_nodes
+        sent_f, sent_b = ring_bytes(kv_elements, cp, BF16)  # the runtime's ledger formula (hybrid/cp/ring.py)
+        acc = (sent_b - sent_f) // cp  # one step's fp32 dK, dV accumulator
+        step_f, step_b = p2p_seconds(hw, kv, crosses), p2p_seconds(hw, kv + acc, crosses)
+        last = p2p_seconds(hw, acc, crosses)
+        transfer = (cp - 1) * (step_f + step_b) + last
+        exposed = (cp - 1) * (max(0.0, step_f - fwd) + max(0.0, step_b - bwd)) + last
+        return CPCost(attention, transfer, exposed, kv + kv + acc)  # forward's next block; backward's kv + acc
+    if comm is CommType.A2A:
+        q = b * s * shard.q_width * BF16
+        one = [collective_seconds(hw, Collective.ALL_GATHER, t, group) for t in (q, kv / 2, kv / 2, q)]
+        transfer = 2 * sum(one)  # all-to-all wire bytes (c - 1)/c S, as an all-gather's
+        return CPCost(attention, transfer, transfer, 0.0)
+    transfer = (collective_seconds(hw, Collective.ALL_GATHER, cp * kv, group)
+                + collective_seconds(hw, Collective.REDUCE_SCATTER, cp * kv, group))
+    return CPCost(attention, transfer, transfer, cp * kv)
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """A CP layout with its prediction.
+
+    Attributes:
+        cp: context-parallel size; comm: `--cp-comm-type`.
+        base: the plain plan of the reduced problem (its layout's dp is dp x cp).
+        extra_s: seconds CP adds to the step (attention + exposed transfers on the critical path).
+        total_s: the step.
+        tokens_per_s: global batch x sequence / step.
+        mfu: model FLOPs (of the unreduced workload) per GPU per second / peak.
+        memory_gb: the fullest rank's device memory (the reduced plan's + the ring's buffers).
+    """
+
+    cp: int
+    comm: CommType
+    base: Plan
+    extra_s: float
+    total_s: float
+    tokens_per_s: float
+    mfu: float
+    memory_gb: float
+
+    @property
+    def layout(self) -> Layout:
+        """The layout with the true dp (the base plan's dp is dp x cp)."""
+        return replace(self.base.layout, dp=self.base.layout.dp // self.cp)
+
+    def short(self) -> str:
+        return f"{self.layout.short()} cp{self.cp} {self.comm.value}" if self.cp > 1 else self.layout.short()
+
+
+def with_cp(work: Workload, cluster: Cluster, base: Plan, cp: int, comm: CommType) -> ContextPlan:
+    """A reduced problem's plan, completed with CP's attention and transfers."""
+    layout = base.layout  # reduced: dp x cp
+    if cp == 1:
+        extra, buffers = 0.0, 0.0
+    else:
+        cost = layer_cost(work, cluster, layout, cp, comm)
+        stages = stage_layers(work.model, layout.pp, layout.v)  # global stage c pp + r is rank r's chunk c
+        layers = max(sum(stages[c * layout.pp + r] for c in range(layout.v)) for r in range(layout.pp))
+        m = work.global_batch // (layout.dp // cp * layout.micro_batch)
+        extra = (m + (layout.pp - 1) / layout.v) * layers * (cost.attention + cost.exposed)
+        buffers = cost.buffer_bytes
+    total = base.time.total + extra
+    return ContextPlan(cp=cp, comm=comm, base=base, extra_s=extra, total_s=total,
+                       tokens_per_s=work.global_batch * work.seq_length / total,
+                       mfu=model_flops(work) / (cluster.gpus * total) / (cluster.hw.peak_tflops * 1e12),
+                       memory_gb=(base.memory.peak.total + buffers) / 1e9)
+
+
+def evaluate_cp(work: Workload, cluster: Cluster, layout: Layout, cp: int = 1,
+                comm: CommType = CommType.P2P) -> ContextPlan:
+    """Predict one CP layout (`layout.dp` is the true dp: world = tp cp pp dp)."""
+    reduced_work, reduced = reduce(work, layout, cp)
+    return with_cp(work, cluster, evaluate(reduced_work, cluster, reduced), cp, comm)
+
+
+def search_cp(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace(), cps: tuple[int, ...] = (1,),
+              comms: tuple[CommType, ...] = (CommType.P2P,), top: int = 5) -> list[ContextPlan]:
+    """The `top` fastest layouts over CP sizes and comm types too: each CP size searches its reduced problem
+    with the plain planner (hybrid/planner/search.py) and completes the best plans with CP's costs. A CP size
+    the sequence or the GPUs cannot take, or a2a beyond the kv-heads, is skipped."""
+    out: list[ContextPlan] = []
+    for cp in cps:
+        if work.seq_length % (2 * cp) or cluster.gpus % cp:
+            continue
+        reduced = replace(work, global_batch=work.global_batch * cp, seq_length=work.seq_length // cp)
+        result = search(reduced, cluster, _reduced_space(space, cp, cluster.gpus), top=top * SEARCH_MARGIN)
+        for comm in (comms if cp > 1 else (CommType.P2P,)):
+            for plan in result.plans:
+                if plan.layout.dp % cp or (comm is CommType.A2A and not _ulysses_fits(work, plan.layout.tp, cp)):
+                    continue  # a reduced dp that is no multiple of cp is not a CP layout
+                out.append(with_cp(work, cluster, plan, cp, comm))
+    out.sort(key=lambda p: p.total_s)
+    return out[:top]
+
+
+def _reduced_space(space: SearchSpace, cp: int, gpus: int) -> SearchSpace:
+    """The space of the reduced problem: tp x pp must leave dp x cp with cp dividing it."""
+    return space if cp == 1 else replace(space, tp=space.tp or tuple(t for t in range(1, gpus + 1)
+                                                                      if gpus % (t * cp) == 0))
+
+
+def _ulysses_fits(work: Workload, tp: int, cp: int) -> bool:
+    cfg = work.model
+    kv = cfg.num_kv_heads // tp if cfg.num_kv_heads % tp == 0 else 1
+    return (cfg.num_heads // tp) % cp == 0 and kv % cp == 0
+
+
+def attention_memory_per_rank(work: Workload, layout: Layout, cp: int) -> float:
+    """Bytes one rank keeps for attention's backward per layer and micro-batch under flash attention (q, k, v,
+    out and the fp32 log-sum-exp of its s/c tokens): falls as 1/c."""
+    shard = work.shard(layout.tp)
+    b, s, nb = layout.micro_batch, work.seq_length // cp, work.precision.activation_bytes
+    return b * s * (nb * (2 * shard.q_width + 2 * shard.kv_width) + 4 * shard.q_width // work.model.head_dim)
+
+
+# --- a published long-context run -----------------------------------------------------------------------
+LLAMA3_131K_SOURCE = "Llama 3 Herd of Models (arXiv 2407.21783) Table 4, third row"
+LLAMA3_131K_PUBLISHED_TFLOPS = 380.0  # BF16 MFU 38 % of 989; the paper's FLOP count is not stated
+
+
+def llama3_405b_131k() -> tuple[Workload, Cluster, SearchSpace, int]:
+    """Llama 3 405B's long-context stage: 16,384 H100, TP 8, CP 16, PP 16, DP 8, sequence 131,072, 16 sequences
+    per DP rank (128 a step, 16M tokens); flash attention assumed (bf16-flash profile), as for the 8k rows of
+    hybrid/planner/published.py. Returns (workload, cluster, the published sizes, cp)."""
+    from hybrid.planner.hardware import hardware
+    from hybrid.planner.layout import Offload
+    from hybrid.planner.model import ActivationProfile
+    from hybrid.planner.published import llama3_405b
+    cfg = replace(llama3_405b(), max_position_embeddings=131072)
+    from hybrid.planner.ops import KernelProfile
+    work = Workload(cfg, global_batch=128, seq_length=131072, activations=ActivationProfile.BF16_FLASH,
+                    kernels=KernelProfile.FUSED)  # Meta's stack, fused, as published.py's 8k rows
+    return work, Cluster(gpus=16384, hw=hardware("h100-80g")), SearchSpace(tp=(8,), pp=(16,), offload=(Offload.NONE,)), 16
