@@ -3,8 +3,8 @@
 With real asynchronous gathers, a reader that forgot to wait only races them, and on two idle CPU cores the
 gather mostly wins, so a missing wait can pass test_zero_param_overlap.py. Here the DP group's
 `all_gather_into` and `all_gather_in_place` are replaced by ones that move nothing until their work is waited for
-(`Late`): a forward hook, checkpoint save or load, or `gathered()` that did not wait reads the other rank's half of the previous step,
-deterministically. The runs must still equal the blocking runs (`--no-overlap-param-gather`) bit for bit, and a
+(`Late`): a forward hook, checkpoint save or load, or `gathered()` that did not wait reads the other rank's half
+of the previous step, deterministically. The runs must still equal the blocking runs (`--no-overlap-param-gather`) bit for bit, and a
 control with the forward's waits removed must not (the harness sees a missing wait).
 
 Checkpoints: saved right after a step (every gather in flight), then loaded both into a fresh run and into the
