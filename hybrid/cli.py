@@ -29,6 +29,11 @@ MAX_WORLD = 2**16  # `layout` prints a line per TP group: beyond this it is a wa
 def _layout(args: argparse.Namespace) -> None:
     dims = ParallelDims.from_world(args.world, tp=args.tensor_model_parallel_size,
                                    pp=args.pipeline_model_parallel_size, cp=args.context_parallel_size)
+    experts = []  # MoE: which ranks hold which experts (checked before anything is printed)
+    if args.expert_model_parallel_size > 1 or args.num_experts:
+        from hybrid.moe.parallel import ExpertLayout
+        experts = ExpertLayout(dims, args.expert_model_parallel_size).describe(
+            args.num_experts or args.expert_model_parallel_size)
     if dims.cp == 1:
         print(f"world {dims.world} = tp {dims.tp} x dp {dims.dp} x pp {dims.pp} (rank = tp + tp*(dp + dp_size*pp))")
     else:
@@ -46,6 +51,8 @@ def _layout(args: argparse.Namespace) -> None:
     print("dp groups:", dims.group_ranks(Axis.DP))
     print("pp groups:", dims.group_ranks(Axis.PP))
     print("embedding groups:", dims.embedding_group_ranks())
+    for line in experts:
+        print(line)
 
 
 def _models(args: argparse.Namespace) -> None:
@@ -68,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", default=1, help="pp")
     p.add_argument("--context-parallel-size", type=positive_int, metavar="N", default=1,
                    help="cp: ranks splitting each sequence")
+    p.add_argument("--expert-model-parallel-size", type=positive_int, metavar="N", default=1,
+                   help="MoE: EP, folded over each stage's ranks (hybrid/moe/parallel.py)")
+    p.add_argument("--num-experts", type=positive_int, metavar="N", default=None,
+                   help="MoE: experts per layer, to print which ranks hold which (default: EP, one each)")
     p.set_defaults(func=_layout)
     sub.add_parser("models", help="list model presets", formatter_class=HelpFormatter).set_defaults(func=_models)
     for module in SUBCOMMANDS:  # each feature registers its own; a broken install fails here, loudly

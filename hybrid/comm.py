@@ -11,6 +11,9 @@ Byte convention (nccl-tests' "size S", see doc/PERFORMANCE.md there):
   * broadcast:       S = bytes of the tensor
   * all_to_all:      S = bytes of each rank's input (= its output; (n-1)/n S leave the rank)
   * send / recv:     S = bytes of the tensor, counted by the sender (send) and receiver (recv)
+  * all_to_all_v:    (variable splits, the MoE token dispatch) S = bytes this rank sends to the *other* ranks:
+                     the split sizes differ per rank and per step, so the ledger counts what leaves the rank
+                     (its own block never does) -- an MoE dispatch's bytes are those of the tokens routed off-rank
 The wire bytes follow from S: an all-reduce ring moves 2(n-1)/n S per rank, all-gather and
 reduce-scatter (n-1)/n S.
 
@@ -28,6 +31,7 @@ sequence number per group, the op in flight), which the hang watchdog reads; the
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import defaultdict
 from concurrent.futures import Future
@@ -185,6 +189,22 @@ class Group:
         with TRAIL.op(self.name, self.ranks, "all_to_all"):
             dist.all_to_all_single(out, pieces, group=self.pg)
         return torch.cat(out.unbind(0), dim=gather_dim)
+
+    def all_to_all_v(self, t: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                          tag: str = "") -> torch.Tensor:
+        """Rows of `t` (dim 0) in blocks of in_splits[j] go to group rank j; the result holds every rank's block
+        for us, in group order (out_splits[j] rows from rank j). The split sizes must agree pairwise (the MoE
+        dispatcher exchanges them first). Ledger: the bytes sent to other ranks (module docstring)."""
+        if self.size == 1:
+            return t
+        t = t.contiguous()
+        row = math.prod(t.shape[1:]) * t.element_size()  # bytes of one row (t may have none)
+        self.ledger.record("all_to_all_v", f"{self.name}:{tag}" if tag else self.name,
+                           (sum(in_splits) - in_splits[self.rank]) * row)
+        out = torch.empty((sum(out_splits),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        with TRAIL.op(self.name, self.ranks, "all_to_all_v"):
+            dist.all_to_all_single(out, t, out_splits, in_splits, group=self.pg)
+        return out
 
     def broadcast(self, t: torch.Tensor, src_index: int = 0) -> torch.Tensor:
         if self.size > 1:

@@ -46,6 +46,7 @@ from typing import Protocol
 
 import torch
 
+from hybrid.moe.params import is_expert
 from hybrid.tp import spec_of
 from hybrid.tp.sharding import logical_rows
 
@@ -125,10 +126,14 @@ def shard_box(p: torch.Tensor, tp_rank: int) -> Box | None:
 
 
 def is_owner(p: torch.Tensor, tp_rank: int, dp_rank: int, sharded: bool, duplicate: bool) -> bool:
-    """This rank writes p's pieces (each global element once; see the module docstring)."""
+    """This rank writes p's pieces (each global element once; see the module docstring). An MoE expert's `dp_rank`
+    is its expert-DP rank: an expert lives on one rank of each expert-DP replica, whichever TP rank that is
+    (hybrid/moe/parallel.py), so no TP rank is skipped."""
     if duplicate or (not sharded and dp_rank != 0):
         return False
     spec = spec_of(p)
+    if is_expert(p) and spec.dim is None:
+        return True
     if spec.dim is None:
         return tp_rank == 0
     return spec.starts.index(spec.starts[tp_rank]) == tp_rank

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from hybrid.mesh import Mesh
 from hybrid.cp.data import seq_kwargs
+from hybrid.moe import runtime as moe_runtime
 from hybrid.tp.sharding import param_grad
 
 
@@ -146,6 +147,7 @@ def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sync.begin_step(len(batches))
+    moe_runtime.set_aux_grad_scale(model, sync.loss_scale / len(batches))  # MoE aux losses, as the LM loss
     loss = (runner or LocalForwardBackward(model, mesh.device)).forward_backward(batches)
     sync.finish_backward(model, mesh)
     scale = sync.loss_scale  # the scale backward used: an fp16 overflow step halves it in step()
@@ -153,6 +155,7 @@ def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]
         for group in optimizer.param_groups:
             group["lr"] = lr
     optimizer.step()
+    moe_runtime.after_step(model, mesh)  # DeepSeek-V3's expert-bias update (MoE models with the bias only)
     loss = loss.float() / scale
     mesh.pp.all_reduce(loss, tag="metrics")  # only the last stage holds it
     # over DP x CP: a CP rank's loss is CP x its share of the sequence's mean (hybrid/cp/loss.py)

@@ -54,7 +54,8 @@ class ModelConfig:
             at positions (t - W, t] (transformers' `kv_idx > q_idx - sliding_window`); None: full.
         sliding_layers: the layer ids that use the window (Mistral: all; Qwen2: those whose
             `layer_types` entry is "sliding_attention").
-        model_type: transformers' model_type ("gpt2", "llama", "mistral", "qwen2"); None: the arch's.
+        model_type: transformers' model_type ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe");
+            None: the arch's.
         rope_type: transformers' rope_parameters.rope_type ("default": theta^(-2i/d); "linear", "yarn",
             "llama3" are computed by transformers from `hf`); unused by GPT-2.
         rope_theta: RoPE base theta (rope_parameters.rope_theta); unused by GPT-2.
@@ -62,6 +63,24 @@ class ModelConfig:
             compared.
         hf_config: the transformers config it came from (a config.json, a config object), None for a
             preset; not compared. Read it as `hf`, which builds a preset's on demand.
+
+    Mixture of Experts (model_type "mixtral", "qwen2_moe"; hybrid/moe, docs/moe.md; 0 experts: every layer has the
+    dense MLP):
+        num_experts: routed experts E per MoE layer (Mixtral num_local_experts, Qwen2-MoE num_experts).
+        moe_top_k: experts each token is sent to, k (num_experts_per_tok).
+        moe_ffn_hidden_size: inner width of one routed expert's SwiGLU (Mixtral intermediate_size,
+            Qwen2-MoE moe_intermediate_size).
+        moe_layers: ids of the layers whose MLP is the MoE block (Mixtral: all; Qwen2-MoE: those with
+            (i + 1) % decoder_sparse_step == 0 not in mlp_only_layers); the others keep the dense MLP.
+        moe_router_pre_softmax: True: softmax over all E logits, then top-k of the probabilities
+            (transformers' Mixtral and Qwen2-MoE); False: top-k of the logits, softmax over the k
+            (Megatron's default). Equal after renormalisation; they differ without it.
+        moe_norm_topk_prob: the k selected probabilities are divided by their sum (Mixtral always;
+            Qwen2-MoE norm_topk_prob).
+        moe_shared_expert_ffn_hidden_size: inner width of the shared expert every token also goes
+            through (Qwen2-MoE shared_expert_intermediate_size); 0: none.
+        moe_shared_expert_gate: the shared expert's output is scaled by sigmoid(x w_g), w_g of shape
+            (1, h) (Qwen2-MoE's shared_expert_gate).
     """
 
     arch: str
@@ -89,6 +108,16 @@ class ModelConfig:
     rope_theta: float = 10000.0
     name: str | None = field(default=None, compare=False)
     hf_config: PretrainedConfig | None = field(default=None, compare=False, repr=False)
+    # --- Mixture of Experts (hybrid/moe; fields documented above) ---------------------------------
+    num_experts: int = 0
+    moe_top_k: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_layers: tuple[int, ...] = ()
+    moe_router_pre_softmax: bool = True
+    moe_norm_topk_prob: bool = True
+    moe_shared_expert_ffn_hidden_size: int = 0
+    moe_shared_expert_gate: bool = False
+    # ----------------------------------------------------------------------------------------------
 
     def __post_init__(self) -> None:
         if self.model_type is None:
@@ -102,6 +131,13 @@ class ModelConfig:
         if self.sliding_layers and (self.sliding_window is None or self.sliding_window < 1):
             raise ValueError(f"--model: sliding_window {self.sliding_window} must be >= 1 for the sliding "
                              f"layers {list(self.sliding_layers)}")
+        if self.num_experts:
+            from hybrid.moe.shapes import check_model_fields
+            check_model_fields(self)
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        """Layer `layer_id`'s MLP is the Mixture-of-Experts block (hybrid/moe)."""
+        return self.num_experts > 0 and layer_id in self.moe_layers
 
     def window(self, layer_id: int) -> int | None:
         """The attention window of layer `layer_id` (None: full causal attention)."""
@@ -120,7 +156,17 @@ class ModelConfig:
         final_norm = 2 * h if self.arch == ARCH_GPT2 else h
         embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
         pos = self.max_position_embeddings * h if self.arch == ARCH_GPT2 else 0
-        return self.num_layers * (attn + mlp + norms) + final_norm + embed + pos
+        n_moe = sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))
+        moe = n_moe * (self.moe_mlp_parameters - mlp)  # MoE layers hold the MoE block instead of the dense MLP
+        return self.num_layers * (attn + mlp + norms) + final_norm + embed + pos + moe
+
+    @property
+    def moe_mlp_parameters(self) -> int:
+        """Parameters of one MoE block: router E h, E SwiGLU experts 3 h f_e, the shared expert 3 h f_s and its
+        gate h."""
+        h, E = self.hidden_size, self.num_experts
+        shared = 3 * h * self.moe_shared_expert_ffn_hidden_size + h * self.moe_shared_expert_gate
+        return E * h + E * 3 * h * self.moe_ffn_hidden_size + shared
 
     @property
     def hf(self) -> PretrainedConfig | None:
@@ -170,20 +216,42 @@ def from_hf(hf: PretrainedConfig) -> ModelConfig:
         head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
         ffn_hidden_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
         norm_eps=hf.rms_norm_eps, tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-        qkv_bias=hf.model_type == "qwen2" or (llama and bool(hf.attention_bias)),
+        qkv_bias=hf.model_type == "qwen2" or (llama and bool(hf.attention_bias)) or bool(getattr(hf, "qkv_bias", False)),
         mlp_bias=llama and bool(hf.mlp_bias), out_bias=llama and bool(hf.attention_bias),
         activation=hf.hidden_act, dropout=0.0, embedding_dropout=0.0,
         attention_dropout=float(hf.attention_dropout or 0.0), sliding_window=window, sliding_layers=windowed,
         model_type=hf.model_type, rope_type=rope.get("rope_type", "default"),
-        rope_theta=float(rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))), hf_config=hf)
+        rope_theta=float(rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))), hf_config=hf,
+        **moe_fields(hf))
 
 
-SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
+def moe_fields(hf: PretrainedConfig) -> dict:
+    """The Mixture-of-Experts fields of ModelConfig from a Mixtral / Qwen2-MoE config ({} for a dense one).
+    transformers' routers both take the softmax over all experts before top-k (pre-softmax); Mixtral always
+    renormalises the k probabilities, Qwen2-MoE when norm_topk_prob."""
+    layers = range(hf.num_hidden_layers)
+    if hf.model_type == "mixtral":
+        return dict(num_experts=hf.num_local_experts, moe_top_k=hf.num_experts_per_tok,
+                    moe_ffn_hidden_size=hf.intermediate_size, moe_layers=tuple(layers))
+    if hf.model_type == "qwen2_moe":
+        moe = tuple(i for i in layers if i not in (hf.mlp_only_layers or ())
+                    and hf.num_experts > 0 and (i + 1) % hf.decoder_sparse_step == 0)
+        return dict(num_experts=hf.num_experts if moe else 0, moe_top_k=hf.num_experts_per_tok,
+                    moe_ffn_hidden_size=hf.moe_intermediate_size, moe_layers=moe,
+                    moe_norm_topk_prob=bool(hf.norm_topk_prob),
+                    moe_shared_expert_ffn_hidden_size=hf.shared_expert_intermediate_size,
+                    moe_shared_expert_gate=True)
+    return {}
+
+
+SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 # config.json keys that are sizes (a positive integer when present; None allowed where transformers derives it)
 _SIZE_KEYS = {"n_embd": False, "n_head": False, "n_layer": False, "n_positions": False, "n_inner": True,
               "hidden_size": False, "num_attention_heads": False, "num_hidden_layers": False,
               "num_key_value_heads": True, "intermediate_size": False, "vocab_size": False,
-              "max_position_embeddings": False, "head_dim": True}
+              "max_position_embeddings": False, "head_dim": True,
+              "num_local_experts": False, "num_experts_per_tok": False, "moe_intermediate_size": False,
+              "decoder_sparse_step": False}
 
 
 def load_config(name_or_path: str | os.PathLike) -> ModelConfig:

@@ -15,6 +15,7 @@ tests/test_presets.py checks every literal against (`from_hf` of it equals the l
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig
@@ -41,11 +42,27 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, v
                        rope_type="default", rope_theta=theta, name=name)
 
 
+def _moe(name: str, model_type: str, ffn: int, experts: int, k: int, expert_ffn: int, eps: float, theta: float,
+         qkv_bias: bool = False, norm_topk: bool = True, shared_ffn: int = 0) -> ModelConfig:
+    """A tiny Mixture-of-Experts Llama (hybrid/moe): every layer's MLP is the MoE block."""
+    return dataclasses.replace(
+        _llama(name, 4, 64, 4, 2, ffn, vocab=256, positions=256, model_type=model_type, qkv_bias=qkv_bias, eps=eps,
+               theta=theta),
+        num_experts=experts, moe_top_k=k, moe_ffn_hidden_size=expert_ffn, moe_layers=(0, 1, 2, 3),
+        moe_norm_topk_prob=norm_topk, moe_shared_expert_ffn_hidden_size=shared_ffn,
+        moe_shared_expert_gate=shared_ffn > 0)
+
+
 PRESETS: dict[str, ModelConfig] = {c.name: c for c in (
     _gpt2("tiny-gpt2", 4, 64, 4, vocab=256, positions=256, dropout=0.0),
     _llama("tiny-llama", 4, 64, 4, 2, 176, vocab=256, positions=256),
     _llama("tiny-qwen2", 4, 64, 4, 2, 176, vocab=256, positions=256, model_type="qwen2", tie=True, qkv_bias=True,
            eps=1e-6, theta=10000.0),
+    # tiny-mixtral: 8 experts, top-2; tiny-qwen2-moe: 8 fine-grained experts (width 32), top-4 without
+    # renormalisation, a shared expert (width 64) behind its sigmoid gate
+    _moe("tiny-mixtral", "mixtral", 64, 8, 2, 64, eps=1e-5, theta=1e6),
+    _moe("tiny-qwen2-moe", "qwen2_moe", 176, 8, 4, 32, eps=1e-6, theta=10000.0, qkv_bias=True, norm_topk=False,
+         shared_ffn=64),
     _gpt2("gpt2", 12, 768, 12),
     _gpt2("gpt2-medium", 24, 1024, 16),
     _gpt2("gpt2-large", 36, 1280, 20),
@@ -74,6 +91,15 @@ TRANSFORMERS_ARGS: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny-qwen2": ("qwen2", dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                  intermediate_size=176, vocab_size=256, max_position_embeddings=256,
                                  tie_word_embeddings=True, attention_dropout=0.0)),
+    "tiny-mixtral": ("mixtral", dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                     vocab_size=256, max_position_embeddings=256, tie_word_embeddings=False,
+                                     attention_dropout=0.0, intermediate_size=64, num_local_experts=8,
+                                     num_experts_per_tok=2)),
+    "tiny-qwen2-moe": ("qwen2_moe", dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
+                                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=256,
+                                         tie_word_embeddings=False, attention_dropout=0.0, intermediate_size=176,
+                                         moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                         num_experts=8, num_experts_per_tok=4, norm_topk_prob=False)),
     "gpt2": ("gpt2", dict(n_layer=12, n_embd=768, n_head=12)),
     "gpt2-medium": ("gpt2", dict(n_layer=24, n_embd=1024, n_head=16)),
     "gpt2-large": ("gpt2", dict(n_layer=36, n_embd=1280, n_head=20)),

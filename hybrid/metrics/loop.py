@@ -50,7 +50,8 @@ class RunMetrics:
         return (f"metrics: {mfu} | memory: {self.memory.label} per rank, peak since start | per-rank step times, "
                 f"time split, straggler verdict: {every} (--timing-log-interval)")
 
-    def log_interval(self, iteration: int, step_s: float, loss: float, lr: float, report, skipped: int) -> str:
+    def log_interval(self, iteration: int, step_s: float, loss: float, lr: float, report, skipped: int,
+                     extra: dict | None = None) -> str:
         """' | consumed samples N | X TFLOP/s/device (hw Y) | MFU Z% | peak RSS M MiB (...) | ETA' for the log
         line; records the interval. Collective (the memory all-gather): every rank calls it."""
         rates = step_rates(self.cfg, self.seq_length, self.global_batch * self.seq_length, step_s, self.world,
@@ -62,7 +63,7 @@ class RunMetrics:
             "loss_scale": report.loss_scale, "skipped_iterations": skipped, "iteration_time_s": step_s,
             "tokens_per_s": rates.tokens_per_s, "tflops_per_device": rates.tflops_per_device,
             "hw_tflops_per_device": rates.hw_tflops_per_device, "mfu": rates.mfu,
-            self.memory.key: max(peaks), f"{self.memory.key}_per_rank": peaks})
+            self.memory.key: max(peaks), f"{self.memory.key}_per_rank": peaks, **(extra or {})})  # extra: MoE
         hw = f" (hw {rates.hw_tflops_per_device:.3g})" if self.recompute != "none" else ""
         mfu = f" | MFU {100 * rates.mfu:.2f}%" if rates.mfu is not None else ""
         eta = (self.train_iters - iteration) * step_s

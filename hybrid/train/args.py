@@ -27,6 +27,7 @@ from hybrid.fault import args as fault_args
 from hybrid.launch import MAX_TIMEOUT_MINUTES
 from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.metrics import args as metrics_args
+from hybrid.moe import args as moe_args
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
 from hybrid.pipeline.args import check_zero_bubble
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     fault_args.add_arguments(p)
     ckpt_args.add_arguments(p)
     cp_args.add_arguments(p)
+    moe_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -353,6 +355,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                    cp=cp.size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
+    moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")
@@ -372,7 +375,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
         optimizer=OptimizerConfig(lr=ns.lr, min_lr=ns.min_lr, weight_decay=ns.weight_decay, beta1=ns.adam_beta1,
                                   beta2=ns.adam_beta2, warmup_iters=ns.lr_warmup_iters, decay_style=ns.lr_decay_style,
                                   train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters),
-        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp,
+        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
         ds_unsupported=tuple(unsupported))
 
@@ -458,8 +461,9 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
         setattr(args, dest, value)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}, micro-batch {lay.micro_batch}, "
-              f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel} "
-              f"(predicted {result.plans[0].time.total:.3g} s/step on {hw.name})", flush=True)
+              f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel}, schedule "
+              f"{lay.schedule.value} (predicted {result.plans[0].time.total:.3g} s/step on {hw.name})"
+              + (f"; {result.notes[lay.short()]}" if lay.short() in result.notes else ""), flush=True)
 
 
 def _planning_device(args: argparse.Namespace, world: int, precision: Precision):

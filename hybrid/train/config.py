@@ -26,6 +26,7 @@ from hybrid.data.args import DataConfig
 from hybrid.fault.args import FaultConfig
 from hybrid.mesh import ParallelDims
 from hybrid.metrics.args import MetricsConfig
+from hybrid.moe.config import MoEConfig
 from hybrid.pipeline import ScheduleKind
 from hybrid.train_step import OptimizerConfig
 from hybrid.zero.config import CpuAdam, ZeroConfig
@@ -264,6 +265,7 @@ class RunConfig:
         fault: watchdog, NaN guard, stragglers (hybrid/fault/args.py).
         metrics: TensorBoard, the JSON-lines file, MFU's peak (hybrid/metrics/args.py).
         cp: context parallelism and packed documents (hybrid/cp/args.py).
+        moe: Mixture-of-Experts training and expert parallelism (hybrid/moe/args.py); None for a dense model.
         flags: every flag's final value (dest -> int / float / str / bool / None, or a tuple of them: --data-path),
             as checkpoints record it.
         ds_unsupported: keys of --deepspeed-config that hybrid does not read (a warning at start-up).
@@ -279,6 +281,7 @@ class RunConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     metrics: MetricsConfig = field(default_factory=lambda: MetricsConfig(None, None, None))
     cp: CPConfig = field(default_factory=CPConfig)
+    moe: MoEConfig | None = None
     flags: tuple[tuple[str, object], ...] = ()
     ds_unsupported: tuple[str, ...] = ()
 

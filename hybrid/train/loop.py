@@ -16,6 +16,8 @@ from hybrid.mesh import Mesh
 from hybrid.metrics.loop import RunMetrics
 from hybrid.metrics.peak_memory import current_rss_bytes
 from hybrid.metrics.split import predicted_split_line
+from hybrid.moe.runtime import log_fields as moe_log_fields
+from hybrid.moe.runtime import owners as moe_owners
 from hybrid.pipeline import build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
@@ -42,7 +44,8 @@ def build_runner(run: RunConfig, mesh: Mesh, tp: TPContext):
     model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages,
                                   seed=run.training.seed, recompute=setup.recompute,
                                   stage_ids=[plan.kind.placement.stage(mesh.coords.pp, c, dims.pp)
-                                             for c in range(plan.v)])
+                                             for c in range(plan.v)],
+                                  moe=expert_context(run, mesh))  # hybrid/moe; None for a dense model
     model = set_context_parallel(model.to(mesh.device), run.cp.context(mesh))  # hybrid/cp; None without CP
     if setup.compile:
         compile_blocks(model)
@@ -57,6 +60,22 @@ def build_runner(run: RunConfig, mesh: Mesh, tp: TPContext):
     io = StageIO((batch.micro_batch, seq, cfg.hidden_size), run.zero.precision.dtype)  # activations in compute dtype
     return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device,
                                    record_timeline=bool(run.training.timeline), placement=plan.kind.placement)
+
+
+def expert_context(run: RunConfig, mesh: Mesh):
+    """The MoE layers' flags and expert-parallel group (hybrid/moe); None for a dense model."""
+    if run.moe is None:
+        return None
+    from hybrid.moe.layer import ExpertContext
+    return ExpertContext(run.moe, mesh.ep)
+
+
+def expert_layout(run: RunConfig):
+    """How the expert layers fold the ranks (hybrid/moe/parallel.py); None for a dense model."""
+    if run.moe is None:
+        return None
+    from hybrid.moe.parallel import ExpertLayout
+    return ExpertLayout(run.parallel.dims, run.moe.expert_parallel)
 
 
 def compile_blocks(chunks, backend: str = "inductor") -> None:
@@ -75,7 +94,9 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     dims, plan, batch = run.parallel.dims, run.parallel.pipeline, run.training.batch
     cfg, seed = run.model.arch, run.training.seed
     baseline = current_rss_bytes()  # before the model: the planner's memory line adds it on CPU (explain.py)
-    mesh = Mesh.build(dims, device=device, timeout=timedelta(minutes=run.parallel.timeout_minutes))
+    experts = expert_layout(run)  # MoE: the expert layers' ep and edp groups (hybrid/moe/parallel.py)
+    mesh = Mesh.build(dims, device=device, timeout=timedelta(minutes=run.parallel.timeout_minutes),
+                      expert_groups=experts.groups() if experts is not None else None)
     # The default generators (CPU and every CUDA device), as Megatron's _set_random_seed: seed + 100 * pp_rank.
     # Training draws only from explicit generators (data, init, the dropout streams), but the default one is
     # checkpointed for whatever else draws from it -- unseeded it starts at a per-process value, and a resumed
@@ -97,7 +118,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
     ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run),
-                          owners={"fault.": ft})  # hybrid/checkpoint: every owner of state
+                          owners={"fault.": ft, **moe_owners(model)})  # hybrid/checkpoint: every owner of state
     start, consumed = ckpt.resume()
     if mesh.rank == 0:  # model, weights, data, schedule, the planner's figures; on resume what changed
         for line in explain.startup_lines(run, run_info(run), data, start, consumed, device, baseline):
@@ -119,7 +140,10 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
             extra = f" | grad norm {rep.grad_norm:.3f}" if rep.grad_norm is not None else ""
             if z.precision is Precision.FP16:
                 extra += f" | loss scale {rep.loss_scale:g} | skipped {optimizer.skipped_steps}"
-            fields = metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps)  # collective
+            moe_line, moe_values = moe_log_fields(model, mesh, batch.num_micro_batches * log_interval,
+                                                  expert_layout(run))  # collective; '' for a dense model
+            fields = moe_line + metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps,
+                                                     extra=moe_values)  # collective
             log0(mesh, f" iteration {it + 1:>6}/{train_iters} | lm loss {loss:.4f} | "
                        f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s"
                        f"{fields}")

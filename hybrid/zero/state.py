@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybrid.moe.params import is_expert
 from hybrid.stateful import Shards, flat_rectangles, global_box, is_owner
 from hybrid.tp import spec_of
 from hybrid.tp.sharding import full_shape
@@ -65,7 +66,7 @@ def param_names(model) -> dict[int, str]:
 def optimizer_chunks(opt, names: dict[int, str]) -> list[Chunk]:
     """Every chunk of every parameter in a ZeroOptimizer's master shards on this rank. `names` maps id(param)
     to its global name."""
-    tp_rank, dp_rank = opt.mesh.tp.rank, opt.dp.rank
+    tp_rank = opt.mesh.tp.rank
     out = []
     for ui, u in enumerate(opt.units):
         a, _ = u.shard_range
@@ -75,6 +76,7 @@ def optimizer_chunks(opt, names: dict[int, str]) -> list[Chunk]:
             if p.dim() > 2:
                 raise ValueError(f"checkpoint: parameter {names[id(p)]} has {p.dim()} dims; at most 2 are supported")
             f0 = s.lo + a - offsets[id(p)]  # flat range of p inside this segment
+            dp_rank = (opt.mesh.expert_dp if is_expert(p) else opt.dp).rank  # MoE experts: their expert-DP rank
             owner = is_owner(p, tp_rank, dp_rank, opt.cfg.sharded, id(p) in opt.duplicates)
             for rect in flat_rectangles(f0, f0 + s.hi - s.lo, math.prod(p.shape[1:])):
                 g = global_box(p, tp_rank, rect)
