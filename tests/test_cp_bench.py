@@ -12,6 +12,7 @@ from hybrid import testing
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # a benchmark / train.py end to end: the full suite runs it
 def test_bench_cp_quick_writes_the_table(tmp_path):
     out = tmp_path / "cp.md"
     p = testing.run([os.path.join(ROOT, "scripts", "bench_cp.py"), "--quick", "--out", str(out)],  # a fork

@@ -202,6 +202,7 @@ def _losses(stdout: str) -> dict[int, float]:
             for ln in stdout.splitlines() if ln.startswith(" iteration")}
 
 
+@pytest.mark.slow  # a benchmark / train.py end to end: the full suite runs it
 def test_train_py_saved_at_cp2_resumes_at_cp1_at_the_same_data_position(tmp_path, capsys):
     """The real entry point: a CP 2 run saves at iteration 3; one process (CP 1) loads it and logs the losses of
     iterations 4-6 the uninterrupted CP 2 run logged (to the 4 printed decimals, 1e-4)."""
