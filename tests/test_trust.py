@@ -744,6 +744,7 @@ def test_a_forged_moment_shape_is_one_line_before_any_process_group(saved, tmp_p
     assert "optim.exp_avg/wpe.weight is saved with shape [300, 64], --model's model has [256, 64]" in line, line
 
 
+@pytest.mark.slow  # train.py runs that train (forked)
 def test_the_same_config_under_another_path_resumes_and_overwrite_save_replaces_another_run(saved, tmp_path):
     """A run of --model <a folder with tiny-gpt2's config> resumes a checkpoint saved as `--model tiny-gpt2`; a run
     into a --save folder holding another run's checkpoints needs --overwrite-save, which removes them once its own
@@ -805,6 +806,7 @@ def test_non_finite_loaded_weights_are_one_line_naming_the_parameter(hf_folder, 
                                 "(0.h.1.mlp.c_fc.weight on rank 0") and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # train.py runs that train (forked)
 def test_a_skipped_first_step_is_logged_not_an_attribute_error(tmp_path):
     env_fault = {"HYBRID_FAULT": "nan:rank=0,iterations=1"}
     out = train(["--train-iters", "2"], tmp_path, env=env_fault)
