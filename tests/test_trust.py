@@ -736,6 +736,7 @@ def test_another_config_is_one_line_naming_the_first_differing_field(saved, tmp_
     assert "its vocab_size is 256" in line and "has 300" in line, line
 
 
+@pytest.mark.slow  # a train.py run that trains (forked)
 def test_an_edited_config_under_the_same_path_is_one_line_not_a_size_mismatch(tmp_path, monkeypatch, capsys):
     """The issue's case: train with --model DIR, edit DIR/config.json (a wider vocabulary, more layers), --load with
     the same --model DIR -- it was load_state_dict's size-mismatch traceback; the path is the same, the model is
@@ -820,6 +821,30 @@ def test_non_finite_loaded_weights_are_one_line_naming_the_parameter(hf_folder, 
     weights["transformer.h.1.mlp.c_fc.weight"][3, 5] = float("nan")
     save_file(weights, os.path.join(src, "model.safetensors"), metadata={"format": "pt"})
     out = train(["--load", src, "--model", src, "--train-iters", "3"], tmp_path, check=False)
+    errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
+    assert out.returncode == 65 and len(errors) == 1, out.stderr[-2000:]
+    assert errors[0].startswith("train.py: error: nan-guard: the weights at the start of training are not finite "
+                                "(0.h.1.mlp.c_fc.weight on rank 0") and "Traceback" not in out.stderr
+
+
+def test_a_nan_weight_in_a_hybrid_checkpoint_is_one_line_naming_it(saved, tmp_path):
+    """The same through a hybrid (DCP) checkpoint: the saved model tensors rewritten with one NaN (DCP's own
+    torch-save round trip, the manifest re-hashed), --load stops before the first step naming the parameter."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+    ck = str(tmp_path / "ckpt")
+    shutil.copytree(saved, ck)
+    it_dir = store.final_path(ck, 2)
+    full = str(tmp_path / "full.pt")
+    dcp_to_torch_save(it_dir, full)  # the test's own, trusted checkpoint
+    state = torch.load(full, weights_only=True)
+    state["model/h.1.mlp.c_fc.weight"][3, 5] = float("nan")
+    torch.save(state, full)
+    for name in os.listdir(it_dir):
+        if name == ".metadata" or name.endswith(".distcp"):
+            os.remove(os.path.join(it_dir, name))
+    torch_save_to_dcp(full, it_dir)
+    rehash(it_dir)
+    out = train(["--load", ck, "--train-iters", "3"], tmp_path, check=False)
     errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
     assert out.returncode == 65 and len(errors) == 1, out.stderr[-2000:]
     assert errors[0].startswith("train.py: error: nan-guard: the weights at the start of training are not finite "
