@@ -5,9 +5,11 @@ lines checkpoint.md quotes -- is matched against the lines the code really print
 tests/test_inputs.py and tests/test_trust.py, rerun here in-process (the flags, the DeepSpeed JSON, config and data
 files, output paths, the hostile checkpoints through train.py and `hybrid generate`, the damaged transformers folders).
 A quoted line matches when its words are a printed line's: `...` stands for an elided part, and the example's values
-(numbers, quoted names, paths, upper-case placeholders such as X or N) for any value. The few lines only a running job
-prints (a lost rank, torchrun's summary, the NaN guard, a damaged newest checkpoint, a stale build lock) are listed in
-RUNTIME with the test that asserts each; this test checks that the test still asserts it."""
+(numbers, quoted names, paths, lists, placeholders such as X or N) for any value. The lines no table prints (a lost
+rank, the NaN guard, a damaged newest checkpoint, a stale build lock, inputs tested in other files) are held to the
+code's own strings instead: their words between values must be string literals of hybrid/, models/ or scripts/
+(at most three joined, as a message is composed of fixed and variable parts). A reworded line fails either way.
+"""
 
 from __future__ import annotations
 
@@ -192,6 +194,7 @@ def in_code(run: str, src: str) -> bool:
     """The run is in the code as written, or as up to three strings joined at a word or a punctuation mark (a
     message composed of fixed parts and variable ones: f"{what} need a vocabulary of {n}", what = "byte tokens")."""
     cuts = sorted({c for m in re.finditer(r"[\s:;(),]+", run) for c in m.span()})
+
     def joined(start: int, parts: int) -> bool:
         return run[start:] in src or parts > 1 and any(
             run[start:c] in src and joined(c, parts - 1) for c in cuts if start < c < len(run))
