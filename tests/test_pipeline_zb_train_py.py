@@ -148,6 +148,7 @@ def _metrics(case: str, kind: str, tmp) -> list[tuple[float, float]]:
     return [(r["lm_loss"], r["grad_norm"]) for r in recs if "lm_loss" in r]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", COMPOSED)
 def test_zero_bubble_composes_with_context_and_expert_parallelism(case, tmp_path):
     ref = _metrics(case, "1f1b", tmp_path)
