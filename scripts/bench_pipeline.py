@@ -28,8 +28,8 @@ Zero bubble: besides the ours/torch rows, ZB-H1 against our 1F1B, timed in the s
 against our 1F1B (median ms with min - max, the ratio per block) beside the simulator's prediction:
 `simulate` of both lists with each stage's F, full-backward, B and W seconds measured in the untimed profiling
 steps (the medians of the executor's own timeline events), messages free. "within 10 %" compares the measured
-saving 1 - ZB/1F1B with the predicted one. (ZBV is timed and checked against torch's, not predicted here: its
-stages are half as deep, so the per-stage seconds would have to be measured on the V chunks too.)
+saving 1 - ZB/1F1B with the predicted one. ZBV likewise, its simulation priced with the F, B and W seconds
+measured on its own 2 pp stages (half as deep as the others').
 
 Timing: `warmup` untimed steps per runtime, then `repeats` rounds that run the eight in turn (ABAB...), so
 a noisy machine slows all alike. A step is forward + backward of all m micro-batches (no optimizer),
@@ -452,14 +452,15 @@ def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dic
                 p.grad = None
             dist.barrier()
             busy[n].append(r.compute_seconds(batches))
-            if isinstance(r, Ours) and r.chunks is chunks:  # the simulator's input: one stage a rank
+            if isinstance(r, Ours):  # the simulator's input: per chunk (ZBV's V chunks apart), each compute's seconds
                 for e in r.last_events:
                     if e.name in COMPUTE:
-                        ops.setdefault(e.name, []).append(e.end - e.start)
+                        key = ("v", e.chunk) if r.chunks is v_chunks else ("loop", 0)
+                        ops.setdefault(key, {}).setdefault(e.name, []).append(e.end - e.start)
     log(f"  memory measured (one ledger step per runtime), compute / wait split ({PROFILE_STEPS} steps per runtime)")
     recv = runtimes["torch 1F1B"].recv_buffer_bytes()
     return {"times": times, "cpu": cpu, "saved": saved, "held": held, "live": live, "busy": busy, "recv": recv,
-            "check": check, "ops": {k: statistics.median(v) for k, v in ops.items()}}
+            "check": check, "ops": {k: {n: statistics.median(t) for n, t in per.items()} for k, per in ops.items()}}
 
 
 def bench(pp: int, shape: Shape, warmup: int, repeats: int) -> PPResult:
@@ -474,28 +475,38 @@ def bench(pp: int, shape: Shape, warmup: int, repeats: int) -> PPResult:
         v = 2 if kind is ScheduleKind.ZBV else 1
         holder = results[kind.placement.rank_chunk(pp * v - 1, pp)[0]]["check"]
         check.update({k: holder[k] for k in (f"{name} loss ours", f"{name} loss torch")})
-    ops = [r["ops"] for r in results]
+    ops = [r["ops"][("loop", 0)] for r in results]
+    v_ops = [[r["ops"][("v", c)] for c in range(2)] for r in results]
     return PPResult(pp=pp, times=times, cpu=cpu,
                     saved={n: [r["saved"][n] for r in results] for n in names},
                     held={n: [r["held"][n] for r in results] for n in names},
                     live={n: [r["live"][n] for r in results] for n in names},
                     torch_recv_buffers=[r["recv"] for r in results], check=check, op_seconds=ops,
-                    predicted=predicted_steps(ops, shape.m),
+                    predicted=predicted_steps(ops, v_ops, shape.m),
                     busy={n: [(statistics.median([t for t, _ in r["busy"][n]]),
                                statistics.median([c for _, c in r["busy"][n]])) for r in results] for n in names})
 
 
-def predicted_steps(ops: list[dict[str, float]], m: int) -> dict[str, float]:
+def _split_costs(per_stage: list[dict[str, float]]) -> Costs:
+    """Costs with each global stage's measured F, and B + W as its backward with W's share of it."""
+    b, w = [o.get("backward_input", 0.0) for o in per_stage], [o.get("backward_weight", 0.0) for o in per_stage]
+    return Costs(stage_forward=tuple(o["forward"] for o in per_stage), stage_backward=tuple(x + y for x, y in zip(b, w)),
+                 stage_weight_share=tuple(y / (x + y) if x + y > 0 else 0.5 for x, y in zip(b, w)))
+
+
+def predicted_steps(ops: list[dict[str, float]], v_ops: list[list[dict[str, float]]], m: int) -> dict[str, float]:
     """The simulator's step time of 1F1B and ZB-H1 from the measured per-stage seconds of F, the full backward
-    (1F1B), B and W (ZB-H1); messages free."""
-    pp = len(ops)
-    fwd = tuple(o["forward"] for o in ops)
-    full = Costs(stage_forward=fwd, stage_backward=tuple(o["backward"] for o in ops))
-    b, w = [o["backward_input"] for o in ops], [o["backward_weight"] for o in ops]
-    split = Costs(stage_forward=fwd, stage_backward=tuple(x + y for x, y in zip(b, w)),
-                  stage_weight_share=tuple(y / (x + y) if x + y > 0 else 0.5 for x, y in zip(b, w)))
+    (1F1B), B and W (ZB-H1), and of ZBV from the seconds of F, B, W measured on each of its 2 pp stages (rank r's
+    chunk c is the V's stage r or 2 pp - 1 - r); messages free."""
+    pp, zbv = len(ops), ScheduleKind.ZBV
+    full = Costs(stage_forward=tuple(o["forward"] for o in ops), stage_backward=tuple(o["backward"] for o in ops))
+    v_stages = [{} for _ in range(2 * pp)]
+    for r, per_chunk in enumerate(v_ops):
+        for c, o in enumerate(per_chunk):
+            v_stages[zbv.placement.stage(r, c, pp)] = o
     return {"1F1B": simulate(build_schedule(ScheduleKind.ONE_F_ONE_B, pp, m), full).makespan,
-            "ZB-H1": simulate(build_schedule(ScheduleKind.ZB_H1, pp, m), split).makespan}
+            "ZB-H1": simulate(build_schedule(ScheduleKind.ZB_H1, pp, m), _split_costs(ops)).makespan,
+            "ZBV": simulate(build_schedule(zbv, pp, m, 2), _split_costs(v_stages), placement=zbv.placement).makespan}
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -551,24 +562,31 @@ def zero_bubble_table(results: list[PPResult], m: int, runs: int) -> str:
     """ZB-H1 against our 1F1B, measured in the same rounds, beside the simulator's prediction."""
     lines = ["| pp | m | 1F1B ms, median (min - max) | ZB-H1 ms, median (min - max) | ZB-H1 / 1F1B, median of blocks "
              "(min - max) | simulated ZB-H1 / 1F1B (step ms) | saving measured / simulated | within 10 % "
-             "| ZBV ms, median (min - max) | ZBV / 1F1B, median of blocks (min - max) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| ZBV ms, median (min - max) | ZBV / 1F1B, median of blocks (min - max) | simulated ZBV / 1F1B "
+             "| ZBV saving measured / simulated | within 10 % |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         ours, zb, zbv = res.times["ours 1F1B"], res.times[ZB_NAME], res.times["ours ZBV"]
         q, qv = block_ratios(zb, ours, runs), block_ratios(zbv, ours, runs)
         p1, pz = res.predicted["1F1B"], res.predicted["ZB-H1"]
         saving, predicted = 1 - statistics.median(q), 1 - pz / p1
         close = abs(saving - predicted) <= 0.1 * abs(predicted) if predicted else False
+        pv = res.predicted["ZBV"]
+        saving_v, predicted_v = 1 - statistics.median(qv), 1 - pv / p1
+        close_v = abs(saving_v - predicted_v) <= 0.1 * abs(predicted_v) if predicted_v else False
         lines.append(f"| {res.pp} | {m} | {1e3 * statistics.median(ours):.0f} ({1e3 * min(ours):.0f} - "
                      f"{1e3 * max(ours):.0f}) | {1e3 * statistics.median(zb):.0f} ({1e3 * min(zb):.0f} - "
                      f"{1e3 * max(zb):.0f}) | {statistics.median(q):.3f} ({min(q):.3f} - {max(q):.3f}) "
                      f"| {pz / p1:.3f} ({1e3 * pz:.0f} / {1e3 * p1:.0f}) | {100 * saving:.1f} % / {100 * predicted:.1f} % "
                      f"| {'yes' if close else 'no'} | {1e3 * statistics.median(zbv):.0f} ({1e3 * min(zbv):.0f} - "
-                     f"{1e3 * max(zbv):.0f}) | {statistics.median(qv):.3f} ({min(qv):.3f} - {max(qv):.3f}) |")
+                     f"{1e3 * max(zbv):.0f}) | {statistics.median(qv):.3f} ({min(qv):.3f} - {max(qv):.3f}) "
+                     f"| {pv / p1:.3f} | {100 * saving_v:.1f} % / {100 * predicted_v:.1f} % "
+                     f"| {'yes' if close_v else 'no'} |")
     return "\n".join(lines)
 
 
 def stage_seconds_lines(results: list[PPResult]) -> list[str]:
+    """The loop stages' seconds (1F1B, GPipe, ZB-H1); ZBV's per-chunk seconds feed its prediction likewise."""
     def fmt(o: dict[str, float]) -> str:
         return ", ".join(f"{k.replace('backward_input', 'B').replace('backward_weight', 'W')} {1e3 * v:.1f}"
                          for k, v in sorted(o.items()))
@@ -642,8 +660,8 @@ def report(results: list[PPResult], args: argparse.Namespace, shape: Shape, load
         "",
         time_table(results, shape.m, args.runs),
         "",
-        "Zero bubble (ours): ZB-H1 and ZBV against 1F1B in the same rounds, and for ZB-H1 the simulator's prediction "
-        "from the measured per-stage F, B, W seconds (messages free):",
+        "Zero bubble (ours): ZB-H1 and ZBV against 1F1B in the same rounds, beside the simulator's prediction from the "
+        "measured per-stage F, B, W seconds (ZBV's on its own 2 pp stages; messages free):",
         "",
         zero_bubble_table(results, shape.m, args.runs),
         "",
