@@ -157,3 +157,41 @@ def test_zero_bubble_composes_with_context_and_expert_parallelism(case, tmp_path
     zbv = _metrics(case, "zbv", tmp_path)
     assert [loss for loss, _ in zbv] == [loss for loss, _ in ref]
     assert [norm for _, norm in zbv] == pytest.approx([norm for _, norm in ref], rel=1e-12, abs=0)
+
+
+# --- the NaN guard and the hang watchdog under zero bubble, through train.py (pp 2 on 2 ranks) --------------------
+# B and W are "backward" phases on the op trail the watchdog and the guard observe: a NaN gradient on rank 1 (it
+# reaches .grad in W) skips the step on both ranks; a rank stalled before a pipeline send is named by its peer.
+FAULT_ARGV = ["--pipeline-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "8",
+              "--seq-length", "32", "--train-iters", "5", "--log-interval", "1", "--eval-iters", "0",
+              "--watchdog-timeout", "5"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["zbh1", "zbv"])
+def test_nan_guard_skips_the_step_on_every_rank_under_zero_bubble(kind):
+    from hybrid.testing import launch
+    runs = launch([*FAULT_ARGV, "--pipeline-schedule", kind], 2, {"HYBRID_FAULT": "nan:rank=1,iterations=3"},
+                  timeout=600)
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    # under ZB-H1 the NaN lands in rank 1's first parameter, the tied LM head, whose gradient is summed with rank
+    # 0's embedding copy before the guard looks (sync_tied_embeddings): rank 0 is non-finite too, as under 1F1B
+    ranks = "[0, 1]" if kind == "zbh1" else "[1]"
+    assert f"nan-guard: iteration 3: skipped the step on every rank (non-finite on ranks {ranks}; 1 consecutive)" \
+        in runs[0].stdout, runs[0].stdout[-2000:]
+    assert "nan-guard: iteration 3: rank 1: non-finite gradient of" in runs[1].stdout, runs[1].stdout[-2000:]
+    assert runs[0].stdout.count("skipped the step on every rank") == 1, "only iteration 3 is skipped"
+
+
+@pytest.mark.serial  # exit within the watchdog timeout + 10 s: runs alone under xdist
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["zbh1", "zbv"])
+def test_a_rank_stalled_before_a_pipeline_send_is_named_by_its_peer_under_zero_bubble(kind):
+    from hybrid.fault.watchdog import EXIT_HANG
+    from hybrid.testing import launch
+    runs = launch([*FAULT_ARGV, "--pipeline-schedule", kind], 2,
+                  {"HYBRID_FAULT": "hang:rank=1,op=pp.send,iteration=3,microbatch=1"})
+    assert [r.returncode for r in runs] == [EXIT_HANG, EXIT_HANG], runs[0].stderr[-2000:]
+    (line,) = [ln for ln in runs[0].stderr.splitlines() if ln.startswith("hang verdict:")]
+    assert "rank 0 waited" in line and "in pp p2p" in line and "at iteration 3 micro-batch 1" in line, line
+    assert "<- rank 1" in line and "not arrived: rank 1 (" in line, line
