@@ -2,7 +2,7 @@
 
     python scripts/bench_pipeline.py --out docs/results/bench_pipeline.md   # ~9 minutes on 2 cores under load 16-46
     python scripts/bench_pipeline.py --quick --out /tmp/pp.md               # smoke run (measures nothing)
-    python scripts/bench_pipeline.py --pp 2 --microbatches 8 --out docs/results/bench_zero_bubble.md  # ZB-H1 row
+    python scripts/bench_pipeline.py --pp 2 --microbatches 4 --out docs/results/bench_zero_bubble.md  # zero-bubble rows
     [--pp 2] [--microbatches 4] [--repeats 10] [--runs 3] [--warmup 1] [--hidden 256] [--layers 8] [--seq 128]
     [--micro-batch 2] [--vocab 2048]
 
