@@ -10,7 +10,7 @@ cuts the same layers into 2 pp stages instead of pp: a stage boundary only moves
 arithmetic is unchanged too. Where a layout would change the accumulation order (none here) the bound would be
 1e-6 relative; every case below is checked with torch.equal.
 
-Cases (at most 8 gloo ranks, tiny models): pp 2 x tp 2 x dp 2 with ZeRO 1 and 3, and pp 4 (tp 2 or dp 2), for
+Cases (at most 8 gloo ranks, tiny models): pp 2 x tp 2 x dp 2 with ZeRO 1, 2 and 3, and pp 4 (tp 2 or dp 2), for
 GPT-2 (tied embeddings: under ZBV both copies sit on rank 0) and Llama (GQA); sequence parallelism once; full
 recomputation twice (W recomputes the block a second time: the dropout streams are replayed each time) and
 selective once.
@@ -44,6 +44,8 @@ CASES_PP2 = {
     "llama-zbh1-pp2-tp2-dp2-zero3-full": ("tiny-llama", ZB_H1, 2, 2, 3, False, FULL),
     "gpt2-zbv-pp2-tp2-dp2-zero3": ("tiny-gpt2", ZBV, 2, 2, 3, False, NONE),
     "llama-zbv-pp2-tp2sp-dp2-zero1-full": ("tiny-llama", ZBV, 2, 2, 1, True, FULL),
+    "gpt2-zbh1-pp2-tp2sp-dp2-zero2": ("tiny-gpt2", ZB_H1, 2, 2, 2, True, NONE),
+    "llama-zbv-pp2-tp2-dp2-zero2-selective": ("tiny-llama", ZBV, 2, 2, 2, False, SELECTIVE),
 }
 CASES_PP4 = {
     "llama-zbh1-pp4-tp2-zero1": ("tiny-llama", ZB_H1, 2, 4, 1, False, NONE),
