@@ -418,6 +418,8 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
                  f"{hw.elementwise_bytes_per_s / 1e12:.3g} TB/s + {hw.kernel_overhead_s * 1e6:.3g} us a kernel; "
                  f"one pipeline message {t.pp_comm * 1e3:.3g} ms; bubble {100 * t.bubble_fraction:.1f} % "
                  f"(docs/planner.md \"Time\")")
+    if plan.experts is not None:  # MoE: the EP choice (hybrid/planner/moe.py)
+        lines.append(f"  + {plan.experts.explain()}")
     return "\n".join(lines)
 
 

@@ -25,7 +25,9 @@ import itertools
 import re
 from dataclasses import dataclass, field, replace
 
+from hybrid.planner import moe
 from hybrid.planner.hardware import GB
+from hybrid.planner.moe import ExpertPlan
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, layout_problems,
                                    pp_problems, recompute_at_most, tp_problems)
 from hybrid.planner.predicted_memory import MemoryPlan, peak_memory, plan_memory
@@ -88,6 +90,8 @@ class Plan:
         tflops_per_gpu: hardware FLOPs (recomputation included, by `flops_formula`) per GPU per second / 1e12.
         mfu: model FLOPs (no recomputation) per GPU per second / peak.
         flops_formula: how `tflops_per_gpu` counts FLOPs.
+        experts: an MoE model's expert layers at their chosen EP size (hybrid/planner/moe.py; None for a dense
+            model): their seconds are in tokens_per_s, their memory in memory_gb.
     """
 
     layout: Layout
@@ -97,11 +101,17 @@ class Plan:
     tflops_per_gpu: float
     mfu: float
     flops_formula: FlopsFormula
+    experts: ExpertPlan | None = None
+
+    @property
+    def seconds(self) -> float:
+        """The step: the time model's, plus an MoE model's expert compute and all-to-all (`experts`)."""
+        return self.time.total + (self.experts.seconds if self.experts else 0.0)
 
     @property
     def memory_gb(self) -> float:
-        """Device memory of the fullest pipeline rank, GB."""
-        return self.memory.peak.total / GB
+        """Device memory of the fullest pipeline rank, GB (an MoE model's experts included)."""
+        return (self.memory.peak.total + (self.experts.extra_bytes if self.experts else 0.0)) / GB
 
     @property
     def bubble_fraction(self) -> float:
@@ -161,8 +171,9 @@ def evaluate(work: Workload, cluster: Cluster, layout: Layout, formula: FlopsFor
 
 def _plan(work: Workload, cluster: Cluster, layout: Layout, memory: MemoryPlan, time: StepTime,
           formula: FlopsFormula) -> Plan:
-    n, t = cluster.gpus, time.total
-    return Plan(layout=layout, memory=memory, time=time,
+    experts = moe.choose(work, cluster, layout, memory.peak.total) if work.model.num_experts else None  # MoE: EP
+    n, t = cluster.gpus, time.total + (experts.seconds if experts else 0.0)
+    return Plan(layout=layout, memory=memory, time=time, experts=experts,
                 tokens_per_s=work.global_batch * work.seq_length / t,
                 tflops_per_gpu=step_flops(work, layout, formula) / (n * t) / 1e12,
                 mfu=model_flops(work) / (n * t) / (cluster.hw.peak_tflops * 1e12),
@@ -195,7 +206,7 @@ def search(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace(),
         fitting += _fitting_variants(work, cluster, space, base, result)
     fitting.sort(key=lambda item: item[0])
     for bound, layout in fitting:
-        if len(result.plans) >= top and bound > result.plans[top - 1].time.total:
+        if len(result.plans) >= top and bound > result.plans[top - 1].seconds:
             break
         try:
             time = step_time(work, cluster, layout, budget)
@@ -203,9 +214,15 @@ def search(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace(),
             result.rejected.append(Rejection(layout.short(), str(e)))
             continue
         result.timed += 1
-        result.plans.append(_plan(work, cluster, layout, plan_memory(work, cluster, layout), time, formula))
-        result.plans += _zero_bubble_twin(work, cluster, space, result.plans[-1], formula, budget, result.notes)
-        result.plans.sort(key=lambda p: p.time.total)
+        plan = _plan(work, cluster, layout, plan_memory(work, cluster, layout), time, formula)
+        if work.model.num_experts and plan.experts is None:  # MoE: no EP size fits the experts beside it
+            result.rejected.append(Rejection(layout.short(), moe.memory_problem(work, cluster, layout,
+                                                                                plan.memory.peak.total)))
+            continue
+        result.plans.append(plan)
+        result.plans += [p for p in _zero_bubble_twin(work, cluster, space, plan, formula, budget, result.notes)
+                         if p.experts is not None or not work.model.num_experts]
+        result.plans.sort(key=lambda p: p.seconds)
         del result.plans[top:]
     return result
 
@@ -290,7 +307,8 @@ def _fitting_variants(work: Workload, cluster: Cluster, space: SearchSpace, base
             if problems:
                 result.rejected.append(Rejection(layout.short(), "; ".join(problems)))
                 continue
-            problem = memory_problem(cluster, *peak_memory(work, cluster, layout))
+            peak = peak_memory(work, cluster, layout)
+            problem = memory_problem(cluster, *peak) or moe.memory_problem(work, cluster, layout, peak[1])
             if problem:
                 result.rejected.append(Rejection(layout.short(), problem))
             elif any(fi <= i and recompute_at_most(fitting.recompute, recompute) for fi, _, fitting in fits):
