@@ -2,9 +2,10 @@
 
     hybrid layout --world 16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
     hybrid models
-    hybrid plan ...            (the layout planner, when installed)
+    hybrid plan ...            (the layout planner; hybrid calibrate measures a machine for it)
     hybrid checkpoint inspect DIR
     hybrid convert SRC DST     (checkpoints: transformers <-> hybrid, DeepSpeed -> hybrid)
+    hybrid generate SRC        (decoding from a checkpoint, any TP x PP under torchrun)
 
 Training itself is launched with torchrun: `torchrun --nproc-per-node N -m hybrid.train ...` (or
 `python -m hybrid.train ...` for one process).
@@ -19,6 +20,9 @@ import sys
 from hybrid.cliutil import HelpFormatter, OneLineParser, fail, int_in, positive_int
 from hybrid.mesh import Axis, ParallelDims
 
+# the modules whose add_parser(subparsers) registers a sub-command (planner: plan and calibrate); every one is part
+# of the package, so one that does not import is a broken install, not an optional feature -- never skipped
+SUBCOMMANDS = ("hybrid.planner.cli", "hybrid.checkpoint.inspect", "hybrid.convert.cli", "hybrid.generate.cli")
 MAX_WORLD = 2**16  # `layout` prints a line per TP group: beyond this it is a wall of text, not a layout
 
 
@@ -77,11 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MoE: experts per layer, to print which ranks hold which (default: EP, one each)")
     p.set_defaults(func=_layout)
     sub.add_parser("models", help="list model presets", formatter_class=HelpFormatter).set_defaults(func=_models)
-    for module in ("hybrid.planner.cli", "hybrid.checkpoint.inspect", "hybrid.convert.cli"):  # with their feature
-        try:
-            importlib.import_module(module).add_parser(sub)
-        except ModuleNotFoundError:
-            pass
+    for module in SUBCOMMANDS:  # each feature registers its own; a broken install fails here, loudly
+        importlib.import_module(module).add_parser(sub)
     return parser
 
 

@@ -1,6 +1,7 @@
 """One training step: micro-batches, gradient synchronisation, the optimizer.
 
-    loss = train_step(model, batches, optimizer, mesh, averager)
+    loss = train_step(model, batches, zero_optimizer, mesh, runner=runner)     # train.py: ZeroOptimizer syncs
+    loss = train_step(model, batches, torch_adamw, mesh, averager)             # tests' reference: GradAverager
 
 Each micro-batch's loss is scaled by 1/m before backward, so the accumulated gradient is the
 gradient of the mean loss over this rank's rows; averaging over DP then gives the gradient of the
@@ -107,8 +108,9 @@ class ForwardBackward(Protocol):
 
 
 class GradSync(Protocol):
-    """Who makes gradients complete across ranks: `GradAverager` (after backward) or
-    `hybrid.zero.ZeroOptimizer` (from backward hooks, and also the optimizer)."""
+    """Who makes gradients complete across ranks: `hybrid.zero.ZeroOptimizer` (from backward hooks, and also the
+    optimizer: what train.py runs), or `hybrid.dp.GradAverager` (after backward: the tests' unsharded-DP
+    reference, never a training path)."""
 
     loss_scale: float  # the loss was multiplied by this before backward (fp16); 1 otherwise
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from einops import rearrange
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from hybrid.measured_memory import track_stored
@@ -266,17 +267,19 @@ class ParallelAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
         x = self.tp.enter(x)  # (B, T, C) replicated (SP: gathered from (B, T/t, C))
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, a/t, T, hd)
-        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, kv/t, T, hd)
-        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        # this rank's heads out of the column-parallel projections: (B, T, heads/t x hd) -> (B, heads/t, T, hd)
+        heads = "b t (heads hd) -> b heads t hd"
+        q = rearrange(self.q_proj(x), heads, hd=self.head_dim)  # (B, a/t, T, hd)
+        k = rearrange(self.k_proj(x), heads, hd=self.head_dim)  # (B, kv/t, T, hd)
+        v = rearrange(self.v_proj(x), heads, hd=self.head_dim)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, kv/t, T_past + T, hd)
         y = maybe_checkpoint(self.recompute is Recompute.SELECTIVE and self.training, self.core, q, k, v, segments,
                              rng=self.tp.rng)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C), summed over TP
+        # heads back side by side for the row-parallel o_proj, whose input rows are this rank's heads
+        return self.o_proj(rearrange(y, "b heads t hd -> b t (heads hd)"))  # (B, T, C), summed over TP
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              segments: torch.Tensor | None = None) -> torch.Tensor:

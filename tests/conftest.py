@@ -66,7 +66,7 @@ def _file(nodeid: str) -> str:
 
 def _heavy(config: pytest.Config) -> dict[str, float]:
     """file -> seconds for the order: this checkout's records (pytest's cache), else HEAVY."""
-    recorded = config.cache.get(CACHE_KEY, {}).get("files", {}) if config.cache is not None else {}
+    recorded = config.cache.get(CACHE_KEY, {}).get("files", {}) if getattr(config, "cache", None) is not None else {}
     return {**HEAVY, **{f: v["seconds"] for f, v in recorded.items()}}
 
 
@@ -118,7 +118,7 @@ class _Durations:
 
     def finish(self, terminal) -> None:
         whole = self.complete()
-        if self.config.cache is not None and whole:
+        if getattr(self.config, "cache", None) is not None and whole:
             record = self.config.cache.get(CACHE_KEY, {"files": {}})
             stamp = time.strftime("%Y-%m-%d %H:%M")
             record["files"].update({f: {"seconds": s, "tests": self.done[f], "at": stamp} for f, s in whole.items()})

@@ -6,6 +6,8 @@ the scripts still run against the current library, so the published tables can b
 
 import os
 
+import pytest
+
 from hybrid import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -13,6 +15,7 @@ SCRIPTS = ("bench_zero.py", "bench_tp.py", "bench_pipeline.py", "bench_checkpoin
            "bench_moe.py")
 
 
+@pytest.mark.slow
 def test_bench_scripts_quick_mode_writes_a_table(tmp_path):
     env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     outs = {s: tmp_path / (s[:-3] + ".md") for s in SCRIPTS}

@@ -269,6 +269,7 @@ def spawns(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", [case_name(*c) for c in RESUME_CASES])
+@pytest.mark.slow
 def test_resume_after_save_is_bit_identical_to_the_uninterrupted_run(spawns, case):
     """Per-step losses, compute-dtype parameters, fp32 master weights, both moments, the Adam step and the
     loss scaler (scale, good steps, skipped steps) after the resume equal the uninterrupted run's."""
@@ -313,6 +314,7 @@ def _loaded(spawns, target, source) -> list[dict]:
 
 @pytest.mark.parametrize("target", LAYOUTS + [INTERLEAVED], ids=lambda t: t if isinstance(t, str) else lname(t))
 @pytest.mark.parametrize("source", LAYOUTS, ids=lname)  # ZeRO 3 offloaded (matrix_zero)
+@pytest.mark.slow
 def test_a_checkpoint_loads_at_any_layout_with_identical_parameters_moments_and_step(spawns, source, target):
     want, step = _saved(spawns, source)
     assert step == N
@@ -329,6 +331,7 @@ def test_a_checkpoint_loads_at_any_layout_with_identical_parameters_moments_and_
         assert g["json"]["scaler"] == {"loss_scale": 1.0, "good_steps": 0, "skipped_steps": 0}
 
 
+@pytest.mark.slow
 def test_async_save_keeps_the_values_of_the_call_and_back_to_back_saves_complete(spawns):
     saved = spawns["straight"][0]["async"]
     assert saved["iterations"] == list(range(N, N + 7)) and saved["latest"] == N + 6
@@ -379,6 +382,7 @@ def _faults(mesh: Mesh, root: str, corpus) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_a_crash_during_a_save_leaves_latest_on_the_previous_checkpoint(spawns):
     f = spawns["single"]["faults"]
     latest, cands, listing = f["after_data"]
@@ -389,6 +393,7 @@ def test_a_crash_during_a_save_leaves_latest_on_the_previous_checkpoint(spawns):
     assert latest == 2 and listing == ["iter_0000001", "iter_0000002", "latest"]  # the leftover .tmp is gone
 
 
+@pytest.mark.slow
 def test_a_truncated_or_flipped_file_is_named_and_load_falls_back_to_the_previous_checkpoint(spawns):
     f = spawns["single"]["faults"]
     assert "__0_0.distcp" in f["truncated"] and "truncated" in f["truncated"] and "\n" not in f["truncated"]
@@ -415,6 +420,7 @@ def _losses(stdout: str) -> dict[int, str]:
             for ln in stdout.splitlines() if ln.startswith(" iteration")}
 
 
+@pytest.mark.slow
 def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path, capsys):
     save = str(tmp_path / "ckpt")
     first = _train(["--save", save, "--save-interval", "3", "--async-save", "--save-keep", "2"], tmp_path)
@@ -466,6 +472,7 @@ def test_bad_checkpoint_flags_are_one_line_before_any_process_group(tmp_path, ar
     assert not dist.is_initialized()
 
 
+@pytest.mark.slow
 def test_sigterm_with_exit_signal_handler_finishes_the_step_saves_and_exits_zero(tmp_path):
     import signal
     import time

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from hybrid import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,6 +26,7 @@ def _losses(tmp_path, extra: list[str]) -> list[float]:
     return [r["lm_loss"] for r in map(json.loads, out.read_text().splitlines()) if "lm_loss" in r]
 
 
+@pytest.mark.slow
 def test_compiled_blocks_train_as_the_eager_run(tmp_path):
     eager, compiled = _losses(tmp_path, []), _losses(tmp_path, ["--compile"])
     assert len(eager) == len(compiled) == 3

@@ -76,6 +76,7 @@ def hardware_profile(d, fp32_tflops: float) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_validation_loss_is_the_same_on_every_layout(reference):
     """The 3 validation/test numbers (iteration 2; iteration 4 once, by the final evaluation, on the samples the
     periodic one would read; the test set) of tp 2 x pp 2 with sequence
@@ -98,6 +99,7 @@ def test_validation_loss_is_the_same_on_every_layout(reference):
         assert [float(v) for _, _, v, _ in VALID.findall(out)] == pytest.approx(ref_losses, rel=1e-5), out
 
 
+@pytest.mark.slow
 def test_tensorboard_and_metrics_file_hold_the_logged_numbers(reference):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -184,6 +186,7 @@ def test_bad_data_inputs_are_one_error_line_before_any_process_group(tmp_path, m
         assert fragment in lines[0], (fragment, lines[0])
 
 
+@pytest.mark.slow
 def test_the_run_prints_its_measured_time_split_and_the_planners_prediction(reference):
     """Every log interval: the measured split of the step (op-trail phases, hybrid/fault/straggler.py); once at the
     start with --hardware: the planner's prediction of the same shares for this layout (hybrid/metrics/split.py).

@@ -195,6 +195,7 @@ def _check_in_process(argv: list[str], workdir: str, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("where,command", COMMANDS, ids=[f"{w}:{c[:60]}" for w, c in COMMANDS])
+@pytest.mark.slow
 def test_documented_command_runs(where, command, hf_model, workdir, monkeypatch):
     if "HEAD_NODE" in command or not _pieces(command):
         reasons = [why for s, why in SKIP.items() if s in command]

@@ -7,6 +7,7 @@ import contextlib
 import io
 import re
 
+import pytest
 import torch
 
 from hybrid.data import load_corpus, micro_batches
@@ -92,6 +93,7 @@ def test_nan_in_one_tp_rank_gradient_skips_the_step_on_every_rank_bit_identicall
         assert f"medians over iterations {other}" in log0, log0
 
 
+@pytest.mark.slow
 def test_consecutive_skips_end_the_training_job_with_exit_code_65():
     (run,) = launch(["--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "6", "--max-skipped-steps",
                      "2"], 1, {"HYBRID_FAULT": "nan:rank=0,iterations=3-4"})

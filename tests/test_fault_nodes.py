@@ -53,6 +53,7 @@ def single_agent_with_a_slow_rank() -> str:
 
 
 @pytest.mark.serial  # step times compared across ranks: runs alone under xdist
+@pytest.mark.slow
 def test_a_rank_slowed_50ms_per_micro_batch_is_named_with_its_phase(single_agent_with_a_slow_rank):
     """With the default --timing-log-interval (10 log intervals) the report of an interval that names a
     straggler is printed at once: both of this run's 2 intervals."""
@@ -63,6 +64,7 @@ def test_a_rank_slowed_50ms_per_micro_batch_is_named_with_its_phase(single_agent
 
 
 @pytest.mark.serial  # a clean run names no straggler: runs alone under xdist
+@pytest.mark.slow
 def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single_agent_with_a_slow_rank):
     port = free_port()
     verbose = TRAIN + ["--timing-log-interval", "1"]  # a clean run's verdict is printed only in the verbose form
@@ -78,6 +80,7 @@ def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single
     assert re.findall(r"straggler: \w+", out) == ["straggler: none"] * 2, out  # a clean run names nobody
 
 
+@pytest.mark.slow
 def test_losing_one_agent_ends_the_job_cleanly(tmp_path):
     psutil = pytest.importorskip("psutil")
     port = free_port()
@@ -107,6 +110,7 @@ def test_losing_one_agent_ends_the_job_cleanly(tmp_path):
 
 
 @pytest.mark.serial  # the kill lands between two saves: runs alone under xdist
+@pytest.mark.slow
 def test_an_elastic_job_that_loses_a_node_re_plans_on_the_survivor_and_continues(tmp_path):
     """torchrun --nnodes 1:2 --max-restarts 1, two agents of 2 ranks, saving every 3 iterations. Node b (its agent
     and workers) is killed once iteration 4 is logged; agent a's workers fail on the dead peer, a restarts them in

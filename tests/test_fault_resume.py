@@ -167,16 +167,19 @@ def _killed_and_restarted(tmp_path, nproc: int, layout: list[str], straight, in_
         assert torch.equal(resumed[k], ref[k]), (fault, k)
 
 
+@pytest.mark.slow
 def test_killed_mid_accumulation_then_mid_save_under_torchrun_restarts_and_matches_bit_for_bit_tp2_dp2(
         tmp_path, straight4):
     _killed_and_restarted(tmp_path, 4, TP2, straight4, in_save=True)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_accumulation_under_torchrun_restarts_and_matches_bit_for_bit_tp2_pp2_dp2(
         tmp_path, straight8):
     _killed_and_restarted(tmp_path, 8, TP2PP2, straight8)
 
 
+@pytest.mark.slow
 def test_a_run_restarted_on_fewer_ranks_re_plans_reshards_and_continues(tmp_path, straight8):
     """8 ranks for 4 iterations, saved; then 4 ranks with --auto-parallel load it and run iterations 5-8.
     Bound: the loss is a mean over the global batch; another layout sums the same terms in another order

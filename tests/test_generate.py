@@ -109,6 +109,7 @@ def test_greedy_tokens_equal_transformers_at_tp1(random_llama, capsys):
                                                        f"{','.join(map(str, want))}", src
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_transformers_at_tp2_under_torchrun(random_llama):
     """torchrun, 2 gloo ranks, tp 2 (the default: every launched process): each rank holds 2 of the 4 heads, 1 of
     the 2 kv-heads in its cache, and half the vocabulary (259 padded to 260)."""
@@ -128,6 +129,7 @@ def _torchrun(nproc: int, src, *flags: str) -> str:
     return p.stdout
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_transformers_at_pp2_under_torchrun(random_llama):
     """2 gloo ranks, pp 2 (tp 1), from the transformers folder: stage 0 holds the embedding and layer 0, stage 1
     layer 1, the norm and the head; each its layer's KV cache, the hidden states sent 0 -> 1 every step."""
@@ -137,6 +139,7 @@ def test_greedy_tokens_equal_transformers_at_pp2_under_torchrun(random_llama):
     assert "tp 1 x pp 2 (layers [1, 1]) on cpu, KV cache" in out
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_transformers_at_tp2_pp2_under_torchrun(random_llama3):
     """4 gloo ranks, tp 2 x pp 2 (tp innermost: ranks 0, 1 are stage 0), from the converted checkpoint (read by
     DCP, each rank its stage's layers at its tp shard); 3 layers split 1, 2 (--pipeline-layers-per-stage: the

@@ -27,6 +27,7 @@ def _env(**extra) -> dict:
             "TORCHELASTIC_ERROR_FILE": None, "OMP_NUM_THREADS": "1", **extra}
 
 
+@pytest.mark.slow
 def test_bad_flag_under_torchrun_prints_once_and_is_the_root_cause(tmp_path):
     """Run as a pip user would: `torchrun -m hybrid.train` from a directory that is not the checkout."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hybrid.train",
@@ -43,6 +44,7 @@ def test_bad_flag_under_torchrun_prints_once_and_is_the_root_cause(tmp_path):
     assert not os.listdir(tmp_path), "nothing left behind"
 
 
+@pytest.mark.slow
 def test_python_m_hybrid_train_runs_one_process_without_torchrun(tmp_path):
     """`python -m hybrid.train` in a directory outside the checkout (a fork of hybrid.testing's forkserver)."""
     out = testing.run(["-m", "hybrid.train", "--train-iters", "2"] + TINY, cwd=str(tmp_path), env=_env(),
@@ -64,6 +66,7 @@ def _launch_two_ranks(tmp_path, fault: str, timeout_min: float) -> list[testing.
 
 
 @pytest.mark.serial  # ends within the timeout + window + 10 s: runs alone under xdist
+@pytest.mark.slow
 def test_stalled_and_killed_ranks_end_their_jobs_within_the_timeout_naming_them(tmp_path):
     """Two 2-rank jobs at once (one start-up cost): in each, rank 1 stops (SIGSTOP) or dies (SIGKILL) at iteration 3.
     Rank 0 waits in its next all-reduce: for SIGKILL gloo reports the closed connection at once, for SIGSTOP the
@@ -118,8 +121,8 @@ def test_an_install_ships_the_training_entry_point():
 def _torchrun(tmp_path, fault: str, *flags: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hybrid.train",
            "--distributed-timeout-minutes", "0.2"] + TINY + list(flags)
-    return subprocess.run(cmd, cwd=tmp_path, env=_env(HYBRID_FAULT=fault), capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(cmd, cwd=tmp_path, env=testing.environment(_env(HYBRID_FAULT=fault)), capture_output=True,
+                          text=True, timeout=300)
 
 
 @pytest.mark.parametrize("fault, flags, rank, code, cause", [

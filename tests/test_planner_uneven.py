@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from hybrid import testing
 from hybrid.partition import rank_chunks
 from hybrid.planner import Cluster, Layout, SearchSpace, Workload, evaluate, hardware, search
@@ -66,6 +68,7 @@ def _losses(argv: list[str], ranks: int) -> list[float]:
             if line.lstrip().startswith("iteration")]
 
 
+@pytest.mark.slow
 def test_train_py_runs_uneven_interleaved_stages_and_matches_one_process():
     """pp 2 x v 2 with the embedding and the head stages holding no layers (0, 2, 2, 0): rank 0 runs the
     embedding and layers 2-3, rank 1 layers 0-1 and the head; the losses equal one process's (printed to 4

@@ -78,6 +78,7 @@ def _train_and_list_modules(argv: list[str]) -> None:
         print(_modules_line(), flush=True)
 
 
+@pytest.mark.slow
 def test_a_preset_runs_ranks_import_neither(tmp_path):
     argv = ["--model", "tiny-llama", "--tensor-model-parallel-size", "2", "--train-iters", "2", "--seq-length", "16",
             "--micro-batch-size", "1", "--global-batch-size", "1", "--log-interval", "1"]

@@ -705,8 +705,8 @@ def test_a_truncated_model_or_tokenizer_file_is_one_line(hf_folder, tmp_path, mo
 
 # --- the model a checkpoint holds: by its config, not its path --------------------------------------------------
 def _config_folder(path, **changes) -> str:
-    from models.config import PRESETS
-    hf = PRESETS["tiny-gpt2"]()  # the model `saved` was trained with (train.py's default --model)
+    from models.presets import transformers_config
+    hf = transformers_config("tiny-gpt2")  # the model `saved` was trained with (train.py's default --model)
     for k, v in changes.items():
         setattr(hf, k, v)
     hf.save_pretrained(path)
@@ -755,3 +755,57 @@ def test_the_same_config_under_another_path_resumes_and_overwrite_save_replaces_
     done = train(["--save", other, "--overwrite-save", "--train-iters", "1"], tmp_path)
     assert "--overwrite-save: removed the earlier run's 1 checkpoint(s)" in done.stdout
     assert store.complete_iterations(other) == [1] and store.read_latest(other) == 1
+
+
+# --- tools never replace a good output with a worse one ----------------------------------------------------------
+@pytest.mark.parametrize("bad", ["empty", "whitespace", "not-json", "not-utf8", "no-key", "fifo"])
+def test_a_bad_input_never_replaces_a_good_tokenizer_or_dataset(tmp_path, monkeypatch, capsys, bad):
+    """train_tokenizer.py and preprocess_data.py read every input before writing: a bad one is one line and the
+    tokenizer / indexed dataset already at the output stays byte for byte."""
+    from hybrid.data import preprocess, train_tokenizer
+    monkeypatch.chdir(tmp_path)
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"text": f"document {i} about foxes and dogs"}) + "\n" for i in range(40)))
+    train_tokenizer.main(["--input", str(good), "--output", "tok", "--vocab-size", "300"])
+    preprocess.main(["--input", str(good), "--output-prefix", "data", "--tokenizer-type", "ByteLevel"])
+    capsys.readouterr()
+    path = tmp_path / "bad.jsonl"
+    if bad == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_bytes({"empty": b"", "whitespace": b"\n \n", "not-json": b"{\"text\": \n",
+                          "not-utf8": b"{\"text\": \"\xff\xfe\"}\n", "no-key": b"{\"body\": \"x\"}\n"}[bad])
+    before = tree(tmp_path)
+    for fn, argv in ((train_tokenizer.main, ["--input", str(path), "--output", "tok", "--vocab-size", "300"]),
+                     (preprocess.main, ["--input", str(path), "--output-prefix", "data", "--tokenizer-type",
+                                        "ByteLevel"])):
+        line = one_line_error(fn, argv, capsys)
+        assert "error: --input" in line and "bad.jsonl" in line, line
+    assert tree(tmp_path) == before, "a good output was replaced"
+
+
+# --- the NaN guard: non-finite weights at load, a skipped first step -----------------------------------------------
+def test_non_finite_loaded_weights_are_one_line_naming_the_parameter(hf_folder, tmp_path):
+    """A --load folder with a NaN weight: the guard stops before the first step (exit 65), one line naming it -- it
+    was an AttributeError at the first log line."""
+    from safetensors.torch import load_file, save_file
+    src = str(tmp_path / "nan")
+    shutil.copytree(hf_folder, src)
+    weights = load_file(os.path.join(src, "model.safetensors"))
+    weights["transformer.h.1.mlp.c_fc.weight"][3, 5] = float("nan")
+    save_file(weights, os.path.join(src, "model.safetensors"), metadata={"format": "pt"})
+    out = train(["--load", src, "--model", src, "--train-iters", "3"], tmp_path, check=False)
+    errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
+    assert out.returncode == 65 and len(errors) == 1, out.stderr[-2000:]
+    assert errors[0].startswith("train.py: error: nan-guard: the weights at the start of training are not finite "
+                                "(0.h.1.mlp.c_fc.weight on rank 0") and "Traceback" not in out.stderr
+
+
+def test_a_skipped_first_step_is_logged_not_an_attribute_error(tmp_path):
+    env_fault = {"HYBRID_FAULT": "nan:rank=0,iterations=1"}
+    out = subprocess.run([sys.executable, "-m", "hybrid.train", "--train-iters", "2"] + TINY, cwd=tmp_path,
+                         env={**_env(), **env_fault}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "nan-guard: iteration 1: skipped the step on every rank" in out.stdout
+    first = next(ln for ln in out.stdout.splitlines() if ln.startswith(" iteration      1/"))
+    assert "grad norm" not in first, first  # the skipped step has no norm (it was last_report None: AttributeError)

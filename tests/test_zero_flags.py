@@ -106,6 +106,7 @@ def _cpu_adam_built() -> bool:
 
 
 @pytest.mark.skipif(not _cpu_adam_built(), reason="DeepSpeed CPU Adam not built yet (train.py builds it on first use)")
+@pytest.mark.slow
 def test_deepspeed_cpu_adam_computes_torch_adamw():
     """Same decoupled-weight-decay AdamW; DeepSpeed's AVX kernel rounds differently (fused fp32
     ops), so after 5 steps the weights agree to a few fp32 ulps of the largest weight (measured
@@ -146,6 +147,7 @@ def _logged_losses(stdout: str) -> list[float]:
             if line.lstrip().startswith("iteration")]
 
 
+@pytest.mark.slow
 def test_readme_zero3_offload_bf16_command_runs_under_torchrun():
     """The README's headline ZeRO command as written there -- 8 ranks, tp 2 x pp 2 x dp 2, ZeRO-3 with
     optimizer and parameter offload, bf16 -- shortened only by flags appended after it (argparse:
@@ -160,6 +162,7 @@ def test_readme_zero3_offload_bf16_command_runs_under_torchrun():
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses), out.stdout
 
 
+@pytest.mark.slow
 def test_zero3_fp32_optimizer_offload_starts_and_trains_under_torchrun():
     """The reported crash: fp32 ZeRO-3 with only the optimizer offloaded (default preset, default
     --cpu-adam auto) died in ZeroOptimizer._init_unit reading a freed buffer."""

@@ -95,6 +95,4 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--no-verify", action="store_true",
                    help="skip the logits check of the converted model against the source")
     p.set_defaults(func=run)
-    from hybrid.generate import decode
-    decode.add_parser(subparsers)  # `hybrid generate`: the sanity check after a conversion
     return p

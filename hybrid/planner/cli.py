@@ -75,7 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus", type=int_in(1, MAX_GPUS), metavar="N",
                    help="GPUs in the job (required, unless --scan-gpus)")
     g.add_argument("--gpus-per-node", type=positive_int, metavar="N", help="None: the preset's")
-    g.add_argument("--gpu", default=GpuKind.A100_80G.value, choices=[k.value for k in GpuKind], help="device preset")
+    g.add_argument("--gpu", default=GpuKind.A100_80G.value, choices=[k.value for k in GpuKind],
+                   help="device preset: a100-80g, h100-80g (SXM, 700 W), h100-96g-500w (torchtitan's Grand Teton "
+                        "H100: HBM2e, 500 W), h200, cpu (docs/planner.md 'Hardware')")
     g.add_argument("--gpu-memory", type=positive_float, metavar="GB", help="GB per device (None: the preset's)")
     g.add_argument("--gpu-tflops", type=positive_float, metavar="X",
                    help="dense bf16 peak, TFLOP/s (None: the preset's)")

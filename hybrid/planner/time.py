@@ -31,15 +31,18 @@ hardware.collective_seconds):
 
 * TP, on the critical path (Megatron runs them synchronously): per layer 2 all-reduces of b s h x 2 bytes in
   the forward and 2 in the backward (under SP an all-gather + reduce-scatter pair each, the same wire bytes),
-  2 more in the backward under full recomputation (the rerun forward); the embedding's forward all-reduce
+  1 more in the backward under full recomputation (the rerun forward stops at the last tensor the backward needs:
+  torch's non-reentrant checkpoint; under SP 3, predicted_comm.py); the embedding's forward all-reduce
   (stage 0), the LM-head input's backward all-reduce (last stage) and the vocab-parallel cross-entropy's 3
   all-reduces of b s fp32 values; under SP one all-reduce per step of the sequence-split parameters' gradients.
 * PP: one b s h x 2-byte message per stage boundary per micro-batch each way (/t under SP, where hidden states
   between stages are sequence-split), over NVLink or the sender's NIC; the simulation places them.
-* DP, after the last backward, not overlapped (as the runtime's GradAverager does): ZeRO 0 all-reduces the
-  rank's 2 Psi gradient bytes (4 Psi with fp32 gradients, Workload.fp32_grads: every gradient byte count here
-  doubles); ZeRO 1 reduce-scatters them and all-gathers the updated 2 Psi parameter bytes
-  (the same wire bytes: the paper's 2 Psi). ZeRO 2 keeps only a gradient partition, so it reduce-scatters each
+* DP: ZeRO 0 all-reduces the rank's 2 Psi gradient bytes (4 Psi with fp32 gradients, Workload.fp32_grads: every
+  gradient byte count here doubles) and ZeRO 1 reduce-scatters them, counted after the last backward and not
+  overlapped (the runtime's ZeroOptimizer posts them from backward hooks as buckets fill, so the model is
+  conservative there); ZeRO 1-2 all-gather the updated 2 Psi parameter bytes, overlapped with the next step's
+  forward except the first bucket and what does not fit under the first forward (`_dp_step_seconds`; the same
+  wire bytes: the paper's 2 Psi). ZeRO 2 keeps only a gradient partition, so it reduce-scatters each
   micro-batch's gradients during that micro-batch's backward and all-gathers the parameters once per step;
   ZeRO 3 also all-gathers the parameters in each micro-batch's forward and backward: 3 Psi per micro-batch
   (the paper's 3 Psi at m = 1). Those per-micro-batch collectives overlap the stage's compute (prefetching),

@@ -461,8 +461,9 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
         setattr(args, dest, value)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}, micro-batch {lay.micro_batch}, "
-              f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel} "
-              f"(predicted {result.plans[0].time.total:.3g} s/step on {hw.name})", flush=True)
+              f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel}, schedule "
+              f"{lay.schedule.value} (predicted {result.plans[0].time.total:.3g} s/step on {hw.name})"
+              + (f"; {result.notes[lay.short()]}" if lay.short() in result.notes else ""), flush=True)
 
 
 def _planning_device(args: argparse.Namespace, world: int, precision: Precision):
