@@ -163,3 +163,17 @@ def test_ep_flag_with_a_dense_model_is_refused(capsys):
                       "--expert-model-parallel-size", "2"])
     assert code == 2
     assert "--expert-model-parallel-size: the model has no experts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given", [None, 4])
+def test_auto_parallel_runs_the_planners_ep_or_the_given_one(capsys, given):
+    """train.py --auto-parallel on an MoE model: the run's EP is the planner's choice (printed on the
+    auto-parallel line), or the --expert-model-parallel-size given, which the planner then plans around."""
+    from hybrid.train.args import configure, parse_args
+
+    argv = ["--model", "tiny-mixtral", "--auto-parallel", "--global-batch-size", "8", "--seq-length", "32"]
+    run, _ = configure(parse_args(argv + ([] if given is None else ["--expert-model-parallel-size", str(given)])),
+                       world=WORLD)
+    line = capsys.readouterr().out
+    ep = int(re.search(r", ep (\d+) \(predicted", line).group(1))
+    assert run.moe.expert_parallel == ep and (given is None or ep == given), line
