@@ -419,7 +419,8 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     """The step of `plan` taken apart (time.TERMS): each term's seconds, its share, what it is, and the numbers
     the compute terms rest on."""
     t, hw = plan.time, cluster.hw
-    lines = [f"why {plan.layout.short()} takes {t.total:.4g} s a step ({work.kernel_profile.value} kernels, "
+    moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
+    lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
              f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}):"]
     for name, what in TERMS:
         seconds = t.term(name)
