@@ -177,3 +177,24 @@ def test_auto_parallel_runs_the_planners_ep_or_the_given_one(capsys, given):
     line = capsys.readouterr().out
     ep = int(re.search(r", ep (\d+) \(predicted", line).group(1))
     assert run.moe.expert_parallel == ep and (given is None or ep == given), line
+
+
+def test_the_runs_planner_line_prices_the_runs_own_ep():
+    """train.py's start-up prediction (hybrid/train/explain.predict) of an MoE run counts the experts at the run's
+    --expert-model-parallel-size: the memory differs between EP 1 and EP 2 by exactly the planner's expert terms
+    at those sizes (ZeRO 1 over dp 2: EP 2 holds half the experts)."""
+    from hybrid.train.args import configure, parse_args
+    from hybrid.train.explain import predict, run_experts
+
+    memory, extra = {}, {}
+    for ep in (1, 2):
+        run, _ = configure(parse_args(["--model", "tiny-mixtral", "--global-batch-size", "8", "--seq-length", "32",
+                                       "--micro-batch-size", "2", "--zero-stage", "1",
+                                       "--expert-model-parallel-size", str(ep)]), world=2)
+        p = predict(run, torch.device("cpu"), 0.0)
+        assert p.error is None, p.error
+        memory[ep] = p.tensors_bytes
+        work = Workload(load_config("tiny-mixtral"), global_batch=8, seq_length=32, precision=Precision.FP32)
+        extra[ep] = expert_plan(work, Cluster(gpus=2, hw=hardware("cpu")),
+                                Layout(dp=2, micro_batch=2, zero=ZeroStage.OPTIMIZER), ep).extra_bytes
+    assert memory[1] - memory[2] == pytest.approx(extra[1] - extra[2]) and extra[1] > extra[2]
