@@ -28,16 +28,17 @@ changes, per rank of the fullest pipeline stage (its L_s MoE layers):
                        backward exchanges)
 
 lambda is max / mean tokens per expert -- what train.py's log line prints as "imbalance"; 1.0 is perfect balance.
-The default 1.2 is a planning margin, not a measurement: pass the run's own.
+The default 1.2 is a planning margin, not a measurement: pass the run's own (`hybrid plan --moe-imbalance`).
 
 Every (layout, ep) is priced; `choose` keeps the fastest ep whose added memory fits the device beside the base plan
 (ep need not divide dp: EP folds over the stage's tp x dp ranks; it divides tp x dp and the experts). A larger ep
 sends a larger share (ep - 1) / ep of the rows off-rank and pays the imbalance, and syncs fewer expert gradients
-over a smaller expert-DP group; fuller expert GEMMs are not modelled. --explain lists every ep with its terms. `alltoall_bytes` is what the runtime's ledger counts on the
-ep group (all_to_all_v) for a routing that gives every EP rank N k / ep slots (tests/test_moe_planner.py); the
-per-expert counts exchanged first (E / ep int64 to each peer) are priced as latency only.
-The step adds these seconds to the dense plan's (no overlap assumed: Megatron overlaps the all-to-all only with
-its shared-expert compute).
+over a smaller expert-DP group; fuller expert GEMMs are not modelled. --explain lists every ep with its terms.
+`alltoall_bytes` is what the runtime's ledger counts on the ep group (all_to_all_v) for a routing that gives every
+EP rank N k / ep slots (tests/test_moe_planner.py); the per-expert counts exchanged first (E / ep int64 to each
+peer) are priced as latency only. The alltoall dispatcher (the default) is priced, not allgather. The step adds
+these seconds to the dense plan's (no overlap assumed: Megatron overlaps the all-to-all only with its shared-expert
+compute).
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ def _moe_layers_on_fullest_stage(work: Workload, layout: Layout) -> int:
 
 
 def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbalance: float = IMBALANCE) -> ExpertPlan:
+    """The experts of `layout` at EP `ep`: every term of the module docstring, per rank of the fullest stage."""
     cfg, hw = work.model, cluster.hw
     h, f_e, E, k = cfg.hidden_size, cfg.moe_ffn_hidden_size, cfg.num_experts, cfg.moe_top_k
     stage = layout.tp * layout.dp
@@ -171,8 +173,8 @@ def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbal
         latency = hw.inter_latency_s if place.spans_nodes else hw.intra_latency_s
         seconds = imbalance * max(over_nvlink, over_nic) + COLLECTIVES_PER_LAYER * layers * m * latency
     return ExpertPlan(ep=ep, edp=edp, moe_layers=layers, expert_params=psi_e, extra_bytes=extra,
-                      compute_s=compute, dp_sync_s=sync, alltoall_bytes=sent, alltoall_s=seconds, intra_node=not place.spans_nodes,
-                      imbalance=imbalance)
+                      compute_s=compute, dp_sync_s=sync, alltoall_bytes=sent, alltoall_s=seconds,
+                      intra_node=not place.spans_nodes, imbalance=imbalance)
 
 
 def ep_sizes(work: Workload, layout: Layout, pinned: tuple[int, ...] | None = None) -> list[int]:
