@@ -114,6 +114,7 @@ def test_predicted_expert_parameters_equal_what_a_rank_holds(measured, case):
         assert rank[case][1] == plan.expert_params
 
 
+@pytest.mark.slow
 def test_the_layout_the_planner_picks_runs(capsys):
     """`hybrid plan --emit-args` for tiny-mixtral on 4 CPU ranks with EP pinned to 2: the flags it prints (EP
     among them) train two iterations through train.py on 4 ranks."""
