@@ -5,6 +5,8 @@
   for a routing that gives every EP rank N k / ep slots (the planner's assumption; the router is made to route
   slot j = t k + i to expert j mod E, so every expert gets N k / E of each rank's slots), and its expert
   parameters per rank equal what the runtime's ranks hold;
+* the experts' DP / ZeRO collectives it prices (over expert-DP) equal the runtime ledger's bytes on the edp group
+  at ZeRO 0-3 (tp 1 x dp 4, EP 2);
 * the layout `hybrid plan --emit-args` picks for an MoE model (EP included) runs through train.py;
 * EP is chosen by memory when the experts do not fit at EP 1 (Mixtral 8x7B's published config.json on 32 H100),
   rejected by name when pinned too small, and layouts train.py refuses for MoE (TP without SP) are not planned.
@@ -22,7 +24,7 @@ from hybrid.planner import Cluster, SearchSpace, Workload, hardware, search
 from hybrid.planner.cli import main as plan_main
 from hybrid.planner.layout import Layout, Offload, Recompute, ZeroStage
 from hybrid.planner.model import Precision
-from hybrid.planner.moe import expert_plan, layout_problems
+from hybrid.planner.moe import expert_plan, layout_problems, sync_ledger
 from hybrid.testing import launch, run_distributed
 from models.config import load_config
 
@@ -87,6 +89,50 @@ def _step_ledger(rank, world):
 @pytest.fixture(scope="module")
 def measured():
     return run_distributed(_step_ledger, WORLD, timeout=600)
+
+
+def _expert_dp_ledger(rank, world):
+    """One train_step at tp 1 x dp 4, EP 2 (expert-DP 2), ZeRO 0-3: the ledger's collectives on the edp group."""
+    from hybrid.moe.config import MoEConfig
+    from hybrid.moe.layer import ExpertContext
+    from hybrid.moe.parallel import build_mesh
+    from hybrid.mesh import ParallelDims
+    from hybrid.tp import TPContext
+    from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
+    from hybrid.zero import ZeroConfig, ZeroOptimizer
+    from models import build_pipeline_chunks
+
+    cfg, out = load_config("tiny-mixtral"), {}
+    for zero in ZeroStage:
+        mesh = build_mesh(ParallelDims.from_world(world), 2)
+        chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp), 0, 1, seed=0,
+                                       moe=ExpertContext(MoEConfig(expert_parallel=2), mesh.ep))
+        opt = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=int(zero)), OptimizerConfig(lr=1e-3))
+        ids = torch.randint(0, cfg.vocab_size, (MICRO, SEQ + 1), generator=torch.Generator().manual_seed(rank))
+        mesh.ledger.reset()
+        runner = LocalForwardBackward(chunks[0], mesh.device)
+        train_step(chunks, [(ids[:, :-1], ids[:, 1:])] * M, opt, mesh, runner=runner)
+        out[int(zero)] = {k.split("@")[0]: v["bytes"] for k, v in mesh.ledger.summary().items() if k.endswith("@edp")}
+    return out
+
+
+@pytest.fixture(scope="module")
+def edp_ledgers():
+    return run_distributed(_expert_dp_ledger, WORLD, timeout=600)
+
+
+@pytest.mark.parametrize("zero", list(ZeroStage))
+def test_predicted_expert_dp_bytes_equal_the_runtime_ledger(edp_ledgers, zero):
+    """The experts' DP / ZeRO collectives the planner prices (moe.sync_ledger of Psi_e over expert-DP: all-reduce
+    at ZeRO 0; reduce-scatter + all-gather at 1; the reduce-scatter per micro-batch at 2; and the forward and
+    backward all-gathers per micro-batch at 3) = the runtime ledger's bytes on the edp group, op by op."""
+    work = Workload(load_config("tiny-mixtral"), global_batch=WORLD * MICRO * M, seq_length=SEQ,
+                    precision=Precision.FP32)
+    layout = Layout(dp=WORLD, micro_batch=MICRO, zero=zero)
+    plan = expert_plan(work, Cluster(gpus=WORLD, hw=hardware("cpu")), layout, 2)
+    book = sync_ledger(work, layout, plan.expert_params, plan.edp)
+    predicted = {k.split("@")[0]: v["bytes"] for k, v in book.items()}
+    assert predicted and all(rank[int(zero)] == predicted for rank in edp_ledgers), (predicted, edp_ledgers[0])
 
 
 def _predicted(tp, pp, ep):

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from hybrid.planner.hardware import GB, GroupPlacement
 from hybrid.planner.layout import Cluster, Layout, Workload, dp_placement, stage_layers
-from hybrid.planner.predicted_comm import dp_microbatch_ledger, dp_step_ledger, ledger_seconds, merge
+from hybrid.planner.predicted_comm import Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds, merge
 from hybrid.planner.predicted_memory import model_states
 
 IMBALANCE = 1.2  # the default planning margin lambda (module docstring)
@@ -117,14 +117,18 @@ def edp_placement(cluster: Cluster, layout: Layout, ep: int) -> GroupPlacement:
     return GroupPlacement(size=edp, per_node=edp if g % block == 0 else max(1, math.gcd(block, g) // ep))
 
 
-def _sync_seconds(work: Workload, cluster: Cluster, layout: Layout, psi: float, size: int,
-                  group: GroupPlacement) -> float:
-    """Seconds of a step's DP / ZeRO collectives for `psi` parameters over a group of `size` (the planner's
-    ledgers: per micro-batch for ZeRO 2-3, after the last backward for all stages)."""
+def sync_ledger(work: Workload, layout: Layout, psi: float, size: int) -> Ledger:
+    """A step's DP / ZeRO collectives for `psi` parameters over a group of `size` (the planner's ledgers: per
+    micro-batch for ZeRO 2-3, after the last backward for all stages). For the experts (Psi_e over expert-DP) the
+    bytes are the runtime ledger's on its edp group (tests/test_moe_planner.py)."""
     g, b, m = work.grad_bytes, work.precision.param_bytes, work.num_microbatches(layout)
     per_mb = dp_microbatch_ledger(psi, layout.zero, size, g, b)
-    book = merge(merge(per_mb["forward"], per_mb["backward"], times=m), dp_step_ledger(psi, layout.zero, size, g, b))
-    return ledger_seconds(book, cluster.hw, group)
+    return merge(merge(per_mb["forward"], per_mb["backward"], times=m), dp_step_ledger(psi, layout.zero, size, g, b))
+
+
+def _sync_seconds(work: Workload, cluster: Cluster, layout: Layout, psi: float, size: int,
+                  group: GroupPlacement) -> float:
+    return ledger_seconds(sync_ledger(work, layout, psi, size), cluster.hw, group)
 
 
 def _moe_layers_on_fullest_stage(work: Workload, layout: Layout) -> int:
