@@ -67,18 +67,16 @@ def check(args: argparse.Namespace) -> DiLoCoConfig | None:
                         replicas=r, fragments=k)
 
 
-def check_layout(cfg: DiLoCoConfig | None, dp: int, cp: int, train_iters: int, zero_stage: int, fp16: bool,
-                 moe: bool) -> None:
+def check_layout(cfg: DiLoCoConfig | None, dp: int, cp: int, zero_stage: int, fp16: bool, moe: bool) -> None:
     """What DiLoCo needs of the layout and the run; ValueError naming the flag and the fix. Each refusal is a
-    combination not implemented (or not tested) yet."""
+    combination not implemented (or not tested) yet. A --train-iters (or --exit-interval) that is no multiple of H
+    is allowed: the run ends between syncs, replica 0's weights are the model's, and the checkpoint keeps every
+    replica, so a longer run continues the round exactly."""
     if cfg is None:
         return
     r = cfg.replicas or dp
     if dp % r:
         raise ValueError(f"--diloco-replicas {r} must divide the data-parallel size {dp}")
-    if train_iters % cfg.inner_steps:
-        raise ValueError(f"--train-iters {train_iters} must be a multiple of --diloco-inner-steps {cfg.inner_steps}: "
-                         f"the run would end between outer syncs, replicas apart")
     for bad, why in ((cp > 1, f"--context-parallel-size {cp}"), (zero_stage == 3, "--zero-stage 3"),
                      (fp16, "--fp16 (each replica's loss scale would differ)"), (moe, "a Mixture-of-Experts model")):
         if bad:
@@ -102,5 +100,5 @@ def check_run(args: argparse.Namespace, dims, checkpoint, zero, moe: bool) -> Di
     """Every DiLoCo check of a run (train.py's one hook: hybrid/train/args.run_config)."""
     check_optimizer(args, checkpoint.save is not None or checkpoint.load is not None)
     cfg = check(args)
-    check_layout(cfg, dims.dp, dims.cp, args.train_iters, zero.stage, args.fp16, moe)
+    check_layout(cfg, dims.dp, dims.cp, zero.stage, args.fp16, moe)
     return cfg
