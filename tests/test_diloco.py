@@ -34,7 +34,7 @@ import torch
 
 from hybrid.comm import CommLedger
 from hybrid.data import BatchSpec, load_corpus, micro_batches
-from hybrid.diloco import DiLoCoConfig
+from hybrid.diloco import DiLoCoConfig, bench
 from hybrid.diloco.replicas import inner_cross_ranks
 from hybrid.diloco.run import LocalUpdates
 from hybrid.mesh import Mesh, ParallelDims
@@ -102,6 +102,8 @@ def _world8(rank: int, world: int) -> dict:
     out["tp2-pp2-dp2"] = _train(mesh, EXACT, SGD, SGD_STEPS)
     mesh = Mesh.build(ParallelDims.from_world(world, tp=2), ledger=CommLedger())  # dp 4: 2 replicas x ZeRO-1 over 2
     out["tp2-dp4-r2-zero1"] = _train(mesh, dataclasses.replace(EXACT, replicas=2), SGD, SGD_STEPS, stage=1)
+    for name, cfg in (("bench-sync", None), ("bench-diloco", bench.DILOCO)):  # hybrid/diloco/bench.py's rows
+        out[name] = bench._run(Mesh.build(ParallelDims.from_world(world, tp=2, pp=2)), cfg, bench.H, 32)
     return out
 
 
@@ -246,6 +248,15 @@ def test_streaming_diloco_syncs_one_fragment_at_a_time(world2):
     frag = [4 * n for n in got["fragment_params"]]
     assert sum(frag) == 4 * got["local_params"] and min(frag) > 0
     assert got["per_step"] == [0, frag[0], 0, frag[1]] * (SIM_STEPS // 4)
+
+
+def test_bench_row_counts_one_model_all_reduce_per_h_steps(world8):
+    """The bench's DP bytes (hybrid/diloco/bench.py, H steps at tp2 x pp2 x dp2): synchronous AdamW all-reduces the
+    gradients every step, DiLoCo the deltas once -- the same bytes a time, H x fewer in all."""
+    for r in world8:
+        sync, diloco = r["bench-sync"], r["bench-diloco"]
+        assert sync["dp_bytes"] == bench.H * diloco["dp_bytes"] > 0
+        assert all(0 < x < 10 for x in (sync["final_loss"], diloco["final_loss"]))
 
 
 # --- no processes -------------------------------------------------------------------------------------------
