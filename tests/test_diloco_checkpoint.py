@@ -8,6 +8,9 @@
   train.py's own objects (the loop's build_runner, LocalUpdates, RunCheckpoints) and saved again at once holds the
   same tensors, bit for bit (the RNG streams aside: per rank, not restored at another layout): DiLoCo's state
   reshards with the rest.
+* DiLoCo starting from a checkpoint saved without it (a synchronous run's, the paper's start from a pretrained
+  model): every replica takes its weights and Adam state, theta its weights -- the first loss after the resume is
+  the synchronous run's own next loss, bit for bit -- and a checkpoint of another number of replicas is one line.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ TP2 = ["--tensor-model-parallel-size", "2"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
 
 
-def _run(flags: list[str]) -> None:
-    out = testing.torchrun(COMMON + flags, 4, env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
+def _run(flags: list[str], common: list[str] = COMMON, ok: bool = True):
+    out = testing.torchrun(common + flags, 4, env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
                            timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert (out.returncode == 0) == ok, out.stderr[-3000:]
+    return out
 
 
 def _tensors(root: str, iteration: int) -> dict[str, torch.Tensor]:
@@ -106,3 +110,25 @@ def test_diloco_state_reshards_to_another_tp_pp_layout(straight, tmp_path):
     testing.run_distributed(_reshard, 4, args=(str(straight / "ckpt"), str(tmp_path / "ckpt")), timeout=300)
     got, want = _tensors(str(tmp_path / "ckpt"), 6), _tensors(str(straight / "ckpt"), 6)
     _same(*({k: v for k, v in t.items() if not k.startswith("rng/")} for t in (got, want)))
+
+
+SYNC = COMMON[:COMMON.index("--diloco-inner-steps")]  # the same run without DiLoCo
+
+
+def test_diloco_starts_from_a_synchronous_checkpoint(tmp_path):
+    _run(TP2 + ["--train-iters", "8", "--save-interval", "4", "--save", str(tmp_path / "sync"),
+                "--metrics-file", str(tmp_path / "sync.jsonl")], common=SYNC)
+    _run(TP2 + ["--train-iters", "8", "--load", str(tmp_path / "sync"), "--ckpt-step", "4",
+                "--save", str(tmp_path / "diloco"), "--metrics-file", str(tmp_path / "diloco.jsonl")])
+    sync, diloco = _losses(str(tmp_path / "sync.jsonl")), _losses(str(tmp_path / "diloco.jsonl"))
+    assert diloco[5] == sync[5]  # step 5's loss: the loaded weights, on every replica
+    assert diloco[6] != sync[6]  # then the replicas go their own ways
+    t = _tensors(str(tmp_path / "diloco"), 8)  # after the sync at 8: theta is every replica's weights
+    assert torch.equal(t["diloco.anchor/wte.weight"], t["model/wte.weight"])
+    assert torch.equal(t["diloco.replica1/model/wte.weight"], t["model/wte.weight"])
+
+
+def test_another_number_of_replicas_is_one_line(straight):
+    out = _run(TP2 + ["--train-iters", "8", "--load", str(straight / "ckpt"), "--diloco-replicas", "1"], ok=False)
+    assert "holds DiLoCo state of 2 replicas, this run has 1; resume with --diloco-replicas 2" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -48,6 +48,7 @@ class DiLoCo:
         n, k = len(self.views), cfg.fragments
         self.fragments = [list(range(f * n // k, (f + 1) * n // k)) for f in range(k)]
         self.outer = [self._outer_sgd([self.anchors[i] for i in idx]) for idx in self.fragments]
+        self.warm_start = False  # the next checkpoint load has no DiLoCo state: theta from the weights (state.py)
 
     def _outer_sgd(self, params: list[torch.Tensor]) -> torch.optim.SGD | None:
         """Nesterov SGD over theta; the momentum buffers made now (zeros: b <- mu 0 + delta = delta exactly as

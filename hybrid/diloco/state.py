@@ -38,6 +38,8 @@ def _tensor(d, kind: str, i: int) -> torch.Tensor:
 
 
 def state_dict(d) -> dict[str, object]:
+    if d.warm_start:  # loading a checkpoint without DiLoCo state: nothing of ours in it (load_state_dict sets theta)
+        return {}
     d.zero.wait_params()
     index = _index(d.zero)
     kept, _ = _one_per_box(optimizer_chunks(d.zero, param_names(d.zero.model)))
@@ -56,7 +58,17 @@ def state_dict(d) -> dict[str, object]:
 
 @torch.no_grad()
 def load_state_dict(d, sd: dict[str, object]) -> None:
-    """The pieces were filled in place; a tied weight's second copy on this rank takes the values loaded."""
+    """The pieces were filled in place; a tied weight's second copy on this rank takes the values loaded. A warm
+    start (a checkpoint without DiLoCo state): theta = the weights just loaded, momentum 0."""
+    if d.warm_start:
+        d.warm_start = False
+        d.zero.wait_params()
+        for a, v in zip(d.anchors, d.views):
+            a.copy_(v)
+        for i in range(len(d.views)):
+            if (b := d.momentum(i)) is not None:
+                b.zero_()
+        return
     index = _index(d.zero)
     kinds = KINDS if d.cfg.outer_momentum > 0 else KINDS[:1]
     for twin, kept in _one_per_box(optimizer_chunks(d.zero, param_names(d.zero.model)))[1]:
@@ -72,13 +84,16 @@ class ReplicaState:
 
     def __init__(self, zero, replica: int):
         self.zero, self.prefix = zero, f"diloco.replica{replica}/"
+        self.warm_start = False  # the next load reads replica 0's keys (a checkpoint saved without DiLoCo)
 
     def state_dict(self, optimizer: bool = True, names: dict[int, str] | None = None) -> dict[str, object]:
         sd = self.zero.state_dict(optimizer=optimizer, names=names)
-        return {(self.prefix + k if isinstance(v, Shards) else k): v for k, v in sd.items()}
+        prefix = "" if self.warm_start else self.prefix
+        return {(prefix + k if isinstance(v, Shards) else k): v for k, v in sd.items()}
 
     def load_state_dict(self, sd: dict[str, object]) -> None:
         self.zero.load_state_dict({k.removeprefix(self.prefix): v for k, v in sd.items()})
+        self.warm_start = False
 
     def __getattr__(self, name: str):
         return getattr(self.zero, name)

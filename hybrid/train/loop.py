@@ -121,7 +121,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
         log0(mesh, local.describe())  # hybrid/diloco: replicas, H, the outer optimizer
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
-    saved = local.checkpointed(optimizer)  # hybrid/diloco: starts the outer loop; replica r > 0's keys
+    saved = local.checkpointed(optimizer, run.checkpoint)  # hybrid/diloco: starts the outer loop; replica r > 0's keys
     ckpt = RunCheckpoints(run.checkpoint, mesh, model, saved, tp.rng, run_info(run),
                           owners={"fault.": ft, **moe_owners(model), **local.owners()})  # every owner of state
     start, consumed = ckpt.resume()
