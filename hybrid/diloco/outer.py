@@ -84,8 +84,9 @@ class DiLoCo:
         if not idx:
             return
         delta = torch.cat([(self.anchors[i] - self.views[i]).reshape(-1) for i in idx])
-        self.cross.all_reduce(delta)
-        delta.div_(self.cross.size)
+        wire = delta.to(self.zero.device)  # offloaded masters live on the host; NCCL reduces device memory
+        self.cross.all_reduce(wire)
+        delta.copy_(wire).div_(self.cross.size)
         for i, d in zip(idx, delta.split([self.views[i].numel() for i in idx])):
             self.anchors[i].grad = d.view_as(self.anchors[i])
         self.outer[f].step()
