@@ -2,7 +2,8 @@
 
 * Exactness: with H = 1, outer lr 1, outer momentum 0 and SGD inside, DiLoCo is synchronous data parallelism
   (theta - 1/R sum_r lr g_r): on tp2 x pp2 x dp2 (replicas = the DP groups) and on tp2 x dp4 with 2 replicas of
-  ZeRO-1 over 2 ranks each, the weights after STEPS steps equal one process's SGD on the whole global batch.
+  ZeRO-1 (and of ZeRO-2) over 2 ranks each, the weights after STEPS steps equal one process's SGD on the whole
+  global batch.
 * A DiLoCo run with H = 4 and AdamW inside (train.py's defaults, outer Nesterov lr 0.7, momentum 0.9) equals a
   hand-written single-process simulation: R models, each on its replica's rows, the outer step written out.
   Streaming DiLoCo (K = 2 fragments) against the same simulation syncing half the parameters at a time.
@@ -102,6 +103,7 @@ def _world8(rank: int, world: int) -> dict:
     out["tp2-pp2-dp2"] = _train(mesh, EXACT, SGD, SGD_STEPS)
     mesh = Mesh.build(ParallelDims.from_world(world, tp=2), ledger=CommLedger())  # dp 4: 2 replicas x ZeRO-1 over 2
     out["tp2-dp4-r2-zero1"] = _train(mesh, dataclasses.replace(EXACT, replicas=2), SGD, SGD_STEPS, stage=1)
+    out["tp2-dp4-r2-zero2"] = _train(mesh, dataclasses.replace(EXACT, replicas=2), SGD, SGD_STEPS, stage=2)
     for name, cfg in (("bench-sync", None), ("bench-diloco", bench.DILOCO)):  # hybrid/diloco/bench.py's rows
         out[name] = bench._run(Mesh.build(ParallelDims.from_world(world, tp=2, pp=2)), cfg, bench.H, 32)
     return out
@@ -213,7 +215,7 @@ def world2():
 
 
 # --- tests --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["tp2-pp2-dp2", "tp2-dp4-r2-zero1"])
+@pytest.mark.parametrize("case", ["tp2-pp2-dp2", "tp2-dp4-r2-zero1", "tp2-dp4-r2-zero2"])
 def test_diloco_h1_sgd_equals_synchronous_dp(case, world8):
     ref = _one_thread(_sgd_reference)
     gmax = max(ref["gmax"].values())  # rounding is relative to the terms summed: a key bias's gradient cancels to 0

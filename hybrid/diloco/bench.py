@@ -7,8 +7,8 @@ train.py's AdamW defaults: lr 1e-3, 10 warm-up steps, cosine to 1e-4, clip 1.0).
     python -m hybrid.diloco.bench --quick    # 16 steps, seq 32: a smoke run, measures nothing
 
 Each row (`rows()`, a list of dicts):
-* final_loss: the mean lm loss of the final weights (replica 0's = every replica's after the last sync) over EVAL
-  held-out global batches (rows drawn with another seed; forward only, hybrid/train/evaluate.py's forward_loss);
+* final_loss: the mean lm loss of the final weights (every replica's after the last sync: steps are a multiple of H)
+  over EVAL held-out global batches (rows drawn with another seed), through the training pipeline at lr 0;
 * train_loss: the mean training loss of the last 8 steps (each replica's own on its rows, averaged);
 * dp_bytes: rank 0's bytes across data parallelism over the whole run, the ledger's convention (hybrid/comm.py):
   gradient reduction on the DP group for synchronous AdamW; for DiLoCo the outer all-reduce ("diloco") -- 4 x
@@ -33,7 +33,6 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
-from hybrid.train.evaluate import forward_loss
 from hybrid.train_step import OptimizerConfig, train_step
 from hybrid.zero import ZeroConfig, ZeroOptimizer
 from models import build_pipeline_chunks, load_config
@@ -63,20 +62,21 @@ def _run(mesh: Mesh, cfg: DiLoCoConfig | None, steps: int, seq: int) -> dict:
                                  lr=opt_cfg.lr_at(it), runner=runner))
         local.after_step(it)
     dp_bytes = sum(e.bytes for (_, g), e in mesh.ledger.entries.items() if g in ("dp", "diloco"))
-    return {"train_loss": sum(losses[-8:]) / len(losses[-8:]), "final_loss": _held_out(chunks, mesh, spec, io, corpus),
+    train_loss = sum(losses[-8:]) / len(losses[-8:])
+    return {"train_loss": train_loss, "final_loss": _held_out(chunks, mesh, spec, opt, runner, corpus),
             "dp_bytes": dp_bytes, "dp_bytes_per_step": dp_bytes / steps, "losses": losses}
 
 
-def _held_out(chunks, mesh: Mesh, spec: BatchSpec, io: StageIO, corpus: torch.Tensor) -> float:
-    """Mean loss of the current weights over EVAL global batches drawn with EVAL_SEED, forward only."""
-    total = torch.zeros(())
+def _held_out(chunks, mesh: Mesh, spec: BatchSpec, opt, runner, corpus: torch.Tensor) -> float:
+    """Mean loss of the current weights over EVAL global batches drawn with EVAL_SEED: train.py's step through the
+    same pipeline at learning rate 0 (AdamW's update and its decoupled decay are then 0 x ...: the weights stay
+    bit for bit), whose loss is that of the weights before the step. (hybrid.train.evaluate's forward-only walk
+    would be the natural reader, but hybrid.train imports hybrid.diloco: no package cycle.)"""
+    total = 0.0
     for k in range(EVAL):
-        mbs = micro_batches(corpus, spec, EVAL_SEED, k, mesh.coords.dp)
-        for inputs, labels in mbs:
-            total += forward_loss(chunks, mesh, inputs, labels, io) / len(mbs)
-    mesh.pp.all_reduce(total, tag="metrics")
-    mesh.dp.all_reduce(total, tag="metrics")
-    return total.item() / (EVAL * mesh.dp.size)
+        total += train_step(chunks, micro_batches(corpus, spec, EVAL_SEED, k, mesh.coords.dp), opt, mesh, lr=0.0,
+                            runner=runner)
+    return total / EVAL
 
 
 def _worker(rank: int, world: int, steps: int, seq: int) -> dict:
