@@ -11,21 +11,19 @@ dcp_to_torch_save, not our loader). The runs use train.py's defaults: the NaN gu
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from hybrid import testing
 from hybrid.checkpoint import store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", os.path.join(ROOT, "scripts", "train.py"),
-         "--pipeline-model-parallel-size", "2", "--seq-length", "32", "--micro-batch-size", "2",
-         "--global-batch-size", "8", "--log-interval", "1", "--zero-stage", "1", "--train-iters", "6",
-         "--save-interval", "3"]
+TRAIN = [os.path.join(ROOT, "scripts", "train.py"), "--pipeline-model-parallel-size", "2", "--seq-length", "32",
+         "--micro-batch-size", "2", "--global-batch-size", "8", "--log-interval", "1", "--zero-stage", "1",
+         "--train-iters", "6", "--save-interval", "3"]
 
 
 @pytest.mark.parametrize("argv, world, message", [
@@ -62,9 +60,10 @@ def test_zbv_plan_holds_two_chunks_a_rank(monkeypatch):
 
 
 def _train(argv: list[str], cwd) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    out = subprocess.run(TRAIN + argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    """`torchrun --nproc-per-node 2 scripts/train.py TRAIN ARGV`, the ranks forked from hybrid.testing's
+    forkserver."""
+    env = {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "OMP_NUM_THREADS": "1"}
+    out = testing.torchrun(TRAIN + argv, 2, env=env, cwd=str(cwd), timeout=600, entry=testing.python_main)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -93,6 +92,7 @@ def runs(tmp_path_factory):
     return tmp, ref, zbv, back, logs
 
 
+@pytest.mark.slow  # five train.py runs under torchrun
 def test_a_zbv_checkpoint_resumed_under_1f1b_ends_bit_identical_to_the_1f1b_run(runs):
     tmp, ref, zbv, _, logs = runs
     assert "(zbv, v 2, layers [1, 1, 1, 1])" in logs["zbv"]
@@ -103,6 +103,7 @@ def test_a_zbv_checkpoint_resumed_under_1f1b_ends_bit_identical_to_the_1f1b_run(
         assert torch.equal(got[k], want[k]), k
 
 
+@pytest.mark.slow  # five train.py runs under torchrun
 @pytest.mark.parametrize("kind", ["zbv", "zbh1"])
 def test_a_1f1b_checkpoint_resumed_under_zero_bubble_ends_bit_identical(runs, kind):
     tmp, ref, _, back, logs = runs
@@ -116,6 +117,7 @@ def test_a_1f1b_checkpoint_resumed_under_zero_bubble_ends_bit_identical(runs, ki
                                           if "validation loss at iteration 6" in ln]
 
 
+@pytest.mark.slow  # five train.py runs under torchrun
 def test_the_timeline_shows_b_and_w(runs):
     import json
     tmp = runs[0]
