@@ -26,6 +26,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from hybrid import testing
 from hybrid.checkpoint import store
 
+pytestmark = pytest.mark.slow  # end-to-end train.py launches (conftest.py: the fast tier leaves them out)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ["--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32", "--log-interval", "1",
           "--lr", "3e-3", "--diloco-inner-steps", "4", "--diloco-outer-lr", "0.7", "--diloco-outer-momentum", "0.9"]
