@@ -283,6 +283,11 @@ def test_diloco_flags_build_the_config():
     assert _run(["--optimizer", "sgd", "--sgd-momentum", "0"]).optimizer.optimizer == "sgd"
 
 
+def test_diloco_config_is_frozen_and_documents_its_fields():
+    assert DiLoCoConfig.__dataclass_params__.frozen
+    assert [f.name for f in dataclasses.fields(DiLoCoConfig) if f.name not in DiLoCoConfig.__doc__] == []
+
+
 @pytest.mark.parametrize("argv, world, message", [
     (["--diloco-outer-lr", "0.5"], 2, "--diloco-outer-lr applies to DiLoCo"),
     (["--diloco-inner-steps", "0"], 2, "--diloco-inner-steps must be a positive"),
