@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--diloco-outer-momentum", type=float, default=0.9, metavar="X",
                    help="DiLoCo's outer Nesterov momentum, in [0, 1) (0: plain SGD)")
     g.add_argument("--diloco-replicas", type=int, default=None, metavar="R",
-                   help="DiLoCo replicas (None: the data-parallel size, each DP rank one); fewer: ZeRO inside each replica")
+                   help="DiLoCo replicas (None: the data-parallel size, each DP rank one); fewer: ZeRO inside "
+                        "each replica")
     g.add_argument("--diloco-fragments", type=int, default=1, metavar="K",
                    help="Streaming DiLoCo: sync 1/K of the model every H/K steps, in turn (K divides H)")
 
