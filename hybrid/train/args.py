@@ -23,6 +23,7 @@ from hybrid.checkpoint import args as ckpt_args
 from hybrid.cp import args as cp_args
 from hybrid.data import BatchSpec
 from hybrid.data import args as data_args
+from hybrid.diloco import args as diloco_args
 from hybrid.fault import args as fault_args
 from hybrid.launch import MAX_TIMEOUT_MINUTES
 from hybrid.mesh import ParallelDims, validate_model_dims
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt_args.add_arguments(p)
     cp_args.add_arguments(p)
     moe_args.add_arguments(p)
+    diloco_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -356,6 +358,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
+    diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe is not None)  # hybrid/diloco: None without
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")
@@ -374,8 +377,9 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                 timeline=ns.timeline, hardware=ns.hardware),
         optimizer=OptimizerConfig(lr=ns.lr, min_lr=ns.min_lr, weight_decay=ns.weight_decay, beta1=ns.adam_beta1,
                                   beta2=ns.adam_beta2, warmup_iters=ns.lr_warmup_iters, decay_style=ns.lr_decay_style,
-                                  train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters),
-        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe,
+                                  train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters,
+                                  optimizer=ns.optimizer, sgd_momentum=ns.sgd_momentum),
+        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe, diloco=diloco,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
         ds_unsupported=tuple(unsupported))
 
