@@ -4,7 +4,8 @@ The reference is torch's hook itself (torch/distributed/algorithms/ddp_comm_hook
 the same per-rank gradients through a stand-in for DDP's `GradBucket` (torch does not expose its constructor to
 Python): an object with the four methods the hook reads -- buffer(), index(), gradients(), is_last() -- where
 gradients() are views into buffer(), as DDP's are. Two buckets, a mix of shapes (matrices compressed, a 4-D
-tensor viewed as (shape[0], -1), a matrix too small to be worth it, 1-D norms/biases sent whole), ranks 1, 2
+tensor viewed as (shape[0], -1), a matrix too small to be worth it, 1-D norms/biases sent whole, repeated shapes --
+which the hook lays out grouped by shape), ranks 1, 2
 (Gram-Schmidt) and 4 (Householder QR), steps before and after the start iteration, error feedback and warm start.
 """
 
@@ -18,7 +19,7 @@ import torch
 from hybrid.compress.powersgd import PowerSGDConfig, bucket_elements, matrix_rank
 from hybrid.testing import run_distributed
 
-BUCKETS = [[(24, 16), (16,), (3, 4), (8, 2, 3, 5)], [(32, 12), (12,), (40, 20)]]
+BUCKETS = [[(24, 16), (16,), (3, 4), (40, 20), (8, 2, 3, 5), (24, 16)], [(32, 12), (12,), (40, 20), (32, 12)]]
 STEPS, START = 5, 2
 
 

@@ -158,6 +158,15 @@ def _factor_views(memory: torch.Tensor, dims: list[tuple[int, int]]) -> list[tor
     return out
 
 
+def _grouped_by_shape(matrices: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The matrices with equal shapes together, shapes in order of first appearance: the order the hook lays out
+    P and Q (its `shape_to_tensors` dict) and draws the initial Q in."""
+    groups: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for m in matrices:
+        groups.setdefault(tuple(m.shape), []).append(m)
+    return [m for ms in groups.values() for m in ms]
+
+
 def _initial_q(state: PowerSGDState, qs: list[torch.Tensor], dtype: torch.dtype) -> None:
     """Random Q on the CPU from a seed drawn from the state's RandomState, as the hook does for a new bucket."""
     with torch.random.fork_rng(devices=[]):
@@ -181,7 +190,7 @@ def reduce_bucket(state: PowerSGDState, index: int, buffer: torch.Tensor, tensor
     matrices, whole = [], []
     for t in tensors:
         (matrices if matrix_rank(tuple(t.shape), cfg) else whole).append(t)
-    matrices = [t.view(1, t.shape[0], -1) for t in matrices]
+    matrices = _grouped_by_shape([t.view(1, t.shape[0], -1) for t in matrices])
     ranks = [matrix_rank((t.shape[1], t.shape[2]), cfg) for t in matrices]
     fresh = index not in state.p
     if fresh:

@@ -19,6 +19,7 @@ import sys
 import torch
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
+from hybrid.compress import args as compress_args
 from hybrid.checkpoint import args as ckpt_args
 from hybrid.cp import args as cp_args
 from hybrid.data import BatchSpec
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt_args.add_arguments(p)
     cp_args.add_arguments(p)
     moe_args.add_arguments(p)
+    compress_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -356,6 +358,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
+    compress = compress_args.check(ns)  # hybrid/compress: gradient compression over DP
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")
@@ -375,7 +378,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
         optimizer=OptimizerConfig(lr=ns.lr, min_lr=ns.min_lr, weight_decay=ns.weight_decay, beta1=ns.adam_beta1,
                                   beta2=ns.adam_beta2, warmup_iters=ns.lr_warmup_iters, decay_style=ns.lr_decay_style,
                                   train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters),
-        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe,
+        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe, compress=compress,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
         ds_unsupported=tuple(unsupported))
 

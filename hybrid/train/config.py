@@ -20,6 +20,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from hybrid.checkpoint.args import CheckpointConfig
+from hybrid.compress.args import CompressConfig
 from hybrid.cp.args import CPConfig
 from hybrid.data import BatchSpec
 from hybrid.data.args import DataConfig
@@ -266,6 +267,7 @@ class RunConfig:
         metrics: TensorBoard, the JSON-lines file, MFU's peak (hybrid/metrics/args.py).
         cp: context parallelism and packed documents (hybrid/cp/args.py).
         moe: Mixture-of-Experts training and expert parallelism (hybrid/moe/args.py); None for a dense model.
+        compress: gradient compression over DP (hybrid/compress/args.py); off by default.
         flags: every flag's final value (dest -> int / float / str / bool / None, or a tuple of them: --data-path),
             as checkpoints record it.
         ds_unsupported: keys of --deepspeed-config that hybrid does not read (a warning at start-up).
@@ -282,6 +284,7 @@ class RunConfig:
     metrics: MetricsConfig = field(default_factory=lambda: MetricsConfig(None, None, None))
     cp: CPConfig = field(default_factory=CPConfig)
     moe: MoEConfig | None = None
+    compress: CompressConfig = field(default_factory=CompressConfig)
     flags: tuple[tuple[str, object], ...] = ()
     ds_unsupported: tuple[str, ...] = ()
 

@@ -10,6 +10,8 @@ from datetime import timedelta
 import torch
 
 from hybrid.checkpoint.run import RunCheckpoints
+from hybrid.compress.reduction import build as compress_reduction
+from hybrid.compress.reduction import owners as compress_owners
 from hybrid.data import DataSource
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh
@@ -106,7 +108,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
                    rng=ParallelRNG(seed, mesh.coords.tp, mesh.coords.pp, mesh.device))  # dropout streams
     model, runner = build_runner(run, mesh, tp)
     opt_cfg = run.optimizer
-    optimizer = ZeroOptimizer(model, mesh, run.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
+    reduction = compress_reduction(run.compress, mesh, run.zero)  # hybrid/compress: None unless compressing
+    optimizer = ZeroOptimizer(model, mesh, run.zero, opt_cfg, reduction)  # stage 0 = plain DP; also syncs gradients
     if isinstance(runner, PipelineExecutor):
         runner.before_weight = optimizer.gather_chunk  # zero-bubble W under ZeRO-3: the chunk's weights gathered
     log0(mesh, _header(run, model, optimizer, device))
@@ -118,7 +121,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
     ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run),
-                          owners={"fault.": ft, **moe_owners(model)})  # hybrid/checkpoint: every owner of state
+                          owners={"fault.": ft, **moe_owners(model),
+                                  **compress_owners(reduction)})  # hybrid/checkpoint: every owner of state
     start, consumed = ckpt.resume()
     if mesh.rank == 0:  # model, weights, data, schedule, the planner's figures; on resume what changed
         for line in explain.startup_lines(run, run_info(run), data, start, consumed, device, baseline):
