@@ -81,3 +81,15 @@ def test_powersgd_run_saved_mid_run_resumes_bit_for_bit_dp2_zero2(tmp_path):
     assert errors and any(a[k].abs().max() > 0 for k in errors), sorted(a)[:20]
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("powersgd", [False, True])
+def test_simulated_dp_link_changes_the_time_not_the_numbers(tmp_path, powersgd):
+    """--simulated-dp-bandwidth sleeps after each step (hybrid/compress/link.py); the losses stay bit for bit."""
+    flags = [] if powersgd else ["--powersgd-rank", "0"]
+    plain = _run(flags + ["--train-iters", "3", "--metrics-file", str(tmp_path / "a.jsonl")])
+    slow = _run(flags + ["--train-iters", "3", "--simulated-dp-bandwidth", "0.01",
+                         "--metrics-file", str(tmp_path / "b.jsonl")])
+    assert plain.returncode == slow.returncode == 0
+    a, b = _losses(str(tmp_path / "a.jsonl")), _losses(str(tmp_path / "b.jsonl"))
+    assert a == b and sorted(a) == [1, 2, 3]

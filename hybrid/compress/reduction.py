@@ -25,6 +25,7 @@ from typing import Protocol
 import torch
 
 from hybrid.comm import Group
+from hybrid.compress.link import SimulatedLink
 from hybrid.compress.powersgd import PowerSGDConfig, PowerSGDState, matrix_rank, reduce_bucket
 
 
@@ -38,6 +39,24 @@ class DPReduction(Protocol):
     def end_step(self) -> None: ...
 
 
+class PlainReduction:
+    """The engine's own collectives (nothing compressed), with only the simulated slow link after each step."""
+
+    per_micro_batch = True
+
+    def __init__(self, link: SimulatedLink) -> None:
+        self.link = link
+
+    def bind(self, units: list) -> None:
+        pass
+
+    def reduce(self, unit, group: Group) -> bool:
+        return False
+
+    def end_step(self) -> None:
+        self.link.delay()
+
+
 class PowerSGDReduction:
     """PowerSGD on every dense unit of the engine: the unit is the hook's bucket (its index is the unit's position
     in the engine's list), its parameters' gradients the bucket's tensors. Also the checkpoint's owner of the
@@ -45,8 +64,10 @@ class PowerSGDReduction:
 
     per_micro_batch = False
 
-    def __init__(self, cfg: PowerSGDConfig, layout: tuple[int, int, int], dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, cfg: PowerSGDConfig, layout: tuple[int, int, int], dtype: torch.dtype = torch.float32,
+                 link: SimulatedLink | None = None) -> None:
         self.state = PowerSGDState(cfg)
+        self.link = link
         self.dtype = dtype  # the gradient buffers' dtype (the engine's grad_dtype)
         self.sizes: dict[int, tuple[int, int, int]] = {}
         self.layout = layout  # (dp, tp, pp) the state belongs to
@@ -68,6 +89,8 @@ class PowerSGDReduction:
 
     def end_step(self) -> None:
         self.state.iter += 1
+        if self.link is not None:
+            self.link.delay()
 
     # --- checkpoint owner (hybrid/stateful.py): this rank's own tensors, keyed under compress/<rank>/ -----------
     def state_dict(self) -> dict[str, object]:
@@ -109,17 +132,18 @@ def _sizes(unit, cfg: PowerSGDConfig) -> tuple[int, int, int]:
     return unit.numel, npn, nq
 
 
-def build(cfg, mesh, zero) -> PowerSGDReduction | None:
-    """The run's strategy from its CompressConfig (None: the engine's plain collectives)."""
-    if not cfg.powersgd.enabled:
-        return None
-    layout = (mesh.dp_cp.size, mesh.tp.size, mesh.pp.size)
-    return PowerSGDReduction(cfg.powersgd, layout, zero.grad_dtype)
+def build(cfg, mesh, zero) -> DPReduction | None:
+    """The run's strategy from its CompressConfig (None: the engine's plain collectives, no simulated link)."""
+    link = SimulatedLink(cfg.simulated_dp_bandwidth, mesh.ledger, mesh.dp_cp.name) \
+        if cfg.simulated_dp_bandwidth > 0 else None
+    if cfg.powersgd.enabled:
+        return PowerSGDReduction(cfg.powersgd, (mesh.dp_cp.size, mesh.tp.size, mesh.pp.size), zero.grad_dtype, link)
+    return PlainReduction(link) if link is not None else None
 
 
 def owners(reduction) -> dict:
     """The checkpoint's owners ({} when not compressing): this rank's state under compress/<global rank>/."""
-    if reduction is None:
+    if not isinstance(reduction, PowerSGDReduction):
         return {}
     import torch.distributed as dist
     return {f"compress/{dist.get_rank() if dist.is_initialized() else 0}/": reduction}

@@ -99,7 +99,7 @@ class ZeroOptimizer:
                  reduction: DPReduction | None = None) -> None:
         self.model, self.mesh, self.cfg, self.opt_cfg = model, mesh, cfg, opt_cfg
         # hybrid/compress: a gradient compressor reduces the dense units instead of the plain collectives below
-        if reduction is not None and cfg.stage == 3:
+        if reduction is not None and not reduction.per_micro_batch and cfg.stage == 3:
             raise ValueError("gradient compression does not run with --zero-stage 3; use --zero-stage 0, 1 or 2")
         self.reduction = reduction
         self.chunks = list(model) if isinstance(model, nn.ModuleList) else [model]
@@ -209,7 +209,7 @@ class ZeroOptimizer:
             # only now: in fp32 `values` *is* the flat buffer, so freeing it first would leave the
             # master copy above reading a 0-byte storage
             u.free()
-        if self.cfg.stage <= 1 or self.reduction is not None:  # compression: the full gradient, reduced once
+        if self.cfg.stage <= 1 or not self._per_micro_batch and self.cfg.stage == 2:  # compression: reduced once
             u.flat_grad = torch.zeros(u.padded, dtype=self.grad_dtype, device=self.device)
             if not self.cfg.accumulate_fp32_grads:  # fp32 grads: the hooks add p.grad into flat_grad instead
                 u.bind_grads()
@@ -413,7 +413,7 @@ class ZeroOptimizer:
     @property
     def _per_micro_batch(self) -> bool:
         """Stages 2-3 reduce every micro-batch (the full gradient is dropped); a compressor once per step."""
-        return self.cfg.stage >= 2 and not self.cfg.keep_gathered and self.reduction is None
+        return self.cfg.stage >= 2 and not self.cfg.keep_gathered and getattr(self.reduction, "per_micro_batch", True)
 
     def _launch(self, u: FlatUnit) -> None:
         """Post u's DP reduction: the compressor's (hybrid/compress, synchronous: flat_grad then holds the sum,
