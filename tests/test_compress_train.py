@@ -29,6 +29,10 @@ COMMON = ["--global-batch-size", "8", "--seq-length", "32", "--micro-batch-size"
     (["--powersgd-rank", "2", "--powersgd-start-iter", "1"], "--powersgd-start-iter must be >= 2"),
     (["--powersgd-rank", "2", "--zero-stage", "3"], "--powersgd-rank does not run with --zero-stage 3"),
     (["--simulated-dp-bandwidth", "-1"], "--simulated-dp-bandwidth must be a finite number >= 0"),
+    (["--optimizer", "onebit-adam", "--onebit-freeze-iters", "0"], "--onebit-freeze-iters must be a positive"),
+    (["--optimizer", "onebit-adam", "--zero-stage", "1"], "--optimizer onebit-adam runs with --zero-stage 0 only"),
+    (["--optimizer", "onebit-adam", "--powersgd-rank", "2"], "--optimizer onebit-adam and --powersgd-rank are"),
+    (["--optimizer", "onebit-adam", "--fp16"], "--optimizer onebit-adam does not run with --fp16"),
 ])
 def test_bad_compression_flags_are_rejected_before_any_process_group(argv, message, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -63,13 +67,21 @@ def _run(flags: list[str]):
     return out
 
 
-def test_powersgd_run_saved_mid_run_resumes_bit_for_bit_dp2_zero2(tmp_path):
+ONEBIT = ["--powersgd-rank", "0", "--zero-stage", "0", "--optimizer", "onebit-adam", "--onebit-freeze-iters", "2"]
+
+
+@pytest.mark.parametrize("method", ["powersgd-zero2", "onebit-adam"])
+def test_compressed_run_saved_mid_run_resumes_bit_for_bit_dp2(tmp_path, method):
+    """Saved after step 4 (compression running since step 3: error feedback non-zero), resumed for steps 5-6:
+    the losses and every saved tensor (weights, moments, error feedback) equal the uninterrupted run's."""
+    extra = ONEBIT if method == "onebit-adam" else []
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     straight.mkdir(), resumed.mkdir()
-    _run(["--save", str(straight / "ckpt"), "--metrics-file", str(straight / "m.jsonl")])
-    _run(["--save", str(resumed / "ckpt"), "--exit-interval", "4", "--metrics-file", str(resumed / "m.jsonl")])
-    _run(["--load", str(resumed / "ckpt"), "--save", str(resumed / "ckpt"),
-          "--metrics-file", str(resumed / "m2.jsonl")])
+    _run(extra + ["--save", str(straight / "ckpt"), "--metrics-file", str(straight / "m.jsonl")])
+    _run(extra + ["--save", str(resumed / "ckpt"), "--exit-interval", "4", "--metrics-file",
+                  str(resumed / "m.jsonl")])
+    _run(extra + ["--load", str(resumed / "ckpt"), "--save", str(resumed / "ckpt"),
+                  "--metrics-file", str(resumed / "m2.jsonl")])
     want, first, second = (_losses(str(straight / "m.jsonl")), _losses(str(resumed / "m.jsonl")),
                            _losses(str(resumed / "m2.jsonl")))
     assert sorted(first) == [1, 2, 3, 4] and sorted(second) == [5, 6], (first, second)
@@ -77,7 +89,7 @@ def test_powersgd_run_saved_mid_run_resumes_bit_for_bit_dp2_zero2(tmp_path):
         assert (first.get(it) or second.get(it)) == want[it], it
     a, b = _tensors(str(straight / "ckpt")), _tensors(str(resumed / "ckpt"))
     assert sorted(a) == sorted(b)
-    errors = [k for k in a if k.startswith("compress/") and "/error." in k]
+    errors = [k for k in a if k.startswith("compress/") and "error." in k]
     assert errors and any(a[k].abs().max() > 0 for k in errors), sorted(a)[:20]
     for k in a:
         assert torch.equal(a[k], b[k]), k

@@ -15,16 +15,19 @@ TORCH_START_ITER = 1_000  # torch's PowerSGDState default start_powerSGD_iter
 class CompressConfig:
     """Attributes:
         powersgd: PowerSGD of the DP gradients (`--powersgd-rank`, `--powersgd-start-iter`); rank 0: off.
+        onebit_freeze_iters: 1-bit Adam (`--optimizer onebit-adam`): Adam warm-up steps before the variance freezes
+            and the momentum is sent as signs (`--onebit-freeze-iters`; DeepSpeed's `freeze_step`); None: AdamW.
         simulated_dp_bandwidth: GB/s of a simulated slow DP link (`--simulated-dp-bandwidth`): every gradient
             collective on the DP group is followed by a sleep of its ledger bytes / this; 0: off.
     """
 
     powersgd: PowerSGDConfig = field(default_factory=PowerSGDConfig)
+    onebit_freeze_iters: int | None = None
     simulated_dp_bandwidth: float = 0.0
 
     @property
     def enabled(self) -> bool:
-        return self.powersgd.enabled
+        return self.powersgd.enabled or self.onebit_freeze_iters is not None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "1-D tensors sent whole), as torch's powerSGD_hook; 0: off")
     g.add_argument("--powersgd-start-iter", type=int, default=TORCH_START_ITER, metavar="N",
                    help="optimizer steps of plain all-reduce before PowerSGD starts (torch's start_powerSGD_iter)")
+    g.add_argument("--optimizer", choices=("adam", "onebit-adam"), default="adam",
+                   help="adam: AdamW; onebit-adam: 1-bit Adam (Adam warm-up, then frozen variance and sign-compressed "
+                        "momentum with error feedback; --zero-stage 0)")
+    g.add_argument("--onebit-freeze-iters", type=int, default=100, metavar="N",
+                   help="1-bit Adam: Adam warm-up steps before the variance freezes (DeepSpeed's freeze_step)")
     g.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS",
                    help="simulate a slow DP link: sleep bytes / GBPS after each DP gradient collective; 0: off")
 
@@ -52,4 +60,26 @@ def check(args: argparse.Namespace) -> CompressConfig:
     if rank and getattr(args, "zero_stage", 0) == 3:
         raise ValueError("--powersgd-rank does not run with --zero-stage 3 (stage 3 reduce-scatters per layer and "
                          "keeps no full gradient to compress); use --zero-stage 0, 1 or 2")
-    return CompressConfig(powersgd=PowerSGDConfig(rank=rank, start_iter=start), simulated_dp_bandwidth=bw)
+    freeze = _check_onebit(args, rank)
+    return CompressConfig(powersgd=PowerSGDConfig(rank=rank, start_iter=start), onebit_freeze_iters=freeze,
+                          simulated_dp_bandwidth=bw)
+
+
+def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
+    """1-bit Adam's flags: the freeze step, or None for AdamW. What it does not run with is refused by name."""
+    if getattr(args, "optimizer", "adam") != "onebit-adam":
+        return None
+    freeze = args.onebit_freeze_iters
+    if isinstance(freeze, bool) or not isinstance(freeze, int) or freeze < 1:
+        raise ValueError(f"--onebit-freeze-iters must be a positive integer (Adam warm-up steps), got {freeze!r}")
+    if getattr(args, "zero_stage", 0) != 0:
+        raise ValueError(f"--optimizer onebit-adam runs with --zero-stage 0 only (each rank all-reduces its whole "
+                         f"momentum, which ZeRO shards; DeepSpeed refuses ZeRO too); got --zero-stage {args.zero_stage}")
+    if powersgd_rank:
+        raise ValueError("--optimizer onebit-adam and --powersgd-rank are exclusive (both compress the DP traffic); "
+                         "drop one")
+    for flag, on in (("--fp16", getattr(args, "fp16", False)), ("--offload-optimizer",
+                                                                 getattr(args, "offload_optimizer", False))):
+        if on:
+            raise ValueError(f"--optimizer onebit-adam does not run with {flag}; drop {flag}")
+    return freeze

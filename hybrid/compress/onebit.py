@@ -79,3 +79,55 @@ def ledger_bytes(numel: int, world: int) -> int:
     """Bytes one compressed all-reduce of `numel` elements records: signs twice at 1 bit, 2 n fp32 scales."""
     length = padded_length(numel, world)
     return length // 8 + 4 * world + length // 8 + 4 * world
+
+
+# --- the optimizer ---------------------------------------------------------------------------------------------------
+class OneBitAdam(torch.optim.Optimizer):
+    """DeepSpeed's OnebitAdam update over the engine's units (ZeRO 0: each unit's fp32 master is the whole unit).
+
+    Steps 0 .. freeze-1 (warm-up, the gradient all-reduced by the engine as usual):
+        m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2
+    from step `freeze` on (the engine skips the gradient all-reduce: g is this rank's own):
+        m = b1 m + (1 - b1) g_local,   m = compressed_all_reduce(m)   (v frozen)
+    and every step, without bias correction (as DeepSpeed):  p -= lr (m / (sqrt(v) + eps) + wd p).
+
+    The moments live in one flat buffer per unit; the optimizer state of each master segment (what the checkpoint
+    reads, hybrid/zero/state.py) is a view of it, so they save and load as AdamW's do."""
+
+    def __init__(self, engine, groups: list[dict], freeze: int, lr: float, betas: tuple[float, float], eps: float,
+                 owner) -> None:
+        super().__init__(groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0))
+        self.engine, self.freeze, self.owner = engine, freeze, owner
+        self.grad_scale: torch.Tensor | None = None  # set by the engine (_make_master_grads)
+        decay_of = {id(v): g["weight_decay"] for g in groups for v in g["params"]}
+        self.flat: list[dict[str, torch.Tensor]] = []
+        for u in engine.units:
+            m, v, wd = (torch.zeros_like(u.master) for _ in range(3))
+            for view, s in zip(u.views, u.segments):
+                wd[s.lo:s.hi] = decay_of[id(view)]
+                self.state[view] = {"step": torch.zeros((), dtype=torch.float32), "exp_avg": m[s.lo:s.hi],
+                                    "exp_avg_sq": v[s.lo:s.hi]}
+            self.flat.append({"exp_avg": m, "exp_avg_sq": v, "wd": wd})
+
+    @property
+    def step_count(self) -> int:
+        return int(next(iter(self.state.values()))["step"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        group = self.param_groups[0]
+        lr, (b1, b2), eps = group["lr"], group["betas"], group["eps"]
+        frozen = self.step_count >= self.freeze
+        for u, st in zip(self.engine.units, self.flat):
+            g = u.master_grad / self.grad_scale if self.grad_scale is not None else u.master_grad
+            m, v = st["exp_avg"], st["exp_avg_sq"]
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            if frozen:
+                self.owner.all_reduce_momentum(self.engine.units.index(u), m)
+            else:
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            update = m / (v.sqrt() + eps)  # DeepSpeed's operations, in its order
+            update += st["wd"] * u.master
+            u.master.add_(-lr * update)
+        for st in self.state.values():
+            st["step"] += 1

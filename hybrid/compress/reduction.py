@@ -136,14 +136,84 @@ def build(cfg, mesh, zero) -> DPReduction | None:
     """The run's strategy from its CompressConfig (None: the engine's plain collectives, no simulated link)."""
     link = SimulatedLink(cfg.simulated_dp_bandwidth, mesh.ledger, mesh.dp_cp.name) \
         if cfg.simulated_dp_bandwidth > 0 else None
+    layout = (mesh.dp_cp.size, mesh.tp.size, mesh.pp.size)
     if cfg.powersgd.enabled:
-        return PowerSGDReduction(cfg.powersgd, (mesh.dp_cp.size, mesh.tp.size, mesh.pp.size), zero.grad_dtype, link)
+        return PowerSGDReduction(cfg.powersgd, layout, zero.grad_dtype, link)
+    if cfg.onebit_freeze_iters is not None:
+        return OneBitAdamReduction(cfg.onebit_freeze_iters, layout, link)
     return PlainReduction(link) if link is not None else None
 
 
 def owners(reduction) -> dict:
     """The checkpoint's owners ({} when not compressing): this rank's state under compress/<global rank>/."""
-    if not isinstance(reduction, PowerSGDReduction):
+    if not isinstance(reduction, (PowerSGDReduction, OneBitAdamReduction)):
         return {}
     import torch.distributed as dist
     return {f"compress/{dist.get_rank() if dist.is_initialized() else 0}/": reduction}
+
+
+class OneBitAdamReduction:
+    """1-bit Adam (hybrid/compress/onebit.py) through the seam: the plain all-reduce for the warm-up, then no
+    gradient traffic at all (each rank keeps its own gradient) while the optimizer all-reduces the momentum
+    compressed. Brings its optimizer (`build_optimizer`) and owns the error feedback (`state_dict`)."""
+
+    per_micro_batch = True
+
+    def __init__(self, freeze: int, layout: tuple[int, int, int], link: SimulatedLink | None = None) -> None:
+        self.freeze, self.layout, self.link = freeze, layout, link
+        self.iter = 0
+        self.group: Group | None = None
+        self.worker: dict[int, torch.Tensor] = {}
+        self.server: dict[int, torch.Tensor] = {}
+
+    def bind(self, units: list) -> None:
+        self.units = units
+
+    def build_optimizer(self, engine, groups: list[dict], lr: float, betas: tuple[float, float], eps: float):
+        from hybrid.compress.onebit import OneBitAdam, padded_length
+        if engine.has_experts:
+            raise ValueError("--optimizer onebit-adam does not run with MoE experts (their gradients are reduced "
+                             "over the expert-DP group); use --optimizer adam")
+        self.group = engine.dp
+        n = self.group.size
+        for i, u in enumerate(engine.units):
+            length = padded_length(u.master.numel(), n)
+            self.worker[i] = torch.zeros(length, dtype=torch.float32, device=u.master.device)
+            self.server[i] = torch.zeros(length // n, dtype=torch.float32, device=u.master.device)
+        return OneBitAdam(engine, groups, self.freeze, lr, betas, eps, self)
+
+    def all_reduce_momentum(self, i: int, m: torch.Tensor) -> None:
+        """DeepSpeed's padding: the momentum with zeros appended, compressed-all-reduced, cut back."""
+        from hybrid.compress.onebit import compressed_all_reduce
+        if self.group.size == 1:
+            return
+        x = torch.cat([m, m.new_zeros(self.worker[i].numel() - m.numel())])
+        compressed_all_reduce(x, self.worker[i], self.server[i], self.group)
+        m.copy_(x[:m.numel()])
+
+    def reduce(self, unit, group: Group) -> bool:
+        if self.iter < self.freeze:
+            return False
+        unit.flat_grad.mul_(group.size)  # this rank's own gradient; the engine divides by n
+        return True
+
+    def end_step(self) -> None:
+        self.iter += 1
+        if self.link is not None:
+            self.link.delay()
+
+    def state_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"counters": torch.tensor([self.iter, *self.layout], dtype=torch.int64)}
+        for i in self.worker:
+            out[f"worker_error.{i}"], out[f"server_error.{i}"] = self.worker[i], self.server[i]
+        return out
+
+    def load_state_dict(self, sd: dict[str, object]) -> None:
+        it, *layout = (int(v) for v in sd["counters"])
+        if tuple(layout) != self.layout:
+            raise ValueError(f"--optimizer onebit-adam: the checkpoint's error feedback was saved at dp x tp x pp = "
+                             f"{layout}, this run is {list(self.layout)}; resume at that layout")
+        self.iter = it
+        for i in self.worker:
+            self.worker[i].copy_(sd[f"worker_error.{i}"])
+            self.server[i].copy_(sd[f"server_error.{i}"])

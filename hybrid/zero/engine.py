@@ -263,6 +263,8 @@ class ZeroOptimizer:
                   {"params": no_decay, "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
         kw = dict(lr=self.opt_cfg.lr, betas=(self.opt_cfg.beta1, self.opt_cfg.beta2), eps=self.opt_cfg.eps)
+        if hasattr(self.reduction, "build_optimizer"):  # hybrid/compress: 1-bit Adam brings its own
+            return self.reduction.build_optimizer(self, groups, **kw), "onebit-adam"
         if not self.cfg.offload_optimizer:
             return torch.optim.AdamW(groups, **kw, fused=True), "torch-fused"
         return cpu_adamw(groups, self.cfg.cpu_adam, **kw)
