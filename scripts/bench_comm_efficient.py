@@ -4,7 +4,7 @@ AdamW, on the reference corpus (docs/data.md: Python's pydoc topics as bytes), T
     python scripts/bench_comm_efficient.py --out docs/results/bench_comm_efficient.md   # the measurement
     python scripts/bench_comm_efficient.py --quick --out /tmp/ce.md                    # smoke run (measures nothing)
     [--model tiny-llama] [--steps 300] [--global-batch 16] [--seq 128] [--lr 3e-3] [--powersgd-rank 4]
-    [--powersgd-start-iter 20] [--simulated-dp-bandwidth GBPS]
+    [--powersgd-start-iter 20] [--onebit-freeze-iters 20] [--simulated-dp-bandwidth GBPS]
 
 Each row trains the same model from the same initialisation on the same global batches (8 gloo ranks, one thread
 each, the library's own ZeroOptimizer + train_step -- what train.py runs, without its command line) and reports:
@@ -99,7 +99,20 @@ def row_powersgd(mesh, args):
     return (*_loop(mesh, args, opt, chunks, spec, runner), args.powersgd_start_iter)
 
 
-ROWS: dict[str, Callable] = {"AdamW (synchronous)": row_adamw, "PowerSGD": row_powersgd}
+def row_onebit(mesh, args):
+    """1-bit Adam after --onebit-freeze-iters Adam steps (hybrid/compress/onebit.py; ZeRO 0 only)."""
+    from hybrid.compress.args import CompressConfig
+    from hybrid.compress.reduction import build
+    from hybrid.zero import ZeroConfig, ZeroOptimizer
+    chunks, spec, runner = _setup(mesh, args)
+    cfg = CompressConfig(onebit_freeze_iters=args.onebit_freeze_iters,
+                         simulated_dp_bandwidth=args.simulated_dp_bandwidth)
+    zero = ZeroConfig(stage=0)
+    opt = ZeroOptimizer(chunks, mesh, zero, _opt_cfg(args), build(cfg, mesh, zero))
+    return (*_loop(mesh, args, opt, chunks, spec, runner), args.onebit_freeze_iters)
+
+
+ROWS: dict[str, Callable] = {"AdamW (synchronous)": row_adamw, "PowerSGD": row_powersgd, "1-bit Adam": row_onebit}
 
 
 def _rank(rank, world, name, args):
@@ -159,14 +172,17 @@ def main(argv=None) -> None:
                    help="0 (default): the DP bytes are the gradients' alone; 1-2 add the parameter all-gather")
     p.add_argument("--powersgd-rank", type=positive_int, default=4)
     p.add_argument("--powersgd-start-iter", type=int, default=20)
+    p.add_argument("--onebit-freeze-iters", type=int, default=20)
     p.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS")
     args = p.parse_args(argv)
     if args.out:
         check_output_file("--out", args.out)
     if args.quick:
-        args.steps, args.global_batch, args.seq, args.powersgd_start_iter = 4, 8, 32, 2
+        args.steps, args.global_batch, args.seq, args.powersgd_start_iter, args.onebit_freeze_iters = 4, 8, 32, 2, 2
     if args.powersgd_start_iter < 2 or args.powersgd_start_iter >= args.steps:
         p.error(f"--powersgd-start-iter must be >= 2 and below --steps ({args.steps})")
+    if args.onebit_freeze_iters < 1 or args.onebit_freeze_iters >= args.steps:
+        p.error(f"--onebit-freeze-iters must be >= 1 and below --steps ({args.steps})")
     text = report(measure(args), args)
     print(text)
     if args.out:

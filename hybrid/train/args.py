@@ -380,7 +380,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                   train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters),
         zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe, compress=compress,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
-        ds_unsupported=tuple(unsupported))
+        ds_unsupported=tuple(compress_args.unread_deepspeed_keys(ns, unsupported)))
 
 
 def _recorded(value) -> bool:
