@@ -149,11 +149,13 @@ def report(rows: dict[str, dict], args) -> str:
              f"{f'{args.simulated_dp_bandwidth} GB/s' if args.simulated_dp_bandwidth else 'off'}",
              f"- machine: {cpu_name()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch "
              f"{torch.__version__}", "",
-             "| method | final loss | vs AdamW | DP bytes / step, one replica (after start) | vs AdamW | s/step (median) |",
+             "| method | final loss | vs AdamW | DP bytes / step, one replica (after start) | vs AdamW "
+             "| s/step (median) |",
              "|---|---|---|---|---|---|"]
     for name, r in rows.items():
         start = f" (from step {r['start']})" if r["start"] else ""
-        lines.append(f"| {name}{start} | {r['final']:.4f} | {100 * (r['final'] / base['final'] - 1):+.2f} % | {r['bytes']:,.0f} | "
+        rel = 100 * (r["final"] / base["final"] - 1)
+        lines.append(f"| {name}{start} | {r['final']:.4f} | {rel:+.2f} % | {r['bytes']:,.0f} | "
                      f"{r['bytes'] / base['bytes']:.3f}x | {r['secs']:.3f} |")
     return "\n".join(lines) + "\n"
 

@@ -102,7 +102,8 @@ def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
         raise ValueError(f"--onebit-freeze-iters must be a positive integer (Adam warm-up steps), got {freeze!r}")
     if getattr(args, "zero_stage", 0) != 0:
         raise ValueError(f"--optimizer onebit-adam runs with --zero-stage 0 only (each rank all-reduces its whole "
-                         f"momentum, which ZeRO shards; DeepSpeed refuses ZeRO too); got --zero-stage {args.zero_stage}")
+                         f"momentum, which ZeRO shards; DeepSpeed refuses ZeRO too); got --zero-stage "
+                         f"{args.zero_stage}")
     if powersgd_rank:
         raise ValueError("--optimizer onebit-adam and --powersgd-rank are exclusive (both compress the DP traffic); "
                          "drop one")

@@ -118,12 +118,12 @@ class OneBitAdam(torch.optim.Optimizer):
         group = self.param_groups[0]
         lr, (b1, b2), eps = group["lr"], group["betas"], group["eps"]
         frozen = self.step_count >= self.freeze
-        for u, st in zip(self.engine.units, self.flat):
+        for i, (u, st) in enumerate(zip(self.engine.units, self.flat)):
             g = u.master_grad / self.grad_scale if self.grad_scale is not None else u.master_grad
             m, v = st["exp_avg"], st["exp_avg_sq"]
             m.mul_(b1).add_(g, alpha=1 - b1)
             if frozen:
-                self.owner.all_reduce_momentum(self.engine.units.index(u), m)
+                self.owner.all_reduce_momentum(i, m)
             else:
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
             update = m / (v.sqrt() + eps)  # DeepSpeed's operations, in its order

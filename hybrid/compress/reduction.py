@@ -7,8 +7,12 @@ it hands the unit over instead:
                                               # divides by n as always); False: the engine's own all-reduce /
                                               # reduce-scatter runs (e.g. PowerSGD before its start iteration)
     reduction.end_step()                      # after the step's last unit
+    reduction.build_optimizer(engine, ...)    # optional: a strategy that brings its optimizer (1-bit Adam)
 
-A strategy reduces the whole accumulated gradient once per step (`per_micro_batch` False): PowerSGD's factors are
+Strategies: PlainReduction (only the simulated slow link), PowerSGDReduction, OneBitAdamReduction (no gradient
+traffic after the freeze; the optimizer all-reduces the momentum compressed). `build(CompressConfig, ...)` picks.
+
+PowerSGD reduces the whole accumulated gradient once per step (`per_micro_batch` False): PowerSGD's factors are
 a nonlinear function of the whole gradient (the orthogonalisation), so they cannot be summed per micro-batch or
 reduce-scattered into shards. Under ZeRO 1-2 every rank therefore all-reduces the compressed factors, decompresses
 the full unit and keeps its shard; ZeRO 2 then keeps a full gradient buffer as stage 1 does (its gradient-memory
@@ -30,6 +34,9 @@ from hybrid.compress.powersgd import PowerSGDConfig, PowerSGDState, matrix_rank,
 
 
 class DPReduction(Protocol):
+    """per_micro_batch: False when the strategy needs the whole accumulated gradient (reduced once per step; ZeRO 2
+    then keeps a full gradient buffer, ZeRO 3 is refused). bind: the engine's dense units, in its order."""
+
     per_micro_batch: bool
 
     def bind(self, units: list) -> None: ...

@@ -460,7 +460,9 @@ class ZeroOptimizer:
         At stages 2-3 this holds one parameter's gradient beside the unit's buffer, where copying them all into a
         buffer at the unit's reduction held every gradient of the unit twice (a 36k x 1024 embedding and LM head:
         295 MB more at the peak of a ZeRO-3 step, docs/zero.md). Stages 0-1 bind p.grad into the buffer instead."""
-        return self.cfg.accumulate_fp32_grads or (self.cfg.stage >= 2 and self._per_micro_batch)  # compress: as 1
+        # a compressor at stage 2 (not per micro-batch) binds p.grad into a full buffer as stage 1 (hybrid/compress)
+        return self.cfg.accumulate_fp32_grads or (self.cfg.stage >= 2 and getattr(self.reduction, "per_micro_batch",
+                                                                                  True))
 
     # --- gradient reduction ------------------------------------------------------------------
     def _grad_of(self, p: nn.Parameter) -> torch.Tensor | None:
