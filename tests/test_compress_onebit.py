@@ -89,26 +89,26 @@ def test_sign_packing_round_trips_with_zero_as_positive():
 STEPS, FREEZE = 6, 3
 
 
-def ds_compressed_allreduce(buffer_m, worker_error, server_error):
+def ds_compressed_allreduce(buffer_m, worker_error, server_error, group):
     """DeepSpeed's NcclBackend.compressed_allreduce with its error feedback, as torch_sim computes it (an
     uncompressed all-reduce of the compressed values in place of the packed all-to-all)."""
     import torch.distributed as dist
-    n, rank = dist.get_world_size(), dist.get_rank()
+    n, rank, pg = group.size, group.rank, group.pg
     buffer_m = torch.cat([buffer_m, torch.zeros(worker_error.numel() - buffer_m.numel())])
     buffer_m.add_(worker_error)
     worker_scale = torch.linalg.norm(buffer_m) / np.sqrt(buffer_m.numel())
     compressed = worker_scale * buffer_m.sign().add_(1).bool().float().add_(-0.5).mul_(2.0)
     worker_error.set_(buffer_m - compressed)
-    dist.all_reduce(compressed)
+    dist.all_reduce(compressed, group=pg)
     compressed.mul_(1 / n)
     mine = torch.chunk(compressed, n)[rank] + server_error
     server_scale = torch.linalg.norm(mine) / np.sqrt(mine.numel())
     server_error.set_(mine - server_scale * mine.sign().add_(1).bool().float().add_(-0.5).mul_(2.0))
     out = [torch.zeros(1) for _ in range(n)]
-    dist.all_gather(out, server_scale.reshape(1))
+    dist.all_gather(out, server_scale.reshape(1), group=pg)
     # every chunk's server signs: its owner's compensated chunk (gathered uncompressed here, then signed)
     gathered = [torch.zeros_like(mine) for _ in range(n)]
-    dist.all_gather(gathered, mine)
+    dist.all_gather(gathered, mine, group=pg)
     return torch.cat([out[k] * g.sign().add_(1).bool().float().add_(-0.5).mul_(2.0) for k, g in enumerate(gathered)])
 
 
@@ -116,14 +116,14 @@ class RefOneBitAdam(torch.optim.Optimizer):
     """DeepSpeed's OnebitAdam.step (runtime/fp16/onebit/adam.py) over flat buckets of the model's parameters (the
     buckets DeepSpeed's fp32 flat groups are here: the engine's unit layout, hybrid.dp.make_buckets)."""
 
-    def __init__(self, model, cfg, world):
+    def __init__(self, model, cfg, world, group):
         from hybrid.compress.onebit import padded_length
         from hybrid.dp import DEFAULT_BUCKET_BYTES, make_buckets
         decay = [p for p in model.parameters() if p.dim() >= 2]
         super().__init__([{"params": decay, "weight_decay": cfg.weight_decay},
                           {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
                          dict(lr=cfg.lr))
-        self.cfg, self.steps = cfg, 0
+        self.cfg, self.steps, self.group = cfg, 0, group
         self.buckets = make_buckets(list(model.parameters()), DEFAULT_BUCKET_BYTES)
         ids = {id(p) for p in decay}
         self.flat = []
@@ -143,7 +143,7 @@ class RefOneBitAdam(torch.optim.Optimizer):
             if self.steps < FREEZE:
                 st["v"].mul_(b2).addcmul_(g, g, value=1 - b2)
             else:
-                st["m"].copy_(ds_compressed_allreduce(st["m"], st["we"], st["se"])[:st["m"].numel()])
+                st["m"].copy_(ds_compressed_allreduce(st["m"], st["we"], st["se"], self.group)[:st["m"].numel()])
             update = st["m"] / (st["v"].sqrt() + eps)
             update += st["wd"] * p_flat
             p_flat.add_(-lr * update)
@@ -154,23 +154,25 @@ class RefOneBitAdam(torch.optim.Optimizer):
         self.steps += 1
 
 
-def _onebit(rank, world):
+def _onebit(rank, world, tp, pp):
     from hybrid.compress.reduction import OneBitAdamReduction
     from hybrid.data import BatchSpec, load_corpus, micro_batches
     from hybrid.dp import GradAverager
     from hybrid.mesh import Mesh, ParallelDims
     from hybrid.tp import TPContext
-    from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
+    from hybrid.train_step import OptimizerConfig, train_step
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     from models import build_pipeline_chunks, load_config
+    from tests.test_compress_engine import _runner
     torch.set_num_threads(1)
-    mesh = Mesh.build(ParallelDims.from_world(world))
+    mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
+    dp = mesh.dims.dp
     cfg = OptimizerConfig(lr=3e-3, eps=1e-8, weight_decay=0.01, decay_style="constant")
-    spec, corpus, out = BatchSpec(8, 2, 32, world), load_corpus(), {}
+    spec, corpus, out = BatchSpec(8, 2, 32, dp), load_corpus(), {}
     for kind in ("ref", "engine"):
-        chunks = build_pipeline_chunks(load_config("tiny-llama"), TPContext(mesh.tp), 0, 1, 1, seed=7)
+        chunks = build_pipeline_chunks(load_config("tiny-llama"), TPContext(mesh.tp), mesh.coords.pp, pp, 1, seed=7)
         if kind == "ref":
-            opt = RefOneBitAdam(chunks, cfg, world)
+            opt = RefOneBitAdam(chunks, cfg, dp, mesh.dp)
 
             class Sync(GradAverager):
                 def __call__(self):
@@ -179,21 +181,22 @@ def _onebit(rank, world):
             sync = Sync(chunks.parameters(), mesh.dp)
         else:
             opt, sync = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=0), cfg,
-                                      OneBitAdamReduction(FREEZE, (world, 1, 1))), None
+                                      OneBitAdamReduction(FREEZE, (dp, tp, pp))), None
         losses, sent = [], []
         for it in range(STEPS):
             mesh.ledger.reset()
             losses.append(train_step(chunks, micro_batches(corpus, spec, 3, it, mesh.coords.dp), opt, mesh, sync,
-                                     runner=LocalForwardBackward(chunks[0], mesh.device)))
+                                     runner=_runner(mesh, chunks, load_config("tiny-llama"))))
             sent.append({k: v["bytes"] for k, v in mesh.ledger.summary().items() if k.endswith("@dp")})
         out[kind] = {"losses": losses, "weights": {n: p.detach().clone() for n, p in chunks.named_parameters()},
                      "sent": sent, "numel": sum(p.numel() for p in chunks.parameters())}
     return out
 
 
-@pytest.fixture(scope="module")
-def onebit_runs():
-    return run_distributed(_onebit, 2, timeout=600)
+@pytest.fixture(scope="module", params=["dp2", "tp2pp2dp2"])
+def onebit_runs(request):
+    world, tp, pp = {"dp2": (2, 1, 1), "tp2pp2dp2": (8, 2, 2)}[request.param]
+    return run_distributed(_onebit, world, args=(tp, pp), timeout=900)
 
 
 def test_engine_onebit_adam_equals_deepspeeds_update_bit_for_bit(onebit_runs):
@@ -211,4 +214,4 @@ def test_engine_onebit_adam_dp_bytes_are_signs_and_scales_after_the_freeze(onebi
             assert step["all_reduce@dp"] == 4 * numel
         for step in sent[FREEZE:]:  # after: no gradient all-reduce; signs + one scale per worker and chunk
             assert "all_reduce@dp" not in step
-            assert step["all_to_all@dp"] + step["all_gather@dp"] == ledger_bytes(numel, 2)
+            assert step["all_to_all@dp"] + step["all_gather@dp"] == ledger_bytes(numel, 2)  # one unit (tiny-llama)
