@@ -28,6 +28,7 @@ from torch.distributed.checkpoint import metadata as md
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 import hybrid.cli
+from hybrid import testing
 from hybrid.checkpoint import safe_read, store
 
 train_main = importlib.import_module("hybrid.train.main")
@@ -42,9 +43,12 @@ def _env() -> dict:
     return env
 
 
-def train(argv: list[str], cwd, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "hybrid.train"] + TINY + argv, cwd=cwd, env=_env(),
-                         capture_output=True, text=True, timeout=600)
+def train(argv: list[str], cwd, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m hybrid.train ...` in `cwd`, a fork of hybrid.testing's forkserver (the environment of _env, then
+    `env`)."""
+    unset = {k: None for k in os.environ if k not in _env()}
+    out = testing.run(["-m", "hybrid.train"] + TINY + argv, cwd=str(cwd), env={**unset, **_env(), **(env or {})},
+                      timeout=600)
     if check:
         assert out.returncode == 0, out.stderr[-3000:]
     return out
@@ -732,6 +736,27 @@ def test_another_config_is_one_line_naming_the_first_differing_field(saved, tmp_
     assert "its vocab_size is 256" in line and "has 300" in line, line
 
 
+@pytest.mark.slow  # a train.py run that trains (forked)
+def test_an_edited_config_under_the_same_path_is_one_line_not_a_size_mismatch(tmp_path, monkeypatch, capsys):
+    """The issue's case: train with --model DIR, edit DIR/config.json (a wider vocabulary, more layers), --load with
+    the same --model DIR -- it was load_state_dict's size-mismatch traceback; the path is the same, the model is
+    not, and the checkpoint is left as it was."""
+    model = _config_folder(tmp_path / "m")
+    train(["--model", model, "--train-iters", "1", "--save", str(tmp_path / "ck")], tmp_path)
+    before = tree(tmp_path / "ck")
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    for field, saved_value, edit in (("vocab_size", 256, {"vocab_size": 300}), ("num_layers", 4, {"n_layer": 6})):
+        config = json.load(open(os.path.join(model, "config.json")))
+        json.dump({**config, **edit}, open(os.path.join(model, "config.json"), "w"))
+        argv = TINY + ["--model", model, "--load", str(tmp_path / "ck"), "--train-iters", "2"]
+        line = one_line_error(train_main.main, argv, capsys)
+        assert line.startswith("train.py: error: --load ") and "holds another model: " in line, line
+        assert f"its {field} is {saved_value}, --model {model} has {list(edit.values())[0]}" in line, line
+        json.dump(config, open(os.path.join(model, "config.json"), "w"))
+    assert tree(tmp_path / "ck") == before
+
+
 def test_a_forged_moment_shape_is_one_line_before_any_process_group(saved, tmp_path, monkeypatch, capsys):
     ck, _, _ = _planted(saved, tmp_path, _meta_edit(lambda m: _resize(m, "optim.exp_avg/wpe.weight", [300, 64])))
     _isolate(monkeypatch, tmp_path)
@@ -740,6 +765,7 @@ def test_a_forged_moment_shape_is_one_line_before_any_process_group(saved, tmp_p
     assert "optim.exp_avg/wpe.weight is saved with shape [300, 64], --model's model has [256, 64]" in line, line
 
 
+@pytest.mark.slow  # train.py runs that train (forked)
 def test_the_same_config_under_another_path_resumes_and_overwrite_save_replaces_another_run(saved, tmp_path):
     """A run of --model <a folder with tiny-gpt2's config> resumes a checkpoint saved as `--model tiny-gpt2`; a run
     into a --save folder holding another run's checkpoints needs --overwrite-save, which removes them once its own
@@ -801,11 +827,34 @@ def test_non_finite_loaded_weights_are_one_line_naming_the_parameter(hf_folder, 
                                 "(0.h.1.mlp.c_fc.weight on rank 0") and "Traceback" not in out.stderr
 
 
+def test_a_nan_weight_in_a_hybrid_checkpoint_is_one_line_naming_it(saved, tmp_path):
+    """The same through a hybrid (DCP) checkpoint: the saved model tensors rewritten with one NaN (DCP's own
+    torch-save round trip, the manifest re-hashed), --load stops before the first step naming the parameter."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+    ck = str(tmp_path / "ckpt")
+    shutil.copytree(saved, ck)
+    it_dir = store.final_path(ck, 2)
+    full = str(tmp_path / "full.pt")
+    dcp_to_torch_save(it_dir, full)  # the test's own, trusted checkpoint
+    state = torch.load(full, weights_only=True)
+    state["model/h.1.mlp.c_fc.weight"][3, 5] = float("nan")
+    torch.save(state, full)
+    for name in os.listdir(it_dir):
+        if name == ".metadata" or name.endswith(".distcp"):
+            os.remove(os.path.join(it_dir, name))
+    torch_save_to_dcp(full, it_dir)
+    rehash(it_dir)
+    out = train(["--load", ck, "--train-iters", "3"], tmp_path, check=False)
+    errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
+    assert out.returncode == 65 and len(errors) == 1, out.stderr[-2000:]
+    assert errors[0].startswith("train.py: error: nan-guard: the weights at the start of training are not finite "
+                                "(0.h.1.mlp.c_fc.weight on rank 0") and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow  # train.py runs that train (forked)
 def test_a_skipped_first_step_is_logged_not_an_attribute_error(tmp_path):
     env_fault = {"HYBRID_FAULT": "nan:rank=0,iterations=1"}
-    out = subprocess.run([sys.executable, "-m", "hybrid.train", "--train-iters", "2"] + TINY, cwd=tmp_path,
-                         env={**_env(), **env_fault}, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = train(["--train-iters", "2"], tmp_path, env=env_fault)
     assert "nan-guard: iteration 1: skipped the step on every rank" in out.stdout
     first = next(ln for ln in out.stdout.splitlines() if ln.startswith(" iteration      1/"))
     assert "grad norm" not in first, first  # the skipped step has no norm (it was last_report None: AttributeError)

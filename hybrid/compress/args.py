@@ -15,8 +15,9 @@ TORCH_START_ITER = 1_000  # torch's PowerSGDState default start_powerSGD_iter
 class CompressConfig:
     """Attributes:
         powersgd: PowerSGD of the DP gradients (`--powersgd-rank`, `--powersgd-start-iter`); rank 0: off.
-        onebit_freeze_iters: 1-bit Adam (`--optimizer onebit-adam`): Adam warm-up steps before the variance freezes
-            and the momentum is sent as signs (`--onebit-freeze-iters`; DeepSpeed's `freeze_step`); None: AdamW.
+        onebit_freeze_iters: 1-bit Adam (`--optimizer onebit-adam`, a choice of train.py's --optimizer): Adam
+            warm-up steps before the variance freezes and the momentum is sent as signs (`--onebit-freeze-iters`;
+            DeepSpeed's `freeze_step`); None: the optimizer --optimizer names.
         simulated_dp_bandwidth: GB/s of a simulated slow DP link (`--simulated-dp-bandwidth`): every gradient
             collective on the DP group is followed by a sleep of its ledger bytes / this; 0: off.
     """
@@ -37,9 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "1-D tensors sent whole), as torch's powerSGD_hook; 0: off")
     g.add_argument("--powersgd-start-iter", type=int, default=TORCH_START_ITER, metavar="N",
                    help="optimizer steps of plain all-reduce before PowerSGD starts (torch's start_powerSGD_iter)")
-    g.add_argument("--optimizer", choices=("adam", "onebit-adam"), default="adam",
-                   help="adam: AdamW; onebit-adam: 1-bit Adam (Adam warm-up, then frozen variance and sign-compressed "
-                        "momentum with error feedback; --zero-stage 0)")
     g.add_argument("--onebit-freeze-iters", type=int, default=100, metavar="N",
                    help="1-bit Adam: Adam warm-up steps before the variance freezes (DeepSpeed's freeze_step)")
     g.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS",
@@ -61,6 +59,10 @@ def check(args: argparse.Namespace) -> CompressConfig:
         raise ValueError("--powersgd-rank does not run with --zero-stage 3 (stage 3 reduce-scatters per layer and "
                          "keeps no full gradient to compress); use --zero-stage 0, 1 or 2")
     freeze = _check_onebit(args, rank)
+    if (rank or freeze is not None) and getattr(args, "diloco_inner_steps", None) is not None:
+        which = "--powersgd-rank" if rank else "--optimizer onebit-adam"
+        raise ValueError(f"{which} does not run with --diloco-inner-steps (compression inside DiLoCo replicas is "
+                         f"untested); drop one of them")
     return CompressConfig(powersgd=PowerSGDConfig(rank=rank, start_iter=start), onebit_freeze_iters=freeze,
                           simulated_dp_bandwidth=bw)
 

@@ -24,6 +24,7 @@ from hybrid.checkpoint import args as ckpt_args
 from hybrid.cp import args as cp_args
 from hybrid.data import BatchSpec
 from hybrid.data import args as data_args
+from hybrid.diloco import args as diloco_args
 from hybrid.fault import args as fault_args
 from hybrid.launch import MAX_TIMEOUT_MINUTES
 from hybrid.mesh import ParallelDims, validate_model_dims
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt_args.add_arguments(p)
     cp_args.add_arguments(p)
     moe_args.add_arguments(p)
+    diloco_args.add_arguments(p)
     compress_args.add_arguments(p)
     _short_metavars(p)
     return p
@@ -359,6 +361,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
     compress = compress_args.check(ns)  # hybrid/compress: gradient compression over DP
+    diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe is not None)  # hybrid/diloco: None without
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")
@@ -377,8 +380,10 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                 timeline=ns.timeline, hardware=ns.hardware),
         optimizer=OptimizerConfig(lr=ns.lr, min_lr=ns.min_lr, weight_decay=ns.weight_decay, beta1=ns.adam_beta1,
                                   beta2=ns.adam_beta2, warmup_iters=ns.lr_warmup_iters, decay_style=ns.lr_decay_style,
-                                  train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters),
-        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe, compress=compress,
+                                  train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters,
+                                  optimizer=ns.optimizer, sgd_momentum=ns.sgd_momentum),
+        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe, diloco=diloco,
+        compress=compress,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
         ds_unsupported=tuple(compress_args.unread_deepspeed_keys(ns, unsupported)))
 
@@ -408,21 +413,17 @@ def configure(args: argparse.Namespace, world: int):
     return run, check_corpus(ns, run)
 
 
-COMPILE_ZERO_STAGES = (0, 1, 2)
+COMPILE_ZERO_STAGES = (0, 1, 2, 3)
 
 
 def check_compile(args: argparse.Namespace, zero: ZeroConfig) -> None:
-    """--compile (a compiled forward per block) with what it has been run with: ZeRO 0-2, no recomputation.
-    ZeRO 3 frees each block's parameters after use (a 0-byte storage) and gathers them anew around the forward;
-    recomputation checkpoints with a context that replays the tensor-parallel dropout streams, which torch.compile
-    cannot trace (dynamo: "checkpoint not implemented for ... context_fn")."""
+    """--compile (a compiled forward per block) with what it has been run with: every ZeRO stage, no recomputation.
+    ZeRO 3's hooks gather a block's parameters before its compiled forward runs and free them after (the storage
+    shrinks to 0 bytes, shapes and strides stay, so dynamo's guards hold: one graph per block, as torchtitan's
+    FSDP2 + per-block compile); recomputation checkpoints with a context that replays the tensor-parallel dropout
+    streams, which torch.compile cannot trace (dynamo: "checkpoint not implemented for ... context_fn")."""
     if not args.compile:
         return
-    if zero.stage == 3:
-        where = "--zero-stage 3" if "zero_stage" in getattr(args, "explicit", {"zero_stage"}) else \
-            "ZeRO stage 3 (--deepspeed-config zero_optimization.stage)"
-        raise ValueError(f"--compile does not run with {where} (parameters gathered and freed around each block); "
-                         f"use stage 0-2, or drop --compile")
     if args.recompute_granularity:
         raise ValueError(f"--compile does not run with --recompute-granularity {args.recompute_granularity} "
                          f"(torch.compile cannot trace the checkpoint that replays the dropout streams); drop one "
@@ -452,9 +453,11 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
                     precision=precision.planned, activations=profile, kernels=KernelProfile.EAGER,  # our layers
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
-    # --compile runs with ZeRO 0-2 only (check_args): the search keeps to what the run will accept
+    # --compile runs with every ZeRO stage but no recomputation (check_compile): the search keeps to what the run accepts
+    pinned_ep = "expert_model_parallel_size" in getattr(args, "explicit", set())  # MoE: else the planner's EP
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),),
-                        zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None)
+                        zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
+                        expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None)
     result = search(work, Cluster(gpus=world, hw=hw), space, top=1)
     if not result.plans:
         raise ValueError(f"--auto-parallel: no layout of {args.model} fits {world} x {hw.memory_gb:.1f} GB; "
@@ -462,10 +465,14 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     lay = result.plans[0].layout
     for dest, value in layout_flags(work, lay).items():
         setattr(args, dest, value)
+    experts = result.plans[0].experts  # an MoE model: the planner's EP (hybrid/planner/moe.py)
+    if experts is not None:
+        args.expert_model_parallel_size = experts.ep
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}, micro-batch {lay.micro_batch}, "
               f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel}, schedule "
-              f"{lay.schedule.value} (predicted {result.plans[0].time.total:.3g} s/step on {hw.name})"
+              f"{lay.schedule.value}" + (f", ep {experts.ep}" if experts else "")
+              + f" (predicted {result.plans[0].seconds:.3g} s/step on {hw.name})"
               + (f"; {result.notes[lay.short()]}" if lay.short() in result.notes else ""), flush=True)
 
 
