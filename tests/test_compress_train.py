@@ -33,6 +33,7 @@ COMMON = ["--global-batch-size", "8", "--seq-length", "32", "--micro-batch-size"
     (["--optimizer", "onebit-adam", "--zero-stage", "1"], "--optimizer onebit-adam runs with --zero-stage 0 only"),
     (["--optimizer", "onebit-adam", "--powersgd-rank", "2"], "--optimizer onebit-adam and --powersgd-rank are"),
     (["--optimizer", "onebit-adam", "--fp16"], "--optimizer onebit-adam does not run with --fp16"),
+    (["--powersgd-rank", "2", "--diloco-inner-steps", "4"], "--powersgd-rank does not run with --diloco-inner-steps"),
 ])
 def test_bad_compression_flags_are_rejected_before_any_process_group(argv, message, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
