@@ -19,6 +19,7 @@ import sys
 import torch
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
+from hybrid.compress import args as compress_args
 from hybrid.checkpoint import args as ckpt_args
 from hybrid.cp import args as cp_args
 from hybrid.data import BatchSpec
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp_args.add_arguments(p)
     moe_args.add_arguments(p)
     diloco_args.add_arguments(p)
+    compress_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -358,6 +360,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
+    compress = compress_args.check(ns)  # hybrid/compress: gradient compression over DP
     diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe is not None)  # hybrid/diloco: None without
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
@@ -380,8 +383,9 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                   train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters,
                                   optimizer=ns.optimizer, sgd_momentum=ns.sgd_momentum),
         zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe, diloco=diloco,
+        compress=compress,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
-        ds_unsupported=tuple(unsupported))
+        ds_unsupported=tuple(compress_args.unread_deepspeed_keys(ns, unsupported)))
 
 
 def _recorded(value) -> bool:

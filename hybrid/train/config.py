@@ -20,6 +20,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from hybrid.checkpoint.args import CheckpointConfig
+from hybrid.compress.args import CompressConfig
 from hybrid.cp.args import CPConfig
 from hybrid.data import BatchSpec
 from hybrid.data.args import DataConfig
@@ -133,8 +134,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--adam-beta2", OPTIM, "Adam second-moment decay, in [0, 1)", default=0.95, type=float),
     Flag("--clip-grad", OPTIM, "clip to this global gradient norm (0: off)", default=1.0, type=float, low=0.0,
          deepspeed=("gradient_clipping", "clip_grad")),
-    Flag("--optimizer", OPTIM, "adam (AdamW) or sgd (torch's SGD, --sgd-momentum; Megatron's names)", default="adam",
-         type=str, choices=("adam", "sgd")),
+    Flag("--optimizer", OPTIM, "adam (AdamW) or sgd (torch's SGD, --sgd-momentum; Megatron's names); onebit-adam: "
+         "1-bit Adam (--onebit-freeze-iters, docs/comm-efficient.md)", default="adam", type=str,
+         choices=("adam", "sgd", "onebit-adam")),
     Flag("--sgd-momentum", OPTIM, "--optimizer sgd's momentum (Megatron's default 0.9)", default=0.9, type=float,
          low=0.0),
     Flag("--seed", OPTIM, f"initialisation and data order, in [0, {MAX_SEED}]", default=1234, type=int),
@@ -272,6 +274,7 @@ class RunConfig:
         cp: context parallelism and packed documents (hybrid/cp/args.py).
         moe: Mixture-of-Experts training and expert parallelism (hybrid/moe/args.py); None for a dense model.
         diloco: local updates over DP replicas (hybrid/diloco/args.py); None without --diloco-inner-steps.
+        compress: gradient compression over DP (hybrid/compress/args.py); off by default.
         flags: every flag's final value (dest -> int / float / str / bool / None, or a tuple of them: --data-path),
             as checkpoints record it.
         ds_unsupported: keys of --deepspeed-config that hybrid does not read (a warning at start-up).
@@ -289,6 +292,7 @@ class RunConfig:
     cp: CPConfig = field(default_factory=CPConfig)
     moe: MoEConfig | None = None
     diloco: DiLoCoConfig | None = None
+    compress: CompressConfig = field(default_factory=CompressConfig)
     flags: tuple[tuple[str, object], ...] = ()
     ds_unsupported: tuple[str, ...] = ()
 

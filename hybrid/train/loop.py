@@ -10,6 +10,8 @@ from datetime import timedelta
 import torch
 
 from hybrid.checkpoint.run import RunCheckpoints
+from hybrid.compress.reduction import build as compress_reduction
+from hybrid.compress.reduction import owners as compress_owners
 from hybrid.data import DataSource
 from hybrid.diloco.run import LocalUpdates
 from hybrid.fault.session import FaultTolerance
@@ -108,7 +110,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     model, runner = build_runner(run, mesh, tp)
     opt_cfg = run.optimizer
     local = LocalUpdates.build(run.diloco, mesh)  # hybrid/diloco: the replicas' groups; no-op without DiLoCo
-    optimizer = ZeroOptimizer(model, local.mesh, run.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
+    reduction = compress_reduction(run.compress, local.mesh, run.zero)  # hybrid/compress: None unless compressing
+    optimizer = ZeroOptimizer(model, local.mesh, run.zero, opt_cfg, reduction)  # stage 0 = plain DP; also syncs
     if isinstance(runner, PipelineExecutor):
         runner.before_weight = optimizer.gather_chunk  # zero-bubble W under ZeRO-3: the chunk's weights gathered
     log0(mesh, _header(run, model, optimizer, device))
@@ -123,7 +126,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
         log0(mesh, line)
     saved = local.checkpointed(optimizer, run.checkpoint)  # hybrid/diloco: starts the outer loop; replica r > 0's keys
     ckpt = RunCheckpoints(run.checkpoint, mesh, model, saved, tp.rng, run_info(run),
-                          owners={"fault.": ft, **moe_owners(model), **local.owners()})  # every owner of state
+                          owners={"fault.": ft, **moe_owners(model), **local.owners(),
+                                  **compress_owners(reduction)})  # every owner of state
     start, consumed = ckpt.resume()
     if mesh.rank == 0:  # model, weights, data, schedule, the planner's figures; on resume what changed
         for line in explain.startup_lines(run, run_info(run), data, start, consumed, device, baseline):

@@ -48,6 +48,7 @@ import torch
 import torch.nn as nn
 
 from hybrid.comm import Group
+from hybrid.compress.reduction import DPReduction
 from hybrid.dp import make_buckets
 from hybrid.mesh import Mesh
 from hybrid.moe.experts import LocalExperts
@@ -123,8 +124,13 @@ class ZeroOptimizer:
     they held become the master weights.
     """
 
-    def __init__(self, model: nn.Module, mesh: Mesh, cfg: ZeroConfig, opt_cfg: OptimizerConfig) -> None:
+    def __init__(self, model: nn.Module, mesh: Mesh, cfg: ZeroConfig, opt_cfg: OptimizerConfig,
+                 reduction: DPReduction | None = None) -> None:
         self.model, self.mesh, self.cfg, self.opt_cfg = model, mesh, cfg, opt_cfg
+        # hybrid/compress: a gradient compressor reduces the dense units instead of the plain collectives below
+        if reduction is not None and not reduction.per_micro_batch and cfg.stage == 3:
+            raise ValueError("gradient compression does not run with --zero-stage 3; use --zero-stage 0, 1 or 2")
+        self.reduction = reduction
         self.chunks = list(model) if isinstance(model, nn.ModuleList) else [model]
         # gradients are reduced (and ZeRO shards) over DP x CP: each CP rank saw other tokens of the same sequences
         # (Megatron's dp_cp group); the DP group itself when cp = 1 -- the only CP edit here
@@ -150,6 +156,8 @@ class ZeroOptimizer:
         for u in self.units:
             self._init_unit(u)
         self.optimizer, self.optimizer_kind = self._build_optimizer()
+        if reduction is not None:
+            reduction.bind([u for u in self.units if id(u) not in self._expert_units])
         self._register_hooks()
 
     # --- construction ------------------------------------------------------------------------
@@ -244,7 +252,7 @@ class ZeroOptimizer:
             # only now: in fp32 `values` *is* the flat buffer, so freeing it first would leave the
             # master copy above reading a 0-byte storage
             u.free()
-        if self.cfg.stage <= 1:
+        if self.cfg.stage <= 1 or not self._per_micro_batch and self.cfg.stage == 2:  # compression: reduced once
             u.flat_grad = torch.zeros(u.padded, dtype=self.grad_dtype, device=self.device)
             if not self.cfg.accumulate_fp32_grads:  # fp32 grads: the hooks add p.grad into flat_grad instead
                 u.bind_grads()
@@ -300,6 +308,8 @@ class ZeroOptimizer:
         if self.opt_cfg.optimizer == "sgd":  # --optimizer sgd (fused: reads grad_scale as AdamW does)
             return torch.optim.SGD(groups, lr=self.opt_cfg.lr, momentum=self.opt_cfg.sgd_momentum, fused=True), "sgd"
         kw = dict(lr=self.opt_cfg.lr, betas=(self.opt_cfg.beta1, self.opt_cfg.beta2), eps=self.opt_cfg.eps)
+        if hasattr(self.reduction, "build_optimizer"):  # hybrid/compress: 1-bit Adam brings its own
+            return self.reduction.build_optimizer(self, groups, **kw), "onebit-adam"
         if not self.cfg.offload_optimizer:
             return torch.optim.AdamW(groups, **kw, fused=True), "torch-fused"
         return cpu_adamw(groups, self.cfg.cpu_adam, **kw)
@@ -435,7 +445,7 @@ class ZeroOptimizer:
                 u.full_grad = torch.zeros(u.padded, dtype=self.grad_dtype, device=self.device)
             u.add_grad(u.flat_grad if u.flat_grad is not None else u.full_grad, p)
         u.fired += 1
-        per_micro_batch = self.cfg.stage >= 2 and not self.cfg.keep_gathered
+        per_micro_batch = self._per_micro_batch
         if u.fired < len(u.params) * (1 if per_micro_batch else self._m):
             return
         u.fired = 0
@@ -452,7 +462,9 @@ class ZeroOptimizer:
         At stages 2-3 this holds one parameter's gradient beside the unit's buffer, where copying them all into a
         buffer at the unit's reduction held every gradient of the unit twice (a 36k x 1024 embedding and LM head:
         295 MB more at the peak of a ZeRO-3 step, docs/zero.md). Stages 0-1 bind p.grad into the buffer instead."""
-        return self.cfg.accumulate_fp32_grads or self.cfg.stage >= 2
+        # a compressor at stage 2 (not per micro-batch) binds p.grad into a full buffer as stage 1 (hybrid/compress)
+        return self.cfg.accumulate_fp32_grads or (self.cfg.stage >= 2 and getattr(self.reduction, "per_micro_batch",
+                                                                                  True))
 
     # --- gradient reduction ------------------------------------------------------------------
     def _grad_of(self, p: nn.Parameter) -> torch.Tensor | None:
@@ -464,13 +476,21 @@ class ZeroOptimizer:
         buf = u.flat_grad if u.flat_grad is not None else u.full_grad
         return None if buf is None else u.grad_view(buf, p)
 
+    @property
+    def _per_micro_batch(self) -> bool:
+        """Stages 2-3 reduce every micro-batch (the full gradient is dropped); a compressor once per step."""
+        return self.cfg.stage >= 2 and not self.cfg.keep_gathered and getattr(self.reduction, "per_micro_batch", True)
+
     def _launch(self, u: FlatUnit) -> None:
-        """Post u's DP reduction: all-reduce (stage 0), or reduce-scatter to this rank's shard."""
+        """Post u's DP reduction: the compressor's (hybrid/compress, synchronous: flat_grad then holds the sum,
+        the shard is a view of it), else all-reduce (stage 0), or reduce-scatter to this rank's shard."""
         self._launches[id(u)] = self._launches.get(id(u), 0) + 1
+        if self.reduction is not None and self.reduction.reduce(u, self._group(u)):
+            return
         if self.cfg.stage == 0:
             self._pending.append((u, self._group(u).all_reduce_async(u.flat_grad), None, None))
         else:
-            if self.cfg.stage == 1:
+            if u.flat_grad is not None:  # stage 1, or stage 2 under a compressor (before it starts)
                 full = u.flat_grad
             else:  # 2-3: the full gradient is freed once its reduce-scatter completes
                 full = u.take_full_grad(self.grad_dtype)
@@ -484,7 +504,7 @@ class ZeroOptimizer:
         work.wait()
         if out is None:  # stage 0: flat_grad reduced in place
             return
-        if self.cfg.stage == 1:
+        if u.flat_grad is not None:
             u.grad_shard.copy_(out)
         else:
             u.grad_shard.add_(out)  # accumulate over micro-batches
@@ -520,9 +540,11 @@ class ZeroOptimizer:
                 u.free()
         self._armed = False
         self._check_every_unit_reduced()
+        if self.reduction is not None:
+            self.reduction.end_step()
 
     def _check_every_unit_reduced(self) -> None:
-        per_mb = self.cfg.stage >= 2 and not self.cfg.keep_gathered
+        per_mb = self._per_micro_batch
         for u in self.units:
             want = self._m if per_mb and not u.deferred else 1
             if self._launches.get(id(u), 0) != want:

@@ -1,0 +1,125 @@
+"""Gradient-compression flags of train.py: `add_arguments` builds them, `check` validates them (before any process
+group) into a `CompressConfig`; hybrid/train/args.py calls both. docs/comm-efficient.md."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from hybrid.compress.powersgd import PowerSGDConfig
+
+TORCH_START_ITER = 1_000  # torch's PowerSGDState default start_powerSGD_iter
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    """Attributes:
+        powersgd: PowerSGD of the DP gradients (`--powersgd-rank`, `--powersgd-start-iter`); rank 0: off.
+        onebit_freeze_iters: 1-bit Adam (`--optimizer onebit-adam`, a choice of train.py's --optimizer): Adam
+            warm-up steps before the variance freezes and the momentum is sent as signs (`--onebit-freeze-iters`;
+            DeepSpeed's `freeze_step`); None: the optimizer --optimizer names.
+        simulated_dp_bandwidth: GB/s of a simulated slow DP link (`--simulated-dp-bandwidth`): every gradient
+            collective on the DP group is followed by a sleep of its ledger bytes / this; 0: off.
+    """
+
+    powersgd: PowerSGDConfig = field(default_factory=PowerSGDConfig)
+    onebit_freeze_iters: int | None = None
+    simulated_dp_bandwidth: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.powersgd.enabled or self.onebit_freeze_iters is not None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("gradient compression over data parallelism (docs/comm-efficient.md)")
+    g.add_argument("--powersgd-rank", type=int, default=0, metavar="R",
+                   help="PowerSGD: all-reduce rank-R factors of each gradient matrix (error feedback, warm start; "
+                        "1-D tensors sent whole), as torch's powerSGD_hook; 0: off")
+    g.add_argument("--powersgd-start-iter", type=int, default=TORCH_START_ITER, metavar="N",
+                   help="optimizer steps of plain all-reduce before PowerSGD starts (torch's start_powerSGD_iter)")
+    g.add_argument("--onebit-freeze-iters", type=int, default=100, metavar="N",
+                   help="1-bit Adam: Adam warm-up steps before the variance freezes (DeepSpeed's freeze_step)")
+    g.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS",
+                   help="simulate a slow DP link: sleep bytes / GBPS after each DP gradient collective; 0: off")
+
+
+def check(args: argparse.Namespace) -> CompressConfig:
+    """ValueError naming the flag and the fix."""
+    rank, start = args.powersgd_rank, args.powersgd_start_iter
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"--powersgd-rank must be a non-negative integer (0: off), got {rank!r}")
+    if rank and (isinstance(start, bool) or not isinstance(start, int) or start < 2):
+        raise ValueError(f"--powersgd-start-iter must be >= 2 (error feedback and warm start need plain steps "
+                         f"first, as torch's hook), got {start!r}")
+    bw = args.simulated_dp_bandwidth
+    if not bw >= 0 or bw == float("inf"):
+        raise ValueError(f"--simulated-dp-bandwidth must be a finite number >= 0 (GB/s; 0: off), got {bw!r}")
+    if rank and getattr(args, "zero_stage", 0) == 3:
+        raise ValueError("--powersgd-rank does not run with --zero-stage 3 (stage 3 reduce-scatters per layer and "
+                         "keeps no full gradient to compress); use --zero-stage 0, 1 or 2")
+    freeze = _check_onebit(args, rank)
+    if (rank or freeze is not None) and getattr(args, "diloco_inner_steps", None) is not None:
+        which = "--powersgd-rank" if rank else "--optimizer onebit-adam"
+        raise ValueError(f"{which} does not run with --diloco-inner-steps (compression inside DiLoCo replicas is "
+                         f"untested); drop one of them")
+    return CompressConfig(powersgd=PowerSGDConfig(rank=rank, start_iter=start), onebit_freeze_iters=freeze,
+                          simulated_dp_bandwidth=bw)
+
+
+def deepspeed_onebit(path: str | None) -> tuple[int | None, list[str]]:
+    """A DeepSpeed config's `"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": N, ...}}`: (N, the
+    params keys not read -- lr, betas, ... come from the flags), or (None, []) for any other optimizer section."""
+    if not path:
+        return None, []
+    import json
+    with open(path) as f:
+        opt = json.load(f).get("optimizer")
+    if not isinstance(opt, dict) or str(opt.get("type", "")).lower() != "onebitadam":
+        return None, []
+    params = opt.get("params") or {}
+    if "freeze_step" not in params:
+        raise ValueError(f"--deepspeed-config {path}: optimizer OneBitAdam needs params.freeze_step (the Adam "
+                         f"warm-up steps)")
+    return params["freeze_step"], [f"optimizer.params.{k}" for k in params if k != "freeze_step"]
+
+
+def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
+    """1-bit Adam's flags (or a DeepSpeed config's OneBitAdam, which sets them): the freeze step, or None for
+    AdamW. What it does not run with is refused by name."""
+    ds_freeze, _ = deepspeed_onebit(getattr(args, "deepspeed_config", None))
+    if ds_freeze is not None:
+        given = getattr(args, "explicit", set())
+        if "optimizer" in given and args.optimizer != "onebit-adam":
+            raise ValueError(f"--deepspeed-config sets optimizer OneBitAdam, but --optimizer {args.optimizer} was "
+                             f"given; remove one of them")
+        if "onebit_freeze_iters" in given and args.onebit_freeze_iters != ds_freeze:
+            raise ValueError(f"--deepspeed-config freeze_step {ds_freeze} != --onebit-freeze-iters "
+                             f"{args.onebit_freeze_iters}; remove one of them")
+        args.optimizer, args.onebit_freeze_iters = "onebit-adam", ds_freeze
+    if getattr(args, "optimizer", "adam") != "onebit-adam":
+        return None
+    freeze = args.onebit_freeze_iters
+    if isinstance(freeze, bool) or not isinstance(freeze, int) or freeze < 1:
+        raise ValueError(f"--onebit-freeze-iters must be a positive integer (Adam warm-up steps), got {freeze!r}")
+    if getattr(args, "zero_stage", 0) != 0:
+        raise ValueError(f"--optimizer onebit-adam runs with --zero-stage 0 only (each rank all-reduces its whole "
+                         f"momentum, which ZeRO shards; DeepSpeed refuses ZeRO too); got --zero-stage "
+                         f"{args.zero_stage}")
+    if powersgd_rank:
+        raise ValueError("--optimizer onebit-adam and --powersgd-rank are exclusive (both compress the DP traffic); "
+                         "drop one")
+    for flag, on in (("--fp16", getattr(args, "fp16", False)), ("--offload-optimizer",
+                                                                 getattr(args, "offload_optimizer", False))):
+        if on:
+            raise ValueError(f"--optimizer onebit-adam does not run with {flag}; drop {flag}")
+    return freeze
+
+
+def unread_deepspeed_keys(args: argparse.Namespace, unsupported: list[str]) -> list[str]:
+    """The DeepSpeed keys train.py does not read, with a OneBitAdam optimizer section now read (all but the
+    params it names that the flags set)."""
+    freeze, ignored = deepspeed_onebit(getattr(args, "deepspeed_config", None))
+    if freeze is None:
+        return list(unsupported)
+    return [k for k in unsupported if k != "optimizer"] + ignored

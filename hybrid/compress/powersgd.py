@@ -1,0 +1,242 @@
+"""PowerSGD (Vogels et al. 2019, arXiv 1905.13727): a rank-r all-reduce of each gradient matrix, with error feedback.
+
+For one DP rank's gradient matrix M (n x m, the local TP shard viewed as (shape[0], -1)) plus its error e:
+
+    M' = M + e                                  error feedback: what earlier steps did not transmit
+    P  = M' Q                  (n x r)          Q (m x r) warm-started from the last step, orthonormalised
+    P  = orth(sum_ranks P)                      all-reduce #1: r n numbers
+    Q  = M'^T P                (m x r)
+    Q  = (sum_ranks Q) / N                      all-reduce #2: r m numbers
+    M~ = P Q^T                 ~ mean_ranks M'  what every rank applies
+    e  = M' - M~                                this rank's residual, carried to the next step
+
+Tensors for which r(n + m) x min_compression_rate >= n m (1-D ones: norms and biases; small matrices) are
+all-reduced whole and averaged. So a step moves r(n + m) numbers per compressed matrix plus the uncompressed
+elements: the ledger counts exactly that (tests/test_compress_powersgd.py).
+
+The math follows torch's `powerSGD_hook` (torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py)
+operation for operation -- the same orthogonalisation (Gram-Schmidt for r <= 2, Householder QR above), the same
+random initial Q (numpy RandomState(seed) draws a torch seed per bucket), the same error buffer over the whole
+bucket -- so in plain DP it equals the hook bit for bit on the same gradients (the test drives the hook itself).
+
+Kept as pure functions of tensors (`compress`, `project`, `decompress`, `orthogonalize`) beside the one function
+that communicates (`reduce_bucket`), so the math and the bytes are checked apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hybrid.comm import Group
+
+SEED_HIGH = 1_000_000_000  # torch's hook: torch.manual_seed(rng.randint(1_000_000_000)) per new bucket
+
+
+@dataclass(frozen=True)
+class PowerSGDConfig:
+    """Attributes:
+        rank: r, the rank of each matrix's approximation (`--powersgd-rank`); 0: PowerSGD off.
+        start_iter: optimizer steps of plain all-reduce before compressing (`--powersgd-start-iter`; torch's
+            `start_powerSGD_iter`); >= 2, as torch requires with error feedback and warm start.
+        min_compression_rate: compress a matrix only when n m > rate x r (n + m) (torch's default 2).
+        seed: seed of the initial random Q (torch's `random_seed`).
+    """
+
+    rank: int = 0
+    start_iter: int = 2
+    min_compression_rate: float = 2.0
+    seed: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+# --- the math: pure functions of tensors -------------------------------------------------------------------------
+def orthogonalize(m: torch.Tensor) -> None:
+    """Orthonormalise the columns of each (n, r) matrix of a (batch, n, r) tensor, in place: Gram-Schmidt for
+    r <= 2 or half precision, Householder QR otherwise (torch's `_orthogonalize`, epsilon 0)."""
+    rank = m.shape[2]
+    if rank <= 2 or m.dtype in (torch.float16, torch.bfloat16):
+        for i in range(rank):
+            col = m[:, :, i:i + 1]
+            col /= torch.norm(col, dim=1, keepdim=True)
+            if i + 1 < rank:
+                rest = m[:, :, i + 1:]
+                rest -= torch.sum(col * rest, dim=1, keepdim=True) * col
+    else:
+        torch.linalg.qr(m, out=(m, torch.empty(m.shape[0], rank, rank, device=m.device, dtype=m.dtype)))
+
+
+def compress(matrix: torch.Tensor, q: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """P = M Q: (1, n, m) x (1, m, r) -> (1, n, r), the left factor each rank sends."""
+    return torch.bmm(matrix, q, out=out)
+
+
+def project(matrix: torch.Tensor, p: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Q = M^T P: (1, m, n) x (1, n, r) -> (1, m, r), the right factor against the summed, orthonormal P."""
+    return torch.bmm(matrix.transpose(1, 2), p, out=out)
+
+
+def decompress(p: torch.Tensor, q: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """M~ = P Q^T: (1, n, r) x (1, r, m) -> (1, n, m), written over the gradient."""
+    return torch.bmm(p, q.transpose(1, 2), out=out)
+
+
+def matrix_rank(shape: tuple[int, ...], cfg: PowerSGDConfig) -> int:
+    """The rank a tensor of `shape` is compressed at, 0 when it is all-reduced whole: viewed as
+    (shape[0], prod(rest)), compressed when n m > min_compression_rate x r (n + m) (torch's `_should_compress`)."""
+    n = shape[0] if shape else 1
+    m = 1
+    for s in shape[1:]:
+        m *= s
+    r = min(n, m, cfg.rank)
+    return r if (n + m) * r * cfg.min_compression_rate < n * m else 0
+
+
+def bucket_elements(shapes: list[tuple[int, ...]], cfg: PowerSGDConfig) -> tuple[int, int]:
+    """(numbers all-reduced per step after the start, numbers before): sum r(n + m) over compressed tensors plus
+    the uncompressed elements; the bucket's elements."""
+    after = before = 0
+    for shape in shapes:
+        numel = 1
+        for s in shape:
+            numel *= s
+        r = matrix_rank(shape, cfg)
+        after += r * (shape[0] + numel // shape[0]) if r else numel
+        before += numel
+    return after, before
+
+
+# --- the state each rank carries ---------------------------------------------------------------------------------
+@dataclass
+class PowerSGDState:
+    """Error feedback and warm-start factors, one entry per bucket index (as the hook's `PowerSGDState`).
+
+    `error[b]` differs between DP ranks (each rank's untransmitted residual); `p[b]`, `q[b]` are equal on every
+    DP rank (the outputs of all-reduces). `draws` counts seeds drawn from RandomState(seed): replaying them
+    restores the generator (a checkpoint stores the count, not numpy's state)."""
+
+    cfg: PowerSGDConfig
+    iter: int = 0
+    draws: int = 0
+    error: dict[int, torch.Tensor] = field(default_factory=dict)
+    p: dict[int, torch.Tensor] = field(default_factory=dict)
+    q: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.RandomState(self.cfg.seed)
+        for _ in range(self.draws):
+            self.rng.randint(SEED_HIGH)
+
+    @property
+    def compressing(self) -> bool:
+        return self.iter >= self.cfg.start_iter
+
+    def next_seed(self) -> int:
+        self.draws += 1
+        return int(self.rng.randint(SEED_HIGH))
+
+    def restore_draws(self, draws: int) -> None:
+        """After a checkpoint load: the generator as after `draws` seeds."""
+        self.rng = np.random.RandomState(self.cfg.seed)
+        self.draws = 0
+        for _ in range(draws):
+            self.next_seed()
+
+
+# --- one bucket's reduction (the only communication) -------------------------------------------------------------
+def _factor_views(memory: torch.Tensor, dims: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """Consecutive (1, d, r) views of one flat factor buffer."""
+    out, at = [], 0
+    for d, r in dims:
+        out.append(memory[at:at + d * r].view(1, d, r))
+        at += d * r
+    return out
+
+
+def _grouped_by_shape(matrices: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The matrices with equal shapes together, shapes in order of first appearance: the order the hook lays out
+    P and Q (its `shape_to_tensors` dict) and draws the initial Q in."""
+    groups: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for m in matrices:
+        groups.setdefault(tuple(m.shape), []).append(m)
+    return [m for ms in groups.values() for m in ms]
+
+
+def _initial_q(state: PowerSGDState, qs: list[torch.Tensor], dtype: torch.dtype) -> None:
+    """Random Q on the CPU from a seed drawn from the state's RandomState, as the hook does for a new bucket."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(state.next_seed())
+        for q in qs:
+            q.copy_(torch.randn(*q.shape, device="cpu", dtype=dtype))
+            orthogonalize(q)
+
+
+def reduce_bucket(state: PowerSGDState, index: int, buffer: torch.Tensor, tensors: list[torch.Tensor],
+                  group: Group) -> None:
+    """Replace `tensors` (views into `buffer`, this rank's gradients) by the DP mean of their PowerSGD
+    approximation, in place; update the error feedback and the warm-start factors of bucket `index`.
+    Three all-reduces on `group`: the uncompressed elements, then P, then Q."""
+    cfg, world = state.cfg, group.size
+    if index in state.error:
+        buffer.add_(state.error[index])
+    else:
+        state.error[index] = torch.zeros_like(buffer)
+    sent = buffer.detach().clone()  # M' = M + e
+    matrices, whole = [], []
+    for t in tensors:
+        (matrices if matrix_rank(tuple(t.shape), cfg) else whole).append(t)
+    matrices = _grouped_by_shape([t.view(1, t.shape[0], -1) for t in matrices])
+    ranks = [matrix_rank((t.shape[1], t.shape[2]), cfg) for t in matrices]
+    fresh = index not in state.p
+    if fresh:
+        state.p[index] = buffer.new_empty(sum(t.shape[1] * r for t, r in zip(matrices, ranks)))
+        state.q[index] = buffer.new_empty(sum(t.shape[2] * r for t, r in zip(matrices, ranks)))
+    ps = _factor_views(state.p[index], [(t.shape[1], r) for t, r in zip(matrices, ranks)])
+    qs = _factor_views(state.q[index], [(t.shape[2], r) for t, r in zip(matrices, ranks)])
+    if fresh:
+        _initial_q(state, qs, buffer.dtype)
+    else:
+        for q in qs:
+            orthogonalize(q)
+    for m, q, p in zip(matrices, qs, ps):
+        compress(m, q, p)
+    _all_reduce_whole(whole, buffer, group)
+    group.all_reduce(state.p[index], tag="powersgd.p")
+    for p in ps:
+        orthogonalize(p)
+    for m, p, q in zip(matrices, ps, qs):
+        project(m, p, q)
+    group.all_reduce(state.q[index], tag="powersgd.q")
+    state.q[index].div_(world)
+    for p, q, m in zip(ps, qs, matrices):
+        decompress(p, q, m)
+    state.error[index] = sent - buffer
+
+
+def _all_reduce_whole(whole: list[torch.Tensor], buffer: torch.Tensor, group: Group) -> None:
+    """The tensors not worth compressing, concatenated, all-reduced and averaged."""
+    flat = torch.cat([t.view(-1) for t in whole]) if whole else buffer.new_empty(0)
+    if flat.numel():
+        group.all_reduce(flat, tag="powersgd.uncompressed")
+    flat.div_(group.size)
+    at = 0
+    for t in whole:
+        t.copy_(flat[at:at + t.numel()].view_as(t))
+        at += t.numel()
+
+
+def reduce_step(state: PowerSGDState, index: int, buffer: torch.Tensor, tensors: list[torch.Tensor], group: Group,
+                last: bool) -> None:
+    """One bucket's DP mean as the hook gives it: before `start_iter` a plain all-reduce (divided first, as
+    torch's default hook), after it `reduce_bucket`; the step count advances after the step's last bucket."""
+    if state.compressing:
+        reduce_bucket(state, index, buffer, tensors, group)
+    else:
+        group.all_reduce(buffer.div_(group.size), tag="powersgd.uncompressed")
+    if last:
+        state.iter += 1

@@ -1,0 +1,226 @@
+"""The seam between the ZeRO engine and a gradient compressor: a `DPReduction` strategy.
+
+The engine (hybrid/zero/engine.py) reduces each unit's gradients over DP from backward hooks. With a strategy
+it hands the unit over instead:
+
+    handled = reduction.reduce(unit, group)   # True: unit.flat_grad now holds the DP *sum* (the engine then
+                                              # divides by n as always); False: the engine's own all-reduce /
+                                              # reduce-scatter runs (e.g. PowerSGD before its start iteration)
+    reduction.end_step()                      # after the step's last unit
+    reduction.build_optimizer(engine, ...)    # optional: a strategy that brings its optimizer (1-bit Adam)
+
+Strategies: PlainReduction (only the simulated slow link), PowerSGDReduction, OneBitAdamReduction (no gradient
+traffic after the freeze; the optimizer all-reduces the momentum compressed). `build(CompressConfig, ...)` picks.
+
+PowerSGD reduces the whole accumulated gradient once per step (`per_micro_batch` False): PowerSGD's factors are
+a nonlinear function of the whole gradient (the orthogonalisation), so they cannot be summed per micro-batch or
+reduce-scattered into shards. Under ZeRO 1-2 every rank therefore all-reduces the compressed factors, decompresses
+the full unit and keeps its shard; ZeRO 2 then keeps a full gradient buffer as stage 1 does (its gradient-memory
+saving is given up for the compression). ZeRO 3 is refused (hybrid/compress/args.py).
+
+TP and PP need nothing: each rank compresses its own TP shard's matrices over its DP group (the TP partial sums
+are taken before, in the engine's hook), and pipeline stages reduce their own units.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from hybrid.comm import Group
+from hybrid.compress.link import SimulatedLink
+from hybrid.compress.powersgd import PowerSGDConfig, PowerSGDState, matrix_rank, reduce_bucket
+
+
+class DPReduction(Protocol):
+    """per_micro_batch: False when the strategy needs the whole accumulated gradient (reduced once per step; ZeRO 2
+    then keeps a full gradient buffer, ZeRO 3 is refused). bind: the engine's dense units, in its order."""
+
+    per_micro_batch: bool
+
+    def bind(self, units: list) -> None: ...
+
+    def reduce(self, unit, group: Group) -> bool: ...
+
+    def end_step(self) -> None: ...
+
+
+class PlainReduction:
+    """The engine's own collectives (nothing compressed), with only the simulated slow link after each step."""
+
+    per_micro_batch = True
+
+    def __init__(self, link: SimulatedLink) -> None:
+        self.link = link
+
+    def bind(self, units: list) -> None:
+        pass
+
+    def reduce(self, unit, group: Group) -> bool:
+        return False
+
+    def end_step(self) -> None:
+        self.link.delay()
+
+
+class PowerSGDReduction:
+    """PowerSGD on every dense unit of the engine: the unit is the hook's bucket (its index is the unit's position
+    in the engine's list), its parameters' gradients the bucket's tensors. Also the checkpoint's owner of the
+    error feedback and warm-start factors (`state_dict`)."""
+
+    per_micro_batch = False
+
+    def __init__(self, cfg: PowerSGDConfig, layout: tuple[int, int, int], dtype: torch.dtype = torch.float32,
+                 link: SimulatedLink | None = None) -> None:
+        self.state = PowerSGDState(cfg)
+        self.link = link
+        self.dtype = dtype  # the gradient buffers' dtype (the engine's grad_dtype)
+        self.sizes: dict[int, tuple[int, int, int]] = {}
+        self.layout = layout  # (dp, tp, pp) the state belongs to
+        self.index: dict[int, int] = {}  # id(unit) -> bucket index
+
+    def bind(self, units: list) -> None:
+        """The engine's dense units, in the engine's order (bucket index = position)."""
+        self.index = {id(u): i for i, u in enumerate(units)}
+        self.sizes = {i: _sizes(u, self.state.cfg) for i, u in enumerate(units)}  # (error, P, Q) numbers
+
+    def reduce(self, unit, group: Group) -> bool:
+        if not self.state.compressing or group.size == 1 or id(unit) not in self.index:
+            return False
+        buf = unit.flat_grad[:unit.numel]  # the padding (zeros, no parameter) is not sent
+        tensors = [unit.grad_view(unit.flat_grad, p) for p in unit.params]
+        reduce_bucket(self.state, self.index[id(unit)], buf, tensors, group)
+        buf.mul_(group.size)  # the mean -> the sum the engine divides by n (exact when n is a power of two)
+        return True
+
+    def end_step(self) -> None:
+        self.state.iter += 1
+        if self.link is not None:
+            self.link.delay()
+
+    # --- checkpoint owner (hybrid/stateful.py): this rank's own tensors, keyed under compress/<rank>/ -----------
+    def state_dict(self) -> dict[str, object]:
+        """Counters (iter, seeds drawn, dp, tp, pp) and per bucket the error feedback and the warm-start Q
+        (zeros before the first compressed step; P is recomputed from Q, so only its size is kept)."""
+        s = self.state
+        out: dict[str, object] = {"counters": torch.tensor([s.iter, s.draws, *self.layout], dtype=torch.int64)}
+        for i, (ne, _, nq) in self.sizes.items():
+            out[f"error.{i}"] = s.error[i] if i in s.error else torch.zeros(ne, dtype=self.dtype)
+            out[f"q.{i}"] = s.q[i] if i in s.q else torch.zeros(nq, dtype=self.dtype)
+        return out
+
+    def load_state_dict(self, sd: dict[str, object]) -> None:
+        it, draws, *layout = (int(v) for v in sd["counters"])
+        if tuple(layout) != self.layout:
+            raise ValueError(f"--powersgd-rank: the checkpoint's PowerSGD state was saved at dp x tp x pp = "
+                             f"{layout}, this run is {list(self.layout)}; resume at that layout (error feedback "
+                             f"does not reshard)")
+        s = self.state
+        s.iter = it
+        s.restore_draws(draws)
+        s.error.clear(), s.p.clear(), s.q.clear()
+        if it <= s.cfg.start_iter:  # no compressed step yet: the buckets start fresh, as in the saved run
+            return
+        for i, (_, npn, _) in self.sizes.items():
+            s.error[i] = sd[f"error.{i}"].clone()
+            s.q[i] = sd[f"q.{i}"].clone()
+            s.p[i] = s.q[i].new_empty(npn)
+
+
+def _sizes(unit, cfg: PowerSGDConfig) -> tuple[int, int, int]:
+    """(error, P, Q) numbers of a unit's bucket: every gradient element; n r and m r per compressed matrix."""
+    npn = nq = 0
+    for p in unit.params:
+        r = matrix_rank(tuple(p.shape), cfg)
+        if r:
+            npn += p.shape[0] * r
+            nq += p.numel() // p.shape[0] * r
+    return unit.numel, npn, nq
+
+
+def build(cfg, mesh, zero) -> DPReduction | None:
+    """The run's strategy from its CompressConfig (None: the engine's plain collectives, no simulated link)."""
+    link = SimulatedLink(cfg.simulated_dp_bandwidth, mesh.ledger, mesh.dp_cp.name) \
+        if cfg.simulated_dp_bandwidth > 0 else None
+    layout = (mesh.dp_cp.size, mesh.tp.size, mesh.pp.size)
+    if cfg.powersgd.enabled:
+        return PowerSGDReduction(cfg.powersgd, layout, zero.grad_dtype, link)
+    if cfg.onebit_freeze_iters is not None:
+        return OneBitAdamReduction(cfg.onebit_freeze_iters, layout, link)
+    return PlainReduction(link) if link is not None else None
+
+
+def owners(reduction) -> dict:
+    """The checkpoint's owners ({} when not compressing): this rank's state under compress/<global rank>/."""
+    if not isinstance(reduction, (PowerSGDReduction, OneBitAdamReduction)):
+        return {}
+    import torch.distributed as dist
+    return {f"compress/{dist.get_rank() if dist.is_initialized() else 0}/": reduction}
+
+
+class OneBitAdamReduction:
+    """1-bit Adam (hybrid/compress/onebit.py) through the seam: the plain all-reduce for the warm-up, then no
+    gradient traffic at all (each rank keeps its own gradient) while the optimizer all-reduces the momentum
+    compressed. Brings its optimizer (`build_optimizer`) and owns the error feedback (`state_dict`)."""
+
+    per_micro_batch = True
+
+    def __init__(self, freeze: int, layout: tuple[int, int, int], link: SimulatedLink | None = None) -> None:
+        self.freeze, self.layout, self.link = freeze, layout, link
+        self.iter = 0
+        self.group: Group | None = None
+        self.worker: dict[int, torch.Tensor] = {}
+        self.server: dict[int, torch.Tensor] = {}
+
+    def bind(self, units: list) -> None:
+        self.units = units
+
+    def build_optimizer(self, engine, groups: list[dict], lr: float, betas: tuple[float, float], eps: float):
+        from hybrid.compress.onebit import OneBitAdam, padded_length
+        if engine.has_experts:
+            raise ValueError("--optimizer onebit-adam does not run with MoE experts (their gradients are reduced "
+                             "over the expert-DP group); use --optimizer adam")
+        self.group = engine.dp
+        n = self.group.size
+        for i, u in enumerate(engine.units):
+            length = padded_length(u.master.numel(), n)
+            self.worker[i] = torch.zeros(length, dtype=torch.float32, device=u.master.device)
+            self.server[i] = torch.zeros(length // n, dtype=torch.float32, device=u.master.device)
+        return OneBitAdam(engine, groups, self.freeze, lr, betas, eps, self)
+
+    def all_reduce_momentum(self, i: int, m: torch.Tensor) -> None:
+        """DeepSpeed's padding: the momentum with zeros appended, compressed-all-reduced, cut back."""
+        from hybrid.compress.onebit import compressed_all_reduce
+        if self.group.size == 1:
+            return
+        x = torch.cat([m, m.new_zeros(self.worker[i].numel() - m.numel())])
+        compressed_all_reduce(x, self.worker[i], self.server[i], self.group)
+        m.copy_(x[:m.numel()])
+
+    def reduce(self, unit, group: Group) -> bool:
+        if self.iter < self.freeze:
+            return False
+        unit.flat_grad.mul_(group.size)  # this rank's own gradient; the engine divides by n
+        return True
+
+    def end_step(self) -> None:
+        self.iter += 1
+        if self.link is not None:
+            self.link.delay()
+
+    def state_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"counters": torch.tensor([self.iter, *self.layout], dtype=torch.int64)}
+        for i in self.worker:
+            out[f"worker_error.{i}"], out[f"server_error.{i}"] = self.worker[i], self.server[i]
+        return out
+
+    def load_state_dict(self, sd: dict[str, object]) -> None:
+        it, *layout = (int(v) for v in sd["counters"])
+        if tuple(layout) != self.layout:
+            raise ValueError(f"--optimizer onebit-adam: the checkpoint's error feedback was saved at dp x tp x pp = "
+                             f"{layout}, this run is {list(self.layout)}; resume at that layout")
+        self.iter = it
+        for i in self.worker:
+            self.worker[i].copy_(sd[f"worker_error.{i}"])
+            self.server[i].copy_(sd[f"server_error.{i}"])
