@@ -83,3 +83,11 @@ def test_summary_reports_check_rows_apart_from_fit_rows_with_signed_mean_and_spr
     assert "| 4 | +4.0 % | 7.0 % | -10.0 % to +20.0 % | 1 / 3 | 3 of 4 |" in everything
     parts = next(line for line in lines if line.startswith("| parts"))
     assert parts.endswith("| 0 | 1 | - | - | +300.0 % to +300.0 % | 0 / 1 | 0 of 1 |")
+
+
+def test_main_job_row_is_its_recorded_prediction_against_the_median_interval():
+    """step_split.md: planned 0.224 s, measured 0.294 / 0.298 / 0.294 s over three intervals (median 0.294): the
+    planner is optimistic by 0.294 / 0.224 - 1 = 31 %, a check row outside ±15 % that the summary counts."""
+    (row,) = heldout.main_job_rows()
+    assert (row.predicted, row.measured, row.role) == (0.224, 0.294, Role.CHECK)
+    assert row.error == pytest.approx(0.294 / 0.224 - 1)

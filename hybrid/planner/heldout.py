@@ -4,7 +4,7 @@ table, and the error on the check rows reported apart from the fit rows'.
     python -m hybrid.planner.heldout        # prints docs/planner.md "Held-out error" (tests/test_planner_heldout.py)
 
 Issue 26's rule is "fit on some rows, check on others". A FIT row set one constant of the model and names it
-(`Row.fits`; hybrid/planner/fit.py re-derives each constant from its row); a CHECK row set nothing. Four sources:
+(`Row.fits`; hybrid/planner/fit.py re-derives each constant from its row); a CHECK row set nothing. Five sources:
 
 * published runs outside shared/reference (published.py: BLOOM, Llama 3 405B, Korthikanti 2022, MT-NLG, torchtitan,
   NeMo): two FIT rows (A100_EFFICIENCY, H100_500W_CLOCK), the rest CHECK;
@@ -15,7 +15,10 @@ Issue 26's rule is "fit on some rows, check on others". A FIT row set one consta
 * this CPU (docs/results/bench_planner_ranking.md, 2 gloo ranks, 2026-12-03): 17 layouts, each predicted with a
   `hybrid calibrate` profile measured seconds before (its layer rate and per-pass cost fitted on calibrate's own
   probe layers, LAYER_SHAPES, no layout of the benchmark); the predictions are the ones that run recorded (the
-  profile was not kept), read from the results file, not recomputed.
+  profile was not kept), read from the results file, not recomputed;
+* this CPU's main job (docs/results/step_split.md, 2026-12-03, commit 60afcad): the README's tp 2 x pp 2 x dp 2 on 8
+  gloo ranks sharing 2 cores, the prediction train.py printed at its start (with an 8-rank profile measured
+  seconds before) against the median of its logged intervals; recorded, as the ranking run's.
 
 Whole-step rows make the summary. Parts of a step (one layer, the optimizer step) are listed with their errors
 but kept out of it: a layer the host cannot launch fast enough to keep the GPU busy is a real miss, not a step.
@@ -39,12 +42,14 @@ from hybrid.planner.published import PublishedRun, Role
 ROOT = Path(__file__).resolve().parents[2]
 H200_RUNS = ROOT / "tests" / "data" / "gpu_h200"
 CPU_RANKING = ROOT / "docs" / "results" / "bench_planner_ranking.md"
+CPU_MAIN_JOB = ROOT / "docs" / "results" / "step_split.md"
 
 PUBLISHED = "published runs (published.py)"
 NARAYANAN = "shared/reference: Narayanan 2021 Table 1"
 H200 = "our H200 (tests/data/gpu_h200)"
 CPU = "this CPU, 2 gloo ranks (bench_planner_ranking.md)"
-SOURCES = (PUBLISHED, NARAYANAN, H200, CPU)
+MAIN_JOB = "this CPU, the main job: 8 gloo ranks on 2 cores (step_split.md)"
+SOURCES = (PUBLISHED, NARAYANAN, H200, CPU, MAIN_JOB)
 
 
 class Kind(enum.Enum):
@@ -181,8 +186,21 @@ def cpu_rows(path: Path = CPU_RANKING) -> list[Row]:
     return rows
 
 
+MAIN_JOB_PLANNED = re.compile(r"^\| planner \(printed at the start\) \| ([0-9.]+) \|", re.M)
+MAIN_JOB_MEASURED = re.compile(r"^\| measured, iterations \d+-\d+ \| ([0-9.]+) \|", re.M)
+
+
+def main_job_rows(path: Path = CPU_MAIN_JOB) -> list[Row]:
+    """The main job's recorded prediction against the median of its measured intervals."""
+    text = path.read_text()
+    got = float(MAIN_JOB_PLANNED.search(text).group(1))
+    measured = statistics.median(float(x) for x in MAIN_JOB_MEASURED.findall(text))
+    return [Row(MAIN_JOB, "tiny-gpt2, tp2 pp2 dp2 b2, 8 ranks", Role.CHECK, "", "s (recorded)", got, measured,
+                seconds_error(got, measured))]
+
+
 def all_rows(check: Callable | None = None) -> list[Row]:
-    return published_rows(check) + narayanan_rows() + h200_rows() + cpu_rows()
+    return published_rows(check) + narayanan_rows() + h200_rows() + cpu_rows() + main_job_rows()
 
 
 def _stats(errors: list[float], averaged: bool = True) -> str:
