@@ -117,26 +117,12 @@ def _h200(name: str) -> dict:
         return json.load(f)["sections"]
 
 
-def _h200_layer(shape: tuple[int, int, int, int]) -> tuple[float, float]:
-    """Planned (forward, backward) seconds of calibrate's bf16 GPT-2 probe layer on the h200 preset."""
-    from hybrid.planner.calibrate import GPU_PROBE, layer_config
-    from hybrid.planner.hardware import hardware
-    from hybrid.planner.layout import Cluster, Layout, Workload
-    from hybrid.planner.model import ActivationProfile
-    from hybrid.planner.ops import KernelProfile
-    from hybrid.planner.time import _context, layer_passes
-    b, s = shape[:2]
-    work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=GPU_PROBE.precision,
-                    activations=ActivationProfile(GPU_PROBE.profile), kernels=KernelProfile.EAGER)
-    forward, backward = layer_passes(_context(work, Cluster(gpus=1, hw=hardware("h200")), Layout(micro_batch=b)))
-    return forward.total, backward.total
-
-
 def h200_rows() -> list[Row]:
     """Our H200: the fit row (run 3's forward + backward), train.py's steps (run 2: no recomputation, selective,
     torch.compile'd blocks as the FUSED kernel profile), and parts: run 3's optimizer step, calibrate's probe
     layers (run 2)."""
     from hybrid.planner import fit
+    from hybrid.planner.calibrate import GPU_PROBE, planned_layer_seconds
     from hybrid.planner.hardware import hardware
     from hybrid.planner.layout import Cluster, Layout, Recompute
     from hybrid.planner.ops import KernelProfile
@@ -162,8 +148,10 @@ def h200_rows() -> list[Row]:
     rows.append(Row(H200, f"{llama}: optimizer step (run 3)", Role.CHECK, "", "s", optimizer, measured,
                     seconds_error(optimizer, measured), Kind.PART))
     probe = _h200("run2_dcd63a0.json")["calibrate"]["result"]["profile"]["measured"]
-    for shape, (f_s, b_s) in zip(probe["layer_shapes_b_s_h_heads"], probe["layer_forward_backward_seconds"]):
-        got_f, got_b = _h200_layer(tuple(shape))
+    if [tuple(x) for x in probe["layer_shapes_b_s_h_heads"]] != list(GPU_PROBE.shapes):
+        raise ValueError("calibrate.GPU_PROBE's shapes are not the ones run 2 measured: plan those shapes here")
+    for shape, (f_s, b_s), (got_f, got_b) in zip(GPU_PROBE.shapes, probe["layer_forward_backward_seconds"],
+                                                 planned_layer_seconds(hw, GPU_PROBE)):
         b, s, h, a = shape
         for what, got, measured in (("forward", got_f, f_s), ("backward", got_b, b_s)):
             rows.append(Row(H200, f"GPT-2 layer b {b} s {s} h {h} a {a}, bf16: {what} (calibrate probe, run 2)",
