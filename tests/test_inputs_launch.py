@@ -121,8 +121,8 @@ def test_an_install_ships_the_training_entry_point():
 def _torchrun(tmp_path, fault: str, *flags: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hybrid.train",
            "--distributed-timeout-minutes", "0.2"] + TINY + list(flags)
-    return subprocess.run(cmd, cwd=tmp_path, env=_env(HYBRID_FAULT=fault), capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(cmd, cwd=tmp_path, env=testing.environment(_env(HYBRID_FAULT=fault)), capture_output=True,
+                          text=True, timeout=300)
 
 
 @pytest.mark.parametrize("fault, flags, rank, code, cause", [

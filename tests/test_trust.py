@@ -705,8 +705,8 @@ def test_a_truncated_model_or_tokenizer_file_is_one_line(hf_folder, tmp_path, mo
 
 # --- the model a checkpoint holds: by its config, not its path --------------------------------------------------
 def _config_folder(path, **changes) -> str:
-    from models.config import PRESETS
-    hf = PRESETS["tiny-gpt2"]()  # the model `saved` was trained with (train.py's default --model)
+    from models.presets import transformers_config
+    hf = transformers_config("tiny-gpt2")  # the model `saved` was trained with (train.py's default --model)
     for k, v in changes.items():
         setattr(hf, k, v)
     hf.save_pretrained(path)
