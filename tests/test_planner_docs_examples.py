@@ -32,7 +32,8 @@ def test_llama3_70b_table_is_the_documented_one(capsys):
     code, out, _ = _plan(capsys, "hybrid plan --model llama-3-70b --gpus 64 --gpu h100-80g --global-batch-size 512 "
                                  "--seq-length 4096")
     assert code == 0
-    rows = [line for line in out.splitlines() if re.match(r"^ +\d+  tp", line) or line.startswith(("best:", "searched"))]
+    rows = [line for line in out.splitlines()
+            if re.match(r"^ +\d+  tp", line) or line.startswith(("best:", "searched"))]
     assert len(rows) == 7
     for line in rows:
         assert line in DOCS

@@ -1,7 +1,7 @@
 """Held-out validation: every row the planner's time model is compared with, each a FIT or a CHECK row, in one
 table, and the error on the check rows reported apart from the fit rows'.
 
-    python -m hybrid.planner.heldout        # prints docs/planner.md "Held-out error" (tests/test_planner_heldout.py)
+    python -m hybrid.planner.heldout        # prints docs/planner.md "Held-out error" (tests/test_planner_published.py checks)
 
 Issue 26's rule is "fit on some rows, check on others". A FIT row set one constant of the model and names it
 (`Row.fits`; hybrid/planner/fit.py re-derives each constant from its row); a CHECK row set nothing. Five sources:
@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from hybrid.planner.published import PublishedRun, Role
+from hybrid.planner.published import Role
 
 ROOT = Path(__file__).resolve().parents[2]
 H200_RUNS = ROOT / "tests" / "data" / "gpu_h200"
