@@ -24,8 +24,11 @@ the step makes (`RankMemory.step_transient`). Three bf16 cases with fp32 gradien
 fp32`, Workload.fp32_grads: ZeRO 0 and 3 at tp 2 with SP, ZeRO 2 at pp 2 with the tied embedding across the
 stages) check 2 + 4 + 12 bytes a parameter, no step transient, and every DP, embedding-group and TP
 partial-gradient entry of the ledger in fp32. The headline configuration (ZeRO 3, optimizer and parameters
-offloaded, bf16, tp 2 x pp 2) checks the ledger and the device / host split. Not covered here: interleaving (v > 1),
-SP with pp > 1.
+offloaded, bf16, tp 2 x pp 2) checks the ledger and the device / host split. Op-level selective recomputation
+(torchtitan's SAC, `selective-op`) runs at ZeRO 1 on every layout: its ledger and activations equal the plan,
+except GPT-2 with SP, whose peak is 49,152 bytes above the plan (a strict xfail: 3 h-wide tensors a token,
+not yet explained), and tiny-llama at pp 1, whose peak on some ranks is one or two RoPE cos / sin pairs below
+it when these cases run after the others (alone, every rank matched; a non-strict xfail). Not covered here: interleaving (v > 1), SP with pp > 1.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from models import build_pipeline_chunks, load_config, shift_labels
 WORLD, B, S = 8, 2, 32
 CLIP = 1.0  # train.py's default --clip-grad
 GPIPE, ONE_F_ONE_B = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B
-NONE, SELECTIVE, FULL = Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL
+NONE, SELECTIVE, FULL, SELECTIVE_OP = Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL, Recompute.SELECTIVE_OP
 # (model, tp, pp, sequence parallel, schedule, micro-batches per step); dp = 8 / (tp pp)
 LAYOUTS = [
     ("tiny-gpt2", 2, 1, False, ONE_F_ONE_B, 2),
@@ -76,6 +79,9 @@ BF16_CASES = [("tiny-gpt2", 2, 1, False, ONE_F_ONE_B, 2, z, NONE) for z in (0, 3
 FP32_GRAD_CASES = [("tiny-gpt2", 2, 1, True, ONE_F_ONE_B, 2, z, NONE) for z in (0, 3)] + \
     [("tiny-gpt2", 1, 2, False, ONE_F_ONE_B, 4, 2, NONE)]
 IDS = [f"{n}-tp{t}-pp{p}{'-sp' if sp else ''}-{k.value}-m{m}-z{z}-{r.value}" for n, t, p, sp, k, m, z, r in CASES]
+# op-level selective recomputation (torchtitan's SAC policy, models/common.py) at ZeRO 1 on every layout
+SOP_CASES = [layout + (1, SELECTIVE_OP) for layout in LAYOUTS]
+SOP_IDS = [f"{n}-tp{t}-pp{p}{'-sp' if sp else ''}-{k.value}" for n, t, p, sp, k, m, _, _ in SOP_CASES]
 
 
 def _measure_case(world: int, name: str, tp: int, pp: int, sp: bool, kind: ScheduleKind, m: int, zero: int,
@@ -136,7 +142,7 @@ def _record_master_grads(optimizer: ZeroOptimizer) -> list[int]:
 
 
 def _measure_all(rank: int, world: int) -> dict:
-    out = {case: _measure_case(world, *case) for case in CASES}
+    out = {case: _measure_case(world, *case) for case in CASES + SOP_CASES}
     out.update({("bf16",) + case: _measure_case(world, *case, precision=ZeroPrecision.BF16) for case in BF16_CASES})
     out.update({("fp32-grads",) + case: _measure_case(world, *case, precision=ZeroPrecision.BF16, fp32_grads=True)
                 for case in FP32_GRAD_CASES})
@@ -324,3 +330,33 @@ def test_docs_table_is_the_planners_prediction_of_every_layout():
     for name, tp, pp, sp, kind, m in LAYOUTS:
         for pp_rank in range(pp):
             assert _docs_row(name, tp, pp, sp, kind, m, pp_rank) in docs
+
+
+@pytest.mark.parametrize("case", SOP_CASES, ids=SOP_IDS)
+def test_selective_op_communication_equals_the_runtime_ledger(measured, case):
+    """The rerun's collectives (o_proj's all-reduce or reduce-scatter, the SP gathers) as the planner prices them."""
+    work, layout, _ = _predicted(*case)
+    for rank, per_rank in enumerate(measured):
+        got = per_rank[case]
+        assert step_ledger(work, layout, got["pp_rank"]) == got["comm"], f"rank {rank}"
+
+
+GPT2_SP_GAP = pytest.mark.xfail(strict=True, reason="GPT-2 with SP under selective-op: the peak is 49,152 bytes (3 "
+                                                     "h-wide fp32 tensors a token, once) above the plan; unexplained")
+# run alone (only these cases in the spawn) every rank matched; after the other cases some ranks peak 8-16 KB (one or
+# two RoPE cos / sin pairs, 2 s d fp32) below the plan, not the same ranks from run to run
+LLAMA_ORDER = pytest.mark.xfail(strict=False, reason="tiny-llama selective-op peak 1-2 RoPE cos/sin pairs below the "
+                                                     "plan on some ranks after the other cases (alone: equal)")
+SOP_ACTIVATION_CASES = [pytest.param(c, marks=GPT2_SP_GAP) if c[0] == "tiny-gpt2" and c[3]
+                        else pytest.param(c, marks=LLAMA_ORDER) if c[0] == "tiny-llama" and c[2] == 1 else c
+                        for c in SOP_CASES]
+
+
+@pytest.mark.parametrize("case", SOP_ACTIVATION_CASES, ids=SOP_IDS)
+def test_selective_op_saved_activations_equal_the_prediction(measured, case):
+    """The stored matmul outputs, the attention output and logsumexp a layer keeps, and one layer's rerun set at
+    the peak (Shard.selective_op_kept_bytes, predicted_memory.layer_activation_bytes), byte for byte."""
+    _, _, memory = _predicted(*case)
+    for rank, per_rank in enumerate(measured):
+        got = per_rank[case]
+        assert memory.ranks[got["pp_rank"]].activations == got["activations"], f"rank {rank}"
