@@ -125,6 +125,7 @@ def _torchrun(tmp_path, fault: str, *flags: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow  # the real torchrun (its root-cause summary is the subject): 2 jobs of 2 ranks
 @pytest.mark.parametrize("fault, flags, rank, code, cause", [
     # rank 1 raises inside a checkpoint save while rank 0 waits for it in the save's all-gather
     ("crash:point=after_data,rank=1", ["--train-iters", "4", "--save", "ckpt", "--save-interval", "2"], "1", 1,
