@@ -42,6 +42,8 @@ class OptimizerConfig:
         decay_iters: the step at which the decay reaches min_lr (`--lr-decay-iters`, Megatron's; None:
             train_iters). A run extended by a larger --train-iters keeps its schedule when this stays the same;
             past it the rate stays at min_lr.
+        optimizer: "adam" (AdamW) or "sgd" (torch's SGD, coupled weight decay as Megatron's) (`--optimizer`).
+        sgd_momentum: SGD's momentum (`--sgd-momentum`).
     """
 
     lr: float = 1e-3
@@ -55,6 +57,8 @@ class OptimizerConfig:
     train_iters: int = 100
     clip_grad: float = 0.0
     decay_iters: int | None = None
+    optimizer: str = "adam"
+    sgd_momentum: float = 0.9
 
     def lr_at(self, it: int) -> float:
         """The rate of step `it` (0-based), megatron-core's OptimizerParamScheduler.get_lr at num_steps = it

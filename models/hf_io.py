@@ -203,3 +203,33 @@ def export_hf_state_dict(model: nn.Module, tp: Group, grads: bool = False) -> di
 
 def hf_source_is_transposed(cfg: ModelConfig, key: str) -> bool:
     return cfg.arch == ARCH_GPT2 and key.endswith(".weight") and (".attn." in key or ".mlp." in key)
+
+
+# --- transformers' in-memory MoE layout -> the checkpoint keys -------------------------------------------------
+_FUSED_EXPERTS = re.compile(r"(.*layers\.\d+\.)mlp\.experts\.(gate_up_proj|down_proj)")
+_MIXTRAL_MLP = re.compile(r"(.*layers\.\d+\.)mlp\.(gate\.weight|experts\.)")
+
+
+def per_expert_state_dict(sd: dict[str, torch.Tensor], model_type: str) -> dict[str, torch.Tensor]:
+    """A state dict of transformers' in-memory MoE modules (what a DeepSpeed or torch checkpoint of the live model
+    holds: transformers >= 5 fuses a layer's experts into (E, 2f, h) `mlp.experts.gate_up_proj` and (E, h, f)
+    `mlp.experts.down_proj`) under the per-expert keys save_pretrained writes and hf_source reads: gate_up split
+    gate first (transformers' own conversion), Mixtral's under `block_sparse_moe.experts.<e>.w1 / w3 / w2` and its
+    router `block_sparse_moe.gate`. Other keys, and a state dict already per expert, pass through unchanged."""
+    if model_type not in ("mixtral", "qwen2_moe"):
+        return sd
+    mixtral = model_type == "mixtral"
+    out = {}
+    for key, t in sd.items():
+        m = _FUSED_EXPERTS.fullmatch(key)
+        if m is None:
+            out[_MIXTRAL_MLP.sub(r"\1block_sparse_moe.\2", key) if mixtral else key] = t
+            continue
+        prefix, what = m.groups()
+        names = (("w1", "w3") if mixtral else ("gate_proj", "up_proj")) if what == "gate_up_proj" \
+            else (("w2",) if mixtral else ("down_proj",))
+        block = "block_sparse_moe" if mixtral else "mlp"
+        for e in range(t.shape[0]):
+            for part, name in zip(t[e].chunk(len(names)), names):
+                out[f"{prefix}{block}.experts.{e}.{name}.weight"] = part
+    return out

@@ -318,8 +318,9 @@ def bench_frameworks(args) -> list[list[dict]]:
     for rep in range(args.repeats):
         round_ = []
         for i, (name, _, kernel, _) in enumerate(ROWS):
-            if (args.overlap_only and not OVERLAP_FROM <= i < DDP_FROM) or (args.ddp_only and i < DDP_FROM):
-                round_.append({"error": "not run (--overlap-only / --ddp-only)"})
+            if (args.overlap_only and not OVERLAP_FROM <= i < DDP_FROM) or (args.ddp_only and i < DDP_FROM) or \
+                    (args.zero3_only and i >= OVERLAP_FROM):
+                round_.append({"error": "not run (--overlap-only / --ddp-only / --zero3-only)"})
                 continue
             t0 = time.time()
             round_.append(run_row(i, args))
@@ -452,7 +453,7 @@ def optimizer_step_table(results: list[list[dict]], opt_rows: list[dict]) -> lis
 def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]) -> None:
     cfg = model_config(args)
     flags = (" --quick" if args.quick else "") + (" --overlap-only" if args.overlap_only else "") + \
-        (" --ddp-only" if args.ddp_only else "")
+        (" --ddp-only" if args.ddp_only else "") + (" --zero3-only" if args.zero3_only else "")
     title = ("ZeRO 1-2 gather overlap benchmark" if args.overlap_only else "ZeRO 1-2 against DDP" if args.ddp_only
              else "ZeRO-3 benchmark")
     lines = [f"# {title} (`python scripts/bench_zero.py{flags}`)", "",
@@ -488,19 +489,20 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
              "so offload moves nothing (it would only switch the optimizer kernel, which the rows below already do).",
              ]),
              "", *([] if args.overlap_only or args.ddp_only else framework_table(results)),
-             *([] if args.ddp_only else [
+             *([] if args.ddp_only or args.zero3_only else [
              "", "ZeRO 1-2: the post-step parameter all-gather overlapped with the next forward (the default) or "
              "blocking after the step (`overlap_param_gather=False`, `--no-overlap-param-gather`); hybrid alone, the "
              "same model, fp32, threads and torch fused AdamW as above, each row in fresh processes in the same "
              "repeats. Ratio = overlap on / off in the same repeat; below 1.0 the overlap is faster.", "",
              *framework_table(results, range(OVERLAP_FROM, DDP_FROM), "ratio on / off",
                               above="overlap slower", below="overlap faster")])]
-    if not args.overlap_only:
+    if not (args.overlap_only or args.zero3_only):
         lines += ["", "ZeRO 1-2 as train.py runs them by default (torch fused AdamW over the flat shards, gather overlap "
                   "on) against torch DDP (gradient_as_bucket_view, static_graph, default buckets, fused AdamW), the "
                   "same model, fp32 and threads. Ratio = DDP / hybrid in the same repeat; above 1.0 hybrid is "
                   "faster.", "",
                   *framework_table(results, range(DDP_FROM, len(ROWS)), "ratio DDP / hybrid")]
+    if not args.overlap_only:
         lines += optimizer_step_table(results, opt_rows)
     if opt_rows:
         lines += ["", f"AdamW kernels alone, {args.opt_numel / 1e6:.0f}M fp32 parameters in 200 tensors, "
@@ -541,6 +543,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke run: a tiny model, 2 steps, 1 repeat, small "
                    "optimizer table (checks the script, measures nothing)")
     p.add_argument("--ddp-only", action="store_true", help="only the ZeRO 1-2 vs torch DDP rows")
+    p.add_argument("--zero3-only", action="store_true", help="only the ZeRO-3 rows against FSDP2 and DeepSpeed and "
+                   "the optimizer tables (the ZeRO 1-2 tables: --overlap-only, --ddp-only)")
     p.add_argument("--overlap-only", action="store_true", help="only the ZeRO 1-2 gather overlap on/off rows (no "
                    "ZeRO-3 peers, no optimizer table); default --out docs/results/bench_zero_overlap.md")
     p.add_argument("--out", default=None, help="the Markdown report (default docs/results/bench_zero.md)")

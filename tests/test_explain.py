@@ -188,9 +188,11 @@ def test_a_larger_train_iters_without_decay_iters_names_the_moved_schedule_and_t
     # 20 x 8 samples of 32 tokens read 5,121 of the 4,000 train tokens: 2 epochs, the second (36 samples of an
     # epoch's 124) under Megatron's 80 % and shuffled alone; 30 x 8 read 7,681: 2 epochs, the second (116) shuffled
     # with the first -- another order
+    # -- the same plan up to 222 samples (98 of the second epoch's 124, under 80 %): 27 iterations of 8
     assert lines[2] == ("resume: data order changed: the train split is now read for 240 samples (was 160), so its "
                         "shuffle spans 2 epochs (was 2, the last alone) and is drawn anew: the samples from 80 on "
-                        "differ from the saved run's plan")
+                        "differ from the saved run's plan; --train-iters up to 27 keeps the saved order")
+    assert explain.same_order_up_to(facts, 160) == 222 and explain.train_epochs(facts, 223) == [(2, False)]
 
 
 def test_the_same_decay_iters_keeps_the_schedule_and_a_small_extension_the_data_order():
@@ -387,3 +389,53 @@ def test_a_model_the_planner_does_not_describe_is_a_line_not_a_crash(tmp_path):
     p = explain.predict(run, torch.device("cpu"), 0.0)
     assert explain.prediction_line(p).startswith("planner: no prediction for this layout on this cpu: activation "
                                                  "profile fp32-flash models our runtime without dropout")
+
+
+# --- docs/operations.md's log is what its commands print ----------------------------------------------------------
+def _documented_logs() -> list[tuple[list[str], list[str]]]:
+    """(train.py's argv, the lines shown) of each `$ torchrun ... scripts/train.py` block in 'What a run says'."""
+    import os
+    import shlex
+    doc = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                            "operations.md")).read()
+    section = doc.split("## What a run says")[1].split("\n## ")[0]
+    logs = []
+    for block in re.findall(r"```text\n(.*?)```", section, re.S):
+        command, *lines = block.rstrip("\n").split("\n")
+        argv = shlex.split(command.split("scripts/train.py", 1)[1])
+        logs.append((argv, lines))
+    return logs
+
+
+def _log_facts(line: str, ck: str) -> str | None:
+    """What of a log line does not depend on the clock, the host or the launcher: the iteration lines' loss, rate,
+    norm and samples; the planner's figures but its measured process size; None for the nodes line (torchrun's
+    LOCAL_WORLD_SIZE) and the timing lines."""
+    line = line.replace(ck, "ck")
+    if line.startswith(" iteration "):
+        keep = ("iteration", "lm loss", "lr ", "grad norm", "consumed samples")
+        return " | ".join(f.strip() for f in line.split(" | ") if f.strip().startswith(keep))
+    if line.startswith(("nodes: ", "step time ms", "time split", "straggler: ")):
+        return None
+    if line.startswith("planner: "):
+        return re.sub(r"[\d.]+ MiB", "N MiB", line)
+    return line
+
+
+@pytest.mark.slow
+def test_the_log_in_docs_operations_is_what_its_commands_print(tmp_path):
+    """The three documented commands (a run, its extension with the same --lr-decay-iters, a resume without it)
+    rerun on 2 ranks: every documented line -- start-up, resume, loss / lr / grad norm, validation, checkpoint --
+    is printed, in that order (the clock's, the host's and the launcher's fields left out)."""
+    from hybrid.testing import run_distributed
+    logs = _documented_logs()
+    assert len(logs) == 3 and all(argv[argv.index("--load") + 1] == "ck" for argv, _ in logs[1:])
+    ck = str(tmp_path / "ck")
+    for argv, documented in logs:
+        argv = [ck if a == "ck" else a for a in argv]
+        printed = run_distributed(_train_rank, 2, args=(argv,), timeout=600)[0]
+        want = [f for f in (_log_facts(ln, ck) for ln in documented) if f is not None]
+        got = iter([f for f in (_log_facts(ln, ck) for ln in printed.splitlines()) if f is not None])
+        missing = [w for w in want if w not in got]  # `in` on the iterator: in order
+        assert not missing, (missing[0], printed)
+        assert len(want) >= 3

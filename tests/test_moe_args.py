@@ -50,3 +50,28 @@ def test_bad_moe_flags_are_refused_by_name(argv, world, message):
     with pytest.raises(ValueError) as e:
         check(argv, world)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hybrid_layout_shows_which_ranks_hold_which_experts(capsys):
+    """`hybrid layout` at world 8 = tp 2 x dp 2 x pp 2, EP 2, 8 experts: each stage's 4 consecutive ranks fold as
+    ep 2 x expert-dp 2 -- EP groups are consecutive rank pairs (the all-to-all stays beside TP), expert-DP groups
+    the ranks 2 apart in a stage, and EP rank r holds experts [4 r, 4 r + 4) (hand-derived, docs/moe.md)."""
+    from hybrid.cli import main
+
+    main(["layout", "--world", "8", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+          "--expert-model-parallel-size", "2", "--num-experts", "8"])
+    out = capsys.readouterr().out
+    assert "each stage's 4 ranks = expert-tp 1 x ep 2 x expert-dp 2 (order etp-ep-edp); 8 experts, 4 per rank" in out
+    assert "ep groups (token all-to-all): [[0, 1], [2, 3], [4, 5], [6, 7]]" in out
+    assert "expert-dp groups (expert gradients, ZeRO): [[0, 2], [1, 3], [4, 6], [5, 7]]" in out
+    for rank in range(8):
+        assert f"  rank {rank}: experts {'0-3' if rank % 2 == 0 else '4-7'}" in out
+
+
+def test_hybrid_layout_refuses_an_ep_that_does_not_divide(capsys):
+    from hybrid.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["layout", "--world", "4", "--expert-model-parallel-size", "3", "--num-experts", "6"])
+    assert str(e.value.code) == ("hybrid layout: error: --expert-model-parallel-size 3 x --expert-tensor-parallel-size "
+                                 "1 must divide the 4 ranks of a pipeline stage (tp x dp)")

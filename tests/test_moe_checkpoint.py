@@ -22,19 +22,21 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from hybrid.checkpoint import core, shards
+from hybrid.checkpoint import core
 from hybrid.checkpoint.store import CorruptCheckpoint
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.moe.config import MoEConfig
 from hybrid.moe.layer import ExpertContext
 from hybrid.moe.parallel import build_mesh
 from hybrid.moe.params import is_expert
+from hybrid.moe.runtime import owners as moe_owners
 from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import ParallelRNG, TPContext
 from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import ZeroConfig, ZeroOptimizer
+from hybrid.zero import state as zero_state
 from models import build_pipeline_chunks, from_hf
 from moe_reference import hf_config
 
@@ -79,11 +81,15 @@ class Run:
         d = self.mesh.dims
         state = {"iteration": 2, "consumed_samples": 8, "model": "tiny-mixtral-4-experts",
                  "layout": {"tp": d.tp, "pp": d.pp, "dp": d.dp, "zero": self.opt.cfg.stage}}
-        core.start_save(self.opt, self.names, self.rng, root, 2, state).finish()
+        core.save_state(self.owners(), root, 2, state).finish()
         return os.path.join(root, "iter_0000002")
 
     def load(self, directory):
-        return core.load(self.opt, self.names, self.rng, directory, rng_too=False)
+        return core.load_state(self.owners(rng_too=False), directory)
+
+    def owners(self, rng_too=True):
+        """What train.py's checkpoint collects (hybrid/train/loop.py): the optimizer, the RNG, the routers' biases."""
+        return {**core.statefuls(self.opt, self.names, self.rng, rng_too=rng_too), **moe_owners(self.model)}
 
 
 def _chain(rank, world, root):
@@ -98,12 +104,12 @@ def _chain(rank, world, root):
     # a save that loses EP rank 1's experts (each is written by nobody), then a load elsewhere
     bad = Run(order[0], world)
     bad.train(2)
-    owner = shards.is_owner
-    shards.is_owner = lambda p, *a: False if is_expert(p) and bad.mesh.ep.rank == 1 else owner(p, *a)
+    owner = zero_state.is_owner  # who writes each piece (hybrid/stateful.is_owner, as zero/state.py reads it)
+    zero_state.is_owner = lambda p, *a: False if is_expert(p) and bad.mesh.ep.rank == 1 else owner(p, *a)
     try:
         lossy = bad.save(os.path.join(root, "lossy"))
     finally:
-        shards.is_owner = owner
+        zero_state.is_owner = owner
     try:
         Run(order[1], world).load(lossy)
         error = None

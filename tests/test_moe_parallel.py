@@ -1,5 +1,5 @@
-"""Expert parallelism composed with TP + SP, PP (1F1B, interleaved), ZeRO 0 / 1 / 3 and recomputation, on 8 gloo ranks,
-against the unsharded transformers model -- one spawn computes every case, each test checks one.
+"""Expert parallelism composed with TP + SP, PP (1F1B, interleaved), ZeRO 0 / 1 / 2 / 3 and recomputation, on 8 gloo
+ranks, against the unsharded transformers model -- one spawn computes every case, each test checks one.
 
 For every case, with the load-balancing loss on (Megatron's per-layer aux_loss):
 
@@ -48,6 +48,7 @@ CASES = {
     "mixtral-ep1-dp8-zero1": ("mixtral", 1, 1, 1, 1, 1, "alltoall", 1, "none"),
     "mixtral-ep2-tp2sp-dp4-zero3-recompute": ("mixtral", 2, 1, 1, 2, 3, "alltoall", 1, "full"),
     "mixtral-ep4-tp2sp-pp2-dp2-zero1": ("mixtral", 2, 2, 1, 4, 1, "alltoall", 1, "none"),
+    "mixtral-ep4-tp2sp-dp4-zero2": ("mixtral", 2, 1, 1, 4, 2, "alltoall", 1, "none"),
     "mixtral-ep4-pp2-interleaved-dp4-zero3-allgather": ("mixtral", 1, 2, 2, 4, 3, "allgather", 1, "none"),
     "qwen2moe-ep2-tp2sp-pp2-dp2-zero3": ("qwen2_moe", 2, 2, 1, 2, 3, "alltoall", 2, "selective"),
 }

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from hybrid.fault.testing import launch
+from hybrid.testing import launch
 from hybrid.fault.watchdog import EXIT_HANG
 
 EP2 = ["--model", "tiny-mixtral", "--expert-model-parallel-size", "2", "--micro-batch-size", "2",

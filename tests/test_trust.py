@@ -736,6 +736,27 @@ def test_another_config_is_one_line_naming_the_first_differing_field(saved, tmp_
     assert "its vocab_size is 256" in line and "has 300" in line, line
 
 
+@pytest.mark.slow  # a train.py run that trains (forked)
+def test_an_edited_config_under_the_same_path_is_one_line_not_a_size_mismatch(tmp_path, monkeypatch, capsys):
+    """The issue's case: train with --model DIR, edit DIR/config.json (a wider vocabulary, more layers), --load with
+    the same --model DIR -- it was load_state_dict's size-mismatch traceback; the path is the same, the model is
+    not, and the checkpoint is left as it was."""
+    model = _config_folder(tmp_path / "m")
+    train(["--model", model, "--train-iters", "1", "--save", str(tmp_path / "ck")], tmp_path)
+    before = tree(tmp_path / "ck")
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    for field, saved_value, edit in (("vocab_size", 256, {"vocab_size": 300}), ("num_layers", 4, {"n_layer": 6})):
+        config = json.load(open(os.path.join(model, "config.json")))
+        json.dump({**config, **edit}, open(os.path.join(model, "config.json"), "w"))
+        argv = TINY + ["--model", model, "--load", str(tmp_path / "ck"), "--train-iters", "2"]
+        line = one_line_error(train_main.main, argv, capsys)
+        assert line.startswith("train.py: error: --load ") and "holds another model: " in line, line
+        assert f"its {field} is {saved_value}, --model {model} has {list(edit.values())[0]}" in line, line
+        json.dump(config, open(os.path.join(model, "config.json"), "w"))
+    assert tree(tmp_path / "ck") == before
+
+
 def test_a_forged_moment_shape_is_one_line_before_any_process_group(saved, tmp_path, monkeypatch, capsys):
     ck, _, _ = _planted(saved, tmp_path, _meta_edit(lambda m: _resize(m, "optim.exp_avg/wpe.weight", [300, 64])))
     _isolate(monkeypatch, tmp_path)
@@ -800,6 +821,30 @@ def test_non_finite_loaded_weights_are_one_line_naming_the_parameter(hf_folder, 
     weights["transformer.h.1.mlp.c_fc.weight"][3, 5] = float("nan")
     save_file(weights, os.path.join(src, "model.safetensors"), metadata={"format": "pt"})
     out = train(["--load", src, "--model", src, "--train-iters", "3"], tmp_path, check=False)
+    errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
+    assert out.returncode == 65 and len(errors) == 1, out.stderr[-2000:]
+    assert errors[0].startswith("train.py: error: nan-guard: the weights at the start of training are not finite "
+                                "(0.h.1.mlp.c_fc.weight on rank 0") and "Traceback" not in out.stderr
+
+
+def test_a_nan_weight_in_a_hybrid_checkpoint_is_one_line_naming_it(saved, tmp_path):
+    """The same through a hybrid (DCP) checkpoint: the saved model tensors rewritten with one NaN (DCP's own
+    torch-save round trip, the manifest re-hashed), --load stops before the first step naming the parameter."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+    ck = str(tmp_path / "ckpt")
+    shutil.copytree(saved, ck)
+    it_dir = store.final_path(ck, 2)
+    full = str(tmp_path / "full.pt")
+    dcp_to_torch_save(it_dir, full)  # the test's own, trusted checkpoint
+    state = torch.load(full, weights_only=True)
+    state["model/h.1.mlp.c_fc.weight"][3, 5] = float("nan")
+    torch.save(state, full)
+    for name in os.listdir(it_dir):
+        if name == ".metadata" or name.endswith(".distcp"):
+            os.remove(os.path.join(it_dir, name))
+    torch_save_to_dcp(full, it_dir)
+    rehash(it_dir)
+    out = train(["--load", ck, "--train-iters", "3"], tmp_path, check=False)
     errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
     assert out.returncode == 65 and len(errors) == 1, out.stderr[-2000:]
     assert errors[0].startswith("train.py: error: nan-guard: the weights at the start of training are not finite "

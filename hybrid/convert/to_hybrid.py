@@ -29,7 +29,7 @@ from hybrid.convert.common import (check_dst, check_safetensors, copy_pass_throu
 from hybrid.convert.presharded import TargetLayout, check_target, rank_state_dicts, save_as_ranks
 from hybrid.convert.verify import verify_hybrid_against
 from models.config import ModelConfig
-from models.hf_io import CheckpointReader
+from models.hf_io import CheckpointReader, per_expert_state_dict
 
 MODEL_ONLY = "model"  # state.json "contents" of a converted checkpoint (a training run's: "full")
 
@@ -196,7 +196,8 @@ def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log
     check_dst(dst)
     cfg = read_config(model, "--model")
     check_target(cfg, target)
-    sd = _deepspeed_state_dict(src)
+    live = _deepspeed_state_dict(src)
+    sd = per_expert_state_dict(live, cfg.hf.model_type)  # MoE: transformers' fused experts -> per-expert keys
     bare = {k.split(".", 1)[1]: k for k in sd}
 
     def get(key: str) -> torch.Tensor:
@@ -211,7 +212,7 @@ def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log
             def reference():
                 from transformers import AutoModelForCausalLM
                 m = AutoModelForCausalLM.from_config(cfg.hf, dtype=torch.float32)
-                m.load_state_dict({k: get(k) for k in found}, strict=False)
+                m.load_state_dict({k: get(k) for k in found} if sd is live else live, strict=False)
                 return m
             line = verify_hybrid_against(cfg, it_dir, reference, torch.float32)
     log(f"convert: {src} (DeepSpeed ZeRO checkpoint of {cfg.hf.model_type}) -> {dst} (hybrid checkpoint, model "

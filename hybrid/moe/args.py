@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the expert bias's step u")
     g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="X",
                    help="rows per expert = ceil(X k tokens / E); slots beyond are dropped by lowest probability "
-                        "(default: dropless)")
+                        "(unset: dropless)")
     g.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",
                    help="pad every expert's rows to the capacity (static shapes; alltoall dispatcher)")
     g.add_argument("--moe-experts-impl", choices=[i.value for i in ExpertsImpl], default="auto",
@@ -47,10 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 FLAGS = ("expert_model_parallel_size", "expert_tensor_parallel_size", "moe_router_load_balancing_type",
          "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_score_function", "moe_router_enable_expert_bias",
-         "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_token_dispatcher_type")
+         "moe_router_bias_update_rate", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
+         "moe_token_dispatcher_type")
 DEFAULTS = {"expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1, "moe_router_load_balancing_type":
             "aux_loss", "moe_aux_loss_coeff": 0.0, "moe_z_loss_coeff": 0.0, "moe_router_score_function": None,
-            "moe_router_enable_expert_bias": False, "moe_expert_capacity_factor": None,
+            "moe_router_enable_expert_bias": False, "moe_router_bias_update_rate": 1e-3,
+            "moe_expert_capacity_factor": None,
             "moe_pad_expert_input_to_capacity": False, "moe_token_dispatcher_type": "alltoall"}
 
 

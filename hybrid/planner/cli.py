@@ -12,7 +12,8 @@
 
 Any search dimension is pinned with the flag train.py takes (--tensor-model-parallel-size,
 --pipeline-model-parallel-size, --micro-batch-size, --zero-stage, --num-layers-per-virtual-pipeline-stage,
---sequence-parallel / --no-sequence-parallel, --recompute-granularity, --offload-optimizer, --offload-params).
+--sequence-parallel / --no-sequence-parallel, --recompute-granularity, --offload-optimizer, --offload-params,
+and for an MoE model --expert-model-parallel-size).
 Required: --global-batch-size; --gpus (or --scan-gpus); --model or all of --num-layers, --hidden-size and
 --num-attention-heads.
 """
@@ -31,7 +32,7 @@ from dataclasses import asdict
 
 from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_output_file, float_in, int_in,
                             nonnegative_int, positive_float, positive_int)
-from hybrid.planner import calibrate
+from hybrid.planner import calibrate, moe
 from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile, Precision
@@ -132,6 +133,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pin optimizer offload")
     g.add_argument("--offload-params", action=argparse.BooleanOptionalAction, default=None,
                    help="pin parameter offload")
+    g.add_argument("--expert-model-parallel-size", type=positive_int, metavar="N",
+                   help="an MoE model: pin EP (None: every size dividing the stage's tp x dp ranks and the experts)")
+    g.add_argument("--moe-imbalance", type=float_in(1.0), metavar="X", default=moe.IMBALANCE,
+                   help="an MoE model: max / mean tokens per expert, the busiest EP rank's pace (train.py's log "
+                        "line prints the run's as 'imbalance'); the default is a planning margin")
     g.add_argument("--max-micro-batch-size", type=positive_int, metavar="N", default=MAX_MICRO_BATCH,
                    help="largest micro-batch tried")
     g.add_argument("--max-virtual-stages", type=int_in(1, 1024), metavar="N", default=MAX_V,
@@ -273,6 +279,8 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
     if args.global_batch_size is None:
         raise ValueError("--global-batch-size is required (sequences per optimizer step)")
     seq = args.seq_length or min(2048, model.max_position_embeddings)
+    if not model.num_experts and args.expert_model_parallel_size is not None:
+        raise ValueError("--expert-model-parallel-size: the model has no experts (a dense model); drop the flag")
     if model.arch == ARCH_GPT2 and seq > model.max_position_embeddings:
         raise ValueError(f"--seq-length {seq} exceeds the model's {model.max_position_embeddings} learned "
                          f"positions; use at most {model.max_position_embeddings}")
@@ -305,7 +313,8 @@ def space_from_args(args: argparse.Namespace) -> SearchSpace:
         recompute=None if args.recompute_granularity is None else (Recompute(args.recompute_granularity),),
         sequence_parallel=one(args.sequence_parallel),
         layers_per_chunk=args.num_layers_per_virtual_pipeline_stage,
-        max_micro_batch=args.max_micro_batch_size, max_v=args.max_virtual_stages)
+        max_micro_batch=args.max_micro_batch_size, max_v=args.max_virtual_stages,
+        expert_parallel=one(args.expert_model_parallel_size), moe_imbalance=args.moe_imbalance)
 
 
 def _offloads(optimizer: bool | None, params: bool | None) -> tuple[Offload, ...] | None:
@@ -367,7 +376,7 @@ def _count(n: float) -> str:
 
 
 def _row(i: int, plan: Plan, width: int, baseline: float | None = None) -> str:
-    return (f"{i:>2}  {plan.layout.short():<{width}} {_memory(plan, baseline)} {plan.time.total:>8.4g} "
+    return (f"{i:>2}  {plan.layout.short():<{width}} {_memory(plan, baseline)} {plan.seconds:>8.4g} "
             f"{plan.tokens_per_s:>10,.0f} {_rate(plan.tflops_per_gpu):>8} {100 * plan.mfu:>5.1f}% "
             f"{100 * plan.bubble_fraction:>6.1f}%")
 
@@ -394,9 +403,10 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -
     lines.append(_units_line(_on_host(hw), baseline))
     best = result.plans[0]
     t = best.time
-    lines.append(f"best: step {t.total:.4g} s = pipeline {t.pipeline:.4g} (compute {t.compute:.4g}, TP comm "
+    lines.append(f"best: step {best.seconds:.4g} s = pipeline {t.pipeline:.4g} (compute {t.compute:.4g}, TP comm "
                  f"{t.tp_comm:.4g}, bubble {100 * best.bubble_fraction:.1f}%) + DP sync {t.dp_comm:.4g} + "
-                 f"optimizer {t.optimizer:.4g} + other {t.other:.4g}")
+                 f"optimizer {t.optimizer:.4g} + other {t.other:.4g}"
+                 + (f" + experts {best.experts.seconds:.4g}" if best.experts else ""))
     if best.layout.short() in result.notes:  # a zero-bubble schedule chosen: why (hybrid/planner/search.py)
         lines.append(f"schedule: {result.notes[best.layout.short()]}")
     lines.append(f"searched {result.considered} layouts: {len(result.rejected)} rejected, {result.dominated} "
@@ -409,7 +419,8 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     """The step of `plan` taken apart (time.TERMS): each term's seconds, its share, what it is, and the numbers
     the compute terms rest on."""
     t, hw = plan.time, cluster.hw
-    lines = [f"why {plan.layout.short()} takes {t.total:.4g} s a step ({work.kernel_profile.value} kernels, "
+    moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
+    lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
              f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}):"]
     for name, what in TERMS:
         seconds = t.term(name)
@@ -420,6 +431,9 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
                  f"{hw.elementwise_bytes_per_s / 1e12:.3g} TB/s + {hw.kernel_overhead_s * 1e6:.3g} us a kernel; "
                  f"one pipeline message {t.pp_comm * 1e3:.3g} ms; bubble {100 * t.bubble_fraction:.1f} % "
                  f"(docs/planner.md \"Time\")")
+    if plan.experts is not None:  # MoE: the EP choice (hybrid/planner/moe.py)
+        lines.append(f"  + {plan.experts.explain()}")
+        lines += ["  " + line for line in moe.why(work, cluster, plan.layout, plan.memory.peak.total, plan.experts)]
     return "\n".join(lines)
 
 
@@ -452,7 +466,7 @@ def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str
     """scripts/train.py flags that run `plan` (Megatron names): the planner's mapping (train_flags.py) written with
     train.py's own flag table (hybrid/train/config.py)."""
     from hybrid.train.config import to_argv
-    return to_argv(plan_flags(work, plan.layout, model))
+    return to_argv(plan_flags(work, plan.layout, model)) + moe.train_argv(plan.experts)
 
 
 def plan_json(work: Workload, plan: Plan) -> dict:
@@ -469,7 +483,7 @@ def plan_json(work: Workload, plan: Plan) -> dict:
                                  "buffers": r.buffers / GB, "workspace": r.workspace / GB, "total": r.total / GB,
                                  "host": r.states.host / GB} for r in plan.memory.ranks],
         "in_flight": list(plan.memory.in_flight.chunks),
-        "step_seconds": t.total,
+        "step_seconds": plan.seconds,
         "time": {k: v for k, v in asdict(t).items() if k not in ("run", "terms")},
         "terms": dict(t.terms),
         "simulated_m": list(t.run.simulated_m),
@@ -480,6 +494,7 @@ def plan_json(work: Workload, plan: Plan) -> dict:
         "mfu": plan.mfu,
         "bubble_fraction": plan.bubble_fraction,
         "train_args": train_args(work, plan),
+        "experts": None if plan.experts is None else asdict(plan.experts),
     }
 
 

@@ -25,7 +25,9 @@ import itertools
 import re
 from dataclasses import dataclass, field, replace
 
+from hybrid.planner import moe
 from hybrid.planner.hardware import GB
+from hybrid.planner.moe import ExpertPlan
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, layout_problems,
                                    pp_problems, recompute_at_most, tp_problems)
 from hybrid.planner.predicted_memory import MemoryPlan, peak_memory, plan_memory
@@ -49,6 +51,9 @@ class SearchSpace:
         max_v: most chunks per rank tried when `v` is None.
         zero_bubble: whether to try ZB-H1 (`--pipeline-schedule zbh1`) beside each 1F1B layout the search times
             (v = 1, pp >= 2, no full recomputation, which a W would redo); None or (True,): try it.
+        expert_parallel: an MoE model's EP sizes to try (`--expert-model-parallel-size`; hybrid/planner/moe.py);
+            None: every size the layout allows.
+        moe_imbalance: an MoE model's load imbalance lambda, max / mean tokens per expert (`--moe-imbalance`).
     """
 
     tp: tuple[int, ...] | None = None
@@ -63,6 +68,8 @@ class SearchSpace:
     max_micro_batch: int = MAX_MICRO_BATCH
     max_v: int = MAX_V
     zero_bubble: tuple[bool, ...] | None = None
+    expert_parallel: tuple[int, ...] | None = None
+    moe_imbalance: float = moe.IMBALANCE
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,8 @@ class Plan:
         tflops_per_gpu: hardware FLOPs (recomputation included, by `flops_formula`) per GPU per second / 1e12.
         mfu: model FLOPs (no recomputation) per GPU per second / peak.
         flops_formula: how `tflops_per_gpu` counts FLOPs.
+        experts: an MoE model's expert layers at their chosen EP size (hybrid/planner/moe.py; None for a dense
+            model): their seconds are in tokens_per_s, their memory in memory_gb.
     """
 
     layout: Layout
@@ -97,11 +106,17 @@ class Plan:
     tflops_per_gpu: float
     mfu: float
     flops_formula: FlopsFormula
+    experts: ExpertPlan | None = None
+
+    @property
+    def seconds(self) -> float:
+        """The step: the time model's, plus an MoE model's expert compute and all-to-all (`experts`)."""
+        return self.time.total + (self.experts.seconds if self.experts else 0.0)
 
     @property
     def memory_gb(self) -> float:
-        """Device memory of the fullest pipeline rank, GB."""
-        return self.memory.peak.total / GB
+        """Device memory of the fullest pipeline rank, GB (an MoE model's experts included)."""
+        return (self.memory.peak.total + (self.experts.extra_bytes if self.experts else 0.0)) / GB
 
     @property
     def bubble_fraction(self) -> float:
@@ -149,20 +164,22 @@ def _needed_gb(r: Rejection) -> float:
 
 
 def evaluate(work: Workload, cluster: Cluster, layout: Layout, formula: FlopsFormula = FlopsFormula.EXACT,
-             budget: float = SIM_BUDGET) -> Plan:
+             budget: float = SIM_BUDGET, space: SearchSpace = SearchSpace()) -> Plan:
     """Predict memory and time of one layout. ValueError naming every problem when it cannot run at all
     (memory is reported, not enforced: compare `plan.memory_gb` with the device)."""
-    problems = layout_problems(work, cluster, layout)
+    problems = layout_problems(work, cluster, layout) + moe.layout_problems(work, layout, space.expert_parallel)
     if problems:
         raise ValueError(f"layout {layout.short()} cannot run: " + "; ".join(problems))
     memory = plan_memory(work, cluster, layout)
-    return _plan(work, cluster, layout, memory, step_time(work, cluster, layout, budget), formula)
+    return _plan(work, cluster, layout, memory, step_time(work, cluster, layout, budget), formula, space)
 
 
 def _plan(work: Workload, cluster: Cluster, layout: Layout, memory: MemoryPlan, time: StepTime,
-          formula: FlopsFormula) -> Plan:
-    n, t = cluster.gpus, time.total
-    return Plan(layout=layout, memory=memory, time=time,
+          formula: FlopsFormula, space: SearchSpace) -> Plan:
+    experts = (moe.choose(work, cluster, layout, memory.peak.total, space.moe_imbalance, space.expert_parallel)
+               if work.model.num_experts else None)  # MoE: the EP size
+    n, t = cluster.gpus, time.total + (experts.seconds if experts else 0.0)
+    return Plan(layout=layout, memory=memory, time=time, experts=experts,
                 tokens_per_s=work.global_batch * work.seq_length / t,
                 tflops_per_gpu=step_flops(work, layout, formula) / (n * t) / 1e12,
                 mfu=model_flops(work) / (n * t) / (cluster.hw.peak_tflops * 1e12),
@@ -195,7 +212,7 @@ def search(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace(),
         fitting += _fitting_variants(work, cluster, space, base, result)
     fitting.sort(key=lambda item: item[0])
     for bound, layout in fitting:
-        if len(result.plans) >= top and bound > result.plans[top - 1].time.total:
+        if len(result.plans) >= top and bound > result.plans[top - 1].seconds:
             break
         try:
             time = step_time(work, cluster, layout, budget)
@@ -203,9 +220,15 @@ def search(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace(),
             result.rejected.append(Rejection(layout.short(), str(e)))
             continue
         result.timed += 1
-        result.plans.append(_plan(work, cluster, layout, plan_memory(work, cluster, layout), time, formula))
-        result.plans += _zero_bubble_twin(work, cluster, space, result.plans[-1], formula, budget, result.notes)
-        result.plans.sort(key=lambda p: p.time.total)
+        plan = _plan(work, cluster, layout, plan_memory(work, cluster, layout), time, formula, space)
+        if work.model.num_experts and plan.experts is None:  # MoE: no EP size fits the experts beside it
+            result.rejected.append(Rejection(layout.short(), moe.memory_problem(
+                work, cluster, layout, plan.memory.peak.total, space.moe_imbalance, space.expert_parallel)))
+            continue
+        result.plans.append(plan)
+        result.plans += [p for p in _zero_bubble_twin(work, cluster, space, plan, formula, budget, result.notes)
+                         if p.experts is not None or not work.model.num_experts]
+        result.plans.sort(key=lambda p: p.seconds)
         del result.plans[top:]
     return result
 
@@ -232,7 +255,7 @@ def _zero_bubble_twin(work: Workload, cluster: Cluster, space: SearchSpace, plan
                          f"{100 * plan.bubble_fraction:.1f}%, step {time.total:.4g} vs {plan.time.total:.4g} s, "
                          f"fullest stage {memory.peak.total / GB:.1f} vs {plan.memory_gb:.1f} GB (every stage holds pp "
                          f"micro-batches until their W, and the gradients kept for it)")
-    return [_plan(work, cluster, zb, memory, time, formula)]
+    return [_plan(work, cluster, zb, memory, time, formula, space)]
 
 
 def _sizes(work: Workload, cluster: Cluster, space: SearchSpace, rejected: list[Rejection]):
@@ -286,11 +309,13 @@ def _fitting_variants(work: Workload, cluster: Cluster, space: SearchSpace, base
         for j, recompute in enumerate(recomputes):
             layout = replace(base, offload=offload, recompute=recompute)
             result.considered += 1
-            problems = layout_problems(work, cluster, layout)
+            problems = layout_problems(work, cluster, layout) + moe.layout_problems(work, layout, space.expert_parallel)
             if problems:
                 result.rejected.append(Rejection(layout.short(), "; ".join(problems)))
                 continue
-            problem = memory_problem(cluster, *peak_memory(work, cluster, layout))
+            peak = peak_memory(work, cluster, layout)
+            problem = memory_problem(cluster, *peak) or moe.memory_problem(work, cluster, layout, peak[1],
+                                                                           space.moe_imbalance, space.expert_parallel)
             if problem:
                 result.rejected.append(Rejection(layout.short(), problem))
             elif any(fi <= i and recompute_at_most(fitting.recompute, recompute) for fi, _, fitting in fits):

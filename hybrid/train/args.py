@@ -23,6 +23,7 @@ from hybrid.checkpoint import args as ckpt_args
 from hybrid.cp import args as cp_args
 from hybrid.data import BatchSpec
 from hybrid.data import args as data_args
+from hybrid.diloco import args as diloco_args
 from hybrid.fault import args as fault_args
 from hybrid.launch import MAX_TIMEOUT_MINUTES
 from hybrid.mesh import ParallelDims, validate_model_dims
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt_args.add_arguments(p)
     cp_args.add_arguments(p)
     moe_args.add_arguments(p)
+    diloco_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -356,6 +358,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
+    diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe is not None)  # hybrid/diloco: None without
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")
@@ -374,8 +377,9 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                 timeline=ns.timeline, hardware=ns.hardware),
         optimizer=OptimizerConfig(lr=ns.lr, min_lr=ns.min_lr, weight_decay=ns.weight_decay, beta1=ns.adam_beta1,
                                   beta2=ns.adam_beta2, warmup_iters=ns.lr_warmup_iters, decay_style=ns.lr_decay_style,
-                                  train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters),
-        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe,
+                                  train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters,
+                                  optimizer=ns.optimizer, sgd_momentum=ns.sgd_momentum),
+        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe, diloco=diloco,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
         ds_unsupported=tuple(unsupported))
 
@@ -446,8 +450,10 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
                     precision=precision.planned, activations=profile, kernels=KernelProfile.EAGER,  # our layers
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
     # --compile runs with every ZeRO stage but no recomputation (check_compile): the search keeps to what the run accepts
+    pinned_ep = "expert_model_parallel_size" in getattr(args, "explicit", set())  # MoE: else the planner's EP
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),),
-                        zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None)
+                        zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
+                        expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None)
     result = search(work, Cluster(gpus=world, hw=hw), space, top=1)
     if not result.plans:
         raise ValueError(f"--auto-parallel: no layout of {args.model} fits {world} x {hw.memory_gb:.1f} GB; "
@@ -455,10 +461,14 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     lay = result.plans[0].layout
     for dest, value in layout_flags(work, lay).items():
         setattr(args, dest, value)
+    experts = result.plans[0].experts  # an MoE model: the planner's EP (hybrid/planner/moe.py)
+    if experts is not None:
+        args.expert_model_parallel_size = experts.ep
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}, micro-batch {lay.micro_batch}, "
               f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel}, schedule "
-              f"{lay.schedule.value} (predicted {result.plans[0].time.total:.3g} s/step on {hw.name})"
+              f"{lay.schedule.value}" + (f", ep {experts.ep}" if experts else "")
+              + f" (predicted {result.plans[0].seconds:.3g} s/step on {hw.name})"
               + (f"; {result.notes[lay.short()]}" if lay.short() in result.notes else ""), flush=True)
 
 

@@ -23,6 +23,7 @@ from hybrid.checkpoint.args import CheckpointConfig
 from hybrid.cp.args import CPConfig
 from hybrid.data import BatchSpec
 from hybrid.data.args import DataConfig
+from hybrid.diloco.args import DiLoCoConfig
 from hybrid.fault.args import FaultConfig
 from hybrid.mesh import ParallelDims
 from hybrid.metrics.args import MetricsConfig
@@ -132,6 +133,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--adam-beta2", OPTIM, "Adam second-moment decay, in [0, 1)", default=0.95, type=float),
     Flag("--clip-grad", OPTIM, "clip to this global gradient norm (0: off)", default=1.0, type=float, low=0.0,
          deepspeed=("gradient_clipping", "clip_grad")),
+    Flag("--optimizer", OPTIM, "adam (AdamW) or sgd (torch's SGD, --sgd-momentum; Megatron's names)", default="adam",
+         type=str, choices=("adam", "sgd")),
+    Flag("--sgd-momentum", OPTIM, "--optimizer sgd's momentum (Megatron's default 0.9)", default=0.9, type=float,
+         low=0.0),
     Flag("--seed", OPTIM, f"initialisation and data order, in [0, {MAX_SEED}]", default=1234, type=int),
     Flag("--zero-stage", ZERO, "0 DP, 1 optimizer states, 2 + gradients, 3 + parameters", default=0, type=int,
          deepspeed=("zero_optimization.stage", "zero_stage")),
@@ -266,6 +271,7 @@ class RunConfig:
         metrics: TensorBoard, the JSON-lines file, MFU's peak (hybrid/metrics/args.py).
         cp: context parallelism and packed documents (hybrid/cp/args.py).
         moe: Mixture-of-Experts training and expert parallelism (hybrid/moe/args.py); None for a dense model.
+        diloco: local updates over DP replicas (hybrid/diloco/args.py); None without --diloco-inner-steps.
         flags: every flag's final value (dest -> int / float / str / bool / None, or a tuple of them: --data-path),
             as checkpoints record it.
         ds_unsupported: keys of --deepspeed-config that hybrid does not read (a warning at start-up).
@@ -282,6 +288,7 @@ class RunConfig:
     metrics: MetricsConfig = field(default_factory=lambda: MetricsConfig(None, None, None))
     cp: CPConfig = field(default_factory=CPConfig)
     moe: MoEConfig | None = None
+    diloco: DiLoCoConfig | None = None
     flags: tuple[tuple[str, object], ...] = ()
     ds_unsupported: tuple[str, ...] = ()
 

@@ -374,8 +374,24 @@ def data_order_line(saved_flags: dict, now_flags: dict, facts: DataFacts, global
     if old == new:
         return f"resume: data order unchanged: {head} and its shuffle still spans {span}, as the saved run's did"
     was = "; ".join(f"{e}{', the last alone' if alone else ''}" for e, alone in old)
+    keep = same_order_up_to(facts, old_samples) // global_batch
+    hint = f"; --train-iters up to {keep} keeps the saved order" if keep * global_batch >= consumed else ""
     return (f"resume: data order changed: {head}, so its shuffle spans {span} (was {was}) and is drawn anew: the "
-            f"samples from {consumed:,} on differ from the saved run's plan")
+            f"samples from {consumed:,} on differ from the saved run's plan{hint}")
+
+
+def same_order_up_to(facts: DataFacts, samples: int) -> int:
+    """The most samples a run may ask for and still draw the train order a run asking for `samples` drew: the
+    (epochs, last alone) plan is the same on an interval of sample counts (epochs only grow; within an epoch count
+    the last epoch is shuffled alone below Megatron's 80 % and with the others above it), found by bisection."""
+    plan = train_epochs(facts, samples)
+    lo, hi = samples, max(2 * samples, 1)
+    while train_epochs(facts, hi) == plan:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if train_epochs(facts, mid) == plan else (lo, mid)
+    return lo
 
 
 def resume_lines(saved: dict, now: dict, start: int, consumed: int, facts: DataFacts | None,
@@ -470,19 +486,28 @@ def predict(run, device, baseline_bytes: float) -> Prediction:
                                   plan.v)
         hw, name, timed = _run_hardware(run.training.hardware, work.precision, device)
         result = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout)
+        experts = run_experts(run, work, Cluster(gpus=dims.world, hw=hw), layout)
     except ValueError as e:  # a model or layout the planner does not describe: its message names why
         return Prediction(name, error=str(e))
     except Exception as e:  # noqa: BLE001 -- a description of the run must never stop it
         return Prediction(name, error=f"the planner failed ({type(e).__name__}: {e})")
     peak = result.memory.peak
-    tensors = peak.total - peak.workspace
+    tensors = peak.total - peak.workspace + (experts.extra_bytes if experts else 0.0)
     cuda = device.type == "cuda"
-    step = result.time.total if timed else None
+    step = result.time.total + (experts.seconds if experts else 0.0) if timed else None
     ours, theirs = [len(st) for st in plan.stages], list(stage_layers(cfg, dims.pp, plan.v, batch.seq_length))
     return Prediction(name, step, batch.global_batch * batch.seq_length / step if step else None,
                       tensors + (0.0 if cuda else baseline_bytes), "max allocated" if cuda else "peak RSS",
                       tensors, 0.0 if cuda else baseline_bytes,
                       stages_note=f"the planner's stages {theirs}, the run's {ours}" if ours != theirs else "")
+
+
+def run_experts(run, work, cluster, layout):
+    """An MoE run's experts at the run's own EP, priced by the planner (hybrid/planner/moe.py); None if dense."""
+    if run.moe is None:
+        return None
+    from hybrid.planner.moe import expert_plan
+    return expert_plan(work, cluster, layout, run.moe.expert_parallel)
 
 
 def startup_lines(run, info: dict, data: DataSource, start: int, consumed: int, device,

@@ -11,6 +11,7 @@ import torch
 
 from hybrid.checkpoint.run import RunCheckpoints
 from hybrid.data import DataSource
+from hybrid.diloco.run import LocalUpdates
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh
 from hybrid.metrics.loop import RunMetrics
@@ -106,7 +107,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
                    rng=ParallelRNG(seed, mesh.coords.tp, mesh.coords.pp, mesh.device))  # dropout streams
     model, runner = build_runner(run, mesh, tp)
     opt_cfg = run.optimizer
-    optimizer = ZeroOptimizer(model, mesh, run.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
+    local = LocalUpdates.build(run.diloco, mesh)  # hybrid/diloco: the replicas' groups; no-op without DiLoCo
+    optimizer = ZeroOptimizer(model, local.mesh, run.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
     if isinstance(runner, PipelineExecutor):
         runner.before_weight = optimizer.gather_chunk  # zero-bubble W under ZeRO-3: the chunk's weights gathered
     log0(mesh, _header(run, model, optimizer, device))
@@ -115,10 +117,13 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     tokens_per_step = batch.global_batch * batch.seq_length
     metrics = RunMetrics.start(run, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
     log0(mesh, metrics.header())
+    if local.cfg:
+        log0(mesh, local.describe())  # hybrid/diloco: replicas, H, the outer optimizer
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
-    ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run),
-                          owners={"fault.": ft, **moe_owners(model)})  # hybrid/checkpoint: every owner of state
+    saved = local.checkpointed(optimizer, run.checkpoint)  # hybrid/diloco: starts the outer loop; replica r > 0's keys
+    ckpt = RunCheckpoints(run.checkpoint, mesh, model, saved, tp.rng, run_info(run),
+                          owners={"fault.": ft, **moe_owners(model), **local.owners()})  # every owner of state
     start, consumed = ckpt.resume()
     if mesh.rank == 0:  # model, weights, data, schedule, the planner's figures; on resume what changed
         for line in explain.startup_lines(run, run_info(run), data, start, consumed, device, baseline):
@@ -133,6 +138,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
         batches = data.batches(consumed, batch, mesh.coords.dp)  # a pure function of the samples consumed so far
         batches = sharding.batches(batches)  # this CP rank's tokens (+ packed documents' positions): hybrid/cp/data.py
         loss = train_step(model, batches, ft.optimizer, mesh, lr=opt_cfg.lr_at(it), runner=ft.runner)
+        local.after_step(it)  # DiLoCo's outer step every H steps (hybrid/diloco)
         ft.end_iteration(it)
         if (it + 1) % log_interval == 0 or it + 1 == train_iters:
             dt = (time.perf_counter() - t0) / (it + 1 - since)  # the steps it timed: fewer after a resume or at the end

@@ -297,6 +297,8 @@ class ZeroOptimizer:
         groups = [{"params": decay, "weight_decay": self.opt_cfg.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
+        if self.opt_cfg.optimizer == "sgd":  # --optimizer sgd (fused: reads grad_scale as AdamW does)
+            return torch.optim.SGD(groups, lr=self.opt_cfg.lr, momentum=self.opt_cfg.sgd_momentum, fused=True), "sgd"
         kw = dict(lr=self.opt_cfg.lr, betas=(self.opt_cfg.beta1, self.opt_cfg.beta2), eps=self.opt_cfg.eps)
         if not self.cfg.offload_optimizer:
             return torch.optim.AdamW(groups, **kw, fused=True), "torch-fused"

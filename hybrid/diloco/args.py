@@ -1,0 +1,105 @@
+"""DiLoCo's flags of train.py: `add_arguments` builds them, `check` validates the flags alone, `check_layout` what
+needs the layout -- all before any process group (hybrid/train/args.py calls them)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DiLoCoConfig:
+    """Local updates over data-parallel replicas (hybrid/diloco/outer.py has the math).
+
+    Attributes:
+        inner_steps: H, inner optimizer steps between outer syncs (`--diloco-inner-steps`).
+        outer_lr: eta, the outer Nesterov SGD's learning rate (`--diloco-outer-lr`; the paper's 0.7).
+        outer_momentum: mu, its momentum (`--diloco-outer-momentum`; the paper's 0.9; 0: plain SGD).
+        replicas: R, replicas over the DP ranks (`--diloco-replicas`); None: dp (every DP rank its own replica);
+            R < dp: ZeRO inside each replica of dp / R ranks.
+        fragments: K, Streaming DiLoCo's fragments synced in turn (`--diloco-fragments`; 1: the whole model at once).
+    """
+
+    inner_steps: int
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    replicas: int | None = None
+    fragments: int = 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("local updates (DiLoCo)")
+    g.add_argument("--diloco-inner-steps", type=int, default=None, metavar="H",
+                   help="DiLoCo: each DP replica takes H optimizer steps alone, then the replicas average their "
+                        "weight deltas (one all-reduce of the model every H steps) and take an outer Nesterov step")
+    g.add_argument("--diloco-outer-lr", type=float, default=0.7, metavar="X", help="DiLoCo's outer SGD learning rate")
+    g.add_argument("--diloco-outer-momentum", type=float, default=0.9, metavar="X",
+                   help="DiLoCo's outer Nesterov momentum, in [0, 1) (0: plain SGD)")
+    g.add_argument("--diloco-replicas", type=int, default=None, metavar="R",
+                   help="DiLoCo replicas (None: the data-parallel size, each DP rank one); fewer: ZeRO inside "
+                        "each replica")
+    g.add_argument("--diloco-fragments", type=int, default=1, metavar="K",
+                   help="Streaming DiLoCo: sync 1/K of the model every H/K steps, in turn (K divides H)")
+
+
+def check(args: argparse.Namespace) -> DiLoCoConfig | None:
+    """The flags alone; None without --diloco-inner-steps (then every other --diloco-* flag is an error)."""
+    h = args.diloco_inner_steps
+    if h is None:
+        given = [f"--{d.replace('_', '-')}" for d in ("diloco_replicas", "diloco_outer_lr", "diloco_outer_momentum",
+                                                       "diloco_fragments") if d in getattr(args, "explicit", set())]
+        if given:
+            raise ValueError(f"{given[0]} applies to DiLoCo: add --diloco-inner-steps H or drop it")
+        return None
+    if isinstance(h, bool) or h < 1:
+        raise ValueError(f"--diloco-inner-steps must be a positive integer, got {h}")
+    if not math.isfinite(args.diloco_outer_lr) or args.diloco_outer_lr <= 0:
+        raise ValueError(f"--diloco-outer-lr must be a finite number > 0, got {args.diloco_outer_lr}")
+    if not 0 <= args.diloco_outer_momentum < 1:
+        raise ValueError(f"--diloco-outer-momentum must be in [0, 1), got {args.diloco_outer_momentum}")
+    k = args.diloco_fragments
+    if k < 1 or h % k:
+        raise ValueError(f"--diloco-fragments {k} must be a positive divisor of --diloco-inner-steps {h}")
+    r = args.diloco_replicas
+    if r is not None and r < 1:
+        raise ValueError(f"--diloco-replicas must be a positive integer, got {r}")
+    return DiLoCoConfig(inner_steps=h, outer_lr=args.diloco_outer_lr, outer_momentum=args.diloco_outer_momentum,
+                        replicas=r, fragments=k)
+
+
+def check_layout(cfg: DiLoCoConfig | None, dp: int, cp: int, zero_stage: int, fp16: bool, moe: bool) -> None:
+    """What DiLoCo needs of the layout and the run; ValueError naming the flag and the fix. Each refusal is a
+    combination not implemented (or not tested) yet. A --train-iters (or --exit-interval) that is no multiple of H
+    is allowed: the run ends between syncs, replica 0's weights are the model's, and the checkpoint keeps every
+    replica, so a longer run continues the round exactly."""
+    if cfg is None:
+        return
+    r = cfg.replicas or dp
+    if dp % r:
+        raise ValueError(f"--diloco-replicas {r} must divide the data-parallel size {dp}")
+    for bad, why in ((cp > 1, f"--context-parallel-size {cp}"), (zero_stage == 3, "--zero-stage 3"),
+                     (fp16, "--fp16 (each replica's loss scale would differ)"), (moe, "a Mixture-of-Experts model")):
+        if bad:
+            raise ValueError(f"--diloco-inner-steps does not run with {why} yet; drop one of them")
+
+
+def check_optimizer(args: argparse.Namespace, saves: bool) -> None:
+    """`--optimizer sgd` (Megatron's name; here for DiLoCo's exactness against synchronous SGD) with what it has
+    been built for: the device step and no checkpoint (the checkpoint stores Adam's moments)."""
+    if args.optimizer != "sgd":
+        return
+    if args.offload_optimizer:
+        raise ValueError("--optimizer sgd does not run with --offload-optimizer (the offloaded step is Adam's); "
+                         "drop one of them")
+    if saves:
+        raise ValueError("--optimizer sgd: checkpoints store Adam's moments, SGD's momentum is not saved yet; "
+                         "drop --save / --load or use --optimizer adam")
+
+
+def check_run(args: argparse.Namespace, dims, checkpoint, zero, moe: bool) -> DiLoCoConfig | None:
+    """Every DiLoCo check of a run (train.py's one hook: hybrid/train/args.run_config)."""
+    check_optimizer(args, checkpoint.save is not None or checkpoint.load is not None)
+    cfg = check(args)
+    check_layout(cfg, dims.dp, dims.cp, zero.stage, args.fp16, moe)
+    return cfg

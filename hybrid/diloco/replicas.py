@@ -1,0 +1,74 @@
+"""Which ranks form a DiLoCo replica and which ranks a replica's outer sync crosses.
+
+The mesh's DP group of a (tp, cp, pp) coordinate holds dp ranks, in DP order. With R replicas (`--diloco-replicas`,
+default dp: every DP rank its own replica) each replica takes z = dp / R consecutive DP ranks:
+
+    DP ranks   d = 0 1 2 3 4 5 6 7        dp 8, R 2, z 4
+    inner      [0 1 2 3] [4 5 6 7]        ZeRO shards and reduces gradients here, every inner step
+    cross      [0 4] [1 5] [2 6] [3 7]    the outer step all-reduces the deltas here, every H steps
+
+so inner rank i of every replica holds the same ZeRO shard, and the cross group of i all-reduces exactly that shard.
+Consecutive DP ranks are the nearest ones (rank order tp-cp-dp-pp, hybrid/mesh.py): a replica's chatty ZeRO
+traffic stays close, the rare outer sync crosses the slow link. Pure rank arithmetic here, no processes;
+`ReplicaLayout.build` makes the process groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hybrid.comm import Group
+from hybrid.mesh import Axis, Mesh, ParallelDims
+
+
+def inner_cross_ranks(dims: ParallelDims, replicas: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(inner groups, cross groups) of global ranks over the whole world, as described above."""
+    if replicas < 1 or dims.dp % replicas:
+        raise ValueError(f"--diloco-replicas {replicas} must divide the data-parallel size {dims.dp}")
+    z = dims.dp // replicas
+    inner, cross = [], []
+    for g in dims.group_ranks(Axis.DP):  # g[d] = the rank with DP coordinate d
+        inner += [g[j * z:(j + 1) * z] for j in range(replicas)]
+        cross += [g[i::z] for i in range(z)]
+    return inner, cross
+
+
+@dataclass
+class ReplicaLayout:
+    """This rank's replica: `inner_mesh` is the mesh the replica trains on (the DP group replaced by the replica's
+    own, so ZeRO shards and reduces inside it), `cross` the counted group of the outer sync ("diloco" on the
+    ledger), `replica` this rank's replica index."""
+
+    inner_mesh: Mesh
+    cross: Group
+    replica: int
+    replicas: int
+
+    @classmethod
+    def build(cls, mesh: Mesh, replicas: int | None = None) -> "ReplicaLayout":
+        """Collective over the world when replicas < dp (new process groups); replicas None: dp."""
+        dims = mesh.dims
+        replicas = replicas or dims.dp
+        if dims.cp > 1:
+            raise ValueError(f"--diloco-inner-steps does not run with --context-parallel-size {dims.cp} yet; drop one")
+        if replicas == dims.dp:  # every DP rank its own replica: no group to create
+            inner = Group.solo("dp", mesh.ledger)
+            cross = Group("diloco", mesh.dp.ranks, mesh.dp.pg, mesh.ledger) if dims.dp > 1 else \
+                Group.solo("diloco", mesh.ledger)
+        else:
+            inner_ranks, cross_ranks = inner_cross_ranks(dims, replicas)
+            inner = _mine("dp", inner_ranks, mesh)
+            cross = _mine("diloco", cross_ranks, mesh)
+        inner_mesh = dataclasses.replace(mesh, dp=inner, dp_cp=inner)
+        return cls(inner_mesh, cross, replica=mesh.coords.dp // (dims.dp // replicas), replicas=replicas)
+
+
+def _mine(name: str, all_ranks: list[list[int]], mesh: Mesh) -> Group:
+    """Every rank creates every group (new_group is collective over the world) and keeps its own."""
+    mine = None
+    for ranks in all_ranks:
+        g = Group.create(name, ranks, mesh.ledger)
+        if mesh.rank in ranks:
+            mine = g
+    return mine

@@ -1,0 +1,246 @@
+"""Mixture of Experts in the planner: each layout's expert-parallel size, by expert memory, all-to-all time on the
+links the EP group uses, and a load-imbalance factor -- explained.
+
+The dense model of the planner (model.Shard) sees an MoE layer's MLP as one SwiGLU of ModelConfig.ffn_hidden_size
+(the dense width; Mixtral's is the expert width). For a layout (tp, pp, dp) and an EP size ep, folded over each
+stage's S = tp dp ranks as EP x expert-DP (hybrid/moe/parallel.py; expert-TP 1), this module prices what MoE
+changes, per rank of the fullest pipeline stage (its L_s MoE layers):
+
+    expert parameters  Psi_e = L_s (E / ep) 3 h f_e
+    their states       model_states(Psi_e, zero, S / ep, ...)                ZeRO shards them over expert-DP
+    the dense part     Psi_d = L_s (3 h f_s / t + E h): the shared expert (width f_s, TP-split like the dense MLP)
+                       and the router, over DP, in place of the dense MLP L_s 3 h f / t the base plan counted
+    expert compute     3 x 2 N (k lambda_ep f_e + f_s - f) 3 h per layer and micro-batch (forward + backward =
+                       3 forwards), N = micro_batch x seq / t tokens a rank routes (sequence parallelism; the
+                       dense MLP the base plan counted ran all t N tokens at width f / t: the same N f);
+                       lambda_ep = lambda >= 1 the load imbalance at ep > 1 (the busiest EP rank sets the pace),
+                       1 at ep = 1 (a rank runs its own N k rows, however they spread)
+    expert-DP sync     the DP / ZeRO collectives of Psi_e over the expert-DP group (ranks ep apart), less those
+                       of the dense MLP (net of Psi_d) over DP the base plan priced: the planner's own ledgers
+                       (predicted_comm.dp_step_ledger / dp_microbatch_ledger) at the group's bandwidth, not
+                       overlapped. This is what makes ep > 1 pay when the experts fit anyway: a rank syncs
+                       1 / ep of the expert gradients (and under ZeRO 3 gathers 1 / ep of the expert weights
+                       each micro-batch)
+    all-to-all         dispatch + combine forward, the same backward: 4 N k h b (ep - 1) / ep bytes a rank sends
+                       per layer and micro-batch (the ledger's all_to_all_v, hybrid/comm.py), times lambda; the
+                       share for peers in the node goes over NVLink, the rest over the NIC, at once
+                       (max of the two), plus 5 collective latencies (counts, dispatch, combine and the two
+                       backward exchanges)
+
+lambda is max / mean tokens per expert -- what train.py's log line prints as "imbalance"; 1.0 is perfect balance.
+The default 1.2 is a planning margin, not a measurement: pass the run's own (`hybrid plan --moe-imbalance`).
+
+Every (layout, ep) is priced; `choose` keeps the fastest ep whose added memory fits the device beside the base plan
+(ep need not divide dp: EP folds over the stage's tp x dp ranks; it divides tp x dp and the experts). A larger ep
+sends a larger share (ep - 1) / ep of the rows off-rank and pays the imbalance, and syncs fewer expert gradients
+over a smaller expert-DP group; fuller expert GEMMs are not modelled. --explain lists every ep with its terms.
+`alltoall_bytes` is what the runtime's ledger counts on the ep group (all_to_all_v) for a routing that gives every
+EP rank N k / ep slots (tests/test_moe_planner.py); the per-expert counts exchanged first (E / ep int64 to each
+peer) are priced as latency only. The alltoall dispatcher (the default) is priced, not allgather. The step adds
+these seconds to the dense plan's (no overlap assumed: Megatron overlaps the all-to-all only with its shared-expert
+compute).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hybrid.planner.hardware import GB, GroupPlacement
+from hybrid.planner.layout import Cluster, Layout, Workload, dp_placement, stage_layers
+from hybrid.planner.predicted_comm import Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds, merge
+from hybrid.planner.predicted_memory import model_states
+
+IMBALANCE = 1.2  # the default planning margin lambda (module docstring)
+COLLECTIVES_PER_LAYER = 5  # counts, dispatch, combine forward; combine and dispatch backward
+
+
+@dataclass(frozen=True)
+class ExpertPlan:
+    """The expert layers of one layout at one EP size, per rank of the fullest stage.
+
+    Attributes:
+        ep, edp: expert-parallel and expert-data-parallel sizes (ep x edp = tp x dp).
+        moe_layers: MoE layers on the fullest stage.
+        expert_params: expert parameters a rank holds, Psi_e.
+        extra_bytes: device bytes added to the dense plan: the experts' states less the dense MLP's.
+        compute_s: added expert compute per step (seconds), imbalance included.
+        dp_sync_s: added DP / ZeRO collective seconds per step (expert-DP sync less the dense MLP's).
+        alltoall_bytes: bytes a rank sends to other ranks per step (the ledger's all_to_all_v sum).
+        alltoall_s: their seconds, imbalance and latencies included.
+        intra_node: the EP group lives inside one node (NVLink only).
+        imbalance: lambda.
+    """
+
+    ep: int
+    edp: int
+    moe_layers: int
+    expert_params: float
+    extra_bytes: float
+    compute_s: float
+    dp_sync_s: float
+    alltoall_bytes: float
+    alltoall_s: float
+    intra_node: bool
+    imbalance: float
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_s + self.alltoall_s + self.dp_sync_s
+
+    def explain(self) -> str:
+        link = "NVLink" if self.intra_node else "NVLink + network"
+        return (f"experts: ep {self.ep} x expert-dp {self.edp}, {_count(self.expert_params)} expert parameters a "
+                f"rank ({self.extra_bytes / GB:+.3g} GB beside the dense plan), all-to-all "
+                f"{self.alltoall_bytes / GB:.3g} GB a step over {link} {self.alltoall_s:.3g} s, expert compute "
+                f"{self.compute_s:+.3g} s, expert-DP sync {self.dp_sync_s:+.3g} s, imbalance {self.imbalance:g}")
+
+
+def _count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def ep_placement(cluster: Cluster, ep: int) -> GroupPlacement:
+    """An EP group is ep consecutive ranks (order etp-ep-edp inside a stage's tp-dp block)."""
+    g = cluster.hw.gpus_per_node
+    return GroupPlacement(size=ep, per_node=ep if g % ep == 0 else math.gcd(ep, g))
+
+
+def edp_placement(cluster: Cluster, layout: Layout, ep: int) -> GroupPlacement:
+    """An expert-DP group is S / ep ranks ep apart inside a stage's block of S = tp dp consecutive ranks (as
+    layout.dp_placement with ep in place of tp)."""
+    block, g = layout.tp * layout.dp, cluster.hw.gpus_per_node
+    edp = block // ep
+    return GroupPlacement(size=edp, per_node=edp if g % block == 0 else max(1, math.gcd(block, g) // ep))
+
+
+def sync_ledger(work: Workload, layout: Layout, psi: float, size: int) -> Ledger:
+    """A step's DP / ZeRO collectives for `psi` parameters over a group of `size` (the planner's ledgers: per
+    micro-batch for ZeRO 2-3, after the last backward for all stages). For the experts (Psi_e over expert-DP) the
+    bytes are the runtime ledger's on its edp group (tests/test_moe_planner.py)."""
+    g, b, m = work.grad_bytes, work.precision.param_bytes, work.num_microbatches(layout)
+    per_mb = dp_microbatch_ledger(psi, layout.zero, size, g, b)
+    return merge(merge(per_mb["forward"], per_mb["backward"], times=m), dp_step_ledger(psi, layout.zero, size, g, b))
+
+
+def _sync_seconds(work: Workload, cluster: Cluster, layout: Layout, psi: float, size: int,
+                  group: GroupPlacement) -> float:
+    return ledger_seconds(sync_ledger(work, layout, psi, size), cluster.hw, group)
+
+
+def _moe_layers_on_fullest_stage(work: Workload, layout: Layout) -> int:
+    cfg = work.model
+    counts = stage_layers(cfg, layout.pp, layout.v, work.seq_length)
+    per_rank, start = [0] * layout.pp, 0
+    for stage, n in enumerate(counts):  # global stage = chunk pp + rank
+        per_rank[stage % layout.pp] += sum(cfg.is_moe_layer(i) for i in range(start, start + n))
+        start += n
+    return max(per_rank)
+
+
+def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbalance: float = IMBALANCE) -> ExpertPlan:
+    """The experts of `layout` at EP `ep`: every term of the module docstring, per rank of the fullest stage."""
+    cfg, hw = work.model, cluster.hw
+    h, f_e, E, k = cfg.hidden_size, cfg.moe_ffn_hidden_size, cfg.num_experts, cfg.moe_top_k
+    stage = layout.tp * layout.dp
+    edp = stage // ep
+    layers = _moe_layers_on_fullest_stage(work, layout)
+    f, f_s = cfg.ffn_hidden_size, cfg.moe_shared_expert_ffn_hidden_size
+    psi_e = layers * (E // ep) * 3 * h * f_e
+    psi_d = layers * (3 * h * f_s // layout.tp + E * h)  # shared expert and router (module docstring)
+    dense_mlp = layers * 3 * h * (f // layout.tp)
+
+    def states(psi: float, shards: int) -> float:
+        return model_states(psi, layout.zero, shards, layout.offload, work.precision, work.fp32_grads).device
+
+    extra = states(psi_e, edp) + states(psi_d, layout.dp) - states(dense_mlp, layout.dp)
+    dp_group = dp_placement(cluster, layout)
+    sync = (_sync_seconds(work, cluster, layout, psi_e, edp, edp_placement(cluster, layout, ep))
+            + _sync_seconds(work, cluster, layout, psi_d, layout.dp, dp_group)
+            - _sync_seconds(work, cluster, layout, dense_mlp, layout.dp, dp_group))
+    m = work.num_microbatches(layout)
+    tokens = layout.micro_batch * work.seq_length // layout.tp  # a rank's tokens (sequence parallel)
+    pace = imbalance if ep > 1 else 1.0  # lambda_ep (module docstring)
+    flops = 3 * 2.0 * tokens * 3 * h * (k * pace * f_e + f_s - f)
+    compute = layers * m * flops / hw.achievable_flops
+    b = work.precision.param_bytes
+    sent = 4.0 * tokens * k * h * b * (ep - 1) / ep * layers * m  # per rank per step, to other ranks
+    place = ep_placement(cluster, ep)
+    in_node = (place.per_node - 1) / max(ep - 1, 1)
+    seconds = 0.0
+    if ep > 1:
+        over_nvlink = sent * in_node / (hw.intra_node_gbps * GB)
+        over_nic = sent * (1 - in_node) / (hw.inter_node_gbps * GB)
+        latency = hw.inter_latency_s if place.spans_nodes else hw.intra_latency_s
+        seconds = imbalance * max(over_nvlink, over_nic) + COLLECTIVES_PER_LAYER * layers * m * latency
+    return ExpertPlan(ep=ep, edp=edp, moe_layers=layers, expert_params=psi_e, extra_bytes=extra,
+                      compute_s=compute, dp_sync_s=sync, alltoall_bytes=sent, alltoall_s=seconds,
+                      intra_node=not place.spans_nodes, imbalance=imbalance)
+
+
+def ep_sizes(work: Workload, layout: Layout, pinned: tuple[int, ...] | None = None) -> list[int]:
+    """The EP sizes the layout allows (of `pinned`, when given): ep divides the stage's tp x dp ranks and the
+    experts, as hybrid/moe/args.py requires."""
+    stage, E = layout.tp * layout.dp, work.model.num_experts
+    return [ep for ep in (pinned or range(1, stage + 1)) if stage % ep == 0 and E % ep == 0]
+
+
+def expert_plans(work: Workload, cluster: Cluster, layout: Layout, imbalance: float = IMBALANCE,
+                 pinned: tuple[int, ...] | None = None) -> list[ExpertPlan]:
+    """Every EP size the layout allows (`ep_sizes`), priced."""
+    return [expert_plan(work, cluster, layout, ep, imbalance) for ep in ep_sizes(work, layout, pinned)]
+
+
+def choose(work: Workload, cluster: Cluster, layout: Layout, base_bytes: float, imbalance: float = IMBALANCE,
+           pinned: tuple[int, ...] | None = None) -> ExpertPlan | None:
+    """The fastest EP whose experts fit the device beside the dense plan's `base_bytes`; None when none does."""
+    fitting = [p for p in expert_plans(work, cluster, layout, imbalance, pinned)
+               if base_bytes + p.extra_bytes <= cluster.hw.capacity_bytes]
+    return min(fitting, key=lambda p: (p.seconds, p.extra_bytes), default=None)
+
+
+def layout_problems(work: Workload, layout: Layout, pinned: tuple[int, ...] | None = None) -> list[str]:
+    """What train.py refuses for an MoE model on this layout (hybrid/moe/args.py), before any memory: TP without
+    sequence parallelism (each TP rank must route its own tokens), no allowed EP size."""
+    if not work.model.num_experts:
+        return []
+    problems = []
+    if layout.tp > 1 and not layout.sequence_parallel:
+        problems.append("MoE with tp > 1 needs sequence parallelism (each TP rank routes its own tokens)")
+    if not ep_sizes(work, layout, pinned):
+        problems.append(f"no ep of {list(pinned or [])} divides both the stage's tp x dp = {layout.tp * layout.dp} "
+                        f"ranks and the {work.model.num_experts} experts")
+    return problems
+
+
+def memory_problem(work: Workload, cluster: Cluster, layout: Layout, base_bytes: float,
+                   imbalance: float = IMBALANCE, pinned: tuple[int, ...] | None = None) -> str | None:
+    """Why no EP size lets the experts fit beside the dense plan's `base_bytes`; None when one does (or for a dense
+    model, or a layout with no allowed EP: layout_problems says that)."""
+    plans = expert_plans(work, cluster, layout, imbalance, pinned) if work.model.num_experts else []
+    if not plans or any(base_bytes + p.extra_bytes <= cluster.hw.capacity_bytes for p in plans):
+        return None
+    best = min(plans, key=lambda p: p.extra_bytes)
+    return (f"OOM on the experts: even ep {best.ep} needs {(base_bytes + best.extra_bytes) / GB:.1f} GB of "
+            f"{cluster.hw.capacity_bytes / GB:.4g}")
+
+
+def why(work: Workload, cluster: Cluster, layout: Layout, base_bytes: float, chosen: ExpertPlan) -> list[str]:
+    """--explain: every EP size of the layout, its seconds and memory, and why `chosen` won."""
+    lines = [f"experts: ep {chosen.ep} chosen of {ep_sizes(work, layout)} (fastest that fits; imbalance "
+             f"{chosen.imbalance:g}; docs/moe.md \"The planner\")"]
+    for p in expert_plans(work, cluster, layout, chosen.imbalance):
+        fits = base_bytes + p.extra_bytes <= cluster.hw.capacity_bytes
+        lines.append(f"    ep {p.ep:<3} all-to-all {p.alltoall_s:.3g} s + expert compute {p.compute_s:+.3g} s + "
+                     f"expert-DP sync {p.dp_sync_s:+.3g} s = {p.seconds:.3g} s, "
+                     f"{(base_bytes + p.extra_bytes) / GB:.3g} GB" + ("" if fits else " -- does not fit"))
+    return lines
+
+
+def train_argv(plan: ExpertPlan | None) -> list[str]:
+    """train.py's flag for the chosen EP (hybrid/moe/args.py; `hybrid plan --emit-args`); none for a dense model
+    or EP 1 (the default)."""
+    return [] if plan is None or plan.ep == 1 else ["--expert-model-parallel-size", str(plan.ep)]

@@ -1,0 +1,136 @@
+"""DiLoCo's state in checkpoints, through train.py (4 ranks, tp2 x dp2: 2 replicas, H = 4, outer momentum 0.9).
+
+* The straight run saves at iteration 6 -- mid-round: the replicas' weights and Adam moments apart, two steps
+  after their last sync -- and at 8. A run resumed from its iteration-6 checkpoint logs the same losses for
+  iterations 7 and 8 and ends with every tensor of its checkpoint equal, bit for bit: both replicas' master
+  weights and moments, theta and the outer momentum.
+* The iteration-6 checkpoint loaded at another layout (pp2 x dp2: other TP and PP shards of every tensor) by
+  train.py's own objects (the loop's build_runner, LocalUpdates, RunCheckpoints) and saved again at once holds the
+  same tensors, bit for bit (the RNG streams aside: per rank, not restored at another layout): DiLoCo's state
+  reshards with the rest.
+* DiLoCo starting from a checkpoint saved without it (a synchronous run's, the paper's start from a pretrained
+  model): every replica takes its weights and Adam state, theta its weights -- the first loss after the resume is
+  the synchronous run's own next loss, bit for bit -- and a checkpoint of another number of replicas is one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from hybrid import testing
+from hybrid.checkpoint import store
+
+pytestmark = pytest.mark.slow  # end-to-end train.py launches (conftest.py: the fast tier leaves them out)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMON = ["--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32", "--log-interval", "1",
+          "--lr", "3e-3", "--diloco-inner-steps", "4", "--diloco-outer-lr", "0.7", "--diloco-outer-momentum", "0.9"]
+TP2 = ["--tensor-model-parallel-size", "2"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+
+
+def _run(flags: list[str], common: list[str] = COMMON, ok: bool = True):
+    out = testing.torchrun(common + flags, 4, env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
+                           timeout=600)
+    assert (out.returncode == 0) == ok, out.stderr[-3000:]
+    return out
+
+
+def _tensors(root: str, iteration: int) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, each read whole by DCP in this one process."""
+    path = store.final_path(root, iteration)
+    meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    sd = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()
+          if isinstance(m, TensorStorageMetadata)}
+    dcp.load(sd, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    return sd
+
+
+def _losses(path: str) -> dict[int, str]:
+    with open(path) as f:
+        return {r["iteration"]: repr(r["lm_loss"]) for r in map(json.loads, f) if "lm_loss" in r}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    d = tmp_path_factory.mktemp("diloco_straight")
+    _run(TP2 + ["--train-iters", "8", "--save-interval", "6", "--save", str(d / "ckpt"),
+                "--metrics-file", str(d / "m.jsonl")])
+    return d
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k}: off by {(a[k] - b[k]).abs().max().item():.3g}"
+
+
+def test_checkpoint_holds_the_outer_state_and_every_replica(straight):
+    keys = _tensors(str(straight / "ckpt"), 6).keys()
+    for kind in ("diloco.anchor/", "diloco.momentum/", "diloco.replica1/model/", "diloco.replica1/optim."):
+        assert any(k.startswith(kind) for k in keys), kind
+    # mid-round the replicas are apart: replica 1's weights are not replica 0's
+    t = _tensors(str(straight / "ckpt"), 6)
+    assert not torch.equal(t["model/wte.weight"], t["diloco.replica1/model/wte.weight"])
+
+
+def test_diloco_resumes_mid_round_bit_for_bit(straight, tmp_path):
+    _run(TP2 + ["--train-iters", "8", "--load", str(straight / "ckpt"), "--ckpt-step", "6",
+                "--save", str(tmp_path / "ckpt"), "--metrics-file", str(tmp_path / "m.jsonl")])
+    want, got = _losses(str(straight / "m.jsonl")), _losses(str(tmp_path / "m.jsonl"))
+    assert [got[i] for i in (7, 8)] == [want[i] for i in (7, 8)]
+    _same(_tensors(str(tmp_path / "ckpt"), 8), _tensors(str(straight / "ckpt"), 8))
+
+
+def _reshard(rank: int, world: int, load: str, save: str) -> None:
+    """train.py's start-up at pp2 x dp2 up to the resume (hybrid/train/loop.py), then a save of what it loaded."""
+    from hybrid.checkpoint.run import RunCheckpoints
+    from hybrid.diloco.run import LocalUpdates
+    from hybrid.mesh import Mesh
+    from hybrid.tp import ParallelRNG, TPContext
+    from hybrid.train.args import parse_args, run_config
+    from hybrid.train.loop import build_runner, run_info
+    from hybrid.zero import ZeroOptimizer
+    run = run_config(parse_args(COMMON + PP2 + ["--train-iters", "8", "--load", load, "--ckpt-step", "6",
+                                                "--save", save]), world)
+    mesh = Mesh.build(run.parallel.dims)
+    tp = TPContext(mesh.tp, rng=ParallelRNG(run.training.seed, mesh.coords.tp, mesh.coords.pp, mesh.device))
+    model, _ = build_runner(run, mesh, tp)
+    local = LocalUpdates.build(run.diloco, mesh)
+    saved = local.checkpointed(ZeroOptimizer(model, local.mesh, run.zero, run.optimizer))
+    ckpt = RunCheckpoints(run.checkpoint, mesh, model, saved, tp.rng, run_info(run), owners=local.owners())
+    ckpt.save(*ckpt.resume())
+
+
+def test_diloco_state_reshards_to_another_tp_pp_layout(straight, tmp_path):
+    testing.run_distributed(_reshard, 4, args=(str(straight / "ckpt"), str(tmp_path / "ckpt")), timeout=300)
+    got, want = _tensors(str(tmp_path / "ckpt"), 6), _tensors(str(straight / "ckpt"), 6)
+    _same(*({k: v for k, v in t.items() if not k.startswith("rng/")} for t in (got, want)))
+
+
+SYNC = COMMON[:COMMON.index("--diloco-inner-steps")]  # the same run without DiLoCo
+
+
+def test_diloco_starts_from_a_synchronous_checkpoint(tmp_path):
+    _run(TP2 + ["--train-iters", "8", "--save-interval", "4", "--save", str(tmp_path / "sync"),
+                "--metrics-file", str(tmp_path / "sync.jsonl")], common=SYNC)
+    _run(TP2 + ["--train-iters", "8", "--load", str(tmp_path / "sync"), "--ckpt-step", "4",
+                "--save", str(tmp_path / "diloco"), "--metrics-file", str(tmp_path / "diloco.jsonl")])
+    sync, diloco = _losses(str(tmp_path / "sync.jsonl")), _losses(str(tmp_path / "diloco.jsonl"))
+    assert diloco[5] == sync[5]  # step 5's loss: the loaded weights, on every replica
+    assert diloco[6] != sync[6]  # then the replicas go their own ways
+    t = _tensors(str(tmp_path / "diloco"), 8)  # after the sync at 8: theta is every replica's weights
+    assert torch.equal(t["diloco.anchor/wte.weight"], t["model/wte.weight"])
+    assert torch.equal(t["diloco.replica1/model/wte.weight"], t["model/wte.weight"])
+
+
+def test_another_number_of_replicas_is_one_line(straight):
+    out = _run(TP2 + ["--train-iters", "8", "--load", str(straight / "ckpt"), "--diloco-replicas", "1"], ok=False)
+    assert "holds DiLoCo state of 2 replicas, this run has 1; resume with --diloco-replicas 2" in out.stderr
+    assert "Traceback" not in out.stderr
