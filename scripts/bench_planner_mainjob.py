@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                 + (["--seconds", "0.1"] if args.quick else []), env, 1800)
         start = time.time()
         log = run(["torchrun", "--nproc-per-node", "8", os.path.join(ROOT, "scripts", "train.py"), *MAIN_JOB,
-                   "--train-iters", str(iters), "--log-interval", str(interval), "--hardware", profile], env, 7200)
+                   "--train-iters", str(iters), "--log-interval", str(interval), "--timing-log-interval", "1",
+                   "--hardware", profile], env, 7200)  # the per-rank step-time line at every log interval
         wall = time.time() - start
     predicted, p50s = parse(log)
     if predicted is None or len(p50s) < 2:

@@ -81,3 +81,15 @@ def test_planned_step_time_is_within_10_percent_of_the_h200_run(recompute):
     measured = _run("run2_dcd63a0.json")["speed"]["result"][f"train_py_recompute_{recompute.value}"]["step_s"]
     plan = evaluate(_workload(), Cluster(gpus=1, hw=hardware("h200")), Layout(micro_batch=1, recompute=recompute))
     assert abs(plan.time.total / measured["median"] - 1) <= 0.10
+
+
+def test_the_shipped_h200_profile_plans_the_step_it_was_measured_beside():
+    """hybrid/planner/data/h200_calibrated.json (`hybrid calibrate --ranks 1 --base h200` on the H200, run 2) loads
+    as a profile and plans train.py's no-recomputation step at 0.707 s against 0.726 measured (docs/planner.md,
+    "One GPU"); it predates the per-kernel field (0 here) and its elementwise rate is the old two-shape solve's."""
+    from hybrid.planner.calibrate import load_hardware
+    hw = load_hardware(os.path.join(ROOT, "hybrid", "planner", "data", "h200_calibrated.json"), Precision.MIXED)
+    assert hw.kernel_overhead_s == 0.0 and hw.elementwise_tbps > hw.hbm_tbps
+    plan = evaluate(_workload(), Cluster(gpus=1, hw=hw), Layout(micro_batch=1))
+    measured = _run("run2_dcd63a0.json")["speed"]["result"]["train_py_recompute_none"]["step_s"]["median"]
+    assert round(plan.time.total, 3) == 0.707 and abs(plan.time.total / measured - 1) <= 0.05

@@ -147,3 +147,14 @@ def test_llama_is_planned_with_flash_attention_and_bloom_with_the_materialised_s
 def test_llama_405b_stages_have_fewer_layers_at_both_ends():
     cfg = RUNS[1].workload.model
     assert stage_layers(cfg, 16, 1, 8192) == (7,) + (8,) * 14 + (7,)
+
+
+def test_docs_held_out_tables_are_the_ones_heldout_computes():
+    """docs/planner.md "Held-out error": the summary over every source (these runs, shared/reference's Narayanan
+    rows, our H200, this CPU) and the H200 rows, recomputed here so the page cannot drift from the code."""
+    from hybrid.planner import heldout
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
+        docs = f.read()
+    rows = heldout.all_rows(check=_check)
+    for line in heldout.summary_table(rows).splitlines() + heldout.detail_table(rows).splitlines()[2:]:
+        assert line in docs

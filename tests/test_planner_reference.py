@@ -3,8 +3,8 @@ tests/data/README.md; never skipped).
 
 * ZeRO paper Table 1: model-state GB per device reproduced to the paper's printed digits.
 * Narayanan et al. 2021 Table 1: each row's layout on the a100-80g preset predicts the published TFLOP/s per
-  GPU within 15 %, with the A100's GEMM curve (hardware.py: fitted to Korthikanti et al. 2022 Table 4, not to
-  these rows) and no per-row fitting;
+  GPU within 15 %, with the A100's GEMM curve (hardware.py: its asymptote fitted to Korthikanti et al. 2022 Table
+  5's 22B step, hybrid/planner/fit.py, not to these rows) and no per-row fitting;
   the planner's own best layout for the model on that many GPUs is not predicted slower than the published
   figure (the paper's measured TFLOP/s per GPU, not the planner's prediction for the published layout).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.planner.reference import (MEGATRON_CSV, ZERO_CSV, check_megatron, gpt_model, last_digit, megatron_rows,
-                                      reference_dir, zero_prediction_gb, zero_rows)
+                                      megatron_table, reference_dir, zero_prediction_gb, zero_rows, zero_table)
 
 REFERENCE = Path(__file__).resolve().parent / "data"
 
@@ -88,3 +88,11 @@ def test_reference_data_ships_with_the_repository():
     assert {p.name for p in REFERENCE.glob("*.csv")} == {MEGATRON_CSV, ZERO_CSV}
     sources = (REFERENCE / "README.md").read_text()
     assert "2104.04473" in sources and "1910.02054" in sources  # Narayanan et al. 2021, Rajbhandari et al. 2020
+
+
+def test_docs_tables_are_the_ones_the_module_prints(checks):
+    """docs/planner.md's ZeRO and Narayanan tables are `python -m hybrid.planner.reference`'s, line for line."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    table = megatron_table([checks[row.params_billion] for row in megatron_rows(REFERENCE)])
+    for line in zero_table(zero_rows(REFERENCE)).splitlines()[2:] + table.splitlines()[2:]:
+        assert line in docs

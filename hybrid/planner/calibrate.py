@@ -23,7 +23,9 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   GEMMs on the curve just fitted is solved (`fit_layer`) for a rate of the memory-bound traffic the planner
   counts for a layer (time.layer_parts) -> `elementwise_tbps`, and a fixed cost per layer pass ->
   `layer_forward_overhead_s` / `layer_backward_overhead_s` (Python, dispatcher, autograd: what makes a small
-  layer slower than its bytes, as t0 does for a GEMM). On a CPU core GELU's tanh and softmax's exp run below it (this 2-core VM, one-shape calibrations: 4.2-5.2 against
+  layer slower than its bytes, as t0 does for a GEMM). On a GPU the memory-bound bytes are priced at the copy
+  rate and the larger probe layer alone gives `kernel_overhead_s` (`fit_gpu_kernel_overhead`: the smaller one
+  was host-bound on an H200), both layers' plans kept beside their measurements. On a CPU core GELU's tanh and softmax's exp run below it (this 2-core VM, one-shape calibrations: 4.2-5.2 against
   13.4-13.9 GB/s), and pricing them at the copy rate under-predicted a layer by 10-13 %
   (docs/results/bench_interleaved.md). When noise leaves no positive solution the fields fall back (rate from
   the larger shape, no fixed cost; the copy rate if even that layer ran no slower than its GEMMs);
@@ -273,6 +275,38 @@ def fit_layer(hw: Hardware, measured: list[tuple[float, float]],
     return rate, fixed * share, fixed * (1 - share)
 
 
+def fit_gpu_kernel_overhead(hw: Hardware, measured: tuple[float, float], rate: float,
+                            probe: LayerProbe = GPU_PROBE) -> float:
+    """Hardware.kernel_overhead_s of a GPU: what the probe's larger layer (`measured`: forward, backward seconds)
+    takes beyond its GEMMs and flash attention on `hw` and its memory-bound bytes at `rate` (the measured copy
+    rate, as the presets price them), over its memory-bound kernels (ops.py); 0 when nothing is left.
+
+    Why not fit_layer's two-shape solve: on an H200 the smaller probe layer (b 1, s 512, h 1024) took 0.43 / 1.54
+    ms against 0.16 / 0.34 of GPU work -- the host issuing eager PyTorch's kernels was the bound, not the GPU
+    (docs/results/gpu_h200.md, run 2) -- and solved with the larger one it gave no positive cost and a 6 TB/s
+    "rate" above the card's 4.8 TB/s. This is the method hybrid/planner/fit.py fits KERNEL_OVERHEAD_S with (copy
+    rate fixed, the kernel latency the one unknown); the smaller shape is kept in the profile as a check."""
+    p = layer_parts_of(hw, probe.shapes[0], probe)
+    rest = sum(measured) - p.forward_s - p.backward_s - (p.forward_bytes + p.backward_bytes) / rate
+    return max(0.0, rest / (p.forward_kernels + p.backward_kernels))
+
+
+def planned_layer_seconds(hw: Hardware, probe: LayerProbe) -> list[list[float]]:
+    """[forward, backward] seconds of each probe layer as `hw` plans them (time.layer_passes)."""
+    from hybrid.planner.layout import Cluster, Layout, Workload
+    from hybrid.planner.model import ActivationProfile
+    from hybrid.planner.ops import KernelProfile
+    from hybrid.planner.time import _context, layer_passes
+    planned = []
+    for shape in probe.shapes:
+        b, s = shape[:2]
+        work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
+                        activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER)
+        fwd, bwd = layer_passes(_context(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b)))
+        planned.append([fwd.total, bwd.total])
+    return planned
+
+
 def layer_kernels(hw: Hardware, probe: LayerProbe) -> int:
     """Memory-bound kernels of one probe layer, forward + backward (ops.py): what a GPU's fixed cost divides by."""
     p = layer_parts_of(hw, probe.shapes[0], probe)
@@ -422,14 +456,16 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     # the layer's GEMMs on its dtype's curve (the probe's: fp32 on a CPU, bf16 on a GPU)
     probe = CPU_PROBE if cfg.backend == "gloo" else GPU_PROBE
     curve = hw.with_overrides(peak_tflops=peaks[probe.dtype], gemm_overhead_s=overheads[probe.dtype])
-    rate, fixed_fwd, fixed_bwd = fit_layer(curve, [tuple(x) for x in per_rank[0]["layer_seconds"]], probe)
-    if cores:  # a CPU: a cost per layer pass (Python, the dispatcher, autograd)
+    layers = [tuple(x) for x in per_rank[0]["layer_seconds"]]
+    if cores:  # a CPU: a rate and a cost per layer pass (Python, the dispatcher, autograd), both shapes solved
+        rate, fixed_fwd, fixed_bwd = fit_layer(curve, layers, probe)
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
                                layer_backward_overhead_s=fixed_bwd, kernel_overhead_s=0.0)
-    else:  # a GPU: the same cost spread over the layer's memory-bound kernels (ops.py)
-        hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=0.0,
+    else:  # a GPU: the copy rate, and the larger layer's rest spread over its memory-bound kernels (ops.py)
+        rate = copy
+        hw = hw.with_overrides(elementwise_tbps=rate / 1e12, layer_forward_overhead_s=0.0,
                                layer_backward_overhead_s=0.0,
-                               kernel_overhead_s=(fixed_fwd + fixed_bwd) / layer_kernels(curve, probe))
+                               kernel_overhead_s=fit_gpu_kernel_overhead(curve, layers[0], rate, probe))
     return {
         "format": FORMAT,
         "hardware": asdict(hw),
@@ -445,6 +481,9 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                      "memory_copy_gbps": copy / GB, "layer_shapes_b_s_h_heads": [list(x) for x in probe.shapes],
                      "layer_dtype": probe.dtype,
                      "layer_forward_backward_seconds": [list(x) for x in per_rank[0]["layer_seconds"]],
+                     "layer_forward_backward_planned_seconds": planned_layer_seconds(
+                         dataclasses.replace(hw, peak_tflops=curve.peak_tflops, gemm_overhead_s=curve.gemm_overhead_s),
+                         probe),
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                      "torch": torch.__version__, "machine": platform.platform()},

@@ -122,6 +122,13 @@ def fit_h100_500w_clock() -> float:
     return solve(lambda c: torchtitan_table1(h100_500w(c)), TORCHTITAN_TABLE1_TOKENS_PER_GPU, 0.3, 1.0)
 
 
+# every fitted constant of hardware.py -> the function that re-derives it from its one row (hybrid/planner/heldout.py
+# lists that row as the only FIT row naming the constant; tests/test_planner_heldout.py checks the two agree)
+FITS: dict[str, Callable[[], float]] = {"KERNEL_OVERHEAD_S": fit_kernel_overhead,
+                                        "A100_EFFICIENCY": fit_a100_efficiency,
+                                        "H100_500W_CLOCK": fit_h100_500w_clock}
+
+
 def main() -> None:
     import sys
     hw_module = sys.modules["hybrid.planner.hardware"]

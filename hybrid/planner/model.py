@@ -189,14 +189,20 @@ class Shard:
         lse = (self.cfg.num_heads // self.t) * FP32
         return tokens * (elem * (h / (self.t if sp else 1) + sum(widths) + self.q_width) + lse)
 
-    def selective_op_extra_bytes(self, b: int, s: int) -> float:
-        """SELECTIVE_OP: stored outputs that autograd would not have saved (Llama's q before RoPE, whose rotation
-        saves only cos and sin, and down's output, which nothing saves): while a layer is rerun they exist beside
-        its recomputed set. None for GPT-2 (its q, v and c_fc outputs are saved tensors anyway)."""
-        if self.is_gpt2:
-            return 0.0
+    def selective_op_extra_bytes(self, b: int, s: int, sp: bool = False) -> float:
+        """SELECTIVE_OP: stored outputs that autograd would not have saved: while a layer is rerun they exist beside
+        its recomputed set. Llama: q before RoPE (the rotation saves only cos and sin) and down's output (nothing
+        saves it). GPT-2's q, v and c_fc outputs are saved tensors anyway (SDPA's q and v, GELU's input) -- except
+        under SP with biases: on the gathered sequence-major input torch's linear runs a matmul and then adds the
+        bias, the policy stores the matmul's output and autograd saves the sum, two tensors where addmm (no SP)
+        leaves one. The same holds for a biased v and gate (Qwen2-style) in a Llama block (not measured)."""
         elem = FP32 if self.profile is ActivationProfile.FP32_FLASH else ACT_BYTES
-        return b * s * elem * (self.q_width + self.cfg.hidden_size)
+        cfg = self.cfg
+        extra = 0 if self.is_gpt2 else self.q_width + cfg.hidden_size
+        if sp and self.t > 1:  # stored column-parallel outputs taken before their bias
+            extra += cfg.qkv_bias * ((self.q_width if self.is_gpt2 else 0) + self.kv_width)
+            extra += cfg.mlp_bias * self.ffn_width
+        return b * s * elem * extra
 
     def layer_gemms(self, b: int, s: int) -> tuple[Gemm, ...]:
         """Every matmul of one layer's forward; FLOPs sum to layer_forward_flops."""

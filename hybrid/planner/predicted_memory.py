@@ -219,7 +219,7 @@ def layer_activation_bytes(shard: Shard, b: int, s: int, sp: bool, recompute: Re
         return replicated + split, max(0.0, core - shard.mlp_activation_bytes(b, s))
     if recompute is Recompute.SELECTIVE_OP:  # the outputs the policy stores; the rest is rerun one layer at a time
         kept = shard.selective_op_kept_bytes(b, s, sp)
-        return kept, max(0.0, replicated + split + core - kept) + shard.selective_op_extra_bytes(b, s)
+        return kept, max(0.0, replicated + split + core - kept) + shard.selective_op_extra_bytes(b, s, sp)
     kept = shard.layer_input_bytes(b, s, sp)
     return kept, replicated + split + core - kept
 
