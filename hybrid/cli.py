@@ -35,10 +35,10 @@ def _layout(args: argparse.Namespace) -> None:
         experts = ExpertLayout(dims, args.expert_model_parallel_size).describe(
             args.num_experts or args.expert_model_parallel_size)
     if dims.cp == 1:
-        print(f"world {dims.world} = tp {dims.tp} x dp {dims.dp} x pp {dims.pp} (rank = tp + tp*(dp + dp_size*pp))")
+        print(f"world {dims.world} = tp {dims.tp} x dp {dims.dp} x pp {dims.pp} (rank = tp + tp_size*(dp + dp_size*pp))")
     else:
         print(f"world {dims.world} = tp {dims.tp} x cp {dims.cp} x dp {dims.dp} x pp {dims.pp} "
-              f"(rank = tp + tp*(cp + cp_size*(dp + dp_size*pp)))")
+              f"(rank = tp + tp_size*(cp + cp_size*(dp + dp_size*pp)))")
     for pp in range(dims.pp):
         print(f"pipeline stage {pp}:")
         for g in sorted(dims.group_ranks(Axis.TP)):

@@ -67,6 +67,12 @@ def test_deepspeed_config_sets_the_flags_and_names_what_it_ignores(tmp_path):
     ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1},
      "train_batch_size 10 != "),
     ({"zero_optimization": {"stage": 3}, "fp16": {"enabled": True}, "bf16": {"enabled": True}}, "exclusive"),
+    # a misspelt key would silently run another stage; another optimizer would silently run AdamW
+    ({"zero_optimization": {"stage": 1}, "zero_optimisation": {"stage": 2}},
+     '"zero_optimisation" is not a DeepSpeed key; did you mean "zero_optimization"?'),
+    ({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}},
+     'optimizer.type "SGD" is not one train.py runs (Adam, AdamW, OneBitAdam); use --optimizer sgd'),
+    ({"optimizer": {"type": "Lamb"}}, 'optimizer.type "Lamb" is not one train.py runs'),
 ])
 def test_bad_deepspeed_configs_exit_with_one_line(cfg, message, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -140,5 +140,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", default=None,
                    help="with --world-size: can it be loaded at this pp (default 1)?")
     q.add_argument("--world-size", type=positive_int, metavar="N", default=None,
-                   help="the ranks the resumed run would have (dp = world / (tp x pp))")
+                   help="the ranks the resumed run would have (dp = world / (tp x cp x pp))")
     q.set_defaults(func=run)

@@ -48,12 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 FLAGS = ("expert_model_parallel_size", "expert_tensor_parallel_size", "moe_router_load_balancing_type",
          "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_score_function", "moe_router_enable_expert_bias",
          "moe_router_bias_update_rate", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
-         "moe_token_dispatcher_type")
+         "moe_token_dispatcher_type", "moe_experts_impl")
 DEFAULTS = {"expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1, "moe_router_load_balancing_type":
             "aux_loss", "moe_aux_loss_coeff": 0.0, "moe_z_loss_coeff": 0.0, "moe_router_score_function": None,
             "moe_router_enable_expert_bias": False, "moe_router_bias_update_rate": 1e-3,
             "moe_expert_capacity_factor": None,
-            "moe_pad_expert_input_to_capacity": False, "moe_token_dispatcher_type": "alltoall"}
+            "moe_pad_expert_input_to_capacity": False, "moe_token_dispatcher_type": "alltoall",
+            "moe_experts_impl": "auto"}
 
 
 def _flag(dest: str) -> str:
@@ -103,6 +104,12 @@ def _check_combinations(args: argparse.Namespace, cfg, dims: ParallelDims, moe: 
                          f"TP rank routes its own slice of the tokens, as Megatron requires)")
     if moe.pad_to_capacity and moe.capacity_factor is None:
         raise ValueError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor")
+    # capacity = ceil(factor * k * tokens / E): at factor E / k an expert can take every token it could be sent
+    # (no token is ever dropped), so a larger factor only pads -- and a huge one overflows the integer capacity
+    top = cfg.num_experts / cfg.moe_top_k
+    if moe.capacity_factor is not None and moe.capacity_factor > top:
+        raise ValueError(f"--moe-expert-capacity-factor {moe.capacity_factor:g} is above E / k = {top:g}, where no "
+                         f"token is dropped; drop the flag (dropless) or use a factor <= {top:g}")
     if moe.pad_to_capacity and moe.dispatcher is Dispatcher.ALLGATHER:
         raise ValueError("--moe-pad-expert-input-to-capacity is implemented for --moe-token-dispatcher-type "
                          "alltoall only")

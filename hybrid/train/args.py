@@ -44,7 +44,7 @@ from models import cli as model_cli
 from models.config import ModelConfig
 
 DESCRIPTION = "Train a GPT-2 or Llama-family model with tensor, pipeline and data parallelism."
-EPILOG = """launch (one process per device; dp = world / (tp x pp) is derived):
+EPILOG = """launch (one process per device; dp = world / (tp x cp x pp) is derived):
   torchrun --nproc-per-node 8 -m hybrid.train --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \\
       --micro-batch-size 2 --global-batch-size 16 --seq-length 128 --train-iters 200 --log-interval 20
   python -m hybrid.train --train-iters 20          # one process, no torchrun

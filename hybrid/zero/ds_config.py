@@ -64,6 +64,8 @@ class DeepSpeedSettings:
 def read_deepspeed_config(path: str) -> DeepSpeedSettings:
     """Read and type-check `path`; every error names the key (dotted) and what to write instead."""
     ds = _load_json(path)
+    _check_spelling(ds)
+    _check_optimizer(ds)
     out = DeepSpeedSettings(unsupported=[k for k in ds if k not in TOP_LEVEL])
     zero = _section(ds, "zero_optimization", out)
     out.zero_stage = _int(zero, "stage", "zero_optimization.stage", 0, 3)
@@ -90,6 +92,46 @@ def read_deepspeed_config(path: str) -> DeepSpeedSettings:
                          f"{', '.join(map(json.dumps, GRAD_ACCUM_DTYPES))}, got {json.dumps(accum)}")
     out.grad_accum_dtype = accum
     return out
+
+
+# DeepSpeed's other top-level keys (its config docs): present in real configs, not read here (a warning names them)
+DEEPSPEED_KEYS = {"optimizer", "scheduler", "amp", "steps_per_print", "wall_clock_breakdown", "dump_state",
+                  "prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "zero_allow_untested_optimizer",
+                  "zero_force_ds_cpu_optimizer", "activation_checkpointing", "flops_profiler", "tensorboard", "wandb",
+                  "csv_monitor", "comms_logger", "autotuning", "elasticity", "aio", "communication_data_type",
+                  "compression_training", "curriculum_learning", "data_efficiency", "pipeline", "checkpoint",
+                  "memory_breakdown", "timers", "monitor_config", "seq_parallel_communication_data_type",
+                  "torch_autocast", "compile", "nebula", "hybrid_engine", "sparse_attention", "eigenvalue",
+                  "progressive_layer_drop", "quantize_training", "weight_quantization", "dataloader_drop_last",
+                  "use_data_before_expert_parallelism", "graph_harvesting", "disable_allgather", "fp32_allreduce"}
+OPTIMIZERS = {"adam", "adamw", "onebitadam"}  # what train.py runs for a DeepSpeed optimizer section
+
+
+def _check_spelling(ds: dict) -> None:
+    """A top-level key that is none of DeepSpeed's but one edit from a key hybrid reads is a misspelling: refused,
+    since ignoring it (a warning) would train with another ZeRO stage, batch or precision than the file meant."""
+    import difflib
+    for key in ds:
+        if key in TOP_LEVEL or key in DEEPSPEED_KEYS:
+            continue
+        close = difflib.get_close_matches(key, sorted(TOP_LEVEL), n=1, cutoff=0.85)
+        if close:
+            raise ValueError(f"--deepspeed-config: {json.dumps(key)} is not a DeepSpeed key; did you mean "
+                             f"{json.dumps(close[0])}?")
+
+
+def _check_optimizer(ds: dict) -> None:
+    """An optimizer section names the optimizer the file was written for: train.py runs AdamW (lr, betas, eps,
+    weight decay from the flags) or OneBitAdam (hybrid/compress); another type is refused, not swapped for AdamW."""
+    opt = ds.get("optimizer")
+    if opt is None:
+        return
+    kind = opt.get("type") if isinstance(opt, dict) else None
+    if not isinstance(kind, str) or kind.lower() not in OPTIMIZERS:
+        hint = "--optimizer sgd with --sgd-momentum" if isinstance(kind, str) and kind.lower() == "sgd" else \
+            "remove the optimizer section (train.py's AdamW takes --lr, --adam-beta1/2, --weight-decay)"
+        raise ValueError(f"--deepspeed-config: optimizer.type {json.dumps(kind)} is not one train.py runs "
+                         f"(Adam, AdamW, OneBitAdam); use {hint}")
 
 
 MAX_SCALE_POWER = 127  # 2**127 is the largest power of two a float32 holds; the loss scale is one
