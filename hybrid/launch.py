@@ -87,12 +87,25 @@ def init_distributed(world: int, device: torch.device, backend: str, timeout: ti
     live under an id the ranks agree on for this attempt (hybrid/fault/attempt.py)."""
     device_id = device if device.type == "cuda" else None
     if under_launcher():
-        store = attempt_store(timeout)
-        given = {} if store is None else dict(store=store, rank=int(os.environ["RANK"]), world_size=world)
-        dist.init_process_group(backend, timeout=timeout, device_id=device_id, **given)  # else env://
+        try:
+            store = attempt_store(timeout)
+            given = {} if store is None else dict(store=store, rank=int(os.environ["RANK"]), world_size=world)
+            dist.init_process_group(backend, timeout=timeout, device_id=device_id, **given)  # else env://
+        except dist.DistStoreError as e:  # the other ranks never came: torch's traceback would not say which fix
+            raise SystemExit(rendezvous_failed(world, timeout, e)) from None
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
                                 device_id=device_id)
+
+
+def rendezvous_failed(world: int, timeout: timedelta, e: Exception) -> str:
+    """One line for a start-up whose ranks never all joined (torch's DistStoreError: "... 1/4 clients joined")."""
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    said = (str(e).strip().splitlines() or [""])[0][:160]
+    return (f"error: rank {os.environ.get('RANK')}: the {world} ranks did not all join the rendezvous at {where} "
+            f"within {timeout.total_seconds():g} s ({said}); start every rank (torchrun's --nnodes x "
+            f"--nproc-per-node must be WORLD_SIZE {world}, with the same MASTER_ADDR and MASTER_PORT), or raise "
+            f"--distributed-timeout-minutes")
 
 
 @contextmanager

@@ -149,3 +149,15 @@ def test_torchrun_names_the_rank_that_failed_and_the_others_exit_by_themselves(t
     assert "<NO_OTHER_FAILURES>" in out.stderr, out.stderr[-3000:]
     if code == 1:
         assert "train.py: rank 0: stopped: rank 1 failed first" in out.stderr
+
+
+def test_a_rendezvous_the_other_ranks_never_join_is_one_line(tmp_path):
+    """RANK 0 of a WORLD_SIZE 2 job whose rank 1 never starts: after --distributed-timeout-minutes, one line naming
+    the rendezvous, how many joined and the fix -- not torch's DistStoreError traceback."""
+    env = _env(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    out = testing.run(["-m", "hybrid.train", "--model", "tiny-gpt2", "--train-iters", "2",
+                       "--distributed-timeout-minutes", "0.05"] + TINY, env=env, cwd=str(tmp_path), timeout=120)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    assert "the 2 ranks did not all join the rendezvous at 127.0.0.1:" in lines[0], lines[0]
+    assert "1/2 clients joined" in lines[0] and "--distributed-timeout-minutes" in lines[0], lines[0]
