@@ -528,6 +528,10 @@ def test_cli_model_from_sizes_and_scan(capsys):
     (["--model", "no-such-model", "--gpus", "8", "--global-batch-size", "8"], "neither a preset"),
     (["--model", "gpt2", "--global-batch-size", "8"], "--gpus is required"),
     (["--model", "gpt2", "--gpus", "8", "--global-batch-size", "8", "--seq-length", "4096"], "learned positions"),
+    # a batch no layout divides: the fix is the batch, not more memory
+    (["--model", "gpt2", "--gpus", "8", "--global-batch-size", "7", "--micro-batch-size", "2",
+      "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1"],
+     "global batch 7 is not divisible by dp 8. Use a --global-batch-size that the data-parallel size divides"),
 ])
 def test_cli_explains_impossible_requests_without_a_traceback(capsys, argv, fragment):
     assert plan_main(argv) == 2

@@ -450,10 +450,14 @@ def _rejection_line(count: int, example: Rejection) -> str:
 
 
 def _nothing_fits(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> str:
-    reasons = "; ".join(_rejection_line(n, r) for n, r in summarize_rejections(result.rejected, show))
+    groups = summarize_rejections(result.rejected, show)
+    reasons = "; ".join(_rejection_line(n, r) for n, r in groups)
+    # the fix follows the reasons: a batch no layout divides wants another batch, not more memory
+    batch_only = bool(groups) and all("not divisible by" in r.reason for _, r in groups)
+    fix = ("Use a --global-batch-size that the data-parallel size divides (a multiple of it), or unpin dimensions."
+           if batch_only else "Try more GPUs, a GPU with more memory, or unpin dimensions.")
     return (f"no layout of the {_count(work.model.num_parameters)}-parameter model runs on {cluster.gpus} x "
-            f"{cluster.hw.name} with global batch {work.global_batch} x {work.seq_length}: {reasons or 'none'}. "
-            f"Try more GPUs, a GPU with more memory, or unpin dimensions.")
+            f"{cluster.hw.name} with global batch {work.global_batch} x {work.seq_length}: {reasons or 'none'}. {fix}")
 
 
 def _plot_title(work: Workload, cluster: Cluster) -> str:
