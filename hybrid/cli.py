@@ -2,9 +2,10 @@
 
     hybrid layout --world 16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
     hybrid models
-    hybrid plan ...            (the layout planner, when installed)
+    hybrid plan ...            (the layout planner; hybrid calibrate measures a machine for it)
     hybrid checkpoint inspect DIR
     hybrid convert SRC DST     (checkpoints: transformers <-> hybrid, DeepSpeed -> hybrid)
+    hybrid generate SRC        (decoding from a checkpoint, any TP x PP under torchrun)
 
 Training itself is launched with torchrun: `torchrun --nproc-per-node N -m hybrid.train ...` (or
 `python -m hybrid.train ...` for one process).
@@ -19,12 +20,20 @@ import sys
 from hybrid.cliutil import HelpFormatter, OneLineParser, fail, int_in, positive_int
 from hybrid.mesh import Axis, ParallelDims
 
+# the modules whose add_parser(subparsers) registers a sub-command (planner: plan and calibrate); every one is part
+# of the package, so one that does not import is a broken install, not an optional feature -- never skipped
+SUBCOMMANDS = ("hybrid.planner.cli", "hybrid.checkpoint.inspect", "hybrid.convert.cli", "hybrid.generate.cli")
 MAX_WORLD = 2**16  # `layout` prints a line per TP group: beyond this it is a wall of text, not a layout
 
 
 def _layout(args: argparse.Namespace) -> None:
     dims = ParallelDims.from_world(args.world, tp=args.tensor_model_parallel_size,
                                    pp=args.pipeline_model_parallel_size, cp=args.context_parallel_size)
+    experts = []  # MoE: which ranks hold which experts (checked before anything is printed)
+    if args.expert_model_parallel_size > 1 or args.num_experts:
+        from hybrid.moe.parallel import ExpertLayout
+        experts = ExpertLayout(dims, args.expert_model_parallel_size).describe(
+            args.num_experts or args.expert_model_parallel_size)
     if dims.cp == 1:
         print(f"world {dims.world} = tp {dims.tp} x dp {dims.dp} x pp {dims.pp} (rank = tp + tp*(dp + dp_size*pp))")
     else:
@@ -42,10 +51,13 @@ def _layout(args: argparse.Namespace) -> None:
     print("dp groups:", dims.group_ranks(Axis.DP))
     print("pp groups:", dims.group_ranks(Axis.PP))
     print("embedding groups:", dims.embedding_group_ranks())
+    for line in experts:
+        print(line)
 
 
 def _models(args: argparse.Namespace) -> None:
-    from models.config import PRESETS, load_config
+    from models.config import load_config
+    from models.presets import PRESETS
     print(f"{'preset':<14} {'arch':<6} {'params':>10} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'vocab':>7}")
     for name in PRESETS:
         c = load_config(name)
@@ -63,13 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", default=1, help="pp")
     p.add_argument("--context-parallel-size", type=positive_int, metavar="N", default=1,
                    help="cp: ranks splitting each sequence")
+    p.add_argument("--expert-model-parallel-size", type=positive_int, metavar="N", default=1,
+                   help="MoE: EP, folded over each stage's ranks (hybrid/moe/parallel.py)")
+    p.add_argument("--num-experts", type=positive_int, metavar="N", default=None,
+                   help="MoE: experts per layer, to print which ranks hold which (default: EP, one each)")
     p.set_defaults(func=_layout)
     sub.add_parser("models", help="list model presets", formatter_class=HelpFormatter).set_defaults(func=_models)
-    for module in ("hybrid.planner.cli", "hybrid.checkpoint.inspect", "hybrid.convert.cli"):  # with their feature
-        try:
-            importlib.import_module(module).add_parser(sub)
-        except ModuleNotFoundError:
-            pass
+    for module in SUBCOMMANDS:  # each feature registers its own; a broken install fails here, loudly
+        importlib.import_module(module).add_parser(sub)
     return parser
 
 

@@ -288,3 +288,33 @@ def cpu_name() -> str:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
+
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*[a-z0-9]")
+QUOTED_COMMAND = re.compile(r"`([^`]*)`")
+
+
+def command_flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string `parser` accepts (--no-x forms of BooleanOptionalAction included)."""
+    return {s for a in parser._actions for s in a.option_strings if s.startswith("--")}
+
+
+def foreign_flags(message: str, accepted: set[str], commands: dict[str, set[str]],
+                  given: tuple[str, ...] = ()) -> list[str]:
+    """The flags `message` names that the command printing it does not accept. A flag inside a quoted command
+    line (`hybrid calibrate --out FILE`, `train.py --hardware X`) belongs to that command: it is checked against
+    `commands[name]` (the name: the longest key the quoted text starts with); the others against `accepted`.
+    Flags the user typed (`given`, echoed back as what was wrong) are not suggestions and are left alone."""
+    foreign = []
+    for quoted in QUOTED_COMMAND.findall(message):
+        name = max((k for k in commands if quoted.startswith(k)), key=len, default=None)
+        if name is not None:
+            foreign += [f for f in FLAG.findall(quoted) if f not in commands[name]]
+    bare = QUOTED_COMMAND.sub("", message)
+    for name in (k for k in commands if " " not in k):  # unquoted: "launch with torchrun --nproc-per-node N"
+        follows = re.compile(rf"(?<![\w/.-]){re.escape(name)}((?:\s+--[a-z][a-z0-9-]*(?:\s+(?!--)[^\s;,)]+)?)+)")
+        for m in follows.finditer(bare):
+            foreign += [f for f in FLAG.findall(m.group(1)) if f not in commands[name]]
+        bare = follows.sub("", bare)
+    typed = {g.split("=", 1)[0] for g in given}
+    return foreign + [f for f in FLAG.findall(bare) if f not in accepted and f not in typed]

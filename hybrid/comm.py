@@ -11,11 +11,19 @@ Byte convention (nccl-tests' "size S", see doc/PERFORMANCE.md there):
   * broadcast:       S = bytes of the tensor
   * all_to_all:      S = bytes of each rank's input (= its output; (n-1)/n S leave the rank)
   * send / recv:     S = bytes of the tensor, counted by the sender (send) and receiver (recv)
+  * all_to_all_v:    (variable splits, the MoE token dispatch) S = bytes this rank sends to the *other* ranks:
+                     the split sizes differ per rank and per step, so the ledger counts what leaves the rank
+                     (its own block never does) -- an MoE dispatch's bytes are those of the tokens routed off-rank
 The wire bytes follow from S: an all-reduce ring moves 2(n-1)/n S per rank, all-gather and
 reduce-scatter (n-1)/n S.
 
 A group of size 1 never calls torch.distributed and records nothing: single-process code is the
 ordinary path, not a special case.
+
+Besides the mesh's axes (tp, dp, pp, embedding) there is the world (`Mesh.world`: start-up node ids, the
+timeline, the memory peaks of the log line) and the checkpoint's own gloo groups (`Group.create`). A library
+that runs its own collectives on a process group -- DCP's save and load plans -- gets it from `Group.delegate`,
+which counts the call (bytes 0: the library chooses them) and keeps it in the op trail.
 
 Every op is also recorded where it starts in the process's op trail (hybrid/trail.py: a
 sequence number per group, the op in flight), which the hang watchdog reads; the trail observes only.
@@ -23,8 +31,13 @@ sequence number per group, the op in flight), which the hang watchdog reads; the
 
 from __future__ import annotations
 
+import math
+import threading
 from collections import defaultdict
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -73,6 +86,23 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+T = TypeVar("T")
+_delegations: dict[int, int] = defaultdict(int)  # id(process group) -> library routines running on it now
+_delegations_lock = threading.Lock()
+
+
+def delegated(pg) -> bool:
+    """A library routine handed `pg` by `Group.delegate` is running on it now (its collectives are counted there).
+    `pg` None is the default group, which a size-1 Group hands over."""
+    with _delegations_lock:
+        return _delegations[id(pg)] > 0
+
+
+def _open(pg, step: int) -> None:
+    with _delegations_lock:
+        _delegations[id(pg)] += step
+
+
 @dataclass
 class Group:
     """One process group (or a solo rank) plus the ledger its collectives are recorded in.
@@ -89,6 +119,16 @@ class Group:
     def solo(cls, name: str, ledger: CommLedger | None = None) -> "Group":
         return cls(name=name, ranks=(dist.get_rank() if dist.is_initialized() else 0,), pg=None,
                    ledger=ledger or CommLedger())
+
+    @classmethod
+    def create(cls, name: str, ranks: list[int], ledger: CommLedger, backend: str | None = None,
+               timeout: timedelta | None = None) -> "Group":
+        """A new process group over `ranks` (collective over the world: every rank calls it), e.g. the
+        checkpoint's gloo groups; a solo group when it has one rank."""
+        if len(ranks) == 1:
+            return cls.solo(name, ledger)
+        pg = dist.new_group(list(ranks), backend=backend, timeout=timeout)
+        return cls(name=name, ranks=tuple(ranks), pg=pg, ledger=ledger)
 
     @property
     def size(self) -> int:
@@ -149,6 +189,22 @@ class Group:
         with TRAIL.op(self.name, self.ranks, "all_to_all"):
             dist.all_to_all_single(out, pieces, group=self.pg)
         return torch.cat(out.unbind(0), dim=gather_dim)
+
+    def all_to_all_v(self, t: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                          tag: str = "") -> torch.Tensor:
+        """Rows of `t` (dim 0) in blocks of in_splits[j] go to group rank j; the result holds every rank's block
+        for us, in group order (out_splits[j] rows from rank j). The split sizes must agree pairwise (the MoE
+        dispatcher exchanges them first). Ledger: the bytes sent to other ranks (module docstring)."""
+        if self.size == 1:
+            return t
+        t = t.contiguous()
+        row = math.prod(t.shape[1:]) * t.element_size()  # bytes of one row (t may have none)
+        self.ledger.record("all_to_all_v", f"{self.name}:{tag}" if tag else self.name,
+                           (sum(in_splits) - in_splits[self.rank]) * row)
+        out = torch.empty((sum(out_splits),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        with TRAIL.op(self.name, self.ranks, "all_to_all_v"):
+            dist.all_to_all_single(out, t, out_splits, in_splits, group=self.pg)
+        return out
 
     def broadcast(self, t: torch.Tensor, src_index: int = 0) -> torch.Tensor:
         if self.size > 1:
@@ -228,8 +284,45 @@ class Group:
 
     def barrier(self) -> None:
         if self.size > 1:
+            self.ledger.record("barrier", self.name, 0)
             with TRAIL.op(self.name, self.ranks, "barrier"):
                 dist.barrier(group=self.pg)
+
+    def all_gather_object(self, obj: object) -> list:
+        """Every rank's picklable `obj`, in group order (for small control data: node ids, checksums, trace
+        events). Counted as calls, bytes 0: torch pickles and sizes it."""
+        if self.size == 1:
+            return [obj]
+        out: list = [None] * self.size
+        self.ledger.record("all_gather_object", self.name, 0)
+        with TRAIL.op(self.name, self.ranks, "all_gather_object"):
+            dist.all_gather_object(out, obj, group=self.pg)
+        return out
+
+    def delegate(self, op: str, fn: Callable[[object], T]) -> T:
+        """Run `fn(pg)`, a library routine that runs its own collectives on this group's process group (DCP's save
+        and load: gather the plans, scatter them, a barrier). One call of `op` on the ledger (bytes 0), one op in
+        the trail (a hang inside it is named)."""
+        self.ledger.record(op, self.name, 0)
+        _open(self.pg, 1)
+        try:
+            with TRAIL.op(self.name, self.ranks, op):
+                return fn(self.pg)
+        finally:
+            _open(self.pg, -1)
+
+    def delegate_async(self, op: str, start: Callable[[object], Future]) -> Future:
+        """`delegate` for a routine that goes on in a thread of its own (DCP's async_save): the group stays handed
+        over until the returned future is done."""
+        self.ledger.record(op, self.name, 0)
+        _open(self.pg, 1)
+        try:
+            future = start(self.pg)
+        except BaseException:
+            _open(self.pg, -1)
+            raise
+        future.add_done_callback(lambda _: _open(self.pg, -1))
+        return future
 
     # --- asynchronous collectives into caller-owned buffers (ZeRO overlap) ------------------
     # Each returns a work handle to `wait()` on before reading `out`; recorded on the ledger

@@ -41,7 +41,8 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: int,
 
 
 class GradAverager:
-    """Averages the gradients of `params` over the data-parallel group, bucket by bucket."""
+    """Averages the gradients of `params` over the data-parallel group, bucket by bucket: the unsharded-DP
+    reference of the tests (ZeRO stages 0-1 equal it bit for bit); train.py never runs it."""
 
     loss_scale = 1.0  # no loss scaling (fp32)
 

@@ -4,18 +4,23 @@ launcher's environment checked before any process group, the device and its thre
 
     world = env_world()                       # WORLD_SIZE (1 without torchrun)
     check_launch(world)                       # RANK / MASTER_ADDR / MASTER_PORT / LOCAL_WORLD_SIZE, or one process
-    backend, device = start_device(world)     # NCCL + this rank's GPU, or gloo + CPU with its share of the cores
-    init_distributed(world, device, backend, timedelta(minutes=...))
+    with distributed(world, timedelta(minutes=...)) as device:   # the device, the process group, the heartbeat
+        ...                                   # the job (training, generation)
+
+A rank that dies or stalls ends the job within the timeout with one line naming it (hybrid/liveness.py).
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from datetime import timedelta
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
+from hybrid import liveness
 from hybrid.fault.attempt import attempt_store
 from hybrid.mesh import default_backend
 
@@ -96,3 +101,23 @@ def init_distributed(world: int, device: torch.device, backend: str, timeout: ti
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
                                 device_id=device_id)
+
+
+@contextmanager
+def distributed(world: int, timeout: timedelta) -> Iterator[torch.device]:
+    """The job's process group around its body: the device (`start_device`), the group with `timeout` on start-up
+    and every collective (`init_distributed`), under torchrun a heartbeat so that a rank lost or failed is named
+    in one line (hybrid/liveness.py); the group destroyed at the end. Yields the device."""
+    backend, device = start_device(world)
+    init_distributed(world, device, backend, timeout)
+    heartbeat = (liveness.Heartbeat(dist.get_rank(), world, timeout.total_seconds())
+                 if world > 1 and under_launcher() else None)
+    try:
+        yield device
+    except (Exception, SystemExit) as e:
+        liveness.end_after_failure(heartbeat, e)  # under a launcher: exits, naming the rank that failed first
+        raise
+    finally:
+        if heartbeat is not None:
+            heartbeat.stop()
+        dist.destroy_process_group()

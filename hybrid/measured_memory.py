@@ -131,6 +131,7 @@ class SavedActivationLedger:
         hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         hooks.__enter__()
         self._hooks.append(hooks)
+        _ACTIVE_LEDGERS.append(self)
         if self.recomputation:
             _install_recomputation_hook()
             _RECOMPUTING_LEDGERS.append(self)
@@ -139,6 +140,7 @@ class SavedActivationLedger:
     def __exit__(self, *exc: object) -> None:
         # stops counting new saves; what was saved is still released as autograd frees it
         self._hooks.pop().__exit__(*exc)
+        _ACTIVE_LEDGERS.remove(self)
         if self.recomputation:
             _RECOMPUTING_LEDGERS.remove(self)
 
@@ -208,6 +210,15 @@ class SavedActivationLedger:
         weakref.finalize(handle, self._released.append, (key, tag))
         return handle
 
+    def track(self, t: torch.Tensor, owner: object, tag: Hashable = None) -> None:
+        """Count `t` under `tag` as held until `owner` is garbage: e.g. an output gradient a zero-bubble B keeps
+        for its W (hybrid/pipeline/split_backward.py), which autograd does not save and the hooks do not see."""
+        outer, self.tag = self.tag, tag
+        try:
+            self._track(t, owner)
+        finally:
+            self.tag = outer
+
     def _track(self, t: torch.Tensor, owner: object) -> None:
         """Count `t` as saved until `owner` is garbage: a tensor a checkpointed region re-saved in backward,
         held by the checkpoint frame until the node that needs it unpacks it."""
@@ -264,6 +275,18 @@ class SavedActivationLedger:
 # them raises at __enter__ rather than measuring less.
 
 _RECOMPUTING_LEDGERS: list[SavedActivationLedger] = []
+_ACTIVE_LEDGERS: list[SavedActivationLedger] = []
+
+
+def track_stored(tensors: object, owner: object) -> None:
+    """Count the tensors in `tensors` (a tensor or a tuple / list of them) in every entered ledger until `owner`
+    is garbage: what selective activation checkpointing stores in forward (models/common.py SelectiveOpPolicy)
+    outside autograd's saved-tensor hooks, kept by the checkpoint frame until the region's backward is done."""
+    items = tensors if isinstance(tensors, (tuple, list)) else (tensors,)
+    for t in items:
+        if isinstance(t, torch.Tensor) and t.numel() > 0:
+            for ledger in _ACTIVE_LEDGERS:
+                ledger._track(t, owner)
 _RECOMPUTATION_HOOKED = False
 
 

@@ -204,12 +204,22 @@ class Mesh:
     ledger: CommLedger = field(default_factory=CommLedger)
     cp: Group | None = None  # context parallel (None: a solo group, cp = 1)
     dp_cp: Group | None = None  # DP x CP, where gradients are reduced and ZeRO shards (None: the DP group)
+    world: Group | None = None  # every rank: start-up and logging collectives (node ids, timeline, memory peaks)
+    ep: Group | None = None  # MoE: the expert-parallel group (hybrid/moe/parallel.py); None for a dense model
+    edp: Group | None = None  # MoE: the expert-data-parallel group, over which expert gradients are reduced
 
     def __post_init__(self) -> None:
         if self.cp is None:
             self.cp = Group.solo("cp", self.ledger)
         if self.dp_cp is None:
             self.dp_cp = self.dp
+        if self.world is None:
+            self.world = Group.solo("world", self.ledger)
+
+    @property
+    def expert_dp(self) -> Group:
+        """The group expert parameters are replicated (and ZeRO-sharded) over: edp, or dp_cp without MoE."""
+        return self.edp if self.edp is not None else self.dp_cp
 
     @property
     def coords(self) -> Coords:
@@ -231,10 +241,12 @@ class Mesh:
 
     @classmethod
     def build(cls, dims: ParallelDims, device: torch.device | None = None,
-              ledger: CommLedger | None = None, timeout: timedelta | None = None) -> "Mesh":
+              ledger: CommLedger | None = None, timeout: timedelta | None = None,
+              expert_groups: dict[str, list[list[int]]] | None = None) -> "Mesh":
         """Create the process groups. Collective: every rank of the world must call it with equal `dims`.
         `timeout` bounds each group's collectives (`--distributed-timeout-minutes`; new_group does not inherit
-        init_process_group's timeout, so it is passed on)."""
+        init_process_group's timeout, so it is passed on). `expert_groups` (an MoE model's, from
+        hybrid.moe.parallel.ExpertLayout.groups: {"ep": ranks of every group, "edp": ...}) adds those groups."""
         if not dist.is_initialized():
             raise RuntimeError("Mesh.build needs torch.distributed.init_process_group first")
         world, rank = dist.get_world_size(), dist.get_rank()
@@ -247,6 +259,10 @@ class Mesh:
         groups["embedding"] = _new_groups(dims.embedding_group_ranks(), rank, "embedding", ledger, timeout)
         groups["dp_cp"] = (_new_groups(dims.group_ranks((Axis.CP, Axis.DP)), rank, "dp_cp", ledger, timeout)
                            if dims.cp > 1 else groups["dp"])
+        groups["world"] = (Group("world", tuple(range(world)), dist.group.WORLD, ledger) if world > 1
+                           else Group.solo("world", ledger))
+        for name, ranks in (expert_groups or {}).items():
+            groups[name] = _new_groups(ranks, rank, name, ledger, timeout)
         device = device or default_backend()[1]
         return cls(dims=dims, rank=rank, device=device, ledger=ledger, **groups)
 

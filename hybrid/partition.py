@@ -160,11 +160,12 @@ def _uniform_counts(num_layers: int, pp: int, v: int) -> list[int]:
     stages = pp * v
     if num_layers % stages == 0:
         return [num_layers // stages] * stages
-    layout = (f"the {stages} stages (--pipeline-model-parallel-size {pp} x "
-              f"--virtual-pipeline-model-parallel-size {v})")
+    # the model's layer count is not a flag of train.py or `hybrid convert` (the config holds it): named as a count
+    layout = (f"the {stages} stages (--pipeline-model-parallel-size {pp}"
+              f"{f' x --virtual-pipeline-model-parallel-size {v}' if v > 1 else ''})")
     if num_layers < stages:
-        raise ValueError(f"--num-layers {num_layers} is fewer than {layout}; use at most {num_layers} stages")
-    raise ValueError(f"--num-layers {num_layers} is not divisible by {layout}; use --pipeline-partition balanced, "
+        raise ValueError(f"the model's {num_layers} layers are fewer than {layout}; use at most {num_layers} stages")
+    raise ValueError(f"the model's {num_layers} layers do not divide into {layout}; use --pipeline-partition balanced, "
                      f"or --pipeline-layers-per-stage {','.join(map(str, _near_uniform(num_layers, stages)))}")
 
 
@@ -183,8 +184,8 @@ def _manual_counts(counts: Sequence[int] | None, num_layers: int, stages: int) -
     if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
         raise ValueError(f"{flag} {counts}: every count must be an integer >= 0")
     if sum(counts) != num_layers:
-        raise ValueError(f"{flag} {','.join(map(str, counts))} sums to {sum(counts)}, not --num-layers "
-                         f"{num_layers}; make the counts add up to {num_layers}")
+        raise ValueError(f"{flag} {','.join(map(str, counts))} sums to {sum(counts)}, not the model's "
+                         f"{num_layers} layers; make the counts add up to {num_layers}")
     empty_middle = [s for s in range(1, stages - 1) if counts[s] == 0]
     if empty_middle:
         raise ValueError(f"{flag}: stages {empty_middle} hold no layers; only the first and the last stage may "
@@ -193,14 +194,21 @@ def _manual_counts(counts: Sequence[int] | None, num_layers: int, stages: int) -
     return counts
 
 
+MAX_BALANCED_LAYERS = 2048  # its DP tables: (L + 1)^2 float64 = 34 MB each at 2048 (100000 layers asked 75 GiB)
+
+
 def _balanced_counts(costs: list[float], stages: int, embedding_cost: float, head_cost: float) -> list[int]:
     """Layer counts minimising the largest stage cost, then the sum of squared stage costs, then the
     counts lexicographically (fewest layers early). Two dynamic programmes over (stage, first layer):
     the first finds the optimal largest cost M; the second, allowed only stages costing <= M, the least
     sum of squares (additive, so it decomposes where a lexicographic (max, squares) pair would not)."""
     n = len(costs)
+    if n > MAX_BALANCED_LAYERS:
+        raise ValueError(f"--num-layers {n}: the balanced pipeline split holds (layers + 1)^2 float tables "
+                         f"({(n + 1) ** 2 * 8 / 2**30:.1f} GiB each); it splits at most {MAX_BALANCED_LAYERS} layers "
+                         f"(published models have ~100); use --pipeline-partition uniform with a pp that divides them")
     if n < stages - 2:
-        raise ValueError(f"--num-layers {n} cannot fill {stages} stages (pp x v): every stage but the first "
+        raise ValueError(f"the model's {n} layers cannot fill {stages} stages (pp x v): every stage but the first "
                          f"and the last needs a layer; use at most {n + 2} stages")
     split = _Split(costs, stages, embedding_cost, head_cost)
     bound = split.solve(squares=False)[0][0]

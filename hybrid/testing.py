@@ -13,16 +13,36 @@ that clean process -- no test state, no process group, no thread pool started --
 import costs under spawn (8 ranks on 2 cores: ~12 s of wall time a launch). Each rank then takes the caller's
 current environment (the forkserver's is the one of its first use), working directory and sys.path, as under
 spawn. `start_method="spawn"` gives fully fresh interpreters.
+
+End-to-end runs of the training entry point go the same way, as the command line would run them:
+
+    runs = launch(["--tensor-model-parallel-size", "2", ...], world=4, env={"HYBRID_FAULT": "..."})
+    out = torchrun(["--tensor-model-parallel-size", "2", ...], nproc=4, cwd=tmp_path)   # .returncode, .stdout
+
+`launch` forks `world` ranks that each run `python -m hybrid.train ARGV` -- torchrun's environment (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, OMP_NUM_THREADS=1), stdout and stderr to files, the
+exit status a shell would see -- and gives each rank's status, output and exit time; `torchrun` joins them as
+torchrun's own output would, tearing the job down when a rank fails. A test whose subject is torchrun itself
+(restarts, elastic membership, its error files and failure summary) runs the real one.
 """
 
 from __future__ import annotations
 
+import atexit
+import io
 import os
 import pickle
 import queue as queue_module
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -30,9 +50,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-# imported once by the forkserver, inherited by every rank it forks; importing them starts no thread pool
-PRELOAD = ["torch", "torch.distributed", "hybrid.testing", "hybrid.mesh", "hybrid.comm", "hybrid.tp", "hybrid.data",
-           "hybrid.train_step", "hybrid.zero", "hybrid.pipeline.executor", "hybrid.checkpoint.core", "models"]
+# imported once by the forkserver, inherited by every rank it forks; importing them starts no thread pool.
+# torch._dynamo: torch imports it at the first optimizer's construction (add_param_group is wrapped by
+# torch._disable_dynamo), ~1.3 s of CPU in every rank that builds one. Neither transformers nor
+# torch.distributed.checkpoint (hybrid.checkpoint.core; ~0.05 s once dynamo is in): a preset run's ranks show
+# they do not import them (tests/test_presets.py).
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hybrid.testing", "hybrid.mesh", "hybrid.comm", "hybrid.tp",
+           "hybrid.data", "hybrid.train_step", "hybrid.zero", "hybrid.pipeline.executor", "models", "hybrid.train.main"]
 
 
 class DistributedFailure(RuntimeError):
@@ -103,3 +127,262 @@ def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout: fl
         missing = sorted(set(range(world_size)) - set(results))
         raise DistributedFailure(f"ranks {missing} of {world_size} did not finish within {timeout:.0f}s")
     return [results[r] for r in range(world_size)]
+
+
+# --- end-to-end runs of the training entry point ---------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class RankRun:
+    """One rank of a `launch`: its exit status (None: still running at the deadline, then SIGKILLed; -N: killed
+    by signal N, as subprocess reports it), its output, and when it was seen to exit and to inject a fault."""
+
+    rank: int
+    returncode: int | None
+    stdout: str
+    stderr: str
+    exited: float | None  # time.monotonic() when it was seen to exit (None: killed at the deadline)
+    injected: float | None  # when its stdout first showed "inject:" (None: it injected nothing)
+
+
+def train_main(argv: list[str]) -> None:
+    """The rank body of `launch`: `python -m hybrid.train ARGV` (the code of scripts/train.py ARGV). Run by name,
+    as the interpreter would: this module sits below the entry points and imports none (tests/test_import_graph.py)."""
+    python_main(["-m", "hybrid.train", *argv])
+
+
+def python_main(argv: list[str]) -> None:
+    """`python -m MODULE ARGS` or `python SCRIPT ARGS` (argv without the `python`), run as the interpreter runs
+    them: as __main__, with sys.argv[0] the file and the script's folder first on sys.path."""
+    import runpy
+    if argv[:1] == ["-m"]:
+        sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file in argv[0]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def _exit_status(e: SystemExit) -> int:
+    """The status the interpreter gives an uncaught SystemExit (a message: printed to stderr, status 1)."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def _rank(entry: Callable, argv: list[str], environ: dict[str, str], cwd: str, out: str, err: str) -> None:
+    """A forked rank: the caller's environment and directory, stdout and stderr at fd level to the files, `entry`
+    run as a script's main, then the interpreter's own shutdown (non-daemon threads joined, atexit handlers, streams
+    flushed) and the exit status a shell would see."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(environ)
+    if environ.get("OMP_NUM_THREADS", "").isdigit():  # what a new interpreter's torch would take from it
+        torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    # the streams a new interpreter opens on a file: stdout block-buffered (write-through under PYTHONUNBUFFERED,
+    # as `python -u`), stderr line-buffered
+    if environ.get("PYTHONUNBUFFERED"):
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    else:
+        sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
+    try:
+        entry(argv)
+        status = 0
+    except SystemExit as e:
+        status = _exit_status(e)
+    except BaseException:  # an uncaught exception: the traceback on stderr, status 1
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    threading._shutdown()  # as the interpreter's exit: wait for non-daemon threads, then atexit
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+class Forked:
+    """One process forked from the forkserver, running `entry(argv)` as `_rank` describes, behind a handle like
+    subprocess.Popen's: pid, poll(), wait(), send_signal(), terminate(), kill(), and its output so far."""
+
+    def __init__(self, argv: list[str], environ: dict[str, str], cwd: str | None = None,
+                 entry: Callable = python_main, name: str = "proc") -> None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)  # read when the forkserver starts: at the first call
+        self.folder = tempfile.mkdtemp(prefix="hybrid-forked-")
+        self.out, self.err = os.path.join(self.folder, f"{name}.out"), os.path.join(self.folder, f"{name}.err")
+        open(self.out, "w").close()
+        # not a daemon: a command may start processes of its own (calibrate's ranks); its owner reaps it
+        self._proc = ctx.Process(target=_rank, args=(entry, list(argv), environ, cwd or ROOT, self.out, self.err))
+        self._proc.start()
+        self.pid = self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs; -N when signal N ended it (as subprocess reports it)."""
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired(f"forked {self.pid}", timeout)
+        return self._proc.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._proc.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def stdout(self) -> str:
+        return _read(self.out)
+
+    def stderr(self) -> str:
+        return _read(self.err)
+
+
+def environment(env: dict[str, str | None] | None = None) -> dict[str, str]:
+    """This process's environment with PYTHONPATH at this checkout and `env` applied (a None value unsets)."""
+    e = dict(os.environ, PYTHONPATH=ROOT)
+    for k, v in (env or {}).items():
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = v
+    return e
+
+
+def start(argv: list[str], env: dict[str, str | None] | None = None, cwd: str | None = None,
+          entry: Callable = python_main) -> Forked:
+    """`python ARGV` (a script, or -m and a module) started as a fork, not waited for: subprocess.Popen's use."""
+    return Forked(argv, environment(env), cwd, entry)
+
+
+def launch(argv: list[str], world: int, env: dict[str, str | None] | None = None, timeout: float = 120.0,
+           kill_stopped: bool = True, teardown_after: float | None = None, cwd: str | None = None,
+           entry: Callable = train_main, term_grace: float = 5.0, launcher_env: bool = True) -> list[RankRun]:
+    """Run `entry(argv)` (default: `python -m hybrid.train ARGV`) on `world` forked ranks with the env://
+    variables torchrun sets (`launcher_env=False`: none, as a command run without torchrun), to completion or
+    `timeout` (then SIGKILL); poll 10 times a second. `env` is applied to this process's environment (a None
+    value unsets), then the launcher's variables.
+
+    `teardown_after`: this many seconds after the first rank exits non-zero, stop the rest as torchrun does
+    (SIGTERM, SIGKILL after `term_grace` s); None waits for every rank. `kill_stopped`: end the wait once every
+    rank left is SIGSTOPped after an injected fault. `entry` must be importable by name (a module-level function).
+    """
+    port = free_port()
+    procs = []
+    for r in range(world):
+        rank_env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
+                        LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", OMP_NUM_THREADS="1")
+        procs.append(Forked(argv, environment({**(env or {}), **(rank_env if launcher_env else {})}), cwd, entry,
+                            name=str(r)))
+    exited: dict[int, float] = {}
+    injected: dict[int, float] = {}
+    deadline = time.monotonic() + timeout
+    teardown: float | None = None
+    while len(exited) < world and time.monotonic() < deadline:
+        for r, p in enumerate(procs):
+            if r not in exited and p.poll() is not None:
+                exited[r] = time.monotonic()
+                if p.returncode != 0 and teardown_after is not None and teardown is None:
+                    teardown = exited[r] + teardown_after
+            if r not in injected and "inject:" in p.stdout():
+                injected[r] = time.monotonic()
+        if teardown is not None and time.monotonic() >= teardown:
+            _stop(procs, term_grace)
+            continue
+        if kill_stopped and injected and all(r in exited or _stopped(procs[r].pid) for r in range(world)):
+            break  # only SIGSTOPped ranks are left
+        time.sleep(0.1)
+    for p in procs:
+        p.kill()
+        p.wait()
+    runs = [RankRun(r, p.returncode if r in exited else None, p.stdout(), p.stderr(), exited.get(r), injected.get(r))
+            for r, p in enumerate(procs)]
+    for p in procs:
+        shutil.rmtree(p.folder, ignore_errors=True)
+    return runs
+
+
+def torchrun(argv: list[str], nproc: int, env: dict[str, str | None] | None = None, cwd: str | None = None,
+             timeout: float = 600.0, entry: Callable = train_main) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node NPROC scripts/train.py ARGV` as forked ranks (`launch`): the ranks' stdout and
+    stderr joined in rank order, status 0 when every rank exits 0, else 1 (torchrun's on a failed worker), the
+    others stopped as torchrun stops them. A rank still running at `timeout` fails the call, as
+    subprocess.run's timeout would (subprocess.TimeoutExpired)."""
+    runs = launch(argv, nproc, env=env, timeout=timeout, kill_stopped=False, teardown_after=0.0, cwd=cwd,
+                  entry=entry)
+    stdout, stderr = "".join(r.stdout for r in runs), "".join(r.stderr for r in runs)
+    if any(r.exited is None for r in runs):
+        raise subprocess.TimeoutExpired(["torchrun", *argv], timeout, output=stdout, stderr=stderr)
+    return subprocess.CompletedProcess(["torchrun", "--nproc-per-node", str(nproc), *argv],
+                                       0 if all(r.returncode == 0 for r in runs) else 1, stdout, stderr)
+
+
+def torchrun_cli(args: list[str], env: dict[str, str | None] | None = None, cwd: str | None = None,
+                 timeout: float = 600.0) -> subprocess.CompletedProcess:
+    """`torchrun ARGS` as a user writes it, its arguments parsed by torch's own parser: a single-node job without
+    restarts runs as forked ranks (`torchrun`, the script or module as __main__), anything else under the real
+    torchrun (python -m torch.distributed.run)."""
+    from torch.distributed.run import get_args_parser
+    ta = get_args_parser().parse_args(args)
+    if ta.nnodes in ("1", "1:1") and not ta.max_restarts and not ta.no_python and str(ta.nproc_per_node).isdigit():
+        target = (["-m"] if ta.module else []) + [ta.training_script, *ta.training_script_args]
+        return torchrun(target, int(ta.nproc_per_node), env=env, cwd=cwd, timeout=timeout, entry=python_main)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], cwd=cwd or ROOT,
+                          env=environment(env), capture_output=True, text=True, timeout=timeout)
+
+
+def run(argv: list[str], env: dict[str, str | None] | None = None, cwd: str | None = None, timeout: float = 600.0,
+        entry: Callable = python_main) -> subprocess.CompletedProcess:
+    """`python ARGV` (a script, or -m and a module; no launcher) as one fork: subprocess.run's result (status,
+    stdout, stderr) without a new interpreter's start-up."""
+    (r,) = launch(argv, 1, env=env, timeout=timeout, kill_stopped=False, cwd=cwd, entry=entry, launcher_env=False)
+    if r.exited is None:
+        raise subprocess.TimeoutExpired(["python", *argv], timeout, output=r.stdout, stderr=r.stderr)
+    return subprocess.CompletedProcess(["python", *argv], r.returncode, r.stdout, r.stderr)
+
+
+def _stop(procs: list[Forked], grace: float) -> None:
+    """torchrun's teardown of a failed job: SIGTERM to the workers still running, SIGKILL after `grace` s."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.terminate()
+    end = time.monotonic() + grace
+    for p in live:
+        try:
+            p.wait(max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False

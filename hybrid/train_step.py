@@ -1,6 +1,7 @@
 """One training step: micro-batches, gradient synchronisation, the optimizer.
 
-    loss = train_step(model, batches, optimizer, mesh, averager)
+    loss = train_step(model, batches, zero_optimizer, mesh, runner=runner)     # train.py: ZeroOptimizer syncs
+    loss = train_step(model, batches, torch_adamw, mesh, averager)             # tests' reference: GradAverager
 
 Each micro-batch's loss is scaled by 1/m before backward, so the accumulated gradient is the
 gradient of the mean loss over this rank's rows; averaging over DP then gives the gradient of the
@@ -18,6 +19,7 @@ import torch.nn as nn
 
 from hybrid.mesh import Mesh
 from hybrid.cp.data import seq_kwargs
+from hybrid.moe import runtime as moe_runtime
 from hybrid.tp.sharding import param_grad
 
 
@@ -31,11 +33,15 @@ class OptimizerConfig:
         weight_decay: decoupled weight decay on matrices; biases and norms are not decayed
             (`--weight-decay`).
         beta1, beta2, eps: Adam (`--adam-beta1`, `--adam-beta2`, `--adam-eps`).
-        warmup_iters: linear warm-up steps (`--lr-warmup-iters`).
-        decay_style: "constant" or "cosine" (`--lr-decay-style`), decaying to min_lr at train_iters.
+        warmup_iters: linear warm-up steps (`--lr-warmup-iters`), Megatron's: step k <= warmup_iters runs at
+            lr k / warmup_iters (step 0 at 0, as Megatron's init_lr 0).
+        decay_style: "constant", "linear" or "cosine" (`--lr-decay-style`), decaying to min_lr at decay_iters.
         train_iters: total steps (`--train-iters`).
         clip_grad: clip gradients to this global L2 norm, over every TP, PP and DP shard, each
             logical element once (`--clip-grad`); 0 disables. Applied by the ZeRO optimizer.
+        decay_iters: the step at which the decay reaches min_lr (`--lr-decay-iters`, Megatron's; None:
+            train_iters). A run extended by a larger --train-iters keeps its schedule when this stays the same;
+            past it the rate stays at min_lr.
     """
 
     lr: float = 1e-3
@@ -48,14 +54,30 @@ class OptimizerConfig:
     decay_style: str = "cosine"
     train_iters: int = 100
     clip_grad: float = 0.0
+    decay_iters: int | None = None
 
     def lr_at(self, it: int) -> float:
-        if it < self.warmup_iters:
-            return self.lr * (it + 1) / self.warmup_iters
+        """The rate of step `it` (0-based), megatron-core's OptimizerParamScheduler.get_lr at num_steps = it
+        (Megatron counts in samples, warm-up and decay steps times the global batch: the same ratios):
+
+            it <= W (W > 0):   lr it / W
+            constant:          lr
+            it > D:            min_lr
+            else:              min_lr + c (lr - min_lr),  r = (it - W) / (D - W),
+                               c = 1 - r (linear), (1 + cos(pi r)) / 2 (cosine)
+
+        with W = warmup_iters, D = decay_iters (default train_iters). A function of `it` alone: a resumed run
+        with the same W and D steps at the rates an uninterrupted one does."""
+        w, d = self.warmup_iters, self.decay_iters or self.train_iters
+        if w > 0 and it <= w:
+            return self.lr * it / w
         if self.decay_style == "constant":
             return self.lr
-        progress = (it - self.warmup_iters) / max(1, self.train_iters - self.warmup_iters)
-        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+        if it > d:
+            return self.min_lr
+        ratio = (it - w) / (d - w)  # it > w and it <= d here, so d > w
+        coeff = 1.0 - ratio if self.decay_style == "linear" else 0.5 * (1 + math.cos(math.pi * ratio))
+        return self.min_lr + coeff * (self.lr - self.min_lr)
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
@@ -86,8 +108,9 @@ class ForwardBackward(Protocol):
 
 
 class GradSync(Protocol):
-    """Who makes gradients complete across ranks: `GradAverager` (after backward) or
-    `hybrid.zero.ZeroOptimizer` (from backward hooks, and also the optimizer)."""
+    """Who makes gradients complete across ranks: `hybrid.zero.ZeroOptimizer` (from backward hooks, and also the
+    optimizer: what train.py runs), or `hybrid.dp.GradAverager` (after backward: the tests' unsharded-DP
+    reference, never a training path)."""
 
     loss_scale: float  # the loss was multiplied by this before backward (fp16); 1 otherwise
 
@@ -124,6 +147,7 @@ def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sync.begin_step(len(batches))
+    moe_runtime.set_aux_grad_scale(model, sync.loss_scale / len(batches))  # MoE aux losses, as the LM loss
     loss = (runner or LocalForwardBackward(model, mesh.device)).forward_backward(batches)
     sync.finish_backward(model, mesh)
     scale = sync.loss_scale  # the scale backward used: an fp16 overflow step halves it in step()
@@ -131,6 +155,7 @@ def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]
         for group in optimizer.param_groups:
             group["lr"] = lr
     optimizer.step()
+    moe_runtime.after_step(model, mesh)  # DeepSeek-V3's expert-bias update (MoE models with the bias only)
     loss = loss.float() / scale
     mesh.pp.all_reduce(loss, tag="metrics")  # only the last stage holds it
     # over DP x CP: a CP rank's loss is CP x its share of the sequence's mean (hybrid/cp/loss.py)

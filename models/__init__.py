@@ -7,17 +7,25 @@ import torch.nn as nn
 from hybrid.partition import partition_layers
 from hybrid.tp import TPContext, init_parameters
 from models.common import Recompute, StageLayout, set_recompute, shift_labels
-from models.config import ARCH_GPT2, PRESETS, ModelConfig, from_hf, load_config
+from models.config import ARCH_GPT2, ModelConfig, from_hf, load_config
 from models.gpt2 import GPT2
 from models.llama import Llama
+from models.presets import PRESETS
 
 
 def build_model(cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = None, seed: int | None = 1234,
-                pad_vocab_to: int = 1, recompute: Recompute = Recompute.NONE) -> nn.Module:
+                pad_vocab_to: int = 1, recompute: Recompute = Recompute.NONE, moe=None) -> nn.Module:
     """The model (or one pipeline stage of it) for this TP rank; initialised from `seed` so every
-    layout starts from the same full weights (seed=None leaves them to a checkpoint load)."""
-    cls = GPT2 if cfg.arch == ARCH_GPT2 else Llama
-    model = set_recompute(cls(cfg, tp, stage=stage, pad_vocab_to=pad_vocab_to), recompute)
+    layout starts from the same full weights (seed=None leaves them to a checkpoint load). `moe`: the
+    hybrid.moe.layer.ExpertContext of an MoE model (its flags and expert-parallel group)."""
+    if cfg.arch == ARCH_GPT2:
+        model = GPT2(cfg, tp, stage=stage, pad_vocab_to=pad_vocab_to)
+    else:
+        model = Llama(cfg, tp, stage=stage, pad_vocab_to=pad_vocab_to, moe=moe)
+    if cfg.num_experts:
+        from hybrid.moe.runtime import link_moe_layers
+        link_moe_layers(model, cfg)
+    model = set_recompute(model, recompute)
     if seed is not None:
         init_parameters(model, seed, tp.rank)
     return model
@@ -26,7 +34,7 @@ def build_model(cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = Non
 def build_pipeline_chunks(cfg: ModelConfig, tp: TPContext, pp_rank: int, pp: int, v: int = 1,
                           stages: list[tuple[int, ...]] | None = None, seed: int | None = 1234,
                           pad_vocab_to: int = 1, recompute: Recompute = Recompute.NONE,
-                          stage_ids: list[int] | None = None) -> nn.ModuleList:
+                          stage_ids: list[int] | None = None, moe=None) -> nn.ModuleList:
     """This pipeline rank's v model chunks. Chunk c is global stage c*pp + pp_rank (Megatron's
     interleaved layout) unless `stage_ids` lists the global stage of each chunk (ZBV's V: pp_rank and
     2 pp - 1 - pp_rank); `stages` gives each global stage's layer ids (default: hybrid.partition's
@@ -36,7 +44,7 @@ def build_pipeline_chunks(cfg: ModelConfig, tp: TPContext, pp_rank: int, pp: int
     stage_ids = stage_ids if stage_ids is not None else [c * pp + pp_rank for c in range(v)]
     return nn.ModuleList(
         build_model(cfg, tp, StageLayout(layer_ids=stages[s], first=s == 0, last=s == last), seed=seed,
-                    pad_vocab_to=pad_vocab_to, recompute=recompute)
+                    pad_vocab_to=pad_vocab_to, recompute=recompute, moe=moe)
         for s in stage_ids)
 
 

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from einops import rearrange
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from hybrid.measured_memory import track_stored
 
 from hybrid.cp.attention import CPContext, context_attention
 from hybrid.cp.loss import context_parallel_loss
@@ -25,11 +28,17 @@ class Recompute(enum.Enum):
 
     SELECTIVE recomputes the attention core in backward (its saved q, k, v are kept, its output and
     softmax statistics are not); FULL keeps only each block's input and reruns the whole block in
-    backward (its TP collectives included, as in Megatron). Both use torch's non-reentrant checkpoint.
+    backward (its TP collectives included, as in Megatron). SELECTIVE_OP checkpoints the block like FULL but with
+    an op-level policy (`SelectiveOpPolicy`, torch's create_selective_checkpoint_contexts): the outputs of the
+    block's 1st, 3rd, 5th ... matmul and of the attention kernel are stored in forward, everything else (norms,
+    RoPE, activations, residual adds, the other matmuls and the collectives they feed) is rerun in backward.
+    All use torch's non-reentrant checkpoint.
     The one enum of the runtime and the planner (hybrid/planner/layout.py prices each mode)."""
 
     NONE = "none"  # keep every activation
     SELECTIVE = "selective"  # recompute the attention core (QK^T, softmax, dropout, .V) in backward
+    SELECTIVE_OP = "selective-op"  # op-level (torchtitan's SAC): keep every other matmul's output and the
+    #                                attention's, rerun the cheap ops and the other matmuls in backward
     FULL = "full"  # keep only each layer's input, rerun the layer's forward in backward
 
 
@@ -41,18 +50,83 @@ def set_recompute(model: nn.Module, granularity: Recompute) -> nn.Module:
     return model
 
 
-def maybe_checkpoint(enabled: bool, fn, *args, rng: ParallelRNG | None = None):
+def maybe_checkpoint(enabled: bool, fn, *args, rng: ParallelRNG | None = None, selective_op: bool = False):
     """fn(*args), recomputed in backward instead of saving its intermediates when `enabled`.
 
     torch's checkpoint replays the default generators only; `rng`'s dropout streams are replayed
     too (Megatron's CheckpointFunction does the same with its RNG tracker), so the recomputed
-    forward draws the original masks."""
+    forward draws the original masks. `selective_op`: keep what `SelectiveOpPolicy` stores (op-level SAC)."""
     if not enabled:
         return fn(*args)
-    if rng is None:
+    if rng is None and not selective_op:
         return checkpoint(fn, *args, use_reentrant=False)
-    state = rng.get_state()
-    return checkpoint(fn, *args, use_reentrant=False, context_fn=lambda: (nullcontext(), _Replay(rng, state)))
+    state = rng.get_state() if rng is not None else None
+
+    def contexts():
+        forward, recompute = nullcontext(), nullcontext()
+        if selective_op:
+            policy = SelectiveOpPolicy()
+            forward, recompute = create_selective_checkpoint_contexts(policy)
+            policy.owner = recompute  # the stored outputs live as long as the checkpoint frame holds this
+        if rng is None:
+            return forward, recompute
+        return forward, _Both(recompute, _Replay(rng, state))
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=contexts)
+
+
+def checkpoint_block(recompute: Recompute, training: bool, fn, *args, rng: ParallelRNG | None = None):
+    """A Transformer block's forward under its recomputation: FULL and SELECTIVE_OP checkpoint the whole block
+    (SELECTIVE_OP with the op-level policy), the others run it plainly (SELECTIVE acts inside the attention)."""
+    whole = recompute in (Recompute.FULL, Recompute.SELECTIVE_OP) and training
+    return maybe_checkpoint(whole, fn, *args, rng=rng, selective_op=recompute is Recompute.SELECTIVE_OP)
+
+
+_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+_ATTENTION = tuple(getattr(torch.ops.aten, name).default for name in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    if hasattr(torch.ops.aten, name))
+
+
+class SelectiveOpPolicy:
+    """torchtitan's op-level selective activation checkpointing policy (its `_save_list` with "recompute every
+    second mm"), for one checkpointed block: store the attention kernel's outputs and the output of every other
+    matmul in forward order (the 1st, 3rd, ...: q, v, c_fc / gate, down), recompute everything else. Counted
+    separately in the forward and in the recomputation, so both pick the same matmuls. What it stores is
+    reported to the active SavedActivationLedgers (hybrid/measured_memory.py) for as long as `owner` (the
+    recomputation context the checkpoint frame keeps) lives."""
+
+    def __init__(self) -> None:
+        self.matmuls = {False: 0, True: 0}
+        self.owner: object | None = None
+
+    def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
+        save = func in _ATTENTION
+        if func in _MATMULS:
+            self.matmuls[ctx.is_recompute] += 1
+            save = self.matmuls[ctx.is_recompute] % 2 == 1
+        if save and not ctx.is_recompute and self.owner is not None:
+            track_stored(ctx.op_output, self.owner)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class _Both:
+    """Two contexts entered in order and left in reverse (the SAC recomputation mode and the RNG replay); can be
+    entered again after it is left."""
+
+    def __init__(self, first, second) -> None:
+        self.first, self.second = first, second
+
+    def __enter__(self) -> None:
+        self.first.__enter__()
+        self.second.__enter__()
+
+    def __exit__(self, *exc) -> bool | None:
+        try:
+            self.second.__exit__(*exc)
+        finally:
+            self.first.__exit__(*exc)
+        return None
 
 
 class _Replay:
@@ -193,17 +267,19 @@ class ParallelAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
         x = self.tp.enter(x)  # (B, T, C) replicated (SP: gathered from (B, T/t, C))
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, a/t, T, hd)
-        k = self.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, kv/t, T, hd)
-        v = self.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        # this rank's heads out of the column-parallel projections: (B, T, heads/t x hd) -> (B, heads/t, T, hd)
+        heads = "b t (heads hd) -> b heads t hd"
+        q = rearrange(self.q_proj(x), heads, hd=self.head_dim)  # (B, a/t, T, hd)
+        k = rearrange(self.k_proj(x), heads, hd=self.head_dim)  # (B, kv/t, T, hd)
+        v = rearrange(self.v_proj(x), heads, hd=self.head_dim)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, kv/t, T_past + T, hd)
         y = maybe_checkpoint(self.recompute is Recompute.SELECTIVE and self.training, self.core, q, k, v, segments,
                              rng=self.tp.rng)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C), summed over TP
+        # heads back side by side for the row-parallel o_proj, whose input rows are this rank's heads
+        return self.o_proj(rearrange(y, "b heads t hd -> b t (heads hd)"))  # (B, T, C), summed over TP
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              segments: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,10 +1,12 @@
-"""Model configuration: one typed dataclass for GPT-2 and the Llama family, built from a
-transformers config (GPT2Config, LlamaConfig, MistralConfig, Qwen2Config), a `config.json`
-directory, or a named preset.
+"""Model configuration: one typed dataclass for GPT-2 and the Llama family, from a named preset
+(models/presets.py: plain literals), a transformers config (GPT2Config, LlamaConfig, MistralConfig,
+Qwen2Config) or a `config.json` directory.
 
-transformers' config classes are the source of truth for the architecture (and for RoPE variants,
-whose frequencies we compute with transformers' own `ROPE_INIT_FUNCTIONS`): we read them, never
-re-derive them.
+transformers' config classes are the source of truth for the architecture (and for the RoPE variants
+beyond the default one, whose frequencies we compute with transformers' own `ROPE_INIT_FUNCTIONS`): we
+read them, never re-derive them. A preset needs none of it, so transformers is imported only where a
+config.json is read or a transformers config is asked for (`ModelConfig.hf`): a run on a preset does not
+import it (tests/test_presets.py checks the literals against transformers' configs and the imports).
 """
 
 from __future__ import annotations
@@ -12,13 +14,12 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
-from huggingface_hub.errors import StrictDataclassError
-from transformers import AutoConfig, GPT2Config, LlamaConfig, PretrainedConfig, Qwen2Config
 
-from models import hf_fields
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 ARCH_GPT2 = "gpt2"
 ARCH_LLAMA = "llama"
@@ -42,7 +43,8 @@ class ModelConfig:
         norm_eps: LayerNorm / RMSNorm epsilon.
         tie_embeddings: the LM head reuses the input embedding.
         qkv_bias / mlp_bias / out_bias: which linears have biases.
-        activation: transformers' ACT2FN name of the MLP activation (GPT-2 "gelu_new", Llama "silu").
+        activation: transformers' ACT2FN name of the MLP activation (GPT-2 "gelu_new", Llama "silu";
+            models/activations.py).
         dropout: hidden dropout -- probability on each residual branch's output (Megatron's
             `--hidden-dropout`; GPT-2's resid_pdrop; 0 for the Llama family, which has none).
         embedding_dropout: probability on the embedding output (GPT-2's embd_pdrop); None: `dropout`.
@@ -52,7 +54,33 @@ class ModelConfig:
             at positions (t - W, t] (transformers' `kv_idx > q_idx - sliding_window`); None: full.
         sliding_layers: the layer ids that use the window (Mistral: all; Qwen2: those whose
             `layer_types` entry is "sliding_attention").
-        hf: the transformers config it came from (RoPE parameters, names); not compared.
+        model_type: transformers' model_type ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe");
+            None: the arch's.
+        rope_type: transformers' rope_parameters.rope_type ("default": theta^(-2i/d); "linear", "yarn",
+            "llama3" are computed by transformers from `hf`); unused by GPT-2.
+        rope_theta: RoPE base theta (rope_parameters.rope_theta); unused by GPT-2.
+        name: the preset's name (models/presets.py), None for a config read from transformers; not
+            compared.
+        hf_config: the transformers config it came from (a config.json, a config object), None for a
+            preset; not compared. Read it as `hf`, which builds a preset's on demand.
+
+    Mixture of Experts (model_type "mixtral", "qwen2_moe"; hybrid/moe, docs/moe.md; 0 experts: every layer has the
+    dense MLP):
+        num_experts: routed experts E per MoE layer (Mixtral num_local_experts, Qwen2-MoE num_experts).
+        moe_top_k: experts each token is sent to, k (num_experts_per_tok).
+        moe_ffn_hidden_size: inner width of one routed expert's SwiGLU (Mixtral intermediate_size,
+            Qwen2-MoE moe_intermediate_size).
+        moe_layers: ids of the layers whose MLP is the MoE block (Mixtral: all; Qwen2-MoE: those with
+            (i + 1) % decoder_sparse_step == 0 not in mlp_only_layers); the others keep the dense MLP.
+        moe_router_pre_softmax: True: softmax over all E logits, then top-k of the probabilities
+            (transformers' Mixtral and Qwen2-MoE); False: top-k of the logits, softmax over the k
+            (Megatron's default). Equal after renormalisation; they differ without it.
+        moe_norm_topk_prob: the k selected probabilities are divided by their sum (Mixtral always;
+            Qwen2-MoE norm_topk_prob).
+        moe_shared_expert_ffn_hidden_size: inner width of the shared expert every token also goes
+            through (Qwen2-MoE shared_expert_intermediate_size); 0: none.
+        moe_shared_expert_gate: the shared expert's output is scaled by sigmoid(x w_g), w_g of shape
+            (1, h) (Qwen2-MoE's shared_expert_gate).
     """
 
     arch: str
@@ -75,9 +103,25 @@ class ModelConfig:
     attention_dropout: float | None = None
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] = ()
-    hf: PretrainedConfig | None = field(default=None, compare=False, repr=False)
+    model_type: str | None = None
+    rope_type: str = "default"
+    rope_theta: float = 10000.0
+    name: str | None = field(default=None, compare=False)
+    hf_config: PretrainedConfig | None = field(default=None, compare=False, repr=False)
+    # --- Mixture of Experts (hybrid/moe; fields documented above) ---------------------------------
+    num_experts: int = 0
+    moe_top_k: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_layers: tuple[int, ...] = ()
+    moe_router_pre_softmax: bool = True
+    moe_norm_topk_prob: bool = True
+    moe_shared_expert_ffn_hidden_size: int = 0
+    moe_shared_expert_gate: bool = False
+    # ----------------------------------------------------------------------------------------------
 
     def __post_init__(self) -> None:
+        if self.model_type is None:
+            object.__setattr__(self, "model_type", self.arch)
         for name in ("embedding_dropout", "attention_dropout"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, self.dropout)
@@ -87,6 +131,13 @@ class ModelConfig:
         if self.sliding_layers and (self.sliding_window is None or self.sliding_window < 1):
             raise ValueError(f"--model: sliding_window {self.sliding_window} must be >= 1 for the sliding "
                              f"layers {list(self.sliding_layers)}")
+        if self.num_experts:
+            from hybrid.moe.shapes import check_model_fields
+            check_model_fields(self)
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        """Layer `layer_id`'s MLP is the Mixture-of-Experts block (hybrid/moe)."""
+        return self.num_experts > 0 and layer_id in self.moe_layers
 
     def window(self, layer_id: int) -> int | None:
         """The attention window of layer `layer_id` (None: full causal attention)."""
@@ -105,23 +156,43 @@ class ModelConfig:
         final_norm = 2 * h if self.arch == ARCH_GPT2 else h
         embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
         pos = self.max_position_embeddings * h if self.arch == ARCH_GPT2 else 0
-        return self.num_layers * (attn + mlp + norms) + final_norm + embed + pos
+        n_moe = sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))
+        moe = n_moe * (self.moe_mlp_parameters - mlp)  # MoE layers hold the MoE block instead of the dense MLP
+        return self.num_layers * (attn + mlp + norms) + final_norm + embed + pos + moe
+
+    @property
+    def moe_mlp_parameters(self) -> int:
+        """Parameters of one MoE block: router E h, E SwiGLU experts 3 h f_e, the shared expert 3 h f_s and its
+        gate h."""
+        h, E = self.hidden_size, self.num_experts
+        shared = 3 * h * self.moe_shared_expert_ffn_hidden_size + h * self.moe_shared_expert_gate
+        return E * h + E * 3 * h * self.moe_ffn_hidden_size + shared
+
+    @property
+    def hf(self) -> PretrainedConfig | None:
+        """The transformers config: the one it was read from, or a preset's, built once from
+        models/presets.py's arguments (imports transformers); None for a config made here (the planner's)."""
+        if self.hf_config is None and self.name is not None:
+            from models.presets import transformers_config
+            object.__setattr__(self, "hf_config", transformers_config(self.name))
+        return self.hf_config
 
     def rope_inv_freq(self) -> tuple[torch.Tensor, float]:
-        """RoPE inverse frequencies and attention scaling, as transformers computes them."""
-        params = getattr(self.hf, "rope_parameters", None) or {}
-        rope_type = params.get("rope_type", "default")
-        if rope_type != "default":
+        """RoPE inverse frequencies and attention scaling, as transformers computes them: the default
+        theta^(-2i/d), i = 0 .. d/2 - 1 (its `compute_default_rope_parameters`), here; the scaled types by
+        transformers' ROPE_INIT_FUNCTIONS on the config it came from."""
+        if self.rope_type != "default":
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-            inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](self.hf, None)
+            inv_freq, scale = ROPE_INIT_FUNCTIONS[self.rope_type](self.hf, None)
             return inv_freq.float(), float(scale)
-        theta = params.get("rope_theta", getattr(self.hf, "rope_theta", 10000.0))
-        return 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim)), 1.0
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / self.head_dim
+        return 1.0 / (self.rope_theta ** exponent), 1.0
 
 
 def from_hf(hf: PretrainedConfig) -> ModelConfig:
     """Our config from a transformers config object; a field that changes the math in a way we do
     not implement is a ValueError naming it (models/hf_fields.py)."""
+    from models import hf_fields
     if hf.model_type not in hf_fields.ALL:
         raise ValueError(f"--model: unsupported model_type {hf.model_type!r}; supported: {', '.join(hf_fields.ALL)}")
     hf_fields.check_supported(hf)
@@ -132,10 +203,12 @@ def from_hf(hf: PretrainedConfig) -> ModelConfig:
             ffn_hidden_size=hf.n_inner or 4 * hf.n_embd, max_position_embeddings=hf.n_positions,
             norm_eps=hf.layer_norm_epsilon, tie_embeddings=True, qkv_bias=True, mlp_bias=True, out_bias=True,
             activation=hf.activation_function, dropout=float(hf.resid_pdrop),
-            embedding_dropout=float(hf.embd_pdrop), attention_dropout=float(hf.attn_pdrop), hf=hf)
+            embedding_dropout=float(hf.embd_pdrop), attention_dropout=float(hf.attn_pdrop), model_type="gpt2",
+            hf_config=hf)
     heads = hf.num_attention_heads
     llama = hf.model_type == "llama"  # Mistral's and Qwen2's modeling code reads no bias flags
     window, windowed = hf_fields.sliding_layers(hf)
+    rope = getattr(hf, "rope_parameters", None) or {}
     return ModelConfig(
         arch=ARCH_LLAMA, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
         num_layers=hf.num_hidden_layers, num_heads=heads,
@@ -143,61 +216,51 @@ def from_hf(hf: PretrainedConfig) -> ModelConfig:
         head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
         ffn_hidden_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
         norm_eps=hf.rms_norm_eps, tie_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-        qkv_bias=hf.model_type == "qwen2" or (llama and bool(hf.attention_bias)),
+        qkv_bias=hf.model_type == "qwen2" or (llama and bool(hf.attention_bias)) or bool(getattr(hf, "qkv_bias", False)),
         mlp_bias=llama and bool(hf.mlp_bias), out_bias=llama and bool(hf.attention_bias),
         activation=hf.hidden_act, dropout=0.0, embedding_dropout=0.0,
-        attention_dropout=float(hf.attention_dropout or 0.0), sliding_window=window, sliding_layers=windowed, hf=hf)
+        attention_dropout=float(hf.attention_dropout or 0.0), sliding_window=window, sliding_layers=windowed,
+        model_type=hf.model_type, rope_type=rope.get("rope_type", "default"),
+        rope_theta=float(rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))), hf_config=hf,
+        **moe_fields(hf))
 
 
-def _gpt2(n_layer: int, n_embd: int, n_head: int, **kw: Any) -> GPT2Config:
-    return GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, **kw)
+def moe_fields(hf: PretrainedConfig) -> dict:
+    """The Mixture-of-Experts fields of ModelConfig from a Mixtral / Qwen2-MoE config ({} for a dense one).
+    transformers' routers both take the softmax over all experts before top-k (pre-softmax); Mixtral always
+    renormalises the k probabilities, Qwen2-MoE when norm_topk_prob."""
+    layers = range(hf.num_hidden_layers)
+    if hf.model_type == "mixtral":
+        return dict(num_experts=hf.num_local_experts, moe_top_k=hf.num_experts_per_tok,
+                    moe_ffn_hidden_size=hf.intermediate_size, moe_layers=tuple(layers))
+    if hf.model_type == "qwen2_moe":
+        moe = tuple(i for i in layers if i not in (hf.mlp_only_layers or ())
+                    and hf.num_experts > 0 and (i + 1) % hf.decoder_sparse_step == 0)
+        return dict(num_experts=hf.num_experts if moe else 0, moe_top_k=hf.num_experts_per_tok,
+                    moe_ffn_hidden_size=hf.moe_intermediate_size, moe_layers=moe,
+                    moe_norm_topk_prob=bool(hf.norm_topk_prob),
+                    moe_shared_expert_ffn_hidden_size=hf.shared_expert_intermediate_size,
+                    moe_shared_expert_gate=True)
+    return {}
 
 
-def _llama(layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int = 128256, **kw: Any) -> LlamaConfig:
-    kw.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": 500000.0})
-    return LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                       num_key_value_heads=kv, intermediate_size=ffn, vocab_size=vocab,
-                       rms_norm_eps=1e-5, **{"max_position_embeddings": 8192, **kw})
-
-
-# Tiny presets run on CPU in tests and the demo (vocabulary 256 = byte-level text); real sizes
-# feed the planner. The tiny presets set dropout 0 explicitly: the parallel-vs-single-process tests
-# train them, and dropout masks of TP-sharded regions legitimately differ between layouts (each TP
-# rank draws its own, as in Megatron), so only dropout 0 makes layouts comparable. Real sizes follow the published configs (GPT-2: Radford et al. 2019;
-# Llama 3: Meta's config.json files).
-PRESETS: dict[str, Any] = {
-    "tiny-gpt2": lambda: _gpt2(4, 64, 4, vocab_size=256, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
-                               attn_pdrop=0.0, bos_token_id=0, eos_token_id=0),
-    "tiny-llama": lambda: _llama(4, 64, 4, 2, 176, vocab=256, max_position_embeddings=256,
-                                 tie_word_embeddings=False, attention_dropout=0.0),
-    "tiny-qwen2": lambda: Qwen2Config(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=176, vocab_size=256,
-                                      max_position_embeddings=256, tie_word_embeddings=True,
-                                      attention_dropout=0.0),
-    "gpt2": lambda: _gpt2(12, 768, 12),
-    "gpt2-medium": lambda: _gpt2(24, 1024, 16),
-    "gpt2-large": lambda: _gpt2(36, 1280, 20),
-    "gpt2-xl": lambda: _gpt2(48, 1600, 25),
-    "llama-3-8b": lambda: _llama(32, 4096, 32, 8, 14336),
-    "llama-3-70b": lambda: _llama(80, 8192, 64, 8, 28672),
-    "llama-3-405b": lambda: _llama(126, 16384, 128, 8, 53248),
-}
-
-
-SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 # config.json keys that are sizes (a positive integer when present; None allowed where transformers derives it)
 _SIZE_KEYS = {"n_embd": False, "n_head": False, "n_layer": False, "n_positions": False, "n_inner": True,
               "hidden_size": False, "num_attention_heads": False, "num_hidden_layers": False,
               "num_key_value_heads": True, "intermediate_size": False, "vocab_size": False,
-              "max_position_embeddings": False, "head_dim": True}
+              "max_position_embeddings": False, "head_dim": True,
+              "num_local_experts": False, "num_experts_per_tok": False, "moe_intermediate_size": False,
+              "decoder_sparse_step": False}
 
 
 def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
     """A preset name, a directory holding config.json, or a config.json file. Every unreadable, malformed or
     unsupported config is a ValueError naming the file and what is wrong (never transformers' OSError/KeyError)."""
+    from models.presets import PRESETS
     key = str(name_or_path)
     if key in PRESETS:
-        return from_hf(PRESETS[key]())
+        return PRESETS[key]
     path = os.fspath(name_or_path)
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     if os.path.isdir(path) and not os.path.isfile(file):
@@ -210,6 +273,13 @@ def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
         raise ValueError(f"--model {key!r} is neither a preset nor a directory with config.json; {hint}"
                          f"presets: {', '.join(PRESETS)} (hybrid models)")
     raw = read_config_json(file)
+    from huggingface_hub.errors import StrictDataclassError  # transformers' config validation (it imports it)
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+    verbosity = hf_logging.get_verbosity()
+    # transformers' own config warnings (a token id outside the vocabulary, say) are not ours to print: what
+    # matters is checked here and in hf_fields, and a bad input stays one line
+    hf_logging.set_verbosity_error()
     try:
         if os.path.isdir(path):
             hf = AutoConfig.from_pretrained(path)
@@ -221,6 +291,8 @@ def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
         reason = " ".join(ln.strip() for ln in str(e).strip().splitlines()[:2]) or type(e).__name__
         raise ValueError(f"--model {file}: transformers cannot build a {raw.get('model_type', '')} config from it "
                          f"({reason})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
     try:
         return from_hf(hf)
     except ValueError as e:  # a rejected field: say which file holds it
@@ -237,6 +309,8 @@ def read_config_json(file: str) -> dict:
         raise ValueError(f"--model {file}: not UTF-8 text; a config.json is UTF-8 JSON") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--model {file}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a 5000-digit number
+        raise ValueError(f"--model {file}: not a config.json hybrid reads ({type(e).__name__})") from None
     except OSError as e:
         raise ValueError(f"--model {file}: cannot read it ({e.strerror})") from None
     if not isinstance(raw, dict):

@@ -12,22 +12,13 @@ import math
 
 import torch
 import torch.nn as nn
-from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, Dropout, LayerNorm, RowParallelLinear, TPContext, VocabParallelEmbedding, normal_init
 from hybrid.tp.sharding import set_spec
 from hybrid.cp.data import SequenceInfo
-from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
+from models.activations import activation
+from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, checkpoint_block
 from models.config import ModelConfig
-
-
-def activation(name: str) -> nn.Module:
-    """transformers' activation by name, except that GPT-2's tanh-approximated GELU ("gelu_new",
-    written out in Python there) runs as torch's fused kernel: the same function, one op that saves
-    only its input for backward instead of three intermediates (12 bytes/element less in fp32)."""
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return nn.GELU(approximate="tanh")
-    return ACT2FN[name]
 
 
 class GPT2MLP(nn.Module):
@@ -58,8 +49,7 @@ class GPT2Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None,
                 segments: torch.Tensor | None = None) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, cache, segments,
-                                rng=self.rng)
+        return checkpoint_block(self.recompute, self.training, self.block, x, cache, segments, rng=self.rng)
 
     def block(self, x: torch.Tensor, cache: LayerCache | None = None,
               segments: torch.Tensor | None = None) -> torch.Tensor:

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
+from models import activations
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+if TYPE_CHECKING:  # the checks run on transformers' config objects; importing this module does not import it
+    from transformers import PretrainedConfig
+
+MOE = ("mixtral", "qwen2_moe")  # Mixture-of-Experts members of the Llama family (hybrid/moe)
+LLAMA_FAMILY = ("llama", "mistral", "qwen2") + MOE
 ALL = ("gpt2",) + LLAMA_FAMILY
 INIT_STD = 0.02  # the std our init draws every weight with (models/gpt2.py, models/llama.py)
 ROPE_TYPES = ("default", "linear", "yarn", "llama3")  # static inverse frequencies (ModelConfig.rope_inv_freq)
@@ -47,12 +50,17 @@ RULES = (
     Rule("is_encoder_decoder", ALL, lambda v: not v, "decoder-only"),
     Rule("initializer_range", ALL, lambda v: v is None or v == INIT_STD, f"weights are initialised with std {INIT_STD}"),
     Rule("quantization_config", ALL, lambda v: not v, "full-precision weights only"),
-    Rule("activation_function", ("gpt2",), lambda v: v in ACT2FN, "a transformers ACT2FN name"),
-    Rule("hidden_act", LLAMA_FAMILY, lambda v: v in ACT2FN, "a transformers ACT2FN name"),
+    Rule("activation_function", ("gpt2",), activations.known, "a transformers ACT2FN name"),
+    Rule("hidden_act", LLAMA_FAMILY, activations.known, "a transformers ACT2FN name"),
     Rule("layer_types", ("mistral",), lambda v: v is None,
          "transformers' MistralModel ignores layer_types and windows every layer; drop the field"),
     Rule("layer_types", ("qwen2",), lambda v: v is None or set(v) <= {"full_attention", "sliding_attention"},
          "full_attention and sliding_attention layers"),
+    # Mixture of Experts (hybrid/moe)
+    Rule("router_jitter_noise", ("mixtral",), lambda v: not v, "no multiplicative jitter on the router input (0)"),
+    Rule("use_sliding_window", ("qwen2_moe",), lambda v: not v, "full attention on every qwen2_moe layer"),
+    Rule("layer_types", ("qwen2_moe",), lambda v: v is None or set(v) == {"full_attention"},
+         "full_attention on every qwen2_moe layer"),
 )
 
 
@@ -69,6 +77,13 @@ IMPLEMENTED = {
 }
 IMPLEMENTED["mistral"] = IMPLEMENTED["llama"] - {"attention_bias", "mlp_bias"} | {"sliding_window"}
 IMPLEMENTED["qwen2"] = IMPLEMENTED["mistral"] | {"use_sliding_window", "max_window_layers", "layer_types"}
+# MoE: the router's load-balancing loss is a training choice (--moe-aux-loss-coeff and
+# --moe-router-load-balancing-type hf_aux_loss give transformers' output_router_logits=True loss), so
+# router_aux_loss_coef and output_router_logits are HARMLESS below: they do not change the forward math.
+IMPLEMENTED["mixtral"] = IMPLEMENTED["mistral"] | {"num_local_experts", "num_experts_per_tok"}
+IMPLEMENTED["qwen2_moe"] = (IMPLEMENTED["qwen2"] - {"use_sliding_window", "layer_types"}) | {
+    "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+    "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "qkv_bias"}
 # Fields that do not change the training math of the causal-LM model: bookkeeping, generation, output
 # switches, heads other than the LM head (GPT-2's summary_* double-heads and classifier fields), the attention
 # kernel choice. pad_token_id: transformers gives nn.Embedding that padding_idx, whose row then gets no
@@ -78,7 +93,7 @@ HARMLESS = {"_name_or_path", "architectures", "bos_token_id", "eos_token_id", "p
             "output_hidden_states", "return_dict", "use_cache", "transformers_version", "model_type",
             "_attn_implementation", "pretraining_tp", "summary_type", "summary_use_proj", "summary_activation",
             "summary_proj_to_labels", "summary_first_dropout", "summary_last_dropout", "classifier_dropout",
-            "hidden_dropout"}
+            "hidden_dropout", "router_aux_loss_coef", "output_router_logits"}
 
 
 # Value ranges of the numeric fields (transformers' config classes accept NaN, inf and negatives for all
@@ -89,6 +104,9 @@ SIZES = {"gpt2": ("vocab_size", "n_embd", "n_head", "n_layer", "n_positions"),
          "llama": ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
                    "max_position_embeddings")}
 OPTIONAL_SIZES = {"gpt2": ("n_inner",), "llama": ("num_key_value_heads", "head_dim", "sliding_window")}
+MOE_SIZES = {"mixtral": ("num_local_experts", "num_experts_per_tok"),
+             "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                           "shared_expert_intermediate_size", "decoder_sparse_step")}
 EPSILONS = {"gpt2": ("layer_norm_epsilon",), "llama": ("rms_norm_eps",)}
 DROPOUTS = {"gpt2": ("attn_pdrop", "resid_pdrop", "embd_pdrop"), "llama": ("attention_dropout",)}
 BOOLEANS = {"gpt2": (), "llama": ("attention_bias", "mlp_bias", "tie_word_embeddings", "use_sliding_window")}
@@ -99,8 +117,10 @@ def check_values(hf: PretrainedConfig) -> None:
     after its layout is checked, _check_rope_values)."""
     mt = hf.model_type
     family = "gpt2" if mt == "gpt2" else "llama"
-    for name in SIZES[family] + OPTIONAL_SIZES[family]:
+    for name in SIZES[family] + OPTIONAL_SIZES[family] + MOE_SIZES.get(mt, ()):
         v = getattr(hf, name, None)
+        if mt == "qwen2_moe" and name == "sliding_window" and not getattr(hf, "use_sliding_window", False):
+            continue  # Qwen2MoeConfig stores 0 when the window is off
         if (v is not None or name in SIZES[family]) and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             _bad(mt, name, v, "a positive integer")
     for name in EPSILONS[family]:
@@ -147,12 +167,22 @@ def check_supported(hf: PretrainedConfig) -> None:
         if mt in rule.model_types and hasattr(hf, rule.field) and not rule.ok(getattr(hf, rule.field)):
             _reject(mt, rule.field, getattr(hf, rule.field), rule.supported)
     _check_head_dim(hf)
+    if mt in MOE:
+        _check_moe(hf)
     if mt in LLAMA_FAMILY:
         _check_rope(hf)
         _check_rope_values(hf)
         if mt == "qwen2" and "sliding_attention" in (hf.layer_types or ()) and hf.sliding_window is None:
             _reject(mt, "sliding_window", None, "an integer window for the sliding_attention layers "
                                                 "(set use_sliding_window=True and sliding_window)")
+
+
+def _check_moe(hf: PretrainedConfig) -> None:
+    """k experts per token out of E: k <= E."""
+    experts = hf.num_local_experts if hf.model_type == "mixtral" else hf.num_experts
+    if hf.num_experts_per_tok > experts:
+        _reject(hf.model_type, "num_experts_per_tok", hf.num_experts_per_tok,
+                f"at most the {experts} experts")
 
 
 def _check_head_dim(hf: PretrainedConfig) -> None:
@@ -193,7 +223,7 @@ def sliding_layers(hf: PretrainedConfig) -> tuple[int | None, tuple[int, ...]]:
     all layers). Qwen2: Qwen2Config sets sliding_window = None unless use_sliding_window, and derives
     layer_types (sliding from layer max_window_layers on) unless given; each layer follows its type."""
     window = getattr(hf, "sliding_window", None)
-    if hf.model_type == "mistral" and window is not None:
+    if hf.model_type in ("mistral", "mixtral") and window is not None:
         return window, tuple(range(hf.num_hidden_layers))
     if hf.model_type == "qwen2" and window is not None:
         return window, tuple(i for i, t in enumerate(hf.layer_types) if t == "sliding_attention")

@@ -44,9 +44,19 @@ _GPT2_QKV = re.compile(r"h\.(\d+)\.attn\.(q|k|v)_proj\.(weight|bias)")
 _GPT2_CONV1D = re.compile(r"h\.\d+\.(attn\.o_proj|mlp\.c_fc|mlp\.c_proj)\.weight")
 
 
+_MIXTRAL_MOE = re.compile(r"layers\.(\d+)\.mlp\.(gate\.weight|experts\.(\d+)\.(gate|up|down)_proj\.weight)")
+_MIXTRAL_W = {"gate": "w1", "down": "w2", "up": "w3"}  # Mixtral's expert weights: w2(act(w1 x) * w3 x)
+
+
 def hf_source(cfg: ModelConfig, name: str) -> Source:
-    """The transformers location of our parameter `name`."""
+    """The transformers location of our parameter `name`. MoE experts are stored one tensor per expert and
+    projection, as transformers' save_pretrained writes them (the Hub layout): Qwen2-MoE under our names,
+    Mixtral under block_sparse_moe.experts.<e>.w1 / w3 / w2 (gate / up / down)."""
     if cfg.arch != ARCH_GPT2:
+        if cfg.model_type == "mixtral" and (m := _MIXTRAL_MOE.fullmatch(name)):
+            layer, what, expert, proj = m.groups()
+            tail = "gate.weight" if expert is None else f"experts.{expert}.{_MIXTRAL_W[proj]}.weight"
+            return Source(f"model.layers.{layer}.block_sparse_moe.{tail}")
         return Source(name if name.startswith("lm_head.") else f"model.{name}")
     if m := _GPT2_QKV.fullmatch(name):
         layer, which, kind = m.groups()
@@ -64,7 +74,12 @@ class CheckpointReader:
         index = os.path.join(path, "model.safetensors.index.json")
         if os.path.exists(index):
             with open(index) as f:
-                self.files = {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
+                weight_map = json.load(f)["weight_map"]
+            for k, v in weight_map.items():  # shard names are files of this folder: "../x" or "/x" would read outside
+                if not isinstance(v, str) or os.path.basename(v) != v or v in ("", ".", ".."):
+                    raise ValueError(f"--model {path}: model.safetensors.index.json maps {k!r} to {v!r:.80}, not a "
+                                     f"file of the folder")
+            self.files = {k: os.path.join(path, v) for k, v in weight_map.items()}
         elif os.path.exists(os.path.join(path, "model.safetensors")):
             single = os.path.join(path, "model.safetensors")
             with safe_open(single, framework="pt") as f:

@@ -1,18 +1,19 @@
-"""The Llama family (Llama 2/3, Mistral, Qwen2) on hybrid's tensor-parallel layers.
+"""The Llama family (Llama 2/3, Mistral, Qwen2, and the MoE Mixtral and Qwen2-MoE) on hybrid's tensor-parallel layers.
 
 RoPE, RMSNorm, SwiGLU MLP, grouped-query attention; optional q/k/v bias (Qwen2); tied or untied
-embeddings; sliding-window attention on the layers the config names (Mistral, Qwen2). Parameter names follow transformers' LlamaForCausalLM without the "model." prefix.
+embeddings; sliding-window attention on the layers the config names (Mistral, Qwen2); the layers
+`cfg.moe_layers` names hold a Mixture-of-Experts block instead of the MLP (models/moe.py). Parameter names follow transformers' LlamaForCausalLM without the "model." prefix.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from transformers.activations import ACT2FN
 
 from hybrid.tp import ColumnParallelLinear, Dropout, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
 from hybrid.cp.data import SequenceInfo
-from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, maybe_checkpoint
+from models.activations import activation
+from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, checkpoint_block
 from models.config import ModelConfig
 
 
@@ -27,7 +28,7 @@ class SwiGLU(nn.Module):
         self.gate_proj = ColumnParallelLinear(h, f, tp, bias=cfg.mlp_bias, enter=False)
         self.up_proj = ColumnParallelLinear(h, f, tp, bias=cfg.mlp_bias, enter=False)
         self.down_proj = RowParallelLinear(f, h, tp, bias=cfg.mlp_bias)
-        self.act = ACT2FN[cfg.activation]
+        self.act = activation(cfg.activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tp.enter(x)
@@ -39,20 +40,24 @@ class LlamaBlock(nn.Module):
     or causally over the whole sequence. transformers' Llama has no hidden dropout; `--hidden-dropout`
     adds it on both residual branches, as Megatron does."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPContext, layer_id: int):
+    def __init__(self, cfg: ModelConfig, tp: TPContext, layer_id: int, moe=None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
         self.self_attn = ParallelAttention(cfg, tp, out_std=0.02, window=cfg.window(layer_id))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
-        self.mlp = SwiGLU(cfg, tp)
+        if cfg.is_moe_layer(layer_id):  # Mixtral / Qwen2-MoE: the MoE block (models/moe.py, hybrid/moe)
+            from models.moe import moe_mlp
+            self.mlp = moe_mlp(cfg, tp, moe)
+        else:
+            self.mlp = SwiGLU(cfg, tp)
         self.drop = Dropout(cfg.dropout, tp.rng, tp.activation_region)
         self.recompute = Recompute.NONE
         self.rng = tp.rng
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
-        return maybe_checkpoint(self.recompute is Recompute.FULL and self.training, self.block, x, *rope, cache,
-                                segments, rng=self.rng)
+        return checkpoint_block(self.recompute, self.training, self.block, x, *rope, cache, segments,
+                                rng=self.rng)
 
     def block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
@@ -64,7 +69,8 @@ class LlamaBlock(nn.Module):
 class Llama(nn.Module):
     """Llama-family language model, or one pipeline stage of it; forward as GPT2.forward."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = None, pad_vocab_to: int = 1):
+    def __init__(self, cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = None, pad_vocab_to: int = 1,
+                 moe=None):
         super().__init__()
         self.cfg, self.tp = cfg, tp
         self.stage = stage or StageLayout.whole(cfg.num_layers)
@@ -73,7 +79,7 @@ class Llama(nn.Module):
             self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, pad_to=pad_vocab_to)
         if self.stage.first:
             self.drop = Dropout(cfg.embedding_dropout, tp.rng, tp.activation_region)  # 0 unless --hidden-dropout
-        self.layers = nn.ModuleDict({str(i): LlamaBlock(cfg, tp, i) for i in self.stage.layer_ids})
+        self.layers = nn.ModuleDict({str(i): LlamaBlock(cfg, tp, i, moe) for i in self.stage.layer_ids})
         if self.stage.last:
             self.norm = RMSNorm(cfg.hidden_size, tp, eps=cfg.norm_eps)
             if not cfg.tie_embeddings:

@@ -132,7 +132,8 @@ class Hybrid:
         self.opt = ZeroOptimizer(self.model, self.mesh, ZeroConfig(stage=3), OptimizerConfig(lr=1e-3,
                                                                                               weight_decay=0.01))
         self.names = core.param_names(self.model)
-        self.pg = dist.new_group(backend="gloo")  # the save's own group, as RunCheckpoints makes it
+        from hybrid.comm import Group
+        self.pg = Group.create("ckpt", list(range(world)), self.mesh.ledger, backend="gloo")  # as RunCheckpoints
         train_step(self.model, [bench_zero.batch(args, rank, 0)], self.opt, self.mesh,
                    runner=LocalForwardBackward(self.model[0], self.mesh.device))
 

@@ -2,6 +2,7 @@
 
     python scripts/bench_pipeline.py --out docs/results/bench_pipeline.md   # ~9 minutes on 2 cores under load 16-46
     python scripts/bench_pipeline.py --quick --out /tmp/pp.md               # smoke run (measures nothing)
+    python scripts/bench_pipeline.py --pp 2 --microbatches 8 --out docs/results/bench_zero_bubble.md  # ZB-H1 row
     [--pp 2] [--microbatches 4] [--repeats 10] [--runs 3] [--warmup 1] [--hidden 256] [--layers 8] [--seq 128]
     [--micro-batch 2] [--vocab 2048]
 
@@ -20,7 +21,13 @@ stage module is a thin wrapper returning the chunk's hidden states, or its logit
 loss by 1/m before backward, torch (`scale_grads=True`) divides the accumulated gradients by m after the
 last backward; both give the gradient of the mean over micro-batches (checked below, same weights).
 
-Timing: `warmup` untimed steps per runtime, then `repeats` rounds that run the four in turn (ABAB...), so
+Zero bubble: a fifth runtime, ours under ZB-H1 (`build_schedule(ZB_H1, pp, m)`), timed in the same rounds. Its row
+gives ZB-H1 against our 1F1B (median ms with min - max, the ratio per block) beside the simulator's prediction:
+`simulate` of both lists with each stage's F, full-backward, B and W seconds measured in the untimed profiling
+steps (the medians of the executor's own timeline events), messages free. "within 10 %" compares the measured
+saving 1 - ZB/1F1B with the predicted one.
+
+Timing: `warmup` untimed steps per runtime, then `repeats` rounds that run the five in turn (ABAB...), so
 a noisy machine slows all alike. A step is forward + backward of all m micro-batches (no optimizer),
 started after a barrier; its time is the slowest rank's. Reported: median and min, and ours/torch of
 the medians, of the mins, and the median of the per-round ratios (below 1.0: ours faster); the table gives the
@@ -73,7 +80,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybrid.measured_memory import SavedActivationLedger, storage_key
 from hybrid.mesh import Mesh, ParallelDims
-from hybrid.pipeline import ScheduleKind, build_schedule
+from hybrid.pipeline import Costs, ScheduleKind, build_schedule, simulate
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
@@ -82,6 +89,8 @@ from hybrid.cliutil import (OneLineParser, atomic_output, check_output_file, cpu
 
 NUM_HEADS = 4
 KINDS = {"1F1B": ScheduleKind.ONE_F_ONE_B, "GPipe": ScheduleKind.GPIPE}
+ZB_NAME = "ours ZB-H1"  # ours only: the zero-bubble row compares it with "ours 1F1B" and the simulator
+COMPUTE = ("forward", "backward", "backward_input", "backward_weight")  # the executor's compute events
 MiB = 2 ** 20
 PROFILE_STEPS = 2  # untimed steps per runtime that split each rank's step into compute and waiting
 
@@ -122,6 +131,8 @@ class PPResult:
     torch_recv_buffers: list[int]  # per stage, bytes of torch's persistent receive buffers
     busy: dict[str, list[tuple[float, float]]]  # runtime name -> per stage (median step s, median compute s)
     check: dict[str, float] = field(default_factory=dict)  # loss / gradient agreement
+    op_seconds: list[dict[str, float]] = field(default_factory=list)  # per stage, median s of each compute event
+    predicted: dict[str, float] = field(default_factory=dict)  # schedule -> simulated step s (stage costs above)
 
 
 def model_config(shape: Shape):
@@ -220,7 +231,8 @@ class Ours:
         t0 = time.perf_counter()
         ex.forward_backward(batches)
         total = time.perf_counter() - t0
-        return total, sum(e.end - e.start for e in ex.events if e.name in ("forward", "backward"))
+        self.last_events = ex.events
+        return total, sum(e.end - e.start for e in ex.events if e.name in COMPUTE)
 
 
 class StageModule(nn.Module):
@@ -355,6 +367,7 @@ def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dic
     for name, kind in KINDS.items():
         runtimes[f"ours {name}"] = Ours(chunks, kind, mesh, shape)
         runtimes[f"torch {name}"] = Torch(chunks, kind, mesh, shape)
+    runtimes[ZB_NAME] = Ours(chunks, ScheduleKind.ZB_H1, mesh, shape)
 
     # warm-up (torch infers shapes on its first step), then the same step on both from the same weights
     steps = {n: _timed(lambda r=r: r.step(batches), params) for n, r in runtimes.items()}
@@ -373,6 +386,13 @@ def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dic
         scale = max((g.abs().max().item() for g in out["torch"][1]), default=0.0)
         check[f"{name} loss ours"], check[f"{name} loss torch"] = out["ours"][0], out["torch"][0]
         check[f"{name} max |grad diff| / max |grad|"] = diff / scale if scale else diff
+    grads = {}
+    for name in ("ours 1F1B", ZB_NAME):  # ZB-H1 computes the same gradients as 1F1B, bit for bit
+        for p in params:
+            p.grad = None
+        runtimes[name].step(batches)
+        grads[name] = _grads(params)
+    check["ZB-H1 gradients equal 1F1B's"] = float(all(torch.equal(a, b) for a, b in zip(*grads.values())))
 
     times: dict[str, list[float]] = {n: [] for n in runtimes}
     cpu: dict[str, list[float]] = {n: [] for n in runtimes}
@@ -384,7 +404,7 @@ def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dic
         log(f"  {i + 1}/{repeats} rounds, median so far: " + ", ".join(
             f"{n} {1e3 * statistics.median(t):.0f} ms" for n, t in times.items()))
 
-    saved, held, live, busy = {}, {}, {}, {}
+    saved, held, live, busy, ops = {}, {}, {}, {}, {}
     for n, r in runtimes.items():
         for p in params:
             p.grad = None
@@ -400,10 +420,14 @@ def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dic
                 p.grad = None
             dist.barrier()
             busy[n].append(r.compute_seconds(batches))
+            if isinstance(r, Ours):
+                for e in r.last_events:
+                    if e.name in COMPUTE:
+                        ops.setdefault(e.name, []).append(e.end - e.start)
     log(f"  memory measured (one ledger step per runtime), compute / wait split ({PROFILE_STEPS} steps per runtime)")
     recv = runtimes["torch 1F1B"].recv_buffer_bytes()
     return {"times": times, "cpu": cpu, "saved": saved, "held": held, "live": live, "busy": busy, "recv": recv,
-            "check": check}
+            "check": check, "ops": {k: statistics.median(v) for k, v in ops.items()}}
 
 
 def bench(pp: int, shape: Shape, warmup: int, repeats: int) -> PPResult:
@@ -413,14 +437,30 @@ def bench(pp: int, shape: Shape, warmup: int, repeats: int) -> PPResult:
     cpu = {n: [sum(ts) for ts in zip(*(r["cpu"][n] for r in results))] for n in names}  # all ranks together
     # gradient differences: the worst over ranks; losses: the last stage's (it computes them)
     check = {k: max(r["check"][k] for r in results) for k in results[0]["check"] if "grad" in k}
+    check["ZB-H1 gradients equal 1F1B's"] = min(r["check"]["ZB-H1 gradients equal 1F1B's"] for r in results)
     check.update({k: v for k, v in results[-1]["check"].items() if "loss" in k})
+    ops = [r["ops"] for r in results]
     return PPResult(pp=pp, times=times, cpu=cpu,
                     saved={n: [r["saved"][n] for r in results] for n in names},
                     held={n: [r["held"][n] for r in results] for n in names},
                     live={n: [r["live"][n] for r in results] for n in names},
-                    torch_recv_buffers=[r["recv"] for r in results], check=check,
+                    torch_recv_buffers=[r["recv"] for r in results], check=check, op_seconds=ops,
+                    predicted=predicted_steps(ops, shape.m),
                     busy={n: [(statistics.median([t for t, _ in r["busy"][n]]),
                                statistics.median([c for _, c in r["busy"][n]])) for r in results] for n in names})
+
+
+def predicted_steps(ops: list[dict[str, float]], m: int) -> dict[str, float]:
+    """The simulator's step time of 1F1B and ZB-H1 from the measured per-stage seconds of F, the full backward
+    (1F1B), B and W (ZB-H1); messages free."""
+    pp = len(ops)
+    fwd = tuple(o["forward"] for o in ops)
+    full = Costs(stage_forward=fwd, stage_backward=tuple(o["backward"] for o in ops))
+    b, w = [o["backward_input"] for o in ops], [o["backward_weight"] for o in ops]
+    split = Costs(stage_forward=fwd, stage_backward=tuple(x + y for x, y in zip(b, w)),
+                  stage_weight_share=tuple(y / (x + y) if x + y > 0 else 0.5 for x, y in zip(b, w)))
+    return {"1F1B": simulate(build_schedule(ScheduleKind.ONE_F_ONE_B, pp, m), full).makespan,
+            "ZB-H1": simulate(build_schedule(ScheduleKind.ZB_H1, pp, m), split).makespan}
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -472,6 +512,33 @@ def time_table(results: list[PPResult], m: int, runs: int) -> str:
     return "\n".join(lines)
 
 
+def zero_bubble_table(results: list[PPResult], m: int, runs: int) -> str:
+    """ZB-H1 against our 1F1B, measured in the same rounds, beside the simulator's prediction."""
+    lines = ["| pp | m | 1F1B ms, median (min - max) | ZB-H1 ms, median (min - max) | ZB-H1 / 1F1B, median of blocks "
+             "(min - max) | simulated ZB-H1 / 1F1B (step ms) | saving measured / simulated | within 10 % |",
+             "|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        ours, zb = res.times["ours 1F1B"], res.times[ZB_NAME]
+        q = block_ratios(zb, ours, runs)
+        p1, pz = res.predicted["1F1B"], res.predicted["ZB-H1"]
+        saving, predicted = 1 - statistics.median(q), 1 - pz / p1
+        close = abs(saving - predicted) <= 0.1 * abs(predicted) if predicted else False
+        lines.append(f"| {res.pp} | {m} | {1e3 * statistics.median(ours):.0f} ({1e3 * min(ours):.0f} - "
+                     f"{1e3 * max(ours):.0f}) | {1e3 * statistics.median(zb):.0f} ({1e3 * min(zb):.0f} - "
+                     f"{1e3 * max(zb):.0f}) | {statistics.median(q):.3f} ({min(q):.3f} - {max(q):.3f}) "
+                     f"| {pz / p1:.3f} ({1e3 * pz:.0f} / {1e3 * p1:.0f}) | {100 * saving:.1f} % / {100 * predicted:.1f} % "
+                     f"| {'yes' if close else 'no'} |")
+    return "\n".join(lines)
+
+
+def stage_seconds_lines(results: list[PPResult]) -> list[str]:
+    def fmt(o: dict[str, float]) -> str:
+        return ", ".join(f"{k.replace('backward_input', 'B').replace('backward_weight', 'W')} {1e3 * v:.1f}"
+                         for k, v in sorted(o.items()))
+    return [f"- measured ms per micro-batch (the simulator's input), pp {res.pp}: " +
+            " | ".join(f"stage {r}: {fmt(o)}" for r, o in enumerate(res.op_seconds)) for res in results]
+
+
 def memory_table(results: list[PPResult]) -> str:
     lines = ["| pp | schedule | peak live tensors MiB per stage (one probe, both sides): ours | torch "
              "| saved activations MiB per stage (one ledger, both sides): ours | torch | ours <= torch (live) |",
@@ -508,6 +575,8 @@ def checks(results: list[PPResult]) -> list[str]:
         out.append(f"- same weights and micro-batches, pp {res.pp}: " + "; ".join(parts))
         out.append(f"- torch's persistent receive buffers (m activations + m gradients), pp {res.pp}, MiB per stage: "
                    f"{_mib(res.torch_recv_buffers)}")
+        out.append(f"- ZB-H1's gradients equal our 1F1B's bit for bit, pp {res.pp}: "
+                   f"{'yes' if c['ZB-H1 gradients equal 1F1B' + chr(39) + 's'] else 'NO'}")
     return out
 
 
@@ -530,11 +599,18 @@ def report(results: list[PPResult], args: argparse.Namespace, shape: Shape, load
         f"micro-batch (b, T) = ({shape.micro_batch}, {shape.seq}), m = {shape.m}; layers split evenly",
         f"- timing: forward + backward of one step (no optimizer), {args.warmup} warm-up step(s), then "
         f"{args.repeats * args.runs} "
-        f"interleaved rounds (ours 1F1B, torch 1F1B, ours GPipe, torch GPipe) in {args.runs} consecutive blocks; "
+        f"interleaved rounds (ours 1F1B, torch 1F1B, ours GPipe, torch GPipe, ours ZB-H1) in {args.runs} consecutive blocks; "
         f"slowest rank per step; ratio per block = median ours / median torch; a lead is claimed only where the "
         f"min-max over blocks excludes 1.0; 1-min load average {load[0]:.2f} at the start, {load[1]:.2f} at the end",
         "",
         time_table(results, shape.m, args.runs),
+        "",
+        "Zero bubble (ours): ZB-H1 against 1F1B in the same rounds, and the simulator's prediction from the measured "
+        "per-stage F, B, W seconds (messages free):",
+        "",
+        zero_bubble_table(results, shape.m, args.runs),
+        "",
+        *stage_seconds_lines(results),
         "",
         "Memory (untimed steps per runtime; the same two probes on both sides: `LiveTensorProbe`, a dispatch mode "
         "counting every storage an op creates during the step until it is freed, and the saved-tensor ledger):",

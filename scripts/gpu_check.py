@@ -602,6 +602,7 @@ def breakdown(c: Check) -> dict:
     from hybrid.mesh import Mesh
     from hybrid.planner import Cluster, Layout, Workload, evaluate, hardware
     from hybrid.planner.model import ActivationProfile, Precision as PlanPrecision
+    from hybrid.planner.ops import KernelProfile
     from hybrid.train_step import LocalForwardBackward, OptimizerConfig
     from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
     from models import build_model, from_hf, shift_labels
@@ -637,7 +638,7 @@ def breakdown(c: Check) -> dict:
     loss.backward()
     one_mb_peak = (peak_memory(dev) or 0) - states
     work = Workload(cfg, global_batch=s.micro_batches, seq_length=s.seq, precision=PlanPrecision.MIXED,
-                    activations=ActivationProfile.BF16_FLASH)
+                    activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.EAGER)  # train.py's layers
     plan = evaluate(work, Cluster(gpus=1, hw=hardware("h200")), Layout(micro_batch=1))
     rank = plan.memory.ranks[0]
     return {"measured": {"states_bytes": states, "one_micro_batch_forward_kept_bytes": kept,
@@ -691,6 +692,7 @@ def planner(c: Check) -> dict:
     from hybrid.planner import Cluster, Layout, Recompute, Workload, evaluate, hardware
     from hybrid.planner.calibrate import load_hardware
     from hybrid.planner.model import ActivationProfile, Precision
+    from hybrid.planner.ops import KernelProfile
     from models import from_hf
     speed_res = c.results["sections"].get("speed", {}).get("result", {})
     profile = os.path.join(c.out, "h200_profile.json")
@@ -698,7 +700,8 @@ def planner(c: Check) -> dict:
     if os.path.exists(profile):
         hws["measured profile"] = load_hardware(profile)
     work = Workload(from_hf(speed_config(c)), global_batch=c.sizes.micro_batches, seq_length=c.sizes.seq,
-                    precision=Precision.MIXED, activations=ActivationProfile.BF16_FLASH)
+                    precision=Precision.MIXED, activations=ActivationProfile.BF16_FLASH,
+                    kernels=KernelProfile.EAGER)  # train.py's eager layers (hybrid/planner/ops.py)
     out = {}
     for rc in (Recompute.NONE, Recompute.SELECTIVE):
         measured = speed_res.get(f"train_py_recompute_{rc.value}")

@@ -1,18 +1,22 @@
-"""Draw a pipeline schedule as a PNG: one row per pipeline rank, one box per forward / backward.
+"""Draw a pipeline schedule as a PNG: one row per pipeline rank, one box per forward / backward (B / W).
 
     python scripts/plot_schedule.py --schedule 1f1b --pp 4 --microbatches 8 [--v 2] [--tb-ratio 2] [--out FILE.png]
+    python scripts/plot_schedule.py --schedule zbh1 --pp 4 --microbatches 8 --tb-ratio 2   # tF = tB = tW
     python scripts/plot_schedule.py --trace timeline.json [--out FILE.png]
 
 Two sources:
 
 * a schedule: `build_schedule(kind, pp, m, v)` run through `simulate` with a forward of 1 time unit and a
-  backward of `--tb-ratio` units (per model chunk), messages free -- the same lists the executor runs;
+  backward of `--tb-ratio` units (per model chunk), messages free -- the same lists the executor runs; the
+  zero-bubble schedules (zbh1, zbv) split each backward into B and W, half of it each (so --tb-ratio 2 gives
+  the paper's tF = tB = tW);
 * a measured run: the Chrome trace `scripts/train.py --timeline` writes (events with cat "forward" /
   "backward", pid = pipeline stage, tid = global rank, ts / dur in microseconds, args.microbatch and
   args.chunk). One row per global rank; communication batches are drawn as a thin grey strip.
 
-Boxes read F3 / B3 (forward / backward of micro-batch 3), with the model chunk as a letter when v > 1
-(F3a = chunk 0, F3b = chunk 1). Each micro-batch has its own hue: forward light, backward dark; white is
+Boxes read F3 / B3 (forward / backward of micro-batch 3; under zbh1 / zbv B3 is the input gradient and W3 the
+weight gradients), with the model chunk as a letter when v > 1 (F3a = chunk 0, F3b = chunk 1). Each micro-batch
+has its own hue: forward light, backward dark, W hatched; white is
 idle (the bubble, or waiting on a message). The title gives the bubble fraction, 1 - busy / (ranks x
 makespan); for a simulated schedule the right margin gives each rank's peak of (micro-batch, chunk)
 activation sets held.
@@ -39,11 +43,12 @@ try:  # without matplotlib, --help and the flag checks still work; main() then s
 except ImportError:
     matplotlib = None
 
-from hybrid.pipeline.schedules import Op, ScheduleKind, build_schedule  # noqa: E402
+from hybrid.pipeline.schedules import ScheduleKind, build_schedule  # noqa: E402
 from hybrid.pipeline.simulate import Costs, simulate  # noqa: E402
 from hybrid.cliutil import OneLineParser, atomic_output, check_output_file, positive_int  # noqa: E402
 
-COMPUTE = ("forward", "backward")
+COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
+LETTER = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class Box:
     row: int
     start: float
     end: float
-    kind: str  # "forward", "backward" or "comm"
+    kind: str  # "forward", "backward", "backward_input", "backward_weight" or "comm"
     microbatch: int = 0
     chunk: int = 0
 
@@ -74,17 +79,20 @@ class Picture:
 # --- sources ------------------------------------------------------------------------------------
 
 def from_schedule(kind: ScheduleKind, pp: int, m: int, v: int, tb_ratio: float) -> Picture:
-    result = simulate(build_schedule(kind, pp, m, v), Costs(forward=1.0, backward=tb_ratio))
-    boxes = [Box(rank, s.start, s.end, "forward" if s.action.op is Op.FORWARD else "backward",
-                 s.action.microbatch, s.action.chunk)
+    result = simulate(build_schedule(kind, pp, m, v), Costs(forward=1.0, backward=tb_ratio), placement=kind.placement)
+    boxes = [Box(rank, s.start, s.end, s.action.op.value, s.action.microbatch, s.action.chunk)
              for rank, spans in enumerate(result.timelines) for s in spans]
     name = {ScheduleKind.ONE_F_ONE_B: "1F1B", ScheduleKind.GPIPE: "GPipe",
-            ScheduleKind.INTERLEAVED: f"interleaved 1F1B, v={v}"}[kind]
-    unit = "time (one chunk forward = 1" + (f", backward = {tb_ratio:g})" if tb_ratio != 1 else ", backward = 1)")
+            ScheduleKind.INTERLEAVED: f"interleaved 1F1B, v={v}", ScheduleKind.ZB_H1: "ZB-H1",
+            ScheduleKind.ZBV: "ZBV (V placement: chunk a = stage r, chunk b = stage 2pp-1-r)"}[kind]
+    unit = "time (one chunk forward = 1" + (f", backward = {tb_ratio:g}" if tb_ratio != 1 else ", backward = 1")
+    unit += f": B = W = {tb_ratio / 2:g})" if kind.splits_backward else ")"
     title = (f"{name}, pp={pp}, m={m}: makespan {result.makespan:g}, "
              f"bubble {100 * result.bubble_fraction:.0f}%")
     notes = [str(p) for p in result.peak_in_flight]
     header = "peak held\n(mb, chunk)" if v > 1 else "peak held\n(micro-batches)"
+    if kind.splits_backward:
+        header += "\nF to W"
     return Picture([f"rank {r}" for r in range(pp)], boxes, v, unit, title, notes, header)
 
 
@@ -99,7 +107,7 @@ def from_trace(path: str) -> Picture:
     complete = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e and "dur" in e]
     compute = [e for e in complete if e.get("cat") in COMPUTE]
     if not compute:
-        raise ValueError(f"--trace {path}: no complete events with cat 'forward' or 'backward' "
+        raise ValueError(f"--trace {path}: no complete events with cat 'forward', 'backward' (or B / W) "
                          "(expected the output of scripts/train.py --timeline)")
     keys = sorted({(e.get("pid", 0), e.get("tid", 0)) for e in compute})
     row_of = {k: i for i, k in enumerate(keys)}
@@ -146,7 +154,7 @@ def _mix(rgb: tuple[float, float, float], other: tuple[float, float, float], t: 
 
 def _label(box: Box, v: int) -> str:
     chunk = chr(ord("a") + box.chunk) if v > 1 else ""
-    return f"{box.kind[0].upper()}{box.microbatch}{chunk}"
+    return f"{LETTER[box.kind]}{box.microbatch}{chunk}"
 
 
 def draw(pic: Picture, out: str) -> None:
@@ -172,13 +180,15 @@ def draw(pic: Picture, out: str) -> None:
             ax.add_patch(Rectangle((b.start, y + height / 2 - 0.1), max(b.end - b.start, 1e-9), 0.08,
                                    facecolor="#9a9a9a", edgecolor="none", zorder=1))
             continue
-        face = light[b.microbatch] if b.kind == "forward" else dark[b.microbatch]
+        weight = b.kind == "backward_weight"  # W: the backward's hue, lighter, hatched
+        face = light[b.microbatch] if b.kind == "forward" else _mix(dark[b.microbatch], (1, 1, 1), 0.35) \
+            if weight else dark[b.microbatch]
         ax.add_patch(Rectangle((b.start, y - height / 2), b.end - b.start, height, facecolor=face,
-                               edgecolor="#303030", linewidth=0.6, zorder=2))
+                               edgecolor="#303030", linewidth=0.6, zorder=2, hatch="///" if weight else None))
         if fits or b.end - b.start >= 1.5 * shortest:
             ax.text((b.start + b.end) / 2, y, _label(b, pic.v), ha="center", va="center", zorder=3,
                     fontsize=8 if pic.v == 1 else 7, color="black" if b.kind == "forward" else "white",
-                    fontweight="bold" if b.kind == "backward" else "normal")
+                    fontweight="normal" if b.kind == "forward" else "bold")
     ax.set_xlim(0, makespan)
     ax.set_ylim(n - 0.5, -0.5)  # rank 0 on top
     ax.set_yticks(range(n), pic.rows)
@@ -192,9 +202,14 @@ def draw(pic: Picture, out: str) -> None:
                         fontsize=9, color="#303030", annotation_clip=False)
         ax.annotate(pic.right_header, (1.02, -0.5), xycoords=("axes fraction", "data"), ha="center",
                     va="bottom", fontsize=7, color="#404040", annotation_clip=False)
+    split = any(b.kind == "backward_weight" for b in pic.boxes)
     handles = [Patch(facecolor=light[0], edgecolor="#303030", label="forward (light)"),
-               Patch(facecolor=dark[0], edgecolor="#303030", label="backward (dark)"),
-               Patch(facecolor="white", edgecolor="#b0b0b0", label="idle")]
+               Patch(facecolor=dark[0], edgecolor="#303030", label="B: input grad (dark)" if split else
+                     "backward (dark)")]
+    if split:
+        handles.append(Patch(facecolor=_mix(dark[0], (1, 1, 1), 0.35), edgecolor="#303030", hatch="///",
+                             label="W: weight grads"))
+    handles.append(Patch(facecolor="white", edgecolor="#b0b0b0", label="idle"))
     if any(b.kind == "comm" for b in pic.boxes):
         handles.append(Patch(facecolor="#9a9a9a", label="send / recv batch"))
     note = "one hue per micro-batch" + ("; a / b = model chunk" if pic.v > 1 else "")
@@ -228,7 +243,7 @@ def default_out(args: argparse.Namespace) -> str:
     if args.trace:
         return os.path.splitext(args.trace)[0] + ".png"
     name = f"pipeline_{args.schedule}_pp{args.pp}_m{args.microbatches}"
-    name += f"_v{args.v}" if args.schedule == "interleaved" else ""
+    name += f"_v{args.v}" if args.schedule == "interleaved" else ""  # zbv: always 2
     name += f"_tb{args.tb_ratio:g}" if args.tb_ratio != 1 else ""
     return os.path.join("docs", "img", name + ".png")
 
@@ -239,7 +254,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="schedule to simulate (default 1f1b)")
     p.add_argument("--pp", type=_positive, default=4, help="pipeline ranks (default 4)")
     p.add_argument("--microbatches", "-m", type=_positive, default=8, help="micro-batches per step (default 8)")
-    p.add_argument("--v", type=_positive, default=None, help="model chunks per rank, interleaved only (default 2)")
+    p.add_argument("--v", type=_positive, default=None,
+                   help="model chunks per rank: interleaved (default 2); zbv holds exactly 2")
     p.add_argument("--tb-ratio", type=_ratio, default=1.0,
                    help="backward time / forward time (default 1; 2 is typical)")
     p.add_argument("--trace", metavar="timeline.json",
@@ -248,8 +264,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="output (default docs/img/pipeline_<schedule>_pp<p>_m<m>[_v<v>][_tb<r>].png)")
     args = p.parse_args(argv)
     if args.v is None:
-        args.v = 2 if args.schedule == "interleaved" else 1
-    if args.v != 1 and args.schedule != "interleaved":
+        args.v = 2 if args.schedule in ("interleaved", "zbv") else 1
+    if args.schedule == "zbv" and args.v != 2:
+        p.error(f"--v {args.v}: --schedule zbv holds exactly 2 chunks a rank")
+    if args.v != 1 and args.schedule not in ("interleaved", "zbv"):
         p.error(f"--v {args.v}: chunks per rank need --schedule interleaved")
     if args.trace and not os.path.isfile(args.trace):
         p.error(f"--trace {args.trace}: no such file")

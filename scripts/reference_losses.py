@@ -72,16 +72,22 @@ def environment() -> dict:
             "threads_per_rank": max(1, (os.cpu_count() or 1) // ranks)}
 
 
-def run_quickstart(workdir: str, iterations: int = ITERATIONS, timeout: float = 600) -> dict:
+def run_parts(argv: list[str], cwd: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """One part of the command, as a new process (tests pass hybrid.testing's forked equivalent instead)."""
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_quickstart(workdir: str, iterations: int = ITERATIONS, timeout: float = 600, runner=run_parts) -> dict:
     """Run every part of the README command in `workdir`, training stopped after `iterations` steps. Returns
     {"stdout": train's stdout, "outputs": [each later part's stdout], "metrics_file": path, "losses": ...,
-    "logged": ...}; raises RuntimeError with the output's tail if a part fails."""
+    "logged": ...}; raises RuntimeError with the output's tail if a part fails. `runner(argv, cwd, env, timeout)`
+    runs one part (argv from command_parts) and returns a subprocess.CompletedProcess."""
     parts = command_parts(readme_main_command())
     parts[0] = parts[0] + ["--exit-interval", str(iterations), "--log-interval", "1"]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     outs = []
     for argv in parts:
-        out = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+        out = runner(argv, cwd=workdir, env=env, timeout=timeout)
         if out.returncode != 0:
             raise RuntimeError(f"{shlex.join(argv)} failed ({out.returncode}):\n{out.stdout[-2000:]}\n"
                                f"{out.stderr[-3000:]}")

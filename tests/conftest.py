@@ -1,5 +1,5 @@
 """Suite-wide pytest hooks: running the suite on two pytest-xdist workers (scripts/test.sh passes `-n 2 --dist
-loadfile`) without changing what any test sees.
+loadfile`) without changing what any test sees, the fast tier's marker, and per-file durations recorded each run.
 
 * `--dist loadfile` keeps each file on one worker, so a module-scoped fixture (one spawn shared by a file's
   tests) still runs once, and files that share a working directory in document order (test_docs_commands) keep
@@ -12,41 +12,155 @@ loadfile`) without changing what any test sees.
   xdist such a test runs alone: it takes a lock the other worker's tests share, so the other worker waits between
   two tests until it is done (and a serial test waiting for the lock keeps new tests from starting, so it is not
   starved). Without xdist every test already runs alone.
+* `slow` marks what the fast tier (`python -m pytest -m "not slow"`, the edit-test loop) leaves out: end-to-end
+  launches, multi-rank matrices, documented commands, benchmarks. The full suite runs everything.
+* Each run records how long each file took (setup + call + teardown of its tests, wall seconds) in pytest's cache
+  (.pytest_cache/v/hybrid/durations: a file's entry is replaced only when all its tests ran, so a -k or -m run
+  does not shorten it) and prints the table at the end. The longest-first order uses those records, falling back
+  to HEAVY (a clean clone's measurements, tests/durations.json) for files this checkout never ran whole.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import time
+from collections import defaultdict
 
 import pytest
 
-# file -> seconds (--durations=0 summed per file: setup + call + teardown), one process on 2 cores under other
-# jobs' load, before hybrid.testing's forkserver start, 2026-12-03. Only the order matters; files under 5 s
-# (and new files) keep pytest's order, after these.
-HEAVY = {"test_checkpoint.py": 226, "test_docs_commands.py": 222, "test_fault_nodes.py": 196,
-         "test_fault_resume.py": 144, "test_convert.py": 108, "test_fault_hang.py": 101, "test_zero.py": 89,
-         "test_data_train.py": 89, "test_pipeline_executor.py": 75, "test_bench_smoke.py": 66,
-         "test_training.py": 57, "test_fp32_grads.py": 60, "test_compile.py": 60, "test_gpu_check.py": 110, "test_checkpoint_kill.py": 50, "test_zero_flags.py": 45,
-         "test_inputs_launch.py": 43, "test_planner_runtime.py": 42, "test_parallel_adamw.py": 30,
-         "test_harness.py": 24, "test_generate.py": 22, "test_zero_param_overlap.py": 19, "test_comm_volume.py": 19,
-         "test_fault_nan.py": 14, "test_tp_models.py": 13, "test_planner_uneven.py": 10, "test_inputs.py": 9,
-         "test_planner_reference.py": 8, "test_dropout.py": 8, "test_pipeline_memory.py": 7, "test_calibrate.py": 7,
-         "test_data_metrics.py": 7, "test_pipeline_schedules.py": 6}
+# file -> seconds (setup + call + teardown summed per file), from tests/durations.json: a full run's record (see
+# the module docstring; written by `python -m pytest --write-durations`). Only the order matters; files missing
+# from it (new files) keep pytest's order, after these.
+DURATIONS_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+HEAVY: dict[str, float] = json.load(open(DURATIONS_JSON)) if os.path.exists(DURATIONS_JSON) else {}
+CACHE_KEY = "hybrid/durations"
+_RECORDER: list = []  # this run's _Durations where reports arrive (pytest_runtest_logreport gets no config)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--write-durations", action="store_true",
+                     help="after the run, write each file that ran whole into tests/durations.json (HEAVY)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "serial: measures time; under pytest-xdist it runs with no other test "
                                        "alongside (tests/conftest.py)")
+    config.addinivalue_line("markers", "slow: left out of the fast tier (`-m \"not slow\"`); the full suite runs it")
+    config._hybrid_durations = None
+    if _xdist_worker(config):
+        config.workeroutput["partial_files"] = []
+    else:
+        config._hybrid_durations = _Durations(config)
+        _RECORDER[:] = [config._hybrid_durations]
 
 
 def _xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def _file(nodeid: str) -> str:
+    return os.path.basename(nodeid.split("::")[0])
+
+
+def _heavy(config: pytest.Config) -> dict[str, float]:
+    """file -> seconds for the order: this checkout's records (pytest's cache), else HEAVY."""
+    recorded = config.cache.get(CACHE_KEY, {}).get("files", {}) if getattr(config, "cache", None) is not None else {}
+    return {**HEAVY, **{f: v["seconds"] for f, v in recorded.items()}}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _xdist_worker(config):  # stable: a file's tests keep their order
-        items.sort(key=lambda item: -HEAVY.get(os.path.basename(item.path), 0.0))
+        heavy = _heavy(config)
+        items.sort(key=lambda item: -heavy.get(os.path.basename(item.path), 0.0))
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """A file with a test left out (-k, -m) did not run whole: its duration is not recorded."""
+    if not items:
+        return
+    config = items[0].config
+    files = {os.path.basename(item.path) for item in items}
+    if _xdist_worker(config):
+        config.workeroutput["partial_files"].extend(sorted(files))
+    elif config._hybrid_durations is not None:
+        config._hybrid_durations.partial |= files
+
+
+class _Durations:
+    """Per-file wall seconds of this run (in the process that sees every report: the only one, or xdist's
+    controller), recorded for the files whose every collected test ran."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.done: dict[str, int] = defaultdict(int)
+        self.collected: dict[str, int] = defaultdict(int)
+        self.partial: set[str] = set()
+
+    def collection(self, nodeids: list[str]) -> None:
+        counts: dict[str, int] = defaultdict(int)
+        for nodeid in nodeids:
+            counts[_file(nodeid)] += 1
+        for f, n in counts.items():  # every xdist worker collects the same tests
+            self.collected[f] = max(self.collected[f], n)
+
+    def report(self, report: pytest.TestReport) -> None:
+        f = _file(report.nodeid)
+        self.seconds[f] += report.duration
+        if report.when == "teardown":
+            self.done[f] += 1
+
+    def complete(self) -> dict[str, float]:
+        return {f: round(s, 1) for f, s in self.seconds.items()
+                if f not in self.partial and self.collected.get(f) and self.done[f] == self.collected[f]}
+
+    def finish(self, terminal) -> None:
+        whole = self.complete()
+        if getattr(self.config, "cache", None) is not None and whole:
+            record = self.config.cache.get(CACHE_KEY, {"files": {}})
+            stamp = time.strftime("%Y-%m-%d %H:%M")
+            record["files"].update({f: {"seconds": s, "tests": self.done[f], "at": stamp} for f, s in whole.items()})
+            self.config.cache.set(CACHE_KEY, record)
+        if self.config.getoption("write_durations") and whole:
+            table = {**HEAVY, **whole}
+            with open(DURATIONS_JSON, "w") as out:
+                json.dump(dict(sorted(table.items(), key=lambda kv: -kv[1])), out, indent=0)
+                out.write("\n")
+        if terminal is not None and self.seconds:
+            terminal.write_sep("-", "seconds per test file (setup + call + teardown; * = not every test ran)")
+            for f, s in sorted(self.seconds.items(), key=lambda kv: -kv[1]):
+                terminal.write_line(f"{s:8.1f}  {f}{'' if f in whole else ' *'}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config._hybrid_durations is not None:
+        session.config._hybrid_durations.collection([item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    durations = node.config._hybrid_durations
+    if durations is not None:
+        durations.collection(ids)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    durations = node.config._hybrid_durations
+    if durations is not None:
+        durations.partial |= set(getattr(node, "workeroutput", {}).get("partial_files", []))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _RECORDER:
+        _RECORDER[0].report(report)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    if config._hybrid_durations is not None:
+        config._hybrid_durations.finish(terminalreporter)
 
 
 class _RunAloneLock:

@@ -5,23 +5,33 @@ the scripts still run against the current library, so the published tables can b
 """
 
 import os
-import subprocess
-import sys
+
+import pytest
+
+from hybrid import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("bench_zero.py", "bench_tp.py", "bench_pipeline.py", "bench_checkpoint.py")
+SCRIPTS = ("bench_zero.py", "bench_tp.py", "bench_pipeline.py", "bench_checkpoint.py", "bench_startup.py",
+           "bench_moe.py")
 
 
+@pytest.mark.slow
 def test_bench_scripts_quick_mode_writes_a_table(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    env = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     outs = {s: tmp_path / (s[:-3] + ".md") for s in SCRIPTS}
-    # they start together: most of a quick run is process start-up and imports, not compute
-    procs = {s: subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", s), "--quick", "--out", str(outs[s])],
-                                 env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True)
+    # they start together (`python scripts/bench_*.py --quick`, each a fork of hybrid.testing's forkserver): most
+    # of a quick run is process start-up and imports, not compute
+    procs = {s: testing.start([os.path.join(ROOT, "scripts", s), "--quick", "--out", str(outs[s])], env=env,
+                              cwd=str(tmp_path))
              for s in SCRIPTS}
+    try:
+        for p in procs.values():
+            p.wait(timeout=600)
+    finally:
+        for p in procs.values():
+            p.kill()
     for s, p in procs.items():
-        log, _ = p.communicate(timeout=600)
+        log = p.stdout() + p.stderr()
         assert p.returncode == 0, f"{s} --quick failed:\n{log[-3000:]}"
         text = outs[s].read_text()
         assert "load average" in text, f"{s}: the table must record the load average"

@@ -72,7 +72,8 @@ def test_the_layer_fit_makes_the_planners_layer_take_the_measured_times(profile_
     fixed = hw.layer_forward_overhead_s + hw.layer_backward_overhead_s
     exact = LAYER_SHAPES if fixed > 0 else LAYER_SHAPES[:1]
     for shape, layer in zip(exact, layers):
-        gemm_fwd, gemm_bwd, traffic = layer_parts_of(hw, shape)
+        parts = layer_parts_of(hw, shape)
+        gemm_fwd, gemm_bwd, traffic = parts.forward_s, parts.backward_s, parts.forward_bytes + parts.backward_bytes
         if hw.elementwise_tbps is None:  # the tiny run's layer ran no slower than its GEMMs
             assert sum(layer) <= gemm_fwd + gemm_bwd
             continue
@@ -88,15 +89,13 @@ def test_fit_layer_solves_two_shapes_exactly_and_falls_back_on_noise(probe, pres
     (noise) gives no fixed cost."""
     from hybrid.planner import hardware
     from hybrid.planner.calibrate import CPU_PROBE, GPU_PROBE, fit_layer, layer_parts_of
-    from hybrid.planner.time import BWD_TRAFFIC, FWD_TRAFFIC
 
     probe = {"cpu": CPU_PROBE, "gpu": GPU_PROBE}[probe]
     hw = hardware(preset)
     layers = []
     for shape in probe.shapes:
-        gf, gb, traffic = layer_parts_of(hw, shape, probe)
-        share = FWD_TRAFFIC / (FWD_TRAFFIC + BWD_TRAFFIC)
-        layers.append((gf + share * traffic / rate + cf, gb + (1 - share) * traffic / rate + cb))
+        p = layer_parts_of(hw, shape, probe)
+        layers.append((p.forward_s + p.forward_bytes / rate + cf, p.backward_s + p.backward_bytes / rate + cb))
     got_rate, got_f, got_b = fit_layer(hw, layers, probe)
     assert got_rate == pytest.approx(rate) and got_f == pytest.approx(cf) and got_b == pytest.approx(cb)
     got_rate, got_f, got_b = fit_layer(hw, [layers[1], layers[0]], probe)  # the big layer as fast as the small
@@ -155,3 +154,35 @@ def test_one_rank_measures_compute_and_keeps_the_base_presets_node(tmp_path):
                              activations=ActivationProfile.FP32_FLASH),
                     Cluster(gpus=2, hw=load_hardware(str(path), Precision.FP32)), Layout(tp=2, micro_batch=2))
     assert plan.time.tp_comm > 0  # priced with the preset's NVLink
+
+
+def test_a_gpu_profile_prices_the_layers_kernels_and_keeps_the_flash_rate():
+    """`make_profile` on one GPU (nccl, no collectives) from synthetic measurements: a bf16 curve of 700 TFLOP/s
+    + 10 us, a 4 TB/s copy, and probe layers built from a 3.5 TB/s memory-bound rate and 6 us a kernel. The profile
+    gives back the rate and the per-kernel latency (a GPU's fixed cost is its kernels', ops.py), no per-pass
+    cost, and flash attention at the preset's achieved TFLOP/s, now a share of the measured peak."""
+    from hybrid.planner import hardware
+    from hybrid.planner.calibrate import GPU_PROBE, CalibrationConfig, layer_parts_of, make_profile
+
+    rate, t0, bw, kernel = 700e12, 10e-6, 3.5e12, 6e-6
+    curve = {"bf16": [(n, 2.0 * n**3 / (2.0 * n**3 / rate + t0)) for n in (1024, 2048, 4096, 8192)],
+             "fp32": [(n, 2.0 * n**3 / (2.0 * n**3 / 50e12)) for n in (1024, 2048, 4096, 8192)]}
+    base = hardware("h200")
+    hw = base.with_overrides(peak_tflops=rate / 1e12, compute_efficiency=1.0, gemm_overhead_s=t0)
+    hw = dataclasses.replace(hw, flash_efficiency=base.flash_efficiency * base.peak_tflops / (rate / 1e12))
+    layers = []
+    for shape in GPU_PROBE.shapes:
+        p = layer_parts_of(hw, shape, GPU_PROBE)
+        layers.append((p.forward_s + p.forward_bytes / bw + p.forward_kernels * kernel,
+                       p.backward_s + p.backward_bytes / bw + p.backward_kernels * kernel))
+    rank = {"matmul_flops": {"bf16": curve["bf16"][-1][1], "fp32": 50e12},
+            "matmul_flops_alone": {"bf16": curve["bf16"][-1][1], "fp32": 50e12}, "matmul_curve": curve,
+            "copy_bytes_per_s": 4e12, "copy_bytes_per_s_alone": 4e12, "layer_seconds": layers,
+            "collectives": {"all_reduce": [], "all_gather": []}}
+    cfg = CalibrationConfig(ranks=1, backend="nccl", base="h200")
+    got = make_profile(cfg, [rank])["hardware"]
+    assert got["elementwise_tbps"] == pytest.approx(bw / 1e12, rel=1e-6)
+    assert got["kernel_overhead_s"] == pytest.approx(kernel, rel=1e-6)
+    assert got["layer_forward_overhead_s"] == got["layer_backward_overhead_s"] == 0.0
+    assert got["flash_efficiency"] * got["peak_tflops"] == pytest.approx(base.flash_efficiency * base.peak_tflops)
+    assert got["fp8_tflops"] == base.fp8_tflops

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from hybrid import testing
 from hybrid.checkpoint import core, store
 from hybrid.checkpoint.faults import ENV as CRASH_ENV, SimulatedCrash
 from hybrid.data import BatchSpec, load_corpus, micro_batches
@@ -270,6 +269,7 @@ def spawns(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", [case_name(*c) for c in RESUME_CASES])
+@pytest.mark.slow
 def test_resume_after_save_is_bit_identical_to_the_uninterrupted_run(spawns, case):
     """Per-step losses, compute-dtype parameters, fp32 master weights, both moments, the Adam step and the
     loss scaler (scale, good steps, skipped steps) after the resume equal the uninterrupted run's."""
@@ -314,6 +314,7 @@ def _loaded(spawns, target, source) -> list[dict]:
 
 @pytest.mark.parametrize("target", LAYOUTS + [INTERLEAVED], ids=lambda t: t if isinstance(t, str) else lname(t))
 @pytest.mark.parametrize("source", LAYOUTS, ids=lname)  # ZeRO 3 offloaded (matrix_zero)
+@pytest.mark.slow
 def test_a_checkpoint_loads_at_any_layout_with_identical_parameters_moments_and_step(spawns, source, target):
     want, step = _saved(spawns, source)
     assert step == N
@@ -330,6 +331,7 @@ def test_a_checkpoint_loads_at_any_layout_with_identical_parameters_moments_and_
         assert g["json"]["scaler"] == {"loss_scale": 1.0, "good_steps": 0, "skipped_steps": 0}
 
 
+@pytest.mark.slow
 def test_async_save_keeps_the_values_of_the_call_and_back_to_back_saves_complete(spawns):
     saved = spawns["straight"][0]["async"]
     assert saved["iterations"] == list(range(N, N + 7)) and saved["latest"] == N + 6
@@ -380,6 +382,7 @@ def _faults(mesh: Mesh, root: str, corpus) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_a_crash_during_a_save_leaves_latest_on_the_previous_checkpoint(spawns):
     f = spawns["single"]["faults"]
     latest, cands, listing = f["after_data"]
@@ -390,6 +393,7 @@ def test_a_crash_during_a_save_leaves_latest_on_the_previous_checkpoint(spawns):
     assert latest == 2 and listing == ["iter_0000001", "iter_0000002", "latest"]  # the leftover .tmp is gone
 
 
+@pytest.mark.slow
 def test_a_truncated_or_flipped_file_is_named_and_load_falls_back_to_the_previous_checkpoint(spawns):
     f = spawns["single"]["faults"]
     assert "__0_0.distcp" in f["truncated"] and "truncated" in f["truncated"] and "\n" not in f["truncated"]
@@ -398,15 +402,15 @@ def test_a_truncated_or_flipped_file_is_named_and_load_falls_back_to_the_previou
 
 
 # --- (5) through train.py -------------------------------------------------------------------------------
+# train.py as `torchrun --nproc-per-node 2` would run it, its ranks forked from hybrid.testing's forkserver
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", os.path.join(ROOT, "scripts", "train.py"),
-         "--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1", "--zero-stage", "1", "--train-iters", "6"]
+TRAIN = ["--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1", "--zero-stage", "1", "--train-iters",
+         "6"]
+ENV = {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, CRASH_ENV: None, "OMP_NUM_THREADS": "1"}
 
 
 def _train(argv, cwd) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", CRASH_ENV)}
-    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    out = subprocess.run(TRAIN + argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    out = testing.torchrun(TRAIN + argv, 2, env=ENV, cwd=str(cwd), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -416,6 +420,7 @@ def _losses(stdout: str) -> dict[int, str]:
             for ln in stdout.splitlines() if ln.startswith(" iteration")}
 
 
+@pytest.mark.slow
 def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path, capsys):
     save = str(tmp_path / "ckpt")
     first = _train(["--save", save, "--save-interval", "3", "--async-save", "--save-keep", "2"], tmp_path)
@@ -467,41 +472,41 @@ def test_bad_checkpoint_flags_are_one_line_before_any_process_group(tmp_path, ar
     assert not dist.is_initialized()
 
 
+@pytest.mark.slow
 def test_sigterm_with_exit_signal_handler_finishes_the_step_saves_and_exits_zero(tmp_path):
     import signal
     import time
     save = str(tmp_path / "ckpt")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", CRASH_ENV)}
-    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    log = open(tmp_path / "log", "w+")
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--seq-length", "32",
-                             "--micro-batch-size", "2", "--log-interval", "1", "--train-iters", "100000", "--save",
-                             save, "--exit-signal-handler"], cwd=tmp_path, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    env = dict(ENV, PYTHONUNBUFFERED="1")  # one process, no launcher: `python scripts/train.py`, a fork of it
+    proc = testing.start([os.path.join(ROOT, "scripts", "train.py"), "--seq-length", "32", "--micro-batch-size", "2",
+                          "--log-interval", "1", "--train-iters", "100000", "--save", save, "--exit-signal-handler"],
+                         env=env, cwd=str(tmp_path))
     deadline = time.monotonic() + 300
-    while " iteration      2/" not in (tmp_path / "log").read_text() and time.monotonic() < deadline:
+    while " iteration      2/" not in proc.stdout() and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=300) == 0
-    text = (tmp_path / "log").read_text()
+    text = proc.stdout() + proc.stderr()
     line = next(ln for ln in text.splitlines() if "SIGTERM: saved iteration" in ln)
     k = int(line.split("iteration ")[1].split(";")[0])
     assert k >= 2 and store.read_latest(save) == k and store.complete_iterations(save) == [k]
     assert store.read_state(store.final_path(save, k))["consumed_samples"] == 2 * k
     # resuming it with another model, or after its only checkpoint is damaged: one line, before any step
-    base = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--seq-length", "32", "--load", save]
-    other = subprocess.run(base + ["--model", "tiny-llama"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=300)
+    base = [os.path.join(ROOT, "scripts", "train.py"), "--seq-length", "32", "--load", save]
+    other = testing.run(base + ["--model", "tiny-llama"], cwd=str(tmp_path), env=env, timeout=300)
     assert other.returncode != 0 and other.stderr.strip().splitlines()[-1] == (
-        f"train.py: error: --load {store.final_path(save, k)} holds model 'tiny-gpt2', this run trains "
-        f"'tiny-llama'; give the --model it was saved with")
+        f"train.py: error: --load {store.final_path(save, k)} holds another model: its arch is \"gpt2\", --model "
+        f"tiny-llama has \"llama\"; give the --model it was saved with (its config is compared, not its path: "
+        f"saved as 'tiny-gpt2')")
     with open(os.path.join(store.final_path(save, k), ".metadata"), "r+b") as f:
         f.truncate(10)
-    bad = subprocess.run(base, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    bad = testing.run(base, cwd=str(tmp_path), env=env, timeout=300)
     assert bad.returncode != 0 and " iteration" not in bad.stdout
-    assert bad.stderr.strip().splitlines()[-1] == (f"train.py: error: --load {save}: no intact checkpoint (every one "
-                                                   f"failed its checksums); see `hybrid checkpoint inspect {save}`")
-    assert "(truncated?); falling back to the previous complete checkpoint" in bad.stdout
+    # refused before any process group (hybrid/checkpoint/args.py), naming the damaged file
+    newest = os.path.join(store.final_path(save, k), ".metadata")
+    assert bad.stderr.strip().splitlines()[-1].startswith(
+        f"train.py: error: --load {save!r}: no intact checkpoint (the newest: {newest}: 10 bytes, the manifest says ")
+    assert bad.stderr.strip().splitlines()[-1].endswith(f"(truncated?)); see `hybrid checkpoint inspect {save}`")
 
 
 # --- the geometry, against brute force ---------------------------------------------------------------

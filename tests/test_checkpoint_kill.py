@@ -2,8 +2,8 @@
 names the partial directory, and the resumed run continues exactly. The resumed run also makes 20 back-to-back
 asynchronous saves (--save-interval 1 --async-save) while training's TP and DP collectives run between them.
 
-Two launches of `python -m hybrid.train` as 4 rank processes (hybrid/fault/testing.launch, tp 2 x dp 2, ZeRO 1),
-no torchrun restart -- the second is a new job, as an operator (or a scheduler) would start after a crash:
+Two launches of `python -m hybrid.train` as 4 ranks forked from hybrid.testing's forkserver (launch; tp 2 x dp 2,
+ZeRO 1), no torchrun restart -- the second is a new job, as an operator (or a scheduler) would start after a crash:
 
   A  --save-interval 2; rank 1 sends itself SIGKILL inside the save of iteration 4, after writing its own .distcp
      file and before DCP's .metadata (HYBRID_FAULT crash:point=after_rank_files,...,signal=SIGKILL): a kill
@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from hybrid.checkpoint import store
-from hybrid.fault.testing import launch
+from hybrid.testing import launch
 
 ITERS = 22  # both launches: the LR schedule (cosine over --train-iters) must be the same
 COMMON = ["--tensor-model-parallel-size", "2", "--zero-stage", "1", "--micro-batch-size", "2", "--global-batch-size",
@@ -51,6 +51,7 @@ def runs(tmp_path_factory):
     return {"save": save, "a": a, "disk": on_disk, "b": b}
 
 
+@pytest.mark.slow
 def test_a_rank_killed_between_the_files_of_a_save_leaves_latest_on_the_previous_checkpoint(runs):
     a, disk = runs["a"], runs["disk"]
     assert a[1].returncode == -signal.SIGKILL, (a[1].returncode, a[1].stdout[-1500:], a[1].stderr[-1500:])
@@ -63,6 +64,7 @@ def test_a_rank_killed_between_the_files_of_a_save_leaves_latest_on_the_previous
     assert store.MANIFEST not in disk["partial"]
 
 
+@pytest.mark.slow
 def test_a_fresh_launch_resumes_from_the_previous_checkpoint_and_continues_exactly(runs):
     save, a, b = runs["save"], runs["a"], runs["b"]
     assert all(r.returncode == 0 for r in b), [(r.rank, r.returncode, r.stderr[-1500:]) for r in b]
@@ -74,6 +76,7 @@ def test_a_fresh_launch_resumes_from_the_previous_checkpoint_and_continues_exact
     assert after[3] == before[3] and after[4] == before[4], (before, after)
 
 
+@pytest.mark.slow
 def test_twenty_back_to_back_async_saves_with_training_between_them_all_complete(runs):
     save, out = runs["save"], runs["b"][0].stdout
     saved = [int(i) for i in re.findall(r"checkpoint: saved iteration (\d+) to ", out)]
@@ -82,6 +85,7 @@ def test_twenty_back_to_back_async_saves_with_training_between_them_all_complete
     assert not [n for n in os.listdir(save) if n.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_a_crash_fault_with_signal_kills_the_process_and_a_bad_signal_is_refused():
     code = ("from hybrid.checkpoint.faults import crash_point\n"
             "crash_point('after_data', 3)\n"  # another iteration: no-op

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+
+import pytest
+
+from hybrid import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ["--model", "tiny-gpt2", "--tensor-model-parallel-size", "2", "--sequence-parallel", "--hidden-dropout", "0.1",
@@ -17,13 +19,14 @@ FLAGS = ["--model", "tiny-gpt2", "--tensor-model-parallel-size", "2", "--sequenc
 
 def _losses(tmp_path, extra: list[str]) -> list[float]:
     out = tmp_path / f"m{len(extra)}.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           os.path.join(ROOT, "scripts", "train.py"), *FLAGS, "--metrics-file", str(out), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = testing.torchrun_cli(["--standalone", "--nproc-per-node", "2", os.path.join(ROOT, "scripts", "train.py"),
+                                 *FLAGS, "--metrics-file", str(out), *extra], env={"OMP_NUM_THREADS": "1"},
+                                timeout=600)  # its ranks forked from hybrid.testing's forkserver
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return [r["lm_loss"] for r in map(json.loads, out.read_text().splitlines()) if "lm_loss" in r]
 
 
+@pytest.mark.slow
 def test_compiled_blocks_train_as_the_eager_run(tmp_path):
     eager, compiled = _losses(tmp_path, []), _losses(tmp_path, ["--compile"])
     assert len(eager) == len(compiled) == 3

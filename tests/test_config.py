@@ -7,7 +7,8 @@ import json
 import pytest
 from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
-from models.config import PRESETS, from_hf, load_config
+from models.config import from_hf, load_config
+from models.presets import PRESETS
 
 
 @pytest.mark.parametrize("name,params", [("gpt2", 124_439_808), ("gpt2-xl", 1_557_611_200),

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,16 +15,17 @@ from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
+from hybrid import testing
 from hybrid.checkpoint import store
 from hybrid.cli import main as hybrid_main
 from hybrid.convert import hf_to_hybrid, hybrid_to_hf
 from hybrid.convert.presharded import TargetLayout
 from hybrid.convert.verify import load_ours
+from command_flags import foreign
 from models import shift_labels
 from models.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 VOCAB = 259  # divisible by neither tp 2 nor tp 4: padded rows inside training, none in any file
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, vocab_size=VOCAB,
              max_position_embeddings=64, bos_token_id=0, eos_token_id=0)
@@ -104,9 +103,10 @@ def test_bf16_export_is_the_rounded_weights(tmp_path):
 
 # --- a real training run -----------------------------------------------------------------------------------
 def torchrun(n: int, *flags: str, timeout: int = 240) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-           "scripts/train.py", "--micro-batch-size", "1", "--seq-length", "16", "--log-interval", "1", *flags]
-    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+    """`torchrun --standalone --nproc-per-node N scripts/train.py ...`, its ranks forked from hybrid.testing's
+    forkserver."""
+    p = testing.torchrun(["--micro-batch-size", "1", "--seq-length", "16", "--log-interval", "1", *flags], n,
+                         env={"OMP_NUM_THREADS": "1"}, cwd=ROOT, timeout=timeout)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     return p.stdout
 
@@ -115,6 +115,7 @@ def losses(out: str) -> list[str]:
     return re.findall(r"iteration +\d+/\d+ \| lm loss (\S+)", out)
 
 
+@pytest.mark.slow
 def test_zero3_tp2_pp2_dp2_checkpoint_exports_with_our_loss(tmp_path):
     """train.py saves after 2 steps at tp 2 x pp 2 x dp 2, ZeRO 3 (the tied embedding on both pipeline ends, 259
     vocabulary rows padded to 260); the export loads in transformers, whose loss on a fixed batch equals the
@@ -135,6 +136,7 @@ def test_zero3_tp2_pp2_dp2_checkpoint_exports_with_our_loss(tmp_path):
     assert abs(ours - start) > 1e-3  # the two steps at lr 1e-2 changed the weights: this is the trained model
 
 
+@pytest.mark.slow
 def test_train_py_at_tp2_starts_from_a_converted_checkpoint_as_from_the_folder(tmp_path):
     """The same first losses from --load CONVERTED (the ckpt resume path, DCP resharding 1 -> tp 2) as from
     --load FOLDER (models/hf_io's sliced safetensors reads)."""
@@ -215,6 +217,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, kind):
         hybrid_main(["convert", argv[0], str(tmp_path / "out"), *argv[1:]])
     msg = str(e.value.code)
     assert msg.startswith("hybrid convert: error: ") and "\n" not in msg and words in msg, msg
+    assert foreign(msg, "hybrid convert", argv) == [], msg  # it suggests only flags `hybrid convert` accepts
     if kind == "dst-not-empty":
         assert os.listdir(tmp_path / "out") == ["keep.txt"] and (tmp_path / "out" / "keep.txt").read_text() == before
     else:
@@ -244,6 +247,7 @@ with torch.no_grad():
 """
 
 
+@pytest.mark.slow
 def test_deepspeed_zero3_checkpoint_converts_with_the_deepspeed_models_logits(tmp_path):
     """A ZeRO-3 DeepSpeed checkpoint (DeepSpeed on CPU, one gloo rank, one AdamW step) of a tiny Llama, read by
     DeepSpeed's get_fp32_state_dict_from_zero_checkpoint: our model on the converted checkpoint gives the logits
@@ -252,8 +256,8 @@ def test_deepspeed_zero3_checkpoint_converts_with_the_deepspeed_models_logits(tm
     cfg_dir = str(tmp_path / "cfg")
     LlamaConfig(**SMALL, num_key_value_heads=2, tie_word_embeddings=False).save_pretrained(cfg_dir)
     (tmp_path / "make.py").write_text(DS_RUN)
-    p = subprocess.run([sys.executable, str(tmp_path / "make.py"), cfg_dir, str(tmp_path / "ds"), str(free_port())],
-                       env=ENV, capture_output=True, text=True, timeout=180)
+    p = testing.run([str(tmp_path / "make.py"), cfg_dir, str(tmp_path / "ds"), str(free_port())],
+                    env={"OMP_NUM_THREADS": "1"}, timeout=180)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     with pytest.raises(SystemExit, match="holds no model config; give --model"):
         hybrid_main(["convert", str(tmp_path / "ds"), str(tmp_path / "ckpt")])
@@ -311,6 +315,7 @@ def _load_and_resave(rank, world, root):
         core.start_save(opt, names, None, os.path.join(root, name + ".resaved"), 1, state).finish()
 
 
+@pytest.mark.slow
 def test_round_trip_through_tp_pp_dp_zero_layouts_is_bit_exact(tmp_path):
     """transformers -> hybrid -> (loaded and re-saved at tp1 x pp2 x dp2 ZeRO 3 / tp4, 2 kv-heads replicated /
     tp2 x pp2 ZeRO 1, tied embedding on both stages; vocabulary 259 padded to 260) -> transformers: every
@@ -377,6 +382,7 @@ def _run_at_target(rank, world, root, ids):
     return out
 
 
+@pytest.mark.slow
 def test_presharded_tp2_pp2_is_what_a_run_saves_and_loads_with_transformers_logits(tmp_path):
     """`hybrid convert --target-tensor-parallel-size 2 --target-pipeline-parallel-size 2`, for all four models:
     the chunks in .metadata (box and file, per parameter) are those a tp2 x pp2 run saves; the run loads the
@@ -407,3 +413,79 @@ def test_presharded_tp2_pp2_is_what_a_run_saves_and_loads_with_transformers_logi
         hybrid_to_hf(os.path.join(root, name + ".ckpt"), os.path.join(root, name + ".out"), verify=False)
         a, b = tensors(os.path.join(root, name)), tensors(os.path.join(root, name + ".out"))
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+# --- checked against transformers' own model: a mistake made the same way in and out cannot pass -------------
+# Multi-head (no GQA, so q, k and v have one shape and can be confused), weights at std 0.3 and unit norms: the
+# attention is far from uniform, so confusing q with k moves the logits by ~10 (the random models above, std 0.05,
+# move by 1e-6, inside the fp32 tolerance -- a q <-> k swap passed their self-check).
+SENSITIVE = {
+    "gpt2": lambda: GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SMALL, num_key_value_heads=4, tie_word_embeddings=False)),
+    "mistral": lambda: MistralForCausalLM(MistralConfig(**SMALL, num_key_value_heads=4, sliding_window=8,
+                                                        tie_word_embeddings=True)),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SMALL, num_key_value_heads=4, tie_word_embeddings=False)),
+}
+# our parameter names confused with one another -- in both directions, as one wrong table would
+MISTAKES = {"q<->k": ("q_proj", "k_proj"), "k<->v": ("k_proj", "v_proj"), "gate<->up": ("gate_proj", "up_proj")}
+
+
+def sensitive_folder(arch: str, path: str) -> str:
+    torch.manual_seed(7)
+    model = SENSITIVE[arch]()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+            elif "norm" in n or ".ln_" in n:
+                p.fill_(1.0)
+            else:
+                p.normal_(0, 0.05)
+    model.save_pretrained(path)
+    return path
+
+
+def _confuse(monkeypatch, a: str, b: str) -> None:
+    from hybrid.convert import mapping
+    right = mapping.hf_source
+    monkeypatch.setattr(mapping, "hf_source",
+                        lambda cfg, name: right(cfg, name.replace(a, "\0").replace(b, a).replace("\0", b)))
+
+
+@pytest.mark.parametrize("arch", list(SENSITIVE))
+def test_every_architecture_converts_to_transformers_logits_both_ways(tmp_path, arch):
+    """hf -> hybrid: our model on the converted checkpoint against transformers' model on the source folder;
+    hybrid -> hf: transformers' model on the exported folder against ours on the checkpoint; fp32 tolerance."""
+    src = sensitive_folder(arch, str(tmp_path / "hf"))
+    assert hf_to_hybrid(src, str(tmp_path / "ckpt")).startswith("verify: OK")
+    assert hybrid_to_hf(str(tmp_path / "ckpt"), str(tmp_path / "out")).startswith("verify: OK")
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ours = load_ours(load_config(src), store.final_path(str(tmp_path / "ckpt"), 0))(ids)
+        theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()(input_ids=ids).logits
+        source = AutoModelForCausalLM.from_pretrained(src).eval()(input_ids=ids).logits
+    scale = source.abs().max().item()
+    assert scale > 1 and (ours - source).abs().max().item() <= 1e-4 * scale
+    assert torch.equal(theirs, source)  # the exported folder is the source, bit for bit
+
+
+MISTAKE_CASES = [(arch, m) for arch in SENSITIVE for m in MISTAKES if not (arch == "gpt2" and m == "gate<->up")]
+
+
+@pytest.mark.parametrize("arch, mistake", MISTAKE_CASES, ids=[f"{a}-{m}" for a, m in MISTAKE_CASES])
+def test_a_mapping_mistake_made_the_same_way_in_and_out_fails_the_transformers_check(tmp_path, monkeypatch, arch,
+                                                                                     mistake):
+    """The round trip cannot see a mistake made the same way in both directions (it is bit-exact under it); the
+    comparison with transformers' own model catches it in each direction, and nothing is written."""
+    src = sensitive_folder(arch, str(tmp_path / "hf"))
+    _confuse(monkeypatch, *MISTAKES[mistake])
+    hf_to_hybrid(src, str(tmp_path / "ckpt"), verify=False)
+    hybrid_to_hf(str(tmp_path / "ckpt"), str(tmp_path / "back"), verify=False)
+    a, b = tensors(src), tensors(str(tmp_path / "back"))
+    assert all(torch.equal(a[k], b[k]) for k in a), "the round trip hides the mistake"
+    with pytest.raises(ValueError, match="verify: FAILED"):
+        hf_to_hybrid(src, str(tmp_path / "ckpt2"))
+    with pytest.raises(ValueError, match="verify: FAILED"):
+        hybrid_to_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "ckpt2") and not os.path.exists(tmp_path / "out")

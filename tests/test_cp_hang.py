@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from hybrid.fault.testing import launch
 from hybrid.fault.watchdog import EXIT_HANG
+from hybrid.testing import launch
 
 TIMEOUT = 5
 CP2 = ["--context-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "32",
@@ -18,6 +18,7 @@ CP2 = ["--context-parallel-size", "2", "--micro-batch-size", "2", "--global-batc
 
 
 @pytest.mark.serial  # exit within the watchdog timeout + 10 s: runs alone under xdist
+@pytest.mark.slow
 def test_a_rank_stalled_before_a_cp_ring_send_is_named_by_its_peer():
     runs = launch(CP2, 2, {"HYBRID_FAULT": "hang:rank=1,op=cp.send,iteration=5,microbatch=1"})
     injected = [r.injected for r in runs if r.injected is not None]

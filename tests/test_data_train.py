@@ -9,13 +9,12 @@ import importlib
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch.distributed as dist
 
+from hybrid import testing
 from hybrid.data.indexed import IndexedDatasetWriter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,11 +39,13 @@ COMMON = ["--seq-length", "32", "--global-batch-size", "8", "--train-iters", "4"
 
 
 def _run(nproc: int, argv: list[str]) -> str:
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)] if nproc > 1
-                else [sys.executable])
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run(launcher + ["scripts/train.py"] + argv, cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env=env)
+    """`torchrun --nproc-per-node N scripts/train.py ARGV` (N > 1) or `python scripts/train.py ARGV`, as forks of
+    hybrid.testing's forkserver."""
+    env = {"OMP_NUM_THREADS": "1"}
+    if nproc > 1:
+        out = testing.torchrun(argv, nproc, env=env, cwd=ROOT, timeout=300)
+    else:
+        out = testing.run([os.path.join(ROOT, "scripts", "train.py"), *argv], env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -56,7 +57,8 @@ def reference(tmp_path_factory):
     byte_dataset(str(d / "a"), 200)
     byte_dataset(str(d / "b"), 400)
     data = ["--data-path", "0.4", str(d / "a"), "0.6", str(d / "b")]
-    out = _run(1, COMMON + data + ["--micro-batch-size", "2", "--tensorboard-dir", str(d / "tb"),
+    out = _run(1, COMMON + data + ["--micro-batch-size", "2", "--timing-log-interval", "1",
+                                   "--tensorboard-dir", str(d / "tb"),
                                    "--metrics-file", str(d / "m.jsonl"), "--hardware", hardware_profile(d, 2.0)])
     return data, out, d
 
@@ -74,14 +76,16 @@ def hardware_profile(d, fp32_tflops: float) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_validation_loss_is_the_same_on_every_layout(reference):
-    """The 4 validation/test numbers (iterations 2, 4, end valid, end test) of tp 2 x pp 2 with sequence
+    """The 3 validation/test numbers (iteration 2; iteration 4 once, by the final evaluation, on the samples the
+    periodic one would read; the test set) of tp 2 x pp 2 with sequence
     parallelism, of pp 2 (interleaved, v 2) x dp 2 and of ZeRO-3 (parameters gathered by forward hooks) x dp 2
     equal the single process's. Tolerance 1e-5 relative: the line prints 7 digits (rounding <= 1e-6 relative)
     and the runs differ only by fp32 reduction order over 4 steps (observed <= 2e-7 relative)."""
     data, ref, _ = reference
     found = VALID.findall(ref)
-    assert [(it, where) for it, where, _, _ in found] == [("2", ""), ("4", ""), ("4", " on validation set"),
+    assert [(it, where) for it, where, _, _ in found] == [("2", ""), ("4", " on validation set"),
                                                           ("4", " on test set")], ref
     ref_losses = [float(v) for _, _, v, _ in found]
     for _, _, v, ppl in found:
@@ -95,6 +99,7 @@ def test_validation_loss_is_the_same_on_every_layout(reference):
         assert [float(v) for _, _, v, _ in VALID.findall(out)] == pytest.approx(ref_losses, rel=1e-5), out
 
 
+@pytest.mark.slow
 def test_tensorboard_and_metrics_file_hold_the_logged_numbers(reference):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -104,7 +109,7 @@ def test_tensorboard_and_metrics_file_hold_the_logged_numbers(reference):
     logged = {int(m[0]): (float(m[1]), float(m[2]), float(m[3])) for m in re.findall(
         r"iteration +(\d+)/\d+ \| lm loss (\S+) \|.* \| ([\d.e+-]+) TFLOP/s/device \| MFU ([\d.]+)%", out)}
     valid = [float(v) for v in re.findall(r"validation loss at iteration \d+[^|]* \| lm loss value: (\S+)", out)]
-    assert sorted(logged) == [2, 4] and len(valid) == 4, out
+    assert sorted(logged) == [2, 4] and len(valid) == 3, out
     assert "metrics: MFU against 2 TFLOP/s per rank (--hardware " in out, out  # the profile's fp32 rate
     acc = EventAccumulator(str(tb))
     acc.Reload()
@@ -169,7 +174,9 @@ def test_bad_data_inputs_are_one_error_line_before_any_process_group(tmp_path, m
     for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_ERROR_FILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(dist, "init_process_group", _no_process_group)
-    for argv, fragment in _bad_cases(str(tmp_path)):
+    cases = _bad_cases(str(tmp_path))
+    capsys.readouterr()  # what writing the cases' files printed (transformers' warnings on small.json's token ids)
+    for argv, fragment in cases:
         with pytest.raises(SystemExit) as e:
             train_main.main(argv)
         out, err = capsys.readouterr()
@@ -179,6 +186,7 @@ def test_bad_data_inputs_are_one_error_line_before_any_process_group(tmp_path, m
         assert fragment in lines[0], (fragment, lines[0])
 
 
+@pytest.mark.slow
 def test_the_run_prints_its_measured_time_split_and_the_planners_prediction(reference):
     """Every log interval: the measured split of the step (op-trail phases, hybrid/fault/straggler.py); once at the
     start with --hardware: the planner's prediction of the same shares for this layout (hybrid/metrics/split.py).

@@ -3,8 +3,17 @@
 Commands are read from the fenced shell blocks of the docs (lines starting with torchrun, hybrid, python, bash or
 scripts/), so a command added to the docs is tested without editing this file. Each is run as written, shortened
 only where a full run would take minutes: `--train-iters` becomes 2 (added when absent), `--log-interval` 1,
-`hybrid calibrate` measures at tiny sizes, and placeholders are filled (`path/to/hf_model` -> a tiny transformers GPT-2 saved here, a trailing `...` dropped).
-The few commands that cannot run here are listed in SKIP with the reason and where they are covered instead.
+`hybrid calibrate` measures at tiny sizes, and placeholders are filled (`path/to/hf_model` -> a tiny transformers
+GPT-2 saved here, a trailing `...` dropped). The few commands that cannot run here are listed in SKIP with the
+reason and where they are covered instead.
+
+How they run: a `python` or `hybrid` command as one fork of hybrid.testing's forkserver (the interpreter with
+torch and hybrid already imported: the command's own code runs as __main__, without a new interpreter's ~4 s of
+CPU), a single-node `torchrun` as its ranks forked the same way (hybrid.testing.torchrun_cli: its arguments parsed
+by torch's own parser, torchrun's environment), anything else (mkdir) in the shell. One run per distinct flag
+combination: a train.py command whose program and flag names (not values) an earlier command already ran is
+parsed and checked in-process instead (hybrid.train.main.validate: every check a run makes before its process
+group), so a value that is wrong still fails.
 """
 
 from __future__ import annotations
@@ -14,9 +23,10 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 
 import pytest
+
+from hybrid import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STARTS = ("torchrun", "hybrid ", "python", "bash ", "scripts/", "mkdir ")
@@ -32,6 +42,8 @@ SKIP = {  # substring of the command -> why it is not run here, and what covers 
                                                    "tests/test_zero_flags.py (README's headline ZeRO command)",
     "scripts/gpu_check.py --out gpu_results": "needs a GPU; tests/test_gpu_check.py runs the same script with "
                                               "--dry-run (every section, CPU, tiny sizes)",
+    "$(hybrid plan": "README's planner chain (a shell substitution): run as written by tests/test_readme_chain.py",
+    "plot_run.py run.jsonl": "the planner chain's plot of its metrics file: run by tests/test_readme_chain.py",
 }
 
 
@@ -74,15 +86,12 @@ def _pieces(command: str) -> list[str]:
 
 
 def _argv(part: str, hf_model: str) -> list[str]:
+    """The command's words: placeholders filled, `scripts/` made absolute, train.py runs and calibrate shortened."""
     words = shlex.split(part.replace("path/to/hf_model", hf_model))
     if words and words[-1] == "...":
         words = words[:-1]
-    if words[0] == "torchrun":
-        words = [sys.executable, "-m", "torch.distributed.run"] + words[1:]
-    elif words[0] == "hybrid":
-        words = [sys.executable, "-m", "hybrid.cli"] + words[1:]
-    elif words[0] in ("python", "python3"):
-        words = [sys.executable] + words[1:]
+    if words[0] == "hybrid":
+        words = ["python", "-m", "hybrid.cli"] + words[1:]
     words = [os.path.join(ROOT, w) if w.startswith("scripts/") else w for w in words]
     if any(w.endswith("train.py") or w == "hybrid.train" for w in words):
         words = _shorten(words)
@@ -144,15 +153,61 @@ def test_the_docs_hold_the_commands_this_test_runs():
     assert any("--zero-stage 3 --offload-optimizer --offload-params --bf16" in c for _, c in COMMANDS)
 
 
+RAN: set[tuple] = set()  # the flag combinations of the train.py commands run so far
+
+
+def _train_index(argv: list[str]) -> int | None:
+    """Where train.py (or -m hybrid.train) is in a command; None: the command does not train."""
+    return next((i for i, w in enumerate(argv) if w.endswith("train.py") or w == "hybrid.train"), None)
+
+
+def _flag_combination(argv: list[str]) -> tuple:
+    """A train.py command's launcher, entry and flag names, values left out: `torchrun --nproc-per-node 4
+    scripts/train.py --save ckpt` -> ("torchrun", "train.py", "--nproc-per-node", "--save")."""
+    return (argv[0], os.path.basename(argv[_train_index(argv)])) + tuple(sorted(w for w in argv if w[:2] == "--"))
+
+
+def _execute(argv: list[str], workdir: str) -> subprocess.CompletedProcess:
+    """Run one command (see the module docstring): a fork for python and single-node torchrun, else the shell."""
+    env = {"PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    if argv[0] in ("python", "python3"):
+        return testing.run(argv[1:], env=env, cwd=workdir, timeout=400)
+    if argv[0] == "torchrun":
+        return testing.torchrun_cli(argv[1:], env=env, cwd=workdir, timeout=400)
+    return subprocess.run(argv, cwd=workdir, env=dict(os.environ, **env), capture_output=True, text=True,
+                          timeout=400)
+
+
+def _check_in_process(argv: list[str], workdir: str, monkeypatch) -> None:
+    """train.py's parse and every check before the process group (hybrid.train.main.validate), on rank 0 of the
+    command's world: SystemExit with the one-line error for a bad value."""
+    from torch.distributed.run import get_args_parser
+
+    from hybrid.train.main import validate
+    ta = get_args_parser().parse_args(argv[1:]) if argv[0] == "torchrun" else None
+    world = int(ta.nproc_per_node) if ta else 1
+    if ta:
+        for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                         MASTER_ADDR="127.0.0.1", MASTER_PORT="29500").items():
+            monkeypatch.setenv(k, v)
+    monkeypatch.chdir(workdir)
+    validate(argv[_train_index(argv) + 1:])
+
+
 @pytest.mark.parametrize("where,command", COMMANDS, ids=[f"{w}:{c[:60]}" for w, c in COMMANDS])
-def test_documented_command_runs(where, command, hf_model, workdir):
+@pytest.mark.slow
+def test_documented_command_runs(where, command, hf_model, workdir, monkeypatch):
     if "HEAD_NODE" in command or not _pieces(command):
         reasons = [why for s, why in SKIP.items() if s in command]
         pytest.skip(reasons[-1])  # the most specific: setup.sh only says why the first half of a line is not run
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     for part in _pieces(command):
         argv = _argv(part, hf_model)
-        out = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=400)
+        trains = _train_index(argv) is not None
+        if trains and _flag_combination(argv) in RAN:
+            _check_in_process(argv, workdir, monkeypatch)
+            continue
+        out = _execute(argv, workdir)
         assert out.returncode == 0, f"{where}: {part}\n{out.stdout[-1500:]}\n{out.stderr[-3000:]}"
-        if any(w.endswith("train.py") for w in argv):
+        if trains:
             assert "done: final lm loss" in out.stdout, out.stdout[-1500:]
+            RAN.add(_flag_combination(argv))

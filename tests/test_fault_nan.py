@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 
+import pytest
 import torch
 
 from hybrid.data import load_corpus, micro_batches
 from hybrid.fault.nan_guard import EXIT_NAN, TooManySkippedSteps
 from hybrid.fault.session import FaultTolerance
-from hybrid.fault.testing import launch
+from hybrid.testing import launch
 from hybrid.mesh import Mesh
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
@@ -22,7 +24,7 @@ from hybrid.zero import ZeroOptimizer
 
 # 2 ranks tp2, the training entry point's defaults otherwise (ZeRO stage 0, fp32, clipping on)
 ARGV = ["--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "4",
-        "--seq-length", "32", "--train-iters", "12", "--log-interval", "100", "--max-skipped-steps", "3"]
+        "--seq-length", "32", "--train-iters", "12", "--log-interval", "2", "--max-skipped-steps", "3"]
 FAULT = "nan:rank=1,iterations=7,9-12"  # rank 1 = tp rank 1; rank 0 has finite gradients
 
 
@@ -47,7 +49,8 @@ def _run(rank, world):
     corpus = load_corpus()
     log, states, stopped_at = io.StringIO(), [_state(model, zopt)], None
     with contextlib.redirect_stdout(log):
-        ft = FaultTolerance.start(run.fault, mesh, model, runner, zopt, run.training.log_interval)
+        ft = FaultTolerance.start(run.fault, mesh, model, runner, zopt, run.training.log_interval,
+                                  run.metrics.timing_log_interval)
         try:
             for it in range(run.training.train_iters):
                 ft.begin_iteration(it)
@@ -83,8 +86,14 @@ def test_nan_in_one_tp_rank_gradient_skips_the_step_on_every_rank_bit_identicall
     log0 = results[0][3]
     assert "iteration 7: skipped the step on every rank (non-finite on ranks [1]; 1 consecutive)" in log0, log0
     assert "3 consecutive steps skipped at iteration 11 (--max-skipped-steps 3); stopping with exit code 65" in log0
+    # the per-rank times (default: every 10 log intervals) are printed at once for the intervals that skipped a step
+    printed = re.findall(r"step time ms p50/p90/max, iterations (\d+-\d+)", log0)
+    assert {"7-8", "9-10"} <= set(printed), log0
+    for other in set(printed) - {"7-8", "9-10"}:  # only when a (load-induced) straggler was named for it
+        assert f"medians over iterations {other}" in log0, log0
 
 
+@pytest.mark.slow
 def test_consecutive_skips_end_the_training_job_with_exit_code_65():
     (run,) = launch(["--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "6", "--max-skipped-steps",
                      "2"], 1, {"HYBRID_FAULT": "nan:rank=0,iterations=3-4"})

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from hybrid import testing
 from hybrid.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,14 +43,20 @@ def _losses(out: str) -> list[str]:
 def single_agent_with_a_slow_rank() -> str:
     """One agent, 4 ranks, rank 2 sleeping 50 ms before every micro-batch's forward. The sleep changes
     no number, so this is also the single-agent reference for the two-agent run's losses."""
-    p = _torchrun(1, 0, 10, env={"HYBRID_FAULT": "slow:rank=2,ms=50"})
-    out, _ = p.communicate(timeout=300)
+    # torchrun is not the subject here: its 4 ranks forked from hybrid.testing's forkserver
+    p = testing.torchrun([*TRAIN, "--train-iters", "10"], 4, env={"HYBRID_FAULT": "slow:rank=2,ms=50",
+                                                                 "OMP_NUM_THREADS": "1"},
+                         cwd=ROOT, timeout=300, entry=testing.python_main)
+    out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     return out
 
 
 @pytest.mark.serial  # step times compared across ranks: runs alone under xdist
+@pytest.mark.slow
 def test_a_rank_slowed_50ms_per_micro_batch_is_named_with_its_phase(single_agent_with_a_slow_rank):
+    """With the default --timing-log-interval (10 log intervals) the report of an interval that names a
+    straggler is printed at once: both of this run's 2 intervals."""
     out = single_agent_with_a_slow_rank
     named = re.findall(r"straggler: rank (\d+) is slower than its 3 peers in (\w+)", out)
     assert named == [("2", "forward"), ("2", "forward")], out  # in both reports (iterations 1-5 and 6-10)
@@ -57,11 +64,13 @@ def test_a_rank_slowed_50ms_per_micro_batch_is_named_with_its_phase(single_agent
 
 
 @pytest.mark.serial  # a clean run names no straggler: runs alone under xdist
+@pytest.mark.slow
 def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single_agent_with_a_slow_rank):
     port = free_port()
-    a = _torchrun(2, port, 10)
+    verbose = TRAIN + ["--timing-log-interval", "1"]  # a clean run's verdict is printed only in the verbose form
+    a = _torchrun(2, port, 10, train=verbose)
     time.sleep(1.0)  # agent a hosts the rendezvous store
-    b = _torchrun(2, port, 10)
+    b = _torchrun(2, port, 10, train=verbose)
     out_a, _ = a.communicate(timeout=300)
     out_b, _ = b.communicate(timeout=60)
     assert a.returncode == 0 and b.returncode == 0, (out_a[-3000:], out_b[-3000:])
@@ -71,6 +80,7 @@ def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single
     assert re.findall(r"straggler: \w+", out) == ["straggler: none"] * 2, out  # a clean run names nobody
 
 
+@pytest.mark.slow
 def test_losing_one_agent_ends_the_job_cleanly(tmp_path):
     psutil = pytest.importorskip("psutil")
     port = free_port()
@@ -100,6 +110,7 @@ def test_losing_one_agent_ends_the_job_cleanly(tmp_path):
 
 
 @pytest.mark.serial  # the kill lands between two saves: runs alone under xdist
+@pytest.mark.slow
 def test_an_elastic_job_that_loses_a_node_re_plans_on_the_survivor_and_continues(tmp_path):
     """torchrun --nnodes 1:2 --max-restarts 1, two agents of 2 ranks, saving every 3 iterations. Node b (its agent
     and workers) is killed once iteration 4 is logged; agent a's workers fail on the dead peer, a restarts them in

@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from hybrid import testing
 from hybrid.fault.attempt import agree
 from hybrid.testing import free_port
 
@@ -43,13 +44,15 @@ SEED = 20261203  # draws where each kill lands
 
 
 def _torchrun(nproc: int, flags: list[str], env: dict | None = None, restarts: int = 0) -> subprocess.CompletedProcess:
+    """The real torchrun where it is the subject (restarts > 0); else the same job as ranks forked from
+    hybrid.testing's forkserver (torchrun's environment, no agent)."""
+    env = {"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1", **(env or {})}  # no fault unless the test injects one
+    if not restarts:
+        return testing.torchrun(COMMON + flags, nproc, env=env, cwd=ROOT, timeout=600)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--max-restarts",
            str(restarts), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{free_port()}", "-m",
            "hybrid.train", *COMMON, *flags]
-    full_env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **(env or {}))
-    if "HYBRID_FAULT" not in (env or {}):
-        full_env.pop("HYBRID_FAULT", None)
-    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=ROOT, env=testing.environment(env), capture_output=True, text=True, timeout=600)
 
 
 def _losses(out: str) -> dict[int, list[str]]:
@@ -164,16 +167,19 @@ def _killed_and_restarted(tmp_path, nproc: int, layout: list[str], straight, in_
         assert torch.equal(resumed[k], ref[k]), (fault, k)
 
 
+@pytest.mark.slow
 def test_killed_mid_accumulation_then_mid_save_under_torchrun_restarts_and_matches_bit_for_bit_tp2_dp2(
         tmp_path, straight4):
     _killed_and_restarted(tmp_path, 4, TP2, straight4, in_save=True)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_accumulation_under_torchrun_restarts_and_matches_bit_for_bit_tp2_pp2_dp2(
         tmp_path, straight8):
     _killed_and_restarted(tmp_path, 8, TP2PP2, straight8)
 
 
+@pytest.mark.slow
 def test_a_run_restarted_on_fewer_ranks_re_plans_reshards_and_continues(tmp_path, straight8):
     """8 ranks for 4 iterations, saved; then 4 ranks with --auto-parallel load it and run iterations 5-8.
     Bound: the loss is a mean over the global batch; another layout sums the same terms in another order

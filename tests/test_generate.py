@@ -7,17 +7,17 @@ found where the run left it; bad flags are one line."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from command_flags import foreign
+from hybrid import testing
 from hybrid.cli import main as hybrid_main
 from hybrid.comm import Group
 from hybrid.convert import hf_to_hybrid
-from hybrid.convert.generate import SamplingConfig, filter_logits, find_codec
+from hybrid.generate.decode import SamplingConfig, filter_logits, find_codec
 from hybrid.convert.presharded import TargetLayout
 from hybrid.tp import TPContext
 from models import build_model
@@ -26,7 +26,6 @@ from models.config import load_config
 from models.hf_io import load_hf_checkpoint
 from test_convert import MODELS, ROOT
 
-ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 PROMPT = [5, 17, 200, 3]
 NEW = 32
 
@@ -110,27 +109,27 @@ def test_greedy_tokens_equal_transformers_at_tp1(random_llama, capsys):
                                                        f"{','.join(map(str, want))}", src
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_transformers_at_tp2_under_torchrun(random_llama):
     """torchrun, 2 gloo ranks, tp 2 (the default: every launched process): each rank holds 2 of the 4 heads, 1 of
     the 2 kv-heads in its cache, and half the vocabulary (259 padded to 260)."""
     root, want = random_llama
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "hybrid.cli",
-           "generate", str(root / "ckpt"), "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", str(NEW)]
-    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    assert _first_line(p.stdout) == f"generate: {NEW} new tokens (greedy): {','.join(map(str, want))}"
-    assert "tp 2 on cpu, KV cache" in p.stdout
+    out = _torchrun(2, root / "ckpt")
+    assert _first_line(out) == f"generate: {NEW} new tokens (greedy): {','.join(map(str, want))}"
+    assert "tp 2 on cpu, KV cache" in out
 
 
 def _torchrun(nproc: int, src, *flags: str) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "-m",
-           "hybrid.cli", "generate", str(src), "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens",
-           str(NEW), *flags]
-    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
+    """`torchrun --standalone --nproc-per-node N -m hybrid.cli generate SRC ...`, its ranks forked from
+    hybrid.testing's forkserver with torchrun's environment."""
+    p = testing.torchrun(["-m", "hybrid.cli", "generate", str(src), "--prompt-ids", ",".join(map(str, PROMPT)),
+                          "--max-new-tokens", str(NEW), *flags], nproc, env={"OMP_NUM_THREADS": "1"}, cwd=ROOT,
+                         timeout=180, entry=testing.python_main)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     return p.stdout
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_transformers_at_pp2_under_torchrun(random_llama):
     """2 gloo ranks, pp 2 (tp 1), from the transformers folder: stage 0 holds the embedding and layer 0, stage 1
     layer 1, the norm and the head; each its layer's KV cache, the hidden states sent 0 -> 1 every step."""
@@ -140,6 +139,7 @@ def test_greedy_tokens_equal_transformers_at_pp2_under_torchrun(random_llama):
     assert "tp 1 x pp 2 (layers [1, 1]) on cpu, KV cache" in out
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_transformers_at_tp2_pp2_under_torchrun(random_llama3):
     """4 gloo ranks, tp 2 x pp 2 (tp innermost: ranks 0, 1 are stage 0), from the converted checkpoint (read by
     DCP, each rank its stage's layers at its tp shard); 3 layers split 1, 2 (--pipeline-layers-per-stage: the
@@ -239,3 +239,4 @@ def test_bad_generate_flags_are_one_line(random_llama, flags, words):
         hybrid_main(["generate", str(root / "hf"), "--prompt", "hi", *flags])
     msg = str(e.value.code)
     assert msg.startswith("hybrid generate: error: ") and "\n" not in msg and words in msg, msg
+    assert foreign(msg, "hybrid generate", flags) == [], msg  # it suggests only flags `hybrid generate` accepts

@@ -6,11 +6,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
+
+from hybrid import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.py")
@@ -21,18 +22,19 @@ SECTIONS = ("env", "ceilings", "hf_match", "zero_offload", "multi_rank", "speed"
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
-    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out", str(out)], capture_output=True, text=True,
-                          timeout=600)
+    proc = testing.run([SCRIPT, "--dry-run", "--out", str(out)], timeout=600)  # a fork of hybrid.testing's forkserver
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "gpu_check.json").read_text())
 
 
+@pytest.mark.slow
 def test_dry_run_runs_every_section(dry):
     _, results = dry
     assert results["dry_run"] is True
     assert {k: v["status"] for k, v in results["sections"].items()} == {k: "ok" for k in SECTIONS}
 
 
+@pytest.mark.slow
 def test_dry_run_compares_with_transformers_in_fp32_and_bf16(dry):
     r = dry[1]["sections"]["hf_match"]["result"]
     for kind in ("gpt2", "llama"):
@@ -42,18 +44,21 @@ def test_dry_run_compares_with_transformers_in_fp32_and_bf16(dry):
         assert all(bf16["bound"][k] >= 2 * 2.0**-8 for k in bf16["bound"])
 
 
+@pytest.mark.slow
 def test_dry_run_offload_copies_are_bit_exact(dry):
     r = dry[1]["sections"]["zero_offload"]["result"]
     assert r["pinned_nonblocking_vs_unpinned_blocking"]["master_bit_equal"]
     assert r["offload_vs_device_same_adamw_arithmetic"]["master_bit_equal"]  # one CPU: the same kernels
 
 
+@pytest.mark.slow
 def test_dry_run_two_rank_layouts_match_one_rank(dry):
     r = dry[1]["sections"]["multi_rank"]["result"]
     for layout in ("tp2", "pp2", "dp2_zero3_offload"):
         assert r[layout]["ok"] and len(r[layout]["losses"]) == 3, r[layout]
 
 
+@pytest.mark.slow
 def test_dry_run_speed_calibrate_and_planner_report_numbers(dry):
     out, results = dry
     s = results["sections"]

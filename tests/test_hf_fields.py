@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen2Config
+from transformers import (GPT2Config, LlamaConfig, LlamaForCausalLM, MistralConfig, MixtralConfig, Qwen2Config,
+                          Qwen2MoeConfig)
 
 from hybrid.comm import Group
 from hybrid.tp import TPContext
@@ -110,7 +111,8 @@ def test_unimplemented_config_field_is_rejected_by_name(hf, field):
 
 
 @pytest.mark.parametrize("config_class,model_type", [(GPT2Config, "gpt2"), (LlamaConfig, "llama"),
-                                                     (MistralConfig, "mistral"), (Qwen2Config, "qwen2")])
+                                                     (MistralConfig, "mistral"), (Qwen2Config, "qwen2"),
+                                                     (MixtralConfig, "mixtral"), (Qwen2MoeConfig, "qwen2_moe")])
 def test_every_field_transformers_defines_or_reads_is_classified(config_class, model_type):
     """The reference is transformers itself: every key of the config class's to_dict() and every `config.X`
     that its modeling_<type>.py reads is implemented, harmless, or has a rejection rule -- so a field a new
@@ -266,12 +268,15 @@ def test_train_load_of_a_grown_checkpoint_fails_before_any_process_group(tmp_pat
 
 
 @pytest.mark.parametrize("name,params", [("gpt2.json", 124_439_808), ("llama-3.1-8b.json", 8_030_261_248),
-                                         ("mistral-7b-v0.3.json", 7_248_023_552), ("qwen2.5-7b.json", 7_615_616_512)])
+                                         ("mistral-7b-v0.3.json", 7_248_023_552), ("qwen2.5-7b.json", 7_615_616_512),
+                                         ("mixtral-8x7b-v0.1.json", 46_702_792_704),
+                                         ("qwen1.5-moe-a2.7b.json", 14_315_784_192)])
 def test_published_config_json_files_pass_every_check(name, params):
     """The value and field checks refuse nothing real: the config.json files of these models on the Hugging Face
     hub (tests/data/configs: transcribed, every key that transformers reads) load, with the exact parameter
     counts the hub reports for their safetensors (GPT-2 124,439,808; Llama 3.1 8B 8,030,261,248; Mistral 7B v0.3
-    7,248,023,552; Qwen2.5 7B 7,615,616,512)."""
+    7,248,023,552; Qwen2.5 7B 7,615,616,512; the MoE Mixtral 8x7B v0.1 46,702,792,704 and Qwen1.5-MoE-A2.7B
+    14,315,784,192)."""
     import os
 
     from models import load_config

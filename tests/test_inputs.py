@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 import hybrid.cli
 import hybrid.testing
+from command_flags import foreign
 
 train_main = importlib.import_module("hybrid.train.main")  # the module (hybrid.train.main the attribute is main())
 FAST_S = 20.0  # generous on a loaded 2-core machine; a rendezvous would wait minutes, a calibrate run ~30 s
@@ -143,6 +144,12 @@ CASES = [
      "--overlap-param-gather applies to --zero-stage 1 or 2"),
     ("layers-per-stage-text", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "a,b"],
      {}, {"WORLD_SIZE": "2"}, "--pipeline-layers-per-stage"),
+    ("lr-decay-iters-zero", "train", ["--lr-decay-iters", "0"], {}, {}, "--lr-decay-iters must be >= 1"),
+    ("timing-log-interval-zero", "train", ["--timing-log-interval", "0"], {}, {}, "--timing-log-interval must be"),
+    ("pp-uneven-layers", "train", ["--pipeline-model-parallel-size", "3"], {}, {"WORLD_SIZE": "3"},
+     "use --pipeline-partition balanced, or --pipeline-layers-per-stage 1,1,2"),
+    ("layers-per-stage-sum", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "2,3"],
+     {}, {"WORLD_SIZE": "2"}, "sums to 5, not the model's 4 layers"),
     ("tp-not-dividing-world", "train", ["--tensor-model-parallel-size", "3"], {}, {"WORLD_SIZE": "4"},
      "--tensor-model-parallel-size"),
     ("tp-without-torchrun", "train", ["--tensor-model-parallel-size", "2"], {}, {}, "torchrun"),
@@ -232,6 +239,12 @@ CASES = [
      "--load"),
     ("load-index-missing-shard", "train", ["--load", "{d}/ckpt"],
      {"ckpt/model.safetensors.index.json": {"weight_map": {"wte.weight": "model-1.safetensors"}}}, {}, "--load"),
+    ("load-index-traversal", "train", ["--load", "{d}/ckpt"],
+     {"ckpt/model.safetensors.index.json": {"weight_map": {"wte.weight": "../outside.safetensors"}}}, {},
+     "maps 'wte.weight' to '../outside.safetensors', not a file of the folder"),
+    ("load-index-absolute", "train", ["--load", "{d}/ckpt"],
+     {"ckpt/model.safetensors.index.json": {"weight_map": {"wte.weight": "/etc/passwd"}}}, {},
+     "to '/etc/passwd', not a file of the folder"),
     ("load-other-model", "train", ["--load", "{d}/ckpt"],
      {"ckpt/config.json": LLAMA, "ckpt/model.safetensors.index.json": {"weight_map": {}}}, {}, "--load"),
     # --- train.py: the --model config.json -----------------------------------------------------------------
@@ -292,6 +305,13 @@ CASES = [
     ("config-bias-string", "train", ["--model", "{d}/m"], {"m/config.json": _cfg(attention_bias="yes")}, {},
      "attention_bias"),
     ("config-top-level-list", "train", ["--model", "{d}/c.json"], {"c.json": [1, 2]}, {}, "c.json"),
+    ("config-deep-nesting", "train", ["--model", "{d}/m"], {"m/config.json": "[" * 100000 + "]" * 100000}, {},
+     "m/config.json: not a config.json hybrid reads (RecursionError)"),
+    ("config-5000-digit-number", "train", ["--model", "{d}/m"],
+     {"m/config.json": '{"model_type": "llama", "hidden_size": 1' + "0" * 5000 + "}"}, {},
+     "m/config.json: not a config.json hybrid reads"),
+    ("hardware-deep-nesting", "train", ["--hardware", "{d}/hw.json"], {"hw.json": "[" * 100000 + "]" * 100000}, {},
+     "--hardware {d}/hw.json: not a JSON file hybrid reads"),
     # --- train.py: the DeepSpeed JSON ----------------------------------------------------------------------
     ("ds-bf16-string", "ds", {"bf16": {"enabled": "false"}}, {}, {}, "bf16.enabled"),
     ("ds-fp16-string", "ds", {"fp16": {"enabled": "true"}}, {}, {}, "fp16.enabled"),
@@ -317,6 +337,10 @@ CASES = [
     ("ds-nan-literal", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": "{\"gradient_clipping\": NaN}"},
      {}, "NaN"),
     ("ds-not-json", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": "stage: 3"}, {}, "ds.json"),
+    ("ds-deep-nesting", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": "[" * 100000 + "]" * 100000},
+     {}, "ds.json: not a JSON file hybrid reads (RecursionError"),
+    ("ds-5000-digit-number", "train", ["--deepspeed-config", "{d}/ds.json"],
+     {"ds.json": '{"gradient_clipping": 1' + "0" * 5000 + "}"}, {}, "ds.json: not a JSON file hybrid reads"),
     ("ds-not-utf8", "train", ["--deepspeed-config", "{d}/ds.json"], {"ds.json": b"{\"a\": \"\xff\"}"}, {}, "ds.json"),
     ("ds-top-level-list", "ds", [1], {}, {}, "top level"),
     ("ds-missing", "train", ["--deepspeed-config", "{d}/nope.json"], {}, {}, "--deepspeed-config"),
@@ -382,6 +406,11 @@ CASES = [
                                            "--sim-budget", "10"], {}, {}, "rerun with --sim-budget"),
     ("plan-layers-zero", "plan", ["--num-layers", "0", "--hidden-size", "64", "--num-attention-heads", "4", "--gpus",
                                   "2", "--global-batch-size", "8"], {}, {}, "--num-layers"),
+    ("plan-layers-100000", "plan", ["--num-layers", "100000", "--hidden-size", "64", "--num-attention-heads", "4",
+                                    "--gpus", "8", "--global-batch-size", "8"], {}, {},
+     "--num-layers 100000: the planner splits at most 2048 layers"),  # was a 75 GiB table (issue 24)
+    ("plan-model-100000-layers", "plan", ["--model", "{d}/m", "--gpus", "8", "--global-batch-size", "8"],
+     {"m/config.json": _cfg(num_hidden_layers=100000)}, {}, "100000 layers; the planner splits at most 2048"),
     ("plan-heads-not-dividing", "plan", ["--num-layers", "2", "--hidden-size", "100", "--num-attention-heads", "3",
                                          "--gpus", "2", "--global-batch-size", "8"], {}, {}, "--num-attention-heads"),
     ("plan-groups-not-dividing", "plan", ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -481,6 +510,8 @@ def _no_process_group(*a, **k):
     raise AssertionError("a process group was started for a bad input")
 
 
+
+
 def _all_files(root) -> set[str]:
     return {os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs}
 
@@ -515,6 +546,8 @@ def test_bad_input_is_one_error_line_before_any_work(case, tmp_path, monkeypatch
     assert lines[0].startswith(f"{PROG[command]}: error: "), lines[0]
     fragment = fragment.replace("{d}", str(tmp_path))
     assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    # every flag it suggests is one the command (or the command it quotes) accepts
+    assert foreign(lines[0], PROG[command], full_argv) == [], lines[0]
     assert "Traceback" not in text + out
     assert _all_files(tmp_path) == before, "nothing may be left behind"
     assert elapsed < FAST_S, f"took {elapsed:.1f} s: the check is not before the work"

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from hybrid import testing
 from hybrid.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,17 +22,18 @@ TINY = ["--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1"]
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYBRID_FAULT",
-                                                             "TORCHELASTIC_ERROR_FILE")}
-    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **extra)
-    return env
+    """Changes to this process's environment (None: unset), for hybrid.testing.environment / start / run."""
+    return {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "HYBRID_FAULT": None,
+            "TORCHELASTIC_ERROR_FILE": None, "OMP_NUM_THREADS": "1", **extra}
 
 
+@pytest.mark.slow
 def test_bad_flag_under_torchrun_prints_once_and_is_the_root_cause(tmp_path):
     """Run as a pip user would: `torchrun -m hybrid.train` from a directory that is not the checkout."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hybrid.train",
            "--lr", "inf"]
-    out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    out = subprocess.run(cmd, cwd=tmp_path, env=testing.environment(_env()), capture_output=True, text=True,
+                         timeout=120)  # the real torchrun: its failure summary is the subject
     line = "train.py: error: --lr must be a finite number, got inf"
     assert out.returncode != 0
     printed = [ln for ln in out.stderr.splitlines() if ln.startswith("train.py: error:")]
@@ -42,28 +44,29 @@ def test_bad_flag_under_torchrun_prints_once_and_is_the_root_cause(tmp_path):
     assert not os.listdir(tmp_path), "nothing left behind"
 
 
+@pytest.mark.slow
 def test_python_m_hybrid_train_runs_one_process_without_torchrun(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "hybrid.train", "--train-iters", "2"] + TINY, cwd=tmp_path,
-                         env=_env(), capture_output=True, text=True, timeout=120)
+    """`python -m hybrid.train` in a directory outside the checkout (a fork of hybrid.testing's forkserver)."""
+    out = testing.run(["-m", "hybrid.train", "--train-iters", "2"] + TINY, cwd=str(tmp_path), env=_env(),
+                      timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "on 1 cpu ranks" in out.stdout and "done: final lm loss" in out.stdout
 
 
-def _launch_two_ranks(tmp_path, fault: str, timeout_min: float) -> tuple[list[subprocess.Popen], list]:
-    """Two ranks of `python -m hybrid.train` with env:// rendezvous (rank 0 hosts the store), as a launcher would."""
-    port, procs, logs = free_port(), [], []
+def _launch_two_ranks(tmp_path, fault: str, timeout_min: float) -> list[testing.Forked]:
+    """Two ranks of `python -m hybrid.train` with env:// rendezvous (rank 0 hosts the store), as a launcher would;
+    each a fork of hybrid.testing's forkserver."""
+    port, procs = free_port(), []
     for rank in range(2):
         env = _env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HYBRID_FAULT=fault)
-        log = open(tmp_path / f"rank{rank}.log", "w+")
-        procs.append(subprocess.Popen([sys.executable, "-m", "hybrid.train", "--train-iters", "1000",
-                                       "--distributed-timeout-minutes", str(timeout_min)] + TINY,
-                                      cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
-        logs.append(log)
-    return procs, logs
+        procs.append(testing.start(["-m", "hybrid.train", "--train-iters", "1000", "--distributed-timeout-minutes",
+                                    str(timeout_min)] + TINY, env=env, cwd=str(tmp_path)))
+    return procs
 
 
 @pytest.mark.serial  # ends within the timeout + window + 10 s: runs alone under xdist
+@pytest.mark.slow
 def test_stalled_and_killed_ranks_end_their_jobs_within_the_timeout_naming_them(tmp_path):
     """Two 2-rank jobs at once (one start-up cost): in each, rank 1 stops (SIGSTOP) or dies (SIGKILL) at iteration 3.
     Rank 0 waits in its next all-reduce: for SIGKILL gloo reports the closed connection at once, for SIGSTOP the
@@ -79,21 +82,19 @@ def test_stalled_and_killed_ranks_end_their_jobs_within_the_timeout_naming_them(
     try:
         deadline = time.monotonic() + 150
         while len(ended) < len(jobs) and time.monotonic() < deadline:
-            for sig, (procs, _) in jobs.items():
+            for sig, procs in jobs.items():
                 if sig not in ended and procs[0].poll() is not None:
                     ended[sig] = time.time()
             time.sleep(0.05)
     finally:
-        for procs, logs in jobs.values():
+        for procs in jobs.values():
             for p in procs:
                 if p.poll() is None:
                     p.send_signal(signal.SIGCONT)
                     p.kill()
                 p.wait()
-            for log in logs:
-                log.close()
-    for sig, (procs, _) in jobs.items():
-        out0, out1 = ((tmp_path / sig / f"rank{r}.log").read_text() for r in range(2))
+    for sig, procs in jobs.items():
+        out0, out1 = (p.stdout() + p.stderr() for p in procs)
         fault = re.search(rf"inject: {sig} to rank 1 at iteration 3, t=([\d.]+)", out1)
         assert fault, out1[-2000:]
         assert sig in ended and procs[0].returncode != 0, out0[-2000:]
@@ -124,22 +125,24 @@ def _torchrun(tmp_path, fault: str, *flags: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-@pytest.mark.parametrize("fault, flags, code, cause", [
+@pytest.mark.parametrize("fault, flags, rank, code, cause", [
     # rank 1 raises inside a checkpoint save while rank 0 waits for it in the save's all-gather
-    ("crash:point=after_data,rank=1", ["--train-iters", "4", "--save", "ckpt", "--save-interval", "2"], 1,
+    ("crash:point=after_data,rank=1", ["--train-iters", "4", "--save", "ckpt", "--save-interval", "2"], "1", 1,
      "SimulatedCrash"),
-    # rank 1's gradients are NaN from iteration 2: the NaN guard stops every rank with exit code 65
-    ("nan:rank=1,iterations=2-9", ["--train-iters", "8", "--max-skipped-steps", "2"], 65,
+    # rank 1's gradients are NaN from iteration 2: the NaN guard stops every rank (the NaN reaches both through
+    # the gradient all-reduce) with exit code 65 -- one of them is the failure, the other stops by itself
+    ("nan:rank=1,iterations=2-9", ["--train-iters", "8", "--max-skipped-steps", "2"], "[01]", 65,
      "train.py: error: nan-guard: 2 consecutive steps skipped"),
 ], ids=["exception-on-rank-1", "nan-guard-stop"])
-def test_torchrun_names_the_rank_that_failed_and_the_others_exit_by_themselves(tmp_path, fault, flags, code, cause):
+def test_torchrun_names_the_rank_that_failed_and_the_others_exit_by_themselves(tmp_path, fault, flags, rank, code,
+                                                                                cause):
     """Real torchrun (2 workers): its summary's root cause is the rank that failed, with its exit code and error;
     the other rank stops by itself (exit 0, one line naming the failed rank), so torchrun sends no SIGTERM and
     lists no other failure (liveness.end_after_failure)."""
     out = _torchrun(tmp_path, fault, *flags)
     assert out.returncode != 0
     summary = out.stderr.split("Root Cause (first observed failure):")[1]
-    assert re.search(rf"rank +: 1 \(local_rank: 1\)\n +exitcode +: {code} ", summary), summary
+    assert re.search(rf"rank +: {rank} \(local_rank: {rank}\)\n +exitcode +: {code} ", summary), summary
     assert cause in summary, summary
     assert "closing signal SIGTERM" not in out.stderr and "(SIGTERM)" not in out.stderr, out.stderr[-3000:]
     assert "<NO_OTHER_FAILURES>" in out.stderr, out.stderr[-3000:]

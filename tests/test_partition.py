@@ -25,7 +25,7 @@ def test_uniform_splits_layers_evenly_and_in_order():
 
 
 def test_uniform_refuses_a_count_that_does_not_divide_and_names_the_fix():
-    with pytest.raises(ValueError, match=r"--num-layers 10 .* --pipeline-partition balanced.*"
+    with pytest.raises(ValueError, match=r"the model's 10 layers .* --pipeline-partition balanced.*"
                                          r"--pipeline-layers-per-stage 2,2,3,3"):
         partition_layers(10, 2, v=2)
     with pytest.raises(ValueError, match="fewer than the 4 stages"):
@@ -91,7 +91,7 @@ def test_manual_split_follows_the_flag():
 
 @pytest.mark.parametrize("counts,message", [
     ([3, 4, 4], "gives 3 counts for 4 stages"),
-    ([3, 4, 4, 4], "sums to 15, not --num-layers 14"),
+    ([3, 4, 4, 4], "sums to 15, not the model's 14 layers"),
     ([3, -1, 8, 4], "integer >= 0"),
     ([7, 0, 4, 3], r"stages \[1\] hold no layers"),
 ])

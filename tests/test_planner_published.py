@@ -1,6 +1,7 @@
 """The planner on published runs outside shared/reference (hybrid/planner/published.py): the numbers
-docs/planner.md reports ("Published runs") are the ones the code computes, each layout is the published one,
-and the Llama 3 405B layout's 126 layers go on 16 ranks with the edge stages one layer short, as the paper ran."""
+docs/planner.md reports ("Published runs") are the ones the code computes, each layout is the published one, the
+fit / check split holds (only the rows that fitted a constant are FIT rows, and each names it), and the Llama 3
+405B layout's 126 layers go on 16 ranks with the edge stages one layer short, as the paper ran."""
 
 from __future__ import annotations
 
@@ -10,23 +11,47 @@ import pytest
 
 from hybrid.planner.layout import Recompute, stage_layers
 from hybrid.planner.model import ActivationProfile
-from hybrid.planner.published import Metric, all_runs, check, korthikanti_runs, published_runs, shown, table
+from hybrid.planner.published import (Metric, Role, all_runs, check, korthikanti_runs, published_runs, shown,
+                                      summaries, summary, table, torchtitan_runs)
 
 RUNS = published_runs()
 KORTHIKANTI = korthikanti_runs()
-# name -> (layout the planner reports, prediction as the table shows it, error in %), as in docs/planner.md
-DOCUMENTED = {RUNS[0].name: ("tp4 pp12 dp8 v1 b2 z1 full", "92.9", -11.3),
-              RUNS[1].name: ("tp8 pp16 dp64 v4 b1 z1 sp full", "395.1", -8.1),
-              RUNS[2].name: ("tp8 pp16 dp128 v4 b1 z1 sp full", "355.0", -11.3),
-              KORTHIKANTI[0].name: ("tp8 pp1 dp1 v1 b4 z0 full", "1.30", -8.3),
-              KORTHIKANTI[1].name: ("tp8 pp1 dp1 v1 b4 z0 sp selective", "0.99", -10.3),
-              KORTHIKANTI[2].name: ("tp8 pp8 dp1 v3 b1 z0 full", "17.1", -5.5),
-              KORTHIKANTI[3].name: ("tp8 pp8 dp1 v3 b1 z0 sp selective", "12.8", -7.0),
-              KORTHIKANTI[4].name: ("tp8 pp35 dp1 v3 b1 z0 full", "50.5", 3.0),
-              KORTHIKANTI[5].name: ("tp8 pp35 dp1 v3 b1 z0 sp selective", "36.7", -3.0),
-              KORTHIKANTI[6].name: ("tp8 pp64 dp1 v1 b1 z0 full", "100.2", 6.1),
-              KORTHIKANTI[7].name: ("tp8 pp64 dp1 v1 b1 z0 sp selective", "74.2", 3.8)}
-
+# name -> (layout the planner reports, prediction as the table shows it, throughput error in %: + optimistic)
+DOCUMENTED = {
+    'BLOOM-176B, 384 A100 80GB, t4 p12 d8': ('tp4 pp12 dp8 v1 b2 z1 full', '100.7', 3.9),
+    'Llama 3 405B, 8192 H100, t8 p16 d64': ('tp8 pp16 dp64 v4 b1 z1 sp full', '417.8', -2.8),
+    'Llama 3 405B, 16384 H100, t8 p16 d128': ('tp8 pp16 dp128 v4 b1 z1 sp selective-op', '432.3', 8.1),
+    '22B, 8 A100 80GB, t8 p1 d1 v1, full recompute': ('tp8 pp1 dp1 v1 b4 z0 full', '1.42', 0.0),
+    '22B, 8 A100 80GB, t8 p1 d1 v1, selective + SP': ('tp8 pp1 dp1 v1 b4 z0 sp selective', '1.07', 3.2),
+    '175B, 64 A100 80GB, t8 p8 d1 v3, full recompute': ('tp8 pp8 dp1 v3 b1 z0 full', '18.2', -0.3),
+    '175B, 64 A100 80GB, t8 p8 d1 v3, selective + SP': ('tp8 pp8 dp1 v3 b1 z0 sp selective', '13.4', 2.4),
+    '530B, 280 A100 80GB, t8 p35 d1 v3, full recompute': ('tp8 pp35 dp1 v3 b1 z0 full', '52.6', -6.8),
+    '530B, 280 A100 80GB, t8 p35 d1 v3, selective + SP': ('tp8 pp35 dp1 v3 b1 z0 sp selective', '39.1', -3.2),
+    '1T, 512 A100 80GB, t8 p64 d1 v1, full recompute': ('tp8 pp64 dp1 v1 b1 z0 full', '102.0', -7.5),
+    '1T, 512 A100 80GB, t8 p64 d1 v1, selective + SP': ('tp8 pp64 dp1 v1 b1 z0 sp selective', '76.6', -6.7),
+    'MT-NLG 530B, 2240 A100 80GB, t8 p35 d8': ('tp8 pp35 dp8 v1 b1 z1 full', '49.5', 21.5),
+    'MT-NLG 530B, 2800 A100 80GB, t8 p35 d10': ('tp8 pp35 dp10 v1 b1 z1 full', '40.9', 22.9),
+    'MT-NLG 530B, 3360 A100 80GB, t8 p35 d12': ('tp8 pp35 dp12 v1 b1 z1 full', '35.1', 26.5),
+    'torchtitan Llama 3 8B, 64 A100, FSDP, b1, selective-op': ('tp1 pp1 dp64 v1 b1 z3 selective-op', '3023.8', 1.7),
+    'torchtitan Llama 3 70B, 64 A100, FSDP, b1, full': ('tp1 pp1 dp64 v1 b1 z3 full', '325.7', -1.6),
+    'torchtitan Llama 2 13B, 64 A100, FSDP, b2, no AC': ('tp1 pp1 dp64 v1 b2 z3 none', '2213.0', 2.4),
+    'torchtitan Llama 2 13B, 64 A100, FSDP, b2, selective-op': ('tp1 pp1 dp64 v1 b2 z3 selective-op', '1938.6', 1.8),
+    'torchtitan Llama 2 70B, 64 A100, FSDP, b1, selective-op': ('tp1 pp1 dp64 v1 b1 z3 selective-op', '402.9', 13.5),
+    'torchtitan Llama 2 70B, 64 A100, FSDP, b2, full': ('tp1 pp1 dp64 v1 b2 z3 full', '345.9', -2.0),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '5763.1', 0.0),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '6930.8', 4.0),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile + Float8, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '8950.5', 4.9),
+    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '5807.2', 3.6),
+    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '7008.1', 7.6),
+    'torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x TP 8 + compile + Float8, b16, full': ('tp8 pp1 dp32 v1 b16 z3 sp full', '824.9', -0.5),
+    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v1 b4 z3 sp full', '98.7', -1.3),
+    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 interleaved 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v2 b4 z3 sp full', '128.1', 0.1),
+    'NeMo Llama 3 8B FP8, 8 H100, FSDP, b1': ('tp1 pp1 dp8 v1 b1 z3 none', '14561.6', 3.4),
+    'NeMo Llama 3 70B FP8, 64 H100, t4 p8 v5, b1': ('tp4 pp8 dp2 v5 b1 z1 sp none', '1531.5', -5.4),
+}
+# check rows the model misses by more than 15 % (docs/planner.md says why); a fix must move them here
+KNOWN_MISSES = {"MT-NLG 530B, 2240 A100 80GB, t8 p35 d8", "MT-NLG 530B, 2800 A100 80GB, t8 p35 d10",
+                "MT-NLG 530B, 3360 A100 80GB, t8 p35 d12"}
 
 _CHECKED: dict[str, tuple] = {}
 
@@ -39,8 +64,7 @@ def _check(run):
 
 
 def _id(run) -> str:
-    mode = f"-{run.space.recompute[0].value}" if run.space.recompute else ""
-    return run.name.split(",")[0].replace(" ", "-") + f"-{run.gpus}{mode}"
+    return run.name.replace(" ", "-").replace(",", "")
 
 
 @pytest.mark.parametrize("run", all_runs(), ids=_id)
@@ -51,13 +75,49 @@ def test_each_published_run_predicts_what_the_docs_report(run):
     assert shown(got) == value and round(100 * err, 1) == error
     assert (plan.layout.tp, plan.layout.pp, plan.layout.dp) == (run.space.tp[0], run.space.pp[0],
                                                                 run.gpus // (run.space.tp[0] * run.space.pp[0]))
+    assert (abs(err) > 0.15) == (run.name in KNOWN_MISSES)
 
 
-def test_docs_table_is_the_one_the_module_prints():
+def test_docs_table_and_summary_are_the_ones_the_module_prints():
     with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
         docs = f.read()
-    for line in table(all_runs()).splitlines()[2:]:
+    runs = all_runs()
+    for run in runs:  # warm the cache so table() and summaries() reuse the plans
+        _check(run)
+    for line in table(runs).splitlines()[2:]:
         assert line in docs
+    for line in summaries(runs).splitlines():
+        assert line in docs
+
+
+def test_fit_rows_name_their_constant_and_check_rows_fit_nothing():
+    """Held-out discipline in code: two published rows fit a constant each (the A100's GEMM asymptote from
+    Korthikanti's 22B step, the 500 W H100's clock from torchtitan's Table 1; fit.py re-derives both) and say so;
+    every other row only checks."""
+    fit = {r.name: r.fits for r in all_runs() if r.role is Role.FIT}
+    assert fit == {"22B, 8 A100 80GB, t8 p1 d1 v1, full recompute": "A100_EFFICIENCY (fit.fit_a100_efficiency)",
+                   "torchtitan Llama 3.1 8B, 8 H100 500W, FSDP, b2, selective-op":
+                       "H100_500W_CLOCK (fit.fit_h100_500w_clock)"}
+    assert all(not r.fits for r in all_runs() if r.role is Role.CHECK)
+
+
+def test_check_row_errors_lean_both_ways_and_summary_counts_them():
+    errors = [_check(r)[2] for r in all_runs() if r.role is Role.CHECK]
+    assert min(errors) < 0 < max(errors)
+    s = summary(errors)
+    assert s.rows == len(errors) and s.within_15 == len(errors) - len(KNOWN_MISSES)
+    assert s.low == min(errors) and s.high == max(errors)
+
+
+def test_torchtitan_selective_op_run_is_predicted_to_fit_near_what_it_used():
+    """torchtitan's Table 1 (op-level SAC, 8 GPUs, b 2 at s 8192) used 82.4 GiB (88.5 GB) of a 96 GB card; the
+    planner's selective-op puts it within 10 % of that and under the card -- Megatron's selective (attention core
+    only) would not fit."""
+    run = next(r for r in torchtitan_runs() if r.role is Role.FIT)
+    plan = _check(run)[0]
+    assert plan.layout.recompute is Recompute.SELECTIVE_OP
+    assert plan.memory_gb == pytest.approx(run.memory_gib * 2**30 / 1e9, rel=0.10)
+    assert plan.memory.peak.total <= run.hardware().capacity_bytes
 
 
 def test_korthikanti_table5_is_both_recomputation_modes_on_each_table3_layout():

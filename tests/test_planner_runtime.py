@@ -23,7 +23,9 @@ Two bf16 cases (ZeRO 0 and 3) check Precision.MIXED's 2 + 2 + 12 bytes a paramet
 the step makes (`RankMemory.step_transient`). Three bf16 cases with fp32 gradients (`--accumulate-allreduce-grads-in-
 fp32`, Workload.fp32_grads: ZeRO 0 and 3 at tp 2 with SP, ZeRO 2 at pp 2 with the tied embedding across the
 stages) check 2 + 4 + 12 bytes a parameter, no step transient, and every DP, embedding-group and TP
-partial-gradient entry of the ledger in fp32. Not covered here: interleaving (v > 1), SP with pp > 1, offload.
+partial-gradient entry of the ledger in fp32. The headline configuration (ZeRO 3, optimizer and parameters
+offloaded, bf16, tp 2 x pp 2) checks the ledger and the device / host split. Not covered here: interleaving (v > 1),
+SP with pp > 1.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from hybrid.mesh import Mesh, ParallelDims
 from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.planner import Cluster, Layout, hardware, plan_memory
-from hybrid.planner.layout import Recompute, Workload, ZeroStage
+from hybrid.planner.layout import Offload, Recompute, Workload, ZeroStage
 from hybrid.planner.predicted_comm import step_ledger
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.testing import run_distributed
@@ -76,7 +78,7 @@ IDS = [f"{n}-tp{t}-pp{p}{'-sp' if sp else ''}-{k.value}-m{m}-z{z}-{r.value}" for
 
 def _measure_case(world: int, name: str, tp: int, pp: int, sp: bool, kind: ScheduleKind, m: int, zero: int,
                   recompute: Recompute, precision: ZeroPrecision = ZeroPrecision.FP32,
-                  fp32_grads: bool = False) -> dict:
+                  fp32_grads: bool = False, offload: bool = False) -> dict:
     """One step as hybrid/train/loop.py runs it; this rank's ledgers."""
     cfg = load_config(name)
     mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
@@ -87,7 +89,8 @@ def _measure_case(world: int, name: str, tp: int, pp: int, sp: bool, kind: Sched
     else:
         io = StageIO((B, S // (tp if sp else 1), cfg.hidden_size), precision.dtype)  # the compute dtype's
         runner = PipelineExecutor(chunks, build_schedule(kind, pp, m)[mesh.coords.pp], mesh.pp, io, mesh.device)
-    zero_cfg = ZeroConfig(stage=zero, precision=precision, accumulate_fp32_grads=fp32_grads)
+    zero_cfg = ZeroConfig(stage=zero, precision=precision, accumulate_fp32_grads=fp32_grads,
+                          offload_optimizer=offload, offload_params=offload)
     optimizer = ZeroOptimizer(chunks, mesh, zero_cfg, OptimizerConfig(clip_grad=CLIP))
     transient = _record_master_grads(optimizer)
     gen = torch.Generator().manual_seed(mesh.coords.dp)
@@ -254,3 +257,36 @@ def test_fp32_gradient_traffic_equals_the_planners_ledger(measured, case):
         got = per_rank[("fp32-grads",) + case]
         assert step_ledger(work, layout, got["pp_rank"]) == got["comm"], f"rank {rank}"
         assert got["comm"][grads]["bytes"] == 2 * step_ledger(default, layout, got["pp_rank"])[grads]["bytes"]
+
+
+# the headline configuration (issue 24): ZeRO 3 with the optimizer and the parameters offloaded, bf16, TP and PP
+HEADLINE = ("tiny-llama", 2, 2, False, ONE_F_ONE_B, 4, 3, NONE)
+
+
+def _measure_headline(rank: int, world: int) -> dict:
+    return _measure_case(world, *HEADLINE, precision=ZeroPrecision.BF16, offload=True)
+
+
+@pytest.fixture(scope="module")
+def headline() -> list[dict]:
+    return run_distributed(_measure_headline, WORLD, timeout=600)
+
+
+def test_the_headline_configuration_matches_the_planner(headline):
+    """tp 2 x pp 2 x dp 2, ZeRO 3, --offload-optimizer --offload-params, --bf16 (what train.py runs with
+    `--cpu-adam auto`): every collective and message of the step equals `step_ledger` with
+    Offload.OPTIMIZER_AND_PARAMS; the device keeps the bf16 gradient shard only, the host the bf16 parameter shard,
+    the fp32 master weights and both moments (2 + 4 + 8 bytes a parameter over dp) -- each within the ZeRO padding;
+    the fp32 master gradient the step makes is a host copy (the planner's device transient is 0)."""
+    work, layout, memory = _predicted(*HEADLINE, precision=Precision.MIXED)
+    layout = Layout(tp=layout.tp, pp=layout.pp, dp=layout.dp, micro_batch=layout.micro_batch, zero=layout.zero,
+                    recompute=layout.recompute, offload=Offload.OPTIMIZER_AND_PARAMS)
+    memory = plan_memory(work, Cluster(gpus=WORLD, hw=hardware("cpu")), layout, schedule=HEADLINE[4])
+    for rank, got in enumerate(headline):
+        assert step_ledger(work, layout, got["pp_rank"]) == got["comm"], f"rank {rank}"
+        predicted = memory.ranks[got["pp_rank"]]
+        states, pad = got["states"], 16 * (layout.dp - 1) * got["units"]
+        host = states["parameters"] + states["master_weights"] + states["optimizer_states"]
+        assert 0 <= states["gradients"] - predicted.states.device <= pad, f"rank {rank}"
+        assert 0 <= host - predicted.states.host <= pad, f"rank {rank}"
+        assert predicted.step_transient == 0 and got["step_transient"] == states["master_weights"]

@@ -7,9 +7,10 @@ off the first and the last stage: 7, 8 x 14, 7."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
+import pytest
+
+from hybrid import testing
 from hybrid.partition import rank_chunks
 from hybrid.planner import Cluster, Layout, SearchSpace, Workload, evaluate, hardware, search
 from hybrid.planner.cli import train_args
@@ -53,17 +54,21 @@ def test_emitted_flags_give_train_py_the_planners_split():
 
 
 def _losses(argv: list[str], ranks: int) -> list[float]:
-    launch = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)] if ranks > 1
-              else [sys.executable])
-    common = ["scripts/train.py", "--micro-batch-size", "2", "--global-batch-size", "8", "--seq-length", "32",
-              "--train-iters", "3", "--log-interval", "1"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    out = subprocess.run(launch + common + argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    """`torchrun --nproc-per-node RANKS scripts/train.py ...` (or `python scripts/train.py ...` for one rank), its
+    processes forked from hybrid.testing's forkserver."""
+    common = ["--micro-batch-size", "2", "--global-batch-size", "8", "--seq-length", "32", "--train-iters", "3",
+              "--log-interval", "1"]
+    env = {"OMP_NUM_THREADS": "1"}
+    if ranks > 1:
+        out = testing.torchrun(common + argv, ranks, env=env, cwd=ROOT, timeout=300)
+    else:
+        out = testing.run([os.path.join(ROOT, "scripts", "train.py"), *common, *argv], env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return [float(line.split("lm loss")[1].split("|")[0]) for line in out.stdout.splitlines()
             if line.lstrip().startswith("iteration")]
 
 
+@pytest.mark.slow
 def test_train_py_runs_uneven_interleaved_stages_and_matches_one_process():
     """pp 2 x v 2 with the embedding and the head stages holding no layers (0, 2, 2, 0): rank 0 runs the
     embedding and layers 2-3, rank 1 layers 0-1 and the head; the losses equal one process's (printed to 4

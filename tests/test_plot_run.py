@@ -61,6 +61,7 @@ def test_one_curve_per_run_in_every_panel(runs):
     assert len(loss_ax.get_lines()) == 4  # and each run's validation markers
     assert len(tps_ax.get_lines()) == 2 and len(mem_ax.get_lines()) == 2
     assert list(mem_ax.get_lines()[0].get_ydata()) == [301, 302, 303, 304]  # MiB
+    assert mem_ax.get_ylim()[0] == tps_ax.get_ylim()[0] == 0  # from 0: a 3 MiB rise on 300 is no cliff
     import matplotlib.pyplot as plt
     plt.close(fig)
 

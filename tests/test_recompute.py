@@ -27,12 +27,13 @@ def _run(name: str, granularity: Recompute):
 def test_recomputation_changes_memory_not_numbers(name):
     ref_loss, ref_grads, none_peak = _run(name, Recompute.NONE)
     peaks = {}
-    for granularity in (Recompute.SELECTIVE, Recompute.FULL):
+    for granularity in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP, Recompute.FULL):
         loss, grads, peaks[granularity] = _run(name, granularity)
         assert loss == ref_loss
         for n, g in grads.items():  # the same float operations, rerun: bit-identical
             assert torch.equal(g, ref_grads[n]), n
     assert peaks[Recompute.FULL] < peaks[Recompute.SELECTIVE] < none_peak
+    assert peaks[Recompute.FULL] < peaks[Recompute.SELECTIVE_OP] < none_peak
     assert peaks[Recompute.FULL] < none_peak / 3
 
 
@@ -55,3 +56,36 @@ def test_recomputation_ledger_counts_the_rerun_layer_once():
         assert ledger.current_bytes == 0
     assert peaks[Recompute.FULL, False] == 2 * 32 * cfg.hidden_size * 4
     assert peaks[Recompute.FULL, True] == peaks[Recompute.NONE, False]
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_selective_op_is_exact_and_saves_what_the_planner_predicts(name):
+    """Op-level selective checkpointing (torchtitan's SAC policy: keep every other matmul's output and the
+    attention's, rerun the rest): the loss and every gradient bit-identical to no recomputation; what the forward
+    keeps (the ledger counts the outputs the policy stores, beside the block inputs) is the planner's
+    Shard.selective_op_kept_bytes a layer, to the byte; and the step's peak with the rerun layer counted
+    (recomputation=True) is the planner's activation memory for that layout, to the byte."""
+    from hybrid.planner import ActivationProfile, Cluster, Layout, Precision, Workload, hardware, plan_memory
+    ref_loss, ref_grads, none_peak = _run(name, Recompute.NONE)
+    loss, grads, sop_peak = _run(name, Recompute.SELECTIVE_OP)
+    assert loss == ref_loss
+    for n, g in grads.items():
+        assert torch.equal(g, ref_grads[n]), n
+    _, _, full_peak = _run(name, Recompute.FULL)
+    assert full_peak < sop_peak < none_peak
+    cfg = load_config(name)
+    work = Workload(cfg, global_batch=2, seq_length=32, precision=Precision.FP32,
+                    activations=ActivationProfile.FP32_FLASH)
+    shard = work.shard(1)
+    dropped = sum(shard.layer_activation_terms(2, 32, False)) - shard.selective_op_kept_bytes(2, 32, False)
+    assert sop_peak == none_peak - cfg.num_layers * dropped
+    # the whole step, the rerun layer counted
+    model = build_model(cfg, TPContext(Group.solo("tp")), seed=3, recompute=Recompute.SELECTIVE_OP).train()
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    ledger = SavedActivationLedger(params=model.parameters(), recomputation=True)
+    with ledger:
+        model(ids, shift_labels(ids)).backward()
+    planned = plan_memory(work, Cluster(gpus=1, hw=hardware("cpu")), Layout(micro_batch=2,
+                                                                           recompute=Recompute.SELECTIVE_OP))
+    assert ledger.peak_bytes == planned.ranks[0].activations
+    assert ledger.current_bytes == 0

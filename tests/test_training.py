@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from hybrid import testing
 from hybrid.data import BatchSpec, load_corpus, micro_batches
 from hybrid.dp import GradAverager
 from hybrid.mesh import Mesh, ParallelDims
@@ -53,6 +54,7 @@ def _parallel(rank, world, model_name, tp, sp):
 
 
 @pytest.mark.parametrize("model_name,tp,sp", [("tiny-gpt2", 2, False), ("tiny-llama", 2, True)])
+@pytest.mark.slow
 def test_tp2_dp2_training_matches_single_process(model_name, tp, sp):
     ref_losses, ref_weights = _train(Mesh.single(), model_name)
     results = run_distributed(_parallel, 4, args=(model_name, tp, sp))
@@ -120,9 +122,18 @@ def quickstart(tmp_path_factory):
     timeline and plot), run once for every test below, stopped after reference_losses.ITERATIONS steps by
     --exit-interval (the schedule and data order still follow its --train-iters) and logging every step."""
     workdir = tmp_path_factory.mktemp("quickstart")
-    return reference_losses.run_quickstart(str(workdir), timeout=400), workdir
+    return reference_losses.run_quickstart(str(workdir), timeout=400, runner=_forked), workdir
 
 
+def _forked(argv: list[str], cwd: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """A part of the README command (reference_losses.command_parts: `python -m torch.distributed.run ...` or
+    `python SCRIPT ...`) run by hybrid.testing: torchrun's ranks, or the script, forked from its forkserver."""
+    if argv[1:3] == ["-m", "torch.distributed.run"]:
+        return testing.torchrun_cli(argv[3:], env=env, cwd=cwd, timeout=timeout)
+    return testing.run(argv[1:], env=env, cwd=cwd, timeout=timeout)
+
+
+@pytest.mark.slow
 def test_quickstart_first_losses_equal_the_committed_reference(quickstart):
     """Every one of the first 20 losses, as logged at full precision (the JSON-lines repr: equal strings are equal
     floats) and on the log line, equals tests/data/quickstart_losses.json: any numeric change to training shows up.
@@ -132,6 +143,7 @@ def test_quickstart_first_losses_equal_the_committed_reference(quickstart):
     assert not diffs, "; ".join(diffs) + " (an intended change: python scripts/reference_losses.py --write)"
 
 
+@pytest.mark.slow
 def test_quickstart_trains_saves_a_checkpoint_validates_and_plots(quickstart):
     run, workdir = quickstart
     out = run["stdout"]
@@ -155,6 +167,7 @@ def _import_torch_peak_rss() -> int:
     return int(out.stdout)
 
 
+@pytest.mark.slow
 def test_quickstart_logs_each_ranks_peak_memory(quickstart):
     """CPU: every log record holds the 8 ranks' peak RSS (hybrid/metrics/peak_memory.py). Each is above what importing
     torch alone takes, below the host's memory, never falls (a peak since start), and the log line shows the

@@ -18,6 +18,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import time
 from unittest import mock
 
 import pytest
@@ -168,6 +169,11 @@ def _outside_chunk(meta):
     t.chunks[0] = md.ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([10**9, 64]))
 
 
+def _resize(meta, key: str, size: list[int]) -> None:
+    """A tensor declared larger than the model's (its chunks still inside it: only the shape check can tell)."""
+    meta.state_dict_metadata[key].size = torch.Size(size)
+
+
 def _offset_beyond(meta):
     item = _first_model_item(meta)
     old = meta.storage_data[item]
@@ -243,6 +249,7 @@ CASES = [
     ("metadata-offset-beyond-file", _meta_edit(_offset_beyond), "reads bytes [1000000000000"),
     ("metadata-chunk-outside-tensor", _meta_edit(_outside_chunk), "lies outside its size"),
     ("metadata-transforms", _meta_edit(_transforms), "with transforms"),
+    ("metadata-shape-forged", _meta_edit(lambda m: _resize(m, "model/wte.weight", [512, 64])), "[512, 64]"),
     ("metadata-truncated", _truncate(".metadata"), ".metadata: not DCP metadata"),
     ("metadata-empty", _bytes(".metadata", b""), ".metadata: not DCP metadata"),
     ("metadata-a-list", _bytes(".metadata", pickle.dumps([1, 2])), "holds a list, not DCP's Metadata"),
@@ -352,7 +359,11 @@ def test_a_hostile_checkpoint_is_one_line_runs_nothing_and_changes_nothing(saved
     assert not os.path.exists(out) and not [n for n in os.listdir(tmp_path) if ".tmp." in n]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+# inspect builds no model: a well-formed metadata with a tensor of another shape is found by the readers that load it
+INSPECT_CASES = [c for c in CASES if c[0] != "metadata-shape-forged"]
+
+
+@pytest.mark.parametrize("case", INSPECT_CASES, ids=[c[0] for c in INSPECT_CASES])
 def test_inspect_names_the_bad_file_and_runs_nothing(saved, tmp_path, capsys, case):
     name, plant, fragment = case
     ck, marker, _ = _planted(saved, tmp_path, plant)
@@ -413,7 +424,8 @@ def _deepspeed_folder(root, model_states=None, optim_states=None, latest="global
         f.write(latest)
     for name, obj in (("zero_pp_rank_0_mp_rank_00_model_states.pt", model_states),
                       ("zero_pp_rank_0_mp_rank_00_optim_states.pt", optim_states)):
-        torch.save(obj if obj is not None else {"ds_version": "0.19"}, os.path.join(src, "global_step1", name))
+        plain = {"buffer_names": [], "module": {}, "param_shapes": [], "shared_params": {}, "ds_version": "0.19"}
+        torch.save(obj if obj is not None else plain, os.path.join(src, "global_step1", name))
     return src
 
 
@@ -421,7 +433,8 @@ def _deepspeed_folder(root, model_states=None, optim_states=None, latest="global
 def test_a_deepspeed_folder_runs_no_pickle_and_reads_only_its_own_folder(tmp_path, monkeypatch, capsys, where):
     marker = str(tmp_path / "PAYLOAD_RAN")
     (tmp_path / "outside").mkdir()
-    payload = {"ds_version": "0.19", "args": Payload(marker)}
+    payload = {"buffer_names": [], "module": {}, "param_shapes": [], "shared_params": {}, "ds_version": "0.19",
+               "args": Payload(marker)}
     kw = {"model_states": payload} if where == "model_states" else {"optim_states": payload}
     if where.startswith("latest"):
         kw = {"latest": "../outside" if where == "latest-traversal" else str(tmp_path / "outside")}
@@ -531,3 +544,268 @@ def test_every_float_flag_refuses_nan_and_infinity_by_name(case, value, tmp_path
         fn(argv)
     text = capsys.readouterr().err + (str(e.value.code) if isinstance(e.value.code, str) else "")
     assert e.value.code not in (0, None) and flag in text and "Traceback" not in text, text
+
+
+# --- DeepSpeed's CPU Adam: a first build says so, a stale lock is named -----------------------------------
+KILLED_BUILD = """
+import os, sys, time
+from hybrid.zero.cpu_adam_build import cpu_adam_build
+with cpu_adam_build(lambda line: print(line, flush=True), sys.argv[1]):
+    open(os.path.join(sys.argv[1], "lock"), "w").close()  # torch's FileBaton, as a real build takes it
+    print("building", flush=True)
+    time.sleep(600)  # killed here
+"""
+
+
+def _fake_deepspeed_adam(monkeypatch, directory: str, seconds: float = 0.0):
+    """DeepSpeedCPUAdam whose construction 'builds' (writes cpu_adam.so) -- the real build takes minutes."""
+    import deepspeed.ops.adam
+
+    class Fake(torch.optim.AdamW):
+        def __init__(self, params, adamw_mode=True, **kw):
+            time.sleep(seconds)
+            open(os.path.join(directory, "cpu_adam.so"), "w").close()
+            super().__init__(params, **kw)
+    monkeypatch.setattr(deepspeed.ops.adam, "DeepSpeedCPUAdam", Fake)
+    monkeypatch.setattr("hybrid.zero.cpu_adam_build._prebuilt", lambda: False)
+
+
+def test_a_first_cpu_adam_build_prints_progress_and_a_killed_builds_lock_is_named(tmp_path, monkeypatch, capsys):
+    from hybrid.zero.config import CpuAdam
+    from hybrid.zero.cpu_adam_build import build_directory
+    from hybrid.zero.engine import cpu_adamw
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    directory = build_directory()
+    assert directory.startswith(str(tmp_path / "ext"))
+    os.makedirs(directory, exist_ok=True)
+    _fake_deepspeed_adam(monkeypatch, directory)
+    groups = [{"params": [torch.zeros(4, requires_grad=True)]}]
+    _, kind = cpu_adamw(groups, CpuAdam.DEEPSPEED, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    out = capsys.readouterr().out
+    assert kind == "deepspeed-cpu-adam" and "zero: building DeepSpeed's CPU Adam (first use" in out, out
+    assert "zero: DeepSpeed's CPU Adam built in" in out
+    cpu_adamw(groups, CpuAdam.DEEPSPEED, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    assert "building" not in capsys.readouterr().out, "a cached build is silent"
+    # a real process builds (holds hybrid's flock and torch's lock file) and is SIGKILLed mid-build
+    os.remove(os.path.join(directory, "cpu_adam.so"))
+    child = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, directory], env=_env(), stdout=subprocess.PIPE,
+                             text=True)
+    assert "building" in child.stdout.readline() + child.stdout.readline()
+    child.kill()
+    child.wait()
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as e:
+        cpu_adamw(groups, CpuAdam.DEEPSPEED, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    assert time.monotonic() - start < 10, "named at once, not waited on"
+    line = str(e.value.code)
+    assert line.startswith("train.py: error: DeepSpeed's CPU Adam build lock ") and "\n" not in line
+    assert f"rm {os.path.join(directory, 'lock')}" in line
+    _, kind = cpu_adamw(groups, CpuAdam.AUTO, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)  # auto: named, falls back
+    assert kind == "torch-fused" and "warning: DeepSpeed's CPU Adam build lock" in capsys.readouterr().out
+
+
+def test_a_build_in_progress_is_waited_for_not_called_stale(tmp_path, monkeypatch):
+    """A live build holds hybrid's flock: the next process waits for it (then loads the cached build)."""
+    from hybrid.zero.cpu_adam_build import cpu_adam_build
+    directory = str(tmp_path / "cpu_adam")
+    os.makedirs(directory)
+    live = ("import os, sys, time\nfrom hybrid.zero.cpu_adam_build import cpu_adam_build\n"
+            "with cpu_adam_build(lambda line: print(line, flush=True), sys.argv[1]):\n"
+            "    open(os.path.join(sys.argv[1], 'lock'), 'w').close()\n    print('building', flush=True)\n"
+            "    time.sleep(2)\n    open(os.path.join(sys.argv[1], 'cpu_adam.so'), 'w').close()\n"
+            "    os.remove(os.path.join(sys.argv[1], 'lock'))\n")
+    child = subprocess.Popen([sys.executable, "-c", live, directory], env=_env(), stdout=subprocess.PIPE, text=True)
+    assert "building" in child.stdout.readline() + child.stdout.readline()
+    lines = []
+    start = time.monotonic()
+    with cpu_adam_build(lines.append, directory):
+        waited = time.monotonic() - start
+    child.wait()
+    assert waited > 0.5 and lines == [], (waited, lines)  # waited for the build; nothing left to build
+
+
+# --- transformers folders and tokenizers: truncated or malformed files are one line -------------------------
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory) -> str:
+    """A tiny GPT-2 saved by transformers' save_pretrained, with a tokenizer trained by train_tokenizer.py."""
+    from transformers import AutoModelForCausalLM
+
+    from hybrid.data.train_tokenizer import train as train_tokenizer
+    from models.presets import transformers_config
+    root = tmp_path_factory.mktemp("hf")
+    AutoModelForCausalLM.from_config(transformers_config("tiny-gpt2")).save_pretrained(root / "hf")
+    text = root / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 50)
+    train_tokenizer([str(text)], 300, str(root / "hf"))
+    return str(root / "hf")
+
+
+def _cut(name: str, keep: int | None = None):
+    def edit(folder):
+        path = os.path.join(folder, name)
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[:len(data) // 2 if keep is None else keep])
+    return edit
+
+
+def _write(name: str, text: str):
+    def edit(folder):
+        open(os.path.join(folder, name), "w").write(text)
+    return edit
+
+
+# (id, how the folder is altered, argv after SRC for generate, the fragment)
+FOLDER_CASES = [
+    ("safetensors-truncated", _cut("model.safetensors"), [], "not a readable safetensors checkpoint"),
+    ("safetensors-header-cut", _cut("model.safetensors", 100), [], "not a readable safetensors checkpoint"),
+    ("safetensors-empty", _cut("model.safetensors", 0), [], "not a readable safetensors checkpoint"),
+    ("safetensors-not-one", _write("model.safetensors", "hello"), [], "not a readable safetensors checkpoint"),
+    ("index-names-missing-shard", _write("model.safetensors.index.json",
+                                         '{"weight_map": {"transformer.wte.weight": "gone.safetensors"}}'), [],
+     "missing shard files: gone.safetensors"),
+    ("index-path-traversal", _write("model.safetensors.index.json",
+                                    '{"weight_map": {"transformer.wte.weight": "../outside.safetensors"}}'), [],
+     "maps 'transformer.wte.weight' to '../outside.safetensors', not a file of the folder"),
+    ("index-absolute-path", _write("model.safetensors.index.json",
+                                   '{"weight_map": {"transformer.wte.weight": "/etc/passwd"}}'), [],
+     "to '/etc/passwd', not a file of the folder"),
+    ("index-not-json", _write("model.safetensors.index.json", '{"weight_map": '), [],
+     "not a readable safetensors checkpoint (JSONDecodeError"),
+    ("tokenizer-truncated", _cut("tokenizer.json"), ["--prompt", "hi"], "tokenizer.json (carried with SRC): not readable"),
+    ("tokenizer-empty-object", _write("tokenizer.json", "{}"), ["--prompt", "hi"], "not a readable tokenizer"),
+    ("tokenizer-config-truncated", _cut("tokenizer_config.json"), ["--prompt", "hi"],
+     "tokenizer_config.json (carried with SRC): not readable JSON"),
+    ("tokenizer-flag-truncated", _cut("tokenizer.json"), ["--prompt", "hi", "--tokenizer", "{src}/tokenizer.json"],
+     "tokenizer.json (--tokenizer): not readable JSON"),
+]
+
+
+FOLDER_RUNS = [(c, cmd) for c in FOLDER_CASES for cmd in ("generate", "convert") if cmd == "generate" or not c[2]]
+
+
+@pytest.mark.parametrize("case, command", FOLDER_RUNS, ids=[f"{c[0]}-{cmd}" for c, cmd in FOLDER_RUNS])
+def test_a_truncated_model_or_tokenizer_file_is_one_line(hf_folder, tmp_path, monkeypatch, capsys, case, command):
+    """generate reads weights and the tokenizer; convert reads the weights (it copies tokenizer files as they are)."""
+    name, edit, argv, fragment = case
+    src = str(tmp_path / "src")
+    shutil.copytree(hf_folder, src)
+    edit(src)
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    before = tree(src)
+    if command == "convert":
+        args = [command, src, str(tmp_path / "out")]
+    else:
+        args = ([command, src, "--max-new-tokens", "2"] + [a.replace("{src}", src) for a in argv]
+                + (["--prompt-ids", "1,2"] if not argv else []))
+    line = one_line_error(hybrid.cli.main, args, capsys)
+    assert line.startswith(f"hybrid {command}: error: ") and fragment in line, line
+    assert tree(src) == before and not os.path.exists(tmp_path / "out")
+
+
+# --- the model a checkpoint holds: by its config, not its path --------------------------------------------------
+def _config_folder(path, **changes) -> str:
+    from models.config import PRESETS
+    hf = PRESETS["tiny-gpt2"]()  # the model `saved` was trained with (train.py's default --model)
+    for k, v in changes.items():
+        setattr(hf, k, v)
+    hf.save_pretrained(path)
+    return str(path)
+
+
+def test_inspect_shows_the_model_identity_hash(saved, capsys):
+    from hybrid.checkpoint.identity import model_identity
+    from models import load_config
+    hybrid.cli.main(["checkpoint", "inspect", saved])
+    line = capsys.readouterr().out.splitlines()[1]
+    assert f"model tiny-gpt2 (config {model_identity(load_config('tiny-gpt2'))['sha256']})" in line, line
+
+
+def test_another_config_is_one_line_naming_the_first_differing_field(saved, tmp_path, monkeypatch, capsys):
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    edited = _config_folder(tmp_path / "edited", n_layer=3)
+    line = one_line_error(train_main.main, TINY + ["--load", saved, "--model", edited, "--train-iters", "3"], capsys)
+    assert "holds another model: its num_layers is 4, --model" in line and "has 3" in line, line
+    wider = _config_folder(tmp_path / "wider", vocab_size=300)
+    line = one_line_error(train_main.main, TINY + ["--load", saved, "--model", wider, "--train-iters", "3"], capsys)
+    assert "its vocab_size is 256" in line and "has 300" in line, line
+
+
+def test_a_forged_moment_shape_is_one_line_before_any_process_group(saved, tmp_path, monkeypatch, capsys):
+    ck, _, _ = _planted(saved, tmp_path, _meta_edit(lambda m: _resize(m, "optim.exp_avg/wpe.weight", [300, 64])))
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    line = one_line_error(train_main.main, TINY + ["--load", ck, "--train-iters", "3"], capsys)
+    assert "optim.exp_avg/wpe.weight is saved with shape [300, 64], --model's model has [256, 64]" in line, line
+
+
+def test_the_same_config_under_another_path_resumes_and_overwrite_save_replaces_another_run(saved, tmp_path):
+    """A run of --model <a folder with tiny-gpt2's config> resumes a checkpoint saved as `--model tiny-gpt2`; a run
+    into a --save folder holding another run's checkpoints needs --overwrite-save, which removes them once its own
+    first checkpoint is complete."""
+    same = _config_folder(tmp_path / "same")
+    out = train(["--load", saved, "--model", same, "--train-iters", "3"], tmp_path)
+    assert f"checkpoint: resumed from {store.final_path(saved, 2)}" in out.stdout
+    other = str(tmp_path / "other")
+    shutil.copytree(saved, other)
+    refused = train(["--save", other, "--train-iters", "1"], tmp_path, check=False)
+    assert refused.returncode != 0 and "holds another run's checkpoints" in refused.stderr
+    assert store.complete_iterations(other) == [2]
+    done = train(["--save", other, "--overwrite-save", "--train-iters", "1"], tmp_path)
+    assert "--overwrite-save: removed the earlier run's 1 checkpoint(s)" in done.stdout
+    assert store.complete_iterations(other) == [1] and store.read_latest(other) == 1
+
+
+# --- tools never replace a good output with a worse one ----------------------------------------------------------
+@pytest.mark.parametrize("bad", ["empty", "whitespace", "not-json", "not-utf8", "no-key", "fifo"])
+def test_a_bad_input_never_replaces_a_good_tokenizer_or_dataset(tmp_path, monkeypatch, capsys, bad):
+    """train_tokenizer.py and preprocess_data.py read every input before writing: a bad one is one line and the
+    tokenizer / indexed dataset already at the output stays byte for byte."""
+    from hybrid.data import preprocess, train_tokenizer
+    monkeypatch.chdir(tmp_path)
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"text": f"document {i} about foxes and dogs"}) + "\n" for i in range(40)))
+    train_tokenizer.main(["--input", str(good), "--output", "tok", "--vocab-size", "300"])
+    preprocess.main(["--input", str(good), "--output-prefix", "data", "--tokenizer-type", "ByteLevel"])
+    capsys.readouterr()
+    path = tmp_path / "bad.jsonl"
+    if bad == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_bytes({"empty": b"", "whitespace": b"\n \n", "not-json": b"{\"text\": \n",
+                          "not-utf8": b"{\"text\": \"\xff\xfe\"}\n", "no-key": b"{\"body\": \"x\"}\n"}[bad])
+    before = tree(tmp_path)
+    for fn, argv in ((train_tokenizer.main, ["--input", str(path), "--output", "tok", "--vocab-size", "300"]),
+                     (preprocess.main, ["--input", str(path), "--output-prefix", "data", "--tokenizer-type",
+                                        "ByteLevel"])):
+        line = one_line_error(fn, argv, capsys)
+        assert "error: --input" in line and "bad.jsonl" in line, line
+    assert tree(tmp_path) == before, "a good output was replaced"
+
+
+# --- the NaN guard: non-finite weights at load, a skipped first step -----------------------------------------------
+def test_non_finite_loaded_weights_are_one_line_naming_the_parameter(hf_folder, tmp_path):
+    """A --load folder with a NaN weight: the guard stops before the first step (exit 65), one line naming it -- it
+    was an AttributeError at the first log line."""
+    from safetensors.torch import load_file, save_file
+    src = str(tmp_path / "nan")
+    shutil.copytree(hf_folder, src)
+    weights = load_file(os.path.join(src, "model.safetensors"))
+    weights["transformer.h.1.mlp.c_fc.weight"][3, 5] = float("nan")
+    save_file(weights, os.path.join(src, "model.safetensors"), metadata={"format": "pt"})
+    out = train(["--load", src, "--model", src, "--train-iters", "3"], tmp_path, check=False)
+    errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
+    assert out.returncode == 65 and len(errors) == 1, out.stderr[-2000:]
+    assert errors[0].startswith("train.py: error: nan-guard: the weights at the start of training are not finite "
+                                "(0.h.1.mlp.c_fc.weight on rank 0") and "Traceback" not in out.stderr
+
+
+def test_a_skipped_first_step_is_logged_not_an_attribute_error(tmp_path):
+    env_fault = {"HYBRID_FAULT": "nan:rank=0,iterations=1"}
+    out = subprocess.run([sys.executable, "-m", "hybrid.train", "--train-iters", "2"] + TINY, cwd=tmp_path,
+                         env={**_env(), **env_fault}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "nan-guard: iteration 1: skipped the step on every rank" in out.stdout
+    first = next(ln for ln in out.stdout.splitlines() if ln.startswith(" iteration      1/"))
+    assert "grad norm" not in first, first  # the skipped step has no norm (it was last_report None: AttributeError)

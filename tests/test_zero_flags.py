@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from hybrid import testing
 from hybrid.train.args import run_config
 from hybrid.zero.ds_config import read_deepspeed_config
 
@@ -105,6 +106,7 @@ def _cpu_adam_built() -> bool:
 
 
 @pytest.mark.skipif(not _cpu_adam_built(), reason="DeepSpeed CPU Adam not built yet (train.py builds it on first use)")
+@pytest.mark.slow
 def test_deepspeed_cpu_adam_computes_torch_adamw():
     """Same decoupled-weight-decay AdamW; DeepSpeed's AVX kernel rounds differently (fused fp32
     ops), so after 5 steps the weights agree to a few fp32 ulps of the largest weight (measured
@@ -136,9 +138,8 @@ def readme_command(marker: str) -> list[str]:
 
 
 def _torchrun_train(argv: list[str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", *argv]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    """`torchrun ARGV` as written; its ranks forked from hybrid.testing's forkserver (hybrid.testing.torchrun_cli)."""
+    return testing.torchrun_cli(argv, env={"OMP_NUM_THREADS": "1"}, cwd=ROOT, timeout=600)
 
 
 def _logged_losses(stdout: str) -> list[float]:
@@ -146,6 +147,7 @@ def _logged_losses(stdout: str) -> list[float]:
             if line.lstrip().startswith("iteration")]
 
 
+@pytest.mark.slow
 def test_readme_zero3_offload_bf16_command_runs_under_torchrun():
     """The README's headline ZeRO command as written there -- 8 ranks, tp 2 x pp 2 x dp 2, ZeRO-3 with
     optimizer and parameter offload, bf16 -- shortened only by flags appended after it (argparse:
@@ -160,6 +162,7 @@ def test_readme_zero3_offload_bf16_command_runs_under_torchrun():
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses), out.stdout
 
 
+@pytest.mark.slow
 def test_zero3_fp32_optimizer_offload_starts_and_trains_under_torchrun():
     """The reported crash: fp32 ZeRO-3 with only the optimizer offloaded (default preset, default
     --cpu-adam auto) died in ZeroOptimizer._init_unit reading a freed buffer."""

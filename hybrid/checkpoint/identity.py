@@ -100,7 +100,8 @@ def mismatch(state: dict, directory: str, identity: dict, model: str, cfg_type=N
 
 def shape_mismatch(meta, cfg, directory: str) -> str | None:
     """The first `model/NAME` tensor of DCP's metadata whose size is not the one `cfg`'s model has (or that it
-    lacks), one line; None when every parameter is there with its shape."""
+    lacks), or an Adam moment (`optim.exp_avg/NAME`, `optim.exp_avg_sq/NAME`, when saved) of another size, one line;
+    None when every parameter is there with its shape."""
     import torch
 
     from hybrid.comm import Group
@@ -113,7 +114,8 @@ def shape_mismatch(meta, cfg, directory: str) -> str | None:
         key = f"model/{name}"
         if key not in sizes:
             return f"--load {directory}: its metadata has no tensor {key}, which --model's model has"
-        if tuple(sizes[key].size) != tuple(p.shape):
-            return (f"--load {directory}: {key} is saved with shape {list(sizes[key].size)}, --model's model has "
-                    f"{list(p.shape)}")
+        for k in (key, f"optim.exp_avg/{name}", f"optim.exp_avg_sq/{name}"):
+            if k in sizes and tuple(sizes[k].size) != tuple(p.shape):
+                return (f"--load {directory}: {k} is saved with shape {list(sizes[k].size)}, --model's model has "
+                        f"{list(p.shape)}")
     return None

@@ -54,7 +54,7 @@ def loadable_at(state: dict, target: Target) -> tuple[bool, str]:
     notes = [f"dp {dims.dp}", f"vocabulary {cfg.vocab_size} rows, padded to {padded.length * dims.tp} at tp {dims.tp}"]
     flags = state.get("args", {})
     gbs, micro, seq = flags.get("global_batch_size"), flags.get("micro_batch_size"), flags.get("seq_length")
-    if gbs and micro and seq:  # the saved batch, kept unless the resumed run passes another
+    if all(type(v) is int and v > 0 for v in (gbs, micro, seq)):  # the saved batch, kept unless the run passes another
         try:
             BatchSpec(gbs, micro, seq, dims.dp)
         except ValueError as e:

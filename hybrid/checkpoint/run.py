@@ -14,13 +14,26 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from hybrid.checkpoint import core, identity, store
+from hybrid.checkpoint import identity, store
 from hybrid.checkpoint.args import CheckpointConfig
 from hybrid.cliutil import fail
+from hybrid.comm import Group
+from hybrid.stateful import Stateful
+
+if TYPE_CHECKING:
+    from hybrid.checkpoint import core
+
+
+def _core():
+    """hybrid.checkpoint.core, imported by the first save or load: torch.distributed.checkpoint (and DTensor
+    with it) costs every rank ~0.7 s of CPU to import, which a run without --save / --load does not need."""
+    from hybrid.checkpoint import core
+    return core
 
 
 def _log(msg: str) -> None:
@@ -41,21 +54,27 @@ def _same_config(path: str, model: str | None) -> bool:
 
 class RunCheckpoints:
     """The checkpoint side of one run. `info` is JSON-able and saved in state.json (the layout, the model,
-    the flags); `info["layout"]` decides whether the per-rank RNG state can be restored (same layout only)."""
+    the flags); `info["layout"]` decides whether the per-rank RNG state can be restored (same layout only).
+    The state is the optimizer's (the model's master weights, Adam), the RNG's, and that of any further owners
+    given as {key prefix: Stateful} (the fault counters: {"fault.": FaultTolerance}); the data position is the
+    iteration and the samples consumed, recorded in state.json."""
 
-    def __init__(self, cfg: CheckpointConfig, mesh, model, optimizer, rng, info: dict):
+    def __init__(self, cfg: CheckpointConfig, mesh, model, optimizer, rng, info: dict,
+                 owners: dict[str, Stateful] | None = None):
         self.cfg, self.mesh, self.opt, self.rng, self.info = cfg, mesh, optimizer, rng, info
+        self.owners = dict(owners or {})
+        active = cfg.save is not None or cfg.load is not None
+        self.names = _core().param_names(model) if active else {}
         if cfg.identity is not None:  # the model by its config (checkpoint/identity.py), compared on load
             self.info = dict(info, model_identity=cfg.identity)
-        self.names = core.param_names(model)
         self.pending: core.PendingSave | None = None
         self.last_saved: int | None = None
-        # gloo groups of every rank: the save's own (a background save's collectives run on it, never
-        # interleaved with training's), and one for the main thread's checks (verify, SIGTERM agreement)
-        # (none when the run neither saves nor loads)
-        active = cfg.save is not None or cfg.load is not None
-        self.pg = dist.new_group(backend="gloo") if active else None
-        self.ctl = dist.new_group(backend="gloo") if active else None
+        # gloo groups of every rank, counted on the mesh's ledger: the save's own (a background save's
+        # collectives run on it, never interleaved with training's), and one for the main thread's checks
+        # (verify, SIGTERM agreement) (none when the run neither saves nor loads)
+        ranks, ledger = list(range(mesh.dims.world)), mesh.ledger
+        self.pg = Group.create("ckpt", ranks, ledger, backend="gloo") if active else None
+        self.ctl = Group.create("ckpt_ctl", ranks, ledger, backend="gloo") if active else None
         self._signalled = False
         if cfg.exit_signal_handler:
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -77,7 +96,7 @@ class RunCheckpoints:
         tries = [self.cfg.ckpt_step] if self.cfg.ckpt_step is not None else store.candidates(root)
         for iteration in tries:
             path = store.final_path(root, iteration)
-            error = core.verify(path, self.ctl)
+            error = _core().verify(path, self.ctl)
             if error is None:
                 return self._load(path)
             if self.cfg.ckpt_step is not None:
@@ -99,8 +118,9 @@ class RunCheckpoints:
         same = all(saved["layout"].get(k) == self.info["layout"].get(k) for k in ("tp", "pp", "dp"))
         rng = self.cfg.load_rng and same and not model_only
         optim = self.cfg.load_optim and not model_only
+        owners = {**_core().statefuls(self.opt, self.names, self.rng, optim=optim, rng_too=rng), **self.owners}
         try:
-            state = core.load(self.opt, self.names, self.rng, path, optim=optim, rng_too=rng, pg=self.pg)
+            state = _core().load_state(owners, path, self.pg)
         except store.CorruptCheckpoint as e:  # a data file that is not DCP's tensors (safe_read.py): one line
             raise fail(f"train.py: error: --load {path}: {e}") from None
         lay = saved["layout"]
@@ -118,8 +138,9 @@ class RunCheckpoints:
         finish)."""
         self.wait()
         state = dict(self.info, iteration=iteration, consumed_samples=consumed)
-        pending = core.start_save(self.opt, self.names, self.rng, self.cfg.save, iteration, state, pg=self.pg,
-                                  asynchronous=self.cfg.async_save)
+        owners = {**_core().statefuls(self.opt, self.names, self.rng), **self.owners}
+        pending = _core().save_state(owners, self.cfg.save, iteration, state, self.pg,
+                                     asynchronous=self.cfg.async_save)
         self.last_saved = iteration
         if self.cfg.async_save:
             self.pending = pending
@@ -168,8 +189,7 @@ class RunCheckpoints:
     def _any_rank_signalled(self) -> bool:
         """The signal may reach the ranks at different steps; all stop at the same one (an all-reduce)."""
         flag = torch.tensor([float(self._signalled)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ctl)
-        return flag.item() > 0
+        return self.ctl.all_reduce(flag, op=dist.ReduceOp.MAX, tag="sigterm").item() > 0
 
     def finish(self, iteration: int, consumed: int) -> None:
         """The final save (when --save and not just saved), then wait for any background save."""

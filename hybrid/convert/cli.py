@@ -7,7 +7,7 @@ import argparse
 from hybrid.cliutil import HelpFormatter, int_in
 from hybrid.convert.common import DTYPES
 from hybrid.convert.detect import Format, detect
-from hybrid.convert.presharded import PP_FLAG, TP_FLAG, TargetLayout
+from hybrid.convert.presharded import MICRO_BATCH, PP_FLAG, SEQ_LENGTH, TP_FLAG, TargetLayout
 from hybrid.convert.safetensors_out import parse_size
 
 
@@ -16,12 +16,14 @@ def run(args: argparse.Namespace) -> None:
     fmt = detect(args.src)
     to = args.to or ("hf" if fmt is Format.HYBRID else "hybrid")
     verify = not args.no_verify
-    target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size)
+    target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
+                          args.pipeline_partition, args.pipeline_layers_per_stage, args.seq_length,
+                          args.micro_batch_size)
     if fmt is Format.HYBRID:
-        if target != TargetLayout():
-            flag = TP_FLAG if target.tp != 1 else PP_FLAG
-            raise ValueError(f"{flag} pre-shards a conversion to hybrid; SRC {args.src!r} is a hybrid checkpoint, "
-                             f"which train.py loads at any layout as it is")
+        given = _target_flags_given(args)
+        if given:
+            raise ValueError(f"{given[0]} pre-shards a conversion to hybrid; SRC {args.src!r} is a hybrid "
+                             f"checkpoint, which train.py loads at any layout as it is")
         if to != "hf":
             raise ValueError(f"--to hybrid: SRC {args.src!r} is already a hybrid checkpoint (train.py loads it at "
                              f"any layout); use --to hf")
@@ -46,6 +48,18 @@ def run(args: argparse.Namespace) -> None:
         deepspeed_to_hybrid(args.src, args.dst, args.model, verify, target=target)
 
 
+def _target_flags_given(args: argparse.Namespace) -> list[str]:
+    """The pre-sharding flags set away from their defaults."""
+    default = TargetLayout()
+    return [flag for flag, value, usual in (
+        (TP_FLAG, args.target_tensor_parallel_size, default.tp),
+        (PP_FLAG, args.target_pipeline_parallel_size, default.pp),
+        ("--pipeline-partition", args.pipeline_partition, default.partition),
+        ("--pipeline-layers-per-stage", args.pipeline_layers_per_stage, default.layers_per_stage),
+        ("--seq-length", args.seq_length, default.seq_length),
+        ("--micro-batch-size", args.micro_batch_size, default.micro_batch)) if value != usual]
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("convert", help="convert checkpoints: transformers <-> hybrid, DeepSpeed -> hybrid",
                               description=__doc__ + "\n\nSee docs/convert.md.", formatter_class=HelpFormatter)
@@ -66,10 +80,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="--to hybrid: write the chunks a run at tensor-parallel size N saves (loading reshards to "
                         "any layout either way; this makes the first load at N read one chunk per rank)")
     p.add_argument(PP_FLAG, type=int_in(1), default=1, metavar="N",
-                   help="--to hybrid: as above, for N pipeline stages (train.py's uniform partition)")
+                   help="--to hybrid: as above, for N pipeline stages, split as train.py splits them with the "
+                        "partition flags below")
+    g = p.add_argument_group("pipeline partition (--to hybrid with --target-pipeline-parallel-size; train.py's "
+                             "flags: give the run's)")
+    g.add_argument("--pipeline-partition", choices=("uniform", "balanced"), default="uniform",
+                   help="balanced: split layers by FLOPs, counting the embedding and the LM head")
+    g.add_argument("--pipeline-layers-per-stage", default=None, metavar="N,N,...",
+                   help="layers of each stage by hand, e.g. 1,2 (3 layers on 2 stages)")
+    g.add_argument("--seq-length", type=int_in(1), default=SEQ_LENGTH, metavar="N",
+                   help="--pipeline-partition balanced: the run's sequence length (the split's FLOPs depend on it)")
+    g.add_argument("--micro-batch-size", type=int_in(1), default=MICRO_BATCH, metavar="N",
+                   help="--pipeline-partition balanced: the run's micro-batch size")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the logits check of the converted model against the source")
     p.set_defaults(func=run)
-    from hybrid.convert import generate
-    generate.add_parser(subparsers)  # `hybrid generate`: the sanity check after a conversion
     return p

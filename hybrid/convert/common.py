@@ -19,7 +19,7 @@ from models.config import ARCH_GPT2, ModelConfig, load_config
 PASS_THROUGH = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                 "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json")
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM"}
+                 "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -46,6 +46,22 @@ def staged_dst(dst: str) -> Iterator[str]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_safetensors(src: str, what: str = "SRC") -> None:
+    """Every safetensors file of a transformers folder opens (its header parses and covers the file) and every
+    shard its index names exists: a truncated or corrupt one is one line naming it, before any work."""
+    from models.hf_io import CheckpointReader
+    try:
+        reader = CheckpointReader(src)
+    except Exception as e:  # safetensors' header error, a malformed index; ours (an index naming a file outside)
+        if isinstance(e, ValueError) and str(e).startswith("--model"):
+            raise ValueError(what + str(e)[len("--model"):]) from None
+        raise ValueError(f"{what} {src}: not a readable safetensors checkpoint ({type(e).__name__}: "
+                         f"{(str(e).strip().splitlines() or [''])[0][:160]})") from None
+    missing = sorted({os.path.basename(f) for f in reader.files.values() if not os.path.isfile(f)})
+    if missing:
+        raise ValueError(f"{what} {src}: the index names missing shard files: {', '.join(missing[:3])}")
 
 
 def read_config(path: str, what: str) -> ModelConfig:

@@ -29,34 +29,58 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from hybrid.checkpoint.shards import is_owner, shard_box, sharded_tensor
 from hybrid.comm import CommLedger, Group
 from hybrid.mesh import ParallelDims, validate_model_dims
-from hybrid.partition import partition_layers
+from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.tp import TPContext
 from hybrid.zero.engine import tied_weight
 from models import build_pipeline_chunks
 from models.config import ModelConfig
 
 TP_FLAG, PP_FLAG = "--target-tensor-parallel-size", "--target-pipeline-parallel-size"
+# train.py's defaults, which its balanced split's FLOP costs read (tests/test_convert.py holds them equal)
+SEQ_LENGTH, MICRO_BATCH = 128, 4
 
 
 @dataclass(frozen=True)
 class TargetLayout:
-    """The layout a converted checkpoint is pre-sharded for.
+    """The layout a converted checkpoint is pre-sharded for, with train.py's partition flags: the stages are
+    the ones train.py builds from the same flags (hybrid/train/args.py's check_pipeline, v = 1).
 
     Attributes:
         tp: tensor-parallel size (`--target-tensor-parallel-size`).
-        pp: pipeline-parallel size (`--target-pipeline-parallel-size`); stages split uniformly, as train.py's
-            default `--pipeline-partition uniform`.
+        pp: pipeline-parallel size (`--target-pipeline-parallel-size`).
+        partition: "uniform" or "balanced" (`--pipeline-partition`): the same layers on every stage, or the
+            split that minimises the largest stage's FLOPs, embedding and LM head counted.
+        layers_per_stage: the layers of each stage by hand (`--pipeline-layers-per-stage`, e.g. "1,2"); None:
+            `partition` decides.
+        seq_length, micro_batch: the run's `--seq-length` and `--micro-batch-size`, which the balanced split's
+            FLOP costs depend on (train.py's defaults unless given).
     """
 
     tp: int = 1
     pp: int = 1
+    partition: str = "uniform"
+    layers_per_stage: str | None = None
+    seq_length: int = SEQ_LENGTH
+    micro_batch: int = MICRO_BATCH
 
     @property
     def world(self) -> int:
         return self.tp * self.pp
 
     def stages(self, cfg: ModelConfig) -> list[tuple[int, ...]]:
+        """Each stage's layer ids; ValueError naming the partition flag when they cannot be split so."""
+        if self.layers_per_stage:  # with --pipeline-partition balanced: partition_layers names the conflict
+            method = PartitionMethod.BALANCED if self.partition == "balanced" else None
+            return partition_layers(cfg.num_layers, self.pp, 1, method=method,
+                                    layers_per_stage=parse_layers_per_stage(self.layers_per_stage))
+        if self.partition == "balanced":
+            costs = stage_costs_from_config(cfg, self.seq_length, self.micro_batch)
+            return partition_layers(cfg.num_layers, self.pp, 1, method=PartitionMethod.BALANCED, **costs.as_kwargs())
         return partition_layers(cfg.num_layers, self.pp, 1)
+
+    def describe(self, cfg: ModelConfig) -> str:
+        """', layers [1, 2]' with more than one stage."""
+        return f", layers {[len(s) for s in self.stages(cfg)]}" if self.pp > 1 else ""
 
     def layout(self, cfg: ModelConfig) -> dict:
         """state.json's "layout" of a run at this layout (hybrid/train/loop.run_info)."""
@@ -95,6 +119,7 @@ def check_target(cfg: ModelConfig, target: TargetLayout) -> None:
     try:
         validate_model_dims(ParallelDims(tp=target.tp, pp=target.pp), cfg.num_heads, cfg.num_kv_heads,
                             cfg.num_layers)
+        target.stages(cfg)  # the partition flags' errors, before any chunk is built
         for pp_rank in range(target.pp):
             rank_chunks(cfg, target, target.tp - 1, pp_rank)
     except ValueError as e:

@@ -19,6 +19,7 @@ from hybrid.convert import mapping
 from hybrid.convert.common import check_dst, copy_pass_through, hf_config, read_config, staged_dst
 from hybrid.convert.detect import is_iteration_dir
 from hybrid.convert.safetensors_out import write_sharded
+from hybrid.convert.tokenizer_out import export_tokenizer
 from hybrid.convert.verify import load_ours, verdict, compare
 from models.config import ModelConfig
 
@@ -97,9 +98,11 @@ def hybrid_to_hf(src: str, dst: str, dtype: torch.dtype = torch.float32, max_sha
     with staged_dst(dst) as tmp:
         files = write_sharded(tmp, shapes, mapping.hf_tensors(cfg, read), dtype, max_shard_bytes)
         hf_config(cfg, dtype).to_json_file(os.path.join(tmp, "config.json"))
-        saved = store.read_state(it_dir).get("model") or ""
-        copy_pass_through([it_dir, os.path.dirname(os.path.abspath(it_dir)),
-                           saved if os.path.isdir(saved) else ""], tmp)
+        state = store.read_state(it_dir)
+        saved = state.get("model") or ""
+        carried = copy_pass_through([it_dir, os.path.dirname(os.path.abspath(it_dir)),
+                                     saved if os.path.isdir(saved) else ""], tmp)
+        tokenizer = export_tokenizer(tmp, carried, state, cfg.max_position_embeddings)  # AutoTokenizer loads it
         if verify:
             from transformers import AutoModelForCausalLM
             ours = load_ours(cfg, it_dir)
@@ -109,5 +112,6 @@ def hybrid_to_hf(src: str, dst: str, dtype: torch.dtype = torch.float32, max_sha
     log(f"convert: {it_dir} (hybrid checkpoint, {cfg.hf.model_type}, {cfg.num_parameters / 1e6:.2f}M parameters) "
         f"-> {dst} (transformers, {len(files)} safetensors file{'s' if len(files) > 1 else ''}, "
         f"{str(dtype).removeprefix('torch.')})")
+    log(tokenizer)
     log(line)
     return line

@@ -24,7 +24,8 @@ import torch.distributed.checkpoint as dcp
 from hybrid.checkpoint import store
 from hybrid.checkpoint.identity import model_identity
 from hybrid.convert import mapping
-from hybrid.convert.common import check_dst, copy_pass_through, hf_config, read_config, staged_dst
+from hybrid.convert.common import (check_dst, check_safetensors, copy_pass_through, hf_config, read_config,
+                                   staged_dst)
 from hybrid.convert.presharded import TargetLayout, check_target, rank_state_dicts, save_as_ranks
 from hybrid.convert.verify import verify_hybrid_against
 from models.config import ModelConfig
@@ -95,6 +96,7 @@ def hf_to_hybrid(src: str, dst: str, verify: bool = True, log=print, target: Tar
     check_dst(dst)
     cfg = read_config(src, "SRC")
     check_target(cfg, target)
+    check_safetensors(src)
     tensors = _read_hf_folder(src, cfg)
     state = model_state(cfg, src, {"format": "transformers", "path": os.path.abspath(src)}, target)
     line = "verify: skipped (--no-verify)"
@@ -106,7 +108,8 @@ def hf_to_hybrid(src: str, dst: str, verify: bool = True, log=print, target: Tar
             line = verify_hybrid_against(cfg, it_dir, lambda: AutoModelForCausalLM.from_pretrained(
                 src, dtype=torch.float32), torch.float32)
     log(f"convert: {src} (transformers {cfg.hf.model_type}, {cfg.num_parameters / 1e6:.2f}M parameters) -> "
-        f"{dst} (hybrid checkpoint, model weights, iteration 0, chunks for tp {target.tp} x pp {target.pp})")
+        f"{dst} (hybrid checkpoint, model weights, iteration 0, chunks for tp {target.tp} x pp {target.pp}"
+        f"{target.describe(cfg)})")
     log(line)
     return line
 
@@ -212,6 +215,6 @@ def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log
                 return m
             line = verify_hybrid_against(cfg, it_dir, reference, torch.float32)
     log(f"convert: {src} (DeepSpeed ZeRO checkpoint of {cfg.hf.model_type}) -> {dst} (hybrid checkpoint, model "
-        f"weights, iteration 0, chunks for tp {target.tp} x pp {target.pp})")
+        f"weights, iteration 0, chunks for tp {target.tp} x pp {target.pp}{target.describe(cfg)})")
     log(line)
     return line

@@ -80,12 +80,9 @@ class GPTSamples:
             raise ValueError(f"{self.docs.prefix}: {tokens_per_epoch} tokens in this split, fewer than one "
                              f"sample of --seq-length {self.seq_length} + 1")
         s = self.seq_length
-        epochs = max(1, math.ceil((self.num_samples * s + 1) / tokens_per_epoch))
-        separate = False
-        if epochs > 1:  # Megatron's threshold: a final epoch under 80% of an epoch's samples is shuffled alone
-            before = ((epochs - 1) * tokens_per_epoch - 1) // s
-            per_epoch = (tokens_per_epoch - 1) // s
-            separate = self.num_samples - before < int(0.80 * per_epoch)
+        epochs, separate = epoch_plan(tokens_per_epoch, s, self.num_samples)
+        self.epochs = epochs  # what the shuffle spans (the run's start-up line says it)
+        before = ((epochs - 1) * tokens_per_epoch - 1) // s
         rng = np.random.RandomState(self.seed)
         self.document_index = _document_index(self.doc_ids, epochs, rng, separate)
         total = (epochs * tokens_per_epoch - 1) // s  # whole samples in all epochs (drop the last partial)
@@ -112,6 +109,19 @@ class GPTSamples:
             need -= len(piece)
             k, offset = k + 1, 0
         return np.concatenate(parts).astype(np.int64)
+
+
+def epoch_plan(tokens_per_epoch: int, seq_length: int, num_samples: int) -> tuple[int, bool]:
+    """(epochs, separate) of a split asked for `num_samples` samples: the epochs its shuffle spans, and whether
+    the last one is shuffled alone (Megatron's threshold: a final epoch under 80% of an epoch's samples). The
+    shuffle is a function of these and the seed: a run asking for more samples (a larger --train-iters) draws
+    the same order exactly when both stay the same."""
+    epochs = max(1, math.ceil((num_samples * seq_length + 1) / tokens_per_epoch))
+    if epochs == 1:
+        return 1, False
+    before = ((epochs - 1) * tokens_per_epoch - 1) // seq_length
+    per_epoch = (tokens_per_epoch - 1) // seq_length
+    return epochs, num_samples - before < int(0.80 * per_epoch)
 
 
 def _document_index(doc_ids: np.ndarray, epochs: int, rng: np.random.RandomState, separate: bool) -> np.ndarray:

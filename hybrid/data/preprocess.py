@@ -44,7 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, {key: text}) per document; ValueError naming the line for bad JSON or a missing key."""
+    """(line number, {key: text}) per document; ValueError naming the line for bad JSON or a missing key, and the
+    file for text that is not UTF-8."""
+    try:
+        yield from _documents(path, keys)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--input {path}: not UTF-8 text (byte {e.start} of a read block); convert it to "
+                         f"UTF-8") from None
+
+
+def _documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
     if path.endswith(".txt"):
         with open(path, encoding="utf-8") as f:
             para, start = [], 1
@@ -67,6 +76,8 @@ def documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]]
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"--input {path}: line {n} is not JSON ({e.msg}); give one JSON object per line")
+            except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a huge number
+                raise ValueError(f"--input {path}: line {n} is not JSON this tool reads ({type(e).__name__})") from None
             if not isinstance(obj, dict):
                 raise ValueError(f"--input {path}: line {n} is not a JSON object")
             missing = [k for k in keys if not isinstance(obj.get(k), str)]
@@ -129,6 +140,9 @@ def run(args: argparse.Namespace, tok: Tokenizer, out=sys.stderr) -> dict:
                 dt = time.perf_counter() - t0
                 print(f"Processed {docs} documents ({docs / dt:.0f} docs/s, {nbytes / dt / 1e6:.2f} MB/s).",
                       file=out, flush=True)
+        if not tokens:  # an empty input would replace a good dataset at --output-prefix with an empty one
+            raise ValueError(f"--input {args.input} holds no {'documents' if not docs else 'tokens'} (empty, or "
+                             f"no text under --json-keys {' '.join(args.json_keys)}); nothing written")
         for w in writers.values():
             w.finalize()
     except BaseException:

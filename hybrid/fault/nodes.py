@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 import socket
 
-import torch.distributed as dist
-
+from hybrid.comm import Group
 from hybrid.mesh import Axis, ParallelDims
 
 
@@ -26,19 +25,19 @@ def layout_line(dims: ParallelDims, nodes: list[str]) -> str:
     order = list(dict.fromkeys(nodes))
     per = [nodes.count(n) for n in order]
     shape = f"{len(order)} x {per[0]}" if len(set(per)) == 1 else "+".join(map(str, per))
-    local = os.environ.get("LOCAL_WORLD_SIZE", "?")
+    local = os.environ.get("LOCAL_WORLD_SIZE")  # torchrun's; unset in one process without a launcher
+    launcher = (f"LOCAL_WORLD_SIZE {local}" if local else "one process, no launcher" if dims.world == 1 else
+                "LOCAL_WORLD_SIZE unset: not started by torchrun")
     spans = [g for g in dims.group_ranks(Axis.TP) if len({nodes[r] for r in g}) > 1]
     if not spans:
-        return f"nodes: {shape} ranks (LOCAL_WORLD_SIZE {local}); every tp group inside one node"
-    return (f"nodes: {shape} ranks (LOCAL_WORLD_SIZE {local}); warning: tp groups {spans[:4]} span nodes, so "
+        return f"nodes: {shape} ranks ({launcher}); every tp group inside one node"
+    return (f"nodes: {shape} ranks ({launcher}); warning: tp groups {spans[:4]} span nodes, so "
             f"tensor-parallel all-reduces cross the network; make --tensor-model-parallel-size divide the "
             f"ranks per node")
 
 
-def describe(dims: ParallelDims) -> str:
-    """Collective over the world: gather every rank's node id, return `layout_line`."""
-    if dims.world == 1:
-        return layout_line(dims, [node_id()])
-    nodes: list[str] = [""] * dims.world
-    dist.all_gather_object(nodes, node_id())
-    return layout_line(dims, nodes)
+def describe(dims: ParallelDims, world: Group | None = None) -> str:
+    """Collective over the `world` group (Mesh.world): gather every rank's node id, return `layout_line`."""
+    if dims.world == 1 or world is None:
+        return layout_line(dims, [node_id()] * dims.world)
+    return layout_line(dims, world.all_gather_object(node_id()))

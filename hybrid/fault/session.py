@@ -27,7 +27,8 @@ from hybrid.mesh import Mesh
 
 
 class FaultTolerance:
-    def __init__(self, cfg: FaultConfig, mesh: Mesh, model: nn.Module, runner, optimizer, log_interval: int):
+    def __init__(self, cfg: FaultConfig, mesh: Mesh, model: nn.Module, runner, optimizer, log_interval: int,
+                 timing_every: int = 1):
         from hybrid.pipeline.executor import PipelineExecutor
         from hybrid.zero import Precision
 
@@ -48,19 +49,22 @@ class FaultTolerance:
             self.guard = NanGuard(mesh, model, cfg.max_skipped_steps, defer_grads=precision is Precision.FP16)
         self.optimizer = GuardedOptimizer(optimizer, self.guard, self.runner)
         self.straggler = StragglerReport(mesh, cfg.straggler_factor)
-        self._first = 1
+        self.timing_every = timing_every  # print the report every this many log intervals (or when off)
+        self._first: int | None = None  # the first iteration of the interval (a resumed run's is not 1)
+        self._intervals = 0
+        self._skipped = False  # a step of this interval was skipped (NaN guard or fp16 overflow)
         self.watchdog = None
         if cfg.watchdog_timeout > 0 and mesh.dims.world > 1:
             self.watchdog = HangWatchdog(mesh.rank, mesh.dims.world, cfg.watchdog_timeout).start()
 
     @classmethod
     def start(cls, cfg: FaultConfig, mesh: Mesh, model: nn.Module, runner, optimizer,
-              log_interval: int) -> "FaultTolerance":
+              log_interval: int, timing_every: int = 1) -> "FaultTolerance":
         """Collective (gathers node ids). Rank 0 prints the node layout."""
-        line = nodes.describe(mesh.dims)
+        line = nodes.describe(mesh.dims, mesh.world)
         if mesh.rank == 0:
             print(line, flush=True)
-        return cls(cfg, mesh, model, runner, optimizer, log_interval)
+        return cls(cfg, mesh, model, runner, optimizer, log_interval, timing_every)
 
     def _before_forward(self, module, args) -> None:
         if self._local:  # one forward per micro-batch
@@ -76,6 +80,8 @@ class FaultTolerance:
     def begin_iteration(self, it: int) -> None:
         """`it` 0-based, as the loop counts; the trail and every message use it + 1, as the log does."""
         self._mb = 0
+        if self._first is None:
+            self._first = it + 1
         TRAIL.begin_iteration(it + 1)
         self.injector.begin_iteration(it + 1, self.model)
         self.optimizer.iteration = it + 1
@@ -87,12 +93,30 @@ class FaultTolerance:
         if self.watchdog:
             self.watchdog.armed = False
         self.straggler.record(TRAIL.take_phase_seconds())
+        report = getattr(self.optimizer.inner, "last_report", None)
+        applied = self.optimizer.applied  # False: the NaN guard skipped it; else fp16's overflow check may have
+        self._skipped |= not applied or bool(getattr(report, "skipped", False))
         if (it + 1) % self.log_interval == 0:
-            for line in self.straggler.report(self._first, it + 1):
-                print(line, flush=True)
-            self._first = it + 2
+            lines = self.straggler.report(self._first, it + 1)  # collective: every interval, printed or not
+            self._intervals += 1
+            if self.straggler.named or self._skipped or self._intervals % self.timing_every == 0:
+                for line in lines:
+                    print(line, flush=True)
+            self._first, self._skipped = it + 2, False
         if self.guard is not None:
             self.guard.after_step(self.optimizer.inner, it + 1, self.optimizer.applied)
+
+    def state_dict(self) -> dict[str, object]:
+        """The NaN guard's counters as a Stateful (hybrid/stateful.py): the iterations it skipped and the current
+        run of consecutive skips, so a resumed run stops at --max-skipped-steps where an uninterrupted one would.
+        The same on every rank (the guard's verdict is collective)."""
+        if self.guard is None:
+            return {}
+        return {"nan_skipped": list(self.guard.skipped), "nan_consecutive": self.guard.consecutive}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        if self.guard is not None and "nan_consecutive" in state:
+            self.guard.skipped, self.guard.consecutive = list(state["nan_skipped"]), state["nan_consecutive"]
 
     def stop(self) -> None:
         if self.watchdog:

@@ -36,6 +36,7 @@ class StragglerReport:
     def __init__(self, mesh: Mesh, factor: float):
         self.mesh, self.factor = mesh, factor
         self.rows: list[list[float]] = []  # per step: [total, *COLUMNS]
+        self.named = False  # the last report named a straggler (rank 0; the session prints it at once)
 
     def record(self, phase_seconds: dict[str, float]) -> None:
         self.rows.append([sum(phase_seconds.values())] + [phase_seconds.get(p, 0.0) for p in COLUMNS])
@@ -49,8 +50,9 @@ class StragglerReport:
         self.rows = []
         if self.mesh.rank != 0:
             return []
-        return ([percentile_line(table, first, last), time_split_line(table, first, last)]
-                + slow_ranks(table, self.mesh, self.factor, first, last))
+        verdict = slow_ranks(table, self.mesh, self.factor, first, last)
+        self.named = not verdict[0].startswith("straggler: none")
+        return [percentile_line(table, first, last), time_split_line(table, first, last)] + verdict
 
 
 def percentile_line(table: torch.Tensor, first: int, last: int) -> str:

@@ -19,12 +19,16 @@ class MetricsConfig:
         peak_tflops: one rank's peak TFLOP/s for MFU: `--peak-tflops`, or derived from a `hybrid calibrate`
             profile (`--hardware`, `profile_peak_tflops`); None: the known-GPU table on CUDA, else no MFU.
         peak_source: where peak_tflops came from, for the run's header line.
+        timing_log_interval: print the per-rank step times, the time split and the straggler verdict every this
+            many log intervals (`--timing-log-interval`; 1: at every one, the verbose form); they are printed at
+            once, whatever this is, for an interval where a straggler was named or a step was skipped.
     """
 
     tensorboard_dir: str | None
     metrics_file: str | None
     peak_tflops: float | None
     peak_source: str | None = None
+    timing_log_interval: int = 10
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--peak-tflops", type=float, default=None, metavar="X",
                    help="one device's peak TFLOP/s for MFU; None: the --hardware profile's, else the bf16 peak "
                         "of a known GPU, else (CPU) no MFU")
+    g.add_argument("--timing-log-interval", type=int, default=MetricsConfig.timing_log_interval, metavar="N",
+                   help="per-rank step times, time split and straggler verdict every N log intervals (1: every "
+                        "interval, the verbose form); at once when a straggler is named or a step skipped")
     # --hardware (a `hybrid calibrate` profile) is defined with --auto-parallel in hybrid/train/args.py; it also
     # gives MFU's peak here (profile_peak_tflops)
 
@@ -66,6 +73,9 @@ def check(args: argparse.Namespace, world: int = 1) -> MetricsConfig:
             raise ValueError("--tensorboard-dir needs the tensorboard package; pip install tensorboard") from None
     if args.metrics_file is not None:
         check_output_file("--metrics-file", args.metrics_file)
+    every = getattr(args, "timing_log_interval", MetricsConfig.timing_log_interval)  # a Namespace built by hand
+    if every < 1:
+        raise ValueError(f"--timing-log-interval must be >= 1 (1: every log interval), got {every}")
     if args.peak_tflops is not None and not 0 < args.peak_tflops < float("inf"):
         raise ValueError(f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}")
     peak, source = args.peak_tflops, "--peak-tflops" if args.peak_tflops is not None else None
@@ -78,4 +88,4 @@ def check(args: argparse.Namespace, world: int = 1) -> MetricsConfig:
         fp32 = args.zero.precision.value == "fp32"
         peak = profile_peak_tflops(hardware, fp32, local_ranks)
         source = f"--hardware {hardware}, {'fp32' if fp32 else 'mixed-precision'} matmul rate, {local_ranks} local ranks"
-    return MetricsConfig(args.tensorboard_dir, args.metrics_file, peak, source)
+    return MetricsConfig(args.tensorboard_dir, args.metrics_file, peak, source, every)

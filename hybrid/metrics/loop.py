@@ -25,6 +25,8 @@ class RunMetrics:
     device: torch.device
     memory: MemoryMeasure
     writer: MetricsWriter
+    peaks_group: object = None  # the Group the memory peaks are gathered over (Mesh.world)
+    timing_every: int = 1
 
     @classmethod
     def start(cls, run, cfg, batch, mesh) -> "RunMetrics":
@@ -36,27 +38,32 @@ class RunMetrics:
             peak, source = device_peak_tflops(name), f"{name}, bf16 dense peak (hybrid/metrics/flops.py)"
         return cls(cfg, batch.seq_length, batch.global_batch, mesh.dims.world, run.model.recompute.value,
                    peak, source, run.training.train_iters, mesh.device, measure_for(mesh.device),
-                   MetricsWriter(m.tensorboard_dir, m.metrics_file, mesh.rank == 0))
+                   MetricsWriter(m.tensorboard_dir, m.metrics_file, mesh.rank == 0), mesh.world,
+                   m.timing_log_interval)
 
     def header(self) -> str:
         """The run's metrics line: what MFU divides by, and which memory measure the lines show."""
         mfu = (f"MFU against {self.peak_tflops:.4g} TFLOP/s per rank ({self.peak_source})" if self.peak_tflops
                else "no MFU (unknown device peak: --hardware PROFILE or --peak-tflops X)")
-        return f"metrics: {mfu} | memory: {self.memory.label} per rank, peak since start"
+        every = ("every log interval" if self.timing_every == 1 else
+                 f"every {self.timing_every} log intervals and when a straggler is named or a step skipped")
+        return (f"metrics: {mfu} | memory: {self.memory.label} per rank, peak since start | per-rank step times, "
+                f"time split, straggler verdict: {every} (--timing-log-interval)")
 
-    def log_interval(self, iteration: int, step_s: float, loss: float, lr: float, report, skipped: int) -> str:
+    def log_interval(self, iteration: int, step_s: float, loss: float, lr: float, report, skipped: int,
+                     extra: dict | None = None) -> str:
         """' | consumed samples N | X TFLOP/s/device (hw Y) | MFU Z% | peak RSS M MiB (...) | ETA' for the log
         line; records the interval. Collective (the memory all-gather): every rank calls it."""
         rates = step_rates(self.cfg, self.seq_length, self.global_batch * self.seq_length, step_s, self.world,
                            self.recompute, self.peak_tflops)
-        peaks = gather_peaks(self.device)
+        peaks = gather_peaks(self.device, self.peaks_group)
         consumed = iteration * self.global_batch
         self.writer.write(iteration, {
             "consumed_samples": consumed, "lm_loss": loss, "lr": lr, "grad_norm": report.grad_norm,
             "loss_scale": report.loss_scale, "skipped_iterations": skipped, "iteration_time_s": step_s,
             "tokens_per_s": rates.tokens_per_s, "tflops_per_device": rates.tflops_per_device,
             "hw_tflops_per_device": rates.hw_tflops_per_device, "mfu": rates.mfu,
-            self.memory.key: max(peaks), f"{self.memory.key}_per_rank": peaks})
+            self.memory.key: max(peaks), f"{self.memory.key}_per_rank": peaks, **(extra or {})})  # extra: MoE
         hw = f" (hw {rates.hw_tflops_per_device:.3g})" if self.recompute != "none" else ""
         mfu = f" | MFU {100 * rates.mfu:.2f}%" if rates.mfu is not None else ""
         eta = (self.train_iters - iteration) * step_s

@@ -26,7 +26,6 @@ import sys
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -64,6 +63,19 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def current_rss_bytes() -> int:
+    """This process's resident set size now (VmRSS); 0 without /proc. The start-up line's baseline: what a rank
+    holds before its model is built (the interpreter, torch's libraries, the process group)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     """This rank's peak by the measure of its device kind (module docstring)."""
     if device.type == "cuda":
@@ -71,15 +83,13 @@ def peak_memory_bytes(device: torch.device) -> int:
     return peak_rss_bytes()
 
 
-def gather_peaks(device: torch.device) -> list[int]:
-    """Every rank's peak, in rank order (an all-gather of one int64 over the default group: collective, so
-    every rank calls it at the same log line). Without a process group: this process's alone."""
+def gather_peaks(device: torch.device, group=None) -> list[int]:
+    """Every rank's peak, in rank order: an all-gather of one int64 over `group` (hybrid.comm.Group, the mesh's
+    world; collective, so every rank calls it at the same log line). Without a group: this process's alone."""
     mine = torch.tensor([peak_memory_bytes(device)], dtype=torch.int64, device=device)
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if group is None or group.size == 1:
         return [int(mine.item())]
-    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, mine)
-    return [int(t.item()) for t in out]
+    return [int(v) for v in group.all_gather(mine).tolist()]
 
 
 def memory_field(peaks: list[int], measure: MemoryMeasure) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from hybrid.planner import ActivationProfile, Cluster, Layout, Offload, Precision, Recompute, StepTime, Workload
 from hybrid.planner import ZeroStage, evaluate
 from hybrid.planner.layout import stage_layers
+from hybrid.planner.ops import KernelProfile
 
 
 def predicted_split(t: StepTime) -> dict[str, float]:
@@ -43,7 +44,7 @@ def run_layout(z, recompute: Recompute, sequence_parallel: bool, cfg, dims, batc
     work = Workload(cfg, global_batch=batch.global_batch, seq_length=batch.seq_length,
                     precision=Precision.MIXED if mixed else Precision.FP32,
                     activations=ActivationProfile.KORTHIKANTI if mixed else ActivationProfile.FP32_FLASH,
-                    fp32_grads=z.accumulate_fp32_grads)
+                    fp32_grads=z.accumulate_fp32_grads, kernels=KernelProfile.EAGER)  # train.py's eager layers
     offload = (Offload.OPTIMIZER_AND_PARAMS if z.offload_params else
                Offload.OPTIMIZER if z.offload_optimizer else Offload.NONE)
     layout = Layout(tp=dims.tp, pp=dims.pp, dp=dims.dp, v=v, micro_batch=batch.micro_batch, zero=ZeroStage(z.stage),
@@ -58,11 +59,13 @@ def predicted_split_line(run, cfg, dims, batch, plan) -> str | None:
         return None
     from hybrid.planner.calibrate import load_hardware
 
-    work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch, plan.v)
-    hw = load_hardware(run.training.hardware, work.precision)
     try:
+        # ValueError: a model it does not describe
+        work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch,
+                                  plan.v)
+        hw = load_hardware(run.training.hardware, work.precision)
         t = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout).time
-    except ValueError as e:  # a layout the planner does not model (its message names why)
+    except ValueError as e:  # a model or layout the planner does not model (its message names why)
         return f"planner: no prediction for this run: {e}"
     s = predicted_split(t)
     ours, theirs = [len(st) for st in plan.stages], list(stage_layers(cfg, dims.pp, plan.v, batch.seq_length))

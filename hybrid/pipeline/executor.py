@@ -26,8 +26,8 @@ Gradients accumulate over micro-batches in `.grad`; the last stage scales each m
 Zero-bubble lists split a backward into BACKWARD_INPUT (B: the input gradient, sent at once) and a later
 BACKWARD_WEIGHT (W: the weight gradients, accumulated into `.grad` through autograd, so post-accumulate-grad
 hooks fire in W); `hybrid.pipeline.split_backward` holds the method. Between B and W the executor keeps the
-`WeightWork` of that (micro-batch, chunk); `on_weight_hold(tensor, owner, microbatch)`, when given, is told of
-each output gradient kept for W, `owner` being freed once W has run (the memory ledger counts them).
+`WeightWork` of that (micro-batch, chunk); `on_weight_hold(tensor, owner, microbatch, chunk)`, when given, is told
+of each output gradient kept for W, `owner` being freed once W has run (the memory ledger counts them).
 
 Hand-offs in memory. When the next (or previous) stage of a chunk is on this rank -- pp = 1 with v chunks, or
 the turn of the V (`Placement.V`: stages pp - 1 and pp both on rank pp - 1) -- the payload is handed over in
@@ -145,7 +145,7 @@ class PipelineExecutor:
     def __init__(self, chunks: Sequence[nn.Module], schedule: Sequence[Action], pp: Group, io: StageIO,
                  device: torch.device, on_forward: Callable[[int, int], object] | None = None,
                  record_timeline: bool = False, placement: Placement = Placement.LOOP,
-                 on_weight_hold: Callable[[torch.Tensor, object, int], None] | None = None):
+                 on_weight_hold: Callable[[torch.Tensor, object, int, int], None] | None = None):
         self.chunks, self.schedule, self.pp, self.io, self.device = list(chunks), list(schedule), pp, io, device
         self.placement = placement  # which global stage each chunk is: where payloads are handed over in memory
         self.on_forward = on_forward  # context factory (mb, chunk) wrapping each forward, e.g. a memory tag
@@ -264,15 +264,17 @@ class PipelineExecutor:
     def _backward_input(self, a: Action, batches: Sequence[Batch], st: _StepState) -> None:
         """B: the input gradient now (sent or handed over); what W needs is kept (first stage: everything)."""
         chunk, key = self.chunks[a.chunk], (a.microbatch, a.chunk)
-        x, y = st.inputs.pop(key), st.outputs.pop(key)
+        x = st.inputs.pop(key)
         grad = None if chunk.stage.last else self._take(a, Op.RECV_GRAD, st)
         t0 = time.time()
-        dx, work = backward_input(y, grad, None if chunk.stage.first else x, list(chunk.parameters()), _backward)
+        # no local reference to the output: once B returns, the graph above W's nodes (e.g. the loss's) is freed
+        dx, work = backward_input(st.outputs.pop(key), grad, None if chunk.stage.first else x,
+                                  list(chunk.parameters()), _backward)
         self._record([a], t0)
         st.weight_work[key] = work
         if self.on_weight_hold is not None:
             for g in work.held_grads():
-                self.on_weight_hold(g, work, a.microbatch)
+                self.on_weight_hold(g, work, a.microbatch, a.chunk)
         if not chunk.stage.first:
             self._pass_back(a, dx, st)
 

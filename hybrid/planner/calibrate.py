@@ -43,6 +43,7 @@ keep the `cpu` preset's values (or `--base` preset's) and the profile says so.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -235,39 +236,47 @@ def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torc
     return fwd, max(0.0, _timed(both, seconds) - fwd)
 
 
-def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int],
-                   probe: LayerProbe = CPU_PROBE) -> tuple[float, float, float]:
-    """The planner's (forward GEMM s, backward GEMM s, memory-bound traffic bytes) of one layer of `shape`."""
+def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int], probe: LayerProbe = CPU_PROBE):
+    """The planner's parts of one layer of `shape` (time.LayerParts: compute seconds, memory-bound bytes and
+    kernels, per pass)."""
     from hybrid.planner.layout import Cluster, Layout, Workload
     from hybrid.planner.model import ActivationProfile
+    from hybrid.planner.ops import KernelProfile
     from hybrid.planner.time import layer_parts
     b, s = shape[:2]
     work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
-                    activations=ActivationProfile(probe.profile))
+                    activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER)
     return layer_parts(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b))
 
 
 def fit_layer(hw: Hardware, measured: list[tuple[float, float]],
               probe: LayerProbe = CPU_PROBE) -> tuple[float | None, float, float]:
     """(elementwise bytes/s, forward fixed s, backward fixed s) of a layer pass from the layers measured at
-    the probe's shapes: what each takes beyond its GEMMs on `hw`'s curve, rest = traffic / rate + fixed, solved
-    exactly on the forward + backward totals of the two shapes (a bandwidth term and a per-pass cost: Python,
-    the dispatcher, autograd -- what makes a small layer slower than its bytes, as t0 does for a GEMM). The
-    fixed cost is split between the passes by their own residuals (mean over the shapes). When the two do not
-    give a positive rate and cost (noise), the larger shape alone gives the rate and the cost is 0; when even
-    that layer runs no slower than its GEMMs, the rate is None (the copy rate is kept)."""
+    the probe's shapes: what each takes beyond its GEMMs (and flash attention) on `hw`, rest = bytes / rate +
+    fixed, solved exactly on the forward + backward totals of the two shapes (a bandwidth term and a cost per pass:
+    on a CPU Python, the dispatcher, autograd; on a GPU its kernels' latencies -- the same count at both shapes,
+    so fixed / kernels is Hardware.kernel_overhead_s). The fixed cost is split between the passes by their own
+    residuals (mean over the shapes). When the two do not give a positive rate and cost (noise), the larger shape
+    alone gives the rate and the cost is 0; when even that layer runs no slower than its GEMMs, the rate is None
+    (the copy rate is kept)."""
     parts = [layer_parts_of(hw, shape, probe) for shape in probe.shapes]
-    rests = [(f - gf, b - gb, traffic) for (f, b), (gf, gb, traffic) in zip(measured, parts)]
-    (f1, b1, t1), (f2, b2, t2) = rests
+    rests = [(f - p.forward_s, b - p.backward_s, p.forward_bytes, p.backward_bytes)
+             for (f, b), p in zip(measured, parts)]
+    (f1, b1, tf1, tb1), (f2, b2, tf2, tb2) = rests
+    t1, t2 = tf1 + tb1, tf2 + tb2
     rate = (t1 - t2) / (f1 + b1 - f2 - b2) if f1 + b1 != f2 + b2 else -1.0
     fixed = f1 + b1 - t1 / rate if rate > 0 else -1.0
     if rate <= 0 or fixed < 0:
-        return (t1 / (f1 + b1) if f1 + b1 > 0 else None), 0.0, 0.0
-    # split the fixed cost by each pass's share of the residual beyond its traffic (FWD: BWD = 2: 3)
-    from hybrid.planner.time import BWD_TRAFFIC, FWD_TRAFFIC
-    fwd = [f - t * FWD_TRAFFIC / (FWD_TRAFFIC + BWD_TRAFFIC) / rate for f, _, t in rests]
+        return (t1 / (f1 + b1) if f1 + b1 > 0 and t1 > 0 else None), 0.0, 0.0
+    fwd = [f - tf / rate for f, _, tf, _ in rests]  # each shape's forward residual beyond its bytes
     share = min(1.0, max(0.0, statistics.fmean(fwd) / fixed))
     return rate, fixed * share, fixed * (1 - share)
+
+
+def layer_kernels(hw: Hardware, probe: LayerProbe) -> int:
+    """Memory-bound kernels of one probe layer, forward + backward (ops.py): what a GPU's fixed cost divides by."""
+    p = layer_parts_of(hw, probe.shapes[0], probe)
+    return p.forward_kernels + p.backward_kernels
 
 
 def _collective_seconds(op: str, size: int, world: int, device: torch.device) -> float:
@@ -403,13 +412,24 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
         name=f"calibrated {platform.node() or 'host'} ({cfg.ranks} x {cfg.backend})",
         peak_tflops=peaks[main], compute_efficiency=1.0, gemm_overhead_s=overheads[main], hbm_tbps=copy / 1e12,
         **node, memory_gb=memory_gb, compute_units=cores,
+
         memory_bytes=None if cfg.backend == "gloo" else base.memory_bytes)  # the card's real capacity
+    # flash attention keeps the base preset's achieved TFLOP/s, now a share of the measured peak (none on a CPU:
+    # its calibrated layer times the attention core as GEMMs), and a CPU has no FP8 GEMMs
+    hw = dataclasses.replace(hw, fp8_tflops=None if cores else base.fp8_tflops,
+                             flash_efficiency=(min(1.0, base.flash_efficiency * base.peak_tflops / peaks[main])
+                                               if base.flash_efficiency and not cores else None))
     # the layer's GEMMs on its dtype's curve (the probe's: fp32 on a CPU, bf16 on a GPU)
     probe = CPU_PROBE if cfg.backend == "gloo" else GPU_PROBE
     curve = hw.with_overrides(peak_tflops=peaks[probe.dtype], gemm_overhead_s=overheads[probe.dtype])
     rate, fixed_fwd, fixed_bwd = fit_layer(curve, [tuple(x) for x in per_rank[0]["layer_seconds"]], probe)
-    hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
-                           layer_backward_overhead_s=fixed_bwd)
+    if cores:  # a CPU: a cost per layer pass (Python, the dispatcher, autograd)
+        hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
+                               layer_backward_overhead_s=fixed_bwd, kernel_overhead_s=0.0)
+    else:  # a GPU: the same cost spread over the layer's memory-bound kernels (ops.py)
+        hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=0.0,
+                               layer_backward_overhead_s=0.0,
+                               kernel_overhead_s=(fixed_fwd + fixed_bwd) / layer_kernels(curve, probe))
     return {
         "format": FORMAT,
         "hardware": asdict(hw),
@@ -472,6 +492,8 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
         raise ValueError(f"--hardware {path}: cannot read a profile ({e})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--hardware {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a 5000-digit number
+        raise ValueError(f"--hardware {path}: not a JSON file hybrid reads ({type(e).__name__})") from None
     if not isinstance(profile, dict) or profile.get("format") != FORMAT:
         raise ValueError(f"--hardware {path}: not a {FORMAT} file (write one with `hybrid calibrate --out FILE`)")
     fields_ = profile.get("hardware")
@@ -510,9 +532,11 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
         if not isinstance(value, str):
             raise ValueError(f"--hardware {path}: hardware.name must be a string, got {json.dumps(value)}")
         return
-    if name in ("compute_units", "memory_bytes", "elementwise_tbps") and value is None:
+    nullable = ("compute_units", "memory_bytes", "elementwise_tbps", "flash_efficiency", "fp8_tflops")
+    if name in nullable and value is None:
         return
-    if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s"):  # may be 0
+    if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
+                "kernel_overhead_s"):  # may be 0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"--hardware {path}: {where}{name} must be a finite number >= 0, got {json.dumps(value)}")
         return
@@ -525,10 +549,29 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
 
 # --- command line -----------------------------------------------------------------------------------
 
+HELP = """Measure this machine and write a hardware profile (JSON) for `hybrid plan --hardware FILE` (the planner then
+predicts step times and memory for this machine instead of a preset) and for `train.py --hardware FILE` (MFU
+against the matmul rate measured here).
+
+It starts --ranks processes (gloo on a CPU, nccl on GPUs), each timing matrix products, a memory copy and one real
+Transformer layer, then collectives between them: about 20 s on a CPU, a minute or two on GPUs. Use as many ranks
+as you will train with on one machine: on a CPU they share its cores as training ranks do. What it cannot measure
+on one machine (the network between nodes, PCIe, host memory for offload) comes from the --base preset, and the
+profile says which fields did.
+
+  hybrid calibrate --out cpu.json                                  # this machine, 4 CPU ranks
+  hybrid plan --model tiny-gpt2 --gpus 4 --global-batch-size 16 --seq-length 128 --hardware cpu.json \\
+      --precision fp32 --emit-args                                 # the fastest layout, as train.py flags
+  hybrid calibrate --ranks 1 --base h200 --out h200.json           # one GPU; the node's links from the preset
+
+How each number is measured and fitted: docs/planner.md, "Calibration"."""
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register `calibrate` on the `hybrid` command's subparsers."""
+    """Register `calibrate` on the `hybrid` command's subparsers (--help: HELP, for users; the module docstring
+    is the implementation's)."""
     p = subparsers.add_parser("calibrate", help="measure this machine; write a hardware profile for `hybrid plan`",
-                              description=__doc__, formatter_class=HelpFormatter)
+                              description=HELP, formatter_class=HelpFormatter)
     p.add_argument("--out", default="hardware.json", metavar="FILE", help="profile to write (JSON)")
     p.add_argument("--ranks", type=int_in(1, 1024), metavar="N", default=CalibrationConfig.ranks,
                    help="processes to spawn (with nccl at most the GPU count; 1: no collectives timed, the "

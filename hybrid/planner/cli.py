@@ -33,12 +33,13 @@ from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_o
                             nonnegative_int, positive_float, positive_int)
 from hybrid.planner import calibrate
 from hybrid.planner.hardware import GB, GpuKind, hardware
-from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
+from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile, Precision
+from hybrid.planner.ops import KernelProfile
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, search,
                                    summarize_rejections)
-from hybrid.planner.time import FlopsFormula
+from hybrid.planner.time import TERMS, FlopsFormula
 from hybrid.planner.train_flags import MAX_GLOBAL_BATCH, plan_flags
 from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
@@ -74,7 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus", type=int_in(1, MAX_GPUS), metavar="N",
                    help="GPUs in the job (required, unless --scan-gpus)")
     g.add_argument("--gpus-per-node", type=positive_int, metavar="N", help="None: the preset's")
-    g.add_argument("--gpu", default=GpuKind.A100_80G.value, choices=[k.value for k in GpuKind], help="device preset")
+    g.add_argument("--gpu", default=GpuKind.A100_80G.value, choices=[k.value for k in GpuKind],
+                   help="device preset: a100-80g, h100-80g (SXM, 700 W), h100-96g-500w (torchtitan's Grand Teton "
+                        "H100: HBM2e, 500 W), h200, cpu (docs/planner.md 'Hardware')")
     g.add_argument("--gpu-memory", type=positive_float, metavar="GB", help="GB per device (None: the preset's)")
     g.add_argument("--gpu-tflops", type=positive_float, metavar="X",
                    help="dense bf16 peak, TFLOP/s (None: the preset's)")
@@ -84,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="network bandwidth per GPU, GB/s per direction")
     g.add_argument("--compute-efficiency", type=float_in(0.0, 1.0, low_open=True), metavar="X",
                    help="fraction of peak a large matmul sustains, in (0, 1] (None: the preset's GEMM curve: "
-                        "a100 0.727, h100/h200 0.789)")
+                        "a100 0.768, h100 0.789, h200 0.796)")
     g.add_argument("--gemm-overhead", type=float_in(0.0, 1.0), metavar="S",
                    help="fixed seconds of one matmul kernel, the GEMM curve's t0 (None: the preset's, 6.4e-6)")
     g.add_argument("--allow-cross-node-tp", action="store_true", help="let a TP group span nodes")
@@ -104,6 +107,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="korthikanti: Megatron on GPU (bf16, dropout, materialised softmax); bf16-flash: the "
                         "same with flash attention (no s x s tensors); fp32-flash: this runtime on CPU (fp32, "
                         "flash attention, no dropout)")
+    g.add_argument("--kernels", choices=[k.value for k in KernelProfile], default=None,
+                   help="how the non-matmul ops run: fused (Megatron-LM / Transformer Engine) or eager (plain "
+                        "PyTorch: this runtime, torchtitan without compile); None: fused for korthikanti, eager for "
+                        "the flash profiles")
+    g.add_argument("--fp8", action="store_true",
+                   help="the linear layers' GEMMs in FP8 (Transformer Engine / torchao float8): the FP8 peak, "
+                        "1-byte saved inputs, casts and scales (h100 / h200; the planner only)")
+    g.add_argument("--pipeline-p2p", choices=[x.value for x in PipelineP2P], default=PipelineP2P.OVERLAPPED.value,
+                   help="overlapped (this runtime, Megatron-core) or blocking pipeline messages (DeepSpeed's "
+                        "pipeline engine; blocking-scatter: Megatron-LM 2021-22 with its scatter-gather)")
     g = p.add_argument_group("pin a search dimension (scripts/train.py flags)")
     g.add_argument("--tensor-model-parallel-size", type=positive_int, metavar="N", help="pin tp")
     g.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", help="pin pp")
@@ -125,7 +138,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="most chunks per rank tried")
     g = p.add_argument_group("output")
     g.add_argument("--top", type=positive_int, metavar="N", default=5, help="layouts to show")
-    g.add_argument("--json", action="store_true", help="machine-readable output")
+    g.add_argument("--json", action="store_true", help="machine-readable output (each plan's step terms included)")
+    g.add_argument("--explain", action="store_true",
+                   help="after the table, the best layout's step taken apart: compute, memory-bound ops, launches, "
+                        "TP, PP p2p, bubble, DP exposed, optimizer -- each term's seconds and share")
     g.add_argument("--emit-args", action="store_true",
                    help="print the train.py flags of the best layout train.py accepts (needs --model)")
     g.add_argument("--scan-gpus", metavar="N,N,...", help="comma-separated GPU counts: the best layout of each")
@@ -163,6 +179,8 @@ def run(args: argparse.Namespace) -> None:
     if args.gpus is None:
         raise ValueError("--gpus is required (or --scan-gpus 8,64,512 for a scaling table)")
     cluster = cluster_from_args(args, args.gpus)
+    if work.fp8 and cluster.hw.fp8_tflops is None:
+        raise ValueError(f"--fp8: {cluster.hw.name} has no FP8 tensor cores (plan bf16, or --gpu h100-80g / h200)")
     result = search(work, cluster, space, top=args.top, formula=formula, budget=args.sim_budget)
     if not result.plans:
         raise ValueError(_nothing_fits(work, cluster, result, args.show_rejected))
@@ -177,6 +195,8 @@ def run(args: argparse.Namespace) -> None:
         print(" ".join(emitted))
     else:
         print(_report(work, cluster, result, args.show_rejected))
+        if args.explain:
+            print(explain(work, cluster, result.plans[0]))
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -220,11 +240,20 @@ def model_from_args(args: argparse.Namespace) -> ModelConfig:
     if args.model:
         if any(x is not None for x in sizes):
             raise ValueError("give either --model or the size flags (--num-layers ...), not both")
-        return load_config(args.model)
+        cfg = load_config(args.model)
+        from hybrid.partition import MAX_BALANCED_LAYERS
+        if cfg.num_layers > MAX_BALANCED_LAYERS:
+            raise ValueError(f"--model {args.model}: {cfg.num_layers} layers; the planner splits at most "
+                             f"{MAX_BALANCED_LAYERS} over pipeline stages (published models have ~100)")
+        return cfg
     if any(x is None for x in sizes):
         raise ValueError("give --model (a preset or config.json directory) or all of --num-layers, --hidden-size "
                          "and --num-attention-heads")
     layers, hidden, heads = sizes
+    from hybrid.partition import MAX_BALANCED_LAYERS
+    if layers > MAX_BALANCED_LAYERS:  # the planner tries pp that do not divide them: the balanced split's tables
+        raise ValueError(f"--num-layers {layers}: the planner splits at most {MAX_BALANCED_LAYERS} layers over "
+                         f"pipeline stages (published models have ~100)")
     if hidden % heads:
         raise ValueError(f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads}")
     kv = args.num_query_groups or heads
@@ -250,7 +279,9 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
     return Workload(model, global_batch=args.global_batch_size, seq_length=seq,
                     pad_vocab_to=args.make_vocab_size_divisible_by, precision=Precision(args.precision),
                     activations=ActivationProfile(args.activation_profile),
-                    fp32_grads=args.accumulate_allreduce_grads_in_fp32)
+                    fp32_grads=args.accumulate_allreduce_grads_in_fp32,
+                    kernels=KernelProfile(args.kernels) if args.kernels else None, fp8=args.fp8,
+                    p2p=PipelineP2P(args.pipeline_p2p))
 
 
 def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
@@ -289,9 +320,41 @@ def _offloads(optimizer: bool | None, params: bool | None) -> tuple[Offload, ...
 
 # --- output -------------------------------------------------------------------------------------------
 
-def _header(width: int) -> str:
-    return (f"{'#':>2}  {'layout':<{width}} {'mem GB':>7} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} "
+def _on_host(hw) -> bool:
+    """CPU hardware (the cpu preset, a gloo calibration): train.py measures peak RSS there, not GPU memory."""
+    return hw.compute_units is not None or hw.name == "cpu"
+
+
+def _header(width: int, host: bool = False) -> str:
+    mem = "RSS MiB" if host else "mem GB"
+    return (f"{'#':>2}  {'layout':<{width}} {mem:>7} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} "
             f"{'MFU':>6} {'bubble':>7}")
+
+
+def _rate(tflops: float) -> str:
+    """TFLOP/s to 3 significant digits below 10 (a CPU's 0.0191, not 0.0), as train.py's log line prints it."""
+    return f"{tflops:.1f}" if tflops >= 10 else f"{tflops:.3g}"
+
+
+def _memory(plan: Plan, baseline: float | None) -> str:
+    """GB of the fullest device's demand; on a host (baseline: this process's resident bytes) the peak RSS a
+    rank reaches, as train.py's log measures it: the rank's tensors, without the GPU reserve, plus the process."""
+    if baseline is None:
+        return f"{plan.memory_gb:>7.1f}"
+    peak = plan.memory.peak
+    return f"{(peak.total - peak.workspace + baseline) / 2**20:>7,.0f}"
+
+
+def _units_line(host: bool, baseline: float | None) -> str:
+    """What the columns are, in the terms of train.py's iteration lines."""
+    if host:
+        return (f"units as train.py's log lines measure them: RSS MiB = the fullest rank's peak resident memory: "
+                f"its tensors (model states, activations) + {baseline / 2**20:,.0f} MiB, this process's size now "
+                f"(Python, torch: what a rank holds before its model); step s = ms/iter / 1000; tokens/s over all "
+                f"ranks; TFLOP/s = model FLOPs per rank per second (the log's TFLOP/s/device)")
+    return ("units: mem GB = the fullest GPU's demand with the planner's 2 GB CUDA/NCCL reserve (train.py's "
+            "'max allocated' counts tensors only: about this less 2 GB); step s = ms/iter / 1000; TFLOP/s = model "
+            "FLOPs per GPU per second (the log's TFLOP/s/device)")
 
 
 def _width(plans: list[Plan]) -> int:
@@ -303,30 +366,60 @@ def _count(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
-def _row(i: int, plan: Plan, width: int) -> str:
-    return (f"{i:>2}  {plan.layout.short():<{width}} {plan.memory_gb:>7.1f} {plan.time.total:>8.4g} "
-            f"{plan.tokens_per_s:>10,.0f} {plan.tflops_per_gpu:>8.1f} {100 * plan.mfu:>5.1f}% "
+def _row(i: int, plan: Plan, width: int, baseline: float | None = None) -> str:
+    return (f"{i:>2}  {plan.layout.short():<{width}} {_memory(plan, baseline)} {plan.time.total:>8.4g} "
+            f"{plan.tokens_per_s:>10,.0f} {_rate(plan.tflops_per_gpu):>8} {100 * plan.mfu:>5.1f}% "
             f"{100 * plan.bubble_fraction:>6.1f}%")
+
+
+def _baseline(hw) -> float | None:
+    """This process's resident bytes on host hardware (None on GPUs)."""
+    if not _on_host(hw):
+        return None
+    from hybrid.metrics.peak_memory import current_rss_bytes
+    return float(current_rss_bytes())
 
 
 def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> str:
     hw, cfg = cluster.hw, work.model
     lines = [f"{cfg.arch} {_count(cfg.num_parameters)} params, {cfg.num_layers} layers, h {cfg.hidden_size}, "
              f"{cfg.num_heads} heads ({cfg.num_kv_heads} kv) | {cluster.gpus} x {hw.name} "
-             f"({hw.capacity_bytes / GB:.4g} GB, {hw.peak_tflops:g} TFLOP/s, efficiency {hw.compute_efficiency:g}) | "
+             f"({hw.capacity_bytes / GB:.4g} GB, {hw.peak_tflops:g} TFLOP/s, efficiency {hw.compute_efficiency:.3g}) | "
              f"global batch {work.global_batch} x {work.seq_length} tokens",
              "layout: tp pp dp v(chunks/rank) b(micro-batch) z(ZeRO) [offload] [sp] recompute; "
              "TFLOP/s per GPU incl. recomputation; MFU without",
-             _header(_width(result.plans))]
-    lines += [_row(i + 1, p, _width(result.plans)) for i, p in enumerate(result.plans)]
+             _header(_width(result.plans), _on_host(hw))]
+    baseline = _baseline(hw)
+    lines += [_row(i + 1, p, _width(result.plans), baseline) for i, p in enumerate(result.plans)]
+    lines.append(_units_line(_on_host(hw), baseline))
     best = result.plans[0]
     t = best.time
     lines.append(f"best: step {t.total:.4g} s = pipeline {t.pipeline:.4g} (compute {t.compute:.4g}, TP comm "
                  f"{t.tp_comm:.4g}, bubble {100 * best.bubble_fraction:.1f}%) + DP sync {t.dp_comm:.4g} + "
                  f"optimizer {t.optimizer:.4g} + other {t.other:.4g}")
+    if best.layout.short() in result.notes:  # a zero-bubble schedule chosen: why (hybrid/planner/search.py)
+        lines.append(f"schedule: {result.notes[best.layout.short()]}")
     lines.append(f"searched {result.considered} layouts: {len(result.rejected)} rejected, {result.dominated} "
                  f"dominated (a variant with less recomputation/offload fits), {result.timed} simulated")
     lines += [f"  {_rejection_line(n, r)}" for n, r in summarize_rejections(result.rejected, show)]
+    return "\n".join(lines)
+
+
+def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
+    """The step of `plan` taken apart (time.TERMS): each term's seconds, its share, what it is, and the numbers
+    the compute terms rest on."""
+    t, hw = plan.time, cluster.hw
+    lines = [f"why {plan.layout.short()} takes {t.total:.4g} s a step ({work.kernel_profile.value} kernels, "
+             f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}):"]
+    for name, what in TERMS:
+        seconds = t.term(name)
+        lines.append(f"  {name:<13} {seconds:>10.4g} s {100 * seconds / t.total:>6.1f} %  {what}")
+    flash = f"flash attention at {hw.flash_efficiency:g} of peak" if hw.flash_efficiency else "attention as GEMMs"
+    lines.append(f"  on {hw.name}: GEMMs at up to {hw.compute_efficiency:g} x {hw.peak_tflops:g} TFLOP/s + "
+                 f"{hw.gemm_overhead_s * 1e6:.3g} us each; {flash}; memory-bound ops at "
+                 f"{hw.elementwise_bytes_per_s / 1e12:.3g} TB/s + {hw.kernel_overhead_s * 1e6:.3g} us a kernel; "
+                 f"one pipeline message {t.pp_comm * 1e3:.3g} ms; bubble {100 * t.bubble_fraction:.1f} % "
+                 f"(docs/planner.md \"Time\")")
     return "\n".join(lines)
 
 
@@ -368,7 +461,7 @@ def plan_json(work: Workload, plan: Plan) -> dict:
     return {
         "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "v": lay.v, "micro_batch": lay.micro_batch,
                    "zero_stage": int(lay.zero), "offload": lay.offload.value, "recompute": lay.recompute.value,
-                   "sequence_parallel": lay.sequence_parallel},
+                   "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule.value},
         "memory_gb": plan.memory_gb,
         "memory_per_stage_gb": [{"rank": r.rank, "parameters": r.parameters,
                                  "params": r.states.params / GB, "grads": r.states.grads / GB,
@@ -377,7 +470,8 @@ def plan_json(work: Workload, plan: Plan) -> dict:
                                  "host": r.states.host / GB} for r in plan.memory.ranks],
         "in_flight": list(plan.memory.in_flight.chunks),
         "step_seconds": t.total,
-        "time": {k: v for k, v in asdict(t).items() if k != "run"},
+        "time": {k: v for k, v in asdict(t).items() if k not in ("run", "terms")},
+        "terms": dict(t.terms),
         "simulated_m": list(t.run.simulated_m),
         "extrapolated": t.run.extrapolated,
         "tokens_per_s": plan.tokens_per_s,
@@ -417,10 +511,12 @@ def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula:
                           for n, r in rows], indent=2))
         return
     width = _width([r.plans[0] for _, r in rows if r.plans])
-    print(f"{'GPUs':>6}  " + _header(width)[4:])
+    hw = cluster_from_args(args, counts[0]).hw
+    baseline = _baseline(hw)
+    print(f"{'GPUs':>6}  " + _header(width, _on_host(hw))[4:])
     for n, r in rows:
         if r.plans:
-            print(f"{n:>6}  " + _row(1, r.plans[0], width)[4:])
+            print(f"{n:>6}  " + _row(1, r.plans[0], width, baseline)[4:])
         else:
             first = summarize_rejections(r.rejected, 1)
             print(f"{n:>6}  none fits: {_rejection_line(*first[0]) if first else 'no layout'}")

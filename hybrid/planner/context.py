@@ -224,5 +224,7 @@ def llama3_405b_131k() -> tuple[Workload, Cluster, SearchSpace, int]:
     from hybrid.planner.model import ActivationProfile
     from hybrid.planner.published import llama3_405b
     cfg = replace(llama3_405b(), max_position_embeddings=131072)
-    work = Workload(cfg, global_batch=128, seq_length=131072, activations=ActivationProfile.BF16_FLASH)
+    from hybrid.planner.ops import KernelProfile
+    work = Workload(cfg, global_batch=128, seq_length=131072, activations=ActivationProfile.BF16_FLASH,
+                    kernels=KernelProfile.FUSED)  # Meta's stack, fused, as published.py's 8k rows
     return work, Cluster(gpus=16384, hw=hardware("h100-80g")), SearchSpace(tp=(8,), pp=(16,), offload=(Offload.NONE,)), 16

@@ -61,8 +61,36 @@ GEMM_OVERHEAD_S = 6.4e-6
 H100_EFFICIENCY = 0.789
 H200_EFFICIENCY, H200_GEMM_OVERHEAD_S = 0.796, 21.4e-6
 H200_CUDA_BYTES = 150_109_880_320  # total_memory measured on an H200 (nvidia-smi says 143771 MiB: 615 MiB more)
-A100_EFFICIENCY = 0.727
+A100_EFFICIENCY = 0.706
 COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built by hand
+
+# Whole-layer terms beyond the GEMMs (ops.py prices each memory-bound op by its bytes and kernels). Where each
+# number comes from -- hybrid/planner/fit.py re-derives every fitted one from the rows that fitted it, and
+# tests/test_planner_fit.py checks the presets hold what it derives:
+#
+# * ELEMENTWISE_FRACTION: the achievable share of the data sheet's HBM bandwidth, **measured** on our H200 (a
+#   2 GiB device copy, read + write: 4.16 TB/s of 4.8, docs/results/gpu_h200.md, run 2); assumed alike on the A100
+#   and the H100 (same kind of HBM controller; not measured there).
+# * KERNEL_OVERHEAD_S: seconds per memory-bound kernel beyond its bytes, **fitted** to one row: our H200 run 3
+#   (a 1.2B Llama, s 4096, 8 micro-batches: forward + backward 0.7152 s; fit.fit_kernel_overhead), with the
+#   H200's GEMM curve, flash rate and copy rate fixed. Assumed the same on every GPU.
+# * FLASH_EFFICIENCY: flash attention's sustained share of the bf16 peak, **published** (abstracts): FlashAttention-2
+#   "reaching 50-73% of the theoretical maximum FLOPs/s on A100" (Dao 2023, arXiv 2307.08691; the lower end: a
+#   causal mask and the slower backward); FlashAttention-3: FlashAttention-2 reaches "only 35% utilization on the
+#   H100" (Shah et al. 2024, arXiv 2407.08608) -- what PyTorch's SDPA runs on Hopper.
+# * FP8 peaks: data sheets (dense, no sparsity): H100 / H200 SXM 1979 TFLOP/s; the A100 has no FP8 tensor cores.
+# * h100-96g-500w: the H100s torchtitan's published numbers ran on (pytorch/torchtitan docs/performance.md:
+#   Grand Teton hosts, "96GB HBM2e with 2.4 TB/sec", "the default 500W power limit", 400 Gb/s RDMA per GPU; their
+#   own note: its peak is "between SXM and NVL"). Its sustained clock relative to a 700 W H100 (H100_500W_CLOCK,
+#   scaling the GEMM asymptote and the flash rate) is **fitted** to one row, torchtitan's Table 1 (Llama 3.1 8B,
+#   FSDP on 8 GPUs, 5,762 tokens/s a GPU; fit.fit_h100_500w_clock); its capacity assumes the
+#   80 GB part's ratio of usable to nominal bytes (81559 MiB of 80 GiB) for 96 GiB.
+H100_500W_CLOCK = 0.670
+H100_96G_BYTES = round(96 * 2**30 * 81559 / 81920)
+ELEMENTWISE_FRACTION = 4.16 / 4.8
+KERNEL_OVERHEAD_S = 7.78e-6
+A100_FLASH, HOPPER_FLASH = 0.50, 0.35
+HOPPER_FP8_TFLOPS = 1979.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +128,7 @@ class GpuKind(enum.Enum):
 
     A100_80G = "a100-80g"
     H100_80G = "h100-80g"
+    H100_96G_500W = "h100-96g-500w"  # torchtitan's Grand Teton H100: 96 GB HBM2e, 2.4 TB/s, 500 W power limit
     H200 = "h200"
     CPU = "cpu"
 
@@ -140,8 +169,15 @@ class Hardware:
             hbm_tbps (a GPU, where they are bandwidth-bound). `hybrid calibrate` measures it from one real layer
             (on a CPU core GELU's tanh and softmax's exp are slower than moving their bytes).
         layer_forward_overhead_s, layer_backward_overhead_s: fixed seconds of one layer's forward / backward
-            pass beyond its kernels' work (framework overhead: Python, the dispatcher, autograd; kernel launch
-            gaps), calibrated with elementwise_tbps; 0 for the GPU presets (their e absorbs it).
+            pass beyond its kernels' work (framework overhead on a CPU: Python, the dispatcher, autograd),
+            calibrated with elementwise_tbps on a CPU; 0 on GPUs, where kernel_overhead_s prices it per kernel.
+        kernel_overhead_s: seconds each memory-bound kernel costs beyond its bytes (launch, the first and last
+            wave of a kernel too small to fill the device; ops.py counts the kernels), `hybrid calibrate`'s layer
+            fit on a GPU; 0 on CPUs (the per-pass costs above).
+        flash_efficiency: fraction of `peak_tflops` flash attention sustains on the FLOPs it executes (causal:
+            half the s x s square), forward and backward alike; None: the attention core is timed as its batched
+            GEMMs on the curve (a materialised softmax, or a CPU, whose calibrated layer fit includes it).
+        fp8_tflops: dense FP8 tensor-core peak, TFLOP/s (`--fp8`); None: the device has no FP8 GEMMs.
         compute_units: processors the devices of one node share, when they share (a CPU's cores, with one
             gloo rank per device and one thread per rank); None when each device computes on its own (GPUs).
             With more devices than units, `peak_tflops` is one device's rate while the others idle, and the
@@ -167,6 +203,9 @@ class Hardware:
     elementwise_tbps: float | None = None
     layer_forward_overhead_s: float = 0.0
     layer_backward_overhead_s: float = 0.0
+    kernel_overhead_s: float = 0.0
+    flash_efficiency: float | None = None
+    fp8_tflops: float | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -180,12 +219,17 @@ class Hardware:
             raise ValueError(f"--gpus-per-node must be a positive integer, got {self.gpus_per_node!r}")
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
-        for name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s"):
+        for name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
+                     "kernel_overhead_s"):
             if not getattr(self, name) >= 0:
                 flag = "--gemm-overhead" if name == "gemm_overhead_s" else name
                 raise ValueError(f"{flag} must be >= 0 seconds, got {getattr(self, name)}")
         if self.elementwise_tbps is not None and not self.elementwise_tbps > 0:
             raise ValueError(f"elementwise_tbps must be > 0 or None, got {self.elementwise_tbps}")
+        if self.flash_efficiency is not None and not 0 < self.flash_efficiency <= 1:
+            raise ValueError(f"flash_efficiency must be in (0, 1] or None, got {self.flash_efficiency}")
+        if self.fp8_tflops is not None and not self.fp8_tflops > 0:
+            raise ValueError(f"fp8_tflops must be > 0 or None, got {self.fp8_tflops}")
         if self.compute_units is not None and (not isinstance(self.compute_units, int) or self.compute_units < 1):
             raise ValueError(f"compute_units must be a positive integer or None, got {self.compute_units!r}")
 
@@ -211,10 +255,14 @@ class Hardware:
         """FLOP/s a large matmul approaches: peak x compute_efficiency (the GEMM curve's asymptote)."""
         return self.peak_tflops * 1e12 * self.compute_efficiency
 
-    def gemm_seconds(self, gemm: "Gemm", dtype_bytes: int) -> float:
-        """Seconds of one (batched) matmul: max(compute, operand traffic) + the fixed cost (the GEMM curve)."""
-        compute = gemm.flops / self.achievable_flops
-        traffic = dtype_bytes * gemm.operand_elements / (self.hbm_tbps * 1e12)
+    def gemm_seconds(self, gemm: "Gemm", dtype_bytes: int, fp8: bool = False) -> float:
+        """Seconds of one (batched) matmul: max(compute, operand traffic) + the fixed cost (the GEMM curve). With
+        `fp8` the product runs at the FP8 peak (same asymptotic efficiency) on 1-byte operands."""
+        if fp8 and self.fp8_tflops is None:
+            raise ValueError(f"--fp8: {self.name} has no FP8 tensor cores (plan bf16, or an h100 / h200)")
+        peak = self.fp8_tflops if fp8 else self.peak_tflops
+        compute = gemm.flops / (peak * 1e12 * self.compute_efficiency)
+        traffic = (1 if fp8 else dtype_bytes) * gemm.operand_elements / (self.hbm_tbps * 1e12)
         return max(compute, traffic) + self.gemm_overhead_s
 
     def gemm_flops(self, gemm: "Gemm", dtype_bytes: int) -> float:
@@ -234,16 +282,29 @@ PRESETS: dict[GpuKind, Hardware] = {
                                gpus_per_node=8, intra_node_gbps=230.0, inter_node_gbps=23.5, pcie_gbps=25.0,
                                host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,
                                memory_bytes=81920 * MIB, compute_efficiency=A100_EFFICIENCY,
-                               gemm_overhead_s=GEMM_OVERHEAD_S),
+                               gemm_overhead_s=GEMM_OVERHEAD_S, elementwise_tbps=2.039 * ELEMENTWISE_FRACTION,
+                               kernel_overhead_s=KERNEL_OVERHEAD_S, flash_efficiency=A100_FLASH),
     GpuKind.H100_80G: Hardware(name="h100-80g", peak_tflops=989.0, memory_gb=80.0, hbm_tbps=3.35,
                                gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
                                host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,
                                memory_bytes=81559 * MIB, compute_efficiency=H100_EFFICIENCY,
-                               gemm_overhead_s=GEMM_OVERHEAD_S),
+                               gemm_overhead_s=GEMM_OVERHEAD_S, elementwise_tbps=3.35 * ELEMENTWISE_FRACTION,
+                               kernel_overhead_s=KERNEL_OVERHEAD_S, flash_efficiency=HOPPER_FLASH,
+                               fp8_tflops=HOPPER_FP8_TFLOPS),
+    GpuKind.H100_96G_500W: Hardware(name="h100-96g-500w", peak_tflops=989.0, memory_gb=96.0, hbm_tbps=2.4,
+                                    gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
+                                    host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,
+                                    memory_bytes=H100_96G_BYTES,
+                                    compute_efficiency=H100_EFFICIENCY * H100_500W_CLOCK,
+                                    gemm_overhead_s=GEMM_OVERHEAD_S, elementwise_tbps=2.4 * ELEMENTWISE_FRACTION,
+                                    kernel_overhead_s=KERNEL_OVERHEAD_S,
+                                    flash_efficiency=HOPPER_FLASH * H100_500W_CLOCK, fp8_tflops=HOPPER_FP8_TFLOPS),
     GpuKind.H200: Hardware(name="h200", peak_tflops=989.0, memory_gb=141.0, hbm_tbps=4.8,
                            gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
                            host_memory_gb=2000.0, cpu_adam_params_per_s=5e9, memory_bytes=H200_CUDA_BYTES,
-                           compute_efficiency=H200_EFFICIENCY, gemm_overhead_s=H200_GEMM_OVERHEAD_S),
+                           compute_efficiency=H200_EFFICIENCY, gemm_overhead_s=H200_GEMM_OVERHEAD_S,
+                           elementwise_tbps=4.8 * ELEMENTWISE_FRACTION, kernel_overhead_s=KERNEL_OVERHEAD_S,
+                           flash_efficiency=HOPPER_FLASH, fp8_tflops=HOPPER_FP8_TFLOPS),
     GpuKind.CPU: Hardware(name="cpu", peak_tflops=1.0, memory_gb=64.0, hbm_tbps=0.1, gpus_per_node=8,
                           intra_node_gbps=5.0, inter_node_gbps=1.2, pcie_gbps=100.0, host_memory_gb=512.0,
                           cpu_adam_params_per_s=1e9, intra_latency_s=50e-6, inter_latency_s=100e-6),

@@ -16,6 +16,7 @@ from hybrid.partition import PartitionMethod, partition_layers, stage_costs_from
 from hybrid.pipeline import ScheduleKind
 from hybrid.planner.hardware import GroupPlacement, Hardware
 from hybrid.planner.model import ActivationProfile, Precision, Shard
+from hybrid.planner.ops import KernelProfile
 from models.common import Recompute  # noqa: F401  (re-exported: the runtime's enum is the planner's)
 from models.config import ModelConfig
 
@@ -37,6 +38,30 @@ class Offload(enum.Enum):
     OPTIMIZER_AND_PARAMS = "optimizer+params"  # also the fp16 parameters (ZeRO-3 only), fetched per use
 
 
+def recompute_at_most(a: Recompute, b: Recompute) -> bool:
+    """Does `a` recompute no more than `b` (so a fitting `a` is never slower)? NONE recomputes least and FULL
+    most; SELECTIVE (the attention core) and SELECTIVE_OP (cheap ops + every second matmul) are not comparable:
+    which costs more depends on the sequence length."""
+    order = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.SELECTIVE_OP: 1, Recompute.FULL: 2}
+    return a is b or order[a] < order[b]
+
+
+class PipelineP2P(enum.Enum):
+    """How a pipeline's point-to-point messages meet the compute (`--pipeline-p2p`)."""
+
+    OVERLAPPED = "overlapped"  # posted without blocking; a compute waits only for its own input (this runtime,
+    #                            Megatron-core's overlapped p2p): the simulation places each message
+    BLOCKING = "blocking"  # each send and receive completes before the rank computes on (DeepSpeed's pipeline
+    #                        engine): every pass pays latency + bytes for each message it exchanges
+    BLOCKING_SCATTER = "blocking-scatter"  # blocking as above, with Megatron-LM's scatter-gather (Narayanan et
+    #                        al. 2021 Sec. 4.1): each of the t TP ranks sends 1/t of the message on its own link,
+    #                        an all-gather over NVLink rebuilds it (Megatron-LM 2021-22's schedules)
+
+    @property
+    def blocking(self) -> bool:
+        return self is not PipelineP2P.OVERLAPPED
+
+
 @dataclass(frozen=True)
 class Layout:
     """One candidate layout: the sizes and switches `scripts/train.py` takes.
@@ -52,6 +77,8 @@ class Layout:
         offload: what lives in host memory.
         recompute: activation recomputation (`--recompute-granularity`).
         sequence_parallel: split norms / dropout along the sequence over TP (`--sequence-parallel`).
+        zero_bubble: the ZB-H1 schedule (`--pipeline-schedule zbh1`, Qi et al. 2024): each backward split into
+            B (input gradient) and a deferred W (weight gradients) filling 1F1B's bubble; v = 1, pp >= 2.
     """
 
     tp: int = 1
@@ -63,6 +90,7 @@ class Layout:
     offload: Offload = Offload.NONE
     recompute: Recompute = Recompute.NONE
     sequence_parallel: bool = False
+    zero_bubble: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--tensor-model-parallel-size", self.tp), ("--pipeline-model-parallel-size", self.pp),
@@ -75,6 +103,8 @@ class Layout:
         for name, kind in (("offload", Offload), ("recompute", Recompute)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"Layout.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if self.zero_bubble and (self.v != 1 or self.pp < 2):
+            raise ValueError(f"--pipeline-schedule zbh1 needs one chunk a rank and pp >= 2, got v {self.v}, pp {self.pp}")
 
     @property
     def world(self) -> int:
@@ -82,7 +112,10 @@ class Layout:
 
     @property
     def schedule(self) -> ScheduleKind:
-        """1F1B with one chunk per rank, interleaved 1F1B with several (Narayanan et al. 2021)."""
+        """1F1B with one chunk per rank, interleaved 1F1B with several (Narayanan et al. 2021); ZB-H1 with
+        `zero_bubble`."""
+        if self.zero_bubble:
+            return ScheduleKind.ZB_H1
         return ScheduleKind.ONE_F_ONE_B if self.v == 1 else ScheduleKind.INTERLEAVED
 
     def short(self) -> str:
@@ -94,6 +127,8 @@ class Layout:
         if self.sequence_parallel:
             bits.append("sp")
         bits.append(self.recompute.value)
+        if self.zero_bubble:
+            bits.append("zbh1")
         return " ".join(bits)
 
 
@@ -116,6 +151,17 @@ class Workload:
             (`--accumulate-allreduce-grads-in-fp32`; Megatron's default with --bf16): 4 gradient bytes a
             parameter instead of 2 (ZeRO 0: 2 + 4 + 12 = 18), twice the DP gradient traffic, and no separate fp32
             master-gradient copy in the step.
+        kernels: how the non-matmul ops are implemented (`--kernels`; hybrid/planner/ops.py): FUSED
+            (Megatron-LM / Megatron-core, apex, Transformer Engine) or EAGER (plain PyTorch: this runtime,
+            torchtitan without torch.compile); None: FUSED for the korthikanti profile, EAGER for the flash
+            profiles (`kernel_profile`).
+        fp8: the linear layers' GEMMs in FP8 (`--fp8`; Transformer Engine / torchao float8): at the device's FP8
+            peak, their saved inputs 1 byte, casts and amax reductions added to the memory-bound work, the FP8
+            casts of the computing layer's weights (and transposes) and the per-tensor scales in memory. The LM
+            head and the attention stay bf16. The planner only: the runtime's FP8 waits for a GPU.
+        p2p: how the pipeline's messages block (`--pipeline-p2p`): OVERLAPPED (this runtime, Megatron-core),
+            BLOCKING (DeepSpeed's pipeline engine: each pass also pays its messages, latency + bytes) or
+            BLOCKING_SCATTER (Megatron-LM 2021-22: blocking, each TP rank sending 1/t, NVLink all-gather).
     """
 
     model: ModelConfig
@@ -125,6 +171,9 @@ class Workload:
     precision: Precision = Precision.MIXED
     activations: ActivationProfile = ActivationProfile.KORTHIKANTI
     fp32_grads: bool = False
+    kernels: KernelProfile | None = None
+    fp8: bool = False
+    p2p: PipelineP2P = PipelineP2P.OVERLAPPED
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
@@ -137,7 +186,21 @@ class Workload:
         if self.fp32_grads and self.precision is not Precision.MIXED:
             raise ValueError("--accumulate-allreduce-grads-in-fp32 needs --precision mixed (fp32 gradients are "
                              "already 4 bytes); drop the flag or plan mixed precision")
+        if self.kernels is not None and not isinstance(self.kernels, KernelProfile):
+            raise ValueError(f"Workload.kernels must be a KernelProfile, got {self.kernels!r}")
+        if self.fp8 and self.precision is not Precision.MIXED:
+            raise ValueError("--fp8 needs --precision mixed (FP8 GEMMs keep bf16 parameters and fp32 master "
+                             "weights); drop --fp8 or plan mixed precision")
         self.shard(1)  # ValueError now if the activation profile cannot describe the model
+
+    @property
+    def kernel_profile(self) -> KernelProfile:
+        """`kernels`, or its default by activation profile: FUSED for korthikanti (Megatron's runs, with their
+        fused kernels), EAGER for the flash profiles (this runtime on CPU and GPU, PyTorch-native trainers such as
+        torchtitan); a fused flash stack (Megatron-core with Transformer Engine) says --kernels fused."""
+        if self.kernels is not None:
+            return self.kernels
+        return KernelProfile.FUSED if self.activations is ActivationProfile.KORTHIKANTI else KernelProfile.EAGER
 
     @property
     def grad_bytes(self) -> int:
@@ -147,7 +210,7 @@ class Workload:
 
     def shard(self, tp: int) -> Shard:
         """The model seen from one TP rank at size tp, with this workload's vocabulary padding and profile."""
-        return Shard(self.model, tp, self.padded_vocab(tp), self.activations)
+        return Shard(self.model, tp, self.padded_vocab(tp), self.activations, self.fp8)
 
     def padded_vocab(self, tp: int) -> int:
         """Vocabulary rows after padding to a multiple of pad_vocab_to x tp (hybrid/tp/layers.vocab_spec)."""

@@ -59,6 +59,7 @@ class Shard:
     t: int
     vocab: int
     profile: ActivationProfile = ActivationProfile.KORTHIKANTI
+    fp8: bool = False
 
     def __post_init__(self) -> None:
         if self.profile is ActivationProfile.FP32_FLASH and self.cfg.dropout > 0:
@@ -164,6 +165,39 @@ class Shard:
             return ()
         return self.attention_core_gemms(b, s)[:1]
 
+    def linear_gemms_in_order(self, b: int, s: int) -> tuple[Gemm, ...]:
+        """The layer's linears one by one in the order its forward runs them, as the runtime's separate
+        projections: q, k, v, o, then GELU's c_fc, c_proj or SwiGLU's gate, up, down."""
+        h, tokens = self.cfg.hidden_size, b * s
+        ups = (Gemm(tokens, self.ffn_width, h),) * (self.mlp_matrices - 1)
+        return (Gemm(tokens, self.q_width, h), Gemm(tokens, self.kv_width, h), Gemm(tokens, self.kv_width, h),
+                Gemm(tokens, h, self.q_width), *ups, Gemm(tokens, h, self.ffn_width))
+
+    def selective_op_rerun_gemms(self, b: int, s: int) -> tuple[Gemm, ...]:
+        """SELECTIVE_OP (torchtitan's op-level SAC policy, models/common.py `sac_policy`): the matmuls whose
+        outputs are not kept -- every second one in forward order (k, o and, SwiGLU, up; GELU, c_proj) -- rerun
+        in backward."""
+        return self.linear_gemms_in_order(b, s)[1::2]
+
+    def selective_op_kept_bytes(self, b: int, s: int, sp: bool) -> float:
+        """SELECTIVE_OP, bytes one layer keeps per micro-batch: its input (sequence-split under SP), the outputs of
+        the odd-numbered matmuls (q, v, c_fc or gate, and down: a row-parallel product's local output is h wide)
+        and the attention's output and logsumexp (fp32, a / t a token)."""
+        elem = FP32 if self.profile is ActivationProfile.FP32_FLASH else ACT_BYTES
+        tokens, h = b * s, self.cfg.hidden_size
+        widths = [g.n for g in self.linear_gemms_in_order(b, s)[0::2]]
+        lse = (self.cfg.num_heads // self.t) * FP32
+        return tokens * (elem * (h / (self.t if sp else 1) + sum(widths) + self.q_width) + lse)
+
+    def selective_op_extra_bytes(self, b: int, s: int) -> float:
+        """SELECTIVE_OP: stored outputs that autograd would not have saved (Llama's q before RoPE, whose rotation
+        saves only cos and sin, and down's output, which nothing saves): while a layer is rerun they exist beside
+        its recomputed set. None for GPT-2 (its q, v and c_fc outputs are saved tensors anyway)."""
+        if self.is_gpt2:
+            return 0.0
+        elem = FP32 if self.profile is ActivationProfile.FP32_FLASH else ACT_BYTES
+        return b * s * elem * (self.q_width + self.cfg.hidden_size)
+
     def layer_gemms(self, b: int, s: int) -> tuple[Gemm, ...]:
         """Every matmul of one layer's forward; FLOPs sum to layer_forward_flops."""
         return self.layer_linear_gemms(b, s) + self.attention_core_gemms(b, s)
@@ -193,12 +227,14 @@ class Shard:
             return self._runtime_layer_terms(b, s, sp)
         cfg, h = self.cfg, self.cfg.hidden_size
         dropout = cfg.dropout > 0
+        g = 1 if self.fp8 else ACT_BYTES  # a linear's saved input: its FP8 cast under --fp8 (TE, torchao float8)
         # four (s, b, h) tensors -- two norm inputs, the QKV input, the first MLP GEMM's input -- and two masks
-        replicated = 4 * s * b * h * ACT_BYTES + (2 * s * b * h * MASK_BYTES if dropout else 0)
+        replicated = s * b * h * (2 * ACT_BYTES + 2 * g) + (2 * s * b * h * MASK_BYTES if dropout else 0)
         if sp:
             replicated /= self.t
-        mlp = (2 if self.is_gpt2 else 4) * self.ffn_width
-        split = s * b * (self.q_width + 2 * self.kv_width + self.q_width + mlp) * ACT_BYTES
+        # MLP: GELU's input and c_proj's input; SwiGLU's gate, up, silu(gate) and down's input
+        mlp = ((1 if self.is_gpt2 else 3) * ACT_BYTES + g) * self.ffn_width
+        split = s * b * ((self.q_width + 2 * self.kv_width) * ACT_BYTES + self.q_width * g + mlp)
         if self.profile is ActivationProfile.BF16_FLASH:
             return replicated, split, (cfg.num_heads // self.t) * s * b * FP32
         per_score = ACT_BYTES + (MASK_BYTES + ACT_BYTES if dropout else 0)

@@ -98,7 +98,8 @@ def tp_ledger(shard: Shard, b: int, s: int, layers: int, first: bool, last: bool
         bsh = b * s * shard.cfg.hidden_size * elem_bytes
         _pairs(fwd, bsh, 2 * layers, sp)
         _pairs(bwd, bsh, 2 * layers, sp)
-        if recompute is Recompute.FULL:  # the rerun forward, up to the attention output's collective
+        if recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):  # the rerun forward, up to the attention
+            # output's collective (selective-op reruns o_proj, whose reduced output the MLP's norm reads)
             bwd.add(Collective.ALL_GATHER if sp else Collective.ALL_REDUCE, "tp", bsh, (2 if sp else 1) * layers)
             if sp:
                 bwd.add(Collective.REDUCE_SCATTER, "tp", bsh, layers)

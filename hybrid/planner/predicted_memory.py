@@ -54,7 +54,7 @@ from hybrid.planner.hardware import GB
 from hybrid.planner.layout import Cluster, Layout, Offload, Recompute, Workload, ZeroStage, stage_layers
 from hybrid.planner.model import Precision, Shard
 from hybrid.pipeline import ScheduleKind
-from hybrid.planner.schedule import InFlight, in_flight
+from hybrid.planner.schedule import InFlight, in_flight, kept_gradient_bytes
 
 ADAM_K = 12  # bytes of optimizer state per parameter: fp32 master, momentum, variance
 PARAM_BYTES = 2  # fp16 / bf16 parameters (Precision.MIXED)
@@ -208,12 +208,18 @@ def layer_activation_bytes(shard: Shard, b: int, s: int, sp: bool, recompute: Re
     of which the input is already held (the first norm saves that very tensor), so it adds set - input.
     Selective: the attention core re-saves its own tensors during its backward, after the same layer's MLP
     backward has freed the MLP intermediates: it adds only what exceeds them (nothing for flash attention,
-    whose core is a logsumexp; the materialised softmax of the Korthikanti profile can exceed them)."""
+    whose core is a logsumexp; the materialised softmax of the Korthikanti profile can exceed them).
+    Selective-op (torchtitan's SAC): the layer input, every other matmul's output and the attention output stay
+    (Shard.selective_op_kept_bytes); the backward reruns the rest of the layer, which exists again while that
+    layer's backward runs, as under full recomputation."""
     replicated, split, core = shard.layer_activation_terms(b, s, sp)
     if recompute is Recompute.NONE:
         return replicated + split + core, 0.0
     if recompute is Recompute.SELECTIVE:
         return replicated + split, max(0.0, core - shard.mlp_activation_bytes(b, s))
+    if recompute is Recompute.SELECTIVE_OP:  # the outputs the policy stores; the rest is rerun one layer at a time
+        kept = shard.selective_op_kept_bytes(b, s, sp)
+        return kept, max(0.0, replicated + split + core - kept) + shard.selective_op_extra_bytes(b, s)
     kept = shard.layer_input_bytes(b, s, sp)
     return kept, replicated + split + core - kept
 
@@ -250,7 +256,28 @@ def _rank_parts(work: Workload, layout: Layout, schedule: ScheduleKind | None = 
     flight, acts, extra = _activations(work, layout.tp, layout.pp, layout.dp, layout.v, layout.micro_batch,
                                        layout.sequence_parallel, layout.recompute, schedule or layout.schedule)
     bufs = _zero3_buffers(work, layout) if layout.zero is ZeroStage.PARAMETERS else (0.0,) * layout.pp
+    if work.fp8:
+        bufs = tuple(b + f for b, f in zip(bufs, _fp8_buffers(work, layout)))
     return flight, rank_parameters(work, layout), acts, bufs, extra
+
+
+FP8_AMAX_HISTORY = 1024  # Transformer Engine's default amax history, fp32, per scaled tensor
+
+
+def _fp8_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
+    """--fp8: the FP8 casts of a layer's linear weights and their transposes (1 + 1 bytes a weight), made as the
+    layer runs (torchao float8's dynamic scaling, Megatron's FP8 parameters: no persistent second copy) -- the
+    layer computing and the next one, as ZeRO 3 buffers -- and three scaled tensors' amax histories and scales
+    per linear (input, weight, output gradient)."""
+    shard = work.shard(layout.tp)
+    layers = stage_layers(work.model, layout.pp, layout.v, work.seq_length)
+    linears = 4 + shard.mlp_matrices
+    out = []
+    for r in range(layout.pp):
+        n = sum(layers[c * layout.pp + r] for c in range(layout.v))
+        weights = shard.layer_matmul_params() * min(2, n)
+        out.append(2.0 * weights + n * linears * 3 * 4 * (FP8_AMAX_HISTORY + 1))
+    return tuple(out)
 
 
 @lru_cache(maxsize=4096)
@@ -277,6 +304,8 @@ def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: 
     # recomputed: the peak is end-of-forward plus the larger of the two
     rerun = working if layers[-1] else 0.0
     acts[-1] += flight.last_chunk * head - min(head, rerun)
+    for r in range(1, pp) if kind.splits_backward else ():  # zero bubble: what B keeps for W (stage 0 keeps none)
+        acts[r] += flight.weight_pending[r] * kept_gradient_bytes(shard, b, s, sp, layers[r], r == pp - 1)
     extra = [0.0] * pp
     extra[-1] = max(0.0, shard.head_backward_transient_bytes(b, s) - max(0.0, rerun - head))
     return flight, tuple(acts), tuple(extra)

@@ -2,6 +2,13 @@
 
     python -m hybrid.planner.published        # prints the table of docs/planner.md "Published runs"
 
+Held-out discipline, in code: every run has a `Role`. FIT rows may set a constant of the model -- each names the
+constant it fitted (`PublishedRun.fits`; hybrid/planner/fit.py re-derives it from that row) -- and CHECK rows
+only check. `summary(runs)` reports the check rows' signed mean error, median |error| and spread apart from the
+fit rows'. Two published rows fit: Korthikanti's 22B step with full recomputation (the A100's GEMM asymptote) and
+torchtitan's Table 1 (the 500 W, HBM2e H100's sustained clock); the third fitted constant, the per-kernel latency,
+comes from our own H200 run. Every other row, the ones added for issue 26 included, is a CHECK row.
+
 Each run gives its layout as published. Whatever the source leaves out the planner picks (micro-batch, chunks per
 rank, ZeRO stage, recomputation, sequence parallelism). Each prediction is compared with the one number the source
 states, in the source's own unit:
@@ -31,8 +38,9 @@ import enum
 from dataclasses import dataclass
 
 from hybrid.planner.hardware import hardware
-from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
+from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile
+from hybrid.planner.ops import KernelProfile
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.search import Plan, SearchSpace, search
@@ -45,6 +53,14 @@ class Metric(enum.Enum):
 
     STEP_S = "step time, s"
     MODEL_TFLOPS = "model TFLOP/s per GPU"
+    TOKENS_PER_GPU = "tokens/s per GPU"
+
+
+class Role(enum.Enum):
+    """What a published row may do: fit a constant (FIT) or only check the model (CHECK)."""
+
+    FIT = "fit"
+    CHECK = "check"
 
 
 @dataclass(frozen=True)
@@ -61,11 +77,19 @@ class PublishedRun:
     published: float
     inter_node_gbps: float | None = None
     sim_budget: float = SIM_BUDGET
+    role: Role = Role.CHECK
+    fits: str = ""
+    memory_gib: float | None = None
+    notes: str = ""
 
-    def predict(self) -> Plan:
+    def hardware(self):
         hw = hardware(self.gpu)
         if self.inter_node_gbps is not None:
             hw = hw.with_overrides(inter_node_gbps=self.inter_node_gbps)
+        return hw
+
+    def predict(self) -> Plan:
+        hw = self.hardware()
         result = search(self.workload, Cluster(gpus=self.gpus, hw=hw), self.space, top=1,
                         formula=FlopsFormula.EXACT, budget=self.sim_budget)
         if not result.plans:
@@ -76,7 +100,15 @@ class PublishedRun:
         """The prediction in the source's unit."""
         if self.metric is Metric.STEP_S:
             return self.workload.global_batch * self.workload.seq_length / plan.tokens_per_s
+        if self.metric is Metric.TOKENS_PER_GPU:
+            return plan.tokens_per_s / self.gpus
         return plan.mfu * hardware(self.gpu).peak_tflops
+
+    def throughput_error(self, plan: Plan) -> float:
+        """Predicted / published throughput - 1 (for a step time: published / predicted - 1): positive means the
+        planner is optimistic, whatever the unit."""
+        got = self.value(plan)
+        return self.published / got - 1 if self.metric is Metric.STEP_S else got / self.published - 1
 
 
 def llama3_405b() -> ModelConfig:
@@ -103,14 +135,18 @@ def korthikanti_runs() -> list[PublishedRun]:
     for name, a, h, layers, pp, gpus, batch, b, v, full_s, selective_s in KORTHIKANTI_TABLE5:
         # 2-byte gradients, as the Narayanan rows (reference.py): the paper does not state fp16 or bf16, and only
         # Megatron's --bf16 defaults to fp32 main grads
-        work = Workload(gpt_model(layers, h, a, 51200, 2048), global_batch=batch, seq_length=2048)
+        work = Workload(gpt_model(layers, h, a, 51200, 2048), global_batch=batch, seq_length=2048,
+                        p2p=PipelineP2P.BLOCKING_SCATTER)  # Megatron-LM 2022: waited on, scatter-gather
         for recompute, sp, seconds in ((Recompute.FULL, False, full_s), (Recompute.SELECTIVE, True, selective_s)):
             space = SearchSpace(tp=(8,), pp=(pp,), v=(v,), micro_batch=(b,), zero=(ZeroStage.NONE,),
                                 offload=(Offload.NONE,), recompute=(recompute,), sequence_parallel=(sp,))
             mode = "selective + SP" if sp else "full recompute"
+            fit = name == "22B" and recompute is Recompute.FULL  # the A100's GEMM asymptote (fit.py)
             runs.append(PublishedRun(f"{name}, {gpus} A100 80GB, t8 p{pp} d1 v{v}, {mode}", KORTHIKANTI_SOURCE,
                                      work, "a100-80g", gpus, space, Metric.STEP_S, seconds,
-                                     sim_budget=pp * (batch // b * v) ** 2))  # the whole step, simulated
+                                     sim_budget=pp * (batch // b * v) ** 2,  # the whole step, simulated
+                                     role=Role.FIT if fit else Role.CHECK,
+                                     fits="A100_EFFICIENCY (fit.fit_a100_efficiency)" if fit else ""))
     return runs
 
 
@@ -121,14 +157,16 @@ LLAMA_SOURCE = "Llama 3 Herd of Models (arXiv 2407.21783) Table 4, via stevengon
 def published_runs() -> list[PublishedRun]:
     # fp32 gradients: the source README says the BF16_Optimizer "accumulates grads in fp32" in a static fp32 buffer
     # it does not shard ("4 bytes * params of additional memory"): ZeRO 1 with a 4-byte unsharded gradient
-    bloom = Workload(gpt_model(70, 14336, 112, 250880, 2048), global_batch=2048, seq_length=2048, fp32_grads=True)
+    bloom = Workload(gpt_model(70, 14336, 112, 250880, 2048), global_batch=2048, seq_length=2048, fp32_grads=True,
+                     p2p=PipelineP2P.BLOCKING)
     bloom_space = SearchSpace(tp=(4,), pp=(12,), v=(1,), micro_batch=(2,), zero=(ZeroStage.OPTIMIZER,),
                               offload=(Offload.NONE,), recompute=(Recompute.FULL,), sequence_parallel=(False,))
     # assumed, not stated in our source: flash attention, as every 2024 stack training at s 8192 uses.
     # Korthikanti's materialised softmax, 16 heads a rank x 8192^2 x 2 bytes = 2.1 GB a layer and
     # micro-batch, would force full recomputation
     # 2-byte gradients: our source for these rows (Table 4, via a third-party page) does not state the gradient dtype
-    llama = Workload(llama3_405b(), global_batch=2048, seq_length=8192, activations=ActivationProfile.BF16_FLASH)
+    llama = Workload(llama3_405b(), global_batch=2048, seq_length=8192, activations=ActivationProfile.BF16_FLASH,
+                     kernels=KernelProfile.FUSED)  # Meta's production stack: fused kernels (assumed)
     llama_space = SearchSpace(tp=(8,), pp=(16,), offload=(Offload.NONE,))
     return [PublishedRun("BLOOM-176B, 384 A100 80GB, t4 p12 d8", BLOOM_SOURCE, bloom, "a100-80g", 384, bloom_space,
                          Metric.STEP_S, 104.70, inter_node_gbps=4 * 100 / 8 / 8),
@@ -138,16 +176,156 @@ def published_runs() -> list[PublishedRun]:
                          llama_space, Metric.MODEL_TFLOPS, 400.0)]
 
 
+def llama_model(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int,
+                seq: int) -> ModelConfig:
+    """A Llama 2 / 3 block: RMSNorm, SwiGLU, RoPE, GQA, no biases, no dropout, untied head."""
+    return ModelConfig(arch=ARCH_LLAMA, vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
+                       num_kv_heads=kv_heads, head_dim=hidden // heads, ffn_hidden_size=ffn,
+                       max_position_embeddings=seq, norm_eps=1e-5, tie_embeddings=False, qkv_bias=False,
+                       mlp_bias=False, out_bias=False, activation="silu", dropout=0.0)
+
+
+LLAMA3_8B = (32, 4096, 32, 8, 14336, 128256)
+LLAMA3_70B = (80, 8192, 64, 8, 28672, 128256)
+LLAMA2_13B = (40, 5120, 40, 40, 13824, 32000)
+LLAMA2_70B = (80, 8192, 64, 8, 28672, 32000)
+
+MTNLG_SOURCE = ("Smith et al. 2022, Megatron-Turing NLG 530B (arXiv 2201.11990) Sec. 2.4: 60.1 / 50.2 / 44.4 s an "
+                "iteration on 280 / 350 / 420 DGX A100 nodes (126 / 121 / 113 TFLOP/s a GPU)")
+
+
+def mtnlg_runs() -> list[PublishedRun]:
+    """MT-NLG 530B on Selene (DGX A100 80GB, HDR InfiniBand): Megatron tensor slicing 8 inside a node, DeepSpeed's
+    pipeline engine over 35 stages (1F1B, no interleaving), data parallel 8 / 10 / 12, global batch 1920 x 2048
+    tokens, 105 layers, h 20480, 128 heads, vocabulary 50272 (Megatron pads it to 51200 at t 8). Micro-batch 1 and
+    full activation checkpointing, as the paper's pipeline discussion implies (not stated per row); Megatron's
+    fused kernels, the materialised softmax. The planner picks ZeRO 0 or 1 (not stated)."""
+    work = Workload(gpt_model(105, 20480, 128, 51200, 2048), global_batch=1920, seq_length=2048,
+                    p2p=PipelineP2P.BLOCKING)
+    runs = []
+    for nodes, seconds in ((280, 60.1), (350, 50.2), (420, 44.4)):
+        space = SearchSpace(tp=(8,), pp=(35,), v=(1,), micro_batch=(1,), zero=(ZeroStage.NONE, ZeroStage.OPTIMIZER),
+                            offload=(Offload.NONE,), recompute=(Recompute.FULL,), sequence_parallel=(False,))
+        gpus = 8 * nodes
+        runs.append(PublishedRun(f"MT-NLG 530B, {gpus} A100 80GB, t8 p35 d{gpus // 280}", MTNLG_SOURCE, work,
+                                 "a100-80g", gpus, space, Metric.STEP_S, seconds, sim_budget=35 * 240.0 ** 2))
+    return runs
+
+
+TORCHTITAN_A100_SOURCE = ("pytorch/torchtitan docs/performance.md (2024 version: FSDP2 on 64 A100 80GB, "
+                          "local batch 1-2, tokens/s a GPU)")
+TORCHTITAN_H100_SOURCE = ("pytorch/torchtitan docs/performance.md (Dec 2024: Grand Teton H100 96GB HBM2e 500 W; "
+                          "Tables 1, 3, 4; TPS a GPU at iteration 90, memory = torch's peak reserved, GiB)")
+
+
+def _torchtitan(name: str, source: str, arch: tuple, seq: int, gpus: int, local_batch: int, recompute: Recompute,
+                published: float, gpu: str, kernels: KernelProfile = KernelProfile.EAGER, fp8: bool = False,
+                tp: int = 1, role: Role = Role.CHECK, fits: str = "", memory_gib: float | None = None,
+                notes: str = "") -> PublishedRun:
+    """A torchtitan run: FSDP2 (ZeRO 3 over dp = gpus / tp ranks, fp32 master parameters sharded as ZeRO 3's 16
+    bytes a parameter), bf16 compute, SDPA flash attention, Llama at `seq` tokens, one micro-batch of
+    `local_batch` sequences per DP rank. Eager PyTorch unless torch.compile (FUSED) is stated."""
+    work = Workload(llama_model(*arch, seq), global_batch=local_batch * gpus // tp, seq_length=seq,
+                    activations=ActivationProfile.BF16_FLASH, kernels=kernels, fp8=fp8)
+    space = SearchSpace(tp=(tp,), pp=(1,), v=(1,), micro_batch=(local_batch,), zero=(ZeroStage.PARAMETERS,),
+                        offload=(Offload.NONE,), recompute=(recompute,), sequence_parallel=(tp > 1,))
+    return PublishedRun(name, source, work, gpu, gpus, space, Metric.TOKENS_PER_GPU, published, role=role, fits=fits,
+                        memory_gib=memory_gib, notes=notes)
+
+
+def torchtitan_runs() -> list[PublishedRun]:
+    """torchtitan's published tokens/s: the 2024 A100 tables (selective-op = its op-level SAC, full AC; the
+    "selective layer" rows -- full AC on every second layer -- are left out: no planner mode) and the December
+    2024 H100 tables (Table 1 fits the 500 W card's clock, fit.py; Tables 3 and 4 check; torch.compile as the
+    FUSED profile; Float8 as --fp8; Table 4's AsyncTP row left out)."""
+    a100, h100 = TORCHTITAN_A100_SOURCE, TORCHTITAN_H100_SOURCE
+    sop, full, none = Recompute.SELECTIVE_OP, Recompute.FULL, Recompute.NONE
+    fused = KernelProfile.FUSED
+    return [
+        _torchtitan("torchtitan Llama 3 8B, 64 A100, FSDP, b1, selective-op", a100, LLAMA3_8B, 8192, 64, 1, sop,
+                    2973, "a100-80g"),
+        _torchtitan("torchtitan Llama 3 70B, 64 A100, FSDP, b1, full", a100, LLAMA3_70B, 8192, 64, 1, full, 331,
+                    "a100-80g"),
+        _torchtitan("torchtitan Llama 2 13B, 64 A100, FSDP, b2, no AC", a100, LLAMA2_13B, 4096, 64, 2, none, 2162,
+                    "a100-80g"),
+        _torchtitan("torchtitan Llama 2 13B, 64 A100, FSDP, b2, selective-op", a100, LLAMA2_13B, 4096, 64, 2, sop,
+                    1904, "a100-80g"),
+        _torchtitan("torchtitan Llama 2 70B, 64 A100, FSDP, b1, selective-op", a100, LLAMA2_70B, 4096, 64, 1, sop,
+                    355, "a100-80g"),
+        _torchtitan("torchtitan Llama 2 70B, 64 A100, FSDP, b2, full", a100, LLAMA2_70B, 4096, 64, 2, full, 353,
+                    "a100-80g"),
+        _torchtitan("torchtitan Llama 3.1 8B, 8 H100 500W, FSDP, b2, selective-op", h100, LLAMA3_8B, 8192, 8, 2, sop,
+                    5762, "h100-96g-500w", role=Role.FIT, fits="H100_500W_CLOCK (fit.fit_h100_500w_clock)",
+                    memory_gib=82.4),
+        _torchtitan("torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile, b2, selective-op", h100, LLAMA3_8B, 8192,
+                    8, 2, sop, 6667, "h100-96g-500w", kernels=fused, memory_gib=77.0),
+        _torchtitan("torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile + Float8, b2, selective-op", h100,
+                    LLAMA3_8B, 8192, 8, 2, sop, 8532, "h100-96g-500w", kernels=fused, fp8=True, memory_gib=76.8),
+        _torchtitan("torchtitan Llama 3.1 8B, 128 H100 500W, FSDP, b2, selective-op", h100, LLAMA3_8B, 8192, 128, 2,
+                    sop, 5605, "h100-96g-500w", memory_gib=67.0),
+        _torchtitan("torchtitan Llama 3.1 8B, 128 H100 500W, FSDP + compile, b2, selective-op", h100, LLAMA3_8B,
+                    8192, 128, 2, sop, 6514, "h100-96g-500w", kernels=fused, memory_gib=62.0),
+        _torchtitan("torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x TP 8 + compile + Float8, b16, full", h100,
+                    LLAMA3_70B, 8192, 256, 16, full, 829, "h100-96g-500w", kernels=fused, fp8=True, tp=8,
+                    memory_gib=71.9),
+    ] + torchtitan_pipeline_runs()
+
+
+def torchtitan_pipeline_runs() -> list[PublishedRun]:
+    """torchtitan's Table 5: Llama 3.1 405B on 512 of the 500 W H100s, FSDP 8 x TP 8 x PP 8, local batch 32 (global
+    256) at s 8192, full AC, torch.compile, Float8, AsyncTP; 1F1B 100 and interleaved 1F1B 128 tokens/s a GPU.
+    Assumed, not stated in the table: torchtitan's default of as many micro-batches as pipeline stages (8, so
+    micro-batch 4) and two stages a rank when interleaved; sequence parallelism with its TP. AsyncTP's overlap
+    is not modelled. The measured memory (82.5 / 72.7 GiB) is far above the plan's: with a pipeline torchtitan
+    keeps each stage's parameters unsharded across the micro-batches (FSDP's reshard_after_forward off), which
+    the planner's ZeRO 3 does not."""
+    work = Workload(llama3_405b(), global_batch=256, seq_length=8192, activations=ActivationProfile.BF16_FLASH,
+                    kernels=KernelProfile.FUSED, fp8=True)
+    runs = []
+    for v, published, memory in ((1, 100, 82.5), (2, 128, 72.7)):
+        space = SearchSpace(tp=(8,), pp=(8,), v=(v,), micro_batch=(4,), zero=(ZeroStage.PARAMETERS,),
+                            offload=(Offload.NONE,), recompute=(Recompute.FULL,), sequence_parallel=(True,))
+        schedule = "interleaved 1F1B" if v > 1 else "1F1B"
+        runs.append(PublishedRun(f"torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 {schedule} + "
+                                 "compile + Float8, b4 x 8, full", TORCHTITAN_H100_SOURCE, work, "h100-96g-500w", 512,
+                                 space, Metric.TOKENS_PER_GPU, published, sim_budget=8 * (8 * v) ** 2,
+                                 memory_gib=memory))
+    return runs
+
+
+NEMO_SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, 25.09 container, DGX-H100, "
+               "FP8 (current scaling), tokens/s a GPU")
+
+
+def nemo_runs() -> list[PublishedRun]:
+    """Megatron-Bridge's published DGX-H100 FP8 pre-training rows (Transformer Engine: FUSED kernels, flash
+    attention), Llama 3 at s 8192, micro-batch 1: 8B on 8 GPUs with its FSDP (ZeRO 3), global batch 128; 70B on 64
+    GPUs at TP 4, PP 8, VP 5, global batch 128, no DP sharding. Recomputation is not stated: the planner picks."""
+    runs = []
+    for name, arch, gpus, tp, pp, v, zero, published in (
+            ("NeMo Llama 3 8B FP8, 8 H100, FSDP, b1", LLAMA3_8B, 8, 1, 1, 1, ZeroStage.PARAMETERS, 14079),
+            ("NeMo Llama 3 70B FP8, 64 H100, t4 p8 v5, b1", LLAMA3_70B, 64, 4, 8, 5, ZeroStage.NONE, 1619)):
+        work = Workload(llama_model(*arch, 8192), global_batch=128, seq_length=8192,
+                        activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, fp8=True)
+        dp = gpus // (tp * pp)
+        zeros = (zero,) if zero is ZeroStage.PARAMETERS else (ZeroStage.NONE, ZeroStage.OPTIMIZER)  # distributed opt.
+        space = SearchSpace(tp=(tp,), pp=(pp,), v=(v,), micro_batch=(1,), zero=zeros,
+                            offload=(Offload.NONE,), sequence_parallel=(tp > 1,))
+        runs.append(PublishedRun(name, NEMO_SOURCE, work, "h100-80g", gpus, space, Metric.TOKENS_PER_GPU, published,
+                                 sim_budget=pp * (128 // dp * v) ** 2))
+    return runs
+
+
 def all_runs() -> list[PublishedRun]:
     """Every published run the planner is checked on outside shared/reference."""
-    return published_runs() + korthikanti_runs()
+    return published_runs() + korthikanti_runs() + mtnlg_runs() + torchtitan_runs() + nemo_runs()
 
 
 def check(run: PublishedRun) -> tuple[Plan, float, float]:
-    """(the plan, its prediction in the source's unit, predicted / published - 1)."""
+    """(the plan, its prediction in the source's unit, the throughput error: predicted / published throughput - 1,
+    positive when the planner is optimistic -- for a step time, published / predicted - 1)."""
     plan = run.predict()
-    got = run.value(plan)
-    return plan, got, got / run.published - 1
+    return plan, run.value(plan), run.throughput_error(plan)
 
 
 def shown(value: float) -> str:
@@ -156,18 +334,52 @@ def shown(value: float) -> str:
 
 
 def table(runs: list[PublishedRun]) -> str:
-    lines = ["| run | compared | layout (planner's picks where unpublished) | bubble | memory | predicted | "
-             "published | error |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | role | compared | layout (planner's picks where unpublished) | bubble | memory | predicted | "
+             "published | error |", "|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         plan, got, err = check(run)
-        lines.append(f"| {run.name} | {run.metric.value} | {plan.layout.short()} | "
-                     f"{100 * plan.bubble_fraction:.1f} % | {plan.memory_gb:.1f} GB | {shown(got)} | "
+        memory = f"{plan.memory_gb:.1f} GB" + (f" ({run.memory_gib * 2**30 / 1e9:.1f})" if run.memory_gib else "")
+        lines.append(f"| {run.name} | {run.role.value} | {run.metric.value} | {plan.layout.short()} | "
+                     f"{100 * plan.bubble_fraction:.1f} % | {memory} | {shown(got)} | "
                      f"{run.published:g} | {100 * err:+.1f} % |")
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Summary:
+    """Throughput errors of some rows (positive: the planner is optimistic)."""
+
+    rows: int
+    signed_mean: float
+    median_abs: float
+    low: float
+    high: float
+    within_15: int
+
+    def line(self, what: str) -> str:
+        return (f"{what}: {self.rows} rows, signed mean {100 * self.signed_mean:+.1f} %, median |error| "
+                f"{100 * self.median_abs:.1f} %, spread {100 * self.low:+.1f} % to {100 * self.high:+.1f} %, "
+                f"{self.within_15} of {self.rows} within 15 %")
+
+
+def summary(errors: list[float]) -> Summary:
+    """Signed mean, median |error| and spread of throughput errors."""
+    import statistics
+    return Summary(len(errors), statistics.fmean(errors), statistics.median(abs(e) for e in errors), min(errors),
+                   max(errors), sum(abs(e) <= 0.15 for e in errors))
+
+
+def summaries(runs: list[PublishedRun]) -> str:
+    """The fit rows and the check rows, reported apart (docs/planner.md)."""
+    errors = {role: [check(r)[2] for r in runs if r.role is role] for role in Role}
+    return "\n".join(summary(errors[role]).line(f"{role.value} rows") for role in Role if errors[role])
+
+
 def main() -> None:
-    print(table(all_runs()))
+    runs = all_runs()
+    print(table(runs))
+    print()
+    print(summaries(runs))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybrid.planner.hardware import GB, hardware
-from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
+from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.predicted_memory import model_state_bytes
 from hybrid.planner.search import Plan, SearchSpace, search
 from hybrid.planner.time import FlopsFormula
@@ -66,9 +66,12 @@ class MegatronRow:
     @property
     def workload(self) -> Workload:
         # 2-byte gradients (fp32_grads off): the paper does not say fp16 or bf16, and Megatron-LM turns fp32 main
-        # grads on by default only with --bf16 (arguments.py); with --fp16 it keeps fp16 gradients
+        # grads on by default only with --bf16 (arguments.py); with --fp16 it keeps fp16 gradients. Blocking p2p:
+        # Megatron-LM's 2021 schedules wait on each batch of sends and receives before computing on (overlapped
+        # pipeline communication came later), with the paper's scatter-gather (Sec. 4.1); Megatron's fused kernels
+        # (KernelProfile.FUSED, the default)
         return Workload(gpt_model(self.layers, self.hidden, self.heads, self.vocab, self.seq),
-                        global_batch=self.global_batch, seq_length=self.seq)
+                        global_batch=self.global_batch, seq_length=self.seq, p2p=PipelineP2P.BLOCKING_SCATTER)
 
 
 def megatron_rows(directory: Path | None = None) -> list[MegatronRow]:

@@ -17,6 +17,13 @@ tests/test_planner.py on every small configuration, make that unnecessary:
   Busy time is exact, m sum of the rank's stage costs; bubble = 1 - sum busy / (pp T) as `SimResult` defines it.
 
 Schedules up to `SIM_BUDGET` (pp (m v)^2) are simulated; a larger one raises `SimulationTooLarge`.
+
+Zero bubble (ZB-H1, `Layout.zero_bubble`). The simulation prices B and W apart: W takes `WEIGHT_SHARE` of a
+stage's backward (a linear's dX and dW are GEMMs of equal FLOPs; the attention core, with no weights, is B's, so
+0.5 errs towards W), except on the first stage, whose B does nothing (nothing upstream needs an input gradient)
+and whose W is the whole backward (hybrid/pipeline/split_backward.py). In flight counts a (micro-batch, chunk)
+from F to W (W needs F's saved tensors); `InFlight.weight_pending` counts those between B and W, which also hold
+the output gradients B keeps for W (`kept_gradient_bytes`). Same saturation point as 1F1B: m >= pp.
 """
 
 from __future__ import annotations
@@ -27,9 +34,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from hybrid.pipeline import Costs, Op, ScheduleKind, SimResult, build_schedule, compute_order, simulate
+from hybrid.planner.model import ACT_BYTES, FP32, ActivationProfile
 from hybrid.pipeline.schedules import Action
 
 SIM_BUDGET = 3.0e6  # pp (m v)^2 of the largest schedule simulated: about two seconds of list building
+WEIGHT_SHARE = 0.5  # W's share of a stage's backward under the zero-bubble schedules (see the module docstring)
 _MAX_SLIDES = 8  # windows tried before giving up on a steady increment
 
 
@@ -48,6 +57,8 @@ class InFlight:
         first_chunk: peak micro-batches whose chunk 0 activations rank 0 holds (embedding outputs).
         last_chunk: peak micro-batches whose last-chunk activations rank pp - 1 holds (logits).
         simulated_m: the micro-batch count simulated (saturated: same peaks for every larger m).
+        weight_pending: per rank, the peak (micro-batch, chunk) pairs between B and W (zero-bubble schedules;
+            0 for the others): each holds the output gradients B kept for W.
     """
 
     chunks: tuple[int, ...]
@@ -55,6 +66,7 @@ class InFlight:
     first_chunk: int
     last_chunk: int
     simulated_m: int
+    weight_pending: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,15 +133,15 @@ def _in_flight(kind: ScheduleKind, pp: int, m: int, v: int) -> InFlight:
     result = simulate(orders, Costs())
     return InFlight(chunks=result.peak_in_flight, microbatches=result.peak_in_flight_microbatches,
                     first_chunk=_chunk_peak(result, 0, 0), last_chunk=_chunk_peak(result, pp - 1, v - 1),
-                    simulated_m=m)
+                    simulated_m=m, weight_pending=result.peak_weight_pending)
 
 
 def _chunk_peak(result: SimResult, rank: int, chunk: int) -> int:
-    """Peak micro-batches of `chunk` held on `rank`: + at its forward, - at its backward, in timeline order."""
+    """Peak micro-batches of `chunk` held on `rank`: + at its forward, - at its backward (or W), in timeline order."""
     held = peak = 0
     for span in result.timelines[rank]:
         if span.action.chunk == chunk:
-            held += 1 if span.action.op is Op.FORWARD else -1
+            held += 1 if span.action.op is Op.FORWARD else -1 if span.action.op.frees_activations else 0
             peak = max(peak, held)
     return peak
 
@@ -172,8 +184,10 @@ def _run(m: int, busy: tuple[float, ...], ms: tuple[int, ...], makespan: float, 
 
 @lru_cache(maxsize=8192)
 def _makespan(kind: ScheduleKind, pp: int, m: int, v: int, times: StageTimes) -> float:
-    costs = Costs(stage_forward=times.forward, stage_backward=times.backward, comm=times.comm)
-    return simulate(_lists(kind, pp, m, v), costs).makespan
+    shares = (1.0,) + (WEIGHT_SHARE,) * (pp * v - 1)  # the first stage's B defers its whole backward to W
+    costs = Costs(stage_forward=times.forward, stage_backward=times.backward, comm=times.comm,
+                  stage_weight_share=shares)  # read by the zero-bubble schedules only (B and W)
+    return simulate(_lists(kind, pp, m, v), costs, placement=kind.placement).makespan
 
 
 @lru_cache(maxsize=128)
@@ -191,3 +205,13 @@ def _check_budget(pp: int, m: int, v: int, budget: float, what: str, m_step: int
             f"simulating {what} needs pp {pp} x v {v} with m = {m} micro-batches, pp (m v)^2 = "
             f"{size:.6g} > the budget {budget:.6g}; rerun with --sim-budget {enough} (pp (m v)^2 at the step's "
             f"m = {m_step}), or use fewer chunks v or micro-batches")
+
+
+def kept_gradient_bytes(shard, b: int, s: int, sp: bool, layers: int, head: bool) -> float:
+    """Bytes a zero-bubble B keeps for its W on one chunk and micro-batch: the gradient w.r.t. the output of each
+    linear (its GEMM's m x n) and of the two norms of every layer (b s h, / t under SP), and with `head` the
+    logits' (b s V_p / t). Measured: the runtime keeps exactly these (tests/test_pipeline_memory.py's H - A)."""
+    elem = FP32 if shard.profile is ActivationProfile.FP32_FLASH else ACT_BYTES
+    h = shard.cfg.hidden_size
+    per_layer = sum(g.m * g.n for g in shard.layer_linear_gemms(b, s)) + 2 * b * s * h / (shard.t if sp else 1)
+    return elem * (layers * per_layer + (b * s * shard.vocab / shard.t if head else 0.0))

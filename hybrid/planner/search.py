@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from hybrid.planner.hardware import GB
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, layout_problems,
-                                   pp_problems, tp_problems)
+                                   pp_problems, recompute_at_most, tp_problems)
 from hybrid.planner.predicted_memory import MemoryPlan, peak_memory, plan_memory
 from hybrid.planner.schedule import SIM_BUDGET, SimulationTooLarge
 from hybrid.planner.time import FlopsFormula, StepTime, lower_bound_seconds, model_flops, step_flops, step_time
@@ -47,6 +47,8 @@ class SearchSpace:
             v = layers / (pp x this) for each pp; overrides `v`.
         max_micro_batch: largest micro-batch tried when `micro_batch` is None.
         max_v: most chunks per rank tried when `v` is None.
+        zero_bubble: whether to try ZB-H1 (`--pipeline-schedule zbh1`) beside each 1F1B layout the search times
+            (v = 1, pp >= 2, no full recomputation, which a W would redo); None or (True,): try it.
     """
 
     tp: tuple[int, ...] | None = None
@@ -60,6 +62,7 @@ class SearchSpace:
     layers_per_chunk: int | None = None
     max_micro_batch: int = MAX_MICRO_BATCH
     max_v: int = MAX_V
+    zero_bubble: tuple[bool, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ class SearchResult:
         considered: complete layouts enumerated.
         dominated: fitting layouts skipped because a variant with less recomputation / offload also fits.
         timed: layouts whose step was simulated.
+        notes: layout (short) -> why its schedule was chosen over the 1F1B twin (zero-bubble plans).
     """
 
     plans: list[Plan] = field(default_factory=list)
@@ -122,6 +126,7 @@ class SearchResult:
     considered: int = 0
     dominated: int = 0
     timed: int = 0
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 def summarize_rejections(rejected: list[Rejection], limit: int = 8) -> list[tuple[int, Rejection]]:
@@ -199,9 +204,35 @@ def search(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace(),
             continue
         result.timed += 1
         result.plans.append(_plan(work, cluster, layout, plan_memory(work, cluster, layout), time, formula))
+        result.plans += _zero_bubble_twin(work, cluster, space, result.plans[-1], formula, budget, result.notes)
         result.plans.sort(key=lambda p: p.time.total)
         del result.plans[top:]
     return result
+
+
+def _zero_bubble_twin(work: Workload, cluster: Cluster, space: SearchSpace, plan: Plan, formula: FlopsFormula,
+                      budget: float, notes: dict[str, str]) -> list[Plan]:
+    """ZB-H1 on a timed 1F1B layout, when it fits and is faster: its plan, with the reason in `notes`. It moves
+    the (p - 1)-stage start-up bubble into deferred weight passes, and every rank then holds pp micro-batches
+    (F to W) plus the output gradients its B's keep for the W's (hybrid/planner/schedule.py)."""
+    lay = plan.layout
+    if lay.v != 1 or lay.pp < 2 or lay.recompute is Recompute.FULL or False in (space.zero_bubble or (True,)):
+        return []
+    zb = replace(lay, zero_bubble=True)
+    if memory_problem(cluster, *peak_memory(work, cluster, zb)) is not None:
+        return []
+    memory = plan_memory(work, cluster, zb)
+    try:
+        time = step_time(work, cluster, zb, budget)
+    except SimulationTooLarge:
+        return []
+    if time.total >= plan.time.total:
+        return []
+    notes[zb.short()] = (f"zbh1 over 1f1b on this layout: bubble {100 * time.bubble_fraction:.1f}% vs "
+                         f"{100 * plan.bubble_fraction:.1f}%, step {time.total:.4g} vs {plan.time.total:.4g} s, "
+                         f"fullest stage {memory.peak.total / GB:.1f} vs {plan.memory_gb:.1f} GB (every stage holds pp "
+                         f"micro-batches until their W, and the gradients kept for it)")
+    return [_plan(work, cluster, zb, memory, time, formula)]
 
 
 def _sizes(work: Workload, cluster: Cluster, space: SearchSpace, rejected: list[Rejection]):
@@ -262,8 +293,8 @@ def _fitting_variants(work: Workload, cluster: Cluster, space: SearchSpace, base
             problem = memory_problem(cluster, *peak_memory(work, cluster, layout))
             if problem:
                 result.rejected.append(Rejection(layout.short(), problem))
-            elif any(fi <= i and fj <= j for fi, fj, _ in fits):
-                result.dominated += 1
+            elif any(fi <= i and recompute_at_most(fitting.recompute, recompute) for fi, _, fitting in fits):
+                result.dominated += 1  # (selective and selective-op do not dominate each other)
             else:
                 fits.append((i, j, layout))
     return [(lower_bound_seconds(work, cluster, layout), layout) for _, _, layout in fits]

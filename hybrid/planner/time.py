@@ -31,15 +31,18 @@ hardware.collective_seconds):
 
 * TP, on the critical path (Megatron runs them synchronously): per layer 2 all-reduces of b s h x 2 bytes in
   the forward and 2 in the backward (under SP an all-gather + reduce-scatter pair each, the same wire bytes),
-  2 more in the backward under full recomputation (the rerun forward); the embedding's forward all-reduce
+  1 more in the backward under full recomputation (the rerun forward stops at the last tensor the backward needs:
+  torch's non-reentrant checkpoint; under SP 3, predicted_comm.py); the embedding's forward all-reduce
   (stage 0), the LM-head input's backward all-reduce (last stage) and the vocab-parallel cross-entropy's 3
   all-reduces of b s fp32 values; under SP one all-reduce per step of the sequence-split parameters' gradients.
 * PP: one b s h x 2-byte message per stage boundary per micro-batch each way (/t under SP, where hidden states
   between stages are sequence-split), over NVLink or the sender's NIC; the simulation places them.
-* DP, after the last backward, not overlapped (as the runtime's GradAverager does): ZeRO 0 all-reduces the
-  rank's 2 Psi gradient bytes (4 Psi with fp32 gradients, Workload.fp32_grads: every gradient byte count here
-  doubles); ZeRO 1 reduce-scatters them and all-gathers the updated 2 Psi parameter bytes
-  (the same wire bytes: the paper's 2 Psi). ZeRO 2 keeps only a gradient partition, so it reduce-scatters each
+* DP: ZeRO 0 all-reduces the rank's 2 Psi gradient bytes (4 Psi with fp32 gradients, Workload.fp32_grads: every
+  gradient byte count here doubles) and ZeRO 1 reduce-scatters them, counted after the last backward and not
+  overlapped (the runtime's ZeroOptimizer posts them from backward hooks as buckets fill, so the model is
+  conservative there); ZeRO 1-2 all-gather the updated 2 Psi parameter bytes, overlapped with the next step's
+  forward except the first bucket and what does not fit under the first forward (`_dp_step_seconds`; the same
+  wire bytes: the paper's 2 Psi). ZeRO 2 keeps only a gradient partition, so it reduce-scatters each
   micro-batch's gradients during that micro-batch's backward and all-gathers the parameters once per step;
   ZeRO 3 also all-gathers the parameters in each micro-batch's forward and backward: 3 Psi per micro-batch
   (the paper's 3 Psi at m = 1). Those per-micro-batch collectives overlap the stage's compute (prefetching),
@@ -59,24 +62,18 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hybrid.planner.hardware import GB, Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds
-from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, dp_placement,
+from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, ZeroStage, dp_placement,
                                    pipeline_crosses_nodes, stage_layers, tp_placement)
 from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
                                    partial_grad_ledger, tp_ledger)
 from hybrid.planner.predicted_memory import rank_parameters
-from hybrid.planner.model import Shard
+from hybrid.planner.model import ActivationProfile, Precision, Shard
+from hybrid.planner.ops import KernelProfile, Traffic, embedding_ops, head_ops, layer_ops
 from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline
 
-
-
-# HBM traffic of the memory-bound kernels per byte a layer saves: in the forward each saved tensor is written by
-# the kernel that makes it and read by the next one (2); in the backward a kernel reads the saved tensor and the
-# incoming gradient and writes the outgoing one (3). (It was 1 and 2 -- writes only -- before the GEMM curve.)
-FWD_TRAFFIC = 2.0
-BWD_TRAFFIC = 3.0
 
 
 class FlopsFormula(enum.Enum):
@@ -112,6 +109,9 @@ def step_flops(work: Workload, layout: Layout, formula: FlopsFormula) -> float:
                                work.padded_vocab(layout.tp), recompute=layout.recompute is Recompute.FULL)
     if layout.recompute is Recompute.SELECTIVE:  # + the attention core once more: 4 B s^2 h per layer
         full += 4.0 * work.global_batch * work.seq_length ** 2 * cfg.hidden_size * cfg.num_layers
+    if layout.recompute is Recompute.SELECTIVE_OP:  # + the rerun matmuls (k, o, c_proj: 2h^2 + 8h^2 ... of 12h^2)
+        rerun = work.shard(1).selective_op_rerun_gemms(1, work.seq_length)
+        full += work.global_batch * cfg.num_layers * sum(g.flops for g in rerun)
     return full
 
 
@@ -125,6 +125,8 @@ def _recompute_flops(shard: Shard, b: int, s: int, recompute: Recompute) -> floa
         return shard.layer_forward_flops(b, s)
     if recompute is Recompute.SELECTIVE:
         return shard.attention_core_flops(b, s)
+    if recompute is Recompute.SELECTIVE_OP:
+        return sum(g.flops for g in shard.selective_op_rerun_gemms(b, s))
     return 0.0
 
 
@@ -157,6 +159,24 @@ class StepTime:
     other: float
     bubble_fraction: float
     run: PipelineRun
+    terms: tuple[tuple[str, float], ...] = ()
+
+    def term(self, name: str) -> float:
+        return dict(self.terms)[name]
+
+
+# The parts of a step, in the order `hybrid plan --explain` prints them; they add up to StepTime.total.
+TERMS = (("gemm", "matmuls on the GEMM curve (recomputed ones included)"),
+         ("attention", "flash attention at the GPU's flash rate"),
+         ("memory_bound", "non-matmul ops: their bytes at the achievable bandwidth (ops.py)"),
+         ("launches", "their kernels x the per-kernel latency (+ a calibrated CPU's per-pass costs)"),
+         ("tp", "tensor-parallel collectives (synchronous)"),
+         ("pp_p2p", "pipeline messages a blocking schedule waits out (0: overlapped, inside the bubble)"),
+         ("dp_in_passes", "ZeRO 2/3 gathers / reduce-scatters not hidden under compute"),
+         ("bubble", "pipeline idle time: fill, drain, imbalance, waits for messages (simulated)"),
+         ("dp_exposed", "DP / ZeRO gradient sync after the last backward"),
+         ("optimizer", "the optimizer step: its passes over the states and its launches (or offload)"),
+         ("other", "tied-embedding and sequence-parallel partial-gradient all-reduces"))
 
 
 @dataclass(frozen=True)
@@ -176,18 +196,34 @@ class _Context:
     def dp_seconds(self, ledger: Ledger) -> float:
         return ledger_seconds(ledger, self.cluster.hw, self.dp_group)
 
-    def gemm_seconds(self, gemms: tuple[Gemm, ...]) -> float:
-        """Forward seconds of `gemms` on the GEMM curve (roofline + fixed cost, in the activation dtype)."""
+    def gemm_seconds(self, gemms: tuple[Gemm, ...], fp8: bool = False) -> float:
+        """Forward seconds of `gemms` on the GEMM curve (roofline + fixed cost, in the activation dtype; at the
+        FP8 peak when `fp8`)."""
         hw, nbytes = self.cluster.hw, self.work.precision.activation_bytes
-        return sum(hw.gemm_seconds(g, nbytes) for g in gemms)
+        return sum(hw.gemm_seconds(g, nbytes, fp8) for g in gemms)
 
-    def backward_gemm_seconds(self, gemms: tuple[Gemm, ...]) -> float:
+    def backward_gemm_seconds(self, gemms: tuple[Gemm, ...], fp8: bool = False) -> float:
         """Their backward: an input-gradient and a weight-gradient product per forward matmul (Gemm.backward)."""
-        return self.gemm_seconds(tuple(g2 for g in gemms for g2 in g.backward()))
+        return self.gemm_seconds(tuple(g2 for g in gemms for g2 in g.backward()), fp8)
 
     def hbm_seconds(self, nbytes: float) -> float:
         """Seconds of memory-bound kernels moving `nbytes` (Hardware.elementwise_bytes_per_s)."""
         return nbytes / self.cluster.hw.elementwise_bytes_per_s
+
+    def launch_seconds(self, kernels: float) -> float:
+        """Per-kernel latency of `kernels` memory-bound kernels (Hardware.kernel_overhead_s)."""
+        return kernels * self.cluster.hw.kernel_overhead_s
+
+    @property
+    def flash(self) -> bool:
+        """Is the attention core flash attention timed at its own rate (not as GEMMs on the curve)?"""
+        return self.shard.profile is not ActivationProfile.KORTHIKANTI and self.cluster.hw.flash_efficiency is not None
+
+    def flash_seconds(self, b: int, s: int) -> float:
+        """Forward seconds of causal flash attention: half of QK^T and softmax(.)V's s x s FLOPs, at
+        Hardware.flash_efficiency of the peak (its backward: 2.5x, five products instead of two)."""
+        hw = self.cluster.hw
+        return self.shard.attention_core_flops(b, s) / 2 / (hw.flash_efficiency * hw.peak_tflops * 1e12)
 
 
 def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
@@ -196,14 +232,53 @@ def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
                     tp_group=tp_placement(cluster, layout), dp_group=dp_placement(cluster, layout))
 
 
+FLASH_BACKWARD = 2.5  # flash attention's backward runs five s x s products to the forward's two (Dao et al.)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Seconds of one pass (a forward or a backward) of some layers for one micro-batch, by kind of work.
+
+    Attributes:
+        gemm: matmuls on the GEMM curve (recomputed ones included in a backward).
+        attention: flash attention at Hardware.flash_efficiency (0 when its products are GEMMs).
+        memory: memory-bound kernels: their bytes (ops.py) at Hardware.elementwise_bytes_per_s.
+        launches: their kernels x Hardware.kernel_overhead_s, plus a calibrated CPU's per-pass costs.
+    """
+
+    gemm: float = 0.0
+    attention: float = 0.0
+    memory: float = 0.0
+    launches: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attention + self.memory + self.launches
+
+    def __add__(self, other: "Pass") -> "Pass":
+        return Pass(self.gemm + other.gemm, self.attention + other.attention, self.memory + other.memory,
+                    self.launches + other.launches)
+
+    def scaled(self, k: float) -> "Pass":
+        return Pass(k * self.gemm, k * self.attention, k * self.memory, k * self.launches)
+
+
 @dataclass(frozen=True)
 class _Cost:
     """Seconds of one micro-batch: compute (matmuls and memory-bound kernels) and TP communication."""
 
-    forward_compute: float
-    backward_compute: float
+    forward: Pass
+    backward: Pass
     forward_comm: float
     backward_comm: float
+
+    @property
+    def forward_compute(self) -> float:
+        return self.forward.total
+
+    @property
+    def backward_compute(self) -> float:
+        return self.backward.total
 
 
 def _tp_cost(ctx: _Context, layers: int, first: bool, last: bool) -> tuple[float, float]:
@@ -214,42 +289,116 @@ def _tp_cost(ctx: _Context, layers: int, first: bool, last: bool) -> tuple[float
     return ctx.tp_seconds(book["forward"]), ctx.tp_seconds(book["backward"])
 
 
+def _ops_pass(ctx: _Context, traffic: Traffic, tokens: int, backward: bool) -> Pass:
+    """The memory-bound part of a pass: `traffic` (per token) over `tokens` tokens."""
+    nbytes = traffic.bwd_bytes if backward else traffic.fwd_bytes
+    kernels = traffic.bwd_kernels if backward else traffic.fwd_kernels
+    return Pass(memory=ctx.hbm_seconds(nbytes * tokens), launches=ctx.launch_seconds(kernels))
+
+
+def _fp8_traffic(ctx: _Context) -> Traffic:
+    """--fp8, per token: each linear casts its input to FP8 with an amax reduction in the forward (read e twice,
+    write 1 byte) and its incoming gradient in the backward; the weights are cast once per micro-batch (counted
+    per token as their bytes over the micro-batch's tokens)."""
+    if not ctx.work.fp8:
+        return Traffic()
+    e = ctx.work.precision.activation_bytes
+    b, s = ctx.layout.micro_batch, ctx.work.seq_length
+    gemms = ctx.shard.linear_gemms_in_order(b, s)
+    inputs = sum(g.k for g in gemms)  # per token: each linear's input width
+    outputs = sum(g.n for g in gemms)  # its output's, whose gradient the backward casts
+    weights = sum(g.n * g.k for g in gemms) * (2 * e + 2) / (b * s)  # amax + cast (+ transpose) per micro-batch
+    n = len(gemms)
+    return Traffic((2 * e + 1) * inputs + weights, (2 * e + 1) * outputs, 2 * n, 2 * n)
+
+
+def layer_passes(ctx: _Context) -> tuple[Pass, Pass]:
+    """One Transformer layer, one micro-batch: (forward, backward), recomputation included in the backward."""
+    lay, work, shard = ctx.layout, ctx.work, ctx.shard
+    b, s, fp8 = lay.micro_batch, work.seq_length, work.fp8
+    tokens = b * s
+    linears = shard.layer_linear_gemms(b, s)
+    core = () if ctx.flash else shard.attention_core_gemms(b, s)
+    ops = layer_ops(shard, s, lay.sequence_parallel, work.precision.activation_bytes, work.kernel_profile)
+    everything, core_ops = Traffic.of(ops), Traffic.of([o for o in ops if o.core])
+    fp8_ops = _fp8_traffic(ctx)
+    attention = ctx.flash_seconds(b, s) if ctx.flash else 0.0
+    hw = ctx.cluster.hw
+    forward = (Pass(gemm=ctx.gemm_seconds(linears, fp8) + ctx.gemm_seconds(core), attention=attention,
+                    launches=hw.layer_forward_overhead_s)
+               + _ops_pass(ctx, everything, tokens, False) + _ops_pass(ctx, fp8_ops, tokens, False))
+    backward = (Pass(gemm=ctx.backward_gemm_seconds(linears, fp8) + ctx.backward_gemm_seconds(core)
+                     + (0.0 if ctx.flash else ctx.gemm_seconds(shard.flash_backward_gemms(b, s))),
+                     attention=FLASH_BACKWARD * attention, launches=hw.layer_backward_overhead_s)
+                + _ops_pass(ctx, everything, tokens, True) + _ops_pass(ctx, fp8_ops, tokens, True))
+    return forward, backward + _rerun(ctx, forward, core_ops, fp8_ops, attention)
+
+
+def _rerun(ctx: _Context, forward: Pass, core_ops: Traffic, fp8_ops: Traffic, attention: float) -> Pass:
+    """What the backward reruns: full -- the whole forward; selective -- the attention core (its GEMMs or flash
+    attention, its softmax and dropout); selective-op -- every op but the matmuls whose outputs the policy keeps
+    and the attention."""
+    lay, shard, b, s = ctx.layout, ctx.shard, ctx.layout.micro_batch, ctx.work.seq_length
+    tokens = b * s
+    if lay.recompute is Recompute.FULL:
+        return forward
+    if lay.recompute is Recompute.SELECTIVE:
+        core = () if ctx.flash else shard.attention_core_gemms(b, s)
+        return Pass(gemm=ctx.gemm_seconds(core), attention=attention) + _ops_pass(ctx, core_ops, tokens, False)
+    if lay.recompute is Recompute.SELECTIVE_OP:
+        ops = layer_ops(shard, s, lay.sequence_parallel, ctx.work.precision.activation_bytes, ctx.work.kernel_profile)
+        cheap = Traffic.of([o for o in ops if not (o.core and ctx.flash)])  # flash attention's output is kept
+        core = () if ctx.flash else shard.attention_core_gemms(b, s)
+        return (Pass(gemm=ctx.gemm_seconds(shard.selective_op_rerun_gemms(b, s), ctx.work.fp8)
+                     + ctx.gemm_seconds(core))
+                + _ops_pass(ctx, cheap, tokens, False) + _ops_pass(ctx, fp8_ops, tokens, False))
+    return Pass()
+
+
 def _layer_cost(ctx: _Context) -> _Cost:
-    """One Transformer layer, one micro-batch: its matmuls on the GEMM curve, its saved bytes at HBM speed."""
-    lay, b, s = ctx.layout, ctx.layout.micro_batch, ctx.work.seq_length
-    gemms = ctx.shard.layer_gemms(b, s)
-    rerun = {Recompute.NONE: (), Recompute.SELECTIVE: ctx.shard.attention_core_gemms(b, s),
-             Recompute.FULL: gemms}[lay.recompute] + ctx.shard.flash_backward_gemms(b, s)
-    rep, split, core = ctx.shard.layer_activation_terms(b, s, lay.sequence_parallel)
-    saved = rep + split + core
-    recompute_bytes = {Recompute.NONE: 0.0, Recompute.SELECTIVE: core, Recompute.FULL: saved}[lay.recompute]
-    hw = ctx.cluster.hw  # + a layer pass's fixed cost (calibrated on CPUs; 0 on the GPU presets)
-    forward = ctx.gemm_seconds(gemms) + ctx.hbm_seconds(FWD_TRAFFIC * saved) + hw.layer_forward_overhead_s
-    backward = (ctx.backward_gemm_seconds(gemms) + ctx.gemm_seconds(rerun)
-                + ctx.hbm_seconds(BWD_TRAFFIC * saved + FWD_TRAFFIC * recompute_bytes) + hw.layer_backward_overhead_s
-                + (hw.layer_forward_overhead_s if lay.recompute is Recompute.FULL else 0.0))
+    """One Transformer layer, one micro-batch: its passes and its TP collectives."""
+    forward, backward = layer_passes(ctx)
     return _Cost(forward, backward, *_tp_cost(ctx, 1, False, False))
 
 
-def layer_parts(work: Workload, cluster: Cluster, layout: Layout) -> tuple[float, float, float]:
-    """One layer, one micro-batch, no recomputation: (forward GEMM seconds, backward GEMM seconds, bytes of
-    memory-bound traffic forward + backward), the parts `_layer_cost` adds up. `hybrid calibrate` measures a
-    real layer and solves for the rate that makes these reproduce it (Hardware.elementwise_tbps)."""
-    ctx = _context(work, cluster, layout)
-    gemms = ctx.shard.layer_gemms(layout.micro_batch, work.seq_length)
-    saved = sum(ctx.shard.layer_activation_terms(layout.micro_batch, work.seq_length, layout.sequence_parallel))
-    return ctx.gemm_seconds(gemms), ctx.backward_gemm_seconds(gemms), (FWD_TRAFFIC + BWD_TRAFFIC) * saved
+@dataclass(frozen=True)
+class LayerParts:
+    """One layer, one micro-batch, no recomputation, in the units `hybrid calibrate` fits (calibrate.fit_layer):
+    compute seconds (GEMMs and flash attention), memory-bound bytes and kernels, per pass."""
+
+    forward_s: float
+    backward_s: float
+    forward_bytes: float
+    backward_bytes: float
+    forward_kernels: int
+    backward_kernels: int
+
+
+def layer_parts(work: Workload, cluster: Cluster, layout: Layout) -> LayerParts:
+    """The parts `_layer_cost` adds up for one layer without recomputation: `hybrid calibrate` measures a real
+    layer and solves for the bandwidth and the per-kernel (or per-pass) cost that make them reproduce it."""
+    ctx = _context(work, cluster, replace(layout, recompute=Recompute.NONE))
+    fwd, bwd = layer_passes(ctx)
+    ops = Traffic.of(layer_ops(ctx.shard, work.seq_length, layout.sequence_parallel,
+                               work.precision.activation_bytes, work.kernel_profile))
+    tokens = layout.micro_batch * work.seq_length
+    return LayerParts(fwd.gemm + fwd.attention, bwd.gemm + bwd.attention, ops.fwd_bytes * tokens,
+                      ops.bwd_bytes * tokens, ops.fwd_kernels, ops.bwd_kernels)
 
 
 def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
-    """The embedding (first stage: a gather, no matmul) and the LM head + loss (last stage)."""
-    fwd = bwd = 0.0
+    """The embedding (first stage: a gather) and the final norm, LM head and loss (last stage)."""
+    fwd, bwd = Pass(), Pass()
+    lay, work = ctx.layout, ctx.work
+    b, s, sp, e = lay.micro_batch, work.seq_length, lay.sequence_parallel, work.precision.activation_bytes
+    if first:
+        emb = Traffic.of(embedding_ops(ctx.shard, sp, e, work.kernel_profile))
+        fwd, bwd = fwd + _ops_pass(ctx, emb, b * s, False), bwd + _ops_pass(ctx, emb, b * s, True)
     if last:
-        b, s, sp = ctx.layout.micro_batch, ctx.work.seq_length, ctx.layout.sequence_parallel
         head = (ctx.shard.head_gemm(b, s),)
-        logits = ctx.shard.head_activation_bytes(b, s, sp)
-        fwd = ctx.gemm_seconds(head) + ctx.hbm_seconds(FWD_TRAFFIC * logits)
-        bwd = ctx.backward_gemm_seconds(head) + ctx.hbm_seconds(BWD_TRAFFIC * logits)
+        loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile))
+        fwd = fwd + Pass(gemm=ctx.gemm_seconds(head)) + _ops_pass(ctx, loss, b * s, False)
+        bwd = bwd + Pass(gemm=ctx.backward_gemm_seconds(head)) + _ops_pass(ctx, loss, b * s, True)
     return _Cost(fwd, bwd, *_tp_cost(ctx, 0, first, last))
 
 
@@ -275,6 +424,7 @@ class _StageCost:
     compute: float  # matmuls and memory-bound kernels, forward + backward
     comm: float  # TP collectives, forward + backward
     hidden: float  # ZeRO 2/3 collective seconds that run under the compute
+    parts: Pass = Pass()  # the compute by kind of work, forward + backward
 
 
 def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bool,
@@ -300,8 +450,25 @@ def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bo
     return exposed + max(compute + tp, rest + pp_link), min(compute + tp, rest)
 
 
+def _grad_accumulation(ctx: _Context, params: float) -> Pass:
+    """Per micro-batch, an eager runtime's autograd adds each new weight gradient into the accumulated one
+    (AccumulateGrad: read both, write one -- 3 x the gradient bytes a parameter; none for the first of the m
+    micro-batches, so (m - 1) / m on average; on the rank's shard only under ZeRO 2-3, which reduce-scatter every
+    micro-batch). Fused stacks accumulate inside the weight-gradient GEMM (Megatron's gradient-accumulation
+    fusion): nothing here."""
+    if ctx.work.kernel_profile is not KernelProfile.EAGER:
+        return Pass()
+    m = ctx.work.num_microbatches(ctx.layout)
+    share = 1.0 / ctx.layout.dp if ctx.layout.zero >= ZeroStage.GRADIENTS else 1.0
+    nbytes = 3 * ctx.work.grad_bytes * params * share * (m - 1) / m
+    return Pass(memory=ctx.hbm_seconds(nbytes))
+
+
 def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> _StageCost:
     edge = _edge_cost(ctx, first, last)
+    params = n * ctx.shard.layer_params() + (ctx.shard.embedding_params() if first else 0) + (
+        ctx.shard.head_params(shares_embedding=first) if last else 0)
+    edge = _Cost(edge.forward, edge.backward + _grad_accumulation(ctx, params), edge.forward_comm, edge.backward_comm)
     f_comp = n * cost.forward_compute + edge.forward_compute
     b_comp = n * cost.backward_compute + edge.backward_compute
     f_tp = n * cost.forward_comm + edge.forward_comm
@@ -311,7 +478,9 @@ def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> 
     send = _pp_send_on_dp_link(ctx)  # forward: to the next stage (not the last); backward: to the previous
     f, f_hidden = _overlapped(f_comp, f_tp, dp_f, n, contended, 0.0 if last else send)
     b, b_hidden = _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send)
-    return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden)
+    parts = (cost.forward + cost.backward).scaled(n) + edge.forward + edge.backward
+    return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden,
+                      parts=parts)
 
 
 def _pp_send_on_dp_link(ctx: _Context) -> float:
@@ -326,15 +495,34 @@ def _pp_send_on_dp_link(ctx: _Context) -> float:
     return p2p_seconds(ctx.cluster.hw, message / (lay.tp if lay.sequence_parallel else 1), crosses)
 
 
+@dataclass(frozen=True)
+class _Stages:
+    """The per-micro-batch stage costs the simulation gets, and the busiest pipeline rank's parts of them."""
+
+    times: StageTimes
+    compute: float  # busiest rank, per micro-batch: matmuls, flash attention, memory-bound kernels
+    comm: float  # its TP collectives
+    hidden: float  # the most ZeRO 2/3 seconds any rank hides under its compute
+    parts: Pass  # its compute by kind of work
+    p2p: float  # its blocking point-to-point seconds (0 when the messages overlap: the simulation places them)
+    busy: float  # its stage costs, everything it does per micro-batch
+
+
 def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[StageTimes, float, float, float]:
     """Per-global-stage seconds of one micro-batch for the simulation, plus (busiest rank's compute per
     micro-batch, its TP seconds per micro-batch, ZeRO seconds hidden under compute per micro-batch)."""
+    st = _stages(work, cluster, layout)
+    return st.times, st.compute, st.comm, st.hidden
+
+
+def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
     ctx = _context(work, cluster, layout)
     pp, v = layout.pp, layout.v
     layers = stage_layers(work.model, pp, v, work.seq_length)
     cost = _layer_cost(ctx)
     kinds: dict[tuple[int, bool, bool], _StageCost] = {}  # stages alike in (layers, first, last) cost alike
     fwd, bwd, compute, comm, hidden = [], [], [0.0] * pp, [0.0] * pp, [0.0] * pp
+    parts, paid = [Pass()] * pp, [0.0] * pp
     for stage, n in enumerate(layers):
         key = (n, stage == 0, stage == pp * v - 1)
         if key not in kinds:
@@ -345,11 +533,25 @@ def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[Stage
         compute[r] += c.compute
         comm[r] += c.comm
         hidden[r] += c.hidden
+        parts[r] = parts[r] + c.parts
     message = layout.micro_batch * work.seq_length * work.model.hidden_size * work.precision.activation_bytes
     message /= layout.tp if layout.sequence_parallel else 1  # SP: hidden states between stages are (b, s/t, h)
     p2p = p2p_seconds(cluster.hw, message, pipeline_crosses_nodes(cluster, layout)) if pp > 1 else 0.0
-    busiest = max(range(pp), key=lambda r: compute[r] + comm[r])
-    return StageTimes(tuple(fwd), tuple(bwd), p2p, tuple(compute)), compute[busiest], comm[busiest], max(hidden)
+    if work.p2p is PipelineP2P.BLOCKING_SCATTER and pp > 1 and layout.tp > 1 and not layout.sequence_parallel:
+        gather = GroupPlacement(size=layout.tp, per_node=layout.tp)
+        p2p = (p2p_seconds(cluster.hw, message / layout.tp, pipeline_crosses_nodes(cluster, layout))
+               + collective_seconds(cluster.hw, Collective.ALL_GATHER, message, gather))
+    if work.p2p.blocking and pp > 1:  # each pass waits out the messages it exchanges
+        edges = [(stage > 0) + (stage < pp * v - 1) for stage in range(pp * v)]
+        fwd = [f + p2p * k for f, k in zip(fwd, edges)]
+        bwd = [b + p2p * k for b, k in zip(bwd, edges)]
+        for stage, k in enumerate(edges):
+            paid[stage % pp] += 2 * p2p * k
+        p2p = 0.0  # the hand-off itself is then immediate: both ends have already paid for the transfer
+    busy = [sum(fwd[c * pp + r] + bwd[c * pp + r] for c in range(v)) for r in range(pp)]
+    busiest = max(range(pp), key=lambda r: busy[r])
+    return _Stages(StageTimes(tuple(fwd), tuple(bwd), p2p, tuple(compute)), compute[busiest], comm[busiest],
+                   max(hidden), parts[busiest], paid[busiest], busy[busiest])
 
 
 def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0) -> float:
@@ -376,16 +578,54 @@ def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0) -> float
     return total
 
 
+# The optimizer step's passes over a partition, bytes per parameter read + written (docs/planner.md "Optimizer"):
+# the fp32 master gradient made from the 2-byte one (read 2, write 4; none with fp32 gradients or in fp32), the
+# clip norm (read 4) and scale (read 4, write 4), Adam (read master, m, v and the gradient, write master, m, v:
+# 28) and the bf16 parameter written back (read 4, write 2; none in fp32).
+OPTIMIZER_PASSES = {"master_grad": 6, "clip_norm": 4, "clip_scale": 8, "adam": 28, "write_back": 6}
+OPTIMIZER_KERNELS_PER_TENSOR = 4  # eager: norm, scale, Adam (foreach / fused groups aside), write-back per tensor
+
+
+def optimizer_bytes_per_param(work: Workload) -> float:
+    """HBM bytes the optimizer step moves per parameter of the rank's partition (OPTIMIZER_PASSES)."""
+    passes = dict(OPTIMIZER_PASSES)
+    if work.fp32_grads or work.precision is not Precision.MIXED:
+        del passes["master_grad"]
+    if work.precision is not Precision.MIXED:
+        del passes["write_back"]
+    return float(sum(passes.values()))
+
+
 def _optimizer_seconds(ctx: _Context, psi: float) -> float:
-    """Adam on this rank's partition: on the GPU (HBM-bound) or, offloaded, over PCIe and on the host CPUs."""
+    """The optimizer step on this rank's partition: its passes' bytes at the memory-bound rate plus its kernels
+    (eager: OPTIMIZER_KERNELS_PER_TENSOR a parameter tensor; fused multi-tensor kernels: that many per 25 MiB
+    bucket) -- or, offloaded, the partition over PCIe and Adam on the host CPUs."""
     lay, hw = ctx.layout, ctx.cluster.hw
     part = psi / (lay.dp if lay.zero >= ZeroStage.OPTIMIZER else 1)
-    pr, grad = ctx.work.precision, ctx.work.grad_bytes  # fp32 gradients: Adam reads 4 bytes, not 2
+    pr, grad = ctx.work.precision, ctx.work.grad_bytes
     if lay.offload is Offload.NONE:
-        return ctx.hbm_seconds((pr.adam_bytes + grad - pr.grad_bytes) * part)
+        nbytes = optimizer_bytes_per_param(ctx.work) * part
+        if ctx.work.kernel_profile is KernelProfile.EAGER:
+            units = _parameter_tensors(ctx)
+        else:
+            units = math.ceil(4 * part / BUCKET_BYTES)
+        return ctx.hbm_seconds(nbytes) + ctx.launch_seconds(OPTIMIZER_KERNELS_PER_TENSOR * units)
     pcie = (grad + pr.param_bytes) * part / (hw.pcie_gbps * GB)
     cpu = part * min(hw.gpus_per_node, ctx.cluster.gpus) / hw.cpu_adam_params_per_s
     return pcie + cpu
+
+
+def _parameter_tensors(ctx: _Context) -> int:
+    """Parameter tensors of the fullest pipeline rank: per layer its linears' weights and biases and its norms'
+    weights (and LayerNorm biases), plus the embedding / head / final norm."""
+    cfg, lay = ctx.work.model, ctx.layout
+    shard = ctx.shard
+    linears = 4 + shard.mlp_matrices
+    biases = 3 * cfg.qkv_bias + cfg.out_bias + shard.mlp_matrices * cfg.mlp_bias
+    norms = 2 * (2 if shard.is_gpt2 else 1)
+    layers = stage_layers(cfg, lay.pp, lay.v, ctx.work.seq_length)
+    most = max(sum(layers[c * lay.pp + r] for c in range(lay.v)) for r in range(lay.pp))
+    return most * (linears + biases + norms) + 3
 
 
 def _other_seconds(ctx: _Context) -> float:
@@ -409,7 +649,8 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     """Seconds of one step of `layout` (assumed valid: see layout.check_layout)."""
     ctx = _context(work, cluster, layout)
     m = work.num_microbatches(layout)
-    times, compute, tp_comm, hidden = stage_times(work, cluster, layout)
+    st = _stages(work, cluster, layout)
+    times, compute, tp_comm, hidden = st.times, st.compute, st.comm, st.hidden
     run = run_pipeline(layout.schedule, layout.pp, m, layout.v, times, budget)
     psi = max(rank_parameters(work, layout))  # both grow with Psi: the fullest rank finishes last
     first_forward = min(sum(times.forward[c * layout.pp + r] for c in range(layout.v)) for r in range(layout.pp))
@@ -417,9 +658,14 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     opt = _optimizer_seconds(ctx, psi) * cluster.hw.shared_compute_factor(_devices_per_node(cluster))
     other = _other_seconds(ctx)
     pipeline = max(run.makespan, shared_compute_bound(cluster, layout, run, m, times))
+    p = st.parts.scaled(m)
+    in_passes = m * (st.busy - st.compute - st.comm - st.p2p)
+    terms = (("gemm", p.gemm), ("attention", p.attention), ("memory_bound", p.memory), ("launches", p.launches),
+             ("tp", m * tp_comm), ("pp_p2p", m * st.p2p), ("dp_in_passes", in_passes),
+             ("bubble", pipeline - m * st.busy), ("dp_exposed", dp), ("optimizer", opt), ("other", other))
     return StepTime(total=pipeline + dp + opt + other, pipeline=pipeline, compute=m * compute,
                     tp_comm=m * tp_comm, pp_comm=times.comm, dp_comm=dp, overlapped_dp=m * hidden,
-                    optimizer=opt, other=other, bubble_fraction=run.bubble_fraction, run=run)
+                    optimizer=opt, other=other, bubble_fraction=run.bubble_fraction, run=run, terms=terms)
 
 
 def _devices_per_node(cluster: Cluster) -> int:

@@ -23,7 +23,8 @@ def layout_flags(work: Workload, lay: Layout) -> dict[str, object]:
         "tensor_model_parallel_size": lay.tp, "pipeline_model_parallel_size": lay.pp,
         "micro_batch_size": lay.micro_batch, "zero_stage": int(lay.zero),
         "pipeline_layers_per_stage": None, "virtual_pipeline_model_parallel_size": None,
-        "num_layers_per_virtual_pipeline_stage": None}
+        "num_layers_per_virtual_pipeline_stage": None,
+        "pipeline_schedule": lay.schedule.value if lay.zero_bubble else None}
     counts = stage_layers(work.model, lay.pp, lay.v, work.seq_length)
     if len(set(counts)) > 1:  # uneven stages (first / last fewer): the planner's split, exactly
         flags["pipeline_layers_per_stage"] = ",".join(map(str, counts))

@@ -107,6 +107,30 @@ class ParallelRNG:
             self.set_state(now)
 
 
+class RNGState:
+    """This rank's generators as a Stateful (hybrid/stateful.py): torch's default CPU generator, the CUDA one when
+    in use, and the ParallelRNG dropout streams (when given). Whole tensors of this rank alone -- the checkpoint
+    keys them by rank, and restores them on the same layout only (a stream belongs to a (tp, pp) coordinate)."""
+
+    def __init__(self, rng: ParallelRNG | None = None):
+        self.rng = rng
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        out = {"torch_cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            out["torch_cuda"] = torch.cuda.get_rng_state()
+        if self.rng is not None:
+            out.update(self.rng.get_state())
+        return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        torch.set_rng_state(state["torch_cpu"])
+        if "torch_cuda" in state:
+            torch.cuda.set_rng_state(state["torch_cuda"])
+        if self.rng is not None:
+            self.rng.set_state({k: state[k] for k in self.rng.get_state()})
+
+
 class Dropout(nn.Module):
     """Dropout whose mask comes from one region's stream; the identity in eval mode or at p = 0."""
 

@@ -27,8 +27,10 @@ from hybrid.fault import args as fault_args
 from hybrid.launch import MAX_TIMEOUT_MINUTES
 from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.metrics import args as metrics_args
+from hybrid.moe import args as moe_args
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
+from hybrid.pipeline.args import check_zero_bubble
 from hybrid.precision import Precision
 from hybrid.train.config import (FLAGS, MAX_SEED, ModelSetup, ParallelConfig, PipelinePlan, RunConfig,  # noqa: F401
                                  TrainingConfig)
@@ -64,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     fault_args.add_arguments(p)
     ckpt_args.add_arguments(p)
     cp_args.add_arguments(p)
+    moe_args.add_arguments(p)
     _short_metavars(p)
     return p
 
@@ -210,11 +213,16 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
                              "set the chunks per rank; give one of them")
         v = args.virtual_pipeline_model_parallel_size
     kind = ScheduleKind(args.pipeline_schedule or ("interleaved" if v > 1 else "1f1b"))
+    v = check_zero_bubble(args, kind, v, dims.pp, cfg.num_layers)  # zbv: 2 chunks a rank (hybrid/pipeline/args.py)
     if kind is ScheduleKind.INTERLEAVED and v == 1 and dims.pp > 1:
         raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage "
                          "(or --virtual-pipeline-model-parallel-size)")
-    if kind is not ScheduleKind.INTERLEAVED and v > 1:
+    if kind not in (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV) and v > 1:
         raise ValueError(f"--num-layers-per-virtual-pipeline-stage needs --pipeline-schedule interleaved, not {kind.value}")
+    if args.recompute_granularity == "selective-op" and kind in (ScheduleKind.ZB_H1, ScheduleKind.ZBV):
+        raise ValueError(f"--recompute-granularity selective-op does not run with --pipeline-schedule {kind.value}: "
+                         "its W reruns a block a second time and torch's selective checkpoint frees what it stored "
+                         "after the first; use --recompute-granularity full or selective, or 1f1b")
     m = batch.num_micro_batches
     if kind is ScheduleKind.INTERLEAVED and m % dims.pp:
         raise ValueError(f"interleaved 1F1B needs the micro-batches per step ({m} = --global-batch-size / "
@@ -347,6 +355,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                    cp=cp.size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
+    moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")
@@ -365,10 +374,16 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                 timeline=ns.timeline, hardware=ns.hardware),
         optimizer=OptimizerConfig(lr=ns.lr, min_lr=ns.min_lr, weight_decay=ns.weight_decay, beta1=ns.adam_beta1,
                                   beta2=ns.adam_beta2, warmup_iters=ns.lr_warmup_iters, decay_style=ns.lr_decay_style,
-                                  train_iters=ns.train_iters, clip_grad=ns.clip_grad),
-        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp,
-        flags=tuple((k, v) for k, v in sorted(vars(ns).items()) if isinstance(v, (str, int, float, bool, type(None)))),
+                                  train_iters=ns.train_iters, clip_grad=ns.clip_grad, decay_iters=ns.lr_decay_iters),
+        zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe,
+        flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
         ds_unsupported=tuple(unsupported))
+
+
+def _recorded(value) -> bool:
+    """A flag value a checkpoint records: a scalar, or a list of them (--data-path)."""
+    scalar = (str, int, float, bool, type(None))
+    return isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(x, scalar) for x in value))
 
 
 def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, ParallelDims, BatchSpec, PipelinePlan]:
@@ -420,6 +435,7 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     (none by default); the planner models our runtime exactly on CPU (fp32, flash attention: docs/planner.md)."""
     from hybrid.planner import Cluster, SearchSpace, Workload, search
     from hybrid.planner.layout import ZeroStage
+    from hybrid.planner.ops import KernelProfile
     from hybrid.planner.train_flags import MAX_GLOBAL_BATCH, layout_flags
 
     check_auto_parallel_conflicts(args)
@@ -431,7 +447,7 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     precision = Precision.BF16 if (args.bf16 or args.fp16) else Precision.FP32
     hw, profile = _planning_device(args, world, precision.planned)
     work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
-                    precision=precision.planned, activations=profile,
+                    precision=precision.planned, activations=profile, kernels=KernelProfile.EAGER,  # our layers
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
     # --compile runs with ZeRO 0-2 only (check_args): the search keeps to what the run will accept
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),),
@@ -445,8 +461,9 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
         setattr(args, dest, value)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}, micro-batch {lay.micro_batch}, "
-              f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel} "
-              f"(predicted {result.plans[0].time.total:.3g} s/step on {hw.name})", flush=True)
+              f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel}, schedule "
+              f"{lay.schedule.value} (predicted {result.plans[0].time.total:.3g} s/step on {hw.name})"
+              + (f"; {result.notes[lay.short()]}" if lay.short() in result.notes else ""), flush=True)
 
 
 def _planning_device(args: argparse.Namespace, world: int, precision: Precision):

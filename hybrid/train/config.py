@@ -26,6 +26,7 @@ from hybrid.data.args import DataConfig
 from hybrid.fault.args import FaultConfig
 from hybrid.mesh import ParallelDims
 from hybrid.metrics.args import MetricsConfig
+from hybrid.moe.config import MoEConfig
 from hybrid.pipeline import ScheduleKind
 from hybrid.train_step import OptimizerConfig
 from hybrid.zero.config import CpuAdam, ZeroConfig
@@ -95,7 +96,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--virtual-pipeline-model-parallel-size", PARALLEL,
          "v: model chunks per rank (interleaved 1F1B); with --pipeline-layers-per-stage (pp x v counts) or "
          "--pipeline-partition balanced the chunks may differ in size", type=int, low=1),
-    Flag("--pipeline-schedule", PARALLEL, "None: interleaved with virtual stages, else 1f1b", type=str,
+    Flag("--pipeline-schedule", PARALLEL, "None: interleaved with virtual stages, else 1f1b; zbh1 / zbv: zero bubble "
+         "(each backward split into input and weight gradients; zbv: two chunks a rank in a V)", type=str,
          choices=tuple(k.value for k in ScheduleKind)),
     Flag("--pipeline-partition", PARALLEL, "balanced: split layers by FLOPs, counting the embedding and the LM head",
          default="uniform", type=str, choices=("uniform", "balanced")),
@@ -119,9 +121,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--train-iters", OPTIM, "optimizer steps", default=100, type=int, low=1),
     Flag("--lr", OPTIM, "peak learning rate", default=1e-3, type=float, low=0.0, low_open=True),
     Flag("--min-lr", OPTIM, "learning rate at the end of the decay", default=1e-4, type=float, low=0.0),
-    Flag("--lr-warmup-iters", OPTIM, "linear warm-up steps", default=10, type=int, low=0),
+    Flag("--lr-warmup-iters", OPTIM, "linear warm-up: step k <= N runs at lr k / N (Megatron's; 0: none)",
+         default=10, type=int, low=0),
+    Flag("--lr-decay-iters", OPTIM, "the step the decay reaches --min-lr (then stays); None: --train-iters. Keep "
+         "it when a resumed run raises --train-iters, and the schedule stays the same", type=int, low=1),
     Flag("--lr-decay-style", OPTIM, "decay after warm-up", default="cosine", type=str,
-         choices=("constant", "cosine")),
+         choices=("constant", "linear", "cosine")),
     Flag("--weight-decay", OPTIM, "AdamW decoupled weight decay (matrices only)", default=0.01, type=float, low=0.0),
     Flag("--adam-beta1", OPTIM, "Adam first-moment decay, in [0, 1)", default=0.9, type=float),
     Flag("--adam-beta2", OPTIM, "Adam second-moment decay, in [0, 1)", default=0.95, type=float),
@@ -260,7 +265,9 @@ class RunConfig:
         fault: watchdog, NaN guard, stragglers (hybrid/fault/args.py).
         metrics: TensorBoard, the JSON-lines file, MFU's peak (hybrid/metrics/args.py).
         cp: context parallelism and packed documents (hybrid/cp/args.py).
-        flags: every flag's final value (dest -> int / float / str / bool / None), as checkpoints record it.
+        moe: Mixture-of-Experts training and expert parallelism (hybrid/moe/args.py); None for a dense model.
+        flags: every flag's final value (dest -> int / float / str / bool / None, or a tuple of them: --data-path),
+            as checkpoints record it.
         ds_unsupported: keys of --deepspeed-config that hybrid does not read (a warning at start-up).
     """
 
@@ -274,6 +281,7 @@ class RunConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     metrics: MetricsConfig = field(default_factory=lambda: MetricsConfig(None, None, None))
     cp: CPConfig = field(default_factory=CPConfig)
+    moe: MoEConfig | None = None
     flags: tuple[tuple[str, object], ...] = ()
     ds_unsupported: tuple[str, ...] = ()
 

@@ -8,20 +8,23 @@ import time
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from hybrid.checkpoint.run import RunCheckpoints
 from hybrid.data import DataSource
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh
 from hybrid.metrics.loop import RunMetrics
+from hybrid.metrics.peak_memory import current_rss_bytes
 from hybrid.metrics.split import predicted_split_line
+from hybrid.moe.runtime import log_fields as moe_log_fields
+from hybrid.moe.runtime import owners as moe_owners
 from hybrid.pipeline import build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.pipeline.timeline import chrome_trace, write_chrome_trace
 from hybrid.tp import ParallelRNG, TPContext
 from hybrid.tp.random import PP_SEED_STRIDE
 from hybrid.train.config import PipelinePlan, RunConfig
+from hybrid.train import explain
 from hybrid.train.evaluate import run_evaluations
 from hybrid.train_step import LocalForwardBackward, train_step
 from hybrid.zero import Precision, ZeroOptimizer
@@ -39,7 +42,10 @@ def build_runner(run: RunConfig, mesh: Mesh, tp: TPContext):
     dims, plan, batch, setup = mesh.dims, run.parallel.pipeline, run.training.batch, run.model
     cfg = setup.arch
     model = build_pipeline_chunks(cfg, tp, mesh.coords.pp, dims.pp, plan.v, stages=plan.stages,
-                                  seed=run.training.seed, recompute=setup.recompute)
+                                  seed=run.training.seed, recompute=setup.recompute,
+                                  stage_ids=[plan.kind.placement.stage(mesh.coords.pp, c, dims.pp)
+                                             for c in range(plan.v)],
+                                  moe=expert_context(run, mesh))  # hybrid/moe; None for a dense model
     model = set_context_parallel(model.to(mesh.device), run.cp.context(mesh))  # hybrid/cp; None without CP
     if setup.compile:
         compile_blocks(model)
@@ -53,7 +59,23 @@ def build_runner(run: RunConfig, mesh: Mesh, tp: TPContext):
     schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
     io = StageIO((batch.micro_batch, seq, cfg.hidden_size), run.zero.precision.dtype)  # activations in compute dtype
     return model, PipelineExecutor(model, schedule, mesh.pp, io, mesh.device,
-                                   record_timeline=bool(run.training.timeline))
+                                   record_timeline=bool(run.training.timeline), placement=plan.kind.placement)
+
+
+def expert_context(run: RunConfig, mesh: Mesh):
+    """The MoE layers' flags and expert-parallel group (hybrid/moe); None for a dense model."""
+    if run.moe is None:
+        return None
+    from hybrid.moe.layer import ExpertContext
+    return ExpertContext(run.moe, mesh.ep)
+
+
+def expert_layout(run: RunConfig):
+    """How the expert layers fold the ranks (hybrid/moe/parallel.py); None for a dense model."""
+    if run.moe is None:
+        return None
+    from hybrid.moe.parallel import ExpertLayout
+    return ExpertLayout(run.parallel.dims, run.moe.expert_parallel)
 
 
 def compile_blocks(chunks, backend: str = "inductor") -> None:
@@ -71,7 +93,10 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     """Train on this rank: the mesh, the model, the optimizer, the features around the step, then the steps."""
     dims, plan, batch = run.parallel.dims, run.parallel.pipeline, run.training.batch
     cfg, seed = run.model.arch, run.training.seed
-    mesh = Mesh.build(dims, device=device, timeout=timedelta(minutes=run.parallel.timeout_minutes))
+    baseline = current_rss_bytes()  # before the model: the planner's memory line adds it on CPU (explain.py)
+    experts = expert_layout(run)  # MoE: the expert layers' ep and edp groups (hybrid/moe/parallel.py)
+    mesh = Mesh.build(dims, device=device, timeout=timedelta(minutes=run.parallel.timeout_minutes),
+                      expert_groups=experts.groups() if experts is not None else None)
     # The default generators (CPU and every CUDA device), as Megatron's _set_random_seed: seed + 100 * pp_rank.
     # Training draws only from explicit generators (data, init, the dropout streams), but the default one is
     # checkpointed for whatever else draws from it -- unseeded it starts at a per-process value, and a resumed
@@ -82,20 +107,27 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     model, runner = build_runner(run, mesh, tp)
     opt_cfg = run.optimizer
     optimizer = ZeroOptimizer(model, mesh, run.zero, opt_cfg)  # stage 0 = plain DP; also syncs gradients
+    if isinstance(runner, PipelineExecutor):
+        runner.before_weight = optimizer.gather_chunk  # zero-bubble W under ZeRO-3: the chunk's weights gathered
     log0(mesh, _header(run, model, optimizer, device))
-    ft = FaultTolerance.start(run.fault, mesh, model, runner, optimizer, run.training.log_interval)  # hybrid/fault
+    ft = FaultTolerance.start(run.fault, mesh, model, runner, optimizer, run.training.log_interval,
+                              run.metrics.timing_log_interval)  # hybrid/fault
     tokens_per_step = batch.global_batch * batch.seq_length
     metrics = RunMetrics.start(run, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
     log0(mesh, metrics.header())
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
-    ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run))  # hybrid/checkpoint
+    ckpt = RunCheckpoints(run.checkpoint, mesh, model, optimizer, tp.rng, run_info(run),
+                          owners={"fault.": ft, **moe_owners(model)})  # hybrid/checkpoint: every owner of state
     start, consumed = ckpt.resume()
+    if mesh.rank == 0:  # model, weights, data, schedule, the planner's figures; on resume what changed
+        for line in explain.startup_lines(run, run_info(run), data, start, consumed, device, baseline):
+            print(line, flush=True)
     ft.check_weights()  # the NaN guard: NaN/inf in loaded weights is one line now, not skipped steps later
     train_iters, log_interval, z = run.training.train_iters, run.training.log_interval, run.zero
     it, loss = start - 1, float("nan")
     sharding = run.cp.sharding(mesh.cp.rank)
-    t0 = time.perf_counter()
+    t0, since = time.perf_counter(), start  # the interval's clock and its first step (a resumed run's is not 0)
     for it in range(start, train_iters):
         ft.begin_iteration(it)
         batches = data.batches(consumed, batch, mesh.coords.dp)  # a pure function of the samples consumed so far
@@ -103,18 +135,22 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
         loss = train_step(model, batches, ft.optimizer, mesh, lr=opt_cfg.lr_at(it), runner=ft.runner)
         ft.end_iteration(it)
         if (it + 1) % log_interval == 0 or it + 1 == train_iters:
-            dt = (time.perf_counter() - t0) / log_interval
+            dt = (time.perf_counter() - t0) / (it + 1 - since)  # the steps it timed: fewer after a resume or at the end
             rep = optimizer.last_report
             extra = f" | grad norm {rep.grad_norm:.3f}" if rep.grad_norm is not None else ""
             if z.precision is Precision.FP16:
                 extra += f" | loss scale {rep.loss_scale:g} | skipped {optimizer.skipped_steps}"
-            fields = metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps)  # collective
+            moe_line, moe_values = moe_log_fields(model, mesh, batch.num_micro_batches * log_interval,
+                                                  expert_layout(run))  # collective; '' for a dense model
+            fields = moe_line + metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps,
+                                                     extra=moe_values)  # collective
             log0(mesh, f" iteration {it + 1:>6}/{train_iters} | lm loss {loss:.4f} | "
                        f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s"
                        f"{fields}")
-            t0 = time.perf_counter()
+            t0, since = time.perf_counter(), it + 1
         t_eval = time.perf_counter()
-        metrics.write_eval(it + 1, run_evaluations(run.data, model, runner, mesh, data, batch, optimizer, it + 1, sharding=sharding))
+        metrics.write_eval(it + 1, run_evaluations(run.data, model, runner, mesh, data, batch, optimizer, it + 1,
+                                                   sharding=sharding, train_iters=train_iters))
         t0 += time.perf_counter() - t_eval  # ms/iter counts training only
         consumed += batch.global_batch
         if ckpt.after_step(it + 1, consumed):  # --exit-signal-handler: SIGTERM, saved
@@ -123,7 +159,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     ft.stop()
     last = it + 1  # the last completed step: --train-iters, or earlier after --exit-interval / SIGTERM
     metrics.write_eval(last, run_evaluations(run.data, model, runner, mesh, data, batch, optimizer, last, final=True,
-                                            sharding=sharding))
+                                            sharding=sharding, train_iters=train_iters))
     metrics.close()
     if run.training.timeline:
         save_timeline(run.training.timeline, runner, mesh, plan)
@@ -166,8 +202,7 @@ def run_info(run: RunConfig) -> dict:
 def save_timeline(path: str, runner, mesh: Mesh, plan: PipelinePlan) -> None:
     """Gather every rank's events of the last step; rank 0 writes the Chrome trace."""
     events = getattr(runner, "events", [])
-    gathered = [None] * mesh.dims.world
-    dist.all_gather_object(gathered, (mesh.rank, mesh.coords.pp, events))
+    gathered = mesh.world.all_gather_object((mesh.rank, mesh.coords.pp, events))
     if mesh.rank == 0:
         trace = chrome_trace({r: evs for r, _, evs in gathered}, {r: pp for r, pp, _ in gathered}, plan.v)
         write_chrome_trace(path, trace)

@@ -6,7 +6,8 @@
 
 Every input is checked before any process group starts; a bad one exits with one line naming it, printed by rank
 0 only and recorded in torch elastic's error file, so torchrun's failure summary shows it as the root cause. A rank
-that dies or stalls ends the job after `--distributed-timeout-minutes` with one line naming it (liveness.py).
+that dies or stalls ends the job after `--distributed-timeout-minutes` with one line naming it (hybrid/launch.py,
+hybrid/liveness.py).
 """
 
 from __future__ import annotations
@@ -14,13 +15,10 @@ from __future__ import annotations
 import sys
 from datetime import timedelta
 
-import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
-from hybrid.launch import (check_launch, check_launcher_env, env_world, init_distributed, start_device,  # noqa: F401
-                           under_launcher)
-from hybrid.train import liveness
+from hybrid.launch import check_launch, check_launcher_env, distributed, env_world, under_launcher  # noqa: F401
 from hybrid.train.args import configure, deepspeed_origins_of, parse_args
 from hybrid.train.loop import run as train
 from hybrid.zero.ds_config import name_keys
@@ -51,20 +49,8 @@ def main(argv: list[str] | None = None) -> None:
         if e.code not in (0, None) and not is_rank_zero() and under_launcher():
             outlive_rank_zero(e)  # so rank 0's one line is printed before torchrun stops the job
         raise
-    timeout = timedelta(minutes=run.parallel.timeout_minutes)
-    backend, device = start_device(world)
-    init_distributed(world, device, backend, timeout)
-    heartbeat = (liveness.Heartbeat(dist.get_rank(), world, timeout.total_seconds())
-                 if world > 1 and under_launcher() else None)
-    try:
+    with distributed(world, timedelta(minutes=run.parallel.timeout_minutes)) as device:
         train(run, corpus, device)
-    except (Exception, SystemExit) as e:
-        liveness.end_after_failure(heartbeat, e)  # under a launcher: exits, naming the rank that failed first
-        raise
-    finally:
-        if heartbeat is not None:
-            heartbeat.stop()
-        dist.destroy_process_group()
 
 
 def cli() -> None:

@@ -108,6 +108,11 @@ def _load_json(path: str) -> dict:
         raise ValueError(f"--deepspeed-config {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except UnicodeDecodeError:
         raise ValueError(f"--deepspeed-config {path}: not UTF-8 text; save the JSON as UTF-8") from None
+    except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a 5000-digit number
+        if str(e).startswith("--deepspeed-config"):  # no_constant's own
+            raise
+        raise ValueError(f"--deepspeed-config {path}: not a JSON file hybrid reads ({type(e).__name__}: "
+                         f"{(str(e).splitlines() or [''])[0][:80]})") from None
     except OSError as e:
         raise ValueError(f"--deepspeed-config {path}: cannot read it ({e.strerror})") from None
     if not isinstance(ds, dict):

@@ -50,6 +50,8 @@ import torch.nn as nn
 from hybrid.comm import Group
 from hybrid.dp import make_buckets
 from hybrid.mesh import Mesh
+from hybrid.moe.experts import LocalExperts
+from hybrid.moe.params import is_expert
 from hybrid.tp import sync_partial_grads
 from hybrid.train_step import OptimizerConfig, sync_tied_embeddings
 from hybrid.zero.config import CpuAdam, Precision, ZeroConfig
@@ -98,6 +100,8 @@ class ZeroOptimizer:
         # gradients are reduced (and ZeRO shards) over DP x CP: each CP rank saw other tokens of the same sequences
         # (Megatron's dp_cp group); the DP group itself when cp = 1 -- the only CP edit here
         self.dp: Group = mesh.dp_cp
+        self.edp: Group = mesh.expert_dp  # MoE experts: replicated over their expert-DP group (hybrid/moe)
+        self._expert_units: set[int] = set()
         self.device = mesh.device
         self.dtype = cfg.precision.dtype
         self.grad_dtype = cfg.grad_dtype  # fp32 with accumulate_fp32_grads, else the compute dtype
@@ -124,9 +128,38 @@ class ZeroOptimizer:
     def parts(self) -> int:
         return self.dp.size if self.cfg.sharded else 1
 
-    def _unit(self, name: str, params: list[nn.Parameter], deferred: bool = False) -> FlatUnit:
-        return FlatUnit(name, params, parts=self.parts, part=self.dp.rank if self.cfg.sharded else 0,
-                        deferred=deferred)
+    def _unit(self, name: str, params: list[nn.Parameter], deferred: bool = False, expert: bool = False) -> FlatUnit:
+        """A unit over the DP group, or (expert) over the expert-DP group: MoE experts' gradients are summed
+        and sharded over the ranks holding the same experts (hybrid/moe/parallel.py)."""
+        group = self.edp if expert else self.dp
+        u = FlatUnit(name, params, parts=group.size if self.cfg.sharded else 1,
+                     part=group.rank if self.cfg.sharded else 0, deferred=deferred)
+        if expert:
+            self._expert_units.add(id(u))
+        return u
+
+    def _group(self, u: FlatUnit) -> Group:
+        """The group `u` is reduced, sharded and gathered over."""
+        return self.edp if id(u) in self._expert_units else self.dp
+
+    def _split_experts(self, c: int, name: str, params: list[nn.Parameter]) -> list[FlatUnit]:
+        """Stages 0-2: the dense parameters' buckets, then the experts' (a bucket never mixes the two groups)."""
+        units = []
+        for expert in (False, True):
+            mine = [p for p in params if is_expert(p) == expert]
+            buckets = make_buckets(mine, self.cfg.bucket_bytes, _element_size(self.grad_dtype))
+            units += [self._unit(f"chunk{c}.{name}{i}", b, expert=expert) for i, b in enumerate(buckets)]
+        return units
+
+    def _stage3_blocks(self, c: int, chunk: nn.Module) -> Blocks:
+        """Stage 3: one unit per block's dense parameters, and after it one for each MoE experts module in it
+        (gathered around that module's own forward, over the expert-DP group)."""
+        blocks: Blocks = []
+        for i, b in enumerate(block_modules(chunk)):
+            blocks.append((b, self._unit(f"chunk{c}.block{i}", [p for p in b.parameters() if not is_expert(p)])))
+            blocks += [(m, self._unit(f"chunk{c}.block{i}.experts", list(m.parameters()), expert=True))
+                       for m in b.modules() if isinstance(m, LocalExperts)]
+        return blocks
 
     def _build_units(self) -> tuple[list[FlatUnit], list[Stage3Chunk]]:
         """Tied embeddings in their own deferred unit; stage 3: one unit per block plus one for each
@@ -142,17 +175,14 @@ class ZeroOptimizer:
             roots = [self._unit(f"chunk{c}.tied", [tied], deferred=True)] if tied is not None else []
             rest = [p for p in chunk.parameters() if p is not tied and p.requires_grad]
             if self.cfg.stage == 3:
-                blocks = [(b, self._unit(f"chunk{c}.block{i}", list(b.parameters())))
-                          for i, b in enumerate(block_modules(chunk))]
+                blocks = self._stage3_blocks(c, chunk)
                 in_blocks = {id(p) for _, u in blocks for p in u.params}
                 root = [p for p in rest if id(p) not in in_blocks]
                 roots += [self._unit(f"chunk{c}.root", root)] if root else []
                 plan.append((chunk, roots, blocks))
                 units += roots + [u for _, u in blocks]
             else:
-                units += roots + [self._unit(f"chunk{c}.bucket{i}", b)
-                                  for i, b in enumerate(make_buckets(rest, self.cfg.bucket_bytes,
-                                                                       _element_size(self.grad_dtype)))]
+                units += roots + self._split_experts(c, "bucket", rest)
         return units, plan
 
     def _init_unit(self, u: FlatUnit) -> None:
@@ -179,7 +209,24 @@ class ZeroOptimizer:
         else:
             u.grad_shard = torch.zeros(u.shard_numel, dtype=self.grad_dtype, device=self.device)
         u.make_segments(self.mesh.tp, self.duplicates)
+        self._expert_norm_weights(u)
         u.views = [u.master[s.lo:s.hi] for s in u.segments]
+
+    @property
+    def has_experts(self) -> bool:
+        return bool(self._expert_units)
+
+    def _expert_norm_weights(self, u: FlatUnit) -> None:
+        """With MoE the gradient norm is summed over DP too (experts differ across DP ranks): an expert element
+        counts on every rank that holds its shard (sharded) or on expert-DP rank 0 (stage 0); a dense one, which
+        stage 0 replicates over DP, on DP rank 0 only."""
+        if not self.has_experts or (self.cfg.sharded and id(u) not in self._expert_units):
+            return
+        for s in u.segments:
+            if id(u) in self._expert_units:
+                s.norm_weight = 1.0 if self.cfg.sharded or self.edp.rank == 0 else 0.0
+            elif self.dp.rank != 0:
+                s.norm_weight = 0.0
 
     def _place(self, t: torch.Tensor, offload: bool) -> torch.Tensor:
         if not offload:
@@ -312,9 +359,9 @@ class ZeroOptimizer:
 
     def _gather(self, units: list[FlatUnit], prefetch: list[FlatUnit]) -> None:
         for u in units:
-            u.finish_gather(self.dp, self.device)
+            u.finish_gather(self._group(u), self.device)
         for u in prefetch:  # posted now, waited for when that unit runs: overlaps this one's compute
-            u.start_gather(self.dp, self.device)
+            u.start_gather(self._group(u), self.device)
 
     def _after_forward(self, units: list[FlatUnit], out, prefetch: list[FlatUnit]):
         if not self.cfg.keep_gathered:
@@ -359,14 +406,14 @@ class ZeroOptimizer:
         """Post u's DP reduction: all-reduce (stage 0), or reduce-scatter to this rank's shard."""
         self._launches[id(u)] = self._launches.get(id(u), 0) + 1
         if self.cfg.stage == 0:
-            self._pending.append((u, self.dp.all_reduce_async(u.flat_grad), None, None))
+            self._pending.append((u, self._group(u).all_reduce_async(u.flat_grad), None, None))
         else:
             if self.cfg.stage == 1:
                 full = u.flat_grad
             else:  # 2-3: the full gradient is freed once its reduce-scatter completes
                 full = u.take_full_grad() if self.cfg.accumulate_fp32_grads else u.flatten_grads()
             out = torch.empty(u.shard_numel, dtype=self.grad_dtype, device=self.device)
-            self._pending.append((u, self.dp.reduce_scatter_into(out, full), out, full))
+            self._pending.append((u, self._group(u).reduce_scatter_into(out, full), out, full))
         while len(self._pending) > MAX_IN_FLIGHT:
             self._complete(self._pending.pop(0))
 
@@ -480,7 +527,7 @@ class ZeroOptimizer:
         t = t.to(self.device)
         self.mesh.tp.all_reduce(t, tag=tag)
         self.mesh.pp.all_reduce(t, tag=tag)
-        if self.cfg.sharded:
+        if self.cfg.sharded or self.has_experts:  # experts differ across DP ranks (_expert_norm_weights)
             self.dp.all_reduce(t, tag=tag)
         return t
 
@@ -510,16 +557,32 @@ class ZeroOptimizer:
         every rank -- posted in the next forward's order and left in flight when overlapping (the forward's
         hooks wait per block), else waited for here."""
         self.wait_params()  # a gather still in flight writes the buffers written below
+        if self.cfg.stage == 3:
+            self._drop_stale_gathers()
         for u in (self._gather_order if self.overlaps_param_gather else self.units):
             if u.master is not u.shard:
                 u.shard.copy_(u.master, non_blocking=self.pin)  # fp32 -> compute dtype, host -> device
             if self.cfg.stage in (1, 2):  # every rank needs the whole updated unit
                 send = u.shard.clone()  # the gather writes u.flat, which u.shard views
-                work = self.dp.all_gather_into(u.flat, send)
+                work = self._group(u).all_gather_into(u.flat, send)
                 if self.overlaps_param_gather:
                     self._param_gathers[id(u)] = (work, send)
                 else:
                     work.wait()
+
+    def _drop_stale_gathers(self) -> None:
+        """Stage 3: a unit gathered (or prefetched) before this step and not freed holds the old parameters; free
+        it so its next use gathers the new ones. A module whose forward hooks run during full recomputation (an
+        MoE layer's experts, inside a recomputed block) prefetches the next unit there, after that unit's backward
+        has freed it."""
+        if self.cfg.keep_gathered:
+            return
+        for u in self.units:
+            if u.gather_work is not None:
+                u.gather_work.wait()
+                u.gather_work = None
+            if u.gathered:
+                u.free()
 
     def _update_loss_scale(self, skipped: bool) -> None:
         """Dynamic loss scaling: halve on overflow (the step is skipped), double after a window of
@@ -544,7 +607,7 @@ class ZeroOptimizer:
             yield
             return
         for u in self.units:
-            u.finish_gather(self.dp, self.device)
+            u.finish_gather(self._group(u), self.device)
         try:
             yield
         finally:
@@ -562,6 +625,18 @@ class ZeroOptimizer:
         return sum(u.padded for u in self.units)
 
     # --- checkpoints (hybrid/checkpoint) ------------------------------------------------------
+    def state_dict(self, optimizer: bool = True, names: dict[int, str] | None = None) -> dict[str, object]:
+        """The model's fp32 master weights (and with `optimizer` Adam's moments, step and loss scaler) as a sharded
+        state dict (hybrid/stateful.py; the keys and pieces: hybrid/zero/state.py). `names`: id(param) -> global
+        name (default: the model's own)."""
+        from hybrid.zero import state
+        return state.state_dict(self, optimizer, names)
+
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
+        """After a checkpoint filled `state_dict()`'s pieces: the step, the loss scaler, the parameters."""
+        from hybrid.zero import state
+        state.load_state_dict(self, state_dict)
+
     @torch.no_grad()
     def sync_params_from_master(self) -> None:
         """After the fp32 master shards were loaded from a checkpoint: rebuild the compute-dtype
@@ -586,9 +661,16 @@ def cpu_adamw(groups: list[dict], which: CpuAdam, lr: float, betas: tuple[float,
     if which is CpuAdam.TORCH_LOOP:
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, foreach=False), "torch-loop"
     if which is not CpuAdam.TORCH:
+        from hybrid.zero.cpu_adam_build import StaleBuildLock, cpu_adam_build
         try:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
-            return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True), "deepspeed-cpu-adam"
+            with cpu_adam_build(lambda line: print(line, flush=True)):  # a first build says so; a stale lock is named
+                return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True), "deepspeed-cpu-adam"
+        except StaleBuildLock as e:
+            if which is CpuAdam.DEEPSPEED:
+                from hybrid.cliutil import fail
+                raise fail(f"train.py: error: {e}") from None
+            print(f"train.py: warning: {e}; using torch's fused AdamW meanwhile", flush=True)
         except Exception as e:  # no compiler, no deepspeed: fall back, unless it was asked for by name
             if which is CpuAdam.DEEPSPEED:
                 raise RuntimeError(f"--cpu-adam deepspeed: DeepSpeedCPUAdam failed to build: {e}") from e

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import torch
 
-from hybrid.cliutil import HelpFormatter, float_in, int_in
 from hybrid.comm import Group
 from hybrid.convert.detect import Format, detect
 
@@ -145,7 +144,7 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, max_len
 
 
 # --- the model and its weights --------------------------------------------------------------------------------
-def _load_hybrid_shards(model: torch.nn.Module, it_dir: str, tp_rank: int, distributed: bool) -> None:
+def _load_hybrid_shards(model: torch.nn.Module, it_dir: str, tp_rank: int, world: Group) -> None:
     """Each parameter's TP shard from the checkpoint: one ShardedTensor per parameter whose chunk is this rank's
     shard box (hybrid/checkpoint/shards.shard_box, the rows a run at this tp saves), read by DCP from whatever
     chunks the checkpoint holds."""
@@ -159,14 +158,19 @@ def _load_hybrid_shards(model: torch.nn.Module, it_dir: str, tp_rank: int, distr
             continue  # a shard of vocabulary padding only
         view = p.data[tuple(slice(0, s) for s in box[1])]  # the real rows sit first in the local shard
         sd[f"model/{name}"] = sharded_tensor([view], [box], full_shape(p, spec_of(p)))
-    safe_read.load(sd, it_dir, no_dist=not distributed)  # .metadata: only DCP's own classes (safe_read.py)
+    # .metadata: only DCP's own classes (safe_read.py); DCP's collectives on the world group, counted (Group.delegate)
+    if world.size == 1:
+        safe_read.load(sd, it_dir, no_dist=True)
+    else:
+        world.delegate("dcp_load", lambda pg: safe_read.load(sd, it_dir, process_group=pg))
 
 
 def load_model(cfg, folder: str, hybrid: bool, tp: Group | None = None, pp: Group | None = None,
-               stages: list[tuple[int, ...]] | None = None) -> torch.nn.Module:
+               stages: list[tuple[int, ...]] | None = None, world: Group | None = None) -> torch.nn.Module:
     """Our model at this TP rank and pipeline stage (eval mode; the stage's layers from `stages`, one per pp
     rank, as the trainer builds its chunks: models.build_pipeline_chunks), its weights read from the checkpoint
-    directory `folder` (hybrid) or the transformers folder (each rank reads only its rows and its layers)."""
+    directory `folder` (hybrid) or the transformers folder (each rank reads only its rows and its layers).
+    `world`: every rank's group, which a hybrid checkpoint's read runs on (None: the default process group)."""
     from hybrid.tp import TPContext
     from models import build_pipeline_chunks
     from models.hf_io import load_hf_checkpoint
@@ -178,15 +182,25 @@ def load_model(cfg, folder: str, hybrid: bool, tp: Group | None = None, pp: Grou
     with torch.no_grad():
         for p in net.parameters():
             p.zero_()  # vocabulary padding rows stay zero (they are in no checkpoint)
-    _load_hybrid_shards(net, folder, tp.rank, tp.size * pp.size > 1)
+    _load_hybrid_shards(net, folder, tp.rank, world or _default_world(tp.size * pp.size))
     return net
+
+
+def _default_world(size: int) -> Group:
+    """Every rank over the default process group (a caller that brings no mesh), counted on a ledger of its own."""
+    import torch.distributed as dist
+
+    from hybrid.comm import CommLedger
+    if size == 1:
+        return Group.solo("world")
+    return Group("world", tuple(range(dist.get_world_size())), dist.group.WORLD, CommLedger())
 
 
 def read_source(src: str, model: str | None):
     """(config, checkpoint directory or transformers folder, state.json or None), checked, with no weights
     read: a hybrid checkpoint's files against its manifest and its tensors against the config."""
     from hybrid.checkpoint import store
-    from hybrid.convert.common import read_config
+    from hybrid.convert.common import check_safetensors, read_config
     from hybrid.convert.to_hf import check_against, checkpoint_config, iteration_dir
     fmt = detect(src)
     if fmt is Format.HYBRID:
@@ -198,7 +212,9 @@ def read_source(src: str, model: str | None):
         raise ValueError(f"SRC {src!r}: generate reads a hybrid checkpoint or a transformers folder; convert it first")
     if model is not None:
         raise ValueError("--model: a transformers SRC carries its own config.json; drop --model")
-    return read_config(src, "SRC"), src, None
+    cfg = read_config(src, "SRC")
+    check_safetensors(src)  # a truncated file: one line here, not safetensors' traceback at the load
+    return cfg, src, None
 
 
 # --- the tokenizer --------------------------------------------------------------------------------------------
@@ -217,6 +233,30 @@ def _bytes_codec(why: str) -> TextCodec:
 
 
 def _tokenizer_codec(path: str, why: str) -> TextCodec:
+    """_read_tokenizer, with a file that does not parse (truncated, another format) as one line naming it."""
+    import json
+    files = [os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".json")] \
+        if os.path.isdir(path) else [path]
+    for f in files:  # each JSON file parses: the error can then name the one that does not
+        try:
+            with open(f, "rb") as fh:
+                json.loads(fh.read().decode("utf-8"))
+        except (ValueError, RecursionError, OSError) as e:
+            raise ValueError(f"tokenizer {f} ({why}): not readable JSON ({type(e).__name__}: "
+                             f"{(str(e).strip().splitlines() or [''])[0][:120]}); give --tokenizer or --prompt-ids")
+    try:
+        return _read_tokenizer(path, why)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        error: Exception = e
+    except ValueError:  # ours: names the file already
+        raise
+    except Exception as e:  # tokenizers' "EOF while parsing", transformers' KeyError on a partial tokenizer.json
+        error = e
+    raise ValueError(f"tokenizer {path} ({why}): not a readable tokenizer ({type(error).__name__}: "
+                     f"{(str(error).strip().splitlines() or [''])[0][:160]}); give --tokenizer or --prompt-ids")
+
+
+def _read_tokenizer(path: str, why: str) -> TextCodec:
     """A transformers tokenizer folder (AutoTokenizer: its special tokens, e.g. BOS, as transformers adds them),
     or a bare tokenizers JSON as train.py's --tokenizer-model (no special tokens: as the data were encoded)."""
     folder = path if os.path.isdir(path) else None
@@ -281,131 +321,3 @@ def prompt_ids(args: argparse.Namespace, cfg, codec: TextCodec) -> torch.Tensor:
 
 
 # --- the command ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Layout:
-    """How generate spreads the model: world = tp x pp (no data parallelism: one prompt).
-
-    Attributes:
-        tp: tensor-parallel size.
-        pp: pipeline stages.
-        stages: each stage's global layer ids (hybrid.partition.partition_layers).
-    """
-
-    tp: int
-    pp: int
-    stages: list[tuple[int, ...]]
-
-    def describe(self) -> str:
-        return f"tp {self.tp}" + (f" x pp {self.pp} (layers {[len(s) for s in self.stages]})" if self.pp > 1 else "")
-
-
-def _check_layout(args: argparse.Namespace, world: int, cfg) -> Layout:
-    """The layout (default tp: every launched process / pp); one line naming the flag when it cannot run."""
-    from hybrid.mesh import ParallelDims, validate_model_dims
-    from hybrid.partition import parse_layers_per_stage, partition_layers
-    pp = args.pipeline_model_parallel_size
-    validate_model_dims(ParallelDims(tp=1, pp=pp), cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
-    manual = parse_layers_per_stage(args.pipeline_layers_per_stage) if args.pipeline_layers_per_stage else None
-    if manual is None and cfg.num_layers % pp:  # the uniform split's own message names train.py's --pipeline-partition
-        q, r = divmod(cfg.num_layers, pp)
-        counts = ",".join(map(str, [q] * (pp - r) + [q + 1] * r))
-        raise ValueError(f"--pipeline-model-parallel-size {pp} does not divide the {cfg.num_layers} layers; give "
-                         f"the layers per stage, e.g. --pipeline-layers-per-stage {counts}")
-    stages = partition_layers(cfg.num_layers, pp, 1, layers_per_stage=manual)  # uniform unless given
-    tp = args.tensor_model_parallel_size or max(1, world // pp)
-    if tp * pp != world:
-        launched = "1 was" if world == 1 else f"{world} were"
-        flags = f"--tensor-model-parallel-size {tp}" + (f" x --pipeline-model-parallel-size {pp}" if pp > 1 else "")
-        raise ValueError(f"{flags} needs {tp * pp} processes, but {launched} launched; "
-                         f"use torchrun --nproc-per-node {tp * pp}")
-    validate_model_dims(ParallelDims(tp=tp, pp=pp), cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
-    return Layout(tp, pp, stages)
-
-
-def _validate(args: argparse.Namespace):
-    """Every check, before any process group: (world, layout, sampling, codec, prompt, (cfg, folder, state))."""
-    from hybrid.launch import check_launcher_env, env_world, under_launcher
-    if (args.prompt is None) == (args.prompt_ids is None):
-        raise ValueError("give one of --prompt TEXT or --prompt-ids 1,2,3")
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
-    world = env_world()
-    if world > 1 and not under_launcher():
-        raise ValueError(f"WORLD_SIZE is {world} but RANK is not set; launch with torchrun --nproc-per-node {world}")
-    if under_launcher():
-        check_launcher_env(world)
-    source = read_source(args.src, args.model)
-    cfg, folder, state = source
-    layout = _check_layout(args, world, cfg)
-    codec = find_codec(args.tokenizer, folder, state)
-    return world, layout, sampling, codec, prompt_ids(args, cfg, codec), source
-
-
-def _groups(world: int, layout: Layout, backend: str, device: torch.device) -> tuple[Group, Group]:
-    """This rank's (tp, pp) groups of the tp x pp mesh (hybrid.mesh: tp innermost)."""
-    import torch.distributed as dist
-
-    from hybrid.mesh import Mesh, ParallelDims
-    if world == 1:
-        return Group.solo("tp"), Group.solo("pp")
-    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
-    mesh = Mesh.build(ParallelDims(tp=layout.tp, pp=layout.pp), device=device)
-    return mesh.tp, mesh.pp
-
-
-def run(args: argparse.Namespace) -> None:
-    from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
-    from hybrid.mesh import default_backend
-    try:
-        world, layout, sampling, codec, ids, (cfg, folder, state) = _validate(args)
-    except ValueError as e:
-        error = fail(f"hybrid generate: error: {e}")
-        if not is_rank_zero():
-            outlive_rank_zero(error)  # rank 0 prints the one line before torchrun stops the job
-        raise error from None
-    backend, device = default_backend()  # NCCL + this rank's GPU when there is one, gloo + CPU otherwise
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    tp, pp = _groups(world, layout, backend, device)
-    try:
-        model = load_model(cfg, folder, state is not None, tp, pp, layout.stages).to(device)
-        out = generate(model, ids.to(device), args.max_new_tokens, cfg.max_position_embeddings, cfg.vocab_size,
-                       sampling, tp, pp=pp, hidden=cfg.hidden_size).cpu()
-    finally:
-        if world > 1:
-            import torch.distributed as dist
-            dist.destroy_process_group()
-    if is_rank_zero():
-        new = out[0, ids.shape[1]:].tolist()
-        print(f"generate: {len(new)} new tokens ({sampling.describe()}): {','.join(map(str, new))}")
-        print(f"tokenizer: {codec.source}; {layout.describe()} on {device.type}, KV cache")
-        print(codec.decode(out[0].tolist()))
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("generate", help="greedy or sampled generation from a hybrid checkpoint or "
-                              "transformers folder (any TP x PP under torchrun)", description=__doc__,
-                              formatter_class=HelpFormatter)
-    p.add_argument("src", metavar="SRC", help="a hybrid checkpoint directory or a transformers model folder")
-    p.add_argument("--prompt", default=None, help="prompt text (through SRC's tokenizer, else UTF-8 bytes)")
-    p.add_argument("--prompt-ids", default=None, metavar="IDS", help="prompt as comma-separated token ids")
-    p.add_argument("--max-new-tokens", type=int_in(1), default=32, metavar="N", help="tokens to generate")
-    p.add_argument("--temperature", type=float_in(0.0), default=0.0, metavar="T",
-                   help="0: greedy; > 0: sample from softmax(logits / T)")
-    p.add_argument("--top-k", type=int_in(0), default=0, metavar="K", help="sample among the K most likely (0: off)")
-    p.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), default=1.0, metavar="P",
-                   help="sample from the smallest set of tokens holding probability P (1: off)")
-    p.add_argument("--seed", type=int_in(0), default=0, metavar="N", help="seed of the sampling generator")
-    p.add_argument("--tokenizer", default=None, metavar="PATH",
-                   help="a tokenizer folder or tokenizer.json (default: SRC's, the run's, else UTF-8 bytes)")
-    p.add_argument("--tensor-model-parallel-size", type=int_in(1), default=None, metavar="N",
-                   help="TP size (default: the number of processes torchrun launched / the PP size)")
-    p.add_argument("--pipeline-model-parallel-size", type=int_in(1), default=1, metavar="N",
-                   help="pipeline stages (world = TP x PP); the layers split uniformly unless "
-                        "--pipeline-layers-per-stage")
-    p.add_argument("--pipeline-layers-per-stage", default=None, metavar="COUNTS",
-                   help="layers on each stage, e.g. 1,2 (as train.py's flag)")
-    p.add_argument("--model", default=None, metavar="CONFIG", help="hybrid SRC: the model config, if not recorded")
-    p.set_defaults(func=run)
-    return p

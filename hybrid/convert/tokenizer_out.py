@@ -1,0 +1,99 @@
+"""The tokenizer an export carries, so that transformers' AutoTokenizer on the exported folder encodes text as the
+run's data were encoded.
+
+Which one (`export_tokenizer`, after the source's own tokenizer files were carried through):
+
+* files carried with the source (a converted transformers folder's, the run's --model folder's): kept as they are;
+* the run's --tokenizer-type HuggingFaceTokenizer --tokenizer-model: its tokenizer.json, with a
+  tokenizer_config.json naming its end-of-document token (hybrid/data/tokenizer.py's EOD_NAMES);
+* byte-level data (the default corpus, text files, --tokenizer-type ByteLevel): `byte_level_tokenizer`, a
+  tokenizers BPE with one token per byte and no merges -- id b is byte b, as train.py reads text -- whose id 0 is
+  the end-of-document token `<|endoftext|>` (hybrid/data/tokenizer.py's ByteLevel: EOD = byte 0, NUL, which text
+  does not contain; the tiny presets' bos/eos id 0);
+* anything else (indexed data whose tokenizer the run did not record): none, and the export says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+EOD = "<|endoftext|>"
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, which tokenizers' ByteLevel pre-tokenizer and decoder use."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = dict(zip(keep, map(chr, keep))), 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def byte_level_tokenizer():
+    """A `tokenizers.Tokenizer`: UTF-8 bytes as ids 1-255, id 0 the special end-of-document token."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    table = bytes_to_unicode()
+    vocab = {table[b]: b for b in range(1, 256)}
+    vocab[EOD] = 0
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(EOD, special=True)])
+    return tok
+
+
+def _config(dst: str, eod: str | None, max_length: int) -> None:
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length}
+    if eod is not None:
+        cfg.update(eos_token=eod, bos_token=eod)
+    with open(os.path.join(dst, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+
+
+def _is_byte_data(args: dict) -> bool:
+    """The run read byte tokens: --tokenizer-type ByteLevel, or no tokenizer and only text files (or the default
+    corpus) in --data-path."""
+    kind = args.get("tokenizer_type")
+    if kind is not None:
+        return kind == "ByteLevel"
+    if "data_path" not in args:  # not recorded (an older checkpoint): unknown
+        return False
+    paths = args["data_path"] or []
+    entries = [p for p in paths if not _is_number(p)]
+    return all(os.path.isfile(p) for p in entries)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def export_tokenizer(dst: str, carried: list[str], state: dict, max_length: int) -> str:
+    """Write the tokenizer files into `dst` (the export being staged) unless `carried` holds one; the line that
+    says which."""
+    if "tokenizer.json" in carried or "tokenizer.model" in carried:
+        return "tokenizer: carried with the source (" + ", ".join(n for n in carried if "token" in n) + ")"
+    args = state.get("args") or {}
+    if args.get("tokenizer_type") == "HuggingFaceTokenizer" and args.get("tokenizer_model"):
+        from hybrid.data.tokenizer import EOD_NAMES, tokenizer_file
+        src = tokenizer_file(args["tokenizer_model"])
+        shutil.copyfile(src, os.path.join(dst, "tokenizer.json"))
+        with open(src) as f:
+            names = {t.get("content") for t in json.load(f).get("added_tokens", [])}
+        eod = next((n for n in EOD_NAMES if n in names), None)
+        _config(dst, eod, max_length)
+        return f"tokenizer: the run's --tokenizer-model {args['tokenizer_model']} (end of document: {eod})"
+    if _is_byte_data(args):
+        byte_level_tokenizer().save(os.path.join(dst, "tokenizer.json"))
+        _config(dst, EOD, max_length)
+        return f"tokenizer: byte-level (the run read UTF-8 bytes; id = byte, {EOD} = id 0)"
+    return ("tokenizer: none written -- the run recorded no tokenizer for its data (train with --tokenizer-type, "
+            "or copy the tokenizer files into the export)")

@@ -1,0 +1,128 @@
+"""`hybrid generate` on the command line: every input checked before any process group, then the job started as
+training starts (hybrid/launch.py: the launcher's environment, the device, the process group with
+`--distributed-timeout-minutes` on start-up and every collective, a heartbeat naming a lost rank), the tp x pp mesh
+built, the model loaded and decoded (decode.py).
+
+    hybrid generate exported/ --prompt "Once upon a time"                      # one process
+    torchrun --nproc-per-node 4 -m hybrid.cli generate ckpt/ --prompt "..." --pipeline-model-parallel-size 2
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from datetime import timedelta
+
+from hybrid.cliutil import HelpFormatter, fail, float_in, int_in, is_rank_zero, outlive_rank_zero
+from hybrid.generate import decode
+from hybrid.generate.decode import SamplingConfig, find_codec, generate, load_model, prompt_ids, read_source
+from hybrid.launch import DEFAULT_TIMEOUT_MINUTES, MAX_TIMEOUT_MINUTES, check_launch, distributed, env_world
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How generate spreads the model: world = tp x pp (no data parallelism: one prompt).
+
+    Attributes:
+        tp: tensor-parallel size.
+        pp: pipeline stages.
+        stages: each stage's global layer ids (hybrid.partition.partition_layers).
+    """
+
+    tp: int
+    pp: int
+    stages: list[tuple[int, ...]]
+
+    def describe(self) -> str:
+        return f"tp {self.tp}" + (f" x pp {self.pp} (layers {[len(s) for s in self.stages]})" if self.pp > 1 else "")
+
+
+def _check_layout(args: argparse.Namespace, world: int, cfg) -> Layout:
+    """The layout (default tp: every launched process / pp); one line naming the flag when it cannot run."""
+    from hybrid.mesh import ParallelDims, validate_model_dims
+    from hybrid.partition import parse_layers_per_stage, partition_layers
+    pp = args.pipeline_model_parallel_size
+    validate_model_dims(ParallelDims(tp=1, pp=pp), cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
+    manual = parse_layers_per_stage(args.pipeline_layers_per_stage) if args.pipeline_layers_per_stage else None
+    if manual is None and cfg.num_layers % pp:  # the uniform split's own message names train.py's --pipeline-partition
+        q, r = divmod(cfg.num_layers, pp)
+        counts = ",".join(map(str, [q] * (pp - r) + [q + 1] * r))
+        raise ValueError(f"--pipeline-model-parallel-size {pp} does not divide the {cfg.num_layers} layers; give "
+                         f"the layers per stage, e.g. --pipeline-layers-per-stage {counts}")
+    stages = partition_layers(cfg.num_layers, pp, 1, layers_per_stage=manual)  # uniform unless given
+    tp = args.tensor_model_parallel_size or max(1, world // pp)
+    if tp * pp != world:
+        launched = "1 was" if world == 1 else f"{world} were"
+        flags = f"--tensor-model-parallel-size {tp}" + (f" x --pipeline-model-parallel-size {pp}" if pp > 1 else "")
+        raise ValueError(f"{flags} needs {tp * pp} processes, but {launched} launched; "
+                         f"use torchrun --nproc-per-node {tp * pp}")
+    validate_model_dims(ParallelDims(tp=tp, pp=pp), cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
+    return Layout(tp, pp, stages)
+
+
+def _validate(args: argparse.Namespace):
+    """Every check, before any process group: (world, layout, sampling, codec, prompt, (cfg, folder, state))."""
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise ValueError("give one of --prompt TEXT or --prompt-ids 1,2,3")
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    world = env_world()
+    check_launch(world)
+    source = read_source(args.src, args.model)
+    cfg, folder, state = source
+    layout = _check_layout(args, world, cfg)
+    codec = find_codec(args.tokenizer, folder, state)
+    return world, layout, sampling, codec, prompt_ids(args, cfg, codec), source
+
+
+def run(args: argparse.Namespace) -> None:
+    try:
+        world, layout, sampling, codec, ids, (cfg, folder, state) = _validate(args)
+    except ValueError as e:
+        error = fail(f"hybrid generate: error: {e}")
+        if not is_rank_zero():
+            outlive_rank_zero(error)  # rank 0 prints the one line before torchrun stops the job
+        raise error from None
+    from hybrid.mesh import Mesh, ParallelDims
+    timeout = timedelta(minutes=args.distributed_timeout_minutes)
+    with distributed(world, timeout) as device:  # the same start-up, timeout and liveness as training
+        mesh = Mesh.build(ParallelDims(tp=layout.tp, pp=layout.pp), device=device, timeout=timeout)
+        model = load_model(cfg, folder, state is not None, mesh.tp, mesh.pp, layout.stages, mesh.world).to(device)
+        out = generate(model, ids.to(device), args.max_new_tokens, cfg.max_position_embeddings, cfg.vocab_size,
+                       sampling, mesh.tp, pp=mesh.pp, hidden=cfg.hidden_size).cpu()
+    if is_rank_zero():
+        new = out[0, ids.shape[1]:].tolist()
+        print(f"generate: {len(new)} new tokens ({sampling.describe()}): {','.join(map(str, new))}")
+        print(f"tokenizer: {codec.source}; {layout.describe()} on {device.type}, KV cache")
+        print(codec.decode(out[0].tolist()))
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("generate", help="greedy or sampled generation from a hybrid checkpoint or "
+                              "transformers folder (any TP x PP under torchrun)", description=decode.__doc__,
+                              formatter_class=HelpFormatter)
+    p.add_argument("src", metavar="SRC", help="a hybrid checkpoint directory or a transformers model folder")
+    p.add_argument("--prompt", default=None, help="prompt text (through SRC's tokenizer, else UTF-8 bytes)")
+    p.add_argument("--prompt-ids", default=None, metavar="IDS", help="prompt as comma-separated token ids")
+    p.add_argument("--max-new-tokens", type=int_in(1), default=32, metavar="N", help="tokens to generate")
+    p.add_argument("--temperature", type=float_in(0.0), default=0.0, metavar="T",
+                   help="0: greedy; > 0: sample from softmax(logits / T)")
+    p.add_argument("--top-k", type=int_in(0), default=0, metavar="K", help="sample among the K most likely (0: off)")
+    p.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), default=1.0, metavar="P",
+                   help="sample from the smallest set of tokens holding probability P (1: off)")
+    p.add_argument("--seed", type=int_in(0), default=0, metavar="N", help="seed of the sampling generator")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="a tokenizer folder or tokenizer.json (default: SRC's, the run's, else UTF-8 bytes)")
+    p.add_argument("--tensor-model-parallel-size", type=int_in(1), default=None, metavar="N",
+                   help="TP size (default: the number of processes torchrun launched / the PP size)")
+    p.add_argument("--pipeline-model-parallel-size", type=int_in(1), default=1, metavar="N",
+                   help="pipeline stages (world = TP x PP); the layers split uniformly unless "
+                        "--pipeline-layers-per-stage")
+    p.add_argument("--pipeline-layers-per-stage", default=None, metavar="COUNTS",
+                   help="layers on each stage, e.g. 1,2 (as train.py's flag)")
+    p.add_argument("--model", default=None, metavar="CONFIG", help="hybrid SRC: the model config, if not recorded")
+    p.add_argument("--distributed-timeout-minutes", type=float_in(0.0, MAX_TIMEOUT_MINUTES, low_open=True),
+                   default=DEFAULT_TIMEOUT_MINUTES, metavar="X",
+                   help="bound on process-group start-up and on every collective, as train.py's: a rank that dies "
+                        "or stalls ends the job after this long, naming the lost rank")
+    p.set_defaults(func=run)
+    return p

@@ -1,0 +1,115 @@
+"""Mixture-of-Experts flags of train.py (Megatron-LM's names): `add_arguments`, and `check` -> MoEConfig before
+any process group; every bad value is a ValueError naming the flag."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from hybrid.mesh import ParallelDims
+from hybrid.moe.config import Dispatcher, ExpertsImpl, LoadBalancing, MoEConfig
+from hybrid.moe.parallel import ExpertLayout
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("mixture of experts", "for MoE models (Mixtral, Qwen2-MoE; docs/moe.md)")
+    g.add_argument("--expert-model-parallel-size", type=int, default=1, metavar="N",
+                   help="EP: ranks that split each MoE layer's experts and exchange tokens (folded over the "
+                        "stage's tp x dp ranks)")
+    g.add_argument("--expert-tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="ranks splitting each expert's width; 1 (each expert whole on its rank)")
+    g.add_argument("--moe-token-dispatcher-type", choices=[d.value for d in Dispatcher], default="alltoall",
+                   help="alltoall: counts, then the routed tokens, to the experts' ranks; allgather: every rank "
+                        "gathers all tokens, reduce-scatter back")
+    g.add_argument("--moe-router-load-balancing-type", choices=[b.value for b in LoadBalancing], default="aux_loss",
+                   help="aux_loss: Megatron's per layer and micro-batch; seq_aux_loss: per sequence; hf_aux_loss: "
+                        "transformers' (output_router_logits=True), pooled over the model's layers (pp 1); none")
+    g.add_argument("--moe-aux-loss-coeff", type=float, default=0.0, metavar="X",
+                   help="coefficient of the load-balancing loss (0: off; transformers' router_aux_loss_coef with "
+                        "hf_aux_loss)")
+    g.add_argument("--moe-z-loss-coeff", type=float, default=0.0, metavar="X",
+                   help="coefficient of the router z-loss mean(logsumexp(logits)^2) (ST-MoE; 0: off)")
+    g.add_argument("--moe-router-score-function", choices=("softmax", "sigmoid"), default=None,
+                   help="router scores; default: the model's (softmax)")
+    g.add_argument("--moe-router-enable-expert-bias", action="store_true",
+                   help="DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias on the routing scores, "
+                        "updated after each step by --moe-router-bias-update-rate x sign(mean load - load)")
+    g.add_argument("--moe-router-bias-update-rate", type=float, default=1e-3, metavar="X",
+                   help="the expert bias's step u")
+    g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="X",
+                   help="rows per expert = ceil(X k tokens / E); slots beyond are dropped by lowest probability "
+                        "(default: dropless)")
+    g.add_argument("--moe-pad-expert-input-to-capacity", action="store_true",
+                   help="pad every expert's rows to the capacity (static shapes; alltoall dispatcher)")
+    g.add_argument("--moe-experts-impl", choices=[i.value for i in ExpertsImpl], default="auto",
+                   help="local experts as torch's grouped GEMM or a loop of matmuls (auto: grouped on CUDA)")
+
+
+FLAGS = ("expert_model_parallel_size", "expert_tensor_parallel_size", "moe_router_load_balancing_type",
+         "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_score_function", "moe_router_enable_expert_bias",
+         "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_token_dispatcher_type")
+DEFAULTS = {"expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1, "moe_router_load_balancing_type":
+            "aux_loss", "moe_aux_loss_coeff": 0.0, "moe_z_loss_coeff": 0.0, "moe_router_score_function": None,
+            "moe_router_enable_expert_bias": False, "moe_expert_capacity_factor": None,
+            "moe_pad_expert_input_to_capacity": False, "moe_token_dispatcher_type": "alltoall"}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check(args: argparse.Namespace, cfg, dims: ParallelDims) -> MoEConfig | None:
+    """The MoEConfig of an MoE model (None for a dense one, which must not be given MoE flags)."""
+    if not cfg.num_experts:
+        given = [f for f in FLAGS if getattr(args, f, DEFAULTS[f]) != DEFAULTS[f]]
+        if given:
+            raise ValueError(f"{_flag(given[0])}: --model {args.model} has no experts (a dense model); drop the flag")
+        return None
+    _check_numbers(args)
+    moe = MoEConfig(
+        expert_parallel=args.expert_model_parallel_size, expert_tensor_parallel=args.expert_tensor_parallel_size,
+        load_balancing=LoadBalancing(args.moe_router_load_balancing_type), aux_loss_coeff=args.moe_aux_loss_coeff,
+        z_loss_coeff=args.moe_z_loss_coeff, expert_bias=args.moe_router_enable_expert_bias,
+        bias_update_rate=args.moe_router_bias_update_rate, score_function=args.moe_router_score_function,
+        capacity_factor=args.moe_expert_capacity_factor, pad_to_capacity=args.moe_pad_expert_input_to_capacity,
+        dispatcher=Dispatcher(args.moe_token_dispatcher_type), experts_impl=ExpertsImpl(args.moe_experts_impl))
+    ExpertLayout(dims, moe.expert_parallel, moe.expert_tensor_parallel).check_experts(cfg.num_experts)
+    _check_combinations(args, cfg, dims, moe)
+    return moe
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for dest in ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_bias_update_rate"):
+        v = getattr(args, dest)
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{_flag(dest)} must be a finite number >= 0, got {v}")
+    f = args.moe_expert_capacity_factor
+    if f is not None and (not math.isfinite(f) or f <= 0):
+        raise ValueError(f"--moe-expert-capacity-factor must be a finite number > 0, got {f}")
+
+
+def _check_combinations(args: argparse.Namespace, cfg, dims: ParallelDims, moe: MoEConfig) -> None:
+    if dims.cp > 1:
+        raise ValueError(f"--context-parallel-size {dims.cp} with an MoE model is not implemented (the balancing "
+                         f"loss's counts would need the TP x CP group); use TP, EP and DP")
+    shared = cfg.moe_shared_expert_ffn_hidden_size
+    if shared and shared % dims.tp:
+        raise ValueError(f"--tensor-model-parallel-size {dims.tp} does not divide the shared expert's width {shared}; "
+                         f"use a divisor of {shared}")
+    if dims.tp > 1 and not args.sequence_parallel:
+        raise ValueError(f"--tensor-model-parallel-size {dims.tp} with an MoE model needs --sequence-parallel (each "
+                         f"TP rank routes its own slice of the tokens, as Megatron requires)")
+    if moe.pad_to_capacity and moe.capacity_factor is None:
+        raise ValueError("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor")
+    if moe.pad_to_capacity and moe.dispatcher is Dispatcher.ALLGATHER:
+        raise ValueError("--moe-pad-expert-input-to-capacity is implemented for --moe-token-dispatcher-type "
+                         "alltoall only")
+    if moe.load_balancing is LoadBalancing.HF_AUX_LOSS and moe.aux_coeff > 0:
+        chunks = (args.virtual_pipeline_model_parallel_size or 1) > 1 or \
+            args.num_layers_per_virtual_pipeline_stage not in (None, cfg.num_layers)
+        if dims.pp > 1 or chunks:
+            raise ValueError("--moe-router-load-balancing-type hf_aux_loss pools every MoE layer's counts and needs "
+                             "the whole model in one stage (--pipeline-model-parallel-size 1); use aux_loss")
+    if moe.expert_bias and not (cfg.moe_router_pre_softmax or moe.score_function == "sigmoid"):
+        raise ValueError("--moe-router-enable-expert-bias needs scores to choose with: a pre-softmax router or "
+                         "--moe-router-score-function sigmoid")

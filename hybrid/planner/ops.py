@@ -1,0 +1,178 @@
+"""The non-matmul work of a Transformer layer, op by op: the bytes each memory-bound kernel moves through HBM and
+the number of kernels it launches, per token, on one TP rank. time.py prices them as
+
+    seconds = bytes / Hardware.elementwise_bytes_per_s + kernels x Hardware.kernel_overhead_s
+
+(a measured achievable bandwidth, and a per-kernel latency: the launch, the first and the last wave of a kernel
+too small to fill the device). The GEMMs are timed on the GEMM curve and flash attention at its own rate
+(hardware.py); this module is everything else.
+
+How many bytes an op moves depends on how it is implemented, so the inventory has two kernel profiles
+(`KernelProfile`, `--kernels`):
+
+* FUSED -- Megatron-LM / Megatron-core with apex or Transformer Engine: one kernel per norm (LayerNorm or
+  RMSNorm), a fused bias-GELU or SwiGLU, a fused bias-dropout-add for each residual, a fused scale-mask-softmax,
+  a fused RoPE kernel for q and k together, flash attention writing straight into the layout the output
+  projection reads. What the Megatron papers' runs (Narayanan 2021, Korthikanti 2022, MT-NLG, BLOOM) ran.
+* EAGER -- plain PyTorch ops, as this repository's runtime (hybrid/tp/layers.py, models/) and torchtitan without
+  torch.compile run them: RMSNorm in fp32 as seven kernels (cast, square, mean, add + rsqrt, multiply, cast back,
+  weight), RoPE by rotate-half (neg, cat, two multiplies, add: five kernels a tensor), SiLU and the gate product
+  as two kernels, each residual add its own kernel, the attention output copied to (b, s, h) before o_proj.
+  LayerNorm and GELU are single kernels even in eager PyTorch (F.layer_norm, F.gelu).
+
+Bytes per element are read + written, e = the activation element (2 bf16, 4 fp32); internals of the fp32 norm
+are 4 bytes. A backward kernel reads what its forward read plus the incoming gradient and writes the outgoing
+one: FUSED backward kernels move 1.5x their forward's bytes in the same number of kernels, EAGER autograd
+backward nodes 2x the bytes in 2x the kernels (most eager ops have two inputs whose gradients are separate
+kernels). The backward also sums the two residual branches' gradients (two adds a layer, 3e bytes each).
+
+Widths per token on one TP rank: h_r = h (h / t under SP) for the norms, residuals and dropouts; q = a d / t,
+k = g d / t for RoPE; f = ffn / t for the MLP's activation; S = a s / t for a materialised softmax (one row of s
+scores per head). Flash attention is one kernel forward and two backward (preprocess + main); its FLOPs are timed
+at Hardware.flash_efficiency in time.py.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from hybrid.planner.model import ActivationProfile, Shard
+
+FP32 = 4
+MASK = 1  # torch's dropout keeps a bool mask (Korthikanti et al. count it as one byte)
+
+
+class KernelProfile(enum.Enum):
+    """How the non-matmul ops are implemented (`--kernels`); see the module docstring."""
+
+    FUSED = "fused"  # Megatron-LM / Megatron-core (apex, Transformer Engine)
+    EAGER = "eager"  # plain PyTorch ops: this runtime, torchtitan without torch.compile
+
+
+@dataclass(frozen=True)
+class Op:
+    """One memory-bound op of a layer (or of the head), per token on one TP rank.
+
+    Attributes:
+        name: what it is ("rmsnorm", "rope", "swiglu", "residual", "softmax", ...).
+        fwd_bytes, bwd_bytes: HBM bytes moved (read + written) by its forward / backward kernels.
+        fwd_kernels, bwd_kernels: kernels launched.
+        core: part of the attention core (what Megatron's selective recomputation reruns).
+    """
+
+    name: str
+    fwd_bytes: float
+    bwd_bytes: float
+    fwd_kernels: int
+    bwd_kernels: int
+    core: bool = False
+
+
+def _op(name: str, fwd_bytes: float, fwd_kernels: int, kernels: KernelProfile, core: bool = False) -> Op:
+    """An op with the backward rule of its profile (FUSED 1.5x bytes, same kernels; EAGER 2x, 2x)."""
+    if kernels is KernelProfile.FUSED:
+        return Op(name, fwd_bytes, 1.5 * fwd_bytes, fwd_kernels, fwd_kernels, core)
+    return Op(name, fwd_bytes, 2.0 * fwd_bytes, fwd_kernels, 2 * fwd_kernels, core)
+
+
+def _norm(shard: Shard, width: float, e: int, kernels: KernelProfile) -> Op:
+    """A LayerNorm (GPT-2; one kernel even in eager PyTorch) or RMSNorm over `width` elements a token.
+    Eager RMSNorm in fp32 (hybrid/tp/layers.py, torchtitan): cast in, square, mean, add + rsqrt, multiply, cast out,
+    weight -- 2e + 8 + 4 + 8 + 2e + 2e bytes an element with bf16 input (the casts vanish in fp32)."""
+    if kernels is KernelProfile.FUSED or shard.is_gpt2:
+        return _op("layernorm" if shard.is_gpt2 else "rmsnorm", 2 * e * width, 1, kernels)
+    casts = 0 if e == FP32 else 2 * (e + FP32)
+    return _op("rmsnorm", (casts + 8 + 4 + 8 + 2 * e) * width, 6 + (0 if e == FP32 else 2), kernels)
+
+
+def layer_ops(shard: Shard, s: int, sp: bool, e: int, kernels: KernelProfile) -> tuple[Op, ...]:
+    """The memory-bound ops of one layer's forward (and their backward), per token on this TP rank."""
+    cfg = shard.cfg
+    h_r = cfg.hidden_size / (shard.t if sp else 1)
+    q, k, f = shard.q_width, shard.kv_width, shard.ffn_width
+    dropout = cfg.dropout > 0
+    fused = kernels is KernelProfile.FUSED
+    ops = [_norm(shard, h_r, e, kernels)]
+    if not shard.is_gpt2:  # RoPE on q and k: fused one kernel; eager rotate-half five a tensor
+        ops.append(_op("rope", 2 * e * (q + k), 1, kernels) if fused else _op("rope", 10 * e * (q + k), 10, kernels))
+    ops += _core_ops(shard, s, e, kernels)
+    if not fused:  # the attention output back to (b, s, a d / t) for o_proj
+        ops.append(_op("attn-out copy", 2 * e * q, 1, kernels))
+    ops += _residual_ops(h_r, e, dropout, kernels)
+    ops.append(_norm(shard, h_r, e, kernels))
+    if shard.is_gpt2:  # (bias-)GELU: one kernel either way
+        ops.append(_op("gelu", 2 * e * f, 1, kernels))
+    else:  # SwiGLU: silu(gate) * up -- fused reads 2f writes f; eager silu then the product
+        ops.append(_op("swiglu", 3 * e * f, 1, kernels) if fused else _op("swiglu", 5 * e * f, 2, kernels))
+    ops += _residual_ops(h_r, e, dropout, kernels)
+    return tuple(ops)
+
+
+def _residual_ops(h_r: float, e: int, dropout: bool, kernels: KernelProfile) -> list[Op]:
+    """A residual branch joining the stream: fused bias-dropout-add (one kernel, its mask) or eager dropout + add;
+    the backward's sum of the two branches' gradients (an add, 3e) is counted here too."""
+    if dropout and kernels is KernelProfile.FUSED:
+        main = _op("bias-dropout-add", (3 * e + MASK) * h_r, 1, kernels)
+    elif dropout:
+        return [_op("dropout", (2 * e + MASK) * h_r, 1, kernels), _op("residual add", 3 * e * h_r, 1, kernels),
+                Op("residual grad sum", 0.0, 3 * e * h_r, 0, 1)]
+    else:
+        main = _op("residual add", 3 * e * h_r, 1, kernels)
+    return [main, Op("residual grad sum", 0.0, 3 * e * h_r, 0, 1)]
+
+
+def _core_ops(shard: Shard, s: int, e: int, kernels: KernelProfile) -> list[Op]:
+    """The attention core's memory-bound part: a materialised scale-mask-softmax and its dropout over S = a s / t
+    scores a token (KORTHIKANTI profile), or flash attention's launches (its bytes stay on chip)."""
+    if shard.profile is not ActivationProfile.KORTHIKANTI:
+        return [Op("flash attention", 0.0, 0.0, 1, 2, core=True)]
+    scores = shard.cfg.num_heads // shard.t * s
+    fused = kernels is KernelProfile.FUSED
+    ops = [_op("scale-mask-softmax", 2 * e * scores, 1, kernels, core=True) if fused
+           else _op("scale-mask-softmax", 6 * e * scores, 3, kernels, core=True)]
+    if shard.cfg.attention_dropout > 0 or shard.cfg.dropout > 0:
+        ops.append(_op("attention dropout", (2 * e + MASK) * scores, 1, kernels, core=True))
+    return ops
+
+
+def head_ops(shard: Shard, sp: bool, e: int, kernels: KernelProfile) -> tuple[Op, ...]:
+    """The last stage's final norm and the loss over V_p / t logits a token, cross-entropy in fp32:
+    FUSED (Megatron's vocab-parallel loss): cast, max, subtract, exp, sum forward (e + 24 bytes a logit, five
+    kernels), softmax minus one-hot and the cast back in backward (12 + e, two kernels). EAGER (F.cross_entropy on
+    .float() logits; hybrid's vocab-parallel loss alike): cast and log-softmax forward (e + 16, three kernels),
+    the nll and log-softmax gradients and the cast back (20 + e, four kernels)."""
+    h_r = shard.cfg.hidden_size / (shard.t if sp else 1)
+    logits = shard.vocab / shard.t
+    if kernels is KernelProfile.FUSED:
+        loss = Op("cross-entropy", (e + 24) * logits, (12 + e) * logits, 5, 2)
+    else:
+        loss = Op("cross-entropy", (e + 16) * logits, (20 + e) * logits, 3, 4)
+    return _norm(shard, h_r, e, kernels), loss
+
+
+def embedding_ops(shard: Shard, sp: bool, e: int, kernels: KernelProfile) -> tuple[Op, ...]:
+    """The first stage's lookup (one row of h written a token; its backward an index-add into the table's
+    gradient), plus GPT-2's position add and the embedding dropout."""
+    h = shard.cfg.hidden_size
+    ops = [Op("embedding", e * h, 3 * e * h, 1, 1)]
+    if shard.is_gpt2:
+        ops.append(_op("position add", 3 * e * h, 1, kernels))
+    if shard.cfg.dropout > 0:
+        ops.append(_op("embedding dropout", (2 * e + MASK) * h / (shard.t if sp else 1), 1, kernels))
+    return tuple(ops)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Totals of some ops per token: bytes and kernels, forward and backward."""
+
+    fwd_bytes: float = 0.0
+    bwd_bytes: float = 0.0
+    fwd_kernels: int = 0
+    bwd_kernels: int = 0
+
+    @classmethod
+    def of(cls, ops: tuple[Op, ...] | list[Op]) -> "Traffic":
+        return cls(sum(o.fwd_bytes for o in ops), sum(o.bwd_bytes for o in ops),
+                   sum(o.fwd_kernels for o in ops), sum(o.bwd_kernels for o in ops))

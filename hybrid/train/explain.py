@@ -1,0 +1,504 @@
+"""What a run says about itself before its first step: the model and where its weights came from, the data, the
+schedule, what the planner predicts for the layout, and on resume what differs from the checkpoint's run and what
+that changes. Rank 0 prints each line once (hybrid/train/loop.py calls `startup_lines` after the resume).
+
+Every line is a pure function of facts -- the flags as a checkpoint records them (`run_info`'s dict: model,
+layout, flags), the model config, a `DataFacts`, a `Prediction`, the saved state.json -- so each is unit-tested
+without processes (tests/test_explain.py). `startup_lines` gathers the facts: it reads the resumed checkpoint's
+state.json and the --load folder's safetensors index, and asks the planner for one layout.
+
+    model: tiny-gpt2 (a preset): gpt2, 4 layers, hidden 64, 4 heads (4 kv), vocab 256, 0.23M parameters | weights: ...
+    data: the default corpus (Python's pydoc topics; byte-level text, a token per byte): 1,211 documents, ...
+    data: train 1,173 documents, 2,780,115 tokens -> 3,200 samples of 128 + 1 tokens, 0.15 of an epoch | ...
+    schedule: 200 iterations x 16 samples x 128 tokens | lr: warm-up to 0.001 over 10 iterations, cosine ...
+    planner: this layout on cpu.json: 112 ms/iter, 18,300 tokens/s, peak RSS 402 MiB per rank (...)
+    resume: flags changed since the checkpoint: --train-iters 200 -> 300
+    resume: lr schedule changed: ...
+    resume: data order unchanged: ...
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from enum import Enum
+
+from hybrid.data.gpt import epoch_plan, samples_per_dataset, split_ranges
+from hybrid.data.source import DataSource, Split, SplitSizes
+from hybrid.train_step import OptimizerConfig
+from models.config import ModelConfig
+from models.presets import PRESETS
+
+MIB = 2**20
+
+
+# --- the model and its weights ------------------------------------------------------------------------------
+
+class WeightsKind(Enum):
+    INIT = "init"  # drawn from --seed
+    TRANSFORMERS = "transformers"  # --load of a transformers folder (safetensors)
+    CHECKPOINT = "checkpoint"  # --load of a hybrid checkpoint directory (a run's, or `hybrid convert`'s)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Where step 0's weights came from.
+
+    Attributes:
+        kind: initialised, a transformers folder, or a hybrid checkpoint.
+        path: the folder or the checkpoint's iteration directory (None for INIT).
+        iteration: the checkpoint's iteration (CHECKPOINT only).
+        tensors: tensors in the transformers folder's safetensors (TRANSFORMERS only).
+        converted: the checkpoint holds weights only (`hybrid convert` output: no optimizer state, no run).
+    """
+
+    kind: WeightsKind
+    path: str | None = None
+    iteration: int | None = None
+    tensors: int | None = None
+    converted: bool = False
+
+
+def model_line(model: str, cfg: ModelConfig, weights: Weights, seed: int) -> str:
+    """'model: NAME (a preset | config.json in DIR): shape | weights: where from'."""
+    source = "a preset" if model in PRESETS else f"config.json in {model}"
+    shape = (f"{cfg.arch}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads "
+             f"({cfg.num_kv_heads} kv), vocab {cfg.vocab_size}, {cfg.num_parameters / 1e6:.2f}M parameters")
+    if weights.kind is WeightsKind.INIT:
+        where = f"initialised at random (--seed {seed})"
+    elif weights.kind is WeightsKind.TRANSFORMERS:
+        where = f"loaded from the transformers folder {weights.path} ({weights.tensors} tensors)"
+    elif weights.converted:
+        where = (f"loaded from the converted checkpoint {weights.path} (weights only: the optimizer starts "
+                 f"fresh at iteration {weights.iteration})")
+    else:
+        where = f"loaded from the checkpoint {weights.path} (iteration {weights.iteration})"
+    return f"model: {model} ({source}): {shape} | weights: {where}"
+
+
+# --- the data --------------------------------------------------------------------------------------------------
+
+SPLIT_NAMES = {Split.TRAIN: "train", Split.VALID: "valid", Split.TEST: "test"}
+
+
+@dataclass(frozen=True)
+class DatasetFacts:
+    """One --data-path entry.
+
+    Attributes:
+        name: its path or prefix ("the default corpus" without --data-path).
+        kind: what it is ("byte-level text, a token per byte" / "indexed dataset, uint16").
+        documents: documents (sequences) in it.
+        tokens: tokens in it.
+        weight: its blend weight (1 alone).
+        split_documents, split_tokens: per split (train, valid, test), what --split gives it.
+    """
+
+    name: str
+    kind: str
+    documents: int
+    tokens: int
+    weight: float
+    split_documents: tuple[int, int, int]
+    split_tokens: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class SplitFacts:
+    """One split of the run.
+
+    Attributes:
+        split: train, valid or test.
+        samples: samples the run reads from it (train: iterations x global batch; valid: every evaluation's;
+            test: the final one's); 0 when not evaluated.
+        passes: samples x seq_length / the split's tokens: how many times the run reads it over.
+        empty: why the run reads nothing from it (None: it reads `samples`).
+    """
+
+    split: Split
+    samples: int
+    passes: float
+    empty: str | None
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    datasets: tuple[DatasetFacts, ...]
+    splits: tuple[SplitFacts, ...]
+    split_flag: str
+    seq_length: int
+
+
+def dataset_kind(docs) -> str:
+    if docs.prefix == "the default corpus":
+        return "Python's pydoc topics as byte-level text, a token per byte"
+    if getattr(docs, "byte_text", False):
+        return "byte-level text, a token per byte"
+    return f"indexed dataset, {docs.dtype.name}"
+
+
+def data_facts(source: DataSource, sizes: SplitSizes, split: tuple[float, float, float], split_flag: str,
+               eval_iters: int) -> DataFacts:
+    """The facts of `source` (its datasets as opened, its splits as built for `sizes`)."""
+    datasets = []
+    for docs, weight in zip(source.datasets, source.weights or [1.0]):
+        ranges = split_ranges(split, len(docs))
+        counts = tuple(0 if r is None else max(0, r[1] - r[0]) for r in ranges)
+        tokens = tuple(0 if r is None or r[1] <= r[0] else int(docs.sequence_lengths[r[0]:r[1]].sum(dtype="int64"))
+                       for r in ranges)
+        datasets.append(DatasetFacts(docs.prefix, dataset_kind(docs), len(docs), docs.num_tokens,
+                                     weight if len(source.datasets) > 1 else 1.0, counts, tokens))
+    splits = []
+    for s, size in zip(Split, (sizes.train, sizes.valid, sizes.test)):
+        tokens = sum(d.split_tokens[s] for d in datasets)
+        empty = None
+        if size == 0:
+            empty = "not evaluated (--eval-iters 0)" if eval_iters == 0 else "not read"
+        elif not source.has(s):
+            empty = _why_empty(datasets, s, split_flag, source.seq_length)
+        passes = size * source.seq_length / tokens if tokens and empty is None else 0.0
+        splits.append(SplitFacts(s, size if empty is None else 0, passes, empty))
+    return DataFacts(tuple(datasets), tuple(splits), split_flag, source.seq_length)
+
+
+def _why_empty(datasets: tuple[DatasetFacts, ...] | list[DatasetFacts], s: Split, split_flag: str,
+               seq_length: int) -> str:
+    """DataSource builds no valid/test split when one dataset's share has no document, or too few tokens for
+    one sample (seq_length + 1): name it."""
+    what = "no validation loss" if s is Split.VALID else "no test loss at the end"
+    for d in datasets:
+        if d.split_documents[s] == 0:
+            return (f"{d.name} has {d.documents:,} documents and --split {split_flag} gives this split none: "
+                    f"{what} (give it a larger share)")
+        if d.split_tokens[s] < seq_length + 1:
+            return (f"{d.name}'s {d.split_documents[s]:,} documents here hold {d.split_tokens[s]:,} tokens, fewer "
+                    f"than one sample of --seq-length {seq_length} + 1: {what} (a larger share or more data)")
+    return what
+
+
+def data_lines(facts: DataFacts) -> list[str]:
+    """One line per dataset, one for the splits."""
+    lines = []
+    blend = len(facts.datasets) > 1
+    for d in facts.datasets:
+        weight = f", blend weight {d.weight:.3g}" if blend else ""
+        lines.append(f"data: {d.name} ({d.kind}{weight}): {d.documents:,} documents, {d.tokens:,} tokens")
+    parts = []
+    for s in facts.splits:
+        docs = sum(d.split_documents[s.split] for d in facts.datasets)
+        tokens = sum(d.split_tokens[s.split] for d in facts.datasets)
+        head = f"{SPLIT_NAMES[s.split]} {docs:,} documents, {tokens:,} tokens"
+        if s.empty is not None:
+            parts.append(f"{head}: empty -- {s.empty}")
+            continue
+        reads = (f"{s.passes:.2g} of an epoch" if s.passes < 1 else
+                 f"{s.passes:.3g} epochs (the documents repeat, each pass shuffled anew)")
+        parts.append(f"{head} -> {s.samples:,} samples of {facts.seq_length} + 1 tokens, {reads}")
+    lines.append(f"data: --split {facts.split_flag}: " + " | ".join(parts))
+    return lines
+
+
+# --- the schedule --------------------------------------------------------------------------------------------
+
+def schedule_of(flags: dict) -> OptimizerConfig:
+    """The learning-rate schedule a run's flags (run_info's "args", a checkpoint's state.json) give."""
+    return OptimizerConfig(lr=flags["lr"], min_lr=flags["min_lr"], warmup_iters=flags["lr_warmup_iters"],
+                           decay_style=flags["lr_decay_style"], train_iters=flags["train_iters"],
+                           decay_iters=flags.get("lr_decay_iters"))
+
+
+def schedule_text(opt: OptimizerConfig) -> str:
+    """'warm-up to 0.001 over 10 iterations, cosine decay to 0.0001 at iteration 100 (--lr-decay-iters ...)'."""
+    warm = f"warm-up to {opt.lr:g} over {opt.warmup_iters} iterations, " if opt.warmup_iters else f"{opt.lr:g}, "
+    if opt.decay_style == "constant":
+        return warm + "then constant"
+    end = opt.decay_iters or opt.train_iters
+    why = f"--lr-decay-iters {end}" if opt.decay_iters else "--lr-decay-iters unset: --train-iters"
+    return f"{warm}{opt.decay_style} decay to {opt.min_lr:g} at iteration {end} ({why}), then constant"
+
+
+def schedule_line(flags: dict, global_batch: int, seq_length: int) -> str:
+    opt = schedule_of(flags)
+    note = ""
+    if opt.warmup_iters >= (opt.decay_iters or opt.train_iters) and opt.decay_style != "constant":
+        note = " (the warm-up outlasts the decay: the rate never reaches --lr's plateau)"
+    return (f"schedule: {flags['train_iters']} iterations x {global_batch} samples x {seq_length} tokens | lr: "
+            f"{schedule_text(opt)}{note}")
+
+
+# --- what the planner predicts --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Prediction:
+    """The planner's figures for this run's layout, in the units the log lines measure.
+
+    Attributes:
+        hardware: what it was predicted for ("cpu.json", "the h200 preset").
+        step_s: seconds per iteration; None when the hardware is not this machine's (the uncalibrated cpu
+            preset: its rates are placeholders).
+        tokens_per_s: tokens per second over all ranks (None with step_s).
+        memory_bytes: the fullest rank's peak, by the log line's measure (see `memory_label`).
+        memory_label: "peak RSS" (CPU: the planner's tensors + the process before the model) or "max allocated"
+            (CUDA: the planner's tensors, without its workspace reserve: max_memory_allocated counts no CUDA
+            context).
+        tensors_bytes: the planner's tensors of that rank (model states, activations, buffers).
+        baseline_bytes: the process's resident bytes before the model was built (CPU); 0 on CUDA.
+        error: why there is no prediction (a layout the planner does not model); the rest is then unset.
+        stages_note: the planner's layers per stage against the run's, when they differ (it splits its own way).
+    """
+
+    hardware: str
+    step_s: float | None = None
+    tokens_per_s: float | None = None
+    memory_bytes: float = 0.0
+    memory_label: str = "peak RSS"
+    tensors_bytes: float = 0.0
+    baseline_bytes: float = 0.0
+    error: str | None = None
+    stages_note: str = ""
+
+
+def prediction_line(p: Prediction) -> str:
+    if p.error is not None:
+        return f"planner: no prediction for this layout on {p.hardware}: {p.error}"
+    time = (f"{p.step_s * 1e3:.4g} ms/iter, {p.tokens_per_s:,.0f} tokens/s, " if p.step_s is not None else
+            "no time (the cpu preset's rates are placeholders: `hybrid calibrate --out cpu.json`, then "
+            "--hardware cpu.json), ")
+    if p.baseline_bytes:
+        memory = (f"{p.memory_label} {p.memory_bytes / MIB:,.0f} MiB on the fullest rank (its tensors "
+                  f"{p.tensors_bytes / MIB:,.1f} MiB + this process before the model {p.baseline_bytes / MIB:,.0f} "
+                  f"MiB)")
+    else:
+        memory = (f"{p.memory_label} {p.memory_bytes / MIB:,.0f} MiB on the fullest rank (its tensors; the "
+                  f"planner's 2 GB CUDA reserve left out, as max_memory_allocated leaves it out)")
+    note = f" ({p.stages_note})" if p.stages_note else ""
+    return f"planner: this layout on {p.hardware}: {time}{memory}{note} -- compare with the iteration lines"
+
+
+# --- resume ---------------------------------------------------------------------------------------------------
+
+# flags that say how a run starts, stops, saves or logs, not what it computes: left out of the comparison
+RUN_CONTROL = {"load", "save", "save_interval", "save_keep", "ckpt_step", "no_load_optim", "no_load_rng",
+               "async_save", "exit_signal_handler", "exit_interval", "log_interval", "timing_log_interval",
+               "tensorboard_dir", "metrics_file", "timeline", "distributed_timeout_minutes", "hardware",
+               "peak_tflops", "watchdog_timeout", "straggler_factor", "auto_parallel"}
+# the layout, compared as one (the layout line)
+LAYOUT_FLAGS = {"tensor_model_parallel_size", "context_parallel_size", "pipeline_model_parallel_size",
+                "num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_schedule", "pipeline_partition",
+                "pipeline_layers_per_stage", "zero_stage", "micro_batch_size"}
+SCHEDULE_FLAGS = ("lr", "min_lr", "lr_warmup_iters", "lr_decay_style", "train_iters", "lr_decay_iters")
+# flags that choose which samples a step reads (with train_iters and the global batch: `data_order_line`)
+DATA_FLAGS = ("seed", "data_path", "split", "seq_length")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _value(v) -> str:
+    """A flag's value as typed: None is unset, a list its words."""
+    return "unset" if v is None else " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+def changed_flags(saved: dict, now: dict) -> dict[str, tuple]:
+    """{dest: (saved value, this run's)} for the flags that differ (run control and layout left out); a flag the
+    checkpoint did not record (an older version's) is left out too."""
+    out = {}
+    for k in sorted(set(saved) & set(now)):
+        if k not in RUN_CONTROL and k not in LAYOUT_FLAGS and _json(saved[k]) != _json(now[k]):
+            out[k] = (saved[k], now[k])
+    return out
+
+
+def _json(v):
+    """A value as state.json holds it (a tuple is a list there)."""
+    return list(v) if isinstance(v, tuple) else v
+
+
+def layout_text(layout: dict) -> str:
+    v = f" (v {layout['v']})" if layout.get("v", 1) > 1 else ""
+    cp = f" x cp {layout['cp']}" if layout.get("cp", 1) > 1 else ""
+    return (f"tp {layout['tp']}{cp} x pp {layout['pp']}{v} x dp {layout['dp']}, ZeRO {layout['zero']}, stages "
+            f"{[len(s) for s in layout.get('stages', [])]}")
+
+
+def lr_change_line(saved_flags: dict, now_flags: dict, start: int) -> str | None:
+    """Compare the two schedules at every remaining step [start, train_iters); None when no schedule flag
+    changed."""
+    if all(saved_flags.get(k) == now_flags.get(k) for k in SCHEDULE_FLAGS if k in saved_flags):
+        return None
+    old, new = schedule_of({**now_flags, **saved_flags}), schedule_of(now_flags)
+    if start >= new.train_iters:
+        return None  # nothing left to run (resume_lines says so)
+    differ = next((k for k in range(start, new.train_iters) if old.lr_at(k) != new.lr_at(k)), None)
+    if differ is None:
+        return (f"resume: lr schedule unchanged for iterations {start + 1}-{new.train_iters}: "
+                f"{schedule_text(new)}")
+    hint = ""
+    old_end, new_end = old.decay_iters or old.train_iters, new.decay_iters or new.train_iters
+    same_shape = (old.lr, old.min_lr, old.warmup_iters, old.decay_style) == \
+        (new.lr, new.min_lr, new.warmup_iters, new.decay_style)
+    if old_end != new_end and same_shape and old.decay_style != "constant":
+        hint = (f"; to keep the saved run's schedule pass --lr-decay-iters {old_end} (the decay then ends where it "
+                f"did and iterations past it run at --min-lr)")
+    return (f"resume: lr schedule changed: iteration {differ + 1} runs at {new.lr_at(differ):.4g} where the saved "
+            f"run's schedule gives {old.lr_at(differ):.4g} (now: {schedule_text(new)}; saved: "
+            f"{schedule_text(old)}){hint}")
+
+
+def train_epochs(facts: DataFacts, samples: int) -> list[tuple[int, bool]]:
+    """(epochs, last shuffled alone) of each dataset's train split when the run asks for `samples`: the train
+    order is a function of these and the seed (hybrid/data/gpt.py, `epoch_plan`)."""
+    blend = len(facts.datasets) > 1
+    need = samples_per_dataset([d.weight for d in facts.datasets], samples) if blend else [samples]
+    return [epoch_plan(d.split_tokens[Split.TRAIN], facts.seq_length, n) if d.split_tokens[Split.TRAIN] else (0, False)
+            for d, n in zip(facts.datasets, need)]
+
+
+def data_order_line(saved_flags: dict, now_flags: dict, facts: DataFacts, global_batch: int,
+                    saved_global_batch: int, consumed: int) -> str | None:
+    """Whether the samples from `consumed` on are the ones the saved run would have read."""
+    for k in DATA_FLAGS:
+        if k in saved_flags and _json(saved_flags[k]) != _json(now_flags.get(k)):
+            return (f"resume: data order changed: {_flag(k)} differs from the saved run's, so the samples from "
+                    f"{consumed:,} on are not the ones it would have read")
+    old_samples = saved_flags["train_iters"] * saved_global_batch
+    new_samples = now_flags["train_iters"] * global_batch
+    if old_samples == new_samples:
+        return None
+    old, new = train_epochs(facts, old_samples), train_epochs(facts, new_samples)
+    span = "; ".join(f"{e} epoch{'s' if e != 1 else ''}{', the last shuffled alone' if alone else ''}"
+                     for e, alone in new)
+    head = f"the train split is now read for {new_samples:,} samples (was {old_samples:,})"
+    if old == new:
+        return f"resume: data order unchanged: {head} and its shuffle still spans {span}, as the saved run's did"
+    was = "; ".join(f"{e}{', the last alone' if alone else ''}" for e, alone in old)
+    return (f"resume: data order changed: {head}, so its shuffle spans {span} (was {was}) and is drawn anew: the "
+            f"samples from {consumed:,} on differ from the saved run's plan")
+
+
+def resume_lines(saved: dict, now: dict, start: int, consumed: int, facts: DataFacts | None,
+                 global_batch: int) -> list[str]:
+    """What differs between the checkpoint's run (`saved`: its state.json) and this one (`now`: run_info), and
+    what that changes: the learning-rate schedule, the data order, the layout."""
+    if saved.get("contents") == "model" or "args" not in saved:
+        return [f"resume: a converted checkpoint (weights only, no run recorded): iteration {start}, a fresh "
+                f"optimizer, the schedule and data order of this run's flags"]
+    old, new = saved["args"], now["args"]
+    lines = []
+    changed = changed_flags(old, new)
+    if changed:
+        lines.append("resume: flags changed since the checkpoint: "
+                     + ", ".join(f"{_flag(k)} {_value(a)} -> {_value(b)}" for k, (a, b) in changed.items()))
+    if start >= new["train_iters"]:
+        lines.append(f"resume: the checkpoint is at iteration {start} and --train-iters is {new['train_iters']}: "
+                     f"nothing left to train (raise --train-iters to continue)")
+    lay_old, lay_new = saved.get("layout", {}), now["layout"]
+    if any(lay_old.get(k, 1) != lay_new.get(k, 1) for k in ("tp", "cp", "pp", "dp", "zero", "v", "stages")):
+        lines.append(f"resume: layout changed: saved at {layout_text(lay_old)}, now {layout_text(lay_new)}: the "
+                     f"checkpoint is resharded on load; losses agree with the saved layout's up to fp32 summation "
+                     f"order, and dropout's per-rank streams restart unless tp, pp and dp are the same")
+    elif old.get("micro_batch_size") != new.get("micro_batch_size") and "micro_batch_size" in old:
+        lines.append(f"resume: micro-batch {old['micro_batch_size']} -> {new['micro_batch_size']}: the same samples "
+                     f"per step, accumulated in other slices")
+    if (line := lr_change_line(old, new, start)) is not None:
+        lines.append(line)
+    saved_gb = old.get("global_batch_size") or old.get("micro_batch_size", 0) * lay_old.get("dp", 0) or global_batch
+    if facts is not None and (line := data_order_line(old, new, facts, global_batch, saved_gb, consumed)):
+        lines.append(line)
+    if not lines:
+        lines.append(f"resume: the checkpoint's run had the same flags and layout: iterations {start + 1}-"
+                     f"{new['train_iters']} run as the uninterrupted run would (same learning rates, same samples)")
+    return lines
+
+
+# --- gathering the facts (rank 0) -----------------------------------------------------------------------------
+
+def weights_of(hf_load: str | None, ckpt_dir: str | None, start: int, saved: dict | None) -> Weights:
+    if ckpt_dir is not None:
+        return Weights(WeightsKind.CHECKPOINT, ckpt_dir, start, converted=bool(saved) and
+                       saved.get("contents") == "model")
+    if hf_load is not None:
+        from models.hf_io import CheckpointReader
+        return Weights(WeightsKind.TRANSFORMERS, hf_load, tensors=len(CheckpointReader(hf_load).files))
+    return Weights(WeightsKind.INIT)
+
+
+def read_saved_state(load_root: str | None, iteration: int) -> tuple[str | None, dict | None]:
+    """The resumed checkpoint's directory and state.json (None, None without a hybrid --load)."""
+    if load_root is None:
+        return None, None
+    from hybrid.checkpoint import store
+    path = store.final_path(load_root, iteration)
+    try:
+        return path, store.read_state(path)
+    except (OSError, ValueError):
+        return path, None
+
+
+def _run_hardware(hardware_path: str | None, precision, device) -> tuple[object, str, bool]:
+    """(Hardware, its name for the line, whether its rates are this machine's): the --hardware profile, else the
+    preset of this device (a GPU's nearest by name; on CPU the `cpu` preset, whose rates are placeholders)."""
+    import dataclasses
+
+    from hybrid.planner import hardware
+    if hardware_path:
+        from hybrid.planner.calibrate import load_hardware
+        return load_hardware(hardware_path, precision), os.path.basename(hardware_path), True
+    if device.type == "cuda":
+        import torch
+        props = torch.cuda.get_device_properties(device)
+        kind = next((k for k in ("h200", "h100-80g") if k.split("-")[0] in props.name.lower()), "a100-80g")
+        hw = dataclasses.replace(hardware(kind), memory_bytes=float(props.total_memory))
+        return hw, f"the {kind} preset", True
+    return hardware("cpu"), "the cpu preset", False
+
+
+def predict(run, device, baseline_bytes: float) -> Prediction:
+    """The planner's evaluation of exactly this run's layout (hybrid/metrics/split.py's run_layout), in the log's
+    units: ms/iter, tokens/s, and memory by the device's measure (hybrid/metrics/peak_memory.py). `run`: the
+    RunConfig (hybrid/train/config.py)."""
+    from hybrid.metrics.split import run_layout
+    from hybrid.planner import Cluster, evaluate
+    from hybrid.planner.layout import stage_layers
+
+    cfg, dims, batch, plan = run.model.arch, run.parallel.dims, run.training.batch, run.parallel.pipeline
+    name = os.path.basename(run.training.hardware) if run.training.hardware else f"this {device.type}"
+    try:
+        work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch,
+                                  plan.v)
+        hw, name, timed = _run_hardware(run.training.hardware, work.precision, device)
+        result = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout)
+    except ValueError as e:  # a model or layout the planner does not describe: its message names why
+        return Prediction(name, error=str(e))
+    except Exception as e:  # noqa: BLE001 -- a description of the run must never stop it
+        return Prediction(name, error=f"the planner failed ({type(e).__name__}: {e})")
+    peak = result.memory.peak
+    tensors = peak.total - peak.workspace
+    cuda = device.type == "cuda"
+    step = result.time.total if timed else None
+    ours, theirs = [len(st) for st in plan.stages], list(stage_layers(cfg, dims.pp, plan.v, batch.seq_length))
+    return Prediction(name, step, batch.global_batch * batch.seq_length / step if step else None,
+                      tensors + (0.0 if cuda else baseline_bytes), "max allocated" if cuda else "peak RSS",
+                      tensors, 0.0 if cuda else baseline_bytes,
+                      stages_note=f"the planner's stages {theirs}, the run's {ours}" if ours != theirs else "")
+
+
+def startup_lines(run, info: dict, data: DataSource, start: int, consumed: int, device,
+                  baseline_bytes: float) -> list[str]:
+    """Every start-up line, in order (rank 0 prints them). `run` is the RunConfig, `info` run_info's dict (what a
+    checkpoint records of this run); `start`, `consumed` what the resume returned; `baseline_bytes` the process's
+    resident bytes before the model was built."""
+    flags, batch, d = info["args"], run.training.batch, run.data
+    ckpt_dir, saved = read_saved_state(run.checkpoint.load, start)
+    weights = weights_of(run.model.init_weights, ckpt_dir, start, saved)
+    lines = [model_line(run.model.name, run.model.arch, weights, run.training.seed)]
+    sizes = SplitSizes.for_run(run.training.train_iters, batch.global_batch, d.eval_interval, d.eval_iters)
+    facts = data_facts(data, sizes, d.split, flags.get("split", ""), d.eval_iters)
+    lines += data_lines(facts)
+    lines.append(schedule_line(flags, batch.global_batch, batch.seq_length))
+    lines.append(prediction_line(predict(run, device, baseline_bytes)))
+    if saved is not None:
+        lines += resume_lines(saved, info, start, consumed, facts, batch.global_batch)
+    return lines

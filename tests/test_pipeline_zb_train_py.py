@@ -1,0 +1,124 @@
+"""The zero-bubble schedules through train.py, as users run them: the flags (bad combinations are one line naming
+the flag, before any process group) and checkpoints across schedules.
+
+Checkpoints: a checkpoint holds each parameter by its global name (hybrid/checkpoint/core.py), so where the
+stages sit does not matter. Reference: one 1F1B run of 6 steps saving at 3 and 6. A ZBV run of 3 steps resumed
+under 1F1B for 3 more, and the 1F1B step-3 checkpoint resumed under ZBV (and under ZB-H1), must end with the
+reference's step-6 checkpoint exactly: every weight and Adam moment torch.equal (read back with torch's own
+dcp_to_torch_save, not our loader). The runs use train.py's defaults: the NaN guard and the hang watchdog on.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from hybrid.checkpoint import store
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", os.path.join(ROOT, "scripts", "train.py"),
+         "--pipeline-model-parallel-size", "2", "--seq-length", "32", "--micro-batch-size", "2",
+         "--global-batch-size", "8", "--log-interval", "1", "--zero-stage", "1", "--train-iters", "6",
+         "--save-interval", "3"]
+
+
+@pytest.mark.parametrize("argv, world, message", [
+    (["--pipeline-schedule", "zbv", "--virtual-pipeline-model-parallel-size", "3"], 2,
+     "--pipeline-schedule zbv holds exactly 2 chunks a rank"),
+    (["--pipeline-schedule", "zbv", "--pipeline-model-parallel-size", "4"], 4,
+     "--pipeline-schedule zbv cuts the model into 2 x --pipeline-model-parallel-size = 8 stages, more than its 4 "
+     "layers; use --pipeline-model-parallel-size 2 or less"),
+    (["--pipeline-schedule", "zbh1", "--virtual-pipeline-model-parallel-size", "2"], 2,
+     "--pipeline-schedule zbh1 runs one chunk a rank"),
+    (["--pipeline-schedule", "zbh1"], 1, "--pipeline-schedule zbh1 needs --pipeline-model-parallel-size >= 2"),
+    (["--pipeline-schedule", "zbv", "--compile"], 2, "--pipeline-schedule zbv does not run with --compile"),
+])
+def test_bad_zero_bubble_flags_are_one_line_before_any_process_group(argv, world, message, monkeypatch):
+    from hybrid.train.main import validate
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    pp = [] if "--pipeline-model-parallel-size" in argv or world == 1 else ["--pipeline-model-parallel-size", "2"]
+    with pytest.raises(SystemExit) as e:
+        validate(argv + pp)
+    text = str(e.value.code)
+    assert text.startswith("train.py: error: ") and message in text and "\n" not in text, text
+    assert not dist.is_initialized()
+
+
+def test_zbv_plan_holds_two_chunks_a_rank(monkeypatch):
+    from hybrid.train.main import validate
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    run, _, _ = validate(["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zbv"])
+    plan = run.parallel.pipeline
+    assert plan.v == 2 and len(plan.stages) == 4
+
+
+def _train(argv: list[str], cwd) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    out = subprocess.run(TRAIN + argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def _state(ckpt: str, iteration: int, tmp_path) -> dict[str, torch.Tensor]:
+    out = str(tmp_path / f"{os.path.basename(ckpt)}-{iteration}.pt")
+    dcp_to_torch_save(store.final_path(ckpt, iteration), out)
+    state = torch.load(out, weights_only=False)
+    return {k: v for k, v in state.items() if k.startswith(("model/", "optim."))}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("zb_ckpt")
+    ref = str(tmp / "ref")
+    logs = {"ref": _train(["--pipeline-schedule", "1f1b", "--save", ref], tmp)}
+    zbv = str(tmp / "zbv")  # ZBV for 3 steps, then 1F1B from its checkpoint
+    logs["zbv"] = _train(["--pipeline-schedule", "zbv", "--save", zbv, "--exit-interval", "3", "--timeline",
+                          str(tmp / "zbv.json")], tmp)
+    logs["zbv->1f1b"] = _train(["--pipeline-schedule", "1f1b", "--save", zbv, "--load", zbv], tmp)
+    back = {}
+    for kind in ("zbv", "zbh1"):  # 1F1B's step-3 checkpoint, resumed under a zero-bubble schedule
+        back[kind] = str(tmp / f"1f1b->{kind}")
+        logs[f"1f1b->{kind}"] = _train(["--pipeline-schedule", kind, "--save", back[kind], "--load", ref,
+                                        "--ckpt-step", "3"], tmp)
+    return tmp, ref, zbv, back, logs
+
+
+def test_a_zbv_checkpoint_resumed_under_1f1b_ends_bit_identical_to_the_1f1b_run(runs):
+    tmp, ref, zbv, _, logs = runs
+    assert "(zbv, v 2, layers [1, 1, 1, 1])" in logs["zbv"]
+    assert f"checkpoint: resumed from {store.final_path(zbv, 3)}" in logs["zbv->1f1b"]
+    want, got = _state(ref, 6, tmp), _state(zbv, 6, tmp)
+    assert sorted(got) == sorted(want) and len(want) > 0
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+@pytest.mark.parametrize("kind", ["zbv", "zbh1"])
+def test_a_1f1b_checkpoint_resumed_under_zero_bubble_ends_bit_identical(runs, kind):
+    tmp, ref, _, back, logs = runs
+    assert f"checkpoint: resumed from {store.final_path(ref, 3)}" in logs[f"1f1b->{kind}"]
+    want, got = _state(ref, 6, tmp), _state(back[kind], 6, tmp)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    # the validation at the end runs forward-only through the schedule's placement (the V for zbv): same loss
+    validation = [ln for ln in logs["ref"].splitlines() if "validation loss at iteration 6" in ln]
+    assert validation and validation == [ln for ln in logs[f"1f1b->{kind}"].splitlines()
+                                          if "validation loss at iteration 6" in ln]
+
+
+def test_the_timeline_shows_b_and_w(runs):
+    import json
+    tmp = runs[0]
+    with open(tmp / "zbv.json") as f:
+        names = {e["name"][0] for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e["cat"] != "wait"}
+    assert {"F", "B", "W"} <= names

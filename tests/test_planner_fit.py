@@ -1,0 +1,34 @@
+"""Each fitted constant of the time model is what its one fit row gives (hybrid/planner/fit.py), so a change to
+the model that moves a fit shows here -- and nothing else was fitted (the published rows are CHECK rows,
+tests/test_planner_published.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybrid.planner import fit
+from hybrid.planner import hardware as hardware_fn
+from hybrid.planner.hardware import A100_EFFICIENCY, H100_500W_CLOCK, KERNEL_OVERHEAD_S
+
+
+def test_kernel_overhead_is_what_our_h200_run_gives():
+    """Run 3's forward + backward of the 1.2B Llama (0.7152 s) with the H200's own GEMM curve, the published
+    flash rate and the measured copy rate leaves 7.8 us a memory-bound kernel."""
+    assert fit.fit_kernel_overhead() == pytest.approx(KERNEL_OVERHEAD_S, rel=0.01)
+    assert fit.h200_forward_backward(hardware_fn("h200")) == pytest.approx(fit.H200_RUN3_FORWARD_BACKWARD_S,
+                                                                         rel=0.01)
+
+
+def test_a100_asymptote_is_what_korthikanti_table5_22b_step_gives():
+    """The 22B step with full recomputation (1.42 s) fits e; Table 4's single layer of the same model then checks
+    it (tests/test_planner_gemm.py)."""
+    assert fit.fit_a100_efficiency() == pytest.approx(A100_EFFICIENCY, abs=0.002)
+    assert fit.korthikanti_22b_step(hardware_fn("a100-80g")) == pytest.approx(fit.KORTHIKANTI_TABLE5_22B_FULL_S,
+                                                                            rel=0.01)
+
+
+def test_500w_h100_clock_is_what_torchtitan_table1_gives():
+    assert fit.fit_h100_500w_clock() == pytest.approx(H100_500W_CLOCK, abs=0.002)
+    hw = hardware_fn("h100-96g-500w")
+    assert hw.compute_efficiency == pytest.approx(fit.h100_500w(H100_500W_CLOCK).compute_efficiency)
+    assert fit.torchtitan_table1(hw) == pytest.approx(fit.TORCHTITAN_TABLE1_TOKENS_PER_GPU, rel=0.01)
