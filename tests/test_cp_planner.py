@@ -1,6 +1,6 @@
 """The planner's context-parallel model (hybrid/planner/context.py): a CP layout is the plain layout it reduces to
 per rank, plus attention over the other ranks' keys and the CP transfers; CP 1 is the plain plan; the ring's bytes
-are the runtime's ledger formula; attention memory per rank falls as 1/CP; the search over CP finds the CP sizes
+are the runtime's ledger formula; recomputation reruns the forward's transfers; attention memory per rank falls as 1/CP; the search over CP finds the CP sizes
 that make a long sequence fit; Llama 3 405B's published 131k-token run is expressed and predicted as the docs say."""
 
 from __future__ import annotations
@@ -66,6 +66,23 @@ def test_ring_transfers_hide_under_attention_at_long_sequences_and_not_at_short(
     for comm in (CommType.A2A, CommType.ALLGATHER):  # not overlapped
         c = layer_cost(_work(131072), H100x64, Layout(tp=8, pp=1, dp=8), 8, comm)
         assert c.exposed == c.transfer > 0
+
+
+def test_recomputation_adds_the_forward_transfers_once_more():
+    """As the runtime's ledger shows (tests/test_cp_models.py::test_recomputation_reruns_exactly_the_forward_...):
+    every mode reruns the forward's transfers; a2a's forward is 4 of its 8 all-to-alls, 3 of them under
+    selective recomputation (q, k, v: torch's checkpoint stops before the output's)."""
+    work, cp = _work(2048), 8  # short blocks: the ring's transfers are not hidden, so the rerun shows in both
+    cost = {(r, comm): layer_cost(work, H100x64, Layout(tp=8, dp=8, recompute=r), cp, comm)
+            for r in Recompute for comm in CommType}
+    for r in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP, Recompute.FULL):
+        assert cost[r, CommType.P2P].transfer > cost[Recompute.NONE, CommType.P2P].transfer
+        assert cost[r, CommType.P2P].exposed > cost[Recompute.NONE, CommType.P2P].exposed
+        ag_none, ag = cost[Recompute.NONE, CommType.ALLGATHER].transfer, cost[r, CommType.ALLGATHER].transfer
+        assert ag == pytest.approx(1.5 * ag_none, rel=1e-12)  # gather == reduce-scatter time, the gather twice
+    a2a = {r: cost[r, CommType.A2A].transfer for r in Recompute}
+    assert a2a[Recompute.FULL] == a2a[Recompute.SELECTIVE_OP] == pytest.approx(1.5 * a2a[Recompute.NONE], rel=1e-12)
+    assert a2a[Recompute.NONE] < a2a[Recompute.SELECTIVE] < a2a[Recompute.FULL]
 
 
 def test_search_over_cp_makes_a_long_sequence_fit_and_is_faster():

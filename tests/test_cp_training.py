@@ -7,7 +7,8 @@ RTOL = 1e-5 of each tensor's largest entry -- the bound tests/test_zero.py deriv
 (a parallel run sums gradients in another order; eps keeps that noise from becoming a full step).
 
     fp32 cases   ZeRO 0, 1, 2, 3 (p2p) | recompute selective, full (ZeRO 1, p2p) | a2a and allgather (ZeRO 3,
-                 full recompute) | packed documents (--reset-attention-mask --reset-position-ids, ZeRO 2)
+                 full recompute) | op-level selective recomputation (selective-op) with each comm type (ZeRO
+                 1, 3, 2) | packed documents (--reset-attention-mask --reset-position-ids, ZeRO 2)
     bf16, fp16   ZeRO 1 and 3 (p2p): against the same run at CP 1 on the same 4 ranks (DP 4), losses within
                  one unit roundoff of the compute dtype (2^-8, 2^-11). Not against one process: the fp16 loss
                  scaler sees the gradient summed over 4 ranks in fp16, which overflows at step 1 where one
@@ -56,6 +57,9 @@ CASES = {  # name -> (zero stage, recompute, comm type, precision, packed docume
     "z3": (3, Recompute.NONE, CommType.P2P, FP32, False),
     "z1-selective": (1, Recompute.SELECTIVE, CommType.P2P, FP32, False),
     "z1-full": (1, Recompute.FULL, CommType.P2P, FP32, False),
+    "z1-selective-op": (1, Recompute.SELECTIVE_OP, CommType.P2P, FP32, False),
+    "z3-selective-op-a2a": (3, Recompute.SELECTIVE_OP, CommType.A2A, FP32, False),
+    "z2-selective-op-allgather": (2, Recompute.SELECTIVE_OP, CommType.ALLGATHER, FP32, False),
     "z3-full-a2a": (3, Recompute.FULL, CommType.A2A, FP32, False),
     "z3-full-allgather": (3, Recompute.FULL, CommType.ALLGATHER, FP32, False),
     "z2-docs": (2, Recompute.NONE, CommType.P2P, FP32, True),
