@@ -107,3 +107,33 @@ def test_llama3_405b_131k_prediction_is_the_one_the_docs_report():
     row = next(line for line in DOCS.read_text().splitlines() if line.startswith("| Llama 3 405B, 16384 H100"))
     assert f"| {best.short()} |" in row and f"| {tflops:.0f} |" in row, (row, best.short(), tflops)
     assert re.search(r"\| 380 \|", row)
+
+
+# --- `hybrid plan --context-parallel-size` ------------------------------------------------------------------
+PLAN = ["--model", "llama-3-8b", "--gpus", "16", "--gpu", "h100-80g", "--global-batch-size", "8", "--seq-length",
+        "32768", "--activation-profile", "bf16-flash", "--tensor-model-parallel-size", "8", "--micro-batch-size", "1",
+        "--top", "3"]
+
+
+def test_hybrid_plan_searches_cp_and_its_comm_type_with_the_rest(capsys):
+    from hybrid.planner.cli import main
+    assert main(PLAN + ["--context-parallel-size", "2", "--cp-comm-type", "p2p"]) == 0
+    out = capsys.readouterr().out
+    work = Workload(dataclasses.replace(load_config("llama-3-8b"), max_position_embeddings=32768), global_batch=8,
+                    seq_length=32768, activations=ActivationProfile.BF16_FLASH)
+    cluster = Cluster(gpus=16, hw=hardware("h100-80g"))
+    want = search_cp(work, cluster, SearchSpace(tp=(8,), micro_batch=(1,)), cps=(2,), comms=(CommType.P2P,), top=3)
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s*\d+  tp", line)]
+    assert [" ".join(r[1:-5]) for r in rows] == [p.short() for p in want] and all("cp2 p2p" in p.short() for p in want)
+    assert [float(r[-4]) for r in rows] == [pytest.approx(p.total_s, rel=1e-3) for p in want]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--context-parallel-size", "2", "--json"], "--context-parallel-size 2 does not run with --json"),
+    (["--cp-comm-type", "a2a"], "--cp-comm-type needs --context-parallel-size"),
+    (["--context-parallel-size", "2,0"], "--context-parallel-size '2,0': give one or more comma-separated")])
+def test_hybrid_plan_rejects_what_cp_planning_does_not_do_in_one_line(extra, message, capsys):
+    from hybrid.planner.cli import main
+    assert main(PLAN + extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hybrid plan: error: {message}") and err.count("\n") == 1, err

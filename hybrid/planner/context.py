@@ -198,6 +198,34 @@ def search_cp(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace
     return out[:top]
 
 
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """`hybrid plan --context-parallel-size 1,2,4,8`: the CP sizes to search (one pins it); ValueError naming the
+    flag."""
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(c < 1 for c in sizes):
+        raise ValueError(f"--context-parallel-size {text!r}: give one or more comma-separated positive sizes, "
+                         f"e.g. 1,2,4,8")
+    return tuple(sorted(set(sizes)))
+
+
+def report(work: Workload, cluster: Cluster, plans: list[ContextPlan]) -> str:
+    """`hybrid plan --context-parallel-size ...`: the fastest layouts over CP sizes and comm types, with what CP
+    adds to each step (its extra attention blocks and exposed transfers) and the fullest rank's memory."""
+    width = max(len(p.short()) for p in plans)
+    lines = [f"global batch {work.global_batch} x {work.seq_length} tokens on {cluster.gpus} x {cluster.hw.name}; "
+             f"context parallelism searched (hybrid/planner/context.py; docs/context-parallel.md)",
+             f"{'#':>2}  {'layout':<{width}} {'mem GB':>7} {'step s':>8} {'CP s':>8} {'tokens/s':>10} {'MFU':>6}"]
+    for i, p in enumerate(plans):
+        lines.append(f"{i + 1:>2}  {p.short():<{width}} {p.memory_gb:>7.1f} {p.total_s:>8.4g} {p.extra_s:>8.4g} "
+                     f"{p.tokens_per_s:>10.4g} {100 * p.mfu:>5.1f}%")
+    lines.append("CP s: seconds CP adds to the step (attention over the other ranks' keys + exposed CP transfers); "
+                 "mem GB: the fullest rank, the ring's buffers included")
+    return "\n".join(lines)
+
+
 def _reduced_space(space: SearchSpace, cp: int, gpus: int) -> SearchSpace:
     """The space of the reduced problem: tp x pp must leave dp x cp with cp dividing it."""
     return space if cp == 1 else replace(space, tp=space.tp or tuple(t for t in range(1, gpus + 1)
