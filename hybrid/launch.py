@@ -70,14 +70,6 @@ def check_launch(world: int) -> None:
         check_launcher_env(world)
 
 
-def check_timeout(minutes: float) -> None:
-    """`--distributed-timeout-minutes`: finite, > 0, at most a week."""
-    if not minutes > 0 or minutes != minutes or minutes == float("inf"):
-        raise ValueError(f"--distributed-timeout-minutes must be > 0.0, got {minutes}")
-    if minutes > MAX_TIMEOUT_MINUTES:
-        raise ValueError(f"--distributed-timeout-minutes must be at most {MAX_TIMEOUT_MINUTES} (a week), got {minutes}")
-
-
 def start_device(world: int) -> tuple[str, torch.device]:
     """(backend, device): NCCL + this rank's GPU (made current), or gloo + CPU with this rank's share of the cores
     (the local ranks split them: one thread pool per rank would oversubscribe the host)."""

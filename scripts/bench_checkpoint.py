@@ -145,9 +145,15 @@ class Hybrid:
         return out
 
     def save(self, d: str, asynchronous: bool = False):
-        pending = self.core.start_save(self.opt, self.names, None, d, 1, {"iteration": 1}, pg=self.pg,
+        pending = self.core.start_save(self.opt, self.names, None, d, 1, self.state_json(), pg=self.pg,
                                        asynchronous=asynchronous)
         return pending.finish if asynchronous else pending.finish()
+
+    def state_json(self) -> dict:
+        """The state.json fields a resume checks (store.read_state): a training run's, one Adam step in."""
+        return {"iteration": 1, "consumed_samples": 0, "adam_step": 1, "model": "bench",
+                "layout": {"tp": 1, "pp": 1, "dp": self.mesh.dims.dp, "zero": 3},
+                "scaler": {"loss_scale": 1.0, "good_steps": 0, "skipped_steps": 0}}
 
     def load(self, d: str) -> None:
         from hybrid.checkpoint import store

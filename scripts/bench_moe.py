@@ -262,7 +262,8 @@ def report(shape: Shape, layer: dict, experts: dict, args) -> str:
     lines = [f"# MoE layer: hybrid vs megatron-core (CPU, {'--quick: measures nothing' if args.quick else 'measured'})",
              "", f"- shape: {shape.tokens} tokens per rank, h {shape.hidden}, expert f {shape.ffn}, "
              f"E {shape.experts}, top-{shape.topk}, EP {EP} (gloo, one thread per rank), fp32, dropless",
-             f"- machine: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}, "
+             f"- machine: {cpu_name()}, {os.cpu_count()} cores, 1-min load average {os.getloadavg()[0]:.1f} at the end; "
+             f"torch {torch.__version__}, "
              f"megatron-core {package_version('megatron-core')}",
              f"- warmup {args.warmup}, runs {args.runs} x repeats {args.repeats} (ABAB)", ""]
     if r0["skipped"]:

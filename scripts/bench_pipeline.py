@@ -2,32 +2,36 @@
 
     python scripts/bench_pipeline.py --out docs/results/bench_pipeline.md   # ~9 minutes on 2 cores under load 16-46
     python scripts/bench_pipeline.py --quick --out /tmp/pp.md               # smoke run (measures nothing)
-    python scripts/bench_pipeline.py --pp 2 --microbatches 8 --out docs/results/bench_zero_bubble.md  # ZB-H1 row
+    python scripts/bench_pipeline.py --pp 2 --microbatches 4 --out docs/results/bench_zero_bubble.md  # zero-bubble rows
     [--pp 2] [--microbatches 4] [--repeats 10] [--runs 3] [--warmup 1] [--hidden 256] [--layers 8] [--seq 128]
     [--micro-batch 2] [--vocab 2048]
 
 --pp is at most the cores (2 here): with more ranks than cores the OS scheduler, not the runtime, sets the time.
 
-One model split, one set of micro-batches, four runtimes side by side, for each pipeline size pp (pp gloo
-ranks, one thread each):
+One model split, one set of micro-batches, four schedules on two runtimes side by side (eight runtimes), for
+each pipeline size pp (pp gloo ranks, one thread each):
 
-* ours:  `PipelineExecutor` walking `build_schedule(ONE_F_ONE_B | GPIPE, pp, m)[rank]`;
-* torch: `torch.distributed.pipelining.Schedule1F1B` / `ScheduleGPipe` over a `PipelineStage`.
+* ours:  `PipelineExecutor` walking `build_schedule(kind, pp, m, v)[rank]` for kind 1F1B, GPipe, ZB-H1, ZBV;
+* torch: `torch.distributed.pipelining`'s `Schedule1F1B`, `ScheduleGPipe`, `ScheduleInterleavedZeroBubble` with
+  one stage a rank (torch's ZB1P: ZB-H1's lists, op for op) and `ScheduleZBVZeroBubble`, over one
+  `PipelineStage` per chunk.
 
-Both run the very same chunk modules (`build_pipeline_chunks`, GPT-2 layout: stage 0 embeds, stage pp-1 has the
-tied head and the loss). torch computes the loss outside the stage (`loss_fn(stage output, target)`), so its
+Both run the very same chunk modules (`build_pipeline_chunks`, GPT-2 layout: stage 0 embeds, the last stage has
+the tied head and the loss). 1F1B, GPipe and ZB-H1 cut the model into pp stages; ZBV into 2 pp (two a rank, in a V:
+stages r and 2 pp - 1 - r, so rank 0 holds the embedding and the head), built from the same seed. torch computes the loss outside the stage (`loss_fn(stage output, target)`), so its
 stage module is a thin wrapper returning the chunk's hidden states, or its logits on the last stage, and
 `loss_fn` is the same `lm_loss` our last chunk calls. Loss semantics agree: ours scales each micro-batch's
 loss by 1/m before backward, torch (`scale_grads=True`) divides the accumulated gradients by m after the
 last backward; both give the gradient of the mean over micro-batches (checked below, same weights).
 
-Zero bubble: a fifth runtime, ours under ZB-H1 (`build_schedule(ZB_H1, pp, m)`), timed in the same rounds. Its row
-gives ZB-H1 against our 1F1B (median ms with min - max, the ratio per block) beside the simulator's prediction:
+Zero bubble: besides the ours/torch rows, ZB-H1 against our 1F1B, timed in the same rounds: its row gives ZB-H1
+against our 1F1B (median ms with min - max, the ratio per block) beside the simulator's prediction:
 `simulate` of both lists with each stage's F, full-backward, B and W seconds measured in the untimed profiling
 steps (the medians of the executor's own timeline events), messages free. "within 10 %" compares the measured
-saving 1 - ZB/1F1B with the predicted one.
+saving 1 - ZB/1F1B with the predicted one. ZBV likewise, its simulation priced with the F, B and W seconds
+measured on its own 2 pp stages (half as deep as the others').
 
-Timing: `warmup` untimed steps per runtime, then `repeats` rounds that run the five in turn (ABAB...), so
+Timing: `warmup` untimed steps per runtime, then `repeats` rounds that run the eight in turn (ABAB...), so
 a noisy machine slows all alike. A step is forward + backward of all m micro-batches (no optimizer),
 started after a barrier; its time is the slowest rank's. Reported: median and min, and ours/torch of
 the medians, of the mins, and the median of the per-round ratios (below 1.0: ours faster); the table gives the
@@ -88,8 +92,14 @@ from hybrid.cliutil import (OneLineParser, atomic_output, check_output_file, cpu
                             positive_int)
 
 NUM_HEADS = 4
-KINDS = {"1F1B": ScheduleKind.ONE_F_ONE_B, "GPipe": ScheduleKind.GPIPE}
-ZB_NAME = "ours ZB-H1"  # ours only: the zero-bubble row compares it with "ours 1F1B" and the simulator
+KINDS = {"1F1B": ScheduleKind.ONE_F_ONE_B, "GPipe": ScheduleKind.GPIPE, "ZB-H1": ScheduleKind.ZB_H1,
+         "ZBV": ScheduleKind.ZBV}
+# torch.distributed.pipelining's class for each; the zero-bubble ones take a list of stages. ZB-H1 is torch's
+# ScheduleInterleavedZeroBubble with one stage a rank ("ZB1P"), whose lists equal ours op for op
+# (tests/test_pipeline_zero_bubble.py), as ScheduleZBVZeroBubble's equal our ZBV's.
+TORCH_CLASS = {ScheduleKind.ONE_F_ONE_B: "Schedule1F1B", ScheduleKind.GPIPE: "ScheduleGPipe",
+               ScheduleKind.ZB_H1: "ScheduleInterleavedZeroBubble", ScheduleKind.ZBV: "ScheduleZBVZeroBubble"}
+ZB_NAME = "ours ZB-H1"  # the zero-bubble row compares it with "ours 1F1B" and the simulator
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")  # the executor's compute events
 MiB = 2 ** 20
 PROFILE_STEPS = 2  # untimed steps per runtime that split each rank's step into compute and waiting
@@ -206,9 +216,14 @@ class Ours:
 
     def __init__(self, chunks: nn.ModuleList, kind: ScheduleKind, mesh: Mesh, shape: Shape):
         self.chunks, self.kind, self.mesh, self.shape = chunks, kind, mesh, shape
+        self.params = list(chunks.parameters())
         self.io = StageIO((shape.micro_batch, shape.seq, shape.hidden))
-        self.schedule = build_schedule(kind, mesh.dims.pp, shape.m)[mesh.coords.pp]
-        self.executor = PipelineExecutor(chunks, self.schedule, mesh.pp, self.io, mesh.device)
+        self.schedule = build_schedule(kind, mesh.dims.pp, shape.m, len(chunks))[mesh.coords.pp]
+        self.executor = self._executor()
+
+    def _executor(self, **kw) -> PipelineExecutor:
+        return PipelineExecutor(self.chunks, self.schedule, self.mesh.pp, self.io, self.mesh.device,
+                                placement=self.kind.placement, **kw)
 
     def step(self, batches) -> float:
         """Loss on the last stage (mean over micro-batches), 0 elsewhere."""
@@ -217,8 +232,7 @@ class Ours:
     def measure(self, batches) -> tuple[int, int]:
         """(peak saved-activation bytes, peak held output bytes) of one step."""
         ledger = SavedActivationLedger(params=self.chunks.parameters())
-        ex = PipelineExecutor(self.chunks, self.schedule, self.mesh.pp, self.io, self.mesh.device,
-                              on_forward=lambda mb, c: ledger.tagged(mb))
+        ex = self._executor(on_forward=lambda mb, c: ledger.tagged(mb))
         with ledger:
             ex.forward_backward(batches)
         _check_released(ledger, "ours")
@@ -226,8 +240,7 @@ class Ours:
 
     def compute_seconds(self, batches) -> tuple[float, float]:
         """(step seconds, seconds in forward / backward compute) of one step, from the executor's timeline."""
-        ex = PipelineExecutor(self.chunks, self.schedule, self.mesh.pp, self.io, self.mesh.device,
-                              record_timeline=True)
+        ex = self._executor(record_timeline=True)
         t0 = time.perf_counter()
         ex.forward_backward(batches)
         total = time.perf_counter() - t0
@@ -248,44 +261,59 @@ class StageModule(nn.Module):
 
 
 class Torch:
-    """torch.distributed.pipelining's Schedule1F1B / ScheduleGPipe over one PipelineStage of the same chunk."""
+    """torch.distributed.pipelining's schedule of the same kind (TORCH_CLASS) over one PipelineStage per chunk of
+    this rank (ZBV: two, global stages r and 2 pp - 1 - r, as ours)."""
 
     def __init__(self, chunks: nn.ModuleList, kind: ScheduleKind, mesh: Mesh, shape: Shape):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        import torch.distributed.pipelining as pipelining
+        from torch.distributed.pipelining import PipelineStage
         from models.common import lm_loss
-        (chunk,) = chunks
-        self.chunks, self.shape = chunks, shape
-        self.first, self.last = chunk.stage.first, chunk.stage.last
-        self.stage = PipelineStage(StageModule(chunk), mesh.coords.pp, mesh.dims.pp, mesh.device, group=mesh.pp.pg)
+        pp, rank = mesh.dims.pp, mesh.coords.pp
+        self.chunks, self.shape, self.params = chunks, shape, list(chunks.parameters())
+        self.first = any(c.stage.first for c in chunks)
+        self.last = any(c.stage.last for c in chunks)  # under ZBV rank 0 holds the first and the last stage
+        self.stages = [PipelineStage(StageModule(c), kind.placement.stage(rank, i, pp), pp * len(chunks),
+                                     mesh.device, group=mesh.pp.pg) for i, c in enumerate(chunks)]
         self.ledger: SavedActivationLedger | None = None  # set only while measuring
         self.held_peak = 0
         self.busy: float | None = None  # seconds in forward / loss / backward, counted only when not None
         self._mb = None  # micro-batch of the latest forward: torch computes its loss right after
-        head = chunk.wte if self.last else None
+        tail = next((c for c in chunks if c.stage.last), None)
 
         def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             with self.ledger.tagged(self._mb) if self.ledger else nullcontext(), self._timer():
-                return lm_loss(logits, labels, head.vocab_start, chunk.tp)
+                return lm_loss(logits, labels, tail.wte.vocab_start, tail.tp)
 
-        cls = {ScheduleKind.ONE_F_ONE_B: Schedule1F1B, ScheduleKind.GPIPE: ScheduleGPipe}[kind]
-        self.schedule = cls(self.stage, shape.m, loss_fn=loss_fn, scale_grads=True)
-        forward_one_chunk, backward_one_chunk = self.stage.forward_one_chunk, self.stage.backward_one_chunk
+        cls = getattr(pipelining, TORCH_CLASS[kind])
+        stages = self.stages if kind.splits_backward else self.stages[0]
+        self.schedule = cls(stages, shape.m, loss_fn=loss_fn, scale_grads=True)
+        for stage in self.stages:
+            self._instrument(stage)
+
+    def _instrument(self, stage) -> None:
+        """Tag each forward with its micro-batch (saved-activation ledger), sample the held outputs, time the
+        computes. The schedule calls them through the instance, so these wrappers see every micro-batch."""
+        forward_one_chunk, backward_one_chunk = stage.forward_one_chunk, stage.backward_one_chunk
+        backward_weight = getattr(stage, "backward_weight_one_chunk", None)
 
         def tagged_forward(fwd_chunk_id: int, *args, **kwargs):
             self._mb = fwd_chunk_id
             with self.ledger.tagged(fwd_chunk_id) if self.ledger else nullcontext(), self._timer():
                 out = forward_one_chunk(fwd_chunk_id, *args, **kwargs)
             if self.ledger:
-                held = [t for outs, _ in self.stage.fwd_cache.values() for t in outs]
-                held += [t for t in self.stage.output_chunks if isinstance(t, torch.Tensor)]
+                held = [t for s in self.stages for outs, _ in s.fwd_cache.values() for t in outs]
+                held += [t for s in self.stages for t in s.output_chunks if isinstance(t, torch.Tensor)]
                 self.held_peak = max(self.held_peak, _distinct_bytes(held))
             return out
 
-        def timed_backward(*args, **kwargs):
-            with self._timer():
-                return backward_one_chunk(*args, **kwargs)
-        # the schedule calls both through the instance, so these wrappers see every micro-batch
-        self.stage.forward_one_chunk, self.stage.backward_one_chunk = tagged_forward, timed_backward
+        def timed(fn):
+            def run(*args, **kwargs):
+                with self._timer():
+                    return fn(*args, **kwargs)
+            return run
+        stage.forward_one_chunk, stage.backward_one_chunk = tagged_forward, timed(backward_one_chunk)
+        if backward_weight is not None:  # W of the zero-bubble schedules
+            stage.backward_weight_one_chunk = timed(backward_weight)
 
     @contextmanager
     def _timer(self):
@@ -303,7 +331,7 @@ class Torch:
         target = torch.cat([y for _, y in batches]) if self.last else None
         losses: list[torch.Tensor] | None = [] if self.last else None
         self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
-        return torch.stack(losses).mean().item() if self.last else 0.0
+        return torch.stack(losses).mean().item() if self.last else 0.0  # torch's losses: unscaled per micro-batch
 
     def measure(self, batches) -> tuple[int, int]:
         self.ledger, self.held_peak = SavedActivationLedger(params=self.chunks.parameters()), 0
@@ -326,8 +354,8 @@ class Torch:
             self.busy = None
 
     def recv_buffer_bytes(self) -> int:
-        infos = [i for infos in self.stage.args_recv_info.values() for i in infos]
-        infos += [i for infos in self.stage.grad_recv_info.values() for i in infos]
+        infos = [i for s in self.stages for infos in s.args_recv_info.values() for i in infos]
+        infos += [i for s in self.stages for infos in s.grad_recv_info.values() for i in infos]
         return _distinct_bytes(getattr(i, "buffer", None) for i in infos)
 
 
@@ -360,17 +388,20 @@ def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dic
     torch.manual_seed(0)
     mesh = Mesh.build(ParallelDims(pp=world), device=torch.device("cpu"))
     cfg = model_config(shape)
-    chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp), mesh.coords.pp, world, seed=0).train()
-    params = list(chunks.parameters())
+    tp = TPContext(mesh.tp)
+    chunks = build_pipeline_chunks(cfg, tp, mesh.coords.pp, world, seed=0).train()
+    # ZBV: the same model (same seed, same global parameter names) cut into 2 pp stages, two a rank in a V
+    v_stages = [ScheduleKind.ZBV.placement.stage(mesh.coords.pp, c, world) for c in range(2)]
+    v_chunks = build_pipeline_chunks(cfg, tp, mesh.coords.pp, world, 2, seed=0, stage_ids=v_stages).train()
     batches = make_batches(shape)
     runtimes = {}
     for name, kind in KINDS.items():
-        runtimes[f"ours {name}"] = Ours(chunks, kind, mesh, shape)
-        runtimes[f"torch {name}"] = Torch(chunks, kind, mesh, shape)
-    runtimes[ZB_NAME] = Ours(chunks, ScheduleKind.ZB_H1, mesh, shape)
+        own = v_chunks if kind is ScheduleKind.ZBV else chunks
+        runtimes[f"ours {name}"] = Ours(own, kind, mesh, shape)
+        runtimes[f"torch {name}"] = Torch(own, kind, mesh, shape)
 
     # warm-up (torch infers shapes on its first step), then the same step on both from the same weights
-    steps = {n: _timed(lambda r=r: r.step(batches), params) for n, r in runtimes.items()}
+    steps = {n: _timed(lambda r=r: r.step(batches), r.params) for n, r in runtimes.items()}
     for n, step in steps.items():
         for _ in range(warmup):
             step()
@@ -379,19 +410,20 @@ def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dic
     for name in KINDS:
         out = {}
         for side in ("ours", "torch"):
-            for p in params:
+            r = runtimes[f"{side} {name}"]
+            for p in r.params:
                 p.grad = None
-            out[side] = (runtimes[f"{side} {name}"].step(batches), _grads(params))
+            out[side] = (r.step(batches), _grads(r.params))
         diff = max(((a - b).abs().max().item() for a, b in zip(out["ours"][1], out["torch"][1])), default=0.0)
         scale = max((g.abs().max().item() for g in out["torch"][1]), default=0.0)
         check[f"{name} loss ours"], check[f"{name} loss torch"] = out["ours"][0], out["torch"][0]
         check[f"{name} max |grad diff| / max |grad|"] = diff / scale if scale else diff
     grads = {}
     for name in ("ours 1F1B", ZB_NAME):  # ZB-H1 computes the same gradients as 1F1B, bit for bit
-        for p in params:
+        for p in runtimes[name].params:
             p.grad = None
         runtimes[name].step(batches)
-        grads[name] = _grads(params)
+        grads[name] = _grads(runtimes[name].params)
     check["ZB-H1 gradients equal 1F1B's"] = float(all(torch.equal(a, b) for a, b in zip(*grads.values())))
 
     times: dict[str, list[float]] = {n: [] for n in runtimes}
@@ -406,28 +438,29 @@ def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dic
 
     saved, held, live, busy, ops = {}, {}, {}, {}, {}
     for n, r in runtimes.items():
-        for p in params:
+        for p in r.params:
             p.grad = None
         dist.barrier()
         saved[n], held[n] = r.measure(batches)
-        for p in params:
+        for p in r.params:
             p.grad = None
         dist.barrier()
         live[n] = peak_live_bytes(lambda r=r: r.step(batches))
         busy[n] = []
         for _ in range(PROFILE_STEPS):
-            for p in params:
+            for p in r.params:
                 p.grad = None
             dist.barrier()
             busy[n].append(r.compute_seconds(batches))
-            if isinstance(r, Ours):
+            if isinstance(r, Ours):  # the simulator's input: per chunk (ZBV's V chunks apart), each compute's seconds
                 for e in r.last_events:
                     if e.name in COMPUTE:
-                        ops.setdefault(e.name, []).append(e.end - e.start)
+                        key = ("v", e.chunk) if r.chunks is v_chunks else ("loop", 0)
+                        ops.setdefault(key, {}).setdefault(e.name, []).append(e.end - e.start)
     log(f"  memory measured (one ledger step per runtime), compute / wait split ({PROFILE_STEPS} steps per runtime)")
     recv = runtimes["torch 1F1B"].recv_buffer_bytes()
     return {"times": times, "cpu": cpu, "saved": saved, "held": held, "live": live, "busy": busy, "recv": recv,
-            "check": check, "ops": {k: statistics.median(v) for k, v in ops.items()}}
+            "check": check, "ops": {k: {n: statistics.median(t) for n, t in per.items()} for k, per in ops.items()}}
 
 
 def bench(pp: int, shape: Shape, warmup: int, repeats: int) -> PPResult:
@@ -438,29 +471,42 @@ def bench(pp: int, shape: Shape, warmup: int, repeats: int) -> PPResult:
     # gradient differences: the worst over ranks; losses: the last stage's (it computes them)
     check = {k: max(r["check"][k] for r in results) for k in results[0]["check"] if "grad" in k}
     check["ZB-H1 gradients equal 1F1B's"] = min(r["check"]["ZB-H1 gradients equal 1F1B's"] for r in results)
-    check.update({k: v for k, v in results[-1]["check"].items() if "loss" in k})
-    ops = [r["ops"] for r in results]
+    for name, kind in KINDS.items():  # the loss from the rank holding the last stage (rank 0 under ZBV's V)
+        v = 2 if kind is ScheduleKind.ZBV else 1
+        holder = results[kind.placement.rank_chunk(pp * v - 1, pp)[0]]["check"]
+        check.update({k: holder[k] for k in (f"{name} loss ours", f"{name} loss torch")})
+    ops = [r["ops"][("loop", 0)] for r in results]
+    v_ops = [[r["ops"][("v", c)] for c in range(2)] for r in results]
     return PPResult(pp=pp, times=times, cpu=cpu,
                     saved={n: [r["saved"][n] for r in results] for n in names},
                     held={n: [r["held"][n] for r in results] for n in names},
                     live={n: [r["live"][n] for r in results] for n in names},
                     torch_recv_buffers=[r["recv"] for r in results], check=check, op_seconds=ops,
-                    predicted=predicted_steps(ops, shape.m),
+                    predicted=predicted_steps(ops, v_ops, shape.m),
                     busy={n: [(statistics.median([t for t, _ in r["busy"][n]]),
                                statistics.median([c for _, c in r["busy"][n]])) for r in results] for n in names})
 
 
-def predicted_steps(ops: list[dict[str, float]], m: int) -> dict[str, float]:
+def _split_costs(per_stage: list[dict[str, float]]) -> Costs:
+    """Costs with each global stage's measured F, and B + W as its backward with W's share of it."""
+    b, w = [o.get("backward_input", 0.0) for o in per_stage], [o.get("backward_weight", 0.0) for o in per_stage]
+    return Costs(stage_forward=tuple(o["forward"] for o in per_stage), stage_backward=tuple(x + y for x, y in zip(b, w)),
+                 stage_weight_share=tuple(y / (x + y) if x + y > 0 else 0.5 for x, y in zip(b, w)))
+
+
+def predicted_steps(ops: list[dict[str, float]], v_ops: list[list[dict[str, float]]], m: int) -> dict[str, float]:
     """The simulator's step time of 1F1B and ZB-H1 from the measured per-stage seconds of F, the full backward
-    (1F1B), B and W (ZB-H1); messages free."""
-    pp = len(ops)
-    fwd = tuple(o["forward"] for o in ops)
-    full = Costs(stage_forward=fwd, stage_backward=tuple(o["backward"] for o in ops))
-    b, w = [o["backward_input"] for o in ops], [o["backward_weight"] for o in ops]
-    split = Costs(stage_forward=fwd, stage_backward=tuple(x + y for x, y in zip(b, w)),
-                  stage_weight_share=tuple(y / (x + y) if x + y > 0 else 0.5 for x, y in zip(b, w)))
+    (1F1B), B and W (ZB-H1), and of ZBV from the seconds of F, B, W measured on each of its 2 pp stages (rank r's
+    chunk c is the V's stage r or 2 pp - 1 - r); messages free."""
+    pp, zbv = len(ops), ScheduleKind.ZBV
+    full = Costs(stage_forward=tuple(o["forward"] for o in ops), stage_backward=tuple(o["backward"] for o in ops))
+    v_stages = [{} for _ in range(2 * pp)]
+    for r, per_chunk in enumerate(v_ops):
+        for c, o in enumerate(per_chunk):
+            v_stages[zbv.placement.stage(r, c, pp)] = o
     return {"1F1B": simulate(build_schedule(ScheduleKind.ONE_F_ONE_B, pp, m), full).makespan,
-            "ZB-H1": simulate(build_schedule(ScheduleKind.ZB_H1, pp, m), split).makespan}
+            "ZB-H1": simulate(build_schedule(ScheduleKind.ZB_H1, pp, m), _split_costs(ops)).makespan,
+            "ZBV": simulate(build_schedule(zbv, pp, m, 2), _split_costs(v_stages), placement=zbv.placement).makespan}
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -515,23 +561,32 @@ def time_table(results: list[PPResult], m: int, runs: int) -> str:
 def zero_bubble_table(results: list[PPResult], m: int, runs: int) -> str:
     """ZB-H1 against our 1F1B, measured in the same rounds, beside the simulator's prediction."""
     lines = ["| pp | m | 1F1B ms, median (min - max) | ZB-H1 ms, median (min - max) | ZB-H1 / 1F1B, median of blocks "
-             "(min - max) | simulated ZB-H1 / 1F1B (step ms) | saving measured / simulated | within 10 % |",
-             "|---|---|---|---|---|---|---|---|"]
+             "(min - max) | simulated ZB-H1 / 1F1B (step ms) | saving measured / simulated | within 10 % "
+             "| ZBV ms, median (min - max) | ZBV / 1F1B, median of blocks (min - max) | simulated ZBV / 1F1B "
+             "| ZBV saving measured / simulated | within 10 % |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
-        ours, zb = res.times["ours 1F1B"], res.times[ZB_NAME]
-        q = block_ratios(zb, ours, runs)
+        ours, zb, zbv = res.times["ours 1F1B"], res.times[ZB_NAME], res.times["ours ZBV"]
+        q, qv = block_ratios(zb, ours, runs), block_ratios(zbv, ours, runs)
         p1, pz = res.predicted["1F1B"], res.predicted["ZB-H1"]
         saving, predicted = 1 - statistics.median(q), 1 - pz / p1
         close = abs(saving - predicted) <= 0.1 * abs(predicted) if predicted else False
+        pv = res.predicted["ZBV"]
+        saving_v, predicted_v = 1 - statistics.median(qv), 1 - pv / p1
+        close_v = abs(saving_v - predicted_v) <= 0.1 * abs(predicted_v) if predicted_v else False
         lines.append(f"| {res.pp} | {m} | {1e3 * statistics.median(ours):.0f} ({1e3 * min(ours):.0f} - "
                      f"{1e3 * max(ours):.0f}) | {1e3 * statistics.median(zb):.0f} ({1e3 * min(zb):.0f} - "
                      f"{1e3 * max(zb):.0f}) | {statistics.median(q):.3f} ({min(q):.3f} - {max(q):.3f}) "
                      f"| {pz / p1:.3f} ({1e3 * pz:.0f} / {1e3 * p1:.0f}) | {100 * saving:.1f} % / {100 * predicted:.1f} % "
-                     f"| {'yes' if close else 'no'} |")
+                     f"| {'yes' if close else 'no'} | {1e3 * statistics.median(zbv):.0f} ({1e3 * min(zbv):.0f} - "
+                     f"{1e3 * max(zbv):.0f}) | {statistics.median(qv):.3f} ({min(qv):.3f} - {max(qv):.3f}) "
+                     f"| {pv / p1:.3f} | {100 * saving_v:.1f} % / {100 * predicted_v:.1f} % "
+                     f"| {'yes' if close_v else 'no'} |")
     return "\n".join(lines)
 
 
 def stage_seconds_lines(results: list[PPResult]) -> list[str]:
+    """The loop stages' seconds (1F1B, GPipe, ZB-H1); ZBV's per-chunk seconds feed its prediction likewise."""
     def fmt(o: dict[str, float]) -> str:
         return ", ".join(f"{k.replace('backward_input', 'B').replace('backward_weight', 'W')} {1e3 * v:.1f}"
                          for k, v in sorted(o.items()))
@@ -599,14 +654,14 @@ def report(results: list[PPResult], args: argparse.Namespace, shape: Shape, load
         f"micro-batch (b, T) = ({shape.micro_batch}, {shape.seq}), m = {shape.m}; layers split evenly",
         f"- timing: forward + backward of one step (no optimizer), {args.warmup} warm-up step(s), then "
         f"{args.repeats * args.runs} "
-        f"interleaved rounds (ours 1F1B, torch 1F1B, ours GPipe, torch GPipe, ours ZB-H1) in {args.runs} consecutive blocks; "
+        f"interleaved rounds (ours and torch: 1F1B, GPipe, ZB-H1, ZBV) in {args.runs} consecutive blocks; "
         f"slowest rank per step; ratio per block = median ours / median torch; a lead is claimed only where the "
         f"min-max over blocks excludes 1.0; 1-min load average {load[0]:.2f} at the start, {load[1]:.2f} at the end",
         "",
         time_table(results, shape.m, args.runs),
         "",
-        "Zero bubble (ours): ZB-H1 against 1F1B in the same rounds, and the simulator's prediction from the measured "
-        "per-stage F, B, W seconds (messages free):",
+        "Zero bubble (ours): ZB-H1 and ZBV against 1F1B in the same rounds, beside the simulator's prediction from the "
+        "measured per-stage F, B, W seconds (ZBV's on its own 2 pp stages; messages free):",
         "",
         zero_bubble_table(results, shape.m, args.runs),
         "",
@@ -648,7 +703,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(default 2)")
     p.add_argument("--microbatches", type=_positive, default=4, help="micro-batches per step m (default 4)")
     p.add_argument("--repeats", type=_positive, default=10,
-                   help="timed rounds of the four runtimes per block (default 10)")
+                   help="timed rounds of the eight runtimes per block (default 10)")
     p.add_argument("--runs", type=_positive, default=3, help="blocks of rounds, for the ratio's spread (default 3)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: tiny sizes, 2 rounds, 1 block (checks the script, measures nothing)")
@@ -663,7 +718,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", metavar="FILE.md", help="also write the report (setup + table) as markdown")
     args = p.parse_args(argv)
     if args.quick:
-        args.hidden, args.layers, args.seq, args.micro_batch, args.vocab = 16, 2, 8, 1, 64
+        args.hidden, args.layers, args.seq, args.micro_batch, args.vocab = 16, 2 * max(args.pp), 8, 1, 64
         args.microbatches, args.repeats, args.runs, args.warmup = 2, 2, 1, 1
     cores = os.cpu_count() or 1
     if max(args.pp) > cores:
@@ -671,11 +726,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"runtimes; use --pp <= {cores}")
     if args.hidden % NUM_HEADS != 0:
         p.error(f"--hidden {args.hidden}: must be a multiple of the {NUM_HEADS} heads")
-    bad = [pp for pp in args.pp if args.layers % pp != 0]
+    bad = [pp for pp in args.pp if args.layers % (2 * pp) != 0]
     if bad:
-        p.error(f"--layers {args.layers}: the even split needs a multiple of every --pp size, not of {bad[0]}")
+        p.error(f"--layers {args.layers}: ZBV's even split into 2 x pp stages needs a multiple of 2 x every --pp "
+                f"size, not of {2 * bad[0]}")
     if args.microbatches < max(args.pp):
         p.error(f"--microbatches {args.microbatches}: torch's Schedule1F1B needs m >= pp; use >= {max(args.pp)}")
+    for pp in args.pp:  # torch's ZB1P indexes rounds of max(1, m // pp) micro-batches
+        rounds = max(1, args.microbatches // pp)
+        if args.microbatches % rounds:
+            p.error(f"--microbatches {args.microbatches}: torch's ScheduleInterleavedZeroBubble needs m a multiple "
+                    f"of max(1, m // pp) = {rounds} at --pp {pp}; use a multiple of {pp}")
     if args.seq < 2:
         p.error("--seq must be at least 2 (the loss predicts the next token)")
     if args.out:
@@ -694,7 +755,8 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()[0]
     results = []
     for i, pp in enumerate(args.pp, 1):
-        print(f"[{i}/{len(args.pp)}] pp {pp}, m {shape.m}: ours vs torch.distributed.pipelining, 1F1B and GPipe "
+        print(f"[{i}/{len(args.pp)}] pp {pp}, m {shape.m}: ours vs torch.distributed.pipelining, 1F1B, GPipe, "
+              f"ZB-H1 and ZBV "
               f"({pp} gloo ranks)", flush=True)
         results.append(bench(pp, shape, args.warmup, args.repeats * args.runs))
     text = report(results, args, shape, (load_before, os.getloadavg()[0]))

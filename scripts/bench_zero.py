@@ -8,7 +8,8 @@
 Same model (a ~120M-parameter Llama built from hybrid's layers at tp = 1, so every framework wraps the same
 nn.Module), same dp, batch, fp32, same steps, on gloo + CPU, one thread per rank. Rows:
 
-* hybrid ZeRO-3 with its default optimizer (torch.optim.AdamW, which on CPU runs its per-tensor loop);
+* hybrid ZeRO-3 with its default optimizer (torch's fused AdamW over the flat shards, the division by dp folded
+  into the kernel);
 * hybrid ZeRO-3 with `torch.optim.AdamW(fused=True)` and torch FSDP2 with the same fused AdamW;
 * hybrid ZeRO-3 with DeepSpeedCPUAdam and DeepSpeed ZeRO-3 with the optimizer named in its config (on the CPU
   accelerator DeepSpeed builds its cpu_adam AVX kernel), with its recommended bucket sizes;
@@ -122,15 +123,26 @@ def _swap_optimizer(zero, kernel: str, args) -> str:
 
 
 def _time_hybrid(rank, args, mesh, model, zero, base: int, label: str) -> dict:
-    """Steps of hybrid's train_step, timed; this rank's times, memory growth and DP bytes per step."""
+    """Steps of hybrid's train_step, timed; this rank's times, memory growth and DP bytes per step, and the
+    optimizer step alone (ZeroOptimizer.step: master gradients, clip norm, AdamW, write-back) with the elements
+    it updates (this rank's shard), for its bandwidth floor."""
     from hybrid.train_step import LocalForwardBackward, train_step
+    opt_times, inner = [], zero.step
+
+    def timed_step():
+        t0 = time.perf_counter()
+        out = inner()
+        opt_times.append(time.perf_counter() - t0)
+        return out
+    zero.step = timed_step
 
     def step(it):
         mesh.ledger.reset()
         train_step(model, [batch(args, rank, it)], zero, mesh, runner=LocalForwardBackward(model[0], mesh.device))
     times = _time_steps(step, args)
     return {"times": times, "mem_mb": memory_growth_mb(base), "optimizer": label,
-            "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g)}
+            "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g),
+            "opt_times": opt_times[args.warmup:], "opt_numel": sum(u.shard_numel for u in zero.units)}
 
 
 def run_hybrid(rank, world, args, kernel):
@@ -143,10 +155,38 @@ def run_hybrid(rank, world, args, kernel):
     mesh = Mesh.build(ParallelDims(dp=world))
     model = torch.nn.ModuleList([build(args)])
     zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=3), OptimizerConfig(lr=1e-3, weight_decay=0.01))
-    label = (f"torch AdamW default ({zero.optimizer_kind}; per-tensor loop on CPU)" if kernel == "default"
-             else _swap_optimizer(zero, kernel, args))
+    label = (f"hybrid default ({zero.optimizer_kind})" if kernel == "default" else _swap_optimizer(zero, kernel, args))
 
     return _time_hybrid(rank, args, mesh, model, zero, base, label)
+
+
+def run_hybrid_stage(rank, world, args, stage):
+    """hybrid ZeRO `stage` (1 or 2) exactly as train.py runs it by default (its fused AdamW, gather overlap on)."""
+    from hybrid.mesh import Mesh, ParallelDims
+    from hybrid.train_step import OptimizerConfig
+    from hybrid.zero import ZeroConfig, ZeroOptimizer
+    base = memory_baseline()
+    mesh = Mesh.build(ParallelDims(dp=world))
+    model = torch.nn.ModuleList([build(args)])
+    zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=int(stage)), OptimizerConfig(lr=1e-3, weight_decay=0.01))
+    return _time_hybrid(rank, args, mesh, model, zero, base, f"hybrid default ({zero.optimizer_kind})")
+
+
+def run_ddp(rank, world, args, kernel):
+    """torch DDP as its docs recommend: gradients as bucket views (no copy into the buckets), the default 25 MB
+    buckets overlapped with backward, static graph; torch's fused AdamW."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    base = memory_baseline()
+    model = DDP(build(args), gradient_as_bucket_view=True, static_graph=True)
+    opt = torch.optim.AdamW(model.parameters(), fused=True, **_adamw_kw(args))
+
+    def step(it):
+        x, y = batch(args, rank, it)
+        model(x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    times = _time_steps(step, args)
+    return {"times": times, "mem_mb": memory_growth_mb(base), "bytes": None, "optimizer": "torch AdamW fused"}
 
 
 def run_hybrid_overlap(rank, world, args, spec):
@@ -231,6 +271,11 @@ ROWS += [("hybrid ZeRO-1, gather overlap off", run_hybrid_overlap, "1:off", None
          ("hybrid ZeRO-1, gather overlap on", run_hybrid_overlap, "1:on", OVERLAP_FROM),
          ("hybrid ZeRO-2, gather overlap off", run_hybrid_overlap, "2:off", None),
          ("hybrid ZeRO-2, gather overlap on", run_hybrid_overlap, "2:on", OVERLAP_FROM + 2)]
+DDP_FROM = len(ROWS)  # hybrid ZeRO 1-2 as train.py runs them against torch DDP (ratio DDP / hybrid)
+ROWS += [("hybrid ZeRO-1", run_hybrid_stage, "1", None),
+         ("torch DDP", run_ddp, "fused", DDP_FROM),
+         ("hybrid ZeRO-2", run_hybrid_stage, "2", None),
+         ("torch DDP", run_ddp, "fused", DDP_FROM + 2)]
 
 
 def _spawned(rank, world, index, args):
@@ -247,8 +292,12 @@ def _spawned_all(rank, world, args):
 def _summary(res: list[dict]) -> dict:
     """Per-rank results of one row -> median over steps of the slowest rank's step time, the larger rank's memory."""
     per_step = [max(ts) for ts in zip(*(r["times"] for r in res))]  # a step lasts as long as its slowest rank
-    return {"step_s": statistics.median(per_step), "mem_mb": max(r["mem_mb"] for r in res),
-            "optimizer": res[0]["optimizer"], "bytes": res[0]["bytes"]}
+    out = {"step_s": statistics.median(per_step), "mem_mb": max(r["mem_mb"] for r in res),
+           "optimizer": res[0]["optimizer"], "bytes": res[0]["bytes"]}
+    if res[0].get("opt_times"):  # the optimizer step alone: the slowest rank's, and the largest shard
+        out["opt_s"] = statistics.median(max(ts) for ts in zip(*(r["opt_times"] for r in res)))
+        out["opt_numel"] = max(r["opt_numel"] for r in res)
+    return out
 
 
 def run_row(index: int, args) -> dict:
@@ -269,8 +318,8 @@ def bench_frameworks(args) -> list[list[dict]]:
     for rep in range(args.repeats):
         round_ = []
         for i, (name, _, kernel, _) in enumerate(ROWS):
-            if args.overlap_only and i < OVERLAP_FROM:
-                round_.append({"error": "not run (--overlap-only)"})
+            if (args.overlap_only and not OVERLAP_FROM <= i < DDP_FROM) or (args.ddp_only and i < DDP_FROM):
+                round_.append({"error": "not run (--overlap-only / --ddp-only)"})
                 continue
             t0 = time.time()
             round_.append(run_row(i, args))
@@ -378,10 +427,34 @@ def framework_table(results: list[list[dict]], rows: range | None = None,
     return lines
 
 
+def optimizer_step_table(results: list[list[dict]], opt_rows: list[dict]) -> list[str]:
+    """hybrid's whole optimizer step (ZeroOptimizer.step, measured inside the training rows) against the bandwidth
+    floor of its shard: 28 bytes a parameter (read p, g, m, v; write p, m, v) / the measured bandwidth."""
+    bw = next((r["bw"] for r in opt_rows if "bw" in r), None)
+    if bw is None:
+        return []
+    lines = ["", "hybrid's optimizer step inside those runs (ZeroOptimizer.step: master gradients, AdamW, write-back; "
+             "no clipping), the median over steps and repeats of the slowest rank's, against its shard's floor "
+             f"(28 bytes a parameter at the {bw / 1e9:.1f} GB/s measured below; one thread per rank, as the run).",
+             "", "| run | parameters stepped / rank | step ms (min - max over repeats) | floor ms | step / floor |",
+             "|---|---:|---:|---:|---:|"]
+    for i, (name, _, kernel, _) in enumerate(ROWS):
+        cells = [r[i] for r in results if "opt_s" in r[i]]
+        if not cells or kernel not in ("default", "1", "2"):
+            continue
+        ms = [c["opt_s"] * 1e3 for c in cells]
+        floor = 28 * cells[0]["opt_numel"] / bw * 1e3
+        lines.append(f"| {name} | {cells[0]['opt_numel'] / 1e6:.1f}M | {statistics.median(ms):.1f} "
+                     f"({min(ms):.1f} - {max(ms):.1f}) | {floor:.1f} | {statistics.median(ms) / floor:.2f} |")
+    return lines
+
+
 def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]) -> None:
     cfg = model_config(args)
-    flags = (" --quick" if args.quick else "") + (" --overlap-only" if args.overlap_only else "")
-    title = "ZeRO 1-2 gather overlap benchmark" if args.overlap_only else "ZeRO-3 benchmark"
+    flags = (" --quick" if args.quick else "") + (" --overlap-only" if args.overlap_only else "") + \
+        (" --ddp-only" if args.ddp_only else "")
+    title = ("ZeRO 1-2 gather overlap benchmark" if args.overlap_only else "ZeRO 1-2 against DDP" if args.ddp_only
+             else "ZeRO-3 benchmark")
     lines = [f"# {title} (`python scripts/bench_zero.py{flags}`)", "",
              *(["**--quick smoke run: tiny model, all rows in one pair of processes; these numbers measure "
                 "nothing.**", ""] if args.quick else []),
@@ -414,13 +487,21 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
              "- no offload rows: on a CPU-only machine parameters and optimizer state already live in host memory, "
              "so offload moves nothing (it would only switch the optimizer kernel, which the rows below already do).",
              ]),
-             "", *([] if args.overlap_only else framework_table(results)),
+             "", *([] if args.overlap_only or args.ddp_only else framework_table(results)),
+             *([] if args.ddp_only else [
              "", "ZeRO 1-2: the post-step parameter all-gather overlapped with the next forward (the default) or "
              "blocking after the step (`overlap_param_gather=False`, `--no-overlap-param-gather`); hybrid alone, the "
              "same model, fp32, threads and torch fused AdamW as above, each row in fresh processes in the same "
              "repeats. Ratio = overlap on / off in the same repeat; below 1.0 the overlap is faster.", "",
-             *framework_table(results, range(OVERLAP_FROM, len(ROWS)), "ratio on / off",
-                              above="overlap slower", below="overlap faster")]
+             *framework_table(results, range(OVERLAP_FROM, DDP_FROM), "ratio on / off",
+                              above="overlap slower", below="overlap faster")])]
+    if not args.overlap_only:
+        lines += ["", "ZeRO 1-2 as train.py runs them by default (torch fused AdamW over the flat shards, gather overlap "
+                  "on) against torch DDP (gradient_as_bucket_view, static_graph, default buckets, fused AdamW), the "
+                  "same model, fp32 and threads. Ratio = DDP / hybrid in the same repeat; above 1.0 hybrid is "
+                  "faster.", "",
+                  *framework_table(results, range(DDP_FROM, len(ROWS)), "ratio DDP / hybrid")]
+        lines += optimizer_step_table(results, opt_rows)
     if opt_rows:
         lines += ["", f"AdamW kernels alone, {args.opt_numel / 1e6:.0f}M fp32 parameters in 200 tensors, "
                   f"{os.cpu_count()} threads, fastest step over 3 interleaved rounds. Floor = 28 bytes/param "
@@ -459,12 +540,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="parameters of the optimizer-kernel table (in 200 tensors)")
     p.add_argument("--quick", action="store_true", help="smoke run: a tiny model, 2 steps, 1 repeat, small "
                    "optimizer table (checks the script, measures nothing)")
+    p.add_argument("--ddp-only", action="store_true", help="only the ZeRO 1-2 vs torch DDP rows")
     p.add_argument("--overlap-only", action="store_true", help="only the ZeRO 1-2 gather overlap on/off rows (no "
                    "ZeRO-3 peers, no optimizer table); default --out docs/results/bench_zero_overlap.md")
     p.add_argument("--out", default=None, help="the Markdown report (default docs/results/bench_zero.md)")
     args = p.parse_args(argv)
     if args.out is None:
-        name = "bench_zero_overlap.md" if args.overlap_only else "bench_zero.md"
+        name = "bench_zero_overlap.md" if args.overlap_only else "bench_zero_ddp.md" if args.ddp_only else \
+            "bench_zero.md"
         args.out = os.path.join(os.path.dirname(__file__), "..", "docs", "results", name)
     if args.quick:
         args.layers, args.hidden, args.vocab, args.seq, args.steps, args.warmup, args.repeats = 1, 64, 256, 16, 2, 1, 1
@@ -487,6 +570,8 @@ def main(argv: list[str] | None = None) -> None:
     load = os.getloadavg()[0]
     results = bench_frameworks(args)
     opt_rows = [] if args.quick or args.overlap_only else bench_optimizer_step(args.opt_numel)
+    if args.quick:  # the smoke run still exercises the optimizer-step table (with a nominal bandwidth)
+        opt_rows = [{"name": "nominal", "step_s": 1.0, "floor_s": 1.0, "bw": 1e10}]
     args.load = (load, os.getloadavg()[0])
     write_table(os.path.abspath(args.out), args, results, opt_rows)
 

@@ -2,6 +2,7 @@
 
     python scripts/plot_schedule.py --schedule 1f1b --pp 4 --microbatches 8 [--v 2] [--tb-ratio 2] [--out FILE.png]
     python scripts/plot_schedule.py --schedule zbh1 --pp 4 --microbatches 8 --tb-ratio 2   # tF = tB = tW
+    python scripts/plot_schedule.py --all --pp 4 --microbatches 8 --tb-ratio 2   # the pictures in docs/pipeline.md
     python scripts/plot_schedule.py --trace timeline.json [--out FILE.png]
 
 Two sources:
@@ -10,6 +11,8 @@ Two sources:
   backward of `--tb-ratio` units (per model chunk), messages free -- the same lists the executor runs; the
   zero-bubble schedules (zbh1, zbv) split each backward into B and W, half of it each (so --tb-ratio 2 gives
   the paper's tF = tB = tW);
+* `--all`: every schedule of `ALL` (GPipe, 1F1B, interleaved v = 2, ZB-H1, ZBV) at the same pp, m and costs, one PNG
+  each under `--out-dir` (default docs/img) with the default names below;
 * a measured run: the Chrome trace `scripts/train.py --timeline` writes (events with cat "forward" /
   "backward", pid = pipeline stage, tid = global rank, ts / dur in microseconds, args.microbatch and
   args.chunk). One row per global rank; communication batches are drawn as a thin grey strip.
@@ -43,10 +46,11 @@ try:  # without matplotlib, --help and the flag checks still work; main() then s
 except ImportError:
     matplotlib = None
 
-from hybrid.pipeline.schedules import ScheduleKind, build_schedule  # noqa: E402
+from hybrid.pipeline.schedules import ScheduleKind, build_schedule, validate  # noqa: E402
 from hybrid.pipeline.simulate import Costs, simulate  # noqa: E402
 from hybrid.cliutil import OneLineParser, atomic_output, check_output_file, positive_int  # noqa: E402
 
+ALL = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED, ScheduleKind.ZB_H1, ScheduleKind.ZBV)
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
 LETTER = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
 
@@ -239,13 +243,23 @@ def _ratio(text: str) -> float:
     return value
 
 
-def default_out(args: argparse.Namespace) -> str:
+def default_out(args: argparse.Namespace, folder: str = os.path.join("docs", "img")) -> str:
     if args.trace:
         return os.path.splitext(args.trace)[0] + ".png"
     name = f"pipeline_{args.schedule}_pp{args.pp}_m{args.microbatches}"
     name += f"_v{args.v}" if args.schedule == "interleaved" else ""  # zbv: always 2
     name += f"_tb{args.tb_ratio:g}" if args.tb_ratio != 1 else ""
-    return os.path.join("docs", "img", name + ".png")
+    return os.path.join(folder, name + ".png")
+
+
+def all_pictures(args: argparse.Namespace) -> list[tuple[argparse.Namespace, str]]:
+    """`--all`: (the arguments of one schedule, its output path) for each schedule of ALL."""
+    out = []
+    for kind in ALL:
+        one = argparse.Namespace(**{**vars(args), "schedule": kind.value, "trace": None,
+                                    "v": 2 if kind in (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV) else 1})
+        out.append((one, default_out(one, args.out_dir)))
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -262,7 +276,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="plot a measured run (scripts/train.py --timeline) instead")
     p.add_argument("--out", metavar="FILE.png",
                    help="output (default docs/img/pipeline_<schedule>_pp<p>_m<m>[_v<v>][_tb<r>].png)")
+    p.add_argument("--all", action="store_true",
+                   help="draw every schedule (gpipe, 1f1b, interleaved v 2, zbh1, zbv) at these pp, m, tb-ratio, "
+                        "one PNG each under --out-dir, named as --out's default")
+    p.add_argument("--out-dir", metavar="DIR", default=os.path.join("docs", "img"),
+                   help="folder for --all's pictures (default docs/img)")
     args = p.parse_args(argv)
+    if args.all:
+        for flag, given in (("--schedule", args.schedule != "1f1b"), ("--v", args.v is not None),
+                            ("--trace", args.trace), ("--out", args.out)):
+            if given:
+                p.error(f"{flag} does not go with --all (it draws every schedule under --out-dir); drop one")
+        if not os.path.isdir(args.out_dir):
+            p.error(f"--out-dir {args.out_dir}: no such folder")
+        for one, _ in all_pictures(args):  # every schedule checked before the first picture is drawn
+            try:
+                validate(ScheduleKind(one.schedule), one.pp, one.microbatches, one.v)
+            except ValueError as e:
+                p.error(f"--all: {e}")
+        if matplotlib is None:
+            p.error("drawing needs matplotlib, which is not installed: pip install matplotlib")
+        return args
     if args.v is None:
         args.v = 2 if args.schedule in ("interleaved", "zbv") else 1
     if args.schedule == "zbv" and args.v != 2:
@@ -285,6 +319,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.all:
+        for one, out in all_pictures(args):
+            draw(from_schedule(ScheduleKind(one.schedule), one.pp, one.microbatches, one.v, one.tb_ratio), out)
+            print(f"wrote {out}")
+        return
     try:
         if args.trace:
             pic = from_trace(args.trace)

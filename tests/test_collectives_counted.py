@@ -3,7 +3,8 @@ op trail): torch.distributed's collectives are wrapped for the length of a real 
 ZeRO, checkpoint saves in the background, a resume, the timeline, the metrics file and the SIGTERM agreement -- and
 each call must come from inside a Group method, or from a library routine a Group handed its process group to
 (`Group.delegate`: DCP's save and load plans). A call on the default group from anywhere else fails the test,
-naming the file and line it came from.
+naming the file and line it came from. A static check reads every module of hybrid/ and models/ for the same: a
+collective named outside hybrid/comm.py, or a DCP save or load on a process group no Group handed over.
 """
 
 from __future__ import annotations
@@ -118,3 +119,120 @@ def test_the_ledger_counts_the_world_and_checkpoint_groups(runs):
         assert first.get(key, {}).get("calls", 0) > 0, (key, sorted(first))
     assert resumed["dcp_load@ckpt"]["calls"] == 1 and resumed["all_gather_object@ckpt_ctl"]["calls"] >= 1
     assert first["all_gather@world"]["bytes"] == 2 * 8 * 2  # 2 log lines x (2 ranks x one int64 peak)
+
+
+# --- statically: no module of hybrid/ or models/ can call a collective past a Group -----------------------------
+# The run above sees only the paths it takes; this reads every module, so a collective added on a path no run
+# here takes (MoE, CP, a schedule, a tool) fails too. Names are resolved through each module's imports
+# (`import torch.distributed as dist`, `from torch import distributed`, `from torch.distributed import barrier`).
+DIST = ("torch.distributed", "torch.distributed.distributed_c10d")
+DCP_ENTRIES = {"torch.distributed.checkpoint." + n for n in ("save", "load", "async_save", "save_state_dict",
+                                                            "load_state_dict")} | {"hybrid.checkpoint.safe_read.load"}
+# modules allowed to name torch.distributed collectives directly, and why
+ALLOWED = {
+    COMM: "the Group itself",
+    os.path.join("hybrid", "planner", "calibrate.py"): "`hybrid calibrate` times torch.distributed's own all-reduce and "
+                                                       "all-gather on a throw-away job (no run, no mesh); its numbers "
+                                                       "price what Group calls",
+}
+FORWARDERS = {(os.path.join("hybrid", "checkpoint", "safe_read.py"), "load")}  # passes its caller's process_group on
+
+
+def _aliases(tree) -> dict[str, str]:
+    import ast
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
+
+
+def _dotted(node, aliases: dict[str, str]) -> str | None:
+    import ast
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in aliases:
+        return None
+    return ".".join([aliases[node.id]] + parts[::-1])
+
+
+def bypasses(source: str, path: str) -> list[str]:
+    """'path:line name' for each torch.distributed collective named outside a Group, and each DCP save / load that
+    runs on a process group no Group handed over (neither `no_dist=True` nor inside `group.delegate(op, lambda pg:
+    ...)`)."""
+    import ast
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
+    parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def enclosing(node, kinds):
+        while node in parent:
+            node = parent[node]
+            if isinstance(node, kinds):
+                return node
+        return None
+
+    def delegated(call) -> bool:
+        lam = enclosing(call, (ast.Lambda,))
+        outer = parent.get(lam)
+        return (lam is not None and isinstance(outer, ast.Call) and isinstance(outer.func, ast.Attribute)
+                and outer.func.attr in ("delegate", "delegate_async") and lam in outer.args)
+
+    found = []
+    for node in ast.walk(tree):
+        name = _dotted(node, aliases) if isinstance(node, (ast.Attribute, ast.Name)) else None
+        if name and name.rsplit(".", 1)[0] in DIST and name.rsplit(".", 1)[1] in COLLECTIVES \
+                and path not in ALLOWED:
+            found.append(f"{path}:{node.lineno} {name}")
+        if isinstance(node, ast.Call) and _dotted(node.func, aliases) in DCP_ENTRIES:
+            no_dist = any(k.arg == "no_dist" and isinstance(k.value, ast.Constant) and k.value.value is True
+                          for k in node.keywords)
+            fn = enclosing(node, (ast.FunctionDef,))
+            if not (no_dist or delegated(node) or (path, fn and fn.name) in FORWARDERS):
+                found.append(f"{path}:{node.lineno} {_dotted(node.func, aliases)} (not through Group.delegate)")
+    return found
+
+
+def test_no_module_names_a_collective_outside_a_group():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found, seen = [], 0
+    for top in ("hybrid", "models"):
+        for d, _, files in os.walk(os.path.join(root, top)):
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    path = os.path.relpath(os.path.join(d, f), root)
+                    found += bypasses(open(os.path.join(root, path)).read(), path)
+                    seen += 1
+    assert seen > 50 and not found, found
+
+
+@pytest.mark.parametrize("snippet", [
+    "import torch.distributed as dist\ndist.all_reduce(t)",
+    "import torch\ntorch.distributed.barrier()",
+    "from torch import distributed\ndistributed.all_gather_object(out, x)",
+    "from torch.distributed import broadcast\nbroadcast(t, 0)",
+    "import torch.distributed.distributed_c10d as c10d\nc10d.batch_isend_irecv(ops)",
+    "import torch.distributed as dist\nf = lambda: dist.all_reduce(t)",  # named, not yet called
+    "import torch.distributed.checkpoint as dcp\ndcp.save(sd, storage_writer=w)",
+    "import torch.distributed.checkpoint as dcp\ndcp.load(sd, storage_reader=r, process_group=group.pg)",
+    "from hybrid.checkpoint import safe_read\nsafe_read.load(sd, d, process_group=pg)",
+    "import torch.distributed.checkpoint as dcp\ng.barrier(lambda pg: dcp.save(sd, process_group=pg))",
+])
+def test_the_static_check_catches_each_way_past_the_group(snippet):
+    assert bypasses(snippet, "hybrid/x.py"), snippet
+
+
+@pytest.mark.parametrize("snippet", [
+    "def f(group, t):\n    return group.all_reduce(t)",
+    "import torch.distributed as dist\nr = dist.get_rank(); op = dist.ReduceOp.MAX",
+    "import torch.distributed.checkpoint as dcp\ng.delegate('dcp_save', lambda pg: dcp.save(sd, process_group=pg))",
+    "from hybrid.checkpoint import safe_read\nsafe_read.load(sd, d, no_dist=True)",
+])
+def test_the_static_check_passes_what_goes_through_a_group(snippet):
+    assert not bypasses(snippet, "hybrid/x.py"), snippet

@@ -170,7 +170,7 @@ def _break(kind: str, tmp) -> tuple[list[str], str]:
         GPT2LMHeadModel.from_pretrained(src).save_pretrained(tmp / "sharded", max_shard_size="50KB")
         shards = sorted(n for n in os.listdir(tmp / "sharded") if n.endswith(".safetensors"))
         os.remove(tmp / "sharded" / shards[-1])
-        return [str(tmp / "sharded")], f"{shards[-1]} (listed in the index for"
+        return [str(tmp / "sharded")], f"the index names missing shard files: {shards[-1]}"
     if kind == "shape-mismatch":
         with open(tmp / "hf" / "config.json") as f:
             cfg = json.load(f)

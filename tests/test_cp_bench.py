@@ -4,19 +4,21 @@ with the reason it does not run on gloo / CPU."""
 
 import os
 import re
-import subprocess
-import sys
+
+import pytest
+
+from hybrid import testing
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # a benchmark / train.py end to end: the full suite runs it
 def test_bench_cp_quick_writes_the_table(tmp_path):
     out = tmp_path / "cp.md"
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_cp.py"), "--quick", "--out", str(out)],
-                       env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=900)
+    p = testing.run([os.path.join(ROOT, "scripts", "bench_cp.py"), "--quick", "--out", str(out)],  # a fork
+                    env={"OMP_NUM_THREADS": "1"}, cwd=str(tmp_path), timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     text = out.read_text()
     assert "load average" in text

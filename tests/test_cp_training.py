@@ -25,14 +25,12 @@ and step equal, and the next steps' losses equal the uninterrupted run's -- CP c
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from hybrid import testing
 from hybrid.checkpoint import core
 from hybrid.cp import CommType, CPContext
 from hybrid.cp.data import TokenSharding
@@ -235,11 +233,13 @@ COMMON = ["--model", "tiny-llama", "--seq-length", "64", "--micro-batch-size", "
 
 
 def _train_py(world: int, argv: list[str], cwd) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world)] if world > 1 else [sys.executable]
-    out = subprocess.run(launch + [str(ROOT / "scripts" / "train.py")] + argv, cwd=cwd, env=env, capture_output=True,
-                         text=True, timeout=900)
+    """`torchrun --nproc-per-node WORLD scripts/train.py ARGV` (`python scripts/train.py` for one rank), its
+    processes forked from hybrid.testing's forkserver."""
+    env = {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "OMP_NUM_THREADS": "1"}
+    if world > 1:
+        out = testing.torchrun(argv, world, env=env, cwd=str(cwd), timeout=900)
+    else:
+        out = testing.run([str(ROOT / "scripts" / "train.py"), *argv], env=env, cwd=str(cwd), timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -249,6 +249,7 @@ def _losses(stdout: str) -> dict[int, float]:
             for ln in stdout.splitlines() if ln.startswith(" iteration")}
 
 
+@pytest.mark.slow  # a benchmark / train.py end to end: the full suite runs it
 def test_train_py_saved_at_cp2_resumes_at_cp1_at_the_same_data_position(tmp_path, capsys):
     """The real entry point: a CP 2 run saves at iteration 3; one process (CP 1) loads it and logs the losses of
     iterations 4-6 the uninterrupted CP 2 run logged (to the 4 printed decimals, 1e-4)."""

@@ -121,10 +121,11 @@ def test_an_install_ships_the_training_entry_point():
 def _torchrun(tmp_path, fault: str, *flags: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hybrid.train",
            "--distributed-timeout-minutes", "0.2"] + TINY + list(flags)
-    return subprocess.run(cmd, cwd=tmp_path, env=_env(HYBRID_FAULT=fault), capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(cmd, cwd=tmp_path, env=testing.environment(_env(HYBRID_FAULT=fault)), capture_output=True,
+                          text=True, timeout=300)
 
 
+@pytest.mark.slow  # the real torchrun (its root-cause summary is the subject): 2 jobs of 2 ranks
 @pytest.mark.parametrize("fault, flags, rank, code, cause", [
     # rank 1 raises inside a checkpoint save while rank 0 waits for it in the save's all-gather
     ("crash:point=after_data,rank=1", ["--train-iters", "4", "--save", "ckpt", "--save-interval", "2"], "1", 1,

@@ -10,22 +10,21 @@ dcp_to_torch_save, not our loader). The runs use train.py's defaults: the NaN gu
 
 from __future__ import annotations
 
+import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from hybrid import testing
 from hybrid.checkpoint import store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", os.path.join(ROOT, "scripts", "train.py"),
-         "--pipeline-model-parallel-size", "2", "--seq-length", "32", "--micro-batch-size", "2",
-         "--global-batch-size", "8", "--log-interval", "1", "--zero-stage", "1", "--train-iters", "6",
-         "--save-interval", "3"]
+TRAIN = [os.path.join(ROOT, "scripts", "train.py"), "--pipeline-model-parallel-size", "2", "--seq-length", "32",
+         "--micro-batch-size", "2", "--global-batch-size", "8", "--log-interval", "1", "--zero-stage", "1",
+         "--train-iters", "6", "--save-interval", "3"]
 
 
 @pytest.mark.parametrize("argv, world, message", [
@@ -62,9 +61,10 @@ def test_zbv_plan_holds_two_chunks_a_rank(monkeypatch):
 
 
 def _train(argv: list[str], cwd) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    out = subprocess.run(TRAIN + argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    """`torchrun --nproc-per-node 2 scripts/train.py TRAIN ARGV`, the ranks forked from hybrid.testing's
+    forkserver."""
+    env = {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "OMP_NUM_THREADS": "1"}
+    out = testing.torchrun(TRAIN + argv, 2, env=env, cwd=str(cwd), timeout=600, entry=testing.python_main)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -93,6 +93,7 @@ def runs(tmp_path_factory):
     return tmp, ref, zbv, back, logs
 
 
+@pytest.mark.slow  # five train.py runs under torchrun
 def test_a_zbv_checkpoint_resumed_under_1f1b_ends_bit_identical_to_the_1f1b_run(runs):
     tmp, ref, zbv, _, logs = runs
     assert "(zbv, v 2, layers [1, 1, 1, 1])" in logs["zbv"]
@@ -103,6 +104,7 @@ def test_a_zbv_checkpoint_resumed_under_1f1b_ends_bit_identical_to_the_1f1b_run(
         assert torch.equal(got[k], want[k]), k
 
 
+@pytest.mark.slow  # five train.py runs under torchrun
 @pytest.mark.parametrize("kind", ["zbv", "zbh1"])
 def test_a_1f1b_checkpoint_resumed_under_zero_bubble_ends_bit_identical(runs, kind):
     tmp, ref, _, back, logs = runs
@@ -116,9 +118,82 @@ def test_a_1f1b_checkpoint_resumed_under_zero_bubble_ends_bit_identical(runs, ki
                                           if "validation loss at iteration 6" in ln]
 
 
+@pytest.mark.slow  # five train.py runs under torchrun
 def test_the_timeline_shows_b_and_w(runs):
     import json
     tmp = runs[0]
     with open(tmp / "zbv.json") as f:
         names = {e["name"][0] for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e["cat"] != "wait"}
     assert {"F", "B", "W"} <= names
+
+
+# --- composition with context parallelism and MoE (expert parallelism), through train.py ----------------------
+# pp 2 on 4 ranks, 3 steps: ZB-H1 must log 1F1B's losses and gradient norms exactly, ZBV its losses exactly and its
+# norms to 1e-12 (the V groups the layers into ranks differently, so the norm's cross-rank sum may differ in its
+# last bit; see tests/test_pipeline_zb_training.py). Ring attention's collectives and the MoE all-to-alls are on
+# the input path, so they run in B; the expert and router weight gradients are left to W like any other weight.
+COMPOSED = {
+    "llama-cp2": ["--model", "tiny-llama", "--context-parallel-size", "2"],
+    "mixtral-ep2": ["--model", "tiny-mixtral", "--expert-model-parallel-size", "2", "--moe-aux-loss-coeff", "0.01"],
+}
+
+
+def _metrics(case: str, kind: str, tmp) -> list[tuple[float, float]]:
+    from hybrid.testing import launch
+    path = tmp / f"{case}-{kind}.jsonl"
+    argv = [*COMPOSED[case], "--pipeline-model-parallel-size", "2", "--pipeline-schedule", kind, "--seq-length", "32",
+            "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "3", "--log-interval", "1",
+            "--eval-iters", "0", "--metrics-file", str(path)]
+    ranks = launch(argv, 4, timeout=600)
+    assert all(r.returncode == 0 for r in ranks), ranks[0].stderr[-3000:]
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    return [(r["lm_loss"], r["grad_norm"]) for r in recs if "lm_loss" in r]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", COMPOSED)
+def test_zero_bubble_composes_with_context_and_expert_parallelism(case, tmp_path):
+    ref = _metrics(case, "1f1b", tmp_path)
+    assert len(ref) == 3 and ref[-1][0] < ref[0][0], ref
+    assert _metrics(case, "zbh1", tmp_path) == ref
+    zbv = _metrics(case, "zbv", tmp_path)
+    assert [loss for loss, _ in zbv] == [loss for loss, _ in ref]
+    assert [norm for _, norm in zbv] == pytest.approx([norm for _, norm in ref], rel=1e-12, abs=0)
+
+
+# --- the NaN guard and the hang watchdog under zero bubble, through train.py (pp 2 on 2 ranks) --------------------
+# B and W are "backward" phases on the op trail the watchdog and the guard observe: a NaN gradient on rank 1 (it
+# reaches .grad in W) skips the step on both ranks; a rank stalled before a pipeline send is named by its peer.
+FAULT_ARGV = ["--pipeline-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "8",
+              "--seq-length", "32", "--train-iters", "5", "--log-interval", "1", "--eval-iters", "0",
+              "--watchdog-timeout", "5"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["zbh1", "zbv"])
+def test_nan_guard_skips_the_step_on_every_rank_under_zero_bubble(kind):
+    from hybrid.testing import launch
+    runs = launch([*FAULT_ARGV, "--pipeline-schedule", kind], 2, {"HYBRID_FAULT": "nan:rank=1,iterations=3"},
+                  timeout=600)
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    # under ZB-H1 the NaN lands in rank 1's first parameter, the tied LM head, whose gradient is summed with rank
+    # 0's embedding copy before the guard looks (sync_tied_embeddings): rank 0 is non-finite too, as under 1F1B
+    ranks = "[0, 1]" if kind == "zbh1" else "[1]"
+    assert f"nan-guard: iteration 3: skipped the step on every rank (non-finite on ranks {ranks}; 1 consecutive)" \
+        in runs[0].stdout, runs[0].stdout[-2000:]
+    assert "nan-guard: iteration 3: rank 1: non-finite gradient of" in runs[1].stdout, runs[1].stdout[-2000:]
+    assert runs[0].stdout.count("skipped the step on every rank") == 1, "only iteration 3 is skipped"
+
+
+@pytest.mark.serial  # exit within the watchdog timeout + 10 s: runs alone under xdist
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["zbh1", "zbv"])
+def test_a_rank_stalled_before_a_pipeline_send_is_named_by_its_peer_under_zero_bubble(kind):
+    from hybrid.fault.watchdog import EXIT_HANG
+    from hybrid.testing import launch
+    runs = launch([*FAULT_ARGV, "--pipeline-schedule", kind], 2,
+                  {"HYBRID_FAULT": "hang:rank=1,op=pp.send,iteration=3,microbatch=1"})
+    assert [r.returncode for r in runs] == [EXIT_HANG, EXIT_HANG], runs[0].stderr[-2000:]
+    (line,) = [ln for ln in runs[0].stderr.splitlines() if ln.startswith("hang verdict:")]
+    assert "rank 0 waited" in line and "in pp p2p" in line and "at iteration 3 micro-batch 1" in line, line
+    assert "<- rank 1" in line and "not arrived: rank 1 (" in line, line

@@ -10,7 +10,7 @@ cuts the same layers into 2 pp stages instead of pp: a stage boundary only moves
 arithmetic is unchanged too. Where a layout would change the accumulation order (none here) the bound would be
 1e-6 relative; every case below is checked with torch.equal.
 
-Cases (at most 8 gloo ranks, tiny models): pp 2 x tp 2 x dp 2 with ZeRO 1 and 3, and pp 4 (tp 2 or dp 2), for
+Cases (at most 8 gloo ranks, tiny models): pp 2 x tp 2 x dp 2 with ZeRO 1, 2 and 3, and pp 4 (tp 2 or dp 2), for
 GPT-2 (tied embeddings: under ZBV both copies sit on rank 0) and Llama (GQA); sequence parallelism once; full
 recomputation twice (W recomputes the block a second time: the dropout streams are replayed each time) and
 selective once.
@@ -44,6 +44,8 @@ CASES_PP2 = {
     "llama-zbh1-pp2-tp2-dp2-zero3-full": ("tiny-llama", ZB_H1, 2, 2, 3, False, FULL),
     "gpt2-zbv-pp2-tp2-dp2-zero3": ("tiny-gpt2", ZBV, 2, 2, 3, False, NONE),
     "llama-zbv-pp2-tp2sp-dp2-zero1-full": ("tiny-llama", ZBV, 2, 2, 1, True, FULL),
+    "gpt2-zbh1-pp2-tp2sp-dp2-zero2": ("tiny-gpt2", ZB_H1, 2, 2, 2, True, NONE),
+    "llama-zbv-pp2-tp2-dp2-zero2-selective": ("tiny-llama", ZBV, 2, 2, 2, False, SELECTIVE),
 }
 CASES_PP4 = {
     "llama-zbh1-pp4-tp2-zero1": ("tiny-llama", ZB_H1, 2, 4, 1, False, NONE),
@@ -139,3 +141,70 @@ def test_zero_bubble_training_equals_1f1b_bit_for_bit_pp2(case, pp2):
 @pytest.mark.parametrize("case", CASES_PP4)
 def test_zero_bubble_training_equals_1f1b_bit_for_bit_pp4(case, pp4):
     _check(pp4, case, CASES_PP4[case][1])
+
+
+# --- when ZeRO reduces: inside W, after a unit's last W ---------------------------------------------------------
+# ZeRO's post-accumulate-grad hooks fire where the weight gradients are accumulated, which under zero bubble is W
+# (hybrid/pipeline/split_backward.py). So every reduction a step launches from a hook (all but the tied
+# embedding's deferred unit, reduced after the list) must start inside a W of its own chunk: ZeRO 1 in the chunk's
+# last micro-batch's W (the gradient is complete only then), ZeRO 2 and 3 in every micro-batch's W (they
+# reduce-scatter per micro-batch), never in an F or a B.
+M_ORDER = 4
+
+
+def _reduction_points(mesh: Mesh, kind: ScheduleKind, zero: int) -> list[tuple[str, str, int, int]]:
+    pp, v = mesh.dims.pp, 2 if kind is ZBV else 1
+    cfg = _config("tiny-llama", pp)
+    stage_ids = [kind.placement.stage(mesh.coords.pp, c, pp) for c in range(v)]
+    chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp), mesh.coords.pp, pp, v, seed=7, stage_ids=stage_ids)
+    spec = BatchSpec(MICRO * M_ORDER * mesh.dims.dp, MICRO, SEQ, mesh.dims.dp)
+    runner = PipelineExecutor(chunks, build_schedule(kind, pp, M_ORDER, v)[mesh.coords.pp], mesh.pp,
+                              StageIO((MICRO, SEQ, cfg.hidden_size)), mesh.device, placement=kind.placement)
+    opt = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=zero), OPT)
+    runner.before_weight = opt.gather_chunk
+    now, points = ["-", -1, -1], []
+
+    def inside(op: str, method):
+        def run(a, batches, st):
+            now[:] = [op, a.microbatch, a.chunk]
+            try:
+                return method(a, batches, st)
+            finally:
+                now[:] = ["-", -1, -1]
+        return run
+
+    runner._forward = inside("F", runner._forward)
+    runner._backward_input = inside("B", runner._backward_input)
+    runner._backward_weight = inside("W", runner._backward_weight)
+    launch = opt._launch
+
+    def recorded(u):
+        points.append((u.name, *now))
+        return launch(u)
+
+    opt._launch = recorded
+    train_step(chunks, micro_batches(load_corpus(), spec, 3, 0, mesh.coords.dp), opt, mesh, lr=OPT.lr_at(0),
+               runner=runner)
+    return points
+
+
+def _reduction_cases(rank: int, world: int) -> dict:
+    mesh = Mesh.build(ParallelDims.from_world(world, pp=2))
+    return {(kind, zero): _reduction_points(mesh, kind, zero) for kind in (ZB_H1, ZBV) for zero in (1, 2, 3)}
+
+
+def test_zero_reduces_each_unit_inside_its_chunks_w_after_the_last_one():
+    for rank, cases in enumerate(run_distributed(_reduction_cases, 4, timeout=600)):
+        for (kind, zero), points in cases.items():
+            where = f"rank {rank} {kind.value} ZeRO {zero}"
+            assert points, where
+            for name, op, mb, chunk in points:
+                if name.endswith(".tied"):
+                    continue  # deferred: reduced after the list, outside any compute
+                assert op == "W" and name.startswith(f"chunk{chunk}."), (where, name, op, mb, chunk)
+            hooked = [(n, mb) for n, op, mb, _ in points if op == "W"]
+            units = sorted({n for n, _ in hooked})
+            if zero == 1:  # one reduction a unit, in the W of the last micro-batch
+                assert sorted(n for n, _ in hooked) == units and {mb for _, mb in hooked} == {M_ORDER - 1}, where
+            else:  # one reduce-scatter a unit per micro-batch, each in that micro-batch's W
+                assert sorted(hooked) == sorted((n, mb) for n in units for mb in range(M_ORDER)), where

@@ -50,6 +50,7 @@ def chain_run(tmp_path_factory):
     return p.stdout, shlex.split(emitted.stdout), d
 
 
+@pytest.mark.slow  # the README line in a real shell: calibrate, plan, torchrun (a new interpreter's RSS)
 def test_the_chain_runs_as_written_and_trains_the_planned_layout(chain_run):
     out, flags, d = chain_run
     assert "calibrate: wrote cpu.json" in out
@@ -65,6 +66,7 @@ def test_the_chain_runs_as_written_and_trains_the_planned_layout(chain_run):
     assert (d / "run.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # the README line in a real shell: calibrate, plan, torchrun (a new interpreter's RSS)
 def test_the_run_prints_the_plans_figures_in_the_units_it_measures(chain_run):
     """The planner's line for the layout (ms/iter, tokens/s, peak RSS MiB of the fullest rank), printed once; the
     measured peak RSS (the metrics file's, max over ranks) is of the same kind: the planned figure is the rank's

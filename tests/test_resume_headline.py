@@ -13,17 +13,14 @@ differ -- the check that fails when the RNG state is not restored (C is that mut
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from hybrid import testing
 from hybrid.checkpoint import safe_read, store
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADLINE = ["--model", "tiny-llama", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
             "--zero-stage", "3", "--offload-optimizer", "--offload-params", "--bf16",
             "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
@@ -32,12 +29,10 @@ HEADLINE = ["--model", "tiny-llama", "--tensor-model-parallel-size", "2", "--pip
 
 
 def _torchrun(argv: list[str], cwd) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYBRID_FAULT",
-                                                             "TORCHELASTIC_RESTART_COUNT")}
-    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8", "-m",
-           "hybrid.train"] + HEADLINE + argv
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    """`torchrun --standalone --nproc-per-node 8 -m hybrid.train HEADLINE ARGV`, the ranks forked from
+    hybrid.testing's forkserver (new processes each run, as torchrun's: nothing carries over but the files)."""
+    env = {k: None for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HYBRID_FAULT", "TORCHELASTIC_RESTART_COUNT")}
+    out = testing.torchrun(HEADLINE + argv, 8, env={**env, "OMP_NUM_THREADS": "1"}, cwd=str(cwd), timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     return out.stdout
 
@@ -63,6 +58,7 @@ def runs(tmp_path_factory) -> dict:
     return {"root": root, "A": a, "B": b, "C": c}
 
 
+@pytest.mark.slow  # three 8-rank train.py runs
 def test_the_headline_configuration_resumes_bit_identically_with_dropout(runs):
     root = runs["root"]
     assert "zero: stage 3 | bf16 | offload optimizer" in runs["A"] and "| offload params" in runs["A"]
@@ -75,6 +71,7 @@ def test_the_headline_configuration_resumes_bit_identically_with_dropout(runs):
     assert sorted(b) == [3, 4] and all(a[i] == b[i] for i in b), (a, b)
 
 
+@pytest.mark.slow  # three 8-rank train.py runs
 def test_without_the_rng_restore_the_resumed_run_differs(runs):
     """The mutation the test above must catch: the same resume with the dropout streams not restored."""
     assert "RNG not restored (--no-load-rng)" in runs["C"]

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint import metadata as md
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 import hybrid.cli
+from hybrid import testing
 from hybrid.checkpoint import safe_read, store
 
 train_main = importlib.import_module("hybrid.train.main")
@@ -42,9 +43,12 @@ def _env() -> dict:
     return env
 
 
-def train(argv: list[str], cwd, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "hybrid.train"] + TINY + argv, cwd=cwd, env=_env(),
-                         capture_output=True, text=True, timeout=600)
+def train(argv: list[str], cwd, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m hybrid.train ...` in `cwd`, a fork of hybrid.testing's forkserver (the environment of _env, then
+    `env`)."""
+    unset = {k: None for k in os.environ if k not in _env()}
+    out = testing.run(["-m", "hybrid.train"] + TINY + argv, cwd=str(cwd), env={**unset, **_env(), **(env or {})},
+                      timeout=600)
     if check:
         assert out.returncode == 0, out.stderr[-3000:]
     return out
@@ -705,8 +709,8 @@ def test_a_truncated_model_or_tokenizer_file_is_one_line(hf_folder, tmp_path, mo
 
 # --- the model a checkpoint holds: by its config, not its path --------------------------------------------------
 def _config_folder(path, **changes) -> str:
-    from models.config import PRESETS
-    hf = PRESETS["tiny-gpt2"]()  # the model `saved` was trained with (train.py's default --model)
+    from models.presets import transformers_config
+    hf = transformers_config("tiny-gpt2")  # the model `saved` was trained with (train.py's default --model)
     for k, v in changes.items():
         setattr(hf, k, v)
     hf.save_pretrained(path)
@@ -740,6 +744,7 @@ def test_a_forged_moment_shape_is_one_line_before_any_process_group(saved, tmp_p
     assert "optim.exp_avg/wpe.weight is saved with shape [300, 64], --model's model has [256, 64]" in line, line
 
 
+@pytest.mark.slow  # train.py runs that train (forked)
 def test_the_same_config_under_another_path_resumes_and_overwrite_save_replaces_another_run(saved, tmp_path):
     """A run of --model <a folder with tiny-gpt2's config> resumes a checkpoint saved as `--model tiny-gpt2`; a run
     into a --save folder holding another run's checkpoints needs --overwrite-save, which removes them once its own
@@ -801,11 +806,10 @@ def test_non_finite_loaded_weights_are_one_line_naming_the_parameter(hf_folder, 
                                 "(0.h.1.mlp.c_fc.weight on rank 0") and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # train.py runs that train (forked)
 def test_a_skipped_first_step_is_logged_not_an_attribute_error(tmp_path):
     env_fault = {"HYBRID_FAULT": "nan:rank=0,iterations=1"}
-    out = subprocess.run([sys.executable, "-m", "hybrid.train", "--train-iters", "2"] + TINY, cwd=tmp_path,
-                         env={**_env(), **env_fault}, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = train(["--train-iters", "2"], tmp_path, env=env_fault)
     assert "nan-guard: iteration 1: skipped the step on every rank" in out.stdout
     first = next(ln for ln in out.stdout.splitlines() if ln.startswith(" iteration      1/"))
     assert "grad norm" not in first, first  # the skipped step has no norm (it was last_report None: AttributeError)

@@ -2,9 +2,9 @@
 
 With real asynchronous gathers, a reader that forgot to wait only races them, and on two idle CPU cores the
 gather mostly wins, so a missing wait can pass test_zero_param_overlap.py. Here the DP group's
-`all_gather_into` is replaced by one that moves nothing until its work is waited for (`Late`): a forward hook,
-checkpoint save or load, or `gathered()` that did not wait reads the other rank's half of the previous step,
-deterministically. The runs must still equal the blocking runs (`--no-overlap-param-gather`) bit for bit, and a
+`all_gather_into` and `all_gather_in_place` are replaced by ones that move nothing until their work is waited for
+(`Late`): a forward hook, checkpoint save or load, or `gathered()` that did not wait reads the other rank's half
+of the previous step, deterministically. The runs must still equal the blocking runs (`--no-overlap-param-gather`) bit for bit, and a
 control with the forward's waits removed must not (the harness sees a missing wait).
 
 Checkpoints: saved right after a step (every gather in flight), then loaded both into a fresh run and into the
@@ -34,15 +34,16 @@ CASES = [(1, Precision.FP32), (2, Precision.BF16)]
 
 
 class _LateWork:
-    def __init__(self, group, out: torch.Tensor, shard: torch.Tensor) -> None:
-        self.group, self.out, self.shard = group, out, shard
+    def __init__(self, post) -> None:
+        self.post = post  # the real collective, posted only when waited for
 
     def wait(self) -> None:
-        self.group.all_gather_into(self.out, self.shard).wait()
+        self.post().wait()
 
 
 class Late:
-    """The DP group with every all-gather run at its wait instead of its post; everything else unchanged."""
+    """The DP group with every all-gather (out of place or in place) run at its wait instead of its post;
+    everything else unchanged."""
 
     def __init__(self, group) -> None:
         self._group = group
@@ -51,7 +52,10 @@ class Late:
         return getattr(self._group, name)
 
     def all_gather_into(self, out: torch.Tensor, shard: torch.Tensor) -> _LateWork:
-        return _LateWork(self._group, out, shard)
+        return _LateWork(lambda: self._group.all_gather_into(out, shard))
+
+    def all_gather_in_place(self, flat: torch.Tensor) -> _LateWork:  # the write-back's gather (engine._write_back)
+        return _LateWork(lambda: self._group.all_gather_in_place(flat))
 
 
 class Run:

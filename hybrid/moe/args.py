@@ -60,12 +60,12 @@ def _flag(dest: str) -> str:
 
 def check(args: argparse.Namespace, cfg, dims: ParallelDims) -> MoEConfig | None:
     """The MoEConfig of an MoE model (None for a dense one, which must not be given MoE flags)."""
+    _check_numbers(args)  # first: a non-finite value is refused by name whatever the model
     if not cfg.num_experts:
         given = [f for f in FLAGS if getattr(args, f, DEFAULTS[f]) != DEFAULTS[f]]
         if given:
             raise ValueError(f"{_flag(given[0])}: --model {args.model} has no experts (a dense model); drop the flag")
         return None
-    _check_numbers(args)
     moe = MoEConfig(
         expert_parallel=args.expert_model_parallel_size, expert_tensor_parallel=args.expert_tensor_parallel_size,
         load_balancing=LoadBalancing(args.moe_router_load_balancing_type), aux_loss_coeff=args.moe_aux_loss_coeff,

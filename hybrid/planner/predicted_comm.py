@@ -205,11 +205,14 @@ class ZeroUnit:
         numel: parameters in the unit (before padding).
         deferred: the tied embedding: reduced once per step, after the whole backward (engine.py).
         partial: elements its TP partial-gradient all-reduce carries (full tensors; 0: none).
+        lookup: stage 3, an embedding lookup's unit: gathered for the forward only (its backward reads no weight;
+            engine.py's Stage3Chunk).
     """
 
     numel: int
     deferred: bool = False
     partial: int = 0
+    lookup: bool = False
 
 
 def zero_units(work: Workload, layout: Layout, pp_rank: int, bucket_bytes: int = BUCKET_BYTES) -> list[ZeroUnit]:
@@ -232,9 +235,14 @@ def zero_units(work: Workload, layout: Layout, pp_rank: int, bucket_bytes: int =
             units.append(ZeroUnit(table, deferred=True))
         root = (positions + (0 if tied else table) if first else 0) + (norm + (0 if tied else table) if last else 0)
         root_partial = partial_grad_numel(shard, 0, first, last, sp)
-        if layout.zero is ZeroStage.PARAMETERS:
+        if layout.zero is ZeroStage.PARAMETERS:  # the engine's Stage3Chunk: lookups, blocks, the output unit
+            # under SP GPT-2's positions are a partial gradient (their lookup unit's), the final norm the output's
+            pos_partial = partial_grad_numel(shard, 0, first, False, sp)
+            lookups = [(x, p) for x, p in (((0 if tied else table), 0), (positions, pos_partial)) if x] if first else []
+            output = norm + (0 if tied else table) if last else 0
+            units += [ZeroUnit(x, partial=p, lookup=True) for x, p in lookups]
             units += [ZeroUnit(shard.layer_params(), partial=layer_partial)] * n
-            units += [ZeroUnit(root, partial=root_partial)] if root else []
+            units += [ZeroUnit(output, partial=root_partial - pos_partial)] if output else []
             continue
         rest = n * shard.layer_params() + root
         buckets = max(1, math.ceil(rest * work.grad_bytes / bucket_bytes))  # the runtime buckets gradient bytes
@@ -261,8 +269,8 @@ def zero_ledger(units: list[ZeroUnit], zero: ZeroStage, dp: int, t: int, m: int,
                 book.add(Collective.REDUCE_SCATTER, "dp", padded * grad_bytes, reductions)
             if zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
                 book.add(Collective.ALL_GATHER, "dp", padded * param_bytes)
-            if zero is ZeroStage.PARAMETERS:
-                book.add(Collective.ALL_GATHER, "dp", padded * param_bytes, 2 * m)
+            if zero is ZeroStage.PARAMETERS:  # forward and backward, a lookup's forward only
+                book.add(Collective.ALL_GATHER, "dp", padded * param_bytes, m if u.lookup else 2 * m)
         if t > 1 and u.partial and not u.deferred:
             book.add(Collective.ALL_REDUCE, "tp", u.partial * grad_bytes, reductions)
     return book.ledger()

@@ -405,21 +405,17 @@ def configure(args: argparse.Namespace, world: int):
     return run, check_corpus(ns, run)
 
 
-COMPILE_ZERO_STAGES = (0, 1, 2)
+COMPILE_ZERO_STAGES = (0, 1, 2, 3)
 
 
 def check_compile(args: argparse.Namespace, zero: ZeroConfig) -> None:
-    """--compile (a compiled forward per block) with what it has been run with: ZeRO 0-2, no recomputation.
-    ZeRO 3 frees each block's parameters after use (a 0-byte storage) and gathers them anew around the forward;
-    recomputation checkpoints with a context that replays the tensor-parallel dropout streams, which torch.compile
-    cannot trace (dynamo: "checkpoint not implemented for ... context_fn")."""
+    """--compile (a compiled forward per block) with what it has been run with: every ZeRO stage, no recomputation.
+    ZeRO 3's hooks gather a block's parameters before its compiled forward runs and free them after (the storage
+    shrinks to 0 bytes, shapes and strides stay, so dynamo's guards hold: one graph per block, as torchtitan's
+    FSDP2 + per-block compile); recomputation checkpoints with a context that replays the tensor-parallel dropout
+    streams, which torch.compile cannot trace (dynamo: "checkpoint not implemented for ... context_fn")."""
     if not args.compile:
         return
-    if zero.stage == 3:
-        where = "--zero-stage 3" if "zero_stage" in getattr(args, "explicit", {"zero_stage"}) else \
-            "ZeRO stage 3 (--deepspeed-config zero_optimization.stage)"
-        raise ValueError(f"--compile does not run with {where} (parameters gathered and freed around each block); "
-                         f"use stage 0-2, or drop --compile")
     if args.recompute_granularity:
         raise ValueError(f"--compile does not run with --recompute-granularity {args.recompute_granularity} "
                          f"(torch.compile cannot trace the checkpoint that replays the dropout streams); drop one "
@@ -449,7 +445,7 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
                     precision=precision.planned, activations=profile, kernels=KernelProfile.EAGER,  # our layers
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
-    # --compile runs with ZeRO 0-2 only (check_args): the search keeps to what the run will accept
+    # --compile runs with every ZeRO stage but no recomputation (check_compile): the search keeps to what the run accepts
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),),
                         zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None)
     result = search(work, Cluster(gpus=world, hw=hw), space, top=1)

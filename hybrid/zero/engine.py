@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -52,15 +52,44 @@ from hybrid.dp import make_buckets
 from hybrid.mesh import Mesh
 from hybrid.moe.experts import LocalExperts
 from hybrid.moe.params import is_expert
-from hybrid.tp import sync_partial_grads
+from hybrid.tp import VocabParallelEmbedding, sync_partial_grads
 from hybrid.train_step import OptimizerConfig, sync_tied_embeddings
 from hybrid.zero.config import CpuAdam, Precision, ZeroConfig
 from hybrid.zero.units import FlatUnit
 
-MAX_IN_FLIGHT = 4  # reductions posted before the oldest is waited for (bounds the full-size temporaries)
+MAX_IN_FLIGHT = 1  # reductions left in flight after posting one (FSDP2: 1): bounds the full-size temporaries
 BLOCK_CONTAINERS = ("h", "layers")  # where each model keeps its Transformer blocks: GPT-2, Llama
 Blocks = list[tuple[nn.Module, FlatUnit]]  # stage 3: each block with its unit, in forward order
-Stage3Chunk = tuple[nn.Module, list[FlatUnit], Blocks]  # a chunk, its root units (+ tied), its blocks
+LOOKUPS = (nn.Embedding, VocabParallelEmbedding)  # modules whose backward reads no parameter value
+
+
+@dataclass
+class Stage3Chunk:
+    """How stage 3 gathers one model chunk's parameters (each unit is gathered just before use, freed after):
+
+    * `inputs`: one unit per embedding lookup (token, position): gathered for the chunk's forward, freed right
+      after its lookup and never gathered again in backward -- an embedding's gradient is a scatter-add of the
+      output gradient into rows, which reads no weight;
+    * `blocks`: a unit per Transformer block, prefetched one ahead, forward and backward;
+    * `output`: the rest of the chunk's own parameters (final norm, untied LM head), gathered when one of its
+      `output_owners` runs (prefetched by the last block) and again at the start of backward, reduced and freed as
+      soon as the head's and norm's gradients are in;
+    * `roots`: the tied embedding (used as lookup and head, at both ends), held for the chunk's whole forward and
+      whole backward.
+    torch FSDP2 (and this engine before) held embedding, norm and head as one group through both passes: for a
+    36k-vocabulary, h 1024 model that is 295 MB more at the backward's peak (docs/zero.md)."""
+
+    chunk: nn.Module
+    roots: list[FlatUnit]
+    blocks: Blocks
+    inputs: list[tuple[nn.Module, FlatUnit]] = field(default_factory=list)
+    output: FlatUnit | None = None
+    output_owners: list[nn.Module] = field(default_factory=list)
+
+    @property
+    def units(self) -> list[FlatUnit]:
+        return self.roots + [u for _, u in self.inputs] + [u for _, u in self.blocks] + \
+            ([self.output] if self.output is not None else [])
 
 
 def block_modules(chunk: nn.Module) -> list[nn.Module]:
@@ -175,15 +204,29 @@ class ZeroOptimizer:
             roots = [self._unit(f"chunk{c}.tied", [tied], deferred=True)] if tied is not None else []
             rest = [p for p in chunk.parameters() if p is not tied and p.requires_grad]
             if self.cfg.stage == 3:
-                blocks = self._stage3_blocks(c, chunk)
-                in_blocks = {id(p) for _, u in blocks for p in u.params}
-                root = [p for p in rest if id(p) not in in_blocks]
-                roots += [self._unit(f"chunk{c}.root", root)] if root else []
-                plan.append((chunk, roots, blocks))
-                units += roots + [u for _, u in blocks]
+                entry = self._stage3_plan(c, chunk, roots, rest)
+                plan.append(entry)
+                units += entry.units
             else:
                 units += roots + self._split_experts(c, "bucket", rest)
         return units, plan
+
+    def _stage3_plan(self, c: int, chunk: nn.Module, roots: list[FlatUnit], rest: list[nn.Parameter]) -> Stage3Chunk:
+        """Stage 3's units of one chunk (Stage3Chunk): its blocks, its embedding lookups, the rest (output)."""
+        blocks = self._stage3_blocks(c, chunk)  # each block's dense unit, then its experts' (MoE)
+        taken = {id(p) for _, u in blocks for p in u.params}
+        mine = {id(p) for p in rest}
+        inputs = []
+        for name, m in chunk.named_children():
+            params = [p for p in m.parameters() if id(p) in mine and id(p) not in taken]
+            if isinstance(m, LOOKUPS) and params:
+                inputs.append((m, self._unit(f"chunk{c}.{name}", params)))
+                taken.update(id(p) for p in params)
+        left = [p for p in rest if id(p) not in taken]
+        owners = [m for m in chunk.modules() if m is not chunk and any(id(p) in {id(q) for q in left}
+                                                                       for p in m.parameters(recurse=False))]
+        output = self._unit(f"chunk{c}.output", left) if left else None
+        return Stage3Chunk(chunk, roots, blocks, inputs, output, owners)
 
     def _init_unit(self, u: FlatUnit) -> None:
         """Flat compute-dtype parameters, this rank's shard, gradient buffers and the fp32 master."""
@@ -280,8 +323,8 @@ class ZeroOptimizer:
                 if getattr(getattr(chunk, "stage", None), "last", True):
                     chunk.register_forward_hook(self._scale_loss)
         if self.cfg.stage == 3:
-            for chunk, roots, blocks in self.stage3_plan:
-                self._register_stage3(chunk, roots, blocks)
+            for entry in self.stage3_plan:
+                self._register_stage3(entry)
         if self.overlaps_param_gather:
             self._gather_order = self._register_gather_waits()
 
@@ -334,19 +377,23 @@ class ZeroOptimizer:
         """fp16: the loss times the loss scale, so small gradients survive fp16's range."""
         return out * self.loss_scale if torch.is_tensor(out) and out.dim() == 0 else None
 
-    def _register_stage3(self, chunk: nn.Module, roots: list[FlatUnit], blocks: Blocks) -> None:
-        """Gather just before use, prefetch the next unit, free after use -- forward and backward.
-        The chunk's own (root) parameters -- embeddings, final norm, head -- are held for the
-        chunk's whole forward and whole backward, since they are used at both ends."""
-        units = [u for _, u in blocks]
-        first = units[:1]
-        last = units[-1:]
-        chunk.register_forward_pre_hook(lambda m, a: self._gather(roots, first))
-        chunk.register_forward_hook(lambda m, a, out: self._after_forward(roots, out, last))
-        for i, (block, u) in enumerate(blocks):
-            nxt, prev = units[i + 1:i + 2], units[max(0, i - 1):i] if i else []
+    def _register_stage3(self, plan: Stage3Chunk) -> None:
+        """Gather just before use, prefetch the next unit, free after use -- forward and backward (Stage3Chunk says
+        which unit is held when)."""
+        units = [u for _, u in plan.blocks]
+        out = [plan.output] if plan.output is not None else []
+        held = plan.roots + out  # freed after the chunk's forward, gathered again at the start of its backward
+        plan.chunk.register_forward_pre_hook(
+            lambda m, a: self._gather(plan.roots + [u for _, u in plan.inputs], units[:1] or out))
+        plan.chunk.register_forward_hook(lambda m, a, o: self._after_forward(held, o, units[-1:]))
+        for module, u in plan.inputs:
+            module.register_forward_hook(lambda m, a, o, u=u: self._free([u]))
+        for owner in plan.output_owners:
+            owner.register_forward_pre_hook(lambda m, a: self._gather(out, []))
+        for i, (block, u) in enumerate(plan.blocks):
+            nxt, prev = (units[i + 1:i + 2] or out), units[max(0, i - 1):i] if i else []
             block.register_forward_pre_hook(lambda m, a, u=u, nxt=nxt: self._gather([u], nxt))
-            block.register_forward_hook(lambda m, a, out, u=u, prev=prev: self._after_forward([u], out, prev))
+            block.register_forward_hook(lambda m, a, o, u=u, prev=prev: self._after_forward([u], o, prev))
 
     def gather_chunk(self, chunk: nn.Module) -> None:
         """Stage 3: gather every unit of `chunk` now. A zero-bubble W (hybrid/pipeline/split_backward.py) runs
@@ -354,8 +401,8 @@ class ZeroOptimizer:
         weight (CPU layer norm); each unit is freed again once its gradients are in (`_on_grad`)."""
         if self.cfg.stage != 3 or self.cfg.keep_gathered:
             return
-        _, roots, blocks = next(plan for plan in self.stage3_plan if plan[0] is chunk)
-        self._gather(roots + [u for _, u in blocks], [])
+        plan = next(plan for plan in self.stage3_plan if plan.chunk is chunk)
+        self._gather(plan.units, [])
 
     def _gather(self, units: list[FlatUnit], prefetch: list[FlatUnit]) -> None:
         for u in units:
@@ -363,10 +410,13 @@ class ZeroOptimizer:
         for u in prefetch:  # posted now, waited for when that unit runs: overlaps this one's compute
             u.start_gather(self._group(u), self.device)
 
-    def _after_forward(self, units: list[FlatUnit], out, prefetch: list[FlatUnit]):
+    def _free(self, units: list[FlatUnit]) -> None:
         if not self.cfg.keep_gathered:
             for u in units:
                 u.free()
+
+    def _after_forward(self, units: list[FlatUnit], out, prefetch: list[FlatUnit]):
+        self._free(units)
         if torch.is_tensor(out) and out.requires_grad:
             # fires when the gradient w.r.t. this output exists: just before these units' backward
             out.register_hook(lambda g: self._gather(units, prefetch))
@@ -377,27 +427,37 @@ class ZeroOptimizer:
         produced all its gradients."""
         if not self._armed:
             return
-        if self.cfg.accumulate_fp32_grads:
+        if self._buffers_grads:
             if u.flat_grad is None and u.full_grad is None:  # stages 2-3: u's first gradient since its reduction
-                u.full_grad = torch.zeros(u.padded, dtype=torch.float32, device=self.device)
+                self._reap()  # finished reductions first: their full gradients go before this one is made
+                u.full_grad = torch.zeros(u.padded, dtype=self.grad_dtype, device=self.device)
             u.add_grad(u.flat_grad if u.flat_grad is not None else u.full_grad, p)
         u.fired += 1
         per_micro_batch = self.cfg.stage >= 2 and not self.cfg.keep_gathered
         if u.fired < len(u.params) * (1 if per_micro_batch else self._m):
             return
         u.fired = 0
+        if self.cfg.stage == 3 and not self.cfg.keep_gathered:
+            u.free()  # before the reduction allocates its result: the gathered parameters are not needed again
         if not (u.deferred or self.cfg.keep_gathered):
             sync_partial_grads(u.params, self.mesh.tp, self._grad_of)
             self._launch(u)
-        if self.cfg.stage == 3 and not self.cfg.keep_gathered:
-            u.free()
+
+    @property
+    def _buffers_grads(self) -> bool:
+        """Whether the hook moves each p.grad into its unit's flat gradient buffer and frees it: with fp32 grads
+        (the fp32 buffer, every stage), and at stages 2-3, whose full gradient lives only until its reduce-scatter.
+        At stages 2-3 this holds one parameter's gradient beside the unit's buffer, where copying them all into a
+        buffer at the unit's reduction held every gradient of the unit twice (a 36k x 1024 embedding and LM head:
+        295 MB more at the peak of a ZeRO-3 step, docs/zero.md). Stages 0-1 bind p.grad into the buffer instead."""
+        return self.cfg.accumulate_fp32_grads or self.cfg.stage >= 2
 
     # --- gradient reduction ------------------------------------------------------------------
     def _grad_of(self, p: nn.Parameter) -> torch.Tensor | None:
-        """The gradient backward has accumulated for p: p.grad, or with fp32 grads p's slot of its unit's fp32
-        buffer (what the TP partial-gradient and tied-embedding sums must add)."""
+        """The gradient backward has accumulated for p: p.grad, or where the hooks buffer gradients p's slot of its
+        unit's buffer (what the TP partial-gradient and tied-embedding sums must add)."""
         u = self._unit_of.get(id(p))
-        if u is None or not self.cfg.accumulate_fp32_grads:
+        if u is None or not self._buffers_grads:
             return p.grad
         buf = u.flat_grad if u.flat_grad is not None else u.full_grad
         return None if buf is None else u.grad_view(buf, p)
@@ -411,7 +471,7 @@ class ZeroOptimizer:
             if self.cfg.stage == 1:
                 full = u.flat_grad
             else:  # 2-3: the full gradient is freed once its reduce-scatter completes
-                full = u.take_full_grad() if self.cfg.accumulate_fp32_grads else u.flatten_grads()
+                full = u.take_full_grad(self.grad_dtype)
             out = torch.empty(u.shard_numel, dtype=self.grad_dtype, device=self.device)
             self._pending.append((u, self._group(u).reduce_scatter_into(out, full), out, full))
         while len(self._pending) > MAX_IN_FLIGHT:
@@ -426,6 +486,12 @@ class ZeroOptimizer:
             u.grad_shard.copy_(out)
         else:
             u.grad_shard.add_(out)  # accumulate over micro-batches
+
+    def _reap(self) -> None:
+        """Complete the reductions at the front of the queue that have already finished (no waiting): frees their
+        full-size gradients and results as soon as possible."""
+        while self._pending and self._pending[0][1].done():
+            self._complete(self._pending.pop(0))
 
     def _drain(self) -> None:
         while self._pending:
@@ -508,7 +574,7 @@ class ZeroOptimizer:
         for bit as `div_` would) -- one pass over the gradients fewer. Dividing by a power of two is exact, so the
         clip norm taken on the undivided values and divided by it is the norm of the divided ones, bit for bit."""
         div = self.dp.size * self.loss_scale
-        fold = not self.cfg.offload_optimizer and _power_of_two(div)
+        fold = _takes_grad_scale(self.optimizer) and _power_of_two(div)
         for u in self.units:
             if self._master_grad_is_view(u):
                 u.master_grad = u.grad_shard if fold else u.grad_shard.div_(div)
@@ -562,11 +628,10 @@ class ZeroOptimizer:
         for u in (self._gather_order if self.overlaps_param_gather else self.units):
             if u.master is not u.shard:
                 u.shard.copy_(u.master, non_blocking=self.pin)  # fp32 -> compute dtype, host -> device
-            if self.cfg.stage in (1, 2):  # every rank needs the whole updated unit
-                send = u.shard.clone()  # the gather writes u.flat, which u.shard views
-                work = self._group(u).all_gather_into(u.flat, send)
+            if self.cfg.stage in (1, 2):  # every rank needs the whole updated unit; u.shard is u.flat's own chunk
+                work = self._group(u).all_gather_in_place(u.flat)
                 if self.overlaps_param_gather:
-                    self._param_gathers[id(u)] = (work, send)
+                    self._param_gathers[id(u)] = (work, None)
                 else:
                     work.wait()
 
@@ -643,6 +708,12 @@ class ZeroOptimizer:
         parameters from them, exactly as after an optimizer step (cast, copy to the device, stages
         1-2 all-gather; stage 3 gathers when the parameters are next used)."""
         self._write_back()
+
+
+def _takes_grad_scale(optimizer: torch.optim.Optimizer) -> bool:
+    """torch's fused AdamW divides each gradient by `optimizer.grad_scale` as it reads it (what GradScaler uses);
+    any other kernel (DeepSpeed's CPU Adam, the per-tensor loop) gets gradients already divided."""
+    return isinstance(optimizer, torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
 
 
 def _power_of_two(x: float) -> bool:

@@ -118,32 +118,24 @@ class FlatUnit:
         for p, off in zip(self.params, self.offsets):
             p.grad = self.flat_grad[off:off + p.numel()].view_as(p)
 
-    def flatten_grads(self) -> torch.Tensor:
-        """A new padded flat gradient (zeros where a parameter has none); frees the p.grad tensors."""
-        out = torch.zeros(self.padded, dtype=self.flat.dtype, device=self.flat.device)
-        for p, off in zip(self.params, self.offsets):
-            if p.grad is not None:
-                out[off:off + p.numel()].copy_(p.grad.flatten())
-            p.grad = None
-        return out
-
     def grad_view(self, buf: torch.Tensor, p: nn.Parameter) -> torch.Tensor:
         """p's slot of a flat gradient buffer of this unit, shaped as p."""
         off = self.offset_of[id(p)]
         return buf[off:off + p.numel()].view_as(p)
 
     def add_grad(self, buf: torch.Tensor, p: nn.Parameter) -> None:
-        """fp32 grads (Megatron's main_grad): buf[p] += p.grad, then free p.grad. torch keeps p.grad in p's dtype,
-        so the fp32 buffer cannot be p.grad itself. Every bf16 / fp16 value is an fp32 value, so the only rounding
-        is the fp32 sum's (unit roundoff 2^-24), where accumulating in p.grad rounds each sum to 2^-8 (bf16)."""
+        """buf[p] += p.grad, then free p.grad (stages 2-3, and fp32 grads: Megatron's main_grad). With fp32 grads
+        torch keeps p.grad in p's dtype, so the fp32 buffer cannot be p.grad itself; every bf16 / fp16 value is an
+        fp32 value, so the only rounding is the fp32 sum's (unit roundoff 2^-24), where accumulating in p.grad
+        rounds each sum to 2^-8 (bf16). Into a fresh buffer (0 + g) the add is an exact copy."""
         self.grad_view(buf, p).add_(p.grad)
         p.grad = None
 
-    def take_full_grad(self) -> torch.Tensor:
-        """fp32 grads, stages 2-3: the full fp32 gradient accumulated since the last reduce-scatter (zeros when
-        no hook fired), handed to the reduce-scatter; the unit starts a new one at its next gradient."""
+    def take_full_grad(self, dtype: torch.dtype) -> torch.Tensor:
+        """Stages 2-3: the full gradient accumulated since the last reduce-scatter (zeros of `dtype` when no hook
+        fired), handed to the reduce-scatter; the unit starts a new one at its next gradient."""
         full = self.full_grad if self.full_grad is not None else torch.zeros(
-            self.padded, dtype=torch.float32, device=self.flat.device)
+            self.padded, dtype=dtype, device=self.flat.device)
         self.full_grad = None
         return full
 
