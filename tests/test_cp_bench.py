@@ -9,8 +9,6 @@ import pytest
 
 from hybrid import testing
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
