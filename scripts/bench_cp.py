@@ -3,7 +3,7 @@ torch's `torch.distributed.tensor.experimental.context_parallel` -- on CPU with 
 
     python scripts/bench_cp.py --out docs/results/bench_cp.md            # the table of docs/context-parallel.md
     python scripts/bench_cp.py --quick --out /tmp/cp.md                  # smoke run (tiny sizes; measures nothing)
-    [--seq 8192] [--cp 4] [--heads 8] [--kv-heads 2] [--head-dim 64] [--repeats 5] [--warmup 1]
+    [--seq 8192] [--cp 4] [--heads 8] [--kv-heads 8] [--head-dim 64] [--repeats 5] [--warmup 1]  (defaults)
 
 Rows (milliseconds of one causal attention forward + backward, the median of --repeats after --warmup, as the
 slowest rank's time after a barrier):
@@ -128,20 +128,41 @@ def table(args) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check(args) -> None:
+    """Bad sizes: ValueError naming the flag and the fix, before any process starts."""
+    for flag, value in (("--seq", args.seq), ("--heads", args.heads), ("--kv-heads", args.kv_heads),
+                        ("--head-dim", args.head_dim), ("--repeats", args.repeats)):
+        if value < 1:
+            raise ValueError(f"{flag} {value} must be a positive integer")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup {args.warmup} must be 0 or more")
+    if not 2 <= args.cp <= 8:
+        raise ValueError(f"--cp {args.cp}: use 2 to 8 ranks (gloo processes on this machine)")
+    if args.seq % (2 * args.cp):
+        raise ValueError(f"--seq {args.seq} is not divisible by 2 x --cp ({2 * args.cp}): the load-balanced "
+                         f"split cuts it into 2 x --cp chunks")
+    if args.heads % args.kv_heads:
+        raise ValueError(f"--heads {args.heads} is not divisible by --kv-heads {args.kv_heads}")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seq", type=int, default=8192)
-    p.add_argument("--cp", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--seq", type=int, default=8192, help="tokens of the one sequence (divisible by 2 x --cp)")
+    p.add_argument("--cp", type=int, default=4, help="context-parallel ranks, 2 to 8 (gloo, one thread each)")
+    p.add_argument("--heads", type=int, default=8, help="query heads")
+    p.add_argument("--kv-heads", type=int, default=8, help="key/value heads (dividing --heads; fewer: GQA)")
+    p.add_argument("--head-dim", type=int, default=64, help="head dimension")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs (the median is reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs first")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: checks the script runs")
     p.add_argument("--out", default=None, help="write the table here (markdown)")
     args = p.parse_args(argv)
     if args.quick:
         args.seq, args.cp, args.heads, args.kv_heads, args.head_dim, args.repeats, args.warmup = 256, 2, 4, 2, 16, 1, 1
+    try:
+        check(args)
+    except ValueError as e:
+        p.exit(2, f"bench_cp.py: {e}\n")
     text = table(args)
     print(text, end="")
     if args.out:

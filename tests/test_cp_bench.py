@@ -25,3 +25,26 @@ def test_bench_cp_quick_writes_the_table(tmp_path):
         assert re.match(r"\| [^|]+ \| \d+\.\d \|", line), line
     torch_row = next(ln for ln in text.splitlines() if ln.startswith("| torch context_parallel"))
     assert re.match(r"\| [^|]+ \| (\d+\.\d|not run on gloo/CPU: .+) \|", torch_row), torch_row
+
+
+
+def _bench_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_cp", os.path.join(ROOT, "scripts", "bench_cp.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--seq", "100", "--cp", "4"], "--seq 100 is not divisible by 2 x --cp (8)"),
+    (["--cp", "9"], "--cp 9: use 2 to 8"),
+    (["--heads", "8", "--kv-heads", "3"], "--heads 8 is not divisible by --kv-heads 3"),
+    (["--repeats", "0"], "--repeats 0 must be a positive integer")])
+def test_bench_cp_rejects_bad_sizes_in_one_line_before_any_process(argv, message, capsys, monkeypatch):
+    bench = _bench_module()
+    monkeypatch.setattr(bench, "table", lambda args: pytest.fail("started work on bad input"))
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(f"bench_cp.py: {message}") and err.count("\n") == 1, err

@@ -32,8 +32,8 @@ from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import IGNORE_INDEX, TPContext, gather_full, spec_of, sync_partial_grads
 from hybrid.train_step import LocalForwardBackward, sync_tied_embeddings
-from models import build_model, build_pipeline_chunks, from_hf, shift_labels
-from models.common import set_context_parallel
+from models import Recompute, build_model, build_pipeline_chunks, from_hf, shift_labels
+from models.common import set_context_parallel, set_recompute
 
 TOL = 1e-5
 B, T, M, H, V, EOD = 2, 32, 2, 64, 128, 0
@@ -242,34 +242,67 @@ def test_cp2_pp2_every_schedule_equals_single_process(kind, comm):
 def _ledger_run(rank: int, world: int):
     mesh = Mesh.build(ParallelDims.from_world(world, cp=world))
     out = {}
-    for comm in CommType:
-        model = set_context_parallel(build_model(configs()["llama"], TPContext(mesh.tp), seed=5),
-                                     CPContext(mesh.cp, comm))
-        runner = LocalForwardBackward(model, mesh.device)
-        mesh.ledger.reset()
-        runner.forward_backward(TokenSharding(world, mesh.cp.rank).batches(_batches()))
-        out[comm.value] = mesh.ledger.summary()
+    for recompute in Recompute:
+        for comm in CommType:
+            model = set_recompute(build_model(configs()["llama"], TPContext(mesh.tp), seed=5), recompute)
+            set_context_parallel(model, CPContext(mesh.cp, comm))
+            runner = LocalForwardBackward(model, mesh.device)
+            mesh.ledger.reset()
+            runner.forward_backward(TokenSharding(world, mesh.cp.rank).batches(_batches()))
+            out[recompute, comm.value] = mesh.ledger.summary()
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def ledger_results():
+    return run_distributed(_ledger_run, 2, timeout=900)
+
+
+def _formula(cp: int) -> dict:
+    """Per comm type, (forward, backward) bytes of one step's attention calls on one rank (docs' ledger table)."""
+    from hybrid.cp.ring import ring_bytes
+    cfg = configs()["llama"]
+    tl, d = T // cp, cfg.head_dim
+    kv_el = 2 * B * cfg.num_kv_heads * tl * d  # a rank's K and V, fp32
+    q_bytes = B * cfg.num_heads * tl * d * 4
+    n = cfg.num_layers * M  # attention calls in one step
+    fwd, bwd = ring_bytes(kv_el, cp, 4)
+    return {"p2p": (n * fwd, n * bwd), "a2a": (n * (2 * q_bytes + kv_el * 4),) * 2,
+            "allgather": (n * cp * kv_el * 4,) * 2, "q_bytes": n * q_bytes}
 
 
 def test_one_step_of_a_model_moves_exactly_the_formula_bytes_over_cp():
     """CP 2, 2 layers, M micro-batches: per layer and micro-batch the attention's bytes (hybrid/cp/ring.py's
     ring_bytes; a2a's four all-to-alls each way; allgather's gather + reduce-scatter), plus the loss's 4-byte token
     count per micro-batch -- and nothing else on the cp group."""
-    from hybrid.cp.ring import ring_bytes
-    cp, cfg = 2, configs()["llama"]
-    tl, d = T // cp, cfg.head_dim
-    kv_el = 2 * B * cfg.num_kv_heads * tl * d  # a rank's K and V, fp32
-    q_bytes = B * cfg.num_heads * tl * d * 4
-    n = cfg.num_layers * M  # attention calls in one step
-    fwd, bwd = ring_bytes(kv_el, cp, 4)
-    for per_rank in run_distributed(_ledger_run, cp):
+    f = _formula(2)
+    for all_modes in ledger_results():
+        per_rank = {comm: all_modes[Recompute.NONE, comm] for comm in ("p2p", "a2a", "allgather")}
         for comm, summary in per_rank.items():
             assert summary["all_reduce@cp"] == {"calls": M, "bytes": 4 * M}, comm
         p2p, a2a, ag = per_rank["p2p"], per_rank["a2a"], per_rank["allgather"]
-        assert p2p["send@cp"]["bytes"] == p2p["recv@cp"]["bytes"] == n * (fwd + bwd)
-        assert a2a["all_to_all@cp"]["bytes"] == n * 2 * (2 * q_bytes + kv_el * 4)
-        assert ag["all_gather@cp"]["bytes"] == ag["reduce_scatter@cp"]["bytes"] == n * cp * kv_el * 4
+        assert p2p["send@cp"]["bytes"] == p2p["recv@cp"]["bytes"] == sum(f["p2p"])
+        assert a2a["all_to_all@cp"]["bytes"] == sum(f["a2a"])
+        assert ag["all_gather@cp"]["bytes"] == ag["reduce_scatter@cp"]["bytes"] == f["allgather"][0]
         for comm, want in (("p2p", {"send@cp", "recv@cp"}), ("a2a", {"all_to_all@cp"}),
                            ("allgather", {"all_gather@cp", "reduce_scatter@cp"})):
             assert {k for k in per_rank[comm] if k.endswith("@cp")} == want | {"all_reduce@cp"}, comm
+
+
+@pytest.mark.parametrize("recompute", [r for r in Recompute if r is not Recompute.NONE], ids=lambda r: r.value)
+def test_recomputation_reruns_exactly_the_forward_transfers_over_cp(recompute):
+    """Each recomputation mode reruns the CP attention's forward in backward (the CP paths are autograd Functions
+    and collectives, which op-level recomputation cannot keep either), so a step moves the forward's bytes once
+    more -- except Ulysses under selective recomputation: torch's checkpoint stops the rerun once the tensors
+    backward needs are rebuilt, before the output's all-to-all (3 of the 4 forward all-to-alls rerun)."""
+    f = _formula(2)
+    rerun = {"p2p": f["p2p"][0], "allgather": f["allgather"][0],
+             "a2a": f["a2a"][0] - (f["q_bytes"] if recompute is Recompute.SELECTIVE else 0)}
+    for all_modes in ledger_results():
+        got = all_modes[recompute, "p2p"]
+        assert got["send@cp"]["bytes"] == got["recv@cp"]["bytes"] == sum(f["p2p"]) + rerun["p2p"]
+        assert all_modes[recompute, "a2a"]["all_to_all@cp"]["bytes"] == sum(f["a2a"]) + rerun["a2a"]
+        got = all_modes[recompute, "allgather"]
+        assert got["all_gather@cp"]["bytes"] == f["allgather"][0] + rerun["allgather"]
+        assert got["reduce_scatter@cp"]["bytes"] == f["allgather"][1]
+        assert got["all_reduce@cp"] == {"calls": M, "bytes": 4 * M}

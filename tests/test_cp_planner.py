@@ -1,6 +1,6 @@
 """The planner's context-parallel model (hybrid/planner/context.py): a CP layout is the plain layout it reduces to
 per rank, plus attention over the other ranks' keys and the CP transfers; CP 1 is the plain plan; the ring's bytes
-are the runtime's ledger formula; attention memory per rank falls as 1/CP; the search over CP finds the CP sizes
+are the runtime's ledger formula; recomputation reruns the forward's transfers; attention memory per rank falls as 1/CP; the search over CP finds the CP sizes
 that make a long sequence fit; Llama 3 405B's published 131k-token run is expressed and predicted as the docs say."""
 
 from __future__ import annotations
@@ -68,6 +68,23 @@ def test_ring_transfers_hide_under_attention_at_long_sequences_and_not_at_short(
         assert c.exposed == c.transfer > 0
 
 
+def test_recomputation_adds_the_forward_transfers_once_more():
+    """As the runtime's ledger shows (tests/test_cp_models.py::test_recomputation_reruns_exactly_the_forward_...):
+    every mode reruns the forward's transfers; a2a's forward is 4 of its 8 all-to-alls, 3 of them under
+    selective recomputation (q, k, v: torch's checkpoint stops before the output's)."""
+    work, cp = _work(2048), 8  # short blocks: the ring's transfers are not hidden, so the rerun shows in both
+    cost = {(r, comm): layer_cost(work, H100x64, Layout(tp=8, dp=8, recompute=r), cp, comm)
+            for r in Recompute for comm in CommType}
+    for r in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP, Recompute.FULL):
+        assert cost[r, CommType.P2P].transfer > cost[Recompute.NONE, CommType.P2P].transfer
+        assert cost[r, CommType.P2P].exposed > cost[Recompute.NONE, CommType.P2P].exposed
+        ag_none, ag = cost[Recompute.NONE, CommType.ALLGATHER].transfer, cost[r, CommType.ALLGATHER].transfer
+        assert ag == pytest.approx(1.5 * ag_none, rel=1e-12)  # gather == reduce-scatter time, the gather twice
+    a2a = {r: cost[r, CommType.A2A].transfer for r in Recompute}
+    assert a2a[Recompute.FULL] == a2a[Recompute.SELECTIVE_OP] == pytest.approx(1.5 * a2a[Recompute.NONE], rel=1e-12)
+    assert a2a[Recompute.NONE] < a2a[Recompute.SELECTIVE] < a2a[Recompute.FULL]
+
+
 def test_search_over_cp_makes_a_long_sequence_fit_and_is_faster():
     work = _work(131072)
     space = SearchSpace(tp=(8,), micro_batch=(1,), recompute=(Recompute.NONE,))
@@ -90,3 +107,33 @@ def test_llama3_405b_131k_prediction_is_the_one_the_docs_report():
     row = next(line for line in DOCS.read_text().splitlines() if line.startswith("| Llama 3 405B, 16384 H100"))
     assert f"| {best.short()} |" in row and f"| {tflops:.0f} |" in row, (row, best.short(), tflops)
     assert re.search(r"\| 380 \|", row)
+
+
+# --- `hybrid plan --context-parallel-size` ------------------------------------------------------------------
+PLAN = ["--model", "llama-3-8b", "--gpus", "16", "--gpu", "h100-80g", "--global-batch-size", "8", "--seq-length",
+        "32768", "--activation-profile", "bf16-flash", "--tensor-model-parallel-size", "8", "--micro-batch-size", "1",
+        "--top", "3"]
+
+
+def test_hybrid_plan_searches_cp_and_its_comm_type_with_the_rest(capsys):
+    from hybrid.planner.cli import main
+    assert main(PLAN + ["--context-parallel-size", "2", "--cp-comm-type", "p2p"]) == 0
+    out = capsys.readouterr().out
+    work = Workload(dataclasses.replace(load_config("llama-3-8b"), max_position_embeddings=32768), global_batch=8,
+                    seq_length=32768, activations=ActivationProfile.BF16_FLASH)
+    cluster = Cluster(gpus=16, hw=hardware("h100-80g"))
+    want = search_cp(work, cluster, SearchSpace(tp=(8,), micro_batch=(1,)), cps=(2,), comms=(CommType.P2P,), top=3)
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s*\d+  tp", line)]
+    assert [" ".join(r[1:-5]) for r in rows] == [p.short() for p in want] and all("cp2 p2p" in p.short() for p in want)
+    assert [float(r[-4]) for r in rows] == [pytest.approx(p.total_s, rel=1e-3) for p in want]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--context-parallel-size", "2", "--json"], "--context-parallel-size 2 does not run with --json"),
+    (["--cp-comm-type", "a2a"], "--cp-comm-type needs --context-parallel-size"),
+    (["--context-parallel-size", "2,0"], "--context-parallel-size '2,0': give one or more comma-separated")])
+def test_hybrid_plan_rejects_what_cp_planning_does_not_do_in_one_line(extra, message, capsys):
+    from hybrid.planner.cli import main
+    assert main(PLAN + extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hybrid plan: error: {message}") and err.count("\n") == 1, err

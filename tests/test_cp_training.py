@@ -7,13 +7,16 @@ RTOL = 1e-5 of each tensor's largest entry -- the bound tests/test_zero.py deriv
 (a parallel run sums gradients in another order; eps keeps that noise from becoming a full step).
 
     fp32 cases   ZeRO 0, 1, 2, 3 (p2p) | recompute selective, full (ZeRO 1, p2p) | a2a and allgather (ZeRO 3,
-                 full recompute) | packed documents (--reset-attention-mask --reset-position-ids, ZeRO 2)
+                 full recompute) | op-level selective recomputation (selective-op) with each comm type (ZeRO
+                 1, 3, 2) | packed documents (--reset-attention-mask --reset-position-ids, ZeRO 2)
     bf16, fp16   ZeRO 1 and 3 (p2p): against the same run at CP 1 on the same 4 ranks (DP 4), losses within
                  one unit roundoff of the compute dtype (2^-8, 2^-11). Not against one process: the fp16 loss
                  scaler sees the gradient summed over 4 ranks in fp16, which overflows at step 1 where one
                  process's does not (measured: DP 4 without CP skips that step too), so the runs part ways
                  for reasons that are not CP's. Here only the attention's rounding differs (the ring
                  accumulates in fp32, SDPA rounds its output to the compute dtype).
+
+CP 2 with TP 2 + SP and with PP 2 (1F1B), ZeRO 1: losses and every weight equal one process's within RTOL.
 
 A checkpoint saved at CP 2 x DP 2 (ZeRO 1 and 3) loads at CP 1 (DP 4) and CP 4 (DP 1): parameters, Adam moments
 and step equal, and the next steps' losses equal the uninterrupted run's -- CP changes no parameter.
@@ -33,6 +36,8 @@ from hybrid.cp import CommType, CPContext
 from hybrid.cp.data import TokenSharding
 from hybrid.data import BatchSpec, load_corpus, micro_batches
 from hybrid.mesh import Mesh, ParallelDims
+from hybrid.pipeline import ScheduleKind, build_schedule
+from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import ParallelRNG, TPContext, gather_full, spec_of
 from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
@@ -54,6 +59,9 @@ CASES = {  # name -> (zero stage, recompute, comm type, precision, packed docume
     "z3": (3, Recompute.NONE, CommType.P2P, FP32, False),
     "z1-selective": (1, Recompute.SELECTIVE, CommType.P2P, FP32, False),
     "z1-full": (1, Recompute.FULL, CommType.P2P, FP32, False),
+    "z1-selective-op": (1, Recompute.SELECTIVE_OP, CommType.P2P, FP32, False),
+    "z3-selective-op-a2a": (3, Recompute.SELECTIVE_OP, CommType.A2A, FP32, False),
+    "z2-selective-op-allgather": (2, Recompute.SELECTIVE_OP, CommType.ALLGATHER, FP32, False),
     "z3-full-a2a": (3, Recompute.FULL, CommType.A2A, FP32, False),
     "z3-full-allgather": (3, Recompute.FULL, CommType.ALLGATHER, FP32, False),
     "z2-docs": (2, Recompute.NONE, CommType.P2P, FP32, True),
@@ -65,17 +73,25 @@ CASES = {  # name -> (zero stage, recompute, comm type, precision, packed docume
 
 
 class Run:
-    """tiny-llama + ZeroOptimizer at a layout, trained as train.py trains (hybrid/train/loop.py)."""
+    """tiny-llama + ZeroOptimizer at a layout, trained as train.py trains (hybrid/train/loop.py): the pipeline
+    executor (1F1B) when the mesh has pp > 1; `sp`: sequence parallel over TP."""
 
-    def __init__(self, mesh: Mesh, case: str):
+    def __init__(self, mesh: Mesh, case: str, sp: bool = False):
         stage, recompute, comm, precision, docs = CASES[case]
         self.mesh, self.rng = mesh, ParallelRNG(5, mesh.coords.tp, mesh.coords.pp)
-        self.model = build_pipeline_chunks(load_config("tiny-llama"), TPContext(mesh.tp, rng=self.rng), 0, 1,
-                                           seed=5, recompute=recompute)
+        cfg, pp = load_config("tiny-llama"), mesh.dims.pp
+        self.model = build_pipeline_chunks(cfg, TPContext(mesh.tp, rng=self.rng, sequence_parallel=sp),
+                                           mesh.coords.pp, pp, seed=5, recompute=recompute)
         set_context_parallel(self.model, CPContext(mesh.cp, comm))
         self.spec = BatchSpec(GLOBAL, MICRO, SEQ, mesh.dims.dp)
         self.sharding = TokenSharding(mesh.dims.cp, mesh.cp.rank, docs, docs, EOD)
-        self.runner = LocalForwardBackward(self.model[0], mesh.device)
+        if pp == 1:
+            self.runner = LocalForwardBackward(self.model[0], mesh.device)
+        else:
+            tokens = SEQ // mesh.dims.cp // (mesh.dims.tp if sp else 1)  # a rank's activations: T/CP (/TP under SP)
+            schedule = build_schedule(ScheduleKind.ONE_F_ONE_B, pp, GLOBAL // (MICRO * mesh.dims.dp))[mesh.coords.pp]
+            self.runner = PipelineExecutor(self.model, schedule, mesh.pp, StageIO((MICRO, tokens, cfg.hidden_size)),
+                                           mesh.device)
         self.opt = ZeroOptimizer(self.model, mesh, ZeroConfig(stage=stage, precision=precision), OPT)
 
     def train(self, start: int, stop: int, corpus) -> list[float]:
@@ -177,6 +193,37 @@ def test_a_cp2_checkpoint_loads_at_cp1_and_cp4_and_continues_the_same_run(spawn,
         assert got["losses"] == pytest.approx(ref["losses"][SAVE_AT:], rel=RTOL)
         for n, w in ref["weights"].items():
             assert rel(got["weights"][n], w) <= RTOL
+
+
+# --- CP composed with TP (+ SP) and with PP, through the optimizer --------------------------------------------
+LAYOUTS = {"tp2-cp2-sp": (2, 2, 1, True), "cp2-pp2": (1, 2, 2, False)}  # name -> (tp, cp, pp, sequence parallel)
+
+
+def _layouts(rank: int, world: int) -> dict:
+    corpus, out = load_corpus(), {}
+    for name, (tp, cp, pp, sp) in LAYOUTS.items():
+        run = Run(Mesh.build(ParallelDims.from_world(world, tp=tp, cp=cp, pp=pp)), "z1", sp=sp)
+        out[name] = {"losses": run.train(0, STEPS, corpus), "weights": run.weights()}
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def layouts():
+    return run_distributed(_layouts, 4, timeout=1800)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cp2_with_tp2_sp_or_pp2_training_equals_single_process(layout):
+    """5 AdamW steps (ZeRO 1, p2p) at TP 2 + SP x CP 2 and at CP 2 x PP 2 (1F1B): the logged losses and every
+    weight (each stage's, gathered over TP) equal one process's within RTOL."""
+    ref, seen = reference("z1"), set()
+    for rank, per_rank in enumerate(layouts()):
+        got = per_rank[layout]
+        assert got["losses"] == pytest.approx(ref["losses"], rel=RTOL), rank
+        for n, w in got["weights"].items():
+            assert rel(w, ref["weights"][n]) <= RTOL, f"rank {rank}: {n}: {rel(w, ref['weights'][n]):.2e}"
+            seen.add(n)
+    assert seen == set(ref["weights"])
 
 
 # --- through train.py: saved at CP 2, resumed at CP 1 -------------------------------------------------------

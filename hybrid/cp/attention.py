@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
+from torch.utils._python_dispatch import _disable_current_modes
 
 from hybrid.comm import Group
 from hybrid.cp.balance import gathered_indices, local_indices
@@ -86,6 +87,15 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=gqa)
 
 
+def _lower_right(n: int, end: int):
+    """torch's `causal_lower_right(n, end)`: n queries at the last n of `end` positions, each seeing its prefix.
+    Built with the dispatch modes set aside: the bias is a Tensor subclass carrying two ints, and under op-level
+    recomputation (torch's selective-checkpoint mode, `--recompute-granularity selective-op`) the mode would
+    hand its constructor a plain tensor and the construction fails. SDPA on it still runs under the mode."""
+    with _disable_current_modes():
+        return causal_lower_right(n, end)
+
+
 def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Group,
                         mask: AttentionMask = AttentionMask()) -> torch.Tensor:
     """Gather K and V (one all-gather of both, reduce-scattered in backward), attend the local queries.
@@ -104,7 +114,7 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group
     for half in (0, 1):
         end = int(q_pos[half * n + n - 1]) + 1  # the chunk's last position + 1: the keys it may see
         outs.append(F.scaled_dot_product_attention(q[:, :, half * n:(half + 1) * n], kv[0][:, :, :end],
-                                                   kv[1][:, :, :end], attn_mask=causal_lower_right(n, end),
+                                                   kv[1][:, :, :end], attn_mask=_lower_right(n, end),
                                                    enable_gqa=gqa))
     return torch.cat(outs, dim=2)
 

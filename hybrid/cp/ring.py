@@ -21,7 +21,8 @@ Bytes on the ledger (`send@cp`, counted by the sender; b = bytes of the compute 
 
     forward   (CP - 1) kv b                     backward  (CP - 1) kv b  +  CP kv 4   (fp32 accumulators)
 
-Only q, k, v, o and lse (B, a, T/CP) are saved for backward: the attention matrix is never kept.
+Only q, k, v, the output (in the compute dtype) and lse (B, a, T/CP, fp32) are saved for backward: the attention
+matrix is never kept.
 """
 
 from __future__ import annotations
@@ -93,9 +94,10 @@ class RingAttention(torch.autograd.Function):
                 o[:, :, qs], lse[:, :, qs] = merge(o[:, :, qs], lse[:, :, qs], o_b, lse_b)  # no autograd here
             _wait(works)
             kv = nxt
+        out = o.to(q.dtype)
         ctx.group, ctx.mask = group, mask
-        ctx.save_for_backward(q, k, v, o, lse)
-        return o.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)  # the output in the compute dtype, as flash kernels keep it
+        return out
 
     @staticmethod
     def backward(ctx, do):

@@ -7,13 +7,15 @@
     hybrid plan --model llama-3-8b --global-batch-size 512 --scan-gpus 8,64,512  # best layout per GPU count
     hybrid plan --model llama-3-70b --gpus 64 --gpu h100-80g --global-batch-size 512 --seq-length 4096 \
                 --plot mem.png                                     # memory breakdown of the top layouts
+    hybrid plan --model llama-3-8b --gpus 64 --gpu h100-80g --global-batch-size 16 --seq-length 131072 \\
+                --activation-profile bf16-flash --context-parallel-size 1,2,4,8   # CP and its comm type too
     hybrid calibrate --ranks 4 --out cpu.json                     # measure this machine, then
     hybrid plan --hardware cpu.json --precision fp32 --activation-profile fp32-flash ...
 
 Any search dimension is pinned with the flag train.py takes (--tensor-model-parallel-size,
 --pipeline-model-parallel-size, --micro-batch-size, --zero-stage, --num-layers-per-virtual-pipeline-stage,
 --sequence-parallel / --no-sequence-parallel, --recompute-granularity, --offload-optimizer, --offload-params,
-and for an MoE model --expert-model-parallel-size).
+--context-parallel-size, --cp-comm-type, and for an MoE model --expert-model-parallel-size).
 Required: --global-batch-size; --gpus (or --scan-gpus); --model or all of --num-layers, --hidden-size and
 --num-attention-heads.
 """
@@ -32,7 +34,8 @@ from dataclasses import asdict
 
 from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_output_file, float_in, int_in,
                             nonnegative_int, positive_float, positive_int)
-from hybrid.planner import calibrate, moe
+from hybrid.cp.attention import CommType
+from hybrid.planner import calibrate, context, moe
 from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile, Precision
@@ -129,6 +132,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zero-stage", type=int, choices=[int(z) for z in ZeroStage], help="pin the ZeRO stage")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None, help="pin SP")
     g.add_argument("--recompute-granularity", choices=[r.value for r in Recompute], help="pin recomputation")
+    g.add_argument("--context-parallel-size", metavar="N[,N...]",
+                   help="context-parallel sizes to search with the rest, with the comm type (one pins it; "
+                        "hybrid/planner/context.py); None: no CP")
+    g.add_argument("--cp-comm-type", choices=[c.value for c in CommType],
+                   help="pin CP's comm type (None: search p2p, a2a and allgather)")
     g.add_argument("--offload-optimizer", action=argparse.BooleanOptionalAction, default=None,
                    help="pin optimizer offload")
     g.add_argument("--offload-params", action=argparse.BooleanOptionalAction, default=None,
@@ -179,6 +187,7 @@ def run(args: argparse.Namespace) -> None:
     work = workload_from_args(args, model)
     space = space_from_args(args)
     formula = FlopsFormula(args.flops_formula)
+    _check_cp(args)
     if args.scan_gpus:
         _scan(args, work, space, formula)
         return
@@ -187,6 +196,9 @@ def run(args: argparse.Namespace) -> None:
     cluster = cluster_from_args(args, args.gpus)
     if work.fp8 and cluster.hw.fp8_tflops is None:
         raise ValueError(f"--fp8: {cluster.hw.name} has no FP8 tensor cores (plan bf16, or --gpu h100-80g / h200)")
+    if args.context_parallel_size is not None:
+        print(_plan_cp(args, work, cluster, space))
+        return
     result = search(work, cluster, space, top=args.top, formula=formula, budget=args.sim_budget)
     if not result.plans:
         raise ValueError(_nothing_fits(work, cluster, result, args.show_rejected))
@@ -203,6 +215,32 @@ def run(args: argparse.Namespace) -> None:
         print(_report(work, cluster, result, args.show_rejected))
         if args.explain:
             print(explain(work, cluster, result.plans[0]))
+
+
+def _check_cp(args: argparse.Namespace) -> None:
+    """--context-parallel-size / --cp-comm-type: the sizes parse, and no output the CP search does not make."""
+    if args.cp_comm_type is not None and args.context_parallel_size is None:
+        raise ValueError("--cp-comm-type needs --context-parallel-size (the CP sizes to search)")
+    if args.context_parallel_size is None:
+        return
+    context.parse_sizes(args.context_parallel_size)
+    other = [f for f, on in (("--scan-gpus", args.scan_gpus), ("--json", args.json), ("--emit-args", args.emit_args),
+                             ("--plot", args.plot), ("--explain", args.explain)) if on]
+    if other:
+        raise ValueError(f"--context-parallel-size {args.context_parallel_size} does not run with {other[0]} "
+                         f"(not implemented for CP plans); drop one of them")
+
+
+def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: SearchSpace) -> str:
+    """The CP search (hybrid/planner/context.py's search_cp) over the sizes and comm types asked for."""
+    comms = (CommType(args.cp_comm_type),) if args.cp_comm_type else tuple(CommType)
+    plans = context.search_cp(work, cluster, space, cps=context.parse_sizes(args.context_parallel_size),
+                              comms=comms, top=args.top)
+    if not plans:
+        raise ValueError(f"no layout fits at --context-parallel-size {args.context_parallel_size} (a size must "
+                         f"divide --gpus and half the --seq-length; a2a the kv-heads of a TP rank); try other sizes "
+                         f"or more GPUs")
+    return context.report(work, cluster, plans)
 
 
 def check_outputs(args: argparse.Namespace) -> None:

@@ -23,6 +23,9 @@ reduced problem (`reduce`); what differs is added here:
                          (c - 1)/c of its tensor, not overlapped
               allgather  an all-gather of kv (c kv) forward and a reduce-scatter of its gradient backward, not
                          overlapped
+              Recomputation (every mode: the CP paths are autograd Functions and collectives, which op-level
+              recomputation cannot keep either) reruns the forward's transfers in backward, as the runtime's
+              ledger counts them (tests/test_cp_models.py).
               The CP group is c ranks tp apart (rank order tp-cp-dp-pp): inside a node when tp c <= GPUs per
               node (NVLink), else the ring crosses nodes (the NIC).
   memory      flash attention's (no s x s scores; Megatron's CP requires flash kernels): the reduced plan's,
@@ -88,7 +91,8 @@ def layer_cost(work: Workload, cluster: Cluster, layout: Layout, cp: int, comm: 
     nbytes = work.precision.activation_bytes
     fwd = sum(hw.gemm_seconds(g, nbytes) for g in block)
     bwd = sum(hw.gemm_seconds(g2, nbytes) for g in block for g2 in g.backward())
-    rerun = fwd if layout.recompute is not Recompute.NONE else 0.0  # full and selective both rerun the core
+    recomputed = layout.recompute is not Recompute.NONE  # every mode reruns the CP core (and its transfers)
+    rerun = fwd if recomputed else 0.0
     attention = (cp - 1) * (fwd + bwd + rerun)
     kv_elements = 2 * b * s * shard.kv_width
     kv = kv_elements * BF16
@@ -99,16 +103,20 @@ def layer_cost(work: Workload, cluster: Cluster, layout: Layout, cp: int, comm: 
         acc = (sent_b - sent_f) // cp  # one step's fp32 dK, dV accumulator
         step_f, step_b = p2p_seconds(hw, kv, crosses), p2p_seconds(hw, kv + acc, crosses)
         last = p2p_seconds(hw, acc, crosses)
-        transfer = (cp - 1) * (step_f + step_b) + last
-        exposed = (cp - 1) * (max(0.0, step_f - fwd) + max(0.0, step_b - bwd)) + last
+        forwards = 2 if recomputed else 1  # recomputation reruns the forward ring, overlapped as the first
+        transfer = (cp - 1) * (forwards * step_f + step_b) + last
+        exposed = (cp - 1) * (forwards * max(0.0, step_f - fwd) + max(0.0, step_b - bwd)) + last
         return CPCost(attention, transfer, exposed, kv + kv + acc)  # forward's next block; backward's kv + acc
     if comm is CommType.A2A:
         q = b * s * shard.q_width * BF16
         one = [collective_seconds(hw, Collective.ALL_GATHER, t, group) for t in (q, kv / 2, kv / 2, q)]
-        transfer = 2 * sum(one)  # all-to-all wire bytes (c - 1)/c S, as an all-gather's
+        # all-to-all wire bytes (c - 1)/c S, as an all-gather's; recomputation reruns the forward's (selective:
+        # q, k, v only -- torch's checkpoint stops before the output's, which backward does not need)
+        rerun_a2a = sum(one[:3]) if layout.recompute is Recompute.SELECTIVE else sum(one) if recomputed else 0.0
+        transfer = 2 * sum(one) + rerun_a2a
         return CPCost(attention, transfer, transfer, 0.0)
-    transfer = (collective_seconds(hw, Collective.ALL_GATHER, cp * kv, group)
-                + collective_seconds(hw, Collective.REDUCE_SCATTER, cp * kv, group))
+    gather = collective_seconds(hw, Collective.ALL_GATHER, cp * kv, group)
+    transfer = (2 if recomputed else 1) * gather + collective_seconds(hw, Collective.REDUCE_SCATTER, cp * kv, group)
     return CPCost(attention, transfer, transfer, cp * kv)
 
 
@@ -188,6 +196,34 @@ def search_cp(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace
                 out.append(with_cp(work, cluster, plan, cp, comm))
     out.sort(key=lambda p: p.total_s)
     return out[:top]
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """`hybrid plan --context-parallel-size 1,2,4,8`: the CP sizes to search (one pins it); ValueError naming the
+    flag."""
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(c < 1 for c in sizes):
+        raise ValueError(f"--context-parallel-size {text!r}: give one or more comma-separated positive sizes, "
+                         f"e.g. 1,2,4,8")
+    return tuple(sorted(set(sizes)))
+
+
+def report(work: Workload, cluster: Cluster, plans: list[ContextPlan]) -> str:
+    """`hybrid plan --context-parallel-size ...`: the fastest layouts over CP sizes and comm types, with what CP
+    adds to each step (its extra attention blocks and exposed transfers) and the fullest rank's memory."""
+    width = max(len(p.short()) for p in plans)
+    lines = [f"global batch {work.global_batch} x {work.seq_length} tokens on {cluster.gpus} x {cluster.hw.name}; "
+             f"context parallelism searched (hybrid/planner/context.py; docs/context-parallel.md)",
+             f"{'#':>2}  {'layout':<{width}} {'mem GB':>7} {'step s':>8} {'CP s':>8} {'tokens/s':>10} {'MFU':>6}"]
+    for i, p in enumerate(plans):
+        lines.append(f"{i + 1:>2}  {p.short():<{width}} {p.memory_gb:>7.1f} {p.total_s:>8.4g} {p.extra_s:>8.4g} "
+                     f"{p.tokens_per_s:>10.4g} {100 * p.mfu:>5.1f}%")
+    lines.append("CP s: seconds CP adds to the step (attention over the other ranks' keys + exposed CP transfers); "
+                 "mem GB: the fullest rank, the ring's buffers included")
+    return "\n".join(lines)
 
 
 def _reduced_space(space: SearchSpace, cp: int, gpus: int) -> SearchSpace:
