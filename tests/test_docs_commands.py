@@ -44,6 +44,8 @@ SKIP = {  # substring of the command -> why it is not run here, and what covers 
                                               "--dry-run (every section, CPU, tiny sizes)",
     "$(hybrid plan": "README's planner chain (a shell substitution): run as written by tests/test_readme_chain.py",
     "plot_run.py run.jsonl": "the planner chain's plot of its metrics file: run by tests/test_readme_chain.py",
+    "scripts/bench_pipeline.py --pp 2": "a 20-minute benchmark for a quiet machine; its --quick mode runs in "
+                                        "tests/test_bench_smoke.py",
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -83,8 +85,16 @@ def test_selective_op_is_exact_and_saves_what_the_planner_predicts(name):
     model = build_model(cfg, TPContext(Group.solo("tp")), seed=3, recompute=Recompute.SELECTIVE_OP).train()
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
     ledger = SavedActivationLedger(params=model.parameters(), recomputation=True)
-    with ledger:
-        model(ids, shift_labels(ids)).backward()
+    # A loaded suite run once measured 16 KB (one hidden-state tensor) less than the plan: 709,696 against 726,080.
+    # The likely cause is Python's cycle collector running inside the rerun and freeing a tensor early; the peak
+    # is measured with it held off, so the comparison is deterministic
+    gc.collect()
+    gc.disable()
+    try:
+        with ledger:
+            model(ids, shift_labels(ids)).backward()
+    finally:
+        gc.enable()
     planned = plan_memory(work, Cluster(gpus=1, hw=hardware("cpu")), Layout(micro_batch=2,
                                                                            recompute=Recompute.SELECTIVE_OP))
     assert ledger.peak_bytes == planned.ranks[0].activations

@@ -25,7 +25,12 @@ ARGVS = {
 
 
 def _configs(obj, path: str = "run"):
-    """(path, dataclass instance) for `obj` and every dataclass reachable through its fields and sequences."""
+    """(path, dataclass instance) for `obj` and every dataclass of hybrid's (hybrid/, models/) reachable through its
+    fields and sequences. A foreign object a config carries is not walked: ModelConfig.hf caches the transformers
+    config of a preset once something asked for it (a transformers dataclass, not ours to freeze)."""
+    if type(obj).__module__.split(".")[0] not in ("hybrid", "models") and not isinstance(obj, (list, tuple, dict)):
+        assert not isinstance(obj, argparse.Namespace), f"{path} is an argparse Namespace"
+        return
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         yield path, obj
         for f in dataclasses.fields(obj):
