@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 
 from hybrid.comm import Group
 from hybrid.measured_memory import SavedActivationLedger
+from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
 from models import Recompute, build_model, load_config, shift_labels
 
@@ -81,21 +80,23 @@ def test_selective_op_is_exact_and_saves_what_the_planner_predicts(name):
     shard = work.shard(1)
     dropped = sum(shard.layer_activation_terms(2, 32, False)) - shard.selective_op_kept_bytes(2, 32, False)
     assert sop_peak == none_peak - cfg.num_layers * dropped
-    # the whole step, the rerun layer counted
-    model = build_model(cfg, TPContext(Group.solo("tp")), seed=3, recompute=Recompute.SELECTIVE_OP).train()
-    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
-    ledger = SavedActivationLedger(params=model.parameters(), recomputation=True)
-    # A loaded suite run once measured 16 KB (one hidden-state tensor) less than the plan: 709,696 against 726,080.
-    # The likely cause is Python's cycle collector running inside the rerun and freeing a tensor early; the peak
-    # is measured with it held off, so the comparison is deterministic
-    gc.collect()
-    gc.disable()
-    try:
-        with ledger:
-            model(ids, shift_labels(ids)).backward()
-    finally:
-        gc.enable()
+    # the whole step, the rerun layer counted, in a fresh process: run after this file's other tests in the same
+    # process, the measured peak came out 16 KB (one hidden-state tensor) lower -- 709,696 against 726,080 --
+    # for a reason not yet found (docs/planner.md's limits note the same 8-16 KB variation across ranks)
+    peak, left = run_distributed(_selective_op_step_peak, 1, args=(name,))[0]
     planned = plan_memory(work, Cluster(gpus=1, hw=hardware("cpu")), Layout(micro_batch=2,
                                                                            recompute=Recompute.SELECTIVE_OP))
-    assert ledger.peak_bytes == planned.ranks[0].activations
-    assert ledger.current_bytes == 0
+    assert peak == planned.ranks[0].activations
+    assert left == 0
+
+
+def _selective_op_step_peak(rank: int, world: int, name: str) -> tuple[int, int]:
+    """One forward + backward of `name` under selective-op recomputation: the saved-activation ledger's peak (the
+    rerun layer counted) and what it holds at the end."""
+    model = build_model(load_config(name), TPContext(Group.solo("tp")), seed=3,
+                        recompute=Recompute.SELECTIVE_OP).train()
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    ledger = SavedActivationLedger(params=model.parameters(), recomputation=True)
+    with ledger:
+        model(ids, shift_labels(ids)).backward()
+    return ledger.peak_bytes, ledger.current_bytes
