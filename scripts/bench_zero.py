@@ -172,12 +172,8 @@ def run_hybrid_stage(rank, world, args, stage):
     return _time_hybrid(rank, args, mesh, model, zero, base, f"hybrid default ({zero.optimizer_kind})")
 
 
-def run_ddp(rank, world, args, kernel):
-    """torch DDP as its docs recommend: gradients as bucket views (no copy into the buckets), the default 25 MB
-    buckets overlapped with backward, static graph; torch's fused AdamW."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    base = memory_baseline()
-    model = DDP(build(args), gradient_as_bucket_view=True, static_graph=True)
+def _torch_fused_adamw_row(model, args, rank: int, base) -> dict:
+    """A torch-native peer's timed steps (DDP, FSDP2): forward + backward, torch's fused AdamW, zero_grad."""
     opt = torch.optim.AdamW(model.parameters(), fused=True, **_adamw_kw(args))
 
     def step(it):
@@ -187,6 +183,15 @@ def run_ddp(rank, world, args, kernel):
         opt.zero_grad()
     times = _time_steps(step, args)
     return {"times": times, "mem_mb": memory_growth_mb(base), "bytes": None, "optimizer": "torch AdamW fused"}
+
+
+def run_ddp(rank, world, args, kernel):
+    """torch DDP as its docs recommend: gradients as bucket views (no copy into the buckets), the default 25 MB
+    buckets overlapped with backward, static graph; torch's fused AdamW."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    base = memory_baseline()
+    model = DDP(build(args), gradient_as_bucket_view=True, static_graph=True)
+    return _torch_fused_adamw_row(model, args, rank, base)
 
 
 def run_hybrid_overlap(rank, world, args, spec):
@@ -249,15 +254,7 @@ def run_fsdp2(rank, world, args, kernel):
     for block in model.layers.values():  # one FSDP unit per block, then the root (embedding, norm, head)
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), fused=True, **_adamw_kw(args))
-
-    def step(it):
-        x, y = batch(args, rank, it)
-        model(x, y).backward()
-        opt.step()
-        opt.zero_grad()
-    times = _time_steps(step, args)
-    return {"times": times, "mem_mb": memory_growth_mb(base), "bytes": None, "optimizer": "torch AdamW fused"}
+    return _torch_fused_adamw_row(model, args, rank, base)
 
 
 # (label, runner, optimizer kernel, the hybrid row it is compared with)
