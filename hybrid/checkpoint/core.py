@@ -205,6 +205,9 @@ def load_state(owners: dict[str, Stateful], directory: str, group: Group | None 
     An owner's plain value the checkpoint lacks (saved before the owner kept it) is left out. Returns state.json.
     Collective over `group` (None: the default process group)."""
     state = store.read_state(directory)
+    for prefix, owner in owners.items():  # an owner whose pieces depend on the saved layout reads its values first
+        if hasattr(owner, "before_load"):
+            owner.before_load({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
     sd, plain, own = collect(owners, saving=False)
     # .metadata through safe_read: only DCP's own classes are unpickled (an untrusted checkpoint runs no code)
     world_group(group).delegate("dcp_load", lambda pg: safe_read.load(sd, directory, process_group=pg))
