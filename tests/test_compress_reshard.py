@@ -194,3 +194,4 @@ def test_onebit_adam_error_feedback_round_trips_through_pp1_and_a_dp_change_is_r
     assert out.returncode != 0
     assert "saved at dp 2, this run has dp 1 (sign compression does not reshard across DP sizes); resume at dp 2" \
         in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr

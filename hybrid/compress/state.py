@@ -279,9 +279,10 @@ class OneBitCheckpoint:
     def before_load(self, plain: dict) -> None:
         saved = plain.get(ONEBIT) or dict(iter=0, dp=self.red.layout[0], tp=0, pp=0)
         if saved["dp"] != self.red.layout[0] and saved["iter"] > self.red.freeze:
-            raise ValueError(f"--optimizer onebit-adam: the checkpoint's error feedback was saved at dp "
-                             f"{saved['dp']}, this run has dp {self.red.layout[0]} (sign compression does not "
-                             f"reshard across DP sizes); resume at dp {saved['dp']}")
+            from hybrid.cliutil import fail  # every rank reads the same values: one line, no traceback
+            raise fail(f"train.py: error: --optimizer onebit-adam: the checkpoint's error feedback was saved at dp "
+                       f"{saved['dp']}, this run has dp {self.red.layout[0]} (sign compression does not reshard "
+                       f"across DP sizes); resume at dp {saved['dp']}")
         self.saved = saved
 
     def load_state_dict(self, sd: dict[str, object]) -> None:
