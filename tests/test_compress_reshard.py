@@ -8,7 +8,8 @@
 * Round trip: pp2 x dp2 -> pp1 x dp2 -> tp2 x dp2 -> pp2 x dp2, each loaded by train.py's own objects and saved
   at once: every tensor equal to the original checkpoint bit for bit -- except the warm-start Q of TP-split
   matrices after the TP change, which is drawn afresh (another matrix shape: another power iteration), said so
-  in docs/comm-efficient.md. Loaded at pp1 x dp1, the one rank's error is the two saved rows' mean.
+  in docs/comm-efficient.md. Loaded at pp1 x dp1 (and --powersgd-rank 3), the one rank's error is the two saved
+  rows' mean.
 """
 
 from __future__ import annotations
@@ -154,15 +155,18 @@ def test_powersgd_state_round_trips_through_pp1_and_tp2_bit_for_bit(straight, tm
 
 
 @pytest.mark.slow
-def test_powersgd_state_loaded_at_dp1_is_the_saved_ranks_mean_error(straight, tmp_path):
-    """The DP change: the one rank of pp1 x dp1 holds (e_0 + e_1) / 2 of every parameter; Q (equal on every DP
-    rank) is kept."""
-    testing.run_distributed(_reshard, 1, args=(["--pipeline-model-parallel-size", "1"], str(straight / "ckpt"),
-                                               str(tmp_path / "dp1")), timeout=300)
+def test_powersgd_state_loaded_at_dp1_and_another_rank_is_the_saved_ranks_mean_error(straight, tmp_path):
+    """The DP change: the one rank of pp1 x dp1 holds (e_0 + e_1) / 2 of every parameter. Loaded with
+    --powersgd-rank 3 (saved at 2): the error feedback still maps, every Q is drawn afresh at the new width."""
+    flags = ["--pipeline-model-parallel-size", "1", "--powersgd-rank", "3"]
+    testing.run_distributed(_reshard, 1, args=(flags, str(straight / "ckpt"), str(tmp_path / "dp1")), timeout=300)
     want, got = _tensors(str(straight / "ckpt"), 4), _tensors(str(tmp_path / "dp1"), 4)
+    assert want.keys() == got.keys()
     for k, v in want.items():
         if k.startswith("compress/powersgd.error/"):
             assert got[k].shape == (1, *v.shape[1:]) and torch.equal(got[k][0], v.sum(0) / 2), k
+        elif k.startswith("compress/powersgd.q/"):
+            assert v.shape[-1] == 2 and got[k].shape[-1] == 3 and got[k].abs().max() > 0, k
         else:
             assert torch.equal(got[k], v), k
 

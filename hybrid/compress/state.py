@@ -10,14 +10,15 @@ parameter NAME (its global, layout-independent name) gets (prefix `compress/`):
                           (shape[0], -1)); T = tp for a TP-split parameter (row t: the shard starting at
                           starts[t]), 1 for a replicated one; saved by DP rank 0 (Q is the output of
                           all-reduces)
-    powersgd              {"iter", "dp", "tp", "pp"} (state.json)
+    powersgd              {"iter", "dp", "tp", "pp", "rank"} (state.json)
 
 Loading at another layout (`before_load` reads the saved layout first):
 
 * PP: exact -- the same parameters, the same TP shards, every tensor maps.
 * TP: the error feedback maps exactly, element by element (it is a residual of the gradient, in the gradient's
   coordinates). Q maps for replicated parameters; a TP-split matrix has another shape at another TP (another
-  power iteration altogether), so its Q is drawn afresh as the hook draws a new bucket's.
+  power iteration altogether), so its Q is drawn afresh as the hook draws a new bucket's (as every Q is when
+  --powersgd-rank changed: another width).
 * DP: each rank is given the saved ranks' mean error. Exact for the next step's factors: every operation before
   each all-reduce is linear in M_i = g_i + e_i (P = sum_i M_i Q, then Q = sum_i M_i^T P / n after P's
   orthonormalisation, which is scale-free), so the factors depend on the errors only through their mean
@@ -98,7 +99,8 @@ class PowerSGDCheckpoint:
             return self._load_dict()
         red, s = self.red, self.red.state
         dp, tp_rank = red.coords
-        out: dict[str, object] = {COUNTERS: dict(iter=s.iter, dp=red.layout[0], tp=red.layout[1], pp=red.layout[2])}
+        out: dict[str, object] = {COUNTERS: dict(iter=s.iter, dp=red.layout[0], tp=red.layout[1], pp=red.layout[2],
+                                                 rank=s.cfg.rank)}
         for i, p, off, qo, twin in self._entries():
             if twin is not None:
                 continue
@@ -123,6 +125,7 @@ class PowerSGDCheckpoint:
         """The checkpoint's plain values under our prefix: its counters say at which layout it was saved (none:
         saved without PowerSGD, which starts afresh)."""
         self.saved = plain.get(COUNTERS) or dict(iter=0, dp=0, tp=0, pp=0)
+        self._saved_rank, self._saved_tp = self.saved.get("rank", self.red.state.cfg.rank), self.saved["tp"]
 
     def _load_dict(self) -> dict[str, object]:
         """Fresh buffers for every piece to read (filled in place by the load), kept in `_pending`; nothing when
@@ -152,7 +155,7 @@ class PowerSGDCheckpoint:
                     pend["mean"].append((rows, view))
             if qo is not None:
                 (at, m, r), (n_rows, row) = qo, _tp_row(p, tp_rank)
-                if spec_of(p).dim is None or saved["tp"] == red.layout[1]:  # Q maps: the same TP shard
+                if not self._q_is_fresh(p):
                     out[Q + name] = Shards((n_rows, m, r), [pend["q"][i][at:at + m * r].view(1, m, r)],
                                            [((row, 0, 0), (1, m, r))], write=False)
                 else:
@@ -181,13 +184,18 @@ class PowerSGDCheckpoint:
             if i in pend["fresh"]:
                 self._fresh_q(i, u)
 
+    def _q_is_fresh(self, p: torch.Tensor) -> bool:
+        """p's Q does not map: another --powersgd-rank (another Q width), or a TP-split matrix at another TP."""
+        return self._saved_rank != self.red.state.cfg.rank or spec_of(p).dim is not None and \
+            self._saved_tp != self.red.layout[1]
+
     def _fresh_q(self, i: int, u) -> None:
-        """A bucket with a TP-split matrix saved at another TP (its Q does not map): those matrices' Q drawn as
-        the hook draws a new bucket's (one seed from the state's generator)."""
+        """A bucket with matrices whose Q does not map (`_q_is_fresh`): their Q drawn as the hook draws a new
+        bucket's (one seed from the state's generator)."""
         from hybrid.compress.powersgd import _initial_q
         red, s = self.red, self.red.state
         qs = [s.q[i][at:at + m * r].view(1, m, r) for p in u.params
-              if (qo := q_offsets(u.params, s).get(id(p))) is not None and spec_of(p).dim is not None
+              if (qo := q_offsets(u.params, s).get(id(p))) is not None and self._q_is_fresh(p)
               for at, m, r in [qo]]
         _initial_q(s, qs, red.dtype)
 
