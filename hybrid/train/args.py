@@ -455,8 +455,10 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
     # --compile runs with every ZeRO stage but no recomputation (check_compile): the search keeps to what the run accepts
     pinned_ep = "expert_model_parallel_size" in getattr(args, "explicit", set())  # MoE: else the planner's EP
+    # and no zero-bubble schedule (check_zero_bubble refuses it with --compile: B could not leave W to later)
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),),
                         zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
+                        zero_bubble=(False,) if args.compile else None,
                         expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None)
     result = search(work, Cluster(gpus=world, hw=hw), space, top=1)
     if not result.plans:
