@@ -285,3 +285,47 @@ def test_hybrid_plan_prints_zbv_and_its_emitted_flags_train(capsys):
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
     lines = [ln for ln in runs[-1].stdout.splitlines() + runs[0].stdout.splitlines() if ln.startswith(" iteration")]
     assert len(lines) == 2, runs[0].stdout[-2000:]
+
+
+# --- DualPipeV: why it is not a schedule here (docs/pipeline.md) ------------------------------------------------
+
+
+def _dualpipev_orders(pp: int, m: int) -> list[list]:
+    """torch's ScheduleDualPipeV compute lists (its private generator, called without stages), each OVERLAP_F_B
+    pair flattened to its F then its full backward -- what torch's runtime runs when no overlap function is
+    registered -- as our actions on the V."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import ScheduleDualPipeV, _ComputationType as T
+
+    from hybrid.pipeline import Placement
+    from hybrid.pipeline.schedules import Action
+    ops = {T.FORWARD: Op.FORWARD, T.FULL_BACKWARD: Op.BACKWARD, T.BACKWARD_INPUT: Op.BACKWARD_INPUT,
+           T.BACKWARD_WEIGHT: Op.BACKWARD_WEIGHT}
+    out = []
+    for r in range(pp):
+        torch_list = ScheduleDualPipeV._calculate_single_rank_operations(
+            SimpleNamespace(pp_group_size=pp, _n_microbatches=m), r)
+        flat = [s for a in torch_list for s in (a.sub_actions if a.computation_type is T.OVERLAP_F_B else (a,))]
+        assert all(Placement.V.rank_chunk(s.stage_index, pp)[0] == r for s in flat)
+        out.append([Action(ops[s.computation_type], s.microbatch_index, Placement.V.rank_chunk(s.stage_index, pp)[1])
+                    for s in flat])
+    return out
+
+
+def test_dualpipev_without_its_overlap_is_zbv_with_one_more_chunk_in_flight():
+    """DualPipeV's lists, pairs run one after the other, fit the schedules-as-data machinery as they are (our
+    message placement pairs them, the simulation runs them without deadlock), and at tF = tB = tW give exactly
+    ZBV's makespan with one more (micro-batch, chunk) set in flight on every rank: without overlapping a pair's
+    F and B (two streams; DeepSeek hides one micro-batch's all-to-all and p2p behind the other's compute) it
+    brings nothing ZBV does not."""
+    from hybrid.pipeline import Placement
+    from hybrid.pipeline.schedules import _with_communication
+    costs = Costs(forward=1, backward=2, weight_share=0.5)
+    for pp in (2, 4):
+        for m in (2 * pp, 3 * pp):
+            lists = _with_communication(_dualpipev_orders(pp, m), pp, 2, Placement.V)
+            dual = simulate(lists, costs, placement=Placement.V)
+            zbv = simulate(build_schedule(ZBV, pp, m, 2), costs, placement=Placement.V)
+            assert dual.makespan == zbv.makespan == _zbv_closed_form(pp, m, 1.0), (pp, m)
+            assert dual.peak_in_flight == tuple(c + 1 for c in zbv.peak_in_flight) == (2 * pp + 1,) * pp
