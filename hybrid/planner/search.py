@@ -51,8 +51,8 @@ class SearchSpace:
         max_v: most chunks per rank tried when `v` is None.
         zero_bubble: whether to try the zero-bubble schedules, ZB-H1 and ZBV (`--pipeline-schedule zbh1 / zbv`),
             beside each 1F1B layout the search times (v = 1, pp >= 2, no full or selective-op recomputation;
-            ZBV where the space allows v = 2: not pinned otherwise, 2 pp <= layers, max_v >= 2); None or
-            (True,): try them.
+            ZBV where the space also allows v = 2: v unpinned or listing 2, 2 pp <= layers, max_v >= 2); None
+            or (True,): try them.
         expert_parallel: an MoE model's EP sizes to try (`--expert-model-parallel-size`; hybrid/planner/moe.py);
             None: every size the layout allows.
         moe_imbalance: an MoE model's load imbalance lambda, max / mean tokens per expert (`--moe-imbalance`).
