@@ -35,7 +35,7 @@ class LocalUpdates:
     def build(cls, cfg: DiLoCoConfig | None, mesh: Mesh) -> "LocalUpdates":
         if cfg is None:
             return cls(None, mesh)
-        layout = ReplicaLayout.build(mesh, cfg.replicas)
+        layout = ReplicaLayout.build(mesh, cfg.replicas, own_cross=cfg.fragment_sync_delay > 0)
         return cls(cfg, layout.inner_mesh, layout)
 
     def checkpointed(self, zero, ckpt: CheckpointConfig | None = None):
@@ -55,6 +55,10 @@ class LocalUpdates:
         elif (saved := _saved_replicas(ckpt)) not in (None, self.layout.replicas):
             raise fail(f"train.py: error: --load {ckpt.load} holds DiLoCo state of {saved} replicas, this run has "
                        f"{self.layout.replicas}; resume with --diloco-replicas {saved} (and a DP size it divides)")
+        elif saved is not None and ((tau := _saved_args(ckpt).get("diloco_fragment_sync_delay") or 0) > 0) \
+                != (self.cfg.fragment_sync_delay > 0):  # the in-flight delta is stored only when tau > 0
+            raise fail(f"train.py: error: --load {ckpt.load} was saved with --diloco-fragment-sync-delay {tau}, "
+                       f"this run has {self.cfg.fragment_sync_delay}; resume with one > 0 both times or 0 both times")
         return inner
 
     def owners(self) -> dict:
@@ -65,6 +69,12 @@ class LocalUpdates:
         if self.outer is not None:
             self.outer.after_step(it)
 
+    def finish(self) -> None:
+        """At the end of the run: wait for an outer all-reduce still in flight (tau > 0), so that no collective is
+        left posted when the process groups go; its result is not applied (the run ended before its step)."""
+        if self.outer is not None:
+            self.outer.complete()
+
     def describe(self) -> str:
         """The start-up line; empty when off."""
         if self.cfg is None:
@@ -73,20 +83,34 @@ class LocalUpdates:
         z = self.mesh.dp.size
         return (f"diloco: {lay.replicas} replicas{f' (ZeRO over {z} ranks each)' if z > 1 else ''} | H {c.inner_steps}"
                 f" inner steps | outer Nesterov SGD lr {c.outer_lr} momentum {c.outer_momentum}"
-                f"{f' | {c.fragments} fragments' if c.fragments > 1 else ''}")
+                f"{f' | {c.fragments} fragments' if c.fragments > 1 else ''}"
+                f"{f' | overlap tau {c.fragment_sync_delay}' if c.fragment_sync_delay else ''}"
+                f"{f' | alpha {c.fragment_update_alpha}' if c.fragment_update_alpha else ''}")
 
 
-def _saved_replicas(ckpt: CheckpointConfig | None) -> int | None:
-    """The DiLoCo replicas of the checkpoint a resume will read (--ckpt-step's, else the newest): 0 when it was saved
-    without DiLoCo, None when there is nothing to load (or it is unreadable: the resume reports that)."""
+def _saved_state(ckpt: CheckpointConfig | None) -> dict | None:
+    """state.json of the checkpoint a resume will read (--ckpt-step's, else the newest); None when there is nothing
+    to load (or it is unreadable: the resume reports that)."""
     if ckpt is None or ckpt.load is None:
         return None
     tries = [ckpt.ckpt_step] if ckpt.ckpt_step is not None else store.candidates(ckpt.load)
     if not tries or not os.path.isfile(os.path.join(store.final_path(ckpt.load, tries[0]), "state.json")):
         return None
     try:
-        state = store.read_state(store.final_path(ckpt.load, tries[0]))
+        return store.read_state(store.final_path(ckpt.load, tries[0]))
     except (OSError, ValueError, store.CorruptCheckpoint):
+        return None
+
+
+def _saved_args(ckpt: CheckpointConfig | None) -> dict:
+    return ((_saved_state(ckpt) or {}).get("args")) or {}
+
+
+def _saved_replicas(ckpt: CheckpointConfig | None) -> int | None:
+    """The DiLoCo replicas of the checkpoint a resume will read: 0 when it was saved without DiLoCo, None when
+    there is nothing to load."""
+    state = _saved_state(ckpt)
+    if state is None:
         return None
     args = state.get("args") or {}
     if args.get("diloco_inner_steps") is None:

@@ -165,6 +165,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
         consumed += batch.global_batch
         if ckpt.after_step(it + 1, consumed):  # --exit-signal-handler: SIGTERM, saved
             break
+    local.finish()  # hybrid/diloco: an outer all-reduce still in flight (overlapped Streaming DiLoCo) waited for
     ckpt.finish(it + 1, consumed)
     ft.stop()
     last = it + 1  # the last completed step: --train-iters, or earlier after --exit-interval / SIGTERM
