@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import pytest
 import torch
@@ -66,6 +67,7 @@ STREAMING = dataclasses.replace(DILOCO, fragments=2)
 # model (K = 1) in flight for tau = 3 steps, alpha 0
 OVERLAP = dataclasses.replace(STREAMING, fragment_sync_delay=1, fragment_update_alpha=0.5)
 OVERLAP_K1 = dataclasses.replace(DILOCO, fragment_sync_delay=3)
+LINK_S = 1.0  # the simulated link (--simulated-dp-bandwidth): seconds for one outer all-reduce of the whole model
 
 
 def _weights(chunks, mesh: Mesh) -> dict[str, torch.Tensor]:
@@ -73,8 +75,10 @@ def _weights(chunks, mesh: Mesh) -> dict[str, torch.Tensor]:
             for c in chunks for n, p in c.named_parameters()}
 
 
-def _train(mesh: Mesh, cfg: DiLoCoConfig, opt_cfg: OptimizerConfig, steps: int, stage: int = 0) -> dict:
-    """`steps` steps of DiLoCo as train.py runs them (hybrid/diloco/run.py's hooks); weights, ledger bytes."""
+def _train(mesh: Mesh, cfg: DiLoCoConfig, opt_cfg: OptimizerConfig, steps: int, stage: int = 0,
+           link_s: float = 0.0) -> dict:
+    """`steps` steps of DiLoCo as train.py runs them (hybrid/diloco/run.py's hooks); weights, ledger bytes.
+    link_s: a simulated cross-replica link (--simulated-dp-bandwidth) at which the whole model takes link_s s."""
     model_cfg = load_config(MODEL)
     chunks = build_pipeline_chunks(model_cfg, TPContext(mesh.tp), mesh.coords.pp, mesh.dims.pp, 1, seed=SEED)
     spec = BatchSpec(GLOBAL, MICRO, SEQ, mesh.dims.dp)
@@ -84,24 +88,28 @@ def _train(mesh: Mesh, cfg: DiLoCoConfig, opt_cfg: OptimizerConfig, steps: int, 
                                                                      torch.float32), mesh.device)
     else:
         runner = LocalForwardBackward(chunks[0], mesh.device)
-    local = LocalUpdates.build(cfg, mesh)
+    local_params = sum(p.numel() for c in chunks for p in c.parameters())
+    local = LocalUpdates.build(cfg, mesh, 4 * local_params / (link_s * 1e9) if link_s else 0.0)
     opt = ZeroOptimizer(chunks, local.mesh, ZeroConfig(stage=stage), opt_cfg)
     local.checkpointed(opt)
     corpus = load_corpus()
     mesh.ledger.reset()
-    per_sync, in_flight = [], []
+    per_sync, in_flight, exposed, clock = [], [], [], []
     for it in range(steps):
         before, during = mesh.ledger.bytes("all_reduce", "diloco"), _outer_in_flight()
         train_step(chunks, micro_batches(corpus, spec, DATA_SEED, it, mesh.coords.dp), opt, mesh,
                    lr=opt_cfg.lr_at(it), runner=runner)
         in_flight.append(during and _outer_in_flight())  # posted before this inner step, not waited until after it
+        clock.append(time.monotonic())  # the inner step done, before after_step
         local.after_step(it)
+        clock.append(time.monotonic())
+        exposed.append(local.outer.exposed)  # seconds waited on the simulated link so far
         per_sync.append(mesh.ledger.bytes("all_reduce", "diloco") - before)
     local.finish()
     with opt.gathered():
         weights = _weights(chunks, mesh)
     return {"weights": weights, "per_step": per_sync, "in_flight": in_flight, "dp_bytes": mesh.ledger.bytes(group="dp"),
-            "local_params": sum(p.numel() for c in chunks for p in c.parameters()),
+            "exposed": exposed, "clock": clock, "local_params": local_params,
             "fragment_params": [sum(local.outer.views[i].numel() for i in f) for f in local.outer.fragments]}
 
 
@@ -127,7 +135,9 @@ def _world2(rank: int, world: int) -> dict:
     return {"diloco": _train(mesh, DILOCO, ADAMW, SIM_STEPS),
             "streaming": _train(mesh, STREAMING, ADAMW, SIM_STEPS),
             "overlap": _train(mesh, OVERLAP, ADAMW, SIM_STEPS),
-            "overlap-k1": _train(mesh, OVERLAP_K1, ADAMW, SIM_STEPS)}
+            "overlap-k1": _train(mesh, OVERLAP_K1, ADAMW, SIM_STEPS),
+            "link-blocking": _train(mesh, DILOCO, ADAMW, 4, link_s=LINK_S),
+            "link-overlap": _train(mesh, OVERLAP_K1, ADAMW, 7, link_s=LINK_S)}
 
 
 # --- references ---------------------------------------------------------------------------------------------
@@ -287,6 +297,21 @@ def test_overlapped_sync_is_in_flight_while_the_next_inner_steps_run(world2):
         assert r["overlap-k1"]["in_flight"] == [False] * 4 + [True] * 3 + [False]
         assert r["overlap-k1"]["per_step"] == r["diloco"]["per_step"]
         assert not any(r["streaming"]["in_flight"]) and not any(r["diloco"]["in_flight"])
+
+
+def test_simulated_link_is_hidden_behind_the_inner_steps(world2):
+    """--simulated-dp-bandwidth on the outer all-reduce: it completes LINK_S after its post. Blocking (tau = 0) the
+    sync waits for (nearly) all of it; overlapped (K = 1, tau = 3: posted after step 4, waited after step 7) the
+    three inner steps run meanwhile and at least their time (up to LINK_S) is hidden -- were the wait at the post,
+    nothing would be."""
+    for r in world2:
+        blocking = r["link-blocking"]["exposed"]
+        assert blocking[:3] == [0.0] * 3 and LINK_S / 2 < blocking[3] <= LINK_S  # (less only the all-reduce's own wait)
+        got, clock = r["link-overlap"], r["link-overlap"]["clock"]
+        assert got["exposed"][:6] == [0.0] * 6  # posted after step 4, not waited for during steps 5-7
+        inner = clock[12] - clock[7]  # from the post's return (after step 4) to step 7's end: three inner steps
+        hidden = LINK_S - got["exposed"][6]
+        assert inner > 0 and hidden >= min(LINK_S, inner) - 1e-3, (hidden, inner)
 
 
 def test_bench_row_counts_one_model_all_reduce_per_h_steps(world8):

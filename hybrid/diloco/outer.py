@@ -41,6 +41,7 @@ applied at t + tau as without the checkpoint.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -60,13 +61,18 @@ class InFlight:
     wire: torch.Tensor
     delta: torch.Tensor
     reduced: bool = False
+    link_s: float = 0.0  # the simulated slow link: the transfer's seconds, S / bandwidth
+    ready: float = 0.0  # ... and the time.monotonic() at which it may complete (post + link_s)
 
 
 class DiLoCo:
     """The outer loop around a ZeroOptimizer (the inner one): `after_step(it)` after every inner step."""
 
-    def __init__(self, cfg: DiLoCoConfig, zero, cross: Group, replica: int = 0):
+    def __init__(self, cfg: DiLoCoConfig, zero, cross: Group, replica: int = 0, link_gbps: float = 0.0):
         self.cfg, self.zero, self.cross, self.replica = cfg, zero, cross, replica
+        # --simulated-dp-bandwidth on the cross-replica link: an all-reduce of S bytes completes no earlier than
+        # S / (GBPS 1e9) seconds after its post; `exposed` sums the seconds the run waited for it, `hidden` the rest
+        self.link_gbps, self.exposed, self.hidden = link_gbps, 0.0, 0.0
         zero.wait_params()
         self.views = [v for u in zero.units for v in u.views]  # theta_r: this rank's master segments (live)
         self.anchors = [v.detach().clone() for v in self.views]  # theta: the weights of the last sync
@@ -129,7 +135,10 @@ class DiLoCo:
         parts = [(self.anchors[i] - self.views[i]).reshape(-1) for i in idx]
         delta = torch.cat(parts) if self.flat[f] is None else torch.cat(parts, out=self.flat[f])
         wire = delta.to(self.zero.device)  # offloaded masters live on the host; NCCL reduces device memory
-        self.inflight = InFlight(f, self.cross.all_reduce_async(wire), wire, delta)
+        link_s = wire.numel() * wire.element_size() / (self.link_gbps * 1e9) \
+            if self.link_gbps > 0 and self.cross.size > 1 else 0.0  # the ledger's S: the tensor's bytes
+        self.inflight = InFlight(f, self.cross.all_reduce_async(wire), wire, delta, link_s=link_s,
+                                 ready=time.monotonic() + link_s)
 
     def complete(self) -> None:
         """Wait for the all-reduce in flight (if any) and average it: delta = 1/R sum_r delta_r. Its outer step is
@@ -139,6 +148,11 @@ class DiLoCo:
             return
         fl.work.wait()
         fl.work = None
+        if fl.link_s:  # the simulated link: sleep what is left of the transfer (nothing once tau steps covered it)
+            rest = min(fl.link_s, max(0.0, fl.ready - time.monotonic()))
+            time.sleep(rest)
+            self.exposed += rest
+            self.hidden += fl.link_s - rest
         fl.delta.copy_(fl.wire).div_(self.cross.size)
         fl.reduced = True
 

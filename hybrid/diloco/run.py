@@ -30,13 +30,14 @@ class LocalUpdates:
     mesh: Mesh
     layout: ReplicaLayout | None = None
     outer: DiLoCo | None = None
+    link_gbps: float = 0.0  # --simulated-dp-bandwidth: the cross-replica link's simulated GB/s (0: off)
 
     @classmethod
-    def build(cls, cfg: DiLoCoConfig | None, mesh: Mesh) -> "LocalUpdates":
+    def build(cls, cfg: DiLoCoConfig | None, mesh: Mesh, link_gbps: float = 0.0) -> "LocalUpdates":
         if cfg is None:
             return cls(None, mesh)
         layout = ReplicaLayout.build(mesh, cfg.replicas, own_cross=cfg.fragment_sync_delay > 0)
-        return cls(cfg, layout.inner_mesh, layout)
+        return cls(cfg, layout.inner_mesh, layout, link_gbps=link_gbps)
 
     def checkpointed(self, zero, ckpt: CheckpointConfig | None = None):
         """Start the outer loop around `zero`; what the checkpoint should save as the optimizer (replica r > 0's
@@ -46,7 +47,7 @@ class LocalUpdates:
         is one error line."""
         if self.cfg is None:
             return zero
-        self.outer = DiLoCo(self.cfg, zero, self.layout.cross, self.layout.replica)
+        self.outer = DiLoCo(self.cfg, zero, self.layout.cross, self.layout.replica, self.link_gbps)
         inner = zero if self.layout.replica == 0 else ReplicaState(zero, self.layout.replica)
         if _saved_replicas(ckpt) == 0:  # no DiLoCo state in it: load the synchronous keys, theta from them
             self.outer.warm_start = True
@@ -69,11 +70,16 @@ class LocalUpdates:
         if self.outer is not None:
             self.outer.after_step(it)
 
-    def finish(self) -> None:
+    def finish(self) -> str:
         """At the end of the run: wait for an outer all-reduce still in flight (tau > 0), so that no collective is
-        left posted when the process groups go; its result is not applied (the run ended before its step)."""
-        if self.outer is not None:
-            self.outer.complete()
+        left posted when the process groups go; its result is not applied (the run ended before its step). Returns
+        the simulated link's line (empty without one): the seconds the run waited for it and those hidden."""
+        if self.outer is None:
+            return ""
+        self.outer.complete()
+        o = self.outer
+        return (f"diloco: simulated cross-replica link: waited {o.exposed:.3f} s, {o.hidden:.3f} s hidden behind "
+                f"inner steps" if self.link_gbps else "")
 
     def describe(self) -> str:
         """The start-up line; empty when off."""
@@ -85,7 +91,8 @@ class LocalUpdates:
                 f" inner steps | outer Nesterov SGD lr {c.outer_lr} momentum {c.outer_momentum}"
                 f"{f' | {c.fragments} fragments' if c.fragments > 1 else ''}"
                 f"{f' | overlap tau {c.fragment_sync_delay}' if c.fragment_sync_delay else ''}"
-                f"{f' | alpha {c.fragment_update_alpha}' if c.fragment_update_alpha else ''}")
+                f"{f' | alpha {c.fragment_update_alpha}' if c.fragment_update_alpha else ''}"
+                f"{f' | simulated cross-replica link {self.link_gbps:g} GB/s' if self.link_gbps else ''}")
 
 
 def _saved_state(ckpt: CheckpointConfig | None) -> dict | None:
