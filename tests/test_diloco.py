@@ -349,6 +349,17 @@ def test_diloco_flags_build_the_config():
     assert _run(["--optimizer", "sgd", "--sgd-momentum", "0"]).optimizer.optimizer == "sgd"
 
 
+def test_a_mid_flight_checkpoint_of_fragments_resumes_only_at_its_layout():
+    from hybrid.diloco.run import midflight_layout_change
+    state = {"diloco.inflight": 1, "layout": {"tp": 2, "pp": 1, "dp": 2, "zero": 0}}
+    assert midflight_layout_change(state, OVERLAP, ParallelDims(tp=2, dp=2), 0) == ""
+    why = midflight_layout_change(state, OVERLAP, ParallelDims(pp=2, dp=2), 0)
+    assert "fragment 1's outer all-reduce in flight at tp 2 pp 1 dp 2 zero 0" in why
+    assert midflight_layout_change(state, OVERLAP, ParallelDims(tp=2, dp=2), 1) != ""
+    assert midflight_layout_change(state, OVERLAP_K1, ParallelDims(pp=2, dp=2), 0) == ""  # K = 1: anywhere
+    assert midflight_layout_change({**state, "diloco.inflight": -1}, OVERLAP, ParallelDims(pp=2, dp=2), 0) == ""
+
+
 def test_diloco_config_is_frozen_and_documents_its_fields():
     assert DiLoCoConfig.__dataclass_params__.frozen
     assert [f.name for f in dataclasses.fields(DiLoCoConfig) if f.name not in DiLoCoConfig.__doc__] == []

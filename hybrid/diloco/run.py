@@ -60,6 +60,8 @@ class LocalUpdates:
                 != (self.cfg.fragment_sync_delay > 0):  # the in-flight delta is stored only when tau > 0
             raise fail(f"train.py: error: --load {ckpt.load} was saved with --diloco-fragment-sync-delay {tau}, "
                        f"this run has {self.cfg.fragment_sync_delay}; resume with one > 0 both times or 0 both times")
+        elif why := midflight_layout_change(_saved_state(ckpt), self.cfg, self.mesh.dims, zero.cfg.stage):
+            raise fail(f"train.py: error: --load {ckpt.load} {why}")
         return inner
 
     def owners(self) -> dict:
@@ -93,6 +95,23 @@ class LocalUpdates:
                 f"{f' | overlap tau {c.fragment_sync_delay}' if c.fragment_sync_delay else ''}"
                 f"{f' | alpha {c.fragment_update_alpha}' if c.fragment_update_alpha else ''}"
                 f"{f' | simulated cross-replica link {self.link_gbps:g} GB/s' if self.link_gbps else ''}")
+
+
+def midflight_layout_change(state: dict | None, cfg: DiLoCoConfig, dims, zero_stage: int) -> str:
+    """Why a checkpoint saved with a Streaming DiLoCo fragment in flight cannot resume at this layout ("" when it
+    can): the K fragments are cut over each rank's own parameter segments, so at another TP / PP / DP / ZeRO layout
+    fragment f is another set of parameters and the stored delta would land on the wrong ones. K = 1 (the whole
+    model) resumes anywhere the weights do."""
+    if state is None or cfg.fragments == 1 or state.get("diloco.inflight", -1) < 0:
+        return ""
+    saved = state.get("layout", {})
+    here = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero": zero_stage}
+    if all(saved.get(k) == v for k, v in here.items()):
+        return ""
+    at = " ".join(f"{k} {saved.get(k)}" for k in here)
+    return (f"was saved with fragment {state['diloco.inflight']}'s outer all-reduce in flight at {at}; the "
+            f"--diloco-fragments are cut per rank, so resume it at that layout (or from a checkpoint with none in "
+            f"flight)")
 
 
 def _saved_state(ckpt: CheckpointConfig | None) -> dict | None:
