@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import pytest
 import torch
@@ -43,6 +44,7 @@ from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext, gather_full, spec_of
+from hybrid.trail import TRAIL
 from hybrid.train_step import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step
 from hybrid.zero import ZeroConfig, ZeroOptimizer
 from models import build_pipeline_chunks, load_config
@@ -60,6 +62,12 @@ ADAMW = OptimizerConfig(lr=1e-3, min_lr=1e-4, warmup_iters=2, decay_style="cosin
                         clip_grad=1.0)
 DILOCO = DiLoCoConfig(inner_steps=4, outer_lr=0.7, outer_momentum=0.9)
 STREAMING = dataclasses.replace(DILOCO, fragments=2)
+# Streaming DiLoCo's overlap: each fragment's all-reduce posted after its step, applied tau = 1 step later, mixed
+# with alpha 0.5 (a value at which torch.lerp takes its second formula: end - (end - start)(1 - w)); and the whole
+# model (K = 1) in flight for tau = 3 steps, alpha 0
+OVERLAP = dataclasses.replace(STREAMING, fragment_sync_delay=1, fragment_update_alpha=0.5)
+OVERLAP_K1 = dataclasses.replace(DILOCO, fragment_sync_delay=3)
+LINK_S = 1.0  # the simulated link (--simulated-dp-bandwidth): seconds for one outer all-reduce of the whole model
 
 
 def _weights(chunks, mesh: Mesh) -> dict[str, torch.Tensor]:
@@ -67,8 +75,10 @@ def _weights(chunks, mesh: Mesh) -> dict[str, torch.Tensor]:
             for c in chunks for n, p in c.named_parameters()}
 
 
-def _train(mesh: Mesh, cfg: DiLoCoConfig, opt_cfg: OptimizerConfig, steps: int, stage: int = 0) -> dict:
-    """`steps` steps of DiLoCo as train.py runs them (hybrid/diloco/run.py's hooks); weights, ledger bytes."""
+def _train(mesh: Mesh, cfg: DiLoCoConfig, opt_cfg: OptimizerConfig, steps: int, stage: int = 0,
+           link_s: float = 0.0) -> dict:
+    """`steps` steps of DiLoCo as train.py runs them (hybrid/diloco/run.py's hooks); weights, ledger bytes.
+    link_s: a simulated cross-replica link (--simulated-dp-bandwidth) at which the whole model takes link_s s."""
     model_cfg = load_config(MODEL)
     chunks = build_pipeline_chunks(model_cfg, TPContext(mesh.tp), mesh.coords.pp, mesh.dims.pp, 1, seed=SEED)
     spec = BatchSpec(GLOBAL, MICRO, SEQ, mesh.dims.dp)
@@ -78,23 +88,34 @@ def _train(mesh: Mesh, cfg: DiLoCoConfig, opt_cfg: OptimizerConfig, steps: int, 
                                                                      torch.float32), mesh.device)
     else:
         runner = LocalForwardBackward(chunks[0], mesh.device)
-    local = LocalUpdates.build(cfg, mesh)
+    local_params = sum(p.numel() for c in chunks for p in c.parameters())
+    local = LocalUpdates.build(cfg, mesh, 4 * local_params / (link_s * 1e9) if link_s else 0.0)
     opt = ZeroOptimizer(chunks, local.mesh, ZeroConfig(stage=stage), opt_cfg)
     local.checkpointed(opt)
     corpus = load_corpus()
     mesh.ledger.reset()
-    per_sync = []
+    per_sync, in_flight, exposed, clock = [], [], [], []
     for it in range(steps):
-        before = mesh.ledger.bytes("all_reduce", "diloco")
+        before, during = mesh.ledger.bytes("all_reduce", "diloco"), _outer_in_flight()
         train_step(chunks, micro_batches(corpus, spec, DATA_SEED, it, mesh.coords.dp), opt, mesh,
                    lr=opt_cfg.lr_at(it), runner=runner)
+        in_flight.append(during and _outer_in_flight())  # posted before this inner step, not waited until after it
+        clock.append(time.monotonic())  # the inner step done, before after_step
         local.after_step(it)
+        clock.append(time.monotonic())
+        exposed.append(local.outer.exposed)  # seconds waited on the simulated link so far
         per_sync.append(mesh.ledger.bytes("all_reduce", "diloco") - before)
+    local.finish()
     with opt.gathered():
         weights = _weights(chunks, mesh)
-    return {"weights": weights, "per_step": per_sync, "dp_bytes": mesh.ledger.bytes(group="dp"),
-            "local_params": sum(p.numel() for c in chunks for p in c.parameters()),
+    return {"weights": weights, "per_step": per_sync, "in_flight": in_flight, "dp_bytes": mesh.ledger.bytes(group="dp"),
+            "exposed": exposed, "clock": clock, "local_params": local_params,
             "fragment_params": [sum(local.outer.views[i].numel() for i in f) for f in local.outer.fragments]}
+
+
+def _outer_in_flight() -> bool:
+    """An outer all-reduce ("diloco") posted and not yet waited for, as the op trail (hybrid/trail.py) sees it."""
+    return any(r.group == "diloco" and r.op == "all_reduce" for r in TRAIL.pending)
 
 
 def _world8(rank: int, world: int) -> dict:
@@ -112,7 +133,11 @@ def _world8(rank: int, world: int) -> dict:
 def _world2(rank: int, world: int) -> dict:
     mesh = Mesh.build(ParallelDims.from_world(world))
     return {"diloco": _train(mesh, DILOCO, ADAMW, SIM_STEPS),
-            "streaming": _train(mesh, STREAMING, ADAMW, SIM_STEPS)}
+            "streaming": _train(mesh, STREAMING, ADAMW, SIM_STEPS),
+            "overlap": _train(mesh, OVERLAP, ADAMW, SIM_STEPS),
+            "overlap-k1": _train(mesh, OVERLAP_K1, ADAMW, SIM_STEPS),
+            "link-blocking": _train(mesh, DILOCO, ADAMW, 4, link_s=LINK_S),
+            "link-overlap": _train(mesh, OVERLAP_K1, ADAMW, 7, link_s=LINK_S)}
 
 
 # --- references ---------------------------------------------------------------------------------------------
@@ -141,13 +166,16 @@ def _simulation(cfg: DiLoCoConfig, replicas: int = 2) -> list[dict[str, torch.Te
     """DiLoCo written out: `replicas` separate models, each AdamW (train.py's: fused, decay on matrices, clipped
     by its own norm) on its replica's rows; every H steps the averaged delta and the outer Nesterov step by hand.
     Fragments: the parameters in the optimizer's order (hybrid/zero: backward order, the tied embedding first),
-    split into K runs; fragment f syncs after step t when (t + 1) mod H = ((f + 1) H / K) mod H."""
+    split into K runs; fragment f's delta is taken after step t when (t + 1) mod H = ((f + 1) H / K) mod H, and
+    its outer step runs tau steps later (Streaming DiLoCo's overlap), each replica then taking
+    lerp(theta, its own weights, alpha) (torchft's merge; alpha = 0: theta)."""
     models = [_model()[0] for _ in range(replicas)]
     opts = [build_optimizer(m, ADAMW) for m in models]
     names = _optimizer_order(models[0])
     theta = {n: p.detach().clone() for n, p in models[0][0].named_parameters()}
     b = {n: torch.zeros_like(t) for n, t in theta.items()}
-    k, h = cfg.fragments, cfg.inner_steps
+    k, h, tau, alpha = cfg.fragments, cfg.inner_steps, cfg.fragment_sync_delay, cfg.fragment_update_alpha
+    sent: dict[int, dict[str, torch.Tensor]] = {}  # fragment -> its averaged delta, between post and apply
     fragments = [names[f * len(names) // k:(f + 1) * len(names) // k] for f in range(k)]
     spec, corpus = BatchSpec(GLOBAL, MICRO, SEQ, replicas), load_corpus()
     for it in range(SIM_STEPS):
@@ -159,17 +187,18 @@ def _simulation(cfg: DiLoCoConfig, replicas: int = 2) -> list[dict[str, torch.Te
             for group in opt.param_groups:
                 group["lr"] = ADAMW.lr_at(it)
             opt.step()
+        live = {n: [dict(m[0].named_parameters())[n] for m in models] for n in names}
         for f in range(k):
-            if (it + 1) % h != ((f + 1) * h // k) % h:
+            if (it + 1) % h == ((f + 1) * h // k) % h:  # delta = 1/R sum_r (theta - theta_r), sent now
+                sent[f] = {n: sum(theta[n] - p for p in live[n]) / replicas for n in fragments[f]}
+            if (it + 1 - tau) % h != ((f + 1) * h // k) % h or f not in sent:
                 continue
             with torch.no_grad():
-                for n in fragments[f]:
-                    live = [dict(m[0].named_parameters())[n] for m in models]
-                    delta = sum(theta[n] - p for p in live) / replicas  # delta = 1/R sum_r (theta - theta_r)
+                for n, delta in sent.pop(f).items():
                     b[n] = b[n].mul(cfg.outer_momentum).add(delta)  # b <- mu b + delta
                     theta[n] = theta[n].add(delta.add(b[n], alpha=cfg.outer_momentum), alpha=-cfg.outer_lr)
-                    for p in live:
-                        p.copy_(theta[n])
+                    for p in live[n]:
+                        p.copy_(torch.lerp(theta[n], p, alpha) if alpha else theta[n])
     return [{n: p.detach().clone() for n, p in m[0].named_parameters()} for m in models]  # apart since their sync
 
 
@@ -227,9 +256,12 @@ def test_diloco_h1_sgd_equals_synchronous_dp(case, world8):
             assert dev <= bound, f"{case} {n}: off by {dev:.3g} > {bound:.3g}"
 
 
-@pytest.mark.parametrize("case", ["diloco", "streaming"])
+SIM_CASES = {"diloco": DILOCO, "streaming": STREAMING, "overlap": OVERLAP, "overlap-k1": OVERLAP_K1}
+
+
+@pytest.mark.parametrize("case", list(SIM_CASES))
 def test_diloco_h4_adamw_equals_simulation(case, world2):
-    ref = _one_thread(_simulation, DILOCO if case == "diloco" else STREAMING)
+    ref = _one_thread(_simulation, SIM_CASES[case])
     for rank, r in enumerate(world2):  # replica = DP rank; K = 2 ends with fragment 0 two steps past its sync
         for n, w in r[case]["weights"].items():
             want = ref[rank][n]
@@ -250,6 +282,36 @@ def test_streaming_diloco_syncs_one_fragment_at_a_time(world2):
     frag = [4 * n for n in got["fragment_params"]]
     assert sum(frag) == 4 * got["local_params"] and min(frag) > 0
     assert got["per_step"] == [0, frag[0], 0, frag[1]] * (SIM_STEPS // 4)
+
+
+def test_overlapped_sync_is_in_flight_while_the_next_inner_steps_run(world2):
+    """tau > 0: the outer all-reduce is posted after its fragment's step (its bytes on the ledger then) and waited
+    for only after the next tau inner steps, which run with it pending on the op trail; tau = 0 waits at once.
+    (Were the wait moved back to the post, no inner step would see it pending.)"""
+    for r in world2:
+        frag = [4 * n for n in r["overlap"]["fragment_params"]]
+        assert r["overlap"]["per_step"] == r["streaming"]["per_step"] == [0, frag[0], 0, frag[1]] * 2
+        # K = 2, tau = 1: f0 posted after step 2 (1-based), in flight during step 3; f1 after 4, during 5; ...
+        assert r["overlap"]["in_flight"] == [False, False, True, False, True, False, True, False]
+        # K = 1, tau = 3: the whole model posted after step 4, in flight during steps 5-7, applied after 7
+        assert r["overlap-k1"]["in_flight"] == [False] * 4 + [True] * 3 + [False]
+        assert r["overlap-k1"]["per_step"] == r["diloco"]["per_step"]
+        assert not any(r["streaming"]["in_flight"]) and not any(r["diloco"]["in_flight"])
+
+
+def test_simulated_link_is_hidden_behind_the_inner_steps(world2):
+    """--simulated-dp-bandwidth on the outer all-reduce: it completes LINK_S after its post. Blocking (tau = 0) the
+    sync waits for (nearly) all of it; overlapped (K = 1, tau = 3: posted after step 4, waited after step 7) the
+    three inner steps run meanwhile and at least their time (up to LINK_S) is hidden -- were the wait at the post,
+    nothing would be."""
+    for r in world2:
+        blocking = r["link-blocking"]["exposed"]
+        assert blocking[:3] == [0.0] * 3 and LINK_S / 2 < blocking[3] <= LINK_S  # (less only the all-reduce's own wait)
+        got, clock = r["link-overlap"], r["link-overlap"]["clock"]
+        assert got["exposed"][:6] == [0.0] * 6  # posted after step 4, not waited for during steps 5-7
+        inner = clock[12] - clock[7]  # from the post's return (after step 4) to step 7's end: three inner steps
+        hidden = LINK_S - got["exposed"][6]
+        assert inner > 0 and hidden >= min(LINK_S, inner) - 1e-3, (hidden, inner)
 
 
 def test_bench_row_counts_one_model_all_reduce_per_h_steps(world8):
@@ -278,9 +340,24 @@ def _run(argv: list[str], world: int = 2):
 
 def test_diloco_flags_build_the_config():
     run = _run(["--diloco-inner-steps", "4", "--diloco-outer-lr", "0.5", "--diloco-fragments", "2"], world=4)
-    assert run.diloco == DiLoCoConfig(inner_steps=4, outer_lr=0.5, outer_momentum=0.9, replicas=None, fragments=2)
+    assert run.diloco == DiLoCoConfig(inner_steps=4, outer_lr=0.5, outer_momentum=0.9, replicas=None, fragments=2,
+                                      fragment_sync_delay=0, fragment_update_alpha=0.0)  # the defaults: no overlap
+    run = _run(["--diloco-inner-steps", "4", "--diloco-fragments", "2", "--diloco-fragment-sync-delay", "1",
+                "--diloco-fragment-update-alpha", "0.5"])
+    assert (run.diloco.fragment_sync_delay, run.diloco.fragment_update_alpha) == (1, 0.5)
     assert _run([]).diloco is None
     assert _run(["--optimizer", "sgd", "--sgd-momentum", "0"]).optimizer.optimizer == "sgd"
+
+
+def test_a_mid_flight_checkpoint_of_fragments_resumes_only_at_its_layout():
+    from hybrid.diloco.run import midflight_layout_change
+    state = {"diloco.inflight": 1, "layout": {"tp": 2, "pp": 1, "dp": 2, "zero": 0}}
+    assert midflight_layout_change(state, OVERLAP, ParallelDims(tp=2, dp=2), 0) == ""
+    why = midflight_layout_change(state, OVERLAP, ParallelDims(pp=2, dp=2), 0)
+    assert "fragment 1's outer all-reduce in flight at tp 2 pp 1 dp 2 zero 0" in why
+    assert midflight_layout_change(state, OVERLAP, ParallelDims(tp=2, dp=2), 1) != ""
+    assert midflight_layout_change(state, OVERLAP_K1, ParallelDims(pp=2, dp=2), 0) == ""  # K = 1: anywhere
+    assert midflight_layout_change({**state, "diloco.inflight": -1}, OVERLAP, ParallelDims(pp=2, dp=2), 0) == ""
 
 
 def test_diloco_config_is_frozen_and_documents_its_fields():
@@ -295,6 +372,11 @@ def test_diloco_config_is_frozen_and_documents_its_fields():
     (["--diloco-inner-steps", "4", "--diloco-outer-momentum", "1"], 2, r"--diloco-outer-momentum must be in \[0, 1\)"),
     (["--diloco-inner-steps", "4", "--diloco-replicas", "3"], 4, "--diloco-replicas 3 must divide"),
     (["--diloco-inner-steps", "4", "--zero-stage", "3"], 2, "does not run with --zero-stage 3"),
+    (["--diloco-inner-steps", "4", "--diloco-fragments", "2", "--diloco-fragment-sync-delay", "2"], 2,
+     r"--diloco-fragment-sync-delay 2 must be in \[0, H / K\) = \[0, 2\)"),
+    (["--diloco-inner-steps", "4", "--diloco-fragment-update-alpha", "1.5"], 2,
+     r"--diloco-fragment-update-alpha must be in \[0, 1\]"),
+    (["--diloco-fragment-sync-delay", "1"], 2, "--diloco-fragment-sync-delay applies to DiLoCo"),
     (["--diloco-inner-steps", "4", "--fp16"], 2, "does not run with --fp16"),
     (["--optimizer", "sgd", "--offload-optimizer"], 2, "--optimizer sgd does not run with --offload-optimizer"),
 ])

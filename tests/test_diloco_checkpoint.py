@@ -8,6 +8,9 @@
   train.py's own objects (the loop's build_runner, LocalUpdates, RunCheckpoints) and saved again at once holds the
   same tensors, bit for bit (the RNG streams aside: per rank, not restored at another layout): DiLoCo's state
   reshards with the rest.
+* Mid-overlap (Streaming DiLoCo, 2 ranks: K = 2, tau = 1, alpha 0.5): at iteration 6 fragment 0's all-reduce is in
+  flight (posted after step 6, applied after 7). The save waits for it and stores its average; the run resumed
+  from there applies it after step 7 as the straight run did: the same losses for 7 and 8, every tensor equal.
 * DiLoCo starting from a checkpoint saved without it (a synchronous run's, the paper's start from a pretrained
   model): every replica takes its weights and Adam state, theta its weights -- the first loss after the resume is
   the synchronous run's own next loss, bit for bit -- and a checkpoint of another number of replicas is one line.
@@ -35,8 +38,8 @@ TP2 = ["--tensor-model-parallel-size", "2"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
 
 
-def _run(flags: list[str], common: list[str] = COMMON, ok: bool = True):
-    out = testing.torchrun(common + flags, 4, env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
+def _run(flags: list[str], common: list[str] = COMMON, ok: bool = True, world: int = 4):
+    out = testing.torchrun(common + flags, world, env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
                            timeout=600)
     assert (out.returncode == 0) == ok, out.stderr[-3000:]
     return out
@@ -133,4 +136,28 @@ def test_diloco_starts_from_a_synchronous_checkpoint(tmp_path):
 def test_another_number_of_replicas_is_one_line(straight):
     out = _run(TP2 + ["--train-iters", "8", "--load", str(straight / "ckpt"), "--diloco-replicas", "1"], ok=False)
     assert "holds DiLoCo state of 2 replicas, this run has 1; resume with --diloco-replicas 2" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+OVERLAP = ["--diloco-fragments", "2", "--diloco-fragment-sync-delay", "1", "--diloco-fragment-update-alpha", "0.5",
+           "--train-iters", "8"]
+
+
+def test_overlapped_diloco_resumes_mid_flight_bit_for_bit(tmp_path):
+    _run(OVERLAP + ["--save-interval", "6", "--save", str(tmp_path / "a"), "--metrics-file", str(tmp_path / "a.jsonl")],
+         world=2)
+    state = store.read_state(store.final_path(str(tmp_path / "a"), 6))
+    assert state["diloco.inflight"] == 0  # fragment 0 posted after step 6, applied after step 7
+    saved = _tensors(str(tmp_path / "a"), 6)
+    pending = {k: v for k, v in saved.items() if k.startswith("diloco.pending/")}
+    assert any(v.abs().max() > 0 for v in pending.values())  # fragment 0's averaged delta ...
+    assert any(not v.any() for v in pending.values())  # ... and 0 for fragment 1's parameters
+    _run(OVERLAP + ["--load", str(tmp_path / "a"), "--ckpt-step", "6", "--save", str(tmp_path / "b"),
+                    "--metrics-file", str(tmp_path / "b.jsonl")], world=2)
+    want, got = _losses(str(tmp_path / "a.jsonl")), _losses(str(tmp_path / "b.jsonl"))
+    assert [got[i] for i in (7, 8)] == [want[i] for i in (7, 8)]
+    _same(_tensors(str(tmp_path / "b"), 8), _tensors(str(tmp_path / "a"), 8))
+    out = _run(["--diloco-fragments", "2", "--train-iters", "8", "--load", str(tmp_path / "a"), "--ckpt-step", "6"],
+               ok=False, world=2)  # tau 0 cannot take the delta in flight
+    assert "was saved with --diloco-fragment-sync-delay 1, this run has 0" in out.stderr
     assert "Traceback" not in out.stderr

@@ -19,6 +19,12 @@ class DiLoCoConfig:
         replicas: R, replicas over the DP ranks (`--diloco-replicas`); None: dp (every DP rank its own replica);
             R < dp: ZeRO inside each replica of dp / R ranks.
         fragments: K, Streaming DiLoCo's fragments synced in turn (`--diloco-fragments`; 1: the whole model at once).
+        fragment_sync_delay: tau, inner steps between posting a fragment's outer all-reduce and applying its result
+            (`--diloco-fragment-sync-delay`, torchft's `fragment_sync_delay`); the all-reduce is in flight while
+            those tau inner steps run. 0: the sync blocks (posted and applied after the same step). tau < H / K.
+        fragment_update_alpha: alpha, the weight of the replica's own weights when the outer result lands
+            (`--diloco-fragment-update-alpha`, torchft's `fragment_update_alpha`): theta_r <- lerp(theta,
+            theta_r, alpha) = (1 - alpha) theta + alpha theta_r. 0: every replica takes theta (DiLoCo's reset).
     """
 
     inner_steps: int
@@ -26,6 +32,8 @@ class DiLoCoConfig:
     outer_momentum: float = 0.9
     replicas: int | None = None
     fragments: int = 1
+    fragment_sync_delay: int = 0
+    fragment_update_alpha: float = 0.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +49,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "each replica")
     g.add_argument("--diloco-fragments", type=int, default=1, metavar="K",
                    help="Streaming DiLoCo: sync 1/K of the model every H/K steps, in turn (K divides H)")
+    g.add_argument("--diloco-fragment-sync-delay", type=int, default=0, metavar="TAU",
+                   help="Streaming DiLoCo's overlap (torchft's fragment_sync_delay): a fragment's outer all-reduce "
+                        "is posted after its step and its result applied TAU inner steps later, the all-reduce in "
+                        "flight meanwhile (0: each sync blocks; TAU < H/K)")
+    g.add_argument("--diloco-fragment-update-alpha", type=float, default=0.0, metavar="ALPHA",
+                   help="Streaming DiLoCo's mixing (torchft's fragment_update_alpha): when a fragment's outer "
+                        "result lands, each replica keeps (1 - ALPHA) x the outer weights + ALPHA x its own "
+                        "(0: the outer weights, plain DiLoCo; in [0, 1])")
 
 
 def check(args: argparse.Namespace) -> DiLoCoConfig | None:
@@ -48,7 +64,8 @@ def check(args: argparse.Namespace) -> DiLoCoConfig | None:
     h = args.diloco_inner_steps
     if h is None:
         given = [f"--{d.replace('_', '-')}" for d in ("diloco_replicas", "diloco_outer_lr", "diloco_outer_momentum",
-                                                       "diloco_fragments") if d in getattr(args, "explicit", set())]
+                                                       "diloco_fragments", "diloco_fragment_sync_delay",
+                                                       "diloco_fragment_update_alpha") if d in getattr(args, "explicit", set())]
         if given:
             raise ValueError(f"{given[0]} applies to DiLoCo: add --diloco-inner-steps H or drop it")
         return None
@@ -61,11 +78,17 @@ def check(args: argparse.Namespace) -> DiLoCoConfig | None:
     k = args.diloco_fragments
     if k < 1 or h % k:
         raise ValueError(f"--diloco-fragments {k} must be a positive divisor of --diloco-inner-steps {h}")
+    tau, alpha = args.diloco_fragment_sync_delay, args.diloco_fragment_update_alpha
+    if not 0 <= tau < h // k:  # torchft's rule: a fragment lands before the next one is posted (one in flight)
+        raise ValueError(f"--diloco-fragment-sync-delay {tau} must be in [0, H / K) = [0, {h // k}) "
+                         f"(--diloco-inner-steps {h} / --diloco-fragments {k}): one fragment in flight at a time")
+    if not 0 <= alpha <= 1:  # also NaN
+        raise ValueError(f"--diloco-fragment-update-alpha must be in [0, 1], got {alpha}")
     r = args.diloco_replicas
     if r is not None and r < 1:
         raise ValueError(f"--diloco-replicas must be a positive integer, got {r}")
     return DiLoCoConfig(inner_steps=h, outer_lr=args.diloco_outer_lr, outer_momentum=args.diloco_outer_momentum,
-                        replicas=r, fragments=k)
+                        replicas=r, fragments=k, fragment_sync_delay=tau, fragment_update_alpha=alpha)
 
 
 def check_layout(cfg: DiLoCoConfig | None, dp: int, cp: int, zero_stage: int, fp16: bool, moe: bool) -> None:

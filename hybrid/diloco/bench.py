@@ -5,9 +5,12 @@ train.py's AdamW defaults: lr 1e-3, 10 warm-up steps, cosine to 1e-4, clip 1.0).
 
     python -m hybrid.diloco.bench            # 200 steps, the quick start's length (minutes on 8 ranks: the lead's)
     python -m hybrid.diloco.bench --quick    # 16 steps, seq 32: a smoke run, measures nothing
+    python -m hybrid.diloco.bench --streaming   # and a Streaming DiLoCo row (4 fragments, tau 1, alpha 0.5)
 
 Each row (`rows()`, a list of dicts):
-* final_loss: the mean lm loss of the final weights (every replica's after the last sync: steps are a multiple of H)
+* final_loss: the mean lm loss of the final weights (every replica's after the last sync: steps are a multiple of H;
+  Streaming DiLoCo's replicas are never equal -- alpha mixes their own weights in, and the last fragment is still
+  in flight at the end -- so its held-out loss is the mean of each replica's loss on its own held-out rows)
   over EVAL held-out global batches (rows drawn with another seed), through the training pipeline at lr 0;
 * train_loss: the mean training loss of the last 8 steps (each replica's own on its rows, averaged);
 * dp_bytes: rank 0's bytes across data parallelism over the whole run, the ledger's convention (hybrid/comm.py):
@@ -40,6 +43,10 @@ from models import build_pipeline_chunks, load_config
 MODEL, GLOBAL, MICRO, SEED, DATA_SEED, EVAL_SEED, EVAL = "tiny-gpt2", 16, 2, 1234, 1234, 4321, 4
 H = 8
 DILOCO = DiLoCoConfig(inner_steps=H, outer_lr=0.7, outer_momentum=0.9)  # the paper's outer Nesterov
+# --streaming: Streaming DiLoCo at the same H, 4 fragments, each all-reduce in flight for one inner step and
+# landing mixed with alpha 0.5 (the paper's values for tau and alpha)
+STREAMING = DiLoCoConfig(inner_steps=H, outer_lr=0.7, outer_momentum=0.9, fragments=4, fragment_sync_delay=1,
+                         fragment_update_alpha=0.5)
 
 
 def _run(mesh: Mesh, cfg: DiLoCoConfig | None, steps: int, seq: int) -> dict:
@@ -61,6 +68,7 @@ def _run(mesh: Mesh, cfg: DiLoCoConfig | None, steps: int, seq: int) -> dict:
         losses.append(train_step(chunks, micro_batches(corpus, spec, DATA_SEED, it, mesh.coords.dp), opt, mesh,
                                  lr=opt_cfg.lr_at(it), runner=runner))
         local.after_step(it)
+    local.finish()  # Streaming DiLoCo: the last fragment's all-reduce, posted after the last step, waited for
     dp_bytes = sum(e.bytes for (_, g), e in mesh.ledger.entries.items() if g in ("dp", "diloco"))
     train_loss = sum(losses[-8:]) / len(losses[-8:])
     return {"train_loss": train_loss, "final_loss": _held_out(chunks, mesh, spec, opt, runner, corpus),
@@ -79,29 +87,35 @@ def _held_out(chunks, mesh: Mesh, spec: BatchSpec, opt, runner, corpus: torch.Te
     return total / EVAL
 
 
-def _worker(rank: int, world: int, steps: int, seq: int) -> dict:
+def _worker(rank: int, world: int, steps: int, seq: int, streaming: bool = False) -> dict:
     torch.set_num_threads(1)
     out = {}
-    for name, cfg in (("synchronous AdamW", None), (f"DiLoCo H={H}", DILOCO)):
+    methods = [("synchronous AdamW", None), (f"DiLoCo H={H}", DILOCO)]
+    if streaming:
+        methods.append((f"Streaming DiLoCo H={H} K=4 tau=1 alpha=0.5", STREAMING))
+    for name, cfg in methods:
         mesh = Mesh.build(ParallelDims.from_world(world, tp=2, pp=2))
         out[name] = _run(mesh, cfg, steps, seq)
     return out
 
 
-def rows(quick: bool = False) -> list[dict]:
-    """The rows: [{"method", "final_loss", "train_loss", "dp_bytes", "dp_bytes_per_step", "steps", "losses"}], synchronous
-    AdamW first. quick: 16 steps at seq 32 (a smoke run)."""
+def rows(quick: bool = False, streaming: bool = False) -> list[dict]:
+    """The rows: [{"method", "final_loss", "train_loss", "dp_bytes", "dp_bytes_per_step", "steps", "losses"}],
+    synchronous AdamW first. quick: 16 steps at seq 32 (a smoke run); streaming: a third row, Streaming DiLoCo
+    (STREAMING)."""
     steps, seq = (16, 32) if quick else (200, 128)
-    got = run_distributed(_worker, 8, args=(steps, seq), timeout=3600)[0]
+    got = run_distributed(_worker, 8, args=(steps, seq, streaming), timeout=3600)[0]
     return [{"method": name, "steps": steps, **r} for name, r in got.items()]  # "losses": the per-step curve
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m hybrid.diloco.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="16 steps at seq 32: checks that it runs, measures nothing")
+    p.add_argument("--streaming", action="store_true",
+                   help="a third row: Streaming DiLoCo, H 8, 4 fragments, tau 1, alpha 0.5 (the same tokens)")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
-    table = rows(args.quick)
+    table = rows(args.quick, args.streaming)
     base = table[0]
     print("| method | steps | final loss (held out) | vs synchronous | train loss (last 8) | DP bytes (rank 0) |")
     print("|---|---|---|---|---|---|")

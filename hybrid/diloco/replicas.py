@@ -46,16 +46,22 @@ class ReplicaLayout:
     replicas: int
 
     @classmethod
-    def build(cls, mesh: Mesh, replicas: int | None = None) -> "ReplicaLayout":
-        """Collective over the world when replicas < dp (new process groups); replicas None: dp."""
+    def build(cls, mesh: Mesh, replicas: int | None = None, own_cross: bool = False) -> "ReplicaLayout":
+        """Collective over the world when replicas < dp or own_cross (new process groups); replicas None: dp.
+        own_cross (the overlapped sync, tau > 0): with replicas = dp the cross group is a process group of its own
+        over the DP ranks rather than the DP group itself, so that what the run still sends on DP (the logged
+        loss) does not queue behind an outer all-reduce in flight."""
         dims = mesh.dims
         replicas = replicas or dims.dp
         if dims.cp > 1:
             raise ValueError(f"--diloco-inner-steps does not run with --context-parallel-size {dims.cp} yet; drop one")
         if replicas == dims.dp:  # every DP rank its own replica: no group to create
             inner = Group.solo("dp", mesh.ledger)
-            cross = Group("diloco", mesh.dp.ranks, mesh.dp.pg, mesh.ledger) if dims.dp > 1 else \
-                Group.solo("diloco", mesh.ledger)
+            if own_cross:
+                cross = _mine("diloco", dims.group_ranks(Axis.DP), mesh)
+            else:
+                cross = Group("diloco", mesh.dp.ranks, mesh.dp.pg, mesh.ledger) if dims.dp > 1 else \
+                    Group.solo("diloco", mesh.ledger)
         else:
             inner_ranks, cross_ranks = inner_cross_ranks(dims, replicas)
             inner = _mine("dp", inner_ranks, mesh)

@@ -30,13 +30,14 @@ class LocalUpdates:
     mesh: Mesh
     layout: ReplicaLayout | None = None
     outer: DiLoCo | None = None
+    link_gbps: float = 0.0  # --simulated-dp-bandwidth: the cross-replica link's simulated GB/s (0: off)
 
     @classmethod
-    def build(cls, cfg: DiLoCoConfig | None, mesh: Mesh) -> "LocalUpdates":
+    def build(cls, cfg: DiLoCoConfig | None, mesh: Mesh, link_gbps: float = 0.0) -> "LocalUpdates":
         if cfg is None:
             return cls(None, mesh)
-        layout = ReplicaLayout.build(mesh, cfg.replicas)
-        return cls(cfg, layout.inner_mesh, layout)
+        layout = ReplicaLayout.build(mesh, cfg.replicas, own_cross=cfg.fragment_sync_delay > 0)
+        return cls(cfg, layout.inner_mesh, layout, link_gbps=link_gbps)
 
     def checkpointed(self, zero, ckpt: CheckpointConfig | None = None):
         """Start the outer loop around `zero`; what the checkpoint should save as the optimizer (replica r > 0's
@@ -46,7 +47,7 @@ class LocalUpdates:
         is one error line."""
         if self.cfg is None:
             return zero
-        self.outer = DiLoCo(self.cfg, zero, self.layout.cross, self.layout.replica)
+        self.outer = DiLoCo(self.cfg, zero, self.layout.cross, self.layout.replica, self.link_gbps)
         inner = zero if self.layout.replica == 0 else ReplicaState(zero, self.layout.replica)
         if _saved_replicas(ckpt) == 0:  # no DiLoCo state in it: load the synchronous keys, theta from them
             self.outer.warm_start = True
@@ -55,6 +56,12 @@ class LocalUpdates:
         elif (saved := _saved_replicas(ckpt)) not in (None, self.layout.replicas):
             raise fail(f"train.py: error: --load {ckpt.load} holds DiLoCo state of {saved} replicas, this run has "
                        f"{self.layout.replicas}; resume with --diloco-replicas {saved} (and a DP size it divides)")
+        elif saved is not None and ((tau := _saved_args(ckpt).get("diloco_fragment_sync_delay") or 0) > 0) \
+                != (self.cfg.fragment_sync_delay > 0):  # the in-flight delta is stored only when tau > 0
+            raise fail(f"train.py: error: --load {ckpt.load} was saved with --diloco-fragment-sync-delay {tau}, "
+                       f"this run has {self.cfg.fragment_sync_delay}; resume with one > 0 both times or 0 both times")
+        elif why := midflight_layout_change(_saved_state(ckpt), self.cfg, self.mesh.dims, zero.cfg.stage):
+            raise fail(f"train.py: error: --load {ckpt.load} {why}")
         return inner
 
     def owners(self) -> dict:
@@ -65,6 +72,17 @@ class LocalUpdates:
         if self.outer is not None:
             self.outer.after_step(it)
 
+    def finish(self) -> str:
+        """At the end of the run: wait for an outer all-reduce still in flight (tau > 0), so that no collective is
+        left posted when the process groups go; its result is not applied (the run ended before its step). Returns
+        the simulated link's line (empty without one): the seconds the run waited for it and those hidden."""
+        if self.outer is None:
+            return ""
+        self.outer.complete()
+        o = self.outer
+        return (f"diloco: simulated cross-replica link: waited {o.exposed:.3f} s, {o.hidden:.3f} s hidden behind "
+                f"inner steps" if self.link_gbps else "")
+
     def describe(self) -> str:
         """The start-up line; empty when off."""
         if self.cfg is None:
@@ -73,20 +91,52 @@ class LocalUpdates:
         z = self.mesh.dp.size
         return (f"diloco: {lay.replicas} replicas{f' (ZeRO over {z} ranks each)' if z > 1 else ''} | H {c.inner_steps}"
                 f" inner steps | outer Nesterov SGD lr {c.outer_lr} momentum {c.outer_momentum}"
-                f"{f' | {c.fragments} fragments' if c.fragments > 1 else ''}")
+                f"{f' | {c.fragments} fragments' if c.fragments > 1 else ''}"
+                f"{f' | overlap tau {c.fragment_sync_delay}' if c.fragment_sync_delay else ''}"
+                f"{f' | alpha {c.fragment_update_alpha}' if c.fragment_update_alpha else ''}"
+                f"{f' | simulated cross-replica link {self.link_gbps:g} GB/s' if self.link_gbps else ''}")
 
 
-def _saved_replicas(ckpt: CheckpointConfig | None) -> int | None:
-    """The DiLoCo replicas of the checkpoint a resume will read (--ckpt-step's, else the newest): 0 when it was saved
-    without DiLoCo, None when there is nothing to load (or it is unreadable: the resume reports that)."""
+def midflight_layout_change(state: dict | None, cfg: DiLoCoConfig, dims, zero_stage: int) -> str:
+    """Why a checkpoint saved with a Streaming DiLoCo fragment in flight cannot resume at this layout ("" when it
+    can): the K fragments are cut over each rank's own parameter segments, so at another TP / PP / DP / ZeRO layout
+    fragment f is another set of parameters and the stored delta would land on the wrong ones. K = 1 (the whole
+    model) resumes anywhere the weights do."""
+    if state is None or cfg.fragments == 1 or state.get("diloco.inflight", -1) < 0:
+        return ""
+    saved = state.get("layout", {})
+    here = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero": zero_stage}
+    if all(saved.get(k) == v for k, v in here.items()):
+        return ""
+    at = " ".join(f"{k} {saved.get(k)}" for k in here)
+    return (f"was saved with fragment {state['diloco.inflight']}'s outer all-reduce in flight at {at}; the "
+            f"--diloco-fragments are cut per rank, so resume it at that layout (or from a checkpoint with none in "
+            f"flight)")
+
+
+def _saved_state(ckpt: CheckpointConfig | None) -> dict | None:
+    """state.json of the checkpoint a resume will read (--ckpt-step's, else the newest); None when there is nothing
+    to load (or it is unreadable: the resume reports that)."""
     if ckpt is None or ckpt.load is None:
         return None
     tries = [ckpt.ckpt_step] if ckpt.ckpt_step is not None else store.candidates(ckpt.load)
     if not tries or not os.path.isfile(os.path.join(store.final_path(ckpt.load, tries[0]), "state.json")):
         return None
     try:
-        state = store.read_state(store.final_path(ckpt.load, tries[0]))
+        return store.read_state(store.final_path(ckpt.load, tries[0]))
     except (OSError, ValueError, store.CorruptCheckpoint):
+        return None
+
+
+def _saved_args(ckpt: CheckpointConfig | None) -> dict:
+    return ((_saved_state(ckpt) or {}).get("args")) or {}
+
+
+def _saved_replicas(ckpt: CheckpointConfig | None) -> int | None:
+    """The DiLoCo replicas of the checkpoint a resume will read: 0 when it was saved without DiLoCo, None when
+    there is nothing to load."""
+    state = _saved_state(ckpt)
+    if state is None:
         return None
     args = state.get("args") or {}
     if args.get("diloco_inner_steps") is None:

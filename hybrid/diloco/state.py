@@ -9,6 +9,11 @@
   the same keys under "diloco.replica<r>/" (`ReplicaState`). A checkpoint therefore resumes at the same number of
   replicas; plain values (Adam's step, the loss scaler) are replica 0's, equal on every replica (fp16's dynamic
   scale, which would differ, is refused with DiLoCo).
+* Mid-overlap (`--diloco-fragment-sync-delay` tau > 0, a fragment's all-reduce posted and its result not yet
+  applied): the save first waits for the all-reduce (the communication completes early; its outer step is still
+  applied tau steps after the post, as without a checkpoint) and stores the averaged delta under
+  "diloco.pending/<name>" (0 outside the fragment in flight; equal on every replica, written by replica 0) and the
+  fragment's index as the plain value "diloco.inflight" (-1: none). Both only when tau > 0.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 from hybrid.stateful import Shards
 from hybrid.zero.state import _one_per_box, optimizer_chunks, param_names
 
-KINDS = ("anchor", "momentum")
+KINDS = ("anchor", "momentum", "pending")
 
 
 def _index(zero) -> dict[tuple[int, int], int]:
@@ -34,20 +39,26 @@ def _index(zero) -> dict[tuple[int, int], int]:
 
 
 def _tensor(d, kind: str, i: int) -> torch.Tensor:
-    return d.anchors[i] if kind == "anchor" else d.momentum(i)
+    return d.anchors[i] if kind == "anchor" else d.momentum(i) if kind == "momentum" else d.pending[i]
+
+
+def _kinds(cfg) -> tuple[str, ...]:
+    """The outer state's tensors: theta always, b when mu > 0, the delta in flight when tau > 0."""
+    return tuple(k for k, on in zip(KINDS, (True, cfg.outer_momentum > 0, cfg.fragment_sync_delay > 0)) if on)
 
 
 def state_dict(d) -> dict[str, object]:
     if d.warm_start:  # loading a checkpoint without DiLoCo state: nothing of ours in it (load_state_dict sets theta)
         return {}
     d.zero.wait_params()
+    d.complete()  # mid-overlap: the all-reduce in flight waited for, its average in d.pending (applied at its step)
     index = _index(d.zero)
     kept, _ = _one_per_box(optimizer_chunks(d.zero, param_names(d.zero.model)))
     by_name = defaultdict(list)
     for c in kept:
         by_name[c.name].append(c)
-    kinds = KINDS if d.cfg.outer_momentum > 0 else KINDS[:1]
-    out: dict[str, object] = {}
+    kinds = _kinds(d.cfg)
+    out: dict[str, object] = {"inflight": d.inflight.f if d.inflight else -1} if "pending" in kinds else {}
     for kind in kinds:
         for name, cs in by_name.items():
             views = [_tensor(d, kind, index[(c.unit, c.seg)])[c.lo:c.hi].view(c.sizes) for c in cs]
@@ -70,11 +81,13 @@ def load_state_dict(d, sd: dict[str, object]) -> None:
                 b.zero_()
         return
     index = _index(d.zero)
-    kinds = KINDS if d.cfg.outer_momentum > 0 else KINDS[:1]
+    kinds = _kinds(d.cfg)
     for twin, kept in _one_per_box(optimizer_chunks(d.zero, param_names(d.zero.model)))[1]:
         for kind in kinds:
             src = _tensor(d, kind, index[(kept.unit, kept.seg)])[kept.lo:kept.hi]
             _tensor(d, kind, index[(twin.unit, twin.seg)])[twin.lo:twin.hi].copy_(src)
+    if sd.get("inflight", -1) >= 0:
+        d.landed(sd["inflight"])
 
 
 class ReplicaState:

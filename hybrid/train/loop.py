@@ -109,7 +109,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
                    rng=ParallelRNG(seed, mesh.coords.tp, mesh.coords.pp, mesh.device))  # dropout streams
     model, runner = build_runner(run, mesh, tp)
     opt_cfg = run.optimizer
-    local = LocalUpdates.build(run.diloco, mesh)  # hybrid/diloco: the replicas' groups; no-op without DiLoCo
+    local = LocalUpdates.build(run.diloco, mesh, run.compress.simulated_dp_bandwidth)  # hybrid/diloco: no-op if off
     reduction = compress_reduction(run.compress, local.mesh, run.zero)  # hybrid/compress: None unless compressing
     optimizer = ZeroOptimizer(model, local.mesh, run.zero, opt_cfg, reduction)  # stage 0 = plain DP; also syncs
     if isinstance(runner, PipelineExecutor):
@@ -165,6 +165,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
         consumed += batch.global_batch
         if ckpt.after_step(it + 1, consumed):  # --exit-signal-handler: SIGTERM, saved
             break
+    if line := local.finish():  # hybrid/diloco: an outer all-reduce still in flight waited for; the link's line
+        log0(mesh, line)
     ckpt.finish(it + 1, consumed)
     ft.stop()
     last = it + 1  # the last completed step: --train-iters, or earlier after --exit-interval / SIGTERM
