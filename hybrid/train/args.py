@@ -455,9 +455,11 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
     # --compile runs with every ZeRO stage but no recomputation (check_compile): the search keeps to what the run accepts
     pinned_ep = "expert_model_parallel_size" in getattr(args, "explicit", set())  # MoE: else the planner's EP
+    pinned_etp = "expert_tensor_parallel_size" in getattr(args, "explicit", set())  # and expert-TP
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),),
                         zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
-                        expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None)
+                        expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None,
+                        expert_tensor_parallel=(args.expert_tensor_parallel_size,) if pinned_etp else None)
     result = search(work, Cluster(gpus=world, hw=hw), space, top=1)
     if not result.plans:
         raise ValueError(f"--auto-parallel: no layout of {args.model} fits {world} x {hw.memory_gb:.1f} GB; "
@@ -467,11 +469,12 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
         setattr(args, dest, value)
     experts = result.plans[0].experts  # an MoE model: the planner's EP (hybrid/planner/moe.py)
     if experts is not None:
-        args.expert_model_parallel_size = experts.ep
+        args.expert_model_parallel_size, args.expert_tensor_parallel_size = experts.ep, experts.etp
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}, micro-batch {lay.micro_batch}, "
               f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel}, schedule "
               f"{lay.schedule.value}" + (f", ep {experts.ep}" if experts else "")
+              + (f", expert-tp {experts.etp}" if experts and experts.etp > 1 else "")
               + f" (predicted {result.plans[0].seconds:.3g} s/step on {hw.name})"
               + (f"; {result.notes[lay.short()]}" if lay.short() in result.notes else ""), flush=True)
 
