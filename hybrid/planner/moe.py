@@ -79,7 +79,7 @@ class ExpertPlan:
         compute_s: added expert compute per step (seconds), imbalance included.
         dp_sync_s: added DP / ZeRO collective seconds per step (expert-DP sync less the dense MLP's).
         alltoall_bytes: bytes a rank sends to other ranks per step (the ledger's all_to_all_v sum).
-        alltoall_s: their seconds, imbalance and latencies included.
+        alltoall_s: their seconds, imbalance and latencies included, plus etp_s.
         intra_node: the EP group lives inside one node (NVLink only).
         imbalance: lambda.
         etp: expert-tensor-parallel size (each expert's width split etp ways).
@@ -109,9 +109,12 @@ class ExpertPlan:
     def explain(self) -> str:
         link = "NVLink" if self.intra_node else "NVLink + network"
         tp = f"expert-tp {self.etp} x " if self.etp > 1 else ""
+        etp = (f", expert-TP gather / reduce-scatter {self.etp_bytes / GB:.3g} GB {self.etp_s:.3g} s"
+               if self.etp > 1 else "")
         return (f"experts: {tp}ep {self.ep} x expert-dp {self.edp}, {_count(self.expert_params)} expert parameters a "
                 f"rank ({self.extra_bytes / GB:+.3g} GB beside the dense plan), all-to-all "
-                f"{self.alltoall_bytes / GB:.3g} GB a step over {link} {self.alltoall_s:.3g} s, expert compute "
+                f"{self.alltoall_bytes / GB:.3g} GB a step over {link} {self.alltoall_s - self.etp_s:.3g} s{etp}, "
+                f"expert compute "
                 f"{self.compute_s:+.3g} s, expert-DP sync {self.dp_sync_s:+.3g} s, imbalance {self.imbalance:g}")
 
 
@@ -295,7 +298,7 @@ def why(work: Workload, cluster: Cluster, layout: Layout, base_bytes: float, cho
              f"(fastest that fits; imbalance {chosen.imbalance:g}; docs/moe.md \"The planner\")"]
     for p in expert_plans(work, cluster, layout, chosen.imbalance):
         fits = base_bytes + p.extra_bytes <= cluster.hw.capacity_bytes
-        lines.append(f"    ep {p.ep:<3} etp {p.etp:<2} all-to-all {p.alltoall_s:.3g} s + expert compute {p.compute_s:+.3g} s + "
+        lines.append(f"    ep {p.ep:<3} etp {p.etp:<2} all-to-all (+ expert-TP) {p.alltoall_s:.3g} s + expert compute {p.compute_s:+.3g} s + "
                      f"expert-DP sync {p.dp_sync_s:+.3g} s = {p.seconds:.3g} s, "
                      f"{(base_bytes + p.extra_bytes) / GB:.3g} GB" + ("" if fits else " -- does not fit"))
     return lines
