@@ -315,3 +315,21 @@ def test_tp2_etp2_ep2_gradients_and_weights_equal_transformers(eight, refs, case
     ref = refs[CASES8[case][0]]
     _check(ref["grads"], [r[case] for r in eight], "grads")
     _check(ref["weights"], [r[case] for r in eight], "weights")
+
+
+def test_train_py_runs_expert_tp_as_users_launch_it():
+    """train.py on 2 ranks with --expert-tensor-parallel-size 2 (EP 1: both ranks hold every expert, half its width
+    each), ZeRO 1, as users launch it: it trains (the loss falls over 4 steps at lr 3e-3) and logs the routing."""
+    import re
+
+    from hybrid.testing import launch
+
+    runs = launch(["--model", "tiny-mixtral", "--expert-tensor-parallel-size", "2", "--zero-stage", "1",
+                   "--micro-batch-size", "2", "--global-batch-size", "8", "--seq-length", "32", "--eval-iters", "0",
+                   "--train-iters", "4", "--log-interval", "1", "--lr", "3e-3", "--moe-aux-loss-coeff", "0.01"],
+                  2, timeout=600)
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    lines = [ln for ln in runs[0].stdout.splitlines() if ln.startswith(" iteration")]
+    losses = [float(re.search(r"lm loss ([\d.]+)", ln).group(1)) for ln in lines]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    assert all("moe tokens/expert" in ln for ln in lines), lines[-1]

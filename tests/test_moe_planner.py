@@ -271,3 +271,24 @@ def test_the_runs_planner_line_prices_the_runs_own_ep():
         extra[ep] = expert_plan(work, Cluster(gpus=2, hw=hardware("cpu")),
                                 Layout(dp=2, micro_batch=2, zero=ZeroStage.OPTIMIZER), ep).extra_bytes
     assert memory[1] - memory[2] == pytest.approx(extra[1] - extra[2]) and extra[1] > extra[2]
+
+
+def test_the_runs_planner_line_prices_the_runs_own_expert_tp():
+    """The same start-up prediction at --expert-tensor-parallel-size 1 and 2 (2 ranks, EP 1): the memory differs by
+    exactly the planner's expert terms at those sizes (expert-TP 2 holds half of every expert)."""
+    from hybrid.train.args import configure, parse_args
+    from hybrid.train.explain import predict
+
+    memory, extra = {}, {}
+    for etp in (1, 2):
+        run, _ = configure(parse_args(["--model", "tiny-mixtral", "--global-batch-size", "8", "--seq-length", "32",
+                                       "--micro-batch-size", "2", "--zero-stage", "1",
+                                       "--expert-tensor-parallel-size", str(etp)]), world=2)
+        p = predict(run, torch.device("cpu"), 0.0)
+        assert p.error is None, p.error
+        memory[etp] = p.tensors_bytes
+        work = Workload(load_config("tiny-mixtral"), global_batch=8, seq_length=32, precision=Precision.FP32)
+        plan = expert_plan(work, Cluster(gpus=2, hw=hardware("cpu")),
+                           Layout(dp=2, micro_batch=2, zero=ZeroStage.OPTIMIZER), 1, etp=etp)
+        extra[etp] = plan.extra_bytes
+    assert memory[1] - memory[2] == pytest.approx(extra[1] - extra[2]) and extra[1] > extra[2]
