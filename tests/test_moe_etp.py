@@ -12,11 +12,13 @@ expert-DP) against the unsharded transformers model; one launch per layout, seve
   and reduce-scatter-v move (ETP - 1) N k h b bytes each, forward, and the same backward (module docstring of
   hybrid/moe/comm.py), the EP all-to-all 2 N k h b (EP - 1) / EP each way as without expert-TP;
 * checkpoints: trained at A = ep 2 x etp 2 (ZeRO 1), saved, loaded at B = ep 4 x etp 1 (ZeRO 3), saved, loaded at
-  C = ep 1 x etp 4 (ZeRO 2), saved: every tensor of B and C (master weights, both Adam moments) equals A's bit for
-  bit, and every expert is stored exactly once at each.
+  C = ep 1 x etp 4 (ZeRO 2), saved, loaded at D = ep 1 x etp 2 x expert-dp 2 (ZeRO 1: expert shards sharded over
+  expert-DP), saved: every tensor of B, C and D (master weights, both Adam moments) equals A's bit for bit, and
+  every expert is stored exactly once at each.
 
-8 ranks (tp 2 with sequence parallelism, ep 2 x etp 2 x expert-dp 2): gradients and weights after STEPS at ZeRO 3
-against transformers, Qwen2-MoE (shared expert + fine-grained experts).
+8 ranks (tp 2 with sequence parallelism, ep 2 x etp 2 x expert-dp 2): gradients, and weights after STEPS at ZeRO 1
+and at ZeRO 3 (expert slices sharded over expert-DP 2), against transformers, Qwen2-MoE (shared expert +
+fine-grained experts).
 
 Bound. fp32; RTOL = 1e-5 relative to each tensor's largest entry, as tests/test_moe_parallel.py (the derivation
 is there: the parallel run sums in another order, ~1e-7 relative; AdamW's eps keeps that noise below 1e-5).
@@ -56,9 +58,11 @@ COEFF = 0.1
 OPT = OptimizerConfig(lr=5e-4, eps=1e-5, weight_decay=0.01, decay_style="constant", clip_grad=0.0)
 # 4 ranks: (model, tp, ep, etp, ZeRO stage of the training run)
 CASES4 = {"mixtral-ep2-etp2-zero1": ("mixtral", 1, 2, 2, 1), "qwen2moe-ep2-etp2-zero3": ("qwen2_moe", 1, 2, 2, 3)}
-CASES8 = {"qwen2moe-tp2sp-ep2-etp2-edp2-zero3": ("qwen2_moe", 2, 2, 2, 3)}
+CASES8 = {"qwen2moe-tp2sp-ep2-etp2-edp2-zero1": ("qwen2_moe", 2, 2, 2, 1),
+          "qwen2moe-tp2sp-ep2-etp2-edp2-zero3": ("qwen2_moe", 2, 2, 2, 3)}
 # checkpoint chain (4 ranks, Mixtral): (ep, etp, ZeRO stage); A is the training run of CASES4's Mixtral case
-CHAIN = {"A-ep2-etp2-zero1": (2, 2, 1), "B-ep4-etp1-zero3": (4, 1, 3), "C-ep1-etp4-zero2": (1, 4, 2)}
+CHAIN = {"A-ep2-etp2-zero1": (2, 2, 1), "B-ep4-etp1-zero3": (4, 1, 3), "C-ep1-etp4-zero2": (1, 4, 2),
+         "D-ep1-etp2-edp2-zero1": (1, 2, 1)}
 
 
 def global_batch():
@@ -89,8 +93,11 @@ def _export(chunks, mesh, grads: bool) -> dict[str, torch.Tensor]:
     return export_hf_state_dict(chunks[0], mesh.tp, grads=grads, expert_tp=mesh.etp)
 
 
-def _case(kind, path, world, tp, ep, etp, zero, logits=False):
-    """One step's gradients (ZeRO 0), then STEPS steps at `zero`: (results, the trained run)."""
+def _case(kind, path, world, tp, ep, etp, zero, logits=False, grads=None):
+    """One step's gradients (ZeRO 0; `grads` when already computed), then STEPS steps at `zero`: (results, the
+    trained run)."""
+    if grads is not None:
+        return _train(kind, path, world, tp, ep, etp, zero, {"grads": grads})
     mesh, chunks, runner, opt, batches = _build(kind, path, world, tp, ep, etp, 0)
     out = {}
     if logits:
@@ -104,6 +111,10 @@ def _case(kind, path, world, tp, ep, etp, zero, logits=False):
     runner.forward_backward(batches)
     opt.finish_backward(chunks, mesh)
     out["grads"] = {k: g / mesh.dims.dp for k, g in _export(chunks, mesh, grads=True).items()}
+    return _train(kind, path, world, tp, ep, etp, zero, out)
+
+
+def _train(kind, path, world, tp, ep, etp, zero, out):
     mesh, chunks, runner, opt, batches = _build(kind, path, world, tp, ep, etp, zero)
     out["losses"] = [train_step(chunks, batches, opt, mesh, runner=runner) for _ in range(STEPS)]
     with opt.gathered():  # stage 3 frees the gathered buffers at the exit: copy inside
@@ -177,8 +188,12 @@ def _four(rank, world, paths, root):
 
 
 def _eight(rank, world, paths):
-    return {case: _case(kind, paths[kind], world, tp, ep, etp, zero)[0]
-            for case, (kind, tp, ep, etp, zero) in CASES8.items()}
+    """The cases differ only in the ZeRO stage of training: one step's gradients (ZeRO 0) serve both."""
+    out, grads = {}, None
+    for case, (kind, tp, ep, etp, zero) in CASES8.items():
+        out[case] = _case(kind, paths[kind], world, tp, ep, etp, zero, grads=grads)[0]
+        grads = out[case]["grads"]
+    return out
 
 
 # --- the reference: transformers, one process ---------------------------------------------------------------
@@ -292,8 +307,8 @@ def _read_all(directory):
 
 
 def test_checkpoint_saved_at_one_etp_loads_at_another_bit_for_bit(four):
-    """A (ep 2 x etp 2) -> B (ep 4 x etp 1) -> C (ep 1 x etp 4): master weights and both Adam moments equal A's bit
-    for bit; every expert tensor of each is stored exactly once (its chunks tile it)."""
+    """A (ep 2 x etp 2) -> B (ep 4 x etp 1) -> C (ep 1 x etp 4) -> D (ep 1 x etp 2 x edp 2): master weights and both
+    Adam moments equal A's bit for bit; every expert tensor of each is stored exactly once (its chunks tile it)."""
     states = {name: _read_all(d) for name, d in four[0]["chain"].items()}
     cfg = from_hf(hf_config("mixtral", LAYERS))
     experts = {f"{kind}/layers.{layer}.mlp.experts.{e}.{proj}.weight"
