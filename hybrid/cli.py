@@ -30,13 +30,13 @@ def _layout(args: argparse.Namespace) -> None:
     dims = ParallelDims.from_world(args.world, tp=args.tensor_model_parallel_size,
                                    pp=args.pipeline_model_parallel_size, cp=args.context_parallel_size)
     experts = []  # MoE: which ranks hold which experts (checked before anything is printed)
-    if args.expert_model_parallel_size > 1 or args.num_experts:
+    if args.expert_model_parallel_size > 1 or args.expert_tensor_parallel_size > 1 or args.num_experts:
         if dims.cp > 1:  # the same refusal as train.py's (hybrid/moe/args.py): no layout train.py would not run
             raise fail(f"--context-parallel-size {dims.cp} with experts (--expert-model-parallel-size / --num-experts): "
                  f"MoE with context parallelism is not implemented; use TP, EP and DP")
         from hybrid.moe.parallel import ExpertLayout
-        experts = ExpertLayout(dims, args.expert_model_parallel_size).describe(
-            args.num_experts or args.expert_model_parallel_size)
+        experts = ExpertLayout(dims, args.expert_model_parallel_size, args.expert_tensor_parallel_size).describe(
+            args.num_experts or args.expert_model_parallel_size, args.moe_ffn_hidden_size)
     if dims.cp == 1:
         print(f"world {dims.world} = tp {dims.tp} x dp {dims.dp} x pp {dims.pp} (rank = tp + tp_size*(dp + dp_size*pp))")
     else:
@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cp: ranks splitting each sequence")
     p.add_argument("--expert-model-parallel-size", type=positive_int, metavar="N", default=1,
                    help="MoE: EP, folded over each stage's ranks (hybrid/moe/parallel.py)")
+    p.add_argument("--expert-tensor-parallel-size", type=positive_int, metavar="N", default=1,
+                   help="MoE: expert-TP, ranks splitting each expert's width (innermost of the folding)")
+    p.add_argument("--moe-ffn-hidden-size", type=positive_int, metavar="N", default=None,
+                   help="MoE: the experts' width, to print which columns each expert-TP rank holds")
     p.add_argument("--num-experts", type=positive_int, metavar="N", default=None,
                    help="MoE: experts per layer, to print which ranks hold which (default: EP, one each)")
     p.set_defaults(func=_layout)

@@ -207,6 +207,7 @@ class Mesh:
     world: Group | None = None  # every rank: start-up and logging collectives (node ids, timeline, memory peaks)
     ep: Group | None = None  # MoE: the expert-parallel group (hybrid/moe/parallel.py); None for a dense model
     edp: Group | None = None  # MoE: the expert-data-parallel group, over which expert gradients are reduced
+    etp: Group | None = None  # MoE: the expert-tensor-parallel group, splitting each expert's width
 
     def __post_init__(self) -> None:
         if self.cp is None:

@@ -48,7 +48,7 @@ import torch
 
 from hybrid.moe.params import is_expert
 from hybrid.tp import spec_of
-from hybrid.tp.sharding import logical_rows
+from hybrid.tp.sharding import logical_rows, split_rank
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
 
@@ -96,8 +96,10 @@ def flat_rectangles(f0: int, f1: int, cols: int) -> list[tuple[int, int, int, in
 
 def global_box(p: torch.Tensor, tp_rank: int, rect: tuple[int, int, int, int]) -> tuple[Box, int, int] | None:
     """A local rectangle of p as a global (offsets, sizes), and the flat [start, stop) of p it keeps after
-    clipping padding rows; None when it lies wholly in the padding."""
+    clipping padding rows; None when it lies wholly in the padding. (An expert split over expert-TP is placed
+    by its expert-TP rank: tp_rank is read through split_rank.)"""
     spec = spec_of(p)
+    tp_rank = split_rank(p, tp_rank)
     cols = math.prod(p.shape[1:])
     row, col, nr, nc = rect
     if spec.dim is not None and spec.dim > 0:
@@ -128,10 +130,11 @@ def shard_box(p: torch.Tensor, tp_rank: int) -> Box | None:
 def is_owner(p: torch.Tensor, tp_rank: int, dp_rank: int, sharded: bool, duplicate: bool) -> bool:
     """This rank writes p's pieces (each global element once; see the module docstring). An MoE expert's `dp_rank`
     is its expert-DP rank: an expert lives on one rank of each expert-DP replica, whichever TP rank that is
-    (hybrid/moe/parallel.py), so no TP rank is skipped."""
+    (hybrid/moe/parallel.py), so no TP rank is skipped; with expert-TP each expert-TP rank writes its own slice."""
     if duplicate or (not sharded and dp_rank != 0):
         return False
     spec = spec_of(p)
+    tp_rank = split_rank(p, tp_rank)
     if is_expert(p) and spec.dim is None:
         return True
     if spec.dim is None:

@@ -21,7 +21,7 @@ import torch.nn as nn
 from safetensors import safe_open
 
 from hybrid.comm import Group
-from hybrid.tp.sharding import full_shape, gather_full, logical_rows, spec_of
+from hybrid.tp.sharding import full_shape, gather_full, logical_rows, spec_of, split_rank
 from models.config import ARCH_GPT2, ModelConfig
 
 
@@ -174,7 +174,7 @@ def load_hf_checkpoint(model: nn.Module, path: str | os.PathLike, tp_rank: int) 
         ranges = [(0, n) for n in full_shape(p, spec)]  # our orientation, logical rows
         count = None
         if spec.dim is not None:
-            start, count = logical_rows(spec, tp_rank)
+            start, count = logical_rows(spec, split_rank(p, tp_rank))  # an expert's: its expert-TP rank
             ranges[spec.dim] = (start, start + count)
         ranges[0] = (ranges[0][0] + src.offset, ranges[0][1] + src.offset)
         stored = ranges[::-1] if src.transpose else ranges
@@ -186,12 +186,19 @@ def load_hf_checkpoint(model: nn.Module, path: str | os.PathLike, tp_rank: int) 
         target.copy_(t.to(p.dtype))
 
 
-def export_hf_state_dict(model: nn.Module, tp: Group, grads: bool = False) -> dict[str, torch.Tensor]:
-    """Full transformers-layout tensors (or gradients) from this stage's shards; collective over TP."""
+def export_hf_state_dict(model: nn.Module, tp: Group, grads: bool = False,
+                         expert_tp: Group | None = None) -> dict[str, torch.Tensor]:
+    """Full transformers-layout tensors (or gradients) from this stage's shards; collective over TP (and over
+    `expert_tp`, the MoE expert-TP group, for experts split over it: hybrid/moe/experts.py)."""
     pieces: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
     for name, p in model.named_parameters():
         src = hf_source(model.cfg, name)
-        full = gather_full(p.grad if grads else p.detach(), spec_of(p), tp)
+        group = tp
+        if hasattr(p, "split_rank"):
+            if expert_tp is None:
+                raise ValueError(f"export: {name} is split over the expert-TP group; pass expert_tp")
+            group = expert_tp
+        full = gather_full(p.grad if grads else p.detach(), spec_of(p), group)
         pieces[src.key].append((src.offset, full.t() if src.transpose else full))
     out = {}
     for key, parts in pieces.items():

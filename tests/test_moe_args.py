@@ -22,6 +22,11 @@ def test_defaults_are_megatrons():
     assert moe.capacity_factor is None and moe.experts_impl is ExpertsImpl.AUTO
 
 
+def test_expert_tensor_parallel_is_accepted_where_it_divides():
+    """ETP 2 on a stage of 2 ranks (tiny-mixtral's expert width 64): expert-TP 2 x EP 1 x expert-DP 1."""
+    assert check(["--model", "tiny-mixtral", "--expert-tensor-parallel-size", "2"], 2).moe.expert_tensor_parallel == 2
+
+
 def test_a_dense_model_has_no_moe_config():
     assert check(["--model", "tiny-llama"]).moe is None
 
@@ -31,7 +36,10 @@ BAD = [
     (["--model", "tiny-llama", "--moe-aux-loss-coeff", "0.01"], 1, "--moe-aux-loss-coeff: --model tiny-llama has no experts"),
     (["--model", "tiny-mixtral", "--expert-model-parallel-size", "3"], 3, "--expert-model-parallel-size 3 does not divide the model's 8 experts"),
     (["--model", "tiny-mixtral", "--expert-model-parallel-size", "4"], 2, "must divide the 2 ranks of a pipeline stage"),
-    (["--model", "tiny-mixtral", "--expert-tensor-parallel-size", "2"], 2, "--expert-tensor-parallel-size 2: only 1 is implemented"),
+    (["--model", "tiny-mixtral", "--expert-tensor-parallel-size", "4"], 2, "--expert-model-parallel-size 1 x --expert-tensor-parallel-size 4 must divide the 2 ranks"),
+    (["--model", "tiny-mixtral", "--expert-tensor-parallel-size", "3"], 3, "--expert-tensor-parallel-size 3 does not divide the experts' width"),
+    (["--model", "tiny-mixtral", "--expert-tensor-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"], 2,
+     "--moe-token-dispatcher-type allgather with --expert-tensor-parallel-size 2 is not implemented"),
     (["--model", "tiny-mixtral", "--tensor-model-parallel-size", "2"], 2, "needs --sequence-parallel"),
     (["--model", "tiny-mixtral", "--moe-aux-loss-coeff", "-1"], 1, "--moe-aux-loss-coeff must be a finite number >= 0"),
     (["--model", "tiny-mixtral", "--moe-z-loss-coeff", "nan"], 1, "--moe-z-loss-coeff must be a finite number >= 0"),

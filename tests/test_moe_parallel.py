@@ -261,7 +261,11 @@ def test_expert_layout_folds_the_stage_ranks():
     assert lay.group_ranks(ExpertAxis.EDP) == [[0, 2], [1, 3], [4, 6], [5, 7]]
     with pytest.raises(ValueError, match="--expert-model-parallel-size 8 x --expert-tensor-parallel-size 1 must divide"):
         ExpertLayout(dims, ep=8)
-    with pytest.raises(ValueError, match="--expert-tensor-parallel-size 2: only 1"):
-        ExpertLayout(dims, ep=2, etp=2)
+    lay = ExpertLayout(dims, ep=2, etp=2)  # expert-TP innermost: the TP pairs split each expert's width
+    assert lay.group_ranks(ExpertAxis.ETP) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert lay.group_ranks(ExpertAxis.EP) == [[0, 2], [1, 3], [4, 6], [5, 7]] and lay.edp == 1
+    assert [list(lay.expert_columns(lay.coords(r).etp, 48)) for r in (0, 1)] == [list(range(24)), list(range(24, 48))]
+    with pytest.raises(ValueError, match="--expert-tensor-parallel-size 2 does not divide the experts' width 5"):
+        lay.check_experts(4, 5)
     with pytest.raises(ValueError, match="does not divide the model's 6 experts"):
         ExpertLayout(dims, ep=4).check_experts(6)

@@ -30,8 +30,8 @@ from models.config import load_config
 
 SEQ, MICRO, M = 16, 2, 2  # tokens a sequence, sequences a micro-batch, micro-batches a DP rank
 WORLD = 4
-# name: (tp, pp, ep); dp = WORLD / (tp pp)
-CASES = {"tp2sp-dp2-ep4": (2, 1, 4), "pp2-dp2-ep2": (1, 2, 2)}
+# name: (tp, pp, ep, etp); dp = WORLD / (tp pp)
+CASES = {"tp2sp-dp2-ep4": (2, 1, 4, 1), "pp2-dp2-ep2": (1, 2, 2, 1), "dp4-ep2-etp2": (1, 1, 2, 2)}
 MIXTRAL_8X7B = os.path.join(os.path.dirname(__file__), "data", "configs", "mixtral-8x7b-v0.1.json")
 
 
@@ -64,9 +64,9 @@ def _step_ledger(rank, world):
     _uniform_routing()
     cfg = load_config("tiny-mixtral")
     out = {}
-    for name, (tp, pp, ep) in CASES.items():
-        mesh = build_mesh(ParallelDims.from_world(world, tp=tp, pp=pp), ep)
-        moe = ExpertContext(MoEConfig(expert_parallel=ep), mesh.ep)
+    for name, (tp, pp, ep, etp) in CASES.items():
+        mesh = build_mesh(ParallelDims.from_world(world, tp=tp, pp=pp), ep, etp)
+        moe = ExpertContext(MoEConfig(expert_parallel=ep, expert_tensor_parallel=etp), mesh.ep, mesh.etp)
         chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp, sequence_parallel=tp > 1), mesh.coords.pp, pp,
                                        seed=0, moe=moe)
         g = torch.Generator().manual_seed(mesh.coords.dp)
@@ -82,7 +82,7 @@ def _step_ledger(rank, world):
         mesh.ledger.reset()
         runner.forward_backward(batches)
         held = sum(p.numel() for n, p in chunks.named_parameters() if ".experts." in n)
-        out[name] = (mesh.ledger.bytes("all_to_all_v", "ep"), held)
+        out[name] = (mesh.ledger.bytes("all_to_all_v", "ep"), held, mesh.ledger.bytes("all_to_all_v", "etp"))
     return out
 
 
@@ -135,22 +135,24 @@ def test_predicted_expert_dp_bytes_equal_the_runtime_ledger(edp_ledgers, zero):
     assert predicted and all(rank[int(zero)] == predicted for rank in edp_ledgers), (predicted, edp_ledgers[0])
 
 
-def _predicted(tp, pp, ep):
+def _predicted(tp, pp, ep, etp):
     work = Workload(load_config("tiny-mixtral"), global_batch=WORLD // (tp * pp) * MICRO * M, seq_length=SEQ,
                     precision=Precision.FP32)
     layout = Layout(tp=tp, pp=pp, dp=WORLD // (tp * pp), micro_batch=MICRO, sequence_parallel=tp > 1)
-    return expert_plan(work, Cluster(gpus=WORLD, hw=hardware("cpu")), layout, ep)
+    return expert_plan(work, Cluster(gpus=WORLD, hw=hardware("cpu")), layout, ep, etp=etp)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_predicted_alltoall_bytes_equal_the_runtime_ledger(measured, case):
     """4 N k h b (ep - 1) / ep per MoE layer and micro-batch (dispatch + combine, forward and backward), summed
     over the step, = the ledger's all_to_all_v bytes on the ep group on every rank; the planner's step has
-    M micro-batches of MICRO x SEQ / tp tokens a rank and the fullest stage's MoE layers."""
+    M micro-batches of MICRO x SEQ / tp tokens a rank and the fullest stage's MoE layers. With expert-TP also
+    4 N k h b (etp - 1) on the etp group (all-gather-v + reduce-scatter-v, forward and backward)."""
     plan = _predicted(*CASES[case])
-    assert plan.alltoall_bytes > 0
+    assert plan.alltoall_bytes > 0 and (plan.etp_bytes > 0) == (CASES[case][3] > 1)
     for rank in measured:
         assert rank[case][0] == plan.alltoall_bytes
+        assert rank[case][2] == plan.etp_bytes
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -186,15 +188,37 @@ PINNED = dict(tp=(2,), pp=(4,), v=(1,), micro_batch=(1,), zero=(ZeroStage.OPTIMI
 def test_ep_is_chosen_when_the_experts_do_not_fit_at_ep_1():
     """Mixtral 8x7B on 32 H100 at tp 2 sp x pp 4 x dp 4, ZeRO 1, no recomputation: 8 experts a layer do not fit
     beside the rest at EP 1 (states of 45.1B / 4 stages expert parameters, sharded over dp 4 only for the
-    optimizer); EP 2 halves them and fits. Pinned to EP 1 the layout is rejected, naming the experts."""
-    free = _mixtral_8x7b(SearchSpace(**PINNED, recompute=(Recompute.NONE,), offload=(Offload.NONE,)))
+    optimizer); EP 2 halves them and fits. Pinned to EP 1 the layout is rejected, naming the experts. (Expert-TP
+    pinned to 1 here: free, the planner splits the experts' width instead -- the next test.)"""
+    free = _mixtral_8x7b(SearchSpace(**PINNED, recompute=(Recompute.NONE,), offload=(Offload.NONE,),
+                                     expert_tensor_parallel=(1,)))
     best = free.plans[0]
     assert best.experts.ep == 2
     assert best.memory.peak.total + best.experts.extra_bytes <= hardware("h100-80g").capacity_bytes
     pinned = _mixtral_8x7b(SearchSpace(**PINNED, recompute=(Recompute.NONE,), offload=(Offload.NONE,),
-                                       expert_parallel=(1,)))
+                                       expert_parallel=(1,), expert_tensor_parallel=(1,)))
     assert not pinned.plans
     assert any("OOM on the experts: even ep 1" in r.reason for r in pinned.rejected), pinned.rejected
+
+
+def test_expert_tp_is_chosen_when_ep_cannot_split_the_experts_further():
+    """The same layout with EP pinned to 1: the experts do not fit whole, so the planner splits each expert's width
+    instead (expert parameters 1 / etp of EP 1's, and the expert-TP all-gather / reduce-scatter priced);
+    --explain names the chosen (ep, etp), --emit-args the flag."""
+    from hybrid.planner.moe import train_argv, why
+
+    res = _mixtral_8x7b(SearchSpace(**PINNED, recompute=(Recompute.NONE,), offload=(Offload.NONE,),
+                                    expert_parallel=(1,)))
+    best = res.plans[0]
+    assert best.experts.ep == 1 and best.experts.etp >= 2, best.experts
+    assert best.memory.peak.total + best.experts.extra_bytes <= hardware("h100-80g").capacity_bytes
+    work = Workload(load_config(MIXTRAL_8X7B), global_batch=256, seq_length=4096)
+    whole = expert_plan(work, Cluster(gpus=32, hw=hardware("h100-80g")), best.layout, 1)
+    assert best.experts.expert_params * best.experts.etp == whole.expert_params
+    assert best.experts.etp_bytes > 0 and best.experts.etp_s > 0
+    lines = why(work, Cluster(gpus=32, hw=hardware("h100-80g")), best.layout, best.memory.peak.total, best.experts)
+    assert f"ep 1 x expert-tp {best.experts.etp} chosen" in lines[0]
+    assert train_argv(best.experts) == ["--expert-tensor-parallel-size", str(best.experts.etp)]
 
 
 def test_moe_layouts_train_py_refuses_are_not_planned():
@@ -203,6 +227,7 @@ def test_moe_layouts_train_py_refuses_are_not_planned():
         "MoE with tp > 1 needs sequence parallelism (each TP rank routes its own tokens)"]
     assert layout_problems(work, Layout(tp=2, dp=2, sequence_parallel=True)) == []
     assert "no ep of [3]" in layout_problems(work, Layout(dp=4), pinned=(3,))[0]
+    assert "no expert-tp of [3]" in layout_problems(work, Layout(dp=4), pinned_etp=(3,))[0]
     assert layout_problems(Workload(load_config("tiny-llama"), global_batch=8, seq_length=32), Layout(tp=2)) == []
 
 
@@ -245,4 +270,25 @@ def test_the_runs_planner_line_prices_the_runs_own_ep():
         work = Workload(load_config("tiny-mixtral"), global_batch=8, seq_length=32, precision=Precision.FP32)
         extra[ep] = expert_plan(work, Cluster(gpus=2, hw=hardware("cpu")),
                                 Layout(dp=2, micro_batch=2, zero=ZeroStage.OPTIMIZER), ep).extra_bytes
+    assert memory[1] - memory[2] == pytest.approx(extra[1] - extra[2]) and extra[1] > extra[2]
+
+
+def test_the_runs_planner_line_prices_the_runs_own_expert_tp():
+    """The same start-up prediction at --expert-tensor-parallel-size 1 and 2 (2 ranks, EP 1): the memory differs by
+    exactly the planner's expert terms at those sizes (expert-TP 2 holds half of every expert)."""
+    from hybrid.train.args import configure, parse_args
+    from hybrid.train.explain import predict
+
+    memory, extra = {}, {}
+    for etp in (1, 2):
+        run, _ = configure(parse_args(["--model", "tiny-mixtral", "--global-batch-size", "8", "--seq-length", "32",
+                                       "--micro-batch-size", "2", "--zero-stage", "1",
+                                       "--expert-tensor-parallel-size", str(etp)]), world=2)
+        p = predict(run, torch.device("cpu"), 0.0)
+        assert p.error is None, p.error
+        memory[etp] = p.tensors_bytes
+        work = Workload(load_config("tiny-mixtral"), global_batch=8, seq_length=32, precision=Precision.FP32)
+        plan = expert_plan(work, Cluster(gpus=2, hw=hardware("cpu")),
+                           Layout(dp=2, micro_batch=2, zero=ZeroStage.OPTIMIZER), 1, etp=etp)
+        extra[etp] = plan.extra_bytes
     assert memory[1] - memory[2] == pytest.approx(extra[1] - extra[2]) and extra[1] > extra[2]

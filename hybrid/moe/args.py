@@ -17,7 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="EP: ranks that split each MoE layer's experts and exchange tokens (folded over the "
                         "stage's tp x dp ranks)")
     g.add_argument("--expert-tensor-parallel-size", type=int, default=1, metavar="N",
-                   help="ranks splitting each expert's width; 1 (each expert whole on its rank)")
+                   help="expert-TP: ranks splitting each expert's width like a TP MLP (gate/up column-, down "
+                        "row-parallel), folded with EP and expert-DP over the stage's ranks; 1: each expert whole")
     g.add_argument("--moe-token-dispatcher-type", choices=[d.value for d in Dispatcher], default="alltoall",
                    help="alltoall: counts, then the routed tokens, to the experts' ranks; allgather: every rank "
                         "gathers all tokens, reduce-scatter back")
@@ -76,7 +77,8 @@ def check(args: argparse.Namespace, cfg, dims: ParallelDims) -> MoEConfig | None
         bias_update_rate=args.moe_router_bias_update_rate, score_function=args.moe_router_score_function,
         capacity_factor=args.moe_expert_capacity_factor, pad_to_capacity=args.moe_pad_expert_input_to_capacity,
         dispatcher=Dispatcher(args.moe_token_dispatcher_type), experts_impl=ExpertsImpl(args.moe_experts_impl))
-    ExpertLayout(dims, moe.expert_parallel, moe.expert_tensor_parallel).check_experts(cfg.num_experts)
+    ExpertLayout(dims, moe.expert_parallel, moe.expert_tensor_parallel).check_experts(cfg.num_experts,
+                                                                                     cfg.moe_ffn_hidden_size)
     _check_combinations(args, cfg, dims, moe)
     return moe
 
@@ -110,6 +112,9 @@ def _check_combinations(args: argparse.Namespace, cfg, dims: ParallelDims, moe: 
     if moe.capacity_factor is not None and moe.capacity_factor > top:
         raise ValueError(f"--moe-expert-capacity-factor {moe.capacity_factor:g} is above E / k = {top:g}, where no "
                          f"token is dropped; drop the flag (dropless) or use a factor <= {top:g}")
+    if moe.expert_tensor_parallel > 1 and moe.dispatcher is Dispatcher.ALLGATHER:
+        raise ValueError(f"--moe-token-dispatcher-type allgather with --expert-tensor-parallel-size "
+                         f"{moe.expert_tensor_parallel} is not implemented; use alltoall")
     if moe.pad_to_capacity and moe.dispatcher is Dispatcher.ALLGATHER:
         raise ValueError("--moe-pad-expert-input-to-capacity is implemented for --moe-token-dispatcher-type "
                          "alltoall only")

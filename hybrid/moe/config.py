@@ -70,7 +70,8 @@ class MoEConfig:
         expert_parallel: EP, ranks that split the experts of a layer and exchange tokens
             (`--expert-model-parallel-size`); must divide the number of experts.
         expert_tensor_parallel: ranks that split each expert's hidden width
-            (`--expert-tensor-parallel-size`); 1 (Megatron's parallel folding with expert-TP 1).
+            (`--expert-tensor-parallel-size`), gate/up column- and down row-parallel over the expert-TP
+            group (Megatron's parallel folding); must divide the experts' width; alltoall dispatcher only.
         load_balancing: which auxiliary loss (`--moe-router-load-balancing-type`).
         aux_loss_coeff: its coefficient (`--moe-aux-loss-coeff`); 0 disables it.
         z_loss_coeff: coefficient of the router z-loss coeff * mean_t(logsumexp(logits_t)^2)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from hybrid.comm import Group
 from hybrid.moe import dispatch as dsp
-from hybrid.moe.comm import all_to_all, gather_rows, reduce_scatter_rows
+from hybrid.moe.comm import all_to_all, gather_rows, gather_rows_v, reduce_scatter_rows, reduce_scatter_rows_v
 from hybrid.moe.config import Dispatcher, LoadBalancing, MoEConfig
 from hybrid.moe.experts import LocalExperts, _Weight
 from hybrid.moe.router import (Router, Routing, hf_aux_weights, route, seq_aux_loss, switch_aux_loss,
@@ -34,19 +34,25 @@ from hybrid.tp import TPContext
 
 @dataclass(frozen=True)
 class ExpertContext:
-    """What an MoE layer needs of the run: the training choices and its expert-parallel group.
+    """What an MoE layer needs of the run: the training choices and its expert-parallel groups.
 
     Attributes:
         config: the MoE flags (hybrid/moe/config.py).
         ep: the expert-parallel group (None: one rank holds every expert).
+        etp: the expert-tensor-parallel group, splitting each expert's width (None: each expert whole).
     """
 
     config: MoEConfig = field(default_factory=MoEConfig)
     ep: Group | None = None
+    etp: Group | None = None
 
     @property
     def ep_size(self) -> int:
         return 1 if self.ep is None else self.ep.size
+
+    @property
+    def etp_size(self) -> int:
+        return 1 if self.etp is None else self.etp.size
 
     def local_experts(self, num_experts: int) -> range:
         per = num_experts // self.ep_size
@@ -103,9 +109,13 @@ class MoELayer(nn.Module):
         super().__init__()
         self.cfg, self.tp, self.moe, mc = cfg, tp, moe, moe.config
         E, h = cfg.num_experts, cfg.hidden_size
+        if mc.dispatcher is Dispatcher.ALLGATHER and moe.etp_size > 1:
+            raise ValueError("--moe-token-dispatcher-type allgather with --expert-tensor-parallel-size > 1 is not "
+                             "implemented; use alltoall")
         self.gate = Router(h, E, tp, expert_bias=mc.expert_bias)
         local = moe.local_experts(E)
-        self.experts = LocalExperts(h, cfg.moe_ffn_hidden_size, local.start, len(local), act, mc.experts_impl)
+        self.experts = LocalExperts(h, cfg.moe_ffn_hidden_size, local.start, len(local), act, mc.experts_impl,
+                                    moe.etp_size, 0 if moe.etp is None else moe.etp.rank)
         self.first_expert = local.start
         if shared is not None:
             self.shared_expert = shared
@@ -185,19 +195,36 @@ class MoELayer(nn.Module):
         xr = torch.cat([x, x.new_zeros(1, x.shape[1])])[tok]  # (R, h)
         ep = self.moe.ep
         if self.moe.ep_size == 1:
-            yr = self.experts(xr, d.counts.tolist())
+            yr = self._expert_tp(xr, d.counts.view(1, -1))
         else:
             send = d.counts.view(ep.size, -1)  # (ep, E_l): rows for each rank's experts
             recv = ep.all_to_all_v(send.flatten(), [send.shape[1]] * ep.size, [send.shape[1]] * ep.size,
                                         tag="counts").view(ep.size, -1)  # rows each rank sends our experts
             in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
-            order = dsp.expert_major(recv)
-            local = all_to_all(xr, ep, out_splits, in_splits)[order]
-            out = self.experts(local, recv.sum(0).tolist())
-            yr = all_to_all(out[torch.argsort(order)], ep, in_splits, out_splits)
+            out = self._expert_tp(all_to_all(xr, ep, out_splits, in_splits), recv)
+            yr = all_to_all(out, ep, in_splits, out_splits)
         w = torch.where(valid, r.probs.flatten()[d.rows.clamp(min=0)], 0.0)
         y = x.new_zeros(N + 1, x.shape[1]).index_add(0, tok, yr * w.unsqueeze(1).to(yr.dtype))
         return y[:N]
+
+    def _expert_tp(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Our local experts on `rows`, which arrive in blocks (source, expert) with (S, E_l) `counts`; outputs in
+        the same order. With expert-TP (etp ranks, each holding a width slice of every local expert) first
+        all-gather-v the group's rows, run the slices on all of them, and reduce-scatter-v the partial sums
+        back (Megatron's alltoall dispatcher with tp_size > 1):
+
+            X = [X_0; ..; X_{etp-1}]  (each rank's rows)      Y_j = sum_i expert^i(X_j)  back to rank j"""
+        etp = self.moe.etp
+        if self.moe.etp_size == 1 and counts.shape[0] == 1:
+            return self.experts(rows, counts[0].tolist())  # one source: already expert-major
+        sizes = None
+        if self.moe.etp_size > 1:
+            counts = etp.all_gather(counts.flatten().unsqueeze(0), dim=0).view(-1, counts.shape[1])  # (etp S, E_l)
+            sizes = counts.view(etp.size, -1).sum(1).tolist()  # rows of each expert-TP rank
+            rows = gather_rows_v(rows, etp, sizes)
+        order = dsp.expert_major(counts)
+        out = self.experts(rows[order], counts.sum(0).tolist())[torch.argsort(order)]
+        return out if sizes is None else reduce_scatter_rows_v(out, etp, sizes)
 
     def _allgather(self, x: torch.Tensor, r: Routing, keep) -> torch.Tensor:
         """Gather every EP rank's tokens and routing, run our experts on the rows routed to them, and

@@ -8,8 +8,15 @@ TP x DP. The expert layers of the same stage fold the *same* S ranks differently
 so a stage-local rank s = rank - pp_rank S has etp_rank = s % etp, ep_rank = (s // etp) % ep,
 edp_rank = s // (etp ep). The EP group is `ep` consecutive ranks: with ep <= GPUs per node the all-to-all
 stays inside a node (NVLink), like TP. EP rank r holds experts [r E/ep, (r+1) E/ep); the expert-DP group holds
-the same experts and sums their gradients (ZeRO shards them over it). Expert-TP is 1 here (each expert whole on
-its rank); Megatron's etp > 1 splits each expert's width and is not implemented (rejected by name).
+the same expert shards and sums their gradients (ZeRO shards them over it).
+
+Expert-TP (etp > 1, Megatron's --expert-tensor-parallel-size) splits each expert's width f like a TP MLP: expert-TP
+rank j holds gate/up rows [j f/etp, (j+1) f/etp) (column-parallel) and the same columns of down (row-parallel).
+After the EP all-to-all the etp ranks of a group gather each other's rows (all-gather-v), each computes its
+partial down-projection on all of them, and a reduce-scatter-v sums the partials and hands every rank back its
+own rows (hybrid/moe/layer.py; Megatron's alltoall dispatcher with tp_size > 1). So `etp` ranks share one
+expert's compute, and the group's ranks are a block of etp consecutive ranks (innermost: the traffic of every
+row that reaches an expert stays inside a node).
 
 Why the gradients come out right: every rank of the stage routes its own tokens (under sequence parallelism
 the TP ranks of one data-parallel replica hold different T/t slices). An expert's gradient on one rank sums
@@ -47,7 +54,7 @@ class ExpertLayout:
     Attributes:
         dims: the dense layout (its world and pipeline size give the stage size S).
         ep: expert-parallel size (`--expert-model-parallel-size`).
-        etp: expert-tensor-parallel size (`--expert-tensor-parallel-size`); 1.
+        etp: expert-tensor-parallel size (`--expert-tensor-parallel-size`): ranks splitting each expert's width.
     """
 
     dims: ParallelDims
@@ -58,9 +65,6 @@ class ExpertLayout:
         for flag, v in (("--expert-model-parallel-size", self.ep), ("--expert-tensor-parallel-size", self.etp)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{flag} must be a positive integer, got {v!r}")
-        if self.etp != 1:
-            raise ValueError(f"--expert-tensor-parallel-size {self.etp}: only 1 is implemented (each expert whole "
-                             f"on its rank; Megatron's recommended folding); use EP and expert-DP instead")
         if self.stage_size % (self.ep * self.etp):
             raise ValueError(f"--expert-model-parallel-size {self.ep} x --expert-tensor-parallel-size {self.etp} "
                              f"must divide the {self.stage_size} ranks of a pipeline stage (tp x dp)")
@@ -74,10 +78,18 @@ class ExpertLayout:
     def edp(self) -> int:
         return self.stage_size // (self.ep * self.etp)
 
-    def check_experts(self, num_experts: int) -> None:
+    def check_experts(self, num_experts: int, expert_ffn: int | None = None) -> None:
         if num_experts % self.ep:
             raise ValueError(f"--expert-model-parallel-size {self.ep} does not divide the model's {num_experts} "
                              f"experts; use a divisor of {num_experts}")
+        if expert_ffn is not None and expert_ffn % self.etp:
+            raise ValueError(f"--expert-tensor-parallel-size {self.etp} does not divide the experts' width "
+                             f"{expert_ffn} (moe_ffn_hidden_size); use a divisor of {expert_ffn}")
+
+    def expert_columns(self, etp_rank: int, expert_ffn: int) -> range:
+        """The rows of gate/up (columns of down) of every local expert that expert-TP rank `etp_rank` holds."""
+        per = expert_ffn // self.etp
+        return range(etp_rank * per, (etp_rank + 1) * per)
 
     def coords(self, rank: int) -> ExpertCoords:
         if not 0 <= rank < self.dims.world:
@@ -104,22 +116,33 @@ class ExpertLayout:
         """(rank, its experts) for every rank: what `hybrid layout` prints."""
         return [(r, self.experts_of(self.coords(r).ep, num_experts)) for r in range(self.dims.world)]
 
-    def describe(self, num_experts: int) -> list[str]:
-        """`hybrid layout`'s lines for the expert layers: the folding, the groups, which ranks hold which experts."""
-        self.check_experts(num_experts)
+    def describe(self, num_experts: int, expert_ffn: int | None = None) -> list[str]:
+        """`hybrid layout`'s lines for the expert layers: the folding, the groups, which ranks hold which experts
+        (and, with expert-TP, which slice of each expert's width: `expert_ffn` columns split etp ways)."""
+        self.check_experts(num_experts, expert_ffn)
         lines = [f"expert layers: each stage's {self.stage_size} ranks = expert-tp {self.etp} x ep {self.ep} x "
                  f"expert-dp {self.edp} (order etp-ep-edp); {num_experts} experts, {num_experts // self.ep} per rank",
-                 f"ep groups (token all-to-all): {self.group_ranks(ExpertAxis.EP)}",
-                 f"expert-dp groups (expert gradients, ZeRO): {self.group_ranks(ExpertAxis.EDP)}"]
+                 f"ep groups (token all-to-all): {self.group_ranks(ExpertAxis.EP)}"]
+        if self.etp > 1:
+            lines.append(f"expert-tp groups (token all-gather / reduce-scatter, each expert's width split): "
+                         f"{self.group_ranks(ExpertAxis.ETP)}")
+        lines.append(f"expert-dp groups (expert gradients, ZeRO): {self.group_ranks(ExpertAxis.EDP)}")
         for rank, experts in self.placement(num_experts):
-            lines.append(f"  rank {rank}: experts {experts.start}-{experts.stop - 1}")
+            line = f"  rank {rank}: experts {experts.start}-{experts.stop - 1}"
+            if self.etp > 1:
+                j = self.coords(rank).etp
+                line += f", width shard {j + 1}/{self.etp}"
+                if expert_ffn is not None:
+                    cols = self.expert_columns(j, expert_ffn)
+                    line += f" (ffn columns {cols.start}-{cols.stop - 1})"
+            lines.append(line)
         return lines
 
     def groups(self) -> dict[str, list[list[int]]]:
-        """The ep and edp groups, as Mesh.build's `expert_groups`."""
-        return {axis.value: self.group_ranks(axis) for axis in (ExpertAxis.EP, ExpertAxis.EDP)}
+        """The ep, etp and edp groups, as Mesh.build's `expert_groups`."""
+        return {axis.value: self.group_ranks(axis) for axis in (ExpertAxis.EP, ExpertAxis.ETP, ExpertAxis.EDP)}
 
 
-def build_mesh(dims: ParallelDims, expert_parallel: int = 1, **kw) -> Mesh:
+def build_mesh(dims: ParallelDims, expert_parallel: int = 1, expert_tensor_parallel: int = 1, **kw) -> Mesh:
     """Mesh.build with the expert layers' groups (every rank of the world calls it)."""
-    return Mesh.build(dims, expert_groups=ExpertLayout(dims, expert_parallel).groups(), **kw)
+    return Mesh.build(dims, expert_groups=ExpertLayout(dims, expert_parallel, expert_tensor_parallel).groups(), **kw)

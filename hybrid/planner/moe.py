@@ -2,19 +2,20 @@
 links the EP group uses, and a load-imbalance factor -- explained.
 
 The dense model of the planner (model.Shard) sees an MoE layer's MLP as one SwiGLU of ModelConfig.ffn_hidden_size
-(the dense width; Mixtral's is the expert width). For a layout (tp, pp, dp) and an EP size ep, folded over each
-stage's S = tp dp ranks as EP x expert-DP (hybrid/moe/parallel.py; expert-TP 1), this module prices what MoE
-changes, per rank of the fullest pipeline stage (its L_s MoE layers):
+(the dense width; Mixtral's is the expert width). For a layout (tp, pp, dp), an EP size ep and an expert-TP size
+etp, folded over each stage's S = tp dp ranks as expert-TP x EP x expert-DP (hybrid/moe/parallel.py), this module
+prices what MoE changes, per rank of the fullest pipeline stage (its L_s MoE layers):
 
-    expert parameters  Psi_e = L_s (E / ep) 3 h f_e
-    their states       model_states(Psi_e, zero, S / ep, ...)                ZeRO shards them over expert-DP
+    expert parameters  Psi_e = L_s (E / ep) 3 h f_e / etp                    each expert's width split etp ways
+    their states       model_states(Psi_e, zero, S / (ep etp), ...)          ZeRO shards them over expert-DP
     the dense part     Psi_d = L_s (3 h f_s / t + E h): the shared expert (width f_s, TP-split like the dense MLP)
                        and the router, over DP, in place of the dense MLP L_s 3 h f / t the base plan counted
     expert compute     3 x 2 N (k lambda_ep f_e + f_s - f) 3 h per layer and micro-batch (forward + backward =
                        3 forwards), N = micro_batch x seq / t tokens a rank routes (sequence parallelism; the
                        dense MLP the base plan counted ran all t N tokens at width f / t: the same N f);
                        lambda_ep = lambda >= 1 the load imbalance at ep > 1 (the busiest EP rank sets the pace),
-                       1 at ep = 1 (a rank runs its own N k rows, however they spread)
+                       1 at ep = 1 (a rank runs its own N k rows, however they spread). Expert-TP leaves it
+                       unchanged: a rank runs etp times the rows at 1 / etp of the width
     expert-DP sync     the DP / ZeRO collectives of Psi_e over the expert-DP group (ranks ep apart), less those
                        of the dense MLP (net of Psi_d) over DP the base plan priced: the planner's own ledgers
                        (predicted_comm.dp_step_ledger / dp_microbatch_ledger) at the group's bandwidth, not
@@ -26,12 +27,22 @@ changes, per rank of the fullest pipeline stage (its L_s MoE layers):
                        share for peers in the node goes over NVLink, the rest over the NIC, at once
                        (max of the two), plus 5 collective latencies (counts, dispatch, combine and the two
                        backward exchanges)
+    expert-TP          the rows a rank holds after the all-to-all (N k, times lambda) are all-gathered to the
+                       other etp - 1 ranks and their partial outputs reduce-scattered back: 4 N k h b (etp - 1)
+                       bytes a rank sends per layer and micro-batch, forward + backward (the ledger's all_to_all_v
+                       on the etp group, tests/test_moe_etp.py), over NVLink when etp divides the GPUs of a node
+                       (etp is innermost), plus 5 latencies (the counts' all-gather and the four exchanges)
 
 lambda is max / mean tokens per expert -- what train.py's log line prints as "imbalance"; 1.0 is perfect balance.
 The default 1.2 is a planning margin, not a measurement: pass the run's own (`hybrid plan --moe-imbalance`).
 
-Every (layout, ep) is priced; `choose` keeps the fastest ep whose added memory fits the device beside the base plan
-(ep need not divide dp: EP folds over the stage's tp x dp ranks; it divides tp x dp and the experts). A larger ep
+Every (layout, ep, etp) is priced; `choose` keeps the fastest (ep, etp) whose added memory fits the device beside
+the base plan (ep need not divide dp: EP folds over the stage's tp x dp ranks; ep x etp divides tp x dp, ep the
+experts, etp their width). Expert-TP splits the experts further where E limits ep, and its ranks share every
+row of their experts, so the imbalance does not pace them (lambda applies at ep > 1 only): the model can prefer
+ep 1 x etp 2 to ep 2 when the imbalance costs more than the expert-TP traffic. The narrower GEMMs' lower
+efficiency at width f_e / etp is not modelled (Megatron recommends etp 1 for that reason); pin
+`expert_tensor_parallel` (train.py --expert-tensor-parallel-size with --auto-parallel) to keep it out. A larger ep
 sends a larger share (ep - 1) / ep of the rows off-rank and pays the imbalance, and syncs fewer expert gradients
 over a smaller expert-DP group; fuller expert GEMMs are not modelled. --explain lists every ep with its terms.
 `alltoall_bytes` is what the runtime's ledger counts on the ep group (all_to_all_v) for a routing that gives every
@@ -53,6 +64,7 @@ from hybrid.planner.predicted_memory import model_states
 
 IMBALANCE = 1.2  # the default planning margin lambda (module docstring)
 COLLECTIVES_PER_LAYER = 5  # counts, dispatch, combine forward; combine and dispatch backward
+ETP_COLLECTIVES_PER_LAYER = 5  # counts' all-gather, gather and reduce-scatter forward; their two backwards
 
 
 @dataclass(frozen=True)
@@ -60,16 +72,19 @@ class ExpertPlan:
     """The expert layers of one layout at one EP size, per rank of the fullest stage.
 
     Attributes:
-        ep, edp: expert-parallel and expert-data-parallel sizes (ep x edp = tp x dp).
+        ep, edp: expert-parallel and expert-data-parallel sizes (etp x ep x edp = tp x dp).
         moe_layers: MoE layers on the fullest stage.
         expert_params: expert parameters a rank holds, Psi_e.
         extra_bytes: device bytes added to the dense plan: the experts' states less the dense MLP's.
         compute_s: added expert compute per step (seconds), imbalance included.
         dp_sync_s: added DP / ZeRO collective seconds per step (expert-DP sync less the dense MLP's).
         alltoall_bytes: bytes a rank sends to other ranks per step (the ledger's all_to_all_v sum).
-        alltoall_s: their seconds, imbalance and latencies included.
+        alltoall_s: their seconds, imbalance and latencies included, plus etp_s.
         intra_node: the EP group lives inside one node (NVLink only).
         imbalance: lambda.
+        etp: expert-tensor-parallel size (each expert's width split etp ways).
+        etp_bytes: bytes a rank sends to its expert-TP peers per step (the ledger's all_to_all_v on etp).
+        etp_s: their seconds, imbalance and latencies included (in alltoall_s too).
     """
 
     ep: int
@@ -83,6 +98,9 @@ class ExpertPlan:
     alltoall_s: float
     intra_node: bool
     imbalance: float
+    etp: int = 1
+    etp_bytes: float = 0.0
+    etp_s: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -90,9 +108,13 @@ class ExpertPlan:
 
     def explain(self) -> str:
         link = "NVLink" if self.intra_node else "NVLink + network"
-        return (f"experts: ep {self.ep} x expert-dp {self.edp}, {_count(self.expert_params)} expert parameters a "
+        tp = f"expert-tp {self.etp} x " if self.etp > 1 else ""
+        etp = (f", expert-TP gather / reduce-scatter {self.etp_bytes / GB:.3g} GB {self.etp_s:.3g} s"
+               if self.etp > 1 else "")
+        return (f"experts: {tp}ep {self.ep} x expert-dp {self.edp}, {_count(self.expert_params)} expert parameters a "
                 f"rank ({self.extra_bytes / GB:+.3g} GB beside the dense plan), all-to-all "
-                f"{self.alltoall_bytes / GB:.3g} GB a step over {link} {self.alltoall_s:.3g} s, expert compute "
+                f"{self.alltoall_bytes / GB:.3g} GB a step over {link} {self.alltoall_s - self.etp_s:.3g} s{etp}, "
+                f"expert compute "
                 f"{self.compute_s:+.3g} s, expert-DP sync {self.dp_sync_s:+.3g} s, imbalance {self.imbalance:g}")
 
 
@@ -103,18 +125,24 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def ep_placement(cluster: Cluster, ep: int) -> GroupPlacement:
-    """An EP group is ep consecutive ranks (order etp-ep-edp inside a stage's tp-dp block)."""
+def ep_placement(cluster: Cluster, ep: int, etp: int = 1) -> GroupPlacement:
+    """An EP group is ep ranks etp apart (order etp-ep-edp inside a stage's tp-dp block): consecutive at etp 1."""
+    g, span = cluster.hw.gpus_per_node, ep * etp
+    return GroupPlacement(size=ep, per_node=ep if g % span == 0 else max(1, math.gcd(span, g) // etp))
+
+
+def etp_placement(cluster: Cluster, etp: int) -> GroupPlacement:
+    """An expert-TP group is etp consecutive ranks (innermost)."""
     g = cluster.hw.gpus_per_node
-    return GroupPlacement(size=ep, per_node=ep if g % ep == 0 else math.gcd(ep, g))
+    return GroupPlacement(size=etp, per_node=etp if g % etp == 0 else math.gcd(etp, g))
 
 
-def edp_placement(cluster: Cluster, layout: Layout, ep: int) -> GroupPlacement:
-    """An expert-DP group is S / ep ranks ep apart inside a stage's block of S = tp dp consecutive ranks (as
-    layout.dp_placement with ep in place of tp)."""
-    block, g = layout.tp * layout.dp, cluster.hw.gpus_per_node
-    edp = block // ep
-    return GroupPlacement(size=edp, per_node=edp if g % block == 0 else max(1, math.gcd(block, g) // ep))
+def edp_placement(cluster: Cluster, layout: Layout, ep: int, etp: int = 1) -> GroupPlacement:
+    """An expert-DP group is S / (ep etp) ranks ep etp apart inside a stage's block of S = tp dp consecutive ranks
+    (as layout.dp_placement with ep etp in place of tp)."""
+    block, g, inner = layout.tp * layout.dp, cluster.hw.gpus_per_node, ep * etp
+    edp = block // inner
+    return GroupPlacement(size=edp, per_node=edp if g % block == 0 else max(1, math.gcd(block, g) // inner))
 
 
 def sync_ledger(work: Workload, layout: Layout, psi: float, size: int) -> Ledger:
@@ -141,15 +169,17 @@ def _moe_layers_on_fullest_stage(work: Workload, layout: Layout) -> int:
     return max(per_rank)
 
 
-def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbalance: float = IMBALANCE) -> ExpertPlan:
-    """The experts of `layout` at EP `ep`: every term of the module docstring, per rank of the fullest stage."""
+def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbalance: float = IMBALANCE,
+                etp: int = 1) -> ExpertPlan:
+    """The experts of `layout` at EP `ep` and expert-TP `etp`: every term of the module docstring, per rank of the
+    fullest stage."""
     cfg, hw = work.model, cluster.hw
     h, f_e, E, k = cfg.hidden_size, cfg.moe_ffn_hidden_size, cfg.num_experts, cfg.moe_top_k
     stage = layout.tp * layout.dp
-    edp = stage // ep
+    edp = stage // (ep * etp)
     layers = _moe_layers_on_fullest_stage(work, layout)
     f, f_s = cfg.ffn_hidden_size, cfg.moe_shared_expert_ffn_hidden_size
-    psi_e = layers * (E // ep) * 3 * h * f_e
+    psi_e = layers * (E // ep) * 3 * h * (f_e // etp)
     psi_d = layers * (3 * h * f_s // layout.tp + E * h)  # shared expert and router (module docstring)
     dense_mlp = layers * 3 * h * (f // layout.tp)
 
@@ -158,7 +188,7 @@ def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbal
 
     extra = states(psi_e, edp) + states(psi_d, layout.dp) - states(dense_mlp, layout.dp)
     dp_group = dp_placement(cluster, layout)
-    sync = (_sync_seconds(work, cluster, layout, psi_e, edp, edp_placement(cluster, layout, ep))
+    sync = (_sync_seconds(work, cluster, layout, psi_e, edp, edp_placement(cluster, layout, ep, etp))
             + _sync_seconds(work, cluster, layout, psi_d, layout.dp, dp_group)
             - _sync_seconds(work, cluster, layout, dense_mlp, layout.dp, dp_group))
     m = work.num_microbatches(layout)
@@ -168,17 +198,33 @@ def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbal
     compute = layers * m * flops / hw.achievable_flops
     b = work.precision.param_bytes
     sent = 4.0 * tokens * k * h * b * (ep - 1) / ep * layers * m  # per rank per step, to other ranks
-    place = ep_placement(cluster, ep)
-    in_node = (place.per_node - 1) / max(ep - 1, 1)
-    seconds = 0.0
-    if ep > 1:
-        over_nvlink = sent * in_node / (hw.intra_node_gbps * GB)
-        over_nic = sent * (1 - in_node) / (hw.inter_node_gbps * GB)
-        latency = hw.inter_latency_s if place.spans_nodes else hw.intra_latency_s
-        seconds = imbalance * max(over_nvlink, over_nic) + COLLECTIVES_PER_LAYER * layers * m * latency
+    place = ep_placement(cluster, ep, etp)
+    seconds = _exchange_seconds(hw, place, sent, imbalance, COLLECTIVES_PER_LAYER * layers * m) if ep > 1 else 0.0
+    etp_sent = etp_bytes(tokens, k, h, b, etp) * layers * m  # per rank per step, to its expert-TP peers
+    etp_place = etp_placement(cluster, etp)
+    etp_s = (_exchange_seconds(hw, etp_place, etp_sent, pace, ETP_COLLECTIVES_PER_LAYER * layers * m)
+             if etp > 1 else 0.0)
     return ExpertPlan(ep=ep, edp=edp, moe_layers=layers, expert_params=psi_e, extra_bytes=extra,
-                      compute_s=compute, dp_sync_s=sync, alltoall_bytes=sent, alltoall_s=seconds,
-                      intra_node=not place.spans_nodes, imbalance=imbalance)
+                      compute_s=compute, dp_sync_s=sync, alltoall_bytes=sent, alltoall_s=seconds + etp_s,
+                      intra_node=not place.spans_nodes and not etp_place.spans_nodes, imbalance=imbalance,
+                      etp=etp, etp_bytes=etp_sent, etp_s=etp_s)
+
+
+def etp_bytes(tokens: int, k: int, h: int, b: int, etp: int) -> float:
+    """Bytes a rank sends to its expert-TP peers per MoE layer and micro-batch, forward + backward, for a routing
+    that gives every EP rank N k / ep slots (so each rank holds N k rows after the all-to-all): the all-gather-v
+    sends them to etp - 1 peers, the reduce-scatter-v returns the peers' rows' partials, both again backward."""
+    return 4.0 * tokens * k * h * b * (etp - 1)
+
+
+def _exchange_seconds(hw, place: GroupPlacement, sent: float, pace: float, latencies: int) -> float:
+    """`sent` bytes to a group's peers: the share in the node over NVLink, the rest over the NIC, at once (the max),
+    paced by the imbalance, plus the collectives' latencies."""
+    in_node = (place.per_node - 1) / max(place.size - 1, 1)
+    over_nvlink = sent * in_node / (hw.intra_node_gbps * GB)
+    over_nic = sent * (1 - in_node) / (hw.inter_node_gbps * GB)
+    latency = hw.inter_latency_s if place.spans_nodes else hw.intra_latency_s
+    return pace * max(over_nvlink, over_nic) + latencies * latency
 
 
 def ep_sizes(work: Workload, layout: Layout, pinned: tuple[int, ...] | None = None) -> list[int]:
@@ -188,21 +234,34 @@ def ep_sizes(work: Workload, layout: Layout, pinned: tuple[int, ...] | None = No
     return [ep for ep in (pinned or range(1, stage + 1)) if stage % ep == 0 and E % ep == 0]
 
 
+def expert_sizes(work: Workload, layout: Layout, pinned: tuple[int, ...] | None = None,
+                 pinned_etp: tuple[int, ...] | None = None) -> list[tuple[int, int]]:
+    """The (ep, etp) pairs the layout allows: ep as `ep_sizes`, etp (of `pinned_etp`) dividing the stage's ranks
+    left to it and the experts' width (hybrid/moe/args.py)."""
+    stage, f_e = layout.tp * layout.dp, work.model.moe_ffn_hidden_size
+    return [(ep, etp) for ep in ep_sizes(work, layout, pinned)
+            for etp in (pinned_etp or range(1, stage // ep + 1)) if (stage // ep) % etp == 0 and f_e % etp == 0
+            and stage % (ep * etp) == 0]
+
+
 def expert_plans(work: Workload, cluster: Cluster, layout: Layout, imbalance: float = IMBALANCE,
-                 pinned: tuple[int, ...] | None = None) -> list[ExpertPlan]:
-    """Every EP size the layout allows (`ep_sizes`), priced."""
-    return [expert_plan(work, cluster, layout, ep, imbalance) for ep in ep_sizes(work, layout, pinned)]
+                 pinned: tuple[int, ...] | None = None, pinned_etp: tuple[int, ...] | None = None) -> list[ExpertPlan]:
+    """Every (ep, etp) the layout allows (`expert_sizes`), priced."""
+    return [expert_plan(work, cluster, layout, ep, imbalance, etp)
+            for ep, etp in expert_sizes(work, layout, pinned, pinned_etp)]
 
 
 def choose(work: Workload, cluster: Cluster, layout: Layout, base_bytes: float, imbalance: float = IMBALANCE,
-           pinned: tuple[int, ...] | None = None) -> ExpertPlan | None:
-    """The fastest EP whose experts fit the device beside the dense plan's `base_bytes`; None when none does."""
-    fitting = [p for p in expert_plans(work, cluster, layout, imbalance, pinned)
+           pinned: tuple[int, ...] | None = None, pinned_etp: tuple[int, ...] | None = None) -> ExpertPlan | None:
+    """The fastest (ep, etp) whose experts fit the device beside the dense plan's `base_bytes`; None when none does
+    (ties: less memory, then the smaller etp)."""
+    fitting = [p for p in expert_plans(work, cluster, layout, imbalance, pinned, pinned_etp)
                if base_bytes + p.extra_bytes <= cluster.hw.capacity_bytes]
-    return min(fitting, key=lambda p: (p.seconds, p.extra_bytes), default=None)
+    return min(fitting, key=lambda p: (p.seconds, p.extra_bytes, p.etp), default=None)
 
 
-def layout_problems(work: Workload, layout: Layout, pinned: tuple[int, ...] | None = None) -> list[str]:
+def layout_problems(work: Workload, layout: Layout, pinned: tuple[int, ...] | None = None,
+                    pinned_etp: tuple[int, ...] | None = None) -> list[str]:
     """What train.py refuses for an MoE model on this layout (hybrid/moe/args.py), before any memory: TP without
     sequence parallelism (each TP rank must route its own tokens), no allowed EP size."""
     if not work.model.num_experts:
@@ -213,34 +272,42 @@ def layout_problems(work: Workload, layout: Layout, pinned: tuple[int, ...] | No
     if not ep_sizes(work, layout, pinned):
         problems.append(f"no ep of {list(pinned or [])} divides both the stage's tp x dp = {layout.tp * layout.dp} "
                         f"ranks and the {work.model.num_experts} experts")
+    elif not expert_sizes(work, layout, pinned, pinned_etp):
+        problems.append(f"no expert-tp of {list(pinned_etp or [])} divides both the stage's ranks left to it and the "
+                        f"experts' width {work.model.moe_ffn_hidden_size}")
     return problems
 
 
 def memory_problem(work: Workload, cluster: Cluster, layout: Layout, base_bytes: float,
-                   imbalance: float = IMBALANCE, pinned: tuple[int, ...] | None = None) -> str | None:
-    """Why no EP size lets the experts fit beside the dense plan's `base_bytes`; None when one does (or for a dense
-    model, or a layout with no allowed EP: layout_problems says that)."""
-    plans = expert_plans(work, cluster, layout, imbalance, pinned) if work.model.num_experts else []
+                   imbalance: float = IMBALANCE, pinned: tuple[int, ...] | None = None,
+                   pinned_etp: tuple[int, ...] | None = None) -> str | None:
+    """Why no (ep, etp) lets the experts fit beside the dense plan's `base_bytes`; None when one does (or for a
+    dense model, or a layout with no allowed EP: layout_problems says that)."""
+    plans = expert_plans(work, cluster, layout, imbalance, pinned, pinned_etp) if work.model.num_experts else []
     if not plans or any(base_bytes + p.extra_bytes <= cluster.hw.capacity_bytes for p in plans):
         return None
     best = min(plans, key=lambda p: p.extra_bytes)
-    return (f"OOM on the experts: even ep {best.ep} needs {(base_bytes + best.extra_bytes) / GB:.1f} GB of "
+    tp = f" x expert-tp {best.etp}" if best.etp > 1 else ""
+    return (f"OOM on the experts: even ep {best.ep}{tp} needs {(base_bytes + best.extra_bytes) / GB:.1f} GB of "
             f"{cluster.hw.capacity_bytes / GB:.4g}")
 
 
 def why(work: Workload, cluster: Cluster, layout: Layout, base_bytes: float, chosen: ExpertPlan) -> list[str]:
-    """--explain: every EP size of the layout, its seconds and memory, and why `chosen` won."""
-    lines = [f"experts: ep {chosen.ep} chosen of {ep_sizes(work, layout)} (fastest that fits; imbalance "
-             f"{chosen.imbalance:g}; docs/moe.md \"The planner\")"]
+    """--explain: every (ep, etp) of the layout, its seconds and memory, and why `chosen` won."""
+    lines = [f"experts: ep {chosen.ep} x expert-tp {chosen.etp} chosen of {expert_sizes(work, layout)} (ep, etp) "
+             f"(fastest that fits; imbalance {chosen.imbalance:g}; docs/moe.md \"The planner\")"]
     for p in expert_plans(work, cluster, layout, chosen.imbalance):
         fits = base_bytes + p.extra_bytes <= cluster.hw.capacity_bytes
-        lines.append(f"    ep {p.ep:<3} all-to-all {p.alltoall_s:.3g} s + expert compute {p.compute_s:+.3g} s + "
+        lines.append(f"    ep {p.ep:<3} etp {p.etp:<2} all-to-all (+ expert-TP) {p.alltoall_s:.3g} s + expert compute {p.compute_s:+.3g} s + "
                      f"expert-DP sync {p.dp_sync_s:+.3g} s = {p.seconds:.3g} s, "
                      f"{(base_bytes + p.extra_bytes) / GB:.3g} GB" + ("" if fits else " -- does not fit"))
     return lines
 
 
 def train_argv(plan: ExpertPlan | None) -> list[str]:
-    """train.py's flag for the chosen EP (hybrid/moe/args.py; `hybrid plan --emit-args`); none for a dense model
-    or EP 1 (the default)."""
-    return [] if plan is None or plan.ep == 1 else ["--expert-model-parallel-size", str(plan.ep)]
+    """train.py's flags for the chosen EP and expert-TP (hybrid/moe/args.py; `hybrid plan --emit-args`); none for a
+    dense model or sizes 1 (the defaults)."""
+    if plan is None:
+        return []
+    return ((["--expert-model-parallel-size", str(plan.ep)] if plan.ep > 1 else [])
+            + (["--expert-tensor-parallel-size", str(plan.etp)] if plan.etp > 1 else []))

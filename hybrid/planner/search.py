@@ -55,6 +55,8 @@ class SearchSpace:
             or (True,): try them.
         expert_parallel: an MoE model's EP sizes to try (`--expert-model-parallel-size`; hybrid/planner/moe.py);
             None: every size the layout allows.
+        expert_tensor_parallel: an MoE model's expert-TP sizes to try (`--expert-tensor-parallel-size`); None: every
+            size the layout allows.
         moe_imbalance: an MoE model's load imbalance lambda, max / mean tokens per expert (`--moe-imbalance`).
     """
 
@@ -71,6 +73,7 @@ class SearchSpace:
     max_v: int = MAX_V
     zero_bubble: tuple[bool, ...] | None = None
     expert_parallel: tuple[int, ...] | None = None
+    expert_tensor_parallel: tuple[int, ...] | None = None
     moe_imbalance: float = moe.IMBALANCE
 
 
@@ -170,7 +173,8 @@ def evaluate(work: Workload, cluster: Cluster, layout: Layout, formula: FlopsFor
              budget: float = SIM_BUDGET, space: SearchSpace = SearchSpace()) -> Plan:
     """Predict memory and time of one layout. ValueError naming every problem when it cannot run at all
     (memory is reported, not enforced: compare `plan.memory_gb` with the device)."""
-    problems = layout_problems(work, cluster, layout) + moe.layout_problems(work, layout, space.expert_parallel)
+    problems = layout_problems(work, cluster, layout) + moe.layout_problems(work, layout, space.expert_parallel,
+                                                                                space.expert_tensor_parallel)
     if problems:
         raise ValueError(f"layout {layout.short()} cannot run: " + "; ".join(problems))
     memory = plan_memory(work, cluster, layout)
@@ -179,7 +183,8 @@ def evaluate(work: Workload, cluster: Cluster, layout: Layout, formula: FlopsFor
 
 def _plan(work: Workload, cluster: Cluster, layout: Layout, memory: MemoryPlan, time: StepTime,
           formula: FlopsFormula, space: SearchSpace) -> Plan:
-    experts = (moe.choose(work, cluster, layout, memory.peak.total, space.moe_imbalance, space.expert_parallel)
+    experts = (moe.choose(work, cluster, layout, memory.peak.total, space.moe_imbalance, space.expert_parallel,
+                          space.expert_tensor_parallel)
                if work.model.num_experts else None)  # MoE: the EP size
     n, t = cluster.gpus, time.total + (experts.seconds if experts else 0.0)
     return Plan(layout=layout, memory=memory, time=time, experts=experts,
@@ -226,7 +231,8 @@ def search(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace(),
         plan = _plan(work, cluster, layout, plan_memory(work, cluster, layout), time, formula, space)
         if work.model.num_experts and plan.experts is None:  # MoE: no EP size fits the experts beside it
             result.rejected.append(Rejection(layout.short(), moe.memory_problem(
-                work, cluster, layout, plan.memory.peak.total, space.moe_imbalance, space.expert_parallel)))
+                work, cluster, layout, plan.memory.peak.total, space.moe_imbalance, space.expert_parallel,
+                space.expert_tensor_parallel)))
             continue
         result.plans.append(plan)
         result.plans += [p for p in _zero_bubble_twin(work, cluster, space, plan, formula, budget, result.notes)
@@ -343,13 +349,15 @@ def _fitting_variants(work: Workload, cluster: Cluster, space: SearchSpace, base
         for j, recompute in enumerate(recomputes):
             layout = replace(base, offload=offload, recompute=recompute)
             result.considered += 1
-            problems = layout_problems(work, cluster, layout) + moe.layout_problems(work, layout, space.expert_parallel)
+            problems = layout_problems(work, cluster, layout) + moe.layout_problems(work, layout, space.expert_parallel,
+                                                                                space.expert_tensor_parallel)
             if problems:
                 result.rejected.append(Rejection(layout.short(), "; ".join(problems)))
                 continue
             peak = peak_memory(work, cluster, layout)
             problem = memory_problem(cluster, *peak) or moe.memory_problem(work, cluster, layout, peak[1],
-                                                                           space.moe_imbalance, space.expert_parallel)
+                                                                           space.moe_imbalance, space.expert_parallel,
+                                                                           space.expert_tensor_parallel)
             if problem:
                 result.rejected.append(Rejection(layout.short(), problem))
             elif any(fi <= i and recompute_at_most(fitting.recompute, recompute) for fi, _, fitting in fits):

@@ -79,6 +79,12 @@ def spec_of(p: torch.Tensor) -> ShardSpec:
     return getattr(p, "shard", REPLICATED)
 
 
+def split_rank(p: torch.Tensor, tp_rank: int) -> int:
+    """The index of this rank's shard of p in spec.starts: its TP rank, unless p is split over another group --
+    an MoE expert's width over the expert-TP group (hybrid/moe/experts.py), whose rank it carries as `split_rank`."""
+    return getattr(p, "split_rank", tp_rank)
+
+
 def full_shape(p: torch.Tensor, spec: ShardSpec) -> tuple[int, ...]:
     shape = list(p.shape)
     if spec.dim is not None:
@@ -106,7 +112,7 @@ def init_parameters(module: nn.Module, seed: int, tp_rank: int) -> None:
         full = torch.empty(full_shape(p, spec), dtype=torch.float32)
         init(full, gen)
         p.zero_()
-        copy_logical_slice(p, full, spec, tp_rank)
+        copy_logical_slice(p, full, spec, split_rank(p, tp_rank))
 
 
 def copy_logical_slice(p: torch.Tensor, full: torch.Tensor, spec: ShardSpec, tp_rank: int) -> None:

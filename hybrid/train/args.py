@@ -459,11 +459,13 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
     # --compile runs with every ZeRO stage but no recomputation (check_compile): the search keeps to what the run accepts
     pinned_ep = "expert_model_parallel_size" in getattr(args, "explicit", set())  # MoE: else the planner's EP
+    pinned_etp = "expert_tensor_parallel_size" in getattr(args, "explicit", set())  # and expert-TP
     # and no zero-bubble schedule (check_zero_bubble refuses it with --compile: B could not leave W to later)
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),),
                         zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
                         zero_bubble=(False,) if args.compile else None,
-                        expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None)
+                        expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None,
+                        expert_tensor_parallel=(args.expert_tensor_parallel_size,) if pinned_etp else None)
     cluster = Cluster(gpus=world, hw=hw)
     cp = args.context_parallel_size
     plan, seconds, note = (_plan_with_cp(args, work, cluster, space) if cp > 1 else _plan_without_cp(work, cluster, space))
@@ -476,12 +478,13 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
         setattr(args, dest, value)
     experts = plan.experts  # an MoE model: the planner's EP (hybrid/planner/moe.py)
     if experts is not None:
-        args.expert_model_parallel_size = experts.ep
+        args.expert_model_parallel_size, args.expert_tensor_parallel_size = experts.ep, experts.etp
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}"
               + (f" x cp {cp} ({args.cp_comm_type})" if cp > 1 else "") + f", micro-batch {lay.micro_batch}, "
               f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel}, schedule "
               f"{lay.schedule.value}" + (f", ep {experts.ep}" if experts else "")
+              + (f", expert-tp {experts.etp}" if experts and experts.etp > 1 else "")
               + f" (predicted {seconds:.3g} s/step on {hw.name})" + (f"; {note}" if note else ""), flush=True)
 
 

@@ -503,11 +503,12 @@ def predict(run, device, baseline_bytes: float) -> Prediction:
 
 
 def run_experts(run, work, cluster, layout):
-    """An MoE run's experts at the run's own EP, priced by the planner (hybrid/planner/moe.py); None if dense."""
+    """An MoE run's experts at the run's own EP and expert-TP, priced by the planner (hybrid/planner/moe.py); None
+    if dense."""
     if run.moe is None:
         return None
-    from hybrid.planner.moe import expert_plan
-    return expert_plan(work, cluster, layout, run.moe.expert_parallel)
+    from hybrid.planner.moe import IMBALANCE, expert_plan
+    return expert_plan(work, cluster, layout, run.moe.expert_parallel, IMBALANCE, run.moe.expert_tensor_parallel)
 
 
 def startup_lines(run, info: dict, data: DataSource, start: int, consumed: int, device,

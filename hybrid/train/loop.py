@@ -70,7 +70,7 @@ def expert_context(run: RunConfig, mesh: Mesh):
     if run.moe is None:
         return None
     from hybrid.moe.layer import ExpertContext
-    return ExpertContext(run.moe, mesh.ep)
+    return ExpertContext(run.moe, mesh.ep, mesh.etp)
 
 
 def expert_layout(run: RunConfig):
@@ -78,7 +78,7 @@ def expert_layout(run: RunConfig):
     if run.moe is None:
         return None
     from hybrid.moe.parallel import ExpertLayout
-    return ExpertLayout(run.parallel.dims, run.moe.expert_parallel)
+    return ExpertLayout(run.parallel.dims, run.moe.expert_parallel, run.moe.expert_tensor_parallel)
 
 
 def compile_blocks(chunks, backend: str = "inductor") -> None:
