@@ -309,6 +309,8 @@ REFUSED = {  # case -> (write_ds_moe arguments, the --model config's changes, wh
                "holds DeepSpeed AutoEP layers (ds_autoep_layers), which are not imported"),
     "stray-tensor": (dict(module_extra={"model.layers.0.mlp.dense.weight": torch.zeros(2)}), {},
                      "model.layers.0.mlp.dense.weight is inside MoE block model.layers.0.mlp but is neither its gate"),
+    "extra-tensor": (dict(module_extra={"model.extra_head.weight": torch.zeros(2)}), {},
+                     "holds 'model.extra_head.weight', which the mixtral model --model describes has no place for"),
 }
 
 
@@ -328,14 +330,16 @@ def test_what_does_not_map_onto_mixtral_is_refused_by_name_in_one_line(tmp_path,
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".out.tmp")]
 
 
-@pytest.mark.parametrize("case", ["mp-rank-1", "old-layout", "qwen2_moe", "extra-expert-file"])
+@pytest.mark.parametrize("case", ["mp-rank-1", "zero-3", "old-layout", "qwen2_moe", "extra-expert-file"])
 def test_other_layouts_and_models_are_refused_by_name_in_one_line(tmp_path, monkeypatch, capsys, case):
-    """Tensor-parallel saves (mp_rank_01), the pre-0.6 `expert_<e>_mp_rank_XX` layout, a Qwen2-MoE --model (its
-    shared expert has no DeepSpeed-MoE counterpart) and an expert file for an expert the model does not have."""
+    """Tensor-parallel saves (mp_rank_01), a ZeRO-3 partition file, the pre-0.6 `expert_<e>_mp_rank_XX` layout, a
+    Qwen2-MoE --model (its shared expert has no DeepSpeed-MoE counterpart) and an expert file for an expert the
+    model does not have."""
     src = write_ds_moe(str(tmp_path))
     tag = os.path.join(src, "global_step1")
     one = os.path.join(tag, "layer_0_expert_0_mp_rank_00_model_states.pt")
     extra = {"mp-rank-1": "layer_0_expert_0_mp_rank_01_model_states.pt",
+             "zero-3": "zero_pp_rank_0_mp_rank_00_model_states.pt",
              "old-layout": "expert_0_mp_rank_00_model_states.pt",
              "extra-expert-file": "layer_0_expert_4_mp_rank_00_model_states.pt"}.get(case)
     if extra:
@@ -345,6 +349,7 @@ def test_other_layouts_and_models_are_refused_by_name_in_one_line(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     line = one_line_error(["convert", src, str(tmp_path / "out"), "--model", str(tmp_path / "cfg")], capsys)
     want = {"mp-rank-1": "layer_0_expert_0_mp_rank_01_model_states.pt: saved with tensor (model) parallelism > 1",
+            "zero-3": "zero_pp_rank_0_mp_rank_00_model_states.pt: a ZeRO-3 save of a DeepSpeed-MoE model",
             "old-layout": "expert_0_mp_rank_00_model_states.pt: the pre-0.6 DeepSpeed-MoE layout",
             "qwen2_moe": "--model is a qwen2_moe model and SRC a DeepSpeed-MoE checkpoint: its experts import into a "
                          "Mixtral config only (its shared expert has no DeepSpeed-MoE counterpart)",
