@@ -49,7 +49,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 class Expert(nn.Module):  # Mixtral's expert block: w2(silu(w1 x) * w3 x)
     def __init__(self, h, f):
         super().__init__()
-        self.w1, self.w3, self.w2 = nn.Linear(h, f, bias=False), nn.Linear(h, f, bias=False), nn.Linear(f, h, bias=False)
+        self.w1, self.w3 = nn.Linear(h, f, bias=False), nn.Linear(h, f, bias=False)
+        self.w2 = nn.Linear(f, h, bias=False)
 
     def forward(self, x):
         return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
@@ -91,7 +92,8 @@ for ep in (1, 2):
     with torch.no_grad():
         logits = engine(input_ids=(torch.arange(16).view(1, 16) * 3) % 64).logits
     torch.save({"logits": logits, "experts": {k: p.detach().clone() for k, p in live.items()},
-                "module": {k: t.clone() for k, t in engine.module.state_dict().items() if "deepspeed_experts" not in k}},
+                "module": {k: t.clone() for k, t in engine.module.state_dict().items()
+                           if "deepspeed_experts" not in k}},
                os.path.join(out, f"reference_ep{ep}_rank{rank}.pt"))
 """
 
