@@ -2,7 +2,7 @@
 experts in their own `layer_<i>_expert_<e>_mp_rank_00_model_states.pt` files) into hybrid's Mixtral.
 
 The slow tests use DeepSpeed's own save path (DeepSpeed 0.19.8 on CPU, 2 gloo ranks, one AdamW step, saved at
-expert-parallel size 1 and 2): every expert of the converted checkpoint equals the DeepSpeed module's tensor bit for
+expert-parallel size 1 without ZeRO and at 2 under ZeRO-1): every expert of the converted checkpoint equals the DeepSpeed module's tensor bit for
 bit, at a pre-sharded tp 2 x pp 2 cut and loaded at EP 2 x TP 2 (ZeRO 1) and EP 4 (ZeRO 3); our logits equal the
 DeepSpeed engine's. The fast tests write the files with the key layout DeepSpeed's save code produces (cited at
 `write_ds_moe`) to check what is refused, one line each, nothing run and nothing written."""
@@ -42,6 +42,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import torch, deepspeed
 from torch import nn
 from deepspeed.moe.layer import MoE
+from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 from deepspeed.utils import groups
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -73,7 +74,11 @@ for ep in (1, 2):
                           ep_size=ep, k=cfg.num_experts_per_tok, drop_tokens=False, use_rts=False,
                           top2_2nd_expert_sampling=False)
     ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
-    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), config=ds)
+    params = model.parameters()
+    if ep == 2:  # ZeRO-1 with the experts in their own groups, as DeepSpeed's MoE tutorial sets it up
+        ds |= {"zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True}
+        params = split_params_into_different_moe_groups_for_optimizer({"params": list(params), "name": "all"})
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(params, lr=1e-2), config=ds)
     live = {}
     for L, layer in enumerate(model.model.layers):  # (the expert groups exist once the engine is built)
         ep_rank = groups._get_expert_parallel_rank(layer.mlp.expert_group_name)
@@ -123,7 +128,8 @@ def ds_saved(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("ep", [1, 2])
 def test_a_deepspeed_moe_checkpoint_converts_every_expert_bit_for_bit_with_deepspeeds_logits(ds_saved, ep):
-    """Saved by DeepSpeed at EP `ep` (EP 2: each rank wrote its two experts per layer, numbered globally):
+    """Saved by DeepSpeed at EP `ep` (EP 2, under ZeRO-1: each rank wrote its two experts per layer, numbered
+    globally):
     the export of the converted checkpoint holds every expert of every layer equal to the DeepSpeed module's
     tensor, and every other tensor equal to the module's (the gate as Mixtral's router); our model's logits on
     the converted checkpoint (cut for tp 2 x pp 2, read at tp 1) equal the DeepSpeed engine's."""
