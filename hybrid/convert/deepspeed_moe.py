@@ -75,8 +75,8 @@ def _check_files(tag_dir: str) -> None:
                              f"DeepSpeed-MoE import reads an mp-size-1 checkpoint (hybrid cannot know how your "
                              f"model split its tensors); merge the mp ranks first")
         if n.startswith("zero_pp_rank_") and n.endswith("_model_states.pt"):
-            raise ValueError(f"SRC {os.path.join(tag_dir, n)}: a ZeRO-3 save of a DeepSpeed-MoE model, which "
-                             f"DeepSpeed's native MoE does not write; not imported")
+            raise ValueError(f"SRC {os.path.join(tag_dir, n)}: a ZeRO-3 save of a DeepSpeed-MoE model (its non-expert "
+                             f"weights partitioned over the ranks' files) is not imported; save under ZeRO 0-2")
     if MAIN not in names:
         raise ValueError(f"SRC {tag_dir}: no {MAIN} beside the expert files (DeepSpeed writes the non-expert "
                          f"weights and gates there)")

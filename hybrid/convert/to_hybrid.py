@@ -170,10 +170,11 @@ def _deepspeed_tag(src: str) -> str:
     return tag
 
 
-def _deepspeed_state_dict(src: str, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], str]:
-    """The weights of a DeepSpeed checkpoint and what it was. A DeepSpeed-MoE one (expert files beside the module
-    states): deepspeed_moe.py's reader, under Mixtral's keys. Otherwise DeepSpeed's own consolidation of a ZeRO
-    (1/2/3) checkpoint into one fp32 state dict. Either way every pickle is read with torch.load(weights_only=True)
+def _deepspeed_state_dict(src: str, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], str, bool]:
+    """The weights of a DeepSpeed checkpoint, what it was, and whether it held DeepSpeed-MoE expert files. Such a
+    one (expert files beside the module states) goes through deepspeed_moe.py's reader, under Mixtral's
+    save_pretrained keys; any other through DeepSpeed's own consolidation of a ZeRO (1/2/3) checkpoint into one
+    fp32 state dict (a live transformers module's keys). Either way every pickle is read with torch.load(weights_only=True)
     and an allow-list (_WeightsOnlyTorch): a checkpoint's files run no code."""
     from unittest import mock
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # reading needs no accelerator
@@ -181,7 +182,7 @@ def _deepspeed_state_dict(src: str, cfg: ModelConfig) -> tuple[dict[str, torch.T
     if deepspeed_moe.is_moe_checkpoint(os.path.join(src, tag)):
         reader = _WeightsOnlyTorch(_deepspeed_allowed(), "DeepSpeed-MoE checkpoint")
         sd, detail = deepspeed_moe.mixtral_state_dict(os.path.join(src, tag), cfg, lambda f: reader.load(f, "cpu"))
-        return sd, f"DeepSpeed-MoE checkpoint of {cfg.hf.model_type}: {detail}"
+        return sd, f"DeepSpeed-MoE checkpoint of {cfg.hf.model_type}: {detail}", True
     from deepspeed.utils import zero_to_fp32
     # (its tqdm bars would be lines beside an error's one line; the conversion prints its own summary)
     with mock.patch.object(zero_to_fp32, "torch", _WeightsOnlyTorch(_deepspeed_allowed())), \
@@ -194,7 +195,8 @@ def _deepspeed_state_dict(src: str, cfg: ModelConfig) -> tuple[dict[str, torch.T
             why = (str(e).strip().splitlines() or [""])[0][:200]
             raise ValueError(f"SRC {src}: DeepSpeed cannot read it as a ZeRO checkpoint ({type(e).__name__}: "
                              f"{why})") from None
-    return {k.removeprefix("module."): v for k, v in sd.items()}, f"DeepSpeed ZeRO checkpoint of {cfg.hf.model_type}"
+    return ({k.removeprefix("module."): v for k, v in sd.items()}, f"DeepSpeed ZeRO checkpoint of {cfg.hf.model_type}",
+            False)
 
 
 def _from_saved_keys(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -234,8 +236,7 @@ def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log
     check_dst(dst)
     cfg = read_config(model, "--model")
     check_target(cfg, target)
-    live, what = _deepspeed_state_dict(src, cfg)
-    moe_layers = what.startswith("DeepSpeed-MoE")
+    live, what, moe_layers = _deepspeed_state_dict(src, cfg)
     if moe_layers:
         _check_no_extra(cfg, live, src)
     sd = per_expert_state_dict(live, cfg.hf.model_type)  # MoE: transformers' fused experts -> per-expert keys
