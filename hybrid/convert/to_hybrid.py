@@ -174,8 +174,8 @@ def _deepspeed_state_dict(src: str, cfg: ModelConfig) -> tuple[dict[str, torch.T
     """The weights of a DeepSpeed checkpoint, what it was, and whether it held DeepSpeed-MoE expert files. Such a
     one (expert files beside the module states) goes through deepspeed_moe.py's reader, under Mixtral's
     save_pretrained keys; any other through DeepSpeed's own consolidation of a ZeRO (1/2/3) checkpoint into one
-    fp32 state dict (a live transformers module's keys). Either way every pickle is read with torch.load(weights_only=True)
-    and an allow-list (_WeightsOnlyTorch): a checkpoint's files run no code."""
+    fp32 state dict (a live transformers module's keys). Either way every pickle is read with
+    torch.load(weights_only=True) and an allow-list (_WeightsOnlyTorch): a checkpoint's files run no code."""
     from unittest import mock
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # reading needs no accelerator
     tag = _deepspeed_tag(src)
