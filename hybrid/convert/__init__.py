@@ -1,8 +1,9 @@
-"""Model conversion: transformers <-> hybrid checkpoints, DeepSpeed ZeRO -> hybrid (docs/convert.md).
+"""Model conversion: transformers <-> hybrid checkpoints, DeepSpeed ZeRO and DeepSpeed-MoE -> hybrid (docs/convert.md).
 
     hybrid convert path/to/hf_model ckpt/          # transformers -> hybrid (model weights, iteration 0)
     hybrid convert ckpt/ exported/ --dtype bf16    # hybrid (any layout, any ZeRO stage) -> transformers
     hybrid convert ds_run/ ckpt/ --model cfg_dir   # DeepSpeed ZeRO checkpoint -> hybrid
+    hybrid convert ds_moe/ ckpt/ --model mixtral   # DeepSpeed-MoE (per-expert files) -> hybrid Mixtral
     hybrid convert hf/ ckpt/ --target-tensor-parallel-size 2 --target-pipeline-parallel-size 2   # pre-sharded
     hybrid generate ckpt/ --prompt "..." [--temperature 0.8 --top-p 0.9]      # the sanity check after
 

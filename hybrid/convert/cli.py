@@ -61,10 +61,12 @@ def _target_flags_given(args: argparse.Namespace) -> list[str]:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("convert", help="convert checkpoints: transformers <-> hybrid, DeepSpeed -> hybrid",
+    p = subparsers.add_parser("convert",
+                              help="convert checkpoints: transformers <-> hybrid, DeepSpeed (ZeRO, MoE) -> hybrid",
                               description=__doc__ + "\n\nSee docs/convert.md.", formatter_class=HelpFormatter)
     p.add_argument("src", metavar="SRC", help="a transformers model folder, a hybrid checkpoint directory (or one "
-                   "iter_*/ of it) or a DeepSpeed checkpoint folder (latest + global_step*/)")
+                   "iter_*/ of it) or a DeepSpeed checkpoint folder (latest + global_step*/; a DeepSpeed-MoE one, with "
+                   "layer_*_expert_* files, imports into a Mixtral --model)")
     p.add_argument("dst", metavar="DST", help="a new (or empty) directory; written in a temporary one and renamed")
     p.add_argument("--to", choices=("hf", "hybrid"), default=None,
                    help="target format (default: hf for a hybrid SRC, hybrid otherwise)")

@@ -1,4 +1,4 @@
-"""transformers folder (or DeepSpeed ZeRO checkpoint) -> hybrid checkpoint of model weights.
+"""transformers folder (or DeepSpeed ZeRO / DeepSpeed-MoE checkpoint) -> hybrid checkpoint of model weights.
 
 Reading a transformers folder goes through DCP's own HuggingFaceStorageReader (torch.distributed.checkpoint):
 a DCP load of a state dict keyed by transformers names, with the dtype cast to fp32 done by the reader's copy.
@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 
 from hybrid.checkpoint import store
 from hybrid.checkpoint.identity import model_identity
-from hybrid.convert import mapping
+from hybrid.convert import deepspeed_moe, mapping
 from hybrid.convert.common import (check_dst, check_safetensors, copy_pass_through, hf_config, read_config,
                                    staged_dst)
 from hybrid.convert.presharded import TargetLayout, check_target, rank_state_dicts, save_as_ranks
@@ -129,10 +129,12 @@ def _deepspeed_allowed() -> list:
 
 class _WeightsOnlyTorch:
     """`torch` as DeepSpeed's zero_to_fp32 module sees it while we call it: its torch.load(..., weights_only=False)
-    becomes torch.load(weights_only=True) under the allow-list, and a refusal is one line naming the file."""
+    becomes torch.load(weights_only=True) under the allow-list, and a refusal is one line naming the file. (The
+    DeepSpeed-MoE reader calls its `load` directly.)"""
 
-    def __init__(self, allowed: list):
+    def __init__(self, allowed: list, kind: str = "DeepSpeed ZeRO checkpoint"):
         self.allowed = allowed
+        self.kind = kind
 
     def __getattr__(self, name):
         return getattr(torch, name)
@@ -145,7 +147,7 @@ class _WeightsOnlyTorch:
         except pickle.UnpicklingError as e:
             found = re.search(r"GLOBAL ([\w.]+)", str(e))
             what = f"holds {found.group(1)}, which" if found else "holds an object that"
-            raise ValueError(f"SRC {f}: {what} a DeepSpeed ZeRO checkpoint's allow-list does not admit (tensors, "
+            raise ValueError(f"SRC {f}: {what} a {self.kind}'s allow-list does not admit (tensors, "
                              f"containers, {', '.join(c.__name__ for c in self.allowed)}); refused, nothing in it "
                              f"was run") from None
 
@@ -168,13 +170,20 @@ def _deepspeed_tag(src: str) -> str:
     return tag
 
 
-def _deepspeed_state_dict(src: str) -> dict[str, torch.Tensor]:
-    """DeepSpeed's own consolidation of a ZeRO (1/2/3) checkpoint into one fp32 state dict, its pickles read
-    with torch.load(weights_only=True) and an allow-list (_WeightsOnlyTorch): a checkpoint's files run no code."""
+def _deepspeed_state_dict(src: str, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], str, bool]:
+    """The weights of a DeepSpeed checkpoint, what it was, and whether it held DeepSpeed-MoE expert files. Such a
+    one (expert files beside the module states) goes through deepspeed_moe.py's reader, under Mixtral's
+    save_pretrained keys; any other through DeepSpeed's own consolidation of a ZeRO (1/2/3) checkpoint into one
+    fp32 state dict (a live transformers module's keys). Either way every pickle is read with
+    torch.load(weights_only=True) and an allow-list (_WeightsOnlyTorch): a checkpoint's files run no code."""
     from unittest import mock
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # reading needs no accelerator
-    from deepspeed.utils import zero_to_fp32
     tag = _deepspeed_tag(src)
+    if deepspeed_moe.is_moe_checkpoint(os.path.join(src, tag)):
+        reader = _WeightsOnlyTorch(_deepspeed_allowed(), "DeepSpeed-MoE checkpoint")
+        sd, detail = deepspeed_moe.mixtral_state_dict(os.path.join(src, tag), cfg, lambda f: reader.load(f, "cpu"))
+        return sd, f"DeepSpeed-MoE checkpoint of {cfg.hf.model_type}: {detail}", True
+    from deepspeed.utils import zero_to_fp32
     # (its tqdm bars would be lines beside an error's one line; the conversion prints its own summary)
     with mock.patch.object(zero_to_fp32, "torch", _WeightsOnlyTorch(_deepspeed_allowed())), \
             mock.patch.object(zero_to_fp32, "tqdm", lambda it, *a, **k: it):
@@ -186,17 +195,50 @@ def _deepspeed_state_dict(src: str) -> dict[str, torch.Tensor]:
             why = (str(e).strip().splitlines() or [""])[0][:200]
             raise ValueError(f"SRC {src}: DeepSpeed cannot read it as a ZeRO checkpoint ({type(e).__name__}: "
                              f"{why})") from None
-    return {k.removeprefix("module."): v for k, v in sd.items()}
+    return ({k.removeprefix("module."): v for k, v in sd.items()}, f"DeepSpeed ZeRO checkpoint of {cfg.hf.model_type}",
+            False)
+
+
+def _from_saved_keys(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """transformers' model (fp32) loaded by its own from_pretrained from `tensors` under save_pretrained's keys
+    (its conversion fuses per-expert keys into the live model's experts: a reference independent of ours)."""
+    import tempfile
+
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # (a bar beside the conversion's own two lines)
+    try:
+        with tempfile.TemporaryDirectory(prefix="hybrid-verify-") as d:
+            hf_config(cfg, torch.float32).to_json_file(os.path.join(d, "config.json"))
+            save_file({k: t.float().contiguous() for k, t in tensors.items()}, os.path.join(d, "model.safetensors"))
+            return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _check_no_extra(cfg: ModelConfig, sd: dict[str, torch.Tensor], src: str) -> None:
+    """Every tensor of a DeepSpeed-MoE checkpoint has a place in --model's Mixtral (none silently dropped)."""
+    want = mapping.hf_shapes(cfg)
+    extra = [k for k in sd if k not in want]
+    if extra:
+        raise ValueError(f"SRC {src}: holds {extra[0]!r}, which the {cfg.hf.model_type} model --model describes has "
+                         f"no place for (a checkpoint of another model?)")
 
 
 def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log=print,
                         target: TargetLayout = TargetLayout()) -> str:
-    """A DeepSpeed ZeRO checkpoint of a transformers model (`model`: its config folder, config.json or preset)
-    -> a new hybrid checkpoint `dst` pre-sharded for `target`."""
+    """A DeepSpeed checkpoint -- ZeRO of a transformers model, or DeepSpeed-MoE of a Mixtral (deepspeed_moe.py)
+    -- (`model`: its config folder, config.json or preset) -> a new hybrid checkpoint `dst` pre-sharded for
+    `target`."""
     check_dst(dst)
     cfg = read_config(model, "--model")
     check_target(cfg, target)
-    live = _deepspeed_state_dict(src)
+    live, what, moe_layers = _deepspeed_state_dict(src, cfg)
+    if moe_layers:
+        _check_no_extra(cfg, live, src)
     sd = per_expert_state_dict(live, cfg.hf.model_type)  # MoE: transformers' fused experts -> per-expert keys
     bare = {k.split(".", 1)[1]: k for k in sd}
 
@@ -210,12 +252,14 @@ def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log
         it_dir = _write(tmp, cfg, lambda k: get(k).float(), state, [model if os.path.isdir(model) else ""], target)
         if verify:
             def reference():
+                if moe_layers:
+                    return _from_saved_keys(cfg, {k: get(k) for k in found})
                 from transformers import AutoModelForCausalLM
                 m = AutoModelForCausalLM.from_config(cfg.hf, dtype=torch.float32)
                 m.load_state_dict({k: get(k) for k in found} if sd is live else live, strict=False)
                 return m
             line = verify_hybrid_against(cfg, it_dir, reference, torch.float32)
-    log(f"convert: {src} (DeepSpeed ZeRO checkpoint of {cfg.hf.model_type}) -> {dst} (hybrid checkpoint, model "
+    log(f"convert: {src} ({what}) -> {dst} (hybrid checkpoint, model "
         f"weights, iteration 0, chunks for tp {target.tp} x pp {target.pp}{target.describe(cfg)})")
     log(line)
     return line
