@@ -1,0 +1,262 @@
+"""The planner's slow-link model (hybrid/planner/slowlink.py) against the runtime.
+
+* Bytes: for every method (synchronous at ZeRO 0, 1 and 2; PowerSGD at ZeRO 0 and 1; 1-bit Adam; DiLoCo; Streaming
+  DiLoCo) a real run of STEPS steps on 4 CPU ranks (tiny-gpt2, tp 2 x dp 2 and pp 2 x dp 2, one spawn), built with
+  train.py's hooks (hybrid/train/loop.py: LocalUpdates, the compressor's DPReduction, ZeroOptimizer, train_step,
+  the outer step), moves exactly `slowlink.run_bytes` on its DP group ("dp", the compressors' tagged calls
+  included) and its outer-sync group ("diloco"), op by op, on every rank. The prediction comes from the model's
+  shapes (`param_shapes`) and the planner's unit model, not from the runtime's objects; `param_shapes` is also
+  checked against the parameters models/ builds.
+* Time: `hybrid plan ... --inter-dc-bandwidth` prints one row per method; bad values end in one line naming the flag.
+* Against the runtime's clock (slow): train.py with --simulated-dp-bandwidth (hybrid/compress/link.py sleeps the DP
+  ledger bytes / bandwidth after each step) at dp 2: the measured step minus the same run's step without the link
+  equals the predicted link time (latency 0: the simulated link has none) within TIME_TOLERANCE.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import pytest
+import torch
+
+from hybrid.comm import CommLedger
+from hybrid.compress.args import CompressConfig
+from hybrid.compress.powersgd import PowerSGDConfig
+from hybrid.compress.reduction import build as compress_reduction
+from hybrid.data import BatchSpec, load_corpus, micro_batches
+from hybrid.diloco import DiLoCoConfig
+from hybrid.diloco.run import LocalUpdates
+from hybrid.mesh import Mesh, ParallelDims
+from hybrid.pipeline import ScheduleKind, build_schedule
+from hybrid.pipeline.executor import PipelineExecutor, StageIO
+from hybrid.planner import Cluster, Layout, hardware
+from hybrid.planner import slowlink
+from hybrid.planner.layout import Workload, ZeroStage
+from hybrid.planner.model import ActivationProfile, Precision
+from hybrid.planner.slowlink import Method, MethodConfig, SlowLink
+from hybrid.testing import run_distributed
+from hybrid.tp import TPContext
+from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
+from hybrid.zero import ZeroConfig, ZeroOptimizer
+from models import build_pipeline_chunks, load_config
+
+MODEL, GLOBAL, MICRO, SEQ, SEED, DATA_SEED = "tiny-gpt2", 8, 2, 32, 7, 3
+STEPS, START, H = 4, 2, 2  # PowerSGD starts and 1-bit Adam freezes after 2 steps; DiLoCo syncs every 2
+# (name, zero stage, compression, DiLoCo, planner method)
+METHODS = [
+    ("sync-z0", 0, CompressConfig(), None, MethodConfig(Method.SYNC)),
+    ("sync-z1", 1, CompressConfig(), None, MethodConfig(Method.SYNC)),
+    ("sync-z2", 2, CompressConfig(), None, MethodConfig(Method.SYNC)),
+    ("powersgd-z0", 0, CompressConfig(powersgd=PowerSGDConfig(rank=2, start_iter=START)), None,
+     MethodConfig(Method.POWERSGD, powersgd_rank=2, powersgd_start_iter=START)),
+    ("powersgd-z1", 1, CompressConfig(powersgd=PowerSGDConfig(rank=2, start_iter=START)), None,
+     MethodConfig(Method.POWERSGD, powersgd_rank=2, powersgd_start_iter=START)),
+    ("onebit", 0, CompressConfig(onebit_freeze_iters=START), None,
+     MethodConfig(Method.ONEBIT, onebit_freeze_iters=START)),
+    ("diloco", 0, CompressConfig(), DiLoCoConfig(inner_steps=H), MethodConfig(Method.DILOCO, inner_steps=H)),
+    ("streaming", 0, CompressConfig(), DiLoCoConfig(inner_steps=H, fragments=2),
+     MethodConfig(Method.STREAMING, inner_steps=H, fragments=2)),
+]
+LAYOUTS = {"tp2-dp2": (2, 1), "pp2-dp2": (1, 2)}
+GRADIENT_TAGS = ("powersgd.", "onebit.")
+
+
+def _dp_bytes(summary: dict) -> dict[str, int]:
+    """The ledger's DP traffic: the "dp" group's untagged and compressor-tagged calls (what SimulatedLink
+    counts), and the "diloco" group; by "op@group"."""
+    out: dict[str, int] = {}
+    for key, entry in summary.items():
+        op, group = key.split("@")
+        name, _, tag = group.partition(":")
+        if (name == "dp" and (not tag or tag.startswith(GRADIENT_TAGS))) or name == "diloco":
+            if entry["bytes"]:
+                out[f"{op}@{name}"] = out.get(f"{op}@{name}", 0) + entry["bytes"]
+    return out
+
+
+def _run(mesh: Mesh, zero: int, compress: CompressConfig, diloco: DiLoCoConfig | None) -> dict[str, int]:
+    """STEPS steps as hybrid/train/loop.py runs them; this rank's DP bytes."""
+    cfg = load_config(MODEL)
+    pp = mesh.dims.pp
+    chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp), mesh.coords.pp, pp, 1, seed=SEED)
+    spec = BatchSpec(GLOBAL, MICRO, SEQ, mesh.dims.dp)
+    if pp > 1:
+        schedule = build_schedule(ScheduleKind.ONE_F_ONE_B, pp, spec.num_micro_batches, 1)[mesh.coords.pp]
+        runner = PipelineExecutor(chunks, schedule, mesh.pp, StageIO((MICRO, SEQ, cfg.hidden_size), torch.float32),
+                                  mesh.device)
+    else:
+        runner = LocalForwardBackward(chunks[0], mesh.device)
+    local = LocalUpdates.build(diloco, mesh)
+    zero_cfg = ZeroConfig(stage=zero)
+    reduction = compress_reduction(compress, local.mesh, zero_cfg)
+    opt_cfg = OptimizerConfig(lr=1e-3, train_iters=STEPS)
+    opt = ZeroOptimizer(chunks, local.mesh, zero_cfg, opt_cfg, reduction)
+    local.checkpointed(opt)
+    corpus = load_corpus()
+    mesh.ledger.reset()
+    for it in range(STEPS):
+        train_step(chunks, micro_batches(corpus, spec, DATA_SEED, it, mesh.coords.dp), opt, mesh,
+                   lr=opt_cfg.lr_at(it), runner=runner)
+        local.after_step(it)
+    return _dp_bytes(mesh.ledger.summary())
+
+
+def _measure(rank: int, world: int) -> dict:
+    out = {}
+    for name, (tp, pp) in LAYOUTS.items():
+        mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp), ledger=CommLedger())
+        out[name] = {"pp_rank": mesh.coords.pp,
+                     **{m[0]: _run(mesh, m[1], m[2], m[3]) for m in METHODS}}
+    return out
+
+
+@pytest.fixture(scope="module")
+def measured() -> list[dict]:
+    return run_distributed(_measure, 4, timeout=900)
+
+
+def _work() -> Workload:
+    return Workload(load_config(MODEL), global_batch=GLOBAL, seq_length=SEQ, precision=Precision.FP32,
+                    activations=ActivationProfile.FP32_FLASH)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout_name", list(LAYOUTS))
+def test_dp_bytes_of_every_method_equal_a_real_runs_ledger(measured, layout_name):
+    """Every rank, every method, every op: the ledger's bytes over STEPS steps == run_bytes."""
+    tp, pp = LAYOUTS[layout_name]
+    work = _work()
+    for rank, got in enumerate(measured):
+        case = got[layout_name]
+        for name, zero, _, _, method in METHODS:
+            layout = Layout(tp=tp, pp=pp, dp=2, micro_batch=MICRO, zero=ZeroStage(zero))
+            want = slowlink.run_bytes(work, layout, method, case["pp_rank"], STEPS)
+            assert want == case[name], f"{layout_name} {name} rank {rank}"
+            assert want, name  # something was sent
+
+
+def test_param_shapes_are_the_parameters_the_model_builds():
+    """tp 1: the shapes models/ builds for tiny-gpt2 and tiny-llama (multiset); tp 2 and pp 2: the counts the
+    planner's Shard gives."""
+    from hybrid.mesh import Mesh as M
+    for name in ("tiny-gpt2", "tiny-llama"):
+        cfg = load_config(name)
+        chunks = build_pipeline_chunks(cfg, TPContext(M.single().tp), 0, 1, seed=0)
+        built = sorted(tuple(p.shape) for p in chunks.parameters())
+        work = Workload(cfg, global_batch=8, seq_length=SEQ, precision=Precision.FP32,
+                        activations=ActivationProfile.FP32_FLASH)
+        assert sorted(slowlink.param_shapes(work, Layout(tp=1, pp=1, dp=1, micro_batch=2), 0)) == built, name
+        shard = work.shard(2)
+        per_layer = sum(s[0] if len(s) == 1 else s[0] * s[1] for s in slowlink.layer_shapes(work, 2))
+        assert per_layer == shard.layer_params(), name
+
+
+def test_onebit_and_powersgd_steady_bytes_follow_the_formulas():
+    """Independent arithmetic on tiny-gpt2 at tp 1 x dp 2, ZeRO 0 (one bucket): 1-bit Adam sends
+    len / 8 twice + 2 n fp32 scales per unit (units: the tied table and the rest); PowerSGD r 2 sends r (n + m)
+    per matrix and the 1-D tensors whole, in fp32."""
+    work, h, v, f, L = _work(), 64, 256, 256, 4
+    layout = Layout(tp=1, pp=1, dp=2, micro_batch=2)
+    rest = 256 * h + L * (2 * h + 4 * (h * h + h) + 2 * h + f * h + f + h * f + h) + 2 * h
+    table = v * h
+    pad = lambda x: -(-x // 16) * 16  # noqa: E731  (8 n, n = 2)
+    onebit = slowlink.steady_bytes(work, layout, MethodConfig(Method.ONEBIT), 0)
+    assert onebit == {"all_to_all@dp": (pad(rest) + pad(table)) // 8,
+                      "all_gather@dp": (pad(rest) + pad(table)) // 8 + 2 * 8 * 2}
+    r = 2
+    matrices = r * (v + h) * 2 + L * (4 * r * (h + h) + 2 * r * (f + h))  # table, positions; q k v o, fc, proj
+    whole = L * (2 * h + 4 * h + 2 * h + f + h) + 2 * h
+    psgd = slowlink.steady_bytes(work, layout, MethodConfig(Method.POWERSGD, powersgd_rank=r), 0)
+    assert psgd == {"all_reduce@dp": 4 * (matrices + whole)}
+
+
+# --- the command line -------------------------------------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _plan(argv: list[str], capsys) -> tuple[int, str, str]:
+    from hybrid.planner import cli
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+PLAN = ["--model", "gpt2-xl", "--gpus", "16", "--gpu", "a100-80g", "--global-batch-size", "64",
+        "--seq-length", "1024", "--pipeline-model-parallel-size", "1", "--tensor-model-parallel-size", "1",
+        "--zero-stage", "1"]
+
+
+def test_plan_prints_one_row_per_method_with_a_verdict(capsys):
+    code, out, err = _plan(PLAN + ["--inter-dc-bandwidth", "1.25", "--inter-dc-latency", "20"], capsys)
+    assert code == 0, err
+    table = out[out.index("inter-DC link"):].splitlines()
+    assert table[0].startswith("inter-DC link 1.25 GB/s (10 Gbit/s), 20 ms")
+    rows = table[2:7]
+    assert [r.split()[0] for r in rows] == ["synchronous", "powersgd", "1-bit", "diloco", "streaming"]
+    assert "baseline" in rows[0] and all(re.search(r"pays|even|does not", r) for r in rows[1:])
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--inter-dc-bandwidth", "0"], "--inter-dc-bandwidth must be a finite number > 0"),
+    (["--inter-dc-bandwidth", "inf"], "--inter-dc-bandwidth must be a finite number > 0"),
+    (["--inter-dc-bandwidth", "1", "--inter-dc-latency", "-1"], "--inter-dc-latency must be a finite number >= 0"),
+    (["--inter-dc-latency", "5"], "--inter-dc-latency needs --inter-dc-bandwidth"),
+    (["--inter-dc-bandwidth", "1", "--diloco-fragments", "3"], "--diloco-fragments 3 must divide"),
+    (["--inter-dc-bandwidth", "1", "--json"], "--inter-dc-bandwidth does not run with --json"),
+])
+def test_bad_inter_dc_values_are_one_line_naming_the_flag(capsys, extra, message):
+    code, out, err = _plan(PLAN + extra, capsys)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_the_hardware_profile_field_sets_the_link(tmp_path, capsys):
+    """A profile's hardware.inter_dc_gbps / inter_dc_latency_s give the link without the flags; the flags win."""
+    import dataclasses
+    import json
+
+    from hybrid.planner.calibrate import FORMAT
+    hw = dataclasses.asdict(hardware("a100-80g"))
+    hw.update(inter_dc_gbps=0.125, inter_dc_latency_s=0.01)
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps({"format": FORMAT, "hardware": hw}))
+    argv = [a for a in PLAN if a not in ("--gpu", "a100-80g")] + ["--hardware", str(path)]
+    code, out, err = _plan(argv, capsys)
+    assert code == 0 and "inter-DC link 0.125 GB/s (1 Gbit/s), 10 ms" in out, err
+    code, out, err = _plan(argv + ["--inter-dc-bandwidth", "1.25"], capsys)
+    assert code == 0 and "inter-DC link 1.25 GB/s (10 Gbit/s), 10 ms" in out, err
+
+
+# --- against the runtime's clock -----------------------------------------------------------------------------------
+TIME_TOLERANCE = 0.25  # of the predicted link time: sleep granularity, and the loaded machine's step-to-step noise
+LINK_GBPS = 0.002  # tiny-gpt2's 0.93 MB of fp32 gradients a step: ~0.46 s of link per step, >> the step's compute
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+
+def _ms_per_iter(stdout: str) -> float:
+    """The last log interval's ms/iter (the first interval holds the warm-up)."""
+    return float(re.findall(r"([\d.]+) ms/iter", stdout)[-1])
+
+
+@pytest.mark.slow
+def test_simulated_link_step_time_matches_the_prediction():
+    """train.py at dp 2 (tiny-gpt2, ZeRO 0, fp32): step with --simulated-dp-bandwidth - step without it ==
+    the predicted cross-site time of the synchronous method (2 sites, one rank each, latency 0)."""
+    from hybrid import testing
+    flags = ["--model", MODEL, "--global-batch-size", "8", "--seq-length", "32", "--micro-batch-size", "2",
+             "--train-iters", "6", "--log-interval", "3", "--lr", "1e-3"]
+    times = {}
+    for bw in (0.0, LINK_GBPS):
+        out = testing.torchrun(flags + ["--simulated-dp-bandwidth", str(bw)], 2, env={"OMP_NUM_THREADS": "1"},
+                               cwd=ROOT, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        times[bw] = _ms_per_iter(out.stdout) / 1e3
+    work = Workload(load_config(MODEL), global_batch=8, seq_length=32, precision=Precision.FP32,
+                    activations=ActivationProfile.FP32_FLASH)
+    cluster = Cluster(gpus=2, hw=hardware("cpu"))
+    lt = slowlink.link_time(work, cluster, Layout(tp=1, pp=1, dp=2, micro_batch=2), MethodConfig(Method.SYNC),
+                            SlowLink(LINK_GBPS, 0.0))
+    measured = times[LINK_GBPS] - times[0.0]
+    assert abs(measured - lt.cross) <= TIME_TOLERANCE * lt.cross, (measured, lt.cross, times)
