@@ -260,3 +260,30 @@ def test_simulated_link_step_time_matches_the_prediction():
                             SlowLink(LINK_GBPS, 0.0))
     measured = times[LINK_GBPS] - times[0.0]
     assert abs(measured - lt.cross) <= TIME_TOLERANCE * lt.cross, (measured, lt.cross, times)
+
+
+def test_link_time_is_latency_per_phase_plus_every_groups_bytes_over_the_bandwidth():
+    """tiny-gpt2 at tp 2 x dp 4, ZeRO 1 (two units a rank: the tied table, the rest), 2 sites of 2 DP ranks:
+    per step 2 reduce-scatters and 2 all-gathers cross, one latency each, and half of each S per DP group, the
+    tp 2 groups sharing the link; 1-bit Adam's all-to-all sends n S / 4 across; DiLoCo with one replica per
+    site sends its fp32 shard (ZeRO 1 over the site's 2 ranks) once per H steps from each of the 2 inner ranks."""
+    work, cluster = _work(), Cluster(gpus=8, hw=hardware("cpu"))
+    layout = Layout(tp=2, pp=1, dp=4, micro_batch=2, zero=ZeroStage.OPTIMIZER)
+    link = SlowLink(0.5, 0.004)
+    sync = slowlink.steady_bytes(work, layout, MethodConfig(Method.SYNC), 0)
+    lt = slowlink.link_time(work, cluster, layout, MethodConfig(Method.SYNC), link)
+    want = 2 * (sync["reduce_scatter@dp"] + sync["all_gather@dp"]) / 2
+    assert lt.cross_bytes == want
+    assert lt.cross == pytest.approx(4 * 0.004 + want / 0.5e9, rel=1e-12)
+    z0 = Layout(tp=2, pp=1, dp=4, micro_batch=2)
+    onebit = slowlink.steady_bytes(work, z0, MethodConfig(Method.ONEBIT), 0)
+    lt1 = slowlink.link_time(work, cluster, z0, MethodConfig(Method.ONEBIT), link)
+    assert lt1.cross_bytes == 2 * (4 * onebit["all_to_all@dp"] / 4 + onebit["all_gather@dp"] / 2)
+    diloco = MethodConfig(Method.DILOCO, inner_steps=10, replicas=2)
+    shard = slowlink.diloco_shard_numel(work, layout, 0, 2)
+    # a tp-2 block: norms 4 h + q k v 3 (32 h + 32) + o (32 h + h) + fc (128 h + 128) + proj (128 h + h) = 25,184;
+    # rest = 4 blocks + positions 256 h + final norm 2 h = 117,248; the table 128 h = 8,192; halves of each
+    assert shard == 8_192 // 2 + 117_248 // 2
+    ltd = slowlink.link_time(work, cluster, layout, diloco, link)
+    assert ltd.cross_bytes == pytest.approx(2 * 2 * 4 * shard / 10)
+    assert ltd.cross == pytest.approx(2 * 0.004 / 10 + ltd.cross_bytes / 0.5e9)

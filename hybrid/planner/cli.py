@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> None:
         if args.explain:
             print(explain(work, cluster, result.plans[0]))
         if link is not None:
-            rows = slowlink.predict(work, cluster, result.plans[0].layout, methods, link, evaluate)
+            rows = slowlink.predict(work, cluster, [p.layout for p in result.plans], methods, link, evaluate)
             print(slowlink.table(rows, link))
 
 

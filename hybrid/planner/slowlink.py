@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 
 from hybrid.compress.onebit import ledger_bytes as onebit_ledger_bytes
 from hybrid.compress.powersgd import PowerSGDConfig, matrix_rank
-from hybrid.planner.hardware import Collective, Gemm, GroupPlacement, Hardware, collective_seconds
+from hybrid.planner.hardware import GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds
 from hybrid.planner.layout import Cluster, Layout, Workload, ZeroStage, dp_placement, stage_layers
 from hybrid.planner.predicted_comm import zero_ledger, zero_units
 
@@ -117,13 +117,13 @@ class MethodConfig:
             return f"streaming H {self.inner_steps} K {self.fragments}"
         return m.value
 
-    def zero_allowed(self, stage: ZeroStage) -> bool:
+    def zero_stages(self) -> tuple[ZeroStage, ...]:
         """The ZeRO stages the runtime runs it with (hybrid/compress/args.py, hybrid/diloco/args.py)."""
         if self.method is Method.ONEBIT:
-            return stage is ZeroStage.NONE
+            return (ZeroStage.NONE,)
         if self.method is Method.SYNC:
-            return True
-        return stage is not ZeroStage.PARAMETERS
+            return tuple(ZeroStage)
+        return (ZeroStage.NONE, ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS)
 
 
 @dataclass(frozen=True)
@@ -413,7 +413,7 @@ class MethodRow:
 
     Attributes:
         method: the method and its settings.
-        layout: the layout it is priced at (the ZeRO stage moved where the runtime refuses the planned one).
+        layout: the layout it is priced at (its fastest that fits: `predict`).
         dp_bytes: DP bytes per step of one rank (the largest pipeline rank's; ledger sizes), steady state.
         link: its DP traffic's time.
         compress_s: the compressor's own seconds per step.
@@ -434,62 +434,62 @@ class MethodRow:
     verdict: str
 
 
-def _stage_for(method: MethodConfig, layout: Layout) -> Layout:
-    """The layout with the closest ZeRO stage the runtime runs the method with."""
-    if method.zero_allowed(layout.zero):
-        return layout
-    return replace(layout, zero=ZeroStage.NONE if method.method is Method.ONEBIT else ZeroStage.GRADIENTS)
-
-
 def check_layout(layout: Layout, method: MethodConfig | None = None) -> None:
     """What the model needs of the layout: an even DP split over the sites, and DiLoCo replicas dividing dp."""
     if layout.dp % SITES:
         raise ValueError(f"--inter-dc-bandwidth: the layout's data-parallel size {layout.dp} does not split over "
                          f"{SITES} sites; plan an even DP size (--gpus, or pin the other dimensions)")
-    if getattr(layout, "cp", 1) > 1:
-        raise ValueError("--inter-dc-bandwidth does not model context parallelism yet; drop --context-parallel-size")
     if method is not None and method.replicas is not None and layout.dp % method.replicas:
         raise ValueError(f"--diloco-replicas {method.replicas} must divide the data-parallel size {layout.dp}")
 
 
-def predict(work: Workload, cluster: Cluster, layout: Layout, methods: list[MethodConfig], link: SlowLink,
+def price(work: Workload, cluster: Cluster, layout: Layout, method: MethodConfig, link: SlowLink,
+          evaluate) -> tuple[LinkTime, float, float, bool]:
+    """(its DP traffic's time, the compressor's seconds, the step, whether it fits the device) of one method at
+    one layout. `evaluate` is the planner's (search.evaluate), passed in so that this module stays apart from
+    the search."""
+    check_layout(layout, method)
+    plan = evaluate(work, cluster, layout)
+    local = plan.time.total - plan.time.dp_comm  # the planner's step without its DP term
+    lt = link_time(work, cluster, layout, method, link)
+    comp = compress_seconds(work, cluster, layout, method)
+    return lt, comp, local + lt.intra + lt.cross + comp, plan.memory_gb * GB <= cluster.hw.capacity_bytes
+
+
+def predict(work: Workload, cluster: Cluster, layouts: list[Layout], methods: list[MethodConfig], link: SlowLink,
             evaluate) -> list[MethodRow]:
-    """Each method's row; the first method must be synchronous (the speed-ups are over it). `evaluate` is the
-    planner's (search.evaluate), passed in so this module stays beside the search."""
-    check_layout(layout)
+    """Each method's row at its fastest layout that fits the device: `layouts` (the search's best ones with an
+    even DP size) at each ZeRO stage the runtime runs the method with -- over a slow link the stage that moves
+    fewer bytes can win. The first method must be synchronous (the speed-ups are over it)."""
+    if not methods or methods[0].method is not Method.SYNC:
+        raise ValueError("slowlink.predict: the first method must be synchronous (the speed-ups are over it)")
+    layouts = [layout for layout in layouts if layout.dp % SITES == 0] or layouts[:1]
+    check_layout(layouts[0])  # none splits over the sites: say so
     rows: list[MethodRow] = []
     base_s = None
     for method in methods:
-        check_layout(layout, method)
-        lay = _stage_for(method, layout)
-        plan = evaluate(work, cluster, lay)
-        local = plan.time.total - plan.time.dp_comm
-        lt = link_time(work, cluster, lay, method, link)
-        comp = compress_seconds(work, cluster, lay, method)
-        step = local + lt.intra + lt.cross + comp
+        tried = list(dict.fromkeys(replace(layout, zero=z) for layout in layouts for z in method.zero_stages()))
+        priced = [(lay, *price(work, cluster, lay, method, link, evaluate)) for lay in tried]
+        fitting = [p for p in priced if p[4]] or priced[:1]
+        lay, lt, comp, step, fits = min(fitting, key=lambda p: p[3])
         base_s = step if base_s is None else base_s
         per_rank = max(sum(steady_bytes(work, lay, method, r).values()) for r in range(lay.pp))
-        fits = plan.memory_gb * 1e9 <= cluster.hw.capacity_bytes
         rows.append(MethodRow(method, lay, per_rank, lt, comp, step, base_s / step, fits,
-                              _verdict(method, layout, lay, base_s / step, fits, lt, local)))
-    if methods and methods[0].method is not Method.SYNC:
-        raise ValueError("slowlink.predict: the first method must be synchronous (the speed-ups are over it)")
+                              _verdict(method, lay, base_s / step, fits, lt, step)))
     return rows
 
 
-def _verdict(method: MethodConfig, planned: Layout, lay: Layout, speedup: float, fits: bool, lt: LinkTime,
-             local: float) -> str:
-    moved = f" (at ZeRO {int(lay.zero)}: the runtime refuses ZeRO {int(planned.zero)})" if lay.zero != planned.zero else ""
+def _verdict(method: MethodConfig, lay: Layout, speedup: float, fits: bool, lt: LinkTime, step: float) -> str:
     if not fits:
-        return f"does not fit the device at ZeRO {int(lay.zero)}{moved}"
+        stages = "/".join(str(int(z)) for z in method.zero_stages())
+        return f"does not fit the device at ZeRO {stages} (the stages the runtime runs it with) in these layouts"
     if method.method is Method.SYNC:
-        share = lt.cross / (local + lt.intra + lt.cross) if lt.cross else 0.0
-        return f"baseline: the link is {share:.0%} of the step"
+        return f"baseline: the link is {lt.cross / step:.0%} of the step"
     if speedup >= PAYS:
-        return f"pays: {speedup:.2f}x the synchronous throughput{moved}"
+        return f"pays: {speedup:.2f}x the synchronous throughput"
     if speedup > 1 / PAYS:
-        return f"about even with synchronous{moved}"
-    return f"does not pay: {1 / speedup:.2f}x slower than synchronous{moved}"
+        return "about even with synchronous"
+    return f"does not pay: {1 / speedup:.2f}x slower than synchronous"
 
 
 def methods_from(powersgd_rank: int, inner_steps: int, fragments: int) -> list[MethodConfig]:
@@ -505,12 +505,15 @@ def table(rows: list[MethodRow], link: SlowLink) -> str:
     """The printed table."""
     head = (f"inter-DC link {link.gbps:g} GB/s ({link.gbps * 8:g} Gbit/s), {link.latency_s * 1e3:g} ms, DP replicas "
             f"over {link.sites} sites:")
-    lines = [head, f"  {'method':<22} {'DP bytes/step':>13} {'across/step':>12} {'link s':>9} {'step s':>9} "
-                   f"{'speed-up':>8}  verdict"]
+    width = max(len(r.layout.short()) for r in rows)
+    lines = [head, f"  {'method':<22} {'layout':<{width}} {'DP bytes/step':>13} {'across/step':>12} {'link s':>9} "
+                   f"{'step s':>9} {'speed-up':>8}  verdict"]
     for r in rows:
-        lines.append(f"  {r.method.label:<22} {_size(r.dp_bytes):>13} {_size(r.link.cross_bytes):>12} "
-                     f"{r.link.cross:>9.4g} {r.step_s:>9.4g} {r.speedup:>7.2f}x  {r.verdict}")
-    lines.append("  DP bytes/step: one rank's DP traffic (ledger sizes, its largest pipeline rank; DiLoCo: its replica's "
+        lines.append(f"  {r.method.label:<22} {r.layout.short():<{width}} {_size(r.dp_bytes):>13} "
+                     f"{_size(r.link.cross_bytes):>12} {r.link.cross:>9.4g} {r.step_s:>9.4g} {r.speedup:>7.2f}x  "
+                     f"{r.verdict}")
+    lines.append("  layout: the method's fastest among the search's top layouts, at each ZeRO stage the runtime runs "
+                 "it with; DP bytes/step: one rank's DP traffic (ledger sizes, its largest pipeline rank; DiLoCo: its replica's "
                  "own sync + the outer sync / H); across/step: the bytes all DP groups send over the link per "
                  "direction; link s: their time over it (latencies included); step s: the planner's step without "
                  "its DP term + the DP traffic inside the sites + link s + the compressor's work. Steady state "
