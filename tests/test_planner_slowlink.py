@@ -7,7 +7,9 @@
   included) and its outer-sync group ("diloco"), op by op, on every rank. The prediction comes from the model's
   shapes (`param_shapes`) and the planner's unit model, not from the runtime's objects; `param_shapes` is also
   checked against the parameters models/ builds.
-* Time: `hybrid plan ... --inter-dc-bandwidth` prints one row per method; bad values end in one line naming the flag.
+* Time: the link model's arithmetic (latency per phase + every DP group's bytes / bandwidth); `hybrid plan ...
+  --inter-dc-bandwidth` prints one row per method (docs/planner.md's 7B tables are its output); bad values end in
+  one line naming the flag; a hardware profile's inter_dc_gbps / inter_dc_latency_s set the link.
 * Against the runtime's clock (slow): train.py with --simulated-dp-bandwidth (hybrid/compress/link.py sleeps the DP
   ledger bytes / bandwidth after each step) at dp 2: the measured step minus the same run's step without the link
   equals the predicted link time (latency 0: the simulated link has none) within TIME_TOLERANCE.
@@ -171,6 +173,10 @@ def test_onebit_and_powersgd_steady_bytes_follow_the_formulas():
     whole = L * (2 * h + 4 * h + 2 * h + f + h) + 2 * h
     psgd = slowlink.steady_bytes(work, layout, MethodConfig(Method.POWERSGD, powersgd_rank=r), 0)
     assert psgd == {"all_reduce@dp": 4 * (matrices + whole)}
+    # the methods' own state: PowerSGD's fp32 error feedback; 1-bit Adam's worker + server errors (n = 2)
+    psi = rest + table
+    assert slowlink.state_bytes(work, layout, MethodConfig(Method.POWERSGD)) == 4 * psi
+    assert slowlink.state_bytes(work, layout, MethodConfig(Method.ONEBIT)) == 4 * psi * 1.5
 
 
 # --- the command line -------------------------------------------------------------------------------------------
@@ -259,6 +265,8 @@ def test_simulated_link_step_time_matches_the_prediction():
     lt = slowlink.link_time(work, cluster, Layout(tp=1, pp=1, dp=2, micro_batch=2), MethodConfig(Method.SYNC),
                             SlowLink(LINK_GBPS, 0.0))
     measured = times[LINK_GBPS] - times[0.0]
+    print(f"step without the link {times[0.0]:.3f} s, with it {times[LINK_GBPS]:.3f} s: link {measured:.3f} s "
+          f"measured, {lt.cross:.3f} s predicted")
     assert abs(measured - lt.cross) <= TIME_TOLERANCE * lt.cross, (measured, lt.cross, times)
 
 
@@ -287,3 +295,24 @@ def test_link_time_is_latency_per_phase_plus_every_groups_bytes_over_the_bandwid
     ltd = slowlink.link_time(work, cluster, layout, diloco, link)
     assert ltd.cross_bytes == pytest.approx(2 * 2 * 4 * shard / 10)
     assert ltd.cross == pytest.approx(2 * 0.004 / 10 + ltd.cross_bytes / 0.5e9)
+
+
+DOC_MODEL = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--ffn-hidden-size",
+             "11008", "--vocab-size", "32000", "--swiglu", "--untie-embeddings-and-output-weights", "--gpus", "64",
+             "--gpu", "h100-80g", "--global-batch-size", "512", "--seq-length", "4096", "--activation-profile",
+             "bf16-flash", "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+             "--inter-dc-latency", "10"]
+
+
+def test_docs_example_tables_are_what_the_tool_prints(capsys):
+    """docs/planner.md's 7B example at 1 and 10 Gbit/s: each row as `hybrid plan` prints it."""
+    with open(os.path.join(ROOT, "docs", "planner.md")) as f:
+        doc = f.read()
+    section = doc[doc.index("**Example: a 7B model across two sites.**"):]
+    blocks = re.findall(r"```\n(  method.*?)```", section, re.S)
+    assert len(blocks) == 2
+    for gbps, block in zip(("0.125", "1.25"), blocks):
+        code, out, err = _plan(DOC_MODEL + ["--inter-dc-bandwidth", gbps], capsys)
+        assert code == 0, err
+        printed = out[out.index("  method"):].splitlines()[:6]
+        assert block.splitlines() == printed, gbps

@@ -374,6 +374,27 @@ def _intra_seconds(hw: Hardware, op: str, size: float, group: GroupPlacement) ->
     return collective_seconds(hw, Collective(op), size, group)
 
 
+def state_bytes(work: Workload, layout: Layout, method: MethodConfig) -> float:
+    """Device bytes the method keeps beyond the planner's model states, on the fullest pipeline rank: PowerSGD's
+    error feedback (the gradient, g a parameter) and at ZeRO 2 the full gradient buffer it reduces from (as stage
+    1's); 1-bit Adam's worker and server errors (4 bytes a parameter, and 4 / n); DiLoCo's last synced weights
+    and outer momentum (4 + 4 bytes a master element of the shard)."""
+    worst = 0.0
+    for pp_rank in range(layout.pp):
+        psi = sum(_numel(s) for s in param_shapes(work, layout, pp_rank))
+        n, g = layout.dp, work.grad_bytes
+        if method.method is Method.POWERSGD:
+            extra = g * psi + (g * psi * (n - 1) / n if layout.zero is ZeroStage.GRADIENTS else 0.0)
+        elif method.method is Method.ONEBIT:
+            extra = 4 * psi * (1 + 1 / n)
+        elif method.method in (Method.DILOCO, Method.STREAMING):
+            extra = 2 * MASTER_BYTES * diloco_shard_numel(work, layout, pp_rank, _inner(layout, method))
+        else:
+            extra = 0.0
+        worst = max(worst, extra)
+    return worst
+
+
 def compress_seconds(work: Workload, cluster: Cluster, layout: Layout, method: MethodConfig) -> float:
     """The compressor's own work per step on the busiest pipeline rank (see the module docstring)."""
     hw, gb = cluster.hw, work.grad_bytes
@@ -445,15 +466,16 @@ def check_layout(layout: Layout, method: MethodConfig | None = None) -> None:
 
 def price(work: Workload, cluster: Cluster, layout: Layout, method: MethodConfig, link: SlowLink,
           evaluate) -> tuple[LinkTime, float, float, bool]:
-    """(its DP traffic's time, the compressor's seconds, the step, whether it fits the device) of one method at
-    one layout. `evaluate` is the planner's (search.evaluate), passed in so that this module stays apart from
+    """(its DP traffic's time, the compressor's seconds, the step, whether it fits the device with the method's
+    own state, `state_bytes`) of one method at one layout. `evaluate` is the planner's (search.evaluate), passed in so that this module stays apart from
     the search."""
     check_layout(layout, method)
     plan = evaluate(work, cluster, layout)
     local = plan.time.total - plan.time.dp_comm  # the planner's step without its DP term
     lt = link_time(work, cluster, layout, method, link)
     comp = compress_seconds(work, cluster, layout, method)
-    return lt, comp, local + lt.intra + lt.cross + comp, plan.memory_gb * GB <= cluster.hw.capacity_bytes
+    fits = plan.memory_gb * GB + state_bytes(work, layout, method) <= cluster.hw.capacity_bytes
+    return lt, comp, local + lt.intra + lt.cross + comp, fits
 
 
 def predict(work: Workload, cluster: Cluster, layouts: list[Layout], methods: list[MethodConfig], link: SlowLink,
