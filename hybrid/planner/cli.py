@@ -151,15 +151,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-virtual-stages", type=int_in(1, 1024), metavar="N", default=MAX_V,
                    help="most chunks per rank tried")
     g = p.add_argument_group("a slow link between sites (hybrid/planner/slowlink.py): each method's step time")
-    g.add_argument("--inter-dc-bandwidth", type=float, metavar="GBPS",
+    g.add_argument("--inter-dc-bandwidth", type=float_in(0.0, low_open=True), metavar="GBPS",
                    help="GB/s per direction between two sites the DP replicas are split over (1 Gbit/s = 0.125): "
                         "prints synchronous, PowerSGD, 1-bit Adam, DiLoCo and Streaming DiLoCo for the best layout; "
                         "None: the --hardware profile's inter_dc_gbps, else no such table")
-    g.add_argument("--inter-dc-latency", type=float, metavar="MS",
+    g.add_argument("--inter-dc-latency", type=float_in(0.0), metavar="MS",
                    help="one-way latency of that link, milliseconds (None: the profile's, else 0)")
-    g.add_argument("--powersgd-rank", type=int, default=4, metavar="R", help="the table's PowerSGD rank")
-    g.add_argument("--diloco-inner-steps", type=int, default=100, metavar="H", help="the table's DiLoCo H")
-    g.add_argument("--diloco-fragments", type=int, default=4, metavar="K",
+    g.add_argument("--powersgd-rank", type=positive_int, default=4, metavar="R", help="the table's PowerSGD rank")
+    g.add_argument("--diloco-inner-steps", type=positive_int, default=100, metavar="H", help="the table's DiLoCo H")
+    g.add_argument("--diloco-fragments", type=positive_int, default=4, metavar="K",
                    help="the table's Streaming DiLoCo fragments (K divides H)")
     g = p.add_argument_group("output")
     g.add_argument("--top", type=positive_int, metavar="N", default=5, help="layouts to show")
