@@ -63,6 +63,15 @@ METHODS = [
      MethodConfig(Method.STREAMING, inner_steps=H, fragments=2)),
 ]
 LAYOUTS = {"tp2-dp2": (2, 1), "pp2-dp2": (1, 2)}
+# dp 4 as the table runs DiLoCo: one replica per site (R 2), ZeRO 1 over the replica's 2 ranks; PowerSGD at ZeRO 2
+DP4_METHODS = [
+    ("diloco-r2-z1", 1, CompressConfig(), DiLoCoConfig(inner_steps=H, replicas=2),
+     MethodConfig(Method.DILOCO, inner_steps=H, replicas=2)),
+    ("streaming-r2-z1", 1, CompressConfig(), DiLoCoConfig(inner_steps=H, replicas=2, fragments=2),
+     MethodConfig(Method.STREAMING, inner_steps=H, replicas=2, fragments=2)),
+    ("powersgd-z2", 2, CompressConfig(powersgd=PowerSGDConfig(rank=2, start_iter=START)), None,
+     MethodConfig(Method.POWERSGD, powersgd_rank=2, powersgd_start_iter=START)),
+]
 GRADIENT_TAGS = ("powersgd.", "onebit.")
 
 
@@ -112,6 +121,8 @@ def _measure(rank: int, world: int) -> dict:
         mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp), ledger=CommLedger())
         out[name] = {"pp_rank": mesh.coords.pp,
                      **{m[0]: _run(mesh, m[1], m[2], m[3]) for m in METHODS}}
+    mesh = Mesh.build(ParallelDims.from_world(world), ledger=CommLedger())
+    out["dp4"] = {m[0]: _run(mesh, m[1], m[2], m[3]) for m in DP4_METHODS}
     return out
 
 
@@ -138,6 +149,19 @@ def test_dp_bytes_of_every_method_equal_a_real_runs_ledger(measured, layout_name
             want = slowlink.run_bytes(work, layout, method, case["pp_rank"], STEPS)
             assert want == case[name], f"{layout_name} {name} rank {rank}"
             assert want, name  # something was sent
+
+
+@pytest.mark.slow
+def test_dp_bytes_at_dp4_with_diloco_replicas_and_powersgd_zero2_equal_the_ledger(measured):
+    """dp 4: DiLoCo and Streaming DiLoCo with 2 replicas of ZeRO 1 over 2 ranks (the replica's own reduce-scatter
+    and all-gather on "dp", the shard's outer all-reduce on "diloco"), PowerSGD at ZeRO 2 (reduced once a step)."""
+    work = _work()
+    for rank, got in enumerate(measured):
+        for name, zero, _, _, method in DP4_METHODS:
+            layout = Layout(tp=1, pp=1, dp=4, micro_batch=MICRO, zero=ZeroStage(zero))
+            want = slowlink.run_bytes(work, layout, method, 0, STEPS)
+            assert want == got["dp4"][name], f"{name} rank {rank}"
+            assert len(want) >= 2, name
 
 
 def test_param_shapes_are_the_parameters_the_model_builds():

@@ -275,7 +275,13 @@ def steady_bytes(work: Workload, layout: Layout, method: MethodConfig, pp_rank: 
     replicas = method.replicas or layout.dp
     inner = _inner(layout, method)
     outer = MASTER_BYTES * diloco_shard_numel(work, layout, pp_rank, inner) if replicas > 1 else 0
-    return _add(sync_bytes(work, layout, pp_rank, dp=inner), {"all_reduce@diloco": outer / method.inner_steps})
+    step = sync_bytes(work, layout, pp_rank, dp=inner)
+    # after each step with a sync the engine rebuilds the parameters from the master (ZeRO 1-2: an all-gather in
+    # the replica, hybrid/diloco/outer.py's sync_params_from_master): K of them per H steps
+    gathers = {k: v for k, v in step.items() if k.startswith("all_gather")} \
+        if layout.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) else {}
+    return _add(step, _add(gathers, times=method.fragments / method.inner_steps),
+                {"all_reduce@diloco": outer / method.inner_steps})
 
 
 def run_bytes(work: Workload, layout: Layout, method: MethodConfig, pp_rank: int, steps: int) -> Bytes:
