@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import enum
 import math
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -473,8 +474,8 @@ def check_layout(layout: Layout, method: MethodConfig | None = None) -> None:
 def price(work: Workload, cluster: Cluster, layout: Layout, method: MethodConfig, link: SlowLink,
           evaluate) -> tuple[LinkTime, float, float, bool]:
     """(its DP traffic's time, the compressor's seconds, the step, whether it fits the device with the method's
-    own state, `state_bytes`) of one method at one layout. `evaluate` is the planner's (search.evaluate), passed in so that this module stays apart from
-    the search."""
+    own state, `state_bytes`) of one method at one layout. `evaluate` is the planner's (search.evaluate), passed
+    in so that this module stays apart from the search."""
     check_layout(layout, method)
     plan = evaluate(work, cluster, layout)
     local = plan.time.total - plan.time.dp_comm  # the planner's step without its DP term
@@ -540,13 +541,14 @@ def table(rows: list[MethodRow], link: SlowLink) -> str:
         lines.append(f"  {r.method.label:<22} {r.layout.short():<{width}} {_size(r.dp_bytes):>13} "
                      f"{_size(r.link.cross_bytes):>12} {r.link.cross:>9.4g} {r.step_s:>9.4g} {r.speedup:>7.2f}x  "
                      f"{r.verdict}")
-    lines.append("  layout: the method's fastest among the search's top layouts, at each ZeRO stage the runtime runs "
-                 "it with; DP bytes/step: one rank's DP traffic (ledger sizes, its largest pipeline rank; DiLoCo: its replica's "
-                 "own sync + the outer sync / H); across/step: the bytes all DP groups send over the link per "
-                 "direction; link s: their time over it (latencies included); step s: the planner's step without "
-                 "its DP term + the DP traffic inside the sites + link s + the compressor's work. Steady state "
-                 "(after PowerSGD's start, 1-bit Adam's freeze); compression and local updates change the "
-                 "optimisation too (docs/comm-efficient.md, docs/diloco.md).")
+    legend = ("layout: the method's fastest among the search's top layouts, at each ZeRO stage the runtime runs it "
+              "with; DP bytes/step: one rank's DP traffic (ledger sizes, its largest pipeline rank; DiLoCo: its "
+              "replica's own sync + the outer sync / H); across/step: the bytes all DP groups send over the link per "
+              "direction; link s: their time over it (latencies included); step s: the planner's step without its "
+              "DP term + the DP traffic inside the sites + link s + the compressor's work. Steady state (after "
+              "PowerSGD's start, 1-bit Adam's freeze); compression and local updates change the optimisation too "
+              "(docs/comm-efficient.md, docs/diloco.md).")
+    lines += textwrap.wrap(legend, 118, initial_indent="  ", subsequent_indent="  ")
     return "\n".join(lines)
 
 
