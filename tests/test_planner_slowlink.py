@@ -265,13 +265,15 @@ def test_the_hardware_profile_field_sets_the_link(tmp_path, capsys):
 
 # --- against the runtime's clock -----------------------------------------------------------------------------------
 TIME_TOLERANCE = 0.25  # of the predicted link time: sleep granularity, and the loaded machine's step-to-step noise
-LINK_GBPS = 0.002  # tiny-gpt2's 0.93 MB of fp32 gradients a step: ~0.46 s of link per step, >> the step's compute
+LINK_GBPS = 0.001  # tiny-gpt2's 0.93 MB of fp32 gradients a step: 0.93 s of link per step, >> the step's compute
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 
 def _ms_per_iter(stdout: str) -> float:
-    """The last log interval's ms/iter (the first interval holds the warm-up)."""
-    return float(re.findall(r"([\d.]+) ms/iter", stdout)[-1])
+    """The median ms/iter of the log intervals after the first (which holds the warm-up): a loaded machine's
+    one slow interval does not decide."""
+    times = sorted(float(x) for x in re.findall(r"([\d.]+) ms/iter", stdout)[1:])
+    return times[len(times) // 2]
 
 
 @pytest.mark.slow
@@ -280,7 +282,7 @@ def test_simulated_link_step_time_matches_the_prediction():
     the predicted cross-site time of the synchronous method (2 sites, one rank each, latency 0)."""
     from hybrid import testing
     flags = ["--model", MODEL, "--global-batch-size", "8", "--seq-length", "32", "--micro-batch-size", "2",
-             "--train-iters", "6", "--log-interval", "3", "--lr", "1e-3"]
+             "--train-iters", "10", "--log-interval", "2", "--lr", "1e-3"]
     times = {}
     for bw in (0.0, LINK_GBPS):
         out = testing.torchrun(flags + ["--simulated-dp-bandwidth", str(bw)], 2, env={"OMP_NUM_THREADS": "1"},
