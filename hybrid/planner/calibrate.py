@@ -571,11 +571,12 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
         if not isinstance(value, str):
             raise ValueError(f"--hardware {path}: hardware.name must be a string, got {json.dumps(value)}")
         return
-    nullable = ("compute_units", "memory_bytes", "elementwise_tbps", "flash_efficiency", "fp8_tflops")
+    nullable = ("compute_units", "memory_bytes", "elementwise_tbps", "flash_efficiency", "fp8_tflops", "inter_dc_gbps",
+                "inter_dc_latency_s")
     if name in nullable and value is None:
         return
     if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                "kernel_overhead_s"):  # may be 0
+                "kernel_overhead_s", "inter_dc_latency_s"):  # may be 0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"--hardware {path}: {where}{name} must be a finite number >= 0, got {json.dumps(value)}")
         return

@@ -35,14 +35,14 @@ from dataclasses import asdict
 from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_output_file, float_in, int_in,
                             nonnegative_int, positive_float, positive_int)
 from hybrid.cp.attention import CommType
-from hybrid.planner import calibrate, context, moe
+from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.planner.ops import KernelProfile
 from hybrid.planner.schedule import SIM_BUDGET
-from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, search,
-                                   summarize_rejections)
+from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, evaluate,
+                                   search, summarize_rejections)
 from hybrid.planner.time import TERMS, FlopsFormula
 from hybrid.planner.train_flags import MAX_GLOBAL_BATCH, plan_flags
 from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
@@ -150,6 +150,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest micro-batch tried")
     g.add_argument("--max-virtual-stages", type=int_in(1, 1024), metavar="N", default=MAX_V,
                    help="most chunks per rank tried")
+    g = p.add_argument_group("a slow link between sites (hybrid/planner/slowlink.py): each method's step time")
+    g.add_argument("--inter-dc-bandwidth", type=float_in(0.0, low_open=True), metavar="GBPS",
+                   help="GB/s per direction between two sites the DP replicas are split over (1 Gbit/s = 0.125): "
+                        "prints synchronous, PowerSGD, 1-bit Adam, DiLoCo and Streaming DiLoCo for the best layout; "
+                        "None: the --hardware profile's inter_dc_gbps, else no such table")
+    g.add_argument("--inter-dc-latency", type=float_in(0.0), metavar="MS",
+                   help="one-way latency of that link, milliseconds (None: the profile's, else 0)")
+    g.add_argument("--powersgd-rank", type=positive_int, default=4, metavar="R", help="the table's PowerSGD rank")
+    g.add_argument("--diloco-inner-steps", type=positive_int, default=100, metavar="H", help="the table's DiLoCo H")
+    g.add_argument("--diloco-fragments", type=positive_int, default=4, metavar="K",
+                   help="the table's Streaming DiLoCo fragments (K divides H)")
     g = p.add_argument_group("output")
     g.add_argument("--top", type=positive_int, metavar="N", default=5, help="layouts to show")
     g.add_argument("--json", action="store_true", help="machine-readable output (each plan's step terms included)")
@@ -189,11 +200,14 @@ def run(args: argparse.Namespace) -> None:
     formula = FlopsFormula(args.flops_formula)
     _check_cp(args)
     if args.scan_gpus:
+        if args.inter_dc_bandwidth is not None or args.inter_dc_latency is not None:
+            raise ValueError("--inter-dc-bandwidth does not run with --scan-gpus yet; drop one of them")
         _scan(args, work, space, formula)
         return
     if args.gpus is None:
         raise ValueError("--gpus is required (or --scan-gpus 8,64,512 for a scaling table)")
     cluster = cluster_from_args(args, args.gpus)
+    link, methods = slow_link_from_args(args, cluster.hw)
     if work.fp8 and cluster.hw.fp8_tflops is None:
         raise ValueError(f"--fp8: {cluster.hw.name} has no FP8 tensor cores (plan bf16, or --gpu h100-80g / h200)")
     if args.context_parallel_size is not None:
@@ -215,6 +229,28 @@ def run(args: argparse.Namespace) -> None:
         print(_report(work, cluster, result, args.show_rejected))
         if args.explain:
             print(explain(work, cluster, result.plans[0]))
+        if link is not None:
+            rows = slowlink.predict(work, cluster, [p.layout for p in result.plans], methods, link, evaluate)
+            print(slowlink.table(rows, link))
+
+
+def slow_link_from_args(args: argparse.Namespace, hw) -> tuple[slowlink.SlowLink | None, list]:
+    """The inter-DC link (the flags over the --hardware profile's fields) and the table's methods; (None, [])
+    without one. Checked before the search; what the table does not combine with is refused by name."""
+    gbps = args.inter_dc_bandwidth if args.inter_dc_bandwidth is not None else hw.inter_dc_gbps
+    if gbps is None:
+        if args.inter_dc_latency is not None:
+            raise ValueError("--inter-dc-latency needs --inter-dc-bandwidth (or a profile's inter_dc_gbps)")
+        return None, []
+    for flag, on in (("--json", args.json), ("--emit-args", args.emit_args), ("--scan-gpus", args.scan_gpus),
+                     ("--context-parallel-size", args.context_parallel_size)):
+        if on:
+            raise ValueError(f"--inter-dc-bandwidth does not run with {flag} yet; drop one of them")
+    latency_ms = args.inter_dc_latency if args.inter_dc_latency is not None else (hw.inter_dc_latency_s or 0.0) * 1e3
+    if not 0 <= latency_ms < float("inf"):
+        raise ValueError(f"--inter-dc-latency must be a finite number >= 0 (milliseconds), got {latency_ms}")
+    link = slowlink.SlowLink(gbps, latency_ms / 1e3)
+    return link, slowlink.methods_from(args.powersgd_rank, args.diloco_inner_steps, args.diloco_fragments)
 
 
 def _check_cp(args: argparse.Namespace) -> None:

@@ -26,6 +26,7 @@ kernel, with an asymptotic efficiency e per GPU); memory-bound work is timed fro
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, replace
 
 GB = 1e9
@@ -182,6 +183,10 @@ class Hardware:
             gloo rank per device and one thread per rank); None when each device computes on its own (GPUs).
             With more devices than units, `peak_tflops` is one device's rate while the others idle, and the
             node's devices together compute at most compute_units x that (time.py: the shared-compute bound).
+        inter_dc_gbps: GB/s per direction of the link between two sites the DP replicas are split over
+            (`--inter-dc-bandwidth`; hybrid/planner/slowlink.py); None: one site, no such link.
+        inter_dc_latency_s: one-way seconds of a message over that link (`--inter-dc-latency`, in ms there);
+            None: 0.
     """
 
     name: str
@@ -206,6 +211,8 @@ class Hardware:
     kernel_overhead_s: float = 0.0
     flash_efficiency: float | None = None
     fp8_tflops: float | None = None
+    inter_dc_gbps: float | None = None
+    inter_dc_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -230,6 +237,10 @@ class Hardware:
             raise ValueError(f"flash_efficiency must be in (0, 1] or None, got {self.flash_efficiency}")
         if self.fp8_tflops is not None and not self.fp8_tflops > 0:
             raise ValueError(f"fp8_tflops must be > 0 or None, got {self.fp8_tflops}")
+        if self.inter_dc_gbps is not None and not 0 < self.inter_dc_gbps < math.inf:
+            raise ValueError(f"--inter-dc-bandwidth must be a finite number > 0 (GB/s), got {self.inter_dc_gbps}")
+        if self.inter_dc_latency_s is not None and not 0 <= self.inter_dc_latency_s < math.inf:
+            raise ValueError(f"--inter-dc-latency must be a finite number >= 0, got {self.inter_dc_latency_s} s")
         if self.compute_units is not None and (not isinstance(self.compute_units, int) or self.compute_units < 1):
             raise ValueError(f"compute_units must be a positive integer or None, got {self.compute_units!r}")
 
