@@ -129,6 +129,38 @@ def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout: fl
     return [results[r] for r in range(world_size)]
 
 
+# --- several checks in one launch ---------------------------------------------------------------------------
+@dataclass
+class CaseError:
+    """A case of a folded launch (`each_case`) that raised on this rank: its traceback."""
+
+    traceback: str
+
+
+def each_case(fn: Callable, keys, *args) -> dict:
+    """{key: fn(*args, *key)} for each key (a tuple), run in order inside one launch: the checks of one layout
+    share its fork, process-group set-up and imports. A case that raises gives its CaseError instead of ending
+    the launch, so the other cases still report and the failure is the failing case's test's own
+    (`case_result`). A rank that raised between two collectives can leave its peers waiting: run_distributed's
+    timeout then fails every case of the launch, naming the rank."""
+    out = {}
+    for key in keys:
+        try:
+            out[key] = fn(*args, *key)
+        except Exception:  # the case's failure, reported by its own test
+            out[key] = CaseError(traceback.format_exc())
+    return out
+
+
+def case_result(per_rank: list[dict], key) -> list:
+    """The per-rank results of one case of an `each_case` launch; a rank's CaseError fails the calling test with
+    that rank's traceback."""
+    for rank, results in enumerate(per_rank):
+        if isinstance(results[key], CaseError):
+            raise DistributedFailure(f"case {key}: rank {rank} of {len(per_rank)} failed:\n{results[key].traceback}")
+    return [results[key] for results in per_rank]
+
+
 # --- end-to-end runs of the training entry point ---------------------------------------------------------------
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
