@@ -54,9 +54,11 @@ import torch.multiprocessing as mp
 # torch._dynamo: torch imports it at the first optimizer's construction (add_param_group is wrapped by
 # torch._disable_dynamo), ~1.3 s of CPU in every rank that builds one. Neither transformers nor
 # torch.distributed.checkpoint (hybrid.checkpoint.core; ~0.05 s once dynamo is in): a preset run's ranks show
-# they do not import them (tests/test_presets.py).
+# they do not import them (tests/test_presets.py). hybrid.testing_preload: DeepSpeed's CPU Adam loaded once, when
+# already built (~1.2 s of CPU in every rank that offloads with `--cpu-adam auto`, ~0.3 s each later construction).
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hybrid.testing", "hybrid.mesh", "hybrid.comm", "hybrid.tp",
-           "hybrid.data", "hybrid.train_step", "hybrid.zero", "hybrid.pipeline.executor", "models", "hybrid.train.main"]
+           "hybrid.data", "hybrid.train_step", "hybrid.zero", "hybrid.pipeline.executor", "models", "hybrid.train.main",
+           "hybrid.testing_preload"]
 
 
 class DistributedFailure(RuntimeError):
