@@ -6,7 +6,13 @@
 local port, with one intra-op thread per rank (so 8 ranks share 2 cores without oversubscription).
 Its return values come back as a list indexed by rank. A rank that raises fails the whole call with
 that rank's traceback in the message; a hang fails after `timeout` seconds and every rank is killed.
-`fn` must be importable by name (a module-level function).
+`fn` must be importable by name (a module-level function). Several checks of one layout share a launch (its fork,
+process-group set-up and imports) through `each_case`, each check's test reading its own result with `case_result`:
+
+    def _all(rank, world):
+        return each_case(_one, CASES, world)          # {case: _one(world, *case)}, a failure kept as CaseError
+    results = run_distributed(_all, 8)                # in a module-scoped fixture
+    per_rank = case_result(results, case)             # in the test of `case`: raises with the failing rank's traceback
 
 Ranks start from a forkserver that has imported torch, hybrid and models once (PRELOAD): each rank is a fork of
 that clean process -- no test state, no process group, no thread pool started -- so it skips the ~3 s of CPU each
