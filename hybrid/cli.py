@@ -31,6 +31,9 @@ def _layout(args: argparse.Namespace) -> None:
                                    pp=args.pipeline_model_parallel_size, cp=args.context_parallel_size)
     experts = []  # MoE: which ranks hold which experts (checked before anything is printed)
     if args.expert_model_parallel_size > 1 or args.num_experts:
+        if dims.cp > 1:  # the same refusal as train.py's (hybrid/moe/args.py): no layout train.py would not run
+            raise fail(f"--context-parallel-size {dims.cp} with experts (--expert-model-parallel-size / --num-experts): "
+                 f"MoE with context parallelism is not implemented; use TP, EP and DP")
         from hybrid.moe.parallel import ExpertLayout
         experts = ExpertLayout(dims, args.expert_model_parallel_size).describe(
             args.num_experts or args.expert_model_parallel_size)

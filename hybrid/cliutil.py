@@ -91,7 +91,9 @@ def _suggest(message: str, options: list[str]) -> str:
     return "; did you mean " + ", ".join(f"{good} for {bad}" for bad, good in pairs) + "?"
 
 
-_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+# a token that starts "-<digit>" or "-.<digit>" is a value, never a flag (no flag starts with a digit): "-1e-4" and
+# "-inf" are negative numbers, "-5GB" a negative size the flag's own type then refuses by name
+_NEGATIVE_NUMBER = re.compile(r"^-(\d|\.\d)|^-(inf|infinity|nan)$", re.IGNORECASE)
 
 
 class OneLineParser(argparse.ArgumentParser):

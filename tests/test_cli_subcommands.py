@@ -22,3 +22,22 @@ def test_a_subcommand_that_does_not_import_fails_loudly(module, monkeypatch):
     monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(ModuleNotFoundError):
         hybrid.cli.build_parser()
+
+
+def test_layout_refuses_the_cp_x_ep_mesh_train_py_refuses(capsys):
+    """`hybrid layout` prints no layout train.py would not run: MoE with CP is refused by name, as hybrid/moe/args.py
+    refuses it in train.py, and nothing is printed before the error."""
+    with pytest.raises(SystemExit) as e:
+        hybrid.cli.main(["layout", "--world", "8", "--context-parallel-size", "2", "--expert-model-parallel-size", "2"])
+    assert "--context-parallel-size 2 with experts" in str(e.value.code)
+    assert capsys.readouterr().out == ""
+
+
+def test_a_negative_size_is_a_value_the_flag_refuses_by_name():
+    """argparse takes a token starting with '-' for a flag ("expected one argument"); "-5GB" is a value (no flag
+    starts with a digit), so the flag's own check names it."""
+    from hybrid.convert.safetensors_out import parse_size
+    args = hybrid.cli.build_parser().parse_args(["convert", "src", "dst", "--max-shard-size", "-5GB"])
+    assert args.max_shard_size == "-5GB"
+    with pytest.raises(ValueError, match="--max-shard-size '-5GB': give a size"):
+        parse_size(args.max_shard_size)
