@@ -6,7 +6,13 @@
 local port, with one intra-op thread per rank (so 8 ranks share 2 cores without oversubscription).
 Its return values come back as a list indexed by rank. A rank that raises fails the whole call with
 that rank's traceback in the message; a hang fails after `timeout` seconds and every rank is killed.
-`fn` must be importable by name (a module-level function).
+`fn` must be importable by name (a module-level function). Several checks of one layout share a launch (its fork,
+process-group set-up and imports) through `each_case`, each check's test reading its own result with `case_result`:
+
+    def _all(rank, world):
+        return each_case(_one, CASES, world)          # {case: _one(world, *case)}, a failure kept as CaseError
+    results = run_distributed(_all, 8)                # in a module-scoped fixture
+    per_rank = case_result(results, case)             # in the test of `case`: raises with the failing rank's traceback
 
 Ranks start from a forkserver that has imported torch, hybrid and models once (PRELOAD): each rank is a fork of
 that clean process -- no test state, no process group, no thread pool started -- so it skips the ~3 s of CPU each
@@ -54,9 +60,11 @@ import torch.multiprocessing as mp
 # torch._dynamo: torch imports it at the first optimizer's construction (add_param_group is wrapped by
 # torch._disable_dynamo), ~1.3 s of CPU in every rank that builds one. Neither transformers nor
 # torch.distributed.checkpoint (hybrid.checkpoint.core; ~0.05 s once dynamo is in): a preset run's ranks show
-# they do not import them (tests/test_presets.py).
+# they do not import them (tests/test_presets.py). hybrid.testing_preload: DeepSpeed's CPU Adam loaded once, when
+# already built (~1.2 s of CPU in every rank that offloads with `--cpu-adam auto`, ~0.3 s each later construction).
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hybrid.testing", "hybrid.mesh", "hybrid.comm", "hybrid.tp",
-           "hybrid.data", "hybrid.train_step", "hybrid.zero", "hybrid.pipeline.executor", "models", "hybrid.train.main"]
+           "hybrid.data", "hybrid.train_step", "hybrid.zero", "hybrid.pipeline.executor", "models", "hybrid.train.main",
+           "hybrid.testing_preload"]
 
 
 class DistributedFailure(RuntimeError):
@@ -127,6 +135,38 @@ def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout: fl
         missing = sorted(set(range(world_size)) - set(results))
         raise DistributedFailure(f"ranks {missing} of {world_size} did not finish within {timeout:.0f}s")
     return [results[r] for r in range(world_size)]
+
+
+# --- several checks in one launch ---------------------------------------------------------------------------
+@dataclass
+class CaseError:
+    """A case of a folded launch (`each_case`) that raised on this rank: its traceback."""
+
+    traceback: str
+
+
+def each_case(fn: Callable, keys, *args) -> dict:
+    """{key: fn(*args, *key)} for each key (a tuple), run in order inside one launch: the checks of one layout
+    share its fork, process-group set-up and imports. A case that raises gives its CaseError instead of ending
+    the launch, so the other cases still report and the failure is the failing case's test's own
+    (`case_result`). A rank that raised between two collectives can leave its peers waiting: run_distributed's
+    timeout then fails every case of the launch, naming the rank."""
+    out = {}
+    for key in keys:
+        try:
+            out[key] = fn(*args, *key)
+        except Exception:  # the case's failure, reported by its own test
+            out[key] = CaseError(traceback.format_exc())
+    return out
+
+
+def case_result(per_rank: list[dict], key) -> list:
+    """The per-rank results of one case of an `each_case` launch; a rank's CaseError fails the calling test with
+    that rank's traceback."""
+    for rank, results in enumerate(per_rank):
+        if isinstance(results[key], CaseError):
+            raise DistributedFailure(f"case {key}: rank {rank} of {len(per_rank)} failed:\n{results[key].traceback}")
+    return [results[key] for results in per_rank]
 
 
 # --- end-to-end runs of the training entry point ---------------------------------------------------------------

@@ -12,7 +12,16 @@ loss and every parameter gradient equal the single-process model's within 1e-5 o
     single-process model run on each document alone (an independent reference: no document mask in it).
 
 The gradients are reduced over the mesh's dp_cp group and divided by its size, as the ZeRO engine does; the
-loss is averaged over dp_cp, as train_step logs it."""
+loss is averaged over dp_cp, as train_step logs it.
+
+The ranks do not import transformers: the configs are made here, in the test process, and passed to the launches;
+each single-process reference is computed once per (model, documents) and shared by the layouts and comm types.
+
+The fast tier (`-m "not slow"`) runs every model at the layout that composes the most (TP 2 + SP x CP 2 x PP 2)
+with the p2p ring, in a launch of its own; the other layouts and comm types are marked slow (the full suite runs
+them). Every comm type stays in the fast tier through tests/test_cp_attention.py (attention against fp64, every
+mask and head layout) and tests/test_cp_training.py (training through the real step), and here through the
+CP 2 x PP 2 schedules and the ledger below."""
 
 from __future__ import annotations
 
@@ -21,8 +30,6 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import GPT2Config, MistralConfig
-
 from hybrid.comm import Group
 from hybrid.cp import CommType, CPContext
 from hybrid.cp.data import TokenSharding, seq_kwargs
@@ -40,7 +47,10 @@ B, T, M, H, V, EOD = 2, 32, 2, 64, 128, 0
 LAYOUTS = {"tp2-cp2-pp2-sp": (2, 2, 2, True), "tp2-cp4": (2, 4, 1, False), "cp4-pp2": (1, 4, 2, False)}
 
 
+@functools.lru_cache(maxsize=1)
 def configs():
+    """The models (from transformers' configs: imported here, in the test process, not in the ranks)."""
+    from transformers import GPT2Config, MistralConfig
     llama = dict(num_hidden_layers=2, hidden_size=H, num_attention_heads=16, num_key_value_heads=8,
                  intermediate_size=96, vocab_size=V, max_position_embeddings=64, attention_dropout=0.0,
                  tie_word_embeddings=False)
@@ -56,6 +66,7 @@ def configs():
 MODELS = [("llama", False), ("mistral-w3", False), ("mistral-w20", False), ("gpt2", False), ("llama", True),
           ("gpt2", True)]
 CASES = [(layout, comm.value, model, docs) for layout in LAYOUTS for comm in CommType for model, docs in MODELS]
+FAST = [case for case in CASES if case[:2] == ("tp2-cp2-pp2-sp", CommType.P2P.value)]  # every model, once
 
 
 def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -77,6 +88,7 @@ def _documents(row: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
+@functools.lru_cache(maxsize=None)
 def _reference(model_name: str, docs: bool):
     """Single process, no CP, no document mask: logits of micro-batch 0, the mean loss over the micro-batches,
     every gradient. With packed documents each document runs alone (positions from 0)."""
@@ -112,9 +124,9 @@ def _logits(chunks, mesh: Mesh, mb: tuple) -> torch.Tensor | None:
     return mesh.tp.all_gather(y, dim=-1)
 
 
-def _run(mesh: Mesh, layout: str, comm: str, model_name: str, docs: bool):
+def _run(mesh: Mesh, cfgs: dict, layout: str, comm: str, model_name: str, docs: bool):
     tp, cp, pp, sp = LAYOUTS[layout]
-    cfg = configs()[model_name]
+    cfg = cfgs[model_name]
     chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp, sequence_parallel=sp), mesh.coords.pp, pp, seed=5)
     set_context_parallel(chunks, CPContext(mesh.cp, CommType(comm)))
     local = TokenSharding(cp, mesh.cp.rank, docs, docs, EOD).batches(_batches())
@@ -137,15 +149,17 @@ def _run(mesh: Mesh, layout: str, comm: str, model_name: str, docs: bool):
     return {"loss": loss, "grads": grads, "logits": logits, "cp_rank": mesh.cp.rank}
 
 
-def _all(rank: int, world: int):
+def _all(rank: int, world: int, cfgs: dict, cases: list):
     meshes = {name: Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp, cp=cp))
-              for name, (tp, cp, pp, _) in LAYOUTS.items()}
-    return {case: _run(meshes[case[0]], *case) for case in CASES}
+              for name, (tp, cp, pp, _) in LAYOUTS.items() if any(case[0] == name for case in cases)}
+    return {case: _run(meshes[case[0]], cfgs, *case) for case in cases}
 
 
-@functools.lru_cache(maxsize=1)
-def results():
-    return run_distributed(_all, 8, timeout=1500)
+@functools.lru_cache(maxsize=2)
+def results(fast: bool):
+    """One 8-rank launch for the fast tier's cases, one for the rest."""
+    cases = [case for case in CASES if (case in FAST) == fast]
+    return run_distributed(_all, 8, args=(configs(), cases), timeout=1500)
 
 
 ATOL = 1e-7  # GPT-2's key bias: its gradient is 0 in exact arithmetic (softmax ignores a shift), ~1e-11 in fp32
@@ -156,11 +170,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / (b.abs().max() + ATOL / TOL))
 
 
-@pytest.mark.parametrize("layout,comm,model,docs", CASES,
-                         ids=[f"{l}-{c}-{m}{'-docs' if d else ''}" for l, c, m, d in CASES])
+@pytest.mark.parametrize("layout,comm,model,docs", [
+    pytest.param(*case, marks=() if case in FAST else pytest.mark.slow,
+                 id=f"{case[0]}-{case[1]}-{case[2]}{'-docs' if case[3] else ''}") for case in CASES])
 def test_cp_model_equals_single_process(layout, comm, model, docs):
     ref_logits, ref_loss, ref_grads = _reference(model, docs)
-    per_rank = [r[(layout, comm, model, docs)] for r in results()]
+    case = (layout, comm, model, docs)
+    per_rank = [r[case] for r in results(case in FAST)]
     cp = LAYOUTS[layout][1]
     shards = {}
     for r, got in enumerate(per_rank):
@@ -182,7 +198,9 @@ SCHEDULE_CASES = [(kind, comm.value) for kind in SCHEDULES for comm in (CommType
 M4 = 4  # micro-batches (interleaving needs a multiple of pp)
 
 
+@functools.lru_cache(maxsize=1)
 def _llama4():
+    from transformers import MistralConfig  # in the test process: the config is passed to the ranks
     return from_hf(MistralConfig(num_hidden_layers=4, hidden_size=H, num_attention_heads=16, num_key_value_heads=8,
                                  intermediate_size=96, vocab_size=V, max_position_embeddings=64, attention_dropout=0.0,
                                  tie_word_embeddings=False, sliding_window=None))
@@ -193,10 +211,10 @@ def _batches4():
     return [(x, shift_labels(x)) for x in (torch.randint(0, V, (B, T), generator=gen) for _ in range(M4))]
 
 
-def _schedule_run(mesh: Mesh, kind: ScheduleKind, comm: str):
+def _schedule_run(mesh: Mesh, cfg, kind: ScheduleKind, comm: str):
     pp, v = mesh.dims.pp, 1 if kind in (ScheduleKind.GPIPE, ScheduleKind.ZB_H1) else 2
     stage_ids = [kind.placement.stage(mesh.coords.pp, c, pp) for c in range(v)]
-    chunks = build_pipeline_chunks(_llama4(), TPContext(mesh.tp), mesh.coords.pp, pp, v, seed=5, stage_ids=stage_ids)
+    chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp), mesh.coords.pp, pp, v, seed=5, stage_ids=stage_ids)
     set_context_parallel(chunks, CPContext(mesh.cp, CommType(comm)))
     local = TokenSharding(mesh.dims.cp, mesh.cp.rank).batches(_batches4())
     runner = PipelineExecutor(chunks, build_schedule(kind, pp, M4, v)[mesh.coords.pp], mesh.pp,
@@ -207,14 +225,14 @@ def _schedule_run(mesh: Mesh, kind: ScheduleKind, comm: str):
     return {"loss": mesh.dp_cp.all_reduce(loss).item() / mesh.dp_cp.size, "grads": grads}
 
 
-def _schedules(rank: int, world: int):
+def _schedules(rank: int, world: int, cfg):
     mesh = Mesh.build(ParallelDims.from_world(world, pp=2, cp=2))
-    return {case: _schedule_run(mesh, *case) for case in SCHEDULE_CASES}
+    return {case: _schedule_run(mesh, cfg, *case) for case in SCHEDULE_CASES}
 
 
 @functools.lru_cache(maxsize=1)
 def schedule_results():
-    return run_distributed(_schedules, 4, timeout=1200)
+    return run_distributed(_schedules, 4, args=(_llama4(),), timeout=1200)
 
 
 @functools.lru_cache(maxsize=1)
@@ -239,12 +257,12 @@ def test_cp2_pp2_every_schedule_equals_single_process(kind, comm):
 
 
 # --- the ledger of a whole model -----------------------------------------------------------------------------
-def _ledger_run(rank: int, world: int):
+def _ledger_run(rank: int, world: int, cfg):
     mesh = Mesh.build(ParallelDims.from_world(world, cp=world))
     out = {}
     for recompute in Recompute:
         for comm in CommType:
-            model = set_recompute(build_model(configs()["llama"], TPContext(mesh.tp), seed=5), recompute)
+            model = set_recompute(build_model(cfg, TPContext(mesh.tp), seed=5), recompute)
             set_context_parallel(model, CPContext(mesh.cp, comm))
             runner = LocalForwardBackward(model, mesh.device)
             mesh.ledger.reset()
@@ -255,7 +273,7 @@ def _ledger_run(rank: int, world: int):
 
 @functools.lru_cache(maxsize=1)
 def ledger_results():
-    return run_distributed(_ledger_run, 2, timeout=900)
+    return run_distributed(_ledger_run, 2, args=(configs()["llama"],), timeout=900)
 
 
 def _formula(cp: int) -> dict:

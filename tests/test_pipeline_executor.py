@@ -8,14 +8,19 @@
   sit on one rank) for pp in {2, 4}, m in {1, pp, 2pp + 1}.
 * tp 2 x pp 2 x dp 2 on 8 ranks: 5 training steps give the same losses and weights as one process, under 1F1B,
   ZB-H1 and ZBV (tests/test_pipeline_zb_training.py adds: ZB equals 1F1B bit for bit under ZeRO 1 and 3).
+
+Launches: one 4-rank launch runs every schedule case, one 8-rank launch every training case (hybrid.testing's
+each_case: a case that fails is its own test's failure). The ranks do not import transformers: the configs are
+made here, in the test process, and passed in; the single-process reference of a (model, m) is computed once a rank.
 """
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-from transformers import GPT2Config, LlamaConfig
-
+from hybrid import testing
 from hybrid.comm import Group
 from hybrid.dp import GradAverager
 from hybrid.data import BatchSpec, load_corpus, micro_batches
@@ -32,6 +37,8 @@ MB, SEQ, H = 2, 16, 32
 
 
 def configs():
+    """The two models (from transformers' configs: imported here, in the test process, not in the ranks)."""
+    from transformers import GPT2Config, LlamaConfig
     return {
         "gpt2": from_hf(GPT2Config(n_layer=8, n_embd=H, n_head=4, vocab_size=256, n_positions=64, resid_pdrop=0.0,
                                    embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)),
@@ -79,8 +86,9 @@ def _reference(cfg, batches):
     return loss.item(), {n: p.grad for n, p in model.named_parameters()}
 
 
-def _run_case(world, name, kind, pp, m, v):
-    cfg = configs()[name]
+def _run_case(world, cfgs, refs, name, kind, pp, m, v):
+    """`refs`: this rank's single-process references by (model, m), each computed once (it depends on nothing else)."""
+    cfg = cfgs[name]
     mesh = Mesh.build(ParallelDims.from_world(world, pp=pp))
     chunks = _chunks(cfg, TPContext(mesh.tp), mesh, kind, v, seed=5)
     schedule = build_schedule(kind, pp, m, v)[mesh.coords.pp]
@@ -88,26 +96,27 @@ def _run_case(world, name, kind, pp, m, v):
     loss = PipelineExecutor(chunks, schedule, mesh.pp, StageIO((MB, SEQ, H)), mesh.device,
                             placement=kind.placement).forward_backward(batches)
     sync_tied_embeddings(chunks, mesh)
-    ref_loss, ref_grads = _reference(cfg, batches)
+    if (name, m) not in refs:
+        refs[name, m] = _reference(cfg, batches)
+    ref_loss, ref_grads = refs[name, m]
     grads = [rel(p.grad, ref_grads[n]) for c in chunks for n, p in c.named_parameters()]
     has_loss = kind.placement.rank_chunk(pp * v - 1, pp)[0] == mesh.coords.pp  # rank 0 under ZBV
     return {"loss": abs(loss.item() - ref_loss) / ref_loss if has_loss else 0.0, "grads": max(grads),
             "n_params": sum(1 for c in chunks for _ in c.parameters())}
 
 
-def _all_cases(rank, world):
-    return {case: _run_case(world, *case) for case in CASES}
+def _all_cases(rank, world, cfgs):
+    return testing.each_case(_run_case, CASES, world, cfgs, {})
 
 
 @pytest.fixture(scope="module")
 def results():
-    return run_distributed(_all_cases, 4, timeout=600)
+    return run_distributed(_all_cases, 4, args=(configs(),), timeout=600)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{n}-{k.value}-pp{p}-m{m}-v{v}" for n, k, p, m, v in CASES])
 def test_pipeline_loss_and_gradients_match_single_process(results, case):
-    for r, per_rank in enumerate(results):
-        got = per_rank[case]
+    for r, got in enumerate(testing.case_result(results, case)):
         assert got["n_params"] > 0
         assert got["loss"] <= RTOL, f"rank {r}: loss rel err {got['loss']:.2e}"
         assert got["grads"] <= RTOL, f"rank {r}: worst gradient rel err {got['grads']:.2e}"
@@ -138,19 +147,39 @@ def _train(mesh: Mesh, model_name: str, sp: bool = False, kind: ScheduleKind = S
     return losses, weights
 
 
-def _composed(rank, world, model_name, sp, kind):
+def _composed(world, model_name, sp, kind):
     return _train(Mesh.build(ParallelDims.from_world(world, tp=2, pp=2)), model_name, sp, kind)
 
 
-@pytest.mark.parametrize("model_name,sp,kind", [
-    ("tiny-gpt2", False, ScheduleKind.ONE_F_ONE_B), ("tiny-llama", False, ScheduleKind.ONE_F_ONE_B),
-    ("tiny-llama", True, ScheduleKind.ONE_F_ONE_B),
-    ("tiny-gpt2", False, ScheduleKind.ZBV), ("tiny-llama", True, ScheduleKind.ZB_H1)],
-    ids=["gpt2", "llama", "llama-sp", "gpt2-zbv", "llama-sp-zbh1"])
-def test_tp2_pp2_dp2_training_matches_single_process(model_name, sp, kind):
+COMPOSED = [("tiny-gpt2", False, ScheduleKind.ONE_F_ONE_B), ("tiny-llama", False, ScheduleKind.ONE_F_ONE_B),
+            ("tiny-llama", True, ScheduleKind.ONE_F_ONE_B),
+            ("tiny-gpt2", False, ScheduleKind.ZBV), ("tiny-llama", True, ScheduleKind.ZB_H1)]
+
+
+def _all_composed(rank, world):
+    return testing.each_case(_composed, COMPOSED, world)
+
+
+@pytest.fixture(scope="module")
+def composed():
+    """Every training case in one 8-rank launch."""
+    return run_distributed(_all_composed, 8, timeout=1200)
+
+
+@functools.lru_cache(maxsize=None)
+def _single_process(model_name):
+    """The single-process run a model's cases compare with (1F1B, no SP: one process has neither)."""
+    return _train(Mesh.single(), model_name)
+
+
+@pytest.mark.parametrize("model_name,sp,kind", COMPOSED, ids=["gpt2", "llama", "llama-sp", "gpt2-zbv", "llama-sp-zbh1"])
+@pytest.mark.slow  # 8 ranks end to end; the fast tier keeps tp2 x pp2 x dp2 training against one process in
+# tests/test_zero.py (plain and ZeRO, with SP), every schedule's gradients above and ZB training in
+# tests/test_pipeline_zb_training.py
+def test_tp2_pp2_dp2_training_matches_single_process(composed, model_name, sp, kind):
     """tiny-gpt2 / tiny-llama have 4 layers: ZBV's 2 pp = 4 stages of one layer each."""
-    ref_losses, ref_weights = _train(Mesh.single(), model_name)
-    results = run_distributed(_composed, 8, args=(model_name, sp, kind), timeout=600)
+    ref_losses, ref_weights = _single_process(model_name)
+    results = testing.case_result(composed, (model_name, sp, kind))
     seen = set()
     for losses, weights in results:
         assert losses == pytest.approx(ref_losses, rel=RTOL)

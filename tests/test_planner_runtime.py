@@ -1,4 +1,4 @@
-"""The planner's predictions against the runtime train.py runs, on 8 CPU ranks (gloo), tiny models, one spawn.
+"""The planner's predictions against the runtime train.py runs, on 8 CPU ranks (gloo), tiny models, two spawns (below).
 
 Each case runs one training step the way hybrid/train/loop.py builds it: `build_pipeline_chunks` (with the
 case's recomputation), the pipeline executor (pp > 1), `ZeroOptimizer` (the stage of the case; it also owns the
@@ -29,6 +29,11 @@ offloaded, bf16, tp 2 x pp 2) checks the ledger and the device / host split. Op-
 the largest activation peak of each pipeline rank equals the plan with no rank above it (GPT-2 with SP included:
 its biased q, v and c_fc are stored before the bias add, beside the sums autograd saves); at pp 1 with SP or
 at tp 1 some ranks peak one or two tensors lower, different ranks from run to run. Not covered here: interleaving (v > 1), SP with pp > 1.
+
+Two launches: the fast tier's (`-m "not slow"`: every layout at ZeRO 1 with selective and ZeRO 3 with full
+recomputation, the op-level, bf16, fp32-gradient and headline cases) and the full suite's other variants (ZeRO 0-3
+without recomputation), marked slow. ZeRO 0 and 2 stay in the fast tier through the bf16 and fp32-gradient cases,
+and every stage's volume and state bytes against the ZeRO paper's formulas through tests/test_zero.py.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ BF16_CASES = [("tiny-gpt2", 2, 1, False, ONE_F_ONE_B, 2, z, NONE) for z in (0, 3
 FP32_GRAD_CASES = [("tiny-gpt2", 2, 1, True, ONE_F_ONE_B, 2, z, NONE) for z in (0, 3)] + \
     [("tiny-gpt2", 1, 2, False, ONE_F_ONE_B, 4, 2, NONE)]
 IDS = [f"{n}-tp{t}-pp{p}{'-sp' if sp else ''}-{k.value}-m{m}-z{z}-{r.value}" for n, t, p, sp, k, m, z, r in CASES]
+FAST_CASES = [case for case in CASES if case[-2:] in ((1, SELECTIVE), (3, FULL))]  # the rest: slow
 # op-level selective recomputation (torchtitan's SAC policy, models/common.py) at ZeRO 1 on every layout
 SOP_CASES = [layout + (1, SELECTIVE_OP) for layout in LAYOUTS]
 SOP_IDS = [f"{n}-tp{t}-pp{p}{'-sp' if sp else ''}-{k.value}" for n, t, p, sp, k, m, _, _ in SOP_CASES]
@@ -141,17 +147,35 @@ def _record_master_grads(optimizer: ZeroOptimizer) -> list[int]:
     return out
 
 
-def _measure_all(rank: int, world: int) -> dict:
-    out = {case: _measure_case(world, *case) for case in CASES + SOP_CASES}
+def _measure_all(rank: int, world: int, fast: bool) -> dict:
+    """The fast tier's cases in one launch, the headline configuration's included; or the other CASES."""
+    if not fast:
+        return {case: _measure_case(world, *case) for case in CASES if case not in FAST_CASES}
+    out = {case: _measure_case(world, *case) for case in FAST_CASES + SOP_CASES}
     out.update({("bf16",) + case: _measure_case(world, *case, precision=ZeroPrecision.BF16) for case in BF16_CASES})
     out.update({("fp32-grads",) + case: _measure_case(world, *case, precision=ZeroPrecision.BF16, fp32_grads=True)
                 for case in FP32_GRAD_CASES})
+    out["headline"] = _measure_headline(rank, world)
     return out
 
 
 @pytest.fixture(scope="module")
 def measured() -> list[dict]:
-    return run_distributed(_measure_all, WORLD, timeout=600)
+    return run_distributed(_measure_all, WORLD, args=(True,), timeout=900)
+
+
+@pytest.fixture(scope="module")
+def measured_slow() -> list[dict]:
+    return run_distributed(_measure_all, WORLD, args=(False,), timeout=900)
+
+
+def _measured(request, case) -> list[dict]:
+    """The launch that measured `case`."""
+    return request.getfixturevalue("measured" if case in FAST_CASES else "measured_slow")
+
+
+def _params(cases: list, ids: list[str]) -> list:
+    return [pytest.param(case, id=i, marks=() if case in FAST_CASES else pytest.mark.slow) for case, i in zip(cases, ids)]
 
 
 def _predicted(name: str, tp: int, pp: int, sp: bool, kind: ScheduleKind, m: int, zero: int, recompute: Recompute,
@@ -164,16 +188,18 @@ def _predicted(name: str, tp: int, pp: int, sp: bool, kind: ScheduleKind, m: int
     return work, layout, plan_memory(work, Cluster(gpus=WORLD, hw=hardware("cpu")), layout, schedule=kind)
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_step_communication_equals_the_runtime_ledger(measured, case):
+@pytest.mark.parametrize("case", _params(CASES, IDS))
+def test_step_communication_equals_the_runtime_ledger(request, case):
+    measured = _measured(request, case)
     work, layout, _ = _predicted(*case)
     for rank, per_rank in enumerate(measured):
         got = per_rank[case]
         assert step_ledger(work, layout, got["pp_rank"]) == got["comm"], f"rank {rank}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_peak_saved_activations_equal_the_fp32_flash_prediction(measured, case):
+@pytest.mark.parametrize("case", _params(CASES, IDS))
+def test_peak_saved_activations_equal_the_fp32_flash_prediction(request, case):
+    measured = _measured(request, case)
     _, _, memory = _predicted(*case)
     for rank, per_rank in enumerate(measured):
         got = per_rank[case]
@@ -181,8 +207,9 @@ def test_peak_saved_activations_equal_the_fp32_flash_prediction(measured, case):
         assert predicted == got["activations"], f"rank {rank} (pp rank {got['pp_rank']})"
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_model_state_bytes_match_the_zero_runtime(measured, case):
+@pytest.mark.parametrize("case", _params(CASES, IDS))
+def test_model_state_bytes_match_the_zero_runtime(request, case):
+    measured = _measured(request, case)
     _, layout, memory = _predicted(*case)
     for rank, per_rank in enumerate(measured):
         got = per_rank[case]
@@ -197,10 +224,11 @@ def test_model_state_bytes_match_the_zero_runtime(measured, case):
 ENDS = slice(None, len(VARIANTS)), slice(-len(VARIANTS), None)  # the first and the last layout's cases
 
 
-@pytest.mark.parametrize("case", CASES[ENDS[0]] + CASES[ENDS[1]], ids=IDS[ENDS[0]] + IDS[ENDS[1]])
-def test_tagged_traffic_is_one_scalar_per_group(measured, case):
+@pytest.mark.parametrize("case", _params(CASES[ENDS[0]] + CASES[ENDS[1]], IDS[ENDS[0]] + IDS[ENDS[1]]))
+def test_tagged_traffic_is_one_scalar_per_group(request, case):
     """Outside the planner's ledger: the logged loss (pp, dp) and the clip norm (tp, pp, and dp when the
     optimizer state is sharded), one fp32 / fp64 scalar each per step."""
+    measured = _measured(request, case)
     name, tp, pp, sp, kind, m, zero, recompute = case
     dp = WORLD // (tp * pp)
     sizes = {"tp": tp, "pp": pp, "dp": dp}
@@ -276,8 +304,9 @@ def _measure_headline(rank: int, world: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def headline() -> list[dict]:
-    return run_distributed(_measure_headline, WORLD, timeout=600)
+def headline(measured) -> list[dict]:
+    """Measured in the fast tier's launch (`_measure_all`), beside the other cases."""
+    return [per_rank["headline"] for per_rank in measured]
 
 
 def test_the_headline_configuration_matches_the_planner(headline):
