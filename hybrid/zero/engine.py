@@ -43,12 +43,12 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
 from hybrid.comm import Group
-from hybrid.compress.reduction import DPReduction
 from hybrid.dp import make_buckets
 from hybrid.mesh import Mesh
 from hybrid.moe.experts import LocalExperts
@@ -57,6 +57,9 @@ from hybrid.tp import VocabParallelEmbedding, sync_partial_grads
 from hybrid.train_step import OptimizerConfig, sync_tied_embeddings
 from hybrid.zero.config import CpuAdam, Precision, ZeroConfig
 from hybrid.zero.units import FlatUnit
+
+if TYPE_CHECKING:  # the compressor seam's protocol (hybrid/compress imports this package: no cycle)
+    from hybrid.compress.reduction import DPReduction
 
 MAX_IN_FLIGHT = 1  # reductions left in flight after posting one (FSDP2: 1): bounds the full-size temporaries
 BLOCK_CONTAINERS = ("h", "layers")  # where each model keeps its Transformer blocks: GPT-2, Llama
