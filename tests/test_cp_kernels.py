@@ -3,7 +3,7 @@ alone, against full attention computed independently in fp64 (tests/test_cp_soft
 the plain-matmul block of hybrid/cp/softmax.py.
 
 Queries and keys are cut into 3 blocks of 8 (slices, as the ring slices its chunks); every (query block, key block)
-pair goes through `kernels.attend` with the mask `AttentionMask.block` gives it -- CAUSAL on square diagonal
+pair goes through `kernels.attend` with the mask `AttentionMask.kernel_block` gives it -- CAUSAL on square diagonal
 blocks (is_causal), None on fully visible blocks, an additive mask otherwise, skipped when empty -- merged with
 softmax.merge; backward sums each block's gradients given the FINAL o and lse. MHA / GQA / MQA x causal, window 3
 (rows that see nothing of a block), window 10 (diagonal blocks still causal), documents, window + documents:
@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hybrid.comm import Group
 from hybrid.cp import kernels, softmax
 from hybrid.cp.attention import allgather_attention, ulysses_attention
-from hybrid.cp.masks import EMPTY, AttentionMask
+from hybrid.cp.masks import CAUSAL, EMPTY, AttentionMask
 from hybrid.cp.ring import ring_attention
 from tests.test_cp_softmax import HEADS, MASKS, _qkv, _segments, close, reference_attention, reference_mask
 
@@ -32,10 +32,10 @@ def _pairs(mask: AttentionMask, T: int):
     out = []
     for qs in BLOCKS:
         for ks in BLOCKS:
-            m = mask.block(pos[qs], pos[ks])
+            m = mask.kernel_block(pos[qs], pos[ks])
             if isinstance(m, str) and m == EMPTY:
                 continue
-            out.append((qs, ks, kernels.causal_or_mask(m, pos[qs], pos[ks])))
+            out.append((qs, ks, m))
     return out
 
 
@@ -82,13 +82,24 @@ def test_a_row_that_sees_nothing_of_a_block_has_lse_minus_inf_and_the_plain_path
     assert close(lse.nan_to_num(neginf=0.0), lse_p.nan_to_num(neginf=0.0))
 
 
-def test_causal_or_mask_takes_is_causal_only_for_the_square_diagonal_triangle():
-    pos = torch.arange(4, 8)
-    assert kernels.causal_or_mask(AttentionMask().block(pos, pos), pos, pos) == kernels.CAUSAL
-    windowed = AttentionMask(window=2).block(pos, pos)
-    assert isinstance(kernels.causal_or_mask(windowed, pos, pos), torch.Tensor)
-    shifted = AttentionMask().block(pos, pos - 4)  # same shape, other keys: fully visible (None), not causal
-    assert kernels.causal_or_mask(shifted, pos, pos - 4) is None
+def _as_bool(m, Tq: int, Tk: int) -> torch.Tensor:
+    if isinstance(m, str):
+        return torch.ones(1, Tq, Tk, dtype=torch.bool).tril() if m == CAUSAL else torch.zeros(1, Tq, Tk, dtype=torch.bool)
+    return torch.ones(1, Tq, Tk, dtype=torch.bool) if m is None else m
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 6, 9])
+def test_kernel_block_is_the_same_mask_as_block_decided_without_building_it(window):
+    """kernel_block on runs of positions (every pair of 4-position runs in 0..15, and scattered positions)
+    describes exactly block()'s mask; CAUSAL only on a square diagonal block the window does not cut."""
+    mask = AttentionMask(window=window)
+    runs = [torch.arange(a, a + 4) for a in range(0, 13, 3)] + [torch.tensor([0, 2, 5, 9])]
+    for qp in runs:
+        for kp in runs:
+            got, want = mask.kernel_block(qp, kp), mask.block(qp, kp)
+            assert torch.equal(_as_bool(got, 4, 4), _as_bool(want, 4, 4).expand(1, 4, 4)), (qp, kp, got)
+            diagonal = torch.equal(qp, kp) and int(qp[-1] - qp[0]) == 3
+            assert (got == CAUSAL if isinstance(got, str) else False) == (diagonal and (window or 99) >= 4)
 
 
 class _Ops(TorchDispatchMode):

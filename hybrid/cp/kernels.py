@@ -13,9 +13,10 @@ block's share of the final softmax and D = rowsum(do * o) is the row's, both rea
 block's gradients are independent and summed; hybrid/cp/softmax.py states the same math in plain matmuls, and
 tests/test_cp_kernels.py checks the two against each other and against fp64 attention.
 
-Which mask a block takes (`BlockMask`): CAUSAL for a square block of the same positions with no other masking
-(the kernel's is_causal: its top-left diagonal is the block's diagonal, and it skips the tiles above it); None
-when every query sees every key; else an additive mask (0 visible, -inf not) in q's dtype, as the op requires.
+Which mask a block takes (`BlockMask`, from `AttentionMask.kernel_block`): CAUSAL for a square block of the same
+positions with no other masking (the kernel's is_causal: its top-left diagonal is the block's diagonal, and it
+skips the tiles above it); None when every query sees every key; else an additive mask (0 visible, -inf not) in
+q's dtype, as the op requires.
 
 GQA (g < a key/value heads, a/g = r query heads per kv head) without copying K, V: q (B, a, Tq, d) is viewed as
 (B g, r, Tq, d) -- query heads grouped by the kv head they share (transformers' repeat_kv order) -- and k, v
@@ -35,18 +36,9 @@ from __future__ import annotations
 import torch
 
 from hybrid.cp import softmax
+from hybrid.cp.masks import CAUSAL
 
-CAUSAL = "causal"  # the block mask is tril of a square block: the kernel's is_causal
 BlockMask = torch.Tensor | None | str  # (B or 1, Tq, Tk) bool (True = visible), None (all visible) or CAUSAL
-
-
-def causal_or_mask(m: torch.Tensor | None, q_pos: torch.Tensor, k_pos: torch.Tensor) -> BlockMask:
-    """CAUSAL where the boolean block mask `m` of queries q_pos over keys k_pos is exactly the square causal
-    triangle of the same positions (the diagonal block of plain causal attention), else `m` unchanged."""
-    if m is None or m.shape[0] != 1 or len(q_pos) != len(k_pos) or not torch.equal(q_pos, k_pos):
-        return m
-    n = len(q_pos)
-    return CAUSAL if torch.equal(m[0], torch.ones(n, n, dtype=torch.bool, device=m.device).tril()) else m
 
 
 def _fused(device: torch.device) -> bool:
@@ -74,14 +66,14 @@ def _additive(m: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
 
 def _op_args(mask: BlockMask, g: int, dtype: torch.dtype) -> tuple[bool, torch.Tensor | None]:
     """(is_causal, attn_mask) of the op for a block mask."""
-    if isinstance(mask, str):
+    if isinstance(mask, str) and mask == CAUSAL:
         return True, None
     return False, None if mask is None else _additive(mask, g, dtype)
 
 
 def _to_bool(mask: BlockMask, Tq: int, Tk: int, device: torch.device) -> torch.Tensor | None:
     """The boolean mask softmax.py takes (CAUSAL spelled out)."""
-    if isinstance(mask, str):
+    if isinstance(mask, str) and mask == CAUSAL:
         return torch.ones(Tq, Tk, dtype=torch.bool, device=device).tril()[None]
     return mask
 

@@ -34,7 +34,7 @@ import torch
 
 from hybrid.comm import Group
 from hybrid.cp.balance import local_indices
-from hybrid.cp.kernels import attend, attend_backward, causal_or_mask
+from hybrid.cp.kernels import attend, attend_backward
 from hybrid.cp.masks import EMPTY, AttentionMask
 from hybrid.cp.softmax import empty_result, merge
 
@@ -51,9 +51,9 @@ def _sub_blocks(mask: AttentionMask, q_pos: torch.Tensor, k_pos: torch.Tensor):
     out = []
     for qs, qp in _halves(q_pos):
         for ks, kp in _halves(k_pos):
-            m = mask.block(qp, kp)
+            m = mask.kernel_block(qp, kp)
             if not (isinstance(m, str) and m == EMPTY):
-                out.append((qs, ks, causal_or_mask(m, qp, kp)))
+                out.append((qs, ks, m))
     return out
 
 
