@@ -19,6 +19,7 @@ Rows are functions in ROWS (name -> row(mesh, args) -> (losses, dp_bytes per ste
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -164,6 +165,8 @@ def main(argv=None) -> None:
     p = OneLineParser(prog="bench_comm_efficient.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a few steps: a smoke test")
     p.add_argument("--out", default=None, metavar="PATH", help="write the markdown table here")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="also write every row with its per-step loss curve (scripts/plot_comm_efficient.py draws it)")
     p.add_argument("--model", default="tiny-llama")
     p.add_argument("--steps", type=positive_int, default=300)
     p.add_argument("--global-batch", type=positive_int, default=16)
@@ -177,16 +180,21 @@ def main(argv=None) -> None:
     p.add_argument("--onebit-freeze-iters", type=int, default=20)
     p.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS")
     args = p.parse_args(argv)
-    if args.out:
-        check_output_file("--out", args.out)
+    for flag, path in (("--out", args.out), ("--json", args.json)):
+        if path:
+            check_output_file(flag, path)
     if args.quick:
         args.steps, args.global_batch, args.seq, args.powersgd_start_iter, args.onebit_freeze_iters = 4, 8, 32, 2, 2
     if args.powersgd_start_iter < 2 or args.powersgd_start_iter >= args.steps:
         p.error(f"--powersgd-start-iter must be >= 2 and below --steps ({args.steps})")
     if args.onebit_freeze_iters < 1 or args.onebit_freeze_iters >= args.steps:
         p.error(f"--onebit-freeze-iters must be >= 1 and below --steps ({args.steps})")
-    text = report(measure(args), args)
+    rows = measure(args)
+    text = report(rows, args)
     print(text)
+    if args.json:
+        with atomic_output(args.json) as tmp, open(tmp, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
     if args.out:
         with atomic_output(args.out) as tmp, open(tmp, "w") as f:
             f.write(text)

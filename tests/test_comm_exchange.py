@@ -1,6 +1,7 @@
-"""gloo all-gathers as point-to-point exchanges (hybrid/comm.py `Group._exchange_gather`): the same bytes as torch's
-all_gather_into_tensor, on groups of 2, 3 and 4 ranks, with several gathers in flight on one group, and the ledger
-unchanged (one all_gather of the output's bytes per call)."""
+"""gloo all-gathers and reduce-scatters as point-to-point exchanges (hybrid/comm.py `Group._exchange_gather`,
+`Group._exchange_reduce_scatter`): the same bytes as torch's all_gather_into_tensor, and the sum in group order
+(at 2 ranks equal to gloo's reduce_scatter_tensor bit for bit), on groups of 2, 3 and 4 ranks, with several in
+flight on one group, and the ledger unchanged (one record of the collective's logical bytes per call)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,29 @@ def _check(rank: int, world: int) -> dict:
         x = torch.randn(2, 5, generator=torch.Generator().manual_seed(rank))  # the blocking form, along dim 1
         want = torch.cat([torch.randn(2, 5, generator=torch.Generator().manual_seed(r)) for r in g.ranks], dim=1)
         results[(name, "dim1")] = torch.equal(g.all_gather(x, dim=1), want)
+        _check_reduce_scatter(g, rank, results, name)
     results["ledger"] = {k: (e.calls, e.bytes) for k, e in ledger.entries.items()}
     return results
+
+
+def _full(r: int, i: int, n: int) -> torch.Tensor:
+    return torch.randn(n * (500 + 3 * i), generator=torch.Generator().manual_seed(1000 * r + i))
+
+
+def _check_reduce_scatter(g: Group, rank: int, results: dict, name: str) -> None:
+    """Three reduce-scatters in flight, waited out of order: gloo's own reduce_scatter_tensor bit for bit; at 2
+    ranks through the exchange (x_0 + x_1), at 3 and 4 through gloo's (its summation order, which the ZeRO stage 0-1
+    bit-for-bit tests rely on)."""
+    results[(name, "exchange iff 2 ranks")] = g._reduces_by_exchange(torch.empty(4)) == (g.size == 2)
+    fulls = [_full(rank, i, g.size) for i in range(3)]
+    outs = [torch.full((f.numel() // g.size,), float("nan")) for f in fulls]
+    works = [g.reduce_scatter_into(o, f) for o, f in zip(outs, fulls)]
+    for w in reversed(works):
+        w.wait()
+    for i, o in enumerate(outs):
+        native = torch.empty_like(o)
+        dist.reduce_scatter_tensor(native, fulls[i], group=g.pg)
+        results[(name, "reduce_scatter", i)] = torch.equal(o, native)
 
 
 def test_exchange_all_gather_equals_gloo_s_own_with_gathers_in_flight():
@@ -59,3 +81,4 @@ def test_exchange_all_gather_equals_gloo_s_own_with_gathers_in_flight():
             n = sizes[name]
             want_bytes = 4 * n * sum(1000 + 7 * i for i in range(3)) + 4 * 2 * 5 * n + 4 * 9 * n
             assert ledger[("all_gather", name)] == (5, want_bytes), (rank, name, ledger)
+            assert ledger[("reduce_scatter", name)] == (3, 4 * n * sum(500 + 3 * i for i in range(3))), (rank, name)

@@ -95,8 +95,8 @@ def test_cp_flags_are_checked_by_name():
     (["--context-parallel-size", "2", "--attention-dropout", "0.1"], 2, "--attention-dropout 0"),
     (["--reset-attention-mask"], 1, "--reset-attention-mask finds documents by the end-of-document token"),
     (["--cp-comm-type", "ring"], 1, "--cp-comm-type: invalid choice"),
-    (["--context-parallel-size", "2", "--auto-parallel", "--global-batch-size", "8"], 2,
-     "--auto-parallel does not plan context parallelism"),
+    (["--context-parallel-size", "3", "--auto-parallel", "--global-batch-size", "8"], 4,
+     "--auto-parallel with --context-parallel-size 3: it must divide the 4 ranks"),
 ])
 def test_bad_cp_flags_are_one_line_before_any_process_group(argv, world, message, monkeypatch, capsys):
     import torch.distributed as dist

@@ -202,9 +202,14 @@ def load(opt, names: dict[int, str], rng, directory: str, optim: bool = True, rn
 def load_state(owners: dict[str, Stateful], directory: str, group: Group | None = None) -> dict:
     """Fill every owner's state from a checkpoint: DCP reads each piece this rank holds from whichever saved pieces
     overlap it, state.json gives the plain values; then each owner's load_state_dict puts derived state right.
-    An owner's plain value the checkpoint lacks (saved before the owner kept it) is left out. Returns state.json.
+    An owner's plain value the checkpoint lacks (saved before the owner kept it) is left out. An owner whose pieces
+    depend on the saved layout (hybrid/compress/state.py) has `before_load(its saved plain values)` called first.
+    Returns state.json.
     Collective over `group` (None: the default process group)."""
     state = store.read_state(directory)
+    for prefix, owner in owners.items():  # an owner whose pieces depend on the saved layout reads its values first
+        if hasattr(owner, "before_load"):
+            owner.before_load({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
     sd, plain, own = collect(owners, saving=False)
     # .metadata through safe_read: only DCP's own classes are unpickled (an untrusted checkpoint runs no code)
     world_group(group).delegate("dcp_load", lambda pg: safe_read.load(sd, directory, process_group=pg))

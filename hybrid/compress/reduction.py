@@ -35,11 +35,12 @@ from hybrid.compress.powersgd import PowerSGDConfig, PowerSGDState, matrix_rank,
 
 class DPReduction(Protocol):
     """per_micro_batch: False when the strategy needs the whole accumulated gradient (reduced once per step; ZeRO 2
-    then keeps a full gradient buffer, ZeRO 3 is refused). bind: the engine's dense units, in its order."""
+    then keeps a full gradient buffer, ZeRO 3 is refused). bind: the engine's dense units, in its order, and the
+    engine (its model's parameter names, its mesh coordinates)."""
 
     per_micro_batch: bool
 
-    def bind(self, units: list) -> None: ...
+    def bind(self, units: list, engine) -> None: ...
 
     def reduce(self, unit, group: Group) -> bool: ...
 
@@ -54,7 +55,7 @@ class PlainReduction:
     def __init__(self, link: SimulatedLink) -> None:
         self.link = link
 
-    def bind(self, units: list) -> None:
+    def bind(self, units: list, engine) -> None:
         pass
 
     def reduce(self, unit, group: Group) -> bool:
@@ -80,10 +81,17 @@ class PowerSGDReduction:
         self.layout = layout  # (dp, tp, pp) the state belongs to
         self.index: dict[int, int] = {}  # id(unit) -> bucket index
 
-    def bind(self, units: list) -> None:
-        """The engine's dense units, in the engine's order (bucket index = position)."""
+    def bind(self, units: list, engine) -> None:
+        """The engine's dense units, in the engine's order (bucket index = position), and what the checkpoint
+        keys the state by: the parameters' global names, the tied twins, this rank's DP and TP coordinates."""
+        from hybrid.compress.state import PowerSGDCheckpoint
+        from hybrid.zero.state import param_names
+        self.units = units
         self.index = {id(u): i for i, u in enumerate(units)}
         self.sizes = {i: _sizes(u, self.state.cfg) for i, u in enumerate(units)}  # (error, P, Q) numbers
+        self.names, self.duplicates = param_names(engine.model), engine.duplicates
+        self.coords = (engine.dp.rank, engine.mesh.tp.rank)
+        self.checkpoint = PowerSGDCheckpoint(self)
 
     def reduce(self, unit, group: Group) -> bool:
         if not self.state.compressing or group.size == 1 or id(unit) not in self.index:
@@ -99,33 +107,17 @@ class PowerSGDReduction:
         if self.link is not None:
             self.link.delay()
 
-    # --- checkpoint owner (hybrid/stateful.py): this rank's own tensors, keyed under compress/<rank>/ -----------
+    # --- checkpoint owner (hybrid/stateful.py): keyed by parameter under compress/ (hybrid/compress/state.py) -----
     def state_dict(self) -> dict[str, object]:
-        """Counters (iter, seeds drawn, dp, tp, pp) and per bucket the error feedback and the warm-start Q
-        (zeros before the first compressed step; P is recomputed from Q, so only its size is kept)."""
-        s = self.state
-        out: dict[str, object] = {"counters": torch.tensor([s.iter, s.draws, *self.layout], dtype=torch.int64)}
-        for i, (ne, _, nq) in self.sizes.items():
-            out[f"error.{i}"] = s.error[i] if i in s.error else torch.zeros(ne, dtype=self.dtype)
-            out[f"q.{i}"] = s.q[i] if i in s.q else torch.zeros(nq, dtype=self.dtype)
-        return out
+        """Per parameter its error feedback (a row per DP rank) and its matrix's warm-start Q; the step count and
+        the layout (P is recomputed from Q). Reshards: hybrid/compress/state.py."""
+        return self.checkpoint.state_dict()
+
+    def before_load(self, plain: dict) -> None:
+        self.checkpoint.before_load(plain)
 
     def load_state_dict(self, sd: dict[str, object]) -> None:
-        it, draws, *layout = (int(v) for v in sd["counters"])
-        if tuple(layout) != self.layout:
-            raise ValueError(f"--powersgd-rank: the checkpoint's PowerSGD state was saved at dp x tp x pp = "
-                             f"{layout}, this run is {list(self.layout)}; resume at that layout (error feedback "
-                             f"does not reshard)")
-        s = self.state
-        s.iter = it
-        s.restore_draws(draws)
-        s.error.clear(), s.p.clear(), s.q.clear()
-        if it <= s.cfg.start_iter:  # no compressed step yet: the buckets start fresh, as in the saved run
-            return
-        for i, (_, npn, _) in self.sizes.items():
-            s.error[i] = sd[f"error.{i}"].clone()
-            s.q[i] = sd[f"q.{i}"].clone()
-            s.p[i] = s.q[i].new_empty(npn)
+        self.checkpoint.load_state_dict(sd)
 
 
 def _sizes(unit, cfg: PowerSGDConfig) -> tuple[int, int, int]:
@@ -152,11 +144,9 @@ def build(cfg, mesh, zero) -> DPReduction | None:
 
 
 def owners(reduction) -> dict:
-    """The checkpoint's owners ({} when not compressing): this rank's state under compress/<global rank>/."""
-    if not isinstance(reduction, (PowerSGDReduction, OneBitAdamReduction)):
-        return {}
-    import torch.distributed as dist
-    return {f"compress/{dist.get_rank() if dist.is_initialized() else 0}/": reduction}
+    """The checkpoint's owners ({} when not compressing): the compressor's state under compress/, keyed by
+    parameter (hybrid/compress/state.py)."""
+    return {"compress/": reduction} if isinstance(reduction, (PowerSGDReduction, OneBitAdamReduction)) else {}
 
 
 class OneBitAdamReduction:
@@ -173,8 +163,12 @@ class OneBitAdamReduction:
         self.worker: dict[int, torch.Tensor] = {}
         self.server: dict[int, torch.Tensor] = {}
 
-    def bind(self, units: list) -> None:
+    def bind(self, units: list, engine) -> None:
+        from hybrid.compress.state import OneBitCheckpoint
+        from hybrid.zero.state import param_names
         self.units = units
+        coords = (engine.dp.rank, engine.mesh.tp.rank, engine.mesh.coords.pp)
+        self.checkpoint = OneBitCheckpoint(self, param_names(engine.model), engine.duplicates, coords)
 
     def build_optimizer(self, engine, groups: list[dict], lr: float, betas: tuple[float, float], eps: float):
         from hybrid.compress.onebit import OneBitAdam, padded_length
@@ -209,18 +203,12 @@ class OneBitAdamReduction:
         if self.link is not None:
             self.link.delay()
 
+    # --- checkpoint owner: keyed by parameter under compress/ (hybrid/compress/state.py: OneBitCheckpoint) ------
     def state_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {"counters": torch.tensor([self.iter, *self.layout], dtype=torch.int64)}
-        for i in self.worker:
-            out[f"worker_error.{i}"], out[f"server_error.{i}"] = self.worker[i], self.server[i]
-        return out
+        return self.checkpoint.state_dict()
+
+    def before_load(self, plain: dict) -> None:
+        self.checkpoint.before_load(plain)
 
     def load_state_dict(self, sd: dict[str, object]) -> None:
-        it, *layout = (int(v) for v in sd["counters"])
-        if tuple(layout) != self.layout:
-            raise ValueError(f"--optimizer onebit-adam: the checkpoint's error feedback was saved at dp x tp x pp = "
-                             f"{layout}, this run is {list(self.layout)}; resume at that layout")
-        self.iter = it
-        for i in self.worker:
-            self.worker[i].copy_(sd[f"worker_error.{i}"])
-            self.server[i].copy_(sd[f"server_error.{i}"])
+        self.checkpoint.load_state_dict(sd)

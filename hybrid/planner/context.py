@@ -159,8 +159,8 @@ def with_cp(work: Workload, cluster: Cluster, base: Plan, cp: int, comm: CommTyp
         extra, buffers = 0.0, 0.0
     else:
         cost = layer_cost(work, cluster, layout, cp, comm)
-        stages = stage_layers(work.model, layout.pp, layout.v)  # global stage c pp + r is rank r's chunk c
-        layers = max(sum(stages[c * layout.pp + r] for c in range(layout.v)) for r in range(layout.pp))
+        stages = stage_layers(work.model, layout.pp, layout.v)  # rank r's chunks: layout.rank_stages(r)
+        layers = max(sum(stages[s] for s in layout.rank_stages(r)) for r in range(layout.pp))
         m = work.global_batch // (layout.dp // cp * layout.micro_batch)
         extra = (m + (layout.pp - 1) / layout.v) * layers * (cost.attention + cost.exposed)
         buffers = cost.buffer_bytes

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from hybrid.partition import PartitionMethod, partition_layers, stage_costs_from_config
-from hybrid.pipeline import ScheduleKind
+from hybrid.pipeline import Placement, ScheduleKind
 from hybrid.planner.hardware import GroupPlacement, Hardware
 from hybrid.planner.model import ActivationProfile, Precision, Shard
 from hybrid.planner.ops import KernelProfile
@@ -77,8 +77,11 @@ class Layout:
         offload: what lives in host memory.
         recompute: activation recomputation (`--recompute-granularity`).
         sequence_parallel: split norms / dropout along the sequence over TP (`--sequence-parallel`).
-        zero_bubble: the ZB-H1 schedule (`--pipeline-schedule zbh1`, Qi et al. 2024): each backward split into
-            B (input gradient) and a deferred W (weight gradients) filling 1F1B's bubble; v = 1, pp >= 2.
+        zero_bubble: a zero-bubble schedule (Qi et al. 2024): each backward split into B (input gradient) and a
+            deferred W (weight gradients) filling 1F1B's bubble; pp >= 2. With v = 1 ZB-H1
+            (`--pipeline-schedule zbh1`); with v = 2 ZBV (`--pipeline-schedule zbv`): two chunks a rank placed in
+            a V, rank r holding stages r and 2 pp - 1 - r (`Placement.V`), so rank 0 holds the embedding and the
+            LM head.
     """
 
     tp: int = 1
@@ -103,8 +106,8 @@ class Layout:
         for name, kind in (("offload", Offload), ("recompute", Recompute)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"Layout.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
-        if self.zero_bubble and (self.v != 1 or self.pp < 2):
-            raise ValueError(f"--pipeline-schedule zbh1 needs one chunk a rank and pp >= 2, got v {self.v}, pp {self.pp}")
+        if self.zero_bubble and (self.v > 2 or self.pp < 2):
+            raise ValueError(f"--pipeline-schedule zbh1 (v 1) / zbv (v 2) need pp >= 2, got v {self.v}, pp {self.pp}")
 
     @property
     def world(self) -> int:
@@ -112,11 +115,20 @@ class Layout:
 
     @property
     def schedule(self) -> ScheduleKind:
-        """1F1B with one chunk per rank, interleaved 1F1B with several (Narayanan et al. 2021); ZB-H1 with
-        `zero_bubble`."""
+        """1F1B with one chunk per rank, interleaved 1F1B with several (Narayanan et al. 2021); with
+        `zero_bubble` ZB-H1 (v = 1) or ZBV (v = 2)."""
         if self.zero_bubble:
-            return ScheduleKind.ZB_H1
+            return ScheduleKind.ZB_H1 if self.v == 1 else ScheduleKind.ZBV
         return ScheduleKind.ONE_F_ONE_B if self.v == 1 else ScheduleKind.INTERLEAVED
+
+    def rank_stages(self, rank: int) -> tuple[int, ...]:
+        """The global stages pipeline rank `rank` holds, chunk by chunk: c pp + r (Megatron's loop), or r and
+        2 pp - 1 - r under ZBV's V."""
+        return rank_stages(self.pp, self.v, self.schedule.placement)[rank]
+
+    def stage_rank(self, stage: int) -> int:
+        """The pipeline rank holding global stage `stage` (the LM head's, pp v - 1: rank pp - 1, rank 0 in a V)."""
+        return self.schedule.placement.rank_chunk(stage, self.pp)[0]
 
     def short(self) -> str:
         """Compact one-line description, e.g. 'tp8 pp2 dp32 v1 b1 z1 sp full'."""
@@ -128,7 +140,7 @@ class Layout:
             bits.append("sp")
         bits.append(self.recompute.value)
         if self.zero_bubble:
-            bits.append("zbh1")
+            bits.append(self.schedule.value)
         return " ".join(bits)
 
 
@@ -292,7 +304,7 @@ def _batch_problems(work: Workload, layout: Layout) -> list[str]:
     if per_replica % layout.micro_batch:
         return [f"micro-batch {layout.micro_batch} does not divide the {per_replica} sequences per DP replica"]
     m = per_replica // layout.micro_batch
-    if layout.v > 1 and m % layout.pp:
+    if layout.v > 1 and not layout.zero_bubble and m % layout.pp:  # ZBV runs any m
         return [f"interleaving needs the {m} micro-batches to be a multiple of pp {layout.pp}"]
     return []
 
@@ -340,6 +352,12 @@ def pipeline_crosses_nodes(cluster: Cluster, layout: Layout) -> bool:
 
 
 # --- which layers each stage holds ----------------------------------------------------------------
+
+@lru_cache(maxsize=256)
+def rank_stages(pp: int, v: int, placement: Placement = Placement.LOOP) -> tuple[tuple[int, ...], ...]:
+    """Per pipeline rank, the global stages of its chunks (chunk order): `Placement.stage` for every (r, c)."""
+    return tuple(tuple(placement.stage(r, c, pp) for c in range(v)) for r in range(pp))
+
 
 def stage_layers(cfg: ModelConfig, pp: int, v: int, seq: int = 2048) -> tuple[int, ...]:
     """Layer count of each of the pp v global stages (stage = chunk pp + rank), via hybrid.partition:

@@ -228,7 +228,7 @@ def zero_units(work: Workload, layout: Layout, pp_rank: int, bucket_bytes: int =
     layer_partial = partial_grad_numel(shard, 1, False, False, sp)
     units: list[ZeroUnit] = []
     for c in reversed(range(v)):
-        stage = c * pp + pp_rank
+        stage = layout.rank_stages(pp_rank)[c]  # c pp + r; r or 2 pp - 1 - r under ZBV's V
         first, last, n = stage == 0, stage == pp * v - 1, layers[stage]
         tied = cfg.tie_embeddings and (first or last)
         if tied:
@@ -297,7 +297,7 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
       rank (pp = 1) hand over in memory;
     * DP and the TP partial-gradient all-reduces, unit by unit (`zero_units`, `zero_ledger`);
     * tied embeddings, pp > 1: the first and last stage all-reduce the embedding's gradient (V_p/t x h) over
-      the embedding group."""
+      the embedding group (not under ZBV: both stages are rank 0's, which sums its two copies in memory)."""
     cfg, b, s = work.model, layout.micro_batch, work.seq_length
     pr, shard = work.precision, work.shard(layout.tp)
     m, pp, v = work.num_microbatches(layout), layout.pp, layout.v
@@ -306,19 +306,20 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
     per_mb, pipe = [], _Book()
     message = b * s * cfg.hidden_size * pr.activation_bytes // (layout.tp if layout.sequence_parallel else 1)
     for c in range(v):
-        stage = c * pp + pp_rank
+        stage = layout.rank_stages(pp_rank)[c]  # c pp + r; r or 2 pp - 1 - r under ZBV's V
         first, last = stage == 0, stage == last_stage
         book = tp_ledger(shard, b, s, layers[stage], first, last, layout.sequence_parallel, layout.recompute,
                          pr.activation_bytes)
         per_mb += [book["forward"], book["backward"]]
         if pp > 1:
-            hops = (0 if last else 1) + (0 if first else 1)  # output forward + gradient back, input + its gradient
+            # output forward + gradient back, input + its gradient; none across ZBV's turn (pp - 1 to itself)
+            hops = sum(0 <= n <= last_stage and layout.stage_rank(n) != pp_rank for n in (stage - 1, stage + 1))
             pipe.add(Message.SEND, "pp", message, m * hops)
             pipe.add(Message.RECV, "pp", message, m * hops)
     units = zero_units(work, layout, pp_rank)
     per_step = [pipe.ledger(), zero_ledger(units, layout.zero, layout.dp, layout.tp, m, work.grad_bytes,
                                            pr.param_bytes)]
-    if cfg.tie_embeddings and pp > 1 and pp_rank in (0, pp - 1):
+    if cfg.tie_embeddings and pp > 1 and layout.stage_rank(last_stage) != 0 and pp_rank in (0, pp - 1):
         tied = _Book()
         tied.add(Collective.ALL_REDUCE, "embedding", shard.vocab // shard.t * cfg.hidden_size * work.grad_bytes)
         per_step.append(tied.ledger())

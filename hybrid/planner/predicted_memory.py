@@ -51,10 +51,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from hybrid.planner.hardware import GB
-from hybrid.planner.layout import Cluster, Layout, Offload, Recompute, Workload, ZeroStage, stage_layers
+from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, rank_stages,
+                                   stage_layers)
 from hybrid.planner.model import Precision, Shard
-from hybrid.pipeline import ScheduleKind
-from hybrid.planner.schedule import InFlight, in_flight, kept_gradient_bytes
+from hybrid.pipeline import Placement, ScheduleKind
+from hybrid.planner.schedule import InFlight, in_flight, kept_gradient_bytes, peak_held
 
 ADAM_K = 12  # bytes of optimizer state per parameter: fp32 master, momentum, variance
 PARAM_BYTES = 2  # fp16 / bf16 parameters (Precision.MIXED)
@@ -182,21 +183,23 @@ class MemoryPlan:
 
 
 def rank_parameters(work: Workload, layout: Layout) -> tuple[float, ...]:
-    """Psi of each pipeline rank: its layers' TP shares, plus the embedding (rank 0) and head (rank pp - 1)."""
-    return _rank_parameters(work, layout.tp, layout.pp, layout.v)
+    """Psi of each pipeline rank: its layers' TP shares, plus the embedding (rank 0) and head (the last stage's
+    rank: pp - 1, or rank 0 under ZBV's V, whose two chunks each hold a copy of a tied table)."""
+    return _rank_parameters(work, layout.tp, layout.pp, layout.v, layout.schedule.placement)
 
 
 @lru_cache(maxsize=4096)
-def _rank_parameters(work: Workload, tp: int, pp: int, v: int) -> tuple[float, ...]:
+def _rank_parameters(work: Workload, tp: int, pp: int, v: int, placement: Placement) -> tuple[float, ...]:
     shard = work.shard(tp)
     layers = stage_layers(work.model, pp, v, work.seq_length)
+    head_rank = placement.rank_chunk(pp * v - 1, pp)[0]
     out = []
-    for r in range(pp):
-        n = sum(layers[c * pp + r] for c in range(v)) * shard.layer_params()
+    for r, stages in enumerate(rank_stages(pp, v, placement)):
+        n = sum(layers[s] for s in stages) * shard.layer_params()
         if r == 0:
             n += shard.embedding_params()
-        if r == pp - 1:
-            n += shard.head_params(shares_embedding=pp == 1)
+        if r == head_rank:
+            n += shard.head_params(shares_embedding=pp == 1)  # ZBV: two modules on rank 0, two tied copies
         out.append(float(n))
     return tuple(out)
 
@@ -273,8 +276,8 @@ def _fp8_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
     layers = stage_layers(work.model, layout.pp, layout.v, work.seq_length)
     linears = 4 + shard.mlp_matrices
     out = []
-    for r in range(layout.pp):
-        n = sum(layers[c * layout.pp + r] for c in range(layout.v))
+    for stages in rank_stages(layout.pp, layout.v, layout.schedule.placement):
+        n = sum(layers[s] for s in stages)
         weights = shard.layer_matmul_params() * min(2, n)
         out.append(2.0 * weights + n * linears * 3 * 4 * (FP8_AMAX_HISTORY + 1))
     return tuple(out)
@@ -288,6 +291,8 @@ def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: 
     rank's first backward adds for a moment beyond them (the loss's gradients over the logits)."""
     m = work.global_batch // (dp * b)
     flight = in_flight(kind, pp, m, v)
+    if kind is ScheduleKind.ZBV:
+        return (flight, *_zbv_activations(work, tp, pp, m, b, sp, recompute))
     shard = work.shard(tp)
     layers = stage_layers(work.model, pp, v, work.seq_length)
     s = work.seq_length
@@ -311,12 +316,40 @@ def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: 
     return flight, tuple(acts), tuple(extra)
 
 
+def _zbv_activations(work: Workload, tp: int, pp: int, m: int, b: int, sp: bool, recompute: Recompute
+                     ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """ZBV's activation bytes per rank and the head rank's backward transient. Its two chunks differ (rank 0's
+    chunk 0 is the first stage, with the embedding and no kept gradients; its chunk 1 the last, with the LM
+    head), so the peak is the running maximum of the paper's accounting over the rank's compute order (Qi et
+    al. 2024, Table 1; tests/test_pipeline_memory.py measures the runtime against it): F adds the chunk's set
+    A_c, B adds the output gradients it keeps for W (K_c, `kept_gradient_bytes`; none on the first stage, whose
+    B defers everything), W frees A_c + K_c. The recomputation and head terms are 1F1B's, on the head's rank."""
+    shard, s = work.shard(tp), work.seq_length
+    layers = stage_layers(work.model, pp, 2, s)
+    per_layer, working = layer_activation_bytes(shard, b, s, sp, recompute)
+    head, last = shard.head_activation_bytes(b, s, sp), 2 * pp - 1
+    acts = []
+    for r, stages in enumerate(rank_stages(pp, 2, Placement.V)):
+        held = [layers[st] * per_layer + (shard.chunk_activation_bytes(b, s) if layers[st] else 0.0)
+                + (shard.embedding_activation_bytes(b, s, sp) if st == 0 else 0.0) + (head if st == last else 0.0)
+                for st in stages]
+        kept = [0.0 if st == 0 else kept_gradient_bytes(shard, b, s, sp, layers[st], st == last) for st in stages]
+        acts.append(peak_held(ScheduleKind.ZBV, pp, m, 2, r, tuple(held), tuple(kept))
+                    + (working if any(layers[st] for st in stages) else 0.0))
+    rerun = working if layers[last] else 0.0
+    acts[0] -= min(head, rerun)  # rank 0 holds the last stage: its first B runs the head's before any rerun
+    extra = [0.0] * pp
+    extra[0] = max(0.0, shard.head_backward_transient_bytes(b, s) - max(0.0, rerun - head))
+    return tuple(acts), tuple(extra)
+
+
 def _zero3_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
     """ZeRO 3 gathers the unit being computed and prefetches the next: 2 x 2 bytes x the largest unit."""
     shard = work.shard(layout.tp)
     units = [shard.layer_params()] * layout.pp
+    head_rank = layout.stage_rank(layout.pp * layout.v - 1)
     units[0] = max(units[0], shard.embedding_params())
-    units[-1] = max(units[-1], shard.head_params(layout.pp == 1))
+    units[head_rank] = max(units[head_rank], shard.head_params(layout.pp == 1))
     return tuple(2.0 * work.precision.param_bytes * u for u in units)
 
 

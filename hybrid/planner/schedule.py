@@ -24,6 +24,14 @@ stage's backward (a linear's dX and dW are GEMMs of equal FLOPs; the attention c
 and whose W is the whole backward (hybrid/pipeline/split_backward.py). In flight counts a (micro-batch, chunk)
 from F to W (W needs F's saved tensors); `InFlight.weight_pending` counts those between B and W, which also hold
 the output gradients B keeps for W (`kept_gradient_bytes`). Same saturation point as 1F1B: m >= pp.
+
+ZBV (`Layout.zero_bubble` with v = 2): the same B / W pricing on 2 pp stages placed in a V (rank r holds stages
+r and 2 pp - 1 - r, `Placement.V`; `layout.rank_stages`). Its lists are built for max(m, 2 pp - 1) micro-batches,
+so in flight saturates at m = 2 pp - 1, and the makespan grows by the same step per micro-batch from
+m >= (3 pp - 1) / 2: the window of three starts at 2 pp - 1 with step 1. At tF = tB = tW = t it is the closed form
+6 m t + max(2 (2 pp - 1 - m), pp - 1) t (tests/test_pipeline_zb_planner.py). Its two chunks on a rank differ
+(rank 0's are the first stage, with the embedding, and the last, with the LM head), so its activation peak is
+walked in bytes (`peak_held`: +A at F, +kept at B, -both at W) rather than counted in sets.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from functools import lru_cache
 from hybrid.pipeline import Costs, Op, ScheduleKind, SimResult, build_schedule, compute_order, simulate
 from hybrid.planner.model import ACT_BYTES, FP32, ActivationProfile
 from hybrid.pipeline.schedules import Action
+from hybrid.planner.layout import rank_stages
 
 SIM_BUDGET = 3.0e6  # pp (m v)^2 of the largest schedule simulated: about two seconds of list building
 WEIGHT_SHARE = 0.5  # W's share of a stage's backward under the zero-bubble schedules (see the module docstring)
@@ -55,7 +64,8 @@ class InFlight:
             (`SimResult.peak_in_flight`; one set = one chunk's layers for one micro-batch).
         microbatches: per rank, the peak number of distinct micro-batches held.
         first_chunk: peak micro-batches whose chunk 0 activations rank 0 holds (embedding outputs).
-        last_chunk: peak micro-batches whose last-chunk activations rank pp - 1 holds (logits).
+        last_chunk: peak micro-batches whose last-stage activations its rank holds (logits; rank pp - 1, or
+            rank 0's chunk 1 under ZBV's V).
         simulated_m: the micro-batch count simulated (saturated: same peaks for every larger m).
         weight_pending: per rank, the peak (micro-batch, chunk) pairs between B and W (zero-bubble schedules;
             0 for the others): each holds the output gradients B kept for W.
@@ -107,10 +117,19 @@ class PipelineRun:
 
 
 def saturation_m(kind: ScheduleKind, pp: int, v: int) -> int:
-    """Smallest m at which every rank completes its warm-up (see the module docstring)."""
+    """Smallest m at which every rank completes its warm-up (see the module docstring); ZBV: 2 pp - 1, the
+    micro-batches that fill its V (`_zbv_order` builds every list for max(m, 2 pp - 1))."""
     if kind is ScheduleKind.GPIPE:
         raise ValueError("GPipe holds all m micro-batches: its peaks never saturate; simulate the full m")
+    if kind is ScheduleKind.ZBV:
+        return 2 * pp - 1
     return pp if v == 1 else 2 * pp
+
+
+def extrapolation_step(kind: ScheduleKind, pp: int, v: int) -> int:
+    """Micro-batches that add one steady-state increment to the makespan: 1 (1F1B, ZB-H1, ZBV, whose steady
+    state repeats per micro-batch), pp for interleaved (a group of pp micro-batches goes through every chunk)."""
+    return 1 if v == 1 or kind is ScheduleKind.ZBV else pp
 
 
 def sim_size(pp: int, m: int, v: int) -> float:
@@ -132,8 +151,27 @@ def _in_flight(kind: ScheduleKind, pp: int, m: int, v: int) -> InFlight:
     orders = [compute_order(kind, pp, rank, m, v) for rank in range(pp)]
     result = simulate(orders, Costs())
     return InFlight(chunks=result.peak_in_flight, microbatches=result.peak_in_flight_microbatches,
-                    first_chunk=_chunk_peak(result, 0, 0), last_chunk=_chunk_peak(result, pp - 1, v - 1),
+                    first_chunk=_chunk_peak(result, 0, 0),
+                    last_chunk=_chunk_peak(result, *kind.placement.rank_chunk(pp * v - 1, pp)),
                     simulated_m=m, weight_pending=result.peak_weight_pending)
+
+
+def peak_held(kind: ScheduleKind, pp: int, m: int, v: int, rank: int, held: tuple[float, ...],
+              kept: tuple[float, ...]) -> float:
+    """Peak bytes on `rank` when its chunk c's forward saves held[c] and, under a zero-bubble schedule, its B
+    keeps kept[c] more until W frees both (a full backward frees held[c]): the running maximum over the rank's
+    compute order, at the saturation point (same peak for every larger m)."""
+    m_sim = m if kind is ScheduleKind.GPIPE else min(m, saturation_m(kind, pp, v))
+    total = peak = 0.0
+    for a in compute_order(kind, pp, rank, m_sim, v):
+        if a.op is Op.FORWARD:
+            total += held[a.chunk]
+        elif a.op is Op.BACKWARD_INPUT:
+            total += kept[a.chunk]
+        else:
+            total -= held[a.chunk] + (kept[a.chunk] if a.op is Op.BACKWARD_WEIGHT else 0.0)
+        peak = max(peak, total)
+    return peak
 
 
 def _chunk_peak(result: SimResult, rank: int, chunk: int) -> int:
@@ -151,9 +189,9 @@ def run_pipeline(kind: ScheduleKind, pp: int, m: int, v: int, times: StageTimes,
     """Makespan, busy time and bubble of one step, simulated (extrapolated in m when m is large)."""
     if len(times.forward) != pp * v or len(times.backward) != pp * v:
         raise ValueError(f"StageTimes must give one cost per global stage (pp x v = {pp * v})")
-    busy = tuple(m * sum(times.forward[c * pp + r] + times.backward[c * pp + r] for c in range(v))
-                 for r in range(pp))
-    step = 1 if v == 1 else pp
+    busy = tuple(m * sum(times.forward[s] + times.backward[s] for s in stages)
+                 for stages in rank_stages(pp, v, kind.placement))
+    step = extrapolation_step(kind, pp, v)
     first = m if kind is ScheduleKind.GPIPE else min(m, saturation_m(kind, pp, v))
     if m <= first + 2 * step or kind is ScheduleKind.GPIPE:
         _check_budget(pp, m, v, budget, "the step", m)

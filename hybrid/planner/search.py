@@ -49,8 +49,10 @@ class SearchSpace:
             v = layers / (pp x this) for each pp; overrides `v`.
         max_micro_batch: largest micro-batch tried when `micro_batch` is None.
         max_v: most chunks per rank tried when `v` is None.
-        zero_bubble: whether to try ZB-H1 (`--pipeline-schedule zbh1`) beside each 1F1B layout the search times
-            (v = 1, pp >= 2, no full recomputation, which a W would redo); None or (True,): try it.
+        zero_bubble: whether to try the zero-bubble schedules, ZB-H1 and ZBV (`--pipeline-schedule zbh1 / zbv`),
+            beside each 1F1B layout the search times (v = 1, pp >= 2, no full or selective-op recomputation;
+            ZBV where the space also allows v = 2: v unpinned or listing 2, 2 pp <= layers, max_v >= 2); None
+            or (True,): try them.
         expert_parallel: an MoE model's EP sizes to try (`--expert-model-parallel-size`; hybrid/planner/moe.py);
             None: every size the layout allows.
         moe_imbalance: an MoE model's load imbalance lambda, max / mean tokens per expert (`--moe-imbalance`).
@@ -133,7 +135,8 @@ class SearchResult:
         considered: complete layouts enumerated.
         dominated: fitting layouts skipped because a variant with less recomputation / offload also fits.
         timed: layouts whose step was simulated.
-        notes: layout (short) -> why its schedule was chosen over the 1F1B twin (zero-bubble plans).
+        notes: layout (short) -> why its schedule was chosen over the 1F1B twin (zero-bubble plans), or, for a
+            1F1B layout whose zero-bubble twins were tried and not kept, why not.
     """
 
     plans: list[Plan] = field(default_factory=list)
@@ -235,27 +238,58 @@ def search(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace(),
 
 def _zero_bubble_twin(work: Workload, cluster: Cluster, space: SearchSpace, plan: Plan, formula: FlopsFormula,
                       budget: float, notes: dict[str, str]) -> list[Plan]:
-    """ZB-H1 on a timed 1F1B layout, when it fits and is faster: its plan, with the reason in `notes`. It moves
-    the (p - 1)-stage start-up bubble into deferred weight passes, and every rank then holds pp micro-batches
-    (F to W) plus the output gradients its B's keep for the W's (hybrid/planner/schedule.py)."""
+    """The zero-bubble twins of a timed 1F1B layout (ZB-H1: v = 1; ZBV: v = 2 in a V) that fit and are faster:
+    their plans, each with the reason in `notes`; a twin tried and not kept leaves the reason under the 1F1B
+    layout's key. ZB-H1 moves the (p - 1)-stage start-up bubble into deferred weight passes, every rank then
+    holding pp micro-batches (F to W) plus the output gradients its B's keep for the W's; ZBV's V also turns the
+    pipeline at rank pp - 1 in memory and brings the gradient back to rank 0 as the forwards go on, removing most
+    of what is left, at 2 pp chunk sets in flight on every rank (as many bytes as 1F1B's rank 0: half-size chunks)
+    with the embedding and the LM head both on rank 0 (hybrid/planner/schedule.py, predicted_memory.py)."""
     lay = plan.layout
-    if lay.v != 1 or lay.pp < 2 or lay.recompute is Recompute.FULL or False in (space.zero_bubble or (True,)):
+    if not _zero_bubble_applies(space, lay):
         return []
-    zb = replace(lay, zero_bubble=True)
-    if memory_problem(cluster, *peak_memory(work, cluster, zb)) is not None:
-        return []
-    memory = plan_memory(work, cluster, zb)
-    try:
-        time = step_time(work, cluster, zb, budget)
-    except SimulationTooLarge:
-        return []
-    if time.total >= plan.time.total:
-        return []
-    notes[zb.short()] = (f"zbh1 over 1f1b on this layout: bubble {100 * time.bubble_fraction:.1f}% vs "
-                         f"{100 * plan.bubble_fraction:.1f}%, step {time.total:.4g} vs {plan.time.total:.4g} s, "
-                         f"fullest stage {memory.peak.total / GB:.1f} vs {plan.memory_gb:.1f} GB (every stage holds pp "
-                         f"micro-batches until their W, and the gradients kept for it)")
-    return [_plan(work, cluster, zb, memory, time, formula, space)]
+    out, kept_1f1b = [], []
+    twins = [replace(lay, zero_bubble=True)]
+    if 2 in _chunk_counts(work.model.num_layers, lay.pp, space):  # ZBV's two chunks a rank: allowed by the space
+        twins.append(replace(lay, zero_bubble=True, v=2))
+    for zb in twins:
+        name = zb.schedule.value
+        rank, need, host = peak_memory(work, cluster, zb)
+        problem = memory_problem(cluster, rank, need, host)
+        if problem is not None:
+            kept_1f1b.append(f"{name} does not fit ({problem}; 1f1b {plan.memory_gb:.1f} GB)")
+            continue
+        try:
+            time = step_time(work, cluster, zb, budget)
+        except SimulationTooLarge:
+            kept_1f1b.append(f"{name} is beyond the simulation budget")
+            continue
+        if time.total >= plan.time.total:
+            kept_1f1b.append(f"{name} is not faster (step {time.total:.4g} vs {plan.time.total:.4g} s, bubble "
+                             f"{100 * time.bubble_fraction:.1f}% vs {100 * plan.bubble_fraction:.1f}%)")
+            continue
+        memory = plan_memory(work, cluster, zb)
+        notes[zb.short()] = (f"{name} over 1f1b on this layout: bubble {100 * time.bubble_fraction:.1f}% vs "
+                             f"{100 * plan.bubble_fraction:.1f}%, step {time.total:.4g} vs {plan.time.total:.4g} s, "
+                             f"fullest stage {memory.peak.total / GB:.1f} vs {plan.memory_gb:.1f} GB ("
+                             + _WHY[name] + ")")
+        out.append(_plan(work, cluster, zb, memory, time, formula, space))
+    if kept_1f1b:
+        notes[lay.short()] = "1f1b on this layout: " + "; ".join(kept_1f1b)
+    return out
+
+
+_WHY = {"zbh1": "every stage holds pp micro-batches until their W, and the gradients kept for it",
+        "zbv": "two half-size chunks a rank in a V, 2 pp chunk sets in flight until their W, embedding and LM "
+               "head both on rank 0"}
+
+
+def _zero_bubble_applies(space: SearchSpace, lay: Layout) -> bool:
+    """Zero-bubble twins are tried for a 1F1B layout (v = 1, pp >= 2) unless pinned off, without full
+    recomputation (a W would redo it) or selective-op (train.py refuses it: its W reruns a block whose stored
+    outputs torch's selective checkpoint has freed)."""
+    return (lay.v == 1 and lay.pp >= 2 and lay.recompute not in (Recompute.FULL, Recompute.SELECTIVE_OP)
+            and False not in (space.zero_bubble or (True,)))
 
 
 def _sizes(work: Workload, cluster: Cluster, space: SearchSpace, rejected: list[Rejection]):

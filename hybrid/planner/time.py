@@ -527,7 +527,7 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
         key = (n, stage == 0, stage == pp * v - 1)
         if key not in kinds:
             kinds[key] = _stage_cost(ctx, cost, *key)
-        c, r = kinds[key], stage % pp
+        c, r = kinds[key], layout.stage_rank(stage)
         fwd.append(c.forward)
         bwd.append(c.backward)
         compute[r] += c.compute
@@ -546,9 +546,9 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
         fwd = [f + p2p * k for f, k in zip(fwd, edges)]
         bwd = [b + p2p * k for b, k in zip(bwd, edges)]
         for stage, k in enumerate(edges):
-            paid[stage % pp] += 2 * p2p * k
+            paid[layout.stage_rank(stage)] += 2 * p2p * k
         p2p = 0.0  # the hand-off itself is then immediate: both ends have already paid for the transfer
-    busy = [sum(fwd[c * pp + r] + bwd[c * pp + r] for c in range(v)) for r in range(pp)]
+    busy = [sum(fwd[s] + bwd[s] for s in layout.rank_stages(r)) for r in range(pp)]
     busiest = max(range(pp), key=lambda r: busy[r])
     return _Stages(StageTimes(tuple(fwd), tuple(bwd), p2p, tuple(compute)), compute[busiest], comm[busiest],
                    max(hidden), parts[busiest], paid[busiest], busy[busiest])
@@ -624,7 +624,7 @@ def _parameter_tensors(ctx: _Context) -> int:
     biases = 3 * cfg.qkv_bias + cfg.out_bias + shard.mlp_matrices * cfg.mlp_bias
     norms = 2 * (2 if shard.is_gpt2 else 1)
     layers = stage_layers(cfg, lay.pp, lay.v, ctx.work.seq_length)
-    most = max(sum(layers[c * lay.pp + r] for c in range(lay.v)) for r in range(lay.pp))
+    most = max(sum(layers[s] for s in lay.rank_stages(r)) for r in range(lay.pp))
     return most * (linears + biases + norms) + 3
 
 
@@ -633,14 +633,14 @@ def _other_seconds(ctx: _Context) -> float:
     the partial-gradient all-reduce (SP, replicated kv-heads) of the fullest pipeline rank."""
     lay, cfg, hw, grad_bytes = ctx.layout, ctx.work.model, ctx.cluster.hw, ctx.work.grad_bytes
     out = 0.0
-    if cfg.tie_embeddings and lay.pp > 1:
+    if cfg.tie_embeddings and lay.pp > 1 and lay.stage_rank(lay.pp * lay.v - 1) != 0:  # ZBV: both on rank 0
         pair = GroupPlacement(size=2, per_node=1 if pipeline_crosses_nodes(ctx.cluster, lay) else 2)
         table = ctx.shard.vocab // ctx.shard.t * cfg.hidden_size
         out += collective_seconds(hw, Collective.ALL_REDUCE, grad_bytes * table, pair)
     if lay.tp > 1:
         layers = stage_layers(cfg, lay.pp, lay.v, ctx.work.seq_length)
         out += max(ctx.tp_seconds(partial_grad_ledger(
-            ctx.shard, sum(layers[c * lay.pp + r] for c in range(lay.v)), r == 0, r == lay.pp - 1,
+            ctx.shard, sum(layers[s] for s in lay.rank_stages(r)), r == 0, r == lay.stage_rank(lay.pp * lay.v - 1),
             lay.sequence_parallel, grad_bytes)) for r in range(lay.pp))
     return out
 
@@ -653,7 +653,7 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     times, compute, tp_comm, hidden = st.times, st.compute, st.comm, st.hidden
     run = run_pipeline(layout.schedule, layout.pp, m, layout.v, times, budget)
     psi = max(rank_parameters(work, layout))  # both grow with Psi: the fullest rank finishes last
-    first_forward = min(sum(times.forward[c * layout.pp + r] for c in range(layout.v)) for r in range(layout.pp))
+    first_forward = min(sum(times.forward[s] for s in layout.rank_stages(r)) for r in range(layout.pp))
     dp = _dp_step_seconds(ctx, psi, first_forward)
     opt = _optimizer_seconds(ctx, psi) * cluster.hw.shared_compute_factor(_devices_per_node(cluster))
     other = _other_seconds(ctx)
@@ -694,15 +694,17 @@ def lower_bound_seconds(work: Workload, cluster: Cluster, layout: Layout) -> flo
     cannot start before micro-batch 0 has gone forward through the stages before it, and its last backward's
     gradient must still go back through them:
 
-        T >= max_r [ sum_{s<r} (f_s + b_s + 2 comm) + m sum_c (f_{c pp + r} + b_{c pp + r}) ] + per-step tail."""
+        T >= max_r [ sum_{s<r} (f_s + b_s + 2 comm) + m sum_{s of rank r} (f_s + b_s) ] + per-step tail
+
+    (rank r's stages: c pp + r, or r and 2 pp - 1 - r under ZBV's V; stage r is its first either way)."""
     ctx = _context(work, cluster, layout)
     m = work.num_microbatches(layout)
     times, _, _, _ = stage_times(work, cluster, layout)
-    pp, v = layout.pp, layout.v
+    pp = layout.pp
     fill = 0.0
     busiest = 0.0
     for r in range(pp):
-        work_r = m * sum(times.forward[c * pp + r] + times.backward[c * pp + r] for c in range(v))
+        work_r = m * sum(times.forward[s] + times.backward[s] for s in layout.rank_stages(r))
         busiest = max(busiest, fill + work_r)
         fill += times.forward[r] + times.backward[r] + 2 * times.comm
     psi = max(rank_parameters(work, layout))

@@ -8,6 +8,7 @@ Either way train.py's own checks then judge them: the planner decides, the train
 
 from __future__ import annotations
 
+from hybrid.pipeline import ScheduleKind
 from hybrid.planner.layout import Layout, Offload, Recompute, Workload, stage_layers
 
 # the search enumerates the micro-batch over the divisors of global batch / dp, a loop as long as that number:
@@ -18,7 +19,7 @@ MAX_GLOBAL_BATCH = 2**24
 def layout_flags(work: Workload, lay: Layout) -> dict[str, object]:
     """The flags a layout decides, as {argparse dest: value}: the sizes, the micro-batch, ZeRO, the pipeline
     split (uneven stages: the planner's exact split, with v chunks per rank; even ones: layers per virtual
-    stage), sequence parallelism, recomputation and offload. None / False: the flag's default (not given)."""
+    stage; ZBV: the schedule alone, which holds two chunks a rank), sequence parallelism, recomputation and offload. None / False: the flag's default (not given)."""
     flags: dict[str, object] = {
         "tensor_model_parallel_size": lay.tp, "pipeline_model_parallel_size": lay.pp,
         "micro_batch_size": lay.micro_batch, "zero_stage": int(lay.zero),
@@ -26,10 +27,11 @@ def layout_flags(work: Workload, lay: Layout) -> dict[str, object]:
         "num_layers_per_virtual_pipeline_stage": None,
         "pipeline_schedule": lay.schedule.value if lay.zero_bubble else None}
     counts = stage_layers(work.model, lay.pp, lay.v, work.seq_length)
+    interleaved = lay.v > 1 and lay.schedule is not ScheduleKind.ZBV  # --pipeline-schedule zbv fixes v = 2
     if len(set(counts)) > 1:  # uneven stages (first / last fewer): the planner's split, exactly
         flags["pipeline_layers_per_stage"] = ",".join(map(str, counts))
-        flags["virtual_pipeline_model_parallel_size"] = lay.v if lay.v > 1 else None
-    elif lay.v > 1:
+        flags["virtual_pipeline_model_parallel_size"] = lay.v if interleaved else None
+    elif interleaved:
         flags["num_layers_per_virtual_pipeline_stage"] = work.model.num_layers // (lay.pp * lay.v)
     flags.update(sequence_parallel=lay.sequence_parallel,
                  recompute_granularity=None if lay.recompute is Recompute.NONE else lay.recompute.value,

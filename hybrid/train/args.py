@@ -436,8 +436,12 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
 
     The device is this process's: a CUDA GPU's memory and the nearest GPU preset, or on CPU the `cpu`
     preset with this machine's memory shared by the local ranks. Recomputation is pinned to what was given
-    (none by default); the planner models our runtime exactly on CPU (fp32, flash attention: docs/planner.md)."""
-    from hybrid.planner import Cluster, SearchSpace, Workload, search
+    (none by default); the planner models our runtime exactly on CPU (fp32, flash attention: docs/planner.md).
+    With --context-parallel-size > 1 the CP size and --cp-comm-type stay the user's and the rest is planned
+    around them (`_plan_with_cp`)."""
+    import dataclasses
+
+    from hybrid.planner import Cluster, SearchSpace, Workload
     from hybrid.planner.layout import ZeroStage
     from hybrid.planner.ops import KernelProfile
     from hybrid.planner.train_flags import MAX_GLOBAL_BATCH, layout_flags
@@ -455,25 +459,61 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
     # --compile runs with every ZeRO stage but no recomputation (check_compile): the search keeps to what the run accepts
     pinned_ep = "expert_model_parallel_size" in getattr(args, "explicit", set())  # MoE: else the planner's EP
+    # and no zero-bubble schedule (check_zero_bubble refuses it with --compile: B could not leave W to later)
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),),
                         zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
+                        zero_bubble=(False,) if args.compile else None,
                         expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None)
-    result = search(work, Cluster(gpus=world, hw=hw), space, top=1)
-    if not result.plans:
-        raise ValueError(f"--auto-parallel: no layout of {args.model} fits {world} x {hw.memory_gb:.1f} GB; "
+    cluster = Cluster(gpus=world, hw=hw)
+    cp = args.context_parallel_size
+    plan, seconds, note = (_plan_with_cp(args, work, cluster, space) if cp > 1 else _plan_without_cp(work, cluster, space))
+    if plan is None:
+        at = f" at --context-parallel-size {cp} ({args.cp_comm_type})" if cp > 1 else ""
+        raise ValueError(f"--auto-parallel: no layout of {args.model} fits {world} x {hw.memory_gb:.1f} GB{at}; "
                          f"run `hybrid plan` to see why")
-    lay = result.plans[0].layout
+    lay = plan.layout if cp == 1 else dataclasses.replace(plan.layout, dp=plan.layout.dp // cp)  # the true dp
     for dest, value in layout_flags(work, lay).items():
         setattr(args, dest, value)
-    experts = result.plans[0].experts  # an MoE model: the planner's EP (hybrid/planner/moe.py)
+    experts = plan.experts  # an MoE model: the planner's EP (hybrid/planner/moe.py)
     if experts is not None:
         args.expert_model_parallel_size = experts.ep
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}, micro-batch {lay.micro_batch}, "
+        print(f"auto-parallel: tp {lay.tp} x pp {lay.pp} (v {lay.v}) x dp {lay.dp}"
+              + (f" x cp {cp} ({args.cp_comm_type})" if cp > 1 else "") + f", micro-batch {lay.micro_batch}, "
               f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel}, schedule "
               f"{lay.schedule.value}" + (f", ep {experts.ep}" if experts else "")
-              + f" (predicted {result.plans[0].seconds:.3g} s/step on {hw.name})"
-              + (f"; {result.notes[lay.short()]}" if lay.short() in result.notes else ""), flush=True)
+              + f" (predicted {seconds:.3g} s/step on {hw.name})" + (f"; {note}" if note else ""), flush=True)
+
+
+def _plan_without_cp(work, cluster, space):
+    """(the best Plan or None, its step seconds, why its schedule) from the plain search."""
+    from hybrid.planner import search
+
+    result = search(work, cluster, space, top=1)
+    if not result.plans:
+        return None, 0.0, None
+    best = result.plans[0]
+    return best, best.seconds, result.notes.get(best.layout.short())
+
+
+def _plan_with_cp(args: argparse.Namespace, work, cluster, space):
+    """--auto-parallel with --context-parallel-size CP: the CP size and --cp-comm-type are the user's (held
+    fixed: the sequence length that needs CP is the user's decision, and `hybrid plan --context-parallel-size
+    1,2,4,8` searches it); the planner lays the rest out around them (hybrid/planner/context.py's search_cp:
+    the reduced problem at s / CP tokens a rank, plus CP's attention and transfers). Returns the reduced Plan
+    (its dp counts dp x CP) of the fastest CP layout train.py accepts (sequence parallelism needs each CP rank's
+    s / CP tokens divisible by tp: hybrid/cp/args.py), its step seconds (CP included), None for the note."""
+    from hybrid.cp.attention import CommType
+    from hybrid.planner import context
+
+    cp, seq = args.context_parallel_size, args.seq_length
+    if seq % (2 * cp) or cluster.gpus % cp:
+        raise ValueError(f"--auto-parallel with --context-parallel-size {cp}: it must divide the {cluster.gpus} "
+                         f"ranks and 2 x {cp} the --seq-length {seq} (load-balanced causal chunks)")
+    plans = context.search_cp(work, cluster, space, cps=(cp,), comms=(CommType(args.cp_comm_type),),
+                              top=context.SEARCH_MARGIN)
+    ok = [p for p in plans if not p.base.layout.sequence_parallel or (seq // cp) % p.base.layout.tp == 0]
+    return (ok[0].base, ok[0].total_s, None) if ok else (None, 0.0, None)
 
 
 def _planning_device(args: argparse.Namespace, world: int, precision: Precision):
@@ -523,9 +563,6 @@ def check_auto_parallel_conflicts(args: argparse.Namespace) -> None:
     """--auto-parallel sets the layout flags itself: one also given on the command line (or by the DeepSpeed
     JSON) would be silently overwritten, or would overwrite the plan -- an error naming both instead."""
     explicit = getattr(args, "explicit", set())
-    if getattr(args, "context_parallel_size", 1) != 1:  # hybrid/cp: the planner's CP model is not wired in here yet
-        raise ValueError("--auto-parallel does not plan context parallelism (hybrid/planner/context.py's search_cp "
-                         "does, from Python); drop --context-parallel-size or --auto-parallel")
     for dest, what in AUTO_CHOSEN:
         if dest in explicit:
             raise ValueError(f"--auto-parallel chooses {what}, but --{dest.replace('_', '-')} was given; "

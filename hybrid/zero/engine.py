@@ -157,7 +157,7 @@ class ZeroOptimizer:
             self._init_unit(u)
         self.optimizer, self.optimizer_kind = self._build_optimizer()
         if reduction is not None:
-            reduction.bind([u for u in self.units if id(u) not in self._expert_units])
+            reduction.bind([u for u in self.units if id(u) not in self._expert_units], self)
         self._register_hooks()
 
     # --- construction ------------------------------------------------------------------------
