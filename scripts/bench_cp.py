@@ -3,13 +3,16 @@ torch's `torch.distributed.tensor.experimental.context_parallel` -- on CPU with 
 
     python scripts/bench_cp.py --out docs/results/bench_cp.md            # the table of docs/context-parallel.md
     python scripts/bench_cp.py --quick --out /tmp/cp.md                  # smoke run (tiny sizes; measures nothing)
-    [--seq 8192] [--cp 4] [--heads 8] [--kv-heads 8] [--head-dim 64] [--repeats 5] [--warmup 1]  (defaults)
+    [--seq 8192] [--cp 2] [--heads 8] [--kv-heads 8] [--head-dim 64] [--repeats 10] [--warmup 1]  (defaults)
 
-Rows (milliseconds of one causal attention forward + backward, the median of --repeats after --warmup, as the
-slowest rank's time after a barrier):
+Rows (milliseconds of one causal attention forward + backward, the median of --repeats after --warmup): wall time
+as the slowest rank's after a barrier, and CPU time (the process's, over all its threads, gloo's included) as the
+largest rank's. Every process computes on one thread -- the unsharded row too -- so the ideal per-rank time at CP
+c is unsharded / c. --cp above this machine's cores is refused (the project's benchmark rule: no more ranks than
+cores; ranks sharing a core measure the contention), unless --oversubscribe.
 
-* unsharded: F.scaled_dot_product_attention(is_causal=True) over the whole sequence in one process (torch's CPU
-  flash kernel) -- what one rank would do without CP;
+* unsharded: F.scaled_dot_product_attention(is_causal=True) over the whole sequence in one process on one thread
+  (torch's CPU flash kernel) -- what one rank would do without CP;
 * hybrid p2p / a2a / allgather at CP ranks: `CPContext.attention` on each rank's T/CP load-balanced tokens;
 * torch context_parallel (ring, allgather rotation) at CP ranks: SDPA inside `context_parallel(mesh, buffers=[q, k,
   v])`, as torchtitan uses it -- where it runs on gloo / CPU; otherwise its row says why.
@@ -45,21 +48,26 @@ def _inputs(args):
     return q, k, v, torch.randn(shape(args.heads), generator=gen)
 
 
-def _time(fn, args, barrier=None) -> float:
-    times = []
+def _time(fn, args, barrier=None) -> tuple[float, float]:
+    """(wall ms, CPU ms) of fn, medians over --repeats: wall up to the barrier after it (the slowest rank sets
+    it), CPU time of fn alone (this process's, every thread: the barrier's wait excluded)."""
+    wall, cpu = [], []
     for i in range(args.warmup + args.repeats):
         if barrier:
             barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
+        c1 = time.process_time()
         if barrier:
             barrier()
         if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+            wall.append(time.perf_counter() - t0)
+            cpu.append(c1 - c0)
+    return 1e3 * statistics.median(wall), 1e3 * statistics.median(cpu)
 
 
-def unsharded(args) -> float:
+def unsharded(args) -> tuple[float, float]:
+    torch.set_num_threads(1)  # as each CP rank (run_distributed: one thread each)
     q, k, v, do = _inputs(args)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
 
@@ -108,24 +116,32 @@ def _torch_peer(rank: int, world: int, args):
 
 
 def table(args) -> str:
-    base = unsharded(args)
+    base, base_cpu = unsharded(args)
     ranks = run_distributed(_ours, args.cp, args=(args,), timeout=3600)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [f"attention forward + backward, causal, seq {args.seq}, {args.heads} query / {args.kv_heads} kv heads, "
-             f"head dim {args.head_dim}, fp32, CP {args.cp} gloo ranks x 1 thread; {platform.processor() or 'cpu'}, "
+             f"head dim {args.head_dim}, fp32, every process 1 thread, CP {args.cp} gloo ranks on {cores()} cores; "
+             f"median of {args.repeats} runs after {args.warmup} warm-up; {platform.processor() or 'cpu'}, "
              f"load average {load:.1f}, torch {torch.__version__}", "",
-             "| attention | per-rank ms | vs unsharded | vs unsharded / CP |", "|---|---|---|---|",
-             f"| unsharded (one process, SDPA flash) | {base:.1f} | 1.00 | {args.cp:.2f} |"]
+             "| attention | per-rank wall ms | per-rank CPU ms | wall vs unsharded | CPU vs unsharded | "
+             "CPU vs unsharded / CP |", "|---|---|---|---|---|---|",
+             f"| unsharded (one process, SDPA flash) | {base:.1f} | {base_cpu:.1f} | 1.00 | 1.00 | {args.cp:.2f} |"]
     for name in [c.value for c in CommType] + ["torch"]:
         values = [r[name] for r in ranks]
         label = f"torch context_parallel (CP {args.cp})" if name == "torch" else f"hybrid {name} (CP {args.cp})"
         if any(isinstance(x, str) for x in values):
             why = next(x for x in values if isinstance(x, str))
-            lines.append(f"| {label} | {why} | | |")
+            lines.append(f"| {label} | {why} | | | | |")
             continue
-        ms = max(values)
-        lines.append(f"| {label} | {ms:.1f} | {ms / base:.2f} | {ms / (base / args.cp):.2f} |")
+        ms, cpu = max(w for w, _ in values), max(c for _, c in values)
+        lines.append(f"| {label} | {ms:.1f} | {cpu:.1f} | {ms / base:.2f} | {cpu / base_cpu:.2f} | "
+                     f"{cpu / (base_cpu / args.cp):.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def check(args) -> None:
@@ -143,18 +159,26 @@ def check(args) -> None:
                          f"split cuts it into 2 x --cp chunks")
     if args.heads % args.kv_heads:
         raise ValueError(f"--heads {args.heads} is not divisible by --kv-heads {args.kv_heads}")
+    if args.cp > cores() and not (args.oversubscribe or args.quick):
+        raise ValueError(f"--cp {args.cp} is more ranks than this machine's {cores()} cores: ranks sharing a core "
+                         f"time the contention (no more ranks than cores); use --cp {cores()} or less, or "
+                         f"--oversubscribe")
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seq", type=int, default=8192, help="tokens of the one sequence (divisible by 2 x --cp)")
-    p.add_argument("--cp", type=int, default=4, help="context-parallel ranks, 2 to 8 (gloo, one thread each)")
+    p.add_argument("--cp", type=int, default=2, help="context-parallel ranks, 2 to 8 and at most the machine's "
+                   "cores (gloo, one thread each)")
     p.add_argument("--heads", type=int, default=8, help="query heads")
     p.add_argument("--kv-heads", type=int, default=8, help="key/value heads (dividing --heads; fewer: GQA)")
     p.add_argument("--head-dim", type=int, default=64, help="head dimension")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs (the median is reported)")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs (the median is reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: checks the script runs")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one repeat, CP 2 on any machine: checks the "
+                   "script runs (times nothing)")
+    p.add_argument("--oversubscribe", action="store_true", help="allow --cp above the machine's cores (the "
+                   "timings then include the ranks' contention for cores)")
     p.add_argument("--out", default=None, help="write the table here (markdown)")
     args = p.parse_args(argv)
     if args.quick:

@@ -11,11 +11,21 @@ attention is described by two position vectors rather than an offset; the mask i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 EMPTY = "empty"  # a block in which no query sees any key: skipped, its keys still pass round the ring
+CAUSAL = "causal"  # a square block of one run of positions cut by causality alone: a fused kernel's is_causal
+
+
+def _run(pos: torch.Tensor) -> tuple[int, int] | None:
+    """(first, last) when `pos` is one ascending run of consecutive positions (a load-balanced chunk), else None."""
+    first, last = int(pos[0]), int(pos[-1])
+    if last - first != len(pos) - 1 or (len(pos) > 1 and not bool((pos.diff() == 1).all())):
+        return None
+    return first, last
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,28 @@ class AttentionMask:
         if bool(vis.all()):
             return None
         return vis
+
+    def kernel_block(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None | str:
+        """`block` for a fused kernel (hybrid/cp/kernels.py): CAUSAL where the block is the square causal triangle
+        of one run of positions, and decided from the runs' ends alone -- no (Tq, Tk) mask built -- where both
+        position vectors are runs and no document cuts them: with d = i - j over the block, visible iff
+        0 <= d < W, so EMPTY if max d < 0 or min d >= W, None if min d >= 0 and max d < W."""
+        q_run, k_run = _run(q_pos), _run(k_pos)
+        if self.segments is None and q_run and k_run:
+            window = self.window if self.window is not None else math.inf
+            d_min, d_max = q_run[0] - k_run[1], q_run[1] - k_run[0]
+            if d_max < 0 or d_min >= window:
+                return EMPTY
+            if d_min >= 0 and d_max < window:
+                return None
+            if q_run == k_run and window >= len(q_pos):
+                return CAUSAL
+        m = self.block(q_pos, k_pos)
+        if isinstance(m, torch.Tensor) and q_run and q_run == k_run and m.shape[0] == 1:  # a document's diagonal
+            n = len(q_pos)
+            if torch.equal(m[0], torch.ones(n, n, dtype=torch.bool, device=m.device).tril()):
+                return CAUSAL
+        return m
 
     def full(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """(B or 1, Tq, Tk) bool, always a tensor (the all-gather and Ulysses paths hand it to SDPA)."""

@@ -12,7 +12,9 @@ s = 0 .. CP-1 it holds the keys/values of rank r - s (mod CP) and
               share, and sends it on to r + 1; after the last step the accumulator reaches its owner.
 
 Each step splits into four sub-blocks (two query chunks x two key chunks); a sub-block no query can see
-(future chunks, beyond a sliding window, other documents) is skipped. For plain causal attention this is
+(future chunks, beyond a sliding window, other documents) is skipped. Every other sub-block runs torch's fused
+flash kernel with its log-sum-exp (hybrid/cp/kernels.py): is_causal on a diagonal sub-block, no mask on a fully
+visible one, an additive mask only where a window or document boundary cuts it. For plain causal attention this is
 Megatron's balanced split: the diagonal step is causal; of a block from an earlier rank (j < r) both query chunks
 see only its first chunk; a block from a later rank (j > r) only the second query chunk sees, whole -- half a
 block of work each, on every rank.
@@ -22,7 +24,8 @@ Bytes on the ledger (`send@cp`, counted by the sender; b = bytes of the compute 
     forward   (CP - 1) kv b                     backward  (CP - 1) kv b  +  CP kv 4   (fp32 accumulators)
 
 Only q, k, v, the output (in the compute dtype) and lse (B, a, T/CP, fp32) are saved for backward: the attention
-matrix is never kept.
+matrix is never kept. Backward runs the kernel's backward per sub-block with these final o and lse
+(FlashAttention-2: each block's gradients are independent given them) and sums in fp32.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import torch
 
 from hybrid.comm import Group
 from hybrid.cp.balance import local_indices
+from hybrid.cp.kernels import attend, attend_backward
 from hybrid.cp.masks import EMPTY, AttentionMask
-from hybrid.cp.softmax import attend, attend_backward, empty_result, merge
+from hybrid.cp.softmax import empty_result, merge
 
 
 def _halves(pos: torch.Tensor) -> list[tuple[slice, torch.Tensor]]:
@@ -42,11 +46,12 @@ def _halves(pos: torch.Tensor) -> list[tuple[slice, torch.Tensor]]:
 
 
 def _sub_blocks(mask: AttentionMask, q_pos: torch.Tensor, k_pos: torch.Tensor):
-    """(query slice, key slice, mask) of every sub-block in which some query sees some key."""
+    """(query slice, key slice, block mask of hybrid/cp/kernels.py) of every sub-block in which some query sees
+    some key."""
     out = []
     for qs, qp in _halves(q_pos):
         for ks, kp in _halves(k_pos):
-            m = mask.block(qp, kp)
+            m = mask.kernel_block(qp, kp)
             if not (isinstance(m, str) and m == EMPTY):
                 out.append((qs, ks, m))
     return out
@@ -91,7 +96,7 @@ class RingAttention(torch.autograd.Function):
             nxt, works = ring.shift(kv, kv, step, "kv") if step < cp - 1 else (None, [])
             for qs, ks, m in _sub_blocks(mask, q_pos, local_indices(src, cp, seq_len, q.device)):
                 o_b, lse_b = attend(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], m)
-                o[:, :, qs], lse[:, :, qs] = merge(o[:, :, qs], lse[:, :, qs], o_b, lse_b)  # no autograd here
+                o[:, :, qs], lse[:, :, qs] = merge(o[:, :, qs], lse[:, :, qs], o_b.float(), lse_b)  # no autograd
             _wait(works)
             kv = nxt
         out = o.to(q.dtype)
