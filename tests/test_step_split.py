@@ -44,3 +44,27 @@ def test_predicted_split_accounts_for_the_whole_predicted_step(tp, pp, dp, v):
     assert split["optimizer"] * t.total == pytest.approx(t.optimizer)
     if pp == 1:
         assert split["pipeline"] == pytest.approx(0, abs=1e-12)
+
+
+@pytest.mark.parametrize("kind, v", [("zbh1", 1), ("zbv", 2), ("1f1b", 1)])
+def test_the_runs_planner_line_prices_the_runs_own_schedule(kind, v, monkeypatch):
+    """train.py's start-up planner line evaluates the run's schedule: a zero-bubble run is priced as ZB-H1 / ZBV
+    (its smaller bubble), not as 1F1B / interleaved."""
+    from hybrid.metrics.split import predicted_split_line
+    from hybrid.pipeline.schedules import ScheduleKind
+    from hybrid.planner import Layout
+    import hybrid.planner.calibrate as calibrate
+
+    cfg = load_config("tiny-gpt2")
+    batch = argparse.Namespace(global_batch=16, seq_length=64, micro_batch=2)
+    dims = ParallelDims(pp=2)
+    monkeypatch.setattr(calibrate, "load_hardware", lambda path, precision=None: hardware("cpu"))  # a --hardware file
+    run = argparse.Namespace(training=argparse.Namespace(hardware="cpu.json"), zero=ZeroConfig(),
+                             model=argparse.Namespace(recompute=Recompute.NONE),
+                             parallel=argparse.Namespace(sequence_parallel=False))
+    plan = argparse.Namespace(v=v, kind=ScheduleKind(kind), stages=[[0]] * v)
+    line = predicted_split_line(run, cfg, dims, batch, plan)
+    work, _ = run_layout(ZeroConfig(), Recompute.NONE, False, cfg, dims, batch, v)
+    want = Layout(tp=1, pp=2, dp=1, v=v, micro_batch=2, zero_bubble=kind != "1f1b")
+    bubble = evaluate(work, Cluster(gpus=2, hw=hardware("cpu")), want).time.bubble_fraction
+    assert f"(bubble {bubble:.1%})" in line, line

@@ -38,8 +38,9 @@ def predicted_split(t: StepTime) -> dict[str, float]:
 
 
 def run_layout(z, recompute: Recompute, sequence_parallel: bool, cfg, dims, batch,
-               v: int) -> tuple[Workload, Layout]:
-    """The planner's Workload and Layout for this train.py run (its ZeroConfig `z`)."""
+               v: int, zero_bubble: bool = False) -> tuple[Workload, Layout]:
+    """The planner's Workload and Layout for this train.py run (its ZeroConfig `z`; `zero_bubble`: the run's
+    schedule splits each backward into B and W, ZB-H1 at v 1, ZBV at v 2)."""
     mixed = z.precision.value != "fp32"
     work = Workload(cfg, global_batch=batch.global_batch, seq_length=batch.seq_length,
                     precision=Precision.MIXED if mixed else Precision.FP32,
@@ -48,7 +49,8 @@ def run_layout(z, recompute: Recompute, sequence_parallel: bool, cfg, dims, batc
     offload = (Offload.OPTIMIZER_AND_PARAMS if z.offload_params else
                Offload.OPTIMIZER if z.offload_optimizer else Offload.NONE)
     layout = Layout(tp=dims.tp, pp=dims.pp, dp=dims.dp, v=v, micro_batch=batch.micro_batch, zero=ZeroStage(z.stage),
-                    offload=offload, recompute=recompute, sequence_parallel=sequence_parallel)
+                    offload=offload, recompute=recompute, sequence_parallel=sequence_parallel,
+                    zero_bubble=zero_bubble)
     return work, layout
 
 
@@ -62,7 +64,7 @@ def predicted_split_line(run, cfg, dims, batch, plan) -> str | None:
     try:
         # ValueError: a model it does not describe
         work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch,
-                                  plan.v)
+                                  plan.v, plan.kind.splits_backward)
         hw = load_hardware(run.training.hardware, work.precision)
         t = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout).time
     except ValueError as e:  # a model or layout the planner does not model (its message names why)

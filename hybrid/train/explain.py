@@ -483,7 +483,7 @@ def predict(run, device, baseline_bytes: float) -> Prediction:
     name = os.path.basename(run.training.hardware) if run.training.hardware else f"this {device.type}"
     try:
         work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch,
-                                  plan.v)
+                                  plan.v, plan.kind.splits_backward)
         hw, name, timed = _run_hardware(run.training.hardware, work.precision, device)
         result = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout)
         experts = run_experts(run, work, Cluster(gpus=dims.world, hw=hw), layout)
