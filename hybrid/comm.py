@@ -382,13 +382,17 @@ class Group:
         parts = out.view(-1).chunk(n)
         if parts[me].data_ptr() != shard.data_ptr():  # all_gather_in_place: already there
             parts[me].copy_(shard.reshape(-1))
+        return self._post_exchange([shard.reshape(-1)] * n, parts)
+
+    def _post_exchange(self, sends, recvs) -> list:
+        """Post, for every other rank j in group order, a send of sends[j] to it and a receive from it into
+        recvs[j], all under this exchange's own tag; the backend handles (gathers and reduce-scatters alike)."""
         self._exchange_seq = (getattr(self, "_exchange_seq", 0) + 1) % _MAX_TAG
         ops = []
-        for j in range(n):
-            if j != me:
-                ops.append(dist.P2POp(dist.isend, shard.reshape(-1), self.ranks[j], group=self.pg,
-                                      tag=self._exchange_seq))
-                ops.append(dist.P2POp(dist.irecv, parts[j], self.ranks[j], group=self.pg, tag=self._exchange_seq))
+        for j in range(self.size):
+            if j != self.rank:
+                ops.append(dist.P2POp(dist.isend, sends[j], self.ranks[j], group=self.pg, tag=self._exchange_seq))
+                ops.append(dist.P2POp(dist.irecv, recvs[j], self.ranks[j], group=self.pg, tag=self._exchange_seq))
         return dist.batch_isend_irecv(ops)
 
     def reduce_scatter_into(self, out: torch.Tensor, full: torch.Tensor) -> "Work":
@@ -419,19 +423,13 @@ class Group:
         if parts[me].numel() != out.numel():
             raise ValueError(f"reduce_scatter_into: {full.numel()} elements do not split into {n} x {out.numel()}")
         got = [parts[me] if j == me else torch.empty_like(parts[me]) for j in range(n)]
-        self._exchange_seq = (getattr(self, "_exchange_seq", 0) + 1) % _MAX_TAG
-        ops = []
-        for j in range(n):
-            if j != me:
-                ops.append(dist.P2POp(dist.isend, parts[j], self.ranks[j], group=self.pg, tag=self._exchange_seq))
-                ops.append(dist.P2POp(dist.irecv, got[j], self.ranks[j], group=self.pg, tag=self._exchange_seq))
 
         def land() -> None:
             out.view(-1).copy_(got[0])
             for x in got[1:]:
                 out.view(-1).add_(x)
 
-        return Work(_AllOf(dist.batch_isend_irecv(ops)), rec, land=land, keep=got)
+        return Work(_AllOf(self._post_exchange(parts, got)), rec, land=land, keep=got)
 
 
 @dataclass
