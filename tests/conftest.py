@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 import time
 from collections import defaultdict
 
@@ -156,6 +157,14 @@ def pytest_testnodedown(node, error) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if _RECORDER:
         _RECORDER[0].report(report)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The forkserver stopped and waited for, so `time` counts the forked ranks' CPU (hybrid.testing.stop_forkserver);
+    in each xdist worker too (the controller waits for its workers)."""
+    testing = sys.modules.get("hybrid.testing")  # not imported: no forkserver of its own (nor torch to import)
+    if testing is not None:
+        testing.stop_forkserver()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:

@@ -1,0 +1,30 @@
+"""`time pytest ...` counts the forked ranks' CPU: the session's end stops hybrid.testing's forkserver and waits
+for it (tests/conftest.py), and the forkserver reaps the ranks it forked, so their CPU reaches this process's
+children. The suite's CPU budget is measured that way (per file, `time` user + sys)."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import pytest
+
+from hybrid import testing
+
+
+def _burn(rank: int, world: int, seconds: float) -> float:
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        pass
+    return time.process_time() - start
+
+
+@pytest.mark.slow  # restarts the forkserver for the next test (its ~4 s of preload CPU): the full suite runs it
+def test_stopping_the_forkserver_brings_its_ranks_cpu_into_this_process_children():
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    burned = sum(testing.run_distributed(_burn, 2, args=(0.5,), timeout=120))
+    testing.stop_forkserver()  # the next launch starts a new one
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    counted = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    assert burned >= 1.0 and counted >= burned, (burned, counted)
+    testing.stop_forkserver()  # none running: nothing to do
