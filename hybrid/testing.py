@@ -77,6 +77,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _forkserver():
+    """The forkserver context, its forkserver started with PRELOAD at the first call -- or, in a process that a
+    forkserver forked, that same forkserver.
+
+    A command run as a fork (`run`, `start`, `torchrun`) that launches ranks of its own -- `hybrid calibrate`, a
+    benchmark script's run_distributed -- would otherwise start a second forkserver and import PRELOAD again (~5 s
+    of CPU). A fork already holds all it needs: multiprocessing's forkserver sets its address in the forkserver
+    process (so every fork inherits it) and hands each fork the `alive` fd and the resource tracker's. Only its
+    ensure_running would start a new one, as the fork has no forkserver pid (the forkserver is not its child, and
+    its owner stops it): here it only checks the resource tracker, as connect_to_new_process needs."""
+    from multiprocessing import forkserver, resource_tracker
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # read when the forkserver starts
+    fs = forkserver._forkserver
+    if fs._forkserver_pid is None and fs._forkserver_address is not None and fs._forkserver_alive_fd is not None:
+        fs.ensure_running = resource_tracker.ensure_running  # a fork of the forkserver at _forkserver_address
+    return ctx
+
+
 def _worker(fn: Callable, rank: int, world: int, port: int, backend: str, args: tuple, queue,
             environ: dict[str, str]) -> None:
     os.environ.clear()  # the caller's environment at the call, not the forkserver's
@@ -98,9 +117,7 @@ def _worker(fn: Callable, rank: int, world: int, port: int, backend: str, args: 
 def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout: float = 180.0,
                     backend: str = "gloo", start_method: str = "forkserver") -> list[Any]:
     """Run `fn(rank, world_size, *args)` on `world_size` new ranks; return per-rank results."""
-    ctx = mp.get_context(start_method)
-    if start_method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD)  # read when the forkserver starts: at the first call
+    ctx = _forkserver() if start_method == "forkserver" else mp.get_context(start_method)
     queue = ctx.Queue()
     port = free_port()
     environ = dict(os.environ)
@@ -268,8 +285,7 @@ class Forked:
 
     def __init__(self, argv: list[str], environ: dict[str, str], cwd: str | None = None,
                  entry: Callable = python_main, name: str = "proc") -> None:
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)  # read when the forkserver starts: at the first call
+        ctx = _forkserver()
         self.folder = tempfile.mkdtemp(prefix="hybrid-forked-")
         self.out, self.err = os.path.join(self.folder, f"{name}.out"), os.path.join(self.folder, f"{name}.err")
         open(self.out, "w").close()

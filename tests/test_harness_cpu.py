@@ -4,6 +4,7 @@ children. The suite's CPU budget is measured that way (per file, `time` user + s
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 
@@ -28,3 +29,24 @@ def test_stopping_the_forkserver_brings_its_ranks_cpu_into_this_process_children
     counted = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     assert burned >= 1.0 and counted >= burned, (burned, counted)
     testing.stop_forkserver()  # none running: nothing to do
+
+
+def _parent(rank: int, world: int) -> int:
+    return os.getppid()
+
+
+def _launches_ranks(argv: list[str]) -> None:
+    """A command run as a fork that launches ranks of its own (as `hybrid calibrate` and the benchmark scripts do)."""
+    from multiprocessing import forkserver
+    parents = testing.run_distributed(_parent, 2, timeout=120)
+    print(f"parents {parents} own forkserver {forkserver._forkserver._forkserver_pid}")
+
+
+def test_a_forked_command_launches_its_ranks_from_the_same_forkserver():
+    """Its ranks are forks of the forkserver that forked the command: no second forkserver (nor its ~5 s of PRELOAD
+    imports) -- the command's own `run_distributed` starts none."""
+    from multiprocessing import forkserver
+    out = testing.run([], entry=_launches_ranks, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    server = forkserver._forkserver._forkserver_pid
+    assert f"parents [{server}, {server}] own forkserver None" in out.stdout, (server, out.stdout)
