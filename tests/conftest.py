@@ -17,7 +17,8 @@ loadfile`) without changing what any test sees, the fast tier's marker, and per-
 * Each run records how long each file took (setup + call + teardown of its tests, wall seconds) in pytest's cache
   (.pytest_cache/v/hybrid/durations: a file's entry is replaced only when all its tests ran, so a -k or -m run
   does not shorten it) and prints the table at the end. The longest-first order uses those records, falling back
-  to HEAVY (a clean clone's measurements, tests/durations.json) for files this checkout never ran whole.
+  to HEAVY (a clean clone's measurements, tests/durations.json) for files this checkout never ran whole, and to
+  the median known file's for a file in neither (a new file: placed mid-way, never left to start last).
 """
 
 from __future__ import annotations
@@ -71,10 +72,19 @@ def _heavy(config: pytest.Config) -> dict[str, float]:
     return {**HEAVY, **{f: v["seconds"] for f, v in recorded.items()}}
 
 
+def _unknown_weight(heavy: dict[str, float]) -> float:
+    """The place of a file with no record (new since durations.json was written): the median known file's. At
+    weight 0 it went out last, and a new file of minutes (test_compress_reshard: 274 s, loaded) set the run's tail
+    alone; at the median it starts while the other worker still has half the files to run."""
+    known = sorted(heavy.values())
+    return known[len(known) // 2] if known else 0.0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _xdist_worker(config):  # stable: a file's tests keep their order
         heavy = _heavy(config)
-        items.sort(key=lambda item: -heavy.get(os.path.basename(item.path), 0.0))
+        unknown = _unknown_weight(heavy)
+        items.sort(key=lambda item: -heavy.get(os.path.basename(item.path), unknown))
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:

@@ -212,6 +212,10 @@ def layouts():
     return run_distributed(_layouts, 4, timeout=1800)
 
 
+# slow: the composition end to end. The fast tier keeps its parts: tests/test_cp_models.py's fast case runs every
+# model at TP 2 + SP x CP 2 x PP 2 (logits, loss and every gradient against one process), and the fp32 cases above
+# the optimizer over the dp_cp group with CP (ZeRO 0-3)
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_cp2_with_tp2_sp_or_pp2_training_equals_single_process(layout):
     """5 AdamW steps (ZeRO 1, p2p) at TP 2 + SP x CP 2 and at CP 2 x PP 2 (1F1B): the logged losses and every

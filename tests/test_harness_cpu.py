@@ -50,3 +50,11 @@ def test_a_forked_command_launches_its_ranks_from_the_same_forkserver():
     assert out.returncode == 0, out.stderr[-2000:]
     server = forkserver._forkserver._forkserver_pid
     assert f"parents [{server}, {server}] own forkserver None" in out.stdout, (server, out.stdout)
+
+
+def test_a_file_without_a_duration_record_goes_out_at_the_median_not_last():
+    """tests/conftest.py's longest-first order: a new file (no record yet) is placed at the median known file's
+    weight, so a heavy new file never starts last and sets the run's tail alone."""
+    from conftest import _unknown_weight
+    assert _unknown_weight({"a.py": 120.0, "b.py": 40.0, "c.py": 1.0}) == 40.0
+    assert _unknown_weight({}) == 0.0
