@@ -220,10 +220,17 @@ def train_main(argv: list[str]) -> None:
 
 
 def python_main(argv: list[str]) -> None:
-    """`python -m MODULE ARGS` or `python SCRIPT ARGS` (argv without the `python`), run as the interpreter runs
-    them: as __main__, with sys.argv[0] the file and the script's folder first on sys.path."""
+    """`python -m MODULE ARGS`, `python -c CODE ARGS` or `python SCRIPT ARGS` (argv without the `python`), run as
+    the interpreter runs them: as __main__, with sys.argv[0] the file ("-c" for code) and the script's folder (the
+    working directory for code) first on sys.path."""
     import runpy
-    if argv[:1] == ["-m"]:
+    if argv[:1] == ["-c"]:
+        sys.argv = ["-c", *argv[2:]]
+        sys.path.insert(0, "")
+        main = type(sys)("__main__")
+        sys.modules["__main__"] = main
+        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+    elif argv[:1] == ["-m"]:
         sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file in argv[0]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:

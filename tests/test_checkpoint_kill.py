@@ -18,12 +18,11 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from hybrid.checkpoint import store
+from hybrid import testing
 from hybrid.testing import launch
 
 ITERS = 22  # both launches: the LR schedule (cosine over --train-iters) must be the same
@@ -93,9 +92,8 @@ def test_a_crash_fault_with_signal_kills_the_process_and_a_bad_signal_is_refused
             "print('alive', flush=True)\n"
             "crash_point('after_data', 4)\n"
             "print('survived', flush=True)\n")
-    env = dict(os.environ, PYTHONPATH=ROOT, HYBRID_FAULT="crash:point=after_data,iteration=4,signal=SIGKILL",
-               RANK="0")
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    env = {"HYBRID_FAULT": "crash:point=after_data,iteration=4,signal=SIGKILL", "RANK": "0"}
+    p = testing.run(["-c", code], env=env, timeout=120)  # `python -c CODE` as a fork of the forkserver
     assert p.returncode == -signal.SIGKILL and "alive" in p.stdout and "survived" not in p.stdout, p
     from hybrid.fault.inject import parse
     with pytest.raises(ValueError, match="crash fault's signal= must name a signal"):
