@@ -96,6 +96,10 @@ def test_compressed_run_saved_mid_run_resumes_bit_for_bit_dp2(tmp_path, method):
         assert torch.equal(a[k], b[k]), k
 
 
+# slow: 4 train.py runs end to end. The fast tier keeps the link's own checks in tests/test_compress_link.py (it
+# sleeps the DP gradient bytes over the bandwidth each step, counts only the DP group's gradient collectives, and is
+# off by default)
+@pytest.mark.slow
 @pytest.mark.parametrize("powersgd", [False, True])
 def test_simulated_dp_link_changes_the_time_not_the_numbers(tmp_path, powersgd):
     """--simulated-dp-bandwidth sleeps after each step (hybrid/compress/link.py); the losses stay bit for bit."""
