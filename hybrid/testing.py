@@ -35,6 +35,7 @@ torchrun's own output would, tearing the job down when a rank fails. A test whos
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import os
 import pickle
@@ -154,14 +155,28 @@ def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout: fl
     return [results[r] for r in range(world_size)]
 
 
-def stop_forkserver() -> None:
+def stop_forkserver(wait: float = 10.0) -> None:
     """Stop this process's forkserver, if it started one, and wait for it. It reaps the ranks it forked, so once
     waited for, their CPU time counts in this process's children (`time`, getrusage(RUSAGE_CHILDREN)): without this
     the forkserver outlives the process, orphaned, and `time pytest ...` misses every forked rank's CPU (measured:
-    3.7 of 8.7 s for tests/test_harness_cases.py). Called at the end of a pytest session (tests/conftest.py)."""
-    from multiprocessing import forkserver
-    if getattr(forkserver._forkserver, "_forkserver_pid", None) is not None:
-        forkserver._forkserver._stop()
+    3.7 of 8.7 s for tests/test_harness_cases.py). Called at the end of a pytest session (tests/conftest.py).
+
+    The forkserver exits once every holder of its `alive` fd has closed it -- this process and every fork still
+    running -- so the wait is bounded: a fork a test left running (stopped, say) leaves the forkserver to exit after
+    it, as before, rather than hang the session's end."""
+    from multiprocessing import forkserver, util
+    fs = forkserver._forkserver
+    if fs._forkserver_pid is None:
+        return
+    os.close(fs._forkserver_alive_fd)  # its EOF asks the forkserver to stop
+    deadline = time.monotonic() + wait
+    with contextlib.suppress(ChildProcessError):
+        while not os.waitpid(fs._forkserver_pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if not util.is_abstract_socket_namespace(fs._forkserver_address):
+        with contextlib.suppress(OSError):
+            os.unlink(fs._forkserver_address)
+    fs._forkserver_alive_fd = fs._forkserver_pid = fs._forkserver_address = None  # the next launch starts one
 
 
 # --- several checks in one launch ---------------------------------------------------------------------------

@@ -58,3 +58,19 @@ def test_a_file_without_a_duration_record_goes_out_at_the_median_not_last():
     from conftest import _unknown_weight
     assert _unknown_weight({"a.py": 120.0, "b.py": 40.0, "c.py": 1.0}) == 40.0
     assert _unknown_weight({}) == 0.0
+
+
+@pytest.mark.slow  # restarts the forkserver for the next test, as above
+def test_a_fork_left_running_does_not_hang_the_sessions_end():
+    """The forkserver outlives a fork still holding its `alive` fd (here one stopped with SIGSTOP): stopping it
+    waits at most `wait` seconds, then leaves it to exit after that fork, as before."""
+    import signal
+    p = testing.start(["-c", "import time; time.sleep(600)"])
+    try:
+        p.send_signal(signal.SIGSTOP)
+        t = time.monotonic()
+        testing.stop_forkserver(wait=1.0)
+        assert time.monotonic() - t < 5.0
+    finally:
+        p.kill()
+        p.wait(timeout=30)
