@@ -114,6 +114,12 @@ class PowerSGDReduction:
         the layout (P is recomputed from Q). Reshards: hybrid/compress/state.py."""
         return self.checkpoint.state_dict()
 
+    def saved_run(self, state: dict) -> None:
+        """A checkpoint of the first, per-bucket layout is read as such (state.py: detect_first_layout)."""
+        from hybrid.compress.state import detect_first_layout
+        detect_first_layout(self.checkpoint, "powersgd", self.layout,
+                            ((state.get("args") or {}).get("powersgd_rank") or 0) > 0, state)
+
     def before_load(self, plain: dict) -> None:
         self.checkpoint.before_load(plain)
 
@@ -247,6 +253,12 @@ class OneBitAdamReduction:
     # --- checkpoint owner: keyed by parameter under compress/ (hybrid/compress/state.py: OneBitCheckpoint) ------
     def state_dict(self) -> dict[str, object]:
         return self.checkpoint.state_dict()
+
+    def saved_run(self, state: dict) -> None:
+        """A checkpoint of the first, per-bucket layout is read as such (state.py: detect_first_layout)."""
+        from hybrid.compress.state import detect_first_layout
+        detect_first_layout(self.checkpoint, "onebit", self.layout,
+                            (state.get("args") or {}).get("optimizer") == "onebit-adam", state)
 
     def before_load(self, plain: dict) -> None:
         self.checkpoint.before_load(plain)
