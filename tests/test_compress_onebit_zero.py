@@ -10,7 +10,7 @@ tolerance:
   loss, every final weight and every moment; the DP ledger of each step equals the formula from the parameter
   counts (warm-up: ZeRO's reduce-scatter and all-gather; the freeze step: + one all-gather of the momentum; after:
   the compressed all-reduce's signs and scales + the parameter all-gather, no gradient traffic).
-* train.py at dp 2, ZeRO 1: saved after step 4 (compressing since step 3), resumed: losses and every saved tensor
+* train.py at dp 2, ZeRO 1, bf16: saved after step 4 (compressing since step 3), resumed: losses and every saved tensor
   equal the uninterrupted run's; the same checkpoint resumed at ZeRO 0 gives the same losses (the state is
   layout-free across stages), and it reshards to pp 2 x dp 2 at ZeRO 2 and back, every tensor bit for bit but the
   padding residuals, as ZeRO 0's does (tests/test_compress_reshard.py).
@@ -139,6 +139,7 @@ def test_onebit_adam_zero_dp_bytes_equal_the_formula(runs):
 
 
 # --- train.py: refusals, and checkpoints mid-run after the freeze ---------------------------------------------------
+BF16 = ["--bf16"]  # mixed precision: the fp32 master is a shard of its own at ZeRO 1-2
 ONEBIT_Z1 = ["--powersgd-rank", "0", "--zero-stage", "1", "--optimizer", "onebit-adam", "--onebit-freeze-iters", "2",
              "--clip-grad", "0"]
 
@@ -167,7 +168,7 @@ def _reshard_onebit(rank: int, world: int, flags: list[str], load: str, save: st
 
 @pytest.mark.slow
 def test_onebit_adam_zero1_checkpoint_resumes_bit_for_bit_at_zero1_and_zero0_and_reshards_over_pp(tmp_path):
-    """dp 2, ZeRO 1, freeze 2, saved after step 4 (momentum compressed since step 3: residuals non-zero). Resumed
+    """bf16, dp 2, ZeRO 1, freeze 2, saved after step 4 (momentum compressed since step 3: residuals non-zero). Resumed
     at ZeRO 1: losses 5-6 and every tensor saved after step 6 equal the uninterrupted run's. Resumed at ZeRO 0:
     the same losses (the same math; the momentum's shards loaded by ZeRO 1 are made whole before its first
     compressed step, `_whole`). Loaded at pp 2 x dp 2, ZeRO 2, saved, loaded back at pp 1 x dp 2, ZeRO 1, saved:
@@ -183,22 +184,23 @@ def test_onebit_adam_zero1_checkpoint_resumes_bit_for_bit_at_zero1_and_zero0_and
         assert out.returncode == 0, out.stderr[-3000:]
         return _losses(f"{root}/{tag}.jsonl")
 
-    want = run(ONEBIT_Z1 + ["--save-interval", "4", "--save", f"{root}/straight"], "straight")
+    want = run(ONEBIT_Z1 + BF16 + ["--save-interval", "4", "--save", f"{root}/straight"], "straight")
     resume = ["--load", f"{root}/straight", "--ckpt-step", "4"]
-    got = run(ONEBIT_Z1 + resume + ["--save", f"{root}/resumed"], "resumed")
+    got = run(ONEBIT_Z1 + BF16 + resume + ["--save", f"{root}/resumed"], "resumed")
     assert sorted(got) == [5, 6] and all(got[i] == want[i] for i in (5, 6)), (got, want)
     a, b = _tensors(f"{root}/straight", 6), _tensors(f"{root}/resumed", 6)
     assert sorted(a) == sorted(b)
     for k in a:
         assert torch.equal(a[k], b[k]), k
     zero0 = [f if f != "1" else "0" for f in ONEBIT_Z1]
-    got = run(zero0 + resume, "zero0")
+    got = run(zero0 + BF16 + resume, "zero0")
     assert all(got[i] == want[i] for i in (5, 6)), (got, want)
     saved = _tensors(f"{root}/straight", 4)
     assert any(k.startswith("compress/onebit.server_error/") and v.abs().max() > 0 for k, v in saved.items())
     src = f"{root}/straight"
-    for flags, world, tag in (([f if f != "1" else "2" for f in ONEBIT_Z1] + ["--pipeline-model-parallel-size", "2"],
-                               4, "pp2"), (ONEBIT_Z1, 2, "pp1")):
+    for flags, world, tag in (([f if f != "1" else "2" for f in ONEBIT_Z1] + BF16 + ["--pipeline-model-parallel-size",
+                                                                                    "2"], 4, "pp2"),
+                              (ONEBIT_Z1 + BF16, 2, "pp1")):
         testing.run_distributed(_reshard_onebit, world, args=(flags, src, f"{root}/{tag}"), timeout=300)
         src, got_t = f"{root}/{tag}", _tensors(f"{root}/{tag}", 4)
         kept = [k for k in saved if not k.startswith("compress/onebit.rest/")]
