@@ -1,7 +1,8 @@
 """Compressor checkpoints of the first layout (per rank, per bucket: `compress/<rank>/counters`, `error.<i>`,
 `q.<i>` / `worker_error.<i>`, `server_error.<i>`; before the state was keyed by parameter) used to load with fresh
 compressor state, silently: state.json held no `compress/` value, so they looked saved without compression.
-hybrid/compress/state.py's detect_first_layout has them mapped (at the layout they were saved at) or refuses another layout by name.
+hybrid/compress/state.py's detect_first_layout has them mapped (at the layout they were saved at) or refuses
+another layout by name.
 
 The old checkpoint is built here: a run saved after step 4 (compressing since step 3) is loaded by train.py's own
 objects and saved again with an owner that writes the first layout exactly as that code did (its state_dict, from
