@@ -88,9 +88,11 @@ class OneBitAdam(torch.optim.Optimizer):
 
     Steps 0 .. freeze-1 (warm-up: plain (ZeRO) AdamW's reduction, the gradient g the DP mean of the shard):
         m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2                          (on the shard)
-    from step `freeze` on (no gradient traffic: the reduction folds each rank's own whole gradient into its whole
-    momentum as the unit's backward completes, OneBitAdamReduction.reduce):
+    from step `freeze` on (no gradient traffic; g_local is this rank's own gradient):
         m = b1 m + (1 - b1) g_local;   m = compressed_all_reduce(m)   (v frozen)
+    At ZeRO 0 g_local is the master gradient (clipped by --clip-grad with this rank's own norm, as before the
+    ZeRO path existed); at ZeRO 1-2 the master gradient is a shard, so the reduction folds the whole local gradient
+    into the whole momentum as the unit's backward completes (OneBitAdamReduction.reduce; --clip-grad refused).
     and every step, without bias correction (as DeepSpeed), on the shard:  p -= lr (m / (sqrt(v) + eps) + wd p).
 
     Per unit: the momentum `m` is the whole padded unit on every rank (each worker compresses its whole momentum;
@@ -126,11 +128,12 @@ class OneBitAdam(torch.optim.Optimizer):
         frozen = self.step_count >= self.freeze
         for i, (u, st) in enumerate(zip(self.engine.units, self.flat)):
             m, v = st["shard"], st["exp_avg_sq"]
-            if frozen:  # the local gradient is already in the whole momentum (OneBitAdamReduction.reduce)
-                self.owner.all_reduce_momentum(i, st["exp_avg"], u.numel)
-            else:
+            if not (frozen and self.owner.sharded):  # ZeRO 1-2 after the freeze: folded in by the reduction
                 g = u.master_grad / self.grad_scale if self.grad_scale is not None else u.master_grad
                 m.mul_(b1).add_(g, alpha=1 - b1)
+            if frozen:
+                self.owner.all_reduce_momentum(i, st["exp_avg"], u.numel)
+            else:
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
             update = m / (v.sqrt() + eps)  # DeepSpeed's operations, in its order
             update += st["wd"] * u.master

@@ -163,8 +163,9 @@ def owners(reduction) -> dict:
 
 class OneBitAdamReduction:
     """1-bit Adam (hybrid/compress/onebit.py) through the seam: the plain all-reduce (ZeRO 0) or reduce-scatter
-    (ZeRO 1-2) for the warm-up, then no gradient traffic at all: each rank folds its own whole gradient into its
-    whole momentum here, and the optimizer all-reduces the momentum compressed. Brings its optimizer
+    (ZeRO 1-2) for the warm-up, then no gradient traffic at all: each rank's own gradient goes into its whole
+    momentum (ZeRO 0: in the optimizer, after clipping; ZeRO 1-2: here), and the optimizer all-reduces the
+    momentum compressed. Brings its optimizer
     (`build_optimizer`) and owns the error feedback (`state_dict`).
 
     ZeRO 1-2: the compressed all-reduce's server chunk k is ZeRO shard k (`shard_align`: the engine pads each unit
@@ -185,6 +186,7 @@ class OneBitAdamReduction:
         self.server: dict[int, torch.Tensor] = {}
         self.lengths: list[int] = []  # each unit padded to a multiple of 8 n (the momentum's and worker error's)
         self.whole: list[bool] = []  # unit i's momentum is whole on this rank (not only its ZeRO shard)
+        self.sharded = False  # ZeRO 1-2 (set by build_optimizer)
         self.optimizer = None
 
     def bind(self, units: list, engine) -> None:
@@ -229,10 +231,14 @@ class OneBitAdamReduction:
         m[numel:].zero_()
 
     def reduce(self, unit, group: Group) -> bool:
-        """After the freeze: m = b1 m + (1 - b1) g_local on the whole unit (the gradient this rank accumulated,
-        TP partial sums and tied-embedding sums taken: the engine's master gradient before its division by n)."""
+        """After the freeze, ZeRO 1-2: m = b1 m + (1 - b1) g_local on the whole unit (the gradient this rank
+        accumulated, TP partial sums and tied-embedding sums taken: the engine's master gradient before its division
+        by n, of which the engine keeps only a shard). ZeRO 0: the gradient is left to the optimizer."""
         if self.iter < self.freeze:
             return False
+        if not self.sharded:  # ZeRO 0: the master gradient is this rank's own (the engine divides by n); the
+            unit.flat_grad.mul_(group.size)  # optimizer folds it in after clipping (exact when n is a power of two)
+            return True
         i = self.index[id(unit)]
         st, b1 = self.optimizer.flat[i], self.optimizer.param_groups[0]["betas"][0]
         self._whole(i)
