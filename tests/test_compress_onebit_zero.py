@@ -212,3 +212,74 @@ def test_onebit_adam_zero1_checkpoint_resumes_bit_for_bit_at_zero1_and_zero0_and
 def _root() -> str:
     import os
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- ZeRO 0 keeps clipping each rank's own gradient after the freeze (train.py's default --clip-grad 1.0) -----------
+CLIP = 0.5
+
+
+def _clipped(rank, world):
+    """dp 2, ZeRO 0, --clip-grad 0.5: the engine against DeepSpeed's update written out (test_compress_onebit's
+    reference) whose gradient is clipped first as the engine clips: by this rank's norm -- after the freeze this
+    rank's own gradient's -- summed in fp64 over the parameters, scale max / (norm + 1e-6) when below 1."""
+    import math
+    from hybrid.compress.reduction import OneBitAdamReduction
+    from hybrid.data import BatchSpec, load_corpus, micro_batches
+    from hybrid.dp import GradAverager
+    from hybrid.mesh import Mesh, ParallelDims
+    from hybrid.tp import TPContext
+    from hybrid.train_step import OptimizerConfig, train_step
+    from hybrid.zero import ZeroConfig, ZeroOptimizer
+    from models import build_pipeline_chunks, load_config
+    from tests import test_compress_onebit as ref
+    from tests.test_compress_engine import _runner
+    torch.set_num_threads(1)
+    mesh = Mesh.build(ParallelDims.from_world(world))
+    cfg = OptimizerConfig(lr=3e-3, eps=1e-8, weight_decay=0.01, decay_style="constant", clip_grad=CLIP)
+    spec, corpus, out = BatchSpec(8, 2, 32, 2), load_corpus(), {}
+
+    class Clipped(ref.RefOneBitAdam):
+        def step(self, closure=None):
+            grads = [p.grad for p in self.param_groups[0]["params"] + self.param_groups[1]["params"]]
+            norm = math.sqrt(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)).square().sum().item())
+            if CLIP / (norm + 1e-6) < 1.0:
+                for g in grads:
+                    g.mul_(CLIP / (norm + 1e-6))
+            self.norms.append(norm)
+            super().step()
+
+    for kind in ("ref", "engine"):
+        chunks = build_pipeline_chunks(load_config("tiny-llama"), TPContext(mesh.tp), 0, 1, 1, seed=7)
+        if kind == "ref":
+            opt = Clipped(chunks, cfg, 2, mesh.dp)
+            opt.norms = []
+
+            class Sync(GradAverager):
+                def __call__(self):
+                    if opt.steps < ref.FREEZE:
+                        super().__call__()
+            sync = Sync(chunks.parameters(), mesh.dp)
+        else:
+            opt, sync = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=0), cfg, OneBitAdamReduction(ref.FREEZE,
+                                                                                                 (2, 1, 1))), None
+        losses, norms = [], []
+        for it in range(ref.FREEZE + 2):
+            losses.append(train_step(chunks, micro_batches(corpus, spec, 3, it, mesh.coords.dp), opt, mesh, sync,
+                                     runner=_runner(mesh, chunks, load_config("tiny-llama"))))
+            norms.append(opt.last_report.grad_norm if kind == "engine" else opt.norms[-1])
+        out[kind] = {"losses": losses, "norms": norms,
+                     "weights": {n: p.detach().clone() for n, p in chunks.named_parameters()}}
+    return out
+
+
+def test_onebit_adam_zero0_clips_each_ranks_own_gradient_after_the_freeze():
+    from tests.test_compress_onebit import FREEZE
+    runs = run_distributed(_clipped, 2, timeout=600)
+    for r in runs:
+        assert all(n > CLIP for n in r["engine"]["norms"])  # clipping acted at every step, before and after
+        # the fp64 sums of squares run in another order (the engine's buckets): ~20 terms, each rounding 2^-53
+        assert r["engine"]["norms"] == pytest.approx(r["ref"]["norms"], rel=1e-13, abs=0)
+        assert r["engine"]["losses"] == r["ref"]["losses"]  # the scale rounds to fp32: the same float
+        for n, w in r["ref"]["weights"].items():
+            assert torch.equal(r["engine"]["weights"][n], w), n
+    assert runs[0]["engine"]["norms"][FREEZE:] != runs[1]["engine"]["norms"][FREEZE:]  # after: each rank's own
