@@ -171,8 +171,9 @@ def test_onebit_adam_zero1_checkpoint_resumes_bit_for_bit_at_zero1_and_zero0_and
     """bf16, dp 2, ZeRO 1, freeze 2, saved after step 4 (momentum compressed since step 3: residuals non-zero). Resumed
     at ZeRO 1: losses 5-6 and every tensor saved after step 6 equal the uninterrupted run's. Resumed at ZeRO 0:
     the same losses (the same math; the momentum's shards loaded by ZeRO 1 are made whole before its first
-    compressed step, `_whole`). Loaded at pp 2 x dp 2, ZeRO 2, saved, loaded back at pp 1 x dp 2, ZeRO 1, saved:
-    every tensor equals the original but the padding residuals (`onebit.rest/`, layout-specific)."""
+    compressed step, `_whole`). Loaded at pp 2 x dp 2, ZeRO 2, saved, then at tp 2 x dp 2, ZeRO 1, and back at
+    pp 1 x dp 2, ZeRO 1, each saved: every tensor equals the original but the padding residuals (`onebit.rest/`,
+    layout-specific). Loaded at dp 1: refused by name, as at ZeRO 0."""
     from tests.test_compress_reshard import _tensors
     from tests.test_compress_train import COMMON, _losses
     from hybrid import testing
@@ -198,8 +199,9 @@ def test_onebit_adam_zero1_checkpoint_resumes_bit_for_bit_at_zero1_and_zero0_and
     saved = _tensors(f"{root}/straight", 4)
     assert any(k.startswith("compress/onebit.server_error/") and v.abs().max() > 0 for k, v in saved.items())
     src = f"{root}/straight"
-    for flags, world, tag in (([f if f != "1" else "2" for f in ONEBIT_Z1] + BF16 + ["--pipeline-model-parallel-size",
-                                                                                    "2"], 4, "pp2"),
+    zero2 = [f if f != "1" else "2" for f in ONEBIT_Z1] + BF16
+    for flags, world, tag in ((zero2 + ["--pipeline-model-parallel-size", "2"], 4, "pp2"),
+                              (ONEBIT_Z1 + BF16 + ["--tensor-model-parallel-size", "2"], 4, "tp2"),
                               (ONEBIT_Z1 + BF16, 2, "pp1")):
         testing.run_distributed(_reshard_onebit, world, args=(flags, src, f"{root}/{tag}"), timeout=300)
         src, got_t = f"{root}/{tag}", _tensors(f"{root}/{tag}", 4)
@@ -207,6 +209,11 @@ def test_onebit_adam_zero1_checkpoint_resumes_bit_for_bit_at_zero1_and_zero0_and
         assert len(kept) > len(saved) // 2
         for k in kept:
             assert torch.equal(got_t[k], saved[k]), (tag, k)
+    out = testing.torchrun(COMMON + ONEBIT_Z1 + BF16 + ["--load", f"{root}/straight", "--ckpt-step", "4"], 1,
+                           env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=_root(), timeout=600)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "saved at dp 2, this run has dp 1 (sign compression does not reshard across DP sizes); resume at dp 2" \
+        in out.stderr, out.stderr[-2000:]
 
 
 def _root() -> str:
