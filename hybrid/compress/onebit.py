@@ -90,10 +90,10 @@ class OneBitAdam(torch.optim.Optimizer):
         m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2                          (on the shard)
     from step `freeze` on (no gradient traffic; g_local is this rank's own gradient):
         m = b1 m + (1 - b1) g_local;   m = compressed_all_reduce(m)   (v frozen)
-    At ZeRO 0 g_local is the master gradient (clipped by --clip-grad with this rank's own norm, as before the
-    ZeRO path existed); at ZeRO 1-2 the master gradient is a shard, so the reduction folds the whole local gradient
-    into the whole momentum as the unit's backward completes (OneBitAdamReduction.reduce; --clip-grad refused).
     and every step, without bias correction (as DeepSpeed), on the shard:  p -= lr (m / (sqrt(v) + eps) + wd p).
+    At ZeRO 0 g_local is the master gradient (clipped by --clip-grad with this rank's own norm); at ZeRO 1-2 the
+    master gradient is a shard, so the reduction folds the whole local gradient into the whole momentum as the
+    unit's backward completes (OneBitAdamReduction.reduce; --clip-grad refused there).
 
     Per unit: the momentum `m` is the whole padded unit on every rank (each worker compresses its whole momentum;
     after each compressed all-reduce all ranks hold the same m); v, the decay mask and the master are the shard

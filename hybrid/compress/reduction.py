@@ -165,8 +165,7 @@ class OneBitAdamReduction:
     """1-bit Adam (hybrid/compress/onebit.py) through the seam: the plain all-reduce (ZeRO 0) or reduce-scatter
     (ZeRO 1-2) for the warm-up, then no gradient traffic at all: each rank's own gradient goes into its whole
     momentum (ZeRO 0: in the optimizer, after clipping; ZeRO 1-2: here), and the optimizer all-reduces the
-    momentum compressed. Brings its optimizer
-    (`build_optimizer`) and owns the error feedback (`state_dict`).
+    momentum compressed. Brings its optimizer (`build_optimizer`) and owns the error feedback (`state_dict`).
 
     ZeRO 1-2: the compressed all-reduce's server chunk k is ZeRO shard k (`shard_align`: the engine pads each unit
     to a multiple of 8 n, as the compressed all-reduce pads, so the two partitions coincide and the math is ZeRO
