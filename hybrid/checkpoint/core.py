@@ -208,6 +208,8 @@ def load_state(owners: dict[str, Stateful], directory: str, group: Group | None 
     Collective over `group` (None: the default process group)."""
     state = store.read_state(directory)
     for prefix, owner in owners.items():  # an owner whose pieces depend on the saved layout reads its values first
+        if hasattr(owner, "saved_run"):  # ... or the saved run's flags and layout (hybrid/compress/state.py)
+            owner.saved_run(state)
         if hasattr(owner, "before_load"):
             owner.before_load({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
     sd, plain, own = collect(owners, saving=False)

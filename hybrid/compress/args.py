@@ -102,10 +102,13 @@ def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
     freeze = args.onebit_freeze_iters
     if isinstance(freeze, bool) or not isinstance(freeze, int) or freeze < 1:
         raise ValueError(f"--onebit-freeze-iters must be a positive integer (Adam warm-up steps), got {freeze!r}")
-    if getattr(args, "zero_stage", 0) != 0:
-        raise ValueError(f"--optimizer onebit-adam runs with --zero-stage 0 only (each rank all-reduces its whole "
-                         f"momentum, which ZeRO shards; DeepSpeed refuses ZeRO too); got --zero-stage "
-                         f"{args.zero_stage}")
+    stage = getattr(args, "zero_stage", 0)
+    if stage == 3:
+        raise ValueError("--optimizer onebit-adam does not run with --zero-stage 3 (each worker compresses its whole "
+                         "momentum, which stage 3 never holds); use --zero-stage 0, 1 or 2")
+    if stage in (1, 2) and getattr(args, "clip_grad", 0.0) > 0:
+        from hybrid.compress.reduction import CLIP_REFUSED
+        raise ValueError(CLIP_REFUSED)
     if powersgd_rank:
         raise ValueError("--optimizer onebit-adam and --powersgd-rank are exclusive (both compress the DP traffic); "
                          "drop one")

@@ -83,16 +83,22 @@ def ledger_bytes(numel: int, world: int) -> int:
 
 # --- the optimizer ---------------------------------------------------------------------------------------------------
 class OneBitAdam(torch.optim.Optimizer):
-    """DeepSpeed's OnebitAdam update over the engine's units (ZeRO 0: each unit's fp32 master is the whole unit).
+    """DeepSpeed's OnebitAdam update over the engine's units, at ZeRO 0 (the fp32 master is the whole unit) and
+    ZeRO 1-2 (the master is this rank's shard; docs/comm-efficient.md).
 
-    Steps 0 .. freeze-1 (warm-up, the gradient all-reduced by the engine as usual):
-        m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2
-    from step `freeze` on (the engine skips the gradient all-reduce: g is this rank's own):
-        m = b1 m + (1 - b1) g_local,   m = compressed_all_reduce(m)   (v frozen)
-    and every step, without bias correction (as DeepSpeed):  p -= lr (m / (sqrt(v) + eps) + wd p).
+    Steps 0 .. freeze-1 (warm-up: plain (ZeRO) AdamW's reduction, the gradient g the DP mean of the shard):
+        m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2                          (on the shard)
+    from step `freeze` on (no gradient traffic; g_local is this rank's own gradient):
+        m = b1 m + (1 - b1) g_local;   m = compressed_all_reduce(m)   (v frozen)
+    and every step, without bias correction (as DeepSpeed), on the shard:  p -= lr (m / (sqrt(v) + eps) + wd p).
+    At ZeRO 0 g_local is the master gradient (clipped by --clip-grad with this rank's own norm); at ZeRO 1-2 the
+    master gradient is a shard, so the reduction folds the whole local gradient into the whole momentum as the
+    unit's backward completes (OneBitAdamReduction.reduce; --clip-grad refused there).
 
-    The moments live in one flat buffer per unit; the optimizer state of each master segment (what the checkpoint
-    reads, hybrid/zero/state.py) is a view of it, so they save and load as AdamW's do."""
+    Per unit: the momentum `m` is the whole padded unit on every rank (each worker compresses its whole momentum;
+    after each compressed all-reduce all ranks hold the same m); v, the decay mask and the master are the shard
+    [a, b) = u.shard_range (ZeRO 0: the whole unit). The optimizer state of each master segment (what the
+    checkpoint reads, hybrid/zero/state.py) is a view of m's shard and of v, so they save and load as AdamW's do."""
 
     def __init__(self, engine, groups: list[dict], freeze: int, lr: float, betas: tuple[float, float], eps: float,
                  owner) -> None:
@@ -101,13 +107,15 @@ class OneBitAdam(torch.optim.Optimizer):
         self.grad_scale: torch.Tensor | None = None  # set by the engine (_make_master_grads)
         decay_of = {id(v): g["weight_decay"] for g in groups for v in g["params"]}
         self.flat: list[dict[str, torch.Tensor]] = []
-        for u in engine.units:
-            m, v, wd = (torch.zeros_like(u.master) for _ in range(3))
+        for u, length in zip(engine.units, owner.lengths):
+            a = u.shard_range[0]
+            m = torch.zeros(length, dtype=torch.float32, device=u.master.device)  # the whole padded unit
+            v, wd = (torch.zeros_like(u.master) for _ in range(2))
             for view, s in zip(u.views, u.segments):
                 wd[s.lo:s.hi] = decay_of[id(view)]
-                self.state[view] = {"step": torch.zeros((), dtype=torch.float32), "exp_avg": m[s.lo:s.hi],
+                self.state[view] = {"step": torch.zeros((), dtype=torch.float32), "exp_avg": m[a + s.lo:a + s.hi],
                                     "exp_avg_sq": v[s.lo:s.hi]}
-            self.flat.append({"exp_avg": m, "exp_avg_sq": v, "wd": wd})
+            self.flat.append({"exp_avg": m, "exp_avg_sq": v, "wd": wd, "shard": m[a:a + u.master.numel()]})
 
     @property
     def step_count(self) -> int:
@@ -119,11 +127,12 @@ class OneBitAdam(torch.optim.Optimizer):
         lr, (b1, b2), eps = group["lr"], group["betas"], group["eps"]
         frozen = self.step_count >= self.freeze
         for i, (u, st) in enumerate(zip(self.engine.units, self.flat)):
-            g = u.master_grad / self.grad_scale if self.grad_scale is not None else u.master_grad
-            m, v = st["exp_avg"], st["exp_avg_sq"]
-            m.mul_(b1).add_(g, alpha=1 - b1)
+            m, v = st["shard"], st["exp_avg_sq"]
+            if not (frozen and self.owner.sharded):  # ZeRO 1-2 after the freeze: folded in by the reduction
+                g = u.master_grad / self.grad_scale if self.grad_scale is not None else u.master_grad
+                m.mul_(b1).add_(g, alpha=1 - b1)
             if frozen:
-                self.owner.all_reduce_momentum(i, m)
+                self.owner.all_reduce_momentum(i, st["exp_avg"], u.numel)
             else:
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
             update = m / (v.sqrt() + eps)  # DeepSpeed's operations, in its order

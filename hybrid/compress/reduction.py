@@ -10,7 +10,8 @@ it hands the unit over instead:
     reduction.build_optimizer(engine, ...)    # optional: a strategy that brings its optimizer (1-bit Adam)
 
 Strategies: PlainReduction (only the simulated slow link), PowerSGDReduction, OneBitAdamReduction (no gradient
-traffic after the freeze; the optimizer all-reduces the momentum compressed). `build(CompressConfig, ...)` picks.
+traffic after the freeze; the optimizer all-reduces the momentum compressed, its server chunks the ZeRO 1-2
+shards). `build(CompressConfig, ...)` picks.
 
 PowerSGD reduces the whole accumulated gradient once per step (`per_micro_batch` False): PowerSGD's factors are
 a nonlinear function of the whole gradient (the orthogonalisation), so they cannot be summed per micro-batch or
@@ -113,11 +114,22 @@ class PowerSGDReduction:
         the layout (P is recomputed from Q). Reshards: hybrid/compress/state.py."""
         return self.checkpoint.state_dict()
 
+    def saved_run(self, state: dict) -> None:
+        """A checkpoint of the first, per-bucket layout is read as such (state.py: detect_first_layout)."""
+        from hybrid.compress.state import detect_first_layout
+        detect_first_layout(self.checkpoint, "powersgd", self.layout,
+                            ((state.get("args") or {}).get("powersgd_rank") or 0) > 0, state)
+
     def before_load(self, plain: dict) -> None:
         self.checkpoint.before_load(plain)
 
     def load_state_dict(self, sd: dict[str, object]) -> None:
         self.checkpoint.load_state_dict(sd)
+
+
+CLIP_REFUSED = ("--clip-grad does not run with --optimizer onebit-adam at --zero-stage 1 or 2: after the freeze each "
+                "rank's gradient is its own and ZeRO's clip norm is one sharded global norm (DeepSpeed's 1-bit Adam "
+                "does not clip the compressed momentum either); pass --clip-grad 0, or use --zero-stage 0")
 
 
 def _sizes(unit, cfg: PowerSGDConfig) -> tuple[int, int, int]:
@@ -150,11 +162,20 @@ def owners(reduction) -> dict:
 
 
 class OneBitAdamReduction:
-    """1-bit Adam (hybrid/compress/onebit.py) through the seam: the plain all-reduce for the warm-up, then no
-    gradient traffic at all (each rank keeps its own gradient) while the optimizer all-reduces the momentum
-    compressed. Brings its optimizer (`build_optimizer`) and owns the error feedback (`state_dict`)."""
+    """1-bit Adam (hybrid/compress/onebit.py) through the seam: the plain all-reduce (ZeRO 0) or reduce-scatter
+    (ZeRO 1-2) for the warm-up, then no gradient traffic at all: each rank's own gradient goes into its whole
+    momentum (ZeRO 0: in the optimizer, after clipping; ZeRO 1-2: here), and the optimizer all-reduces the
+    momentum compressed. Brings its optimizer (`build_optimizer`) and owns the error feedback (`state_dict`).
 
-    per_micro_batch = True
+    ZeRO 1-2: the compressed all-reduce's server chunk k is ZeRO shard k (`shard_align`: the engine pads each unit
+    to a multiple of 8 n, as the compressed all-reduce pads, so the two partitions coincide and the math is ZeRO
+    0's). Reduced once per step (`per_micro_batch` False: the momentum needs the whole accumulated local gradient,
+    so ZeRO 2 keeps a full gradient buffer, as stage 1). The whole momentum exists on every rank only after a
+    compressed step; after the warm-up (and after a checkpoint load) each unit's shards are all-gathered once, just
+    before its first compressed step (`_whole`)."""
+
+    per_micro_batch = False
+    shard_align = 8  # ZeRO shard = server chunk: whole bytes of packed signs
 
     def __init__(self, freeze: int, layout: tuple[int, int, int], link: SimulatedLink | None = None) -> None:
         self.freeze, self.layout, self.link = freeze, layout, link
@@ -162,11 +183,16 @@ class OneBitAdamReduction:
         self.group: Group | None = None
         self.worker: dict[int, torch.Tensor] = {}
         self.server: dict[int, torch.Tensor] = {}
+        self.lengths: list[int] = []  # each unit padded to a multiple of 8 n (the momentum's and worker error's)
+        self.whole: list[bool] = []  # unit i's momentum is whole on this rank (not only its ZeRO shard)
+        self.sharded = False  # ZeRO 1-2 (set by build_optimizer)
+        self.optimizer = None
 
     def bind(self, units: list, engine) -> None:
         from hybrid.compress.state import OneBitCheckpoint
         from hybrid.zero.state import param_names
         self.units = units
+        self.index = {id(u): i for i, u in enumerate(units)}
         coords = (engine.dp.rank, engine.mesh.tp.rank, engine.mesh.coords.pp)
         self.checkpoint = OneBitCheckpoint(self, param_names(engine.model), engine.duplicates, coords)
 
@@ -175,28 +201,54 @@ class OneBitAdamReduction:
         if engine.has_experts:
             raise ValueError("--optimizer onebit-adam does not run with MoE experts (their gradients are reduced "
                              "over the expert-DP group); use --optimizer adam")
+        if engine.cfg.stage == 3:
+            raise ValueError("--optimizer onebit-adam does not run with --zero-stage 3 (each worker compresses its "
+                             "whole momentum, which stage 3 never holds); use --zero-stage 0, 1 or 2")
+        if engine.cfg.sharded and engine.opt_cfg.clip_grad > 0:
+            raise ValueError(CLIP_REFUSED)
         self.group = engine.dp
         n = self.group.size
-        for i, u in enumerate(engine.units):
-            length = padded_length(u.master.numel(), n)
+        self.lengths = [padded_length(u.numel, n) for u in engine.units]
+        for i, (u, length) in enumerate(zip(engine.units, self.lengths)):
+            if engine.cfg.sharded and u.padded != length:
+                raise RuntimeError(f"unit {u.name}: ZeRO padded it to {u.padded}, 1-bit Adam needs {length}")
             self.worker[i] = torch.zeros(length, dtype=torch.float32, device=u.master.device)
             self.server[i] = torch.zeros(length // n, dtype=torch.float32, device=u.master.device)
-        return OneBitAdam(engine, groups, self.freeze, lr, betas, eps, self)
+        self.whole = [not engine.cfg.sharded] * len(engine.units)
+        self.sharded = engine.cfg.sharded
+        self.optimizer = OneBitAdam(engine, groups, self.freeze, lr, betas, eps, self)
+        return self.optimizer
 
-    def all_reduce_momentum(self, i: int, m: torch.Tensor) -> None:
-        """DeepSpeed's padding: the momentum with zeros appended, compressed-all-reduced, cut back."""
+    def all_reduce_momentum(self, i: int, m: torch.Tensor, numel: int) -> None:
+        """DeepSpeed's padding: the momentum's padding [numel, len) zeroed, compressed-all-reduced in place, the
+        padding zeroed again (DeepSpeed appends fresh zeros and cuts the result back)."""
         from hybrid.compress.onebit import compressed_all_reduce
         if self.group.size == 1:
             return
-        x = torch.cat([m, m.new_zeros(self.worker[i].numel() - m.numel())])
-        compressed_all_reduce(x, self.worker[i], self.server[i], self.group)
-        m.copy_(x[:m.numel()])
+        m[numel:].zero_()
+        compressed_all_reduce(m, self.worker[i], self.server[i], self.group)
+        m[numel:].zero_()
 
     def reduce(self, unit, group: Group) -> bool:
+        """After the freeze, ZeRO 1-2: m = b1 m + (1 - b1) g_local on the whole unit (the gradient this rank
+        accumulated, TP partial sums and tied-embedding sums taken: the engine's master gradient before its division
+        by n, of which the engine keeps only a shard). ZeRO 0: the gradient is left to the optimizer."""
         if self.iter < self.freeze:
             return False
-        unit.flat_grad.mul_(group.size)  # this rank's own gradient; the engine divides by n
+        if not self.sharded:  # ZeRO 0: the master gradient is this rank's own (the engine divides by n); the
+            unit.flat_grad.mul_(group.size)  # optimizer folds it in after clipping (exact when n is a power of two)
+            return True
+        i = self.index[id(unit)]
+        st, b1 = self.optimizer.flat[i], self.optimizer.param_groups[0]["betas"][0]
+        self._whole(i)
+        st["exp_avg"][:unit.numel].mul_(b1).add_(unit.flat_grad[:unit.numel], alpha=1 - b1)
         return True
+
+    def _whole(self, i: int) -> None:
+        """ZeRO 1-2: unit i's momentum shards all-gathered to every rank, once (after the warm-up or a load)."""
+        if not self.whole[i]:
+            self.group.all_gather_in_place(self.optimizer.flat[i]["exp_avg"]).wait()
+            self.whole[i] = True
 
     def end_step(self) -> None:
         self.iter += 1
@@ -207,8 +259,15 @@ class OneBitAdamReduction:
     def state_dict(self) -> dict[str, object]:
         return self.checkpoint.state_dict()
 
+    def saved_run(self, state: dict) -> None:
+        """A checkpoint of the first, per-bucket layout is read as such (state.py: detect_first_layout)."""
+        from hybrid.compress.state import detect_first_layout
+        detect_first_layout(self.checkpoint, "onebit", self.layout,
+                            (state.get("args") or {}).get("optimizer") == "onebit-adam", state)
+
     def before_load(self, plain: dict) -> None:
         self.checkpoint.before_load(plain)
 
     def load_state_dict(self, sd: dict[str, object]) -> None:
         self.checkpoint.load_state_dict(sd)
+        self.whole = [not self.sharded] * len(self.whole)  # ZeRO 1-2 loaded the momentum's shard only

@@ -80,6 +80,7 @@ class PowerSGDCheckpoint:
         self.red = red
         self.saved: dict | None = None  # set by before_load: the checkpoint's counters (its layout)
         self._pending: dict = {}
+        self.legacy: str | None = None  # "<global rank>/" of a first-layout checkpoint (detect_first_layout)
 
     def _entries(self):
         """(unit index, param, its flat offset in the unit, its Q (offset, m, r) or None, the first copy's
@@ -95,6 +96,8 @@ class PowerSGDCheckpoint:
 
     # --- save -----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:
+        if self.saved is not None and self.legacy is not None:
+            return legacy_powersgd_dict(self.red, self.legacy)
         if self.saved is not None:
             return self._load_dict()
         red, s = self.red, self.red.state
@@ -166,6 +169,9 @@ class PowerSGDCheckpoint:
         """The pieces are filled: DP-averaged errors written, tied twins copied, the state installed."""
         red, s, saved = self.red, self.red.state, self.saved
         self.saved, pend, self._pending = None, self._pending, {}
+        if self.legacy is not None:
+            legacy, self.legacy = self.legacy, None
+            return legacy_powersgd_load(red, legacy, sd)
         s.iter = saved["iter"]
         s.error.clear(), s.p.clear(), s.q.clear()
         s.restore_draws(0)
@@ -223,6 +229,7 @@ class OneBitCheckpoint:
     def __init__(self, red, names: dict[int, str], duplicates: set[int], coords: tuple[int, int, int]) -> None:
         self.red, self.names, self.duplicates, self.coords = red, names, duplicates, coords  # (dp, tp, pp) ranks
         self.saved: dict | None = None
+        self.legacy: str | None = None  # "<global rank>/" of a first-layout checkpoint (detect_first_layout)
 
     def _pieces(self, i: int, u, server: bool, taken: dict[str, int]):
         """(key, global shape, local view, global box, write) of unit i's buffers on this rank, and the flat indices
@@ -277,6 +284,8 @@ class OneBitCheckpoint:
                                                    pp=red.layout[2])}
             out[self._rest_key()] = torch.cat([buf[idx] for buf, idx in rest])
             return {**out, **shards}
+        if self.legacy is not None:
+            return legacy_onebit_dict(red, self.legacy)
         if self.saved["iter"] <= red.freeze:  # no compressed step before the save: nothing to read
             return {}
         self._rest = rest
@@ -296,6 +305,9 @@ class OneBitCheckpoint:
     def load_state_dict(self, sd: dict[str, object]) -> None:
         """Pieces filled in place; the padding's residuals from this rank's rest (same layout) or zero."""
         red, saved, self.saved = self.red, self.saved, None
+        if self.legacy is not None:
+            legacy, self.legacy = self.legacy, None
+            return legacy_onebit_load(red, legacy, sd)
         red.iter = saved["iter"]
         if saved["iter"] <= red.freeze:
             for buf in (*red.worker.values(), *red.server.values()):
@@ -305,3 +317,74 @@ class OneBitCheckpoint:
         for buf, idx in self._rest:
             buf[idx] = rest[at:at + idx.numel()] if rest is not None else 0.0
             at += idx.numel()
+
+
+# --- checkpoints saved in the first layout (per rank, per bucket) ----------------------------------------------------
+LEGACY_COUNTERS = {"powersgd": 5, "onebit": 4}  # [iter, draws, dp, tp, pp] / [iter, dp, tp, pp]
+
+
+def detect_first_layout(checkpoint, kind: str, layout: tuple[int, int, int], compressing: bool, state: dict) -> None:
+    """Compressor state saved in the first layout (before the state was keyed by parameter): per global rank r under
+    `compress/<r>/`, per bucket i (the engine's i-th dense unit) -- `counters` (int64: PowerSGD [iter, draws, dp,
+    tp, pp], 1-bit Adam [iter, dp, tp, pp]), `error.<i>` and `q.<i>` (PowerSGD), `worker_error.<i>` and
+    `server_error.<i>` (1-bit Adam), all DCP tensors. Such a checkpoint has no `compress/` value in state.json, so
+    to the owner it looked saved without compression and its error feedback was dropped silently.
+
+    Told apart by the saved run's state.json (read before the load, hybrid/checkpoint/core.py `saved_run`): its
+    flags ("args") compressing with this compressor (`compressing`), no counters in the per-parameter layout. The
+    owner then reads the old keys and installs them as the old code did (`checkpoint.legacy` = "<rank>/") --
+    exactly, at the layout they were saved at, the only layout that layout ever loaded at; another layout is refused
+    by name."""
+    checkpoint.legacy = None
+    if f"compress/{kind}" in state or not compressing:
+        return
+    saved = state.get("layout") or {}
+    saved = tuple(saved.get(k) for k in ("dp", "tp", "pp"))
+    if saved != tuple(layout):
+        from hybrid.cliutil import fail
+        flag = "--powersgd-rank" if kind == "powersgd" else "--optimizer onebit-adam"
+        raise fail(f"train.py: error: {flag}: the checkpoint's compressor state is in the first, per-bucket layout "
+                   f"(compress/<rank>/), which reads back only at the layout it was saved at: dp x tp x pp = "
+                   f"{' x '.join(map(str, saved))}, this run is {' x '.join(map(str, layout))}; resume at that "
+                   f"layout (its next save is in the per-parameter layout, which reshards)")
+    import torch.distributed as dist
+    checkpoint.legacy = f"{dist.get_rank() if dist.is_initialized() else 0}/"
+
+
+def legacy_powersgd_dict(red, rank: str) -> dict[str, object]:
+    out: dict[str, object] = {rank + "counters": torch.zeros(LEGACY_COUNTERS["powersgd"], dtype=torch.int64)}
+    for i, (ne, _, nq) in red.sizes.items():
+        out[f"{rank}error.{i}"] = torch.zeros(ne, dtype=red.dtype)
+        out[f"{rank}q.{i}"] = torch.zeros(nq, dtype=red.dtype)
+    return out
+
+
+def legacy_powersgd_load(red, rank: str, sd: dict[str, object]) -> None:
+    """As the first layout's PowerSGDReduction.load_state_dict: counters, then the buckets' error and Q (P is
+    recomputed from Q); nothing when no compressed step ran before the save."""
+    s = red.state
+    it, draws = (int(v) for v in sd[rank + "counters"][:2])
+    s.iter = it
+    s.error.clear(), s.p.clear(), s.q.clear()
+    s.restore_draws(draws)
+    if it <= s.cfg.start_iter:
+        return
+    for i, (_, npn, _) in red.sizes.items():
+        s.error[i], s.q[i] = sd[f"{rank}error.{i}"].clone(), sd[f"{rank}q.{i}"].clone()
+        s.p[i] = s.q[i].new_empty(npn)
+
+
+def legacy_onebit_dict(red, rank: str) -> dict[str, object]:
+    out: dict[str, object] = {rank + "counters": torch.zeros(LEGACY_COUNTERS["onebit"], dtype=torch.int64)}
+    for i in red.worker:
+        out[f"{rank}worker_error.{i}"] = torch.zeros_like(red.worker[i])
+        out[f"{rank}server_error.{i}"] = torch.zeros_like(red.server[i])
+    return out
+
+
+def legacy_onebit_load(red, rank: str, sd: dict[str, object]) -> None:
+    """As the first layout's OneBitAdamReduction.load_state_dict: the step count and every bucket's residuals."""
+    red.iter = int(sd[rank + "counters"][0])
+    for i in red.worker:
+        red.worker[i].copy_(sd[f"{rank}worker_error.{i}"])
+        red.server[i].copy_(sd[f"{rank}server_error.{i}"])

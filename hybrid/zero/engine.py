@@ -172,8 +172,10 @@ class ZeroOptimizer:
         """A unit over the DP group, or (expert) over the expert-DP group: MoE experts' gradients are summed
         and sharded over the ranks holding the same experts (hybrid/moe/parallel.py)."""
         group = self.edp if expert else self.dp
+        # hybrid/compress: 1-bit Adam's server chunks are the ZeRO shards, a whole number of bytes of signs each
+        align = getattr(self.reduction, "shard_align", 1) if self.cfg.sharded and not expert else 1
         u = FlatUnit(name, params, parts=group.size if self.cfg.sharded else 1,
-                     part=group.rank if self.cfg.sharded else 0, deferred=deferred)
+                     part=group.rank if self.cfg.sharded else 0, deferred=deferred, align=align)
         if expert:
             self._expert_units.add(id(u))
         return u

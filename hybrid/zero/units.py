@@ -59,6 +59,7 @@ class FlatUnit:
     parts: int  # shards (the DP size; 1 when the optimizer state is not sharded)
     part: int  # this rank's shard index
     deferred: bool = False  # reduced after the whole forward/backward (tied embeddings), not from a hook
+    align: int = 1  # each shard a multiple of this (1-bit Adam: 8, whole bytes of signs per shard; hybrid/compress)
     offsets: list[int] = field(default_factory=list)
     numel: int = 0
     flat: torch.Tensor | None = None  # full compute-dtype buffer; params are views into it
@@ -88,8 +89,8 @@ class FlatUnit:
 
     @property
     def padded(self) -> int:
-        """numel rounded up to a multiple of `parts`."""
-        return -(-self.numel // self.parts) * self.parts
+        """numel rounded up to a multiple of `parts` x `align`."""
+        return -(-self.numel // (self.parts * self.align)) * self.parts * self.align
 
     @property
     def shard_numel(self) -> int:
