@@ -362,31 +362,39 @@ class ZeroOptimizer:
         return self.cfg.stage in (1, 2) and self.cfg.overlap_param_gather and self.dp.size > 1
 
     def _register_gather_waits(self) -> list[FlatUnit]:
-        """Forward pre-hooks that wait for the post-step all-gathers just before use: each chunk for the units
-        holding its parameters outside the blocks (embedding, final norm, head: used at both ends), each block
-        for the units holding its parameters. Returns the units in the order the forward needs them, which is
-        the order `_write_back` posts them (collectives complete in posting order)."""
+        """Forward hooks that wait for the post-step all-gathers just before use: each chunk's pre-hook for the
+        units of its own parameters and of its embedding lookups (the input side), each block's for the units
+        holding its parameters, and the last block's forward hook (after it) for the rest outside the blocks (final
+        norm, LM head: a head may be read through a method, `logits`, that runs no hook of its own). Returns the
+        units in that order, which is the order `_write_back` posts them (collectives complete in posting order):
+        the LM head's gather (a 36k x 1024 head: 74 MB to receive at dp 2) is posted last and overlaps every
+        block's forward, where waiting for it with the embedding before the first block left it exposed."""
         unit_of = {id(p): u for u in self.units for p in u.params}
         order: list[FlatUnit] = []
 
-        def units_of(params) -> list[FlatUnit]:
-            out = []
+        def units_of(params) -> tuple[FlatUnit, ...]:
+            us = []
             for p in params:
                 u = unit_of.get(id(p))
-                if u is not None and u not in out:
-                    out.append(u)
-            return out
+                if u is not None and u not in us:
+                    us.append(u)
+            order.extend(u for u in us if u not in order)
+            return tuple(us)
+
+        def wait(m, *_, us) -> None:
+            self._wait_gathers(us)
 
         for chunk in self.chunks:
             blocks = block_modules(chunk)
             in_blocks = {id(p) for b in blocks for p in b.parameters()}
-            edge = units_of(p for p in chunk.parameters() if id(p) not in in_blocks)
-            chunk.register_forward_pre_hook(lambda m, a, us=tuple(edge): self._wait_gathers(us))
-            order += [u for u in edge if u not in order]
+            lookups = [p for m in chunk.modules() if isinstance(m, LOOKUPS) for p in m.parameters()]
+            inputs = units_of(p for p in [*chunk.parameters(recurse=False), *lookups] if id(p) not in in_blocks)
+            chunk.register_forward_pre_hook(partial(wait, us=inputs))
             for b in blocks:
-                mine = tuple(units_of(b.parameters()))
-                b.register_forward_pre_hook(lambda m, a, us=mine: self._wait_gathers(us))
-                order += [u for u in mine if u not in order]
+                b.register_forward_pre_hook(partial(wait, us=units_of(b.parameters())))
+            outputs = units_of(p for p in chunk.parameters() if id(p) not in in_blocks)
+            (blocks[-1].register_forward_hook if blocks else chunk.register_forward_pre_hook)(
+                partial(wait, us=outputs))
         return order + [u for u in self.units if u not in order]
 
     def _wait_gathers(self, units) -> None:
