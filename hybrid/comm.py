@@ -395,15 +395,22 @@ class Group:
                 ops.append(dist.P2POp(dist.irecv, recvs[j], self.ranks[j], group=self.pg, tag=self._exchange_seq))
         return dist.batch_isend_irecv(ops)
 
-    def reduce_scatter_into(self, out: torch.Tensor, full: torch.Tensor) -> "Work":
-        """out = this rank's 1/size slice (dim 0) of the SUM over ranks of `full`."""
+    def reduce_scatter_into(self, out: torch.Tensor, full: torch.Tensor, recv: torch.Tensor | None = None) -> "Work":
+        """out = this rank's 1/size slice (dim 0) of the SUM over ranks of `full`. `out` may be that slice of `full`
+        itself (reduced in place). `recv`: a buffer of out's size the 2-rank exchange may receive into (a reused one
+        saves a fresh allocation's page faults: a 74 MB one cost about as much as sending it); never read after
+        the wait."""
         if self.size == 1:
             out.copy_(full)
             return Work(None)
         self.ledger.record("reduce_scatter", self.name, _nbytes(full))
         rec = TRAIL.start(self.name, self.ranks, "reduce_scatter")
         if self._reduces_by_exchange(full) and out.is_contiguous():
-            return self._exchange_reduce_scatter(out, full, rec)
+            return self._exchange_reduce_scatter(out, full, rec, recv)
+        if out.untyped_storage().data_ptr() == full.untyped_storage().data_ptr():  # in place: the backend's own
+            tmp = torch.empty_like(out)  # collective gets an output apart from its input (gloo's may overlap them)
+            return Work(_reduce_scatter_single(tmp, full, group=self.pg, async_op=True), rec,
+                        land=lambda: out.copy_(tmp), keep=tmp)
         return Work(_reduce_scatter_single(out, full, group=self.pg, async_op=True), rec)
 
     def _reduces_by_exchange(self, full: torch.Tensor) -> bool:
@@ -412,19 +419,25 @@ class Group:
         all-reduce reproduce bit for bit (tests/test_zero.py); a group-order sum would differ in the last bits."""
         return self.size == 2 and self._gathers_by_exchange(full)
 
-    def _exchange_reduce_scatter(self, out: torch.Tensor, full: torch.Tensor, rec) -> "Work":
+    def _exchange_reduce_scatter(self, out: torch.Tensor, full: torch.Tensor, rec,
+                                 recv: torch.Tensor | None = None) -> "Work":
         """gloo on host tensors: chunk j of `full` is sent to rank j and this rank's chunk received from every
         other rank, (n-1)/n of `full` on the wire per rank -- gloo's reduce_scatter_tensor puts all of it there --
         measured 1.3-1.9x faster on 2 ranks (scripts/bench_collectives.py "point-to-point ring", the same bytes).
         The sum is taken once the receives land, in group order x_0 + x_1 + ... + x_{n-1} (used at n = 2 only:
-        `_reduces_by_exchange`)."""
+        `_reduces_by_exchange`); at n = 2 in one pass, out = x_me + x_other, which is x_0 + x_1 bit for bit (IEEE
+        addition commutes), straight into `out` (where out is this rank's chunk of `full`: in place)."""
         me, n = self.rank, self.size
         parts = full.view(-1).chunk(n)
         if parts[me].numel() != out.numel():
             raise ValueError(f"reduce_scatter_into: {full.numel()} elements do not split into {n} x {out.numel()}")
-        got = [parts[me] if j == me else torch.empty_like(parts[me]) for j in range(n)]
+        mine = recv.view(-1) if recv is not None and n == 2 else None
+        got = [parts[me] if j == me else (mine if mine is not None else torch.empty_like(parts[me])) for j in range(n)]
 
         def land() -> None:
+            if n == 2:
+                torch.add(parts[me], got[1 - me], out=out.view(-1))
+                return
             out.view(-1).copy_(got[0])
             for x in got[1:]:
                 out.view(-1).add_(x)

@@ -55,6 +55,7 @@ from hybrid.moe.experts import LocalExperts
 from hybrid.moe.params import is_expert
 from hybrid.tp import VocabParallelEmbedding, sync_partial_grads
 from hybrid.train_step import OptimizerConfig, sync_tied_embeddings
+from hybrid.zero.buffers import BufferPool
 from hybrid.zero.config import CpuAdam, Precision, ZeroConfig
 from hybrid.zero.units import FlatUnit
 
@@ -111,6 +112,17 @@ def tied_weight(chunk: nn.Module) -> torch.Tensor | None:
 
 
 @dataclass
+class Pending:
+    """A reduction in flight: where its result lands and the temporaries it holds until it completes."""
+
+    unit: FlatUnit
+    work: object
+    out: torch.Tensor | None = None  # None: all-reduced in place (stage 0); the unit's grad_shard: landed there
+    full: torch.Tensor | None = None  # a pooled full gradient (stages 2-3), given back once sent
+    recv: torch.Tensor | None = None  # the exchange's pooled receive buffer
+
+
+@dataclass
 class StepReport:
     """What one optimizer step did."""
 
@@ -151,7 +163,8 @@ class ZeroOptimizer:
         self._grad_div = 1.0  # the gradients' divisor left to the AdamW kernel this step (_make_master_grads)
         self._m = 1  # micro-batches of the current step
         self._armed = False
-        self._pending: list[tuple[FlatUnit, object, torch.Tensor | None, torch.Tensor | None]] = []
+        self._pending: list[Pending] = []
+        self._pool = BufferPool()  # the reductions' host temporaries, reused (hybrid/zero/buffers.py)
         self._launches: dict[int, int] = {}
         self._param_gathers: dict[int, tuple[object, torch.Tensor]] = {}  # id(unit) -> (work, send buffer)
         self.units, self.stage3_plan = self._build_units()
@@ -259,7 +272,7 @@ class ZeroOptimizer:
             u.free()
         if self.cfg.stage <= 1 or not self._per_micro_batch and self.cfg.stage == 2:  # compression: reduced once
             u.flat_grad = torch.zeros(u.padded, dtype=self.grad_dtype, device=self.device)
-            if not self.cfg.accumulate_fp32_grads:  # fp32 grads: the hooks add p.grad into flat_grad instead
+            if not self._buffers_grads:  # else the hooks move each p.grad into flat_grad
                 u.bind_grads()
             u.grad_shard = u.flat_grad[a:b]
         else:
@@ -351,31 +364,39 @@ class ZeroOptimizer:
         return self.cfg.stage in (1, 2) and self.cfg.overlap_param_gather and self.dp.size > 1
 
     def _register_gather_waits(self) -> list[FlatUnit]:
-        """Forward pre-hooks that wait for the post-step all-gathers just before use: each chunk for the units
-        holding its parameters outside the blocks (embedding, final norm, head: used at both ends), each block
-        for the units holding its parameters. Returns the units in the order the forward needs them, which is
-        the order `_write_back` posts them (collectives complete in posting order)."""
+        """Forward hooks that wait for the post-step all-gathers just before use: each chunk's pre-hook for the
+        units of its own parameters and of its embedding lookups (the input side), each block's for the units
+        holding its parameters, and the last block's forward hook (after it) for the rest outside the blocks (final
+        norm, LM head: a head may be read through a method, `logits`, that runs no hook of its own). Returns the
+        units in that order, which is the order `_write_back` posts them (collectives complete in posting order):
+        the LM head's gather (a 36k x 1024 head: 74 MB to receive at dp 2) is posted last and overlaps every
+        block's forward, where waiting for it with the embedding before the first block left it exposed."""
         unit_of = {id(p): u for u in self.units for p in u.params}
         order: list[FlatUnit] = []
 
-        def units_of(params) -> list[FlatUnit]:
-            out = []
+        def units_of(params) -> tuple[FlatUnit, ...]:
+            us = []
             for p in params:
                 u = unit_of.get(id(p))
-                if u is not None and u not in out:
-                    out.append(u)
-            return out
+                if u is not None and u not in us:
+                    us.append(u)
+            order.extend(u for u in us if u not in order)
+            return tuple(us)
+
+        def wait(m, *_, us) -> None:
+            self._wait_gathers(us)
 
         for chunk in self.chunks:
             blocks = block_modules(chunk)
             in_blocks = {id(p) for b in blocks for p in b.parameters()}
-            edge = units_of(p for p in chunk.parameters() if id(p) not in in_blocks)
-            chunk.register_forward_pre_hook(lambda m, a, us=tuple(edge): self._wait_gathers(us))
-            order += [u for u in edge if u not in order]
+            lookups = [p for m in chunk.modules() if isinstance(m, LOOKUPS) for p in m.parameters()]
+            inputs = units_of(p for p in [*chunk.parameters(recurse=False), *lookups] if id(p) not in in_blocks)
+            chunk.register_forward_pre_hook(partial(wait, us=inputs))
             for b in blocks:
-                mine = tuple(units_of(b.parameters()))
-                b.register_forward_pre_hook(lambda m, a, us=mine: self._wait_gathers(us))
-                order += [u for u in mine if u not in order]
+                b.register_forward_pre_hook(partial(wait, us=units_of(b.parameters())))
+            outputs = units_of(p for p in chunk.parameters() if id(p) not in in_blocks)
+            (blocks[-1].register_forward_hook if blocks else chunk.register_forward_pre_hook)(
+                partial(wait, us=outputs))
         return order + [u for u in self.units if u not in order]
 
     def _wait_gathers(self, units) -> None:
@@ -446,9 +467,12 @@ class ZeroOptimizer:
             return
         if self._buffers_grads:
             if u.flat_grad is None and u.full_grad is None:  # stages 2-3: u's first gradient since its reduction
-                self._reap()  # finished reductions first: their full gradients go before this one is made
-                u.full_grad = torch.zeros(u.padded, dtype=self.grad_dtype, device=self.device)
-            u.add_grad(u.flat_grad if u.flat_grad is not None else u.full_grad, p)
+                self._reap()  # finished reductions first: their full gradients go back before this one is taken
+                u.new_full_grad(self._pool.take(u.padded, self.grad_dtype, self.device))
+            if u.flat_grad is not None and not self.cfg.accumulate_fp32_grads:
+                u.bind_grad(u.flat_grad, p)  # stages 0-1: p.grad stays a view of the buffer, as before
+            else:
+                u.add_grad(u.flat_grad if u.flat_grad is not None else u.full_grad, p)
         u.fired += 1
         per_micro_batch = self._per_micro_batch
         if u.fired < len(u.params) * (1 if per_micro_batch else self._m):
@@ -462,14 +486,19 @@ class ZeroOptimizer:
 
     @property
     def _buffers_grads(self) -> bool:
-        """Whether the hook moves each p.grad into its unit's flat gradient buffer and frees it: with fp32 grads
-        (the fp32 buffer, every stage), and at stages 2-3, whose full gradient lives only until its reduce-scatter.
-        At stages 2-3 this holds one parameter's gradient beside the unit's buffer, where copying them all into a
-        buffer at the unit's reduction held every gradient of the unit twice (a 36k x 1024 embedding and LM head:
-        295 MB more at the peak of a ZeRO-3 step, docs/zero.md). Stages 0-1 bind p.grad into the buffer instead."""
-        # a compressor at stage 2 (not per micro-batch) binds p.grad into a full buffer as stage 1 (hybrid/compress)
-        return self.cfg.accumulate_fp32_grads or (self.cfg.stage >= 2 and getattr(self.reduction, "per_micro_batch",
-                                                                                  True))
+        """Whether the hook moves each p.grad into its unit's flat gradient buffer and frees it (copied when it is
+        the slot's first, added after): with fp32 grads (the fp32 buffer, every stage), at stages 2-3, whose full
+        gradient lives only until its reduce-scatter, and at stages 0-1 without a compressor. At stages 2-3 this
+        holds one parameter's gradient beside the unit's buffer, where copying them all into a buffer at the unit's
+        reduction held every gradient of the unit twice (a 36k x 1024 embedding and LM head: 295 MB more at the peak
+        of a ZeRO-3 step, docs/zero.md). At stages 0-1 the first gradient is copied into the buffer and p.grad bound
+        to its slot then (`FlatUnit.bind_grad`), where p.grad was bound into a buffer zeroed every step (a memset of
+        the whole buffer, then autograd's in-place add: read 2, write 1 a parameter, where the copy reads 1, writes
+        1), as torch DDP copies each gradient into its bucket. A compressor at stages 0-1 (and at stage 2 when
+        not per micro-batch) still binds p.grad into its buffer (hybrid/compress)."""
+        if self.cfg.accumulate_fp32_grads or self.reduction is None:
+            return True
+        return self.cfg.stage >= 2 and getattr(self.reduction, "per_micro_batch", True)
 
     # --- gradient reduction ------------------------------------------------------------------
     def _grad_of(self, p: nn.Parameter) -> torch.Tensor | None:
@@ -492,32 +521,47 @@ class ZeroOptimizer:
         self._launches[id(u)] = self._launches.get(id(u), 0) + 1
         if self.reduction is not None and self.reduction.reduce(u, self._group(u)):
             return
+        group = self._group(u)
         if self.cfg.stage == 0:
-            self._pending.append((u, self._group(u).all_reduce_async(u.flat_grad), None, None))
-        else:
-            if u.flat_grad is not None:  # stage 1, or stage 2 under a compressor (before it starts)
-                full = u.flat_grad
-            else:  # 2-3: the full gradient is freed once its reduce-scatter completes
-                full = u.take_full_grad(self.grad_dtype)
-            out = torch.empty(u.shard_numel, dtype=self.grad_dtype, device=self.device)
-            self._pending.append((u, self._group(u).reduce_scatter_into(out, full), out, full))
+            if self._buffers_grads:
+                u.zero_unwritten(u.flat_grad)
+            self._pending.append(Pending(u, group.all_reduce_async(u.flat_grad)))
+        elif u.flat_grad is not None:  # stage 1, or stage 2 under a compressor (before it starts): in place, the
+            if self._buffers_grads:  # shard is flat_grad's own chunk
+                u.zero_unwritten(u.flat_grad)
+            recv = self._take(u.shard_numel, group)
+            self._pending.append(Pending(u, group.reduce_scatter_into(u.grad_shard, u.flat_grad, recv),
+                                         u.grad_shard, recv=recv))
+        else:  # 2-3: the full gradient goes back to the pool once its reduce-scatter completes; the step's first
+            #    reduction lands in the shard itself, later micro-batches' are added to it
+            full = u.take_full_grad() if u.full_grad is not None else self._zeros_full(u)
+            first = self._launches[id(u)] == 1
+            out = u.grad_shard if first else self._pool.take(u.shard_numel, self.grad_dtype, self.device)
+            recv = self._take(u.shard_numel, group)
+            self._pending.append(Pending(u, group.reduce_scatter_into(out, full, recv), out, full, recv))
         while len(self._pending) > MAX_IN_FLIGHT:
             self._complete(self._pending.pop(0))
 
-    def _complete(self, entry) -> None:
-        u, work, out, _full = entry
-        work.wait()
-        if out is None:  # stage 0: flat_grad reduced in place
-            return
-        if u.flat_grad is not None:
-            u.grad_shard.copy_(out)
-        else:
-            u.grad_shard.add_(out)  # accumulate over micro-batches
+    def _take(self, numel: int, group: Group) -> torch.Tensor | None:
+        """A pooled receive buffer for a 2-rank exchange reduce-scatter (hybrid/comm.py), None otherwise."""
+        return self._pool.take(numel, self.grad_dtype, self.device) if group.size == 2 else None
+
+    def _zeros_full(self, u: FlatUnit) -> torch.Tensor:
+        """Stages 2-3: the full gradient of a unit no hook gave a gradient (zeros)."""
+        return self._pool.take(u.padded, self.grad_dtype, self.device).zero_()
+
+    def _complete(self, p: Pending) -> None:
+        p.work.wait()
+        self._pool.give(p.recv)
+        self._pool.give(p.full)
+        if p.out is not None and p.out is not p.unit.grad_shard:
+            p.unit.grad_shard.add_(p.out)  # accumulate over micro-batches
+            self._pool.give(p.out)
 
     def _reap(self) -> None:
         """Complete the reductions at the front of the queue that have already finished (no waiting): frees their
         full-size gradients and results as soon as possible."""
-        while self._pending and self._pending[0][1].done():
+        while self._pending and self._pending[0].work.done():
             self._complete(self._pending.pop(0))
 
     def _drain(self) -> None:
@@ -535,11 +579,16 @@ class ZeroOptimizer:
         (tied embeddings; every unit under keep_gathered) after their TP and embedding-group sums."""
         self._drain()
         late = [u for u in self.units if u.deferred or self.cfg.keep_gathered]
+        for u in late:  # slots no gradient reached: zeros before the TP and embedding-group sums read them
+            if self._buffers_grads and u.flat_grad is not None:
+                u.zero_unwritten(u.flat_grad)
         sync_partial_grads([p for u in late for p in u.params], self.mesh.tp, self._grad_of)
         sync_tied_embeddings(nn.ModuleList(self.chunks), self.mesh, self._grad_of)
         for u in late:
             self._launch(u)
         self._drain()
+        if self.cfg.stage == 3:  # its memory between steps as before: the pool's buffers served this backward only
+            self._pool.clear()
         if self.cfg.stage == 3 and self.cfg.keep_gathered:
             for u in self.units:
                 u.free()
@@ -562,9 +611,18 @@ class ZeroOptimizer:
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the last step's gradients. Without a compressor nothing is zeroed: each hook copies the first
+        gradient of its slot (`FlatUnit.add_grad`; slots none reached are zeroed at the reduction) and each unit's
+        first reduction of the step lands in its shard (stages 2-3) or in place (0-1)."""
         for u in self.units:
-            u.grad_shard.zero_()
+            self._pool.give(u.full_grad)  # a step abandoned before this unit's reduction
             u.full_grad = None
+            u.written.clear()
+            if self.reduction is None and self._buffers_grads:
+                for p in u.params:
+                    p.grad = None
+                continue
+            u.grad_shard.zero_()
             if u.flat_grad is not None:
                 u.flat_grad.zero_()
             if u.flat_grad is not None and not self.cfg.accumulate_fp32_grads:

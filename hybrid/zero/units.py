@@ -73,6 +73,8 @@ class FlatUnit:
     master_grad: torch.Tensor | None = None  # fp32 gradient of `master` during the step
     segments: list[Segment] = field(default_factory=list)
     views: list[torch.Tensor] = field(default_factory=list)  # master[lo:hi] per segment: optimizer params
+    written: set[int] = field(default_factory=set)  # id(param) whose slot of the gradient buffer holds this
+    #                                                  step's (stages 0-1) or this buffer's (2-3) gradient
     fired: int = 0  # post-accumulate-grad hooks seen since the last reduction
     gathered: bool = True  # stage 3: flat holds the full parameters
     gather_work: Work | None = None  # stage 3: prefetch in flight
@@ -125,18 +127,49 @@ class FlatUnit:
         return buf[off:off + p.numel()].view_as(p)
 
     def add_grad(self, buf: torch.Tensor, p: nn.Parameter) -> None:
-        """buf[p] += p.grad, then free p.grad (stages 2-3, and fp32 grads: Megatron's main_grad). With fp32 grads
-        torch keeps p.grad in p's dtype, so the fp32 buffer cannot be p.grad itself; every bf16 / fp16 value is an
-        fp32 value, so the only rounding is the fp32 sum's (unit roundoff 2^-24), where accumulating in p.grad
-        rounds each sum to 2^-8 (bf16). Into a fresh buffer (0 + g) the add is an exact copy."""
-        self.grad_view(buf, p).add_(p.grad)
+        """buf[p] += p.grad, then free p.grad (Megatron's main_grad; torch DDP's copy into its bucket). The first
+        gradient since the buffer was last reset (`written`) is copied, later ones added: the buffer is never
+        zeroed (a pass over it fewer; 0 + g = g). With fp32 grads torch keeps p.grad in p's dtype, so the fp32
+        buffer cannot be p.grad itself; every bf16 / fp16 value is an fp32 value, so the only rounding is the fp32
+        sum's (unit roundoff 2^-24), where accumulating in p.grad rounds each sum to 2^-8 (bf16)."""
+        slot = self.grad_view(buf, p)
+        if id(p) in self.written:
+            slot.add_(p.grad)
+        else:
+            slot.copy_(p.grad)
+            self.written.add(id(p))
         p.grad = None
 
-    def take_full_grad(self, dtype: torch.dtype) -> torch.Tensor:
-        """Stages 2-3: the full gradient accumulated since the last reduce-scatter (zeros of `dtype` when no hook
-        fired), handed to the reduce-scatter; the unit starts a new one at its next gradient."""
-        full = self.full_grad if self.full_grad is not None else torch.zeros(
-            self.padded, dtype=dtype, device=self.flat.device)
+    def bind_grad(self, buf: torch.Tensor, p: nn.Parameter) -> None:
+        """Stages 0-1 (compute-dtype gradients): p.grad, which holds all of p's gradient so far, into its slot of
+        `buf`, and p.grad made that slot. The first backward's gradient is copied in (read 1, write 1 -- torch DDP's
+        copy into its bucket, where a zeroed bound buffer costs a memset and an in-place add); later micro-batches
+        accumulate in place through autograd (p.grad is the slot), nothing to move."""
+        slot = self.grad_view(buf, p)
+        if p.grad.data_ptr() != slot.data_ptr():
+            slot.copy_(p.grad)
+            p.grad = slot
+        self.written.add(id(p))
+
+    def zero_unwritten(self, buf: torch.Tensor) -> None:
+        """Zero the slots of the parameters that received no gradient (what a zeroed buffer would hold)."""
+        if len(self.written) < len(self.params):
+            for p in self.params:
+                if id(p) not in self.written:
+                    self.grad_view(buf, p).zero_()
+
+    def new_full_grad(self, buf: torch.Tensor) -> None:
+        """Stages 2-3: start a full gradient in `buf` (uninitialised, `padded` elements): the padding zeroed, every
+        parameter's slot written by its first gradient (`add_grad`)."""
+        buf[self.numel:].zero_()
+        self.full_grad = buf
+        self.written.clear()
+
+    def take_full_grad(self) -> torch.Tensor:
+        """Stages 2-3: the full gradient accumulated since the last reduce-scatter (zeros where no gradient came),
+        handed to the reduce-scatter; the unit starts a new one at its next gradient."""
+        full = self.full_grad
+        self.zero_unwritten(full)
         self.full_grad = None
         return full
 
