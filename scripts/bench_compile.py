@@ -3,7 +3,7 @@
     python scripts/bench_compile.py                  # README's main layout (8 ranks: tp 2, pp 2, dp 2), 3 pairs
     python scripts/bench_compile.py --pairs 5 --out docs/results/bench_compile.md
     python scripts/bench_compile.py --extra "--recompute-granularity full"   # both runs with these flags too
-    python scripts/bench_compile.py --quick          # 2 ranks (tp 2), 3 pairs of a few steps: the smoke test
+    python scripts/bench_compile.py --quick          # 1 rank, 1 pair of a few steps: the smoke test
 
 Each run is `torchrun scripts/train.py` (OMP_NUM_THREADS=1, as torchrun sets it for several ranks) with the main
 command's layout and batch (`--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --micro-batch-size 2
@@ -29,8 +29,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--micro-batch-size", "2",
         "--global-batch-size", "16", "--seq-length", "128"]  # README's main command, its layout and batch
-QUICK = ["--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "2",
-         "--seq-length", "32"]
+QUICK = ["--micro-batch-size", "2", "--global-batch-size", "2", "--seq-length", "32"]
 
 
 def run_once(flags: list[str], ranks: int, iters: int, interval: int) -> tuple[float, float]:
@@ -72,14 +71,14 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=60, help="steps per run")
     p.add_argument("--interval", type=int, default=10, help="steps per logged interval (the first is left out)")
     p.add_argument("--extra", default="", help="more train.py flags for both runs, one quoted string")
-    p.add_argument("--quick", action="store_true", help="2 ranks (tp 2), a few steps: the smoke test")
+    p.add_argument("--quick", action="store_true", help="1 rank, 1 pair of a few steps: the smoke test")
     p.add_argument("--out", help="also write the table (markdown) to this file")
     a = p.parse_args()
-    flags, ranks = (QUICK, 2) if a.quick else (MAIN, 8)
-    iters, interval = (4, 2) if a.quick else (a.iters, a.interval)
+    flags, ranks = (QUICK, 1) if a.quick else (MAIN, 8)
+    iters, interval, pairs = (4, 2, 1) if a.quick else (a.iters, a.interval, a.pairs)
     flags = flags + shlex.split(a.extra)
     rows = []
-    for i in range(a.pairs):
+    for i in range(pairs):
         eager = run_once(flags, ranks, iters, interval)
         compiled = run_once(flags + ["--compile"], ranks, iters, interval)
         rows.append((*eager, *compiled))

@@ -17,6 +17,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from hybrid.data import BatchSpec, load_corpus, micro_batches
 from hybrid.mesh import Mesh, ParallelDims
@@ -40,6 +41,7 @@ def _train(world: int, layout: str, recompute: Recompute, compiled: bool) -> dic
     from hybrid.train.loop import compile_blocks
     tp_size, stage, dropout, _ = LAYOUTS[layout]
     torch._dynamo.reset()  # each run compiles afresh: a graph of another mode is never reused
+    counters.clear()
     mesh = Mesh.build(ParallelDims.from_world(world, tp=tp_size))
     cfg = dataclasses.replace(load_config("tiny-llama"), num_layers=2, dropout=dropout, attention_dropout=dropout)
     tp = TPContext(mesh.tp, sequence_parallel=tp_size > 1, rng=ParallelRNG(11, mesh.tp.rank))
@@ -56,7 +58,8 @@ def _train(world: int, layout: str, recompute: Recompute, compiled: bool) -> dic
     spec, corpus = BatchSpec(GLOBAL, MICRO, SEQ, mesh.dims.dp), load_corpus()
     losses = [train_step(chunks, micro_batches(corpus, spec, 5, it, mesh.coords.dp), opt, mesh,
                          runner=LocalForwardBackward(chunks[0], mesh.device)) for it in range(STEPS)]
-    return {"losses": losses, "grads": grads}
+    return {"losses": losses, "grads": grads, "graphs": counters["stats"]["unique_graphs"],
+            "breaks": sum(counters["graph_break"].values())}
 
 
 def _all_layouts(rank: int, world: int) -> dict:
@@ -81,6 +84,9 @@ def test_compiled_recomputation_trains_as_the_eager_run():
             for mode in modes:
                 got, case = out[layout, mode], (rank, layout, mode.value)
                 assert len(got["losses"]) == STEPS and len(got["grads"]) == STEPS, case
+                assert got["graphs"] >= 1, case  # the blocks ran compiled code
+                if mode is Recompute.SELECTIVE_OP:  # the checkpoint and its policy traced: no graph break
+                    assert got["breaks"] == 0, (case, got["graphs"], got["breaks"])
                 for a, b in zip(got["losses"], want["losses"]):
                     assert abs(a - b) <= TOL * abs(b), (case, got["losses"], want["losses"])
                 for step, (gs, ws) in enumerate(zip(got["grads"], want["grads"])):
