@@ -58,10 +58,10 @@ def maybe_checkpoint(enabled: bool, fn, *args, rng: ParallelRNG | None = None, s
     tracker), so the recomputed forward draws the original masks. `selective_op`: keep what `SelectiveOpPolicy`
     stores (op-level SAC).
 
-    Under torch.compile (`--compile`, hybrid/train/loop.py compile_blocks): without `rng` the checkpoint is
+    Under torch.compile (`--compile`, hybrid/train/loop.py compile_blocks): without `rng` the checkpoint can be
     traced (dynamo's checkpoint operator; the op-level policy through a module-level context function, as
-    torchtitan's compiled SAC); the streams' replay context is not traceable, so that checkpoint runs eagerly
-    (`_replaying_checkpoint`, a graph break) around compiled code."""
+    torchtitan's compiled SAC); the streams' replay context cannot, so that checkpoint always runs eagerly
+    (`_replaying_checkpoint`: a graph break when reached from compiled code) around compiled code."""
     if not enabled:
         return fn(*args)
     if rng is not None:

@@ -93,3 +93,24 @@ def test_compiled_recomputation_trains_as_the_eager_run():
                     assert len(gs) == len(ws) > 0, case
                     for unit, (g, w) in enumerate(zip(gs, ws)):
                         assert _close(g, w), (case, step, unit, (g - w).abs().max().item(), w.abs().max().item())
+
+
+def test_auto_parallel_with_compile_and_selective_op_searches_tp_1(monkeypatch):
+    """--auto-parallel --compile --recompute-granularity selective-op: the planner is asked only for tp 1 layouts
+    with that recomputation (its traced checkpoint holds no TP collective; check_compile refuses tp > 1), so the
+    layout it picks is one the run accepts; full keeps every tp."""
+    from hybrid import planner
+    from hybrid.train.args import apply_auto_parallel, parse_args
+    seen = []
+    real = planner.search
+
+    def spy(work, cluster, space, **kw):
+        seen.append(space)
+        return real(work, cluster, space, **kw)
+    monkeypatch.setattr(planner, "search", spy)
+    for mode, tp in (("selective-op", (1,)), ("full", None)):
+        args = parse_args(["--auto-parallel", "--compile", "--recompute-granularity", mode, "--global-batch-size", "16",
+                           "--seq-length", "32"])
+        apply_auto_parallel(args, 4)
+        assert seen[-1].tp == tp and [r.value for r in seen[-1].recompute] == [mode]
+        assert mode != "selective-op" or args.tensor_model_parallel_size == 1

@@ -474,7 +474,8 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     pinned_ep = "expert_model_parallel_size" in getattr(args, "explicit", set())  # MoE: else the planner's EP
     pinned_etp = "expert_tensor_parallel_size" in getattr(args, "explicit", set())  # and expert-TP
     # and no zero-bubble schedule (check_zero_bubble refuses it with --compile: B could not leave W to later)
-    space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),),
+    traced_sac = args.compile and args.recompute_granularity == "selective-op"  # check_compile: at tp 1 only
+    space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),), tp=(1,) if traced_sac else None,
                         zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
                         zero_bubble=(False,) if args.compile else None,
                         expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None,
