@@ -3,6 +3,7 @@
     python scripts/bench_compile.py                  # README's main layout (8 ranks: tp 2, pp 2, dp 2), 3 pairs
     python scripts/bench_compile.py --pairs 5 --out docs/results/bench_compile.md
     python scripts/bench_compile.py --extra "--recompute-granularity full"   # both runs with these flags too
+    python scripts/bench_compile.py --extra "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1"  # dp 8
     python scripts/bench_compile.py --quick          # 1 rank, 1 pair of a few steps: the smoke test
 
 Each run is `torchrun scripts/train.py` (OMP_NUM_THREADS=1, as torchrun sets it for several ranks) with the main
