@@ -53,25 +53,48 @@ def set_recompute(model: nn.Module, granularity: Recompute) -> nn.Module:
 def maybe_checkpoint(enabled: bool, fn, *args, rng: ParallelRNG | None = None, selective_op: bool = False):
     """fn(*args), recomputed in backward instead of saving its intermediates when `enabled`.
 
-    torch's checkpoint replays the default generators only; `rng`'s dropout streams are replayed
-    too (Megatron's CheckpointFunction does the same with its RNG tracker), so the recomputed
-    forward draws the original masks. `selective_op`: keep what `SelectiveOpPolicy` stores (op-level SAC)."""
+    torch's checkpoint replays the default generators only; `rng` (given when the region draws dropout masks
+    from the tensor-parallel streams) is replayed too (Megatron's CheckpointFunction does the same with its RNG
+    tracker), so the recomputed forward draws the original masks. `selective_op`: keep what `SelectiveOpPolicy`
+    stores (op-level SAC).
+
+    Under torch.compile (`--compile`, hybrid/train/loop.py compile_blocks): without `rng` the checkpoint can be
+    traced (dynamo's checkpoint operator; the op-level policy through a module-level context function, as
+    torchtitan's compiled SAC); the streams' replay context cannot, so that checkpoint always runs eagerly
+    (`_replaying_checkpoint`: a graph break when reached from compiled code) around compiled code."""
     if not enabled:
         return fn(*args)
-    if rng is None and not selective_op:
-        return checkpoint(fn, *args, use_reentrant=False)
-    state = rng.get_state() if rng is not None else None
+    if rng is not None:
+        return _replaying_checkpoint(fn, args, rng, selective_op)
+    if selective_op:
+        return checkpoint(fn, *args, use_reentrant=False, context_fn=selective_op_contexts)
+    return checkpoint(fn, *args, use_reentrant=False)
+
+
+@torch._dynamo.disable
+def _replaying_checkpoint(fn, args: tuple, rng: ParallelRNG, selective_op: bool):
+    """torch's checkpoint of fn(*args) whose recomputation also replays `rng`'s streams from their position now."""
+    state = rng.get_state()
 
     def contexts():
-        forward, recompute = nullcontext(), nullcontext()
-        if selective_op:
-            policy = SelectiveOpPolicy()
-            forward, recompute = create_selective_checkpoint_contexts(policy)
-            policy.owner = recompute  # the stored outputs live as long as the checkpoint frame holds this
-        if rng is None:
-            return forward, recompute
+        forward, recompute = selective_op_contexts() if selective_op else (nullcontext(), nullcontext())
         return forward, _Both(recompute, _Replay(rng, state))
     return checkpoint(fn, *args, use_reentrant=False, context_fn=contexts)
+
+
+def selective_op_contexts():
+    """The forward and recomputation contexts of op-level SAC with a fresh `SelectiveOpPolicy` (a module-level
+    function: dynamo traces a checkpoint whose context_fn is one)."""
+    policy = SelectiveOpPolicy()
+    forward, recompute = create_selective_checkpoint_contexts(policy)
+    policy.owner = recompute  # the stored outputs live as long as the checkpoint frame holds this
+    return forward, recompute
+
+
+def dropout_streams(cfg: ModelConfig, tp: TPContext) -> ParallelRNG | None:
+    """The streams a block's recomputation must replay: `tp.rng` when the block draws dropout masks (hidden or
+    attention dropout > 0), else None (nothing to replay: the checkpoint is then traceable by torch.compile)."""
+    return tp.rng if cfg.dropout > 0 or (cfg.attention_dropout or 0) > 0 else None
 
 
 def checkpoint_block(recompute: Recompute, training: bool, fn, *args, rng: ParallelRNG | None = None):
@@ -277,7 +300,7 @@ class ParallelAttention(nn.Module):
         if cache is not None:
             k, v = cache.extend(k, v)  # (B, kv/t, T_past + T, hd)
         y = maybe_checkpoint(self.recompute is Recompute.SELECTIVE and self.training, self.core, q, k, v, segments,
-                             rng=self.tp.rng)
+                             rng=self.tp.rng if self.dropout > 0 else None)  # the probabilities' dropout stream
         # heads back side by side for the row-parallel o_proj, whose input rows are this rank's heads
         return self.o_proj(rearrange(y, "b heads t hd -> b t (heads hd)"))  # (B, T, C), summed over TP
 

@@ -17,7 +17,8 @@ from hybrid.tp import ColumnParallelLinear, Dropout, LayerNorm, RowParallelLinea
 from hybrid.tp.sharding import set_spec
 from hybrid.cp.data import SequenceInfo
 from models.activations import activation
-from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, checkpoint_block
+from models.common import (KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, checkpoint_block,
+                           dropout_streams, lm_loss)
 from models.config import ModelConfig
 
 
@@ -45,7 +46,7 @@ class GPT2Block(nn.Module):
         self.mlp = GPT2MLP(cfg, tp, out_std)
         self.drop = Dropout(cfg.dropout, tp.rng, tp.activation_region)  # resid_pdrop
         self.recompute = Recompute.NONE
-        self.rng = tp.rng
+        self.rng = dropout_streams(cfg, tp)  # replayed by the recomputation (None: no dropout)
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None,
                 segments: torch.Tensor | None = None) -> torch.Tensor:

@@ -13,7 +13,8 @@ import torch.nn as nn
 from hybrid.tp import ColumnParallelLinear, Dropout, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
 from hybrid.cp.data import SequenceInfo
 from models.activations import activation
-from models.common import KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, lm_loss, checkpoint_block
+from models.common import (KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, checkpoint_block,
+                           dropout_streams, lm_loss)
 from models.config import ModelConfig
 
 
@@ -52,7 +53,7 @@ class LlamaBlock(nn.Module):
             self.mlp = SwiGLU(cfg, tp)
         self.drop = Dropout(cfg.dropout, tp.rng, tp.activation_region)
         self.recompute = Recompute.NONE
-        self.rng = tp.rng
+        self.rng = dropout_streams(cfg, tp)  # replayed by the recomputation (None: no dropout)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:

@@ -50,8 +50,8 @@ def test_compiled_blocks_under_zero3_train_as_the_eager_run(tmp_path):
 
 
 def test_auto_parallel_with_compile_searches_only_what_compile_runs_with(monkeypatch):
-    """--auto-parallel --compile: the planner is asked for layouts without recomputation (train.py refuses
-    recomputation with --compile; every ZeRO stage runs), so the layout it picks is one the run accepts."""
+    """--auto-parallel --compile: the planner searches every ZeRO stage (all run with --compile) and keeps the
+    recomputation given (none here), so the layout it picks is one the run accepts."""
     from hybrid import planner
     from hybrid.train.args import apply_auto_parallel, parse_args
     seen = []

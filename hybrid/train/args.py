@@ -368,7 +368,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     if ns.sequence_parallel and ns.seq_length % dims.tp:
         raise ValueError(f"--sequence-parallel needs --seq-length ({ns.seq_length}) divisible by "
                          f"--tensor-model-parallel-size ({dims.tp})")
-    check_compile(ns, zero)
+    check_compile(ns, cfg, dims.tp, moe is not None)
     gbs = ns.global_batch_size or ns.micro_batch_size * dims.dp
     batch = BatchSpec(global_batch=gbs, micro_batch=ns.micro_batch_size, seq_length=ns.seq_length, dp=dims.dp)
     pipeline = check_pipeline(ns, cfg, dims, batch)
@@ -416,18 +416,31 @@ def configure(args: argparse.Namespace, world: int):
 COMPILE_ZERO_STAGES = (0, 1, 2, 3)
 
 
-def check_compile(args: argparse.Namespace, zero: ZeroConfig) -> None:
-    """--compile (a compiled forward per block) with what it has been run with: every ZeRO stage, no recomputation.
-    ZeRO 3's hooks gather a block's parameters before its compiled forward runs and free them after (the storage
-    shrinks to 0 bytes, shapes and strides stay, so dynamo's guards hold: one graph per block, as torchtitan's
-    FSDP2 + per-block compile); recomputation checkpoints with a context that replays the tensor-parallel dropout
-    streams, which torch.compile cannot trace (dynamo: "checkpoint not implemented for ... context_fn")."""
-    if not args.compile:
+def check_compile(args: argparse.Namespace, cfg: ModelConfig, tp: int, moe: bool) -> None:
+    """--compile (a compiled forward per block, hybrid/train/loop.py compile_blocks) with what it has been run with:
+    every ZeRO stage (ZeRO 3's hooks gather a block's parameters before its compiled code runs and free them after:
+    the storage shrinks to 0 bytes, shapes and strides stay, so dynamo's guards hold, as torchtitan's FSDP2 +
+    per-block compile) and every recomputation mode of a dense model (tests/test_compile_recompute.py): full and
+    selective keep the checkpoint eager around the compiled block body (it replays the tensor-parallel dropout
+    streams, which torch.compile cannot trace); selective-op's op-level policy must see the block's operators, so
+    its checkpoint is traced inside the compiled forward -- which needs a block with no dropout stream to replay
+    and no TP collective (a graph break a traced checkpoint cannot hold)."""
+    if not args.compile or not args.recompute_granularity:
         return
-    if args.recompute_granularity:
-        raise ValueError(f"--compile does not run with --recompute-granularity {args.recompute_granularity} "
-                         f"(torch.compile cannot trace the checkpoint that replays the dropout streams); drop one "
-                         f"of them")
+    mode = args.recompute_granularity
+    if moe:
+        raise ValueError(f"--compile does not run with --recompute-granularity {mode} on an MoE model (the "
+                         f"router's recomputation replay inside a compiled block is untested); drop one of them")
+    if mode != "selective-op":
+        return
+    if cfg.dropout > 0 or (cfg.attention_dropout or 0) > 0:
+        raise ValueError("--compile with --recompute-granularity selective-op needs --hidden-dropout 0 and "
+                         "--attention-dropout 0 (the dropout streams' replay cannot be traced into the compiled "
+                         "checkpoint); use --recompute-granularity full or selective")
+    if tp > 1:
+        raise ValueError(f"--compile with --recompute-granularity selective-op runs at --tensor-model-parallel-size "
+                         f"1 (the TP collectives break the graph of the traced checkpoint; got {tp}); use "
+                         f"--recompute-granularity full or selective")
 
 
 def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
@@ -457,11 +470,12 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
                     precision=precision.planned, activations=profile, kernels=KernelProfile.EAGER,  # our layers
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
-    # --compile runs with every ZeRO stage but no recomputation (check_compile): the search keeps to what the run accepts
+    # --compile runs with every ZeRO stage (check_compile): the search keeps to what the run accepts
     pinned_ep = "expert_model_parallel_size" in getattr(args, "explicit", set())  # MoE: else the planner's EP
     pinned_etp = "expert_tensor_parallel_size" in getattr(args, "explicit", set())  # and expert-TP
     # and no zero-bubble schedule (check_zero_bubble refuses it with --compile: B could not leave W to later)
-    space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),),
+    traced_sac = args.compile and args.recompute_granularity == "selective-op"  # check_compile: at tp 1 only
+    space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),), tp=(1,) if traced_sac else None,
                         zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
                         zero_bubble=(False,) if args.compile else None,
                         expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None,

@@ -108,7 +108,8 @@ FLAGS: tuple[Flag, ...] = (
          "recompute activations in backward: selective (attention core) or full (block)", type=str,
          choices=tuple(r.value for r in Recompute if r is not Recompute.NONE)),
     Flag("--compile", PARALLEL, "torch.compile each Transformer block's forward (fused elementwise kernels; the "
-         "first step pays the compilation); every ZeRO stage, not with --recompute-granularity", switch=True),
+         "first step pays the compilation); every ZeRO stage and --recompute-granularity (selective-op: no dropout, "
+         "tp 1)", switch=True),
     Flag("--timeline", PARALLEL, "write the last step's per-rank Chrome trace (JSON) here", type=str, path=True),
     Flag("--micro-batch-size", PARALLEL, "sequences per forward/backward per rank", default=4, type=int, low=1,
          deepspeed=("train_micro_batch_size_per_gpu", "micro_batch")),

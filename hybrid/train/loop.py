@@ -31,7 +31,7 @@ from hybrid.train import explain
 from hybrid.train.evaluate import run_evaluations
 from hybrid.train_step import LocalForwardBackward, train_step
 from hybrid.zero import Precision, ZeroOptimizer
-from models import build_pipeline_chunks
+from models import Recompute, build_pipeline_chunks
 from models.common import set_context_parallel
 
 
@@ -82,14 +82,22 @@ def expert_layout(run: RunConfig):
 
 
 def compile_blocks(chunks, backend: str = "inductor") -> None:
-    """torch.compile each Transformer block's forward (torchtitan compiles per block too: one graph, reused by
-    every layer of the same shape). The forward method, not the module call: hooks (ZeRO's parameter waits, the
-    fault trail) stay eager around it. Measured on an H200 (docs/results/gpu_h200.md): a 1.2B Llama's forward +
-    backward 19 % faster."""
+    """torch.compile each Transformer block (torchtitan compiles per block too: one graph, reused by every layer of
+    the same shape). The method, not the module call: hooks (ZeRO's parameter waits, the fault trail) stay eager
+    around it. Measured on an H200 (docs/results/gpu_h200.md): a 1.2B Llama's forward + backward 19 % faster.
+
+    With recomputation (models/common.py maybe_checkpoint): `--recompute-granularity selective-op` has the block's
+    forward compiled, its checkpoint traced inside it (torchtitan's order: SAC per block, then compile per block; the
+    op-level policy then picks from the traced graph's ops); full and selective have the block's body (`block.block`)
+    compiled and the checkpoint eager around it (full: it runs the compiled body in forward and again in the
+    recomputation, replaying the dropout streams; selective: the attention core's checkpoint inside the body is a
+    graph break) -- an eager checkpoint holds what a traced one cannot: the streams' replay and the TP collectives.
+    """
     from hybrid.zero.engine import block_modules
     for chunk in chunks:
         for block in block_modules(chunk):
-            block.forward = torch.compile(block.forward, backend=backend)
+            name = "forward" if block.recompute is Recompute.SELECTIVE_OP else "block"
+            setattr(block, name, torch.compile(getattr(block, name), backend=backend))
 
 
 def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
