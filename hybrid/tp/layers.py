@@ -110,10 +110,46 @@ class ColumnParallelLinear(nn.Module):
             self.bias = set_spec(nn.Parameter(torch.zeros(local_out)), spec, zeros_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.enter:
-            x = self.tp.enter(x)
-        y = F.linear(x, self.weight, self.bias)  # (B, T, out/t)
+        if self.enter and self.tp.size > 1 and not self.tp.sequence_parallel and not torch.is_autocast_enabled():
+            y = _EnterLinear.apply(x, self.weight, self.bias, self.tp.group)  # f and X A_i, one node
+        else:
+            if self.enter:
+                x = self.tp.enter(x)
+            y = F.linear(x, self.weight, self.bias)  # (B, T, out/t)
         return gather_from_tp(y, self.tp.group) if self.gather_output else y
+
+
+class _EnterLinear(torch.autograd.Function):
+    """Y_i = f(X) A_i^T + b_i as one autograd node, so f's backward all-reduce overlaps the weight gradient.
+
+    Forward: F.linear (f is the identity). Backward, with G = dL/dY_i (B, T, out/t):
+        dX_i = G A_i           -> all-reduce posted, not waited for: dX = sum_i dX_i (f's backward)
+        dA_i = G^T X, db_i = sum over tokens of G    -- computed while the all-reduce is in flight
+    then the wait. Megatron's LinearWithGradAccumulationAndAsyncCommunication (allreduce_dgrad); separate
+    nodes (tp.enter, then F.linear) run the all-reduce only after the weight gradient. The same products in
+    the same order as autograd's linear backward, so the gradients are the same bits; the same bytes
+    (one all-reduce of dX on the TP group's ledger).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.has_bias = group, bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        dx = work = None
+        if ctx.needs_input_grad[0]:  # as f: no input gradient wanted, no all-reduce
+            dx = g.matmul(weight)  # (B, T, in): this rank's partial sum
+            work = ctx.group.all_reduce_async(dx)
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])  # (B*T, out/t), (B*T, in)
+        dw = g2.t().matmul(x2) if ctx.needs_input_grad[1] else None  # (out/t, in)
+        db = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        if work is not None:
+            work.wait()
+        return dx, dw, db, None
 
 
 class RowParallelLinear(nn.Module):
