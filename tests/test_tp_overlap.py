@@ -7,7 +7,8 @@ autograd node whose backward posts the input-gradient all-reduce before the weig
 * against the separate nodes it replaces (tp.enter, then F.linear on the same shards): the same bits;
 * the order in backward: all-reduce posted, then the weight-gradient mm and the bias sum, then the wait;
 * the ledger: one all-reduce of B*T*h*4 bytes forward (B's partial sums) and one backward (dX), none backward when
-  the input needs no gradient.
+  the input needs no gradient;
+* the zero-bubble halves (B, then W) run each product once: the all-reduce in B only, the same gradient bits.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def _rank(rank: int, world: int) -> dict:
     no_input_grad = {"calls": mesh.tp.ledger.calls("all_reduce", "tp"),
                      "bytes": mesh.tp.ledger.bytes("all_reduce", "tp")}
     old = run(separate)
+    split = _split_halves(lambda xi: proj(F.gelu(fc(xi))), x, go, params, mesh.tp.ledger)
 
     # unsharded reference from the gathered weights (the full A (4h, h), B (h, 4h))
     full = {n: gather_full(p.detach(), spec_of(p), mesh.tp) for n, p in mlp.named_parameters()}
@@ -99,7 +101,31 @@ def _rank(rank: int, world: int) -> dict:
            **{n: (grads[n], wr[n].grad) for n in full}}
     return {"log": log, "ledger": ledger, "no_input_grad": no_input_grad,
             "same_bits": [torch.equal(a, b) for a, b in zip(fused, old)],
+            "split": {**split.pop("counts"), "same_bits": [torch.equal(a, b) for a, b in zip(fused[1:], split["grads"])]},
             "rel": {k: ((a - b).abs().max() / b.abs().max()).item() for k, (a, b) in ref.items()}}
+
+
+def _split_halves(forward, x, go, params, ledger) -> dict:
+    """The zero-bubble halves (hybrid/pipeline/split_backward.py) over the same block: B then W, counting the
+    all-reduces and the mm kernels of each."""
+    from hybrid.pipeline.executor import _backward
+    from hybrid.pipeline.split_backward import backward_input, backward_weight
+
+    for p in params:
+        p.grad = None
+    xi = x.detach().requires_grad_()
+    y = forward(xi)
+    counts = {}
+    for half in ("B", "W"):
+        ledger.reset()
+        log: list = []
+        with _OpLog(log):
+            if half == "B":
+                dx, work = backward_input(y, go, xi, params, _backward)
+            else:
+                backward_weight(work, _backward)
+        counts[half] = {"all_reduce": ledger.calls("all_reduce", "tp"), "mm": log.count("mm")}
+    return {"counts": counts, "grads": [dx] + [p.grad.clone() for p in params]}
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +158,12 @@ def test_ledger_counts_one_all_reduce_each_way_and_none_backward_without_an_inpu
     for r in results:
         assert r["ledger"] == {"calls": 2, "bytes": 2 * activation}, r["ledger"]
         assert r["no_input_grad"] == {"calls": 1, "bytes": activation}, r["no_input_grad"]
+
+
+def test_zero_bubble_halves_split_the_fused_node_without_repeating_work(results):
+    """B computes the two input gradients (row's dY B^T, the entry's G A_i) and the one all-reduce; W the two weight
+    gradients and no all-reduce; together the bits of the full backward."""
+    for r in results:
+        split = r["split"]
+        assert split["B"] == {"all_reduce": 1, "mm": 2} and split["W"] == {"all_reduce": 0, "mm": 2}, split
+        assert all(split["same_bits"]), split["same_bits"]

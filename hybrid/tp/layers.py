@@ -12,8 +12,11 @@ Region entry/exit are explicit so several linears can share one collective:
 
 from __future__ import annotations
 
+import enum
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -119,6 +122,31 @@ class ColumnParallelLinear(nn.Module):
         return gather_from_tp(y, self.tp.group) if self.gather_output else y
 
 
+class BackwardPart(enum.Enum):
+    """Which gradients the running backward wants from `_EnterLinear` (see `backward_part`)."""
+
+    FULL = "full"  # input and weights: an ordinary backward
+    INPUT = "input"  # the zero-bubble B: d loss / d input only
+    WEIGHT = "weight"  # the zero-bubble W: the weight gradients only
+
+
+_BACKWARD_PART = BackwardPart.FULL  # a module global, not a thread-local: the engine may run nodes in its own threads
+
+
+@contextmanager
+def backward_part(part: BackwardPart) -> Iterator[None]:
+    """Tell `_EnterLinear` which half of its backward the engine call inside wants. Built-in nodes learn it from the
+    engine (AddmmBackward computes dy W alone when only the input gradient is asked for); a Python Function's
+    `ctx.needs_input_grad` is fixed at forward, so hybrid/pipeline/split_backward.py sets it around B and W. Without
+    it B would also compute the weight gradient and W the input gradient, all-reduced a second time."""
+    global _BACKWARD_PART
+    before, _BACKWARD_PART = _BACKWARD_PART, part
+    try:
+        yield
+    finally:
+        _BACKWARD_PART = before
+
+
 class _EnterLinear(torch.autograd.Function):
     """Y_i = f(X) A_i^T + b_i as one autograd node, so f's backward all-reduce overlaps the weight gradient.
 
@@ -140,13 +168,16 @@ class _EnterLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, weight = ctx.saved_tensors
-        dx = work = None
-        if ctx.needs_input_grad[0]:  # as f: no input gradient wanted, no all-reduce
+        inputs, weights = _BACKWARD_PART is not BackwardPart.WEIGHT, _BACKWARD_PART is not BackwardPart.INPUT
+        dx = work = dw = db = None
+        if ctx.needs_input_grad[0] and inputs:  # as f: no input gradient wanted, no all-reduce
             dx = g.matmul(weight)  # (B, T, in): this rank's partial sum
             work = ctx.group.all_reduce_async(dx)
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])  # (B*T, out/t), (B*T, in)
-        dw = g2.t().matmul(x2) if ctx.needs_input_grad[1] else None  # (out/t, in)
-        db = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        if ctx.needs_input_grad[1] and weights:
+            dw = g2.t().matmul(x2)  # (out/t, in)
+        if ctx.has_bias and ctx.needs_input_grad[2] and weights:
+            db = g2.sum(0)
         if work is not None:
             work.wait()
         return dx, dw, db, None
