@@ -8,10 +8,14 @@ autograd node whose backward posts the input-gradient all-reduce before the weig
 * the order in backward: all-reduce posted, then the weight-gradient mm and the bias sum, then the wait;
 * the ledger: one all-reduce of B*T*h*4 bytes forward (B's partial sums) and one backward (dX), none backward when
   the input needs no gradient;
-* the zero-bubble halves (B, then W) run each product once: the all-reduce in B only, the same gradient bits.
+* the zero-bubble halves (B, then W) run each product once: the all-reduce in B only, the same gradient bits;
+* a shared entry (`enter_linears`, SwiGLU's gate and up) likewise: same bits, one all-reduce over both weight
+  gradients.
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -88,6 +92,7 @@ def _rank(rank: int, world: int) -> dict:
     no_input_grad = {"calls": mesh.tp.ledger.calls("all_reduce", "tp"),
                      "bytes": mesh.tp.ledger.bytes("all_reduce", "tp")}
     old = run(separate)
+    shared = _shared_entry(tp, x, go)
     split = _split_halves(lambda xi: proj(F.gelu(fc(xi))), x, go, params, mesh.tp.ledger)
 
     # unsharded reference from the gathered weights (the full A (4h, h), B (h, 4h))
@@ -99,10 +104,56 @@ def _rank(rank: int, world: int) -> dict:
     grads = {n: gather_full(g, spec_of(p), mesh.tp) for (n, p), g in zip(mlp.named_parameters(), fused[2:])}
     ref = {"y": (fused[0], yr.detach()), "x.grad": (fused[1], xr.grad),
            **{n: (grads[n], wr[n].grad) for n in full}}
-    return {"log": log, "ledger": ledger, "no_input_grad": no_input_grad,
+    return {"shared": shared, "log": log, "ledger": ledger, "no_input_grad": no_input_grad,
             "same_bits": [torch.equal(a, b) for a, b in zip(fused, old)],
             "split": {**split.pop("counts"), "same_bits": [torch.equal(a, b) for a, b in zip(fused[1:], split["grads"])]},
             "rel": {k: ((a - b).abs().max() / b.abs().max()).item() for k, (a, b) in ref.items()}}
+
+
+def _shared_entry(tp, x, go) -> dict:
+    """SwiGLU's shape: gate and up (enter=False, one with a bias, one without) behind one entry, then a row-parallel
+    down. enter_linears against tp.enter + F.linear each: the same bits, one all-reduce backward, posted before
+    the two weight-gradient mm and waited after them."""
+    from hybrid.comm import Group, Work
+    from hybrid.tp import ColumnParallelLinear, RowParallelLinear, enter_linears, init_parameters
+
+    gate = ColumnParallelLinear(H, 2 * H, tp, enter=False)
+    up = ColumnParallelLinear(H, 2 * H, tp, bias=False, enter=False)
+    down = RowParallelLinear(2 * H, H, tp)
+    mods = nn.ModuleList([gate, up, down])
+    init_parameters(mods, seed=2, tp_rank=tp.rank)
+    params = list(mods.parameters())
+
+    def fused(xi):
+        g, u = enter_linears(xi, (gate, up), tp)
+        return down(F.silu(g) * u)
+
+    def separate(xi):
+        xe = tp.enter(xi)
+        return down(F.silu(F.linear(xe, gate.weight, gate.bias)) * F.linear(xe, up.weight))
+
+    out, log = {}, []
+    post, wait = Group.all_reduce_async, Work.wait
+    for name, fn in (("fused", fused), ("separate", separate)):
+        for p in params:
+            p.grad = None
+        xi = x.detach().requires_grad_()
+        y = fn(xi)
+        tp.group.ledger.reset()
+        if name == "fused":
+            Group.all_reduce_async = lambda self, t, tag="": (log.append("post"), post(self, t, tag))[1]
+            Work.wait = lambda self: (wait(self), log.append("wait"))[0]
+        try:
+            with _OpLog(log) if name == "fused" else nullcontext():
+                y.backward(go)
+        finally:
+            Group.all_reduce_async, Work.wait = post, wait
+        out[name] = [y.detach(), xi.grad] + [p.grad.clone() for p in params]
+        out[name + " backward all-reduces"] = tp.group.ledger.calls("all_reduce", "tp")
+    between = log[log.index("post") + 1:log.index("wait")] if "post" in log and "wait" in log else []
+    return {"same_bits": [torch.equal(a, b) for a, b in zip(out["fused"], out["separate"])],
+            "all_reduces": (out["fused backward all-reduces"], out["separate backward all-reduces"]),
+            "mm_in_flight": between.count("mm"), "posts": log.count("post")}
 
 
 def _split_halves(forward, x, go, params, ledger) -> dict:
@@ -167,3 +218,11 @@ def test_zero_bubble_halves_split_the_fused_node_without_repeating_work(results)
         split = r["split"]
         assert split["B"] == {"all_reduce": 1, "mm": 2} and split["W"] == {"all_reduce": 0, "mm": 2}, split
         assert all(split["same_bits"]), split["same_bits"]
+
+
+def test_a_shared_entry_overlaps_its_all_reduce_with_every_weight_gradient_in_the_same_bits(results):
+    for r in results:
+        shared = r["shared"]
+        assert all(shared["same_bits"]), shared["same_bits"]  # y, x.grad, gate's, up's, down's gradients
+        assert shared["all_reduces"] == (1, 1) and shared["posts"] == 1, shared
+        assert shared["mm_in_flight"] == 2, shared  # gate's and up's weight gradients while dX is summed

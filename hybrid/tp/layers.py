@@ -16,7 +16,7 @@ import enum
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -113,17 +113,26 @@ class ColumnParallelLinear(nn.Module):
             self.bias = set_spec(nn.Parameter(torch.zeros(local_out)), spec, zeros_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.enter and self.tp.size > 1 and not self.tp.sequence_parallel and not torch.is_autocast_enabled():
-            y = _EnterLinear.apply(x, self.weight, self.bias, self.tp.group)  # f and X A_i, one node
+        if self.enter:
+            (y,) = enter_linears(x, (self,), self.tp)  # f and X A_i
         else:
-            if self.enter:
-                x = self.tp.enter(x)
             y = F.linear(x, self.weight, self.bias)  # (B, T, out/t)
         return gather_from_tp(y, self.tp.group) if self.gather_output else y
 
 
+def enter_linears(x: torch.Tensor, linears: Sequence[ColumnParallelLinear], tp: TPContext) -> tuple[torch.Tensor, ...]:
+    """tp.enter(x) once, then each column-parallel linear (q, k, v; gate, up): Y_j = f(X) A_j,i^T + b_j,i.
+
+    Without sequence parallelism at t > 1 this is one autograd node (`_EnterLinears`) whose backward posts f's
+    all-reduce before the weight gradients and waits after them; otherwise the separate nodes."""
+    if tp.size > 1 and not tp.sequence_parallel and not torch.is_autocast_enabled():
+        return _EnterLinears.apply(x, tp.group, *(t for lin in linears for t in (lin.weight, lin.bias)))
+    x = tp.enter(x)
+    return tuple(F.linear(x, lin.weight, lin.bias) for lin in linears)
+
+
 class BackwardPart(enum.Enum):
-    """Which gradients the running backward wants from `_EnterLinear` (see `backward_part`)."""
+    """Which gradients the running backward wants from `_EnterLinears` (see `backward_part`)."""
 
     FULL = "full"  # input and weights: an ordinary backward
     INPUT = "input"  # the zero-bubble B: d loss / d input only
@@ -135,7 +144,7 @@ _BACKWARD_PART = BackwardPart.FULL  # a module global, not a thread-local: the e
 
 @contextmanager
 def backward_part(part: BackwardPart) -> Iterator[None]:
-    """Tell `_EnterLinear` which half of its backward the engine call inside wants. Built-in nodes learn it from the
+    """Tell `_EnterLinears` which half of its backward the engine call inside wants. Built-in nodes learn it from the
     engine (AddmmBackward computes dy W alone when only the input gradient is asked for); a Python Function's
     `ctx.needs_input_grad` is fixed at forward, so hybrid/pipeline/split_backward.py sets it around B and W. Without
     it B would also compute the weight gradient and W the input gradient, all-reduced a second time."""
@@ -147,40 +156,45 @@ def backward_part(part: BackwardPart) -> Iterator[None]:
         _BACKWARD_PART = before
 
 
-class _EnterLinear(torch.autograd.Function):
-    """Y_i = f(X) A_i^T + b_i as one autograd node, so f's backward all-reduce overlaps the weight gradient.
+class _EnterLinears(torch.autograd.Function):
+    """Y_j = f(X) A_j^T + b_j for n column-parallel linears sharing one region entry, as one autograd node, so
+    f's backward all-reduce overlaps the weight gradients.
 
-    Forward: F.linear (f is the identity). Backward, with G = dL/dY_i (B, T, out/t):
-        dX_i = G A_i           -> all-reduce posted, not waited for: dX = sum_i dX_i (f's backward)
-        dA_i = G^T X, db_i = sum over tokens of G    -- computed while the all-reduce is in flight
-    then the wait. Megatron's LinearWithGradAccumulationAndAsyncCommunication (allreduce_dgrad); separate
-    nodes (tp.enter, then F.linear) run the all-reduce only after the weight gradient. The same products in
-    the same order as autograd's linear backward, so the gradients are the same bits; the same bytes
-    (one all-reduce of dX on the TP group's ledger).
+    Forward: F.linear each (f is the identity). Backward, with G_j = dL/dY_j (B, T, out_j/t):
+        dX_i = sum_j G_j A_j    -> all-reduce posted, not waited for: dX = sum over ranks (f's backward)
+        dA_j = G_j^T X, db_j = sum over tokens of G_j    -- computed while the all-reduce is in flight
+    then the wait. Megatron's LinearWithGradAccumulationAndAsyncCommunication (allreduce_dgrad), whose q, k, v
+    and gate, up are one fused weight each; separate nodes (tp.enter, then F.linear each) run the all-reduce
+    only after every weight gradient. The products are autograd's for a linear, and dX sums the G_j A_j last
+    linear first, as the engine accumulated them: the same bits; the same bytes (one all-reduce of dX).
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group):
-        ctx.save_for_backward(x, weight)
-        ctx.group, ctx.has_bias = group, bias is not None
-        return F.linear(x, weight, bias)
+    def forward(ctx, x, group, *weights_and_biases):
+        weights, biases = weights_and_biases[0::2], weights_and_biases[1::2]
+        ctx.save_for_backward(x, *weights)
+        ctx.group, ctx.has_bias = group, [b is not None for b in biases]
+        return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
 
     @staticmethod
-    def backward(ctx, g):
-        x, weight = ctx.saved_tensors
-        inputs, weights = _BACKWARD_PART is not BackwardPart.WEIGHT, _BACKWARD_PART is not BackwardPart.INPUT
-        dx = work = dw = db = None
+    def backward(ctx, *grads):
+        x, *weights = ctx.saved_tensors
+        inputs, params = _BACKWARD_PART is not BackwardPart.WEIGHT, _BACKWARD_PART is not BackwardPart.INPUT
+        dx = work = None
         if ctx.needs_input_grad[0] and inputs:  # as f: no input gradient wanted, no all-reduce
-            dx = g.matmul(weight)  # (B, T, in): this rank's partial sum
+            for g, w in reversed(list(zip(grads, weights))):
+                dx = g.matmul(w) if dx is None else dx + g.matmul(w)  # (B, T, in): this rank's partial sum
             work = ctx.group.all_reduce_async(dx)
-        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])  # (B*T, out/t), (B*T, in)
-        if ctx.needs_input_grad[1] and weights:
-            dw = g2.t().matmul(x2)  # (out/t, in)
-        if ctx.has_bias and ctx.needs_input_grad[2] and weights:
-            db = g2.sum(0)
+        x2 = x.reshape(-1, x.shape[-1])  # (B*T, in)
+        out: list[torch.Tensor | None] = []
+        for j, g in enumerate(grads):
+            g2 = g.reshape(-1, g.shape[-1])  # (B*T, out_j/t)
+            wanted_w, wanted_b = ctx.needs_input_grad[2 + 2 * j], ctx.needs_input_grad[3 + 2 * j]
+            out.append(g2.t().matmul(x2) if wanted_w and params else None)  # (out_j/t, in)
+            out.append(g2.sum(0) if ctx.has_bias[j] and wanted_b and params else None)
         if work is not None:
             work.wait()
-        return dx, dw, db, None
+        return (dx, None, *out)
 
 
 class RowParallelLinear(nn.Module):
