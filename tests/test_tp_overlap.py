@@ -106,7 +106,8 @@ def _rank(rank: int, world: int) -> dict:
            **{n: (grads[n], wr[n].grad) for n in full}}
     return {"shared": shared, "log": log, "ledger": ledger, "no_input_grad": no_input_grad,
             "same_bits": [torch.equal(a, b) for a, b in zip(fused, old)],
-            "split": {**split.pop("counts"), "same_bits": [torch.equal(a, b) for a, b in zip(fused[1:], split["grads"])]},
+            "split": {**split.pop("counts"),
+                      "same_bits": [torch.equal(a, b) for a, b in zip(fused[1:], split["grads"])]},
             "rel": {k: ((a - b).abs().max() / b.abs().max()).item() for k, (a, b) in ref.items()}}
 
 
