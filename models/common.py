@@ -19,7 +19,7 @@ from hybrid.cp.attention import CPContext, context_attention
 from hybrid.cp.loss import context_parallel_loss
 from hybrid.cp.masks import AttentionMask
 from hybrid.tp import (IGNORE_INDEX, ColumnParallelLinear, ParallelRNG, Region, RowParallelLinear, ShardSpec,
-                       TPContext, normal_init, vocab_parallel_cross_entropy)
+                       TPContext, enter_linears, normal_init, vocab_parallel_cross_entropy)
 from models.config import ModelConfig
 
 
@@ -289,12 +289,13 @@ class ParallelAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 cache: LayerCache | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.tp.enter(x)  # (B, T, C) replicated (SP: gathered from (B, T/t, C))
-        # this rank's heads out of the column-parallel projections: (B, T, heads/t x hd) -> (B, heads/t, T, hd)
+        # one region entry (x replicated, or SP: gathered from (B, T/t, C)) for the three column-parallel projections
+        q, k, v = enter_linears(x, (self.q_proj, self.k_proj, self.v_proj), self.tp)
+        # this rank's heads: (B, T, heads/t x hd) -> (B, heads/t, T, hd)
         heads = "b t (heads hd) -> b heads t hd"
-        q = rearrange(self.q_proj(x), heads, hd=self.head_dim)  # (B, a/t, T, hd)
-        k = rearrange(self.k_proj(x), heads, hd=self.head_dim)  # (B, kv/t, T, hd)
-        v = rearrange(self.v_proj(x), heads, hd=self.head_dim)
+        q = rearrange(q, heads, hd=self.head_dim)  # (B, a/t, T, hd)
+        k = rearrange(k, heads, hd=self.head_dim)  # (B, kv/t, T, hd)
+        v = rearrange(v, heads, hd=self.head_dim)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from hybrid.tp import ColumnParallelLinear, Dropout, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext, VocabParallelEmbedding
+from hybrid.tp import (ColumnParallelLinear, Dropout, ParallelLMHead, RMSNorm, RowParallelLinear, TPContext,
+                       VocabParallelEmbedding, enter_linears)
 from hybrid.cp.data import SequenceInfo
 from models.activations import activation
 from models.common import (KVCache, LayerCache, ParallelAttention, Recompute, StageLayout, checkpoint_block,
@@ -32,8 +33,8 @@ class SwiGLU(nn.Module):
         self.act = activation(cfg.activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.tp.enter(x)
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = enter_linears(x, (self.gate_proj, self.up_proj), self.tp)  # one region entry for both
+        return self.down_proj(self.act(gate) * up)
 
 
 class LlamaBlock(nn.Module):

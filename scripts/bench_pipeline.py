@@ -594,6 +594,21 @@ def stage_seconds_lines(results: list[PPResult]) -> list[str]:
             " | ".join(f"stage {r}: {fmt(o)}" for r, o in enumerate(res.op_seconds)) for res in results]
 
 
+def floor_lines(results: list[PPResult]) -> list[str]:
+    """How far any 1F1B runtime could lead torch's: the simulated 1F1B step from the measured per-stage F and B
+    (messages, waits and the runtime's own work free) is the least time a runtime of this schedule over these
+    computes can take; torch's median step over it bounds the speed-up (the issue asks 1.05)."""
+    out = []
+    for res in results:
+        floor = res.predicted["1F1B"]
+        ours, theirs = statistics.median(res.times["ours 1F1B"]), statistics.median(res.times["torch 1F1B"])
+        out.append(f"- 1F1B floor, pp {res.pp}: {1e3 * floor:.0f} ms simulated from the measured F and B above "
+                   f"(messages and runtime work free); torch's median step / floor = {theirs / floor:.3f} (the "
+                   f"largest speed-up over torch any runtime of this schedule over these computes can have), "
+                   f"ours / floor = {ours / floor:.3f}")
+    return out
+
+
 def memory_table(results: list[PPResult]) -> str:
     lines = ["| pp | schedule | peak live tensors MiB per stage (one probe, both sides): ours | torch "
              "| saved activations MiB per stage (one ledger, both sides): ours | torch | ours <= torch (live) |",
@@ -666,6 +681,7 @@ def report(results: list[PPResult], args: argparse.Namespace, shape: Shape, load
         zero_bubble_table(results, shape.m, args.runs),
         "",
         *stage_seconds_lines(results),
+        *floor_lines(results),
         "",
         "Memory (untimed steps per runtime; the same two probes on both sides: `LiveTensorProbe`, a dispatch mode "
         "counting every storage an op creates during the step until it is freed, and the saved-tensor ledger):",

@@ -11,9 +11,10 @@ Two comparisons in one run:
        Y = GeLU(X A) B,   A = [A_1 A_2] (h -> 4h, column-parallel),   B = [B_1; B_2] (4h -> h, row-parallel)
    ours (hybrid.tp, batch-first (B, T, h)) against megatron-core's tensor_parallel.ColumnParallelLinear /
    RowParallelLinear (sequence-first (T, B, h)), built from the same weights, exact (erf) GeLU on both.
-   Both run one all-reduce forward (g, after B_i) and one backward (f, before A_i; megatron overlaps it
-   with the weight-gradient GEMM, async_op=True); the input requires grad, as inside a model, so the
-   backward all-reduce happens on both sides.
+   Both run one all-reduce forward (g, after B_i) and one backward (f, before A_i), and both overlap the
+   backward one with the weight-gradient GEMM (megatron's async_op=True; ours hybrid.tp's ColumnParallelLinear
+   with enter=True, one autograd node); the input requires grad, as inside a model, so the backward
+   all-reduce happens on both sides.
 2. One training step (forward, backward, fused AdamW step on both sides) at tp = 1 in one process with one
    thread, of our GPT-2 and Llama against transformers' GPT2LMHeadModel / LlamaForCausalLM (attention "sdpa",
    its default; use_cache=False) of the same config, starting from the same weights. GPT-2 twice: the peer with

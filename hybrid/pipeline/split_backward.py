@@ -35,6 +35,8 @@ import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 from torch.autograd.variable import Variable
 
+from hybrid.tp.layers import BackwardPart, backward_part
+
 Backward = Callable[[torch.Tensor, torch.Tensor | None], None]  # full backward of (output, output grad)
 
 
@@ -135,9 +137,10 @@ def backward_input(output: torch.Tensor, grad: torch.Tensor | None, x: torch.Ten
     try:
         # torch.autograd.grad(output, x, grad, retain_graph=True) less its shape check: the executor has freed
         # a sent output's values (only its graph is needed), as for the full backward (Megatron's custom_backward)
-        (dx,) = Variable._execution_engine.run_backward(
-            tensors=(output,), grad_tensors=(grad,), keep_graph=True, create_graph=False, inputs=(x,),
-            allow_unreachable=True, accumulate_grad=False)
+        with backward_part(BackwardPart.INPUT):  # TP's fused entry linears skip their weight gradient here
+            (dx,) = Variable._execution_engine.run_backward(
+                tensors=(output,), grad_tensors=(grad,), keep_graph=True, create_graph=False, inputs=(x,),
+                allow_unreachable=True, accumulate_grad=False)
     finally:
         for h in handles:
             h.remove()
@@ -178,7 +181,8 @@ def _run_group(group: _Group, weights: list[torch.Tensor]) -> None:
         handles = [node.register_prehook(lambda _, kept=kept: kept)
                    for node, kept in zip(group.intermediates, group.grads)]
     try:
-        torch.autograd.backward(roots, grads, inputs=weights)
+        with backward_part(BackwardPart.WEIGHT):  # ... and their input gradient and its all-reduce here
+            torch.autograd.backward(roots, grads, inputs=weights)
     finally:
         for h in handles:
             h.remove()

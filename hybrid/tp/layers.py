@@ -12,8 +12,11 @@ Region entry/exit are explicit so several linears can share one collective:
 
 from __future__ import annotations
 
+import enum
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -111,9 +114,87 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.enter:
-            x = self.tp.enter(x)
-        y = F.linear(x, self.weight, self.bias)  # (B, T, out/t)
+            (y,) = enter_linears(x, (self,), self.tp)  # f and X A_i
+        else:
+            y = F.linear(x, self.weight, self.bias)  # (B, T, out/t)
         return gather_from_tp(y, self.tp.group) if self.gather_output else y
+
+
+def enter_linears(x: torch.Tensor, linears: Sequence[ColumnParallelLinear], tp: TPContext) -> tuple[torch.Tensor, ...]:
+    """tp.enter(x) once, then each column-parallel linear (q, k, v; gate, up): Y_j = f(X) A_j,i^T + b_j,i.
+
+    Without sequence parallelism at t > 1 this is one autograd node (`_EnterLinears`) whose backward posts f's
+    all-reduce before the weight gradients and waits after them; otherwise the separate nodes."""
+    if tp.size > 1 and not tp.sequence_parallel and not torch.is_autocast_enabled():
+        return _EnterLinears.apply(x, tp.group, *(t for lin in linears for t in (lin.weight, lin.bias)))
+    x = tp.enter(x)
+    return tuple(F.linear(x, lin.weight, lin.bias) for lin in linears)
+
+
+class BackwardPart(enum.Enum):
+    """Which gradients the running backward wants from `_EnterLinears` (see `backward_part`)."""
+
+    FULL = "full"  # input and weights: an ordinary backward
+    INPUT = "input"  # the zero-bubble B: d loss / d input only
+    WEIGHT = "weight"  # the zero-bubble W: the weight gradients only
+
+
+_BACKWARD_PART = BackwardPart.FULL  # a module global, not a thread-local: the engine may run nodes in its own threads
+
+
+@contextmanager
+def backward_part(part: BackwardPart) -> Iterator[None]:
+    """Tell `_EnterLinears` which half of its backward the engine call inside wants. Built-in nodes learn it from the
+    engine (AddmmBackward computes dy W alone when only the input gradient is asked for); a Python Function's
+    `ctx.needs_input_grad` is fixed at forward, so hybrid/pipeline/split_backward.py sets it around B and W. Without
+    it B would also compute the weight gradient and W the input gradient, all-reduced a second time."""
+    global _BACKWARD_PART
+    before, _BACKWARD_PART = _BACKWARD_PART, part
+    try:
+        yield
+    finally:
+        _BACKWARD_PART = before
+
+
+class _EnterLinears(torch.autograd.Function):
+    """Y_j = f(X) A_j^T + b_j for n column-parallel linears sharing one region entry, as one autograd node, so
+    f's backward all-reduce overlaps the weight gradients.
+
+    Forward: F.linear each (f is the identity). Backward, with G_j = dL/dY_j (B, T, out_j/t):
+        dX_i = sum_j G_j A_j    -> all-reduce posted, not waited for: dX = sum over ranks (f's backward)
+        dA_j = G_j^T X, db_j = sum over tokens of G_j    -- computed while the all-reduce is in flight
+    then the wait. Megatron's LinearWithGradAccumulationAndAsyncCommunication (allreduce_dgrad), whose q, k, v
+    and gate, up are one fused weight each; separate nodes (tp.enter, then F.linear each) run the all-reduce
+    only after every weight gradient. The products are autograd's for a linear, and dX sums the G_j A_j last
+    linear first, as the engine accumulated them: the same bits; the same bytes (one all-reduce of dX).
+    """
+
+    @staticmethod
+    def forward(ctx, x, group, *weights_and_biases):
+        weights, biases = weights_and_biases[0::2], weights_and_biases[1::2]
+        ctx.save_for_backward(x, *weights)
+        ctx.group, ctx.has_bias = group, [b is not None for b in biases]
+        return tuple(F.linear(x, w, b) for w, b in zip(weights, biases))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, *weights = ctx.saved_tensors
+        inputs, params = _BACKWARD_PART is not BackwardPart.WEIGHT, _BACKWARD_PART is not BackwardPart.INPUT
+        dx = work = None
+        if ctx.needs_input_grad[0] and inputs:  # as f: no input gradient wanted, no all-reduce
+            for g, w in reversed(list(zip(grads, weights))):
+                dx = g.matmul(w) if dx is None else dx + g.matmul(w)  # (B, T, in): this rank's partial sum
+            work = ctx.group.all_reduce_async(dx)
+        x2 = x.reshape(-1, x.shape[-1])  # (B*T, in)
+        out: list[torch.Tensor | None] = []
+        for j, g in enumerate(grads):
+            g2 = g.reshape(-1, g.shape[-1])  # (B*T, out_j/t)
+            wanted_w, wanted_b = ctx.needs_input_grad[2 + 2 * j], ctx.needs_input_grad[3 + 2 * j]
+            out.append(g2.t().matmul(x2) if wanted_w and params else None)  # (out_j/t, in)
+            out.append(g2.sum(0) if ctx.has_bias[j] and wanted_b and params else None)
+        if work is not None:
+            work.wait()
+        return (dx, None, *out)
 
 
 class RowParallelLinear(nn.Module):
