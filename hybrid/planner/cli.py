@@ -121,6 +121,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-p2p", choices=[x.value for x in PipelineP2P], default=PipelineP2P.OVERLAPPED.value,
                    help="overlapped (this runtime, Megatron-core) or blocking pipeline messages (DeepSpeed's "
                         "pipeline engine; blocking-scatter: Megatron-LM 2021-22 with its scatter-gather)")
+    g.add_argument("--gradient-accumulation-fusion", action=argparse.BooleanOptionalAction, default=None,
+                   help="the weight-gradient GEMM adds into the accumulated gradient (Megatron / Transformer "
+                        "Engine); --no-...: a memory pass per micro-batch adds it (eager PyTorch, DeepSpeed's "
+                        "pipeline engine); default: on for fused kernels, off for eager")
+    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=True,
+                   help="ZeRO 1-2: the post-step parameter all-gather runs under the next forward (this runtime's "
+                        "default, train.py's flag); --no-...: exposed after the optimizer step (DeepSpeed's ZeRO 1)")
     g = p.add_argument_group("pin a search dimension (scripts/train.py flags)")
     g.add_argument("--tensor-model-parallel-size", type=positive_int, metavar="N", help="pin tp")
     g.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", help="pin pp")
@@ -363,7 +370,8 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                     activations=ActivationProfile(args.activation_profile),
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32,
                     kernels=KernelProfile(args.kernels) if args.kernels else None, fp8=args.fp8,
-                    p2p=PipelineP2P(args.pipeline_p2p))
+                    p2p=PipelineP2P(args.pipeline_p2p), grad_accumulation_fusion=args.gradient_accumulation_fusion,
+                    overlap_param_gather=args.overlap_param_gather)
 
 
 def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
@@ -495,7 +503,9 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     t, hw = plan.time, cluster.hw
     moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
     lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
-             f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}):"]
+             f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}, gradient accumulation "
+             f"{'fused' if work.fused_grad_accumulation else 'a pass a micro-batch'}, parameter all-gather "
+             f"{'overlapped' if work.overlap_param_gather else 'exposed'}):"]
     for name, what in TERMS:
         seconds = t.term(name)
         lines.append(f"  {name:<13} {seconds:>10.4g} s {100 * seconds / t.total:>6.1f} %  {what}")
