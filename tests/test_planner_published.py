@@ -11,8 +11,9 @@ import pytest
 
 from hybrid.planner.layout import Recompute, stage_layers
 from hybrid.planner.model import ActivationProfile
-from hybrid.planner.published import (Metric, Role, all_runs, check, korthikanti_runs, published_runs, shown,
-                                      summaries, summary, table, torchtitan_runs)
+from hybrid.planner.published import (NARAYANAN_REST, Metric, Role, all_runs, check, korthikanti_runs,
+                                      narayanan_runs, published_runs, shown, summaries, summary, table,
+                                      torchtitan_runs)
 
 RUNS = published_runs()
 KORTHIKANTI = korthikanti_runs()
@@ -48,6 +49,11 @@ DOCUMENTED = {
     'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 interleaved 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v2 b4 z3 sp full', '128.1', 0.1),
     'NeMo Llama 3 8B FP8, 8 H100, FSDP, b1': ('tp1 pp1 dp8 v1 b1 z3 none', '14561.6', 3.4),
     'NeMo Llama 3 70B FP8, 64 H100, t4 p8 v5, b1': ('tp4 pp8 dp2 v5 b1 z1 sp none', '1531.5', -5.4),
+    'Narayanan 3.6B, 64 A100 80GB, t2 p1 d32': ('tp2 pp1 dp32 v1 b16 z0 full', '148.0', 7.3),
+    'Narayanan 18.4B, 256 A100 80GB, t8 p1 d32': ('tp8 pp1 dp32 v1 b16 z0 full', '141.5', 4.8),
+    'Narayanan 76.1B, 1024 A100 80GB, t8 p4 d32': ('tp8 pp4 dp32 v4 b2 z0 full', '154.0', 10.0),
+    'Narayanan 310.1B, 1920 A100 80GB, t8 p16 d15': ('tp8 pp16 dp15 v3 b1 z0 full', '165.9', 7.0),
+    'Narayanan 529.6B, 2520 A100 80GB, t8 p35 d9': ('tp8 pp35 dp9 v1 b1 z0 full', '160.8', -1.4),
 }
 # check rows the model misses by more than 15 % (docs/planner.md says why); a fix must move them here
 KNOWN_MISSES: set[str] = set()  # MT-NLG's three rows left it in issue 26's second round (docs/planner.md)
@@ -157,3 +163,20 @@ def test_docs_held_out_tables_are_the_ones_heldout_computes():
     rows = heldout.all_rows(check=_check)
     for line in heldout.summary_table(rows).splitlines() + heldout.detail_table(rows).splitlines()[2:]:
         assert line in docs
+
+
+def test_narayanan_rows_are_the_other_five_of_table_1_and_hang_together():
+    """The five rows added to shared/reference's five: none repeats one of those; each row's GPUs = t p d, its
+    batch splits over d, its parameter count by eq. (2) is the stated size, and TFLOP/s x GPUs / 1e3 is the
+    paper's aggregate PFLOP/s column (4.4 ... 502.0 for all ten, these five: 8.8, 34.6, 143.8, 297.4, 410.2)."""
+    from hybrid.planner.reference import megatron_rows
+    assert not {r.params_billion for r in megatron_rows()} & {row[0] for row in NARAYANAN_REST}
+    aggregate = (8.8, 34.6, 143.8, 297.4, 410.2)
+    for (billions, heads, h, layers, tp, pp, gpus, batch, tflops, peak), pflops in zip(NARAYANAN_REST, aggregate):
+        dp = gpus // (tp * pp)
+        assert tp * pp * dp == gpus and batch % dp == 0 and h % heads == 0 and layers % pp == 0
+        params = 12 * layers * h * h * (1 + 13 / (12 * h) + (51200 + 2048) / (12 * layers * h))
+        assert params / 1e9 == pytest.approx(billions, abs=0.06)
+        assert tflops * gpus / 1e3 == pytest.approx(pflops, abs=0.6)
+        assert tflops / 312 == pytest.approx(peak / 100, abs=0.006)
+    assert all(r.metric is Metric.MEGATRON_TFLOPS and r.role is Role.CHECK for r in narayanan_runs())

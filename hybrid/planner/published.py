@@ -53,6 +53,7 @@ class Metric(enum.Enum):
 
     STEP_S = "step time, s"
     MODEL_TFLOPS = "model TFLOP/s per GPU"
+    MEGATRON_TFLOPS = "TFLOP/s per GPU, eq. (3)"  # Narayanan et al. 2021's count, recomputation included
     TOKENS_PER_GPU = "tokens/s per GPU"
 
 
@@ -81,6 +82,7 @@ class PublishedRun:
     fits: str = ""
     memory_gib: float | None = None
     notes: str = ""
+    formula: FlopsFormula = FlopsFormula.EXACT
 
     def hardware(self):
         hw = hardware(self.gpu)
@@ -91,7 +93,7 @@ class PublishedRun:
     def predict(self) -> Plan:
         hw = self.hardware()
         result = search(self.workload, Cluster(gpus=self.gpus, hw=hw), self.space, top=1,
-                        formula=FlopsFormula.EXACT, budget=self.sim_budget)
+                        formula=self.formula, budget=self.sim_budget)
         if not result.plans:
             raise ValueError(f"{self.name}: the published layout does not fit: {result.rejected[:3]}")
         return result.plans[0]
@@ -102,6 +104,8 @@ class PublishedRun:
             return self.workload.global_batch * self.workload.seq_length / plan.tokens_per_s
         if self.metric is Metric.TOKENS_PER_GPU:
             return plan.tokens_per_s / self.gpus
+        if self.metric is Metric.MEGATRON_TFLOPS:
+            return plan.tflops_per_gpu
         return plan.mfu * hardware(self.gpu).peak_tflops
 
     def throughput_error(self, plan: Plan) -> float:
@@ -343,9 +347,38 @@ def nemo_runs() -> list[PublishedRun]:
     return runs
 
 
+NARAYANAN_SOURCE = ("Narayanan et al. 2021 (arXiv 2104.04473) Table 1, the five rows shared/reference leaves out "
+                    "(recalled; each row's TFLOP/s x GPUs matches the table's aggregate PFLOP/s column and its "
+                    "parameter count eq. (2))")
+# (billions of parameters, heads, hidden, layers, t, p, GPUs, global batch, TFLOP/s per GPU, % of peak)
+NARAYANAN_REST = ((3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 44),
+                  (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 43),
+                  (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 45),
+                  (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 50),
+                  (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 52))
+
+
+def narayanan_runs() -> list[PublishedRun]:
+    """Narayanan et al. 2021 Table 1's weak-scaling rows that shared/reference does not hold, planned exactly as
+    reference.py plans the other five (its `MegatronRow` and `published_space`): the row's t and p, full
+    recomputation, no SP, ZeRO 0, blocking scatter-gather messages, fused kernels; micro-batch and chunks per
+    rank the planner's picks (not published per row); TFLOP/s counted with the paper's eq. (3). The 529.6B row is
+    MT-NLG's model on Megatron-LM's own pipeline (t 8, p 35), 1.3x MT-NLG's TFLOP/s a GPU."""
+    from hybrid.planner.reference import MegatronRow, published_space
+    runs = []
+    for billions, heads, hidden, layers, tp, pp, gpus, batch, tflops, peak in NARAYANAN_REST:
+        row = MegatronRow(billions, heads, hidden, layers, tp, pp, gpus // (tp * pp), gpus, batch, 2048, 51200,
+                          "a100-80g", tflops, peak)
+        runs.append(PublishedRun(f"Narayanan {billions}B, {gpus} A100 80GB, t{tp} p{pp} d{gpus // (tp * pp)}",
+                                 NARAYANAN_SOURCE, row.workload, "a100-80g", gpus, published_space(row),
+                                 Metric.MEGATRON_TFLOPS, tflops, formula=FlopsFormula.MEGATRON))
+    return runs
+
+
 def all_runs() -> list[PublishedRun]:
     """Every published run the planner is checked on outside shared/reference."""
-    return published_runs() + korthikanti_runs() + mtnlg_runs() + torchtitan_runs() + nemo_runs()
+    return (published_runs() + korthikanti_runs() + mtnlg_runs() + torchtitan_runs() + nemo_runs()
+            + narayanan_runs())
 
 
 def check(run: PublishedRun) -> tuple[Plan, float, float]:
