@@ -181,3 +181,49 @@ def test_flags_reach_the_workload_and_explain_says_which_runtime_it_priced(capsy
     assert main(base + flags + ["--zero-stage", "1", "--top", "1", "--explain"]) == 0
     out = capsys.readouterr().out
     assert "gradient accumulation a pass a micro-batch, parameter all-gather exposed" in out
+
+
+def _explained_terms(out: str) -> dict[str, float]:
+    from hybrid.planner.time import TERMS
+    rows = [line.split() for line in out.splitlines() if line.startswith("  ") and line.split()[0] in dict(TERMS)]
+    return {r[0]: float(r[1]) for r in rows}
+
+
+def test_explain_shows_the_engine_terms_where_they_land_and_still_adds_up(capsys):
+    """`hybrid plan --explain` on a pipelined ZeRO 1 layout with many micro-batches, DeepSpeed's way (blocking
+    messages, no gradient-accumulation fusion, the parameter all-gather exposed) against the default: every term
+    is printed, the terms add up to the step, and the two engine costs land in memory_bound and dp_exposed
+    (nothing else moves but the bubble, which scales with the passes) by what the Workload prices."""
+    flags = ["--num-layers", "8", "--hidden-size", "2048", "--num-attention-heads", "16", "--vocab-size", "51200",
+             "--gpus", "32", "--gpu", "a100-80g", "--global-batch-size", "64", "--seq-length", "2048",
+             "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "2", "--micro-batch-size", "1",
+             "--zero-stage", "1", "--virtual-pipeline-model-parallel-size", "1", "--recompute-granularity", "full",
+             "--no-sequence-parallel", "--pipeline-p2p", "blocking", "--top", "1", "--explain"]
+    steps, terms = [], []
+    for extra in ([], ["--no-gradient-accumulation-fusion", "--no-overlap-param-gather"]):
+        assert main(flags + extra) == 0
+        out = capsys.readouterr().out
+        steps.append(float(out.split(" takes ")[1].split(" s a step")[0]))
+        terms.append(_explained_terms(out))
+        assert sum(terms[-1].values()) == pytest.approx(steps[-1], rel=1e-3)
+    fused, deepspeed = terms
+    assert deepspeed["memory_bound"] > fused["memory_bound"] and deepspeed["dp_exposed"] > fused["dp_exposed"]
+    for name in ("gemm", "tp", "pp_p2p", "optimizer", "other"):
+        assert deepspeed[name] == pytest.approx(fused[name], rel=1e-3)
+    assert steps[1] > steps[0]
+
+
+def test_emit_args_runs_what_was_planned(capsys):
+    """--emit-args passes --no-overlap-param-gather on to train.py when the plan priced the gather exposed at ZeRO
+    1-2 (train.py's checks accept it); a fused gradient accumulation, which the eager runtime does not have, is
+    refused with --emit-args in one line naming the flag."""
+    base = ["--model", "tiny-gpt2", "--gpus", "4", "--global-batch-size", "8", "--seq-length", "64", "--gpu",
+            "a100-80g", "--zero-stage", "1", "--top", "3", "--emit-args"]
+    assert main(base + ["--no-overlap-param-gather"]) == 0
+    emitted = capsys.readouterr().out
+    assert "--zero-stage 1" in emitted and "--no-overlap-param-gather" in emitted
+    assert main(base) == 0
+    assert "overlap-param-gather" not in capsys.readouterr().out
+    assert main(base + ["--gradient-accumulation-fusion"]) == 2
+    err = capsys.readouterr().err
+    assert "--gradient-accumulation-fusion" in err and len(err.strip().splitlines()) == 1

@@ -295,6 +295,9 @@ def check_outputs(args: argparse.Namespace) -> None:
             import matplotlib  # noqa: F401
         except ImportError:
             raise ValueError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
+    if args.emit_args and args.gradient_accumulation_fusion:
+        raise ValueError("--gradient-accumulation-fusion: train.py's eager runtime adds each micro-batch's gradients "
+                         "in a pass of its own; drop the flag with --emit-args")
     if args.emit_args and not args.model:
         raise ValueError("--emit-args needs --model (a preset or config.json directory): train.py builds the model "
                          "from it, not from the size flags")
@@ -554,7 +557,10 @@ def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str
     """scripts/train.py flags that run `plan` (Megatron names): the planner's mapping (train_flags.py) written with
     train.py's own flag table (hybrid/train/config.py)."""
     from hybrid.train.config import to_argv
-    return to_argv(plan_flags(work, plan.layout, model)) + moe.train_argv(plan.experts)
+    argv = to_argv(plan_flags(work, plan.layout, model)) + moe.train_argv(plan.experts)
+    if not work.overlap_param_gather and plan.layout.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
+        argv.append("--no-overlap-param-gather")  # planned exposed: run it so (to_argv writes no default-off)
+    return argv
 
 
 def plan_json(work: Workload, plan: Plan) -> dict:
