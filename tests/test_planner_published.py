@@ -70,10 +70,18 @@ DOCUMENTED = {
     'MPT-7b, s 8192, 8 H100, FSDP z3, b8 x 2, AC': ('tp1 pp1 dp8 v1 b8 z3 full', '9566.3', 37.9),
     'MPT-3b, s 2048, 16 H100, FSDP z3, b10 x 3': ('tp1 pp1 dp16 v1 b10 z3 none', '34450.9', 42.7),
     'MPT-1b, s 2048, 8 H100, FSDP z3, b14 x 1': ('tp1 pp1 dp8 v1 b14 z3 none', '63151.7', 38.9),
+    'MPT-70b, s 2048, 64 A100, FSDP z3, b8 x 4, AC': ('tp1 pp1 dp64 v1 b8 z3 full', '400.3', -2.4),
+    'MPT-30b, s 2048, 8 A100, FSDP z3, b3 x 21, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '854.4', -6.7),
+    'MPT-13b, s 2048, 8 A100, FSDP z3, b2 x 3': ('tp1 pp1 dp8 v1 b2 z3 none', '2520.4', 11.4),
+    'MPT-13b, s 4096, 8 A100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp8 v1 b10 z3 full', '1869.7', -9.2),
+    'MPT-7b, s 2048, 8 A100, FSDP z3, b6 x 2': ('tp1 pp1 dp8 v1 b6 z3 none', '4828.1', 4.0),
+    'MPT-7b, s 8192, 8 A100, FSDP z3, b8 x 2, AC': ('tp1 pp1 dp8 v1 b8 z3 full', '3163.3', -1.3),
+    'MPT-3b, s 2048, 8 A100, FSDP z3, b10 x 2': ('tp1 pp1 dp8 v1 b10 z3 none', '11352.4', 5.0),
+    'MPT-1b, s 2048, 8 A100, FSDP z3, b14 x 4': ('tp1 pp1 dp8 v1 b14 z3 none', '21963.3', 7.1),
 }
 # check rows the model misses by more than 15 % (docs/planner.md says why); a fix must move them here
 # MT-NLG's three rows left it in issue 26's second round; MosaicML's MPT rows on H100 (eager FSDP) are all outside
-KNOWN_MISSES = {name for name in DOCUMENTED if name.startswith("MPT-")}
+KNOWN_MISSES = {name for name in DOCUMENTED if name.startswith("MPT-") and " H100, " in name}
 
 _CHECKED: dict[str, tuple] = {}
 
@@ -201,13 +209,16 @@ def test_narayanan_rows_are_the_other_five_of_table_1_and_hang_together():
 
 def test_mpt_rows_plan_the_benchmarked_models_and_miss_optimistic():
     """Each MPT row's model has the table's NumParams exactly -- 12 L d^2 + 13 L d + (V + s) d + 2 d, a GPT-2
-    block with learned positions of the row's length, V = 50368 -- and every row is a miss on the optimistic side
-    (docs/planner.md: the H100 curve is too fast for eager FSDP), none hidden."""
-    for size, seq, gpus, mb, accum, tokens, zero, checkpointing, numparams in MPT_ROWS:
+    block with learned positions of the row's length, V = 50368 -- and every H100 row is a miss on the optimistic
+    side while the same models and stack on A100 are within 15 % (docs/planner.md: the H100 model is too fast for
+    this eager FSDP stack), none hidden."""
+    for _, size, seq, gpus, mb, accum, tokens, zero, checkpointing, _, numparams in MPT_ROWS:
         layers, d, _ = MPT_SIZES[size]
         assert 12 * layers * d * d + 13 * layers * d + (50368 + seq) * d + 2 * d == numparams
         cfg = mpt_model(size, seq)
         assert (cfg.num_layers, cfg.hidden_size, cfg.max_position_embeddings, cfg.dropout) == (layers, d, seq, 0.0)
     mpt = [r for r in all_runs() if r.name.startswith("MPT-")]
-    assert len(mpt) == len(MPT_ROWS) == 16
-    assert all(_check(r)[2] > 0.15 and r.role is Role.CHECK for r in mpt)
+    assert len(mpt) == len(MPT_ROWS) == 24
+    assert all(r.role is Role.CHECK for r in mpt)
+    assert all(_check(r)[2] > 0.15 for r in mpt if r.gpu == "h100-80g")  # 16 H100 rows: all optimistic misses
+    assert all(abs(_check(r)[2]) <= 0.15 for r in mpt if r.gpu == "a100-80g")  # 8 A100 rows: all within

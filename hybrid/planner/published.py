@@ -376,31 +376,40 @@ def narayanan_runs() -> list[PublishedRun]:
 
 
 MPT_SOURCE = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit c90b9b3 (MPT training "
-              "benchmarks, tables 'H100 80GB BF16 (Large Scale, >= 128 GPUs)' and 'H100 80GB BF16'; Throughput "
-              "(T/s/GPU))")
+              "benchmarks, tables 'H100 80GB BF16 (Large Scale, >= 128 GPUs)', 'H100 80GB BF16' and 'A100 80GB with "
+              "1600 Gbps node-node interconnect (RoCE)'; Throughput (T/s/GPU))")
 # MPT sizes (layers, d_model, heads); every benchmark model is GPT-2 shaped: learned positions of the row's
 # sequence length, LayerNorm and linear biases, GELU MLP of 4 d, tied embeddings, vocabulary 50368, no dropout
 # -- the table's NumParams column is exactly that count (tests/test_planner_published.py)
 MPT_SIZES = {"1b": (24, 2048, 16), "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40),
              "30b": (48, 7168, 64), "70b": (80, 8192, 64)}
-# (model, sequence, GPUs, micro-batch, gradient accumulation, tokens/s a GPU, FSDP sharding as a ZeRO stage,
-#  activation checkpointing, NumParams)
-MPT_ROWS = (("70b", 2048, 512, 8, 1, 1007, 3, True, 64862437376),
-            ("70b", 2048, 128, 8, 1, 1058, 3, True, 64862437376),
-            ("30b", 2048, 256, 8, 1, 2148, 3, True, 29975214080),
-            ("13b", 2048, 512, 16, 1, 4952, 3, True, 12853954560),
-            ("7b", 2048, 512, 6, 1, 9670, 3, False, 6658859008),
-            ("7b", 2048, 128, 6, 1, 10475, 3, False, 6658859008),
-            ("3b", 2048, 256, 8, 1, 22772, 2, False, 2651837440),
-            ("1b", 2048, 128, 12, 1, 44123, 2, False, 1315950592),
-            ("70b", 2048, 64, 8, 4, 1039, 3, True, 64862437376),
-            ("30b", 2048, 8, 3, 21, 2002, 3, True, 29975214080),
-            ("13b", 2048, 8, 2, 1, 4792, 3, False, 12853954560),
-            ("13b", 4096, 8, 10, 3, 4717, 3, True, 12864440320),
-            ("7b", 2048, 8, 6, 1, 10643, 3, False, 6658859008),
-            ("7b", 8192, 8, 8, 2, 6935, 3, True, 6684024832),
-            ("3b", 2048, 16, 10, 3, 24142, 3, False, 2651837440),
-            ("1b", 2048, 8, 14, 1, 45455, 3, False, 1315950592))
+# (GPU, model, sequence, GPUs, micro-batch, gradient accumulation, tokens/s a GPU, FSDP sharding as a ZeRO stage,
+#  activation checkpointing, fp32 gradient reduction (Composer's DEFAULT mixed precision; PURE: bf16), NumParams)
+MPT_ROWS = (("h100-80g", "70b", 2048, 512, 8, 1, 1007, 3, True, True, 64862437376),
+            ("h100-80g", "70b", 2048, 128, 8, 1, 1058, 3, True, True, 64862437376),
+            ("h100-80g", "30b", 2048, 256, 8, 1, 2148, 3, True, True, 29975214080),
+            ("h100-80g", "13b", 2048, 512, 16, 1, 4952, 3, True, True, 12853954560),
+            ("h100-80g", "7b", 2048, 512, 6, 1, 9670, 3, False, True, 6658859008),
+            ("h100-80g", "7b", 2048, 128, 6, 1, 10475, 3, False, True, 6658859008),
+            ("h100-80g", "3b", 2048, 256, 8, 1, 22772, 2, False, True, 2651837440),
+            ("h100-80g", "1b", 2048, 128, 12, 1, 44123, 2, False, True, 1315950592),
+            ("h100-80g", "70b", 2048, 64, 8, 4, 1039, 3, True, True, 64862437376),
+            ("h100-80g", "30b", 2048, 8, 3, 21, 2002, 3, True, True, 29975214080),
+            ("h100-80g", "13b", 2048, 8, 2, 1, 4792, 3, False, True, 12853954560),
+            ("h100-80g", "13b", 4096, 8, 10, 3, 4717, 3, True, True, 12864440320),
+            ("h100-80g", "7b", 2048, 8, 6, 1, 10643, 3, False, True, 6658859008),
+            ("h100-80g", "7b", 8192, 8, 8, 2, 6935, 3, True, True, 6684024832),
+            ("h100-80g", "3b", 2048, 16, 10, 3, 24142, 3, False, True, 2651837440),
+            ("h100-80g", "1b", 2048, 8, 14, 1, 45455, 3, False, True, 1315950592),
+            # the same models and stack on A100 80GB (8 GPUs a node, 1600 Gbps RoCE between nodes)
+            ("a100-80g", "70b", 2048, 64, 8, 4, 410, 3, True, False, 64862437376),
+            ("a100-80g", "30b", 2048, 8, 3, 21, 916, 3, True, True, 29975214080),
+            ("a100-80g", "13b", 2048, 8, 2, 3, 2262, 3, False, True, 12853954560),
+            ("a100-80g", "13b", 4096, 8, 10, 3, 2060, 3, True, True, 12864440320),
+            ("a100-80g", "7b", 2048, 8, 6, 2, 4641, 3, False, True, 6658859008),
+            ("a100-80g", "7b", 8192, 8, 8, 2, 3206, 3, True, True, 6684024832),
+            ("a100-80g", "3b", 2048, 8, 10, 2, 10811, 3, False, True, 2651837440),
+            ("a100-80g", "1b", 2048, 8, 14, 4, 20513, 3, False, True, 1315950592))
 
 
 def mpt_model(size: str, seq: int) -> ModelConfig:
@@ -409,22 +418,23 @@ def mpt_model(size: str, seq: int) -> ModelConfig:
 
 
 def mpt_runs() -> list[PublishedRun]:
-    """MosaicML's MPT benchmarks on H100 80GB (SXM, 989 TFLOP/s: the table's MFU uses it), Composer + PyTorch FSDP
-    without tensor or pipeline parallelism: FULL_SHARD as ZeRO 3, SHARD_GRAD_OP as ZeRO 2, the stated micro-batch
-    and gradient accumulation, activation checkpointing as full recomputation, flash attention (bf16-flash),
-    eager PyTorch kernels, and fp32 gradient reduction (Composer's DEFAULT FSDP mixed precision reduces in fp32:
-    planned with fp32 gradients). Compared on tokens/s a GPU. Issue 26's kind of held-out row: FSDP on H100 at
-    8-512 GPUs, none of which fitted anything."""
+    """MosaicML's MPT benchmarks on H100 80GB (SXM, 989 TFLOP/s: the table's MFU uses it) and A100 80GB, Composer +
+    PyTorch FSDP without tensor or pipeline parallelism: FULL_SHARD as ZeRO 3, SHARD_GRAD_OP as ZeRO 2, the stated
+    micro-batch and gradient accumulation, activation checkpointing as full recomputation, flash attention
+    (bf16-flash), eager PyTorch kernels, and Composer's DEFAULT FSDP mixed precision reducing gradients in fp32
+    (planned with fp32 gradients; PURE rows in bf16). Compared on tokens/s a GPU. Issue 26's kind of held-out
+    row: FSDP at 8-512 GPUs, none of which fitted anything."""
     runs = []
-    for size, seq, gpus, mb, accum, tokens, zero, checkpointing, _ in MPT_ROWS:
+    for gpu, size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _ in MPT_ROWS:
         work = Workload(mpt_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
-                        activations=ActivationProfile.BF16_FLASH, fp32_grads=True)
+                        activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce)
         space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage(zero),),
                             offload=(Offload.NONE,), sequence_parallel=(False,),
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))
         ac = ", AC" if checkpointing else ""
-        runs.append(PublishedRun(f"MPT-{size}, s {seq}, {gpus} H100, FSDP z{zero}, b{mb} x {accum}{ac}", MPT_SOURCE,
-                                 work, "h100-80g", gpus, space, Metric.TOKENS_PER_GPU, tokens))
+        card = "H100" if gpu.startswith("h100") else "A100"
+        runs.append(PublishedRun(f"MPT-{size}, s {seq}, {gpus} {card}, FSDP z{zero}, b{mb} x {accum}{ac}",
+                                 MPT_SOURCE, work, gpu, gpus, space, Metric.TOKENS_PER_GPU, tokens))
     return runs
 
 
