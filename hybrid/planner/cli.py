@@ -121,6 +121,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-p2p", choices=[x.value for x in PipelineP2P], default=PipelineP2P.OVERLAPPED.value,
                    help="overlapped (this runtime, Megatron-core) or blocking pipeline messages (DeepSpeed's "
                         "pipeline engine; blocking-scatter: Megatron-LM 2021-22 with its scatter-gather)")
+    g.add_argument("--gradient-accumulation-fusion", action=argparse.BooleanOptionalAction, default=None,
+                   help="the weight-gradient GEMM adds into the accumulated gradient (Megatron / Transformer "
+                        "Engine); --no-...: a memory pass per micro-batch adds it (eager PyTorch, DeepSpeed's "
+                        "pipeline engine); default: on for fused kernels, off for eager")
+    g.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=True,
+                   help="ZeRO 1-2: the post-step parameter all-gather runs under the next forward (this runtime's "
+                        "default, train.py's flag); --no-...: exposed after the optimizer step (DeepSpeed's ZeRO 1)")
     g = p.add_argument_group("pin a search dimension (scripts/train.py flags)")
     g.add_argument("--tensor-model-parallel-size", type=positive_int, metavar="N", help="pin tp")
     g.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", help="pin pp")
@@ -288,6 +295,9 @@ def check_outputs(args: argparse.Namespace) -> None:
             import matplotlib  # noqa: F401
         except ImportError:
             raise ValueError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
+    if args.emit_args and args.gradient_accumulation_fusion:
+        raise ValueError("--gradient-accumulation-fusion: train.py's eager runtime adds each micro-batch's gradients "
+                         "in a pass of its own; drop the flag with --emit-args")
     if args.emit_args and not args.model:
         raise ValueError("--emit-args needs --model (a preset or config.json directory): train.py builds the model "
                          "from it, not from the size flags")
@@ -363,7 +373,8 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                     activations=ActivationProfile(args.activation_profile),
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32,
                     kernels=KernelProfile(args.kernels) if args.kernels else None, fp8=args.fp8,
-                    p2p=PipelineP2P(args.pipeline_p2p))
+                    p2p=PipelineP2P(args.pipeline_p2p), grad_accumulation_fusion=args.gradient_accumulation_fusion,
+                    overlap_param_gather=args.overlap_param_gather)
 
 
 def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
@@ -495,7 +506,9 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     t, hw = plan.time, cluster.hw
     moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
     lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
-             f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}):"]
+             f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}, gradient accumulation "
+             f"{'fused' if work.fused_grad_accumulation else 'a pass a micro-batch'}, parameter all-gather "
+             f"{'overlapped' if work.overlap_param_gather else 'exposed'}):"]
     for name, what in TERMS:
         seconds = t.term(name)
         lines.append(f"  {name:<13} {seconds:>10.4g} s {100 * seconds / t.total:>6.1f} %  {what}")
@@ -544,7 +557,10 @@ def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str
     """scripts/train.py flags that run `plan` (Megatron names): the planner's mapping (train_flags.py) written with
     train.py's own flag table (hybrid/train/config.py)."""
     from hybrid.train.config import to_argv
-    return to_argv(plan_flags(work, plan.layout, model)) + moe.train_argv(plan.experts)
+    argv = to_argv(plan_flags(work, plan.layout, model)) + moe.train_argv(plan.experts)
+    if not work.overlap_param_gather and plan.layout.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
+        argv.append("--no-overlap-param-gather")  # planned exposed: run it so (to_argv writes no default-off)
+    return argv
 
 
 def plan_json(work: Workload, plan: Plan) -> dict:

@@ -174,6 +174,15 @@ class Workload:
         p2p: how the pipeline's messages block (`--pipeline-p2p`): OVERLAPPED (this runtime, Megatron-core),
             BLOCKING (DeepSpeed's pipeline engine: each pass also pays its messages, latency + bytes) or
             BLOCKING_SCATTER (Megatron-LM 2021-22: blocking, each TP rank sending 1/t, NVLink all-gather).
+        grad_accumulation_fusion: does the weight-gradient GEMM add into the accumulated gradient
+            (`--gradient-accumulation-fusion`; Megatron-LM's apex kernel, Transformer Engine)? False: autograd's
+            AccumulateGrad (or a gradient hook) adds each micro-batch's new gradient in a memory pass of its own
+            (eager PyTorch; DeepSpeed's pipeline engine, whose .grad buffers autograd fills); None: True for FUSED
+            kernels, False for EAGER (`fused_grad_accumulation`).
+        overlap_param_gather: ZeRO 1-2: does the all-gather of the updated parameters run under the next step's
+            forward (`--overlap-param-gather`, this runtime's default)? False (`--no-overlap-param-gather`): it
+            runs after the optimizer step, before the next step computes (DeepSpeed's ZeRO 1 under its
+            pipeline engine), exposed in full.
     """
 
     model: ModelConfig
@@ -186,6 +195,8 @@ class Workload:
     kernels: KernelProfile | None = None
     fp8: bool = False
     p2p: PipelineP2P = PipelineP2P.OVERLAPPED
+    grad_accumulation_fusion: bool | None = None
+    overlap_param_gather: bool = True
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
@@ -213,6 +224,14 @@ class Workload:
         if self.kernels is not None:
             return self.kernels
         return KernelProfile.FUSED if self.activations is ActivationProfile.KORTHIKANTI else KernelProfile.EAGER
+
+    @property
+    def fused_grad_accumulation(self) -> bool:
+        """`grad_accumulation_fusion`, or its default by kernel profile: fused stacks accumulate inside the
+        weight-gradient GEMM, eager PyTorch in AccumulateGrad's pass."""
+        if self.grad_accumulation_fusion is not None:
+            return self.grad_accumulation_fusion
+        return self.kernel_profile is KernelProfile.FUSED
 
     @property
     def grad_bytes(self) -> int:

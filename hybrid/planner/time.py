@@ -168,13 +168,15 @@ class StepTime:
 # The parts of a step, in the order `hybrid plan --explain` prints them; they add up to StepTime.total.
 TERMS = (("gemm", "matmuls on the GEMM curve (recomputed ones included)"),
          ("attention", "flash attention at the GPU's flash rate"),
-         ("memory_bound", "non-matmul ops: their bytes at the achievable bandwidth (ops.py)"),
+         ("memory_bound", "non-matmul ops: their bytes at the achievable bandwidth (ops.py), and each micro-batch's "
+                          "gradient add without gradient-accumulation fusion"),
          ("launches", "their kernels x the per-kernel latency (+ a calibrated CPU's per-pass costs)"),
          ("tp", "tensor-parallel collectives (synchronous)"),
          ("pp_p2p", "pipeline messages a blocking schedule waits out (0: overlapped, inside the bubble)"),
          ("dp_in_passes", "ZeRO 2/3 gathers / reduce-scatters not hidden under compute"),
          ("bubble", "pipeline idle time: fill, drain, imbalance, waits for messages (simulated)"),
-         ("dp_exposed", "DP / ZeRO gradient sync after the last backward"),
+         ("dp_exposed", "DP / ZeRO gradient sync after the last backward, and the ZeRO 1-2 parameter all-gather "
+                        "the next forward does not hide (all of it without --overlap-param-gather)"),
          ("optimizer", "the optimizer step: its passes over the states and its launches (or offload)"),
          ("other", "tied-embedding and sequence-parallel partial-gradient all-reduces"))
 
@@ -451,16 +453,22 @@ def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bo
 
 
 def _grad_accumulation(ctx: _Context, params: float) -> Pass:
-    """Per micro-batch, an eager runtime's autograd adds each new weight gradient into the accumulated one
-    (AccumulateGrad: read both, write one -- 3 x the gradient bytes a parameter; none for the first of the m
-    micro-batches, so (m - 1) / m on average; on the rank's shard only under ZeRO 2-3, which reduce-scatter every
-    micro-batch). Fused stacks accumulate inside the weight-gradient GEMM (Megatron's gradient-accumulation
-    fusion): nothing here."""
-    if ctx.work.kernel_profile is not KernelProfile.EAGER:
+    """Per micro-batch, a runtime without gradient-accumulation fusion (`Workload.fused_grad_accumulation`:
+    eager PyTorch, DeepSpeed's pipeline engine) adds each new weight gradient into the accumulated one in a pass
+    of its own (AccumulateGrad, or a hook into an fp32 buffer): it reads the new gradient (the parameter's dtype)
+    and the accumulated one (`grad_bytes`) and writes the sum,
+
+        (param_bytes + 2 grad_bytes) x params      (3 x 2 bytes for bf16 gradients, 2 + 2 x 4 into fp32)
+
+    none for the first of the m micro-batches, so (m - 1) / m on average; on the rank's shard only under ZeRO
+    2-3, which reduce-scatter every micro-batch. Fused stacks accumulate inside the weight-gradient GEMM
+    (Megatron's gradient-accumulation fusion): nothing here."""
+    if ctx.work.fused_grad_accumulation:
         return Pass()
     m = ctx.work.num_microbatches(ctx.layout)
     share = 1.0 / ctx.layout.dp if ctx.layout.zero >= ZeroStage.GRADIENTS else 1.0
-    nbytes = 3 * ctx.work.grad_bytes * params * share * (m - 1) / m
+    per_param = ctx.work.precision.param_bytes + 2 * ctx.work.grad_bytes
+    nbytes = per_param * params * share * (m - 1) / m
     return Pass(memory=ctx.hbm_seconds(nbytes))
 
 
@@ -569,7 +577,7 @@ def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0) -> float
     lay = ctx.layout
     pr = ctx.work.precision
     total = ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, ctx.work.grad_bytes, pr.param_bytes))
-    if lay.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) and lay.dp > 1:
+    if lay.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) and lay.dp > 1 and ctx.work.overlap_param_gather:
         gather = ctx.dp_seconds(dp_step_ledger(psi, ZeroStage.GRADIENTS, lay.dp, ctx.work.grad_bytes,
                                                pr.param_bytes))
         n = max(1, math.ceil(pr.param_bytes * psi / BUCKET_BYTES))
