@@ -128,6 +128,8 @@ def _rows(args) -> dict[str, tuple[Callable, object]]:
     (name -> (row, its args))."""
     out = {}
     for name, row in ROWS.items():
+        if args.rows and name.split(" (")[0] not in args.rows:
+            continue
         out[name] = (row, args)
         if row is row_powersgd:
             for r in args.powersgd_extra_ranks:
@@ -206,6 +208,8 @@ def main(argv=None) -> None:
     p.add_argument("--zero-stage", type=int, choices=(0, 1, 2), default=0,
                    help="0 (default): the DP bytes are the gradients' alone; 1-2 add the parameter all-gather")
     p.add_argument("--powersgd-rank", type=positive_int, default=4)
+    p.add_argument("--rows", type=lambda v: v.split(","), default=[], metavar="NAME,NAME",
+                   help="only these rows (AdamW, PowerSGD, 1-bit Adam); AdamW is always run (the baseline)")
     p.add_argument("--powersgd-extra-ranks", type=lambda v: [positive_int(x) for x in v.split(",")], default=[],
                    metavar="R,R", help="also a PowerSGD row at each of these ranks (the rank's effect on the loss)")
     p.add_argument("--powersgd-start-iter", type=int, default=20)
@@ -221,6 +225,11 @@ def main(argv=None) -> None:
         p.error(f"--powersgd-start-iter must be >= 2 and below --steps ({args.steps})")
     if args.onebit_freeze_iters < 1 or args.onebit_freeze_iters >= args.steps:
         p.error(f"--onebit-freeze-iters must be >= 1 and below --steps ({args.steps})")
+    if args.rows:
+        unknown = [r for r in args.rows if r not in {n.split(" (")[0] for n in ROWS}]
+        if unknown:
+            p.error(f"--rows: unknown row {unknown[0]!r}; rows: AdamW, PowerSGD, 1-bit Adam")
+        args.rows = ["AdamW"] + [r for r in args.rows if r != "AdamW"]
     if not 0 <= args.lr_warmup_iters < args.steps:
         p.error(f"--lr-warmup-iters must be >= 0 and below --steps ({args.steps})")
     if not 0 <= args.adam_beta2 < 1 or not 0 <= args.min_lr <= args.lr:

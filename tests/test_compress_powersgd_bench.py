@@ -19,7 +19,7 @@ import bench_comm_efficient as bench  # noqa: E402
 
 def _args(**over) -> argparse.Namespace:
     base = dict(lr=3e-3, min_lr=3e-4, adam_beta2=0.95, lr_warmup_iters=0, lr_decay_style="constant", steps=300,
-                powersgd_rank=4, powersgd_extra_ranks=[])
+                powersgd_rank=4, powersgd_extra_ranks=[], rows=[])
     return argparse.Namespace(**{**base, **over})
 
 
@@ -57,3 +57,11 @@ def test_bad_schedule_flags_are_one_line(capsys, extra, message):
         bench.main(extra)
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_rows_selects_rows_and_always_keeps_the_adamw_baseline(capsys):
+    assert list(bench._rows(_args(rows=["AdamW", "1-bit Adam"]))) == ["AdamW (synchronous)", "1-bit Adam"]
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--rows", "LAMB"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--rows: unknown row 'LAMB'" in err and err.count("\n") == 1, err
