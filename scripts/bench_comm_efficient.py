@@ -3,8 +3,13 @@ AdamW, on the reference corpus (docs/data.md: Python's pydoc topics as bytes), T
 
     python scripts/bench_comm_efficient.py --out docs/results/bench_comm_efficient.md   # the measurement
     python scripts/bench_comm_efficient.py --quick --out /tmp/ce.md                    # smoke run (measures nothing)
-    [--model tiny-llama] [--steps 300] [--global-batch 16] [--seq 128] [--lr 3e-3] [--powersgd-rank 4]
-    [--powersgd-start-iter 20] [--onebit-freeze-iters 20] [--simulated-dp-bandwidth GBPS]
+    python scripts/bench_comm_efficient.py --tp 1 --pp 1 --dp 2                        # the cheap proxy (2 ranks)
+    [--model tiny-llama] [--steps 300] [--global-batch 16] [--seq 128] [--powersgd-rank 4]
+    [--powersgd-extra-ranks 16] [--powersgd-start-iter 20] [--onebit-freeze-iters 20] [--simulated-dp-bandwidth GBPS]
+    [--lr 3e-3] [--adam-beta2 0.95] [--lr-warmup-iters 0] [--lr-decay-style constant] [--min-lr 0]
+
+Every row runs the same optimizer settings and the same learning-rate schedule (OptimizerConfig.lr_at, the rate
+passed to each step as train.py does): the compressors change only the DP exchange.
 
 Each row trains the same model from the same initialisation on the same global batches (8 gloo ranks, one thread
 each, the library's own ZeroOptimizer + train_step -- what train.py runs, without its command line) and reports:
@@ -14,11 +19,12 @@ steps after the method's start), and s/step (with --simulated-dp-bandwidth, incl
 timing needs a quiet machine). The acceptance bound of issue 31 is |loss - AdamW's| <= 3 %.
 
 Rows are functions in ROWS (name -> row(mesh, args) -> (losses, dp_bytes per step, start step)): other methods
-(DiLoCo: hybrid/diloco) add theirs there.
+(DiLoCo: hybrid/diloco) add theirs there; --powersgd-extra-ranks adds PowerSGD rows at other ranks.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -33,7 +39,6 @@ import torch  # noqa: E402
 from hybrid.cliutil import OneLineParser, atomic_output, check_output_file, cpu_name, positive_int  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 
-WORLD, TP, PP = 8, 2, 2
 MICRO = 2
 
 
@@ -53,8 +58,10 @@ def _setup(mesh, args):
 
 
 def _opt_cfg(args):
+    """Every row's schedule (the compressors' optimizers read the same rate per step)."""
     from hybrid.train_step import OptimizerConfig
-    return OptimizerConfig(lr=args.lr, weight_decay=0.01, decay_style="constant")
+    return OptimizerConfig(lr=args.lr, min_lr=args.min_lr, weight_decay=0.01, beta2=args.adam_beta2,
+                           warmup_iters=args.lr_warmup_iters, decay_style=args.lr_decay_style, train_iters=args.steps)
 
 
 def _loop(mesh, args, opt, chunks, spec, runner):
@@ -62,11 +69,11 @@ def _loop(mesh, args, opt, chunks, spec, runner):
     from hybrid.compress.link import dp_gradient_bytes
     from hybrid.data import load_corpus, micro_batches
     from hybrid.train_step import train_step
-    corpus, losses, sent, secs = load_corpus(), [], [], []
+    corpus, losses, sent, secs, sched = load_corpus(), [], [], [], _opt_cfg(args)
     for it in range(args.steps):
         before, t0 = dp_gradient_bytes(mesh.ledger, mesh.dp.name), time.perf_counter()
         losses.append(train_step(chunks, micro_batches(corpus, spec, args.seed, it, mesh.coords.dp), opt, mesh,
-                                 runner=runner))
+                                 lr=sched.lr_at(it), runner=runner))
         secs.append(time.perf_counter() - t0)
         sent.append(dp_gradient_bytes(mesh.ledger, mesh.dp.name) - before)
     return losses, sent, secs
@@ -116,19 +123,34 @@ def row_onebit(mesh, args):
 ROWS: dict[str, Callable] = {"AdamW (synchronous)": row_adamw, "PowerSGD": row_powersgd, "1-bit Adam": row_onebit}
 
 
+def _rows(args) -> dict[str, tuple[Callable, object]]:
+    """The rows this run measures: ROWS, plus a PowerSGD row per --powersgd-extra-ranks rank after PowerSGD's
+    (name -> (row, its args))."""
+    out = {}
+    for name, row in ROWS.items():
+        if args.rows and name.split(" (")[0] not in args.rows:
+            continue
+        out[name] = (row, args)
+        if row is row_powersgd:
+            for r in args.powersgd_extra_ranks:
+                out[f"PowerSGD r {r}"] = (row, argparse.Namespace(**{**vars(args), "powersgd_rank": r}))
+    return out
+
+
 def _rank(rank, world, name, args):
     from hybrid.mesh import Mesh, ParallelDims
     torch.set_num_threads(1)
-    mesh = Mesh.build(ParallelDims.from_world(world, tp=TP, pp=PP))
-    losses, sent, secs, start = ROWS[name](mesh, args)
-    return {"losses": losses, "sent": sent, "secs": secs, "start": start, "last": mesh.coords.pp == PP - 1,
+    mesh = Mesh.build(ParallelDims.from_world(world, tp=args.tp, pp=args.pp))
+    row, row_args = _rows(args)[name]
+    losses, sent, secs, start = row(mesh, row_args)
+    return {"losses": losses, "sent": sent, "secs": secs, "start": start, "last": mesh.coords.pp == args.pp - 1,
             "replica0": mesh.coords.dp == 0}
 
 
 def measure(args) -> dict[str, dict]:
     out = {}
-    for name in ROWS:
-        res = run_distributed(_rank, WORLD, args=(name, args), timeout=3600)
+    for name in _rows(args):
+        res = run_distributed(_rank, args.tp * args.pp * args.dp, args=(name, args), timeout=3600)
         losses = next(r["losses"] for r in res if r["last"])  # the loss as the last pipeline stage has it
         r0 = res[0]
         # one replica's DP gradient bytes: every (tp, pp) rank of DP rank 0, each its collectives' size S
@@ -144,9 +166,12 @@ def report(rows: dict[str, dict], args) -> str:
     base = rows["AdamW (synchronous)"]
     lines = [f"# Communication-efficient DP: loss and DP bytes vs synchronous AdamW "
              f"({'--quick: measures nothing' if args.quick else 'measured'})", "",
-             f"- TP {TP} x PP {PP} x DP {WORLD // TP // PP} (gloo, one thread per rank), {args.model}, ZeRO "
+             f"- TP {args.tp} x PP {args.pp} x DP {args.dp} (gloo, one thread per rank), {args.model}, ZeRO "
              f"{args.zero_stage}, {args.steps} steps, global batch {args.global_batch} x {args.seq} tokens, lr "
-             f"{args.lr}, the reference corpus (docs/data.md); simulated DP link: "
+             f"{args.lr} ({args.lr_warmup_iters} warm-up steps, then {args.lr_decay_style}"
+             f"{'' if args.lr_decay_style == 'constant' else f' to {args.min_lr}'}), Adam betas (0.9, "
+             f"{args.adam_beta2}), weight decay 0.01 -- every row; PowerSGD rank {args.powersgd_rank}; the reference "
+             f"corpus (docs/data.md); simulated DP link: "
              f"{f'{args.simulated_dp_bandwidth} GB/s' if args.simulated_dp_bandwidth else 'off'}",
              f"- machine: {cpu_name()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch "
              f"{torch.__version__}", "",
@@ -172,10 +197,21 @@ def main(argv=None) -> None:
     p.add_argument("--global-batch", type=positive_int, default=16)
     p.add_argument("--seq", type=positive_int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--adam-beta2", type=float, default=0.95, help="every row's (train.py's default, Megatron's)")
+    p.add_argument("--min-lr", type=float, default=0.0, help="the decay's floor (with --lr-decay-style linear/cosine)")
+    p.add_argument("--lr-warmup-iters", type=int, default=0)
+    p.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default="constant")
+    p.add_argument("--tp", type=positive_int, default=2)
+    p.add_argument("--pp", type=positive_int, default=2)
+    p.add_argument("--dp", type=positive_int, default=2, help="the proxy: --tp 1 --pp 1 --dp 2")
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--zero-stage", type=int, choices=(0, 1, 2), default=0,
                    help="0 (default): the DP bytes are the gradients' alone; 1-2 add the parameter all-gather")
     p.add_argument("--powersgd-rank", type=positive_int, default=4)
+    p.add_argument("--rows", type=lambda v: v.split(","), default=[], metavar="NAME,NAME",
+                   help="only these rows (AdamW, PowerSGD, 1-bit Adam); AdamW is always run (the baseline)")
+    p.add_argument("--powersgd-extra-ranks", type=lambda v: [positive_int(x) for x in v.split(",")], default=[],
+                   metavar="R,R", help="also a PowerSGD row at each of these ranks (the rank's effect on the loss)")
     p.add_argument("--powersgd-start-iter", type=int, default=20)
     p.add_argument("--onebit-freeze-iters", type=int, default=20)
     p.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS")
@@ -189,6 +225,15 @@ def main(argv=None) -> None:
         p.error(f"--powersgd-start-iter must be >= 2 and below --steps ({args.steps})")
     if args.onebit_freeze_iters < 1 or args.onebit_freeze_iters >= args.steps:
         p.error(f"--onebit-freeze-iters must be >= 1 and below --steps ({args.steps})")
+    if args.rows:
+        unknown = [r for r in args.rows if r not in {n.split(" (")[0] for n in ROWS}]
+        if unknown:
+            p.error(f"--rows: unknown row {unknown[0]!r}; rows: AdamW, PowerSGD, 1-bit Adam")
+        args.rows = ["AdamW"] + [r for r in args.rows if r != "AdamW"]
+    if not 0 <= args.lr_warmup_iters < args.steps:
+        p.error(f"--lr-warmup-iters must be >= 0 and below --steps ({args.steps})")
+    if not 0 <= args.adam_beta2 < 1 or not 0 <= args.min_lr <= args.lr:
+        p.error("--adam-beta2 must be in [0, 1) and --min-lr in [0, --lr]")
     rows = measure(args)
     text = report(rows, args)
     print(text)

@@ -48,8 +48,10 @@ def main(argv: list[str] | None = None) -> None:
     import matplotlib.pyplot as plt
     with open(args.ce) as f:
         ce = json.load(f)
+    rank = ce["args"].get("powersgd_rank")  # the main PowerSGD row's rank (extra rows name theirs)
     panels = [("tiny-llama, TP 2 x PP 2 x DP 2: gradient compression",
-               [(name, r["curve"], r["start"]) for name, r in ce["rows"].items()])]
+               [(f"PowerSGD r {rank}" if name == "PowerSGD" and rank else name, r["curve"], r["start"])
+                for name, r in ce["rows"].items()])]
     if args.diloco:
         with open(args.diloco) as f:
             rows = json.load(f)

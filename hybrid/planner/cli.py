@@ -168,6 +168,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--diloco-inner-steps", type=positive_int, default=100, metavar="H", help="the table's DiLoCo H")
     g.add_argument("--diloco-fragments", type=positive_int, default=4, metavar="K",
                    help="the table's Streaming DiLoCo fragments (K divides H)")
+    g.add_argument("--diloco-fragment-sync-delay", type=int, default=0, metavar="TAU",
+                   help="the table's Streaming DiLoCo overlap: each fragment's sync runs under TAU inner steps (0 <= "
+                        "TAU < H/K; 0: it blocks)")
     g = p.add_argument_group("output")
     g.add_argument("--top", type=positive_int, metavar="N", default=5, help="layouts to show")
     g.add_argument("--json", action="store_true", help="machine-readable output (each plan's step terms included)")
@@ -257,7 +260,8 @@ def slow_link_from_args(args: argparse.Namespace, hw) -> tuple[slowlink.SlowLink
     if not 0 <= latency_ms < float("inf"):
         raise ValueError(f"--inter-dc-latency must be a finite number >= 0 (milliseconds), got {latency_ms}")
     link = slowlink.SlowLink(gbps, latency_ms / 1e3)
-    return link, slowlink.methods_from(args.powersgd_rank, args.diloco_inner_steps, args.diloco_fragments)
+    return link, slowlink.methods_from(args.powersgd_rank, args.diloco_inner_steps, args.diloco_fragments,
+                                       args.diloco_fragment_sync_delay)
 
 
 def _check_cp(args: argparse.Namespace) -> None:

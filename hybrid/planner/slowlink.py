@@ -32,9 +32,15 @@ the sites (planner's collective model over dp / sites ranks) and across them, pl
 PowerSGD's three matmuls per matrix on the planner's GEMM curve, its orthogonalisation and error-feedback passes
 as memory-bound bytes; 1-bit Adam's sign packing and error feedback as memory-bound bytes; DiLoCo's outer step
 (delta, Nesterov SGD, copy) as memory-bound bytes every H steps. Nothing of the cross-site traffic is overlapped,
-because the runtime on main overlaps none of it: PowerSGD reduces after the backward, 1-bit Adam inside the
-optimizer step, DiLoCo's outer sync blocks (Streaming DiLoCo's overlap with the next inner steps is being added in
-hybrid/diloco; until it lands a fragment's sync is priced blocking, which is what main runs). The synchronous
+because the runtime overlaps none of it: PowerSGD reduces after the backward, 1-bit Adam inside the optimizer
+step, DiLoCo's outer sync blocks -- except Streaming DiLoCo's overlap (`--diloco-fragment-sync-delay` tau > 0,
+hybrid/diloco/outer.py): a fragment's all-reduce is posted after its step and applied tau inner steps later, the
+inner steps running meanwhile, so of each fragment's sync only
+
+    exposed = max(0, t_fragment - tau x t_inner)
+
+is on the step (`overlapped_seconds`; t_fragment: the fragment's link time, latencies included; t_inner: the
+planner's step without its DP term plus the replica's own DP traffic inside the site). The synchronous
 all-reduce the engine posts from backward hooks could hide under the backward; the planner prices ZeRO 0-1's
 gradient sync exposed, and so does this. Before PowerSGD's start iteration and 1-bit Adam's freeze the traffic is
 synchronous: the table is the steady state after them.
@@ -53,6 +59,7 @@ from hybrid.compress.powersgd import PowerSGDConfig, matrix_rank
 from hybrid.planner.hardware import GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds
 from hybrid.planner.layout import Cluster, Layout, Workload, ZeroStage, dp_placement, stage_layers
 from hybrid.planner.predicted_comm import zero_ledger, zero_units
+from hybrid.planner.time import _context
 
 MASTER_BYTES = 4  # DiLoCo syncs the fp32 master weights (hybrid/diloco/outer.py)
 SITES = 2
@@ -87,6 +94,8 @@ class MethodConfig:
         inner_steps: DiLoCo's H (`--diloco-inner-steps`).
         fragments: Streaming DiLoCo's K (`--diloco-fragments`; 1 for plain DiLoCo).
         replicas: DiLoCo's R (`--diloco-replicas`); None: dp (every DP rank its own replica).
+        fragment_sync_delay: DiLoCo's tau (`--diloco-fragment-sync-delay`): inner steps a fragment's outer sync
+            runs under before it must land; 0: the sync blocks. 0 <= tau < H / K, as the runtime requires.
     """
 
     method: Method
@@ -96,6 +105,7 @@ class MethodConfig:
     inner_steps: int = 100
     fragments: int = 1
     replicas: int | None = None
+    fragment_sync_delay: int = 0
 
     def __post_init__(self) -> None:
         for flag, value in (("--powersgd-rank", self.powersgd_rank), ("--diloco-inner-steps", self.inner_steps),
@@ -106,16 +116,23 @@ class MethodConfig:
         if self.inner_steps % self.fragments:
             raise ValueError(f"--diloco-fragments {self.fragments} must divide --diloco-inner-steps "
                              f"{self.inner_steps}")
+        tau, per = self.fragment_sync_delay, self.inner_steps // self.fragments
+        if isinstance(tau, bool) or not isinstance(tau, int) or not 0 <= tau < per:
+            raise ValueError(f"--diloco-fragment-sync-delay must be an integer in [0, H / K) = [0, {per}) "
+                             f"(one fragment in flight at a time, as the runtime), got {tau!r}")
+        if tau and self.method not in (Method.DILOCO, Method.STREAMING):
+            raise ValueError(f"--diloco-fragment-sync-delay applies to DiLoCo, not {self.method.value}")
 
     @property
     def label(self) -> str:
         m = self.method
         if m is Method.POWERSGD:
             return f"powersgd r {self.powersgd_rank}"
+        tau = f" tau {self.fragment_sync_delay}" if self.fragment_sync_delay else ""
         if m is Method.DILOCO:
-            return f"diloco H {self.inner_steps}"
+            return f"diloco H {self.inner_steps}{tau}"
         if m is Method.STREAMING:
-            return f"streaming H {self.inner_steps} K {self.fragments}"
+            return f"streaming H {self.inner_steps} K {self.fragments}{tau}"
         return m.value
 
     def zero_stages(self) -> tuple[ZeroStage, ...]:
@@ -188,10 +205,6 @@ def param_shapes(work: Workload, layout: Layout, pp_rank: int) -> list[tuple[int
     return shapes
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
 # --- bytes ----------------------------------------------------------------------------------------------------------
 Bytes = dict[str, float]  # "op@group" -> bytes (the ledger's size S summed over calls)
 
@@ -232,7 +245,7 @@ def powersgd_bytes(work: Workload, layout: Layout, pp_rank: int, rank: int) -> B
     numbers = 0
     for shape in param_shapes(work, layout, pp_rank):
         r = matrix_rank(shape, cfg)
-        numbers += r * (shape[0] + _numel(shape) // shape[0]) if r else _numel(shape)
+        numbers += r * (shape[0] + math.prod(shape) // shape[0]) if r else math.prod(shape)
     if layout.dp <= 1:
         return {}
     gathers = {k: v for k, v in sync_bytes(work, layout, pp_rank, per_micro_batch=False).items()
@@ -316,11 +329,14 @@ class LinkTime:
         intra: inside the sites, on the node links (the slowest pipeline rank).
         cross: across the sites: latencies + all groups' bytes / bandwidth.
         cross_bytes: bytes crossing per direction per step, all the job's DP groups together.
+        exposed: the part of `cross` the step waits for: all of it (`link_time`) but under DiLoCo's overlap
+            (`price`: `overlapped_seconds`).
     """
 
     intra: float
     cross: float
     cross_bytes: float
+    exposed: float
 
 
 def _calls(work: Workload, layout: Layout, method: MethodConfig, pp_rank: int) -> dict[str, float]:
@@ -370,7 +386,20 @@ def link_time(work: Workload, cluster: Cluster, layout: Layout, method: MethodCo
         intra = max(intra, t_intra)
         calls = _calls(work, layout, method, pp_rank)
         latency = max(latency, sum(c * CROSS_PHASES.get(op, 1) for op, c in calls.items()) * link.latency_s)
-    return LinkTime(intra=intra, cross=latency + total / (link.gbps * 1e9), cross_bytes=total)
+    cross = latency + total / (link.gbps * 1e9)
+    return LinkTime(intra=intra, cross=cross, cross_bytes=total, exposed=cross)
+
+
+def overlapped_seconds(cross: float, inner_s: float, method: MethodConfig) -> float:
+    """Seconds per step of DiLoCo's outer sync left on the step when each fragment's sync runs under the next tau
+    inner steps (`--diloco-fragment-sync-delay`): K / H fragment syncs a step, each t_f = cross H / K on the link,
+    each hiding up to tau x inner_s:  K / H x max(0, t_f - tau inner_s). `cross` (link_time's, per step) is all
+    outer sync for DiLoCo (its replicas' own traffic stays inside the sites); tau 0: all of it."""
+    tau = method.fragment_sync_delay
+    if not tau:
+        return cross
+    per_step = method.fragments / method.inner_steps
+    return per_step * max(0.0, cross / per_step - tau * inner_s)
 
 
 def _intra_seconds(hw: Hardware, op: str, size: float, group: GroupPlacement) -> float:
@@ -388,7 +417,7 @@ def state_bytes(work: Workload, layout: Layout, method: MethodConfig) -> float:
     and outer momentum (4 + 4 bytes a master element of the shard)."""
     worst = 0.0
     for pp_rank in range(layout.pp):
-        psi = sum(_numel(s) for s in param_shapes(work, layout, pp_rank))
+        psi = sum(math.prod(s) for s in param_shapes(work, layout, pp_rank))
         n, g = layout.dp, work.grad_bytes
         if method.method is Method.POWERSGD:
             extra = g * psi + (g * psi * (n - 1) / n if layout.zero is ZeroStage.GRADIENTS else 0.0)
@@ -403,36 +432,39 @@ def state_bytes(work: Workload, layout: Layout, method: MethodConfig) -> float:
 
 
 def compress_seconds(work: Workload, cluster: Cluster, layout: Layout, method: MethodConfig) -> float:
-    """The compressor's own work per step on the busiest pipeline rank (see the module docstring)."""
+    """The compressor's own work per step on the busiest pipeline rank (see the module docstring); its
+    memory-bound passes priced as the planner prices every such kernel (ops.py: bytes / bandwidth + kernels x
+    overhead, time.py's hbm_seconds and launch_seconds)."""
     hw, gb = cluster.hw, work.grad_bytes
+    ctx = _context(work, cluster, layout)
+
+    def _memory_seconds(nbytes: float, kernels: int) -> float:
+        return ctx.hbm_seconds(nbytes) + ctx.launch_seconds(kernels)
+
     worst = 0.0
     for pp_rank in range(layout.pp):
         shapes = param_shapes(work, layout, pp_rank)
-        numel = sum(_numel(s) for s in shapes)
+        numel = sum(math.prod(s) for s in shapes)
         if method.method is Method.POWERSGD and layout.dp > 1:
             cfg, t = PowerSGDConfig(rank=method.powersgd_rank), 0.0
             for s in shapes:
                 r = matrix_rank(s, cfg)
                 if r:
-                    n, k = s[0], _numel(s) // s[0]
+                    n, k = s[0], math.prod(s) // s[0]
                     for g in (Gemm(n, r, k), Gemm(k, r, n), Gemm(n, k, r)):  # P = M Q, Q = M^T P, M~ = P Q^T
                         t += hw.gemm_seconds(g, gb)
-                    t += _memory_seconds(hw, 2 * r * (n + k) * r * gb, 2 * r)  # Gram-Schmidt / QR of P and Q
-            t += _memory_seconds(hw, POWERSGD_PASSES * numel * gb, 5)
+                    t += _memory_seconds(2 * r * (n + k) * r * gb, 2 * r)  # Gram-Schmidt / QR of P and Q
+            t += _memory_seconds(POWERSGD_PASSES * numel * gb, 5)
         elif method.method is Method.ONEBIT and layout.dp > 1:
-            t = _memory_seconds(hw, (ONEBIT_PASSES + ONEBIT_SERVER_PASSES / layout.dp) * numel * 4, 20)
+            t = _memory_seconds((ONEBIT_PASSES + ONEBIT_SERVER_PASSES / layout.dp) * numel * 4, 20)
         elif method.method in (Method.DILOCO, Method.STREAMING) and (method.replicas or layout.dp) > 1:
             inner = _inner(layout, method)
             shard = diloco_shard_numel(work, layout, pp_rank, inner)
-            t = _memory_seconds(hw, DILOCO_PASSES * shard * MASTER_BYTES, 10 * method.fragments) / method.inner_steps
+            t = _memory_seconds(DILOCO_PASSES * shard * MASTER_BYTES, 10 * method.fragments) / method.inner_steps
         else:
             t = 0.0
         worst = max(worst, t)
     return worst
-
-
-def _memory_seconds(hw: Hardware, nbytes: float, kernels: int) -> float:
-    return nbytes / hw.elementwise_bytes_per_s + kernels * hw.kernel_overhead_s
 
 
 @dataclass(frozen=True)
@@ -474,15 +506,17 @@ def check_layout(layout: Layout, method: MethodConfig | None = None) -> None:
 def price(work: Workload, cluster: Cluster, layout: Layout, method: MethodConfig, link: SlowLink,
           evaluate) -> tuple[LinkTime, float, float, bool]:
     """(its DP traffic's time, the compressor's seconds, the step, whether it fits the device with the method's
-    own state, `state_bytes`) of one method at one layout. `evaluate` is the planner's (search.evaluate), passed
+    own state, `state_bytes`) of one method at one layout. The step: the planner's without its DP term, the DP
+    traffic inside the sites, the exposed link time and the compressor's work. `evaluate` is the planner's (search.evaluate), passed
     in so that this module stays apart from the search."""
     check_layout(layout, method)
     plan = evaluate(work, cluster, layout)
     local = plan.time.total - plan.time.dp_comm  # the planner's step without its DP term
     lt = link_time(work, cluster, layout, method, link)
+    lt = replace(lt, exposed=overlapped_seconds(lt.cross, local + lt.intra, method))
     comp = compress_seconds(work, cluster, layout, method)
     fits = plan.memory_gb * GB + state_bytes(work, layout, method) <= cluster.hw.capacity_bytes
-    return lt, comp, local + lt.intra + lt.cross + comp, fits
+    return lt, comp, local + lt.intra + lt.exposed + comp, fits
 
 
 def predict(work: Workload, cluster: Cluster, layouts: list[Layout], methods: list[MethodConfig], link: SlowLink,
@@ -521,13 +555,15 @@ def _verdict(method: MethodConfig, lay: Layout, speedup: float, fits: bool, lt: 
     return f"does not pay: {1 / speedup:.2f}x slower than synchronous"
 
 
-def methods_from(powersgd_rank: int, inner_steps: int, fragments: int) -> list[MethodConfig]:
+def methods_from(powersgd_rank: int, inner_steps: int, fragments: int,
+                 fragment_sync_delay: int = 0) -> list[MethodConfig]:
     """The table's methods: synchronous first, then PowerSGD, 1-bit Adam, DiLoCo and Streaming DiLoCo with one
-    replica per site (`--diloco-replicas 2`: ZeRO inside the site, only the outer sync crosses)."""
+    replica per site (`--diloco-replicas 2`: ZeRO inside the site, only the outer sync crosses); the streaming row
+    with the overlap tau (`--diloco-fragment-sync-delay`)."""
     diloco = dict(inner_steps=inner_steps, replicas=SITES)
     return [MethodConfig(Method.SYNC), MethodConfig(Method.POWERSGD, powersgd_rank=powersgd_rank),
             MethodConfig(Method.ONEBIT), MethodConfig(Method.DILOCO, **diloco),
-            MethodConfig(Method.STREAMING, fragments=fragments, **diloco)]
+            MethodConfig(Method.STREAMING, fragments=fragments, fragment_sync_delay=fragment_sync_delay, **diloco)]
 
 
 def table(rows: list[MethodRow], link: SlowLink) -> str:
@@ -545,7 +581,8 @@ def table(rows: list[MethodRow], link: SlowLink) -> str:
               "with; DP bytes/step: one rank's DP traffic (ledger sizes, its largest pipeline rank; DiLoCo: its "
               "replica's own sync + the outer sync / H); across/step: the bytes all DP groups send over the link per "
               "direction; link s: their time over it (latencies included); step s: the planner's step without its "
-              "DP term + the DP traffic inside the sites + link s + the compressor's work. Steady state (after "
+              "DP term + the DP traffic inside the sites + link s (with tau: only what tau inner steps do not "
+              "hide of each fragment's sync) + the compressor's work. Steady state (after "
               "PowerSGD's start, 1-bit Adam's freeze); compression and local updates change the optimisation too "
               "(docs/comm-efficient.md, docs/diloco.md).")
     lines += textwrap.wrap(legend, 118, initial_indent="  ", subsequent_indent="  ")

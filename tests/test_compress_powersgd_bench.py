@@ -1,0 +1,67 @@
+"""scripts/bench_comm_efficient.py's row set and schedule, without running a row (the runs: the slow
+tests/test_compress_bench.py): --powersgd-extra-ranks adds a PowerSGD row per rank after PowerSGD's, each with its
+own rank and everything else the run's; every row steps at OptimizerConfig.lr_at of the run's schedule flags; bad
+schedule values end in the parser's one line."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
+import bench_comm_efficient as bench  # noqa: E402
+
+
+def _args(**over) -> argparse.Namespace:
+    base = dict(lr=3e-3, min_lr=3e-4, adam_beta2=0.95, lr_warmup_iters=0, lr_decay_style="constant", steps=300,
+                powersgd_rank=4, powersgd_extra_ranks=[], rows=[])
+    return argparse.Namespace(**{**base, **over})
+
+
+def test_extra_ranks_add_powersgd_rows_after_powersgd_with_only_the_rank_changed():
+    args = _args(powersgd_extra_ranks=[8, 16])
+    rows = bench._rows(args)
+    assert list(rows) == ["AdamW (synchronous)", "PowerSGD", "PowerSGD r 8", "PowerSGD r 16", "1-bit Adam"]
+    assert rows["PowerSGD"][1] is args and args.powersgd_rank == 4
+    for r in (8, 16):
+        fn, row_args = rows[f"PowerSGD r {r}"]
+        assert fn is bench.row_powersgd
+        assert vars(row_args) == {**vars(args), "powersgd_rank": r}
+    assert list(bench._rows(_args())) == list(bench.ROWS)
+
+
+def test_every_row_steps_at_the_schedule_of_the_flags():
+    cfg = bench._opt_cfg(_args(lr_warmup_iters=30, lr_decay_style="cosine", adam_beta2=0.999))
+    assert (cfg.beta2, cfg.weight_decay, cfg.train_iters) == (0.999, 0.01, 300)
+    assert cfg.lr_at(0) == 0.0 and cfg.lr_at(15) == pytest.approx(1.5e-3) and cfg.lr_at(30) == pytest.approx(3e-3)
+    # cosine from 3e-3 at step 30 to 3e-4 at step 300 (Megatron's formula, written out)
+    ratio = (165 - 30) / (300 - 30)
+    assert cfg.lr_at(165) == pytest.approx(3e-4 + 0.5 * (1 + math.cos(math.pi * ratio)) * (3e-3 - 3e-4))
+    assert cfg.lr_at(300) == pytest.approx(3e-4)
+    assert {bench._opt_cfg(_args()).lr_at(i) for i in (0, 150, 299)} == {3e-3}  # the default: constant
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--lr-warmup-iters", "300"], "--lr-warmup-iters must be >= 0 and below --steps (300)"),
+    (["--adam-beta2", "1"], "--adam-beta2 must be in [0, 1)"),
+    (["--min-lr", "1"], "--min-lr in [0, --lr]"),
+    (["--powersgd-extra-ranks", "4,0"], "argument --powersgd-extra-ranks"),
+])
+def test_bad_schedule_flags_are_one_line(capsys, extra, message):
+    with pytest.raises(SystemExit) as e:
+        bench.main(extra)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_rows_selects_rows_and_always_keeps_the_adamw_baseline(capsys):
+    assert list(bench._rows(_args(rows=["AdamW", "1-bit Adam"]))) == ["AdamW (synchronous)", "1-bit Adam"]
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--rows", "LAMB"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--rows: unknown row 'LAMB'" in err and err.count("\n") == 1, err
