@@ -115,9 +115,36 @@ def _worker(fn: Callable, rank: int, world: int, port: int, backend: str, args: 
             dist.destroy_process_group()
 
 
+PORT_TRIES = 3  # launches of one job when rank 0's store finds its port taken (EADDRINUSE)
+
+
 def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout: float = 180.0,
                     backend: str = "gloo", start_method: str = "forkserver") -> list[Any]:
-    """Run `fn(rank, world_size, *args)` on `world_size` new ranks; return per-rank results."""
+    """Run `fn(rank, world_size, *args)` on `world_size` new ranks; return per-rank results.
+
+    free_port() picks a port the kernel had free, then closes it: between that and rank 0's TCPStore binding it,
+    another process (a connection's ephemeral source port, a concurrent test's store) may take it. Rank 0 then
+    fails inside init_process_group with EADDRINUSE, before `fn` ran, so the job is launched again on a new port
+    (as torch's own tests retry on connect failures); any other failure is the test's."""
+    for attempt in range(PORT_TRIES):
+        try:
+            return _run_once(fn, world_size, args, timeout, backend, start_method)
+        except _PortTaken:
+            if attempt == PORT_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(DistributedFailure):
+    """Rank 0's store could not bind the job's port: nothing of `fn` ran."""
+
+
+def _port_taken(error: str) -> bool:
+    return "EADDRINUSE" in error and "init_process_group" in error
+
+
+def _run_once(fn: Callable, world_size: int, args: tuple, timeout: float, backend: str,
+              start_method: str) -> list[Any]:
     ctx = _forkserver() if start_method == "forkserver" else mp.get_context(start_method)
     queue = ctx.Queue()
     port = free_port()
@@ -148,7 +175,8 @@ def run_distributed(fn: Callable, world_size: int, args: tuple = (), timeout: fl
                 p.kill()
     if errors:
         first = min(errors)
-        raise DistributedFailure(f"rank {first} of {world_size} failed:\n{errors[first]}")
+        kind = _PortTaken if _port_taken(errors[first]) else DistributedFailure
+        raise kind(f"rank {first} of {world_size} failed:\n{errors[first]}")
     if len(results) < world_size:
         missing = sorted(set(range(world_size)) - set(results))
         raise DistributedFailure(f"ranks {missing} of {world_size} did not finish within {timeout:.0f}s")
