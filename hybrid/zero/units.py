@@ -152,11 +152,14 @@ class FlatUnit:
         self.written.add(id(p))
 
     def zero_unwritten(self, buf: torch.Tensor) -> None:
-        """Zero the slots of the parameters that received no gradient (what a zeroed buffer would hold)."""
+        """Zero the slots of the parameters that received no gradient (what a zeroed buffer would hold), and count
+        them written: a second call (the engine's late units are zeroed before their TP / tied-embedding sums and
+        again at their reduction) neither repeats the pass nor wipes what those sums put there."""
         if len(self.written) < len(self.params):
             for p in self.params:
                 if id(p) not in self.written:
                     self.grad_view(buf, p).zero_()
+                    self.written.add(id(p))
 
     def new_full_grad(self, buf: torch.Tensor) -> None:
         """Stages 2-3: start a full gradient in `buf` (uninitialised, `padded` elements): the padding zeroed, every
