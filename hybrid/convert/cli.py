@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hybrid.cliutil import HelpFormatter, int_in
-from hybrid.convert.common import DTYPES
+from hybrid.convert.common import DTYPES, check_dst_outside_src
 from hybrid.convert.detect import Format, detect
 from hybrid.convert.presharded import MICRO_BATCH, PP_FLAG, SEQ_LENGTH, TP_FLAG, TargetLayout
 from hybrid.convert.safetensors_out import parse_size
@@ -14,6 +14,7 @@ from hybrid.convert.safetensors_out import parse_size
 def run(args: argparse.Namespace) -> None:
     from hybrid.convert import deepspeed_to_hybrid, hf_to_hybrid, hybrid_to_hf
     fmt = detect(args.src)
+    check_dst_outside_src(args.src, args.dst)
     to = args.to or ("hf" if fmt is Format.HYBRID else "hybrid")
     verify = not args.no_verify
     target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,

@@ -1,0 +1,105 @@
+"""Bad inputs a new user tried (README and docs/*.md followed as written) that used to be accepted silently:
+each is now one line naming the flag or file and the fix, before any process group, with nothing written.
+
+All parse-level: train.py's `validate` and `hybrid.cli.main` in this process, one rank, no process group."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import hybrid.cli
+from hybrid.train.main import validate
+
+LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def one_process(monkeypatch):
+    for name in LAUNCHER_ENV:  # python, not torchrun: world 1
+        monkeypatch.delenv(name, raising=False)
+
+
+def _one_line(call, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        call()
+    text = e.value.code if isinstance(e.value.code, str) else capsys.readouterr().err.strip()
+    assert "\n" not in text.strip(), text
+    assert not torch.distributed.is_initialized()
+    return text
+
+
+def _train_line(argv, capsys) -> str:
+    return _one_line(lambda: validate(argv), capsys)
+
+
+# --- train.py: flags the chosen optimizer or schedule would never read ----------------------------------------
+@pytest.mark.parametrize("argv, want", [
+    (["--sgd-momentum", "0.5"], ["--sgd-momentum", "--optimizer sgd", "adam"]),
+    (["--optimizer", "onebit-adam", "--sgd-momentum", "0.5"], ["--sgd-momentum", "--optimizer sgd"]),
+    (["--optimizer", "sgd", "--adam-beta1", "0.5"], ["--adam-beta1", "drop --adam-beta1", "--optimizer adam"]),
+    (["--optimizer", "sgd", "--adam-beta2", "0.99"], ["--adam-beta2", "--sgd-momentum"]),
+    (["--lr-warmup-iters", "200", "--train-iters", "100"],
+     ["--lr-warmup-iters 200", "--lr-decay-iters (unset: --train-iters 100)", "--lr-warmup-iters < 100"]),
+    (["--lr-decay-iters", "5"], ["--lr-warmup-iters 10", "--lr-decay-iters 5", "--lr-decay-style constant"]),
+])
+def test_train_flag_the_run_would_ignore_is_one_line_naming_it(argv, want, capsys):
+    line = _train_line(argv + ["--train-iters", "100"] if "--train-iters" not in argv else argv, capsys)
+    assert line.startswith("train.py: error: ")
+    for piece in want:
+        assert piece in line, line
+
+
+@pytest.mark.parametrize("argv", [
+    ["--optimizer", "sgd", "--sgd-momentum", "0.5"],  # sgd reads its momentum
+    ["--optimizer", "onebit-adam", "--adam-beta1", "0.8"],  # 1-bit Adam reads the betas
+    ["--adam-beta2", "0.99"],
+    ["--train-iters", "2"],  # the default warm-up (10) with a short run: the tests' and docs' cheap runs
+    ["--lr-warmup-iters", "5", "--lr-decay-iters", "5", "--lr-decay-style", "constant"],  # no decay to end
+    ["--lr-warmup-iters", "2", "--lr-decay-iters", "3", "--train-iters", "5"],
+])
+def test_train_flags_the_run_reads_still_pass(argv):
+    run = validate(argv)[0]
+    assert run.optimizer.optimizer in ("adam", "sgd", "onebit-adam")
+
+
+# --- hybrid convert: DST inside SRC --------------------------------------------------------------------------
+def _fake_hf_folder(path) -> str:
+    """config.json + model.safetensors by name only: `detect` reads no bytes, and the DST check comes first."""
+    os.makedirs(path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 2, "vocab_size": 256,
+                   "n_positions": 16}, f)
+    with open(os.path.join(path, "model.safetensors"), "wb") as f:
+        f.write(b"")
+    return str(path)
+
+
+@pytest.mark.parametrize("inside", ["sub", "sub/deeper", "."])
+def test_convert_dst_inside_src_is_refused_before_anything_is_written(inside, tmp_path, capsys):
+    src = _fake_hf_folder(tmp_path / "hf")
+    dst = os.path.join(src, inside)
+    before = sorted(os.listdir(src))
+    line = _one_line(lambda: hybrid.cli.main(["convert", src, dst]), capsys)
+    assert line.startswith("hybrid convert: error: DST ") and "is inside SRC" in line
+    assert "give a DST outside SRC" in line
+    assert sorted(os.listdir(src)) == before  # no staging directory, no DST
+
+
+# --- hybrid generate: more new tokens than the context holds -------------------------------------------------
+def test_generate_max_new_tokens_beyond_the_context_is_one_line_with_the_room_left(tmp_path, capsys):
+    from safetensors.torch import save_file
+    src = tmp_path / "hf"
+    os.makedirs(src)
+    (src / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 2,
+                                                 "vocab_size": 256, "n_positions": 16}))
+    save_file({"wte.weight": torch.zeros(256, 32)}, str(src / "model.safetensors"))  # a readable header
+    line = _one_line(lambda: hybrid.cli.main(["generate", str(src), "--prompt-ids", "1,2,3,4",
+                                              "--max-new-tokens", "100"]), capsys)
+    assert line == ("hybrid generate: error: --max-new-tokens 100: the 4-token prompt leaves 12 of the model's 16 "
+                    "positions; use --max-new-tokens 12 or less, or a shorter prompt")
+    line = _one_line(lambda: hybrid.cli.main(["generate", str(src), "--prompt", "x" * 10]), capsys)
+    assert "--max-new-tokens 32: the 10-token prompt leaves 6" in line  # the default 32 names the flag too
