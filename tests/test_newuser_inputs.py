@@ -103,3 +103,17 @@ def test_generate_max_new_tokens_beyond_the_context_is_one_line_with_the_room_le
                     "positions; use --max-new-tokens 12 or less, or a shorter prompt")
     line = _one_line(lambda: hybrid.cli.main(["generate", str(src), "--prompt", "x" * 10]), capsys)
     assert "--max-new-tokens 32: the 10-token prompt leaves 6" in line  # the default 32 names the flag too
+
+
+def test_train_load_of_a_missing_path_names_both_things_load_takes(tmp_path, capsys):
+    """docs/checkpoint.md's resume command before any save: the line used to offer only a transformers folder."""
+    line = _train_line(["--load", str(tmp_path / "runs" / "ckpt")], capsys)
+    assert line == (f"train.py: error: --load '{tmp_path / 'runs' / 'ckpt'}' does not exist; give an earlier run's "
+                    f"--save directory (a checkpoint) or a transformers model directory (safetensors)")
+
+
+def test_generate_seed_with_greedy_decoding_is_one_line_naming_it(tmp_path, capsys):
+    """--seed seeds the sampling draws; greedy decoding draws nothing, so the seed was silently ignored."""
+    line = _one_line(lambda: hybrid.cli.main(["generate", str(tmp_path), "--prompt", "hi", "--seed", "5"]), capsys)
+    assert line == ("hybrid generate: error: --seed 5 seeds sampling, but --temperature is 0 (greedy, no draws); "
+                    "give --temperature > 0 or drop --seed")

@@ -165,7 +165,9 @@ def check_checkpoint(path: str, cfg: ModelConfig, model: str) -> None:
     from models.hf_io import CheckpointReader
 
     if not os.path.isdir(path):
-        raise ValueError(f"--load {path!r} is not a directory; give a transformers model directory (safetensors)")
+        what = "does not exist" if not os.path.exists(path) else "is not a directory"
+        raise ValueError(f"--load {path!r} {what}; give an earlier run's --save directory (a checkpoint) or a "
+                         f"transformers model directory (safetensors)")
     try:
         reader = CheckpointReader(path)
         missing = sorted({f for f in reader.files.values() if not os.path.isfile(f)})
