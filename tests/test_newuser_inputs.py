@@ -1,7 +1,8 @@
 """Bad inputs a new user tried (README and docs/*.md followed as written) that used to be accepted silently:
 each is now one line naming the flag or file and the fix, before any process group, with nothing written.
 
-All parse-level: train.py's `validate` and `hybrid.cli.main` in this process, one rank, no process group."""
+Parse-level but one: train.py's `validate` and `hybrid.cli.main` in this process, one rank, no process group;
+the resume with nothing left to train runs train.py (marked slow)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,20 @@ def test_generate_seed_with_greedy_decoding_is_one_line_naming_it(tmp_path, caps
     line = _one_line(lambda: hybrid.cli.main(["generate", str(tmp_path), "--prompt", "hi", "--seed", "5"]), capsys)
     assert line == ("hybrid generate: error: --seed 5 seeds sampling, but --temperature is 0 (greedy, no draws); "
                     "give --temperature > 0 or drop --seed")
+
+
+@pytest.mark.slow  # train.py end to end, twice (forked from hybrid.testing's forkserver)
+def test_resume_with_nothing_left_to_train_says_so_instead_of_a_nan_loss(tmp_path):
+    """`--load ck --train-iters N` with the checkpoint at N or beyond trains nothing: the last line used to read
+    `done: final lm loss nan`, which looks like a diverged run."""
+    from hybrid import testing
+    tiny = ["--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "1", "--eval-iters", "0",
+            "--log-interval", "1", "--train-iters", "1"]
+    ck = str(tmp_path / "ck")
+    (saved,) = testing.launch(tiny + ["--save", ck], 1, cwd=str(tmp_path))
+    assert saved.returncode == 0, saved.stderr
+    assert "done: final lm loss " in saved.stdout and "nan" not in saved.stdout.splitlines()[-1]
+    (again,) = testing.launch(tiny + ["--load", ck], 1, cwd=str(tmp_path))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip().splitlines()[-1] == ("done: no iteration to train (the checkpoint is at iteration 1, "
+                                                     "--train-iters 1)")
