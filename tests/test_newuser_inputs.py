@@ -135,3 +135,39 @@ def test_resume_with_nothing_left_to_train_says_so_instead_of_a_nan_loss(tmp_pat
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip().splitlines()[-1] == ("done: no iteration to train (the checkpoint is at iteration 1, "
                                                      "--train-iters 1)")
+
+
+# --- feature flags that do nothing in the run given (hybrid/cp, hybrid/moe, hybrid/data args) ------------------
+@pytest.mark.parametrize("argv, world, want", [
+    (["--cp-comm-type", "a2a"], 1, "train.py: error: --cp-comm-type picks how the --context-parallel-size ranks "
+     "exchange keys and values; at --context-parallel-size 1 nothing is exchanged: give --context-parallel-size > 1 "
+     "or drop --cp-comm-type"),
+    (["--model", "tiny-mixtral", "--moe-router-bias-update-rate", "0.01"], 1, "train.py: error: "
+     "--moe-router-bias-update-rate sets how fast the expert bias moves; add --moe-router-enable-expert-bias or drop "
+     "the rate"),
+    (["--tokenizer-type", "ByteLevel", "--tokenizer-model", "tok.json"], 1, "train.py: error: --tokenizer-model is "
+     "read by --tokenizer-type HuggingFaceTokenizer; ByteLevel has no model (a token per byte): drop "
+     "--tokenizer-model or use --tokenizer-type HuggingFaceTokenizer"),
+])
+def test_feature_flag_that_would_do_nothing_is_one_line_naming_it(argv, world, want, capsys):
+    assert _train_line(argv, capsys) == want
+
+
+@pytest.mark.parametrize("argv", [
+    ["--model", "tiny-mixtral", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0.01"],
+    ["--tokenizer-type", "ByteLevel"],
+])
+def test_feature_flags_the_run_reads_still_pass(argv):
+    validate(argv)
+
+
+def test_cp_comm_type_with_context_parallel_still_passes(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    run = validate(["--model", "tiny-llama", "--context-parallel-size", "2", "--cp-comm-type", "a2a",
+                    "--seq-length", "32"])[0]
+    assert run.cp.size == 2 and run.cp.comm_type.value == "a2a"
