@@ -171,3 +171,20 @@ def test_cp_comm_type_with_context_parallel_still_passes(monkeypatch):
     run = validate(["--model", "tiny-llama", "--context-parallel-size", "2", "--cp-comm-type", "a2a",
                     "--seq-length", "32"])[0]
     assert run.cp.size == 2 and run.cp.comm_type.value == "a2a"
+
+
+# --- the launcher's environment (hybrid/launch.py): LOCAL_RANK picks the GPU ---------------------------------
+@pytest.mark.parametrize("local_rank, want", [
+    ("5", "LOCAL_RANK '5' is not an integer in [0, LOCAL_WORLD_SIZE 2)"),
+    ("x", "LOCAL_RANK 'x' is not an integer in [0, LOCAL_WORLD_SIZE 2)"),
+    ("-1", "LOCAL_RANK '-1' is not an integer in [0, LOCAL_WORLD_SIZE 2)"),
+])
+def test_a_local_rank_outside_the_node_is_one_line_before_any_process_group(local_rank, want, monkeypatch, capsys):
+    """LOCAL_RANK 5 on a 2-process node would make rank 0 open cuda:5 (torch's traceback, or another job's GPU)."""
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "0"), ("LOCAL_WORLD_SIZE", "2"), ("LOCAL_RANK", local_rank),
+                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(name, value)
+    line = _train_line([], capsys)
+    assert line == f"train.py: error: the environment's {want}; launch with torchrun --nproc-per-node N"
+    line = _one_line(lambda: hybrid.cli.main(["generate", "nowhere", "--prompt", "hi"]), capsys)
+    assert line == f"hybrid generate: error: the environment's {want}; launch with torchrun --nproc-per-node N"
