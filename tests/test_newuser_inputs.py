@@ -188,3 +188,22 @@ def test_a_local_rank_outside_the_node_is_one_line_before_any_process_group(loca
     assert line == f"train.py: error: the environment's {want}; launch with torchrun --nproc-per-node N"
     line = _one_line(lambda: hybrid.cli.main(["generate", "nowhere", "--prompt", "hi"]), capsys)
     assert line == f"hybrid generate: error: the environment's {want}; launch with torchrun --nproc-per-node N"
+
+
+# --- hybrid convert: partition flags where nothing reads them -------------------------------------------------
+@pytest.mark.parametrize("flags, want", [
+    (["--pipeline-partition", "balanced"], "--pipeline-partition balanced splits the layers over "
+     "--target-pipeline-parallel-size stages, and it is 1: give --target-pipeline-parallel-size N (the run's "
+     "pipeline size) or drop --pipeline-partition"),
+    (["--pipeline-layers-per-stage", "2"], "--pipeline-layers-per-stage splits the layers over "
+     "--target-pipeline-parallel-size stages, and it is 1"),
+    (["--seq-length", "64"], "--seq-length prices the layers of --pipeline-partition balanced only; add "
+     "--pipeline-partition balanced (with --target-pipeline-parallel-size N) or drop --seq-length"),
+    (["--target-pipeline-parallel-size", "2", "--micro-batch-size", "2"], "--micro-batch-size prices the layers of "
+     "--pipeline-partition balanced only"),
+])
+def test_convert_partition_flag_nothing_reads_is_one_line_and_writes_nothing(flags, want, tmp_path, capsys):
+    src = _fake_hf_folder(tmp_path / "hf")
+    line = _one_line(lambda: hybrid.cli.main(["convert", src, str(tmp_path / "out"), *flags]), capsys)
+    assert line.startswith(f"hybrid convert: error: {want}"), line
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
