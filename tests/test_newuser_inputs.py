@@ -207,3 +207,16 @@ def test_convert_partition_flag_nothing_reads_is_one_line_and_writes_nothing(fla
     line = _one_line(lambda: hybrid.cli.main(["convert", src, str(tmp_path / "out"), *flags]), capsys)
     assert line.startswith(f"hybrid convert: error: {want}"), line
     assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+# --- hybrid layout ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, want", [
+    (["--moe-ffn-hidden-size", "64"], "hybrid layout: error: --moe-ffn-hidden-size 64 is the experts' width; add "
+     "--num-experts or --expert-model-parallel-size to print the experts, or drop it"),
+    (["--context-parallel-size", "2", "--num-experts", "4"], "hybrid layout: error: --context-parallel-size 2 with "
+     "experts"),  # the line used to come without its command's prefix
+])
+def test_layout_flag_it_cannot_print_is_one_line_with_the_command_prefix(argv, want, capsys):
+    line = _one_line(lambda: hybrid.cli.main(["layout", "--world", "8", *argv]), capsys)
+    assert line.startswith(want), line
+    assert capsys.readouterr().out == ""  # nothing of the layout printed before the error
