@@ -80,9 +80,10 @@ def _train(mesh: Mesh, stage: int, seed: bool = True, bypass: bool = False, prec
         train_step(chunks, micro_batches(corpus, spec, 3, it, mesh.coords.dp), opt, mesh, runner=runner)
         log.ops.clear() if it < STEPS - 1 else None
     out["ops"] = sorted(set(log.ops))
-    out["views"] = precision is Precision.FP32 and all(u.master.untyped_storage().data_ptr() == (u.flat if stage < 3 else u.shard)
-                       .untyped_storage().data_ptr() and u.master_grad.data_ptr() == u.grad_shard.data_ptr()
-                       for u in opt.units)  # the master is the parameter shard, its gradient the reduced shard
+    # the master is the parameter buffer's shard, its gradient the reduced shard
+    out["views"] = precision is Precision.FP32 and all(
+        u.master.untyped_storage().data_ptr() == (u.flat if stage < 3 else u.shard).untyped_storage().data_ptr()
+        and u.master_grad.data_ptr() == u.grad_shard.data_ptr() for u in opt.units)
     with opt.gathered():
         out["weights"] = {n: p.detach().clone() for n, p in chunks.named_parameters()}
     out["moments"] = [opt.moment(i, j, k).clone() for i, u in enumerate(opt.units) for j in range(len(u.views))
