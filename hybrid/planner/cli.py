@@ -480,9 +480,12 @@ def _baseline(hw) -> float | None:
 
 def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> str:
     hw, cfg = cluster.hw, work.model
+    eager = work.kernel_profile is KernelProfile.EAGER and hw.eager_clock != 1.0
+    clock = f" x eager clock {hw.eager_clock:.3g}" if eager else ""
     lines = [f"{cfg.arch} {_count(cfg.num_parameters)} params, {cfg.num_layers} layers, h {cfg.hidden_size}, "
              f"{cfg.num_heads} heads ({cfg.num_kv_heads} kv) | {cluster.gpus} x {hw.name} "
-             f"({hw.capacity_bytes / GB:.4g} GB, {hw.peak_tflops:g} TFLOP/s, efficiency {hw.compute_efficiency:.3g}) | "
+             f"({hw.capacity_bytes / GB:.4g} GB, {hw.peak_tflops:g} TFLOP/s, efficiency {hw.compute_efficiency:.3g}"
+             f"{clock}) | "
              f"global batch {work.global_batch} x {work.seq_length} tokens",
              "layout: tp pp dp v(chunks/rank) b(micro-batch) z(ZeRO) [offload] [sp] recompute; "
              "TFLOP/s per GPU incl. recomputation; MFU without",
@@ -507,7 +510,7 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -
 def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     """The step of `plan` taken apart (time.TERMS): each term's seconds, its share, what it is, and the numbers
     the compute terms rest on."""
-    t, hw = plan.time, cluster.hw
+    t, hw = plan.time, cluster.hw.for_kernels(work.kernel_profile is KernelProfile.EAGER)  # as the plan timed it
     moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
     lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
              f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}, gradient accumulation "

@@ -1,6 +1,7 @@
 """The planner on published runs that are not in shared/reference: other models, GPUs, frameworks, schedules.
 
     python -m hybrid.planner.published        # prints the table of docs/planner.md "Published runs"
+    python -m hybrid.planner.published --mpt-decomposition   # "Why eager FSDP on H100 was optimistic"
 
 Held-out discipline, in code: every run has a `Role`. FIT rows may set a constant of the model -- each names the
 constant it fitted (`PublishedRun.fits`; hybrid/planner/fit.py re-derives it from that row) -- and CHECK rows
@@ -412,6 +413,9 @@ MPT_ROWS = (("h100-80g", "70b", 2048, 512, 8, 1, 1007, 3, True, True, 6486243737
             ("a100-80g", "1b", 2048, 8, 14, 4, 20513, 3, False, True, 1315950592))
 
 
+MPT_FIT_GPUS = 8  # the H100 rows on one node fit H100_EAGER_CLOCK (fit.fit_h100_eager_clock); the rest check
+
+
 def mpt_model(size: str, seq: int) -> ModelConfig:
     layers, d, heads = MPT_SIZES[size]
     return replace(gpt_model(layers, d, heads, 50368, seq), dropout=0.0)
@@ -433,9 +437,44 @@ def mpt_runs() -> list[PublishedRun]:
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))
         ac = ", AC" if checkpointing else ""
         card = "H100" if gpu.startswith("h100") else "A100"
+        fit = gpu == "h100-80g" and gpus == MPT_FIT_GPUS
         runs.append(PublishedRun(f"MPT-{size}, s {seq}, {gpus} {card}, FSDP z{zero}, b{mb} x {accum}{ac}",
-                                 MPT_SOURCE, work, gpu, gpus, space, Metric.TOKENS_PER_GPU, tokens))
+                                 MPT_SOURCE, work, gpu, gpus, space, Metric.TOKENS_PER_GPU, tokens,
+                                 role=Role.FIT if fit else Role.CHECK,
+                                 fits="H100_EAGER_CLOCK (fit.fit_h100_eager_clock)" if fit else ""))
     return runs
+
+
+def _plan_on(run: PublishedRun, hw) -> Plan:
+    return search(run.workload, Cluster(gpus=run.gpus, hw=hw), run.space, top=1, formula=run.formula,
+                  budget=run.sim_budget).plans[0]
+
+
+def mpt_decomposition() -> str:
+    """Why the H100 MPT rows were optimistic (docs/planner.md "Why eager FSDP on H100 was optimistic"): each MPT
+    row planned at the curve's full rate (eager clock 1), its step taken apart into the `--explain` terms (% of the
+    step), its error then, and the clock that would make it exact -- applied to the tensor-core work (GEMMs and
+    flash attention, as Hardware.eager_clock is) and, for comparison, to the GEMMs alone."""
+    from hybrid.planner.fit import solve
+    lines = ["| row | error at clock 1 | GEMM | attention | memory-bound | launches | DP + optimizer | clock needed | "
+             "GEMM-only e needed |", "|---|---|---|---|---|---|---|---|---|"]
+    for run in mpt_runs():
+        base = run.hardware().with_overrides(eager_clock=1.0)
+        plan = _plan_on(run, base)
+        share = {name: 100 * seconds / plan.time.total for name, seconds in plan.time.terms}
+        comm = share["dp_in_passes"] + share["dp_exposed"] + share["optimizer"]
+        if run.gpu == "h100-80g":
+            clock = solve(lambda c: run.throughput_error(_plan_on(run, base.with_overrides(eager_clock=c))), 0.0,
+                          0.3, 1.0, iters=24)
+            e = solve(lambda x: run.throughput_error(_plan_on(run, base.with_overrides(compute_efficiency=x))),
+                      0.0, 0.2, 1.0, iters=24)
+            needed = f"{clock:.3f} | {e:.3f}"
+        else:
+            needed = "- | -"
+        lines.append(f"| {run.name} | {100 * run.throughput_error(plan):+.1f} % | {share['gemm']:.1f} | "
+                     f"{share['attention']:.1f} | {share['memory_bound']:.1f} | {share['launches']:.1f} | {comm:.1f} | "
+                     f"{needed} |")
+    return "\n".join(lines)
 
 
 def all_runs() -> list[PublishedRun]:
@@ -499,6 +538,10 @@ def summaries(runs: list[PublishedRun]) -> str:
 
 
 def main() -> None:
+    import sys
+    if sys.argv[1:] == ["--mpt-decomposition"]:
+        print(mpt_decomposition())
+        return
     runs = all_runs()
     print(table(runs))
     print()
