@@ -379,6 +379,8 @@ def narayanan_runs() -> list[PublishedRun]:
 MPT_SOURCE = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit c90b9b3 (MPT training "
               "benchmarks, tables 'H100 80GB BF16 (Large Scale, >= 128 GPUs)', 'H100 80GB BF16' and 'A100 80GB with "
               "1600 Gbps node-node interconnect (RoCE)'; Throughput (T/s/GPU))")
+MPT_FP8_SOURCE = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit 061f2c7, table 'H100 80GB FP8' "
+                  "(amp_fp8: Transformer Engine; the run log with its image: scripts/train/benchmarking/h100old.md)")
 # MPT sizes (layers, d_model, heads); every benchmark model is GPT-2 shaped: learned positions of the row's
 # sequence length, LayerNorm and linear biases, GELU MLP of 4 d, tied embeddings, vocabulary 50368, no dropout
 # -- the table's NumParams column is exactly that count (tests/test_planner_published.py)
@@ -413,6 +415,23 @@ MPT_ROWS = (("h100-80g", "70b", 2048, 512, 8, 1, 1007, 3, True, True, 6486243737
             ("a100-80g", "1b", 2048, 8, 14, 4, 20513, 3, False, True, 1315950592))
 
 
+# More rows of the same H100 BF16 table (issue 26, fifth round; all CHECK rows): the 16-64 GPU rows and the
+# other sequence lengths on one node, one row per configuration; and three rows of the README's "H100 80GB FP8"
+# table (Transformer Engine's FP8 linears, image mosaicml/pytorch:2.0.1_cu118: h100old.md), planned with --fp8
+MPT_MORE_ROWS = (("h100-80g", "70b", 2048, 32, 2, 16, 882, 3, True, True, 64862437376),
+                 ("h100-80g", "30b", 4096, 8, 1, 21, 1802, 3, True, True, 29989894144),
+                 ("h100-80g", "30b", 2048, 32, 14, 3, 2308, 3, True, True, 29975214080),
+                 ("h100-80g", "30b", 2048, 16, 10, 3, 2263, 3, True, True, 29975214080),
+                 ("h100-80g", "13b", 2048, 64, 2, 1, 4800, 3, False, True, 12853954560),
+                 ("h100-80g", "13b", 2048, 16, 2, 1, 4767, 3, False, True, 12853954560),
+                 ("h100-80g", "7b", 4096, 8, 16, 2, 8611, 3, True, True, 6667247616),
+                 ("h100-80g", "3b", 4096, 8, 5, 6, 20964, 3, False, True, 2657080320),
+                 ("h100-80g", "3b", 2048, 64, 6, 3, 22525, 3, False, True, 2651837440),
+                 ("h100-80g", "1b", 4096, 8, 7, 4, 38535, 3, False, True, 1320144896))
+
+MPT_FP8_ROWS = (("h100-80g", "3b", 8192, 8, 3, 6, 19146, 3, False, True, 2667566080),
+                ("h100-80g", "3b", 2048, 8, 10, 6, 30586, 3, False, True, 2651837440),
+                ("h100-80g", "1b", 8192, 8, 2, 4, 32010, 3, False, True, 1328533504))
 MPT_FIT_GPUS = 8  # the H100 rows on one node fit H100_EAGER_CLOCK (fit.fit_h100_eager_clock); the rest check
 
 
@@ -429,17 +448,20 @@ def mpt_runs() -> list[PublishedRun]:
     (planned with fp32 gradients; PURE rows in bf16). Compared on tokens/s a GPU. Issue 26's kind of held-out
     row: FSDP at 8-512 GPUs, none of which fitted anything."""
     runs = []
-    for gpu, size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _ in MPT_ROWS:
+    rows = [(row, False, False) for row in MPT_ROWS] + [(row, True, False) for row in MPT_MORE_ROWS] + [
+        (row, True, True) for row in MPT_FP8_ROWS]
+    for (gpu, size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _), more, fp8 in rows:
         work = Workload(mpt_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
-                        activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce)
+                        activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fp8=fp8)
         space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage(zero),),
                             offload=(Offload.NONE,), sequence_parallel=(False,),
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))
         ac = ", AC" if checkpointing else ""
         card = "H100" if gpu.startswith("h100") else "A100"
-        fit = gpu == "h100-80g" and gpus == MPT_FIT_GPUS
-        runs.append(PublishedRun(f"MPT-{size}, s {seq}, {gpus} {card}, FSDP z{zero}, b{mb} x {accum}{ac}",
-                                 MPT_SOURCE, work, gpu, gpus, space, Metric.TOKENS_PER_GPU, tokens,
+        fit = gpu == "h100-80g" and gpus == MPT_FIT_GPUS and not more
+        runs.append(PublishedRun(f"MPT-{size}, s {seq}, {gpus} {card}, FSDP z{zero}, b{mb} x {accum}{ac}"
+                                 f"{', FP8' if fp8 else ''}", MPT_FP8_SOURCE if fp8 else MPT_SOURCE, work, gpu, gpus,
+                                 space, Metric.TOKENS_PER_GPU, tokens,
                                  role=Role.FIT if fit else Role.CHECK,
                                  fits="H100_EAGER_CLOCK (fit.fit_h100_eager_clock)" if fit else ""))
     return runs
@@ -458,7 +480,7 @@ def mpt_decomposition() -> str:
     from hybrid.planner.fit import solve
     lines = ["| row | error at clock 1 | GEMM | attention | memory-bound | launches | DP + optimizer | clock needed | "
              "GEMM-only e needed |", "|---|---|---|---|---|---|---|---|---|"]
-    for run in mpt_runs():
+    for run in mpt_runs()[:len(MPT_ROWS)]:
         base = run.hardware().with_overrides(eager_clock=1.0)
         plan = _plan_on(run, base)
         share = {name: 100 * seconds / plan.time.total for name, seconds in plan.time.terms}
