@@ -427,7 +427,13 @@ MPT_MORE_ROWS = (("h100-80g", "70b", 2048, 32, 2, 16, 882, 3, True, True, 648624
                  ("h100-80g", "7b", 4096, 8, 16, 2, 8611, 3, True, True, 6667247616),
                  ("h100-80g", "3b", 4096, 8, 5, 6, 20964, 3, False, True, 2657080320),
                  ("h100-80g", "3b", 2048, 64, 6, 3, 22525, 3, False, True, 2651837440),
-                 ("h100-80g", "1b", 4096, 8, 7, 4, 38535, 3, False, True, 1320144896))
+                 ("h100-80g", "1b", 4096, 8, 7, 4, 38535, 3, False, True, 1320144896),
+                 # rejected as OOM until the fused cross-entropy was modelled (87.6-101.6 GB planned)
+                 ("h100-80g", "30b", 8192, 8, 1, 21, 1384, 3, True, True, 30019254272),
+                 ("h100-80g", "13b", 16384, 8, 3, 3, 2985, 3, True, True, 12927354880),
+                 ("h100-80g", "3b", 8192, 8, 3, 6, 16578, 3, False, True, 2667566080),
+                 ("h100-80g", "1b", 2048, 64, 20, 1, 44402, 3, False, True, 1315950592),
+                 ("h100-80g", "1b", 2048, 16, 20, 1, 46037, 3, False, True, 1315950592))
 
 MPT_FP8_ROWS = (("h100-80g", "3b", 8192, 8, 3, 6, 19146, 3, False, True, 2667566080),
                 ("h100-80g", "3b", 2048, 8, 10, 6, 30586, 3, False, True, 2651837440),
@@ -445,14 +451,17 @@ def mpt_runs() -> list[PublishedRun]:
     PyTorch FSDP without tensor or pipeline parallelism: FULL_SHARD as ZeRO 3, SHARD_GRAD_OP as ZeRO 2, the stated
     micro-batch and gradient accumulation, activation checkpointing as full recomputation, flash attention
     (bf16-flash), eager PyTorch kernels, and Composer's DEFAULT FSDP mixed precision reducing gradients in fp32
-    (planned with fp32 gradients; PURE rows in bf16). Compared on tokens/s a GPU. Issue 26's kind of held-out
-    row: FSDP at 8-512 GPUs, none of which fitted anything."""
+    (planned with fp32 gradients; PURE rows in bf16), and llm-foundry's default loss, flash-attn's fused
+    cross-entropy over the bf16 logits (`loss_fn: fused_crossentropy`, ComposerMPTCausalLM; planned with
+    Workload.fused_cross_entropy, memory only). Compared on tokens/s a GPU. Issue 26's kind of held-out row: FSDP
+    at 8-512 GPUs; the six single-node H100 rows fit the H100's eager clock (MPT_FIT_GPUS), the rest check."""
     runs = []
     rows = [(row, False, False) for row in MPT_ROWS] + [(row, True, False) for row in MPT_MORE_ROWS] + [
         (row, True, True) for row in MPT_FP8_ROWS]
     for (gpu, size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _), more, fp8 in rows:
         work = Workload(mpt_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
-                        activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fp8=fp8)
+                        activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fp8=fp8,
+                        fused_cross_entropy=True)
         space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage(zero),),
                             offload=(Offload.NONE,), sequence_parallel=(False,),
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))
