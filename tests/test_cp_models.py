@@ -21,7 +21,8 @@ The fast tier (`-m "not slow"`) runs every model at the layout that composes the
 with the p2p ring, in a launch of its own; the other layouts and comm types are marked slow (the full suite runs
 them). Every comm type stays in the fast tier through tests/test_cp_attention.py (attention against fp64, every
 mask and head layout) and tests/test_cp_training.py (training through the real step), and here through the
-CP 2 x PP 2 schedules and the ledger below."""
+CP 2 x PP 2 schedules (slow: a 4-rank launch of its own; CP 2 x PP 2 stays fast at 1F1B in the first launch, each
+schedule through tests/test_pipeline_executor.py) and the ledger below."""
 
 from __future__ import annotations
 
@@ -243,6 +244,7 @@ def schedule_reference():
     return loss.item(), {n: p.grad for n, p in model.named_parameters()}
 
 
+@pytest.mark.slow  # the fast tier keeps CP 2 x PP 2 (1F1B, with TP 2 + SP) above; each schedule: test_pipeline_executor
 @pytest.mark.parametrize("kind,comm", SCHEDULE_CASES, ids=[f"{k.value}-{c}" for k, c in SCHEDULE_CASES])
 def test_cp2_pp2_every_schedule_equals_single_process(kind, comm):
     ref_loss, ref_grads = schedule_reference()
