@@ -30,10 +30,12 @@ the largest activation peak of each pipeline rank equals the plan with no rank a
 its biased q, v and c_fc are stored before the bias add, beside the sums autograd saves); at pp 1 with SP or
 at tp 1 some ranks peak one or two tensors lower, different ranks from run to run. Not covered here: interleaving (v > 1), SP with pp > 1.
 
-Two launches: the fast tier's (`-m "not slow"`: every layout at ZeRO 1 with selective and ZeRO 3 with full
-recomputation, the op-level, bf16, fp32-gradient and headline cases) and the full suite's other variants (ZeRO 0-3
-without recomputation), marked slow. ZeRO 0 and 2 stay in the fast tier through the bf16 and fp32-gradient cases,
-and every stage's volume and state bytes against the ZeRO paper's formulas through tests/test_zero.py.
+Two launches: the fast tier's (`-m "not slow"`: every layout at ZeRO 1 with selective recomputation, ZeRO 3 with
+full recomputation at the three layouts of FULL_FAST -- TP 2 + SP, TP 2 x PP 2, TP 4 x PP 2 --, the op-level, bf16,
+fp32-gradient and headline cases) and the full suite's other variants (ZeRO 0-3 without recomputation, ZeRO 3 with
+full recomputation at the other six layouts), marked slow. ZeRO 0 and 2 stay in the fast tier through the bf16
+and fp32-gradient cases, and every stage's volume and state bytes against the ZeRO paper's formulas through
+tests/test_zero.py.
 """
 
 from __future__ import annotations
@@ -84,7 +86,11 @@ BF16_CASES = [("tiny-gpt2", 2, 1, False, ONE_F_ONE_B, 2, z, NONE) for z in (0, 3
 FP32_GRAD_CASES = [("tiny-gpt2", 2, 1, True, ONE_F_ONE_B, 2, z, NONE) for z in (0, 3)] + \
     [("tiny-gpt2", 1, 2, False, ONE_F_ONE_B, 4, 2, NONE)]
 IDS = [f"{n}-tp{t}-pp{p}{'-sp' if sp else ''}-{k.value}-m{m}-z{z}-{r.value}" for n, t, p, sp, k, m, z, r in CASES]
-FAST_CASES = [case for case in CASES if case[-2:] in ((1, SELECTIVE), (3, FULL))]  # the rest: slow
+# the layouts whose full-recomputation rerun moves TP traffic of each kind: SP's gathers, TP x PP, TP 4 x PP 2
+FULL_FAST = [("tiny-gpt2", 2, 1, True, ONE_F_ONE_B, 2), ("tiny-gpt2", 2, 2, False, ONE_F_ONE_B, 4),
+             ("tiny-llama", 4, 2, False, ONE_F_ONE_B, 2)]
+FAST_CASES = [case for case in CASES
+              if case[-2:] == (1, SELECTIVE) or (case[-2:] == (3, FULL) and case[:6] in FULL_FAST)]  # the rest: slow
 # op-level selective recomputation (torchtitan's SAC policy, models/common.py) at ZeRO 1 on every layout
 SOP_CASES = [layout + (1, SELECTIVE_OP) for layout in LAYOUTS]
 SOP_IDS = [f"{n}-tp{t}-pp{p}{'-sp' if sp else ''}-{k.value}" for n, t, p, sp, k, m, _, _ in SOP_CASES]
