@@ -116,7 +116,7 @@ def _powersgd_cfg(args):
     """The PowerSGD row's config: the run's rank, start and minimum compression rate."""
     from hybrid.compress.powersgd import PowerSGDConfig
     return PowerSGDConfig(rank=args.powersgd_rank, start_iter=args.powersgd_start_iter,
-                          min_compression_rate=getattr(args, "powersgd_min_compression_rate", 2.0))
+                          min_compression_rate=args.powersgd_min_compression_rate)
 
 
 def row_powersgd(mesh, args):
