@@ -67,27 +67,27 @@ def check(args: argparse.Namespace) -> CompressConfig:
                           simulated_dp_bandwidth=bw)
 
 
-def deepspeed_onebit(path: str | None) -> tuple[int | None, list[str]]:
-    """A DeepSpeed config's `"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": N, ...}}`: (N, the
-    params keys not read -- lr, betas, ... come from the flags), or (None, []) for any other optimizer section."""
+def deepspeed_onebit(path: str | None) -> int | None:
+    """A DeepSpeed config's `"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": N, ...}}`: N, or None for
+    any other optimizer section (lr, betas, eps, weight_decay: hybrid/zero/ds_config.py reads them)."""
     if not path:
-        return None, []
+        return None
     import json
     with open(path) as f:
         opt = json.load(f).get("optimizer")
     if not isinstance(opt, dict) or str(opt.get("type", "")).lower() != "onebitadam":
-        return None, []
+        return None
     params = opt.get("params") or {}
     if "freeze_step" not in params:
         raise ValueError(f"--deepspeed-config {path}: optimizer OneBitAdam needs params.freeze_step (the Adam "
                          f"warm-up steps)")
-    return params["freeze_step"], [f"optimizer.params.{k}" for k in params if k != "freeze_step"]
+    return params["freeze_step"]
 
 
 def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
     """1-bit Adam's flags (or a DeepSpeed config's OneBitAdam, which sets them): the freeze step, or None for
     AdamW. What it does not run with is refused by name."""
-    ds_freeze, _ = deepspeed_onebit(getattr(args, "deepspeed_config", None))
+    ds_freeze = deepspeed_onebit(getattr(args, "deepspeed_config", None))
     if ds_freeze is not None:
         given = getattr(args, "explicit", set())
         if "optimizer" in given and args.optimizer != "onebit-adam":
@@ -117,12 +117,3 @@ def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
         if on:
             raise ValueError(f"--optimizer onebit-adam does not run with {flag}; drop {flag}")
     return freeze
-
-
-def unread_deepspeed_keys(args: argparse.Namespace, unsupported: list[str]) -> list[str]:
-    """The DeepSpeed keys train.py does not read, with a OneBitAdam optimizer section now read (all but the
-    params it names that the flags set)."""
-    freeze, ignored = deepspeed_onebit(getattr(args, "deepspeed_config", None))
-    if freeze is None:
-        return list(unsupported)
-    return [k for k in unsupported if k != "optimizer"] + ignored

@@ -292,6 +292,9 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
             setattr(args, attr, value)
     if ds.grad_accum_dtype is not None:
         _apply_grad_accum_dtype(args, ds.grad_accum_dtype)
+    if ds.optimizer in ("adam", "adamw") and "optimizer" in args.explicit and args.optimizer != "adam":
+        raise ValueError(f"--deepspeed-config sets optimizer.type {ds.optimizer!r} (AdamW) but --optimizer "
+                         f"{args.optimizer} was given; remove one of them")
     args.loss_scaling = {k: v for k, v in (("initial_loss_scale", ds.initial_loss_scale),
                                            ("loss_scale_window", ds.loss_scale_window),
                                            ("min_loss_scale", ds.min_loss_scale)) if v is not None}
@@ -410,7 +413,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
         zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe, diloco=diloco,
         compress=compress,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
-        ds_unsupported=tuple(compress_args.unread_deepspeed_keys(ns, unsupported)))
+        ds_unsupported=tuple(unsupported))
 
 
 def _recorded(value) -> bool:

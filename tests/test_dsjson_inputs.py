@@ -1,0 +1,76 @@
+"""--deepspeed-config's optimizer and scheduler sections, and the compression flags that did nothing: each either
+reaches the run (as the file's other keys do: a flag given explicitly that disagrees is one line naming both) or is
+refused by name with the flag to use. Parse level only: no process group."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from hybrid.train.args import parse_args, run_config
+from hybrid.train_step import OptimizerConfig
+from hybrid.zero.ds_config import ADAM_EPS
+
+
+def _ds(tmp_path, cfg: dict) -> str:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def _run(argv: list[str], world: int = 2):
+    return run_config(parse_args(argv), world=world)
+
+
+ADAMW = {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.99], "eps": 1e-8, "weight_decay": 0.1}}
+
+
+@pytest.mark.parametrize("kind", ["Adam", "AdamW"])
+def test_optimizer_params_reach_the_run(kind, tmp_path):
+    """The user's lr, betas and weight decay are the run's (they were warned about and trained at --lr's default)."""
+    run = _run(["--deepspeed-config", _ds(tmp_path, {"optimizer": {**ADAMW, "type": kind}})])
+    opt = run.optimizer
+    assert (opt.lr, opt.beta1, opt.beta2, opt.weight_decay, opt.optimizer) == (3e-4, 0.8, 0.99, 0.1, "adam")
+    assert run.ds_unsupported == ()
+
+
+def test_optimizer_params_agree_with_flags_or_fail_naming_both(tmp_path):
+    path = _ds(tmp_path, {"optimizer": ADAMW})
+    assert _run(["--deepspeed-config", path, "--lr", "3e-4"]).optimizer.lr == 3e-4  # the same value: fine
+    for flag, value, key in (("--lr", "1e-3", "optimizer.params.lr = 0.0003"),
+                             ("--adam-beta2", "0.95", "optimizer.params.betas[1] = 0.99"),
+                             ("--weight-decay", "0", "optimizer.params.weight_decay = 0.1")):
+        with pytest.raises(ValueError, match=re.escape(f"sets {key} but {flag} ")):
+            _run(["--deepspeed-config", path, flag, value])
+    with pytest.raises(ValueError, match="optimizer.type 'adamw' .* but --optimizer sgd was given"):
+        _run(["--deepspeed-config", path, "--optimizer", "sgd"])
+
+
+def test_onebitadam_params_reach_the_run(tmp_path):
+    cfg = {"optimizer": {"type": "OneBitAdam", "params": {"lr": 2e-4, "freeze_step": 4, "cuda_aware": False}}}
+    run = _run(["--deepspeed-config", _ds(tmp_path, cfg)])
+    assert (run.optimizer.lr, run.compress.onebit_freeze_iters, run.optimizer.optimizer) == (2e-4, 4, "onebit-adam")
+    assert run.ds_unsupported == ("optimizer.params.cuda_aware",)  # picks a comm backend: warned, same math
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"eps": 1e-6}, "optimizer.params.eps 1e-06 is not one train.py runs"),
+    ({"betas": [0.9]}, "optimizer.params.betas must be a list of two numbers"),
+    ({"betas": [0.9, 1.0]}, r"optimizer.params.betas\[1\] must be in \[0, 1\)"),
+    ({"lr": "auto"}, "optimizer.params.lr must be a number"),
+    ({"lr": 0}, "optimizer.params.lr must be > 0"),
+    ({"amsgrad": True}, "optimizer.params.amsgrad true is not one train.py runs"),
+    ({"adam_w_mode": False, "weight_decay": 0.1}, "adam_w_mode false with weight_decay > 0 is Adam's L2"),
+    ({"freeze_step": 5}, "optimizer.params.freeze_step is not one train.py reads for Adam"),
+    ({"momentum": 0.9}, "optimizer.params.momentum is not one train.py reads"),
+])
+def test_optimizer_params_train_py_does_not_run_are_refused_by_name(params, message, tmp_path):
+    with pytest.raises(ValueError, match=message) as e:
+        _run(["--deepspeed-config", _ds(tmp_path, {"optimizer": {"type": "Adam", "params": params}})])
+    assert "\n" not in str(e.value)
+
+
+def test_the_eps_accepted_is_the_one_the_optimizer_runs():
+    assert ADAM_EPS == OptimizerConfig().eps
