@@ -74,3 +74,58 @@ def test_optimizer_params_train_py_does_not_run_are_refused_by_name(params, mess
 
 def test_the_eps_accepted_is_the_one_the_optimizer_runs():
     assert ADAM_EPS == OptimizerConfig().eps
+
+
+def _deepspeed_rates(kind: str, params: dict, lr: float, steps: int) -> list[float]:
+    """The rate each optimizer step runs at under DeepSpeed's own scheduler: its engine sets the rate at
+    construction and calls scheduler.step() after each optimizer step (deepspeed/runtime/engine.py)."""
+    import torch
+    schedules = pytest.importorskip("deepspeed.runtime.lr_schedules")
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    sch = getattr(schedules, kind)(opt, **params)
+    rates = []
+    for _ in range(steps):
+        rates.append(opt.param_groups[0]["lr"])
+        sch.step()
+    return rates
+
+
+def _flag_rates(flags: str, steps: int) -> list[float]:
+    cfg = _run(flags.split()).optimizer
+    return [cfg.lr_at(k) for k in range(steps)]
+
+
+@pytest.mark.parametrize("kind,params", [
+    ("WarmupLR", {"warmup_num_steps": 4, "warmup_max_lr": 0.01, "warmup_type": "linear"}),
+    ("WarmupDecayLR", {"warmup_num_steps": 4, "total_num_steps": 12, "warmup_max_lr": 0.01,
+                       "warmup_type": "linear"}),
+    ("WarmupCosineLR", {"warmup_num_steps": 4, "total_num_steps": 12, "cos_min_ratio": 0.1,
+                        "warmup_type": "linear"}),
+])
+def test_scheduler_is_refused_with_the_nearest_flags_checked_against_deepspeed(kind, params, tmp_path):
+    """DeepSpeed's schedule has no exact equivalent (its ramp is a step behind Megatron's): refused with the
+    nearest flags, which -- run through train.py's schedule -- match DeepSpeed's rate on every step past the
+    warm-up and differ inside it (so mapping it silently would change the schedule)."""
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "scheduler": {"type": kind, "params": params}}
+    with pytest.raises(ValueError, match=f"scheduler {kind} has no exact train.py equivalent") as e:
+        _run(["--deepspeed-config", _ds(tmp_path, cfg)])
+    message = str(e.value)
+    assert "\n" not in message and "log" not in message  # warmup_type linear: only the one-step shift is named
+    near = message.split("pass the nearest flags: ")[1]
+    steps = 16
+    ours = _flag_rates(near + " --train-iters 16", steps)
+    theirs = _deepspeed_rates(kind, params, 0.01, steps)
+    warm = params["warmup_num_steps"] + 1
+    assert ours[warm:] == pytest.approx(theirs[warm:], rel=1e-12, abs=1e-15)
+    assert ours[:warm] != pytest.approx(theirs[:warm], rel=1e-3)
+
+
+@pytest.mark.parametrize("sch,message", [
+    ({"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10}},
+     "warmup_type log (DeepSpeed's default)"),
+    ({"type": "WarmupLR", "params": {"warmup_min_lr": 1e-5, "warmup_type": "linear"}}, "warmup_min_lr is not 0"),
+    ({"type": "OneCycle", "params": {}}, 'scheduler.type "OneCycle" is not one train.py runs'),
+])
+def test_scheduler_refusals_name_the_reason(sch, message, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _run(["--deepspeed-config", _ds(tmp_path, {"scheduler": sch})])

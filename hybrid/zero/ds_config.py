@@ -77,6 +77,7 @@ def read_deepspeed_config(path: str) -> DeepSpeedSettings:
     _check_optimizer(ds)
     out = DeepSpeedSettings(unsupported=[k for k in ds if k not in TOP_LEVEL])
     _read_optimizer(ds, out)
+    _refuse_scheduler(ds, out.lr)
     zero = _section(ds, "zero_optimization", out)
     out.zero_stage = _int(zero, "stage", "zero_optimization.stage", 0, 3)
     out.offload_optimizer = _offload(_section(zero, "offload_optimizer", out, "zero_optimization."),
@@ -196,6 +197,51 @@ def _read_optimizer(ds: dict, out: DeepSpeedSettings) -> None:
         raise ValueError("--deepspeed-config: optimizer.params.adam_w_mode false with weight_decay > 0 is Adam's L2 "
                          "penalty; train.py runs AdamW's decoupled decay (--weight-decay): remove adam_w_mode or "
                          "set weight_decay 0")
+
+
+SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+
+
+def _refuse_scheduler(ds: dict, opt_lr: float | None) -> None:
+    """A scheduler section is refused, with the nearest train.py flags. None of DeepSpeed's three has an exact
+    equivalent (deepspeed/runtime/lr_schedules.py; tests/test_dsjson_inputs.py runs them): the engine steps the
+    scheduler after each optimizer step, so steps 0 and 1 both run at warmup_min_lr and step k >= 1 at
+    (k - 1) / N of the peak (linear; log: log(k) / log(N)), where Megatron's warm-up (--lr-warmup-iters W) runs
+    step k at k / W. With W = N + 1 (WarmupLR, WarmupDecayLR; D = total_num_steps + 1) or W = N (WarmupCosineLR,
+    whose decay counts one step sooner; D = total_num_steps) the warm-up ends and the decay runs on DeepSpeed's
+    steps exactly; only the ramp differs, so the user must choose it, not be given it silently."""
+    sch = ds.get("scheduler")
+    if sch is None:
+        return
+    kind = sch.get("type") if isinstance(sch, dict) else None
+    params = sch.get("params", {}) if isinstance(sch, dict) else {}
+    flags = "--lr, --lr-warmup-iters, --lr-decay-style, --lr-decay-iters, --min-lr"
+    if kind not in SCHEDULERS or not isinstance(params, dict):
+        raise ValueError(f"--deepspeed-config: scheduler.type {json.dumps(kind)} is not one train.py runs; remove "
+                         f"the scheduler section and set the schedule with {flags}")
+    n = max(2, _int(params, "warmup_num_steps", "scheduler.params.warmup_num_steps", 1) or 1000)  # DeepSpeed's
+    total = _int(params, "total_num_steps", "scheduler.params.total_num_steps", 1)
+    peak = opt_lr if kind == "WarmupCosineLR" else _float(params, "warmup_max_lr", "scheduler.params.warmup_max_lr",
+                                                          0.0, low_open=True) or opt_lr
+    why = ["its warm-up runs steps 0 and 1 at the start rate and step k at (k - 1) / warmup_num_steps of the peak, "
+           "Megatron's step k at k / --lr-warmup-iters"]
+    if params.get("warmup_type", "log") != "linear":
+        why.append("warmup_type log (DeepSpeed's default) ramps as log(k) / log(warmup_num_steps)")
+    start = "warmup_min_ratio" if kind == "WarmupCosineLR" else "warmup_min_lr"
+    if params.get(start, 0) != 0:
+        why.append(f"{start} is not 0 (train.py warms up from 0)")
+    cosine = kind == "WarmupCosineLR"
+    near = ([f"--lr {peak:g}"] if peak else []) + [f"--lr-warmup-iters {n if cosine else n + 1}"]
+    if kind == "WarmupLR":
+        near.append("--lr-decay-style constant")
+    else:
+        near += ["--lr-decay-style " + ("cosine" if cosine else "linear")]
+        near += [f"--lr-decay-iters {total if cosine else total + 1}"] if total else []
+        ratio = params.get("cos_min_ratio", 0.0001) if cosine else 0.0
+        near.append(f"--min-lr {ratio * peak:g}" if peak else ("--min-lr 0" if not cosine else
+                                                                f"--min-lr {ratio:g} x --lr"))
+    raise ValueError(f"--deepspeed-config: scheduler {kind} has no exact train.py equivalent ({'; '.join(why)}); "
+                     f"remove the scheduler section and pass the nearest flags: {' '.join(near)}")
 
 
 MAX_SCALE_POWER = 127  # 2**127 is the largest power of two a float32 holds; the loss scale is one
