@@ -129,3 +129,35 @@ def test_scheduler_is_refused_with_the_nearest_flags_checked_against_deepspeed(k
 def test_scheduler_refusals_name_the_reason(sch, message, tmp_path):
     with pytest.raises(ValueError, match=re.escape(message)):
         _run(["--deepspeed-config", _ds(tmp_path, {"scheduler": sch})])
+
+
+# --- hybrid/compress/args.py: flags their method never reads ---------------------------------------------------
+@pytest.mark.parametrize("argv,world,message", [
+    (["--powersgd-start-iter", "5"], 2, "--powersgd-start-iter 5 does nothing without --powersgd-rank"),
+    (["--onebit-freeze-iters", "5"], 2, "--onebit-freeze-iters 5 is 1-bit Adam's; the run's optimizer is adam"),
+    (["--simulated-dp-bandwidth", "0.5"], 1, "--simulated-dp-bandwidth 0.5 slows the DP gradient collectives, and "
+                                             "at dp 1 there are none"),
+    (["--simulated-dp-bandwidth", "0.5", "--tensor-model-parallel-size", "2"], 2, "at dp 1 there are none"),
+])
+def test_compression_flags_that_would_do_nothing_are_one_line(argv, world, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
+        _run(argv, world=world)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("argv,world", [
+    (["--powersgd-rank", "2", "--powersgd-start-iter", "5"], 2),
+    (["--powersgd-rank", "0", "--powersgd-start-iter", "2"], 2),  # explicitly off over a list that turned it on
+    (["--optimizer", "onebit-adam", "--onebit-freeze-iters", "5", "--clip-grad", "0"], 2),
+    (["--simulated-dp-bandwidth", "0.5"], 2),
+    (["--simulated-dp-bandwidth", "0"], 1),  # off
+])
+def test_compression_flags_their_method_reads_are_accepted(argv, world):
+    _run(argv, world=world)
+
+
+def test_onebit_freeze_iters_beside_a_deepspeed_onebitadam_is_its_conflict_rule(tmp_path):
+    path = _ds(tmp_path, {"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 4}}})
+    assert _run(["--deepspeed-config", path, "--onebit-freeze-iters", "4"]).compress.onebit_freeze_iters == 4
+    with pytest.raises(ValueError, match="freeze_step 4 != --onebit-freeze-iters 5"):
+        _run(["--deepspeed-config", path, "--onebit-freeze-iters", "5"])
