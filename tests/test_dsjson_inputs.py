@@ -161,3 +161,32 @@ def test_onebit_freeze_iters_beside_a_deepspeed_onebitadam_is_its_conflict_rule(
     assert _run(["--deepspeed-config", path, "--onebit-freeze-iters", "4"]).compress.onebit_freeze_iters == 4
     with pytest.raises(ValueError, match="freeze_step 4 != --onebit-freeze-iters 5"):
         _run(["--deepspeed-config", path, "--onebit-freeze-iters", "5"])
+
+
+# --- the resume's fallback message (hybrid/checkpoint/run.py) -----------------------------------------------
+@pytest.mark.parametrize("iterations", [[8], [8, 4]])
+def test_a_damaged_checkpoint_warning_says_whether_there_is_one_to_fall_back_to(iterations, monkeypatch, capsys):
+    """A truncated file caught by the checksums after start-up (the small files passed the pre-start check): the
+    warning names the checkpoint it falls back to, or says there is none; the error then says what to do. The
+    collective verify is stubbed (every checkpoint damaged): this checks the messages, not the checksums."""
+    from types import SimpleNamespace
+
+    from hybrid.checkpoint import run as ckpt_run
+    damaged = "iter_{}/__0_0.distcp: 10 bytes, the manifest says 4096 (truncated?)"
+    monkeypatch.setattr(ckpt_run, "_core", lambda: SimpleNamespace(
+        verify=lambda path, group: damaged.format(path.rsplit("_", 1)[-1])))
+    monkeypatch.setattr(ckpt_run.store, "candidates", lambda root: list(iterations))
+    monkeypatch.setattr(ckpt_run, "_log", print)
+    runs = object.__new__(ckpt_run.RunCheckpoints)
+    runs.cfg, runs.ctl = SimpleNamespace(load="ckpt", ckpt_step=None), None
+    with pytest.raises(SystemExit) as e:
+        runs.resume()
+    warnings = capsys.readouterr().out.strip().splitlines()
+    assert len(warnings) == len(iterations)
+    if len(iterations) == 2:
+        assert warnings[0].endswith("falling back to the previous complete checkpoint (iteration 4)")
+    assert warnings[-1].endswith("; there is no previous complete checkpoint to fall back to")
+    which = "its only checkpoint (iteration 8)" if len(iterations) == 1 else "every one of its 2 checkpoints"
+    assert str(e.value) == (f"train.py: error: --load ckpt: no intact checkpoint ({which} failed its checksums); "
+                            "restore the damaged files (`hybrid checkpoint inspect ckpt` names them) or drop --load "
+                            "to start from scratch")
