@@ -519,6 +519,7 @@ def fork_service():
     server.bind(path)
     server.listen(64)
     threads: list[threading.Thread] = []
+    ranks: list = []  # every rank forked, so that none outlives the service
 
     def accept() -> None:
         while True:
@@ -526,7 +527,7 @@ def fork_service():
                 conn, _ = server.accept()
             except OSError:  # closed: the service ends
                 return
-            t = threading.Thread(target=_serve_worker, args=(conn,), daemon=True)
+            t = threading.Thread(target=_serve_worker, args=(conn, ranks), daemon=True)
             t.start()
             threads.append(t)
 
@@ -538,6 +539,9 @@ def fork_service():
         server.shutdown(socket.SHUT_RDWR)
         server.close()
         acceptor.join(5)
+        for proc in list(ranks):  # a rank still running (its test failed): SIGKILLed, its worker then ends too
+            if proc.exitcode is None:
+                proc.kill()
         for t in threads:
             t.join(10)
         shutil.rmtree(folder, ignore_errors=True)
@@ -577,7 +581,7 @@ def _worker_rank(argv: list[str], environ: dict[str, str], cwd: str, stdin: int,
     _run_as_main(python_main, argv, environ, cwd, {1: stdout, 2: stderr}, unbuffered=True)
 
 
-def _serve_worker(conn: socket.socket) -> None:
+def _serve_worker(conn: socket.socket, ranks: list) -> None:
     """One hybrid/testing_worker.py: fork its rank, send the pid, then the rank's exit status -- or SIGKILL the
     rank when the worker's connection closes first (the worker was killed)."""
     from multiprocessing.connection import wait
@@ -594,6 +598,7 @@ def _serve_worker(conn: socket.socket) -> None:
             proc = _forkserver().Process(target=_worker_rank, args=(req["argv"], req["env"], req["cwd"],
                                                                    *(_Fd(f) for f in fds)))
             proc.start()
+            ranks.append(proc)
         finally:
             for f in fds:
                 os.close(f)
