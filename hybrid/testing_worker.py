@@ -53,8 +53,10 @@ def main(argv: list[str]) -> None:
         sys.exit("testing_worker: the fork service ended before the rank")
     code = int(status)
     if code < 0:  # killed by signal -code: end the same way
-        signal.signal(-code, signal.SIG_DFL)
+        if -code in FORWARDED:
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
+        os._exit(128 - code)  # a signal whose default action does not end a process: the shell's status for it
     os._exit(code & 0xFF)
 
 
