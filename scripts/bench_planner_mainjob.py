@@ -55,15 +55,22 @@ def run(cmd: list[str], env: dict, timeout: float) -> str:
 
 
 def rank_entry(out_dir: str, warmup: int, train_argv: list[str]) -> None:
-    """One torchrun rank: train.py with the op trail's phase switches timed in wall and process-CPU seconds;
-    DIR/rank<r>.json at exit: per phase {wall, cpu, thread_cpu} summed over iterations > warmup (thread_cpu: the
+    """One torchrun rank: train.py with `install_accounting`'s file written at exit."""
+    import atexit
+    import runpy
+    atexit.register(install_accounting(out_dir, warmup))
+    sys.argv = [os.path.join(ROOT, "scripts", "train.py"), *train_argv]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+def install_accounting(out_dir: str, warmup: int):
+    """Time the op trail's phase switches in wall and process-CPU seconds; returns the function that writes
+    DIR/rank<r>.json: per phase {wall, cpu, thread_cpu} summed over iterations > warmup (thread_cpu: the
     main thread alone, so cpu - thread_cpu is gloo's own threads), the iterations counted, and getrusage. The step
     is from the trail's begin_iteration to the straggler record's take_phase_seconds; what runs between two steps
     (logging, evaluation) is kept apart as "between"."""
-    import atexit
     import json
     import resource
-    import runpy
 
     from hybrid import trail
     acc: dict[str, dict[str, float]] = {}
@@ -105,9 +112,7 @@ def rank_entry(out_dir: str, warmup: int, train_argv: list[str]) -> None:
             json.dump({"rank": rank, "iterations": len(counted), "phases": acc, "ru_utime": ru.ru_utime,
                        "ru_stime": ru.ru_stime, "ru_nvcsw": ru.ru_nvcsw, "ru_nivcsw": ru.ru_nivcsw}, f)
     trail.Trail._switch, trail.Trail.begin_iteration, trail.Trail.take_phase_seconds = switch, begin, take
-    atexit.register(dump)
-    sys.argv = [os.path.join(ROOT, "scripts", "train.py"), *train_argv]
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    return dump
 
 
 PHASES = ("forward", "backward", "comm", "p2p", "optimizer", "other")
@@ -139,6 +144,27 @@ def planned_step(profile: str):
     return evaluate(work, Cluster(gpus=8, hw=hw), Layout(tp=2, pp=2, dp=2, micro_batch=2)).time, hw
 
 
+def planned_cpu(profile: str) -> dict[str, float]:
+    """The planner's CPU seconds a step on the node (all 8 ranks) for the main job, by the accounting's phases:
+    compute (forward + backward: every rank's stage compute, m micro-batches), comm (collectives and messages:
+    time.comm_cpu_seconds), optimizer; and its step."""
+    from hybrid.planner import Cluster
+    from hybrid.planner.time import comm_cpu_seconds, stage_times
+    t, hw = planned_step(profile)
+    from hybrid.planner import ActivationProfile, Layout, Precision, Workload
+    from hybrid.planner.ops import KernelProfile
+    from models import PRESETS
+    work = Workload(PRESETS["tiny-gpt2"], global_batch=16, seq_length=128, precision=Precision.FP32,
+                    activations=ActivationProfile.FP32_FLASH, kernels=KernelProfile.EAGER)
+    lay, cluster = Layout(tp=2, pp=2, dp=2, micro_batch=2), Cluster(gpus=8, hw=hw)
+    times = stage_times(work, cluster, lay)[0]
+    m, replicas = work.num_microbatches(lay), lay.tp * lay.dp
+    cores = hw.compute_units or 1
+    return {"compute": replicas * m * sum(times.rank_compute),
+            "comm": replicas * sum(comm_cpu_seconds(work, cluster, lay, r) for r in range(lay.pp)),
+            "optimizer": t.optimizer * cores, "step": t.total, "makespan": t.run.makespan, "cores": cores}
+
+
 def account_table(rows: list[dict], cores: int) -> list[str]:
     """Per phase: CPU ms a step summed over the ranks (and gloo's threads' part of it), wall ms a step (mean
     rank); the node's CPU ms a step / cores is what the step cannot undercut with more ranks than cores."""
@@ -155,6 +181,40 @@ def account_table(rows: list[dict], cores: int) -> list[str]:
     return lines
 
 
+def account(args: argparse.Namespace) -> int:
+    """--account DIR: calibrate (unless --hardware), run the main job with rank_entry's accounting, and print the
+    measured CPU seconds a step by phase beside the planner's."""
+    iters = 8 if args.quick else min(args.iters, 40)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    os.makedirs(args.account, exist_ok=True)
+    profile = args.hardware or os.path.join(args.account, "hw8.json")
+    if not args.hardware:
+        run([sys.executable, "-m", "hybrid.cli", "calibrate", "--ranks", "8", "--out", profile]
+            + (["--seconds", "0.1"] if args.quick else []), env, 1800)
+    warmup = 2 if args.quick else args.warmup
+    run(["torchrun", "--nproc-per-node", "8", os.path.abspath(__file__), "--rank-entry", args.account, str(warmup),
+         *MAIN_JOB, "--train-iters", str(iters), "--log-interval", str(iters), "--hardware", profile], env, 7200)
+    rows = read_account(args.account, 8)
+    plan = planned_cpu(profile)
+    measured = {"compute": sum(r[ph]["cpu"] for r in rows for ph in ("forward", "backward")),
+                "comm": sum(r[ph]["cpu"] for r in rows for ph in ("comm", "p2p")),
+                "optimizer": sum(r["optimizer"]["cpu"] for r in rows)}
+    lines = [f"# Where the main job's CPU goes ({iters} iterations, {warmup} left out; load average "
+             f"{os.getloadavg()[0]:.2f} after; profile {profile})", "", *account_table(rows, plan["cores"]), "",
+             "| CPU ms/step, all ranks | measured | planned |", "|---|---|---|"]
+    lines += [f"| {k} | {1e3 * measured[k]:.1f} | {1e3 * plan[k]:.1f} |" for k in measured]
+    node = sum(measured.values())
+    lines += [f"| total / {plan['cores']} cores | {1e3 * node / plan['cores']:.1f} | "
+              f"{1e3 * sum(plan[k] for k in measured) / plan['cores']:.1f} |", "",
+              f"planner's step {1e3 * plan['step']:.1f} ms (makespan {1e3 * plan['makespan']:.1f})"]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(report)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iters", type=int, default=200, help="training iterations (the README's main job: 200)")
@@ -162,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hardware", help="an existing profile (default: calibrate 8 ranks now)")
     p.add_argument("--quick", action="store_true", help="8 iterations, a short calibration: checks the script runs")
     p.add_argument("--out", help="write the Markdown report here")
-    p.add_argument("--account", metavar="DIR", help="item (1): per rank per phase CPU seconds into DIR, no timing")
+    p.add_argument("--account", metavar="DIR", help="per rank per phase CPU seconds into DIR beside the planner's")
     p.add_argument("--warmup", type=int, default=5, help="--account: iterations left out at the start")
     p.add_argument("--rank-entry", metavar="DIR", help=argparse.SUPPRESS)  # torchrun's ranks under --account
     argv = sys.argv[1:] if argv is None else argv
@@ -170,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         rank_entry(argv[1], int(argv[2]), argv[3:])
         return 0
     args = p.parse_args(argv)
+    if args.account:
+        return account(args)
     iters, interval = (8, 2) if args.quick else (args.iters, args.log_interval)
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     load_before = os.getloadavg()[0]
