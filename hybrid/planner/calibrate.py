@@ -38,6 +38,15 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   x (n - 1)/n (all-gather), the nccl-tests convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the
   all-reduce busbw at the largest size, `intra_latency_s` the time of the smallest all-reduce.
 
+* gloo only, every pair of ranks (0, 1), (2, 3), ... at once (`pair_comm_cpu`): the CPU seconds a rank burns per
+  TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per
+  byte -> `collective_cpu_s`, `p2p_cpu_s`, `comm_cpu_s_per_byte`: with more ranks than cores that CPU is work the
+  cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds).
+
+On a CPU every probe a rank runs alone (the GEMM curve, the copy, the layers) is timed on its CPU clock
+(`solo_clock`: user + sys seconds of the process), the same as wall on a quiet core and not stretched by other
+processes on a loaded machine; the all-at-once rates stay wall (they measure the sharing).
+
 Not measured (one machine cannot): the network between nodes, PCIe, host memory for offload. Those fields
 keep the `cpu` preset's values (or `--base` preset's) and the profile says so.
 """
