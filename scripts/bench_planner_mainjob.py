@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--train-iters", str(iters), "--log-interval", str(interval), "--timing-log-interval", "1",
                    "--hardware", profile], env, 7200)  # the per-rank step-time line at every log interval
         wall = time.time() - start
+        plan = planned_cpu(profile)  # which term set the prediction: the makespan or the cores' CPU bound
     predicted, p50s = parse(log)
     if predicted is None or len(p50s) < 2:
         raise SystemExit(f"no prediction or too few step-time lines in train.py's log:\n{log[-3000:]}")
@@ -255,7 +256,11 @@ def main(argv: list[str] | None = None) -> int:
              f"{os.getloadavg()[0]:.2f} after; {os.cpu_count()} CPUs; {iters} iterations ({wall:.0f} s)"
              + ("; --quick: no claim" if args.quick else ""), "",
              "| predicted s/step | measured median s/step | per-interval p50s | error |", "|---|---|---|---|",
-             f"| {predicted:.4g} | {measured:.4g} | {', '.join(f'{x:.4g}' for x in p50s)} | {100 * error:+.1f} % |"]
+             f"| {predicted:.4g} | {measured:.4g} | {', '.join(f'{x:.4g}' for x in p50s)} | {100 * error:+.1f} % |",
+             "", f"planner: makespan {plan['makespan']:.4g} s; the node's CPU a step / {plan['cores']} cores "
+             f"{sum(plan[k] for k in ('compute', 'comm', 'optimizer')) / plan['cores']:.4g} s (compute "
+             f"{plan['compute']:.4g}, collectives and messages {plan['comm']:.4g}, optimizer {plan['optimizer']:.4g} "
+             "CPU s; `--account DIR` measures the same)"]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:
