@@ -122,6 +122,29 @@ def check_numbers(args: argparse.Namespace) -> None:
                          f"got {args.distributed_timeout_minutes}")
     if not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
+    check_optimizer_flags(args)
+
+
+def check_optimizer_flags(args: argparse.Namespace) -> None:
+    """Flags given on the command line that the chosen optimizer or schedule would never read: a silent no-op is
+    an error naming the flag (as Megatron's `lr_warmup_steps < lr_decay_steps` assertion)."""
+    explicit = getattr(args, "explicit", set())  # a Namespace built by hand has none
+    if "sgd_momentum" in explicit and args.optimizer != "sgd":
+        raise ValueError(f"--sgd-momentum is --optimizer sgd's; the run's optimizer is {args.optimizer}: "
+                         f"add --optimizer sgd or drop --sgd-momentum")
+    for dest in ("adam_beta1", "adam_beta2"):
+        if dest in explicit and args.optimizer == "sgd":
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag} is Adam's; --optimizer sgd does not read it (its momentum is --sgd-momentum): "
+                             f"drop {flag} or use --optimizer adam")
+    # step k <= W warms up and k > D runs at --min-lr (train_step.OptimizerConfig.lr_at): W >= D never decays
+    # and, for W > --train-iters, never reaches --lr
+    w, d = args.lr_warmup_iters, args.lr_decay_iters or args.train_iters
+    if ({"lr_warmup_iters", "lr_decay_iters"} & explicit and args.lr_decay_style != "constant" and w > 0
+            and w >= d):
+        decay = f"--lr-decay-iters {d}" if args.lr_decay_iters else f"--lr-decay-iters (unset: --train-iters {d})"
+        raise ValueError(f"--lr-warmup-iters {w} is not below {decay}: the warm-up would end at or after the "
+                         f"decay; use --lr-warmup-iters < {d}, a larger --lr-decay-iters, or --lr-decay-style constant")
 
 
 def check_files(args: argparse.Namespace, cfg: ModelConfig) -> None:
@@ -142,7 +165,9 @@ def check_checkpoint(path: str, cfg: ModelConfig, model: str) -> None:
     from models.hf_io import CheckpointReader
 
     if not os.path.isdir(path):
-        raise ValueError(f"--load {path!r} is not a directory; give a transformers model directory (safetensors)")
+        what = "does not exist" if not os.path.exists(path) else "is not a directory"
+        raise ValueError(f"--load {path!r} {what}; give an earlier run's --save directory (a checkpoint) or a "
+                         f"transformers model directory (safetensors)")
     try:
         reader = CheckpointReader(path)
         missing = sorted({f for f in reader.files.values() if not os.path.isfile(f)})
