@@ -30,10 +30,14 @@ def _layout(args: argparse.Namespace) -> None:
     dims = ParallelDims.from_world(args.world, tp=args.tensor_model_parallel_size,
                                    pp=args.pipeline_model_parallel_size, cp=args.context_parallel_size)
     experts = []  # MoE: which ranks hold which experts (checked before anything is printed)
-    if args.expert_model_parallel_size > 1 or args.expert_tensor_parallel_size > 1 or args.num_experts:
+    moe = args.expert_model_parallel_size > 1 or args.expert_tensor_parallel_size > 1 or args.num_experts
+    if args.moe_ffn_hidden_size and not moe:  # it only labels the experts' columns: without experts, no line reads it
+        raise ValueError(f"--moe-ffn-hidden-size {args.moe_ffn_hidden_size} is the experts' width; add --num-experts "
+                         f"or --expert-model-parallel-size to print the experts, or drop it")
+    if moe:
         if dims.cp > 1:  # the same refusal as train.py's (hybrid/moe/args.py): no layout train.py would not run
-            raise fail(f"--context-parallel-size {dims.cp} with experts (--expert-model-parallel-size / --num-experts): "
-                 f"MoE with context parallelism is not implemented; use TP, EP and DP")
+            raise ValueError(f"--context-parallel-size {dims.cp} with experts (--expert-model-parallel-size / "
+                             f"--num-experts): MoE with context parallelism is not implemented; use TP, EP and DP")
         from hybrid.moe.parallel import ExpertLayout
         experts = ExpertLayout(dims, args.expert_model_parallel_size, args.expert_tensor_parallel_size).describe(
             args.num_experts or args.expert_model_parallel_size, args.moe_ffn_hidden_size)

@@ -59,6 +59,11 @@ def check_launcher_env(world: int) -> None:
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if local is not None and (not local.isdigit() or not 1 <= int(local) <= world):
         raise ValueError(f"the environment's LOCAL_WORLD_SIZE {local!r} is not an integer in [1, WORLD_SIZE {world}]")
+    local_rank, local_world = os.environ.get("LOCAL_RANK"), int(local) if local is not None else world
+    if local_rank is not None and (not local_rank.isdigit() or int(local_rank) >= local_world):  # picks cuda:N
+        raise ValueError(f"the environment's LOCAL_RANK {local_rank!r} is not an integer in [0, "
+                         f"{'LOCAL_WORLD_SIZE' if local is not None else 'WORLD_SIZE'} {local_world}); launch with "
+                         f"torchrun --nproc-per-node N")
 
 
 def check_launch(world: int) -> None:

@@ -140,9 +140,37 @@ def _time_hybrid(rank, args, mesh, model, zero, base: int, label: str) -> dict:
         mesh.ledger.reset()
         train_step(model, [batch(args, rank, it)], zero, mesh, runner=LocalForwardBackward(model[0], mesh.device))
     times = _time_steps(step, args)
-    return {"times": times, "mem_mb": memory_growth_mb(base), "optimizer": label,
-            "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g),
-            "opt_times": opt_times[args.warmup:], "opt_numel": sum(u.shard_numel for u in zero.units)}
+    out = {"times": times, "mem_mb": memory_growth_mb(base), "optimizer": label,
+           "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g),
+           "opt_times": opt_times[args.warmup:], "opt_numel": sum(u.shard_numel for u in zero.units)}
+    out.update(_kernel_alone(zero))
+    return out
+
+
+def _kernel_alone(zero, reps: int = 3) -> dict:
+    """After the timed steps, on the same shards, threads and ranks (every rank at once, after a barrier; the
+    fastest of `reps`): the AdamW kernel alone (`zero.optimizer.step()` over the master views with the reduced
+    gradient shards, nothing else of ZeroOptimizer.step), and in-place x += y over the same views and gradients
+    (read 8, write 4 bytes a parameter): the bandwidth this run's layout reaches, for a floor the run's threads can
+    reach. Both overwrite the trained weights, which nothing reads after this."""
+    views = [v for u in zero.units for v in u.views]
+    grads = [u.grad_shard[s.lo:s.hi] for u in zero.units for s in u.segments]
+    for v, g in zip(views, grads):
+        v.grad = g
+    zero.optimizer.grad_scale = None
+
+    def fastest(fn) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best
+    kernel_s = fastest(zero.optimizer.step)
+    add_s = fastest(lambda: torch._foreach_add_(views, grads))
+    numel = sum(v.numel() for v in views)
+    return {"kernel_s": kernel_s, "run_bw": 12 * numel / add_s}
 
 
 def run_hybrid(rank, world, args, kernel):
@@ -295,6 +323,9 @@ def _summary(res: list[dict]) -> dict:
         out["opt_s"] = statistics.median(max(ts) for ts in zip(*(r["opt_times"] for r in res)))
         out["opt_numel"] = max(r["opt_numel"] for r in res)
         out["ranks"] = len(res)  # every rank steps its shard at the same time
+        if "kernel_s" in res[0]:  # the slowest rank's kernel; the run's bandwidth: every rank's share, summed
+            out["kernel_s"] = max(r["kernel_s"] for r in res)
+            out["run_bw"] = min(r["run_bw"] for r in res)
     return out
 
 
@@ -442,9 +473,14 @@ def optimizer_step_table(results: list[list[dict]], opt_rows: list[dict]) -> lis
              f"(28 bytes a parameter at the {bw / 1e9:.1f} GB/s measured below; one thread per rank, as the run). "
              f"Every rank steps at once on the same memory, so a second floor counts all {args_dp(results)} ranks' "
              "bytes against that bandwidth (the shard's floor assumes one rank has the machine's bandwidth alone).",
+             "", "The last columns are measured in the same processes after the timed steps, every rank at once: the "
+             "AdamW kernel alone on the same shards (what ZeroOptimizer.step adds to it is hybrid's), and the floor "
+             "at the bandwidth the run's own layout reaches (in-place x += y over the same shards, one thread per "
+             "rank; the slowest rank's), the median over repeats.",
              "", "| run | parameters stepped / rank | step ms (min - max over repeats) | floor ms | step / floor | "
-             "floor ms, all ranks at once | step / that floor |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "floor ms, all ranks at once | step / that floor | kernel alone ms | step / kernel | floor ms at the "
+             "run's threads | step / that floor |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, (name, _, kernel, _) in enumerate(ROWS):
         cells = [r[i] for r in results if "opt_s" in r[i]]
         if not cells or kernel not in ("default", "1", "2"):
@@ -452,9 +488,14 @@ def optimizer_step_table(results: list[list[dict]], opt_rows: list[dict]) -> lis
         ms = [c["opt_s"] * 1e3 for c in cells]
         floor = 28 * cells[0]["opt_numel"] / bw * 1e3
         every = floor * cells[0].get("ranks", 1)
-        lines.append(f"| {name} | {cells[0]['opt_numel'] / 1e6:.1f}M | {statistics.median(ms):.1f} "
-                     f"({min(ms):.1f} - {max(ms):.1f}) | {floor:.1f} | {statistics.median(ms) / floor:.2f} | "
-                     f"{every:.1f} | {statistics.median(ms) / every:.2f} |")
+        step = statistics.median(ms)
+        kernel = statistics.median(c["kernel_s"] for c in cells) * 1e3 if "kernel_s" in cells[0] else float("nan")
+        own = 28 * cells[0]["opt_numel"] / statistics.median(c["run_bw"] for c in cells) * 1e3 \
+            if "run_bw" in cells[0] else float("nan")
+        lines.append(f"| {name} | {cells[0]['opt_numel'] / 1e6:.1f}M | {step:.1f} "
+                     f"({min(ms):.1f} - {max(ms):.1f}) | {floor:.1f} | {step / floor:.2f} | "
+                     f"{every:.1f} | {step / every:.2f} | {kernel:.1f} | {step / kernel:.2f} | {own:.1f} | "
+                     f"{step / own:.2f} |")
     return lines
 
 

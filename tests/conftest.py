@@ -13,7 +13,10 @@ loadfile`) without changing what any test sees, the fast tier's marker, and per-
   two tests until it is done (and a serial test waiting for the lock keeps new tests from starting, so it is not
   starved). Without xdist every test already runs alone.
 * `slow` marks what the fast tier (`python -m pytest -m "not slow"`, the edit-test loop) leaves out: end-to-end
-  launches, multi-rank matrices, documented commands, benchmarks. The full suite runs everything.
+  launches, the larger multi-rank matrices (a file's fast cases in a launch of their own, the rest in another,
+  as test_cp_training, test_zero and test_cp_models do), documented commands, benchmarks, the planner's
+  whole-space searches of published models. Each such mark names the faster test that
+  keeps its subject in the fast tier. The full suite runs everything.
 * Each run records how long each file took (setup + call + teardown of its tests, wall seconds) in pytest's cache
   (.pytest_cache/v/hybrid/durations: a file's entry is replaced only when all its tests ran, so a -k or -m run
   does not shorten it) and prints the table at the end. The longest-first order uses those records, falling back

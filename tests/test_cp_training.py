@@ -20,6 +20,14 @@ CP 2 with TP 2 + SP and with PP 2 (1F1B), ZeRO 1: losses and every weight equal 
 
 A checkpoint saved at CP 2 x DP 2 (ZeRO 1 and 3) loads at CP 1 (DP 4) and CP 4 (DP 1): parameters, Adam moments
 and step equal, and the next steps' losses equal the uninterrupted run's -- CP changes no parameter.
+
+The fast tier (`-m "not slow"`) runs, in a launch of its own, the cases in FAST: every ZeRO stage with the p2p
+ring, each comm type and recomputation family once (full recomputation with all-gather, op-level selective with
+a2a), packed documents, each low precision once (bf16 at ZeRO 1, fp16 at ZeRO 3) and the checkpoint runs. The
+other cases -- the same stages, comm types, recomputation modes and precisions in the remaining combinations --
+are marked slow and run in a second launch (the full suite runs both). The comm types stay in the fast tier here
+and through tests/test_cp_attention.py (attention against fp64, every comm type); selective recomputation's
+reruns over CP through tests/test_cp_models.py's ledger test.
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ CASES = {  # name -> (zero stage, recompute, comm type, precision, packed docume
     "z1-fp16": (1, Recompute.NONE, CommType.P2P, FP16, False),
     "z3-fp16": (3, Recompute.NONE, CommType.P2P, FP16, False),
 }
+FAST = ("z0", "z1", "z2", "z3", "z3-full-allgather", "z3-selective-op-a2a", "z2-docs", "z1-bf16", "z3-fp16")
 
 
 class Run:
@@ -131,14 +140,15 @@ def core_path(root: str) -> str:
     return store.final_path(root, SAVE_AT)
 
 
-def _world4(rank: int, world: int, root: str):
+def _world4(rank: int, world: int, root: str, cases: list[str], resume: bool):
     corpus = load_corpus()
     meshes = {"cp2": Mesh.build(ParallelDims.from_world(world, cp=2)),
               "cp1": Mesh.build(ParallelDims.from_world(world, cp=1)),
               "cp4": Mesh.build(ParallelDims.from_world(world, cp=4))}
-    out = {case: _case(meshes["cp2"], case, corpus) for case in CASES}
-    out["cp1"] = {case: _case(meshes["cp1"], case, corpus) for case in CASES if CASES[case][3] is not FP32}
-    out["resume"] = {case: _resume(meshes, case, f"{root}/{case}", corpus) for case in ("z1", "z3")}
+    out = {case: _case(meshes["cp2"], case, corpus) for case in cases}
+    out["cp1"] = {case: _case(meshes["cp1"], case, corpus) for case in cases if CASES[case][3] is not FP32}
+    if resume:
+        out["resume"] = {case: _resume(meshes, case, f"{root}/{case}", corpus) for case in ("z1", "z3")}
     return out
 
 
@@ -147,9 +157,29 @@ def reference(case: str) -> dict:
     return _case(Mesh.single(), case, load_corpus())
 
 
+class Launches:
+    """The module's two 4-rank launches, each started at its first use: the fast tier's cases (FAST) with the
+    checkpoint runs, and the other cases."""
+
+    def __init__(self, root: str) -> None:
+        self.root, self.done = root, {}
+
+    def ranks(self, case: str) -> list[dict]:
+        """Every rank's results of the launch that runs `case` ("resume": the checkpoint runs)."""
+        fast = case in FAST or case == "resume"
+        if fast not in self.done:
+            cases = [c for c in CASES if (c in FAST) == fast]
+            self.done[fast] = run_distributed(_world4, 4, args=(self.root, cases, fast), timeout=1800)
+        return self.done[fast]
+
+
 @pytest.fixture(scope="module")
 def spawn(tmp_path_factory):
-    return run_distributed(_world4, 4, args=(str(tmp_path_factory.mktemp("cp-ckpt")),), timeout=1800)
+    return Launches(str(tmp_path_factory.mktemp("cp-ckpt")))
+
+
+def _tier(cases) -> list:
+    return [pytest.param(c, marks=() if c in FAST else pytest.mark.slow) for c in cases]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -163,17 +193,17 @@ def _check(got: dict, ref: dict, rtol: float, weights: bool = True) -> None:
             assert rel(got["weights"][n], w) <= rtol, f"{n}: {rel(got['weights'][n], w):.2e}"
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if CASES[c][3] is FP32])
+@pytest.mark.parametrize("case", _tier(c for c in CASES if CASES[c][3] is FP32))
 def test_cp2_dp2_training_equals_single_process(spawn, case):
     for rank in range(4):
-        _check(spawn[rank][case], reference(case), RTOL)
+        _check(spawn.ranks(case)[rank][case], reference(case), RTOL)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if CASES[c][3] is not FP32])
+@pytest.mark.parametrize("case", _tier(c for c in CASES if CASES[c][3] is not FP32))
 def test_cp2_dp2_low_precision_training_equals_cp1_on_the_same_ranks(spawn, case):
     rtol = UNIT_ROUNDOFF[CASES[case][3].value]
     for rank in range(4):
-        _check(spawn[rank][case], spawn[rank]["cp1"][case], rtol, weights=False)
+        _check(spawn.ranks(case)[rank][case], spawn.ranks(case)[rank]["cp1"][case], rtol, weights=False)
 
 
 def test_packed_documents_change_the_training():
@@ -188,7 +218,7 @@ def test_packed_documents_change_the_training():
 def test_a_cp2_checkpoint_loads_at_cp1_and_cp4_and_continues_the_same_run(spawn, case, target):
     ref = reference(case)
     for rank in range(4):
-        got = spawn[rank]["resume"][case][target]
+        got = spawn.ranks("resume")[rank]["resume"][case][target]
         assert got["step"] == SAVE_AT
         assert got["losses"] == pytest.approx(ref["losses"][SAVE_AT:], rel=RTOL)
         for n, w in ref["weights"].items():

@@ -9,6 +9,12 @@ on this machine (2 cores, torch CPU kernels, gloo).
 References are independent of the code under test: an fp32 run of the same layout (the flag cannot be on in fp32),
 Psi counted on the model before any optimizer exists, the flag-off run of the same stage, and for the checkpoint the
 uninterrupted run with tensors gathered by tests/test_checkpoint.py's own path.
+
+The fast tier (`-m "not slow"`) runs the dp 2 launch; the tp2 x pp2 x dp2 one (8 ranks) is the slow `world8`
+param of the three per-layout tests (the full suite runs it). Its subjects stay in the fast tier at dp 2 here and,
+for the fp32 buffer under TP and PP, through tests/test_planner_runtime.py's fast fp32-gradient cases (tp 2 with
+SP, and pp 2 with the tied embedding across the stages: every DP, embedding-group and TP partial-gradient entry
+of the step's ledger in fp32, 2 + 4 + 12 bytes a parameter).
 """
 
 from __future__ import annotations
@@ -243,6 +249,9 @@ def world8(root):
     return run_distributed(_run_world8, 8, args=(root,), timeout=900)
 
 
+LAYOUTS = ["dp2", pytest.param("world8", marks=pytest.mark.slow)]  # the launch a per-layout test reads: its fixture
+
+
 def _rel(a: dict, b: dict) -> float:
     """||a - b|| / ||b|| over every tensor together."""
     num = sum((a[n] - b[n]).square().sum().item() for n in b)
@@ -277,13 +286,13 @@ def test_fp32_accumulation_keeps_bf16_training_closer_to_fp32(dp2):
 
 
 # --- (b) bit for bit across stages ----------------------------------------------------------------------------
-@pytest.mark.parametrize("layout", ["dp2", "world8"])
-def test_stages_with_the_same_sums_are_bit_identical(layout, dp2, world8):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_stages_with_the_same_sums_are_bit_identical(layout, request):
     """Within each class (ONCE: stages 0, 1, 3 keeping layers gathered, 1 with the optimizer offloaded;
     PER_MICRO_BATCH: stages 2, 3, 3 with optimizer and parameters offloaded) every loss and every fp32 master
     weight is identical, at dp 2 and at tp2 x pp2 x dp2 (tied embedding and SP partial gradients on the fp32
     buffer). test_zero asserts the same of fp32 stages 0-1 against plain data parallelism."""
-    results = {"dp2": dp2, "world8": world8}[layout]
+    results = request.getfixturevalue(layout)
     for cls in (ONCE, PER_MICRO_BATCH):
         present = [c for c in cls if c in results[0]]
         assert len(present) >= 2
@@ -297,14 +306,14 @@ def test_stages_with_the_same_sums_are_bit_identical(layout, dp2, world8):
 
 
 # --- (c) gradient memory --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("layout", ["dp2", "world8"])
-def test_gradients_take_4_bytes_a_parameter_of_the_shard(layout, dp2, world8):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradients_take_4_bytes_a_parameter_of_the_shard(layout, request):
     """Between steps the gradient buffers (stages 0-1 the flat buffer, stages 2-3 the reduced shard) are fp32 and
     hold 4 Psi bytes (4 Psi / dp at stages 2-3), Psi counted on the model, up to the engine's padding; no .grad and
     no per-micro-batch buffer is left. Measured: dp 2, tiny-llama (Psi = 217,664, its config's count) 870,656
     bytes at stages 0-1 and 435,328 at stages 2-3, exactly twice the bf16 run's buffers (435,328 and 217,664);
     tp2 x pp2 x dp2, tiny-gpt2, first pipeline stage (Psi = 74,944 a rank) 299,776 and 149,888 bytes."""
-    results = {"dp2": dp2, "world8": world8}[layout]
+    results = request.getfixturevalue(layout)
     dp = 2
     for case in [c for c in ("z0", "z1", "z2", "z3") if c in results[0]]:
         stage = int(case[1])
@@ -317,7 +326,7 @@ def test_gradients_take_4_bytes_a_parameter_of_the_shard(layout, dp2, world8):
             if f"off-{case}" in per_rank:
                 off = per_rank[f"off-{case}"]["grads"]
                 assert off["dtypes"] == {torch.bfloat16} and got["grads"]["bytes"] == 2 * off["bytes"]
-    assert dp2[0]["z0"]["model"]["psi"] == load_config("tiny-llama").num_parameters
+    assert request.getfixturevalue("dp2")[0]["z0"]["model"]["psi"] == load_config("tiny-llama").num_parameters
 
 
 # --- (d) DP traffic ------------------------------------------------------------------------------------------
@@ -389,11 +398,11 @@ def test_nan_guard_skips_a_non_finite_fp32_gradient_on_every_rank(dp2):
 
 
 # --- (e) checkpoints -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("layout", ["dp2", "world8"])
-def test_checkpoint_saved_with_fp32_gradients_resumes_bit_exactly(layout, dp2, world8):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_checkpoint_saved_with_fp32_gradients_resumes_bit_exactly(layout, request):
     """dp 2 stage 2 bf16, and tp2 x pp2 x dp2 stage 3 fp16 (the loss scaler too): losses, parameters, fp32
     master weights and Adam moments after resuming equal the uninterrupted run's (torch.equal)."""
-    for rank, per_rank in enumerate({"dp2": dp2, "world8": world8}[layout]):
+    for rank, per_rank in enumerate(request.getfixturevalue(layout)):
         (l1, s1), (l2, s2) = per_rank["resume"]["straight"], per_rank["resume"]["resumed"]
         assert l1 == l2, (layout, rank)
         assert s1.keys() == s2.keys()

@@ -8,7 +8,7 @@ import pytest
 
 from hybrid.planner import fit
 from hybrid.planner import hardware as hardware_fn
-from hybrid.planner.hardware import A100_EFFICIENCY, H100_500W_CLOCK, KERNEL_OVERHEAD_S
+from hybrid.planner.hardware import A100_EFFICIENCY, H100_500W_CLOCK, H100_EAGER_CLOCK, KERNEL_OVERHEAD_S
 
 
 def test_kernel_overhead_is_what_our_h200_run_gives():
@@ -32,3 +32,11 @@ def test_500w_h100_clock_is_what_torchtitan_table1_gives():
     hw = hardware_fn("h100-96g-500w")
     assert hw.compute_efficiency == pytest.approx(fit.h100_500w(H100_500W_CLOCK).compute_efficiency)
     assert fit.torchtitan_table1(hw) == pytest.approx(fit.TORCHTITAN_TABLE1_TOKENS_PER_GPU, rel=0.01)
+
+
+def test_h100_eager_clock_is_what_mosaicmls_single_node_rows_give():
+    """The six 8-GPU MPT rows on H100 (Composer + PyTorch FSDP) centre on the clock hardware.py ships: their mean
+    log throughput error is 0 there, and it moves the way a clock must (slower tensor cores, less throughput)."""
+    assert fit.fit_h100_eager_clock() == pytest.approx(H100_EAGER_CLOCK, abs=0.002)
+    assert fit.eager_clock_log_error(H100_EAGER_CLOCK) == pytest.approx(0.0, abs=0.005)
+    assert fit.eager_clock_log_error(1.0) > 0.3  # the preset's full rate: about +40 % optimistic on these rows

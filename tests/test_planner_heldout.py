@@ -1,5 +1,6 @@
 """Held-out discipline (issue 26: "fit on some rows, check on others"), hybrid/planner/heldout.py: every fitted
-constant of the time model is set by exactly one FIT row, which names it, and fit.py re-derives it from that row;
+constant of the time model is set by the FIT rows that name it -- one row each, but the H100's eager clock, fitted
+on six rows of one table -- and fit.py re-derives it from those rows;
 every other row only checks; the error summary is computed from the rows (the docs' copy of it is checked in
 tests/test_planner_published.py, where the published runs' plans are already cached); our H200's and this CPU's
 rows are what their recorded files hold."""
@@ -28,17 +29,20 @@ def _fit_rows(h200_rows_):
            [(r.name, r.fits) for r in h200_rows_ if r.role is Role.FIT]
 
 
-def test_each_fitted_constant_has_exactly_one_fit_row_that_names_its_fit_function(h200):
-    """The constants fit.py re-derives are exactly those the FIT rows name, one row each, and each is a constant
-    hardware.py ships; no CHECK row names a constant."""
-    named = {}
+def test_each_fitted_constant_has_its_fit_rows_that_name_its_fit_function(h200):
+    """The constants fit.py re-derives are exactly those the FIT rows name, one row each but H100_EAGER_CLOCK
+    (the six single-node rows fit.mpt_h100_fit_runs lists), and each is a constant hardware.py ships; no CHECK
+    row names a constant."""
+    named: dict[str, list[str]] = {}
     for name, fits in _fit_rows(h200):
         constant, function = re.fullmatch(r"(\w+) \(fit\.(\w+)\)", fits).groups()
-        assert constant not in named, f"{constant} fitted by two rows: {named.get(constant)} and {name}"
-        named[constant] = name
+        named.setdefault(constant, []).append(name)
         assert getattr(fit, function) is fit.FITS[constant]
         assert hasattr(HARDWARE, constant)
     assert set(named) == set(fit.FITS)
+    several = {c: rows for c, rows in named.items() if len(rows) > 1}
+    assert set(several) == {"H100_EAGER_CLOCK"}
+    assert several["H100_EAGER_CLOCK"] == [r.name for r in fit.mpt_h100_fit_runs()]
     assert all(not r.fits for r in all_runs() + h200 if r.role is Role.CHECK)
 
 

@@ -31,6 +31,13 @@ offload, stage 3 keep-gathered, stage 3 with sequence parallelism, GPT-2 (tied e
 pipeline stages) at stages 3 and 1 + offload. Memory and DP-traffic ledgers are asserted for all,
 against Psi counted on the model itself (model_psi), with the engine's padding bounded
 (padding_bound). No test skips: each one that needs a particular layout takes that layout's fixture.
+
+dp 2 is two launches: fp32 (with the plain path, fp16 overflow, clipping and the skipped-step probe) and
+"dp2-lowp", the bf16 and fp16 matrix, which the fast tier (`-m "not slow"`) leaves out: the tests of that launch
+(bf16 / fp16 tracking fp32, their first-step gradients, ledgers, traffic and host kernel) are marked slow, each
+asserting of those cases what it asserts of fp32's. ZeRO in bf16 and fp16 stays in the fast tier through
+tests/test_fp32_grads.py (bf16 at stages 0-3 and fp16 against fp32 on dp 2, its gradient and state bytes, its
+traffic), tests/test_cp_training.py (bf16 and fp16 under CP) and the fp16 overflow and skipped-step tests here.
 """
 
 from __future__ import annotations
@@ -228,16 +235,17 @@ def matrix_name(precision: Precision, stage: int, suffix: str) -> str:
     return f"{'' if precision is Precision.FP32 else precision.value + '-'}stage{stage}{suffix}"
 
 
-def cases(world: int) -> dict[str, Case]:
+def cases(world: int, lowp: bool = False) -> dict[str, Case]:
     """dp 2 runs the whole matrix -- stage 0-3 x offload (none, optimizer, + parameters at stage 3)
-    x fp32/bf16/fp16 -- in one launch; dp 4 and tp2 x pp2 x dp2 the fp32 stages with and without
+    x fp32/bf16/fp16 -- in two launches (`lowp`: bf16 and fp16); dp 4 and tp2 x pp2 x dp2 the fp32 stages with and without
     full offload, plus their own cases. `auto` takes one of two host kernels: dp 2 runs `auto`
     itself (DeepSpeed's CPU Adam where deepspeed imports), the larger layouts run torch's fused
     AdamW -- the kernel `auto` falls back to -- so both are tested, and 12 ranks do not each pay
     the DeepSpeed import (~50 s of wall time for 8 ranks on 2 cores, measured)."""
     host = {} if world == 2 else {"cpu_adam": CpuAdam.TORCH}
-    out = {"plain": Case("tiny-llama", None, OPT)}
-    for precision in PRECISIONS if world == 2 else (Precision.FP32,):
+    assert world == 2 or not lowp
+    out = {} if lowp else {"plain": Case("tiny-llama", None, OPT)}
+    for precision in PRECISIONS[1:] if lowp else PRECISIONS[:1]:
         for stage in range(4):
             for suffix, (opt, params) in offloads(stage).items():
                 # fp16 starts at 2^12: the default 2^16 overflows at step 3 here (measured), and a
@@ -246,7 +254,7 @@ def cases(world: int) -> dict[str, Case]:
                 if world == 2 or suffix != "-offload-opt":
                     out[matrix_name(precision, stage, suffix)] = Case(
                         "tiny-llama", zcfg(stage, opt, params, precision=precision, **scale, **host))
-    if world == 2:
+    if world == 2 and not lowp:
         out["fp16-overflow-stage2"] = Case("tiny-llama", zcfg(2, precision=Precision.FP16, initial_loss_scale=2.0**20))
         out["clip-stage2"] = Case("tiny-llama", zcfg(2), CLIP)
     if world == 8:
@@ -308,15 +316,16 @@ def _state_tensors(opt: ZeroOptimizer) -> dict[str, torch.Tensor]:
     return out
 
 
-def _run_all(rank, world, tp, pp):
+def _run_all(rank, world, tp, pp, lowp):
     mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
-    out = {name: train(mesh, *case) for name, case in cases(world).items()}
-    if world == 2:
+    out = {name: train(mesh, *case) for name, case in cases(world, lowp).items()}
+    if world == 2 and not lowp:
         out["skip-probe"] = {stage: skipped_step_probe(mesh, stage) for stage in range(4)}
     return out
 
 
-LAYOUTS = {"dp2": (2, 1, 1), "dp4": (4, 1, 1), "tp2-pp2-dp2": (8, 2, 2)}
+LAYOUTS = {"dp2": (2, 1, 1), "dp4": (4, 1, 1), "tp2-pp2-dp2": (8, 2, 2), "dp2-lowp": (2, 1, 1)}
+LOWP = "dp2-lowp"  # dp 2's bf16 / fp16 matrix, a launch of its own (module doc)
 _RUNS: dict[str, list] = {}
 
 
@@ -324,8 +333,17 @@ def _results(name: str) -> list:
     """One spawn per layout for the whole module, shared by the per-layout and single-layout tests."""
     if name not in _RUNS:
         world, tp, pp = LAYOUTS[name]
-        _RUNS[name] = run_distributed(_run_all, world, args=(tp, pp), timeout=900)
+        _RUNS[name] = run_distributed(_run_all, world, args=(tp, pp, name == LOWP), timeout=900)
     return _RUNS[name]
+
+
+def layout_cases(name: str) -> dict[str, Case]:
+    return cases(LAYOUTS[name][0], name == LOWP)
+
+
+# the per-layout tests whose subject every precision has: dp 2's low-precision launch too (slow)
+WITH_LOWP = pytest.mark.parametrize("layout", ["dp2", pytest.param(LOWP, marks=pytest.mark.slow), "dp4",
+                                               "tp2-pp2-dp2"], indirect=True)
 
 
 @pytest.fixture(scope="module")
@@ -333,7 +351,7 @@ def refs():
     return {name: reference("tiny-llama", opt) for name, opt in (("adamw", OPT), ("clip", CLIP))}
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS))
+@pytest.fixture(scope="module", params=[name for name in LAYOUTS if name != LOWP])
 def layout(request):
     return request.param, LAYOUTS[request.param][0], _results(request.param)
 
@@ -346,6 +364,11 @@ def dp2():
 @pytest.fixture(scope="module")
 def dp4():
     return _results("dp4")
+
+
+@pytest.fixture(scope="module")
+def lowp():
+    return _results(LOWP)
 
 
 @pytest.fixture(scope="module")
@@ -372,18 +395,19 @@ def test_fp32_stages_match_single_process_training(layout, refs):
     assert refs["adamw"]["losses"][-1] < refs["adamw"]["losses"][0] - 0.3  # 5.56 -> 5.02: it trains
 
 
-def test_offloaded_step_runs_the_host_kernels_auto_chooses(dp2, dp4):
+@pytest.mark.parametrize("layout", ["dp2", pytest.param(LOWP, marks=pytest.mark.slow)], indirect=True)
+def test_offloaded_step_runs_the_host_kernels_auto_chooses(layout, dp4):
     """dp 2 ran `--cpu-adam auto` as users get it: DeepSpeed's CPU Adam where deepspeed imports (it
     JIT-builds on first use), torch's fused CPU AdamW where it does not or its build fails; dp 4
     and tp2 x pp2 x dp2 run that fallback by name. Never the per-tensor loop the tests once forced."""
-    def kinds(results) -> set[str]:
-        return {r[c]["optimizer_kind"] for r in results for c, case in cases(len(results)).items()
+    def kinds(results, name: str) -> set[str]:
+        return {r[c]["optimizer_kind"] for r in results for c, case in layout_cases(name).items()
                 if case.zero is not None and case.zero.offload_optimizer}
-    auto = kinds(dp2)
+    auto = kinds(layout[2], layout[0])
     assert len(auto) == 1 and auto <= {"deepspeed-cpu-adam", "torch-fused"}, auto
     if importlib.util.find_spec("deepspeed") is None:
         assert auto == {"torch-fused"}
-    assert kinds(dp4) == {"torch-fused"}
+    assert kinds(dp4, "dp4") == {"torch-fused"}
 
 
 def test_zero_equals_plain_data_parallel_on_the_same_layout(layout):
@@ -404,6 +428,7 @@ def test_zero_equals_plain_data_parallel_on_the_same_layout(layout):
                 assert per_rank[case]["losses"] == per_rank["plain"]["losses"]
 
 
+@WITH_LOWP
 def test_model_state_ledger_equals_the_zero_paper_accounting(layout):
     """Per rank and per placement: params, grads, fp32 master weights and Adam moments as ZeRO
     predicts (bf16: stage 1 4 Psi + 12 Psi/n, stage 2 2 Psi + 14 Psi/n, stage 3 16 Psi/n) for the
@@ -411,7 +436,7 @@ def test_model_state_ledger_equals_the_zero_paper_accounting(layout):
     entry lies between the formula at Psi and at Psi + padding_bound (stage 0: exact)."""
     name, world, results = layout
     dp = world // (LAYOUTS[name][1] * LAYOUTS[name][2])
-    for case, c in cases(world).items():
+    for case, c in layout_cases(name).items():
         if c.zero is None:
             continue
         for rank, per_rank in enumerate(results):
@@ -438,13 +463,14 @@ def test_offload_moves_master_weights_and_adam_moments_off_the_device(layout):
             assert (StateKind.PARAMETERS, "device") not in on
 
 
+@WITH_LOWP
 def test_dp_traffic_per_step_is_the_paper_volume(layout):
     """2 Psi (stages 0-2), 3 Psi (stage 3) per step with one micro-batch, the accumulation formula
     of expected_volume otherwise, for the Psi counted on the model: between the formula at Psi
     and at Psi + padding_bound (each padded element travels as often as a real one)."""
     name, world, results = layout
     dp = world // (LAYOUTS[name][1] * LAYOUTS[name][2])
-    for case, c in cases(world).items():
+    for case, c in layout_cases(name).items():
         if c.zero is None:
             continue
         b = torch.empty((), dtype=c.zero.precision.dtype).element_size()
@@ -477,7 +503,8 @@ def _low_precision_cases(precision: Precision) -> list[str]:
     return [matrix_name(precision, stage, suffix) for stage in range(4) for suffix in offloads(stage)]
 
 
-def test_bf16_training_tracks_fp32(dp2, refs):
+@pytest.mark.slow  # the dp2-lowp launch (module doc)
+def test_bf16_training_tracks_fp32(lowp, refs):
     """bf16 compute with fp32 master weights, every stage and offload, against the fp32
     single-process run.
 
@@ -488,10 +515,11 @@ def test_bf16_training_tracks_fp32(dp2, refs):
     master's own drift: bf16 gradients carry ~u relative error, and AdamW turns the sign noise of
     small ones into steps of up to lr, so 10 steps can drift at most 10 lr; bound half of that,
     5 lr (measured 2.0 lr = 1.0e-3 beyond the rounding, over every stage and offload)."""
-    _tracks_fp32(dp2, refs["adamw"], Precision.BF16, u=2.0**-8)
+    _tracks_fp32(lowp, refs["adamw"], Precision.BF16, u=2.0**-8)
 
 
-def test_fp16_training_tracks_fp32(dp2, refs):
+@pytest.mark.slow  # the dp2-lowp launch (module doc)
+def test_fp16_training_tracks_fp32(lowp, refs):
     """fp16 with dynamic loss scaling (initial scale FP16_SCALE; no step overflows: asserted),
     every stage and offload, against the fp32 single-process run, with bf16's derivation at fp16's
     unit roundoff u = 2^-11 (11 significant bits): measured loss 1.9e-5 relative (bound u = 4.9e-4),
@@ -499,9 +527,9 @@ def test_fp16_training_tracks_fp32(dp2, refs):
     the gradient (only eps sees it), so these checks barely notice a forgotten unscale (measured:
     2.6e-3 = 5.2 lr, just outside); the gradient check of
     test_first_step_master_gradients_equal_the_reference fails it by 4 orders of magnitude."""
-    _tracks_fp32(dp2, refs["adamw"], Precision.FP16, u=2.0**-11)
+    _tracks_fp32(lowp, refs["adamw"], Precision.FP16, u=2.0**-11)
     for case in _low_precision_cases(Precision.FP16):
-        assert dp2[0][case]["skipped"] == 0 and dp2[0][case]["loss_scale"] == FP16_SCALE, case
+        assert lowp[0][case]["skipped"] == 0 and lowp[0][case]["loss_scale"] == FP16_SCALE, case
 
 
 def _tracks_fp32(results, ref: dict, precision: Precision, u: float) -> None:
@@ -535,17 +563,19 @@ GRAD_RTOL_FP32 = 2.0**-20
 GRAD_ROUNDINGS = 92
 
 
-def test_first_step_master_gradients_equal_the_reference(dp2, refs):
+@pytest.mark.parametrize("layout", ["dp2", pytest.param(LOWP, marks=pytest.mark.slow)], indirect=True)
+def test_first_step_master_gradients_equal_the_reference(layout, refs):
     """The gradients AdamW receives on the first step (before any update: same weights as the
     reference) -- the DP mean over the global batch, unscaled -- equal the single-process
     gradients: fp32 to GRAD_RTOL_FP32, bf16/fp16 to GRAD_ROUNDINGS u, for every stage and offload."""
     ref = refs["adamw"]["grads"]
     tol = {Precision.FP32: GRAD_RTOL_FP32, Precision.BF16: GRAD_ROUNDINGS * 2.0**-8,
            Precision.FP16: GRAD_ROUNDINGS * 2.0**-11}
-    for precision, stage, suffix in [(p, st, x) for p in PRECISIONS for st in range(4) for x in offloads(st)]:
+    precisions = PRECISIONS[1:] if layout[0] == LOWP else PRECISIONS[:1]  # the launch's: fp32, or bf16 and fp16
+    for precision, stage, suffix in [(p, st, x) for p in precisions for st in range(4) for x in offloads(st)]:
         case = matrix_name(precision, stage, suffix)
         pieces: dict[str, list] = {}
-        for rank, per_rank in enumerate(dp2):
+        for rank, per_rank in enumerate(layout[2]):
             for name, start, stop, g in per_rank[case]["grads"]:
                 err = (g - ref[name][start:stop]).abs().max().item() / ref[name].abs().max().item()
                 assert err <= tol[precision], f"{case} rank {rank}: {name}[{start}:{stop}] rel err {err:.2e}"

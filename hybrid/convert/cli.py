@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hybrid.cliutil import HelpFormatter, int_in
-from hybrid.convert.common import DTYPES
+from hybrid.convert.common import DTYPES, check_dst_outside_src
 from hybrid.convert.detect import Format, detect
 from hybrid.convert.presharded import MICRO_BATCH, PP_FLAG, SEQ_LENGTH, TP_FLAG, TargetLayout
 from hybrid.convert.safetensors_out import parse_size
@@ -14,6 +14,7 @@ from hybrid.convert.safetensors_out import parse_size
 def run(args: argparse.Namespace) -> None:
     from hybrid.convert import deepspeed_to_hybrid, hf_to_hybrid, hybrid_to_hf
     fmt = detect(args.src)
+    check_dst_outside_src(args.src, args.dst)
     to = args.to or ("hf" if fmt is Format.HYBRID else "hybrid")
     verify = not args.no_verify
     target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace) -> None:
                         ("--max-shard-size", args.max_shard_size != "5GB")):
         if given:
             raise ValueError(f"{flag} applies to --to hf only (a hybrid checkpoint holds fp32 master weights)")
+    _check_partition_flags(args)
     if fmt is Format.HF:
         if args.model is not None:
             raise ValueError("--model: a transformers SRC carries its own config.json; drop --model")
@@ -46,6 +48,24 @@ def run(args: argparse.Namespace) -> None:
             raise ValueError(f"SRC {args.src!r} is a DeepSpeed checkpoint, which holds no model config; give "
                              f"--model (the transformers config folder or preset it was trained from)")
         deepspeed_to_hybrid(args.src, args.dst, args.model, verify, target=target)
+
+
+def _check_partition_flags(args: argparse.Namespace) -> None:
+    """The partition flags split the layers over --target-pipeline-parallel-size stages; --seq-length and
+    --micro-batch-size price the balanced split only. Given where nothing reads them, they would be ignored."""
+    default = TargetLayout()
+    split = [flag for flag, given in (("--pipeline-partition balanced", args.pipeline_partition != default.partition),
+                                      ("--pipeline-layers-per-stage", args.pipeline_layers_per_stage is not None))
+             if given]
+    if split and args.target_pipeline_parallel_size == 1:
+        raise ValueError(f"{split[0]} splits the layers over {PP_FLAG} stages, and it is 1: give "
+                         f"{PP_FLAG} N (the run's pipeline size) or drop {split[0].split()[0]}")
+    if args.pipeline_partition != "balanced":
+        for flag, value, usual in (("--seq-length", args.seq_length, default.seq_length),
+                                   ("--micro-batch-size", args.micro_batch_size, default.micro_batch)):
+            if value != usual:
+                raise ValueError(f"{flag} prices the layers of --pipeline-partition balanced only; add "
+                                 f"--pipeline-partition balanced (with {PP_FLAG} N) or drop {flag}")
 
 
 def _target_flags_given(args: argparse.Namespace) -> list[str]:

@@ -30,6 +30,15 @@ def check_dst(dst: str) -> None:
     check_output_dir("DST", dst)
 
 
+def check_dst_outside_src(src: str, dst: str) -> None:
+    """DST is not SRC nor inside it: the conversion stages and renames DST beside itself, so a DST inside SRC would
+    write into the checkpoint it reads (and a hybrid SRC's manifest would no longer describe its folder)."""
+    s, d = os.path.realpath(src), os.path.realpath(dst)
+    if d == s or os.path.commonpath([s, d]) == s:
+        raise ValueError(f"DST {dst!r} is inside SRC {src!r}; the conversion would write into the checkpoint it "
+                         f"reads: give a DST outside SRC")
+
+
 @contextlib.contextmanager
 def staged_dst(dst: str) -> Iterator[str]:
     """A temporary directory beside DST, renamed onto DST when the body succeeds and removed when it raises:

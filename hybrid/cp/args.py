@@ -58,6 +58,10 @@ def check(args: argparse.Namespace) -> CPConfig:
     size = args.context_parallel_size
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"--context-parallel-size must be a positive integer, got {size!r}")
+    if size == 1 and "cp_comm_type" in getattr(args, "explicit", set()):  # as `hybrid plan`: no CP, no exchange
+        raise ValueError("--cp-comm-type picks how the --context-parallel-size ranks exchange keys and values; at "
+                         "--context-parallel-size 1 nothing is exchanged: give --context-parallel-size > 1 or drop "
+                         "--cp-comm-type")
     eod = None
     resets = [f for f, on in (("--reset-attention-mask", args.reset_attention_mask),
                               ("--reset-position-ids", args.reset_position_ids)) if on]

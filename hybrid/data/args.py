@@ -94,6 +94,9 @@ def check(args: argparse.Namespace) -> DataConfig:
         raise ValueError(f"--eval-iters must be >= 0 (0: no validation), got {args.eval_iters}")
     if args.tokenizer_model and not args.tokenizer_type:
         raise ValueError("--tokenizer-model needs --tokenizer-type HuggingFaceTokenizer")
+    if args.tokenizer_model and args.tokenizer_type == "ByteLevel":  # a token per byte: no model file is read
+        raise ValueError("--tokenizer-model is read by --tokenizer-type HuggingFaceTokenizer; ByteLevel has no model "
+                         "(a token per byte): drop --tokenizer-model or use --tokenizer-type HuggingFaceTokenizer")
     if split[0] == 0:
         raise ValueError(f"--split {args.split!r} gives training no data; give the train share first")
     return DataConfig(paths=paths, weights=weights or [], split=split, eval_interval=args.eval_interval,

@@ -71,7 +71,13 @@ def _validate(args: argparse.Namespace):
     cfg, folder, state = source
     layout = _check_layout(args, world, cfg)
     codec = find_codec(args.tokenizer, folder, state)
-    return world, layout, sampling, codec, prompt_ids(args, cfg, codec), source
+    ids = prompt_ids(args, cfg, codec)
+    room = cfg.max_position_embeddings - ids.shape[1]  # prompt_ids leaves at least one position
+    if args.max_new_tokens > room:  # decode.generate would stop at the context, short of what was asked
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the {ids.shape[1]}-token prompt leaves "
+                         f"{room} of the model's {cfg.max_position_embeddings} positions; use --max-new-tokens "
+                         f"{room} or less, or a shorter prompt")
+    return world, layout, sampling, codec, ids, source
 
 
 def run(args: argparse.Namespace) -> None:

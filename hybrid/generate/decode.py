@@ -55,6 +55,9 @@ class SamplingConfig:
             flag = "--top-k" if self.top_k else "--top-p"
             raise ValueError(f"{flag} filters sampling, but --temperature is 0 (greedy); give --temperature > 0 "
                              f"(1 = the model's own distribution)")
+        if self.temperature == 0 and self.seed:  # greedy draws nothing: the seed would change nothing
+            raise ValueError(f"--seed {self.seed} seeds sampling, but --temperature is 0 (greedy, no draws); give "
+                             f"--temperature > 0 or drop --seed")
 
     @property
     def greedy(self) -> bool:

@@ -70,6 +70,10 @@ def check(args: argparse.Namespace, cfg, dims: ParallelDims) -> MoEConfig | None
         if given:
             raise ValueError(f"{_flag(given[0])}: --model {args.model} has no experts (a dense model); drop the flag")
         return None
+    if not args.moe_router_enable_expert_bias and args.moe_router_bias_update_rate != DEFAULTS[
+            "moe_router_bias_update_rate"]:  # the rate moves the expert bias, which is off
+        raise ValueError("--moe-router-bias-update-rate sets how fast the expert bias moves; add "
+                         "--moe-router-enable-expert-bias or drop the rate")
     moe = MoEConfig(
         expert_parallel=args.expert_model_parallel_size, expert_tensor_parallel=args.expert_tensor_parallel_size,
         load_balancing=LoadBalancing(args.moe_router_load_balancing_type), aux_loss_coeff=args.moe_aux_loss_coeff,

@@ -115,6 +115,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how the non-matmul ops run: fused (Megatron-LM / Transformer Engine) or eager (plain "
                         "PyTorch: this runtime, torchtitan without compile); None: fused for korthikanti, eager for "
                         "the flash profiles")
+    g.add_argument("--fused-cross-entropy", action="store_true",
+                   help="bf16-flash: the loss is one fused kernel over the bf16 logits (flash-attn's "
+                        "CrossEntropyLoss, llm-foundry's default): 2 + 2 bytes a logit kept and in its backward, "
+                        "not torch's fp32-upcast 6 + 8 (memory only; the planner only)")
     g.add_argument("--fp8", action="store_true",
                    help="the linear layers' GEMMs in FP8 (Transformer Engine / torchao float8): the FP8 peak, "
                         "1-byte saved inputs, casts and scales (h100 / h200; the planner only)")
@@ -302,6 +306,9 @@ def check_outputs(args: argparse.Namespace) -> None:
     if args.emit_args and args.gradient_accumulation_fusion:
         raise ValueError("--gradient-accumulation-fusion: train.py's eager runtime adds each micro-batch's gradients "
                          "in a pass of its own; drop the flag with --emit-args")
+    if args.emit_args and args.fused_cross_entropy:
+        raise ValueError("--fused-cross-entropy: train.py's loss upcasts the logits to fp32 (torch's cross-entropy); "
+                         "drop the flag with --emit-args")
     if args.emit_args and not args.model:
         raise ValueError("--emit-args needs --model (a preset or config.json directory): train.py builds the model "
                          "from it, not from the size flags")
@@ -378,7 +385,8 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32,
                     kernels=KernelProfile(args.kernels) if args.kernels else None, fp8=args.fp8,
                     p2p=PipelineP2P(args.pipeline_p2p), grad_accumulation_fusion=args.gradient_accumulation_fusion,
-                    overlap_param_gather=args.overlap_param_gather)
+                    overlap_param_gather=args.overlap_param_gather,
+                    fused_cross_entropy=args.fused_cross_entropy)
 
 
 def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
@@ -480,9 +488,12 @@ def _baseline(hw) -> float | None:
 
 def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> str:
     hw, cfg = cluster.hw, work.model
+    eager = work.kernel_profile is KernelProfile.EAGER and hw.eager_clock != 1.0
+    clock = f" x eager clock {hw.eager_clock:.3g}" if eager else ""
     lines = [f"{cfg.arch} {_count(cfg.num_parameters)} params, {cfg.num_layers} layers, h {cfg.hidden_size}, "
              f"{cfg.num_heads} heads ({cfg.num_kv_heads} kv) | {cluster.gpus} x {hw.name} "
-             f"({hw.capacity_bytes / GB:.4g} GB, {hw.peak_tflops:g} TFLOP/s, efficiency {hw.compute_efficiency:.3g}) | "
+             f"({hw.capacity_bytes / GB:.4g} GB, {hw.peak_tflops:g} TFLOP/s, efficiency {hw.compute_efficiency:.3g}"
+             f"{clock}) | "
              f"global batch {work.global_batch} x {work.seq_length} tokens",
              "layout: tp pp dp v(chunks/rank) b(micro-batch) z(ZeRO) [offload] [sp] recompute; "
              "TFLOP/s per GPU incl. recomputation; MFU without",
@@ -507,7 +518,7 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -
 def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     """The step of `plan` taken apart (time.TERMS): each term's seconds, its share, what it is, and the numbers
     the compute terms rest on."""
-    t, hw = plan.time, cluster.hw
+    t, hw = plan.time, cluster.hw.for_kernels(work.kernel_profile is KernelProfile.EAGER)  # as the plan timed it
     moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
     lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
              f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}, gradient accumulation "

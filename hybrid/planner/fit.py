@@ -1,8 +1,9 @@
-"""The fitted constants of the planner's time model, each re-derived from the one row that fitted it.
+"""The fitted constants of the planner's time model, each re-derived from the row(s) that fitted it.
 
     python -m hybrid.planner.fit        # prints each constant, its row, and the value hardware.py ships
 
-Held-out discipline: a constant is fitted to the rows named here and nowhere else; every other published row
+Held-out discipline: a constant is fitted to the rows named here and nowhere else (one row each, but
+H100_EAGER_CLOCK: six rows of one table); every other published row
 (hybrid/planner/published.py Role.CHECK, tests/data's Narayanan and ZeRO tables) only checks.
 tests/test_planner_fit.py re-runs each fit and checks hardware.py holds its result.
 
@@ -11,6 +12,7 @@ tests/test_planner_fit.py re-runs each fit and checks hardware.py holds its resu
 | KERNEL_OVERHEAD_S | our H200 run 3 (docs/results/gpu_h200.md): a 1.2B Llama, s 4096, bf16, 8 micro-batches, forward + backward 0.7152 s | the one unknown left once the H200's GEMM curve (its own per-shape table), flash rate (FlashAttention-3's 35 %) and copy rate (measured) are fixed |
 | A100_EFFICIENCY | Korthikanti et al. 2022 Table 5: the 22B model's whole step (t 8, one micro-batch of 4 x 2048, full recomputation, no SP) 1.42 s on A100 | the GEMM curve's asymptote e, everything else fixed (KERNEL_OVERHEAD_S from above); Table 4's single layer (7.7 + 11.9 ms) then checks: planned 20.6 ms |
 | H100_500W_CLOCK | torchtitan's Table 1: Llama 3.1 8B, FSDP on 8 Grand Teton H100 (500 W, HBM2e), 5,762 tokens/s a GPU | the sustained clock of a power-capped H100 relative to a 700 W one: scales its GEMM asymptote and flash rate |
+| H100_EAGER_CLOCK | MosaicML's six single-node H100 rows (MPT 1B-30B, Composer + PyTorch FSDP on 8 H100 80GB; published.MPT_ROWS) | the sustained tensor-core rate of PyTorch-native training on a 700 W H100 relative to the curve: their mean log throughput error 0 |
 
 Everything else in hardware.py is a data sheet, a published kernel benchmark or a measurement (its docstring).
 """
@@ -122,11 +124,40 @@ def fit_h100_500w_clock() -> float:
     return solve(lambda c: torchtitan_table1(h100_500w(c)), TORCHTITAN_TABLE1_TOKENS_PER_GPU, 0.3, 1.0)
 
 
+def mpt_h100_fit_runs() -> list:
+    """The rows H100_EAGER_CLOCK is fitted to: MosaicML's single-node H100 rows (published.MPT_FIT_GPUS)."""
+    from hybrid.planner.published import Role, mpt_runs
+    return [r for r in mpt_runs() if r.role is Role.FIT]
+
+
+def eager_clock_log_error(clock: float, runs: list | None = None) -> float:
+    """Mean log(predicted / published throughput) of `runs` (default: the fit rows) planned on an H100 whose
+    eager (PyTorch-native) tensor-core rate is `clock` x the curve's."""
+    import math
+    from hybrid.planner.layout import Cluster
+    from hybrid.planner.search import search
+    runs = mpt_h100_fit_runs() if runs is None else runs
+    logs = []
+    for run in runs:
+        hw = run.hardware().with_overrides(eager_clock=clock)
+        plan = search(run.workload, Cluster(gpus=run.gpus, hw=hw), run.space, top=1, formula=run.formula,
+                      budget=run.sim_budget).plans[0]
+        logs.append(math.log1p(run.throughput_error(plan)))
+    return sum(logs) / len(logs)
+
+
+def fit_h100_eager_clock() -> float:
+    """H100_EAGER_CLOCK: the clock that centres the fit rows' errors (least squares in log throughput: their
+    mean log error is 0)."""
+    return solve(eager_clock_log_error, 0.0, 0.3, 1.0)
+
+
 # every fitted constant of hardware.py -> the function that re-derives it from its one row (hybrid/planner/heldout.py
 # lists that row as the only FIT row naming the constant; tests/test_planner_heldout.py checks the two agree)
 FITS: dict[str, Callable[[], float]] = {"KERNEL_OVERHEAD_S": fit_kernel_overhead,
                                         "A100_EFFICIENCY": fit_a100_efficiency,
-                                        "H100_500W_CLOCK": fit_h100_500w_clock}
+                                        "H100_500W_CLOCK": fit_h100_500w_clock,
+                                        "H100_EAGER_CLOCK": fit_h100_eager_clock}
 
 
 def main() -> None:
@@ -141,6 +172,9 @@ def main() -> None:
     c = fit_h100_500w_clock()
     print(f"H100_500W_CLOCK     fitted {c:.4f}   ships {hw_module.H100_500W_CLOCK:.4f}   "
           f"(torchtitan Table 1, {TORCHTITAN_TABLE1_TOKENS_PER_GPU:g} tokens/s a GPU)")
+    g = fit_h100_eager_clock()
+    print(f"H100_EAGER_CLOCK    fitted {g:.4f}   ships {hw_module.H100_EAGER_CLOCK:.4f}   "
+          f"(MosaicML's {len(mpt_h100_fit_runs())} single-node MPT rows on H100, mean log error 0)")
 
 
 if __name__ == "__main__":

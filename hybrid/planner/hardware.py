@@ -86,7 +86,19 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   scaling the GEMM asymptote and the flash rate) is **fitted** to one row, torchtitan's Table 1 (Llama 3.1 8B,
 #   FSDP on 8 GPUs, 5,762 tokens/s a GPU; fit.fit_h100_500w_clock); its capacity assumes the
 #   80 GB part's ratio of usable to nominal bytes (81559 MiB of 80 GiB) for 96 GiB.
+# * H100_EAGER_CLOCK: the sustained tensor-core rate of PyTorch-native (eager-profile) training on an H100 80 GB
+#   SXM relative to the curve above and FlashAttention-2's published rate: it scales the GEMM asymptote and the
+#   flash rate of an `--kernels eager` workload (Hardware.eager_clock), not its memory-bound kernels. **Fitted**
+#   (least squares in log throughput) to the six single-node rows of MosaicML's H100 table (MPT 1B-30B on 8 GPUs,
+#   Composer + PyTorch FSDP; fit.fit_h100_eager_clock); the table's ten 16-512 GPU rows and every other row only
+#   check. Why a clock and not a term of its own (docs/planner.md "Why eager FSDP on H100 was optimistic"): the
+#   loss is the same fraction of the step at 1B and 70B, 8 and 512 GPUs, with attention 5-27 % of the step --
+#   a uniform slowdown of tensor-core work -- and the same software on A100 is priced right by an asymptote that
+#   was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a power-limited
+#   H100 runs matmuls on real data slower than on benchmark data: thonking.ai, "Matrix Multiplications on GPUs Run
+#   Faster When Given 'Predictable' Data", 2024).
 H100_500W_CLOCK = 0.670
+H100_EAGER_CLOCK = 0.681
 H100_96G_BYTES = round(96 * 2**30 * 81559 / 81920)
 ELEMENTWISE_FRACTION = 4.16 / 4.8
 KERNEL_OVERHEAD_S = 7.78e-6
@@ -183,10 +195,19 @@ class Hardware:
             gloo rank per device and one thread per rank); None when each device computes on its own (GPUs).
             With more devices than units, `peak_tflops` is one device's rate while the others idle, and the
             node's devices together compute at most compute_units x that (time.py: the shared-compute bound).
+        collective_cpu_s, p2p_cpu_s, comm_cpu_s_per_byte: with shared compute units (a CPU, gloo), the CPU
+            seconds a rank's process burns per 2-rank all-reduce call, per point-to-point message (a send or a
+            receive), and per wire byte (`hybrid calibrate`'s pair probe): copying, reducing and gloo's threads.
+            With more ranks than cores that is work the cores do besides compute (time.py: the shared-compute
+            bound). 0: not measured (presets, GPUs).
         inter_dc_gbps: GB/s per direction of the link between two sites the DP replicas are split over
             (`--inter-dc-bandwidth`; hybrid/planner/slowlink.py); None: one site, no such link.
         inter_dc_latency_s: one-way seconds of a message over that link (`--inter-dc-latency`, in ms there);
             None: 0.
+        eager_clock: the sustained tensor-core rate of PyTorch-native training (a workload with `--kernels
+            eager`) relative to `compute_efficiency` and `flash_efficiency`, which then both scale by it
+            (`for_kernels`); 1: the same rate as a fused stack. Fitted for h100-80g (H100_EAGER_CLOCK); a
+            `--compute-efficiency` or a calibrated curve replaces it (with_overrides resets it to 1).
     """
 
     name: str
@@ -213,6 +234,10 @@ class Hardware:
     fp8_tflops: float | None = None
     inter_dc_gbps: float | None = None
     inter_dc_latency_s: float | None = None
+    eager_clock: float = 1.0
+    collective_cpu_s: float = 0.0
+    p2p_cpu_s: float = 0.0
+    comm_cpu_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -227,7 +252,7 @@ class Hardware:
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
         for name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                     "kernel_overhead_s"):
+                     "kernel_overhead_s", "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte"):
             if not getattr(self, name) >= 0:
                 flag = "--gemm-overhead" if name == "gemm_overhead_s" else name
                 raise ValueError(f"{flag} must be >= 0 seconds, got {getattr(self, name)}")
@@ -241,6 +266,8 @@ class Hardware:
             raise ValueError(f"--inter-dc-bandwidth must be a finite number > 0 (GB/s), got {self.inter_dc_gbps}")
         if self.inter_dc_latency_s is not None and not 0 <= self.inter_dc_latency_s < math.inf:
             raise ValueError(f"--inter-dc-latency must be a finite number >= 0, got {self.inter_dc_latency_s} s")
+        if not 0 < self.eager_clock <= 1:
+            raise ValueError(f"eager_clock must be in (0, 1], got {self.eager_clock}")
         if self.compute_units is not None and (not isinstance(self.compute_units, int) or self.compute_units < 1):
             raise ValueError(f"compute_units must be a positive integer or None, got {self.compute_units!r}")
 
@@ -281,11 +308,23 @@ class Hardware:
         return gemm.flops / self.gemm_seconds(gemm, dtype_bytes)
 
     def with_overrides(self, **changes: float | int | None) -> "Hardware":
-        """A copy with the given fields replaced; None values are ignored (unset CLI flags)."""
+        """A copy with the given fields replaced; None values are ignored (unset CLI flags). A stated GEMM
+        asymptote or flash rate is the rate the workload runs at: it drops the preset's eager_clock."""
         changes = {k: v for k, v in changes.items() if v is not None}
         if "memory_gb" in changes and "memory_bytes" not in changes:
             changes["memory_bytes"] = None  # a stated --gpu-memory replaces the preset's measured capacity
+        if ("compute_efficiency" in changes or "flash_efficiency" in changes) and "eager_clock" not in changes:
+            changes["eager_clock"] = 1.0
         return replace(self, **changes)
+
+    def for_kernels(self, eager: bool) -> "Hardware":
+        """The device as a workload of that kernel profile sees it: for PyTorch-native (eager) training, the
+        GEMM asymptote and the flash rate times eager_clock; otherwise itself."""
+        if not eager or self.eager_clock == 1.0:
+            return self
+        flash = None if self.flash_efficiency is None else self.flash_efficiency * self.eager_clock
+        return replace(self, compute_efficiency=self.compute_efficiency * self.eager_clock, flash_efficiency=flash,
+                       eager_clock=1.0)
 
 
 PRESETS: dict[GpuKind, Hardware] = {
@@ -301,7 +340,7 @@ PRESETS: dict[GpuKind, Hardware] = {
                                memory_bytes=81559 * MIB, compute_efficiency=H100_EFFICIENCY,
                                gemm_overhead_s=GEMM_OVERHEAD_S, elementwise_tbps=3.35 * ELEMENTWISE_FRACTION,
                                kernel_overhead_s=KERNEL_OVERHEAD_S, flash_efficiency=HOPPER_FLASH,
-                               fp8_tflops=HOPPER_FP8_TFLOPS),
+                               fp8_tflops=HOPPER_FP8_TFLOPS, eager_clock=H100_EAGER_CLOCK),
     GpuKind.H100_96G_500W: Hardware(name="h100-96g-500w", peak_tflops=989.0, memory_gb=96.0, hbm_tbps=2.4,
                                     gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
                                     host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,

@@ -4,10 +4,12 @@ table, and the error on the check rows reported apart from the fit rows'.
     python -m hybrid.planner.heldout        # prints docs/planner.md "Held-out error" (tests/test_planner_published.py checks)
 
 Issue 26's rule is "fit on some rows, check on others". A FIT row set one constant of the model and names it
-(`Row.fits`; hybrid/planner/fit.py re-derives each constant from its row); a CHECK row set nothing. Five sources:
+(`Row.fits`; hybrid/planner/fit.py re-derives each constant from its row -- or rows: the H100's eager clock is
+fitted on six rows of one table); a CHECK row set nothing. Five sources:
 
 * published runs outside shared/reference (published.py: BLOOM, Llama 3 405B, Korthikanti 2022, MT-NLG, torchtitan,
-  NeMo): two FIT rows (A100_EFFICIENCY, H100_500W_CLOCK), the rest CHECK;
+  NeMo, MosaicML's MPT): FIT rows for A100_EFFICIENCY, H100_500W_CLOCK and (six) H100_EAGER_CLOCK, the rest
+  CHECK;
 * shared/reference: Narayanan et al. 2021 Table 1 (reference.py), each published layout, all CHECK;
 * our H200 (tests/data/gpu_h200, scripts/gpu_check.py, 2026-12-04): run 3's forward + backward FITs
   KERNEL_OVERHEAD_S; train.py's steps of run 2 CHECK -- but the no-recomputation step has the fit row's forward +
@@ -214,9 +216,10 @@ def summary_table(rows: list[Row]) -> str:
     groups.append(("parts of a step (not in the line above; rows below)", [r for r in rows if r.kind is Kind.PART]))
     for name, group in groups:
         fits = [r.fits.split(" ")[0] for r in group if r.role is Role.FIT]
+        named = [c + (f" x {fits.count(c)}" if fits.count(c) > 1 else "") for c in dict.fromkeys(fits)]
         checks = [r.error for r in group if r.role is Role.CHECK]
         steps = all(r.kind is Kind.STEP for r in group)
-        lines.append(f"| {name} | {len(fits)}{' (' + ', '.join(fits) + ')' if fits else ''} | {len(checks)} | "
+        lines.append(f"| {name} | {len(fits)}{' (' + ', '.join(named) + ')' if fits else ''} | {len(checks)} | "
                      f"{_stats(checks, averaged=steps)} |")
     return "\n".join(lines)
 
@@ -237,8 +240,12 @@ def detail_table(rows: list[Row], source: str = H200) -> str:
 
 
 def fitted_constants(rows: list[Row]) -> dict[str, str]:
-    """constant -> the one row that fitted it."""
-    return {r.fits.split(" ")[0]: f"{r.source}: {r.name}" for r in rows if r.role is Role.FIT}
+    """constant -> the row(s) that fitted it ("; " between rows)."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        if r.role is Role.FIT:
+            out.setdefault(r.fits.split(" ")[0], []).append(f"{r.source}: {r.name}")
+    return {constant: "; ".join(names) for constant, names in out.items()}
 
 
 def main() -> None:

@@ -183,6 +183,12 @@ class Workload:
             forward (`--overlap-param-gather`, this runtime's default)? False (`--no-overlap-param-gather`): it
             runs after the optimizer step, before the next step computes (DeepSpeed's ZeRO 1 under its
             pipeline engine), exposed in full.
+        fused_cross_entropy: the loss is one fused kernel over the bf16 logits (`--fused-cross-entropy`;
+            flash-attn's CrossEntropyLoss, llm-foundry's default `loss_fn: fused_crossentropy`): the last stage
+            keeps the bf16 logits and a fp32 logsumexp a token, and the backward writes one bf16 gradient over
+            them -- 2 + 2 bytes a logit where torch's cross-entropy on fp32-upcast logits (this runtime,
+            torchtitan, transformers) keeps 6 and briefly needs 8 more. Memory only: the head's memory-bound
+            time is still torch's. The bf16-flash profile only; the planner only.
     """
 
     model: ModelConfig
@@ -197,6 +203,7 @@ class Workload:
     p2p: PipelineP2P = PipelineP2P.OVERLAPPED
     grad_accumulation_fusion: bool | None = None
     overlap_param_gather: bool = True
+    fused_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
@@ -209,6 +216,9 @@ class Workload:
         if self.fp32_grads and self.precision is not Precision.MIXED:
             raise ValueError("--accumulate-allreduce-grads-in-fp32 needs --precision mixed (fp32 gradients are "
                              "already 4 bytes); drop the flag or plan mixed precision")
+        if self.fused_cross_entropy and self.activations is not ActivationProfile.BF16_FLASH:
+            raise ValueError(f"--fused-cross-entropy models a fused loss over bf16 logits: use it with "
+                             f"--activation-profile bf16-flash, not {self.activations.value}")
         if self.kernels is not None and not isinstance(self.kernels, KernelProfile):
             raise ValueError(f"Workload.kernels must be a KernelProfile, got {self.kernels!r}")
         if self.fp8 and self.precision is not Precision.MIXED:
@@ -241,7 +251,7 @@ class Workload:
 
     def shard(self, tp: int) -> Shard:
         """The model seen from one TP rank at size tp, with this workload's vocabulary padding and profile."""
-        return Shard(self.model, tp, self.padded_vocab(tp), self.activations, self.fp8)
+        return Shard(self.model, tp, self.padded_vocab(tp), self.activations, self.fp8, self.fused_cross_entropy)
 
     def padded_vocab(self, tp: int) -> int:
         """Vocabulary rows after padding to a multiple of pad_vocab_to x tp (hybrid/tp/layers.vocab_spec)."""

@@ -53,6 +53,10 @@ class Shard:
         cfg: the model.
         t: tensor-parallel size.
         vocab: padded vocabulary V_p (a multiple of t).
+        profile: which tensors a layer keeps (Workload.activations).
+        fp8: FP8 linears (Workload.fp8).
+        fused_cross_entropy: the loss is a fused cross-entropy kernel over the bf16 logits
+            (Workload.fused_cross_entropy): no fp32 copy of them is kept.
     """
 
     cfg: ModelConfig
@@ -60,6 +64,7 @@ class Shard:
     vocab: int
     profile: ActivationProfile = ActivationProfile.KORTHIKANTI
     fp8: bool = False
+    fused_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         if self.profile is ActivationProfile.FP32_FLASH and self.cfg.dropout > 0:
@@ -309,6 +314,8 @@ class Shard:
             return self._runtime_head_bytes(b, s, sp)
         norm_in = s * b * h * ACT_BYTES / (self.t if sp else 1)
         head_in = s * b * h * ACT_BYTES
+        if self.fused_cross_entropy:  # flash-attn's CrossEntropyLoss: the bf16 logits and a fp32 logsumexp a token
+            return norm_in + head_in + s * b * (self.vocab / self.t * ACT_BYTES + FP32)
         logits = s * b * self.vocab / self.t * (ACT_BYTES + 4)
         return norm_in + head_in + logits
 
@@ -323,6 +330,8 @@ class Shard:
         if self.profile is ActivationProfile.KORTHIKANTI:
             return 0.0
         logits = b * s * self.vocab / self.t
+        if self.fused_cross_entropy:  # its backward writes one bf16 gradient over the logits (not in place)
+            return ACT_BYTES * logits
         if self.t == 1:
             return 2 * FP32 * logits
         return 0.0 if self.profile is ActivationProfile.FP32_FLASH else ACT_BYTES * logits

@@ -1,6 +1,7 @@
 """The planner on published runs that are not in shared/reference: other models, GPUs, frameworks, schedules.
 
     python -m hybrid.planner.published        # prints the table of docs/planner.md "Published runs"
+    python -m hybrid.planner.published --mpt-decomposition   # "Why eager FSDP on H100 was optimistic"
 
 Held-out discipline, in code: every run has a `Role`. FIT rows may set a constant of the model -- each names the
 constant it fitted (`PublishedRun.fits`; hybrid/planner/fit.py re-derives it from that row) -- and CHECK rows
@@ -378,6 +379,8 @@ def narayanan_runs() -> list[PublishedRun]:
 MPT_SOURCE = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit c90b9b3 (MPT training "
               "benchmarks, tables 'H100 80GB BF16 (Large Scale, >= 128 GPUs)', 'H100 80GB BF16' and 'A100 80GB with "
               "1600 Gbps node-node interconnect (RoCE)'; Throughput (T/s/GPU))")
+MPT_FP8_SOURCE = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit 061f2c7, table 'H100 80GB FP8' "
+                  "(amp_fp8: Transformer Engine; the run log with its image: scripts/train/benchmarking/h100old.md)")
 # MPT sizes (layers, d_model, heads); every benchmark model is GPT-2 shaped: learned positions of the row's
 # sequence length, LayerNorm and linear biases, GELU MLP of 4 d, tied embeddings, vocabulary 50368, no dropout
 # -- the table's NumParams column is exactly that count (tests/test_planner_published.py)
@@ -412,6 +415,32 @@ MPT_ROWS = (("h100-80g", "70b", 2048, 512, 8, 1, 1007, 3, True, True, 6486243737
             ("a100-80g", "1b", 2048, 8, 14, 4, 20513, 3, False, True, 1315950592))
 
 
+# More rows of the same H100 BF16 table (issue 26, fifth round; all CHECK rows): the 16-64 GPU rows and the
+# other sequence lengths on one node, one row per configuration; and three rows of the README's "H100 80GB FP8"
+# table (Transformer Engine's FP8 linears, image mosaicml/pytorch:2.0.1_cu118: h100old.md), planned with --fp8
+MPT_MORE_ROWS = (("h100-80g", "70b", 2048, 32, 2, 16, 882, 3, True, True, 64862437376),
+                 ("h100-80g", "30b", 4096, 8, 1, 21, 1802, 3, True, True, 29989894144),
+                 ("h100-80g", "30b", 2048, 32, 14, 3, 2308, 3, True, True, 29975214080),
+                 ("h100-80g", "30b", 2048, 16, 10, 3, 2263, 3, True, True, 29975214080),
+                 ("h100-80g", "13b", 2048, 64, 2, 1, 4800, 3, False, True, 12853954560),
+                 ("h100-80g", "13b", 2048, 16, 2, 1, 4767, 3, False, True, 12853954560),
+                 ("h100-80g", "7b", 4096, 8, 16, 2, 8611, 3, True, True, 6667247616),
+                 ("h100-80g", "3b", 4096, 8, 5, 6, 20964, 3, False, True, 2657080320),
+                 ("h100-80g", "3b", 2048, 64, 6, 3, 22525, 3, False, True, 2651837440),
+                 ("h100-80g", "1b", 4096, 8, 7, 4, 38535, 3, False, True, 1320144896),
+                 # rejected as OOM until the fused cross-entropy was modelled (87.6-101.6 GB planned)
+                 ("h100-80g", "30b", 8192, 8, 1, 21, 1384, 3, True, True, 30019254272),
+                 ("h100-80g", "13b", 16384, 8, 3, 3, 2985, 3, True, True, 12927354880),
+                 ("h100-80g", "3b", 8192, 8, 3, 6, 16578, 3, False, True, 2667566080),
+                 ("h100-80g", "1b", 2048, 64, 20, 1, 44402, 3, False, True, 1315950592),
+                 ("h100-80g", "1b", 2048, 16, 20, 1, 46037, 3, False, True, 1315950592))
+
+MPT_FP8_ROWS = (("h100-80g", "3b", 8192, 8, 3, 6, 19146, 3, False, True, 2667566080),
+                ("h100-80g", "3b", 2048, 8, 10, 6, 30586, 3, False, True, 2651837440),
+                ("h100-80g", "1b", 8192, 8, 2, 4, 32010, 3, False, True, 1328533504))
+MPT_FIT_GPUS = 8  # the H100 rows on one node fit H100_EAGER_CLOCK (fit.fit_h100_eager_clock); the rest check
+
+
 def mpt_model(size: str, seq: int) -> ModelConfig:
     layers, d, heads = MPT_SIZES[size]
     return replace(gpt_model(layers, d, heads, 50368, seq), dropout=0.0)
@@ -422,20 +451,61 @@ def mpt_runs() -> list[PublishedRun]:
     PyTorch FSDP without tensor or pipeline parallelism: FULL_SHARD as ZeRO 3, SHARD_GRAD_OP as ZeRO 2, the stated
     micro-batch and gradient accumulation, activation checkpointing as full recomputation, flash attention
     (bf16-flash), eager PyTorch kernels, and Composer's DEFAULT FSDP mixed precision reducing gradients in fp32
-    (planned with fp32 gradients; PURE rows in bf16). Compared on tokens/s a GPU. Issue 26's kind of held-out
-    row: FSDP at 8-512 GPUs, none of which fitted anything."""
+    (planned with fp32 gradients; PURE rows in bf16), and llm-foundry's default loss, flash-attn's fused
+    cross-entropy over the bf16 logits (`loss_fn: fused_crossentropy`, ComposerMPTCausalLM; planned with
+    Workload.fused_cross_entropy, memory only). Compared on tokens/s a GPU. Issue 26's kind of held-out row: FSDP
+    at 8-512 GPUs; the six single-node H100 rows fit the H100's eager clock (MPT_FIT_GPUS), the rest check."""
     runs = []
-    for gpu, size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _ in MPT_ROWS:
+    rows = [(row, False, False) for row in MPT_ROWS] + [(row, True, False) for row in MPT_MORE_ROWS] + [
+        (row, True, True) for row in MPT_FP8_ROWS]
+    for (gpu, size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _), more, fp8 in rows:
         work = Workload(mpt_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
-                        activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce)
+                        activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fp8=fp8,
+                        fused_cross_entropy=True)
         space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage(zero),),
                             offload=(Offload.NONE,), sequence_parallel=(False,),
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))
         ac = ", AC" if checkpointing else ""
         card = "H100" if gpu.startswith("h100") else "A100"
-        runs.append(PublishedRun(f"MPT-{size}, s {seq}, {gpus} {card}, FSDP z{zero}, b{mb} x {accum}{ac}",
-                                 MPT_SOURCE, work, gpu, gpus, space, Metric.TOKENS_PER_GPU, tokens))
+        fit = gpu == "h100-80g" and gpus == MPT_FIT_GPUS and not more
+        runs.append(PublishedRun(f"MPT-{size}, s {seq}, {gpus} {card}, FSDP z{zero}, b{mb} x {accum}{ac}"
+                                 f"{', FP8' if fp8 else ''}", MPT_FP8_SOURCE if fp8 else MPT_SOURCE, work, gpu, gpus,
+                                 space, Metric.TOKENS_PER_GPU, tokens,
+                                 role=Role.FIT if fit else Role.CHECK,
+                                 fits="H100_EAGER_CLOCK (fit.fit_h100_eager_clock)" if fit else ""))
     return runs
+
+
+def _plan_on(run: PublishedRun, hw) -> Plan:
+    return search(run.workload, Cluster(gpus=run.gpus, hw=hw), run.space, top=1, formula=run.formula,
+                  budget=run.sim_budget).plans[0]
+
+
+def mpt_decomposition() -> str:
+    """Why the H100 MPT rows were optimistic (docs/planner.md "Why eager FSDP on H100 was optimistic"): each MPT
+    row planned at the curve's full rate (eager clock 1), its step taken apart into the `--explain` terms (% of the
+    step), its error then, and the clock that would make it exact -- applied to the tensor-core work (GEMMs and
+    flash attention, as Hardware.eager_clock is) and, for comparison, to the GEMMs alone."""
+    from hybrid.planner.fit import solve
+    lines = ["| row | error at clock 1 | GEMM | attention | memory-bound | launches | DP + optimizer | clock needed | "
+             "GEMM-only e needed |", "|---|---|---|---|---|---|---|---|---|"]
+    for run in mpt_runs()[:len(MPT_ROWS)]:
+        base = run.hardware().with_overrides(eager_clock=1.0)
+        plan = _plan_on(run, base)
+        share = {name: 100 * seconds / plan.time.total for name, seconds in plan.time.terms}
+        comm = share["dp_in_passes"] + share["dp_exposed"] + share["optimizer"]
+        if run.gpu == "h100-80g":
+            clock = solve(lambda c: run.throughput_error(_plan_on(run, base.with_overrides(eager_clock=c))), 0.0,
+                          0.3, 1.0, iters=24)
+            e = solve(lambda x: run.throughput_error(_plan_on(run, base.with_overrides(compute_efficiency=x))),
+                      0.0, 0.2, 1.0, iters=24)
+            needed = f"{clock:.3f} | {e:.3f}"
+        else:
+            needed = "- | -"
+        lines.append(f"| {run.name} | {100 * run.throughput_error(plan):+.1f} % | {share['gemm']:.1f} | "
+                     f"{share['attention']:.1f} | {share['memory_bound']:.1f} | {share['launches']:.1f} | {comm:.1f} | "
+                     f"{needed} |")
+    return "\n".join(lines)
 
 
 def all_runs() -> list[PublishedRun]:
@@ -499,6 +569,10 @@ def summaries(runs: list[PublishedRun]) -> str:
 
 
 def main() -> None:
+    import sys
+    if sys.argv[1:] == ["--mpt-decomposition"]:
+        print(mpt_decomposition())
+        return
     runs = all_runs()
     print(table(runs))
     print()

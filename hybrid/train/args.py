@@ -122,6 +122,29 @@ def check_numbers(args: argparse.Namespace) -> None:
                          f"got {args.distributed_timeout_minutes}")
     if not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
+    check_optimizer_flags(args)
+
+
+def check_optimizer_flags(args: argparse.Namespace) -> None:
+    """Flags given on the command line that the chosen optimizer or schedule would never read: a silent no-op is
+    an error naming the flag (as Megatron's `lr_warmup_steps < lr_decay_steps` assertion)."""
+    explicit = getattr(args, "explicit", set())  # a Namespace built by hand has none
+    if "sgd_momentum" in explicit and args.optimizer != "sgd":
+        raise ValueError(f"--sgd-momentum is --optimizer sgd's; the run's optimizer is {args.optimizer}: "
+                         f"add --optimizer sgd or drop --sgd-momentum")
+    for dest in ("adam_beta1", "adam_beta2"):
+        if dest in explicit and args.optimizer == "sgd":
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag} is Adam's; --optimizer sgd does not read it (its momentum is --sgd-momentum): "
+                             f"drop {flag} or use --optimizer adam")
+    # step k <= W warms up and k > D runs at --min-lr (train_step.OptimizerConfig.lr_at): W >= D never decays
+    # and, for W > --train-iters, never reaches --lr
+    w, d = args.lr_warmup_iters, args.lr_decay_iters or args.train_iters
+    if ({"lr_warmup_iters", "lr_decay_iters"} & explicit and args.lr_decay_style != "constant" and w > 0
+            and w >= d):
+        decay = f"--lr-decay-iters {d}" if args.lr_decay_iters else f"--lr-decay-iters (unset: --train-iters {d})"
+        raise ValueError(f"--lr-warmup-iters {w} is not below {decay}: the warm-up would end at or after the "
+                         f"decay; use --lr-warmup-iters < {d}, a larger --lr-decay-iters, or --lr-decay-style constant")
 
 
 def check_files(args: argparse.Namespace, cfg: ModelConfig) -> None:
@@ -142,7 +165,9 @@ def check_checkpoint(path: str, cfg: ModelConfig, model: str) -> None:
     from models.hf_io import CheckpointReader
 
     if not os.path.isdir(path):
-        raise ValueError(f"--load {path!r} is not a directory; give a transformers model directory (safetensors)")
+        what = "does not exist" if not os.path.exists(path) else "is not a directory"
+        raise ValueError(f"--load {path!r} {what}; give an earlier run's --save directory (a checkpoint) or a "
+                         f"transformers model directory (safetensors)")
     try:
         reader = CheckpointReader(path)
         missing = sorted({f for f in reader.files.values() if not os.path.isfile(f)})
@@ -267,6 +292,9 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
             setattr(args, attr, value)
     if ds.grad_accum_dtype is not None:
         _apply_grad_accum_dtype(args, ds.grad_accum_dtype)
+    if ds.optimizer in ("adam", "adamw") and "optimizer" in args.explicit and args.optimizer != "adam":
+        raise ValueError(f"--deepspeed-config sets optimizer.type {ds.optimizer!r} (AdamW) but --optimizer "
+                         f"{args.optimizer} was given; remove one of them")
     args.loss_scaling = {k: v for k, v in (("initial_loss_scale", ds.initial_loss_scale),
                                            ("loss_scale_window", ds.loss_scale_window),
                                            ("min_loss_scale", ds.min_loss_scale)) if v is not None}
@@ -360,7 +388,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
-    compress = compress_args.check(ns)  # hybrid/compress: gradient compression over DP
+    compress = compress_args.check(ns, dims.dp * dims.cp)  # hybrid/compress: gradient compression over DP
     diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe is not None)  # hybrid/diloco: None without
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
@@ -385,7 +413,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
         zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe, diloco=diloco,
         compress=compress,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
-        ds_unsupported=tuple(compress_args.unread_deepspeed_keys(ns, unsupported)))
+        ds_unsupported=tuple(unsupported))
 
 
 def _recorded(value) -> bool:

@@ -183,7 +183,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     metrics.close()
     if run.training.timeline:
         save_timeline(run.training.timeline, runner, mesh, plan)
-    log0(mesh, f"done: final lm loss {loss:.4f}")
+    log0(mesh, f"done: final lm loss {loss:.4f}" if last > start else  # no step ran: no loss to report, not NaN
+         f"done: no iteration to train (the checkpoint is at iteration {start}, --train-iters {train_iters})")
 
 
 def _header(run: RunConfig, model, optimizer: ZeroOptimizer, device: torch.device) -> str:

@@ -161,6 +161,7 @@ class ZeroOptimizer:
         self.good_steps = self.skipped_steps = 0
         self.last_report: StepReport | None = None
         self._grad_div = 1.0  # the gradients' divisor left to the AdamW kernel this step (_make_master_grads)
+        self._seeded = 0  # backward passes of this step whose loss gradient was seeded with 1 / n (_seed_mean)
         self._m = 1  # micro-batches of the current step
         self._armed = False
         self._pending: list[Pending] = []
@@ -172,6 +173,7 @@ class ZeroOptimizer:
         for u in self.units:
             self._init_unit(u)
         self.optimizer, self.optimizer_kind = self._build_optimizer()
+        self.seeds_mean = self._can_seed_mean()
         if reduction is not None:
             reduction.bind([u for u in self.units if id(u) not in self._expert_units], self)
         self._register_hooks()
@@ -348,10 +350,12 @@ class ZeroOptimizer:
         for u in self.units:
             for p in u.params:
                 p.register_post_accumulate_grad_hook(partial(self._on_grad, u))
-        if self.cfg.precision is Precision.FP16:
-            for chunk in self.chunks:
-                if getattr(getattr(chunk, "stage", None), "last", True):
+        for chunk in self.chunks:
+            if getattr(getattr(chunk, "stage", None), "last", True):
+                if self.cfg.precision is Precision.FP16:
                     chunk.register_forward_hook(self._scale_loss)
+                elif self.seeds_mean:
+                    chunk.register_forward_hook(self._seed_mean)
         if self.cfg.stage == 3:
             for entry in self.stage3_plan:
                 self._register_stage3(entry)
@@ -414,6 +418,31 @@ class ZeroOptimizer:
     def _scale_loss(self, module: nn.Module, args, out):
         """fp16: the loss times the loss scale, so small gradients survive fp16's range."""
         return out * self.loss_scale if torch.is_tensor(out) and out.dim() == 0 else None
+
+    def _can_seed_mean(self) -> bool:
+        """Whether the mean over DP (the sum's / n) can enter backward as the loss gradient's seed 1 / n instead of a
+        division in the step (_seed_mean): fp32 or bf16 (fp16 keeps its range for the loss scale), n a power of two
+        > 1, the loss on this rank (pp = 1), no compressor (it reads the sums), no MoE auxiliary loss (its gradient
+        enters backward apart from the loss: hybrid/moe/runtime.py)."""
+        from hybrid.moe.runtime import moe_layers
+        return (self.cfg.precision in (Precision.FP32, Precision.BF16) and self.dp.size > 1
+                and _power_of_two(self.dp.size) and self.mesh.pp.size == 1 and self.reduction is None
+                and not moe_layers(self.model))
+
+    def _seed_mean(self, module: nn.Module, args, out) -> None:
+        """The loss's gradient seed times 1 / n, so backward produces each rank's gradient / n and the DP sum is the
+        mean -- the division the step would otherwise make: a pass over the gradient shards (read 4, write 4 bytes
+        a parameter), or, folded into torch's fused AdamW (`grad_scale`), a write of the divided gradient back into
+        the gradient buffer (its CPU kernel stores it: 32 bytes a parameter where AdamW needs 28). Every backward op
+        is linear in the seed, and scaling by a power of two is exact in fp32 and bf16 (one exponent range), so
+        each gradient is bit for bit the sum's / n (unless a value falls below the normal range, 2^-126, where the
+        scaled value rounds first). The loss's value is untouched (a gradient hook, not a forward change)."""
+        if self.seeds_mean and self._armed and torch.is_tensor(out) and out.dim() == 0 and out.requires_grad:
+            out.register_hook(self._seed_grad)
+
+    def _seed_grad(self, g: torch.Tensor) -> torch.Tensor:
+        self._seeded += 1
+        return g / self.dp.size
 
     def _register_stage3(self, plan: Stage3Chunk) -> None:
         """Gather just before use, prefetch the next unit, free after use -- forward and backward (Stage3Chunk says
@@ -570,7 +599,7 @@ class ZeroOptimizer:
 
     def begin_step(self, num_micro_batches: int) -> None:
         """Arm the hooks for a step of `num_micro_batches` backward passes."""
-        self._m, self._armed, self._launches = num_micro_batches, True, {}
+        self._m, self._armed, self._launches, self._seeded = num_micro_batches, True, {}, 0
         for u in self.units:
             u.fired = 0
 
@@ -659,15 +688,23 @@ class ZeroOptimizer:
         Where the reduced shard is the master gradient and n x scale is a power of two (in practice always), the
         division is left to the fused AdamW kernel (`grad_scale`: it divides each gradient as it reads it, bit
         for bit as `div_` would) -- one pass over the gradients fewer. Dividing by a power of two is exact, so the
-        clip norm taken on the undivided values and divided by it is the norm of the divided ones, bit for bit."""
+        clip norm taken on the undivided values and divided by it is the norm of the divided ones, bit for bit.
+        Where backward already divided (`_seed_mean`: every micro-batch's loss seeded with 1 / n) nothing is left to
+        divide: no pass, no `grad_scale`."""
         div = self.dp.size * self.loss_scale
-        fold = _takes_grad_scale(self.optimizer) and _power_of_two(div)
+        if self._seeded:
+            if self._seeded != self._m:
+                raise RuntimeError(f"ZeRO: {self._seeded} of this step's {self._m} backward passes were seeded with "
+                                   "1 / dp: run every micro-batch's backward from the model's loss output")
+            div = self.loss_scale
+        divide = div != 1.0  # dp 1 at fp32, or seeded: the reduced gradients are the mean already
+        fold = divide and _takes_grad_scale(self.optimizer) and _power_of_two(div)
         for u in self.units:
             if self._master_grad_is_view(u):
-                u.master_grad = u.grad_shard if fold else u.grad_shard.div_(div)
+                u.master_grad = u.grad_shard.div_(div) if divide and not fold else u.grad_shard
             else:
                 u.master_grad = u.grad_shard.to(u.master.device, torch.float32, copy=True)
-                if not fold:
+                if divide and not fold:
                     u.master_grad.div_(div)
             for v, s in zip(u.views, u.segments):
                 v.grad = u.master_grad[s.lo:s.hi]
