@@ -29,7 +29,13 @@ End-to-end runs of the training entry point go the same way, as the command line
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, OMP_NUM_THREADS=1), stdout and stderr to files, the
 exit status a shell would see -- and gives each rank's status, output and exit time; `torchrun` joins them as
 torchrun's own output would, tearing the job down when a rank fails. A test whose subject is torchrun itself
-(restarts, elastic membership, its error files and failure summary) runs the real one.
+(restarts, elastic membership, its error files and failure summary) runs the real one -- with its workers forked
+too, where the workers' own process tree is not the subject:
+
+    out = agent_run(["--nproc-per-node", "2", "--max-restarts", "1"], ["-m", "hybrid.train", ...], env=...)
+
+(`fork_service` and `worker_command` for a torchrun started by hand; hybrid/testing_worker.py says how a fork
+stands for its worker.)
 """
 
 from __future__ import annotations
@@ -37,12 +43,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
+import json
 import os
 import pickle
 import queue as queue_module
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -296,6 +304,16 @@ def _rank(entry: Callable, argv: list[str], environ: dict[str, str], cwd: str, o
     """A forked rank: the caller's environment and directory, stdout and stderr at fd level to the files, `entry`
     run as a script's main, then the interpreter's own shutdown (non-daemon threads joined, atexit handlers, streams
     flushed) and the exit status a shell would see."""
+    fds = []
+    for path in (out, err):
+        fds.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+    _run_as_main(entry, argv, environ, cwd, {1: fds[0], 2: fds[1]})
+
+
+def _run_as_main(entry: Callable, argv: list[str], environ: dict[str, str], cwd: str, fds: dict[int, int],
+                 unbuffered: bool = False) -> None:
+    """`_rank`'s body, the rank's streams on `fds` ({1: fd, 2: fd}, each moved there); `unbuffered`: as
+    `python -u`."""
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(environ)
@@ -303,13 +321,13 @@ def _rank(entry: Callable, argv: list[str], environ: dict[str, str], cwd: str, o
         torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
     sys.stdout.flush()
     sys.stderr.flush()
-    for fd, path in ((1, out), (2, err)):
-        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(f, fd)
-        os.close(f)
+    for fd, f in fds.items():
+        if f != fd:
+            os.dup2(f, fd)
+            os.close(f)
     # the streams a new interpreter opens on a file: stdout block-buffered (write-through under PYTHONUNBUFFERED,
     # as `python -u`), stderr line-buffered
-    if environ.get("PYTHONUNBUFFERED"):
+    if unbuffered or environ.get("PYTHONUNBUFFERED"):
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     else:
         sys.stdout = open(1, "w", closefd=False)
@@ -476,6 +494,123 @@ def run(argv: list[str], env: dict[str, str | None] | None = None, cwd: str | No
     if r.exited is None:
         raise subprocess.TimeoutExpired(["python", *argv], timeout, output=r.stdout, stderr=r.stderr)
     return subprocess.CompletedProcess(["python", *argv], r.returncode, r.stdout, r.stderr)
+
+
+# --- the real torchrun, its workers forked --------------------------------------------------------------------
+WORKER = os.path.join(ROOT, "hybrid", "testing_worker.py")
+
+
+def worker_command(argv: list[str]) -> list[str]:
+    """What follows torchrun's own flags for a job whose workers are forks (`fork_service`): `--no-python`, then
+    hybrid/testing_worker.py standing for `python -u ARGV`."""
+    return ["--no-python", sys.executable, "-S", WORKER, *argv]
+
+
+@contextlib.contextmanager
+def fork_service():
+    """While open, torchrun workers started as `worker_command(ARGV)` run ARGV as forks of this process's
+    forkserver (hybrid/testing_worker.py says how each stands for its rank in torchrun's process tree). Yields the
+    environment to give torchrun ({"HYBRID_FORK_SERVICE": its socket}). For a test whose subject is the real
+    torchrun agent -- restarts, its failure summary and error files, elastic rendezvous -- but not the workers'
+    interpreter start-up: each worker skips the ~3 s of CPU of importing torch and hybrid."""
+    folder = tempfile.mkdtemp(prefix="hybrid-forks-")
+    path = os.path.join(folder, "socket")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)
+    threads: list[threading.Thread] = []
+    ranks: list = []  # every rank forked, so that none outlives the service
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed: the service ends
+                return
+            t = threading.Thread(target=_serve_worker, args=(conn, ranks), daemon=True)
+            t.start()
+            threads.append(t)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield {"HYBRID_FORK_SERVICE": path}
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        acceptor.join(5)
+        for proc in list(ranks):  # a rank still running (its test failed): SIGKILLed, its worker then ends too
+            if proc.exitcode is None:
+                proc.kill()
+        for t in threads:
+            t.join(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def agent_run(torchrun_args: list[str], argv: list[str], env: dict[str, str | None] | None = None,
+              cwd: str | None = None, timeout: float = 600.0) -> subprocess.CompletedProcess:
+    """`torchrun TORCHRUN_ARGS ARGV` (ARGV: a script or -m and a module, with its arguments) under the real
+    torchrun agent -- its restarts, rendezvous, teardown, error files and failure summary -- each worker a fork of
+    the forkserver (`fork_service`): subprocess.run's result."""
+    with fork_service() as service:
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", *torchrun_args, *worker_command(argv)],
+                              cwd=cwd or ROOT, env=environment({**(env or {}), **service}), capture_output=True,
+                              text=True, timeout=timeout)
+
+
+class _Fd:
+    """A file descriptor handed to a forked process: the forkserver passes it (SCM_RIGHTS) with the fork request."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+        return _inherited, (reduction.DupFd(self.fd),)  # DupFd at pickling time, inside the fork request
+
+
+def _inherited(dup) -> int:
+    return dup.detach()
+
+
+def _worker_rank(argv: list[str], environ: dict[str, str], cwd: str, stdin: int, stdout: int, stderr: int) -> None:
+    """A torchrun worker's rank (`fork_service`): `python -u ARGV` on the worker's streams and environment."""
+    os.dup2(stdin, 0)
+    if stdin != 0:
+        os.close(stdin)
+    _run_as_main(python_main, argv, environ, cwd, {1: stdout, 2: stderr}, unbuffered=True)
+
+
+def _serve_worker(conn: socket.socket, ranks: list) -> None:
+    """One hybrid/testing_worker.py: fork its rank, send the pid, then the rank's exit status -- or SIGKILL the
+    rank when the worker's connection closes first (the worker was killed)."""
+    from multiprocessing.connection import wait
+    with conn:
+        head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+        try:
+            (size,), data = struct.unpack("!Q", head), b""
+            while len(data) < size:
+                chunk = conn.recv(size - len(data))
+                if not chunk:
+                    return
+                data += chunk
+            req = json.loads(data)
+            proc = _forkserver().Process(target=_worker_rank, args=(req["argv"], req["env"], req["cwd"],
+                                                                   *(_Fd(f) for f in fds)))
+            proc.start()
+            ranks.append(proc)
+        finally:
+            for f in fds:
+                os.close(f)
+        conn.sendall(f"{proc.pid}\n".encode())
+        while proc.sentinel not in wait([proc.sentinel, conn]):
+            if not conn.recv(64):  # EOF: the worker is gone; its rank goes with it, as under killpg
+                proc.kill()
+                proc.join()
+                return
+        proc.join()
+        with contextlib.suppress(OSError):
+            conn.sendall(f"{proc.exitcode}\n".encode())
 
 
 def _stop(procs: list[Forked], grace: float) -> None:

@@ -33,15 +33,22 @@ MAIN = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "
 QUICK = ["--micro-batch-size", "2", "--global-batch-size", "2", "--seq-length", "32"]
 
 
-def run_once(flags: list[str], ranks: int, iters: int, interval: int) -> tuple[float, float]:
-    """(median step s after the first interval, the first interval's step s) of one train.py run."""
+def run_once(flags: list[str], ranks: int, iters: int, interval: int, quick: bool = False) -> tuple[float, float]:
+    """(median step s after the first interval, the first interval's step s) of one train.py run. `quick` (the
+    smoke test): the same torchrun command with its ranks forked from hybrid.testing's forkserver, no new
+    interpreters (their ~3 s of CPU each measure nothing here)."""
     with tempfile.TemporaryDirectory() as cwd:
         metrics = os.path.join(cwd, "m.jsonl")
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
                 os.path.join(ROOT, "scripts", "train.py"), *flags, "--train-iters", str(iters),
                 "--log-interval", str(interval), "--eval-iters", "0", "--metrics-file", metrics]
         env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-        out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+        if quick:
+            sys.path.insert(0, ROOT)
+            from hybrid import testing
+            out = testing.torchrun_cli(argv[3:], env=env, cwd=cwd)
+        else:
+            out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
         if out.returncode != 0:
             raise SystemExit(f"bench_compile: {shlex.join(argv[3:])} failed:\n{out.stdout[-2000:]}{out.stderr[-3000:]}")
         with open(metrics) as f:
@@ -80,8 +87,8 @@ def main() -> None:
     flags = flags + shlex.split(a.extra)
     rows = []
     for i in range(pairs):
-        eager = run_once(flags, ranks, iters, interval)
-        compiled = run_once(flags + ["--compile"], ranks, iters, interval)
+        eager = run_once(flags, ranks, iters, interval, a.quick)
+        compiled = run_once(flags + ["--compile"], ranks, iters, interval, a.quick)
         rows.append((*eager, *compiled))
         print(f"pair {i}: eager {eager[0]:.4f} s, compiled {compiled[0]:.4f} s a step", flush=True)
     text = table(rows, flags, ranks)

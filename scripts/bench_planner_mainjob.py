@@ -12,6 +12,12 @@
    predicted / measured - 1. The load average before and after goes in the report: on a loaded machine the
    number says nothing about the planner (the acceptance asks for a quiet machine).
 
+`--account DIR` is item (1)'s accounting instead of the timing: each rank runs train.py with the op trail's phase
+clock read twice -- wall (time.monotonic) and this process's CPU seconds (user + sys of all its threads, gloo's
+included: time.process_time) -- and writes DIR/rank<r>.json at exit (per phase, summed over the iterations
+after --warmup, plus getrusage's context switches). With 8 processes on 2 cores the step is at least the CPU
+seconds all ranks burn a step / the cores; `account_table` puts that beside the planner's terms.
+
 Not a timed test: a script that writes a results file.
 """
 
@@ -48,6 +54,167 @@ def run(cmd: list[str], env: dict, timeout: float) -> str:
     return out
 
 
+def rank_entry(out_dir: str, warmup: int, train_argv: list[str]) -> None:
+    """One torchrun rank: train.py with `install_accounting`'s file written at exit."""
+    import atexit
+    import runpy
+    atexit.register(install_accounting(out_dir, warmup))
+    sys.argv = [os.path.join(ROOT, "scripts", "train.py"), *train_argv]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+def install_accounting(out_dir: str, warmup: int):
+    """Time the op trail's phase switches in wall and process-CPU seconds; returns the function that writes
+    DIR/rank<r>.json: per phase {wall, cpu, thread_cpu} summed over iterations > warmup (thread_cpu: the
+    main thread alone, so cpu - thread_cpu is gloo's own threads), the iterations counted, and getrusage. The step
+    is from the trail's begin_iteration to the straggler record's take_phase_seconds; what runs between two steps
+    (logging, evaluation) is kept apart as "between"."""
+    import json
+    import resource
+
+    from hybrid import trail
+    acc: dict[str, dict[str, float]] = {}
+    counted = set()
+    state = {"open": False, "wall": time.monotonic(), "cpu": time.process_time(), "thread_cpu": time.thread_time()}
+    switch0, begin0, take0 = trail.Trail._switch, trail.Trail.begin_iteration, trail.Trail.take_phase_seconds
+
+    def now() -> dict[str, float]:
+        return {"wall": time.monotonic(), "cpu": time.process_time(), "thread_cpu": time.thread_time()}
+
+    def switch(self, phase: str) -> str:  # the step's phases: from begin_iteration to the step's end
+        t = now()
+        if state["open"] and self.iteration > warmup:
+            counted.add(self.iteration)
+            row = acc.setdefault(self.phase, dict.fromkeys(t, 0.0))
+            for k in t:
+                row[k] += t[k] - state[k]
+        state.update(t)
+        return switch0(self, phase)
+
+    def begin(self, iteration: int) -> None:  # between two steps (logging, evaluation): not the step's
+        t = now()
+        if state["open"] is False and iteration - 1 > warmup:
+            row = acc.setdefault("between", dict.fromkeys(t, 0.0))
+            for k in t:
+                row[k] += t[k] - state[k]
+        state.update(t, open=True)
+        begin0(self, iteration)
+
+    def take(self) -> dict[str, float]:
+        out = take0(self)
+        state["open"] = False
+        return out
+
+    def dump() -> None:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        rank = int(os.environ.get("RANK", "0"))
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "iterations": len(counted), "phases": acc, "ru_utime": ru.ru_utime,
+                       "ru_stime": ru.ru_stime, "ru_nvcsw": ru.ru_nvcsw, "ru_nivcsw": ru.ru_nivcsw}, f)
+    trail.Trail._switch, trail.Trail.begin_iteration, trail.Trail.take_phase_seconds = switch, begin, take
+    return dump
+
+
+PHASES = ("forward", "backward", "comm", "p2p", "optimizer", "other")
+
+
+def read_account(out_dir: str, world: int) -> list[dict]:
+    """Each rank's DIR/rank<r>.json (rank_entry): per phase {wall, cpu, thread_cpu} seconds a step."""
+    import json
+    rows = []
+    for r in range(world):
+        with open(os.path.join(out_dir, f"rank{r}.json")) as f:
+            d = json.load(f)
+        n = max(1, d["iterations"])
+        zero = dict.fromkeys(("wall", "cpu", "thread_cpu"), 0.0)
+        rows.append({ph: {k: v / n for k, v in d["phases"].get(ph, zero).items()} for ph in PHASES}
+                    | {"iterations": d["iterations"], "nivcsw": d["ru_nivcsw"], "nvcsw": d["ru_nvcsw"]})
+    return rows
+
+
+def planned_step(profile: str):
+    """The planner's StepTime for the main job on `profile` (train.py's own Workload: fp32, eager, 1F1B)."""
+    from hybrid.planner import ActivationProfile, Cluster, Layout, Precision, Workload, evaluate
+    from hybrid.planner.calibrate import load_hardware
+    from hybrid.planner.ops import KernelProfile
+    from models import PRESETS
+    work = Workload(PRESETS["tiny-gpt2"], global_batch=16, seq_length=128, precision=Precision.FP32,
+                    activations=ActivationProfile.FP32_FLASH, kernels=KernelProfile.EAGER)
+    hw = load_hardware(profile, Precision.FP32)
+    return evaluate(work, Cluster(gpus=8, hw=hw), Layout(tp=2, pp=2, dp=2, micro_batch=2)).time, hw
+
+
+def planned_cpu(profile: str) -> dict[str, float]:
+    """The planner's CPU seconds a step on the node (all 8 ranks) for the main job, by the accounting's phases:
+    compute (forward + backward: every rank's stage compute, m micro-batches), comm (collectives and messages:
+    time.comm_cpu_seconds), optimizer; and its step."""
+    from hybrid.planner import Cluster
+    from hybrid.planner.time import comm_cpu_seconds, stage_times
+    t, hw = planned_step(profile)
+    from hybrid.planner import ActivationProfile, Layout, Precision, Workload
+    from hybrid.planner.ops import KernelProfile
+    from models import PRESETS
+    work = Workload(PRESETS["tiny-gpt2"], global_batch=16, seq_length=128, precision=Precision.FP32,
+                    activations=ActivationProfile.FP32_FLASH, kernels=KernelProfile.EAGER)
+    lay, cluster = Layout(tp=2, pp=2, dp=2, micro_batch=2), Cluster(gpus=8, hw=hw)
+    times = stage_times(work, cluster, lay)[0]
+    m, replicas = work.num_microbatches(lay), lay.tp * lay.dp
+    cores = hw.compute_units or 1
+    return {"compute": replicas * m * sum(times.rank_compute),
+            "comm": replicas * sum(comm_cpu_seconds(work, cluster, lay, r) for r in range(lay.pp)),
+            "optimizer": t.optimizer * cores, "step": t.total, "makespan": t.run.makespan, "cores": cores}
+
+
+def account_table(rows: list[dict], cores: int) -> list[str]:
+    """Per phase: CPU ms a step summed over the ranks (and gloo's threads' part of it), wall ms a step (mean
+    rank); the node's CPU ms a step / cores is what the step cannot undercut with more ranks than cores."""
+    lines = ["| phase | CPU ms/step, all ranks | of it gloo's threads | wall ms/step, mean rank |", "|---|---|---|---|"]
+    tot = dict.fromkeys(("cpu", "gloo", "wall"), 0.0)
+    for ph in PHASES:
+        cpu = 1e3 * sum(r[ph]["cpu"] for r in rows)
+        gloo = 1e3 * sum(r[ph]["cpu"] - r[ph]["thread_cpu"] for r in rows)
+        wall = 1e3 * sum(r[ph]["wall"] for r in rows) / len(rows)
+        tot["cpu"], tot["gloo"], tot["wall"] = tot["cpu"] + cpu, tot["gloo"] + gloo, tot["wall"] + wall
+        lines.append(f"| {ph} | {cpu:.1f} | {gloo:.1f} | {wall:.1f} |")
+    lines.append(f"| **step** | **{tot['cpu']:.1f}** (/ {cores} cores: {tot['cpu'] / cores:.1f}) | {tot['gloo']:.1f} "
+                 f"| **{tot['wall']:.1f}** |")
+    return lines
+
+
+def account(args: argparse.Namespace) -> int:
+    """--account DIR: calibrate (unless --hardware), run the main job with rank_entry's accounting, and print the
+    measured CPU seconds a step by phase beside the planner's."""
+    iters = 8 if args.quick else min(args.iters, 40)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    os.makedirs(args.account, exist_ok=True)
+    profile = args.hardware or os.path.join(args.account, "hw8.json")
+    if not args.hardware:
+        run([sys.executable, "-m", "hybrid.cli", "calibrate", "--ranks", "8", "--out", profile]
+            + (["--seconds", "0.1"] if args.quick else []), env, 1800)
+    warmup = 2 if args.quick else args.warmup
+    run(["torchrun", "--nproc-per-node", "8", os.path.abspath(__file__), "--rank-entry", args.account, str(warmup),
+         *MAIN_JOB, "--train-iters", str(iters), "--log-interval", str(iters), "--hardware", profile], env, 7200)
+    rows = read_account(args.account, 8)
+    plan = planned_cpu(profile)
+    measured = {"compute": sum(r[ph]["cpu"] for r in rows for ph in ("forward", "backward")),
+                "comm": sum(r[ph]["cpu"] for r in rows for ph in ("comm", "p2p")),
+                "optimizer": sum(r["optimizer"]["cpu"] for r in rows)}
+    lines = [f"# Where the main job's CPU goes ({iters} iterations, {warmup} left out; load average "
+             f"{os.getloadavg()[0]:.2f} after; profile {profile})", "", *account_table(rows, plan["cores"]), "",
+             "| CPU ms/step, all ranks | measured | planned |", "|---|---|---|"]
+    lines += [f"| {k} | {1e3 * measured[k]:.1f} | {1e3 * plan[k]:.1f} |" for k in measured]
+    node = sum(measured.values())
+    lines += [f"| total / {plan['cores']} cores | {1e3 * node / plan['cores']:.1f} | "
+              f"{1e3 * sum(plan[k] for k in measured) / plan['cores']:.1f} |", "",
+              f"planner's step {1e3 * plan['step']:.1f} ms (makespan {1e3 * plan['makespan']:.1f})"]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(report)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iters", type=int, default=200, help="training iterations (the README's main job: 200)")
@@ -55,7 +222,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hardware", help="an existing profile (default: calibrate 8 ranks now)")
     p.add_argument("--quick", action="store_true", help="8 iterations, a short calibration: checks the script runs")
     p.add_argument("--out", help="write the Markdown report here")
+    p.add_argument("--account", metavar="DIR", help="per rank per phase CPU seconds into DIR beside the planner's")
+    p.add_argument("--warmup", type=int, default=5, help="--account: iterations left out at the start")
+    p.add_argument("--rank-entry", metavar="DIR", help=argparse.SUPPRESS)  # torchrun's ranks under --account
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--rank-entry"]:  # DIR WARMUP train.py flags...
+        rank_entry(argv[1], int(argv[2]), argv[3:])
+        return 0
     args = p.parse_args(argv)
+    if args.account:
+        return account(args)
     iters, interval = (8, 2) if args.quick else (args.iters, args.log_interval)
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     load_before = os.getloadavg()[0]
@@ -69,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--train-iters", str(iters), "--log-interval", str(interval), "--timing-log-interval", "1",
                    "--hardware", profile], env, 7200)  # the per-rank step-time line at every log interval
         wall = time.time() - start
+        plan = planned_cpu(profile)  # which term set the prediction: the makespan or the cores' CPU bound
     predicted, p50s = parse(log)
     if predicted is None or len(p50s) < 2:
         raise SystemExit(f"no prediction or too few step-time lines in train.py's log:\n{log[-3000:]}")
@@ -79,7 +256,11 @@ def main(argv: list[str] | None = None) -> int:
              f"{os.getloadavg()[0]:.2f} after; {os.cpu_count()} CPUs; {iters} iterations ({wall:.0f} s)"
              + ("; --quick: no claim" if args.quick else ""), "",
              "| predicted s/step | measured median s/step | per-interval p50s | error |", "|---|---|---|---|",
-             f"| {predicted:.4g} | {measured:.4g} | {', '.join(f'{x:.4g}' for x in p50s)} | {100 * error:+.1f} % |"]
+             f"| {predicted:.4g} | {measured:.4g} | {', '.join(f'{x:.4g}' for x in p50s)} | {100 * error:+.1f} % |",
+             "", f"planner: makespan {plan['makespan']:.4g} s; the node's CPU a step / {plan['cores']} cores "
+             f"{sum(plan[k] for k in ('compute', 'comm', 'optimizer')) / plan['cores']:.4g} s (compute "
+             f"{plan['compute']:.4g}, collectives and messages {plan['comm']:.4g}, optimizer {plan['optimizer']:.4g} "
+             "CPU s; `--account DIR` measures the same)"]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

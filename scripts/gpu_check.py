@@ -45,7 +45,8 @@ Sections (each runs on its own; a failure is recorded with its traceback and the
                 measured profile, against the measured step and peak memory.
 
 The machine's own PyTorch and transformers are used; the project comes from this checkout (sys.path), nothing is
-installed. `--dry-run` runs every section on CPU with a tiny model, so the script cannot rot (tests/test_gpu_check.py).
+installed. `--dry-run` runs every section on CPU with a tiny model, so the script cannot rot (tests/test_gpu_check.py);
+its train.py and calibrate commands run as forks of hybrid.testing's forkserver rather than new interpreters.
 """
 
 from __future__ import annotations
@@ -424,7 +425,7 @@ def train_py(c: Check, flags: list[str], ranks: int = 1, env: dict | None = None
     full_env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout_s or c.sizes.timeout_s)
+        proc = python_command(c, cmd, full_env, timeout_s or c.sizes.timeout_s)
     except subprocess.TimeoutExpired as e:
         raise RuntimeError(f"train.py ({tag}) still running after {e.timeout:.0f} s; stopped:\n"
                            + _text(e.stdout)[-1500:] + _text(e.stderr)[-1500:]) from None
@@ -437,6 +438,21 @@ def train_py(c: Check, flags: list[str], ranks: int = 1, env: dict | None = None
         records = [json.loads(line) for line in f if line.strip()]
     return {"records": [r for r in records if "lm_loss" in r], "wall_s": time.monotonic() - t0, "log_tail": log[-6:],
             "log": log}
+
+
+def python_command(c: Check, cmd: list[str], env: dict, timeout_s: float, cwd: str | None = None):
+    """`cmd` (sys.executable, then a script or -m and a module; `-m torch.distributed.run ...` for torchrun) run to
+    completion: subprocess.run's result. On a GPU a new process, as a user runs it. The dry run forks it from
+    hybrid.testing's forkserver (torch and hybrid imported once) instead: the same command line, torchrun's
+    arguments parsed by torch's own parser, run as __main__ with torchrun's environment -- without the ~3 s of CPU
+    each new interpreter spends importing, 13 of them, most of the dry run's CPU time."""
+    if not c.dry:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout_s)
+    from hybrid import testing
+    args, where = cmd[1:], cwd or os.getcwd()
+    if args[:2] == ["-m", "torch.distributed.run"]:
+        return testing.torchrun_cli(args[2:], env=env, cwd=where, timeout=timeout_s)
+    return testing.run(args, env=env, cwd=where, timeout=timeout_s)
 
 
 def _text(b) -> str:
@@ -659,9 +675,9 @@ def calibrate(c: Check) -> dict:
     from models import from_hf
     path = os.path.join(c.out, "h200_profile.json")
     backend = "gloo" if c.dry else "nccl"
-    proc = subprocess.run([sys.executable, "-m", "hybrid.cli", "calibrate", "--ranks", "1", "--backend", backend,
-                           *c.sizes.calib, "--out", path], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=c.sizes.timeout_s)
+    proc = python_command(c, [sys.executable, "-m", "hybrid.cli", "calibrate", "--ranks", "1", "--backend", backend,
+                              *c.sizes.calib, "--out", path], {**os.environ, "PYTHONPATH": ROOT}, c.sizes.timeout_s,
+                          cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"hybrid calibrate exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
     with open(path) as f:

@@ -27,6 +27,18 @@ def profile_path(tmp_path_factory):
     return path
 
 
+def test_calibrate_measures_gloos_cpu_costs_on_pairs_and_the_profile_keeps_them(profile_path):
+    """The pair probe (calibrate.pair_comm_cpu) ran: a collective's, a message's and a byte's CPU seconds, the
+    probes alone timed on the CPU clock, and the fields load back (test_calibrate_cpu.py: what the planner
+    does with them)."""
+    profile = json.loads(Path(profile_path).read_text())
+    hw = profile["hardware"]
+    assert hw["collective_cpu_s"] > 0 and hw["p2p_cpu_s"] > 0 and hw["comm_cpu_s_per_byte"] >= 0
+    assert set(profile["measured"]["comm_cpu_seconds_rank0"]) == {"tp_layer", "send_recv"}
+    assert profile["measured"]["probe_clock"] == "cpu"
+    assert load_hardware(str(profile_path)).collective_cpu_s == hw["collective_cpu_s"]
+
+
 def test_bus_bandwidth_follows_the_nccl_tests_convention():
     algbw, busbw = bus_bandwidth("all_reduce", 8e6, 0.5, 4)
     assert algbw == 16e6 and busbw == pytest.approx(16e6 * 2 * 3 / 4)

@@ -23,12 +23,16 @@ TRAIN = ["-m", "hybrid.train", "--tensor-model-parallel-size", "2", "--micro-bat
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 
 
-def _torchrun(nnodes: int, port: int, iters: int, env=None, launch=("--nnodes", "2"), train=TRAIN,
+def _torchrun(nnodes: int, port: int, iters: int, env=None, launch=("--nnodes", "2"), train=TRAIN, service=None,
               **popen) -> subprocess.Popen:
+    """A real torchrun agent; `service` (hybrid.testing.fork_service's environment): its workers forked from the
+    forkserver, for the tests whose subject is the agents (rendezvous, elastic restart), not the workers' tree."""
     rdzv = ([*launch, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", str(port)]
             if nnodes == 2 else ["--nnodes", "1"])
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(4 // nnodes), *train,
-           "--train-iters", str(iters)]
+    worker = [*train, "--train-iters", str(iters)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(4 // nnodes),
+           *(testing.worker_command(worker) if service else worker)]
+    env = {**(env or {}), **(service or {})}
     popen.setdefault("stdout", subprocess.PIPE)
     return subprocess.Popen(cmd, cwd=ROOT, env=dict(ENV, **(env or {})), stderr=subprocess.STDOUT, text=True,
                             **popen)
@@ -68,11 +72,12 @@ def test_a_rank_slowed_50ms_per_micro_batch_is_named_with_its_phase(single_agent
 def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single_agent_with_a_slow_rank):
     port = free_port()
     verbose = TRAIN + ["--timing-log-interval", "1"]  # a clean run's verdict is printed only in the verbose form
-    a = _torchrun(2, port, 10, train=verbose)
-    time.sleep(1.0)  # agent a hosts the rendezvous store
-    b = _torchrun(2, port, 10, train=verbose)
-    out_a, _ = a.communicate(timeout=300)
-    out_b, _ = b.communicate(timeout=60)
+    with testing.fork_service() as service:
+        a = _torchrun(2, port, 10, train=verbose, service=service)
+        time.sleep(1.0)  # agent a hosts the rendezvous store
+        b = _torchrun(2, port, 10, train=verbose, service=service)
+        out_a, _ = a.communicate(timeout=300)
+        out_b, _ = b.communicate(timeout=60)
     assert a.returncode == 0 and b.returncode == 0, (out_a[-3000:], out_b[-3000:])
     out = out_a + out_b  # global rank 0 runs under whichever agent the rendezvous made first
     assert "nodes: 2 x 2 ranks (LOCAL_WORLD_SIZE 2); every tp group inside one node" in out, out
@@ -127,21 +132,23 @@ def test_an_elastic_job_that_loses_a_node_re_plans_on_the_survivor_and_continues
     slow = {"HYBRID_FAULT": "slow:rank=0,ms=300"}
     launch = ("--nnodes", "1:2", "--max-restarts", "1", "--rdzv-conf", "last_call_timeout=5")  # b joins a's first round
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    a = _torchrun(2, port, 10, env=slow, launch=launch, train=train, stdout=open(logs[0], "w"))
-    time.sleep(1.0)  # agent a hosts the rendezvous store
-    b = _torchrun(2, port, 10, env=slow, launch=launch, train=train, stdout=open(logs[1], "w"))
-    deadline = time.monotonic() + 180
-    while not any(re.search(r"nodes: 2 x 2 ranks[^$]*iteration +4/", p.read_text(), re.S) for p in logs):
-        assert time.monotonic() < deadline, [p.read_text()[-2000:] for p in logs]
-        time.sleep(0.2)
-    for proc in [psutil.Process(b.pid), *psutil.Process(b.pid).children(recursive=True)]:
-        proc.kill()
-    b.wait()
-    try:
-        a.wait(timeout=240)
-    finally:
-        if a.poll() is None:
-            a.kill()
+    # the agents are the subject: their workers forked, each standing for its rank (killed, its rank goes too)
+    with testing.fork_service() as service:
+        a = _torchrun(2, port, 10, env=slow, launch=launch, train=train, service=service, stdout=open(logs[0], "w"))
+        time.sleep(1.0)  # agent a hosts the rendezvous store
+        b = _torchrun(2, port, 10, env=slow, launch=launch, train=train, service=service, stdout=open(logs[1], "w"))
+        deadline = time.monotonic() + 180
+        while not any(re.search(r"nodes: 2 x 2 ranks[^$]*iteration +4/", p.read_text(), re.S) for p in logs):
+            assert time.monotonic() < deadline, [p.read_text()[-2000:] for p in logs]
+            time.sleep(0.2)
+        for proc in [psutil.Process(b.pid), *psutil.Process(b.pid).children(recursive=True)]:
+            proc.kill()
+        b.wait()
+        try:
+            a.wait(timeout=240)
+        finally:
+            if a.poll() is None:
+                a.kill()
     out = logs[0].read_text()
     assert a.returncode == 0, out[-4000:]
     resumed = re.search(r"checkpoint: resumed from \S+ \(saved at tp \d+ x pp \d+ x dp \d+.*\| iteration (\d+)", out)

@@ -19,7 +19,6 @@ import os
 import random
 import re
 import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
@@ -44,15 +43,16 @@ SEED = 20261203  # draws where each kill lands
 
 
 def _torchrun(nproc: int, flags: list[str], env: dict | None = None, restarts: int = 0) -> subprocess.CompletedProcess:
-    """The real torchrun where it is the subject (restarts > 0); else the same job as ranks forked from
-    hybrid.testing's forkserver (torchrun's environment, no agent)."""
+    """The real torchrun agent where it is the subject (restarts > 0), each attempt's workers forked from
+    hybrid.testing's forkserver (hybrid.testing.agent_run: the agent's restarts, rendezvous and teardown as they
+    are, without each worker's interpreter start-up); else the same job as forked ranks (torchrun's environment,
+    no agent)."""
     env = {"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1", **(env or {})}  # no fault unless the test injects one
     if not restarts:
         return testing.torchrun(COMMON + flags, nproc, env=env, cwd=ROOT, timeout=600)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--max-restarts",
-           str(restarts), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{free_port()}", "-m",
-           "hybrid.train", *COMMON, *flags]
-    return subprocess.run(cmd, cwd=ROOT, env=testing.environment(env), capture_output=True, text=True, timeout=600)
+    agent = ["--nproc-per-node", str(nproc), "--max-restarts", str(restarts), "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", f"localhost:{free_port()}"]
+    return testing.agent_run(agent, ["-m", "hybrid.train", *COMMON, *flags], env=env, cwd=ROOT, timeout=600)
 
 
 def _losses(out: str) -> dict[int, list[str]]:

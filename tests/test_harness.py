@@ -40,6 +40,6 @@ def test_a_failing_rank_traceback_is_in_the_report():
 
 def test_a_hang_fails_after_the_timeout_naming_the_rank():
     t0 = time.monotonic()
-    with pytest.raises(DistributedFailure, match=r"ranks \[0\] of 2 did not finish within 20s"):
-        run_distributed(_rank0_hangs, 2, timeout=20)  # rank 1 starts and returns well within it
-    assert time.monotonic() - t0 < 40
+    with pytest.raises(DistributedFailure, match=r"ranks \[0\] of 2 did not finish within 10s"):
+        run_distributed(_rank0_hangs, 2, timeout=10)  # rank 1 (a fork: ~0.1 s to start) returns well within it
+    assert time.monotonic() - t0 < 30

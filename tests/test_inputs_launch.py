@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -30,10 +29,9 @@ def _env(**extra) -> dict:
 @pytest.mark.slow
 def test_bad_flag_under_torchrun_prints_once_and_is_the_root_cause(tmp_path):
     """Run as a pip user would: `torchrun -m hybrid.train` from a directory that is not the checkout."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hybrid.train",
-           "--lr", "inf"]
-    out = subprocess.run(cmd, cwd=tmp_path, env=testing.environment(_env()), capture_output=True, text=True,
-                         timeout=120)  # the real torchrun: its failure summary is the subject
+    # the real torchrun (its failure summary is the subject), its workers forks of hybrid.testing's forkserver
+    out = testing.agent_run(["--nproc-per-node", "2"], ["-m", "hybrid.train", "--lr", "inf"], env=_env(),
+                            cwd=str(tmp_path), timeout=120)
     line = "train.py: error: --lr must be a finite number, got inf"
     assert out.returncode != 0
     printed = [ln for ln in out.stderr.splitlines() if ln.startswith("train.py: error:")]
@@ -119,13 +117,14 @@ def test_an_install_ships_the_training_entry_point():
 
 
 def _torchrun(tmp_path, fault: str, *flags: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "hybrid.train",
-           "--distributed-timeout-minutes", "0.2"] + TINY + list(flags)
-    return subprocess.run(cmd, cwd=tmp_path, env=testing.environment(_env(HYBRID_FAULT=fault)), capture_output=True,
-                          text=True, timeout=300)
+    """The real torchrun (its root-cause summary is the subject), its 2 workers forks of hybrid.testing's
+    forkserver (hybrid.testing.agent_run)."""
+    return testing.agent_run(["--nproc-per-node", "2"], ["-m", "hybrid.train", "--distributed-timeout-minutes", "0.2",
+                                                         *TINY, *flags],
+                             env=_env(HYBRID_FAULT=fault), cwd=str(tmp_path), timeout=300)
 
 
-@pytest.mark.slow  # the real torchrun (its root-cause summary is the subject): 2 jobs of 2 ranks
+@pytest.mark.slow  # the real torchrun (its root-cause summary is the subject): 2 jobs of 2 forked ranks
 @pytest.mark.parametrize("fault, flags, rank, code, cause", [
     # rank 1 raises inside a checkpoint save while rank 0 waits for it in the save's all-gather
     ("crash:point=after_data,rank=1", ["--train-iters", "4", "--save", "ckpt", "--save-interval", "2"], "1", 1,

@@ -38,6 +38,15 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   x (n - 1)/n (all-gather), the nccl-tests convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the
   all-reduce busbw at the largest size, `intra_latency_s` the time of the smallest all-reduce.
 
+* gloo only, every pair of ranks (0, 1), (2, 3), ... at once (`pair_comm_cpu`): the CPU seconds a rank burns per
+  TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per
+  byte -> `collective_cpu_s`, `p2p_cpu_s`, `comm_cpu_s_per_byte`: with more ranks than cores that CPU is work the
+  cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds).
+
+On a CPU every probe a rank runs alone (the GEMM curve, the copy, the layers) is timed on its CPU clock
+(`solo_clock`: user + sys seconds of the process), the same as wall on a quiet core and not stretched by other
+processes on a loaded machine; the all-at-once rates stay wall (they measure the sharing).
+
 Not measured (one machine cannot): the network between nodes, PCIe, host memory for offload. Those fields
 keep the `cpu` preset's values (or `--base` preset's) and the profile says so.
 """
@@ -113,17 +122,30 @@ def bus_bandwidth(op: str, size_bytes: float, seconds: float, n: int) -> tuple[f
     return algbw, algbw * factor
 
 
-def _timed(fn, seconds: float, min_calls: int = 2) -> float:
-    """Seconds per call of fn(): one warm-up, then calls until `seconds` have passed (at least min_calls)."""
+def _timed(fn, seconds: float, min_calls: int = 2, clock=time.perf_counter) -> float:
+    """Seconds per call of fn() on `clock`: one warm-up, then calls until `seconds` have passed on it (at least
+    min_calls). `time.process_time` (CPU_CLOCK) times a CPU rank's own work: the seconds it spends on a core, which
+    other processes on the machine do not stretch as they stretch wall time."""
     fn()
-    calls, start = 0, time.perf_counter()
-    while calls < min_calls or time.perf_counter() - start < seconds:
+    calls, start = 0, clock()
+    while calls < min_calls or clock() - start < seconds:
         fn()
         calls += 1
-    return (time.perf_counter() - start) / calls
+    return (clock() - start) / calls
 
 
-def matmul_flops(dtype: torch.dtype, n: int, seconds: float, device: torch.device) -> float | None:
+CPU_CLOCK = time.process_time  # a CPU rank's probes alone: user + sys seconds of the process (all its threads)
+
+
+def solo_clock(device: torch.device):
+    """The clock a rank's probes alone are timed on: on a CPU its own CPU seconds (one rank, one intra-op thread,
+    busy throughout: the same as wall on a quiet core, and not stretched by other processes on a loaded one); a
+    GPU's work is wall time."""
+    return time.perf_counter if device.type == "cuda" else CPU_CLOCK
+
+
+def matmul_flops(dtype: torch.dtype, n: int, seconds: float, device: torch.device,
+                 clock=time.perf_counter) -> float | None:
     """FLOP/s of n x n x n matmuls in `dtype` (2 n^3 FLOPs each); None if the device cannot run them."""
     try:
         a = torch.randn(n, n, device=device).to(dtype)
@@ -134,7 +156,7 @@ def matmul_flops(dtype: torch.dtype, n: int, seconds: float, device: torch.devic
         def step() -> None:
             torch.mm(a, b, out=out)
             sync()
-        return 2.0 * n**3 / _timed(step, seconds)
+        return 2.0 * n**3 / _timed(step, seconds, clock=clock)
     except (RuntimeError, TypeError):
         return None
 
@@ -161,7 +183,7 @@ def fit_gemm_curve(points: list[tuple[float, float]]) -> tuple[float, float]:
     return 1.0 / slope, t0
 
 
-def copy_bandwidth(nbytes: int, seconds: float, device: torch.device) -> float:
+def copy_bandwidth(nbytes: int, seconds: float, device: torch.device, clock=time.perf_counter) -> float:
     """Bytes/s of a tensor copy, read + written."""
     src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
@@ -170,7 +192,7 @@ def copy_bandwidth(nbytes: int, seconds: float, device: torch.device) -> float:
     def step() -> None:
         dst.copy_(src)
         sync()
-    return 2.0 * nbytes / _timed(step, seconds)
+    return 2.0 * nbytes / _timed(step, seconds, clock=clock)
 
 
 LAYER_SHAPES = ((4, 128, 384, 6), (1, 32, 384, 6))  # (micro-batch, sequence, hidden, heads) calibrate times
@@ -214,7 +236,7 @@ def layer_config(shape: tuple[int, int, int, int]):
 
 
 def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torch.device,
-                  dtype: torch.dtype = torch.float32) -> tuple[float, float]:
+                  dtype: torch.dtype = torch.float32, clock=time.perf_counter) -> tuple[float, float]:
     """(forward, backward) seconds of one GPT-2 block of `shape` in `dtype` (backward = forward + backward timed
     together, less the forward)."""
     from hybrid.comm import Group
@@ -234,8 +256,8 @@ def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torc
     def both() -> None:
         block(x).backward(grad)
         sync()
-    fwd = _timed(forward, seconds)
-    return fwd, max(0.0, _timed(both, seconds) - fwd)
+    fwd = _timed(forward, seconds, clock=clock)
+    return fwd, max(0.0, _timed(both, seconds, clock=clock) - fwd)
 
 
 def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int], probe: LayerProbe = CPU_PROBE):
@@ -351,6 +373,100 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device) ->
     return took.item()
 
 
+CPU_COMM_SIZES = (8, 2**16, 2**20)  # bytes: a call's own cost, a main-job-sized activation, per byte
+
+
+def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES) -> dict | None:
+    """gloo: the CPU seconds a rank's process burns per collective call and per pipeline message (a send or a
+    receive), every pair of ranks (0, 1), (2, 3), ... at it at once -- the groups a TP 2 / DP 2 / pipeline
+    neighbour pair runs on, sharing the cores as in training; through the runtime's `hybrid.comm.Group` (ledger,
+    op trail). Counted: the calling thread's CPU inside the calls and gloo's threads' throughout
+    (time.thread_time against process_time), nothing else:
+
+    * "tp_layer": the small probe layer (LAYER_SHAPES[1]) at tp 2 on the pair, forward + backward, a TP all-reduce
+      as training meets it (its autograd wrapper, a lock-step peer that may be descheduled) -> per call;
+    * "send_recv": messages of each size, each round one side arriving late (a matmul burst with operands beyond
+      a core's L2 first, not counted), as a pipeline message meets a receiver waiting in its bubble.
+
+    With more ranks than cores a collective's wall time is mostly waiting for a core, but its CPU seconds are
+    work the cores must do: the shared-compute bound adds them (time.py). None on the odd rank out."""
+    from hybrid.comm import CommLedger, Group
+    from hybrid.tp import TPContext
+    from models.gpt2 import GPT2Block
+    ledger = CommLedger()
+    groups = [Group.create("tp", [2 * i, 2 * i + 1], ledger) for i in range(world // 2)]
+    if rank >= 2 * (world // 2):  # every rank creates every group; the odd one out only waits
+        dist.barrier()
+        return None
+    group, peer = groups[rank // 2], 1 - rank % 2
+    out: dict = {"tp_layer": [], "send_recv": []}
+
+    def comm_cpu(run, count) -> float:
+        """CPU seconds per call of run()'s collectives: inside them on this thread, and gloo's threads."""
+        inside = [0.0]
+        real = group.all_reduce
+
+        def timed(*args, **kw):
+            t0 = time.thread_time()
+            try:
+                return real(*args, **kw)
+            finally:
+                inside[0] += time.thread_time() - t0
+        group.all_reduce = timed
+        ledger.reset()
+        start, start_main = CPU_CLOCK(), time.thread_time()
+        extra = run()
+        others = (CPU_CLOCK() - start) - (time.thread_time() - start_main)
+        del group.all_reduce
+        return (inside[0] + (extra or 0.0) + others) / max(1, count(ledger))
+
+    b, s_, h, _ = LAYER_SHAPES[1]
+    block = GPT2Block(layer_config(LAYER_SHAPES[1]), TPContext(group))
+    x = torch.randn(b, s_, h, requires_grad=True)
+    grad = torch.randn(b, s_, h)
+    block(x).backward(grad)  # warm-up
+    size = b * s_ * h * 4
+
+    def layers() -> None:
+        for _ in range(6):
+            block(x).backward(grad)
+    out["tp_layer"].append((size, comm_cpu(layers, lambda lg: lg.calls("all_reduce", "tp"))))
+    a, w = torch.randn(512, 2048), torch.randn(2048, 512)
+    for size in sizes:
+        t = torch.ones(max(1, size // 4))
+        buf = torch.empty_like(t)
+        rounds = 12
+
+        def messages() -> float:
+            inside = 0.0
+            for i in range(rounds):  # a round trip: each rank one send and one receive; one side late
+                if i % 2 == rank % 2:
+                    a @ w
+                t0 = time.thread_time()
+                for sends, recvs in (([(t, peer)], []), ([], [(buf, peer)]))[::1 if rank % 2 == 0 else -1]:
+                    group.batch_p2p(sends, recvs)
+                inside += time.thread_time() - t0
+            return inside
+        out["send_recv"].append((size, comm_cpu(messages, lambda lg: lg.calls("send", "tp") + lg.calls("recv", "tp"))))
+    dist.barrier()
+    return out
+
+
+def fit_comm_cpu(per_rank: list[dict | None]) -> dict[str, float]:
+    """Hardware's gloo CPU fields from pair_comm_cpu's measurements (median over ranks): `collective_cpu_s` the
+    TP-2 probe layer's CPU per all-reduce, less its bytes at the per-byte cost; `p2p_cpu_s` the smallest
+    message's, and `comm_cpu_s_per_byte` the messages' rise from the smallest to the largest over their bytes."""
+    rows = [r for r in per_rank if r]
+    msgs = [(size, statistics.median(r["send_recv"][i][1] for r in rows))
+            for i, (size, _) in enumerate(rows[0]["send_recv"])]
+    (s0, c0), (s1, c1) = msgs[0], msgs[-1]
+    per_byte = max(0.0, (c1 - c0) / (s1 - s0)) if s1 > s0 else 0.0
+    layer_size = rows[0]["tp_layer"][0][0]
+    layer_call = statistics.median(r["tp_layer"][0][1] for r in rows)
+    return {"collective_cpu_s": max(0.0, layer_call - per_byte * layer_size), "p2p_cpu_s": c0,
+            "comm_cpu_s_per_byte": per_byte}
+
+
 def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
     """Runs on every spawned rank: compute and memory rates with every rank busy at once and with rank 0
     alone (the others wait in a barrier), then the collectives."""
@@ -358,6 +474,7 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
     say = (lambda msg: print(f"calibrate: {msg}", flush=True)) if rank == 0 else (lambda msg: None)
     out: dict = {"matmul_flops": {}, "matmul_flops_alone": {}, "matmul_curve": {},
                  "collectives": {"all_reduce": [], "all_gather": []}}
+    clock = solo_clock(device)  # the probes alone (the all-at-once rates are wall: they measure the sharing)
 
     def alone(fn):
         dist.barrier()
@@ -368,7 +485,7 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
     for name, dtype in DTYPES.items():
         dist.barrier()
         together = matmul_flops(dtype, cfg.matmul_n, cfg.seconds, device)
-        solo = alone(lambda: matmul_flops(dtype, cfg.matmul_n, cfg.seconds, device))
+        solo = alone(lambda: matmul_flops(dtype, cfg.matmul_n, cfg.seconds, device, clock))
         out["matmul_flops"][name], out["matmul_flops_alone"][name] = together, solo
         if together is None:
             say(f"matmul {name}: unsupported")
@@ -376,7 +493,7 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         if rank == 0:
             say(f"matmul {name} {cfg.matmul_n}^3: {together / 1e9:.1f} GFLOP/s per rank with {world} ranks at once, "
                 f"{solo / 1e9:.1f} alone (rank 0)")
-        curve = alone(lambda: [(n, matmul_flops(dtype, n, cfg.seconds / 2, device))
+        curve = alone(lambda: [(n, matmul_flops(dtype, n, cfg.seconds / 2, device, clock))
                                for n in curve_sizes(cfg.matmul_n)])
         out["matmul_curve"][name] = curve
         if rank == 0:
@@ -384,12 +501,13 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
                 + " GFLOP/s")
     dist.barrier()
     out["copy_bytes_per_s"] = copy_bandwidth(cfg.copy_bytes, cfg.seconds, device)
-    out["copy_bytes_per_s_alone"] = alone(lambda: copy_bandwidth(cfg.copy_bytes, cfg.seconds, device))
+    out["copy_bytes_per_s_alone"] = alone(lambda: copy_bandwidth(cfg.copy_bytes, cfg.seconds, device, clock))
     if rank == 0:
         say(f"memory copy {cfg.copy_bytes / 2**20:.0f} MiB: {out['copy_bytes_per_s'] / GB:.2f} GB/s per rank with "
             f"{world} at once, {out['copy_bytes_per_s_alone'] / GB:.2f} alone (rank 0)")
     probe = probe_for(device)
-    out["layer_seconds"] = [alone(lambda shape=shape: layer_seconds(shape, cfg.seconds, device, DTYPES[probe.dtype]))
+    out["layer_seconds"] = [alone(lambda shape=shape: layer_seconds(shape, cfg.seconds, device, DTYPES[probe.dtype],
+                                                                    clock))
                             for shape in probe.shapes]
     if rank == 0:
         for shape, (f, b) in zip(probe.shapes, out["layer_seconds"]):
@@ -403,6 +521,12 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
                                            "busbw_gbps": busbw / GB})
             say(f"{op} {size:>10,d} B over {world} ranks: {seconds * 1e6:10.1f} us, algbw {algbw / GB:7.3f} GB/s, "
                 f"busbw {busbw / GB:7.3f} GB/s")
+    if world > 1 and cfg.backend == "gloo":
+        out["comm_cpu"] = pair_comm_cpu(rank, world)
+        if rank == 0:
+            say("gloo CPU seconds per call, pairs at once: " + "; ".join(
+                f"{op} " + ", ".join(f"{size:,d} B {c * 1e6:.0f} us" for size, c in rows)
+                for op, rows in out["comm_cpu"].items()))
     return out
 
 
@@ -457,6 +581,8 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     probe = CPU_PROBE if cfg.backend == "gloo" else GPU_PROBE
     curve = hw.with_overrides(peak_tflops=peaks[probe.dtype], gemm_overhead_s=overheads[probe.dtype])
     layers = [tuple(x) for x in per_rank[0]["layer_seconds"]]
+    if cores and cfg.ranks > 1:  # gloo's CPU per collective call, message and byte (the shared-compute bound)
+        hw = hw.with_overrides(**fit_comm_cpu([r.get("comm_cpu") for r in per_rank]))
     if cores:  # a CPU: a rate and a cost per layer pass (Python, the dispatcher, autograd), both shapes solved
         rate, fixed_fwd, fixed_bwd = fit_layer(curve, layers, probe)
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
@@ -485,6 +611,7 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                          dataclasses.replace(hw, peak_tflops=curve.peak_tflops, gemm_overhead_s=curve.gemm_overhead_s),
                          probe),
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
+                     "comm_cpu_seconds_rank0": per_rank[0].get("comm_cpu"), "probe_clock": "cpu" if cores else "wall",
                      "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                      "torch": torch.__version__, "machine": platform.platform()},
         "not_measured": {"from_preset": cfg.base,
@@ -576,7 +703,8 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
     if name in nullable and value is None:
         return
     if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                "kernel_overhead_s", "inter_dc_latency_s"):  # may be 0
+                "kernel_overhead_s", "inter_dc_latency_s", "collective_cpu_s", "p2p_cpu_s",
+                "comm_cpu_s_per_byte"):  # may be 0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"--hardware {path}: {where}{name} must be a finite number >= 0, got {json.dumps(value)}")
         return

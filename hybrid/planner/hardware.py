@@ -195,6 +195,11 @@ class Hardware:
             gloo rank per device and one thread per rank); None when each device computes on its own (GPUs).
             With more devices than units, `peak_tflops` is one device's rate while the others idle, and the
             node's devices together compute at most compute_units x that (time.py: the shared-compute bound).
+        collective_cpu_s, p2p_cpu_s, comm_cpu_s_per_byte: with shared compute units (a CPU, gloo), the CPU
+            seconds a rank's process burns per 2-rank all-reduce call, per point-to-point message (a send or a
+            receive), and per wire byte (`hybrid calibrate`'s pair probe): copying, reducing and gloo's threads.
+            With more ranks than cores that is work the cores do besides compute (time.py: the shared-compute
+            bound). 0: not measured (presets, GPUs).
         inter_dc_gbps: GB/s per direction of the link between two sites the DP replicas are split over
             (`--inter-dc-bandwidth`; hybrid/planner/slowlink.py); None: one site, no such link.
         inter_dc_latency_s: one-way seconds of a message over that link (`--inter-dc-latency`, in ms there);
@@ -230,6 +235,9 @@ class Hardware:
     inter_dc_gbps: float | None = None
     inter_dc_latency_s: float | None = None
     eager_clock: float = 1.0
+    collective_cpu_s: float = 0.0
+    p2p_cpu_s: float = 0.0
+    comm_cpu_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -244,7 +252,7 @@ class Hardware:
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
         for name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                     "kernel_overhead_s"):
+                     "kernel_overhead_s", "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte"):
             if not getattr(self, name) >= 0:
                 flag = "--gemm-overhead" if name == "gemm_overhead_s" else name
                 raise ValueError(f"{flag} must be >= 0 seconds, got {getattr(self, name)}")

@@ -64,11 +64,12 @@ import enum
 import math
 from dataclasses import dataclass, replace
 
-from hybrid.planner.hardware import GB, Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds
+from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds,
+                                     wire_bytes)
 from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, ZeroStage, dp_placement,
                                    pipeline_crosses_nodes, stage_layers, tp_placement)
 from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
-                                   partial_grad_ledger, tp_ledger)
+                                   partial_grad_ledger, step_ledger, tp_ledger)
 from hybrid.planner.predicted_memory import rank_parameters
 from hybrid.planner.model import ActivationProfile, Precision, Shard
 from hybrid.planner.ops import KernelProfile, Traffic, embedding_ops, head_ops, layer_ops
@@ -668,7 +669,11 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     dp = _dp_step_seconds(ctx, psi, first_forward)
     opt = _optimizer_seconds(ctx, psi) * cluster.hw.shared_compute_factor(_devices_per_node(cluster))
     other = _other_seconds(ctx)
-    pipeline = max(run.makespan, shared_compute_bound(cluster, layout, run, m, times))
+    comm_cpu = sum(comm_cpu_seconds(work, cluster, layout, r) for r in range(layout.pp))
+    bound = shared_compute_bound(cluster, layout, run, m, times, comm_cpu)
+    if comm_cpu:  # the bound holds the DP / embedding syncs' CPU: the step is max(makespan + tail, bound + opt)
+        bound -= dp + other
+    pipeline = max(run.makespan, bound)
     p = st.parts.scaled(m)
     in_passes = m * (st.busy - st.compute - st.comm - st.p2p)
     terms = (("gemm", p.gemm), ("attention", p.attention), ("memory_bound", p.memory), ("launches", p.launches),
@@ -684,19 +689,54 @@ def _devices_per_node(cluster: Cluster) -> int:
 
 
 def shared_compute_bound(cluster: Cluster, layout: Layout, run: PipelineRun, m: int = 0,
-                         times: StageTimes | None = None) -> float:
+                         times: StageTimes | None = None, comm_cpu: float = 0.0) -> float:
     """Devices that share compute units (a CPU's cores: `Hardware.compute_units`) cannot together be busy
     longer than the units allow: the pipeline takes at least the compute seconds of every device of a node
     (t d ranks per pipeline rank, each m x its per-micro-batch compute, priced at one device's uncontended
     rate) / the units. A bubble is then not lost -- an idle rank's core serves the others -- and neither is
     time a rank waits in a TP collective: only compute occupies a core (`times.rank_compute`; without it, the
-    simulated busy time, TP collectives included). 0 when devices compute on their own (GPUs)."""
+    simulated busy time, TP collectives included). The cores also do the collectives' own CPU work (gloo copies,
+    reduces and runs its threads): `comm_cpu`, the step's CPU seconds of it summed over one rank of each pipeline
+    rank (comm_cpu_seconds). 0 when devices compute on their own (GPUs)."""
     hw = cluster.hw
     if hw.shared_compute_factor(_devices_per_node(cluster)) == 1.0:
         return 0.0
     nodes = max(1, cluster.nodes)
     work = m * sum(times.rank_compute) if times is not None and times.rank_compute else sum(run.busy)
-    return layout.tp * layout.dp * work / (nodes * hw.compute_units)
+    return layout.tp * layout.dp * (work + comm_cpu) / (nodes * hw.compute_units)
+
+
+# train.py's per-step scalar all-reduces beside the gradients (not in predicted_comm's ledger): the NaN guard's world
+# sum (tp, pp, dp: hybrid/fault/nan_guard.world_sum), the clip norm's (tp, pp: ZeroOptimizer._all_ranks_sum, on by
+# default, --clip-grad 1.0) and the logged loss (pp, dp: train_step's ":metrics"). A few bytes each: only their
+# per-call CPU counts, and only on a CPU (comm_cpu_seconds).
+STEP_SCALAR_ALL_REDUCES = ("tp", "pp", "dp", "tp", "pp", "pp", "dp")
+
+
+def comm_cpu_seconds(work: Workload, cluster: Cluster, layout: Layout, pp_rank: int) -> float:
+    """CPU seconds a rank of pipeline rank `pp_rank` burns a step in its collectives and pipeline messages (every
+    entry of predicted_comm.step_ledger), on a CPU whose gloo costs `hybrid calibrate` measured on pairs: a ring
+    all-reduce over n ranks takes 2(n - 1) steps (a pair's: 2), an all-gather / reduce-scatter n - 1, so a call
+    costs collective_cpu_s x steps / 2 + comm_cpu_s_per_byte x its wire bytes; a send or a receive p2p_cpu_s +
+    comm_cpu_s_per_byte x its bytes; and train.py's scalar all-reduces (STEP_SCALAR_ALL_REDUCES). 0 unless the hardware shares its compute units (GPUs: the copy engines and
+    NCCL's kernels are not the compute)."""
+    hw = cluster.hw
+    if hw.shared_compute_factor(_devices_per_node(cluster)) == 1.0 or not (
+            hw.collective_cpu_s or hw.p2p_cpu_s or hw.comm_cpu_s_per_byte):
+        return 0.0
+    sizes = {"tp": layout.tp, "dp": layout.dp, "embedding": 2, "pp": 2}
+    scalars = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp}
+    total = sum(hw.collective_cpu_s * (scalars[g] - 1) for g in STEP_SCALAR_ALL_REDUCES)
+    for key, entry in step_ledger(work, layout, pp_rank).items():
+        op, group = key.split("@")
+        calls, nbytes, n = entry["calls"], entry["bytes"], sizes.get(group, 2)
+        if op in ("send", "recv"):
+            total += calls * hw.p2p_cpu_s + nbytes * hw.comm_cpu_s_per_byte
+            continue
+        coll = Collective(op)
+        steps = 2 * (n - 1) if coll is Collective.ALL_REDUCE else n - 1
+        total += calls * hw.collective_cpu_s * steps / 2 + wire_bytes(coll, nbytes, n) * hw.comm_cpu_s_per_byte
+    return total
 
 
 def lower_bound_seconds(work: Workload, cluster: Cluster, layout: Layout) -> float:
