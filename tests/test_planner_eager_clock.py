@@ -41,20 +41,20 @@ def test_fused_stacks_and_other_cards_keep_the_curve():
     row) have no eager clock."""
     h100 = hardware("h100-80g")
     assert h100.eager_clock == H100_EAGER_CLOCK
-    assert h100.for_kernels(eager=False) is h100
-    eager = h100.for_kernels(eager=True)
+    assert h100.for_stack(pytorch=False) is h100
+    eager = h100.for_stack(pytorch=True)
     assert (eager.compute_efficiency, eager.flash_efficiency, eager.eager_clock) == pytest.approx(
         (H100_EFFICIENCY * H100_EAGER_CLOCK, HOPPER_FLASH * H100_EAGER_CLOCK, 1.0))
     assert eager.elementwise_tbps == h100.elementwise_tbps and eager.kernel_overhead_s == h100.kernel_overhead_s
     for name in ("a100-80g", "h200", "h100-96g-500w", "cpu"):
-        assert hardware(name).eager_clock == 1.0 and hardware(name).for_kernels(eager=True) is hardware(name)
+        assert hardware(name).eager_clock == 1.0 and hardware(name).for_stack(pytorch=True) is hardware(name)
 
 
 def test_a_stated_rate_replaces_the_eager_clock_and_a_bad_clock_is_refused():
     """`--compute-efficiency 0.7` (or a calibrated curve) is the rate a workload runs at: the preset's eager clock
     no longer scales it. An eager clock outside (0, 1] is refused by name."""
     stated = hardware("h100-80g").with_overrides(compute_efficiency=0.7)
-    assert stated.eager_clock == 1.0 and stated.for_kernels(eager=True).compute_efficiency == 0.7
+    assert stated.eager_clock == 1.0 and stated.for_stack(pytorch=True).compute_efficiency == 0.7
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match="eager_clock"):
             hardware("h100-80g").with_overrides(eager_clock=bad)

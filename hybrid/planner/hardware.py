@@ -204,9 +204,10 @@ class Hardware:
             (`--inter-dc-bandwidth`; hybrid/planner/slowlink.py); None: one site, no such link.
         inter_dc_latency_s: one-way seconds of a message over that link (`--inter-dc-latency`, in ms there);
             None: 0.
-        eager_clock: the sustained tensor-core rate of PyTorch-native training (a workload with `--kernels
-            eager`) relative to `compute_efficiency` and `flash_efficiency`, which then both scale by it
-            (`for_kernels`); 1: the same rate as a fused stack. Fitted for h100-80g (H100_EAGER_CLOCK); a
+        eager_clock: the sustained tensor-core rate of PyTorch-native training (`--stack pytorch`, eager or
+            torch.compile'd; Workload.pytorch_native) relative to `compute_efficiency` and `flash_efficiency`, which
+            then both scale by it (`for_stack`); 1: the same rate as Megatron / TE. Fitted for h100-80g
+            (H100_EAGER_CLOCK; the name is the fit rows' kernels, eager); a
             `--compute-efficiency` or a calibrated curve replaces it (with_overrides resets it to 1).
     """
 
@@ -317,10 +318,11 @@ class Hardware:
             changes["eager_clock"] = 1.0
         return replace(self, **changes)
 
-    def for_kernels(self, eager: bool) -> "Hardware":
-        """The device as a workload of that kernel profile sees it: for PyTorch-native (eager) training, the
-        GEMM asymptote and the flash rate times eager_clock; otherwise itself."""
-        if not eager or self.eager_clock == 1.0:
+    def for_stack(self, pytorch: bool) -> "Hardware":
+        """The device as a workload of that software stack sees it (Workload.pytorch_native): for PyTorch-native
+        training, eager or torch.compile'd, the GEMM asymptote and the flash rate times eager_clock; for
+        Megatron / Transformer Engine, itself."""
+        if not pytorch or self.eager_clock == 1.0:
             return self
         flash = None if self.flash_efficiency is None else self.flash_efficiency * self.eager_clock
         return replace(self, compute_efficiency=self.compute_efficiency * self.eager_clock, flash_efficiency=flash,

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from hybrid.planner.hardware import hardware
 from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile
-from hybrid.planner.ops import KernelProfile
+from hybrid.planner.ops import KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.search import Plan, SearchSpace, search
@@ -258,7 +258,7 @@ def _torchtitan(name: str, source: str, arch: tuple, seq: int, gpus: int, local_
     bytes a parameter), bf16 compute, SDPA flash attention, Llama at `seq` tokens, one micro-batch of
     `local_batch` sequences per DP rank. Eager PyTorch unless torch.compile (FUSED) is stated."""
     work = Workload(llama_model(*arch, seq), global_batch=local_batch * gpus // tp, seq_length=seq,
-                    activations=ActivationProfile.BF16_FLASH, kernels=kernels, fp8=fp8)
+                    activations=ActivationProfile.BF16_FLASH, kernels=kernels, stack=Stack.PYTORCH, fp8=fp8)
     space = SearchSpace(tp=(tp,), pp=(1,), v=(1,), micro_batch=(local_batch,), zero=(ZeroStage.PARAMETERS,),
                         offload=(Offload.NONE,), recompute=(recompute,), sequence_parallel=(tp > 1,))
     return PublishedRun(name, source, work, gpu, gpus, space, Metric.TOKENS_PER_GPU, published, role=role, fits=fits,
@@ -312,7 +312,7 @@ def torchtitan_pipeline_runs() -> list[PublishedRun]:
     keeps each stage's parameters unsharded across the micro-batches (FSDP's reshard_after_forward off), which
     the planner's ZeRO 3 does not."""
     work = Workload(llama3_405b(), global_batch=256, seq_length=8192, activations=ActivationProfile.BF16_FLASH,
-                    kernels=KernelProfile.FUSED, fp8=True)
+                    kernels=KernelProfile.FUSED, stack=Stack.PYTORCH, fp8=True)
     runs = []
     for v, published, memory in ((1, 100, 82.5), (2, 128, 72.7)):
         space = SearchSpace(tp=(8,), pp=(8,), v=(v,), micro_batch=(4,), zero=(ZeroStage.PARAMETERS,),
@@ -338,7 +338,8 @@ def nemo_runs() -> list[PublishedRun]:
             ("NeMo Llama 3 8B FP8, 8 H100, FSDP, b1", LLAMA3_8B, 8, 1, 1, 1, ZeroStage.PARAMETERS, 14079),
             ("NeMo Llama 3 70B FP8, 64 H100, t4 p8 v5, b1", LLAMA3_70B, 64, 4, 8, 5, ZeroStage.NONE, 1619)):
         work = Workload(llama_model(*arch, 8192), global_batch=128, seq_length=8192,
-                        activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, fp8=True)
+                        activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED,
+                        stack=Stack.MEGATRON, fp8=True)  # Megatron-Bridge: its FSDP 8B row too
         dp = gpus // (tp * pp)
         zeros = (zero,) if zero is ZeroStage.PARAMETERS else (ZeroStage.NONE, ZeroStage.OPTIMIZER)  # distributed opt.
         space = SearchSpace(tp=(tp,), pp=(pp,), v=(v,), micro_batch=(1,), zero=zeros,
@@ -508,6 +509,29 @@ def mpt_decomposition() -> str:
     return "\n".join(lines)
 
 
+# the published rows whose source names a stack that `--stack auto` would not pick from their layout: NeMo's
+# Megatron-Bridge FSDP row, torchtitan's FSDP x TP / PP rows (tests/test_planner_stack.py)
+AUTO_DIFFERS = frozenset({
+    "NeMo Llama 3 8B FP8, 8 H100, FSDP, b1",
+    "torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x TP 8 + compile + Float8, b16, full",
+    "torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 1F1B + compile + Float8, b4 x 8, full",
+    "torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 interleaved 1F1B + compile + Float8, b4 x 8, "
+    "full"})
+
+
+def auto_stack_table(names: set[str]) -> str:
+    """The rows `names` (those whose stated stack `--stack auto` would not pick from the layout) planned with their
+    stated stack and with `--stack auto` (docs/planner.md "The software stack")."""
+    lines = ["| row | stated stack | error | auto's stack | error under auto |", "|---|---|---|---|---|"]
+    for run in (r for r in all_runs() if r.name in names):
+        auto = replace(run, workload=replace(run.workload, stack=None))
+        plan, auto_plan = run.predict(), auto.predict()
+        picked = "pytorch" if auto.workload.pytorch_native(auto_plan.layout) else "megatron"
+        lines.append(f"| {run.name} | {run.workload.stack.value} | {100 * run.throughput_error(plan):+.1f} % | "
+                     f"{picked} | {100 * auto.throughput_error(auto_plan):+.1f} % |")
+    return "\n".join(lines)
+
+
 def all_runs() -> list[PublishedRun]:
     """Every published run the planner is checked on outside shared/reference."""
     return (published_runs() + korthikanti_runs() + mtnlg_runs() + torchtitan_runs() + nemo_runs()
@@ -572,6 +596,9 @@ def main() -> None:
     import sys
     if sys.argv[1:] == ["--mpt-decomposition"]:
         print(mpt_decomposition())
+        return
+    if sys.argv[1:] == ["--auto-stack"]:
+        print(auto_stack_table(AUTO_DIFFERS))
         return
     runs = all_runs()
     print(table(runs))
