@@ -1,8 +1,8 @@
 """The software stack (`--stack`, Workload.stack, ops.Stack) sets the tensor-core clock, apart from which ops are
 fused (`--kernels`): PyTorch-native training -- eager or torch.compile'd -- runs at the device's eager clock
 (h100-80g: H100_EAGER_CLOCK, fitted on MosaicML's six single-node MPT rows, not refitted), Megatron / Transformer
-Engine at the curve. `--stack auto` (the default) decides by layout: eager kernels or an FSDP layout (ZeRO 3, tp
-1, pp 1) are PyTorch-native (docs/planner.md "The software stack")."""
+Engine at the curve. `--stack auto` (the default) decides by layout: eager kernels or a ZeRO 3 (FSDP) layout are
+PyTorch-native (docs/planner.md "The software stack")."""
 
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ def test_a_compiled_pytorch_run_gets_the_stack_clock_and_only_the_clock():
 
 @pytest.mark.parametrize("kernels, layout, pytorch", [
     (KernelProfile.EAGER, Layout(tp=2, pp=2, dp=2), True),  # no Megatron run is eager
-    (KernelProfile.FUSED, FSDP, True),  # FSDP-style: ZeRO 3, tp 1, pp 1
+    (KernelProfile.FUSED, FSDP, True),  # ZeRO 3: PyTorch FSDP
+    (KernelProfile.FUSED, Layout(tp=2, pp=2, dp=2, zero=ZeroStage.PARAMETERS), True),  # torchtitan's FSDP x TP x PP
     (KernelProfile.FUSED, Layout(dp=8, zero=ZeroStage.OPTIMIZER), False),  # Megatron's distributed optimizer
-    (KernelProfile.FUSED, Layout(tp=2, dp=4, zero=ZeroStage.PARAMETERS), False),
-    (KernelProfile.FUSED, Layout(pp=2, dp=4, zero=ZeroStage.PARAMETERS), False)])
+    (KernelProfile.FUSED, Layout(tp=2, pp=2, dp=2), False)])
 def test_auto_decides_by_layout_and_a_stated_stack_wins(kernels, layout, pytorch):
     assert _work(kernels).pytorch_native(layout) is pytorch
     assert _work(kernels, Stack.PYTORCH).pytorch_native(layout) is True
@@ -75,25 +75,29 @@ def _auto_decisions(run) -> set[bool]:
             for z in space.zero or tuple(ZeroStage)}
 
 
-def test_auto_gives_each_published_row_its_stack_but_the_named_ones():
-    """Every published row that names its stack gets it from `--stack auto` too, over every layout its space
-    allows, except AUTO_DIFFERS; the rows that name none (Llama 3 405B, BLOOM, MT-NLG, Korthikanti, Narayanan: TP
-    / PP layouts) are Megatron under auto, and PyTorch-native rows all are."""
-    from hybrid.planner.published import AUTO_DIFFERS, all_runs
+def test_auto_gives_each_published_row_its_stack_but_nemos_fsdp_row():
+    """Every published row that names its stack gets it from `--stack auto` too, over every layout its search space
+    allows, but NeMo's Megatron FSDP row; every eager row is PyTorch-native under auto. (The rows that name none
+    are in the docs table below, planned both ways.)"""
+    from hybrid.planner.published import all_runs
     differs = set()
     for run in all_runs():
         auto = _auto_decisions(run)
-        if run.workload.stack is None:
-            assert auto == {False} or run.workload.kernel_profile is KernelProfile.EAGER, run.name
-        elif auto != {run.workload.stack is Stack.PYTORCH}:
+        if run.workload.kernel_profile is KernelProfile.EAGER:
+            assert auto == {True}, run.name
+        if run.workload.stack is not None and auto != {run.workload.stack is Stack.PYTORCH}:
             differs.add(run.name)
-    assert differs == AUTO_DIFFERS
+    assert differs == {"NeMo Llama 3 8B FP8, 8 H100, FSDP, b1"}
 
 
-def test_the_docs_table_of_the_rows_auto_gets_wrong_is_the_codes():
-    """docs/planner.md "The software stack": the AUTO_DIFFERS rows' errors, stated stack and auto, as printed by
-    `python -m hybrid.planner.published --auto-stack`."""
+def test_the_docs_table_of_auto_on_the_clocked_fused_rows_is_the_codes():
+    """docs/planner.md "The software stack": every fused row on a clocked card, its stated stack and auto, as
+    printed by `python -m hybrid.planner.published --auto-stack`; auto keeps all but NeMo's 8B within 15 %."""
     from pathlib import Path
-    from hybrid.planner.published import AUTO_DIFFERS, auto_stack_table
+    from hybrid.planner.published import auto_stack_table
+    table = auto_stack_table()
     docs = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
-    assert auto_stack_table(AUTO_DIFFERS) in docs
+    assert table in docs
+    for line in table.splitlines()[2:]:
+        auto = float(line.split("|")[-2].strip(" %"))
+        assert abs(auto) <= 15 or line.startswith("| NeMo Llama 3 8B FP8"), line

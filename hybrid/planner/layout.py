@@ -245,16 +245,16 @@ class Workload:
 
     def pytorch_native(self, layout: "Layout") -> bool:
         """Does `layout` run on the PyTorch-native stack (Hardware.eager_clock applies)? `stack` when given;
-        `--stack auto` (None): PyTorch-native when the kernels are eager (no Megatron run is eager) or the layout
-        is FSDP-style -- ZeRO 3 without tensor or pipeline parallelism, as every published torchtitan, MPT,
-        OLMo-core and fms-fsdp run in docs/planner.md -- Megatron otherwise (its TP / PP layouts with ZeRO 0-1,
-        the distributed optimizer). The published rows whose stack this rule gets wrong state it (NeMo's FSDP 8B:
-        megatron; torchtitan's FSDP x TP / PP rows: pytorch)."""
+        `--stack auto` (None): PyTorch-native when the kernels are eager (no Megatron run is) or the layout shards
+        parameters (ZeRO 3: PyTorch FSDP, with or without TP / PP, as every published torchtitan, MPT, OLMo-core
+        and fms-fsdp run in docs/planner.md), Megatron otherwise (ZeRO 0-1: Megatron's distributed optimizer).
+        Each layout of a search is priced as the stack that runs it. The one published row this rule gets wrong
+        states its stack (NeMo's Megatron FSDP 8B: megatron)."""
         if self.stack is not None:
             return self.stack is Stack.PYTORCH
         if self.kernel_profile is KernelProfile.EAGER:
             return True
-        return layout.zero is ZeroStage.PARAMETERS and layout.tp == 1 and layout.pp == 1
+        return layout.zero is ZeroStage.PARAMETERS
 
     @property
     def fused_grad_accumulation(self) -> bool:

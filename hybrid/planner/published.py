@@ -509,25 +509,23 @@ def mpt_decomposition() -> str:
     return "\n".join(lines)
 
 
-# the published rows whose source names a stack that `--stack auto` would not pick from their layout: NeMo's
-# Megatron-Bridge FSDP row, torchtitan's FSDP x TP / PP rows (tests/test_planner_stack.py)
-AUTO_DIFFERS = frozenset({
-    "NeMo Llama 3 8B FP8, 8 H100, FSDP, b1",
-    "torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x TP 8 + compile + Float8, b16, full",
-    "torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 1F1B + compile + Float8, b4 x 8, full",
-    "torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 interleaved 1F1B + compile + Float8, b4 x 8, "
-    "full"})
+def auto_stack_runs() -> list[PublishedRun]:
+    """The published rows `--stack auto` could price differently from their source: fused kernels (eager ones are
+    PyTorch-native under auto) on a card with a stack clock (h100-80g, h100-96g-500w)."""
+    return [r for r in all_runs() if r.workload.kernel_profile is KernelProfile.FUSED
+            and r.hardware().eager_clock != 1.0]
 
 
-def auto_stack_table(names: set[str]) -> str:
-    """The rows `names` (those whose stated stack `--stack auto` would not pick from the layout) planned with their
-    stated stack and with `--stack auto` (docs/planner.md "The software stack")."""
+def auto_stack_table() -> str:
+    """auto_stack_runs planned with their stated stack (or none: auto) and with `--stack auto`
+    (docs/planner.md "The software stack")."""
     lines = ["| row | stated stack | error | auto's stack | error under auto |", "|---|---|---|---|---|"]
-    for run in (r for r in all_runs() if r.name in names):
+    for run in auto_stack_runs():
         auto = replace(run, workload=replace(run.workload, stack=None))
         plan, auto_plan = run.predict(), auto.predict()
         picked = "pytorch" if auto.workload.pytorch_native(auto_plan.layout) else "megatron"
-        lines.append(f"| {run.name} | {run.workload.stack.value} | {100 * run.throughput_error(plan):+.1f} % | "
+        stated = run.workload.stack.value if run.workload.stack else "-"
+        lines.append(f"| {run.name} | {stated} | {100 * run.throughput_error(plan):+.1f} % | "
                      f"{picked} | {100 * auto.throughput_error(auto_plan):+.1f} % |")
     return "\n".join(lines)
 
@@ -598,7 +596,7 @@ def main() -> None:
         print(mpt_decomposition())
         return
     if sys.argv[1:] == ["--auto-stack"]:
-        print(auto_stack_table(AUTO_DIFFERS))
+        print(auto_stack_table())
         return
     runs = all_runs()
     print(table(runs))
