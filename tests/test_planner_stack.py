@@ -1,8 +1,8 @@
 """The software stack (`--stack`, Workload.stack, ops.Stack) sets the tensor-core clock, apart from which ops are
 fused (`--kernels`): PyTorch-native training -- eager or torch.compile'd -- runs at the device's eager clock
 (h100-80g: H100_EAGER_CLOCK, fitted on MosaicML's six single-node MPT rows, not refitted), Megatron / Transformer
-Engine at the curve. `--stack auto` (the default) decides by layout: eager kernels or a ZeRO 3 (FSDP) layout are
-PyTorch-native (docs/planner.md "The software stack")."""
+Engine at the curve. `--stack auto` (the default): eager kernels are PyTorch-native, the korthikanti profile
+Megatron's, and otherwise a ZeRO 3 (FSDP) layout PyTorch-native (docs/planner.md "The software stack")."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def test_a_compiled_pytorch_run_gets_the_stack_clock_and_only_the_clock():
     (KernelProfile.FUSED, Layout(tp=2, pp=2, dp=2), False)])
 def test_auto_decides_by_layout_and_a_stated_stack_wins(kernels, layout, pytorch):
     assert _work(kernels).pytorch_native(layout) is pytorch
+    megatron_profile = Workload(load_config("llama-3-8b"), global_batch=16, seq_length=4096, kernels=kernels)
+    assert megatron_profile.pytorch_native(layout) is (kernels is KernelProfile.EAGER)  # korthikanti: Megatron's
     assert _work(kernels, Stack.PYTORCH).pytorch_native(layout) is True
     assert _work(kernels, Stack.MEGATRON).pytorch_native(layout) is False
 

@@ -120,7 +120,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the software stack, which sets the tensor-core clock: pytorch (PyTorch-native, eager or "
                         "torch.compile'd: torchtitan, Composer, OLMo-core, FSDP; h100-80g's eager clock 0.681) or "
                         "megatron (Megatron-LM / NeMo / Transformer Engine: the curve's rate); auto (default): "
-                        "pytorch for eager kernels or an FSDP layout (ZeRO 3, tp 1, pp 1), megatron otherwise")
+                        "pytorch for eager kernels, megatron for --activation-profile korthikanti, else pytorch "
+                        "for ZeRO 3 (FSDP) layouts and megatron for ZeRO 0-2")
     g.add_argument("--fused-cross-entropy", action="store_true",
                    help="bf16-flash: the loss is one fused kernel over the bf16 logits (flash-attn's "
                         "CrossEntropyLoss, llm-foundry's default): 2 + 2 bytes a logit kept and in its backward, "

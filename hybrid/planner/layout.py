@@ -245,16 +245,18 @@ class Workload:
 
     def pytorch_native(self, layout: "Layout") -> bool:
         """Does `layout` run on the PyTorch-native stack (Hardware.eager_clock applies)? `stack` when given;
-        `--stack auto` (None): PyTorch-native when the kernels are eager (no Megatron run is) or the layout shards
-        parameters (ZeRO 3: PyTorch FSDP, with or without TP / PP, as every published torchtitan, MPT, OLMo-core
-        and fms-fsdp run in docs/planner.md), Megatron otherwise (ZeRO 0-1: Megatron's distributed optimizer).
+        `--stack auto` (None): PyTorch-native when the kernels are eager (no Megatron run is); Megatron for the
+        korthikanti profile (Megatron's own activations, materialised softmax); else PyTorch-native when the
+        layout shards parameters (ZeRO 3: PyTorch FSDP, with or without TP / PP, as every published torchtitan,
+        MPT, OLMo-core and fms-fsdp run in docs/planner.md), Megatron otherwise (ZeRO 0-2: its distributed
+        optimizer).
         Each layout of a search is priced as the stack that runs it. The one published row this rule gets wrong
         states its stack (NeMo's Megatron FSDP 8B: megatron)."""
         if self.stack is not None:
             return self.stack is Stack.PYTORCH
         if self.kernel_profile is KernelProfile.EAGER:
             return True
-        return layout.zero is ZeroStage.PARAMETERS
+        return self.activations is not ActivationProfile.KORTHIKANTI and layout.zero is ZeroStage.PARAMETERS
 
     @property
     def fused_grad_accumulation(self) -> bool:
