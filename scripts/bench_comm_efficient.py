@@ -6,6 +6,7 @@ AdamW, on the reference corpus (docs/data.md: Python's pydoc topics as bytes), T
     python scripts/bench_comm_efficient.py --tp 1 --pp 1 --dp 2                        # the cheap proxy (2 ranks)
     [--model tiny-llama] [--steps 300] [--global-batch 16] [--seq 128] [--powersgd-rank 4]
     [--powersgd-extra-ranks 16] [--powersgd-start-iter 20] [--onebit-freeze-iters 20] [--simulated-dp-bandwidth GBPS]
+    [--hidden-size H] [--powersgd-min-compression-rate 2]      (diagnostics: another width; compress fewer matrices)
     [--lr 3e-3] [--adam-beta2 0.95] [--lr-warmup-iters 0] [--lr-decay-style constant] [--min-lr 0]
 
 Every row runs the same optimizer settings and the same learning-rate schedule (OptimizerConfig.lr_at, the rate
@@ -48,13 +49,27 @@ def _setup(mesh, args):
     from hybrid.pipeline.executor import PipelineExecutor, StageIO
     from hybrid.tp import TPContext
     from models import build_pipeline_chunks, load_config
-    arch = load_config(args.model)
+    arch = _arch(args)
     chunks = build_pipeline_chunks(arch, TPContext(mesh.tp), mesh.coords.pp, mesh.dims.pp, 1, seed=args.seed)
     spec = BatchSpec(args.global_batch, MICRO, args.seq, mesh.dims.dp)
     schedule = build_schedule(ScheduleKind.ONE_F_ONE_B, mesh.dims.pp, spec.num_micro_batches)[mesh.coords.pp]
     runner = PipelineExecutor(chunks, schedule, mesh.pp, StageIO((MICRO, args.seq, arch.hidden_size), torch.float32),
                               mesh.device)
     return chunks, spec, runner
+
+
+def _arch(args):
+    """The model: the preset, or with --hidden-size its width changed (the heads' count and the MLP's ratio to the
+    width kept: head width h / heads, MLP width h x ffn / hidden of the preset), all else the preset's."""
+    import dataclasses
+
+    from models import load_config
+    arch = load_config(args.model)
+    if not args.hidden_size:
+        return arch
+    h = args.hidden_size
+    return dataclasses.replace(arch, hidden_size=h, head_dim=h // arch.num_heads,
+                               ffn_hidden_size=h * arch.ffn_hidden_size // arch.hidden_size)
 
 
 def _opt_cfg(args):
@@ -97,12 +112,18 @@ def row_adamw(mesh, args):
     return (*_loop(mesh, args, opt, chunks, spec, runner), 0)
 
 
+def _powersgd_cfg(args):
+    """The PowerSGD row's config: the run's rank, start and minimum compression rate."""
+    from hybrid.compress.powersgd import PowerSGDConfig
+    return PowerSGDConfig(rank=args.powersgd_rank, start_iter=args.powersgd_start_iter,
+                          min_compression_rate=args.powersgd_min_compression_rate)
+
+
 def row_powersgd(mesh, args):
     """PowerSGD rank r after --powersgd-start-iter plain steps (hybrid/compress/powersgd.py)."""
-    from hybrid.compress.powersgd import PowerSGDConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     chunks, spec, runner = _setup(mesh, args)
-    cfg = PowerSGDConfig(rank=args.powersgd_rank, start_iter=args.powersgd_start_iter)
+    cfg = _powersgd_cfg(args)
     opt = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=args.zero_stage), _opt_cfg(args), _reduction(mesh, args, cfg))
     return (*_loop(mesh, args, opt, chunks, spec, runner), args.powersgd_start_iter)
 
@@ -162,15 +183,23 @@ def measure(args) -> dict[str, dict]:
     return out
 
 
+def _min_rate(args) -> str:
+    rate = args.powersgd_min_compression_rate
+    return "" if rate == 2 else f", min compression rate {rate:g} (matrices with n m <= {rate:g} r (n + m) whole)"
+
+
 def report(rows: dict[str, dict], args) -> str:
     base = rows["AdamW (synchronous)"]
     lines = [f"# Communication-efficient DP: loss and DP bytes vs synchronous AdamW "
              f"({'--quick: measures nothing' if args.quick else 'measured'})", "",
-             f"- TP {args.tp} x PP {args.pp} x DP {args.dp} (gloo, one thread per rank), {args.model}, ZeRO "
+             f"- TP {args.tp} x PP {args.pp} x DP {args.dp} (gloo, one thread per rank), {args.model}"
+             f"{f' at hidden size {args.hidden_size}' if args.hidden_size else ''}, ZeRO "
              f"{args.zero_stage}, {args.steps} steps, global batch {args.global_batch} x {args.seq} tokens, lr "
              f"{args.lr} ({args.lr_warmup_iters} warm-up steps, then {args.lr_decay_style}"
              f"{'' if args.lr_decay_style == 'constant' else f' to {args.min_lr}'}), Adam betas (0.9, "
-             f"{args.adam_beta2}), weight decay 0.01 -- every row; PowerSGD rank {args.powersgd_rank}; the reference "
+             f"{args.adam_beta2}), weight decay 0.01 -- every row; PowerSGD rank {args.powersgd_rank}"
+             f"{_min_rate(args)}"
+             f"; the reference "
              f"corpus (docs/data.md); simulated DP link: "
              f"{f'{args.simulated_dp_bandwidth} GB/s' if args.simulated_dp_bandwidth else 'off'}",
              f"- machine: {cpu_name()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch "
@@ -193,6 +222,9 @@ def main(argv=None) -> None:
     p.add_argument("--json", default=None, metavar="PATH",
                    help="also write every row with its per-step loss curve (scripts/plot_comm_efficient.py draws it)")
     p.add_argument("--model", default="tiny-llama")
+    p.add_argument("--hidden-size", type=positive_int, default=0, metavar="H",
+                   help="the model's width instead of the preset's (heads kept, MLP width scaled with it): is a "
+                        "gap a property of a narrow model?")
     p.add_argument("--steps", type=positive_int, default=300)
     p.add_argument("--global-batch", type=positive_int, default=16)
     p.add_argument("--seq", type=positive_int, default=128)
@@ -212,6 +244,10 @@ def main(argv=None) -> None:
                    help="only these rows (AdamW, PowerSGD, 1-bit Adam); AdamW is always run (the baseline)")
     p.add_argument("--powersgd-extra-ranks", type=lambda v: [positive_int(x) for x in v.split(",")], default=[],
                    metavar="R,R", help="also a PowerSGD row at each of these ranks (the rank's effect on the loss)")
+    p.add_argument("--powersgd-min-compression-rate", type=float, default=2.0, metavar="RATE",
+                   help="compress a matrix only when n m > RATE r (n + m) (torch's min_compression_rate, default 2; "
+                        "the PowerSGD authors' library's README example uses 10): a diagnostic of the bench, "
+                        "train.py keeps torch's 2")
     p.add_argument("--powersgd-start-iter", type=int, default=20)
     p.add_argument("--onebit-freeze-iters", type=int, default=20)
     p.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS")
@@ -225,6 +261,11 @@ def main(argv=None) -> None:
         p.error(f"--powersgd-start-iter must be >= 2 and below --steps ({args.steps})")
     if args.onebit_freeze_iters < 1 or args.onebit_freeze_iters >= args.steps:
         p.error(f"--onebit-freeze-iters must be >= 1 and below --steps ({args.steps})")
+    if args.hidden_size:
+        from models import load_config
+        heads = load_config(args.model).num_heads
+        if args.hidden_size % (heads * args.tp):
+            p.error(f"--hidden-size must be a multiple of the model's {heads} heads x --tp {args.tp}")
     if args.rows:
         unknown = [r for r in args.rows if r not in {n.split(" (")[0] for n in ROWS}]
         if unknown:
@@ -232,6 +273,8 @@ def main(argv=None) -> None:
         args.rows = ["AdamW"] + [r for r in args.rows if r != "AdamW"]
     if not 0 <= args.lr_warmup_iters < args.steps:
         p.error(f"--lr-warmup-iters must be >= 0 and below --steps ({args.steps})")
+    if not args.powersgd_min_compression_rate >= 1:
+        p.error("--powersgd-min-compression-rate must be >= 1 (a compressed matrix must send fewer numbers)")
     if not 0 <= args.adam_beta2 < 1 or not 0 <= args.min_lr <= args.lr:
         p.error("--adam-beta2 must be in [0, 1) and --min-lr in [0, --lr]")
     rows = measure(args)

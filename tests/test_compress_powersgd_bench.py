@@ -19,7 +19,8 @@ import bench_comm_efficient as bench  # noqa: E402
 
 def _args(**over) -> argparse.Namespace:
     base = dict(lr=3e-3, min_lr=3e-4, adam_beta2=0.95, lr_warmup_iters=0, lr_decay_style="constant", steps=300,
-                powersgd_rank=4, powersgd_extra_ranks=[], rows=[])
+                powersgd_rank=4, powersgd_extra_ranks=[], rows=[], model="tiny-llama", hidden_size=0,
+                powersgd_start_iter=60, powersgd_min_compression_rate=2.0)
     return argparse.Namespace(**{**base, **over})
 
 
@@ -51,6 +52,8 @@ def test_every_row_steps_at_the_schedule_of_the_flags():
     (["--adam-beta2", "1"], "--adam-beta2 must be in [0, 1)"),
     (["--min-lr", "1"], "--min-lr in [0, --lr]"),
     (["--powersgd-extra-ranks", "4,0"], "argument --powersgd-extra-ranks"),
+    (["--hidden-size", "100"], "--hidden-size must be a multiple of the model's 4 heads x --tp 2"),
+    (["--powersgd-min-compression-rate", "0.5"], "--powersgd-min-compression-rate must be >= 1"),
 ])
 def test_bad_schedule_flags_are_one_line(capsys, extra, message):
     with pytest.raises(SystemExit) as e:
@@ -65,3 +68,32 @@ def test_rows_selects_rows_and_always_keeps_the_adamw_baseline(capsys):
         bench.main(["--rows", "LAMB"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--rows: unknown row 'LAMB'" in err and err.count("\n") == 1, err
+
+
+def test_hidden_size_widens_the_preset_keeping_its_heads_layers_and_mlp_ratio():
+    """--hidden-size 256 on tiny-llama (h 64, 4 heads of 16, 2 kv heads, MLP 176 = 2.75 h): h 256, heads of 64, MLP
+    704, all else the preset's; the model builds with those shapes. Without the flag: the preset itself."""
+    from models import build_pipeline_chunks, load_config
+    from hybrid.mesh import Mesh
+    from hybrid.tp import TPContext
+    preset = load_config("tiny-llama")
+    assert bench._arch(_args()) is preset
+    wide = bench._arch(_args(hidden_size=256))
+    assert (wide.hidden_size, wide.head_dim, wide.ffn_hidden_size) == (256, 64, 704)
+    assert (wide.num_heads, wide.num_kv_heads, wide.num_layers, wide.vocab_size) == (4, 2, 4, 256)
+    shapes = {n: tuple(p.shape) for n, p in build_pipeline_chunks(wide, TPContext(Mesh.single().tp), 0, 1,
+                                                                   seed=0).named_parameters()}
+    assert set(shapes.values()) == {(256,), (128, 256), (256, 256), (256, 704), (704, 256)}
+
+
+def test_min_compression_rate_reaches_the_powersgd_rows_config():
+    """--powersgd-min-compression-rate 10 (the PowerSGD authors' library's README setting): on tiny-llama at r 4
+    the attention's 64 x 64 and 32 x 64 matrices are all-reduced whole (n m <= 10 r (n + m)), the MLP's 176 x 64
+    and the 256 x 64 embedding and head still compressed; the default 2 (torch's) compresses all of them."""
+    from hybrid.compress.powersgd import matrix_rank
+    assert bench._powersgd_cfg(_args()).min_compression_rate == 2.0
+    cfg = bench._powersgd_cfg(_args(powersgd_min_compression_rate=10.0))
+    assert (cfg.rank, cfg.start_iter, cfg.min_compression_rate) == (4, 60, 10.0)
+    assert [matrix_rank(s, cfg) for s in ((64, 64), (32, 64), (176, 64), (64, 176), (256, 64))] == [0, 0, 4, 4, 4]
+    default = bench._powersgd_cfg(_args())
+    assert [matrix_rank(s, default) for s in ((64, 64), (32, 64), (176, 64), (256, 64))] == [4, 4, 4, 4]

@@ -57,7 +57,7 @@ def test_deepspeed_config_sets_the_flags_and_names_what_it_ignores(tmp_path):
     assert (run.zero.stage, run.zero.offload_optimizer, run.zero.offload_params) == (3, True, True)
     assert run.zero.precision.value == "bf16" and run.optimizer.clip_grad == 0.5
     assert (run.training.batch.micro_batch, run.training.batch.global_batch) == (3, 3 * 4 * 2)
-    assert list(run.ds_unsupported) == ["optimizer", "zero_optimization.overlap_comm",
+    assert list(run.ds_unsupported) == ["zero_optimization.overlap_comm",
                                         "zero_optimization.offload_param.buffer_count"]
 
 

@@ -94,16 +94,20 @@ class RunCheckpoints:
             return 0, 0
         root = self.cfg.load
         tries = [self.cfg.ckpt_step] if self.cfg.ckpt_step is not None else store.candidates(root)
-        for iteration in tries:
+        for i, iteration in enumerate(tries):
             path = store.final_path(root, iteration)
             error = _core().verify(path, self.ctl)
             if error is None:
                 return self._load(path)
             if self.cfg.ckpt_step is not None:
                 raise fail(f"train.py: error: --ckpt-step {iteration}: {error}")
-            _log(f"checkpoint: warning: {error}; falling back to the previous complete checkpoint")
-        raise fail(f"train.py: error: --load {root}: no intact checkpoint (every one failed its checksums); "
-                   f"see `hybrid checkpoint inspect {root}`")
+            later = (f"falling back to the previous complete checkpoint (iteration {tries[i + 1]})"
+                     if i + 1 < len(tries) else "there is no previous complete checkpoint to fall back to")
+            _log(f"checkpoint: warning: {error}; {later}")
+        which = (f"its only checkpoint (iteration {tries[0]}) failed its checksums" if len(tries) == 1 else
+                 f"every one of its {len(tries)} checkpoints failed its checksums")
+        raise fail(f"train.py: error: --load {root}: no intact checkpoint ({which}); restore the damaged files "
+                   f"(`hybrid checkpoint inspect {root}` names them) or drop --load to start from scratch")
 
     def _load(self, path: str) -> tuple[int, int]:
         saved = store.read_state(path)

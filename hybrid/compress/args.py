@@ -44,9 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulate a slow DP link: sleep bytes / GBPS after each DP gradient collective; 0: off")
 
 
-def check(args: argparse.Namespace) -> CompressConfig:
-    """ValueError naming the flag and the fix."""
+def check(args: argparse.Namespace, dp_cp: int | None = None) -> CompressConfig:
+    """ValueError naming the flag and the fix. `dp_cp`: the ranks the DP gradients are reduced over (dp x cp), when
+    the layout is known: a simulated DP link at 1 has no gradient collective to slow down."""
     rank, start = args.powersgd_rank, args.powersgd_start_iter
+    _check_unused(args, dp_cp)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"--powersgd-rank must be a non-negative integer (0: off), got {rank!r}")
     if rank and (isinstance(start, bool) or not isinstance(start, int) or start < 2):
@@ -67,27 +69,46 @@ def check(args: argparse.Namespace) -> CompressConfig:
                           simulated_dp_bandwidth=bw)
 
 
-def deepspeed_onebit(path: str | None) -> tuple[int | None, list[str]]:
-    """A DeepSpeed config's `"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": N, ...}}`: (N, the
-    params keys not read -- lr, betas, ... come from the flags), or (None, []) for any other optimizer section."""
+def _check_unused(args: argparse.Namespace, dp_cp: int | None) -> None:
+    """A flag given on the command line that its method would never read does nothing: one line naming it and the
+    fix. --powersgd-rank 0 given explicitly (PowerSGD switched off, e.g. over a flag list that turned it on) makes
+    a --powersgd-start-iter beside it a leftover of that list, not a forgotten rank: accepted."""
+    given = getattr(args, "explicit", set())
+    if "powersgd_start_iter" in given and "powersgd_rank" not in given and not args.powersgd_rank:
+        raise ValueError(f"--powersgd-start-iter {args.powersgd_start_iter} does nothing without --powersgd-rank "
+                         f"(PowerSGD is off): add --powersgd-rank R or drop --powersgd-start-iter")
+    if ("onebit_freeze_iters" in given and getattr(args, "optimizer", "adam") != "onebit-adam"
+            and deepspeed_onebit(getattr(args, "deepspeed_config", None)) is None):
+        raise ValueError(f"--onebit-freeze-iters {args.onebit_freeze_iters} is 1-bit Adam's; the run's optimizer is "
+                         f"{getattr(args, 'optimizer', 'adam')}: add --optimizer onebit-adam or drop "
+                         f"--onebit-freeze-iters")
+    if dp_cp == 1 and args.simulated_dp_bandwidth and args.simulated_dp_bandwidth > 0:
+        raise ValueError(f"--simulated-dp-bandwidth {args.simulated_dp_bandwidth:g} slows the DP gradient "
+                         f"collectives, and at dp 1 there are none: run with dp > 1 (more ranks than tp x pp x cp) "
+                         f"or drop --simulated-dp-bandwidth")
+
+
+def deepspeed_onebit(path: str | None) -> int | None:
+    """A DeepSpeed config's `"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": N, ...}}`: N, or None for
+    any other optimizer section (lr, betas, eps, weight_decay: hybrid/zero/ds_config.py reads them)."""
     if not path:
-        return None, []
+        return None
     import json
     with open(path) as f:
         opt = json.load(f).get("optimizer")
     if not isinstance(opt, dict) or str(opt.get("type", "")).lower() != "onebitadam":
-        return None, []
+        return None
     params = opt.get("params") or {}
     if "freeze_step" not in params:
         raise ValueError(f"--deepspeed-config {path}: optimizer OneBitAdam needs params.freeze_step (the Adam "
                          f"warm-up steps)")
-    return params["freeze_step"], [f"optimizer.params.{k}" for k in params if k != "freeze_step"]
+    return params["freeze_step"]
 
 
 def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
     """1-bit Adam's flags (or a DeepSpeed config's OneBitAdam, which sets them): the freeze step, or None for
     AdamW. What it does not run with is refused by name."""
-    ds_freeze, _ = deepspeed_onebit(getattr(args, "deepspeed_config", None))
+    ds_freeze = deepspeed_onebit(getattr(args, "deepspeed_config", None))
     if ds_freeze is not None:
         given = getattr(args, "explicit", set())
         if "optimizer" in given and args.optimizer != "onebit-adam":
@@ -117,12 +138,3 @@ def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
         if on:
             raise ValueError(f"--optimizer onebit-adam does not run with {flag}; drop {flag}")
     return freeze
-
-
-def unread_deepspeed_keys(args: argparse.Namespace, unsupported: list[str]) -> list[str]:
-    """The DeepSpeed keys train.py does not read, with a OneBitAdam optimizer section now read (all but the
-    params it names that the flags set)."""
-    freeze, ignored = deepspeed_onebit(getattr(args, "deepspeed_config", None))
-    if freeze is None:
-        return list(unsupported)
-    return [k for k in unsupported if k != "optimizer"] + ignored

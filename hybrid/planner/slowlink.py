@@ -4,7 +4,9 @@ The methods are what the runtime runs (docs/comm-efficient.md, docs/diloco.md):
 
     synchronous   the ZeRO engine's collectives (stage 0 all-reduce, 1-2 reduce-scatter + all-gather, ...)
     powersgd      rank-r factors of each gradient matrix: r (n + m) numbers per matrix, 1-D and small tensors whole
-    onebit        1-bit Adam after the freeze: momentum signs + one fp32 scale per chunk, twice (onebit.py)
+    onebit        1-bit Adam after the freeze: momentum signs + one fp32 scale per chunk, twice (onebit.py); at
+                  ZeRO 1-2 (server chunk = ZeRO shard) also the all-gather of the updated parameters, and once, at
+                  the freeze step, of the momentum (4 bytes an element: each worker's whole momentum)
     diloco        the replicas' parameter deltas (fp32 master) all-reduced every H steps, ZeRO inside a replica
     streaming     Streaming DiLoCo: one of K fragments every H / K steps (the same bytes over a round)
 
@@ -54,7 +56,7 @@ import textwrap
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from hybrid.compress.onebit import ledger_bytes as onebit_ledger_bytes
+from hybrid.compress.onebit import padded_length
 from hybrid.compress.powersgd import PowerSGDConfig, matrix_rank
 from hybrid.planner.hardware import GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds
 from hybrid.planner.layout import Cluster, Layout, Workload, ZeroStage, dp_placement, stage_layers
@@ -137,8 +139,6 @@ class MethodConfig:
 
     def zero_stages(self) -> tuple[ZeroStage, ...]:
         """The ZeRO stages the runtime runs it with (hybrid/compress/args.py, hybrid/diloco/args.py)."""
-        if self.method is Method.ONEBIT:
-            return (ZeroStage.NONE,)
         if self.method is Method.SYNC:
             return tuple(ZeroStage)
         return (ZeroStage.NONE, ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS)
@@ -253,15 +253,35 @@ def powersgd_bytes(work: Workload, layout: Layout, pp_rank: int, rank: int) -> B
     return _add({"all_reduce@dp": numbers * work.grad_bytes}, gathers)
 
 
-def onebit_bytes(work: Workload, layout: Layout, pp_rank: int) -> Bytes:
-    """A step after the freeze (ZeRO 0): no gradient traffic; each unit's momentum padded to 8 n and sent as
-    signs twice (all-to-all, then all-gather) with 2 n fp32 scales (all-gathers)."""
+def onebit_lengths(work: Workload, layout: Layout, pp_rank: int) -> list[int]:
+    """Each unit padded to a multiple of 8 n: the compressed all-reduce's buffer, and at ZeRO 1-2 the engine's
+    unit too (OneBitAdamReduction.shard_align: server chunk k = ZeRO shard k)."""
+    return [padded_length(u.numel, layout.dp) for u in zero_units(work, layout, pp_rank)]
+
+
+def onebit_bytes(work: Workload, layout: Layout, pp_rank: int, freeze_step: bool = False) -> Bytes:
+    """A step after the freeze: no gradient traffic; each unit's momentum (padded to L, a multiple of 8 n) sent as
+    signs twice (all-to-all, then all-gather: L / 8 each) with 2 n fp32 scales (all-gathers). At ZeRO 1-2 also the
+    engine's all-gather of the updated parameters (b L, b the parameter bytes) and, at the freeze step only
+    (`freeze_step`), the all-gather that makes each worker's momentum whole (fp32: 4 L; OneBitAdamReduction._whole)."""
     n = layout.dp
     if n <= 1:
         return {}
-    units = zero_units(work, replace(layout, zero=ZeroStage.NONE), pp_rank)
-    signs = sum(onebit_ledger_bytes(u.numel, n) - 8 * n for u in units)  # len / 8 twice
-    return {"all_to_all@dp": signs // 2, "all_gather@dp": signs // 2 + 8 * n * len(units)}
+    lengths = onebit_lengths(work, layout, pp_rank)
+    signs = sum(length // 8 for length in lengths)
+    gathers = signs + 8 * n * len(lengths)
+    if layout.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
+        gathers += (work.precision.param_bytes + (4 if freeze_step else 0)) * sum(lengths)
+    return {"all_to_all@dp": signs, "all_gather@dp": gathers}
+
+
+def onebit_warmup_bytes(work: Workload, layout: Layout, pp_rank: int) -> Bytes:
+    """A step before the freeze: ZeRO (0-2) AdamW's collectives, the gradient reduced once a step (ZeRO 2 too: the
+    reduction is not per micro-batch) and, at ZeRO 1-2, the units padded as `onebit_lengths`."""
+    if layout.zero is ZeroStage.NONE or layout.dp <= 1:
+        return sync_bytes(work, layout, pp_rank, per_micro_batch=False)
+    total = sum(onebit_lengths(work, layout, pp_rank))
+    return {"reduce_scatter@dp": work.grad_bytes * total, "all_gather@dp": work.precision.param_bytes * total}
 
 
 def diloco_shard_numel(work: Workload, layout: Layout, pp_rank: int, inner: int) -> int:
@@ -307,10 +327,11 @@ def run_bytes(work: Workload, layout: Layout, method: MethodConfig, pp_rank: int
         plain = min(steps, method.powersgd_start_iter)
         return _add(_add(sync_bytes(work, layout, pp_rank, per_micro_batch=False), times=plain),
                     _add(steady_bytes(work, layout, method, pp_rank), times=steps - plain))
-    if m is Method.ONEBIT:
+    if m is Method.ONEBIT:  # warm-up, the freeze step (ZeRO 1-2: + the momentum made whole), the steady steps
         warm = min(steps, method.onebit_freeze_iters)
-        return _add(_add(sync_bytes(work, layout, pp_rank), times=warm),
-                    _add(steady_bytes(work, layout, method, pp_rank), times=steps - warm))
+        first = onebit_bytes(work, layout, pp_rank, freeze_step=True) if steps > warm else {}
+        return _add(_add(onebit_warmup_bytes(work, layout, pp_rank), times=warm), first,
+                    _add(steady_bytes(work, layout, method, pp_rank), times=max(0, steps - warm - 1)))
     if m in (Method.DILOCO, Method.STREAMING) and steps % method.inner_steps:
         raise ValueError(f"run_bytes: {steps} steps are not whole DiLoCo rounds of H {method.inner_steps}")
     return _add(steady_bytes(work, layout, method, pp_rank), times=steps)
@@ -345,8 +366,8 @@ def _calls(work: Workload, layout: Layout, method: MethodConfig, pp_rank: int) -
     m, z, mb = method.method, layout.zero, work.num_microbatches(layout)
     if m is Method.POWERSGD:  # uncompressed, P, Q per unit; ZeRO 1-2's all-gather per unit
         return {"all_reduce": 3 * units, "all_gather": units if z is not ZeroStage.NONE else 0}
-    if m is Method.ONEBIT:  # all-to-all + 3 all-gathers per unit
-        return {"all_to_all": units, "all_gather": 3 * units}
+    if m is Method.ONEBIT:  # all-to-all + 3 all-gathers per unit; ZeRO 1-2's parameter all-gather per unit
+        return {"all_to_all": units, "all_gather": (3 + (z is not ZeroStage.NONE)) * units}
     if m is Method.SYNC:
         reductions = mb if z >= ZeroStage.GRADIENTS else 1
         gathers = {ZeroStage.NONE: 0, ZeroStage.OPTIMIZER: 1, ZeroStage.GRADIENTS: 1, ZeroStage.PARAMETERS: 2 * mb}[z]
@@ -413,16 +434,20 @@ def _intra_seconds(hw: Hardware, op: str, size: float, group: GroupPlacement) ->
 def state_bytes(work: Workload, layout: Layout, method: MethodConfig) -> float:
     """Device bytes the method keeps beyond the planner's model states, on the fullest pipeline rank: PowerSGD's
     error feedback (the gradient, g a parameter) and at ZeRO 2 the full gradient buffer it reduces from (as stage
-    1's); 1-bit Adam's worker and server errors (4 bytes a parameter, and 4 / n); DiLoCo's last synced weights
-    and outer momentum (4 + 4 bytes a master element of the shard)."""
+    1's); 1-bit Adam's worker and server errors (4 bytes a parameter, and 4 / n), at ZeRO 1-2 also the whole
+    momentum beyond the planner's shard of it (4 (1 - 1/n)) and at ZeRO 2 the full gradient buffer; DiLoCo's
+    last synced weights and outer momentum (4 + 4 bytes a master element of the shard)."""
     worst = 0.0
     for pp_rank in range(layout.pp):
         psi = sum(math.prod(s) for s in param_shapes(work, layout, pp_rank))
         n, g = layout.dp, work.grad_bytes
         if method.method is Method.POWERSGD:
             extra = g * psi + (g * psi * (n - 1) / n if layout.zero is ZeroStage.GRADIENTS else 0.0)
-        elif method.method is Method.ONEBIT:
+        elif method.method is Method.ONEBIT and layout.zero is ZeroStage.NONE:
             extra = 4 * psi * (1 + 1 / n)
+        elif method.method is Method.ONEBIT:  # + the whole momentum over its 4 / n share, the worker and server
+            # errors: 4 (1 - 1/n) + 4 + 4 / n = 8; ZeRO 2 also keeps a whole gradient buffer (as stage 1)
+            extra = 8 * psi + (g * psi * (n - 1) / n if layout.zero is ZeroStage.GRADIENTS else 0.0)
         elif method.method in (Method.DILOCO, Method.STREAMING):
             extra = 2 * MASTER_BYTES * diloco_shard_numel(work, layout, pp_rank, _inner(layout, method))
         else:
@@ -507,8 +532,8 @@ def price(work: Workload, cluster: Cluster, layout: Layout, method: MethodConfig
           evaluate) -> tuple[LinkTime, float, float, bool]:
     """(its DP traffic's time, the compressor's seconds, the step, whether it fits the device with the method's
     own state, `state_bytes`) of one method at one layout. The step: the planner's without its DP term, the DP
-    traffic inside the sites, the exposed link time and the compressor's work. `evaluate` is the planner's (search.evaluate), passed
-    in so that this module stays apart from the search."""
+    traffic inside the sites, the exposed link time and the compressor's work. `evaluate` is the planner's
+    (search.evaluate), passed in so that this module stays apart from the search."""
     check_layout(layout, method)
     plan = evaluate(work, cluster, layout)
     local = plan.time.total - plan.time.dp_comm  # the planner's step without its DP term

@@ -292,6 +292,9 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
             setattr(args, attr, value)
     if ds.grad_accum_dtype is not None:
         _apply_grad_accum_dtype(args, ds.grad_accum_dtype)
+    if ds.optimizer in ("adam", "adamw") and "optimizer" in args.explicit and args.optimizer != "adam":
+        raise ValueError(f"--deepspeed-config sets optimizer.type {ds.optimizer!r} (AdamW) but --optimizer "
+                         f"{args.optimizer} was given; remove one of them")
     args.loss_scaling = {k: v for k, v in (("initial_loss_scale", ds.initial_loss_scale),
                                            ("loss_scale_window", ds.loss_scale_window),
                                            ("min_loss_scale", ds.min_loss_scale)) if v is not None}
@@ -385,7 +388,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
-    compress = compress_args.check(ns)  # hybrid/compress: gradient compression over DP
+    compress = compress_args.check(ns, dims.dp * dims.cp)  # hybrid/compress: gradient compression over DP
     diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe is not None)  # hybrid/diloco: None without
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
@@ -410,7 +413,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
         zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe, diloco=diloco,
         compress=compress,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
-        ds_unsupported=tuple(compress_args.unread_deepspeed_keys(ns, unsupported)))
+        ds_unsupported=tuple(unsupported))
 
 
 def _recorded(value) -> bool:

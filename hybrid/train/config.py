@@ -122,7 +122,8 @@ FLAGS: tuple[Flag, ...] = (
          "rank that dies or stalls ends the job after this long, naming the lost rank", default=10.0, type=float,
          low=0.0, low_open=True),
     Flag("--train-iters", OPTIM, "optimizer steps", default=100, type=int, low=1),
-    Flag("--lr", OPTIM, "peak learning rate", default=1e-3, type=float, low=0.0, low_open=True),
+    Flag("--lr", OPTIM, "peak learning rate", default=1e-3, type=float, low=0.0, low_open=True,
+         deepspeed=("optimizer.params.lr", "lr")),
     Flag("--min-lr", OPTIM, "learning rate at the end of the decay", default=1e-4, type=float, low=0.0),
     Flag("--lr-warmup-iters", OPTIM, "linear warm-up: step k <= N runs at lr k / N (Megatron's; 0: none)",
          default=10, type=int, low=0),
@@ -130,9 +131,12 @@ FLAGS: tuple[Flag, ...] = (
          "it when a resumed run raises --train-iters, and the schedule stays the same", type=int, low=1),
     Flag("--lr-decay-style", OPTIM, "decay after warm-up", default="cosine", type=str,
          choices=("constant", "linear", "cosine")),
-    Flag("--weight-decay", OPTIM, "AdamW decoupled weight decay (matrices only)", default=0.01, type=float, low=0.0),
-    Flag("--adam-beta1", OPTIM, "Adam first-moment decay, in [0, 1)", default=0.9, type=float),
-    Flag("--adam-beta2", OPTIM, "Adam second-moment decay, in [0, 1)", default=0.95, type=float),
+    Flag("--weight-decay", OPTIM, "AdamW decoupled weight decay (matrices only)", default=0.01, type=float, low=0.0,
+         deepspeed=("optimizer.params.weight_decay", "weight_decay")),
+    Flag("--adam-beta1", OPTIM, "Adam first-moment decay, in [0, 1)", default=0.9, type=float,
+         deepspeed=("optimizer.params.betas[0]", "beta1")),
+    Flag("--adam-beta2", OPTIM, "Adam second-moment decay, in [0, 1)", default=0.95, type=float,
+         deepspeed=("optimizer.params.betas[1]", "beta2")),
     Flag("--clip-grad", OPTIM, "clip to this global gradient norm (0: off)", default=1.0, type=float, low=0.0,
          deepspeed=("gradient_clipping", "clip_grad")),
     Flag("--optimizer", OPTIM, "adam (AdamW) or sgd (torch's SGD, --sgd-momentum; Megatron's names); onebit-adam: "
@@ -162,7 +166,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--bf16", ZERO, "bf16 compute, fp32 master weights", switch=True, deepspeed=("bf16.enabled", "bf16")),
     Flag("--fp16", ZERO, "fp16 compute, fp32 master weights, dynamic loss scaling", switch=True,
          deepspeed=("fp16.enabled", "fp16")),
-    Flag("--deepspeed-config", ZERO, "DeepSpeed JSON: its zero_optimization / batch / clipping / bf16 / fp16 keys "
+    Flag("--deepspeed-config", ZERO, "DeepSpeed JSON: its zero_optimization / batch / clipping / bf16 / fp16 / optimizer keys "
          "set the flags (a value that contradicts a flag given explicitly is an error)", type=str, path=True),
     Flag("--log-interval", ZERO, "print the loss every this many steps", default=10, type=int, low=1),
 )

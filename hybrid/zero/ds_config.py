@@ -21,7 +21,7 @@ SUPPORTED = {
     "data_types": {"grad_accum_dtype"},
 }
 TOP_LEVEL = {"zero_optimization", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-             "train_batch_size", "gradient_clipping", "bf16", "fp16", "data_types"}
+             "train_batch_size", "gradient_clipping", "bf16", "fp16", "data_types", "optimizer"}
 GRAD_ACCUM_DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -41,6 +41,10 @@ class DeepSpeedSettings:
         initial_loss_scale, loss_scale_window, min_loss_scale: fp16 dynamic loss scaling.
         grad_accum_dtype: data_types.grad_accum_dtype ("fp32", "bf16" or "fp16"): the dtype gradients
             accumulate in; "fp32" under bf16/fp16 is --accumulate-allreduce-grads-in-fp32.
+        optimizer: optimizer.type lower-cased ("adam", "adamw", "onebitadam"; OneBitAdam's freeze_step is read by
+            hybrid/compress/args.py).
+        lr, beta1, beta2, weight_decay: optimizer.params.lr, .betas[0], .betas[1], .weight_decay (--lr,
+            --adam-beta1, --adam-beta2, --weight-decay).
         unsupported: dotted names of the keys present but not read.
     """
 
@@ -58,6 +62,11 @@ class DeepSpeedSettings:
     loss_scale_window: int | None = None
     min_loss_scale: float | None = None
     grad_accum_dtype: str | None = None
+    optimizer: str | None = None
+    lr: float | None = None
+    beta1: float | None = None
+    beta2: float | None = None
+    weight_decay: float | None = None
     unsupported: list[str] = field(default_factory=list)
 
 
@@ -67,6 +76,8 @@ def read_deepspeed_config(path: str) -> DeepSpeedSettings:
     _check_spelling(ds)
     _check_optimizer(ds)
     out = DeepSpeedSettings(unsupported=[k for k in ds if k not in TOP_LEVEL])
+    _read_optimizer(ds, out)
+    _refuse_scheduler(ds, out.lr)
     zero = _section(ds, "zero_optimization", out)
     out.zero_stage = _int(zero, "stage", "zero_optimization.stage", 0, 3)
     out.offload_optimizer = _offload(_section(zero, "offload_optimizer", out, "zero_optimization."),
@@ -132,6 +143,105 @@ def _check_optimizer(ds: dict) -> None:
             "remove the optimizer section (train.py's AdamW takes --lr, --adam-beta1/2, --weight-decay)"
         raise ValueError(f"--deepspeed-config: optimizer.type {json.dumps(kind)} is not one train.py runs "
                          f"(Adam, AdamW, OneBitAdam); use {hint}")
+
+
+# optimizer.params keys: what each means here. DeepSpeed passes params to the optimizer's constructor (its
+# engine.py _configure_basic_optimizer); "Adam" runs decoupled weight decay unless adam_w_mode is false.
+READ_PARAMS = {"lr", "betas", "weight_decay", "eps", "adam_w_mode", "bias_correction", "amsgrad"}
+KERNEL_PARAMS = {"torch_adam", "fp32_optimizer_states", "cuda_aware", "comm_backend_name"}  # which kernel or
+# backend runs the same math: not read (a warning names them), the result is the same
+ONEBIT_PARAMS = {"freeze_step"}  # hybrid/compress/args.py reads it
+ADAM_EPS = 1e-8  # hybrid.train_step.OptimizerConfig.eps: no flag sets it (DeepSpeed's and torch's default too)
+
+
+def _read_optimizer(ds: dict, out: DeepSpeedSettings) -> None:
+    """optimizer.params: lr, betas and weight_decay set --lr, --adam-beta1/2 and --weight-decay; eps,
+    adam_w_mode, bias_correction and amsgrad are checked against what train.py runs; any other key is refused by
+    name (it would change the math, and train.py would not)."""
+    opt = ds.get("optimizer")
+    if opt is None:
+        return
+    out.optimizer = opt["type"].lower()
+    params = opt.get("params", {})
+    if not isinstance(params, dict):
+        raise ValueError(f"--deepspeed-config: optimizer.params must be an object, got {json.dumps(params)}")
+    for key in params:
+        if key in KERNEL_PARAMS:
+            out.unsupported.append(f"optimizer.params.{key}")
+        elif key not in READ_PARAMS and not (key in ONEBIT_PARAMS and out.optimizer == "onebitadam"):
+            onebit = ", freeze_step" if out.optimizer == "onebitadam" else ""
+            raise ValueError(f"--deepspeed-config: optimizer.params.{key} is not one train.py reads for "
+                             f"{opt['type']} (lr, betas, eps, weight_decay{onebit}); remove it")
+    out.lr = _float(params, "lr", "optimizer.params.lr", 0.0, low_open=True)
+    out.weight_decay = _float(params, "weight_decay", "optimizer.params.weight_decay", 0.0)
+    if "betas" in params:
+        betas = params["betas"]
+        if not (isinstance(betas, list) and len(betas) == 2):
+            raise ValueError(f"--deepspeed-config: optimizer.params.betas must be a list of two numbers in [0, 1), "
+                             f"got {json.dumps(betas)}")
+        for i, name in enumerate(("beta1", "beta2")):
+            value = _float({"b": betas[i]}, "b", f"optimizer.params.betas[{i}]", 0.0)
+            if value >= 1:
+                raise ValueError(f"--deepspeed-config: optimizer.params.betas[{i}] must be in [0, 1), got {value}")
+            setattr(out, name, value)
+    eps = _float(params, "eps", "optimizer.params.eps", 0.0, low_open=True)
+    if eps is not None and eps != ADAM_EPS:
+        raise ValueError(f"--deepspeed-config: optimizer.params.eps {eps:g} is not one train.py runs (Adam's eps is "
+                         f"{ADAM_EPS:g}, no flag sets it); write {ADAM_EPS:g} or remove the key")
+    for key, want in (("bias_correction", True), ("amsgrad", False)):
+        if _bool(params, key, f"optimizer.params.{key}") not in (None, want):
+            raise ValueError(f"--deepspeed-config: optimizer.params.{key} {json.dumps(not want)} is not one train.py "
+                             f"runs (Adam with bias correction, no AMSGrad); remove the key")
+    if _bool(params, "adam_w_mode", "optimizer.params.adam_w_mode") is False and out.weight_decay and \
+            out.optimizer == "adam":
+        raise ValueError("--deepspeed-config: optimizer.params.adam_w_mode false with weight_decay > 0 is Adam's L2 "
+                         "penalty; train.py runs AdamW's decoupled decay (--weight-decay): remove adam_w_mode or "
+                         "set weight_decay 0")
+
+
+SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+
+
+def _refuse_scheduler(ds: dict, opt_lr: float | None) -> None:
+    """A scheduler section is refused, with the nearest train.py flags. None of DeepSpeed's three has an exact
+    equivalent (deepspeed/runtime/lr_schedules.py; tests/test_dsjson_inputs.py runs them): the engine steps the
+    scheduler after each optimizer step, so steps 0 and 1 both run at warmup_min_lr and step k >= 1 at
+    (k - 1) / N of the peak (linear; log: log(k) / log(N)), where Megatron's warm-up (--lr-warmup-iters W) runs
+    step k at k / W. With W = N + 1 (WarmupLR, WarmupDecayLR; D = total_num_steps + 1) or W = N (WarmupCosineLR,
+    whose decay counts one step sooner; D = total_num_steps) the warm-up ends and the decay runs on DeepSpeed's
+    steps exactly; only the ramp differs, so the user must choose it, not be given it silently."""
+    sch = ds.get("scheduler")
+    if sch is None:
+        return
+    kind = sch.get("type") if isinstance(sch, dict) else None
+    params = sch.get("params", {}) if isinstance(sch, dict) else {}
+    flags = "--lr, --lr-warmup-iters, --lr-decay-style, --lr-decay-iters, --min-lr"
+    if kind not in SCHEDULERS or not isinstance(params, dict):
+        raise ValueError(f"--deepspeed-config: scheduler.type {json.dumps(kind)} is not one train.py runs; remove "
+                         f"the scheduler section and set the schedule with {flags}")
+    n = max(2, _int(params, "warmup_num_steps", "scheduler.params.warmup_num_steps", 1) or 1000)  # DeepSpeed's
+    total = _int(params, "total_num_steps", "scheduler.params.total_num_steps", 1)
+    peak = opt_lr if kind == "WarmupCosineLR" else _float(params, "warmup_max_lr", "scheduler.params.warmup_max_lr",
+                                                          0.0, low_open=True) or opt_lr
+    why = ["its warm-up runs steps 0 and 1 at the start rate and step k at (k - 1) / warmup_num_steps of the peak, "
+           "Megatron's step k at k / --lr-warmup-iters"]
+    if params.get("warmup_type", "log") != "linear":
+        why.append("warmup_type log (DeepSpeed's default) ramps as log(k) / log(warmup_num_steps)")
+    start = "warmup_min_ratio" if kind == "WarmupCosineLR" else "warmup_min_lr"
+    if params.get(start, 0) != 0:
+        why.append(f"{start} is not 0 (train.py warms up from 0)")
+    cosine = kind == "WarmupCosineLR"
+    near = ([f"--lr {peak:g}"] if peak else []) + [f"--lr-warmup-iters {n if cosine else n + 1}"]
+    if kind == "WarmupLR":
+        near.append("--lr-decay-style constant")
+    else:
+        near += ["--lr-decay-style " + ("cosine" if cosine else "linear")]
+        near += [f"--lr-decay-iters {total if cosine else total + 1}"] if total else []
+        ratio = params.get("cos_min_ratio", 0.0001) if cosine else 0.0
+        near.append(f"--min-lr {ratio * peak:g}" if peak else ("--min-lr 0" if not cosine else
+                                                                f"--min-lr {ratio:g} x --lr"))
+    raise ValueError(f"--deepspeed-config: scheduler {kind} has no exact train.py equivalent ({'; '.join(why)}); "
+                     f"remove the scheduler section and pass the nearest flags: {' '.join(near)}")
 
 
 MAX_SCALE_POWER = 127  # 2**127 is the largest power of two a float32 holds; the loss scale is one
