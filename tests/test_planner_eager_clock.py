@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from hybrid.planner import Cluster, Layout, Workload, ZeroStage, evaluate, hardware
-from hybrid.planner.hardware import H100_EAGER_CLOCK, H100_EFFICIENCY, HOPPER_FLASH
+from hybrid.planner.hardware import H100_500W_CLOCK, H100_EAGER_CLOCK, H100_EFFICIENCY, HOPPER_FLASH
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import KernelProfile
 from models.config import load_config
@@ -36,25 +36,30 @@ def test_eager_clock_scales_the_tensor_core_terms_and_nothing_else():
 
 
 def test_fused_stacks_and_other_cards_keep_the_curve():
-    """A fused workload on the H100 sees the preset's own asymptote and flash rate; the A100, the H200 (whose
-    eager runs are this project's own, fitted at the curve) and the 500 W card (whose clock was fitted on an eager
-    row) have no eager clock."""
+    """A Megatron-stack workload on the H100 sees the preset's own asymptote and flash rate; the A100 and the H200
+    (whose eager runs are this project's own, fitted at the curve) have no eager clock; the 500 W card has the
+    700 W card's stack clock on top of its own 500 W factor (the PyTorch stack sees both)."""
     h100 = hardware("h100-80g")
     assert h100.eager_clock == H100_EAGER_CLOCK
-    assert h100.for_kernels(eager=False) is h100
-    eager = h100.for_kernels(eager=True)
+    assert h100.for_stack(pytorch=False) is h100
+    eager = h100.for_stack(pytorch=True)
     assert (eager.compute_efficiency, eager.flash_efficiency, eager.eager_clock) == pytest.approx(
         (H100_EFFICIENCY * H100_EAGER_CLOCK, HOPPER_FLASH * H100_EAGER_CLOCK, 1.0))
     assert eager.elementwise_tbps == h100.elementwise_tbps and eager.kernel_overhead_s == h100.kernel_overhead_s
-    for name in ("a100-80g", "h200", "h100-96g-500w", "cpu"):
-        assert hardware(name).eager_clock == 1.0 and hardware(name).for_kernels(eager=True) is hardware(name)
+    for name in ("a100-80g", "h200", "cpu"):
+        assert hardware(name).eager_clock == 1.0 and hardware(name).for_stack(pytorch=True) is hardware(name)
+    w500 = hardware("h100-96g-500w")
+    assert w500.eager_clock == H100_EAGER_CLOCK and w500.for_stack(pytorch=False) is w500
+    assert w500.compute_efficiency == pytest.approx(H100_EFFICIENCY * H100_500W_CLOCK)
+    assert w500.for_stack(pytorch=True).compute_efficiency == pytest.approx(
+        H100_EFFICIENCY * H100_500W_CLOCK * H100_EAGER_CLOCK)
 
 
 def test_a_stated_rate_replaces_the_eager_clock_and_a_bad_clock_is_refused():
     """`--compute-efficiency 0.7` (or a calibrated curve) is the rate a workload runs at: the preset's eager clock
     no longer scales it. An eager clock outside (0, 1] is refused by name."""
     stated = hardware("h100-80g").with_overrides(compute_efficiency=0.7)
-    assert stated.eager_clock == 1.0 and stated.for_kernels(eager=True).compute_efficiency == 0.7
+    assert stated.eager_clock == 1.0 and stated.for_stack(pytorch=True).compute_efficiency == 0.7
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match="eager_clock"):
             hardware("h100-80g").with_overrides(eager_clock=bad)

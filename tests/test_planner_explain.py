@@ -60,8 +60,8 @@ def test_eager_layers_move_more_bytes_in_more_kernels_than_fused():
     t_fused = evaluate(_work(kernels=KernelProfile.FUSED), cluster, layout).time
     t_eager = evaluate(_work(kernels=KernelProfile.EAGER), cluster, layout).time
     assert t_eager.term("memory_bound") > 2 * t_fused.term("memory_bound")
-    # the same matmuls, on the device as eager PyTorch sees it (Hardware.for_kernels: the H100's eager clock)
-    clocked = Cluster(gpus=1, hw=hardware("h100-80g").for_kernels(eager=True))
+    # the same matmuls, on the device as eager PyTorch sees it (Hardware.for_stack: the H100's eager clock)
+    clocked = Cluster(gpus=1, hw=hardware("h100-80g").for_stack(pytorch=True))
     assert t_eager.term("gemm") == pytest.approx(evaluate(_work(kernels=KernelProfile.FUSED), clocked, layout)
                                                  .time.term("gemm"))
 

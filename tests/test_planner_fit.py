@@ -31,6 +31,8 @@ def test_500w_h100_clock_is_what_torchtitan_table1_gives():
     assert fit.fit_h100_500w_clock() == pytest.approx(H100_500W_CLOCK, abs=0.002)
     hw = hardware_fn("h100-96g-500w")
     assert hw.compute_efficiency == pytest.approx(fit.h100_500w(H100_500W_CLOCK).compute_efficiency)
+    assert hw.eager_clock == fit.h100_500w(H100_500W_CLOCK).eager_clock == H100_EAGER_CLOCK  # the stack's, kept
+    assert H100_500W_CLOCK * H100_EAGER_CLOCK == pytest.approx(0.670, abs=0.002)  # what one constant carried before
     assert fit.torchtitan_table1(hw) == pytest.approx(fit.TORCHTITAN_TABLE1_TOKENS_PER_GPU, rel=0.01)
 
 

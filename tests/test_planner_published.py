@@ -40,13 +40,13 @@ DOCUMENTED = {
     'torchtitan Llama 2 13B, 64 A100, FSDP, b2, selective-op': ('tp1 pp1 dp64 v1 b2 z3 selective-op', '1938.6', 1.8),
     'torchtitan Llama 2 70B, 64 A100, FSDP, b1, selective-op': ('tp1 pp1 dp64 v1 b1 z3 selective-op', '402.9', 13.5),
     'torchtitan Llama 2 70B, 64 A100, FSDP, b2, full': ('tp1 pp1 dp64 v1 b2 z3 full', '345.9', -2.0),
-    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '5763.1', 0.0),
-    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '6930.8', 4.0),
-    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile + Float8, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '8950.5', 4.9),
-    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '5807.2', 3.6),
-    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '7008.1', 7.6),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '5763.7', 0.0),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '6931.7', 4.0),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile + Float8, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '8951.5', 4.9),
+    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '5807.9', 3.6),
+    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '7009.1', 7.6),
     'torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x TP 8 + compile + Float8, b16, full': ('tp8 pp1 dp32 v1 b16 z3 sp full', '824.9', -0.5),
-    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v1 b4 z3 sp full', '98.7', -1.3),
+    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v1 b4 z3 sp full', '98.8', -1.2),
     'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 interleaved 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v2 b4 z3 sp full', '128.1', 0.1),
     'NeMo Llama 3 8B FP8, 8 H100, FSDP, b1': ('tp1 pp1 dp8 v1 b1 z3 none', '14561.6', 3.4),
     'NeMo Llama 3 70B FP8, 64 H100, t4 p8 v5, b1': ('tp4 pp8 dp2 v5 b1 z1 sp none', '1531.5', -5.4),
@@ -97,6 +97,13 @@ DOCUMENTED = {
     'MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6, FP8': ('tp1 pp1 dp8 v1 b3 z3 none', '22929.6', 19.8),
     'MPT-3b, s 2048, 8 H100, FSDP z3, b10 x 6, FP8': ('tp1 pp1 dp8 v1 b10 z3 none', '34635.1', 13.2),
     'MPT-1b, s 8192, 8 H100, FSDP z3, b2 x 4, FP8': ('tp1 pp1 dp8 v1 b2 z3 none', '39165.2', 22.4),
+    'OLMo-core 7B, 8 H100, FSDP2 + compile, b2, no AC': ('tp1 pp1 dp8 v1 b2 z3 none', '9811.4', -1.9),
+    'OLMo-core 13B, 8 H100, FSDP2 + compile, b1, no AC': ('tp1 pp1 dp8 v1 b1 z3 none', '5336.3', 16.0),
+    'fms-fsdp Llama 2 7B, 96 H100, FSDP, b2, no AC': ('tp1 pp1 dp96 v1 b2 z3 none', '8483.9', 13.1),
+    'fms-fsdp CodeLlama-34B shape, 96 H100, FSDP, b2, full AC': ('tp1 pp1 dp96 v1 b2 z3 full', '1532.8', -1.1),
+    'fms-fsdp Llama 2 70B, 96 H100, FSDP, b2, full AC': ('tp1 pp1 dp96 v1 b2 z3 full', '776.0', -3.0),
+    "float8 blog Llama 3 8B bf16, 128 H100, FSDP2 + compile (batch, AC: planner's)": ('tp1 pp1 dp128 v1 b1 z3 none', '7952.8', -0.6),
+    'torchtitan Llama 3.1 405B, 128 H100 94GB, FSDP 16 x TP 8, b2, full (2024)': ('tp8 pp1 dp16 v1 b2 z3 sp full', '120.9', 10.9),
 }
 # check rows the model misses by more than 15 % (docs/planner.md says why); a fix must move them here
 # MT-NLG's three rows left it in issue 26's second round; MosaicML's 16 MPT rows on H100 (eager FSDP) left it in
@@ -105,7 +112,10 @@ DOCUMENTED = {
 # b 2 without checkpointing on 16 and 64 GPUs (like its 8-GPU fit row, +14.3 %) and two of the three FP8 rows
 KNOWN_MISSES = {"MPT-13b, s 2048, 64 H100, FSDP z3, b2 x 1", "MPT-13b, s 2048, 16 H100, FSDP z3, b2 x 1",
                 "MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6, FP8", "MPT-1b, s 8192, 8 H100, FSDP z3, b2 x 4, FP8",
-                "MPT-30b, s 8192, 8 H100, FSDP z3, b1 x 21, AC"}
+                "MPT-30b, s 8192, 8 H100, FSDP z3, b1 x 21, AC",
+                # the sixth round's held-out PyTorch-native H100 rows (a reviewer's; all CHECK): OLMo-core 13B without
+                # AC, +16.0 % with the stack clock (+64.8 % before it applied to compiled runs)
+                "OLMo-core 13B, 8 H100, FSDP2 + compile, b1, no AC"}
 
 _CHECKED: dict[str, tuple] = {}
 
@@ -280,4 +290,4 @@ def test_more_mpt_h100_rows_are_check_rows_planned_as_published():
     assert len(extra) == len(MPT_MORE_ROWS) + len(MPT_FP8_ROWS) == 18
     assert all(r.role is Role.CHECK and r.gpu == "h100-80g" for r in extra)
     assert [r.workload.fp8 for r in extra] == [False] * 15 + [True] * 3
-    assert {r.name for r in extra if abs(_check(r)[2]) > 0.15} == KNOWN_MISSES
+    assert {r.name for r in extra if abs(_check(r)[2]) > 0.15} == {n for n in KNOWN_MISSES if n.startswith("MPT-")}

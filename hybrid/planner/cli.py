@@ -39,7 +39,7 @@ from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile, Precision
-from hybrid.planner.ops import KernelProfile
+from hybrid.planner.ops import KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, evaluate,
                                    search, summarize_rejections)
@@ -114,7 +114,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kernels", choices=[k.value for k in KernelProfile], default=None,
                    help="how the non-matmul ops run: fused (Megatron-LM / Transformer Engine) or eager (plain "
                         "PyTorch: this runtime, torchtitan without compile); None: fused for korthikanti, eager for "
-                        "the flash profiles")
+                        "the flash profiles; torch.compile counts as fused. Which ops are fused only: --stack sets "
+                        "the tensor-core clock")
+    g.add_argument("--stack", choices=["auto"] + [x.value for x in Stack], default="auto",
+                   help="the software stack, which sets the tensor-core clock: pytorch (PyTorch-native, eager or "
+                        "torch.compile'd: torchtitan, Composer, OLMo-core, FSDP; h100-80g's eager clock 0.681) or "
+                        "megatron (Megatron-LM / NeMo / Transformer Engine: the curve's rate); auto (default): "
+                        "pytorch for eager kernels, megatron for --activation-profile korthikanti, else pytorch "
+                        "for ZeRO 3 (FSDP) layouts and megatron for ZeRO 0-2")
     g.add_argument("--fused-cross-entropy", action="store_true",
                    help="bf16-flash: the loss is one fused kernel over the bf16 logits (flash-attn's "
                         "CrossEntropyLoss, llm-foundry's default): 2 + 2 bytes a logit kept and in its backward, "
@@ -383,7 +390,8 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                     pad_vocab_to=args.make_vocab_size_divisible_by, precision=Precision(args.precision),
                     activations=ActivationProfile(args.activation_profile),
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32,
-                    kernels=KernelProfile(args.kernels) if args.kernels else None, fp8=args.fp8,
+                    kernels=KernelProfile(args.kernels) if args.kernels else None,
+                    stack=None if args.stack == "auto" else Stack(args.stack), fp8=args.fp8,
                     p2p=PipelineP2P(args.pipeline_p2p), grad_accumulation_fusion=args.gradient_accumulation_fusion,
                     overlap_param_gather=args.overlap_param_gather,
                     fused_cross_entropy=args.fused_cross_entropy)
@@ -488,8 +496,8 @@ def _baseline(hw) -> float | None:
 
 def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> str:
     hw, cfg = cluster.hw, work.model
-    eager = work.kernel_profile is KernelProfile.EAGER and hw.eager_clock != 1.0
-    clock = f" x eager clock {hw.eager_clock:.3g}" if eager else ""
+    pytorch = bool(result.plans) and work.pytorch_native(result.plans[0].layout) and hw.eager_clock != 1.0
+    clock = f" x PyTorch-stack clock {hw.eager_clock:.3g}" if pytorch else ""
     lines = [f"{cfg.arch} {_count(cfg.num_parameters)} params, {cfg.num_layers} layers, h {cfg.hidden_size}, "
              f"{cfg.num_heads} heads ({cfg.num_kv_heads} kv) | {cluster.gpus} x {hw.name} "
              f"({hw.capacity_bytes / GB:.4g} GB, {hw.peak_tflops:g} TFLOP/s, efficiency {hw.compute_efficiency:.3g}"
@@ -518,7 +526,7 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -
 def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     """The step of `plan` taken apart (time.TERMS): each term's seconds, its share, what it is, and the numbers
     the compute terms rest on."""
-    t, hw = plan.time, cluster.hw.for_kernels(work.kernel_profile is KernelProfile.EAGER)  # as the plan timed it
+    t, hw = plan.time, cluster.hw.for_stack(work.pytorch_native(plan.layout))  # as the plan timed it
     moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
     lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
              f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}, gradient accumulation "

@@ -44,7 +44,6 @@ from hybrid.cp.ring import ring_bytes
 from hybrid.planner.hardware import Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds
 from hybrid.planner.layout import Cluster, Layout, Recompute, Workload, stage_layers
 from hybrid.planner.search import Plan, SearchSpace, evaluate, search
-from hybrid.planner.ops import KernelProfile
 from hybrid.planner.time import model_flops
 
 BF16 = 2  # bytes of K, V on the wire (GPU runs: bf16)
@@ -84,7 +83,7 @@ class CPCost:
 
 def layer_cost(work: Workload, cluster: Cluster, layout: Layout, cp: int, comm: CommType) -> CPCost:
     """What CP adds to one layer and micro-batch (module doc)."""
-    hw, shard = cluster.hw.for_kernels(work.kernel_profile is KernelProfile.EAGER), work.shard(layout.tp)
+    hw, shard = cluster.hw.for_stack(work.pytorch_native(layout)), work.shard(layout.tp)
     b, s = layout.micro_batch, work.seq_length // cp
     d = work.model.head_dim
     heads = b * (shard.q_width // d)

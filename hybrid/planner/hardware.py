@@ -82,9 +82,11 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 # * FP8 peaks: data sheets (dense, no sparsity): H100 / H200 SXM 1979 TFLOP/s; the A100 has no FP8 tensor cores.
 # * h100-96g-500w: the H100s torchtitan's published numbers ran on (pytorch/torchtitan docs/performance.md:
 #   Grand Teton hosts, "96GB HBM2e with 2.4 TB/sec", "the default 500W power limit", 400 Gb/s RDMA per GPU; their
-#   own note: its peak is "between SXM and NVL"). Its sustained clock relative to a 700 W H100 (H100_500W_CLOCK,
-#   scaling the GEMM asymptote and the flash rate) is **fitted** to one row, torchtitan's Table 1 (Llama 3.1 8B,
-#   FSDP on 8 GPUs, 5,762 tokens/s a GPU; fit.fit_h100_500w_clock); its capacity assumes the
+#   own note: its peak is "between SXM and NVL"). Its sustained clock relative to a 700 W H100 on the same stack
+#   (H100_500W_CLOCK, the 500 W factor, scaling the GEMM asymptote and the flash rate) is **fitted** to one row,
+#   torchtitan's Table 1 (Llama 3.1 8B, eager FSDP on 8 GPUs, 5,762 tokens/s a GPU; fit.fit_h100_500w_clock), on
+#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.984 x 0.681 = 0.670, the constant this factor
+#   replaced when it carried both); torchtitan's compiled rows then check the stack clock; its capacity assumes the
 #   80 GB part's ratio of usable to nominal bytes (81559 MiB of 80 GiB) for 96 GiB.
 # * H100_EAGER_CLOCK: the sustained tensor-core rate of PyTorch-native (eager-profile) training on an H100 80 GB
 #   SXM relative to the curve above and FlashAttention-2's published rate: it scales the GEMM asymptote and the
@@ -97,7 +99,7 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a power-limited
 #   H100 runs matmuls on real data slower than on benchmark data: thonking.ai, "Matrix Multiplications on GPUs Run
 #   Faster When Given 'Predictable' Data", 2024).
-H100_500W_CLOCK = 0.670
+H100_500W_CLOCK = 0.984
 H100_EAGER_CLOCK = 0.681
 H100_96G_BYTES = round(96 * 2**30 * 81559 / 81920)
 ELEMENTWISE_FRACTION = 4.16 / 4.8
@@ -204,9 +206,10 @@ class Hardware:
             (`--inter-dc-bandwidth`; hybrid/planner/slowlink.py); None: one site, no such link.
         inter_dc_latency_s: one-way seconds of a message over that link (`--inter-dc-latency`, in ms there);
             None: 0.
-        eager_clock: the sustained tensor-core rate of PyTorch-native training (a workload with `--kernels
-            eager`) relative to `compute_efficiency` and `flash_efficiency`, which then both scale by it
-            (`for_kernels`); 1: the same rate as a fused stack. Fitted for h100-80g (H100_EAGER_CLOCK); a
+        eager_clock: the sustained tensor-core rate of PyTorch-native training (`--stack pytorch`, eager or
+            torch.compile'd; Workload.pytorch_native) relative to `compute_efficiency` and `flash_efficiency`, which
+            then both scale by it (`for_stack`); 1: the same rate as Megatron / TE. Fitted for h100-80g
+            (H100_EAGER_CLOCK; the name is the fit rows' kernels, eager); a
             `--compute-efficiency` or a calibrated curve replaces it (with_overrides resets it to 1).
     """
 
@@ -317,10 +320,11 @@ class Hardware:
             changes["eager_clock"] = 1.0
         return replace(self, **changes)
 
-    def for_kernels(self, eager: bool) -> "Hardware":
-        """The device as a workload of that kernel profile sees it: for PyTorch-native (eager) training, the
-        GEMM asymptote and the flash rate times eager_clock; otherwise itself."""
-        if not eager or self.eager_clock == 1.0:
+    def for_stack(self, pytorch: bool) -> "Hardware":
+        """The device as a workload of that software stack sees it (Workload.pytorch_native): for PyTorch-native
+        training, eager or torch.compile'd, the GEMM asymptote and the flash rate times eager_clock; for
+        Megatron / Transformer Engine, itself."""
+        if not pytorch or self.eager_clock == 1.0:
             return self
         flash = None if self.flash_efficiency is None else self.flash_efficiency * self.eager_clock
         return replace(self, compute_efficiency=self.compute_efficiency * self.eager_clock, flash_efficiency=flash,
@@ -348,7 +352,8 @@ PRESETS: dict[GpuKind, Hardware] = {
                                     compute_efficiency=H100_EFFICIENCY * H100_500W_CLOCK,
                                     gemm_overhead_s=GEMM_OVERHEAD_S, elementwise_tbps=2.4 * ELEMENTWISE_FRACTION,
                                     kernel_overhead_s=KERNEL_OVERHEAD_S,
-                                    flash_efficiency=HOPPER_FLASH * H100_500W_CLOCK, fp8_tflops=HOPPER_FP8_TFLOPS),
+                                    flash_efficiency=HOPPER_FLASH * H100_500W_CLOCK, fp8_tflops=HOPPER_FP8_TFLOPS,
+                                    eager_clock=H100_EAGER_CLOCK),
     GpuKind.H200: Hardware(name="h200", peak_tflops=989.0, memory_gb=141.0, hbm_tbps=4.8,
                            gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
                            host_memory_gb=2000.0, cpu_adam_params_per_s=5e9, memory_bytes=H200_CUDA_BYTES,

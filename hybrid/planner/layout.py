@@ -16,7 +16,7 @@ from hybrid.partition import PartitionMethod, partition_layers, stage_costs_from
 from hybrid.pipeline import Placement, ScheduleKind
 from hybrid.planner.hardware import GroupPlacement, Hardware
 from hybrid.planner.model import ActivationProfile, Precision, Shard
-from hybrid.planner.ops import KernelProfile
+from hybrid.planner.ops import KernelProfile, Stack
 from models.common import Recompute  # noqa: F401  (re-exported: the runtime's enum is the planner's)
 from models.config import ModelConfig
 
@@ -166,7 +166,12 @@ class Workload:
         kernels: how the non-matmul ops are implemented (`--kernels`; hybrid/planner/ops.py): FUSED
             (Megatron-LM / Megatron-core, apex, Transformer Engine) or EAGER (plain PyTorch: this runtime,
             torchtitan without torch.compile); None: FUSED for the korthikanti profile, EAGER for the flash
-            profiles (`kernel_profile`).
+            profiles (`kernel_profile`). torch.compile counts as FUSED. Which ops are fused only: the tensor-core
+            clock is `stack`'s.
+        stack: the software stack (`--stack`; ops.Stack), which sets the tensor-core clock: PYTORCH runs at the
+            device's Hardware.eager_clock (h100-80g: H100_EAGER_CLOCK, fitted on MosaicML's six single-node MPT
+            rows; eager or compiled alike), MEGATRON at the curve's rate. None (`--stack auto`): decided per layout
+            by `pytorch_native`.
         fp8: the linear layers' GEMMs in FP8 (`--fp8`; Transformer Engine / torchao float8): at the device's FP8
             peak, their saved inputs 1 byte, casts and amax reductions added to the memory-bound work, the FP8
             casts of the computing layer's weights (and transposes) and the per-tensor scales in memory. The LM
@@ -199,6 +204,7 @@ class Workload:
     activations: ActivationProfile = ActivationProfile.KORTHIKANTI
     fp32_grads: bool = False
     kernels: KernelProfile | None = None
+    stack: Stack | None = None
     fp8: bool = False
     p2p: PipelineP2P = PipelineP2P.OVERLAPPED
     grad_accumulation_fusion: bool | None = None
@@ -221,6 +227,8 @@ class Workload:
                              f"--activation-profile bf16-flash, not {self.activations.value}")
         if self.kernels is not None and not isinstance(self.kernels, KernelProfile):
             raise ValueError(f"Workload.kernels must be a KernelProfile, got {self.kernels!r}")
+        if self.stack is not None and not isinstance(self.stack, Stack):
+            raise ValueError(f"Workload.stack must be a Stack, got {self.stack!r}")
         if self.fp8 and self.precision is not Precision.MIXED:
             raise ValueError("--fp8 needs --precision mixed (FP8 GEMMs keep bf16 parameters and fp32 master "
                              "weights); drop --fp8 or plan mixed precision")
@@ -234,6 +242,21 @@ class Workload:
         if self.kernels is not None:
             return self.kernels
         return KernelProfile.FUSED if self.activations is ActivationProfile.KORTHIKANTI else KernelProfile.EAGER
+
+    def pytorch_native(self, layout: "Layout") -> bool:
+        """Does `layout` run on the PyTorch-native stack (Hardware.eager_clock applies)? `stack` when given;
+        `--stack auto` (None): PyTorch-native when the kernels are eager (no Megatron run is); Megatron for the
+        korthikanti profile (Megatron's own activations, materialised softmax); else PyTorch-native when the
+        layout shards parameters (ZeRO 3: PyTorch FSDP, with or without TP / PP, as every published torchtitan,
+        MPT, OLMo-core and fms-fsdp run in docs/planner.md), Megatron otherwise (ZeRO 0-2: its distributed
+        optimizer).
+        Each layout of a search is priced as the stack that runs it. The one published row this rule gets wrong
+        states its stack (NeMo's Megatron FSDP 8B: megatron)."""
+        if self.stack is not None:
+            return self.stack is Stack.PYTORCH
+        if self.kernel_profile is KernelProfile.EAGER:
+            return True
+        return self.activations is not ActivationProfile.KORTHIKANTI and layout.zero is ZeroStage.PARAMETERS
 
     @property
     def fused_grad_accumulation(self) -> bool:

@@ -61,7 +61,6 @@ from hybrid.planner.hardware import GB, GroupPlacement
 from hybrid.planner.layout import Cluster, Layout, Workload, dp_placement, stage_layers
 from hybrid.planner.predicted_comm import Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds, merge
 from hybrid.planner.predicted_memory import model_states
-from hybrid.planner.ops import KernelProfile
 
 IMBALANCE = 1.2  # the default planning margin lambda (module docstring)
 COLLECTIVES_PER_LAYER = 5  # counts, dispatch, combine forward; combine and dispatch backward
@@ -174,7 +173,7 @@ def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbal
                 etp: int = 1) -> ExpertPlan:
     """The experts of `layout` at EP `ep` and expert-TP `etp`: every term of the module docstring, per rank of the
     fullest stage."""
-    cfg, hw = work.model, cluster.hw.for_kernels(work.kernel_profile is KernelProfile.EAGER)
+    cfg, hw = work.model, cluster.hw.for_stack(work.pytorch_native(layout))
     h, f_e, E, k = cfg.hidden_size, cfg.moe_ffn_hidden_size, cfg.num_experts, cfg.moe_top_k
     stage = layout.tp * layout.dp
     edp = stage // (ep * etp)

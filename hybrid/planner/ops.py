@@ -50,6 +50,16 @@ class KernelProfile(enum.Enum):
     EAGER = "eager"  # plain PyTorch ops: this runtime, torchtitan without torch.compile
 
 
+class Stack(enum.Enum):
+    """The training software stack (`--stack`): what sets the sustained tensor-core clock (Hardware.eager_clock),
+    apart from which ops are fused (KernelProfile). PYTORCH: PyTorch-native trainers, eager or torch.compile'd
+    (this runtime, torchtitan, Composer / llm-foundry, OLMo-core, IBM fms-fsdp); MEGATRON: Megatron-LM /
+    Megatron-core / NeMo with Transformer Engine, and the fused 2021-24 production stacks (Llama 3, MT-NLG)."""
+
+    PYTORCH = "pytorch"
+    MEGATRON = "megatron"
+
+
 @dataclass(frozen=True)
 class Op:
     """One memory-bound op of a layer (or of the head), per token on one TP rank.
