@@ -39,6 +39,7 @@ def test_torchrun_sees_each_forked_workers_output_status_and_signal():
     assert "exitcode  : -9" in out.stderr and "Signal 9 (SIGKILL)" in out.stderr, out.stderr[-3000:]
 
 
+@pytest.mark.slow  # a real torchrun agent (a new interpreter) is the subject
 def test_a_killed_worker_takes_its_rank_with_it():
     psutil = pytest.importorskip("psutil")
     with testing.fork_service() as service:
