@@ -207,10 +207,15 @@ def account(args: argparse.Namespace) -> int:
     lines += [f"| total / {plan['cores']} cores | {1e3 * node / plan['cores']:.1f} | "
               f"{1e3 * sum(plan[k] for k in measured) / plan['cores']:.1f} |", "",
               f"planner's step {1e3 * plan['step']:.1f} ms (makespan {1e3 * plan['makespan']:.1f})"]
+    return _emit(lines, args.out)
+
+
+def _emit(lines: list[str], out: str | None) -> int:
+    """Print the report and write it to `out` (the Markdown file) when given."""
     report = "\n".join(lines) + "\n"
     print(report)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(report)
     return 0
 
@@ -261,12 +266,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{sum(plan[k] for k in ('compute', 'comm', 'optimizer')) / plan['cores']:.4g} s (compute "
              f"{plan['compute']:.4g}, collectives and messages {plan['comm']:.4g}, optimizer {plan['optimizer']:.4g} "
              "CPU s; `--account DIR` measures the same)"]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report)
-    return 0
+    return _emit(lines, args.out)
 
 
 if __name__ == "__main__":
