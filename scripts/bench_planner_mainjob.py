@@ -132,34 +132,29 @@ def read_account(out_dir: str, world: int) -> list[dict]:
     return rows
 
 
-def planned_step(profile: str):
-    """The planner's StepTime for the main job on `profile` (train.py's own Workload: fp32, eager, 1F1B)."""
-    from hybrid.planner import ActivationProfile, Cluster, Layout, Precision, Workload, evaluate
+def main_job(profile: str):
+    """train.py's own Workload for the main job (fp32, eager, 1F1B), its layout, and the cluster on `profile`."""
+    from hybrid.planner import ActivationProfile, Cluster, Layout, Precision, Workload
     from hybrid.planner.calibrate import load_hardware
     from hybrid.planner.ops import KernelProfile
     from models import PRESETS
     work = Workload(PRESETS["tiny-gpt2"], global_batch=16, seq_length=128, precision=Precision.FP32,
                     activations=ActivationProfile.FP32_FLASH, kernels=KernelProfile.EAGER)
     hw = load_hardware(profile, Precision.FP32)
-    return evaluate(work, Cluster(gpus=8, hw=hw), Layout(tp=2, pp=2, dp=2, micro_batch=2)).time, hw
+    return work, Layout(tp=2, pp=2, dp=2, micro_batch=2), Cluster(gpus=8, hw=hw)
 
 
 def planned_cpu(profile: str) -> dict[str, float]:
     """The planner's CPU seconds a step on the node (all 8 ranks) for the main job, by the accounting's phases:
     compute (forward + backward: every rank's stage compute, m micro-batches), comm (collectives and messages:
     time.comm_cpu_seconds), optimizer; and its step."""
-    from hybrid.planner import Cluster
+    from hybrid.planner import evaluate
     from hybrid.planner.time import comm_cpu_seconds, stage_times
-    t, hw = planned_step(profile)
-    from hybrid.planner import ActivationProfile, Layout, Precision, Workload
-    from hybrid.planner.ops import KernelProfile
-    from models import PRESETS
-    work = Workload(PRESETS["tiny-gpt2"], global_batch=16, seq_length=128, precision=Precision.FP32,
-                    activations=ActivationProfile.FP32_FLASH, kernels=KernelProfile.EAGER)
-    lay, cluster = Layout(tp=2, pp=2, dp=2, micro_batch=2), Cluster(gpus=8, hw=hw)
+    work, lay, cluster = main_job(profile)
+    t = evaluate(work, cluster, lay).time
     times = stage_times(work, cluster, lay)[0]
     m, replicas = work.num_microbatches(lay), lay.tp * lay.dp
-    cores = hw.compute_units or 1
+    cores = cluster.hw.compute_units or 1
     return {"compute": replicas * m * sum(times.rank_compute),
             "comm": replicas * sum(comm_cpu_seconds(work, cluster, lay, r) for r in range(lay.pp)),
             "optimizer": t.optimizer * cores, "step": t.total, "makespan": t.run.makespan, "cores": cores}

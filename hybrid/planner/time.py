@@ -718,8 +718,8 @@ def comm_cpu_seconds(work: Workload, cluster: Cluster, layout: Layout, pp_rank: 
     entry of predicted_comm.step_ledger), on a CPU whose gloo costs `hybrid calibrate` measured on pairs: a ring
     all-reduce over n ranks takes 2(n - 1) steps (a pair's: 2), an all-gather / reduce-scatter n - 1, so a call
     costs collective_cpu_s x steps / 2 + comm_cpu_s_per_byte x its wire bytes; a send or a receive p2p_cpu_s +
-    comm_cpu_s_per_byte x its bytes; and train.py's scalar all-reduces (STEP_SCALAR_ALL_REDUCES). 0 unless the hardware shares its compute units (GPUs: the copy engines and
-    NCCL's kernels are not the compute)."""
+    comm_cpu_s_per_byte x its bytes; and train.py's scalar all-reduces (STEP_SCALAR_ALL_REDUCES). 0 unless the
+    hardware shares its compute units (GPUs: the copy engines and NCCL's kernels are not the compute)."""
     hw = cluster.hw
     if hw.shared_compute_factor(_devices_per_node(cluster)) == 1.0 or not (
             hw.collective_cpu_s or hw.p2p_cpu_s or hw.comm_cpu_s_per_byte):

@@ -166,8 +166,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--bf16", ZERO, "bf16 compute, fp32 master weights", switch=True, deepspeed=("bf16.enabled", "bf16")),
     Flag("--fp16", ZERO, "fp16 compute, fp32 master weights, dynamic loss scaling", switch=True,
          deepspeed=("fp16.enabled", "fp16")),
-    Flag("--deepspeed-config", ZERO, "DeepSpeed JSON: its zero_optimization / batch / clipping / bf16 / fp16 / optimizer keys "
-         "set the flags (a value that contradicts a flag given explicitly is an error)", type=str, path=True),
+    Flag("--deepspeed-config", ZERO, "DeepSpeed JSON: its zero_optimization / batch / clipping / bf16 / fp16 / "
+         "optimizer keys set the flags (a value that contradicts a flag given explicitly is an error)", type=str, path=True),
     Flag("--log-interval", ZERO, "print the loss every this many steps", default=10, type=int, low=1),
 )
 BY_DEST = {f.dest: f for f in FLAGS}
