@@ -526,7 +526,7 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -
 def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     """The step of `plan` taken apart (time.TERMS): each term's seconds, its share, what it is, and the numbers
     the compute terms rest on."""
-    t, hw = plan.time, cluster.hw.for_stack(work.pytorch_native(plan.layout))  # as the plan timed it
+    t, hw = plan.time, work.device(cluster.hw, plan.layout)  # as the plan timed it
     moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
     lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
              f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}, gradient accumulation "

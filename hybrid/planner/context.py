@@ -83,7 +83,7 @@ class CPCost:
 
 def layer_cost(work: Workload, cluster: Cluster, layout: Layout, cp: int, comm: CommType) -> CPCost:
     """What CP adds to one layer and micro-batch (module doc)."""
-    hw, shard = cluster.hw.for_stack(work.pytorch_native(layout)), work.shard(layout.tp)
+    hw, shard = work.device(cluster.hw, layout), work.shard(layout.tp)
     b, s = layout.micro_batch, work.seq_length // cp
     d = work.model.head_dim
     heads = b * (shard.q_width // d)

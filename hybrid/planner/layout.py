@@ -258,6 +258,11 @@ class Workload:
             return True
         return self.activations is not ActivationProfile.KORTHIKANTI and layout.zero is ZeroStage.PARAMETERS
 
+    def device(self, hw, layout: "Layout"):
+        """`hw` (a Hardware) as this workload sees it at `layout`: its stack's tensor-core clock applied
+        (Hardware.for_stack; already-clocked hardware is returned as it is)."""
+        return hw.for_stack(self.pytorch_native(layout))
+
     @property
     def fused_grad_accumulation(self) -> bool:
         """`grad_accumulation_fusion`, or its default by kernel profile: fused stacks accumulate inside the

@@ -173,7 +173,7 @@ def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbal
                 etp: int = 1) -> ExpertPlan:
     """The experts of `layout` at EP `ep` and expert-TP `etp`: every term of the module docstring, per rank of the
     fullest stage."""
-    cfg, hw = work.model, cluster.hw.for_stack(work.pytorch_native(layout))
+    cfg, hw = work.model, work.device(cluster.hw, layout)
     h, f_e, E, k = cfg.hidden_size, cfg.moe_ffn_hidden_size, cfg.num_experts, cfg.moe_top_k
     stage = layout.tp * layout.dp
     edp = stage // (ep * etp)

@@ -232,7 +232,7 @@ class _Context:
 def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
     """The shared state of one layout's costs, on the device as this workload's stack sees it
     (Hardware.for_stack: PyTorch-native training's sustained tensor-core rate, Workload.pytorch_native)."""
-    cluster = replace(cluster, hw=cluster.hw.for_stack(work.pytorch_native(layout)))
+    cluster = replace(cluster, hw=work.device(cluster.hw, layout))
     return _Context(work=work, cluster=cluster, layout=layout,
                     shard=work.shard(layout.tp),
                     tp_group=tp_placement(cluster, layout), dp_group=dp_placement(cluster, layout))
