@@ -16,6 +16,7 @@ made here, in the test process, and passed in; the single-process reference of a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -39,12 +40,14 @@ MB, SEQ, H = 2, 16, 32
 def configs():
     """The two models (from transformers' configs: imported here, in the test process, not in the ranks)."""
     from transformers import GPT2Config, LlamaConfig
-    return {
+    cfgs = {
         "gpt2": from_hf(GPT2Config(n_layer=8, n_embd=H, n_head=4, vocab_size=256, n_positions=64, resid_pdrop=0.0,
                                    embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)),
         "llama": from_hf(LlamaConfig(num_hidden_layers=8, hidden_size=H, num_attention_heads=4, num_key_value_heads=2,
                                      intermediate_size=64, vocab_size=256, max_position_embeddings=64)),
     }
+    # without the transformers config object they were read from: unpickling one imports transformers in the rank
+    return {name: dataclasses.replace(cfg, hf_config=None) for name, cfg in cfgs.items()}
 
 
 def _cases():
