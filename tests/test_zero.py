@@ -38,6 +38,11 @@ dp 2 is two launches: fp32 (with the plain path, fp16 overflow, clipping and the
 asserting of those cases what it asserts of fp32's. ZeRO in bf16 and fp16 stays in the fast tier through
 tests/test_fp32_grads.py (bf16 at stages 0-3 and fp16 against fp32 on dp 2, its gradient and state bytes, its
 traffic), tests/test_cp_training.py (bf16 and fp16 under CP) and the fp16 overflow and skipped-step tests here.
+
+tp2 x pp2 x dp2 is two launches too: "tp2-pp2-dp2" (the plain path, clipping with stage 3 + offload, stage 3
+keep-gathered, SP, GPT-2) in the fast tier, and its stage 0-3 x offload matrix (MATRIX: dp 2's and dp 4's matrix
+again on this layout: ~19 of the module's ~80 s of CPU) in the full suite only, whose per-layout tests then check every
+case of the layout (both launches). The `layout` fixture says which fast test keeps each subject.
 """
 
 from __future__ import annotations
@@ -316,34 +321,52 @@ def _state_tensors(opt: ZeroOptimizer) -> dict[str, torch.Tensor]:
     return out
 
 
-def _run_all(rank, world, tp, pp, lowp):
+def _run_all(rank, world, tp, pp, name):
     mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
-    out = {name: train(mesh, *case) for name, case in cases(world, lowp).items()}
-    if world == 2 and not lowp:
+    out = {case_name: train(mesh, *case) for case_name, case in launch_cases(name).items()}
+    if name == "dp2":
         out["skip-probe"] = {stage: skipped_step_probe(mesh, stage) for stage in range(4)}
     return out
 
 
-LAYOUTS = {"dp2": (2, 1, 1), "dp4": (4, 1, 1), "tp2-pp2-dp2": (8, 2, 2), "dp2-lowp": (2, 1, 1)}
+LAYOUTS = {"dp2": (2, 1, 1), "dp4": (4, 1, 1), "tp2-pp2-dp2": (8, 2, 2), "dp2-lowp": (2, 1, 1),
+           "tp2-pp2-dp2-matrix": (8, 2, 2)}
 LOWP = "dp2-lowp"  # dp 2's bf16 / fp16 matrix, a launch of its own (module doc)
+MATRIX = "tp2-pp2-dp2-matrix"  # tp2 x pp2 x dp2's stage 0-3 x offload matrix, a launch of its own (module doc)
+MATRIX_CASES = [matrix_name(Precision.FP32, stage, suffix) for stage in range(4) for suffix in ("", "-offload")]
 _RUNS: dict[str, list] = {}
 
 
+def launch_cases(name: str) -> dict[str, Case]:
+    """The cases the launch `name` computes. tp2 x pp2 x dp2 is two launches: "tp2-pp2-dp2" (the fast tier's: the
+    plain path, clipping with stage 3 + offload, stage 3 keep-gathered, sequence parallelism, GPT-2's tied
+    embeddings) and MATRIX (the stage 0-3 x offload matrix, slow)."""
+    world = LAYOUTS[name][0]
+    if world != 8:
+        return cases(world, name == LOWP)
+    return {n: c for n, c in cases(world).items() if (n in MATRIX_CASES) == (name == MATRIX)}
+
+
 def _results(name: str) -> list:
-    """One spawn per layout for the whole module, shared by the per-layout and single-layout tests."""
+    """One spawn per launch for the whole module, shared by the per-layout and single-layout tests. MATRIX's
+    results hold both tp2 x pp2 x dp2 launches' cases (every case of that layout, as layout_cases says)."""
     if name not in _RUNS:
         world, tp, pp = LAYOUTS[name]
-        _RUNS[name] = run_distributed(_run_all, world, args=(tp, pp, name == LOWP), timeout=900)
+        _RUNS[name] = run_distributed(_run_all, world, args=(tp, pp, name), timeout=900)
+        if name == MATRIX:
+            _RUNS[name] = [{**fast, **matrix} for fast, matrix in zip(_results("tp2-pp2-dp2"), _RUNS[name])]
     return _RUNS[name]
 
 
 def layout_cases(name: str) -> dict[str, Case]:
-    return cases(LAYOUTS[name][0], name == LOWP)
+    """The cases a layout's tests check: its launch's; MATRIX every tp2 x pp2 x dp2 case (both launches)."""
+    return cases(8) if name == MATRIX else launch_cases(name)
 
 
 # the per-layout tests whose subject every precision has: dp 2's low-precision launch too (slow)
 WITH_LOWP = pytest.mark.parametrize("layout", ["dp2", pytest.param(LOWP, marks=pytest.mark.slow), "dp4",
-                                               "tp2-pp2-dp2"], indirect=True)
+                                               "tp2-pp2-dp2", pytest.param(MATRIX, marks=pytest.mark.slow)],
+                                    indirect=True)
 
 
 @pytest.fixture(scope="module")
@@ -351,7 +374,12 @@ def refs():
     return {name: reference("tiny-llama", opt) for name, opt in (("adamw", OPT), ("clip", CLIP))}
 
 
-@pytest.fixture(scope="module", params=[name for name in LAYOUTS if name != LOWP])
+# MATRIX (tp2 x pp2 x dp2's stage 0-3 x offload) is slow: in the fast tier every stage and offload runs at dp 2
+# and dp 4 (against one process, the paper's ledgers and traffic), and on tp2 x pp2 x dp2 the "tp2-pp2-dp2" launch
+# keeps the plain path, stage 3 with offloaded optimizer and parameters (clip-stage3-offload), stage 3
+# keep-gathered, stage 3 with SP, GPT-2 at stage 3 and stage 1 + offload; stage 2 on tp2 x pp2 x dp2 stays in
+# tests/test_pipeline_zb_training.py (ZeRO 2 under 1F1B and zero bubble)
+@pytest.fixture(scope="module", params=["dp2", "dp4", "tp2-pp2-dp2", pytest.param(MATRIX, marks=pytest.mark.slow)])
 def layout(request):
     return request.param, LAYOUTS[request.param][0], _results(request.param)
 
@@ -376,15 +404,15 @@ def tp2pp2dp2():
     return _results("tp2-pp2-dp2")
 
 
-def _fp32_cases(results) -> list[str]:
-    return [n for n, c in cases(len(results)).items()
+def _fp32_cases(name: str) -> list[str]:
+    return [n for n, c in layout_cases(name).items()
             if c.model == "tiny-llama" and (c.zero is None or c.zero.precision is Precision.FP32)]
 
 
 def test_fp32_stages_match_single_process_training(layout, refs):
     """10 AdamW steps of every stage, offload on and off, equal one process on the global batch."""
     name, world, results = layout
-    for case in _fp32_cases(results):
+    for case in _fp32_cases(name):
         ref = refs["clip" if case.startswith("clip") else "adamw"]
         for rank, per_rank in enumerate(results):
             got = per_rank[case]
@@ -416,7 +444,7 @@ def test_zero_equals_plain_data_parallel_on_the_same_layout(layout):
     host's AdamW (DeepSpeed's AVX kernel or torch's fused one: another rounding of the formula):
     PLAIN_RTOL."""
     name, world, results = layout
-    for case in _fp32_cases(results):
+    for case in _fp32_cases(name):
         if case.endswith("plain") or case.startswith("clip"):
             continue
         bitwise = case in ("stage0", "stage1")
@@ -451,6 +479,7 @@ def test_model_state_ledger_equals_the_zero_paper_accounting(layout):
                 assert low[k] <= v <= high[k], f"{name} {case} rank {rank}: {k} {v} not in [{low[k]}, {high[k]}]"
 
 
+@pytest.mark.parametrize("layout", ["dp2", "dp4", pytest.param(MATRIX, marks=pytest.mark.slow)], indirect=True)
 def test_offload_moves_master_weights_and_adam_moments_off_the_device(layout):
     name, world, results = layout
     for stage in range(4):
