@@ -32,8 +32,9 @@ def test_500w_h100_clock_is_what_torchtitan_table1_gives():
     hw = hardware_fn("h100-96g-500w")
     assert hw.compute_efficiency == pytest.approx(fit.h100_500w(H100_500W_CLOCK).compute_efficiency)
     assert hw.eager_clock == fit.h100_500w(H100_500W_CLOCK).eager_clock == H100_EAGER_CLOCK  # the stack's, kept
-    # what one constant carried before (0.670), now 0.682: both refitted with the ZeRO 3 overlap cost in the model
-    assert H100_500W_CLOCK * H100_EAGER_CLOCK == pytest.approx(0.682, abs=0.002)
+    # what one constant carried before (0.670), now 0.683: both refitted with the ZeRO 3 overlap cost and the
+    # checkpoint's early stop in the model
+    assert H100_500W_CLOCK * H100_EAGER_CLOCK == pytest.approx(0.683, abs=0.002)
     assert fit.torchtitan_table1(hw) == pytest.approx(fit.TORCHTITAN_TABLE1_TOKENS_PER_GPU, rel=0.01)
 
 

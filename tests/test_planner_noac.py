@@ -68,3 +68,56 @@ def test_a_small_micro_batch_pays_more_of_it_than_a_large_one_with_checkpointing
     for name, lay in (("small", small), ("large", large)):
         slowed[name] = evaluate(_work(), cluster, lay).time.total / evaluate(_work(), free, lay).time.total - 1
     assert slowed["small"] > 2 * slowed["large"] > 0
+
+
+def test_torch_checkpoint_stops_before_the_last_linear():
+    """The fact _stops_early rests on, measured on torch itself: a checkpointed block x + fc2(gelu(fc1(ln(x))))
+    reruns the norm, fc1 and the GELU in backward and stops there -- fc2's input is saved (packed) before fc2 runs,
+    the last tensor the backward needs -- so the backward runs 1 forward matmul and the 4 of the two backward
+    products, not 2 + 4 (use_reentrant=False, as models/common.py)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import checkpoint
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    fc1, fc2, ln = torch.nn.Linear(8, 32), torch.nn.Linear(32, 8), torch.nn.LayerNorm(8)
+    x = torch.randn(4, 8, requires_grad=True)
+    y = checkpoint(lambda t: t + fc2(torch.nn.functional.gelu(fc1(ln(t)))), x, use_reentrant=False)
+    with Ops() as ops:
+        y.sum().backward()
+    matmuls = [n for n in ops.names if n in ("addmm", "mm")]
+    assert matmuls == ["addmm", "mm", "mm", "mm", "mm"]  # fc1 rerun, then dfc2 (2), dfc1 (2)
+    assert ops.names.count("gelu") == 1 and "native_layer_norm" in ops.names
+
+
+def test_full_recomputation_reruns_all_but_the_down_projection_on_the_pytorch_stack_only():
+    """One layer's backward under full recomputation less its backward without: the rerun. PyTorch stack: the
+    forward's GEMMs but the last (the down projection) and its memory-bound ops up to the MLP activation; Megatron
+    (reentrant) and FP8 (TE's Functions save after their GEMM): the whole forward."""
+    from hybrid.planner.layout import Cluster
+    from hybrid.planner.ops import Stack
+    from hybrid.planner.time import _context, layer_passes
+    from dataclasses import replace
+    cluster = Cluster(gpus=8, hw=hardware("h100-80g"))
+    lay = Layout(dp=8, micro_batch=2, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL)
+    work = replace(_work(), stack=Stack.PYTORCH)
+    ctx = _context(work, cluster, lay)
+    fwd, bwd = layer_passes(ctx)
+    _, plain = layer_passes(_context(work, cluster, replace(lay, recompute=Recompute.NONE)))
+    down = ctx.gemm_seconds(ctx.shard.layer_linear_gemms(2, 2048)[-1:])
+    assert bwd.gemm - plain.gemm == pytest.approx(fwd.gemm - down, rel=1e-9)
+    assert bwd.attention - plain.attention == pytest.approx(fwd.attention, rel=1e-9)
+    assert 0 < bwd.memory - plain.memory < fwd.memory  # the MLP branch's residual add is not rerun
+    for other in (replace(work, stack=Stack.MEGATRON), replace(work, fp8=True)):
+        octx = _context(other, cluster, lay)
+        ofwd, obwd = layer_passes(octx)
+        _, oplain = layer_passes(_context(other, cluster, replace(lay, recompute=Recompute.NONE)))
+        assert obwd.total - oplain.total == pytest.approx(ofwd.total, rel=1e-9)

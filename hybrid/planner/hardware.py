@@ -85,22 +85,23 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   own note: its peak is "between SXM and NVL"). Its sustained clock relative to a 700 W H100 on the same stack
 #   (H100_500W_CLOCK, the 500 W factor, scaling the GEMM asymptote and the flash rate) is **fitted** to one row,
 #   torchtitan's Table 1 (Llama 3.1 8B, eager FSDP on 8 GPUs, 5,762 tokens/s a GPU; fit.fit_h100_500w_clock), on
-#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.953 x 0.716 = 0.682; 0.670 before the overlap
-#   cost, the constant this factor replaced when it carried both); torchtitan's compiled rows then check the stack
-#   clock; its capacity assumes the
-#   80 GB part's ratio of usable to nominal bytes (81559 MiB of 80 GiB) for 96 GiB.
-# * H100_EAGER_CLOCK: the sustained tensor-core rate of PyTorch-native (eager-profile) training on an H100 80 GB
-#   SXM relative to the curve above and FlashAttention-2's published rate: it scales the GEMM asymptote and the
-#   flash rate of an `--kernels eager` workload (Hardware.eager_clock), not its memory-bound kernels. **Fitted**
-#   (least squares in log throughput) to the six single-node rows of MosaicML's H100 table (MPT 1B-30B on 8 GPUs,
-#   Composer + PyTorch FSDP; fit.fit_h100_eager_clock), with OVERLAP_SLOWDOWN in the model (0.681 without it: the
-#   clock then also absorbed the ZeRO 3 overlap cost of the b 2 row); the table's ten 16-512 GPU rows and every
+#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.991 x 0.689 = 0.683; 0.670 before the overlap cost
+#   and the checkpoint's early stop, the constant this factor replaced when it carried both); torchtitan's compiled
+#   rows then check the stack clock; its capacity assumes the 80 GB part's ratio of usable to nominal bytes (81559
+#   MiB of 80 GiB) for 96 GiB.
+# * H100_EAGER_CLOCK: the sustained tensor-core rate of PyTorch-native (eager-profile) training on an H100 80 GB SXM
+#   relative to the curve above and FlashAttention-2's published rate: it scales the GEMM asymptote and the flash
+#   rate of an `--kernels eager` workload (Hardware.eager_clock), not its memory-bound kernels. **Fitted** (least
+#   squares in log throughput) to the six single-node rows of MosaicML's H100 table (MPT 1B-30B on 8 GPUs, Composer +
+#   PyTorch FSDP; fit.fit_h100_eager_clock), with OVERLAP_SLOWDOWN and the checkpoint's early stop
+#   (time._stops_early) in the model (0.681 without both, 0.716 with the first: the clock had absorbed the b 2 row's
+#   ZeRO 3 overlap cost and the checkpointed rows' unrun down projection); the table's ten 16-512 GPU rows and every
 #   other row only check. Why a clock and not a term of its own (docs/planner.md "Why eager FSDP on H100 was
-#   optimistic"): the loss is the same fraction of the step at 1B and 70B, 8 and 512 GPUs, with attention 5-27 %
-#   of the step -- a uniform slowdown of tensor-core work -- and the same software on A100 is priced right by an asymptote that
-#   was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a power-limited
-#   H100 runs matmuls on real data slower than on benchmark data: thonking.ai, "Matrix Multiplications on GPUs Run
-#   Faster When Given 'Predictable' Data", 2024).
+#   optimistic"): the loss is the same fraction of the step at 1B and 70B, 8 and 512 GPUs, with attention 5-27 % of
+#   the step -- a uniform slowdown of tensor-core work -- and the same software on A100 is priced right by an
+#   asymptote that was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a
+#   power-limited H100 runs matmuls on real data slower than on benchmark data: thonking.ai, "Matrix Multiplications
+#   on GPUs Run Faster When Given 'Predictable' Data", 2024).
 # * OVERLAP_SLOWDOWN: how many times longer a compute kernel takes while a collective it overlaps is in flight
 #   (ZeRO 2/3's per-layer all-gathers and reduce-scatters run under the layers' compute). NCCL runs one CTA per
 #   channel on an SM of its own (it shares no SM with compute: NVIDIA/nccl issue 689) and moves each byte through
@@ -112,8 +113,8 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   FSDP: "matmuls take 2x as long", not timed). The two timed ones' mean, 1.73: a hidden collective second costs
 #   the compute under it 1 - 1/1.73 = 0.42 s (time._overlapped). Not fitted.
 OVERLAP_SLOWDOWN = (1.76 + 1.70) / 2
-H100_500W_CLOCK = 0.953
-H100_EAGER_CLOCK = 0.716
+H100_500W_CLOCK = 0.991
+H100_EAGER_CLOCK = 0.689
 H100_96G_BYTES = round(96 * 2**30 * 81559 / 81920)
 ELEMENTWISE_FRACTION = 4.16 / 4.8
 KERNEL_OVERHEAD_S = 7.78e-6

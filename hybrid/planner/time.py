@@ -16,8 +16,9 @@ Per micro-batch, per global stage (what the simulation is fed):
                                             max(FLOPs / (peak x e), operand bytes / HBM) + t0)
                                         + 2 x saved bytes / HBM bandwidth + TP collectives ]
     backward = each forward matmul's two backward products (input and weight gradient, hardware.Gemm.backward),
-               plus the recomputed forward's matmuls (full: all; selective: the attention core; bf16-flash:
-               + QK^T, which flash attention's backward recomputes), and
+               plus the recomputed forward's matmuls (full: all -- on the PyTorch stack all but the down
+               projection, where torch's checkpoint stops early, _stops_early; selective: the attention core;
+               bf16-flash: + QK^T, which flash attention's backward recomputes), and
                3 x the saved bytes (+ 2 x the recomputed ones) at HBM speed.
 
 Memory-bound bytes of a layer = the activation bytes it saves (model.Shard.layer_activation_terms), each
@@ -73,6 +74,8 @@ from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_l
 from hybrid.planner.predicted_memory import rank_parameters
 from hybrid.planner.model import ActivationProfile, Precision, Shard
 from hybrid.planner.ops import KernelProfile, Traffic, embedding_ops, head_ops, layer_ops
+
+MLP_ACTIVATIONS = ("gelu", "swiglu")  # ops.layer_ops' names of the op whose output the down projection reads
 from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline
 
 
@@ -349,7 +352,7 @@ def _rerun(ctx: _Context, forward: Pass, core_ops: Traffic, fp8_ops: Traffic, at
     lay, shard, b, s = ctx.layout, ctx.shard, ctx.layout.micro_batch, ctx.work.seq_length
     tokens = b * s
     if lay.recompute is Recompute.FULL:
-        return forward
+        return _early_stopped_rerun(ctx, attention) if _stops_early(ctx) else forward
     if lay.recompute is Recompute.SELECTIVE:
         core = () if ctx.flash else shard.attention_core_gemms(b, s)
         return Pass(gemm=ctx.gemm_seconds(core), attention=attention) + _ops_pass(ctx, core_ops, tokens, False)
@@ -361,6 +364,31 @@ def _rerun(ctx: _Context, forward: Pass, core_ops: Traffic, fp8_ops: Traffic, at
                      + ctx.gemm_seconds(core))
                 + _ops_pass(ctx, cheap, tokens, False) + _ops_pass(ctx, fp8_ops, tokens, False))
     return Pass()
+
+
+def _stops_early(ctx: _Context) -> bool:
+    """Does full recomputation stop before the layer's last linear? torch's non-reentrant checkpoint (this runtime,
+    models/common.py; torchtitan, Composer, OLMo-core, FSDP's checkpoint_wrapper: the PyTorch stack) stops its rerun
+    as soon as the last tensor the backward needs is saved again (torch.utils.checkpoint `early_stop`, on by
+    default since PyTorch 2.1). Autograd saves an op's inputs before it runs the op (the generated VariableType
+    code builds the node, packing self and mat2, then dispatches), so the last saved tensor is the down projection's
+    input: its GEMM and the ops after it (the residual add, a dropout) are not rerun -- checked on torch in
+    tests/test_planner_noac.py. Megatron's reentrant checkpoint reruns the whole layer; TE / torchao FP8 linears are
+    autograd Functions that save after their GEMM: the whole layer too."""
+    return ctx.work.pytorch_native(ctx.layout) and not ctx.work.fp8
+
+
+def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
+    """The forward up to the down projection's input (_stops_early): every linear but the last, the attention,
+    every memory-bound op up to the MLP's activation."""
+    lay, work, shard = ctx.layout, ctx.work, ctx.shard
+    b, s = lay.micro_batch, work.seq_length
+    ops = layer_ops(shard, s, lay.sequence_parallel, work.precision.activation_bytes, work.kernel_profile)
+    last = max(i for i, o in enumerate(ops) if o.name in MLP_ACTIVATIONS)
+    core = () if ctx.flash else shard.attention_core_gemms(b, s)
+    return (Pass(gemm=ctx.gemm_seconds(shard.layer_linear_gemms(b, s)[:-1]) + ctx.gemm_seconds(core),
+                 attention=attention, launches=ctx.cluster.hw.layer_forward_overhead_s)
+            + _ops_pass(ctx, Traffic.of(ops[:last + 1]), b * s, False))
 
 
 def _layer_cost(ctx: _Context) -> _Cost:
