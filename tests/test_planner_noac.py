@@ -121,3 +121,19 @@ def test_full_recomputation_reruns_all_but_the_down_projection_on_the_pytorch_st
         ofwd, obwd = layer_passes(octx)
         _, oplain = layer_passes(_context(other, cluster, replace(lay, recompute=Recompute.NONE)))
         assert obwd.total - oplain.total == pytest.approx(ofwd.total, rel=1e-9)
+
+
+def test_explain_says_what_full_recomputation_reruns():
+    """--explain's first line names the rerun: all but the down projection on the PyTorch stack, the whole layer
+    on Megatron's; nothing without full recomputation."""
+    from dataclasses import replace
+    from hybrid.planner.cli import explain
+    from hybrid.planner.ops import Stack
+    cluster = Cluster(gpus=8, hw=hardware("h100-80g"))
+    lay = Layout(dp=8, micro_batch=2, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL)
+    for stack, says in ((Stack.PYTORCH, "reruns all but the down projection"),
+                        (Stack.MEGATRON, "reruns the whole layer")):
+        work = replace(_work(), stack=stack)
+        assert says in explain(work, cluster, evaluate(work, cluster, lay)).splitlines()[0]
+    none = replace(lay, recompute=Recompute.NONE)
+    assert "reruns" not in explain(_work(), cluster, evaluate(_work(), cluster, none)).splitlines()[0]

@@ -367,6 +367,10 @@ def _rerun(ctx: _Context, forward: Pass, core_ops: Traffic, fp8_ops: Traffic, at
 
 
 def _stops_early(ctx: _Context) -> bool:
+    return recompute_stops_early(ctx.work, ctx.layout)
+
+
+def recompute_stops_early(work: Workload, layout: Layout) -> bool:
     """Does full recomputation stop before the layer's last linear? torch's non-reentrant checkpoint (this runtime,
     models/common.py; torchtitan, Composer, OLMo-core, FSDP's checkpoint_wrapper: the PyTorch stack) stops its rerun
     as soon as the last tensor the backward needs is saved again (torch.utils.checkpoint `early_stop`, on by
@@ -375,7 +379,7 @@ def _stops_early(ctx: _Context) -> bool:
     input: its GEMM and the ops after it (the residual add, a dropout) are not rerun -- checked on torch in
     tests/test_planner_noac.py. Megatron's reentrant checkpoint reruns the whole layer; TE / torchao FP8 linears are
     autograd Functions that save after their GEMM: the whole layer too."""
-    return ctx.work.pytorch_native(ctx.layout) and not ctx.work.fp8
+    return work.pytorch_native(layout) and not work.fp8
 
 
 def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
