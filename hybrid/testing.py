@@ -27,8 +27,9 @@ End-to-end runs of the training entry point go the same way, as the command line
 
 `launch` forks `world` ranks that each run `python -m hybrid.train ARGV` -- torchrun's environment (RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, OMP_NUM_THREADS=1), stdout and stderr to files, the
-exit status a shell would see -- and gives each rank's status, output and exit time; `torchrun` joins them as
-torchrun's own output would, tearing the job down when a rank fails. A test whose subject is torchrun itself
+exit status a shell would see -- and gives each rank's status, output and exit time (`launch_together`: several
+such jobs at once, their waits overlapping); `torchrun` joins them as torchrun's own output would, tearing the job
+down when a rank fails. A test whose subject is torchrun itself
 (restarts, elastic membership, its error files and failure summary) runs the real one -- with its workers forked
 too, where the workers' own process tree is not the subject:
 
