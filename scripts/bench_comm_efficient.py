@@ -76,7 +76,8 @@ def _opt_cfg(args):
     """Every row's schedule (the compressors' optimizers read the same rate per step)."""
     from hybrid.train_step import OptimizerConfig
     return OptimizerConfig(lr=args.lr, min_lr=args.min_lr, weight_decay=0.01, beta2=args.adam_beta2,
-                           warmup_iters=args.lr_warmup_iters, decay_style=args.lr_decay_style, train_iters=args.steps)
+                           warmup_iters=args.lr_warmup_iters, decay_style=args.lr_decay_style, train_iters=args.steps,
+                           optimizer=args.optimizer, sgd_momentum=args.sgd_momentum)
 
 
 def _loop(mesh, args, opt, chunks, spec, runner):
@@ -116,7 +117,8 @@ def _powersgd_cfg(args):
     """The PowerSGD row's config: the run's rank, start and minimum compression rate."""
     from hybrid.compress.powersgd import PowerSGDConfig
     return PowerSGDConfig(rank=args.powersgd_rank, start_iter=args.powersgd_start_iter,
-                          min_compression_rate=args.powersgd_min_compression_rate)
+                          min_compression_rate=args.powersgd_min_compression_rate, variant=args.powersgd_variant,
+                          error_feedback=not args.powersgd_no_error_feedback)
 
 
 def row_powersgd(mesh, args):
@@ -230,6 +232,10 @@ def main(argv=None) -> None:
     p.add_argument("--seq", type=positive_int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--adam-beta2", type=float, default=0.95, help="every row's (train.py's default, Megatron's)")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                   help="the AdamW and PowerSGD rows' optimizer (sgd: SGD with --sgd-momentum, PowerSGD's paper's); "
+                        "1-bit Adam is always Adam")
+    p.add_argument("--sgd-momentum", type=float, default=0.9)
     p.add_argument("--min-lr", type=float, default=0.0, help="the decay's floor (with --lr-decay-style linear/cosine)")
     p.add_argument("--lr-warmup-iters", type=int, default=0)
     p.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default="constant")
@@ -248,6 +254,11 @@ def main(argv=None) -> None:
                    help="compress a matrix only when n m > RATE r (n + m) (torch's min_compression_rate, default 2; "
                         "the PowerSGD authors' library's README example uses 10): a diagnostic of the bench, "
                         "train.py keeps torch's 2")
+    p.add_argument("--powersgd-variant", choices=("torch", "epfml"), default="torch",
+                   help="torch (default): torch's powerSGD_hook; epfml: the PowerSGD authors' library, two half power "
+                        "iterations a step with error feedback after each (num_iters_per_step 2)")
+    p.add_argument("--powersgd-no-error-feedback", action="store_true",
+                   help="torch's use_error_feedback=False: the residual is dropped, not carried (a diagnostic)")
     p.add_argument("--powersgd-start-iter", type=int, default=20)
     p.add_argument("--onebit-freeze-iters", type=int, default=20)
     p.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS")
