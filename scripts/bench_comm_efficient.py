@@ -8,6 +8,10 @@ AdamW, on the reference corpus (docs/data.md: Python's pydoc topics as bytes), T
     [--powersgd-extra-ranks 16] [--powersgd-start-iter 20] [--onebit-freeze-iters 20] [--simulated-dp-bandwidth GBPS]
     [--hidden-size H] [--powersgd-min-compression-rate 2]      (diagnostics: another width; compress fewer matrices)
     [--lr 3e-3] [--adam-beta2 0.95] [--lr-warmup-iters 0] [--lr-decay-style constant] [--min-lr 0]
+    [--powersgd-variant epfml] [--powersgd-no-error-feedback] [--optimizer sgd] [--sgd-momentum 0.9]
+                                                (diagnostics: the PowerSGD authors' library's two half iterations a
+                                                step; no error feedback; SGD with momentum for AdamW's row and
+                                                PowerSGD's)
 
 Every row runs the same optimizer settings and the same learning-rate schedule (OptimizerConfig.lr_at, the rate
 passed to each step as train.py does): the compressors change only the DP exchange.
@@ -190,6 +194,19 @@ def _min_rate(args) -> str:
     return "" if rate == 2 else f", min compression rate {rate:g} (matrices with n m <= {rate:g} r (n + m) whole)"
 
 
+def _variant(args) -> str:
+    """The PowerSGD diagnostics and the optimizer, when not the defaults, for the table's header."""
+    out = ""
+    if args.powersgd_variant != "torch":
+        out += f", PowerSGD variant {args.powersgd_variant} (two half power iterations a step, the authors' library)"
+    if args.powersgd_no_error_feedback:
+        out += ", PowerSGD without error feedback"
+    if args.optimizer == "sgd":
+        out += (f"; optimizer SGD, momentum {args.sgd_momentum} (the 'AdamW' row is synchronous SGD; 1-bit Adam stays "
+                f"Adam)")
+    return out
+
+
 def report(rows: dict[str, dict], args) -> str:
     base = rows["AdamW (synchronous)"]
     lines = [f"# Communication-efficient DP: loss and DP bytes vs synchronous AdamW "
@@ -200,7 +217,7 @@ def report(rows: dict[str, dict], args) -> str:
              f"{args.lr} ({args.lr_warmup_iters} warm-up steps, then {args.lr_decay_style}"
              f"{'' if args.lr_decay_style == 'constant' else f' to {args.min_lr}'}), Adam betas (0.9, "
              f"{args.adam_beta2}), weight decay 0.01 -- every row; PowerSGD rank {args.powersgd_rank}"
-             f"{_min_rate(args)}"
+             f"{_min_rate(args)}{_variant(args)}"
              f"; the reference "
              f"corpus (docs/data.md); simulated DP link: "
              f"{f'{args.simulated_dp_bandwidth} GB/s' if args.simulated_dp_bandwidth else 'off'}",
