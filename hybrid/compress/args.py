@@ -71,12 +71,13 @@ def check(args: argparse.Namespace, dp_cp: int | None = None) -> CompressConfig:
 
 def _check_unused(args: argparse.Namespace, dp_cp: int | None) -> None:
     """A flag given on the command line that its method would never read does nothing: one line naming it and the
-    fix. --powersgd-rank 0 given explicitly (PowerSGD switched off, e.g. over a flag list that turned it on) makes
-    a --powersgd-start-iter beside it a leftover of that list, not a forgotten rank: accepted."""
+    fix. --powersgd-start-iter with PowerSGD off is refused whether the rank was left at its default or given as 0
+    (a flag list that turns PowerSGD off drops its start step too)."""
     given = getattr(args, "explicit", set())
-    if "powersgd_start_iter" in given and "powersgd_rank" not in given and not args.powersgd_rank:
-        raise ValueError(f"--powersgd-start-iter {args.powersgd_start_iter} does nothing without --powersgd-rank "
-                         f"(PowerSGD is off): add --powersgd-rank R or drop --powersgd-start-iter")
+    if "powersgd_start_iter" in given and not args.powersgd_rank:
+        off = " (given as 0)" if "powersgd_rank" in given else ""
+        raise ValueError(f"--powersgd-start-iter {args.powersgd_start_iter} does nothing without --powersgd-rank"
+                         f"{off} (PowerSGD is off): add --powersgd-rank R > 0 or drop --powersgd-start-iter")
     if ("onebit_freeze_iters" in given and getattr(args, "optimizer", "adam") != "onebit-adam"
             and deepspeed_onebit(getattr(args, "deepspeed_config", None)) is None):
         raise ValueError(f"--onebit-freeze-iters {args.onebit_freeze_iters} is 1-bit Adam's; the run's optimizer is "
