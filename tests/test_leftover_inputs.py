@@ -3,6 +3,8 @@ any process group; what the user meant runs. Parse and check in this process onl
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -45,3 +47,47 @@ def test_powersgd_rank_zero_alone_and_a_rank_with_its_start_are_accepted():
     for argv in (["--powersgd-rank", "0"], ["--powersgd-rank", "2", "--powersgd-start-iter", "5"]):
         run = run_config(parse_args(argv + ["--train-iters", "20"]), world=2)
         assert run.compress.powersgd.rank == int(argv[1])
+
+
+# --- 2. an lr below --min-lr's default ---------------------------------------------------------------------------
+def _ds(tmp_path, lr: float) -> str:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": lr}}}))
+    return str(path)
+
+
+def _megatron_default_lr(opt, step: int) -> float:
+    """megatron-core's OptimizerParamScheduler at Megatron's --min-lr default (0.0) for the run's lr and schedule."""
+    from tests.test_explain import _megatron_lr
+    return _megatron_lr(opt.warmup_iters, opt.decay_iters or opt.train_iters, opt.decay_style, opt.lr, 0.0, step)
+
+
+@pytest.mark.parametrize("how", ["--lr", "deepspeed"])
+def test_an_lr_below_the_default_floor_decays_to_megatrons_zero(how, tmp_path):
+    """--lr 5e-5 (or optimizer.params.lr 5e-5) without --min-lr: the run's schedule is megatron-core's at its
+    default --min-lr 0.0, at every step (it failed with '--min-lr 0.0001 exceeds --lr' until --min-lr was given)."""
+    argv = ["--lr", "5e-5"] if how == "--lr" else ["--deepspeed-config", _ds(tmp_path, 5e-5)]
+    run = run_config(parse_args(argv + ["--train-iters", "12", "--lr-warmup-iters", "3"]), world=2)
+    opt = run.optimizer
+    assert (opt.lr, opt.min_lr, run.flag_values["min_lr"]) == (5e-5, 0.0, 0.0)
+    for step in range(1, 15):
+        assert opt.lr_at(step) == pytest.approx(_megatron_default_lr(opt, step), rel=1e-12, abs=1e-18), step
+
+
+@pytest.mark.parametrize("argv,min_lr", [
+    ([], 1e-4),  # the default --lr 1e-3: train.py's floor, as before (earlier runs resume on their schedule)
+    (["--lr", "1e-4"], 1e-4),  # at the floor: accepted before, unchanged
+    (["--lr", "5e-5", "--min-lr", "1e-5"], 1e-5),  # given: the user's
+    (["--lr", "5e-5", "--min-lr", "5e-5"], 5e-5),
+])
+def test_min_lr_default_keeps_earlier_runs_and_a_given_one_is_the_users(argv, min_lr):
+    run = run_config(parse_args(argv + ["--train-iters", "20"]), world=2)
+    assert run.optimizer.min_lr == run.flag_values["min_lr"] == min_lr
+
+
+@pytest.mark.parametrize("how,named", [("--lr", "--lr 5e-05"),
+                                       ("deepspeed", "--deepspeed-config optimizer.params.lr 5e-05")])
+def test_a_given_min_lr_above_the_lr_is_one_line_naming_both(how, named, tmp_path):
+    argv = ["--lr", "5e-5"] if how == "--lr" else ["--deepspeed-config", _ds(tmp_path, 5e-5)]
+    line = _line(argv + ["--min-lr", "1e-4", "--train-iters", "20"])
+    assert f"--min-lr 0.0001 exceeds {named}; the decay would raise the rate: lower --min-lr" in line, line

@@ -34,7 +34,7 @@ from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_
 from hybrid.pipeline import ScheduleKind
 from hybrid.pipeline.args import check_zero_bubble
 from hybrid.precision import Precision
-from hybrid.train.config import (FLAGS, MAX_SEED, ModelSetup, ParallelConfig, PipelinePlan, RunConfig,  # noqa: F401
+from hybrid.train.config import (DEFAULT_MIN_LR, FLAGS, MAX_SEED, ModelSetup, ParallelConfig, PipelinePlan, RunConfig,  # noqa: F401
                                  TrainingConfig)
 from hybrid.train_step import OptimizerConfig
 from hybrid.zero import CpuAdam, ZeroConfig
@@ -115,14 +115,23 @@ def check_numbers(args: argparse.Namespace) -> None:
     for flag, beta in (("--adam-beta1", args.adam_beta1), ("--adam-beta2", args.adam_beta2)):
         if not 0 <= beta < 1:
             raise ValueError(f"{flag} must be in [0, 1), got {beta}")
-    if args.min_lr > args.lr:
-        raise ValueError(f"--min-lr {args.min_lr} exceeds --lr {args.lr}; the decay would raise the rate")
+    if args.min_lr is not None and args.min_lr > args.lr:  # given: above --lr (given, default or the JSON's)
+        raise ValueError(f"--min-lr {args.min_lr:g} exceeds --lr {args.lr:g}; the decay would raise the rate: "
+                         f"lower --min-lr (or drop it: {DEFAULT_MIN_LR:g}, 0 below that)")
     if args.distributed_timeout_minutes > MAX_TIMEOUT_MINUTES:
         raise ValueError(f"--distributed-timeout-minutes must be at most {MAX_TIMEOUT_MINUTES} (a week), "
                          f"got {args.distributed_timeout_minutes}")
     if not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
     check_optimizer_flags(args)
+
+
+def default_min_lr(lr: float) -> float:
+    """--min-lr when not given: DEFAULT_MIN_LR (1e-4) at --lr >= 1e-4, so every run that ran before keeps its
+    schedule and resumes; below it Megatron-LM's default 0.0 (its --min-lr; `OptimizerParamScheduler` asserts
+    max_lr >= min_lr), so a small --lr (or a DeepSpeed optimizer.params.lr) decays to 0 as a Megatron user expects
+    instead of failing until --min-lr is given."""
+    return DEFAULT_MIN_LR if lr >= DEFAULT_MIN_LR else 0.0
 
 
 def check_optimizer_flags(args: argparse.Namespace) -> None:
@@ -374,6 +383,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     check_numbers(ns)
     unsupported = apply_deepspeed_config(ns, world) if ns.deepspeed_config else []
     check_numbers(ns)  # again: the DeepSpeed config may have set them
+    ns.min_lr = default_min_lr(ns.lr) if ns.min_lr is None else ns.min_lr  # after the JSON's optimizer.params.lr
     zero = ns.zero = check_zero(ns)  # metrics_args.check reads the precision from it
     fault = fault_args.check(ns)
     data = data_args.check(ns)
