@@ -4,6 +4,7 @@ any process group; what the user meant runs. Parse and check in this process onl
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -91,3 +92,62 @@ def test_a_given_min_lr_above_the_lr_is_one_line_naming_both(how, named, tmp_pat
     argv = ["--lr", "5e-5"] if how == "--lr" else ["--deepspeed-config", _ds(tmp_path, 5e-5)]
     line = _line(argv + ["--min-lr", "1e-4", "--train-iters", "20"])
     assert f"--min-lr 0.0001 exceeds {named}; the decay would raise the rate: lower --min-lr" in line, line
+
+
+# --- 3. the DeepSpeed JSON is read once -----------------------------------------------------------------------
+ONEBIT = {"optimizer": {"type": "OneBitAdam", "params": {"lr": 2e-4, "freeze_step": 7}}, "gradient_clipping": 0.0}
+
+
+def _counting_reads(monkeypatch, rewrite: dict | None = None) -> list[str]:
+    """Every parse of a DeepSpeed JSON (ds_config._load_json) recorded; with `rewrite`, the file is replaced by it
+    right after the first parse -- a file edited while the checks run."""
+    from hybrid.zero import ds_config
+    reads: list[str] = []
+    load = ds_config._load_json
+
+    def counted(path: str) -> dict:
+        out = load(path)
+        reads.append(path)
+        if rewrite is not None and len(reads) == 1:
+            with open(path, "w") as f:
+                json.dump(rewrite, f)
+        return out
+    monkeypatch.setattr(ds_config, "_load_json", counted)
+    return reads
+
+
+def test_deepspeed_json_is_parsed_once_and_a_rewrite_during_the_checks_gives_one_config(tmp_path, monkeypatch):
+    """OneBitAdam's freeze_step and lr, and the clipping, all from the one parse, though the file turns into a plain
+    AdamW config after it (1-bit Adam's check read the file a second time and saw the other optimizer)."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ONEBIT))
+    reads = _counting_reads(monkeypatch, rewrite={"optimizer": {"type": "AdamW", "params": {"lr": 5e-4}}})
+    run = run_config(parse_args(["--deepspeed-config", str(path), "--train-iters", "20"]), world=2)
+    assert reads == [str(path)]
+    assert (run.compress.onebit_freeze_iters, run.optimizer.optimizer, run.optimizer.lr) == (7, "onebit-adam", 2e-4)
+    assert run.optimizer.clip_grad == 0.0 and run.flag_values["optimizer"] == "onebit-adam"
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--onebit-freeze-iters", "5"], "--deepspeed-config freeze_step 7 != --onebit-freeze-iters 5"),
+    (["--min-lr", "3e-4"], "--min-lr 0.0003 exceeds --deepspeed-config optimizer.params.lr 0.0002"),
+    (["--auto-parallel", "--global-batch-size", "8"], "--auto-parallel chooses the ZeRO stage, but --deepspeed-config "
+                                                      "sets zero_optimization.stage"),
+])
+def test_train_py_reads_the_json_once_on_the_error_paths_too(argv, named, tmp_path, monkeypatch):
+    """train.py's own path (validate -> configure): a check's error naming a key the JSON set, with one parse."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({**ONEBIT, "zero_optimization": {"stage": 1}}))
+    reads = _counting_reads(monkeypatch)
+    line = _line(["--deepspeed-config", str(path), "--train-iters", "20"] + argv)
+    assert named in line and reads == [str(path)], (line, reads)
+
+
+def test_onebitadam_without_freeze_step_or_with_a_bad_one_names_the_key(tmp_path):
+    for params, message in (({}, "optimizer OneBitAdam needs params.freeze_step"),
+                            ({"freeze_step": "7"}, "optimizer.params.freeze_step must be an integer"),
+                            ({"freeze_step": 0}, "optimizer.params.freeze_step must be in [1, ")):
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps({"optimizer": {"type": "OneBitAdam", "params": params}}))
+        with pytest.raises(ValueError, match=re.escape(message)):
+            run_config(parse_args(["--deepspeed-config", str(path)]), world=2)
