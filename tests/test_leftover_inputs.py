@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -151,3 +152,44 @@ def test_onebitadam_without_freeze_step_or_with_a_bad_one_names_the_key(tmp_path
         path.write_text(json.dumps({"optimizer": {"type": "OneBitAdam", "params": params}}))
         with pytest.raises(ValueError, match=re.escape(message)):
             run_config(parse_args(["--deepspeed-config", str(path)]), world=2)
+
+
+# --- 4. hybrid calibrate times the all-reduces without patching a Group ------------------------------------------
+def test_calibrate_patches_no_attribute_at_run_time():
+    """No assignment to or deletion of an attribute named like a Group method anywhere in calibrate.py (it swapped
+    `group.all_reduce` for a timed wrapper and deleted it after)."""
+    import ast
+    import inspect
+
+    from hybrid.comm import Group
+    from hybrid.planner import calibrate
+    methods = {name for name, v in vars(Group).items() if callable(v) or isinstance(v, (classmethod, property))}
+    tree = ast.parse(inspect.getsource(calibrate))
+    targets = [t for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete))
+               for t in (node.targets if not isinstance(node, ast.AugAssign) else [node.target])]
+    patched = [ast.unparse(t) for t in targets if isinstance(t, ast.Attribute) and t.attr in methods]
+    assert not patched, patched
+    assert "all_reduce" in methods and "setattr(" not in inspect.getsource(calibrate)
+
+
+def test_thread_timed_group_counts_on_the_ledger_and_sums_the_thread_seconds_inside(monkeypatch):
+    """The pair probe's group: Group.all_reduce's ledger record (bytes) and the calling thread's CPU inside the call
+    (here a stand-in collective that burns ~20 ms of CPU), and nothing outside it."""
+    from hybrid import comm
+    from hybrid.planner.calibrate import ThreadTimedGroup
+
+    def busy_all_reduce(t, op=None, group=None):
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+    monkeypatch.setattr(comm.dist, "all_reduce", busy_all_reduce)  # no process group: the collective stood in
+    ledger = comm.CommLedger()
+    group = ThreadTimedGroup.of(comm.Group(name="tp", ranks=(0, 1), pg=None, ledger=ledger))
+    t = torch.ones(8)
+    for _ in range(2):
+        assert group.all_reduce(t) is t
+    end = time.thread_time() + 0.02
+    while time.thread_time() < end:  # outside the calls: not counted
+        pass
+    assert ledger.calls("all_reduce", "tp") == 2 and ledger.bytes("all_reduce", "tp") == 2 * 32
+    assert 0.04 <= group.all_reduce_thread_s < 0.06, group.all_reduce_thread_s
