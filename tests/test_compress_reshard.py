@@ -75,8 +75,8 @@ def test_powersgd_factors_at_another_dp_equal_given_the_mean_error():
 
 # --- PP and TP: train.py -----------------------------------------------------------------------------------------
 def _run(flags: list[str], world: int):
-    out = testing.torchrun(runnable(COMMON + flags), world, env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
-                           timeout=600)
+    out = testing.torchrun(runnable(COMMON + flags), world, env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"},
+                           cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 

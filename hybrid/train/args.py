@@ -34,8 +34,8 @@ from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_
 from hybrid.pipeline import ScheduleKind
 from hybrid.pipeline.args import check_zero_bubble
 from hybrid.precision import Precision
-from hybrid.train.config import (DEFAULT_MIN_LR, FLAGS, MAX_SEED, ModelSetup, ParallelConfig, PipelinePlan, RunConfig,  # noqa: F401
-                                 TrainingConfig)
+from hybrid.train.config import (DEFAULT_MIN_LR, FLAGS, MAX_SEED, ModelSetup, ParallelConfig,  # noqa: F401
+                                 PipelinePlan, RunConfig, TrainingConfig)
 from hybrid.train_step import OptimizerConfig
 from hybrid.zero import CpuAdam, ZeroConfig
 from hybrid.zero.ds_config import DeepSpeedSettings, deepspeed_origins, name_keys, read_deepspeed_config
