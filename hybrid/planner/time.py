@@ -374,11 +374,12 @@ def recompute_stops_early(work: Workload, layout: Layout) -> bool:
     """Does full recomputation stop before the layer's last linear? torch's non-reentrant checkpoint (this runtime,
     models/common.py; torchtitan, Composer, OLMo-core, FSDP's checkpoint_wrapper: the PyTorch stack) stops its rerun
     as soon as the last tensor the backward needs is saved again (torch.utils.checkpoint `early_stop`, on by
-    default since pytorch/pytorch PR 96866, March 2023: PyTorch 2.1; MosaicML's H100 sweep ran a 2.1 nightly). Autograd saves an op's inputs before it runs the op (the generated VariableType
-    code builds the node, packing self and mat2, then dispatches), so the last saved tensor is the down projection's
-    input: its GEMM and the ops after it (the residual add, a dropout) are not rerun -- checked on torch in
-    tests/test_planner_noac.py. Megatron's reentrant checkpoint reruns the whole layer; TE / torchao FP8 linears are
-    autograd Functions that save after their GEMM: the whole layer too."""
+    default since pytorch/pytorch PR 96866, March 2023: PyTorch 2.1; MosaicML's H100 sweep ran a 2.1 nightly).
+    Autograd saves an op's inputs before it runs the op (the generated VariableType code builds the node, packing
+    self and mat2, then dispatches), so the last saved tensor is the down projection's input: its GEMM and the ops
+    after it (the residual add, a dropout) are not rerun -- checked on torch in tests/test_planner_noac.py.
+    Megatron's reentrant checkpoint reruns the whole layer; TE / torchao FP8 linears are autograd Functions that
+    save after their GEMM: the whole layer too."""
     return work.pytorch_native(layout) and not work.fp8
 
 
