@@ -93,15 +93,20 @@ def memory_growth_mb(baseline_kb: int) -> float:
 
 # --- the runners: one rank of one framework -----------------------------------------------------
 
-def _time_steps(step, args) -> list[float]:
+def _time_steps(step, args, cpu: list[float] | None = None) -> list[float]:
     """`warmup` untimed steps (buffers, kernels, DeepSpeed's JIT op), then `steps` timed ones, each
-    started after a barrier so every rank's clock starts together."""
-    times = []
+    started after a barrier so every rank's clock starts together. `cpu`: filled with each timed step's CPU
+    seconds of this process (every thread: compute, the backend's communication threads, the kernel's work for
+    them, page faults included), which other load on the machine changes far less than the wall time."""
+    times, cpus = [], []
     for it in range(args.warmup + args.steps):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step(it)
         times.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    if cpu is not None:
+        cpu.extend(cpus[args.warmup:])
     return times[args.warmup:]
 
 
@@ -139,8 +144,9 @@ def _time_hybrid(rank, args, mesh, model, zero, base: int, label: str) -> dict:
     def step(it):
         mesh.ledger.reset()
         train_step(model, [batch(args, rank, it)], zero, mesh, runner=LocalForwardBackward(model[0], mesh.device))
-    times = _time_steps(step, args)
-    out = {"times": times, "mem_mb": memory_growth_mb(base), "optimizer": label,
+    cpu: list[float] = []
+    times = _time_steps(step, args, cpu)
+    out = {"times": times, "cpu": cpu, "mem_mb": memory_growth_mb(base), "optimizer": label,
            "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g),
            "opt_times": opt_times[args.warmup:], "opt_numel": sum(u.shard_numel for u in zero.units)}
     out.update(_kernel_alone(zero))
@@ -209,16 +215,25 @@ def _torch_fused_adamw_row(model, args, rank: int, base) -> dict:
         model(x, y).backward()
         opt.step()
         opt.zero_grad()
-    times = _time_steps(step, args)
-    return {"times": times, "mem_mb": memory_growth_mb(base), "bytes": None, "optimizer": "torch AdamW fused"}
+    cpu: list[float] = []
+    times = _time_steps(step, args, cpu)
+    return {"times": times, "cpu": cpu, "mem_mb": memory_growth_mb(base), "bytes": None,
+            "optimizer": "torch AdamW fused"}
 
 
 def run_ddp(rank, world, args, kernel):
     """torch DDP as its docs recommend: gradients as bucket views (no copy into the buckets), the default 25 MB
-    buckets overlapped with backward, static graph; torch's fused AdamW."""
+    buckets overlapped with backward, static graph; torch's fused AdamW. `kernel` "fused+alloc": with glibc's
+    thresholds set as hybrid's ZeroOptimizer sets them on CPU (hybrid/zero/host_alloc.py; what PyTorch's CPU
+    tuning guide gets from jemalloc / tcmalloc), after DDP has built its buckets as hybrid after its flat buffers,
+    so the ratio to hybrid is about data parallelism, not the allocator."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     base = memory_baseline()
     model = DDP(build(args), gradient_as_bucket_view=True, static_graph=True)
+    if kernel == "fused+alloc":
+        from hybrid.zero.host_alloc import retain_freed_host_memory
+        if not retain_freed_host_memory():
+            raise RuntimeError("glibc's malloc thresholds could not be set (not glibc, or set by the user)")
     return _torch_fused_adamw_row(model, args, rank, base)
 
 
@@ -299,8 +314,10 @@ ROWS += [("hybrid ZeRO-1, gather overlap off", run_hybrid_overlap, "1:off", None
 DDP_FROM = len(ROWS)  # hybrid ZeRO 1-2 as train.py runs them against torch DDP (ratio DDP / hybrid)
 ROWS += [("hybrid ZeRO-1", run_hybrid_stage, "1", None),
          ("torch DDP", run_ddp, "fused", DDP_FROM),
+         ("torch DDP, hybrid's host allocator setting", run_ddp, "fused+alloc", DDP_FROM),
          ("hybrid ZeRO-2", run_hybrid_stage, "2", None),
-         ("torch DDP", run_ddp, "fused", DDP_FROM + 2)]
+         ("torch DDP", run_ddp, "fused", DDP_FROM + 3),
+         ("torch DDP, hybrid's host allocator setting", run_ddp, "fused+alloc", DDP_FROM + 3)]
 
 
 def _spawned(rank, world, index, args):
@@ -319,6 +336,8 @@ def _summary(res: list[dict]) -> dict:
     per_step = [max(ts) for ts in zip(*(r["times"] for r in res))]  # a step lasts as long as its slowest rank
     out = {"step_s": statistics.median(per_step), "mem_mb": max(r["mem_mb"] for r in res),
            "optimizer": res[0]["optimizer"], "bytes": res[0]["bytes"]}
+    if res[0].get("cpu"):  # CPU seconds a step, every rank's summed
+        out["cpu_s"] = statistics.median(sum(cs) for cs in zip(*(r["cpu"] for r in res)))
     if res[0].get("opt_times"):  # the optimizer step alone: the slowest rank's, and the largest shard
         out["opt_s"] = statistics.median(max(ts) for ts in zip(*(r["opt_times"] for r in res)))
         out["opt_numel"] = max(r["opt_numel"] for r in res)
@@ -457,6 +476,24 @@ def framework_table(results: list[list[dict]], rows: range | None = None,
     return lines
 
 
+def cpu_table(results: list[list[dict]], rows: range) -> list[str]:
+    """CPU seconds a step (every rank's process, all threads, summed; the median over steps) and their ratio to the
+    reference row's in the same repeat: the work each framework does, which other load changes far less than the
+    wall time (it does not see waiting, the overlap's gain)."""
+    lines = ["| framework | CPU s a step, all ranks (median of repeats; per repeat) | ratio to hybrid's CPU s: median "
+             "(min - max over repeats) |", "|---|---|---|"]
+    for i in rows:
+        name, _, kernel, ref = ROWS[i]
+        ok = [r[i]["cpu_s"] for r in results if "cpu_s" in r[i]]
+        if not ok:
+            continue
+        ratios = [r[i]["cpu_s"] / r[ref]["cpu_s"] for r in results if ref is not None and "cpu_s" in r[i]
+                  and "cpu_s" in r[ref]]
+        cell = f"{statistics.median(ratios):.2f} ({_spread(ratios)})" if ratios else "(reference)"
+        lines.append(f"| {name} | {statistics.median(ok):.2f} ({', '.join(f'{c:.2f}' for c in ok)}) | {cell} |")
+    return lines
+
+
 def args_dp(results: list[list[dict]]) -> int:
     """The ranks that stepped at once in the training rows (the DP size)."""
     return max((c.get("ranks", 1) for r in results for c in r), default=1)
@@ -550,7 +587,12 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
                   "on) against torch DDP (gradient_as_bucket_view, static_graph, default buckets, fused AdamW), the "
                   "same model, fp32 and threads. Ratio = DDP / hybrid in the same repeat; above 1.0 hybrid is "
                   "faster.", "",
-                  *framework_table(results, range(DDP_FROM, len(ROWS)), "ratio DDP / hybrid")]
+                  *framework_table(results, range(DDP_FROM, len(ROWS)), "ratio DDP / hybrid"),
+                  "", "The same runs' CPU time. hybrid's ZeroOptimizer sets glibc's mmap and trim thresholds on CPU "
+                  "(hybrid/zero/host_alloc.py: freed large tensors -- autograd's weight gradients -- reused from the "
+                  "heap instead of faulted in afresh each step); the rows 'hybrid's host allocator setting' give DDP "
+                  "the same, so the ratio to them is the one about data parallelism.", "",
+                  *cpu_table(results, range(DDP_FROM, len(ROWS)))]
     if not args.overlap_only:
         lines += optimizer_step_table(results, opt_rows)
     if opt_rows:
