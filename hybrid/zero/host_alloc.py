@@ -3,8 +3,8 @@
 glibc maps every allocation above its mmap threshold (dynamic, at most 32 MB) with a fresh `mmap` and unmaps it
 when freed, so each new large tensor's first write faults once per 4 kB page and the kernel zeroes every page. A
 training step allocates its large gradients afresh: on the bench's 101M Llama (36000 x 1024 embedding and LM head,
-147 MB each) autograd's two weight gradients alone are ~72k page faults a rank a step, ~90 ms of a ~0.37 s backward
-on one core (measured, `tests/test_zero12_host_alloc.py` counts them). `BufferPool` (buffers.py) already keeps the
+147 MB each) autograd's two weight gradients alone are ~72k page faults a rank a step, 70-110 ms of a ~0.37 s
+backward on one core (measured; `tests/test_zero12_host_alloc.py` counts the faults of a 64 MB tensor). `BufferPool` (buffers.py) already keeps the
 reductions' own temporaries; these are autograd's, which no pool of ours can hand out.
 
 Raising glibc's mmap threshold (and the trim threshold with it) makes those allocations come from the heap, whose
