@@ -23,12 +23,16 @@ BIG = 64 * 2**20 // 4  # fp32 elements: 64 MB, above glibc's largest dynamic mma
 PAGES = 64 * 2**20 // 4096
 
 
-def _faults_of_a_fresh_big_tensor() -> int:
-    """Minor page faults of allocating, writing and freeing a 64 MB tensor twice (the second time is counted)."""
+def _faults_of_a_fresh_big_tensor(tries: int = 3) -> int:
+    """Minor page faults of allocating, writing and freeing a 64 MB tensor again after a first time: the fewest of
+    `tries` (a fault another thread of the process takes meanwhile is counted too)."""
     torch.ones(BIG).sum()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    torch.ones(BIG).sum()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    counts = []
+    for _ in range(tries):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        torch.ones(BIG).sum()
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return min(counts)
 
 
 def _rank(rank: int, world: int) -> dict:
@@ -38,7 +42,14 @@ def _rank(rank: int, world: int) -> dict:
     zero = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=1), OptimizerConfig(lr=1e-3))
     ids = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(rank))
     loss = train_step(chunks, [(ids[:, :-1], ids[:, 1:])], zero, mesh, runner=LocalForwardBackward(chunks[0], mesh.device))
-    return {"default": default, "after": _faults_of_a_fresh_big_tensor(), "loss": loss}
+    from hybrid.zero.host_alloc import retain_freed_host_memory
+    return {"default": default, "after": _faults_of_a_fresh_big_tensor(), "loss": loss,
+            "applied": retain_freed_host_memory(), "brk": _heap_end()}
+
+
+def _heap_end() -> str:
+    with open("/proc/self/maps") as f:
+        return " | ".join(line.strip() for line in f if "[heap]" in line)
 
 
 @pytest.mark.skipif(not platform.libc_ver()[0] == "glibc", reason="glibc's malloc only")
@@ -48,7 +59,7 @@ def test_dp_rank_reuses_freed_host_memory_after_building_zero():
     ranks)."""
     for r in run_distributed(_rank, 2):
         assert r["default"] > PAGES // 2, f"baseline: {r['default']} faults for {PAGES} pages"
-        assert r["after"] < PAGES // 100, f"after ZeroOptimizer: {r['after']} faults for {PAGES} pages"
+        assert r["after"] < PAGES // 100, f"after ZeroOptimizer: {r['after']} faults for {PAGES} pages; {r}"
         assert torch.isfinite(torch.tensor(r["loss"]))
 
 
