@@ -174,6 +174,7 @@ def _claim_or_stop(heartbeat: Heartbeat, kind: str) -> None:
 
 def _exit_after_others(heartbeat: Heartbeat, lost: int, status: int) -> None:
     heartbeat.wait_for_others(heartbeat.world - 1 - lost, deadline_s=max(10.0, 2 * heartbeat.interval + 2))
+    time.sleep(1.0)  # they counted themselves stopped just before exiting: let the launcher (its poll: 0.1 s) see it
     heartbeat.stop()
     sys.stdout.flush()
     sys.stderr.flush()

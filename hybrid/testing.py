@@ -27,8 +27,9 @@ End-to-end runs of the training entry point go the same way, as the command line
 
 `launch` forks `world` ranks that each run `python -m hybrid.train ARGV` -- torchrun's environment (RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, OMP_NUM_THREADS=1), stdout and stderr to files, the
-exit status a shell would see -- and gives each rank's status, output and exit time; `torchrun` joins them as
-torchrun's own output would, tearing the job down when a rank fails. A test whose subject is torchrun itself
+exit status a shell would see -- and gives each rank's status, output and exit time (`launch_together`: several
+such jobs at once, their waits overlapping); `torchrun` joins them as torchrun's own output would, tearing the job
+down when a rank fails. A test whose subject is torchrun itself
 (restarts, elastic membership, its error files and failure summary) runs the real one -- with its workers forked
 too, where the workers' own process tree is not the subject:
 
@@ -422,39 +423,76 @@ def launch(argv: list[str], world: int, env: dict[str, str | None] | None = None
     (SIGTERM, SIGKILL after `term_grace` s); None waits for every rank. `kill_stopped`: end the wait once every
     rank left is SIGSTOPped after an injected fault. `entry` must be importable by name (a module-level function).
     """
-    port = free_port()
-    procs = []
-    for r in range(world):
-        rank_env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
-                        LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", OMP_NUM_THREADS="1")
-        procs.append(Forked(argv, environment({**(env or {}), **(rank_env if launcher_env else {})}), cwd, entry,
-                            name=str(r)))
-    exited: dict[int, float] = {}
-    injected: dict[int, float] = {}
-    deadline = time.monotonic() + timeout
-    teardown: float | None = None
-    while len(exited) < world and time.monotonic() < deadline:
-        for r, p in enumerate(procs):
-            if r not in exited and p.poll() is not None:
-                exited[r] = time.monotonic()
-                if p.returncode != 0 and teardown_after is not None and teardown is None:
-                    teardown = exited[r] + teardown_after
-            if r not in injected and "inject:" in p.stdout():
-                injected[r] = time.monotonic()
-        if teardown is not None and time.monotonic() >= teardown:
-            _stop(procs, term_grace)
-            continue
-        if kill_stopped and injected and all(r in exited or _stopped(procs[r].pid) for r in range(world)):
-            break  # only SIGSTOPped ranks are left
-        time.sleep(0.1)
-    for p in procs:
-        p.kill()
-        p.wait()
-    runs = [RankRun(r, p.returncode if r in exited else None, p.stdout(), p.stderr(), exited.get(r), injected.get(r))
-            for r, p in enumerate(procs)]
-    for p in procs:
-        shutil.rmtree(p.folder, ignore_errors=True)
+    (runs,) = launch_together([dict(argv=argv, world=world, env=env, timeout=timeout, kill_stopped=kill_stopped,
+                                    teardown_after=teardown_after, cwd=cwd, entry=entry, term_grace=term_grace,
+                                    launcher_env=launcher_env)])
     return runs
+
+
+def launch_together(jobs: list[dict]) -> list[list[RankRun]]:
+    """Several `launch`es at once (each dict: `launch`'s keyword arguments), watched by one poll loop: their
+    start-up and their waits (a watchdog timeout, a collective timeout) overlap instead of adding up. Each job
+    has its own port, deadline and exit times, as if launched alone."""
+    running = [_Job(**job) for job in jobs]
+    while not all(job.done for job in running):
+        for job in running:
+            job.poll()
+        time.sleep(0.1)
+    return [job.finish() for job in running]
+
+
+class _Job:
+    """One `launch`'s ranks and what its poll loop has seen: exit and first "inject:" times per rank."""
+
+    def __init__(self, argv: list[str], world: int, env: dict[str, str | None] | None = None,
+                 timeout: float = 120.0, kill_stopped: bool = True, teardown_after: float | None = None,
+                 cwd: str | None = None, entry: Callable = train_main, term_grace: float = 5.0,
+                 launcher_env: bool = True) -> None:
+        port = free_port()
+        self.world, self.kill_stopped, self.teardown_after, self.term_grace = world, kill_stopped, teardown_after, \
+            term_grace
+        self.procs = []
+        for r in range(world):
+            rank_env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(world),
+                            LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", OMP_NUM_THREADS="1")
+            self.procs.append(Forked(argv, environment({**(env or {}), **(rank_env if launcher_env else {})}), cwd,
+                                     entry, name=str(r)))
+        self.exited: dict[int, float] = {}
+        self.injected: dict[int, float] = {}
+        self.deadline = time.monotonic() + timeout
+        self.teardown: float | None = None
+        self.done = False
+
+    def poll(self) -> None:
+        """One look at the ranks (the body of launch's loop); sets `done` when the wait is over."""
+        if self.done:
+            return
+        if len(self.exited) == self.world or time.monotonic() >= self.deadline:
+            self.done = True
+            return
+        for r, p in enumerate(self.procs):
+            if r not in self.exited and p.poll() is not None:
+                self.exited[r] = time.monotonic()
+                if p.returncode != 0 and self.teardown_after is not None and self.teardown is None:
+                    self.teardown = self.exited[r] + self.teardown_after
+            if r not in self.injected and "inject:" in p.stdout():
+                self.injected[r] = time.monotonic()
+        if self.teardown is not None and time.monotonic() >= self.teardown:
+            _stop(self.procs, self.term_grace)
+            return
+        if self.kill_stopped and self.injected and all(r in self.exited or _stopped(self.procs[r].pid)
+                                                       for r in range(self.world)):
+            self.done = True  # only SIGSTOPped ranks are left
+
+    def finish(self) -> list[RankRun]:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        runs = [RankRun(r, p.returncode if r in self.exited else None, p.stdout(), p.stderr(), self.exited.get(r),
+                        self.injected.get(r)) for r, p in enumerate(self.procs)]
+        for p in self.procs:
+            shutil.rmtree(p.folder, ignore_errors=True)
+        return runs
 
 
 def torchrun(argv: list[str], nproc: int, env: dict[str, str | None] | None = None, cwd: str | None = None,

@@ -8,6 +8,10 @@ AdamW, on the reference corpus (docs/data.md: Python's pydoc topics as bytes), T
     [--powersgd-extra-ranks 16] [--powersgd-start-iter 20] [--onebit-freeze-iters 20] [--simulated-dp-bandwidth GBPS]
     [--hidden-size H] [--powersgd-min-compression-rate 2]      (diagnostics: another width; compress fewer matrices)
     [--lr 3e-3] [--adam-beta2 0.95] [--lr-warmup-iters 0] [--lr-decay-style constant] [--min-lr 0]
+    [--powersgd-variant epfml] [--powersgd-no-error-feedback] [--optimizer sgd] [--sgd-momentum 0.9]
+                                                (diagnostics: the PowerSGD authors' library's two half iterations a
+                                                step; no error feedback; SGD with momentum for AdamW's row and
+                                                PowerSGD's)
 
 Every row runs the same optimizer settings and the same learning-rate schedule (OptimizerConfig.lr_at, the rate
 passed to each step as train.py does): the compressors change only the DP exchange.
@@ -76,7 +80,8 @@ def _opt_cfg(args):
     """Every row's schedule (the compressors' optimizers read the same rate per step)."""
     from hybrid.train_step import OptimizerConfig
     return OptimizerConfig(lr=args.lr, min_lr=args.min_lr, weight_decay=0.01, beta2=args.adam_beta2,
-                           warmup_iters=args.lr_warmup_iters, decay_style=args.lr_decay_style, train_iters=args.steps)
+                           warmup_iters=args.lr_warmup_iters, decay_style=args.lr_decay_style, train_iters=args.steps,
+                           optimizer=args.optimizer, sgd_momentum=args.sgd_momentum)
 
 
 def _loop(mesh, args, opt, chunks, spec, runner):
@@ -116,7 +121,8 @@ def _powersgd_cfg(args):
     """The PowerSGD row's config: the run's rank, start and minimum compression rate."""
     from hybrid.compress.powersgd import PowerSGDConfig
     return PowerSGDConfig(rank=args.powersgd_rank, start_iter=args.powersgd_start_iter,
-                          min_compression_rate=args.powersgd_min_compression_rate)
+                          min_compression_rate=args.powersgd_min_compression_rate, variant=args.powersgd_variant,
+                          error_feedback=not args.powersgd_no_error_feedback)
 
 
 def row_powersgd(mesh, args):
@@ -188,6 +194,19 @@ def _min_rate(args) -> str:
     return "" if rate == 2 else f", min compression rate {rate:g} (matrices with n m <= {rate:g} r (n + m) whole)"
 
 
+def _variant(args) -> str:
+    """The PowerSGD diagnostics and the optimizer, when not the defaults, for the table's header."""
+    out = ""
+    if args.powersgd_variant != "torch":
+        out += f", PowerSGD variant {args.powersgd_variant} (two half power iterations a step, the authors' library)"
+    if args.powersgd_no_error_feedback:
+        out += ", PowerSGD without error feedback"
+    if args.optimizer == "sgd":
+        out += (f"; optimizer SGD, momentum {args.sgd_momentum} (the 'AdamW' row is synchronous SGD; 1-bit Adam stays "
+                f"Adam)")
+    return out
+
+
 def report(rows: dict[str, dict], args) -> str:
     base = rows["AdamW (synchronous)"]
     lines = [f"# Communication-efficient DP: loss and DP bytes vs synchronous AdamW "
@@ -198,7 +217,7 @@ def report(rows: dict[str, dict], args) -> str:
              f"{args.lr} ({args.lr_warmup_iters} warm-up steps, then {args.lr_decay_style}"
              f"{'' if args.lr_decay_style == 'constant' else f' to {args.min_lr}'}), Adam betas (0.9, "
              f"{args.adam_beta2}), weight decay 0.01 -- every row; PowerSGD rank {args.powersgd_rank}"
-             f"{_min_rate(args)}"
+             f"{_min_rate(args)}{_variant(args)}"
              f"; the reference "
              f"corpus (docs/data.md); simulated DP link: "
              f"{f'{args.simulated_dp_bandwidth} GB/s' if args.simulated_dp_bandwidth else 'off'}",
@@ -230,6 +249,10 @@ def main(argv=None) -> None:
     p.add_argument("--seq", type=positive_int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--adam-beta2", type=float, default=0.95, help="every row's (train.py's default, Megatron's)")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                   help="the AdamW and PowerSGD rows' optimizer (sgd: SGD with --sgd-momentum, PowerSGD's paper's); "
+                        "1-bit Adam is always Adam")
+    p.add_argument("--sgd-momentum", type=float, default=0.9)
     p.add_argument("--min-lr", type=float, default=0.0, help="the decay's floor (with --lr-decay-style linear/cosine)")
     p.add_argument("--lr-warmup-iters", type=int, default=0)
     p.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default="constant")
@@ -248,6 +271,11 @@ def main(argv=None) -> None:
                    help="compress a matrix only when n m > RATE r (n + m) (torch's min_compression_rate, default 2; "
                         "the PowerSGD authors' library's README example uses 10): a diagnostic of the bench, "
                         "train.py keeps torch's 2")
+    p.add_argument("--powersgd-variant", choices=("torch", "epfml"), default="torch",
+                   help="torch (default): torch's powerSGD_hook; epfml: the PowerSGD authors' library, two half power "
+                        "iterations a step with error feedback after each (num_iters_per_step 2)")
+    p.add_argument("--powersgd-no-error-feedback", action="store_true",
+                   help="torch's use_error_feedback=False: the residual is dropped, not carried (a diagnostic)")
     p.add_argument("--powersgd-start-iter", type=int, default=20)
     p.add_argument("--onebit-freeze-iters", type=int, default=20)
     p.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS")

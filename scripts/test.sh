@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh) and runs the whole test suite on CPU with gloo. Extra args go to pytest.
-# Two pytest-xdist workers, one file per worker at a time (module fixtures run once), longest files first, and
-# the timing-sensitive tests (@pytest.mark.serial) alone: see tests/conftest.py. Many tests wait on process
+# Two pytest-xdist workers, one file per worker at a time (module fixtures run once), longest files first (and a
+# test marked @pytest.mark.serial alone; none is now): see tests/conftest.py. Many tests wait on process
 # start-up, rendezvous and timeouts, so two workers overlap that waiting even on 2 cores.
 #
 #   bash scripts/test.sh           # everything (CI: .ci/run)

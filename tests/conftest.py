@@ -7,17 +7,20 @@ loadfile`) without changing what any test sees, the fast tier's marker, and per-
 * Under xdist the files go out longest first (HEAVY, measured wall times on 2 cores): the longest file starts at
   once instead of last, and the short files fill in at the end (longest-processing-time-first scheduling).
   Without xdist the order is pytest's own.
-* Tests marked `serial` measure time -- a verdict within the watchdog timeout, a straggler named against its
-  peers, a collective timeout -- and their bounds were set for one test at a time on a loaded machine. Under
-  xdist such a test runs alone: it takes a lock the other worker's tests share, so the other worker waits between
-  two tests until it is done (and a serial test waiting for the lock keeps new tests from starting, so it is not
-  starved). Without xdist every test already runs alone.
+* A test marked `serial` runs alone under xdist: it takes a lock the other worker's tests share, so the other
+  worker waits between two tests until it is done (and a serial test waiting for the lock keeps new tests from
+  starting, so it is not starved); without xdist every test already runs alone. It costs the other core for the
+  test's whole length, so no test takes it now: the timing tests (a verdict within the watchdog timeout, a
+  straggler named against its peers, a collective timeout) each derive a bound that holds with another test
+  running beside them -- wall-clock waits that load does not lengthen, ranks compared within one run (see
+  test_fault_hang's and test_fault_nodes' comments). It stays for a bound that cannot be derived so.
 * `slow` marks what the fast tier (`python -m pytest -m "not slow"`, the edit-test loop) leaves out: end-to-end
   launches, the larger multi-rank matrices (a file's fast cases in a launch of their own, the rest in another,
   as test_cp_training, test_zero and test_cp_models do), documented commands, benchmarks, the planner's
   whole-space searches of published models. Each such mark names the faster test that
   keeps its subject in the fast tier. The full suite runs everything.
-* Each run records how long each file took (setup + call + teardown of its tests, wall seconds) in pytest's cache
+* Each run records how long each file took (setup + call + teardown of its tests, wall seconds, and the CPU
+  seconds of the worker's process tree meanwhile: `_tree_cpu`) in pytest's cache
   (.pytest_cache/v/hybrid/durations: a file's entry is replaced only when all its tests ran, so a -k or -m run
   does not shorten it) and prints the table at the end. The longest-first order uses those records, falling back
   to HEAVY (a clean clone's measurements, tests/durations.json) for files this checkout never ran whole, and to
@@ -109,6 +112,7 @@ class _Durations:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
         self.done: dict[str, int] = defaultdict(int)
         self.collected: dict[str, int] = defaultdict(int)
         self.partial: set[str] = set()
@@ -123,6 +127,7 @@ class _Durations:
     def report(self, report: pytest.TestReport) -> None:
         f = _file(report.nodeid)
         self.seconds[f] += report.duration
+        self.cpu[f] += dict(report.user_properties).get("cpu_seconds", 0.0)
         if report.when == "teardown":
             self.done[f] += 1
 
@@ -135,7 +140,8 @@ class _Durations:
         if getattr(self.config, "cache", None) is not None and whole:
             record = self.config.cache.get(CACHE_KEY, {"files": {}})
             stamp = time.strftime("%Y-%m-%d %H:%M")
-            record["files"].update({f: {"seconds": s, "tests": self.done[f], "at": stamp} for f, s in whole.items()})
+            record["files"].update({f: {"seconds": s, "cpu_seconds": round(self.cpu[f], 1), "tests": self.done[f],
+                                        "at": stamp} for f, s in whole.items()})
             self.config.cache.set(CACHE_KEY, record)
         if self.config.getoption("write_durations") and whole:
             table = {**HEAVY, **whole}
@@ -143,9 +149,11 @@ class _Durations:
                 json.dump(dict(sorted(table.items(), key=lambda kv: -kv[1])), out, indent=0)
                 out.write("\n")
         if terminal is not None and self.seconds:
-            terminal.write_sep("-", "seconds per test file (setup + call + teardown; * = not every test ran)")
+            terminal.write_sep("-", "seconds per test file: wall, CPU of the worker's process tree (setup + call + "
+                                    "teardown; * = not every test ran)")
             for f, s in sorted(self.seconds.items(), key=lambda kv: -kv[1]):
-                terminal.write_line(f"{s:8.1f}  {f}{'' if f in whole else ' *'}")
+                terminal.write_line(f"{s:8.1f} {self.cpu[f]:8.1f}  {f}{'' if f in whole else ' *'}")
+            terminal.write_line(f"{sum(self.seconds.values()):8.1f} {sum(self.cpu.values()):8.1f}  (all files)")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -165,6 +173,42 @@ def pytest_testnodedown(node, error) -> None:
     durations = node.config._hybrid_durations
     if durations is not None:
         durations.partial |= set(getattr(node, "workeroutput", {}).get("partial_files", []))
+
+
+def _tree_cpu() -> float:
+    """CPU seconds (user + sys) so far of this process, the children it has reaped (torchrun agents, commands run
+    as subprocesses, with what they reaped), and hybrid.testing's forkserver with the ranks it has reaped -- read
+    from /proc, as the forkserver is reaped only at the session's end (hybrid.testing.stop_forkserver). A rank
+    counts once reaped: at most a test late."""
+    t = os.times()
+    total = t.user + t.system + t.children_user + t.children_system
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    pid = forkserver._forkserver._forkserver_pid if forkserver is not None else None
+    if pid:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                utime_stime_cutime_cstime = f.read().rsplit(")", 1)[1].split()[11:15]  # fields 14-17 of proc(5)
+            total += sum(int(x) for x in utime_stime_cutime_cstime) / os.sysconf("SC_CLK_TCK")
+        except OSError:  # it has exited
+            pass
+    return total
+
+
+_CPU_MARK: list[float] = []  # _tree_cpu() at the end of the last phase (setup, call, teardown) of this process
+
+
+def pytest_runtest_logstart(nodeid: str, location) -> None:
+    _CPU_MARK[:] = [_tree_cpu()]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    """Each phase's report carries the CPU seconds of the process tree since the last (user_properties travel
+    from an xdist worker to the controller with the report)."""
+    outcome = yield
+    now = _tree_cpu()
+    outcome.get_result().user_properties.append(("cpu_seconds", now - (_CPU_MARK[0] if _CPU_MARK else now)))
+    _CPU_MARK[:] = [now]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

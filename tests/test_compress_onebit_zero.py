@@ -175,12 +175,12 @@ def test_onebit_adam_zero1_checkpoint_resumes_bit_for_bit_at_zero1_and_zero0_and
     pp 1 x dp 2, ZeRO 1, each saved: every tensor equals the original but the padding residuals (`onebit.rest/`,
     layout-specific). Loaded at dp 1: refused by name, as at ZeRO 0."""
     from tests.test_compress_reshard import _tensors
-    from tests.test_compress_train import COMMON, _losses
+    from tests.test_compress_train import COMMON, _losses, runnable
     from hybrid import testing
     root = str(tmp_path)
 
     def run(flags, tag):
-        out = testing.torchrun(COMMON + flags + ["--metrics-file", f"{root}/{tag}.jsonl"], 2,
+        out = testing.torchrun(runnable(COMMON + flags) + ["--metrics-file", f"{root}/{tag}.jsonl"], 2,
                                env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=_root(), timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         return _losses(f"{root}/{tag}.jsonl")
@@ -209,7 +209,7 @@ def test_onebit_adam_zero1_checkpoint_resumes_bit_for_bit_at_zero1_and_zero0_and
         assert len(kept) > len(saved) // 2
         for k in kept:
             assert torch.equal(got_t[k], saved[k]), (tag, k)
-    out = testing.torchrun(COMMON + ONEBIT_Z1 + BF16 + ["--load", f"{root}/straight", "--ckpt-step", "4"], 1,
+    out = testing.torchrun(runnable(COMMON + ONEBIT_Z1) + BF16 + ["--load", f"{root}/straight", "--ckpt-step", "4"], 1,
                            env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=_root(), timeout=600)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "saved at dp 2, this run has dp 1 (sign compression does not reshard across DP sizes); resume at dp 2" \

@@ -20,7 +20,8 @@ import bench_comm_efficient as bench  # noqa: E402
 def _args(**over) -> argparse.Namespace:
     base = dict(lr=3e-3, min_lr=3e-4, adam_beta2=0.95, lr_warmup_iters=0, lr_decay_style="constant", steps=300,
                 powersgd_rank=4, powersgd_extra_ranks=[], rows=[], model="tiny-llama", hidden_size=0,
-                powersgd_start_iter=60, powersgd_min_compression_rate=2.0)
+                powersgd_start_iter=60, powersgd_min_compression_rate=2.0, powersgd_variant="torch",
+                powersgd_no_error_feedback=False, optimizer="adam", sgd_momentum=0.9)
     return argparse.Namespace(**{**base, **over})
 
 

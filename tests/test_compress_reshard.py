@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from hybrid import testing
 from hybrid.checkpoint import store
+from tests.test_compress_train import runnable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ["--global-batch-size", "8", "--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1",
@@ -74,8 +75,8 @@ def test_powersgd_factors_at_another_dp_equal_given_the_mean_error():
 
 # --- PP and TP: train.py -----------------------------------------------------------------------------------------
 def _run(flags: list[str], world: int):
-    out = testing.torchrun(COMMON + flags, world, env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
-                           timeout=600)
+    out = testing.torchrun(runnable(COMMON + flags), world, env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"},
+                           cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -121,7 +122,7 @@ def _reshard(rank: int, world: int, flags: list[str], load: str, save: str) -> N
     from hybrid.train.args import parse_args, run_config
     from hybrid.train.loop import build_runner, run_info
     from hybrid.zero import ZeroOptimizer
-    run = run_config(parse_args(COMMON + flags + ["--train-iters", "6", "--load", load, "--ckpt-step", "4",
+    run = run_config(parse_args(runnable(COMMON + flags) + ["--train-iters", "6", "--load", load, "--ckpt-step", "4",
                                                   "--save", save]), world)
     mesh = Mesh.build(run.parallel.dims)
     tp = TPContext(mesh.tp, rng=ParallelRNG(run.training.seed, mesh.coords.tp, mesh.coords.pp, mesh.device))
@@ -193,7 +194,7 @@ def test_onebit_adam_error_feedback_round_trips_through_pp1_and_a_dp_change_is_r
         assert len(kept) > len(want) // 2
         for k in kept:
             assert torch.equal(got[k], want[k]), (tag, k)
-    out = testing.torchrun(COMMON + ONEBIT + ["--train-iters", "6", "--load", str(tmp_path / "ckpt")], 1,
+    out = testing.torchrun(runnable(COMMON + ONEBIT) + ["--train-iters", "6", "--load", str(tmp_path / "ckpt")], 1,
                            env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=ROOT, timeout=600)
     assert out.returncode != 0
     assert "saved at dp 2, this run has dp 1 (sign compression does not reshard across DP sizes); resume at dp 2" \

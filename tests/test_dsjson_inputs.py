@@ -134,6 +134,8 @@ def test_scheduler_refusals_name_the_reason(sch, message, tmp_path):
 # --- hybrid/compress/args.py: flags their method never reads ---------------------------------------------------
 @pytest.mark.parametrize("argv,world,message", [
     (["--powersgd-start-iter", "5"], 2, "--powersgd-start-iter 5 does nothing without --powersgd-rank"),
+    (["--powersgd-rank", "0", "--powersgd-start-iter", "2"], 2,
+     "--powersgd-start-iter 2 does nothing without --powersgd-rank (given as 0)"),
     (["--onebit-freeze-iters", "5"], 2, "--onebit-freeze-iters 5 is 1-bit Adam's; the run's optimizer is adam"),
     (["--simulated-dp-bandwidth", "0.5"], 1, "--simulated-dp-bandwidth 0.5 slows the DP gradient collectives, and "
                                              "at dp 1 there are none"),
@@ -147,7 +149,6 @@ def test_compression_flags_that_would_do_nothing_are_one_line(argv, world, messa
 
 @pytest.mark.parametrize("argv,world", [
     (["--powersgd-rank", "2", "--powersgd-start-iter", "5"], 2),
-    (["--powersgd-rank", "0", "--powersgd-start-iter", "2"], 2),  # explicitly off over a list that turned it on
     (["--optimizer", "onebit-adam", "--onebit-freeze-iters", "5", "--clip-grad", "0"], 2),
     (["--simulated-dp-bandwidth", "0.5"], 2),
     (["--simulated-dp-bandwidth", "0"], 1),  # off

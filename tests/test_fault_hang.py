@@ -1,6 +1,16 @@
 """Hang verdicts: a rank that stalls before a DP all-reduce, before a pipeline send, or stops
 (SIGSTOP) makes every live rank print one verdict line naming the group, the op, iteration 5,
-micro-batch 1 and the missing rank, then exit 75 within the watchdog timeout + 10 s."""
+micro-batch 1 and the missing rank, then exit 75 within the watchdog timeout + 10 s.
+
+The three jobs run at once (hybrid.testing.launch_together: their start-up and their 5 s waits overlap), beside
+whatever the other xdist worker runs. The bound needs no machine to itself: from the waiter's entry into the op,
+a live rank's path to its exit is wall-clock waits of hybrid/fault/watchdog.py, which load does not lengthen --
+the stall noticed after `timeout` (5 s) at the next check (interval = timeout / 10 = 0.5 s), the alarm seen by
+the others at their next check (0.5 s), one interval for every rank to publish (0.5 s), at most 2 intervals + 2 s
+for the peers' verdicts (3 s): 9.5 s -- plus milliseconds of CPU (a store read, the verdict, os._exit). The 5.5 s
+left of the 15 s cover the compute between the injection and that entry (part of a micro-batch), the launcher's
+poll (0.1 s) and scheduling delays. The watchdog's own thresholds (5 s without progress inside a step, a heartbeat
+2.5 s old) are wall-clock too, far above a tiny model's step and a 0.5 s heartbeat on a loaded 2-core machine."""
 
 from __future__ import annotations
 
@@ -8,7 +18,7 @@ import re
 
 import pytest
 
-from hybrid.testing import launch
+from hybrid.testing import launch_together
 from hybrid.fault.watchdog import EXIT_HANG, not_arrived, verdict
 
 TIMEOUT = 5  # --watchdog-timeout in these runs (seconds)
@@ -37,11 +47,25 @@ def _check_every_live_rank_exits_with_one_verdict(runs, stopped: set[int] = froz
     return lines
 
 
-@pytest.mark.serial  # exit within the watchdog timeout + 10 s: runs alone under xdist
+JOBS = {  # name -> (argv, world, HYBRID_FAULT)
+    "dp": (TP2_DP2, 4, "hang:rank=2,op=dp.all_reduce,iteration=5,microbatch=1"),
+    "pp": (PP2, 2, "hang:rank=1,op=pp.send,iteration=5,microbatch=1"),
+    "stop": (TP2_DP2, 4, "stop:rank=2,op=dp.all_reduce,iteration=5,microbatch=1"),
+}
+
+
+@pytest.fixture(scope="module")
+def hung() -> dict:
+    """The three jobs launched together, each as `launch` alone would run it: name -> its ranks' runs."""
+    names = list(JOBS)
+    runs = launch_together([dict(argv=JOBS[n][0], world=JOBS[n][1], env={"HYBRID_FAULT": JOBS[n][2]})
+                            for n in names])
+    return dict(zip(names, runs))
+
+
 @pytest.mark.slow
-def test_a_rank_stalled_before_a_dp_all_reduce_is_named_by_every_live_rank():
-    runs = launch(TP2_DP2, 4, {"HYBRID_FAULT": "hang:rank=2,op=dp.all_reduce,iteration=5,microbatch=1"})
-    lines = _check_every_live_rank_exits_with_one_verdict(runs)
+def test_a_rank_stalled_before_a_dp_all_reduce_is_named_by_every_live_rank(hung):
+    lines = _check_every_live_rank_exits_with_one_verdict(hung["dp"])
     # rank 0 shares the DP group [0, 2]: it waits in the all-reduce rank 2 never started
     assert re.search(r"rank 0 waited [\d.]+s in dp all_reduce #\d+ \(group dp ranks \[0, 2\]\) at iteration 5 "
                      r"micro-batch 1; not arrived: rank 2 \(", lines[0]), lines[0]
@@ -50,22 +74,18 @@ def test_a_rank_stalled_before_a_dp_all_reduce_is_named_by_every_live_rank():
     assert "rank 2 is in no communication op" in lines[2] and "rank 0 in dp all_reduce" in lines[2], lines[2]
 
 
-@pytest.mark.serial  # exit within the watchdog timeout + 10 s: runs alone under xdist
 @pytest.mark.slow
-def test_a_rank_stalled_before_a_pipeline_send_is_named_by_its_peer():
-    runs = launch(PP2, 2, {"HYBRID_FAULT": "hang:rank=1,op=pp.send,iteration=5,microbatch=1"})
-    lines = _check_every_live_rank_exits_with_one_verdict(runs)
+def test_a_rank_stalled_before_a_pipeline_send_is_named_by_its_peer(hung):
+    lines = _check_every_live_rank_exits_with_one_verdict(hung["pp"])
     # stage 1 never sends the input gradient of micro-batch 1: stage 0's receive of it is blocked
     assert re.search(r"rank 0 waited [\d.]+s in pp p2p \[.*\] \(group pp ranks \[0, 1\]\) at iteration 5", lines[0])
     assert "blocked on" in lines[0] and "recv_grad of micro-batch 1 <- rank 1" in lines[0], lines[0]
     assert "not arrived: rank 1 (" in lines[0], lines[0]
 
 
-@pytest.mark.serial  # exit within the watchdog timeout + 10 s: runs alone under xdist
 @pytest.mark.slow
-def test_a_stopped_rank_is_reported_by_its_peers_as_not_heart_beating():
-    runs = launch(TP2_DP2, 4, {"HYBRID_FAULT": "stop:rank=2,op=dp.all_reduce,iteration=5,microbatch=1"})
-    lines = _check_every_live_rank_exits_with_one_verdict(runs, stopped={2})
+def test_a_stopped_rank_is_reported_by_its_peers_as_not_heart_beating(hung):
+    lines = _check_every_live_rank_exits_with_one_verdict(hung["stop"], stopped={2})
     assert re.search(r"in dp all_reduce #\d+ .* not arrived: rank 2 \(no heartbeat for [\d.]+s: stopped or dead",
                      lines[0]), lines[0]
     assert "rank 2 (no heartbeat" in lines[3], lines[3]

@@ -63,7 +63,9 @@ def _launch_two_ranks(tmp_path, fault: str, timeout_min: float) -> list[testing.
     return procs
 
 
-@pytest.mark.serial  # ends within the timeout + window + 10 s: runs alone under xdist
+# ends within the timeout + window + 10 s, with no machine to itself: the 6 s collective timeout and the 3 s
+# post-mortem window are wall-clock waits, which load does not lengthen (nor the 0.6 s heartbeat the window
+# watches: 5x inside it); the CPU between the fault and the exit is milliseconds
 @pytest.mark.slow
 def test_stalled_and_killed_ranks_end_their_jobs_within_the_timeout_naming_them(tmp_path):
     """Two 2-rank jobs at once (one start-up cost): in each, rank 1 stops (SIGSTOP) or dies (SIGKILL) at iteration 3.

@@ -58,7 +58,8 @@ def test_nan_guard_skips_the_step_with_ep():
     assert "skipped" in runs[0].stdout.lower() or "nan" in runs[0].stdout.lower(), runs[0].stdout[-1500:]
 
 
-@pytest.mark.serial  # exit within the watchdog timeout + 10 s: runs alone under xdist
+# no time asserted, only the verdict and exit code: it needs no machine to itself, only that a healthy step never
+# goes --watchdog-timeout (5 s, wall clock) without an op; it passed at a load average of 10 on the 2 cores
 def test_a_rank_stalled_before_the_expert_all_to_all_is_named():
     runs = launch([*EP2, "--train-iters", "6", "--log-interval", "100", "--watchdog-timeout", str(TIMEOUT)], 2,
                   {"HYBRID_FAULT": "hang:rank=1,op=ep.all_to_all_v,iteration=5,microbatch=1"})

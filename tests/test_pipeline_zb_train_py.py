@@ -185,14 +185,25 @@ def test_nan_guard_skips_the_step_on_every_rank_under_zero_bubble(kind):
     assert runs[0].stdout.count("skipped the step on every rank") == 1, "only iteration 3 is skipped"
 
 
-@pytest.mark.serial  # exit within the watchdog timeout + 10 s: runs alone under xdist
+@pytest.fixture(scope="module")
+def stalled() -> dict:
+    """kind -> the 2 ranks' runs of a job whose rank 1 stalls before a pipeline send at iteration 3; both kinds'
+    jobs launched together (their start-up and their 5 s watchdog waits overlap). The test asserts the verdict
+    and exit code, no time: it needs no machine to itself, only that a healthy step never goes 5 s (wall clock)
+    without an op (--watchdog-timeout); both jobs together passed at a load average of 10 on the 2 cores."""
+    from hybrid.testing import launch_together
+    kinds = ["zbh1", "zbv"]
+    runs = launch_together([dict(argv=[*FAULT_ARGV, "--pipeline-schedule", kind], world=2,
+                                 env={"HYBRID_FAULT": "hang:rank=1,op=pp.send,iteration=3,microbatch=1"})
+                            for kind in kinds])
+    return dict(zip(kinds, runs))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["zbh1", "zbv"])
-def test_a_rank_stalled_before_a_pipeline_send_is_named_by_its_peer_under_zero_bubble(kind):
+def test_a_rank_stalled_before_a_pipeline_send_is_named_by_its_peer_under_zero_bubble(kind, stalled):
     from hybrid.fault.watchdog import EXIT_HANG
-    from hybrid.testing import launch
-    runs = launch([*FAULT_ARGV, "--pipeline-schedule", kind], 2,
-                  {"HYBRID_FAULT": "hang:rank=1,op=pp.send,iteration=3,microbatch=1"})
+    runs = stalled[kind]
     assert [r.returncode for r in runs] == [EXIT_HANG, EXIT_HANG], runs[0].stderr[-2000:]
     (line,) = [ln for ln in runs[0].stderr.splitlines() if ln.startswith("hang verdict:")]
     assert "rank 0 waited" in line and "in pp p2p" in line and "at iteration 3 micro-batch 1" in line, line

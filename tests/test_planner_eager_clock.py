@@ -32,7 +32,7 @@ def test_eager_clock_scales_the_tensor_core_terms_and_nothing_else():
     assert clocked.term("gemm") == pytest.approx(full.term("gemm") / H100_EAGER_CLOCK, rel=0.01)
     for name in ("memory_bound", "launches", "optimizer"):
         assert clocked.term(name) == pytest.approx(full.term(name), rel=1e-9)
-    assert clocked.total > 1.3 * full.total
+    assert clocked.total > 1.2 * full.total  # 1 / 0.689 on the tensor-core work, ~70 % of this step
 
 
 def test_fused_stacks_and_other_cards_keep_the_curve():

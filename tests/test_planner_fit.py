@@ -32,7 +32,9 @@ def test_500w_h100_clock_is_what_torchtitan_table1_gives():
     hw = hardware_fn("h100-96g-500w")
     assert hw.compute_efficiency == pytest.approx(fit.h100_500w(H100_500W_CLOCK).compute_efficiency)
     assert hw.eager_clock == fit.h100_500w(H100_500W_CLOCK).eager_clock == H100_EAGER_CLOCK  # the stack's, kept
-    assert H100_500W_CLOCK * H100_EAGER_CLOCK == pytest.approx(0.670, abs=0.002)  # what one constant carried before
+    # what one constant carried before (0.670), now 0.683: both refitted with the ZeRO 3 overlap cost and the
+    # checkpoint's early stop in the model
+    assert H100_500W_CLOCK * H100_EAGER_CLOCK == pytest.approx(0.683, abs=0.002)
     assert fit.torchtitan_table1(hw) == pytest.approx(fit.TORCHTITAN_TABLE1_TOKENS_PER_GPU, rel=0.01)
 
 
@@ -41,4 +43,4 @@ def test_h100_eager_clock_is_what_mosaicmls_single_node_rows_give():
     log throughput error is 0 there, and it moves the way a clock must (slower tensor cores, less throughput)."""
     assert fit.fit_h100_eager_clock() == pytest.approx(H100_EAGER_CLOCK, abs=0.002)
     assert fit.eager_clock_log_error(H100_EAGER_CLOCK) == pytest.approx(0.0, abs=0.005)
-    assert fit.eager_clock_log_error(1.0) > 0.3  # the preset's full rate: about +40 % optimistic on these rows
+    assert fit.eager_clock_log_error(1.0) > 0.25  # the preset's full rate: about +32 % optimistic on these rows

@@ -138,7 +138,8 @@ def test_pipeline_messages_contend_with_zero3_traffic_only_on_the_same_link(monk
     from hybrid.planner import evaluate
     from hybrid.planner import time as ptime
     from hybrid.planner.layout import ZeroStage
-    hw = hardware("a100-80g").with_overrides(intra_node_gbps=20.0)
+    # overlap_slowdown 1: the link alone (SM contention, Hardware.overlap_slowdown, would hide the message's cost)
+    hw = hardware("a100-80g").with_overrides(intra_node_gbps=20.0, overlap_slowdown=1.0)
     work = Workload(load_config("gpt2-xl"), global_batch=32, seq_length=1024)
     shared = Layout(tp=1, pp=2, dp=4, micro_batch=4, zero=ZeroStage.PARAMETERS)
     apart = Layout(tp=1, pp=2, dp=8, micro_batch=2, zero=ZeroStage.PARAMETERS)

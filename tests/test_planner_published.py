@@ -34,88 +34,86 @@ DOCUMENTED = {
     'MT-NLG 530B, 2240 A100 80GB, t8 p35 d8': ('tp8 pp35 dp8 v1 b2 z1 full', '56.4', 6.6),
     'MT-NLG 530B, 2800 A100 80GB, t8 p35 d10': ('tp8 pp35 dp10 v1 b2 z1 full', '47.7', 5.3),
     'MT-NLG 530B, 3360 A100 80GB, t8 p35 d12': ('tp8 pp35 dp12 v1 b2 z1 full', '41.8', 6.2),
-    'torchtitan Llama 3 8B, 64 A100, FSDP, b1, selective-op': ('tp1 pp1 dp64 v1 b1 z3 selective-op', '3023.8', 1.7),
-    'torchtitan Llama 3 70B, 64 A100, FSDP, b1, full': ('tp1 pp1 dp64 v1 b1 z3 full', '325.7', -1.6),
-    'torchtitan Llama 2 13B, 64 A100, FSDP, b2, no AC': ('tp1 pp1 dp64 v1 b2 z3 none', '2213.0', 2.4),
-    'torchtitan Llama 2 13B, 64 A100, FSDP, b2, selective-op': ('tp1 pp1 dp64 v1 b2 z3 selective-op', '1938.6', 1.8),
-    'torchtitan Llama 2 70B, 64 A100, FSDP, b1, selective-op': ('tp1 pp1 dp64 v1 b1 z3 selective-op', '402.9', 13.5),
-    'torchtitan Llama 2 70B, 64 A100, FSDP, b2, full': ('tp1 pp1 dp64 v1 b2 z3 full', '345.9', -2.0),
-    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '5763.7', 0.0),
-    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '6931.7', 4.0),
-    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile + Float8, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '8951.5', 4.9),
-    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '5807.9', 3.6),
-    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '7009.1', 7.6),
-    'torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x TP 8 + compile + Float8, b16, full': ('tp8 pp1 dp32 v1 b16 z3 sp full', '824.9', -0.5),
-    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v1 b4 z3 sp full', '98.8', -1.2),
-    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 interleaved 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v2 b4 z3 sp full', '128.1', 0.1),
-    'NeMo Llama 3 8B FP8, 8 H100, FSDP, b1': ('tp1 pp1 dp8 v1 b1 z3 none', '14561.6', 3.4),
+    'torchtitan Llama 3 8B, 64 A100, FSDP, b1, selective-op': ('tp1 pp1 dp64 v1 b1 z3 selective-op', '2906.6', -2.2),
+    'torchtitan Llama 3 70B, 64 A100, FSDP, b1, full': ('tp1 pp1 dp64 v1 b1 z3 full', '330.0', -0.3),
+    'torchtitan Llama 2 13B, 64 A100, FSDP, b2, no AC': ('tp1 pp1 dp64 v1 b2 z3 none', '2099.7', -2.9),
+    'torchtitan Llama 2 13B, 64 A100, FSDP, b2, selective-op': ('tp1 pp1 dp64 v1 b2 z3 selective-op', '1851.0', -2.8),
+    'torchtitan Llama 2 70B, 64 A100, FSDP, b1, selective-op': ('tp1 pp1 dp64 v1 b1 z3 selective-op', '363.8', 2.5),
+    'torchtitan Llama 2 70B, 64 A100, FSDP, b2, full': ('tp1 pp1 dp64 v1 b2 z3 full', '350.7', -0.7),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '5762.2', 0.0),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '6929.5', 3.9),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile + Float8, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '8881.4', 4.1),
+    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '5755.5', 2.7),
+    'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '6932.9', 6.4),
+    'torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x TP 8 + compile + Float8, b16, full': ('tp8 pp1 dp32 v1 b16 z3 sp full', '815.1', -1.7),
+    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v1 b4 z3 sp full', '90.3', -9.7),
+    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 interleaved 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v2 b4 z3 sp full', '118.4', -7.5),
+    'NeMo Llama 3 8B FP8, 8 H100, FSDP, b1': ('tp1 pp1 dp8 v1 b1 z3 none', '13599.0', -3.4),
     'NeMo Llama 3 70B FP8, 64 H100, t4 p8 v5, b1': ('tp4 pp8 dp2 v5 b1 z1 sp none', '1531.5', -5.4),
     'Narayanan 3.6B, 64 A100 80GB, t2 p1 d32': ('tp2 pp1 dp32 v1 b16 z0 full', '148.0', 7.3),
     'Narayanan 18.4B, 256 A100 80GB, t8 p1 d32': ('tp8 pp1 dp32 v1 b16 z0 full', '141.5', 4.8),
     'Narayanan 76.1B, 1024 A100 80GB, t8 p4 d32': ('tp8 pp4 dp32 v4 b2 z0 full', '154.0', 10.0),
     'Narayanan 310.1B, 1920 A100 80GB, t8 p16 d15': ('tp8 pp16 dp15 v3 b1 z0 full', '165.9', 7.0),
     'Narayanan 529.6B, 2520 A100 80GB, t8 p35 d9': ('tp8 pp35 dp9 v1 b1 z0 full', '160.8', -1.4),
-    'MPT-70b, s 2048, 512 H100, FSDP z3, b8 x 1, AC': ('tp1 pp1 dp512 v1 b8 z3 full', '933.6', -7.3),
-    'MPT-70b, s 2048, 128 H100, FSDP z3, b8 x 1, AC': ('tp1 pp1 dp128 v1 b8 z3 full', '933.3', -11.8),
-    'MPT-30b, s 2048, 256 H100, FSDP z3, b8 x 1, AC': ('tp1 pp1 dp256 v1 b8 z3 full', '1994.4', -7.2),
-    'MPT-13b, s 2048, 512 H100, FSDP z3, b16 x 1, AC': ('tp1 pp1 dp512 v1 b16 z3 full', '4492.8', -9.3),
-    'MPT-7b, s 2048, 512 H100, FSDP z3, b6 x 1': ('tp1 pp1 dp512 v1 b6 z3 none', '10840.7', 12.1),
-    'MPT-7b, s 2048, 128 H100, FSDP z3, b6 x 1': ('tp1 pp1 dp128 v1 b6 z3 none', '10835.0', 3.4),
-    'MPT-3b, s 2048, 256 H100, FSDP z2, b8 x 1': ('tp1 pp1 dp256 v1 b8 z2 none', '24462.2', 7.4),
-    'MPT-1b, s 2048, 128 H100, FSDP z2, b12 x 1': ('tp1 pp1 dp128 v1 b12 z2 none', '46435.2', 5.2),
-    'MPT-70b, s 2048, 64 H100, FSDP z3, b8 x 4, AC': ('tp1 pp1 dp64 v1 b8 z3 full', '935.0', -10.0),
-    'MPT-30b, s 2048, 8 H100, FSDP z3, b3 x 21, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '1980.8', -1.1),
-    'MPT-13b, s 2048, 8 H100, FSDP z3, b2 x 1': ('tp1 pp1 dp8 v1 b2 z3 none', '5477.3', 14.3),
-    'MPT-13b, s 4096, 8 H100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp8 v1 b10 z3 full', '4198.2', -11.0),
-    'MPT-7b, s 2048, 8 H100, FSDP z3, b6 x 1': ('tp1 pp1 dp8 v1 b6 z3 none', '10740.2', 0.9),
-    'MPT-7b, s 8192, 8 H100, FSDP z3, b8 x 2, AC': ('tp1 pp1 dp8 v1 b8 z3 full', '6698.2', -3.4),
-    'MPT-3b, s 2048, 16 H100, FSDP z3, b10 x 3': ('tp1 pp1 dp16 v1 b10 z3 none', '24909.8', 3.2),
-    'MPT-1b, s 2048, 8 H100, FSDP z3, b14 x 1': ('tp1 pp1 dp8 v1 b14 z3 none', '46488.2', 2.3),
-    'MPT-70b, s 2048, 64 A100, FSDP z3, b8 x 4, AC': ('tp1 pp1 dp64 v1 b8 z3 full', '400.3', -2.4),
-    'MPT-30b, s 2048, 8 A100, FSDP z3, b3 x 21, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '854.4', -6.7),
-    'MPT-13b, s 2048, 8 A100, FSDP z3, b2 x 3': ('tp1 pp1 dp8 v1 b2 z3 none', '2520.4', 11.4),
-    'MPT-13b, s 4096, 8 A100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp8 v1 b10 z3 full', '1869.7', -9.2),
-    'MPT-7b, s 2048, 8 A100, FSDP z3, b6 x 2': ('tp1 pp1 dp8 v1 b6 z3 none', '4828.1', 4.0),
-    'MPT-7b, s 8192, 8 A100, FSDP z3, b8 x 2, AC': ('tp1 pp1 dp8 v1 b8 z3 full', '3163.3', -1.3),
-    'MPT-3b, s 2048, 8 A100, FSDP z3, b10 x 2': ('tp1 pp1 dp8 v1 b10 z3 none', '11352.4', 5.0),
-    'MPT-1b, s 2048, 8 A100, FSDP z3, b14 x 4': ('tp1 pp1 dp8 v1 b14 z3 none', '21963.3', 7.1),
-    'MPT-70b, s 2048, 32 H100, FSDP z3, b2 x 16, AC': ('tp1 pp1 dp32 v1 b2 z3 full', '925.4', 4.9),
-    'MPT-30b, s 4096, 8 H100, FSDP z3, b1 x 21, AC': ('tp1 pp1 dp8 v1 b1 z3 full', '1868.0', 3.7),
-    'MPT-30b, s 2048, 32 H100, FSDP z3, b14 x 3, AC': ('tp1 pp1 dp32 v1 b14 z3 full', '2002.3', -13.2),
-    'MPT-30b, s 2048, 16 H100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp16 v1 b10 z3 full', '1998.2', -11.7),
-    'MPT-13b, s 2048, 64 H100, FSDP z3, b2 x 1': ('tp1 pp1 dp64 v1 b2 z3 none', '5617.4', 17.0),
-    'MPT-13b, s 2048, 16 H100, FSDP z3, b2 x 1': ('tp1 pp1 dp16 v1 b2 z3 none', '5547.2', 16.4),
-    'MPT-7b, s 4096, 8 H100, FSDP z3, b16 x 2, AC': ('tp1 pp1 dp8 v1 b16 z3 full', '7764.2', -9.8),
-    'MPT-3b, s 4096, 8 H100, FSDP z3, b5 x 6': ('tp1 pp1 dp8 v1 b5 z3 none', '22230.1', 6.0),
-    'MPT-3b, s 2048, 64 H100, FSDP z3, b6 x 3': ('tp1 pp1 dp64 v1 b6 z3 none', '24609.5', 9.3),
-    'MPT-1b, s 4096, 8 H100, FSDP z3, b7 x 4': ('tp1 pp1 dp8 v1 b7 z3 none', '41439.1', 7.5),
-    'MPT-30b, s 8192, 8 H100, FSDP z3, b1 x 21, AC': ('tp1 pp1 dp8 v1 b1 z3 full', '1713.0', 23.8),
-    'MPT-13b, s 16384, 8 H100, FSDP z3, b3 x 3, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '2992.9', 0.3),
-    'MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6': ('tp1 pp1 dp8 v1 b3 z3 none', '18237.5', 10.0),
-    'MPT-1b, s 2048, 64 H100, FSDP z3, b20 x 1': ('tp1 pp1 dp64 v1 b20 z3 none', '47079.7', 6.0),
-    'MPT-1b, s 2048, 16 H100, FSDP z3, b20 x 1': ('tp1 pp1 dp16 v1 b20 z3 none', '47029.5', 2.2),
-    'MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6, FP8': ('tp1 pp1 dp8 v1 b3 z3 none', '22929.6', 19.8),
-    'MPT-3b, s 2048, 8 H100, FSDP z3, b10 x 6, FP8': ('tp1 pp1 dp8 v1 b10 z3 none', '34635.1', 13.2),
-    'MPT-1b, s 8192, 8 H100, FSDP z3, b2 x 4, FP8': ('tp1 pp1 dp8 v1 b2 z3 none', '39165.2', 22.4),
-    'OLMo-core 7B, 8 H100, FSDP2 + compile, b2, no AC': ('tp1 pp1 dp8 v1 b2 z3 none', '9811.4', -1.9),
-    'OLMo-core 13B, 8 H100, FSDP2 + compile, b1, no AC': ('tp1 pp1 dp8 v1 b1 z3 none', '5336.3', 16.0),
-    'fms-fsdp Llama 2 7B, 96 H100, FSDP, b2, no AC': ('tp1 pp1 dp96 v1 b2 z3 none', '8483.9', 13.1),
-    'fms-fsdp CodeLlama-34B shape, 96 H100, FSDP, b2, full AC': ('tp1 pp1 dp96 v1 b2 z3 full', '1532.8', -1.1),
-    'fms-fsdp Llama 2 70B, 96 H100, FSDP, b2, full AC': ('tp1 pp1 dp96 v1 b2 z3 full', '776.0', -3.0),
-    "float8 blog Llama 3 8B bf16, 128 H100, FSDP2 + compile (batch, AC: planner's)": ('tp1 pp1 dp128 v1 b1 z3 none', '7952.8', -0.6),
-    'torchtitan Llama 3.1 405B, 128 H100 94GB, FSDP 16 x TP 8, b2, full (2024)': ('tp8 pp1 dp16 v1 b2 z3 sp full', '120.9', 10.9),
+    'MPT-70b, s 2048, 512 H100, FSDP z3, b8 x 1, AC': ('tp1 pp1 dp512 v1 b8 z3 full', '973.0', -3.4),
+    'MPT-70b, s 2048, 128 H100, FSDP z3, b8 x 1, AC': ('tp1 pp1 dp128 v1 b8 z3 full', '972.9', -8.0),
+    'MPT-30b, s 2048, 256 H100, FSDP z3, b8 x 1, AC': ('tp1 pp1 dp256 v1 b8 z3 full', '2078.7', -3.2),
+    'MPT-13b, s 2048, 512 H100, FSDP z3, b16 x 1, AC': ('tp1 pp1 dp512 v1 b16 z3 full', '4786.5', -3.3),
+    'MPT-7b, s 2048, 512 H100, FSDP z3, b6 x 1': ('tp1 pp1 dp512 v1 b6 z3 none', '10225.2', 5.7),
+    'MPT-7b, s 2048, 128 H100, FSDP z3, b6 x 1': ('tp1 pp1 dp128 v1 b6 z3 none', '10223.0', -2.4),
+    'MPT-3b, s 2048, 256 H100, FSDP z2, b8 x 1': ('tp1 pp1 dp256 v1 b8 z2 none', '24137.9', 6.0),
+    'MPT-1b, s 2048, 128 H100, FSDP z2, b12 x 1': ('tp1 pp1 dp128 v1 b12 z2 none', '46232.0', 4.8),
+    'MPT-70b, s 2048, 64 H100, FSDP z3, b8 x 4, AC': ('tp1 pp1 dp64 v1 b8 z3 full', '975.0', -6.2),
+    'MPT-30b, s 2048, 8 H100, FSDP z3, b3 x 21, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '2004.7', 0.1),
+    'MPT-13b, s 2048, 8 H100, FSDP z3, b2 x 1': ('tp1 pp1 dp8 v1 b2 z3 none', '4895.5', 2.2),
+    'MPT-13b, s 4096, 8 H100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp8 v1 b10 z3 full', '4506.4', -4.5),
+    'MPT-7b, s 2048, 8 H100, FSDP z3, b6 x 1': ('tp1 pp1 dp8 v1 b6 z3 none', '10402.2', -2.3),
+    'MPT-7b, s 8192, 8 H100, FSDP z3, b8 x 2, AC': ('tp1 pp1 dp8 v1 b8 z3 full', '7135.4', 2.9),
+    'MPT-3b, s 2048, 16 H100, FSDP z3, b10 x 3': ('tp1 pp1 dp16 v1 b10 z3 none', '24269.4', 0.5),
+    'MPT-1b, s 2048, 8 H100, FSDP z3, b14 x 1': ('tp1 pp1 dp8 v1 b14 z3 none', '46249.8', 1.7),
+    'MPT-70b, s 2048, 64 A100, FSDP z3, b8 x 4, AC': ('tp1 pp1 dp64 v1 b8 z3 full', '423.0', 3.2),
+    'MPT-30b, s 2048, 8 A100, FSDP z3, b3 x 21, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '872.5', -4.8),
+    'MPT-13b, s 2048, 8 A100, FSDP z3, b2 x 3': ('tp1 pp1 dp8 v1 b2 z3 none', '2277.4', 0.7),
+    'MPT-13b, s 4096, 8 A100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp8 v1 b10 z3 full', '1998.9', -3.0),
+    'MPT-7b, s 2048, 8 A100, FSDP z3, b6 x 2': ('tp1 pp1 dp8 v1 b6 z3 none', '4666.3', 0.5),
+    'MPT-7b, s 8192, 8 A100, FSDP z3, b8 x 2, AC': ('tp1 pp1 dp8 v1 b8 z3 full', '3361.1', 4.8),
+    'MPT-3b, s 2048, 8 A100, FSDP z3, b10 x 2': ('tp1 pp1 dp8 v1 b10 z3 none', '11139.6', 3.0),
+    'MPT-1b, s 2048, 8 A100, FSDP z3, b14 x 4': ('tp1 pp1 dp8 v1 b14 z3 none', '21691.2', 5.7),
+    'MPT-70b, s 2048, 32 H100, FSDP z3, b2 x 16, AC': ('tp1 pp1 dp32 v1 b2 z3 full', '845.8', -4.1),
+    'MPT-30b, s 4096, 8 H100, FSDP z3, b1 x 21, AC': ('tp1 pp1 dp8 v1 b1 z3 full', '1826.6', 1.4),
+    'MPT-30b, s 2048, 32 H100, FSDP z3, b14 x 3, AC': ('tp1 pp1 dp32 v1 b14 z3 full', '2131.5', -7.6),
+    'MPT-30b, s 2048, 16 H100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp16 v1 b10 z3 full', '2105.9', -6.9),
+    'MPT-13b, s 2048, 64 H100, FSDP z3, b2 x 1': ('tp1 pp1 dp64 v1 b2 z3 none', '4667.5', -2.8),
+    'MPT-13b, s 2048, 16 H100, FSDP z3, b2 x 1': ('tp1 pp1 dp16 v1 b2 z3 none', '4646.0', -2.5),
+    'MPT-7b, s 4096, 8 H100, FSDP z3, b16 x 2, AC': ('tp1 pp1 dp8 v1 b16 z3 full', '8341.2', -3.1),
+    'MPT-3b, s 4096, 8 H100, FSDP z3, b5 x 6': ('tp1 pp1 dp8 v1 b5 z3 none', '21998.8', 4.9),
+    'MPT-3b, s 2048, 64 H100, FSDP z3, b6 x 3': ('tp1 pp1 dp64 v1 b6 z3 none', '23389.8', 3.8),
+    'MPT-1b, s 4096, 8 H100, FSDP z3, b7 x 4': ('tp1 pp1 dp8 v1 b7 z3 none', '41308.7', 7.2),
+    'MPT-30b, s 8192, 8 H100, FSDP z3, b1 x 21, AC': ('tp1 pp1 dp8 v1 b1 z3 full', '1761.8', 27.3),
+    'MPT-13b, s 16384, 8 H100, FSDP z3, b3 x 3, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '3161.3', 5.9),
+    'MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6': ('tp1 pp1 dp8 v1 b3 z3 none', '18170.7', 9.6),
+    'MPT-1b, s 2048, 64 H100, FSDP z3, b20 x 1': ('tp1 pp1 dp64 v1 b20 z3 none', '46742.5', 5.3),
+    'MPT-1b, s 2048, 16 H100, FSDP z3, b20 x 1': ('tp1 pp1 dp16 v1 b20 z3 none', '46719.1', 1.5),
+    'MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6, FP8': ('tp1 pp1 dp8 v1 b3 z3 none', '22738.5', 18.8),
+    'MPT-3b, s 2048, 8 H100, FSDP z3, b10 x 6, FP8': ('tp1 pp1 dp8 v1 b10 z3 none', '33819.9', 10.6),
+    'MPT-1b, s 8192, 8 H100, FSDP z3, b2 x 4, FP8': ('tp1 pp1 dp8 v1 b2 z3 none', '38674.3', 20.8),
+    'OLMo-core 7B, 8 H100, FSDP2 + compile, b2, no AC': ('tp1 pp1 dp8 v1 b2 z3 none', '9492.6', -5.1),
+    'OLMo-core 13B, 8 H100, FSDP2 + compile, b1, no AC': ('tp1 pp1 dp8 v1 b1 z3 none', '4922.1', 7.0),
+    'fms-fsdp Llama 2 7B, 96 H100, FSDP, b2, no AC': ('tp1 pp1 dp96 v1 b2 z3 none', '8055.1', 7.4),
+    'fms-fsdp CodeLlama-34B shape, 96 H100, FSDP, b2, full AC': ('tp1 pp1 dp96 v1 b2 z3 full', '1536.8', -0.9),
+    'fms-fsdp Llama 2 70B, 96 H100, FSDP, b2, full AC': ('tp1 pp1 dp96 v1 b2 z3 full', '779.4', -2.6),
+    "float8 blog Llama 3 8B bf16, 128 H100, FSDP2 + compile (batch, AC: planner's)": ('tp1 pp1 dp128 v1 b1 z3 none', '7558.8', -5.5),
+    'torchtitan Llama 3.1 405B, 128 H100 94GB, FSDP 16 x TP 8, b2, full (2024)': ('tp8 pp1 dp16 v1 b2 z3 sp full', '110.8', 1.7),
 }
 # check rows the model misses by more than 15 % (docs/planner.md says why); a fix must move them here
 # MT-NLG's three rows left it in issue 26's second round; MosaicML's 16 MPT rows on H100 (eager FSDP) left it in
 # the fifth, with the H100's eager clock (hardware.H100_EAGER_CLOCK) fitted on the six single-node ones
 # the rows added for item 3 of the fifth round (more of MosaicML's H100 tables, all CHECK) that miss: the 13B at
 # b 2 without checkpointing on 16 and 64 GPUs (like its 8-GPU fit row, +14.3 %) and two of the three FP8 rows
-KNOWN_MISSES = {"MPT-13b, s 2048, 64 H100, FSDP z3, b2 x 1", "MPT-13b, s 2048, 16 H100, FSDP z3, b2 x 1",
-                "MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6, FP8", "MPT-1b, s 8192, 8 H100, FSDP z3, b2 x 4, FP8",
-                "MPT-30b, s 8192, 8 H100, FSDP z3, b1 x 21, AC",
-                # the sixth round's held-out PyTorch-native H100 rows (a reviewer's; all CHECK): OLMo-core 13B without
-                # AC, +16.0 % with the stack clock (+64.8 % before it applied to compiled runs)
-                "OLMo-core 13B, 8 H100, FSDP2 + compile, b1, no AC"}
+# MPT-13B at b 2 on 16 / 64 H100 and OLMo-core 13B left this set with the ZeRO 3 overlap cost (sixth round:
+# +16.4 / +17.0 / +16.0 % -> +0.2 / -0.0 / +10.5 %, docs/planner.md "Overlapped ZeRO 3 collectives are not free")
+KNOWN_MISSES = {"MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6, FP8", "MPT-1b, s 8192, 8 H100, FSDP z3, b2 x 4, FP8",
+                "MPT-30b, s 8192, 8 H100, FSDP z3, b1 x 21, AC"}
 
 _CHECKED: dict[str, tuple] = {}
 
@@ -291,3 +289,27 @@ def test_more_mpt_h100_rows_are_check_rows_planned_as_published():
     assert all(r.role is Role.CHECK and r.gpu == "h100-80g" for r in extra)
     assert [r.workload.fp8 for r in extra] == [False] * 15 + [True] * 3
     assert {r.name for r in extra if abs(_check(r)[2]) > 0.15} == {n for n in KNOWN_MISSES if n.startswith("MPT-")}
+
+
+def test_the_checkpointing_lean_table_is_the_codes():
+    """docs/planner.md "Overlapped ZeRO 3 collectives are not free": the FSDP rows' (ZeRO 2/3) mean error and
+    spread without and with full checkpointing, fit and check rows apart -- the last column of its table, from the
+    plans this module checks (each error rounded as the published table shows it)."""
+    import statistics
+    from hybrid.planner.layout import ZeroStage
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
+        lines = f.read().splitlines()
+
+    def cell(role: Role, recompute: Recompute) -> tuple[int, str]:
+        errors = []
+        for run in all_runs():
+            plan, _, err = _check(run)
+            if run.role is role and plan.layout.zero >= ZeroStage.GRADIENTS and plan.layout.recompute is recompute:
+                errors.append(round(100 * err, 1))
+        return len(errors), (f"{statistics.fmean(errors):+.1f} ({min(errors):+.1f}..{max(errors):+.1f})")
+
+    for role in (Role.FIT, Role.CHECK):
+        (n_none, none), (n_full, full) = cell(role, Recompute.NONE), cell(role, Recompute.FULL)
+        head = f"| {role.value}, no AC ({n_none}) / full AC ({n_full}): mean (spread) |"
+        row = next(line for line in lines if line.startswith(head))
+        assert row.endswith(f"| {none} / {full} % |"), row

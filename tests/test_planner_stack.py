@@ -109,7 +109,7 @@ def test_the_docs_table_of_auto_on_the_clocked_fused_rows_is_the_codes():
 def test_the_heldout_pytorch_rows_check_only_and_the_stack_is_what_moves_the_compiled_ones():
     """The reviewer's held-out H100 rows (published.heldout_h100_runs) are CHECK rows on the PyTorch stack, fitting
     nothing; planned as Megatron, the three torch.compile'd ones are +38 % or more optimistic (what --kernels alone
-    gave them before this round), on the PyTorch stack within -2 to +17 %."""
+    gave them before this round: +25 % or more with the overlap cost), on the PyTorch stack within -8 to +15 %."""
     from dataclasses import replace
     from hybrid.planner.published import Role, heldout_h100_runs
     runs = heldout_h100_runs()
@@ -119,5 +119,6 @@ def test_the_heldout_pytorch_rows_check_only_and_the_stack_is_what_moves_the_com
     assert len(compiled) == 3
     for run in compiled:
         megatron = replace(run, workload=replace(run.workload, stack=Stack.MEGATRON))
-        assert megatron.throughput_error(megatron.predict()) > 0.38, run.name
-        assert -0.02 < run.throughput_error(run.predict()) < 0.17, run.name
+        # +38 % or more before the sixth round's ZeRO 3 overlap cost, which slows both stacks' FSDP rows
+        assert megatron.throughput_error(megatron.predict()) > 0.25, run.name
+        assert -0.08 < run.throughput_error(run.predict()) < 0.15, run.name

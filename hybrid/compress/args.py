@@ -71,14 +71,15 @@ def check(args: argparse.Namespace, dp_cp: int | None = None) -> CompressConfig:
 
 def _check_unused(args: argparse.Namespace, dp_cp: int | None) -> None:
     """A flag given on the command line that its method would never read does nothing: one line naming it and the
-    fix. --powersgd-rank 0 given explicitly (PowerSGD switched off, e.g. over a flag list that turned it on) makes
-    a --powersgd-start-iter beside it a leftover of that list, not a forgotten rank: accepted."""
+    fix. --powersgd-start-iter with PowerSGD off is refused whether the rank was left at its default or given as 0
+    (a flag list that turns PowerSGD off drops its start step too)."""
     given = getattr(args, "explicit", set())
-    if "powersgd_start_iter" in given and "powersgd_rank" not in given and not args.powersgd_rank:
-        raise ValueError(f"--powersgd-start-iter {args.powersgd_start_iter} does nothing without --powersgd-rank "
-                         f"(PowerSGD is off): add --powersgd-rank R or drop --powersgd-start-iter")
+    if "powersgd_start_iter" in given and not args.powersgd_rank:
+        off = " (given as 0)" if "powersgd_rank" in given else ""
+        raise ValueError(f"--powersgd-start-iter {args.powersgd_start_iter} does nothing without --powersgd-rank"
+                         f"{off} (PowerSGD is off): add --powersgd-rank R > 0 or drop --powersgd-start-iter")
     if ("onebit_freeze_iters" in given and getattr(args, "optimizer", "adam") != "onebit-adam"
-            and deepspeed_onebit(getattr(args, "deepspeed_config", None)) is None):
+            and _deepspeed_freeze(args) is None):
         raise ValueError(f"--onebit-freeze-iters {args.onebit_freeze_iters} is 1-bit Adam's; the run's optimizer is "
                          f"{getattr(args, 'optimizer', 'adam')}: add --optimizer onebit-adam or drop "
                          f"--onebit-freeze-iters")
@@ -88,27 +89,18 @@ def _check_unused(args: argparse.Namespace, dp_cp: int | None) -> None:
                          f"or drop --simulated-dp-bandwidth")
 
 
-def deepspeed_onebit(path: str | None) -> int | None:
-    """A DeepSpeed config's `"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": N, ...}}`: N, or None for
-    any other optimizer section (lr, betas, eps, weight_decay: hybrid/zero/ds_config.py reads them)."""
-    if not path:
-        return None
-    import json
-    with open(path) as f:
-        opt = json.load(f).get("optimizer")
-    if not isinstance(opt, dict) or str(opt.get("type", "")).lower() != "onebitadam":
-        return None
-    params = opt.get("params") or {}
-    if "freeze_step" not in params:
-        raise ValueError(f"--deepspeed-config {path}: optimizer OneBitAdam needs params.freeze_step (the Adam "
-                         f"warm-up steps)")
-    return params["freeze_step"]
+def _deepspeed_freeze(args: argparse.Namespace) -> int | None:
+    """A DeepSpeed config's `"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": N, ...}}`: N, or None
+    without one. Read from the settings the file was parsed into once (hybrid/zero/ds_config.py, kept by
+    hybrid/train/args.deepspeed_settings as `args.ds_settings`), never from the file again."""
+    ds = getattr(args, "ds_settings", None)
+    return None if ds is None else ds.freeze_step
 
 
 def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
     """1-bit Adam's flags (or a DeepSpeed config's OneBitAdam, which sets them): the freeze step, or None for
     AdamW. What it does not run with is refused by name."""
-    ds_freeze = deepspeed_onebit(getattr(args, "deepspeed_config", None))
+    ds_freeze = _deepspeed_freeze(args)
     if ds_freeze is not None:
         given = getattr(args, "explicit", set())
         if "optimizer" in given and args.optimizer != "onebit-adam":

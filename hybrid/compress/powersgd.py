@@ -21,6 +21,11 @@ bucket -- so in plain DP it equals the hook bit for bit on the same gradients (t
 
 Kept as pure functions of tensors (`compress`, `project`, `decompress`, `orthogonalize`) beside the one function
 that communicates (`reduce_bucket`), so the math and the bytes are checked apart.
+
+Two diagnostics of scripts/bench_comm_efficient.py, not train.py flags (neither closed the r = 4 gap to AdamW,
+docs/comm-efficient.md): `reduce_bucket_epfml`, the PowerSGD authors' library's two half power iterations a step
+(the same bytes; tests/test_compress_powersgd_variants.py against their algorithm), and `error_feedback` False
+(torch's `use_error_feedback=False`, bit for bit).
 """
 
 from __future__ import annotations
@@ -43,12 +48,26 @@ class PowerSGDConfig:
             `start_powerSGD_iter`); >= 2, as torch requires with error feedback and warm start.
         min_compression_rate: compress a matrix only when n m > rate x r (n + m) (torch's default 2).
         seed: seed of the initial random Q (torch's `random_seed`).
+        variant: "torch" (default): torch's powerSGD_hook, bit for bit (`reduce_bucket`); "epfml": the PowerSGD
+            authors' library with `num_iters_per_step=2` (`reduce_bucket_epfml`). A diagnostic of
+            scripts/bench_comm_efficient.py (`--powersgd-variant`), not a train.py flag: at r = 4 it did not close
+            the gap to AdamW (docs/comm-efficient.md).
+        error_feedback: carry each rank's residual to the next step (torch's `use_error_feedback`, default on);
+            off only in the bench's `--powersgd-no-error-feedback` diagnostic.
     """
 
     rank: int = 0
     start_iter: int = 2
     min_compression_rate: float = 2.0
     seed: int = 0
+    variant: str = "torch"
+    error_feedback: bool = True
+
+    def __post_init__(self) -> None:
+        if self.variant not in ("torch", "epfml"):
+            raise ValueError(f"PowerSGD variant must be 'torch' or 'epfml', got {self.variant!r}")
+        if self.variant == "epfml" and not self.error_feedback:
+            raise ValueError("the epfml PowerSGD variant always carries its error feedback (as the authors' library)")
 
     @property
     def enabled(self) -> bool:
@@ -176,21 +195,11 @@ def _initial_q(state: PowerSGDState, qs: list[torch.Tensor], dtype: torch.dtype)
             orthogonalize(q)
 
 
-def reduce_bucket(state: PowerSGDState, index: int, buffer: torch.Tensor, tensors: list[torch.Tensor],
-                  group: Group) -> None:
-    """Replace `tensors` (views into `buffer`, this rank's gradients) by the DP mean of their PowerSGD
-    approximation, in place; update the error feedback and the warm-start factors of bucket `index`.
-    Three all-reduces on `group`: the uncompressed elements, then P, then Q."""
-    cfg, world = state.cfg, group.size
-    if index in state.error:
-        buffer.add_(state.error[index])
-    else:
-        state.error[index] = torch.zeros_like(buffer)
-    sent = buffer.detach().clone()  # M' = M + e
-    matrices, whole = [], []
-    for t in tensors:
-        (matrices if matrix_rank(tuple(t.shape), cfg) else whole).append(t)
-    matrices = _grouped_by_shape([t.view(1, t.shape[0], -1) for t in matrices])
+def _factors(state: PowerSGDState, index: int, matrices: list[torch.Tensor],
+             buffer: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Bucket `index`'s P and Q views, allocated (and Q drawn, as the hook draws it) at its first compressed
+    step, otherwise Q orthonormalised."""
+    cfg = state.cfg
     ranks = [matrix_rank((t.shape[1], t.shape[2]), cfg) for t in matrices]
     fresh = index not in state.p
     if fresh:
@@ -203,6 +212,26 @@ def reduce_bucket(state: PowerSGDState, index: int, buffer: torch.Tensor, tensor
     else:
         for q in qs:
             orthogonalize(q)
+    return ps, qs
+
+
+def reduce_bucket(state: PowerSGDState, index: int, buffer: torch.Tensor, tensors: list[torch.Tensor],
+                  group: Group) -> None:
+    """Replace `tensors` (views into `buffer`, this rank's gradients) by the DP mean of their PowerSGD
+    approximation, in place; update the error feedback and the warm-start factors of bucket `index`.
+    Three all-reduces on `group`: the uncompressed elements, then P, then Q."""
+    cfg, world = state.cfg, group.size
+    if cfg.error_feedback:
+        if index in state.error:
+            buffer.add_(state.error[index])
+        else:
+            state.error[index] = torch.zeros_like(buffer)
+        sent = buffer.detach().clone()  # M' = M + e
+    matrices, whole = [], []
+    for t in tensors:
+        (matrices if matrix_rank(tuple(t.shape), cfg) else whole).append(t)
+    matrices = _grouped_by_shape([t.view(1, t.shape[0], -1) for t in matrices])
+    ps, qs = _factors(state, index, matrices, buffer)
     for m, q, p in zip(matrices, qs, ps):
         compress(m, q, p)
     _all_reduce_whole(whole, buffer, group)
@@ -215,7 +244,8 @@ def reduce_bucket(state: PowerSGDState, index: int, buffer: torch.Tensor, tensor
     state.q[index].div_(world)
     for p, q, m in zip(ps, qs, matrices):
         decompress(p, q, m)
-    state.error[index] = sent - buffer
+    if cfg.error_feedback:
+        state.error[index] = sent - buffer
 
 
 def _all_reduce_whole(whole: list[torch.Tensor], buffer: torch.Tensor, group: Group) -> None:
@@ -230,12 +260,69 @@ def _all_reduce_whole(whole: list[torch.Tensor], buffer: torch.Tensor, group: Gr
         at += t.numel()
 
 
+def reduce_bucket_epfml(state: PowerSGDState, index: int, buffer: torch.Tensor, tensors: list[torch.Tensor],
+                        group: Group) -> None:
+    """As `reduce_bucket`, with the PowerSGD authors' library's algorithm (github.com/epfml/powersgd,
+    powersgd/powersgd.py `BasicPowerSGD.aggregate`, `num_iters_per_step=2`): two half power iterations a step,
+    each subtracting what it sent from this rank's residual R (error feedback after each half), each sending one
+    factor. Written for M^T of their code (their even half starts from P; ours from Q, so the factor carried
+    between steps is Q, as torch's hook carries, and the checkpoint keeps it as the hook's):
+
+        R = M' = M + e
+        half 1:  Q <- orth(Q);   P = R Q;    R -= P Q^T;    P <- sum_ranks P    (all-reduce: r n numbers)
+                 M~ = P Q^T / N
+        half 2:  P <- orth(P);   Q = R^T P;  R -= P Q^T;    Q <- sum_ranks Q    (all-reduce: r m numbers)
+                 M~ += P Q^T / N;   e = R;   Q carried to the next step (orthonormalised there)
+
+    M~ = mean(M') Q Q^T + P P^T mean(M') (I - Q Q^T): rank up to 2 r, for the hook's r (n + m) numbers; the
+    residual e_i = (I - P P^T) M'_i (I - Q Q^T) is this rank's own (the hook's is M'_i - M~). Both halves are
+    linear in the M'_i before each all-reduce, so the factors depend on the errors only through their sum: the
+    checkpoint's DP resharding by the mean holds as for the hook."""
+    world = group.size
+    if index in state.error:
+        buffer.add_(state.error[index])
+    residual = buffer.detach().clone()  # R = M'
+    pairs = list(zip(tensors, _views_in(residual, buffer, tensors)))
+    matrices = [(t, r) for t, r in pairs if matrix_rank(tuple(t.shape), state.cfg)]
+    whole = [t for t, _ in pairs if not matrix_rank(tuple(t.shape), state.cfg)]
+    out = _grouped_by_shape([t.view(1, t.shape[0], -1) for t, _ in matrices])
+    res = _grouped_by_shape([r.view(1, r.shape[0], -1) for _, r in matrices])  # the same order: same shapes
+    ps, qs = _factors(state, index, out, buffer)
+    for r, p, q in zip(res, ps, qs):
+        compress(r, q, p)
+        r.baddbmm_(p, q.transpose(1, 2), alpha=-1)
+    _all_reduce_whole(whole, buffer, group)
+    group.all_reduce(state.p[index], tag="powersgd.p")
+    for m, r, p, q in zip(out, res, ps, qs):
+        decompress(p, q, m).div_(world)
+        orthogonalize(p)
+        project(r, p, q)
+        r.baddbmm_(p, q.transpose(1, 2), alpha=-1)
+    group.all_reduce(state.q[index], tag="powersgd.q")
+    for m, p, q in zip(out, ps, qs):
+        m.baddbmm_(p, q.transpose(1, 2), alpha=1 / world)
+    for _, r in pairs:
+        if not matrix_rank(tuple(r.shape), state.cfg):
+            r.zero_()  # sent whole: nothing left over (the library's AllReduce zeroes it)
+    state.error[index] = residual
+
+
+def _views_in(other: torch.Tensor, buffer: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The views of `other` (a tensor shaped as `buffer`) at the places `tensors` view `buffer`."""
+    base = buffer.data_ptr()
+    size = buffer.element_size()
+    return [other[(t.data_ptr() - base) // size:][:t.numel()].view_as(t) for t in tensors]
+
+
+REDUCERS = {"torch": reduce_bucket, "epfml": reduce_bucket_epfml}  # PowerSGDConfig.variant -> its reduction
+
+
 def reduce_step(state: PowerSGDState, index: int, buffer: torch.Tensor, tensors: list[torch.Tensor], group: Group,
                 last: bool) -> None:
     """One bucket's DP mean as the hook gives it: before `start_iter` a plain all-reduce (divided first, as
     torch's default hook), after it `reduce_bucket`; the step count advances after the step's last bucket."""
     if state.compressing:
-        reduce_bucket(state, index, buffer, tensors, group)
+        REDUCERS[state.cfg.variant](state, index, buffer, tensors, group)
     else:
         group.all_reduce(buffer.div_(group.size), tag="powersgd.uncompressed")
     if last:

@@ -31,7 +31,7 @@ import torch
 
 from hybrid.comm import Group
 from hybrid.compress.link import SimulatedLink
-from hybrid.compress.powersgd import PowerSGDConfig, PowerSGDState, matrix_rank, reduce_bucket
+from hybrid.compress.powersgd import REDUCERS, PowerSGDConfig, PowerSGDState, matrix_rank
 
 
 class DPReduction(Protocol):
@@ -99,7 +99,7 @@ class PowerSGDReduction:
             return False
         buf = unit.flat_grad[:unit.numel]  # the padding (zeros, no parameter) is not sent
         tensors = [unit.grad_view(unit.flat_grad, p) for p in unit.params]
-        reduce_bucket(self.state, self.index[id(unit)], buf, tensors, group)
+        REDUCERS[self.state.cfg.variant](self.state, self.index[id(unit)], buf, tensors, group)
         buf.mul_(group.size)  # the mean -> the sum the engine divides by n (exact when n is a power of two)
         return True
 

@@ -67,6 +67,7 @@ import torch
 import torch.distributed as dist
 
 from hybrid.cliutil import HelpFormatter, check_output_file, float_in, int_in
+from hybrid.comm import CommLedger, Group
 from hybrid.planner.hardware import GB, GpuKind, Hardware, hardware
 from hybrid.planner.model import Precision
 
@@ -376,6 +377,31 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device) ->
 CPU_COMM_SIZES = (8, 2**16, 2**20)  # bytes: a call's own cost, a main-job-sized activation, per byte
 
 
+@dataclass
+class ThreadTimedGroup(Group):
+    """The runtime's counted `Group` (ledger, op trail: Group.all_reduce runs unchanged) that also sums the calling
+    thread's CPU seconds inside its all-reduces -- what pair_comm_cpu charges a TP all-reduce. A Group of its own
+    kind, built once, so no attribute of a live Group is swapped while the probe runs.
+
+    Attributes:
+        all_reduce_thread_s: time.thread_time() spent inside `all_reduce` since the last reset (set it to 0.0).
+    """
+
+    all_reduce_thread_s: float = 0.0
+
+    @classmethod
+    def of(cls, group: Group) -> "ThreadTimedGroup":
+        """`group`'s process group, ranks and ledger, timed."""
+        return cls(name=group.name, ranks=group.ranks, pg=group.pg, ledger=group.ledger)
+
+    def all_reduce(self, t: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM, tag: str = "") -> torch.Tensor:
+        t0 = time.thread_time()
+        try:
+            return super().all_reduce(t, op=op, tag=tag)
+        finally:
+            self.all_reduce_thread_s += time.thread_time() - t0
+
+
 def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES) -> dict | None:
     """gloo: the CPU seconds a rank's process burns per collective call and per pipeline message (a send or a
     receive), every pair of ranks (0, 1), (2, 3), ... at it at once -- the groups a TP 2 / DP 2 / pipeline
@@ -390,7 +416,6 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
 
     With more ranks than cores a collective's wall time is mostly waiting for a core, but its CPU seconds are
     work the cores must do: the shared-compute bound adds them (time.py). None on the odd rank out."""
-    from hybrid.comm import CommLedger, Group
     from hybrid.tp import TPContext
     from models.gpt2 import GPT2Block
     ledger = CommLedger()
@@ -398,27 +423,18 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
     if rank >= 2 * (world // 2):  # every rank creates every group; the odd one out only waits
         dist.barrier()
         return None
-    group, peer = groups[rank // 2], 1 - rank % 2
+    group, peer = ThreadTimedGroup.of(groups[rank // 2]), 1 - rank % 2
     out: dict = {"tp_layer": [], "send_recv": []}
 
     def comm_cpu(run, count) -> float:
-        """CPU seconds per call of run()'s collectives: inside them on this thread, and gloo's threads."""
-        inside = [0.0]
-        real = group.all_reduce
-
-        def timed(*args, **kw):
-            t0 = time.thread_time()
-            try:
-                return real(*args, **kw)
-            finally:
-                inside[0] += time.thread_time() - t0
-        group.all_reduce = timed
+        """CPU seconds per call of run()'s collectives: inside them on this thread (the group's all-reduces, and
+        what run() returns), and gloo's threads."""
+        group.all_reduce_thread_s = 0.0
         ledger.reset()
         start, start_main = CPU_CLOCK(), time.thread_time()
         extra = run()
         others = (CPU_CLOCK() - start) - (time.thread_time() - start_main)
-        del group.all_reduce
-        return (inside[0] + (extra or 0.0) + others) / max(1, count(ledger))
+        return (group.all_reduce_thread_s + (extra or 0.0) + others) / max(1, count(ledger))
 
     b, s_, h, _ = LAYER_SHAPES[1]
     block = GPT2Block(layer_config(LAYER_SHAPES[1]), TPContext(group))

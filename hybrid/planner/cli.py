@@ -43,7 +43,7 @@ from hybrid.planner.ops import KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, evaluate,
                                    search, summarize_rejections)
-from hybrid.planner.time import TERMS, FlopsFormula
+from hybrid.planner.time import TERMS, FlopsFormula, recompute_stops_early
 from hybrid.planner.train_flags import MAX_GLOBAL_BATCH, plan_flags
 from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
@@ -118,7 +118,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the tensor-core clock")
     g.add_argument("--stack", choices=["auto"] + [x.value for x in Stack], default="auto",
                    help="the software stack, which sets the tensor-core clock: pytorch (PyTorch-native, eager or "
-                        "torch.compile'd: torchtitan, Composer, OLMo-core, FSDP; h100-80g's eager clock 0.681) or "
+                        "torch.compile'd: torchtitan, Composer, OLMo-core, FSDP; h100-80g's eager clock 0.689) or "
                         "megatron (Megatron-LM / NeMo / Transformer Engine: the curve's rate); auto (default): "
                         "pytorch for eager kernels, megatron for --activation-profile korthikanti, else pytorch "
                         "for ZeRO 3 (FSDP) layouts and megatron for ZeRO 0-2")
@@ -531,7 +531,7 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
              f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}, gradient accumulation "
              f"{'fused' if work.fused_grad_accumulation else 'a pass a micro-batch'}, parameter all-gather "
-             f"{'overlapped' if work.overlap_param_gather else 'exposed'}):"]
+             f"{'overlapped' if work.overlap_param_gather else 'exposed'}{_rerun_note(work, plan.layout)}):"]
     for name, what in TERMS:
         seconds = t.term(name)
         lines.append(f"  {name:<13} {seconds:>10.4g} s {100 * seconds / t.total:>6.1f} %  {what}")
@@ -545,6 +545,15 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
         lines.append(f"  + {plan.experts.explain()}")
         lines += ["  " + line for line in moe.why(work, cluster, plan.layout, plan.memory.peak.total, plan.experts)]
     return "\n".join(lines)
+
+
+def _rerun_note(work: Workload, layout) -> str:
+    """What full recomputation reruns (time.recompute_stops_early), for --explain's first line."""
+    if layout.recompute is not Recompute.FULL:
+        return ""
+    if recompute_stops_early(work, layout):
+        return ", full recomputation reruns all but the down projection (torch's checkpoint stops early)"
+    return ", full recomputation reruns the whole layer"
 
 
 def _rejection_line(count: int, example: Rejection) -> str:

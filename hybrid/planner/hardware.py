@@ -85,22 +85,36 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   own note: its peak is "between SXM and NVL"). Its sustained clock relative to a 700 W H100 on the same stack
 #   (H100_500W_CLOCK, the 500 W factor, scaling the GEMM asymptote and the flash rate) is **fitted** to one row,
 #   torchtitan's Table 1 (Llama 3.1 8B, eager FSDP on 8 GPUs, 5,762 tokens/s a GPU; fit.fit_h100_500w_clock), on
-#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.984 x 0.681 = 0.670, the constant this factor
-#   replaced when it carried both); torchtitan's compiled rows then check the stack clock; its capacity assumes the
-#   80 GB part's ratio of usable to nominal bytes (81559 MiB of 80 GiB) for 96 GiB.
-# * H100_EAGER_CLOCK: the sustained tensor-core rate of PyTorch-native (eager-profile) training on an H100 80 GB
-#   SXM relative to the curve above and FlashAttention-2's published rate: it scales the GEMM asymptote and the
-#   flash rate of an `--kernels eager` workload (Hardware.eager_clock), not its memory-bound kernels. **Fitted**
-#   (least squares in log throughput) to the six single-node rows of MosaicML's H100 table (MPT 1B-30B on 8 GPUs,
-#   Composer + PyTorch FSDP; fit.fit_h100_eager_clock); the table's ten 16-512 GPU rows and every other row only
-#   check. Why a clock and not a term of its own (docs/planner.md "Why eager FSDP on H100 was optimistic"): the
-#   loss is the same fraction of the step at 1B and 70B, 8 and 512 GPUs, with attention 5-27 % of the step --
-#   a uniform slowdown of tensor-core work -- and the same software on A100 is priced right by an asymptote that
-#   was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a power-limited
-#   H100 runs matmuls on real data slower than on benchmark data: thonking.ai, "Matrix Multiplications on GPUs Run
-#   Faster When Given 'Predictable' Data", 2024).
-H100_500W_CLOCK = 0.984
-H100_EAGER_CLOCK = 0.681
+#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.991 x 0.689 = 0.683; 0.670 before the overlap cost
+#   and the checkpoint's early stop, the constant this factor replaced when it carried both); torchtitan's compiled
+#   rows then check the stack clock; its capacity assumes the 80 GB part's ratio of usable to nominal bytes (81559
+#   MiB of 80 GiB) for 96 GiB.
+# * H100_EAGER_CLOCK: the sustained tensor-core rate of PyTorch-native (eager-profile) training on an H100 80 GB SXM
+#   relative to the curve above and FlashAttention-2's published rate: it scales the GEMM asymptote and the flash
+#   rate of an `--kernels eager` workload (Hardware.eager_clock), not its memory-bound kernels. **Fitted** (least
+#   squares in log throughput) to the six single-node rows of MosaicML's H100 table (MPT 1B-30B on 8 GPUs, Composer +
+#   PyTorch FSDP; fit.fit_h100_eager_clock), with OVERLAP_SLOWDOWN and the checkpoint's early stop
+#   (time._stops_early) in the model (0.681 without both, 0.716 with the first: the clock had absorbed the b 2 row's
+#   ZeRO 3 overlap cost and the checkpointed rows' unrun down projection); the table's ten 16-512 GPU rows and every
+#   other row only check. Why a clock and not a term of its own (docs/planner.md "Why eager FSDP on H100 was
+#   optimistic"): the loss is the same fraction of the step at 1B and 70B, 8 and 512 GPUs, with attention 5-27 % of
+#   the step -- a uniform slowdown of tensor-core work -- and the same software on A100 is priced right by an
+#   asymptote that was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a
+#   power-limited H100 runs matmuls on real data slower than on benchmark data: thonking.ai, "Matrix Multiplications
+#   on GPUs Run Faster When Given 'Predictable' Data", 2024).
+# * OVERLAP_SLOWDOWN: how many times longer a compute kernel takes while a collective it overlaps is in flight
+#   (ZeRO 2/3's per-layer all-gathers and reduce-scatters run under the layers' compute). NCCL runs one CTA per
+#   channel on an SM of its own (it shares no SM with compute: NVIDIA/nccl issue 689) and moves each byte through
+#   HBM 2-3 times (nccl issue 1428); the GEMM then loses SMs (a persistent cuBLAS GEMM sized to 132 SMs splits into
+#   two waves) and bandwidth. **Published** measurements of a GEMM with and without an overlapping all-gather:
+#   A100-SXM4-80GB, GPT training under Nsight: 1.18 -> 2.08 ms (x 1.76; nccl issue 1428, 2024-09); H100, FSDP-like
+#   GEMM + all-gather of 24 CTAs: 80 % -> 47 % MFU (x 1.70; NVIDIA developer forum "Compute-Communication Overlap
+#   Causes Severe GEMM Performance Degradation because of Tail Effect", 2025); pytorch/pytorch issue 143988 (H100
+#   FSDP: "matmuls take 2x as long", not timed). The two timed ones' mean, 1.73: a hidden collective second costs
+#   the compute under it 1 - 1/1.73 = 0.42 s (time._overlapped). Not fitted.
+OVERLAP_SLOWDOWN = (1.76 + 1.70) / 2
+H100_500W_CLOCK = 0.991
+H100_EAGER_CLOCK = 0.689
 H100_96G_BYTES = round(96 * 2**30 * 81559 / 81920)
 ELEMENTWISE_FRACTION = 4.16 / 4.8
 KERNEL_OVERHEAD_S = 7.78e-6
@@ -211,6 +225,9 @@ class Hardware:
             then both scale by it (`for_stack`); 1: the same rate as Megatron / TE. Fitted for h100-80g
             (H100_EAGER_CLOCK; the name is the fit rows' kernels, eager); a
             `--compute-efficiency` or a calibrated curve replaces it (with_overrides resets it to 1).
+        overlap_slowdown: how many times longer compute kernels take while a ZeRO 2/3 collective runs under them
+            (OVERLAP_SLOWDOWN on GPUs: NCCL's CTAs take SMs and HBM bandwidth from them); 1: overlap is free (a CPU,
+            whose collectives' own work `collective_cpu_s` and the shared-compute bound price instead).
     """
 
     name: str
@@ -238,6 +255,7 @@ class Hardware:
     inter_dc_gbps: float | None = None
     inter_dc_latency_s: float | None = None
     eager_clock: float = 1.0
+    overlap_slowdown: float = 1.0
     collective_cpu_s: float = 0.0
     p2p_cpu_s: float = 0.0
     comm_cpu_s_per_byte: float = 0.0
@@ -269,6 +287,8 @@ class Hardware:
             raise ValueError(f"--inter-dc-bandwidth must be a finite number > 0 (GB/s), got {self.inter_dc_gbps}")
         if self.inter_dc_latency_s is not None and not 0 <= self.inter_dc_latency_s < math.inf:
             raise ValueError(f"--inter-dc-latency must be a finite number >= 0, got {self.inter_dc_latency_s} s")
+        if not self.overlap_slowdown >= 1:
+            raise ValueError(f"overlap_slowdown must be >= 1, got {self.overlap_slowdown}")
         if not 0 < self.eager_clock <= 1:
             raise ValueError(f"eager_clock must be in (0, 1], got {self.eager_clock}")
         if self.compute_units is not None and (not isinstance(self.compute_units, int) or self.compute_units < 1):
@@ -290,6 +310,12 @@ class Hardware:
     def elementwise_bytes_per_s(self) -> float:
         """Bytes/s of memory-bound kernels: elementwise_tbps when measured, else the HBM bandwidth."""
         return (self.elementwise_tbps or self.hbm_tbps) * 1e12
+
+    @property
+    def overlap_cost(self) -> float:
+        """Seconds of compute lost per second a collective runs under it: 1 - 1 / overlap_slowdown (in those
+        seconds the compute advances 1 / overlap_slowdown of a second)."""
+        return 1.0 - 1.0 / self.overlap_slowdown
 
     @property
     def achievable_flops(self) -> float:
@@ -337,14 +363,16 @@ PRESETS: dict[GpuKind, Hardware] = {
                                host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,
                                memory_bytes=81920 * MIB, compute_efficiency=A100_EFFICIENCY,
                                gemm_overhead_s=GEMM_OVERHEAD_S, elementwise_tbps=2.039 * ELEMENTWISE_FRACTION,
-                               kernel_overhead_s=KERNEL_OVERHEAD_S, flash_efficiency=A100_FLASH),
+                               kernel_overhead_s=KERNEL_OVERHEAD_S, flash_efficiency=A100_FLASH,
+                               overlap_slowdown=OVERLAP_SLOWDOWN),
     GpuKind.H100_80G: Hardware(name="h100-80g", peak_tflops=989.0, memory_gb=80.0, hbm_tbps=3.35,
                                gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
                                host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,
                                memory_bytes=81559 * MIB, compute_efficiency=H100_EFFICIENCY,
                                gemm_overhead_s=GEMM_OVERHEAD_S, elementwise_tbps=3.35 * ELEMENTWISE_FRACTION,
                                kernel_overhead_s=KERNEL_OVERHEAD_S, flash_efficiency=HOPPER_FLASH,
-                               fp8_tflops=HOPPER_FP8_TFLOPS, eager_clock=H100_EAGER_CLOCK),
+                               fp8_tflops=HOPPER_FP8_TFLOPS, eager_clock=H100_EAGER_CLOCK,
+                               overlap_slowdown=OVERLAP_SLOWDOWN),
     GpuKind.H100_96G_500W: Hardware(name="h100-96g-500w", peak_tflops=989.0, memory_gb=96.0, hbm_tbps=2.4,
                                     gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
                                     host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,
@@ -353,13 +381,15 @@ PRESETS: dict[GpuKind, Hardware] = {
                                     gemm_overhead_s=GEMM_OVERHEAD_S, elementwise_tbps=2.4 * ELEMENTWISE_FRACTION,
                                     kernel_overhead_s=KERNEL_OVERHEAD_S,
                                     flash_efficiency=HOPPER_FLASH * H100_500W_CLOCK, fp8_tflops=HOPPER_FP8_TFLOPS,
+                                    overlap_slowdown=OVERLAP_SLOWDOWN,
                                     eager_clock=H100_EAGER_CLOCK),
     GpuKind.H200: Hardware(name="h200", peak_tflops=989.0, memory_gb=141.0, hbm_tbps=4.8,
                            gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
                            host_memory_gb=2000.0, cpu_adam_params_per_s=5e9, memory_bytes=H200_CUDA_BYTES,
                            compute_efficiency=H200_EFFICIENCY, gemm_overhead_s=H200_GEMM_OVERHEAD_S,
                            elementwise_tbps=4.8 * ELEMENTWISE_FRACTION, kernel_overhead_s=KERNEL_OVERHEAD_S,
-                           flash_efficiency=HOPPER_FLASH, fp8_tflops=HOPPER_FP8_TFLOPS),
+                           flash_efficiency=HOPPER_FLASH, fp8_tflops=HOPPER_FP8_TFLOPS,
+                           overlap_slowdown=OVERLAP_SLOWDOWN),
     GpuKind.CPU: Hardware(name="cpu", peak_tflops=1.0, memory_gb=64.0, hbm_tbps=0.1, gpus_per_node=8,
                           intra_node_gbps=5.0, inter_node_gbps=1.2, pcie_gbps=100.0, host_memory_gb=512.0,
                           cpu_adam_params_per_s=1e9, intra_latency_s=50e-6, inter_latency_s=100e-6),

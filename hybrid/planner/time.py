@@ -16,8 +16,9 @@ Per micro-batch, per global stage (what the simulation is fed):
                                             max(FLOPs / (peak x e), operand bytes / HBM) + t0)
                                         + 2 x saved bytes / HBM bandwidth + TP collectives ]
     backward = each forward matmul's two backward products (input and weight gradient, hardware.Gemm.backward),
-               plus the recomputed forward's matmuls (full: all; selective: the attention core; bf16-flash:
-               + QK^T, which flash attention's backward recomputes), and
+               plus the recomputed forward's matmuls (full: all -- on the PyTorch stack all but the down
+               projection, where torch's checkpoint stops early, _stops_early; selective: the attention core;
+               bf16-flash: + QK^T, which flash attention's backward recomputes), and
                3 x the saved bytes (+ 2 x the recomputed ones) at HBM speed.
 
 Memory-bound bytes of a layer = the activation bytes it saves (model.Shard.layer_activation_terms), each
@@ -73,6 +74,8 @@ from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_l
 from hybrid.planner.predicted_memory import rank_parameters
 from hybrid.planner.model import ActivationProfile, Precision, Shard
 from hybrid.planner.ops import KernelProfile, Traffic, embedding_ops, head_ops, layer_ops
+
+MLP_ACTIVATIONS = ("gelu", "swiglu")  # ops.layer_ops' names of the op whose output the down projection reads
 from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline
 
 
@@ -175,6 +178,8 @@ TERMS = (("gemm", "matmuls on the GEMM curve (recomputed ones included)"),
          ("tp", "tensor-parallel collectives (synchronous)"),
          ("pp_p2p", "pipeline messages a blocking schedule waits out (0: overlapped, inside the bubble)"),
          ("dp_in_passes", "ZeRO 2/3 gathers / reduce-scatters not hidden under compute"),
+         ("overlap", "compute slowed by the ZeRO 2/3 collectives hidden under it: (1 - 1/overlap_slowdown) x their "
+                     "seconds (NCCL's CTAs take SMs and HBM bandwidth; hardware.OVERLAP_SLOWDOWN)"),
          ("bubble", "pipeline idle time: fill, drain, imbalance, waits for messages (simulated)"),
          ("dp_exposed", "DP / ZeRO gradient sync after the last backward, and the ZeRO 1-2 parameter all-gather "
                         "the next forward does not hide (all of it without --overlap-param-gather)"),
@@ -347,7 +352,7 @@ def _rerun(ctx: _Context, forward: Pass, core_ops: Traffic, fp8_ops: Traffic, at
     lay, shard, b, s = ctx.layout, ctx.shard, ctx.layout.micro_batch, ctx.work.seq_length
     tokens = b * s
     if lay.recompute is Recompute.FULL:
-        return forward
+        return _early_stopped_rerun(ctx, attention) if _stops_early(ctx) else forward
     if lay.recompute is Recompute.SELECTIVE:
         core = () if ctx.flash else shard.attention_core_gemms(b, s)
         return Pass(gemm=ctx.gemm_seconds(core), attention=attention) + _ops_pass(ctx, core_ops, tokens, False)
@@ -359,6 +364,36 @@ def _rerun(ctx: _Context, forward: Pass, core_ops: Traffic, fp8_ops: Traffic, at
                      + ctx.gemm_seconds(core))
                 + _ops_pass(ctx, cheap, tokens, False) + _ops_pass(ctx, fp8_ops, tokens, False))
     return Pass()
+
+
+def _stops_early(ctx: _Context) -> bool:
+    return recompute_stops_early(ctx.work, ctx.layout)
+
+
+def recompute_stops_early(work: Workload, layout: Layout) -> bool:
+    """Does full recomputation stop before the layer's last linear? torch's non-reentrant checkpoint (this runtime,
+    models/common.py; torchtitan, Composer, OLMo-core, FSDP's checkpoint_wrapper: the PyTorch stack) stops its rerun
+    as soon as the last tensor the backward needs is saved again (torch.utils.checkpoint `early_stop`, on by
+    default since pytorch/pytorch PR 96866, March 2023: PyTorch 2.1; MosaicML's H100 sweep ran a 2.1 nightly).
+    Autograd saves an op's inputs before it runs the op (the generated VariableType code builds the node, packing
+    self and mat2, then dispatches), so the last saved tensor is the down projection's input: its GEMM and the ops
+    after it (the residual add, a dropout) are not rerun -- checked on torch in tests/test_planner_noac.py.
+    Megatron's reentrant checkpoint reruns the whole layer; TE / torchao FP8 linears are autograd Functions that
+    save after their GEMM: the whole layer too."""
+    return work.pytorch_native(layout) and not work.fp8
+
+
+def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
+    """The forward up to the down projection's input (_stops_early): every linear but the last, the attention,
+    every memory-bound op up to the MLP's activation."""
+    lay, work, shard = ctx.layout, ctx.work, ctx.shard
+    b, s = lay.micro_batch, work.seq_length
+    ops = layer_ops(shard, s, lay.sequence_parallel, work.precision.activation_bytes, work.kernel_profile)
+    last = max(i for i, o in enumerate(ops) if o.name in MLP_ACTIVATIONS)
+    core = () if ctx.flash else shard.attention_core_gemms(b, s)
+    return (Pass(gemm=ctx.gemm_seconds(shard.layer_linear_gemms(b, s)[:-1]) + ctx.gemm_seconds(core),
+                 attention=attention, launches=ctx.cluster.hw.layer_forward_overhead_s)
+            + _ops_pass(ctx, Traffic.of(ops[:last + 1]), b * s, False))
 
 
 def _layer_cost(ctx: _Context) -> _Cost:
@@ -408,17 +443,19 @@ def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
     return _Cost(fwd, bwd, *_tp_cost(ctx, 0, first, last))
 
 
-def _chunk_dp_overlap(ctx: _Context, chunk_params: float) -> tuple[float, float]:
-    """Per-micro-batch (forward, backward) seconds of ZeRO 2/3 collectives and parameter fetches of one chunk;
-    they run under the chunk's compute (prefetching), so the chunk takes the longer of the two."""
+def _chunk_dp_overlap(ctx: _Context, chunk_params: float) -> tuple[float, float, float]:
+    """Per-micro-batch (forward, backward) seconds of ZeRO 2/3 collectives and parameter fetches of one chunk,
+    and the collectives' share of them; they run under the chunk's compute (prefetching), so the chunk takes the
+    longer of the two. A fetch over PCIe runs on the copy engines and takes no SM (no overlap cost)."""
     lay, hw = ctx.layout, ctx.cluster.hw
     pr = ctx.work.precision
     book = dp_microbatch_ledger(chunk_params, lay.zero, lay.dp, ctx.work.grad_bytes, pr.param_bytes)
     fwd, bwd = ctx.dp_seconds(book["forward"]), ctx.dp_seconds(book["backward"])
+    collectives = fwd + bwd
     if lay.offload is Offload.OPTIMIZER_AND_PARAMS:  # this rank's parameter partition over PCIe, each way
         fetch = pr.param_bytes * chunk_params / lay.dp / (hw.pcie_gbps * GB)
         fwd, bwd = fwd + fetch, bwd + fetch
-    return fwd, bwd
+    return fwd, bwd, collectives / (fwd + bwd) if fwd + bwd > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -431,10 +468,11 @@ class _StageCost:
     comm: float  # TP collectives, forward + backward
     hidden: float  # ZeRO 2/3 collective seconds that run under the compute
     parts: Pass = Pass()  # the compute by kind of work, forward + backward
+    lost: float = 0.0  # compute seconds the hidden collectives slow it by (Hardware.overlap_slowdown)
 
 
 def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bool,
-                pp_link: float = 0.0) -> tuple[float, float]:
+                pp_link: float = 0.0, cost: float = 0.0) -> tuple[float, float]:
     """(seconds, hidden DP seconds) of one pass of a stage whose `layers` layers compute for `compute` seconds,
     spend `tp` in synchronous TP collectives and move `dp` seconds of ZeRO 2/3 traffic (or parameter fetches).
 
@@ -442,8 +480,12 @@ def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bo
     before it) and the last layer's reduce-scatter of a backward (nothing runs after it) are exposed, one
     layer's share dp / layers each. When the DP and TP groups share a link (both inside a node, on NVLink) the
     link carries both, so the rest overlaps only the compute, not the TP collectives:
-        contended:  exposed + tp + max(compute, dp - exposed + pp_link)
-        otherwise:  exposed + max(compute + tp, dp - exposed + pp_link)
+        contended:  exposed + tp + max(compute + cost x rest, rest + pp_link)
+        otherwise:  exposed + max(compute + tp + cost x rest, rest + pp_link),   rest = dp - exposed
+    Hidden is not free: while a collective runs, the compute under it advances 1 / sigma of a second a second
+    (sigma = Hardware.overlap_slowdown: NCCL's CTAs hold SMs of their own and move their bytes through HBM). Compute
+    C under D seconds of collectives then ends at C + (1 - 1/sigma) D when that is after D (else at D, inside the
+    collectives): cost = 1 - 1/sigma, 0 when overlap is free.
     `pp_link`: seconds of this pass's outgoing pipeline message when it leaves on the DP ring's link (both on
     NVLink, or both on the NICs): the link carries it too, so it takes from the window the DP traffic runs in.
     The message's own transfer stays where the pipeline simulation places it."""
@@ -452,8 +494,8 @@ def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bo
     exposed = dp / max(1, layers)
     rest = dp - exposed
     if contended:
-        return exposed + tp + max(compute, rest + pp_link), min(compute, rest)
-    return exposed + max(compute + tp, rest + pp_link), min(compute + tp, rest)
+        return exposed + tp + max(compute + cost * rest, rest + pp_link), min(compute, rest)
+    return exposed + max(compute + tp + cost * rest, rest + pp_link), min(compute + tp, rest)
 
 
 def _grad_accumulation(ctx: _Context, params: float) -> Pass:
@@ -485,14 +527,17 @@ def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> 
     b_comp = n * cost.backward_compute + edge.backward_compute
     f_tp = n * cost.forward_comm + edge.forward_comm
     b_tp = n * cost.backward_comm + edge.backward_comm
-    dp_f, dp_b = _chunk_dp_overlap(ctx, n * ctx.shard.layer_params())
+    dp_f, dp_b, share = _chunk_dp_overlap(ctx, n * ctx.shard.layer_params())
     contended = ctx.layout.tp > 1 and not ctx.dp_group.spans_nodes  # TP and DP rings on the same NVLink
     send = _pp_send_on_dp_link(ctx)  # forward: to the next stage (not the last); backward: to the previous
-    f, f_hidden = _overlapped(f_comp, f_tp, dp_f, n, contended, 0.0 if last else send)
-    b, b_hidden = _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send)
+    loss = ctx.cluster.hw.overlap_cost * share  # per hidden second (the collectives' part of it)
+    f, f_hidden = _overlapped(f_comp, f_tp, dp_f, n, contended, 0.0 if last else send, loss)
+    b, b_hidden = _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send, loss)
+    lost = (f - _overlapped(f_comp, f_tp, dp_f, n, contended, 0.0 if last else send)[0]
+            + b - _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send)[0])
     parts = (cost.forward + cost.backward).scaled(n) + edge.forward + edge.backward
     return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden,
-                      parts=parts)
+                      parts=parts, lost=lost)
 
 
 def _pp_send_on_dp_link(ctx: _Context) -> float:
@@ -516,6 +561,7 @@ class _Stages:
     comm: float  # its TP collectives
     hidden: float  # the most ZeRO 2/3 seconds any rank hides under its compute
     parts: Pass  # its compute by kind of work
+    lost: float  # its compute seconds lost to the collectives hidden under it (Hardware.overlap_slowdown)
     p2p: float  # its blocking point-to-point seconds (0 when the messages overlap: the simulation places them)
     busy: float  # its stage costs, everything it does per micro-batch
 
@@ -533,7 +579,7 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
     layers = stage_layers(work.model, pp, v, work.seq_length)
     cost = _layer_cost(ctx)
     kinds: dict[tuple[int, bool, bool], _StageCost] = {}  # stages alike in (layers, first, last) cost alike
-    fwd, bwd, compute, comm, hidden = [], [], [0.0] * pp, [0.0] * pp, [0.0] * pp
+    fwd, bwd, compute, comm, hidden, lost = [], [], [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
     parts, paid = [Pass()] * pp, [0.0] * pp
     for stage, n in enumerate(layers):
         key = (n, stage == 0, stage == pp * v - 1)
@@ -545,6 +591,7 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
         compute[r] += c.compute
         comm[r] += c.comm
         hidden[r] += c.hidden
+        lost[r] += c.lost
         parts[r] = parts[r] + c.parts
     message = layout.micro_batch * work.seq_length * work.model.hidden_size * work.precision.activation_bytes
     message /= layout.tp if layout.sequence_parallel else 1  # SP: hidden states between stages are (b, s/t, h)
@@ -563,7 +610,7 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
     busy = [sum(fwd[s] + bwd[s] for s in layout.rank_stages(r)) for r in range(pp)]
     busiest = max(range(pp), key=lambda r: busy[r])
     return _Stages(StageTimes(tuple(fwd), tuple(bwd), p2p, tuple(compute)), compute[busiest], comm[busiest],
-                   max(hidden), parts[busiest], paid[busiest], busy[busiest])
+                   max(hidden), parts[busiest], lost[busiest], paid[busiest], busy[busiest])
 
 
 def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0) -> float:
@@ -675,9 +722,9 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
         bound -= dp + other
     pipeline = max(run.makespan, bound)
     p = st.parts.scaled(m)
-    in_passes = m * (st.busy - st.compute - st.comm - st.p2p)
+    in_passes = m * (st.busy - st.compute - st.comm - st.p2p - st.lost)
     terms = (("gemm", p.gemm), ("attention", p.attention), ("memory_bound", p.memory), ("launches", p.launches),
-             ("tp", m * tp_comm), ("pp_p2p", m * st.p2p), ("dp_in_passes", in_passes),
+             ("tp", m * tp_comm), ("pp_p2p", m * st.p2p), ("dp_in_passes", in_passes), ("overlap", m * st.lost),
              ("bubble", pipeline - m * st.busy), ("dp_exposed", dp), ("optimizer", opt), ("other", other))
     return StepTime(total=pipeline + dp + opt + other, pipeline=pipeline, compute=m * compute,
                     tp_comm=m * tp_comm, pp_comm=times.comm, dp_comm=dp, overlapped_dp=m * hidden,

@@ -34,11 +34,11 @@ from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_
 from hybrid.pipeline import ScheduleKind
 from hybrid.pipeline.args import check_zero_bubble
 from hybrid.precision import Precision
-from hybrid.train.config import (FLAGS, MAX_SEED, ModelSetup, ParallelConfig, PipelinePlan, RunConfig,  # noqa: F401
-                                 TrainingConfig)
+from hybrid.train.config import (DEFAULT_MIN_LR, FLAGS, MAX_SEED, ModelSetup, ParallelConfig,  # noqa: F401
+                                 PipelinePlan, RunConfig, TrainingConfig)
 from hybrid.train_step import OptimizerConfig
 from hybrid.zero import CpuAdam, ZeroConfig
-from hybrid.zero.ds_config import deepspeed_origins, read_deepspeed_config
+from hybrid.zero.ds_config import DeepSpeedSettings, deepspeed_origins, name_keys, read_deepspeed_config
 from models import Recompute, load_config
 from models import cli as model_cli
 from models.config import ModelConfig
@@ -115,14 +115,23 @@ def check_numbers(args: argparse.Namespace) -> None:
     for flag, beta in (("--adam-beta1", args.adam_beta1), ("--adam-beta2", args.adam_beta2)):
         if not 0 <= beta < 1:
             raise ValueError(f"{flag} must be in [0, 1), got {beta}")
-    if args.min_lr > args.lr:
-        raise ValueError(f"--min-lr {args.min_lr} exceeds --lr {args.lr}; the decay would raise the rate")
+    if args.min_lr is not None and args.min_lr > args.lr:  # given: above --lr (given, default or the JSON's)
+        raise ValueError(f"--min-lr {args.min_lr:g} exceeds --lr {args.lr:g}; the decay would raise the rate: "
+                         f"lower --min-lr (or drop it: {DEFAULT_MIN_LR:g}, 0 below that)")
     if args.distributed_timeout_minutes > MAX_TIMEOUT_MINUTES:
         raise ValueError(f"--distributed-timeout-minutes must be at most {MAX_TIMEOUT_MINUTES} (a week), "
                          f"got {args.distributed_timeout_minutes}")
     if not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
     check_optimizer_flags(args)
+
+
+def default_min_lr(lr: float) -> float:
+    """--min-lr when not given: DEFAULT_MIN_LR (1e-4) at --lr >= 1e-4, so every run that ran before keeps its
+    schedule and resumes; below it Megatron-LM's default 0.0 (its --min-lr; `OptimizerParamScheduler` asserts
+    max_lr >= min_lr), so a small --lr (or a DeepSpeed optimizer.params.lr) decays to 0 as a Megatron user expects
+    instead of failing until --min-lr is given."""
+    return DEFAULT_MIN_LR if lr >= DEFAULT_MIN_LR else 0.0
 
 
 def check_optimizer_flags(args: argparse.Namespace) -> None:
@@ -280,10 +289,20 @@ def _conflict(args: argparse.Namespace, attr: str, key: str, value) -> None:
         raise ValueError(f"--deepspeed-config sets {key} = {shown} but {given} was given; remove one of them")
 
 
+def deepspeed_settings(args: argparse.Namespace) -> DeepSpeedSettings | None:
+    """The --deepspeed-config file parsed once per command line and kept on the checks' Namespace
+    (`args.ds_settings`): every later check (the flags it sets, --auto-parallel's conflicts, 1-bit Adam's
+    freeze_step in hybrid/compress/args.py, the JSON keys an error names) reads these settings, never the file
+    again -- a file rewritten during the checks cannot give two configs. None without --deepspeed-config."""
+    if getattr(args, "ds_settings", None) is None and args.deepspeed_config:
+        args.ds_settings = read_deepspeed_config(args.deepspeed_config)
+    return getattr(args, "ds_settings", None)
+
+
 def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
     """Set the flags a DeepSpeed config sets (an explicit flag it contradicts is an error); returns the keys it has
     that are not read."""
-    ds = read_deepspeed_config(args.deepspeed_config)
+    ds = deepspeed_settings(args)
     args.explicit = getattr(args, "explicit", set())  # a Namespace built by hand has none
     for attr, key, field in DS_FLAGS:
         value = getattr(ds, field)
@@ -315,18 +334,6 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
                              f"{args.global_batch_size}; make them agree")
         args.global_batch_size = ds.train_batch
     return ds.unsupported
-
-
-def deepspeed_origins_of(args: argparse.Namespace) -> dict[str, str]:
-    """The flags --deepspeed-config sets (not given on the command line) -> their JSON keys, so a later check's
-    error names the key the user wrote (ds_config.name_keys); {} without a readable config."""
-    if not args.deepspeed_config:
-        return {}
-    try:
-        ds = read_deepspeed_config(args.deepspeed_config)
-    except ValueError:
-        return {}
-    return deepspeed_origins(ds, getattr(args, "explicit", set()), DS_FLAGS)
 
 
 def _apply_grad_accum_dtype(args: argparse.Namespace, dtype: str) -> None:
@@ -374,6 +381,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     check_numbers(ns)
     unsupported = apply_deepspeed_config(ns, world) if ns.deepspeed_config else []
     check_numbers(ns)  # again: the DeepSpeed config may have set them
+    ns.min_lr = default_min_lr(ns.lr) if ns.min_lr is None else ns.min_lr  # after the JSON's optimizer.params.lr
     zero = ns.zero = check_zero(ns)  # metrics_args.check reads the precision from it
     fault = fault_args.check(ns)
     data = data_args.check(ns)
@@ -431,14 +439,23 @@ def check_args(args: argparse.Namespace, world: int) -> tuple[ModelConfig, Paral
 
 def configure(args: argparse.Namespace, world: int):
     """The whole command line, as train.py runs it: --auto-parallel's plan (when asked), every check, the host's
-    memory, then the datasets opened. Returns (RunConfig, DataSource); `args` is left as given."""
+    memory, then the datasets opened. Returns (RunConfig, DataSource); `args` is left as given. The DeepSpeed JSON
+    is read once, first (`deepspeed_settings`); a later check's error names a value it set by its JSON key (the
+    user wrote `gradient_clipping`, not --clip-grad: ds_config.name_keys)."""
     ns = argparse.Namespace(**vars(args))
-    check_numbers(ns)
-    if ns.auto_parallel:
-        apply_auto_parallel(ns, world)
-    run = run_config(ns, world)
-    check_host(run, world)
-    return run, check_corpus(ns, run)
+    ds = deepspeed_settings(ns)
+    try:
+        check_numbers(ns)
+        if ns.auto_parallel:
+            apply_auto_parallel(ns, world)
+        run = run_config(ns, world)
+        check_host(run, world)
+        return run, check_corpus(ns, run)
+    except ValueError as e:
+        if ds is None:
+            raise
+        raise ValueError(name_keys(str(e), deepspeed_origins(ds, getattr(args, "explicit", set()), DS_FLAGS))) \
+            from None
 
 
 COMPILE_ZERO_STAGES = (0, 1, 2, 3)
@@ -612,8 +629,8 @@ def check_auto_parallel_conflicts(args: argparse.Namespace) -> None:
         if dest in explicit:
             raise ValueError(f"--auto-parallel chooses {what}, but --{dest.replace('_', '-')} was given; "
                              f"drop one of them")
-    if args.deepspeed_config:
-        ds = read_deepspeed_config(args.deepspeed_config)
+    ds = deepspeed_settings(args)
+    if ds is not None:
         for attr, key, what in AUTO_CHOSEN_DS:
             if getattr(ds, attr) is not None:
                 raise ValueError(f"--auto-parallel chooses {what}, but --deepspeed-config sets {key}; drop the key "

@@ -35,6 +35,10 @@ from hybrid.zero.config import CpuAdam, ZeroConfig
 from models.common import Recompute
 from models.config import ModelConfig
 
+# --min-lr when not given: train.py's floor since its first round (kept, so a run resumes on its saved schedule),
+# or Megatron-LM's default 0.0 where --lr (or the DeepSpeed JSON's optimizer.params.lr) is below it -- a floor above
+# the peak would raise the rate, and Megatron's scheduler asserts max_lr >= min_lr (args.default_min_lr)
+DEFAULT_MIN_LR = 1e-4
 MAX_SEED = 2**32 - 1  # data.py draws from seed * 1_000_003 + iteration: stays far below a 64-bit generator seed
 
 
@@ -124,7 +128,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--train-iters", OPTIM, "optimizer steps", default=100, type=int, low=1),
     Flag("--lr", OPTIM, "peak learning rate", default=1e-3, type=float, low=0.0, low_open=True,
          deepspeed=("optimizer.params.lr", "lr")),
-    Flag("--min-lr", OPTIM, "learning rate at the end of the decay", default=1e-4, type=float, low=0.0),
+    Flag("--min-lr", OPTIM, f"learning rate at the end of the decay (the floor it then stays at); None: "
+         f"{DEFAULT_MIN_LR:g}, or Megatron's 0 where --lr is below that", type=float, low=0.0),
     Flag("--lr-warmup-iters", OPTIM, "linear warm-up: step k <= N runs at lr k / N (Megatron's; 0: none)",
          default=10, type=int, low=0),
     Flag("--lr-decay-iters", OPTIM, "the step the decay reaches --min-lr (then stays); None: --train-iters. Keep "

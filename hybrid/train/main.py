@@ -19,9 +19,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
 from hybrid.launch import check_launch, check_launcher_env, distributed, env_world, under_launcher  # noqa: F401
-from hybrid.train.args import configure, deepspeed_origins_of, parse_args
+from hybrid.train.args import configure, parse_args
 from hybrid.train.loop import run as train
-from hybrid.zero.ds_config import name_keys
 
 
 def validate(argv: list[str] | None):
@@ -34,8 +33,8 @@ def validate(argv: list[str] | None):
             check_launcher_env(world)  # the planner reads LOCAL_WORLD_SIZE
         run, corpus = configure(args, world)  # the DataSource of --data-path (hybrid/data)
         check_launch(world)
-    except ValueError as e:  # a value the DeepSpeed config set is named by its JSON key (ds_config.name_keys)
-        raise fail(f"train.py: error: {name_keys(str(e), deepspeed_origins_of(args))}") from None
+    except ValueError as e:  # configure names a value the DeepSpeed config set by its JSON key
+        raise fail(f"train.py: error: {e}") from None
     if run.ds_unsupported and is_rank_zero():
         print(f"train.py: warning: --deepspeed-config keys not supported, ignored: {', '.join(run.ds_unsupported)}",
               file=sys.stderr, flush=True)

@@ -41,8 +41,9 @@ class DeepSpeedSettings:
         initial_loss_scale, loss_scale_window, min_loss_scale: fp16 dynamic loss scaling.
         grad_accum_dtype: data_types.grad_accum_dtype ("fp32", "bf16" or "fp16"): the dtype gradients
             accumulate in; "fp32" under bf16/fp16 is --accumulate-allreduce-grads-in-fp32.
-        optimizer: optimizer.type lower-cased ("adam", "adamw", "onebitadam"; OneBitAdam's freeze_step is read by
-            hybrid/compress/args.py).
+        optimizer: optimizer.type lower-cased ("adam", "adamw", "onebitadam").
+        freeze_step: OneBitAdam's optimizer.params.freeze_step (`--onebit-freeze-iters`; hybrid/compress/args.py
+            checks it against the flag); None for any other optimizer.
         lr, beta1, beta2, weight_decay: optimizer.params.lr, .betas[0], .betas[1], .weight_decay (--lr,
             --adam-beta1, --adam-beta2, --weight-decay).
         unsupported: dotted names of the keys present but not read.
@@ -63,6 +64,7 @@ class DeepSpeedSettings:
     min_loss_scale: float | None = None
     grad_accum_dtype: str | None = None
     optimizer: str | None = None
+    freeze_step: int | None = None
     lr: float | None = None
     beta1: float | None = None
     beta2: float | None = None
@@ -71,7 +73,9 @@ class DeepSpeedSettings:
 
 
 def read_deepspeed_config(path: str) -> DeepSpeedSettings:
-    """Read and type-check `path`; every error names the key (dotted) and what to write instead."""
+    """Read and type-check `path`; every error names the key (dotted) and what to write instead. The file is
+    opened here only, once per command line (hybrid/train/args.deepspeed_settings keeps what it returns): every
+    check reads these settings, so a file rewritten during the checks cannot give two configs."""
     ds = _load_json(path)
     _check_spelling(ds)
     _check_optimizer(ds)
@@ -173,6 +177,11 @@ def _read_optimizer(ds: dict, out: DeepSpeedSettings) -> None:
             raise ValueError(f"--deepspeed-config: optimizer.params.{key} is not one train.py reads for "
                              f"{opt['type']} (lr, betas, eps, weight_decay{onebit}); remove it")
     out.lr = _float(params, "lr", "optimizer.params.lr", 0.0, low_open=True)
+    if out.optimizer == "onebitadam":
+        if "freeze_step" not in params:
+            raise ValueError(f"--deepspeed-config: optimizer OneBitAdam needs params.freeze_step (the Adam warm-up "
+                             f"steps, --onebit-freeze-iters)")
+        out.freeze_step = _int(params, "freeze_step", "optimizer.params.freeze_step", 1)
     out.weight_decay = _float(params, "weight_decay", "optimizer.params.weight_decay", 0.0)
     if "betas" in params:
         betas = params["betas"]
