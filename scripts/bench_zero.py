@@ -93,15 +93,20 @@ def memory_growth_mb(baseline_kb: int) -> float:
 
 # --- the runners: one rank of one framework -----------------------------------------------------
 
-def _time_steps(step, args) -> list[float]:
+def _time_steps(step, args, cpu: list[float] | None = None) -> list[float]:
     """`warmup` untimed steps (buffers, kernels, DeepSpeed's JIT op), then `steps` timed ones, each
-    started after a barrier so every rank's clock starts together."""
-    times = []
+    started after a barrier so every rank's clock starts together. `cpu`: filled with each timed step's CPU
+    seconds of this process (every thread: compute, the backend's communication threads, the kernel's work for
+    them, page faults included), which other load on the machine changes far less than the wall time."""
+    times, cpus = [], []
     for it in range(args.warmup + args.steps):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step(it)
         times.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    if cpu is not None:
+        cpu.extend(cpus[args.warmup:])
     return times[args.warmup:]
 
 
@@ -139,8 +144,9 @@ def _time_hybrid(rank, args, mesh, model, zero, base: int, label: str) -> dict:
     def step(it):
         mesh.ledger.reset()
         train_step(model, [batch(args, rank, it)], zero, mesh, runner=LocalForwardBackward(model[0], mesh.device))
-    times = _time_steps(step, args)
-    out = {"times": times, "mem_mb": memory_growth_mb(base), "optimizer": label,
+    cpu: list[float] = []
+    times = _time_steps(step, args, cpu)
+    out = {"times": times, "cpu": cpu, "mem_mb": memory_growth_mb(base), "optimizer": label,
            "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g),
            "opt_times": opt_times[args.warmup:], "opt_numel": sum(u.shard_numel for u in zero.units)}
     out.update(_kernel_alone(zero))
@@ -209,17 +215,32 @@ def _torch_fused_adamw_row(model, args, rank: int, base) -> dict:
         model(x, y).backward()
         opt.step()
         opt.zero_grad()
-    times = _time_steps(step, args)
-    return {"times": times, "mem_mb": memory_growth_mb(base), "bytes": None, "optimizer": "torch AdamW fused"}
+    cpu: list[float] = []
+    times = _time_steps(step, args, cpu)
+    return {"times": times, "cpu": cpu, "mem_mb": memory_growth_mb(base), "bytes": None,
+            "optimizer": "torch AdamW fused"}
 
 
 def run_ddp(rank, world, args, kernel):
     """torch DDP as its docs recommend: gradients as bucket views (no copy into the buckets), the default 25 MB
-    buckets overlapped with backward, static graph; torch's fused AdamW."""
+    buckets overlapped with backward, static graph; torch's fused AdamW. `kernel` "fused+alloc": with glibc's
+    thresholds set as hybrid's ZeroOptimizer sets them on CPU (hybrid/zero/host_alloc.py; what PyTorch's CPU
+    tuning guide gets from jemalloc / tcmalloc), after DDP has built its buckets as hybrid after its flat buffers,
+    so the ratio to hybrid is about data parallelism, not the allocator."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     base = memory_baseline()
     model = DDP(build(args), gradient_as_bucket_view=True, static_graph=True)
+    _peer_host_alloc(kernel)
     return _torch_fused_adamw_row(model, args, rank, base)
+
+
+def _peer_host_alloc(kernel: str) -> None:
+    """A peer row whose kernel ends in "+alloc": glibc's thresholds set as hybrid's ZeroOptimizer sets them on CPU
+    (hybrid/zero/host_alloc.py), once the peer has built its persistent buffers (hybrid sets them after its own)."""
+    if kernel.endswith("+alloc"):
+        from hybrid.zero.host_alloc import retain_freed_host_memory
+        if not retain_freed_host_memory():
+            raise RuntimeError("glibc's malloc thresholds could not be set (not glibc, or set by the user)")
 
 
 def run_hybrid_overlap(rank, world, args, spec):
@@ -261,6 +282,7 @@ def run_deepspeed(rank, world, args, kernel):
     model = build(args)
     engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                              config=deepspeed_config(args))
+    _peer_host_alloc(kernel)
     inner = getattr(opt, "optimizer", opt)
 
     def step(it):
@@ -268,8 +290,9 @@ def run_deepspeed(rank, world, args, kernel):
         loss = engine(x, y)
         engine.backward(loss)
         engine.step()
-    times = _time_steps(step, args)
-    return {"times": times, "mem_mb": memory_growth_mb(base), "bytes": None,
+    cpu: list[float] = []
+    times = _time_steps(step, args, cpu)
+    return {"times": times, "cpu": cpu, "mem_mb": memory_growth_mb(base), "bytes": None,
             "optimizer": f"{type(inner).__module__.split('.')[-1]}.{type(inner).__name__} (config type AdamW)"}
 
 
@@ -282,6 +305,7 @@ def run_fsdp2(rank, world, args, kernel):
     for block in model.layers.values():  # one FSDP unit per block, then the root (embedding, norm, head)
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    _peer_host_alloc(kernel)
     return _torch_fused_adamw_row(model, args, rank, base)
 
 
@@ -289,8 +313,10 @@ def run_fsdp2(rank, world, args, kernel):
 ROWS = [("hybrid ZeRO-3", run_hybrid, "default", None),
         ("hybrid ZeRO-3", run_hybrid, "fused", None),
         ("torch FSDP2", run_fsdp2, "fused", 1),
+        ("torch FSDP2, hybrid's host allocator setting", run_fsdp2, "fused+alloc", 1),
         ("hybrid ZeRO-3", run_hybrid, "deepspeed", None),
-        ("DeepSpeed ZeRO-3", run_deepspeed, "deepspeed", 3)]
+        ("DeepSpeed ZeRO-3", run_deepspeed, "deepspeed", 4),
+        ("DeepSpeed ZeRO-3, hybrid's host allocator setting", run_deepspeed, "deepspeed+alloc", 4)]
 OVERLAP_FROM = len(ROWS)  # the rows after this one: hybrid ZeRO 1-2, post-step gather overlap on vs off
 ROWS += [("hybrid ZeRO-1, gather overlap off", run_hybrid_overlap, "1:off", None),
          ("hybrid ZeRO-1, gather overlap on", run_hybrid_overlap, "1:on", OVERLAP_FROM),
@@ -299,8 +325,10 @@ ROWS += [("hybrid ZeRO-1, gather overlap off", run_hybrid_overlap, "1:off", None
 DDP_FROM = len(ROWS)  # hybrid ZeRO 1-2 as train.py runs them against torch DDP (ratio DDP / hybrid)
 ROWS += [("hybrid ZeRO-1", run_hybrid_stage, "1", None),
          ("torch DDP", run_ddp, "fused", DDP_FROM),
+         ("torch DDP, hybrid's host allocator setting", run_ddp, "fused+alloc", DDP_FROM),
          ("hybrid ZeRO-2", run_hybrid_stage, "2", None),
-         ("torch DDP", run_ddp, "fused", DDP_FROM + 2)]
+         ("torch DDP", run_ddp, "fused", DDP_FROM + 3),
+         ("torch DDP, hybrid's host allocator setting", run_ddp, "fused+alloc", DDP_FROM + 3)]
 
 
 def _spawned(rank, world, index, args):
@@ -319,6 +347,8 @@ def _summary(res: list[dict]) -> dict:
     per_step = [max(ts) for ts in zip(*(r["times"] for r in res))]  # a step lasts as long as its slowest rank
     out = {"step_s": statistics.median(per_step), "mem_mb": max(r["mem_mb"] for r in res),
            "optimizer": res[0]["optimizer"], "bytes": res[0]["bytes"]}
+    if res[0].get("cpu"):  # CPU seconds a step, every rank's summed
+        out["cpu_s"] = statistics.median(sum(cs) for cs in zip(*(r["cpu"] for r in res)))
     if res[0].get("opt_times"):  # the optimizer step alone: the slowest rank's, and the largest shard
         out["opt_s"] = statistics.median(max(ts) for ts in zip(*(r["opt_times"] for r in res)))
         out["opt_numel"] = max(r["opt_numel"] for r in res)
@@ -457,6 +487,24 @@ def framework_table(results: list[list[dict]], rows: range | None = None,
     return lines
 
 
+def cpu_table(results: list[list[dict]], rows: range) -> list[str]:
+    """CPU seconds a step (every rank's process, all threads, summed; the median over steps) and their ratio to the
+    reference row's in the same repeat: the work each framework does, which other load changes far less than the
+    wall time (it does not see waiting, the overlap's gain)."""
+    lines = ["| framework | CPU s a step, all ranks (median of repeats; per repeat) | ratio to hybrid's CPU s: median "
+             "(min - max over repeats) |", "|---|---|---|"]
+    for i in rows:
+        name, _, kernel, ref = ROWS[i]
+        ok = [r[i]["cpu_s"] for r in results if "cpu_s" in r[i]]
+        if not ok:
+            continue
+        ratios = [r[i]["cpu_s"] / r[ref]["cpu_s"] for r in results if ref is not None and "cpu_s" in r[i]
+                  and "cpu_s" in r[ref]]
+        cell = f"{statistics.median(ratios):.2f} ({_spread(ratios)})" if ratios else "(reference)"
+        lines.append(f"| {name} | {statistics.median(ok):.2f} ({', '.join(f'{c:.2f}' for c in ok)}) | {cell} |")
+    return lines
+
+
 def args_dp(results: list[list[dict]]) -> int:
     """The ranks that stepped at once in the training rows (the DP size)."""
     return max((c.get("ranks", 1) for r in results for c in r), default=1)
@@ -516,7 +564,7 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
              f"- model: Llama, {args.layers} layers, hidden {args.hidden}, 8 heads, FFN {3 * args.hidden}, vocab "
              f"{args.vocab}, untied head: {cfg.num_parameters / 1e6:.1f}M parameters, fp32 (no mixed precision on "
              f"any side: hybrid's CPU path trains in fp32 here)",
-             f"- run: {'ZeRO 1-2' if args.overlap_only else 'ZeRO-3 / FULL_SHARD'} over dp {args.dp} gloo ranks on {os.cpu_count()} cores, one thread per rank "
+             f"- run: {'ZeRO 1-2' if args.overlap_only or args.ddp_only else 'ZeRO-3 / FULL_SHARD'} over dp {args.dp} gloo ranks on {os.cpu_count()} cores, one thread per rank "
              f"(OMP_NUM_THREADS=1), micro-batch {args.micro} x seq {args.seq}, no gradient clipping, AdamW lr 1e-3, "
              f"betas (0.9, 0.95), weight decay 0.01",
              f"- timing: {args.warmup} warm-up step(s), then the median of {args.steps} steps, each step the slowest "
@@ -536,8 +584,14 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
              "swapped in over the same shards, so each ratio compares sharding, not the optimizer kernel.",
              "- no offload rows: on a CPU-only machine parameters and optimizer state already live in host memory, "
              "so offload moves nothing (it would only switch the optimizer kernel, which the rows below already do).",
+             "- host allocator: hybrid's ZeroOptimizer sets glibc's mmap and trim thresholds on CPU (freed large "
+             "tensors reused from the heap, not faulted in afresh each step: hybrid/zero/host_alloc.py); each peer "
+             "runs once as its docs leave it and once with the same setting ('hybrid's host allocator setting', "
+             "applied after its own buffers are built), so the ratio to the latter is about sharding alone.",
              ]),
-             "", *([] if args.overlap_only or args.ddp_only else framework_table(results)),
+             "", *([] if args.overlap_only or args.ddp_only else [
+                 *framework_table(results), "", "The same runs' CPU time (every rank's process, all threads).", "",
+                 *cpu_table(results, range(OVERLAP_FROM))]),
              *([] if args.ddp_only or args.zero3_only else [
              "", "ZeRO 1-2: the post-step parameter all-gather overlapped with the next forward (the default) or "
              "blocking after the step (`overlap_param_gather=False`, `--no-overlap-param-gather`); hybrid alone, the "
@@ -550,7 +604,12 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
                   "on) against torch DDP (gradient_as_bucket_view, static_graph, default buckets, fused AdamW), the "
                   "same model, fp32 and threads. Ratio = DDP / hybrid in the same repeat; above 1.0 hybrid is "
                   "faster.", "",
-                  *framework_table(results, range(DDP_FROM, len(ROWS)), "ratio DDP / hybrid")]
+                  *framework_table(results, range(DDP_FROM, len(ROWS)), "ratio DDP / hybrid"),
+                  "", "The same runs' CPU time. hybrid's ZeroOptimizer sets glibc's mmap and trim thresholds on CPU "
+                  "(hybrid/zero/host_alloc.py: freed large tensors -- autograd's weight gradients -- reused from the "
+                  "heap instead of faulted in afresh each step); the rows 'hybrid's host allocator setting' give DDP "
+                  "the same, so the ratio to them is the one about data parallelism.", "",
+                  *cpu_table(results, range(DDP_FROM, len(ROWS)))]
     if not args.overlap_only:
         lines += optimizer_step_table(results, opt_rows)
     if opt_rows:

@@ -28,7 +28,7 @@ from hybrid.testing import launch
 ITERS = 22  # both launches: the LR schedule (cosine over --train-iters) must be the same
 COMMON = ["--tensor-model-parallel-size", "2", "--zero-stage", "1", "--micro-batch-size", "2", "--global-batch-size",
           "8", "--seq-length", "32", "--train-iters", str(ITERS), "--log-interval", "1",
-          "--distributed-timeout-minutes", "1"]
+          "--distributed-timeout-minutes", "1", "--eval-iters", "1"]  # end-of-run passes: one batch each
 KILL = "crash:point=after_rank_files,rank=1,iteration=4,signal=SIGKILL"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

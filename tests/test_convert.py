@@ -104,9 +104,10 @@ def test_bf16_export_is_the_rounded_weights(tmp_path):
 # --- a real training run -----------------------------------------------------------------------------------
 def torchrun(n: int, *flags: str, timeout: int = 240) -> str:
     """`torchrun --standalone --nproc-per-node N scripts/train.py ...`, its ranks forked from hybrid.testing's
-    forkserver."""
-    p = testing.torchrun(["--micro-batch-size", "1", "--seq-length", "16", "--log-interval", "1", *flags], n,
-                         env={"OMP_NUM_THREADS": "1"}, cwd=ROOT, timeout=timeout)
+    forkserver; the end's validation and test passes on one global batch each (--eval-iters 1, not 10: no check
+    here reads them)."""
+    p = testing.torchrun(["--micro-batch-size", "1", "--seq-length", "16", "--log-interval", "1", "--eval-iters", "1",
+                          *flags], n, env={"OMP_NUM_THREADS": "1"}, cwd=ROOT, timeout=timeout)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     return p.stdout
 

@@ -25,9 +25,9 @@ The fast tier (`-m "not slow"`) runs, in a launch of its own, the cases in FAST:
 ring, each comm type and recomputation family once (full recomputation with all-gather, op-level selective with
 a2a), packed documents, each low precision once (bf16 at ZeRO 1, fp16 at ZeRO 3) and the checkpoint runs. The
 other cases -- the same stages, comm types, recomputation modes and precisions in the remaining combinations --
-are marked slow and run in a second launch (the full suite runs both). The comm types stay in the fast tier here
-and through tests/test_cp_attention.py (attention against fp64, every comm type); selective recomputation's
-reruns over CP through tests/test_cp_models.py's ledger test.
+are marked slow and run in a second launch, with the TP + SP and PP compositions (the full suite runs both). The
+comm types stay in the fast tier here and through tests/test_cp_attention.py (attention against fp64, every comm
+type); selective recomputation's reruns over CP through tests/test_cp_models.py's ledger test.
 """
 
 from __future__ import annotations
@@ -149,6 +149,8 @@ def _world4(rank: int, world: int, root: str, cases: list[str], resume: bool):
     out["cp1"] = {case: _case(meshes["cp1"], case, corpus) for case in cases if CASES[case][3] is not FP32}
     if resume:
         out["resume"] = {case: _resume(meshes, case, f"{root}/{case}", corpus) for case in ("z1", "z3")}
+    else:  # CP composed with TP + SP and with PP: slow, as the other cases of this launch
+        out["layouts"] = _layouts(corpus, world)
     return out
 
 
@@ -159,7 +161,7 @@ def reference(case: str) -> dict:
 
 class Launches:
     """The module's two 4-rank launches, each started at its first use: the fast tier's cases (FAST) with the
-    checkpoint runs, and the other cases."""
+    checkpoint runs, and the other cases with the TP + SP and PP compositions ("layouts")."""
 
     def __init__(self, root: str) -> None:
         self.root, self.done = root, {}
@@ -229,17 +231,13 @@ def test_a_cp2_checkpoint_loads_at_cp1_and_cp4_and_continues_the_same_run(spawn,
 LAYOUTS = {"tp2-cp2-sp": (2, 2, 1, True), "cp2-pp2": (1, 2, 2, False)}  # name -> (tp, cp, pp, sequence parallel)
 
 
-def _layouts(rank: int, world: int) -> dict:
-    corpus, out = load_corpus(), {}
+def _layouts(corpus, world: int) -> dict:
+    """Run in the slow cases' launch (`_world4`): no launch of their own."""
+    out = {}
     for name, (tp, cp, pp, sp) in LAYOUTS.items():
         run = Run(Mesh.build(ParallelDims.from_world(world, tp=tp, cp=cp, pp=pp)), "z1", sp=sp)
         out[name] = {"losses": run.train(0, STEPS, corpus), "weights": run.weights()}
     return out
-
-
-@functools.lru_cache(maxsize=1)
-def layouts():
-    return run_distributed(_layouts, 4, timeout=1800)
 
 
 # slow: the composition end to end. The fast tier keeps its parts: tests/test_cp_models.py's fast case runs every
@@ -247,12 +245,12 @@ def layouts():
 # the optimizer over the dp_cp group with CP (ZeRO 0-3)
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_cp2_with_tp2_sp_or_pp2_training_equals_single_process(layout):
+def test_cp2_with_tp2_sp_or_pp2_training_equals_single_process(spawn, layout):
     """5 AdamW steps (ZeRO 1, p2p) at TP 2 + SP x CP 2 and at CP 2 x PP 2 (1F1B): the logged losses and every
     weight (each stage's, gathered over TP) equal one process's within RTOL."""
     ref, seen = reference("z1"), set()
-    for rank, per_rank in enumerate(layouts()):
-        got = per_rank[layout]
+    for rank, per_rank in enumerate(spawn.ranks("layouts")):
+        got = per_rank["layouts"][layout]
         assert got["losses"] == pytest.approx(ref["losses"], rel=RTOL), rank
         for n, w in got["weights"].items():
             assert rel(w, ref["weights"][n]) <= RTOL, f"rank {rank}: {n}: {rel(w, ref['weights'][n]):.2e}"

@@ -32,8 +32,10 @@ from hybrid.checkpoint import store
 pytestmark = pytest.mark.slow  # end-to-end train.py launches (conftest.py: the fast tier leaves them out)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# --eval-iters 1: the end's validation and test passes on one global batch each, not the default 10 (no check here
+# reads them; they ran 20 forward batches in each of the file's train.py launches)
 COMMON = ["--global-batch-size", "8", "--micro-batch-size", "2", "--seq-length", "32", "--log-interval", "1",
-          "--lr", "3e-3", "--diloco-inner-steps", "4", "--diloco-outer-lr", "0.7", "--diloco-outer-momentum", "0.9"]
+          "--lr", "3e-3", "--eval-iters", "1", "--diloco-inner-steps", "4", "--diloco-outer-lr", "0.7", "--diloco-outer-momentum", "0.9"]
 TP2 = ["--tensor-model-parallel-size", "2"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
 

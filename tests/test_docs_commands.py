@@ -3,6 +3,7 @@
 Commands are read from the fenced shell blocks of the docs (lines starting with torchrun, hybrid, python, bash or
 scripts/), so a command added to the docs is tested without editing this file. Each is run as written, shortened
 only where a full run would take minutes: `--train-iters` becomes 2 (added when absent), `--log-interval` 1,
+`--eval-iters` 1 (the validation and test passes run, on one global batch each),
 `hybrid calibrate` measures at tiny sizes, and placeholders are filled (`path/to/hf_model` -> a tiny transformers
 GPT-2 saved here, a trailing `...` dropped). The few commands that cannot run here are listed in SKIP with the
 reason and where they are covered instead.
@@ -43,6 +44,8 @@ SKIP = {  # substring of the command -> why it is not run here, and what covers 
     "scripts/gpu_check.py --out gpu_results": "needs a GPU; tests/test_gpu_check.py runs the same script with "
                                               "--dry-run (every section, CPU, tiny sizes)",
     "$(hybrid plan": "README's planner chain (a shell substitution): run as written by tests/test_readme_chain.py",
+    "hybrid calibrate --out cpu.json": "the planner chain's calibration (README): run as written, at full size, by "
+                                       "tests/test_readme_chain.py",
     "plot_run.py run.jsonl": "the planner chain's plot of its metrics file: run by tests/test_readme_chain.py",
     "scripts/bench_pipeline.py --pp 2": "a 20-minute benchmark for a quiet machine; its --quick mode runs in "
                                         "tests/test_bench_smoke.py",
@@ -103,15 +106,17 @@ def _argv(part: str, hf_model: str) -> list[str]:
 
 
 def _shorten(words: list[str]) -> list[str]:
-    """Two optimizer steps, every step logged: enough to run every code path the flags select."""
+    """Two optimizer steps, every step logged, one global batch per validation (the end's validation and test
+    loss, not train.py's default 10 of each: 20 forward batches that took most of a 2-step run's compute): enough to
+    run every code path the flags select."""
     out, i = [], 0
     while i < len(words):
-        if words[i] in ("--train-iters", "--log-interval"):
+        if words[i] in ("--train-iters", "--log-interval", "--eval-iters"):
             i += 2
             continue
         out.append(words[i])
         i += 1
-    return out + ["--train-iters", "2", "--log-interval", "1"]
+    return out + ["--train-iters", "2", "--log-interval", "1", "--eval-iters", "1"]
 
 
 WORKDIRS: dict[str, str] = {}

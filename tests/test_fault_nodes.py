@@ -19,7 +19,7 @@ from hybrid.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["-m", "hybrid.train", "--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size",
-         "8", "--seq-length", "32", "--log-interval", "5"]
+         "8", "--seq-length", "32", "--log-interval", "5", "--eval-iters", "1"]  # end-of-run passes: one batch each
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 # where a node is lost: a survivor names the lost ranks after watching their heartbeats for 3 beats of a tenth of
 # the distributed timeout (hybrid/liveness.py): 30 s at the default 10 minutes, 9 s at 0.5 -- still 10x a healthy

@@ -34,7 +34,8 @@ from hybrid.fault.attempt import agree
 from hybrid.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMMON = ["--global-batch-size", "8", "--seq-length", "32", "--log-interval", "1", "--lr", "3e-3"]
+COMMON = ["--global-batch-size", "8", "--seq-length", "32", "--log-interval", "1", "--lr", "3e-3",
+          "--eval-iters", "1"]  # the end's validation and test passes on one batch each (no check reads them)
 MICRO = ["--micro-batch-size", "2"]  # --auto-parallel picks its own
 TP2PP2 = MICRO + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 TP2 = MICRO + ["--tensor-model-parallel-size", "2"]

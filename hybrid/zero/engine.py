@@ -57,6 +57,7 @@ from hybrid.tp import VocabParallelEmbedding, sync_partial_grads
 from hybrid.train_step import OptimizerConfig, sync_tied_embeddings
 from hybrid.zero.buffers import BufferPool
 from hybrid.zero.config import CpuAdam, Precision, ZeroConfig
+from hybrid.zero.host_alloc import retain_freed_host_memory
 from hybrid.zero.units import FlatUnit
 
 if TYPE_CHECKING:  # the compressor seam's protocol (hybrid/compress imports this package: no cycle)
@@ -177,6 +178,8 @@ class ZeroOptimizer:
         if reduction is not None:
             reduction.bind([u for u in self.units if id(u) not in self._expert_units], self)
         self._register_hooks()
+        if self.device.type == "cpu" and self.dp.size > 1:  # after the persistent buffers: they keep their mappings
+            retain_freed_host_memory()  # autograd's large gradients reused from the heap, not faulted in each step
 
     # --- construction ------------------------------------------------------------------------
     @property
