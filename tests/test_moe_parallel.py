@@ -18,6 +18,8 @@ routing that sends N k / EP slots to every EP rank, and in general the rows it a
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,7 +38,7 @@ from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import ZeroConfig, ZeroOptimizer
 from models import Recompute, build_pipeline_chunks, from_hf
 from models.hf_io import export_hf_state_dict, load_hf_checkpoint
-from moe_reference import hf_layer_aux, hf_model, per_expert, rel, save
+from moe_reference import hf_config, hf_layer_aux, hf_model, per_expert, rel, save
 
 WORLD, GLOBAL, SEQ, STEPS = 8, 8, 16, 2
 RTOL = 1e-5
@@ -69,10 +71,10 @@ def micro_batches(dp_rank, dp, mb):
 
 
 # --- the ranks --------------------------------------------------------------------------------------------
-def _build(case, path, world, zero):
+def _build(case, cfg, path, world, zero):
+    """`cfg`: the case's model, made from transformers' config in the test process (`results`): the ranks never
+    import transformers (~1.7 s of CPU each, 8 ranks)."""
     kind, tp, pp, v, ep, _, dispatcher, mb, recompute = CASES[case]
-    hf_cfg = hf_model(kind, LAYERS).config
-    cfg = from_hf(hf_cfg)
     dims = ParallelDims.from_world(world, tp=tp, pp=pp)
     mesh = build_mesh(dims, ep)
     moe = ExpertContext(MoEConfig(expert_parallel=ep, aux_loss_coeff=COEFF, dispatcher=Dispatcher(dispatcher)), mesh.ep)
@@ -99,9 +101,9 @@ def _export(chunks, mesh, grads: bool) -> dict[str, torch.Tensor]:
     return out
 
 
-def _case(case, path, world):
+def _case(case, cfg, path, world):
     # one step's gradients, ZeRO 0: p.grad holds the gradients summed over DP (experts: over expert-DP)
-    mesh, chunks, runner, opt, batches = _build(case, path, world, zero=0)
+    mesh, chunks, runner, opt, batches = _build(case, cfg, path, world, zero=0)
     opt.zero_grad()
     opt.begin_step(len(batches))
     set_aux_grad_scale(chunks, 1.0 / len(batches))
@@ -110,15 +112,15 @@ def _case(case, path, world):
     grads = {k: g / mesh.dims.dp for k, g in _export(chunks, mesh, grads=True).items()}
     # STEPS training steps at the case's ZeRO stage, through train_step
     zero = CASES[case][5]
-    mesh, chunks, runner, opt, batches = _build(case, path, world, zero)
+    mesh, chunks, runner, opt, batches = _build(case, cfg, path, world, zero)
     losses = [train_step(chunks, batches, opt, mesh, runner=runner) for _ in range(STEPS)]
     with opt.gathered():  # stage 3 frees the gathered buffers at the exit: copy inside
         weights = {k: t.clone() for k, t in _export(chunks, mesh, grads=False).items()}
     return {"grads": grads, "weights": weights, "losses": losses}
 
 
-def _all(rank, world, paths):
-    return {case: _case(case, paths[CASES[case][0]], world) for case in CASES}
+def _all(rank, world, cfgs, paths):
+    return {case: _case(case, cfgs[CASES[case][0]], paths[CASES[case][0]], world) for case in CASES}
 
 
 # --- the reference: transformers, one process ---------------------------------------------------------------
@@ -153,8 +155,11 @@ def reference(kind, mb):
 
 @pytest.fixture(scope="module")
 def results():
-    paths = {kind: save(hf_model(kind, LAYERS)) for kind in ("mixtral", "qwen2_moe")}
-    per_rank = run_distributed(_all, WORLD, args=(paths,), timeout=1500)
+    kinds = ("mixtral", "qwen2_moe")
+    paths = {kind: save(hf_model(kind, LAYERS)) for kind in kinds}
+    # without the transformers config object it was read from: unpickling one imports transformers in every rank
+    cfgs = {kind: dataclasses.replace(from_hf(hf_config(kind, LAYERS)), hf_config=None) for kind in kinds}
+    per_rank = run_distributed(_all, WORLD, args=(cfgs, paths), timeout=1500)
     refs = {}
     out = {}
     for case, spec in CASES.items():
@@ -195,16 +200,15 @@ N, H, K = 16, 8, 2
 
 
 def _ledger(rank, world):
-    from transformers.activations import ACT2FN
-
     from hybrid.moe.layer import MoELayer
+    from models.activations import activation
     from models.config import ModelConfig
     cfg = ModelConfig(arch="llama", vocab_size=16, hidden_size=H, num_layers=1, num_heads=2, num_kv_heads=2,
                       head_dim=4, ffn_hidden_size=8, max_position_embeddings=16, norm_eps=1e-5, tie_embeddings=False,
                       qkv_bias=False, mlp_bias=False, out_bias=False, activation="silu", num_experts=world,
                       moe_top_k=K, moe_ffn_hidden_size=4, moe_layers=(0,), model_type="mixtral")
     mesh = build_mesh(ParallelDims.from_world(world), world)
-    layer = MoELayer(cfg, TPContext(mesh.tp), ExpertContext(MoEConfig(expert_parallel=world), mesh.ep), ACT2FN["silu"])
+    layer = MoELayer(cfg, TPContext(mesh.tp), ExpertContext(MoEConfig(expert_parallel=world), mesh.ep), activation("silu"))
     x = torch.randn(N, H, requires_grad=True)
     out = {}
     for name, experts in (("uniform", torch.stack([(torch.arange(N) + rank) % world,

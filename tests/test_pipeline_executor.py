@@ -11,12 +11,14 @@
 
 Launches: one 4-rank launch runs every schedule case, one 8-rank launch every training case (hybrid.testing's
 each_case: a case that fails is its own test's failure). The ranks do not import transformers: the configs are
-made here, in the test process, and passed in; the single-process reference of a (model, m) is computed once a rank.
+made here, in the test process, and passed in, as are the single-process references, each (model, m) computed once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import pickle
 
 import pytest
 import torch
@@ -39,12 +41,14 @@ MB, SEQ, H = 2, 16, 32
 def configs():
     """The two models (from transformers' configs: imported here, in the test process, not in the ranks)."""
     from transformers import GPT2Config, LlamaConfig
-    return {
+    cfgs = {
         "gpt2": from_hf(GPT2Config(n_layer=8, n_embd=H, n_head=4, vocab_size=256, n_positions=64, resid_pdrop=0.0,
                                    embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)),
         "llama": from_hf(LlamaConfig(num_hidden_layers=8, hidden_size=H, num_attention_heads=4, num_key_value_heads=2,
                                      intermediate_size=64, vocab_size=256, max_position_embeddings=64)),
     }
+    # without the transformers config object they were read from: unpickling one imports transformers in the rank
+    return {name: dataclasses.replace(cfg, hf_config=None) for name, cfg in cfgs.items()}
 
 
 def _cases():
@@ -87,7 +91,7 @@ def _reference(cfg, batches):
 
 
 def _run_case(world, cfgs, refs, name, kind, pp, m, v):
-    """`refs`: this rank's single-process references by (model, m), each computed once (it depends on nothing else)."""
+    """`refs`: the single-process references by (model, m), computed once in the test process (references)."""
     cfg = cfgs[name]
     mesh = Mesh.build(ParallelDims.from_world(world, pp=pp))
     chunks = _chunks(cfg, TPContext(mesh.tp), mesh, kind, v, seed=5)
@@ -96,8 +100,6 @@ def _run_case(world, cfgs, refs, name, kind, pp, m, v):
     loss = PipelineExecutor(chunks, schedule, mesh.pp, StageIO((MB, SEQ, H)), mesh.device,
                             placement=kind.placement).forward_backward(batches)
     sync_tied_embeddings(chunks, mesh)
-    if (name, m) not in refs:
-        refs[name, m] = _reference(cfg, batches)
     ref_loss, ref_grads = refs[name, m]
     grads = [rel(p.grad, ref_grads[n]) for c in chunks for n, p in c.named_parameters()]
     has_loss = kind.placement.rank_chunk(pp * v - 1, pp)[0] == mesh.coords.pp  # rank 0 under ZBV
@@ -105,13 +107,26 @@ def _run_case(world, cfgs, refs, name, kind, pp, m, v):
             "n_params": sum(1 for c in chunks for _ in c.parameters())}
 
 
-def _all_cases(rank, world, cfgs):
-    return testing.each_case(_run_case, CASES, world, cfgs, {})
+def _all_cases(rank, world, cfgs, refs: bytes):
+    return testing.each_case(_run_case, CASES, world, cfgs, pickle.loads(refs))
+
+
+def references(cfgs) -> dict:
+    """(model, m) -> the single-process loss and gradients, once for the module (each of the 4 ranks computed every
+    one of them before: ~45% of their work). One thread, as each rank runs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {(name, m): _reference(cfgs[name], _batches(m)) for name, m in sorted({(c[0], c[3]) for c in CASES})}
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def results():
-    return run_distributed(_all_cases, 4, args=(configs(),), timeout=600)
+    cfgs = configs()
+    # plain pickle: tensors travel as bytes, not as one shared-memory fd each (the forkserver passes at most 256)
+    return run_distributed(_all_cases, 4, args=(cfgs, pickle.dumps(references(cfgs))), timeout=600)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{n}-{k.value}-pp{p}-m{m}-v{v}" for n, k, p, m, v in CASES])

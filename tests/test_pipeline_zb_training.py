@@ -15,8 +15,9 @@ GPT-2 (tied embeddings: under ZBV both copies sit on rank 0) and Llama (GQA); se
 recomputation twice (W recomputes the block a second time: the dropout streams are replayed each time) and
 selective once.
 
-The fast tier (`-m "not slow"`) runs the pp 2 cases and the reduction timing; the pp 4 cases are marked slow (the
-full suite runs them): ZB-H1 and ZBV at pp 4 stay in the fast tier through tests/test_pipeline_executor.py (every
+The fast tier (`-m "not slow"`) runs the pp 2 cases and the reduction timing; the pp 4 cases and the heaviest pp 2
+one (ZBV + SP + full recomputation: CASES_SLOW says what keeps its subjects fast) are marked slow (the full suite
+runs them, in one launch): ZB-H1 and ZBV at pp 4 stay in the fast tier through tests/test_pipeline_executor.py (every
 schedule at pp 2 and 4, gradients and loss against one process) and tests/test_pipeline_zero_bubble.py (the
 compute lists against torch's for pp 1..8).
 """
@@ -48,11 +49,15 @@ CASES_PP2 = {
     "gpt2-zbh1-pp2-tp2-dp2-zero1": ("tiny-gpt2", ZB_H1, 2, 2, 1, False, NONE),
     "llama-zbh1-pp2-tp2-dp2-zero3-full": ("tiny-llama", ZB_H1, 2, 2, 3, False, FULL),
     "gpt2-zbv-pp2-tp2-dp2-zero3": ("tiny-gpt2", ZBV, 2, 2, 3, False, NONE),
-    "llama-zbv-pp2-tp2sp-dp2-zero1-full": ("tiny-llama", ZBV, 2, 2, 1, True, FULL),
     "gpt2-zbh1-pp2-tp2sp-dp2-zero2": ("tiny-gpt2", ZB_H1, 2, 2, 2, True, NONE),
     "llama-zbv-pp2-tp2-dp2-zero2-selective": ("tiny-llama", ZBV, 2, 2, 2, False, SELECTIVE),
 }
-CASES_PP4 = {
+# the slow launch: pp 4, and ZBV with SP and full recomputation at pp 2 (its ZBV steps cost ~4x 1F1B's: 20 of the
+# pp 2 launch's 52 s of CPU); the fast tier keeps ZBV (gpt2-zbv-..., llama-zbv-...-selective), SP under zero bubble
+# (gpt2-zbh1-pp2-tp2sp-...), full recomputation under zero bubble (llama-zbh1-...-full) and ZeRO 1 (gpt2-zbh1-...-zero1;
+# ZBV's ZeRO 1 reductions in test_zero_reduces_each_unit_inside_its_chunks_w_after_the_last_one)
+CASES_SLOW = {
+    "llama-zbv-pp2-tp2sp-dp2-zero1-full": ("tiny-llama", ZBV, 2, 2, 1, True, FULL),
     "llama-zbh1-pp4-tp2-zero1": ("tiny-llama", ZB_H1, 2, 4, 1, False, NONE),
     "gpt2-zbh1-pp4-dp2-zero3-selective": ("tiny-gpt2", ZB_H1, 1, 4, 3, False, SELECTIVE),
     "gpt2-zbv-pp4-tp2-zero1": ("tiny-gpt2", ZBV, 2, 4, 1, False, NONE),
@@ -104,8 +109,8 @@ def pp2():
 
 
 @pytest.fixture(scope="module")
-def pp4():
-    return run_distributed(_both, 8, args=(CASES_PP4,), timeout=900)
+def slow_cases():
+    return run_distributed(_both, 8, args=(CASES_SLOW,), timeout=900)
 
 
 def _check(results: list[dict], case: str, kind: ScheduleKind) -> None:
@@ -143,10 +148,10 @@ def test_zero_bubble_training_equals_1f1b_bit_for_bit_pp2(case, pp2):
     _check(pp2, case, CASES_PP2[case][1])
 
 
-@pytest.mark.slow  # pp 4: the fast tier keeps it in tests/test_pipeline_executor.py (module doc)
-@pytest.mark.parametrize("case", CASES_PP4)
-def test_zero_bubble_training_equals_1f1b_bit_for_bit_pp4(case, pp4):
-    _check(pp4, case, CASES_PP4[case][1])
+@pytest.mark.slow  # pp 4: the fast tier keeps it in tests/test_pipeline_executor.py (module doc); CASES_SLOW's pp 2
+@pytest.mark.parametrize("case", CASES_SLOW)  # case keeps its subjects in the pp 2 cases above (CASES_SLOW's comment)
+def test_zero_bubble_training_equals_1f1b_bit_for_bit_pp4_and_zbv_sp_full(case, slow_cases):
+    _check(slow_cases, case, CASES_SLOW[case][1])
 
 
 # --- when ZeRO reduces: inside W, after a unit's last W ---------------------------------------------------------

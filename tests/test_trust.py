@@ -561,6 +561,20 @@ with cpu_adam_build(lambda line: print(line, flush=True), sys.argv[1]):
 """
 
 
+def _start(code: str, directory: str) -> testing.Forked:
+    """`python -c CODE DIRECTORY` in the environment of _env: a fork of hybrid.testing's forkserver, a process of
+    its own (its own locks, killed by a signal) without a fresh interpreter's ~3 s of imports."""
+    return testing.start(["-c", code, directory], env={**{k: None for k in os.environ if k not in _env()}, **_env()})
+
+
+def _wait_for(child: testing.Forked, text: str, timeout: float = 120.0) -> None:
+    """Until `text` is in the child's output (it says so once it holds its locks)."""
+    deadline = time.monotonic() + timeout
+    while text not in child.stdout():
+        assert child.poll() is None and time.monotonic() < deadline, (child.stdout(), child.stderr())
+        time.sleep(0.05)
+
+
 def _fake_deepspeed_adam(monkeypatch, directory: str, seconds: float = 0.0):
     """DeepSpeedCPUAdam whose construction 'builds' (writes cpu_adam.so) -- the real build takes minutes."""
     import deepspeed.ops.adam
@@ -592,9 +606,8 @@ def test_a_first_cpu_adam_build_prints_progress_and_a_killed_builds_lock_is_name
     assert "building" not in capsys.readouterr().out, "a cached build is silent"
     # a real process builds (holds hybrid's flock and torch's lock file) and is SIGKILLed mid-build
     os.remove(os.path.join(directory, "cpu_adam.so"))
-    child = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, directory], env=_env(), stdout=subprocess.PIPE,
-                             text=True)
-    assert "building" in child.stdout.readline() + child.stdout.readline()
+    child = _start(KILLED_BUILD, directory)
+    _wait_for(child, "building")
     child.kill()
     child.wait()
     start = time.monotonic()
@@ -618,8 +631,8 @@ def test_a_build_in_progress_is_waited_for_not_called_stale(tmp_path, monkeypatc
             "    open(os.path.join(sys.argv[1], 'lock'), 'w').close()\n    print('building', flush=True)\n"
             "    time.sleep(2)\n    open(os.path.join(sys.argv[1], 'cpu_adam.so'), 'w').close()\n"
             "    os.remove(os.path.join(sys.argv[1], 'lock'))\n")
-    child = subprocess.Popen([sys.executable, "-c", live, directory], env=_env(), stdout=subprocess.PIPE, text=True)
-    assert "building" in child.stdout.readline() + child.stdout.readline()
+    child = _start(live, directory)
+    _wait_for(child, "building")
     lines = []
     start = time.monotonic()
     with cpu_adam_build(lines.append, directory):

@@ -38,6 +38,12 @@ dp 2 is two launches: fp32 (with the plain path, fp16 overflow, clipping and the
 asserting of those cases what it asserts of fp32's. ZeRO in bf16 and fp16 stays in the fast tier through
 tests/test_fp32_grads.py (bf16 at stages 0-3 and fp16 against fp32 on dp 2, its gradient and state bytes, its
 traffic), tests/test_cp_training.py (bf16 and fp16 under CP) and the fp16 overflow and skipped-step tests here.
+
+tp2 x pp2 x dp2 is two launches too: "tp2-pp2-dp2" (the plain path, clipping with stage 3 + offload, stage 3
+keep-gathered, SP, GPT-2) in the fast tier, and its stage 0-3 x offload matrix (MATRIX: dp 2's and dp 4's matrix
+again on this layout: ~19 of the module's ~80 s of CPU) in the full suite only, whose per-layout tests then check
+every case of the layout (both launches). The `layout` fixture says which fast test keeps each subject. dp 4 is slow as
+well (DP4): the fast tier keeps its one micro-batch a rank at dp 2 (one_micro_batch: global batch 4).
 """
 
 from __future__ import annotations
@@ -124,13 +130,13 @@ def capture_first_step_grads(opt: ZeroOptimizer, chunks) -> list:
 
 
 def train(mesh: Mesh, model_name: str, z: ZeroConfig | None, opt_cfg: OptimizerConfig = OPT, sp: bool = False,
-          steps: int = STEPS):
+          steps: int = STEPS, global_batch: int = GLOBAL):
     """`steps` AdamW steps on the same global batches: ZeRO (z) or the plain path (z None), with
     sequence parallelism when `sp`. Returns losses, full weights, and for ZeRO the last step's ledgers."""
     cfg = load_config(model_name)
     chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp, sequence_parallel=sp), mesh.coords.pp, mesh.dims.pp, 1,
                                    seed=7)
-    spec = BatchSpec(GLOBAL, MICRO, SEQ, mesh.dims.dp)
+    spec = BatchSpec(global_batch, MICRO, SEQ, mesh.dims.dp)
     runner = _runner(mesh, chunks, cfg, spec, z.precision.dtype if z else torch.float32)
     model = model_psi(chunks)  # before the optimizer: ZeRO re-binds the parameters into its units
     out = {"losses": [], "skipped": 0, "model": model, "m": spec.num_micro_batches}
@@ -316,34 +322,65 @@ def _state_tensors(opt: ZeroOptimizer) -> dict[str, torch.Tensor]:
     return out
 
 
-def _run_all(rank, world, tp, pp, lowp):
+def _run_all(rank, world, tp, pp, name):
     mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
-    out = {name: train(mesh, *case) for name, case in cases(world, lowp).items()}
-    if world == 2 and not lowp:
+    out = {case_name: train(mesh, *case) for case_name, case in launch_cases(name).items()}
+    if name == "dp2":
         out["skip-probe"] = {stage: skipped_step_probe(mesh, stage) for stage in range(4)}
+        out["one-micro-batch"] = {stage: one_micro_batch(mesh, stage) for stage in range(4)}
     return out
 
 
-LAYOUTS = {"dp2": (2, 1, 1), "dp4": (4, 1, 1), "tp2-pp2-dp2": (8, 2, 2), "dp2-lowp": (2, 1, 1)}
+def one_micro_batch(mesh: Mesh, stage: int) -> dict:
+    """One step with one micro-batch a rank (global batch = MICRO x dp): the model's Psi counted, m and the step's
+    DP volume, for test_one_micro_batch_moves_2_psi_for_stages_0_to_2_and_3_psi_for_stage_3 at dp 2."""
+    got = train(mesh, "tiny-llama", zcfg(stage), steps=1, global_batch=MICRO * mesh.dims.dp)
+    return {k: got[k] for k in ("model", "m", "volume")}
+
+
+LAYOUTS = {"dp2": (2, 1, 1), "dp4": (4, 1, 1), "tp2-pp2-dp2": (8, 2, 2), "dp2-lowp": (2, 1, 1),
+           "tp2-pp2-dp2-matrix": (8, 2, 2)}
 LOWP = "dp2-lowp"  # dp 2's bf16 / fp16 matrix, a launch of its own (module doc)
+MATRIX = "tp2-pp2-dp2-matrix"  # tp2 x pp2 x dp2's stage 0-3 x offload matrix, a launch of its own (module doc)
+MATRIX_CASES = [matrix_name(Precision.FP32, stage, suffix) for stage in range(4) for suffix in ("", "-offload")]
 _RUNS: dict[str, list] = {}
 
 
+def launch_cases(name: str) -> dict[str, Case]:
+    """The cases the launch `name` computes. tp2 x pp2 x dp2 is two launches: "tp2-pp2-dp2" (the fast tier's: the
+    plain path, clipping with stage 3 + offload, stage 3 keep-gathered, sequence parallelism, GPT-2's tied
+    embeddings) and MATRIX (the stage 0-3 x offload matrix, slow)."""
+    world = LAYOUTS[name][0]
+    if world != 8:
+        return cases(world, name == LOWP)
+    return {n: c for n, c in cases(world).items() if (n in MATRIX_CASES) == (name == MATRIX)}
+
+
 def _results(name: str) -> list:
-    """One spawn per layout for the whole module, shared by the per-layout and single-layout tests."""
+    """One spawn per launch for the whole module, shared by the per-layout and single-layout tests. MATRIX's
+    results hold both tp2 x pp2 x dp2 launches' cases (every case of that layout, as layout_cases says)."""
     if name not in _RUNS:
         world, tp, pp = LAYOUTS[name]
-        _RUNS[name] = run_distributed(_run_all, world, args=(tp, pp, name == LOWP), timeout=900)
+        _RUNS[name] = run_distributed(_run_all, world, args=(tp, pp, name), timeout=900)
+        if name == MATRIX:
+            _RUNS[name] = [{**fast, **matrix} for fast, matrix in zip(_results("tp2-pp2-dp2"), _RUNS[name])]
     return _RUNS[name]
 
 
 def layout_cases(name: str) -> dict[str, Case]:
-    return cases(LAYOUTS[name][0], name == LOWP)
+    """The cases a layout's tests check: its launch's; MATRIX every tp2 x pp2 x dp2 case (both launches)."""
+    return cases(8) if name == MATRIX else launch_cases(name)
+
+
+# dp 4 is slow: its stages, offloads and ledgers run at dp 2 in the fast tier, its one micro-batch a rank (the
+# paper's 2 Psi / 3 Psi) in dp 2's one_micro_batch, its named torch-fused fallback on tp2-pp2-dp2
+DP4 = pytest.param("dp4", marks=pytest.mark.slow)
 
 
 # the per-layout tests whose subject every precision has: dp 2's low-precision launch too (slow)
-WITH_LOWP = pytest.mark.parametrize("layout", ["dp2", pytest.param(LOWP, marks=pytest.mark.slow), "dp4",
-                                               "tp2-pp2-dp2"], indirect=True)
+WITH_LOWP = pytest.mark.parametrize("layout", ["dp2", pytest.param(LOWP, marks=pytest.mark.slow), DP4,
+                                               "tp2-pp2-dp2", pytest.param(MATRIX, marks=pytest.mark.slow)],
+                                    indirect=True)
 
 
 @pytest.fixture(scope="module")
@@ -351,7 +388,12 @@ def refs():
     return {name: reference("tiny-llama", opt) for name, opt in (("adamw", OPT), ("clip", CLIP))}
 
 
-@pytest.fixture(scope="module", params=[name for name in LAYOUTS if name != LOWP])
+# MATRIX (tp2 x pp2 x dp2's stage 0-3 x offload) is slow: in the fast tier every stage and offload runs at dp 2
+# and dp 4 (against one process, the paper's ledgers and traffic), and on tp2 x pp2 x dp2 the "tp2-pp2-dp2" launch
+# keeps the plain path, stage 3 with offloaded optimizer and parameters (clip-stage3-offload), stage 3
+# keep-gathered, stage 3 with SP, GPT-2 at stage 3 and stage 1 + offload; stage 2 on tp2 x pp2 x dp2 stays in
+# tests/test_pipeline_zb_training.py (ZeRO 2 under 1F1B and zero bubble)
+@pytest.fixture(scope="module", params=["dp2", DP4, "tp2-pp2-dp2", pytest.param(MATRIX, marks=pytest.mark.slow)])
 def layout(request):
     return request.param, LAYOUTS[request.param][0], _results(request.param)
 
@@ -376,15 +418,15 @@ def tp2pp2dp2():
     return _results("tp2-pp2-dp2")
 
 
-def _fp32_cases(results) -> list[str]:
-    return [n for n, c in cases(len(results)).items()
+def _fp32_cases(name: str) -> list[str]:
+    return [n for n, c in layout_cases(name).items()
             if c.model == "tiny-llama" and (c.zero is None or c.zero.precision is Precision.FP32)]
 
 
 def test_fp32_stages_match_single_process_training(layout, refs):
     """10 AdamW steps of every stage, offload on and off, equal one process on the global batch."""
     name, world, results = layout
-    for case in _fp32_cases(results):
+    for case in _fp32_cases(name):
         ref = refs["clip" if case.startswith("clip") else "adamw"]
         for rank, per_rank in enumerate(results):
             got = per_rank[case]
@@ -396,18 +438,27 @@ def test_fp32_stages_match_single_process_training(layout, refs):
 
 
 @pytest.mark.parametrize("layout", ["dp2", pytest.param(LOWP, marks=pytest.mark.slow)], indirect=True)
-def test_offloaded_step_runs_the_host_kernels_auto_chooses(layout, dp4):
+def test_offloaded_step_runs_the_host_kernels_auto_chooses(layout):
     """dp 2 ran `--cpu-adam auto` as users get it: DeepSpeed's CPU Adam where deepspeed imports (it
     JIT-builds on first use), torch's fused CPU AdamW where it does not or its build fails; dp 4
-    and tp2 x pp2 x dp2 run that fallback by name. Never the per-tensor loop the tests once forced."""
-    def kinds(results, name: str) -> set[str]:
-        return {r[c]["optimizer_kind"] for r in results for c, case in layout_cases(name).items()
-                if case.zero is not None and case.zero.offload_optimizer}
-    auto = kinds(layout[2], layout[0])
+    and tp2 x pp2 x dp2 run that fallback by name (the next test). Never the per-tensor loop the tests once
+    forced."""
+    auto = _offload_kinds(layout[2], layout[0])
     assert len(auto) == 1 and auto <= {"deepspeed-cpu-adam", "torch-fused"}, auto
     if importlib.util.find_spec("deepspeed") is None:
         assert auto == {"torch-fused"}
-    assert kinds(dp4, "dp4") == {"torch-fused"}
+
+
+@pytest.mark.parametrize("layout", ["tp2-pp2-dp2", DP4], indirect=True)
+def test_the_named_fallback_runs_torchs_fused_adamw(layout):
+    """`--cpu-adam torch`, the kernel `auto` falls back to, runs torch's fused CPU AdamW (dp 4 and tp2 x pp2 x dp2
+    name it)."""
+    assert _offload_kinds(layout[2], layout[0]) == {"torch-fused"}
+
+
+def _offload_kinds(results, name: str) -> set[str]:
+    return {r[c]["optimizer_kind"] for r in results for c, case in layout_cases(name).items()
+            if case.zero is not None and case.zero.offload_optimizer}
 
 
 def test_zero_equals_plain_data_parallel_on_the_same_layout(layout):
@@ -416,7 +467,7 @@ def test_zero_equals_plain_data_parallel_on_the_same_layout(layout):
     host's AdamW (DeepSpeed's AVX kernel or torch's fused one: another rounding of the formula):
     PLAIN_RTOL."""
     name, world, results = layout
-    for case in _fp32_cases(results):
+    for case in _fp32_cases(name):
         if case.endswith("plain") or case.startswith("clip"):
             continue
         bitwise = case in ("stage0", "stage1")
@@ -451,6 +502,7 @@ def test_model_state_ledger_equals_the_zero_paper_accounting(layout):
                 assert low[k] <= v <= high[k], f"{name} {case} rank {rank}: {k} {v} not in [{low[k]}, {high[k]}]"
 
 
+@pytest.mark.parametrize("layout", ["dp2", DP4, pytest.param(MATRIX, marks=pytest.mark.slow)], indirect=True)
 def test_offload_moves_master_weights_and_adam_moments_off_the_device(layout):
     name, world, results = layout
     for stage in range(4):
@@ -485,13 +537,19 @@ def test_dp_traffic_per_step_is_the_paper_volume(layout):
             assert low <= got["volume"] <= high, f"{name} {case} rank {rank}: {got['volume']} not in [{low}, {high}]"
 
 
-def test_one_micro_batch_moves_2_psi_for_stages_0_to_2_and_3_psi_for_stage_3(dp4):
-    """dp 4 has one micro-batch per rank (8 = 2 x 4 x 1): the paper's 2 Psi and 3 Psi exactly, up to
-    the padding (< 4 elements per unit), Psi counted on the model -- less, at stage 3, the untied embedding
-    lookups' backward gather (their gradient reads no weight): 3 Psi - lookups."""
+@pytest.mark.parametrize("launch", ["dp2", pytest.param("dp4", marks=pytest.mark.slow)])
+def test_one_micro_batch_moves_2_psi_for_stages_0_to_2_and_3_psi_for_stage_3(launch):
+    """One micro-batch per rank -- dp 4's cases (8 = 2 x 4 x 1), dp 2's one_micro_batch step (4 = 2 x 2 x 1): the
+    paper's 2 Psi and 3 Psi exactly, up to the padding (< dp elements per unit), Psi counted on the model -- less,
+    at stage 3, the untied embedding lookups' backward gather (their gradient reads no weight): 3 Psi - lookups.
+    The paper's volume per rank has no dp in it (each all-reduce 2 S, each reduce-scatter / all-gather S, of the
+    whole flat unit S): dp enters only through m = global / (micro x dp) and the padding, so dp 2 at m = 1 checks
+    the same formula as dp 4, with the padding bound at dp 2."""
+    dp = LAYOUTS[launch][0]
     for stage in range(4):
-        got = dp4[0][f"stage{stage}"]
-        psi, pad = got["model"]["psi"], padding_bound(zcfg(stage), got["model"], 4)
+        per_rank = _results(launch)[0]
+        got = per_rank["one-micro-batch"][stage] if launch == "dp2" else per_rank[f"stage{stage}"]
+        psi, pad = got["model"]["psi"], padding_bound(zcfg(stage), got["model"], dp)
         skipped = got["model"]["lookup"] if stage == 3 else 0
         assert stage < 3 or skipped > 0, "the model has an untied lookup (its positions)"
         k = 3 if stage == 3 else 2
