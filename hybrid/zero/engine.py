@@ -178,8 +178,10 @@ class ZeroOptimizer:
         if reduction is not None:
             reduction.bind([u for u in self.units if id(u) not in self._expert_units], self)
         self._register_hooks()
-        if self.device.type == "cpu" and self.dp.size > 1:  # after the persistent buffers: they keep their mappings
-            retain_freed_host_memory()  # autograd's large gradients reused from the heap, not faulted in each step
+        if self.device.type == "cpu" and self.dp.size > 1 and self.cfg.stage < 3:  # after the persistent buffers
+            # autograd's large gradients reused from the heap, not faulted in each step. Not at ZeRO 3: there the
+            # retained heap (per-unit gathers of many sizes) raised the peak above FSDP2's (docs/zero.md)
+            retain_freed_host_memory()
 
     # --- construction ------------------------------------------------------------------------
     @property
