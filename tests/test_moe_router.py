@@ -131,6 +131,8 @@ def test_capacity_drop_equals_megatron_token_dropping():
     r = route(logits(8), K)
     cap = dsp.capacity(N, E, K, 0.75)
     assert cap == mcore.get_capacity(N * K, E, 0.75) == 12
+    for n, f in ((10, 1.0), (64, 0.3), (7, 1.5)):  # N k f / E not whole: rounded up, never down
+        assert dsp.capacity(n, E, K, f) == mcore.get_capacity(n * K, E, f) > n * K * f / E
     keep = dsp.capacity_keep(r.probs, r.experts, E, cap)
     probs, routing_map = dense(r)
     _, final_map = mcore.apply_router_token_dropping(probs, routing_map, K, 0.75)
