@@ -5,6 +5,10 @@ launch, each well under 1 CPU s (the report's table lists every mutation and wha
 * NaN guard, the world-wide flag sum without the PP group (`world_sum` over TP and DP x CP only): the guard's
   test runs at tp 2 x pp 1, where a rank of another pipeline stage is never asked; at pp > 1 one stage would step
   while the other skipped.
+* MoE, --moe-z-loss-coeff under sequence parallelism without its 1 / tp (each TP rank's share of the micro-batch
+  mean): no MoE test combined the z-loss with tp > 1.
+* MoE, the allgather dispatcher ignoring the capacity's keep mask: no test ran the allgather dispatcher with
+  --moe-expert-capacity-factor (one 2-rank gloo job here, ~5 CPU s).
 * NaN guard, the loss check dropped: a NaN loss gives NaN gradients in the test, so the gradient check stopped it;
   a non-finite loss share with finite gradients (a rank whose loss alone overflowed) would step.
 """
@@ -53,7 +57,7 @@ def test_a_non_finite_loss_with_finite_gradients_is_named_loss():
 
 
 # --- MoE ------------------------------------------------------------------------------------------------------------
-def _moe_layer(tp_size: int, mc):
+def _moe_layer(tp_size: int, mc, ep=None):
     """One MoE block (4 experts, top 2, h 8) in training mode, seeded, its TP context a stand-in: under SP with no
     balancing loss that needs counts the block communicates nothing, so the TP ranks' token slices run in turn."""
     import torch.nn.functional as F
@@ -64,7 +68,7 @@ def _moe_layer(tp_size: int, mc):
                           moe_router_pre_softmax=True, moe_norm_topk_prob=True, moe_shared_expert_gate=False)
     tp = SimpleNamespace(size=tp_size, sequence_parallel=tp_size > 1, replicated_spec=lambda: REPLICATED)
     torch.manual_seed(0)
-    layer = MoELayer(cfg, tp, ExpertContext(mc), F.silu).train()
+    layer = MoELayer(cfg, tp, ExpertContext(mc, ep), F.silu).train()
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(torch.randn(p.shape) * 0.5)
@@ -84,3 +88,32 @@ def test_moe_z_loss_under_sequence_parallelism_sums_to_the_micro_batch_mean_over
         (sp(half) * 0).sum().backward()
     assert abs(sp.stat_z - full.stat_z) < 1e-6 * full.stat_z
     torch.testing.assert_close(sp.gate.weight.grad, full.gate.weight.grad, rtol=1e-5, atol=1e-8)
+
+
+def _both_dispatchers(rank, world):
+    """ep 2: the same block (same local experts on each rank) and this rank's tokens through the allgather and the
+    alltoall dispatcher, with a capacity that drops slots; the outputs and the router's gradient of each."""
+    from hybrid.mesh import ParallelDims
+    from hybrid.moe.config import Dispatcher, LoadBalancing, MoEConfig
+    from hybrid.moe.parallel import build_mesh
+    mesh = build_mesh(ParallelDims.from_world(world), expert_parallel=world)
+    x = torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(10 + rank))
+    out = {}
+    for d in (Dispatcher.ALLGATHER, Dispatcher.ALLTOALL):
+        mc = MoEConfig(expert_parallel=world, load_balancing=LoadBalancing.NONE, capacity_factor=0.5, dispatcher=d)
+        layer = _moe_layer(1, mc, mesh.ep)
+        y = layer(x)
+        y.square().sum().backward()
+        out[d.value] = (y.detach(), layer.gate.weight.grad.clone())
+    return out
+
+
+def test_moe_allgather_dispatcher_drops_the_capacity_overflow_as_the_alltoall_one():
+    """--moe-expert-capacity-factor with --moe-token-dispatcher-type allgather: the gathered slots are filtered by
+    every rank's keep mask (capacity 0.5: a quarter of the slots dropped), so both dispatchers give the same
+    outputs and router gradients. 2 gloo ranks."""
+    from hybrid.testing import run_distributed
+    for rank in run_distributed(_both_dispatchers, 2, timeout=120):
+        (y_ag, g_ag), (y_a2a, g_a2a) = rank["allgather"], rank["alltoall"]
+        torch.testing.assert_close(y_ag, y_a2a, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g_ag, g_a2a, rtol=1e-5, atol=1e-6)
