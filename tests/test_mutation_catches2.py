@@ -2,6 +2,8 @@
 by one line in a scratch copy and its own tests run; these catch the breaks that survived them. In process, no
 launch, each well under 1 CPU s (the report's table lists every mutation and what caught it).
 
+* MoE, the expert-bias update without the DP all-reduce of the loads (each replica nudging its bias by its own
+  tokens: the replicas' routers drift apart): no MoE test had the bias on with dp > 1 and checked its value.
 * NaN guard, the world-wide flag sum without the PP group (`world_sum` over TP and DP x CP only): the guard's
   test runs at tp 2 x pp 1, where a rank of another pipeline stage is never asked; at pp > 1 one stage would step
   while the other skipped.
@@ -117,3 +119,31 @@ def test_moe_allgather_dispatcher_drops_the_capacity_overflow_as_the_alltoall_on
         (y_ag, g_ag), (y_a2a, g_a2a) = rank["allgather"], rank["alltoall"]
         torch.testing.assert_close(y_ag, y_a2a, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(g_ag, g_a2a, rtol=1e-5, atol=1e-6)
+
+
+class _Adds:
+    """A group whose other ranks contribute `other` to a SUM all-reduce."""
+
+    def __init__(self, other: torch.Tensor):
+        self.other = other
+
+    def all_reduce(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
+        return t.add_(self.other)
+
+
+def test_moe_expert_bias_update_reads_the_loads_of_every_tp_and_dp_rank():
+    """DeepSeek-V3's bias update after a step (runtime.after_step): b <- b + u sign(mean(n) - n) with n the tokens
+    routed to each expert over the whole global batch -- this rank's plus its TP and DP peers'. The peers' loads
+    here change the sign for some expert whichever group is left out."""
+    from hybrid.moe.config import LoadBalancing, MoEConfig
+    from hybrid.moe.router import updated_expert_bias
+    from hybrid.moe.runtime import after_step
+    layer = _moe_layer(1, MoEConfig(load_balancing=LoadBalancing.NONE, expert_bias=True, bias_update_rate=0.01))
+    layer(torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(2)))
+    own = layer.stat_counts.clone()  # 32 slots over 4 experts
+    tp_peer, dp_peers = torch.tensor([0.0, 0.0, 40.0, 0.0]), torch.tensor([0.0, 0.0, 0.0, 60.0])
+    after_step(layer, SimpleNamespace(tp=_Adds(tp_peer), dp=_Adds(dp_peers)))
+    want = updated_expert_bias(torch.zeros(4), own + tp_peer + dp_peers, 0.01)
+    assert torch.equal(layer.gate.expert_bias, want)
+    for partial in (own + tp_peer, own + dp_peers):
+        assert not torch.equal(updated_expert_bias(torch.zeros(4), partial, 0.01), want)
