@@ -4,6 +4,10 @@ launch, each well under 1 CPU s (the report's table lists every mutation and wha
 
 * MoE, the expert-bias update without the DP all-reduce of the loads (each replica nudging its bias by its own
   tokens: the replicas' routers drift apart): no MoE test had the bias on with dp > 1 and checked its value.
+* zero-bubble W, the pre-hook that pins each intermediate's kept gradient applied only to groups of 3 or more
+  intermediates: every model the pipeline tests train has no weight group of exactly 2 chained intermediates, so
+  the double-counted gradient never showed; a weight applied twice in a row shows it. (Skipping W altogether is
+  caught by tests/test_pipeline_zb_training.py, ~100 s; the test here catches it in process too.)
 * NaN guard, the world-wide flag sum without the PP group (`world_sum` over TP and DP x CP only): the guard's
   test runs at tp 2 x pp 1, where a rank of another pipeline stage is never asked; at pp > 1 one stage would step
   while the other skipped.
@@ -147,3 +151,31 @@ def test_moe_expert_bias_update_reads_the_loads_of_every_tp_and_dp_rank():
     assert torch.equal(layer.gate.expert_bias, want)
     for partial in (own + tp_peer, own + dp_peers):
         assert not torch.equal(updated_expert_bias(torch.zeros(4), partial, 0.01), want)
+
+
+# --- zero-bubble B / W split ------------------------------------------------------------------------------------------
+def test_w_of_a_weight_used_by_chained_layers_equals_the_full_backward():
+    """split_backward's W for a weight whose subgraph hangs from intermediates that feed one another (one weight
+    applied 2 and 3 times in a row: a tied or shared projection): B then W give the full backward's input and
+    weight gradients -- each intermediate's kept gradient counted once (the pre-hook "clamp"), not once more through
+    the intermediate above it."""
+    from hybrid.pipeline.split_backward import backward_input, backward_weight
+    g = torch.Generator().manual_seed(3)
+    for uses in (2, 3):
+        w = nn.Parameter(torch.randn(4, 4, generator=g) * 0.5)
+        x0, dy = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
+
+        def forward(x):
+            for _ in range(uses):
+                x = torch.tanh(x @ w)
+            return x
+        x = x0.clone().requires_grad_()
+        forward(x).backward(dy)
+        want_dx, want_dw = x.grad.clone(), w.grad.clone()
+        w.grad = None
+        x = x0.clone().requires_grad_()
+        dx, work = backward_input(forward(x), dy, x, [w], full=None)
+        assert w.grad is None  # B computed no weight gradient
+        backward_weight(work, full=None)
+        torch.testing.assert_close(dx, want_dx, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(w.grad, want_dw, rtol=1e-6, atol=1e-7)
