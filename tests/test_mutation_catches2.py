@@ -54,7 +54,7 @@ def test_a_non_finite_loss_with_finite_gradients_is_named_loss():
     model = nn.Linear(2, 2)
     for p in model.parameters():
         p.grad = torch.ones_like(p)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = SimpleNamespace(param_groups=[{"params": list(model.parameters())}])  # a torch optimizer, as the guard reads it
     guard = NanGuard(SimpleNamespace(), model, max_skipped=3)
     assert guard.first_non_finite(torch.tensor(float("inf")), opt) == "loss"
     assert guard.first_non_finite(torch.tensor(1.0), opt) is None
