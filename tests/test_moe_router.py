@@ -50,6 +50,10 @@ def test_sigmoid_routing_with_expert_bias_equals_megatron():
     torch.testing.assert_close(ours_probs, probs, rtol=0, atol=1e-7)
     unbiased = route(x, K, norm_topk=True, score_function=SIGMOID)
     assert not torch.equal(unbiased.experts.sort(1).values, r.experts.sort(1).values)  # the bias changed choices
+    top1 = route(x, 1, norm_topk=True, score_function=SIGMOID, bias=bias)  # top-1: the sigmoid itself, as Megatron
+    probs, _ = mcore.topk_routing_with_score_function(x, 1, score_function="sigmoid", expert_bias=bias)
+    torch.testing.assert_close(dense(top1)[0], probs, rtol=0, atol=1e-7)
+    assert (top1.probs < 1).all()
 
 
 def test_routing_equals_transformers_routers():
