@@ -1,20 +1,22 @@
 """Tests added by the second mutation pass (round 7): each capability the open issues rest on was broken on purpose
-by one line in a scratch copy and its own tests run; these catch the breaks that survived them. In process, no
-launch, each well under 1 CPU s (the report's table lists every mutation and what caught it).
+by one line in a scratch copy and its own tests run; these catch the breaks that survived them. In process except
+one 2-rank gloo job (~5 CPU s); the others well under 1 CPU s each. The report's table lists every mutation and
+what caught it; two more survivors are caught by asserts added to tests/test_moe_router.py (capacity rounding,
+top-1 sigmoid routing).
 
+* MoE, --moe-z-loss-coeff under sequence parallelism without its 1 / tp (each TP rank's share of the micro-batch
+  mean): no MoE test combined the z-loss with tp > 1.
+* MoE, the allgather dispatcher ignoring the capacity's keep mask: no test ran the allgather dispatcher with
+  --moe-expert-capacity-factor.
 * MoE, the expert-bias update without the DP all-reduce of the loads (each replica nudging its bias by its own
   tokens: the replicas' routers drift apart): no MoE test had the bias on with dp > 1 and checked its value.
 * zero-bubble W, the pre-hook that pins each intermediate's kept gradient applied only to groups of 3 or more
-  intermediates: every model the pipeline tests train has no weight group of exactly 2 chained intermediates, so
-  the double-counted gradient never showed; a weight applied twice in a row shows it. (Skipping W altogether is
+  intermediates: no model the pipeline tests train has a weight group of exactly 2 chained intermediates, so the
+  double-counted gradient never showed; a weight applied twice in a row shows it. (Skipping W altogether is
   caught by tests/test_pipeline_zb_training.py, ~100 s; the test here catches it in process too.)
 * NaN guard, the world-wide flag sum without the PP group (`world_sum` over TP and DP x CP only): the guard's
   test runs at tp 2 x pp 1, where a rank of another pipeline stage is never asked; at pp > 1 one stage would step
   while the other skipped.
-* MoE, --moe-z-loss-coeff under sequence parallelism without its 1 / tp (each TP rank's share of the micro-batch
-  mean): no MoE test combined the z-loss with tp > 1.
-* MoE, the allgather dispatcher ignoring the capacity's keep mask: no test ran the allgather dispatcher with
-  --moe-expert-capacity-factor (one 2-rank gloo job here, ~5 CPU s).
 * NaN guard, the loss check dropped: a NaN loss gives NaN gradients in the test, so the gradient check stopped it;
   a non-finite loss share with finite gradients (a rank whose loss alone overflowed) would step.
 """
