@@ -1,6 +1,6 @@
 """Tests added by the second mutation pass (round 7): each capability the open issues rest on was broken on purpose
 by one line in a scratch copy and its own tests run; these catch the breaks that survived them. In process except
-one 2-rank gloo job (~5 CPU s); the others well under 1 CPU s each. The report's table lists every mutation and
+two 2-rank gloo jobs (~5 CPU s each); the others 0.1-2 CPU s each. The report's table lists every mutation and
 what caught it; two more survivors are caught by asserts added to tests/test_moe_router.py (capacity rounding,
 top-1 sigmoid routing).
 
@@ -14,6 +14,11 @@ top-1 sigmoid routing).
   intermediates: no model the pipeline tests train has a weight group of exactly 2 chained intermediates, so the
   double-counted gradient never showed; a weight applied twice in a row shows it. (Skipping W altogether is
   caught by tests/test_pipeline_zb_training.py, ~100 s; the test here catches it in process too.)
+* ZeRO 3, the next block's all-gather not prefetched: every value stays the same (each block gathers on arrival),
+  so no training comparison sees it. (Belongs in tests/test_zero_param_overlap.py, another engineer's file this
+  round: the lead may move it.)
+* ZeRO 3, a unit left gathered over the optimizer step not freed (_drop_stale_gathers): its next forward runs on
+  the weights of the step before; no test left a unit gathered over a step.
 * NaN guard, the world-wide flag sum without the PP group (`world_sum` over TP and DP x CP only): the guard's
   test runs at tp 2 x pp 1, where a rank of another pipeline stage is never asked; at pp > 1 one stage would step
   while the other skipped.
@@ -213,3 +218,34 @@ def test_zero3_posts_the_next_blocks_gather_before_this_block_runs():
     from hybrid.testing import run_distributed
     for seen in run_distributed(_prefetch_seen, 2, timeout=120):
         assert len(seen) >= 2 and all(seen), seen  # every micro-batch, every block but the last
+
+
+def _losses_zero3(stale: bool) -> list[float]:
+    """One process, ZeRO 3, tiny-llama, 3 steps at lr 1e-2; `stale`: block 0's unit gathered just before each
+    optimizer step and left so (what a prefetch during full recomputation leaves behind, engine._drop_stale_gathers)."""
+    from hybrid.data import BatchSpec, load_corpus, micro_batches
+    from hybrid.mesh import Mesh
+    from hybrid.tp import TPContext
+    from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
+    from hybrid.zero import ZeroConfig, ZeroOptimizer
+    from models import build_pipeline_chunks, load_config
+    mesh = Mesh.single()
+    chunks = build_pipeline_chunks(load_config("tiny-llama"), TPContext(mesh.tp), 0, 1, 1, seed=3)
+    opt = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=3), OptimizerConfig(lr=1e-2, decay_style="constant"))
+    if stale:
+        unit, inner = opt.stage3_plan[0].blocks[0][1], opt.optimizer.step
+
+        def step(*args, **kwargs):
+            unit.finish_gather(opt.dp, opt.device)
+            return inner(*args, **kwargs)
+        opt.optimizer.step = step
+    runner, corpus = LocalForwardBackward(chunks[0], mesh.device), load_corpus()
+    return [train_step(chunks, micro_batches(corpus, BatchSpec(2, 2, 16, 1), 3, it, 0), opt, mesh, runner=runner)
+            for it in range(3)]
+
+
+def test_zero3_a_unit_left_gathered_over_the_step_is_gathered_again_with_the_new_weights():
+    """A unit still gathered when the optimizer steps holds the old parameters; the step frees it so the next
+    forward gathers the updated ones: the losses equal a run where nothing was left gathered. Kept, the next
+    forward ran block 0 with the weights of the step before (no test trained into that state)."""
+    assert _losses_zero3(stale=True) == _losses_zero3(stale=False)
