@@ -31,7 +31,9 @@ docstrings say which. Sources, each read at the commit named:
   x PP 8 1F1B x FSDP x CP, s 32k-262k, local batch 8, full AC, compile + Float8 + AsyncTP).
 * MosaicML A100 (MPT_A100_SOURCE): mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit c90b9b3,
   table "A100 80GB with 1600 Gbps node-node interconnect (RoCE)": every row published.py does not already hold
-  (35 of them; MPT 125M-70B, s 512-65536, 8-32 GPUs), planned exactly as published.mpt_runs plans its A100 rows.
+  (35 of them; MPT 125M-70B, s 512-65536, 8-32 GPUs), and likewise the 39 rows of its two H100 80GB BF16
+  tables published.py leaves out (MPT 760M-70B, s 512-65536, 8-512 GPUs; MPT_H100_SOURCE), planned exactly as
+  published.mpt_runs plans its rows.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ TORCHTITAN_SOURCE = ("pytorch/torchtitan docs/performance.md at d4c86e3 (Dec 202
                      "96GB 500 W; Tables 2, 3, 6), TPS a GPU")
 MPT_A100_SOURCE = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at c90b9b3, table 'A100 80GB with 1600 "
                    "Gbps node-node interconnect (RoCE)', Throughput (T/s/GPU)")
+MPT_H100_SOURCE = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at c90b9b3, tables 'H100 80GB BF16 "
+                   "(Large Scale, >= 128 GPUs)' and 'H100 80GB BF16', Throughput (T/s/GPU)")
 
 
 @dataclass(frozen=True)
@@ -232,46 +236,90 @@ def torchtitan_runs() -> list[PublishedRun]:
 
 
 # ---- MosaicML's A100 80GB table: the rows published.py does not hold -------------------------------------------------
+# (model, s, GPUs, micro-batch, grad accumulation, T/s/GPU, FSDP sharding as a ZeRO stage (FULL_SHARD 3,
+#  SHARD_GRAD_OP 2), activation checkpointing, fp32 reduce (amp_bf16 DEFAULT; PURE: bf16), NumParams), in the
+#  table's order
 MPT_MORE_SIZES = {"125m": (12, 768, 12), "350m": (24, 1024, 16), "760m": (24, 1536, 12), "1b": (24, 2048, 16),
                   "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 64),
                   "70b": (80, 8192, 64)}
 # (model, s, GPUs, micro-batch, grad accumulation, T/s/GPU, activation checkpointing, fp32 reduce (amp_bf16
 #  DEFAULT; PURE: bf16), NumParams), in the table's order; all FULL_SHARD (ZeRO 3)
-MPT_A100_MORE = (("70b", 2048, 32, 2, 16, 373, True, False, 64862437376),
-                 ("30b", 8192, 8, 1, 21, 574, True, True, 30019254272),
-                 ("30b", 4096, 8, 1, 21, 814, True, True, 29989894144),
-                 ("30b", 1024, 8, 6, 21, 946, True, True, 29967874048),
-                 ("30b", 512, 8, 12, 21, 967, True, True, 29964204032),
-                 ("13b", 32768, 8, 1, 3, 1016, True, True, 13011240960),
-                 ("13b", 16384, 8, 3, 3, 1431, True, True, 12927354880),
-                 ("13b", 8192, 8, 5, 3, 1795, True, True, 12885411840),
-                 ("13b", 1024, 8, 40, 3, 2330, True, True, 12848711680),
-                 ("7b", 65536, 8, 1, 2, 1013, True, True, 6918905856),
-                 ("7b", 32768, 8, 2, 2, 1672, True, True, 6784688128),
-                 ("7b", 16384, 8, 4, 2, 2453, True, True, 6717579264),
-                 ("7b", 4096, 8, 16, 2, 3684, True, True, 6667247616),
-                 ("7b", 1024, 8, 64, 2, 4357, True, True, 6654664704),
-                 ("3b", 65536, 8, 1, 2, 1767, True, True, 2814366720),
-                 ("3b", 32768, 8, 3, 6, 3029, True, True, 2730480640),
-                 ("3b", 16384, 8, 1, 6, 5529, False, True, 2688537600),
-                 ("3b", 8192, 8, 3, 6, 7695, False, True, 2667566080),
-                 ("3b", 4096, 8, 5, 6, 9457, False, True, 2657080320),
-                 ("3b", 1024, 8, 20, 6, 11580, False, True, 2649216000),
-                 ("3b", 512, 8, 40, 6, 12127, False, True, 2647905280),
-                 ("1b", 65536, 8, 1, 2, 3044, True, True, 1445974016),
-                 ("1b", 32768, 8, 1, 4, 6275, False, True, 1378865152),
-                 ("1b", 16384, 8, 2, 4, 9956, False, True, 1345310720),
-                 ("1b", 8192, 8, 3, 4, 13814, False, True, 1328533504),
-                 ("1b", 4096, 8, 7, 4, 17807, False, True, 1320144896),
-                 ("1b", 1024, 8, 18, 4, 22112, False, True, 1313853440),
-                 ("1b", 512, 8, 56, 4, 23148, False, True, 1312804864),
-                 ("760m", 8192, 8, 6, 2, 20933, False, True, 769907712),
-                 ("760m", 2048, 8, 24, 2, 32434, False, True, 760470528),
-                 ("350m", 8192, 8, 8, 2, 36569, False, True, 362276864),
-                 ("350m", 2048, 8, 32, 2, 58782, False, True, 355985408),
-                 ("125m", 8192, 8, 8, 2, 90392, False, True, 130030080),
-                 ("125m", 2048, 8, 40, 2, 142830, False, True, 125311488),
-                 ("125m", 512, 8, 128, 2, 165681, False, True, 124131840))
+MPT_A100_MORE = (("70b", 2048, 32, 2, 16, 373, 3, True, False, 64862437376),
+                 ("30b", 8192, 8, 1, 21, 574, 3, True, True, 30019254272),
+                 ("30b", 4096, 8, 1, 21, 814, 3, True, True, 29989894144),
+                 ("30b", 1024, 8, 6, 21, 946, 3, True, True, 29967874048),
+                 ("30b", 512, 8, 12, 21, 967, 3, True, True, 29964204032),
+                 ("13b", 32768, 8, 1, 3, 1016, 3, True, True, 13011240960),
+                 ("13b", 16384, 8, 3, 3, 1431, 3, True, True, 12927354880),
+                 ("13b", 8192, 8, 5, 3, 1795, 3, True, True, 12885411840),
+                 ("13b", 1024, 8, 40, 3, 2330, 3, True, True, 12848711680),
+                 ("7b", 65536, 8, 1, 2, 1013, 3, True, True, 6918905856),
+                 ("7b", 32768, 8, 2, 2, 1672, 3, True, True, 6784688128),
+                 ("7b", 16384, 8, 4, 2, 2453, 3, True, True, 6717579264),
+                 ("7b", 4096, 8, 16, 2, 3684, 3, True, True, 6667247616),
+                 ("7b", 1024, 8, 64, 2, 4357, 3, True, True, 6654664704),
+                 ("3b", 65536, 8, 1, 2, 1767, 3, True, True, 2814366720),
+                 ("3b", 32768, 8, 3, 6, 3029, 3, True, True, 2730480640),
+                 ("3b", 16384, 8, 1, 6, 5529, 3, False, True, 2688537600),
+                 ("3b", 8192, 8, 3, 6, 7695, 3, False, True, 2667566080),
+                 ("3b", 4096, 8, 5, 6, 9457, 3, False, True, 2657080320),
+                 ("3b", 1024, 8, 20, 6, 11580, 3, False, True, 2649216000),
+                 ("3b", 512, 8, 40, 6, 12127, 3, False, True, 2647905280),
+                 ("1b", 65536, 8, 1, 2, 3044, 3, True, True, 1445974016),
+                 ("1b", 32768, 8, 1, 4, 6275, 3, False, True, 1378865152),
+                 ("1b", 16384, 8, 2, 4, 9956, 3, False, True, 1345310720),
+                 ("1b", 8192, 8, 3, 4, 13814, 3, False, True, 1328533504),
+                 ("1b", 4096, 8, 7, 4, 17807, 3, False, True, 1320144896),
+                 ("1b", 1024, 8, 18, 4, 22112, 3, False, True, 1313853440),
+                 ("1b", 512, 8, 56, 4, 23148, 3, False, True, 1312804864),
+                 ("760m", 8192, 8, 6, 2, 20933, 3, False, True, 769907712),
+                 ("760m", 2048, 8, 24, 2, 32434, 3, False, True, 760470528),
+                 ("350m", 8192, 8, 8, 2, 36569, 3, False, True, 362276864),
+                 ("350m", 2048, 8, 32, 2, 58782, 3, False, True, 355985408),
+                 ("125m", 8192, 8, 8, 2, 90392, 3, False, True, 130030080),
+                 ("125m", 2048, 8, 40, 2, 142830, 3, False, True, 125311488),
+                 ("125m", 512, 8, 128, 2, 165681, 3, False, True, 124131840))
+
+# the H100 80GB BF16 tables' rows (both: '>= 128 GPUs' and the 8-32 GPU one) that published.py does not hold
+MPT_H100_MORE = (("30b", 1024, 8, 6, 21, 2084, 3, True, True, 29967874048),
+                 ("13b", 32768, 8, 1, 3, 1976, 3, True, True, 13011240960),
+                 ("13b", 2048, 32, 2, 1, 4811, 3, False, True, 12853954560),
+                 ("13b", 1024, 8, 40, 3, 5502, 3, True, True, 12848711680),
+                 ("7b", 65536, 8, 1, 2, 1956, 3, True, True, 6918905856),
+                 ("7b", 32768, 8, 2, 2, 3318, 3, True, True, 6784688128),
+                 ("7b", 1024, 8, 64, 2, 10203, 3, True, True, 6654664704),
+                 ("3b", 65536, 8, 1, 2, 3262, 3, True, True, 2814366720),
+                 ("3b", 32768, 8, 3, 6, 5873, 3, True, True, 2730480640),
+                 ("3b", 16384, 8, 1, 6, 11152, 3, False, True, 2688537600),
+                 ("3b", 2048, 32, 6, 3, 23021, 3, False, True, 2651837440),
+                 ("3b", 1024, 8, 20, 6, 27046, 3, False, True, 2649216000),
+                 ("3b", 512, 8, 40, 6, 27965, 3, False, True, 2647905280),
+                 ("1b", 65536, 8, 1, 2, 5506, 3, True, True, 1445974016),
+                 ("1b", 32768, 8, 1, 4, 12025, 3, False, True, 1378865152),
+                 ("1b", 16384, 8, 2, 4, 19649, 3, False, True, 1345310720),
+                 ("1b", 8192, 8, 3, 4, 29157, 3, False, True, 1328533504),
+                 ("1b", 2048, 32, 20, 1, 45130, 3, False, True, 1315950592),
+                 ("1b", 1024, 8, 18, 4, 48910, 3, False, True, 1313853440),
+                 ("1b", 512, 8, 56, 4, 52275, 3, False, True, 1312804864),
+                 ("760m", 32768, 8, 1, 2, 16291, 3, False, True, 807656448),
+                 ("760m", 16384, 8, 3, 2, 27815, 3, False, True, 782490624),
+                 ("760m", 8192, 8, 6, 2, 41825, 3, False, True, 769907712),
+                 ("760m", 4096, 8, 12, 2, 55459, 3, False, True, 763616256),
+                 ("760m", 2048, 32, 24, 1, 67971, 3, False, True, 760470528),
+                 ("760m", 2048, 16, 24, 1, 68551, 3, False, True, 760470528),
+                 ("760m", 2048, 8, 24, 2, 63147, 3, False, True, 760470528),
+                 ("760m", 1024, 8, 48, 2, 78581, 3, False, True, 758897664),
+                 ("760m", 512, 8, 96, 2, 83749, 3, False, True, 758111232),
+                 ("70b", 2048, 256, 8, 1, 1035, 3, True, True, 64862437376),
+                 ("30b", 2048, 512, 8, 1, 2115, 3, True, True, 29975214080),
+                 ("30b", 2048, 128, 8, 1, 2199, 3, True, True, 29975214080),
+                 ("13b", 2048, 256, 16, 1, 4989, 3, True, True, 12853954560),
+                 ("13b", 2048, 128, 16, 1, 5080, 3, True, True, 12853954560),
+                 ("7b", 2048, 256, 6, 1, 10119, 3, False, True, 6658859008),
+                 ("3b", 2048, 512, 8, 1, 21664, 2, False, True, 2651837440),
+                 ("3b", 2048, 128, 8, 1, 23422, 2, False, True, 2651837440),
+                 ("1b", 2048, 512, 12, 1, 39837, 2, False, True, 1315950592),
+                 ("1b", 2048, 256, 12, 1, 42555, 2, False, True, 1315950592))
 
 
 def mpt_more_model(size: str, seq: int) -> ModelConfig:
@@ -279,27 +327,38 @@ def mpt_more_model(size: str, seq: int) -> ModelConfig:
     return replace(gpt_model(layers, d, heads, 50368, seq), dropout=0.0)
 
 
-def mpt_a100_runs() -> list[PublishedRun]:
-    """The A100 80GB rows, planned as published.mpt_runs plans its A100 rows: Composer + PyTorch FSDP FULL_SHARD
-    (ZeRO 3), the stated micro-batch and accumulation, activation checkpointing as full recomputation, flash
-    attention, eager kernels, fp32 gradient reduction under amp_bf16 DEFAULT (bf16 under PURE), flash-attn's
-    fused cross-entropy."""
+def _mpt_runs(rows: tuple, gpu: str, source: str) -> list[PublishedRun]:
+    """MosaicML rows planned exactly as published.mpt_runs plans its rows: Composer + PyTorch FSDP (FULL_SHARD as
+    ZeRO 3, SHARD_GRAD_OP as ZeRO 2), the stated micro-batch and accumulation, activation checkpointing as full
+    recomputation, flash attention, eager kernels (the PyTorch stack, and on h100-80g its clock), fp32 gradient
+    reduction under amp_bf16 DEFAULT (bf16 under PURE), flash-attn's fused cross-entropy."""
     runs = []
-    for size, seq, gpus, mb, accum, tokens, checkpointing, fp32_reduce, _ in MPT_A100_MORE:
+    card = "H100" if gpu.startswith("h100") else "A100"
+    for size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _ in rows:
         work = Workload(mpt_more_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
                         activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fused_cross_entropy=True)
-        space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage.PARAMETERS,),
+        space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage(zero),),
                             offload=(Offload.NONE,), sequence_parallel=(False,),
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))
         ac = ", AC" if checkpointing else ""
-        runs.append(PublishedRun(f"MPT-{size}, s {seq}, {gpus} A100, FSDP z3, b{mb} x {accum}{ac}", MPT_A100_SOURCE,
-                                 work, "a100-80g", gpus, space, Metric.TOKENS_PER_GPU, tokens))
+        runs.append(PublishedRun(f"MPT-{size}, s {seq}, {gpus} {card}, FSDP z{zero}, b{mb} x {accum}{ac}", source,
+                                 work, gpu, gpus, space, Metric.TOKENS_PER_GPU, tokens))
     return runs
+
+
+def mpt_a100_runs() -> list[PublishedRun]:
+    """The A100 80GB table's rows published.py does not hold."""
+    return _mpt_runs(MPT_A100_MORE, "a100-80g", MPT_A100_SOURCE)
+
+
+def mpt_h100_runs() -> list[PublishedRun]:
+    """The H100 80GB BF16 tables' rows published.py does not hold."""
+    return _mpt_runs(MPT_H100_MORE, "h100-80g", MPT_H100_SOURCE)
 
 
 def more_runs() -> list[PublishedRun]:
     """Every round-7 check row."""
-    return mcore_weak_runs() + nemo_runs() + torchtitan_runs() + mpt_a100_runs()
+    return mcore_weak_runs() + nemo_runs() + torchtitan_runs() + mpt_a100_runs() + mpt_h100_runs()
 
 
 # ---- report ------------------------------------------------------------------------------------------------------
@@ -353,7 +412,8 @@ def summary_line(what: str, results: list[Result]) -> str:
 
 
 GROUPS = (("Megatron-Core weak scaling", mcore_weak_runs), ("NeMo / Megatron-Bridge FP8", nemo_runs),
-          ("torchtitan Dec 2024", torchtitan_runs), ("MosaicML A100 80GB", mpt_a100_runs))
+          ("torchtitan Dec 2024", torchtitan_runs), ("MosaicML A100 80GB", mpt_a100_runs),
+          ("MosaicML H100 80GB BF16", mpt_h100_runs))
 
 
 def main() -> None:
