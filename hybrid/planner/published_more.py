@@ -45,7 +45,7 @@ from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroSta
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import KernelProfile, Stack
 from hybrid.planner.published import (LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, Metric,
-                                      PublishedRun, Role, llama3_405b, llama_model, shown)
+                                      PublishedRun, Role, llama3_405b, llama_model, mpt_attention_kernel, shown)
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.search import SearchSpace
 from models.config import ARCH_GPT2, ModelConfig
@@ -336,7 +336,8 @@ def _mpt_runs(rows: tuple, gpu: str, source: str) -> list[PublishedRun]:
     card = "H100" if gpu.startswith("h100") else "A100"
     for size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _ in rows:
         work = Workload(mpt_more_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
-                        activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fused_cross_entropy=True)
+                        activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fused_cross_entropy=True,
+                        attention_kernel=mpt_attention_kernel(gpu))
         space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage(zero),),
                             offload=(Offload.NONE,), sequence_parallel=(False,),
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))
