@@ -186,7 +186,7 @@ class AttentionKernel(enum.Enum):
     def efficiency(self, hw: "Hardware") -> float | None:
         """Its share of hw's peak: hw.flash_efficiency (FlashAttention-2, the stack clock included) for FLASH2;
         for FLASH1 on an A100 that times FLASH1_A100 / A100_FLASH (the preset gives FLASH1_A100; a stated
-        --flash rate scales alike). FLASH1 elsewhere: ValueError (no published rate)."""
+        flash_efficiency scales alike). FLASH1 elsewhere: ValueError (no published rate)."""
         if hw.flash_efficiency is None or self is AttentionKernel.FLASH2:
             return hw.flash_efficiency
         if not hw.name.startswith("a100"):
