@@ -14,8 +14,9 @@ import pytest
 from hybrid.planner.published import Role, all_runs, more_check_runs
 from hybrid.planner.layout import ZeroStage
 from hybrid.planner.published_more import (GROUPS, MCORE_VOCAB, MCORE_WEAK, MPT_A100_MORE, MPT_H100_MORE,
-                                           MPT_MORE_SIZES, NEMO_2407_ROWS, ContextRun, evaluate, more_runs,
-                                           summary_line, table)
+                                           MPT_MORE_SIZES, NEMO_2407_ROWS, NEMO_LONG_ROWS, ContextRun, evaluate,
+                                           more_runs, nemo_long_runs, summary_line, table)
+from hybrid.planner.time import model_flops
 
 # rows outside +-15 % at this commit (docs/planner.md "More check rows, round 7" gives each one's reading)
 KNOWN_MISSES = {
@@ -26,8 +27,12 @@ KNOWN_MISSES = {
     # FP8 at h 4096 optimistic; Nemotron-340B fits only with recomputation in the plan
     "NeMo 24.07 GPT3-5B FP8, 64 H100, t1 p1, b4, GBS 2048", "NeMo 24.07 Nemotron-8B FP8, 64 H100, t2 p1, b4, GBS 256",
     "NeMo 24.07 Nemotron-340B FP8, 128 H100, t8 p8 v12, b1, GBS 32",
-    # context parallelism 2 pessimistic (CP 4 and 8 within 1 %)
+    # context parallelism: torchtitan's CP 2 pessimistic (its CP 4 and 8 within 1 %), NeMo's CP 4-32 at s 128K-1M
+    # pessimistic (CP's term is most of the planned step)
     "torchtitan Llama 3.1 8B, 8 H100 500W, FSDP 4 x CP 2, s 65536, b1, full",
+    "NeMo 24.03 LLAMA2-7B FP8, s 128K, 128 H100, t4 p1 d8 cp4", "NeMo 24.03 LLAMA2-7B FP8, s 256K, 256 H100, t4 p1 d8 cp8",
+    "NeMo 24.03 LLAMA2-7B FP8, s 512K, 512 H100, t8 p1 d4 cp16",
+    "NeMo 24.03 LLAMA2-7B FP8, s 1024K, 1024 H100, t8 p1 d4 cp32",
     # MosaicML on A100: attention at s >= 8192 priced too fast (the error follows the attention share)
     "MPT-30b, s 8192, 8 A100, FSDP z3, b1 x 21, AC", "MPT-13b, s 32768, 8 A100, FSDP z3, b1 x 3, AC",
     "MPT-7b, s 65536, 8 A100, FSDP z3, b1 x 2, AC", "MPT-7b, s 32768, 8 A100, FSDP z3, b2 x 2, AC",
@@ -104,7 +109,8 @@ def test_mpt_rows_plan_the_benchmarked_models():
 
 
 def test_nemo_and_torchtitan_layouts_are_the_published_ones(results):
-    """The plan keeps each stated t, p, v, micro-batch and CP size; CP rows go through the CP planner."""
+    """The plan keeps each stated t, p, v, micro-batch and CP size; CP rows go through the CP planner; torchtitan's
+    CP rows keep their FSDP and CP sizes, one (8B) or eight (405B) sequences a DP rank."""
     nemo = [r for r in more_runs() if r.name.startswith("NeMo 24.07")]
     assert len(nemo) == len(NEMO_2407_ROWS) == 12
     for run, (_, gpus, gbs, mbs, seq, tp, pp, cp, vp, _) in zip(nemo, NEMO_2407_ROWS):
@@ -113,6 +119,28 @@ def test_nemo_and_torchtitan_layouts_are_the_published_ones(results):
         layout = results[run.name].layout
         assert layout.startswith(f"tp{tp} pp{pp} dp{gpus // (tp * pp * cp)} v{vp} b{mbs} ")
         assert (f"cp{cp}" in layout) == (cp > 1)
+    titan = [r for r in more_runs() if r.name.startswith("torchtitan") and isinstance(r, ContextRun)]
+    assert len(titan) == 8
+    for run in titan:
+        fsdp = int(run.name.split("FSDP ")[1].split(" ")[0])
+        layout = results[run.name].layout
+        assert f" dp{fsdp} " in layout and (f"cp{run.cp}" in layout) == (run.cp > 1)
+        assert run.workload.global_batch == fsdp * (8 if "405B" in run.name else 1)
+
+
+def test_nemo_long_sequence_rows_are_compared_on_nemos_own_flop_count(results):
+    """NeMo's 2024 model-FLOP count for Llama (nemo/utils/flops_formulas.py before its August 2025 causal discount:
+    B s L h^2 (12 + 12 g / a + 18 f / h + 12 s / h + 6 V / (L h))) is the planner's model FLOPs exactly, so its
+    TFLOP/s column compares like for like; each row keeps its stated t, p, d and cp and 4M tokens a step."""
+    for run, (k, gpus, batch, tp, pp, dp, cp, _) in zip(nemo_long_runs(), NEMO_LONG_ROWS):
+        w, c = run.workload, run.workload.model
+        s, L, h = w.seq_length, c.num_layers, c.hidden_size
+        nemo = batch * s * L * h * h * (12 + 12 * c.num_kv_heads / c.num_heads + 18 * c.ffn_hidden_size / h
+                                        + 12 * s / h + 6 * c.vocab_size / (L * h))
+        assert nemo == pytest.approx(model_flops(w), rel=1e-12)
+        assert (s, batch * s, tp * pp * dp * cp) == (1024 * k, 4 * 2**20, gpus)
+        layout = results[run.name].layout
+        assert layout.startswith(f"tp{tp} pp{pp} dp{dp} ") and (f"cp{cp}" in layout) == (cp > 1)
 
 
 def test_every_published_layout_is_predicted_to_fit(results):

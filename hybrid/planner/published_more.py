@@ -22,6 +22,9 @@ docstrings say which. Sources, each read at the commit named:
   CP, VP) stated; tokens/s a GPU. Shapes from NeMo's own configs (nemo/collections/llm/gpt/model/base.py
   GPTConfig5B / 20B / 175B, nemotron.py Nemotron3Config8B / 22B, Nemotron4Config340B; GPT-2's vocabulary 50257,
   Nemotron's 256000). Recomputation and the distributed optimizer are not stated: the planner picks.
+* NeMo long sequences (NEMO_LONG_SOURCE): NVIDIA/NeMo docs/source/performance/performance_long_sequence.md at
+  commit 19fadb6 (2025-05-09), section "LLAMA2-7B (FP8) - H100" (NeMo 24.03.01, DGX-H100): s 4K-1M on 4-1024
+  GPUs, 4M tokens a step, TP / PP / DP / CP stated, TFLOP/s a GPU (NeMo's 2024 count, full s^2 attention).
 * Megatron-Bridge (BRIDGE_SOURCE): NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at commit
   067f987 (2026-08-22), DGX-H100 FP8 rows not in published.py: Llama 3.1 405B on 1024 GPUs (t 8 x p 8 x cp 2 x
   v 8; 25.09's GBS 512 and 26.04.01's GBS 1536) and Llama 3 70B at GBS 256 (26.04.01).
@@ -54,6 +57,8 @@ MCORE_SOURCE = ("NVIDIA/Megatron-LM README.md 'Performance Benchmarking' + image
                 "r0.8.0 weak scaling, H100; commit f2e5db4, 2024-07-15), per-GPU teraFLOP/s")
 NEMO_2407_SOURCE = ("NVIDIA/NeMo docs/source/performance/performance_summary.md at 0b8a80e (NeMo 24.07, DGX-H100, "
                     "FP8, 'Pretraining' table), tokens/s a GPU")
+NEMO_LONG_SOURCE = ("NVIDIA/NeMo docs/source/performance/performance_long_sequence.md at 19fadb6 (section 'LLAMA2-7B "
+                    "(FP8) - H100', NeMo 24.03.01, DGX-H100; the 'With CP' columns), TFLOP/s a GPU")
 BRIDGE_SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at 067f987 (DGX-H100 FP8; "
                  "containers 25.09 and 26.04.01), tokens/s a GPU")
 TORCHTITAN_SOURCE = ("pytorch/torchtitan docs/performance.md at d4c86e3 (Dec 2024 benchmark, Grand Teton H100 "
@@ -191,6 +196,31 @@ def nemo_runs() -> list[PublishedRun]:
                    models[m], g, gbs, b, s, t, p, c, v, tok) for ver, m, g, gbs, b, s, t, p, c, v, tok in BRIDGE_ROWS]
     return runs
 
+
+# NeMo's long-sequence table, Llama 2 7B FP8 on H100 with CP: (s in K = 1024 tokens, GPUs, global batch, TP, PP,
+# DP, CP, TFLOP/s a GPU); 4M tokens a step at every length
+NEMO_LONG_ROWS = ((4, 4, 1024, 1, 1, 4, 1, 768), (8, 8, 512, 1, 2, 4, 1, 730), (16, 16, 256, 2, 1, 8, 1, 660),
+                  (32, 32, 128, 2, 1, 8, 2, 610), (64, 64, 64, 4, 1, 8, 2, 574), (128, 128, 32, 4, 1, 8, 4, 555),
+                  (256, 256, 16, 4, 1, 8, 8, 549), (512, 512, 8, 8, 1, 4, 16, 549), (1024, 1024, 4, 8, 1, 4, 32, 536))
+
+
+def nemo_long_runs() -> list[PublishedRun]:
+    """NeMo 24.03's Llama 2 7B FP8 at s 4K-1M on 4-1024 H100s with TP, PP, DP and CP as stated, compared on model
+    TFLOP/s a GPU. Assumed: NeMo's 2024 count, full s^2 attention (its causal discount came in August 2025, NeMo
+    PR 14424, after this table), which is what FlopsFormula.EXACT counts; micro-batch, chunks per rank,
+    recomputation and ZeRO 0 / 1 are the planner's. Megatron-core + Transformer Engine as the other NeMo rows."""
+    cfg = llama_model(*LLAMA2_7B, 4096)
+    runs = []
+    for k, gpus, batch, tp, pp, dp, cp, tflops in NEMO_LONG_ROWS:
+        seq = 1024 * k
+        work = Workload(replace(cfg, max_position_embeddings=seq), global_batch=batch, seq_length=seq,
+                        activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.MEGATRON,
+                        fp8=True)
+        space = SearchSpace(tp=(tp,), pp=(pp,), zero=(ZeroStage.NONE, ZeroStage.OPTIMIZER), offload=(Offload.NONE,),
+                            sequence_parallel=(tp > 1,), zero_bubble=(False,))  # 1F1B: NeMo 24.03 had no ZB
+        runs.append(ContextRun(f"NeMo 24.03 LLAMA2-7B FP8, s {k}K, {gpus} H100, t{tp} p{pp} d{dp} cp{cp}",
+                               NEMO_LONG_SOURCE, work, "h100-80g", gpus, space, Metric.MODEL_TFLOPS, tflops, cp=cp))
+    return runs
 
 # ---- torchtitan, December 2024 (500 W H100 96 GB) -------------------------------------------------------------------
 # Table 2: (FSDP, CP, s, TPS a GPU, GiB); Table 6: the same for 405B at TP 8 x PP 8
@@ -358,7 +388,8 @@ def mpt_h100_runs() -> list[PublishedRun]:
 
 def more_runs() -> list[PublishedRun]:
     """Every round-7 check row."""
-    return mcore_weak_runs() + nemo_runs() + torchtitan_runs() + mpt_a100_runs() + mpt_h100_runs()
+    return (mcore_weak_runs() + nemo_runs() + nemo_long_runs() + torchtitan_runs() + mpt_a100_runs()
+            + mpt_h100_runs())
 
 
 # ---- report ------------------------------------------------------------------------------------------------------
@@ -412,6 +443,7 @@ def summary_line(what: str, results: list[Result]) -> str:
 
 
 GROUPS = (("Megatron-Core weak scaling", mcore_weak_runs), ("NeMo / Megatron-Bridge FP8", nemo_runs),
+          ("NeMo long sequences (CP)", nemo_long_runs),
           ("torchtitan Dec 2024", torchtitan_runs), ("MosaicML A100 80GB", mpt_a100_runs),
           ("MosaicML H100 80GB BF16", mpt_h100_runs))
 
