@@ -1,6 +1,7 @@
 """More published runs, CHECK rows only (issue 26, seventh round): where does the planner miss on runs nobody fitted?
 
     python -m hybrid.planner.published_more     # the table of docs/planner.md "More check rows, round 7"
+    python -m hybrid.planner.published_more --misses   # each miss taken apart (the same section)
 
 Every row here is a `Role.CHECK` row of published.py's `PublishedRun` type: nothing in the planner was fitted to
 it, and nothing may be (tests/test_planner_morerows.py asserts the role). Each row gives its layout as published;
@@ -48,7 +49,7 @@ from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroSta
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import KernelProfile, Stack
 from hybrid.planner.published import (LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, Metric,
-                                      PublishedRun, Role, llama3_405b, llama_model, shown)
+                                      PublishedRun, llama3_405b, llama_model, shown)
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.search import SearchSpace
 from models.config import ARCH_GPT2, ModelConfig
@@ -407,6 +408,7 @@ class Result:
     predicted: float = 0.0
     error: float | None = None
     rejected: str = ""
+    plan: object = None  # the Plan (or context.ContextPlan) predicted, None when rejected
 
 
 def evaluate(run: PublishedRun) -> Result:
@@ -415,7 +417,7 @@ def evaluate(run: PublishedRun) -> Result:
     except ValueError as exc:
         return Result(run, rejected=str(exc).split(": ", 1)[-1][:160])
     short = plan.short() if hasattr(plan, "cp") else plan.layout.short()
-    return Result(run, short, plan.memory_gb, run.value(plan), run.throughput_error(plan))
+    return Result(run, short, plan.memory_gb, run.value(plan), run.throughput_error(plan), plan=plan)
 
 
 def table(results: list[Result]) -> str:
@@ -442,6 +444,51 @@ def summary_line(what: str, results: list[Result]) -> str:
             f"{100 * max(errors):+.1f} %, {sum(abs(e) <= 0.15 for e in errors)} within 15 %; {rejected} rejected")
 
 
+MISS = 0.15  # |error| beyond which a row is a miss (issue 26's acceptance band)
+TERMS = ("gemm", "attention", "memory_bound", "launches", "tp", "pp_p2p", "bubble", "overlap", "dp_exposed",
+         "optimizer")
+
+
+def flash_rate_to_match(run: PublishedRun) -> float:
+    """The flash-attention rate, TFLOP/s, at which the row's prediction is exact: the preset's flash share scaled
+    alone (GEMM asymptote and stack clock kept) by bisection, for a PyTorch-stack row. A what-if that reads a miss,
+    never a fit: nothing uses it."""
+    from hybrid.planner.fit import solve
+    from hybrid.planner.published import _plan_on
+    hw = run.hardware()
+    share = hw.flash_efficiency
+
+    def error(k: float) -> float:
+        return run.throughput_error(_plan_on(run, hw.with_overrides(flash_efficiency=min(1.0, k * share),
+                                                                    eager_clock=hw.eager_clock)))
+    k = solve(error, 0.0, 0.2, 1.0 / share, iters=16)
+    return k * share * hw.eager_clock * hw.peak_tflops  # the PyTorch stack runs flash at share x its clock
+
+
+def miss_table(results: list[Result]) -> str:
+    """Each miss (|error| > 15 %) taken apart: its planned step in --explain's terms (% of the step; CP's added
+    attention and ring transfers as `cp`), the error if the exposed DP term were hidden (what Megatron's
+    --overlap-grad-reduce / --overlap-param-gather claim), and for the MosaicML rows (PyTorch stack, one flash
+    rate a card) the flash rate that would make the row exact (docs/planner.md "More check rows, round 7")."""
+    lines = ["| miss | error | " + " | ".join(TERMS) + " | cp | error, DP hidden | flash rate to match |",
+             "|---|---|" + "---|" * len(TERMS) + "---|---|---|"]
+    for r in results:
+        if r.error is None or abs(r.error) <= MISS:
+            continue
+        plan = r.plan
+        base = getattr(plan, "base", plan)
+        total = plan.total_s if hasattr(plan, "cp") else base.time.total
+        terms = dict(base.time.terms)
+        cp = plan.extra_s / total if hasattr(plan, "cp") else 0.0
+        hidden = (1 + r.error) * total / (total - terms["dp_exposed"]) - 1
+        rate = f"{flash_rate_to_match(r.run):.0f}" if r.run.name.startswith("MPT-") and \
+            r.run.workload.seq_length >= 16384 else "-"
+        shares = " | ".join(f"{round(100 * terms[t] / total) + 0}" for t in TERMS)  # round: no "-0"
+        lines.append(f"| {r.run.name} | {100 * r.error:+.1f} % | {shares} | {100 * cp:.0f} | {100 * hidden:+.1f} % | "
+                     f"{rate} |")
+    return "\n".join(lines)
+
+
 GROUPS = (("Megatron-Core weak scaling", mcore_weak_runs), ("NeMo / Megatron-Bridge FP8", nemo_runs),
           ("NeMo long sequences (CP)", nemo_long_runs),
           ("torchtitan Dec 2024", torchtitan_runs), ("MosaicML A100 80GB", mpt_a100_runs),
@@ -449,6 +496,10 @@ GROUPS = (("Megatron-Core weak scaling", mcore_weak_runs), ("NeMo / Megatron-Bri
 
 
 def main() -> None:
+    import sys
+    if sys.argv[1:] == ["--misses"]:
+        print(miss_table([evaluate(run) for run in more_runs()]))
+        return
     everything = []
     for what, rows in GROUPS:
         results = [evaluate(r) for r in rows()]
