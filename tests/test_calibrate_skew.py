@@ -131,3 +131,19 @@ def test_the_probe_times_an_all_reduce_after_each_burst_on_two_gloo_ranks():
     assert 0 < c1 < c2 and w1 > 0 and w2 > 0
     fit = fit_skew(points[0], min(w1, w2) / 2)
     assert all(math.isfinite(v) and v >= 0 for v in fit.values())
+
+
+def test_a_gradient_add_streams_at_the_copy_rate_on_a_calibrated_cpu():
+    """Eager gradient accumulation (AccumulateGrad) is an add: fp32 reads the new gradient and the sum and writes the
+    sum, 12 bytes a parameter, for m - 1 of m micro-batches. On a calibrated CPU at the copy rate (hbm_tbps, 22 GB/s)
+    -- not the layer's GELU / softmax mix (elementwise_tbps, 5.1 GB/s), which priced the 2-rank ranking's dp 2 b 1
+    step's accumulation at 70 ms; on a GPU preset at its elementwise rate, as before (that is its copy rate)."""
+    from hybrid.planner.time import _context, _grad_accumulation
+    work, params, m = _work(), 1_000_000, 8
+    layout = Layout(dp=2, micro_batch=1)
+    assert work.num_microbatches(layout) == m and not work.fused_grad_accumulation
+    cpu = _grad_accumulation(_context(work, Cluster(gpus=2, hw=CPU), layout), params)
+    assert cpu.memory == pytest.approx(12 * params * (m - 1) / m / 0.022e12)
+    h100 = hardware(GpuKind.H100_80G)
+    gpu = _grad_accumulation(_context(work, Cluster(gpus=2, hw=h100), layout), params)
+    assert gpu.memory == pytest.approx(12 * params * (m - 1) / m / h100.elementwise_bytes_per_s)

@@ -323,6 +323,16 @@ class Hardware:
         return (self.elementwise_tbps or self.hbm_tbps) * 1e12
 
     @property
+    def streaming_bytes_per_s(self) -> float:
+        """Bytes/s of a plain streaming pass with no arithmetic to speak of (a gradient added into the accumulated
+        one): on a calibrated CPU (shared compute units) the copy rate `hbm_tbps` measured there -- its
+        `elementwise_tbps` is the layer's mix, where GELU's tanh and softmax's exp run 3-4x below the copy rate
+        (calibrate.py), and an add of two fp32 tensors ran at the copy rate on this VM (49 against 45 GB/s
+        read + written, 4.2M parameters in the 4-layer ranking model's tensors, CPU clock); on a GPU
+        elementwise_bytes_per_s, the achievable share of the data sheet's HBM (ELEMENTWISE_FRACTION: a copy)."""
+        return self.hbm_tbps * 1e12 if self.compute_units is not None else self.elementwise_bytes_per_s
+
+    @property
     def overlap_cost(self) -> float:
         """Seconds of compute lost per second a collective runs under it: 1 - 1 / overlap_slowdown (in those
         seconds the compute advances 1 / overlap_slowdown of a second)."""

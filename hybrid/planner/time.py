@@ -526,7 +526,7 @@ def _grad_accumulation(ctx: _Context, params: float) -> Pass:
     share = 1.0 / ctx.layout.dp if ctx.layout.zero >= ZeroStage.GRADIENTS else 1.0
     per_param = ctx.work.precision.param_bytes + 2 * ctx.work.grad_bytes
     nbytes = per_param * params * share * (m - 1) / m
-    return Pass(memory=ctx.hbm_seconds(nbytes))
+    return Pass(memory=nbytes / ctx.cluster.hw.streaming_bytes_per_s)  # an add: the copy rate (a CPU's too)
 
 
 def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> _StageCost:
