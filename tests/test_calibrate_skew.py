@@ -103,6 +103,20 @@ def test_explain_lists_the_wait_and_the_terms_still_add_up():
     assert sum(v for _, v in t.terms) == pytest.approx(t.total)
 
 
+def test_hybrid_plan_explain_shows_the_wait_from_a_profile(tmp_path, capsys):
+    from hybrid.planner.calibrate import FORMAT
+    from hybrid.planner.cli import main
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"format": FORMAT, "hardware": dataclasses.asdict(
+        CPU.with_overrides(collective_skew_s=SKEW_S, collective_skew_per_s=SKEW_PER_S))}))
+    assert main(["--model", "tiny-gpt2", "--gpus", "2", "--global-batch-size", "16", "--seq-length", "128",
+                 "--hardware", str(path), "--precision", "fp32", "--activation-profile", "fp32-flash",
+                 "--tensor-model-parallel-size", "2", "--micro-batch-size", "1", "--top", "1", "--explain"]) == 0
+    rows = {line.split()[0]: float(line.split()[1]) for line in capsys.readouterr().out.splitlines()
+            if line.startswith("  ") and line.split()[0] in dict(TERMS)}
+    assert rows["tp_wait"] > 16 * 21 * SKEW_S  # 16 micro-batches of 21 TP calls, plus the jitter of their compute
+
+
 def test_a_profile_without_the_fields_loads_with_no_wait_and_one_with_them_keeps_them(tmp_path):
     from hybrid.planner.calibrate import FORMAT
     fields = dataclasses.asdict(CPU)
