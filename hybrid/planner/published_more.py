@@ -1,6 +1,7 @@
 """More published runs, CHECK rows only (issue 26, seventh round): where does the planner miss on runs nobody fitted?
 
     python -m hybrid.planner.published_more     # the table of docs/planner.md "More check rows, round 7"
+    python -m hybrid.planner.published_more --misses   # each miss taken apart (the same section)
 
 Every row here is a `Role.CHECK` row of published.py's `PublishedRun` type: nothing in the planner was fitted to
 it, and nothing may be (tests/test_planner_morerows.py asserts the role). Each row gives its layout as published;
@@ -22,6 +23,9 @@ docstrings say which. Sources, each read at the commit named:
   CP, VP) stated; tokens/s a GPU. Shapes from NeMo's own configs (nemo/collections/llm/gpt/model/base.py
   GPTConfig5B / 20B / 175B, nemotron.py Nemotron3Config8B / 22B, Nemotron4Config340B; GPT-2's vocabulary 50257,
   Nemotron's 256000). Recomputation and the distributed optimizer are not stated: the planner picks.
+* NeMo long sequences (NEMO_LONG_SOURCE): NVIDIA/NeMo docs/source/performance/performance_long_sequence.md at
+  commit 19fadb6 (2025-05-09), section "LLAMA2-7B (FP8) - H100" (NeMo 24.03.01, DGX-H100): s 4K-1M on 4-1024
+  GPUs, 4M tokens a step, TP / PP / DP / CP stated, TFLOP/s a GPU (NeMo's 2024 count, full s^2 attention).
 * Megatron-Bridge (BRIDGE_SOURCE): NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at commit
   067f987 (2026-08-22), DGX-H100 FP8 rows not in published.py: Llama 3.1 405B on 1024 GPUs (t 8 x p 8 x cp 2 x
   v 8; 25.09's GBS 512 and 26.04.01's GBS 1536) and Llama 3 70B at GBS 256 (26.04.01).
@@ -45,7 +49,7 @@ from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroSta
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import KernelProfile, Stack
 from hybrid.planner.published import (LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, Metric,
-                                      PublishedRun, Role, llama3_405b, llama_model, mpt_attention_kernel, shown)
+                                      PublishedRun, llama3_405b, llama_model, mpt_attention_kernel, shown)
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.search import SearchSpace
 from models.config import ARCH_GPT2, ModelConfig
@@ -54,6 +58,8 @@ MCORE_SOURCE = ("NVIDIA/Megatron-LM README.md 'Performance Benchmarking' + image
                 "r0.8.0 weak scaling, H100; commit f2e5db4, 2024-07-15), per-GPU teraFLOP/s")
 NEMO_2407_SOURCE = ("NVIDIA/NeMo docs/source/performance/performance_summary.md at 0b8a80e (NeMo 24.07, DGX-H100, "
                     "FP8, 'Pretraining' table), tokens/s a GPU")
+NEMO_LONG_SOURCE = ("NVIDIA/NeMo docs/source/performance/performance_long_sequence.md at 19fadb6 (section 'LLAMA2-7B "
+                    "(FP8) - H100', NeMo 24.03.01, DGX-H100; the 'With CP' columns), TFLOP/s a GPU")
 BRIDGE_SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at 067f987 (DGX-H100 FP8; "
                  "containers 25.09 and 26.04.01), tokens/s a GPU")
 TORCHTITAN_SOURCE = ("pytorch/torchtitan docs/performance.md at d4c86e3 (Dec 2024 benchmark, Grand Teton H100 "
@@ -191,6 +197,31 @@ def nemo_runs() -> list[PublishedRun]:
                    models[m], g, gbs, b, s, t, p, c, v, tok) for ver, m, g, gbs, b, s, t, p, c, v, tok in BRIDGE_ROWS]
     return runs
 
+
+# NeMo's long-sequence table, Llama 2 7B FP8 on H100 with CP: (s in K = 1024 tokens, GPUs, global batch, TP, PP,
+# DP, CP, TFLOP/s a GPU); 4M tokens a step at every length
+NEMO_LONG_ROWS = ((4, 4, 1024, 1, 1, 4, 1, 768), (8, 8, 512, 1, 2, 4, 1, 730), (16, 16, 256, 2, 1, 8, 1, 660),
+                  (32, 32, 128, 2, 1, 8, 2, 610), (64, 64, 64, 4, 1, 8, 2, 574), (128, 128, 32, 4, 1, 8, 4, 555),
+                  (256, 256, 16, 4, 1, 8, 8, 549), (512, 512, 8, 8, 1, 4, 16, 549), (1024, 1024, 4, 8, 1, 4, 32, 536))
+
+
+def nemo_long_runs() -> list[PublishedRun]:
+    """NeMo 24.03's Llama 2 7B FP8 at s 4K-1M on 4-1024 H100s with TP, PP, DP and CP as stated, compared on model
+    TFLOP/s a GPU. Assumed: NeMo's 2024 count, full s^2 attention (its causal discount came in August 2025, NeMo
+    PR 14424, after this table), which is what FlopsFormula.EXACT counts; micro-batch, chunks per rank,
+    recomputation and ZeRO 0 / 1 are the planner's. Megatron-core + Transformer Engine as the other NeMo rows."""
+    cfg = llama_model(*LLAMA2_7B, 4096)
+    runs = []
+    for k, gpus, batch, tp, pp, dp, cp, tflops in NEMO_LONG_ROWS:
+        seq = 1024 * k
+        work = Workload(replace(cfg, max_position_embeddings=seq), global_batch=batch, seq_length=seq,
+                        activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.MEGATRON,
+                        fp8=True)
+        space = SearchSpace(tp=(tp,), pp=(pp,), zero=(ZeroStage.NONE, ZeroStage.OPTIMIZER), offload=(Offload.NONE,),
+                            sequence_parallel=(tp > 1,), zero_bubble=(False,))  # 1F1B: NeMo 24.03 had no ZB
+        runs.append(ContextRun(f"NeMo 24.03 LLAMA2-7B FP8, s {k}K, {gpus} H100, t{tp} p{pp} d{dp} cp{cp}",
+                               NEMO_LONG_SOURCE, work, "h100-80g", gpus, space, Metric.MODEL_TFLOPS, tflops, cp=cp))
+    return runs
 
 # ---- torchtitan, December 2024 (500 W H100 96 GB) -------------------------------------------------------------------
 # Table 2: (FSDP, CP, s, TPS a GPU, GiB); Table 6: the same for 405B at TP 8 x PP 8
@@ -359,7 +390,8 @@ def mpt_h100_runs() -> list[PublishedRun]:
 
 def more_runs() -> list[PublishedRun]:
     """Every round-7 check row."""
-    return mcore_weak_runs() + nemo_runs() + torchtitan_runs() + mpt_a100_runs() + mpt_h100_runs()
+    return (mcore_weak_runs() + nemo_runs() + nemo_long_runs() + torchtitan_runs() + mpt_a100_runs()
+            + mpt_h100_runs())
 
 
 # ---- report ------------------------------------------------------------------------------------------------------
@@ -377,6 +409,7 @@ class Result:
     predicted: float = 0.0
     error: float | None = None
     rejected: str = ""
+    plan: object = None  # the Plan (or context.ContextPlan) predicted, None when rejected
 
 
 def evaluate(run: PublishedRun) -> Result:
@@ -385,7 +418,7 @@ def evaluate(run: PublishedRun) -> Result:
     except ValueError as exc:
         return Result(run, rejected=str(exc).split(": ", 1)[-1][:160])
     short = plan.short() if hasattr(plan, "cp") else plan.layout.short()
-    return Result(run, short, plan.memory_gb, run.value(plan), run.throughput_error(plan))
+    return Result(run, short, plan.memory_gb, run.value(plan), run.throughput_error(plan), plan=plan)
 
 
 def table(results: list[Result]) -> str:
@@ -412,12 +445,63 @@ def summary_line(what: str, results: list[Result]) -> str:
             f"{100 * max(errors):+.1f} %, {sum(abs(e) <= 0.15 for e in errors)} within 15 %; {rejected} rejected")
 
 
+MISS = 0.15  # |error| beyond which a row is a miss (issue 26's acceptance band)
+TERMS = ("gemm", "attention", "memory_bound", "launches", "tp", "pp_p2p", "bubble", "overlap", "dp_exposed",
+         "optimizer")
+
+
+def flash_rate_to_match(run: PublishedRun) -> float:
+    """The flash-attention rate, TFLOP/s, at which the row's prediction is exact: the preset's flash share scaled
+    alone (GEMM asymptote and stack clock kept) by bisection, for a PyTorch-stack row. A what-if that reads a miss,
+    never a fit: nothing uses it."""
+    from hybrid.planner.fit import solve
+    from hybrid.planner.published import _plan_on
+    hw = run.hardware()
+    share = hw.flash_efficiency
+
+    def error(k: float) -> float:
+        return run.throughput_error(_plan_on(run, hw.with_overrides(flash_efficiency=min(1.0, k * share),
+                                                                    eager_clock=hw.eager_clock)))
+    k = solve(error, 0.0, 0.2, 1.0 / share, iters=16)
+    kernel = run.workload.attention_kernel.efficiency(hw) / share  # FLASH1 on A100: its rate, not FA2's
+    return k * share * kernel * hw.eager_clock * hw.peak_tflops  # the PyTorch stack runs flash at share x its clock
+
+
+def miss_table(results: list[Result]) -> str:
+    """Each miss (|error| > 15 %) taken apart: its planned step in --explain's terms (% of the step; CP's added
+    attention and ring transfers as `cp`), the error if the exposed DP term were hidden (what Megatron's
+    --overlap-grad-reduce / --overlap-param-gather claim), and for the MosaicML rows (PyTorch stack, one flash
+    rate a card) the flash rate that would make the row exact (docs/planner.md "More check rows, round 7")."""
+    lines = ["| miss | error | " + " | ".join(TERMS) + " | cp | error, DP hidden | flash rate to match |",
+             "|---|---|" + "---|" * len(TERMS) + "---|---|---|"]
+    for r in results:
+        if r.error is None or abs(r.error) <= MISS:
+            continue
+        plan = r.plan
+        base = getattr(plan, "base", plan)
+        total = plan.total_s if hasattr(plan, "cp") else base.time.total
+        terms = dict(base.time.terms)
+        cp = plan.extra_s / total if hasattr(plan, "cp") else 0.0
+        hidden = (1 + r.error) * total / (total - terms["dp_exposed"]) - 1
+        rate = f"{flash_rate_to_match(r.run):.0f}" if r.run.name.startswith("MPT-") and \
+            r.run.workload.seq_length >= 16384 else "-"
+        shares = " | ".join(f"{round(100 * terms[t] / total) + 0}" for t in TERMS)  # round: no "-0"
+        lines.append(f"| {r.run.name} | {100 * r.error:+.1f} % | {shares} | {100 * cp:.0f} | {100 * hidden:+.1f} % | "
+                     f"{rate} |")
+    return "\n".join(lines)
+
+
 GROUPS = (("Megatron-Core weak scaling", mcore_weak_runs), ("NeMo / Megatron-Bridge FP8", nemo_runs),
+          ("NeMo long sequences (CP)", nemo_long_runs),
           ("torchtitan Dec 2024", torchtitan_runs), ("MosaicML A100 80GB", mpt_a100_runs),
           ("MosaicML H100 80GB BF16", mpt_h100_runs))
 
 
 def main() -> None:
+    import sys
+    if sys.argv[1:] == ["--misses"]:
+        print(miss_table([evaluate(run) for run in more_runs()]))
+        return
     everything = []
     for what, rows in GROUPS:
         results = [evaluate(r) for r in rows()]
