@@ -206,3 +206,24 @@ def test_powersgd_at_dp_one_is_one_line(world, argv, capsys, monkeypatch):
         monkeypatch.setenv("MASTER_PORT", "29500")
     line = _one_line(lambda: validate(argv), capsys)
     assert "--powersgd-rank" in line and "dp 1" in line
+
+
+@pytest.mark.xfail(strict=True, reason="hybrid/planner/calibrate.py (not ours this round): load_hardware keeps only "
+                                       "the keys it knows, so a misspelled optional key of a hand-edited profile "
+                                       "(inter_dc_gpbs, matmul_tflops.fp23) is dropped without a word and the "
+                                       "plan runs without the link or rate the user wrote")
+@pytest.mark.parametrize("where, key", [("hardware", "inter_dc_gpbs"), ("matmul_tflops", "fp23")])
+def test_hardware_profile_with_a_misspelled_key_is_one_line_naming_it(tmp_path, where, key):
+    import json
+
+    from hybrid.planner.calibrate import load_hardware
+    profile = {"format": "hybrid-hardware-profile/1",
+               "hardware": {"name": "test", "peak_tflops": 1.0, "memory_gb": 8.0, "hbm_tbps": 0.01,
+                            "gpus_per_node": 2, "intra_node_gbps": 1.0, "inter_node_gbps": 1.0, "pcie_gbps": 1.0,
+                            "host_memory_gb": 16.0, "cpu_adam_params_per_s": 1e8},
+               "matmul_tflops": {"fp32": 0.5}}
+    profile[where][key] = 1.0
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ValueError, match=key):
+        load_hardware(str(path))
