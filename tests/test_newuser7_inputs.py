@@ -238,3 +238,16 @@ def test_checkpoint_inspect_of_a_corrupt_checkpoint_exits_non_zero(ckpt, capsys)
     with pytest.raises(SystemExit) as e:
         hybrid.cli.main(["checkpoint", "inspect", str(ckpt / "iter_0000004")])
     assert "CORRUPT: " in capsys.readouterr().out and e.value.code == 1
+
+
+# --- train.py's start-up planner line at cp > 1 ---------------------------------------------------------------
+def test_startup_planner_line_at_cp2_does_not_call_the_running_layout_impossible(monkeypatch):
+    """It read 'planner: no prediction for this layout on this cpu: layout tp1 pp1 dp1 ... cannot run: tp 1 x pp 1 x
+    dp 1 = 1 ranks, not the 2 GPUs' above a run that was running (the planner's evaluate prices tp x pp x dp)."""
+    from hybrid.train.explain import predict, prediction_line
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "2"),
+                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(name, value)
+    run = validate(["--context-parallel-size", "2", "--seq-length", "32"])[0]
+    line = prediction_line(predict(run, torch.device("cpu"), 0.0))
+    assert "cannot run" not in line and "--context-parallel-size 2" in line, line

@@ -481,6 +481,9 @@ def predict(run, device, baseline_bytes: float) -> Prediction:
 
     cfg, dims, batch, plan = run.model.arch, run.parallel.dims, run.training.batch, run.parallel.pipeline
     name = os.path.basename(run.training.hardware) if run.training.hardware else f"this {device.type}"
+    if dims.cp > 1:  # evaluate() prices tp x pp x dp: at cp > 1 it would call the running layout one that cannot run
+        return Prediction(name, error=f"the start-up line does not price --context-parallel-size {dims.cp} yet "
+                                      f"(`hybrid plan --context-parallel-size {dims.cp}` does)")
     try:
         work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch,
                                   plan.v, plan.kind.splits_backward)
