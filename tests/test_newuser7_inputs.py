@@ -251,3 +251,34 @@ def test_startup_planner_line_at_cp2_does_not_call_the_running_layout_impossible
     run = validate(["--context-parallel-size", "2", "--seq-length", "32"])[0]
     line = prediction_line(predict(run, torch.device("cpu"), 0.0))
     assert "cannot run" not in line and "--context-parallel-size 2" in line, line
+
+
+# --- hybrid generate: a tokenizer larger than the model's vocabulary -----------------------------------------
+def _tokenizer_json(path, size: int) -> str:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    Tokenizer(WordLevel({f"t{i}": i for i in range(size)}, unk_token="t0")).save(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("size, refused", [(300, True), (256, False)])
+def test_generate_tokenizer_larger_than_the_vocabulary_is_one_line(tmp_path, capsys, monkeypatch, size, refused):
+    """--prompt-ids with a 300-token tokenizer on a 256-token model decoded the output through the wrong table (train.py
+    refuses such a tokenizer); the check comes before any process group."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    src = tmp_path / "model"
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_head=4, n_layer=2, vocab_size=256, n_positions=16)).save_pretrained(src)
+    tok = _tokenizer_json(tmp_path / "tokenizer.json", size)
+    monkeypatch.setattr("hybrid.generate.cli.distributed", _no_process_group)
+    argv = ["generate", str(src), "--prompt-ids", "1,2", "--max-new-tokens", "2", "--tokenizer", tok]
+    if refused:
+        line = _one_line(lambda: hybrid.cli.main(argv), capsys)
+        assert line.startswith("hybrid generate: error: tokenizer ") and "vocabulary 300 exceeds the model's 256" in line
+    else:
+        with pytest.raises(AssertionError, match="checked before"):
+            hybrid.cli.main(argv)
+
+
+def _no_process_group(*a, **k):
+    raise AssertionError("every input is checked before the process group")
