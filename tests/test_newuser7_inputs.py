@@ -282,3 +282,22 @@ def test_generate_tokenizer_larger_than_the_vocabulary_is_one_line(tmp_path, cap
 
 def _no_process_group(*a, **k):
     raise AssertionError("every input is checked before the process group")
+
+
+# --- --data-path: a JSON-lines corpus is preprocess_data.py's input, not text ---------------------------------
+def test_json_lines_data_path_is_one_line_naming_preprocess_data(tmp_path, capsys):
+    """It trained on the file's bytes: braces, quotes and the "text" keys in every sample."""
+    import json
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i} about foxes and dogs"}) + "\n" for i in range(200)))
+    line = _one_line(lambda: validate(["--data-path", str(corpus), "--seq-length", "32"]), capsys)
+    assert line.startswith(f"train.py: error: --data-path '{corpus}' is JSON lines")
+    assert f"scripts/preprocess_data.py --input {corpus} --output-prefix corpus" in line
+    assert "--data-path corpus_text_document" in line
+
+
+@pytest.mark.parametrize("first", ["plain prose, the first line\n", "[1, 2, 3]\n", "{not json at all\n"])
+def test_text_data_path_that_is_not_json_lines_still_trains(tmp_path, first):
+    text = tmp_path / "notes.txt"
+    text.write_text(first + "more prose about foxes and dogs, long enough for a sample\n" * 20)
+    assert validate(["--data-path", str(text), "--seq-length", "32"])[0].data.paths == [str(text)]
