@@ -274,7 +274,8 @@ def test_generate_tokenizer_larger_than_the_vocabulary_is_one_line(tmp_path, cap
     argv = ["generate", str(src), "--prompt-ids", "1,2", "--max-new-tokens", "2", "--tokenizer", tok]
     if refused:
         line = _one_line(lambda: hybrid.cli.main(argv), capsys)
-        assert line.startswith("hybrid generate: error: tokenizer ") and "vocabulary 300 exceeds the model's 256" in line
+        assert line.startswith("hybrid generate: error: tokenizer ")
+        assert "vocabulary 300 exceeds the model's 256" in line
     else:
         with pytest.raises(AssertionError, match="checked before"):
             hybrid.cli.main(argv)
@@ -301,3 +302,24 @@ def test_text_data_path_that_is_not_json_lines_still_trains(tmp_path, first):
     text = tmp_path / "notes.txt"
     text.write_text(first + "more prose about foxes and dogs, long enough for a sample\n" * 20)
     assert validate(["--data-path", str(text), "--seq-length", "32"])[0].data.paths == [str(text)]
+
+
+# --- --ckpt-step N into the --save it resumes from, which holds later checkpoints -----------------------------
+def test_rollback_into_a_save_with_later_checkpoints_needs_overwrite_save(ckpt, capsys):
+    """It was accepted: the run replaced iteration 6 of the abandoned timeline when it got there (store.finalize), a
+    mix of two runs until then. Now a line naming --overwrite-save, which removes them once the first save is done
+    (a 1-rank rollback of a 2-rank checkpoint, run by hand: 'saved iteration 5 ... removed the earlier run's 1
+    checkpoint(s) ... saved iteration 6', latest -> iter_0000006)."""
+    from types import SimpleNamespace
+
+    from hybrid.checkpoint.args import _check_rollback
+    (ckpt / "iter_0000006").mkdir()
+    (ckpt / "iter_0000006" / "manifest.json").write_text("{}")
+    before = _tree(ckpt)
+    argv = ["--save", str(ckpt), "--load", str(ckpt), "--ckpt-step", "4", "--train-iters", "8"]
+    line = _one_line(lambda: validate(argv), capsys)
+    assert line.startswith("train.py: error: --ckpt-step 4 resumes into --save") and "later checkpoints (6)" in line
+    assert "--overwrite-save" in line and _tree(ckpt) == before
+    consent = SimpleNamespace(overwrite_save=True, ckpt_step=4, save=str(ckpt))
+    assert _check_rollback(consent, (6,)) == (6,)  # the iterations the run removes after its first save
+    assert _check_rollback(SimpleNamespace(overwrite_save=False, ckpt_step=6, save=str(ckpt)), ()) == ()

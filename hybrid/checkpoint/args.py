@@ -132,6 +132,8 @@ def _check_save_dir(args: argparse.Namespace) -> tuple[int, ...]:
     if args.save is None or not os.path.isdir(args.save):
         return ()
     theirs = tuple(store.complete_iterations(args.save))
+    if _same_dir(args.load, args.save) and args.ckpt_step is not None:
+        return _check_rollback(args, tuple(i for i in theirs if i > args.ckpt_step))
     if not theirs or _same_dir(args.load, args.save):
         return ()
     if not args.overwrite_save:
@@ -140,6 +142,18 @@ def _check_save_dir(args: argparse.Namespace) -> tuple[int, ...]:
                          f"{latest if latest is not None else theirs[-1]}); resume it with --load {args.save}, save "
                          f"elsewhere, or pass --overwrite-save to replace them")
     return theirs
+
+
+def _check_rollback(args: argparse.Namespace, later: tuple[int, ...]) -> tuple[int, ...]:
+    """--ckpt-step N into the --save it resumes from, which holds later checkpoints: the run would replace them one
+    by one as it reaches their iterations (a mix of two timelines meanwhile). With --overwrite-save they are the
+    abandoned ones, removed once this run's first checkpoint is complete; without it, refused."""
+    if later and not args.overwrite_save:
+        raise ValueError(f"--ckpt-step {args.ckpt_step} resumes into --save {args.save!r}, which holds later "
+                         f"checkpoints ({', '.join(map(str, later))}) the run would replace as it reaches them; pass "
+                         f"--overwrite-save to roll back (they are removed once this run's first checkpoint is "
+                         f"complete), or save elsewhere")
+    return later
 
 
 def _resume_candidate(load: str, step: int | None) -> tuple[str, dict, object]:
