@@ -1,6 +1,7 @@
 """hybrid/compress/diagnose.py, the measurements behind docs/comm-efficient.md ("Why r = 4 misses"): the
 instrumented reduction changes nothing (the same losses as PowerSGDReduction bit for bit, its extra all-reduces
-outside the DP gradient bytes); `--only` sends the other groups whole, with the bytes of the formula; the recorded
+outside the DP gradient bytes); `--only` sends the other groups whole and `--error-reset` every tensor on its steps,
+with the bytes of the formula; the recorded
 statistics are what their definitions give on a case computed by hand; EF21's shared estimate equals the mean of
 EF21's per-worker estimates."""
 
@@ -21,7 +22,7 @@ STEPS, START = 4, 2
 
 def _args(**over) -> argparse.Namespace:
     base = dict(start=START, rank=2, steps=STEPS, global_batch=8, seq=32, seed=3, only=None, stats=False, adam=False,
-                adamw=False, freeze_variance=None, ef21=False, json=None)
+                adamw=False, freeze_variance=None, ef21=False, error_reset=0, json=None)
     return argparse.Namespace(**{**base, **over})
 
 
@@ -53,11 +54,12 @@ def _run(args, plain=False):
     return run_distributed(_bytes_rank, 2, args=(args, plain), timeout=600)[0]
 
 
-@pytest.mark.slow  # three 2-rank runs of 4 steps
+@pytest.mark.slow  # four 2-rank runs of 4 steps
 def test_diagnosed_reduction_equals_powersgd_and_only_sends_the_rest_whole():
     plain = _run(_args(), plain=True)
     stats = _run(_args(stats=True, adam=True))
     only = _run(_args(only=["mlp"], stats=True))
+    reset = _run(_args(error_reset=2))  # compressed steps 2, 3: step 3 sends everything whole
     assert stats["losses"] == plain["losses"]  # the instrumentation changes nothing
     assert stats["sent"] == plain["sent"]  # its own all-reduces are not DP gradient bytes
     from models import load_config
@@ -74,6 +76,7 @@ def test_diagnosed_reduction_equals_powersgd_and_only_sends_the_rest_whole():
         STEPS - START)
     mlp_only = sum(r * (n + m) for n, m in mats["mlp"]) + every - sum(n * m for n, m in mats["mlp"])
     assert only["sent"][START:] == [4 * mlp_only] * (STEPS - START)
+    assert reset["sent"] == plain["sent"][:START + 1] + [4 * every]
     assert only["losses"][:START + 1] == plain["losses"][:START + 1] and only["losses"] != plain["losses"]
     recs = diagnose.summarise(stats["records"])
     assert sorted(recs) == list(range(START, STEPS)) and set(recs[START]) == set(diagnose.GROUPS)

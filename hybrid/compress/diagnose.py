@@ -7,6 +7,7 @@ reference corpus, the same tokens, seed 3, lr 3e-3 constant, Adam betas (0.9, 0.
     python -m hybrid.compress.diagnose --start 60 --only mlp                          # compress one group only
     python -m hybrid.compress.diagnose --start 60 --freeze-variance 60                # lever: Adam's v frozen
     python -m hybrid.compress.diagnose --start 60 --ef21                              # lever: EF21, not EF
+    python -m hybrid.compress.diagnose --start 60 --error-reset 8                     # lever: CSER's reset
 
 Per step after the start and per parameter group (embedding, attention q/k/v/o, MLP, LM head) of the matrices
 compressed, `--stats` records (the DP means below are extra all-reduces tagged `diagnose.*`, outside the DP
@@ -23,8 +24,9 @@ gradient bytes):
 RMS of m and of sqrt(v) (bias corrections left out: equal in both runs compared).
 
 `--only G[,G]` compresses only those groups' matrices and sends the rest whole (their error feedback is then
-M'_i - mean M', zero in the DP mean, as the hook's for 1-D tensors). The two levers (`--freeze-variance`,
-`--ef21`) are diagnostics here: neither closed the gap (docs/comm-efficient.md), so neither is a train.py flag.
+M'_i - mean M', zero in the DP mean, as the hook's for 1-D tensors). The three levers (`--freeze-variance`,
+`--ef21`, `--error-reset`) are diagnostics here: none closed the gap (docs/comm-efficient.md), so none is a
+train.py flag.
 """
 
 from __future__ import annotations
@@ -83,9 +85,9 @@ class DiagnosedPowerSGD(PowerSGDReduction):
     reduce is the parent's, operation for operation (tests/test_powersgd_diagnose.py: the same losses bit for bit)."""
 
     def __init__(self, cfg, layout, only: frozenset[str] | None = None, stats: bool = False,
-                 ef21: bool = False) -> None:
+                 ef21: bool = False, reset: int = 0) -> None:
         super().__init__(cfg, layout)
-        self.only, self.stats, self.ef21 = only, stats, ef21
+        self.only, self.stats, self.ef21, self.reset = only, stats, ef21, reset
         self.records: dict[int, dict[str, list[float]]] = {}
 
     def reduce(self, unit, group: Group) -> bool:
@@ -96,6 +98,9 @@ class DiagnosedPowerSGD(PowerSGDReduction):
         tensors = [unit.grad_view(unit.flat_grad, p) for p in unit.params]
         if self.only is not None:  # a 1-D view: all-reduced whole by the hook's own rule
             tensors = [t if group_of(n) in self.only else t.view(-1) for t, n in zip(tensors, names)]
+        if self.reset and (self.state.iter - self.state.cfg.start_iter) % self.reset == self.reset - 1:
+            self._reset(idx, buf, group)
+            return True
         before = self._means(buf, idx, group) if self.stats else None
         reducer = reduce_bucket_ef21 if self.ef21 else psgd.REDUCERS[self.state.cfg.variant]
         reducer(self.state, idx, buf, tensors, group)
@@ -103,6 +108,16 @@ class DiagnosedPowerSGD(PowerSGDReduction):
             self._record(unit, names, buf, self.state.error[idx], *before)
         buf.mul_(group.size)
         return True
+
+    def _reset(self, idx, buf, group) -> None:
+        """CSER's error reset: M' = g + e all-reduced whole (4 n m bytes), so mean_i e_i restarts at 0 (each rank
+        keeps e_i = M'_i - mean M', as the hook's uncompressed tensors); the factors wait for the next step."""
+        if idx in self.state.error:
+            buf.add_(self.state.error[idx])
+        sent = buf.detach().clone()
+        group.all_reduce(buf, tag="powersgd.uncompressed")
+        self.state.error[idx] = sent - buf.div_(group.size)
+        buf.mul_(group.size)
 
     def _means(self, buf, idx, group):
         """mean_i g_i and mean_i M'_i (M' = g + e), before the reduction overwrites g."""
@@ -206,7 +221,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> dict:
     if not args.adamw:
         cfg = psgd.PowerSGDConfig(rank=args.rank, start_iter=args.start)
         red = DiagnosedPowerSGD(cfg, (world, 1, 1), frozenset(args.only) if args.only else None, args.stats,
-                                args.ef21)
+                                args.ef21, args.error_reset)
     opt = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=0), opt_cfg, red)
     if args.freeze_variance is not None:
         freeze_variance(opt.optimizer, args.freeze_variance)
@@ -234,6 +249,8 @@ def main(argv=None) -> dict:
     p.add_argument("--adamw", action="store_true", help="synchronous AdamW instead of PowerSGD")
     p.add_argument("--freeze-variance", type=int, default=None, metavar="N", help="lever: Adam's v frozen from N")
     p.add_argument("--ef21", action="store_true", help="lever: EF21 with PowerSGD instead of error feedback")
+    p.add_argument("--error-reset", type=int, default=0, metavar="H",
+                   help="lever: every H-th compressed step sends M' = g + e whole (CSER's error reset)")
     p.add_argument("--json", default=None, metavar="PATH")
     args = p.parse_args(argv)
     if args.only and set(args.only) - set(GROUPS):
