@@ -229,11 +229,6 @@ def test_hardware_profile_with_a_misspelled_key_is_one_line_naming_it(tmp_path, 
         load_hardware(str(path))
 
 
-@pytest.mark.xfail(strict=True, reason="reported, not fixed: `hybrid checkpoint inspect` prints CORRUPT / NOT loadable "
-                                       "and exits 0, so `inspect DIR && torchrun ... --load DIR` goes on; the fix "
-                                       "(inspect.run returns 1, hybrid/cli.py exits with it) changes what "
-                                       "tests/test_checkpoint.py and tests/test_trust.py expect of main(): the lead's "
-                                       "call")
 def test_checkpoint_inspect_of_a_corrupt_checkpoint_exits_non_zero(ckpt, capsys):
     with pytest.raises(SystemExit) as e:
         hybrid.cli.main(["checkpoint", "inspect", str(ckpt / "iter_0000004")])
