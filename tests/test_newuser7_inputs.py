@@ -188,10 +188,7 @@ def test_max_skipped_steps_without_the_nan_check_is_one_line(capsys):
     assert validate(["--max-skipped-steps", "3"])[0].fault.max_skipped_steps == 3
 
 
-# --- reported, not fixed here: hybrid/compress/args.py is another engineer's file this round -----------------
-@pytest.mark.xfail(strict=True, reason="hybrid/compress/args.py (not ours this round): --powersgd-rank at dp 1 "
-                                       "compresses nothing (PowerSGDReduction.reduce returns at group size 1) and "
-                                       "is accepted without a word; --simulated-dp-bandwidth at dp 1 is refused")
+# --- PowerSGD at dp 1 (fixed by the lead in hybrid/compress/args.py after the round's merge) ---------------------
 @pytest.mark.parametrize("world, argv", [
     (1, ["--powersgd-rank", "2"]),
     (2, ["--powersgd-rank", "2", "--pipeline-model-parallel-size", "2"]),  # pp takes both ranks: dp 1
