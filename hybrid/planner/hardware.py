@@ -97,8 +97,8 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   (time._stops_early) in the model (0.681 without both, 0.716 with the first: the clock had absorbed the b 2 row's
 #   ZeRO 3 overlap cost and the checkpointed rows' unrun down projection); the table's ten 16-512 GPU rows and every
 #   other row only check (with flash kernels' head-width padding, AttentionKernel, the same fit gives 0.690 and
-#   H100_500W_CLOCK's 0.9895: within tests/test_planner_fit.py's 0.002, kept). Why a clock and not a term of its own (docs/planner.md "Why eager FSDP on H100 was
-#   optimistic"): the loss is the same fraction of the step at 1B and 70B, 8 and 512 GPUs, with attention 5-27 % of
+#   H100_500W_CLOCK's 0.9895: within tests/test_planner_fit.py's 0.002, kept). Why a clock and not a term of its
+#   own (docs/planner.md "Why eager FSDP on H100 was optimistic"): the loss is the same fraction of the step at 1B and 70B, 8 and 512 GPUs, with attention 5-27 % of
 #   the step -- a uniform slowdown of tensor-core work -- and the same software on A100 is priced right by an
 #   asymptote that was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a
 #   power-limited H100 runs matmuls on real data slower than on benchmark data: thonking.ai, "Matrix Multiplications
