@@ -98,7 +98,8 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   ZeRO 3 overlap cost and the checkpointed rows' unrun down projection); the table's ten 16-512 GPU rows and every
 #   other row only check (with flash kernels' head-width padding, AttentionKernel, the same fit gives 0.690 and
 #   H100_500W_CLOCK's 0.9895: within tests/test_planner_fit.py's 0.002, kept). Why a clock and not a term of its
-#   own (docs/planner.md "Why eager FSDP on H100 was optimistic"): the loss is the same fraction of the step at 1B and 70B, 8 and 512 GPUs, with attention 5-27 % of
+#   own (docs/planner.md "Why eager FSDP on H100 was optimistic"): the loss is the same fraction of the step at 1B
+#   and 70B, 8 and 512 GPUs, with attention 5-27 % of
 #   the step -- a uniform slowdown of tensor-core work -- and the same software on A100 is priced right by an
 #   asymptote that was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a
 #   power-limited H100 runs matmuls on real data slower than on benchmark data: thonking.ai, "Matrix Multiplications
@@ -171,7 +172,8 @@ class AttentionKernel(enum.Enum):
         csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH: 80 -> 96, 112 -> 128).
     FLASH1: a FlashAttention-1-class kernel: flash-attn 1.x or its Triton version (llm-foundry <= 0.6's
         `attn_impl: triton`, llmfoundry/models/layers/flash_attn_triton.py), at FLASH1_A100 of an A100's
-        peak (no other card has a published rate), head dimension rounded up to a power of two (`BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16)`:
+        peak (no other card has a published rate), head dimension rounded up to a power of two
+        (`BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16)`:
         80 -> 128, 112 -> 128).
     """
 
