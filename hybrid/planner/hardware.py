@@ -170,7 +170,7 @@ class AttentionKernel(enum.Enum):
     FLASH2: FlashAttention-2 (flash-attn >= 2, PyTorch's SDPA flash backend; the presets' flash_efficiency),
         head dimension rounded up to its compiled tile widths 32, 64, 96, ..., 256 (flash-attn v2.4.2
         csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH: 80 -> 96, 112 -> 128).
-    FLASH1: a FlashAttention-1-class kernel: flash-attn 1.x or its Triton version (llm-foundry <= 0.6's
+    FLASH1: a FlashAttention-1-class kernel: flash-attn 1.x or its Triton version (llm-foundry's default until 0.7,
         `attn_impl: triton`, llmfoundry/models/layers/flash_attn_triton.py), at FLASH1_A100 of an A100's
         peak (no other card has a published rate), head dimension rounded up to a power of two
         (`BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16)`:
