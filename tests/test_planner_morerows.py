@@ -34,15 +34,15 @@ KNOWN_MISSES = {
     "NeMo 24.03 LLAMA2-7B FP8, s 256K, 256 H100, t4 p1 d8 cp8",
     "NeMo 24.03 LLAMA2-7B FP8, s 512K, 512 H100, t8 p1 d4 cp16",
     "NeMo 24.03 LLAMA2-7B FP8, s 1024K, 1024 H100, t8 p1 d4 cp32",
-    # MosaicML on A100: attention at s >= 8192 priced too fast (the error follows the attention share)
+    # MosaicML on A100, planned with the Triton FlashAttention-1 kernel they ran (docs/planner.md "Attention kernels
+    # of the published runs"): its published rate is below what these rows imply, so the long-sequence rows lean
+    # pessimistic now (-16 to -20 %; the 13B at s 16384 left the band that way, +8.4 -> -15.6 %); the 30B at
+    # s 8192 (+20 %) is the 83 GB row of the H100 table's reading
     "MPT-30b, s 8192, 8 A100, FSDP z3, b1 x 21, AC", "MPT-13b, s 32768, 8 A100, FSDP z3, b1 x 3, AC",
+    "MPT-13b, s 16384, 8 A100, FSDP z3, b3 x 3, AC",
     "MPT-7b, s 65536, 8 A100, FSDP z3, b1 x 2, AC", "MPT-7b, s 32768, 8 A100, FSDP z3, b2 x 2, AC",
     "MPT-3b, s 65536, 8 A100, FSDP z3, b1 x 2, AC", "MPT-3b, s 32768, 8 A100, FSDP z3, b3 x 6, AC",
-    "MPT-3b, s 16384, 8 A100, FSDP z3, b1 x 6", "MPT-3b, s 8192, 8 A100, FSDP z3, b3 x 6",
-    "MPT-1b, s 65536, 8 A100, FSDP z3, b1 x 2, AC", "MPT-1b, s 32768, 8 A100, FSDP z3, b1 x 4",
-    "MPT-1b, s 16384, 8 A100, FSDP z3, b2 x 4", "MPT-1b, s 8192, 8 A100, FSDP z3, b3 x 4",
-    "MPT-760m, s 8192, 8 A100, FSDP z3, b6 x 2", "MPT-350m, s 8192, 8 A100, FSDP z3, b8 x 2",
-    "MPT-125m, s 8192, 8 A100, FSDP z3, b8 x 2",
+    "MPT-1b, s 65536, 8 A100, FSDP z3, b1 x 2, AC",
     # ... and on H100 at s >= 16384 (760M from s 4096); the 760M at s 2048 on one node with accumulation 2 and the
     # 1B with SHARD_GRAD_OP over 512 GPUs are the two short-sequence misses
     "MPT-7b, s 65536, 8 H100, FSDP z3, b1 x 2, AC", "MPT-7b, s 32768, 8 H100, FSDP z3, b2 x 2, AC",

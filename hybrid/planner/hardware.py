@@ -96,8 +96,10 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   PyTorch FSDP; fit.fit_h100_eager_clock), with OVERLAP_SLOWDOWN and the checkpoint's early stop
 #   (time._stops_early) in the model (0.681 without both, 0.716 with the first: the clock had absorbed the b 2 row's
 #   ZeRO 3 overlap cost and the checkpointed rows' unrun down projection); the table's ten 16-512 GPU rows and every
-#   other row only check. Why a clock and not a term of its own (docs/planner.md "Why eager FSDP on H100 was
-#   optimistic"): the loss is the same fraction of the step at 1B and 70B, 8 and 512 GPUs, with attention 5-27 % of
+#   other row only check (with flash kernels' head-width padding, AttentionKernel, the same fit gives 0.690 and
+#   H100_500W_CLOCK's 0.9895: within tests/test_planner_fit.py's 0.002, kept). Why a clock and not a term of its
+#   own (docs/planner.md "Why eager FSDP on H100 was optimistic"): the loss is the same fraction of the step at 1B
+#   and 70B, 8 and 512 GPUs, with attention 5-27 % of
 #   the step -- a uniform slowdown of tensor-core work -- and the same software on A100 is priced right by an
 #   asymptote that was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a
 #   power-limited H100 runs matmuls on real data slower than on benchmark data: thonking.ai, "Matrix Multiplications
@@ -119,6 +121,15 @@ H100_96G_BYTES = round(96 * 2**30 * 81559 / 81920)
 ELEMENTWISE_FRACTION = 4.16 / 4.8
 KERNEL_OVERHEAD_S = 7.78e-6
 A100_FLASH, HOPPER_FLASH = 0.50, 0.35
+# * FLASH1_A100: a FlashAttention-1-class kernel's sustained share of the A100's bf16 peak, **published**: Dao 2023
+#   (arXiv 2307.08691) Figure 4(d), A100 80GB, forward + backward, causal mask, head dimension 128, at the longest
+#   length shown (16k; flat from 8k): "FlashAttention Triton" (HazyResearch's flash_attn_triton.py, the kernel
+#   llm-foundry's `attn_impl: triton` copied) 80 TFLOP/s, where FlashAttention-1 (CUDA) reaches 83 and
+#   FlashAttention-2 189 (the figure's data: Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png,
+#   commit 4f285b35). The H100 has no published rate for it (the paper's Figure 7 shows FlashAttention-1 CUDA, 137 of
+#   FlashAttention-2's 328 TFLOP/s, no Triton bar): AttentionKernel.FLASH1 is refused there. Not fitted
+#   (docs/planner.md "Attention kernels of the published runs").
+FLASH1_A100 = 80.0 / 312.0
 HOPPER_FP8_TFLOPS = 1979.0
 
 
@@ -150,6 +161,41 @@ class Gemm:
         """The two products of its backward: the input gradient dY W^T (m x n)(n x k) and the weight (or second
         operand) gradient X^T dY (k x m)(m x n)."""
         return Gemm(self.m, self.k, self.n, self.batch), Gemm(self.k, self.n, self.m, self.batch)
+
+
+class AttentionKernel(enum.Enum):
+    """Which flash-attention kernel a run's attention core uses (Workload.attention_kernel): its rate and the head
+    width its tiles compute.
+
+    FLASH2: FlashAttention-2 (flash-attn >= 2, PyTorch's SDPA flash backend; the presets' flash_efficiency),
+        head dimension rounded up to its compiled tile widths 32, 64, 96, ..., 256 (flash-attn v2.4.2
+        csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH: 80 -> 96, 112 -> 128).
+    FLASH1: a FlashAttention-1-class kernel: flash-attn 1.x or its Triton version (llm-foundry's default until 0.7,
+        `attn_impl: triton`, llmfoundry/models/layers/flash_attn_triton.py), at FLASH1_A100 of an A100's
+        peak (no other card has a published rate), head dimension rounded up to a power of two
+        (`BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16)`:
+        80 -> 128, 112 -> 128).
+    """
+
+    FLASH2 = "flash2"
+    FLASH1 = "flash1"
+
+    def padded_head_dim(self, d: int) -> int:
+        """The head width the kernel's tiles compute for a head of width d (the FLOPs it runs: x padded / d)."""
+        if self is AttentionKernel.FLASH1:
+            return max(16, 1 << (d - 1).bit_length())
+        return max(32, -(-d // 32) * 32)
+
+    def efficiency(self, hw: "Hardware") -> float | None:
+        """Its share of hw's peak: hw.flash_efficiency (FlashAttention-2, the stack clock included) for FLASH2;
+        for FLASH1 on an A100 that times FLASH1_A100 / A100_FLASH (the preset gives FLASH1_A100; a stated
+        flash_efficiency scales alike). FLASH1 elsewhere: ValueError (no published rate)."""
+        if hw.flash_efficiency is None or self is AttentionKernel.FLASH2:
+            return hw.flash_efficiency
+        if not hw.name.startswith("a100"):
+            raise ValueError(f"Workload.attention_kernel flash1 has a published rate on A100 only, not on "
+                             f"{hw.name}; plan flash2 (the default)")
+        return hw.flash_efficiency * FLASH1_A100 / A100_FLASH
 
 
 class GpuKind(enum.Enum):

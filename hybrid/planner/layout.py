@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from hybrid.partition import PartitionMethod, partition_layers, stage_costs_from_config
 from hybrid.pipeline import Placement, ScheduleKind
-from hybrid.planner.hardware import GroupPlacement, Hardware
+from hybrid.planner.hardware import AttentionKernel, GroupPlacement, Hardware
 from hybrid.planner.model import ActivationProfile, Precision, Shard
 from hybrid.planner.ops import KernelProfile, Stack
 from models.common import Recompute  # noqa: F401  (re-exported: the runtime's enum is the planner's)
@@ -194,6 +194,10 @@ class Workload:
             them -- 2 + 2 bytes a logit where torch's cross-entropy on fp32-upcast logits (this runtime,
             torchtitan, transformers) keeps 6 and briefly needs 8 more. Memory only: the head's memory-bound
             time is still torch's. The bf16-flash profile only; the planner only.
+        attention_kernel: which flash-attention kernel times the attention core (hardware.AttentionKernel):
+            FLASH2 (FlashAttention-2 / SDPA, the default) or FLASH1 (FlashAttention-1 or its Triton version, as
+            MosaicML's published MPT runs used: docs/planner.md "Attention kernels of the published runs"); its
+            rate and its padded head width. The planner only (the API; no flag).
     """
 
     model: ModelConfig
@@ -210,6 +214,7 @@ class Workload:
     grad_accumulation_fusion: bool | None = None
     overlap_param_gather: bool = True
     fused_cross_entropy: bool = False
+    attention_kernel: AttentionKernel = AttentionKernel.FLASH2
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
@@ -225,6 +230,8 @@ class Workload:
         if self.fused_cross_entropy and self.activations is not ActivationProfile.BF16_FLASH:
             raise ValueError(f"--fused-cross-entropy models a fused loss over bf16 logits: use it with "
                              f"--activation-profile bf16-flash, not {self.activations.value}")
+        if not isinstance(self.attention_kernel, AttentionKernel):
+            raise ValueError(f"Workload.attention_kernel must be an AttentionKernel, got {self.attention_kernel!r}")
         if self.kernels is not None and not isinstance(self.kernels, KernelProfile):
             raise ValueError(f"Workload.kernels must be a KernelProfile, got {self.kernels!r}")
         if self.stack is not None and not isinstance(self.stack, Stack):

@@ -38,7 +38,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from hybrid.planner.hardware import hardware
+from hybrid.planner.hardware import AttentionKernel, hardware
 from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import KernelProfile, Stack
@@ -442,6 +442,13 @@ MPT_FP8_ROWS = (("h100-80g", "3b", 8192, 8, 3, 6, 19146, 3, False, True, 2667566
 MPT_FIT_GPUS = 8  # the H100 rows on one node fit H100_EAGER_CLOCK (fit.fit_h100_eager_clock); the rest check
 
 
+def mpt_attention_kernel(gpu: str) -> AttentionKernel:
+    """The attention kernel of a MosaicML row (docs/planner.md "Attention kernels of the published runs"): every
+    table but ">= 128 GPUs" ran llm-foundry's default `attn_impl: triton` (FlashAttention-1 class); FLASH1 where a
+    rate for it is published (A100), else FlashAttention-2's rate with the H100 clock fitted over it, as before."""
+    return AttentionKernel.FLASH1 if gpu.startswith("a100") else AttentionKernel.FLASH2
+
+
 def mpt_model(size: str, seq: int) -> ModelConfig:
     layers, d, heads = MPT_SIZES[size]
     return replace(gpt_model(layers, d, heads, 50368, seq), dropout=0.0)
@@ -462,7 +469,7 @@ def mpt_runs() -> list[PublishedRun]:
     for (gpu, size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _), more, fp8 in rows:
         work = Workload(mpt_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
                         activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fp8=fp8,
-                        fused_cross_entropy=True)
+                        fused_cross_entropy=True, attention_kernel=mpt_attention_kernel(gpu))
         space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage(zero),),
                             offload=(Offload.NONE,), sequence_parallel=(False,),
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))

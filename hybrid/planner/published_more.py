@@ -49,7 +49,7 @@ from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroSta
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import KernelProfile, Stack
 from hybrid.planner.published import (LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, Metric,
-                                      PublishedRun, llama3_405b, llama_model, shown)
+                                      PublishedRun, llama3_405b, llama_model, mpt_attention_kernel, shown)
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.search import SearchSpace
 from models.config import ARCH_GPT2, ModelConfig
@@ -367,7 +367,8 @@ def _mpt_runs(rows: tuple, gpu: str, source: str) -> list[PublishedRun]:
     card = "H100" if gpu.startswith("h100") else "A100"
     for size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _ in rows:
         work = Workload(mpt_more_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
-                        activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fused_cross_entropy=True)
+                        activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fused_cross_entropy=True,
+                        attention_kernel=mpt_attention_kernel(gpu))
         space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage(zero),),
                             offload=(Offload.NONE,), sequence_parallel=(False,),
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))
@@ -462,7 +463,8 @@ def flash_rate_to_match(run: PublishedRun) -> float:
         return run.throughput_error(_plan_on(run, hw.with_overrides(flash_efficiency=min(1.0, k * share),
                                                                     eager_clock=hw.eager_clock)))
     k = solve(error, 0.0, 0.2, 1.0 / share, iters=16)
-    return k * share * hw.eager_clock * hw.peak_tflops  # the PyTorch stack runs flash at share x its clock
+    kernel = run.workload.attention_kernel.efficiency(hw) / share  # FLASH1 on A100: its rate, not FA2's
+    return k * share * kernel * hw.eager_clock * hw.peak_tflops  # the PyTorch stack runs flash at share x its clock
 
 
 def miss_table(results: list[Result]) -> str:

@@ -230,10 +230,12 @@ class _Context:
         return self.shard.profile is not ActivationProfile.KORTHIKANTI and self.cluster.hw.flash_efficiency is not None
 
     def flash_seconds(self, b: int, s: int) -> float:
-        """Forward seconds of causal flash attention: half of QK^T and softmax(.)V's s x s FLOPs, at
-        Hardware.flash_efficiency of the peak (its backward: 2.5x, five products instead of two)."""
-        hw = self.cluster.hw
-        return self.shard.attention_core_flops(b, s) / 2 / (hw.flash_efficiency * hw.peak_tflops * 1e12)
+        """Forward seconds of causal flash attention: half of QK^T and softmax(.)V's s x s FLOPs, the head width
+        padded to the kernel's tile (AttentionKernel.padded_head_dim), at the workload's kernel's share of the
+        peak (Workload.attention_kernel; its backward: 2.5x, five products instead of two)."""
+        hw, kernel, d = self.cluster.hw, self.work.attention_kernel, self.work.model.head_dim
+        flops = self.shard.attention_core_flops(b, s) / 2 * kernel.padded_head_dim(d) / d
+        return flops / (kernel.efficiency(hw) * hw.peak_tflops * 1e12)
 
 
 def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
