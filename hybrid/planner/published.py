@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from hybrid.planner.hardware import hardware
 from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile
-from hybrid.planner.ops import KernelProfile, Stack
+from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.search import Plan, SearchSpace, search
@@ -462,7 +462,7 @@ def mpt_runs() -> list[PublishedRun]:
     for (gpu, size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _), more, fp8 in rows:
         work = Workload(mpt_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
                         activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fp8=fp8,
-                        fused_cross_entropy=True)
+                        fp8_scaling=Fp8Scaling.DELAYED if fp8 else Fp8Scaling.CURRENT, fused_cross_entropy=True)
         space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage(zero),),
                             offload=(Offload.NONE,), sequence_parallel=(False,),
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))
