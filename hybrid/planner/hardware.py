@@ -216,6 +216,14 @@ class Hardware:
             receive), and per wire byte (`hybrid calibrate`'s pair probe): copying, reducing and gloo's threads.
             With more ranks than cores that is work the cores do besides compute (time.py: the shared-compute
             bound). 0: not measured (presets, GPUs).
+        collective_skew_s, collective_skew_per_s: with a core per rank (gloo on a CPU, no more ranks than cores),
+            what a synchronous collective waits beyond its back-to-back time (latency + bytes / bandwidth, the
+            fields above) for its ranks to meet after c seconds of compute since their last sync:
+            wait(c) = collective_skew_s + collective_skew_per_s x c, the ranks' skew -- one finishes its compute
+            later, the other waits inside the call, and a rank blocked in the call must be woken
+            (`sync_wait_seconds`; `hybrid calibrate`'s skew probe: 8-byte all-reduces after matmul bursts of
+            three lengths). 0: not measured (presets, GPUs, ranks sharing cores: there the shared-compute bound
+            prices the waiting).
         inter_dc_gbps: GB/s per direction of the link between two sites the DP replicas are split over
             (`--inter-dc-bandwidth`; hybrid/planner/slowlink.py); None: one site, no such link.
         inter_dc_latency_s: one-way seconds of a message over that link (`--inter-dc-latency`, in ms there);
@@ -259,6 +267,8 @@ class Hardware:
     collective_cpu_s: float = 0.0
     p2p_cpu_s: float = 0.0
     comm_cpu_s_per_byte: float = 0.0
+    collective_skew_s: float = 0.0
+    collective_skew_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -273,7 +283,8 @@ class Hardware:
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
         for name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                     "kernel_overhead_s", "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte"):
+                     "kernel_overhead_s", "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte",
+                     "collective_skew_s", "collective_skew_per_s"):
             if not getattr(self, name) >= 0:
                 flag = "--gemm-overhead" if name == "gemm_overhead_s" else name
                 raise ValueError(f"{flag} must be >= 0 seconds, got {getattr(self, name)}")
@@ -310,6 +321,16 @@ class Hardware:
     def elementwise_bytes_per_s(self) -> float:
         """Bytes/s of memory-bound kernels: elementwise_tbps when measured, else the HBM bandwidth."""
         return (self.elementwise_tbps or self.hbm_tbps) * 1e12
+
+    @property
+    def streaming_bytes_per_s(self) -> float:
+        """Bytes/s of a plain streaming pass with no arithmetic to speak of (a gradient added into the accumulated
+        one): on a calibrated CPU (shared compute units) the copy rate `hbm_tbps` measured there -- its
+        `elementwise_tbps` is the layer's mix, where GELU's tanh and softmax's exp run 3-4x below the copy rate
+        (calibrate.py), and an add of two fp32 tensors ran at the copy rate on this VM (49 against 45 GB/s
+        read + written, 4.2M parameters in the 4-layer ranking model's tensors, CPU clock); on a GPU
+        elementwise_bytes_per_s, the achievable share of the data sheet's HBM (ELEMENTWISE_FRACTION: a copy)."""
+        return self.hbm_tbps * 1e12 if self.compute_units is not None else self.elementwise_bytes_per_s
 
     @property
     def overlap_cost(self) -> float:
@@ -460,6 +481,16 @@ def collective_seconds(hw: Hardware, op: Collective, size_bytes: float, group: G
         return 0.0
     latency = hw.inter_latency_s if group.spans_nodes else hw.intra_latency_s
     return latency + wire_bytes(op, size_bytes, group.size) / group_bandwidth(hw, group)
+
+
+def sync_wait_seconds(hw: Hardware, calls: int, compute: float) -> float:
+    """Seconds `calls` synchronous collectives wait for their ranks to meet when `compute` seconds of compute run
+    between them (the i-th after c_i of it, sum c_i = compute): sum_i wait(c_i) = calls x collective_skew_s +
+    collective_skew_per_s x compute (wait is affine, so how the compute splits between the calls does not
+    matter). 0 without calls or where the skew was not measured."""
+    if calls <= 0:
+        return 0.0
+    return calls * hw.collective_skew_s + hw.collective_skew_per_s * compute
 
 
 def p2p_seconds(hw: Hardware, size_bytes: float, crosses_nodes: bool) -> float:

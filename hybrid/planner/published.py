@@ -635,6 +635,13 @@ def all_runs() -> list[PublishedRun]:
             + narayanan_runs() + mpt_runs() + heldout_h100_runs())
 
 
+def more_check_runs() -> list[PublishedRun]:
+    """Issue 26's seventh-round CHECK rows (published_more.py, docs/planner.md "More check rows, round 7"): kept out
+    of all_runs() so the tables above stay the ones this module prints; they fit nothing."""
+    from hybrid.planner.published_more import more_runs
+    return more_runs()
+
+
 def check(run: PublishedRun) -> tuple[Plan, float, float]:
     """(the plan, its prediction in the source's unit, the throughput error: predicted / published throughput - 1,
     positive when the planner is optimistic -- for a step time, published / predicted - 1)."""
