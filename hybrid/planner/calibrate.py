@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -753,6 +754,7 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
     if not isinstance(fields_, dict):
         raise ValueError(f"--hardware {path}: no \"hardware\" object; write the profile with `hybrid calibrate`")
     known = {f.name: f for f in fields(Hardware)}
+    _refuse_unknown(path, "hardware.", fields_, known)  # a misspelled optional key would be dropped, its value unused
     for name, f in known.items():
         required = f.default is MISSING and f.default_factory is MISSING
         if name not in fields_:
@@ -764,6 +766,7 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
     if not isinstance(matmul, dict):  # a string or list here was read as "no fp32 rate" and planned on
         raise ValueError(f"--hardware {path}: matmul_tflops must be an object of rates by dtype, got "
                          f"{json.dumps(matmul)}; re-run `hybrid calibrate`")
+    _refuse_unknown(path, "matmul_tflops.", matmul, DTYPES)
     for dtype, rate in matmul.items():
         _check_field(path, f"matmul_tflops.{dtype}", rate, where="")
     try:
@@ -777,6 +780,17 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
             _check_field(path, "gemm_overhead_s", t0, where="matmul_overhead_s.")
         hw = hw.with_overrides(peak_tflops=matmul["fp32"], gemm_overhead_s=t0)
     return hw
+
+
+def _refuse_unknown(path: str, where: str, given: dict, known) -> None:
+    """A key the loader does not know is one line naming it (and the nearest known one): a hand-edited profile's
+    `inter_dc_gpbs` or `matmul_tflops.fp23` would otherwise be dropped and the plan made without it."""
+    for key in given:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)
+            hint = f"did you mean {where}{near[0]}? " if near else ""
+            raise ValueError(f"--hardware {path}: unknown key {where}{key}; {hint}known: "
+                             f"{', '.join(sorted(str(k) for k in known))}")
 
 
 def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:

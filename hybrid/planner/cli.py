@@ -306,7 +306,8 @@ def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: 
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Before the search: --plot can be written and matplotlib is there; --emit-args has a model train.py can
-    build."""
+    build; the output flags asked for are ones that print together."""
+    _check_output_modes(args)
     if args.plot:
         check_output_file("--plot", args.plot)
         try:
@@ -324,6 +325,23 @@ def check_outputs(args: argparse.Namespace) -> None:
                          "from it, not from the size flags")
     if args.hardware and not os.path.isfile(args.hardware):
         raise ValueError(f"--hardware {args.hardware!r} is not a file; write one with `hybrid calibrate --out FILE`")
+
+
+def _check_output_modes(args: argparse.Namespace) -> None:
+    """--emit-args prints train.py's flags alone (read by $(...)), --json one JSON document (with each plan's step
+    terms), --scan-gpus one row per GPU count: an output flag one of them would not print is refused by name."""
+    if args.emit_args and args.json:
+        raise ValueError("--emit-args prints train.py's flags and --json the plans as JSON; give one of them")
+    if args.explain and (args.emit_args or args.json):
+        which = "--emit-args prints the flags alone" if args.emit_args else "--json holds each plan's step terms"
+        raise ValueError(f"--explain takes the table's best layout apart, and {which}; drop --explain or "
+                         f"{'--emit-args' if args.emit_args else '--json'}")
+    if args.scan_gpus:
+        for flag, on in (("--gpus", args.gpus is not None), ("--emit-args", args.emit_args),
+                         ("--explain", args.explain), ("--plot", args.plot)):
+            if on:
+                raise ValueError(f"{flag} does not run with --scan-gpus (one row, the best layout, per GPU count); "
+                                 f"drop one of them")
 
 
 def accepted_train_args(work: Workload, plans: list[Plan], args: argparse.Namespace) -> list[str]:
