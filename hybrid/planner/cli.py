@@ -39,7 +39,7 @@ from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile, Precision
-from hybrid.planner.ops import KernelProfile, Stack
+from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, evaluate,
                                    search, summarize_rejections)
@@ -129,6 +129,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fp8", action="store_true",
                    help="the linear layers' GEMMs in FP8 (Transformer Engine / torchao float8): the FP8 peak, "
                         "1-byte saved inputs, casts and scales (h100 / h200; the planner only)")
+    g.add_argument("--fp8-scaling", choices=[x.value for x in Fp8Scaling], default=None,
+                   help="with --fp8: current (default; torchao float8, TE current scaling: an amax pass before "
+                        "each cast) or delayed (TE's DelayedScaling, Composer's amp_fp8: the cast records the amax)")
     g.add_argument("--pipeline-p2p", choices=[x.value for x in PipelineP2P], default=PipelineP2P.OVERLAPPED.value,
                    help="overlapped (this runtime, Megatron-core) or blocking pipeline messages (DeepSpeed's "
                         "pipeline engine; blocking-scatter: Megatron-LM 2021-22 with its scatter-gather)")
@@ -410,6 +413,7 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32,
                     kernels=KernelProfile(args.kernels) if args.kernels else None,
                     stack=None if args.stack == "auto" else Stack(args.stack), fp8=args.fp8,
+                    fp8_scaling=Fp8Scaling(args.fp8_scaling or Fp8Scaling.CURRENT.value),
                     p2p=PipelineP2P(args.pipeline_p2p), grad_accumulation_fusion=args.gradient_accumulation_fusion,
                     overlap_param_gather=args.overlap_param_gather,
                     fused_cross_entropy=args.fused_cross_entropy)

@@ -16,7 +16,7 @@ from hybrid.partition import PartitionMethod, partition_layers, stage_costs_from
 from hybrid.pipeline import Placement, ScheduleKind
 from hybrid.planner.hardware import AttentionKernel, GroupPlacement, Hardware
 from hybrid.planner.model import ActivationProfile, Precision, Shard
-from hybrid.planner.ops import KernelProfile, Stack
+from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from models.common import Recompute  # noqa: F401  (re-exported: the runtime's enum is the planner's)
 from models.config import ModelConfig
 
@@ -176,6 +176,9 @@ class Workload:
             peak, their saved inputs 1 byte, casts and amax reductions added to the memory-bound work, the FP8
             casts of the computing layer's weights (and transposes) and the per-tensor scales in memory. The LM
             head and the attention stay bf16. The planner only: the runtime's FP8 waits for a GPU.
+        fp8_scaling: how the FP8 casts find their scale (`--fp8-scaling`; ops.Fp8Scaling, priced in
+            ops.fp8_casts): CURRENT (torchao float8, TE's current scaling: an amax pass before each cast) or
+            DELAYED (TE's DelayedScaling: the cast records the amax). Only with --fp8.
         p2p: how the pipeline's messages block (`--pipeline-p2p`): OVERLAPPED (this runtime, Megatron-core),
             BLOCKING (DeepSpeed's pipeline engine: each pass also pays its messages, latency + bytes) or
             BLOCKING_SCATTER (Megatron-LM 2021-22: blocking, each TP rank sending 1/t, NVLink all-gather).
@@ -210,6 +213,7 @@ class Workload:
     kernels: KernelProfile | None = None
     stack: Stack | None = None
     fp8: bool = False
+    fp8_scaling: Fp8Scaling = Fp8Scaling.CURRENT
     p2p: PipelineP2P = PipelineP2P.OVERLAPPED
     grad_accumulation_fusion: bool | None = None
     overlap_param_gather: bool = True
@@ -236,6 +240,10 @@ class Workload:
             raise ValueError(f"Workload.kernels must be a KernelProfile, got {self.kernels!r}")
         if self.stack is not None and not isinstance(self.stack, Stack):
             raise ValueError(f"Workload.stack must be a Stack, got {self.stack!r}")
+        if not isinstance(self.fp8_scaling, Fp8Scaling):
+            raise ValueError(f"Workload.fp8_scaling must be an Fp8Scaling, got {self.fp8_scaling!r}")
+        if self.fp8_scaling is not Fp8Scaling.CURRENT and not self.fp8:
+            raise ValueError("--fp8-scaling prices FP8 casts: add --fp8 or drop --fp8-scaling")
         if self.fp8 and self.precision is not Precision.MIXED:
             raise ValueError("--fp8 needs --precision mixed (FP8 GEMMs keep bf16 parameters and fp32 master "
                              "weights); drop --fp8 or plan mixed precision")

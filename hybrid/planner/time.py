@@ -73,7 +73,7 @@ from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_l
                                    partial_grad_ledger, step_ledger, tp_ledger)
 from hybrid.planner.predicted_memory import rank_parameters
 from hybrid.planner.model import ActivationProfile, Precision, Shard
-from hybrid.planner.ops import KernelProfile, Traffic, embedding_ops, head_ops, layer_ops
+from hybrid.planner.ops import KernelProfile, Traffic, embedding_ops, fp8_casts, head_ops, layer_ops
 
 MLP_ACTIVATIONS = ("gelu", "swiglu")  # ops.layer_ops' names of the op whose output the down projection reads
 from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline
@@ -320,19 +320,13 @@ def _ops_pass(ctx: _Context, traffic: Traffic, tokens: int, backward: bool) -> P
 
 
 def _fp8_traffic(ctx: _Context) -> Traffic:
-    """--fp8, per token: each linear casts its input to FP8 with an amax reduction in the forward (read e twice,
-    write 1 byte) and its incoming gradient in the backward; the weights are cast once per micro-batch (counted
-    per token as their bytes over the micro-batch's tokens)."""
+    """--fp8, per token: the casts Transformer Engine / torchao float8 add to a layer (ops.fp8_casts: each
+    distinct linear input cast and transposed in the forward, each output gradient in the backward, the weights
+    once per micro-batch; an amax pass more under Workload.fp8_scaling CURRENT)."""
     if not ctx.work.fp8:
         return Traffic()
-    e = ctx.work.precision.activation_bytes
-    b, s = ctx.layout.micro_batch, ctx.work.seq_length
-    gemms = ctx.shard.linear_gemms_in_order(b, s)
-    inputs = sum(g.k for g in gemms)  # per token: each linear's input width
-    outputs = sum(g.n for g in gemms)  # its output's, whose gradient the backward casts
-    weights = sum(g.n * g.k for g in gemms) * (2 * e + 2) / (b * s)  # amax + cast (+ transpose) per micro-batch
-    n = len(gemms)
-    return Traffic((2 * e + 1) * inputs + weights, (2 * e + 1) * outputs, 2 * n, 2 * n)
+    tokens = ctx.layout.micro_batch * ctx.work.seq_length
+    return fp8_casts(ctx.shard, tokens, ctx.work.precision.activation_bytes, ctx.work.fp8_scaling)
 
 
 def layer_passes(ctx: _Context) -> tuple[Pass, Pass]:
