@@ -100,9 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        status = args.func(args)  # an int where the command has a verdict (checkpoint inspect), else None
     except ValueError as e:
         raise fail(f"hybrid {args.command}: error: {e}") from None
+    if status:
+        raise SystemExit(status)
 
 
 if __name__ == "__main__":

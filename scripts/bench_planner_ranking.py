@@ -9,7 +9,9 @@ then the interleaved schedule (pp 2, v 2, micro-batch 1 and 2) and full recomput
 8; pp 2 b 1, 2), which move the step by more than the noise.
 
 1. Calibrate (`hybrid calibrate --ranks 2`, the GEMM curve included) unless `--hardware` gives a profile.
-2. Predict each layout's step (`evaluate`, Precision.FP32, ActivationProfile.FP32_FLASH).
+2. Predict each layout's step (`evaluate`, Precision.FP32, ActivationProfile.FP32_FLASH); the report gives each
+   layout's TP seconds and, of them, the collectives' waits for their ranks to meet (time.TERMS' tp + tp_wait:
+   the skew calibrate fits after compute bursts, docs/planner.md "Collectives, and the ranks' skew").
 3. Measure: every layout built once in one spawn, stepped in rounds (one step of each per round, the slowest
    rank's time after a barrier) so the machine's load falls on all alike; `--warmup` rounds untimed, then
    `--steps` timed; the median per layout, and its spread (the interquartile range / median).
@@ -89,15 +91,19 @@ def main(argv: list[str] | None = None) -> None:
     work = Workload(cfg, global_batch=GLOBAL_BATCH, seq_length=args.seq, precision=Precision.FP32,
                     activations=ActivationProfile.FP32_FLASH)
     cluster = Cluster(gpus=RANKS, hw=hw)
-    predicted = {key: evaluate(work, cluster, Layout(tp=key[0], pp=key[1], dp=RANKS // (key[0] * key[1]),
-                                                     micro_batch=key[2], v=key[3], recompute=Recompute(key[4]))
-                               ).time.total for key in LAYOUTS}
+    steps = {key: evaluate(work, cluster, Layout(tp=key[0], pp=key[1], dp=RANKS // (key[0] * key[1]),
+                                                 micro_batch=key[2], v=key[3], recompute=Recompute(key[4]))).time
+             for key in LAYOUTS}
     measured = run_distributed(_measure_all, RANKS, timeout=1800, args=(cfg, args.seq, args.warmup, args.steps))[0]
-    report = _report(args, cfg, hw, predicted, measured, load_before, os.getloadavg(), time.perf_counter() - start)
+    report = _report(args, cfg, hw, steps, measured, load_before, os.getloadavg(), time.perf_counter() - start)
     write_report(args.out, report)
 
 
-def _report(args, cfg, hw, predicted, measured, load_before, load_after, seconds) -> str:
+def _report(args, cfg, hw, steps, measured, load_before, load_after, seconds) -> str:
+    """The Markdown report; `steps`: each layout's planned StepTime (its total, and its TP terms: time.TERMS' tp
+    and tp_wait)."""
+    predicted = {k: t.total for k, t in steps.items()}
+    tp = {k: (t.term("tp") + t.term("tp_wait"), t.term("tp_wait")) for k, t in steps.items()}
     med = {k: statistics.median(v) for k, v in measured.items()}
     spread = {k: _spread(v) for k, v in measured.items()}
     keys = list(LAYOUTS)
@@ -116,17 +122,20 @@ def _report(args, cfg, hw, predicted, measured, load_before, load_after, seconds
         f"dropout), seq {args.seq}, global batch {GLOBAL_BATCH}, {RANKS} gloo ranks x 1 thread on "
         f"{os.cpu_count()} cores. Profile: {hw.name}, fp32 GEMM curve R {hw.peak_tflops * 1e3:.1f} GFLOP/s, t0 "
         f"{hw.gemm_overhead_s * 1e6:.1f} us; memory {hw.hbm_tbps * 1e3:.2f} GB/s; all-reduce busbw "
-        f"{hw.intra_node_gbps:.3f} GB/s, latency {hw.intra_latency_s * 1e6:.0f} us. Measured: median of "
+        f"{hw.intra_node_gbps:.3f} GB/s, latency {hw.intra_latency_s * 1e6:.0f} us (back to back), a TP "
+        f"collective's wait for its ranks {hw.collective_skew_s * 1e6:.0f} us + {hw.collective_skew_per_s:.3f} x the "
+        f"compute before it. Measured: median of "
         f"{args.steps} steps after {args.warmup} warm-up rounds; spread = interquartile range / median. "
         f"Load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in load_before)}, after "
         f"{', '.join(f'{x:.2f}' for x in load_after)}. Run took {seconds:.0f} s.",
         "",
-        "| layout | predicted s/step | measured s/step (median) | spread | measured / predicted | predicted rank | "
-        "measured rank |",
-        "|---|---|---|---|---|---|---|",
+        "| layout | predicted s/step | of which TP (wait) | measured s/step (median) | spread | measured / predicted "
+        "| predicted rank | measured rank |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for k in keys:
-        lines.append(f"| {name(k)} | {predicted[k]:.3f} | {med[k]:.3f} | {100 * spread[k]:.0f} % | "
+        lines.append(f"| {name(k)} | {predicted[k]:.3f} | {tp[k][0]:.3f} ({tp[k][1]:.3f}) | {med[k]:.3f} | "
+                     f"{100 * spread[k]:.0f} % | "
                      f"{med[k] / predicted[k]:.2f} | {rank_p[k]} | {rank_m[k]} |")
     within = med[best_p] <= 1.05 * med[best_m]
     lines += ["", f"Spearman's rho (predicted vs measured medians, {len(keys)} layouts): **{rho:.2f}** "

@@ -20,6 +20,10 @@ Each peer is compared with the hybrid row that runs the same optimizer kernel, s
 Every row runs in fresh processes (one per rank); step time = median over steps of the slowest rank; memory =
 peak resident-set growth over a post-import baseline. `--repeats` rounds give the ratio's spread.
 
+The ZeRO 1-2 vs DDP rows (`--ddp-only`) also give each rank's step split into phases (PhaseClock: forward,
+backward with the reductions waited in it, the reductions left after backward, AdamW, write-back, loss all-reduce),
+each with its wall, process CPU (all threads) and main-thread CPU, so the quiet rerun shows where a rank waits.
+
 A second table: each AdamW kernel alone over ~50M fp32 parameters against its memory-bandwidth floor (an
 AdamW step reads p, g, m, v and writes p, m, v -- 28 bytes per parameter).
 """
@@ -110,6 +114,72 @@ def _time_steps(step, args, cpu: list[float] | None = None) -> list[float]:
     return times[args.warmup:]
 
 
+class PhaseClock:
+    """One rank's step split into phases: `mark(name)` ends the phase `name` here (the step's first mark is "start").
+    Each mark reads the wall clock, this process's CPU time (every thread: compute and gloo's communication
+    threads) and the main thread's CPU time, so a phase's wall above its process CPU is time the rank sat idle
+    (waiting for the other rank or the wire), and process CPU above main-thread CPU is the communication threads'
+    work (loopback TCP copies, for gloo on one host)."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, float, float, float]] = []
+        self.steps: list[dict[str, tuple[float, float, float]]] = []
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, time.perf_counter(), time.process_time(), time.thread_time()))
+
+    def end_step(self) -> None:
+        self.steps.append(phase_split(self.marks))
+        self.marks = []
+
+
+def phase_split(marks: list[tuple[str, float, float, float]]) -> dict[str, tuple[float, float, float]]:
+    """Marks (name, wall, process CPU, main-thread CPU) in time order -> each phase's (wall, process CPU, main-thread
+    CPU) seconds, a phase running from the previous mark to its own; a name marked twice sums its spans. The phases
+    add up to the step: first mark to last."""
+    out: dict[str, tuple[float, float, float]] = {}
+    for (_, w0, c0, t0), (name, w1, c1, t1) in zip(marks, marks[1:]):
+        w, c, t = out.get(name, (0.0, 0.0, 0.0))
+        out[name] = (w + w1 - w0, c + c1 - c0, t + t1 - t0)
+    return out
+
+
+def median_phases(steps: list[dict[str, tuple[float, float, float]]]) -> dict[str, tuple[float, float, float]]:
+    """The median over steps of each phase's (wall, process CPU, main-thread CPU), phases in their first step's
+    order."""
+    return {name: tuple(statistics.median(st[name][k] for st in steps if name in st) for k in range(3))
+            for name in (steps[0] if steps else {})}
+
+
+def _clock_hybrid(model, zero, clock: PhaseClock) -> None:
+    """Marks around hybrid's step through its public seams: the model's forward, `finish_backward` (the reductions
+    still in flight when backward ends: their exposed wait), the AdamW call inside `step` and `step` itself (the
+    write-back: posting the stage 1-2 all-gathers); the step ends after train_step's loss all-reduce."""
+    forward, finish, adamw, step = model[0].forward, zero.finish_backward, zero.optimizer.step, zero.step
+
+    def fwd(*a, **k):
+        out = forward(*a, **k)
+        clock.mark("forward")
+        return out
+
+    def fin(*a, **k):
+        clock.mark("backward (+ reductions waited in it)")
+        finish(*a, **k)
+        clock.mark("reductions left after backward")
+
+    def opt(*a, **k):
+        clock.mark("master gradients")
+        out = adamw(*a, **k)
+        clock.mark("AdamW")
+        return out
+
+    def stp(*a, **k):
+        out = step(*a, **k)
+        clock.mark("write-back (posts the gathers)")
+        return out
+    model[0].forward, zero.finish_backward, zero.optimizer.step, zero.step = fwd, fin, opt, stp
+
+
 def _adamw_kw(args) -> dict:
     return dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
 
@@ -132,6 +202,8 @@ def _time_hybrid(rank, args, mesh, model, zero, base: int, label: str) -> dict:
     optimizer step alone (ZeroOptimizer.step: master gradients, clip norm, AdamW, write-back) with the elements
     it updates (this rank's shard), for its bandwidth floor."""
     from hybrid.train_step import LocalForwardBackward, train_step
+    clock = PhaseClock()
+    _clock_hybrid(model, zero, clock)
     opt_times, inner = [], zero.step
 
     def timed_step():
@@ -143,10 +215,14 @@ def _time_hybrid(rank, args, mesh, model, zero, base: int, label: str) -> dict:
 
     def step(it):
         mesh.ledger.reset()
+        clock.mark("start")
         train_step(model, [batch(args, rank, it)], zero, mesh, runner=LocalForwardBackward(model[0], mesh.device))
+        clock.mark("loss all-reduce (waits for the gathers)")
+        clock.end_step()
     cpu: list[float] = []
     times = _time_steps(step, args, cpu)
     out = {"times": times, "cpu": cpu, "mem_mb": memory_growth_mb(base), "optimizer": label,
+           "phases": median_phases(clock.steps[args.warmup:]),
            "bytes": sum(e.bytes for (op, g), e in mesh.ledger.entries.items() if ":" not in g),
            "opt_times": opt_times[args.warmup:], "opt_numel": sum(u.shard_numel for u in zero.units)}
     out.update(_kernel_alone(zero))
@@ -195,29 +271,44 @@ def run_hybrid(rank, world, args, kernel):
 
 
 def run_hybrid_stage(rank, world, args, stage):
-    """hybrid ZeRO `stage` (1 or 2) exactly as train.py runs it by default (its fused AdamW, gather overlap on)."""
+    """hybrid ZeRO `stage` (1 or 2) exactly as train.py runs it by default (its fused AdamW, gather overlap on).
+    `stage` "1+gather-group" / "2+gather-group": the lever of docs/zero.md round 7, the post-step all-gathers on a
+    process group of their own over the same ranks (`ZeroOptimizer(gather_group=...)`)."""
+    from hybrid.comm import Group
     from hybrid.mesh import Mesh, ParallelDims
     from hybrid.train_step import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     base = memory_baseline()
     mesh = Mesh.build(ParallelDims(dp=world))
+    stage, _, lever = stage.partition("+")
+    own = Group.create("dp_gather", list(mesh.dp_cp.ranks), mesh.ledger) if lever == "gather-group" else None
     model = torch.nn.ModuleList([build(args)])
-    zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=int(stage)), OptimizerConfig(lr=1e-3, weight_decay=0.01))
+    zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=int(stage)), OptimizerConfig(lr=1e-3, weight_decay=0.01),
+                         gather_group=own)
     return _time_hybrid(rank, args, mesh, model, zero, base, f"hybrid default ({zero.optimizer_kind})")
 
 
 def _torch_fused_adamw_row(model, args, rank: int, base) -> dict:
     """A torch-native peer's timed steps (DDP, FSDP2): forward + backward, torch's fused AdamW, zero_grad."""
     opt = torch.optim.AdamW(model.parameters(), fused=True, **_adamw_kw(args))
+    clock = PhaseClock()
 
     def step(it):
         x, y = batch(args, rank, it)
-        model(x, y).backward()
+        clock.mark("start")
+        loss = model(x, y)
+        clock.mark("forward")
+        loss.backward()
+        clock.mark("backward (+ reductions waited in it)")
         opt.step()
+        clock.mark("AdamW")
         opt.zero_grad()
+        clock.mark("zero_grad")
+        clock.end_step()
     cpu: list[float] = []
     times = _time_steps(step, args, cpu)
     return {"times": times, "cpu": cpu, "mem_mb": memory_growth_mb(base), "bytes": None,
+            "phases": median_phases(clock.steps[args.warmup:]),
             "optimizer": "torch AdamW fused"}
 
 
@@ -327,6 +418,9 @@ ROWS += [("hybrid ZeRO-1", run_hybrid_stage, "1", None),
          ("hybrid ZeRO-2", run_hybrid_stage, "2", None),
          ("torch DDP", run_ddp, "fused", DDP_FROM + 3),
          ("torch DDP, hybrid's host allocator setting", run_ddp, "fused+alloc", DDP_FROM + 3)]
+LEVER_FROM = len(ROWS)  # ZeRO 1-2 with a lever not (yet) the default, against the default row (ratio lever / default)
+ROWS += [("hybrid ZeRO-1, gathers on their own process group", run_hybrid_stage, "1+gather-group", DDP_FROM),
+         ("hybrid ZeRO-2, gathers on their own process group", run_hybrid_stage, "2+gather-group", DDP_FROM + 3)]
 
 
 def _spawned(rank, world, index, args):
@@ -347,6 +441,8 @@ def _summary(res: list[dict]) -> dict:
            "optimizer": res[0]["optimizer"], "bytes": res[0]["bytes"]}
     if res[0].get("cpu"):  # CPU seconds a step, every rank's summed
         out["cpu_s"] = statistics.median(sum(cs) for cs in zip(*(r["cpu"] for r in res)))
+    if res[0].get("phases"):  # each rank's phase split (median over steps)
+        out["phases"] = [r["phases"] for r in res]
     if res[0].get("opt_times"):  # the optimizer step alone: the slowest rank's, and the largest shard
         out["opt_s"] = statistics.median(max(ts) for ts in zip(*(r["opt_times"] for r in res)))
         out["opt_numel"] = max(r["opt_numel"] for r in res)
@@ -381,8 +477,8 @@ def bench_frameworks(args) -> list[list[dict]]:
                 continue
             t0 = time.time()
             round_.append(run_row(i, args))
-            print(f"repeat {rep + 1}/{args.repeats} {name} ({kernel}): {round_[-1]} ({time.time() - t0:.0f}s)",
-                  flush=True)
+            brief = {k: v for k, v in round_[-1].items() if k != "phases"}
+            print(f"repeat {rep + 1}/{args.repeats} {name} ({kernel}): {brief} ({time.time() - t0:.0f}s)", flush=True)
         results.append(round_)
     return results
 
@@ -503,6 +599,26 @@ def cpu_table(results: list[list[dict]], rows: range) -> list[str]:
     return lines
 
 
+def phase_table(results: list[list[dict]], rows: range) -> list[str]:
+    """Each row's step split into phases, per rank (PhaseClock): wall ms / CPU ms of the rank's process (all threads)
+    / of its main thread, the median over steps and then over repeats; idle = wall - process CPU (a lower bound: a
+    rank may run its main and communication threads on two cores at once)."""
+    lines = ["| framework | rank | phase | wall ms | CPU ms, process | CPU ms, main thread | idle ms |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for i in rows:
+        cells = [r[i]["phases"] for r in results if "phases" in r[i]]
+        if not cells:
+            continue
+        for rank in range(len(cells[0])):
+            names = list(cells[0][rank]) + ["step"]
+            for name in names:
+                vals = [tuple(sum(v[k] for v in c[rank].values()) for k in range(3)) if name == "step" else
+                        c[rank][name] for c in cells if name == "step" or name in c[rank]]
+                w, c, t = (statistics.median(v[k] for v in vals) * 1e3 for k in range(3))
+                lines.append(f"| {ROWS[i][0]} | {rank} | {name} | {w:.1f} | {c:.1f} | {t:.1f} | {max(0.0, w - c):.1f} |")
+    return lines
+
+
 def args_dp(results: list[list[dict]]) -> int:
     """The ranks that stepped at once in the training rows (the DP size)."""
     return max((c.get("ranks", 1) for r in results for c in r), default=1)
@@ -603,12 +719,23 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
                   "on) against torch DDP (gradient_as_bucket_view, static_graph, default buckets, fused AdamW), the "
                   "same model, fp32 and threads. Ratio = DDP / hybrid in the same repeat; above 1.0 hybrid is "
                   "faster.", "",
-                  *framework_table(results, range(DDP_FROM, len(ROWS)), "ratio DDP / hybrid"),
+                  *framework_table(results, range(DDP_FROM, LEVER_FROM), "ratio DDP / hybrid"),
                   "", "The same runs' CPU time. hybrid's ZeroOptimizer sets glibc's mmap and trim thresholds on CPU "
                   "(hybrid/zero/host_alloc.py: freed large tensors -- autograd's weight gradients -- reused from the "
                   "heap instead of faulted in afresh each step); the rows 'hybrid's host allocator setting' give DDP "
                   "the same, so the ratio to them is the one about data parallelism.", "",
-                  *cpu_table(results, range(DDP_FROM, len(ROWS)))]
+                  *cpu_table(results, range(DDP_FROM, LEVER_FROM)),
+                  "", "A lever not the default (docs/zero.md, round 7): the post-step all-gathers on a process group "
+                  "of their own over the same ranks, so train_step's loss all-reduce on the DP group does not wait "
+                  "behind their bytes on gloo's pair connection and they overlap the next forward. Ratio = lever / "
+                  "default in the same repeat; below 1.0 the lever is faster.", "",
+                  *framework_table(results, range(LEVER_FROM, len(ROWS)), "ratio lever / default",
+                                   above="lever slower", below="lever faster"), "",
+                  *cpu_table(results, range(LEVER_FROM, len(ROWS))),
+                  "", "Where each rank's step goes (scripts/bench_zero.py PhaseClock: marks at the model's forward, "
+                  "the end of backward, the AdamW call and the step's end; a phase's wall above its process CPU is time "
+                  "the rank sat idle, process CPU above main-thread CPU is gloo's communication threads).", "",
+                  *phase_table(results, range(DDP_FROM, len(ROWS)))]
     if not args.overlap_only:
         lines += optimizer_step_table(results, opt_rows)
     if opt_rows:

@@ -442,8 +442,9 @@ def test_train_py_saves_and_a_resumed_run_logs_the_same_losses(tmp_path, capsys)
                                                        "rows, padded to 256 at tp 2)")
     with open(os.path.join(store.final_path(save, 3), "state.json"), "a") as f:
         f.write(" ")
-    hybrid_cli(["checkpoint", "inspect", store.final_path(save, 3)])
-    assert "CORRUPT: " in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:  # exit status 1: `inspect DIR && torchrun ... --load DIR` stops
+        hybrid_cli(["checkpoint", "inspect", store.final_path(save, 3)])
+    assert bad.value.code == 1 and "CORRUPT: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -613,7 +614,9 @@ def test_inspect_says_a_checkpoint_loads_at_a_layout_with_the_vocabulary_padding
     assert ok and "the saved batch does not split at dp 3 (--global-batch-size 8 must be a multiple of " \
                   "--micro-batch-size 2 x data-parallel size 3 = 6)" in notes
     capsys.readouterr()
-    hybrid_cli(["checkpoint", "inspect", root, "--tensor-model-parallel-size", "8", "--world-size", "8"])
+    with pytest.raises(SystemExit) as bad:  # not loadable at the layout asked about: exit status 1
+        hybrid_cli(["checkpoint", "inspect", root, "--tensor-model-parallel-size", "8", "--world-size", "8"])
+    assert bad.value.code == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("  iter_0000003 (latest): iteration 3 |") and lines[1].endswith("ok: every checksum matches")
     assert lines[2] == ("    at tp 8 x pp 1 on 8 ranks: NOT loadable: --tensor-model-parallel-size 8 does not divide "

@@ -36,7 +36,7 @@ def test_the_five_mpt_layouts_that_ran_fit_only_with_the_fused_loss():
     late = [r for r in runs.values() if (r.workload.model.num_layers, r.workload.seq_length, r.gpus,
                                          r.space.micro_batch[0]) in
             {(48, 8192, 8, 1), (40, 16384, 8, 3), (32, 8192, 8, 3), (24, 2048, 64, 20), (24, 2048, 16, 20)}
-            and not r.workload.fp8]
+            and not r.workload.fp8 and r.gpu == "h100-80g"]
     assert len(late) == 5 == len(MPT_MORE_ROWS[-5:])
     for run in late:
         cluster = Cluster(gpus=run.gpus, hw=run.hardware())

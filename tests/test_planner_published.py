@@ -12,7 +12,7 @@ import pytest
 
 from hybrid.planner.layout import Recompute, stage_layers
 from hybrid.planner.model import ActivationProfile
-from hybrid.planner.published import (MPT_FP8_ROWS, MPT_MORE_ROWS, MPT_ROWS, MPT_SIZES, NARAYANAN_REST, Metric, Role, all_runs, check,
+from hybrid.planner.published import (MPT_FP8_ROWS, MPT_FP8_TABLE_ROWS, MPT_MORE_ROWS, MPT_ROWS, MPT_SIZES, NARAYANAN_REST, Metric, Role, all_runs, check,
                                       korthikanti_runs, mpt_model, narayanan_runs, published_runs, shown, summaries,
                                       summary, table, torchtitan_runs)
 
@@ -42,14 +42,14 @@ DOCUMENTED = {
     'torchtitan Llama 2 70B, 64 A100, FSDP, b2, full': ('tp1 pp1 dp64 v1 b2 z3 full', '350.7', -0.7),
     'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '5762.2', 0.0),
     'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '6929.5', 3.9),
-    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile + Float8, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '8881.4', 4.1),
+    'torchtitan Llama 3.1 8B, 8 H100 500W, FSDP + compile + Float8, b2, selective-op': ('tp1 pp1 dp8 v1 b2 z3 selective-op', '8916.3', 4.5),
     'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '5755.5', 2.7),
     'torchtitan Llama 3.1 8B, 128 H100 500W, FSDP + compile, b2, selective-op': ('tp1 pp1 dp128 v1 b2 z3 selective-op', '6932.9', 6.4),
-    'torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x TP 8 + compile + Float8, b16, full': ('tp8 pp1 dp32 v1 b16 z3 sp full', '815.1', -1.7),
-    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v1 b4 z3 sp full', '90.3', -9.7),
-    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 interleaved 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v2 b4 z3 sp full', '118.4', -7.5),
-    'NeMo Llama 3 8B FP8, 8 H100, FSDP, b1': ('tp1 pp1 dp8 v1 b1 z3 none', '13599.0', -3.4),
-    'NeMo Llama 3 70B FP8, 64 H100, t4 p8 v5, b1': ('tp4 pp8 dp2 v5 b1 z1 sp none', '1531.5', -5.4),
+    'torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x TP 8 + compile + Float8, b16, full': ('tp8 pp1 dp32 v1 b16 z3 sp full', '853.5', 3.0),
+    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v1 b4 z3 sp full', '93.1', -6.9),
+    'torchtitan Llama 3.1 405B, 512 H100 500W, FSDP 8 x TP 8 x PP 8 interleaved 1F1B + compile + Float8, b4 x 8, full': ('tp8 pp8 dp8 v2 b4 z3 sp full', '121.9', -4.7),
+    'NeMo Llama 3 8B FP8, 8 H100, FSDP, b1': ('tp1 pp1 dp8 v1 b1 z3 none', '13604.8', -3.4),
+    'NeMo Llama 3 70B FP8, 64 H100, t4 p8 v5, b1': ('tp4 pp8 dp2 v5 b1 z1 sp none', '1551.6', -4.2),
     'Narayanan 3.6B, 64 A100 80GB, t2 p1 d32': ('tp2 pp1 dp32 v1 b16 z0 full', '148.0', 7.3),
     'Narayanan 18.4B, 256 A100 80GB, t8 p1 d32': ('tp8 pp1 dp32 v1 b16 z0 full', '141.5', 4.8),
     'Narayanan 76.1B, 1024 A100 80GB, t8 p4 d32': ('tp8 pp4 dp32 v4 b2 z0 full', '154.0', 10.0),
@@ -57,46 +57,50 @@ DOCUMENTED = {
     'Narayanan 529.6B, 2520 A100 80GB, t8 p35 d9': ('tp8 pp35 dp9 v1 b1 z0 full', '160.8', -1.4),
     'MPT-70b, s 2048, 512 H100, FSDP z3, b8 x 1, AC': ('tp1 pp1 dp512 v1 b8 z3 full', '973.0', -3.4),
     'MPT-70b, s 2048, 128 H100, FSDP z3, b8 x 1, AC': ('tp1 pp1 dp128 v1 b8 z3 full', '972.9', -8.0),
-    'MPT-30b, s 2048, 256 H100, FSDP z3, b8 x 1, AC': ('tp1 pp1 dp256 v1 b8 z3 full', '2078.7', -3.2),
+    'MPT-30b, s 2048, 256 H100, FSDP z3, b8 x 1, AC': ('tp1 pp1 dp256 v1 b8 z3 full', '2062.4', -4.0),
     'MPT-13b, s 2048, 512 H100, FSDP z3, b16 x 1, AC': ('tp1 pp1 dp512 v1 b16 z3 full', '4786.5', -3.3),
     'MPT-7b, s 2048, 512 H100, FSDP z3, b6 x 1': ('tp1 pp1 dp512 v1 b6 z3 none', '10225.2', 5.7),
     'MPT-7b, s 2048, 128 H100, FSDP z3, b6 x 1': ('tp1 pp1 dp128 v1 b6 z3 none', '10223.0', -2.4),
     'MPT-3b, s 2048, 256 H100, FSDP z2, b8 x 1': ('tp1 pp1 dp256 v1 b8 z2 none', '24137.9', 6.0),
     'MPT-1b, s 2048, 128 H100, FSDP z2, b12 x 1': ('tp1 pp1 dp128 v1 b12 z2 none', '46232.0', 4.8),
     'MPT-70b, s 2048, 64 H100, FSDP z3, b8 x 4, AC': ('tp1 pp1 dp64 v1 b8 z3 full', '975.0', -6.2),
-    'MPT-30b, s 2048, 8 H100, FSDP z3, b3 x 21, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '2004.7', 0.1),
+    'MPT-30b, s 2048, 8 H100, FSDP z3, b3 x 21, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '1989.5', -0.6),
     'MPT-13b, s 2048, 8 H100, FSDP z3, b2 x 1': ('tp1 pp1 dp8 v1 b2 z3 none', '4895.5', 2.2),
     'MPT-13b, s 4096, 8 H100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp8 v1 b10 z3 full', '4506.4', -4.5),
     'MPT-7b, s 2048, 8 H100, FSDP z3, b6 x 1': ('tp1 pp1 dp8 v1 b6 z3 none', '10402.2', -2.3),
     'MPT-7b, s 8192, 8 H100, FSDP z3, b8 x 2, AC': ('tp1 pp1 dp8 v1 b8 z3 full', '7135.4', 2.9),
     'MPT-3b, s 2048, 16 H100, FSDP z3, b10 x 3': ('tp1 pp1 dp16 v1 b10 z3 none', '24269.4', 0.5),
     'MPT-1b, s 2048, 8 H100, FSDP z3, b14 x 1': ('tp1 pp1 dp8 v1 b14 z3 none', '46249.8', 1.7),
-    'MPT-70b, s 2048, 64 A100, FSDP z3, b8 x 4, AC': ('tp1 pp1 dp64 v1 b8 z3 full', '423.0', 3.2),
-    'MPT-30b, s 2048, 8 A100, FSDP z3, b3 x 21, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '872.5', -4.8),
-    'MPT-13b, s 2048, 8 A100, FSDP z3, b2 x 3': ('tp1 pp1 dp8 v1 b2 z3 none', '2277.4', 0.7),
-    'MPT-13b, s 4096, 8 A100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp8 v1 b10 z3 full', '1998.9', -3.0),
-    'MPT-7b, s 2048, 8 A100, FSDP z3, b6 x 2': ('tp1 pp1 dp8 v1 b6 z3 none', '4666.3', 0.5),
-    'MPT-7b, s 8192, 8 A100, FSDP z3, b8 x 2, AC': ('tp1 pp1 dp8 v1 b8 z3 full', '3361.1', 4.8),
-    'MPT-3b, s 2048, 8 A100, FSDP z3, b10 x 2': ('tp1 pp1 dp8 v1 b10 z3 none', '11139.6', 3.0),
-    'MPT-1b, s 2048, 8 A100, FSDP z3, b14 x 4': ('tp1 pp1 dp8 v1 b14 z3 none', '21691.2', 5.7),
+    'MPT-70b, s 2048, 64 A100, FSDP z3, b8 x 4, AC': ('tp1 pp1 dp64 v1 b8 z3 full', '410.3', 0.1),
+    'MPT-30b, s 2048, 8 A100, FSDP z3, b3 x 21, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '836.0', -8.7),
+    'MPT-13b, s 2048, 8 A100, FSDP z3, b2 x 3': ('tp1 pp1 dp8 v1 b2 z3 none', '2188.3', -3.3),
+    'MPT-13b, s 4096, 8 A100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp8 v1 b10 z3 full', '1830.6', -11.1),
+    'MPT-7b, s 2048, 8 A100, FSDP z3, b6 x 2': ('tp1 pp1 dp8 v1 b6 z3 none', '4429.8', -4.6),
+    'MPT-7b, s 8192, 8 A100, FSDP z3, b8 x 2, AC': ('tp1 pp1 dp8 v1 b8 z3 full', '2806.1', -12.5),
+    'MPT-3b, s 2048, 8 A100, FSDP z3, b10 x 2': ('tp1 pp1 dp8 v1 b10 z3 none', '10317.6', -4.6),
+    'MPT-1b, s 2048, 8 A100, FSDP z3, b14 x 4': ('tp1 pp1 dp8 v1 b14 z3 none', '19844.2', -3.3),
     'MPT-70b, s 2048, 32 H100, FSDP z3, b2 x 16, AC': ('tp1 pp1 dp32 v1 b2 z3 full', '845.8', -4.1),
-    'MPT-30b, s 4096, 8 H100, FSDP z3, b1 x 21, AC': ('tp1 pp1 dp8 v1 b1 z3 full', '1826.6', 1.4),
-    'MPT-30b, s 2048, 32 H100, FSDP z3, b14 x 3, AC': ('tp1 pp1 dp32 v1 b14 z3 full', '2131.5', -7.6),
-    'MPT-30b, s 2048, 16 H100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp16 v1 b10 z3 full', '2105.9', -6.9),
+    'MPT-30b, s 4096, 8 H100, FSDP z3, b1 x 21, AC': ('tp1 pp1 dp8 v1 b1 z3 full', '1801.6', -0.0),
+    'MPT-30b, s 2048, 32 H100, FSDP z3, b14 x 3, AC': ('tp1 pp1 dp32 v1 b14 z3 full', '2114.4', -8.4),
+    'MPT-30b, s 2048, 16 H100, FSDP z3, b10 x 3, AC': ('tp1 pp1 dp16 v1 b10 z3 full', '2089.2', -7.7),
     'MPT-13b, s 2048, 64 H100, FSDP z3, b2 x 1': ('tp1 pp1 dp64 v1 b2 z3 none', '4667.5', -2.8),
     'MPT-13b, s 2048, 16 H100, FSDP z3, b2 x 1': ('tp1 pp1 dp16 v1 b2 z3 none', '4646.0', -2.5),
     'MPT-7b, s 4096, 8 H100, FSDP z3, b16 x 2, AC': ('tp1 pp1 dp8 v1 b16 z3 full', '8341.2', -3.1),
     'MPT-3b, s 4096, 8 H100, FSDP z3, b5 x 6': ('tp1 pp1 dp8 v1 b5 z3 none', '21998.8', 4.9),
     'MPT-3b, s 2048, 64 H100, FSDP z3, b6 x 3': ('tp1 pp1 dp64 v1 b6 z3 none', '23389.8', 3.8),
     'MPT-1b, s 4096, 8 H100, FSDP z3, b7 x 4': ('tp1 pp1 dp8 v1 b7 z3 none', '41308.7', 7.2),
-    'MPT-30b, s 8192, 8 H100, FSDP z3, b1 x 21, AC': ('tp1 pp1 dp8 v1 b1 z3 full', '1761.8', 27.3),
+    'MPT-30b, s 8192, 8 H100, FSDP z3, b1 x 21, AC': ('tp1 pp1 dp8 v1 b1 z3 full', '1715.9', 24.0),
     'MPT-13b, s 16384, 8 H100, FSDP z3, b3 x 3, AC': ('tp1 pp1 dp8 v1 b3 z3 full', '3161.3', 5.9),
     'MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6': ('tp1 pp1 dp8 v1 b3 z3 none', '18170.7', 9.6),
     'MPT-1b, s 2048, 64 H100, FSDP z3, b20 x 1': ('tp1 pp1 dp64 v1 b20 z3 none', '46742.5', 5.3),
     'MPT-1b, s 2048, 16 H100, FSDP z3, b20 x 1': ('tp1 pp1 dp16 v1 b20 z3 none', '46719.1', 1.5),
-    'MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6, FP8': ('tp1 pp1 dp8 v1 b3 z3 none', '22738.5', 18.8),
-    'MPT-3b, s 2048, 8 H100, FSDP z3, b10 x 6, FP8': ('tp1 pp1 dp8 v1 b10 z3 none', '33819.9', 10.6),
-    'MPT-1b, s 8192, 8 H100, FSDP z3, b2 x 4, FP8': ('tp1 pp1 dp8 v1 b2 z3 none', '38674.3', 20.8),
+    'MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6, FP8': ('tp1 pp1 dp8 v1 b3 z3 none', '23227.4', 21.3),
+    'MPT-3b, s 2048, 8 H100, FSDP z3, b10 x 6, FP8': ('tp1 pp1 dp8 v1 b10 z3 none', '34959.8', 14.3),
+    'MPT-1b, s 8192, 8 H100, FSDP z3, b2 x 4, FP8': ('tp1 pp1 dp8 v1 b2 z3 none', '39636.5', 23.8),
+    'MPT-3b, s 32768, 8 H100, FSDP z3, b3 x 6, AC, FP8': ('tp1 pp1 dp8 v1 b3 z3 full', '7685.5', 31.2),
+    'MPT-3b, s 512, 8 H100, FSDP z3, b40 x 6, FP8': ('tp1 pp1 dp8 v1 b40 z3 none', '40142.9', 9.9),
+    'MPT-1b, s 32768, 8 H100, FSDP z3, b1 x 4, FP8': ('tp1 pp1 dp8 v1 b1 z3 none', '16682.6', 32.6),
+    'MPT-1b, s 512, 8 H100, FSDP z3, b56 x 4, FP8': ('tp1 pp1 dp8 v1 b56 z3 none', '74001.1', 5.2),
     'OLMo-core 7B, 8 H100, FSDP2 + compile, b2, no AC': ('tp1 pp1 dp8 v1 b2 z3 none', '9492.6', -5.1),
     'OLMo-core 13B, 8 H100, FSDP2 + compile, b1, no AC': ('tp1 pp1 dp8 v1 b1 z3 none', '4922.1', 7.0),
     'fms-fsdp Llama 2 7B, 96 H100, FSDP, b2, no AC': ('tp1 pp1 dp96 v1 b2 z3 none', '8055.1', 7.4),
@@ -114,6 +118,12 @@ DOCUMENTED = {
 # +16.4 / +17.0 / +16.0 % -> +0.2 / -0.0 / +10.5 %, docs/planner.md "Overlapped ZeRO 3 collectives are not free")
 KNOWN_MISSES = {"MPT-3b, s 8192, 8 H100, FSDP z3, b3 x 6, FP8", "MPT-1b, s 8192, 8 H100, FSDP z3, b2 x 4, FP8",
                 "MPT-30b, s 8192, 8 H100, FSDP z3, b1 x 21, AC"}
+# the seventh round's rows of the FP8 table (MPT_FP8_TABLE_ROWS, added as CHECK rows before their errors were
+# seen) that miss: both at s 32768 -- the long-sequence lean, docs/planner.md "Long sequences"
+LONG_SEQUENCE_MISSES = {
+    "MPT-3b, s 32768, 8 H100, FSDP z3, b3 x 6, AC, FP8",
+    "MPT-1b, s 32768, 8 H100, FSDP z3, b1 x 4, FP8"}
+KNOWN_MISSES = KNOWN_MISSES | LONG_SEQUENCE_MISSES
 
 _CHECKED: dict[str, tuple] = {}
 
@@ -252,7 +262,7 @@ def test_mpt_rows_plan_the_benchmarked_models_and_the_h100_check_rows_hold_with_
     single-node rows (their mean log error 0), the ten 16-512 GPU H100 rows, which fitted nothing, are within
     15 % on both sides, as are the 8 A100 rows (docs/planner.md "Why eager FSDP on H100 was optimistic")."""
     for _, size, seq, gpus, mb, accum, tokens, zero, checkpointing, _, numparams in MPT_ROWS + MPT_MORE_ROWS + \
-            MPT_FP8_ROWS:
+            MPT_FP8_ROWS + MPT_FP8_TABLE_ROWS:
         layers, d, _ = MPT_SIZES[size]
         assert 12 * layers * d * d + 13 * layers * d + (50368 + seq) * d + 2 * d == numparams
         cfg = mpt_model(size, seq)
@@ -284,11 +294,12 @@ def test_more_mpt_h100_rows_are_check_rows_planned_as_published():
     """Item 3 of the fifth round: fifteen more rows of MosaicML's H100 BF16 table (16-64 GPUs, s 4096-16384) and three of
     its FP8 table (Transformer Engine linears: --fp8), every one a CHECK row on its published layout, FP8 only
     where the table says amp_fp8; their errors are what docs/planner.md reports, misses included (KNOWN_MISSES)."""
-    extra = [r for r in all_runs() if r.name.startswith("MPT-")][len(MPT_ROWS):]
+    extra = [r for r in all_runs() if r.name.startswith("MPT-")][len(MPT_ROWS):len(MPT_ROWS) + 18]
     assert len(extra) == len(MPT_MORE_ROWS) + len(MPT_FP8_ROWS) == 18
     assert all(r.role is Role.CHECK and r.gpu == "h100-80g" for r in extra)
     assert [r.workload.fp8 for r in extra] == [False] * 15 + [True] * 3
-    assert {r.name for r in extra if abs(_check(r)[2]) > 0.15} == {n for n in KNOWN_MISSES if n.startswith("MPT-")}
+    assert {r.name for r in extra if abs(_check(r)[2]) > 0.15} == {n for n in KNOWN_MISSES if n.startswith("MPT-")} \
+        - LONG_SEQUENCE_MISSES
 
 
 def test_the_checkpointing_lean_table_is_the_codes():
@@ -300,11 +311,14 @@ def test_the_checkpointing_lean_table_is_the_codes():
     with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
         lines = f.read().splitlines()
 
+    mpt = [r for r in all_runs() if r.name.startswith("MPT-")]  # the table is the sixth round's rows
+    seventh = {r.name for r in mpt[-len(MPT_FP8_TABLE_ROWS):]}
+
     def cell(role: Role, recompute: Recompute) -> tuple[int, str]:
         errors = []
         for run in all_runs():
             plan, _, err = _check(run)
-            if run.role is role and plan.layout.zero >= ZeroStage.GRADIENTS and plan.layout.recompute is recompute:
+            if run.name not in seventh and run.role is role and plan.layout.zero >= ZeroStage.GRADIENTS and plan.layout.recompute is recompute:
                 errors.append(round(100 * err, 1))
         return len(errors), (f"{statistics.fmean(errors):+.1f} ({min(errors):+.1f}..{max(errors):+.1f})")
 

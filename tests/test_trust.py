@@ -372,9 +372,10 @@ def test_inspect_names_the_bad_file_and_runs_nothing(saved, tmp_path, capsys, ca
     name, plant, fragment = case
     ck, marker, _ = _planted(saved, tmp_path, plant)
     before = tree(ck)
-    hybrid.cli.main(["checkpoint", "inspect", ck])
+    with pytest.raises(SystemExit) as bad:  # a corrupt checkpoint: exit status 1
+        hybrid.cli.main(["checkpoint", "inspect", ck])
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and lines[1].startswith("  iter_0000002 (latest): ") and "CORRUPT: " in lines[1], lines
+    assert bad.value.code == 1 and len(lines) == 2 and lines[1].startswith("  iter_0000002 (latest): ") and "CORRUPT: " in lines[1], lines
     assert fragment in lines[1], lines
     assert "ok: every checksum" not in lines[1]
     assert not os.path.exists(marker) and tree(ck) == before

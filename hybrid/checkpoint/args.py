@@ -79,6 +79,34 @@ def resume_dir(path: str | None) -> str | None:
     return path if path and store.is_checkpoint_dir(path) else None
 
 
+def iteration_dir(path: str) -> tuple[str, int] | None:
+    """(the checkpoint directory, the iteration) when `path` is one iteration of a hybrid checkpoint
+    (`DIR/iter_0000010` beside DIR's `latest`), else None."""
+    real = os.path.realpath(path)
+    name, root = os.path.basename(real), os.path.dirname(real)
+    if not (name.startswith("iter_") and name[5:].isdigit() and len(name) >= 12):
+        return None
+    return (root, int(name[5:])) if store.is_checkpoint_dir(root) else None
+
+
+def _check_not_in_iteration(args: argparse.Namespace) -> None:
+    """--load naming one iteration of a checkpoint would be read as a transformers folder (and fail on its missing
+    safetensors); --save inside one would write a checkpoint into another checkpoint's files."""
+    if args.load is not None and os.path.isdir(args.load) and (found := iteration_dir(args.load)):
+        root, n = found
+        raise ValueError(f"--load {args.load!r} is iteration {n} of the checkpoint directory {root}; give --load "
+                         f"{root} (with --ckpt-step {n} for this iteration)")
+    if args.save is None:
+        return
+    probe = os.path.realpath(args.save)
+    while probe != os.path.dirname(probe):
+        if found := iteration_dir(probe):
+            raise ValueError(f"--save {args.save!r} is inside iteration {found[1]} of the checkpoint directory "
+                             f"{found[0]}; give a directory of its own (or --save {found[0]} --load {found[0]} to "
+                             f"continue that run)")
+        probe = os.path.dirname(probe)
+
+
 def _same_dir(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and os.path.realpath(a) == os.path.realpath(b)
 
@@ -104,6 +132,8 @@ def _check_save_dir(args: argparse.Namespace) -> tuple[int, ...]:
     if args.save is None or not os.path.isdir(args.save):
         return ()
     theirs = tuple(store.complete_iterations(args.save))
+    if _same_dir(args.load, args.save) and args.ckpt_step is not None:
+        return _check_rollback(args, tuple(i for i in theirs if i > args.ckpt_step))
     if not theirs or _same_dir(args.load, args.save):
         return ()
     if not args.overwrite_save:
@@ -112,6 +142,18 @@ def _check_save_dir(args: argparse.Namespace) -> tuple[int, ...]:
                          f"{latest if latest is not None else theirs[-1]}); resume it with --load {args.save}, save "
                          f"elsewhere, or pass --overwrite-save to replace them")
     return theirs
+
+
+def _check_rollback(args: argparse.Namespace, later: tuple[int, ...]) -> tuple[int, ...]:
+    """--ckpt-step N into the --save it resumes from, which holds later checkpoints: the run would replace them one
+    by one as it reaches their iterations (a mix of two timelines meanwhile). With --overwrite-save they are the
+    abandoned ones, removed once this run's first checkpoint is complete; without it, refused."""
+    if later and not args.overwrite_save:
+        raise ValueError(f"--ckpt-step {args.ckpt_step} resumes into --save {args.save!r}, which holds later "
+                         f"checkpoints ({', '.join(map(str, later))}) the run would replace as it reaches them; pass "
+                         f"--overwrite-save to roll back (they are removed once this run's first checkpoint is "
+                         f"complete), or save elsewhere")
+    return later
 
 
 def _resume_candidate(load: str, step: int | None) -> tuple[str, dict, object]:
@@ -162,6 +204,7 @@ def check(args: argparse.Namespace) -> CheckpointConfig:
     if args.exit_interval is not None and args.exit_interval < 1:
         raise ValueError(f"--exit-interval must be a positive number of iterations, got {args.exit_interval}")
     args.overwrite_save = getattr(args, "overwrite_save", False)  # a Namespace built by hand may lack it
+    _check_not_in_iteration(args)
     _auto_resume(args)
     load = resume_dir(args.load)
     if args.load is not None and load is None and os.path.isdir(args.load) and not os.listdir(args.load):

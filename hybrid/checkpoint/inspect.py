@@ -10,6 +10,10 @@ every checksum matching, incomplete (an unfinished save), or the first corrupt f
 it loads there and why not: DCP reshards to any layout the model can be split over, so the question is the
 trainer's own (hybrid/mesh.py: dp from the world size, heads / kv-heads / FFN size / layers against tp and
 pp), asked of the model the checkpoint was saved from. Nothing here needs a process group.
+
+Exit status 1 (so `hybrid checkpoint inspect DIR && torchrun ... --load DIR` stops) when a complete checkpoint is
+corrupt or not loadable at the layout asked about, when DIR holds no sound complete one, or when the one iter_*
+directory named is not sound; 0 otherwise (an unfinished save beside sound checkpoints is normal).
 """
 
 from __future__ import annotations
@@ -69,25 +73,29 @@ def _at(state: dict, target: Target) -> str:
     return f"{where}: loadable ({why})" if ok else f"{where}: NOT loadable: {why}"
 
 
-def _one(path: str, latest: int | None, target: Target | None = None) -> str:
+def _one(path: str, latest: int | None, target: Target | None = None) -> tuple[str, bool | None]:
+    """(the checkpoint's line, whether it is sound: complete, every checksum matching and loadable at `target`;
+    None for an unfinished save)."""
     name = os.path.basename(os.path.normpath(path))
     if not os.path.isdir(path):
-        return f"{name}: not a checkpoint directory (a {'dangling link' if os.path.islink(path) else 'file'})"
+        return f"{name}: not a checkpoint directory (a {'dangling link' if os.path.islink(path) else 'file'})", False
     v = store.verify_all(path)
     mark = " (latest)" if latest is not None and store.iter_name(latest) == name else ""
     size = f"{v.bytes / 2**20:.2f} MiB"
     if not v.complete:
-        return f"{name}: incomplete (no manifest.json: a save that did not finish; removed by the next save) | {size}"
+        return f"{name}: incomplete (no manifest.json: a save that did not finish; removed by the next save) | {size}", None
     try:
         s = store.read_state(path)
     except store.CorruptCheckpoint:  # named by the verdict; nothing else of it is trusted
-        return f"{name}{mark}: CORRUPT: {v.error} | {size}"
+        return f"{name}{mark}: CORRUPT: {v.error} | {size}", False
+    loads = target is None or v.error is not None or loadable_at(s, target)[0]
     at = "" if target is None or v.error else "\n    " + _at(s, target)
     lay = s.get("layout", {})
     verdict = "ok: every checksum matches" if v.error is None else f"CORRUPT: {v.error}"
     return (f"{name}{mark}: iteration {s.get('iteration')} | consumed samples {s.get('consumed_samples')} | "
             f"model {s.get('model')} ({_identity(s)}) | saved at tp {lay.get('tp')}{_cp(lay)} x pp {lay.get('pp')} x "
-            f"dp {lay.get('dp')}, ZeRO {lay.get('zero')} | adam step {s.get('adam_step')} | {size} | {verdict}{at}")
+            f"dp {lay.get('dp')}, ZeRO {lay.get('zero')} | adam step {s.get('adam_step')} | {size} | {verdict}{at}",
+            v.error is None and loads)
 
 
 def _identity(state: dict) -> str:
@@ -112,20 +120,25 @@ def _target(args: argparse.Namespace) -> Target | None:
     return Target(args.tensor_model_parallel_size or 1, args.pipeline_model_parallel_size or 1, args.world_size)
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> int:
     path = args.dir
     target = _target(args)
     if not os.path.isdir(path):
         raise ValueError(f"{path!r} is not a directory; give a --save directory or one of its iter_* directories")
     if os.path.isfile(os.path.join(path, store.MANIFEST)) or os.path.basename(os.path.normpath(path)).startswith("iter_"):
-        print(_one(path, None, target))
-        return
+        line, sound = _one(path, None, target)
+        print(line)
+        return 0 if sound else 1
     if not store.is_checkpoint_dir(path):
         raise ValueError(f"{path!r} holds no checkpoint (no iter_* directories, no `latest`)")
     latest = store.read_latest(path)
     print(f"{path}: latest -> {store.iter_name(latest) if latest is not None else 'none'}")
+    verdicts = []
     for name in sorted(n for n in os.listdir(path) if n.startswith("iter_")):
-        print("  " + _one(os.path.join(path, name), latest, target))
+        line, sound = _one(os.path.join(path, name), latest, target)
+        print("  " + line)
+        verdicts.append(sound)
+    return 0 if True in verdicts and False not in verdicts else 1
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

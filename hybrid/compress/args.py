@@ -44,11 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulate a slow DP link: sleep bytes / GBPS after each DP gradient collective; 0: off")
 
 
-def check(args: argparse.Namespace, dp_cp: int | None = None) -> CompressConfig:
+def check(args: argparse.Namespace, dp_cp: int | None = None, resuming: bool = False) -> CompressConfig:
     """ValueError naming the flag and the fix. `dp_cp`: the ranks the DP gradients are reduced over (dp x cp), when
-    the layout is known: a simulated DP link at 1 has no gradient collective to slow down."""
+    the layout is known: a simulated DP link at 1 has no gradient collective to slow down, PowerSGD none to compress
+    (unless `resuming`: the flag then carries a loaded checkpoint's PowerSGD state through the dp 1 run)."""
     rank, start = args.powersgd_rank, args.powersgd_start_iter
-    _check_unused(args, dp_cp)
+    _check_unused(args, dp_cp, resuming)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"--powersgd-rank must be a non-negative integer (0: off), got {rank!r}")
     if rank and (isinstance(start, bool) or not isinstance(start, int) or start < 2):
@@ -69,7 +70,7 @@ def check(args: argparse.Namespace, dp_cp: int | None = None) -> CompressConfig:
                           simulated_dp_bandwidth=bw)
 
 
-def _check_unused(args: argparse.Namespace, dp_cp: int | None) -> None:
+def _check_unused(args: argparse.Namespace, dp_cp: int | None, resuming: bool = False) -> None:
     """A flag given on the command line that its method would never read does nothing: one line naming it and the
     fix. --powersgd-start-iter with PowerSGD off is refused whether the rank was left at its default or given as 0
     (a flag list that turns PowerSGD off drops its start step too)."""
@@ -83,6 +84,11 @@ def _check_unused(args: argparse.Namespace, dp_cp: int | None) -> None:
         raise ValueError(f"--onebit-freeze-iters {args.onebit_freeze_iters} is 1-bit Adam's; the run's optimizer is "
                          f"{getattr(args, 'optimizer', 'adam')}: add --optimizer onebit-adam or drop "
                          f"--onebit-freeze-iters")
+    # PowerSGDReduction.reduce returns at a group of one: nothing is compressed. With --load the flag still carries
+    # a checkpoint's PowerSGD state (error feedback, Q) through a dp 1 stretch to the next save (test_compress_reshard).
+    if dp_cp == 1 and args.powersgd_rank and not resuming:
+        raise ValueError(f"--powersgd-rank {args.powersgd_rank} compresses the DP gradient all-reduce, and at dp 1 "
+                         f"there is none: run with dp > 1 (more ranks than tp x pp x cp) or drop --powersgd-rank")
     if dp_cp == 1 and args.simulated_dp_bandwidth and args.simulated_dp_bandwidth > 0:
         raise ValueError(f"--simulated-dp-bandwidth {args.simulated_dp_bandwidth:g} slows the DP gradient "
                          f"collectives, and at dp 1 there are none: run with dp > 1 (more ranks than tp x pp x cp) "

@@ -103,6 +103,12 @@ def _encode(item: tuple[int, dict[str, str]]) -> tuple[dict[str, list[int]], int
 def check(args: argparse.Namespace) -> Tokenizer:
     if not os.path.isfile(args.input):
         raise ValueError(f"--input {args.input!r} is not a file; give a JSON-lines or .txt file")
+    if args.input.endswith(".txt") and args.json_keys != ["text"]:  # every key would get the same paragraphs
+        raise ValueError(f"--json-keys {' '.join(args.json_keys)}: a .txt --input has no keys (its paragraphs are "
+                         f"the documents, written as {output_name(args.output_prefix, 'text')}); drop --json-keys")
+    if args.output_prefix.endswith(os.sep):  # DIR/ would write DIR/_text_document.bin, a hidden-looking name
+        raise ValueError(f"--output-prefix {args.output_prefix!r} names a directory; give DIR/NAME (writes "
+                         f"DIR/NAME_{args.json_keys[0]}_document.bin and .idx)")
     for key in args.json_keys:
         for path in (bin_path(output_name(args.output_prefix, key)), idx_path(output_name(args.output_prefix, key))):
             check_output_file("--output-prefix", path)

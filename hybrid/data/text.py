@@ -46,7 +46,25 @@ def read_text(path: str | None = None) -> bytes:
             codecs.getincrementaldecoder("utf-8")().decode(data[:1 << 16], final=False)
         except UnicodeDecodeError as e:
             raise ValueError(f"--data-path {path!r}: not UTF-8 text (byte {e.start}); give a UTF-8 text file") from None
+        _refuse_json_lines(path, data)
     return data
+
+
+def _refuse_json_lines(path: str, data: bytes) -> None:
+    """A JSON-lines corpus given as --data-path would be trained on as bytes, braces and keys included: it is
+    preprocess_data.py's input, so say so. Told by the first non-blank line being a JSON object."""
+    import json
+    first = next((ln for ln in data[:1 << 16].splitlines() if ln.strip()), b"")
+    try:
+        obj = json.loads(first.decode("utf-8"))
+    except (ValueError, RecursionError):  # prose, or a line cut at the 64 KiB head
+        return
+    if isinstance(obj, dict):
+        prefix = os.path.splitext(os.path.basename(path))[0]
+        raise ValueError(f"--data-path {path!r} is JSON lines (its first line is a JSON object), which would be "
+                         f"trained on as raw text; tokenize it first: python scripts/preprocess_data.py --input "
+                         f"{path} --output-prefix {prefix} --tokenizer-type ByteLevel, then --data-path "
+                         f"{prefix}_text_document")
 
 
 @dataclass(frozen=True)

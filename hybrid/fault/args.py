@@ -53,6 +53,9 @@ def check(args: argparse.Namespace) -> FaultConfig:
                          f"it), got {args.watchdog_timeout}")
     if args.max_skipped_steps < 1:
         raise ValueError(f"--max-skipped-steps must be >= 1, got {args.max_skipped_steps}")
+    if not args.check_for_nan_in_loss_and_grad and "max_skipped_steps" in getattr(args, "explicit", set()):
+        raise ValueError("--max-skipped-steps counts the steps the NaN check skips, which "
+                         "--no-check-for-nan-in-loss-and-grad turns off; drop one of them")
     if not math.isfinite(args.straggler_factor) or args.straggler_factor <= 1:
         raise ValueError(f"--straggler-factor must be a finite number > 1 (a rank this many times slower than its "
                          f"peers), got {args.straggler_factor}")

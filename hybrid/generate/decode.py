@@ -228,6 +228,7 @@ class TextCodec:
     source: str
     encode: object
     decode: object
+    vocab_size: int = 256  # the ids it can encode or decode (bytes: 256)
 
 
 def _bytes_codec(why: str) -> TextCodec:
@@ -266,12 +267,13 @@ def _read_tokenizer(path: str, why: str) -> TextCodec:
     if folder is not None and os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(folder)
-        return TextCodec(f"{path} ({why})", lambda text: tok(text)["input_ids"], tok.decode)
+        return TextCodec(f"{path} ({why})", lambda text: tok(text)["input_ids"], tok.decode, len(tok))
     from tokenizers import Tokenizer
 
     from hybrid.data.tokenizer import tokenizer_file
     tok = Tokenizer.from_file(tokenizer_file(path, "--tokenizer"))
-    return TextCodec(f"{path} ({why})", lambda text: tok.encode(text, add_special_tokens=False).ids, tok.decode)
+    return TextCodec(f"{path} ({why})", lambda text: tok.encode(text, add_special_tokens=False).ids, tok.decode,
+                     tok.get_vocab_size())
 
 
 def _has_tokenizer(d: str | None) -> bool:

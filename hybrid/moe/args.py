@@ -74,6 +74,7 @@ def check(args: argparse.Namespace, cfg, dims: ParallelDims) -> MoEConfig | None
             "moe_router_bias_update_rate"]:  # the rate moves the expert bias, which is off
         raise ValueError("--moe-router-bias-update-rate sets how fast the expert bias moves; add "
                          "--moe-router-enable-expert-bias or drop the rate")
+    _check_balancing(args)
     moe = MoEConfig(
         expert_parallel=args.expert_model_parallel_size, expert_tensor_parallel=args.expert_tensor_parallel_size,
         load_balancing=LoadBalancing(args.moe_router_load_balancing_type), aux_loss_coeff=args.moe_aux_loss_coeff,
@@ -95,6 +96,19 @@ def _check_numbers(args: argparse.Namespace) -> None:
     f = args.moe_expert_capacity_factor
     if f is not None and (not math.isfinite(f) or f <= 0):
         raise ValueError(f"--moe-expert-capacity-factor must be a finite number > 0, got {f}")
+
+
+def _check_balancing(args: argparse.Namespace) -> None:
+    """The balancing loss is coeff x loss: a coefficient with no loss (type none), or a loss type given with the
+    coefficient left at 0, would change nothing -- refused by name rather than ignored."""
+    kind, coeff = args.moe_router_load_balancing_type, args.moe_aux_loss_coeff
+    if kind == LoadBalancing.NONE.value and coeff > 0:
+        raise ValueError(f"--moe-aux-loss-coeff {coeff:g} weighs the load-balancing loss, which "
+                         f"--moe-router-load-balancing-type none turns off; drop one of them")
+    if "moe_router_load_balancing_type" in getattr(args, "explicit", set()) and kind != LoadBalancing.NONE.value \
+            and coeff == 0:
+        raise ValueError(f"--moe-router-load-balancing-type {kind} adds nothing at --moe-aux-loss-coeff 0 (the "
+                         f"default); give a coefficient such as --moe-aux-loss-coeff 0.01")
 
 
 def _check_combinations(args: argparse.Namespace, cfg, dims: ParallelDims, moe: MoEConfig) -> None:

@@ -30,13 +30,20 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   (docs/results/bench_interleaved.md). When noise leaves no positive solution the fields fall back (rate from
   the larger shape, no fixed cost; the copy rate if even that layer ran no slower than its GEMMs);
 * all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
-  output), timed over a few calls after a warm-up -- with gloo and a core per rank each call after a matmul
-  whose operands exceed a core's L2 (only the call timed: cold caches and the ranks' compute jitter, as
-  collectives meet them in training; back to back, a 1 MiB gloo all-reduce took 1.1-2.0 ms here, after a
-  matmul 3.8-4.2 ms, and the planner under-predicted tp 2 steps by up to 2x); with more ranks than cores, and
-  with nccl, back to back: algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or
-  x (n - 1)/n (all-gather), the nccl-tests convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the
-  all-reduce busbw at the largest size, `intra_latency_s` the time of the smallest all-reduce.
+  output), timed back to back over a few calls after a warm-up (on a CPU the median of 5 blocks' means):
+  algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or x (n - 1)/n (all-gather), the nccl-tests
+  convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the all-reduce busbw at the largest size,
+  `intra_latency_s` the time of the smallest all-reduce;
+* gloo with a core per rank (`skew_probe`): an 8-byte all-reduce after matmul bursts of ~0.5, 2 and 10 ms, the
+  mean over calls and ranks. Beyond its back-to-back time a call then waits for the ranks to meet -- one
+  finishes its burst later, the other waits inside the call, blocked, and must be woken -- and that wait grows
+  with the compute since the last sync: fitted (`fit_skew`) to wait(c) = `collective_skew_s` +
+  `collective_skew_per_s` x c, which the planner charges each TP collective for the compute before it
+  (hardware.sync_wait_seconds; `hybrid plan --explain`'s tp_wait). Timing every call after a 10 ms burst, as
+  calibrate did before, read an 8-byte all-reduce at 1.9 ms on this 2-core VM (quiet), the wait of a 10 ms
+  burst, and charged it to TP all-reduces a ~1 ms layer part apart: every 2-rank layout was planned slow,
+  tp 2 at b 1 by 1 / 0.76 (docs/planner.md, "The ranks' skew at a collective"). Not with more ranks than cores
+  (the scheduler's waits: the shared-compute bound) or nccl.
 
 * gloo only, every pair of ranks (0, 1), (2, 3), ... at once (`pair_comm_cpu`): the CPU seconds a rank burns per
   TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per
@@ -55,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -350,33 +358,84 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device) ->
     calls = 20 if size <= 2**20 else 5
     call()
     dist.barrier()
-    oversubscribed = device.type != "cuda" and world > (os.cpu_count() or 1)
-    if device.type == "cuda" or oversubscribed:
-        # NCCL on its stream: back to back, as it overlaps the compute stream. More gloo ranks than cores: a
-        # compute burst before each call would time the OS scheduler (8 ranks on 2 cores: a 17-21 ms "latency"),
-        # whose cost the shared-compute bound already prices; back to back, as before. Oversubscribed, one block of
-        # calls is one draw of the scheduler (8 ranks on 2 cores: the smallest all-reduce read 1.7-3.7 ms in five
-        # calibrations, moving the main job's planned step from 0.20 to 0.28 s): the median of 5 blocks' means.
-        block_means = []
-        for _ in range(5 if oversubscribed else 1):
-            start = time.perf_counter()
-            for _ in range(calls):
-                call()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            block_means.append((time.perf_counter() - start) / calls)
-        seconds = statistics.median(block_means) * calls
-    else:  # gloo, a core per rank: as in training, each call after a compute burst; only the call timed
-        a, b = torch.randn(512, 2048), torch.randn(2048, 512)
-        seconds = 0.0  # a core per rank: cold caches and the ranks' compute jitter, as TP ranks meet them
+    # Back to back: the call's own time (latency + bytes / bandwidth), the ranks in lock step. NCCL runs on its
+    # stream, overlapping the compute stream. gloo with a core per rank: what a call waits for its ranks to meet
+    # after compute (their skew) is measured apart, as a function of that compute (skew_probe) -- timing each call
+    # after a 10 ms matmul burst read an 8-byte all-reduce at 1.9 ms on 2 ranks, the skew of a 10 ms burst, and
+    # the planner charged it to TP all-reduces with ~1 ms of compute between them (every 2-rank layout planned
+    # slow, tp 2 at b 1 by 1 / 0.76). More gloo ranks than cores: a burst would time the OS scheduler (8 ranks on
+    # 2 cores: a 17-21 ms "latency"), which the shared-compute bound prices. On a CPU one block of calls is one
+    # draw of the scheduler (8 ranks on 2 cores: the smallest all-reduce read 1.7-3.7 ms in five calibrations,
+    # moving the main job's planned step from 0.20 to 0.28 s): the median of 5 blocks' means.
+    block_means = []
+    for _ in range(1 if device.type == "cuda" else 5):
+        start = time.perf_counter()
         for _ in range(calls):
-            a @ b  # 4.2 MiB of operands: more than a core's L2, like a layer's GEMM between two collectives
-            start = time.perf_counter()
             call()
-            seconds += time.perf_counter() - start
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        block_means.append((time.perf_counter() - start) / calls)
+    seconds = statistics.median(block_means) * calls
     took = torch.tensor([seconds / calls], dtype=torch.float64)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     return took.item()
+
+
+SKEW_BURSTS = (96, 384, 2048)  # k of the 512 x k x 512 matmul bursts: ~0.5, 2 and 10 ms on a ~100 GFLOP/s core
+
+
+def skew_probe(world: int, bursts: tuple[int, ...] = SKEW_BURSTS, calls: int = 20) -> list[tuple[float, float]]:
+    """gloo, a core per rank: [(compute seconds, seconds of an 8-byte all-reduce after it)], after each burst -- a
+    512 x k x 512 matmul (at the largest k its 4.2 MiB of operands exceed
+    a core's L2, like a layer's GEMMs) -- `calls` rounds of burst then call, as ranks meet at the TP collectives
+    between a layer's GEMMs. Both are means over the calls and over the ranks (all-reduced): the mean wait over
+    ranks is what the later rank costs the step (the earlier waits |skew| inside the call, the later 0: E max(c0,
+    c1) = c + E|c0 - c1| / 2), plus waking a rank blocked in the call."""
+    t = torch.ones(2)  # 8 bytes
+    out = []
+    for k in bursts:
+        a, b = torch.randn(512, k), torch.randn(k, 512)
+        burst = (lambda: a @ b)
+        burst()
+        dist.all_reduce(t)
+        dist.barrier()
+        compute = waited = 0.0
+        for _ in range(calls):
+            start = time.perf_counter()
+            burst()
+            mid = time.perf_counter()
+            dist.all_reduce(t)
+            compute, waited = compute + mid - start, waited + time.perf_counter() - mid
+        sums = torch.tensor([compute / calls, waited / calls], dtype=torch.float64)
+        dist.all_reduce(sums)
+        out.append((sums[0].item() / world, sums[1].item() / world))
+    return out
+
+
+def measures_skew(world: int, backend: str) -> bool:
+    """Does calibrate run skew_probe? gloo with a core per rank (2 to cpu_count ranks). With more ranks than cores
+    the waits are the OS scheduler's, which the shared-compute bound prices (the fields stay 0, the main job's 8
+    ranks on 2 cores plan as before); NCCL's collectives run on their own stream."""
+    return backend == "gloo" and 1 < world <= (os.cpu_count() or 1)
+
+
+def fit_skew(points: list[tuple[float, float]], back_to_back: float) -> dict[str, float]:
+    """Hardware.collective_skew_s and collective_skew_per_s from skew_probe's points: the wait after c seconds of
+    compute, each burst's call less `back_to_back` (the smallest all-reduce's time back to back, what the planner
+    charges a call), fitted to wait(c) = skew_s + per_s x c by least squares over the bursts. Noise that gives a
+    negative slope keeps the mean wait with no slope; a negative intercept refits through the origin; no wait at
+    all gives 0, 0."""
+    rows = [(c, max(0.0, call - back_to_back)) for c, call in points]
+    n = len(rows)
+    mc, mw = sum(c for c, _ in rows) / n, sum(w for _, w in rows) / n
+    var = sum((c - mc) ** 2 for c, _ in rows)
+    slope = sum((c - mc) * (w - mw) for c, w in rows) / var if var > 0 else 0.0
+    if slope <= 0:
+        return {"collective_skew_s": mw, "collective_skew_per_s": 0.0}
+    if mw - slope * mc < 0:  # var > 0: some c > 0
+        slope = sum(c * w for c, w in rows) / sum(c * c for c, _ in rows)
+        return {"collective_skew_s": 0.0, "collective_skew_per_s": slope}
+    return {"collective_skew_s": mw - slope * mc, "collective_skew_per_s": slope}
 
 
 CPU_COMM_SIZES = (8, 2**16, 2**20)  # bytes: a call's own cost, a main-job-sized activation, per byte
@@ -542,6 +601,11 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
                                            "busbw_gbps": busbw / GB})
             say(f"{op} {size:>10,d} B over {world} ranks: {seconds * 1e6:10.1f} us, algbw {algbw / GB:7.3f} GB/s, "
                 f"busbw {busbw / GB:7.3f} GB/s")
+    if measures_skew(world, cfg.backend):  # a core per rank: the ranks' skew after compute
+        out["skew"] = skew_probe(world)
+        if rank == 0:
+            say("8-byte all-reduce after compute: " + ", ".join(f"{c * 1e3:.2f} ms -> {w * 1e6:.0f} us"
+                                                                  for c, w in out["skew"]) + " (mean over ranks)")
     if world > 1 and cfg.backend == "gloo":
         out["comm_cpu"] = pair_comm_cpu(rank, world)
         if rank == 0:
@@ -604,6 +668,8 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     layers = [tuple(x) for x in per_rank[0]["layer_seconds"]]
     if cores and cfg.ranks > 1:  # gloo's CPU per collective call, message and byte (the shared-compute bound)
         hw = hw.with_overrides(**fit_comm_cpu([r.get("comm_cpu") for r in per_rank]))
+    if per_rank[0].get("skew"):  # a core per rank: what a collective waits for its ranks after compute
+        hw = hw.with_overrides(**fit_skew(per_rank[0]["skew"], node["intra_latency_s"]))
     if cores:  # a CPU: a rate and a cost per layer pass (Python, the dispatcher, autograd), both shapes solved
         rate, fixed_fwd, fixed_bwd = fit_layer(curve, layers, probe)
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
@@ -632,7 +698,8 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                          dataclasses.replace(hw, peak_tflops=curve.peak_tflops, gemm_overhead_s=curve.gemm_overhead_s),
                          probe),
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
-                     "comm_cpu_seconds_rank0": per_rank[0].get("comm_cpu"), "probe_clock": "cpu" if cores else "wall",
+                     "comm_cpu_seconds_rank0": per_rank[0].get("comm_cpu"),
+                     "all_reduce_8_bytes_after_compute_s": per_rank[0].get("skew"), "probe_clock": "cpu" if cores else "wall",
                      "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                      "torch": torch.__version__, "machine": platform.platform()},
         "not_measured": {"from_preset": cfg.base,
@@ -687,6 +754,7 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
     if not isinstance(fields_, dict):
         raise ValueError(f"--hardware {path}: no \"hardware\" object; write the profile with `hybrid calibrate`")
     known = {f.name: f for f in fields(Hardware)}
+    _refuse_unknown(path, "hardware.", fields_, known)  # a misspelled optional key would be dropped, its value unused
     for name, f in known.items():
         required = f.default is MISSING and f.default_factory is MISSING
         if name not in fields_:
@@ -698,6 +766,7 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
     if not isinstance(matmul, dict):  # a string or list here was read as "no fp32 rate" and planned on
         raise ValueError(f"--hardware {path}: matmul_tflops must be an object of rates by dtype, got "
                          f"{json.dumps(matmul)}; re-run `hybrid calibrate`")
+    _refuse_unknown(path, "matmul_tflops.", matmul, DTYPES)
     for dtype, rate in matmul.items():
         _check_field(path, f"matmul_tflops.{dtype}", rate, where="")
     try:
@@ -713,6 +782,17 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
     return hw
 
 
+def _refuse_unknown(path: str, where: str, given: dict, known) -> None:
+    """A key the loader does not know is one line naming it (and the nearest known one): a hand-edited profile's
+    `inter_dc_gpbs` or `matmul_tflops.fp23` would otherwise be dropped and the plan made without it."""
+    for key in given:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)
+            hint = f"did you mean {where}{near[0]}? " if near else ""
+            raise ValueError(f"--hardware {path}: unknown key {where}{key}; {hint}known: "
+                             f"{', '.join(sorted(str(k) for k in known))}")
+
+
 def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
     """Numbers finite and > 0 (None allowed for compute_units and memory_bytes), the name a string."""
     if name == "name":
@@ -725,7 +805,7 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
         return
     if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
                 "kernel_overhead_s", "inter_dc_latency_s", "collective_cpu_s", "p2p_cpu_s",
-                "comm_cpu_s_per_byte"):  # may be 0
+                "comm_cpu_s_per_byte", "collective_skew_s", "collective_skew_per_s"):  # may be 0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"--hardware {path}: {where}{name} must be a finite number >= 0, got {json.dumps(value)}")
         return
@@ -813,5 +893,7 @@ def run(args: argparse.Namespace) -> None:
           + f", memory {hw['hbm_tbps'] * 1e3:.2f} GB/s (elementwise kernels "
           + (f"{hw['elementwise_tbps'] * 1e3:.2f} GB/s" if hw.get("elementwise_tbps") else "at that rate")
           + (f"), all-reduce busbw {hw['intra_node_gbps']:.3f} GB/s, latency {hw['intra_latency_s'] * 1e6:.0f} us"
+             + (f", wait after c s of compute {hw['collective_skew_s'] * 1e6:.0f} us + "
+                f"{hw['collective_skew_per_s']:.3f} c" if measures_skew(cfg.ranks, cfg.backend) else "")
              if cfg.ranks > 1 else f"), no collectives (one rank: the {cfg.base} preset's node is kept)")
           + f". Use: hybrid plan --hardware {args.out} ...")

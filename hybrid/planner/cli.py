@@ -39,7 +39,7 @@ from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile, Precision
-from hybrid.planner.ops import KernelProfile, Stack
+from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, evaluate,
                                    search, summarize_rejections)
@@ -129,6 +129,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fp8", action="store_true",
                    help="the linear layers' GEMMs in FP8 (Transformer Engine / torchao float8): the FP8 peak, "
                         "1-byte saved inputs, casts and scales (h100 / h200; the planner only)")
+    g.add_argument("--fp8-scaling", choices=[x.value for x in Fp8Scaling], default=None,
+                   help="with --fp8: current (default; torchao float8, TE current scaling: an amax pass before "
+                        "each cast) or delayed (TE's DelayedScaling, Composer's amp_fp8: the cast records the amax)")
     g.add_argument("--pipeline-p2p", choices=[x.value for x in PipelineP2P], default=PipelineP2P.OVERLAPPED.value,
                    help="overlapped (this runtime, Megatron-core) or blocking pipeline messages (DeepSpeed's "
                         "pipeline engine; blocking-scatter: Megatron-LM 2021-22 with its scatter-gather)")
@@ -303,7 +306,8 @@ def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: 
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Before the search: --plot can be written and matplotlib is there; --emit-args has a model train.py can
-    build."""
+    build; the output flags asked for are ones that print together."""
+    _check_output_modes(args)
     if args.plot:
         check_output_file("--plot", args.plot)
         try:
@@ -321,6 +325,23 @@ def check_outputs(args: argparse.Namespace) -> None:
                          "from it, not from the size flags")
     if args.hardware and not os.path.isfile(args.hardware):
         raise ValueError(f"--hardware {args.hardware!r} is not a file; write one with `hybrid calibrate --out FILE`")
+
+
+def _check_output_modes(args: argparse.Namespace) -> None:
+    """--emit-args prints train.py's flags alone (read by $(...)), --json one JSON document (with each plan's step
+    terms), --scan-gpus one row per GPU count: an output flag one of them would not print is refused by name."""
+    if args.emit_args and args.json:
+        raise ValueError("--emit-args prints train.py's flags and --json the plans as JSON; give one of them")
+    if args.explain and (args.emit_args or args.json):
+        which = "--emit-args prints the flags alone" if args.emit_args else "--json holds each plan's step terms"
+        raise ValueError(f"--explain takes the table's best layout apart, and {which}; drop --explain or "
+                         f"{'--emit-args' if args.emit_args else '--json'}")
+    if args.scan_gpus:
+        for flag, on in (("--gpus", args.gpus is not None), ("--emit-args", args.emit_args),
+                         ("--explain", args.explain), ("--plot", args.plot)):
+            if on:
+                raise ValueError(f"{flag} does not run with --scan-gpus (one row, the best layout, per GPU count); "
+                                 f"drop one of them")
 
 
 def accepted_train_args(work: Workload, plans: list[Plan], args: argparse.Namespace) -> list[str]:
@@ -392,6 +413,7 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32,
                     kernels=KernelProfile(args.kernels) if args.kernels else None,
                     stack=None if args.stack == "auto" else Stack(args.stack), fp8=args.fp8,
+                    fp8_scaling=Fp8Scaling(args.fp8_scaling or Fp8Scaling.CURRENT.value),
                     p2p=PipelineP2P(args.pipeline_p2p), grad_accumulation_fusion=args.gradient_accumulation_fusion,
                     overlap_param_gather=args.overlap_param_gather,
                     fused_cross_entropy=args.fused_cross_entropy)

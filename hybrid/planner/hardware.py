@@ -96,8 +96,10 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   PyTorch FSDP; fit.fit_h100_eager_clock), with OVERLAP_SLOWDOWN and the checkpoint's early stop
 #   (time._stops_early) in the model (0.681 without both, 0.716 with the first: the clock had absorbed the b 2 row's
 #   ZeRO 3 overlap cost and the checkpointed rows' unrun down projection); the table's ten 16-512 GPU rows and every
-#   other row only check. Why a clock and not a term of its own (docs/planner.md "Why eager FSDP on H100 was
-#   optimistic"): the loss is the same fraction of the step at 1B and 70B, 8 and 512 GPUs, with attention 5-27 % of
+#   other row only check (with flash kernels' head-width padding, AttentionKernel, the same fit gives 0.690 and
+#   H100_500W_CLOCK's 0.9895: within tests/test_planner_fit.py's 0.002, kept). Why a clock and not a term of its
+#   own (docs/planner.md "Why eager FSDP on H100 was optimistic"): the loss is the same fraction of the step at 1B
+#   and 70B, 8 and 512 GPUs, with attention 5-27 % of
 #   the step -- a uniform slowdown of tensor-core work -- and the same software on A100 is priced right by an
 #   asymptote that was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a
 #   power-limited H100 runs matmuls on real data slower than on benchmark data: thonking.ai, "Matrix Multiplications
@@ -119,6 +121,15 @@ H100_96G_BYTES = round(96 * 2**30 * 81559 / 81920)
 ELEMENTWISE_FRACTION = 4.16 / 4.8
 KERNEL_OVERHEAD_S = 7.78e-6
 A100_FLASH, HOPPER_FLASH = 0.50, 0.35
+# * FLASH1_A100: a FlashAttention-1-class kernel's sustained share of the A100's bf16 peak, **published**: Dao 2023
+#   (arXiv 2307.08691) Figure 4(d), A100 80GB, forward + backward, causal mask, head dimension 128, at the longest
+#   length shown (16k; flat from 8k): "FlashAttention Triton" (HazyResearch's flash_attn_triton.py, the kernel
+#   llm-foundry's `attn_impl: triton` copied) 80 TFLOP/s, where FlashAttention-1 (CUDA) reaches 83 and
+#   FlashAttention-2 189 (the figure's data: Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png,
+#   commit 4f285b35). The H100 has no published rate for it (the paper's Figure 7 shows FlashAttention-1 CUDA, 137 of
+#   FlashAttention-2's 328 TFLOP/s, no Triton bar): AttentionKernel.FLASH1 is refused there. Not fitted
+#   (docs/planner.md "Attention kernels of the published runs").
+FLASH1_A100 = 80.0 / 312.0
 HOPPER_FP8_TFLOPS = 1979.0
 
 
@@ -150,6 +161,41 @@ class Gemm:
         """The two products of its backward: the input gradient dY W^T (m x n)(n x k) and the weight (or second
         operand) gradient X^T dY (k x m)(m x n)."""
         return Gemm(self.m, self.k, self.n, self.batch), Gemm(self.k, self.n, self.m, self.batch)
+
+
+class AttentionKernel(enum.Enum):
+    """Which flash-attention kernel a run's attention core uses (Workload.attention_kernel): its rate and the head
+    width its tiles compute.
+
+    FLASH2: FlashAttention-2 (flash-attn >= 2, PyTorch's SDPA flash backend; the presets' flash_efficiency),
+        head dimension rounded up to its compiled tile widths 32, 64, 96, ..., 256 (flash-attn v2.4.2
+        csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH: 80 -> 96, 112 -> 128).
+    FLASH1: a FlashAttention-1-class kernel: flash-attn 1.x or its Triton version (llm-foundry's default until 0.7,
+        `attn_impl: triton`, llmfoundry/models/layers/flash_attn_triton.py), at FLASH1_A100 of an A100's
+        peak (no other card has a published rate), head dimension rounded up to a power of two
+        (`BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16)`:
+        80 -> 128, 112 -> 128).
+    """
+
+    FLASH2 = "flash2"
+    FLASH1 = "flash1"
+
+    def padded_head_dim(self, d: int) -> int:
+        """The head width the kernel's tiles compute for a head of width d (the FLOPs it runs: x padded / d)."""
+        if self is AttentionKernel.FLASH1:
+            return max(16, 1 << (d - 1).bit_length())
+        return max(32, -(-d // 32) * 32)
+
+    def efficiency(self, hw: "Hardware") -> float | None:
+        """Its share of hw's peak: hw.flash_efficiency (FlashAttention-2, the stack clock included) for FLASH2;
+        for FLASH1 on an A100 that times FLASH1_A100 / A100_FLASH (the preset gives FLASH1_A100; a stated
+        flash_efficiency scales alike). FLASH1 elsewhere: ValueError (no published rate)."""
+        if hw.flash_efficiency is None or self is AttentionKernel.FLASH2:
+            return hw.flash_efficiency
+        if not hw.name.startswith("a100"):
+            raise ValueError(f"Workload.attention_kernel flash1 has a published rate on A100 only, not on "
+                             f"{hw.name}; plan flash2 (the default)")
+        return hw.flash_efficiency * FLASH1_A100 / A100_FLASH
 
 
 class GpuKind(enum.Enum):
@@ -216,6 +262,14 @@ class Hardware:
             receive), and per wire byte (`hybrid calibrate`'s pair probe): copying, reducing and gloo's threads.
             With more ranks than cores that is work the cores do besides compute (time.py: the shared-compute
             bound). 0: not measured (presets, GPUs).
+        collective_skew_s, collective_skew_per_s: with a core per rank (gloo on a CPU, no more ranks than cores),
+            what a synchronous collective waits beyond its back-to-back time (latency + bytes / bandwidth, the
+            fields above) for its ranks to meet after c seconds of compute since their last sync:
+            wait(c) = collective_skew_s + collective_skew_per_s x c, the ranks' skew -- one finishes its compute
+            later, the other waits inside the call, and a rank blocked in the call must be woken
+            (`sync_wait_seconds`; `hybrid calibrate`'s skew probe: 8-byte all-reduces after matmul bursts of
+            three lengths). 0: not measured (presets, GPUs, ranks sharing cores: there the shared-compute bound
+            prices the waiting).
         inter_dc_gbps: GB/s per direction of the link between two sites the DP replicas are split over
             (`--inter-dc-bandwidth`; hybrid/planner/slowlink.py); None: one site, no such link.
         inter_dc_latency_s: one-way seconds of a message over that link (`--inter-dc-latency`, in ms there);
@@ -259,6 +313,8 @@ class Hardware:
     collective_cpu_s: float = 0.0
     p2p_cpu_s: float = 0.0
     comm_cpu_s_per_byte: float = 0.0
+    collective_skew_s: float = 0.0
+    collective_skew_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -273,7 +329,8 @@ class Hardware:
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
         for name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                     "kernel_overhead_s", "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte"):
+                     "kernel_overhead_s", "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte",
+                     "collective_skew_s", "collective_skew_per_s"):
             if not getattr(self, name) >= 0:
                 flag = "--gemm-overhead" if name == "gemm_overhead_s" else name
                 raise ValueError(f"{flag} must be >= 0 seconds, got {getattr(self, name)}")
@@ -310,6 +367,16 @@ class Hardware:
     def elementwise_bytes_per_s(self) -> float:
         """Bytes/s of memory-bound kernels: elementwise_tbps when measured, else the HBM bandwidth."""
         return (self.elementwise_tbps or self.hbm_tbps) * 1e12
+
+    @property
+    def streaming_bytes_per_s(self) -> float:
+        """Bytes/s of a plain streaming pass with no arithmetic to speak of (a gradient added into the accumulated
+        one): on a calibrated CPU (shared compute units) the copy rate `hbm_tbps` measured there -- its
+        `elementwise_tbps` is the layer's mix, where GELU's tanh and softmax's exp run 3-4x below the copy rate
+        (calibrate.py), and an add of two fp32 tensors ran at the copy rate on this VM (49 against 45 GB/s
+        read + written, 4.2M parameters in the 4-layer ranking model's tensors, CPU clock); on a GPU
+        elementwise_bytes_per_s, the achievable share of the data sheet's HBM (ELEMENTWISE_FRACTION: a copy)."""
+        return self.hbm_tbps * 1e12 if self.compute_units is not None else self.elementwise_bytes_per_s
 
     @property
     def overlap_cost(self) -> float:
@@ -460,6 +527,16 @@ def collective_seconds(hw: Hardware, op: Collective, size_bytes: float, group: G
         return 0.0
     latency = hw.inter_latency_s if group.spans_nodes else hw.intra_latency_s
     return latency + wire_bytes(op, size_bytes, group.size) / group_bandwidth(hw, group)
+
+
+def sync_wait_seconds(hw: Hardware, calls: int, compute: float) -> float:
+    """Seconds `calls` synchronous collectives wait for their ranks to meet when `compute` seconds of compute run
+    between them (the i-th after c_i of it, sum c_i = compute): sum_i wait(c_i) = calls x collective_skew_s +
+    collective_skew_per_s x compute (wait is affine, so how the compute splits between the calls does not
+    matter). 0 without calls or where the skew was not measured."""
+    if calls <= 0:
+        return 0.0
+    return calls * hw.collective_skew_s + hw.collective_skew_per_s * compute
 
 
 def p2p_seconds(hw: Hardware, size_bytes: float, crosses_nodes: bool) -> float:

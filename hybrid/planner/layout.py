@@ -14,9 +14,9 @@ from functools import lru_cache
 
 from hybrid.partition import PartitionMethod, partition_layers, stage_costs_from_config
 from hybrid.pipeline import Placement, ScheduleKind
-from hybrid.planner.hardware import GroupPlacement, Hardware
+from hybrid.planner.hardware import AttentionKernel, GroupPlacement, Hardware
 from hybrid.planner.model import ActivationProfile, Precision, Shard
-from hybrid.planner.ops import KernelProfile, Stack
+from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from models.common import Recompute  # noqa: F401  (re-exported: the runtime's enum is the planner's)
 from models.config import ModelConfig
 
@@ -176,6 +176,9 @@ class Workload:
             peak, their saved inputs 1 byte, casts and amax reductions added to the memory-bound work, the FP8
             casts of the computing layer's weights (and transposes) and the per-tensor scales in memory. The LM
             head and the attention stay bf16. The planner only: the runtime's FP8 waits for a GPU.
+        fp8_scaling: how the FP8 casts find their scale (`--fp8-scaling`; ops.Fp8Scaling, priced in
+            ops.fp8_casts): CURRENT (torchao float8, TE's current scaling: an amax pass before each cast) or
+            DELAYED (TE's DelayedScaling: the cast records the amax). Only with --fp8.
         p2p: how the pipeline's messages block (`--pipeline-p2p`): OVERLAPPED (this runtime, Megatron-core),
             BLOCKING (DeepSpeed's pipeline engine: each pass also pays its messages, latency + bytes) or
             BLOCKING_SCATTER (Megatron-LM 2021-22: blocking, each TP rank sending 1/t, NVLink all-gather).
@@ -194,6 +197,10 @@ class Workload:
             them -- 2 + 2 bytes a logit where torch's cross-entropy on fp32-upcast logits (this runtime,
             torchtitan, transformers) keeps 6 and briefly needs 8 more. Memory only: the head's memory-bound
             time is still torch's. The bf16-flash profile only; the planner only.
+        attention_kernel: which flash-attention kernel times the attention core (hardware.AttentionKernel):
+            FLASH2 (FlashAttention-2 / SDPA, the default) or FLASH1 (FlashAttention-1 or its Triton version, as
+            MosaicML's published MPT runs used: docs/planner.md "Attention kernels of the published runs"); its
+            rate and its padded head width. The planner only (the API; no flag).
     """
 
     model: ModelConfig
@@ -206,10 +213,12 @@ class Workload:
     kernels: KernelProfile | None = None
     stack: Stack | None = None
     fp8: bool = False
+    fp8_scaling: Fp8Scaling = Fp8Scaling.CURRENT
     p2p: PipelineP2P = PipelineP2P.OVERLAPPED
     grad_accumulation_fusion: bool | None = None
     overlap_param_gather: bool = True
     fused_cross_entropy: bool = False
+    attention_kernel: AttentionKernel = AttentionKernel.FLASH2
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
@@ -225,10 +234,16 @@ class Workload:
         if self.fused_cross_entropy and self.activations is not ActivationProfile.BF16_FLASH:
             raise ValueError(f"--fused-cross-entropy models a fused loss over bf16 logits: use it with "
                              f"--activation-profile bf16-flash, not {self.activations.value}")
+        if not isinstance(self.attention_kernel, AttentionKernel):
+            raise ValueError(f"Workload.attention_kernel must be an AttentionKernel, got {self.attention_kernel!r}")
         if self.kernels is not None and not isinstance(self.kernels, KernelProfile):
             raise ValueError(f"Workload.kernels must be a KernelProfile, got {self.kernels!r}")
         if self.stack is not None and not isinstance(self.stack, Stack):
             raise ValueError(f"Workload.stack must be a Stack, got {self.stack!r}")
+        if not isinstance(self.fp8_scaling, Fp8Scaling):
+            raise ValueError(f"Workload.fp8_scaling must be an Fp8Scaling, got {self.fp8_scaling!r}")
+        if self.fp8_scaling is not Fp8Scaling.CURRENT and not self.fp8:
+            raise ValueError("--fp8-scaling prices FP8 casts: add --fp8 or drop --fp8-scaling")
         if self.fp8 and self.precision is not Precision.MIXED:
             raise ValueError("--fp8 needs --precision mixed (FP8 GEMMs keep bf16 parameters and fp32 master "
                              "weights); drop --fp8 or plan mixed precision")

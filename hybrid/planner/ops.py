@@ -60,6 +60,18 @@ class Stack(enum.Enum):
     MEGATRON = "megatron"
 
 
+class Fp8Scaling(enum.Enum):
+    """How an FP8 linear finds the scale of the tensor it casts (`--fp8-scaling`, Workload.fp8_scaling).
+
+    DELAYED: Transformer Engine's DelayedScaling recipe (its default; Composer's `amp_fp8` / llm-foundry, TE 1.x
+    Megatron / NeMo runs): the scale comes from an amax history and the cast kernel records the new amax as it
+    goes, one pass over the tensor. CURRENT: the tensor's own amax, a reduction pass before the cast (TE's
+    Float8CurrentScaling; torchao float8's dynamic tensorwise scaling, torchtitan's Float8)."""
+
+    DELAYED = "delayed"
+    CURRENT = "current"
+
+
 @dataclass(frozen=True)
 class Op:
     """One memory-bound op of a layer (or of the head), per token on one TP rank.
@@ -186,3 +198,31 @@ class Traffic:
     def of(cls, ops: tuple[Op, ...] | list[Op]) -> "Traffic":
         return cls(sum(o.fwd_bytes for o in ops), sum(o.bwd_bytes for o in ops),
                    sum(o.fwd_kernels for o in ops), sum(o.bwd_kernels for o in ops))
+
+
+def fp8_casts(shard: Shard, tokens: int, e: int, scaling: Fp8Scaling) -> Traffic:
+    """--fp8: the casts an FP8 linear adds, per token of a micro-batch of `tokens` tokens, one layer, one TP rank.
+
+    What Transformer Engine's Linear runs (transformer_engine/pytorch/module/linear.py: `fp8_cast_transpose_fused`
+    on the input and, in every micro-batch that does not pass `is_first_microbatch`, on the weight; the backward's
+    `grad_output_preprocess` runs `fp8_cast_transpose_bgrad_fused` on the output gradient): each cast reads the
+    bf16 tensor once and writes it twice in FP8, as it is and transposed -- Hopper's FP8 GEMM takes only the
+    "TN" layout, so the weight-gradient product needs the transposed input and output gradient, and the input-
+    gradient product the transposed weight: e + 2 bytes an element, one kernel. CURRENT scaling adds the amax
+    reduction before the cast (one more read of e, one more kernel); DELAYED records it inside the cast.
+
+    The inputs cast are the layer's distinct linear inputs -- q, k and v share one (a fused QKV linear: MPT,
+    Megatron; torch.compile merges the three casts of torchtitan's separate projections), so do SwiGLU's gate and
+    up -- plus the attention output (o's input) and the MLP's hidden (the down projection's); every linear's output
+    gradient is cast; the weights once per micro-batch (their bytes over the micro-batch's tokens). The amax
+    history and scale updates (a few small kernels a step) are not priced."""
+    cast = (2 * e + 2) if scaling is Fp8Scaling.CURRENT else (e + 2)
+    kernels = 2 if scaling is Fp8Scaling.CURRENT else 1
+    gemms = shard.linear_gemms_in_order(1, 1)
+    down = gemms[-1]
+    inputs = shard.cfg.hidden_size * 2 + shard.q_width + down.k  # qkv, o, the MLP's up (and gate), down
+    outputs = sum(g.n for g in gemms)
+    weights = sum(g.n * g.k for g in gemms)
+    linears = 4  # fused QKV, o, up (SwiGLU: gate and up fused), down: a weight cast and a gradient cast each
+    casts_fwd, casts_bwd = 4 + linears, linears  # the 4 distinct inputs and the weights; the output gradients
+    return Traffic(cast * (inputs + weights / tokens), cast * outputs, kernels * casts_fwd, kernels * casts_bwd)

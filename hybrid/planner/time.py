@@ -66,14 +66,14 @@ import math
 from dataclasses import dataclass, replace
 
 from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds,
-                                     wire_bytes)
+                                     sync_wait_seconds, wire_bytes)
 from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, ZeroStage, dp_placement,
                                    pipeline_crosses_nodes, stage_layers, tp_placement)
 from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
                                    partial_grad_ledger, step_ledger, tp_ledger)
 from hybrid.planner.predicted_memory import rank_parameters
 from hybrid.planner.model import ActivationProfile, Precision, Shard
-from hybrid.planner.ops import KernelProfile, Traffic, embedding_ops, head_ops, layer_ops
+from hybrid.planner.ops import KernelProfile, Traffic, embedding_ops, fp8_casts, head_ops, layer_ops
 
 MLP_ACTIVATIONS = ("gelu", "swiglu")  # ops.layer_ops' names of the op whose output the down projection reads
 from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline
@@ -175,7 +175,9 @@ TERMS = (("gemm", "matmuls on the GEMM curve (recomputed ones included)"),
          ("memory_bound", "non-matmul ops: their bytes at the achievable bandwidth (ops.py), and each micro-batch's "
                           "gradient add without gradient-accumulation fusion"),
          ("launches", "their kernels x the per-kernel latency (+ a calibrated CPU's per-pass costs)"),
-         ("tp", "tensor-parallel collectives (synchronous)"),
+         ("tp", "tensor-parallel collectives (synchronous): latency + bytes / bandwidth"),
+         ("tp_wait", "TP collectives waiting for their ranks to meet: the ranks' skew after the compute since the "
+                     "last sync (a calibrated CPU's collective_skew_s per call + collective_skew_per_s x compute)"),
          ("pp_p2p", "pipeline messages a blocking schedule waits out (0: overlapped, inside the bubble)"),
          ("dp_in_passes", "ZeRO 2/3 gathers / reduce-scatters not hidden under compute"),
          ("overlap", "compute slowed by the ZeRO 2/3 collectives hidden under it: (1 - 1/overlap_slowdown) x their "
@@ -228,10 +230,12 @@ class _Context:
         return self.shard.profile is not ActivationProfile.KORTHIKANTI and self.cluster.hw.flash_efficiency is not None
 
     def flash_seconds(self, b: int, s: int) -> float:
-        """Forward seconds of causal flash attention: half of QK^T and softmax(.)V's s x s FLOPs, at
-        Hardware.flash_efficiency of the peak (its backward: 2.5x, five products instead of two)."""
-        hw = self.cluster.hw
-        return self.shard.attention_core_flops(b, s) / 2 / (hw.flash_efficiency * hw.peak_tflops * 1e12)
+        """Forward seconds of causal flash attention: half of QK^T and softmax(.)V's s x s FLOPs, the head width
+        padded to the kernel's tile (AttentionKernel.padded_head_dim), at the workload's kernel's share of the
+        peak (Workload.attention_kernel; its backward: 2.5x, five products instead of two)."""
+        hw, kernel, d = self.cluster.hw, self.work.attention_kernel, self.work.model.head_dim
+        flops = self.shard.attention_core_flops(b, s) / 2 * kernel.padded_head_dim(d) / d
+        return flops / (kernel.efficiency(hw) * hw.peak_tflops * 1e12)
 
 
 def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
@@ -276,12 +280,14 @@ class Pass:
 
 @dataclass(frozen=True)
 class _Cost:
-    """Seconds of one micro-batch: compute (matmuls and memory-bound kernels) and TP communication."""
+    """Seconds of one micro-batch: compute (matmuls and memory-bound kernels) and TP communication (its ranks'
+    waits to meet, `wait`, included)."""
 
     forward: Pass
     backward: Pass
     forward_comm: float
     backward_comm: float
+    wait: float = 0.0
 
     @property
     def forward_compute(self) -> float:
@@ -292,12 +298,18 @@ class _Cost:
         return self.backward.total
 
 
-def _tp_cost(ctx: _Context, layers: int, first: bool, last: bool) -> tuple[float, float]:
-    """(forward, backward) seconds of the TP ledger of `layers` layers and the stage's edges."""
+def _tp_cost(ctx: _Context, layers: int, first: bool, last: bool, forward: Pass = Pass(),
+             backward: Pass = Pass()) -> tuple[float, float, float]:
+    """(forward, backward, waits) seconds of the TP ledger of `layers` layers and the stage's edges, whose passes
+    compute `forward` and `backward`: each collective's time plus its wait for the ranks to meet after the compute
+    before it (hardware.sync_wait_seconds; 0 but on a calibrated CPU), the waits also on their own."""
     lay = ctx.layout
     book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, layers, first, last,
                      lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes)
-    return ctx.tp_seconds(book["forward"]), ctx.tp_seconds(book["backward"])
+    hw = ctx.cluster.hw
+    waits = [sync_wait_seconds(hw, sum(int(e["calls"]) for e in book[k].values()), p.total)
+             for k, p in (("forward", forward), ("backward", backward))]
+    return ctx.tp_seconds(book["forward"]) + waits[0], ctx.tp_seconds(book["backward"]) + waits[1], sum(waits)
 
 
 def _ops_pass(ctx: _Context, traffic: Traffic, tokens: int, backward: bool) -> Pass:
@@ -308,19 +320,13 @@ def _ops_pass(ctx: _Context, traffic: Traffic, tokens: int, backward: bool) -> P
 
 
 def _fp8_traffic(ctx: _Context) -> Traffic:
-    """--fp8, per token: each linear casts its input to FP8 with an amax reduction in the forward (read e twice,
-    write 1 byte) and its incoming gradient in the backward; the weights are cast once per micro-batch (counted
-    per token as their bytes over the micro-batch's tokens)."""
+    """--fp8, per token: the casts Transformer Engine / torchao float8 add to a layer (ops.fp8_casts: each
+    distinct linear input cast and transposed in the forward, each output gradient in the backward, the weights
+    once per micro-batch; an amax pass more under Workload.fp8_scaling CURRENT)."""
     if not ctx.work.fp8:
         return Traffic()
-    e = ctx.work.precision.activation_bytes
-    b, s = ctx.layout.micro_batch, ctx.work.seq_length
-    gemms = ctx.shard.linear_gemms_in_order(b, s)
-    inputs = sum(g.k for g in gemms)  # per token: each linear's input width
-    outputs = sum(g.n for g in gemms)  # its output's, whose gradient the backward casts
-    weights = sum(g.n * g.k for g in gemms) * (2 * e + 2) / (b * s)  # amax + cast (+ transpose) per micro-batch
-    n = len(gemms)
-    return Traffic((2 * e + 1) * inputs + weights, (2 * e + 1) * outputs, 2 * n, 2 * n)
+    tokens = ctx.layout.micro_batch * ctx.work.seq_length
+    return fp8_casts(ctx.shard, tokens, ctx.work.precision.activation_bytes, ctx.work.fp8_scaling)
 
 
 def layer_passes(ctx: _Context) -> tuple[Pass, Pass]:
@@ -399,7 +405,7 @@ def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
 def _layer_cost(ctx: _Context) -> _Cost:
     """One Transformer layer, one micro-batch: its passes and its TP collectives."""
     forward, backward = layer_passes(ctx)
-    return _Cost(forward, backward, *_tp_cost(ctx, 1, False, False))
+    return _Cost(forward, backward, *_tp_cost(ctx, 1, False, False, forward, backward))
 
 
 @dataclass(frozen=True)
@@ -440,7 +446,7 @@ def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
         loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile))
         fwd = fwd + Pass(gemm=ctx.gemm_seconds(head)) + _ops_pass(ctx, loss, b * s, False)
         bwd = bwd + Pass(gemm=ctx.backward_gemm_seconds(head)) + _ops_pass(ctx, loss, b * s, True)
-    return _Cost(fwd, bwd, *_tp_cost(ctx, 0, first, last))
+    return _Cost(fwd, bwd, *_tp_cost(ctx, 0, first, last, fwd, bwd))
 
 
 def _chunk_dp_overlap(ctx: _Context, chunk_params: float) -> tuple[float, float, float]:
@@ -469,6 +475,7 @@ class _StageCost:
     hidden: float  # ZeRO 2/3 collective seconds that run under the compute
     parts: Pass = Pass()  # the compute by kind of work, forward + backward
     lost: float = 0.0  # compute seconds the hidden collectives slow it by (Hardware.overlap_slowdown)
+    wait: float = 0.0  # of comm: the TP collectives' waits for their ranks to meet (sync_wait_seconds)
 
 
 def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bool,
@@ -515,14 +522,15 @@ def _grad_accumulation(ctx: _Context, params: float) -> Pass:
     share = 1.0 / ctx.layout.dp if ctx.layout.zero >= ZeroStage.GRADIENTS else 1.0
     per_param = ctx.work.precision.param_bytes + 2 * ctx.work.grad_bytes
     nbytes = per_param * params * share * (m - 1) / m
-    return Pass(memory=ctx.hbm_seconds(nbytes))
+    return Pass(memory=nbytes / ctx.cluster.hw.streaming_bytes_per_s)  # an add: the copy rate (a CPU's too)
 
 
 def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> _StageCost:
     edge = _edge_cost(ctx, first, last)
     params = n * ctx.shard.layer_params() + (ctx.shard.embedding_params() if first else 0) + (
         ctx.shard.head_params(shares_embedding=first) if last else 0)
-    edge = _Cost(edge.forward, edge.backward + _grad_accumulation(ctx, params), edge.forward_comm, edge.backward_comm)
+    edge = _Cost(edge.forward, edge.backward + _grad_accumulation(ctx, params), edge.forward_comm, edge.backward_comm,
+                 edge.wait)
     f_comp = n * cost.forward_compute + edge.forward_compute
     b_comp = n * cost.backward_compute + edge.backward_compute
     f_tp = n * cost.forward_comm + edge.forward_comm
@@ -537,7 +545,7 @@ def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> 
             + b - _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send)[0])
     parts = (cost.forward + cost.backward).scaled(n) + edge.forward + edge.backward
     return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden,
-                      parts=parts, lost=lost)
+                      parts=parts, lost=lost, wait=n * cost.wait + edge.wait)
 
 
 def _pp_send_on_dp_link(ctx: _Context) -> float:
@@ -564,6 +572,7 @@ class _Stages:
     lost: float  # its compute seconds lost to the collectives hidden under it (Hardware.overlap_slowdown)
     p2p: float  # its blocking point-to-point seconds (0 when the messages overlap: the simulation places them)
     busy: float  # its stage costs, everything it does per micro-batch
+    wait: float = 0.0  # of comm: its TP collectives' waits for their ranks to meet
 
 
 def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[StageTimes, float, float, float]:
@@ -580,7 +589,7 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
     cost = _layer_cost(ctx)
     kinds: dict[tuple[int, bool, bool], _StageCost] = {}  # stages alike in (layers, first, last) cost alike
     fwd, bwd, compute, comm, hidden, lost = [], [], [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
-    parts, paid = [Pass()] * pp, [0.0] * pp
+    parts, paid, wait = [Pass()] * pp, [0.0] * pp, [0.0] * pp
     for stage, n in enumerate(layers):
         key = (n, stage == 0, stage == pp * v - 1)
         if key not in kinds:
@@ -592,6 +601,7 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
         comm[r] += c.comm
         hidden[r] += c.hidden
         lost[r] += c.lost
+        wait[r] += c.wait
         parts[r] = parts[r] + c.parts
     message = layout.micro_batch * work.seq_length * work.model.hidden_size * work.precision.activation_bytes
     message /= layout.tp if layout.sequence_parallel else 1  # SP: hidden states between stages are (b, s/t, h)
@@ -610,7 +620,7 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
     busy = [sum(fwd[s] + bwd[s] for s in layout.rank_stages(r)) for r in range(pp)]
     busiest = max(range(pp), key=lambda r: busy[r])
     return _Stages(StageTimes(tuple(fwd), tuple(bwd), p2p, tuple(compute)), compute[busiest], comm[busiest],
-                   max(hidden), parts[busiest], lost[busiest], paid[busiest], busy[busiest])
+                   max(hidden), parts[busiest], lost[busiest], paid[busiest], busy[busiest], wait[busiest])
 
 
 def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0) -> float:
@@ -724,7 +734,7 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     p = st.parts.scaled(m)
     in_passes = m * (st.busy - st.compute - st.comm - st.p2p - st.lost)
     terms = (("gemm", p.gemm), ("attention", p.attention), ("memory_bound", p.memory), ("launches", p.launches),
-             ("tp", m * tp_comm), ("pp_p2p", m * st.p2p), ("dp_in_passes", in_passes), ("overlap", m * st.lost),
+             ("tp", m * (tp_comm - st.wait)), ("tp_wait", m * st.wait), ("pp_p2p", m * st.p2p), ("dp_in_passes", in_passes), ("overlap", m * st.lost),
              ("bubble", pipeline - m * st.busy), ("dp_exposed", dp), ("optimizer", opt), ("other", other))
     return StepTime(total=pipeline + dp + opt + other, pipeline=pipeline, compute=m * compute,
                     tp_comm=m * tp_comm, pp_comm=times.comm, dp_comm=dp, overlapped_dp=m * hidden,

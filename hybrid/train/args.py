@@ -396,7 +396,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
-    compress = compress_args.check(ns, dims.dp * dims.cp)  # hybrid/compress: gradient compression over DP
+    compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None)  # hybrid/compress
     diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe is not None)  # hybrid/diloco: None without
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "

@@ -280,7 +280,8 @@ def prediction_line(p: Prediction) -> str:
 
 # flags that say how a run starts, stops, saves or logs, not what it computes: left out of the comparison
 RUN_CONTROL = {"load", "save", "save_interval", "save_keep", "ckpt_step", "no_load_optim", "no_load_rng",
-               "async_save", "exit_signal_handler", "exit_interval", "log_interval", "timing_log_interval",
+               "overwrite_save", "async_save", "exit_signal_handler", "exit_interval", "log_interval",
+               "timing_log_interval",
                "tensorboard_dir", "metrics_file", "timeline", "distributed_timeout_minutes", "hardware",
                "peak_tflops", "watchdog_timeout", "straggler_factor", "auto_parallel"}
 # the layout, compared as one (the layout line)
@@ -481,6 +482,9 @@ def predict(run, device, baseline_bytes: float) -> Prediction:
 
     cfg, dims, batch, plan = run.model.arch, run.parallel.dims, run.training.batch, run.parallel.pipeline
     name = os.path.basename(run.training.hardware) if run.training.hardware else f"this {device.type}"
+    if dims.cp > 1:  # evaluate() prices tp x pp x dp: at cp > 1 it would call the running layout one that cannot run
+        return Prediction(name, error=f"the start-up line does not price --context-parallel-size {dims.cp} yet "
+                                      f"(`hybrid plan --context-parallel-size {dims.cp}` does)")
     try:
         work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch,
                                   plan.v, plan.kind.splits_backward)

@@ -141,7 +141,7 @@ class ZeroOptimizer:
     """
 
     def __init__(self, model: nn.Module, mesh: Mesh, cfg: ZeroConfig, opt_cfg: OptimizerConfig,
-                 reduction: DPReduction | None = None) -> None:
+                 reduction: DPReduction | None = None, gather_group: Group | None = None) -> None:
         self.model, self.mesh, self.cfg, self.opt_cfg = model, mesh, cfg, opt_cfg
         # hybrid/compress: a gradient compressor reduces the dense units instead of the plain collectives below
         if reduction is not None and not reduction.per_micro_batch and cfg.stage == 3:
@@ -152,6 +152,14 @@ class ZeroOptimizer:
         # (Megatron's dp_cp group); the DP group itself when cp = 1 -- the only CP edit here
         self.dp: Group = mesh.dp_cp
         self.edp: Group = mesh.expert_dp  # MoE experts: replicated over their expert-DP group (hybrid/moe)
+        # stages 1-2: the post-step all-gathers of the dense units on `gather_group` -- the DP group's ranks in their
+        # own process group, so a collective posted after them on the DP group (train_step's loss all-reduce) does
+        # not queue behind their bytes on gloo's pair connection and they can overlap the next forward -- else on
+        # the DP group (the default; docs/zero.md round 7: measured by bench_zero.py, not yet shown to pay)
+        if gather_group is not None and tuple(gather_group.ranks) != tuple(self.dp.ranks):
+            raise ValueError(f"ZeroOptimizer: gather_group ranks {list(gather_group.ranks)} must be the DP group's "
+                             f"{list(self.dp.ranks)}, in the same order")
+        self.gather_group: Group = gather_group if gather_group is not None else self.dp
         self._expert_units: set[int] = set()
         self.device = mesh.device
         self.dtype = cfg.precision.dtype
@@ -758,7 +766,8 @@ class ZeroOptimizer:
             if u.master is not u.shard:
                 u.shard.copy_(u.master, non_blocking=self.pin)  # fp32 -> compute dtype, host -> device
             if self.cfg.stage in (1, 2):  # every rank needs the whole updated unit; u.shard is u.flat's own chunk
-                work = self._group(u).all_gather_in_place(u.flat)
+                group = self._group(u)
+                work = (self.gather_group if group is self.dp else group).all_gather_in_place(u.flat)
                 if self.overlaps_param_gather:
                     self._param_gathers[id(u)] = (work, None)
                 else:

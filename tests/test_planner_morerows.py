@@ -1,0 +1,196 @@
+"""Issue 26, seventh round: more published runs as CHECK rows (hybrid/planner/published_more.py). Each row is
+predicted and its error reported (docs/planner.md "More check rows, round 7" is the code's table); nothing is fitted
+to them. What holds now is asserted as a ratchet: every published layout is predicted to fit, and every row outside
+KNOWN_MISSES stays within +-15 %. A physics change that brings a miss inside may drop it from KNOWN_MISSES; one
+that pushes a row out must say why. The table's numbers move with the planner's physics: regenerate the docs
+section with `python -m hybrid.planner.published_more`."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hybrid.planner.published import Role, all_runs, more_check_runs
+from hybrid.planner.layout import ZeroStage
+from hybrid.planner.published_more import (GROUPS, MCORE_VOCAB, MCORE_WEAK, MPT_A100_MORE, MPT_H100_MORE,
+                                           MPT_MORE_SIZES, NEMO_2407_ROWS, NEMO_LONG_ROWS, ContextRun, evaluate,
+                                           miss_table, more_runs, nemo_long_runs, summary_line, table)
+from hybrid.planner.time import model_flops
+
+# rows outside +-15 % at this commit (docs/planner.md "More check rows, round 7" gives each one's reading)
+KNOWN_MISSES = {
+    # Megatron-Core r0.8.0 weak scaling: small models optimistic, TP 8 at d 48 with one micro-batch pessimistic
+    # (its TP and DP overlap flags hide what the planner exposes), the 16-stage pipeline optimistic
+    "Megatron-Core 1.7B, 48 H100, t1 p1 d48", "Megatron-Core 7.1B, 96 H100, t2 p1 d48",
+    "Megatron-Core 32B, 384 H100, t8 p1 d48", "Megatron-Core 462B, 6144 H100, t8 p16 d48",
+    # FP8 at h 4096 optimistic; Nemotron-340B fits only with recomputation in the plan
+    "NeMo 24.07 GPT3-5B FP8, 64 H100, t1 p1, b4, GBS 2048", "NeMo 24.07 Nemotron-8B FP8, 64 H100, t2 p1, b4, GBS 256",
+    "NeMo 24.07 Nemotron-340B FP8, 128 H100, t8 p8 v12, b1, GBS 32",
+    # context parallelism: torchtitan's CP 2 pessimistic (its CP 4 and 8 within 1 %), NeMo's CP 4-32 at s 128K-1M
+    # pessimistic (CP's term is most of the planned step)
+    "torchtitan Llama 3.1 8B, 8 H100 500W, FSDP 4 x CP 2, s 65536, b1, full",
+    "NeMo 24.03 LLAMA2-7B FP8, s 128K, 128 H100, t4 p1 d8 cp4",
+    "NeMo 24.03 LLAMA2-7B FP8, s 256K, 256 H100, t4 p1 d8 cp8",
+    "NeMo 24.03 LLAMA2-7B FP8, s 512K, 512 H100, t8 p1 d4 cp16",
+    "NeMo 24.03 LLAMA2-7B FP8, s 1024K, 1024 H100, t8 p1 d4 cp32",
+    # MosaicML on A100, planned with the Triton FlashAttention-1 kernel they ran (docs/planner.md "Attention kernels
+    # of the published runs"): its published rate is below what these rows imply, so the long-sequence rows lean
+    # pessimistic now (-16 to -20 %; the 13B at s 16384 left the band that way, +8.4 -> -15.6 %); the 30B at
+    # s 8192 (+20 %) is the 83 GB row of the H100 table's reading
+    "MPT-30b, s 8192, 8 A100, FSDP z3, b1 x 21, AC", "MPT-13b, s 32768, 8 A100, FSDP z3, b1 x 3, AC",
+    "MPT-13b, s 16384, 8 A100, FSDP z3, b3 x 3, AC",
+    "MPT-7b, s 65536, 8 A100, FSDP z3, b1 x 2, AC", "MPT-7b, s 32768, 8 A100, FSDP z3, b2 x 2, AC",
+    "MPT-3b, s 65536, 8 A100, FSDP z3, b1 x 2, AC", "MPT-3b, s 32768, 8 A100, FSDP z3, b3 x 6, AC",
+    "MPT-1b, s 65536, 8 A100, FSDP z3, b1 x 2, AC",
+    # ... and on H100 at s >= 16384 (760M from s 4096); the 760M at s 2048 on one node with accumulation 2 and the
+    # 1B with SHARD_GRAD_OP over 512 GPUs are the two short-sequence misses
+    "MPT-7b, s 65536, 8 H100, FSDP z3, b1 x 2, AC", "MPT-7b, s 32768, 8 H100, FSDP z3, b2 x 2, AC",
+    "MPT-3b, s 65536, 8 H100, FSDP z3, b1 x 2, AC", "MPT-3b, s 32768, 8 H100, FSDP z3, b3 x 6, AC",
+    "MPT-3b, s 16384, 8 H100, FSDP z3, b1 x 6", "MPT-1b, s 65536, 8 H100, FSDP z3, b1 x 2, AC",
+    "MPT-1b, s 32768, 8 H100, FSDP z3, b1 x 4", "MPT-1b, s 16384, 8 H100, FSDP z3, b2 x 4",
+    "MPT-760m, s 32768, 8 H100, FSDP z3, b1 x 2", "MPT-760m, s 16384, 8 H100, FSDP z3, b3 x 2",
+    "MPT-760m, s 8192, 8 H100, FSDP z3, b6 x 2", "MPT-760m, s 4096, 8 H100, FSDP z3, b12 x 2",
+    "MPT-760m, s 2048, 8 H100, FSDP z3, b24 x 2", "MPT-1b, s 2048, 512 H100, FSDP z2, b12 x 1"}
+# published layouts the planner rejects as not fitting (none at this commit)
+KNOWN_REJECTED: set[str] = set()
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {r.run.name: r for r in (evaluate(run) for run in more_runs())}
+
+
+def test_rows_are_check_rows_new_to_the_repository_and_reachable_from_published():
+    """Held-out discipline: every row is a CHECK row that fits no constant, none repeats a row of
+    published.all_runs() (by name, or by model, sequence, batch, GPUs and card), and published.py reaches them."""
+    runs = more_runs()
+    assert all(r.role is Role.CHECK and not r.fits for r in runs)
+    assert [r.name for r in more_check_runs()] == [r.name for r in runs]
+    assert len({r.name for r in runs}) == len(runs)
+
+    def key(r):
+        w = r.workload
+        return (w.model.num_layers, w.model.hidden_size, w.seq_length, w.global_batch, r.gpus, r.gpu, w.fp8,
+                r.space.recompute, getattr(r, "cp", 1))
+    old = all_runs()
+    assert not {r.name for r in runs} & {r.name for r in old}
+    assert not {key(r) for r in runs} & {key(r) for r in old}
+
+
+def test_mcore_rows_hang_together_with_the_published_table():
+    """Megatron-Core's table: each size is 12 L h^2 + 13 L h + 2 V h (untied) + s h + 2 h at V 131072, s 4096 --
+    the planned model's own count -- within the table's loose rounding (1.75 is printed 1.7, 31.5 as 32; tied
+    embeddings would miss 1.7B and 7.1B by 30 % and 15 %), t p d = GPUs with d 48, and TFLOP/s x GPUs is the
+    aggregate column."""
+    aggregate = (19.6, 44.7, 93.9, 176.5, 322.3, 645.9, 997.2, 1457.4, 2825.6)
+    runs = [r for r in more_runs() if r.name.startswith("Megatron-Core")]
+    for (billions, heads, h, layers, tp, pp, gpus, batch, tflops, mfu), pflops, run in zip(MCORE_WEAK, aggregate,
+                                                                                            runs):
+        params = 12 * layers * h * h + 13 * layers * h + 2 * MCORE_VOCAB * h + 4096 * h + 2 * h
+        assert params / 1e9 == pytest.approx(billions, rel=0.035)
+        assert run.workload.model.num_parameters == params
+        assert tp * pp * 48 == gpus and batch % 48 == 0 and h % heads == 0
+        assert tflops * gpus / 1e3 == pytest.approx(pflops, abs=0.1)
+        assert 100 * tflops / 989 == pytest.approx(mfu, abs=0.6)
+
+
+def test_mpt_rows_plan_the_benchmarked_models():
+    """Each added MosaicML row's model has the table's NumParams exactly (12 L d^2 + 13 L d + (V + s) d + 2 d,
+    V 50368), its card and FSDP sharding are the table's, and (by the first test) no row is one published.py
+    already plans."""
+    for size, seq, gpus, mb, accum, tokens, zero, ac, fp32, numparams in MPT_A100_MORE + MPT_H100_MORE:
+        layers, d, _ = MPT_MORE_SIZES[size]
+        assert 12 * layers * d * d + 13 * layers * d + (50368 + seq) * d + 2 * d == numparams
+    runs = [r for r in more_runs() if r.name.startswith("MPT-")]
+    rows = MPT_A100_MORE + MPT_H100_MORE
+    assert [r.workload.model.num_parameters for r in runs] == [row[-1] for row in rows]
+    assert [r.gpu for r in runs] == ["a100-80g"] * len(MPT_A100_MORE) + ["h100-80g"] * len(MPT_H100_MORE)
+    assert [r.space.zero for r in runs] == [(ZeroStage(row[6]),) for row in rows]
+
+
+def test_nemo_and_torchtitan_layouts_are_the_published_ones(results):
+    """The plan keeps each stated t, p, v, micro-batch and CP size; CP rows go through the CP planner; torchtitan's
+    CP rows keep their FSDP and CP sizes, one (8B) or eight (405B) sequences a DP rank."""
+    nemo = [r for r in more_runs() if r.name.startswith("NeMo 24.07")]
+    assert len(nemo) == len(NEMO_2407_ROWS) == 12
+    for run, (_, gpus, gbs, mbs, seq, tp, pp, cp, vp, _) in zip(nemo, NEMO_2407_ROWS):
+        assert (run.gpus, run.workload.global_batch, run.workload.seq_length) == (gpus, gbs, seq)
+        assert isinstance(run, ContextRun) == (cp > 1)
+        layout = results[run.name].layout
+        assert layout.startswith(f"tp{tp} pp{pp} dp{gpus // (tp * pp * cp)} v{vp} b{mbs} ")
+        assert (f"cp{cp}" in layout) == (cp > 1)
+    titan = [r for r in more_runs() if r.name.startswith("torchtitan") and isinstance(r, ContextRun)]
+    assert len(titan) == 8
+    for run in titan:
+        fsdp = int(run.name.split("FSDP ")[1].split(" ")[0])
+        layout = results[run.name].layout
+        assert f" dp{fsdp} " in layout and (f"cp{run.cp}" in layout) == (run.cp > 1)
+        assert run.workload.global_batch == fsdp * (8 if "405B" in run.name else 1)
+
+
+def test_nemo_long_sequence_rows_are_compared_on_nemos_own_flop_count(results):
+    """NeMo's 2024 model-FLOP count for Llama (nemo/utils/flops_formulas.py before its August 2025 causal discount:
+    B s L h^2 (12 + 12 g / a + 18 f / h + 12 s / h + 6 V / (L h))) is the planner's model FLOPs exactly, so its
+    TFLOP/s column compares like for like; each row keeps its stated t, p, d and cp and 4M tokens a step."""
+    for run, (k, gpus, batch, tp, pp, dp, cp, _) in zip(nemo_long_runs(), NEMO_LONG_ROWS):
+        w, c = run.workload, run.workload.model
+        s, L, h = w.seq_length, c.num_layers, c.hidden_size
+        nemo = batch * s * L * h * h * (12 + 12 * c.num_kv_heads / c.num_heads + 18 * c.ffn_hidden_size / h
+                                        + 12 * s / h + 6 * c.vocab_size / (L * h))
+        assert nemo == pytest.approx(model_flops(w), rel=1e-12)
+        assert (s, batch * s, tp * pp * dp * cp) == (1024 * k, 4 * 2**20, gpus)
+        layout = results[run.name].layout
+        assert layout.startswith(f"tp{tp} pp{pp} dp{dp} ") and (f"cp{cp}" in layout) == (cp > 1)
+
+
+def test_every_published_layout_is_predicted_to_fit(results):
+    """Issue 26's acceptance: the layouts that ran are predicted to fit."""
+    assert {name for name, r in results.items() if r.error is None} == KNOWN_REJECTED
+
+
+def test_rows_within_15_percent_stay_there_and_the_misses_are_the_known_ones(results):
+    """The ratchet: every row outside KNOWN_MISSES is within +-15 %; each known miss is still a row here."""
+    assert KNOWN_MISSES <= set(results)
+    outside = {name for name, r in results.items() if r.error is not None and abs(r.error) > 0.15}
+    assert outside <= KNOWN_MISSES, f"rows that left +-15 %: {sorted(outside - KNOWN_MISSES)}"
+
+
+def test_docs_section_is_the_table_the_module_prints(results):
+    """docs/planner.md "More check rows, round 7" holds each group's table and summary as the code computes them
+    (regenerate: python -m hybrid.planner.published_more)."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
+        docs = f.read()
+    everything = []
+    for what, rows in GROUPS:
+        group = [results[r.name] for r in rows()]
+        everything += group
+        for line in table(group).splitlines()[2:] + [summary_line(what, group)]:
+            assert line in docs, line
+    assert summary_line("all round-7 check rows", everything) in docs
+
+
+def test_docs_miss_decomposition_is_the_codes(results):
+    """docs/planner.md's miss table (python -m hybrid.planner.published_more --misses): one line per known miss,
+    each the code's -- the terms, the DP-hidden what-if and the flash rate the reading in the docs rests on."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
+        docs = f.read()
+    lines = miss_table([results[r.name] for r in more_runs()]).splitlines()
+    assert len(lines) == 2 + len(KNOWN_MISSES)
+    for line in lines:
+        assert line in docs, line
+
+
+def test_nemotron_340b_fits_only_with_recomputation_in_the_plan(results):
+    """The memory / fit miss the docs report: NeMo's Nemotron-340B layout (t 8 p 8 v 12, b 1, GBS 32) without
+    recomputation is planned at 87.0 GB -- over the 80 GB card -- so the plan recomputes (selective-op) and is
+    pessimistic. If a memory fix lands, this test says so and the row's reading changes."""
+    from dataclasses import replace
+
+    from hybrid.planner.layout import Cluster, Recompute
+    from hybrid.planner.search import search
+    run = next(r for r in more_runs() if "Nemotron-340B" in r.name)
+    assert results[run.name].layout.endswith("selective-op")
+    plain = search(run.workload, Cluster(gpus=run.gpus, hw=run.hardware()),
+                   replace(run.space, recompute=(Recompute.NONE,), zero=(ZeroStage.OPTIMIZER,)), top=1)
+    assert not plain.plans and "87.0 GB" in plain.rejected[0].reason
