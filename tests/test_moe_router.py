@@ -50,6 +50,10 @@ def test_sigmoid_routing_with_expert_bias_equals_megatron():
     torch.testing.assert_close(ours_probs, probs, rtol=0, atol=1e-7)
     unbiased = route(x, K, norm_topk=True, score_function=SIGMOID)
     assert not torch.equal(unbiased.experts.sort(1).values, r.experts.sort(1).values)  # the bias changed choices
+    top1 = route(x, 1, norm_topk=True, score_function=SIGMOID, bias=bias)  # top-1: the sigmoid itself, as Megatron
+    probs, _ = mcore.topk_routing_with_score_function(x, 1, score_function="sigmoid", expert_bias=bias)
+    torch.testing.assert_close(dense(top1)[0], probs, rtol=0, atol=1e-7)
+    assert (top1.probs < 1).all()
 
 
 def test_routing_equals_transformers_routers():
@@ -131,6 +135,8 @@ def test_capacity_drop_equals_megatron_token_dropping():
     r = route(logits(8), K)
     cap = dsp.capacity(N, E, K, 0.75)
     assert cap == mcore.get_capacity(N * K, E, 0.75) == 12
+    for n, f in ((10, 1.0), (64, 0.3), (7, 1.5)):  # N k f / E not whole: rounded up, never down
+        assert dsp.capacity(n, E, K, f) == mcore.get_capacity(n * K, E, f) > n * K * f / E
     keep = dsp.capacity_keep(r.probs, r.experts, E, cap)
     probs, routing_map = dense(r)
     _, final_map = mcore.apply_router_token_dropping(probs, routing_map, K, 0.75)
