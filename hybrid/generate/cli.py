@@ -71,7 +71,7 @@ def _validate(args: argparse.Namespace):
     cfg, folder, state = source
     layout = _check_layout(args, world, cfg)
     codec = find_codec(args.tokenizer, folder, state)
-    if codec.vocab_size > cfg.vocab_size:  # as train.py: ids the model has no row for; --prompt-ids decoded wrong
+    if codec.vocab_size > cfg.vocab_size and not codec.guessed:  # as train.py; --prompt-ids decoded wrong
         raise ValueError(f"tokenizer {codec.source}: vocabulary {codec.vocab_size} exceeds the model's "
                          f"{cfg.vocab_size}; give the tokenizer the model was trained with (--tokenizer)")
     ids = prompt_ids(args, cfg, codec)

@@ -229,11 +229,12 @@ class TextCodec:
     encode: object
     decode: object
     vocab_size: int = 256  # the ids it can encode or decode (bytes: 256)
+    guessed: bool = False  # bytes as the last resort (no tokenizer given, carried or recorded): no size to check
 
 
-def _bytes_codec(why: str) -> TextCodec:
+def _bytes_codec(why: str, guessed: bool = False) -> TextCodec:
     return TextCodec(f"UTF-8 bytes ({why})", lambda text: list(text.encode("utf-8")),
-                     lambda ids: bytes(x for x in ids if x < 256).decode("utf-8", "replace"))
+                     lambda ids: bytes(x for x in ids if x < 256).decode("utf-8", "replace"), guessed=guessed)
 
 
 def _tokenizer_codec(path: str, why: str) -> TextCodec:
@@ -293,7 +294,7 @@ def find_codec(given: str | None, folder: str, state: dict | None) -> TextCodec:
         if _has_tokenizer(d):
             return _tokenizer_codec(d, "carried with SRC")
     if state is None:
-        return _bytes_codec("SRC carries no tokenizer")
+        return _bytes_codec("SRC carries no tokenizer", guessed=True)
     args, model = state.get("args", {}), state.get("model")
     if args.get("tokenizer_type") == "ByteLevel":
         return _bytes_codec("the run's --tokenizer-type ByteLevel")
@@ -304,7 +305,7 @@ def find_codec(given: str | None, folder: str, state: dict | None) -> TextCodec:
                          f"--tokenizer (its tokenizer.json) or --prompt-ids")
     if _has_tokenizer(model):
         return _tokenizer_codec(model, "the run's --model folder")
-    return _bytes_codec("the run recorded no tokenizer")
+    return _bytes_codec("the run recorded no tokenizer", guessed=True)
 
 
 def prompt_ids(args: argparse.Namespace, cfg, codec: TextCodec) -> torch.Tensor:

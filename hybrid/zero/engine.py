@@ -159,7 +159,7 @@ class ZeroOptimizer:
         if gather_group is not None and tuple(gather_group.ranks) != tuple(self.dp.ranks):
             raise ValueError(f"ZeroOptimizer: gather_group ranks {list(gather_group.ranks)} must be the DP group's "
                              f"{list(self.dp.ranks)}, in the same order")
-        self.gather_group: Group = gather_group if gather_group is not None else self.dp
+        self.gather_group: Group | None = gather_group  # None: self.dp, read at each call (a wrapped dp applies)
         self._expert_units: set[int] = set()
         self.device = mesh.device
         self.dtype = cfg.precision.dtype
@@ -767,7 +767,8 @@ class ZeroOptimizer:
                 u.shard.copy_(u.master, non_blocking=self.pin)  # fp32 -> compute dtype, host -> device
             if self.cfg.stage in (1, 2):  # every rank needs the whole updated unit; u.shard is u.flat's own chunk
                 group = self._group(u)
-                work = (self.gather_group if group is self.dp else group).all_gather_in_place(u.flat)
+                own = self.gather_group is not None and group is self.dp
+                work = (self.gather_group if own else group).all_gather_in_place(u.flat)
                 if self.overlaps_param_gather:
                     self._param_gathers[id(u)] = (work, None)
                 else:
