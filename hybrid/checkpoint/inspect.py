@@ -83,7 +83,8 @@ def _one(path: str, latest: int | None, target: Target | None = None) -> tuple[s
     mark = " (latest)" if latest is not None and store.iter_name(latest) == name else ""
     size = f"{v.bytes / 2**20:.2f} MiB"
     if not v.complete:
-        return f"{name}: incomplete (no manifest.json: a save that did not finish; removed by the next save) | {size}", None
+        return (f"{name}: incomplete (no manifest.json: a save that did not finish; removed by the next save) | "
+                f"{size}"), None
     try:
         s = store.read_state(path)
     except store.CorruptCheckpoint:  # named by the verdict; nothing else of it is trusted

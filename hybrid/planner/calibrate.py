@@ -386,9 +386,8 @@ SKEW_BURSTS = (96, 384, 2048)  # k of the 512 x k x 512 matmul bursts: ~0.5, 2 a
 
 def skew_probe(world: int, bursts: tuple[int, ...] = SKEW_BURSTS, calls: int = 20) -> list[tuple[float, float]]:
     """gloo, a core per rank: [(compute seconds, seconds of an 8-byte all-reduce after it)], after each burst -- a
-    512 x k x 512 matmul (at the largest k its 4.2 MiB of operands exceed
-    a core's L2, like a layer's GEMMs) -- `calls` rounds of burst then call, as ranks meet at the TP collectives
-    between a layer's GEMMs. Both are means over the calls and over the ranks (all-reduced): the mean wait over
+    512 x k x 512 matmul (at the largest k its 4.2 MiB of operands exceed a core's L2, like a layer's GEMMs) --
+    `calls` rounds of burst then call, as ranks meet at the TP collectives between a layer's GEMMs. Both are means over the calls and over the ranks (all-reduced): the mean wait over
     ranks is what the later rank costs the step (the earlier waits |skew| inside the call, the later 0: E max(c0,
     c1) = c + E|c0 - c1| / 2), plus waking a rank blocked in the call."""
     t = torch.ones(2)  # 8 bytes
@@ -699,7 +698,8 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                          probe),
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "comm_cpu_seconds_rank0": per_rank[0].get("comm_cpu"),
-                     "all_reduce_8_bytes_after_compute_s": per_rank[0].get("skew"), "probe_clock": "cpu" if cores else "wall",
+                     "all_reduce_8_bytes_after_compute_s": per_rank[0].get("skew"),
+                     "probe_clock": "cpu" if cores else "wall",
                      "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                      "torch": torch.__version__, "machine": platform.platform()},
         "not_measured": {"from_preset": cfg.base,

@@ -472,8 +472,7 @@ def mpt_runs() -> list[PublishedRun]:
     at 8-512 GPUs; the six single-node H100 rows fit the H100's eager clock (MPT_FIT_GPUS), the rest check."""
     runs = []
     rows = [(row, False, False) for row in MPT_ROWS] + [(row, True, False) for row in MPT_MORE_ROWS] + [
-        (row, True, True) for row in MPT_FP8_ROWS] + [
-        (row, True, True) for row in MPT_FP8_TABLE_ROWS]
+        (row, True, True) for row in MPT_FP8_ROWS + MPT_FP8_TABLE_ROWS]
     for (gpu, size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _), more, fp8 in rows:
         work = Workload(mpt_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
                         activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fp8=fp8,

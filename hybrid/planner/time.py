@@ -734,7 +734,8 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     p = st.parts.scaled(m)
     in_passes = m * (st.busy - st.compute - st.comm - st.p2p - st.lost)
     terms = (("gemm", p.gemm), ("attention", p.attention), ("memory_bound", p.memory), ("launches", p.launches),
-             ("tp", m * (tp_comm - st.wait)), ("tp_wait", m * st.wait), ("pp_p2p", m * st.p2p), ("dp_in_passes", in_passes), ("overlap", m * st.lost),
+             ("tp", m * (tp_comm - st.wait)), ("tp_wait", m * st.wait), ("pp_p2p", m * st.p2p),
+             ("dp_in_passes", in_passes), ("overlap", m * st.lost),
              ("bubble", pipeline - m * st.busy), ("dp_exposed", dp), ("optimizer", opt), ("other", other))
     return StepTime(total=pipeline + dp + opt + other, pipeline=pipeline, compute=m * compute,
                     tp_comm=m * tp_comm, pp_comm=times.comm, dp_comm=dp, overlapped_dp=m * hidden,

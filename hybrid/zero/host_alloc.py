@@ -15,7 +15,8 @@ system between steps.
 
 Process-wide by nature (glibc has one malloc), so it is applied only where the process is a data-parallel rank
 (`ZeroOptimizer` on the CPU with dp > 1, at ZeRO 1-2: at ZeRO 3 the retained heap raised the peak resident set
-above FSDP2's, 1859 vs 1737 MB a rank on the bench, docs/zero.md), only on glibc, and never over a choice the user made: glibc's own
+above FSDP2's, 1859 vs 1737 MB a rank on the bench, docs/zero.md), only on glibc, and never over a choice the user
+made: glibc's own
 `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_` or `GLIBC_TUNABLES`, or an allocator preloaded through
 `LD_PRELOAD` (jemalloc, tcmalloc), leave it untouched.
 """
