@@ -8,17 +8,22 @@ ZeRO partition, activations of b s/c tokens a micro-batch, the same micro-batche
 TP and PP traffic at s/c tokens. So memory and everything but attention come from the plain planner on the
 reduced problem (`reduce`); what differs is added here:
 
-  attention   a rank's s/c queries see keys of all c ranks, not only their own: c - 1 more (s/c)^2 blocks
-              per layer and micro-batch, 4 b (s/c)^2 a d / t FLOPs each forward (twice that backward, once
-              more when recomputed), timed on the GEMM curve as batched (s/c x s/c x d) products -- the ring's
-              block. Counted in full, as the plain planner counts every s x s score (Narayanan et al.) and MFU's
-              numerator does: causal attention computes half of them (the runtime's ring skips the masked
-              half of each block), so at long context both plain and CP plans overstate attention time by up
-              to 2x, consistently.
-  CP traffic  per layer and micro-batch, kv = 2 b (s/c) g d / t x 2 bytes (a rank's bf16 K and V):
-              p2p        forward c - 1 ring steps of kv, each overlapped with one block's attention (1/c of
-                         the core); backward c - 1 steps of kv + fp32 dK, dV (2 kv) and one last dK, dV:
-                         exposed = sum over steps of max(0, transfer - block compute)
+  attention   a rank's s/c queries see keys of all c ranks, not only their own: c - 1 more ring steps per layer and
+              micro-batch. Causal and load-balanced (Megatron's 2c chunks, rank r holding chunks r and 2c - 1 - r:
+              TransformerEngine AttnFuncWithCPAndKVP2P.forward, torch's _templated_ring_attention, hybrid/cp/ring.py),
+              every step is half an (s/c)^2 block -- the diagonal step causal; of an earlier rank's block both query
+              chunks see its first key chunk, of a later rank's only the second query chunk sees it whole -- so a
+              rank does 1/c of the sequence's causal attention, as much as a plain rank with the same tokens. A step
+              is priced as the plain step prices its own causal attention (time.ring_step_seconds: flash attention
+              at the workload's kernel rate, FLASH_BACKWARD x in backward, once more when recomputed).
+  CP traffic  per layer and micro-batch, kv = 2 b (s/c) g d / t x 2 bytes (a rank's bf16 K and V); each transfer is
+              posted before a ring step's compute and waited after it (send block i + 1 while computing block i),
+              so a step exposes max(0, transfer - the step's compute):
+              p2p        forward c - 1 transfers of kv; backward by the stack's ring (RingSchedule): Transformer
+                         Engine's (Megatron) sends dK, dV in bf16 with the next K, V -- kv, then c - 2 of 2 kv,
+                         then the last dK, dV, each under a step; the runtime's and torch's (PyTorch stack) c - 1
+                         steps of kv + an fp32 dK, dV accumulator (2 kv), and the last accumulator after the loop,
+                         exposed
               a2a        Ulysses: 4 all-to-alls forward (q, k, v, out) and 4 backward, each moving
                          (c - 1)/c of its tensor, not overlapped
               allgather  an all-gather of kv (c kv) forward and a reduce-scatter of its gradient backward, not
@@ -29,7 +34,8 @@ reduced problem (`reduce`); what differs is added here:
               The CP group is c ranks tp apart (rank order tp-cp-dp-pp): inside a node when tp c <= GPUs per
               node (NVLink), else the ring crosses nodes (the NIC).
   memory      flash attention's (no s x s scores; Megatron's CP requires flash kernels): the reduced plan's,
-              plus the ring's receive buffers (one kv block forward; kv + its fp32 gradient backward).
+              plus the ring's buffers in backward: 4 kv either way (kv + the fp32 accumulator + the next kv; TE's
+              two bf16 (K, V; dK, dV) buffers).
 
 The extra seconds per micro-batch of a pipeline rank (its layers, over all its chunks, x the above) enter the step as
 a 1F1B pipeline's critical path does: m + (pp - 1)/v times (m micro-batches, v chunks a rank).
@@ -37,14 +43,15 @@ a 1F1B pipeline's critical path does: m + (pp - 1)/v times (m micro-batches, v c
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, replace
 
 from hybrid.cp.attention import CommType
 from hybrid.cp.ring import ring_bytes
-from hybrid.planner.hardware import Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds
+from hybrid.planner.hardware import Collective, GroupPlacement, collective_seconds, p2p_seconds
 from hybrid.planner.layout import Cluster, Layout, Recompute, Workload, stage_layers
 from hybrid.planner.search import Plan, SearchSpace, evaluate, search
-from hybrid.planner.time import model_flops
+from hybrid.planner.time import model_flops, ring_step_seconds
 
 BF16 = 2  # bytes of K, V on the wire (GPU runs: bf16)
 SEARCH_MARGIN = 4  # plans asked of each reduced search per plan wanted (some reduced layouts are no CP layout)
@@ -64,12 +71,35 @@ def cp_placement(cluster: Cluster, tp: int, cp: int) -> GroupPlacement:
     return GroupPlacement(size=cp, per_node=cp if tp * cp <= g else max(1, g // tp))
 
 
+class RingSchedule(enum.Enum):
+    """How a ring implementation moves K, V and the gradients dK, dV (`ring_schedule`): what decides the bytes
+    of each step and which transfer has no compute to hide under.
+
+    ACCUMULATOR: this runtime (hybrid/cp/ring.py RingAttention.backward) and torch's experimental CP (torchtitan;
+        torch/distributed/tensor/experimental/_attention.py _templated_ring_attention_backward): an fp32 dK, dV
+        accumulator per block goes round the ring beside the K, V, each sent after the step that adds to it, so
+        the last one reaches its owner after the loop, exposed.
+    TRAVELLING: Transformer Engine (Megatron-core, NeMo; AttnFuncWithCPAndKVP2P.backward): dK, dV in the compute
+        dtype travel in the same buffer as the next K, V -- step 0 sends K, V, steps 1 .. c - 2 K, V and dK, dV,
+        step c - 1 dK, dV only -- each transfer posted before its step's compute (the causal diagonal block runs
+        last, "in reversed order of fwd"), so every transfer has a step to hide under."""
+
+    ACCUMULATOR = "accumulator"
+    TRAVELLING = "travelling"
+
+
+def ring_schedule(work: Workload, layout: Layout) -> RingSchedule:
+    """The ring a workload's stack runs (Workload.stack; ops.Stack): Megatron's is Transformer Engine's, a
+    PyTorch-native stack's is torch's or this runtime's."""
+    return RingSchedule.ACCUMULATOR if work.pytorch_native(layout) else RingSchedule.TRAVELLING
+
+
 @dataclass(frozen=True)
 class CPCost:
     """Seconds CP adds to one layer's forward + backward on one micro-batch, on one rank.
 
     Attributes:
-        attention: the extra attention compute (c - 1 more key blocks), recomputation included.
+        attention: the extra attention compute (c - 1 more ring steps, half a block each), recomputation included.
         transfer: the CP transfers' time.
         exposed: the part of `transfer` not hidden under attention compute (all of it for a2a, allgather).
         buffer_bytes: the ring's receive buffers held during a layer's backward (memory).
@@ -85,28 +115,16 @@ def layer_cost(work: Workload, cluster: Cluster, layout: Layout, cp: int, comm: 
     """What CP adds to one layer and micro-batch (module doc)."""
     hw, shard = work.device(cluster.hw, layout), work.shard(layout.tp)
     b, s = layout.micro_batch, work.seq_length // cp
-    d = work.model.head_dim
-    heads = b * (shard.q_width // d)
-    block = (Gemm(s, s, d, heads), Gemm(s, d, s, heads))  # one (s/c)^2 block: QK^T, then PV
-    nbytes = work.precision.activation_bytes
-    fwd = sum(hw.gemm_seconds(g, nbytes) for g in block)
-    bwd = sum(hw.gemm_seconds(g2, nbytes) for g in block for g2 in g.backward())
+    fwd, bwd = ring_step_seconds(work, cluster, layout, s)  # one step: half an (s/c)^2 block (load-balanced)
     recomputed = layout.recompute is not Recompute.NONE  # every mode reruns the CP core (and its transfers)
-    rerun = fwd if recomputed else 0.0
-    attention = (cp - 1) * (fwd + bwd + rerun)
+    attention = (cp - 1) * (fwd + bwd + (fwd if recomputed else 0.0))
     kv_elements = 2 * b * s * shard.kv_width
     kv = kv_elements * BF16
     group = cp_placement(cluster, layout.tp, cp)
     if comm is CommType.P2P:
-        crosses = group.spans_nodes
-        sent_f, sent_b = ring_bytes(kv_elements, cp, BF16)  # the runtime's ledger formula (hybrid/cp/ring.py)
-        acc = (sent_b - sent_f) // cp  # one step's fp32 dK, dV accumulator
-        step_f, step_b = p2p_seconds(hw, kv, crosses), p2p_seconds(hw, kv + acc, crosses)
-        last = p2p_seconds(hw, acc, crosses)
-        forwards = 2 if recomputed else 1  # recomputation reruns the forward ring, overlapped as the first
-        transfer = (cp - 1) * (forwards * step_f + step_b) + last
-        exposed = (cp - 1) * (forwards * max(0.0, step_f - fwd) + max(0.0, step_b - bwd)) + last
-        return CPCost(attention, transfer, exposed, kv + kv + acc)  # forward's next block; backward's kv + acc
+        transfer, exposed, buffers = _ring(hw, group.spans_nodes, kv_elements, cp, fwd, bwd, recomputed,
+                                           ring_schedule(work, layout))
+        return CPCost(attention, transfer, exposed, buffers)
     if comm is CommType.A2A:
         q = b * s * shard.q_width * BF16
         one = [collective_seconds(hw, Collective.ALL_GATHER, t, group) for t in (q, kv / 2, kv / 2, q)]
@@ -118,6 +136,30 @@ def layer_cost(work: Workload, cluster: Cluster, layout: Layout, cp: int, comm: 
     gather = collective_seconds(hw, Collective.ALL_GATHER, cp * kv, group)
     transfer = (2 if recomputed else 1) * gather + collective_seconds(hw, Collective.REDUCE_SCATTER, cp * kv, group)
     return CPCost(attention, transfer, transfer, cp * kv)
+
+
+def _ring(hw, crosses: bool, kv_elements: int, cp: int, fwd: float, bwd: float, recomputed: bool,
+          schedule: RingSchedule) -> tuple[float, float, float]:
+    """(transfer, exposed, buffer bytes) of the p2p ring for one layer and micro-batch. Every transfer is posted
+    before the compute of a ring step and waited after it (send block i + 1 while computing block i), so a step
+    exposes max(0, transfer - that step's compute) -- `fwd`, `bwd` a step's seconds (ring_step_seconds).
+    Forward (rerun once more under recomputation): c - 1 transfers of K, V. Backward: ACCUMULATOR -- c - 1 steps
+    of K, V + the fp32 dK, dV accumulator (the runtime's ledger, ring_bytes), and the last accumulator after the
+    loop, exposed; TRAVELLING -- step 0 K, V, steps 1 .. c - 2 K, V + dK, dV, step c - 1 dK, dV (compute dtype)."""
+    kv = kv_elements * BF16
+    step_f = p2p_seconds(hw, kv, crosses)
+    forwards = 2 if recomputed else 1
+    f_transfer, f_exposed = forwards * (cp - 1) * step_f, forwards * (cp - 1) * max(0.0, step_f - fwd)
+    if schedule is RingSchedule.ACCUMULATOR:
+        sent_f, sent_b = ring_bytes(kv_elements, cp, BF16)  # the runtime's ledger formula (hybrid/cp/ring.py)
+        acc = (sent_b - sent_f) // cp  # one step's fp32 dK, dV accumulator
+        step_b, last = p2p_seconds(hw, kv + acc, crosses), p2p_seconds(hw, acc, crosses)
+        return (f_transfer + (cp - 1) * step_b + last, f_exposed + (cp - 1) * max(0.0, step_b - bwd) + last,
+                kv + kv + acc)  # forward's next block; backward's kv + acc
+    steps = [kv] + [2 * kv] * (cp - 2) + [kv]  # K, V / K, V + dK, dV / dK, dV, one a ring step
+    seconds = [p2p_seconds(hw, n, crosses) for n in steps]
+    return (f_transfer + sum(seconds), f_exposed + sum(max(0.0, t - bwd) for t in seconds),
+            2 * (2 * kv))  # backward's two buffers of K, V + dK, dV (one sent, one received)
 
 
 @dataclass(frozen=True)

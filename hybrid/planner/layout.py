@@ -191,6 +191,10 @@ class Workload:
             forward (`--overlap-param-gather`, this runtime's default)? False (`--no-overlap-param-gather`): it
             runs after the optimizer step, before the next step computes (DeepSpeed's ZeRO 1 under its
             pipeline engine), exposed in full.
+        overlap_grad_reduce: ZeRO 0-1: is the DP gradient all-reduce / reduce-scatter issued bucket by bucket as the
+            last micro-batch's backward fills them (Megatron-core's `--overlap-grad-reduce`, stated by its weak-scaling
+            benchmark)? False (the default): it runs after the last backward, exposed in full (time._dp_step_seconds).
+            The planner only (the API; no flag).
         fused_cross_entropy: the loss is one fused kernel over the bf16 logits (`--fused-cross-entropy`;
             flash-attn's CrossEntropyLoss, llm-foundry's default `loss_fn: fused_crossentropy`): the last stage
             keeps the bf16 logits and a fp32 logsumexp a token, and the backward writes one bf16 gradient over
@@ -217,6 +221,7 @@ class Workload:
     p2p: PipelineP2P = PipelineP2P.OVERLAPPED
     grad_accumulation_fusion: bool | None = None
     overlap_param_gather: bool = True
+    overlap_grad_reduce: bool = False
     fused_cross_entropy: bool = False
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
 

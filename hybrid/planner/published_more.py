@@ -112,7 +112,8 @@ def mcore_weak_runs() -> list[PublishedRun]:
     for billions, heads, hidden, layers, tp, pp, gpus, batch, tflops, _ in MCORE_WEAK:
         work = Workload(mcore_model(layers, hidden, heads), global_batch=batch, seq_length=MCORE_SEQ,
                         activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.MEGATRON,
-                        fp32_grads=True)  # --bf16: fp32 main gradients (Megatron's default)
+                        fp32_grads=True,  # --bf16: fp32 main gradients (Megatron's default)
+                        overlap_grad_reduce=True)  # stated: --overlap-grad-reduce --overlap-param-gather
         space = SearchSpace(tp=(tp,), pp=(pp,), zero=(ZeroStage.OPTIMIZER,), offload=(Offload.NONE,),
                             sequence_parallel=(tp > 1,), v=None if pp > 1 else (1,))
         runs.append(PublishedRun(f"Megatron-Core {billions}B, {gpus} H100, t{tp} p{pp} d{gpus // (tp * pp)}",

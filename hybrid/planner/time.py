@@ -41,9 +41,10 @@ hardware.collective_seconds):
 * DP: ZeRO 0 all-reduces the rank's 2 Psi gradient bytes (4 Psi with fp32 gradients, Workload.fp32_grads: every
   gradient byte count here doubles) and ZeRO 1 reduce-scatters them, counted after the last backward and not
   overlapped (the runtime's ZeroOptimizer posts them from backward hooks as buckets fill, so the model is
-  conservative there); ZeRO 1-2 all-gather the updated 2 Psi parameter bytes, overlapped with the next step's
-  forward except the first bucket and what does not fit under the first forward (`_dp_step_seconds`; the same
-  wire bytes: the paper's 2 Psi). ZeRO 2 keeps only a gradient partition, so it reduce-scatters each
+  conservative there) -- under Workload.overlap_grad_reduce (Megatron-core's flag) hidden under the last
+  micro-batch's backward but for its last bucket, at the overlap's compute cost (`_dp_step_seconds`); ZeRO 1-2
+  all-gather the updated 2 Psi parameter bytes, overlapped with the next step's forward except the first bucket
+  and what does not fit under the first forward (`_dp_step_seconds`; the same wire bytes: the paper's 2 Psi). ZeRO 2 keeps only a gradient partition, so it reduce-scatters each
   micro-batch's gradients during that micro-batch's backward and all-gathers the parameters once per step;
   ZeRO 3 also all-gathers the parameters in each micro-batch's forward and backward: 3 Psi per micro-batch
   (the paper's 3 Psi at m = 1). Those per-micro-batch collectives overlap the stage's compute (prefetching),
@@ -248,6 +249,27 @@ def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
 
 
 FLASH_BACKWARD = 2.5  # flash attention's backward runs five s x s products to the forward's two (Dao et al.)
+
+
+def ring_step_seconds(work: Workload, cluster: Cluster, layout: Layout, s: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one step of load-balanced causal ring attention over a rank's `s` tokens a
+    sequence (context-parallel: hybrid/planner/context.py), the backward without recomputation.
+
+    Each step's work is half of an s x s block: the diagonal step is causal; of another rank's block either both
+    query chunks see its first key chunk or only the second query chunk sees it whole (Megatron's 2 cp chunks;
+    TransformerEngine AttnFuncWithCPAndKVP2P.forward, torch's _templated_ring_attention, hybrid/cp/ring.py). So a
+    step is priced as the plain step prices its own causal s x s attention: flash attention at the workload's
+    kernel rate on half the block's FLOPs (`_Context.flash_seconds`, FLASH_BACKWARD x in backward); where the core
+    is timed as GEMMs, QK^T and PV over half the keys (and flash backward's recomputed QK^T)."""
+    ctx = _context(work, cluster, layout)
+    b = layout.micro_batch
+    if ctx.flash:
+        fwd = ctx.flash_seconds(b, s)
+        return fwd, FLASH_BACKWARD * fwd
+    qk, pv = ctx.shard.attention_core_gemms(b, s)
+    half = (Gemm(qk.m, qk.n // 2, qk.k, qk.batch), Gemm(pv.m, pv.n, pv.k // 2, pv.batch))
+    rerun = half[:1] if ctx.shard.flash_backward_gemms(b, s) else ()
+    return ctx.gemm_seconds(half), ctx.backward_gemm_seconds(half) + ctx.gemm_seconds(rerun)
 
 
 @dataclass(frozen=True)
@@ -623,7 +645,7 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
                    max(hidden), parts[busiest], lost[busiest], paid[busiest], busy[busiest], wait[busiest])
 
 
-def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0) -> float:
+def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0, backward_s: float = 0.0) -> float:
     """DP synchronisation after the last backward for a rank holding `psi` parameters (ledger.dp_step_ledger).
 
     ZeRO 1-2's all-gather of the updated parameters overlaps the next step's forward (the runtime's default,
@@ -633,17 +655,33 @@ def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0) -> float
 
         gather / n + max(0, gather (1 - 1/n) - forward_s)
 
+    Under Workload.overlap_grad_reduce the gradient reduction (ZeRO 0's all-reduce, ZeRO 1's reduce-scatter) runs
+    likewise under the last micro-batch's backward (`backward_s`; Megatron-core's DistributedDataParallel posts a
+    bucket's collective when its last gradient is ready, and only in the last micro-batch: the others run under
+    no_sync): its last bucket is exposed (nothing runs after it), and so is what does not fit under that backward;
+    the hidden part still costs the compute under it (1 - 1/sigma) of its seconds (Hardware.overlap_cost, as for
+    ZeRO 2/3's hidden collectives in _overlapped):
+
+        reduce / n + max(0, reduce (1 - 1/n) - backward_s) + overlap_cost x hidden
+
     Ignored: the gathers share the link with the forward's TP collectives (contention), and a rank whose first
     forward waits for its pipeline input has more time to hide them."""
     lay = ctx.layout
     pr = ctx.work.precision
     total = ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, ctx.work.grad_bytes, pr.param_bytes))
-    if lay.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) and lay.dp > 1 and ctx.work.overlap_param_gather:
+    gather = 0.0
+    if lay.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) and lay.dp > 1:
         gather = ctx.dp_seconds(dp_step_ledger(psi, ZeroStage.GRADIENTS, lay.dp, ctx.work.grad_bytes,
                                                pr.param_bytes))
+    if gather and ctx.work.overlap_param_gather:
         n = max(1, math.ceil(pr.param_bytes * psi / BUCKET_BYTES))
         exposed = gather / n + max(0.0, gather * (1 - 1 / n) - forward_s)
         total -= gather - exposed
+    if lay.zero in (ZeroStage.NONE, ZeroStage.OPTIMIZER) and lay.dp > 1 and ctx.work.overlap_grad_reduce:
+        reduce = ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, ctx.work.grad_bytes, pr.param_bytes)) - gather
+        n = max(1, math.ceil(ctx.work.grad_bytes * psi / BUCKET_BYTES))
+        exposed = reduce / n + max(0.0, reduce * (1 - 1 / n) - backward_s)
+        total -= (reduce - exposed) * (1 - ctx.cluster.hw.overlap_cost)
     return total
 
 
@@ -723,7 +761,8 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     run = run_pipeline(layout.schedule, layout.pp, m, layout.v, times, budget)
     psi = max(rank_parameters(work, layout))  # both grow with Psi: the fullest rank finishes last
     first_forward = min(sum(times.forward[s] for s in layout.rank_stages(r)) for r in range(layout.pp))
-    dp = _dp_step_seconds(ctx, psi, first_forward)
+    last_backward = min(sum(times.backward[s] for s in layout.rank_stages(r)) for r in range(layout.pp))
+    dp = _dp_step_seconds(ctx, psi, first_forward, last_backward)
     opt = _optimizer_seconds(ctx, psi) * cluster.hw.shared_compute_factor(_devices_per_node(cluster))
     other = _other_seconds(ctx)
     comm_cpu = sum(comm_cpu_seconds(work, cluster, layout, r) for r in range(layout.pp))
@@ -817,5 +856,5 @@ def lower_bound_seconds(work: Workload, cluster: Cluster, layout: Layout) -> flo
         busiest = max(busiest, fill + work_r)
         fill += times.forward[r] + times.backward[r] + 2 * times.comm
     psi = max(rank_parameters(work, layout))
-    tail = _dp_step_seconds(ctx, psi, math.inf) + _optimizer_seconds(ctx, psi)  # ZeRO 1-2: the least exposed
+    tail = _dp_step_seconds(ctx, psi, math.inf, math.inf) + _optimizer_seconds(ctx, psi)  # the least exposed
     return busiest + tail + _other_seconds(ctx)
