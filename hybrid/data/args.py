@@ -92,6 +92,9 @@ def check(args: argparse.Namespace) -> DataConfig:
         raise ValueError(f"--eval-interval must be >= 1, got {args.eval_interval}")
     if args.eval_iters < 0:
         raise ValueError(f"--eval-iters must be >= 0 (0: no validation), got {args.eval_iters}")
+    if args.eval_iters == 0 and "eval_interval" in getattr(args, "explicit", set()):
+        raise ValueError(f"--eval-interval {args.eval_interval} sets how often validation runs, and --eval-iters 0 "
+                         f"turns it off; give --eval-iters N > 0 or drop --eval-interval")
     if args.tokenizer_model and not args.tokenizer_type:
         raise ValueError("--tokenizer-model needs --tokenizer-type HuggingFaceTokenizer")
     if args.tokenizer_model and args.tokenizer_type == "ByteLevel":  # a token per byte: no model file is read
