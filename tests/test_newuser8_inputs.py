@@ -245,3 +245,26 @@ def test_convert_to_hybrid_flag_names_its_own_reason(flags, why, tmp_path, capsy
     line = _one_line(lambda: hybrid.cli.main(["convert", str(src), str(tmp_path / "out"), *flags]), capsys)
     assert line == f"hybrid convert: error: {flags[0]} applies to --to hf only ({why}); drop {flags[0]}"
     assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+# --- 8. evaluation flags for splits --split leaves empty ------------------------------------------------------
+@pytest.mark.parametrize("argv, want", [
+    (["--split", "100,0,0", "--eval-interval", "5"], "--eval-interval 5 validates on the valid split, and --split "
+     "'100,0,0' gives it no share"),
+    (["--split", "99,0,1", "--eval-interval", "5"], "--eval-interval 5 validates on the valid split"),
+    (["--split", "100,0,0", "--eval-iters", "5"], "--eval-iters 5 evaluates the valid and test splits, and --split "
+     "'100,0,0' gives them no share"),
+])
+def test_evaluation_flag_for_an_empty_split_is_one_line(argv, want, capsys):
+    """evaluate.py skips a split with no share: the flag was accepted and no validation line ever came."""
+    assert _one_line(lambda: validate(argv), capsys).startswith(f"train.py: error: {want}")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--split", "100,0,0"],  # no evaluation flag: the default --eval-iters finds nothing to read, as Megatron's
+    ["--split", "100,0,0", "--eval-iters", "0"],
+    ["--split", "99,0,1", "--eval-iters", "5"],  # the final test evaluation reads the test split
+    ["--split", "98,2,0", "--eval-interval", "5"],
+])
+def test_evaluation_flags_with_a_split_to_read_still_pass(argv):
+    validate(argv)
