@@ -77,15 +77,28 @@ def _closest(token: str, options: list[str]) -> str | None:
     return close[0] if close else None
 
 
-def _suggest(message: str, options: list[str]) -> str:
-    """"; did you mean --lr?" for the unrecognized --flags of an argparse message that are close to a valid one."""
-    pairs = []
+def _suggest(message: str, options: list[str], hints: dict[str, str] | None = None) -> str:
+    """"; did you mean --lr?" for the unrecognized --flags of an argparse message that are close to a valid one.
+    A flag in `hints` (another tool's name for something this command takes elsewhere: Megatron's --num-experts is
+    the --model config's expert count) gets its hint instead: a near spelling of it would mislead (--num-layers is
+    not --num-layers-per-virtual-pipeline-stage). --help is never the suggestion (--ep is not --help)."""
+    pairs, notes = [], []
+    options = [o for o in options if o not in ("-h", "--help")]
     for token in re.findall(r"(?<![\w-])(--?[\w-]+)", message.split(":", 1)[-1]):
+        if hints and token.split("=")[0] in hints:
+            notes.append(hints[token.split("=")[0]])
+            continue
         close = _closest(token.split("=")[0], options)
         if close:
             pairs.append((token, close))
+    if notes:
+        return "; " + "; ".join(notes) + (_suggest_pairs(pairs) if pairs else "")
     if not pairs:
         return "; see --help"
+    return _suggest_pairs(pairs)
+
+
+def _suggest_pairs(pairs: list[tuple[str, str]]) -> str:
     if len(pairs) == 1:
         return f"; did you mean {pairs[0][1]}?"
     return "; did you mean " + ", ".join(f"{good} for {bad}" for bad, good in pairs) + "?"
@@ -101,9 +114,10 @@ class OneLineParser(argparse.ArgumentParser):
     mistyped one) instead of the usage block, printed once under torchrun. Prefixes are not expanded
     (allow_abbrev=False, as Megatron): `--lr-warm 5` is an error, not silently `--lr-warmup-iters`."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, hints: dict[str, str] | None = None, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.hints = hints or {}  # unknown flag -> what to give instead (_suggest)
         # argparse takes "-1e-4" and "-inf" for flags ("expected one argument"); they are negative numbers
         self._negative_number_matcher = _NEGATIVE_NUMBER
 
@@ -120,7 +134,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:
         if "unrecognized arguments" in message:
-            message += _suggest(message, [s for a in self._actions for s in a.option_strings])
+            message += _suggest(message, [s for a in self._actions for s in a.option_strings], self.hints)
         elif "invalid choice" in message:
             message = message.replace("\n", " ")
         text = f"{self.prog}: error: {message}"

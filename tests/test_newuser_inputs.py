@@ -56,7 +56,8 @@ def test_train_flag_the_run_would_ignore_is_one_line_naming_it(argv, want, capsy
 
 @pytest.mark.parametrize("argv", [
     ["--optimizer", "sgd", "--sgd-momentum", "0.5"],  # sgd reads its momentum
-    ["--optimizer", "onebit-adam", "--adam-beta1", "0.8"],  # 1-bit Adam reads the betas
+    # 1-bit Adam reads the betas (with a freeze inside the default 100 steps: round 8 refuses one at or after them)
+    ["--optimizer", "onebit-adam", "--onebit-freeze-iters", "10", "--adam-beta1", "0.8"],
     ["--adam-beta2", "0.99"],
     ["--train-iters", "2"],  # the default warm-up (10) with a short run: the tests' and docs' cheap runs
     ["--lr-warmup-iters", "5", "--lr-decay-iters", "5", "--lr-decay-style", "constant"],  # no decay to end

@@ -44,10 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulate a slow DP link: sleep bytes / GBPS after each DP gradient collective; 0: off")
 
 
-def check(args: argparse.Namespace, dp_cp: int | None = None, resuming: bool = False) -> CompressConfig:
+def check(args: argparse.Namespace, dp_cp: int | None = None, resuming: bool = False,
+          moe: bool = False) -> CompressConfig:
     """ValueError naming the flag and the fix. `dp_cp`: the ranks the DP gradients are reduced over (dp x cp), when
     the layout is known: a simulated DP link at 1 has no gradient collective to slow down, PowerSGD none to compress
-    (unless `resuming`: the flag then carries a loaded checkpoint's PowerSGD state through the dp 1 run)."""
+    (unless `resuming`: the flag then carries a loaded checkpoint's PowerSGD state through the dp 1 run). `moe`: the
+    model has experts, which 1-bit Adam does not run with (refused here rather than when the engine is built, after
+    the process group: reduction.py's build_optimizer)."""
     rank, start = args.powersgd_rank, args.powersgd_start_iter
     _check_unused(args, dp_cp, resuming)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
@@ -62,10 +65,14 @@ def check(args: argparse.Namespace, dp_cp: int | None = None, resuming: bool = F
         raise ValueError("--powersgd-rank does not run with --zero-stage 3 (stage 3 reduce-scatters per layer and "
                          "keeps no full gradient to compress); use --zero-stage 0, 1 or 2")
     freeze = _check_onebit(args, rank)
+    if freeze is not None and moe:
+        raise ValueError("--optimizer onebit-adam does not run with an MoE model (the experts' gradients are reduced "
+                         "over the expert-DP group, not the DP group 1-bit Adam compresses); use --optimizer adam")
     if (rank or freeze is not None) and getattr(args, "diloco_inner_steps", None) is not None:
         which = "--powersgd-rank" if rank else "--optimizer onebit-adam"
         raise ValueError(f"{which} does not run with --diloco-inner-steps (compression inside DiLoCo replicas is "
                          f"untested); drop one of them")
+    _check_reach(args, rank, freeze)
     return CompressConfig(powersgd=PowerSGDConfig(rank=rank, start_iter=start), onebit_freeze_iters=freeze,
                           simulated_dp_bandwidth=bw)
 
@@ -93,6 +100,30 @@ def _check_unused(args: argparse.Namespace, dp_cp: int | None, resuming: bool = 
         raise ValueError(f"--simulated-dp-bandwidth {args.simulated_dp_bandwidth:g} slows the DP gradient "
                          f"collectives, and at dp 1 there are none: run with dp > 1 (more ranks than tp x pp x cp) "
                          f"or drop --simulated-dp-bandwidth")
+
+
+def _check_reach(args: argparse.Namespace, rank: int, freeze: int | None) -> None:
+    """PowerSGD compresses from step --powersgd-start-iter on and 1-bit Adam from step --onebit-freeze-iters on
+    (steps 0 .. --train-iters - 1): one that starts at or after --train-iters would never engage -- a plain
+    all-reduce and AdamW all run long. Refused unless the run --save's (a later run with a higher --train-iters then
+    continues into the compressed steps)."""
+    n = getattr(args, "train_iters", None)
+    if not isinstance(n, int) or getattr(args, "save", None):
+        return
+    given = getattr(args, "explicit", set())
+    if rank and args.powersgd_start_iter >= n:
+        start = args.powersgd_start_iter
+        default = "" if "powersgd_start_iter" in given else " (the default, torch's start_powerSGD_iter)"
+        raise ValueError(f"--powersgd-rank {rank}: PowerSGD starts after --powersgd-start-iter {start}{default} plain "
+                         f"steps and --train-iters {n} ends first, so nothing would be compressed; give "
+                         f"--powersgd-start-iter N with 2 <= N < {n} (a longer --train-iters), or drop --powersgd-rank")
+    if freeze is not None and freeze >= n:
+        where = f"--onebit-freeze-iters {freeze}" + ("" if "onebit_freeze_iters" in given else " (the default)")
+        fix = f"give --onebit-freeze-iters N < {n}"
+        if _deepspeed_freeze(args) is not None:
+            where, fix = f"--deepspeed-config's freeze_step {freeze}", f"write a freeze_step < {n}"
+        raise ValueError(f"--optimizer onebit-adam: 1-bit Adam compresses from step {where} on and --train-iters "
+                         f"{n} ends first, so the run would be plain Adam; {fix}, or use --optimizer adam")
 
 
 def _deepspeed_freeze(args: argparse.Namespace) -> int | None:

@@ -34,10 +34,14 @@ def run(args: argparse.Namespace) -> None:
     if to != "hybrid":
         raise ValueError(f"--to hf: SRC {args.src!r} is a {fmt.value} checkpoint; only a hybrid checkpoint exports "
                          f"to transformers (convert to hybrid first)")
+    whys = {"--dtype": "a hybrid checkpoint holds fp32 master weights",
+            "--iteration": f"it picks an iteration of a hybrid SRC, not of a {fmt.value} one",
+            "--max-shard-size": "a hybrid checkpoint is written as train.py saves it, one file per rank"}
     for flag, given in (("--dtype", args.dtype != "fp32"), ("--iteration", args.iteration is not None),
                         ("--max-shard-size", args.max_shard_size != "5GB")):
         if given:
-            raise ValueError(f"{flag} applies to --to hf only (a hybrid checkpoint holds fp32 master weights)")
+            why = whys[flag]
+            raise ValueError(f"{flag} applies to --to hf only ({why}); drop {flag}")
     _check_partition_flags(args)
     if fmt is Format.HF:
         if args.model is not None:

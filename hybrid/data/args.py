@@ -92,6 +92,9 @@ def check(args: argparse.Namespace) -> DataConfig:
         raise ValueError(f"--eval-interval must be >= 1, got {args.eval_interval}")
     if args.eval_iters < 0:
         raise ValueError(f"--eval-iters must be >= 0 (0: no validation), got {args.eval_iters}")
+    if args.eval_iters == 0 and "eval_interval" in getattr(args, "explicit", set()):
+        raise ValueError(f"--eval-interval {args.eval_interval} sets how often validation runs, and --eval-iters 0 "
+                         f"turns it off; give --eval-iters N > 0 or drop --eval-interval")
     if args.tokenizer_model and not args.tokenizer_type:
         raise ValueError("--tokenizer-model needs --tokenizer-type HuggingFaceTokenizer")
     if args.tokenizer_model and args.tokenizer_type == "ByteLevel":  # a token per byte: no model file is read
@@ -99,8 +102,22 @@ def check(args: argparse.Namespace) -> DataConfig:
                          "(a token per byte): drop --tokenizer-model or use --tokenizer-type HuggingFaceTokenizer")
     if split[0] == 0:
         raise ValueError(f"--split {args.split!r} gives training no data; give the train share first")
+    _check_eval_split(args, split)
     return DataConfig(paths=paths, weights=weights or [], split=split, eval_interval=args.eval_interval,
                       eval_iters=args.eval_iters)
+
+
+def _check_eval_split(args: argparse.Namespace, split) -> None:
+    """Periodic validation reads the valid split and the final evaluation the valid and test splits
+    (hybrid/train/evaluate.py skips a split with no share): an evaluation flag given for splits --split leaves
+    empty would do nothing."""
+    given = getattr(args, "explicit", set())
+    if split[1] == 0 and "eval_interval" in given:
+        raise ValueError(f"--eval-interval {args.eval_interval} validates on the valid split, and --split "
+                         f"{args.split!r} gives it no share; give one (e.g. --split 969,30,1) or drop --eval-interval")
+    if split[1] == 0 and split[2] == 0 and "eval_iters" in given and args.eval_iters > 0:
+        raise ValueError(f"--eval-iters {args.eval_iters} evaluates the valid and test splits, and --split "
+                         f"{args.split!r} gives them no share; give one (e.g. --split 969,30,1) or drop --eval-iters")
 
 
 def build(args: argparse.Namespace, data: DataConfig, batch: BatchSpec, vocab_size: int) -> DataSource:

@@ -125,4 +125,11 @@ def check_run(args: argparse.Namespace, dims, checkpoint, zero, moe: bool) -> Di
     check_optimizer(args, checkpoint.save is not None or checkpoint.load is not None)
     cfg = check(args)
     check_layout(cfg, dims.dp, dims.cp, zero.stage, args.fp16, moe)
+    if cfg is not None and cfg.inner_steps > args.train_iters and checkpoint.save is None:
+        # the first outer sync is after inner step H: the replicas would train apart and never meet, and without
+        # a checkpoint no later run continues the round (check_layout's docstring)
+        raise ValueError(f"--diloco-inner-steps {cfg.inner_steps} is more than --train-iters {args.train_iters}: "
+                         f"the replicas would never meet (the first outer sync is after step {cfg.inner_steps}); "
+                         f"give --diloco-inner-steps <= {args.train_iters}, or --save DIR to continue the round in "
+                         f"a longer run")
     return cfg

@@ -47,6 +47,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # gives MFU's peak here (profile_peak_tflops)
 
 
+def missing_profile(path: str) -> str:
+    """--hardware PATH that is no file: the line, naming --peak-tflops with the preset's peak when PATH is a device
+    preset's name (h100, h200-...: train.py has no --gpu; the presets are hybrid/planner/hardware.py's)."""
+    from hybrid.planner.hardware import GpuKind, hardware
+    line = f"--hardware {path!r} is not a file; write one with `hybrid calibrate --out FILE`"
+    preset = [k for k in GpuKind if path.lower() in (k.value, k.value.split("-")[0])]
+    if preset:
+        line += (f" (for the {preset[0].value} preset's peak in MFU: --peak-tflops "
+                 f"{hardware(preset[0]).peak_tflops:g})")
+    return line
+
+
 def profile_peak_tflops(path: str, fp32: bool, local_ranks: int) -> float:
     """One rank's peak TFLOP/s from a `hybrid calibrate` profile: its fitted matmul rate R for the run's
     precision (fp32; else bf16 where measured, else fp32), times min(1, cores / local ranks) when the profile's
@@ -57,7 +69,7 @@ def profile_peak_tflops(path: str, fp32: bool, local_ranks: int) -> float:
     from hybrid.planner import calibrate
     from hybrid.planner.model import Precision as PlanPrecision
     if not os.path.isfile(path):
-        raise ValueError(f"--hardware {path!r} is not a file; write one with `hybrid calibrate --out FILE`")
+        raise ValueError(missing_profile(path))
     hw = calibrate.load_hardware(path, PlanPrecision.FP32 if fp32 else PlanPrecision.MIXED)
     share = min(1.0, hw.compute_units / local_ranks) if hw.compute_units else 1.0
     return hw.peak_tflops * share

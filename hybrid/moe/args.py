@@ -136,6 +136,15 @@ def _check_combinations(args: argparse.Namespace, cfg, dims: ParallelDims, moe: 
     if moe.pad_to_capacity and moe.dispatcher is Dispatcher.ALLGATHER:
         raise ValueError("--moe-pad-expert-input-to-capacity is implemented for --moe-token-dispatcher-type "
                          "alltoall only")
+    if moe.expert_parallel == 1 and "moe_token_dispatcher_type" in getattr(args, "explicit", set()):
+        # layer.py's _dispatch: at EP 1 every token stays on its rank and neither dispatcher runs a collective
+        raise ValueError(f"--moe-token-dispatcher-type {moe.dispatcher.value} picks how tokens travel between the "
+                         f"--expert-model-parallel-size ranks; at --expert-model-parallel-size 1 every token stays "
+                         f"on its rank: give --expert-model-parallel-size > 1 or drop --moe-token-dispatcher-type")
+    if moe.expert_bias and moe.bias_update_rate == 0:
+        raise ValueError("--moe-router-enable-expert-bias with --moe-router-bias-update-rate 0 keeps the bias at "
+                         "zero (it moves by the rate x sign(mean load - load) each step): give a rate > 0 (the "
+                         "default 1e-3, DeepSeek-V3's) or drop --moe-router-enable-expert-bias")
     if moe.load_balancing is LoadBalancing.HF_AUX_LOSS and moe.aux_coeff > 0:
         chunks = (args.virtual_pipeline_model_parallel_size or 1) > 1 or \
             args.num_layers_per_virtual_pipeline_stage not in (None, cfg.num_layers)

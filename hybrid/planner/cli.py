@@ -49,6 +49,10 @@ from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
 
 MAX_GPUS = 2**20  # a million devices: beyond any cluster, and the search stays seconds long
+DEFAULT_GPU = GpuKind.A100_80G.value  # --gpu without --hardware
+# the slow-link table's method flags and their values when not given (None on the parser: given or not is known)
+SLOW_LINK_DEFAULTS = {"powersgd_rank": 4, "diloco_inner_steps": 100, "diloco_fragments": 4,
+                      "diloco_fragment_sync_delay": 0}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -79,9 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus", type=int_in(1, MAX_GPUS), metavar="N",
                    help="GPUs in the job (required, unless --scan-gpus)")
     g.add_argument("--gpus-per-node", type=positive_int, metavar="N", help="None: the preset's")
-    g.add_argument("--gpu", default=GpuKind.A100_80G.value, choices=[k.value for k in GpuKind],
+    g.add_argument("--gpu", default=None, choices=[k.value for k in GpuKind],
                    help="device preset: a100-80g, h100-80g (SXM, 700 W), h100-96g-500w (torchtitan's Grand Teton "
-                        "H100: HBM2e, 500 W), h200, cpu (docs/planner.md 'Hardware')")
+                        "H100: HBM2e, 500 W), h200, cpu (docs/planner.md 'Hardware'); None: a100-80g, or the "
+                        "--hardware profile's device")
     g.add_argument("--gpu-memory", type=positive_float, metavar="GB", help="GB per device (None: the preset's)")
     g.add_argument("--gpu-tflops", type=positive_float, metavar="X",
                    help="dense bf16 peak, TFLOP/s (None: the preset's)")
@@ -178,11 +183,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "None: the --hardware profile's inter_dc_gbps, else no such table")
     g.add_argument("--inter-dc-latency", type=float_in(0.0), metavar="MS",
                    help="one-way latency of that link, milliseconds (None: the profile's, else 0)")
-    g.add_argument("--powersgd-rank", type=positive_int, default=4, metavar="R", help="the table's PowerSGD rank")
-    g.add_argument("--diloco-inner-steps", type=positive_int, default=100, metavar="H", help="the table's DiLoCo H")
-    g.add_argument("--diloco-fragments", type=positive_int, default=4, metavar="K",
-                   help="the table's Streaming DiLoCo fragments (K divides H)")
-    g.add_argument("--diloco-fragment-sync-delay", type=int, default=0, metavar="TAU",
+    g.add_argument("--powersgd-rank", type=positive_int, default=None, metavar="R",
+                   help=f"the table's PowerSGD rank (None: {SLOW_LINK_DEFAULTS['powersgd_rank']})")
+    g.add_argument("--diloco-inner-steps", type=positive_int, default=None, metavar="H",
+                   help=f"the table's DiLoCo H (None: {SLOW_LINK_DEFAULTS['diloco_inner_steps']})")
+    g.add_argument("--diloco-fragments", type=positive_int, default=None, metavar="K",
+                   help=f"the table's Streaming DiLoCo fragments (K divides H; None: "
+                        f"{SLOW_LINK_DEFAULTS['diloco_fragments']})")
+    g.add_argument("--diloco-fragment-sync-delay", type=int, default=None, metavar="TAU",
                    help="the table's Streaming DiLoCo overlap: each fragment's sync runs under TAU inner steps (0 <= "
                         "TAU < H/K; 0: it blocks)")
     g = p.add_argument_group("output")
@@ -224,8 +232,11 @@ def run(args: argparse.Namespace) -> None:
     formula = FlopsFormula(args.flops_formula)
     _check_cp(args)
     if args.scan_gpus:
-        if args.inter_dc_bandwidth is not None or args.inter_dc_latency is not None:
-            raise ValueError("--inter-dc-bandwidth does not run with --scan-gpus yet; drop one of them")
+        link_flags = [f"--{d.replace('_', '-')}" for d in ("inter_dc_bandwidth", "inter_dc_latency",
+                                                           *SLOW_LINK_DEFAULTS) if getattr(args, d) is not None]
+        if link_flags:
+            raise ValueError(f"{link_flags[0]} (the slow-link table) does not run with --scan-gpus yet; drop one of "
+                             f"them")
         _scan(args, work, space, formula)
         return
     if args.gpus is None:
@@ -260,11 +271,17 @@ def run(args: argparse.Namespace) -> None:
 
 def slow_link_from_args(args: argparse.Namespace, hw) -> tuple[slowlink.SlowLink | None, list]:
     """The inter-DC link (the flags over the --hardware profile's fields) and the table's methods; (None, [])
-    without one. Checked before the search; what the table does not combine with is refused by name."""
+    without one. Checked before the search; what the table does not combine with is refused by name, and so is a
+    method flag without a link: it sets a row of the slow-link table, which is printed only with one."""
     gbps = args.inter_dc_bandwidth if args.inter_dc_bandwidth is not None else hw.inter_dc_gbps
     if gbps is None:
         if args.inter_dc_latency is not None:
             raise ValueError("--inter-dc-latency needs --inter-dc-bandwidth (or a profile's inter_dc_gbps)")
+        given = [dest for dest in SLOW_LINK_DEFAULTS if getattr(args, dest) is not None]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} sets a row of the slow-link table, printed with "
+                             f"--inter-dc-bandwidth GBPS (or a --hardware profile's inter_dc_gbps); add it or drop "
+                             f"--{given[0].replace('_', '-')} (the layout search prices synchronous DP)")
         return None, []
     for flag, on in (("--json", args.json), ("--emit-args", args.emit_args), ("--scan-gpus", args.scan_gpus),
                      ("--context-parallel-size", args.context_parallel_size)):
@@ -274,8 +291,10 @@ def slow_link_from_args(args: argparse.Namespace, hw) -> tuple[slowlink.SlowLink
     if not 0 <= latency_ms < float("inf"):
         raise ValueError(f"--inter-dc-latency must be a finite number >= 0 (milliseconds), got {latency_ms}")
     link = slowlink.SlowLink(gbps, latency_ms / 1e3)
-    return link, slowlink.methods_from(args.powersgd_rank, args.diloco_inner_steps, args.diloco_fragments,
-                                       args.diloco_fragment_sync_delay)
+    given = {dest: default if getattr(args, dest) is None else getattr(args, dest)
+             for dest, default in SLOW_LINK_DEFAULTS.items()}
+    return link, slowlink.methods_from(given["powersgd_rank"], given["diloco_inner_steps"],
+                                       given["diloco_fragments"], given["diloco_fragment_sync_delay"])
 
 
 def _check_cp(args: argparse.Namespace) -> None:
@@ -324,7 +343,13 @@ def check_outputs(args: argparse.Namespace) -> None:
         raise ValueError("--emit-args needs --model (a preset or config.json directory): train.py builds the model "
                          "from it, not from the size flags")
     if args.hardware and not os.path.isfile(args.hardware):
-        raise ValueError(f"--hardware {args.hardware!r} is not a file; write one with `hybrid calibrate --out FILE`")
+        preset = [k.value for k in GpuKind if args.hardware.lower() in (k.value, k.value.split("-")[0])]
+        hint = f" (for the device preset: --gpu {preset[0]})" if preset else ""
+        raise ValueError(f"--hardware {args.hardware!r} is not a file; write one with `hybrid calibrate --out FILE`"
+                         f"{hint}")
+    if args.hardware and args.gpu:  # the profile holds the device (hybrid calibrate --base names its preset)
+        raise ValueError(f"--gpu {args.gpu} and --hardware {args.hardware} both name the device; give one of them "
+                         f"(--hardware: a measured profile, --gpu: a preset)")
 
 
 def _check_output_modes(args: argparse.Namespace) -> None:
@@ -421,7 +446,7 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
 
 def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
     base = (calibrate.load_hardware(args.hardware, Precision(args.precision)) if args.hardware
-            else hardware(args.gpu))
+            else hardware(args.gpu or DEFAULT_GPU))
     hw = base.with_overrides(
         memory_gb=args.gpu_memory, peak_tflops=args.gpu_tflops, gpus_per_node=args.gpus_per_node,
         intra_node_gbps=args.intra_node_bandwidth, inter_node_gbps=args.inter_node_bandwidth,

@@ -34,6 +34,7 @@ from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_
 from hybrid.pipeline import ScheduleKind
 from hybrid.pipeline.args import check_zero_bubble
 from hybrid.precision import Precision
+from hybrid.train import other_flags
 from hybrid.train.config import (DEFAULT_MIN_LR, FLAGS, MAX_SEED, ModelSetup, ParallelConfig,  # noqa: F401
                                  PipelinePlan, RunConfig, TrainingConfig)
 from hybrid.train_step import OptimizerConfig
@@ -56,7 +57,8 @@ Every input is checked before any process group starts; a bad one exits with one
 
 def build_parser() -> argparse.ArgumentParser:
     """train.py's own flags from the FLAGS table (in its groups and order), then each feature's."""
-    p = OneLineParser(prog="train.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    p = OneLineParser(prog="train.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter,
+                      hints=other_flags.hints())
     groups: dict[str, argparse._ArgumentGroup] = {}
     for flag in FLAGS:
         if flag.group not in groups:
@@ -252,9 +254,10 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
         v = args.virtual_pipeline_model_parallel_size
     kind = ScheduleKind(args.pipeline_schedule or ("interleaved" if v > 1 else "1f1b"))
     v = check_zero_bubble(args, kind, v, dims.pp, cfg.num_layers)  # zbv: 2 chunks a rank (hybrid/pipeline/args.py)
-    if kind is ScheduleKind.INTERLEAVED and v == 1 and dims.pp > 1:
+    if kind is ScheduleKind.INTERLEAVED and v == 1:  # at pp 1 too: one chunk on one rank runs the plain step
         raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage "
                          "(or --virtual-pipeline-model-parallel-size)")
+    _check_one_stage(args, dims.pp * v)
     if kind not in (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV) and v > 1:
         raise ValueError(f"--num-layers-per-virtual-pipeline-stage needs --pipeline-schedule interleaved, not {kind.value}")
     if args.recompute_granularity == "selective-op" and kind in (ScheduleKind.ZB_H1, ScheduleKind.ZBV):
@@ -274,6 +277,17 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     else:
         stages = partition_layers(cfg.num_layers, dims.pp, v)
     return PipelinePlan(kind=kind, v=v, stages=stages)
+
+
+def _check_one_stage(args: argparse.Namespace, stages: int) -> None:
+    """The partition flags split the layers over pp x v stages; at one stage there is nothing to split (hybrid
+    convert refuses the same with --target-pipeline-parallel-size 1)."""
+    given = [f for f, on in (("--pipeline-partition balanced", args.pipeline_partition == "balanced"),
+                             ("--pipeline-layers-per-stage", args.pipeline_layers_per_stage)) if on]
+    if stages == 1 and given:
+        raise ValueError(f"{given[0]} splits the layers over the pipeline's stages, and there is one "
+                         f"(--pipeline-model-parallel-size 1, no virtual stages): give "
+                         f"--pipeline-model-parallel-size N or drop {given[0].split()[0]}")
 
 
 # (flag dest, DeepSpeed JSON key, DeepSpeedConfig attribute): the flags a DeepSpeed config sets (FLAGS' column)
@@ -396,7 +410,8 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
-    compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None)  # hybrid/compress
+    compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None,  # hybrid/compress
+                                   moe=moe is not None)
     diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe is not None)  # hybrid/diloco: None without
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
@@ -601,7 +616,7 @@ def _planning_device(args: argparse.Namespace, world: int, precision: Precision)
     if args.hardware:
         from hybrid.planner import calibrate
         if not os.path.isfile(args.hardware):
-            raise ValueError(f"--hardware {args.hardware!r} is not a file; write one with `hybrid calibrate --out FILE`")
+            raise ValueError(metrics_args.missing_profile(args.hardware))
         hw = calibrate.load_hardware(args.hardware, precision).with_overrides(memory_gb=hw.memory_gb)
     return hw, profile
 
