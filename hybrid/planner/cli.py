@@ -118,7 +118,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the tensor-core clock")
     g.add_argument("--stack", choices=["auto"] + [x.value for x in Stack], default="auto",
                    help="the software stack, which sets the tensor-core clock: pytorch (PyTorch-native, eager or "
-                        "torch.compile'd: torchtitan, Composer, OLMo-core, FSDP; h100-80g's eager clock 0.689) or "
+                        "torch.compile'd: torchtitan, Composer, OLMo-core, FSDP; h100-80g's eager clock 0.708) or "
                         "megatron (Megatron-LM / NeMo / Transformer Engine: the curve's rate); auto (default): "
                         "pytorch for eager kernels, megatron for --activation-profile korthikanti, else pytorch "
                         "for ZeRO 3 (FSDP) layouts and megatron for ZeRO 0-2")
