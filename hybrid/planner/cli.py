@@ -557,7 +557,10 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     for name, what in TERMS:
         seconds = t.term(name)
         lines.append(f"  {name:<13} {seconds:>10.4g} s {100 * seconds / t.total:>6.1f} %  {what}")
-    flash = f"flash attention at {hw.flash_efficiency:g} of peak" if hw.flash_efficiency else "attention as GEMMs"
+    kernel, d, s = work.attention_kernel, work.model.head_dim, work.seq_length  # its published rate at this d, s
+    flash = (f"flash attention ({kernel.value}, head {d}, s {s}) at "
+             f"{kernel.efficiency(hw, d, s) * hw.peak_tflops:.3g} TFLOP/s" if hw.flash_efficiency else
+             "attention as GEMMs")
     lines.append(f"  on {hw.name}: GEMMs at up to {hw.compute_efficiency:g} x {hw.peak_tflops:g} TFLOP/s + "
                  f"{hw.gemm_overhead_s * 1e6:.3g} us each; {flash}; memory-bound ops at "
                  f"{hw.elementwise_bytes_per_s / 1e12:.3g} TB/s + {hw.kernel_overhead_s * 1e6:.3g} us a kernel; "
