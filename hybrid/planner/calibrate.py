@@ -799,6 +799,11 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
         if not isinstance(value, str):
             raise ValueError(f"--hardware {path}: hardware.name must be a string, got {json.dumps(value)}")
         return
+    if name == "flash_rates":  # the card whose flash benchmarks shape the rate (Hardware.flash_rates)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"--hardware {path}: {where}flash_rates must be a --gpu name or null, got "
+                             f"{json.dumps(value)}")
+        return
     nullable = ("compute_units", "memory_bytes", "elementwise_tbps", "flash_efficiency", "fp8_tflops", "inter_dc_gbps",
                 "inter_dc_latency_s")
     if name in nullable and value is None:

@@ -123,7 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the tensor-core clock")
     g.add_argument("--stack", choices=["auto"] + [x.value for x in Stack], default="auto",
                    help="the software stack, which sets the tensor-core clock: pytorch (PyTorch-native, eager or "
-                        "torch.compile'd: torchtitan, Composer, OLMo-core, FSDP; h100-80g's eager clock 0.689) or "
+                        "torch.compile'd: torchtitan, Composer, OLMo-core, FSDP; h100-80g's eager clock 0.708) or "
                         "megatron (Megatron-LM / NeMo / Transformer Engine: the curve's rate); auto (default): "
                         "pytorch for eager kernels, megatron for --activation-profile korthikanti, else pytorch "
                         "for ZeRO 3 (FSDP) layouts and megatron for ZeRO 0-2")
@@ -582,7 +582,10 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     for name, what in TERMS:
         seconds = t.term(name)
         lines.append(f"  {name:<13} {seconds:>10.4g} s {100 * seconds / t.total:>6.1f} %  {what}")
-    flash = f"flash attention at {hw.flash_efficiency:g} of peak" if hw.flash_efficiency else "attention as GEMMs"
+    kernel, d, s = work.attention_kernel, work.model.head_dim, work.seq_length  # its published rate at this d, s
+    flash = (f"flash attention ({kernel.value}, head {d}, s {s}) at "
+             f"{kernel.efficiency(hw, d, s) * hw.peak_tflops:.3g} TFLOP/s" if hw.flash_efficiency else
+             "attention as GEMMs")
     lines.append(f"  on {hw.name}: GEMMs at up to {hw.compute_efficiency:g} x {hw.peak_tflops:g} TFLOP/s + "
                  f"{hw.gemm_overhead_s * 1e6:.3g} us each; {flash}; memory-bound ops at "
                  f"{hw.elementwise_bytes_per_s / 1e12:.3g} TB/s + {hw.kernel_overhead_s * 1e6:.3g} us a kernel; "

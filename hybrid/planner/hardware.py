@@ -62,7 +62,7 @@ GEMM_OVERHEAD_S = 6.4e-6
 H100_EFFICIENCY = 0.789
 H200_EFFICIENCY, H200_GEMM_OVERHEAD_S = 0.796, 21.4e-6
 H200_CUDA_BYTES = 150_109_880_320  # total_memory measured on an H200 (nvidia-smi says 143771 MiB: 615 MiB more)
-A100_EFFICIENCY = 0.706
+A100_EFFICIENCY = 0.700
 COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built by hand
 
 # Whole-layer terms beyond the GEMMs (ops.py prices each memory-bound op by its bytes and kernels). Where each
@@ -73,19 +73,22 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   2 GiB device copy, read + write: 4.16 TB/s of 4.8, docs/results/gpu_h200.md, run 2); assumed alike on the A100
 #   and the H100 (same kind of HBM controller; not measured there).
 # * KERNEL_OVERHEAD_S: seconds per memory-bound kernel beyond its bytes, **fitted** to one row: our H200 run 3
-#   (a 1.2B Llama, s 4096, 8 micro-batches: forward + backward 0.7152 s; fit.fit_kernel_overhead), with the
+#   (a 1.2B Llama, s 4096, 8 micro-batches: forward + backward 0.7152 s; fit.fit_kernel_overhead; 7.78 us before
+#   round 8's flash rates by sequence length, 5.37 with them), with the
 #   H200's GEMM curve, flash rate and copy rate fixed. Assumed the same on every GPU.
-# * FLASH_EFFICIENCY: flash attention's sustained share of the bf16 peak, **published** (abstracts): FlashAttention-2
-#   "reaching 50-73% of the theoretical maximum FLOPs/s on A100" (Dao 2023, arXiv 2307.08691; the lower end: a
-#   causal mask and the slower backward); FlashAttention-3: FlashAttention-2 reaches "only 35% utilization on the
-#   H100" (Shah et al. 2024, arXiv 2407.08608) -- what PyTorch's SDPA runs on Hopper.
+# * FLASH_EFFICIENCY: FlashAttention-2's sustained share of the bf16 peak at its longest benchmarked length, causal,
+#   head dimension 128, forward + backward, **published**: Dao 2023 (arXiv 2307.08691) Figure 4(d), A100 80GB, 189
+#   TFLOP/s of 312 at 16k; Figure 7(d), H100 80GB SXM5, 328 of 989 (FLASH_FWD_BWD_TFLOPS below; the abstracts'
+#   "50-73% ... on A100" and FlashAttention-3's "only 35% utilization on the H100" bracket them). Shorter sequences,
+#   head width 64 and other kernels run at the table's ratio to that point (AttentionKernel.efficiency).
 # * FP8 peaks: data sheets (dense, no sparsity): H100 / H200 SXM 1979 TFLOP/s; the A100 has no FP8 tensor cores.
 # * h100-96g-500w: the H100s torchtitan's published numbers ran on (pytorch/torchtitan docs/performance.md:
 #   Grand Teton hosts, "96GB HBM2e with 2.4 TB/sec", "the default 500W power limit", 400 Gb/s RDMA per GPU; their
 #   own note: its peak is "between SXM and NVL"). Its sustained clock relative to a 700 W H100 on the same stack
 #   (H100_500W_CLOCK, the 500 W factor, scaling the GEMM asymptote and the flash rate) is **fitted** to one row,
 #   torchtitan's Table 1 (Llama 3.1 8B, eager FSDP on 8 GPUs, 5,762 tokens/s a GPU; fit.fit_h100_500w_clock), on
-#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.991 x 0.689 = 0.683; 0.670 before the overlap cost
+#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.988 x 0.708 = 0.700; 0.991 x 0.689 = 0.683 before
+#   round 8's flash rates by sequence length (FLASH_FWD_BWD_TFLOPS); 0.670 before the overlap cost
 #   and the checkpoint's early stop, the constant this factor replaced when it carried both); torchtitan's compiled
 #   rows then check the stack clock; its capacity assumes the 80 GB part's ratio of usable to nominal bytes (81559
 #   MiB of 80 GiB) for 96 GiB.
@@ -97,8 +100,10 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   (time._stops_early) in the model (0.681 without both, 0.716 with the first: the clock had absorbed the b 2 row's
 #   ZeRO 3 overlap cost and the checkpointed rows' unrun down projection); the table's ten 16-512 GPU rows and every
 #   other row only check (with flash kernels' head-width padding, AttentionKernel, the same fit gives 0.690 and
-#   H100_500W_CLOCK's 0.9895: within tests/test_planner_fit.py's 0.002, kept). Why a clock and not a term of its
-#   own (docs/planner.md "Why eager FSDP on H100 was optimistic"): the loss is the same fraction of the step at 1B
+#   H100_500W_CLOCK's 0.9895: within tests/test_planner_fit.py's 0.002, kept; round 8's flash rates by sequence
+#   length and head width, which run FlashAttention-2 slower at s 2048-8192 than the flat 0.35 did, refit it
+#   0.689 -> 0.708 with KERNEL_OVERHEAD_S 7.78 -> 5.37 us and A100_EFFICIENCY 0.706 -> 0.700). Why a clock and not
+#   a term of its own (docs/planner.md "Why eager FSDP on H100 was optimistic"): the loss is the same fraction of the step at 1B
 #   and 70B, 8 and 512 GPUs, with attention 5-27 % of
 #   the step -- a uniform slowdown of tensor-core work -- and the same software on A100 is priced right by an
 #   asymptote that was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a
@@ -115,21 +120,21 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   FSDP: "matmuls take 2x as long", not timed). The two timed ones' mean, 1.73: a hidden collective second costs
 #   the compute under it 1 - 1/1.73 = 0.42 s (time._overlapped). Not fitted.
 OVERLAP_SLOWDOWN = (1.76 + 1.70) / 2
-H100_500W_CLOCK = 0.991
-H100_EAGER_CLOCK = 0.689
+H100_500W_CLOCK = 0.988
+H100_EAGER_CLOCK = 0.708
 H100_96G_BYTES = round(96 * 2**30 * 81559 / 81920)
 ELEMENTWISE_FRACTION = 4.16 / 4.8
-KERNEL_OVERHEAD_S = 7.78e-6
-A100_FLASH, HOPPER_FLASH = 0.50, 0.35
-# * FLASH1_A100: a FlashAttention-1-class kernel's sustained share of the A100's bf16 peak, **published**: Dao 2023
-#   (arXiv 2307.08691) Figure 4(d), A100 80GB, forward + backward, causal mask, head dimension 128, at the longest
-#   length shown (16k; flat from 8k): "FlashAttention Triton" (HazyResearch's flash_attn_triton.py, the kernel
-#   llm-foundry's `attn_impl: triton` copied) 80 TFLOP/s, where FlashAttention-1 (CUDA) reaches 83 and
-#   FlashAttention-2 189 (the figure's data: Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png,
-#   commit 4f285b35). The H100 has no published rate for it (the paper's Figure 7 shows FlashAttention-1 CUDA, 137 of
-#   FlashAttention-2's 328 TFLOP/s, no Triton bar): AttentionKernel.FLASH1 is refused there. Not fitted
+KERNEL_OVERHEAD_S = 5.37e-6
+A100_FLASH, HOPPER_FLASH = 189.0 / 312.0, 328.0 / 989.0
+# * FLASH_FWD_BWD_TFLOPS (after GpuKind): the kernels' published forward + backward rates by card, kernel, head
+#   dimension, causal mask and sequence length -- the data every flash rate is shaped by. AttentionKernel.FLASH1 is
+#   FlashAttention-1 (CUDA) there: the kernel llm-foundry's `attn_impl: triton` ran is HazyResearch's
+#   flash_attn_triton.py (copied at eff9fe6), whose docstring says "Overall Triton forward + backward is slightly
+#   slower than CUDA forward + backward" (its forward faster, its backward slower); the figure's "FlashAttention
+#   Triton" bar is a different kernel, OpenAI's `triton.ops.flash_attention` (the repository's
+#   benchmarks/benchmark_flash_attention.py at 60499ab imports it), and has no H100 bar. Not fitted
 #   (docs/planner.md "Attention kernels of the published runs").
-FLASH1_A100 = 80.0 / 312.0
+FLASH1_A100 = 83.0 / 312.0  # FLASH1's share of the A100's peak at 16k, causal, head 128 (Figure 4(d))
 HOPPER_FP8_TFLOPS = 1979.0
 
 
@@ -163,6 +168,9 @@ class Gemm:
         return Gemm(self.m, self.k, self.n, self.batch), Gemm(self.k, self.n, self.m, self.batch)
 
 
+FLASH_SEQS = (512, 1024, 2048, 4096, 8192, 16384)  # the FlashAttention-2 paper's benchmark lengths
+
+
 class AttentionKernel(enum.Enum):
     """Which flash-attention kernel a run's attention core uses (Workload.attention_kernel): its rate and the head
     width its tiles compute.
@@ -171,10 +179,9 @@ class AttentionKernel(enum.Enum):
         head dimension rounded up to its compiled tile widths 32, 64, 96, ..., 256 (flash-attn v2.4.2
         csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH: 80 -> 96, 112 -> 128).
     FLASH1: a FlashAttention-1-class kernel: flash-attn 1.x or its Triton version (llm-foundry's default until 0.7,
-        `attn_impl: triton`, llmfoundry/models/layers/flash_attn_triton.py), at FLASH1_A100 of an A100's
-        peak (no other card has a published rate), head dimension rounded up to a power of two
-        (`BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16)`:
-        80 -> 128, 112 -> 128).
+        `attn_impl: triton`, llmfoundry/models/layers/flash_attn_triton.py), at FlashAttention-1's published rate
+        (FLASH_FWD_BWD_TFLOPS), head dimension rounded up to a power of two (`BLOCK_HEADDIM =
+        max(triton.next_power_of_2(d), 16)`: 80 -> 128, 112 -> 128).
     """
 
     FLASH2 = "flash2"
@@ -186,16 +193,23 @@ class AttentionKernel(enum.Enum):
             return max(16, 1 << (d - 1).bit_length())
         return max(32, -(-d // 32) * 32)
 
-    def efficiency(self, hw: "Hardware") -> float | None:
-        """Its share of hw's peak: hw.flash_efficiency (FlashAttention-2, the stack clock included) for FLASH2;
-        for FLASH1 on an A100 that times FLASH1_A100 / A100_FLASH (the preset gives FLASH1_A100; a stated
-        flash_efficiency scales alike). FLASH1 elsewhere: ValueError (no published rate)."""
-        if hw.flash_efficiency is None or self is AttentionKernel.FLASH2:
-            return hw.flash_efficiency
-        if not hw.name.startswith("a100"):
-            raise ValueError(f"Workload.attention_kernel flash1 has a published rate on A100 only, not on "
-                             f"{hw.name}; plan flash2 (the default)")
-        return hw.flash_efficiency * FLASH1_A100 / A100_FLASH
+    def efficiency(self, hw: "Hardware", head_dim: int = 128, seq: int = FLASH_SEQS[-1],
+                   causal: bool = True) -> float | None:
+        """Its share of hw's peak on the FLOPs it executes (causal: half the square; its padded head width), forward
+        and backward alike, for heads of width head_dim over seq tokens: hw.flash_efficiency (FlashAttention-2 at
+        16k, causal, head 128; the stack clock included) times the kernel's published rate at (head_dim, seq,
+        causal) over that point's, from the table of hw.flash_rates. Without a table (a device built by hand)
+        FLASH2 runs at hw.flash_efficiency flat and FLASH1 is refused (no published rate)."""
+        if hw.flash_efficiency is None:
+            return None
+        if hw.flash_rates is None:
+            if self is AttentionKernel.FLASH2:
+                return hw.flash_efficiency
+            raise ValueError(f"Workload.attention_kernel flash1 has no published rate on {hw.name} (no kernel "
+                             f"benchmark table: Hardware.flash_rates); plan flash2 (the default)")
+        return hw.flash_efficiency * flash_tflops(hw.flash_rates, self, self.padded_head_dim(head_dim), seq,
+                                                  causal) / flash_tflops(hw.flash_rates, AttentionKernel.FLASH2,
+                                                                         128, FLASH_SEQS[-1], True)
 
 
 class GpuKind(enum.Enum):
@@ -206,6 +220,49 @@ class GpuKind(enum.Enum):
     H100_96G_500W = "h100-96g-500w"  # torchtitan's Grand Teton H100: 96 GB HBM2e, 2.4 TB/s, 500 W power limit
     H200 = "h200"
     CPU = "cpu"
+
+
+# Forward + backward TFLOP/s of the flash kernels, **published**: FlashAttention-2 paper (Dao 2023, arXiv 2307.08691)
+# Figure 4 (A100 80GB SXM4) and Figure 7 (H100 80GB SXM5), read off the figures' images in Dao-AILab/flash-attention
+# assets/flash2_{a100,h100}_fwd_bwd_benchmark.png (4f285b3), at FLASH_SEQS (batch x sequence = 16k tokens, hidden
+# 2048: 32 / 16 heads of 64 / 128; fp16). Key: (card, kernel, head dimension, causal mask). FLASH1 is the bar
+# "FlashAttention" (flash-attn 1.x, CUDA; see FLASH1_A100 for why not the "FlashAttention Triton" bar). The FLOPs
+# the rates count (benchmarks/benchmark_flash_attention.py at 60499ab, `flops`): 4 x batch x s^2 x heads x head_dim
+# for the forward, halved with a causal mask, the backward 2.5x the forward, forward + backward 3.5x -- the count
+# time.py's flash_seconds uses (ops: attention_core_flops / 2, FLASH_BACKWARD). A100 FlashAttention-2 without the
+# mask is left out: the legend covers its 512 and 1k labels.
+FLASH_FWD_BWD_TFLOPS: dict[tuple[GpuKind, AttentionKernel, int, bool], tuple[float, ...]] = {
+    (GpuKind.A100_80G, AttentionKernel.FLASH2, 128, True): (99.0, 133.0, 155.0, 173.0, 182.0, 189.0),  # 4(d)
+    (GpuKind.A100_80G, AttentionKernel.FLASH2, 64, True): (88.0, 119.0, 140.0, 156.0, 165.0, 171.0),  # 4(c)
+    (GpuKind.A100_80G, AttentionKernel.FLASH1, 128, True): (55.0, 62.0, 69.0, 76.0, 80.0, 83.0),  # 4(d)
+    (GpuKind.A100_80G, AttentionKernel.FLASH1, 64, True): (58.0, 70.0, 77.0, 87.0, 92.0, 97.0),  # 4(c)
+    (GpuKind.A100_80G, AttentionKernel.FLASH1, 128, False): (76.0, 72.0, 76.0, 80.0, 82.0, 83.0),  # 4(b)
+    (GpuKind.A100_80G, AttentionKernel.FLASH1, 64, False): (91.0, 92.0, 104.0, 108.0, 110.0, 110.0),  # 4(a)
+    (GpuKind.H100_80G, AttentionKernel.FLASH2, 128, True): (163.0, 221.0, 265.0, 294.0, 308.0, 328.0),  # 7(d)
+    (GpuKind.H100_80G, AttentionKernel.FLASH2, 64, True): (141.0, 192.0, 232.0, 257.0, 273.0, 284.0),  # 7(c)
+    (GpuKind.H100_80G, AttentionKernel.FLASH2, 128, False): (248.0, 294.0, 320.0, 326.0, 335.0, 338.0),  # 7(b)
+    (GpuKind.H100_80G, AttentionKernel.FLASH2, 64, False): (215.0, 254.0, 274.0, 288.0, 294.0, 296.0),  # 7(a)
+    (GpuKind.H100_80G, AttentionKernel.FLASH1, 128, True): (98.0, 109.0, 108.0, 126.0, 135.0, 137.0),  # 7(d)
+    (GpuKind.H100_80G, AttentionKernel.FLASH1, 64, True): (104.0, 123.0, 136.0, 138.0, 149.0, 156.0),  # 7(c)
+    (GpuKind.H100_80G, AttentionKernel.FLASH1, 128, False): (127.0, 127.0, 128.0, 131.0, 137.0, 139.0),  # 7(b)
+    (GpuKind.H100_80G, AttentionKernel.FLASH1, 64, False): (157.0, 159.0, 161.0, 161.0, 166.0, 168.0),  # 7(a)
+}
+
+
+def flash_tflops(card: GpuKind | str, kernel: AttentionKernel, head_dim: int, seq: int, causal: bool = True) -> float:
+    """The published forward + backward TFLOP/s of `kernel` on `card` for heads of (padded) width head_dim over seq
+    tokens: the row of head dimension 64 for widths <= 64, else 128's (the figures have no other; FlashAttention-3's
+    Figure 5 has FlashAttention-2's forward at 256 within 11 % of 128's); linear in log2(seq) between the benchmark
+    lengths, flat beyond them (the rates level off by 8k-16k)."""
+    card = GpuKind(card)
+    key = (card, kernel, 64 if head_dim <= 64 else 128, causal)
+    if key not in FLASH_FWD_BWD_TFLOPS:
+        raise ValueError(f"Workload.attention_kernel {kernel.value} has no published rate on {card.value} "
+                         f"({'causal' if causal else 'no mask'}, head {head_dim}); plan flash2 (the default)")
+    rates = FLASH_FWD_BWD_TFLOPS[key]
+    x = min(max(math.log2(seq), math.log2(FLASH_SEQS[0])), math.log2(FLASH_SEQS[-1])) - math.log2(FLASH_SEQS[0])
+    i = min(int(x), len(rates) - 2)
+    return rates[i] + (x - i) * (rates[i + 1] - rates[i])
 
 
 @dataclass(frozen=True)
@@ -249,9 +306,15 @@ class Hardware:
         kernel_overhead_s: seconds each memory-bound kernel costs beyond its bytes (launch, the first and last
             wave of a kernel too small to fill the device; ops.py counts the kernels), `hybrid calibrate`'s layer
             fit on a GPU; 0 on CPUs (the per-pass costs above).
-        flash_efficiency: fraction of `peak_tflops` flash attention sustains on the FLOPs it executes (causal:
-            half the s x s square), forward and backward alike; None: the attention core is timed as its batched
-            GEMMs on the curve (a materialised softmax, or a CPU, whose calibrated layer fit includes it).
+        flash_efficiency: fraction of `peak_tflops` FlashAttention-2 sustains on the FLOPs it executes (causal:
+            half the s x s square) at 16k tokens, head 128, forward and backward alike (flash_rates: its shape);
+            None: the attention core is timed as its batched GEMMs on the curve (a materialised softmax, or a CPU,
+            whose calibrated layer fit includes it).
+        flash_rates: the card (its `--gpu` name) whose published kernel benchmarks (FLASH_FWD_BWD_TFLOPS) shape
+            the flash rate by kernel, head width and sequence length around flash_efficiency
+            (AttentionKernel.efficiency); None (a device built by hand, a CPU): flash_efficiency flat,
+            FlashAttention-2 only. The H200 and the 500 W H100
+            take the H100's (same SMs; no published figure of their own).
         fp8_tflops: dense FP8 tensor-core peak, TFLOP/s (`--fp8`); None: the device has no FP8 GEMMs.
         compute_units: processors the devices of one node share, when they share (a CPU's cores, with one
             gloo rank per device and one thread per rank); None when each device computes on its own (GPUs).
@@ -305,6 +368,7 @@ class Hardware:
     layer_backward_overhead_s: float = 0.0
     kernel_overhead_s: float = 0.0
     flash_efficiency: float | None = None
+    flash_rates: str | None = None
     fp8_tflops: float | None = None
     inter_dc_gbps: float | None = None
     inter_dc_latency_s: float | None = None
@@ -338,6 +402,10 @@ class Hardware:
             raise ValueError(f"elementwise_tbps must be > 0 or None, got {self.elementwise_tbps}")
         if self.flash_efficiency is not None and not 0 < self.flash_efficiency <= 1:
             raise ValueError(f"flash_efficiency must be in (0, 1] or None, got {self.flash_efficiency}")
+        cards = sorted({key[0].value for key in FLASH_FWD_BWD_TFLOPS})
+        if self.flash_rates is not None and self.flash_rates not in cards:
+            raise ValueError(f"flash_rates must be None or a card with published flash rates ({', '.join(cards)}), "
+                             f"got {self.flash_rates!r}")
         if self.fp8_tflops is not None and not self.fp8_tflops > 0:
             raise ValueError(f"fp8_tflops must be > 0 or None, got {self.fp8_tflops}")
         if self.inter_dc_gbps is not None and not 0 < self.inter_dc_gbps < math.inf:
@@ -431,6 +499,7 @@ PRESETS: dict[GpuKind, Hardware] = {
                                memory_bytes=81920 * MIB, compute_efficiency=A100_EFFICIENCY,
                                gemm_overhead_s=GEMM_OVERHEAD_S, elementwise_tbps=2.039 * ELEMENTWISE_FRACTION,
                                kernel_overhead_s=KERNEL_OVERHEAD_S, flash_efficiency=A100_FLASH,
+                               flash_rates=GpuKind.A100_80G.value,
                                overlap_slowdown=OVERLAP_SLOWDOWN),
     GpuKind.H100_80G: Hardware(name="h100-80g", peak_tflops=989.0, memory_gb=80.0, hbm_tbps=3.35,
                                gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
@@ -438,6 +507,7 @@ PRESETS: dict[GpuKind, Hardware] = {
                                memory_bytes=81559 * MIB, compute_efficiency=H100_EFFICIENCY,
                                gemm_overhead_s=GEMM_OVERHEAD_S, elementwise_tbps=3.35 * ELEMENTWISE_FRACTION,
                                kernel_overhead_s=KERNEL_OVERHEAD_S, flash_efficiency=HOPPER_FLASH,
+                               flash_rates=GpuKind.H100_80G.value,
                                fp8_tflops=HOPPER_FP8_TFLOPS, eager_clock=H100_EAGER_CLOCK,
                                overlap_slowdown=OVERLAP_SLOWDOWN),
     GpuKind.H100_96G_500W: Hardware(name="h100-96g-500w", peak_tflops=989.0, memory_gb=96.0, hbm_tbps=2.4,
@@ -448,6 +518,7 @@ PRESETS: dict[GpuKind, Hardware] = {
                                     gemm_overhead_s=GEMM_OVERHEAD_S, elementwise_tbps=2.4 * ELEMENTWISE_FRACTION,
                                     kernel_overhead_s=KERNEL_OVERHEAD_S,
                                     flash_efficiency=HOPPER_FLASH * H100_500W_CLOCK, fp8_tflops=HOPPER_FP8_TFLOPS,
+                                    flash_rates=GpuKind.H100_80G.value,
                                     overlap_slowdown=OVERLAP_SLOWDOWN,
                                     eager_clock=H100_EAGER_CLOCK),
     GpuKind.H200: Hardware(name="h200", peak_tflops=989.0, memory_gb=141.0, hbm_tbps=4.8,
@@ -456,6 +527,7 @@ PRESETS: dict[GpuKind, Hardware] = {
                            compute_efficiency=H200_EFFICIENCY, gemm_overhead_s=H200_GEMM_OVERHEAD_S,
                            elementwise_tbps=4.8 * ELEMENTWISE_FRACTION, kernel_overhead_s=KERNEL_OVERHEAD_S,
                            flash_efficiency=HOPPER_FLASH, fp8_tflops=HOPPER_FP8_TFLOPS,
+                           flash_rates=GpuKind.H100_80G.value,
                            overlap_slowdown=OVERLAP_SLOWDOWN),
     GpuKind.CPU: Hardware(name="cpu", peak_tflops=1.0, memory_gb=64.0, hbm_tbps=0.1, gpus_per_node=8,
                           intra_node_gbps=5.0, inter_node_gbps=1.2, pcie_gbps=100.0, host_memory_gb=512.0,

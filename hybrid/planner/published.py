@@ -451,8 +451,9 @@ MPT_FIT_GPUS = 8  # the H100 rows on one node fit H100_EAGER_CLOCK (fit.fit_h100
 
 def mpt_attention_kernel(gpu: str) -> AttentionKernel:
     """The attention kernel of a MosaicML row (docs/planner.md "Attention kernels of the published runs"): every
-    table but ">= 128 GPUs" ran llm-foundry's default `attn_impl: triton` (FlashAttention-1 class); FLASH1 where a
-    rate for it is published (A100), else FlashAttention-2's rate with the H100 clock fitted over it, as before."""
+    table but ">= 128 GPUs" ran llm-foundry's default `attn_impl: triton` (FlashAttention-1 class); FLASH1 on A100,
+    FlashAttention-2's rate with the H100 clock fitted over it on H100 (FLASH1 at Figure 7's published rate there
+    refits the clock to 0.876 and turns the long-sequence H100 rows -17..-30 %: round 8, not taken)."""
     return AttentionKernel.FLASH1 if gpu.startswith("a100") else AttentionKernel.FLASH2
 
 

@@ -464,7 +464,8 @@ def flash_rate_to_match(run: PublishedRun) -> float:
         return run.throughput_error(_plan_on(run, hw.with_overrides(flash_efficiency=min(1.0, k * share),
                                                                     eager_clock=hw.eager_clock)))
     k = solve(error, 0.0, 0.2, 1.0 / share, iters=16)
-    kernel = run.workload.attention_kernel.efficiency(hw) / share  # FLASH1 on A100: its rate, not FA2's
+    kernel = run.workload.attention_kernel.efficiency(hw, run.workload.model.head_dim, run.workload.seq_length) / share
+    # the kernel's rate at the row's head width and length over FlashAttention-2's at 16k (FLASH_FWD_BWD_TFLOPS)
     return k * share * kernel * hw.eager_clock * hw.peak_tflops  # the PyTorch stack runs flash at share x its clock
 
 

@@ -233,10 +233,12 @@ class _Context:
     def flash_seconds(self, b: int, s: int) -> float:
         """Forward seconds of causal flash attention: half of QK^T and softmax(.)V's s x s FLOPs, the head width
         padded to the kernel's tile (AttentionKernel.padded_head_dim), at the workload's kernel's share of the
-        peak (Workload.attention_kernel; its backward: 2.5x, five products instead of two)."""
+        peak for that head width and s (Workload.attention_kernel; hardware.FLASH_FWD_BWD_TFLOPS: the published
+        forward + backward rate, which counts these FLOPs and a backward of 2.5x, five products instead of two:
+        forward and backward both run at it, so forward + backward takes 3.5 x FLOPs / rate, as benchmarked)."""
         hw, kernel, d = self.cluster.hw, self.work.attention_kernel, self.work.model.head_dim
         flops = self.shard.attention_core_flops(b, s) / 2 * kernel.padded_head_dim(d) / d
-        return flops / (kernel.efficiency(hw) * hw.peak_tflops * 1e12)
+        return flops / (kernel.efficiency(hw, d, s) * hw.peak_tflops * 1e12)
 
 
 def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
