@@ -2,9 +2,10 @@
 2-rank gloo groups: hybrid/zero/direct.py, docs/zero.md round 8) against the flat path it replaces (each gradient
 copied into a flat buffer first). The same additions in the same order: losses and weights after several steps equal
 the flat path's bit for bit, with one micro-batch and with two (stage 2 reduces each micro-batch, stage 1 falls back
-to its flat buffer), with buckets that split parameters between the two ranks' halves; padded units and missing gradients; the ledger
-records the same reduce-scatter bytes; and the direct path did run (each unit of each micro-batch, stage 1 only in
-steps of one micro-batch). The unsharded reference for the default path is tests/test_zero.py's."""
+to its flat buffer), with buckets that split parameters between the two ranks' halves; padded units and missing
+gradients land as the flat exchange's; the ledger records the same reduce-scatter bytes; and the direct path did run
+(each unit of each micro-batch, stage 1 only in steps of one micro-batch). The unsharded reference for the default
+path is tests/test_zero.py's."""
 
 from __future__ import annotations
 
