@@ -19,11 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from hybrid.comm import _MAX_TAG, Group, Work, _AllOf
-from hybrid.trail import TRAIL
+from hybrid.comm import Group, Work
 from hybrid.zero.units import FlatUnit
 
 
@@ -68,12 +66,6 @@ def reduce_scatter_grads(group: Group, u: FlatUnit, grads: dict[int, torch.Tenso
     sends = [x.of(grads[id(x.param)]) if id(x.param) in grads else torch.zeros(x.hi - x.lo, dtype=recv.dtype)
              for x in theirs]
     got = [recv[x.lo - me * s:x.hi - me * s] for x in mine]
-    group.ledger.record("reduce_scatter", group.name, u.padded * recv.element_size())
-    rec = TRAIL.start(group.name, group.ranks, "reduce_scatter")
-    group._exchange_seq = (getattr(group, "_exchange_seq", 0) + 1) % _MAX_TAG  # the exchanges' tag cycle (comm.py)
-    peer = group.ranks[1 - me]
-    ops = [dist.P2POp(dist.isend, t, peer, group=group.pg, tag=group._exchange_seq) for t in sends]
-    ops += [dist.P2POp(dist.irecv, t, peer, group=group.pg, tag=group._exchange_seq) for t in got]
     own = [(x, grads.get(id(x.param))) for x in mine]
 
     def land() -> None:
@@ -86,5 +78,4 @@ def reduce_scatter_grads(group: Group, u: FlatUnit, grads: dict[int, torch.Tenso
         end = mine[-1].hi - me * s if mine else 0  # the parameters fill the half from its start; then padding
         out[end:].zero_()
 
-    # a rank whose half is all padding (a unit of fewer elements than ranks) posts only sends or only receives
-    return Work(_AllOf(dist.batch_isend_irecv(ops) if ops else []), rec, land=land, keep=sends)
+    return group.reduce_scatter_pieces(u.padded * recv.element_size(), sends, got, land)
