@@ -395,6 +395,23 @@ class Group:
                 ops.append(dist.P2POp(dist.irecv, recvs[j], self.ranks[j], group=self.pg, tag=self._exchange_seq))
         return dist.batch_isend_irecv(ops)
 
+    def reduce_scatter_pieces(self, nbytes: int, sends: list[torch.Tensor], recvs: list[torch.Tensor],
+                              land: Callable[[], None]) -> "Work":
+        """A 2-rank gloo group's reduce-scatter of a flat unit whose gradients lie in pieces (hybrid/zero/direct.py):
+        `sends` (the peer's half, piece by piece) go to the peer and `recvs` (this rank's half) come from it, in
+        order, under one exchange tag (the peer posts the same pieces the other way round); `land` adds them once
+        waited. Recorded as the flat unit's reduce-scatter (`nbytes`, the full unit)."""
+        if not (self.size == 2 and self.host_staged):
+            raise ValueError(f"reduce_scatter_pieces: a 2-rank gloo group, got {self.size} ranks on {self.name}")
+        self.ledger.record("reduce_scatter", self.name, nbytes)
+        rec = TRAIL.start(self.name, self.ranks, "reduce_scatter")
+        self._exchange_seq = (getattr(self, "_exchange_seq", 0) + 1) % _MAX_TAG
+        peer, tag = self.ranks[1 - self.rank], self._exchange_seq
+        ops = [dist.P2POp(dist.isend, t, peer, group=self.pg, tag=tag) for t in sends]
+        ops += [dist.P2POp(dist.irecv, t, peer, group=self.pg, tag=tag) for t in recvs]
+        # a rank whose half is all padding (a unit of fewer elements than ranks) posts only sends or only receives
+        return Work(_AllOf(dist.batch_isend_irecv(ops) if ops else []), rec, land=land, keep=sends)
+
     def reduce_scatter_into(self, out: torch.Tensor, full: torch.Tensor, recv: torch.Tensor | None = None) -> "Work":
         """out = this rank's 1/size slice (dim 0) of the SUM over ranks of `full`. `out` may be that slice of `full`
         itself (reduced in place). `recv`: a buffer of out's size the 2-rank exchange may receive into (a reused one

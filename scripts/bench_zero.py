@@ -271,20 +271,18 @@ def run_hybrid(rank, world, args, kernel):
 
 
 def run_hybrid_stage(rank, world, args, stage):
-    """hybrid ZeRO `stage` (1 or 2) exactly as train.py runs it by default (its fused AdamW, gather overlap on).
-    `stage` "1+gather-group" / "2+gather-group": the lever of docs/zero.md round 7, the post-step all-gathers on a
-    process group of their own over the same ranks (`ZeroOptimizer(gather_group=...)`)."""
-    from hybrid.comm import Group
+    """hybrid ZeRO `stage` (1 or 2) exactly as train.py runs it by default (its fused AdamW, gather overlap on, the
+    reduce-scatter from autograd's gradients). `stage` "1+flat" / "2+flat": the path before docs/zero.md round 8,
+    each gradient copied into a flat buffer before its reduce-scatter (`ZeroConfig(reduce_from_grads=False)`)."""
     from hybrid.mesh import Mesh, ParallelDims
     from hybrid.train_step import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     base = memory_baseline()
     mesh = Mesh.build(ParallelDims(dp=world))
     stage, _, lever = stage.partition("+")
-    own = Group.create("dp_gather", list(mesh.dp_cp.ranks), mesh.ledger) if lever == "gather-group" else None
     model = torch.nn.ModuleList([build(args)])
-    zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=int(stage)), OptimizerConfig(lr=1e-3, weight_decay=0.01),
-                         gather_group=own)
+    zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=int(stage), reduce_from_grads=lever != "flat"),
+                         OptimizerConfig(lr=1e-3, weight_decay=0.01))
     return _time_hybrid(rank, args, mesh, model, zero, base, f"hybrid default ({zero.optimizer_kind})")
 
 
@@ -418,9 +416,9 @@ ROWS += [("hybrid ZeRO-1", run_hybrid_stage, "1", None),
          ("hybrid ZeRO-2", run_hybrid_stage, "2", None),
          ("torch DDP", run_ddp, "fused", DDP_FROM + 3),
          ("torch DDP, hybrid's host allocator setting", run_ddp, "fused+alloc", DDP_FROM + 3)]
-LEVER_FROM = len(ROWS)  # ZeRO 1-2 with a lever not (yet) the default, against the default row (ratio lever / default)
-ROWS += [("hybrid ZeRO-1, gathers on their own process group", run_hybrid_stage, "1+gather-group", DDP_FROM),
-         ("hybrid ZeRO-2, gathers on their own process group", run_hybrid_stage, "2+gather-group", DDP_FROM + 3)]
+LEVER_FROM = len(ROWS)  # ZeRO 1-2 with the default's lever off, against the default row (ratio flat / default)
+ROWS += [("hybrid ZeRO-1, gradients copied into a flat buffer", run_hybrid_stage, "1+flat", DDP_FROM),
+         ("hybrid ZeRO-2, gradients copied into a flat buffer", run_hybrid_stage, "2+flat", DDP_FROM + 3)]
 
 
 def _spawned(rank, world, index, args):
@@ -725,12 +723,12 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
                   "heap instead of faulted in afresh each step); the rows 'hybrid's host allocator setting' give DDP "
                   "the same, so the ratio to them is the one about data parallelism.", "",
                   *cpu_table(results, range(DDP_FROM, LEVER_FROM)),
-                  "", "A lever not the default (docs/zero.md, round 7): the post-step all-gathers on a process group "
-                  "of their own over the same ranks, so train_step's loss all-reduce on the DP group does not wait "
-                  "behind their bytes on gloo's pair connection and they overlap the next forward. Ratio = lever / "
-                  "default in the same repeat; below 1.0 the lever is faster.", "",
-                  *framework_table(results, range(LEVER_FROM, len(ROWS)), "ratio lever / default",
-                                   above="lever slower", below="lever faster"), "",
+                  "", "The default's lever off (docs/zero.md, round 8): each gradient copied into its unit's flat "
+                  "buffer before the reduce-scatter (`ZeroConfig(reduce_from_grads=False)`, the path before round 8), "
+                  "where the default sends and adds autograd's gradient tensors where they lie. Ratio = flat / "
+                  "default in the same repeat; above 1.0 the default is faster.", "",
+                  *framework_table(results, range(LEVER_FROM, len(ROWS)), "ratio flat / default",
+                                   above="default faster", below="flat path faster"), "",
                   *cpu_table(results, range(LEVER_FROM, len(ROWS))),
                   "", "Where each rank's step goes (scripts/bench_zero.py PhaseClock: marks at the model's forward, "
                   "the end of backward, the AdamW call and the step's end; a phase's wall above its process CPU is time "

@@ -49,6 +49,12 @@ class ZeroConfig:
             --bf16): each backward's compute-dtype .grad is added into an fp32 buffer and released. Gradient
             memory 4 bytes a parameter (a shard's at stages 2-3) instead of 2, DP gradient traffic twice the
             bytes, no fp32 master-gradient copy in the step. Off by default: bit-exact with earlier runs.
+        reduce_from_grads: stages 1-2 over a 2-rank gloo DP group on the host (compute-dtype gradients, no
+            compressor): each unit's reduce-scatter sends and adds autograd's gradient tensors where they lie,
+            piece by piece, instead of first copying them into a flat gradient buffer (hybrid/zero/direct.py; the
+            same bytes on the wire, the same sums bit for bit, 8 bytes a parameter less memory traffic a step).
+            Stage 1 only in steps of one micro-batch (it accumulates micro-batches in its flat buffer). False: the
+            flat path throughout (docs/zero.md round 8 measures one against the other).
         cpu_adam: the optimizer used when offloading (see CpuAdam).
         initial_loss_scale: fp16: first loss scale (power of two).
         loss_scale_window: fp16: steps without overflow before the scale doubles.
@@ -63,6 +69,7 @@ class ZeroConfig:
     bucket_bytes: int = 25 * 2**20
     overlap_param_gather: bool = True
     accumulate_fp32_grads: bool = False
+    reduce_from_grads: bool = True
     cpu_adam: CpuAdam = CpuAdam.AUTO
     initial_loss_scale: float = 2.0**16
     loss_scale_window: int = 1000

@@ -57,6 +57,7 @@ from hybrid.tp import VocabParallelEmbedding, sync_partial_grads
 from hybrid.train_step import OptimizerConfig, sync_tied_embeddings
 from hybrid.zero.buffers import BufferPool
 from hybrid.zero.config import CpuAdam, Precision, ZeroConfig
+from hybrid.zero.direct import can_reduce_directly, reduce_scatter_grads
 from hybrid.zero.host_alloc import retain_freed_host_memory
 from hybrid.zero.units import FlatUnit
 
@@ -141,7 +142,7 @@ class ZeroOptimizer:
     """
 
     def __init__(self, model: nn.Module, mesh: Mesh, cfg: ZeroConfig, opt_cfg: OptimizerConfig,
-                 reduction: DPReduction | None = None, gather_group: Group | None = None) -> None:
+                 reduction: DPReduction | None = None) -> None:
         self.model, self.mesh, self.cfg, self.opt_cfg = model, mesh, cfg, opt_cfg
         # hybrid/compress: a gradient compressor reduces the dense units instead of the plain collectives below
         if reduction is not None and not reduction.per_micro_batch and cfg.stage == 3:
@@ -152,14 +153,6 @@ class ZeroOptimizer:
         # (Megatron's dp_cp group); the DP group itself when cp = 1 -- the only CP edit here
         self.dp: Group = mesh.dp_cp
         self.edp: Group = mesh.expert_dp  # MoE experts: replicated over their expert-DP group (hybrid/moe)
-        # stages 1-2: the post-step all-gathers of the dense units on `gather_group` -- the DP group's ranks in their
-        # own process group, so a collective posted after them on the DP group (train_step's loss all-reduce) does
-        # not queue behind their bytes on gloo's pair connection and they can overlap the next forward -- else on
-        # the DP group (the default; docs/zero.md round 7: measured by bench_zero.py, not yet shown to pay)
-        if gather_group is not None and tuple(gather_group.ranks) != tuple(self.dp.ranks):
-            raise ValueError(f"ZeroOptimizer: gather_group ranks {list(gather_group.ranks)} must be the DP group's "
-                             f"{list(self.dp.ranks)}, in the same order")
-        self.gather_group: Group | None = gather_group  # None: self.dp, read at each call (a wrapped dp applies)
         self._expert_units: set[int] = set()
         self.device = mesh.device
         self.dtype = cfg.precision.dtype
@@ -172,12 +165,14 @@ class ZeroOptimizer:
         self._grad_div = 1.0  # the gradients' divisor left to the AdamW kernel this step (_make_master_grads)
         self._seeded = 0  # backward passes of this step whose loss gradient was seeded with 1 / n (_seed_mean)
         self._m = 1  # micro-batches of the current step
+        self._direct_step = False  # this step reduces the direct units from autograd's gradients (begin_step)
         self._armed = False
         self._pending: list[Pending] = []
         self._pool = BufferPool()  # the reductions' host temporaries, reused (hybrid/zero/buffers.py)
         self._launches: dict[int, int] = {}
         self._param_gathers: dict[int, tuple[object, torch.Tensor]] = {}  # id(unit) -> (work, send buffer)
         self.units, self.stage3_plan = self._build_units()
+        self._direct_units = self._reduced_directly()
         self._unit_of = {id(p): u for u in self.units for p in u.params}
         for u in self.units:
             self._init_unit(u)
@@ -207,6 +202,19 @@ class ZeroOptimizer:
         if expert:
             self._expert_units.add(id(u))
         return u
+
+    def _reduced_directly(self) -> set[int]:
+        """The units (ids) whose reduce-scatter reads autograd's gradients where they lie (hybrid/zero/direct.py:
+        no copy into a flat gradient buffer): `reduce_from_grads` at stages 1-2, compute-dtype gradients, no
+        compressor, over a 2-rank gloo DP group on the host; not the deferred units (tied embeddings: their TP and
+        embedding-group sums run on the flat buffer after backward) nor MoE experts (the expert-DP group)."""
+        if not (self.cfg.reduce_from_grads and self.cfg.stage in (1, 2) and self.reduction is None
+                and not self.cfg.accumulate_fp32_grads and can_reduce_directly(self.dp, self.device)):
+            return set()
+        return {id(u) for u in self.units if not u.deferred and id(u) not in self._expert_units}
+
+    def _direct(self, u: FlatUnit) -> bool:
+        return self._direct_step and id(u) in self._direct_units
 
     def _group(self, u: FlatUnit) -> Group:
         """The group `u` is reduced, sharded and gathered over."""
@@ -507,7 +515,9 @@ class ZeroOptimizer:
         produced all its gradients."""
         if not self._armed:
             return
-        if self._buffers_grads:
+        if self._direct(u):
+            pass  # p.grad stays autograd's tensor until the unit's reduction is posted (_launch_direct)
+        elif self._buffers_grads:
             if u.flat_grad is None and u.full_grad is None:  # stages 2-3: u's first gradient since its reduction
                 self._reap()  # finished reductions first: their full gradients go back before this one is taken
                 u.new_full_grad(self._pool.take(u.padded, self.grad_dtype, self.device))
@@ -547,7 +557,7 @@ class ZeroOptimizer:
         """The gradient backward has accumulated for p: p.grad, or where the hooks buffer gradients p's slot of its
         unit's buffer (what the TP partial-gradient and tied-embedding sums must add)."""
         u = self._unit_of.get(id(p))
-        if u is None or not self._buffers_grads:
+        if u is None or not self._buffers_grads or self._direct(u):
             return p.grad
         buf = u.flat_grad if u.flat_grad is not None else u.full_grad
         return None if buf is None else u.grad_view(buf, p)
@@ -564,7 +574,9 @@ class ZeroOptimizer:
         if self.reduction is not None and self.reduction.reduce(u, self._group(u)):
             return
         group = self._group(u)
-        if self.cfg.stage == 0:
+        if self._direct(u):
+            self._launch_direct(u, group)
+        elif self.cfg.stage == 0:
             if self._buffers_grads:
                 u.zero_unwritten(u.flat_grad)
             self._pending.append(Pending(u, group.all_reduce_async(u.flat_grad)))
@@ -583,6 +595,24 @@ class ZeroOptimizer:
             self._pending.append(Pending(u, group.reduce_scatter_into(out, full, recv), out, full, recv))
         while len(self._pending) > MAX_IN_FLIGHT:
             self._complete(self._pending.pop(0))
+
+    def _launch_direct(self, u: FlatUnit, group: Group) -> None:
+        """Post u's reduce-scatter from its parameters' gradients as autograd left them (hybrid/zero/direct.py),
+        each p.grad released here -- the Work keeps them until sent and added -- so a later micro-batch's backward
+        starts fresh ones instead of adding into tensors on the wire. Stage 1: lands in place (the shard is
+        flat_grad's own chunk), received into flat_grad's other chunk (the stage-1 gradient buffer the paper
+        counts; no pooled receive buffer). Stage 2: as the flat path, the step's first reduction lands in the shard,
+        later micro-batches' in a pooled buffer added to it."""
+        grads = {id(p): p.grad for p in u.params if p.grad is not None}
+        for p in u.params:
+            p.grad = None
+        if u.flat_grad is not None:  # stage 1
+            out, recv, pooled = u.grad_shard, u.flat_grad.view(-1).chunk(2)[1 - group.rank], None
+        else:
+            first = self._launches[id(u)] == 1
+            out = u.grad_shard if first else self._pool.take(u.shard_numel, self.grad_dtype, self.device)
+            recv = pooled = self._pool.take(u.shard_numel, self.grad_dtype, self.device)
+        self._pending.append(Pending(u, reduce_scatter_grads(group, u, grads, out, recv), out, recv=pooled))
 
     def _take(self, numel: int, group: Group) -> torch.Tensor | None:
         """A pooled receive buffer for a 2-rank exchange reduce-scatter (hybrid/comm.py), None otherwise."""
@@ -613,6 +643,9 @@ class ZeroOptimizer:
     def begin_step(self, num_micro_batches: int) -> None:
         """Arm the hooks for a step of `num_micro_batches` backward passes."""
         self._m, self._armed, self._launches, self._seeded = num_micro_batches, True, {}, 0
+        # stage 1 accumulates micro-batches in its flat buffer (bound p.grad): direct only with one micro-batch,
+        # else autograd's gradients would be held through the step beside the buffer (twice the gradient memory)
+        self._direct_step = bool(self._direct_units) and (self.cfg.stage == 2 or num_micro_batches == 1)
         for u in self.units:
             u.fired = 0
 
@@ -766,9 +799,7 @@ class ZeroOptimizer:
             if u.master is not u.shard:
                 u.shard.copy_(u.master, non_blocking=self.pin)  # fp32 -> compute dtype, host -> device
             if self.cfg.stage in (1, 2):  # every rank needs the whole updated unit; u.shard is u.flat's own chunk
-                group = self._group(u)
-                own = self.gather_group is not None and group is self.dp
-                work = (self.gather_group if own else group).all_gather_in_place(u.flat)
+                work = self._group(u).all_gather_in_place(u.flat)
                 if self.overlaps_param_gather:
                     self._param_gathers[id(u)] = (work, None)
                 else:
