@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hardware", help="an existing profile (default: calibrate 8 ranks now)")
     p.add_argument("--quick", action="store_true", help="8 iterations, a short calibration: checks the script runs")
     p.add_argument("--calibrations", type=int, default=1, help="calibrate this many times (the prediction's spread)")
+    p.add_argument("--keep-profiles", metavar="DIR", help="copy the calibrated profiles (hw8_<i>.json) into DIR")
     p.add_argument("--out", help="write the Markdown report here")
     p.add_argument("--account", metavar="DIR", help="per rank per phase CPU seconds into DIR beside the planner's")
     p.add_argument("--warmup", type=int, default=5, help="--account: iterations left out at the start")
@@ -250,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
                 + (["--seconds", "0.1"] if args.quick else []), env, 1800)
         profile = profiles[0]
         spread = [calibration_row(path) for path in profiles]
+        if args.keep_profiles and not args.hardware:  # the profiles behind the spread, to read after the run
+            import shutil
+            os.makedirs(args.keep_profiles, exist_ok=True)
+            for path in profiles:
+                shutil.copy(path, args.keep_profiles)
         start = time.time()
         log = run(["torchrun", "--nproc-per-node", "8", os.path.join(ROOT, "scripts", "train.py"), *MAIN_JOB,
                    "--train-iters", str(iters), "--log-interval", str(interval), "--timing-log-interval", "1",
