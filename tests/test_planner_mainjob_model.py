@@ -113,14 +113,15 @@ def test_collectives_are_timed_over_a_core_per_rank(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif((os.cpu_count() or 1) > 4, reason="needs more ranks than cores: cpu_count + 1 ranks, a small machine")
+@pytest.mark.skipif((os.cpu_count() or 1) > 4,
+                    reason="needs more ranks than cores: cpu_count + 1 ranks, a small machine")
 def test_calibrate_times_the_collectives_over_a_core_per_rank(tmp_path):
     """cpu_count + 1 gloo ranks: the collectives are timed over cpu_count of them (busbw with that n), the profile
     says so and keeps the ring of all ranks' 8-byte call for the record; the planner's latency is the group's."""
     cores = os.cpu_count() or 1
     cfg = CalibrationConfig(ranks=cores + 1, matmul_n=64, copy_bytes=2**20, sizes=(8, 4096), seconds=0.02)
     profile = calibrate(cfg, timeout=180)
-    json.dumps(profile)
+    json.dumps(profile)  # JSON-ready, as save_profile writes it (the new measured fields included)
     measured, hw = profile["measured"], profile["hardware"]
     n = collective_group_size(cores + 1, "gloo")
     assert measured["collective_ranks"] == n == max(2, cores)
