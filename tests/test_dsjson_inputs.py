@@ -191,3 +191,22 @@ def test_a_damaged_checkpoint_warning_says_whether_there_is_one_to_fall_back_to(
     assert str(e.value) == (f"train.py: error: --load ckpt: no intact checkpoint ({which} failed its checksums); "
                             "restore the damaged files (`hybrid checkpoint inspect ckpt` names them) or drop --load "
                             "to start from scratch")
+
+
+def test_a_whole_number_written_as_a_float_is_the_integer(tmp_path):
+    """DeepSpeed's docs write `"reduce_bucket_size": 5e8`; JSON parses it as 500000000.0, the same count (it was
+    refused as 'not an integer'); 2.5 and 5e8 + 0.5 stay refused."""
+    run = _run(["--deepspeed-config", _ds(tmp_path, {"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}})])
+    assert run.zero.bucket_bytes == 4 * 500_000_000
+    for bad in (2.5, 1e300):
+        with pytest.raises(ValueError, match="reduce_bucket_size must be"):
+            _run(["--deepspeed-config", _ds(tmp_path, {"zero_optimization": {"reduce_bucket_size": bad}})])
+
+
+def test_a_static_fp16_loss_scale_is_refused_and_zero_is_dynamic(tmp_path):
+    """fp16.loss_scale 128 is DeepSpeed's static scale: it was only warned about as 'not read' and the run scaled
+    dynamically. 0 is DeepSpeed's default (dynamic) and is accepted without a warning."""
+    with pytest.raises(ValueError, match=r"fp16\.loss_scale 128 is a static loss scale"):
+        _run(["--deepspeed-config", _ds(tmp_path, {"fp16": {"enabled": True, "loss_scale": 128}})])
+    run = _run(["--deepspeed-config", _ds(tmp_path, {"fp16": {"enabled": True, "loss_scale": 0}})])
+    assert "fp16.loss_scale" not in run.ds_unsupported

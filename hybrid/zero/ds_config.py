@@ -17,7 +17,7 @@ SUPPORTED = {
     "offload_optimizer": {"device", "pin_memory"},
     "offload_param": {"device", "pin_memory"},
     "bf16": {"enabled"},
-    "fp16": {"enabled", "initial_scale_power", "loss_scale_window", "min_loss_scale"},
+    "fp16": {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window", "min_loss_scale"},
     "data_types": {"grad_accum_dtype"},
 }
 TOP_LEVEL = {"zero_optimization", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -97,6 +97,11 @@ def read_deepspeed_config(path: str) -> DeepSpeedSettings:
     for kind in ("bf16", "fp16"):
         setattr(out, kind, _bool(_section(ds, kind, out), "enabled", f"{kind}.enabled"))
     fp16 = ds.get("fp16", {})
+    static = _float(fp16, "loss_scale", "fp16.loss_scale", 0.0)
+    if static:  # DeepSpeed: 0 (its default) = dynamic scaling, any other value a fixed scale the run never changes
+        raise ValueError(f"--deepspeed-config: fp16.loss_scale {static:g} is a static loss scale, which train.py "
+                         "does not run (it scales dynamically); set it to 0 or remove it "
+                         "(fp16.initial_scale_power sets the dynamic scale's start)")
     power = _int(fp16, "initial_scale_power", "fp16.initial_scale_power", 0, MAX_SCALE_POWER)
     out.initial_loss_scale = None if power is None else 2.0 ** power
     out.loss_scale_window = _int(fp16, "loss_scale_window", "fp16.loss_scale_window", 1)
@@ -296,6 +301,8 @@ def _int(sec: dict, key: str, name: str, low: int, high: int | None = MAX_INT) -
     if key not in sec:
         return None
     value = sec[key]
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
+        value = int(value)  # 5e8, as DeepSpeed's docs write bucket sizes: JSON's number, an integer's value
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"--deepspeed-config: {name} must be an integer, got {json.dumps(value)} "
                          "('auto' values are not resolved here; write the number)")
