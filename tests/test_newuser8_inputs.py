@@ -268,3 +268,14 @@ def test_evaluation_flag_for_an_empty_split_is_one_line(argv, want, capsys):
 ])
 def test_evaluation_flags_with_a_split_to_read_still_pass(argv):
     validate(argv)
+
+
+def test_calibrate_sizes_with_one_rank_is_one_line(tmp_path, capsys, monkeypatch):
+    """`hybrid calibrate --ranks 1 --sizes 8,64` accepted --sizes and timed no collective (one rank has none to
+    time). Refused before anything is spawned; with --ranks 2 the same --sizes reach the run."""
+    spawned = []
+    monkeypatch.setattr("hybrid.planner.calibrate.calibrate", lambda cfg: spawned.append(cfg) or None)
+    out = str(tmp_path / "hw.json")
+    line = _one_line(lambda: hybrid.cli.main(["calibrate", "--ranks", "1", "--sizes", "8,64", "--out", out]), capsys)
+    _has(line, "--sizes: --ranks 1 times no collectives", "drop --sizes or give --ranks 2")
+    assert spawned == [] and not os.path.exists(out)

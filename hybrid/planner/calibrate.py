@@ -912,8 +912,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--copy-bytes", type=int_in(4, 2**34), metavar="N", default=None,
                    help=f"bytes of the tensor copied to time memory bandwidth; None: {CalibrationConfig.copy_bytes} "
                         f"with gloo, {GPU_COPY_BYTES} with nccl (far beyond a GPU's L2 cache)")
-    p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES),
-                   help="collective sizes in bytes, comma-separated")
+    p.add_argument("--sizes", default=None,
+                   help="collective sizes in bytes, comma-separated (with --ranks 2 or more); None: "
+                        + ",".join(str(s) for s in DEFAULT_SIZES))
     p.add_argument("--seconds", type=float_in(0.0, 600.0, low_open=True), metavar="X",
                    default=CalibrationConfig.seconds, help="per compute measurement")
     p.add_argument("--base", default=GpuKind.CPU.value, choices=[k.value for k in GpuKind],
@@ -923,8 +924,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.sizes is not None and args.ranks == 1:  # one rank times no collective: the sizes would go unread
+        raise ValueError("--sizes: --ranks 1 times no collectives (the --base preset's links are kept); "
+                         "drop --sizes or give --ranks 2 or more")
+    text = args.sizes if args.sizes is not None else ",".join(str(s) for s in DEFAULT_SIZES)
     try:
-        sizes = tuple(int(x) for x in args.sizes.split(","))
+        sizes = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise ValueError(f"--sizes {args.sizes!r}: give comma-separated byte counts, e.g. 8,65536,8388608") from None
     if max(sizes) > 2**34:
