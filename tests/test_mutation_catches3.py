@@ -163,3 +163,45 @@ def test_explain_shares_are_percent_of_the_step_and_its_bubble_is_the_tables(cap
         assert abs(float(share) - 100 * float(seconds) / step) <= 0.05 + 1e-3 * float(share), name
     table = next(line for line in out.splitlines() if line.strip().startswith("1 ")).split()[-1]
     assert out.split("; bubble ")[1].split(" (docs")[0] == table.replace("%", " %")
+
+
+
+def test_explain_expert_line_terms_add_up_to_the_expert_seconds():
+    """ExpertPlan.explain (`--explain`'s experts line): alltoall_s holds the expert-TP seconds too, so the line
+    prints the all-to-all's share without them beside the expert-TP gather's; all its seconds (all-to-all,
+    expert-TP, compute, expert-DP sync) add up to the plan's expert seconds, which the EP choice ranks by."""
+    import re
+
+    from hybrid.planner.moe import ExpertPlan
+    plan = ExpertPlan(ep=4, edp=2, moe_layers=2, expert_params=1e6, extra_bytes=1e9, compute_s=0.5, dp_sync_s=0.25,
+                      alltoall_bytes=2e9, alltoall_s=3.0, intra_node=True, imbalance=1.25, etp=2, etp_bytes=1e9,
+                      etp_s=1.0)
+    line = plan.explain()
+    a2a = float(re.search(r"over NVLink ([-+.\de]+) s", line).group(1))
+    etp = float(re.search(r"reduce-scatter [.\d]+ GB ([-+.\de]+) s", line).group(1))
+    rest = [float(v) for v in re.findall(r"(?:expert compute|expert-DP sync) ([-+.\de]+) s", line)]
+    assert (a2a, etp) == (2.0, 1.0) and len(rest) == 2
+    assert plan.seconds == 0.5 + 3.0 + 0.25  # compute + all-to-all (expert-TP inside) + expert-DP sync
+    assert abs(a2a + etp + sum(rest) - plan.seconds) < 1e-12
+
+
+
+def test_explain_expert_options_say_which_do_not_fit():
+    """`--explain`'s list of (ep, etp) choices for Mixtral 8x7B on 32 H100 at tp 2 sp x pp 4 x dp 4, ZeRO 1
+    (tests/test_moe_planner.py's layout, where the 8 experts of a layer do not fit at EP 1 with whole experts and
+    EP 2 does): the EP 1 / expert-TP 1 line says it does not fit -- the dense plan's bytes plus the experts' --
+    and the chosen one does not say so."""
+    from test_moe_planner import PINNED, _mixtral_8x7b
+
+    from hybrid.planner import Cluster, SearchSpace, Workload, hardware
+    from hybrid.planner.layout import Offload, Recompute
+    from hybrid.planner.moe import why
+    from models.config import load_config
+    from test_moe_planner import MIXTRAL_8X7B
+    best = _mixtral_8x7b(SearchSpace(**PINNED, recompute=(Recompute.NONE,), offload=(Offload.NONE,),
+                                     expert_tensor_parallel=(1,))).plans[0]
+    work = Workload(load_config(MIXTRAL_8X7B), global_batch=256, seq_length=4096)
+    lines = why(work, Cluster(gpus=32, hw=hardware("h100-80g")), best.layout, best.memory.peak.total, best.experts)
+    options = {tuple(int(v) for v in line.split()[1:4:2]): line for line in lines[1:]}
+    assert options[(1, 1)].endswith("-- does not fit")
+    assert not options[(best.experts.ep, best.experts.etp)].endswith("-- does not fit")
