@@ -229,6 +229,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         config._hybrid_durations.finish(terminalreporter)
 
 
+# --- the bad-input harness (hybrid/testing_inputs.py) ---------------------------------------------------------
+@pytest.fixture
+def one_line(capsys):
+    """`one_line(call)`: `call()` must exit non-zero with one line and no process group; returns the line
+    (`one_line.out`: what it printed to stdout). hybrid.testing_inputs.OneLine says what is checked."""
+    from hybrid.testing_inputs import OneLine
+    return OneLine(capsys)
+
+
+@pytest.fixture
+def one_process(monkeypatch) -> None:
+    """A command run as `python`, not under torchrun: no launcher variable (WORLD_SIZE, RANK, ...), world 1."""
+    from hybrid.testing_inputs import python_environment
+    python_environment(monkeypatch)
+
+
 class _RunAloneLock:
     """A readers-writer lock over two files shared by the workers (flock): every test holds `room` shared, a
     serial test holds it exclusive. `turn` is the turnstile: a waiting serial test holds it, so no test starts

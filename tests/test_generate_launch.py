@@ -11,14 +11,11 @@ import torch
 
 import hybrid.cli
 from hybrid.generate import cli as generate_cli
+from hybrid.testing_inputs import OneLine
 
 
 def _exit_line(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as e:
-        hybrid.cli.main(argv)
-    text = str(e.value.code) if isinstance(e.value.code, str) else capsys.readouterr().err.strip().splitlines()[-1]
-    assert "\n" not in text
-    return text
+    return OneLine(capsys)(lambda: hybrid.cli.main(argv))
 
 
 def test_several_processes_without_torchrun_is_the_training_error_before_any_process_group(monkeypatch, capsys,

@@ -11,26 +11,14 @@ import pytest
 import torch
 
 from hybrid.train.args import parse_args, run_config
+from hybrid.testing_inputs import python_environment
 from hybrid.train.main import validate
-
-LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 
 @pytest.fixture(autouse=True)
 def two_ranks(monkeypatch):
-    """A world of 2 as train.py sees it (dp 2: the compression flags have DP traffic to act on)."""
-    for name in LAUNCHER_ENV:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-
-
-def _line(argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as e:
-        validate(argv)
-    text = str(e.value.code)
-    assert "\n" not in text, text
-    assert not torch.distributed.is_initialized()
-    return text
+    """A world of 2 as train.py sees it (dp 2: the compression flags have DP traffic to act on), no other launcher
+    variable (hybrid.testing_inputs)."""
+    python_environment(monkeypatch, world=2)
 
 
 # --- 1. --powersgd-start-iter with PowerSGD off ----------------------------------------------------------------
@@ -39,8 +27,8 @@ def _line(argv: list[str]) -> str:
     ["--powersgd-rank", "0", "--powersgd-start-iter", "5"],  # rank given as 0
     ["--powersgd-rank", "2", "--powersgd-start-iter", "5", "--powersgd-rank", "0"],  # a list switched off after
 ])
-def test_powersgd_start_iter_with_powersgd_off_is_one_line_naming_it(argv):
-    line = _line(argv + ["--train-iters", "20"])
+def test_powersgd_start_iter_with_powersgd_off_is_one_line_naming_it(argv, one_line):
+    line = one_line(lambda: validate(argv + ["--train-iters", "20"]))
     assert line.startswith("train.py: error: --powersgd-start-iter 5 does nothing without --powersgd-rank"), line
     assert "drop --powersgd-start-iter" in line and "--powersgd-rank R > 0" in line
 
@@ -89,9 +77,9 @@ def test_min_lr_default_keeps_earlier_runs_and_a_given_one_is_the_users(argv, mi
 
 @pytest.mark.parametrize("how,named", [("--lr", "--lr 5e-05"),
                                        ("deepspeed", "--deepspeed-config optimizer.params.lr 5e-05")])
-def test_a_given_min_lr_above_the_lr_is_one_line_naming_both(how, named, tmp_path):
+def test_a_given_min_lr_above_the_lr_is_one_line_naming_both(how, named, tmp_path, one_line):
     argv = ["--lr", "5e-5"] if how == "--lr" else ["--deepspeed-config", _ds(tmp_path, 5e-5)]
-    line = _line(argv + ["--min-lr", "1e-4", "--train-iters", "20"])
+    line = one_line(lambda: validate(argv + ["--min-lr", "1e-4", "--train-iters", "20"]))
     assert f"--min-lr 0.0001 exceeds {named}; the decay would raise the rate: lower --min-lr" in line, line
 
 
@@ -135,12 +123,12 @@ def test_deepspeed_json_is_parsed_once_and_a_rewrite_during_the_checks_gives_one
     (["--auto-parallel", "--global-batch-size", "8"], "--auto-parallel chooses the ZeRO stage, but --deepspeed-config "
                                                       "sets zero_optimization.stage"),
 ])
-def test_train_py_reads_the_json_once_on_the_error_paths_too(argv, named, tmp_path, monkeypatch):
+def test_train_py_reads_the_json_once_on_the_error_paths_too(argv, named, tmp_path, monkeypatch, one_line):
     """train.py's own path (validate -> configure): a check's error naming a key the JSON set, with one parse."""
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({**ONEBIT, "zero_optimization": {"stage": 1}}))
     reads = _counting_reads(monkeypatch)
-    line = _line(["--deepspeed-config", str(path), "--train-iters", "20"] + argv)
+    line = one_line(lambda: validate(["--deepspeed-config", str(path), "--train-iters", "20"] + argv))
     assert named in line and reads == [str(path)], (line, reads)
 
 

@@ -16,23 +16,7 @@ import hybrid.cli
 from hybrid.data import preprocess
 from hybrid.train.main import validate
 
-LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-@pytest.fixture(autouse=True)
-def one_process(monkeypatch):
-    for name in LAUNCHER_ENV:  # python, not torchrun: world 1
-        monkeypatch.delenv(name, raising=False)
-
-
-def _one_line(call, capsys) -> str:
-    with pytest.raises(SystemExit) as e:
-        call()
-    assert e.value.code not in (0, None)
-    text = e.value.code if isinstance(e.value.code, str) else capsys.readouterr().err.strip()
-    assert text and "\n" not in text.strip(), text
-    assert "Traceback" not in text and not torch.distributed.is_initialized()
-    return text
+pytestmark = pytest.mark.usefixtures("one_process")  # python, not torchrun: world 1 (tests/conftest.py)
 
 
 def _tree(path) -> list[str]:
@@ -47,8 +31,8 @@ def _tree(path) -> list[str]:
      ["--moe-router-load-balancing-type seq_aux_loss", "--moe-aux-loss-coeff 0", "--moe-aux-loss-coeff 0.01"]),
     (["--moe-router-load-balancing-type", "aux_loss"], ["--moe-router-load-balancing-type aux_loss"]),
 ])
-def test_moe_balancing_flag_the_router_would_ignore_is_one_line(argv, want, capsys):
-    line = _one_line(lambda: validate(["--model", "tiny-mixtral"] + argv), capsys)
+def test_moe_balancing_flag_the_router_would_ignore_is_one_line(argv, want, one_line):
+    line = one_line(lambda: validate(["--model", "tiny-mixtral"] + argv))
     assert line.startswith("train.py: error: ")
     for piece in want:
         assert piece in line, line
@@ -76,10 +60,10 @@ PLAN = ["plan", "--model", "tiny-gpt2", "--global-batch-size", "8", "--seq-lengt
     (["--scan-gpus", "2,4", "--emit-args"], ["--emit-args does not run with --scan-gpus"]),
     (["--scan-gpus", "2,4", "--explain"], ["--explain does not run with --scan-gpus"]),
 ])
-def test_plan_output_flag_that_would_not_print_is_one_line(extra, want, capsys, tmp_path, monkeypatch):
+def test_plan_output_flag_that_would_not_print_is_one_line(extra, want, one_line, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("hybrid.planner.cli.search", _no_search)
-    line = _one_line(lambda: hybrid.cli.main(PLAN + extra), capsys)
+    line = one_line(lambda: hybrid.cli.main(PLAN + extra))
     assert line.startswith("hybrid plan: error: ")
     for piece in want:
         assert piece in line, line
@@ -90,9 +74,9 @@ def _no_search(*a, **k):
     raise AssertionError("the output flags are checked before the search")
 
 
-def test_plan_scan_with_plot_is_refused_before_writing_it(capsys, tmp_path):
+def test_plan_scan_with_plot_is_refused_before_writing_it(one_line, tmp_path):
     out = tmp_path / "mem.png"
-    line = _one_line(lambda: hybrid.cli.main(PLAN + ["--scan-gpus", "2,4", "--plot", str(out)]), capsys)
+    line = one_line(lambda: hybrid.cli.main(PLAN + ["--scan-gpus", "2,4", "--plot", str(out)]))
     assert "--plot does not run with --scan-gpus" in line and not out.exists()
 
 
@@ -118,20 +102,20 @@ def ckpt(tmp_path):
     return root
 
 
-def test_load_of_one_iteration_names_its_checkpoint_directory(ckpt, capsys):
+def test_load_of_one_iteration_names_its_checkpoint_directory(ckpt, one_line):
     """It was 'no model.safetensors(.index.json) found; save it with save_pretrained' (read as a transformers
     folder)."""
-    line = _one_line(lambda: validate(["--load", str(ckpt / "iter_0000004")]), capsys)
+    line = one_line(lambda: validate(["--load", str(ckpt / "iter_0000004")]))
     assert line.startswith("train.py: error: --load ") and "safetensors" not in line
     assert f"iteration 4 of the checkpoint directory {ckpt}" in line
     assert f"--load {ckpt} (with --ckpt-step 4" in line
 
 
 @pytest.mark.parametrize("sub", ["iter_0000004", "iter_0000004/new/run"])
-def test_save_inside_a_checkpoint_iteration_is_refused_and_writes_nothing(ckpt, sub, capsys):
+def test_save_inside_a_checkpoint_iteration_is_refused_and_writes_nothing(ckpt, sub, one_line):
     """It was accepted: the new run's `latest` and iter_* went into the other checkpoint's iteration."""
     before = _tree(ckpt)
-    line = _one_line(lambda: validate(["--save", str(ckpt / sub), "--train-iters", "2"]), capsys)
+    line = one_line(lambda: validate(["--save", str(ckpt / sub), "--train-iters", "2"]))
     assert line.startswith("train.py: error: --save ") and f"inside iteration 4 of the checkpoint directory {ckpt}" \
         in line
     assert _tree(ckpt) == before
@@ -152,24 +136,22 @@ def _pre(tmp_path, *extra):
     (["--json-keys", "body"], ["--json-keys body", "a .txt --input has no keys", "drop --json-keys"]),
     (["--json-keys", "text", "title"], ["--json-keys text title"]),
 ])
-def test_preprocess_json_keys_on_text_input_is_one_line(tmp_path, capsys, extra, want):
+def test_preprocess_json_keys_on_text_input_is_one_line(tmp_path, one_line, extra, want):
     """It was accepted: the key was never read and named the output (o_body_document), and two keys wrote the same
     paragraphs twice."""
     (tmp_path / "in.txt").write_text("a paragraph\n\nanother\n")
-    line = _one_line(lambda: preprocess.main(_pre(tmp_path, "--output-prefix", str(tmp_path / "o"), *extra)),
-                     capsys)
+    line = one_line(lambda: preprocess.main(_pre(tmp_path, "--output-prefix", str(tmp_path / "o"), *extra)))
     assert line.startswith("preprocess_data.py: error: ")
     for piece in want:
         assert piece in line, line
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]
 
 
-def test_preprocess_prefix_ending_in_a_separator_is_one_line(tmp_path, capsys):
+def test_preprocess_prefix_ending_in_a_separator_is_one_line(tmp_path, one_line):
     """It wrote DIR/_text_document.bin/.idx."""
     (tmp_path / "in.txt").write_text("a paragraph\n")
     (tmp_path / "data").mkdir()
-    line = _one_line(lambda: preprocess.main(_pre(tmp_path, "--output-prefix", str(tmp_path / "data") + os.sep)),
-                     capsys)
+    line = one_line(lambda: preprocess.main(_pre(tmp_path, "--output-prefix", str(tmp_path / "data") + os.sep)))
     assert "--output-prefix" in line and "names a directory; give DIR/NAME" in line
     assert os.listdir(tmp_path / "data") == []
 
@@ -181,8 +163,8 @@ def test_preprocess_text_input_with_the_default_key_still_writes(tmp_path, capsy
 
 
 # --- the NaN guard's skip limit with the guard off ------------------------------------------------------------
-def test_max_skipped_steps_without_the_nan_check_is_one_line(capsys):
-    line = _one_line(lambda: validate(["--no-check-for-nan-in-loss-and-grad", "--max-skipped-steps", "3"]), capsys)
+def test_max_skipped_steps_without_the_nan_check_is_one_line(one_line):
+    line = one_line(lambda: validate(["--no-check-for-nan-in-loss-and-grad", "--max-skipped-steps", "3"]))
     assert line.startswith("train.py: error: --max-skipped-steps") and "--no-check-for-nan-in-loss-and-grad" in line
     assert validate(["--no-check-for-nan-in-loss-and-grad"])[0].fault.check_nan is False
     assert validate(["--max-skipped-steps", "3"])[0].fault.max_skipped_steps == 3
@@ -193,7 +175,7 @@ def test_max_skipped_steps_without_the_nan_check_is_one_line(capsys):
     (1, ["--powersgd-rank", "2"]),
     (2, ["--powersgd-rank", "2", "--pipeline-model-parallel-size", "2"]),  # pp takes both ranks: dp 1
 ])
-def test_powersgd_at_dp_one_is_one_line(world, argv, capsys, monkeypatch):
+def test_powersgd_at_dp_one_is_one_line(world, argv, one_line, monkeypatch):
     if world > 1:
         monkeypatch.setenv("WORLD_SIZE", str(world))
         monkeypatch.setenv("RANK", "0")
@@ -201,7 +183,7 @@ def test_powersgd_at_dp_one_is_one_line(world, argv, capsys, monkeypatch):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", str(world))
         monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
         monkeypatch.setenv("MASTER_PORT", "29500")
-    line = _one_line(lambda: validate(argv), capsys)
+    line = one_line(lambda: validate(argv))
     assert "--powersgd-rank" in line and "dp 1" in line
 
 
@@ -250,7 +232,7 @@ def _tokenizer_json(path, size: int) -> str:
 
 
 @pytest.mark.parametrize("size, refused", [(300, True), (256, False)])
-def test_generate_tokenizer_larger_than_the_vocabulary_is_one_line(tmp_path, capsys, monkeypatch, size, refused):
+def test_generate_tokenizer_larger_than_the_vocabulary_is_one_line(tmp_path, one_line, monkeypatch, size, refused):
     """--prompt-ids with a 300-token tokenizer on a 256-token model decoded the output through the wrong table (train.py
     refuses such a tokenizer); the check comes before any process group."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -261,7 +243,7 @@ def test_generate_tokenizer_larger_than_the_vocabulary_is_one_line(tmp_path, cap
     monkeypatch.setattr("hybrid.generate.cli.distributed", _no_process_group)
     argv = ["generate", str(src), "--prompt-ids", "1,2", "--max-new-tokens", "2", "--tokenizer", tok]
     if refused:
-        line = _one_line(lambda: hybrid.cli.main(argv), capsys)
+        line = one_line(lambda: hybrid.cli.main(argv))
         assert line.startswith("hybrid generate: error: tokenizer ")
         assert "vocabulary 300 exceeds the model's 256" in line
     else:
@@ -274,12 +256,12 @@ def _no_process_group(*a, **k):
 
 
 # --- --data-path: a JSON-lines corpus is preprocess_data.py's input, not text ---------------------------------
-def test_json_lines_data_path_is_one_line_naming_preprocess_data(tmp_path, capsys):
+def test_json_lines_data_path_is_one_line_naming_preprocess_data(tmp_path, one_line):
     """It trained on the file's bytes: braces, quotes and the "text" keys in every sample."""
     import json
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i} about foxes and dogs"}) + "\n" for i in range(200)))
-    line = _one_line(lambda: validate(["--data-path", str(corpus), "--seq-length", "32"]), capsys)
+    line = one_line(lambda: validate(["--data-path", str(corpus), "--seq-length", "32"]))
     assert line.startswith(f"train.py: error: --data-path '{corpus}' is JSON lines")
     assert f"scripts/preprocess_data.py --input {corpus} --output-prefix corpus" in line
     assert "--data-path corpus_text_document" in line
@@ -293,7 +275,7 @@ def test_text_data_path_that_is_not_json_lines_still_trains(tmp_path, first):
 
 
 # --- --ckpt-step N into the --save it resumes from, which holds later checkpoints -----------------------------
-def test_rollback_into_a_save_with_later_checkpoints_needs_overwrite_save(ckpt, capsys):
+def test_rollback_into_a_save_with_later_checkpoints_needs_overwrite_save(ckpt, one_line):
     """It was accepted: the run replaced iteration 6 of the abandoned timeline when it got there (store.finalize), a
     mix of two runs until then. Now a line naming --overwrite-save, which removes them once the first save is done
     (a 1-rank rollback of a 2-rank checkpoint, run by hand: 'saved iteration 5 ... removed the earlier run's 1
@@ -305,7 +287,7 @@ def test_rollback_into_a_save_with_later_checkpoints_needs_overwrite_save(ckpt, 
     (ckpt / "iter_0000006" / "manifest.json").write_text("{}")
     before = _tree(ckpt)
     argv = ["--save", str(ckpt), "--load", str(ckpt), "--ckpt-step", "4", "--train-iters", "8"]
-    line = _one_line(lambda: validate(argv), capsys)
+    line = one_line(lambda: validate(argv))
     assert line.startswith("train.py: error: --ckpt-step 4 resumes into --save") and "later checkpoints (6)" in line
     assert "--overwrite-save" in line and _tree(ckpt) == before
     consent = SimpleNamespace(overwrite_save=True, ckpt_step=4, save=str(ckpt))

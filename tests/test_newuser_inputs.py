@@ -15,26 +15,11 @@ import torch
 import hybrid.cli
 from hybrid.train.main import validate
 
-LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+pytestmark = pytest.mark.usefixtures("one_process")  # python, not torchrun: world 1 (tests/conftest.py)
 
 
-@pytest.fixture(autouse=True)
-def one_process(monkeypatch):
-    for name in LAUNCHER_ENV:  # python, not torchrun: world 1
-        monkeypatch.delenv(name, raising=False)
-
-
-def _one_line(call, capsys) -> str:
-    with pytest.raises(SystemExit) as e:
-        call()
-    text = e.value.code if isinstance(e.value.code, str) else capsys.readouterr().err.strip()
-    assert "\n" not in text.strip(), text
-    assert not torch.distributed.is_initialized()
-    return text
-
-
-def _train_line(argv, capsys) -> str:
-    return _one_line(lambda: validate(argv), capsys)
+def _train_line(argv, one_line) -> str:
+    return one_line(lambda: validate(argv))
 
 
 # --- train.py: flags the chosen optimizer or schedule would never read ----------------------------------------
@@ -47,8 +32,8 @@ def _train_line(argv, capsys) -> str:
      ["--lr-warmup-iters 200", "--lr-decay-iters (unset: --train-iters 100)", "--lr-warmup-iters < 100"]),
     (["--lr-decay-iters", "5"], ["--lr-warmup-iters 10", "--lr-decay-iters 5", "--lr-decay-style constant"]),
 ])
-def test_train_flag_the_run_would_ignore_is_one_line_naming_it(argv, want, capsys):
-    line = _train_line(argv + ["--train-iters", "100"] if "--train-iters" not in argv else argv, capsys)
+def test_train_flag_the_run_would_ignore_is_one_line_naming_it(argv, want, one_line):
+    line = _train_line(argv + ["--train-iters", "100"] if "--train-iters" not in argv else argv, one_line)
     assert line.startswith("train.py: error: ")
     for piece in want:
         assert piece in line, line
@@ -81,42 +66,42 @@ def _fake_hf_folder(path) -> str:
 
 
 @pytest.mark.parametrize("inside", ["sub", "sub/deeper", "."])
-def test_convert_dst_inside_src_is_refused_before_anything_is_written(inside, tmp_path, capsys):
+def test_convert_dst_inside_src_is_refused_before_anything_is_written(inside, tmp_path, one_line):
     src = _fake_hf_folder(tmp_path / "hf")
     dst = os.path.join(src, inside)
     before = sorted(os.listdir(src))
-    line = _one_line(lambda: hybrid.cli.main(["convert", src, dst]), capsys)
+    line = one_line(lambda: hybrid.cli.main(["convert", src, dst]))
     assert line.startswith("hybrid convert: error: DST ") and "is inside SRC" in line
     assert "give a DST outside SRC" in line
     assert sorted(os.listdir(src)) == before  # no staging directory, no DST
 
 
 # --- hybrid generate: more new tokens than the context holds -------------------------------------------------
-def test_generate_max_new_tokens_beyond_the_context_is_one_line_with_the_room_left(tmp_path, capsys):
+def test_generate_max_new_tokens_beyond_the_context_is_one_line_with_the_room_left(tmp_path, one_line):
     from safetensors.torch import save_file
     src = tmp_path / "hf"
     os.makedirs(src)
     (src / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 2,
                                                  "vocab_size": 256, "n_positions": 16}))
     save_file({"wte.weight": torch.zeros(256, 32)}, str(src / "model.safetensors"))  # a readable header
-    line = _one_line(lambda: hybrid.cli.main(["generate", str(src), "--prompt-ids", "1,2,3,4",
-                                              "--max-new-tokens", "100"]), capsys)
+    line = one_line(lambda: hybrid.cli.main(["generate", str(src), "--prompt-ids", "1,2,3,4",
+                                              "--max-new-tokens", "100"]))
     assert line == ("hybrid generate: error: --max-new-tokens 100: the 4-token prompt leaves 12 of the model's 16 "
                     "positions; use --max-new-tokens 12 or less, or a shorter prompt")
-    line = _one_line(lambda: hybrid.cli.main(["generate", str(src), "--prompt", "x" * 10]), capsys)
+    line = one_line(lambda: hybrid.cli.main(["generate", str(src), "--prompt", "x" * 10]))
     assert "--max-new-tokens 32: the 10-token prompt leaves 6" in line  # the default 32 names the flag too
 
 
-def test_train_load_of_a_missing_path_names_both_things_load_takes(tmp_path, capsys):
+def test_train_load_of_a_missing_path_names_both_things_load_takes(tmp_path, one_line):
     """docs/checkpoint.md's resume command before any save: the line used to offer only a transformers folder."""
-    line = _train_line(["--load", str(tmp_path / "runs" / "ckpt")], capsys)
+    line = _train_line(["--load", str(tmp_path / "runs" / "ckpt")], one_line)
     assert line == (f"train.py: error: --load '{tmp_path / 'runs' / 'ckpt'}' does not exist; give an earlier run's "
                     f"--save directory (a checkpoint) or a transformers model directory (safetensors)")
 
 
-def test_generate_seed_with_greedy_decoding_is_one_line_naming_it(tmp_path, capsys):
+def test_generate_seed_with_greedy_decoding_is_one_line_naming_it(tmp_path, one_line):
     """--seed seeds the sampling draws; greedy decoding draws nothing, so the seed was silently ignored."""
-    line = _one_line(lambda: hybrid.cli.main(["generate", str(tmp_path), "--prompt", "hi", "--seed", "5"]), capsys)
+    line = one_line(lambda: hybrid.cli.main(["generate", str(tmp_path), "--prompt", "hi", "--seed", "5"]))
     assert line == ("hybrid generate: error: --seed 5 seeds sampling, but --temperature is 0 (greedy, no draws); "
                     "give --temperature > 0 or drop --seed")
 
@@ -150,8 +135,8 @@ def test_resume_with_nothing_left_to_train_says_so_instead_of_a_nan_loss(tmp_pat
      "read by --tokenizer-type HuggingFaceTokenizer; ByteLevel has no model (a token per byte): drop "
      "--tokenizer-model or use --tokenizer-type HuggingFaceTokenizer"),
 ])
-def test_feature_flag_that_would_do_nothing_is_one_line_naming_it(argv, world, want, capsys):
-    assert _train_line(argv, capsys) == want
+def test_feature_flag_that_would_do_nothing_is_one_line_naming_it(argv, world, want, one_line):
+    assert _train_line(argv, one_line) == want
 
 
 @pytest.mark.parametrize("argv", [
@@ -180,14 +165,14 @@ def test_cp_comm_type_with_context_parallel_still_passes(monkeypatch):
     ("x", "LOCAL_RANK 'x' is not an integer in [0, LOCAL_WORLD_SIZE 2)"),
     ("-1", "LOCAL_RANK '-1' is not an integer in [0, LOCAL_WORLD_SIZE 2)"),
 ])
-def test_a_local_rank_outside_the_node_is_one_line_before_any_process_group(local_rank, want, monkeypatch, capsys):
+def test_a_local_rank_outside_the_node_is_one_line_before_any_process_group(local_rank, want, monkeypatch, one_line):
     """LOCAL_RANK 5 on a 2-process node would make rank 0 open cuda:5 (torch's traceback, or another job's GPU)."""
     for name, value in (("WORLD_SIZE", "2"), ("RANK", "0"), ("LOCAL_WORLD_SIZE", "2"), ("LOCAL_RANK", local_rank),
                         ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
         monkeypatch.setenv(name, value)
-    line = _train_line([], capsys)
+    line = _train_line([], one_line)
     assert line == f"train.py: error: the environment's {want}; launch with torchrun --nproc-per-node N"
-    line = _one_line(lambda: hybrid.cli.main(["generate", "nowhere", "--prompt", "hi"]), capsys)
+    line = one_line(lambda: hybrid.cli.main(["generate", "nowhere", "--prompt", "hi"]))
     assert line == f"hybrid generate: error: the environment's {want}; launch with torchrun --nproc-per-node N"
 
 
@@ -203,9 +188,9 @@ def test_a_local_rank_outside_the_node_is_one_line_before_any_process_group(loca
     (["--target-pipeline-parallel-size", "2", "--micro-batch-size", "2"], "--micro-batch-size prices the layers of "
      "--pipeline-partition balanced only"),
 ])
-def test_convert_partition_flag_nothing_reads_is_one_line_and_writes_nothing(flags, want, tmp_path, capsys):
+def test_convert_partition_flag_nothing_reads_is_one_line_and_writes_nothing(flags, want, tmp_path, one_line):
     src = _fake_hf_folder(tmp_path / "hf")
-    line = _one_line(lambda: hybrid.cli.main(["convert", src, str(tmp_path / "out"), *flags]), capsys)
+    line = one_line(lambda: hybrid.cli.main(["convert", src, str(tmp_path / "out"), *flags]))
     assert line.startswith(f"hybrid convert: error: {want}"), line
     assert sorted(os.listdir(tmp_path)) == ["hf"]
 
@@ -217,7 +202,7 @@ def test_convert_partition_flag_nothing_reads_is_one_line_and_writes_nothing(fla
     (["--context-parallel-size", "2", "--num-experts", "4"], "hybrid layout: error: --context-parallel-size 2 with "
      "experts"),  # the line used to come without its command's prefix
 ])
-def test_layout_flag_it_cannot_print_is_one_line_with_the_command_prefix(argv, want, capsys):
-    line = _one_line(lambda: hybrid.cli.main(["layout", "--world", "8", *argv]), capsys)
+def test_layout_flag_it_cannot_print_is_one_line_with_the_command_prefix(argv, want, one_line):
+    line = one_line(lambda: hybrid.cli.main(["layout", "--world", "8", *argv]))
     assert line.startswith(want), line
-    assert capsys.readouterr().out == ""  # nothing of the layout printed before the error
+    assert one_line.out == ""  # nothing of the layout printed before the error
