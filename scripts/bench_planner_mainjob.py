@@ -2,7 +2,6 @@
 
     python scripts/bench_planner_mainjob.py [--iters 200] [--out docs/results/bench_planner_mainjob.md]
     python scripts/bench_planner_mainjob.py --quick --out /tmp/mainjob.md      # a smoke run, no claim
-    python scripts/bench_planner_mainjob.py --calibrations 3 --out FILE        # + the prediction's spread
 
 1. `hybrid calibrate --ranks 8 --out PROFILE` (this machine, the main job's 8 gloo ranks), seconds before the run.
 2. The main job (README: tiny-gpt2, tp 2 x pp 2 x dp 2 on 8 ranks, micro-batch 2, global batch 16, seq 128) with
@@ -12,9 +11,6 @@
 3. The measured median is the median of the logged p50s after the first interval (warm-up); the error is
    predicted / measured - 1. The load average before and after goes in the report: on a loaded machine the
    number says nothing about the planner (the acceptance asks for a quiet machine).
-   With `--calibrations K` it calibrates K times back to back first (the run uses the first profile) and lists
-   each profile's predicted step, its makespan and CPU bound and the 8-byte all-reduce latency it timed (a core
-   per rank, and the ring of all 8 ranks for the record): the same code's prediction across calibrations.
 
 `--account DIR` is item (1)'s accounting instead of the timing: each rank runs train.py with the op trail's phase
 clock read twice -- wall (time.monotonic) and this process's CPU seconds (user + sys of all its threads, gloo's
@@ -225,8 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-interval", type=int, default=20, help="iterations per logged p50")
     p.add_argument("--hardware", help="an existing profile (default: calibrate 8 ranks now)")
     p.add_argument("--quick", action="store_true", help="8 iterations, a short calibration: checks the script runs")
-    p.add_argument("--calibrations", type=int, default=1, help="calibrate this many times (the prediction's spread)")
-    p.add_argument("--keep-profiles", metavar="DIR", help="copy the calibrated profiles (hw8_<i>.json) into DIR")
     p.add_argument("--out", help="write the Markdown report here")
     p.add_argument("--account", metavar="DIR", help="per rank per phase CPU seconds into DIR beside the planner's")
     p.add_argument("--warmup", type=int, default=5, help="--account: iterations left out at the start")
@@ -236,26 +230,16 @@ def main(argv: list[str] | None = None) -> int:
         rank_entry(argv[1], int(argv[2]), argv[3:])
         return 0
     args = p.parse_args(argv)
-    if args.calibrations < 1:
-        p.error(f"--calibrations must be >= 1, got {args.calibrations}")
     if args.account:
         return account(args)
     iters, interval = (8, 2) if args.quick else (args.iters, args.log_interval)
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        profiles = [args.hardware] if args.hardware else [os.path.join(tmp, f"hw8_{i}.json")
-                                                          for i in range(args.calibrations)]
-        for path in profiles if not args.hardware else ():
-            run([sys.executable, "-m", "hybrid.cli", "calibrate", "--ranks", "8", "--out", path]
+        profile = args.hardware or os.path.join(tmp, "hw8.json")
+        if not args.hardware:
+            run([sys.executable, "-m", "hybrid.cli", "calibrate", "--ranks", "8", "--out", profile]
                 + (["--seconds", "0.1"] if args.quick else []), env, 1800)
-        profile = profiles[0]
-        spread = [calibration_row(path) for path in profiles]
-        if args.keep_profiles and not args.hardware:  # the profiles behind the spread, to read after the run
-            import shutil
-            os.makedirs(args.keep_profiles, exist_ok=True)
-            for path in profiles:
-                shutil.copy(path, args.keep_profiles)
         start = time.time()
         log = run(["torchrun", "--nproc-per-node", "8", os.path.join(ROOT, "scripts", "train.py"), *MAIN_JOB,
                    "--train-iters", str(iters), "--log-interval", str(interval), "--timing-log-interval", "1",
@@ -277,30 +261,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{sum(plan[k] for k in ('compute', 'comm', 'optimizer')) / plan['cores']:.4g} s (compute "
              f"{plan['compute']:.4g}, collectives and messages {plan['comm']:.4g}, optimizer {plan['optimizer']:.4g} "
              "CPU s; `--account DIR` measures the same)"]
-    if len(spread) > 1 or args.calibrations > 1:
-        steps = [row["step"] for row in spread]
-        lines += ["", f"Calibrations ({len(spread)}, back to back before the run; the run used the first):", "",
-                  "| profile | predicted s/step | error | makespan | CPU bound + optimizer | 8-byte all-reduce, a "
-                  "core per rank | the ring of all 8 ranks |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {i} | {r['step']:.4g} | {100 * (r['step'] / measured - 1):+.1f} % | {r['makespan']:.4g} | "
-                  f"{r['bound']:.4g} | {r['latency'] * 1e6:.0f} us | "
-                  + (f"{r['ring'] * 1e6:.0f} us |" if r["ring"] else "- |") for i, r in enumerate(spread)]
-        lines += ["", f"spread of the predictions: {min(steps):.4g} - {max(steps):.4g} s "
-                      f"({100 * (max(steps) - min(steps)) / statistics.median(steps):.1f} % of their median)"]
     return _emit(lines, args.out)
-
-
-def calibration_row(profile: str) -> dict[str, float]:
-    """One profile's prediction for the main job and what set it: the makespan (a core per rank) against the
-    node's CPU seconds / its cores + the optimizer; and the 8-byte all-reduce latencies the profile recorded."""
-    import json
-    plan = planned_cpu(profile)
-    with open(profile) as f:
-        measured = json.load(f)["measured"]
-    bound = sum(plan[k] for k in ("compute", "comm", "optimizer")) / plan["cores"]
-    return {"step": plan["step"], "makespan": plan["makespan"], "bound": bound,
-            "latency": measured["collectives"]["all_reduce"][0]["seconds"],
-            "ring": measured.get("all_reduce_8_bytes_all_ranks_s")}
 
 
 if __name__ == "__main__":

@@ -33,11 +33,7 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   output), timed back to back over a few calls after a warm-up (on a CPU the median of 5 blocks' means):
   algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or x (n - 1)/n (all-gather), the nccl-tests
   convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the all-reduce busbw at the largest size,
-  `intra_latency_s` the time of the smallest all-reduce. With more gloo ranks than cores they are timed over as
-  many ranks as cores, the others blocked in a barrier (`collective_group_size`), each call timed and the lowest
-  decile kept: a core per rank, as the planner's makespan charges them (the waits for a core are the
-  shared-compute bound's, or another job's; the ring of all ranks' 8-byte call is kept in the profile for the
-  record, `measured.all_reduce_8_bytes_all_ranks_s`);
+  `intra_latency_s` the time of the smallest all-reduce;
 * gloo with a core per rank (`skew_probe`): an 8-byte all-reduce after matmul bursts of ~0.5, 2 and 10 ms, the
   mean over calls and ranks. Beyond its back-to-back time a call then waits for the ranks to meet -- one
   finishes its burst later, the other waits inside the call, blocked, and must be woken -- and that wait grows
@@ -56,9 +52,7 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
 
 On a CPU every probe a rank runs alone (the GEMM curve, the copy, the layers) is timed on its CPU clock
 (`solo_clock`: user + sys seconds of the process), the same as wall on a quiet core and not stretched by other
-processes on a loaded machine, as the fastest of SOLO_BLOCKS blocks (`_fastest`: what other processes' caches and
-a shared physical core leave of a block's CPU seconds is the rank's own cost); the all-at-once rates stay wall
-(they measure the sharing).
+processes on a loaded machine; the all-at-once rates stay wall (they measure the sharing).
 
 Not measured (one machine cannot): the network between nodes, PCIe, host memory for offload. Those fields
 keep the `cpu` preset's values (or `--base` preset's) and the profile says so.
@@ -150,18 +144,6 @@ def _timed(fn, seconds: float, min_calls: int = 2, clock=time.perf_counter) -> f
 
 
 CPU_CLOCK = time.process_time  # a CPU rank's probes alone: user + sys seconds of the process (all its threads)
-SOLO_BLOCKS = 5  # a CPU rank's probes alone: the fastest of this many blocks (`_fastest`)
-
-
-def _fastest(fn, seconds: float, clock=time.perf_counter) -> float:
-    """Seconds per call of fn(): on the CPU clock the fastest of SOLO_BLOCKS blocks of seconds / SOLO_BLOCKS each,
-    else one block (`_timed`). Even on its CPU clock a rank is slowed by other processes (its caches, a shared
-    physical core), never sped up: the least disturbed block is its own cost, as timeit reports its minimum. One
-    block under load (load 13-18) read the fp32 curve's 512^3 point at 75 GFLOP/s against 83-91 in the same hour,
-    which left calibrate's layer fit no positive per-pass cost and planned the main job at 0.152 s against 0.26-0.32
-    from the other profiles (docs/planner.md, "A core per rank for the chain")."""
-    blocks = SOLO_BLOCKS if clock is CPU_CLOCK else 1
-    return min(_timed(fn, seconds / blocks, clock=clock) for _ in range(blocks))
 
 
 def solo_clock(device: torch.device):
@@ -183,7 +165,7 @@ def matmul_flops(dtype: torch.dtype, n: int, seconds: float, device: torch.devic
         def step() -> None:
             torch.mm(a, b, out=out)
             sync()
-        return 2.0 * n**3 / _fastest(step, seconds, clock)
+        return 2.0 * n**3 / _timed(step, seconds, clock=clock)
     except (RuntimeError, TypeError):
         return None
 
@@ -219,7 +201,7 @@ def copy_bandwidth(nbytes: int, seconds: float, device: torch.device, clock=time
     def step() -> None:
         dst.copy_(src)
         sync()
-    return 2.0 * nbytes / _fastest(step, seconds, clock)
+    return 2.0 * nbytes / _timed(step, seconds, clock=clock)
 
 
 LAYER_SHAPES = ((4, 128, 384, 6), (1, 32, 384, 6))  # (micro-batch, sequence, hidden, heads) calibrate times
@@ -283,10 +265,8 @@ def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torc
     def both() -> None:
         block(x).backward(grad)
         sync()
-    # On a CPU the fastest of SOLO_BLOCKS blocks (`_fastest`): the main job's tiny layers are priced mostly from
-    # the smaller probe's time (its per-pass cost), and one block of it moved 10-25 % between loaded calibrations.
-    fwd = _fastest(forward, seconds, clock)
-    return fwd, max(0.0, _fastest(both, seconds, clock) - fwd)
+    fwd = _timed(forward, seconds, clock=clock)
+    return fwd, max(0.0, _timed(both, seconds, clock=clock) - fwd)
 
 
 def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int], probe: LayerProbe = CPU_PROBE):
@@ -364,22 +344,20 @@ def layer_kernels(hw: Hardware, probe: LayerProbe) -> int:
     return p.forward_kernels + p.backward_kernels
 
 
-def _collective_seconds(op: str, size: int, world: int, device: torch.device, group=None,
-                        floor: bool = False) -> float:
-    """Seconds of one collective of nccl-tests size `size`, every rank of `group` (of `world` ranks; None: all)
-    calling it together (the slowest rank's mean over a few calls -- with `floor` the FLOOR_QUANTILE of its calls:
-    all its ranks time the same calls, and the max is all-reduced)."""
+def _collective_seconds(op: str, size: int, world: int, device: torch.device) -> float:
+    """Seconds of one collective of nccl-tests size `size`, every rank calling it together (the slowest rank's
+    mean over a few calls: all ranks time the same calls, and the max is all-reduced)."""
     elems = max(1, size // 4)
     if op == "all_reduce":
         t = torch.ones(elems, device=device)
-        call = (lambda: dist.all_reduce(t, group=group))
+        call = (lambda: dist.all_reduce(t))
     else:
         shard = torch.ones(max(1, elems // world), device=device)
         out = torch.empty(shard.numel() * world, device=device)
-        call = (lambda: _all_gather_single(out, shard, group=group))
+        call = (lambda: _all_gather_single(out, shard))
     calls = 20 if size <= 2**20 else 5
     call()
-    dist.barrier(group=group)
+    dist.barrier()
     # Back to back: the call's own time (latency + bytes / bandwidth), the ranks in lock step. NCCL runs on its
     # stream, overlapping the compute stream. gloo with a core per rank: what a call waits for its ranks to meet
     # after compute (their skew) is measured apart, as a function of that compute (skew_probe) -- timing each call
@@ -389,42 +367,18 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device, gr
     # 2 cores: a 17-21 ms "latency"), which the shared-compute bound prices. On a CPU one block of calls is one
     # draw of the scheduler (8 ranks on 2 cores: the smallest all-reduce read 1.7-3.7 ms in five calibrations,
     # moving the main job's planned step from 0.20 to 0.28 s): the median of 5 blocks' means.
-    # `floor` (a core's worth of ranks of an oversubscribed node, collective_group_size): each call timed, and the
-    # FLOOR_QUANTILE of them -- the call while its ranks hold a core, what the makespan charges; the rest is a
-    # rank waiting for a core (other processes: a loaded machine's pair read 1.8-3.8 ms as a median, load 13-18),
-    # the shared-compute bound's or the load's, not the chain's.
-    block_means, per_call = [], []
+    block_means = []
     for _ in range(1 if device.type == "cuda" else 5):
         start = time.perf_counter()
         for _ in range(calls):
-            t0 = time.perf_counter()
             call()
-            per_call.append(time.perf_counter() - t0)
         if device.type == "cuda":
             torch.cuda.synchronize()
         block_means.append((time.perf_counter() - start) / calls)
-    seconds = (sorted(per_call)[int(FLOOR_QUANTILE * len(per_call))] if floor
-               else statistics.median(block_means))
-    took = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
+    seconds = statistics.median(block_means) * calls
+    took = torch.tensor([seconds / calls], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
     return took.item()
-
-
-FLOOR_QUANTILE = 0.1  # of the per-call times of a core per rank (`_collective_seconds(floor=True)`)
-
-
-def collective_group_size(world: int, backend: str) -> int:
-    """Ranks calibrate times the collectives over: all of them, but with more gloo ranks than cores only as many as
-    there are cores (at least 2), the others blocked in a barrier -- a core per rank, as the planner's makespan
-    charges a collective. The makespan is the dependency chain with a core per rank (compute at one rank's rate
-    alone, `peak_tflops`); the waits for a core are the shared-compute bound's (time.shared_compute_bound: the
-    node's CPU seconds / the cores). Timed with every rank in the ring, an 8-byte all-reduce of 8 ranks on 2 cores
-    read 1.7-3.7 ms (the scheduler cycling 8 processes through 14 ring steps, i.e. the other ranks' compute and
-    gloo work, which the bound already counts), and the main job's makespan charged it to each of its ~50 TP calls
-    a step: 0.22-0.27 s planned against 0.21-0.23 measured, the bound 0.22 (docs/planner.md, "Ranks sharing
-    cores")."""
-    cores = os.cpu_count() or 1
-    return min(world, max(2, cores)) if backend == "gloo" and world > cores else world
 
 
 SKEW_BURSTS = (96, 384, 2048)  # k of the 512 x k x 512 matmul bursts: ~0.5, 2 and 10 ms on a ~100 GFLOP/s core
@@ -638,20 +592,14 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         for shape, (f, b) in zip(probe.shapes, out["layer_seconds"]):
             say(f"one {probe.dtype} GPT-2 layer (b, s, h) = {shape[:3]}: forward {f * 1e3:.2f} ms, backward "
                 f"{b * 1e3:.2f} ms (rank 0 alone)")
-    n = collective_group_size(world, cfg.backend)  # a core per rank: the others wait in a barrier
-    group = None if n == world else dist.new_group(list(range(n)))
-    if n < world:  # what the ring of all ranks reads, for the record (not the planner's)
-        out["all_reduce_8_bytes_all_ranks_s"] = _collective_seconds("all_reduce", 8, world, device)
-    for op in ("all_reduce", "all_gather") if world > 1 and rank < n else ():  # one rank: nothing to time
+    for op in ("all_reduce", "all_gather") if world > 1 else ():  # one rank: nothing to time
         for size in cfg.sizes:
-            seconds = _collective_seconds(op, size, n, device, group, floor=n < world)
-            algbw, busbw = bus_bandwidth(op, size, seconds, n)
+            seconds = _collective_seconds(op, size, world, device)
+            algbw, busbw = bus_bandwidth(op, size, seconds, world)
             out["collectives"][op].append({"bytes": size, "seconds": seconds, "algbw_gbps": algbw / GB,
                                            "busbw_gbps": busbw / GB})
-            say(f"{op} {size:>10,d} B over {n} ranks{' (the rest waiting)' if n < world else ''}: "
-                f"{seconds * 1e6:10.1f} us, algbw {algbw / GB:7.3f} GB/s, busbw {busbw / GB:7.3f} GB/s")
-    if n < world:
-        dist.barrier()
+            say(f"{op} {size:>10,d} B over {world} ranks: {seconds * 1e6:10.1f} us, algbw {algbw / GB:7.3f} GB/s, "
+                f"busbw {busbw / GB:7.3f} GB/s")
     if measures_skew(world, cfg.backend):  # a core per rank: the ranks' skew after compute
         out["skew"] = skew_probe(world)
         if rank == 0:
@@ -749,8 +697,6 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                          dataclasses.replace(hw, peak_tflops=curve.peak_tflops, gemm_overhead_s=curve.gemm_overhead_s),
                          probe),
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
-                     "collective_ranks": collective_group_size(cfg.ranks, cfg.backend),
-                     "all_reduce_8_bytes_all_ranks_s": per_rank[0].get("all_reduce_8_bytes_all_ranks_s"),
                      "comm_cpu_seconds_rank0": per_rank[0].get("comm_cpu"),
                      "all_reduce_8_bytes_after_compute_s": per_rank[0].get("skew"),
                      "probe_clock": "cpu" if cores else "wall",

@@ -796,13 +796,7 @@ def shared_compute_bound(cluster: Cluster, layout: Layout, run: PipelineRun, m: 
     time a rank waits in a TP collective: only compute occupies a core (`times.rank_compute`; without it, the
     simulated busy time, TP collectives included). The cores also do the collectives' own CPU work (gloo copies,
     reduces and runs its threads): `comm_cpu`, the step's CPU seconds of it summed over one rank of each pipeline
-    rank (comm_cpu_seconds). 0 when devices compute on their own (GPUs).
-
-    The step is then max(makespan + tail, bound + optimizer): two lower bounds -- the dependency chain with a
-    core per rank, and the cores' work, which a work-conserving scheduler attains while enough ranks are runnable
-    (gloo's waits block, freeing the core). The chain must be priced a core per rank: collectives timed over
-    every rank of an oversubscribed node carry the others' compute (the scheduler cycling them), which the bound
-    counts already -- calibrate times them over a core's worth of ranks (calibrate.collective_group_size)."""
+    rank (comm_cpu_seconds). 0 when devices compute on their own (GPUs)."""
     hw = cluster.hw
     if hw.shared_compute_factor(_devices_per_node(cluster)) == 1.0:
         return 0.0
