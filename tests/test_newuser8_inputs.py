@@ -11,18 +11,12 @@ import json
 import os
 
 import pytest
-import torch
 
 import hybrid.cli
+from hybrid.testing_inputs import OneLine
 from hybrid.train.main import validate
 
-LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-@pytest.fixture(autouse=True)
-def one_process(monkeypatch):
-    for name in LAUNCHER_ENV:  # python, not torchrun: world 1
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("one_process")  # tests/conftest.py: python, not torchrun: world 1
 
 
 def _world(monkeypatch, n: int) -> None:
@@ -33,13 +27,8 @@ def _world(monkeypatch, n: int) -> None:
 
 
 def _one_line(call, capsys) -> str:
-    with pytest.raises(SystemExit) as e:
-        call()
-    assert e.value.code not in (0, None)
-    text = e.value.code if isinstance(e.value.code, str) else capsys.readouterr().err.strip()
-    assert text and "\n" not in text.strip(), text
-    assert "Traceback" not in text and not torch.distributed.is_initialized()
-    return text
+    """The shared bad-input check (hybrid/testing_inputs.py): non-zero exit, one line, no traceback, no group."""
+    return OneLine(capsys)(call)
 
 
 def _has(line: str, *pieces: str) -> None:
