@@ -544,24 +544,13 @@ def worker_command(argv: list[str]) -> list[str]:
     return ["--no-python", sys.executable, "-S", WORKER, *argv]
 
 
-class ForkService(dict):
-    """What `fork_service` yields: the environment to give torchrun (this dict), and `ranks`, every rank forked so
-    far (multiprocessing Processes, in the order the workers asked): the processes that run the job's code, for a
-    test that checks none is left running."""
-
-    def __init__(self, env: dict[str, str], ranks: list) -> None:
-        super().__init__(env)
-        self.ranks = ranks
-
-
 @contextlib.contextmanager
 def fork_service():
     """While open, torchrun workers started as `worker_command(ARGV)` run ARGV as forks of this process's
     forkserver (hybrid/testing_worker.py says how each stands for its rank in torchrun's process tree). Yields the
     environment to give torchrun ({"HYBRID_FORK_SERVICE": its socket}). For a test whose subject is the real
     torchrun agent -- restarts, its failure summary and error files, elastic rendezvous -- but not the workers'
-    interpreter start-up: each worker skips the ~3 s of CPU of importing torch and hybrid. The yielded dict's
-    `ranks` (ForkService) are the ranks themselves."""
+    interpreter start-up: each worker skips the ~3 s of CPU of importing torch and hybrid."""
     folder = tempfile.mkdtemp(prefix="hybrid-forks-")
     path = os.path.join(folder, "socket")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -583,7 +572,7 @@ def fork_service():
     acceptor = threading.Thread(target=accept, daemon=True)
     acceptor.start()
     try:
-        yield ForkService({"HYBRID_FORK_SERVICE": path}, ranks)
+        yield {"HYBRID_FORK_SERVICE": path}
     finally:
         server.shutdown(socket.SHUT_RDWR)
         server.close()

@@ -30,8 +30,7 @@ QUICK_POST_MORTEM = [*TRAIN, "--distributed-timeout-minutes", "0.5"]
 def _torchrun(nnodes: int, port: int, iters: int, env=None, launch=("--nnodes", "2"), train=TRAIN, service=None,
               **popen) -> subprocess.Popen:
     """A real torchrun agent; `service` (hybrid.testing.fork_service's environment): its workers forked from the
-    forkserver, for the tests whose subject is the agents (rendezvous, elastic restart, a lost node), not the
-    workers' interpreters."""
+    forkserver, for the tests whose subject is the agents (rendezvous, elastic restart), not the workers' tree."""
     rdzv = ([*launch, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", str(port)]
             if nnodes == 2 else ["--nnodes", "1"])
     worker = [*train, "--train-iters", str(iters)]
@@ -97,41 +96,33 @@ def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single
     assert re.findall(r"straggler: \w+", out) == ["straggler: none"] * 2, out  # a clean run names nobody
 
 
-# the agents' process trees are the subject; each worker stands for a rank forked from the forkserver
-# (hybrid/testing_worker.py), not a new interpreter (~3 s of CPU each, 4 of them): a worker ends only once its rank
-# has (it waits for the rank's status), a killed worker's rank is SIGKILLed with it, as a killpg would reach it, and
-# the ranks themselves are checked too (service.ranks)
 @pytest.mark.slow
 def test_losing_one_agent_ends_the_job_cleanly(tmp_path):
     psutil = pytest.importorskip("psutil")
     port = free_port()
     log = open(tmp_path / "a.log", "w")
-    with testing.fork_service() as service:
-        a = _torchrun(2, port, 1000, stdout=log, train=QUICK_POST_MORTEM, service=service)
-        time.sleep(1.0)
-        b = _torchrun(2, port, 1000, train=QUICK_POST_MORTEM, service=service)
-        deadline = time.monotonic() + 180
-        while "iteration" not in (tmp_path / "a.log").read_text() and time.monotonic() < deadline:
-            time.sleep(0.2)  # both agents' ranks are training
-        node_b = [psutil.Process(b.pid), *psutil.Process(b.pid).children(recursive=True)]
-        survivors = psutil.Process(a.pid).children(recursive=True)
-        assert len(node_b) == 3 and len(survivors) == 2, "an agent and its 2 workers each"
-        ranks = [psutil.Process(rank.pid) for rank in service.ranks]  # forks of the forkserver, not children here
-        assert len(ranks) == 4, "a rank for each worker"
-        for proc in node_b:  # the node is gone: its agent and its workers, at once
-            proc.kill()
-        b.wait()
-        t = time.monotonic()
-        try:
-            a.wait(timeout=120)
-        finally:
-            if a.poll() is None:
-                a.kill()
-        assert a.returncode != 0, "the surviving agent reports the failure"
-        assert time.monotonic() - t < 120
-        # before the service's close, which would SIGKILL any rank left
-        gone, alive = psutil.wait_procs(survivors + ranks, timeout=10)
-        assert not alive, f"workers or ranks left behind: {alive}"
+    a = _torchrun(2, port, 1000, stdout=log, train=QUICK_POST_MORTEM)
+    time.sleep(1.0)
+    b = _torchrun(2, port, 1000, train=QUICK_POST_MORTEM)
+    deadline = time.monotonic() + 180
+    while "iteration" not in (tmp_path / "a.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)  # both agents' ranks are training
+    node_b = [psutil.Process(b.pid), *psutil.Process(b.pid).children(recursive=True)]
+    survivors = psutil.Process(a.pid).children(recursive=True)
+    assert len(node_b) == 3 and len(survivors) == 2, "an agent and its 2 workers each"
+    for proc in node_b:  # the node is gone: its agent and its workers, at once
+        proc.kill()
+    b.wait()
+    t = time.monotonic()
+    try:
+        a.wait(timeout=120)
+    finally:
+        if a.poll() is None:
+            a.kill()
+    assert a.returncode != 0, "the surviving agent reports the failure"
+    assert time.monotonic() - t < 120
+    gone, alive = psutil.wait_procs(survivors, timeout=10)
+    assert not alive, f"workers left behind: {alive}"
 
 
 # the kill lands between two saves, with no machine to itself: between iteration 4's log line and iteration 6's
