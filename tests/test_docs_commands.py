@@ -2,7 +2,8 @@
 
 Commands are read from the fenced shell blocks of the docs (lines starting with torchrun, hybrid, python, bash or
 scripts/), so a command added to the docs is tested without editing this file. Each is run as written, shortened
-only where a full run would take minutes: `--train-iters` becomes 2 (added when absent), `--log-interval` 1,
+only where a full run would take minutes: `--train-iters` becomes 2 (added when absent; one step past a
+PowerSGD start, 1-bit Adam freeze or DiLoCo period, so the method engages), `--log-interval` 1,
 `--eval-iters` 1 (the validation and test passes run, on one global batch each),
 `hybrid calibrate` measures at tiny sizes, and placeholders are filled (`path/to/hf_model` -> a tiny transformers
 GPT-2 saved here, a trailing `...` dropped). The few commands that cannot run here are listed in SKIP with the
@@ -109,14 +110,21 @@ def _shorten(words: list[str]) -> list[str]:
     """Two optimizer steps, every step logged, one global batch per validation (the end's validation and test
     loss, not train.py's default 10 of each: 20 forward batches that took most of a 2-step run's compute): enough to
     run every code path the flags select."""
-    out, i = [], 0
+    out, i, iters = [], 0, 2
     while i < len(words):
         if words[i] in ("--train-iters", "--log-interval", "--eval-iters"):
             i += 2
             continue
+        if words[i] in ENGAGE_AT and i + 1 < len(words) and words[i + 1].isdigit():
+            iters = max(iters, int(words[i + 1]) + 1)
         out.append(words[i])
         i += 1
-    return out + ["--train-iters", "2", "--log-interval", "1", "--eval-iters", "1"]
+    return out + ["--train-iters", str(iters), "--log-interval", "1", "--eval-iters", "1"]
+
+
+# flags whose value is the step a method starts at, or its period: the run goes one step past it, so the method
+# engages (train.py refuses a start at or past --train-iters, where it would never run)
+ENGAGE_AT = ("--powersgd-start-iter", "--onebit-freeze-iters", "--diloco-inner-steps")
 
 
 WORKDIRS: dict[str, str] = {}
