@@ -369,6 +369,8 @@ def run_deepspeed(rank, world, args, kernel):
     import deepspeed
     base = memory_baseline()
     model = build(args)
+    from hybrid.zero.cpu_adam_build import load_op
+    load_op("deepspeed_shm_comm")  # its CPU collectives op, loaded here first: a stale build lock is named
     engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                              config=deepspeed_config(args))
     _peer_host_alloc(kernel)

@@ -15,4 +15,8 @@ fi
 # test + bench: the suite runs every benchmark's --quick mode with its peers (megatron-core among them) and checks
 # the indexed dataset byte for byte against megatron-core's reader
 "$PY" -m pip install -q -e ".[test,bench]" 2>&1 | grep -v -E "^WARNING: Running pip as|^\[notice\]" || true
+# DeepSpeed's JIT ops (CPU Adam; the shared-memory collectives deepspeed.initialize loads on CPU) built now, once,
+# under hybrid's build lock: a first build inside a test's or benchmark's time limit, killed there, would leave
+# torch's build lock behind and hang every later DeepSpeed run (hybrid/zero/cpu_adam_build.py)
+"$PY" -m hybrid.zero.cpu_adam_build 2>&1 | grep -v -E "real_accelerator.py|^\[" || true
 "$PY" -c "import hybrid, models, torch, transformers; print(f'hybrid ready: torch {torch.__version__}, transformers {transformers.__version__}')"

@@ -102,7 +102,10 @@ def _argv(part: str, hf_model: str) -> list[str]:
     if any(w.endswith("train.py") or w == "hybrid.train" for w in words):
         words = _shorten(words)
     if words[3:4] == ["calibrate"]:  # the same measurements, at sizes that take a second (docs/planner.md)
-        words += ["--seconds", "0.05", "--matmul-size", "64", "--copy-bytes", "1048576", "--sizes", "8,65536"]
+        words += ["--seconds", "0.05", "--matmul-size", "64", "--copy-bytes", "1048576"]
+        ranks = words[words.index("--ranks") + 1] if "--ranks" in words else None
+        if ranks != "1":  # one rank times no collective, and calibrate refuses --sizes there
+            words += ["--sizes", "8,65536"]
     return words
 
 

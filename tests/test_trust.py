@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -577,7 +578,7 @@ def _fake_deepspeed_adam(monkeypatch, directory: str, seconds: float = 0.0):
             open(os.path.join(directory, "cpu_adam.so"), "w").close()
             super().__init__(params, **kw)
     monkeypatch.setattr(deepspeed.ops.adam, "DeepSpeedCPUAdam", Fake)
-    monkeypatch.setattr("hybrid.zero.cpu_adam_build._prebuilt", lambda: False)
+    monkeypatch.setattr("hybrid.zero.cpu_adam_build._prebuilt", lambda name="cpu_adam": False)
 
 
 def test_a_first_cpu_adam_build_prints_progress_and_a_killed_builds_lock_is_named(tmp_path, monkeypatch, capsys):
@@ -863,3 +864,29 @@ def test_a_skipped_first_step_is_logged_not_an_attribute_error(tmp_path):
     assert "nan-guard: iteration 1: skipped the step on every rank" in out.stdout
     first = next(ln for ln in out.stdout.splitlines() if ln.startswith(" iteration      1/"))
     assert "grad norm" not in first, first  # the skipped step has no norm (it was last_report None: AttributeError)
+
+
+def test_a_stale_build_lock_of_deepspeeds_cpu_collectives_is_named_and_setup_prebuilds_them(tmp_path, monkeypatch):
+    """deepspeed.initialize on CPU JIT-builds its shared-memory collectives (deepspeed_shm_comm) behind torch's file
+    lock; a build killed under a time limit left that lock and every later DeepSpeed peer (benchmarks, conversion
+    tests) hung. The peers now load it first under hybrid's build lock, which names a stale lock at once, and
+    scripts/setup.sh builds every op of DEEPSPEED_OPS before any test or benchmark runs."""
+    from hybrid.zero import cpu_adam_build as build
+    monkeypatch.setattr(build, "_prebuilt", lambda name="cpu_adam": False)
+    directory = tmp_path / "deepspeed_shm_comm"
+    directory.mkdir()
+    (directory / "lock").touch()
+    start = time.monotonic()
+    with pytest.raises(build.StaleBuildLock) as e:
+        with build.cpu_adam_build(name="deepspeed_shm_comm", directory=str(directory)):
+            pass
+    assert time.monotonic() - start < 10
+    assert str(e.value).startswith("DeepSpeed's deepspeed_shm_comm build lock ") and "--cpu-adam" not in str(e.value)
+    assert set(build.DEEPSPEED_OPS) == {"cpu_adam", "deepspeed_shm_comm"}
+    setup = (Path(__file__).resolve().parents[1] / "scripts" / "setup.sh").read_text()
+    assert "python -m hybrid.zero.cpu_adam_build" in setup.replace('"$PY"', "python")
+    for name in ("bench_zero.py", "bench_checkpoint.py"):
+        text = (Path(__file__).resolve().parents[1] / "scripts" / name).read_text()
+        # loaded before deepspeed.initialize, never around it (initialize runs collectives: a rank holding the
+        # build lock there waits for a peer that waits for the lock)
+        assert 0 < text.index('load_op("deepspeed_shm_comm")') < text.index("deepspeed.initialize("), name

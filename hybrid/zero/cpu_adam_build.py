@@ -27,53 +27,87 @@ class StaleBuildLock(RuntimeError):
     """torch's build lock of DeepSpeed's CPU Adam was left by a build that no longer runs."""
 
 
-def build_directory() -> str:
-    """Where torch builds (and caches) the extension: $TORCH_EXTENSIONS_DIR/<py>_<device>/cpu_adam."""
+def build_directory(name: str = NAME) -> str:
+    """Where torch builds (and caches) the extension: $TORCH_EXTENSIONS_DIR/<py>_<device>/<name>."""
     from torch.utils.cpp_extension import _get_build_directory
-    return _get_build_directory(NAME, verbose=False)
+    return _get_build_directory(name, verbose=False)
 
 
-def _prebuilt() -> bool:
+def _prebuilt(name: str = NAME) -> bool:
     """DeepSpeed installed with the op compiled in (DS_BUILD_CPU_ADAM=1): nothing is built at run time."""
     try:
         from deepspeed.git_version_info import installed_ops
     except ImportError:
         return False
-    return bool(installed_ops.get(NAME))
+    return bool(installed_ops.get(name))
 
 
-def check_stale_lock(directory: str) -> None:
+def check_stale_lock(directory: str, what: str = "CPU Adam") -> None:
     """StaleBuildLock naming `directory`/lock when it exists while no hybrid process builds (call holding the
     flock)."""
     lock = os.path.join(directory, "lock")
     if os.path.exists(lock):
         age = time.time() - os.path.getmtime(lock)
-        raise StaleBuildLock(f"DeepSpeed's CPU Adam build lock {lock} was left by a build that was killed "
+        raise StaleBuildLock(f"DeepSpeed's {what} build lock {lock} was left by a build that was killed "
                              f"{age / 60:.0f} min ago (no build holds it: torch would wait for it for ever); remove "
-                             f"it (rm {lock}) and run again, or pass --cpu-adam torch")
+                             f"it (rm {lock}) and run again" + (", or pass --cpu-adam torch" if what == "CPU Adam" else ""))
 
 
 @contextlib.contextmanager
-def cpu_adam_build(log: Callable[[str], None] = print, directory: str | None = None) -> Iterator[None]:
-    """Around the construction of DeepSpeed's CPU Adam: one hybrid process of the machine at a time (the others wait
-    for it here, then load the cached build); a stale `lock` is StaleBuildLock; a build to come is announced by
-    `log` before it starts and timed after."""
-    if _prebuilt():
+def cpu_adam_build(log: Callable[[str], None] = print, directory: str | None = None,
+                   name: str = NAME) -> Iterator[None]:
+    """Around the construction of DeepSpeed's CPU Adam (or the first load of another DeepSpeed op, `name` its build
+    directory): one hybrid process of the machine at a time (the others wait for it here, then load the cached
+    build); a stale `lock` is StaleBuildLock; a build to come is announced by `log` before it starts and timed
+    after."""
+    if _prebuilt(name):
         yield
         return
-    directory = directory or build_directory()
+    what = "CPU Adam" if name == NAME else name
+    directory = directory or build_directory(name)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "hybrid.flock"), "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # released by the kernel if this process dies
         try:
-            check_stale_lock(directory)
-            built = os.path.exists(os.path.join(directory, f"{NAME}.so"))
+            check_stale_lock(directory, what)
+            built = os.path.exists(os.path.join(directory, f"{name}.so"))
             if not built:
-                log(f"zero: building DeepSpeed's CPU Adam (first use on this machine: about a minute of C++; "
+                log(f"zero: building DeepSpeed's {what} (first use on this machine: about a minute of C++; "
                     f"cached in {directory})")
             start = time.monotonic()
             yield
             if not built:
-                log(f"zero: DeepSpeed's CPU Adam built in {time.monotonic() - start:.0f} s")
+                log(f"zero: DeepSpeed's {what} built in {time.monotonic() - start:.0f} s")
         finally:
             fcntl.flock(held, fcntl.LOCK_UN)
+
+
+# DeepSpeed's JIT-compiled ops this project loads: CPU Adam (ZeRO offload's optimizer) and the shared-memory
+# collectives that deepspeed.initialize loads on CPU (deepspeed.comm.torch.build_shm_op) -- the DeepSpeed peers of
+# the benchmarks and of the checkpoint-conversion tests. Name (build directory) -> op_builder class.
+DEEPSPEED_OPS = {NAME: "CPUAdamBuilder", "deepspeed_shm_comm": "ShareMemCommBuilder"}
+
+
+def load_op(name: str, log: Callable[[str], None] = print) -> None:
+    """Load (building if needed) the DeepSpeed op `name` of DEEPSPEED_OPS in this process, under hybrid's build
+    lock, so that a later call inside DeepSpeed finds it in its cache of loaded ops. Call it before
+    deepspeed.initialize, never around it: initialize runs collectives, and a rank holding the lock there would
+    wait for a peer that waits for the lock."""
+    from deepspeed.ops import op_builder
+    builder = getattr(op_builder, DEEPSPEED_OPS[name])()
+    if not builder.is_compatible(verbose=False):
+        return
+    with cpu_adam_build(log, name=name):
+        builder.load(verbose=False)
+
+
+def prebuild(log: Callable[[str], None] = print) -> None:
+    """Build every op of DEEPSPEED_OPS now (scripts/setup.sh), each under hybrid's build lock: a later first use --
+    a test or a benchmark under its time limit, several ranks at once -- then only loads the cache, and a build
+    killed by such a limit (which leaves torch's `lock` and hangs every later run) cannot happen there."""
+    for name in DEEPSPEED_OPS:
+        load_op(name, log)
+
+
+if __name__ == "__main__":  # python -m hybrid.zero.cpu_adam_build: scripts/setup.sh
+    prebuild()
