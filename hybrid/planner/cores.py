@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Hashable, Union
 
 from hybrid.pipeline import Op, ScheduleKind, compute_order
+from hybrid.planner.schedule import WEIGHT_SHARE
 
 _EPS = 1e-12  # seconds of work left that count as done (float noise of rate x dt)
 
@@ -288,5 +289,4 @@ def _rank_program(kind: ScheduleKind, grid: Grid, m: int, v: int, costs: StepCos
 def _weight_share(stage: int) -> float:
     """W's share of a zero-bubble backward, as the pipeline simulation prices it (planner.schedule): the first
     stage's B computes nothing upstream needs, so its W is the whole backward."""
-    from hybrid.planner.schedule import WEIGHT_SHARE
     return 1.0 if stage == 0 else WEIGHT_SHARE

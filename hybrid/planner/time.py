@@ -188,7 +188,8 @@ TERMS = (("gemm", "matmuls on the GEMM curve (recomputed ones included)"),
          ("dp_in_passes", "ZeRO 2/3 gathers / reduce-scatters not hidden under compute"),
          ("overlap", "compute slowed by the ZeRO 2/3 collectives hidden under it: (1 - 1/overlap_slowdown) x their "
                      "seconds (NCCL's CTAs take SMs and HBM bandwidth; hardware.OVERLAP_SLOWDOWN)"),
-         ("bubble", "pipeline idle time: fill, drain, imbalance, waits for messages (simulated)"),
+         ("bubble", "pipeline idle time: fill, drain, imbalance, waits for messages (simulated); with ranks "
+                    "sharing a CPU's cores, the step's list schedule less the other terms (cores.py)"),
          ("dp_exposed", "DP / ZeRO gradient sync after the last backward, and the ZeRO 1-2 parameter all-gather "
                         "the next forward does not hide (all of it without --overlap-param-gather)"),
          ("optimizer", "the optimizer step: its passes over the states and its launches (or offload)"),
