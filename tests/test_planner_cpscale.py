@@ -27,7 +27,7 @@ from hybrid.planner.time import FLASH_BACKWARD, _context, _dp_step_seconds
 from models import load_config
 
 H100x64 = Cluster(gpus=64, hw=hardware("h100-80g"))
-P2P_RINGS = (RingSchedule.ACCUMULATOR, RingSchedule.TRAVELLING)  # _ring's; torch's all-gather ring: test_planner_torchring
+P2P_RINGS = (RingSchedule.ACCUMULATOR, RingSchedule.TRAVELLING)  # _ring's (torch's ring: test_planner_torchring)
 
 
 def _work(seq: int, stack: Stack = Stack.MEGATRON, batch: int = 8) -> Workload:

@@ -21,9 +21,12 @@ reduced problem (`reduce`); what differs is added here:
               so a step exposes max(0, transfer - the step's compute):
               p2p        forward c - 1 transfers of kv; backward by the stack's ring (RingSchedule): Transformer
                          Engine's (Megatron) sends dK, dV in bf16 with the next K, V -- kv, then c - 2 of 2 kv,
-                         then the last dK, dV, each under a step; the runtime's and torch's (PyTorch stack) c - 1
-                         steps of kv + an fp32 dK, dV accumulator (2 kv), and the last accumulator after the loop,
-                         exposed
+                         then the last dK, dV, each under a step; the runtime's (PyTorch stack) c - 1 steps of
+                         kv + an fp32 dK, dV accumulator (2 kv), and the last accumulator after the loop, exposed;
+                         torch's context_parallel (Workload.cp_ring, torchtitan: `_torch_ring`) one all-gather of
+                         c kv a pass hidden under the diagonal step only, the fp32 accumulator permuted after each
+                         backward step, and its fp32 merges as memory-bound bytes (`torch_ring_merge_bytes`).
+                         kv is at the query width where the model repeats K, V first (Workload.kv_repeated)
               a2a        Ulysses: 4 all-to-alls forward (q, k, v, out) and 4 backward, each moving
                          (c - 1)/c of its tensor, not overlapped
               allgather  an all-gather of kv (c kv) forward and a reduce-scatter of its gradient backward, not

@@ -234,7 +234,7 @@ class Workload:
             TORCH_ALLGATHER for torch's experimental context_parallel (torchtitan). The planner only (the API).
         kv_repeated: the model expands K and V to the query heads before attention (torchtitan's Llama:
             `repeat_kv` ahead of scaled_dot_product_attention), so what context parallelism moves is K, V at the
-            query width, g / a x the bytes of the kv heads. CP traffic only (not the saved activations). The
+            query width, a / g x the bytes of the kv heads. CP traffic only (not the saved activations). The
             planner only (the API).
     """
 
