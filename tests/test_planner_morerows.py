@@ -29,11 +29,11 @@ KNOWN_MISSES = {
     "NeMo 24.07 GPT3-5B FP8, 64 H100, t1 p1, b4, GBS 2048",
     "NeMo 24.07 Nemotron-340B FP8, 128 H100, t8 p8 v12, b1, GBS 32",
     # context parallelism, ring steps as half blocks at the flash rate (round 8): NeMo's CP 4-32 and torchtitan's CP 2
-    # came in; torchtitan's ring at CP 4-8 runs ~1.35x slower a step than its plain causal flash (unexplained; the
-    # 405B at CP 8 also gathers its repeated K, V across nodes, not modelled): +26 to +31 %
+    # came in; round 9 priced torch's own ring (one K, V all-gather under one step, fp32 merges, repeated K, V:
+    # RingSchedule.TORCH_ALLGATHER), which brought in the 405B at CP 8 (+25.5 -> +13.5 %); the 8B at CP 4-8 on one
+    # node still runs ~1.3x slower a ring step than planned (+17.5 / +21.1 %; no term of torch's code left explains it)
     "torchtitan Llama 3.1 8B, 8 H100 500W, FSDP 2 x CP 4, s 131072, b1, full",
     "torchtitan Llama 3.1 8B, 8 H100 500W, FSDP 1 x CP 8, s 262144, b1, full",
-    "torchtitan Llama 3.1 405B, 512 H100 500W, TP 8 x PP 8 x FSDP 1 x CP 8, s 262144, b1 x 8, full",
     # MosaicML on A100, planned with the Triton FlashAttention-1 kernel they ran (docs/planner.md "Attention kernels
     # of the published runs"): its published rate is below what these rows imply, so the long-sequence rows lean
     # pessimistic (-15 to -18 %); the 30B at s 8192 (+20 %) is the 83 GB row of the H100 table's reading. Round 8

@@ -21,9 +21,12 @@ reduced problem (`reduce`); what differs is added here:
               so a step exposes max(0, transfer - the step's compute):
               p2p        forward c - 1 transfers of kv; backward by the stack's ring (RingSchedule): Transformer
                          Engine's (Megatron) sends dK, dV in bf16 with the next K, V -- kv, then c - 2 of 2 kv,
-                         then the last dK, dV, each under a step; the runtime's and torch's (PyTorch stack) c - 1
-                         steps of kv + an fp32 dK, dV accumulator (2 kv), and the last accumulator after the loop,
-                         exposed
+                         then the last dK, dV, each under a step; the runtime's (PyTorch stack) c - 1 steps of
+                         kv + an fp32 dK, dV accumulator (2 kv), and the last accumulator after the loop, exposed;
+                         torch's context_parallel (Workload.cp_ring, torchtitan: `_torch_ring`) one all-gather of
+                         c kv a pass hidden under the diagonal step only, the fp32 accumulator permuted after each
+                         backward step, and its fp32 merges as memory-bound bytes (`torch_ring_merge_bytes`).
+                         kv is at the query width where the model repeats K, V first (Workload.kv_repeated)
               a2a        Ulysses: 4 all-to-alls forward (q, k, v, out) and 4 backward, each moving
                          (c - 1)/c of its tensor, not overlapped
               allgather  an all-gather of kv (c kv) forward and a reduce-scatter of its gradient backward, not
@@ -43,13 +46,12 @@ a 1F1B pipeline's critical path does: m + (pp - 1)/v times (m micro-batches, v c
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, replace
 
 from hybrid.cp.attention import CommType
 from hybrid.cp.ring import ring_bytes
 from hybrid.planner.hardware import Collective, GroupPlacement, collective_seconds, p2p_seconds
-from hybrid.planner.layout import Cluster, Layout, Recompute, Workload, stage_layers
+from hybrid.planner.layout import Cluster, Layout, Recompute, RingSchedule, Workload, stage_layers
 from hybrid.planner.search import Plan, SearchSpace, evaluate, search
 from hybrid.planner.time import model_flops, ring_step_seconds
 
@@ -71,26 +73,12 @@ def cp_placement(cluster: Cluster, tp: int, cp: int) -> GroupPlacement:
     return GroupPlacement(size=cp, per_node=cp if tp * cp <= g else max(1, g // tp))
 
 
-class RingSchedule(enum.Enum):
-    """How a ring implementation moves K, V and the gradients dK, dV (`ring_schedule`): what decides the bytes
-    of each step and which transfer has no compute to hide under.
-
-    ACCUMULATOR: this runtime (hybrid/cp/ring.py RingAttention.backward) and torch's experimental CP (torchtitan;
-        torch/distributed/tensor/experimental/_attention.py _templated_ring_attention_backward): an fp32 dK, dV
-        accumulator per block goes round the ring beside the K, V, each sent after the step that adds to it, so
-        the last one reaches its owner after the loop, exposed.
-    TRAVELLING: Transformer Engine (Megatron-core, NeMo; AttnFuncWithCPAndKVP2P.backward): dK, dV in the compute
-        dtype travel in the same buffer as the next K, V -- step 0 sends K, V, steps 1 .. c - 2 K, V and dK, dV,
-        step c - 1 dK, dV only -- each transfer posted before its step's compute (the causal diagonal block runs
-        last, "in reversed order of fwd"), so every transfer has a step to hide under."""
-
-    ACCUMULATOR = "accumulator"
-    TRAVELLING = "travelling"
-
-
 def ring_schedule(work: Workload, layout: Layout) -> RingSchedule:
-    """The ring a workload's stack runs (Workload.stack; ops.Stack): Megatron's is Transformer Engine's, a
-    PyTorch-native stack's is torch's or this runtime's."""
+    """The ring a workload runs: the one it names (Workload.cp_ring: torch's all-gather ring for torchtitan), else
+    its stack's (Workload.stack; ops.Stack): Megatron's is Transformer Engine's, a PyTorch-native stack's this
+    runtime's."""
+    if work.cp_ring is not None:
+        return work.cp_ring
     return RingSchedule.ACCUMULATOR if work.pytorch_native(layout) else RingSchedule.TRAVELLING
 
 
@@ -103,12 +91,21 @@ class CPCost:
         transfer: the CP transfers' time.
         exposed: the part of `transfer` not hidden under attention compute (all of it for a2a, allgather).
         buffer_bytes: the ring's receive buffers held during a layer's backward (memory).
+        merge: memory-bound seconds of the ring's own bookkeeping between its attention calls (torch's ring:
+            the fp32 output merges, concatenations and gradient accumulations, `torch_ring_merge_bytes`; 0 where
+            not priced).
     """
 
     attention: float
     transfer: float
     exposed: float
     buffer_bytes: float
+    merge: float = 0.0
+
+    @property
+    def added(self) -> float:
+        """Seconds on the critical path: the extra attention, its exposed transfers and the ring's merges."""
+        return self.attention + self.exposed + self.merge
 
 
 def layer_cost(work: Workload, cluster: Cluster, layout: Layout, cp: int, comm: CommType) -> CPCost:
@@ -118,12 +115,18 @@ def layer_cost(work: Workload, cluster: Cluster, layout: Layout, cp: int, comm: 
     fwd, bwd = ring_step_seconds(work, cluster, layout, s)  # one step: half an (s/c)^2 block (load-balanced)
     recomputed = layout.recompute is not Recompute.NONE  # every mode reruns the CP core (and its transfers)
     attention = (cp - 1) * (fwd + bwd + (fwd if recomputed else 0.0))
-    kv_elements = 2 * b * s * shard.kv_width
+    kv_elements = 2 * b * s * (shard.q_width if work.kv_repeated else shard.kv_width)  # K and V as they travel
     kv = kv_elements * BF16
     group = cp_placement(cluster, layout.tp, cp)
     if comm is CommType.P2P:
-        transfer, exposed, buffers = _ring(hw, group.spans_nodes, kv_elements, cp, fwd, bwd, recomputed,
-                                           ring_schedule(work, layout))
+        schedule = ring_schedule(work, layout)
+        if schedule is RingSchedule.TORCH_ALLGATHER:
+            buffers = 4 * 2 * b * s * shard.kv_width * BF16  # memory as the ACCUMULATOR ring's (_torch_ring)
+            f_bytes, b_bytes = torch_ring_merge_bytes(b * s * shard.q_width, kv_elements // 2, cp)
+            merge = ((2 if recomputed else 1) * f_bytes + b_bytes) / hw.elementwise_bytes_per_s
+            return replace(_torch_ring(hw, group, kv_elements, cp, fwd, bwd, recomputed, attention),
+                           buffer_bytes=buffers, merge=merge)
+        transfer, exposed, buffers = _ring(hw, group.spans_nodes, kv_elements, cp, fwd, bwd, recomputed, schedule)
         return CPCost(attention, transfer, exposed, buffers)
     if comm is CommType.A2A:
         q = b * s * shard.q_width * BF16
@@ -160,6 +163,57 @@ def _ring(hw, crosses: bool, kv_elements: int, cp: int, fwd: float, bwd: float, 
     seconds = [p2p_seconds(hw, n, crosses) for n in steps]
     return (f_transfer + sum(seconds), f_exposed + sum(max(0.0, t - bwd) for t in seconds),
             2 * (2 * kv))  # backward's two buffers of K, V + dK, dV (one sent, one received)
+
+
+def _torch_ring(hw, group: GroupPlacement, kv_elements: int, cp: int, fwd: float, bwd: float, recomputed: bool,
+                attention: float) -> CPCost:
+    """torch's context_parallel ring as torchtitan runs it (RingSchedule.TORCH_ALLGATHER; torch/distributed/tensor/
+    experimental/_attention.py, `_templated_ring_attention` and its backward), one layer and micro-batch.
+
+    Forward (rerun under recomputation): `_AllGatherRotater.exchange_buffers` all-gathers the c ranks' K, V once
+    (c kv gathered, (c - 1)/c of it on the wire a rank) before the diagonal step's compute and `next_buffer` waits
+    for it before step 1: the gather hides under ONE step's compute, `fwd`, where a p2p ring has c - 1 steps for
+    c - 1 transfers of kv. Backward: the kv rotater gathers K, V again the same way (under the diagonal step's
+    backward, `bwd`); the fp32 dK, dV accumulator (2 kv) goes to the next rank by an all-to-all permute after each of
+    the c steps, waited after the next step's compute, and the last one after the loop: exposed.
+    Time only: the caller keeps the ACCUMULATOR ring's buffer bytes (4 kv of the kv heads); the gathered c kv and
+    the repeated heads' bytes are not on the memory side (docs/planner.md, round 9)."""
+    kv = kv_elements * BF16
+    gather = collective_seconds(hw, Collective.ALL_GATHER, cp * kv, group)
+    acc = p2p_seconds(hw, kv_elements * 4, group.spans_nodes)  # the fp32 dK, dV of one step (permute_tensor)
+    forwards = 2 if recomputed else 1
+    transfer = forwards * gather + gather + cp * acc
+    exposed = (forwards * max(0.0, gather - fwd) + max(0.0, gather - bwd)
+               + (cp - 1) * max(0.0, acc - bwd) + acc)
+    return CPCost(attention, transfer, exposed, 4 * kv)
+
+
+def torch_ring_merge_bytes(x: int, y: int, cp: int) -> tuple[float, float]:
+    """HBM bytes (forward, backward) of torch's ring bookkeeping around its attention calls, one layer and
+    micro-batch on the busiest rank (cp rank c - 1, whose steps 1 .. c - 1 all take the whole query: `i <= rank`),
+    read off torch/distributed/tensor/experimental/_attention.py (pytorch/pytorch f2127dbd). `x`: elements of a
+    rank's query (= output), b (s/c) a d / t; `y`: elements of its K (= V) as they travel. Bytes read + written, bf16
+    2, fp32 4 (`convert_to_f32` defaults True); row-wise logsumexp work (1/d of these) left out.
+
+    Forward (`_templated_ring_attention`, `_SDPAMerger`):
+      c - 1 x  torch.cat([key.flatten(), value.flatten()]) before each rotation: 2 y bf16 read + written   8 y
+      every step: the block output cast to fp32 (`step`: .to(float32))                                     6 x
+      c - 1 x  the merge out - sigmoid(lse_b - lse) (out - out_b): three fp32 elementwise kernels       32 x
+      once: the merged output cast back to bf16 (`results`)                                              6 x
+    Backward (`_templated_ring_attention_backward`):
+      once: fp32 zeros for dq, dk, dv                                                              4 x + 8 y
+      c - 1 x  the K, V concatenation                                                                   8 y
+      step 0: dk, dv += the bf16 block gradients (fp32 += bf16: 4 + 2 read, 4 written)                 20 y
+      c - 1 x  dk, dv `_partial_update` (add into the first half, 10 y / 2 each, then torch.cat the
+               halves, 8 y each)                                                                       26 y
+      every step: torch.cat of the fp32 dk, dv for the next rank                                       16 y
+      every step: dq += the block's dq (fp32 += bf16)                                                  10 x
+      once: dq and the received dk, dv cast back to bf16                                         6 x + 12 y
+    """
+    n = cp - 1
+    forward = n * 8 * y + cp * 6 * x + n * 32 * x + 6 * x
+    backward = (4 * x + 8 * y) + n * 8 * y + 20 * y + n * 26 * y + cp * 16 * y + cp * 10 * x + (6 * x + 12 * y)
+    return float(forward), float(backward)
 
 
 @dataclass(frozen=True)
@@ -204,7 +258,7 @@ def with_cp(work: Workload, cluster: Cluster, base: Plan, cp: int, comm: CommTyp
         stages = stage_layers(work.model, layout.pp, layout.v)  # rank r's chunks: layout.rank_stages(r)
         layers = max(sum(stages[s] for s in layout.rank_stages(r)) for r in range(layout.pp))
         m = work.global_batch // (layout.dp // cp * layout.micro_batch)
-        extra = (m + (layout.pp - 1) / layout.v) * layers * (cost.attention + cost.exposed)
+        extra = (m + (layout.pp - 1) / layout.v) * layers * cost.added
         buffers = cost.buffer_bytes
     total = base.time.total + extra
     return ContextPlan(cp=cp, comm=comm, base=base, extra_s=extra, total_s=total,

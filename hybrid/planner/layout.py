@@ -62,6 +62,30 @@ class PipelineP2P(enum.Enum):
         return self is not PipelineP2P.OVERLAPPED
 
 
+class RingSchedule(enum.Enum):
+    """How a context-parallel ring implementation moves K, V and the gradients dK, dV (hybrid/planner/context.py
+    prices each; `Workload.cp_ring` names one, else the stack picks: context.ring_schedule).
+
+    ACCUMULATOR: this runtime's ring (hybrid/cp/ring.py RingAttention.backward): K, V sent to the next rank before
+        each step's compute, and an fp32 dK, dV accumulator per block going round beside them, each sent after the
+        step that adds to it, so the last one reaches its owner after the loop, exposed.
+    TRAVELLING: Transformer Engine (Megatron-core, NeMo; AttnFuncWithCPAndKVP2P.backward): dK, dV in the compute
+        dtype travel in the same buffer as the next K, V -- step 0 sends K, V, steps 1 .. c - 2 K, V and dK, dV,
+        step c - 1 dK, dV only -- each transfer posted before its step's compute (the causal diagonal block runs
+        last, "in reversed order of fwd"), so every transfer has a step to hide under.
+    TORCH_ALLGATHER: torch's experimental context_parallel as torchtitan runs it
+        (torch/distributed/tensor/experimental/_attention.py: `_ContextParallelOptions.rotate_method` defaults to
+        `_RotateMethod.ALL_GATHER`, read at pytorch/pytorch f2127dbd and 0123248a): `_AllGatherRotater` gathers
+        every rank's K, V in ONE all-gather, posted before the diagonal step (i = 0) and waited before step 1, so
+        the whole gather hides under one step, not c - 1; the backward gathers K, V again the same way and sends
+        the fp32 dK, dV accumulator by an all-to-all permute (`dkv_rotater`, ALL_TO_ALL) after each of its c steps,
+        waited after the next step's compute, the last after the loop (exposed)."""
+
+    ACCUMULATOR = "accumulator"
+    TRAVELLING = "travelling"
+    TORCH_ALLGATHER = "torch-allgather"
+
+
 @dataclass(frozen=True)
 class Layout:
     """One candidate layout: the sizes and switches `scripts/train.py` takes.
@@ -205,6 +229,13 @@ class Workload:
             FLASH2 (FlashAttention-2 / SDPA, the default) or FLASH1 (FlashAttention-1 or its Triton version, as
             MosaicML's published MPT runs used: docs/planner.md "Attention kernels of the published runs"); its
             rate and its padded head width. The planner only (the API; no flag).
+        cp_ring: which ring implementation runs context parallelism (RingSchedule): None picks by stack
+            (context.ring_schedule: Megatron's Transformer Engine ring, or this runtime's on the PyTorch stack);
+            TORCH_ALLGATHER for torch's experimental context_parallel (torchtitan). The planner only (the API).
+        kv_repeated: the model expands K and V to the query heads before attention (torchtitan's Llama:
+            `repeat_kv` ahead of scaled_dot_product_attention), so what context parallelism moves is K, V at the
+            query width, a / g x the bytes of the kv heads. CP traffic only (not the saved activations). The
+            planner only (the API).
     """
 
     model: ModelConfig
@@ -224,6 +255,8 @@ class Workload:
     overlap_grad_reduce: bool = False
     fused_cross_entropy: bool = False
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
+    cp_ring: RingSchedule | None = None
+    kv_repeated: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
@@ -239,6 +272,8 @@ class Workload:
         if self.fused_cross_entropy and self.activations is not ActivationProfile.BF16_FLASH:
             raise ValueError(f"--fused-cross-entropy models a fused loss over bf16 logits: use it with "
                              f"--activation-profile bf16-flash, not {self.activations.value}")
+        if self.cp_ring is not None and not isinstance(self.cp_ring, RingSchedule):
+            raise ValueError(f"Workload.cp_ring must be a RingSchedule or None, got {self.cp_ring!r}")
         if not isinstance(self.attention_kernel, AttentionKernel):
             raise ValueError(f"Workload.attention_kernel must be an AttentionKernel, got {self.attention_kernel!r}")
         if self.kernels is not None and not isinstance(self.kernels, KernelProfile):

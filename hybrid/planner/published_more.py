@@ -45,7 +45,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from hybrid.planner.layout import Cluster, Offload, Recompute, Workload, ZeroStage
+from hybrid.planner.layout import Cluster, Offload, Recompute, RingSchedule, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import KernelProfile, Stack
 from hybrid.planner.published import (LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, Metric,
@@ -233,10 +233,13 @@ TORCHTITAN_T6 = ((8, 1, 32768, 76, 75.3), (4, 2, 65536, 47, 75.9), (2, 4, 131072
 
 
 def _titan_work(cfg: ModelConfig, seq: int, global_batch: int) -> Workload:
-    """torchtitan: PyTorch FSDP2 (ZeRO 3), torch.compile (fused), Float8 linears (torchao), SDPA flash."""
+    """torchtitan: PyTorch FSDP2 (ZeRO 3), torch.compile (fused), Float8 linears (torchao), SDPA flash; context
+    parallelism by torch's experimental context_parallel (RingSchedule.TORCH_ALLGATHER: its default all-gather
+    rotation, fp32 merges) over K, V that torchtitan's Llama has already repeated to the query heads (`repeat_kv`
+    before scaled_dot_product_attention, torchtitan models/llama/model.py): round 9, docs/planner.md."""
     return Workload(replace(cfg, max_position_embeddings=seq), global_batch=global_batch, seq_length=seq,
                     activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.PYTORCH,
-                    fp8=True)
+                    fp8=True, cp_ring=RingSchedule.TORCH_ALLGATHER, kv_repeated=True)
 
 
 def torchtitan_runs() -> list[PublishedRun]:
