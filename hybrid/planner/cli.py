@@ -323,6 +323,17 @@ def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: 
     return context.report(work, cluster, plans)
 
 
+def _check_plot_format(path: str, formats: dict[str, str]) -> None:
+    """savefig picks the format by the name's extension; the file is written under a temporary name (atomic_output)
+    whose extension is the same, so a name without one (or with one matplotlib does not write) would fail after
+    the search, naming the temporary's random suffix as the format."""
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if ext not in formats:
+        got = f"extension .{ext}" if ext else "no extension"
+        raise ValueError(f"--plot {path!r} has {got}: matplotlib picks the image format by it; give e.g. "
+                         f"FILE.png (or .{', .'.join(sorted(f for f in formats if f in ('pdf', 'svg')))})")
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     """Before the search: --plot can be written and matplotlib is there; --emit-args has a model train.py can
     build; the output flags asked for are ones that print together."""
@@ -330,9 +341,10 @@ def check_outputs(args: argparse.Namespace) -> None:
     if args.plot:
         check_output_file("--plot", args.plot)
         try:
-            import matplotlib  # noqa: F401
+            from matplotlib.backend_bases import FigureCanvasBase
         except ImportError:
             raise ValueError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
+        _check_plot_format(args.plot, FigureCanvasBase.get_supported_filetypes())
     if args.emit_args and args.gradient_accumulation_fusion:
         raise ValueError("--gradient-accumulation-fusion: train.py's eager runtime adds each micro-batch's gradients "
                          "in a pass of its own; drop the flag with --emit-args")

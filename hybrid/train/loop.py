@@ -57,7 +57,7 @@ def build_runner(run: RunConfig, mesh: Mesh, tp: TPContext):
         for chunk in model:
             load_hf_checkpoint(chunk, setup.init_weights, mesh.tp.rank)
     if dims.pp == 1 and plan.v == 1:
-        return model, LocalForwardBackward(model[0], mesh.device)
+        return model, LocalForwardBackward(model[0], mesh.device, record_timeline=bool(run.training.timeline))
     seq = batch.seq_length // dims.cp // (dims.tp if run.parallel.sequence_parallel else 1)  # CP: T/cp tokens a rank
     schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
     io = StageIO((batch.micro_batch, seq, cfg.hidden_size), run.zero.precision.dtype)  # activations in compute dtype
