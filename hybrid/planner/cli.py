@@ -441,6 +441,11 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
     seq = args.seq_length or min(2048, model.max_position_embeddings)
     if not model.num_experts and args.expert_model_parallel_size is not None:
         raise ValueError("--expert-model-parallel-size: the model has no experts (a dense model); drop the flag")
+    cps = context.parse_sizes(args.context_parallel_size) if args.context_parallel_size is not None else []
+    if model.num_experts and any(cp > 1 for cp in cps):  # train.py refuses them (hybrid/moe/args.py): never rank them
+        raise ValueError(f"--context-parallel-size {args.context_parallel_size}: train.py does not run context "
+                         f"parallelism with an MoE model (the balancing loss's counts would need the TP x CP group); "
+                         f"drop the flag (the plain search: TP, EP, DP and PP)")
     if model.arch == ARCH_GPT2 and seq > model.max_position_embeddings:
         raise ValueError(f"--seq-length {seq} exceeds the model's {model.max_position_embeddings} learned "
                          f"positions; use at most {model.max_position_embeddings}")
