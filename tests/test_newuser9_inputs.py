@@ -78,16 +78,20 @@ def _train_pp1(rank: int, world: int, argv: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_train_py_pp1_timeline_file_shows_the_steps_compute(tmp_path):
-    """train.py's own wiring (loop.build_runner): one rank, pp 1, two micro-batches."""
+def test_train_py_pp1_timeline_file_shows_the_steps_compute_and_a_finished_rerun_keeps_it(tmp_path):
+    """train.py's own wiring (loop.build_runner): one rank, pp 1, two micro-batches. The same command again (it
+    resumes from its --save, finished: no step to run) used to replace that trace with an empty one."""
     from hybrid.testing import run_distributed
     path = str(tmp_path / "t.json")
     argv = ["--model", "tiny-gpt2", "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
-            "--train-iters", "1", "--eval-iters", "0", "--timeline", path]
+            "--train-iters", "1", "--eval-iters", "0", "--timeline", path, "--save", str(tmp_path / "ck")]
     run_distributed(_train_pp1, 1, args=(argv,), timeout=300)
     with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    assert [e["name"] for e in events if e["ph"] == "X"] == ["F0", "B0", "F1", "B1"]
+        first = f.read()
+    assert [e["name"] for e in json.loads(first)["traceEvents"] if e["ph"] == "X"] == ["F0", "B0", "F1", "B1"]
+    run_distributed(_train_pp1, 1, args=(argv + ["--load", str(tmp_path / "ck")],), timeout=300)
+    with open(path) as f:
+        assert f.read() == first
 
 
 # --- 2. 1-bit Adam: every conflict in the one line, not one per try --------------------------------------------------
@@ -166,3 +170,17 @@ def test_plan_cp_size_1_of_an_moe_model_still_plans(capsys):
     hybrid.cli.main(["plan", "--model", "tiny-mixtral", "--gpus", "4", "--global-batch-size", "16", "--seq-length",
                      "128", "--gpu", "h100-80g", "--context-parallel-size", "1", "--top", "1"])
     assert " 1  tp" in capsys.readouterr().out
+
+
+# --- 5. hybrid generate: an empty prompt named as such --------------------------------------------------------------
+def test_generate_empty_prompt_names_the_flag():
+    """'--prompt ""' said "prompt: 0 tokens, 0 outside the vocabulary [0, 256)" (--prompt-ids '' is refused by its
+    parse: no id)."""
+    import argparse
+    from types import SimpleNamespace
+    from hybrid.generate.decode import prompt_ids
+    codec = SimpleNamespace(encode=lambda text: list(text.encode()))  # UTF-8 bytes, as the byte-level codec
+    cfg = SimpleNamespace(vocab_size=256, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="^--prompt is empty \\(0 tokens\\); give a prompt of at least one token$"):
+        prompt_ids(argparse.Namespace(prompt="", prompt_ids=None), cfg, codec)
+    assert prompt_ids(argparse.Namespace(prompt="hi", prompt_ids=None), cfg, codec).tolist() == [[104, 105]]
