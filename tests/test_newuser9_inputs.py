@@ -184,3 +184,18 @@ def test_generate_empty_prompt_names_the_flag():
     with pytest.raises(ValueError, match="^--prompt is empty \\(0 tokens\\); give a prompt of at least one token$"):
         prompt_ids(argparse.Namespace(prompt="", prompt_ids=None), cfg, codec)
     assert prompt_ids(argparse.Namespace(prompt="hi", prompt_ids=None), cfg, codec).tolist() == [[104, 105]]
+
+
+# --- 6. hybrid plan --scan-gpus --top: the best layout per count, --top was ignored ---------------------------------
+def test_plan_scan_gpus_with_top_is_one_line(one_line):
+    argv = ["plan", "--model", "tiny-gpt2", "--global-batch-size", "16", "--seq-length", "128", "--gpu", "h100-80g",
+            "--scan-gpus", "2,4", "--top", "3"]
+    line = one_line(lambda: hybrid.cli.main(argv))
+    assert line == ("hybrid plan: error: --top does not run with --scan-gpus (one row, the best layout, per GPU "
+                    "count); drop one of them")
+
+
+def test_plan_top_unset_shows_five(capsys):
+    hybrid.cli.main(PLAN)
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln[:3].strip().isdigit()]
+    assert [int(r.split()[0]) for r in rows] == [1, 2, 3, 4, 5]

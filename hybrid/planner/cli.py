@@ -50,6 +50,7 @@ from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
 MAX_GPUS = 2**20  # a million devices: beyond any cluster, and the search stays seconds long
 DEFAULT_GPU = GpuKind.A100_80G.value  # --gpu without --hardware
+TOP = 5  # --top's default; None when not given, so --scan-gpus (the best layout per count) can refuse an explicit one
 # the slow-link table's method flags and their values when not given (None on the parser: given or not is known)
 SLOW_LINK_DEFAULTS = {"powersgd_rank": 4, "diloco_inner_steps": 100, "diloco_fragments": 4,
                       "diloco_fragment_sync_delay": 0}
@@ -194,7 +195,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the table's Streaming DiLoCo overlap: each fragment's sync runs under TAU inner steps (0 <= "
                         "TAU < H/K; 0: it blocks)")
     g = p.add_argument_group("output")
-    g.add_argument("--top", type=positive_int, metavar="N", default=5, help="layouts to show")
+    g.add_argument("--top", type=positive_int, metavar="N", default=None, help=f"layouts to show; None: {TOP} (with --scan-gpus: refused, one row per count)")
     g.add_argument("--json", action="store_true", help="machine-readable output (each plan's step terms included)")
     g.add_argument("--explain", action="store_true",
                    help="after the table, the best layout's step taken apart: compute, memory-bound ops, launches, "
@@ -248,7 +249,7 @@ def run(args: argparse.Namespace) -> None:
     if args.context_parallel_size is not None:
         print(_plan_cp(args, work, cluster, space))
         return
-    result = search(work, cluster, space, top=args.top, formula=formula, budget=args.sim_budget)
+    result = search(work, cluster, space, top=args.top or TOP, formula=formula, budget=args.sim_budget)
     if not result.plans:
         raise ValueError(_nothing_fits(work, cluster, result, args.show_rejected))
     emitted = accepted_train_args(work, result.plans, args) if args.emit_args else None
@@ -315,7 +316,7 @@ def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: 
     """The CP search (hybrid/planner/context.py's search_cp) over the sizes and comm types asked for."""
     comms = (CommType(args.cp_comm_type),) if args.cp_comm_type else tuple(CommType)
     plans = context.search_cp(work, cluster, space, cps=context.parse_sizes(args.context_parallel_size),
-                              comms=comms, top=args.top)
+                              comms=comms, top=args.top or TOP)
     if not plans:
         raise ValueError(f"no layout fits at --context-parallel-size {args.context_parallel_size} (a size must "
                          f"divide --gpus and half the --seq-length; a2a the kv-heads of a TP rank); try other sizes "
@@ -375,7 +376,7 @@ def _check_output_modes(args: argparse.Namespace) -> None:
                          f"{'--emit-args' if args.emit_args else '--json'}")
     if args.scan_gpus:
         for flag, on in (("--gpus", args.gpus is not None), ("--emit-args", args.emit_args),
-                         ("--explain", args.explain), ("--plot", args.plot)):
+                         ("--explain", args.explain), ("--plot", args.plot), ("--top", args.top is not None)):
             if on:
                 raise ValueError(f"{flag} does not run with --scan-gpus (one row, the best layout, per GPU count); "
                                  f"drop one of them")
