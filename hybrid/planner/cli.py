@@ -195,7 +195,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the table's Streaming DiLoCo overlap: each fragment's sync runs under TAU inner steps (0 <= "
                         "TAU < H/K; 0: it blocks)")
     g = p.add_argument_group("output")
-    g.add_argument("--top", type=positive_int, metavar="N", default=None, help=f"layouts to show; None: {TOP} (with --scan-gpus: refused, one row per count)")
+    g.add_argument("--top", type=positive_int, metavar="N", default=None,
+                   help=f"layouts to show; None: {TOP} (with --scan-gpus: refused, one row per count)")
     g.add_argument("--json", action="store_true", help="machine-readable output (each plan's step terms included)")
     g.add_argument("--explain", action="store_true",
                    help="after the table, the best layout's step taken apart: compute, memory-bound ops, launches, "
