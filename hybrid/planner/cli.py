@@ -343,6 +343,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     if args.plot:
         check_output_file("--plot", args.plot)
         try:
+            import matplotlib  # noqa: F401  (first: the package itself missing is the ImportError named below)
             from matplotlib.backend_bases import FigureCanvasBase
         except ImportError:
             raise ValueError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
