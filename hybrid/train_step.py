@@ -11,6 +11,7 @@ mean over the global batch -- exactly what one process computes on the whole bat
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -93,18 +94,33 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW
 
 
 class LocalForwardBackward:
-    """No pipeline: forward and backward each micro-batch in turn on one model, loss scaled by 1/m."""
+    """No pipeline: forward and backward each micro-batch in turn on one model, loss scaled by 1/m.
 
-    def __init__(self, model: nn.Module, device: torch.device):
+    `record_timeline`: keep the latest step's F / B of each micro-batch in `events` (the pipeline executor's
+    TimelineEvent, chunk 0), so `--timeline` at pp 1 draws the same F0 B0 F1 B1 ... track as one pipeline stage."""
+
+    def __init__(self, model: nn.Module, device: torch.device, record_timeline: bool = False):
         self.model, self.device = model, device
+        self.record_timeline = record_timeline
+        self.events: list = []  # hybrid.pipeline.executor.TimelineEvent, the latest step's
 
     def forward_backward(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
-        for inputs, labels, *info in batches:  # info: a SequenceInfo with packed documents (hybrid/cp/data.py)
+        self.events = []
+        for mb, (inputs, labels, *info) in enumerate(batches):  # info: packed documents' SequenceInfo (hybrid/cp)
+            t0 = time.time()
             loss = self.model(inputs.to(self.device), labels.to(self.device), **seq_kwargs(info, self.device)) / len(batches)
+            t1 = time.time()
             loss.backward()
+            self._record(mb, t0, t1, time.time())
             total += loss.detach()
         return total
+
+    def _record(self, mb: int, t0: float, t1: float, t2: float) -> None:
+        """Forward ran t0..t1, backward t1..t2 (wall-clock seconds, as the executor's events)."""
+        if self.record_timeline:
+            from hybrid.pipeline.executor import TimelineEvent
+            self.events += [TimelineEvent("forward", mb, 0, t0, t1), TimelineEvent("backward", mb, 0, t1, t2)]
 
 
 class ForwardBackward(Protocol):

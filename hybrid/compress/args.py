@@ -134,6 +134,25 @@ def _deepspeed_freeze(args: argparse.Namespace) -> int | None:
     return None if ds is None else ds.freeze_step
 
 
+def _onebit_conflicts(args: argparse.Namespace, powersgd_rank: int) -> list[str]:
+    """What 1-bit Adam does not run with among the flags given, each as its refusal and fix, all of them."""
+    from hybrid.compress.reduction import CLIP_REFUSED
+    stage, found = getattr(args, "zero_stage", 0), []
+    if stage == 3:
+        found.append("--optimizer onebit-adam does not run with --zero-stage 3 (each worker compresses its whole "
+                     "momentum, which stage 3 never holds); use --zero-stage 0, 1 or 2")
+    if stage in (1, 2) and getattr(args, "clip_grad", 0.0) > 0:
+        found.append(CLIP_REFUSED)
+    if powersgd_rank:
+        found.append("--optimizer onebit-adam and --powersgd-rank are exclusive (both compress the DP traffic); "
+                     "drop one")
+    for flag, on in (("--fp16", getattr(args, "fp16", False)),
+                     ("--offload-optimizer", getattr(args, "offload_optimizer", False))):
+        if on:
+            found.append(f"--optimizer onebit-adam does not run with {flag}; drop {flag}")
+    return found
+
+
 def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
     """1-bit Adam's flags (or a DeepSpeed config's OneBitAdam, which sets them): the freeze step, or None for
     AdamW. What it does not run with is refused by name."""
@@ -152,18 +171,7 @@ def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
     freeze = args.onebit_freeze_iters
     if isinstance(freeze, bool) or not isinstance(freeze, int) or freeze < 1:
         raise ValueError(f"--onebit-freeze-iters must be a positive integer (Adam warm-up steps), got {freeze!r}")
-    stage = getattr(args, "zero_stage", 0)
-    if stage == 3:
-        raise ValueError("--optimizer onebit-adam does not run with --zero-stage 3 (each worker compresses its whole "
-                         "momentum, which stage 3 never holds); use --zero-stage 0, 1 or 2")
-    if stage in (1, 2) and getattr(args, "clip_grad", 0.0) > 0:
-        from hybrid.compress.reduction import CLIP_REFUSED
-        raise ValueError(CLIP_REFUSED)
-    if powersgd_rank:
-        raise ValueError("--optimizer onebit-adam and --powersgd-rank are exclusive (both compress the DP traffic); "
-                         "drop one")
-    for flag, on in (("--fp16", getattr(args, "fp16", False)), ("--offload-optimizer",
-                                                                 getattr(args, "offload_optimizer", False))):
-        if on:
-            raise ValueError(f"--optimizer onebit-adam does not run with {flag}; drop {flag}")
+    conflicts = _onebit_conflicts(args, powersgd_rank)
+    if conflicts:  # every one in the one line: a user fixing the first must not meet the next on the second try
+        raise ValueError("; also ".join(conflicts))
     return freeze

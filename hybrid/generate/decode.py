@@ -317,8 +317,10 @@ def prompt_ids(args: argparse.Namespace, cfg, codec: TextCodec) -> torch.Tensor:
             raise ValueError(f"--prompt-ids {args.prompt_ids!r}: give comma-separated token ids, e.g. 1,2,3") from None
     else:
         ids = codec.encode(args.prompt)
+    if not ids:  # --prompt "" ("0 tokens, 0 outside the vocabulary" named no cause); --prompt-ids '' fails its parse
+        raise ValueError("--prompt is empty (0 tokens); give a prompt of at least one token")
     bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
-    if not ids or bad:
+    if bad:
         raise ValueError(f"prompt: {len(ids)} tokens, {len(bad)} outside the vocabulary [0, {cfg.vocab_size}); "
                          f"give a non-empty --prompt or --prompt-ids below {cfg.vocab_size}")
     if len(ids) >= cfg.max_position_embeddings:

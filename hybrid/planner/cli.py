@@ -50,6 +50,7 @@ from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
 MAX_GPUS = 2**20  # a million devices: beyond any cluster, and the search stays seconds long
 DEFAULT_GPU = GpuKind.A100_80G.value  # --gpu without --hardware
+TOP = 5  # --top's default; None when not given, so --scan-gpus (the best layout per count) can refuse an explicit one
 # the slow-link table's method flags and their values when not given (None on the parser: given or not is known)
 SLOW_LINK_DEFAULTS = {"powersgd_rank": 4, "diloco_inner_steps": 100, "diloco_fragments": 4,
                       "diloco_fragment_sync_delay": 0}
@@ -194,7 +195,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the table's Streaming DiLoCo overlap: each fragment's sync runs under TAU inner steps (0 <= "
                         "TAU < H/K; 0: it blocks)")
     g = p.add_argument_group("output")
-    g.add_argument("--top", type=positive_int, metavar="N", default=5, help="layouts to show")
+    g.add_argument("--top", type=positive_int, metavar="N", default=None,
+                   help=f"layouts to show; None: {TOP} (with --scan-gpus: refused, one row per count)")
     g.add_argument("--json", action="store_true", help="machine-readable output (each plan's step terms included)")
     g.add_argument("--explain", action="store_true",
                    help="after the table, the best layout's step taken apart: compute, memory-bound ops, launches, "
@@ -248,7 +250,7 @@ def run(args: argparse.Namespace) -> None:
     if args.context_parallel_size is not None:
         print(_plan_cp(args, work, cluster, space))
         return
-    result = search(work, cluster, space, top=args.top, formula=formula, budget=args.sim_budget)
+    result = search(work, cluster, space, top=args.top or TOP, formula=formula, budget=args.sim_budget)
     if not result.plans:
         raise ValueError(_nothing_fits(work, cluster, result, args.show_rejected))
     emitted = accepted_train_args(work, result.plans, args) if args.emit_args else None
@@ -315,12 +317,23 @@ def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: 
     """The CP search (hybrid/planner/context.py's search_cp) over the sizes and comm types asked for."""
     comms = (CommType(args.cp_comm_type),) if args.cp_comm_type else tuple(CommType)
     plans = context.search_cp(work, cluster, space, cps=context.parse_sizes(args.context_parallel_size),
-                              comms=comms, top=args.top)
+                              comms=comms, top=args.top or TOP)
     if not plans:
         raise ValueError(f"no layout fits at --context-parallel-size {args.context_parallel_size} (a size must "
                          f"divide --gpus and half the --seq-length; a2a the kv-heads of a TP rank); try other sizes "
                          f"or more GPUs")
     return context.report(work, cluster, plans)
+
+
+def _check_plot_format(path: str, formats: dict[str, str]) -> None:
+    """savefig picks the format by the name's extension; the file is written under a temporary name (atomic_output)
+    whose extension is the same, so a name without one (or with one matplotlib does not write) would fail after
+    the search, naming the temporary's random suffix as the format."""
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if ext not in formats:
+        got = f"extension .{ext}" if ext else "no extension"
+        raise ValueError(f"--plot {path!r} has {got}: matplotlib picks the image format by it; give e.g. "
+                         f"FILE.png (or .{', .'.join(sorted(f for f in formats if f in ('pdf', 'svg')))})")
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -330,9 +343,11 @@ def check_outputs(args: argparse.Namespace) -> None:
     if args.plot:
         check_output_file("--plot", args.plot)
         try:
-            import matplotlib  # noqa: F401
+            import matplotlib  # noqa: F401  (first: the package itself missing is the ImportError named below)
+            from matplotlib.backend_bases import FigureCanvasBase
         except ImportError:
             raise ValueError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
+        _check_plot_format(args.plot, FigureCanvasBase.get_supported_filetypes())
     if args.emit_args and args.gradient_accumulation_fusion:
         raise ValueError("--gradient-accumulation-fusion: train.py's eager runtime adds each micro-batch's gradients "
                          "in a pass of its own; drop the flag with --emit-args")
@@ -363,7 +378,7 @@ def _check_output_modes(args: argparse.Namespace) -> None:
                          f"{'--emit-args' if args.emit_args else '--json'}")
     if args.scan_gpus:
         for flag, on in (("--gpus", args.gpus is not None), ("--emit-args", args.emit_args),
-                         ("--explain", args.explain), ("--plot", args.plot)):
+                         ("--explain", args.explain), ("--plot", args.plot), ("--top", args.top is not None)):
             if on:
                 raise ValueError(f"{flag} does not run with --scan-gpus (one row, the best layout, per GPU count); "
                                  f"drop one of them")
@@ -429,6 +444,11 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
     seq = args.seq_length or min(2048, model.max_position_embeddings)
     if not model.num_experts and args.expert_model_parallel_size is not None:
         raise ValueError("--expert-model-parallel-size: the model has no experts (a dense model); drop the flag")
+    cps = context.parse_sizes(args.context_parallel_size) if args.context_parallel_size is not None else []
+    if model.num_experts and any(cp > 1 for cp in cps):  # train.py refuses them (hybrid/moe/args.py): never rank them
+        raise ValueError(f"--context-parallel-size {args.context_parallel_size}: train.py does not run context "
+                         f"parallelism with an MoE model (the balancing loss's counts would need the TP x CP group); "
+                         f"drop the flag (the plain search: TP, EP, DP and PP)")
     if model.arch == ARCH_GPT2 and seq > model.max_position_embeddings:
         raise ValueError(f"--seq-length {seq} exceeds the model's {model.max_position_embeddings} learned "
                          f"positions; use at most {model.max_position_embeddings}")

@@ -57,7 +57,7 @@ def build_runner(run: RunConfig, mesh: Mesh, tp: TPContext):
         for chunk in model:
             load_hf_checkpoint(chunk, setup.init_weights, mesh.tp.rank)
     if dims.pp == 1 and plan.v == 1:
-        return model, LocalForwardBackward(model[0], mesh.device)
+        return model, LocalForwardBackward(model[0], mesh.device, record_timeline=bool(run.training.timeline))
     seq = batch.seq_length // dims.cp // (dims.tp if run.parallel.sequence_parallel else 1)  # CP: T/cp tokens a rank
     schedule = build_schedule(plan.kind, dims.pp, batch.num_micro_batches, plan.v)[mesh.coords.pp]
     io = StageIO((batch.micro_batch, seq, cfg.hidden_size), run.zero.precision.dtype)  # activations in compute dtype
@@ -181,8 +181,10 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     metrics.write_eval(last, run_evaluations(run.data, model, runner, mesh, data, batch, optimizer, last, final=True,
                                             sharding=sharding, train_iters=train_iters))
     metrics.close()
-    if run.training.timeline:
+    if run.training.timeline and last > start:
         save_timeline(run.training.timeline, runner, mesh, plan)
+    elif run.training.timeline:  # a finished run started again: its trace would be empty, and replace the last one
+        log0(mesh, f"timeline: {run.training.timeline} not written (no step ran; a file there is left as it was)")
     log0(mesh, f"done: final lm loss {loss:.4f}" if last > start else  # no step ran: no loss to report, not NaN
          f"done: no iteration to train (the checkpoint is at iteration {start}, --train-iters {train_iters})")
 
