@@ -166,9 +166,34 @@ def hf_model(tmp_path_factory) -> str:
 COMMANDS = documented_commands()
 
 
+# commands whose printed output the page quotes: after the run, the lines `rows` matches (re.match) must be
+# `count` and each must be a line of the page (docs/planner.md's example tables had drifted from what `hybrid plan`
+# prints). Checked on this file's own run of the command, not by a second search of it in another test (~3 s of
+# CPU each); tests/test_planner_docs_examples.py checks the page's other quoted outputs (the 405B error line,
+# the worked example's TFLOP/s), which no documented command prints.
+PRINTED_ON_THE_PAGE = {
+    "hybrid plan --model llama-3-70b --gpus 64 --gpu h100-80g --global-batch-size 512 --seq-length 4096":
+        (r" +\d+  tp|best:|searched", 7),  # the Llama-3-70B table on 64 H100: its 5 rows, best and searched
+    "hybrid plan --model llama-3-8b --global-batch-size 512 --seq-length 4096 --gpu h100-80g --scan-gpus 8,64,512":
+        (r" +\d+  tp", 3),  # the Llama-3-8B scan: one row for each GPU count
+}
+
+
 def test_the_docs_hold_the_commands_this_test_runs():
     assert len(COMMANDS) >= 8, COMMANDS  # README's quick start and "Using it" at least
     assert any("--zero-stage 3 --offload-optimizer --offload-params --bf16" in c for _, c in COMMANDS)
+    documented = {(w, p) for w, c in COMMANDS for p in _pieces(c)}
+    assert {("docs/planner.md", c) for c in PRINTED_ON_THE_PAGE} <= documented, "an output check lost its command"
+
+
+def _check_printed_rows(where: str, part: str, stdout: str) -> None:
+    """The rows PRINTED_ON_THE_PAGE picks from the command's output are lines of the page it is documented on."""
+    rows_pattern, count = PRINTED_ON_THE_PAGE[part]
+    page = open(os.path.join(ROOT, where)).read()
+    rows = [line for line in stdout.splitlines() if re.match(rows_pattern, line)]
+    assert len(rows) == count, stdout[-3000:]
+    for line in rows:
+        assert line in page, f"{where}: `{part}` now prints a row the page does not hold:\n{line}"
 
 
 RAN: set[tuple] = set()  # the flag combinations of the train.py commands run so far
@@ -226,6 +251,8 @@ def test_documented_command_runs(where, command, hf_model, workdir, monkeypatch)
             continue
         out = _execute(argv, workdir)
         assert out.returncode == 0, f"{where}: {part}\n{out.stdout[-1500:]}\n{out.stderr[-3000:]}"
+        if part in PRINTED_ON_THE_PAGE:
+            _check_printed_rows(where, part, out.stdout)
         if trains:
             assert "done: final lm loss" in out.stdout, out.stdout[-1500:]
             RAN.add(_flag_combination(argv))

@@ -1,8 +1,8 @@
-"""docs/planner.md's example outputs are what `hybrid plan` prints now: the Llama-3-70B table on 64 H100, the
-Llama-3-8B scan, the 405B-on-8-GPUs error and the 39.1B worked example's throughput. (tests/test_docs_commands.py
-runs every documented command; this checks the printed numbers the page quotes, which had drifted: the 405B
-line's rejection count and the worked example's TFLOP/s were from before selective-op and the whole-layer model.)
-Each search takes 10-60 s on the 2-core machine: slow tier."""
+"""docs/planner.md's example outputs are what `hybrid plan` prints now: the 405B-on-8-GPUs error and the 39.1B
+worked example's throughput, which had drifted (the 405B line's rejection count and the worked example's TFLOP/s
+were from before selective-op and the whole-layer model). The Llama-3-70B table on 64 H100 and the Llama-3-8B scan
+are documented commands: tests/test_docs_commands.py runs them as written and checks their printed rows against
+the page (PRINTED_ON_THE_PAGE) on that one run, not a second search here. A search takes ~3 s of CPU: slow tier."""
 
 from __future__ import annotations
 
@@ -26,27 +26,6 @@ def _plan(capsys, command: str) -> tuple[int, str, str]:
 
 def _squash(text: str) -> str:
     return re.sub(r"\s+", " ", text)
-
-
-def test_llama3_70b_table_is_the_documented_one(capsys):
-    code, out, _ = _plan(capsys, "hybrid plan --model llama-3-70b --gpus 64 --gpu h100-80g --global-batch-size 512 "
-                                 "--seq-length 4096")
-    assert code == 0
-    rows = [line for line in out.splitlines()
-            if re.match(r"^ +\d+  tp", line) or line.startswith(("best:", "searched"))]
-    assert len(rows) == 7
-    for line in rows:
-        assert line in DOCS
-
-
-def test_llama3_8b_scan_is_the_documented_one(capsys):
-    code, out, _ = _plan(capsys, "hybrid plan --model llama-3-8b --global-batch-size 512 --seq-length 4096 "
-                                 "--gpu h100-80g --scan-gpus 8,64,512")
-    assert code == 0
-    rows = [line for line in out.splitlines() if re.match(r"^ +\d+  tp", line)]
-    assert len(rows) == 3
-    for line in rows:
-        assert line in DOCS
 
 
 def test_llama3_405b_on_8_gpus_error_is_the_documented_line(capsys):
