@@ -9,9 +9,7 @@
    (`planner: predicted X s/step ...`, hybrid/metrics/split.py) and the measured step times every log interval
    (`step time ms p50/p90/max`).
 3. The measured median is the median of the logged p50s after the first interval (warm-up); the error is
-   predicted / measured - 1, and the per-interval p50s' range gives its spread. The report also says what the
-   planner's list schedule of the 8 ranks on the cores made of the step (hybrid/planner/cores.py): the cores it
-   shared (the profile's busy_units), all ranks' CPU seconds it laid out and the core-seconds it left idle. The load average before and after goes in the report: on a loaded machine the
+   predicted / measured - 1. The load average before and after goes in the report: on a loaded machine the
    number says nothing about the planner (the acceptance asks for a quiet machine).
 
 `--account DIR` is item (1)'s accounting instead of the timing: each rank runs train.py with the op trail's phase
@@ -157,20 +155,9 @@ def planned_cpu(profile: str) -> dict[str, float]:
     times = stage_times(work, cluster, lay)[0]
     m, replicas = work.num_microbatches(lay), lay.tp * lay.dp
     cores = cluster.hw.compute_units or 1
-    shared = t.cores  # the list schedule of the 8 ranks on the cores (hybrid/planner/cores.py)
     return {"compute": replicas * m * sum(times.rank_compute),
             "comm": replicas * sum(comm_cpu_seconds(work, cluster, lay, r) for r in range(lay.pp)),
-            "optimizer": t.optimizer * cores, "step": t.total, "makespan": t.run.makespan, "cores": cores,
-            "units": shared.units if shared else None, "idle": shared.idle if shared else None,
-            "cpu": sum(shared.cpu) if shared else None}
-
-
-def list_schedule_line(plan: dict) -> str:
-    """What the list schedule made of the step: its cores, the CPU it laid out and the core-seconds left idle."""
-    if plan["units"] is None:
-        return "no list schedule (ranks do not share cores in this profile): the step is max(makespan, CPU bound)"
-    return (f"list schedule: {plan['cpu']:.4g} CPU s of all ranks on {plan['units']:.3g} cores (busy_units), "
-            f"{plan['idle']:.3g} core-s idle -> {plan['step']:.4g} s")
+            "optimizer": t.optimizer * cores, "step": t.total, "makespan": t.run.makespan, "cores": cores}
 
 
 def account_table(rows: list[dict], cores: int) -> list[str]:
@@ -262,10 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     predicted, p50s = parse(log)
     if predicted is None or len(p50s) < 2:
         raise SystemExit(f"no prediction or too few step-time lines in train.py's log:\n{log[-3000:]}")
-    kept = p50s[1:]  # the first interval is warm-up
-    measured = statistics.median(kept)
+    measured = statistics.median(p50s[1:])  # the first interval is warm-up
     error = predicted / measured - 1
-    spread = f"{min(kept):.4g}-{max(kept):.4g} s ({100 * (max(kept) - min(kept)) / measured:.0f} % of the median)"
     lines = ["# The planner on the main job (tp 2 x pp 2 x dp 2, tiny-gpt2, 8 gloo ranks)", "",
              f"- date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {load_before:.2f} before, "
              f"{os.getloadavg()[0]:.2f} after; {os.cpu_count()} CPUs; {iters} iterations ({wall:.0f} s)"
@@ -275,10 +260,7 @@ def main(argv: list[str] | None = None) -> int:
              "", f"planner: makespan {plan['makespan']:.4g} s; the node's CPU a step / {plan['cores']} cores "
              f"{sum(plan[k] for k in ('compute', 'comm', 'optimizer')) / plan['cores']:.4g} s (compute "
              f"{plan['compute']:.4g}, collectives and messages {plan['comm']:.4g}, optimizer {plan['optimizer']:.4g} "
-             "CPU s; `--account DIR` measures the same)", "",
-             f"per-interval p50s after the first: {spread}; errors against them "
-             f"{100 * (predicted / max(kept) - 1):+.1f} to {100 * (predicted / min(kept) - 1):+.1f} %", "",
-             list_schedule_line(plan)]
+             "CPU s; `--account DIR` measures the same)"]
     return _emit(lines, args.out)
 
 

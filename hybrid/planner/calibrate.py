@@ -666,8 +666,7 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     curve = hw.with_overrides(peak_tflops=peaks[probe.dtype], gemm_overhead_s=overheads[probe.dtype])
     layers = [tuple(x) for x in per_rank[0]["layer_seconds"]]
     if cores and cfg.ranks > 1:  # gloo's CPU per collective call, message and byte (the shared-compute bound)
-        hw = hw.with_overrides(**fit_comm_cpu([r.get("comm_cpu") for r in per_rank]),
-                               busy_units=busy_units(together, alone, cfg.ranks, cores))
+        hw = hw.with_overrides(**fit_comm_cpu([r.get("comm_cpu") for r in per_rank]))
     if per_rank[0].get("skew"):  # a core per rank: what a collective waits for its ranks after compute
         hw = hw.with_overrides(**fit_skew(per_rank[0]["skew"], node["intra_latency_s"]))
     if cores:  # a CPU: a rate and a cost per layer pass (Python, the dispatcher, autograd), both shapes solved
@@ -707,14 +706,6 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                          "fields": ["inter_node_gbps", "inter_latency_s", "pcie_gbps", "host_memory_gb",
                                     "cpu_adam_params_per_s"] + (sorted(node) if cfg.ranks == 1 else [])},
     }
-
-
-def busy_units(together: dict, alone: dict, ranks: int, cores: int) -> float:
-    """Hardware.busy_units: the cores' throughput with every rank busy, in solo ranks' worth -- the fp32 matmul
-    rate per rank with all `ranks` at once x ranks / one rank's rate alone (the CPU probes' dtype), at most
-    `cores`. Quiet, on round 8's 2-vCPU VM: 1.73-1.79 (two busy vCPUs share a physical core's resources); on a
-    loaded machine it also counts the other jobs' share, which the step then loses too."""
-    return min(float(cores), ranks * together["fp32"] / alone["fp32"])
 
 
 def node_fields(all_reduces: list[dict], ranks: int, base: Hardware) -> dict:
@@ -778,7 +769,6 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
     _refuse_unknown(path, "matmul_tflops.", matmul, DTYPES)
     for dtype, rate in matmul.items():
         _check_field(path, f"matmul_tflops.{dtype}", rate, where="")
-    fields_ = _with_busy_units(fields_, profile)
     try:
         hw = Hardware(**{k: v for k, v in fields_.items() if k in known})
     except (TypeError, ValueError) as e:
@@ -790,19 +780,6 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
             _check_field(path, "gemm_overhead_s", t0, where="matmul_overhead_s.")
         hw = hw.with_overrides(peak_tflops=matmul["fp32"], gemm_overhead_s=t0)
     return hw
-
-
-def _with_busy_units(fields_: dict, profile: dict) -> dict:
-    """A gloo profile written before busy_units (round 9) has its two matmul rates and rank count: derive it."""
-    together, alone = profile.get("matmul_tflops_all_ranks_at_once"), profile.get("matmul_tflops_one_rank_alone")
-    ranks = (profile.get("measured") or {}).get("ranks") if isinstance(profile.get("measured"), dict) else None
-    cores = fields_.get("compute_units")
-    if "busy_units" in fields_ or not isinstance(cores, int) or not isinstance(ranks, int) or ranks < 2:
-        return fields_
-    try:
-        return fields_ | {"busy_units": busy_units(together, alone, ranks, cores)}
-    except (TypeError, KeyError, ZeroDivisionError):  # rates missing or ill-typed: plan on compute_units
-        return fields_
 
 
 def _refuse_unknown(path: str, where: str, given: dict, known) -> None:
@@ -827,8 +804,8 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
             raise ValueError(f"--hardware {path}: {where}flash_rates must be a --gpu name or null, got "
                              f"{json.dumps(value)}")
         return
-    nullable = ("compute_units", "busy_units", "memory_bytes", "elementwise_tbps", "flash_efficiency", "fp8_tflops",
-                "inter_dc_gbps", "inter_dc_latency_s")
+    nullable = ("compute_units", "memory_bytes", "elementwise_tbps", "flash_efficiency", "fp8_tflops", "inter_dc_gbps",
+                "inter_dc_latency_s")
     if name in nullable and value is None:
         return
     if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",

@@ -320,10 +320,6 @@ class Hardware:
             gloo rank per device and one thread per rank); None when each device computes on its own (GPUs).
             With more devices than units, `peak_tflops` is one device's rate while the others idle, and the
             node's devices together compute at most compute_units x that (time.py: the shared-compute bound).
-        busy_units: with shared compute units, what they deliver with every device busy, in solo devices' worth:
-            `hybrid calibrate`'s matmul rate per rank with all ranks at once x ranks / one rank's rate alone (the
-            quiet 2-vCPU VM of round 8: 1.73-1.79, not 2 -- two busy vCPUs run slower than one); the cores the
-            list schedule shares (cores.py, time.core_units: at most compute_units). None: compute_units.
         collective_cpu_s, p2p_cpu_s, comm_cpu_s_per_byte: with shared compute units (a CPU, gloo), the CPU
             seconds a rank's process burns per 2-rank all-reduce call, per point-to-point message (a send or a
             receive), and per wire byte (`hybrid calibrate`'s pair probe): copying, reducing and gloo's threads.
@@ -383,7 +379,6 @@ class Hardware:
     comm_cpu_s_per_byte: float = 0.0
     collective_skew_s: float = 0.0
     collective_skew_per_s: float = 0.0
-    busy_units: float | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
@@ -423,8 +418,6 @@ class Hardware:
             raise ValueError(f"eager_clock must be in (0, 1], got {self.eager_clock}")
         if self.compute_units is not None and (not isinstance(self.compute_units, int) or self.compute_units < 1):
             raise ValueError(f"compute_units must be a positive integer or None, got {self.compute_units!r}")
-        if self.busy_units is not None and not 0 < self.busy_units < math.inf:
-            raise ValueError(f"busy_units must be a finite number > 0 or None, got {self.busy_units!r}")
 
     def shared_compute_factor(self, devices_per_node: int) -> float:
         """How many times longer all devices of a node take to compute together than one alone: devices /

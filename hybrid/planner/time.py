@@ -66,8 +66,8 @@ import enum
 import math
 from dataclasses import dataclass, replace
 
-from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds,
-                                     p2p_seconds, sync_wait_seconds, wire_bytes)
+from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds,
+                                     sync_wait_seconds, wire_bytes)
 from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, ZeroStage, dp_placement,
                                    pipeline_crosses_nodes, stage_layers, tp_placement)
 from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
@@ -78,7 +78,6 @@ from hybrid.planner.ops import KernelProfile, Traffic, embedding_ops, fp8_casts,
 
 MLP_ACTIVATIONS = ("gelu", "swiglu")  # ops.layer_ops' names of the op whose output the down projection reads
 from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline
-from hybrid.planner.cores import CoreRun, Grid, StepCosts, Work, share_cores, step_programs
 
 
 
@@ -152,9 +151,6 @@ class StepTime:
         other: tied-embedding and SP partial-gradient all-reduces.
         bubble_fraction: idle share of the pipeline, from the simulation.
         run: the simulation summary.
-        terms: the parts of `total` by kind (TERMS), for `hybrid plan --explain`.
-        cores: ranks sharing a CPU's cores (time.shares_cores): the list schedule of every rank's phases that
-            gave `total` (cores.py); None elsewhere. `bubble` then holds what sharing the cores adds or saves.
     """
 
     total: float
@@ -169,7 +165,6 @@ class StepTime:
     bubble_fraction: float
     run: PipelineRun
     terms: tuple[tuple[str, float], ...] = ()
-    cores: CoreRun | None = None
 
     def term(self, name: str) -> float:
         return dict(self.terms)[name]
@@ -188,8 +183,7 @@ TERMS = (("gemm", "matmuls on the GEMM curve (recomputed ones included)"),
          ("dp_in_passes", "ZeRO 2/3 gathers / reduce-scatters not hidden under compute"),
          ("overlap", "compute slowed by the ZeRO 2/3 collectives hidden under it: (1 - 1/overlap_slowdown) x their "
                      "seconds (NCCL's CTAs take SMs and HBM bandwidth; hardware.OVERLAP_SLOWDOWN)"),
-         ("bubble", "pipeline idle time: fill, drain, imbalance, waits for messages (simulated); with ranks "
-                    "sharing a CPU's cores, the step's list schedule less the other terms (cores.py)"),
+         ("bubble", "pipeline idle time: fill, drain, imbalance, waits for messages (simulated)"),
          ("dp_exposed", "DP / ZeRO gradient sync after the last backward, and the ZeRO 1-2 parameter all-gather "
                         "the next forward does not hide (all of it without --overlap-param-gather)"),
          ("optimizer", "the optimizer step: its passes over the states and its launches (or offload)"),
@@ -506,7 +500,6 @@ class _StageCost:
     parts: Pass = Pass()  # the compute by kind of work, forward + backward
     lost: float = 0.0  # compute seconds the hidden collectives slow it by (Hardware.overlap_slowdown)
     wait: float = 0.0  # of comm: the TP collectives' waits for their ranks to meet (sync_wait_seconds)
-    forward_compute: float = 0.0  # of compute: the forward's
 
 
 def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bool,
@@ -576,7 +569,7 @@ def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> 
             + b - _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send)[0])
     parts = (cost.forward + cost.backward).scaled(n) + edge.forward + edge.backward
     return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden,
-                      parts=parts, lost=lost, wait=n * cost.wait + edge.wait, forward_compute=f_comp)
+                      parts=parts, lost=lost, wait=n * cost.wait + edge.wait)
 
 
 def _pp_send_on_dp_link(ctx: _Context) -> float:
@@ -774,15 +767,11 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     dp = _dp_step_seconds(ctx, psi, first_forward, last_backward)
     opt = _optimizer_seconds(ctx, psi) * cluster.hw.shared_compute_factor(_devices_per_node(cluster))
     other = _other_seconds(ctx)
-    cores = core_step(work, cluster, layout) if shares_cores(work, cluster, layout) else None
-    if cores is not None:  # ranks sharing cores: the list schedule is the whole step (its tail included)
-        pipeline = cores.makespan - dp - opt - other
-    else:
-        comm_cpu = sum(comm_cpu_seconds(work, cluster, layout, r) for r in range(layout.pp))
-        bound = shared_compute_bound(cluster, layout, run, m, times, comm_cpu)
-        if comm_cpu:  # the bound holds the DP / embedding syncs' CPU: the step is max(makespan + tail, bound + opt)
-            bound -= dp + other
-        pipeline = max(run.makespan, bound)
+    comm_cpu = sum(comm_cpu_seconds(work, cluster, layout, r) for r in range(layout.pp))
+    bound = shared_compute_bound(cluster, layout, run, m, times, comm_cpu)
+    if comm_cpu:  # the bound holds the DP / embedding syncs' CPU: the step is max(makespan + tail, bound + opt)
+        bound -= dp + other
+    pipeline = max(run.makespan, bound)
     p = st.parts.scaled(m)
     in_passes = m * (st.busy - st.compute - st.comm - st.p2p - st.lost)
     terms = (("gemm", p.gemm), ("attention", p.attention), ("memory_bound", p.memory), ("launches", p.launches),
@@ -791,8 +780,7 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
              ("bubble", pipeline - m * st.busy), ("dp_exposed", dp), ("optimizer", opt), ("other", other))
     return StepTime(total=pipeline + dp + opt + other, pipeline=pipeline, compute=m * compute,
                     tp_comm=m * tp_comm, pp_comm=times.comm, dp_comm=dp, overlapped_dp=m * hidden,
-                    optimizer=opt, other=other, bubble_fraction=run.bubble_fraction, run=run, terms=terms,
-                    cores=cores)
+                    optimizer=opt, other=other, bubble_fraction=run.bubble_fraction, run=run, terms=terms)
 
 
 def _devices_per_node(cluster: Cluster) -> int:
@@ -844,99 +832,10 @@ def comm_cpu_seconds(work: Workload, cluster: Cluster, layout: Layout, pp_rank: 
         if op in ("send", "recv"):
             total += calls * hw.p2p_cpu_s + nbytes * hw.comm_cpu_s_per_byte
             continue
-        total += calls * call_cpu_seconds(hw, Collective(op), nbytes / calls, n)
+        coll = Collective(op)
+        steps = 2 * (n - 1) if coll is Collective.ALL_REDUCE else n - 1
+        total += calls * hw.collective_cpu_s * steps / 2 + wire_bytes(coll, nbytes, n) * hw.comm_cpu_s_per_byte
     return total
-
-
-def call_cpu_seconds(hw: Hardware, op: Collective, nbytes: float, n: int) -> float:
-    """CPU seconds one rank burns in one gloo call of `nbytes` over `n` ranks: a ring all-reduce takes 2(n - 1)
-    steps (a pair's: 2), an all-gather / reduce-scatter n - 1, each step collective_cpu_s / 2, plus its wire
-    bytes at comm_cpu_s_per_byte (`hybrid calibrate`'s pair probe)."""
-    steps = 2 * (n - 1) if op is Collective.ALL_REDUCE else n - 1
-    return hw.collective_cpu_s * steps / 2 + wire_bytes(op, nbytes, n) * hw.comm_cpu_s_per_byte
-
-
-def shares_cores(work: Workload, cluster: Cluster, layout: Layout) -> bool:
-    """Is the step a list schedule of the ranks on shared cores (cores.py)? One node of a calibrated CPU with more
-    ranks than cores whose gloo CPU costs were measured (`collective_cpu_s`, `p2p_cpu_s`), on the paths the
-    programs lay out: dense models, no ZeRO 2/3 or offload (their in-pass collectives and transfers are not
-    laid out), no sequence parallelism. Elsewhere the step is max(makespan + tail, the shared-compute bound)
-    (a core per rank: the bound is 0 and the step the chain -- which the list schedule also gives there)."""
-    hw = cluster.hw
-    return (hw.shared_compute_factor(_devices_per_node(cluster)) != 1.0 and max(1, cluster.nodes) == 1
-            and bool(hw.collective_cpu_s or hw.p2p_cpu_s) and layout.zero < ZeroStage.GRADIENTS
-            and layout.offload is Offload.NONE and not layout.sequence_parallel and not work.model.num_experts)
-
-
-def core_units(hw: Hardware) -> float:
-    """The cores C the list schedule shares: `Hardware.busy_units` (what the cores deliver with every rank busy,
-    in solo ranks' worth: calibrate's all-at-once matmul rate x ranks / one rank's alone), at most compute_units."""
-    units = float(hw.compute_units or 1)
-    return min(hw.busy_units, units) if hw.busy_units else units
-
-
-def step_costs(work: Workload, cluster: Cluster, layout: Layout) -> StepCosts:
-    """The solo parts of one step that cores.step_programs lays out: per stage the forward's and backward's
-    compute (the stage costs without their TP collectives, `_StageCost`), each TP collective's CPU
-    (call_cpu_seconds over the TP group, from the stage's tp_ledger), a pipeline message's CPU at each end
-    (p2p_cpu_s + its bytes x comm_cpu_s_per_byte; its travel takes no core: delay 0), and each pipeline rank's
-    tail (`_tail`)."""
-    ctx = _context(work, cluster, layout)
-    lay, hw, b, s = layout, ctx.cluster.hw, layout.micro_batch, work.seq_length
-    layers = stage_layers(work.model, lay.pp, lay.v, s)
-    cost, last = _layer_cost(ctx), lay.pp * lay.v - 1
-    fwd, bwd, f_calls, b_calls = [], [], [], []
-    for stage, n in enumerate(layers):
-        c = _stage_cost(ctx, cost, n, stage == 0, stage == last)
-        fwd.append(c.forward_compute)
-        bwd.append(c.compute - c.forward_compute)
-        book = tp_ledger(ctx.shard, b, s, n, stage == 0, stage == last, lay.sequence_parallel, lay.recompute,
-                         work.precision.activation_bytes)
-        f_calls.append(_calls_cpu(hw, book["forward"], lay.tp))
-        b_calls.append(_calls_cpu(hw, book["backward"], lay.tp))
-    message = b * s * work.model.hidden_size * work.precision.activation_bytes
-    return StepCosts(tuple(fwd), tuple(bwd), tuple(f_calls), tuple(b_calls),
-                     message_cpu=hw.p2p_cpu_s + message * hw.comm_cpu_s_per_byte, message_delay=0.0,
-                     tail=tuple(_tail(ctx, r) for r in range(lay.pp)))
-
-
-def _calls_cpu(hw: Hardware, ledger: Ledger, n: int) -> tuple[float, ...]:
-    """Each call's CPU seconds of a ledger over a group of n ranks."""
-    out: list[float] = []
-    for key, entry in ledger.items():
-        calls = int(entry["calls"])
-        out += [call_cpu_seconds(hw, Collective(key.split("@")[0]), entry["bytes"] / calls, n)] * calls
-    return tuple(out)
-
-
-def _tail(ctx: _Context, pp_rank: int) -> tuple[tuple[str, float], ...]:
-    """Pipeline rank `pp_rank`'s step after its last backward, in train_step's order: the tied-embedding
-    all-reduce, the DP reduction (GradSync's bucket all-reduces, ZeRO 1's reduce-scatter), the NaN guard's world
-    sum (tp, pp, dp) and the clip norm's (tp, pp), the optimizer on its partition, ZeRO 1's all-gather, the
-    logged loss (pp, dp) -- STEP_SCALAR_ALL_REDUCES, 8 bytes each."""
-    work, lay, hw = ctx.work, ctx.layout, ctx.cluster.hw
-    sizes = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "embedding": 2}
-    ledger = step_ledger(work, lay, pp_rank)
-    before, after = [], []
-    for key, entry in ledger.items():
-        op, group = key.split("@")
-        if group not in ("dp", "embedding") or sizes[group] == 1:
-            continue
-        calls = int(entry["calls"])
-        call = (group, call_cpu_seconds(hw, Collective(op), entry["bytes"] / calls, sizes[group]))
-        (after if op == Collective.ALL_GATHER.value else before).extend([call] * calls)
-    before.sort(key=lambda c: c[0] != "embedding")  # the embedding's sum comes before the DP reduction
-    scalars = [(g, call_cpu_seconds(hw, Collective.ALL_REDUCE, 8, sizes[g])) for g in STEP_SCALAR_ALL_REDUCES]
-    optimizer = ("work", _optimizer_seconds(ctx, rank_parameters(work, lay)[pp_rank]))
-    return tuple(before + scalars[:5] + [optimizer] + after + scalars[5:])
-
-
-def core_step(work: Workload, cluster: Cluster, layout: Layout) -> CoreRun:
-    """One step of every rank's program (cores.step_programs) on the node's cores (cores.share_cores)."""
-    grid = Grid(tp=layout.tp, pp=layout.pp, dp=layout.dp)
-    programs = step_programs(layout.schedule, grid, work.num_microbatches(layout), layout.v,
-                             step_costs(work, cluster, layout))
-    return share_cores(programs, core_units(cluster.hw))
 
 
 def lower_bound_seconds(work: Workload, cluster: Cluster, layout: Layout) -> float:
@@ -960,16 +859,4 @@ def lower_bound_seconds(work: Workload, cluster: Cluster, layout: Layout) -> flo
         fill += times.forward[r] + times.backward[r] + 2 * times.comm
     psi = max(rank_parameters(work, layout))
     tail = _dp_step_seconds(ctx, psi, math.inf, math.inf) + _optimizer_seconds(ctx, psi)  # the least exposed
-    bound = busiest + tail + _other_seconds(ctx)
-    if shares_cores(work, cluster, layout):  # the list schedule prices collectives as CPU, not as the above
-        bound = min(bound, _core_work_bound(work, cluster, layout))
-    return bound
-
-
-def _core_work_bound(work: Workload, cluster: Cluster, layout: Layout) -> float:
-    """What the list schedule cannot undercut: the busiest rank's work alone, and all ranks' work on C cores."""
-    grid = Grid(tp=layout.tp, pp=layout.pp, dp=layout.dp)
-    programs = step_programs(layout.schedule, grid, work.num_microbatches(layout), layout.v,
-                             step_costs(work, cluster, layout))
-    cpu = [sum(p.cpu for p in prog if isinstance(p, Work)) for prog in programs]
-    return max(max(cpu), sum(cpu) / core_units(cluster.hw))
+    return busiest + tail + _other_seconds(ctx)
