@@ -23,6 +23,14 @@ from collections.abc import Callable, Iterator
 NAME = "cpu_adam"  # deepspeed.ops.op_builder.CPUAdamBuilder.NAME: the extension's build directory
 
 
+# DeepSpeed's JIT-compiled ops this project loads: CPU Adam (ZeRO offload's optimizer) and the shared-memory
+# collectives that deepspeed.initialize loads on CPU (deepspeed.comm.torch.build_shm_op) -- the DeepSpeed peers of
+# the benchmarks and of the checkpoint-conversion tests. Name (build directory) -> (op_builder class, what messages
+# call it).
+DEEPSPEED_OPS = {NAME: ("CPUAdamBuilder", "CPU Adam"),
+                 "deepspeed_shm_comm": ("ShareMemCommBuilder", "deepspeed_shm_comm")}
+
+
 class StaleBuildLock(RuntimeError):
     """torch's build lock of DeepSpeed's CPU Adam was left by a build that no longer runs."""
 
@@ -50,7 +58,7 @@ def check_stale_lock(directory: str, what: str = "CPU Adam") -> None:
         age = time.time() - os.path.getmtime(lock)
         raise StaleBuildLock(f"DeepSpeed's {what} build lock {lock} was left by a build that was killed "
                              f"{age / 60:.0f} min ago (no build holds it: torch would wait for it for ever); remove "
-                             f"it (rm {lock}) and run again" + (", or pass --cpu-adam torch" if what == "CPU Adam" else ""))
+                             f"it (rm {lock}) and run again")
 
 
 @contextlib.contextmanager
@@ -63,7 +71,7 @@ def cpu_adam_build(log: Callable[[str], None] = print, directory: str | None = N
     if _prebuilt(name):
         yield
         return
-    what = "CPU Adam" if name == NAME else name
+    what = DEEPSPEED_OPS[name][1]
     directory = directory or build_directory(name)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "hybrid.flock"), "a") as held:
@@ -82,11 +90,6 @@ def cpu_adam_build(log: Callable[[str], None] = print, directory: str | None = N
             fcntl.flock(held, fcntl.LOCK_UN)
 
 
-# DeepSpeed's JIT-compiled ops this project loads: CPU Adam (ZeRO offload's optimizer) and the shared-memory
-# collectives that deepspeed.initialize loads on CPU (deepspeed.comm.torch.build_shm_op) -- the DeepSpeed peers of
-# the benchmarks and of the checkpoint-conversion tests. Name (build directory) -> op_builder class.
-DEEPSPEED_OPS = {NAME: "CPUAdamBuilder", "deepspeed_shm_comm": "ShareMemCommBuilder"}
-
 
 def load_op(name: str, log: Callable[[str], None] = print) -> None:
     """Load (building if needed) the DeepSpeed op `name` of DEEPSPEED_OPS in this process, under hybrid's build
@@ -94,7 +97,7 @@ def load_op(name: str, log: Callable[[str], None] = print) -> None:
     deepspeed.initialize, never around it: initialize runs collectives, and a rank holding the lock there would
     wait for a peer that waits for the lock."""
     from deepspeed.ops import op_builder
-    builder = getattr(op_builder, DEEPSPEED_OPS[name])()
+    builder = getattr(op_builder, DEEPSPEED_OPS[name][0])()
     if not builder.is_compatible(verbose=False):
         return
     with cpu_adam_build(log, name=name):

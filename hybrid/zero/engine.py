@@ -907,11 +907,11 @@ def cpu_adamw(groups: list[dict], which: CpuAdam, lr: float, betas: tuple[float,
             from deepspeed.ops.adam import DeepSpeedCPUAdam
             with cpu_adam_build(lambda line: print(line, flush=True)):  # a first build says so; a stale lock is named
                 return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True), "deepspeed-cpu-adam"
-        except StaleBuildLock as e:
+        except StaleBuildLock as e:  # the lock's line, and this kernel's own way around it
             if which is CpuAdam.DEEPSPEED:
                 from hybrid.cliutil import fail
-                raise fail(f"train.py: error: {e}") from None
-            print(f"train.py: warning: {e}; using torch's fused AdamW meanwhile", flush=True)
+                raise fail(f"train.py: error: {e}, or pass --cpu-adam torch") from None
+            print(f"train.py: warning: {e}, or pass --cpu-adam torch; using torch's fused AdamW meanwhile", flush=True)
         except Exception as e:  # no compiler, no deepspeed: fall back, unless it was asked for by name
             if which is CpuAdam.DEEPSPEED:
                 raise RuntimeError(f"--cpu-adam deepspeed: DeepSpeedCPUAdam failed to build: {e}") from e
