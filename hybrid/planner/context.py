@@ -124,8 +124,8 @@ def layer_cost(work: Workload, cluster: Cluster, layout: Layout, cp: int, comm: 
             buffers = 4 * 2 * b * s * shard.kv_width * BF16  # memory as the ACCUMULATOR ring's (_torch_ring)
             f_bytes, b_bytes = torch_ring_merge_bytes(b * s * shard.q_width, kv_elements // 2, cp)
             merge = ((2 if recomputed else 1) * f_bytes + b_bytes) / hw.elementwise_bytes_per_s
-            return replace(_torch_ring(hw, group, kv_elements, cp, fwd, bwd, recomputed, attention),
-                           buffer_bytes=buffers, merge=merge)
+            transfer, exposed = _torch_ring(hw, group, kv_elements, cp, fwd, bwd, recomputed)
+            return CPCost(attention, transfer, exposed, buffers, merge)
         transfer, exposed, buffers = _ring(hw, group.spans_nodes, kv_elements, cp, fwd, bwd, recomputed, schedule)
         return CPCost(attention, transfer, exposed, buffers)
     if comm is CommType.A2A:
@@ -165,8 +165,8 @@ def _ring(hw, crosses: bool, kv_elements: int, cp: int, fwd: float, bwd: float, 
             2 * (2 * kv))  # backward's two buffers of K, V + dK, dV (one sent, one received)
 
 
-def _torch_ring(hw, group: GroupPlacement, kv_elements: int, cp: int, fwd: float, bwd: float, recomputed: bool,
-                attention: float) -> CPCost:
+def _torch_ring(hw, group: GroupPlacement, kv_elements: int, cp: int, fwd: float, bwd: float,
+                recomputed: bool) -> tuple[float, float]:
     """torch's context_parallel ring as torchtitan runs it (RingSchedule.TORCH_ALLGATHER; torch/distributed/tensor/
     experimental/_attention.py, `_templated_ring_attention` and its backward), one layer and micro-batch.
 
@@ -176,8 +176,8 @@ def _torch_ring(hw, group: GroupPlacement, kv_elements: int, cp: int, fwd: float
     c - 1 transfers of kv. Backward: the kv rotater gathers K, V again the same way (under the diagonal step's
     backward, `bwd`); the fp32 dK, dV accumulator (2 kv) goes to the next rank by an all-to-all permute after each of
     the c steps, waited after the next step's compute, and the last one after the loop: exposed.
-    Time only: the caller keeps the ACCUMULATOR ring's buffer bytes (4 kv of the kv heads); the gathered c kv and
-    the repeated heads' bytes are not on the memory side (docs/planner.md, round 9)."""
+    (transfer, exposed) seconds. Time only: the caller keeps the ACCUMULATOR ring's buffer bytes (4 kv of the kv
+    heads); the gathered c kv and the repeated heads' bytes are not on the memory side (docs/planner.md, round 9)."""
     kv = kv_elements * BF16
     gather = collective_seconds(hw, Collective.ALL_GATHER, cp * kv, group)
     acc = p2p_seconds(hw, kv_elements * 4, group.spans_nodes)  # the fp32 dK, dV of one step (permute_tensor)
@@ -185,7 +185,7 @@ def _torch_ring(hw, group: GroupPlacement, kv_elements: int, cp: int, fwd: float
     transfer = forwards * gather + gather + cp * acc
     exposed = (forwards * max(0.0, gather - fwd) + max(0.0, gather - bwd)
                + (cp - 1) * max(0.0, acc - bwd) + acc)
-    return CPCost(attention, transfer, exposed, 4 * kv)
+    return transfer, exposed
 
 
 def torch_ring_merge_bytes(x: int, y: int, cp: int) -> tuple[float, float]:
