@@ -408,6 +408,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     dims = ParallelDims.from_world(world, tp=ns.tensor_model_parallel_size, pp=ns.pipeline_model_parallel_size,
                                    cp=cp.size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
+    warnings = check_sequence_parallel(ns, dims.tp)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
     compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None,  # hybrid/compress
@@ -436,7 +437,20 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
         zero=zero, data=data, checkpoint=checkpoint, fault=fault, metrics=metrics, cp=cp, moe=moe, diloco=diloco,
         compress=compress,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
-        ds_unsupported=tuple(unsupported))
+        ds_unsupported=tuple(unsupported), warnings=warnings)
+
+
+def check_sequence_parallel(ns: argparse.Namespace, tp: int) -> tuple[str, ...]:
+    """--sequence-parallel splits norms and dropout over the TP group: at tp 1 there is no group to split over.
+    Megatron-LM's validate_args turns it off there with a warning ("Disabling sequence parallelism because tensor
+    model parallelism is disabled"); so do we, on the checks' copy, so the flags a checkpoint records say what ran.
+    Returns the start-up warnings (hybrid/train/main.py prints them once, on rank 0)."""
+    if not ns.sequence_parallel or tp > 1:
+        return ()
+    ns.sequence_parallel = False
+    return ("--sequence-parallel is off: it splits norms and dropout over the tensor-parallel group and "
+            "--tensor-model-parallel-size is 1 (Megatron-LM turns it off the same way); drop the flag, or raise "
+            "--tensor-model-parallel-size",)
 
 
 def _recorded(value) -> bool:

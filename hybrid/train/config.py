@@ -288,6 +288,8 @@ class RunConfig:
         flags: every flag's final value (dest -> int / float / str / bool / None, or a tuple of them: --data-path),
             as checkpoints record it.
         ds_unsupported: keys of --deepspeed-config that hybrid does not read (a warning at start-up).
+        warnings: what the checks turned off or changed, one line each, printed at start-up by rank 0 (e.g.
+            --sequence-parallel at --tensor-model-parallel-size 1, turned off as Megatron-LM does).
     """
 
     parallel: ParallelConfig
@@ -305,6 +307,7 @@ class RunConfig:
     compress: CompressConfig = field(default_factory=CompressConfig)
     flags: tuple[tuple[str, object], ...] = ()
     ds_unsupported: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     @property
     def flag_values(self) -> dict[str, object]:

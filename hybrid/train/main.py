@@ -35,9 +35,10 @@ def validate(argv: list[str] | None):
         check_launch(world)
     except ValueError as e:  # configure names a value the DeepSpeed config set by its JSON key
         raise fail(f"train.py: error: {e}") from None
-    if run.ds_unsupported and is_rank_zero():
-        print(f"train.py: warning: --deepspeed-config keys not supported, ignored: {', '.join(run.ds_unsupported)}",
-              file=sys.stderr, flush=True)
+    if is_rank_zero():
+        ignored = (f"--deepspeed-config keys not supported, ignored: {', '.join(run.ds_unsupported)}",)
+        for line in run.warnings + (ignored if run.ds_unsupported else ()):
+            print(f"train.py: warning: {line}", file=sys.stderr, flush=True)
     return run, world, corpus
 
 
