@@ -96,7 +96,7 @@ def test_split_is_megatrons_rounding_by_document_and_disjoint(tmp_path):
     assert docs[Split.TEST] <= set(range(190, 200)) and len(docs[Split.TRAIN]) > 150
 
 
-@pytest.mark.parametrize("text", ["1,2", "a,b,c", "1,2,3,4", "-1,2,3", "0,0,0"])
+@pytest.mark.parametrize("text", ["", "a,b,c", "1,2,3,4", "-1,2,3", "0,0,0", "0,0"])
 def test_bad_split_is_one_clear_error(text):
     with pytest.raises(ValueError, match="--split"):
         parse_split(text)

@@ -43,3 +43,96 @@ def test_sequence_parallel_warning_is_rank0s_alone_and_tp2_keeps_it(capsys, monk
     monkeypatch.setenv("RANK", "0")
     run = validate(["--sequence-parallel", "--seq-length", "32", "--tensor-model-parallel-size", "2"])[0]
     assert run.parallel.sequence_parallel is True and run.warnings == () and capsys.readouterr().err == ""
+
+
+# --- 2. --split with one or two numbers: megatron-core pads them with zeros -----------------------------------------
+@pytest.mark.parametrize("text, want", [("98,2", (0.98, 0.02, 0.0)), ("98, 2", (0.98, 0.02, 0.0)),
+                                        ("100", (1.0, 0.0, 0.0)), ("98/2", (0.98, 0.02, 0.0))])
+def test_split_of_one_or_two_numbers_is_padded_with_zeros_as_megatron(text, want):
+    """'--split 98,2' (a Megatron-LM command line: parse_and_normalize_split pads it to 98,2,0) was refused."""
+    from hybrid.data.gpt import parse_split
+    assert parse_split(text) == pytest.approx(want, abs=0, rel=1e-15)
+    assert parse_split(text) == parse_split({"100": "100,0,0"}.get(text, "98,2,0"))
+
+
+@pytest.mark.parametrize("text", ["1,2,3,4", "0", "0,0", ","])
+def test_split_of_four_numbers_or_no_share_stays_one_line(text, one_line):
+    line = one_line(lambda: validate(["--split", text]))
+    assert line.startswith(f"train.py: error: --split {text!r}: give "), line
+    assert "969,30,1" in line
+
+
+def test_split_98_2_through_train_py_has_no_test_split(monkeypatch):
+    run = validate(["--split", "98,2"])[0]
+    assert run.data.split == pytest.approx((0.98, 0.02, 0.0))
+
+
+# --- 3. --pipeline-layers-per-stage with --pipeline-partition balanced: the second was ignored ----------------------
+def test_layers_per_stage_beside_balanced_partition_is_one_line(one_line, monkeypatch):
+    """train.py took both and cut 1,3 by hand, silently dropping the balanced split (hybrid convert refused it)."""
+    _world(monkeypatch, 2)
+    line = one_line(lambda: validate(["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "1,3",
+                                      "--pipeline-partition", "balanced"]))
+    assert line == ("train.py: error: --pipeline-layers-per-stage fixes the split, so --pipeline-partition balanced "
+                    "cannot apply; drop one of the two")
+    stages = validate(["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "1,3"])[0]
+    assert stages.parallel.pipeline.stages == [(0,), (1, 2, 3)]
+
+
+# --- 4. --load of a checkpoint with a truncated or missing data file: named before any process group --------------
+def _checkpoint(root, iteration: int, sizes: dict[str, int]) -> str:
+    """A complete checkpoint's directory by its manifest: files of the given sizes (and the small ones), the
+    manifest's bytes each."""
+    import json
+    import os
+
+    from hybrid.checkpoint import store
+    d = store.final_path(str(root), iteration)
+    os.makedirs(d)
+    files = {}
+    for name, size in dict(sizes, **{".metadata": 10, "state.json": 2}).items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(b"\0" * size)
+        files[name] = {"bytes": size, "sha256": "0" * 64}
+    with open(os.path.join(d, store.MANIFEST), "w") as f:
+        json.dump({"format": store.FORMAT, "files": files}, f)
+    return d
+
+
+@pytest.fixture
+def small_files_pass(monkeypatch):
+    """The small files' checks (manifest, state.json, DCP's .metadata: tests/test_trust.py) pass: these tests are of
+    the data files' sizes, checked beside them."""
+    from hybrid.checkpoint import safe_read, store
+    monkeypatch.setattr(safe_read, "check_checkpoint", lambda d: "meta")
+    monkeypatch.setattr(store, "read_state", lambda d: {"iteration": int(d.rsplit("_", 1)[-1])})
+
+
+def test_a_truncated_data_file_of_the_only_checkpoint_is_named_before_start_up(tmp_path, small_files_pass):
+    """It passed the checks (only the small files were read), the run started its process group, then the
+    checksums failed: a warning and an error after start-up. A stat per file finds it first."""
+    import os
+
+    from hybrid.checkpoint.args import _resume_candidate
+    d = _checkpoint(tmp_path, 2, {"__0_0.distcp": 100})
+    with open(os.path.join(d, "__0_0.distcp"), "r+b") as f:
+        f.truncate(40)
+    with pytest.raises(ValueError) as e:
+        _resume_candidate(str(tmp_path), None)
+    assert str(e.value) == (f"--load {str(tmp_path)!r}: no intact checkpoint (the newest: {d}/__0_0.distcp: 40 bytes, "
+                            f"the manifest says 100 (truncated?)); see `hybrid checkpoint inspect {tmp_path}`")
+    os.remove(os.path.join(d, "__0_0.distcp"))
+    with pytest.raises(ValueError, match=f"--ckpt-step 2: {d}/__0_0.distcp: missing$"):
+        _resume_candidate(str(tmp_path), 2)
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_before_start_up(tmp_path, small_files_pass):
+    import os
+
+    from hybrid.checkpoint.args import _resume_candidate
+    older = _checkpoint(tmp_path, 2, {"__0_0.distcp": 100})
+    newest = _checkpoint(tmp_path, 4, {"__0_0.distcp": 100})
+    assert _resume_candidate(str(tmp_path), None)[0] == newest
+    with open(os.path.join(newest, "__0_0.distcp"), "r+b") as f:
+        f.truncate(99)
+    assert _resume_candidate(str(tmp_path), None) == (older, {"iteration": 2}, "meta")

@@ -158,8 +158,9 @@ def _check_rollback(args: argparse.Namespace, later: tuple[int, ...]) -> tuple[i
 
 def _resume_candidate(load: str, step: int | None) -> tuple[str, dict, object]:
     """(directory, state.json, DCP metadata) of the checkpoint the resume will load: --ckpt-step's, else the first
-    of store.candidates whose small files are well-formed (safe_read.check_checkpoint; the checksums are verified
-    after start-up, on every rank). ValueError naming the file when none is."""
+    of store.candidates whose small files are well-formed (safe_read.check_checkpoint) and whose every file is
+    there at its manifest's size (a stat each: a truncated copy is named here, before any process group); the
+    checksums are verified after start-up, on every rank. ValueError naming the file when none is."""
     from hybrid.checkpoint import safe_read
     tries = [step] if step is not None else store.candidates(load)
     errors = []
@@ -167,6 +168,8 @@ def _resume_candidate(load: str, step: int | None) -> tuple[str, dict, object]:
         directory = store.final_path(load, iteration)
         try:
             meta = safe_read.check_checkpoint(directory)
+            for name, want in sorted(store.read_manifest(directory)["files"].items()):
+                store.verify_file(directory, name, want, checksum=False)
             return directory, store.read_state(directory), meta
         except store.CorruptCheckpoint as e:
             errors.append(str(e))

@@ -36,15 +36,18 @@ class Documents(Protocol):
 
 
 def parse_split(text: str) -> tuple[float, float, float]:
-    """'969,30,1' -> normalised (0.969, 0.03, 0.001); ValueError naming --split otherwise."""
+    """'969,30,1' -> normalised (0.969, 0.03, 0.001); ValueError naming --split otherwise. One or two numbers are
+    padded with zeros as megatron-core's parse_and_normalize_split does ('98,2' is '98,2,0': no test split), so a
+    Megatron-LM command line's --split means the same here."""
     parts = [p.strip() for p in text.replace("/", ",").split(",")]
     try:
         values = [float(p) for p in parts]
     except ValueError:
         raise ValueError(f"--split {text!r}: give three numbers train,valid,test such as 969,30,1") from None
+    values += [0.0] * (3 - len(values))
     if len(values) != 3 or any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
-        raise ValueError(f"--split {text!r}: give three non-negative numbers train,valid,test with a positive "
-                         f"sum, such as 969,30,1")
+        raise ValueError(f"--split {text!r}: give at most three non-negative numbers train,valid,test with a "
+                         f"positive sum, such as 969,30,1 (missing ones are 0)")
     total = sum(values)
     return tuple(v / total for v in values)  # type: ignore[return-value]
 

@@ -268,8 +268,9 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     if kind is ScheduleKind.INTERLEAVED and m % dims.pp:
         raise ValueError(f"interleaved 1F1B needs the micro-batches per step ({m} = --global-batch-size / "
                          f"(--micro-batch-size x dp)) to be a multiple of --pipeline-model-parallel-size {dims.pp}")
-    if args.pipeline_layers_per_stage:
-        stages = partition_layers(cfg.num_layers, dims.pp, v,
+    if args.pipeline_layers_per_stage:  # with --pipeline-partition balanced: partition_layers names the conflict
+        method = PartitionMethod.BALANCED if args.pipeline_partition == "balanced" else None  # (it was ignored)
+        stages = partition_layers(cfg.num_layers, dims.pp, v, method=method,
                                   layers_per_stage=parse_layers_per_stage(args.pipeline_layers_per_stage))
     elif args.pipeline_partition == "balanced":
         costs = stage_costs_from_config(cfg, args.seq_length, args.micro_batch_size)
