@@ -136,3 +136,51 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_before_start_u
     with open(os.path.join(newest, "__0_0.distcp"), "r+b") as f:
         f.truncate(99)
     assert _resume_candidate(str(tmp_path), None) == (older, {"iteration": 2}, "meta")
+
+
+# --- 5. hybrid convert with Megatron's converter flags, and a DST that is a file ------------------------------------
+@pytest.mark.parametrize("flag, value, hint", [
+    ("--model-type", "GPT", "--model-type: the model comes from SRC's config.json (or --model CONFIG); drop it"),
+    ("--loader", "megatron", "--loader: SRC's format is detected from its files; drop it"),
+    ("--saver", "hf", "--saver: the target format is --to hf or --to hybrid"),
+    ("--load-dir", "ck", "--load-dir: give the source as SRC (hybrid convert LOAD_DIR SAVE_DIR)"),
+])
+def test_convert_given_megatron_converter_flags_says_where_each_lives(flag, value, hint, one_line, tmp_path):
+    """Megatron-LM's tools/checkpoint/convert.py takes --model-type GPT --loader ... --saver ...; hybrid convert said
+    "unrecognized arguments: --model-type; see --help"."""
+    import hybrid.cli
+    line = one_line(lambda: hybrid.cli.main(["convert", str(tmp_path / "a"), str(tmp_path / "b"), flag, value]))
+    assert line.startswith(f"hybrid convert: error: unrecognized arguments: {flag}; {hint}"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_convert_dst_that_is_a_file_says_so(tmp_path):
+    """It said "DST 'x' exists and is not empty" of a file."""
+    from hybrid.convert.common import check_dst
+    dst = tmp_path / "notes.txt"
+    dst.write_text("mine")
+    with pytest.raises(ValueError, match=r"^DST '.*notes.txt' is a file, not a directory; give a new directory "
+                                         r"\(nothing is overwritten\)$"):
+        check_dst(str(dst))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        check_dst(str(tmp_path / "full"))
+    assert dst.read_text() == "mine"
+
+
+# --- 6. --help: a None default whose help says what the default is ----------------------------------------------------
+def test_help_does_not_add_default_none_after_a_help_that_names_the_default():
+    """`hybrid convert --help` read "--to ... target format (default: hf for a hybrid SRC, hybrid otherwise)
+    (default: None)": two defaults that disagree."""
+    import argparse
+
+    from hybrid.cliutil import HelpFormatter
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="x")
+    p.add_argument("--to", default=None, help="target (default: the other one)")
+    p.add_argument("--dtype", default="fp32", help="dtype")
+    p.add_argument("--iters", default=None, type=int, help="iterations")
+    p.add_argument("--bf16", action="store_true", help="Megatron's default with --fp16")
+    text = " ".join(p.format_help().split())
+    assert "target (default: the other one) --dtype" in text and "dtype (default: fp32)" in text
+    assert "iterations (default: None)" in text and "Megatron's default with --fp16 (default: False)" in text

@@ -84,10 +84,22 @@ def _target_flags_given(args: argparse.Namespace) -> list[str]:
         ("--micro-batch-size", args.micro_batch_size, default.micro_batch)) if value != usual]
 
 
+# Megatron-LM's tools/checkpoint/convert.py flags, which a Megatron user types first: where each setting lives here
+# (the unknown-flag line, hybrid.cliutil.OneLineParser's `hints`, instead of "see --help")
+MEGATRON_CONVERTER_HINTS = {
+    "--model-type": "--model-type: the model comes from SRC's config.json (or --model CONFIG); drop it",
+    "--loader": "--loader: SRC's format is detected from its files; drop it",
+    "--saver": "--saver: the target format is --to hf or --to hybrid (default: the other one)",
+    "--load-dir": "--load-dir: give the source as SRC (hybrid convert LOAD_DIR SAVE_DIR)",
+    "--save-dir": "--save-dir: give the target as DST (hybrid convert LOAD_DIR SAVE_DIR)",
+}
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("convert",
                               help="convert checkpoints: transformers <-> hybrid, DeepSpeed (ZeRO, MoE) -> hybrid",
-                              description=__doc__ + "\n\nSee docs/convert.md.", formatter_class=HelpFormatter)
+                              description=__doc__ + "\n\nSee docs/convert.md.", formatter_class=HelpFormatter,
+                              hints=MEGATRON_CONVERTER_HINTS)
     p.add_argument("src", metavar="SRC", help="a transformers model folder, a hybrid checkpoint directory (or one "
                    "iter_*/ of it) or a DeepSpeed checkpoint folder (latest + global_step*/; a DeepSpeed-MoE one, with "
                    "layer_*_expert_* files, imports into a Mixtral --model)")
