@@ -184,3 +184,49 @@ def test_help_does_not_add_default_none_after_a_help_that_names_the_default():
     text = " ".join(p.format_help().split())
     assert "target (default: the other one) --dtype" in text and "dtype (default: fp32)" in text
     assert "iterations (default: None)" in text and "Megatron's default with --fp16 (default: False)" in text
+
+
+# --- 7. Megatron-LM's pretrain_gpt flags train.py does not take: a hint, not a misleading near spelling -------------
+@pytest.mark.parametrize("argv, hint", [
+    (["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
+     "--recompute-method: --recompute-granularity full recomputes every layer; recomputing a subset of layers"),
+    (["--recompute-num-layers", "1"], "--recompute-num-layers: --recompute-granularity full recomputes every layer"),
+    (["--lr-decay-samples", "100"], "--lr-decay-samples: give --lr-decay-iters (samples / --global-batch-size)"),
+    (["--data-cache-path", "cache"], "--data-cache-path: the sample indexes are built in memory"),
+    (["--rampup-batch-size", "4", "4", "100"], "--rampup-batch-size: a batch-size ramp is not implemented"),
+    (["--swiglu"], "--swiglu: the model's shape comes from --model (a preset, or a transformers config.json: write "
+                   "model_type llama"),
+    (["--position-embedding-type", "rope"], "--position-embedding-type: the model's shape comes from --model"),
+    (["--use-flash-attn"], "--use-flash-attn: attention is torch's scaled_dot_product_attention"),
+    (["--exit-duration-in-mins", "5"], "--exit-duration-in-mins: not implemented; --exit-interval N"),
+])
+def test_megatron_flags_get_where_their_setting_lives(argv, hint, one_line):
+    """They said "see --help", or worse a near spelling that means something else: --data-cache-path "did you mean
+    --data-path?", --lr-decay-samples "--lr-decay-style?", --recompute-num-layers "--recompute-granularity?",
+    --rampup-batch-size "--micro-batch-size?"."""
+    line = one_line(lambda: validate(argv))
+    assert line.startswith(f"train.py: error: unrecognized arguments: "), line
+    assert f"; {hint}" in line and "did you mean" not in line, line
+
+
+# --- 8. --metrics-file naming a file a run did not write: it would be appended to -----------------------------------
+@pytest.mark.parametrize("content", [b'{\n  "name": "cpu",\n  "peak_tflops": 1.0\n}\n', b"print('hi')\n",
+                                     b'{"name": "cpu"}\n', b"\x89PNG\r\n\x1a\n"])
+def test_metrics_file_that_is_not_a_metrics_file_is_refused_and_kept(content, tmp_path, one_line):
+    """`--metrics-file cpu.json` (the `hybrid calibrate` profile meant for --hardware) was accepted and the run's JSON
+    lines were appended to it."""
+    path = tmp_path / "cpu.json"
+    path.write_bytes(content)
+    line = one_line(lambda: validate(["--metrics-file", str(path)]))
+    assert line == (f"train.py: error: --metrics-file {str(path)!r} exists and is not a metrics file (its first line "
+                    f"is not a JSON record with an \"iteration\"); the run appends to it: give a new file, or the "
+                    f"--metrics-file of the run this one resumes")
+    assert path.read_bytes() == content
+
+
+def test_metrics_file_of_an_earlier_run_or_empty_is_taken(tmp_path):
+    earlier = tmp_path / "run.jsonl"
+    earlier.write_text('{"iteration": 1, "lm loss": 5.5}\n{"iteration": 2, "lm loss": 5.4}\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    for path in (earlier, tmp_path / "empty.jsonl", tmp_path / "new.jsonl"):
+        assert validate(["--metrics-file", str(path)])[0].metrics.metrics_file == str(path)

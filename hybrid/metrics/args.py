@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 from dataclasses import dataclass
 
@@ -75,6 +76,25 @@ def profile_peak_tflops(path: str, fp32: bool, local_ranks: int) -> float:
     return hw.peak_tflops * share
 
 
+def check_appendable(path: str) -> None:
+    """--metrics-file is appended to (a resumed run continues its file), so an existing non-empty file must be one a
+    run wrote: its first line a JSON object with an "iteration" (hybrid/metrics/writer.py). Anything else -- a
+    `hybrid calibrate` profile meant for --hardware, a data file, a script -- would get JSON lines added at its end;
+    ValueError naming the flag instead."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb") as f:
+        first = f.readline(1 << 20)
+    try:
+        record = json.loads(first)
+    except (ValueError, UnicodeDecodeError):
+        record = None
+    if not (isinstance(record, dict) and "iteration" in record):
+        raise ValueError(f"--metrics-file {path!r} exists and is not a metrics file (its first line is not a JSON "
+                         f"record with an \"iteration\"); the run appends to it: give a new file, or the "
+                         f"--metrics-file of the run this one resumes")
+
+
 def check(args: argparse.Namespace, world: int = 1) -> MetricsConfig:
     """Needs args.zero (the precision) set; `world` gives the local ranks when LOCAL_WORLD_SIZE is unset."""
     if args.tensorboard_dir is not None:
@@ -85,6 +105,7 @@ def check(args: argparse.Namespace, world: int = 1) -> MetricsConfig:
             raise ValueError("--tensorboard-dir needs the tensorboard package; pip install tensorboard") from None
     if args.metrics_file is not None:
         check_output_file("--metrics-file", args.metrics_file)
+        check_appendable(args.metrics_file)
     every = getattr(args, "timing_log_interval", MetricsConfig.timing_log_interval)  # a Namespace built by hand
     if every < 1:
         raise ValueError(f"--timing-log-interval must be >= 1 (1: every log interval), got {every}")

@@ -34,6 +34,45 @@ RENAMED = {
     "--moe-grouped-gemm": "--moe-experts-impl grouped",
 }
 
+# Megatron's flags for an architecture choice: a model's architecture is its config's model_type here
+ARCH_FIELDS = {
+    "--swiglu": "model_type llama (or mistral, qwen2): a gated SiLU MLP, hidden_act silu",
+    "--normalization": "model_type llama for RMSNorm (rms_norm_eps), gpt2 for LayerNorm (layer_norm_epsilon)",
+    "--norm-epsilon": "rms_norm_eps (llama family) or layer_norm_epsilon (gpt2)",
+    "--position-embedding-type": "model_type llama for rotary embeddings (rope_theta), gpt2 for learned positions",
+    "--disable-bias-linear": "model_type llama (no linear biases; gpt2 has them)",
+}
+
+# Megatron flags with nothing to set here, or not implemented: what to do instead
+INSTEAD = {
+    "--use-flash-attn": "attention is torch's scaled_dot_product_attention, which picks its flash kernel where the "
+                        "device has one (context parallelism: its own ring, docs/context-parallel.md); drop the flag",
+    "--use-mcore-models": "hybrid has one implementation of each model (models/); drop the flag",
+    "--transformer-impl": "hybrid has one implementation of each model (models/); drop the flag",
+    "--attention-softmax-in-fp32": "there is no such switch: attention is torch's scaled_dot_product_attention (its "
+                                   "flash and memory-efficient kernels keep the softmax statistics in fp32); drop "
+                                   "the flag",
+    "--no-masked-softmax-fusion": "there is no fused masked softmax (scaled_dot_product_attention); drop the flag",
+    "--distributed-backend": "NCCL on CUDA, gloo on CPU, chosen by the device; drop the flag",
+    "--init-method-std": "weights are initialised with std 0.02 (a config.json's initializer_range must say 0.02); "
+                         "drop the flag",
+    "--recompute-method": "--recompute-granularity full recomputes every layer; recomputing a subset of layers "
+                          "(--recompute-method / --recompute-num-layers) is not implemented",
+    "--recompute-num-layers": "--recompute-granularity full recomputes every layer; recomputing a subset of layers "
+                              "(--recompute-method / --recompute-num-layers) is not implemented",
+    "--train-samples": "give --train-iters (samples / --global-batch-size)",
+    "--lr-decay-samples": "give --lr-decay-iters (samples / --global-batch-size)",
+    "--lr-warmup-samples": "give --lr-warmup-iters (samples / --global-batch-size)",
+    "--lr-warmup-fraction": "give --lr-warmup-iters (the fraction x --lr-decay-iters)",
+    "--exit-duration-in-mins": "not implemented; --exit-interval N stops after N iterations, --exit-signal-handler "
+                               "saves and exits on SIGTERM",
+    "--rampup-batch-size": "a batch-size ramp is not implemented; --global-batch-size is constant",
+    "--start-weight-decay": "a weight-decay schedule is not implemented; --weight-decay is constant",
+    "--weight-decay-incr-style": "a weight-decay schedule is not implemented; --weight-decay is constant",
+    "--data-cache-path": "the sample indexes are built in memory at start-up, nothing is cached; drop the flag",
+    "--mock-data": "omit --data-path for the built-in corpus (docs/data.md)",
+}
+
 TOKENIZER = ("a GPT-2 BPE tokenizer is one tokenizer.json here: --tokenizer-type HuggingFaceTokenizer "
              "--tokenizer-model tokenizer.json (transformers' AutoTokenizer.save_pretrained writes it)")
 
@@ -42,5 +81,7 @@ def hints() -> dict[str, str]:
     """{unknown flag: the one-line hint}, for train.py's parser."""
     out = {flag: f"{flag}: " + MODEL.format(field=field) for flag, field in SHAPE_FIELDS.items()}
     out.update({flag: f"{flag}: train.py's flag is {name}" for flag, name in RENAMED.items()})
+    out.update({flag: f"{flag}: " + MODEL.format(field=field) for flag, field in ARCH_FIELDS.items()})
+    out.update({flag: f"{flag}: {what}" for flag, what in INSTEAD.items()})
     out.update({flag: f"{flag}: {TOKENIZER}" for flag in ("--vocab-file", "--merge-file")})
     return out
