@@ -230,3 +230,17 @@ def test_metrics_file_of_an_earlier_run_or_empty_is_taken(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     for path in (earlier, tmp_path / "empty.jsonl", tmp_path / "new.jsonl"):
         assert validate(["--metrics-file", str(path)])[0].metrics.metrics_file == str(path)
+
+
+# --- 9. a --seq-length context parallelism cannot split: the line gives the lengths that work -----------------------
+@pytest.mark.parametrize("cp, seq, near", [(2, 130, "128 or 132"), (4, 36, "32 or 40"), (4, 4, "8")])
+def test_cp_sequence_length_that_does_not_split_names_the_nearest_that_do(cp, seq, near, one_line, monkeypatch):
+    _world(monkeypatch, cp)
+    line = one_line(lambda: validate(["--model", "tiny-llama", "--context-parallel-size", str(cp), "--seq-length",
+                                      str(seq)]))
+    assert line == (f"train.py: error: --seq-length {seq} is not divisible by 2 x --context-parallel-size ({2 * cp}); "
+                    f"causal load balancing splits each sequence into 2 CP equal chunks: use a multiple of {2 * cp} "
+                    f"({near})")
+    for good in near.split(" or "):
+        run = validate(["--model", "tiny-llama", "--context-parallel-size", str(cp), "--seq-length", good])[0]
+        assert run.cp.size == cp and run.training.batch.seq_length == int(good)

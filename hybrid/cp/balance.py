@@ -17,9 +17,12 @@ import torch
 
 def check_divisible(seq_len: int, cp: int) -> None:
     """2 CP chunks of equal length: the sequence length must split that way."""
-    if seq_len % (2 * cp):
-        raise ValueError(f"--seq-length {seq_len} is not divisible by 2 x --context-parallel-size ({2 * cp}); "
-                         f"causal load balancing splits each sequence into 2 CP equal chunks")
+    step = 2 * cp
+    if seq_len % step:
+        near = [n for n in (seq_len // step * step, (seq_len // step + 1) * step) if n > 0]
+        raise ValueError(f"--seq-length {seq_len} is not divisible by 2 x --context-parallel-size ({step}); "
+                         f"causal load balancing splits each sequence into 2 CP equal chunks: use a multiple of "
+                         f"{step} ({' or '.join(map(str, near))})")
 
 
 def chunk_ids(rank: int, cp: int) -> tuple[int, int]:
