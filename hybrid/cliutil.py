@@ -98,6 +98,14 @@ def _suggest(message: str, options: list[str], hints: dict[str, str] | None = No
     return _suggest_pairs(pairs)
 
 
+def _choice_hint(message: str, hints: dict[str, str]) -> str:
+    """"; <hint>" for argparse's "argument --flag: invalid choice: 'value' ..." when `hints` has "--flag=value" (another
+    tool's choice, e.g. Megatron's --tokenizer-type GPT2BPETokenizer, and what to give here instead); else ""."""
+    m = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: invalid choice: '([^']*)'", message)
+    hint = hints.get(f"{m.group(1)}={m.group(2)}") if m else None
+    return f"; {hint}" if hint else ""
+
+
 def _suggest_pairs(pairs: list[tuple[str, str]]) -> str:
     if len(pairs) == 1:
         return f"; did you mean {pairs[0][1]}?"
@@ -136,7 +144,7 @@ class OneLineParser(argparse.ArgumentParser):
         if "unrecognized arguments" in message:
             message += _suggest(message, [s for a in self._actions for s in a.option_strings], self.hints)
         elif "invalid choice" in message:
-            message = message.replace("\n", " ")
+            message = message.replace("\n", " ") + _choice_hint(message, self.hints)
         text = f"{self.prog}: error: {message}"
         record_error(text)
         if is_rank_zero():

@@ -244,3 +244,22 @@ def test_cp_sequence_length_that_does_not_split_names_the_nearest_that_do(cp, se
     for good in near.split(" or "):
         run = validate(["--model", "tiny-llama", "--context-parallel-size", str(cp), "--seq-length", good])[0]
         assert run.cp.size == cp and run.training.batch.seq_length == int(good)
+
+
+# --- 10. Megatron's --tokenizer-type names: where the tokenizer goes here ---------------------------------------------
+@pytest.mark.parametrize("name", ["GPT2BPETokenizer", "Llama2Tokenizer"])
+def test_megatron_tokenizer_type_names_the_tokenizer_json_way(name, one_line, tmp_path):
+    """'--tokenizer-type GPT2BPETokenizer' (Megatron's data docs' first example) was "invalid choice" alone, in
+    train.py and in scripts/preprocess_data.py, whose --vocab-file / --merge-file said "see --help"."""
+    from hybrid.data.preprocess import main as preprocess
+    want = (f"invalid choice: '{name}' (choose from 'HuggingFaceTokenizer', 'ByteLevel'); Megatron's {name} is a "
+            f"tokenizer.json here: --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json")
+    assert want in one_line(lambda: validate(["--tokenizer-type", name]))
+    args = ["--input", str(tmp_path / "c.jsonl"), "--output-prefix", str(tmp_path / "c")]
+    line = one_line(lambda: preprocess(args + ["--tokenizer-type", name]))
+    assert line.startswith("preprocess_data.py: error: argument --tokenizer-type: ") and want in line, line
+    line = one_line(lambda: preprocess(args + ["--tokenizer-type", "ByteLevel", "--merge-file", "m.txt"]))
+    assert "--merge-file: a GPT-2 BPE tokenizer is one tokenizer.json here" in line, line
+    assert one_line(lambda: validate(["--tokenizer-type", "X"])).endswith("(choose from 'HuggingFaceTokenizer', "
+                                                                          "'ByteLevel')")
+    assert list(tmp_path.iterdir()) == []

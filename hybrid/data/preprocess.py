@@ -22,13 +22,14 @@ from typing import Iterator
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file, fail, int_in, positive_int
 from hybrid.data.indexed import IndexedDatasetWriter, bin_path, idx_path, optimal_dtype
-from hybrid.data.tokenizer import TOKENIZER_TYPES, Tokenizer, build_tokenizer
+from hybrid.data.tokenizer import TOKENIZER_TYPES, Tokenizer, build_tokenizer, tokenizer_hints
 
 PROG = "preprocess_data.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter,
+                      hints=tokenizer_hints())
     p.add_argument("--input", required=True, metavar="PATH", help="JSON lines (.jsonl/.json) or plain text (.txt)")
     p.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY", help="keys of each JSON object to tokenize")
     p.add_argument("--output-prefix", required=True, metavar="PATH",

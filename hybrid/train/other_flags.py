@@ -4,6 +4,8 @@ not --num-layers-per-virtual-pipeline-stage, --merge-file not --metrics-file, --
 
 from __future__ import annotations
 
+from hybrid.data.tokenizer import TOKENIZER_HINT, tokenizer_hints
+
 MODEL = "the model's shape comes from --model (a preset, or a transformers config.json: write {field} there)"
 
 # Megatron's model-shape flags -> the config.json field that sets the same thing (transformers' names)
@@ -73,8 +75,7 @@ INSTEAD = {
     "--mock-data": "omit --data-path for the built-in corpus (docs/data.md)",
 }
 
-TOKENIZER = ("a GPT-2 BPE tokenizer is one tokenizer.json here: --tokenizer-type HuggingFaceTokenizer "
-             "--tokenizer-model tokenizer.json (transformers' AutoTokenizer.save_pretrained writes it)")
+TOKENIZER = TOKENIZER_HINT
 
 
 def hints() -> dict[str, str]:
@@ -83,5 +84,5 @@ def hints() -> dict[str, str]:
     out.update({flag: f"{flag}: train.py's flag is {name}" for flag, name in RENAMED.items()})
     out.update({flag: f"{flag}: " + MODEL.format(field=field) for flag, field in ARCH_FIELDS.items()})
     out.update({flag: f"{flag}: {what}" for flag, what in INSTEAD.items()})
-    out.update({flag: f"{flag}: {TOKENIZER}" for flag in ("--vocab-file", "--merge-file")})
+    out.update(tokenizer_hints())
     return out
