@@ -263,3 +263,26 @@ def test_megatron_tokenizer_type_names_the_tokenizer_json_way(name, one_line, tm
     assert one_line(lambda: validate(["--tokenizer-type", "X"])).endswith("(choose from 'HuggingFaceTokenizer', "
                                                                           "'ByteLevel')")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- 11. a --watchdog-timeout the collectives' timeout always beats: the verdict could never print -------------------
+@pytest.mark.parametrize("argv, seconds, minutes", [
+    (["--watchdog-timeout", "900"], 900, 10),  # the default --distributed-timeout-minutes 10
+    (["--watchdog-timeout", "60", "--distributed-timeout-minutes", "1"], 60, 1),
+])
+def test_watchdog_not_below_the_collective_timeout_is_one_line(argv, seconds, minutes, one_line):
+    """docs/operations.md: "timeouts should nest"; a watchdog at or above the collectives' timeout was taken and
+    could never fire (the collective times out first, with NCCL's message instead of the verdict)."""
+    line = one_line(lambda: validate(argv))
+    assert line == (f"train.py: error: --watchdog-timeout {seconds} s is not below --distributed-timeout-minutes "
+                    f"{minutes} ({60 * minutes} s): a hung collective times out first and the hang verdict never "
+                    f"prints; give a --watchdog-timeout below {60 * minutes} or a longer "
+                    f"--distributed-timeout-minutes (--watchdog-timeout 0 turns the watchdog off)")
+
+
+@pytest.mark.parametrize("argv", [["--watchdog-timeout", "59", "--distributed-timeout-minutes", "1"],
+                                  ["--watchdog-timeout", "0", "--distributed-timeout-minutes", "0.5"],
+                                  ["--distributed-timeout-minutes", "0.5"]])  # the default watchdog: left alone
+def test_nested_timeouts_and_a_watchdog_turned_off_still_pass(argv):
+    want = float(argv[1]) if argv[0] == "--watchdog-timeout" else 300.0
+    assert validate(argv)[0].fault.watchdog_timeout == want

@@ -45,12 +45,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 MAX_WATCHDOG_S = 7 * 24 * 3600  # a week, as --distributed-timeout-minutes: longer is a typo, not a timeout
 
 
+def _check_nested_timeouts(args: argparse.Namespace) -> None:
+    """A --watchdog-timeout given not below the collectives' timeout (--distributed-timeout-minutes, given or its
+    default 10): a rank waiting in a collective for a hung peer is ended by the collective's timeout first, so the
+    verdict the watchdog was set for never prints (docs/operations.md: the timeouts nest). ValueError naming both.
+    Only the default watchdog (300 s) beside a shorter collective timeout is left alone: the tests' short timeouts."""
+    minutes = getattr(args, "distributed_timeout_minutes", None)
+    if "watchdog_timeout" in getattr(args, "explicit", set()) and args.watchdog_timeout > 0 \
+            and minutes is not None and args.watchdog_timeout >= 60 * minutes:
+        raise ValueError(f"--watchdog-timeout {args.watchdog_timeout:g} s is not below --distributed-timeout-minutes "
+                         f"{minutes:g} ({60 * minutes:g} s): a hung collective times out first and the hang verdict "
+                         f"never prints; give a --watchdog-timeout below {60 * minutes:g} or a longer "
+                         f"--distributed-timeout-minutes (--watchdog-timeout 0 turns the watchdog off)")
+
+
 def check(args: argparse.Namespace) -> FaultConfig:
     """ValueError naming the flag: NaN and infinity are refused everywhere (NaN compares false, so `nan < 0`
     would let a NaN timeout through and disable the watchdog without a word; inf would do the same)."""
     if not math.isfinite(args.watchdog_timeout) or not 0 <= args.watchdog_timeout <= MAX_WATCHDOG_S:
         raise ValueError(f"--watchdog-timeout must be a number of seconds in [0, {MAX_WATCHDOG_S}] (0 disables "
                          f"it), got {args.watchdog_timeout}")
+    _check_nested_timeouts(args)
     if args.max_skipped_steps < 1:
         raise ValueError(f"--max-skipped-steps must be >= 1, got {args.max_skipped_steps}")
     if not args.check_for_nan_in_loss_and_grad and "max_skipped_steps" in getattr(args, "explicit", set()):
