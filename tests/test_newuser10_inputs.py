@@ -286,3 +286,62 @@ def test_watchdog_not_below_the_collective_timeout_is_one_line(argv, seconds, mi
 def test_nested_timeouts_and_a_watchdog_turned_off_still_pass(argv):
     want = float(argv[1]) if argv[0] == "--watchdog-timeout" else 300.0
     assert validate(argv)[0].fault.watchdog_timeout == want
+
+
+# --- 12. another tool's checkpoint folder as --load / --save / SRC: named, never read as ours or overwritten --------
+def _megatron(root):
+    """Megatron-LM's checkpoint folder: its tracker file and iter_0000002/mp_rank_00/ (the files by name)."""
+    (root / "iter_0000002" / "mp_rank_00").mkdir(parents=True)
+    (root / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"megatron")
+    (root / "latest_checkpointed_iteration.txt").write_text("2")
+    return root
+
+
+def _deepspeed(root):
+    """DeepSpeed's engine.save_checkpoint folder: `latest` naming global_step2/."""
+    (root / "global_step2").mkdir(parents=True)
+    (root / "global_step2" / "mp_rank_00_model_states.pt").write_bytes(b"deepspeed")
+    (root / "latest").write_text("global_step2")
+    return root
+
+
+def _files(root) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("make, what, how", [
+    (_megatron, "a Megatron-LM checkpoint (latest_checkpointed_iteration.txt)",
+     "export it to a transformers folder with Megatron-LM's checkpoint converter, then give that folder to --load"),
+    (_deepspeed, "a DeepSpeed checkpoint (latest + global_step*/)",
+     "convert it first: hybrid convert {root} CKPT --model CONFIG, then --load CKPT (docs/convert.md)"),
+])
+def test_load_of_a_megatron_or_deepspeed_folder_names_it(make, what, how, tmp_path, one_line):
+    """Both said "--load 'x' holds no complete checkpoint (only unfinished saves)": their iter_* / latest passed for
+    hybrid's."""
+    root = make(tmp_path / "ck")
+    line = one_line(lambda: validate(["--load", str(root)]))
+    assert line == (f"train.py: error: --load {str(root)!r} is {what}, which train.py does not read; "
+                    + how.format(root=root))
+
+
+@pytest.mark.parametrize("make, mine", [(_megatron, "its iter_* directory of each iteration saved"),
+                                        (_deepspeed, "its `latest`")])
+def test_save_into_a_megatron_or_deepspeed_folder_is_refused_and_changes_nothing(make, mine, tmp_path, one_line):
+    """It was accepted: the run's save of iteration 2 would rmtree Megatron's iter_0000002/, and every save writes
+    `latest` over DeepSpeed's."""
+    root = make(tmp_path / "ck")
+    before = _files(root)
+    line = one_line(lambda: validate(["--save", str(root)]))
+    assert line.startswith(f"train.py: error: --save {str(root)!r} holds a ") and f"would replace {mine}: " in line
+    assert line.endswith("save to another directory, or pass --overwrite-save")
+    assert _files(root) == before
+    assert validate(["--save", str(root), "--overwrite-save"])[0].checkpoint.save == str(root)  # consent given
+
+
+def test_convert_of_a_megatron_folder_names_it(tmp_path, one_line):
+    import hybrid.cli
+    root = _megatron(tmp_path / "ck")
+    line = one_line(lambda: hybrid.cli.main(["convert", str(root), str(tmp_path / "out")]))
+    assert line.startswith(f"hybrid convert: error: SRC {str(root)!r} is a Megatron-LM checkpoint "
+                           f"(latest_checkpointed_iteration.txt), which hybrid convert does not read"), line
+    assert not (tmp_path / "out").exists()

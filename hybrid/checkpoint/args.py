@@ -126,6 +126,21 @@ def _auto_resume(args: argparse.Namespace) -> None:
         args.fresh_start_note = None
 
 
+def _check_foreign(args: argparse.Namespace) -> None:
+    """--load or --save naming another tool's checkpoint folder (store.foreign_checkpoint): --load would read its
+    iter_* / `latest` as unfinished hybrid saves ("holds no complete checkpoint"), and a save would write our
+    `latest` over DeepSpeed's and replace a Megatron iter_* directory of the same iteration. ValueError naming it."""
+    if args.load is not None and (what := store.foreign_checkpoint(args.load)):
+        how = (f"convert it first: hybrid convert {args.load} CKPT --model CONFIG, then --load CKPT (docs/convert.md)"
+               if "DeepSpeed" in what else "export it to a transformers folder with Megatron-LM's checkpoint "
+               "converter, then give that folder to --load")
+        raise ValueError(f"--load {args.load!r} is {what}, which train.py does not read; {how}")
+    if args.save is not None and (what := store.foreign_checkpoint(args.save)) and not args.overwrite_save:
+        mine = "its `latest`" if "DeepSpeed" in what else "its iter_* directory of each iteration saved"
+        raise ValueError(f"--save {args.save!r} holds {what}; saves there would replace {mine}: save to another "
+                         f"directory, or pass --overwrite-save")
+
+
 def _check_save_dir(args: argparse.Namespace) -> tuple[int, ...]:
     """--save DIR holding another run's complete checkpoints -- any the run does not resume from (--load DIR, the
     same folder) -- is refused unless --overwrite-save consents; returns the iterations to replace."""
@@ -208,6 +223,7 @@ def check(args: argparse.Namespace) -> CheckpointConfig:
         raise ValueError(f"--exit-interval must be a positive number of iterations, got {args.exit_interval}")
     args.overwrite_save = getattr(args, "overwrite_save", False)  # a Namespace built by hand may lack it
     _check_not_in_iteration(args)
+    _check_foreign(args)
     _auto_resume(args)
     load = resume_dir(args.load)
     if args.load is not None and load is None and os.path.isdir(args.load) and not os.listdir(args.load):

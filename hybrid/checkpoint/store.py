@@ -59,6 +59,22 @@ def is_checkpoint_dir(root: str) -> bool:
                                     any(n.startswith("iter_") for n in os.listdir(root)))
 
 
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-LM's `latest`
+
+
+def foreign_checkpoint(root: str) -> str | None:
+    """Another tool's checkpoint in `root`, by the files that tool writes: "a Megatron-LM checkpoint (...)" or "a
+    DeepSpeed checkpoint (...)"; None when there is none. Such a folder is not a hybrid store: its iter_* (Megatron)
+    or `latest` (DeepSpeed) would pass for ours, to be loaded as unfinished saves or replaced by a save."""
+    if not os.path.isdir(root):
+        return None
+    if os.path.isfile(os.path.join(root, MEGATRON_TRACKER)):
+        return f"a Megatron-LM checkpoint ({MEGATRON_TRACKER})"
+    if os.path.isfile(os.path.join(root, LATEST)) and any(n.startswith("global_step") for n in os.listdir(root)):
+        return "a DeepSpeed checkpoint (latest + global_step*/)"
+    return None
+
+
 def read_latest(root: str) -> int | None:
     """The iteration `latest` names, when it names a complete checkpoint."""
     path = os.path.join(root, LATEST)

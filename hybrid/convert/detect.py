@@ -29,6 +29,10 @@ def detect(path: str) -> Format:
                          f"checkpoint directory or a DeepSpeed checkpoint folder)")
     if glob.glob(os.path.join(path, "global_step*")) and os.path.isfile(os.path.join(path, "latest")):
         return Format.DEEPSPEED
+    if os.path.isfile(os.path.join(path, store.MEGATRON_TRACKER)):
+        raise ValueError(f"SRC {path!r} is a Megatron-LM checkpoint ({store.MEGATRON_TRACKER}), which hybrid convert "
+                         f"does not read; export it to a transformers folder with Megatron-LM's checkpoint converter, "
+                         f"then convert that folder")
     if store.is_checkpoint_dir(path) or is_iteration_dir(path):
         return Format.HYBRID
     has_weights = any(os.path.isfile(os.path.join(path, n))
