@@ -29,6 +29,8 @@ def tokenizer_hints() -> dict[str, str]:
                                        f"AutoTokenizer.save_pretrained writes it)" for name in MEGATRON_TOKENIZERS}
     out.update({flag: f"{flag}: {TOKENIZER_HINT}" for flag in ("--vocab-file", "--merge-file")})
     return out
+
+
 EOD_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[EOS]")
 
 
