@@ -345,3 +345,11 @@ def test_convert_of_a_megatron_folder_names_it(tmp_path, one_line):
     assert line.startswith(f"hybrid convert: error: SRC {str(root)!r} is a Megatron-LM checkpoint "
                            f"(latest_checkpointed_iteration.txt), which hybrid convert does not read"), line
     assert not (tmp_path / "out").exists()
+
+
+def test_megatron_hierarchical_cp_comm_type_says_it_is_not_implemented(one_line):
+    """Megatron's --cp-comm-type a2a+p2p was "invalid choice" alone."""
+    line = one_line(lambda: validate(["--cp-comm-type", "a2a+p2p"]))
+    assert line == ("train.py: error: argument --cp-comm-type: invalid choice: 'a2a+p2p' (choose from 'p2p', 'a2a', "
+                    "'allgather'); Megatron's hierarchical a2a+p2p is not implemented: use a2a (Ulysses, heads split "
+                    "inside the CP group) or p2p (the ring) (docs/context-parallel.md)")

@@ -77,6 +77,12 @@ INSTEAD = {
 
 TOKENIZER = TOKENIZER_HINT
 
+# Megatron's choices of a flag train.py has, that train.py does not implement ("--flag=value": the invalid-choice line)
+CHOICES = {
+    "--cp-comm-type=a2a+p2p": "Megatron's hierarchical a2a+p2p is not implemented: use a2a (Ulysses, heads split "
+                              "inside the CP group) or p2p (the ring) (docs/context-parallel.md)",
+}
+
 
 def hints() -> dict[str, str]:
     """{unknown flag: the one-line hint}, for train.py's parser."""
@@ -85,4 +91,5 @@ def hints() -> dict[str, str]:
     out.update({flag: f"{flag}: " + MODEL.format(field=field) for flag, field in ARCH_FIELDS.items()})
     out.update({flag: f"{flag}: {what}" for flag, what in INSTEAD.items()})
     out.update(tokenizer_hints())
+    out.update(CHOICES)
     return out
