@@ -155,15 +155,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """--help keeps the description's line breaks (examples) and shows every option's default -- except a None
-    whose help already says what the default is ("TP size (default: the number of processes ...)" read on with
-    "(default: None)", two defaults that disagree)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if action.default is None and "default" in text.lower():
-            return text
-        return super()._get_help_string(action)
+    """--help keeps the description's line breaks (examples) and shows every option's default."""
 
 
 # --- typed values (argparse `type=`): the error names the flag, argparse prefixes it --------------------

@@ -159,7 +159,7 @@ def _bad_cases(d: str):
         (["--data-path", f"{d}/trunc"], "truncated"),
         (["--data-path", f"{d}/ok.bin"], "give the prefix"),
         (["--data-path", "0.5", f"{d}/ok", "x", f"{d}/ok"], "weight/prefix pairs"),
-        (["--data-path", f"{d}/ok", "--split", "1,2"], "--split"),
+        (["--data-path", f"{d}/ok", "--split", "1,2,3,4"], "--split"),
         (["--data-path", f"{d}/tiny", "--seq-length", "256", "--split", "1,0,0"], "fewer than one sample"),
         (["--data-path", f"{d}/bigvocab"], "token id 999"),
         (["--data-path", f"{d}/ok", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",

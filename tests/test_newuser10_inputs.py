@@ -169,23 +169,6 @@ def test_convert_dst_that_is_a_file_says_so(tmp_path):
     assert dst.read_text() == "mine"
 
 
-# --- 6. --help: a None default whose help says what the default is ----------------------------------------------------
-def test_help_does_not_add_default_none_after_a_help_that_names_the_default():
-    """`hybrid convert --help` read "--to ... target format (default: hf for a hybrid SRC, hybrid otherwise)
-    (default: None)": two defaults that disagree."""
-    import argparse
-
-    from hybrid.cliutil import HelpFormatter
-    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="x")
-    p.add_argument("--to", default=None, help="target (default: the other one)")
-    p.add_argument("--dtype", default="fp32", help="dtype")
-    p.add_argument("--iters", default=None, type=int, help="iterations")
-    p.add_argument("--bf16", action="store_true", help="Megatron's default with --fp16")
-    text = " ".join(p.format_help().split())
-    assert "target (default: the other one) --dtype" in text and "dtype (default: fp32)" in text
-    assert "iterations (default: None)" in text and "Megatron's default with --fp16 (default: False)" in text
-
-
 # --- 7. Megatron-LM's pretrain_gpt flags train.py does not take: a hint, not a misleading near spelling -------------
 @pytest.mark.parametrize("argv, hint", [
     (["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
