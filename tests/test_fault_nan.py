@@ -120,3 +120,18 @@ def test_the_one_fault_hook_parses_every_kind_and_rejects_a_bad_one():
     with pytest.raises(ValueError, match="unknown fault"):
         parse("boom:rank=1")
     assert faults_for(0) == [] or "HYBRID_FAULT" in __import__("os").environ
+
+
+def test_a_slow_fault_with_restart_sleeps_only_in_that_torchrun_attempt(monkeypatch):
+    """`slow:...,restart=0` (tests/test_fault_nodes.py's elastic test) slows torchrun's first attempt only: the
+    restarted job runs at full speed; without restart= every attempt is slowed."""
+    import time
+
+    from hybrid.fault.inject import Injector, parse
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    for attempt in ("0", "1"):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", attempt)
+        Injector(parse("slow:rank=0,ms=300,restart=0")).on_forward()
+        Injector(parse("slow:rank=0,ms=50")).on_forward()
+    assert slept == [0.3, 0.05, 0.05]

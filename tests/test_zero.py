@@ -1,7 +1,7 @@
 """ZeRO stages 0-3 (fp32, bf16, fp16; optimizer/parameter offload) against single-process training,
 on dp 2, dp 4 and tp 2 x pp 2 x dp 2 -- with the memory and communication ledgers asserted.
 
-Equivalence bound (fp32). Each case runs 10 AdamW steps on tiny-llama (no biases) and must give
+Equivalence bound (fp32). Each case runs 5 AdamW steps on tiny-llama (no biases) and must give
 the single-process losses and final weights within RTOL = 1e-5 (relative to each tensor's largest
 entry). AdamW is well conditioned for that only with eps = 1e-5 (lr 5e-4): its update is
 lr * m / (sqrt(v) + eps), and a parallel run sums gradients in another order (DP ring, TP partial
@@ -9,8 +9,11 @@ sums, micro-batch accumulation), so every gradient differs from the reference by
 largest ones -- about 1e-9 here. With eps = 1e-8 an element whose true gradient is that small
 gets a full +-lr step of random sign; we measured 2.5e-5 (tp2 x pp2 x dp2, lr 3e-3, eps 1e-6) for
 plain DP itself, before any ZeRO code ran. With eps = 1e-5 the same noise moves a weight by at most
-lr * 1e-9 / 1e-5 per step; measured worst cases: 8.3e-6 at lr 1e-3, 4.2e-6 at lr 5e-4 (embedding
-rows of rare bytes, tp2 x pp2 x dp2 -- plain DP and every stage alike). No tensor is ~0
+lr * 1e-9 / 1e-5 per step; measured worst cases (at 10 steps, which the cases ran until round 10):
+8.3e-6 at lr 1e-3, 4.2e-6 at lr 5e-4 (embedding rows of rare bytes, tp2 x pp2 x dp2 -- plain DP and
+every stage alike). Why 5 steps: the first creates the Adam moments (and the offloaded copies, the
+stage 1-2 post-step gather), the others run with them -- every path of a step, steps 6-10 repeating
+steps 2-5 (about half the module's CPU); the fp16 overflow case keeps 10 (OVERFLOW_STEPS). No tensor is ~0
 in exact arithmetic (Llama has no biases; unseen tokens' embedding rows keep their init), so no
 absolute slack is needed.
 
@@ -68,7 +71,8 @@ from hybrid.zero.accounting import paper_state_bytes, paper_volume, state_ledger
 from hybrid.measured_memory import StateKind
 from models import build_pipeline_chunks, load_config
 
-STEPS, GLOBAL, MICRO, SEQ = 10, 8, 2, 32
+STEPS, GLOBAL, MICRO, SEQ = 5, 8, 2, 32
+OVERFLOW_STEPS = 10  # fp16 from scale 2^20 skips steps until the scale fits: the real steps after them train
 RTOL = 1e-5
 PLAIN_RTOL = 2e-6
 OPT = OptimizerConfig(lr=5e-4, eps=1e-5, weight_decay=0.01, decay_style="constant")
@@ -223,6 +227,7 @@ class Case(NamedTuple):
     zero: ZeroConfig | None  # None: the plain path (GradAverager + torch AdamW)
     opt: OptimizerConfig = OPT
     sp: bool = False  # sequence parallelism (tp x dp layout): TP partial gradients, summed inside the hooks
+    steps: int = STEPS
 
 
 PRECISIONS = (Precision.FP32, Precision.BF16, Precision.FP16)
@@ -261,7 +266,8 @@ def cases(world: int, lowp: bool = False) -> dict[str, Case]:
                     out[matrix_name(precision, stage, suffix)] = Case(
                         "tiny-llama", zcfg(stage, opt, params, precision=precision, **scale, **host))
     if world == 2 and not lowp:
-        out["fp16-overflow-stage2"] = Case("tiny-llama", zcfg(2, precision=Precision.FP16, initial_loss_scale=2.0**20))
+        out["fp16-overflow-stage2"] = Case("tiny-llama", zcfg(2, precision=Precision.FP16, initial_loss_scale=2.0**20),
+                                           steps=OVERFLOW_STEPS)
         out["clip-stage2"] = Case("tiny-llama", zcfg(2), CLIP)
     if world == 8:
         out["clip-stage3-offload"] = Case("tiny-llama", zcfg(3, True, **host), CLIP)
@@ -424,7 +430,7 @@ def _fp32_cases(name: str) -> list[str]:
 
 
 def test_fp32_stages_match_single_process_training(layout, refs):
-    """10 AdamW steps of every stage, offload on and off, equal one process on the global batch."""
+    """STEPS AdamW steps of every stage, offload on and off, equal one process on the global batch."""
     name, world, results = layout
     for case in _fp32_cases(name):
         ref = refs["clip" if case.startswith("clip") else "adamw"]
@@ -571,8 +577,8 @@ def test_bf16_training_tracks_fp32(lowp, refs):
     than one rounding of itself: bound u relative per step (measured 2.8e-4).
     Weights: what the model holds is the bf16 rounding of the fp32 master (<= u |w|), plus the
     master's own drift: bf16 gradients carry ~u relative error, and AdamW turns the sign noise of
-    small ones into steps of up to lr, so 10 steps can drift at most 10 lr; bound half of that,
-    5 lr (measured 2.0 lr = 1.0e-3 beyond the rounding, over every stage and offload)."""
+    small ones into steps of up to lr, so STEPS steps can drift at most STEPS lr; bound half of that
+    (measured at 10 steps: 2.0 lr = 1.0e-3 beyond the rounding, over every stage and offload)."""
     _tracks_fp32(lowp, refs["adamw"], Precision.BF16, u=2.0**-8)
 
 
@@ -580,10 +586,10 @@ def test_bf16_training_tracks_fp32(lowp, refs):
 def test_fp16_training_tracks_fp32(lowp, refs):
     """fp16 with dynamic loss scaling (initial scale FP16_SCALE; no step overflows: asserted),
     every stage and offload, against the fp32 single-process run, with bf16's derivation at fp16's
-    unit roundoff u = 2^-11 (11 significant bits): measured loss 1.9e-5 relative (bound u = 4.9e-4),
-    weights 1.45 lr beyond the rounding (bound 5 lr). Adam is nearly blind to a constant factor in
-    the gradient (only eps sees it), so these checks barely notice a forgotten unscale (measured:
-    2.6e-3 = 5.2 lr, just outside); the gradient check of
+    unit roundoff u = 2^-11 (11 significant bits): measured (at 10 steps) loss 1.9e-5 relative (bound
+    u = 4.9e-4), weights 1.45 lr beyond the rounding (bound STEPS lr / 2). Adam is nearly blind to a
+    constant factor in the gradient (only eps sees it), so these checks barely notice a forgotten
+    unscale (measured at 10 steps: 2.6e-3 = 5.2 lr, just outside); the gradient check of
     test_first_step_master_gradients_equal_the_reference fails it by 4 orders of magnitude."""
     _tracks_fp32(lowp, refs["adamw"], Precision.FP16, u=2.0**-11)
     for case in _low_precision_cases(Precision.FP16):

@@ -19,6 +19,8 @@ is installed and training runs untouched.
     HYBRID_FAULT="signal:rank=1,iteration=3,signal=SIGKILL,restart=0"       only in torchrun's first attempt
                                                                            (TORCHELASTIC_RESTART_COUNT 0), so the
                                                                            restarted job runs on
+    HYBRID_FAULT="slow:rank=0,ms=300,restart=0"                            slow in the first attempt only: the
+                                                                           restarted job runs at full speed
 
 Several faults are separated by ";". Iterations are 1-based (as logged), micro-batches 0-based. `op` is
 "GROUP.OP" with OP a collective (all_reduce, all_gather, reduce_scatter, broadcast) or send / recv
@@ -51,7 +53,7 @@ class Fault:
     seconds: float = 3600.0  # hang: how long to sleep
     signal: str = ""  # signal: SIGKILL, SIGSTOP, SIGTERM, ...; crash: send it instead of raising ("": raise)
     point: str = ""  # crash: the checkpoint save's crash point (hybrid/checkpoint/faults.py); rank -1: every rank
-    restart: int = -1  # signal/crash: only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT); -1: every attempt
+    restart: int = -1  # signal/crash/slow: only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT); -1: every attempt
 
     def in_this_attempt(self) -> bool:
         return self.restart in (-1, attempt())
@@ -143,7 +145,7 @@ class Injector:
 
     def on_forward(self) -> None:
         for f in self.faults:
-            if f.kind == "slow":
+            if f.kind == "slow" and f.in_this_attempt():
                 time.sleep(f.ms / 1e3)
 
     def begin_iteration(self, iteration: int, model: nn.Module) -> None:
