@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hybrid.planner import ActivationProfile, Cluster, Layout, Precision, Workload, evaluate
-from hybrid.planner.calibrate import CPU_CLOCK, _timed, fit_comm_cpu, solo_clock
+from hybrid.planner.calibrate import CPU_CLOCK, _timed, block_median, fit_comm_cpu, solo_clock
 from hybrid.planner.hardware import GpuKind, hardware
 from hybrid.planner.ops import KernelProfile
 from hybrid.planner.time import STEP_SCALAR_ALL_REDUCES, comm_cpu_seconds, stage_times
@@ -108,3 +108,27 @@ def test_probes_alone_are_timed_on_the_cpu_clock():
     assert solo_clock(torch.device("cpu")) is CPU_CLOCK
     assert _timed(lambda: time.sleep(0.01), 0.0, min_calls=2, clock=CPU_CLOCK) < 0.005
     assert _timed(lambda: time.sleep(0.01), 0.0, min_calls=2) >= 0.01
+
+
+def test_a_stalled_block_does_not_move_the_block_median():
+    """calibrate's CPU probes keep the median of their blocks (round 10: one block is one draw of the scheduler):
+    a block that met a 10x stall leaves it where the others are; the mean of the blocks would move by 1.8x."""
+    assert block_median([1.0, 1.0, 1.0, 1.0, 10.0]) == 1.0
+    assert block_median([2.0, 1.0, 3.0]) == 2.0
+    with pytest.raises(ValueError, match="no blocks"):
+        block_median([])
+
+
+def test_timed_splits_its_seconds_into_blocks_and_keeps_their_median():
+    """_timed(seconds=6, blocks=3) on a fake clock where every call takes 1 s and the 5th 100 s (call 1 is the
+    warm-up): three blocks of 2 s read 1, (1 + 100) / 2 and 1 s a call, median 1; one block of 6 s stops after the
+    stall and reads its mean, (1 + 1 + 1 + 100) / 4."""
+    def run(blocks: int) -> float:
+        now, calls = [0.0], [0]
+
+        def fn() -> None:
+            calls[0] += 1
+            now[0] += 100.0 if calls[0] == 5 else 1.0
+        return _timed(fn, 6.0, min_calls=2, clock=lambda: now[0], blocks=blocks)
+    assert run(3) == 1.0
+    assert run(1) == 103.0 / 4
