@@ -122,15 +122,19 @@ def report(rows: dict[str, list[dict]], ranks: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hybrid.cliutil import int_in
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=int, default=4, help="calibrations per tree")
-    p.add_argument("--ranks", type=int, default=8, help="calibrate --ranks (the main job's 8)")
+    p.add_argument("--runs", type=int_in(2, 100), default=4, help="calibrations per tree")
+    p.add_argument("--ranks", type=int_in(2, 1024), default=8, help="calibrate --ranks (the main job's 8)")
     p.add_argument("--code", action="append", metavar="NAME=DIR",
                    help="a source tree to calibrate with (repeatable; alternated run by run); default: this one")
     p.add_argument("--keep", metavar="DIR", help="keep the profiles here (NAME_run<i>.json)")
     p.add_argument("--out", help="write the Markdown report here")
     p.add_argument("--profiles", metavar="DIR", help="tabulate the profiles in DIR (NAME_run<i>.json), no calibration")
     args = p.parse_args(argv)
+    for c in args.code or ():
+        if "=" not in c or not os.path.isdir(os.path.join(c.split("=", 1)[1], "hybrid")):
+            p.error(f"--code {c}: give NAME=DIR, DIR a source tree holding hybrid/ (e.g. old=/tmp/old_tree)")
     codes = dict(c.split("=", 1) for c in args.code) if args.code else {"this tree": ROOT}
     rows: dict[str, list[dict]] = {name: [] for name in codes}
     if args.profiles:
