@@ -59,8 +59,7 @@ docs/results/bench_planner_mainjob.md).
 
 On a CPU every probe a rank runs alone (the GEMM curve, the copy, the layers) is timed on its CPU clock
 (`solo_clock`: user + sys seconds of the process), the same as wall on a quiet core and not stretched by other
-processes on a loaded machine, the layers as the median of LAYER_BLOCKS = 5 blocks of the same seconds; the
-all-at-once rates stay wall (they measure the sharing).
+processes on a loaded machine; the all-at-once rates stay wall (they measure the sharing).
 
 Not measured (one machine cannot): the network between nodes, PCIe, host memory for offload. Those fields
 keep the `cpu` preset's values (or `--base` preset's) and the profile says so.
@@ -267,11 +266,6 @@ def layer_config(shape: tuple[int, int, int, int]):
                               embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
 
 
-# A CPU layer probe's time split into blocks, their median kept (the same seconds in all): fit_layer solves two
-# shapes exactly, so one slow stretch in a single mean moved the per-pass costs by 47-138 % over four calibrations.
-LAYER_BLOCKS = 5
-
-
 def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torch.device,
                   dtype: torch.dtype = torch.float32, clock=time.perf_counter) -> tuple[float, float]:
     """(forward, backward) seconds of one GPT-2 block of `shape` in `dtype` (backward = forward + backward timed
@@ -293,9 +287,11 @@ def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torc
     def both() -> None:
         block(x).backward(grad)
         sync()
-    blocks = 1 if device.type == "cuda" else LAYER_BLOCKS
-    fwd = _timed(forward, seconds, clock=clock, blocks=blocks)
-    return fwd, max(0.0, _timed(both, seconds, clock=clock, blocks=blocks) - fwd)
+    # One mean over `seconds`, not a median of blocks: round 10 tried 5 blocks of the same seconds and the layers'
+    # times spread as much (4-14 % under load 7-28, on the CPU clock: other processes' cache and memory traffic,
+    # not stalls a median drops), the fitted per-pass costs more (sd 54 / 82 % against 31 / 54 %).
+    fwd = _timed(forward, seconds, clock=clock)
+    return fwd, max(0.0, _timed(both, seconds, clock=clock) - fwd)
 
 
 def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int], probe: LayerProbe = CPU_PROBE):
