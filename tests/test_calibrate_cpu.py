@@ -118,17 +118,3 @@ def test_a_stalled_block_does_not_move_the_block_median():
     with pytest.raises(ValueError, match="no blocks"):
         block_median([])
 
-
-def test_timed_splits_its_seconds_into_blocks_and_keeps_their_median():
-    """_timed(seconds=6, blocks=3) on a fake clock where every call takes 1 s and the 5th 100 s (call 1 is the
-    warm-up): three blocks of 2 s read 1, (1 + 100) / 2 and 1 s a call, median 1; one block of 6 s stops after the
-    stall and reads its mean, (1 + 1 + 1 + 100) / 4."""
-    def run(blocks: int) -> float:
-        now, calls = [0.0], [0]
-
-        def fn() -> None:
-            calls[0] += 1
-            now[0] += 100.0 if calls[0] == 5 else 1.0
-        return _timed(fn, 6.0, min_calls=2, clock=lambda: now[0], blocks=blocks)
-    assert run(3) == 1.0
-    assert run(1) == 103.0 / 4

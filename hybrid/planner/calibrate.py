@@ -53,8 +53,8 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds). Each the median of
   PAIR_BLOCKS = 5 runs.
 
-On a CPU every repeated measurement keeps the median of its blocks (`block_median`): with more ranks than cores a
-block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
+On a CPU the collectives and the pair probe keep the median of their blocks (`block_median`): with more ranks than
+cores a block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
 docs/results/bench_planner_mainjob.md).
 
 On a CPU every probe a rank runs alone (the GEMM curve, the copy, the layers) is timed on its CPU clock
@@ -138,20 +138,16 @@ def bus_bandwidth(op: str, size_bytes: float, seconds: float, n: int) -> tuple[f
     return algbw, algbw * factor
 
 
-def _timed(fn, seconds: float, min_calls: int = 2, clock=time.perf_counter, blocks: int = 1) -> float:
-    """Seconds per call of fn() on `clock`: one warm-up, then `blocks` blocks, each of calls until seconds / blocks
-    have passed on it (at least min_calls); the median of the blocks' means (`block_median`). `time.process_time`
-    (CPU_CLOCK) times a CPU rank's own work: the seconds it spends on a core, which other processes on the machine
-    do not stretch as they stretch wall time."""
+def _timed(fn, seconds: float, min_calls: int = 2, clock=time.perf_counter) -> float:
+    """Seconds per call of fn() on `clock`: one warm-up, then calls until `seconds` have passed on it (at least
+    min_calls). `time.process_time` (CPU_CLOCK) times a CPU rank's own work: the seconds it spends on a core, which
+    other processes on the machine do not stretch as they stretch wall time."""
     fn()
-    means = []
-    for _ in range(blocks):
-        calls, start = 0, clock()
-        while calls < min_calls or clock() - start < seconds / blocks:
-            fn()
-            calls += 1
-        means.append((clock() - start) / calls)
-    return block_median(means)
+    calls, start = 0, clock()
+    while calls < min_calls or clock() - start < seconds:
+        fn()
+        calls += 1
+    return (clock() - start) / calls
 
 
 def block_median(means: list[float]) -> float:
@@ -287,7 +283,7 @@ def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torc
     def both() -> None:
         block(x).backward(grad)
         sync()
-    # One mean over `seconds`, not a median of blocks: round 10 tried 5 blocks of the same seconds and the layers'
+    # One mean over `seconds`, not block_median: round 10 tried 5 blocks of the same seconds and the layers'
     # times spread as much (4-14 % under load 7-28, on the CPU clock: other processes' cache and memory traffic,
     # not stalls a median drops), the fitted per-pass costs more (sd 54 / 82 % against 31 / 54 %).
     fwd = _timed(forward, seconds, clock=clock)
