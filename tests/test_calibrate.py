@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 from pathlib import Path
 
 import pytest
 
 from hybrid.planner import Cluster, Layout, evaluate
-from hybrid.planner.calibrate import (FORMAT, CalibrationConfig, bus_bandwidth, calibrate, load_hardware,
-                                      save_profile)
+from hybrid.planner.calibrate import (COLLECTIVE_BLOCKS, FORMAT, CalibrationConfig, bus_bandwidth, calibrate,
+                                      load_hardware, save_profile)
 from hybrid.planner.cli import main as plan_main
 from hybrid.planner.layout import Workload
 from hybrid.planner.model import ActivationProfile, Precision
@@ -55,6 +56,12 @@ def test_profile_records_what_was_measured(profile_path):
     largest = measured["collectives"]["all_reduce"][-1]
     assert hw["intra_node_gbps"] == largest["busbw_gbps"] == pytest.approx(largest["algbw_gbps"] * 2 * 1 / 2)
     assert hw["intra_latency_s"] == measured["collectives"]["all_reduce"][0]["seconds"] > 0
+    for op in ("all_reduce", "all_gather"):  # sizes <= 64 KiB: 15 blocks, the slowest rank's median all-reduced
+        for e in measured["collectives"][op]:
+            assert len(e["rank0_block_seconds"]) == COLLECTIVE_BLOCKS
+            assert e["seconds"] >= statistics.median(e["rank0_block_seconds"]) > 0
+    before, after = measured["load_average_before_after"]
+    assert before >= 0 and after >= 0
     assert profile["matmul_tflops"]["fp32"] > 0 and hw["compute_efficiency"] == 1.0
     assert hw["compute_units"] == os.cpu_count()  # gloo ranks share this machine's cores
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hybrid.planner import ActivationProfile, Cluster, Layout, Precision, Workload, evaluate
-from hybrid.planner.calibrate import CPU_CLOCK, _timed, fit_comm_cpu, solo_clock
+from hybrid.planner.calibrate import CPU_CLOCK, _timed, block_median, fit_comm_cpu, solo_clock
 from hybrid.planner.hardware import GpuKind, hardware
 from hybrid.planner.ops import KernelProfile
 from hybrid.planner.time import STEP_SCALAR_ALL_REDUCES, comm_cpu_seconds, stage_times
@@ -108,3 +108,13 @@ def test_probes_alone_are_timed_on_the_cpu_clock():
     assert solo_clock(torch.device("cpu")) is CPU_CLOCK
     assert _timed(lambda: time.sleep(0.01), 0.0, min_calls=2, clock=CPU_CLOCK) < 0.005
     assert _timed(lambda: time.sleep(0.01), 0.0, min_calls=2) >= 0.01
+
+
+def test_a_stalled_block_does_not_move_the_block_median():
+    """calibrate's CPU probes keep the median of their blocks (round 10: one block is one draw of the scheduler):
+    a block that met a 10x stall leaves it where the others are; the mean of the blocks would move by 1.8x."""
+    assert block_median([1.0, 1.0, 1.0, 1.0, 10.0]) == 1.0
+    assert block_median([2.0, 1.0, 3.0]) == 2.0
+    with pytest.raises(ValueError, match="no blocks"):
+        block_median([])
+

@@ -30,7 +30,9 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   (docs/results/bench_interleaved.md). When noise leaves no positive solution the fields fall back (rate from
   the larger shape, no fixed cost; the copy rate if even that layer ran no slower than its GEMMs);
 * all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
-  output), timed back to back over a few calls after a warm-up (on a CPU the median of 5 blocks' means):
+  output), timed back to back over a few calls after a warm-up (on a CPU a block of calls untimed, then the
+  median of COLLECTIVE_BLOCKS = 15 blocks' means up to 64 KiB, 5 above; rank 0's block means kept in the
+  profile):
   algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or x (n - 1)/n (all-gather), the nccl-tests
   convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the all-reduce busbw at the largest size,
   `intra_latency_s` the time of the smallest all-reduce;
@@ -48,7 +50,12 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
 * gloo only, every pair of ranks (0, 1), (2, 3), ... at once (`pair_comm_cpu`): the CPU seconds a rank burns per
   TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per
   byte -> `collective_cpu_s`, `p2p_cpu_s`, `comm_cpu_s_per_byte`: with more ranks than cores that CPU is work the
-  cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds).
+  cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds). Each the median of
+  PAIR_BLOCKS = 5 runs.
+
+On a CPU the collectives and the pair probe keep the median of their blocks (`block_median`): with more ranks than
+cores a block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
+docs/results/bench_planner_mainjob.md).
 
 On a CPU every probe a rank runs alone (the GEMM curve, the copy, the layers) is timed on its CPU clock
 (`solo_clock`: user + sys seconds of the process), the same as wall on a quiet core and not stretched by other
@@ -141,6 +148,17 @@ def _timed(fn, seconds: float, min_calls: int = 2, clock=time.perf_counter) -> f
         fn()
         calls += 1
     return (clock() - start) / calls
+
+
+def block_median(means: list[float]) -> float:
+    """The statistic of a CPU probe's repeated blocks: their median. A block is one draw of the OS scheduler (with
+    8 ranks on 2 cores one block of 20 back-to-back 8-byte all-reduces read 5.6-9.9 ms within one calibration,
+    docs/results/bench_planner_mainjob.md, round 10): a block that met a stall moves a mean over blocks by its
+    whole excess but a median not at all, and the median of B blocks' means still estimates the mean a call
+    costs (what a step sums) where the blocks are alike."""
+    if not means:
+        raise ValueError("block_median: no blocks")
+    return statistics.median(means)
 
 
 CPU_CLOCK = time.process_time  # a CPU rank's probes alone: user + sys seconds of the process (all its threads)
@@ -265,6 +283,9 @@ def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torc
     def both() -> None:
         block(x).backward(grad)
         sync()
+    # One mean over `seconds`, not block_median: round 10 tried 5 blocks of the same seconds and the layers'
+    # times spread as much (4-14 % under load 7-28, on the CPU clock: other processes' cache and memory traffic,
+    # not stalls a median drops), the fitted per-pass costs more (sd 54 / 82 % against 31 / 54 %).
     fwd = _timed(forward, seconds, clock=clock)
     return fwd, max(0.0, _timed(both, seconds, clock=clock) - fwd)
 
@@ -344,9 +365,12 @@ def layer_kernels(hw: Hardware, probe: LayerProbe) -> int:
     return p.forward_kernels + p.backward_kernels
 
 
-def _collective_seconds(op: str, size: int, world: int, device: torch.device) -> float:
-    """Seconds of one collective of nccl-tests size `size`, every rank calling it together (the slowest rank's
-    mean over a few calls: all ranks time the same calls, and the max is all-reduced)."""
+COLLECTIVE_BLOCKS = 15  # blocks of back-to-back calls per collective size <= 64 KiB on a CPU (5 before round 10)
+
+
+def _collective_seconds(op: str, size: int, world: int, device: torch.device) -> tuple[float, list[float]]:
+    """(seconds of one collective of nccl-tests size `size`, every rank calling it together -- the slowest rank's
+    block_median: all ranks time the same calls, and the max is all-reduced --, this rank's block means)."""
     elems = max(1, size // 4)
     if op == "all_reduce":
         t = torch.ones(elems, device=device)
@@ -356,7 +380,8 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device) ->
         out = torch.empty(shard.numel() * world, device=device)
         call = (lambda: _all_gather_single(out, shard))
     calls = 20 if size <= 2**20 else 5
-    call()
+    for _ in range(1 if device.type == "cuda" else calls):  # a block's worth untimed: the scheduler settles
+        call()
     dist.barrier()
     # Back to back: the call's own time (latency + bytes / bandwidth), the ranks in lock step. NCCL runs on its
     # stream, overlapping the compute stream. gloo with a core per rank: what a call waits for its ranks to meet
@@ -366,19 +391,21 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device) ->
     # slow, tp 2 at b 1 by 1 / 0.76). More gloo ranks than cores: a burst would time the OS scheduler (8 ranks on
     # 2 cores: a 17-21 ms "latency"), which the shared-compute bound prices. On a CPU one block of calls is one
     # draw of the scheduler (8 ranks on 2 cores: the smallest all-reduce read 1.7-3.7 ms in five calibrations,
-    # moving the main job's planned step from 0.20 to 0.28 s): the median of 5 blocks' means.
+    # moving the main job's planned step from 0.20 to 0.28 s): the median of the blocks' means (block_median).
+    # Five blocks were too few: within one calibration the 8-byte all-reduce's blocks read 5.6-9.9 ms and medians
+    # of five consecutive ones 6.7-8.3 ms; the planned step moves ~65 x intra_latency_s (round 10), so the small
+    # sizes, which set the latency, take COLLECTIVE_BLOCKS.
     block_means = []
-    for _ in range(1 if device.type == "cuda" else 5):
+    for _ in range(1 if device.type == "cuda" else COLLECTIVE_BLOCKS if size <= 2**16 else 5):
         start = time.perf_counter()
         for _ in range(calls):
             call()
         if device.type == "cuda":
             torch.cuda.synchronize()
         block_means.append((time.perf_counter() - start) / calls)
-    seconds = statistics.median(block_means) * calls
-    took = torch.tensor([seconds / calls], dtype=torch.float64)
+    took = torch.tensor([block_median(block_means)], dtype=torch.float64)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
-    return took.item()
+    return took.item(), block_means
 
 
 SKEW_BURSTS = (96, 384, 2048)  # k of the 512 x k x 512 matmul bursts: ~0.5, 2 and 10 ms on a ~100 GFLOP/s core
@@ -465,7 +492,11 @@ class ThreadTimedGroup(Group):
             self.all_reduce_thread_s += time.thread_time() - t0
 
 
-def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES) -> dict | None:
+PAIR_BLOCKS = 5  # runs of each pair_comm_cpu measurement, their median kept (one run before round 10)
+
+
+def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES,
+                  blocks: int = PAIR_BLOCKS) -> dict | None:
     """gloo: the CPU seconds a rank's process burns per collective call and per pipeline message (a send or a
     receive), every pair of ranks (0, 1), (2, 3), ... at it at once -- the groups a TP 2 / DP 2 / pipeline
     neighbour pair runs on, sharing the cores as in training; through the runtime's `hybrid.comm.Group` (ledger,
@@ -478,7 +509,9 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
       a core's L2 first, not counted), as a pipeline message meets a receiver waiting in its bubble.
 
     With more ranks than cores a collective's wall time is mostly waiting for a core, but its CPU seconds are
-    work the cores must do: the shared-compute bound adds them (time.py). None on the odd rank out."""
+    work the cores must do: the shared-compute bound adds them (time.py). Each number is the median of `blocks`
+    runs (block_median): one run's collective_cpu_s read 0.33-0.81 ms over four calibrations (round 10). None on
+    the odd rank out."""
     from hybrid.tp import TPContext
     from models.gpt2 import GPT2Block
     ledger = CommLedger()
@@ -491,13 +524,17 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
 
     def comm_cpu(run, count) -> float:
         """CPU seconds per call of run()'s collectives: inside them on this thread (the group's all-reduces, and
-        what run() returns), and gloo's threads."""
-        group.all_reduce_thread_s = 0.0
-        ledger.reset()
-        start, start_main = CPU_CLOCK(), time.thread_time()
-        extra = run()
-        others = (CPU_CLOCK() - start) - (time.thread_time() - start_main)
-        return (group.all_reduce_thread_s + (extra or 0.0) + others) / max(1, count(ledger))
+        what run() returns), and gloo's threads -- the block_median of PAIR_BLOCKS runs (one run is one draw of
+        the scheduler: a call's CPU grows with how long gloo polls for a peer that is not on a core)."""
+        per_call = []
+        for _ in range(blocks):
+            group.all_reduce_thread_s = 0.0
+            ledger.reset()
+            start, start_main = CPU_CLOCK(), time.thread_time()
+            extra = run()
+            others = (CPU_CLOCK() - start) - (time.thread_time() - start_main)
+            per_call.append((group.all_reduce_thread_s + (extra or 0.0) + others) / max(1, count(ledger)))
+        return block_median(per_call)
 
     b, s_, h, _ = LAYER_SHAPES[1]
     block = GPT2Block(layer_config(LAYER_SHAPES[1]), TPContext(group))
@@ -594,10 +631,10 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
                 f"{b * 1e3:.2f} ms (rank 0 alone)")
     for op in ("all_reduce", "all_gather") if world > 1 else ():  # one rank: nothing to time
         for size in cfg.sizes:
-            seconds = _collective_seconds(op, size, world, device)
+            seconds, blocks = _collective_seconds(op, size, world, device)
             algbw, busbw = bus_bandwidth(op, size, seconds, world)
             out["collectives"][op].append({"bytes": size, "seconds": seconds, "algbw_gbps": algbw / GB,
-                                           "busbw_gbps": busbw / GB})
+                                           "busbw_gbps": busbw / GB, "rank0_block_seconds": blocks})
             say(f"{op} {size:>10,d} B over {world} ranks: {seconds * 1e6:10.1f} us, algbw {algbw / GB:7.3f} GB/s, "
                 f"busbw {busbw / GB:7.3f} GB/s")
     if measures_skew(world, cfg.backend):  # a core per rank: the ranks' skew after compute
@@ -617,8 +654,14 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
 def calibrate(cfg: CalibrationConfig = CalibrationConfig(), timeout: float = 300.0) -> dict:
     """Spawn cfg.ranks processes, measure, and return the profile (a JSON-ready dict; see `load_hardware`)."""
     from hybrid.testing import run_distributed
+    load = os.getloadavg()[0]
     per_rank = run_distributed(_measure_rank, cfg.ranks, args=(cfg,), timeout=timeout, backend=cfg.backend)
-    return make_profile(cfg, per_rank)
+    profile = make_profile(cfg, per_rank)
+    # Other processes on the cores move every wall-timed field (gloo's latency and its CPU per call most: with 8
+    # ranks on 2 cores under load 8-28, intra_latency_s read 3.9-7.6 ms; round 10): kept so a profile says how
+    # quiet the machine was. The 1-minute average before the ranks start, and after (theirs included).
+    profile["measured"]["load_average_before_after"] = [load, os.getloadavg()[0]]
+    return profile
 
 
 def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
@@ -907,3 +950,6 @@ def run(args: argparse.Namespace) -> None:
                 f"{hw['collective_skew_per_s']:.3f} c" if measures_skew(cfg.ranks, cfg.backend) else "")
              if cfg.ranks > 1 else f"), no collectives (one rank: the {cfg.base} preset's node is kept)")
           + f". Use: hybrid plan --hardware {args.out} ...")
+    before, after = profile["measured"]["load_average_before_after"]
+    print(f"calibrate: load average {before:.2f} before, {after:.2f} after ({os.cpu_count()} CPUs; other processes "
+          "on the cores move the timed collectives: calibrate on a quiet machine)")
