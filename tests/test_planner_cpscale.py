@@ -133,6 +133,20 @@ def test_overlap_grad_reduce_hides_all_but_the_last_bucket_and_costs_the_compute
     assert on(ZeroStage.GRADIENTS, 0.0, math.inf) == off(ZeroStage.GRADIENTS, 0.0, math.inf)  # ZeRO 2: per micro-batch
 
 
+def test_the_hidden_parameter_gather_costs_the_forward_under_it():
+    """ZeRO 1-2's post-step all-gather (2 Psi bytes, ZeRO 2's whole DP step) under a long first forward: all but
+    its first of n = ceil(2 Psi / 25 MiB) buckets hidden, each hidden second costing the forward 1 - 1/sigma of one
+    (NCCL's CTAs under the GEMMs, as for the hidden reduce-scatter above); free at sigma = 1 (a CPU)."""
+    psi = 1e9
+    gather = _zero1(False, psi)(ZeroStage.GRADIENTS, 0.0, 0.0)  # no forward: all of it exposed
+    hidden = gather * (1 - 1 / math.ceil(2 * psi / (25 * 2**20)))
+    for slowdown in (1.0, 1.73):
+        under = _zero1(False, psi, slowdown)(ZeroStage.GRADIENTS, math.inf, 0.0)
+        assert under == pytest.approx(gather - hidden + hidden * (1 - 1 / slowdown), rel=1e-12)
+    half = _zero1(False, psi)(ZeroStage.GRADIENTS, hidden / 2, 0.0)  # half of it fits under the forward
+    assert half == pytest.approx(gather - hidden / 2 / 1.73, rel=1e-12)
+
+
 def test_only_the_runs_that_state_it_overlap_the_gradient_reduction():
     """Megatron-core's weak-scaling benchmark states --overlap-grad-reduce (README "Performance Benchmarking")."""
     mcore = {r.name for r in mcore_weak_runs()}

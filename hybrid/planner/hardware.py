@@ -118,7 +118,8 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   GEMM + all-gather of 24 CTAs: 80 % -> 47 % MFU (x 1.70; NVIDIA developer forum "Compute-Communication Overlap
 #   Causes Severe GEMM Performance Degradation because of Tail Effect", 2025); pytorch/pytorch issue 143988 (H100
 #   FSDP: "matmuls take 2x as long", not timed). The two timed ones' mean, 1.73: a hidden collective second costs
-#   the compute under it 1 - 1/1.73 = 0.42 s (time._overlapped). Not fitted.
+#   the compute under it 1 - 1/1.73 = 0.42 s (time._overlapped; and time._dp_step_seconds for the hidden part of
+#   ZeRO 0-1's overlapped gradient reduction and of ZeRO 1-2's post-step parameter all-gather). Not fitted.
 OVERLAP_SLOWDOWN = (1.76 + 1.70) / 2
 H100_500W_CLOCK = 0.988
 H100_EAGER_CLOCK = 0.708
