@@ -183,3 +183,30 @@ def test_powersgd_errors_saved_at_dp2_load_at_dp1_as_their_mean():
     assert sorted(k for k in sd if k.startswith(ERROR)) == sorted(stored) and len(stored) == 2
     owner.load_state_dict(sd)
     assert torch.equal(red.state.error[0], (errors[0] + errors[1]) / 2)
+
+
+# --- MoE (round 9's batch, M14): transformers' pooled balancing loss under sequence parallelism ---------------------
+def test_moe_hf_aux_loss_under_sequence_parallelism_uses_the_whole_micro_batchs_counts():
+    """hf_aux_loss (transformers' load_balancing_loss_func, pooled over the MoE layers) under tp 2 + SP: rank j
+    routes T/2 tokens of every sequence, and the loss's gradient coeff E C_e / (L T)^2 needs the counts C of the
+    whole micro-batch -- this rank's summed over TP (the stand-in group adds the other rank's). The two ranks'
+    router gradients then sum to the unsharded block's, and their loss values to its value. One layer (L = 1),
+    reusing round 8's MoE stand-ins (tests/test_mutation_catches3.py)."""
+    import torch
+
+    from hybrid.moe.config import LoadBalancing, MoEConfig
+    from tests.test_mutation_catches3 import _Adds, _moe_layer, _per_sequence_counts
+    mc = MoEConfig(load_balancing=LoadBalancing.HF_AUX_LOSS, aux_loss_coeff=0.1)
+    x = torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(4))
+    full = _moe_layer(1, mc)
+    full.pool_owner = True
+    (full(x) * 0).sum().backward()  # the LM loss adds nothing: only the balancing loss reaches the router
+    sp = _moe_layer(2, mc)
+    sp.pool_owner = True
+    halves = x.chunk(2, dim=1)
+    for j, half in enumerate(halves):
+        sp.tp.group = _Adds(_per_sequence_counts(sp, halves[1 - j]).sum(0))
+        (sp(half) * 0).sum().backward()
+    value = sum(p.value() for p in full.pools)
+    assert value > 0 and abs(sum(p.value() for p in sp.pools) - value) < 1e-6 * value
+    torch.testing.assert_close(sp.gate.weight.grad, full.gate.weight.grad, rtol=1e-5, atol=1e-8)
