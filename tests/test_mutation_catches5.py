@@ -1,7 +1,19 @@
 """Tests added by the fifth mutation pass (round 10): checkpoints and resharding, the trust paths, the planner's
 search and memory model, and the data pipeline were each broken on purpose by one edit and their own fast tests
-run; these catch the breaks that survived them. In process unless a process group is the subject. The report's
-table (and the commit messages) list every mutation and what caught it.
+run; these catch the breaks that survived them (and two of round 9's unrun batch). In process, no launch. The
+report's table lists every mutation and what caught it.
+
+* checkpoints: vocabulary-padding rows saved as global rows (the clip in stateful.global_box dropped); Adam's
+  step not restored and the fp16 scaler's good / skipped counts swapped on load; `latest` believed when it names
+  an iteration with no manifest. Only the 8-rank resharding and resume tests (slow) saved padded shards or
+  compared a resumed optimizer's plain state.
+* round 9's batch: PowerSGD's error feedback loaded at another DP size as the rows' sum, not their mean (only a
+  slow train.py test loaded at another DP size); transformers' pooled MoE balancing loss under SP without the
+  TP sum of the counts (no test ran hf_aux_loss with tp > 1).
+* planner: the search stopping once a bound exceeds the best time instead of the K-th best (the brute-force
+  test asked for K = 1).
+* data headers: an .idx of any size above the header's, a .bin longer than the index, offsets that disagree
+  with the lengths -- each accepted when its check was loosened (the tests had truncated files only).
 """
 
 from __future__ import annotations
@@ -130,7 +142,7 @@ def test_zero_ranges_of_tp_shards_tile_the_global_tensor_once_without_padding(fu
     assert torch.equal(mark, torch.ones(full, dtype=torch.int32))
 
 
-# --- compression state (round 9's batch, C15): PowerSGD's error feedback loaded at another DP size ---------------------
+# --- compression state (round 9's batch, C15): PowerSGD's error feedback loaded at another DP size -----------------
 class _Reduction:
     """What PowerSGDCheckpoint reads of a PowerSGDReduction (hybrid/compress/reduction.py): one bucket holding an
     (8, 12) matrix (compressed at rank 1) and a (5,) vector, replicated over TP, at DP rank `dp` of `dp_size`."""
@@ -212,22 +224,7 @@ def test_moe_hf_aux_loss_under_sequence_parallelism_uses_the_whole_micro_batchs_
     torch.testing.assert_close(sp.gate.weight.grad, full.gate.weight.grad, rtol=1e-5, atol=1e-8)
 
 
-# --- planner: placement and the search -----------------------------------------------------------------------
-@pytest.mark.parametrize("tp, dp, per_node", [(1, 16, 8), (2, 8, 8), (4, 4, 8), (8, 2, 8), (2, 2, 8), (1, 4, 8),
-                                              (2, 16, 4)])
-def test_dp_group_members_per_node_follow_from_the_rank_order(tp, dp, per_node):
-    """With TP innermost (rank = t_rank + tp (dp_rank + dp pp_rank)), a DP group is dp ranks tp apart; how many of
-    them share a node of `per_node` GPUs is counted here on the ranks themselves and must be what the planner's
-    bandwidth model assumes (layout.dp_placement)."""
-    from types import SimpleNamespace
-
-    from hybrid.planner.layout import dp_placement
-    members = [tp * i for i in range(dp)]  # DP group of TP rank 0, stage 0
-    in_node = [sum(1 for r in members if r // per_node == n) for n in range(max(members) // per_node + 1)]
-    place = dp_placement(SimpleNamespace(hw=SimpleNamespace(gpus_per_node=per_node)), SimpleNamespace(tp=tp, dp=dp))
-    assert place.size == dp and place.per_node == max(in_node) == min(c for c in in_node if c)
-
-
+# --- planner: the search's bound ------------------------------------------------------------------------------------
 def test_search_top_5_are_the_five_fastest_of_every_fitting_layout():
     """Branch and bound stops once a candidate's lower bound exceeds the K-th best time found; K = 5 against brute
     force -- every fitting, non-dominated layout timed -- (test_planner.py checks K = 1, where the K-th best is the
