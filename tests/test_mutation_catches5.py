@@ -5,8 +5,9 @@ report's table lists every mutation and what caught it.
 
 * checkpoints: vocabulary-padding rows saved as global rows (the clip in stateful.global_box dropped); Adam's
   step not restored and the fp16 scaler's good / skipped counts swapped on load; `latest` believed when it names
-  an iteration with no manifest. Only the 8-rank resharding and resume tests (slow) saved padded shards or
-  compared a resumed optimizer's plain state.
+  an iteration with no manifest; the sha256 comparison dropped (the fast tests altered files by truncating
+  them). Only the 8-rank resharding and resume tests (slow) saved padded shards or compared a resumed
+  optimizer's plain state.
 * round 9's batch: PowerSGD's error feedback loaded at another DP size as the rows' sum, not their mean (only a
   slow train.py test loaded at another DP size); transformers' pooled MoE balancing loss under SP without the
   TP sum of the counts (no test ran hf_aux_loss with tp > 1).
@@ -55,6 +56,24 @@ def test_latest_naming_an_unfinished_or_vanished_iteration_is_passed_over(tmp_pa
         assert store.read_latest(root) is None, named
         assert store.complete_iterations(root) == [2] and store.candidates(root) == [2]
 
+
+
+def test_a_file_changed_in_place_with_its_size_kept_fails_its_checksum(tmp_path):
+    """A checkpoint file altered without changing its size -- here state.json's consumed samples 16 -> 17, still
+    valid JSON that every field check accepts -- is caught by its sha256 alone: `inspect` names it and the resume
+    skips that checkpoint (store.candidates then verify). The tests that flip a byte of a data file run train.py
+    (slow); the ones here in the fast tier truncated files, which the size check already catches."""
+    root = str(tmp_path / "ckpt")
+    path = _complete(root, 2)
+    assert store.verify_all(path).error is None
+    state = os.path.join(path, store.STATE)
+    text = open(state).read()
+    assert '"consumed_samples": 16' in text
+    with open(state, "w") as f:
+        f.write(text.replace('"consumed_samples": 16', '"consumed_samples": 17'))
+    assert store.read_state(path)["consumed_samples"] == 17  # well-formed: only the checksum can tell
+    verdict = store.verify_all(path)
+    assert verdict.complete and verdict.error == f"{state}: sha256 differs from the manifest (corrupted)"
 
 # --- checkpoints: the optimizer's plain state ----------------------------------------------------------------------
 def _fp16_run():
