@@ -14,7 +14,8 @@ report's table lists every mutation and what caught it.
 * planner: the search stopping once a bound exceeds the best time instead of the K-th best (the brute-force
   test asked for K = 1).
 * data headers: an .idx of any size above the header's, a .bin longer than the index, offsets that disagree
-  with the lengths -- each accepted when its check was loosened (the tests had truncated files only).
+  with the lengths -- each accepted when its check was loosened (the tests had truncated files only); DCP
+  metadata whose byte range starts inside a data file but runs past its end (only the start was checked).
 """
 
 from __future__ import annotations
@@ -331,3 +332,23 @@ def test_an_index_whose_offsets_disagree_with_its_lengths_is_one_error(tmp_path)
         f.write(struct.pack("<q", 16))
     with pytest.raises(ValueError, match=r"d\.idx: sequence offsets disagree with the lengths"):
         IndexedDataset(prefix)
+
+
+# --- trust paths: DCP's metadata ------------------------------------------------------------------------------------
+def test_metadata_naming_bytes_past_the_end_of_a_data_file_is_refused(tmp_path):
+    """Every (offset, length) .metadata gives a stored item must lie inside its file as the manifest sizes it:
+    a range that starts inside but runs past the end (offset 40, length 24 of a 50-byte file) is refused naming
+    the item, before DCP reads anything; the same range inside a 64-byte file passes."""
+    import torch
+    from torch.distributed.checkpoint import metadata as md
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    from hybrid.checkpoint.safe_read import check_metadata
+    props = md.TensorProperties(dtype=torch.float32)
+    meta = md.Metadata(state_dict_metadata={"model/w": md.TensorStorageMetadata(
+        props, torch.Size([6]), [md.ChunkStorageMetadata(torch.Size([0]), torch.Size([6]))])},
+        storage_data={md.MetadataIndex("model/w", torch.Size([0])): _StorageInfo("__0_0.distcp", 40, 24)})
+    entry = {"sha256": "0" * 64}
+    check_metadata(meta, str(tmp_path), {"__0_0.distcp": dict(entry, bytes=64)})
+    with pytest.raises(store.CorruptCheckpoint, match=r"'model/w' reads bytes \[40, 64\) of __0_0\.distcp \(50 bytes\)"):
+        check_metadata(meta, str(tmp_path), {"__0_0.distcp": dict(entry, bytes=50)})
