@@ -350,5 +350,6 @@ def test_metadata_naming_bytes_past_the_end_of_a_data_file_is_refused(tmp_path):
         storage_data={md.MetadataIndex("model/w", torch.Size([0])): _StorageInfo("__0_0.distcp", 40, 24)})
     entry = {"sha256": "0" * 64}
     check_metadata(meta, str(tmp_path), {"__0_0.distcp": dict(entry, bytes=64)})
-    with pytest.raises(store.CorruptCheckpoint, match=r"'model/w' reads bytes \[40, 64\) of __0_0\.distcp \(50 bytes\)"):
+    with pytest.raises(store.CorruptCheckpoint,
+                       match=r"'model/w' reads bytes \[40, 64\) of __0_0\.distcp \(50 bytes\)"):
         check_metadata(meta, str(tmp_path), {"__0_0.distcp": dict(entry, bytes=50)})
