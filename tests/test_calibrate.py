@@ -56,7 +56,7 @@ def test_profile_records_what_was_measured(profile_path):
     largest = measured["collectives"]["all_reduce"][-1]
     assert hw["intra_node_gbps"] == largest["busbw_gbps"] == pytest.approx(largest["algbw_gbps"] * 2 * 1 / 2)
     assert hw["intra_latency_s"] == measured["collectives"]["all_reduce"][0]["seconds"] > 0
-    for op in ("all_reduce", "all_gather"):  # sizes <= 64 KiB: 15 blocks, the slowest rank's median all-reduced
+    for op in ("all_reduce", "all_gather"):  # COLLECTIVE_BLOCKS blocks, the slowest rank's median all-reduced
         for e in measured["collectives"][op]:
             assert len(e["rank0_block_seconds"]) == COLLECTIVE_BLOCKS
             assert e["seconds"] >= statistics.median(e["rank0_block_seconds"]) > 0

@@ -31,8 +31,7 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   the larger shape, no fixed cost; the copy rate if even that layer ran no slower than its GEMMs);
 * all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
   output), timed back to back over a few calls after a warm-up (on a CPU a block of calls untimed, then the
-  median of COLLECTIVE_BLOCKS = 15 blocks' means up to 64 KiB, 5 above; rank 0's block means kept in the
-  profile):
+  median of COLLECTIVE_BLOCKS = 5 blocks' means; rank 0's block means kept in the profile):
   algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or x (n - 1)/n (all-gather), the nccl-tests
   convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the all-reduce busbw at the largest size,
   `intra_latency_s` the time of the smallest all-reduce;
@@ -51,7 +50,7 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per
   byte -> `collective_cpu_s`, `p2p_cpu_s`, `comm_cpu_s_per_byte`: with more ranks than cores that CPU is work the
   cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds). Each the median of
-  PAIR_BLOCKS = 5 runs.
+  PAIR_BLOCKS runs (1: more did not pay, below).
 
 On a CPU the collectives and the pair probe keep the median of their blocks (`block_median`): with more ranks than
 cores a block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
@@ -365,7 +364,12 @@ def layer_kernels(hw: Hardware, probe: LayerProbe) -> int:
     return p.forward_kernels + p.backward_kernels
 
 
-COLLECTIVE_BLOCKS = 15  # blocks of back-to-back calls per collective size <= 64 KiB on a CPU (5 before round 10)
+# Blocks of back-to-back calls per collective size on a CPU. Round 10 tried 15 (sizes <= 64 KiB) with PAIR_BLOCKS 5:
+# on a quiet machine, 3 calibrations each alternated with this setting, the main job's planned step spread 21 %
+# (0.255-0.308 s) against 15 % (0.284-0.327 s) here, calibrate took 53 s against 36 s, and the spread came from the
+# fitted per-pass layer costs (layer_backward_overhead_s alone moved the step 20-29 %), not the collectives:
+# docs/results/bench_planner_mainjob.md. Kept at 5 / 1.
+COLLECTIVE_BLOCKS = 5
 
 
 def _collective_seconds(op: str, size: int, world: int, device: torch.device) -> tuple[float, list[float]]:
@@ -392,11 +396,10 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device) ->
     # 2 cores: a 17-21 ms "latency"), which the shared-compute bound prices. On a CPU one block of calls is one
     # draw of the scheduler (8 ranks on 2 cores: the smallest all-reduce read 1.7-3.7 ms in five calibrations,
     # moving the main job's planned step from 0.20 to 0.28 s): the median of the blocks' means (block_median).
-    # Five blocks were too few: within one calibration the 8-byte all-reduce's blocks read 5.6-9.9 ms and medians
-    # of five consecutive ones 6.7-8.3 ms; the planned step moves ~65 x intra_latency_s (round 10), so the small
-    # sizes, which set the latency, take COLLECTIVE_BLOCKS.
+    # Under load (round 10, load 7-28) the 8-byte all-reduce's blocks read 5.6-9.9 ms within one calibration;
+    # 15 blocks did not make the quiet machine's planned step more repeatable (COLLECTIVE_BLOCKS).
     block_means = []
-    for _ in range(1 if device.type == "cuda" else COLLECTIVE_BLOCKS if size <= 2**16 else 5):
+    for _ in range(1 if device.type == "cuda" else COLLECTIVE_BLOCKS):
         start = time.perf_counter()
         for _ in range(calls):
             call()
@@ -492,7 +495,7 @@ class ThreadTimedGroup(Group):
             self.all_reduce_thread_s += time.thread_time() - t0
 
 
-PAIR_BLOCKS = 5  # runs of each pair_comm_cpu measurement, their median kept (one run before round 10)
+PAIR_BLOCKS = 1  # runs of each pair_comm_cpu measurement, their median kept (5 tried in round 10: COLLECTIVE_BLOCKS)
 
 
 def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES,
