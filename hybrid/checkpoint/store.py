@@ -60,6 +60,8 @@ def is_checkpoint_dir(root: str) -> bool:
 
 
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-LM's `latest`
+# what to do with a Megatron-LM checkpoint, which neither train.py --load nor hybrid convert reads
+MEGATRON_EXPORT = "export it to a transformers folder with Megatron-LM's checkpoint converter"
 
 
 def foreign_checkpoint(root: str) -> str | None:

@@ -31,8 +31,7 @@ def detect(path: str) -> Format:
         return Format.DEEPSPEED
     if os.path.isfile(os.path.join(path, store.MEGATRON_TRACKER)):
         raise ValueError(f"SRC {path!r} is a Megatron-LM checkpoint ({store.MEGATRON_TRACKER}), which hybrid convert "
-                         f"does not read; export it to a transformers folder with Megatron-LM's checkpoint converter, "
-                         f"then convert that folder")
+                         f"does not read; {store.MEGATRON_EXPORT}, then convert that folder")
     if store.is_checkpoint_dir(path) or is_iteration_dir(path):
         return Format.HYBRID
     has_weights = any(os.path.isfile(os.path.join(path, n))

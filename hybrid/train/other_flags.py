@@ -45,6 +45,9 @@ ARCH_FIELDS = {
     "--disable-bias-linear": "model_type llama (no linear biases; gpt2 has them)",
 }
 
+RECOMPUTE_SUBSET = ("--recompute-granularity full recomputes every layer; recomputing a subset of layers "
+                    "(--recompute-method / --recompute-num-layers) is not implemented")
+
 # Megatron flags with nothing to set here, or not implemented: what to do instead
 INSTEAD = {
     "--use-flash-attn": "attention is torch's scaled_dot_product_attention, which picks its flash kernel where the "
@@ -58,10 +61,8 @@ INSTEAD = {
     "--distributed-backend": "NCCL on CUDA, gloo on CPU, chosen by the device; drop the flag",
     "--init-method-std": "weights are initialised with std 0.02 (a config.json's initializer_range must say 0.02); "
                          "drop the flag",
-    "--recompute-method": "--recompute-granularity full recomputes every layer; recomputing a subset of layers "
-                          "(--recompute-method / --recompute-num-layers) is not implemented",
-    "--recompute-num-layers": "--recompute-granularity full recomputes every layer; recomputing a subset of layers "
-                              "(--recompute-method / --recompute-num-layers) is not implemented",
+    "--recompute-method": RECOMPUTE_SUBSET,
+    "--recompute-num-layers": RECOMPUTE_SUBSET,
     "--train-samples": "give --train-iters (samples / --global-batch-size)",
     "--lr-decay-samples": "give --lr-decay-iters (samples / --global-batch-size)",
     "--lr-warmup-samples": "give --lr-warmup-iters (samples / --global-batch-size)",
