@@ -1,6 +1,8 @@
 """More published runs, CHECK rows only (issue 26, round 11): NVIDIA's DGX Cloud performance recipes on H100.
 
     python -m hybrid.planner.published_recipes     # the tables of docs/planner.md "Check rows, round 11"
+    python -m hybrid.planner.published_recipes --readme-only   # the first pass (the README tables alone)
+    python -m hybrid.planner.published_recipes --tp-overlap    # the --tp-comm-overlap what-if
 
 Every row is a `Role.CHECK` row of published.py's `PublishedRun` type: nothing in the planner was fitted to it, and
 nothing may be (tests/test_planner_recipes.py asserts the role). The rows were entered and planned before any model
@@ -24,11 +26,13 @@ the GPUs, the layout stays), so the rows of one table differ only in DP: a table
 DP sizes, and the summaries say so (per table and per precision, not only in all).
 
 Planned as published.py / published_more.py plan NeMo rows: Megatron-core with Transformer Engine (FUSED kernels,
-flash attention, the Megatron stack, overlapped p2p), bf16 with fp32 main gradients (Megatron's default), SP with TP;
-FP8 rows with Workload.fp8 at the planner's default current scaling (NeMo 24.x's default recipe was TE's delayed
-scaling; published_more's NeMo rows are planned the same way, docs/planner.md "FP8 scaling"). Not stated, the
-planner's picks: the distributed optimizer (ZeRO 0 or 1), recomputation, and -- where the table says NA -- VP.
-Not modelled: NeMo's TP communication overlap (userbuffers; its recipes turn it on at TP > 1).
+flash attention, the Megatron stack, overlapped p2p), SP with TP, FP8 rows with Workload.fp8; and with what each
+recipe's own files state (`stated`: ZeRO 1, bf16 gradients, overlapped gradient reduction, recomputation, dropout,
+delayed FP8 scaling -- read at the release's commit, or for v25.04.01's gradients and optimizer measured from its
+READMEs' logged memory, LOGGED_MEMORY). `--readme-only` plans the first pass: the README tables alone, the rest the
+planner's picks (ZeRO 0 / 1, recomputation, fp32 gradients, current scaling). Stated but not planned: TP
+communication overlap (`Stated.tp_comm_overlap`; Workload.tp_comm_overlap moves these rows away: `--tp-overlap`
+prints the what-if, docs/planner.md "Round 11: causes of the misses").
 Models (NeMo's configs): Llama 3.1 8B / 70B / 405B (published.py's shapes, vocabulary 128256), Nemotron-4 15B
 (32 layers, h 6144, 48 heads, 8 KV heads, FFN 24576, squared ReLU, vocabulary 256000; the README's "model flops for
 GBS=1 is 3.85e14" at 25.04.01 is Megatron's count of exactly these shapes) and 340B (published_more's), GPT-3 175B
@@ -74,6 +78,10 @@ class Stated:
         kv_heads: `num_query_groups` where it differs from the model's.
         vp: chunks per rank where the README says NA and the launch script sets it.
         fp8_scaling: TE's recipe for FP8 rows (fp8_hybrid with an amax history of 1024: DelayedScaling).
+        tp_comm_overlap: `ub_tp_comm_overlap` (v24.11.1's YAMLs, the GPT-3 hydra YAML) or the NeMo 2.0 script
+            setting the comm-overlap callback's `tp_comm_overlap_cfg` (v25.04.01's Llama 70B / 405B and Nemotron).
+            Recorded, not planned: with Workload.tp_comm_overlap these rows move away (tp_overlap_what_if,
+            docs/planner.md "Round 11: causes of the misses").
         where: the file each setting was read from.
     """
 
@@ -85,6 +93,7 @@ class Stated:
     kv_heads: int | None = None
     vp: int | None = None
     fp8_scaling: Fp8Scaling = Fp8Scaling.CURRENT
+    tp_comm_overlap: bool = False
     where: str = ""
 
 
@@ -205,9 +214,12 @@ def stated(t: Table) -> Stated:
       0.0 (0.1 for GPT-3 175B), `num_query_groups: 16` in the 405B's file, `fp8_hybrid` with
       `fp8_amax_history_len: 1024` (TE's DelayedScaling);
     * v25.04.01's Llama 3.1 (NeMo 2.0 scripts, llama3.1/pretrain_llama31.py): FP8 through NeMo's
-      bf16_with_fp8_mixed() (hybrid, amax history 1024: delayed) with `grad_reduce_in_fp32 = False`, BF16 through
-      bf16_mixed() (True); v25.04.01's Nemotron4: its launch.sh sets VP 12 for the 340B (the README says NA),
-      FP8 through the same bf16_with_fp8_mixed(); nothing else of NeMo's recipe defaults was read: the planner picks.
+      bf16_with_fp8_mixed() (hybrid, amax history 1024: delayed) with `grad_reduce_in_fp32 = False`; bf16 gradients
+      and the distributed optimizer in BF16 too, by the README's logged memory (LOGGED_MEMORY); v25.04.01's
+      Nemotron4: its launch.sh sets VP 12 for the 340B (the README says NA), FP8 through the same
+      bf16_with_fp8_mixed(), bf16 gradients and the distributed optimizer by its README's logged memory; nothing
+      else of NeMo's recipe defaults was read (recomputation, dropout 0 assumed as NeMo's Llama / Nemotron configs):
+      the planner picks.
     """
     delayed = Fp8Scaling.DELAYED
     if t.release == "24.11.1" or t.model == "GPT3-175B":
@@ -216,12 +228,26 @@ def stated(t: Table) -> Stated:
         return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, overlap_grad_reduce=True,
                       recompute=(Recompute.SELECTIVE if t.model == "Nemotron4-340B" else Recompute.NONE,),
                       dropout=0.1 if t.model == "GPT3-175B" else 0.0,
-                      kv_heads=16 if t.model == "Llama3.1-405B" else None, fp8_scaling=delayed, where=where)
+                      kv_heads=16 if t.model == "Llama3.1-405B" else None, fp8_scaling=delayed,
+                      tp_comm_overlap=t.model not in ("Nemotron4-340B", "Llama3.1-8B"), where=where)
+    # v25.04.01: bf16 gradients and the distributed optimizer, by the READMEs' own log lines (LOGGED_MEMORY)
     if t.model.startswith("Llama"):
-        return Stated(fp32_grads=t.precision == "BF16", fp8_scaling=delayed,
-                      where=f"llama3.1/pretrain_llama31.py at {RELEASES[t.release]}")
-    return Stated(vp=12 if t.model == "Nemotron4-340B" else None, fp8_scaling=delayed,
-                  where=f"nemotron/launch.sh at {RELEASES[t.release]}")
+        return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, fp8_scaling=delayed,
+                      tp_comm_overlap=t.model != "Llama3.1-8B",
+                      where=f"llama3.1/pretrain_llama31.py, README.md's log line at {RELEASES[t.release]}")
+    return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, vp=12 if t.model == "Nemotron4-340B" else None,
+                  fp8_scaling=delayed, tp_comm_overlap=True,
+                  where=f"nemotron/launch.sh, gsw_nemo.patch, README.md's log line at {RELEASES[t.release]}")
+
+
+# The v25.04.01 READMEs' example log lines (BF16: their step times are the 8-GPU 8B's and the 64-GPU 15B's):
+# (model, GPUs, GBS, step s logged, memory_allocated bytes, peak_memory_usage bytes). memory_allocated after a step
+# is what stays -- weights, gradients, optimizer states: (2 + 2 + 12 / (dp x cp)) x the rank's parameters is
+# 44.2 GB for the 8B (8.03e9 parameters, dp x cp 8) and 34.1 GB for the 15B (7.8e9 a TP rank, dp 32), where fp32
+# gradients would give 60.3 and 49.7 GB and an unsharded optimizer 112 and 125: so bf16 gradients and the
+# distributed optimizer, whatever NeMo's bf16_mixed() default says (grad_reduce_in_fp32=True).
+LOGGED_MEMORY = (("Llama3.1-8B", 8, 128, 12.39, 44271689728, 70833405952),
+                 ("Nemotron4-15B", 64, 256, 2.693, 34466545664, 72972500992))
 
 
 def _run(t: Table, column: tuple, readme_only: bool = False) -> PublishedRun:
@@ -243,7 +269,7 @@ def _run(t: Table, column: tuple, readme_only: bool = False) -> PublishedRun:
     work = Workload(cfg, global_batch=gbs, seq_length=t.seq, activations=ActivationProfile.BF16_FLASH,
                     kernels=KernelProfile.FUSED, stack=Stack.MEGATRON, fp32_grads=known.fp32_grads, fp8=fp8,
                     fp8_scaling=known.fp8_scaling if fp8 else Fp8Scaling.CURRENT,
-                    overlap_grad_reduce=known.overlap_grad_reduce)
+                    overlap_grad_reduce=known.overlap_grad_reduce)  # tp_comm_overlap: a what-if (tp_overlap_what_if)
     space = SearchSpace(tp=(t.tp,), pp=(pp,), v=(vp,) if vp else None, micro_batch=(t.mbs,), zero=known.zero,
                         offload=(Offload.NONE,), recompute=known.recompute, sequence_parallel=(t.tp > 1,),
                         zero_bubble=(False,))
@@ -288,12 +314,31 @@ def report(results_by_table: list[tuple[Table, list[Result]]]) -> str:
     return "\n".join(out)
 
 
+def tp_overlap_what_if() -> str:
+    """The rows whose recipes state TP communication overlap (Stated.tp_comm_overlap) and Megatron-Core's weak
+    scaling (`--tp-comm-overlap` stated), planned with and without Workload.tp_comm_overlap (time._tp_overlapped):
+    each group's summary line both ways. A what-if that reads the model, never a fit."""
+    from hybrid.planner.published_more import mcore_weak_runs
+
+    def both(what: str, runs: list[PublishedRun]) -> list[str]:
+        on = [replace(r, workload=replace(r.workload, tp_comm_overlap=True)) for r in runs]
+        return [summary_line(f"{what}, TP synchronous", [evaluate(r) for r in runs]),
+                summary_line(f"{what}, --tp-comm-overlap", [evaluate(r) for r in on])]
+    stating = [r for t in TABLES if stated(t).tp_comm_overlap and t.tp > 1 for r in table_runs(t)]
+    return "\n".join(both("round-11 rows stating TP overlap", stating)
+                     + both("Megatron-Core weak scaling (t > 1)", [r for r in mcore_weak_runs()
+                                                                    if r.space.tp != (1,)]))
+
+
 def evaluate_all(readme_only: bool = False) -> list[tuple[Table, list[Result]]]:
     return [(t, [evaluate(run) for run in table_runs(t, readme_only)]) for t in TABLES]
 
 
 def main() -> None:
     import sys
+    if sys.argv[1:] == ["--tp-overlap"]:
+        print(tp_overlap_what_if())
+        return
     print(report(evaluate_all(readme_only=sys.argv[1:] == ["--readme-only"])))
 
 
