@@ -236,6 +236,10 @@ class Workload:
             `repeat_kv` ahead of scaled_dot_product_attention), so what context parallelism moves is K, V at the
             query width, a / g x the bytes of the kv heads. CP traffic only (not the saved activations). The
             planner only (the API).
+        tp_comm_overlap: Megatron-core's `--tp-comm-overlap` (Transformer Engine userbuffers, NeMo's
+            `ub_tp_comm_overlap`): with sequence parallelism, each layer's TP all-gathers and reduce-scatters run
+            chunk by chunk under the GEMMs they feed or drain (time._tp_overlapped); False: synchronous, as NCCL
+            runs them. The planner only (the API; no flag): this runtime has no userbuffers.
     """
 
     model: ModelConfig
@@ -257,6 +261,7 @@ class Workload:
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
     cp_ring: RingSchedule | None = None
     kv_repeated: bool = False
+    tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),

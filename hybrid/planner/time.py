@@ -428,9 +428,33 @@ def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
 
 
 def _layer_cost(ctx: _Context) -> _Cost:
-    """One Transformer layer, one micro-batch: its passes and its TP collectives."""
+    """One Transformer layer, one micro-batch: its passes and its TP collectives (overlapped with its GEMMs under
+    Workload.tp_comm_overlap: _tp_overlapped)."""
     forward, backward = layer_passes(ctx)
-    return _Cost(forward, backward, *_tp_cost(ctx, 1, False, False, forward, backward))
+    f_tp, b_tp, wait = _tp_cost(ctx, 1, False, False, forward, backward)
+    if ctx.work.tp_comm_overlap and ctx.layout.sequence_parallel and ctx.layout.tp > 1:
+        f_tp, b_tp = _tp_overlapped(ctx, f_tp, forward.gemm), _tp_overlapped(ctx, b_tp, backward.gemm)
+        wait = 0.0  # userbuffers on GPUs: no calibrated CPU's rank skew (sync_wait_seconds is 0 there anyway)
+    return _Cost(forward, backward, f_tp, b_tp, wait)
+
+
+def _tp_overlapped(ctx: _Context, comm: float, gemm: float) -> float:
+    """Seconds a pass's TP collectives cost when Megatron-core overlaps them with its GEMMs (`--tp-comm-overlap`,
+    Transformer Engine's userbuffers, SP only): in the forward the all-gather of the QKV and FC1 inputs runs ring-
+    chunk by chunk under those GEMMs and the reduce-scatter of the projection and FC2 outputs under theirs; in the
+    backward the input-gradient GEMMs hide the all-gathers and the weight-gradient GEMMs the reduce-scatters
+    (TE's "bulk" overlaps). So every layer collective has a GEMM of its own pass to run under, and a pass hides up
+    to its GEMM seconds; what does not fit stays exposed. Hidden is not free: the GEMM under a collective advances
+    1 / sigma of a second a second (Hardware.overlap_slowdown: the communication kernels take SMs and HBM
+    bandwidth, as ZeRO's hidden collectives do; hardware.OVERLAP_SLOWDOWN, published, not fitted), so a hidden
+    second costs overlap_cost = 1 - 1/sigma:
+
+        cost = (comm - hidden) + overlap_cost x hidden,    hidden = min(comm, gemm)
+
+    The stage's edges (embedding, head, the loss's all-reduces) stay synchronous: Megatron overlaps only the
+    linear layers' collectives."""
+    hidden = min(comm, gemm)
+    return comm - hidden + ctx.cluster.hw.overlap_cost * hidden
 
 
 @dataclass(frozen=True)
