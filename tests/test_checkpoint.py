@@ -405,7 +405,7 @@ def test_a_truncated_or_flipped_file_is_named_and_load_falls_back_to_the_previou
 # train.py as `torchrun --nproc-per-node 2` would run it, its ranks forked from hybrid.testing's forkserver
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1", "--zero-stage", "1", "--train-iters",
-         "6"]
+         "6", "--eval-iters", "1"]  # the end's validation and test: one batch each (none read)
 ENV = {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, CRASH_ENV: None, "OMP_NUM_THREADS": "1"}
 
 

@@ -22,7 +22,8 @@ from hybrid import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ["--global-batch-size", "8", "--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1",
-          "--lr", "3e-3", "--train-iters", "6", "--zero-stage", "0"]
+          "--lr", "3e-3", "--train-iters", "6", "--zero-stage", "0",
+          "--eval-iters", "1"]  # end-of-run validation and test: one batch each (none read)
 METHODS = {"powersgd": ["--powersgd-rank", "2", "--powersgd-start-iter", "2"],
            "onebit": ["--optimizer", "onebit-adam", "--onebit-freeze-iters", "2"]}
 

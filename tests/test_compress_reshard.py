@@ -28,7 +28,8 @@ from tests.test_compress_train import runnable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ["--global-batch-size", "8", "--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1",
-          "--lr", "3e-3", "--powersgd-rank", "2", "--powersgd-start-iter", "2", "--zero-stage", "1"]
+          "--lr", "3e-3", "--powersgd-rank", "2", "--powersgd-start-iter", "2", "--zero-stage", "1",
+          "--eval-iters", "1"]  # end-of-run validation and test: one batch each (none read)
 PP2, TP2 = ["--pipeline-model-parallel-size", "2"], ["--tensor-model-parallel-size", "2"]
 
 

@@ -17,7 +17,8 @@ from hybrid import testing
 from hybrid.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1"]
+TINY = ["--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1",
+        "--eval-iters", "1"]  # a run's end-of-run validation and test: one batch each (none read)
 
 
 def _env(**extra) -> dict:

@@ -24,7 +24,8 @@ from hybrid.checkpoint import store
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = [os.path.join(ROOT, "scripts", "train.py"), "--pipeline-model-parallel-size", "2", "--seq-length", "32",
          "--micro-batch-size", "2", "--global-batch-size", "8", "--log-interval", "1", "--zero-stage", "1",
-         "--train-iters", "6", "--save-interval", "3"]
+         "--train-iters", "6", "--save-interval", "3",
+         "--eval-iters", "1"]  # the end's validation and test: one batch each (none read)
 
 
 @pytest.mark.parametrize("argv, world, message", [

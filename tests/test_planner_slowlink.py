@@ -282,7 +282,8 @@ def test_simulated_link_step_time_matches_the_prediction():
     the predicted cross-site time of the synchronous method (2 sites, one rank each, latency 0)."""
     from hybrid import testing
     flags = ["--model", MODEL, "--global-batch-size", "8", "--seq-length", "32", "--micro-batch-size", "2",
-             "--train-iters", "10", "--log-interval", "2", "--lr", "1e-3"]
+             "--train-iters", "10", "--log-interval", "2", "--lr", "1e-3",
+             "--eval-iters", "1"]  # the end's validation and test: one batch each (outside the timed steps)
     times = {}
     for bw in (0.0, LINK_GBPS):
         out = testing.torchrun(flags + ["--simulated-dp-bandwidth", str(bw)], 2, env={"OMP_NUM_THREADS": "1"},

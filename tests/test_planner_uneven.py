@@ -57,7 +57,7 @@ def _losses(argv: list[str], ranks: int) -> list[float]:
     """`torchrun --nproc-per-node RANKS scripts/train.py ...` (or `python scripts/train.py ...` for one rank), its
     processes forked from hybrid.testing's forkserver."""
     common = ["--micro-batch-size", "2", "--global-batch-size", "8", "--seq-length", "32", "--train-iters", "3",
-              "--log-interval", "1"]
+              "--log-interval", "1", "--eval-iters", "1"]  # the end's validation and test: one batch each
     env = {"OMP_NUM_THREADS": "1"}
     if ranks > 1:
         out = testing.torchrun(common + argv, ranks, env=env, cwd=ROOT, timeout=300)

@@ -35,7 +35,8 @@ from hybrid.testing_inputs import OneLine, python_environment
 
 train_main = importlib.import_module("hybrid.train.main")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1"]
+TINY = ["--seq-length", "32", "--micro-batch-size", "2", "--log-interval", "1",
+        "--eval-iters", "1"]  # a run's end-of-run validation and test: one batch each (no test here reads them)
 
 
 def _env() -> dict:

@@ -157,10 +157,12 @@ def _logged_losses(stdout: str) -> list[float]:
 def test_readme_zero3_offload_bf16_command_runs_under_torchrun():
     """The README's headline ZeRO command as written there -- 8 ranks, tp 2 x pp 2 x dp 2, ZeRO-3 with
     optimizer and parameter offload, bf16 -- shortened only by flags appended after it (argparse:
-    the last one wins): 2 iterations of 32 tokens. It must start, train and report finite losses."""
+    the last one wins): 2 iterations of 32 tokens, the end's validation and test on one batch each (as
+    tests/test_docs_commands.py shortens a documented run). It must start, train and report finite losses."""
     argv = readme_command("--offload-params")
     assert argv[:3] == ["torchrun", "--nproc-per-node", "8"] and argv[3] == "scripts/train.py", argv
-    out = _torchrun_train([*argv[1:], "--train-iters", "2", "--seq-length", "32", "--log-interval", "1"])
+    out = _torchrun_train([*argv[1:], "--train-iters", "2", "--seq-length", "32", "--log-interval", "1",
+                           "--eval-iters", "1"])
     assert out.returncode == 0, out.stderr[-3000:]
     assert "tp 2 x pp 2" in out.stdout and "x dp 2 on 8" in out.stdout, out.stdout
     assert "zero: stage 3 | bf16 | offload optimizer" in out.stdout and "offload params" in out.stdout, out.stdout
@@ -174,7 +176,7 @@ def test_zero3_fp32_optimizer_offload_starts_and_trains_under_torchrun():
     --cpu-adam auto) died in ZeroOptimizer._init_unit reading a freed buffer."""
     out = _torchrun_train(["--nproc-per-node", "2", "scripts/train.py", "--micro-batch-size", "2",
                            "--global-batch-size", "4", "--seq-length", "32", "--train-iters", "2",
-                           "--log-interval", "1", "--zero-stage", "3", "--offload-optimizer"])
+                           "--log-interval", "1", "--zero-stage", "3", "--offload-optimizer", "--eval-iters", "1"])
     assert out.returncode == 0, out.stderr[-3000:]
     assert "zero: stage 3 | fp32 | offload optimizer" in out.stdout and "offload params" not in out.stdout
     losses = _logged_losses(out.stdout)
