@@ -161,15 +161,14 @@ def _clock_hybrid(model, zero, clock: PhaseClock) -> None:
     the loss all-reduce), the AdamW call inside `step` and `step`'s end (the write-back: posting the stage 1-2
     all-gathers); the step ends when train_step returns."""
     forward, finish, adamw, step = model[0].forward, zero.finish_backward, zero.optimizer.step, zero.step
-    wait_gathers = zero._wait_gathers
+    wait_gathers, in_step = zero._wait_gathers, [False]
 
-    def waits(units):
-        if zero._param_gathers and any(id(u) in zero._param_gathers for u in units):
-            clock.mark("forward")
-            wait_gathers(units)
-            clock.mark("forward: waits for the gathers")
-        else:
-            wait_gathers(units)
+    def waits(units):  # every forward hook's wait is a span of its own (0 where nothing was in flight), so each
+        if in_step[0]:  # step has the phase and the phases add up to the step; step()'s own wait stays in step
+            return wait_gathers(units)
+        clock.mark("forward")
+        wait_gathers(units)
+        clock.mark("forward: waits for the gathers")
 
     def fwd(*a, **k):
         out = forward(*a, **k)
@@ -189,7 +188,11 @@ def _clock_hybrid(model, zero, clock: PhaseClock) -> None:
 
     def stp(*a, **k):
         clock.mark("loss all-reduce")
-        out = step(*a, **k)
+        in_step[0] = True
+        try:
+            out = step(*a, **k)
+        finally:
+            in_step[0] = False
         clock.mark("write-back (posts the gathers)")
         return out
     model[0].forward, zero.finish_backward, zero.optimizer.step, zero.step = fwd, fin, opt, stp
