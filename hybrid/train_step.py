@@ -171,12 +171,25 @@ def train_step(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]
     loss = (runner or LocalForwardBackward(model, mesh.device)).forward_backward(batches)
     sync.finish_backward(model, mesh)
     scale = sync.loss_scale  # the scale backward used: an fp16 overflow step halves it in step()
+    loss = _reduce_loss(loss, scale, mesh)
     if lr is not None:
         for group in optimizer.param_groups:
             group["lr"] = lr
     optimizer.step()
     moe_runtime.after_step(model, mesh)  # DeepSeek-V3's expert-bias update (MoE models with the bias only)
+    return loss.item() / mesh.dp_cp.size
+
+
+def _reduce_loss(loss: torch.Tensor, scale: float, mesh: Mesh) -> torch.Tensor:
+    """The step's loss summed over PP (only the last stage holds it) and DP x CP (a CP rank's loss is CP x its
+    share of the sequence's mean: hybrid/cp/loss.py), unscaled by the loss scale backward used.
+
+    Reduced before the optimizer step, as Megatron averages its losses before its step: at ZeRO 1-2 the step
+    posts the parameter all-gathers that the next forward waits for (ZeroConfig.overlap_param_gather), and a
+    collective posted after them on the same group completes after them (gloo sends a pair's messages in
+    order; NCCL runs a communicator's kernels in order) -- a loss all-reduce after the step waited for every
+    gather at the end of the step, where nothing overlapped them (docs/zero.md, round 11). `.item()` is left
+    to the caller, after the step, so a GPU does not sync before launching it."""
     loss = loss.float() / scale
-    mesh.pp.all_reduce(loss, tag="metrics")  # only the last stage holds it
-    # over DP x CP: a CP rank's loss is CP x its share of the sequence's mean (hybrid/cp/loss.py)
-    return mesh.dp_cp.all_reduce(loss, tag="metrics").item() / mesh.dp_cp.size
+    mesh.pp.all_reduce(loss, tag="metrics")
+    return mesh.dp_cp.all_reduce(loss, tag="metrics")

@@ -21,7 +21,8 @@ Every row runs in fresh processes (one per rank); step time = median over steps 
 peak resident-set growth over a post-import baseline. `--repeats` rounds give the ratio's spread.
 
 The ZeRO 1-2 vs DDP rows (`--ddp-only`) also give each rank's step split into phases (PhaseClock: forward,
-backward with the reductions waited in it, the reductions left after backward, AdamW, write-back, loss all-reduce),
+the forward's waits for the previous step's gathers, backward with the reductions waited in it, the reductions left
+after backward, the loss all-reduce, AdamW, write-back),
 each with its wall, process CPU (all threads) and main-thread CPU, so the quiet rerun shows where a rank waits.
 
 A second table: each AdamW kernel alone over ~50M fp32 parameters against its memory-bandwidth floor (an
@@ -98,20 +99,22 @@ def memory_growth_mb(baseline_kb: int) -> float:
 # --- the runners: one rank of one framework -----------------------------------------------------
 
 def _time_steps(step, args, cpu: list[float] | None = None) -> list[float]:
-    """`warmup` untimed steps (buffers, kernels, DeepSpeed's JIT op), then `steps` timed ones, each
-    started after a barrier so every rank's clock starts together. `cpu`: filled with each timed step's CPU
-    seconds of this process (every thread: compute, the backend's communication threads, the kernel's work for
-    them, page faults included), which other load on the machine changes far less than the wall time."""
-    times, cpus = [], []
+    """`warmup` untimed steps (buffers, kernels, DeepSpeed's JIT op), then `steps` timed ones, back to back: one
+    barrier before the first step, none inside the timed run, and a step's time is the interval from its start
+    to the next step's start (the last one's to its end). Work a step leaves in flight (ZeRO 1-2's parameter
+    all-gathers, waited in the next forward) is thereby paid inside the timed run, in the step that waits for it,
+    never in an untimed barrier -- the same for every row. `cpu`: filled with each timed step's CPU seconds of
+    this process over the same intervals (every thread: compute, the backend's communication threads, the
+    kernel's work for them, page faults included), which other load changes far less than the wall time."""
+    dist.barrier()  # every rank's clock starts together; the steps' collectives keep them together after it
+    walls, cpus = [time.perf_counter()], [time.process_time()]
     for it in range(args.warmup + args.steps):
-        dist.barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
         step(it)
-        times.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
+        walls.append(time.perf_counter())
+        cpus.append(time.process_time())
     if cpu is not None:
-        cpu.extend(cpus[args.warmup:])
-    return times[args.warmup:]
+        cpu.extend(b - a for a, b in zip(cpus[args.warmup:], cpus[args.warmup + 1:]))
+    return [b - a for a, b in zip(walls[args.warmup:], walls[args.warmup + 1:])]
 
 
 class PhaseClock:
@@ -152,10 +155,20 @@ def median_phases(steps: list[dict[str, tuple[float, float, float]]]) -> dict[st
 
 
 def _clock_hybrid(model, zero, clock: PhaseClock) -> None:
-    """Marks around hybrid's step through its public seams: the model's forward, `finish_backward` (the reductions
-    still in flight when backward ends: their exposed wait), the AdamW call inside `step` and `step` itself (the
-    write-back: posting the stage 1-2 all-gathers); the step ends after train_step's loss all-reduce."""
+    """Marks around hybrid's step through its seams: the model's forward, split by the forward hooks' waits for
+    the previous step's parameter all-gathers (`_wait_gathers`: the gathers' exposed part), `finish_backward` (the
+    reductions still in flight when backward ends: their exposed wait), `step` (what train_step runs between the two:
+    the loss all-reduce), the AdamW call inside `step` and `step`'s end (the write-back: posting the stage 1-2
+    all-gathers); the step ends when train_step returns."""
     forward, finish, adamw, step = model[0].forward, zero.finish_backward, zero.optimizer.step, zero.step
+    wait_gathers, in_step = zero._wait_gathers, [False]
+
+    def waits(units):  # every forward hook's wait is a span of its own (0 where nothing was in flight), so each
+        if in_step[0]:  # step has the phase and the phases add up to the step; step()'s own wait stays in step
+            return wait_gathers(units)
+        clock.mark("forward")
+        wait_gathers(units)
+        clock.mark("forward: waits for the gathers")
 
     def fwd(*a, **k):
         out = forward(*a, **k)
@@ -174,10 +187,16 @@ def _clock_hybrid(model, zero, clock: PhaseClock) -> None:
         return out
 
     def stp(*a, **k):
-        out = step(*a, **k)
+        clock.mark("loss all-reduce")
+        in_step[0] = True
+        try:
+            out = step(*a, **k)
+        finally:
+            in_step[0] = False
         clock.mark("write-back (posts the gathers)")
         return out
     model[0].forward, zero.finish_backward, zero.optimizer.step, zero.step = fwd, fin, opt, stp
+    zero._wait_gathers = waits
 
 
 def _adamw_kw(args) -> dict:
@@ -217,7 +236,7 @@ def _time_hybrid(rank, args, mesh, model, zero, base: int, label: str) -> dict:
         mesh.ledger.reset()
         clock.mark("start")
         train_step(model, [batch(args, rank, it)], zero, mesh, runner=LocalForwardBackward(model[0], mesh.device))
-        clock.mark("loss all-reduce (waits for the gathers)")
+        clock.mark("rest of train_step (the loss all-reduce before round 11)")
         clock.end_step()
     cpu: list[float] = []
     times = _time_steps(step, args, cpu)
@@ -235,6 +254,7 @@ def _kernel_alone(zero, reps: int = 3) -> dict:
     gradient shards, nothing else of ZeroOptimizer.step), and in-place x += y over the same views and gradients
     (read 8, write 4 bytes a parameter): the bandwidth this run's layout reaches, for a floor the run's threads can
     reach. Both overwrite the trained weights, which nothing reads after this."""
+    zero.wait_params()  # the last step's gathers, so they do not run under the kernel's clock
     views = [v for u in zero.units for v in u.views]
     grads = [u.grad_shard[s.lo:s.hi] for u in zero.units for s in u.segments]
     for v, g in zip(views, grads):
@@ -681,8 +701,10 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
              f"- run: {'ZeRO 1-2' if args.overlap_only or args.ddp_only else 'ZeRO-3 / FULL_SHARD'} over dp {args.dp} gloo ranks on {os.cpu_count()} cores, one thread per rank "
              f"(OMP_NUM_THREADS=1), micro-batch {args.micro} x seq {args.seq}, no gradient clipping, AdamW lr 1e-3, "
              f"betas (0.9, 0.95), weight decay 0.01",
-             f"- timing: {args.warmup} warm-up step(s), then the median of {args.steps} steps, each step the slowest "
-             f"rank's (barrier before each); {args.repeats} repeats, each running every row once in fresh processes, "
+             f"- timing: {args.warmup} warm-up step(s), then the median of {args.steps} steps run back to back, "
+             "each step the slowest rank's interval from its start to the next step's start (one barrier before the "
+             "first step, none inside the timed run, for every row alike: work a step leaves in flight is paid in "
+             f"the step that waits for it; before round 11 a barrier before each step); {args.repeats} repeats, each running every row once in fresh processes, "
              "in the order below. Ratio = peer / hybrid with the same optimizer kernel in the same repeat; above 1.0 "
              "hybrid is faster. A lead is claimed only where the min-max of the per-repeat ratios excludes 1.0.",
              "- memory: growth of the resident set over a baseline taken after every import and before the model is "
@@ -732,8 +754,9 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
                   *framework_table(results, range(LEVER_FROM, len(ROWS)), "ratio flat / default",
                                    above="default faster", below="flat path faster"), "",
                   *cpu_table(results, range(LEVER_FROM, len(ROWS))),
-                  "", "Where each rank's step goes (scripts/bench_zero.py PhaseClock: marks at the model's forward, "
-                  "the end of backward, the AdamW call and the step's end; a phase's wall above its process CPU is time "
+                  "", "Where each rank's step goes (scripts/bench_zero.py PhaseClock: marks at the model's forward "
+                  "and around its waits for the previous step's gathers, the end of backward, the optimizer step, "
+                  "the AdamW call and the step's end; a phase's wall above its process CPU is time "
                   "the rank sat idle, process CPU above main-thread CPU is gloo's communication threads).", "",
                   *phase_table(results, range(DDP_FROM, len(ROWS)))]
     if not args.overlap_only:

@@ -51,6 +51,7 @@ def _train(rank, world, tp, pp, stages):
             losses.append(train_step(chunks, micro_batches(corpus, spec, 3, it, mesh.coords.dp), opt, mesh, None,
                                      runner=_runner(mesh, chunks, load_config("tiny-llama"))))
             sent.append({k: v["bytes"] for k, v in mesh.ledger.summary().items() if k.endswith("@dp")})
+        opt.wait_params()  # ZeRO 1-2: the last step's parameter all-gathers are in flight until the next forward
         names = {id(p): n for n, p in chunks.named_parameters()}
         out[stage] = {"losses": losses, "sent": sent, "numel": sum(numels), "dp": dp,
                       "weights": {n: p.detach().clone() for n, p in chunks.named_parameters()},

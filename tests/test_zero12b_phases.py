@@ -61,3 +61,34 @@ def test_phase_table_gives_idle_as_wall_above_process_cpu_and_a_step_row_that_su
     step = rows[("step", 1)]
     assert [float(x) for x in step[3:6]] == pytest.approx([1000.0, 800.0, 600.0])
     assert float(step[6]) == pytest.approx(200.0)
+
+
+def test_steps_are_timed_back_to_back_from_start_to_start_with_one_barrier(monkeypatch):
+    """Round 11: no barrier inside the timed run (a barrier before each step gave work a step left in flight --
+    ZeRO 1-2's parameter all-gathers -- untimed time to finish), each step timed from its start to the next
+    step's start; the gap between steps (here 1 s of the harness's own) is in the interval, as in a training loop."""
+    now = {"wall": 0.0, "cpu": 0.0}
+    barriers = []
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            return now["wall"]
+
+        @staticmethod
+        def process_time():
+            return now["cpu"]
+    monkeypatch.setattr(B, "time", Clock)
+    monkeypatch.setattr(B.dist, "barrier", lambda: barriers.append(now["wall"]))
+
+    def step(it):  # step `it` runs 10 + it s, 2 s of it on the CPU; then 1 s between steps
+        now["wall"] += 10 + it
+        now["cpu"] += 2
+        if it < 3:
+            now["wall"] += 1
+
+    cpu: list[float] = []
+    args = type("Args", (), {"warmup": 1, "steps": 3})
+    assert B._time_steps(step, args, cpu) == [12.0, 13.0, 13.0]  # steps 1, 2 (+ the gaps), and 3 to its end
+    assert cpu == [2.0, 2.0, 2.0]
+    assert barriers == [0.0]  # once, before the first (warm-up) step
