@@ -11,6 +11,8 @@ lists every mutation and what caught it.
   DCP keeping one); the RNG state restored when only tp and pp match (no fast test resumed at another dp).
 * metrics: the log interval's record (tokens/s from samples instead of tokens, consumed samples off by one
   step, the first rank's memory peak instead of the largest) -- no fast test called RunMetrics.log_interval.
+* hang verdicts: a rank in no op lists the ranks waiting for it with itself taken as the op's owner, so a
+  collective's waiters vanished ("awaited by: nobody"); the fast tests checked a point-to-point wait only.
 """
 
 from __future__ import annotations
@@ -153,85 +155,19 @@ def test_rng_state_is_restored_only_when_tp_pp_and_dp_all_match(tmp_path, monkey
     assert ("RNG not restored (another layout)" in logged[-1]) is not restored, logged
 
 
-# --- tensor parallelism: the vocabulary split's boundary rows -----------------------------------------------------
-class _ThreadGroup:
-    """`size` TP ranks as threads of this process: all_reduce (SUM or MAX) meets at a barrier, so the real
-    hybrid.tp code runs unchanged on each "rank" without a process group (a stand-in for hybrid.comm.Group)."""
-
-    def __init__(self, box: dict, rank: int, size: int):
-        self.box, self.rank, self.size, self.name = box, rank, size, "tp"
-
-    def all_reduce(self, t, op=None, tag: str = ""):
-        import torch
-        import torch.distributed as dist
-        self.box["in"][self.rank] = t.clone()
-        self.box["barrier"].wait()
-        stack = torch.stack(self.box["in"])
-        out = stack.amax(0) if op == dist.ReduceOp.MAX else stack.sum(0)
-        self.box["barrier"].wait()  # every rank has read the inputs before any writes its next one
-        return t.copy_(out)
-
-
-def _on_thread_ranks(size: int, fn):
-    """fn(group) on `size` thread ranks; their results in rank order (an exception in any is raised)."""
-    import threading
-    box = {"in": [None] * size, "barrier": threading.Barrier(size, timeout=60)}
-    out, errors = [None] * size, []
-
-    def run(r):
-        try:
-            out[r] = fn(_ThreadGroup(box, r, size))
-        except BaseException as e:  # noqa: BLE001 -- re-raised below
-            errors.append(e)
-            box["barrier"].abort()
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
-
-
-# every token id a rank boundary touches at tp 2 and 4 over 256 rows (64 a rank at tp 4), and its neighbours
-BOUNDARY_IDS = [0, 1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 254, 255]
-
-
-@pytest.mark.parametrize("tp", [2, 4])
-def test_vocab_parallel_embedding_and_cross_entropy_equal_torch_at_every_shard_boundary(tp):
-    """The vocabulary-parallel embedding and cross-entropy against torch's on the whole table, for token ids and
-    targets on each side of every shard boundary (rank r holds rows [r V/t, (r+1) V/t)): the embedding's sum over
-    ranks, the loss, and each rank's logit-gradient slice, in fp32. The model tests draw 32 random ids of 256,
-    which missed a boundary: an off-by-one in either shard test (`>` for `>=`, `<=` for `<`) passed them.
-    Tolerance: the loss is one log-sum-exp of 256 terms, ~1e-7 relative in fp32; 1e-6 leaves margin."""
-    import torch
-    import torch.nn.functional as F
-
-    from hybrid.tp import TPContext
-    from hybrid.tp.cross_entropy import vocab_parallel_cross_entropy
-    from hybrid.tp.layers import VocabParallelEmbedding
-    V, C = 256, 8
-    gen = torch.Generator().manual_seed(0)
-    table, logits = torch.randn(V, C, generator=gen), torch.randn(1, len(BOUNDARY_IDS), V, generator=gen)
-    ids = torch.tensor([BOUNDARY_IDS])
-    want_loss = F.cross_entropy(logits[0], ids[0])
-    full = logits.clone().requires_grad_()
-    F.cross_entropy(full[0], ids[0]).backward()
-
-    def rank(group):
-        tp_ctx = TPContext(group)
-        emb = VocabParallelEmbedding(V, C, tp_ctx)
-        rows = slice(emb.vocab_start, emb.vocab_start + emb.weight.shape[0])
-        with torch.no_grad():
-            emb.weight.copy_(table[rows])
-        mine = logits[..., rows].clone().requires_grad_()
-        loss = vocab_parallel_cross_entropy(mine, ids, emb.vocab_start, group)
-        loss.backward()
-        return emb(ids).detach(), loss.detach(), mine.grad, rows
-
-    for y, loss, grad, rows in _on_thread_ranks(tp, rank):
-        assert torch.equal(y, F.embedding(ids, table))  # one rank's row plus zeros: exact
-        assert loss.item() == pytest.approx(want_loss.item(), rel=1e-6)
-        torch.testing.assert_close(grad, full.grad[..., rows], rtol=1e-6, atol=1e-7)
+# --- hang verdicts: who waits for a rank that is in no op -----------------------------------------------------------
+def test_a_rank_in_no_op_names_the_ranks_waiting_for_it_in_a_collective():
+    """Rank 0 waits in dp all_reduce #4; rank 2 has started 3 dp ops and waits in nothing (a stall in compute).
+    Rank 4 waits in the same all-reduce. Rank 2's verdict names itself as the one not arrived and ranks 0 and 4
+    as waiting for it. The fast tests had this only for a point-to-point wait, which a check made with this rank
+    as the op's owner still lists (it reads this rank's counter toward itself, always 0, as not arrived)."""
+    from hybrid.fault.watchdog import verdict
+    from test_fault_hang import _rec, _state
+    ar = _rec("dp", [0, 2, 4], "all_reduce", seq=4)
+    states = {0: _state(0, {"dp": 4}, pending=[ar]), 2: _state(2, {"dp": 3}, phase="forward"),
+              4: _state(4, {"dp": 4}, pending=[dict(ar)])}
+    line = verdict(2, states, now=100.0, stale_after=3.0)
+    assert line.startswith("hang verdict: rank 2 is in no communication op (forward at iteration 5"), line
+    assert line.endswith("not arrived: rank 2 (this rank), awaited by: rank 0 in dp all_reduce #4 (group dp ranks "
+                         "[0, 2, 4]) at iteration 5 micro-batch 1; rank 4 in dp all_reduce #4 (group dp ranks "
+                         "[0, 2, 4]) at iteration 5 micro-batch 1"), line
