@@ -468,7 +468,8 @@ def isolated(fn: Callable[[], dict]) -> dict:
 
 def multi_rank(c: Check) -> dict:
     base = ["--model", "tiny-llama", "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "4",
-            "--train-iters", "3", "--lr-warmup-iters", "0", "--distributed-timeout-minutes", "1"]
+            "--train-iters", "3", "--lr-warmup-iters", "0", "--distributed-timeout-minutes", "1",
+            "--watchdog-timeout", "45"]  # nested below the collectives' 60 s (docs/operations.md)
     limit = None if c.dry else 120.0  # a hang must not eat the GPU lease
     dev = "cpu" if c.device.type == "cpu" else "cuda:0"
     ref = train_py(c, base, env={"HYBRID_DEVICE": dev}, tag="ref1", timeout_s=limit)  # one rank: NCCL on a GPU
