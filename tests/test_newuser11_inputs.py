@@ -60,3 +60,52 @@ def test_one_rank_runs_no_watchdog_so_a_short_timeout_warns_nothing(capsys):
     """hybrid/fault/session.py starts the watchdog at world > 1 only."""
     assert validate(["--distributed-timeout-minutes", "1"])[0].warnings == ()
     assert capsys.readouterr().err == ""
+
+
+# --- 2. hybrid checkpoint inspect of another tool's folder: it passed for an unfinished save of ours ----------------
+def _inspect(path) -> list[str]:
+    from hybrid.cli import main
+    return lambda: main(["checkpoint", "inspect", str(path)])
+
+
+def test_inspect_of_a_megatron_folder_or_its_iter_dir_names_it(tmp_path, one_line):
+    """Megatron-LM's iter_0000002/ was listed as "incomplete (no manifest.json: a save that did not finish; removed
+    by the next save)": wrong, and it told the user a save would delete it. Now one line naming the tool and the
+    way in (store.MEGATRON_EXPORT, as train.py --load says)."""
+    from hybrid.checkpoint import store
+    (tmp_path / "iter_0000002" / "mp_rank_00").mkdir(parents=True)
+    (tmp_path / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"megatron")
+    (tmp_path / store.MEGATRON_TRACKER).write_text("2")
+    for path in (tmp_path, tmp_path / "iter_0000002"):
+        line = one_line(_inspect(path))
+        assert line == (f"hybrid checkpoint: error: {str(tmp_path)!r} is a Megatron-LM checkpoint "
+                        f"(latest_checkpointed_iteration.txt), not a hybrid --save directory; {store.MEGATRON_EXPORT}, "
+                        f"then give that folder to --load"), line
+        assert one_line.out == ""
+
+
+def test_inspect_of_a_deepspeed_or_transformers_folder_names_it_and_the_way_in(tmp_path, one_line):
+    """A DeepSpeed folder printed "DIR: latest -> none" and exited 1 with nothing else; a transformers folder "holds
+    no checkpoint", not that train.py reads it as it is."""
+    ds, hf = tmp_path / "ds", tmp_path / "hf"
+    (ds / "global_step10").mkdir(parents=True)
+    (ds / "latest").write_text("global_step10")
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    line = one_line(_inspect(ds))
+    assert line == (f"hybrid checkpoint: error: {str(ds)!r} is a DeepSpeed checkpoint (latest + global_step*/), not "
+                    f"a hybrid --save directory; convert it first: hybrid convert {ds} CKPT --model CONFIG, then "
+                    f"--load CKPT (docs/convert.md)"), line
+    line = one_line(_inspect(hf))
+    assert line.endswith(f"is a transformers model folder (config.json), not a hybrid --save directory: train.py "
+                         f"reads it as it is (--model {hf} --load {hf}), nothing to inspect"), line
+    assert one_line.out == ""
+
+
+def test_inspect_help_shows_its_continued_example_on_two_lines(capsys):
+    """The docstring's line continuation was a Python escape: --help printed one line with a run of spaces."""
+    from hybrid.cli import main
+    with pytest.raises(SystemExit):
+        main(["checkpoint", "--help"])
+    out = capsys.readouterr().out
+    assert "--pipeline-model-parallel-size 2 \\\n        --world-size 16" in out, out
