@@ -109,3 +109,41 @@ def test_inspect_help_shows_its_continued_example_on_two_lines(capsys):
         main(["checkpoint", "--help"])
     out = capsys.readouterr().out
     assert "--pipeline-model-parallel-size 2 \\\n        --world-size 16" in out, out
+
+
+# --- 3. hybrid calibrate --out an existing file that is not a profile: replaced after the minute of measuring -------
+def test_calibrate_out_over_a_file_that_is_not_a_profile_is_one_line_before_any_work(tmp_path, one_line,
+                                                                                      monkeypatch):
+    """`hybrid calibrate --out train.py` (or a results JSON) measured for a minute, then replaced the file. Now one
+    line before anything is spawned; the file is unchanged."""
+    from hybrid.cli import main
+    from hybrid.planner import calibrate
+    monkeypatch.setattr(calibrate, "calibrate", lambda cfg: pytest.fail("measured before the --out check"))
+    for name, text in (("notes.txt", "my notes\n"), ("results.json", '{"tokens_per_s": 3}\n'), ("bin", "\udcff")):
+        path = tmp_path / name
+        path.write_text(text, errors="surrogateescape")
+        line = one_line(lambda: main(["calibrate", "--out", str(path)]))
+        assert line == (f"hybrid calibrate: error: --out {str(path)!r} exists and is not a hardware profile "
+                        f"(hybrid-hardware-profile/1), which it would replace; give a new file name, or remove the "
+                        f"file first"), line
+        assert path.read_text(errors="surrogateescape") == text
+
+
+@pytest.mark.parametrize("fmt", ["hybrid-hardware-profile/1", "hybrid-hardware-profile/0"])
+def test_calibrate_out_over_a_profile_of_any_version_is_taken(tmp_path, fmt):
+    """Re-calibrating replaces the profile, as the message for an old one (below) tells the user to do."""
+    from hybrid.planner.calibrate import check_replaces_a_profile
+    (tmp_path / "hw.json").write_text('{"format": "%s", "hardware": {}}' % fmt)
+    check_replaces_a_profile(str(tmp_path / "hw.json"))
+    check_replaces_a_profile(str(tmp_path / "new.json"))  # absent: nothing to replace
+
+
+def test_plan_hardware_of_an_older_profile_format_names_the_version_and_the_rerun(tmp_path):
+    """It said "not a hybrid-hardware-profile/1 file (write one with ...)" of a profile an older hybrid wrote."""
+    from hybrid.planner.calibrate import load_hardware
+    path = tmp_path / "old.json"
+    path.write_text('{"format": "hybrid-hardware-profile/0", "hardware": {}}')
+    with pytest.raises(ValueError) as e:
+        load_hardware(str(path))
+    assert str(e.value) == (f"--hardware {path}: a profile of format 'hybrid-hardware-profile/0', this hybrid reads "
+                            f"hybrid-hardware-profile/1; re-run `hybrid calibrate --out {path}` on that machine")
