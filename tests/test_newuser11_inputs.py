@@ -147,3 +147,60 @@ def test_plan_hardware_of_an_older_profile_format_names_the_version_and_the_reru
         load_hardware(str(path))
     assert str(e.value) == (f"--hardware {path}: a profile of format 'hybrid-hardware-profile/0', this hybrid reads "
                             f"hybrid-hardware-profile/1; re-run `hybrid calibrate --out {path}` on that machine")
+
+
+# --- 4. the HF Trainer's DeepSpeed templates: "auto" everywhere, refused one key at a time ---------------------------
+HF_ZERO2 = {  # transformers' docs, "DeepSpeed" / ZeRO-2 example (every "auto" is the Trainer's argument)
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                          "overlap_comm": True, "reduce_bucket_size": "auto", "contiguous_gradients": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False}
+
+
+def _ds(tmp_path, cfg) -> str:
+    import json
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_hf_zero2_template_takes_every_auto_from_the_flags(tmp_path, capsys):
+    """It stopped at the first "auto" ("train_micro_batch_size_per_gpu must be an integer, got "auto""), then the
+    next; the HF Trainer fills them from its arguments, and train.py's flags are those. Now each "auto" is the flag's
+    value (given or its default), the file's numbers still apply (stage 2, offload), and nothing else changes."""
+    flags = ["--bf16", "--lr", "3e-4", "--micro-batch-size", "2", "--global-batch-size", "8", "--clip-grad", "0.5"]
+    run = validate(["--deepspeed-config", _ds(tmp_path, HF_ZERO2), *flags])[0]
+    plain = validate([*flags, "--zero-stage", "2", "--offload-optimizer"])[0]
+    assert (run.zero.stage, run.zero.offload_optimizer, run.zero.precision.value) == (2, True, "bf16")
+    assert run.optimizer == plain.optimizer and run.training.batch == plain.training.batch
+    assert run.zero.bucket_bytes == plain.zero.bucket_bytes  # reduce_bucket_size "auto": --zero-bucket-bytes' default
+    assert "fp16.hysteresis" in run.ds_unsupported and "steps_per_print" in run.ds_unsupported
+
+
+def test_auto_beside_the_flags_defaults_is_the_default(tmp_path):
+    run = validate(["--deepspeed-config", _ds(tmp_path, HF_ZERO2)])[0]
+    plain = validate(["--zero-stage", "2", "--offload-optimizer"])[0]
+    assert run.zero.precision.value == "fp32" and run.optimizer == plain.optimizer
+    assert run.training.batch == plain.training.batch
+
+
+@pytest.mark.parametrize("cfg, want", [
+    ({"train_micro_batch_size_per_gpu": "4"}, 'train_micro_batch_size_per_gpu must be an integer, got "4"; write the '
+                                              'number (or "auto": the flag\'s value)'),
+    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                   "warmup_num_steps": "auto"}}},
+     'scheduler WarmupLR with "auto" params is the HF Trainer\'s template (it fills them from its arguments); remove '
+     'the scheduler section and set the schedule with --lr, --lr-warmup-iters, --lr-decay-style, --lr-decay-iters, '
+     '--min-lr'),
+    ({"optimizer": {"type": "Lion"}}, 'optimizer.type "Lion" is not one train.py runs (Adam, AdamW, OneBitAdam); '
+                                      'remove the optimizer section'),  # was "use remove the ..."
+])
+def test_a_string_number_or_an_auto_scheduler_stays_one_line(cfg, want, tmp_path, one_line):
+    """A scheduler's "auto" would have been read as DeepSpeed's default 1000 warm-up steps in the nearest-flags
+    advice: refused by name instead."""
+    line = one_line(lambda: validate(["--deepspeed-config", _ds(tmp_path, cfg)]))
+    assert line.startswith(f"train.py: error: --deepspeed-config: {want}"), line
