@@ -204,3 +204,37 @@ def test_a_string_number_or_an_auto_scheduler_stays_one_line(cfg, want, tmp_path
     advice: refused by name instead."""
     line = one_line(lambda: validate(["--deepspeed-config", _ds(tmp_path, cfg)]))
     assert line.startswith(f"train.py: error: --deepspeed-config: {want}"), line
+
+
+# --- 5. Megatron-LM example scripts' flags with nothing to set here: "see --help" gave no way on -------------------
+@pytest.mark.parametrize("argv, hint", [
+    (["--overlap-grad-reduce"], "gradient reductions always overlap backward"),
+    (["--no-gradient-accumulation-fusion"], "there is no fused gradient-accumulation kernel"),
+    (["--log-throughput"], "tokens/s and TFLOP/s/device are on every log line"),
+    (["--use-rotary-position-embeddings"], "model_type llama for rotary embeddings"),
+    (["--no-position-embedding"], "model_type llama for rotary embeddings"),
+    (["--timing-log-level", "2"], "print every --timing-log-interval log intervals"),
+    (["--log-timers-to-tensorboard"], "print every --timing-log-interval log intervals"),
+    (["--log-params-norm"], "not implemented"),
+    (["--adam-eps", "1e-8"], "Adam's eps is 1e-8"),
+    (["--ckpt-format", "torch_dist"], "checkpoints have one format"),
+])
+def test_megatron_flags_with_nothing_to_set_name_what_to_do(argv, hint, one_line):
+    line = one_line(lambda: validate(argv))
+    assert line.startswith(f"train.py: error: unrecognized arguments: {argv[0]}; {argv[0]}: "), line
+    assert hint in line, line
+    assert line.endswith("drop the flag") or "not implemented" in line or "rotary" in line, line
+
+
+def test_adam_eps_hint_is_the_eps_the_optimizer_runs():
+    from hybrid.train_step import OptimizerConfig
+    assert OptimizerConfig().eps == 1e-8
+
+
+def test_eval_interval_0_names_the_two_ways_to_get_megatrons_meaning(one_line):
+    """Megatron-LM's --eval-interval 0 skips the periodic validation; "must be >= 1, got 0" gave no way on."""
+    line = one_line(lambda: validate(["--eval-interval", "0"]))
+    assert line == ("train.py: error: --eval-interval must be >= 1, got 0 (Megatron-LM's 0 skips the periodic "
+                    "validation: here drop --eval-interval and give --eval-iters 0 for none at all, or an "
+                    "--eval-interval above --train-iters for the end-of-run one alone)"), line
+    assert validate(["--eval-iters", "0"])[0].data.eval_iters == 0
