@@ -33,6 +33,14 @@ MAIN = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "
 QUICK = ["--micro-batch-size", "2", "--global-batch-size", "2", "--seq-length", "32"]
 
 
+
+def _one_line_parser():
+    """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
+    this checkout: the script is run as `python scripts/...`."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from hybrid.cliutil import OneLineParser
+    return OneLineParser
+
 def run_once(flags: list[str], ranks: int, iters: int, interval: int, quick: bool = False) -> tuple[float, float]:
     """(median step s after the first interval, the first interval's step s) of one train.py run. `quick` (the
     smoke test): the same torchrun command with its ranks forked from hybrid.testing's forkserver, no new
@@ -74,7 +82,7 @@ def table(rows: list[tuple[float, float, float, float]], flags: list[str], ranks
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _one_line_parser()(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", type=int, default=3, help="eager / compiled pairs, interleaved")
     p.add_argument("--iters", type=int, default=60, help="steps per run")
     p.add_argument("--interval", type=int, default=10, help="steps per logged interval (the first is left out)")

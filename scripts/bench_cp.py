@@ -23,7 +23,6 @@ claims need a quiet machine: the load average is recorded with the table.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -40,6 +39,14 @@ from hybrid.comm import CommLedger, Group  # noqa: E402
 from hybrid.cp import CommType, CPContext, shard  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 
+
+
+def _one_line_parser():
+    """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
+    this checkout: the script is run as `python scripts/...`."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from hybrid.cliutil import OneLineParser
+    return OneLineParser
 
 def _inputs(args):
     gen = torch.Generator().manual_seed(0)
@@ -166,7 +173,7 @@ def check(args) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = _one_line_parser()(description=__doc__.splitlines()[0])
     p.add_argument("--seq", type=int, default=8192, help="tokens of the one sequence (divisible by 2 x --cp)")
     p.add_argument("--cp", type=int, default=2, help="context-parallel ranks, 2 to 8 and at most the machine's "
                    "cores (gloo, one thread each)")

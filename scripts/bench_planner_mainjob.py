@@ -39,6 +39,14 @@ PREDICTED = re.compile(r"planner: predicted ([0-9.eE+-]+) s/step")
 STEP_P50 = re.compile(r"step time ms p50/p90/max, iterations (\d+)-(\d+): r\d+ ([0-9.]+)/")
 
 
+
+def _one_line_parser():
+    """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
+    this checkout: the script is run as `python scripts/...`."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from hybrid.cliutil import OneLineParser
+    return OneLineParser
+
 def parse(log: str) -> tuple[float | None, list[float]]:
     """(the planner's predicted seconds a step, the logged per-interval median step times in seconds)."""
     predicted = PREDICTED.search(log)
@@ -216,7 +224,7 @@ def _emit(lines: list[str], out: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _one_line_parser()(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iters", type=int, default=200, help="training iterations (the README's main job: 200)")
     p.add_argument("--log-interval", type=int, default=20, help="iterations per logged p50")
     p.add_argument("--hardware", help="an existing profile (default: calibrate 8 ranks now)")

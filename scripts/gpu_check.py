@@ -72,7 +72,7 @@ sys.path.insert(0, ROOT)  # run from a checkout
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from hybrid.cliutil import HelpFormatter  # noqa: E402
+from hybrid.cliutil import HelpFormatter, OneLineParser  # noqa: E402
 
 SECTIONS = ("env", "ceilings", "hf_match", "zero_offload", "multi_rank", "speed", "breakdown", "calibrate", "planner")
 BF16_UNIT_ROUNDOFF = 2.0**-8  # bf16 keeps 8 significant bits: a rounding errs by at most 2^-8 relative
@@ -756,7 +756,7 @@ def markdown(results: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--out", required=True, metavar="DIR", help="folder for gpu_check.json / .md, logs and the profile")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: exercises the code, measures nothing")
     p.add_argument("--only", default=None, metavar="LIST",
