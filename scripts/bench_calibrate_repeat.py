@@ -34,6 +34,17 @@ FIELDS = ("peak_tflops", "gemm_overhead_s", "hbm_tbps", "elementwise_tbps", "lay
 
 
 
+
+def _check_out(parser, path: str | None) -> None:
+    """--out writable as a file before any work (hybrid.cliutil.check_output_file): a missing folder or a directory
+    was found only when the table was written, after the benchmark had run."""
+    if path:
+        from hybrid.cliutil import check_output_file
+        try:
+            check_output_file("--out", path)
+        except ValueError as e:
+            parser.error(str(e))
+
 def _one_line_parser():
     """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
     this checkout: the script is run as `python scripts/...`."""
@@ -140,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the Markdown report here")
     p.add_argument("--profiles", metavar="DIR", help="tabulate the profiles in DIR (NAME_run<i>.json), no calibration")
     args = p.parse_args(argv)
+    _check_out(p, args.out)
     for c in args.code or ():
         if "=" not in c or not os.path.isdir(os.path.join(c.split("=", 1)[1], "hybrid")):
             p.error(f"--code {c}: give NAME=DIR, DIR a source tree holding hybrid/ (e.g. old=/tmp/old_tree)")

@@ -34,6 +34,17 @@ QUICK = ["--micro-batch-size", "2", "--global-batch-size", "2", "--seq-length", 
 
 
 
+
+def _check_out(parser, path: str | None) -> None:
+    """--out writable as a file before any work (hybrid.cliutil.check_output_file): a missing folder or a directory
+    was found only when the table was written, after the benchmark had run."""
+    if path:
+        from hybrid.cliutil import check_output_file
+        try:
+            check_output_file("--out", path)
+        except ValueError as e:
+            parser.error(str(e))
+
 def _one_line_parser():
     """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
     this checkout: the script is run as `python scripts/...`."""
@@ -90,6 +101,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="1 rank, 1 pair of a few steps: the smoke test")
     p.add_argument("--out", help="also write the table (markdown) to this file")
     a = p.parse_args()
+    _check_out(p, a.out)
     flags, ranks = (QUICK, 1) if a.quick else (MAIN, 8)
     iters, interval, pairs = (4, 2, 1) if a.quick else (a.iters, a.interval, a.pairs)
     flags = flags + shlex.split(a.extra)

@@ -41,6 +41,17 @@ from hybrid.testing import run_distributed  # noqa: E402
 
 
 
+
+def _check_out(parser, path: str | None) -> None:
+    """--out writable as a file before any work (hybrid.cliutil.check_output_file): a missing folder or a directory
+    was found only when the table was written, after the benchmark had run."""
+    if path:
+        from hybrid.cliutil import check_output_file
+        try:
+            check_output_file("--out", path)
+        except ValueError as e:
+            parser.error(str(e))
+
 def _one_line_parser():
     """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
     this checkout: the script is run as `python scripts/...`."""
@@ -188,6 +199,7 @@ def main(argv=None) -> None:
                    "timings then include the ranks' contention for cores)")
     p.add_argument("--out", default=None, help="write the table here (markdown)")
     args = p.parse_args(argv)
+    _check_out(p, args.out)
     if args.quick:
         args.seq, args.cp, args.heads, args.kv_heads, args.head_dim, args.repeats, args.warmup = 256, 2, 4, 2, 16, 1, 1
     try:

@@ -253,3 +253,26 @@ def test_every_script_parses_with_the_one_line_parser():
     plain = [os.path.basename(p) for p in sorted(glob.glob(os.path.join(root, "scripts", "*.py")))
              if "argparse.ArgumentParser(" in open(p).read()]
     assert plain == ["cpu_time.py"], plain  # its REMAINDER is a command's own flags, which OneLineParser would refuse
+
+
+@pytest.mark.parametrize("script", ["bench_calibrate_repeat", "bench_compile", "bench_cp", "bench_planner_mainjob",
+                                    "bench_startup"])
+def test_bench_out_into_a_missing_folder_is_one_line_before_the_benchmark(script, tmp_path, monkeypatch, one_line):
+    """These five wrote --out with open() after the benchmark (minutes): a missing folder was a traceback at the
+    end, the numbers lost. Now hybrid.cliutil.check_output_file's line first, nothing started."""
+    import importlib.util
+    import os
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in ("run", "Popen"):
+        monkeypatch.setattr(subprocess, name, lambda *a, **k: pytest.fail("started work before the --out check"))
+    spec = importlib.util.spec_from_file_location(script, os.path.join(root, "scripts", f"{script}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if hasattr(module, "table"):
+        monkeypatch.setattr(module, "table", lambda args: pytest.fail("started work before the --out check"))
+    out = str(tmp_path / "no" / "table.md")
+    monkeypatch.setattr("sys.argv", [f"{script}.py", "--out", out])
+    line = one_line(lambda: module.main())
+    assert line == (f"{script}.py: error: --out {out!r}: its directory {tmp_path / 'no'} does not exist; create it "
+                    f"first"), line
