@@ -276,3 +276,29 @@ def test_bench_out_into_a_missing_folder_is_one_line_before_the_benchmark(script
     line = one_line(lambda: module.main())
     assert line == (f"{script}.py: error: --out {out!r}: its directory {tmp_path / 'no'} does not exist; create it "
                     f"first"), line
+
+
+# --- 7. a typo'd HYBRID_DEVICE / HYBRID_BACKEND (docs/results/gpu_h200.md): a traceback at start-up -----------------
+@pytest.mark.parametrize("env, want", [
+    ({"HYBRID_DEVICE": "cpux"}, "HYBRID_DEVICE='cpux' is not a device; give cpu or cuda:N, or unset it"),
+    ({"HYBRID_BACKEND": "glo"}, "HYBRID_BACKEND='glo' with device cpu: give gloo (any device) or nccl (CUDA), or "
+                                "unset it"),
+    ({"HYBRID_BACKEND": "nccl", "HYBRID_DEVICE": "cpu"}, "HYBRID_BACKEND='nccl' with device cpu: give gloo"),
+])
+def test_a_typod_backend_or_device_variable_is_one_line_before_any_process_group(env, want, monkeypatch, one_line):
+    """"cpux" was torch's RuntimeError from hybrid/mesh.default_backend, "glo" an AssertionError inside
+    init_process_group: both after the checks. check_launch now asks default_backend first."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    line = one_line(lambda: validate(["--seq-length", "32"]))
+    assert line.startswith(f"train.py: error: {want}"), line
+
+
+def test_no_cuda_device_variable_on_a_cpu_machine_names_it(monkeypatch, one_line):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: cuda:0 is a device here")
+    monkeypatch.setenv("HYBRID_DEVICE", "cuda:0")
+    line = one_line(lambda: validate([]))
+    assert line == ("train.py: error: HYBRID_DEVICE='cuda:0': hybrid runs on cpu (this machine has no CUDA); give "
+                    "that, or unset it"), line
