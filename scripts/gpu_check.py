@@ -72,7 +72,7 @@ sys.path.insert(0, ROOT)  # run from a checkout
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from hybrid.cliutil import HelpFormatter, OneLineParser  # noqa: E402
+from hybrid.cliutil import HelpFormatter, OneLineParser, float_in  # noqa: E402
 
 SECTIONS = ("env", "ceilings", "hf_match", "zero_offload", "multi_rank", "speed", "breakdown", "calibrate", "planner")
 BF16_UNIT_ROUNDOFF = 2.0**-8  # bf16 keeps 8 significant bits: a rounding errs by at most 2^-8 relative
@@ -761,7 +761,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: exercises the code, measures nothing")
     p.add_argument("--only", default=None, metavar="LIST",
                    help="comma-separated sections to run, of: " + ", ".join(SECTIONS) + "; None: all")
-    p.add_argument("--budget-s", type=float, default=420.0, metavar="X",
+    p.add_argument("--budget-s", type=float_in(0.0, low_open=True), default=420.0, metavar="X",  # finite: inf was taken
                    help="skip a section when less than its estimate is left of this many seconds")
     args = p.parse_args(argv)
     only = list(SECTIONS) if args.only is None else [s.strip() for s in args.only.split(",") if s.strip()]
