@@ -73,6 +73,7 @@ def check_launch(world: int) -> None:
                          f"torchrun --nproc-per-node {world}")
     if under_launcher():
         check_launcher_env(world)
+    default_backend()  # HYBRID_BACKEND / HYBRID_DEVICE: a typo is one line here, not a traceback at start-up
 
 
 def start_device(world: int) -> tuple[str, torch.device]:

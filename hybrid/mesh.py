@@ -176,14 +176,26 @@ def validate_model_dims(dims: ParallelDims, num_heads: int, num_kv_heads: int, n
 
 
 def default_backend() -> tuple[str, torch.device]:
-    """NCCL + the local CUDA device when present, gloo + CPU otherwise; HYBRID_BACKEND/HYBRID_DEVICE override."""
+    """NCCL + the local CUDA device when present, gloo + CPU otherwise; HYBRID_BACKEND/HYBRID_DEVICE override.
+    A typo'd value is a ValueError naming the variable (hybrid/launch.check_launch asks before any process group:
+    "cpux" was torch's RuntimeError, "glo" an AssertionError inside init_process_group)."""
     backend = os.environ.get("HYBRID_BACKEND")
     device = os.environ.get("HYBRID_DEVICE")
     if device is None:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"HYBRID_DEVICE={device!r} is not a device; give cpu or cuda:N, or unset it") from None
+    if dev.type not in ("cpu", "cuda") or (dev.type == "cuda" and not torch.cuda.is_available()):
+        have = "cpu or cuda:N" if torch.cuda.is_available() else "cpu (this machine has no CUDA)"
+        raise ValueError(f"HYBRID_DEVICE={device!r}: hybrid runs on {have}; give that, or unset it")
     if backend is None:
-        backend = "nccl" if device.startswith("cuda") else "gloo"
-    return backend, torch.device(device)
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+    if backend not in ("gloo", "nccl") or (backend == "nccl" and dev.type != "cuda"):
+        raise ValueError(f"HYBRID_BACKEND={backend!r} with device {device}: give gloo (any device) or nccl (CUDA), "
+                         f"or unset it")
+    return backend, dev
 
 
 @dataclass

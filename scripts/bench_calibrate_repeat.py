@@ -33,6 +33,25 @@ FIELDS = ("peak_tflops", "gemm_overhead_s", "hbm_tbps", "elementwise_tbps", "lay
           "comm_cpu_s_per_byte")
 
 
+
+
+def _check_out(parser, path: str | None) -> None:
+    """--out writable as a file before any work (hybrid.cliutil.check_output_file): a missing folder or a directory
+    was found only when the table was written, after the benchmark had run."""
+    if path:
+        from hybrid.cliutil import check_output_file
+        try:
+            check_output_file("--out", path)
+        except ValueError as e:
+            parser.error(str(e))
+
+def _one_line_parser():
+    """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
+    this checkout: the script is run as `python scripts/...`."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from hybrid.cliutil import OneLineParser
+    return OneLineParser
+
 def fields_of(profile: dict) -> dict[str, float]:
     """The FIELDS of a profile as the fp32 plan reads them (load_hardware(..., Precision.FP32))."""
     hw = profile["hardware"]
@@ -123,7 +142,7 @@ def report(rows: dict[str, list[dict]], ranks: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from hybrid.cliutil import int_in
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _one_line_parser()(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int_in(2, 100), default=4, help="calibrations per tree")
     p.add_argument("--ranks", type=int_in(2, 1024), default=8, help="calibrate --ranks (the main job's 8)")
     p.add_argument("--code", action="append", metavar="NAME=DIR",
@@ -132,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the Markdown report here")
     p.add_argument("--profiles", metavar="DIR", help="tabulate the profiles in DIR (NAME_run<i>.json), no calibration")
     args = p.parse_args(argv)
+    _check_out(p, args.out)
     for c in args.code or ():
         if "=" not in c or not os.path.isdir(os.path.join(c.split("=", 1)[1], "hybrid")):
             p.error(f"--code {c}: give NAME=DIR, DIR a source tree holding hybrid/ (e.g. old=/tmp/old_tree)")

@@ -23,7 +23,6 @@ claims need a quiet machine: the load average is recorded with the table.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -40,6 +39,25 @@ from hybrid.comm import CommLedger, Group  # noqa: E402
 from hybrid.cp import CommType, CPContext, shard  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 
+
+
+
+def _check_out(parser, path: str | None) -> None:
+    """--out writable as a file before any work (hybrid.cliutil.check_output_file): a missing folder or a directory
+    was found only when the table was written, after the benchmark had run."""
+    if path:
+        from hybrid.cliutil import check_output_file
+        try:
+            check_output_file("--out", path)
+        except ValueError as e:
+            parser.error(str(e))
+
+def _one_line_parser():
+    """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
+    this checkout: the script is run as `python scripts/...`."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from hybrid.cliutil import OneLineParser
+    return OneLineParser
 
 def _inputs(args):
     gen = torch.Generator().manual_seed(0)
@@ -166,7 +184,7 @@ def check(args) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = _one_line_parser()(description=__doc__.splitlines()[0])
     p.add_argument("--seq", type=int, default=8192, help="tokens of the one sequence (divisible by 2 x --cp)")
     p.add_argument("--cp", type=int, default=2, help="context-parallel ranks, 2 to 8 and at most the machine's "
                    "cores (gloo, one thread each)")
@@ -181,6 +199,7 @@ def main(argv=None) -> None:
                    "timings then include the ranks' contention for cores)")
     p.add_argument("--out", default=None, help="write the table here (markdown)")
     args = p.parse_args(argv)
+    _check_out(p, args.out)
     if args.quick:
         args.seq, args.cp, args.heads, args.kv_heads, args.head_dim, args.repeats, args.warmup = 256, 2, 4, 2, 16, 1, 1
     try:

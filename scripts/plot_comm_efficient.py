@@ -9,14 +9,13 @@ The two runs train different models, so each gets its own panel; a dashed line m
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from hybrid.cliutil import atomic_output, check_output_file  # noqa: E402
+from hybrid.cliutil import OneLineParser, atomic_output, check_output_file  # noqa: E402
 
 
 def _smooth(xs: list[float], k: int = 5) -> list[float]:
@@ -37,7 +36,7 @@ def _panel(ax, title: str, curves: list[tuple[str, list[float], int]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ce", required=True, help="bench_comm_efficient.py --json output")
     p.add_argument("--diloco", default=None, help="python -m hybrid.diloco.bench --json output")
     p.add_argument("--out", required=True)

@@ -59,7 +59,7 @@ def test_onebitadam_params_reach_the_run(tmp_path):
     ({"eps": 1e-6}, "optimizer.params.eps 1e-06 is not one train.py runs"),
     ({"betas": [0.9]}, "optimizer.params.betas must be a list of two numbers"),
     ({"betas": [0.9, 1.0]}, r"optimizer.params.betas\[1\] must be in \[0, 1\)"),
-    ({"lr": "auto"}, "optimizer.params.lr must be a number"),
+    ({"lr": "3e-4"}, "optimizer.params.lr must be a number"),  # "auto": the flag's (tests/test_newuser11_inputs.py)
     ({"lr": 0}, "optimizer.params.lr must be > 0"),
     ({"amsgrad": True}, "optimizer.params.amsgrad true is not one train.py runs"),
     ({"adam_w_mode": False, "weight_decay": 0.1}, "adam_w_mode false with weight_decay > 0 is Adam's L2"),

@@ -158,7 +158,8 @@ def test_a_rendezvous_the_other_ranks_never_join_is_one_line(tmp_path):
     the rendezvous, how many joined and the fix -- not torch's DistStoreError traceback."""
     env = _env(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     out = testing.run(["-m", "hybrid.train", "--model", "tiny-gpt2", "--train-iters", "2",
-                       "--distributed-timeout-minutes", "0.05"] + TINY, env=env, cwd=str(tmp_path), timeout=120)
+                       "--distributed-timeout-minutes", "0.05", "--watchdog-timeout", "2"] + TINY, env=env,
+                      cwd=str(tmp_path), timeout=120)  # the watchdog nested below it: no start-up warning
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
     assert "the 2 ranks did not all join the rendezvous at 127.0.0.1:" in lines[0], lines[0]

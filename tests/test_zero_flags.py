@@ -63,7 +63,8 @@ def test_deepspeed_config_sets_the_flags_and_names_what_it_ignores(tmp_path):
 
 @pytest.mark.parametrize("cfg,message", [
     ({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}}, "offload_optimizer.device 'nvme'"),
-    ({"train_micro_batch_size_per_gpu": "auto"}, "train_micro_batch_size_per_gpu must be an integer"),
+    # a number written as a string ("auto" is the flag's value: tests/test_newuser11_inputs.py)
+    ({"train_micro_batch_size_per_gpu": "4"}, 'train_micro_batch_size_per_gpu must be an integer, got "4"'),
     ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1},
      "train_batch_size 10 != "),
     ({"zero_optimization": {"stage": 3}, "fp16": {"enabled": True}, "bf16": {"enabled": True}}, "exclusive"),

@@ -131,9 +131,8 @@ def _check_foreign(args: argparse.Namespace) -> None:
     iter_* / `latest` as unfinished hybrid saves ("holds no complete checkpoint"), and a save would write our
     `latest` over DeepSpeed's and replace a Megatron iter_* directory of the same iteration. ValueError naming it."""
     if args.load is not None and (what := store.foreign_checkpoint(args.load)):
-        how = (f"convert it first: hybrid convert {args.load} CKPT --model CONFIG, then --load CKPT (docs/convert.md)"
-               if "DeepSpeed" in what else f"{store.MEGATRON_EXPORT}, then give that folder to --load")
-        raise ValueError(f"--load {args.load!r} is {what}, which train.py does not read; {how}")
+        raise ValueError(f"--load {args.load!r} is {what}, which train.py does not read; "
+                         f"{store.foreign_advice(args.load, what)}")
     if args.save is not None and (what := store.foreign_checkpoint(args.save)) and not args.overwrite_save:
         mine = "its `latest`" if "DeepSpeed" in what else "its iter_* directory of each iteration saved"
         raise ValueError(f"--save {args.save!r} holds {what}; saves there would replace {mine}: save to another "

@@ -2,7 +2,7 @@
 
     hybrid checkpoint inspect runs/ckpt                 # every checkpoint in a --save directory
     hybrid checkpoint inspect runs/ckpt/iter_0000200    # one
-    hybrid checkpoint inspect runs/ckpt --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 \
+    hybrid checkpoint inspect runs/ckpt --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 \\
         --world-size 16                                 # ... and can each be loaded at that layout?
 
 For each: iteration, consumed samples, the layout it was saved at, size, and the verdict -- complete and
@@ -121,11 +121,25 @@ def _target(args: argparse.Namespace) -> Target | None:
     return Target(args.tensor_model_parallel_size or 1, args.pipeline_model_parallel_size or 1, args.world_size)
 
 
+def _check_foreign(path: str) -> None:
+    """DIR, or the folder of the iter_* DIR named, holding another tool's checkpoint (store.foreign_checkpoint):
+    ValueError naming it. Read as ours, a Megatron-LM iter_* was called "incomplete ... removed by the next save"
+    and a DeepSpeed folder printed only "latest -> none"; a transformers folder is named too (--load reads it)."""
+    parent = os.path.dirname(os.path.normpath(path))
+    for root in (path, parent) if os.path.basename(os.path.normpath(path)).startswith("iter_") else (path,):
+        if what := store.foreign_checkpoint(root):
+            raise ValueError(f"{root!r} is {what}, not a hybrid --save directory; {store.foreign_advice(root, what)}")
+    if os.path.isfile(os.path.join(path, "config.json")) and not store.is_checkpoint_dir(path):
+        raise ValueError(f"{path!r} is a transformers model folder (config.json), not a hybrid --save directory: "
+                         f"train.py reads it as it is (--model {path} --load {path}), nothing to inspect")
+
+
 def run(args: argparse.Namespace) -> int:
     path = args.dir
     target = _target(args)
     if not os.path.isdir(path):
         raise ValueError(f"{path!r} is not a directory; give a --save directory or one of its iter_* directories")
+    _check_foreign(path)
     if os.path.isfile(os.path.join(path, store.MANIFEST)) or os.path.basename(os.path.normpath(path)).startswith("iter_"):
         line, sound = _one(path, None, target)
         print(line)

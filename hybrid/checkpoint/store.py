@@ -77,6 +77,14 @@ def foreign_checkpoint(root: str) -> str | None:
     return None
 
 
+def foreign_advice(root: str, what: str) -> str:
+    """What to do with another tool's checkpoint `root` (`what`: foreign_checkpoint's answer), for every command
+    that refuses one (train.py --load, hybrid checkpoint inspect)."""
+    if "DeepSpeed" in what:
+        return f"convert it first: hybrid convert {root} CKPT --model CONFIG, then --load CKPT (docs/convert.md)"
+    return f"{MEGATRON_EXPORT}, then give that folder to --load"
+
+
 def read_latest(root: str) -> int | None:
     """The iteration `latest` names, when it names a complete checkpoint."""
     path = os.path.join(root, LATEST)

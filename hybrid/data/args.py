@@ -89,7 +89,9 @@ def check(args: argparse.Namespace) -> DataConfig:
     paths, weights = parse_blend(args.data_path)
     split = parse_split(args.split)
     if args.eval_interval < 1:
-        raise ValueError(f"--eval-interval must be >= 1, got {args.eval_interval}")
+        raise ValueError(f"--eval-interval must be >= 1, got {args.eval_interval} (Megatron-LM's 0 skips the "
+                         f"periodic validation: here drop --eval-interval and give --eval-iters 0 for none at all, "
+                         f"or an --eval-interval above --train-iters for the end-of-run one alone)")
     if args.eval_iters < 0:
         raise ValueError(f"--eval-iters must be >= 0 (0: no validation), got {args.eval_iters}")
     if args.eval_iters == 0 and "eval_interval" in getattr(args, "explicit", set()):

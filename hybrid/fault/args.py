@@ -49,7 +49,8 @@ def _check_nested_timeouts(args: argparse.Namespace) -> None:
     """A --watchdog-timeout given not below the collectives' timeout (--distributed-timeout-minutes, given or its
     default 10): a rank waiting in a collective for a hung peer is ended by the collective's timeout first, so the
     verdict the watchdog was set for never prints (docs/operations.md: the timeouts nest). ValueError naming both.
-    Only the default watchdog (300 s) beside a shorter collective timeout is left alone: the tests' short timeouts."""
+    The default watchdog beside a shorter collective timeout is not refused (the user did not ask for it) but
+    warned about: `timeout_warnings`."""
     minutes = getattr(args, "distributed_timeout_minutes", None)
     if "watchdog_timeout" in getattr(args, "explicit", set()) and args.watchdog_timeout > 0 \
             and minutes is not None and args.watchdog_timeout >= 60 * minutes:
@@ -57,6 +58,23 @@ def _check_nested_timeouts(args: argparse.Namespace) -> None:
                          f"{minutes:g} ({60 * minutes:g} s): a hung collective times out first and the hang verdict "
                          f"never prints; give a --watchdog-timeout below {60 * minutes:g} or a longer "
                          f"--distributed-timeout-minutes (--watchdog-timeout 0 turns the watchdog off)")
+
+
+def timeout_warnings(args: argparse.Namespace, world: int) -> tuple[str, ...]:
+    """The start-up warning (printed once, on rank 0: hybrid/train/main.py) for the default --watchdog-timeout left
+    beside a --distributed-timeout-minutes at or below it: the collective then times out first and the verdict
+    never prints, the case `_check_nested_timeouts` refuses when the watchdog is given. A warning, not a lower
+    default: the watchdog also fires on a rank that computes in one phase that long without waiting on anyone, which
+    the collective timeout lets run, so a watchdog the user did not set must not end a run the flags allow. No
+    watchdog runs at world 1 (hybrid/fault/session.py): nothing to warn about there."""
+    minutes = getattr(args, "distributed_timeout_minutes", None)
+    if world < 2 or minutes is None or "watchdog_timeout" in getattr(args, "explicit", set()) \
+            or not 0 < args.watchdog_timeout or args.watchdog_timeout < 60 * minutes:
+        return ()
+    return (f"--distributed-timeout-minutes {minutes:g} ({60 * minutes:g} s) is not above the default "
+            f"--watchdog-timeout {args.watchdog_timeout:g} s: a hung collective times out first and the hang verdict "
+            f"never prints; give a --watchdog-timeout below {60 * minutes:g} (e.g. {30 * minutes:g}), or "
+            f"--watchdog-timeout 0 to turn the watchdog off",)
 
 
 def check(args: argparse.Namespace) -> FaultConfig:

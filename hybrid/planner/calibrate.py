@@ -794,6 +794,10 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
         raise ValueError(f"--hardware {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a 5000-digit number
         raise ValueError(f"--hardware {path}: not a JSON file hybrid reads ({type(e).__name__})") from None
+    if isinstance(profile, dict) and isinstance(profile.get("format"), str) and profile["format"] != FORMAT \
+            and profile["format"].startswith(FORMAT.split("/")[0] + "/"):
+        raise ValueError(f"--hardware {path}: a profile of format {profile['format']!r}, this hybrid reads {FORMAT}; "
+                         f"re-run `hybrid calibrate --out {path}` on that machine")
     if not isinstance(profile, dict) or profile.get("format") != FORMAT:
         raise ValueError(f"--hardware {path}: not a {FORMAT} file (write one with `hybrid calibrate --out FILE`)")
     fields_ = profile.get("hardware")
@@ -915,6 +919,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
+def check_replaces_a_profile(path: str) -> None:
+    """--out naming an existing file that is not a hardware profile (a typo'd `--out train.py`, a results JSON):
+    ValueError before the minute of measuring, which would have replaced it. A profile, of any format version, is
+    replaced, as re-calibrating is meant to. Only the first MiB is read: a profile is a few KiB."""
+    if not os.path.isfile(path):
+        return
+    try:
+        with open(path, "rb") as f:
+            profile = json.loads(f.read(2**20).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        profile = None
+    if not isinstance(profile, dict) or not str(profile.get("format")).startswith(FORMAT.split("/")[0] + "/"):
+        raise ValueError(f"--out {path!r} exists and is not a hardware profile ({FORMAT}), which it would replace; "
+                         f"give a new file name, or remove the file first")
+
+
 def run(args: argparse.Namespace) -> None:
     if args.sizes is not None and args.ranks == 1:  # one rank times no collective: the sizes would go unread
         raise ValueError("--sizes: --ranks 1 times no collectives (the --base preset's links are kept); "
@@ -934,6 +954,7 @@ def run(args: argparse.Namespace) -> None:
                          f"{torch.cuda.device_count()}; use --ranks {torch.cuda.device_count()}")
     gpu = backend == "nccl"
     check_output_file("--out", args.out)
+    check_replaces_a_profile(args.out)
     cfg = CalibrationConfig(ranks=args.ranks, backend=backend,
                             matmul_n=args.matmul_size or (GPU_MATMUL_N if gpu else CalibrationConfig.matmul_n),
                             copy_bytes=args.copy_bytes or (GPU_COPY_BYTES if gpu else CalibrationConfig.copy_bytes),

@@ -409,7 +409,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     dims = ParallelDims.from_world(world, tp=ns.tensor_model_parallel_size, pp=ns.pipeline_model_parallel_size,
                                    cp=cp.size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
-    warnings = check_sequence_parallel(ns, dims.tp)
+    warnings = check_sequence_parallel(ns, dims.tp) + fault_args.timeout_warnings(ns, dims.world)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
     compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None,  # hybrid/compress

@@ -43,6 +43,9 @@ ARCH_FIELDS = {
     "--norm-epsilon": "rms_norm_eps (llama family) or layer_norm_epsilon (gpt2)",
     "--position-embedding-type": "model_type llama for rotary embeddings (rope_theta), gpt2 for learned positions",
     "--disable-bias-linear": "model_type llama (no linear biases; gpt2 has them)",
+    "--use-rotary-position-embeddings": "model_type llama for rotary embeddings (rope_theta), gpt2 for learned "
+                                        "positions",
+    "--no-position-embedding": "model_type llama for rotary embeddings (rope_theta), gpt2 for learned positions",
 }
 
 RECOMPUTE_SUBSET = ("--recompute-granularity full recomputes every layer; recomputing a subset of layers "
@@ -74,6 +77,20 @@ INSTEAD = {
     "--weight-decay-incr-style": "a weight-decay schedule is not implemented; --weight-decay is constant",
     "--data-cache-path": "the sample indexes are built in memory at start-up, nothing is cached; drop the flag",
     "--mock-data": "omit --data-path for the built-in corpus (docs/data.md)",
+    # on in every run, nothing to switch: the flags of Megatron-LM's example scripts (examples/gpt3/*.sh)
+    "--overlap-grad-reduce": "gradient reductions always overlap backward (each bucket of --zero-bucket-bytes is "
+                             "posted from autograd's hooks as soon as backward has produced it); drop the flag",
+    "--no-gradient-accumulation-fusion": "there is no fused gradient-accumulation kernel (apex's) to turn off; drop "
+                                         "the flag",
+    "--log-throughput": "tokens/s and TFLOP/s/device are on every log line (--log-interval); drop the flag",
+    "--log-timers-to-tensorboard": "per-rank step times and the time split print every --timing-log-interval log "
+                                   "intervals (docs/operations.md); drop the flag",
+    "--timing-log-level": "per-rank step times and the time split print every --timing-log-interval log intervals "
+                          "(docs/operations.md); drop the flag",
+    "--log-params-norm": "not implemented; the log line has the gradient norm",
+    "--log-num-zeros-in-grad": "not implemented; the log line has the gradient norm",
+    "--adam-eps": "Adam's eps is 1e-8 (Megatron's default), no flag sets it; drop the flag",
+    "--ckpt-format": "checkpoints have one format, torch's DCP with a manifest (docs/checkpoint.md); drop the flag",
 }
 
 TOKENIZER = TOKENIZER_HINT

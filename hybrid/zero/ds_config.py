@@ -151,7 +151,7 @@ def _check_optimizer(ds: dict) -> None:
         hint = "--optimizer sgd with --sgd-momentum" if isinstance(kind, str) and kind.lower() == "sgd" else \
             "remove the optimizer section (train.py's AdamW takes --lr, --adam-beta1/2, --weight-decay)"
         raise ValueError(f"--deepspeed-config: optimizer.type {json.dumps(kind)} is not one train.py runs "
-                         f"(Adam, AdamW, OneBitAdam); use {hint}")
+                         f"(Adam, AdamW, OneBitAdam); {'use ' if hint.startswith('--') else ''}{hint}")
 
 
 # optimizer.params keys: what each means here. DeepSpeed passes params to the optimizer's constructor (its
@@ -188,7 +188,7 @@ def _read_optimizer(ds: dict, out: DeepSpeedSettings) -> None:
                              f"steps, --onebit-freeze-iters)")
         out.freeze_step = _int(params, "freeze_step", "optimizer.params.freeze_step", 1)
     out.weight_decay = _float(params, "weight_decay", "optimizer.params.weight_decay", 0.0)
-    if "betas" in params:
+    if _given(params, "betas"):
         betas = params["betas"]
         if not (isinstance(betas, list) and len(betas) == 2):
             raise ValueError(f"--deepspeed-config: optimizer.params.betas must be a list of two numbers in [0, 1), "
@@ -233,6 +233,10 @@ def _refuse_scheduler(ds: dict, opt_lr: float | None) -> None:
     if kind not in SCHEDULERS or not isinstance(params, dict):
         raise ValueError(f"--deepspeed-config: scheduler.type {json.dumps(kind)} is not one train.py runs; remove "
                          f"the scheduler section and set the schedule with {flags}")
+    if AUTO in params.values():  # the HF Trainer's template: its schedule comes from its own arguments
+        raise ValueError(f"--deepspeed-config: scheduler {kind} with \"auto\" params is the HF Trainer's template "
+                         f"(it fills them from its arguments); remove the scheduler section and set the schedule "
+                         f"with {flags}")
     n = max(2, _int(params, "warmup_num_steps", "scheduler.params.warmup_num_steps", 1) or 1000)  # DeepSpeed's
     total = _int(params, "total_num_steps", "scheduler.params.total_num_steps", 1)
     peak = opt_lr if kind == "WarmupCosineLR" else _float(params, "warmup_max_lr", "scheduler.params.warmup_max_lr",
@@ -297,15 +301,25 @@ def _section(parent: dict, key: str, out: DeepSpeedSettings, prefix: str = "") -
 MAX_INT = 1 << 53  # above any count or size a run has (and exactly a float64): JSON allows 1e400-digit integers
 
 
+AUTO = "auto"  # the HF Trainer's DeepSpeed configs: "take it from the command line" -- here, the flag or its default
+
+
+def _given(sec: dict, key: str) -> bool:
+    """`key` sets a value: present and not "auto". The HF Trainer fills "auto" from its arguments (its
+    integrations/deepspeed.py); train.py's flags are those arguments, so "auto" leaves the flag's value (given, or its
+    default) as an absent key does, and the file's other keys still apply."""
+    return key in sec and sec[key] != AUTO
+
+
 def _int(sec: dict, key: str, name: str, low: int, high: int | None = MAX_INT) -> int | None:
-    if key not in sec:
+    if not _given(sec, key):
         return None
     value = sec[key]
     if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
         value = int(value)  # 5e8, as DeepSpeed's docs write bucket sizes: JSON's number, an integer's value
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"--deepspeed-config: {name} must be an integer, got {json.dumps(value)} "
-                         "('auto' values are not resolved here; write the number)")
+        raise ValueError(f"--deepspeed-config: {name} must be an integer, got {json.dumps(value)}; write the number "
+                         f"(or \"auto\": the flag's value)")
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         shown = value if abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
@@ -314,7 +328,7 @@ def _int(sec: dict, key: str, name: str, low: int, high: int | None = MAX_INT) -
 
 
 def _float(sec: dict, key: str, name: str, low: float, low_open: bool = False) -> float | None:
-    if key not in sec:
+    if not _given(sec, key):
         return None
     value = sec[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -333,7 +347,7 @@ def _float(sec: dict, key: str, name: str, low: float, low_open: bool = False) -
 
 def _bool(sec: dict, key: str, name: str) -> bool | None:
     """JSON true/false only: the string "false" is truthy in Python and must not switch a mode on."""
-    if key not in sec:
+    if not _given(sec, key):
         return None
     value = sec[key]
     if not isinstance(value, bool):
