@@ -221,7 +221,16 @@ def copy_bandwidth(nbytes: int, seconds: float, device: torch.device, clock=time
     return 2.0 * nbytes / _timed(step, seconds, clock=clock)
 
 
-LAYER_SHAPES = ((4, 128, 384, 6), (1, 32, 384, 6))  # (micro-batch, sequence, hidden, heads) calibrate times
+# (micro-batch, sequence, hidden, heads) calibrate times on a CPU. The rate probes: small enough that the
+# memory-bound traffic is over half of what the GEMMs leave (at h 384 the GEMMs took 75-85 % of a layer, and a few
+# % of timing noise on them swung the rest by 25-50 %: docs/results/bench_planner_mainjob.md, round 11).
+LAYER_SHAPES = ((8, 128, 64, 4), (4, 128, 128, 4))
+# The per-pass probe: one token through a layer of 50k parameters -- its GEMMs and memory-bound bytes (10 / 20 us,
+# 5 / 12 KB) vanish beside what every pass pays (Python, the dispatcher, autograd: 0.13 / 0.37 ms here, the same
+# over h 16-128). Not h 384: there one token's backward also writes 7 MB of fresh weight gradients (page faults,
+# 1.3-3.3 ms from one calibration to the next), a cost of the parameters, not of the pass.
+PASS_SHAPE = (1, 1, 64, 4)
+TP_PROBE_SHAPE = (1, 32, 384, 6)  # the layer pair_comm_cpu runs at tp 2 (a 48 KiB TP all-reduce)
 
 
 @dataclass(frozen=True)
@@ -229,21 +238,24 @@ class LayerProbe:
     """The real layers `calibrate` times, and how the planner prices them.
 
     Attributes:
-        shapes: two (micro-batch, sequence, hidden, heads), the larger first (fit_layer solves two unknowns).
+        shapes: (micro-batch, sequence, hidden, heads) of the layers timed for the memory-bound rate (a CPU) or
+            the kernel latency (a GPU: the first, the larger, alone; the second is kept as a check).
         dtype: the layer's parameters and activations ("fp32" or "bf16", a DTYPES key).
         precision, profile: the planner's Workload fields for such a layer.
+        pass_shape: the layer whose time is the fixed cost of a pass (fit_layer), or None (a GPU: no such cost).
     """
 
     shapes: tuple[tuple[int, int, int, int], ...]
     dtype: str
     precision: Precision
     profile: str  # an ActivationProfile value (hybrid.planner.model imports this module's names lazily)
+    pass_shape: tuple[int, int, int, int] | None = None
 
 
 # A CPU core: small fp32 layers, as the runtime trains there. A GPU: bf16 layers large enough that the memory-bound
 # kernels, not launches, dominate what the GEMMs leave (the CPU shapes took 0.3-2.4 ms on an H200, all launch
 # overhead, and fitted a 47 GB/s "rate" that priced a 1.2B model's step at 9 s against 0.76 measured).
-CPU_PROBE = LayerProbe(LAYER_SHAPES, "fp32", Precision.FP32, "fp32-flash")
+CPU_PROBE = LayerProbe(LAYER_SHAPES, "fp32", Precision.FP32, "fp32-flash", PASS_SHAPE)
 GPU_PROBE = LayerProbe(((2, 2048, 2048, 16), (1, 512, 1024, 8)), "bf16", Precision.MIXED, "bf16-flash")
 
 
@@ -302,19 +314,46 @@ def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int], probe: LayerP
     return layer_parts(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b))
 
 
-def fit_layer(hw: Hardware, measured: list[tuple[float, float]],
+def _rests(hw: Hardware, measured: list[tuple[float, float]], shapes, probe: LayerProbe):
+    """Per shape, per pass: (seconds beyond the GEMMs and flash attention on `hw`, memory-bound bytes)."""
+    parts = [layer_parts_of(hw, shape, probe) for shape in shapes]
+    return [((f - p.forward_s, p.forward_bytes), (b - p.backward_s, p.backward_bytes))
+            for (f, b), p in zip(measured, parts)]
+
+
+def fit_layer(hw: Hardware, measured: list[tuple[float, float]], per_pass: tuple[float, float],
               probe: LayerProbe = CPU_PROBE) -> tuple[float | None, float, float]:
-    """(elementwise bytes/s, forward fixed s, backward fixed s) of a layer pass from the layers measured at
-    the probe's shapes: what each takes beyond its GEMMs (and flash attention) on `hw`, rest = bytes / rate +
-    fixed, solved exactly on the forward + backward totals of the two shapes (a bandwidth term and a cost per pass:
-    on a CPU Python, the dispatcher, autograd; on a GPU its kernels' latencies -- the same count at both shapes,
-    so fixed / kernels is Hardware.kernel_overhead_s). The fixed cost is split between the passes by their own
-    residuals (mean over the shapes). When the two do not give a positive rate and cost (noise), the larger shape
-    alone gives the rate and the cost is 0; when even that layer runs no slower than its GEMMs, the rate is None
-    (the copy rate is kept)."""
-    parts = [layer_parts_of(hw, shape, probe) for shape in probe.shapes]
+    """(elementwise bytes/s, forward fixed s, backward fixed s) of a layer pass on a CPU. Each pass of each layer
+    takes its GEMMs (and flash attention) on `hw`, plus its memory-bound bytes x / rate, plus a fixed cost c of
+    the pass (Python, the dispatcher, autograd): the rest r = t - GEMMs = x u + c, u = 1 / rate.
+
+    `per_pass` (forward, backward) is the probe's pass_shape layer, whose bytes x0 are ~0: its rest r0 is the
+    cost c almost alone, measured, not solved for. The rate comes from the larger `measured` layers (the probe's
+    shapes) net of it -- r - r0 = (x - x0) u for each shape and pass, least squares through the origin over the
+    2 x len(shapes) points: u = sum (x - x0)(r - r0) / sum (x - x0)^2 -- and then c = r0 - x0 u (x0 u is 1-2 %
+    of r0). Timing noise d on a time moves c by d (plus x0 du) and u by at most sum |x - x0| (|d| + |d0|) /
+    sum (x - x0)^2: no difference of two nearly equal solutions, as the exact two-shape solve this replaces
+    (`two_shape_solve`) had. When the layers leave no positive rate (noise), the rate is None (the copy rate is
+    kept) and c is r0."""
+    (f0, b0), = _rests(hw, [per_pass], [probe.pass_shape], probe)
+    points = [(r - p0[0], x - p0[1]) for shape in _rests(hw, measured, probe.shapes, probe)
+              for (r, x), p0 in zip(shape, (f0, b0))]
+    sxx, sxr = sum(x * x for _, x in points), sum(x * r for r, x in points)
+    u = sxr / sxx if sxx > 0 else 0.0
+    if u <= 0:
+        return None, max(0.0, f0[0]), max(0.0, b0[0])
+    return 1.0 / u, max(0.0, f0[0] - f0[1] * u), max(0.0, b0[0] - b0[1] * u)
+
+
+def two_shape_solve(hw: Hardware, measured: list[tuple[float, float]],
+                    probe: LayerProbe) -> tuple[float | None, float, float]:
+    """The layer fit calibrate used until round 11, kept as the reference its replacement is measured against
+    (tests/test_calibrate_layerfit.py) and the GPU record (test_calibrate.py): rate and fixed cost solved exactly
+    from the two shapes' forward + backward totals, the fixed cost split by the passes' residuals; no positive
+    solution -> the larger shape's rate, no fixed cost. Ill-conditioned where the GEMMs take most of a layer:
+    a few % of noise moved its fixed costs 0-4 ms between calibrations."""
     rests = [(f - p.forward_s, b - p.backward_s, p.forward_bytes, p.backward_bytes)
-             for (f, b), p in zip(measured, parts)]
+             for (f, b), p in zip(measured, (layer_parts_of(hw, shape, probe) for shape in probe.shapes))]
     (f1, b1, tf1, tb1), (f2, b2, tf2, tb2) = rests
     t1, t2 = tf1 + tb1, tf2 + tb2
     rate = (t1 - t2) / (f1 + b1 - f2 - b2) if f1 + b1 != f2 + b2 else -1.0
@@ -342,14 +381,14 @@ def fit_gpu_kernel_overhead(hw: Hardware, measured: tuple[float, float], rate: f
     return max(0.0, rest / (p.forward_kernels + p.backward_kernels))
 
 
-def planned_layer_seconds(hw: Hardware, probe: LayerProbe) -> list[list[float]]:
-    """[forward, backward] seconds of each probe layer as `hw` plans them (time.layer_passes)."""
+def planned_layer_seconds(hw: Hardware, probe: LayerProbe, shapes=None) -> list[list[float]]:
+    """[forward, backward] seconds of each probe layer (or of `shapes`) as `hw` plans them (time.layer_passes)."""
     from hybrid.planner.layout import Cluster, Layout, Workload
     from hybrid.planner.model import ActivationProfile
     from hybrid.planner.ops import KernelProfile
     from hybrid.planner.time import _context, layer_passes
     planned = []
-    for shape in probe.shapes:
+    for shape in probe.shapes if shapes is None else shapes:
         b, s = shape[:2]
         work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
                         activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER)
@@ -506,7 +545,7 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
     op trail). Counted: the calling thread's CPU inside the calls and gloo's threads' throughout
     (time.thread_time against process_time), nothing else:
 
-    * "tp_layer": the small probe layer (LAYER_SHAPES[1]) at tp 2 on the pair, forward + backward, a TP all-reduce
+    * "tp_layer": a small layer (TP_PROBE_SHAPE) at tp 2 on the pair, forward + backward, a TP all-reduce
       as training meets it (its autograd wrapper, a lock-step peer that may be descheduled) -> per call;
     * "send_recv": messages of each size, each round one side arriving late (a matmul burst with operands beyond
       a core's L2 first, not counted), as a pipeline message meets a receiver waiting in its bubble.
@@ -539,8 +578,8 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
             per_call.append((group.all_reduce_thread_s + (extra or 0.0) + others) / max(1, count(ledger)))
         return block_median(per_call)
 
-    b, s_, h, _ = LAYER_SHAPES[1]
-    block = GPT2Block(layer_config(LAYER_SHAPES[1]), TPContext(group))
+    b, s_, h, _ = TP_PROBE_SHAPE
+    block = GPT2Block(layer_config(TP_PROBE_SHAPE), TPContext(group))
     x = torch.randn(b, s_, h, requires_grad=True)
     grad = torch.randn(b, s_, h)
     block(x).backward(grad)  # warm-up
@@ -625,11 +664,14 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         say(f"memory copy {cfg.copy_bytes / 2**20:.0f} MiB: {out['copy_bytes_per_s'] / GB:.2f} GB/s per rank with "
             f"{world} at once, {out['copy_bytes_per_s_alone'] / GB:.2f} alone (rank 0)")
     probe = probe_for(device)
-    out["layer_seconds"] = [alone(lambda shape=shape: layer_seconds(shape, cfg.seconds, device, DTYPES[probe.dtype],
-                                                                    clock))
-                            for shape in probe.shapes]
+    shapes = probe.shapes + ((probe.pass_shape,) if probe.pass_shape else ())
+    timed = [alone(lambda shape=shape: layer_seconds(shape, cfg.seconds, device, DTYPES[probe.dtype], clock))
+             for shape in shapes]
+    out["layer_seconds"] = timed[:len(probe.shapes)]
+    if probe.pass_shape:
+        out["layer_pass_seconds"] = timed[-1]
     if rank == 0:
-        for shape, (f, b) in zip(probe.shapes, out["layer_seconds"]):
+        for shape, (f, b) in zip(shapes, timed):
             say(f"one {probe.dtype} GPT-2 layer (b, s, h) = {shape[:3]}: forward {f * 1e3:.2f} ms, backward "
                 f"{b * 1e3:.2f} ms (rank 0 alone)")
     for op in ("all_reduce", "all_gather") if world > 1 else ():  # one rank: nothing to time
@@ -665,6 +707,18 @@ def calibrate(cfg: CalibrationConfig = CalibrationConfig(), timeout: float = 300
     # quiet the machine was. The 1-minute average before the ranks start, and after (theirs included).
     profile["measured"]["load_average_before_after"] = [load, os.getloadavg()[0]]
     return profile
+
+
+def _pass_record(rank0: dict, hw: Hardware, curve: Hardware, probe: LayerProbe) -> dict:
+    """The per-pass probe layer in the profile: its shape, measured and planned seconds (empty on a GPU)."""
+    if not probe.pass_shape or "layer_pass_seconds" not in rank0:
+        return {}
+    planned = planned_layer_seconds(dataclasses.replace(hw, peak_tflops=curve.peak_tflops,
+                                                        gemm_overhead_s=curve.gemm_overhead_s),
+                                    probe, [probe.pass_shape])[0]
+    return {"layer_pass_shape_b_s_h_heads": list(probe.pass_shape),
+            "layer_pass_forward_backward_seconds": list(rank0["layer_pass_seconds"]),
+            "layer_pass_forward_backward_planned_seconds": planned}
 
 
 def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
@@ -715,8 +769,8 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
         hw = hw.with_overrides(**fit_comm_cpu([r.get("comm_cpu") for r in per_rank]))
     if per_rank[0].get("skew"):  # a core per rank: what a collective waits for its ranks after compute
         hw = hw.with_overrides(**fit_skew(per_rank[0]["skew"], node["intra_latency_s"]))
-    if cores:  # a CPU: a rate and a cost per layer pass (Python, the dispatcher, autograd), both shapes solved
-        rate, fixed_fwd, fixed_bwd = fit_layer(curve, layers, probe)
+    if cores:  # a CPU: a cost per layer pass (Python, the dispatcher, autograd) timed, a rate net of it
+        rate, fixed_fwd, fixed_bwd = fit_layer(curve, layers, tuple(per_rank[0]["layer_pass_seconds"]), probe)
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
                                layer_backward_overhead_s=fixed_bwd, kernel_overhead_s=0.0)
     else:  # a GPU: the copy rate, and the larger layer's rest spread over its memory-bound kernels (ops.py)
@@ -742,6 +796,7 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                      "layer_forward_backward_planned_seconds": planned_layer_seconds(
                          dataclasses.replace(hw, peak_tflops=curve.peak_tflops, gemm_overhead_s=curve.gemm_overhead_s),
                          probe),
+                     **_pass_record(per_rank[0], hw, curve, probe),
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "comm_cpu_seconds_rank0": per_rank[0].get("comm_cpu"),
                      "all_reduce_8_bytes_after_compute_s": per_rank[0].get("skew"),
