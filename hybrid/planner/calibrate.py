@@ -17,18 +17,21 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   bound prices (time.py) -- an idle pipeline rank gives its core to the others;
 * memory bandwidth: a large tensor copy, read + write bytes / second (alone on a CPU, as above) -> `hbm_tbps`
   (the GEMMs' operand-traffic bound);
-* one real Transformer layer (models.GPT2Block, no dropout) at two shapes (`LayerProbe`: on a CPU fp32 at the
-  small LAYER_SHAPES, unlike the benchmarks' shapes so they validate it; on a GPU bf16 at GPU_PROBE's larger
-  shapes), forward and backward (alone on a CPU): the time beyond its
-  GEMMs on the curve just fitted is solved (`fit_layer`) for a rate of the memory-bound traffic the planner
-  counts for a layer (time.layer_parts) -> `elementwise_tbps`, and a fixed cost per layer pass ->
-  `layer_forward_overhead_s` / `layer_backward_overhead_s` (Python, dispatcher, autograd: what makes a small
-  layer slower than its bytes, as t0 does for a GEMM). On a GPU the memory-bound bytes are priced at the copy
-  rate and the larger probe layer alone gives `kernel_overhead_s` (`fit_gpu_kernel_overhead`: the smaller one
-  was host-bound on an H200), both layers' plans kept beside their measurements. On a CPU core GELU's tanh and softmax's exp run below it (this 2-core VM, one-shape calibrations: 4.2-5.2 against
-  13.4-13.9 GB/s), and pricing them at the copy rate under-predicted a layer by 10-13 %
-  (docs/results/bench_interleaved.md). When noise leaves no positive solution the fields fall back (rate from
-  the larger shape, no fixed cost; the copy rate if even that layer ran no slower than its GEMMs);
+* real Transformer layers (models.GPT2Block, no dropout; `LayerProbe`), forward and backward (alone on a CPU).
+  On a CPU, fp32 at small shapes unlike the benchmarks' (so they validate it), two measurements: the per-pass
+  layer PASS_SHAPE (one token, h 64: its GEMMs and bytes vanish) whose time beyond its GEMMs is a fixed cost per
+  layer pass -> `layer_forward_overhead_s` / `layer_backward_overhead_s` (Python, the dispatcher, autograd:
+  what makes a small layer slower than its bytes, as t0 does for a GEMM); and the rate layers LAYER_SHAPES,
+  whose time beyond their GEMMs (on the curve just fitted) and that cost is the memory-bound traffic the
+  planner counts for a layer (time.layer_parts) at one rate, least squares (`fit_layer`) -> `elementwise_tbps`
+  (a CPU core runs GELU's tanh and softmax's exp below its copy rate: 4.2-5.2 against 13.4-13.9 GB/s on this
+  2-core VM, and the copy rate under-predicted a layer by 10-13 %, docs/results/bench_interleaved.md).
+  Until round 11 the rate and one fixed cost were solved exactly from two h-384 layers, where the GEMMs take
+  75-85 % of the time: a few % of noise moved the fixed costs 0-4 ms between calibrations (`two_shape_solve`,
+  kept as the reference). On a GPU bf16 at GPU_PROBE's larger shapes: the memory-bound bytes are priced at the
+  copy rate and the larger probe layer alone gives `kernel_overhead_s` (`fit_gpu_kernel_overhead`: the smaller one
+  was host-bound on an H200), both layers' plans kept beside their measurements. On a CPU, when noise leaves no positive rate the copy rate is kept and the fixed
+  costs are the per-pass layer's time beyond its GEMMs;
 * all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
   output), timed back to back over a few calls after a warm-up (on a CPU a block of calls untimed, then the
   median of COLLECTIVE_BLOCKS = 5 blocks' means; rank 0's block means kept in the profile):
