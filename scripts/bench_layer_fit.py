@@ -81,14 +81,30 @@ def summary(xs: list[float], scale: float) -> str:
     return (f"{statistics.median(xs):.3g} [{min(xs):.3g}, {max(xs):.3g}], sd {100 * sd / mean if mean else 0:.0f} %")
 
 
-def main(argv: list[str] | None = None) -> int:
-    from hybrid.cliutil import int_in
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, checked before any timing: bad input is one line naming the flag."""
+    from hybrid.cliutil import OneLineParser, check_output_file, float_in, int_in
+    p = OneLineParser(prog="bench_layer_fit.py", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reps", type=int_in(2, 1000), default=10, help="rounds of timing both fits' layers")
-    p.add_argument("--seconds", type=float, default=0.5, help="seconds a measurement (calibrate's --seconds)")
+    p.add_argument("--seconds", type=float_in(0.0, 60.0, low_open=True), default=0.5,
+                   help="seconds a measurement (calibrate's --seconds)")
     p.add_argument("--profile", help="an 8-rank calibrate profile: plan the main job with each round's fit")
     p.add_argument("--out", help="write the Markdown table here")
     args = p.parse_args(argv)
+    try:
+        if args.out:
+            check_output_file("--out", args.out)
+        if args.profile:
+            from hybrid.planner.calibrate import load_hardware
+            load_hardware(args.profile)  # ValueError naming the file and the field
+    except ValueError as e:
+        p.error(str(e).replace("--hardware", "--profile", 1))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     profile = None
     if args.profile:
         with open(args.profile) as f:
