@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
              f"{os.getloadavg()[0]:.2f} after; GEMM curve {hw.peak_tflops * 1e3:.1f} GFLOP/s, "
              f"t0 {hw.gemm_overhead_s * 1e6:.1f} us", "",
              "| fit | rate GB/s | forward fixed ms | backward fixed ms | fixed clamped at 0 |"
-             + (" main job's planned step s |" if profile else ""), "|---|---|---|---|---|" + ("---|" if profile else "")]
+             + (" main job's planned step s |" if profile else ""),
+             "|---|---|---|---|---|" + ("---|" if profile else "")]
     for k in ("old", "new"):
         fits = [r[k] for r in rounds]
         zeros = sum(1 for _, f, b in fits if f == 0 or b == 0)

@@ -30,8 +30,8 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   75-85 % of the time: a few % of noise moved the fixed costs 0-4 ms between calibrations (`two_shape_solve`,
   kept as the reference). On a GPU bf16 at GPU_PROBE's larger shapes: the memory-bound bytes are priced at the
   copy rate and the larger probe layer alone gives `kernel_overhead_s` (`fit_gpu_kernel_overhead`: the smaller one
-  was host-bound on an H200), both layers' plans kept beside their measurements. On a CPU, when noise leaves no positive rate the copy rate is kept and the fixed
-  costs are the per-pass layer's time beyond its GEMMs;
+  was host-bound on an H200), both layers' plans kept beside their measurements. On a CPU, when noise leaves no
+  positive rate the copy rate is kept and the fixed costs are the per-pass layer's time beyond its GEMMs;
 * all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
   output), timed back to back over a few calls after a warm-up (on a CPU a block of calls untimed, then the
   median of COLLECTIVE_BLOCKS = 5 blocks' means; rank 0's block means kept in the profile):
@@ -333,8 +333,8 @@ def fit_layer(hw: Hardware, measured: list[tuple[float, float]], per_pass: tuple
     `per_pass` (forward, backward) is the probe's pass_shape layer, whose bytes x0 are ~0: its rest r0 is the
     cost c almost alone, measured, not solved for. The rate comes from the larger `measured` layers (the probe's
     shapes) net of it -- r - r0 = (x - x0) u for each shape and pass, least squares through the origin over the
-    2 x len(shapes) points: u = sum (x - x0)(r - r0) / sum (x - x0)^2 -- and then c = r0 - x0 u (x0 u is 1-2 %
-    of r0). Timing noise d on a time moves c by d (plus x0 du) and u by at most sum |x - x0| (|d| + |d0|) /
+    2 x len(shapes) points: u = sum (x - x0)(r - r0) / sum (x - x0)^2 -- and then c = r0 - x0 u (x0 u is ~1 %
+    of r0 here). Timing noise d on a time moves c by d (plus x0 du) and u by at most sum |x - x0| (|d| + |d0|) /
     sum (x - x0)^2: no difference of two nearly equal solutions, as the exact two-shape solve this replaces
     (`two_shape_solve`) had. When the layers leave no positive rate (noise), the rate is None (the copy rate is
     kept) and c is r0."""
