@@ -36,7 +36,12 @@ def test_calibrate_measures_gloos_cpu_costs_on_pairs_and_the_profile_keeps_them(
     profile = json.loads(Path(profile_path).read_text())
     hw = profile["hardware"]
     assert hw["collective_cpu_s"] > 0 and hw["p2p_cpu_s"] > 0 and hw["comm_cpu_s_per_byte"] >= 0
-    assert set(profile["measured"]["comm_cpu_seconds_rank0"]) == {"tp_layer", "send_recv"}
+    assert set(profile["measured"]["comm_cpu_seconds_rank0"]) == {"tp_layer", "send_recv", "tp_pass"}
+    # the 1-token layer at tp 2 and unsharded, per pass: both measured (> 0), the extra field derived from them
+    passes = profile["measured"]["tp_pass_forward_backward_cpu_seconds"]
+    assert all(t > 0 for k in ("tp2", "tp1") for t in passes[k])
+    assert hw["tp_layer_forward_overhead_s"] >= 0 and hw["tp_layer_backward_overhead_s"] >= 0
+    assert hw["tp_layer_backward_overhead_s"] <= max(0.0, passes["tp2"][1] - passes["tp1"][1]) + 1e-5
     assert profile["measured"]["probe_clock"] == "cpu"
     assert load_hardware(str(profile_path)).collective_cpu_s == hw["collective_cpu_s"]
 

@@ -592,6 +592,7 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
         for _ in range(6):
             block(x).backward(grad)
     out["tp_layer"].append((size, comm_cpu(layers, lambda lg: lg.calls("all_reduce", "tp"))))
+    out["tp_pass"] = tp_pass_cpu(group)
     a, w = torch.randn(512, 2048), torch.randn(2048, 512)
     for size in sizes:
         t = torch.ones(max(1, size // 4))
@@ -611,6 +612,74 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
         out["send_recv"].append((size, comm_cpu(messages, lambda lg: lg.calls("send", "tp") + lg.calls("recv", "tp"))))
     dist.barrier()
     return out
+
+
+TP_PASS_CALLS = 20  # passes of each layer a block (round 11: a 1-token tp-2 pass 2.4-2.9 ms CPU, 36 ms wall at load 15)
+TP_PASS_BLOCKS = 2  # blocks of each, alternated (tp 2, unsharded, tp 2, unsharded): drift falls on both alike
+
+
+def tp_pass_cpu(group: "ThreadTimedGroup", calls: int = TP_PASS_CALLS, blocks: int = TP_PASS_BLOCKS,
+                shape: tuple[int, int, int, int] = PASS_SHAPE) -> dict[str, list[float]]:
+    """The calling thread's CPU seconds of one layer's (forward, backward) pass outside its TP all-reduces: the
+    per-pass layer `shape` sharded over `group` (tp 2) and unsharded, on this rank at the same moment. One token:
+    the GEMMs and bytes sharding halves are microseconds, so the difference is what a TP pass costs as a pass --
+    round 11 (docs/results/bench_planner_mainjob.md): 2.4 against 0.69 ms at tp 2, flat from 1 to 1024 tokens
+    within the noise, of which ~0.6 ms four bare all-reduces beside an unsharded pass also cost (first touches
+    after a blocking wait) and the rest the TP layer's own autograd Functions. Blocks of `calls` passes, not
+    alternated passes: a pass right after a tp-2 pass would pay its last all-reduce's cold start."""
+    from hybrid.tp import TPContext
+    from models.gpt2 import GPT2Block
+    b, s_, h, _ = shape
+    x, grad = torch.randn(b, s_, h, requires_grad=True), torch.randn(b, s_, h)
+    sums: dict[str, list[float]] = {"tp2": [0.0, 0.0], "tp1": [0.0, 0.0]}
+    models = {"tp2": GPT2Block(layer_config(shape), TPContext(group)),
+              "tp1": GPT2Block(layer_config(shape), TPContext(Group.solo("tp")))}
+    for block in models.values():
+        block(x).backward(grad)  # warm-up
+    for _ in range(blocks):
+        for name, block in models.items():
+            fwd, bwd = sums[name]
+            for _ in range(calls):
+                group.all_reduce_thread_s, t0 = 0.0, time.thread_time()
+                y = block(x)
+                t1, inside = time.thread_time(), group.all_reduce_thread_s
+                y.backward(grad)
+                t2 = time.thread_time()
+                fwd += t1 - t0 - inside
+                bwd += t2 - t1 - (group.all_reduce_thread_s - inside)
+            sums[name] = [fwd, bwd]
+    return {k: [v / (calls * blocks) for v in vs] for k, vs in sums.items()}
+
+
+def planned_pass_seconds(hw: Hardware, shape: tuple[int, int, int, int], tp: int,
+                         probe: LayerProbe = CPU_PROBE) -> tuple[float, float]:
+    """The planner's (forward, backward) seconds of one layer of `shape` at tensor-parallel size `tp`, its TP
+    collectives not included (time.layer_passes)."""
+    from hybrid.planner.layout import Cluster, Layout, Workload
+    from hybrid.planner.model import ActivationProfile
+    from hybrid.planner.ops import KernelProfile
+    from hybrid.planner.time import _context, layer_passes
+    b, s = shape[:2]
+    work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
+                    activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER)
+    fwd, bwd = layer_passes(_context(work, Cluster(gpus=tp, hw=hw), Layout(tp=tp, micro_batch=b)))
+    return fwd.total, bwd.total
+
+
+def fit_tp_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe = CPU_PROBE) -> dict[str, float]:
+    """Hardware's tp_layer_{forward,backward}_overhead_s from tp_pass_cpu's measurements (median over ranks): per
+    pass, the tp-2 layer's CPU less the unsharded one's (measured together: the same clock, load and sharing),
+    less what the planner already makes of that difference on `hw` (the halved GEMMs and bytes: microseconds at
+    one token). 0 where sharding cost nothing (clamped, the raw difference is in the profile's record)."""
+    rows = [r["tp_pass"] for r in per_rank if r and "tp_pass" in r]
+    if not rows:
+        return {}
+    plain = dataclasses.replace(hw, tp_layer_forward_overhead_s=0.0, tp_layer_backward_overhead_s=0.0)
+    planned = [a - b for a, b in zip(planned_pass_seconds(plain, probe.pass_shape, 2, probe),
+                                     planned_pass_seconds(plain, probe.pass_shape, 1, probe))]
+    measured = [statistics.median(r["tp2"][i] - r["tp1"][i] for r in rows) for i in (0, 1)]
+    return {"tp_layer_forward_overhead_s": max(0.0, measured[0] - planned[0]),
+            "tp_layer_backward_overhead_s": max(0.0, measured[1] - planned[1])}
 
 
 def fit_comm_cpu(per_rank: list[dict | None]) -> dict[str, float]:
@@ -724,6 +793,17 @@ def _pass_record(rank0: dict, hw: Hardware, curve: Hardware, probe: LayerProbe) 
             "layer_pass_forward_backward_planned_seconds": planned}
 
 
+def _tp_pass_record(per_rank: list[dict], probe: LayerProbe) -> dict:
+    """The pair probe's 1-token layers in the profile (tp_pass_cpu): per pass, (forward, backward) CPU seconds
+    outside the TP all-reduces at tp 2 and unsharded, medians over ranks; empty where none ran."""
+    rows = [r["comm_cpu"]["tp_pass"] for r in per_rank if r.get("comm_cpu") and "tp_pass" in r["comm_cpu"]]
+    if not rows:
+        return {}
+    return {"tp_pass_shape_b_s_h_heads": list(probe.pass_shape),
+            "tp_pass_forward_backward_cpu_seconds": {k: [statistics.median(r[k][i] for r in rows) for i in (0, 1)]
+                                                     for k in ("tp2", "tp1")}}
+
+
 def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     """The profile from every rank's measurements: medians over ranks, collectives from rank 0 (all ranks
     report the slowest rank's time)."""
@@ -776,6 +856,10 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
         rate, fixed_fwd, fixed_bwd = fit_layer(curve, layers, tuple(per_rank[0]["layer_pass_seconds"]), probe)
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
                                layer_backward_overhead_s=fixed_bwd, kernel_overhead_s=0.0)
+        if cfg.ranks > 1:  # what a pass at tp > 1 costs beyond the sharded layer (the pair probe's 1-token layers)
+            hw = hw.with_overrides(**fit_tp_pass([r.get("comm_cpu") for r in per_rank],
+                                                 dataclasses.replace(hw, peak_tflops=curve.peak_tflops,
+                                                                     gemm_overhead_s=curve.gemm_overhead_s), probe))
     else:  # a GPU: the copy rate, and the larger layer's rest spread over its memory-bound kernels (ops.py)
         rate = copy
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12, layer_forward_overhead_s=0.0,
@@ -800,6 +884,7 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                          dataclasses.replace(hw, peak_tflops=curve.peak_tflops, gemm_overhead_s=curve.gemm_overhead_s),
                          probe),
                      **_pass_record(per_rank[0], hw, curve, probe),
+                     **_tp_pass_record(per_rank, probe),
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "comm_cpu_seconds_rank0": per_rank[0].get("comm_cpu"),
                      "all_reduce_8_bytes_after_compute_s": per_rank[0].get("skew"),
@@ -913,7 +998,7 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
     if name in nullable and value is None:
         return
     if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                "kernel_overhead_s", "inter_dc_latency_s", "collective_cpu_s", "p2p_cpu_s",
+                "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s", "kernel_overhead_s", "inter_dc_latency_s", "collective_cpu_s", "p2p_cpu_s",
                 "comm_cpu_s_per_byte", "collective_skew_s", "collective_skew_per_s"):  # may be 0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"--hardware {path}: {where}{name} must be a finite number >= 0, got {json.dumps(value)}")
