@@ -764,7 +764,9 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         if rank == 0:
             say("gloo CPU seconds per call, pairs at once: " + "; ".join(
                 f"{op} " + ", ".join(f"{size:,d} B {c * 1e6:.0f} us" for size, c in rows)
-                for op, rows in out["comm_cpu"].items()))
+                for op, rows in out["comm_cpu"].items() if op != "tp_pass"))
+            say("a 1-token layer pass outside its TP all-reduces, CPU ms (forward, backward): " + "; ".join(
+                f"{k} {f * 1e3:.3f}, {b * 1e3:.3f}" for k, (f, b) in out["comm_cpu"]["tp_pass"].items()))
     return out
 
 
