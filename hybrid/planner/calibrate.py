@@ -1000,7 +1000,8 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
     if name in nullable and value is None:
         return
     if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s", "kernel_overhead_s", "inter_dc_latency_s", "collective_cpu_s", "p2p_cpu_s",
+                "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s", "kernel_overhead_s",
+                "inter_dc_latency_s", "collective_cpu_s", "p2p_cpu_s",
                 "comm_cpu_s_per_byte", "collective_skew_s", "collective_skew_per_s"):  # may be 0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"--hardware {path}: {where}{name} must be a finite number >= 0, got {json.dumps(value)}")

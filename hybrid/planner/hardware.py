@@ -401,7 +401,8 @@ class Hardware:
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
         for name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                     "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s", "kernel_overhead_s", "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte",
+                     "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s", "kernel_overhead_s",
+                     "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte",
                      "collective_skew_s", "collective_skew_per_s"):
             if not getattr(self, name) >= 0:
                 flag = "--gemm-overhead" if name == "gemm_overhead_s" else name
