@@ -53,7 +53,10 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per
   byte -> `collective_cpu_s`, `p2p_cpu_s`, `comm_cpu_s_per_byte`: with more ranks than cores that CPU is work the
   cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds). Each the median of
-  PAIR_BLOCKS runs (1: more did not pay, below).
+  PAIR_BLOCKS runs (1: more did not pay, below). On the same pairs (`tp_pass_cpu`): the per-pass layer at tp 2
+  and unsharded, the calling thread's CPU outside its TP all-reduces, forward and backward -> what a pass at
+  tp > 1 costs beyond the planner's sharded layer, `tp_layer_forward_overhead_s` / `tp_layer_backward_overhead_s`
+  (`fit_tp_pass`: the TP autograd Functions, the first touches after each blocking all-reduce; round 11).
 
 On a CPU the collectives and the pair probe keep the median of their blocks (`block_median`): with more ranks than
 cores a block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
