@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 # Profile fields the main job's plan reads (hardware.<name>; fp32's rate and t0 replace peak / gemm_overhead_s)
 FIELDS = ("peak_tflops", "gemm_overhead_s", "hbm_tbps", "elementwise_tbps", "layer_forward_overhead_s",
-          "layer_backward_overhead_s", "intra_node_gbps", "intra_latency_s", "collective_cpu_s", "p2p_cpu_s",
-          "comm_cpu_s_per_byte")
+          "layer_backward_overhead_s", "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s",
+          "intra_node_gbps", "intra_latency_s", "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte")
 
 
 

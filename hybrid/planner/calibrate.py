@@ -17,18 +17,21 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   bound prices (time.py) -- an idle pipeline rank gives its core to the others;
 * memory bandwidth: a large tensor copy, read + write bytes / second (alone on a CPU, as above) -> `hbm_tbps`
   (the GEMMs' operand-traffic bound);
-* one real Transformer layer (models.GPT2Block, no dropout) at two shapes (`LayerProbe`: on a CPU fp32 at the
-  small LAYER_SHAPES, unlike the benchmarks' shapes so they validate it; on a GPU bf16 at GPU_PROBE's larger
-  shapes), forward and backward (alone on a CPU): the time beyond its
-  GEMMs on the curve just fitted is solved (`fit_layer`) for a rate of the memory-bound traffic the planner
-  counts for a layer (time.layer_parts) -> `elementwise_tbps`, and a fixed cost per layer pass ->
-  `layer_forward_overhead_s` / `layer_backward_overhead_s` (Python, dispatcher, autograd: what makes a small
-  layer slower than its bytes, as t0 does for a GEMM). On a GPU the memory-bound bytes are priced at the copy
-  rate and the larger probe layer alone gives `kernel_overhead_s` (`fit_gpu_kernel_overhead`: the smaller one
-  was host-bound on an H200), both layers' plans kept beside their measurements. On a CPU core GELU's tanh and softmax's exp run below it (this 2-core VM, one-shape calibrations: 4.2-5.2 against
-  13.4-13.9 GB/s), and pricing them at the copy rate under-predicted a layer by 10-13 %
-  (docs/results/bench_interleaved.md). When noise leaves no positive solution the fields fall back (rate from
-  the larger shape, no fixed cost; the copy rate if even that layer ran no slower than its GEMMs);
+* real Transformer layers (models.GPT2Block, no dropout; `LayerProbe`), forward and backward (alone on a CPU).
+  On a CPU, fp32 at small shapes unlike the benchmarks' (so they validate it), two measurements: the per-pass
+  layer PASS_SHAPE (one token, h 64: its GEMMs and bytes vanish) whose time beyond its GEMMs is a fixed cost per
+  layer pass -> `layer_forward_overhead_s` / `layer_backward_overhead_s` (Python, the dispatcher, autograd:
+  what makes a small layer slower than its bytes, as t0 does for a GEMM); and the rate layers LAYER_SHAPES,
+  whose time beyond their GEMMs (on the curve just fitted) and that cost is the memory-bound traffic the
+  planner counts for a layer (time.layer_parts) at one rate, least squares (`fit_layer`) -> `elementwise_tbps`
+  (a CPU core runs GELU's tanh and softmax's exp below its copy rate: 4.2-5.2 against 13.4-13.9 GB/s on this
+  2-core VM, and the copy rate under-predicted a layer by 10-13 %, docs/results/bench_interleaved.md).
+  Until round 11 the rate and one fixed cost were solved exactly from two h-384 layers, where the GEMMs take
+  75-85 % of the time: a few % of noise moved the fixed costs 0-4 ms between calibrations (`two_shape_solve`,
+  kept as the reference). On a GPU bf16 at GPU_PROBE's larger shapes: the memory-bound bytes are priced at the
+  copy rate and the larger probe layer alone gives `kernel_overhead_s` (`fit_gpu_kernel_overhead`: the smaller one
+  was host-bound on an H200), both layers' plans kept beside their measurements. On a CPU, when noise leaves no
+  positive rate the copy rate is kept and the fixed costs are the per-pass layer's time beyond its GEMMs;
 * all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
   output), timed back to back over a few calls after a warm-up (on a CPU a block of calls untimed, then the
   median of COLLECTIVE_BLOCKS = 5 blocks' means; rank 0's block means kept in the profile):
@@ -50,7 +53,10 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per
   byte -> `collective_cpu_s`, `p2p_cpu_s`, `comm_cpu_s_per_byte`: with more ranks than cores that CPU is work the
   cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds). Each the median of
-  PAIR_BLOCKS runs (1: more did not pay, below).
+  PAIR_BLOCKS runs (1: more did not pay, below). On the same pairs (`tp_pass_cpu`): the per-pass layer at tp 2
+  and unsharded, the calling thread's CPU outside its TP all-reduces, forward and backward -> what a pass at
+  tp > 1 costs beyond the planner's sharded layer, `tp_layer_forward_overhead_s` / `tp_layer_backward_overhead_s`
+  (`fit_tp_pass`: the TP autograd Functions, the first touches after each blocking all-reduce; round 11).
 
 On a CPU the collectives and the pair probe keep the median of their blocks (`block_median`): with more ranks than
 cores a block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
@@ -221,7 +227,16 @@ def copy_bandwidth(nbytes: int, seconds: float, device: torch.device, clock=time
     return 2.0 * nbytes / _timed(step, seconds, clock=clock)
 
 
-LAYER_SHAPES = ((4, 128, 384, 6), (1, 32, 384, 6))  # (micro-batch, sequence, hidden, heads) calibrate times
+# (micro-batch, sequence, hidden, heads) calibrate times on a CPU. The rate probes: small enough that the
+# memory-bound traffic is over half of what the GEMMs leave (at h 384 the GEMMs took 75-85 % of a layer, and a few
+# % of timing noise on them swung the rest by 25-50 %: docs/results/bench_planner_mainjob.md, round 11).
+LAYER_SHAPES = ((8, 128, 64, 4), (4, 128, 128, 4))
+# The per-pass probe: one token through a layer of 50k parameters -- its GEMMs and memory-bound bytes (10 / 20 us,
+# 5 / 12 KB) vanish beside what every pass pays (Python, the dispatcher, autograd: 0.13 / 0.37 ms here, the same
+# over h 16-128). Not h 384: there one token's backward also writes 7 MB of fresh weight gradients (page faults,
+# 1.3-3.3 ms from one calibration to the next), a cost of the parameters, not of the pass.
+PASS_SHAPE = (1, 1, 64, 4)
+TP_PROBE_SHAPE = (1, 32, 384, 6)  # the layer pair_comm_cpu runs at tp 2 (a 48 KiB TP all-reduce)
 
 
 @dataclass(frozen=True)
@@ -229,21 +244,24 @@ class LayerProbe:
     """The real layers `calibrate` times, and how the planner prices them.
 
     Attributes:
-        shapes: two (micro-batch, sequence, hidden, heads), the larger first (fit_layer solves two unknowns).
+        shapes: (micro-batch, sequence, hidden, heads) of the layers timed for the memory-bound rate (a CPU) or
+            the kernel latency (a GPU: the first, the larger, alone; the second is kept as a check).
         dtype: the layer's parameters and activations ("fp32" or "bf16", a DTYPES key).
         precision, profile: the planner's Workload fields for such a layer.
+        pass_shape: the layer whose time is the fixed cost of a pass (fit_layer), or None (a GPU: no such cost).
     """
 
     shapes: tuple[tuple[int, int, int, int], ...]
     dtype: str
     precision: Precision
     profile: str  # an ActivationProfile value (hybrid.planner.model imports this module's names lazily)
+    pass_shape: tuple[int, int, int, int] | None = None
 
 
 # A CPU core: small fp32 layers, as the runtime trains there. A GPU: bf16 layers large enough that the memory-bound
 # kernels, not launches, dominate what the GEMMs leave (the CPU shapes took 0.3-2.4 ms on an H200, all launch
 # overhead, and fitted a 47 GB/s "rate" that priced a 1.2B model's step at 9 s against 0.76 measured).
-CPU_PROBE = LayerProbe(LAYER_SHAPES, "fp32", Precision.FP32, "fp32-flash")
+CPU_PROBE = LayerProbe(LAYER_SHAPES, "fp32", Precision.FP32, "fp32-flash", PASS_SHAPE)
 GPU_PROBE = LayerProbe(((2, 2048, 2048, 16), (1, 512, 1024, 8)), "bf16", Precision.MIXED, "bf16-flash")
 
 
@@ -302,19 +320,46 @@ def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int], probe: LayerP
     return layer_parts(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b))
 
 
-def fit_layer(hw: Hardware, measured: list[tuple[float, float]],
+def _rests(hw: Hardware, measured: list[tuple[float, float]], shapes, probe: LayerProbe):
+    """Per shape, per pass: (seconds beyond the GEMMs and flash attention on `hw`, memory-bound bytes)."""
+    parts = [layer_parts_of(hw, shape, probe) for shape in shapes]
+    return [((f - p.forward_s, p.forward_bytes), (b - p.backward_s, p.backward_bytes))
+            for (f, b), p in zip(measured, parts)]
+
+
+def fit_layer(hw: Hardware, measured: list[tuple[float, float]], per_pass: tuple[float, float],
               probe: LayerProbe = CPU_PROBE) -> tuple[float | None, float, float]:
-    """(elementwise bytes/s, forward fixed s, backward fixed s) of a layer pass from the layers measured at
-    the probe's shapes: what each takes beyond its GEMMs (and flash attention) on `hw`, rest = bytes / rate +
-    fixed, solved exactly on the forward + backward totals of the two shapes (a bandwidth term and a cost per pass:
-    on a CPU Python, the dispatcher, autograd; on a GPU its kernels' latencies -- the same count at both shapes,
-    so fixed / kernels is Hardware.kernel_overhead_s). The fixed cost is split between the passes by their own
-    residuals (mean over the shapes). When the two do not give a positive rate and cost (noise), the larger shape
-    alone gives the rate and the cost is 0; when even that layer runs no slower than its GEMMs, the rate is None
-    (the copy rate is kept)."""
-    parts = [layer_parts_of(hw, shape, probe) for shape in probe.shapes]
+    """(elementwise bytes/s, forward fixed s, backward fixed s) of a layer pass on a CPU. Each pass of each layer
+    takes its GEMMs (and flash attention) on `hw`, plus its memory-bound bytes x / rate, plus a fixed cost c of
+    the pass (Python, the dispatcher, autograd): the rest r = t - GEMMs = x u + c, u = 1 / rate.
+
+    `per_pass` (forward, backward) is the probe's pass_shape layer, whose bytes x0 are ~0: its rest r0 is the
+    cost c almost alone, measured, not solved for. The rate comes from the larger `measured` layers (the probe's
+    shapes) net of it -- r - r0 = (x - x0) u for each shape and pass, least squares through the origin over the
+    2 x len(shapes) points: u = sum (x - x0)(r - r0) / sum (x - x0)^2 -- and then c = r0 - x0 u (x0 u is ~1 %
+    of r0 here). Timing noise d on a time moves c by d (plus x0 du) and u by at most sum |x - x0| (|d| + |d0|) /
+    sum (x - x0)^2: no difference of two nearly equal solutions, as the exact two-shape solve this replaces
+    (`two_shape_solve`) had. When the layers leave no positive rate (noise), the rate is None (the copy rate is
+    kept) and c is r0."""
+    (f0, b0), = _rests(hw, [per_pass], [probe.pass_shape], probe)
+    points = [(r - p0[0], x - p0[1]) for shape in _rests(hw, measured, probe.shapes, probe)
+              for (r, x), p0 in zip(shape, (f0, b0))]
+    sxx, sxr = sum(x * x for _, x in points), sum(x * r for r, x in points)
+    u = sxr / sxx if sxx > 0 else 0.0
+    if u <= 0:
+        return None, max(0.0, f0[0]), max(0.0, b0[0])
+    return 1.0 / u, max(0.0, f0[0] - f0[1] * u), max(0.0, b0[0] - b0[1] * u)
+
+
+def two_shape_solve(hw: Hardware, measured: list[tuple[float, float]],
+                    probe: LayerProbe) -> tuple[float | None, float, float]:
+    """The layer fit calibrate used until round 11, kept as the reference its replacement is measured against
+    (tests/test_calibrate_layerfit.py) and the GPU record (test_calibrate.py): rate and fixed cost solved exactly
+    from the two shapes' forward + backward totals, the fixed cost split by the passes' residuals; no positive
+    solution -> the larger shape's rate, no fixed cost. Ill-conditioned where the GEMMs take most of a layer:
+    a few % of noise moved its fixed costs 0-4 ms between calibrations."""
     rests = [(f - p.forward_s, b - p.backward_s, p.forward_bytes, p.backward_bytes)
-             for (f, b), p in zip(measured, parts)]
+             for (f, b), p in zip(measured, (layer_parts_of(hw, shape, probe) for shape in probe.shapes))]
     (f1, b1, tf1, tb1), (f2, b2, tf2, tb2) = rests
     t1, t2 = tf1 + tb1, tf2 + tb2
     rate = (t1 - t2) / (f1 + b1 - f2 - b2) if f1 + b1 != f2 + b2 else -1.0
@@ -342,14 +387,14 @@ def fit_gpu_kernel_overhead(hw: Hardware, measured: tuple[float, float], rate: f
     return max(0.0, rest / (p.forward_kernels + p.backward_kernels))
 
 
-def planned_layer_seconds(hw: Hardware, probe: LayerProbe) -> list[list[float]]:
-    """[forward, backward] seconds of each probe layer as `hw` plans them (time.layer_passes)."""
+def planned_layer_seconds(hw: Hardware, probe: LayerProbe, shapes=None) -> list[list[float]]:
+    """[forward, backward] seconds of each probe layer (or of `shapes`) as `hw` plans them (time.layer_passes)."""
     from hybrid.planner.layout import Cluster, Layout, Workload
     from hybrid.planner.model import ActivationProfile
     from hybrid.planner.ops import KernelProfile
     from hybrid.planner.time import _context, layer_passes
     planned = []
-    for shape in probe.shapes:
+    for shape in probe.shapes if shapes is None else shapes:
         b, s = shape[:2]
         work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
                         activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER)
@@ -506,7 +551,7 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
     op trail). Counted: the calling thread's CPU inside the calls and gloo's threads' throughout
     (time.thread_time against process_time), nothing else:
 
-    * "tp_layer": the small probe layer (LAYER_SHAPES[1]) at tp 2 on the pair, forward + backward, a TP all-reduce
+    * "tp_layer": a small layer (TP_PROBE_SHAPE) at tp 2 on the pair, forward + backward, a TP all-reduce
       as training meets it (its autograd wrapper, a lock-step peer that may be descheduled) -> per call;
     * "send_recv": messages of each size, each round one side arriving late (a matmul burst with operands beyond
       a core's L2 first, not counted), as a pipeline message meets a receiver waiting in its bubble.
@@ -539,8 +584,8 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
             per_call.append((group.all_reduce_thread_s + (extra or 0.0) + others) / max(1, count(ledger)))
         return block_median(per_call)
 
-    b, s_, h, _ = LAYER_SHAPES[1]
-    block = GPT2Block(layer_config(LAYER_SHAPES[1]), TPContext(group))
+    b, s_, h, _ = TP_PROBE_SHAPE
+    block = GPT2Block(layer_config(TP_PROBE_SHAPE), TPContext(group))
     x = torch.randn(b, s_, h, requires_grad=True)
     grad = torch.randn(b, s_, h)
     block(x).backward(grad)  # warm-up
@@ -550,6 +595,7 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
         for _ in range(6):
             block(x).backward(grad)
     out["tp_layer"].append((size, comm_cpu(layers, lambda lg: lg.calls("all_reduce", "tp"))))
+    out["tp_pass"] = tp_pass_cpu(group)
     a, w = torch.randn(512, 2048), torch.randn(2048, 512)
     for size in sizes:
         t = torch.ones(max(1, size // 4))
@@ -569,6 +615,74 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
         out["send_recv"].append((size, comm_cpu(messages, lambda lg: lg.calls("send", "tp") + lg.calls("recv", "tp"))))
     dist.barrier()
     return out
+
+
+TP_PASS_CALLS = 20  # passes of each layer a block (round 11: a 1-token tp-2 pass 2.4-2.9 ms CPU, 36 ms wall at load 15)
+TP_PASS_BLOCKS = 2  # blocks of each, alternated (tp 2, unsharded, tp 2, unsharded): drift falls on both alike
+
+
+def tp_pass_cpu(group: "ThreadTimedGroup", calls: int = TP_PASS_CALLS, blocks: int = TP_PASS_BLOCKS,
+                shape: tuple[int, int, int, int] = PASS_SHAPE) -> dict[str, list[float]]:
+    """The calling thread's CPU seconds of one layer's (forward, backward) pass outside its TP all-reduces: the
+    per-pass layer `shape` sharded over `group` (tp 2) and unsharded, on this rank at the same moment. One token:
+    the GEMMs and bytes sharding halves are microseconds, so the difference is what a TP pass costs as a pass --
+    round 11 (docs/results/bench_planner_mainjob.md): 2.4 against 0.69 ms at tp 2, flat from 1 to 1024 tokens
+    within the noise, of which ~0.6 ms four bare all-reduces beside an unsharded pass also cost (first touches
+    after a blocking wait) and the rest the TP layer's own autograd Functions. Blocks of `calls` passes, not
+    alternated passes: a pass right after a tp-2 pass would pay its last all-reduce's cold start."""
+    from hybrid.tp import TPContext
+    from models.gpt2 import GPT2Block
+    b, s_, h, _ = shape
+    x, grad = torch.randn(b, s_, h, requires_grad=True), torch.randn(b, s_, h)
+    sums: dict[str, list[float]] = {"tp2": [0.0, 0.0], "tp1": [0.0, 0.0]}
+    models = {"tp2": GPT2Block(layer_config(shape), TPContext(group)),
+              "tp1": GPT2Block(layer_config(shape), TPContext(Group.solo("tp")))}
+    for block in models.values():
+        block(x).backward(grad)  # warm-up
+    for _ in range(blocks):
+        for name, block in models.items():
+            fwd, bwd = sums[name]
+            for _ in range(calls):
+                group.all_reduce_thread_s, t0 = 0.0, time.thread_time()
+                y = block(x)
+                t1, inside = time.thread_time(), group.all_reduce_thread_s
+                y.backward(grad)
+                t2 = time.thread_time()
+                fwd += t1 - t0 - inside
+                bwd += t2 - t1 - (group.all_reduce_thread_s - inside)
+            sums[name] = [fwd, bwd]
+    return {k: [v / (calls * blocks) for v in vs] for k, vs in sums.items()}
+
+
+def planned_pass_seconds(hw: Hardware, shape: tuple[int, int, int, int], tp: int,
+                         probe: LayerProbe = CPU_PROBE) -> tuple[float, float]:
+    """The planner's (forward, backward) seconds of one layer of `shape` at tensor-parallel size `tp`, its TP
+    collectives not included (time.layer_passes)."""
+    from hybrid.planner.layout import Cluster, Layout, Workload
+    from hybrid.planner.model import ActivationProfile
+    from hybrid.planner.ops import KernelProfile
+    from hybrid.planner.time import _context, layer_passes
+    b, s = shape[:2]
+    work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
+                    activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER)
+    fwd, bwd = layer_passes(_context(work, Cluster(gpus=tp, hw=hw), Layout(tp=tp, micro_batch=b)))
+    return fwd.total, bwd.total
+
+
+def fit_tp_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe = CPU_PROBE) -> dict[str, float]:
+    """Hardware's tp_layer_{forward,backward}_overhead_s from tp_pass_cpu's measurements (median over ranks): per
+    pass, the tp-2 layer's CPU less the unsharded one's (measured together: the same clock, load and sharing),
+    less what the planner already makes of that difference on `hw` (the halved GEMMs and bytes: microseconds at
+    one token). 0 where sharding cost nothing (clamped, the raw difference is in the profile's record)."""
+    rows = [r["tp_pass"] for r in per_rank if r and "tp_pass" in r]
+    if not rows:
+        return {}
+    plain = dataclasses.replace(hw, tp_layer_forward_overhead_s=0.0, tp_layer_backward_overhead_s=0.0)
+    planned = [a - b for a, b in zip(planned_pass_seconds(plain, probe.pass_shape, 2, probe),
+                                     planned_pass_seconds(plain, probe.pass_shape, 1, probe))]
+    measured = [statistics.median(r["tp2"][i] - r["tp1"][i] for r in rows) for i in (0, 1)]
+    return {"tp_layer_forward_overhead_s": max(0.0, measured[0] - planned[0]),
+            "tp_layer_backward_overhead_s": max(0.0, measured[1] - planned[1])}
 
 
 def fit_comm_cpu(per_rank: list[dict | None]) -> dict[str, float]:
@@ -625,11 +739,14 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         say(f"memory copy {cfg.copy_bytes / 2**20:.0f} MiB: {out['copy_bytes_per_s'] / GB:.2f} GB/s per rank with "
             f"{world} at once, {out['copy_bytes_per_s_alone'] / GB:.2f} alone (rank 0)")
     probe = probe_for(device)
-    out["layer_seconds"] = [alone(lambda shape=shape: layer_seconds(shape, cfg.seconds, device, DTYPES[probe.dtype],
-                                                                    clock))
-                            for shape in probe.shapes]
+    shapes = probe.shapes + ((probe.pass_shape,) if probe.pass_shape else ())
+    timed = [alone(lambda shape=shape: layer_seconds(shape, cfg.seconds, device, DTYPES[probe.dtype], clock))
+             for shape in shapes]
+    out["layer_seconds"] = timed[:len(probe.shapes)]
+    if probe.pass_shape:
+        out["layer_pass_seconds"] = timed[-1]
     if rank == 0:
-        for shape, (f, b) in zip(probe.shapes, out["layer_seconds"]):
+        for shape, (f, b) in zip(shapes, timed):
             say(f"one {probe.dtype} GPT-2 layer (b, s, h) = {shape[:3]}: forward {f * 1e3:.2f} ms, backward "
                 f"{b * 1e3:.2f} ms (rank 0 alone)")
     for op in ("all_reduce", "all_gather") if world > 1 else ():  # one rank: nothing to time
@@ -650,7 +767,9 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         if rank == 0:
             say("gloo CPU seconds per call, pairs at once: " + "; ".join(
                 f"{op} " + ", ".join(f"{size:,d} B {c * 1e6:.0f} us" for size, c in rows)
-                for op, rows in out["comm_cpu"].items()))
+                for op, rows in out["comm_cpu"].items() if op != "tp_pass"))
+            say("a 1-token layer pass outside its TP all-reduces, CPU ms (forward, backward): " + "; ".join(
+                f"{k} {f * 1e3:.3f}, {b * 1e3:.3f}" for k, (f, b) in out["comm_cpu"]["tp_pass"].items()))
     return out
 
 
@@ -665,6 +784,29 @@ def calibrate(cfg: CalibrationConfig = CalibrationConfig(), timeout: float = 300
     # quiet the machine was. The 1-minute average before the ranks start, and after (theirs included).
     profile["measured"]["load_average_before_after"] = [load, os.getloadavg()[0]]
     return profile
+
+
+def _pass_record(rank0: dict, hw: Hardware, curve: Hardware, probe: LayerProbe) -> dict:
+    """The per-pass probe layer in the profile: its shape, measured and planned seconds (empty on a GPU)."""
+    if not probe.pass_shape or "layer_pass_seconds" not in rank0:
+        return {}
+    planned = planned_layer_seconds(dataclasses.replace(hw, peak_tflops=curve.peak_tflops,
+                                                        gemm_overhead_s=curve.gemm_overhead_s),
+                                    probe, [probe.pass_shape])[0]
+    return {"layer_pass_shape_b_s_h_heads": list(probe.pass_shape),
+            "layer_pass_forward_backward_seconds": list(rank0["layer_pass_seconds"]),
+            "layer_pass_forward_backward_planned_seconds": planned}
+
+
+def _tp_pass_record(per_rank: list[dict], probe: LayerProbe) -> dict:
+    """The pair probe's 1-token layers in the profile (tp_pass_cpu): per pass, (forward, backward) CPU seconds
+    outside the TP all-reduces at tp 2 and unsharded, medians over ranks; empty where none ran."""
+    rows = [r["comm_cpu"]["tp_pass"] for r in per_rank if r.get("comm_cpu") and "tp_pass" in r["comm_cpu"]]
+    if not rows:
+        return {}
+    return {"tp_pass_shape_b_s_h_heads": list(probe.pass_shape),
+            "tp_pass_forward_backward_cpu_seconds": {k: [statistics.median(r[k][i] for r in rows) for i in (0, 1)]
+                                                     for k in ("tp2", "tp1")}}
 
 
 def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
@@ -715,10 +857,14 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
         hw = hw.with_overrides(**fit_comm_cpu([r.get("comm_cpu") for r in per_rank]))
     if per_rank[0].get("skew"):  # a core per rank: what a collective waits for its ranks after compute
         hw = hw.with_overrides(**fit_skew(per_rank[0]["skew"], node["intra_latency_s"]))
-    if cores:  # a CPU: a rate and a cost per layer pass (Python, the dispatcher, autograd), both shapes solved
-        rate, fixed_fwd, fixed_bwd = fit_layer(curve, layers, probe)
+    if cores:  # a CPU: a cost per layer pass (Python, the dispatcher, autograd) timed, a rate net of it
+        rate, fixed_fwd, fixed_bwd = fit_layer(curve, layers, tuple(per_rank[0]["layer_pass_seconds"]), probe)
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
                                layer_backward_overhead_s=fixed_bwd, kernel_overhead_s=0.0)
+        if cfg.ranks > 1:  # what a pass at tp > 1 costs beyond the sharded layer (the pair probe's 1-token layers)
+            hw = hw.with_overrides(**fit_tp_pass([r.get("comm_cpu") for r in per_rank],
+                                                 dataclasses.replace(hw, peak_tflops=curve.peak_tflops,
+                                                                     gemm_overhead_s=curve.gemm_overhead_s), probe))
     else:  # a GPU: the copy rate, and the larger layer's rest spread over its memory-bound kernels (ops.py)
         rate = copy
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12, layer_forward_overhead_s=0.0,
@@ -742,6 +888,8 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                      "layer_forward_backward_planned_seconds": planned_layer_seconds(
                          dataclasses.replace(hw, peak_tflops=curve.peak_tflops, gemm_overhead_s=curve.gemm_overhead_s),
                          probe),
+                     **_pass_record(per_rank[0], hw, curve, probe),
+                     **_tp_pass_record(per_rank, probe),
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "comm_cpu_seconds_rank0": per_rank[0].get("comm_cpu"),
                      "all_reduce_8_bytes_after_compute_s": per_rank[0].get("skew"),
@@ -859,7 +1007,8 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
     if name in nullable and value is None:
         return
     if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                "kernel_overhead_s", "inter_dc_latency_s", "collective_cpu_s", "p2p_cpu_s",
+                "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s", "kernel_overhead_s",
+                "inter_dc_latency_s", "collective_cpu_s", "p2p_cpu_s",
                 "comm_cpu_s_per_byte", "collective_skew_s", "collective_skew_per_s"):  # may be 0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"--hardware {path}: {where}{name} must be a finite number >= 0, got {json.dumps(value)}")

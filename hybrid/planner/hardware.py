@@ -304,6 +304,11 @@ class Hardware:
         layer_forward_overhead_s, layer_backward_overhead_s: fixed seconds of one layer's forward / backward
             pass beyond its kernels' work (framework overhead on a CPU: Python, the dispatcher, autograd),
             calibrated with elementwise_tbps on a CPU; 0 on GPUs, where kernel_overhead_s prices it per kernel.
+        tp_layer_forward_overhead_s, tp_layer_backward_overhead_s: what one layer's forward / backward pass at
+            tp > 1 costs beyond the same pass unsharded, less what the sharded GEMMs and bytes already change
+            (on a CPU: the TP autograd Functions and their Python, the first touches after each blocking
+            all-reduce); `hybrid calibrate`'s pair probe times a 1-token layer at tp 2 and unsharded on each pair
+            (calibrate.fit_tp_pass). Read only at tp > 1; 0 on GPUs and in profiles older than the field.
         kernel_overhead_s: seconds each memory-bound kernel costs beyond its bytes (launch, the first and last
             wave of a kernel too small to fill the device; ops.py counts the kernels), `hybrid calibrate`'s layer
             fit on a GPU; 0 on CPUs (the per-pass costs above).
@@ -367,6 +372,8 @@ class Hardware:
     elementwise_tbps: float | None = None
     layer_forward_overhead_s: float = 0.0
     layer_backward_overhead_s: float = 0.0
+    tp_layer_forward_overhead_s: float = 0.0
+    tp_layer_backward_overhead_s: float = 0.0
     kernel_overhead_s: float = 0.0
     flash_efficiency: float | None = None
     flash_rates: str | None = None
@@ -394,7 +401,8 @@ class Hardware:
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
         for name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                     "kernel_overhead_s", "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte",
+                     "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s", "kernel_overhead_s",
+                     "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte",
                      "collective_skew_s", "collective_skew_per_s"):
             if not getattr(self, name) >= 0:
                 flag = "--gemm-overhead" if name == "gemm_overhead_s" else name

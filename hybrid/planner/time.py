@@ -354,6 +354,16 @@ def _fp8_traffic(ctx: _Context) -> Traffic:
     return fp8_casts(ctx.shard, tokens, ctx.work.precision.activation_bytes, ctx.work.fp8_scaling)
 
 
+def pass_overheads(ctx: _Context) -> tuple[float, float]:
+    """Fixed seconds of one layer's (forward, backward) pass beyond its kernels' work: the per-pass cost
+    (Hardware.layer_*_overhead_s), plus at tp > 1 what a sharded pass costs beyond that (tp_layer_*_overhead_s:
+    on a CPU the TP autograd Functions and the first touches after each blocking all-reduce, which the halved
+    GEMMs and bytes do not pay for -- calibrate's pair probe measures it; 0 on GPUs and in older profiles)."""
+    hw, tp = ctx.cluster.hw, ctx.layout.tp > 1
+    return (hw.layer_forward_overhead_s + (hw.tp_layer_forward_overhead_s if tp else 0.0),
+            hw.layer_backward_overhead_s + (hw.tp_layer_backward_overhead_s if tp else 0.0))
+
+
 def layer_passes(ctx: _Context) -> tuple[Pass, Pass]:
     """One Transformer layer, one micro-batch: (forward, backward), recomputation included in the backward."""
     lay, work, shard = ctx.layout, ctx.work, ctx.shard
@@ -365,13 +375,13 @@ def layer_passes(ctx: _Context) -> tuple[Pass, Pass]:
     everything, core_ops = Traffic.of(ops), Traffic.of([o for o in ops if o.core])
     fp8_ops = _fp8_traffic(ctx)
     attention = ctx.flash_seconds(b, s) if ctx.flash else 0.0
-    hw = ctx.cluster.hw
+    fixed_fwd, fixed_bwd = pass_overheads(ctx)
     forward = (Pass(gemm=ctx.gemm_seconds(linears, fp8) + ctx.gemm_seconds(core), attention=attention,
-                    launches=hw.layer_forward_overhead_s)
+                    launches=fixed_fwd)
                + _ops_pass(ctx, everything, tokens, False) + _ops_pass(ctx, fp8_ops, tokens, False))
     backward = (Pass(gemm=ctx.backward_gemm_seconds(linears, fp8) + ctx.backward_gemm_seconds(core)
                      + (0.0 if ctx.flash else ctx.gemm_seconds(shard.flash_backward_gemms(b, s))),
-                     attention=FLASH_BACKWARD * attention, launches=hw.layer_backward_overhead_s)
+                     attention=FLASH_BACKWARD * attention, launches=fixed_bwd)
                 + _ops_pass(ctx, everything, tokens, True) + _ops_pass(ctx, fp8_ops, tokens, True))
     return forward, backward + _rerun(ctx, forward, core_ops, fp8_ops, attention)
 
@@ -423,7 +433,7 @@ def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
     last = max(i for i, o in enumerate(ops) if o.name in MLP_ACTIVATIONS)
     core = () if ctx.flash else shard.attention_core_gemms(b, s)
     return (Pass(gemm=ctx.gemm_seconds(shard.layer_linear_gemms(b, s)[:-1]) + ctx.gemm_seconds(core),
-                 attention=attention, launches=ctx.cluster.hw.layer_forward_overhead_s)
+                 attention=attention, launches=pass_overheads(ctx)[0])
             + _ops_pass(ctx, Traffic.of(ops[:last + 1]), b * s, False))
 
 
