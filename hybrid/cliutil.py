@@ -153,6 +153,15 @@ class OneLineParser(argparse.ArgumentParser):
         error.message = text.rstrip("\n")
         raise error
 
+    def check_out(self, flag: str, path: str | None) -> None:
+        """A file flag (--out) writable before any work (check_output_file), else this parser's one-line error: a
+        missing folder or a directory used to be found when the table was written, after the benchmark ran."""
+        if path:
+            try:
+                check_output_file(flag, path)
+            except ValueError as e:
+                self.error(str(e))
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """--help keeps the description's line breaks (examples) and shows every option's default."""
@@ -291,6 +300,12 @@ def atomic_output(path: str, suffix: str = "") -> Iterator[str]:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def write_text(path: str, text: str) -> None:
+    """`text` into `path`, whole or not at all (atomic_output): a report is never left half-written."""
+    with atomic_output(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
 
 
 def package_version(pkg: str) -> str:

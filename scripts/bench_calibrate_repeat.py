@@ -33,24 +33,12 @@ FIELDS = ("peak_tflops", "gemm_overhead_s", "hbm_tbps", "elementwise_tbps", "lay
           "intra_node_gbps", "intra_latency_s", "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte")
 
 
-
-
-def _check_out(parser, path: str | None) -> None:
-    """--out writable as a file before any work (hybrid.cliutil.check_output_file): a missing folder or a directory
-    was found only when the table was written, after the benchmark had run."""
-    if path:
-        from hybrid.cliutil import check_output_file
-        try:
-            check_output_file("--out", path)
-        except ValueError as e:
-            parser.error(str(e))
-
 def _one_line_parser():
-    """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
-    this checkout: the script is run as `python scripts/...`."""
+    """hybrid.cliutil's OneLineParser from this checkout, imported when parsing (`python scripts/...`)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from hybrid.cliutil import OneLineParser
     return OneLineParser
+
 
 def fields_of(profile: dict) -> dict[str, float]:
     """The FIELDS of a profile as the fp32 plan reads them (load_hardware(..., Precision.FP32))."""
@@ -151,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the Markdown report here")
     p.add_argument("--profiles", metavar="DIR", help="tabulate the profiles in DIR (NAME_run<i>.json), no calibration")
     args = p.parse_args(argv)
-    _check_out(p, args.out)
+    p.check_out("--out", args.out)
     for c in args.code or ():
         if "=" not in c or not os.path.isdir(os.path.join(c.split("=", 1)[1], "hybrid")):
             p.error(f"--code {c}: give NAME=DIR, DIR a source tree holding hybrid/ (e.g. old=/tmp/old_tree)")
@@ -177,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(report(rows, args.ranks)) + "\n"
     print(text)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        from hybrid.cliutil import write_text
+        write_text(args.out, text)
     return 0
 
 

@@ -33,24 +33,12 @@ MAIN = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "
 QUICK = ["--micro-batch-size", "2", "--global-batch-size", "2", "--seq-length", "32"]
 
 
-
-
-def _check_out(parser, path: str | None) -> None:
-    """--out writable as a file before any work (hybrid.cliutil.check_output_file): a missing folder or a directory
-    was found only when the table was written, after the benchmark had run."""
-    if path:
-        from hybrid.cliutil import check_output_file
-        try:
-            check_output_file("--out", path)
-        except ValueError as e:
-            parser.error(str(e))
-
 def _one_line_parser():
-    """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
-    this checkout: the script is run as `python scripts/...`."""
+    """hybrid.cliutil's OneLineParser from this checkout, imported when parsing (`python scripts/...`)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from hybrid.cliutil import OneLineParser
     return OneLineParser
+
 
 def run_once(flags: list[str], ranks: int, iters: int, interval: int, quick: bool = False) -> tuple[float, float]:
     """(median step s after the first interval, the first interval's step s) of one train.py run. `quick` (the
@@ -101,7 +89,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="1 rank, 1 pair of a few steps: the smoke test")
     p.add_argument("--out", help="also write the table (markdown) to this file")
     a = p.parse_args()
-    _check_out(p, a.out)
+    p.check_out("--out", a.out)
     flags, ranks = (QUICK, 1) if a.quick else (MAIN, 8)
     iters, interval, pairs = (4, 2, 1) if a.quick else (a.iters, a.interval, a.pairs)
     flags = flags + shlex.split(a.extra)

@@ -40,24 +40,12 @@ from hybrid.cp import CommType, CPContext, shard  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 
 
-
-
-def _check_out(parser, path: str | None) -> None:
-    """--out writable as a file before any work (hybrid.cliutil.check_output_file): a missing folder or a directory
-    was found only when the table was written, after the benchmark had run."""
-    if path:
-        from hybrid.cliutil import check_output_file
-        try:
-            check_output_file("--out", path)
-        except ValueError as e:
-            parser.error(str(e))
-
 def _one_line_parser():
-    """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
-    this checkout: the script is run as `python scripts/...`."""
+    """hybrid.cliutil's OneLineParser from this checkout, imported when parsing (`python scripts/...`)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from hybrid.cliutil import OneLineParser
     return OneLineParser
+
 
 def _inputs(args):
     gen = torch.Generator().manual_seed(0)
@@ -199,7 +187,7 @@ def main(argv=None) -> None:
                    "timings then include the ranks' contention for cores)")
     p.add_argument("--out", default=None, help="write the table here (markdown)")
     args = p.parse_args(argv)
-    _check_out(p, args.out)
+    p.check_out("--out", args.out)
     if args.quick:
         args.seq, args.cp, args.heads, args.kv_heads, args.head_dim, args.repeats, args.warmup = 256, 2, 4, 2, 16, 1, 1
     try:

@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        from hybrid.cliutil import write_text
+        write_text(args.out, text)
     return 0
 
 

@@ -39,24 +39,12 @@ PREDICTED = re.compile(r"planner: predicted ([0-9.eE+-]+) s/step")
 STEP_P50 = re.compile(r"step time ms p50/p90/max, iterations (\d+)-(\d+): r\d+ ([0-9.]+)/")
 
 
-
-
-def _check_out(parser, path: str | None) -> None:
-    """--out writable as a file before any work (hybrid.cliutil.check_output_file): a missing folder or a directory
-    was found only when the table was written, after the benchmark had run."""
-    if path:
-        from hybrid.cliutil import check_output_file
-        try:
-            check_output_file("--out", path)
-        except ValueError as e:
-            parser.error(str(e))
-
 def _one_line_parser():
-    """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
-    this checkout: the script is run as `python scripts/...`."""
+    """hybrid.cliutil's OneLineParser from this checkout, imported when parsing (`python scripts/...`)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from hybrid.cliutil import OneLineParser
     return OneLineParser
+
 
 def parse(log: str) -> tuple[float | None, list[float]]:
     """(the planner's predicted seconds a step, the logged per-interval median step times in seconds)."""
@@ -249,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         rank_entry(argv[1], int(argv[2]), argv[3:])
         return 0
     args = p.parse_args(argv)
-    _check_out(p, args.out)
+    p.check_out("--out", args.out)
     if args.account:
         return account(args)
     iters, interval = (8, 2) if args.quick else (args.iters, args.log_interval)

@@ -36,24 +36,12 @@ ROWS = {
 }
 
 
-
-
-def _check_out(parser, path: str | None) -> None:
-    """--out writable as a file before any work (hybrid.cliutil.check_output_file): a missing folder or a directory
-    was found only when the table was written, after the benchmark had run."""
-    if path:
-        from hybrid.cliutil import check_output_file
-        try:
-            check_output_file("--out", path)
-        except ValueError as e:
-            parser.error(str(e))
-
 def _one_line_parser():
-    """hybrid.cliutil's OneLineParser (a bad flag is one line naming it, with the closest valid one), imported from
-    this checkout: the script is run as `python scripts/...`."""
+    """hybrid.cliutil's OneLineParser from this checkout, imported when parsing (`python scripts/...`)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from hybrid.cliutil import OneLineParser
     return OneLineParser
+
 
 def measure(code: str, checkout: str) -> tuple[float, float, dict]:
     """(CPU s, wall s, heavy modules imported) of one fresh interpreter running `code`."""
@@ -77,7 +65,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="one repetition")
     p.add_argument("--out", help="also write the table (markdown) to this file")
     a = p.parse_args()
-    _check_out(p, a.out)
+    p.check_out("--out", a.out)
     repeats = 1 if a.quick else a.repeats
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]

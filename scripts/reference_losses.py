@@ -34,12 +34,12 @@ ITERATIONS = 20  # about 10 s of the run on 2 cores; the loss falls from 5.5 to 
 LOG = re.compile(r"^ iteration +(\d+)/\d+ \| lm loss (\S+) \|", re.M)
 
 
-
 def _one_line_parser():
     """hybrid.cliutil's OneLineParser (a bad flag is one line naming it), imported from this checkout."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from hybrid.cliutil import OneLineParser
     return OneLineParser
+
 
 def readme_main_command() -> str:
     """The quick start's command line: the first README.md line starting `bash scripts/setup.sh && torchrun`."""
