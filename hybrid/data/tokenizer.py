@@ -15,8 +15,9 @@ TOKENIZER_TYPES = ("HuggingFaceTokenizer", "ByteLevel")
 
 # what a Megatron-LM user's tokenizer flags are here: the unknown-flag / invalid-choice line of every parser with
 # --tokenizer-type (train.py, scripts/preprocess_data.py; hybrid.cliutil.OneLineParser's `hints`)
-TOKENIZER_HINT = ("a GPT-2 BPE tokenizer is one tokenizer.json here: --tokenizer-type HuggingFaceTokenizer "
-                  "--tokenizer-model tokenizer.json (transformers' AutoTokenizer.save_pretrained writes it)")
+_AS_JSON = ("tokenizer.json here: --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json "
+            "(transformers' AutoTokenizer.save_pretrained writes it)")
+TOKENIZER_HINT = f"a GPT-2 BPE tokenizer is one {_AS_JSON}"
 # Megatron's --tokenizer-type names (its tokenizer.py) of tokenizers a tokenizer.json holds
 MEGATRON_TOKENIZERS = ("GPT2BPETokenizer", "Llama2Tokenizer", "Llama3Tokenizer", "SentencePieceTokenizer",
                        "GPTSentencePieceTokenizer", "TikTokenizer", "MistralTokenizer")
@@ -24,9 +25,7 @@ MEGATRON_TOKENIZERS = ("GPT2BPETokenizer", "Llama2Tokenizer", "Llama3Tokenizer",
 
 def tokenizer_hints() -> dict[str, str]:
     """{"--tokenizer-type=NAME": hint} for Megatron's tokenizer names and {"--vocab-file" / "--merge-file": hint}."""
-    out = {f"--tokenizer-type={name}": f"Megatron's {name} is a tokenizer.json here: --tokenizer-type "
-                                       f"HuggingFaceTokenizer --tokenizer-model tokenizer.json (transformers' "
-                                       f"AutoTokenizer.save_pretrained writes it)" for name in MEGATRON_TOKENIZERS}
+    out = {f"--tokenizer-type={name}": f"Megatron's {name} is a {_AS_JSON}" for name in MEGATRON_TOKENIZERS}
     out.update({flag: f"{flag}: {TOKENIZER_HINT}" for flag in ("--vocab-file", "--merge-file")})
     return out
 

@@ -45,15 +45,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 MAX_WATCHDOG_S = 7 * 24 * 3600  # a week, as --distributed-timeout-minutes: longer is a typo, not a timeout
 
 
+def _outlived_minutes(args: argparse.Namespace) -> float | None:
+    """--distributed-timeout-minutes (given or its default) when the watchdog is on and not below it -- a rank
+    waiting in a collective for a hung peer is then ended by the collective's timeout before the watchdog's verdict
+    (docs/operations.md: the timeouts nest); None when the two nest or the watchdog is off."""
+    minutes = getattr(args, "distributed_timeout_minutes", None)
+    if minutes is None or not 0 < args.watchdog_timeout or args.watchdog_timeout < 60 * minutes:
+        return None
+    return minutes
+
+
 def _check_nested_timeouts(args: argparse.Namespace) -> None:
     """A --watchdog-timeout given not below the collectives' timeout (--distributed-timeout-minutes, given or its
     default 10): a rank waiting in a collective for a hung peer is ended by the collective's timeout first, so the
     verdict the watchdog was set for never prints (docs/operations.md: the timeouts nest). ValueError naming both.
     The default watchdog beside a shorter collective timeout is not refused (the user did not ask for it) but
     warned about: `timeout_warnings`."""
-    minutes = getattr(args, "distributed_timeout_minutes", None)
-    if "watchdog_timeout" in getattr(args, "explicit", set()) and args.watchdog_timeout > 0 \
-            and minutes is not None and args.watchdog_timeout >= 60 * minutes:
+    minutes = _outlived_minutes(args)
+    if minutes is not None and "watchdog_timeout" in getattr(args, "explicit", set()):
         raise ValueError(f"--watchdog-timeout {args.watchdog_timeout:g} s is not below --distributed-timeout-minutes "
                          f"{minutes:g} ({60 * minutes:g} s): a hung collective times out first and the hang verdict "
                          f"never prints; give a --watchdog-timeout below {60 * minutes:g} or a longer "
@@ -67,9 +76,8 @@ def timeout_warnings(args: argparse.Namespace, world: int) -> tuple[str, ...]:
     default: the watchdog also fires on a rank that computes in one phase that long without waiting on anyone, which
     the collective timeout lets run, so a watchdog the user did not set must not end a run the flags allow. No
     watchdog runs at world 1 (hybrid/fault/session.py): nothing to warn about there."""
-    minutes = getattr(args, "distributed_timeout_minutes", None)
-    if world < 2 or minutes is None or "watchdog_timeout" in getattr(args, "explicit", set()) \
-            or not 0 < args.watchdog_timeout or args.watchdog_timeout < 60 * minutes:
+    minutes = _outlived_minutes(args)
+    if world < 2 or minutes is None or "watchdog_timeout" in getattr(args, "explicit", set()):
         return ()
     return (f"--distributed-timeout-minutes {minutes:g} ({60 * minutes:g} s) is not above the default "
             f"--watchdog-timeout {args.watchdog_timeout:g} s: a hung collective times out first and the hang verdict "

@@ -307,17 +307,22 @@ def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torc
     return fwd, max(0.0, _timed(both, seconds, clock=clock) - fwd)
 
 
+def _probe_workload(shape: tuple[int, int, int, int], probe: LayerProbe):
+    """The planner's Workload of one probe layer of `shape`: one micro-batch of b sequences, eager kernels."""
+    from hybrid.planner.layout import Workload
+    from hybrid.planner.model import ActivationProfile
+    from hybrid.planner.ops import KernelProfile
+    b, s = shape[:2]
+    return Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
+                    activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER)
+
+
 def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int], probe: LayerProbe = CPU_PROBE):
     """The planner's parts of one layer of `shape` (time.LayerParts: compute seconds, memory-bound bytes and
     kernels, per pass)."""
-    from hybrid.planner.layout import Cluster, Layout, Workload
-    from hybrid.planner.model import ActivationProfile
-    from hybrid.planner.ops import KernelProfile
+    from hybrid.planner.layout import Cluster, Layout
     from hybrid.planner.time import layer_parts
-    b, s = shape[:2]
-    work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
-                    activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER)
-    return layer_parts(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b))
+    return layer_parts(_probe_workload(shape, probe), Cluster(gpus=1, hw=hw), Layout(micro_batch=shape[0]))
 
 
 def _rests(hw: Hardware, measured: list[tuple[float, float]], shapes, probe: LayerProbe):
@@ -387,20 +392,20 @@ def fit_gpu_kernel_overhead(hw: Hardware, measured: tuple[float, float], rate: f
     return max(0.0, rest / (p.forward_kernels + p.backward_kernels))
 
 
+def planned_pass_seconds(hw: Hardware, shape: tuple[int, int, int, int], tp: int,
+                         probe: LayerProbe = CPU_PROBE) -> tuple[float, float]:
+    """The planner's (forward, backward) seconds of one layer of `shape` at tensor-parallel size `tp`, its TP
+    collectives not included (time.layer_passes)."""
+    from hybrid.planner.layout import Cluster, Layout
+    from hybrid.planner.time import _context, layer_passes
+    ctx = _context(_probe_workload(shape, probe), Cluster(gpus=tp, hw=hw), Layout(tp=tp, micro_batch=shape[0]))
+    fwd, bwd = layer_passes(ctx)
+    return fwd.total, bwd.total
+
+
 def planned_layer_seconds(hw: Hardware, probe: LayerProbe, shapes=None) -> list[list[float]]:
     """[forward, backward] seconds of each probe layer (or of `shapes`) as `hw` plans them (time.layer_passes)."""
-    from hybrid.planner.layout import Cluster, Layout, Workload
-    from hybrid.planner.model import ActivationProfile
-    from hybrid.planner.ops import KernelProfile
-    from hybrid.planner.time import _context, layer_passes
-    planned = []
-    for shape in probe.shapes if shapes is None else shapes:
-        b, s = shape[:2]
-        work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
-                        activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER)
-        fwd, bwd = layer_passes(_context(work, Cluster(gpus=1, hw=hw), Layout(micro_batch=b)))
-        planned.append([fwd.total, bwd.total])
-    return planned
+    return [list(planned_pass_seconds(hw, shape, 1, probe)) for shape in (probe.shapes if shapes is None else shapes)]
 
 
 def layer_kernels(hw: Hardware, probe: LayerProbe) -> int:
@@ -652,21 +657,6 @@ def tp_pass_cpu(group: "ThreadTimedGroup", calls: int = TP_PASS_CALLS, blocks: i
                 bwd += t2 - t1 - (group.all_reduce_thread_s - inside)
             sums[name] = [fwd, bwd]
     return {k: [v / (calls * blocks) for v in vs] for k, vs in sums.items()}
-
-
-def planned_pass_seconds(hw: Hardware, shape: tuple[int, int, int, int], tp: int,
-                         probe: LayerProbe = CPU_PROBE) -> tuple[float, float]:
-    """The planner's (forward, backward) seconds of one layer of `shape` at tensor-parallel size `tp`, its TP
-    collectives not included (time.layer_passes)."""
-    from hybrid.planner.layout import Cluster, Layout, Workload
-    from hybrid.planner.model import ActivationProfile
-    from hybrid.planner.ops import KernelProfile
-    from hybrid.planner.time import _context, layer_passes
-    b, s = shape[:2]
-    work = Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
-                    activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER)
-    fwd, bwd = layer_passes(_context(work, Cluster(gpus=tp, hw=hw), Layout(tp=tp, micro_batch=b)))
-    return fwd.total, bwd.total
 
 
 def fit_tp_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe = CPU_PROBE) -> dict[str, float]:

@@ -4,7 +4,7 @@ not --num-layers-per-virtual-pipeline-stage, --merge-file not --metrics-file, --
 
 from __future__ import annotations
 
-from hybrid.data.tokenizer import TOKENIZER_HINT, tokenizer_hints
+from hybrid.data.tokenizer import tokenizer_hints
 
 MODEL = "the model's shape comes from --model (a preset, or a transformers config.json: write {field} there)"
 
@@ -36,21 +36,24 @@ RENAMED = {
     "--moe-grouped-gemm": "--moe-experts-impl grouped",
 }
 
+POSITIONS = "model_type llama for rotary embeddings (rope_theta), gpt2 for learned positions"
 # Megatron's flags for an architecture choice: a model's architecture is its config's model_type here
 ARCH_FIELDS = {
     "--swiglu": "model_type llama (or mistral, qwen2): a gated SiLU MLP, hidden_act silu",
     "--normalization": "model_type llama for RMSNorm (rms_norm_eps), gpt2 for LayerNorm (layer_norm_epsilon)",
     "--norm-epsilon": "rms_norm_eps (llama family) or layer_norm_epsilon (gpt2)",
-    "--position-embedding-type": "model_type llama for rotary embeddings (rope_theta), gpt2 for learned positions",
+    "--position-embedding-type": POSITIONS,
     "--disable-bias-linear": "model_type llama (no linear biases; gpt2 has them)",
-    "--use-rotary-position-embeddings": "model_type llama for rotary embeddings (rope_theta), gpt2 for learned "
-                                        "positions",
-    "--no-position-embedding": "model_type llama for rotary embeddings (rope_theta), gpt2 for learned positions",
+    "--use-rotary-position-embeddings": POSITIONS,
+    "--no-position-embedding": POSITIONS,
 }
 
 RECOMPUTE_SUBSET = ("--recompute-granularity full recomputes every layer; recomputing a subset of layers "
                     "(--recompute-method / --recompute-num-layers) is not implemented")
 
+TIMERS = ("per-rank step times and the time split print every --timing-log-interval log intervals "
+          "(docs/operations.md); drop the flag")
+GRAD_NORM_ONLY = "not implemented; the log line has the gradient norm"
 # Megatron flags with nothing to set here, or not implemented: what to do instead
 INSTEAD = {
     "--use-flash-attn": "attention is torch's scaled_dot_product_attention, which picks its flash kernel where the "
@@ -83,17 +86,13 @@ INSTEAD = {
     "--no-gradient-accumulation-fusion": "there is no fused gradient-accumulation kernel (apex's) to turn off; drop "
                                          "the flag",
     "--log-throughput": "tokens/s and TFLOP/s/device are on every log line (--log-interval); drop the flag",
-    "--log-timers-to-tensorboard": "per-rank step times and the time split print every --timing-log-interval log "
-                                   "intervals (docs/operations.md); drop the flag",
-    "--timing-log-level": "per-rank step times and the time split print every --timing-log-interval log intervals "
-                          "(docs/operations.md); drop the flag",
-    "--log-params-norm": "not implemented; the log line has the gradient norm",
-    "--log-num-zeros-in-grad": "not implemented; the log line has the gradient norm",
+    "--log-timers-to-tensorboard": TIMERS,
+    "--timing-log-level": TIMERS,
+    "--log-params-norm": GRAD_NORM_ONLY,
+    "--log-num-zeros-in-grad": GRAD_NORM_ONLY,
     "--adam-eps": "Adam's eps is 1e-8 (Megatron's default), no flag sets it; drop the flag",
     "--ckpt-format": "checkpoints have one format, torch's DCP with a manifest (docs/checkpoint.md); drop the flag",
 }
-
-TOKENIZER = TOKENIZER_HINT
 
 # Megatron's choices of a flag train.py has, that train.py does not implement ("--flag=value": the invalid-choice line)
 CHOICES = {

@@ -148,10 +148,10 @@ def _check_optimizer(ds: dict) -> None:
         return
     kind = opt.get("type") if isinstance(opt, dict) else None
     if not isinstance(kind, str) or kind.lower() not in OPTIMIZERS:
-        hint = "--optimizer sgd with --sgd-momentum" if isinstance(kind, str) and kind.lower() == "sgd" else \
+        hint = "use --optimizer sgd with --sgd-momentum" if isinstance(kind, str) and kind.lower() == "sgd" else \
             "remove the optimizer section (train.py's AdamW takes --lr, --adam-beta1/2, --weight-decay)"
         raise ValueError(f"--deepspeed-config: optimizer.type {json.dumps(kind)} is not one train.py runs "
-                         f"(Adam, AdamW, OneBitAdam); {'use ' if hint.startswith('--') else ''}{hint}")
+                         f"(Adam, AdamW, OneBitAdam); {hint}")
 
 
 # optimizer.params keys: what each means here. DeepSpeed passes params to the optimizer's constructor (its
