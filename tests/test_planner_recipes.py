@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from hybrid.planner.layout import Recompute, ZeroStage
+from hybrid.planner.layout import PipelineP2P, Recompute, ZeroStage
 from hybrid.planner.ops import Fp8Scaling
 from hybrid.planner.published import Role, all_runs
 from hybrid.planner.published_more import ContextRun, more_runs
@@ -25,11 +25,9 @@ KNOWN_MISSES |= {f"DGXC 24.11.1 GPT3-175B FP8, {g} H100, t4 p8 v12, b1, GBS {2 *
 KNOWN_MISSES |= {f"DGXC 25.04.01 GPT3-175B BF16, {g} H100, t4 p8 v6, b1, GBS {2 * g}" for g in (128, 256, 512, 1024,
                                                                                                2048)}
 KNOWN_MISSES |= {"DGXC 25.04.01 GPT3-175B FP8, 2048 H100, t4 p8 v6, b1, GBS 4096"}
-# published layouts the planner rejects: the 340B at dp 2 (memory), the 30-layer 405B proxy over 32 stages
-KNOWN_REJECTED = {"DGXC 24.11.1 Nemotron4-340B BF16, 128 H100, t8 p8 v12, b1, GBS 32",
-                  "DGXC 24.11.1 Nemotron4-340B FP8, 128 H100, t8 p8 v12, b1, GBS 32",
-                  "DGXC 25.04.01 Llama3.1-405B (30 layers) BF16, 64 H100, t8 p4 cp2 v8, b1, GBS 64",
-                  "DGXC 25.04.01 Llama3.1-405B (30 layers) FP8, 64 H100, t8 p4 cp2 v8, b1, GBS 64"}
+# published layouts the planner rejects: none since round 12 (the 340B at dp 2 fits with its YAML's bf16 optimizer
+# states; the 30-layer 405B proxy over 32 stages runs with Megatron's embedding / loss accounting)
+KNOWN_REJECTED: set[str] = set()
 
 
 def test_rows_are_check_rows_new_to_the_repository():
@@ -66,7 +64,8 @@ def test_what_the_recipes_state_reaches_the_workload():
     """The recipes' own settings (published_recipes.stated) are what is planned: v24.11.1's YAMLs -- ZeRO 1 only,
     bf16 gradient sync, overlapped gradient sync, no recomputation (selective for the 340B), dropout 0.1 for
     GPT-3 175B, 16 query groups for the 405B -- v25.04.01's ZeRO 1 and bf16 gradients (its logged memory), delayed
-    FP8 scaling; the README-only first pass keeps the planner's picks and current scaling."""
+    FP8 scaling, blocking pipeline messages for the Nemotron YAMLs (`overlap_p2p_comm: False`, `batch_p2p_comm:
+    True`); the README-only first pass keeps the planner's picks and current scaling."""
     for t in TABLES:
         s = stated(t)
         for run, first in zip(table_runs(t), table_runs(t, readme_only=True)):
@@ -82,6 +81,8 @@ def test_what_the_recipes_state_reaches_the_workload():
                 selective = t.model == "Nemotron4-340B"
                 assert run.space.recompute == ((Recompute.SELECTIVE,) if selective else (Recompute.NONE,))
                 assert w.model.dropout == (0.1 if t.model == "GPT3-175B" else 0.0)
+                blocking = t.model.startswith("Nemotron")  # overlap_p2p_comm False, batch_p2p_comm True
+                assert w.p2p is (PipelineP2P.BLOCKING if blocking else PipelineP2P.OVERLAPPED)
                 assert w.model.num_kv_heads == {"Llama3.1-405B": 16, "Llama3.1-8B": 8, "Llama3.1-70B": 8,
                                                 "Nemotron4-15B": 8, "Nemotron4-340B": 8, "GPT3-175B": 96}[t.model]
     assert {r.space.v for r in recipe_runs() if "25.04.01 Nemotron4-340B" in r.name} == {(12,)}  # its launch.sh
@@ -188,3 +189,76 @@ def test_tp_comm_overlap_needs_sequence_parallelism():
     from hybrid.planner import time as ptime
     off, on = _tp_overlap_case(sp=False)
     assert ptime._layer_cost(on) == ptime._layer_cost(off)
+
+
+def test_megatron_split_gives_the_embedding_and_the_loss_a_stage_of_their_own():
+    """layout.megatron_split as Megatron-core's get_num_layers_to_build counts: with both accounting flags the
+    30-layer 405B proxy on pp 4 x v 8 = 32 stages is 0, 1 x 30, 0 (the first stage only the embedding, the last
+    only the loss); 126 + 2 on 64 stages is the planner's own balanced 1, 2 x 62, 1; first / last counts fix ranks
+    0 and pp - 1 and split the rest evenly; what cannot split names its flag."""
+    from hybrid.planner.layout import PipelineSplit, megatron_split, pp_problems, stage_layers
+    from hybrid.planner.published import llama3_405b
+    both = PipelineSplit(embedding=True, loss=True)
+    assert megatron_split(30, 4, 8, both) == (0,) + (1,) * 30 + (0,)
+    assert megatron_split(126, 8, 8, both) == stage_layers(llama3_405b(), 8, 8, 8192) == (1,) + (2,) * 62 + (1,)
+    assert megatron_split(31, 4, 8, PipelineSplit(embedding=True)) == (0,) + (1,) * 31
+    # ranks 0 and 3 hold 4 and 2 layers (2 and 1 a chunk), ranks 1-2 the other 16 (4 a chunk); of 24 the other
+    # 18 would be 4.5 a chunk -> refused
+    assert megatron_split(22, 4, 2, PipelineSplit(first=4, last=2)) == (2, 4, 4, 1, 2, 4, 4, 1)
+    for split, flag in ((PipelineSplit(first=4, last=2), "--decoder-first/last"),
+                        (PipelineSplit(embedding=True, first=2), "exclusive"),
+                        (PipelineSplit(first=3), "--decoder-first-pipeline-num-layers 3")):
+        with pytest.raises(ValueError, match=flag):
+            megatron_split(24, 4, 2, split)
+    assert pp_problems(llama3_405b().__class__(**{**llama3_405b().__dict__, "num_layers": 30}), 4, 8, both) == []
+
+
+def test_a_stage_with_only_the_embedding_is_priced_and_refused_by_the_runtime(capsys):
+    """The 30-layer proxy plans with stage 0 holding the embedding alone (rank 0: 7 layers, ranks 1-2: 8), and
+    the plan cannot emit train.py flags for it, nor does train.py take Megatron's split flags: one line naming
+    the flag and --pipeline-layers-per-stage."""
+    from dataclasses import replace
+
+    from hybrid.planner.layout import Layout, PipelineSplit
+    from hybrid.planner.predicted_memory import rank_parameters
+    from hybrid.planner.train_flags import layout_flags
+    from hybrid.train.args import parse_args
+    t = next(t for t in TABLES if (t.release, t.model, t.precision) == ("25.04.01", "Llama3.1-405B", "BF16"))
+    run = table_runs(t)[1]
+    assert run.workload.pipeline_split == PipelineSplit(embedding=True, loss=True)
+    lay = Layout(tp=8, pp=4, dp=2, v=8, micro_batch=1, sequence_parallel=True)
+    psi = rank_parameters(run.workload, lay)
+    assert psi[1] == psi[2]  # ranks 1 and 2 hold 8 layers each
+    table = run.workload.model.vocab_size * 16384 / 8  # the embedding's TP shard (128256 rows divide by 8)
+    assert psi[0] == pytest.approx(7 * psi[1] / 8 + table, rel=1e-3)  # rank 0: the embedding stage + 7 layers
+    with pytest.raises(ValueError, match="--account-for-embedding-in-pipeline-split"):
+        layout_flags(run.workload, lay)
+    plain = layout_flags(replace(run.workload, pipeline_split=None), replace(lay, v=1))
+    assert plain["pipeline_model_parallel_size"] == 4
+    with pytest.raises(SystemExit):
+        parse_args(["--account-for-loss-in-pipeline-split"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) <= 2 and "--account-for-loss-in-pipeline-split: not implemented" in err[-1]
+    assert "--pipeline-layers-per-stage" in err[-1]
+
+
+def test_bf16_optimizer_states_are_six_bytes_a_parameter():
+    """apex DistributedFusedAdam's `dtype` is the optimizer-state dtype: the master copy (store_params) and both
+    moments, so `optim.dtype: bf16` (the v24.11.1 340B YAML) keeps 3 x 2 bytes a parameter where fp32 keeps 12
+    (Workload.optimizer_dtype_bytes; the parameter and gradient bytes do not change). With it the 340B at dp 2
+    (128 GPUs) holds 7 bytes a parameter on stage 0 instead of 10."""
+    from hybrid.planner.layout import Layout, Workload
+    from hybrid.planner.predicted_memory import model_states, rank_parameters
+    from hybrid.planner.time import optimizer_bytes_per_param
+    t = next(t for t in TABLES if (t.release, t.model, t.precision) == ("24.11.1", "Nemotron4-340B", "BF16"))
+    run = table_runs(t)[0]
+    w = run.workload
+    assert (w.optimizer_dtype_bytes, w.optimizer_bytes) == (2, 6) and stated(t).optimizer_dtype_bytes == 2
+    assert all(r.workload.optimizer_dtype_bytes == 4 for r in recipe_runs() if "Nemotron4-340B" not in r.name
+               or "25.04.01" in r.name)
+    psi = rank_parameters(w, Layout(tp=8, pp=8, dp=2, v=12, micro_batch=1, sequence_parallel=True))[0]
+    states = model_states(psi, ZeroStage.OPTIMIZER, 2, optimizer_bytes=w.optimizer_bytes)
+    assert states.device == pytest.approx((2 + 2 + 6 / 2) * psi) and states.optimizer == pytest.approx(3 * psi)
+    assert optimizer_bytes_per_param(w) == optimizer_bytes_per_param(Workload(w.model, 32, 4096)) - 12
+    with pytest.raises(ValueError, match="optimizer_dtype_bytes"):
+        Workload(w.model, 32, 4096, optimizer_dtype_bytes=1)

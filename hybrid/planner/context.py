@@ -255,7 +255,8 @@ def with_cp(work: Workload, cluster: Cluster, base: Plan, cp: int, comm: CommTyp
         extra, buffers = 0.0, 0.0
     else:
         cost = layer_cost(work, cluster, layout, cp, comm)
-        stages = stage_layers(work.model, layout.pp, layout.v)  # rank r's chunks: layout.rank_stages(r)
+        # rank r's chunks: layout.rank_stages(r)
+        stages = stage_layers(work.model, layout.pp, layout.v, work.seq_length, work.pipeline_split)
         layers = max(sum(stages[s] for s in layout.rank_stages(r)) for r in range(layout.pp))
         m = work.global_batch // (layout.dp // cp * layout.micro_batch)
         extra = (m + (layout.pp - 1) / layout.v) * layers * cost.added

@@ -240,6 +240,15 @@ class Workload:
             `ub_tp_comm_overlap`): with sequence parallelism, each layer's TP all-gathers and reduce-scatters run
             chunk by chunk under the GEMMs they feed or drain (time._tp_overlapped); False: synchronous, as NCCL
             runs them. The planner only (the API; no flag): this runtime has no userbuffers.
+        optimizer_dtype_bytes: mixed precision only: bytes of each of Adam's three per-parameter states (master
+            weights, momentum, variance): 4 (fp32, the default: K = 12 bytes a parameter) or 2 (apex
+            DistributedFusedAdam's `dtype: bf16` -- "datatype for optimizer state", which holds the master copy
+            (`store_params`) and both moments in it -- as NeMo's `optim.dtype: bf16` sets it: K = 6). The
+            planner only (the API; no flag): this runtime keeps fp32 states.
+        pipeline_split: Megatron-core's explicit layer split (PipelineSplit: the embedding / the loss counted as a
+            layer, or the first / last rank's layer counts), which may leave a stage with only the embedding or
+            only the loss; None: the planner's split (stage_layers). The plan emits Megatron's flags; this
+            runtime refuses them by name (hybrid/train/args.py).
     """
 
     model: ModelConfig
@@ -262,6 +271,8 @@ class Workload:
     cp_ring: RingSchedule | None = None
     kv_repeated: bool = False
     tp_comm_overlap: bool = False
+    optimizer_dtype_bytes: int = 4
+    pipeline_split: PipelineSplit | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
@@ -289,6 +300,12 @@ class Workload:
             raise ValueError(f"Workload.fp8_scaling must be an Fp8Scaling, got {self.fp8_scaling!r}")
         if self.fp8_scaling is not Fp8Scaling.CURRENT and not self.fp8:
             raise ValueError("--fp8-scaling prices FP8 casts: add --fp8 or drop --fp8-scaling")
+        if self.pipeline_split is not None and not isinstance(self.pipeline_split, PipelineSplit):
+            raise ValueError(f"Workload.pipeline_split must be a PipelineSplit or None, got {self.pipeline_split!r}")
+        if self.optimizer_dtype_bytes not in (2, 4) or (self.optimizer_dtype_bytes != 4
+                                                         and self.precision is not Precision.MIXED):
+            raise ValueError(f"Workload.optimizer_dtype_bytes must be 4 (fp32 states) or, in mixed precision, 2 "
+                             f"(bf16 states), got {self.optimizer_dtype_bytes!r}")
         if self.fp8 and self.precision is not Precision.MIXED:
             raise ValueError("--fp8 needs --precision mixed (FP8 GEMMs keep bf16 parameters and fp32 master "
                              "weights); drop --fp8 or plan mixed precision")
@@ -330,6 +347,14 @@ class Workload:
         if self.grad_accumulation_fusion is not None:
             return self.grad_accumulation_fusion
         return self.kernel_profile is KernelProfile.FUSED
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """K, the optimizer-state bytes a parameter: the precision's (12 mixed, 8 fp32), or 3 x
+        optimizer_dtype_bytes in mixed precision (6 with bf16 states)."""
+        if self.precision is Precision.MIXED:
+            return 3 * self.optimizer_dtype_bytes
+        return self.precision.optimizer_bytes
 
     @property
     def grad_bytes(self) -> int:
@@ -383,7 +408,7 @@ def layout_problems(work: Workload, cluster: Cluster, layout: Layout) -> list[st
     if layout.world != cluster.gpus:
         out.append(f"tp {t} x pp {p} x dp {layout.dp} = {layout.world} ranks, not the {cluster.gpus} GPUs")
     out += tp_problems(cfg, cluster, t)
-    out += pp_problems(cfg, p, v)
+    out += pp_problems(cfg, p, v, work.pipeline_split)
     out += _batch_problems(work, layout)
     out += _switch_problems(layout)
     return out
@@ -404,9 +429,16 @@ def tp_problems(cfg: ModelConfig, cluster: Cluster, t: int) -> list[str]:
     return out
 
 
-def pp_problems(cfg: ModelConfig, p: int, v: int) -> list[str]:
-    """Why pp ranks with v chunks each cannot split the layers of `cfg` (empty when they can)."""
+def pp_problems(cfg: ModelConfig, p: int, v: int, split: PipelineSplit | None = None) -> list[str]:
+    """Why pp ranks with v chunks each cannot split the layers of `cfg` (empty when they can). With Megatron's
+    stated `split` a stage may hold only the embedding or the loss: megatron_split's own problem instead."""
     L = cfg.num_layers
+    if split is not None and p > 1:
+        try:
+            megatron_split(L, p, v, split)
+        except ValueError as exc:
+            return [str(exc)]
+        return []
     if p * v > L:
         return [f"pp {p} x v {v} = {p * v} stages exceed the {L} layers"]
     if v > 1 and p == 1:
@@ -476,13 +508,90 @@ def rank_stages(pp: int, v: int, placement: Placement = Placement.LOOP) -> tuple
     return tuple(tuple(placement.stage(r, c, pp) for c in range(v)) for r in range(pp))
 
 
-def stage_layers(cfg: ModelConfig, pp: int, v: int, seq: int = 2048) -> tuple[int, ...]:
+@dataclass(frozen=True)
+class PipelineSplit:
+    """Megatron-core's explicit pipeline split (Workload.pipeline_split), in its flags' terms.
+
+    Attributes:
+        embedding: `--account-for-embedding-in-pipeline-split`: the embedding counts as one layer, so the first
+            stage (chunk 0 of rank 0) holds one transformer layer fewer -- none when a stage is one layer.
+        loss: `--account-for-loss-in-pipeline-split`: the LM head and loss count as one layer on the last stage.
+        first: `--decoder-first-pipeline-num-layers N`: pipeline rank 0 holds N layers (N / v a chunk).
+        last: `--decoder-last-pipeline-num-layers N`: the last pipeline rank holds N layers; the middle ranks
+            split the rest evenly. Exclusive with `embedding` / `loss`, as in Megatron-core.
+    """
+
+    embedding: bool = False
+    loss: bool = False
+    first: int | None = None
+    last: int | None = None
+
+    def flags(self) -> dict[str, object]:
+        """{Megatron-core's argparse dest: value} of the flags this split states."""
+        out: dict[str, object] = {}
+        if self.embedding:
+            out["account_for_embedding_in_pipeline_split"] = True
+        if self.loss:
+            out["account_for_loss_in_pipeline_split"] = True
+        if self.first is not None:
+            out["decoder_first_pipeline_num_layers"] = self.first
+        if self.last is not None:
+            out["decoder_last_pipeline_num_layers"] = self.last
+        return out
+
+
+def megatron_split(num_layers: int, pp: int, v: int, split: PipelineSplit) -> tuple[int, ...]:
+    """Layers of each of the pp v global stages (stage = chunk pp + rank) as Megatron-core builds them
+    (transformer_block.get_num_layers_to_build): with the accounting flags L + e + l "layers" (e, l = 1 for the
+    embedding / loss) split evenly over pp v stages, the first stage's share less e, the last's less l; with
+    first / last counts, ranks 0 and pp - 1 hold them and the pp - 2 middle ranks the rest evenly, each rank's
+    layers split evenly over its v chunks. ValueError naming the flag when the layers do not split so."""
+    stages = pp * v
+    if (split.embedding or split.loss) and (split.first is not None or split.last is not None):
+        raise ValueError("--account-for-embedding/loss-in-pipeline-split and --decoder-first/last-pipeline-num-"
+                         "layers are exclusive (as in Megatron-core): give one kind")
+    if split.embedding or split.loss:
+        total = num_layers + split.embedding + split.loss
+        if total % stages:
+            raise ValueError(f"--account-for-embedding/loss-in-pipeline-split: {num_layers} layers + "
+                             f"{split.embedding + split.loss} do not split evenly over pp {pp} x v {v} stages")
+        counts = [total // stages] * stages
+        counts[0] -= split.embedding
+        counts[-1] -= split.loss
+        if min(counts) < 0:
+            raise ValueError(f"--account-for-embedding/loss-in-pipeline-split: pp {pp} x v {v} stages leave the "
+                             f"embedding and the loss sharing one stage with no layer; use fewer stages")
+        return tuple(counts)
+    first = split.first if split.first is not None else None
+    last = split.last if split.last is not None else None
+    middle = pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    for flag, n in (("--decoder-first-pipeline-num-layers", first), ("--decoder-last-pipeline-num-layers", last)):
+        if n is not None and (n < 0 or n % v or pp < 2):
+            raise ValueError(f"{flag} {n}: needs pp > 1 and a count >= 0 that v {v} chunks split evenly")
+    if rest < 0 or (middle == 0 and rest) or (middle and rest % (middle * v)):
+        raise ValueError(f"--decoder-first/last-pipeline-num-layers: the other {rest} layers do not split evenly "
+                         f"over {middle} middle ranks x v {v}")
+    per_rank = [rest // middle if middle else 0] * pp
+    if first is not None:
+        per_rank[0] = first
+    if last is not None:
+        per_rank[-1] = last
+    return tuple(per_rank[r] // v for c in range(v) for r in range(pp))
+
+
+def stage_layers(cfg: ModelConfig, pp: int, v: int, seq: int = 2048,
+                 split: PipelineSplit | None = None) -> tuple[int, ...]:
     """Layer count of each of the pp v global stages (stage = chunk pp + rank), via hybrid.partition:
     UNIFORM when pp v divides the layers (Megatron's default split), else BALANCED by FLOPs with the embedding
     on stage 0 and the LM head on the last stage (hybrid.partition.stage_costs_from_config), which gives the
     first and the last stage fewer layers (Llama 3 405B: 126 layers on 16 stages as 7, 8 x 14, 7), with or
     without interleaving (v > 1: every chunk is a stage of its own). train.py runs such a split from
-    `--pipeline-layers-per-stage` (cli.train_args emits the counts)."""
+    `--pipeline-layers-per-stage` (cli.train_args emits the counts). With a stated `split` (Megatron-core's
+    flags, Workload.pipeline_split) the split is Megatron's (megatron_split): a stage may then hold no layer,
+    only the embedding or only the LM head and loss."""
+    if split is not None:
+        return megatron_split(cfg.num_layers, pp, v, split)
     return _stage_layers(cfg.num_layers, pp, v, _balance_key(cfg, seq) if cfg.num_layers % (pp * v) else None)
 
 

@@ -161,7 +161,7 @@ def _sync_seconds(work: Workload, cluster: Cluster, layout: Layout, psi: float, 
 
 def _moe_layers_on_fullest_stage(work: Workload, layout: Layout) -> int:
     cfg = work.model
-    counts = stage_layers(cfg, layout.pp, layout.v, work.seq_length)
+    counts = stage_layers(cfg, layout.pp, layout.v, work.seq_length, work.pipeline_split)
     per_rank, start = [0] * layout.pp, 0
     for stage, n in enumerate(counts):  # global stage = chunk pp + rank
         per_rank[stage % layout.pp] += sum(cfg.is_moe_layer(i) for i in range(start, start + n))
@@ -184,7 +184,8 @@ def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbal
     dense_mlp = layers * 3 * h * (f // layout.tp)
 
     def states(psi: float, shards: int) -> float:
-        return model_states(psi, layout.zero, shards, layout.offload, work.precision, work.fp32_grads).device
+        return model_states(psi, layout.zero, shards, layout.offload, work.precision, work.fp32_grads,
+                            work.optimizer_bytes).device
 
     extra = states(psi_e, edp) + states(psi_d, layout.dp) - states(dense_mlp, layout.dp)
     dp_group = dp_placement(cluster, layout)

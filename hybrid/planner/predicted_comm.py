@@ -221,7 +221,7 @@ def zero_units(work: Workload, layout: Layout, pp_rank: int, bucket_bytes: int =
     of them as there are layers holding some (exact when a chunk fits one bucket, as in the runtime test)."""
     cfg, shard, h, sp = work.model, work.shard(layout.tp), work.model.hidden_size, layout.sequence_parallel
     pp, v = layout.pp, layout.v
-    layers = stage_layers(cfg, pp, v, work.seq_length)
+    layers = stage_layers(cfg, pp, v, work.seq_length, work.pipeline_split)
     table = shard.vocab // shard.t * h
     norm = 2 * h if shard.is_gpt2 else h
     positions = cfg.max_position_embeddings * h if shard.is_gpt2 else 0
@@ -301,7 +301,7 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
     cfg, b, s = work.model, layout.micro_batch, work.seq_length
     pr, shard = work.precision, work.shard(layout.tp)
     m, pp, v = work.num_microbatches(layout), layout.pp, layout.v
-    layers = stage_layers(cfg, pp, v, s)
+    layers = stage_layers(cfg, pp, v, s, work.pipeline_split)
     last_stage = pp * v - 1
     per_mb, pipe = [], _Book()
     message = b * s * cfg.hidden_size * pr.activation_bytes // (layout.tp if layout.sequence_parallel else 1)

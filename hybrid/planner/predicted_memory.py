@@ -111,14 +111,17 @@ def step_transient_bytes(psi: float, zero: ZeroStage, dp: int, offload: Offload 
 
 
 def model_states(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offload.NONE,
-                 precision: Precision = Precision.MIXED, fp32_grads: bool = False) -> ModelStates:
+                 precision: Precision = Precision.MIXED, fp32_grads: bool = False,
+                 optimizer_bytes: int | None = None) -> ModelStates:
     """Split of `model_state_bytes` into parameters, gradients and optimizer, with offload applied.
     Precision.FP32 (this runtime on CPU): 4 + 4 + 8 bytes per parameter instead of 2 + 2 + 12; `fp32_grads`
-    (mixed precision with fp32 main grads): 2 + 4 + 12."""
+    (mixed precision with fp32 main grads): 2 + 4 + 12; `optimizer_bytes` overrides the precision's K
+    (Workload.optimizer_bytes: 6 with bf16 optimizer states)."""
     zero = ZeroStage(zero)
     params = precision.param_bytes * psi / (dp if zero >= ZeroStage.PARAMETERS else 1)
     grads = (4 if fp32_grads else precision.grad_bytes) * psi / (dp if zero >= ZeroStage.GRADIENTS else 1)
-    optimizer = precision.optimizer_bytes * psi / (dp if zero >= ZeroStage.OPTIMIZER else 1)
+    k = precision.optimizer_bytes if optimizer_bytes is None else optimizer_bytes
+    optimizer = k * psi / (dp if zero >= ZeroStage.OPTIMIZER else 1)
     host = 0.0
     if offload in (Offload.OPTIMIZER, Offload.OPTIMIZER_AND_PARAMS):
         host, optimizer = optimizer, 0.0
@@ -191,7 +194,7 @@ def rank_parameters(work: Workload, layout: Layout) -> tuple[float, ...]:
 @lru_cache(maxsize=4096)
 def _rank_parameters(work: Workload, tp: int, pp: int, v: int, placement: Placement) -> tuple[float, ...]:
     shard = work.shard(tp)
-    layers = stage_layers(work.model, pp, v, work.seq_length)
+    layers = stage_layers(work.model, pp, v, work.seq_length, work.pipeline_split)
     head_rank = placement.rank_chunk(pp * v - 1, pp)[0]
     out = []
     for r, stages in enumerate(rank_stages(pp, v, placement)):
@@ -233,7 +236,8 @@ def plan_memory(work: Workload, cluster: Cluster, layout: Layout, schedule: Sche
     flight, psis, acts, bufs, extra = _rank_parts(work, layout, schedule)
     ranks = tuple(_rank_memory(work, layout, r, psi, act, buf, more)
                   for r, (psi, act, buf, more) in enumerate(zip(psis, acts, bufs, extra)))
-    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads)
+    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads,
+                        work.optimizer_bytes)
     return MemoryPlan(ranks=ranks, in_flight=flight, host_per_node=_host_per_node(cluster, unit, max(psis)))
 
 
@@ -241,7 +245,8 @@ def peak_memory(work: Workload, cluster: Cluster, layout: Layout) -> tuple[int, 
     """(fullest pipeline rank, its device bytes, host bytes per node) without building every RankMemory:
     the search's fast path. Equal to plan_memory's peak (states are linear in Psi)."""
     _, psis, acts, bufs, extra = _rank_parts(work, layout)
-    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads)
+    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads,
+                        work.optimizer_bytes)
     step = step_transient_bytes(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads)
     totals = [psi * unit.device + max(act + buf + more, step * psi) + FRAGMENTATION * (psi * unit.device + act + buf)
               + WORKSPACE_BYTES for psi, act, buf, more in zip(psis, acts, bufs, extra)]
@@ -273,7 +278,7 @@ def _fp8_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
     layer computing and the next one, as ZeRO 3 buffers -- and three scaled tensors' amax histories and scales
     per linear (input, weight, output gradient)."""
     shard = work.shard(layout.tp)
-    layers = stage_layers(work.model, layout.pp, layout.v, work.seq_length)
+    layers = stage_layers(work.model, layout.pp, layout.v, work.seq_length, work.pipeline_split)
     linears = 4 + shard.mlp_matrices
     out = []
     for stages in rank_stages(layout.pp, layout.v, layout.schedule.placement):
@@ -294,7 +299,7 @@ def _activations(work: Workload, tp: int, pp: int, dp: int, v: int, b: int, sp: 
     if kind is ScheduleKind.ZBV:
         return (flight, *_zbv_activations(work, tp, pp, m, b, sp, recompute))
     shard = work.shard(tp)
-    layers = stage_layers(work.model, pp, v, work.seq_length)
+    layers = stage_layers(work.model, pp, v, work.seq_length, work.pipeline_split)
     s = work.seq_length
     per_layer, working = layer_activation_bytes(shard, b, s, sp, recompute)
     acts = []
@@ -355,7 +360,8 @@ def _zero3_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
 
 def _rank_memory(work: Workload, layout: Layout, r: int, psi: float, activations: float,
                  buffers: float, backward_transient: float) -> RankMemory:
-    states = model_states(psi, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads)
+    states = model_states(psi, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads,
+                          work.optimizer_bytes)
     workspace = WORKSPACE_BYTES + FRAGMENTATION * (states.device + activations + buffers)
     return RankMemory(rank=r, parameters=psi, states=states, activations=activations, buffers=buffers,
                       workspace=workspace, step_transient=step_transient_bytes(psi, layout.zero, layout.dp,

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hybrid.planner.layout import Offload, Recompute, Workload, ZeroStage
+from hybrid.planner.layout import Offload, PipelineP2P, PipelineSplit, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.published import LLAMA3_70B, LLAMA3_8B, Metric, PublishedRun, llama3_405b, llama_model
@@ -78,6 +78,16 @@ class Stated:
         kv_heads: `num_query_groups` where it differs from the model's.
         vp: chunks per rank where the README says NA and the launch script sets it.
         fp8_scaling: TE's recipe for FP8 rows (fp8_hybrid with an amax history of 1024: DelayedScaling).
+        optimizer_dtype_bytes: apex DistributedFusedAdam's `optim.dtype` (the master copy and both moments;
+            Workload.optimizer_dtype_bytes): 2 where the YAML says `dtype: bf16` (only the 340B's), else 4.
+        pipeline_split: Megatron-core's split flags the layout implies (Workload.pipeline_split): v25.04.01's
+            Llama 3.1 405B columns hold L + 2 = pp x v x n layers (8 + 2 at pp 1 aside: 30 + 2 = 4 x 8, 62 + 2 =
+            4 x 8 x 2, 126 + 2 = 8 x 8 x 2), which Megatron-core's interleaved split only builds with
+            `account_for_embedding_in_pipeline_split` and `account_for_loss_in_pipeline_split` (without them it
+            needs pp v to divide L: 30 on 32 stages cannot run).
+        p2p: how the pipeline's messages block: `overlap_p2p_comm: false` with `batch_p2p_comm: true` (the
+            v24.11.1 Nemotron YAMLs) makes Megatron's interleaved schedule wait on each chunk's batched send / receive
+            (BLOCKING); `overlap_p2p_comm: true` (the Llama 3.1 and GPT-3 YAMLs) is OVERLAPPED.
         tp_comm_overlap: `ub_tp_comm_overlap` (v24.11.1's YAMLs, the GPT-3 hydra YAML) or the NeMo 2.0 script
             setting the comm-overlap callback's `tp_comm_overlap_cfg` (v25.04.01's Llama 70B / 405B and Nemotron).
             Recorded, not planned: with Workload.tp_comm_overlap these rows move away (tp_overlap_what_if,
@@ -93,6 +103,9 @@ class Stated:
     kv_heads: int | None = None
     vp: int | None = None
     fp8_scaling: Fp8Scaling = Fp8Scaling.CURRENT
+    optimizer_dtype_bytes: int = 4
+    pipeline_split: PipelineSplit | None = None
+    p2p: PipelineP2P = PipelineP2P.OVERLAPPED
     tp_comm_overlap: bool = False
     where: str = ""
 
@@ -211,7 +224,9 @@ def stated(t: Table) -> Stated:
     * the v24.11.1 YAMLs (NeMo 1.0 hydra configs, _YAML_2411) and v25.04.01's nemo_megatron/cfg/gpt3_175b_hydra.yaml:
       `optim: distributed_fused_adam` (ZeRO 1), `grad_sync_dtype: bf16`, `overlap_grad_sync: true`,
       `activations_checkpoint_granularity` null (selective for Nemotron4 340B), `hidden_dropout` / `attention_dropout`
-      0.0 (0.1 for GPT-3 175B), `num_query_groups: 16` in the 405B's file, `fp8_hybrid` with
+      0.0 (0.1 for GPT-3 175B), `num_query_groups: 16` in the 405B's file, `optim.dtype: bf16` in the 340B's
+      (apex DistributedFusedAdam's optimizer-state dtype: bf16 master copy and moments), `overlap_p2p_comm:
+      False` with `batch_p2p_comm: True` in the Nemotron files (blocking pipeline messages), `fp8_hybrid` with
       `fp8_amax_history_len: 1024` (TE's DelayedScaling);
     * v25.04.01's Llama 3.1 (NeMo 2.0 scripts, llama3.1/pretrain_llama31.py): FP8 through NeMo's
       bf16_with_fp8_mixed() (hybrid, amax history 1024: delayed) with `grad_reduce_in_fp32 = False`; bf16 gradients
@@ -229,10 +244,13 @@ def stated(t: Table) -> Stated:
                       recompute=(Recompute.SELECTIVE if t.model == "Nemotron4-340B" else Recompute.NONE,),
                       dropout=0.1 if t.model == "GPT3-175B" else 0.0,
                       kv_heads=16 if t.model == "Llama3.1-405B" else None, fp8_scaling=delayed,
+                      optimizer_dtype_bytes=2 if t.model == "Nemotron4-340B" else 4,
+                      p2p=PipelineP2P.BLOCKING if t.model.startswith("Nemotron") else PipelineP2P.OVERLAPPED,
                       tp_comm_overlap=t.model not in ("Nemotron4-340B", "Llama3.1-8B"), where=where)
     # v25.04.01: bf16 gradients and the distributed optimizer, by the READMEs' own log lines (LOGGED_MEMORY)
     if t.model.startswith("Llama"):
-        return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, fp8_scaling=delayed,
+        split = PipelineSplit(embedding=True, loss=True) if t.model == "Llama3.1-405B" else None
+        return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, fp8_scaling=delayed, pipeline_split=split,
                       tp_comm_overlap=t.model != "Llama3.1-8B",
                       where=f"llama3.1/pretrain_llama31.py, README.md's log line at {RELEASES[t.release]}")
     return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, vp=12 if t.model == "Nemotron4-340B" else None,
@@ -269,7 +287,10 @@ def _run(t: Table, column: tuple, readme_only: bool = False) -> PublishedRun:
     work = Workload(cfg, global_batch=gbs, seq_length=t.seq, activations=ActivationProfile.BF16_FLASH,
                     kernels=KernelProfile.FUSED, stack=Stack.MEGATRON, fp32_grads=known.fp32_grads, fp8=fp8,
                     fp8_scaling=known.fp8_scaling if fp8 else Fp8Scaling.CURRENT,
-                    overlap_grad_reduce=known.overlap_grad_reduce)  # tp_comm_overlap: a what-if (tp_overlap_what_if)
+                    overlap_grad_reduce=known.overlap_grad_reduce,
+                    optimizer_dtype_bytes=known.optimizer_dtype_bytes,
+                    pipeline_split=known.pipeline_split if pp > 1 else None, p2p=known.p2p)
+    # tp_comm_overlap: a what-if (tp_overlap_what_if)
     space = SearchSpace(tp=(t.tp,), pp=(pp,), v=(vp,) if vp else None, micro_batch=(t.mbs,), zero=known.zero,
                         offload=(Offload.NONE,), recompute=known.recompute, sequence_parallel=(t.tp > 1,),
                         zero_bubble=(False,))

@@ -189,7 +189,7 @@ def param_shapes(work: Workload, layout: Layout, pp_rank: int) -> list[tuple[int
     GPT-2's positions) on the first stage, the blocks, the final norm and the LM head on the last (a tied head
     is the table itself on a one-stage model, a copy on the last stage otherwise)."""
     cfg, shard, h = work.model, work.shard(layout.tp), work.model.hidden_size
-    layers = stage_layers(cfg, layout.pp, layout.v, work.seq_length)
+    layers = stage_layers(cfg, layout.pp, layout.v, work.seq_length, work.pipeline_split)
     table = (shard.vocab // shard.t, h)
     shapes: list[tuple[int, ...]] = []
     for c in range(layout.v):

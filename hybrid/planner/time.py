@@ -644,7 +644,7 @@ def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[Stage
 def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
     ctx = _context(work, cluster, layout)
     pp, v = layout.pp, layout.v
-    layers = stage_layers(work.model, pp, v, work.seq_length)
+    layers = stage_layers(work.model, pp, v, work.seq_length, work.pipeline_split)
     cost = _layer_cost(ctx)
     kinds: dict[tuple[int, bool, bool], _StageCost] = {}  # stages alike in (layers, first, last) cost alike
     fwd, bwd, compute, comm, hidden, lost = [], [], [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
@@ -740,6 +740,7 @@ def optimizer_bytes_per_param(work: Workload) -> float:
         del passes["master_grad"]
     if work.precision is not Precision.MIXED:
         del passes["write_back"]
+    passes["adam"] -= 6 * (4 - work.optimizer_dtype_bytes)  # bf16 states: master, m, v read and written at 2
     return float(sum(passes.values()))
 
 
@@ -770,7 +771,7 @@ def _parameter_tensors(ctx: _Context) -> int:
     linears = 4 + shard.mlp_matrices
     biases = 3 * cfg.qkv_bias + cfg.out_bias + shard.mlp_matrices * cfg.mlp_bias
     norms = 2 * (2 if shard.is_gpt2 else 1)
-    layers = stage_layers(cfg, lay.pp, lay.v, ctx.work.seq_length)
+    layers = stage_layers(cfg, lay.pp, lay.v, ctx.work.seq_length, ctx.work.pipeline_split)
     most = max(sum(layers[s] for s in lay.rank_stages(r)) for r in range(lay.pp))
     return most * (linears + biases + norms) + 3
 
@@ -785,7 +786,7 @@ def _other_seconds(ctx: _Context) -> float:
         table = ctx.shard.vocab // ctx.shard.t * cfg.hidden_size
         out += collective_seconds(hw, Collective.ALL_REDUCE, grad_bytes * table, pair)
     if lay.tp > 1:
-        layers = stage_layers(cfg, lay.pp, lay.v, ctx.work.seq_length)
+        layers = stage_layers(cfg, lay.pp, lay.v, ctx.work.seq_length, ctx.work.pipeline_split)
         out += max(ctx.tp_seconds(partial_grad_ledger(
             ctx.shard, sum(layers[s] for s in lay.rank_stages(r)), r == 0, r == lay.stage_rank(lay.pp * lay.v - 1),
             lay.sequence_parallel, grad_bytes)) for r in range(lay.pp))

@@ -51,6 +51,12 @@ ARCH_FIELDS = {
 RECOMPUTE_SUBSET = ("--recompute-granularity full recomputes every layer; recomputing a subset of layers "
                     "(--recompute-method / --recompute-num-layers) is not implemented")
 
+# Megatron-core's explicit pipeline splits: the planner prices them (layout.PipelineSplit), the runtime does not run
+# a stage holding only the embedding or only the loss
+SPLIT_ONLY = ("not implemented: every pipeline stage here holds a transformer layer; give each stage's layers with "
+              "--pipeline-layers-per-stage (the embedding stays on the first stage, the loss on the last)")
+SPLIT_BY_HAND = "give each stage's layers with --pipeline-layers-per-stage (e.g. 7,8,8,7); drop the flag"
+
 TIMERS = ("per-rank step times and the time split print every --timing-log-interval log intervals "
           "(docs/operations.md); drop the flag")
 GRAD_NORM_ONLY = "not implemented; the log line has the gradient norm"
@@ -67,6 +73,11 @@ INSTEAD = {
     "--distributed-backend": "NCCL on CUDA, gloo on CPU, chosen by the device; drop the flag",
     "--init-method-std": "weights are initialised with std 0.02 (a config.json's initializer_range must say 0.02); "
                          "drop the flag",
+    "--account-for-embedding-in-pipeline-split": SPLIT_ONLY,
+    "--account-for-loss-in-pipeline-split": SPLIT_ONLY,
+    "--decoder-first-pipeline-num-layers": SPLIT_BY_HAND,
+    "--decoder-last-pipeline-num-layers": SPLIT_BY_HAND,
+    "--pipeline-model-parallel-layout": SPLIT_BY_HAND,
     "--recompute-method": RECOMPUTE_SUBSET,
     "--recompute-num-layers": RECOMPUTE_SUBSET,
     "--train-samples": "give --train-iters (samples / --global-batch-size)",
