@@ -205,9 +205,10 @@ def test_megatron_split_gives_the_embedding_and_the_loss_a_stage_of_their_own():
     # ranks 0 and 3 hold 4 and 2 layers (2 and 1 a chunk), ranks 1-2 the other 16 (4 a chunk); of 24 the other
     # 18 would be 4.5 a chunk -> refused
     assert megatron_split(22, 4, 2, PipelineSplit(first=4, last=2)) == (2, 4, 4, 1, 2, 4, 4, 1)
-    for split, flag in ((PipelineSplit(first=4, last=2), "--decoder-first/last"),
+    for split, flag in ((PipelineSplit(first=4, last=2), "--decoder-first-pipeline-num-layers and --decoder-last"),
                         (PipelineSplit(embedding=True, first=2), "exclusive"),
-                        (PipelineSplit(first=3), "--decoder-first-pipeline-num-layers 3")):
+                        (PipelineSplit(first=3), "--decoder-first-pipeline-num-layers: pp 4 x v 2"),
+                        (PipelineSplit(embedding=True), "--account-for-embedding-in-pipeline-split: 24 layers")):
         with pytest.raises(ValueError, match=flag):
             megatron_split(24, 4, 2, split)
     assert pp_problems(llama3_405b().__class__(**{**llama3_405b().__dict__, "num_layers": 30}), 4, 8, both) == []
@@ -262,3 +263,32 @@ def test_bf16_optimizer_states_are_six_bytes_a_parameter():
     assert optimizer_bytes_per_param(w) == optimizer_bytes_per_param(Workload(w.model, 32, 4096)) - 12
     with pytest.raises(ValueError, match="optimizer_dtype_bytes"):
         Workload(w.model, 32, 4096, optimizer_dtype_bytes=1)
+
+
+def test_hybrid_plan_takes_megatrons_split_flags():
+    """`hybrid plan --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split` and
+    `--decoder-first/last-pipeline-num-layers` reach Workload.pipeline_split (none given: the planner's own split);
+    a layout they cannot split is rejected with the flags named, pp 1 ignores them."""
+    import argparse
+    from dataclasses import replace
+
+    from hybrid.planner.cli import add_arguments, workload_from_args
+    from hybrid.planner.layout import Cluster, Layout, PipelineSplit, layout_problems
+    from hybrid.planner.hardware import hardware
+    from hybrid.planner.published import llama_model
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = llama_model(6, 1024, 16, 16, 2816, 32000, 1024)
+    base = ["--gpus", "8", "--global-batch-size", "32", "--seq-length", "1024"]
+    assert workload_from_args(parser.parse_args(base), cfg).pipeline_split is None
+    both = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    work = workload_from_args(parser.parse_args(base + both), cfg)
+    assert work.pipeline_split == PipelineSplit(embedding=True, loss=True)
+    cluster = Cluster(gpus=8, hw=hardware("h100-80g"))
+    for pp, v in ((4, 2), (2, 1), (4, 1), (1, 1)):  # 6 + 2 on 8, 2 and 4 stages; pp 1 ignores the split
+        assert layout_problems(work, cluster, Layout(pp=pp, dp=8 // pp, v=v, micro_batch=1)) == []
+    hand = ["--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "1"]
+    assert workload_from_args(parser.parse_args(base + hand), cfg).pipeline_split == PipelineSplit(first=2, last=1)
+    seven = replace(work, model=replace(work.model, num_layers=7))
+    assert "--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split: 7 layers" in \
+        layout_problems(seven, cluster, Layout(pp=4, dp=2, v=2, micro_batch=1))[0]

@@ -37,7 +37,7 @@ from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_o
 from hybrid.cp.attention import CommType
 from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
-from hybrid.planner.layout import Cluster, Offload, PipelineP2P, Recompute, Workload, ZeroStage
+from hybrid.planner.layout import Cluster, Offload, PipelineP2P, PipelineSplit, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
@@ -141,6 +141,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-p2p", choices=[x.value for x in PipelineP2P], default=PipelineP2P.OVERLAPPED.value,
                    help="overlapped (this runtime, Megatron-core) or blocking pipeline messages (DeepSpeed's "
                         "pipeline engine; blocking-scatter: Megatron-LM 2021-22 with its scatter-gather)")
+    g.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
+                   help="Megatron-core's split: the embedding counts as a layer (the first stage holds one layer "
+                        "fewer, none when a stage is one layer); planned only, train.py refuses it")
+    g.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
+                   help="Megatron-core's split: the LM head and loss count as a layer on the last stage; planned "
+                        "only, train.py refuses it")
+    g.add_argument("--decoder-first-pipeline-num-layers", type=nonnegative_int, metavar="N", default=None,
+                   help="Megatron-core's split: layers of the first pipeline rank (the middle ranks split the rest "
+                        "evenly); planned only, train.py refuses it")
+    g.add_argument("--decoder-last-pipeline-num-layers", type=nonnegative_int, metavar="N", default=None,
+                   help="Megatron-core's split: layers of the last pipeline rank; planned only, train.py refuses it")
     g.add_argument("--gradient-accumulation-fusion", action=argparse.BooleanOptionalAction, default=None,
                    help="the weight-gradient GEMM adds into the accumulated gradient (Megatron / Transformer "
                         "Engine); --no-...: a memory pass per micro-batch adds it (eager PyTorch, DeepSpeed's "
@@ -461,7 +472,15 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                     fp8_scaling=Fp8Scaling(args.fp8_scaling or Fp8Scaling.CURRENT.value),
                     p2p=PipelineP2P(args.pipeline_p2p), grad_accumulation_fusion=args.gradient_accumulation_fusion,
                     overlap_param_gather=args.overlap_param_gather,
-                    fused_cross_entropy=args.fused_cross_entropy)
+                    fused_cross_entropy=args.fused_cross_entropy, pipeline_split=_pipeline_split(args))
+
+
+def _pipeline_split(args: argparse.Namespace) -> PipelineSplit | None:
+    """Megatron-core's split flags as a PipelineSplit (None when none is given)."""
+    split = PipelineSplit(embedding=args.account_for_embedding_in_pipeline_split,
+                          loss=args.account_for_loss_in_pipeline_split,
+                          first=args.decoder_first_pipeline_num_layers, last=args.decoder_last_pipeline_num_layers)
+    return None if split == PipelineSplit() else split
 
 
 def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:

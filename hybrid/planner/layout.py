@@ -546,32 +546,26 @@ def megatron_split(num_layers: int, pp: int, v: int, split: PipelineSplit) -> tu
     embedding / loss) split evenly over pp v stages, the first stage's share less e, the last's less l; with
     first / last counts, ranks 0 and pp - 1 hold them and the pp - 2 middle ranks the rest evenly, each rank's
     layers split evenly over its v chunks. ValueError naming the flag when the layers do not split so."""
-    stages = pp * v
+    stages, named = pp * v, " and ".join("--" + k.replace("_", "-") for k in split.flags())
     if (split.embedding or split.loss) and (split.first is not None or split.last is not None):
-        raise ValueError("--account-for-embedding/loss-in-pipeline-split and --decoder-first/last-pipeline-num-"
-                         "layers are exclusive (as in Megatron-core): give one kind")
+        raise ValueError(f"{named}: the accounting flags and the first / last layer counts are exclusive (as in "
+                         f"Megatron-core); give one kind")
     if split.embedding or split.loss:
         total = num_layers + split.embedding + split.loss
-        if total % stages:
-            raise ValueError(f"--account-for-embedding/loss-in-pipeline-split: {num_layers} layers + "
-                             f"{split.embedding + split.loss} do not split evenly over pp {pp} x v {v} stages")
         counts = [total // stages] * stages
         counts[0] -= split.embedding
         counts[-1] -= split.loss
-        if min(counts) < 0:
-            raise ValueError(f"--account-for-embedding/loss-in-pipeline-split: pp {pp} x v {v} stages leave the "
-                             f"embedding and the loss sharing one stage with no layer; use fewer stages")
+        if total % stages or min(counts) < 0:
+            raise ValueError(f"{named}: {num_layers} layers + {split.embedding + split.loss} do not split evenly "
+                             f"over pp {pp} x v {v} stages of at least one; pick pp x v dividing {total}")
         return tuple(counts)
-    first = split.first if split.first is not None else None
-    last = split.last if split.last is not None else None
+    first, last = split.first, split.last
     middle = pp - (first is not None) - (last is not None)
     rest = num_layers - (first or 0) - (last or 0)
-    for flag, n in (("--decoder-first-pipeline-num-layers", first), ("--decoder-last-pipeline-num-layers", last)):
-        if n is not None and (n < 0 or n % v or pp < 2):
-            raise ValueError(f"{flag} {n}: needs pp > 1 and a count >= 0 that v {v} chunks split evenly")
-    if rest < 0 or (middle == 0 and rest) or (middle and rest % (middle * v)):
-        raise ValueError(f"--decoder-first/last-pipeline-num-layers: the other {rest} layers do not split evenly "
-                         f"over {middle} middle ranks x v {v}")
+    if pp < 2 or any(n is not None and (n < 0 or n % v) for n in (first, last)) or rest < 0 \
+            or (middle == 0 and rest) or (middle and rest % (middle * v)):
+        raise ValueError(f"{named}: pp {pp} x v {v} cannot hold {first} / {last} layers on the first / last rank "
+                         f"and the other {rest} evenly on {middle} middle ranks (each rank's layers a multiple of v)")
     per_rank = [rest // middle if middle else 0] * pp
     if first is not None:
         per_rank[0] = first
@@ -590,7 +584,7 @@ def stage_layers(cfg: ModelConfig, pp: int, v: int, seq: int = 2048,
     `--pipeline-layers-per-stage` (cli.train_args emits the counts). With a stated `split` (Megatron-core's
     flags, Workload.pipeline_split) the split is Megatron's (megatron_split): a stage may then hold no layer,
     only the embedding or only the LM head and loss."""
-    if split is not None:
+    if split is not None and pp > 1:  # one pipeline stage holds everything whatever the split says
         return megatron_split(cfg.num_layers, pp, v, split)
     return _stage_layers(cfg.num_layers, pp, v, _balance_key(cfg, seq) if cfg.num_layers % (pp * v) else None)
 
