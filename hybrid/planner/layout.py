@@ -247,8 +247,9 @@ class Workload:
             planner only (the API; no flag): this runtime keeps fp32 states.
         pipeline_split: Megatron-core's explicit layer split (PipelineSplit: the embedding / the loss counted as a
             layer, or the first / last rank's layer counts), which may leave a stage with only the embedding or
-            only the loss; None: the planner's split (stage_layers). The plan emits Megatron's flags; this
-            runtime refuses them by name (hybrid/train/args.py).
+            only the loss; None: the planner's split (stage_layers). `hybrid plan` takes Megatron's flags; the
+            runtime does not run such a stage: `--emit-args` refuses a plan with a split (train_flags) and
+            train.py refuses the flags by name (hybrid/train/other_flags.py).
     """
 
     model: ModelConfig
