@@ -215,9 +215,9 @@ def test_megatron_split_gives_the_embedding_and_the_loss_a_stage_of_their_own():
 
 
 def test_a_stage_with_only_the_embedding_is_priced_and_refused_by_the_runtime(capsys):
-    """The 30-layer proxy plans with stage 0 holding the embedding alone (rank 0: 7 layers, ranks 1-2: 8), and
-    the plan cannot emit train.py flags for it, nor does train.py take Megatron's split flags: one line naming
-    the flag and --pipeline-layers-per-stage."""
+    """The 30-layer proxy plans with stage 0 holding the embedding alone (rank 0: 7 layers, ranks 1-2: 8); the
+    plan cannot emit train.py flags for it (the 62-layer one, every stage a layer, emits its counts), nor does
+    train.py take Megatron's split flags: one line naming the flag and --pipeline-layers-per-stage."""
     from dataclasses import replace
 
     from hybrid.planner.layout import Layout, PipelineSplit
@@ -232,10 +232,12 @@ def test_a_stage_with_only_the_embedding_is_priced_and_refused_by_the_runtime(ca
     assert psi[1] == psi[2]  # ranks 1 and 2 hold 8 layers each
     table = run.workload.model.vocab_size * 16384 / 8  # the embedding's TP shard (128256 rows divide by 8)
     assert psi[0] == pytest.approx(7 * psi[1] / 8 + table, rel=1e-3)  # rank 0: the embedding stage + 7 layers
-    with pytest.raises(ValueError, match="--account-for-embedding-in-pipeline-split"):
+    with pytest.raises(ValueError, match="--account-for-embedding-in-pipeline-split, --account-for-loss-in-"
+                                         "pipeline-split. leaves a stage with no transformer layer"):
         layout_flags(run.workload, lay)
-    plain = layout_flags(replace(run.workload, pipeline_split=None), replace(lay, v=1))
-    assert plain["pipeline_model_parallel_size"] == 4
+    # a split that leaves every stage a layer is a split train.py runs: its counts are emitted (62 + 2 on 32)
+    deeper = replace(run.workload, model=replace(run.workload.model, num_layers=62))
+    assert layout_flags(deeper, lay)["pipeline_layers_per_stage"] == ",".join(["1"] + ["2"] * 30 + ["1"])
     with pytest.raises(SystemExit):
         parse_args(["--account-for-loss-in-pipeline-split"])
     err = capsys.readouterr().err.strip().splitlines()

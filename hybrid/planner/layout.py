@@ -248,7 +248,8 @@ class Workload:
         pipeline_split: Megatron-core's explicit layer split (PipelineSplit: the embedding / the loss counted as a
             layer, or the first / last rank's layer counts), which may leave a stage with only the embedding or
             only the loss; None: the planner's split (stage_layers). `hybrid plan` takes Megatron's flags; the
-            runtime does not run such a stage: `--emit-args` refuses a plan with a split (train_flags) and
+            runtime does not run a stage without a layer: `--emit-args` refuses such a plan (train_flags; a split with
+            a layer on every stage is emitted as `--pipeline-layers-per-stage`) and
             train.py refuses the flags by name (hybrid/train/other_flags.py).
     """
 

@@ -26,12 +26,11 @@ def layout_flags(work: Workload, lay: Layout) -> dict[str, object]:
         "pipeline_layers_per_stage": None, "virtual_pipeline_model_parallel_size": None,
         "num_layers_per_virtual_pipeline_stage": None,
         "pipeline_schedule": lay.schedule.value if lay.zero_bubble else None}
-    if work.pipeline_split is not None and lay.pp > 1:
-        named = ", ".join("--" + k.replace("_", "-") for k in work.pipeline_split.flags())
-        raise ValueError(f"the plan's pipeline split ({named}) is Megatron-core's: train.py does not run a stage "
-                         f"holding only the embedding or the loss; plan without Workload.pipeline_split to emit "
-                         f"--pipeline-layers-per-stage")
     counts = stage_layers(work.model, lay.pp, lay.v, work.seq_length, work.pipeline_split)
+    if 0 in counts:  # Megatron's split (Workload.pipeline_split) left a stage only the embedding or the loss
+        named = ", ".join("--" + k.replace("_", "-") for k in work.pipeline_split.flags())
+        raise ValueError(f"the plan's pipeline split ({named}) leaves a stage with no transformer layer, which "
+                         f"train.py does not run; drop those flags, or pick pp x v with a layer on every stage")
     interleaved = lay.v > 1 and lay.schedule is not ScheduleKind.ZBV  # --pipeline-schedule zbv fixes v = 2
     if len(set(counts)) > 1:  # uneven stages (first / last fewer): the planner's split, exactly
         flags["pipeline_layers_per_stage"] = ",".join(map(str, counts))
