@@ -27,7 +27,8 @@ def layout_flags(work: Workload, lay: Layout) -> dict[str, object]:
         "num_layers_per_virtual_pipeline_stage": None,
         "pipeline_schedule": lay.schedule.value if lay.zero_bubble else None}
     counts = stage_layers(work.model, lay.pp, lay.v, work.seq_length, work.pipeline_split)
-    if 0 in counts:  # Megatron's split (Workload.pipeline_split) left a stage only the embedding or the loss
+    # Megatron's split (Workload.pipeline_split) may leave a stage only the embedding or the loss
+    if work.pipeline_split is not None and 0 in counts:
         named = ", ".join("--" + k.replace("_", "-") for k in work.pipeline_split.flags())
         raise ValueError(f"the plan's pipeline split ({named}) leaves a stage with no transformer layer, which "
                          f"train.py does not run; drop those flags, or pick pp x v with a layer on every stage")
