@@ -682,7 +682,8 @@ def edge_pass_cpu(group: "ThreadTimedGroup", calls: int = TP_PASS_CALLS, blocks:
     Function and three all-reduces, unsharded torch's fused F.cross_entropy), at tp 2 over `group` and unsharded,
     one token of `shape`'s vocabulary (256) and width. Keys "<edge>_tp2" / "<edge>_tp1" (EDGES): (forward,
     backward) CPU seconds outside the all-reduces. Round 12 (docs/results/bench_planner_mainjob.md): the main job's
-    head and loss at tp 2 took ~3x its planned kernels' CPU, the embedding ~10x: fixed costs a pass, as the layer's."""
+    head and loss at tp 2 took 4.2x the CPU of its planned kernels, the embedding 4.6x: fixed costs a pass, as the
+    layer's (~15 small ops and three blocking all-reduces in the loss where unsharded runs one fused kernel)."""
     from hybrid.tp import TPContext
     from models.common import StageLayout
     from models.gpt2 import GPT2
