@@ -16,7 +16,12 @@
 clock read twice -- wall (time.monotonic) and this process's CPU seconds (user + sys of all its threads, gloo's
 included: time.process_time) -- and writes DIR/rank<r>.json at exit (per phase, summed over the iterations
 after --warmup, plus getrusage's context switches). With 8 processes on 2 cores the step is at least the CPU
-seconds all ranks burn a step / the cores; `account_table` puts that beside the planner's terms.
+seconds all ranks burn a step / the cores; `account_table` puts that beside the planner's terms, and
+`install_components` splits the compute phases by model part (embedding, layers, head and loss, the executor's own
+Python) beside the planner's parts (`components_table`).
+
+Each run keeps the calibrated profile it planned with (beside `--out`: REPORT.hw8.json) and reports which Hardware
+fields set the plan (`drivers`: each field alone +10 %), so a rerun's moved prediction can be attributed.
 
 Not a timed test: a script that writes a results file.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -66,6 +72,7 @@ def rank_entry(out_dir: str, warmup: int, train_argv: list[str]) -> None:
     import atexit
     import runpy
     atexit.register(install_accounting(out_dir, warmup))
+    atexit.register(install_components(out_dir, warmup))
     sys.argv = [os.path.join(ROOT, "scripts", "train.py"), *train_argv]
     runpy.run_path(sys.argv[0], run_name="__main__")
 
@@ -122,6 +129,100 @@ def install_accounting(out_dir: str, warmup: int):
     return dump
 
 
+COMPONENTS = ("embedding forward", "layers forward", "head and loss forward", "head and loss backward",
+              "layers backward", "embedding backward", "executor forward", "executor backward")
+
+
+def install_components(out_dir: str, warmup: int):
+    """Split the step's compute phases by model part: the calling thread's CPU (time.thread_time) outside the
+    collectives and messages (the op trail's comm / p2p phases, priced apart by comm_cpu_seconds), summed over
+    iterations > warmup. Forward: GPT2.embed, each GPT2Block.forward, and the rest of GPT2.forward (final norm, LM
+    head, loss). Backward (autograd runs a CPU graph on the calling thread, so tensor hooks read the same clock):
+    from the executor's `_backward` to the grad of the last block's output (head and loss), from there to the grad of
+    the first block's input (the layers), from there to `_backward`'s return (the embedding and its weight-gradient
+    accumulation). "executor forward / backward" are the compute phases' main-thread CPU outside the model's calls:
+    the schedule's Python, detach / requires_grad_, the loss's division, x.grad hand-over. Returns the function that
+    writes DIR/components<r>.json."""
+    import json
+
+    import torch
+
+    from hybrid import trail
+    from hybrid.pipeline import executor
+    from models import gpt2
+    acc = dict.fromkeys(COMPONENTS, 0.0) | {"model forward": 0.0, "model backward": 0.0}
+    st = {"comm": 0.0, "since": time.thread_time(), "hooks": [], "depth": 0}
+    switch0 = trail.Trail._switch
+
+    def switch(self, phase: str) -> str:  # the thread's CPU inside comm / p2p phases, kept apart
+        t = time.thread_time()
+        if self.phase in ("comm", "p2p"):
+            st["comm"] += t - st["since"]
+        st["since"] = t
+        return switch0(self, phase)
+
+    def clock() -> float:
+        return time.thread_time() - st["comm"]
+
+    def counted() -> bool:  # a training step after warm-up (evaluation runs under no_grad)
+        return trail.TRAIL.iteration > warmup and torch.is_grad_enabled()
+
+    def add(name: str, seconds: float) -> None:
+        if counted():
+            acc[name] += seconds
+
+    forward0, embed0, block0, backward0 = gpt2.GPT2.forward, gpt2.GPT2.embed, gpt2.GPT2Block.forward, executor._backward
+
+    def forward(self, x, *a, **kw):
+        st["layers"], st["embed"], t0 = 0.0, 0.0, clock()
+        y = forward0(self, x, *a, **kw)
+        total = clock() - t0
+        add("model forward", total)
+        add("embedding forward", st["embed"])
+        add("layers forward", st["layers"])
+        add("head and loss forward", total - st["embed"] - st["layers"])
+        return y
+
+    def embed(self, *a, **kw):
+        t0 = clock()
+        y = embed0(self, *a, **kw)
+        st["embed"] += clock() - t0
+        return y
+
+    def block(self, x, *a, **kw):
+        t0 = clock()
+        y = block0(self, x, *a, **kw)
+        st["layers"] += clock() - t0
+        if torch_grad(x) and torch_grad(y):  # the backward's marks: grad of this block's output, then its input
+            y.register_hook(lambda g: st["hooks"].append(("out", clock())))
+            x.register_hook(lambda g: st["hooks"].append(("in", clock())))
+        return y
+
+    def backward(output, grad):
+        st["hooks"], t0 = [], clock()
+        backward0(output, grad)
+        t1 = clock()
+        add("model backward", t1 - t0)
+        outs = [t for k, t in st["hooks"] if k == "out"]
+        ins = [t for k, t in st["hooks"] if k == "in"]
+        if outs and ins:
+            add("head and loss backward", outs[0] - t0)  # the last block's output gets its grad first
+            add("layers backward", ins[-1] - outs[0])
+            add("embedding backward", t1 - ins[-1])
+
+    def dump() -> None:
+        rank = int(os.environ.get("RANK", "0"))
+        with open(os.path.join(out_dir, f"components{rank}.json"), "w") as f:
+            json.dump(acc, f)
+    trail.Trail._switch = switch
+    gpt2.GPT2.forward, gpt2.GPT2.embed, gpt2.GPT2Block.forward, executor._backward = forward, embed, block, backward
+    return dump
+
+
+def torch_grad(t) -> bool:
+    return getattr(t, "requires_grad", False)
+
+
 PHASES = ("forward", "backward", "comm", "p2p", "optimizer", "other")
 
 
@@ -167,6 +268,80 @@ def planned_cpu(profile: str) -> dict[str, float]:
             "optimizer": t.optimizer * cores, "step": t.total, "makespan": t.run.makespan, "cores": cores}
 
 
+def drivers(profile: str, rel: float = 0.1, top: int = 8) -> list[str]:
+    """Which Hardware fields set the main job's plan on `profile`: each numeric field > 0 moved by +`rel` alone
+    (a rate or a latency alike), the planned makespan's and step's relative change; the `top` fields that move the
+    step most, largest first. A rerun's plan then says where it moved (round 11: the makespan went
+    0.256 -> 0.249 -> 0.231 s over three calibrations, and the profiles were not kept)."""
+    import dataclasses
+
+    from hybrid.planner import evaluate
+    work, lay, cluster = main_job(profile)
+    base = evaluate(work, cluster, lay).time
+    rows = []
+    for f in dataclasses.fields(cluster.hw):
+        value = getattr(cluster.hw, f.name)
+        if isinstance(value, bool) or not isinstance(value, float) or value <= 0:  # counts (cores, GPUs) kept
+            continue
+        try:
+            hw = dataclasses.replace(cluster.hw, **{f.name: value * (1 + rel)})
+            moved = evaluate(work, dataclasses.replace(cluster, hw=hw), lay).time
+        except ValueError:  # a field bounded above (an efficiency at 1)
+            continue
+        rows.append((moved.total / base.total - 1, moved.run.makespan / base.run.makespan - 1, f.name, value))
+    rows.sort(key=lambda r: -abs(r[0]))
+    lines = [f"| Hardware field (profile) | value | step change, field +{100 * rel:.0f} % | makespan change |",
+             "|---|---|---|---|"]
+    lines += [f"| {name} | {value:.4g} | {100 * d_step:+.2f} % | {100 * d_mk:+.2f} % |"
+              for d_step, d_mk, name, value in rows[:top]]
+    return lines
+
+
+def planned_components(profile: str) -> dict[str, float]:
+    """The planner's compute CPU seconds a step, all ranks, by install_components' parts: a layer's passes
+    (time.layer_passes) x layers x micro-batches x TP x DP ranks, the first stage's edge (embedding) and the last's
+    (final norm, LM head, loss: time._edge_cost) x micro-batches x TP x DP; the executor's glue is not priced."""
+    from hybrid.planner.time import _context, _edge_cost, layer_passes
+    work, lay, cluster = main_job(profile)
+    ctx = _context(work, cluster, lay)
+    per = work.num_microbatches(lay) * lay.tp * lay.dp
+    fwd, bwd = layer_passes(ctx)
+    emb, head = _edge_cost(ctx, True, False), _edge_cost(ctx, False, True)
+    layers = work.model.num_layers
+    return {"embedding forward": per * emb.forward.total, "layers forward": per * layers * fwd.total,
+            "head and loss forward": per * head.forward.total, "head and loss backward": per * head.backward.total,
+            "layers backward": per * layers * bwd.total, "embedding backward": per * emb.backward.total,
+            "executor forward": 0.0, "executor backward": 0.0}
+
+
+def read_components(out_dir: str, world: int, rows: list[dict]) -> dict[str, float]:
+    """install_components' parts, seconds a step summed over the ranks; the executor's glue from `rows`
+    (read_account: the compute phases' main-thread CPU) less the model's calls."""
+    import json
+    total = dict.fromkeys(COMPONENTS, 0.0)
+    for r in range(world):
+        with open(os.path.join(out_dir, f"components{r}.json")) as f:
+            d = json.load(f)
+        n = max(1, rows[r]["iterations"])
+        for k in COMPONENTS[:6]:
+            total[k] += d[k] / n
+        total["executor forward"] += rows[r]["forward"]["thread_cpu"] - d["model forward"] / n
+        total["executor backward"] += rows[r]["backward"]["thread_cpu"] - d["model backward"] / n
+    return total
+
+
+def components_table(measured: dict[str, float], planned: dict[str, float]) -> list[str]:
+    """Component, measured CPU ms a step (all ranks' main threads), planned, missing (measured - planned)."""
+    lines = ["| component (main threads, outside collectives) | measured CPU ms/step, all ranks | planned | missing |",
+             "|---|---|---|---|"]
+    for k in COMPONENTS:
+        missing = measured[k] - planned[k]
+        lines.append(f"| {k} | {1e3 * measured[k]:.1f} | {1e3 * planned[k]:.1f} | {1e3 * missing:+.1f} |")
+    m, p = sum(measured.values()), sum(planned.values())
+    lines.append(f"| **compute** | **{1e3 * m:.1f}** | **{1e3 * p:.1f}** | **{1e3 * (m - p):+.1f}** |")
+    return lines
+
+
 def account_table(rows: list[dict], cores: int) -> list[str]:
     """Per phase: CPU ms a step summed over the ranks (and gloo's threads' part of it), wall ms a step (mean
     rank); the node's CPU ms a step / cores is what the step cannot undercut with more ranks than cores."""
@@ -208,8 +383,17 @@ def account(args: argparse.Namespace) -> int:
     node = sum(measured.values())
     lines += [f"| total / {plan['cores']} cores | {1e3 * node / plan['cores']:.1f} | "
               f"{1e3 * sum(plan[k] for k in measured) / plan['cores']:.1f} |", "",
-              f"planner's step {1e3 * plan['step']:.1f} ms (makespan {1e3 * plan['makespan']:.1f})"]
+              f"planner's step {1e3 * plan['step']:.1f} ms (makespan {1e3 * plan['makespan']:.1f})", "",
+              *components_table(read_components(args.account, 8, rows), planned_components(profile))]
     return _emit(lines, args.out)
+
+
+def kept_profile(out: str | None) -> str:
+    """Where the calibrated profile is kept: beside the report (REPORT.md -> REPORT.hw8.json), else a new
+    temporary directory that is not removed."""
+    if out:
+        return os.path.splitext(out)[0] + ".hw8.json"
+    return os.path.join(tempfile.mkdtemp(prefix="mainjob-"), "hw8.json")
 
 
 def _emit(lines: list[str], out: str | None) -> int:
@@ -245,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         profile = args.hardware or os.path.join(tmp, "hw8.json")
+        kept = args.hardware or kept_profile(args.out)
         if not args.hardware:
             run([sys.executable, "-m", "hybrid.cli", "calibrate", "--ranks", "8", "--out", profile]
                 + (["--seconds", "0.1"] if args.quick else []), env, 1800)
@@ -254,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
                    "--hardware", profile], env, 7200)  # the per-rank step-time line at every log interval
         wall = time.time() - start
         plan = planned_cpu(profile)  # which term set the prediction: the makespan or the cores' CPU bound
+        table = drivers(profile)
+        if not args.hardware:
+            shutil.copyfile(profile, kept)  # the profile this prediction used, for a rerun to attribute
     predicted, p50s = parse(log)
     if predicted is None or len(p50s) < 2:
         raise SystemExit(f"no prediction or too few step-time lines in train.py's log:\n{log[-3000:]}")
@@ -268,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
              "", f"planner: makespan {plan['makespan']:.4g} s; the node's CPU a step / {plan['cores']} cores "
              f"{sum(plan[k] for k in ('compute', 'comm', 'optimizer')) / plan['cores']:.4g} s (compute "
              f"{plan['compute']:.4g}, collectives and messages {plan['comm']:.4g}, optimizer {plan['optimizer']:.4g} "
-             "CPU s; `--account DIR` measures the same)"]
+             "CPU s; `--account DIR` measures the same)", "",
+             f"The profile it used: {kept}. What sets the plan there (each field alone +10 %):", "", *table]
     return _emit(lines, args.out)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hybrid.planner import Cluster, Layout, evaluate
-from hybrid.planner.calibrate import (COLLECTIVE_BLOCKS, FORMAT, CalibrationConfig, bus_bandwidth, calibrate,
-                                      load_hardware, save_profile)
+from hybrid.planner.calibrate import (COLLECTIVE_BLOCKS, EDGE_FIELDS, FORMAT, CalibrationConfig, bus_bandwidth,
+                                      calibrate, load_hardware, save_profile)
 from hybrid.planner.cli import main as plan_main
 from hybrid.planner.layout import Workload
 from hybrid.planner.model import ActivationProfile, Precision
@@ -36,12 +36,19 @@ def test_calibrate_measures_gloos_cpu_costs_on_pairs_and_the_profile_keeps_them(
     profile = json.loads(Path(profile_path).read_text())
     hw = profile["hardware"]
     assert hw["collective_cpu_s"] > 0 and hw["p2p_cpu_s"] > 0 and hw["comm_cpu_s_per_byte"] >= 0
-    assert set(profile["measured"]["comm_cpu_seconds_rank0"]) == {"tp_layer", "send_recv", "tp_pass"}
+    assert set(profile["measured"]["comm_cpu_seconds_rank0"]) == {"tp_layer", "send_recv", "tp_pass", "edge_pass"}
     # the 1-token layer at tp 2 and unsharded, per pass: both measured (> 0), the extra field derived from them
     passes = profile["measured"]["tp_pass_forward_backward_cpu_seconds"]
     assert all(t > 0 for k in ("tp2", "tp1") for t in passes[k])
     assert hw["tp_layer_forward_overhead_s"] >= 0 and hw["tp_layer_backward_overhead_s"] >= 0
     assert hw["tp_layer_backward_overhead_s"] <= max(0.0, passes["tp2"][1] - passes["tp1"][1]) + 1e-5
+    # the stage edges likewise (round 12): each edge at tp 2 and unsharded measured, each field from its own pair
+    edges = profile["measured"]["edge_pass_forward_backward_cpu_seconds"]
+    assert sorted(edges) == ["embedding_tp1", "embedding_tp2", "head_tp1", "head_tp2"]
+    assert all(t > 0 for v in edges.values() for t in v)
+    for edge, names in EDGE_FIELDS.items():
+        for i, name in enumerate(names):
+            assert 0 <= hw[name] <= max(0.0, edges[f"{edge}_tp2"][i] - edges[f"{edge}_tp1"][i]) + 1e-5, name
     assert profile["measured"]["probe_clock"] == "cpu"
     assert load_hardware(str(profile_path)).collective_cpu_s == hw["collective_cpu_s"]
 

@@ -56,7 +56,11 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   PAIR_BLOCKS runs (1: more did not pay, below). On the same pairs (`tp_pass_cpu`): the per-pass layer at tp 2
   and unsharded, the calling thread's CPU outside its TP all-reduces, forward and backward -> what a pass at
   tp > 1 costs beyond the planner's sharded layer, `tp_layer_forward_overhead_s` / `tp_layer_backward_overhead_s`
-  (`fit_tp_pass`: the TP autograd Functions, the first touches after each blocking all-reduce; round 11).
+  (`fit_tp_pass`: the TP autograd Functions, the first touches after each blocking all-reduce; round 11); and
+  (`edge_pass_cpu`) the pipeline stage's edges the same way -- the runtime's GPT-2 stage with no layers, first only
+  (the vocab-parallel embedding) and last only (final norm, vocab-parallel LM head and cross-entropy) -> what they
+  cost a pass at tp > 1 beyond the planner's sharded kernels, `tp_embedding_*` / `tp_head_*_overhead_s`
+  (`fit_edge_pass`; round 12).
 
 On a CPU the collectives and the pair probe keep the median of their blocks (`block_median`): with more ranks than
 cores a block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
@@ -601,6 +605,7 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
             block(x).backward(grad)
     out["tp_layer"].append((size, comm_cpu(layers, lambda lg: lg.calls("all_reduce", "tp"))))
     out["tp_pass"] = tp_pass_cpu(group)
+    out["edge_pass"] = edge_pass_cpu(group)
     a, w = torch.randn(512, 2048), torch.randn(2048, 512)
     for size in sizes:
         t = torch.ones(max(1, size // 4))
@@ -639,17 +644,24 @@ def tp_pass_cpu(group: "ThreadTimedGroup", calls: int = TP_PASS_CALLS, blocks: i
     from models.gpt2 import GPT2Block
     b, s_, h, _ = shape
     x, grad = torch.randn(b, s_, h, requires_grad=True), torch.randn(b, s_, h)
-    sums: dict[str, list[float]] = {"tp2": [0.0, 0.0], "tp1": [0.0, 0.0]}
     models = {"tp2": GPT2Block(layer_config(shape), TPContext(group)),
               "tp1": GPT2Block(layer_config(shape), TPContext(Group.solo("tp")))}
-    for block in models.values():
-        block(x).backward(grad)  # warm-up
+    return _pass_cpu(group, {k: (lambda m=m: m(x), grad) for k, m in models.items()}, calls, blocks)
+
+
+def _pass_cpu(group: "ThreadTimedGroup", passes: dict, calls: int, blocks: int) -> dict[str, list[float]]:
+    """Per name in `passes` ({name: (forward() -> output, output's gradient or None for a scalar)}): the calling
+    thread's CPU seconds of one (forward, backward) outside `group`'s all-reduces, the mean over `blocks` rounds of
+    `calls` passes each, the names alternated by block (drift falls on every one alike); one warm-up pass each."""
+    for forward, grad in passes.values():
+        forward().backward(grad)  # warm-up
+    sums = {k: [0.0, 0.0] for k in passes}
     for _ in range(blocks):
-        for name, block in models.items():
+        for name, (forward, grad) in passes.items():
             fwd, bwd = sums[name]
             for _ in range(calls):
                 group.all_reduce_thread_s, t0 = 0.0, time.thread_time()
-                y = block(x)
+                y = forward()
                 t1, inside = time.thread_time(), group.all_reduce_thread_s
                 y.backward(grad)
                 t2 = time.thread_time()
@@ -657,6 +669,35 @@ def tp_pass_cpu(group: "ThreadTimedGroup", calls: int = TP_PASS_CALLS, blocks: i
                 bwd += t2 - t1 - (group.all_reduce_thread_s - inside)
             sums[name] = [fwd, bwd]
     return {k: [v / (calls * blocks) for v in vs] for k, vs in sums.items()}
+
+
+EDGES = ("embedding", "head")  # the first stage's token + position embedding; the last's final norm, LM head, loss
+
+
+def edge_pass_cpu(group: "ThreadTimedGroup", calls: int = TP_PASS_CALLS, blocks: int = TP_PASS_BLOCKS,
+                  shape: tuple[int, int, int, int] = PASS_SHAPE) -> dict[str, list[float]]:
+    """The stage edges' passes as tp_pass_cpu times the layer's: the runtime's own GPT-2 stage with no layers,
+    first only (VocabParallelEmbedding -- its exit all-reduce at tp 2 -- plus the position embedding) and last only
+    (final LayerNorm, the tied vocab-parallel LM head, the vocab-parallel cross-entropy: at tp 2 its autograd
+    Function and three all-reduces, unsharded torch's fused F.cross_entropy), at tp 2 over `group` and unsharded,
+    one token of `shape`'s vocabulary (256) and width. Keys "<edge>_tp2" / "<edge>_tp1" (EDGES): (forward,
+    backward) CPU seconds outside the all-reduces. Round 12 (docs/results/bench_planner_mainjob.md): the main job's
+    head and loss at tp 2 took 4.2x the CPU of its planned kernels, the embedding 4.6x: fixed costs a pass, as the
+    layer's (~15 small ops and three blocking all-reduces in the loss where unsharded runs one fused kernel)."""
+    from hybrid.tp import TPContext
+    from models.common import StageLayout
+    from models.gpt2 import GPT2
+    b, s_, h, _ = shape
+    cfg = layer_config(shape)
+    ids = torch.randint(0, cfg.vocab_size, (b, s_))
+    x, grad = torch.randn(b, s_, h, requires_grad=True), torch.randn(b, s_, h)
+    passes = {}
+    for tp, ctx in (("tp2", TPContext(group)), ("tp1", TPContext(Group.solo("tp")))):
+        emb = GPT2(cfg, ctx, StageLayout((), first=True, last=False))
+        head = GPT2(cfg, ctx, StageLayout((), first=False, last=True))
+        passes[f"embedding_{tp}"] = (lambda m=emb: m(ids), grad)
+        passes[f"head_{tp}"] = (lambda m=head: m(x, ids), None)
+    return _pass_cpu(group, passes, calls, blocks)
 
 
 def fit_tp_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe = CPU_PROBE) -> dict[str, float]:
@@ -673,6 +714,38 @@ def fit_tp_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe = C
     measured = [statistics.median(r["tp2"][i] - r["tp1"][i] for r in rows) for i in (0, 1)]
     return {"tp_layer_forward_overhead_s": max(0.0, measured[0] - planned[0]),
             "tp_layer_backward_overhead_s": max(0.0, measured[1] - planned[1])}
+
+
+EDGE_FIELDS = {"embedding": ("tp_embedding_forward_overhead_s", "tp_embedding_backward_overhead_s"),
+               "head": ("tp_head_forward_overhead_s", "tp_head_backward_overhead_s")}
+
+
+def planned_edge_seconds(hw: Hardware, shape: tuple[int, int, int, int], tp: int,
+                         probe: LayerProbe = CPU_PROBE) -> dict[str, tuple[float, float]]:
+    """The planner's (forward, backward) seconds of the stage edges (EDGES) for one micro-batch of `shape` at
+    tensor-parallel size `tp`, their TP collectives not included (time._edge_cost)."""
+    from hybrid.planner.layout import Cluster, Layout
+    from hybrid.planner.time import _context, _edge_cost
+    ctx = _context(_probe_workload(shape, probe), Cluster(gpus=tp, hw=hw), Layout(tp=tp, micro_batch=shape[0]))
+    return {edge: (c.forward.total, c.backward.total)
+            for edge, c in (("embedding", _edge_cost(ctx, True, False)), ("head", _edge_cost(ctx, False, True)))}
+
+
+def fit_edge_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe = CPU_PROBE) -> dict[str, float]:
+    """Hardware's tp_{embedding,head}_{forward,backward}_overhead_s from edge_pass_cpu's measurements (median over
+    ranks), as fit_tp_pass does the layer's: per pass, the tp-2 edge's CPU less the unsharded one's, less what the
+    planner already makes of that difference on `hw`; clamped at 0 (the raw medians are in the profile)."""
+    rows = [r["edge_pass"] for r in per_rank if r and "edge_pass" in r]
+    if not rows:
+        return {}
+    plain = dataclasses.replace(hw, **{f: 0.0 for pair in EDGE_FIELDS.values() for f in pair})
+    tp2, tp1 = (planned_edge_seconds(plain, probe.pass_shape, tp, probe) for tp in (2, 1))
+    out = {}
+    for edge, names in EDGE_FIELDS.items():
+        for i, name in enumerate(names):
+            measured = statistics.median(r[f"{edge}_tp2"][i] - r[f"{edge}_tp1"][i] for r in rows)
+            out[name] = max(0.0, measured - (tp2[edge][i] - tp1[edge][i]))
+    return out
 
 
 def fit_comm_cpu(per_rank: list[dict | None]) -> dict[str, float]:
@@ -757,9 +830,11 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         if rank == 0:
             say("gloo CPU seconds per call, pairs at once: " + "; ".join(
                 f"{op} " + ", ".join(f"{size:,d} B {c * 1e6:.0f} us" for size, c in rows)
-                for op, rows in out["comm_cpu"].items() if op != "tp_pass"))
+                for op, rows in out["comm_cpu"].items() if op not in ("tp_pass", "edge_pass")))
             say("a 1-token layer pass outside its TP all-reduces, CPU ms (forward, backward): " + "; ".join(
                 f"{k} {f * 1e3:.3f}, {b * 1e3:.3f}" for k, (f, b) in out["comm_cpu"]["tp_pass"].items()))
+            say("a 1-token stage edge outside its TP all-reduces, CPU ms (forward, backward): " + "; ".join(
+                f"{k} {f * 1e3:.3f}, {b * 1e3:.3f}" for k, (f, b) in out["comm_cpu"]["edge_pass"].items()))
     return out
 
 
@@ -794,9 +869,12 @@ def _tp_pass_record(per_rank: list[dict], probe: LayerProbe) -> dict:
     rows = [r["comm_cpu"]["tp_pass"] for r in per_rank if r.get("comm_cpu") and "tp_pass" in r["comm_cpu"]]
     if not rows:
         return {}
+    edges = [r["comm_cpu"]["edge_pass"] for r in per_rank if r.get("comm_cpu") and "edge_pass" in r["comm_cpu"]]
     return {"tp_pass_shape_b_s_h_heads": list(probe.pass_shape),
             "tp_pass_forward_backward_cpu_seconds": {k: [statistics.median(r[k][i] for r in rows) for i in (0, 1)]
-                                                     for k in ("tp2", "tp1")}}
+                                                     for k in ("tp2", "tp1")},
+            **({"edge_pass_forward_backward_cpu_seconds": {k: [statistics.median(r[k][i] for r in edges)
+                                                               for i in (0, 1)] for k in edges[0]}} if edges else {})}
 
 
 def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
@@ -855,6 +933,9 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
             hw = hw.with_overrides(**fit_tp_pass([r.get("comm_cpu") for r in per_rank],
                                                  dataclasses.replace(hw, peak_tflops=curve.peak_tflops,
                                                                      gemm_overhead_s=curve.gemm_overhead_s), probe))
+            hw = hw.with_overrides(**fit_edge_pass([r.get("comm_cpu") for r in per_rank],
+                                                   dataclasses.replace(hw, peak_tflops=curve.peak_tflops,
+                                                                       gemm_overhead_s=curve.gemm_overhead_s), probe))
     else:  # a GPU: the copy rate, and the larger layer's rest spread over its memory-bound kernels (ops.py)
         rate = copy
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12, layer_forward_overhead_s=0.0,
@@ -997,7 +1078,9 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
     if name in nullable and value is None:
         return
     if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s", "kernel_overhead_s",
+                "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s", "tp_embedding_forward_overhead_s",
+                "tp_embedding_backward_overhead_s", "tp_head_forward_overhead_s", "tp_head_backward_overhead_s",
+                "kernel_overhead_s",
                 "inter_dc_latency_s", "collective_cpu_s", "p2p_cpu_s",
                 "comm_cpu_s_per_byte", "collective_skew_s", "collective_skew_per_s"):  # may be 0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

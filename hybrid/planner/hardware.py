@@ -309,6 +309,13 @@ class Hardware:
             (on a CPU: the TP autograd Functions and their Python, the first touches after each blocking
             all-reduce); `hybrid calibrate`'s pair probe times a 1-token layer at tp 2 and unsharded on each pair
             (calibrate.fit_tp_pass). Read only at tp > 1; 0 on GPUs and in profiles older than the field.
+        tp_embedding_forward_overhead_s, tp_embedding_backward_overhead_s, tp_head_forward_overhead_s,
+            tp_head_backward_overhead_s: the same for a pipeline stage's edges, one micro-batch's pass: the first
+            stage's vocab-parallel embedding (its masks, its exit all-reduce's wake-up) and the last's final norm,
+            vocab-parallel LM head and cross-entropy (an autograd Function of ~15 ops and three all-reduces where
+            unsharded runs torch's fused loss); `hybrid calibrate`'s pair probe times the runtime's edge-only GPT-2
+            stages at one token, tp 2 and unsharded (calibrate.fit_edge_pass). Read only at tp > 1 (time._edge_cost);
+            0 on GPUs and in profiles older than the fields.
         kernel_overhead_s: seconds each memory-bound kernel costs beyond its bytes (launch, the first and last
             wave of a kernel too small to fill the device; ops.py counts the kernels), `hybrid calibrate`'s layer
             fit on a GPU; 0 on CPUs (the per-pass costs above).
@@ -374,6 +381,10 @@ class Hardware:
     layer_backward_overhead_s: float = 0.0
     tp_layer_forward_overhead_s: float = 0.0
     tp_layer_backward_overhead_s: float = 0.0
+    tp_embedding_forward_overhead_s: float = 0.0
+    tp_embedding_backward_overhead_s: float = 0.0
+    tp_head_forward_overhead_s: float = 0.0
+    tp_head_backward_overhead_s: float = 0.0
     kernel_overhead_s: float = 0.0
     flash_efficiency: float | None = None
     flash_rates: str | None = None
@@ -401,7 +412,9 @@ class Hardware:
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
         for name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                     "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s", "kernel_overhead_s",
+                     "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s",
+                     "tp_embedding_forward_overhead_s", "tp_embedding_backward_overhead_s",
+                     "tp_head_forward_overhead_s", "tp_head_backward_overhead_s", "kernel_overhead_s",
                      "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte",
                      "collective_skew_s", "collective_skew_per_s"):
             if not getattr(self, name) >= 0:

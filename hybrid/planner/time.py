@@ -493,18 +493,23 @@ def layer_parts(work: Workload, cluster: Cluster, layout: Layout) -> LayerParts:
 
 
 def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
-    """The embedding (first stage: a gather) and the final norm, LM head and loss (last stage)."""
+    """The embedding (first stage: a gather) and the final norm, LM head and loss (last stage); at tp > 1 a
+    calibrated CPU's fixed cost a pass of each (Hardware.tp_embedding_* / tp_head_*_overhead_s)."""
     fwd, bwd = Pass(), Pass()
     lay, work = ctx.layout, ctx.work
     b, s, sp, e = lay.micro_batch, work.seq_length, lay.sequence_parallel, work.precision.activation_bytes
+    hw = ctx.cluster.hw if lay.tp > 1 else None  # a sharded edge's fixed cost a pass (calibrate.fit_edge_pass)
     if first:
         emb = Traffic.of(embedding_ops(ctx.shard, sp, e, work.kernel_profile))
-        fwd, bwd = fwd + _ops_pass(ctx, emb, b * s, False), bwd + _ops_pass(ctx, emb, b * s, True)
+        fwd = fwd + _ops_pass(ctx, emb, b * s, False) + Pass(launches=hw.tp_embedding_forward_overhead_s if hw else 0.0)
+        bwd = bwd + _ops_pass(ctx, emb, b * s, True) + Pass(launches=hw.tp_embedding_backward_overhead_s if hw else 0.0)
     if last:
         head = (ctx.shard.head_gemm(b, s),)
         loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile))
-        fwd = fwd + Pass(gemm=ctx.gemm_seconds(head)) + _ops_pass(ctx, loss, b * s, False)
-        bwd = bwd + Pass(gemm=ctx.backward_gemm_seconds(head)) + _ops_pass(ctx, loss, b * s, True)
+        fwd = fwd + Pass(gemm=ctx.gemm_seconds(head), launches=hw.tp_head_forward_overhead_s if hw else 0.0) \
+            + _ops_pass(ctx, loss, b * s, False)
+        bwd = bwd + Pass(gemm=ctx.backward_gemm_seconds(head), launches=hw.tp_head_backward_overhead_s if hw else 0.0) \
+            + _ops_pass(ctx, loss, b * s, True)
     return _Cost(fwd, bwd, *_tp_cost(ctx, 0, first, last, fwd, bwd))
 
 
