@@ -98,3 +98,4 @@ def test_verify_checks_every_listed_file_once_over_the_ranks(tmp_path, monkeypat
         for rank in range(size):
             core.verify(path, SimpleNamespace(rank=rank, size=size, all_gather_object=lambda e: [e]))
         assert sorted(seen) == listed, (size, seen)
+
