@@ -99,3 +99,25 @@ def test_verify_checks_every_listed_file_once_over_the_ranks(tmp_path, monkeypat
             core.verify(path, SimpleNamespace(rank=rank, size=size, all_gather_object=lambda e: [e]))
         assert sorted(seen) == listed, (size, seen)
 
+
+
+# --- L14: the planner pads a unit to a multiple of dp from ZeRO-1 on, as the engine does --------------------------
+def test_planned_zero_collectives_carry_the_engines_padded_unit_at_every_sharded_stage():
+    """hybrid/zero/units.py pads each flat unit to a multiple of the DP size whenever the optimizer state is
+    sharded (ZeRO 1, 2 and 3), and the reduce-scatter / all-gather move the padded buffer. The mutant that padded
+    from ZeRO-2 on priced ZeRO-1's collectives on the unpadded unit; the runtime-ledger tests' units all divide by
+    their dp, so only an odd-sized unit tells."""
+    import torch
+    from torch import nn
+
+    from hybrid.planner import ZeroStage
+    from hybrid.planner.predicted_comm import ZeroUnit, zero_ledger
+    from hybrid.zero.units import FlatUnit
+    dp, numel = 2, 7
+    padded = FlatUnit("u", [nn.Parameter(torch.zeros(numel))], parts=dp, part=0).padded  # the engine's: 8
+    assert padded == 8
+    for zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS):
+        book = zero_ledger([ZeroUnit(numel)], zero, dp, t=1, m=1, grad_bytes=4, param_bytes=2)
+        assert book["reduce_scatter@dp"]["bytes"] == padded * 4, zero
+        assert book["all_gather@dp"]["bytes"] == padded * 2 * book["all_gather@dp"]["calls"], zero
+    assert zero_ledger([ZeroUnit(numel)], ZeroStage.NONE, dp, 1, 1, 4, 2)["all_reduce@dp"]["bytes"] == numel * 4
