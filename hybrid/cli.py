@@ -1,7 +1,7 @@
 """The `hybrid` command.
 
     hybrid layout --world 16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
-    hybrid models
+    hybrid models [NAME ...]   (the model presets: all, or NAME and NAME-...)
     hybrid plan ...            (the layout planner; hybrid calibrate measures a machine for it)
     hybrid checkpoint inspect DIR
     hybrid convert SRC DST     (checkpoints: transformers <-> hybrid, DeepSpeed -> hybrid)
@@ -14,6 +14,7 @@ Training itself is launched with torchrun: `torchrun --nproc-per-node N -m hybri
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 
@@ -62,11 +63,24 @@ def _layout(args: argparse.Namespace) -> None:
         print(line)
 
 
+def preset_family(word: str, presets: list[str]) -> list[str]:
+    """The presets `hybrid models WORD` shows: WORD itself and those named WORD-... (gpt2: gpt2, gpt2-medium,
+    gpt2-large, gpt2-xl; llama: the llama-3 sizes). ValueError naming the closest preset when none is."""
+    family = [p for p in presets if p == word or p.startswith(word + "-")]
+    if not family:
+        near = difflib.get_close_matches(word, presets, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""  # as models.config words it for --model
+        raise ValueError(f"no preset {word!r}{hint} (`hybrid models` lists them all; --model also takes a folder "
+                         f"holding a transformers config.json)")
+    return family
+
+
 def _models(args: argparse.Namespace) -> None:
     from models.config import load_config
     from models.presets import PRESETS
+    names = [p for word in args.names for p in preset_family(word, list(PRESETS))] if args.names else list(PRESETS)
     print(f"{'preset':<14} {'arch':<6} {'params':>10} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'vocab':>7}")
-    for name in PRESETS:
+    for name in dict.fromkeys(names):
         c = load_config(name)
         print(f"{name:<14} {c.arch:<6} {c.num_parameters / 1e6:>9.1f}M {c.num_layers:>6} {c.hidden_size:>6} "
               f"{c.num_heads:>5} {c.num_kv_heads:>3} {c.vocab_size:>7}")
@@ -91,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-experts", type=positive_int, metavar="N", default=None,
                    help="MoE: experts per layer, to print which ranks hold which (default: EP, one each)")
     p.set_defaults(func=_layout)
-    sub.add_parser("models", help="list model presets", formatter_class=HelpFormatter).set_defaults(func=_models)
+    p = sub.add_parser("models", help="list model presets", formatter_class=HelpFormatter)
+    p.add_argument("names", nargs="*", metavar="NAME", help="only these presets and those named NAME-... (default: all)")
+    p.set_defaults(func=_models)
     for module in SUBCOMMANDS:  # each feature registers its own; a broken install fails here, loudly
         importlib.import_module(module).add_parser(sub)
     return parser

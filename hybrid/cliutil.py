@@ -140,6 +140,24 @@ class OneLineParser(argparse.ArgumentParser):
                 self.error(f"unrecognized arguments: {' '.join(unknown)}")
         return super().parse_known_args(argv, namespace)
 
+    def parse_args(self, args=None, namespace=None):
+        """Words left over are refused by the sub-command that was given, as its own flags are: argparse's
+        parse_args names the top parser (`hybrid: error: unrecognized arguments: gpt2` for `hybrid models gpt2`),
+        where every other error of a sub-command reads `hybrid models: error: ...`."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.chosen(namespace).error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
+
+    def chosen(self, namespace: argparse.Namespace) -> OneLineParser:
+        """The innermost sub-command parser `namespace` was parsed by (`hybrid checkpoint inspect`), else self."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                sub = action.choices.get(getattr(namespace, action.dest, None))
+                if isinstance(sub, OneLineParser):
+                    return sub.chosen(namespace)
+        return self
+
     def error(self, message: str) -> None:
         if "unrecognized arguments" in message:
             message += _suggest(message, [s for a in self._actions for s in a.option_strings], self.hints)

@@ -134,6 +134,27 @@ def _check_foreign(path: str) -> None:
                          f"train.py reads it as it is (--model {path} --load {path}), nothing to inspect")
 
 
+def _no_latest(path: str) -> str:
+    """The first line when `latest` names no complete checkpoint ("latest -> none" said neither why nor what --load
+    does): the save order (store.py) writes `latest` last, so a save killed after its rename leaves complete
+    iterations and no `latest` -- --load takes the newest complete one (store.candidates) --, and one killed before
+    leaves only iter_*.tmp / manifest-less folders, which --load refuses and the next save removes."""
+    done = store.complete_iterations(path)
+    marker = os.path.join(path, store.LATEST)
+    why = "no `latest` file: the save that writes it did not finish"
+    if os.path.isfile(marker):
+        try:
+            with open(marker, "rb") as f:  # bounded, as read_latest reads it
+                why = f"`latest` names {f.read(64).decode('ascii', 'replace').strip()!r}, not a complete checkpoint here"
+        except OSError as e:
+            why = f"`latest` is unreadable ({e.strerror})"
+    if done:
+        return (f"{path}: latest -> none ({why}); --load {path} resumes from {store.iter_name(done[-1])}, the newest "
+                f"complete checkpoint (--ckpt-step N for another)")
+    return (f"{path}: latest -> none ({why}) and no complete checkpoint: every save here was interrupted before its "
+            f"manifest.json; --load {path} is refused -- start without --load (the next save removes them)")
+
+
 def run(args: argparse.Namespace) -> int:
     path = args.dir
     target = _target(args)
@@ -147,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     if not store.is_checkpoint_dir(path):
         raise ValueError(f"{path!r} holds no checkpoint (no iter_* directories, no `latest`)")
     latest = store.read_latest(path)
-    print(f"{path}: latest -> {store.iter_name(latest) if latest is not None else 'none'}")
+    print(f"{path}: latest -> {store.iter_name(latest)}" if latest is not None else _no_latest(path))
     verdicts = []
     for name in sorted(n for n in os.listdir(path) if n.startswith("iter_")):
         line, sound = _one(os.path.join(path, name), latest, target)

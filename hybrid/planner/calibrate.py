@@ -84,6 +84,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
 from dataclasses import MISSING, asdict, dataclass, fields
 
@@ -1157,6 +1158,20 @@ def check_replaces_a_profile(path: str) -> None:
                          f"give a new file name, or remove the file first")
 
 
+def oversubscribed(ranks: int, backend: str, cores: int) -> str | None:
+    """gloo ranks beyond the cores: what the profile's timings then mean, or None. A warning, not a refusal: the
+    probes a rank runs alone are timed on its CPU clock and stay right, and the wall-timed collectives time the OS
+    scheduler handing the cores round -- which is what a training run of as many ranks on these cores meets, and
+    what the planner's shared-compute bound prices (the main job's 8 ranks on 2 cores plan from such a profile).
+    For anything else (the links themselves, another rank count) the collectives' numbers are meaningless."""
+    if backend != "gloo" or ranks <= cores:
+        return None
+    return (f"--ranks {ranks} on {cores} CPU cores: ranks share cores, so the timed collectives (intra_latency_s, "
+            f"intra_node_gbps) measure the OS scheduler, not gloo; measuring anyway, as a training run of {ranks} "
+            f"ranks on these cores meets the same scheduler (the planner prices it) -- plan only that run with this "
+            f"profile; for the links themselves give --ranks {cores} (no more ranks than cores)")
+
+
 def run(args: argparse.Namespace) -> None:
     if args.sizes is not None and args.ranks == 1:  # one rank times no collective: the sizes would go unread
         raise ValueError("--sizes: --ranks 1 times no collectives (the --base preset's links are kept); "
@@ -1181,6 +1196,8 @@ def run(args: argparse.Namespace) -> None:
                             matmul_n=args.matmul_size or (GPU_MATMUL_N if gpu else CalibrationConfig.matmul_n),
                             copy_bytes=args.copy_bytes or (GPU_COPY_BYTES if gpu else CalibrationConfig.copy_bytes),
                             sizes=sizes, seconds=args.seconds, base=args.base)
+    if warning := oversubscribed(cfg.ranks, backend, os.cpu_count() or 1):
+        print(f"hybrid calibrate: warning: {warning}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     print(f"calibrate: spawning {cfg.ranks} {backend} ranks ...", flush=True)
     profile = calibrate(cfg)
