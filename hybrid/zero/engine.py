@@ -717,8 +717,11 @@ class ZeroOptimizer:
         if not skipped:
             if self.opt_cfg.clip_grad > 0:
                 norm = self._clip(self.opt_cfg.clip_grad)
-            self.optimizer.step()
-            self._write_back()
+            if self._steps_in_gather_order:
+                self._step_and_gather()
+            else:
+                self.optimizer.step()
+                self._write_back()
         self._update_loss_scale(skipped)
         for u in self.units:
             for v in u.views:
@@ -804,6 +807,33 @@ class ZeroOptimizer:
                     self._param_gathers[id(u)] = (work, None)
                 else:
                     work.wait()
+
+    @property
+    def _steps_in_gather_order(self) -> bool:
+        """`ZeroConfig.step_in_gather_order` where it applies: stages 1-2 overlapping the gathers, torch's own
+        optimizer (it skips a parameter without a gradient), no compressor (1-bit Adam steps its own way)."""
+        return self.cfg.step_in_gather_order and self.overlaps_param_gather and self.reduction is None and \
+            isinstance(self.optimizer, (torch.optim.AdamW, torch.optim.SGD))
+
+    def _step_and_gather(self) -> None:
+        """The optimizer step unit by unit in the next forward's order, each unit's all-gather posted as soon as
+        its shard is updated: the embedding's gather (the first the next forward waits for) starts while the
+        other units step. Each call steps only the views that hold a gradient (torch's optimizers skip the rest),
+        and the kernel is elementwise per parameter, so every parameter steps bit for bit as in one call."""
+        self.wait_params()
+        grads = [[v.grad for v in u.views] for u in self._gather_order]
+        for u in self._gather_order:
+            for v in u.views:
+                v.grad = None
+        for u, gs in zip(self._gather_order, grads):
+            for v, g in zip(u.views, gs):
+                v.grad = g
+            self.optimizer.step()
+            for v in u.views:
+                v.grad = None
+            if u.master is not u.shard:
+                u.shard.copy_(u.master, non_blocking=self.pin)
+            self._param_gathers[id(u)] = (self._group(u).all_gather_in_place(u.flat), None)
 
     def _drop_stale_gathers(self) -> None:
         """Stage 3: a unit gathered (or prefetched) before this step and not freed holds the old parameters; free
