@@ -56,9 +56,10 @@ class ZeroConfig:
             Stage 1 only in steps of one micro-batch (it accumulates micro-batches in its flat buffer). False: the
             flat path throughout (docs/zero.md round 8 measures one against the other).
         step_in_gather_order: stages 1-2 with overlap_param_gather (torch's optimizers, no compressor): the
-            optimizer steps the units one by one in the order the next forward uses them and posts each unit's
-            all-gather right after its own step, so the first gathers the forward waits for (the embedding's)
-            are on the wire while the later units step (Megatron and FSDP post gathers bucket by bucket too).
+            optimizer steps the units in the order the next forward uses them, one call per group a forward hook
+            waits for (the inputs, each block, the output side), and posts each unit's all-gather right after its
+            group's call, so the first gathers the forward waits for (the embedding's) are on the wire while the
+            later groups step (Megatron and FSDP post gathers bucket by bucket too).
             The same kernel on the same elements, bit for bit. False: one optimizer call over every shard, then
             every gather (round 11's step; docs/zero.md round 12 measures one against the other).
         cpu_adam: the optimizer used when offloading (see CpuAdam).
