@@ -158,10 +158,11 @@ def _clock_hybrid(model, zero, clock: PhaseClock) -> None:
     """Marks around hybrid's step through its seams: the model's forward, split by the forward hooks' waits for
     the previous step's parameter all-gathers (`_wait_gathers`: the gathers' exposed part), `finish_backward` (the
     reductions still in flight when backward ends: their exposed wait), `step` (what train_step runs between the two:
-    the loss all-reduce), the AdamW call inside `step` and `step`'s end (the write-back: posting the stage 1-2
-    all-gathers); the step ends when train_step returns."""
+    the loss all-reduce), each AdamW call inside `step` and `step`'s end (the write-back: posting the stage 1-2
+    all-gathers; stepping unit by unit, `ZeroConfig.step_in_gather_order`, posts one unit's gather between two
+    AdamW calls, which the write-back phase sums); the step ends when train_step returns."""
     forward, finish, adamw, step = model[0].forward, zero.finish_backward, zero.optimizer.step, zero.step
-    wait_gathers, in_step = zero._wait_gathers, [False]
+    wait_gathers, in_step, calls = zero._wait_gathers, [False], [0]
 
     def waits(units):  # every forward hook's wait is a span of its own (0 where nothing was in flight), so each
         if in_step[0]:  # step has the phase and the phases add up to the step; step()'s own wait stays in step
@@ -181,14 +182,15 @@ def _clock_hybrid(model, zero, clock: PhaseClock) -> None:
         clock.mark("reductions left after backward")
 
     def opt(*a, **k):
-        clock.mark("master gradients")
+        clock.mark("write-back (posts the gathers)" if calls[0] else "master gradients")
+        calls[0] += 1
         out = adamw(*a, **k)
         clock.mark("AdamW")
         return out
 
     def stp(*a, **k):
         clock.mark("loss all-reduce")
-        in_step[0] = True
+        in_step[0], calls[0] = True, 0
         try:
             out = step(*a, **k)
         finally:
@@ -292,8 +294,10 @@ def run_hybrid(rank, world, args, kernel):
 
 def run_hybrid_stage(rank, world, args, stage):
     """hybrid ZeRO `stage` (1 or 2) exactly as train.py runs it by default (its fused AdamW, gather overlap on, the
-    reduce-scatter from autograd's gradients). `stage` "1+flat" / "2+flat": the path before docs/zero.md round 8,
-    each gradient copied into a flat buffer before its reduce-scatter (`ZeroConfig(reduce_from_grads=False)`)."""
+    reduce-scatter from autograd's gradients, the step unit by unit in gather order). `stage` "1+flat" / "2+flat":
+    the path before docs/zero.md round 8, each gradient copied into a flat buffer before its reduce-scatter
+    (`ZeroConfig(reduce_from_grads=False)`); "1+onecall" / "2+onecall": round 11's step, one AdamW call over every
+    shard and then every gather (`ZeroConfig(step_in_gather_order=False)`)."""
     from hybrid.mesh import Mesh, ParallelDims
     from hybrid.train_step import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
@@ -301,7 +305,8 @@ def run_hybrid_stage(rank, world, args, stage):
     mesh = Mesh.build(ParallelDims(dp=world))
     stage, _, lever = stage.partition("+")
     model = torch.nn.ModuleList([build(args)])
-    zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=int(stage), reduce_from_grads=lever != "flat"),
+    zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=int(stage), reduce_from_grads=lever != "flat",
+                                                 step_in_gather_order=lever != "onecall"),
                          OptimizerConfig(lr=1e-3, weight_decay=0.01))
     return _time_hybrid(rank, args, mesh, model, zero, base, f"hybrid default ({zero.optimizer_kind})")
 
@@ -438,9 +443,9 @@ ROWS += [("hybrid ZeRO-1", run_hybrid_stage, "1", None),
          ("hybrid ZeRO-2", run_hybrid_stage, "2", None),
          ("torch DDP", run_ddp, "fused", DDP_FROM + 3),
          ("torch DDP, hybrid's host allocator setting", run_ddp, "fused+alloc", DDP_FROM + 3)]
-LEVER_FROM = len(ROWS)  # ZeRO 1-2 with the default's lever off, against the default row (ratio flat / default)
-ROWS += [("hybrid ZeRO-1, gradients copied into a flat buffer", run_hybrid_stage, "1+flat", DDP_FROM),
-         ("hybrid ZeRO-2, gradients copied into a flat buffer", run_hybrid_stage, "2+flat", DDP_FROM + 3)]
+LEVER_FROM = len(ROWS)  # ZeRO 1-2 with the default's newest lever off, against the default row (ratio off / default)
+ROWS += [("hybrid ZeRO-1, one AdamW call then the gathers", run_hybrid_stage, "1+onecall", DDP_FROM),
+         ("hybrid ZeRO-2, one AdamW call then the gathers", run_hybrid_stage, "2+onecall", DDP_FROM + 3)]
 
 
 def _spawned(rank, world, index, args):
@@ -747,12 +752,14 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
                   "heap instead of faulted in afresh each step); the rows 'hybrid's host allocator setting' give DDP "
                   "the same, so the ratio to them is the one about data parallelism.", "",
                   *cpu_table(results, range(DDP_FROM, LEVER_FROM)),
-                  "", "The default's lever off (docs/zero.md, round 8): each gradient copied into its unit's flat "
-                  "buffer before the reduce-scatter (`ZeroConfig(reduce_from_grads=False)`, the path before round 8), "
-                  "where the default sends and adds autograd's gradient tensors where they lie. Ratio = flat / "
-                  "default in the same repeat; above 1.0 the default is faster.", "",
-                  *framework_table(results, range(LEVER_FROM, len(ROWS)), "ratio flat / default",
-                                   above="default faster", below="flat path faster"), "",
+                  "", "The default's newest lever off (docs/zero.md, round 12): one AdamW call over every shard, "
+                  "then every unit's gather (`ZeroConfig(step_in_gather_order=False)`, round 11's step), where the "
+                  "default steps unit by unit in the next forward's order and posts each unit's gather right after "
+                  "its own step. Ratio = one call / default in the same repeat; above 1.0 the default is faster. "
+                  "(Until round 11 these rows were round 8's lever, gradients copied into a flat buffer: "
+                  "`run_hybrid_stage` still takes \"1+flat\".)", "",
+                  *framework_table(results, range(LEVER_FROM, len(ROWS)), "ratio one call / default",
+                                   above="default faster", below="one call faster"), "",
                   *cpu_table(results, range(LEVER_FROM, len(ROWS))),
                   "", "Where each rank's step goes (scripts/bench_zero.py PhaseClock: marks at the model's forward "
                   "and around its waits for the previous step's gathers, the end of backward, the optimizer step, "

@@ -47,14 +47,18 @@ def _train(mesh: Mesh, model: str, stage: int, precision: Precision, overlap: bo
     with opt.gathered():  # waits for the last step's gathers: nothing ran a forward since
         weights = {n: p.detach().float().clone() for c in chunks for n, p in c.named_parameters()}
     return {"losses": losses, "weights": weights, "all_gather": mesh.ledger.bytes("all_gather", "dp"),
-            "events": list(events), "units": len(opt.units)}
+            "events": list(events), "units": len(opt.units),
+            "groups": [len(g) for g in getattr(opt, "_gather_groups", [])]}
 
 
 def _record_events(opt: ZeroOptimizer, chunks) -> list:
     """('wait', n) when a forward hook found n gathers still in flight and waited for them; ('block', i) as block
-    i's forward starts (registered after the engine's hooks, so it runs after the block's wait)."""
+    i's forward starts (registered after the engine's hooks, so it runs after the block's wait); ('adamw',) for
+    each optimizer call and ('gather',) for each parameter all-gather the step posts."""
     events: list = []
-    inner = opt._wait_gathers
+    inner, adamw, gather = opt._wait_gathers, opt.optimizer.step, opt.dp.all_gather_in_place
+    opt.optimizer.step = lambda *a, **k: (events.append(("adamw",)), adamw(*a, **k))[1]
+    opt.dp.all_gather_in_place = lambda *a, **k: (events.append(("gather",)), gather(*a, **k))[1]
 
     def wait(units):
         pending = sum(id(u) in opt._param_gathers for u in units)
@@ -106,3 +110,19 @@ def test_the_next_forward_waits_for_the_gathers_block_by_block(runs):
                 continue
             first_block = next(i for i, e in enumerate(run["events"]) if e[0] == "block")
             assert run["units"] > 2 and any(i > first_block for i in waits), (stage, precision, run["events"][:12])
+
+
+def test_the_step_posts_each_groups_gathers_right_after_stepping_it(runs):
+    """ZeroConfig.step_in_gather_order (the default): with overlap one optimizer call per group of units a forward
+    hook waits for (inputs, each block, output side), each followed by its units' gathers, so the first gathers are
+    on the wire while later groups step; without overlap one call, then the gathers. Either way the weights are bit
+    for bit the same (the test above)."""
+    for per_rank in runs:
+        for (stage, precision, overlap), run in per_rank.items():
+            step = [e[0] for e in run["events"] if e[0] in ("adamw", "gather")]
+            groups, n = run["groups"], run["units"]
+            if overlap:
+                assert len(groups) > 2 and sum(groups) == n, groups
+                assert step == [e for k in groups for e in ["adamw"] + ["gather"] * k], (stage, precision)
+            else:
+                assert step == ["adamw"] + ["gather"] * n, (stage, precision)

@@ -55,6 +55,13 @@ class ZeroConfig:
             same bytes on the wire, the same sums bit for bit, 8 bytes a parameter less memory traffic a step).
             Stage 1 only in steps of one micro-batch (it accumulates micro-batches in its flat buffer). False: the
             flat path throughout (docs/zero.md round 8 measures one against the other).
+        step_in_gather_order: stages 1-2 with overlap_param_gather (torch's optimizers, no compressor): the
+            optimizer steps the units in the order the next forward uses them, one call per group a forward hook
+            waits for (the inputs, each block, the output side), and posts each unit's all-gather right after its
+            group's call, so the first gathers the forward waits for (the embedding's) are on the wire while the
+            later groups step (Megatron and FSDP post gathers bucket by bucket too).
+            The same kernel on the same elements, bit for bit. False: one optimizer call over every shard, then
+            every gather (round 11's step; docs/zero.md round 12 measures one against the other).
         cpu_adam: the optimizer used when offloading (see CpuAdam).
         initial_loss_scale: fp16: first loss scale (power of two).
         loss_scale_window: fp16: steps without overflow before the scale doubles.
@@ -70,6 +77,7 @@ class ZeroConfig:
     overlap_param_gather: bool = True
     accumulate_fp32_grads: bool = False
     reduce_from_grads: bool = True
+    step_in_gather_order: bool = True
     cpu_adam: CpuAdam = CpuAdam.AUTO
     initial_loss_scale: float = 2.0**16
     loss_scale_window: int = 1000
