@@ -29,9 +29,20 @@ QUICK_POST_MORTEM = [*TRAIN, "--distributed-timeout-minutes", "0.2"]
 
 
 def _torchrun(nnodes: int, port: int, iters: int, env=None, launch=("--nnodes", "2"), train=TRAIN, service=None,
-              **popen) -> subprocess.Popen:
+              host: bool = True, **popen) -> subprocess.Popen:
     """A real torchrun agent; `service` (hybrid.testing.fork_service's environment): its workers forked from the
-    forkserver, for the tests whose subject is the agents (rendezvous, elastic restart), not the workers' tree."""
+    forkserver, for the tests whose subject is the agents (rendezvous, elastic restart), not the workers' tree.
+    `host`: whether this agent hosts the c10d rendezvous store (is_host; the other agent's store client retries
+    until it is up, for up to its 60 s read_timeout). Left to torch, both agents on localhost try to host and the
+    first to bind wins: a 1 s head start does not decide it when loaded imports take ~10 s (measured: `import
+    torch.distributed.run`, 2 s of CPU, 11 s wall at a load average of 19), and the store of an agent that is
+    then killed is gone for the survivor's restart rendezvous (a candidate for the elastic test's
+    rendezvous-timeout flake)."""
+    launch = list(launch)
+    if "--rdzv-conf" in launch:
+        launch[launch.index("--rdzv-conf") + 1] += f",is_host={int(host)}"
+    else:
+        launch += ["--rdzv-conf", f"is_host={int(host)}"]
     rdzv = ([*launch, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", str(port)]
             if nnodes == 2 else ["--nnodes", "1"])
     worker = [*train, "--train-iters", str(iters)]
@@ -85,9 +96,8 @@ def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single
     port = free_port()
     verbose = TRAIN + ["--timing-log-interval", "1"]  # a clean run's verdict is printed only in the verbose form
     with testing.fork_service() as service:
-        a = _torchrun(2, port, 10, train=verbose, service=service)
-        time.sleep(1.0)  # agent a hosts the rendezvous store
-        b = _torchrun(2, port, 10, train=verbose, service=service)
+        a = _torchrun(2, port, 10, train=verbose, service=service)  # hosts the rendezvous store
+        b = _torchrun(2, port, 10, train=verbose, service=service, host=False)
         out_a, _ = a.communicate(timeout=300)
         out_b, _ = b.communicate(timeout=60)
     assert a.returncode == 0 and b.returncode == 0, (out_a[-3000:], out_b[-3000:])
@@ -118,8 +128,7 @@ def test_losing_one_agent_ends_the_job_cleanly(tmp_path):
     earlier = _forks()
     with testing.fork_service() as service:
         a = _torchrun(2, port, 1000, stdout=log, train=QUICK_POST_MORTEM, service=service)
-        time.sleep(1.0)
-        b = _torchrun(2, port, 1000, train=QUICK_POST_MORTEM, service=service)
+        b = _torchrun(2, port, 1000, train=QUICK_POST_MORTEM, service=service, host=False)
         deadline = time.monotonic() + 180
         while "iteration" not in (tmp_path / "a.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.2)  # both agents' ranks are training
@@ -169,9 +178,11 @@ def test_an_elastic_job_that_loses_a_node_re_plans_on_the_survivor_and_continues
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     # the agents are the subject: their workers forked, each standing for its rank (killed, its rank goes too)
     with testing.fork_service() as service:
+        # a hosts the rendezvous store (it must survive b); both start at once, so b joins a's first round within
+        # last_call_timeout (their start-ups differ by load's jitter only)
         a = _torchrun(2, port, 10, env=slow, launch=launch, train=train, service=service, stdout=open(logs[0], "w"))
-        time.sleep(1.0)  # agent a hosts the rendezvous store
-        b = _torchrun(2, port, 10, env=slow, launch=launch, train=train, service=service, stdout=open(logs[1], "w"))
+        b = _torchrun(2, port, 10, env=slow, launch=launch, train=train, service=service, stdout=open(logs[1], "w"),
+                      host=False)
         deadline = time.monotonic() + 180
         while not any(re.search(r"nodes: 2 x 2 ranks[^$]*iteration +4/", p.read_text(), re.S) for p in logs):
             assert time.monotonic() < deadline, [p.read_text()[-2000:] for p in logs]
