@@ -22,15 +22,27 @@ TRAIN = ["-m", "hybrid.train", "--tensor-model-parallel-size", "2", "--micro-bat
          "8", "--seq-length", "32", "--log-interval", "5", "--eval-iters", "1"]  # end-of-run passes: one batch each
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 # where a node is lost: a survivor names the lost ranks after watching their heartbeats for 3 beats of a tenth of
-# the distributed timeout (hybrid/liveness.py): 30 s at the default 10 minutes, 9 s at 0.5 -- still 10x a healthy
-# collective here, and the workers an agent starts together join their process group well within it
-QUICK_POST_MORTEM = [*TRAIN, "--distributed-timeout-minutes", "0.5"]
+# the distributed timeout (hybrid/liveness.py): 30 s at the default 10 minutes, 3.6 s at 0.2 -- still 10x a
+# healthy collective here; the workers are forks (hybrid.testing.fork_service), which join their process group
+# at once, well within it
+QUICK_POST_MORTEM = [*TRAIN, "--distributed-timeout-minutes", "0.2"]
 
 
 def _torchrun(nnodes: int, port: int, iters: int, env=None, launch=("--nnodes", "2"), train=TRAIN, service=None,
-              **popen) -> subprocess.Popen:
+              host: bool = True, **popen) -> subprocess.Popen:
     """A real torchrun agent; `service` (hybrid.testing.fork_service's environment): its workers forked from the
-    forkserver, for the tests whose subject is the agents (rendezvous, elastic restart), not the workers' tree."""
+    forkserver, for the tests whose subject is the agents (rendezvous, elastic restart), not the workers' tree.
+    `host`: whether this agent hosts the c10d rendezvous store (is_host; the other agent's store client retries
+    until it is up, for up to its 60 s read_timeout). Left to torch, both agents on localhost try to host and the
+    first to bind wins: a 1 s head start does not decide it when loaded imports take ~10 s (measured: `import
+    torch.distributed.run`, 2 s of CPU, 11 s wall at a load average of 19), and the store of an agent that is
+    then killed is gone for the survivor's restart rendezvous (a candidate for the elastic test's
+    rendezvous-timeout flake)."""
+    launch = list(launch)
+    if "--rdzv-conf" in launch:
+        launch[launch.index("--rdzv-conf") + 1] += f",is_host={int(host)}"
+    else:
+        launch += ["--rdzv-conf", f"is_host={int(host)}"]
     rdzv = ([*launch, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", str(port)]
             if nnodes == 2 else ["--nnodes", "1"])
     worker = [*train, "--train-iters", str(iters)]
@@ -84,9 +96,8 @@ def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single
     port = free_port()
     verbose = TRAIN + ["--timing-log-interval", "1"]  # a clean run's verdict is printed only in the verbose form
     with testing.fork_service() as service:
-        a = _torchrun(2, port, 10, train=verbose, service=service)
-        time.sleep(1.0)  # agent a hosts the rendezvous store
-        b = _torchrun(2, port, 10, train=verbose, service=service)
+        a = _torchrun(2, port, 10, train=verbose, service=service)  # hosts the rendezvous store
+        b = _torchrun(2, port, 10, train=verbose, service=service, host=False)
         out_a, _ = a.communicate(timeout=300)
         out_b, _ = b.communicate(timeout=60)
     assert a.returncode == 0 and b.returncode == 0, (out_a[-3000:], out_b[-3000:])
@@ -96,33 +107,49 @@ def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single
     assert re.findall(r"straggler: \w+", out) == ["straggler: none"] * 2, out  # a clean run names nobody
 
 
+def _forks() -> set:
+    """The live processes forked by this process's forkserver (none started yet: none)."""
+    import psutil
+    from multiprocessing import forkserver
+    pid = forkserver._forkserver._forkserver_pid
+    return set(psutil.Process(pid).children()) if pid else set()
+
+
+# the workers are forks (hybrid.testing.fork_service): each stands for its rank in the agent's tree (a stand-in's
+# SIGKILL takes its rank with it, and a stand-in ends only once its rank has ended), and a forked rank ends as the
+# interpreter would (non-daemon threads joined, atexit run: hybrid.testing._run_as_main), so "no worker left
+# behind" is checked on the stand-ins and on the forked ranks themselves. Forks skip 4 interpreters' start-up
+# (~3 s of CPU each) and join at once: QUICK_POST_MORTEM's 3.6 s heartbeat watch, not 9 s (0.5 minutes).
 @pytest.mark.slow
 def test_losing_one_agent_ends_the_job_cleanly(tmp_path):
     psutil = pytest.importorskip("psutil")
     port = free_port()
     log = open(tmp_path / "a.log", "w")
-    a = _torchrun(2, port, 1000, stdout=log, train=QUICK_POST_MORTEM)
-    time.sleep(1.0)
-    b = _torchrun(2, port, 1000, train=QUICK_POST_MORTEM)
-    deadline = time.monotonic() + 180
-    while "iteration" not in (tmp_path / "a.log").read_text() and time.monotonic() < deadline:
-        time.sleep(0.2)  # both agents' ranks are training
-    node_b = [psutil.Process(b.pid), *psutil.Process(b.pid).children(recursive=True)]
-    survivors = psutil.Process(a.pid).children(recursive=True)
-    assert len(node_b) == 3 and len(survivors) == 2, "an agent and its 2 workers each"
-    for proc in node_b:  # the node is gone: its agent and its workers, at once
-        proc.kill()
-    b.wait()
-    t = time.monotonic()
-    try:
-        a.wait(timeout=120)
-    finally:
-        if a.poll() is None:
-            a.kill()
-    assert a.returncode != 0, "the surviving agent reports the failure"
-    assert time.monotonic() - t < 120
-    gone, alive = psutil.wait_procs(survivors, timeout=10)
-    assert not alive, f"workers left behind: {alive}"
+    earlier = _forks()
+    with testing.fork_service() as service:
+        a = _torchrun(2, port, 1000, stdout=log, train=QUICK_POST_MORTEM, service=service)
+        b = _torchrun(2, port, 1000, train=QUICK_POST_MORTEM, service=service, host=False)
+        deadline = time.monotonic() + 180
+        while "iteration" not in (tmp_path / "a.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)  # both agents' ranks are training
+        node_b = [psutil.Process(b.pid), *psutil.Process(b.pid).children(recursive=True)]
+        survivors = psutil.Process(a.pid).children(recursive=True)
+        assert len(node_b) == 3 and len(survivors) == 2, "an agent and its 2 workers each"
+        ranks = list(_forks() - earlier)  # the 4 forked ranks, one per stand-in
+        assert len(ranks) == 4, ranks
+        for proc in node_b:  # the node is gone: its agent and its workers, at once
+            proc.kill()
+        b.wait()
+        t = time.monotonic()
+        try:
+            a.wait(timeout=120)
+        finally:
+            if a.poll() is None:
+                a.kill()
+        assert a.returncode != 0, "the surviving agent reports the failure"
+        assert time.monotonic() - t < 120
+        gone, alive = psutil.wait_procs(survivors + ranks, timeout=10)
+        assert not alive, f"workers left behind: {alive}"
 
 
 # the kill lands between two saves, with no machine to itself: between iteration 4's log line and iteration 6's
@@ -139,7 +166,7 @@ def test_an_elastic_job_that_loses_a_node_re_plans_on_the_survivor_and_continues
     kill at iteration 3, a loaded machine once reached the save at 4 first, and nothing was redone to compare);
     the restarted attempt, past the kill, runs at full speed. Its workers are forks, which join their process
     group at once: a distributed timeout of 12 s (0.2 minutes, as tests/test_inputs_launch.py's forked torchrun
-    jobs), so the survivors' post-mortem watches the heartbeats for 3.6 s instead of QUICK_POST_MORTEM's 9 s
+    jobs), so the survivors' post-mortem watches the heartbeats for 3.6 s as QUICK_POST_MORTEM's
     before they exit and torchrun restarts them (the lost ranks' names are not this test's subject)."""
     psutil = pytest.importorskip("psutil")
     port, save = free_port(), str(tmp_path / "ckpt")
@@ -151,9 +178,11 @@ def test_an_elastic_job_that_loses_a_node_re_plans_on_the_survivor_and_continues
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     # the agents are the subject: their workers forked, each standing for its rank (killed, its rank goes too)
     with testing.fork_service() as service:
+        # a hosts the rendezvous store (it must survive b); both start at once, so b joins a's first round within
+        # last_call_timeout (their start-ups differ by load's jitter only)
         a = _torchrun(2, port, 10, env=slow, launch=launch, train=train, service=service, stdout=open(logs[0], "w"))
-        time.sleep(1.0)  # agent a hosts the rendezvous store
-        b = _torchrun(2, port, 10, env=slow, launch=launch, train=train, service=service, stdout=open(logs[1], "w"))
+        b = _torchrun(2, port, 10, env=slow, launch=launch, train=train, service=service, stdout=open(logs[1], "w"),
+                      host=False)
         deadline = time.monotonic() + 180
         while not any(re.search(r"nodes: 2 x 2 ranks[^$]*iteration +4/", p.read_text(), re.S) for p in logs):
             assert time.monotonic() < deadline, [p.read_text()[-2000:] for p in logs]
