@@ -4,7 +4,7 @@ AdamW, on the reference corpus (docs/data.md: Python's pydoc topics as bytes), T
     python scripts/bench_comm_efficient.py --out docs/results/bench_comm_efficient.md   # the measurement
     python scripts/bench_comm_efficient.py --quick --out /tmp/ce.md                    # smoke run (measures nothing)
     python scripts/bench_comm_efficient.py --tp 1 --pp 1 --dp 2                        # the cheap proxy (2 ranks)
-    [--model tiny-llama] [--steps 300] [--global-batch 16] [--seq 128] [--powersgd-rank 4]
+    [--model tiny-llama] [--steps 300] [--global-batch 16] [--micro-batch 2] [--seq 128] [--powersgd-rank 4]
     [--powersgd-extra-ranks 16] [--powersgd-start-iter 20] [--onebit-freeze-iters 20] [--simulated-dp-bandwidth GBPS]
     [--hidden-size H] [--powersgd-min-compression-rate 2]      (diagnostics: another width; compress fewer matrices)
     [--lr 3e-3] [--adam-beta2 0.95] [--lr-warmup-iters 0] [--lr-decay-style constant] [--min-lr 0]
@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from hybrid.cliutil import OneLineParser, atomic_output, check_output_file, cpu_name, positive_int  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 
-MICRO = 2
+MICRO = 2  # sequences per forward/backward unless --micro-batch says otherwise
 
 
 def _setup(mesh, args):
@@ -55,10 +55,10 @@ def _setup(mesh, args):
     from models import build_pipeline_chunks, load_config
     arch = _arch(args)
     chunks = build_pipeline_chunks(arch, TPContext(mesh.tp), mesh.coords.pp, mesh.dims.pp, 1, seed=args.seed)
-    spec = BatchSpec(args.global_batch, MICRO, args.seq, mesh.dims.dp)
+    spec = BatchSpec(args.global_batch, args.micro_batch, args.seq, mesh.dims.dp)
     schedule = build_schedule(ScheduleKind.ONE_F_ONE_B, mesh.dims.pp, spec.num_micro_batches)[mesh.coords.pp]
-    runner = PipelineExecutor(chunks, schedule, mesh.pp, StageIO((MICRO, args.seq, arch.hidden_size), torch.float32),
-                              mesh.device)
+    runner = PipelineExecutor(chunks, schedule, mesh.pp,
+                              StageIO((args.micro_batch, args.seq, arch.hidden_size), torch.float32), mesh.device)
     return chunks, spec, runner
 
 
@@ -213,7 +213,8 @@ def report(rows: dict[str, dict], args) -> str:
              f"({'--quick: measures nothing' if args.quick else 'measured'})", "",
              f"- TP {args.tp} x PP {args.pp} x DP {args.dp} (gloo, one thread per rank), {args.model}"
              f"{f' at hidden size {args.hidden_size}' if args.hidden_size else ''}, ZeRO "
-             f"{args.zero_stage}, {args.steps} steps, global batch {args.global_batch} x {args.seq} tokens, lr "
+             f"{args.zero_stage}, {args.steps} steps, global batch {args.global_batch} x {args.seq} tokens (micro-batch "
+             f"{args.micro_batch}), lr "
              f"{args.lr} ({args.lr_warmup_iters} warm-up steps, then {args.lr_decay_style}"
              f"{'' if args.lr_decay_style == 'constant' else f' to {args.min_lr}'}), Adam betas (0.9, "
              f"{args.adam_beta2}), weight decay 0.01 -- every row; PowerSGD rank {args.powersgd_rank}"
@@ -245,7 +246,11 @@ def main(argv=None) -> None:
                    help="the model's width instead of the preset's (heads kept, MLP width scaled with it): is a "
                         "gap a property of a narrow model?")
     p.add_argument("--steps", type=positive_int, default=300)
-    p.add_argument("--global-batch", type=positive_int, default=16)
+    p.add_argument("--global-batch", type=positive_int, default=16,
+                   help="sequences per step over the DP replicas (each replica's G / dp, accumulated in micro-batches)")
+    p.add_argument("--micro-batch", type=positive_int, default=MICRO,
+                   help="sequences per forward/backward (the same mean gradient per step; a larger one runs a large "
+                        "--global-batch faster on CPU)")
     p.add_argument("--seq", type=positive_int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--adam-beta2", type=float, default=0.95, help="every row's (train.py's default, Megatron's)")
@@ -285,6 +290,9 @@ def main(argv=None) -> None:
             check_output_file(flag, path)
     if args.quick:
         args.steps, args.global_batch, args.seq, args.powersgd_start_iter, args.onebit_freeze_iters = 4, 8, 32, 2, 2
+    if args.global_batch % (args.micro_batch * args.dp):
+        p.error(f"--global-batch {args.global_batch} must be a multiple of --micro-batch {args.micro_batch} x --dp "
+                f"{args.dp} = {args.micro_batch * args.dp}")
     if args.powersgd_start_iter < 2 or args.powersgd_start_iter >= args.steps:
         p.error(f"--powersgd-start-iter must be >= 2 and below --steps ({args.steps})")
     if args.onebit_freeze_iters < 1 or args.onebit_freeze_iters >= args.steps:

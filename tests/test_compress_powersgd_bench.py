@@ -1,7 +1,8 @@
 """scripts/bench_comm_efficient.py's row set and schedule, without running a row (the runs: the slow
 tests/test_compress_bench.py): --powersgd-extra-ranks adds a PowerSGD row per rank after PowerSGD's, each with its
 own rank and everything else the run's; every row steps at OptimizerConfig.lr_at of the run's schedule flags; bad
-schedule values end in the parser's one line."""
+schedule values end in the parser's one line; --global-batch / --micro-batch reach every row's BatchSpec. And
+scripts/gradient_spectrum.py's measure (the top-r share of |G|^2) against a gradient of known singular values."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def test_every_row_steps_at_the_schedule_of_the_flags():
     (["--powersgd-extra-ranks", "4,0"], "argument --powersgd-extra-ranks"),
     (["--hidden-size", "100"], "--hidden-size must be a multiple of the model's 4 heads x --tp 2"),
     (["--powersgd-min-compression-rate", "0.5"], "--powersgd-min-compression-rate must be >= 1"),
+    (["--global-batch", "20", "--micro-batch", "4"],
+     "--global-batch 20 must be a multiple of --micro-batch 4 x --dp 2 = 8"),
+    (["--micro-batch", "0"], "argument --micro-batch"),
 ])
 def test_bad_schedule_flags_are_one_line(capsys, extra, message):
     with pytest.raises(SystemExit) as e:
@@ -98,3 +102,46 @@ def test_min_compression_rate_reaches_the_powersgd_rows_config():
     assert [matrix_rank(s, cfg) for s in ((64, 64), (32, 64), (176, 64), (64, 176), (256, 64))] == [0, 0, 4, 4, 4]
     default = bench._powersgd_cfg(_args())
     assert [matrix_rank(s, default) for s in ((64, 64), (32, 64), (176, 64), (256, 64))] == [4, 4, 4, 4]
+
+
+def test_global_and_micro_batch_reach_the_rows_batch_spec():
+    """--global-batch 128 --micro-batch 8 (the batch study, docs/comm-efficient.md): at one rank (dp 1) the 128
+    sequences in 16 micro-batches of 8, the pipeline's stage input (8, seq, h); the default: 16 in 8 of 2."""
+    from hybrid.mesh import Mesh
+    _, spec, runner = bench._setup(Mesh.single(), _args(global_batch=128, micro_batch=8, seq=32, seed=3))
+    assert (spec.global_batch, spec.micro_batch, spec.seq_length, spec.num_micro_batches) == (128, 8, 32, 16)
+    assert runner.io.shape[0] == 8
+    _, spec, _ = bench._setup(Mesh.single(), _args(global_batch=16, micro_batch=bench.MICRO, seq=32, seed=3))
+    assert (spec.micro_batch, spec.num_micro_batches) == (2, 8)
+
+
+def test_gradient_spectrum_share_is_the_top_singular_values_share_of_the_squared_norm():
+    """A 'model' whose loss is <W, C>: its gradient is C, singular values 3, 2, 1 by construction (C = U diag V^T
+    with orthonormal U, V), so the top-1 share is 9 / 14 and the top-2 13 / 14; 1-D parameters are skipped."""
+    import torch
+    import gradient_spectrum as spectrum
+    u, _ = torch.linalg.qr(torch.randn(5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(4, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    c = u @ torch.diag(torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64)) @ v.T
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(5, 4, dtype=torch.float64))
+            self.norm = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
+
+        def forward(self, x, y):
+            return (self.w * c).sum() + self.norm.sum() * 0
+
+    got = spectrum.shares(Probe(), [(None, None)] * 2, [1, 2, 3])
+    assert list(got) == ["w"] and got["w"] == pytest.approx([9 / 14, 13 / 14, 1.0], abs=1e-12)
+    assert spectrum.by_group({"model.layers.0.mlp.up_proj.weight": [0.5], "model.layers.1.mlp.down_proj.weight": [0.7],
+                              "lm_head.weight": [0.9]}) == pytest.approx({"mlp": 0.6, "head": 0.9})
+
+
+def test_gradient_spectrum_bad_batch_is_one_line(capsys):
+    import gradient_spectrum as spectrum
+    with pytest.raises(SystemExit) as e:
+        spectrum.main(["--global-batch", "15", "--dp", "2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--global-batch 15 must be a multiple of --dp 2" in err and err.count("\n") == 1, err
