@@ -89,12 +89,15 @@ MASTER = "master"
 
 def full_state(run: Run) -> dict[str, dict[str, torch.Tensor]]:
     """name -> {param (the compute dtype's), master (fp32), exp_avg, exp_avg_sq}: full tensors gathered without the checkpoint code (see the
-    module docstring). Every rank returns its pipeline stage's parameters."""
+    module docstring). Every rank returns its pipeline stage's parameters. Each parameter's four local tensors
+    (one shape: its TP shard) are stacked and gathered over TP at once, the split dimension moved up by the stack's
+    -- gather_full on each kind alone gives the same full tensors with four times the gathers."""
     opt, mesh = run.opt, run.mesh
-    out: dict[str, dict[str, torch.Tensor]] = {}
+    named = {id(p): (n.split(".", 1)[1], p) for n, p in run.model.named_parameters()}
+    local: dict[str, dict[str, torch.Tensor]] = {name: {} for name, _ in named.values()}
     with opt.gathered():
-        for n, p in run.model.named_parameters():
-            out.setdefault(n.split(".", 1)[1], {})["param"] = gather_full(p.detach().float(), spec_of(p), mesh.tp).clone()
+        for name, p in named.values():
+            local[name]["param"] = p.detach().float().clone()
     for kind in (MASTER, *core.MOMENTS):
         for u in opt.units:
             shard = torch.zeros(u.shard_numel)
@@ -106,9 +109,36 @@ def full_state(run: Run) -> dict[str, dict[str, torch.Tensor]]:
                     shard[s.lo:s.hi] = st[kind].float().cpu()
             flat = torch.cat(mesh.dp.all_gather(shard, dim=0).chunk(opt.dp.size)) if opt.cfg.sharded else shard
             for p, off in zip(u.params, u.offsets):
-                local = flat[off:off + p.numel()].view(p.shape)
-                name = next(n for n, q in run.model.named_parameters() if q is p).split(".", 1)[1]
-                out[name][kind] = gather_full(local, spec_of(p), mesh.tp).clone()
+                local[named[id(p)][0]][kind] = flat[off:off + p.numel()].view(p.shape)
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for name, p in named.values():
+        kinds = ("param", MASTER, *core.MOMENTS)
+        spec = spec_of(p)
+        stacked_spec = spec if spec.dim is None else dataclasses.replace(spec, dim=spec.dim % p.dim() + 1)
+        full = gather_full(torch.stack([local[name][k] for k in kinds]), stacked_spec, mesh.tp)
+        out[name] = {k: full[i].clone() for i, k in enumerate(kinds)}
+    return out
+
+
+def local_state(run: Run) -> dict[str, dict[str, torch.Tensor]]:
+    """unit -> {shard (this rank's compute-dtype parameters; flat: all of them at ZeRO 0-2), master (fp32), each
+    view's Adam moments}: this rank's own copies, nothing gathered. The exact-resume check compares two runs at one
+    layout rank by rank, and every full tensor is put together from these pieces, so equal pieces on every rank are
+    equal full tensors (the padding included: zeros in both runs). full_state's gathers (a TP gather per parameter
+    and kind, ~95 a case on each rank) are the resharding check's reference, where the layouts differ."""
+    opt = run.opt
+    opt.wait_params()  # ZeRO 1-2: the post-step all-gather into flat may still be in flight
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for u in opt.units:
+        kinds = {"shard": u.shard.clone(), MASTER: u.master.clone()}
+        if opt.cfg.stage < 3:
+            kinds["flat"] = u.flat.clone()
+        for i, v in enumerate(u.views):
+            for kind, t in opt.optimizer.state.get(v, {}).items():
+                if kind in core.MOMENTS:
+                    kinds[f"{kind}.{i}"] = t.clone()
+        out[u.name] = kinds
+    assert any(k.startswith(core.MOMENTS[0]) for kinds in out.values() for k in kinds), "no Adam moments yet"
     return out
 
 
@@ -154,7 +184,7 @@ def _resume_phase(rank, world, root, phase, cases=tuple(RESUME_CASES)):
             state = run.load(store.final_path(os.path.join(root, key), N))
             assert state["iteration"] == N
             losses = run.train(N, 2 * N, corpus)
-        out[key] = (losses, full_state(run), adam_step(run), core.scaler_state(run.opt))
+        out[key] = (losses, local_state(run), adam_step(run), core.scaler_state(run.opt))
     return out
 
 
@@ -272,7 +302,8 @@ def spawns(tmp_path_factory):
 @pytest.mark.slow
 def test_resume_after_save_is_bit_identical_to_the_uninterrupted_run(spawns, case):
     """Per-step losses, compute-dtype parameters, fp32 master weights, both moments, the Adam step and the
-    loss scaler (scale, good steps, skipped steps) after the resume equal the uninterrupted run's."""
+    loss scaler (scale, good steps, skipped steps) after the resume equal the uninterrupted run's (every rank's own
+    pieces of them: local_state)."""
     for rank in range(8):
         a, b = spawns["straight"][rank]["resume"][case], spawns["resumed"][rank]["resume"][case]
         assert a[0][N:] == b[0], f"rank {rank}: losses after the resume differ"

@@ -12,7 +12,11 @@ reason and where they are covered instead.
 How they run: a `python` or `hybrid` command as one fork of hybrid.testing's forkserver (the interpreter with
 torch and hybrid already imported: the command's own code runs as __main__, without a new interpreter's ~4 s of
 CPU), a single-node `torchrun` as its ranks forked the same way (hybrid.testing.torchrun_cli: its arguments parsed
-by torch's own parser, torchrun's environment), anything else (mkdir) in the shell. One run per distinct flag
+by torch's own parser, torchrun's environment), anything else (mkdir) in the shell. `hybrid plan` runs in this
+process (hybrid.cli.main, what `python -m hybrid.cli` runs, its output and exit status captured), each distinct
+search once: the pages print the Llama-3-70B search four ways (README's --top 5, planner.md's table, --json and
+--plot), and a search of the same inputs returns the same result, so the later commands print theirs from the
+first one's (SEARCHED). One run per distinct flag
 combination: a train.py command whose program and flag names (not values) an earlier command already ran is
 parsed and checked in-process instead (hybrid.train.main.validate: every check a run makes before its process
 group), so a value that is wrong still fails.
@@ -25,6 +29,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -210,9 +215,53 @@ def _flag_combination(argv: list[str]) -> tuple:
     return (argv[0], os.path.basename(argv[_train_index(argv)])) + tuple(sorted(w for w in argv if w[:2] == "--"))
 
 
-def _execute(argv: list[str], workdir: str) -> subprocess.CompletedProcess:
-    """Run one command (see the module docstring): a fork for python and single-node torchrun, else the shell."""
+SEARCHED: dict[bytes, object] = {}  # the planner searches the `hybrid plan` commands ran, by their pickled inputs
+
+
+def _memo_search(search):
+    """hybrid.planner.search.search, each distinct call made once (SEARCHED); inputs that do not pickle are searched."""
+    import pickle
+
+    def memo(*args, **kwargs):
+        try:
+            key = pickle.dumps((args, sorted(kwargs.items())))
+        except (pickle.PicklingError, TypeError, AttributeError):
+            return search(*args, **kwargs)
+        if key not in SEARCHED:
+            SEARCHED[key] = search(*args, **kwargs)
+        return SEARCHED[key]
+    return memo
+
+
+def _plan(argv: list[str], workdir: str, monkeypatch) -> subprocess.CompletedProcess:
+    """`hybrid plan ...` in this process (module docstring): hybrid.cli.main in the command's directory, its
+    stdout, stderr and exit status (SystemExit's code; a message is printed to stderr, as the interpreter would)."""
+    import contextlib
+    import io
+
+    from hybrid import cli
+    from hybrid.planner import cli as planner_cli
+    from hybrid.planner.search import search
+    out, err, status = io.StringIO(), io.StringIO(), 0
+    with monkeypatch.context() as m:
+        m.chdir(workdir)
+        m.setattr(planner_cli, "search", _memo_search(search))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli.main(argv[3:])
+            except SystemExit as e:
+                status = e.code if isinstance(e.code, int) else 1
+                if not isinstance(e.code, int):
+                    print(e.code, file=sys.stderr)
+    return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
+
+
+def _execute(argv: list[str], workdir: str, monkeypatch) -> subprocess.CompletedProcess:
+    """Run one command (see the module docstring): `hybrid plan` in this process, a fork for python and
+    single-node torchrun, else the shell."""
     env = {"PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    if argv[:4] == ["python", "-m", "hybrid.cli", "plan"]:
+        return _plan(argv, workdir, monkeypatch)
     if argv[0] in ("python", "python3"):
         return testing.run(argv[1:], env=env, cwd=workdir, timeout=400)
     if argv[0] == "torchrun":
@@ -249,7 +298,7 @@ def test_documented_command_runs(where, command, hf_model, workdir, monkeypatch)
         if trains and _flag_combination(argv) in RAN:
             _check_in_process(argv, workdir, monkeypatch)
             continue
-        out = _execute(argv, workdir)
+        out = _execute(argv, workdir, monkeypatch)
         assert out.returncode == 0, f"{where}: {part}\n{out.stdout[-1500:]}\n{out.stderr[-3000:]}"
         if part in PRINTED_ON_THE_PAGE:
             _check_printed_rows(where, part, out.stdout)
