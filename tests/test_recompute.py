@@ -80,9 +80,9 @@ def test_selective_op_is_exact_and_saves_what_the_planner_predicts(name):
     shard = work.shard(1)
     dropped = sum(shard.layer_activation_terms(2, 32, False)) - shard.selective_op_kept_bytes(2, 32, False)
     assert sop_peak == none_peak - cfg.num_layers * dropped
-    # the whole step, the rerun layer counted, in a fresh process: run after this file's other tests in the same
-    # process, the measured peak came out 16 KB (one hidden-state tensor) lower -- 709,696 against 726,080 --
-    # for a reason not yet found (docs/planner.md's limits note the same 8-16 KB variation across ranks)
+    # the whole step, the rerun layer counted, in a fresh process. It once came out 16 KB (one hidden-state tensor)
+    # lower -- 709,696 against 726,080 -- depending on the heap's history: a stored tensor freed before its owner let
+    # a later save reuse its address under a key the ledger still held (fixed in SavedActivationLedger._track)
     peak, left = run_distributed(_selective_op_step_peak, 1, args=(name,))[0]
     planned = plan_memory(work, Cluster(gpus=1, hw=hardware("cpu")), Layout(micro_batch=2,
                                                                            recompute=Recompute.SELECTIVE_OP))
