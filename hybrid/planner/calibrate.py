@@ -93,7 +93,7 @@ import torch.distributed as dist
 
 from hybrid.cliutil import HelpFormatter, check_output_file, float_in, int_in
 from hybrid.comm import CommLedger, Group
-from hybrid.planner.hardware import GB, GpuKind, Hardware, hardware
+from hybrid.planner.hardware import GB, ZERO_OK_FIELDS, GpuKind, Hardware, hardware
 from hybrid.planner.model import Precision
 
 FORMAT = "hybrid-hardware-profile/1"
@@ -931,12 +931,10 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
                                layer_backward_overhead_s=fixed_bwd, kernel_overhead_s=0.0)
         if cfg.ranks > 1:  # what a pass at tp > 1 costs beyond the sharded layer (the pair probe's 1-token layers)
-            hw = hw.with_overrides(**fit_tp_pass([r.get("comm_cpu") for r in per_rank],
-                                                 dataclasses.replace(hw, peak_tflops=curve.peak_tflops,
-                                                                     gemm_overhead_s=curve.gemm_overhead_s), probe))
-            hw = hw.with_overrides(**fit_edge_pass([r.get("comm_cpu") for r in per_rank],
-                                                   dataclasses.replace(hw, peak_tflops=curve.peak_tflops,
-                                                                       gemm_overhead_s=curve.gemm_overhead_s), probe))
+            comm = [r.get("comm_cpu") for r in per_rank]
+            for fit in (fit_tp_pass, fit_edge_pass):  # each against the planner on this profile's GEMM curve
+                hw = hw.with_overrides(**fit(comm, dataclasses.replace(
+                    hw, peak_tflops=curve.peak_tflops, gemm_overhead_s=curve.gemm_overhead_s), probe))
     else:  # a GPU: the copy rate, and the larger layer's rest spread over its memory-bound kernels (ops.py)
         rate = copy
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12, layer_forward_overhead_s=0.0,
@@ -1078,12 +1076,7 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
                 "inter_dc_latency_s")
     if name in nullable and value is None:
         return
-    if name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s", "tp_embedding_forward_overhead_s",
-                "tp_embedding_backward_overhead_s", "tp_head_forward_overhead_s", "tp_head_backward_overhead_s",
-                "kernel_overhead_s",
-                "inter_dc_latency_s", "collective_cpu_s", "p2p_cpu_s",
-                "comm_cpu_s_per_byte", "collective_skew_s", "collective_skew_per_s"):  # may be 0
+    if name in ZERO_OK_FIELDS or name == "inter_dc_latency_s":  # may be 0
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"--hardware {path}: {where}{name} must be a finite number >= 0, got {json.dumps(value)}")
         return

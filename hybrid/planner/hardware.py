@@ -266,6 +266,16 @@ def flash_tflops(card: GpuKind | str, kernel: AttentionKernel, head_dim: int, se
     return rates[i] + (x - i) * (rates[i + 1] - rates[i])
 
 
+# Hardware's fields that may be 0 (costs a device or an old profile does not have) but never negative: checked in
+# Hardware itself and, with inter_dc_latency_s, in a profile file (calibrate._check_field).
+ZERO_OK_FIELDS = ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
+                  "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s",
+                  "tp_embedding_forward_overhead_s", "tp_embedding_backward_overhead_s",
+                  "tp_head_forward_overhead_s", "tp_head_backward_overhead_s", "kernel_overhead_s",
+                  "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte",
+                  "collective_skew_s", "collective_skew_per_s")
+
+
 @dataclass(frozen=True)
 class Hardware:
     """One accelerator and the links around it.
@@ -411,12 +421,7 @@ class Hardware:
             raise ValueError(f"--gpus-per-node must be a positive integer, got {self.gpus_per_node!r}")
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
-        for name in ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
-                     "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s",
-                     "tp_embedding_forward_overhead_s", "tp_embedding_backward_overhead_s",
-                     "tp_head_forward_overhead_s", "tp_head_backward_overhead_s", "kernel_overhead_s",
-                     "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte",
-                     "collective_skew_s", "collective_skew_per_s"):
+        for name in ZERO_OK_FIELDS:
             if not getattr(self, name) >= 0:
                 flag = "--gemm-overhead" if name == "gemm_overhead_s" else name
                 raise ValueError(f"{flag} must be >= 0 seconds, got {getattr(self, name)}")
