@@ -7,6 +7,8 @@ without torchrun) every `interval` seconds from a daemon thread. The thread keep
 waits in a collective (the c10d bindings release the GIL) and stops when the process is killed or stopped. After a
 collective fails, a survivor reads every counter, waits three intervals and reads again: the ranks whose counter
 did not move are the lost ones. The job then ends with one line naming them, within the timeout plus that window.
+Without torchrun's agent store the store lives in rank 0's process, so rank 0, told to stop by another rank's
+failure, stays until that rank is done with the store (`Heartbeat._outlive_the_claimant`).
 
 Tests make a rank die or stall through the one test-only hook, hybrid/fault/inject.py (HYBRID_FAULT="signal:...").
 """
@@ -40,6 +42,8 @@ class Heartbeat:
         self.rank, self.world = rank, world
         self.interval = min(10.0, max(0.5, timeout_s / 10))
         self.address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        # env:// without torchrun's agent store: rank 0's process is the store (init_process_group's TCPStore)
+        self.hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
         self._prefix = f"hybrid/heartbeat/{attempt_id()}"
         self._store = self._connect()
         self._stop = threading.Event()
@@ -79,11 +83,39 @@ class Heartbeat:
             print(f"train.py: rank {self.rank}: stopped: rank {rank} failed first (its error is torchrun's root "
                   f"cause)", file=sys.stderr, flush=True)
         try:
-            self._connect().add(f"{self._prefix}/stopped", 1)
+            store = self._connect()
+            store.add(f"{self._prefix}/stopped", 1)
+            if self.hosts_store:
+                self._outlive_the_claimant(store)
         except Exception:
             pass
         sys.stdout.flush()
         os._exit(0)
+
+    @property
+    def claim_deadline_s(self) -> float:
+        """How long the claimant waits for the others to stop themselves (`_exit_after_others`)."""
+        return max(10.0, 2 * self.interval + 2)
+
+    def _outlive_the_claimant(self, store: dist.TCPStore) -> None:
+        """Rank 0 hosting the store (no torchrun agent store) stays until the claimant is done with it: the
+        claimant and the ranks still to stop connect to it afresh, and a connection to a store whose process has
+        exited is not refused at once but retried until the client's timeout (5 s + 3 intervals: 35 s at the
+        default 10-minute timeout; measured 35-66 s with torch 2.13's connect retry). Rank 0 leaving first made a
+        4-rank one-line error (tests/test_diloco_checkpoint.py's replica mismatch) end after 99 s instead of 4 s,
+        1 run in 8 (rank 0 exited 0 at 4.5 s, the claimant at 98.8 s). Bounded: the claimant's own wait, plus 2 s."""
+        store.wait([self._released_key], timedelta(seconds=self.claim_deadline_s + 2))
+
+    @property
+    def _released_key(self) -> str:
+        return f"{self._prefix}/released"
+
+    def release(self) -> None:
+        """The claimant is done with the store (the others stopped, or its wait ended): rank 0 may exit."""
+        try:
+            self._connect().set(self._released_key, "1")
+        except Exception:
+            pass
 
     def claim_failure(self, kind: str) -> None:
         """Claim the attempt's first failure for this rank (atomic in the store); if another rank holds it, stop
@@ -173,7 +205,8 @@ def _claim_or_stop(heartbeat: Heartbeat, kind: str) -> None:
 
 
 def _exit_after_others(heartbeat: Heartbeat, lost: int, status: int) -> None:
-    heartbeat.wait_for_others(heartbeat.world - 1 - lost, deadline_s=max(10.0, 2 * heartbeat.interval + 2))
+    heartbeat.wait_for_others(heartbeat.world - 1 - lost, deadline_s=heartbeat.claim_deadline_s)
+    heartbeat.release()  # rank 0, when it hosts the store, waits for this before it exits
     time.sleep(1.0)  # they counted themselves stopped just before exiting: let the launcher (its poll: 0.1 s) see it
     heartbeat.stop()
     sys.stdout.flush()
