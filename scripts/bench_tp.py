@@ -175,7 +175,6 @@ class _NewStorageBytes(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.bytes: dict[str, int] = {}
-        self._seen: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         before = {t.untyped_storage().data_ptr() for t in _tensors(args, kwargs)}
