@@ -57,7 +57,11 @@ Memory, extra (untimed) steps per runtime, measured the same way on both:
 
 Where the time goes: PROFILE_STEPS more untimed steps per runtime time each rank's forward / loss /
 backward (ours from the executor's own timeline, torch by wrapping `forward_one_chunk`, `loss_fn` and
-`backward_one_chunk`); the rest of a rank's step is waiting on messages, bubbles and runtime overhead.
+`backward_one_chunk`); the rest of a rank's step is waiting on messages, bubbles and runtime overhead. In the
+same steps the runtime's own CPU: the main thread's CPU time (time.thread_time) of the step minus its CPU inside
+the model's compute, counted the same way on both sides (`ComputeCPU`: each chunk's forward, torch's loss_fn, every
+run of the autograd engine) -- the scheduling, message posting and reaping, loss and gradient scaling that a
+runtime adds to the step (waiting costs no CPU: gloo's waits block).
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 import torch.distributed as dist
 import torch.nn as nn
+from torch.autograd.variable import Variable
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybrid.measured_memory import SavedActivationLedger, storage_key
@@ -139,7 +144,8 @@ class PPResult:
     held: dict[str, list[int]]  # runtime name -> peak held output bytes per stage
     live: dict[str, list[int]]  # runtime name -> peak live tensor bytes per stage (LiveTensorProbe)
     torch_recv_buffers: list[int]  # per stage, bytes of torch's persistent receive buffers
-    busy: dict[str, list[tuple[float, float]]]  # runtime name -> per stage (median step s, median compute s)
+    # runtime name -> per stage, medians: (step s, compute s, main-thread CPU s of the step, its CPU s in compute)
+    busy: dict[str, list[tuple[float, float, float, float]]]
     check: dict[str, float] = field(default_factory=dict)  # loss / gradient agreement
     op_seconds: list[dict[str, float]] = field(default_factory=list)  # per stage, median s of each compute event
     predicted: dict[str, float] = field(default_factory=dict)  # schedule -> simulated step s (stage costs above)
@@ -209,6 +215,62 @@ def peak_live_bytes(run: Callable[[], object]) -> int:
     return probe.peak
 
 
+class ComputeCPU:
+    """Main-thread CPU seconds (time.thread_time) inside the model's compute, counted the same way for both runtimes:
+    each chunk's forward (module hooks; ours computes the loss there too), torch's loss_fn (outside its stage, it
+    calls `region`), and each run of the autograd engine, which both runtimes call (ours directly, torch through
+    torch.autograd.backward). Nested regions count once."""
+
+    def __init__(self):
+        self.seconds, self._depth, self._t0 = 0.0, 0, 0.0
+
+    def enter(self, *_) -> None:
+        if self._depth == 0:
+            self._t0 = time.thread_time()
+        self._depth += 1
+
+    def exit(self, *_) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.thread_time() - self._t0
+
+    @contextmanager
+    def region(self):
+        self.enter()
+        try:
+            yield
+        finally:
+            self.exit()
+
+    @contextmanager
+    def installed(self, chunks: nn.ModuleList):
+        """Count during the block: hooks on `chunks`, the autograd engine behind a counting proxy."""
+        handles = [h for c in chunks
+                   for h in (c.register_forward_pre_hook(self.enter), c.register_forward_hook(self.exit))]
+        engine = Variable._execution_engine
+        Variable._execution_engine = _CountingEngine(engine, self)
+        try:
+            yield self
+        finally:
+            Variable._execution_engine = engine
+            for h in handles:
+                h.remove()
+
+
+class _CountingEngine:
+    """The autograd engine, its run_backward (backward and autograd.grad alike) counted as compute."""
+
+    def __init__(self, engine, probe: ComputeCPU):
+        self._engine, self._probe = engine, probe
+
+    def run_backward(self, *args, **kwargs):
+        with self._probe.region():
+            return self._engine.run_backward(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+
 # --- the two runtimes, one step each ---------------------------------------------------------
 
 class Ours:
@@ -238,14 +300,15 @@ class Ours:
         _check_released(ledger, "ours")
         return ledger.peak_bytes, ex.peak_held_output_bytes
 
-    def compute_seconds(self, batches) -> tuple[float, float]:
-        """(step seconds, seconds in forward / backward compute) of one step, from the executor's timeline."""
+    def compute_seconds(self, batches) -> tuple[float, float, float]:
+        """(step seconds, seconds in forward / backward compute, main-thread CPU seconds) of one step, from the
+        executor's timeline."""
         ex = self._executor(record_timeline=True)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         ex.forward_backward(batches)
-        total = time.perf_counter() - t0
+        total, cpu = time.perf_counter() - t0, time.thread_time() - c0
         self.last_events = ex.events
-        return total, sum(e.end - e.start for e in ex.events if e.name in COMPUTE)
+        return total, sum(e.end - e.start for e in ex.events if e.name in COMPUTE), cpu
 
 
 class StageModule(nn.Module):
@@ -278,10 +341,12 @@ class Torch:
         self.held_peak = 0
         self.busy: float | None = None  # seconds in forward / loss / backward, counted only when not None
         self._mb = None  # micro-batch of the latest forward: torch computes its loss right after
+        self.cpu_probe: ComputeCPU | None = None  # set while the runtime's own CPU is measured
         tail = next((c for c in chunks if c.stage.last), None)
 
         def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            with self.ledger.tagged(self._mb) if self.ledger else nullcontext(), self._timer():
+            with self.ledger.tagged(self._mb) if self.ledger else nullcontext(), self._timer(), \
+                    self.cpu_probe.region() if self.cpu_probe else nullcontext():
                 return lm_loss(logits, labels, tail.wte.vocab_start, tail.tp)
 
         cls = getattr(pipelining, TORCH_CLASS[kind])
@@ -343,13 +408,13 @@ class Torch:
         finally:
             self.ledger = None
 
-    def compute_seconds(self, batches) -> tuple[float, float]:
-        """(step seconds, seconds in forward / loss / backward compute) of one step."""
+    def compute_seconds(self, batches) -> tuple[float, float, float]:
+        """(step seconds, seconds in forward / loss / backward compute, main-thread CPU seconds) of one step."""
         self.busy = 0.0
         try:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             self.step(batches)
-            return time.perf_counter() - t0, self.busy
+            return time.perf_counter() - t0, self.busy, time.thread_time() - c0
         finally:
             self.busy = None
 
@@ -451,7 +516,13 @@ def _rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dic
             for p in r.params:
                 p.grad = None
             dist.barrier()
-            busy[n].append(r.compute_seconds(batches))
+            with ComputeCPU().installed(r.chunks) as probe:  # the runtime's own CPU = main thread's - compute's
+                if isinstance(r, Torch):
+                    r.cpu_probe = probe  # torch's loss runs outside the stage's chunk (ours: inside the last chunk)
+                step_s, compute_s, main_cpu = r.compute_seconds(batches)
+                if isinstance(r, Torch):
+                    r.cpu_probe = None
+            busy[n].append((step_s, compute_s, main_cpu, probe.seconds))
             if isinstance(r, Ours):  # the simulator's input: per chunk (ZBV's V chunks apart), each compute's seconds
                 for e in r.last_events:
                     if e.name in COMPUTE:
@@ -483,8 +554,8 @@ def bench(pp: int, shape: Shape, warmup: int, repeats: int) -> PPResult:
                     live={n: [r["live"][n] for r in results] for n in names},
                     torch_recv_buffers=[r["recv"] for r in results], check=check, op_seconds=ops,
                     predicted=predicted_steps(ops, v_ops, shape.m),
-                    busy={n: [(statistics.median([t for t, _ in r["busy"][n]]),
-                               statistics.median([c for _, c in r["busy"][n]])) for r in results] for n in names})
+                    busy={n: [tuple(statistics.median(s[i] for s in r["busy"][n]) for i in range(4)) for r in results]
+                          for n in names})
 
 
 def _split_costs(per_stage: list[dict[str, float]]) -> Costs:
@@ -625,14 +696,18 @@ def memory_table(results: list[PPResult]) -> str:
 def split_table(results: list[PPResult]) -> str:
     """Per stage: compute (forward, loss, backward) and the rest of the step (waiting on messages, bubbles,
     the runtime's own work), median of the PROFILE_STEPS untimed steps."""
-    def cells(per_stage: list[tuple[float, float]]) -> str:
-        return " / ".join(f"{1e3 * c:.0f} + {1e3 * (t - c):.0f}" for t, c in per_stage)
-    lines = ["| pp | schedule | ours: compute + rest ms, per stage | torch: compute + rest ms, per stage |",
-             "|---|---|---|---|"]
+    def cells(per_stage: list[tuple[float, float, float, float]]) -> str:
+        return " / ".join(f"{1e3 * c:.0f} + {1e3 * (t - c):.0f}" for t, c, _, _ in per_stage)
+
+    def own(per_stage: list[tuple[float, float, float, float]]) -> str:  # main-thread CPU outside compute
+        return " / ".join(f"{1e3 * (m - mc):.1f} ({100 * (m - mc) / t:.1f} %)" for t, _, m, mc in per_stage)
+    lines = ["| pp | schedule | ours: compute + rest ms, per stage | torch: compute + rest ms, per stage "
+             "| runtime's own CPU ms (% of the step), per stage: ours | torch |",
+             "|---|---|---|---|---|---|"]
     for res in results:
         for name in KINDS:
-            ours, theirs = cells(res.busy[f"ours {name}"]), cells(res.busy[f"torch {name}"])
-            lines.append(f"| {res.pp} | {name} | {ours} | {theirs} |")
+            o, t = res.busy[f"ours {name}"], res.busy[f"torch {name}"]
+            lines.append(f"| {res.pp} | {name} | {cells(o)} | {cells(t)} | {own(o)} | {own(t)} |")
     return "\n".join(lines)
 
 
@@ -689,7 +764,9 @@ def report(results: list[PPResult], args: argparse.Namespace, shape: Shape, load
         memory_table(results),
         "",
         f"Where the time goes ({PROFILE_STEPS} more untimed steps per runtime, median; compute = forward, loss "
-        "and backward; rest = waiting on messages and bubbles, plus the runtime's own work):",
+        "and backward; rest = waiting on messages and bubbles, plus the runtime's own work; the runtime's own CPU = "
+        "the main thread's CPU time of the step minus its CPU inside forward, loss and autograd backward, the same "
+        "probe on both sides):",
         "",
         split_table(results),
         "",

@@ -20,6 +20,12 @@ Two comparisons in one run:
    its default; use_cache=False) of the same config, starting from the same weights. GPT-2 twice: the peer with
    GPT-2's own `gelu_new` (Python ops) and with `gelu_pytorch_tanh` (the fused kernel hybrid uses).
 
+Op counts (MLP, run 1, rank 0, one more untimed step per side): every op torch.profiler records in the step (ATen ops
+at every nesting level -- e.g. the copy_ inside addmm --, autograd nodes, Python autograd Functions, c10d calls) with
+its calls, and the bytes of the tensor storages the step's ATen ops create (a TorchDispatchMode: top-level ops,
+what Python and the autograd engine call). Deterministic, unlike time on a shared machine: the report lists the ops
+whose counts differ between the two sides, and both totals.
+
 Timing: `--warmup` untimed steps each, then `--runs` runs of `--mlp-repeats` (MLP; a run = fresh processes) or
 `--repeats` (training steps; a run = a block in the same process) rounds that alternate ours and the peer
 (ABAB), so a noisy machine slows both alike. Each run gives a ratio median(ours) / median(peer); the table
@@ -57,6 +63,7 @@ import torch  # noqa: E402
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybrid.comm import Group
 from hybrid.mesh import Mesh, ParallelDims
@@ -118,6 +125,7 @@ class Row:
     theirs: list[Sample]
     skipped: str = ""
     run_ratios: list[float] = field(default_factory=list)  # per run: median(ours) / median(peer), wall
+    ops: dict[str, "OpCounts"] = field(default_factory=dict)  # side -> one step's op counts (MLP row, rank 0)
 
     def ratio(self, stat: Callable[[list[float]], float], cpu: bool = False) -> float:
         """stat(ours) / stat(peer) over wall (or CPU) seconds."""
@@ -147,6 +155,57 @@ def interleaved(steps: dict[str, Callable[[], Sample]], warmup: int, repeats: in
             log("  %d/%d repeats, median so far: %s" % (i + 1, repeats, ", ".join(
                 f"{n} {1e3 * statistics.median(s.wall for s in t):.1f} ms" for n, t in times.items())))
     return times
+
+
+# --- op counts ---------------------------------------------------------------------------------
+
+@dataclass
+class OpCounts:
+    """What one step runs: calls per op name (torch.profiler: every nesting level, autograd nodes included) and
+    bytes of new tensor storages per top-level ATen op (`_NewStorageBytes`)."""
+
+    calls: dict[str, int]
+    new_bytes: dict[str, int]
+
+
+class _NewStorageBytes(TorchDispatchMode):
+    """Bytes of the storages each top-level ATen op creates (an output whose storage existed before is a view or
+    an in-place result and counts nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = {t.untyped_storage().data_ptr() for t in _tensors(args, kwargs)}
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                s = t.untyped_storage()
+                if s.data_ptr() not in before and s.nbytes():
+                    name = func.overloadpacket.__name__  # "mm", as the profiler's "aten::mm"
+                    self.bytes[name] = self.bytes.get(name, 0) + s.nbytes()
+        return out
+
+
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    flat = list(args) + list((kwargs or {}).values())
+    flat += [t for a in flat if isinstance(a, (tuple, list)) for t in a]
+    return [t for t in flat if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
+
+
+def op_counts(step: Callable[[], object]) -> OpCounts:
+    """Two runs of `step`: one under torch.profiler (calls per op name), one under `_NewStorageBytes`."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    calls: dict[str, int] = {}
+    for e in prof.events():
+        calls[e.name] = calls.get(e.name, 0) + 1
+    probe = _NewStorageBytes()
+    with probe:
+        step()
+    return OpCounts(calls, probe.bytes)
 
 
 # --- 1. MLP block at tp = 2 ------------------------------------------------------------------
@@ -200,8 +259,9 @@ def _timed_step(model: nn.Module, x: torch.Tensor, grad_out: torch.Tensor) -> Ca
     return step
 
 
-def _mlp_rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) -> dict:
-    """One rank of the MLP comparison: per-step seconds of each side, and why megatron was skipped."""
+def _mlp_rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int, count_ops: bool = False) -> dict:
+    """One rank of the MLP comparison: per-step seconds of each side, why megatron was skipped, and (count_ops)
+    one more step per side counted op by op (`op_counts`)."""
     log = (lambda msg: print(msg, flush=True)) if rank == 0 else (lambda msg: None)
     mesh = Mesh.build(ParallelDims.from_world(world, tp=world), device=torch.device("cpu"))
     ours = HybridMLP(shape.hidden, TPContext(mesh.tp))
@@ -231,8 +291,10 @@ def _mlp_rank(rank: int, world: int, shape: Shape, warmup: int, repeats: int) ->
     if not skipped:
         log(f"  same weights, same input: max |ours - megatron| = {max_diff:.2e}")
     times = interleaved(steps, warmup, repeats, log)
-    # plain tuples: the parent unpickles them without this module's classes
-    return {"times": {side: [(t.wall, t.cpu) for t in ts] for side, ts in times.items()}, "skipped": skipped}
+    ops = {side: op_counts(step) for side, step in steps.items()} if count_ops else {}
+    # plain tuples and dicts: the parent unpickles them without this module's classes
+    return {"times": {side: [(t.wall, t.cpu) for t in ts] for side, ts in times.items()}, "skipped": skipped,
+            "ops": {side: (o.calls, o.new_bytes) for side, o in ops.items()}}
 
 
 def bench_mlp(shape: Shape, warmup: int, repeats: int, runs: int) -> Row:
@@ -244,12 +306,14 @@ def bench_mlp(shape: Shape, warmup: int, repeats: int, runs: int) -> Row:
     row = Row(name, peer, [], [])
     for run in range(runs):
         print(f"[1/4] {name}: ours vs {peer} ({TP} gloo ranks), run {run + 1}/{runs}", flush=True)
-        results = run_distributed(_mlp_rank, TP, args=(shape, warmup, repeats), timeout=600)
+        results = run_distributed(_mlp_rank, TP, args=(shape, warmup, repeats, run == 0), timeout=600)
         # a step lasts as long as its slowest rank
         per_step = {side: [Sample(max(w for w, _ in ss), max(c for _, c in ss))
                            for ss in zip(*(r["times"][side] for r in results))]
                     for side in results[0]["times"]}
         row.skipped = results[0]["skipped"]
+        if run == 0:  # the ranks run the same ops (the same shards' shapes); rank 0's counts
+            row.ops = {side: OpCounts(*o) for side, o in results[0]["ops"].items()}
         row.ours += per_step["ours"]
         if row.skipped:
             return row
@@ -360,6 +424,23 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def op_table(row: Row) -> str:
+    """The MLP's ops per fwd+bwd step whose counts differ between ours and the peer, then the totals."""
+    if len(row.ops) < 2:
+        return ""
+    ours, peer = row.ops["ours"], row.ops["megatron"]
+    lines = ["| op (torch.profiler name) | ours calls | megatron-core calls | ours / megatron-core new bytes |",
+             "|---|---|---|---|"]
+    for name in sorted(set(ours.calls) | set(peer.calls)):
+        a, b = ours.calls.get(name, 0), peer.calls.get(name, 0)
+        if a != b:
+            key = name.removeprefix("aten::")
+            lines.append(f"| {name} | {a} | {b} | {ours.new_bytes.get(key, 0)} / {peer.new_bytes.get(key, 0)} |")
+    lines.append(f"| all (ops and autograd nodes; bytes of every new storage) | {sum(ours.calls.values())} | "
+                 f"{sum(peer.calls.values())} | {sum(ours.new_bytes.values())} / {sum(peer.new_bytes.values())} |")
+    return "\n".join(lines)
+
+
 _version = package_version
 
 
@@ -396,7 +477,8 @@ def report(rows: list[Row], args: argparse.Namespace, load: tuple[float, float])
         "",
         table(rows),
         "",
-    ])
+    ] + ([f"Ops of one MLP step (rank 0, run 1), where the two sides differ ({rows[0].name}):", "", ops, ""]
+         if (ops := op_table(rows[0])) else []))
 
 
 # --- command line ------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ autograd node whose backward posts the input-gradient all-reduce before the weig
   the input needs no gradient;
 * the zero-bubble halves (B, then W) run each product once: the all-reduce in B only, the same gradient bits;
 * a shared entry (`enter_linears`, SwiGLU's gate and up) likewise: same bits, one all-reduce over both weight
-  gradients.
+  gradients;
+* no copy-type ATen op (clone, copy_, cat, ...) in the block's forward and backward.
 """
 
 from __future__ import annotations
@@ -203,6 +204,21 @@ def test_input_gradient_all_reduce_is_posted_before_the_weight_gradient_and_wait
         assert log.count("post") == 1 and log.count("wait") == 1, log
         between = log[log.index("post") + 1:log.index("wait")]
         assert "mm" in between and "sum" in between, log  # dA_i = G^T X and db_i while the all-reduce is in flight
+
+
+COPY_OPS = {"clone", "copy_", "_to_copy", "cat", "stack", "contiguous", "empty_like"}
+
+
+def test_the_block_copies_no_tensor_forward_or_backward(results):
+    """The tp 2 MLP, forward and backward, runs no copy-type ATen op, as megatron-core's block runs none (the op
+    counts of docs/results/bench_tp.md): f, g and the fused entry clone nothing (g sums in place), and every gradient
+    lands in .grad without one (AccumulateGrad clones a gradient whose layout differs from its parameter's)."""
+    for r in results:
+        ops = [op for op in r["log"] if op not in ("post", "wait")]
+        # the log: x.detach(), the block's forward and backward, then `run`'s copies of the 4 gradients
+        assert ops[0] == "detach" and ops[-4:] == ["clone"] * 4 and "mm" in ops, ops
+        block = ops[1:-4]
+        assert [op for op in block if op in COPY_OPS] == [], block
 
 
 def test_ledger_counts_one_all_reduce_each_way_and_none_backward_without_an_input_gradient(results):
