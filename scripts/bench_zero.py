@@ -813,10 +813,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "ZeRO-3 peers, no optimizer table); default --out docs/results/bench_zero_overlap.md")
     p.add_argument("--out", default=None, help="the Markdown report (default docs/results/bench_zero.md)")
     args = p.parse_args(argv)
-    if args.out is None:
-        name = "bench_zero_overlap.md" if args.overlap_only else "bench_zero_ddp.md" if args.ddp_only else \
-            "bench_zero.md"
-        args.out = os.path.join(os.path.dirname(__file__), "..", "docs", "results", name)
+    name = "bench_zero_overlap.md" if args.overlap_only else "bench_zero_ddp.md" if args.ddp_only else \
+        "bench_zero.md"
+    args.out = p.results_out(args.out, args.quick, os.path.join(os.path.dirname(__file__), "..", "docs", "results",
+                                                                name))
     if args.quick:
         args.layers, args.hidden, args.vocab, args.seq, args.steps, args.warmup, args.repeats = 1, 64, 256, 16, 2, 1, 1
         args.opt_numel = 200_000
