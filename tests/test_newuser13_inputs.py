@@ -10,7 +10,10 @@ said it would.
    (minutes) and then failed in the 1-bit Adam row; --simulated-dp-bandwidth -1, --lr inf, --sgd-momentum 1 ran.
    gradient_spectrum.py: an unknown --model was a traceback, --lr nan ran.
 3. bench_zero.py / bench_checkpoint.py / bench_collectives.py --quick without --out replaced the measured
-   docs/results table with the smoke table; bench_collectives' bad --out was a traceback.
+   docs/results table with the smoke table; bench_collectives' bad --out was a traceback; bench_zero's
+   --zero3-only / --overlap-only / --ddp-only together ran no row and wrote a table of "not run";
+   bench_planner_mainjob.py found a bad --hardware, too few logged intervals, an --account file or a --warmup
+   leaving out every iteration after the calibration and the 8-rank run (minutes).
 4. train.py: --sgd-momentum 1 (a velocity that never forgets) ran; Megatron's fp16 loss-scale flags were
    "unrecognized ... see --help" with nothing about where the scale is set.
 5. `hybrid models path/to/hf_model` said "no preset" while its own line says --model takes such a folder.
@@ -34,6 +37,7 @@ sys.path.insert(0, SCRIPTS)
 import bench_checkpoint  # noqa: E402
 import bench_collectives  # noqa: E402
 import bench_comm_efficient  # noqa: E402
+import bench_planner_mainjob  # noqa: E402
 import bench_zero  # noqa: E402
 import gradient_spectrum  # noqa: E402
 
@@ -147,6 +151,32 @@ def test_bench_collectives_bad_out_is_the_parsers_line(tmp_path, one_line):
     line = one_line(lambda: bench_collectives.parse(["--out", str(tmp_path / "no" / "x.md")]))
     assert line == (f"bench_collectives.py: error: --out '{tmp_path}/no/x.md': its directory {tmp_path}/no does not "
                     f"exist; create it first")
+
+
+def test_bench_zero_two_only_flags_are_one_line(one_line):
+    line = one_line(lambda: bench_zero.parse_args(["--ddp-only", "--zero3-only", "--out", "/tmp/x.md"]))
+    assert line == ("bench_zero.py: error: --zero3-only and --ddp-only each pick one table's rows (together: none); "
+                    "give one of them")
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--iters", "10"], "--iters 10 logs 0 step-time lines at --log-interval 20; the report needs 2 (the first is "
+                        "warm-up): give --iters >= 40 or a smaller --log-interval"),
+    (["--log-interval", "0"], "argument --log-interval: expected an integer >= 1, got 0"),
+    (["--hardware", "{d}/hw.json"], "--hardware {d}/hw.json: not valid JSON (Expecting value at line 1)"),
+    (["--account", "{d}/hw.json"], "--account '{d}/hw.json' exists and is not a directory"),
+    (["--account", "{d}/acc", "--warmup", "40"], "--warmup 40 leaves out all 40 accounted iterations (--account runs "
+                                                 "min(--iters, 40)); give --warmup < 40"),
+])
+def test_mainjob_bench_bad_input_is_one_line_before_the_calibration(argv, line, tmp_path, monkeypatch, one_line):
+    import subprocess
+    for name in ("run", "Popen"):
+        monkeypatch.setattr(subprocess, name, _never)
+    (tmp_path / "hw.json").write_text("not json")
+    argv = [a.replace("{d}", str(tmp_path)) for a in argv]
+    assert one_line(lambda: bench_planner_mainjob.main(argv)) == \
+        "bench_planner_mainjob.py: error: " + line.replace("{d}", str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["hw.json"]
 
 
 # --- 4. train.py: SGD's momentum, Megatron's loss-scale flags ----------------------------------------------------------
