@@ -41,8 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import torch  # noqa: E402
 
-from hybrid.cliutil import (OneLineParser, atomic_output, check_output_file, cpu_name, float_in,  # noqa: E402
-                            nonnegative_float, positive_float, positive_int)
+from hybrid.cliutil import (OneLineParser, atomic_output, cpu_name, float_in, nonnegative_float,  # noqa: E402
+                            positive_float, positive_int)
 from hybrid.testing import run_distributed  # noqa: E402
 
 MICRO = 2  # sequences per forward/backward unless --micro-batch says otherwise
@@ -315,8 +315,7 @@ def main(argv=None) -> None:
                    help="GB/s of the simulated DP link (0: off)")
     args = p.parse_args(argv)
     for flag, path in (("--out", args.out), ("--json", args.json)):
-        if path:
-            check_output_file(flag, path)
+        p.check_out(flag, path)  # the parser's one line (check_output_file's ValueError was a traceback)
     if args.quick:
         args.steps, args.global_batch, args.seq, args.powersgd_start_iter, args.onebit_freeze_iters = 4, 8, 32, 2, 2
     if args.global_batch % (args.micro_batch * args.dp):

@@ -13,7 +13,10 @@ said it would.
    docs/results table with the smoke table; bench_collectives' bad --out was a traceback; bench_zero's
    --zero3-only / --overlap-only / --ddp-only together ran no row and wrote a table of "not run";
    bench_planner_mainjob.py found a bad --hardware, too few logged intervals, an --account file or a --warmup
-   leaving out every iteration after the calibration and the 8-rank run (minutes).
+   leaving out every iteration after the calibration and the 8-rank run (minutes); bench_comm_efficient's and
+   bench_moe's bad --out, plot_comm_efficient's missing / non-JSON / foreign --ce were tracebacks, and its panel
+   was titled "TP 2 x PP 2 x DP 2" whatever the run; `python -m hybrid.diloco.bench --json` into a missing folder
+   failed after the training (argparse's parser, plain open()).
 4. train.py: --sgd-momentum 1 (a velocity that never forgets) ran; Megatron's fp16 loss-scale flags were
    "unrecognized ... see --help" with nothing about where the scale is set.
 5. `hybrid models path/to/hf_model` said "no preset" while its own line says --model takes such a folder.
@@ -37,9 +40,11 @@ sys.path.insert(0, SCRIPTS)
 import bench_checkpoint  # noqa: E402
 import bench_collectives  # noqa: E402
 import bench_comm_efficient  # noqa: E402
+import bench_moe  # noqa: E402
 import bench_planner_mainjob  # noqa: E402
 import bench_zero  # noqa: E402
 import gradient_spectrum  # noqa: E402
+import plot_comm_efficient  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_process")
 
@@ -177,6 +182,57 @@ def test_mainjob_bench_bad_input_is_one_line_before_the_calibration(argv, line, 
     assert one_line(lambda: bench_planner_mainjob.main(argv)) == \
         "bench_planner_mainjob.py: error: " + line.replace("{d}", str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["hw.json"]
+
+
+@pytest.mark.parametrize("call", [
+    lambda out: bench_comm_efficient.main(["--out", out]),
+    lambda out: bench_comm_efficient.main(["--json", out]),
+    lambda out: bench_moe.main(["--out", out]),
+    lambda out: plot_comm_efficient.main(["--ce", "x.json", "--out", out]),
+])
+def test_bench_bad_out_is_the_parsers_line_not_a_traceback(call, tmp_path, monkeypatch, one_line):
+    monkeypatch.setattr(bench_comm_efficient, "measure", _never)
+    monkeypatch.setattr(bench_moe, "bench_layer", _never)
+    out = str(tmp_path / "no" / "x.md")
+    line = one_line(lambda: call(out))
+    assert line.endswith(f": error: --out {out!r}: its directory {tmp_path / 'no'} does not exist; create it first") \
+        or line.endswith(f": error: --json {out!r}: its directory {tmp_path / 'no'} does not exist; create it first"), \
+        line
+
+
+def test_bench_moe_negative_warmup_is_one_line(monkeypatch, one_line):
+    monkeypatch.setattr(bench_moe, "bench_layer", _never)
+    assert one_line(lambda: bench_moe.main(["--warmup", "-1"])) == \
+        "bench_moe.py: error: argument --warmup: expected an integer >= 0, got -1"
+
+
+@pytest.mark.parametrize("text, want", [
+    (None, "--ce '{d}/ce.json': cannot read it (No such file or directory)"),
+    ("{", "--ce '{d}/ce.json' is not JSON; give scripts/bench_comm_efficient.py --json's output"),
+    ('{"rows": []}', "--ce '{d}/ce.json' is not scripts/bench_comm_efficient.py --json's output"),
+    ('[{"method": "x", "losses": [1]}]', "--ce '{d}/ce.json' is not scripts/bench_comm_efficient.py --json's output"),
+])
+def test_plot_comm_efficient_unreadable_or_foreign_ce_is_one_line(text, want, tmp_path, one_line):
+    if text is not None:
+        (tmp_path / "ce.json").write_text(text)
+    line = one_line(lambda: plot_comm_efficient.main(["--ce", str(tmp_path / "ce.json"), "--out",
+                                                      str(tmp_path / "c.png")]))
+    assert line == "plot_comm_efficient.py: error: " + want.replace("{d}", str(tmp_path))
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_plot_comm_efficient_titles_the_run_its_file_records():
+    assert plot_comm_efficient._ce_title({"model": "tiny-qwen2", "tp": 1, "pp": 1, "dp": 2}) == \
+        "tiny-qwen2, TP 1 x PP 1 x DP 2: gradient compression"
+
+
+def test_diloco_bench_json_into_a_missing_folder_is_one_line_before_training(tmp_path, monkeypatch, one_line):
+    from hybrid.diloco import bench as diloco_bench
+    monkeypatch.setattr(diloco_bench, "rows", _never)
+    out = str(tmp_path / "no" / "d.json")
+    assert one_line(lambda: diloco_bench.main(["--json", out])) == (
+        f"python -m hybrid.diloco.bench: error: --json {out!r}: its directory {tmp_path / 'no'} does not exist; "
+        f"create it first")
 
 
 # --- 4. train.py: SGD's momentum, Megatron's loss-scale flags ----------------------------------------------------------
