@@ -1,4 +1,5 @@
-"""DiLoCo's convergence row for scripts/bench_comm_efficient.py: DiLoCo H = 8 against synchronous AdamW, the same
+"""DiLoCo's convergence row, the companion of scripts/bench_comm_efficient.py (run apart; scripts/plot_comm_efficient.py
+--diloco draws its --json beside that bench's): DiLoCo H = 8 against synchronous AdamW, the same
 tokens, on tp2 x pp2 x dp2 (8 CPU ranks, gloo), the reference corpus (docs/data.md: Python's pydoc topics as bytes,
 the tiny-* presets' data) and the README quick start's shapes (tiny-gpt2, global batch 16, micro-batch 2, seq 128,
 train.py's AdamW defaults: lr 1e-3, 10 warm-up steps, cosine to 1e-4, clip 1.0).
