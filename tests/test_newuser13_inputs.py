@@ -293,6 +293,8 @@ def test_models_of_a_folder_with_a_bad_config_is_one_line(tmp_path, one_line):
     ("cpu_adam", "torch", "ZeroConfig.cpu_adam must be a CpuAdam (CpuAdam.AUTO"),
     ("stage", 1.0, "ZeroConfig.stage must be an integer, got 1.0"),
     ("bucket_bytes", 1e6, "ZeroConfig.bucket_bytes must be an integer, got 1000000.0"),
+    ("initial_loss_scale", float("nan"), "ZeroConfig.initial_loss_scale must be a finite number, got nan"),
+    ("min_loss_scale", "1", "ZeroConfig.min_loss_scale must be a finite number, got '1'"),
 ])
 def test_zero_config_field_of_the_wrong_type_names_it(field, value, fragment):
     from hybrid.zero import ZeroConfig

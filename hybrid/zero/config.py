@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import torch
@@ -117,6 +118,10 @@ class ZeroConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"ZeroConfig.{name} must be an integer, got {value!r}")
+        for name in ("initial_loss_scale", "min_loss_scale"):  # NaN passed the `<= 0` check below
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"ZeroConfig.{name} must be a finite number, got {value!r}")
 
     @property
     def sharded(self) -> bool:
