@@ -21,6 +21,7 @@ said it would.
    "unrecognized ... see --help" with nothing about where the scale is set.
 5. `hybrid models path/to/hf_model` said "no preset" while its own line says --model takes such a folder.
 6. ZeroConfig(step_in_gather_order="false") stepped in gather order (a truthy string); other fields alike.
+   OptimizerConfig(decay_style="cosin") ran cosine and optimizer="adamw" ran Adam without a word (no check at all).
 
 In this process (conftest's `one_line`: one line, no traceback, no process group); nothing is searched, spawned
 or measured (each entry point past its checks is replaced by one that fails the test)."""
@@ -301,3 +302,28 @@ def test_zero_config_field_of_the_wrong_type_names_it(field, value, fragment):
     with pytest.raises(ValueError) as e:
         ZeroConfig(**{field: value})
     assert fragment in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("decay_style", "cosin", "OptimizerConfig.decay_style (--lr-decay-style) must be one of constant, linear, cosine, "
+                             "got 'cosin'"),
+    ("optimizer", "adamw", "OptimizerConfig.optimizer (--optimizer) must be one of adam, sgd, onebit-adam, got 'adamw'"),
+    ("lr", "1e-3", "OptimizerConfig.lr must be a finite number >= 0, got '1e-3'"),
+    ("beta2", 1.0, "OptimizerConfig.beta2 must be a finite number in [0, 1), got 1.0"),
+    ("clip_grad", float("inf"), "OptimizerConfig.clip_grad must be a finite number >= 0, got inf"),
+    ("train_iters", 0, "OptimizerConfig.train_iters must be an integer >= 1, got 0"),
+    ("decay_iters", 2.5, "OptimizerConfig.decay_iters must be an integer >= 1, got 2.5"),
+])
+def test_optimizer_config_field_out_of_its_set_or_range_names_it(field, value, fragment):
+    from hybrid.train_step import OptimizerConfig
+    with pytest.raises(ValueError) as e:
+        OptimizerConfig(**{field: value})
+    assert str(e.value) == fragment
+
+
+def test_optimizer_config_takes_what_train_py_builds():
+    """lr 0 (the evaluation pipeline's), decay_iters None (train_iters), each optimizer and style."""
+    from hybrid.train_step import OptimizerConfig
+    for style in OptimizerConfig.DECAY_STYLES:
+        for opt in OptimizerConfig.OPTIMIZERS:
+            OptimizerConfig(lr=0, decay_style=style, optimizer=opt, decay_iters=None, clip_grad=0.0)
