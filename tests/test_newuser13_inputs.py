@@ -327,3 +327,14 @@ def test_optimizer_config_takes_what_train_py_builds():
     for style in OptimizerConfig.DECAY_STYLES:
         for opt in OptimizerConfig.OPTIMIZERS:
             OptimizerConfig(lr=0, decay_style=style, optimizer=opt, decay_iters=None, clip_grad=0.0)
+
+
+@pytest.mark.parametrize("saved", [{"lr_decay_style": "weird"}, {"lr": "x"}])
+def test_a_checkpoints_unreadable_schedule_is_a_resume_line_not_a_crash(saved):
+    """state.json's recorded flags are data: a schedule OptimizerConfig refuses (or one lr_at could not compute:
+    lr "x" was a TypeError at start-up) is named on the resume line; the run steps at its own flags."""
+    from hybrid.train.explain import lr_change_line
+    now = {"lr": 1e-3, "min_lr": 1e-4, "lr_warmup_iters": 0, "lr_decay_style": "constant", "train_iters": 10}
+    line = lr_change_line({**now, **saved}, now, 2)
+    assert line.startswith("resume: the checkpoint's recorded lr schedule is not one hybrid runs (OptimizerConfig.")
+    assert line.endswith("); this run steps at its own flags' rates: 0.001, then constant"), line
