@@ -190,7 +190,6 @@ class OneLineParser(argparse.ArgumentParser):
         return out or default
 
 
-
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """--help keeps the description's line breaks (examples) and shows every option's default."""
 

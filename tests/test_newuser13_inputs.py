@@ -236,7 +236,7 @@ def test_diloco_bench_json_into_a_missing_folder_is_one_line_before_training(tmp
         f"create it first")
 
 
-# --- 4. train.py: SGD's momentum, Megatron's loss-scale flags ----------------------------------------------------------
+# --- 4. train.py: SGD's momentum, Megatron's loss-scale flags ---------------------------------------------------
 @pytest.mark.parametrize("argv, line", [
     (["--optimizer", "sgd", "--sgd-momentum", "1"], "train.py: error: --sgd-momentum must be in [0, 1), got 1.0"),
     (["--fp16", "--initial-loss-scale", "4096"],
@@ -282,7 +282,8 @@ def test_models_of_a_transformers_folder_shows_that_model(tmp_path, capsys):
 def test_models_of_a_folder_with_a_bad_config_is_one_line(tmp_path, one_line):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_layer": "two"}')
     line = one_line(lambda: hybrid_main(["models", str(tmp_path)]))
-    assert line == f'hybrid models: error: --model {tmp_path}/config.json: n_layer must be a positive integer, got "two"'
+    assert line == (f'hybrid models: error: --model {tmp_path}/config.json: n_layer must be a positive integer, '
+                    f'got "two"')
     assert one_line.out == ""
 
 
@@ -307,7 +308,8 @@ def test_zero_config_field_of_the_wrong_type_names_it(field, value, fragment):
 @pytest.mark.parametrize("field, value, fragment", [
     ("decay_style", "cosin", "OptimizerConfig.decay_style (--lr-decay-style) must be one of constant, linear, cosine, "
                              "got 'cosin'"),
-    ("optimizer", "adamw", "OptimizerConfig.optimizer (--optimizer) must be one of adam, sgd, onebit-adam, got 'adamw'"),
+    ("optimizer", "adamw",
+     "OptimizerConfig.optimizer (--optimizer) must be one of adam, sgd, onebit-adam, got 'adamw'"),
     ("lr", "1e-3", "OptimizerConfig.lr must be a finite number >= 0, got '1e-3'"),
     ("beta2", 1.0, "OptimizerConfig.beta2 must be a finite number in [0, 1), got 1.0"),
     ("clip_grad", float("inf"), "OptimizerConfig.clip_grad must be a finite number >= 0, got inf"),
