@@ -1,7 +1,7 @@
 """The `hybrid` command.
 
     hybrid layout --world 16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
-    hybrid models [NAME ...]   (the model presets: all, or NAME and NAME-...)
+    hybrid models [NAME ...]   (the model presets: all, or NAME and NAME-...; a folder: that transformers model)
     hybrid plan ...            (the layout planner; hybrid calibrate measures a machine for it)
     hybrid checkpoint inspect DIR
     hybrid convert SRC DST     (checkpoints: transformers <-> hybrid, DeepSpeed -> hybrid)
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, fail, int_in, positive_int
@@ -76,12 +77,17 @@ def preset_family(word: str, presets: list[str]) -> list[str]:
 
 
 def _models(args: argparse.Namespace) -> None:
+    """The presets' sizes; a NAME that is a folder (what --model takes besides a preset) is that model, read and
+    checked as train.py reads it -- `hybrid models path/to/hf_model` was "no preset" while the line said --model
+    takes such a folder."""
     from models.config import load_config
     from models.presets import PRESETS
-    names = [p for word in args.names for p in preset_family(word, list(PRESETS))] if args.names else list(PRESETS)
+    names = [p for word in args.names
+             for p in ([word] if os.path.isdir(word) else preset_family(word, list(PRESETS)))] \
+        if args.names else list(PRESETS)
+    configs = {name: load_config(name) for name in dict.fromkeys(names)}  # a bad config.json: one line, no table
     print(f"{'preset':<14} {'arch':<6} {'params':>10} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'vocab':>7}")
-    for name in dict.fromkeys(names):
-        c = load_config(name)
+    for name, c in configs.items():
         print(f"{name:<14} {c.arch:<6} {c.num_parameters / 1e6:>9.1f}M {c.num_layers:>6} {c.hidden_size:>6} "
               f"{c.num_heads:>5} {c.num_kv_heads:>3} {c.vocab_size:>7}")
 
@@ -106,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MoE: experts per layer, to print which ranks hold which (default: EP, one each)")
     p.set_defaults(func=_layout)
     p = sub.add_parser("models", help="list model presets", formatter_class=HelpFormatter)
-    p.add_argument("names", nargs="*", metavar="NAME", help="only these presets and those named NAME-... (default: all)")
+    p.add_argument("names", nargs="*", metavar="NAME", help="only these presets and those named NAME-...; a folder: "
+                   "the transformers model in it (config.json), as --model reads it (default: all presets)")
     p.set_defaults(func=_models)
     for module in SUBCOMMANDS:  # each feature registers its own; a broken install fails here, loudly
         importlib.import_module(module).add_parser(sub)

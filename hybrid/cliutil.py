@@ -180,6 +180,15 @@ class OneLineParser(argparse.ArgumentParser):
             except ValueError as e:
                 self.error(str(e))
 
+    def results_out(self, out: str | None, quick: bool, default: str) -> str:
+        """--out of a benchmark whose default report is a measured table in docs/results: a --quick smoke run
+        (it measures nothing) must name its own --out, else this parser's one-line error -- `bench_zero.py
+        --quick` used to replace docs/results/bench_zero.md with the smoke table."""
+        if out is None and quick:
+            self.error(f"--quick measures nothing: give --out FILE (without it the smoke table would replace the "
+                       f"measured {os.path.relpath(os.path.abspath(default))})")
+        return out or default
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """--help keeps the description's line breaks (examples) and shows every option's default."""

@@ -61,6 +61,32 @@ class OptimizerConfig:
     optimizer: str = "adam"
     sgd_momentum: float = 0.9
 
+    DECAY_STYLES = ("constant", "linear", "cosine")
+    OPTIMIZERS = ("adam", "sgd", "onebit-adam")
+
+    def __post_init__(self) -> None:
+        """Each field on its own (train.py's flags are checked before, with the cross-field rules): a decay style
+        or optimizer not in the list was run as cosine / Adam without a word (lr_at's `else`), a string number
+        failed mid-step. ValueError naming the field and its flag."""
+        for name, choices, flag in (("decay_style", self.DECAY_STYLES, "--lr-decay-style"),
+                                    ("optimizer", self.OPTIMIZERS, "--optimizer")):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"OptimizerConfig.{name} ({flag}) must be one of {', '.join(choices)}, got "
+                                 f"{getattr(self, name)!r}")
+        for name, high in (("lr", None), ("min_lr", None), ("weight_decay", None), ("eps", None),
+                           ("clip_grad", None), ("beta1", 1.0), ("beta2", 1.0), ("sgd_momentum", 1.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0 or (high is not None and value >= high):
+                bound = f"in [0, {high:g})" if high is not None else ">= 0"
+                raise ValueError(f"OptimizerConfig.{name} must be a finite number {bound}, got {value!r}")
+        for name, low in (("warmup_iters", 0), ("train_iters", 1), ("decay_iters", 1)):
+            value = getattr(self, name)
+            if value is None and name == "decay_iters":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"OptimizerConfig.{name} must be an integer >= {low}, got {value!r}")
+
     def lr_at(self, it: int) -> float:
         """The rate of step `it` (0-based), megatron-core's OptimizerParamScheduler.get_lr at num_steps = it
         (Megatron counts in samples, warm-up and decay steps times the global batch: the same ratios):

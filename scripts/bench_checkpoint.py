@@ -403,9 +403,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dir", default=None, help="scratch directory on the disk to measure (default: a new one under "
                                                "the system temp directory); removed afterwards")
     p.add_argument("--quick", action="store_true", help="smoke run: a tiny model, 1 repeat (measures nothing)")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "results",
-                                                 "bench_checkpoint.md"), help="the Markdown report")
+    p.add_argument("--out", default=None, help="the Markdown report (default docs/results/bench_checkpoint.md; "
+                                               "--quick: required)")
     args = p.parse_args(argv)
+    args.out = p.results_out(args.out, args.quick, os.path.join(os.path.dirname(__file__), "..", "docs", "results",
+                                                                "bench_checkpoint.md"))
     if args.quick:
         args.layers, args.hidden, args.vocab, args.seq, args.repeats = 1, 64, 256, 16, 1
     if args.hidden % 16:

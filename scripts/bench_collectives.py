@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, atomic_output, check_output_file, cpu_name, positive_int  # noqa: E402
+from hybrid.cliutil import HelpFormatter, OneLineParser, atomic_output, cpu_name, positive_int  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 
 MB = 2**20
@@ -111,7 +111,7 @@ def measure(rank: int, world: int, sizes: list[int], steps: int) -> dict:
 
 
 def parse(argv):
-    p = OneLineParser(description=__doc__, formatter_class=HelpFormatter)
+    p = OneLineParser(prog="bench_collectives.py", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--ranks", type=positive_int, default=2, help="gloo ranks (no more than cores)")
     p.add_argument("--mb", default="16,128,400", help="output sizes in MiB (fp32), comma-separated")
     p.add_argument("--steps", type=positive_int, default=10, help="timed calls per row (median)")
@@ -127,8 +127,9 @@ def parse(argv):
         p.error(f"--mb {args.mb!r}: give sizes in MiB separated by commas, e.g. 16,128")
     if any(n < args.ranks for n in args.sizes):
         p.error(f"--mb {args.mb!r}: every size must hold at least one float per rank")
-    args.out = args.out or os.path.join(os.path.dirname(__file__), "..", "docs", "results", "bench_collectives.md")
-    check_output_file("--out", args.out)
+    args.out = p.results_out(args.out, args.quick, os.path.join(os.path.dirname(__file__), "..", "docs", "results",
+                                                                "bench_collectives.md"))
+    p.check_out("--out", args.out)  # the parser's one line (check_output_file's ValueError was a traceback)
     return args
 
 

@@ -41,7 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import torch  # noqa: E402
 
-from hybrid.cliutil import OneLineParser, atomic_output, check_output_file, cpu_name, positive_int  # noqa: E402
+from hybrid.cliutil import (OneLineParser, atomic_output, cpu_name, float_in, nonnegative_float,  # noqa: E402
+                            positive_float, positive_int)
 from hybrid.testing import run_distributed  # noqa: E402
 
 MICRO = 2  # sequences per forward/backward unless --micro-batch says otherwise
@@ -235,6 +236,33 @@ def report(rows: dict[str, dict], args) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_model(p: OneLineParser, args) -> None:
+    """--model, --hidden-size, --tp, --pp and --seq against the model, in this process before any rank is spawned
+    (an unknown preset or a --tp not dividing the heads was each rank's traceback): train.py's rules
+    (mesh.validate_model_dims, the learned positions), named by this script's flags."""
+    from hybrid.mesh import ParallelDims, validate_model_dims
+    from models import load_config
+    try:
+        heads = load_config(args.model).num_heads
+    except ValueError as e:
+        p.error(str(e))
+    if args.hidden_size and args.hidden_size % (heads * args.tp):
+        p.error(f"--hidden-size must be a multiple of the model's {heads} heads x --tp {args.tp}")
+    arch = _arch(args)
+    if arch.num_experts and (not args.rows or "1-bit Adam" in args.rows):
+        p.error(f"--model {args.model}: the 1-bit Adam row does not run with MoE experts (as train.py's "
+                f"--optimizer onebit-adam); give --rows AdamW,PowerSGD")
+    try:
+        validate_model_dims(ParallelDims(tp=args.tp, pp=args.pp), arch.num_heads, arch.num_kv_heads,
+                            arch.num_layers, arch.ffn_hidden_size)
+    except ValueError as e:
+        p.error(str(e).replace("--tensor-model-parallel-size", "--tp").replace("--pipeline-model-parallel-size",
+                                                                               "--pp"))
+    if args.seq > arch.max_position_embeddings:
+        p.error(f"--seq {args.seq} exceeds the model's {arch.max_position_embeddings} positions; use at most "
+                f"{arch.max_position_embeddings}")
+
+
 def main(argv=None) -> None:
     p = OneLineParser(prog="bench_comm_efficient.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a few steps: a smoke test")
@@ -252,12 +280,12 @@ def main(argv=None) -> None:
                    help="sequences per forward/backward (the same mean gradient per step; a larger one runs a large "
                         "--global-batch faster on CPU)")
     p.add_argument("--seq", type=positive_int, default=128)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=positive_float, default=3e-3)
     p.add_argument("--adam-beta2", type=float, default=0.95, help="every row's (train.py's default, Megatron's)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
                    help="the AdamW and PowerSGD rows' optimizer (sgd: SGD with --sgd-momentum, PowerSGD's paper's); "
                         "1-bit Adam is always Adam")
-    p.add_argument("--sgd-momentum", type=float, default=0.9)
+    p.add_argument("--sgd-momentum", type=float_in(0.0, 1.0, high_open=True), default=0.9)
     p.add_argument("--min-lr", type=float, default=0.0, help="the decay's floor (with --lr-decay-style linear/cosine)")
     p.add_argument("--lr-warmup-iters", type=int, default=0)
     p.add_argument("--lr-decay-style", choices=("constant", "linear", "cosine"), default="constant")
@@ -283,11 +311,11 @@ def main(argv=None) -> None:
                    help="torch's use_error_feedback=False: the residual is dropped, not carried (a diagnostic)")
     p.add_argument("--powersgd-start-iter", type=int, default=20)
     p.add_argument("--onebit-freeze-iters", type=int, default=20)
-    p.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS")
+    p.add_argument("--simulated-dp-bandwidth", type=nonnegative_float, default=0.0, metavar="GBPS",
+                   help="GB/s of the simulated DP link (0: off)")
     args = p.parse_args(argv)
     for flag, path in (("--out", args.out), ("--json", args.json)):
-        if path:
-            check_output_file(flag, path)
+        p.check_out(flag, path)  # the parser's one line (check_output_file's ValueError was a traceback)
     if args.quick:
         args.steps, args.global_batch, args.seq, args.powersgd_start_iter, args.onebit_freeze_iters = 4, 8, 32, 2, 2
     if args.global_batch % (args.micro_batch * args.dp):
@@ -297,16 +325,12 @@ def main(argv=None) -> None:
         p.error(f"--powersgd-start-iter must be >= 2 and below --steps ({args.steps})")
     if args.onebit_freeze_iters < 1 or args.onebit_freeze_iters >= args.steps:
         p.error(f"--onebit-freeze-iters must be >= 1 and below --steps ({args.steps})")
-    if args.hidden_size:
-        from models import load_config
-        heads = load_config(args.model).num_heads
-        if args.hidden_size % (heads * args.tp):
-            p.error(f"--hidden-size must be a multiple of the model's {heads} heads x --tp {args.tp}")
     if args.rows:
         unknown = [r for r in args.rows if r not in {n.split(" (")[0] for n in ROWS}]
         if unknown:
             p.error(f"--rows: unknown row {unknown[0]!r}; rows: AdamW, PowerSGD, 1-bit Adam")
         args.rows = ["AdamW"] + [r for r in args.rows if r != "AdamW"]
+    _check_model(p, args)
     if not 0 <= args.lr_warmup_iters < args.steps:
         p.error(f"--lr-warmup-iters must be >= 0 and below --steps ({args.steps})")
     if not args.powersgd_min_compression_rate >= 1:

@@ -50,7 +50,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from hybrid.cliutil import OneLineParser, atomic_output, check_output_file, cpu_name, package_version  # noqa: E402
+from hybrid.cliutil import (OneLineParser, atomic_output, cpu_name, nonnegative_int,  # noqa: E402
+                            package_version)
 from hybrid.cliutil import positive_int  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 
@@ -291,15 +292,14 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None, metavar="PATH", help="write the markdown table here")
     p.add_argument("--runs", type=positive_int, default=3)
     p.add_argument("--repeats", type=positive_int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=nonnegative_int, default=2)
     p.add_argument("--tokens", type=positive_int, default=512)
     p.add_argument("--hidden", type=positive_int, default=256)
     p.add_argument("--ffn", type=positive_int, default=512)
     p.add_argument("--experts", type=positive_int, default=8)
     p.add_argument("--topk", type=positive_int, default=2)
     args = p.parse_args(argv)
-    if args.out:
-        check_output_file("--out", args.out)
+    p.check_out("--out", args.out)  # the parser's one line (check_output_file's ValueError was a traceback)
     if args.quick:
         args.runs, args.repeats, args.warmup = 1, 2, 1
         shape = Shape(tokens=32, hidden=32, ffn=64, experts=4, topk=2)

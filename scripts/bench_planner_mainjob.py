@@ -406,15 +406,44 @@ def _emit(lines: list[str], out: str | None) -> int:
     return 0
 
 
+def _check(p, args: argparse.Namespace) -> None:
+    """What used to fail only after the calibration and the 8-rank run (minutes), as the parser's one line: a
+    --hardware profile the planner cannot read, too few logged intervals for a measurement (the first is warm-up),
+    an --account folder that cannot be made, a --warmup leaving out every accounted iteration."""
+    from hybrid.cliutil import check_output_dir
+    from hybrid.planner.calibrate import load_hardware
+    if args.hardware:
+        try:
+            load_hardware(args.hardware)
+        except ValueError as e:
+            p.error(str(e))
+    if args.account:
+        try:
+            check_output_dir("--account", args.account)
+        except ValueError as e:
+            p.error(str(e))
+        iters = 8 if args.quick else min(args.iters, 40)
+        if not args.quick and args.warmup >= iters:
+            p.error(f"--warmup {args.warmup} leaves out all {iters} accounted iterations (--account runs "
+                    f"min(--iters, 40)); give --warmup < {iters}")
+    elif not args.quick and args.iters < 2 * args.log_interval:
+        p.error(f"--iters {args.iters} logs {args.iters // args.log_interval} step-time lines at --log-interval "
+                f"{args.log_interval}; the report needs 2 (the first is warm-up): give --iters >= "
+                f"{2 * args.log_interval} or a smaller --log-interval")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = _one_line_parser()(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--iters", type=int, default=200, help="training iterations (the README's main job: 200)")
-    p.add_argument("--log-interval", type=int, default=20, help="iterations per logged p50")
+    p = _one_line_parser()(prog="bench_planner_mainjob.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    from hybrid.cliutil import nonnegative_int, positive_int
+    p.add_argument("--iters", type=positive_int, default=200,
+                   help="training iterations (the README's main job: 200)")
+    p.add_argument("--log-interval", type=positive_int, default=20, help="iterations per logged p50")
     p.add_argument("--hardware", help="an existing profile (default: calibrate 8 ranks now)")
     p.add_argument("--quick", action="store_true", help="8 iterations, a short calibration: checks the script runs")
     p.add_argument("--out", help="write the Markdown report here")
     p.add_argument("--account", metavar="DIR", help="per rank per phase CPU seconds into DIR beside the planner's")
-    p.add_argument("--warmup", type=int, default=5, help="--account: iterations left out at the start")
+    p.add_argument("--warmup", type=nonnegative_int, default=5, help="--account: iterations left out at the start")
     p.add_argument("--rank-entry", metavar="DIR", help=argparse.SUPPRESS)  # torchrun's ranks under --account
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--rank-entry"]:  # DIR WARMUP train.py flags...
@@ -422,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = p.parse_args(argv)
     p.check_out("--out", args.out)
+    _check(p, args)
     if args.account:
         return account(args)
     iters, interval = (8, 2) if args.quick else (args.iters, args.log_interval)

@@ -813,10 +813,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "ZeRO-3 peers, no optimizer table); default --out docs/results/bench_zero_overlap.md")
     p.add_argument("--out", default=None, help="the Markdown report (default docs/results/bench_zero.md)")
     args = p.parse_args(argv)
-    if args.out is None:
-        name = "bench_zero_overlap.md" if args.overlap_only else "bench_zero_ddp.md" if args.ddp_only else \
-            "bench_zero.md"
-        args.out = os.path.join(os.path.dirname(__file__), "..", "docs", "results", name)
+    only = [f"--{k.replace('_', '-')}" for k in ("zero3_only", "overlap_only", "ddp_only") if getattr(args, k)]
+    if len(only) > 1:  # each leaves out the others' rows: together they ran no row and wrote a table of "not run"
+        p.error(f"{' and '.join(only)} each pick one table's rows (together: none); give one of them")
+    name = "bench_zero_overlap.md" if args.overlap_only else "bench_zero_ddp.md" if args.ddp_only else \
+        "bench_zero.md"
+    args.out = p.results_out(args.out, args.quick, os.path.join(os.path.dirname(__file__), "..", "docs", "results",
+                                                                name))
     if args.quick:
         args.layers, args.hidden, args.vocab, args.seq, args.steps, args.warmup, args.repeats = 1, 64, 256, 16, 2, 1, 1
         args.opt_numel = 200_000

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import torch  # noqa: E402
 
-from hybrid.cliutil import OneLineParser, positive_int  # noqa: E402
+from hybrid.cliutil import OneLineParser, positive_float, positive_int  # noqa: E402
 
 
 def shares(model, batches, ranks: list[int]) -> dict[str, list[float]]:
@@ -64,7 +64,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=lambda v: [positive_int(x) for x in v.split(",")], default=[60], metavar="N[,N]",
                    help="look again after each of these many AdamW steps (the first look: step 0)")
     p.add_argument("--ranks", type=lambda v: [positive_int(x) for x in v.split(",")], default=[4, 16])
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=positive_float, default=3e-3)
     p.add_argument("--global-batch", type=positive_int, default=16, help="the bench's global batch (sequences)")
     p.add_argument("--dp", type=positive_int, default=2,
                    help="look at DP rank 0's G / dp sequences (1: the whole batch's gradient, the DP mean)")
@@ -77,8 +77,12 @@ def main(argv=None) -> None:
     from hybrid.data import BatchSpec, load_corpus, micro_batches
     from hybrid.tp import TPContext
     from models import build_model, load_config
+    try:  # an unknown preset or a bad config.json: the parser's one line, not load_config's traceback
+        cfg = load_config(args.model)
+    except ValueError as e:
+        p.error(str(e))
     torch.set_num_threads(1)
-    model = build_model(load_config(args.model), TPContext(Group.solo("tp")), seed=3).train()
+    model = build_model(cfg, TPContext(Group.solo("tp")), seed=3).train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     # the bench's global batch; DP rank 0's G / dp sequences as one micro-batch
     corpus, spec = load_corpus(), BatchSpec(args.global_batch, args.global_batch // args.dp, 128, args.dp)

@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from hybrid.cliutil import OneLineParser, atomic_output, check_output_file  # noqa: E402
+from hybrid.cliutil import OneLineParser, atomic_output  # noqa: E402
 
 
 def _smooth(xs: list[float], k: int = 5) -> list[float]:
@@ -35,26 +35,61 @@ def _panel(ax, title: str, curves: list[tuple[str, list[float], int]]) -> None:
     ax.legend(fontsize=8)
 
 
+def _read(p: OneLineParser, flag: str, path: str, shape: str, ok) -> object:
+    """The JSON a bench wrote (`flag`), or this parser's one line naming it: a missing file, not JSON, or not the
+    bench's shape (`ok`) were tracebacks."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError) as e:
+        p.error(f"{flag} {path!r}: cannot read it ({e.strerror if isinstance(e, OSError) else 'not UTF-8'})")
+    except (ValueError, RecursionError):
+        p.error(f"{flag} {path!r} is not JSON; give {shape}")
+    try:
+        if ok(data):
+            return data
+    except (AttributeError, KeyError, TypeError):
+        pass
+    p.error(f"{flag} {path!r} is not {shape}")
+
+
+def _ce_ok(ce) -> bool:
+    return isinstance(ce["args"], dict) and bool(ce["rows"]) and all(
+        isinstance(r["curve"], list) and isinstance(r["start"], int) for r in ce["rows"].values())
+
+
+def _diloco_ok(rows) -> bool:
+    return isinstance(rows, list) and bool(rows) and all(
+        isinstance(r["method"], str) and isinstance(r["losses"], list) for r in rows)
+
+
+def _ce_title(args: dict) -> str:
+    """The run the --ce file records (its model and mesh), not the bench's defaults: a --tp 1 --pp 1 --dp 2 proxy
+    was titled "TP 2 x PP 2 x DP 2"."""
+    return (f"{args.get('model', 'tiny-llama')}, TP {args.get('tp', 2)} x PP {args.get('pp', 2)} x DP "
+            f"{args.get('dp', 2)}: gradient compression")
+
+
 def main(argv: list[str] | None = None) -> None:
-    p = OneLineParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="plot_comm_efficient.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--ce", required=True, help="bench_comm_efficient.py --json output")
     p.add_argument("--diloco", default=None, help="python -m hybrid.diloco.bench --json output")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    check_output_file("--out", args.out)
+    p.check_out("--out", args.out)
+    ce = _read(p, "--ce", args.ce, "scripts/bench_comm_efficient.py --json's output", _ce_ok)
+    diloco = args.diloco and _read(p, "--diloco", args.diloco, "python -m hybrid.diloco.bench --json's output",
+                                   _diloco_ok)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    with open(args.ce) as f:
-        ce = json.load(f)
     rank = ce["args"].get("powersgd_rank")  # the main PowerSGD row's rank (extra rows name theirs)
-    panels = [("tiny-llama, TP 2 x PP 2 x DP 2: gradient compression",
+    panels = [(_ce_title(ce["args"]),
                [(f"PowerSGD r {rank}" if name == "PowerSGD" and rank else name, r["curve"], r["start"])
                 for name, r in ce["rows"].items()])]
-    if args.diloco:
-        with open(args.diloco) as f:
-            rows = json.load(f)
-        panels.append(("tiny-gpt2, TP 2 x PP 2 x DP 2: local updates", [(r["method"], r["losses"], 0) for r in rows]))
+    if diloco:
+        panels.append(("tiny-gpt2, TP 2 x PP 2 x DP 2: local updates",  # hybrid.diloco.bench's one mesh
+                       [(r["method"], r["losses"], 0) for r in diloco]))
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), squeeze=False)
     for ax, (title, curves) in zip(axes[0], panels):
         _panel(ax, title, curves)

@@ -1,4 +1,5 @@
-"""DiLoCo's convergence row for scripts/bench_comm_efficient.py: DiLoCo H = 8 against synchronous AdamW, the same
+"""DiLoCo's convergence row, the companion of scripts/bench_comm_efficient.py (run apart; scripts/plot_comm_efficient.py
+--diloco draws its --json beside that bench's): DiLoCo H = 8 against synchronous AdamW, the same
 tokens, on tp2 x pp2 x dp2 (8 CPU ranks, gloo), the reference corpus (docs/data.md: Python's pydoc topics as bytes,
 the tiny-* presets' data) and the README quick start's shapes (tiny-gpt2, global batch 16, micro-batch 2, seq 128,
 train.py's AdamW defaults: lr 1e-3, 10 warm-up steps, cosine to 1e-4, clip 1.0).
@@ -23,11 +24,11 @@ AdamW's at 200 steps, with H x fewer DP bytes.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
 
+from hybrid.cliutil import OneLineParser, atomic_output
 from hybrid.data import BatchSpec, load_corpus, micro_batches
 from hybrid.diloco.args import DiLoCoConfig
 from hybrid.diloco.run import LocalUpdates
@@ -109,12 +110,13 @@ def rows(quick: bool = False, streaming: bool = False) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m hybrid.diloco.bench", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m hybrid.diloco.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="16 steps at seq 32: checks that it runs, measures nothing")
     p.add_argument("--streaming", action="store_true",
                    help="a third row: Streaming DiLoCo, H 8, 4 fragments, tau 1, alpha 0.5 (the same tokens)")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
+    p.check_out("--json", args.json)  # before the minutes of training: a missing folder was a traceback after them
     table = rows(args.quick, args.streaming)
     base = table[0]
     print("| method | steps | final loss (held out) | vs synchronous | train loss (last 8) | DP bytes (rank 0) |")
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{100 * (r['final_loss'] / base['final_loss'] - 1):+.2f} % | {r['train_loss']:.4f} | "
               f"{r['dp_bytes'] / 2**20:.1f} MiB ({r['dp_bytes'] / max(base['dp_bytes'], 1):.3f}x) |")
     if args.json:
-        with open(args.json, "w") as f:
+        with atomic_output(args.json) as tmp, open(tmp, "w") as f:  # whole or not at all
             json.dump(table, f, indent=1)
 
 

@@ -472,15 +472,18 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                     fp8_scaling=Fp8Scaling(args.fp8_scaling or Fp8Scaling.CURRENT.value),
                     p2p=PipelineP2P(args.pipeline_p2p), grad_accumulation_fusion=args.gradient_accumulation_fusion,
                     overlap_param_gather=args.overlap_param_gather,
-                    fused_cross_entropy=args.fused_cross_entropy, pipeline_split=_pipeline_split(args))
+                    fused_cross_entropy=args.fused_cross_entropy, pipeline_split=_pipeline_split(args, model))
 
 
-def _pipeline_split(args: argparse.Namespace) -> PipelineSplit | None:
-    """Megatron-core's split flags as a PipelineSplit (None when none is given)."""
+def _pipeline_split(args: argparse.Namespace, model: ModelConfig) -> PipelineSplit | None:
+    """Megatron-core's split flags as a PipelineSplit (None when none is given), checked against the model."""
     split = PipelineSplit(embedding=args.account_for_embedding_in_pipeline_split,
                           loss=args.account_for_loss_in_pipeline_split,
                           first=args.decoder_first_pipeline_num_layers, last=args.decoder_last_pipeline_num_layers)
-    return None if split == PipelineSplit() else split
+    if split == PipelineSplit():
+        return None
+    split.check(model.num_layers)
+    return split
 
 
 def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:

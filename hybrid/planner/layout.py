@@ -541,6 +541,19 @@ class PipelineSplit:
             out["decoder_last_pipeline_num_layers"] = self.last
         return out
 
+    def check(self, num_layers: int) -> None:
+        """What no pipeline size can split, before a search: otherwise every pp > 1 layout is rejected on it and
+        the search answers pp 1 (which ignores a split) without a word. ValueError naming the flags: the
+        accounting flags beside a layer count (exclusive in Megatron-core), first + last above the model's
+        layers."""
+        named = " and ".join("--" + k.replace("_", "-") for k in self.flags())
+        if (self.embedding or self.loss) and (self.first is not None or self.last is not None):
+            raise ValueError(f"{named}: the accounting flags and the first / last layer counts are exclusive (as "
+                             f"in Megatron-core); give one kind")
+        if (self.first or 0) + (self.last or 0) > num_layers:
+            raise ValueError(f"{named}: {(self.first or 0) + (self.last or 0)} layers on the first / last pipeline "
+                             f"rank, more than the model's {num_layers}; give at most {num_layers} in all")
+
 
 def megatron_split(num_layers: int, pp: int, v: int, split: PipelineSplit) -> tuple[int, ...]:
     """Layers of each of the pp v global stages (stage = chunk pp + rank) as Megatron-core builds them
@@ -566,8 +579,10 @@ def megatron_split(num_layers: int, pp: int, v: int, split: PipelineSplit) -> tu
     rest = num_layers - (first or 0) - (last or 0)
     if pp < 2 or any(n is not None and (n < 0 or n % v) for n in (first, last)) or rest < 0 \
             or (middle == 0 and rest) or (middle and rest % (middle * v)):
-        raise ValueError(f"{named}: pp {pp} x v {v} cannot hold {first} / {last} layers on the first / last rank "
-                         f"and the other {rest} evenly on {middle} middle ranks (each rank's layers a multiple of v)")
+        ends = ((first, "first"), (last, "last"))
+        held = " and ".join(f"{n} on the {end} rank" for n, end in ends if n is not None)
+        raise ValueError(f"{named}: pp {pp} x v {v} cannot hold {held} and the other {rest} layers evenly on "
+                         f"{middle} middle ranks (each rank's layers a multiple of v)")
     per_rank = [rest // middle if middle else 0] * pp
     if first is not None:
         per_rank[0] = first

@@ -114,7 +114,9 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag.name} must be at most {MAX_COUNT}, got an integer of {len(str(value))} digits")
         if value < flag.low or (flag.low_open and value == flag.low):
             raise ValueError(f"{flag.name} must be {'>' if flag.low_open else '>='} {flag.low}, got {value}")
-    for flag, beta in (("--adam-beta1", args.adam_beta1), ("--adam-beta2", args.adam_beta2)):
+    # a decay of 1 or more never forgets a gradient: Adam's moments and SGD's velocity grow without bound
+    for flag, beta in (("--adam-beta1", args.adam_beta1), ("--adam-beta2", args.adam_beta2),
+                       ("--sgd-momentum", args.sgd_momentum)):
         if not 0 <= beta < 1:
             raise ValueError(f"{flag} must be in [0, 1), got {beta}")
     if args.min_lr is not None and args.min_lr > args.lr:  # given: above --lr (given, default or the JSON's)

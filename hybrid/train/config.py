@@ -147,8 +147,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--optimizer", OPTIM, "adam (AdamW) or sgd (torch's SGD, --sgd-momentum; Megatron's names); onebit-adam: "
          "1-bit Adam (--onebit-freeze-iters, docs/comm-efficient.md)", default="adam", type=str,
          choices=("adam", "sgd", "onebit-adam")),
-    Flag("--sgd-momentum", OPTIM, "--optimizer sgd's momentum (Megatron's default 0.9)", default=0.9, type=float,
-         low=0.0),
+    Flag("--sgd-momentum", OPTIM, "--optimizer sgd's momentum, in [0, 1) (Megatron's default 0.9)", default=0.9,
+         type=float, low=0.0),
     Flag("--seed", OPTIM, f"initialisation and data order, in [0, {MAX_SEED}]", default=1234, type=int),
     Flag("--zero-stage", ZERO, "0 DP, 1 optimizer states, 2 + gradients, 3 + parameters", default=0, type=int,
          deepspeed=("zero_optimization.stage", "zero_stage")),

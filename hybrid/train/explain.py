@@ -328,7 +328,12 @@ def lr_change_line(saved_flags: dict, now_flags: dict, start: int) -> str | None
     changed."""
     if all(saved_flags.get(k) == now_flags.get(k) for k in SCHEDULE_FLAGS if k in saved_flags):
         return None
-    old, new = schedule_of({**now_flags, **saved_flags}), schedule_of(now_flags)
+    new = schedule_of(now_flags)
+    try:  # a checkpoint's state.json is data: its recorded flags may name no schedule (OptimizerConfig refuses)
+        old = schedule_of({**now_flags, **saved_flags})
+    except (ValueError, TypeError) as e:
+        return (f"resume: the checkpoint's recorded lr schedule is not one hybrid runs ({e}); this run steps at its "
+                f"own flags' rates: {schedule_text(new)}")
     if start >= new.train_iters:
         return None  # nothing left to run (resume_lines says so)
     differ = next((k for k in range(start, new.train_iters) if old.lr_at(k) != new.lr_at(k)), None)

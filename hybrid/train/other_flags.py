@@ -57,6 +57,14 @@ SPLIT_ONLY = ("not implemented: every pipeline stage here holds a transformer la
               "--pipeline-layers-per-stage (the embedding stays on the first stage, the loss on the last)")
 SPLIT_BY_HAND = "give each stage's layers with --pipeline-layers-per-stage (e.g. 7,8,8,7); drop the flag"
 
+# Megatron's fp16 loss-scale flags: the scale here is dynamic, its knobs DeepSpeed's JSON keys (hybrid/zero/ds_config.py)
+LOSS_SCALE = ("the fp16 loss scale is dynamic (from 2^16, halved on an overflow, doubled after 1000 clean steps); "
+              "set {key} in a --deepspeed-config JSON")
+STATIC_SCALE = ("a static loss scale is not implemented: the fp16 loss scale is dynamic; its start is "
+                "fp16.initial_scale_power in a --deepspeed-config JSON; drop the flag")
+HYSTERESIS = ("not implemented: the fp16 loss scale halves at the first overflow (as DeepSpeed's at hysteresis 1); "
+              "drop the flag")
+
 TIMERS = ("per-rank step times and the time split print every --timing-log-interval log intervals "
           "(docs/operations.md); drop the flag")
 GRAD_NORM_ONLY = "not implemented; the log line has the gradient norm"
@@ -78,6 +86,11 @@ INSTEAD = {
     "--decoder-first-pipeline-num-layers": SPLIT_BY_HAND,
     "--decoder-last-pipeline-num-layers": SPLIT_BY_HAND,
     "--pipeline-model-parallel-layout": SPLIT_BY_HAND,
+    "--loss-scale": STATIC_SCALE,
+    "--initial-loss-scale": LOSS_SCALE.format(key="fp16.initial_scale_power (the power of two it starts at)"),
+    "--loss-scale-window": LOSS_SCALE.format(key="fp16.loss_scale_window"),
+    "--min-loss-scale": LOSS_SCALE.format(key="fp16.min_loss_scale"),
+    "--hysteresis": HYSTERESIS,
     "--recompute-method": RECOMPUTE_SUBSET,
     "--recompute-num-layers": RECOMPUTE_SUBSET,
     "--train-samples": "give --train-iters (samples / --global-batch-size)",

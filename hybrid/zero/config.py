@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +85,7 @@ class ZeroConfig:
     min_loss_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.stage not in (0, 1, 2, 3):
             raise ValueError(f"--zero-stage must be 0, 1, 2 or 3, got {self.stage}")
         if self.offload_params and self.stage != 3:
@@ -98,6 +100,28 @@ class ZeroConfig:
             raise ValueError(f"--zero-bucket-bytes must be >= 1, got {self.bucket_bytes}")
         if self.initial_loss_scale <= 0 or self.min_loss_scale <= 0 or self.loss_scale_window < 1:
             raise ValueError("loss scaling: initial and minimum scale must be > 0 and the window >= 1")
+
+    def _check_types(self) -> None:
+        """A switch that is not a bool, a precision or CPU Adam that is not its enum: ValueError naming the field.
+        A string would pass a truth test (ZeroConfig(step_in_gather_order="false") stepped in gather order) or fail
+        deep in the engine (precision "bf16" has no .dtype)."""
+        for name in ("offload_optimizer", "offload_params", "keep_gathered", "overlap_param_gather",
+                     "accumulate_fp32_grads", "reduce_from_grads", "step_in_gather_order"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ZeroConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        for name, kind in (("precision", Precision), ("cpu_adam", CpuAdam)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"ZeroConfig.{name} must be a {kind.__name__} "
+                                 f"({', '.join(f'{kind.__name__}.{m.name}' for m in kind)}), "
+                                 f"got {getattr(self, name)!r}")
+        for name in ("stage", "bucket_bytes", "loss_scale_window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"ZeroConfig.{name} must be an integer, got {value!r}")
+        for name in ("initial_loss_scale", "min_loss_scale"):  # NaN passed the `<= 0` check below
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"ZeroConfig.{name} must be a finite number, got {value!r}")
 
     @property
     def sharded(self) -> bool:
