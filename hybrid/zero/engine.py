@@ -310,10 +310,12 @@ class ZeroOptimizer:
 
     def _init_unit(self, u: FlatUnit) -> None:
         """Flat compute-dtype parameters, this rank's shard, gradient buffers and the fp32 master."""
-        values = u.flatten_values()  # fp32, padded
+        i = self._shared_index.get(id(u))  # shm_gather: the flat parameters in the shared file
+        shared = self._shared.flat(i) if i is not None else None
+        fp32_shared = shared is not None and self.dtype == torch.float32
+        values = u.flatten_values(shared if fp32_shared else None)  # fp32, padded (no transient copy when shared)
         flat = values.to(self.dtype) if self.dtype != torch.float32 else values
-        i = self._shared_index.get(id(u))
-        u.bind(flat if i is None else self._shared.flat(i).copy_(flat))  # shm_gather: in the shared file
+        u.bind(flat if shared is None or fp32_shared else shared.copy_(flat))
         a, b = u.shard_range
         offload_params = self.cfg.offload_params
         u.shard = self._place(u.flat[a:b].clone(), offload_params) if self.cfg.stage == 3 else u.flat[a:b]

@@ -20,6 +20,9 @@ Memory: each rank's own buffers move into its file (the same bytes, resident as 
 peer's half maps the peer's pages too, which the kernel counts in both ranks' resident sets (each physical page
 once in their proportional share, PSS): +the peer's half of the parameters in RSS, nothing more in physical memory.
 
+Waiting: a rank whose peer has not posted yet sleeps in the kernel on the counter's word (futex, shared between
+the processes: the poster wakes it at once, as gloo's own waits are woken), re-checking every 50 ms.
+
 Ordering: a counter is written after the data it publishes and read before the data it guards. x86-64 keeps
 stores in order with stores and loads with loads (TSO), so no fence is needed there; other architectures fall back
 to gloo. Set-up is collective over the pair (through the group's counted all-reduce): each rank creates its file,
@@ -30,6 +33,7 @@ both check that they see the other's (the same host, the same /dev/shm) with the
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import platform
@@ -45,6 +49,8 @@ PAGE = 4096
 MAGIC = 0x5A45524F53484D31  # "ZEROSHM1": the first control word of every file
 TIMEOUT_S = 1800.0  # gloo's own default timeout: a peer that died leaves a waiting rank an error, not a hang
 HEADER = 4  # control words before the counters: magic, token, rank, layout bytes
+SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1  # x86-64 Linux; shared (not FUTEX_PRIVATE): across processes
+RECHECK_S = 0.05  # a futex wait's bound: a missed wake-up costs at most this
 
 
 class SharedFlats:
@@ -110,25 +116,41 @@ class SharedFlats:
         g.ledger.record("all_gather", g.name, self.numels[i] * self.element_size)
         rec = TRAIL.start(g.name, g.ranks, "all_gather")
         seq = int(self._ctrl[HEADER + 2 * i]) + 1
-        self._ctrl[HEADER + 2 * i] = seq  # after the data: the optimizer wrote the shard before this call
+        self._publish(HEADER + 2 * i, seq)  # after the data: the optimizer wrote the shard before this call
         self.posted += 1
         return Work(_Take(self, i, seq), rec)
 
     def wait_taken(self, units: list[int]) -> None:
         """Before this rank writes its shards of `units` again: the peer has copied the last values posted."""
         for i in units:
-            want = int(self._ctrl[HEADER + 2 * i])
-            _spin(lambda: int(self._peer_ctrl[HEADER + 2 * i + 1]) >= want, f"take unit {i}'s gather")
+            self._await(HEADER + 2 * i + 1, int(self._ctrl[HEADER + 2 * i]), f"take unit {i}'s gather")
 
     def _take(self, i: int, seq: int) -> None:
-        _spin(lambda: self._ready(i, seq), f"post unit {i}'s gather")
+        self._await(HEADER + 2 * i, seq, f"post unit {i}'s gather")
         half = self.numels[i] // 2
         lo = (1 - self.group.rank) * half
         self._flats[i][lo:lo + half].copy_(self._peer_flats[i][lo:lo + half])
-        self._ctrl[HEADER + 2 * i + 1] = seq  # after the copy: the peer may now overwrite its half
+        self._publish(HEADER + 2 * i + 1, seq)  # after the copy: the peer may now overwrite its half
 
     def _ready(self, i: int, seq: int) -> bool:
         return int(self._peer_ctrl[HEADER + 2 * i]) >= seq
+
+    def _publish(self, word: int, value: int) -> None:
+        """Set this rank's control word and wake the peer if it sleeps on it."""
+        self._ctrl[word] = value
+        _futex(self._ctrl.data_ptr() + 8 * word, FUTEX_WAKE, 2**31 - 1)
+
+    def _await(self, word: int, want: int, what: str) -> None:
+        """Until the peer's control word reaches `want`: asleep on it in the kernel (the futex compares the word's
+        low 32 bits, little-endian first, with the value read: a change in between returns at once)."""
+        t0 = time.monotonic()
+        while (v := int(self._peer_ctrl[word])) < want:
+            low = v & 0xFFFFFFFF
+            _futex(self._peer_ctrl.data_ptr() + 8 * word, FUTEX_WAIT, low - 2**32 if low >= 2**31 else low,
+                   RECHECK_S)
+            if time.monotonic() - t0 > TIMEOUT_S:
+                raise RuntimeError(f"ZeRO shared-memory gather: the peer rank did not {what} within {TIMEOUT_S:.0f} "
+                                   "s (did it exit?)")
 
 
 class _Take:
@@ -199,15 +221,15 @@ def _agree(group: Group, ok: bool) -> bool:
     return int(t) == group.size
 
 
-def _spin(ready, what: str) -> None:
-    """Wait for `ready()`: a few polls, then sleeps doubling up to 1 ms (the peer is usually there already; a long
-    wait -- a forward waiting for the peer's step -- costs a wake-up a millisecond, not a core)."""
-    if ready():
-        return
-    delay, t0 = 0.0, time.monotonic()
-    while not ready():
-        time.sleep(delay)
-        delay = min(1e-3, max(2e-5, 2 * delay))
-        if time.monotonic() - t0 > TIMEOUT_S:
-            raise RuntimeError(f"ZeRO shared-memory gather: the peer rank did not {what} within {TIMEOUT_S:.0f} s "
-                               "(did it exit?)")
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _futex(addr: int, op: int, val: int, timeout_s: float | None = None) -> None:
+    """futex(2) on the 32-bit word at `addr` (ctypes releases the GIL for the call)."""
+    ts = ctypes.byref(_Timespec(int(timeout_s), int(timeout_s % 1 * 1e9))) if timeout_s is not None else None
+    _LIBC.syscall(ctypes.c_long(SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(op), ctypes.c_int(val), ts, None,
+                  ctypes.c_int(0))
