@@ -66,7 +66,9 @@ class ZeroConfig:
             through shared memory (hybrid/zero/shm.py: each rank's flat parameters in a /dev/shm file both map, the
             peer's half copied once, no socket) instead of gloo's loopback TCP; the same bytes, bit for bit. Where
             it cannot run (another host, no room in /dev/shm, not x86-64, other group sizes or backends) both
-            ranks keep gloo's gather. Off by default until a quiet benchmark shows its gain (docs/zero.md round 13).
+            ranks keep gloo's gather. Not for DiLoCo's outer step, which writes the masters outside `step` and
+            `load_state_dict` (where a rank first waits for its peer to have taken its last shard). Off by default until
+            a quiet benchmark shows its gain (docs/zero.md round 13).
         cpu_adam: the optimizer used when offloading (see CpuAdam).
         initial_loss_scale: fp16: first loss scale (power of two).
         loss_scale_window: fp16: steps without overflow before the scale doubles.
