@@ -297,7 +297,8 @@ def run_hybrid_stage(rank, world, args, stage):
     reduce-scatter from autograd's gradients, the step unit by unit in gather order). `stage` "1+flat" / "2+flat":
     the path before docs/zero.md round 8, each gradient copied into a flat buffer before its reduce-scatter
     (`ZeroConfig(reduce_from_grads=False)`); "1+onecall" / "2+onecall": round 11's step, one AdamW call over every
-    shard and then every gather (`ZeroConfig(step_in_gather_order=False)`)."""
+    shard and then every gather (`ZeroConfig(step_in_gather_order=False)`); "1+shm" / "2+shm": the post-step gather
+    through shared memory (`ZeroConfig(shm_gather=True)`, hybrid/zero/shm.py)."""
     from hybrid.mesh import Mesh, ParallelDims
     from hybrid.train_step import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
@@ -306,7 +307,7 @@ def run_hybrid_stage(rank, world, args, stage):
     stage, _, lever = stage.partition("+")
     model = torch.nn.ModuleList([build(args)])
     zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=int(stage), reduce_from_grads=lever != "flat",
-                                                 step_in_gather_order=lever != "onecall"),
+                                                 step_in_gather_order=lever != "onecall", shm_gather=lever == "shm"),
                          OptimizerConfig(lr=1e-3, weight_decay=0.01))
     return _time_hybrid(rank, args, mesh, model, zero, base, f"hybrid default ({zero.optimizer_kind})")
 
@@ -446,6 +447,10 @@ ROWS += [("hybrid ZeRO-1", run_hybrid_stage, "1", None),
 LEVER_FROM = len(ROWS)  # ZeRO 1-2 with the default's newest lever off, against the default row (ratio off / default)
 ROWS += [("hybrid ZeRO-1, one AdamW call then the gathers", run_hybrid_stage, "1+onecall", DDP_FROM),
          ("hybrid ZeRO-2, one AdamW call then the gathers", run_hybrid_stage, "2+onecall", DDP_FROM + 3)]
+SHM_FROM = len(ROWS)  # ZeRO 1-2 with the post-step gather through shared memory (round 13), against the default
+ROWS += [("hybrid ZeRO-1, shared-memory gather", run_hybrid_stage, "1+shm", DDP_FROM),
+         ("hybrid ZeRO-2, shared-memory gather", run_hybrid_stage, "2+shm", DDP_FROM + 3)]
+SHM_PEERS = {SHM_FROM: (DDP_FROM + 1, DDP_FROM + 2), SHM_FROM + 1: (DDP_FROM + 4, DDP_FROM + 5)}  # its DDP rows
 
 
 def _spawned(rank, world, index, args):
@@ -624,6 +629,22 @@ def cpu_table(results: list[list[dict]], rows: range) -> list[str]:
     return lines
 
 
+def peer_ratio_table(results: list[list[dict]], peers: dict[int, tuple[int, ...]]) -> list[str]:
+    """Each row of `peers` against its DDP rows of the same repeat: ratio = DDP / row (above 1.0 the row is faster),
+    wall step time and CPU seconds a step."""
+    lines = ["| row | against | wall ratio: median (min - max over repeats) | verdict | CPU ratio: median (min - max) |",
+             "|---|---|---|---|---|"]
+    for i, refs in peers.items():
+        for j in refs:
+            wall = [r[j]["step_s"] / r[i]["step_s"] for r in results if "step_s" in r[i] and "step_s" in r[j]]
+            cpu = [r[j]["cpu_s"] / r[i]["cpu_s"] for r in results if "cpu_s" in r[i] and "cpu_s" in r[j]]
+            if wall:
+                cell = f"{statistics.median(cpu):.2f} ({_spread(cpu)})" if cpu else ""
+                lines.append(f"| {ROWS[i][0]} | {ROWS[j][0]} | {statistics.median(wall):.2f} ({_spread(wall)}) | "
+                             f"{_verdict(wall)} | {cell} |")
+    return lines
+
+
 def phase_table(results: list[list[dict]], rows: range) -> list[str]:
     """Each row's step split into phases, per rank (PhaseClock): wall ms / CPU ms of the rank's process (all threads)
     / of its main thread, the median over steps and then over repeats; idle = wall - process CPU (a lower bound: a
@@ -758,9 +779,18 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
                   "its own step. Ratio = one call / default in the same repeat; above 1.0 the default is faster. "
                   "(Until round 11 these rows were round 8's lever, gradients copied into a flat buffer: "
                   "`run_hybrid_stage` still takes \"1+flat\".)", "",
-                  *framework_table(results, range(LEVER_FROM, len(ROWS)), "ratio one call / default",
+                  *framework_table(results, range(LEVER_FROM, SHM_FROM), "ratio one call / default",
                                    above="default faster", below="one call faster"), "",
-                  *cpu_table(results, range(LEVER_FROM, len(ROWS))),
+                  *cpu_table(results, range(LEVER_FROM, SHM_FROM)),
+                  "", "Round 13's lever, off by default: the post-step all-gather through shared memory "
+                  "(`ZeroConfig(shm_gather=True)`, hybrid/zero/shm.py: each rank's flat parameters in a /dev/shm "
+                  "file both ranks map, the peer's half copied once, no socket). Ratio = shared memory / default in "
+                  "the same repeat; below 1.0 shared memory is faster. Memory: the peer's half of the parameters is "
+                  "mapped into each rank, which the resident set counts twice over the pair (shared pages).", "",
+                  *framework_table(results, range(SHM_FROM, len(ROWS)), "ratio shared memory / default",
+                                   above="default faster", below="shared memory faster"), "",
+                  *cpu_table(results, range(SHM_FROM, len(ROWS))), "",
+                  *peer_ratio_table(results, SHM_PEERS),
                   "", "Where each rank's step goes (scripts/bench_zero.py PhaseClock: marks at the model's forward "
                   "and around its waits for the previous step's gathers, the end of backward, the optimizer step, "
                   "the AdamW call and the step's end; a phase's wall above its process CPU is time "

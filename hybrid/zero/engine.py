@@ -59,6 +59,7 @@ from hybrid.zero.buffers import BufferPool
 from hybrid.zero.config import CpuAdam, Precision, ZeroConfig
 from hybrid.zero.direct import can_reduce_directly, reduce_scatter_grads
 from hybrid.zero.host_alloc import retain_freed_host_memory
+from hybrid.zero.shm import SharedFlats
 from hybrid.zero.units import FlatUnit
 
 if TYPE_CHECKING:  # the compressor seam's protocol (hybrid/compress imports this package: no cycle)
@@ -173,6 +174,7 @@ class ZeroOptimizer:
         self._param_gathers: dict[int, tuple[object, torch.Tensor]] = {}  # id(unit) -> (work, send buffer)
         self.units, self.stage3_plan = self._build_units()
         self._direct_units = self._reduced_directly()
+        self._shared, self._shared_index = self._open_shared()
         self._unit_of = {id(p): u for u in self.units for p in u.params}
         for u in self.units:
             self._init_unit(u)
@@ -212,6 +214,35 @@ class ZeroOptimizer:
                 and not self.cfg.accumulate_fp32_grads and can_reduce_directly(self.dp, self.device)):
             return set()
         return {id(u) for u in self.units if not u.deferred and id(u) not in self._expert_units}
+
+    def _open_shared(self) -> tuple[SharedFlats | None, dict[int, int]]:
+        """`ZeroConfig.shm_gather`: the dense units' flat parameters in shared memory (hybrid/zero/shm.py), collective
+        over the DP pair; (None, {}) where it does not run -- on both ranks alike: the conditions here are the
+        config's, and `SharedFlats.open` agrees its own over the group. Not the MoE experts' units (the expert-DP
+        group), nor under a compressor (hybrid/compress steps and gathers its own way)."""
+        if not (self.cfg.shm_gather and self.device.type == "cpu" and self.reduction is None):
+            return None, {}
+        dense = [u for u in self.units if id(u) not in self._expert_units]
+        shared = SharedFlats.open(self.dp, [u.padded for u in dense], self.dtype)
+        return shared, ({id(u): i for i, u in enumerate(dense)} if shared is not None else {})
+
+    @property
+    def shm_gather_active(self) -> bool:
+        """Whether the post-step gathers run through shared memory (shm_gather asked for and set up)."""
+        return self._shared is not None
+
+    def _all_gather(self, u: FlatUnit):
+        """Post u's post-step all-gather (stages 1-2): through shared memory for the units there, else the group's."""
+        i = self._shared_index.get(id(u))
+        return self._group(u).all_gather_in_place(u.flat) if i is None else self._shared.all_gather(i)
+
+    def _before_shard_writes(self) -> None:
+        """shm_gather: before this rank overwrites its shards (an optimizer step, a checkpoint load), take what the
+        peer posted, then wait until the peer has taken this rank's last values -- in that order on both ranks, so
+        neither waits for the other's wait (hybrid/zero/shm.py)."""
+        if self._shared is not None:
+            self.wait_params()
+            self._shared.wait_taken(list(range(len(self._shared.numels))))
 
     def _direct(self, u: FlatUnit) -> bool:
         return self._direct_step and id(u) in self._direct_units
@@ -279,8 +310,12 @@ class ZeroOptimizer:
 
     def _init_unit(self, u: FlatUnit) -> None:
         """Flat compute-dtype parameters, this rank's shard, gradient buffers and the fp32 master."""
-        values = u.flatten_values()  # fp32, padded
-        u.bind(values.to(self.dtype) if self.dtype != torch.float32 else values)
+        i = self._shared_index.get(id(u))  # shm_gather: the flat parameters in the shared file
+        shared = self._shared.flat(i) if i is not None else None
+        fp32_shared = shared is not None and self.dtype == torch.float32
+        values = u.flatten_values(shared if fp32_shared else None)  # fp32, padded (no transient copy when shared)
+        flat = values.to(self.dtype) if self.dtype != torch.float32 else values
+        u.bind(flat if shared is None or fp32_shared else shared.copy_(flat))
         a, b = u.shard_range
         offload_params = self.cfg.offload_params
         u.shard = self._place(u.flat[a:b].clone(), offload_params) if self.cfg.stage == 3 else u.flat[a:b]
@@ -718,6 +753,7 @@ class ZeroOptimizer:
         """Unscale and average the reduced gradients into fp32 master gradients, skip on fp16
         overflow, clip by the global norm, AdamW on the master shards, write the new values back
         to the compute-dtype parameters (stages 1-2: all-gathered to every rank)."""
+        self._before_shard_writes()
         self._make_master_grads()
         skipped = self.cfg.precision is Precision.FP16 and self._overflow()
         norm = None
@@ -809,7 +845,7 @@ class ZeroOptimizer:
             if u.master is not u.shard:
                 u.shard.copy_(u.master, non_blocking=self.pin)  # fp32 -> compute dtype, host -> device
             if self.cfg.stage in (1, 2):  # every rank needs the whole updated unit; u.shard is u.flat's own chunk
-                work = self._group(u).all_gather_in_place(u.flat)
+                work = self._all_gather(u)
                 if self.overlaps_param_gather:
                     self._param_gathers[id(u)] = (work, None)
                 else:
@@ -845,7 +881,7 @@ class ZeroOptimizer:
             for u in group:
                 if u.master is not u.shard:
                     u.shard.copy_(u.master, non_blocking=self.pin)
-                self._param_gathers[id(u)] = (self._group(u).all_gather_in_place(u.flat), None)
+                self._param_gathers[id(u)] = (self._all_gather(u), None)
 
     def _drop_stale_gathers(self) -> None:
         """Stage 3: a unit gathered (or prefetched) before this step and not freed holds the old parameters; free
@@ -912,6 +948,7 @@ class ZeroOptimizer:
     def load_state_dict(self, state_dict: dict[str, object]) -> None:
         """After a checkpoint filled `state_dict()`'s pieces: the step, the loss scaler, the parameters."""
         from hybrid.zero import state
+        self._before_shard_writes()
         state.load_state_dict(self, state_dict)
 
     @torch.no_grad()

@@ -102,10 +102,10 @@ class FlatUnit:
     def shard_range(self) -> tuple[int, int]:
         return self.part * self.shard_numel, (self.part + 1) * self.shard_numel
 
-    def flatten_values(self) -> torch.Tensor:
-        """fp32 copy of the current parameter values, padded (zeros)."""
+    def flatten_values(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 copy of the current parameter values, padded (zeros); into `out` (fp32, `padded` elements) if given."""
         p0 = self.params[0]
-        out = torch.zeros(self.padded, dtype=torch.float32, device=p0.device)
+        out = torch.zeros(self.padded, dtype=torch.float32, device=p0.device) if out is None else out.zero_()
         for p, off in zip(self.params, self.offsets):
             out[off:off + p.numel()].copy_(p.detach().flatten())
         return out

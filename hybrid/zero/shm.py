@@ -1,0 +1,235 @@
+"""ZeRO 1-2's post-step parameter all-gather through shared memory, for a 2-rank gloo pair on one host.
+
+Over gloo every gather crosses loopback TCP: the sender's shard is copied into the kernel's socket buffers and out
+again on the receiving side, by gloo's threads, with a system call per chunk -- ~146 ms of CPU a rank a step on the
+bench's 101M model for the reduce-scatter and the gather together (docs/zero.md, round 12). Here each rank's flat
+parameter buffers live in a file in /dev/shm that both ranks map, so the post-step gather is
+
+    post:  the shard is already in place (the optimizer updated u.flat[me] in the mapped file): publish it,
+           ready[u] += 1 in this rank's control block
+    wait:  once the peer's ready[u] has reached ours, one copy  u.flat[peer] <- peer's file's u.flat[peer],
+           then taken[u] += 1 (the peer may overwrite that shard again)
+
+no sender copy, no socket, no gloo thread: one memcpy a byte on the receiver where TCP makes two plus the system
+calls. The bytes are the peer's own, so every value is the gloo gather's bit for bit (nothing is computed). Before
+a rank writes its shard again (the next optimizer step, a checkpoint load) it waits for the peer's taken[u] to
+reach its own ready[u]; every rank first takes what the peer posted (`ZeroOptimizer.wait_params`), then waits for
+the peer to have taken its own, so the two waits cannot wait on each other.
+
+Memory: each rank's own buffers move into its file (the same bytes, resident as shared memory), and reading the
+peer's half maps the peer's pages too, which the kernel counts in both ranks' resident sets (each physical page
+once in their proportional share, PSS): +the peer's half of the parameters in RSS, nothing more in physical memory.
+
+Waiting: a rank whose peer has not posted yet sleeps in the kernel on the counter's word (futex, shared between
+the processes: the poster wakes it at once, as gloo's own waits are woken), re-checking every 50 ms.
+
+Ordering: a counter is written after the data it publishes and read before the data it guards. x86-64 keeps
+stores in order with stores and loads with loads (TSO), so no fence is needed there; other architectures fall back
+to gloo. Set-up is collective over the pair (through the group's counted all-reduce): each rank creates its file,
+both check that they see the other's (the same host, the same /dev/shm) with the same layout, then unlink their own
+(the mappings stay, nothing is left behind). Anything missing -- not x86-64, no /dev/shm or too little room in it
+(Docker's default is 64 MB), another host -- and both ranks fall back to gloo, agreed through the same all-reduce.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import time
+
+import torch
+
+from hybrid.comm import Group, Work
+from hybrid.trail import TRAIL
+
+SHM_DIR = "/dev/shm"
+PAGE = 4096
+MAGIC = 0x5A45524F53484D31  # "ZEROSHM1": the first control word of every file
+TIMEOUT_S = 1800.0  # gloo's own default timeout: a peer that died leaves a waiting rank an error, not a hang
+HEADER = 4  # control words before the counters: magic, token, rank, layout bytes
+SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1  # x86-64 Linux; shared (not FUTEX_PRIVATE): across processes
+RECHECK_S = 0.05  # a futex wait's bound: a missed wake-up costs at most this
+
+
+class SharedFlats:
+    """Both ranks' flat parameter buffers in shared memory (one file a rank), and the gather over them.
+
+    `flat(i)` is this rank's buffer of unit i (`numels[i]` elements of `dtype`, equal halves); `all_gather(i)`
+    publishes this rank's half and returns the Work that copies the peer's in. Build with `open` (collective)."""
+
+    def __init__(self, group: Group, numels: list[int], dtype: torch.dtype, mine: mmap.mmap, peer: mmap.mmap,
+                 offsets: list[int]) -> None:
+        self.group, self.numels, self.dtype, self.offsets = group, numels, dtype, offsets
+        self._maps = (mine, peer)  # kept open for the tensors' lifetime
+        n = len(numels)
+        self._ctrl = torch.frombuffer(mine, dtype=torch.int64, count=HEADER + 2 * n)
+        self._peer_ctrl = torch.frombuffer(peer, dtype=torch.int64, count=HEADER + 2 * n)
+        esize = torch.empty((), dtype=dtype).element_size()
+        self._flats = [torch.frombuffer(mine, dtype=dtype, count=k, offset=o) for k, o in zip(numels, offsets)]
+        self._peer_flats = [torch.frombuffer(peer, dtype=dtype, count=k, offset=o) for k, o in zip(numels, offsets)]
+        self.element_size = esize
+        self.posted = 0  # gathers posted through shared memory (tests read it: the path did run)
+
+    # --- set-up ----------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, group: Group, numels: list[int], dtype: torch.dtype, shm_dir: str | None = None
+             ) -> SharedFlats | None:
+        """Collective over the 2-rank `group`: the pair's shared buffers, or None on both ranks where either cannot
+        (the caller keeps gloo's gather). `shm_dir`: where the files go (default SHM_DIR, read at the call)."""
+        if group.size != 2 or not group.host_staged:
+            return None
+        shm_dir = shm_dir or SHM_DIR
+        esize = torch.empty((), dtype=dtype).element_size()
+        offsets, end = [], _round_up((HEADER + 2 * len(numels)) * 8, PAGE)
+        for k in numels:
+            offsets.append(end)
+            end = _round_up(end + k * esize, PAGE)
+        token = torch.tensor([int.from_bytes(os.urandom(6), "little") if group.rank == 0 else 0], dtype=torch.int64)
+        group.all_reduce(token, tag="shm-setup")  # rank 0's token on both ranks
+        path = lambda r: os.path.join(shm_dir, f"hybrid-zero-{int(token)}-{r}")  # noqa: E731
+        mine = _create(path(group.rank), end) if _supported(shm_dir, 2 * end) else None
+        if mine is not None:
+            ctrl = torch.frombuffer(mine, dtype=torch.int64, count=HEADER)
+            ctrl.copy_(torch.tensor([MAGIC, int(token), group.rank, end]))
+        peer = None
+        try:
+            if _agree(group, mine is not None):
+                peer = _attach(path(1 - group.rank), end, int(token), 1 - group.rank)
+            ok = _agree(group, peer is not None)
+        finally:
+            if mine is not None:
+                os.unlink(path(group.rank))  # both ranks have mapped it (or given up): nothing left behind
+        if not ok:
+            return None
+        return cls(group, numels, dtype, mine, peer, offsets)
+
+    # --- the gather --------------------------------------------------------------------------------------------
+    def flat(self, i: int) -> torch.Tensor:
+        return self._flats[i]
+
+    def all_gather(self, i: int) -> Work:
+        """Publish this rank's half of unit i (already written in place) and return the Work that, once waited,
+        has copied the peer's half in. Recorded on the ledger as the gather it replaces (the full unit's bytes)."""
+        g = self.group
+        g.ledger.record("all_gather", g.name, self.numels[i] * self.element_size)
+        rec = TRAIL.start(g.name, g.ranks, "all_gather")
+        seq = int(self._ctrl[HEADER + 2 * i]) + 1
+        self._publish(HEADER + 2 * i, seq)  # after the data: the optimizer wrote the shard before this call
+        self.posted += 1
+        return Work(_Take(self, i, seq), rec)
+
+    def wait_taken(self, units: list[int]) -> None:
+        """Before this rank writes its shards of `units` again: the peer has copied the last values posted."""
+        for i in units:
+            self._await(HEADER + 2 * i + 1, int(self._ctrl[HEADER + 2 * i]), f"take unit {i}'s gather")
+
+    def _take(self, i: int, seq: int) -> None:
+        self._await(HEADER + 2 * i, seq, f"post unit {i}'s gather")
+        half = self.numels[i] // 2
+        lo = (1 - self.group.rank) * half
+        self._flats[i][lo:lo + half].copy_(self._peer_flats[i][lo:lo + half])
+        self._publish(HEADER + 2 * i + 1, seq)  # after the copy: the peer may now overwrite its half
+
+    def _ready(self, i: int, seq: int) -> bool:
+        return int(self._peer_ctrl[HEADER + 2 * i]) >= seq
+
+    def _publish(self, word: int, value: int) -> None:
+        """Set this rank's control word and wake the peer if it sleeps on it."""
+        self._ctrl[word] = value
+        _futex(self._ctrl.data_ptr() + 8 * word, FUTEX_WAKE, 2**31 - 1)
+
+    def _await(self, word: int, want: int, what: str) -> None:
+        """Until the peer's control word reaches `want`: asleep on it in the kernel (the futex compares the word's
+        low 32 bits, little-endian first, with the value read: a change in between returns at once)."""
+        t0 = time.monotonic()
+        while (v := int(self._peer_ctrl[word])) < want:
+            low = v & 0xFFFFFFFF
+            _futex(self._peer_ctrl.data_ptr() + 8 * word, FUTEX_WAIT, low - 2**32 if low >= 2**31 else low,
+                   RECHECK_S)
+            if time.monotonic() - t0 > TIMEOUT_S:
+                raise RuntimeError(f"ZeRO shared-memory gather: the peer rank did not {what} within {TIMEOUT_S:.0f} "
+                                   "s (did it exit?)")
+
+
+class _Take:
+    """The backend handle of one shared-memory gather (what `Work` waits on)."""
+
+    def __init__(self, flats: SharedFlats, i: int, seq: int) -> None:
+        self.flats, self.i, self.seq = flats, i, seq
+
+    def is_completed(self) -> bool:
+        return self.flats._ready(self.i, self.seq)
+
+    def wait(self) -> None:
+        self.flats._take(self.i, self.seq)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _supported(shm_dir: str, nbytes: int) -> bool:
+    """x86-64 (TSO: see the module's docstring), Linux, and `nbytes` free in `shm_dir` (both ranks' files)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not os.path.isdir(shm_dir):
+        return False
+    st = os.statvfs(shm_dir)
+    return st.f_bavail * st.f_frsize >= nbytes
+
+
+def _create(path: str, nbytes: int) -> mmap.mmap | None:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return None
+    try:
+        os.ftruncate(fd, nbytes)
+        return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError:
+        os.unlink(path)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _attach(path: str, nbytes: int, token: int, rank: int) -> mmap.mmap | None:
+    """The peer's file, if this rank sees it with the peer's magic, token, rank and the same layout size."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:  # another host (or another /dev/shm): not the same machine's memory
+        return None
+    try:
+        if os.fstat(fd).st_size != nbytes:
+            return None
+        m = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    head = torch.frombuffer(m, dtype=torch.int64, count=HEADER).tolist()
+    if head != [MAGIC, token, rank, nbytes]:
+        m.close()
+        return None
+    return m
+
+
+def _agree(group: Group, ok: bool) -> bool:
+    """True on both ranks iff `ok` on both (one counted all-reduce)."""
+    t = torch.tensor([1.0 if ok else 0.0])
+    group.all_reduce(t, tag="shm-setup")
+    return int(t) == group.size
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _futex(addr: int, op: int, val: int, timeout_s: float | None = None) -> None:
+    """futex(2) on the 32-bit word at `addr` (ctypes releases the GIL for the call)."""
+    ts = ctypes.byref(_Timespec(int(timeout_s), int(timeout_s % 1 * 1e9))) if timeout_s is not None else None
+    _LIBC.syscall(ctypes.c_long(SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(op), ctypes.c_int(val), ts, None,
+                  ctypes.c_int(0))
