@@ -291,6 +291,7 @@ def test_models_of_a_folder_with_a_bad_config_is_one_line(tmp_path, one_line):
 @pytest.mark.parametrize("field, value, fragment", [
     ("step_in_gather_order", "false", "ZeroConfig.step_in_gather_order must be True or False, got 'false'"),
     ("overlap_param_gather", 0, "ZeroConfig.overlap_param_gather must be True or False, got 0"),
+    ("shm_gather", "yes", "ZeroConfig.shm_gather must be True or False, got 'yes'"),  # a switch added after the check
     ("precision", "bf16", "ZeroConfig.precision must be a Precision (Precision.FP32"),
     ("cpu_adam", "torch", "ZeroConfig.cpu_adam must be a CpuAdam (CpuAdam.AUTO"),
     ("stage", 1.0, "ZeroConfig.stage must be an integer, got 1.0"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -116,8 +116,7 @@ class ZeroConfig:
         """A switch that is not a bool, a precision or CPU Adam that is not its enum: ValueError naming the field.
         A string would pass a truth test (ZeroConfig(step_in_gather_order="false") stepped in gather order) or fail
         deep in the engine (precision "bf16" has no .dtype)."""
-        for name in ("offload_optimizer", "offload_params", "keep_gathered", "overlap_param_gather",
-                     "accumulate_fp32_grads", "reduce_from_grads", "step_in_gather_order"):
+        for name in (f.name for f in fields(self) if f.type == "bool"):  # every switch, a new one included
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ZeroConfig.{name} must be True or False, got {getattr(self, name)!r}")
         for name, kind in (("precision", Precision), ("cpu_adam", CpuAdam)):
