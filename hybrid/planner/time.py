@@ -67,7 +67,7 @@ import enum
 import math
 from dataclasses import dataclass, replace
 
-from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds,
+from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds, p2p_seconds,
                                      sync_wait_seconds, wire_bytes)
 from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, ZeroStage, dp_placement,
                                    pipeline_crosses_nodes, stage_layers, tp_placement)
@@ -908,7 +908,7 @@ def comm_cpu_seconds(work: Workload, cluster: Cluster, layout: Layout, pp_rank: 
     return total + _ledger_cpu(hw, step_ledger(work, layout, pp_rank), sizes)
 
 
-def _ledger_cpu(hw, ledger: Ledger, sizes: dict[str, int]) -> float:
+def _ledger_cpu(hw: Hardware, ledger: Ledger, sizes: dict[str, int]) -> float:
     """CPU seconds of a ledger's entries (comm_cpu_seconds' pricing; a group missing from `sizes` has 2 ranks)."""
     total = 0.0
     for key, entry in ledger.items():
