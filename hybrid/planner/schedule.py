@@ -44,6 +44,7 @@ from functools import lru_cache
 from hybrid.pipeline import Costs, Op, ScheduleKind, SimResult, build_schedule, compute_order, simulate
 from hybrid.planner.model import ACT_BYTES, FP32, ActivationProfile
 from hybrid.pipeline.schedules import Action
+from hybrid.pipeline.shared_cores import simulate_shared
 from hybrid.planner.layout import rank_stages
 
 SIM_BUDGET = 3.0e6  # pp (m v)^2 of the largest schedule simulated: about two seconds of list building
@@ -253,3 +254,18 @@ def kept_gradient_bytes(shard, b: int, s: int, sp: bool, layers: int, head: bool
     h = shard.cfg.hidden_size
     per_layer = sum(g.m * g.n for g in shard.layer_linear_gemms(b, s)) + 2 * b * s * h / (shard.t if sp else 1)
     return elem * (layers * per_layer + (b * s * shard.vocab / shard.t if head else 0.0))
+
+
+@lru_cache(maxsize=1024)
+def run_shared(kind: ScheduleKind, pp: int, m: int, v: int, times: StageTimes, cpu: StageTimes, processes: int,
+               cores: float, budget: float = SIM_BUDGET) -> float:
+    """Makespan of one step when each pipeline rank's `processes` processes share `cores` compute units with every
+    other's (more gloo ranks than a CPU's cores): hybrid/pipeline/shared_cores.py's simulation, each pass `times`
+    long with a core of its own, of which `cpu` (per global stage, forward / backward) runs on a core. The whole
+    m is simulated (no extrapolation: the runnable set, not only the durations, changes through the warm-up)."""
+    _check_budget(pp, m, v, budget, "the step on shared cores", m)
+    shares = (1.0,) + (WEIGHT_SHARE,) * (pp * v - 1)  # as _makespan: the first stage's B defers its backward to W
+    costs = Costs(stage_forward=times.forward, stage_backward=times.backward, comm=times.comm,
+                  stage_weight_share=shares)
+    busy = Costs(stage_forward=cpu.forward, stage_backward=cpu.backward, stage_weight_share=shares)
+    return simulate_shared(_lists(kind, pp, m, v), costs, busy, processes, cores, placement=kind.placement)

@@ -67,7 +67,7 @@ import enum
 import math
 from dataclasses import dataclass, replace
 
-from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, collective_seconds, p2p_seconds,
+from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds, p2p_seconds,
                                      sync_wait_seconds, wire_bytes)
 from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, ZeroStage, dp_placement,
                                    pipeline_crosses_nodes, stage_layers, tp_placement)
@@ -78,7 +78,7 @@ from hybrid.planner.model import ActivationProfile, Precision, Shard
 from hybrid.planner.ops import KernelProfile, Traffic, embedding_ops, fp8_casts, head_ops, layer_ops
 
 MLP_ACTIVATIONS = ("gelu", "swiglu")  # ops.layer_ops' names of the op whose output the down projection reads
-from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline
+from hybrid.planner.schedule import SIM_BUDGET, PipelineRun, StageTimes, run_pipeline, run_shared
 
 
 
@@ -540,6 +540,7 @@ class _StageCost:
     parts: Pass = Pass()  # the compute by kind of work, forward + backward
     lost: float = 0.0  # compute seconds the hidden collectives slow it by (Hardware.overlap_slowdown)
     wait: float = 0.0  # of comm: the TP collectives' waits for their ranks to meet (sync_wait_seconds)
+    forward_compute: float = 0.0  # of compute: the forward's
 
 
 def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bool,
@@ -609,7 +610,7 @@ def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> 
             + b - _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send)[0])
     parts = (cost.forward + cost.backward).scaled(n) + edge.forward + edge.backward
     return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden,
-                      parts=parts, lost=lost, wait=n * cost.wait + edge.wait)
+                      parts=parts, lost=lost, wait=n * cost.wait + edge.wait, forward_compute=f_comp)
 
 
 def _pp_send_on_dp_link(ctx: _Context) -> float:
@@ -637,6 +638,7 @@ class _Stages:
     p2p: float  # its blocking point-to-point seconds (0 when the messages overlap: the simulation places them)
     busy: float  # its stage costs, everything it does per micro-batch
     wait: float = 0.0  # of comm: its TP collectives' waits for their ranks to meet
+    cpu: StageTimes | None = None  # per global stage, the CPU seconds a process runs of each pass (stage_cpu)
 
 
 def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[StageTimes, float, float, float]:
@@ -654,6 +656,7 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
     kinds: dict[tuple[int, bool, bool], _StageCost] = {}  # stages alike in (layers, first, last) cost alike
     fwd, bwd, compute, comm, hidden, lost = [], [], [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
     parts, paid, wait = [Pass()] * pp, [0.0] * pp, [0.0] * pp
+    f_comp, b_comp = [], []
     for stage, n in enumerate(layers):
         key = (n, stage == 0, stage == pp * v - 1)
         if key not in kinds:
@@ -661,6 +664,8 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
         c, r = kinds[key], layout.stage_rank(stage)
         fwd.append(c.forward)
         bwd.append(c.backward)
+        f_comp.append(c.forward_compute)
+        b_comp.append(c.compute - c.forward_compute)
         compute[r] += c.compute
         comm[r] += c.comm
         hidden[r] += c.hidden
@@ -683,8 +688,34 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
         p2p = 0.0  # the hand-off itself is then immediate: both ends have already paid for the transfer
     busy = [sum(fwd[s] + bwd[s] for s in layout.rank_stages(r)) for r in range(pp)]
     busiest = max(range(pp), key=lambda r: busy[r])
+    cpu = _stage_cpu(ctx, layers, f_comp, b_comp, message) if _shares_cores(cluster) else None
     return _Stages(StageTimes(tuple(fwd), tuple(bwd), p2p, tuple(compute)), compute[busiest], comm[busiest],
-                   max(hidden), parts[busiest], lost[busiest], paid[busiest], busy[busiest], wait[busiest])
+                   max(hidden), parts[busiest], lost[busiest], paid[busiest], busy[busiest], wait[busiest], cpu)
+
+
+def _shares_cores(cluster: Cluster) -> bool:
+    """Do the node's devices share compute units (more gloo ranks than a CPU's cores: Hardware.compute_units)?"""
+    return cluster.hw.shared_compute_factor(_devices_per_node(cluster)) != 1.0
+
+
+def _stage_cpu(ctx: _Context, layers: list[int], f_comp: list[float], b_comp: list[float],
+               message: float) -> StageTimes:
+    """Per global stage, the CPU seconds one process runs in a micro-batch's forward / backward: its compute
+    (kernels and the calibrated per-pass costs), its TP collectives' CPU and its pipeline messages' (a receive and
+    a send a pass, less at the ends; calibrate's pair probe: collective_cpu_s, p2p_cpu_s, comm_cpu_s_per_byte,
+    priced as comm_cpu_seconds prices them). The rest of a pass's wall time it waits, off the cores
+    (hybrid/pipeline/shared_cores.py)."""
+    lay, hw = ctx.layout, ctx.cluster.hw
+    last = len(layers) - 1
+    msg = hw.p2p_cpu_s + message * hw.comm_cpu_s_per_byte
+    fwd, bwd = [], []
+    for stage, n in enumerate(layers):
+        book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, n, stage == 0, stage == last,
+                         lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes)
+        p2p = msg * ((stage > 0) + (stage < last)) if lay.pp > 1 else 0.0
+        fwd.append(f_comp[stage] + _ledger_cpu(hw, book["forward"], {"tp": lay.tp}) + p2p)
+        bwd.append(b_comp[stage] + _ledger_cpu(hw, book["backward"], {"tp": lay.tp}) + p2p)
+    return StageTimes(tuple(fwd), tuple(bwd), 0.0)
 
 
 def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0, backward_s: float = 0.0) -> float:
@@ -815,7 +846,11 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     bound = shared_compute_bound(cluster, layout, run, m, times, comm_cpu)
     if comm_cpu:  # the bound holds the DP / embedding syncs' CPU: the step is max(makespan + tail, bound + opt)
         bound -= dp + other
-    pipeline = max(run.makespan, bound)
+    makespan = run.makespan
+    if st.cpu is not None:  # ranks share the cores: the schedule simulated on them (shared_cores.py)
+        makespan = run_shared(layout.schedule, layout.pp, m, layout.v, times, st.cpu, layout.tp * layout.dp,
+                              max(1, cluster.nodes) * cluster.hw.compute_units, budget)
+    pipeline = max(makespan, bound)
     p = st.parts.scaled(m)
     in_passes = m * (st.busy - st.compute - st.comm - st.p2p - st.lost)
     terms = (("gemm", p.gemm), ("attention", p.attention), ("memory_bound", p.memory), ("launches", p.launches),
@@ -870,7 +905,13 @@ def comm_cpu_seconds(work: Workload, cluster: Cluster, layout: Layout, pp_rank: 
     sizes = {"tp": layout.tp, "dp": layout.dp, "embedding": 2, "pp": 2}
     scalars = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp}
     total = sum(hw.collective_cpu_s * (scalars[g] - 1) for g in STEP_SCALAR_ALL_REDUCES)
-    for key, entry in step_ledger(work, layout, pp_rank).items():
+    return total + _ledger_cpu(hw, step_ledger(work, layout, pp_rank), sizes)
+
+
+def _ledger_cpu(hw: Hardware, ledger: Ledger, sizes: dict[str, int]) -> float:
+    """CPU seconds of a ledger's entries (comm_cpu_seconds' pricing; a group missing from `sizes` has 2 ranks)."""
+    total = 0.0
+    for key, entry in ledger.items():
         op, group = key.split("@")
         calls, nbytes, n = entry["calls"], entry["bytes"], sizes.get(group, 2)
         if op in ("send", "recv"):
