@@ -107,3 +107,31 @@ def test_hang_verdict_names_an_arrived_peer_whose_heartbeat_is_just_past_the_thr
     assert "; not arrived: rank 2 (" in line, line
     assert line.split("; stopped heart-beating: ")[1].startswith("rank 1 (no heartbeat for 4.0s"), line
     assert "rank 3" not in line, line
+
+
+# --- MT2, MT4, MT7: the metrics file's consumed samples, memory peak over ranks and evaluation splits ----------------
+def test_metrics_record_consumed_samples_the_highest_ranks_peak_and_the_test_split(tmp_path, monkeypatch):
+    """RunMetrics.log_interval writes Megatron's consumed_samples (iteration x global batch: the samples the
+    iterations so far consumed) and the memory peak as the max over ranks beside the per-rank list; write_eval
+    files the final 'test set' loss under 'lm loss test'. The mutant writing (iteration - 1) G lived the fast
+    tests of test_data_metrics, test_plot_run and test_step_split (MT2); with one rank, peaks[0] is the max (MT7);
+    a run without the final evaluation has no test split (MT4). Two ranks' peaks stand in for the gather; the records are read back from the
+    JSON-lines file."""
+    import json
+    from types import SimpleNamespace
+
+    from hybrid.metrics import loop as metrics_loop
+    from hybrid.metrics.peak_memory import CPU_MEASURE
+    from hybrid.metrics.writer import MetricsWriter
+    from models import load_config
+    monkeypatch.setattr(metrics_loop, "gather_peaks", lambda device, group: [10, 30])  # rank 1 peaks higher
+    path = tmp_path / "metrics.jsonl"
+    m = metrics_loop.RunMetrics(load_config("tiny-gpt2"), 32, 4, 2, "none", None, None, 10, torch.device("cpu"),
+                                CPU_MEASURE, MetricsWriter(None, str(path), True))
+    line = m.log_interval(3, 0.5, 2.0, 1e-4, SimpleNamespace(grad_norm=1.0, loss_scale=None), 0)
+    m.write_eval(10, {"validation set": 2.0, "test set": 3.0})
+    m.close()
+    step, final = (json.loads(x) for x in path.read_text().splitlines())
+    assert step["iteration"] == 3 and step["consumed_samples"] == 12 and " | consumed samples 12 | " in line
+    assert step[CPU_MEASURE.key] == 30 and step[CPU_MEASURE.key + "_per_rank"] == [10, 30]
+    assert final["lm loss validation"] == 2.0 and final["lm loss test"] == 3.0, final
