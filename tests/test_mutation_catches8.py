@@ -135,3 +135,24 @@ def test_metrics_record_consumed_samples_the_highest_ranks_peak_and_the_test_spl
     assert step["iteration"] == 3 and step["consumed_samples"] == 12 and " | consumed samples 12 | " in line
     assert step[CPU_MEASURE.key] == 30 and step[CPU_MEASURE.key + "_per_rank"] == [10, 30]
     assert final["lm loss validation"] == 2.0 and final["lm loss test"] == 3.0, final
+
+
+# --- N8, N9 (round 12's OneLineParser): --flag=value is a known flag; a prefix is never expanded --------------------
+def test_one_line_parser_takes_flag_equals_value_and_refuses_a_prefix_above_its_sub_commands(capsys):
+    """parse_known_args refuses unknown --flags by the name before '=' (`--lr=0.1` is --lr; the mutant comparing the
+    whole token refused it), and allow_abbrev=False keeps argparse from expanding `--verb` to `--verbose` where that
+    check is skipped: a parser with sub-commands (the mutant allowing abbreviations took `--verb` there). The input
+    tests give every value as a separate word and no top-level flag beside a sub-command."""
+    import pytest
+
+    from hybrid.cliutil import OneLineParser
+    p = OneLineParser(prog="x")
+    p.add_argument("--lr", type=float)
+    assert p.parse_args(["--lr=0.1"]).lr == 0.1
+    top = OneLineParser(prog="hybrid")
+    top.add_argument("--verbose", action="store_true")
+    top.add_subparsers(dest="cmd").add_parser("models")
+    assert top.parse_args(["--verbose", "models"]).verbose
+    with pytest.raises(SystemExit):
+        top.parse_args(["--verb", "models"])
+    assert "error: unrecognized arguments: --verb" in capsys.readouterr().err  # named, not taken as --verbose
