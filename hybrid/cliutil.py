@@ -173,8 +173,9 @@ class OneLineParser(argparse.ArgumentParser):
 
     def check_out(self, flag: str, path: str | None) -> None:
         """A file flag (--out) writable before any work (check_output_file), else this parser's one-line error: a
-        missing folder or a directory used to be found when the table was written, after the benchmark ran."""
-        if path:
+        missing folder or a directory used to be found when the table was written, after the benchmark ran. None:
+        not given; an empty name (an unset shell variable) is refused as check_output_file refuses it."""
+        if path is not None:
             try:
                 check_output_file(flag, path)
             except ValueError as e:

@@ -156,3 +156,17 @@ def test_every_validating_dataclass_is_in_the_field_test_or_exempt_with_a_reason
     assert not found - covered - set(EXEMPT), f"add to _configs() or EXEMPT: {sorted(found - covered - set(EXEMPT))}"
     assert not set(EXEMPT) - found, f"stale in EXEMPT: {sorted(set(EXEMPT) - found)}"
     assert covered <= found, f"in _configs() but not validating: {sorted(covered - found)}"
+
+
+# --- the scripts' --out check ---------------------------------------------------------------------------------------
+def test_check_out_skips_a_flag_not_given_and_refuses_an_empty_name(one_line, tmp_path):
+    """bench_tp.py, bench_pipeline.py, plot_schedule.py and bench_checkpoint.py call the parser's check_out in place of
+    their own try / check_output_file / p.error: None (no --out) is skipped; `--out ""` (an unset shell variable) is
+    the one line check_output_file gives, not a report written nowhere."""
+    from hybrid.cliutil import OneLineParser
+    p = OneLineParser(prog="bench_x.py")
+    p.check_out("--out", None)
+    p.check_out("--out", str(tmp_path / "table.md"))
+    assert one_line(lambda: p.check_out("--out", "")) == "bench_x.py: error: --out: give a file name"
+    assert one_line(lambda: p.check_out("--out", str(tmp_path))) == \
+        f"bench_x.py: error: --out {str(tmp_path)!r} is a directory; give a file name"

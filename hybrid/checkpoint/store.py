@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
 from dataclasses import dataclass
+
+from hybrid.cliutil import is_finite
 
 MANIFEST, STATE, LATEST = "manifest.json", "state.json", "latest"
 FORMAT = "hybrid-dcp/1"
@@ -327,7 +328,7 @@ def _check_scaler(state: dict, bad) -> None:
     if not isinstance(scaler, dict):
         raise bad("scaler", scaler, "an object")
     scale = scaler.get("loss_scale")
-    if type(scale) not in (int, float) or not (math.isfinite(scale) and scale > 0):
+    if not is_finite(scale) or scale <= 0:
         raise bad("scaler.loss_scale", scale, "a finite number > 0")
     for key in ("good_steps", "skipped_steps"):
         if not _count(scaler.get(key)):
