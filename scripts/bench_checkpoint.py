@@ -45,6 +45,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import bench_zero  # noqa: E402  (the model, its batches and DeepSpeed's recommended ZeRO-3 config)
+from hybrid.checkpoint.store import fsync_path  # noqa: E402
 from hybrid.cliutil import (HelpFormatter, OneLineParser, cpu_name, int_in, package_version,  # noqa: E402
                             positive_int, write_text)
 from hybrid.testing import run_distributed  # noqa: E402
@@ -57,11 +58,7 @@ def files_under(directory: str) -> list[str]:
 
 def fsync_all(directory: str) -> None:
     for path in files_under(directory):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
 
 
 def evict(directory: str) -> None:
