@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, fields
 
 import torch
 
+from hybrid.cliutil import check_number
 from hybrid.precision import Precision
 
 
@@ -125,13 +125,9 @@ class ZeroConfig:
                                  f"({', '.join(f'{kind.__name__}.{m.name}' for m in kind)}), "
                                  f"got {getattr(self, name)!r}")
         for name in ("stage", "bucket_bytes", "loss_scale_window"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"ZeroConfig.{name} must be an integer, got {value!r}")
+            check_number(f"ZeroConfig.{name}", getattr(self, name), integer=True)
         for name in ("initial_loss_scale", "min_loss_scale"):  # NaN passed the `<= 0` check below
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"ZeroConfig.{name} must be a finite number, got {value!r}")
+            check_number(f"ZeroConfig.{name}", getattr(self, name))
 
     @property
     def sharded(self) -> bool:
