@@ -1,8 +1,8 @@
 """Issue 26, round 14: published runs new to the repository (hybrid/planner/published14.py), CHECK rows only.
 
 The fast tests check the rows as entered (roles, no repeat of a row the repository holds, the tables' own arithmetic,
-what each release's files state reaching the planned workload) without planning; the slow ones plan all 66 rows
-(~10 s of CPU) and hold docs/planner.md "Round 14: new check rows" to what the code prints, with a ratchet on the
+what each release's files state reaching the planned workload) without planning; the slow ones plan all 74 rows
+(~5 s of CPU) and hold docs/planner.md "Round 14: new check rows" to what the code prints, with a ratchet on the
 misses as tests/test_planner_recipes.py keeps round 11's."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from hybrid.planner import published_recipes as round11
 from hybrid.planner.layout import PipelineP2P, Recompute, ZeroStage
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.published import Role, all_runs
-from hybrid.planner.published14 import (BRIDGE_ROWS, H200_ROWS, TABLES, bridge_runs, evaluate_all, h200_runs, report,
-                                        runs14, stated, summary_line, table_runs)
+from hybrid.planner.published14 import (ASYNC_TP_ROWS, BRIDGE_ROWS, H200_ROWS, TABLES, async_tp_runs, bridge_runs,
+                                        evaluate_all, h200_runs, report, runs14, stated, summary_line, table_runs)
 from hybrid.planner.published_more import BRIDGE_ROWS as ROUND7_BRIDGE_ROWS
 from hybrid.planner.published_more import ContextRun, more_runs
 
@@ -25,6 +25,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # rows outside +-15 % with the model as it stood (docs/planner.md "Round 14: new check rows" takes them apart)
 KNOWN_MISSES = {f"torchtitan Llama 3.1 8B, {g} H200, FSDP + compile + Float8, b2, selective-op" for g in (32, 64)}
+KNOWN_MISSES |= {"torchtitan Llama 3.1 8B, 64 H100 500W, FSDP 8 x TP 8 + compile, b12, selective-op (2025-06)",
+                 "torchtitan Llama 3.1 8B, 64 H100 500W, FSDP 8 x async TP 8 + compile, b12, selective-op (2025-06)",
+                 "torchtitan Llama 3.1 8B, 64 H100 500W, FSDP 8 x async TP 8 + compile + Float8, b12, selective-op "
+                 "(2025-06)"}
 KNOWN_REJECTED: set[str] = set()
 
 
@@ -34,7 +38,7 @@ def test_rows_are_check_rows_new_to_the_repository():
     reprinted v25.02.02 Nemotron4 340B and GPT-3 175B tables were left out for that), nor a Megatron-Bridge row a
     container round 7 (or published.py's 25.09 rows) already holds."""
     runs = runs14()
-    assert len(runs) == 66 and all(r.role is Role.CHECK and not r.fits for r in runs)
+    assert len(runs) == 74 and all(r.role is Role.CHECK and not r.fits for r in runs)
     names = [r.name for r in runs]
     assert len(set(names)) == len(names)
     assert not set(names) & {r.name for r in all_runs() + more_runs() + round11.recipe_runs()}
@@ -94,10 +98,21 @@ def test_what_each_release_states_reaches_the_workload():
     assert {r.space.v for r in runs14() if "25.05.05 Nemotron4-340B" in r.name} == {(12,)}
 
 
-def test_h200_and_bridge_rows_are_planned_as_their_stacks_run():
+def test_torchtitan_and_bridge_rows_are_planned_as_their_stacks_run():
     """torchtitan on H200: FSDP (ZeRO 3) over every rank, local batch 2 at s 8192, selective AC by op, compile
-    (FUSED) and Float8 on the PyTorch stack; Megatron-Bridge: Megatron-core + TE, FP8 current scaling, ZeRO 0 / 1
-    (the 8B's stated FSDP: ZeRO 3), CP rows through the CP planner."""
+    (FUSED) and Float8 on the PyTorch stack; torchtitan's async-TP benchmark: TP 8 with SP, FSDP over the rest,
+    one micro-batch of the local batch, the stated AC, async TP as Workload.tp_comm_overlap and nowhere else;
+    Megatron-Bridge: Megatron-core + TE, FP8 current scaling, ZeRO 0 / 1 (the 8B's stated FSDP: ZeRO 3), CP rows
+    through the CP planner."""
+    for run, (size, gpus, local, ac, fp8, overlap, tps) in zip(async_tp_runs(), ASYNC_TP_ROWS, strict=True):
+        w = run.workload
+        assert run.gpu == "h100-96g-500w" and run.gpus == gpus and w.global_batch == local * gpus // 8
+        assert run.space.tp == (8,) and run.space.sequence_parallel == (True,) and run.space.micro_batch == (local,)
+        assert run.space.zero == (ZeroStage.PARAMETERS,) and run.space.recompute == (ac,)
+        assert (w.fp8, w.tp_comm_overlap, run.published) == (fp8, overlap, tps) and w.stack is Stack.PYTORCH
+        assert w.model.num_layers == {"70B": 80, "8B": 32}[size] and w.seq_length == 8192
+    assert ([r.name for r in runs14() if r.workload.tp_comm_overlap]
+            == [r.name for r, row in zip(async_tp_runs(), ASYNC_TP_ROWS) if row[5]])
     for run, (hosts, tps, memory) in zip(h200_runs(), H200_ROWS, strict=True):
         w = run.workload
         assert run.gpu == "h200" and run.gpus == 8 * hosts and w.global_batch == 2 * run.gpus

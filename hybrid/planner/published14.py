@@ -2,6 +2,7 @@
 
     python -m hybrid.planner.published14        # the tables of docs/planner.md "Round 14: new check rows"
     python -m hybrid.planner.published14 --explain   # each miss's step in --explain's terms (the same section)
+    python -m hybrid.planner.published14 --causes    # the what-ifs that read the misses (the same section)
 
 Every row is a `Role.CHECK` row of published.py's `PublishedRun` type, entered and planned before anything was
 read off its error; nothing in the planner was fitted to it and nothing may be (tests/test_planner_published14.py
@@ -38,6 +39,15 @@ Sources, each read at the commit named:
   torch.compile = FUSED, Float8 = --fp8) on the h200 preset. Not modelled: the float8 all-gather (FSDP moves 1-byte
   weights, the planner 2-byte ones) and `force_recompute_fp8_weight_in_bwd`.
 
+* pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (commit 2887250, June 2025) and the
+  table it shows, assets/images/async-tp-perf-06-14-2025.png (added at 5ecb74e; read off the image): the PyTorch
+  team's Llama 3.1 70B on 256 and 8B on 64 of Grand Teton's 500 W 96 GB H100s (the h100-96g-500w preset, as the
+  Dec 2024 rows), torchtitan 820504e with torch 38410cf9. 70B: FSDP 32 x TP 8, local batch 16, full AC; 8B: FSDP 8
+  x TP 8, local batch 12, per-op SAC; both torch.compile, s 8192 (the tomls'), "Average TPS" a GPU, vanilla and async
+  TP, bf16 and float8 tensorwise (the float8 rowwise rows are left out: the page calls their vanilla baseline's
+  low number a bug under repair, pytorch/torchtitan issue 1207, and the planner has no rowwise scaling). Async TP
+  (`--parallelism.enable_async_tensor_parallel`) is planned with Workload.tp_comm_overlap, the planner's TP
+  collectives under their pass's GEMMs; its rows are summarised apart from the vanilla ones.
 * NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at 067f987 (the file round 7 read three rows
   from, BRIDGE_ROWS): the DGX-H100 dense pre-training rows of the containers round 7 left out -- 25.11 (lines
   589-591: Llama 3 8B on 8 GPUs with FSDP, Llama 3 70B t4 p8 v5 GBS 128, Llama 3.1 405B t8 p8 cp2 v8 GBS 512;
@@ -49,7 +59,7 @@ Sources, each read at the commit named:
 
 Looked at and not added (docs/planner.md "Round 14: new check rows" says why): later dgxc-benchmarking releases
 (v25.07 on) print no H100 tables; its MoE (Grok 1, DeepSeek V3, Llama 4), Nemotron-H and JAX (MaxText, PAXML)
-recipes; torchtitan's async-TP benchmark (its numbers are an image); NeMo's performance_summary.md at 070a0bb
+recipes; NeMo's performance_summary.md at 070a0bb
 (the 24.07 table published_more.py holds); Megatron-Bridge's H100 MoE rows (GPT-OSS, Qwen3) and its SFT / LoRA
 tables.
 """
@@ -62,7 +72,7 @@ from dataclasses import dataclass, replace
 from hybrid.planner.layout import Offload, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
-from hybrid.planner.published import LLAMA3_8B, Metric, PublishedRun, Role, _torchtitan
+from hybrid.planner.published import LLAMA3_8B, LLAMA3_70B, Metric, PublishedRun, Role, _torchtitan
 from hybrid.planner.published_more import (ContextRun, Result, _layout_name, _nemo, _nemo_models, evaluate,
                                            summary_line, table)
 from hybrid.planner.published_recipes import _L8, _L70, _L405_2411, _N15, Stated, Table, _cols, _cols405, _models
@@ -203,9 +213,39 @@ def bridge_runs() -> list[PublishedRun]:
     return runs
 
 
+ASYNC_TP_SOURCE = ("pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md at 2887250 and its table "
+                   "assets/images/async-tp-perf-06-14-2025.png (Grand Teton H100 96GB 500 W, June 2025), average TPS "
+                   "a GPU")
+# (model, GPUs, local batch, AC, float8 tensorwise, async TP, average TPS a GPU), TP 8 and FSDP over the rest
+ASYNC_TP_ROWS = (("70B", 256, 16, Recompute.FULL, False, False, 597.3),
+                 ("70B", 256, 16, Recompute.FULL, False, True, 652.4),
+                 ("70B", 256, 16, Recompute.FULL, True, False, 809.8),
+                 ("70B", 256, 16, Recompute.FULL, True, True, 942.4),
+                 ("8B", 64, 12, Recompute.SELECTIVE_OP, False, False, 4378.0),
+                 ("8B", 64, 12, Recompute.SELECTIVE_OP, False, True, 4809.4),
+                 ("8B", 64, 12, Recompute.SELECTIVE_OP, True, False, 5078.1),
+                 ("8B", 64, 12, Recompute.SELECTIVE_OP, True, True, 5570.1))
+
+
+def async_tp_runs() -> list[PublishedRun]:
+    """The async-TP benchmark's vanilla and async rows, planned as published.py plans torchtitan's Dec 2024 70B
+    row (FSDP2 = ZeRO 3 over gpus / 8, TP 8 with SP, compile = FUSED, Float8 = --fp8), async TP as
+    Workload.tp_comm_overlap."""
+    runs = []
+    for size, gpus, local, ac, fp8, overlap, tps in ASYNC_TP_ROWS:
+        arch = LLAMA3_70B if size == "70B" else LLAMA3_8B
+        ac_name = "full" if ac is Recompute.FULL else "selective-op"
+        name = (f"torchtitan Llama 3.1 {size}, {gpus} H100 500W, FSDP {gpus // 8} x {'async ' if overlap else ''}TP 8"
+                f" + compile{' + Float8' if fp8 else ''}, b{local}, {ac_name} (2025-06)")
+        run = _torchtitan(name, ASYNC_TP_SOURCE, arch, 8192, gpus, local, ac, tps, "h100-96g-500w",
+                          kernels=KernelProfile.FUSED, fp8=fp8, tp=8)
+        runs.append(replace(run, workload=replace(run.workload, tp_comm_overlap=overlap)))
+    return runs
+
+
 def runs14() -> list[PublishedRun]:
-    """Every round-14 check row: the DGXC tables, the H200 rows, the Megatron-Bridge rows."""
-    return [r for t in TABLES for r in table_runs(t)] + h200_runs() + bridge_runs()
+    """Every round-14 check row: the DGXC tables, the H200 rows, the Megatron-Bridge rows, the async-TP rows."""
+    return [r for t in TABLES for r in table_runs(t)] + h200_runs() + bridge_runs() + async_tp_runs()
 
 
 @dataclass(frozen=True)
@@ -221,8 +261,12 @@ GROUPS = (Group("v25.02.02 (NeMo 24.12), Llama 3.1", lambda r: "25.02.02 Llama" 
           Group("v25.05.05 (NeMo 25.04.01)", lambda r: "25.05.05" in r.name),
           Group("torchtitan on H200", lambda r: "H200" in r.name),
           Group("Megatron-Bridge 25.11-26.06", lambda r: r.name.startswith("Megatron-Bridge")),
-          Group("BF16 rows", lambda r: " BF16," in r.name),
-          Group("FP8 rows (Float8 / FP8)", lambda r: " FP8," in r.name or "Float8" in r.name))
+          Group("torchtitan 2025-06, vanilla TP", lambda r: "(2025-06)" in r.name and "async" not in r.name),
+          Group("torchtitan 2025-06, async TP (tp_comm_overlap)", lambda r: "async TP" in r.name),
+          Group("Megatron-core / NeMo rows (DGXC, Megatron-Bridge)", lambda r: r.workload.stack is Stack.MEGATRON),
+          Group("PyTorch-native rows (torchtitan)", lambda r: r.workload.stack is Stack.PYTORCH),
+          Group("BF16 rows", lambda r: not r.workload.fp8),
+          Group("FP8 rows (FP8 / Float8)", lambda r: r.workload.fp8))
 
 
 def evaluate_all() -> list[Result]:
@@ -238,7 +282,7 @@ def report(results: list[Result]) -> str:
     out.append(summary_line("all round-14 check rows", results))
     firsts, seen = [], set()
     for r in results:
-        key = r.run.name.split(",")[0]
+        key = r.run.name.split(",")[0] if r.run.name.startswith("DGXC") else r.run.name
         if key not in seen:
             seen.add(key)
             firsts.append(r)
@@ -267,7 +311,55 @@ def explain(results: list[Result], band: float = 0.10) -> str:
     return "\n".join(lines)
 
 
+def causes() -> str:
+    """What-ifs that read the misses (docs/planner.md "Round 14: new check rows"), never fits: nothing uses them.
+
+    * torchtitan on H200: the h200 preset carries no PyTorch stack clock (Hardware.eager_clock 1.0) where both H100
+      presets carry H100_EAGER_CLOCK; the row with that clock on GEMMs and flash, on each alone, and the clock
+      that would zero the row.
+    * torchtitan's TP 8 rows (this round's vanilla ones and published.py's Dec 2024 70B row): the NVLink rate
+      (Hardware.intra_node_gbps, the TP collectives' bus rate) that would zero each row.
+    * async TP: the published async / vanilla speed-up against the planned one (Workload.tp_comm_overlap)."""
+    from hybrid.planner.fit import solve
+    from hybrid.planner.hardware import H100_EAGER_CLOCK
+    from hybrid.planner.published import _plan_on, torchtitan_runs
+    lines = ["| H200 row | today | stack clock 0.708 | on flash only | on GEMMs only | clock for 0 error |",
+             "|---|---|---|---|---|---|"]
+    for run in h200_runs():
+        hw = run.hardware()
+
+        def err(h) -> str:
+            return f"{100 * run.throughput_error(_plan_on(run, h)):+.1f} %"
+        clock = solve(lambda c: run.throughput_error(_plan_on(run, hw.with_overrides(eager_clock=c))), 0.0, 0.5, 1.0,
+                      iters=20)
+        lines.append(f"| {run.name} | {err(hw)} | {err(hw.with_overrides(eager_clock=H100_EAGER_CLOCK))} | "
+                     f"{err(hw.with_overrides(flash_efficiency=hw.flash_efficiency * H100_EAGER_CLOCK))} | "
+                     f"{err(hw.with_overrides(compute_efficiency=hw.compute_efficiency * H100_EAGER_CLOCK))} | "
+                     f"{clock:.3f} |")
+    lines += ["", "| torchtitan TP 8 row | today | TP share of the step | NVLink GB/s for 0 error (preset) |",
+              "|---|---|---|---|"]
+    vanilla = [r for r in async_tp_runs() if not r.workload.tp_comm_overlap]
+    older = [r for r in torchtitan_runs() if "TP 8" in r.name and "PP" not in r.name]
+    for run in vanilla + older:
+        hw = run.hardware()
+        plan = _plan_on(run, hw)
+        share = dict(plan.time.terms)["tp"] / plan.time.total
+        rate = solve(lambda x: run.throughput_error(_plan_on(run, hw.with_overrides(intra_node_gbps=x))), 0.0, 20.0,
+                     2000.0, iters=30)
+        lines.append(f"| {run.name} | {100 * run.throughput_error(plan):+.1f} % | {100 * share:.1f} % | {rate:.0f} "
+                     f"({hw.intra_node_gbps:.0f}) |")
+    lines += ["", "| async TP pair | published async / vanilla | planned async / vanilla |", "|---|---|---|"]
+    runs = async_tp_runs()
+    for off, on in zip(runs[0::2], runs[1::2]):
+        planned = on.value(on.predict()) / off.value(off.predict())
+        lines.append(f"| {on.name} | {on.published / off.published:.3f} | {planned:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--causes"]:
+        print(causes())
+        return
     results = evaluate_all()
     if sys.argv[1:] == ["--explain"]:
         print(explain(results))
