@@ -61,7 +61,9 @@ Looked at and not added (docs/planner.md "Round 14: new check rows" says why): l
 (v25.07 on) print no H100 tables; its MoE (Grok 1, DeepSeek V3, Llama 4), Nemotron-H and JAX (MaxText, PAXML)
 recipes; NeMo's performance_summary.md at 070a0bb
 (the 24.07 table published_more.py holds); Megatron-Bridge's H100 MoE rows (GPT-OSS, Qwen3) and its SFT / LoRA
-tables.
+tables; Megatron-LM's strong-scaling figure (no layout stated); BigScience's 176B topology search
+(train/tr11-176B-ml/chronicles-prequel.md: single second-iteration timings, vocabulary and recomputation not
+stated).
 """
 
 from __future__ import annotations
