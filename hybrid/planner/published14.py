@@ -74,7 +74,7 @@ from dataclasses import dataclass, replace
 from hybrid.planner.layout import Offload, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
-from hybrid.planner.published import LLAMA3_8B, LLAMA3_70B, Metric, PublishedRun, Role, _torchtitan
+from hybrid.planner.published import LLAMA3_8B, LLAMA3_70B, Metric, PublishedRun, _torchtitan
 from hybrid.planner.published_more import (ContextRun, Result, _layout_name, _nemo, _nemo_models, evaluate,
                                            summary_line, table)
 from hybrid.planner.published_recipes import _L8, _L70, _L405_2411, _N15, Stated, Table, _cols, _cols405, _models
