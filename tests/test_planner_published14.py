@@ -76,8 +76,8 @@ def test_tables_hang_together():
 def test_what_each_release_states_reaches_the_workload():
     """v25.02.02's Llama 3.1 YAMLs are v24.11.1's (ZeRO 1, bf16 gradient sync, overlapped gradient sync, no
     recomputation, 16 query groups for the 405B, delayed FP8); its Nemotron4 15B YAML drops grad_sync_dtype, which
-    NeMo defaults to fp32; v25.05.05 runs v25.04.01's container (bf16 gradients, ZeRO 1, the 405B's embedding /
-    loss split); TP overlap is stated and planned synchronous throughout."""
+    NeMo defaults to fp32; v25.05.05 launches the NeMo performance recipes v25.04.01 does (bf16 gradients, ZeRO 1,
+    the 405B's embedding / loss split); TP overlap is stated and planned synchronous throughout."""
     for t in TABLES:
         s = stated(t)
         for run in table_runs(t):

@@ -24,12 +24,16 @@ Sources, each read at the commit named:
   (setup_mcore_distributed_parallel: `grad_reduce_in_fp32=(cfg.optim.get('grad_sync_dtype', 'fp32') == 'fp32')`)
   makes fp32 gradient reduction; `overlap_grad_sync: True`, `activations_checkpoint_granularity: null`, dropout 0,
   `ub_tp_comm_overlap: True` (recorded, planned synchronous as round 11 plans it).
-* NVIDIA/dgxc-benchmarking release v25.05.05 (commit c5c765f, the NeMo 25.04.01 container: llama3.1/launch.sh
-  `FW_VERSION=25.04.01`): llama3.1/README.md and nemotron/README.md "H100 Performance", one column each -- Llama 3.1
-  405B on 512 GPUs (t8 p8 cp2 v8, MBS 1, GBS 256), Nemotron4 15B on 16 (t2 p1, MBS 2, GBS 64), Nemotron4 340B on 256
-  (t8 p8 v12, MBS 1, GBS 64), BF16 and FP8. The same container as v25.04.01's rows: published_recipes.stated's
-  v25.04.01 reading (bf16 gradients, ZeRO 1, delayed FP8 scaling, Megatron-core's embedding / loss pipeline split
-  for the 405B) is that software's and is planned; not re-read at this release.
+* NVIDIA/dgxc-benchmarking release v25.05.05 (commit c5c765f; NeMo containers 25.04.01 for Llama 3.1 and 25.04.00
+  for Nemotron4, each launch.sh's `FW_VERSION`, where v25.04.01's rows ran 25.02.01): llama3.1/README.md and
+  nemotron/README.md "H100 Performance", one column each -- Llama 3.1 405B on 512 GPUs (t8 p8 cp2 v8, MBS 1, GBS
+  256), Nemotron4 15B on 16 (t2 p1, MBS 2, GBS 64), Nemotron4 340B on 256 (t8 p8 v12, MBS 1, GBS 64), BF16 and FP8,
+  the mean step of iterations 11-44. Both launch NeMo's scripts/performance recipes (`python3 -m
+  scripts.performance.llm.pretrain_llama31_405b ...`), as v25.04.01 does: published_recipes.stated's v25.04.01
+  reading is planned (bf16 gradients -- the recipes' set_primary_perf_configs sets `grad_reduce_in_fp32 = False  #
+  bf16 grad dtype` -- ZeRO 1, FP8 through bf16_with_fp8_mixed(), delayed; Megatron-core's embedding / loss pipeline
+  split for the 405B; VP 12 for the 340B, now in the README's own table). Not re-read file by file at this
+  release's containers.
 * pytorch/torchtitan benchmarks/llama3_8b_h200_2025-06_torchtitan.md (commit bcdeaa3; the same table in
   llama3_8b_h200_2025-06_torchtitan_trainy_whitefiber.md at b3eec1e): Trainy's Llama 3.1 8B on 4 and 8 hosts of
   8 H200 (400 Gb/s a GPU), torchtitan e7c0cae's llama3_8b.toml (s 8192, FSDP over every rank, selective
@@ -107,13 +111,13 @@ TABLES = (
           ((512, 256, 19.810),)),
     Table("25.05.05", "llama3.1/README.md", "25.04.01", "Llama3.1-405B", "FP8", 8192, 8, 8, 2, 8, 1,
           ((512, 256, 13.020),)),
-    Table("25.05.05", "nemotron/README.md", "25.04.01", "Nemotron4-15B", "BF16", 4096, 2, 1, 1, 1, 2,
+    Table("25.05.05", "nemotron/README.md", "25.04.00", "Nemotron4-15B", "BF16", 4096, 2, 1, 1, 1, 2,
           ((16, 64, 2.746),)),
-    Table("25.05.05", "nemotron/README.md", "25.04.01", "Nemotron4-15B", "FP8", 4096, 2, 1, 1, 1, 2,
+    Table("25.05.05", "nemotron/README.md", "25.04.00", "Nemotron4-15B", "FP8", 4096, 2, 1, 1, 1, 2,
           ((16, 64, 1.988),)),
-    Table("25.05.05", "nemotron/README.md", "25.04.01", "Nemotron4-340B", "BF16", 4096, 8, 8, 1, 12, 1,
+    Table("25.05.05", "nemotron/README.md", "25.04.00", "Nemotron4-340B", "BF16", 4096, 8, 8, 1, 12, 1,
           ((256, 64, 4.606),)),
-    Table("25.05.05", "nemotron/README.md", "25.04.01", "Nemotron4-340B", "FP8", 4096, 8, 8, 1, 12, 1,
+    Table("25.05.05", "nemotron/README.md", "25.04.00", "Nemotron4-340B", "FP8", 4096, 8, 8, 1, 12, 1,
           ((256, 64, 3.107),)),
 )
 
@@ -126,7 +130,8 @@ NEMOTRON15_2502 = Stated(zero=(ZeroStage.OPTIMIZER,), recompute=(Recompute.NONE,
 
 def stated(t: Table) -> Stated:
     """What each release's files state (module docstring): v25.02.02's Llama YAMLs are v24.11.1's, its Nemotron4
-    15B YAML NEMOTRON15_2502; v25.05.05 runs v25.04.01's container, read as round 11 read it."""
+    15B YAML NEMOTRON15_2502; v25.05.05 launches the NeMo performance recipes v25.04.01 does, read as round 11 read
+    them."""
     if t.release == "25.02.02":
         if t.model == "Nemotron4-15B":
             return NEMOTRON15_2502
