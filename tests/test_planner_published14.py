@@ -166,3 +166,17 @@ def test_docs_hold_what_the_module_prints(evaluated):
         if line.startswith(("| DGXC", "| torchtitan", "| Megatron-Bridge")) or ": " in line and "rows" in line:
             assert line in docs, line
     assert summary_line("all round-14 check rows", evaluated) in docs
+
+
+@pytest.mark.slow
+def test_docs_hold_the_causes_what_ifs():
+    """The what-if tables of the section (`python -m hybrid.planner.published14 --causes`) are what the code prints:
+    the H200 rows with the H100's stack clock, the NVLink rate that zeroes each torchtitan TP 8 row, the async-TP
+    speed-ups; and none of it reaches a plan (the rows' errors are the same before and after)."""
+    from hybrid.planner.published14 import causes
+    with open(os.path.join(ROOT, "docs", "planner.md")) as f:
+        docs = f.read()
+    before = [run.throughput_error(run.predict()) for run in h200_runs()]
+    for line in causes().splitlines():
+        assert line in docs, line
+    assert [run.throughput_error(run.predict()) for run in h200_runs()] == before
