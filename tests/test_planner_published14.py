@@ -1,7 +1,7 @@
 """Issue 26, round 14: published runs new to the repository (hybrid/planner/published14.py), CHECK rows only.
 
 The fast tests check the rows as entered (roles, no repeat of a row the repository holds, the tables' own arithmetic,
-what each release's files state reaching the planned workload) without planning; the slow ones plan all 74 rows
+what each release's files state reaching the planned workload) without planning; the slow ones plan all 75 rows
 (~5 s of CPU) and hold docs/planner.md "Round 14: new check rows" to what the code prints, with a ratchet on the
 misses as tests/test_planner_recipes.py keeps round 11's."""
 
@@ -17,7 +17,8 @@ from hybrid.planner.layout import PipelineP2P, Recompute, ZeroStage
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.published import Role, all_runs
 from hybrid.planner.published14 import (ASYNC_TP_ROWS, BRIDGE_ROWS, H200_ROWS, TABLES, async_tp_runs, bridge_runs,
-                                        evaluate_all, h200_runs, report, runs14, stated, summary_line, table_runs)
+                                        dec2024_async_tp_run, evaluate_all, h200_runs, report, runs14, stated,
+                                        summary_line, table_runs)
 from hybrid.planner.published_more import BRIDGE_ROWS as ROUND7_BRIDGE_ROWS
 from hybrid.planner.published_more import ContextRun, more_runs
 
@@ -38,7 +39,7 @@ def test_rows_are_check_rows_new_to_the_repository():
     reprinted v25.02.02 Nemotron4 340B and GPT-3 175B tables were left out for that), nor a Megatron-Bridge row a
     container round 7 (or published.py's 25.09 rows) already holds."""
     runs = runs14()
-    assert len(runs) == 74 and all(r.role is Role.CHECK and not r.fits for r in runs)
+    assert len(runs) == 75 and all(r.role is Role.CHECK and not r.fits for r in runs)
     names = [r.name for r in runs]
     assert len(set(names)) == len(names)
     assert not set(names) & {r.name for r in all_runs() + more_runs() + round11.recipe_runs()}
@@ -111,8 +112,12 @@ def test_torchtitan_and_bridge_rows_are_planned_as_their_stacks_run():
         assert run.space.zero == (ZeroStage.PARAMETERS,) and run.space.recompute == (ac,)
         assert (w.fp8, w.tp_comm_overlap, run.published) == (fp8, overlap, tps) and w.stack is Stack.PYTORCH
         assert w.model.num_layers == {"70B": 80, "8B": 32}[size] and w.seq_length == 8192
+    dec2024 = dec2024_async_tp_run()
     assert ([r.name for r in runs14() if r.workload.tp_comm_overlap]
-            == [r.name for r, row in zip(async_tp_runs(), ASYNC_TP_ROWS) if row[5]])
+            == [r.name for r, row in zip(async_tp_runs(), ASYNC_TP_ROWS) if row[5]] + [dec2024.name])
+    # Table 4's AsyncTP row is published.py's 829-TPS row with async TP and nothing else changed
+    sync = next(r for r in all_runs() if r.name.startswith("torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x TP 8"))
+    assert replace(dec2024.workload, tp_comm_overlap=False) == sync.workload and dec2024.space == sync.space
     for run, (hosts, tps, memory) in zip(h200_runs(), H200_ROWS, strict=True):
         w = run.workload
         assert run.gpu == "h200" and run.gpus == 8 * hosts and w.global_batch == 2 * run.gpus

@@ -52,6 +52,9 @@ Sources, each read at the commit named:
   low number a bug under repair, pytorch/torchtitan issue 1207, and the planner has no rowwise scaling). Async TP
   (`--parallelism.enable_async_tensor_parallel`) is planned with Workload.tp_comm_overlap, the planner's TP
   collectives under their pass's GEMMs; its rows are summarised apart from the vanilla ones.
+* pytorch/torchtitan docs/performance.md at d4c86e3 (Dec 2024), Table 4's "2D + AsyncTP" row (876 TPS a GPU, 67.6
+  GiB): the configuration of published.py's 829-TPS row with async TP, which published.py left out while async TP
+  had no model; planned as the June 2025 async rows.
 * NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at 067f987 (the file round 7 read three rows
   from, BRIDGE_ROWS): the DGX-H100 dense pre-training rows of the containers round 7 left out -- 25.11 (lines
   589-591: Llama 3 8B on 8 GPUs with FSDP, Llama 3 70B t4 p8 v5 GBS 128, Llama 3.1 405B t8 p8 cp2 v8 GBS 512;
@@ -250,9 +253,24 @@ def async_tp_runs() -> list[PublishedRun]:
     return runs
 
 
+DEC2024_SOURCE = ("pytorch/torchtitan docs/performance.md at d4c86e3 (Dec 2024, Grand Teton H100 96GB 500 W), Table 4's "
+                  "'2D + AsyncTP' row, TPS a GPU at iteration 90")
+
+
+def dec2024_async_tp_run() -> PublishedRun:
+    """torchtitan's Dec 2024 Table 4 second row -- the 70B of published.py's 829-TPS row (FSDP 32 x TP 8, local
+    batch 16, full AC, compile, Float8) with AsyncTP, 876 TPS a GPU -- which published.py left out while async TP
+    had no model; planned with Workload.tp_comm_overlap as this round plans the June 2025 async rows."""
+    run = _torchtitan("torchtitan Llama 3.1 70B, 256 H100 500W, FSDP 32 x async TP 8 + compile + Float8, b16, full "
+                      "(2024-12)", DEC2024_SOURCE, LLAMA3_70B, 8192, 256, 16, Recompute.FULL, 876.0, "h100-96g-500w",
+                      kernels=KernelProfile.FUSED, fp8=True, tp=8, memory_gib=67.6)
+    return replace(run, workload=replace(run.workload, tp_comm_overlap=True))
+
+
 def runs14() -> list[PublishedRun]:
     """Every round-14 check row: the DGXC tables, the H200 rows, the Megatron-Bridge rows, the async-TP rows."""
-    return [r for t in TABLES for r in table_runs(t)] + h200_runs() + bridge_runs() + async_tp_runs()
+    return ([r for t in TABLES for r in table_runs(t)] + h200_runs() + bridge_runs() + async_tp_runs()
+            + [dec2024_async_tp_run()])
 
 
 @dataclass(frozen=True)
@@ -269,7 +287,7 @@ GROUPS = (Group("v25.02.02 (NeMo 24.12), Llama 3.1", lambda r: "25.02.02 Llama" 
           Group("torchtitan on H200", lambda r: "H200" in r.name),
           Group("Megatron-Bridge 25.11-26.06", lambda r: r.name.startswith("Megatron-Bridge")),
           Group("torchtitan 2025-06, vanilla TP", lambda r: "(2025-06)" in r.name and "async" not in r.name),
-          Group("torchtitan 2025-06, async TP (tp_comm_overlap)", lambda r: "async TP" in r.name),
+          Group("torchtitan async TP (tp_comm_overlap; 2025-06 and 2024-12)", lambda r: "async TP" in r.name),
           Group("Megatron-core / NeMo rows (DGXC, Megatron-Bridge)", lambda r: r.workload.stack is Stack.MEGATRON),
           Group("PyTorch-native rows (torchtitan)", lambda r: r.workload.stack is Stack.PYTORCH),
           Group("BF16 rows", lambda r: not r.workload.fp8),
@@ -357,7 +375,8 @@ def causes() -> str:
                      f"({hw.intra_node_gbps:.0f}) |")
     lines += ["", "| async TP pair | published async / vanilla | planned async / vanilla |", "|---|---|---|"]
     runs = async_tp_runs()
-    for off, on in zip(runs[0::2], runs[1::2]):
+    dec2024 = next(r for r in older if "Float8" in r.name)  # Table 4's synchronous row, published.py's
+    for off, on in list(zip(runs[0::2], runs[1::2])) + [(dec2024, dec2024_async_tp_run())]:
         planned = on.value(on.predict()) / off.value(off.predict())
         lines.append(f"| {on.name} | {on.published / off.published:.3f} | {planned:.3f} |")
     return "\n".join(lines)
