@@ -198,28 +198,63 @@ time.sleep(600)
 """
 
 
-@pytest.mark.slow  # a helper interpreter, killed
-def test_a_take_from_a_peer_killed_mid_wait_raises_naming_it_not_after_the_timeout(tmp_path, monkeypatch):
-    """The peer's flock goes with its process (SIGKILL included): the waiting rank sees it within a re-check and
-    raises "exited", where the futex alone would have waited out TIMEOUT_S (set to 60 s here: the other error)."""
+def _pair_with_a_holder(tmp_path):
+    """This process's file and a helper interpreter's (the peer, holding its lock), wired as a SharedFlats."""
     from types import SimpleNamespace
 
     from hybrid.comm import CommLedger
     from hybrid.zero import shm
-    monkeypatch.setattr(shm, "TIMEOUT_S", 60.0)
     nbytes = 2 * shm.PAGE
     mine, peer_path = shm._create(str(tmp_path / "mine"), nbytes), str(tmp_path / "peer")
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, peer_path, str(nbytes)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "ready"
+    peer = shm._attach(peer_path, nbytes, 9, 1)
+    assert peer is not None  # alive: its lock is held
+    group = SimpleNamespace(name="dp", ranks=(0, 1), rank=0, size=2, ledger=CommLedger(), pg=None)
+    return holder, shm.SharedFlats(group, [4], torch.float32, mine[0], peer[0], [shm.PAGE], (mine[1], peer[1]))
+
+
+@pytest.mark.slow  # a helper interpreter, killed
+def test_a_take_from_a_peer_killed_mid_wait_raises_a_comm_error_naming_it_not_after_the_timeout(tmp_path):
+    """The peer's flock goes with its process (SIGKILL included): the waiting rank sees it within a re-check and
+    raises PeerLost (a torch DistError, which hybrid/liveness.py treats as a lost peer, as gloo's closed socket),
+    where the futex alone would have waited out the group's timeout (an hour here: the other message)."""
+    import torch.distributed as dist
+    holder, flats = _pair_with_a_holder(tmp_path)
     try:
-        assert holder.stdout.readline().strip() == "ready"
-        peer = shm._attach(peer_path, nbytes, 9, 1)
-        assert peer is not None  # alive: its lock is held
-        group = SimpleNamespace(name="dp", ranks=(0, 1), rank=0, size=2, ledger=CommLedger())
-        flats = shm.SharedFlats(group, [4], torch.float32, mine[0], peer[0], [shm.PAGE], (mine[1], peer[1]))
+        flats.timeout_s = 3600.0
         work = flats.all_gather(0)
         holder.kill()
         holder.wait()
-        with pytest.raises(RuntimeError, match="peer rank 1 exited before it would post unit 0's gather"):
+        with pytest.raises(dist.DistError, match="peer rank 1 exited before it would post unit 0's gather"):
             work.wait()
     finally:
         holder.kill()
+
+
+@pytest.mark.slow  # a helper interpreter, stopped
+def test_a_take_from_a_stalled_peer_times_out_after_the_groups_timeout(tmp_path):
+    """A SIGSTOPped peer keeps its lock: the wait ends at the group's timeout (--distributed-timeout-minutes, read
+    from the gloo group; 1 s here) with a "timed out" comm error, as gloo's own collectives do."""
+    import torch.distributed as dist
+    holder, flats = _pair_with_a_holder(tmp_path)
+    try:
+        flats.timeout_s = 1.0
+        work = flats.all_gather(0)
+        holder.send_signal(signal.SIGSTOP)
+        with pytest.raises(dist.DistError, match="timed out after 1 s: the peer rank 1 did not post unit 0's gather"):
+            work.wait()
+    finally:
+        holder.kill()
+
+
+def _timeout_run(rank, world):
+    import datetime
+
+    from hybrid.zero import shm
+    mesh = Mesh.build(ParallelDims(dp=world), timeout=datetime.timedelta(seconds=42))
+    return shm._timeout_s(mesh.dp)
+
+
+def test_the_wait_is_bounded_by_the_groups_own_timeout():
+    assert run_distributed(_timeout_run, 2) == [42.0, 42.0]

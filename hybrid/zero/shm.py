@@ -57,6 +57,7 @@ import time
 import weakref
 
 import torch
+import torch.distributed as dist
 
 from hybrid.comm import Group, Work
 from hybrid.trail import TRAIL, OpRecord
@@ -64,7 +65,7 @@ from hybrid.trail import TRAIL, OpRecord
 SHM_DIR = "/dev/shm"
 PAGE = 4096
 MAGIC = 0x5A45524F53484D31  # "ZEROSHM1": the first control word of every file
-TIMEOUT_S = 1800.0  # gloo's own default timeout: a peer that died leaves a waiting rank an error, not a hang
+TIMEOUT_S = 1800.0  # gloo's default timeout, where the group's own (--distributed-timeout-minutes) cannot be read
 HEADER = 4  # control words before the counters: magic, token, rank, layout bytes
 SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1  # x86-64 Linux; shared (not FUTEX_PRIVATE): across processes
 RECHECK_S = 0.05  # a futex wait's bound: a missed wake-up (or the peer's death) costs at most this
@@ -92,6 +93,7 @@ class SharedFlats:
         self._peer_flats = [torch.frombuffer(peer, dtype=dtype, count=k, offset=o) for k, o in zip(numels, offsets)]
         self.element_size = esize
         self.posted = 0  # gathers posted through shared memory (tests read it: the path did run)
+        self.timeout_s = _timeout_s(group)  # a stalled peer: an error after the group's own timeout, as gloo's
 
     # --- set-up ----------------------------------------------------------------------------------------------
     @classmethod
@@ -176,12 +178,17 @@ class SharedFlats:
             low = v & 0xFFFFFFFF
             _futex(self._peer_ctrl.data_ptr() + 8 * word, FUTEX_WAIT, low - 2**32 if low >= 2**31 else low,
                    RECHECK_S)
+            peer = self.group.ranks[1 - self.group.rank]
             if int(self._peer_ctrl[word]) < want and not _held(self._fds[1]):
-                raise RuntimeError(f"ZeRO shared-memory gather: the peer rank {self.group.ranks[1 - self.group.rank]} "
-                                   f"exited before it would {what}")
-            if time.monotonic() - t0 > TIMEOUT_S:
-                raise RuntimeError(f"ZeRO shared-memory gather: the peer rank did not {what} within {TIMEOUT_S:.0f} "
-                                   "s (did it exit?)")
+                raise PeerLost(f"ZeRO shared-memory gather: the peer rank {peer} exited before it would {what}")
+            if time.monotonic() - t0 > self.timeout_s:
+                raise PeerLost(f"ZeRO shared-memory gather: timed out after {self.timeout_s:.0f} s: the peer rank "
+                               f"{peer} did not {what} (stalled?)")
+
+
+class PeerLost(dist.DistError):
+    """The peer of a shared-memory gather exited or stalled past the group's timeout: a communication error, as
+    gloo's "Connection closed" (hybrid/liveness.py then asks the heartbeats which rank was lost and names it)."""
 
 
 class _Take:
@@ -195,6 +202,15 @@ class _Take:
 
     def wait(self) -> None:
         self.flats._take(self.i, self.seq)
+
+
+def _timeout_s(group: Group) -> float:
+    """The group's collective timeout in seconds (`Mesh.build`'s, from --distributed-timeout-minutes), read from its
+    gloo backend's options; TIMEOUT_S where it has none to read."""
+    try:
+        return group.pg._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except Exception:  # noqa: BLE001 -- a private accessor: any failure means "not known here"
+        return TIMEOUT_S
 
 
 def _round_up(x: int, m: int) -> int:
