@@ -310,7 +310,8 @@ def run_hybrid_stage(rank, world, args, stage):
     zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=int(stage), reduce_from_grads=lever != "flat",
                                                  step_in_gather_order=lever != "onecall", shm_gather=lever != "gloo"),
                          OptimizerConfig(lr=1e-3, weight_decay=0.01))
-    return _time_hybrid(rank, args, mesh, model, zero, base, f"hybrid default ({zero.optimizer_kind})")
+    gather = ", shm gather" if zero.shm_gather_active else ""  # which gather the row ran (the default's, or gloo's)
+    return _time_hybrid(rank, args, mesh, model, zero, base, f"hybrid default ({zero.optimizer_kind}{gather})")
 
 
 def _torch_fused_adamw_row(model, args, rank: int, base) -> dict:
