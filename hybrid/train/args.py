@@ -384,7 +384,7 @@ def check_zero(args: argparse.Namespace) -> ZeroConfig:
     return ZeroConfig(stage=args.zero_stage, precision=precision, offload_optimizer=args.offload_optimizer,
                       offload_params=args.offload_params, keep_gathered=args.zero3_keep_gathered,
                       bucket_bytes=args.zero_bucket_bytes, cpu_adam=CpuAdam(args.cpu_adam),
-                      overlap_param_gather=args.overlap_param_gather,
+                      overlap_param_gather=args.overlap_param_gather, shm_gather=args.shm_gather,
                       accumulate_fp32_grads=args.accumulate_allreduce_grads_in_fp32,
                       **getattr(args, "loss_scaling", {}))
 
