@@ -60,7 +60,16 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   (`edge_pass_cpu`) the pipeline stage's edges the same way -- the runtime's GPT-2 stage with no layers, first only
   (the vocab-parallel embedding) and last only (final norm, vocab-parallel LM head and cross-entropy) -> what they
   cost a pass at tp > 1 beyond the planner's sharded kernels, `tp_embedding_*` / `tp_head_*_overhead_s`
-  (`fit_edge_pass`; round 12).
+  (`fit_edge_pass`; round 12). And (`executor_action_cpu`, round 14) the pipeline executor itself: the pair run as a
+  pp-2 pipeline (1F1B, 4 one-token micro-batches) over stages that compute next to nothing, the calling thread's
+  CPU per forward / backward action less the stage's call, the autograd call and the receives' waits ->
+  `executor_forward_cpu_s` / `executor_backward_cpu_s` (the executor's Python, priced per chunk pass).
+
+* gloo only, rank 0 alone on its CPU clock (`optimizer_step_cpu`, round 14): the runtime's ZeroOptimizer at
+  train.py's defaults (stage 0, fp32, clip 1.0, fused AdamW) over one-token GPT-2 stages of 1 and 4 layers, 8 wide
+  (20 and 68 parameter tensors, next to no bytes): zero_grad + begin_step + finish_backward + step, CPU seconds a
+  step; the line through the two sizes, less the planner's own bytes -> `optimizer_tensor_cpu_s` (a tensor) and
+  `optimizer_step_cpu_s` (a step), added to the optimizer term (`fit_optimizer_step`).
 
 On a CPU the collectives and the pair probe keep the median of their blocks (`block_median`): with more ranks than
 cores a block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
