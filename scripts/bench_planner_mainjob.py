@@ -302,18 +302,21 @@ def drivers(profile: str, rel: float = 0.1, top: int = 8) -> list[str]:
 def planned_components(profile: str) -> dict[str, float]:
     """The planner's compute CPU seconds a step, all ranks, by install_components' parts: a layer's passes
     (time.layer_passes) x layers x micro-batches x TP x DP ranks, the first stage's edge (embedding) and the last's
-    (final norm, LM head, loss: time._edge_cost) x micro-batches x TP x DP; the executor's glue is not priced."""
-    from hybrid.planner.time import _context, _edge_cost, layer_passes
+    (final norm, LM head, loss: time._edge_cost) x micro-batches x TP x DP; the executor's own CPU a chunk pass
+    (time._executor_glue: Hardware.executor_*_cpu_s, calibrate's executor probe; 0 on profiles before round 14) x
+    stages x micro-batches x TP x DP."""
+    from hybrid.planner.time import _context, _edge_cost, _executor_glue, layer_passes
     work, lay, cluster = main_job(profile)
     ctx = _context(work, cluster, lay)
     per = work.num_microbatches(lay) * lay.tp * lay.dp
     fwd, bwd = layer_passes(ctx)
     emb, head = _edge_cost(ctx, True, False), _edge_cost(ctx, False, True)
-    layers = work.model.num_layers
+    glue_f, glue_b = _executor_glue(ctx)
+    layers, stages = work.model.num_layers, lay.pp * lay.v
     return {"embedding forward": per * emb.forward.total, "layers forward": per * layers * fwd.total,
             "head and loss forward": per * head.forward.total, "head and loss backward": per * head.backward.total,
             "layers backward": per * layers * bwd.total, "embedding backward": per * emb.backward.total,
-            "executor forward": 0.0, "executor backward": 0.0}
+            "executor forward": per * stages * glue_f.total, "executor backward": per * stages * glue_b.total}
 
 
 def read_components(out_dir: str, world: int, rows: list[dict]) -> dict[str, float]:

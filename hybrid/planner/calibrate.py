@@ -60,7 +60,16 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   (`edge_pass_cpu`) the pipeline stage's edges the same way -- the runtime's GPT-2 stage with no layers, first only
   (the vocab-parallel embedding) and last only (final norm, vocab-parallel LM head and cross-entropy) -> what they
   cost a pass at tp > 1 beyond the planner's sharded kernels, `tp_embedding_*` / `tp_head_*_overhead_s`
-  (`fit_edge_pass`; round 12).
+  (`fit_edge_pass`; round 12). And (`executor_action_cpu`, round 14) the pipeline executor itself: the pair run as a
+  pp-2 pipeline (1F1B, 4 one-token micro-batches) over stages that compute next to nothing, the calling thread's
+  CPU per forward / backward action less the stage's call, the autograd call and the receives' waits ->
+  `executor_forward_cpu_s` / `executor_backward_cpu_s` (the executor's Python, priced per chunk pass).
+
+* gloo only, rank 0 alone on its CPU clock (`optimizer_step_cpu`, round 14): the runtime's ZeroOptimizer at
+  train.py's defaults (stage 0, fp32, clip 1.0, fused AdamW) over one-token GPT-2 stages of 1 and 4 layers, 8 wide
+  (20 and 68 parameter tensors, next to no bytes): zero_grad + begin_step + finish_backward + step, CPU seconds a
+  step; the line through the two sizes, less the planner's own bytes -> `optimizer_tensor_cpu_s` (a tensor) and
+  `optimizer_step_cpu_s` (a step), added to the optimizer term (`fit_optimizer_step`).
 
 On a CPU the collectives and the pair probe keep the median of their blocks (`block_median`): with more ranks than
 cores a block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
@@ -605,6 +614,7 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
     out["tp_layer"].append((size, comm_cpu(layers, lambda lg: lg.calls("all_reduce", "tp"))))
     out["tp_pass"] = tp_pass_cpu(group)
     out["edge_pass"] = edge_pass_cpu(group)
+    out["executor"] = executor_action_cpu(group)
     a, w = torch.randn(512, 2048), torch.randn(2048, 512)
     for size in sizes:
         t = torch.ones(max(1, size // 4))
@@ -697,6 +707,200 @@ def edge_pass_cpu(group: "ThreadTimedGroup", calls: int = TP_PASS_CALLS, blocks:
         passes[f"embedding_{tp}"] = (lambda m=emb: m(ids), grad)
         passes[f"head_{tp}"] = (lambda m=head: m(x, ids), None)
     return _pass_cpu(group, passes, calls, blocks)
+
+
+EXECUTOR_MICROBATCHES = 4  # the main job's micro-batches a step (global 16 / (micro-batch 2 x dp 2)), 1F1B
+EXECUTOR_STEPS = 10  # steps timed after one untimed warm-up step
+EXECUTOR_BLOCKS = 3  # runs of EXECUTOR_STEPS, their median kept (block_median: one run is one scheduler draw)
+
+
+class _GlueStage(torch.nn.Module):
+    """A pipeline stage that computes next to nothing, so what an action costs beyond it is the executor's own:
+    the first stage scales the token ids (as floats, broadcast to the stage's width) by one parameter, a later
+    one its input; the last takes the mean as its loss. Its calls' CPU (this thread) is summed in `cpu_s`."""
+
+    def __init__(self, first: bool, last: bool, width: int):
+        from models.common import StageLayout
+        super().__init__()
+        self.stage, self.width = StageLayout((), first=first, last=last), width
+        self.w = torch.nn.Parameter(torch.ones(()))
+        self.cpu_s = 0.0
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        t0 = time.thread_time()
+        h = x.float().unsqueeze(-1).expand(*x.shape, self.width) if self.stage.first else x
+        y = h * self.w
+        out = y.mean() if self.stage.last else y
+        self.cpu_s += time.thread_time() - t0
+        return out
+
+
+def _timed_executor():
+    """PipelineExecutor with its compute actions, its receives' waits, its message runs and the autograd calls
+    timed on the calling thread's CPU clock (sums in `.cpu`): the executor's code runs unchanged."""
+    from hybrid.pipeline import executor as ex
+
+    class Timed(ex.PipelineExecutor):
+        cpu: dict
+
+        def _timed(self, key: str, fn, *args):
+            t0 = time.thread_time()
+            try:
+                return fn(*args)
+            finally:
+                self.cpu[key] += time.thread_time() - t0
+
+        def _take(self, a, op, st):  # a receive's wait: message CPU (p2p_cpu_s), not the executor's
+            return self._timed("take", super()._take, a, op, st)
+
+        def _forward(self, a, batches, st):
+            self.cpu["forward_actions"] += 1
+            return self._timed("forward", super()._forward, a, batches, st)
+
+        def _backward_step(self, a, batches, st):
+            self.cpu["backward_actions"] += 1
+            return self._timed("backward", super()._backward_step, a, batches, st)
+
+        def _communicate(self, run, st):  # a run of messages: p2p_cpu_s prices it
+            self.cpu["runs"] += 1
+            return self._timed("messages", super()._communicate, run, st)
+
+        def _finish_sends(self, st):
+            return self._timed("messages", super()._finish_sends, st)
+    return Timed
+
+
+def executor_action_cpu(group: Group, m: int = EXECUTOR_MICROBATCHES, steps: int = EXECUTOR_STEPS,
+                        blocks: int = EXECUTOR_BLOCKS, width: int = PASS_SHAPE[2]) -> dict[str, float]:
+    """The pipeline executor's own CPU per compute action (hybrid/pipeline/executor.py: the schedule walk, the
+    op trail's phase switch, taking the input, requires_grad_, the loss's 1/m and its running sum, the input
+    gradient's hand-over, the held-bytes bookkeeping), the pair as a pp-2 pipeline running 1F1B over `m`
+    one-token micro-batches of `width` -- the glue round 12's `--account` found unpriced in the main job (~16 CPU ms
+    a step, "executor forward / backward"). Per action: the calling thread's CPU in the action less the stage's
+    call (forward) or the autograd call (backward) and less the receive's wait; the step's remaining loop CPU
+    (outside every action and message run) spread over its runs. Keys "forward" / "backward": seconds an action,
+    the block_median of `blocks` runs of `steps` steps (one warm-up step first)."""
+    from hybrid.pipeline import executor as ex
+    from hybrid.pipeline.schedules import ScheduleKind, build_schedule
+    rank = group.rank
+    chunk = _GlueStage(first=rank == 0, last=rank == group.size - 1, width=width)
+    schedule = build_schedule(ScheduleKind.ONE_F_ONE_B, group.size, m)[rank]
+    runner = _timed_executor()([chunk], schedule, group, ex.StageIO((1, 1, width)), torch.device("cpu"))
+    batches = [(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long)) for _ in range(m)]
+    autograd = {"s": 0.0}
+    backward0 = ex._backward
+
+    def timed_backward(output, grad):  # the autograd engine's call: the model's backward, not the executor's
+        t0 = time.thread_time()
+        backward0(output, grad)
+        autograd["s"] += time.thread_time() - t0
+    per = {"forward": [], "backward": []}
+    ex._backward = timed_backward  # restored below; the executor looks it up at each call
+    try:
+        runner.cpu = dict.fromkeys(("take", "forward", "backward", "messages", "forward_actions",
+                                    "backward_actions", "runs"), 0.0)
+        runner.forward_backward(batches)  # warm-up
+        for _ in range(blocks):
+            runner.cpu = dict.fromkeys(runner.cpu, 0.0)
+            chunk.cpu_s = autograd["s"] = 0.0
+            t0 = time.thread_time()
+            for _ in range(steps):
+                runner.forward_backward(batches)
+            total = time.thread_time() - t0
+            c = runner.cpu
+            actions = c["forward_actions"] + c["backward_actions"]
+            loop = (total - c["forward"] - c["backward"] - c["messages"]) / (actions + c["runs"])
+            # a take is a forward's (the activation) or a backward's (the gradient): split by the actions
+            # that take one (every forward but the first stage's, every backward but the last's)
+            takes_f = c["forward_actions"] if rank > 0 else 0.0
+            takes_b = c["backward_actions"] if rank < group.size - 1 else 0.0
+            take = c["take"] / max(1.0, takes_f + takes_b)
+            per["forward"].append((c["forward"] - chunk.cpu_s - take * takes_f) / c["forward_actions"] + loop)
+            per["backward"].append((c["backward"] - autograd["s"] - take * takes_b) / c["backward_actions"] + loop)
+    finally:
+        ex._backward = backward0
+    return {k: block_median(v) for k, v in per.items()}
+
+
+def fit_executor(per_rank: list[dict | None]) -> dict[str, float]:
+    """Hardware's executor_{forward,backward}_cpu_s from executor_action_cpu (median over ranks; clamped at 0)."""
+    rows = [r["executor"] for r in per_rank if r and "executor" in r]
+    if not rows:
+        return {}
+    return {f"executor_{k}_cpu_s": max(0.0, statistics.median(r[k] for r in rows)) for k in ("forward", "backward")}
+
+
+OPTIMIZER_PROBE_LAYERS = (1, 4)  # GPT-2 stages of 1 and 4 layers: 20 and 68 parameter tensors
+# Their width: 8 (2 heads), so the bytes are ~nothing (2.9k and 5.4k parameters) and the line through the two sizes
+# is the Python per tensor and per step alone. At h 64 (66k and 217k parameters) the fit had to take the bytes off
+# at the profile's memory-bound rate first, which on this VM (3.6 GB/s: the layer's GELU / softmax mix) priced the
+# larger stage's bytes above its whole measured step -- fused AdamW streams faster -- and clamped the slope at 0.
+OPTIMIZER_PROBE_WIDTH = 8
+OPTIMIZER_STEPS = 20  # optimizer steps a block
+OPTIMIZER_BLOCKS = 3  # blocks per stage size, the sizes alternated; the median block kept (block_median)
+
+
+def _probe_stage(layers: int, width: int = OPTIMIZER_PROBE_WIDTH):
+    """The runtime's GPT-2 (one pipeline stage holding everything) of `layers` layers at `width` (2 heads), one
+    rank."""
+    from hybrid.tp import TPContext
+    from models.gpt2 import GPT2
+    cfg = dataclasses.replace(layer_config((1, PASS_SHAPE[1], width, 2)), num_layers=layers)
+    return GPT2(cfg, TPContext(Group.solo("tp")))
+
+
+def optimizer_step_cpu(layers: tuple[int, ...] = OPTIMIZER_PROBE_LAYERS, steps: int = OPTIMIZER_STEPS,
+                       blocks: int = OPTIMIZER_BLOCKS, clock=CPU_CLOCK) -> list[tuple[int, int, float]]:
+    """The train step's optimizer work as train_step runs it (hybrid/train_step.py), on this rank alone: the
+    runtime's ZeroOptimizer at the defaults train.py runs (stage 0, fp32, clip 1.0, torch's fused AdamW) over a
+    one-token GPT-2 stage of each size in `layers` (OPTIMIZER_PROBE_WIDTH wide: next to no bytes), on a one-rank
+    mesh (its collectives are no-ops: their CPU is the pair probe's) -- zero_grad, begin_step, finish_backward (the
+    gradient buckets' bookkeeping), step (master gradients, the clip norm, AdamW, the write-back) timed on `clock`;
+    a forward and backward of one token between (untimed: the model's). Per size: (parameter tensors, parameters,
+    CPU seconds a step), the block_median of `blocks` blocks of `steps` steps, the sizes alternated by block."""
+    from hybrid.mesh import Mesh
+    from hybrid.train_step import OptimizerConfig
+    from hybrid.zero.config import ZeroConfig
+    from hybrid.zero.engine import ZeroOptimizer
+    runs = []
+    for n in layers:
+        model = _probe_stage(n)
+        ids = torch.zeros(1, PASS_SHAPE[1], dtype=torch.long)
+        opt = ZeroOptimizer(model, Mesh.single(), ZeroConfig(), OptimizerConfig())
+        runs.append((model, ids, opt, []))
+
+    def step(model, ids, opt) -> float:
+        t0 = clock()
+        opt.zero_grad(set_to_none=True)
+        opt.begin_step(1)
+        t1 = clock()
+        model(ids, ids).backward()
+        t2 = clock()
+        opt.finish_backward(model)
+        opt.step()
+        return clock() - t2 + t1 - t0
+    for model, ids, opt, _ in runs:
+        step(model, ids, opt)  # warm-up: the optimizer's state is made in its first step
+    for _ in range(blocks):
+        for model, ids, opt, means in runs:
+            means.append(sum(step(model, ids, opt) for _ in range(steps)) / steps)
+    return [(len(list(model.parameters())), sum(p.numel() for p in model.parameters()), block_median(means))
+            for model, _, _, means in runs]
+
+
+def fit_optimizer_step(points: list[tuple[int, int, float]], hw: Hardware) -> dict[str, float]:
+    """Hardware's optimizer_tensor_cpu_s and optimizer_step_cpu_s from optimizer_step_cpu's sizes: each size's
+    CPU less what the planner already prices for its step on `hw` (its bytes at the memory-bound rate:
+    time.optimizer_bytes_per_param, fp32), then the line through the smallest and the largest in the parameter
+    tensors: slope per tensor, intercept per step; each clamped at 0."""
+    if len(points) < 2:
+        return {}
+    from hybrid.planner.time import optimizer_bytes_per_param
+    per_param = optimizer_bytes_per_param(_probe_workload(PASS_SHAPE, CPU_PROBE))  # fp32: clip and AdamW, 40 B
+    rest = sorted((k, c - per_param * n / hw.elementwise_bytes_per_s) for k, n, c in points)
+    (k0, c0), (k1, c1) = rest[0], rest[-1]
+    slope = max(0.0, (c1 - c0) / (k1 - k0)) if k1 > k0 else 0.0
+    return {"optimizer_tensor_cpu_s": slope, "optimizer_step_cpu_s": max(0.0, c0 - slope * k0)}
 
 
 def fit_tp_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe = CPU_PROBE) -> dict[str, float]:
@@ -811,6 +1015,11 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         for shape, (f, b) in zip(shapes, timed):
             say(f"one {probe.dtype} GPT-2 layer (b, s, h) = {shape[:3]}: forward {f * 1e3:.2f} ms, backward "
                 f"{b * 1e3:.2f} ms (rank 0 alone)")
+    if cfg.backend == "gloo":  # a CPU: the optimizer's work beyond its bytes, rank 0 alone on its CPU clock
+        out["optimizer_step"] = alone(lambda: optimizer_step_cpu(clock=clock))
+        if rank == 0:
+            say("the optimizer step (ZeroOptimizer, stage 0, fp32) of one-token GPT-2 stages, CPU ms a step: "
+                + ", ".join(f"{k} tensors {c * 1e3:.3f}" for k, _, c in out["optimizer_step"]) + " (rank 0 alone)")
     for op in ("all_reduce", "all_gather") if world > 1 else ():  # one rank: nothing to time
         for size in cfg.sizes:
             seconds, blocks = _collective_seconds(op, size, world, device)
@@ -829,11 +1038,14 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         if rank == 0:
             say("gloo CPU seconds per call, pairs at once: " + "; ".join(
                 f"{op} " + ", ".join(f"{size:,d} B {c * 1e6:.0f} us" for size, c in rows)
-                for op, rows in out["comm_cpu"].items() if op not in ("tp_pass", "edge_pass")))
+                for op, rows in out["comm_cpu"].items() if op not in ("tp_pass", "edge_pass", "executor")))
             say("a 1-token layer pass outside its TP all-reduces, CPU ms (forward, backward): " + "; ".join(
                 f"{k} {f * 1e3:.3f}, {b * 1e3:.3f}" for k, (f, b) in out["comm_cpu"]["tp_pass"].items()))
             say("a 1-token stage edge outside its TP all-reduces, CPU ms (forward, backward): " + "; ".join(
                 f"{k} {f * 1e3:.3f}, {b * 1e3:.3f}" for k, (f, b) in out["comm_cpu"]["edge_pass"].items()))
+            say("the pipeline executor's own CPU per action (the pair as pp 2, 1F1B): forward "
+                f"{out['comm_cpu']['executor']['forward'] * 1e6:.0f} us, backward "
+                f"{out['comm_cpu']['executor']['backward'] * 1e6:.0f} us")
     return out
 
 
@@ -874,6 +1086,18 @@ def _tp_pass_record(per_rank: list[dict], probe: LayerProbe) -> dict:
                                                      for k in ("tp2", "tp1")},
             **({"edge_pass_forward_backward_cpu_seconds": {k: [statistics.median(r[k][i] for r in edges)
                                                                for i in (0, 1)] for k in edges[0]}} if edges else {})}
+
+
+def _glue_record(per_rank: list[dict]) -> dict:
+    """The executor and optimizer probes' raw numbers in the profile: the executor's per-action CPU seconds of
+    every rank that ran it, and rank 0's optimizer steps (tensors, parameters, CPU seconds); empty where none ran."""
+    execs = [r["comm_cpu"]["executor"] for r in per_rank if r.get("comm_cpu") and "executor" in r["comm_cpu"]]
+    out = {}
+    if execs:
+        out["executor_action_cpu_seconds_per_rank"] = execs
+    if per_rank[0].get("optimizer_step"):
+        out["optimizer_step_tensors_params_cpu_seconds"] = [list(x) for x in per_rank[0]["optimizer_step"]]
+    return out
 
 
 def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
@@ -922,12 +1146,15 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     layers = [tuple(x) for x in per_rank[0]["layer_seconds"]]
     if cores and cfg.ranks > 1:  # gloo's CPU per collective call, message and byte (the shared-compute bound)
         hw = hw.with_overrides(**fit_comm_cpu([r.get("comm_cpu") for r in per_rank]))
+        hw = hw.with_overrides(**fit_executor([r.get("comm_cpu") for r in per_rank]))
     if per_rank[0].get("skew"):  # a core per rank: what a collective waits for its ranks after compute
         hw = hw.with_overrides(**fit_skew(per_rank[0]["skew"], node["intra_latency_s"]))
     if cores:  # a CPU: a cost per layer pass (Python, the dispatcher, autograd) timed, a rate net of it
         rate, fixed_fwd, fixed_bwd = fit_layer(curve, layers, tuple(per_rank[0]["layer_pass_seconds"]), probe)
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
                                layer_backward_overhead_s=fixed_bwd, kernel_overhead_s=0.0)
+        if per_rank[0].get("optimizer_step"):  # the optimizer's CPU beyond its bytes, at this profile's rate
+            hw = hw.with_overrides(**fit_optimizer_step(per_rank[0]["optimizer_step"], hw))
         if cfg.ranks > 1:  # what a pass at tp > 1 costs beyond the sharded layer (the pair probe's 1-token layers)
             comm = [r.get("comm_cpu") for r in per_rank]
             for fit in (fit_tp_pass, fit_edge_pass):  # each against the planner on this profile's GEMM curve
@@ -960,6 +1187,7 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                      **_tp_pass_record(per_rank, probe),
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "comm_cpu_seconds_rank0": per_rank[0].get("comm_cpu"),
+                     **_glue_record(per_rank),
                      "all_reduce_8_bytes_after_compute_s": per_rank[0].get("skew"),
                      "probe_clock": "cpu" if cores else "wall",
                      "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

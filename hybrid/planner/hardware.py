@@ -273,7 +273,8 @@ ZERO_OK_FIELDS = ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward
                   "tp_embedding_forward_overhead_s", "tp_embedding_backward_overhead_s",
                   "tp_head_forward_overhead_s", "tp_head_backward_overhead_s", "kernel_overhead_s",
                   "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte",
-                  "collective_skew_s", "collective_skew_per_s")
+                  "collective_skew_s", "collective_skew_per_s", "executor_forward_cpu_s", "executor_backward_cpu_s",
+                  "optimizer_tensor_cpu_s", "optimizer_step_cpu_s")
 
 
 @dataclass(frozen=True)
@@ -356,6 +357,17 @@ class Hardware:
             (`sync_wait_seconds`; `hybrid calibrate`'s skew probe: 8-byte all-reduces after matmul bursts of
             three lengths). 0: not measured (presets, GPUs, ranks sharing cores: there the shared-compute bound
             prices the waiting).
+        executor_forward_cpu_s, executor_backward_cpu_s: a calibrated CPU's pipeline executor (hybrid/pipeline/
+            executor.py) per forward / backward action, beyond the model's call and the messages: its Python (the
+            schedule walk, the op trail's phase switch, requires_grad_, the loss's 1/m, the input gradient's
+            hand-over), priced per chunk pass whenever the executor runs (pp > 1 or v > 1; time._stage_cost,
+            `hybrid plan --explain`'s "executor"). `hybrid calibrate`'s pair probe runs the executor over a pair
+            as pp 2 (calibrate.executor_action_cpu). 0: not measured (presets, GPUs, older profiles).
+        optimizer_tensor_cpu_s, optimizer_step_cpu_s: a calibrated CPU's optimizer work beyond its bytes, per
+            parameter tensor of the rank and per step (the ZeroOptimizer's Python around torch's fused AdamW, the
+            clip norm's, the gradient buckets' bookkeeping): `hybrid calibrate` times the runtime's optimizer on
+            one-token GPT-2 stages of two sizes (calibrate.optimizer_step_cpu). Added to the optimizer term
+            (time._optimizer_seconds). 0: not measured (presets, GPUs, older profiles).
         inter_dc_gbps: GB/s per direction of the link between two sites the DP replicas are split over
             (`--inter-dc-bandwidth`; hybrid/planner/slowlink.py); None: one site, no such link.
         inter_dc_latency_s: one-way seconds of a message over that link (`--inter-dc-latency`, in ms there);
@@ -408,6 +420,10 @@ class Hardware:
     comm_cpu_s_per_byte: float = 0.0
     collective_skew_s: float = 0.0
     collective_skew_per_s: float = 0.0
+    executor_forward_cpu_s: float = 0.0
+    executor_backward_cpu_s: float = 0.0
+    optimizer_tensor_cpu_s: float = 0.0
+    optimizer_step_cpu_s: float = 0.0
 
     def __post_init__(self) -> None:
         for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),

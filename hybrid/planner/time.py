@@ -177,6 +177,8 @@ TERMS = (("gemm", "matmuls on the GEMM curve (recomputed ones included)"),
          ("memory_bound", "non-matmul ops: their bytes at the achievable bandwidth (ops.py), and each micro-batch's "
                           "gradient add without gradient-accumulation fusion"),
          ("launches", "their kernels x the per-kernel latency (+ a calibrated CPU's per-pass costs)"),
+         ("executor", "a calibrated CPU's pipeline executor per forward / backward action, beyond the model's call "
+                      "and the messages (Hardware.executor_*_cpu_s; 0 on GPUs and without a pipeline)"),
          ("tp", "tensor-parallel collectives (synchronous): latency + bytes / bandwidth"),
          ("tp_wait", "TP collectives waiting for their ranks to meet: the ranks' skew after the compute since the "
                      "last sync (a calibrated CPU's collective_skew_s per call + collective_skew_per_s x compute)"),
@@ -187,7 +189,8 @@ TERMS = (("gemm", "matmuls on the GEMM curve (recomputed ones included)"),
          ("bubble", "pipeline idle time: fill, drain, imbalance, waits for messages (simulated)"),
          ("dp_exposed", "DP / ZeRO gradient sync after the last backward, and the ZeRO 1-2 parameter all-gather "
                         "the next forward does not hide (all of it without --overlap-param-gather)"),
-         ("optimizer", "the optimizer step: its passes over the states and its launches (or offload)"),
+         ("optimizer", "the optimizer step: its passes over the states and its launches (or offload); on a "
+                       "calibrated CPU its Python per tensor and per step (Hardware.optimizer_*_cpu_s)"),
          ("other", "tied-embedding and sequence-parallel partial-gradient all-reduces"))
 
 
@@ -284,23 +287,25 @@ class Pass:
         attention: flash attention at Hardware.flash_efficiency (0 when its products are GEMMs).
         memory: memory-bound kernels: their bytes (ops.py) at Hardware.elementwise_bytes_per_s.
         launches: their kernels x Hardware.kernel_overhead_s, plus a calibrated CPU's per-pass costs.
+        glue: a calibrated CPU's pipeline executor around the pass (Hardware.executor_*_cpu_s; 0 elsewhere).
     """
 
     gemm: float = 0.0
     attention: float = 0.0
     memory: float = 0.0
     launches: float = 0.0
+    glue: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.gemm + self.attention + self.memory + self.launches
+        return self.gemm + self.attention + self.memory + self.launches + self.glue
 
     def __add__(self, other: "Pass") -> "Pass":
         return Pass(self.gemm + other.gemm, self.attention + other.attention, self.memory + other.memory,
-                    self.launches + other.launches)
+                    self.launches + other.launches, self.glue + other.glue)
 
     def scaled(self, k: float) -> "Pass":
-        return Pass(k * self.gemm, k * self.attention, k * self.memory, k * self.launches)
+        return Pass(k * self.gemm, k * self.attention, k * self.memory, k * self.launches, k * self.glue)
 
 
 @dataclass(frozen=True)
@@ -590,12 +595,26 @@ def _grad_accumulation(ctx: _Context, params: float) -> Pass:
     return Pass(memory=nbytes / ctx.cluster.hw.streaming_bytes_per_s)  # an add: the copy rate (a CPU's too)
 
 
+def _executor_glue(ctx: _Context) -> tuple[Pass, Pass]:
+    """The pipeline executor's own CPU around one chunk's (forward, backward) pass: Hardware.executor_forward_cpu_s /
+    executor_backward_cpu_s (calibrate.executor_action_cpu: the schedule walk, the op trail's switch, taking the
+    input, the loss's 1/m, the input gradient's hand-over) -- on the pass's critical path and on a core, so it adds
+    to the stage's compute (and its CPU on shared cores). Only where the executor runs (train/loop.py: pp > 1 or
+    v > 1; a single stage runs LocalForwardBackward); 0 on GPUs and in profiles without the probe. A zero-bubble
+    split backward is priced as one action (B and W: the probe times a whole BACKWARD)."""
+    lay, hw = ctx.layout, ctx.cluster.hw
+    if lay.pp == 1 and lay.v == 1:
+        return Pass(), Pass()
+    return Pass(glue=hw.executor_forward_cpu_s), Pass(glue=hw.executor_backward_cpu_s)
+
+
 def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> _StageCost:
     edge = _edge_cost(ctx, first, last)
     params = n * ctx.shard.layer_params() + (ctx.shard.embedding_params() if first else 0) + (
         ctx.shard.head_params(shares_embedding=first) if last else 0)
-    edge = _Cost(edge.forward, edge.backward + _grad_accumulation(ctx, params), edge.forward_comm, edge.backward_comm,
-                 edge.wait)
+    glue_f, glue_b = _executor_glue(ctx)
+    edge = _Cost(edge.forward + glue_f, edge.backward + _grad_accumulation(ctx, params) + glue_b, edge.forward_comm,
+                 edge.backward_comm, edge.wait)
     f_comp = n * cost.forward_compute + edge.forward_compute
     b_comp = n * cost.backward_compute + edge.backward_compute
     f_tp = n * cost.forward_comm + edge.forward_comm
@@ -793,10 +812,20 @@ def _optimizer_seconds(ctx: _Context, psi: float) -> float:
             units = _parameter_tensors(ctx)
         else:
             units = math.ceil(4 * part / BUCKET_BYTES)
-        return ctx.hbm_seconds(nbytes) + ctx.launch_seconds(OPTIMIZER_KERNELS_PER_TENSOR * units)
+        return ctx.hbm_seconds(nbytes) + ctx.launch_seconds(OPTIMIZER_KERNELS_PER_TENSOR * units) + _optimizer_cpu(ctx)
     pcie = (grad + pr.param_bytes) * part / (hw.pcie_gbps * GB)
     cpu = part * min(hw.gpus_per_node, ctx.cluster.gpus) / hw.cpu_adam_params_per_s
     return pcie + cpu
+
+
+def _optimizer_cpu(ctx: _Context) -> float:
+    """A calibrated CPU's optimizer work beyond its bytes (calibrate.optimizer_step_cpu: the runtime's ZeroOptimizer
+    timed on two stage sizes): Hardware.optimizer_tensor_cpu_s x the fullest rank's parameter tensors
+    + optimizer_step_cpu_s. 0 on GPUs and in profiles without the probe (nothing else computed then)."""
+    hw = ctx.cluster.hw
+    if not (hw.optimizer_tensor_cpu_s or hw.optimizer_step_cpu_s):
+        return 0.0
+    return hw.optimizer_tensor_cpu_s * _parameter_tensors(ctx) + hw.optimizer_step_cpu_s
 
 
 def _parameter_tensors(ctx: _Context) -> int:
@@ -854,6 +883,7 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     p = st.parts.scaled(m)
     in_passes = m * (st.busy - st.compute - st.comm - st.p2p - st.lost)
     terms = (("gemm", p.gemm), ("attention", p.attention), ("memory_bound", p.memory), ("launches", p.launches),
+             ("executor", p.glue),
              ("tp", m * (tp_comm - st.wait)), ("tp_wait", m * st.wait), ("pp_p2p", m * st.p2p),
              ("dp_in_passes", in_passes), ("overlap", m * st.lost),
              ("bubble", pipeline - m * st.busy), ("dp_exposed", dp), ("optimizer", opt), ("other", other))
