@@ -25,6 +25,10 @@ loadfile`) without changing what any test sees, the fast tier's marker, and per-
   does not shorten it) and prints the table at the end. The longest-first order uses those records, falling back
   to HEAVY (a clean clone's measurements, tests/durations.json) for files this checkout never ran whole, and to
   the median known file's for a file in neither (a new file: placed mid-way, never left to start last).
+* Under xdist the table ends with each worker's share: its files, the seconds of its tests and when its last test
+  ended (seconds after the controller's start), and the gap between the two workers' ends -- the time one core
+  sat idle at the run's end (loadfile keeps a file on one worker, so a long file late in the order shows here).
+  The cache keeps it (`workers`) beside the per-file records.
 """
 
 from __future__ import annotations
@@ -116,6 +120,8 @@ class _Durations:
         self.done: dict[str, int] = defaultdict(int)
         self.collected: dict[str, int] = defaultdict(int)
         self.partial: set[str] = set()
+        self.start = time.monotonic()
+        self.workers: dict[str, dict] = defaultdict(lambda: {"files": set(), "seconds": 0.0, "end": 0.0})
 
     def collection(self, nodeids: list[str]) -> None:
         counts: dict[str, int] = defaultdict(int)
@@ -130,6 +136,12 @@ class _Durations:
         self.cpu[f] += dict(report.user_properties).get("cpu_seconds", 0.0)
         if report.when == "teardown":
             self.done[f] += 1
+        gateway = getattr(getattr(report, "node", None), "gateway", None)  # xdist's controller sets report.node
+        if gateway is not None:
+            w = self.workers[gateway.id]
+            w["files"].add(f)
+            w["seconds"] += report.duration
+            w["end"] = time.monotonic() - self.start
 
     def complete(self) -> dict[str, float]:
         return {f: round(s, 1) for f, s in self.seconds.items()
@@ -142,6 +154,8 @@ class _Durations:
             stamp = time.strftime("%Y-%m-%d %H:%M")
             record["files"].update({f: {"seconds": s, "cpu_seconds": round(self.cpu[f], 1), "tests": self.done[f],
                                         "at": stamp} for f, s in whole.items()})
+            if self.workers:
+                record["workers"] = {**self.balance(), "at": stamp}
             self.config.cache.set(CACHE_KEY, record)
         if self.config.getoption("write_durations") and whole:
             table = {**HEAVY, **whole}
@@ -154,6 +168,25 @@ class _Durations:
             for f, s in sorted(self.seconds.items(), key=lambda kv: -kv[1]):
                 terminal.write_line(f"{s:8.1f} {self.cpu[f]:8.1f}  {f}{'' if f in whole else ' *'}")
             terminal.write_line(f"{sum(self.seconds.values()):8.1f} {sum(self.cpu.values()):8.1f}  (all files)")
+            for line in balance_lines(self.balance()):
+                terminal.write_line(line)
+
+    def balance(self) -> dict[str, dict]:
+        """worker -> its files, the seconds of its tests and when its last test ended (after this run's start)."""
+        return {w: {"files": len(v["files"]), "seconds": round(v["seconds"], 1), "end": round(v["end"], 1)}
+                for w, v in sorted(self.workers.items())}
+
+
+def balance_lines(workers: dict[str, dict]) -> list[str]:
+    """Each worker's share of the run, and how long before the last one the first one finished (its core idle
+    meanwhile, as far as this run's tests go)."""
+    lines = [f"worker {w}: {v['files']} file{'s' * (v['files'] != 1)}, {v['seconds']:.1f} s of tests, its last ended "
+             f"at {v['end']:.1f} s"
+             for w, v in workers.items()]
+    if len(workers) > 1:
+        ends = [v["end"] for v in workers.values()]
+        lines.append(f"workers' ends differ by {max(ends) - min(ends):.1f} s (one worker idle that long at the end)")
+    return lines
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

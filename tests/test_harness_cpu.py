@@ -60,6 +60,27 @@ def test_a_file_without_a_duration_record_goes_out_at_the_median_not_last():
     assert _unknown_weight({}) == 0.0
 
 
+def test_the_per_worker_balance_counts_each_workers_files_seconds_and_end():
+    """tests/conftest.py's worker lines (whether one xdist worker finished long before the other): reports as the
+    controller gets them (report.node.gateway.id), summed per worker; a report without a node (no xdist) counts in
+    no worker's line."""
+    from types import SimpleNamespace as NS
+
+    from conftest import _Durations, balance_lines
+    durations = _Durations(config=None)
+    for nodeid, duration, worker in [("tests/test_a.py::t1", 2.0, "gw0"), ("tests/test_a.py::t2", 3.0, "gw0"),
+                                     ("tests/test_b.py::t1", 4.5, "gw1"), ("tests/test_c.py::t1", 1.0, None)]:
+        node = NS(gateway=NS(id=worker)) if worker else None
+        durations.report(NS(nodeid=nodeid, duration=duration, when="teardown", user_properties=[], node=node))
+    balance = durations.balance()
+    assert {w: (v["files"], v["seconds"]) for w, v in balance.items()} == {"gw0": (1, 5.0), "gw1": (1, 4.5)}
+    assert balance["gw0"]["end"] <= balance["gw1"]["end"]  # gw1 reported last
+    balance = {"gw0": {"files": 3, "seconds": 700.0, "end": 760.0}, "gw1": {"files": 9, "seconds": 640.0, "end": 700.0}}
+    assert balance_lines(balance) == ["worker gw0: 3 files, 700.0 s of tests, its last ended at 760.0 s",
+                                      "worker gw1: 9 files, 640.0 s of tests, its last ended at 700.0 s",
+                                      "workers' ends differ by 60.0 s (one worker idle that long at the end)"]
+
+
 @pytest.mark.slow  # restarts the forkserver for the next test, as above
 def test_a_fork_left_running_does_not_hang_the_sessions_end():
     """The forkserver outlives a fork still holding its `alive` fd (here one stopped with SIGSTOP): stopping it
