@@ -50,3 +50,31 @@ def test_inspect_errors_have_the_same_prefix_as_its_argparse_errors(tmp_path, on
 def test_other_commands_keep_their_one_word_prefix(one_line):
     """The prefix adds the action only where the command has one: `hybrid models` stays `hybrid models`."""
     assert one_line(lambda: hybrid_main(["models", "nope"])).startswith("hybrid models: error: no preset 'nope'")
+
+
+# --- 2. the causes module's command line -----------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, line", [
+    (["9"], "candidate 9 does not exist: give indices 0 to 4 (none: all 5)"),
+    (["-1"], "candidate -1 does not exist: give indices 0 to 4 (none: all 5)"),
+    (["abc"], "argument I: invalid int value: 'abc'"),
+    (["--bogus"], "unrecognized arguments: --bogus; see --help"),
+    (["0", "--nemo-settings"], "candidate indices select rows of the default report; give them without "
+                               "--nemo-settings / --one-layer-chunks"),
+])
+def test_causes_bad_index_or_flag_is_one_line_before_any_planning(argv, line, one_line, monkeypatch):
+    from hybrid.planner import causes
+    for name in ("report", "results_today", "nemo_settings_what_if", "one_layer_chunk_what_if"):
+        monkeypatch.setattr(causes, name, _never)
+    assert one_line(lambda: causes.main(argv)) == f"python -m hybrid.planner.causes: error: {line}"
+    assert one_line.out == ""
+
+
+def test_causes_good_indices_reach_the_report(monkeypatch):
+    from hybrid.planner import causes
+
+    def reached(emit, only):
+        raise Reached(only)
+    monkeypatch.setattr(causes, "report", reached)
+    with pytest.raises(Reached) as e:
+        causes.main(["1", "3"])
+    assert e.value.args[0] == (1, 3)
