@@ -78,3 +78,52 @@ def test_causes_good_indices_reach_the_report(monkeypatch):
     with pytest.raises(Reached) as e:
         causes.main(["1", "3"])
     assert e.value.args[0] == (1, 3)
+
+
+# --- 3. hybrid plan --hardware: the profile's top level and its infinities -------------------------------------------
+PLAN = ["plan", "--model", "tiny-gpt2", "--gpus", "4", "--global-batch-size", "16", "--seq-length", "128"]
+
+
+def _profile(tmp_path, edit) -> str:
+    with open(SHIPPED, encoding="utf-8") as f:
+        text = f.read()
+    path = tmp_path / "hw.json"
+    path.write_text(edit(text))
+    return str(path)
+
+
+def _rename_top(old: str, new: str):
+    def edit(text: str) -> str:
+        d = json.loads(text)
+        d[new] = d.pop(old)
+        return json.dumps(d)
+    return edit
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (_rename_top("matmul_tflops", "matmul_tflop"), "unknown key matmul_tflop; did you mean matmul_tflops? known: "
+                                                   "format, hardware, matmul_overhead_s, matmul_tflops,"),
+    (_rename_top("not_measured", "notes"), "unknown key notes; known: format,"),
+    (lambda t: t.replace("709.9996661294043", "Infinity"), "hardware.peak_tflops must be a finite number > 0, got "
+                                                           "Infinity"),
+    (lambda t: t.replace("709.9996661294043", "-Infinity"), "hardware.peak_tflops must be a finite number > 0, got "
+                                                            "-Infinity"),
+    (lambda t: t.replace("709.9996661294043", "NaN"), "hardware.peak_tflops must be a finite number > 0, got NaN"),
+])
+def test_plan_hardware_unknown_top_key_or_infinity_is_one_line_before_the_search(tmp_path, edit, fragment, one_line,
+                                                                                  monkeypatch):
+    import hybrid.planner.cli as plan_cli
+    monkeypatch.setattr(plan_cli, "search", _never)
+    path = _profile(tmp_path, edit)
+    line = one_line(lambda: hybrid_main(PLAN + ["--hardware", path, "--precision", "fp32"]))
+    assert line.startswith(f"hybrid plan: error: --hardware {path}: {fragment}"), line
+
+
+@pytest.mark.parametrize("path", [SHIPPED] + sorted(
+    os.path.join(ROOT, "docs", "results", "data", n) for n in os.listdir(os.path.join(ROOT, "docs", "results", "data"))
+    if n.endswith(".hw8.json")))
+def test_every_profile_the_repository_ships_still_loads(path):
+    """The top-level check knows every key `hybrid calibrate` writes: the profiles it wrote in rounds 12-13 load."""
+    from hybrid.planner.calibrate import load_hardware
+    from hybrid.planner.model import Precision
+    assert load_hardware(path, Precision.FP32).peak_tflops > 0
