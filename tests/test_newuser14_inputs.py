@@ -127,3 +127,25 @@ def test_every_profile_the_repository_ships_still_loads(path):
     from hybrid.planner.calibrate import load_hardware
     from hybrid.planner.model import Precision
     assert load_hardware(path, Precision.FP32).peak_tflops > 0
+
+
+# --- 4. train.py: Megatron flags that said "see --help" or a misleading near spelling ------------------------------
+@pytest.mark.parametrize("flag, hint", [
+    (["--recompute-activations"], "train.py's flag is --recompute-granularity selective"),
+    (["--tp-comm-overlap"], "Transformer Engine's userbuffer overlap is not implemented"),
+    (["--kv-channels", "64"], "write head_dim (the llama family) there"),
+    (["--make-vocab-size-divisible-by", "128"], "the vocabulary is padded to a multiple of "
+                                                "--tensor-model-parallel-size (no more)"),
+    (["--fp8"], "not implemented in training (`hybrid plan --fp8` prices it): train in --bf16; drop the flag"),
+    (["--fp8-format", "hybrid"], "not implemented in training"),
+    (["--hierarchical-context-parallel-sizes", "2", "2"], "hierarchical context parallelism (a2a+p2p) is not "
+                                                          "implemented: give --context-parallel-size N with "
+                                                          "--cp-comm-type a2a or p2p"),
+    (["--align-param-gather"], "not implemented (Megatron's launches every pipeline stage's parameter all-gathers "
+                               "at once)"),
+])
+def test_train_megatron_flags_name_what_to_do(flag, hint, one_line):
+    from hybrid.train.main import validate
+    line = one_line(lambda: validate(["--model", "tiny-gpt2"] + flag))
+    assert line.startswith(f"train.py: error: unrecognized arguments: {flag[0]}; {flag[0]}: ") and hint in line, line
+    assert "did you mean" not in line and "see --help" not in line
