@@ -173,8 +173,9 @@ class OneLineParser(argparse.ArgumentParser):
 
     def check_out(self, flag: str, path: str | None) -> None:
         """A file flag (--out) writable before any work (check_output_file), else this parser's one-line error: a
-        missing folder or a directory used to be found when the table was written, after the benchmark ran."""
-        if path:
+        missing folder or a directory used to be found when the table was written, after the benchmark ran. None:
+        not given; an empty name (an unset shell variable) is refused as check_output_file refuses it."""
+        if path is not None:
             try:
                 check_output_file(flag, path)
             except ValueError as e:
@@ -211,7 +212,7 @@ def int_in(low: int | None = None, high: int | None = None) -> Callable[[str], i
     """argparse type: an integer in [low, high] (None: unbounded)."""
     def parse(text: str) -> int:
         value = _number(text, int)
-        if (low is not None and value < low) or (high is not None and value > high):
+        if not in_range(value, low, high):
             raise argparse.ArgumentTypeError(f"expected an integer {_range(low, high)}, got {value}")
         return value
     parse.__name__ = "int"
@@ -223,9 +224,7 @@ def float_in(low: float | None = None, high: float | None = None, low_open: bool
     """argparse type: a finite float in the interval (open or closed ends; None: unbounded)."""
     def parse(text: str) -> float:
         value = _number(text, float)
-        bad_low = low is not None and (value <= low if low_open else value < low)
-        bad_high = high is not None and (value >= high if high_open else value > high)
-        if bad_low or bad_high:
+        if not in_range(value, low, high, low_open, high_open):
             raise argparse.ArgumentTypeError(f"expected a number {_range(low, high, low_open, high_open)}, "
                                              f"got {text}")
         return value
@@ -247,15 +246,49 @@ positive_float = float_in(0.0, low_open=True)
 nonnegative_float = float_in(0.0)
 
 
-def check_number(flag: str, value, low: float | None = None, high: float | None = None, *,
-                 low_open: bool = False, integer: bool = False) -> None:
-    """ValueError naming `flag` unless `value` is a finite number (an int when `integer`) in range; for values
-    that arrive without argparse (a DeepSpeed JSON, a profile)."""
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_type or not math.isfinite(value):
-        raise ValueError(f"{flag} must be {'an integer' if integer else 'a finite number'}, got {value!r}")
-    if (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
-        raise ValueError(f"{flag} must be {_range(low, high, low_open)}, got {value!r}")
+# --- typed values outside argparse (a config's fields, a JSON file's keys): one set of predicates --------------
+
+def is_integer(value) -> bool:
+    """An int that is not a bool: True is an int to Python, so `isinstance(True, int)` lets ZeroConfig(stage=True)
+    through as stage 1."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_finite(value) -> bool:
+    """A finite real number, int or float, not a bool: NaN fails no `value < low` test (every comparison with NaN is
+    False) and inf passes any `value >= low`, so a range check alone takes both. An int is finite however large
+    (math.isfinite would overflow converting 10**400 to a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def in_range(value, low=None, high=None, low_open: bool = False, high_open: bool = False) -> bool:
+    """low <= value <= high, an end strict when open, None unbounded."""
+    if low is not None and (value <= low if low_open else value < low):
+        return False
+    return high is None or (value < high if high_open else value <= high)
+
+
+def number_kind(integer: bool = False, low=None, high=None, low_open: bool = False, high_open: bool = False) -> str:
+    """What check_number asks for, in words: "a positive integer", "an integer >= 0", "a finite number > 0",
+    "a finite number in [0, 1)"; the bounds as the caller wrote them (pass 0 and 1, not 0.0 and 1.0)."""
+    if integer and low == 1 and not low_open and high is None:
+        return "a positive integer"
+    kind = "an integer" if integer else "a finite number"
+    return kind if low is None and high is None else f"{kind} {_range(low, high, low_open, high_open)}"
+
+
+def check_number(name: str, value, low=None, high=None, *, low_open: bool = False, high_open: bool = False,
+                 integer: bool = False, note: str = "", show: Callable[[object], str] = repr) -> None:
+    """ValueError "{name} must be {number_kind}{note}, got {show(value)}" unless `value` is a finite number (an
+    int when `integer`; never a bool) in range: the one check behind the typed configs' fields and the values that
+    arrive without argparse (a JSON file: `show=json.dumps` prints the value as the file wrote it). `note`: the
+    unit or what 0 means, e.g. " (GB/s; 0: off)"."""
+    ok = is_integer(value) if integer else is_finite(value)
+    if not ok or not in_range(value, low, high, low_open, high_open):
+        raise ValueError(f"{name} must be {number_kind(integer, low, high, low_open, high_open)}{note}, "
+                         f"got {show(value)}")
 
 
 # --- output paths -----------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from enum import Enum
 import torch
 import torch.distributed as dist
 
+from hybrid.cliutil import check_number
 from hybrid.comm import CommLedger, Group
 
 
@@ -81,9 +82,7 @@ class ParallelDims:
 
     def __post_init__(self) -> None:
         for axis in ("tp", "pp", "dp", "cp"):
-            value = getattr(self, axis)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{FLAGS[axis]} must be a positive integer, got {value!r}")
+            check_number(FLAGS[axis], getattr(self, axis), 1, integer=True)
         if sorted(self.axes) != sorted(a.value for a in Axis):
             raise ValueError(f"rank order {self.order!r} must name each of {[a.value for a in Axis]} once")
 
@@ -91,8 +90,7 @@ class ParallelDims:
     def from_world(cls, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1) -> "ParallelDims":
         """dp = world / (tp * cp * pp); raises if the world does not factor that way."""
         for flag, value in (("world size", world_size), (FLAGS["tp"], tp), (FLAGS["pp"], pp), (FLAGS["cp"], cp)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+            check_number(flag, value, 1, integer=True)
         model = tp * cp * pp
         if world_size % model != 0:
             launch = (f" (this is one process: launch {model} or a multiple with torchrun --nproc-per-node)"

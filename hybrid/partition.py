@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hybrid.cliutil import check_number, is_integer
 if TYPE_CHECKING:
     from models.config import ModelConfig
 
@@ -104,9 +105,9 @@ def partition_layers(num_layers: int, pp: int, v: int = 1, method: PartitionMeth
     `method` defaults to MANUAL when `layers_per_stage` is given, else UNIFORM. `layer_cost` is one
     cost for every layer or one per layer; the costs only matter to BALANCED.
     """
-    _check_positive("--num-layers", num_layers)
-    _check_positive("--pipeline-model-parallel-size", pp)
-    _check_positive("--virtual-pipeline-model-parallel-size", v)
+    for flag, value in (("--num-layers", num_layers), ("--pipeline-model-parallel-size", pp),
+                        ("--virtual-pipeline-model-parallel-size", v)):
+        check_number(flag, value, 1, integer=True)
     method = method or (PartitionMethod.MANUAL if layers_per_stage is not None else PartitionMethod.UNIFORM)
     if not isinstance(method, PartitionMethod):
         choices = ", ".join(m.value for m in PartitionMethod)
@@ -120,8 +121,8 @@ def partition_layers(num_layers: int, pp: int, v: int = 1, method: PartitionMeth
         counts = _uniform_counts(num_layers, pp, v)
     elif method is PartitionMethod.BALANCED:
         costs = _layer_costs(layer_cost, num_layers)
-        _check_cost("embedding_cost", embedding_cost)
-        _check_cost("head_cost", head_cost)
+        check_number("embedding_cost", embedding_cost, 0)
+        check_number("head_cost", head_cost, 0)
         counts = _balanced_counts(costs, stages, embedding_cost, head_cost)
     else:
         counts = _manual_counts(layers_per_stage, num_layers, stages)
@@ -181,7 +182,7 @@ def _manual_counts(counts: Sequence[int] | None, num_layers: int, stages: int) -
     if len(counts) != stages:
         raise ValueError(f"{flag} gives {len(counts)} counts for {stages} stages (pp x v); give one per stage, "
                          f"e.g. {','.join(map(str, _near_uniform(num_layers, stages)))}")
-    if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+    if any(not is_integer(c) or c < 0 for c in counts):
         raise ValueError(f"{flag} {counts}: every count must be an integer >= 0")
     if sum(counts) != num_layers:
         raise ValueError(f"{flag} {','.join(map(str, counts))} sums to {sum(counts)}, not the model's "
@@ -310,22 +311,12 @@ def _to_layer_ids(counts: Sequence[int]) -> list[tuple[int, ...]]:
 
 def _layer_costs(layer_cost: float | Sequence[float], num_layers: int) -> list[float]:
     if isinstance(layer_cost, (int, float)):
-        _check_cost("layer_cost", layer_cost)
+        check_number("layer_cost", layer_cost, 0)
         return [float(layer_cost)] * num_layers
     costs = [float(c) for c in layer_cost]
     if len(costs) != num_layers:
         raise ValueError(f"layer_cost gives {len(costs)} per-layer costs for --num-layers {num_layers}; "
                          f"give one cost, or one per layer")
     for c in costs:
-        _check_cost("layer_cost", c)
+        check_number("layer_cost", c, 0)
     return costs
-
-
-def _check_cost(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-
-
-def _check_positive(flag: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")

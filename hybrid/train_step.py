@@ -18,6 +18,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 import torch.nn as nn
 
+from hybrid.cliutil import check_number
 from hybrid.mesh import Mesh
 from hybrid.cp.data import seq_kwargs
 from hybrid.moe import runtime as moe_runtime
@@ -74,18 +75,11 @@ class OptimizerConfig:
                 raise ValueError(f"OptimizerConfig.{name} ({flag}) must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
         for name, high in (("lr", None), ("min_lr", None), ("weight_decay", None), ("eps", None),
-                           ("clip_grad", None), ("beta1", 1.0), ("beta2", 1.0), ("sgd_momentum", 1.0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0 or (high is not None and value >= high):
-                bound = f"in [0, {high:g})" if high is not None else ">= 0"
-                raise ValueError(f"OptimizerConfig.{name} must be a finite number {bound}, got {value!r}")
+                           ("clip_grad", None), ("beta1", 1), ("beta2", 1), ("sgd_momentum", 1)):
+            check_number(f"OptimizerConfig.{name}", getattr(self, name), 0, high, high_open=True)
         for name, low in (("warmup_iters", 0), ("train_iters", 1), ("decay_iters", 1)):
-            value = getattr(self, name)
-            if value is None and name == "decay_iters":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"OptimizerConfig.{name} must be an integer >= {low}, got {value!r}")
+            if not (name == "decay_iters" and self.decay_iters is None):
+                check_number(f"OptimizerConfig.{name}", getattr(self, name), low, integer=True)
 
     def lr_at(self, it: int) -> float:
         """The rate of step `it` (0-based), megatron-core's OptimizerParamScheduler.get_lr at num_steps = it

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hybrid.cliutil import check_number
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
@@ -324,8 +326,8 @@ def read_config_json(file: str) -> dict:
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     for k, nullable in _SIZE_KEYS.items():
         v = raw.get(k)
-        if k in raw and not (v is None and nullable) and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"--model {file}: {k} must be a positive integer, got {json.dumps(v)}")
+        if k in raw and not (v is None and nullable):
+            check_number(f"--model {file}: {k}", v, 1, integer=True, show=json.dumps)
     hidden, heads = raw.get("n_embd", raw.get("hidden_size")), raw.get("n_head", raw.get("num_attention_heads"))
     kv = raw.get("num_key_value_heads")
     if hidden and heads and raw.get("head_dim") is None and hidden % heads:
@@ -343,7 +345,4 @@ def _check_rope_factor_json(raw: dict, file: str) -> None:
     for key in ("rope_scaling", "rope_parameters"):
         params = raw.get(key)
         if isinstance(params, dict) and "factor" in params:
-            factor = params["factor"]
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1 \
-                    or factor == float("inf"):
-                raise ValueError(f"--model {file}: {key}.factor must be a finite number >= 1, got {json.dumps(factor)}")
+            check_number(f"--model {file}: {key}.factor", params["factor"], 1, show=json.dumps)

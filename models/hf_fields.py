@@ -14,10 +14,10 @@ docs/tensor-parallel.md has the table.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from hybrid.cliutil import is_finite, is_integer
 from models import activations
 
 if TYPE_CHECKING:  # the checks run on transformers' config objects; importing this module does not import it
@@ -121,15 +121,15 @@ def check_values(hf: PretrainedConfig) -> None:
         v = getattr(hf, name, None)
         if mt == "qwen2_moe" and name == "sliding_window" and not getattr(hf, "use_sliding_window", False):
             continue  # Qwen2MoeConfig stores 0 when the window is off
-        if (v is not None or name in SIZES[family]) and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        if (v is not None or name in SIZES[family]) and (not is_integer(v) or v < 1):
             _bad(mt, name, v, "a positive integer")
     for name in EPSILONS[family]:
         v = getattr(hf, name, None)
-        if not _real(v) or not math.isfinite(v) or v <= 0:
+        if not is_finite(v) or v <= 0:
             _bad(mt, name, v, "a finite number > 0")
     for name in DROPOUTS[family]:
         v = getattr(hf, name, None)
-        if v is not None and (not _real(v) or not 0.0 <= v < 1.0):
+        if v is not None and (not is_finite(v) or not 0.0 <= v < 1.0):
             _bad(mt, name, v, "a probability in [0, 1)")
     for name in BOOLEANS[family]:
         v = getattr(hf, name, None)
@@ -142,16 +142,12 @@ def _check_rope_values(hf: PretrainedConfig) -> None:
     NaN or inf angles); a scaling factor >= 1, as transformers' rope validation asks (it only warns)."""
     params = getattr(hf, "rope_parameters", None) or {}
     theta = params.get("rope_theta", getattr(hf, "rope_theta", None))
-    if not _real(theta) or not math.isfinite(theta) or theta <= 0:
+    if not is_finite(theta) or theta <= 0:
         _bad(hf.model_type, "rope_parameters.rope_theta", theta, "a finite number > 0")
     if "factor" in params and params.get("rope_type", "default") != "default":
         factor = params["factor"]
-        if not _real(factor) or not math.isfinite(factor) or factor < 1:
+        if not is_finite(factor) or factor < 1:
             _bad(hf.model_type, "rope_parameters.factor", factor, "a finite number >= 1 (transformers' bound)")
-
-
-def _real(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _bad(model_type: str, field: str, value: Any, wanted: str) -> None:

@@ -45,8 +45,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import bench_zero  # noqa: E402  (the model, its batches and DeepSpeed's recommended ZeRO-3 config)
-from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_output_file, cpu_name,  # noqa: E402
-                            int_in, package_version, positive_int)
+from hybrid.checkpoint.store import fsync_path  # noqa: E402
+from hybrid.cliutil import (HelpFormatter, OneLineParser, cpu_name, int_in, package_version,  # noqa: E402
+                            positive_int, write_text)
 from hybrid.testing import run_distributed  # noqa: E402
 
 
@@ -57,11 +58,7 @@ def files_under(directory: str) -> list[str]:
 
 def fsync_all(directory: str) -> None:
     for path in files_under(directory):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
 
 
 def evict(directory: str) -> None:
@@ -385,8 +382,7 @@ def write_report(path: str, args, results: list[list[dict]]) -> None:
              "FileSystemWriter, async_save on a separate gloo group); DeepSpeed ZeRO-3 with bench_zero.py's "
              "recommended config and its default checkpoint engine",
              "", *table(results)]
-    with atomic_output(path) as tmp, open(tmp, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text(path, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -416,10 +412,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--dp {args.dp}: more ranks than the {os.cpu_count()} cores; use --dp <= {os.cpu_count()}")
     if args.dir is not None and os.path.exists(args.dir) and not os.path.isdir(args.dir):
         p.error(f"--dir {args.dir!r} exists and is not a directory")
-    try:
-        check_output_file("--out", args.out)
-    except ValueError as e:
-        p.error(str(e))
+    p.check_out("--out", args.out)
     return args
 
 

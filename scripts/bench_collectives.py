@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, atomic_output, cpu_name, positive_int  # noqa: E402
+from hybrid.cliutil import HelpFormatter, OneLineParser, cpu_name, positive_int, write_text  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 
 MB = 2**20
@@ -159,8 +159,7 @@ def main(argv=None) -> None:
             f"{statistics.median(ratios):.2f} ({min(ratios):.2f} - {max(ratios):.2f})"
         lines.append(f"| {op} | {numel * 4 / MB:.0f} | {how} | {statistics.median(ms):.1f} "
                      f"({min(ms):.1f} - {max(ms):.1f}) | {rtxt} |")
-    with atomic_output(args.out) as tmp, open(tmp, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text(args.out, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

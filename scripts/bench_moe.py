@@ -50,8 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from hybrid.cliutil import (OneLineParser, atomic_output, cpu_name, nonnegative_int,  # noqa: E402
-                            package_version)
+from hybrid.cliutil import OneLineParser, cpu_name, nonnegative_int, package_version, write_text  # noqa: E402
 from hybrid.cliutil import positive_int  # noqa: E402
 from hybrid.testing import run_distributed  # noqa: E402
 
@@ -312,8 +311,7 @@ def main(argv=None) -> None:
     text = report(shape, layer, experts, args)
     print(text)
     if args.out:
-        with atomic_output(args.out) as tmp, open(tmp, "w") as f:
-            f.write(text)
+        write_text(args.out, text)
 
 
 if __name__ == "__main__":

@@ -93,8 +93,7 @@ from hybrid.pipeline import Costs, ScheduleKind, build_schedule, simulate
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
-from hybrid.cliutil import (OneLineParser, atomic_output, check_output_file, cpu_name, package_version,  # noqa: E402
-                            positive_int)
+from hybrid.cliutil import OneLineParser, cpu_name, package_version, positive_int, write_text  # noqa: E402
 
 NUM_HEADS = 4
 KINDS = {"1F1B": ScheduleKind.ONE_F_ONE_B, "GPipe": ScheduleKind.GPIPE, "ZB-H1": ScheduleKind.ZB_H1,
@@ -832,11 +831,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     f"of max(1, m // pp) = {rounds} at --pp {pp}; use a multiple of {pp}")
     if args.seq < 2:
         p.error("--seq must be at least 2 (the loss predicts the next token)")
-    if args.out:
-        try:
-            check_output_file("--out", args.out)  # a regular file in an existing, writable directory
-        except ValueError as e:
-            p.error(str(e))
+    p.check_out("--out", args.out)  # a regular file in an existing, writable directory
     return args
 
 
@@ -855,8 +850,7 @@ def main(argv: list[str] | None = None) -> None:
     text = report(results, args, shape, (load_before, os.getloadavg()[0]))
     print(f"\n{text}\ntotal {time.perf_counter() - start:.0f} s", flush=True)
     if args.out:
-        with atomic_output(args.out) as tmp, open(tmp, "w") as f:
-            f.write(text)
+        write_text(args.out, text)
         print(f"wrote {args.out}")
 
 

@@ -32,8 +32,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from transformers import GPT2Config  # noqa: E402
 
-from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_output_file, int_in,  # noqa: E402
-                            nonnegative_int, positive_int)
+from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_file, int_in,  # noqa: E402
+                            nonnegative_int, positive_int, write_text)
 from hybrid.dp import GradAverager  # noqa: E402
 from hybrid.mesh import Mesh, ParallelDims  # noqa: E402
 from hybrid.pipeline import ScheduleKind, build_schedule  # noqa: E402
@@ -195,8 +195,7 @@ def write_report(path: str | None, report: str) -> None:
     """Print the report and, with --out, write it atomically (no half-written file on a failure)."""
     print(report)
     if path:
-        with atomic_output(path) as tmp, open(tmp, "w") as f:
-            f.write(report + "\n")
+        write_text(path, report + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -69,8 +69,7 @@ from hybrid.comm import Group
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.testing import run_distributed
 from hybrid.tp import ColumnParallelLinear, RowParallelLinear, TPContext, init_parameters
-from hybrid.cliutil import (OneLineParser, atomic_output, check_output_file, cpu_name, package_version,  # noqa: E402
-                            positive_int)
+from hybrid.cliutil import OneLineParser, cpu_name, package_version, positive_int, write_text  # noqa: E402
 
 TP = 2  # ranks of the MLP comparison
 NUM_HEADS, NUM_KV_HEADS = 4, 2  # of the model comparison (Llama uses grouped-query attention)
@@ -509,11 +508,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"({NUM_HEADS} heads of even width, for RoPE)")
     if args.seq < 2:
         p.error("--seq must be at least 2 (the loss predicts the next token)")
-    if args.out:
-        try:
-            check_output_file("--out", args.out)  # a regular file in an existing, writable directory
-        except ValueError as e:
-            p.error(str(e))
+    p.check_out("--out", args.out)  # a regular file in an existing, writable directory
     return args
 
 
@@ -529,8 +524,7 @@ def main(argv: list[str] | None = None) -> None:
     text = report(rows, args, (load_before, os.getloadavg()[0]))
     print(f"\n{text}\ntotal {time.perf_counter() - start:.0f} s", flush=True)
     if args.out:
-        with atomic_output(args.out) as tmp, open(tmp, "w") as f:
-            f.write(text)
+        write_text(args.out, text)
         print(f"wrote {args.out}")
 
 

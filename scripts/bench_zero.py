@@ -256,7 +256,7 @@ def _kernel_alone(zero, reps: int = 3) -> dict:
     gradient shards, nothing else of ZeroOptimizer.step), and in-place x += y over the same views and gradients
     (read 8, write 4 bytes a parameter): the bandwidth this run's layout reaches, for a floor the run's threads can
     reach. Both overwrite the trained weights, which nothing reads after this."""
-    zero.wait_params()  # the last step's gathers, so they do not run under the kernel's clock
+    zero.before_param_writes()  # the last step's gathers (not under the kernel's clock), and the peer's takes
     views = [v for u in zero.units for v in u.views]
     grads = [u.grad_shard[s.lo:s.hi] for u in zero.units for s in u.segments]
     for v, g in zip(views, grads):
@@ -297,8 +297,9 @@ def run_hybrid_stage(rank, world, args, stage):
     reduce-scatter from autograd's gradients, the step unit by unit in gather order). `stage` "1+flat" / "2+flat":
     the path before docs/zero.md round 8, each gradient copied into a flat buffer before its reduce-scatter
     (`ZeroConfig(reduce_from_grads=False)`); "1+onecall" / "2+onecall": round 11's step, one AdamW call over every
-    shard and then every gather (`ZeroConfig(step_in_gather_order=False)`); "1+shm" / "2+shm": the post-step gather
-    through shared memory (`ZeroConfig(shm_gather=True)`, hybrid/zero/shm.py)."""
+    shard and then every gather (`ZeroConfig(step_in_gather_order=False)`); "1+gloo" / "2+gloo": the post-step gather
+    through gloo's loopback TCP (`ZeroConfig(shm_gather=False)`, `--no-shm-gather`: the default until round 13),
+    where the default (round 14) gathers through shared memory (hybrid/zero/shm.py)."""
     from hybrid.mesh import Mesh, ParallelDims
     from hybrid.train_step import OptimizerConfig
     from hybrid.zero import ZeroConfig, ZeroOptimizer
@@ -307,9 +308,10 @@ def run_hybrid_stage(rank, world, args, stage):
     stage, _, lever = stage.partition("+")
     model = torch.nn.ModuleList([build(args)])
     zero = ZeroOptimizer(model, mesh, ZeroConfig(stage=int(stage), reduce_from_grads=lever != "flat",
-                                                 step_in_gather_order=lever != "onecall", shm_gather=lever == "shm"),
+                                                 step_in_gather_order=lever != "onecall", shm_gather=lever != "gloo"),
                          OptimizerConfig(lr=1e-3, weight_decay=0.01))
-    return _time_hybrid(rank, args, mesh, model, zero, base, f"hybrid default ({zero.optimizer_kind})")
+    gather = ", shm gather" if zero.shm_gather_active else ""  # which gather the row ran (the default's, or gloo's)
+    return _time_hybrid(rank, args, mesh, model, zero, base, f"hybrid default ({zero.optimizer_kind}{gather})")
 
 
 def _torch_fused_adamw_row(model, args, rank: int, base) -> dict:
@@ -447,9 +449,10 @@ ROWS += [("hybrid ZeRO-1", run_hybrid_stage, "1", None),
 LEVER_FROM = len(ROWS)  # ZeRO 1-2 with the default's newest lever off, against the default row (ratio off / default)
 ROWS += [("hybrid ZeRO-1, one AdamW call then the gathers", run_hybrid_stage, "1+onecall", DDP_FROM),
          ("hybrid ZeRO-2, one AdamW call then the gathers", run_hybrid_stage, "2+onecall", DDP_FROM + 3)]
-SHM_FROM = len(ROWS)  # ZeRO 1-2 with the post-step gather through shared memory (round 13), against the default
-ROWS += [("hybrid ZeRO-1, shared-memory gather", run_hybrid_stage, "1+shm", DDP_FROM),
-         ("hybrid ZeRO-2, shared-memory gather", run_hybrid_stage, "2+shm", DDP_FROM + 3)]
+SHM_FROM = len(ROWS)  # ZeRO 1-2 with the post-step gather through gloo (the default until round 13; the default's
+#                       is through shared memory since round 14), against the default
+ROWS += [("hybrid ZeRO-1, gloo gather (--no-shm-gather)", run_hybrid_stage, "1+gloo", DDP_FROM),
+         ("hybrid ZeRO-2, gloo gather (--no-shm-gather)", run_hybrid_stage, "2+gloo", DDP_FROM + 3)]
 SHM_PEERS = {SHM_FROM: (DDP_FROM + 1, DDP_FROM + 2), SHM_FROM + 1: (DDP_FROM + 4, DDP_FROM + 5)}  # its DDP rows
 
 
@@ -782,13 +785,14 @@ def write_table(path: str, args, results: list[list[dict]], opt_rows: list[dict]
                   *framework_table(results, range(LEVER_FROM, SHM_FROM), "ratio one call / default",
                                    above="default faster", below="one call faster"), "",
                   *cpu_table(results, range(LEVER_FROM, SHM_FROM)),
-                  "", "Round 13's lever, off by default: the post-step all-gather through shared memory "
-                  "(`ZeroConfig(shm_gather=True)`, hybrid/zero/shm.py: each rank's flat parameters in a /dev/shm "
-                  "file both ranks map, the peer's half copied once, no socket). Ratio = shared memory / default in "
-                  "the same repeat; below 1.0 shared memory is faster. Memory: the peer's half of the parameters is "
-                  "mapped into each rank, which the resident set counts twice over the pair (shared pages).", "",
-                  *framework_table(results, range(SHM_FROM, len(ROWS)), "ratio shared memory / default",
-                                   above="default faster", below="shared memory faster"), "",
+                  "", "Round 13's lever, the default since round 14: the post-step all-gather through shared memory "
+                  "(`ZeroConfig.shm_gather`, hybrid/zero/shm.py: each rank's flat parameters in a /dev/shm file both "
+                  "ranks map, the peer's half copied once, no socket). These rows turn it off (`--no-shm-gather`: "
+                  "gloo's loopback TCP, the default until round 13). Ratio = gloo / default in the same repeat; "
+                  "above 1.0 the default (shared memory) is faster. Memory: the default maps the peer's half of the "
+                  "parameters into each rank, which the resident set counts twice over the pair (shared pages).", "",
+                  *framework_table(results, range(SHM_FROM, len(ROWS)), "ratio gloo / default",
+                                   above="default faster", below="gloo faster"), "",
                   *cpu_table(results, range(SHM_FROM, len(ROWS))), "",
                   *peer_ratio_table(results, SHM_PEERS),
                   "", "Where each rank's step goes (scripts/bench_zero.py PhaseClock: marks at the model's forward "

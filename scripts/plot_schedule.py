@@ -48,7 +48,7 @@ except ImportError:
 
 from hybrid.pipeline.schedules import ScheduleKind, build_schedule, validate  # noqa: E402
 from hybrid.pipeline.simulate import Costs, simulate  # noqa: E402
-from hybrid.cliutil import OneLineParser, atomic_output, check_output_file, positive_int  # noqa: E402
+from hybrid.cliutil import OneLineParser, atomic_output, positive_int  # noqa: E402
 
 ALL = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED, ScheduleKind.ZB_H1, ScheduleKind.ZBV)
 COMPUTE = ("forward", "backward", "backward_input", "backward_weight")
@@ -308,10 +308,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.out = args.out or default_out(args)
     if not args.out.lower().endswith(".png"):
         p.error(f"--out {args.out}: must end in .png")
-    try:
-        check_output_file("--out", args.out)  # a regular file in an existing, writable directory
-    except ValueError as e:
-        p.error(str(e))
+    p.check_out("--out", args.out)  # a regular file in an existing, writable directory
     if matplotlib is None:
         p.error("drawing needs matplotlib, which is not installed: pip install matplotlib")
     return args

@@ -314,8 +314,8 @@ def test_zero_config_field_of_the_wrong_type_names_it(field, value, fragment):
     ("lr", "1e-3", "OptimizerConfig.lr must be a finite number >= 0, got '1e-3'"),
     ("beta2", 1.0, "OptimizerConfig.beta2 must be a finite number in [0, 1), got 1.0"),
     ("clip_grad", float("inf"), "OptimizerConfig.clip_grad must be a finite number >= 0, got inf"),
-    ("train_iters", 0, "OptimizerConfig.train_iters must be an integer >= 1, got 0"),
-    ("decay_iters", 2.5, "OptimizerConfig.decay_iters must be an integer >= 1, got 2.5"),
+    ("train_iters", 0, "OptimizerConfig.train_iters must be a positive integer, got 0"),
+    ("decay_iters", 2.5, "OptimizerConfig.decay_iters must be a positive integer, got 2.5"),
 ])
 def test_optimizer_config_field_out_of_its_set_or_range_names_it(field, value, fragment):
     from hybrid.train_step import OptimizerConfig

@@ -107,7 +107,7 @@ def test_flag_and_argument_errors():
         partition_layers(8, 2, method=BALANCED, layers_per_stage=[4, 4])
     with pytest.raises(ValueError, match="--pipeline-partition must be a PartitionMethod"):
         partition_layers(8, 2, method="balanced")
-    with pytest.raises(ValueError, match="--pipeline-model-parallel-size must be an integer >= 1"):
+    with pytest.raises(ValueError, match="--pipeline-model-parallel-size must be a positive integer"):
         partition_layers(8, 0)
     with pytest.raises(ValueError, match="layer_cost gives 3 per-layer costs for --num-layers 8"):
         partition_layers(8, 2, method=BALANCED, layer_cost=[1.0, 1.0, 1.0])

@@ -3,7 +3,8 @@ gloo's gather it replaces, on a 2-rank pair: losses and weights after several st
 and 2, one micro-batch and two, fp32 and bf16 -- the master apart from the shard --, the step in gather order and
 round 11's one call then the gathers), the ledger records the same all-gather bytes, and the shared path did run; the
 gather alone equals gloo's with several gathers in flight; where the ranks do not see each other's file (another
-/dev/shm: another host) or there is no room, both fall back to gloo; set-up leaves no file behind. The unsharded
+/dev/shm: another host) or there is no room, both fall back to gloo; set-up leaves no file behind. The default since
+round 14; its writers' waits and stale files: tests/test_zero14_shm_writers.py. The unsharded
 reference for ZeRO 1-2 is tests/test_zero.py's."""
 
 from __future__ import annotations
@@ -145,7 +146,9 @@ def test_another_hosts_files_or_no_dir_fall_back_on_both_ranks_and_set_up_leaves
         assert r["fallbacks"] == [True, True, True, []]
 
 
-def test_shm_gather_is_refused_outside_stages_1_and_2():
+def test_shm_gather_is_accepted_at_every_stage_since_it_became_the_default():
+    """Round 14 made it the default "where it applies" (stages 1-2, a 2-rank gloo pair on one x86-64 host), so a
+    stage-0 or stage-3 config carries it without error; that it then gathers through gloo is
+    tests/test_zero14_shm_writers.py::test_the_default_gathers_through_shared_memory_at_stages_1_and_2_only..."""
     for stage in (0, 3):
-        with pytest.raises(ValueError, match="shm_gather applies to --zero-stage 1 or 2"):
-            ZeroConfig(stage=stage, shm_gather=True)
+        assert ZeroConfig(stage=stage, shm_gather=True).shm_gather

@@ -56,9 +56,10 @@ def _record_events(opt: ZeroOptimizer, chunks) -> list:
     i's forward starts (registered after the engine's hooks, so it runs after the block's wait); ('adamw',) for
     each optimizer call and ('gather',) for each parameter all-gather the step posts."""
     events: list = []
-    inner, adamw, gather = opt._wait_gathers, opt.optimizer.step, opt.dp.all_gather_in_place
+    # the engine's post of a unit's gather (gloo's, or since round 14 by default the shared-memory one)
+    inner, adamw, gather = opt._wait_gathers, opt.optimizer.step, opt._all_gather
     opt.optimizer.step = lambda *a, **k: (events.append(("adamw",)), adamw(*a, **k))[1]
-    opt.dp.all_gather_in_place = lambda *a, **k: (events.append(("gather",)), gather(*a, **k))[1]
+    opt._all_gather = lambda *a, **k: (events.append(("gather",)), gather(*a, **k))[1]
 
     def wait(units):
         pending = sum(id(u) in opt._param_gathers for u in units)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
 from dataclasses import dataclass
+
+from hybrid.cliutil import is_finite
 
 MANIFEST, STATE, LATEST = "manifest.json", "state.json", "latest"
 FORMAT = "hybrid-dcp/1"
@@ -214,14 +215,21 @@ def is_plain_name(name: str) -> bool:
             and "\0" not in name and os.path.basename(name) == name)
 
 
-def _read_json(directory: str, name: str):
-    """A small JSON file of a checkpoint: a regular file (not a link, FIFO or device), bounded in size, valid
-    UTF-8 JSON; CorruptCheckpoint naming it otherwise."""
+def _regular_file(directory: str, name: str) -> str:
+    """directory/name, a regular file and not a link (a link could point outside the folder); CorruptCheckpoint
+    naming it otherwise."""
     path = os.path.join(directory, name)
     if os.path.islink(path):
         raise CorruptCheckpoint(f"{path}: a symbolic link; a checkpoint's files are regular files inside its folder")
     if not os.path.isfile(path):
         raise CorruptCheckpoint(f"{path}: {'not a regular file' if os.path.exists(path) else 'missing'}")
+    return path
+
+
+def _read_json(directory: str, name: str):
+    """A small JSON file of a checkpoint: a regular file (not a link, FIFO or device), bounded in size, valid
+    UTF-8 JSON; CorruptCheckpoint naming it otherwise."""
+    path = _regular_file(directory, name)
     if os.path.getsize(path) > MAX_JSON_BYTES[name]:
         raise CorruptCheckpoint(f"{path}: {os.path.getsize(path)} bytes, more than any {name} hybrid writes")
     try:
@@ -267,11 +275,7 @@ def verify_file(directory: str, name: str, want: dict, checksum: bool = True) ->
     if not is_plain_name(name):
         raise CorruptCheckpoint(f"{os.path.join(directory, MANIFEST)}: entry {name!r:.80} is not a file of the "
                                 f"checkpoint folder")
-    path = os.path.join(directory, name)
-    if os.path.islink(path):
-        raise CorruptCheckpoint(f"{path}: a symbolic link; a checkpoint's files are regular files inside its folder")
-    if not os.path.isfile(path):
-        raise CorruptCheckpoint(f"{path}: {'not a regular file' if os.path.exists(path) else 'missing'}")
+    path = _regular_file(directory, name)
     size = os.path.getsize(path)
     if size != want["bytes"]:
         raise CorruptCheckpoint(f"{path}: {size} bytes, the manifest says {want['bytes']} (truncated?)")
@@ -327,7 +331,7 @@ def _check_scaler(state: dict, bad) -> None:
     if not isinstance(scaler, dict):
         raise bad("scaler", scaler, "an object")
     scale = scaler.get("loss_scale")
-    if type(scale) not in (int, float) or not (math.isfinite(scale) and scale > 0):
+    if not is_finite(scale) or scale <= 0:
         raise bad("scaler.loss_scale", scale, "a finite number > 0")
     for key in ("good_steps", "skipped_steps"):
         if not _count(scaler.get(key)):

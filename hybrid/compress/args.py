@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from hybrid.cliutil import check_number, is_integer
 from hybrid.compress.powersgd import PowerSGDConfig
 
 TORCH_START_ITER = 1_000  # torch's PowerSGDState default start_powerSGD_iter
@@ -53,14 +54,13 @@ def check(args: argparse.Namespace, dp_cp: int | None = None, resuming: bool = F
     the process group: reduction.py's build_optimizer)."""
     rank, start = args.powersgd_rank, args.powersgd_start_iter
     _check_unused(args, dp_cp, resuming)
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+    if not is_integer(rank) or rank < 0:
         raise ValueError(f"--powersgd-rank must be a non-negative integer (0: off), got {rank!r}")
-    if rank and (isinstance(start, bool) or not isinstance(start, int) or start < 2):
+    if rank and (not is_integer(start) or start < 2):
         raise ValueError(f"--powersgd-start-iter must be >= 2 (error feedback and warm start need plain steps "
                          f"first, as torch's hook), got {start!r}")
     bw = args.simulated_dp_bandwidth
-    if not bw >= 0 or bw == float("inf"):
-        raise ValueError(f"--simulated-dp-bandwidth must be a finite number >= 0 (GB/s; 0: off), got {bw!r}")
+    check_number("--simulated-dp-bandwidth", bw, 0, note=" (GB/s; 0: off)")
     if rank and getattr(args, "zero_stage", 0) == 3:
         raise ValueError("--powersgd-rank does not run with --zero-stage 3 (stage 3 reduce-scatters per layer and "
                          "keeps no full gradient to compress); use --zero-stage 0, 1 or 2")
@@ -169,8 +169,7 @@ def _check_onebit(args: argparse.Namespace, powersgd_rank: int) -> int | None:
     if getattr(args, "optimizer", "adam") != "onebit-adam":
         return None
     freeze = args.onebit_freeze_iters
-    if isinstance(freeze, bool) or not isinstance(freeze, int) or freeze < 1:
-        raise ValueError(f"--onebit-freeze-iters must be a positive integer (Adam warm-up steps), got {freeze!r}")
+    check_number("--onebit-freeze-iters", freeze, 1, integer=True, note=" (Adam warm-up steps)")
     conflicts = _onebit_conflicts(args, powersgd_rank)
     if conflicts:  # every one in the one line: a user fixing the first must not meet the next on the second try
         raise ValueError("; also ".join(conflicts))

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from hybrid.cliutil import check_number
 from hybrid.comm import Group
 
 SEED_HIGH = 1_000_000_000  # torch's hook: torch.manual_seed(rng.randint(1_000_000_000)) per new bucket
@@ -64,6 +65,10 @@ class PowerSGDConfig:
     error_feedback: bool = True
 
     def __post_init__(self) -> None:
+        for flag, value in (("--powersgd-rank", self.rank), ("--powersgd-start-iter", self.start_iter),
+                            ("PowerSGDConfig.seed", self.seed)):
+            check_number(flag, value, 0, integer=True)
+        check_number("PowerSGDConfig.min_compression_rate", self.min_compression_rate, 0)
         if self.variant not in ("torch", "epfml"):
             raise ValueError(f"PowerSGD variant must be 'torch' or 'epfml', got {self.variant!r}")
         if self.variant == "epfml" and not self.error_feedback:

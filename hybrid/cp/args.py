@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from hybrid.cliutil import check_number
 from hybrid.cp.attention import CommType, CPContext, check_ulysses_heads
 from hybrid.cp.balance import check_divisible
 from hybrid.cp.data import TokenSharding
@@ -56,8 +57,7 @@ def check(args: argparse.Namespace) -> CPConfig:
     """The flags alone: ValueError naming the flag. Reads the tokenizer for its end-of-document id when a reset
     flag is given."""
     size = args.context_parallel_size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"--context-parallel-size must be a positive integer, got {size!r}")
+    check_number("--context-parallel-size", size, 1, integer=True)
     if size == 1 and "cp_comm_type" in getattr(args, "explicit", set()):  # as `hybrid plan`: no CP, no exchange
         raise ValueError("--cp-comm-type picks how the --context-parallel-size ranks exchange keys and values; at "
                          "--context-parallel-size 1 nothing is exchanged: give --context-parallel-size > 1 or drop "

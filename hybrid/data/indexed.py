@@ -104,7 +104,21 @@ def write_index(path: str, dtype: np.dtype, lengths: list[int], document_indices
         f.write(np.asarray(document_indices, dtype=np.int64).tobytes(order="C"))
 
 
-class IndexedDataset:
+class _Sequences:
+    """What both document sources count from their `sequence_lengths` (int32, one per sequence)."""
+
+    sequence_lengths: np.ndarray
+
+    def __len__(self) -> int:
+        """Sequences (= documents without --split-sentences)."""
+        return len(self.sequence_lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.sequence_lengths.sum(dtype=np.int64))
+
+
+class IndexedDataset(_Sequences):
     """A read-only, memory-mapped MMIDIDX dataset. Every check the format allows without reading the token ids
     runs at open: ValueError naming the file and what is wrong (missing file, magic, version, dtype, an index
     whose size or offsets disagree with itself, a .bin whose size disagrees with the index)."""
@@ -155,14 +169,6 @@ class IndexedDataset:
                 np.any(np.diff(self.document_indices) < 0):
             raise ValueError(f"{flag} {path}: the document index must rise from 0 to the {n} sequences")
 
-    def __len__(self) -> int:
-        """Sequences (= documents without --split-sentences)."""
-        return len(self.sequence_lengths)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.sequence_lengths.sum(dtype=np.int64))
-
     def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens [offset, offset + length) of sequence i, a view of the memory map."""
         start = int(self.sequence_pointers[i]) // self.dtype.itemsize + offset
@@ -177,7 +183,7 @@ class IndexedDataset:
         return best
 
 
-class InMemoryDocuments:
+class InMemoryDocuments(_Sequences):
     """Documents held in memory with IndexedDataset's reading interface (the byte-level text corpus)."""
 
     byte_text = True  # any byte may appear: the model needs the whole 256-token byte vocabulary
@@ -189,13 +195,6 @@ class InMemoryDocuments:
         starts = np.zeros(len(lengths), dtype=np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
         self._starts = starts
-
-    def __len__(self) -> int:
-        return len(self.sequence_lengths)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.sequence_lengths.sum(dtype=np.int64))
 
     def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         start = int(self._starts[i]) + offset

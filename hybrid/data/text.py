@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hybrid.cliutil import check_number
+
 BYTE_VOCAB = 256
 
 
@@ -84,6 +86,9 @@ class BatchSpec:
     dp: int
 
     def __post_init__(self) -> None:
+        for flag, value in (("--global-batch-size", self.global_batch), ("--micro-batch-size", self.micro_batch),
+                            ("--seq-length", self.seq_length), ("data-parallel size", self.dp)):
+            check_number(flag, value, 1, integer=True)
         if self.global_batch % (self.micro_batch * self.dp) != 0:
             raise ValueError(
                 f"--global-batch-size {self.global_batch} must be a multiple of --micro-batch-size "

@@ -4,9 +4,9 @@ needs the layout -- all before any process group (hybrid/train/args.py calls the
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass
 
+from hybrid.cliutil import check_number
 
 @dataclass(frozen=True)
 class DiLoCoConfig:
@@ -69,10 +69,8 @@ def check(args: argparse.Namespace) -> DiLoCoConfig | None:
         if given:
             raise ValueError(f"{given[0]} applies to DiLoCo: add --diloco-inner-steps H or drop it")
         return None
-    if isinstance(h, bool) or h < 1:
-        raise ValueError(f"--diloco-inner-steps must be a positive integer, got {h}")
-    if not math.isfinite(args.diloco_outer_lr) or args.diloco_outer_lr <= 0:
-        raise ValueError(f"--diloco-outer-lr must be a finite number > 0, got {args.diloco_outer_lr}")
+    check_number("--diloco-inner-steps", h, 1, integer=True)
+    check_number("--diloco-outer-lr", args.diloco_outer_lr, 0, low_open=True)
     if not 0 <= args.diloco_outer_momentum < 1:
         raise ValueError(f"--diloco-outer-momentum must be in [0, 1), got {args.diloco_outer_momentum}")
     k = args.diloco_fragments
@@ -85,8 +83,8 @@ def check(args: argparse.Namespace) -> DiLoCoConfig | None:
     if not 0 <= alpha <= 1:  # also NaN
         raise ValueError(f"--diloco-fragment-update-alpha must be in [0, 1], got {alpha}")
     r = args.diloco_replicas
-    if r is not None and r < 1:
-        raise ValueError(f"--diloco-replicas must be a positive integer, got {r}")
+    if r is not None:
+        check_number("--diloco-replicas", r, 1, integer=True)
     return DiLoCoConfig(inner_steps=h, outer_lr=args.diloco_outer_lr, outer_momentum=args.diloco_outer_momentum,
                         replicas=r, fragments=k, fragment_sync_delay=tau, fragment_update_alpha=alpha)
 

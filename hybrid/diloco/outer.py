@@ -115,7 +115,9 @@ class DiLoCo:
         landing = self.due(it, self.cfg.fragment_sync_delay)
         if not posts and (self.inflight is None or self.inflight.f not in landing):
             return
-        self.zero.wait_params()  # a post-step parameter gather may still write the master's buffer
+        # a post-step parameter gather may still write the master's buffer, and (shm_gather) the peer may not yet
+        # have taken the shard the outer step overwrites: both waited for
+        self.zero.before_param_writes()
         applied = False
         for f in posts:  # tau > 0: none lands at a post's step (tau < H / K), so one fragment is in flight at most
             self.post(f)

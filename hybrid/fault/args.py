@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass
+
+from hybrid.cliutil import check_number, is_finite
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def timeout_warnings(args: argparse.Namespace, world: int) -> tuple[str, ...]:
 def check(args: argparse.Namespace) -> FaultConfig:
     """ValueError naming the flag: NaN and infinity are refused everywhere (NaN compares false, so `nan < 0`
     would let a NaN timeout through and disable the watchdog without a word; inf would do the same)."""
-    if not math.isfinite(args.watchdog_timeout) or not 0 <= args.watchdog_timeout <= MAX_WATCHDOG_S:
+    if not is_finite(args.watchdog_timeout) or not 0 <= args.watchdog_timeout <= MAX_WATCHDOG_S:
         raise ValueError(f"--watchdog-timeout must be a number of seconds in [0, {MAX_WATCHDOG_S}] (0 disables "
                          f"it), got {args.watchdog_timeout}")
     _check_nested_timeouts(args)
@@ -97,8 +98,7 @@ def check(args: argparse.Namespace) -> FaultConfig:
     if not args.check_for_nan_in_loss_and_grad and "max_skipped_steps" in getattr(args, "explicit", set()):
         raise ValueError("--max-skipped-steps counts the steps the NaN check skips, which "
                          "--no-check-for-nan-in-loss-and-grad turns off; drop one of them")
-    if not math.isfinite(args.straggler_factor) or args.straggler_factor <= 1:
-        raise ValueError(f"--straggler-factor must be a finite number > 1 (a rank this many times slower than its "
-                         f"peers), got {args.straggler_factor}")
+    check_number("--straggler-factor", args.straggler_factor, 1, low_open=True,
+                 note=" (a rank this many times slower than its peers)")
     return FaultConfig(watchdog_timeout=args.watchdog_timeout, check_nan=args.check_for_nan_in_loss_and_grad,
                        max_skipped_steps=args.max_skipped_steps, straggler_factor=args.straggler_factor)

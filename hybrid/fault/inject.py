@@ -24,7 +24,8 @@ is installed and training runs untouched.
 
 Several faults are separated by ";". Iterations are 1-based (as logged), micro-batches 0-based. `op` is
 "GROUP.OP" with OP a collective (all_reduce, all_gather, reduce_scatter, broadcast) or send / recv
-(a point-to-point batch that contains one).
+(a point-to-point batch that contains one), or shm_take: ZeRO 1-2's shared-memory gather copying the peer's
+shard (hybrid/zero/shm.py; "hang:...,op=dp.shm_take" makes the reader slow, not counted on the trail).
 """
 
 from __future__ import annotations

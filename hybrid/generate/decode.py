@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybrid.cliutil import check_number
 from hybrid.comm import Group
 from hybrid.convert.detect import Format, detect
 
@@ -51,6 +52,10 @@ class SamplingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_number("--temperature", self.temperature, 0)
+        check_number("--top-k", self.top_k, 0, integer=True)
+        check_number("--top-p", self.top_p, 0, 1, low_open=True)
+        check_number("--seed", self.seed, 0, integer=True)
         if self.temperature == 0 and (self.top_k or self.top_p < 1):
             flag = "--top-k" if self.top_k else "--top-p"
             raise ValueError(f"{flag} filters sampling, but --temperature is 0 (greedy); give --temperature > 0 "

@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from hybrid.cliutil import check_output_dir, check_output_file
+from hybrid.cliutil import check_number, check_output_dir, check_output_file
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,8 @@ def check(args: argparse.Namespace, world: int = 1) -> MetricsConfig:
     every = getattr(args, "timing_log_interval", MetricsConfig.timing_log_interval)  # a Namespace built by hand
     if every < 1:
         raise ValueError(f"--timing-log-interval must be >= 1 (1: every log interval), got {every}")
-    if args.peak_tflops is not None and not 0 < args.peak_tflops < float("inf"):
-        raise ValueError(f"--peak-tflops must be a finite number > 0, got {args.peak_tflops}")
+    if args.peak_tflops is not None:
+        check_number("--peak-tflops", args.peak_tflops, 0, low_open=True)
     peak, source = args.peak_tflops, "--peak-tflops" if args.peak_tflops is not None else None
     hardware = getattr(args, "hardware", None)
     if hardware:  # an empty one is rejected by hybrid/train/args.py's check_files

@@ -4,8 +4,8 @@ any process group; every bad value is a ValueError naming the flag."""
 from __future__ import annotations
 
 import argparse
-import math
 
+from hybrid.cliutil import check_number
 from hybrid.mesh import ParallelDims
 from hybrid.moe.config import Dispatcher, ExpertsImpl, LoadBalancing, MoEConfig
 from hybrid.moe.parallel import ExpertLayout
@@ -90,12 +90,9 @@ def check(args: argparse.Namespace, cfg, dims: ParallelDims) -> MoEConfig | None
 
 def _check_numbers(args: argparse.Namespace) -> None:
     for dest in ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_bias_update_rate"):
-        v = getattr(args, dest)
-        if not math.isfinite(v) or v < 0:
-            raise ValueError(f"{_flag(dest)} must be a finite number >= 0, got {v}")
-    f = args.moe_expert_capacity_factor
-    if f is not None and (not math.isfinite(f) or f <= 0):
-        raise ValueError(f"--moe-expert-capacity-factor must be a finite number > 0, got {f}")
+        check_number(_flag(dest), getattr(args, dest), 0)
+    if args.moe_expert_capacity_factor is not None:
+        check_number("--moe-expert-capacity-factor", args.moe_expert_capacity_factor, 0, low_open=True)
 
 
 def _check_balancing(args: argparse.Namespace) -> None:

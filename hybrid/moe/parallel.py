@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from hybrid.cliutil import check_number
 from hybrid.mesh import Mesh, ParallelDims
 
 
@@ -63,8 +64,7 @@ class ExpertLayout:
 
     def __post_init__(self) -> None:
         for flag, v in (("--expert-model-parallel-size", self.ep), ("--expert-tensor-parallel-size", self.etp)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{flag} must be a positive integer, got {v!r}")
+            check_number(flag, v, 1, integer=True)
         if self.stage_size % (self.ep * self.etp):
             raise ValueError(f"--expert-model-parallel-size {self.ep} x --expert-tensor-parallel-size {self.etp} "
                              f"must divide the {self.stage_size} ranks of a pipeline stage (tp x dp)")

@@ -60,6 +60,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hybrid.cliutil import check_number
+
 
 class Op(enum.Enum):
     """What one action does. Compute ops run a chunk; the rest are point-to-point transfers.
@@ -184,8 +186,7 @@ def validate(kind: ScheduleKind, pp: int, m: int, v: int) -> None:
     if not isinstance(kind, ScheduleKind):
         raise ValueError(f"kind must be a ScheduleKind, got {kind!r}")
     for name, value in (("pp", pp), ("m", m), ("v", v)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        check_number(name, value, 1, integer=True)
     if kind is ScheduleKind.ZBV and v != 2:
         raise ValueError(f"v (chunks per rank) must be 2 for zbv (the V holds stages r and 2 pp - 1 - r), got {v}")
     if kind not in (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV) and v != 1:

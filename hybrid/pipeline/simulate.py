@@ -41,6 +41,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from hybrid.cliutil import check_number, is_finite
 from hybrid.pipeline.schedules import Action, Op, Placement, stage_of
 
 
@@ -68,11 +69,11 @@ class Costs:
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "comm"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"Costs.{name} must be >= 0, got {getattr(self, name)}")
+            check_number(f"Costs.{name}", getattr(self, name), 0)
+        check_number("Costs.weight_share", self.weight_share, 0, 1)
         for name in ("stage_forward", "stage_backward"):
             values = getattr(self, name)
-            if values is not None and any(t < 0 for t in values):
+            if values is not None and any(not is_finite(t) or t < 0 for t in values):
                 raise ValueError(f"Costs.{name} must hold times >= 0, got {values}")
         shares = (self.weight_share,) + (self.stage_weight_share or ())
         if any(not 0 <= f <= 1 for f in shares):

@@ -91,7 +91,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 import torch
 import torch.distributed as dist
 
-from hybrid.cliutil import HelpFormatter, check_output_file, float_in, int_in
+from hybrid.cliutil import HelpFormatter, check_number, check_output_file, float_in, int_in
 from hybrid.comm import CommLedger, Group
 from hybrid.planner.hardware import GB, ZERO_OK_FIELDS, GpuKind, Hardware, hardware
 from hybrid.planner.model import Precision
@@ -129,12 +129,10 @@ class CalibrationConfig:
     base: str = GpuKind.CPU.value
 
     def __post_init__(self) -> None:
-        if self.ranks < 1:
-            raise ValueError(f"--ranks must be >= 1, got {self.ranks}")
-        for flag, value in (("--matmul-size", self.matmul_n), ("--copy-bytes", self.copy_bytes),
-                            ("--seconds", self.seconds)):
-            if not value > 0:
-                raise ValueError(f"{flag} must be > 0, got {value}")
+        for flag, value in (("--ranks", self.ranks), ("--matmul-size", self.matmul_n),
+                            ("--copy-bytes", self.copy_bytes)):
+            check_number(flag, value, 1, integer=True)
+        check_number("--seconds", self.seconds, 0, low_open=True)
         if not self.sizes or min(self.sizes) < 4:
             raise ValueError(f"--sizes must be byte counts >= 4, got {self.sizes}")
         hardware(self.base)  # ValueError naming the presets
@@ -1083,15 +1081,13 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
                 "inter_dc_latency_s")
     if name in nullable and value is None:
         return
+    field = f"--hardware {path}: {where}{name}"
     if name in ZERO_OK_FIELDS or name == "inter_dc_latency_s":  # may be 0
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"--hardware {path}: {where}{name} must be a finite number >= 0, got {json.dumps(value)}")
-        return
-    integer = name in ("gpus_per_node", "compute_units")
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
-        kind = "a positive integer" if integer else "a finite number > 0"
-        raise ValueError(f"--hardware {path}: {where}{name} must be {kind}, got {json.dumps(value)}")
+        check_number(field, value, 0, show=json.dumps)
+    elif name in ("gpus_per_node", "compute_units"):
+        check_number(field, value, 1, integer=True, show=json.dumps)
+    else:
+        check_number(field, value, 0, low_open=True, show=json.dumps)
 
 
 # --- command line -----------------------------------------------------------------------------------

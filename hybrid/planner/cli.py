@@ -32,8 +32,8 @@ import re
 import sys
 from dataclasses import asdict
 
-from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_output_file, float_in, int_in,
-                            nonnegative_int, positive_float, positive_int)
+from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_number, check_output_file, float_in,
+                            int_in, nonnegative_int, positive_float, positive_int)
 from hybrid.cp.attention import CommType
 from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
@@ -301,8 +301,7 @@ def slow_link_from_args(args: argparse.Namespace, hw) -> tuple[slowlink.SlowLink
         if on:
             raise ValueError(f"--inter-dc-bandwidth does not run with {flag} yet; drop one of them")
     latency_ms = args.inter_dc_latency if args.inter_dc_latency is not None else (hw.inter_dc_latency_s or 0.0) * 1e3
-    if not 0 <= latency_ms < float("inf"):
-        raise ValueError(f"--inter-dc-latency must be a finite number >= 0 (milliseconds), got {latency_ms}")
+    check_number("--inter-dc-latency", latency_ms, 0, note=" (milliseconds)")
     link = slowlink.SlowLink(gbps, latency_ms / 1e3)
     given = {dest: default if getattr(args, dest) is None else getattr(args, dest)
              for dest, default in SLOW_LINK_DEFAULTS.items()}

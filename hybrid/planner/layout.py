@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from hybrid.cliutil import check_number
 from hybrid.partition import PartitionMethod, partition_layers, stage_costs_from_config
 from hybrid.pipeline import Placement, ScheduleKind
 from hybrid.planner.hardware import AttentionKernel, GroupPlacement, Hardware
@@ -123,8 +124,7 @@ class Layout:
         for flag, value in (("--tensor-model-parallel-size", self.tp), ("--pipeline-model-parallel-size", self.pp),
                             ("data-parallel size", self.dp), ("virtual pipeline size v", self.v),
                             ("--micro-batch-size", self.micro_batch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+            check_number(flag, value, 1, integer=True)
         if not isinstance(self.zero, ZeroStage):
             object.__setattr__(self, "zero", ZeroStage(self.zero))
         for name, kind in (("offload", Offload), ("recompute", Recompute)):
@@ -279,8 +279,7 @@ class Workload:
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
                             ("--make-vocab-size-divisible-by", self.pad_vocab_to)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+            check_number(flag, value, 1, integer=True)
         for name, kind in (("precision", Precision), ("activations", ActivationProfile)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"Workload.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
@@ -394,8 +393,7 @@ class Cluster:
     allow_cross_node_tp: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
-            raise ValueError(f"--gpus must be a positive integer, got {self.gpus!r}")
+        check_number("--gpus", self.gpus, 1, integer=True)
 
     @property
     def nodes(self) -> int:

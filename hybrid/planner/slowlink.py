@@ -56,6 +56,7 @@ import textwrap
 from collections import Counter
 from dataclasses import dataclass, replace
 
+from hybrid.cliutil import check_number, is_integer
 from hybrid.compress.onebit import padded_length
 from hybrid.compress.powersgd import PowerSGDConfig, matrix_rank
 from hybrid.planner.hardware import GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds
@@ -113,13 +114,15 @@ class MethodConfig:
         for flag, value in (("--powersgd-rank", self.powersgd_rank), ("--diloco-inner-steps", self.inner_steps),
                             ("--diloco-fragments", self.fragments), ("--onebit-freeze-iters",
                                                                       self.onebit_freeze_iters)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{flag} must be a positive integer, got {value!r}")
+            check_number(flag, value, 1, integer=True)
+        check_number("--powersgd-start-iter", self.powersgd_start_iter, 0, integer=True)
+        if self.replicas is not None:
+            check_number("--diloco-replicas", self.replicas, 1, integer=True)
         if self.inner_steps % self.fragments:
             raise ValueError(f"--diloco-fragments {self.fragments} must divide --diloco-inner-steps "
                              f"{self.inner_steps}")
         tau, per = self.fragment_sync_delay, self.inner_steps // self.fragments
-        if isinstance(tau, bool) or not isinstance(tau, int) or not 0 <= tau < per:
+        if not is_integer(tau) or not 0 <= tau < per:
             raise ValueError(f"--diloco-fragment-sync-delay must be an integer in [0, H / K) = [0, {per}) "
                              f"(one fragment in flight at a time, as the runtime), got {tau!r}")
         if tau and self.method not in (Method.DILOCO, Method.STREAMING):
@@ -160,15 +163,15 @@ class SlowLink:
     sites: int = SITES
 
     def __post_init__(self) -> None:
-        if isinstance(self.gbps, bool) or not isinstance(self.gbps, (int, float)) or not 0 < self.gbps < math.inf:
-            raise ValueError(f"--inter-dc-bandwidth must be a finite number > 0 (GB/s between the sites), "
-                             f"got {self.gbps!r}")
-        if isinstance(self.latency_s, bool) or not isinstance(self.latency_s, (int, float)) \
-                or not 0 <= self.latency_s < math.inf:
-            raise ValueError(f"--inter-dc-latency must be a finite number >= 0 (milliseconds), "
-                             f"got {self.latency_s * 1e3!r}")
+        check_number("--inter-dc-bandwidth", self.gbps, 0, low_open=True, note=" (GB/s between the sites)")
+        check_number("--inter-dc-latency", self.latency_s, 0, note=" (milliseconds)", show=_as_ms)
         if self.sites != SITES:
             raise ValueError(f"SlowLink.sites: only {SITES} sites are modelled, got {self.sites!r}")
+
+
+def _as_ms(seconds) -> str:
+    """A latency in seconds as the flag gives it, milliseconds (a value of another type as it is)."""
+    return repr(seconds * 1e3) if isinstance(seconds, float) or is_integer(seconds) else repr(seconds)
 
 
 # --- the rank's parameters, from the model (not from the runtime) -------------------------------------------------

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
 import torch
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file
+from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file, in_range, is_finite
 from hybrid.compress import args as compress_args
 from hybrid.checkpoint import args as ckpt_args
 from hybrid.cp import args as cp_args
@@ -108,11 +107,11 @@ def check_numbers(args: argparse.Namespace) -> None:
         value = getattr(args, flag.dest)
         if flag.low is None or value is None:
             continue
-        if flag.type is float and not math.isfinite(value):
+        if flag.type is float and not is_finite(value):
             raise ValueError(f"{flag.name} must be a finite number, got {value}")
         if flag.type is int and value > MAX_COUNT:  # 10**400 would overflow the float arithmetic of later checks
             raise ValueError(f"{flag.name} must be at most {MAX_COUNT}, got an integer of {len(str(value))} digits")
-        if value < flag.low or (flag.low_open and value == flag.low):
+        if not in_range(value, flag.low, low_open=flag.low_open):
             raise ValueError(f"{flag.name} must be {'>' if flag.low_open else '>='} {flag.low}, got {value}")
     # a decay of 1 or more never forgets a gradient: Adam's moments and SGD's velocity grow without bound
     for flag, beta in (("--adam-beta1", args.adam_beta1), ("--adam-beta2", args.adam_beta2),
@@ -385,7 +384,7 @@ def check_zero(args: argparse.Namespace) -> ZeroConfig:
     return ZeroConfig(stage=args.zero_stage, precision=precision, offload_optimizer=args.offload_optimizer,
                       offload_params=args.offload_params, keep_gathered=args.zero3_keep_gathered,
                       bucket_bytes=args.zero_bucket_bytes, cpu_adam=CpuAdam(args.cpu_adam),
-                      overlap_param_gather=args.overlap_param_gather,
+                      overlap_param_gather=args.overlap_param_gather, shm_gather=args.shm_gather,
                       accumulate_fp32_grads=args.accumulate_allreduce_grads_in_fp32,
                       **getattr(args, "loss_scaling", {}))
 

@@ -163,6 +163,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--overlap-param-gather", ZERO, "stages 1-2: the next forward waits for each post-step parameter "
          "all-gather just before the block that uses it (default on; --no-overlap-param-gather waits in the step)",
          default=True, negatable=True),
+    Flag("--shm-gather", ZERO, "stages 1-2, a 2-rank DP group on one x86-64 host (gloo): the post-step parameter "
+         "all-gather through /dev/shm instead of loopback TCP, the same bytes (default on where it applies, gloo "
+         "elsewhere; --no-shm-gather: gloo always)", default=True, negatable=True),
     Flag("--accumulate-allreduce-grads-in-fp32", ZERO, "--bf16/--fp16: accumulate gradients over micro-batches and "
          "reduce them over DP in fp32 (4 bytes a parameter, twice the DP gradient bytes; Megatron's default with "
          "--bf16)", switch=True),

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, fields
 
 import torch
 
+from hybrid.cliutil import check_number
 from hybrid.precision import Precision
 
 
@@ -63,13 +63,14 @@ class ZeroConfig:
             later groups step (Megatron and FSDP post gathers bucket by bucket too).
             The same kernel on the same elements, bit for bit. False: one optimizer call over every shard, then
             every gather (round 11's step; docs/zero.md round 12 measures one against the other).
-        shm_gather: stages 1-2 over a 2-rank gloo DP group on one x86-64 host: the post-step parameter all-gather
-            through shared memory (hybrid/zero/shm.py: each rank's flat parameters in a /dev/shm file both map, the
-            peer's half copied once, no socket) instead of gloo's loopback TCP; the same bytes, bit for bit. Where
-            it cannot run (another host, no room in /dev/shm, not x86-64, other group sizes or backends) both
-            ranks keep gloo's gather. Not for DiLoCo's outer step, which writes the masters outside `step` and
-            `load_state_dict` (where a rank first waits for its peer to have taken its last shard). Off by default until
-            a quiet benchmark shows its gain (docs/zero.md round 13).
+        shm_gather: stages 1-2 over a 2-rank gloo DP group on one x86-64 host -- the default, wherever that
+            holds: the post-step parameter all-gather through shared memory (hybrid/zero/shm.py: each rank's flat
+            parameters in a /dev/shm file both map, the peer's half copied once, no socket) instead of gloo's
+            loopback TCP; the same bytes, bit for bit, on the ledger as the gather. Where it cannot run (another
+            host, no room in /dev/shm, not x86-64, CUDA/NCCL, a group of another size, a gradient compressor, stages
+            0 and 3, MoE experts' units) both ranks keep gloo's gather; nothing to set. False
+            (`--no-shm-gather`): gloo's gather everywhere. Every writer of the shards waits for the peer's take first
+            (`ZeroOptimizer.before_param_writes`). On by default since round 14 (docs/zero.md).
         cpu_adam: the optimizer used when offloading (see CpuAdam).
         initial_loss_scale: fp16: first loss scale (power of two).
         loss_scale_window: fp16: steps without overflow before the scale doubles.
@@ -86,7 +87,7 @@ class ZeroConfig:
     accumulate_fp32_grads: bool = False
     reduce_from_grads: bool = True
     step_in_gather_order: bool = True
-    shm_gather: bool = False
+    shm_gather: bool = True
     cpu_adam: CpuAdam = CpuAdam.AUTO
     initial_loss_scale: float = 2.0**16
     loss_scale_window: int = 1000
@@ -104,9 +105,6 @@ class ZeroConfig:
         if self.accumulate_fp32_grads and self.precision is Precision.FP32:
             raise ValueError("--accumulate-allreduce-grads-in-fp32 needs --bf16 or --fp16 (fp32 training already "
                              "accumulates and reduces fp32 gradients): add --bf16 or drop the flag")
-        if self.shm_gather and self.stage not in (1, 2):
-            raise ValueError(f"shm_gather applies to --zero-stage 1 or 2 (their post-step all-gather), got stage "
-                             f"{self.stage}")
         if self.bucket_bytes < 1:
             raise ValueError(f"--zero-bucket-bytes must be >= 1, got {self.bucket_bytes}")
         if self.initial_loss_scale <= 0 or self.min_loss_scale <= 0 or self.loss_scale_window < 1:
@@ -125,13 +123,9 @@ class ZeroConfig:
                                  f"({', '.join(f'{kind.__name__}.{m.name}' for m in kind)}), "
                                  f"got {getattr(self, name)!r}")
         for name in ("stage", "bucket_bytes", "loss_scale_window"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"ZeroConfig.{name} must be an integer, got {value!r}")
+            check_number(f"ZeroConfig.{name}", getattr(self, name), integer=True)
         for name in ("initial_loss_scale", "min_loss_scale"):  # NaN passed the `<= 0` check below
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"ZeroConfig.{name} must be a finite number, got {value!r}")
+            check_number(f"ZeroConfig.{name}", getattr(self, name))
 
     @property
     def sharded(self) -> bool:

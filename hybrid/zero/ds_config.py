@@ -12,6 +12,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from hybrid.cliutil import in_range, is_integer
+
 SUPPORTED = {
     "zero_optimization": {"stage", "offload_optimizer", "offload_param", "reduce_bucket_size"},
     "offload_optimizer": {"device", "pin_memory"},
@@ -317,10 +319,10 @@ def _int(sec: dict, key: str, name: str, low: int, high: int | None = MAX_INT) -
     value = sec[key]
     if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
         value = int(value)  # 5e8, as DeepSpeed's docs write bucket sizes: JSON's number, an integer's value
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_integer(value):
         raise ValueError(f"--deepspeed-config: {name} must be an integer, got {json.dumps(value)}; write the number "
                          f"(or \"auto\": the flag's value)")
-    if value < low or (high is not None and value > high):
+    if not in_range(value, low, high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         shown = value if abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
         raise ValueError(f"--deepspeed-config: {name} must be {bound}, got {shown}")
@@ -340,7 +342,7 @@ def _float(sec: dict, key: str, name: str, low: float, low_open: bool = False) -
                          f"{len(str(abs(sec[key])))} digits") from None
     if not math.isfinite(value):  # 1e999 parses as inf
         raise ValueError(f"--deepspeed-config: {name} must be a finite number, got {json.dumps(sec[key])}")
-    if value < low or (low_open and value == low):
+    if not in_range(value, low, low_open=low_open):
         raise ValueError(f"--deepspeed-config: {name} must be {'>' if low_open else '>='} {low:g}, got {value}")
     return value
 

@@ -219,8 +219,10 @@ class ZeroOptimizer:
         """`ZeroConfig.shm_gather`: the dense units' flat parameters in shared memory (hybrid/zero/shm.py), collective
         over the DP pair; (None, {}) where it does not run -- on both ranks alike: the conditions here are the
         config's, and `SharedFlats.open` agrees its own over the group. Not the MoE experts' units (the expert-DP
-        group), nor under a compressor (hybrid/compress steps and gathers its own way)."""
-        if not (self.cfg.shm_gather and self.device.type == "cpu" and self.reduction is None):
+        group), nor under a compressor (hybrid/compress steps and gathers its own way), nor at stages 0 and 3 (no
+        post-step gather)."""
+        if not (self.cfg.shm_gather and self.cfg.stage in (1, 2) and self.device.type == "cpu"
+                and self.reduction is None):
             return None, {}
         dense = [u for u in self.units if id(u) not in self._expert_units]
         shared = SharedFlats.open(self.dp, [u.padded for u in dense], self.dtype)
@@ -236,12 +238,15 @@ class ZeroOptimizer:
         i = self._shared_index.get(id(u))
         return self._group(u).all_gather_in_place(u.flat) if i is None else self._shared.all_gather(i)
 
-    def _before_shard_writes(self) -> None:
-        """shm_gather: before this rank overwrites its shards (an optimizer step, a checkpoint load), take what the
-        peer posted, then wait until the peer has taken this rank's last values -- in that order on both ranks, so
-        neither waits for the other's wait (hybrid/zero/shm.py)."""
+    def before_param_writes(self) -> None:
+        """Before this rank writes its parameter shards or the master weights (an optimizer step, DiLoCo's outer
+        step, `sync_params_from_master`, a checkpoint's in-place fill of `state_dict`'s views): every post-step
+        gather waited for, and with shm_gather the peer has taken this rank's last posted values -- its shards live
+        in the file the peer copies them from (fp32: the master is the shard). Take first, then wait for the peer's
+        take, in that order on both ranks, so neither waits for the other's wait (hybrid/zero/shm.py). Both ranks of
+        the pair call it at the same point (each writer above runs on every rank)."""
+        self.wait_params()
         if self._shared is not None:
-            self.wait_params()
             self._shared.wait_taken(list(range(len(self._shared.numels))))
 
     def _direct(self, u: FlatUnit) -> bool:
@@ -753,7 +758,7 @@ class ZeroOptimizer:
         """Unscale and average the reduced gradients into fp32 master gradients, skip on fp16
         overflow, clip by the global norm, AdamW on the master shards, write the new values back
         to the compute-dtype parameters (stages 1-2: all-gathered to every rank)."""
-        self._before_shard_writes()
+        self.before_param_writes()
         self._make_master_grads()
         skipped = self.cfg.precision is Precision.FP16 and self._overflow()
         norm = None
@@ -838,7 +843,7 @@ class ZeroOptimizer:
         """The updated master shards into the compute-dtype parameters; stages 1-2 all-gather every unit to
         every rank -- posted in the next forward's order and left in flight when overlapping (the forward's
         hooks wait per block), else waited for here."""
-        self.wait_params()  # a gather still in flight writes the buffers written below
+        self.before_param_writes()  # a gather still in flight writes the buffers written below; the peer's reads
         if self.cfg.stage == 3:
             self._drop_stale_gathers()
         for u in (self._gather_order if self.overlaps_param_gather else self.units):
@@ -866,7 +871,7 @@ class ZeroOptimizer:
         model's 25 MB buckets, each scanning every parameter. Each call steps only the views that hold a gradient
         (torch's optimizers skip the rest), and the kernel is elementwise per parameter, so every parameter steps
         bit for bit as in one call."""
-        self.wait_params()
+        self.before_param_writes()
         grads = {id(v): v.grad for u in self._gather_order for v in u.views}
         for u in self._gather_order:
             for v in u.views:
@@ -948,7 +953,7 @@ class ZeroOptimizer:
     def load_state_dict(self, state_dict: dict[str, object]) -> None:
         """After a checkpoint filled `state_dict()`'s pieces: the step, the loss scaler, the parameters."""
         from hybrid.zero import state
-        self._before_shard_writes()
+        self.before_param_writes()
         state.load_state_dict(self, state_dict)
 
     @torch.no_grad()

@@ -21,7 +21,22 @@ peer's half maps the peer's pages too, which the kernel counts in both ranks' re
 once in their proportional share, PSS): +the peer's half of the parameters in RSS, nothing more in physical memory.
 
 Waiting: a rank whose peer has not posted yet sleeps in the kernel on the counter's word (futex, shared between
-the processes: the poster wakes it at once, as gloo's own waits are woken), re-checking every 50 ms.
+the processes: the poster wakes it at once, as gloo's own waits are woken), re-checking every 50 ms -- and whether
+the peer still lives: each rank holds an exclusive flock(2) on its own file for its whole life, which the kernel
+drops when the process ends however it ends (SIGKILL included), so a waiting rank that can take a shared lock on the
+peer's file knows the peer is gone and raises at once, as gloo does when a peer's socket closes (not after gloo's
+30-minute timeout).
+
+Writers: every write of a rank's own half (the optimizer step; `sync_params_from_master` after DiLoCo's outer step
+or a checkpoint load; the checkpoint's in-place fill of the master views `state_dict` hands out) first calls
+`ZeroOptimizer.before_param_writes`: take what the peer posted, then wait for the peer to have taken this rank's
+last post. A take of post k therefore reads exactly post k's values, never a later write's (tests/
+test_zero14_shm_writers.py delays the peer's take through the test-only fault hook, `hang:op=dp.shm_take`).
+
+Files: created O_EXCL under a name holding rank 0's random token for this set-up and unlinked by their creator once
+both ranks mapped them; the only window that leaves one behind is a process killed during set-up. Such a file is
+never attached to (each rank attaches only after both agreed they created theirs afresh, and checks the token), and
+the next set-up on the host removes it: a file whose creator's flock can be taken belongs to no live process.
 
 Ordering: a counter is written after the data it publishes and read before the data it guards. x86-64 keeps
 stores in order with stores and loads with loads (TSO), so no fence is needed there; other architectures fall back
@@ -34,23 +49,28 @@ both check that they see the other's (the same host, the same /dev/shm) with the
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 import platform
 import time
+import weakref
 
 import torch
+import torch.distributed as dist
 
 from hybrid.comm import Group, Work
-from hybrid.trail import TRAIL
+from hybrid.trail import TRAIL, OpRecord
 
 SHM_DIR = "/dev/shm"
 PAGE = 4096
 MAGIC = 0x5A45524F53484D31  # "ZEROSHM1": the first control word of every file
-TIMEOUT_S = 1800.0  # gloo's own default timeout: a peer that died leaves a waiting rank an error, not a hang
+TIMEOUT_S = 1800.0  # gloo's default timeout, where the group's own (--distributed-timeout-minutes) cannot be read
 HEADER = 4  # control words before the counters: magic, token, rank, layout bytes
 SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1  # x86-64 Linux; shared (not FUTEX_PRIVATE): across processes
-RECHECK_S = 0.05  # a futex wait's bound: a missed wake-up costs at most this
+RECHECK_S = 0.05  # a futex wait's bound: a missed wake-up (or the peer's death) costs at most this
+PREFIX = "hybrid-zero-"  # every file's name: PREFIX + token + "-" + rank
+TAKE_OP = "shm_take"  # the test-only fault hook's op name for a take (HYBRID_FAULT="hang:...,op=dp.shm_take,...")
 
 
 class SharedFlats:
@@ -60,9 +80,11 @@ class SharedFlats:
     publishes this rank's half and returns the Work that copies the peer's in. Build with `open` (collective)."""
 
     def __init__(self, group: Group, numels: list[int], dtype: torch.dtype, mine: mmap.mmap, peer: mmap.mmap,
-                 offsets: list[int]) -> None:
+                 offsets: list[int], fds: tuple[int, int]) -> None:
         self.group, self.numels, self.dtype, self.offsets = group, numels, dtype, offsets
         self._maps = (mine, peer)  # kept open for the tensors' lifetime
+        self._fds = fds  # (this rank's file, locked: its liveness; the peer's: probed for the peer's)
+        weakref.finalize(self, _close, fds)  # a dropped optimizer lets its lock go (the files are unlinked already)
         n = len(numels)
         self._ctrl = torch.frombuffer(mine, dtype=torch.int64, count=HEADER + 2 * n)
         self._peer_ctrl = torch.frombuffer(peer, dtype=torch.int64, count=HEADER + 2 * n)
@@ -71,6 +93,7 @@ class SharedFlats:
         self._peer_flats = [torch.frombuffer(peer, dtype=dtype, count=k, offset=o) for k, o in zip(numels, offsets)]
         self.element_size = esize
         self.posted = 0  # gathers posted through shared memory (tests read it: the path did run)
+        self.timeout_s = _timeout_s(group)  # a stalled peer: an error after the group's own timeout, as gloo's
 
     # --- set-up ----------------------------------------------------------------------------------------------
     @classmethod
@@ -86,12 +109,15 @@ class SharedFlats:
         for k in numels:
             offsets.append(end)
             end = _round_up(end + k * esize, PAGE)
+        room = _supported(shm_dir, 2 * end)
+        if room:  # a killed run's files go first, on both ranks before either creates (the all-reduce below)
+            remove_stale(shm_dir)
         token = torch.tensor([int.from_bytes(os.urandom(6), "little") if group.rank == 0 else 0], dtype=torch.int64)
         group.all_reduce(token, tag="shm-setup")  # rank 0's token on both ranks
-        path = lambda r: os.path.join(shm_dir, f"hybrid-zero-{int(token)}-{r}")  # noqa: E731
-        mine = _create(path(group.rank), end) if _supported(shm_dir, 2 * end) else None
+        path = lambda r: os.path.join(shm_dir, f"{PREFIX}{int(token)}-{r}")  # noqa: E731
+        mine = _create(path(group.rank), end) if room else None
         if mine is not None:
-            ctrl = torch.frombuffer(mine, dtype=torch.int64, count=HEADER)
+            ctrl = torch.frombuffer(mine[0], dtype=torch.int64, count=HEADER)
             ctrl.copy_(torch.tensor([MAGIC, int(token), group.rank, end]))
         peer = None
         try:
@@ -102,8 +128,11 @@ class SharedFlats:
             if mine is not None:
                 os.unlink(path(group.rank))  # both ranks have mapped it (or given up): nothing left behind
         if not ok:
+            for m in (mine, peer):
+                if m is not None:
+                    os.close(m[1])  # the maps go with their last tensor
             return None
-        return cls(group, numels, dtype, mine, peer, offsets)
+        return cls(group, numels, dtype, mine[0], peer[0], offsets, (mine[1], peer[1]))
 
     # --- the gather --------------------------------------------------------------------------------------------
     def flat(self, i: int) -> torch.Tensor:
@@ -127,6 +156,7 @@ class SharedFlats:
 
     def _take(self, i: int, seq: int) -> None:
         self._await(HEADER + 2 * i, seq, f"post unit {i}'s gather")
+        _fault_hook(self.group)  # test-only: a slow reader (a no-op unless HYBRID_FAULT names dp.shm_take)
         half = self.numels[i] // 2
         lo = (1 - self.group.rank) * half
         self._flats[i][lo:lo + half].copy_(self._peer_flats[i][lo:lo + half])
@@ -148,9 +178,17 @@ class SharedFlats:
             low = v & 0xFFFFFFFF
             _futex(self._peer_ctrl.data_ptr() + 8 * word, FUTEX_WAIT, low - 2**32 if low >= 2**31 else low,
                    RECHECK_S)
-            if time.monotonic() - t0 > TIMEOUT_S:
-                raise RuntimeError(f"ZeRO shared-memory gather: the peer rank did not {what} within {TIMEOUT_S:.0f} "
-                                   "s (did it exit?)")
+            peer = self.group.ranks[1 - self.group.rank]
+            if int(self._peer_ctrl[word]) < want and not _held(self._fds[1]):
+                raise PeerLost(f"ZeRO shared-memory gather: the peer rank {peer} exited before it would {what}")
+            if time.monotonic() - t0 > self.timeout_s:
+                raise PeerLost(f"ZeRO shared-memory gather: timed out after {self.timeout_s:.0f} s: the peer rank "
+                               f"{peer} did not {what} (stalled?)")
+
+
+class PeerLost(dist.DistError):
+    """The peer of a shared-memory gather exited or stalled past the group's timeout: a communication error, as
+    gloo's "Connection closed" (hybrid/liveness.py then asks the heartbeats which rank was lost and names it)."""
 
 
 class _Take:
@@ -166,6 +204,15 @@ class _Take:
         self.flats._take(self.i, self.seq)
 
 
+def _timeout_s(group: Group) -> float:
+    """The group's collective timeout in seconds (`Mesh.build`'s, from --distributed-timeout-minutes), read from its
+    gloo backend's options; TIMEOUT_S where it has none to read."""
+    try:
+        return group.pg._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except Exception:  # noqa: BLE001 -- a private accessor: any failure means "not known here"
+        return TIMEOUT_S
+
+
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -178,40 +225,93 @@ def _supported(shm_dir: str, nbytes: int) -> bool:
     return st.f_bavail * st.f_frsize >= nbytes
 
 
-def _create(path: str, nbytes: int) -> mmap.mmap | None:
+def _create(path: str, nbytes: int) -> tuple[mmap.mmap, int] | None:
+    """A new file at `path` (never an existing one), mapped, with this process's exclusive flock held on it for as
+    long as the returned descriptor is open (its life: the kernel drops the lock when the process ends)."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except OSError:
         return None
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails only if a stale-file sweep holds it this instant
         os.ftruncate(fd, nbytes)
-        return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE), fd
     except OSError:
         os.unlink(path)
-        return None
-    finally:
         os.close(fd)
+        return None
 
 
-def _attach(path: str, nbytes: int, token: int, rank: int) -> mmap.mmap | None:
-    """The peer's file, if this rank sees it with the peer's magic, token, rank and the same layout size."""
+def _attach(path: str, nbytes: int, token: int, rank: int) -> tuple[mmap.mmap, int] | None:
+    """The peer's file, if this rank sees it with the peer's magic, token, rank and the same layout size, and its
+    creator's lock held; with the descriptor kept open to probe that lock (`_held`)."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except OSError:  # another host (or another /dev/shm): not the same machine's memory
         return None
     try:
-        if os.fstat(fd).st_size != nbytes:
-            return None
+        if os.fstat(fd).st_size != nbytes or not _held(fd):
+            raise OSError("not the peer's live file")
         m = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except OSError:
-        return None
-    finally:
         os.close(fd)
+        return None
     head = torch.frombuffer(m, dtype=torch.int64, count=HEADER).tolist()
     if head != [MAGIC, token, rank, nbytes]:
         m.close()
+        os.close(fd)
         return None
-    return m
+    return m, fd
+
+
+def _close(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _held(fd: int) -> bool:
+    """Whether a live process holds the exclusive flock on the file `fd` opens (its creator: `_create`). A shared
+    lock taken through this descriptor conflicts with it; once the creator is gone it succeeds (and is let go)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+def remove_stale(shm_dir: str) -> list[str]:
+    """Remove the files in `shm_dir` that a killed run left (a rank killed during set-up, between creating its
+    file and unlinking it): ours by name, and no live process holds their lock. Returns the names removed.
+    A live run's files (another job on the host, mid set-up) are left alone: their creators hold the lock."""
+    removed = []
+    for name in os.listdir(shm_dir):
+        if not name.startswith(PREFIX):
+            continue
+        path = os.path.join(shm_dir, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        try:
+            if not _held(fd):
+                os.unlink(path)
+                removed.append(name)
+        except OSError:
+            pass  # unlinked by someone else meanwhile
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _fault_hook(group: Group) -> None:
+    """The project's one test-only fault hook (hybrid/fault/inject.py, through TRAIL.on_op_start; None unless
+    HYBRID_FAULT installed an injector) before a take's copy, as an op of its own that the trail does not count:
+    `hang:rank=R,op=dp.shm_take,iteration=I,microbatch=M,seconds=S` makes rank R slow to read the peer's shard --
+    what the writers' waits for "taken" are tested against (tests/test_zero14_shm_writers.py)."""
+    if TRAIL.on_op_start is not None:
+        TRAIL.on_op_start(OpRecord(group.name, tuple(group.ranks), TAKE_OP, 0, TRAIL.iteration, TRAIL.microbatch,
+                                   TRAIL.phase), ())
 
 
 def _agree(group: Group, ok: bool) -> bool:

@@ -161,10 +161,11 @@ def _view(opt, c: Chunk, kind: str) -> torch.Tensor:
 
 def state_dict(opt, optimizer: bool = True, names: dict[int, str] | None = None) -> dict[str, object]:
     """The master weights (and with `optimizer` the Adam moments, step and loss scaler) as `Shards` of each
-    global parameter -- views of the live state -- and plain values. Waits for post-step parameter all-gathers
-    in flight first (the master shards view the buffers they write); creates Adam's state where it has not
-    stepped yet, so that a load has somewhere to put it."""
-    opt.wait_params()
+    global parameter -- views of the live state -- and plain values. First `before_param_writes`: post-step
+    parameter all-gathers in flight waited for (the master shards view the buffers they write) and, with shm_gather,
+    the peer's take of this rank's shards (a load fills these views in place: in fp32 they are the shards the peer
+    copies from); creates Adam's state where it has not stepped yet, so that a load has somewhere to put it."""
+    opt.before_param_writes()
     if optimizer:
         ensure_adam_state(opt)
     by_name: dict[str, list[Chunk]] = defaultdict(list)
