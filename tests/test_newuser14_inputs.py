@@ -11,6 +11,8 @@ flag, key or file and the fix, before any search or work -- or, where the input 
 4. train.py: Megatron's --recompute-activations, --tp-comm-overlap, --kv-channels, --make-vocab-size-divisible-by,
    --fp8 / --fp8-format said only "see --help"; --hierarchical-context-parallel-sizes and --align-param-gather got a
    near spelling that misleads ("did you mean --context-parallel-size?").
+5. train.py --shm-gather (round 14's flag) at --zero-stage 0 or 3, where there is no post-step gather, was taken
+   and did nothing.
 
 In this process (conftest's `one_line`: one line, no traceback, no process group); nothing is searched or measured
 (each entry point past its checks is replaced by one that fails the test)."""
@@ -149,3 +151,22 @@ def test_train_megatron_flags_name_what_to_do(flag, hint, one_line):
     line = one_line(lambda: validate(["--model", "tiny-gpt2"] + flag))
     assert line.startswith(f"train.py: error: unrecognized arguments: {flag[0]}; {flag[0]}: ") and hint in line, line
     assert "did you mean" not in line and "see --help" not in line
+
+
+# --- 5. train.py --shm-gather asked for by name where it does nothing -----------------------------------------------
+@pytest.mark.parametrize("stage", ["0", "3"])
+def test_train_shm_gather_by_name_outside_stages_1_2_is_one_line(stage, one_line):
+    """Round 14 made the shared-memory gather ZeRO 1-2's default and took --shm-gather at any stage without a word
+    (stage 0 and 3 have no post-step gather: the flag did nothing), as --overlap-param-gather is refused there."""
+    from hybrid.train.main import validate
+    line = one_line(lambda: validate(["--model", "tiny-gpt2", "--zero-stage", stage, "--shm-gather"]))
+    assert line == (f"train.py: error: --shm-gather applies to --zero-stage 1 or 2 (their post-step parameter "
+                    f"all-gather); got --zero-stage {stage}: drop the flag")
+
+
+@pytest.mark.parametrize("argv", [["--zero-stage", "1", "--shm-gather"], ["--zero-stage", "3", "--no-shm-gather"],
+                                  ["--zero-stage", "0"]])
+def test_train_shm_gather_where_it_applies_or_turned_off_is_taken(argv):
+    from hybrid.train.args import configure, parse_args
+    run, _ = configure(parse_args(["--model", "tiny-gpt2"] + argv), 1)
+    assert run.zero.shm_gather == ("--no-shm-gather" not in argv)
