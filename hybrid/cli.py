@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         status = args.func(args)  # an int where the command has a verdict (checkpoint inspect), else None
-    except ValueError as e:
-        raise fail(f"hybrid {args.command}: error: {e}") from None
+    except ValueError as e:  # the prefix argparse gives the same command's errors: `hybrid checkpoint inspect`
+        command = " ".join(filter(None, (args.command, getattr(args, "action", None))))
+        raise fail(f"hybrid {command}: error: {e}") from None
     if status:
         raise SystemExit(status)
 

@@ -654,5 +654,5 @@ def test_inspect_says_a_checkpoint_loads_at_a_layout_with_the_vocabulary_padding
                         "the 12 attention heads; use a divisor of 12")
     with pytest.raises(SystemExit) as e:
         hybrid_cli(["checkpoint", "inspect", root, "--tensor-model-parallel-size", "2"])
-    assert str(e.value.code) == ("hybrid checkpoint: error: --tensor-model-parallel-size needs --world-size N (the "
-                                 "ranks the run would be launched on)")
+    assert str(e.value.code) == ("hybrid checkpoint inspect: error: --tensor-model-parallel-size needs --world-size N "
+                                 "(the ranks the run would be launched on)")

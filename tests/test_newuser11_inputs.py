@@ -78,7 +78,7 @@ def test_inspect_of_a_megatron_folder_or_its_iter_dir_names_it(tmp_path, one_lin
     (tmp_path / store.MEGATRON_TRACKER).write_text("2")
     for path in (tmp_path, tmp_path / "iter_0000002"):
         line = one_line(_inspect(path))
-        assert line == (f"hybrid checkpoint: error: {str(tmp_path)!r} is a Megatron-LM checkpoint "
+        assert line == (f"hybrid checkpoint inspect: error: {str(tmp_path)!r} is a Megatron-LM checkpoint "
                         f"(latest_checkpointed_iteration.txt), not a hybrid --save directory; {store.MEGATRON_EXPORT}, "
                         f"then give that folder to --load"), line
         assert one_line.out == ""
@@ -93,9 +93,9 @@ def test_inspect_of_a_deepspeed_or_transformers_folder_names_it_and_the_way_in(t
     hf.mkdir()
     (hf / "config.json").write_text("{}")
     line = one_line(_inspect(ds))
-    assert line == (f"hybrid checkpoint: error: {str(ds)!r} is a DeepSpeed checkpoint (latest + global_step*/), not "
-                    f"a hybrid --save directory; convert it first: hybrid convert {ds} CKPT --model CONFIG, then "
-                    f"--load CKPT (docs/convert.md)"), line
+    assert line == (f"hybrid checkpoint inspect: error: {str(ds)!r} is a DeepSpeed checkpoint (latest + "
+                    f"global_step*/), not a hybrid --save directory; convert it first: hybrid convert {ds} CKPT "
+                    f"--model CONFIG, then --load CKPT (docs/convert.md)"), line
     line = one_line(_inspect(hf))
     assert line.endswith(f"is a transformers model folder (config.json), not a hybrid --save directory: train.py "
                          f"reads it as it is (--model {hf} --load {hf}), nothing to inspect"), line

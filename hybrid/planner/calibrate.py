@@ -1225,13 +1225,19 @@ def save_profile(profile: dict, path: str) -> None:
             f.write("\n")
 
 
+# the top-level keys `hybrid calibrate` writes (`measure`): the loader reads format, hardware, matmul_tflops and
+# matmul_overhead_s; the others are the record of what was measured
+PROFILE_KEYS = ("format", "hardware", "matmul_tflops", "matmul_overhead_s", "matmul_tflops_at_matmul_n",
+                "matmul_tflops_all_ranks_at_once", "matmul_tflops_one_rank_alone", "measured", "not_measured")
+
+
 def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
     """The Hardware of a profile written by `hybrid calibrate`. With Precision.FP32 the fp32 matmul rate is
     the peak (the profile's default peak is bf16 where it was measured). Every missing or ill-typed field is a
     ValueError naming it."""
     try:
         with open(path, encoding="utf-8") as f:
-            profile = json.load(f, parse_constant=lambda c: float("nan"))
+            profile = json.load(f)  # NaN / Infinity read as floats: _check_field names the one written
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--hardware {path}: cannot read a profile ({e})") from None
     except json.JSONDecodeError as e:
@@ -1244,6 +1250,7 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
                          f"re-run `hybrid calibrate --out {path}` on that machine")
     if not isinstance(profile, dict) or profile.get("format") != FORMAT:
         raise ValueError(f"--hardware {path}: not a {FORMAT} file (write one with `hybrid calibrate --out FILE`)")
+    _refuse_unknown(path, "", profile, PROFILE_KEYS)  # a misspelt matmul_tflops would plan fp32 on the bf16 peak
     fields_ = profile.get("hardware")
     if not isinstance(fields_, dict):
         raise ValueError(f"--hardware {path}: no \"hardware\" object; write the profile with `hybrid calibrate`")

@@ -213,15 +213,39 @@ def one_layer_chunk_what_if() -> list[str]:
     return out
 
 
-def main() -> None:
-    import sys
-    if sys.argv[1:] == ["--nemo-settings"]:
+def parse_args(argv: list[str] | None = None):
+    """The module's command line (its docstring's four forms). An index that is no candidate's is one line naming
+    the range: `int()` of "--help" was a traceback, and 9 printed nothing and exited 0."""
+    import argparse
+    from hybrid.cliutil import OneLineParser
+    n = len(candidates())
+    p = OneLineParser(prog="python -m hybrid.planner.causes", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("only", nargs="*", type=int, metavar="I", help=f"only these candidates (0 to {n - 1}); none: all, "
+                   "after today's summaries")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--nemo-settings", action="store_true", help="NeMo 24.07's GPT-3 row with the DGXC YAML's "
+                      "settings")
+    what.add_argument("--one-layer-chunks", action="store_true", help="NeMo's one-layer-a-chunk rows at the two "
+                      "fixed-cost probes")
+    args = p.parse_args(argv)
+    if bad := [i for i in args.only if not 0 <= i < n]:
+        p.error(f"candidate {bad[0]} does not exist: give indices 0 to {n - 1} (none: all {n})")
+    if args.only and (args.nemo_settings or args.one_layer_chunks):
+        p.error("candidate indices select rows of the default report; give them without --nemo-settings / "
+                "--one-layer-chunks")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.nemo_settings:
         print("\n".join(nemo_settings_what_if()))
         return
-    if sys.argv[1:] == ["--one-layer-chunks"]:
+    if args.one_layer_chunks:
         print("\n".join(one_layer_chunk_what_if()))
         return
-    only = tuple(int(a) for a in sys.argv[1:])  # candidate indices (0-4); none: all, after today's summaries
+    only = tuple(args.only)  # candidate indices; none: all, after today's summaries
     if not only:
         print("today (no knob):\n")
         for what, results in results_today():

@@ -380,6 +380,11 @@ def check_zero(args: argparse.Namespace) -> ZeroConfig:
         flag = "--overlap-param-gather" if args.overlap_param_gather else "--no-overlap-param-gather"
         raise ValueError(f"{flag} applies to --zero-stage 1 or 2 (stage 3 gathers each layer just before use, "
                          f"stage 0 gathers nothing); got --zero-stage {args.zero_stage}: drop the flag")
+    if "shm_gather" in getattr(args, "explicit", set()) and args.shm_gather and args.zero_stage not in (1, 2):
+        # asked for by name, it would do nothing: only stages 1-2 have a post-step gather (--no-shm-gather, gloo
+        # always, is what every other stage does anyway, so it stays accepted)
+        raise ValueError(f"--shm-gather applies to --zero-stage 1 or 2 (their post-step parameter all-gather); got "
+                         f"--zero-stage {args.zero_stage}: drop the flag")
     precision = Precision.BF16 if args.bf16 else Precision.FP16 if args.fp16 else Precision.FP32
     return ZeroConfig(stage=args.zero_stage, precision=precision, offload_optimizer=args.offload_optimizer,
                       offload_params=args.offload_params, keep_gathered=args.zero3_keep_gathered,

@@ -34,6 +34,8 @@ RENAMED = {
     "--use-distributed-optimizer": "--zero-stage 1 (Megatron's distributed optimizer shards the optimizer state: "
                                    "ZeRO stage 1)",
     "--moe-grouped-gemm": "--moe-experts-impl grouped",
+    "--recompute-activations": "--recompute-granularity selective (Megatron's --recompute-activations is the same "
+                               "switch)",
 }
 
 POSITIONS = "model_type llama for rotary embeddings (rope_theta), gpt2 for learned positions"
@@ -116,6 +118,23 @@ INSTEAD = {
     "--log-num-zeros-in-grad": GRAD_NORM_ONLY,
     "--adam-eps": "Adam's eps is 1e-8 (Megatron's default), no flag sets it; drop the flag",
     "--ckpt-format": "checkpoints have one format, torch's DCP with a manifest (docs/checkpoint.md); drop the flag",
+    # round 14's new-user pass: Megatron flags whose near spelling misled ("did you mean --context-parallel-size?")
+    # or that said only "see --help"
+    "--hierarchical-context-parallel-sizes": "hierarchical context parallelism (a2a+p2p) is not implemented: give "
+                                             "--context-parallel-size N with --cp-comm-type a2a or p2p "
+                                             "(docs/context-parallel.md)",
+    "--align-param-gather": "not implemented (Megatron's launches every pipeline stage's parameter all-gathers at "
+                            "once); each stage posts its own as its optimizer step ends (--overlap-param-gather, on "
+                            "by default); drop the flag",
+    "--tp-comm-overlap": "Transformer Engine's userbuffer overlap is not implemented; without SP the input "
+                         "gradient's all-reduce always overlaps the weight gradients (Megatron-core's "
+                         "allreduce_dgrad, docs/tensor-parallel.md); drop the flag",
+    "--kv-channels": MODEL.format(field="head_dim (the llama family)"),
+    "--make-vocab-size-divisible-by": "the vocabulary is padded to a multiple of --tensor-model-parallel-size "
+                                      "(no more); `hybrid plan --make-vocab-size-divisible-by` prices Megatron's "
+                                      "padding; drop the flag",
+    "--fp8": "not implemented in training (`hybrid plan --fp8` prices it): train in --bf16; drop the flag",
+    "--fp8-format": "not implemented in training (`hybrid plan --fp8` prices it): train in --bf16; drop the flag",
 }
 
 # Megatron's choices of a flag train.py has, that train.py does not implement ("--flag=value": the invalid-choice line)
