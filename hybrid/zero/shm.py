@@ -109,9 +109,9 @@ class SharedFlats:
         for k in numels:
             offsets.append(end)
             end = _round_up(end + k * esize, PAGE)
+        if _platform_ok(shm_dir):  # a killed run's files go first (before the room is counted: they hold some),
+            remove_stale(shm_dir)  # on both ranks before either creates (the all-reduce below)
         room = _supported(shm_dir, 2 * end)
-        if room:  # a killed run's files go first, on both ranks before either creates (the all-reduce below)
-            remove_stale(shm_dir)
         token = torch.tensor([int.from_bytes(os.urandom(6), "little") if group.rank == 0 else 0], dtype=torch.int64)
         group.all_reduce(token, tag="shm-setup")  # rank 0's token on both ranks
         path = lambda r: os.path.join(shm_dir, f"{PREFIX}{int(token)}-{r}")  # noqa: E731
@@ -217,9 +217,15 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+def _platform_ok(shm_dir: str) -> bool:
+    """x86-64 (TSO: see the module's docstring) and `shm_dir` a directory."""
+    return platform.machine().lower() in ("x86_64", "amd64") and os.path.isdir(shm_dir)
+
+
 def _supported(shm_dir: str, nbytes: int) -> bool:
-    """x86-64 (TSO: see the module's docstring), Linux, and `nbytes` free in `shm_dir` (both ranks' files)."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or not os.path.isdir(shm_dir):
+    """The platform, and `nbytes` free in `shm_dir` (both ranks' files). Only a first check: the room can go to
+    another tenant before the files are made, which `_create`'s reservation catches."""
+    if not _platform_ok(shm_dir):
         return False
     st = os.statvfs(shm_dir)
     return st.f_bavail * st.f_frsize >= nbytes
@@ -235,6 +241,10 @@ def _create(path: str, nbytes: int) -> tuple[mmap.mmap, int] | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails only if a stale-file sweep holds it this instant
         os.ftruncate(fd, nbytes)
+        # Reserve every page now: ftruncate alone takes no room on tmpfs, and a page first touched after another
+        # tenant filled /dev/shm kills the process with SIGBUS, no Python error. A full tmpfs fails here instead
+        # (ENOSPC), and the pair falls back to gloo; so does a file system that cannot reserve (EOPNOTSUPP).
+        os.posix_fallocate(fd, 0, nbytes)
         return mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE), fd
     except OSError:
         os.unlink(path)
