@@ -34,7 +34,9 @@ from models import build_pipeline_chunks, load_config
 BYTES = 64 * 2**20  # above glibc's largest dynamic mmap threshold (32 MB)
 BIG = BYTES // 4  # fp32 elements
 PAGES = BYTES // 4096
-glibc_only = pytest.mark.skipif(not platform.libc_ver()[0] == "glibc", reason="glibc's malloc only")
+_LIBC, _VERSION = platform.libc_ver()
+glibc_only = pytest.mark.skipif(_LIBC != "glibc" or tuple(map(int, _VERSION.split(".")[:2])) < (2, 33),
+                                reason="glibc's malloc, 2.33 or later (mallinfo2)")
 
 
 class _MallInfo2(ctypes.Structure):  # glibc >= 2.33's struct mallinfo2 (malloc.h), all size_t
@@ -90,7 +92,8 @@ def _zero1_step(rank: int, mesh: Mesh):
     chunks = build_pipeline_chunks(load_config("tiny-llama"), TPContext(mesh.tp), 0, 1, 1, seed=3)
     zero = ZeroOptimizer(chunks, mesh, ZeroConfig(stage=1), OptimizerConfig(lr=1e-3))
     ids = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(rank))
-    return train_step(chunks, [(ids[:, :-1], ids[:, 1:])], zero, mesh, runner=LocalForwardBackward(chunks[0], mesh.device))
+    runner = LocalForwardBackward(chunks[0], mesh.device)
+    return train_step(chunks, [(ids[:, :-1], ids[:, 1:])], zero, mesh, runner=runner)
 
 
 def _rank(rank: int, world: int) -> dict:
