@@ -19,6 +19,19 @@ above FSDP2's, 1859 vs 1737 MB a rank on the bench, docs/zero.md), only on glibc
 made: glibc's own
 `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_` or `GLIBC_TUNABLES`, or an allocator preloaded through
 `LD_PRELOAD` (jemalloc, tcmalloc), leave it untouched.
+
+On glibc before 2.39 torch's tensors get most of it, not all (measured on the bench's model, docs/zero.md: 72-95k
+faults a rank a step without it; with it, under 100 in most steps after the first two, 4-39k in one or two). torch
+allocates host tensors with `posix_memalign(64, n)`, which glibc serves from a chunk of n + 64 + 32 bytes, freeing
+the part beyond n again. Freed, the block is n bytes -- too small for the next identical request (n + 96 again) --
+and it merges with the free memory after it only if nothing in use sits there. Two things often do: that spare
+part, which free() parks in the thread's cache of small chunks (tcache, up to 7 a size, never merged while cached:
+glibc bug 30723, fixed upstream in 2.39 -- not measured here, on 2.36), and any small allocation carved from the
+heap's top while the block lived. The next tensor is then carved from new pages (a 64 MB one: 16,384 faults) until
+the freed blocks around it merge; how often depends on the process's history. The block itself stays in the heap
+either way (no mapping, no trim), and a plain malloc of the same size reuses it at once; tests/test_zero12_host_alloc.py
+checks both. No mallopt option reaches the cache (glibc reads `glibc.malloc.tcache_count` once, at start-up; set
+to 0 it removes the first cause only).
 """
 
 from __future__ import annotations
