@@ -93,3 +93,25 @@ def test_a_tmpfs_filled_by_another_tenant_after_set_up_does_not_kill_the_ranks(t
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     # both ranks set up through shared memory, the co-tenant's dd failed (no room: ours is reserved), both wrote
     assert "RESULT [(True, 1), (True, None)]" in out.stdout, out.stdout[-2000:]
+
+
+def test_a_sweep_at_the_instant_a_file_is_made_leaves_it(tmp_path, monkeypatch):
+    """Another pair's stale-file sweep running between the file's creation and its lock (8 ranks set up 4 pairs at
+    once) must not unlink it: the file appears under its name only once locked. The sweep is injected at the
+    creator's lock call; with the file made at its name and locked after, the sweep removed it (round 14's suite:
+    FileNotFoundError at the set-up's unlink)."""
+    import fcntl
+    real, swept = fcntl.flock, []
+
+    def flock_after_a_sweep(fd, op):
+        if op & fcntl.LOCK_EX and not swept:
+            monkeypatch.setattr(fcntl, "flock", real)  # the sweep's own probes lock for real
+            swept.append(shm.remove_stale(str(tmp_path)))
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_a_sweep)
+    path = str(tmp_path / f"{shm.PREFIX}7-0")
+    made = shm._create(path, 4096)
+    assert made is not None and swept == [[]] and os.path.exists(path)
+    assert sorted(os.listdir(tmp_path)) == [f"{shm.PREFIX}7-0"]  # no dot-file left behind
+    os.close(made[1])

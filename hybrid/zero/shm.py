@@ -233,13 +233,25 @@ def _supported(shm_dir: str, nbytes: int) -> bool:
 
 def _create(path: str, nbytes: int) -> tuple[mmap.mmap, int] | None:
     """A new file at `path` (never an existing one), mapped, with this process's exclusive flock held on it for as
-    long as the returned descriptor is open (its life: the kernel drops the lock when the process ends)."""
+    long as the returned descriptor is open (its life: the kernel drops the lock when the process ends).
+
+    The file is made under a dot-name the stale-file sweep never reads, locked, and only then linked to `path`
+    (link fails if `path` exists: O_EXCL's rule): made at `path` and locked after, another pair's sweep (`remove_stale`
+    in a job's concurrent set-ups, e.g. 4 DP pairs of 8 ranks) could find it unlocked in between and unlink it."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.new")
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails only if a stale-file sweep holds it this instant
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file nobody else has opened: cannot fail
+        os.link(tmp, path)
+    except OSError:
+        os.close(fd)
+        return None
+    finally:
+        os.unlink(tmp)  # empty still: a kill before this leaves a 0-byte dot-file, no memory
+    try:
         os.ftruncate(fd, nbytes)
         # Reserve every page now: ftruncate alone takes no room on tmpfs, and a page first touched after another
         # tenant filled /dev/shm kills the process with SIGBUS, no Python error. A full tmpfs fails here instead
