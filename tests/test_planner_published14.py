@@ -21,6 +21,7 @@ from hybrid.planner.published14 import (ASYNC_TP_ROWS, BRIDGE_ROWS, H200_ROWS, T
                                         summary_line, table_runs)
 from hybrid.planner.published_more import BRIDGE_ROWS as ROUND7_BRIDGE_ROWS
 from hybrid.planner.published_more import ContextRun, more_runs
+from test_planner_recipes import assert_table_hangs_together
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,17 +58,7 @@ def test_tables_hang_together():
     whole number of micro-batches a DP rank, step times in the tables' range; CP rows go through the CP planner;
     the 405B proxies' layers as published."""
     for t in TABLES:
-        if t.model != "Llama3.1-405B":
-            assert len({gbs / gpus for gpus, gbs, *_ in t.columns}) == 1, t
-        for column, run in zip(t.columns, table_runs(t), strict=True):
-            gpus, gbs, step = column[:3]
-            pp = column[4] if len(column) > 3 else t.pp
-            dp = gpus // (t.tp * pp * t.cp)
-            assert dp * t.tp * pp * t.cp == gpus and gbs % (dp * t.mbs) == 0, run.name
-            assert 1.9 < step < 20 and run.published == step
-            assert isinstance(run, ContextRun) == (t.cp > 1)
-            if len(column) > 3:
-                assert run.workload.model.num_layers == column[3]
+        assert_table_hangs_together(t, table_runs(t))
     # the Megatron-Bridge rows: GBS a whole number of micro-batches a DP rank; tokens/s in the tables' range
     for ver, m, g, gbs, b, s, t, p, c, v, tok, line in BRIDGE_ROWS:
         dp = g // (t * p * c)

@@ -40,22 +40,29 @@ def test_rows_are_check_rows_new_to_the_repository():
     assert not set(names) & {r.name for r in all_runs() + more_runs()}
 
 
+def assert_table_hangs_together(t, runs) -> None:
+    """One DGXC table as printed (round 11's and round 14's alike): weak scaling (GBS a fixed multiple of the GPUs)
+    except the 405B's proxies, whose columns change the model; GBS a whole number of micro-batches a DP rank; step
+    times in the tables' range; CP rows through the CP planner; the 405B proxies' layers as published."""
+    if t.model != "Llama3.1-405B":
+        assert len({gbs / gpus for gpus, gbs, *_ in t.columns}) == 1, t
+    for column, run in zip(t.columns, runs, strict=True):
+        gpus, gbs, step = column[:3]
+        pp = column[4] if len(column) > 3 else t.pp
+        dp = gpus // (t.tp * pp * t.cp)
+        assert dp * t.tp * pp * t.cp == gpus and gbs % (dp * t.mbs) == 0, run.name
+        assert 1.9 < step < 20 and run.published == step
+        assert isinstance(run, ContextRun) == (t.cp > 1)
+        if len(column) > 3:
+            assert run.workload.model.num_layers == column[3]
+
+
 def test_tables_hang_together():
     """Each table as printed: weak scaling (GBS a fixed multiple of the GPUs), GBS a whole number of micro-batches
     a DP rank, step times in the range the tables print; the 405B proxies' layers as published; CP rows go
     through the CP planner."""
     for t in TABLES:
-        if t.model != "Llama3.1-405B":  # the 405B's proxy columns change the model, not only DP
-            assert len({gbs / gpus for gpus, gbs, *_ in t.columns}) == 1, t
-        for column, run in zip(t.columns, table_runs(t)):
-            gpus, gbs, step = column[:3]
-            pp = column[4] if len(column) > 3 else t.pp
-            dp = gpus // (t.tp * pp * t.cp)
-            assert dp * t.tp * pp * t.cp == gpus and gbs % (dp * t.mbs) == 0, run.name
-            assert 1.9 < step < 20 and run.published == step
-            assert isinstance(run, ContextRun) == (t.cp > 1)
-            if len(column) > 3:
-                assert run.workload.model.num_layers == column[3]
+        assert_table_hangs_together(t, table_runs(t))
     # the 175B at 512 GPUs: the layout table's GBS "1204" is 1024 by the tokens/s row (249068 = GBS x 2048 / 8.42)
     assert 1024 * 2048 / 8.42 == pytest.approx(249068, rel=2e-4)
 
