@@ -17,7 +17,8 @@ from hybrid.planner.ops import KernelProfile, Stack
 from hybrid.planner.published import Role, all_runs
 from hybrid.planner.published14 import runs14
 from hybrid.planner.published15 import (KEMPNER_GPUS_PER_NODE, KEMPNER_MODELS, KEMPNER_ROWS, KEMPNER_SEQ,
-                                        KEMPNER_WEAK_BATCH, KEMPNER_WEAK_ROWS, evaluate_all, fsdp2_copy_bytes,
+                                        KEMPNER_VALIDATION_ROWS, KEMPNER_WEAK_BATCH, KEMPNER_WEAK_ROWS,
+                                        evaluate_all, fsdp2_copy_bytes,
                                         kempner_runs, kempner_weak_runs, report, runs15, summary_line)
 from hybrid.planner.published_more import more_runs
 from hybrid.planner.published import llama_model
@@ -30,10 +31,10 @@ KNOWN_MISSES = {r.name for r in runs15() if " TP " in r.name and "13B weak scali
 
 
 def test_rows_are_check_rows_new_to_the_repository():
-    """Held-out discipline: 25 CHECK rows fitting nothing, each named once, none repeating a row of the older
+    """Held-out discipline: 28 CHECK rows fitting nothing, each named once, none repeating a row of the older
     modules."""
     runs = runs15()
-    assert len(runs) == 25 and all(r.role is Role.CHECK and not r.fits for r in runs)
+    assert len(runs) == 28 and all(r.role is Role.CHECK and not r.fits for r in runs)
     names = [r.name for r in runs]
     assert len(set(names)) == len(names)
     assert not set(names) & {r.name for r in all_runs() + more_runs() + runs14()}
@@ -49,6 +50,8 @@ def test_the_report_hangs_together():
     for size, gpus, tok, mem, step in KEMPNER_WEAK_ROWS:
         b, accum = KEMPNER_WEAK_BATCH[size]
         assert tok * step == pytest.approx(b * accum * KEMPNER_SEQ * gpus // 4, rel=0.01), (size, gpus)
+    for config, gpus, tp, b, accum, tok, mem, step in KEMPNER_VALIDATION_ROWS:
+        assert tok * step == pytest.approx(b * accum * KEMPNER_SEQ * gpus // tp, rel=0.01), config
     counts = {k: llama_model(*v, KEMPNER_SEQ).num_parameters / 1e9 for k, v in KEMPNER_MODELS.items()}
     assert counts == pytest.approx({"7B": 8.03, "13B": 14.84, "70B": 70.55}, abs=0.006)
 
@@ -107,6 +110,7 @@ def test_layouts_are_the_published_ones_and_the_misses_are_the_known_ones(evalua
     ones (the ratchet), and every FSDP-only / one-GPU row is within +-15 % (the H200 preset with no stack clock)."""
     layouts = [(gpus, tp, b) for exp, gpus, size, tp, b, *_rest in KEMPNER_ROWS]
     layouts += [(gpus, 4, KEMPNER_WEAK_BATCH[size][0]) for size, gpus, *_rest in KEMPNER_WEAK_ROWS]
+    layouts += [(gpus, tp, b) for config, gpus, tp, b, *_rest in KEMPNER_VALIDATION_ROWS]
     for r, (gpus, tp, b) in zip(evaluated, layouts, strict=True):
         assert r.error is not None and r.layout.startswith(f"tp{tp} pp1 dp{gpus // tp} v1 b{b} "), r.layout
     outside = {r.run.name for r in evaluated if abs(r.error) > 0.15}

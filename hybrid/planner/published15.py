@@ -29,6 +29,15 @@ Source of the new rows, read at the commit named:
   the report's table says), "70B" Llama 3 70B's; vocabulary 128256, untied. Attention: SDPA (flash). The cluster
   has 4 GPUs a node: PublishedRun's hardware with gpus_per_node 4.
 
+* KempnerForge benchmarks/weak_scaling_160gpu/README.md (at e9f9189; runs at git 3ad9d9a, 2026-06-30) and its
+  driver weak_scaling_160gpu_bench.sh: 13B and 70B at TP 4 x FSDP on 8-160 H200 with mfu_bench.sh's flags (13B b4
+  x 4, 70B b2 x 4, compile); the code at 3ad9d9a is not re-read (the settings above are assumed to hold).
+* KempnerForge benchmarks/config_validation/config_validation_2026-04-06.md (at 5d3e723; runs at 6a9a08a plus
+  uncommitted fixes; it states the link: InfiniBand NDR 400 Gb/s) and configs/train/7b.toml, 7b_12gpu_tp4.toml,
+  7b_32gpu_fsdp.toml at 5d3e723: the three 7B configs (FSDP 4 at b8 x 4, TP 4 x FSDP 3 at b4 x 8, FSDP 32 at b4 x
+  4), compiled, full AC; the last 5 of 10 steps. Left out: its 70B TP 4 x FSDP 8 (the configuration of mfu exp 14
+  and the weak-scaling 32-GPU row) and its PP configs (uncompiled, loss logging broken by its own account).
+
   Not planned as the code runs them (the planner has no switch for these; each named where it points):
   FSDP2 skips the reduce-scatter of all but the last micro-batch (`maybe_no_sync`), the planner reduce-scatters
   each one (pessimistic, hidden traffic on the 2-4 accumulation rows); the TP output head gathers the full
@@ -85,6 +94,16 @@ KEMPNER_WEAK_ROWS = (("13B", 8, 29860, 45.0, 4.39), ("13B", 32, 110373, 36.2, 4.
                      ("70B", 96, 52190, 84.6, 15.07), ("70B", 128, 69985, 83.6, 14.98),
                      ("70B", 160, 85571, 82.9, 15.32))
 KEMPNER_WEAK_BATCH = {"13B": (4, 4), "70B": (2, 4)}
+KEMPNER_VALIDATION_SOURCE = ("KempnerInstitute/KempnerForge "
+                             "benchmarks/config_validation/config_validation_2026-04-06.md at 5d3e723 (runs at git 6a9a08a + uncommitted fixes; 4 H200 a node, InfiniBand NDR 400 "
+                             "Gb/s), 'Summary' tok/s over the GPUs (the last 5 of 10 steps); layout from the config "
+                             "at 5d3e723")
+# (config, GPUs, TP, micro-batch, accumulation, tok/s all GPUs, Mem/GPU GB, step s): the 7B configs, all compiled,
+# full AC; the 70B TP 4 x FSDP 8 config repeats mfu exp 14 and the weak-scaling 32-GPU row (left out), the PP configs
+# run KempnerForge's pipeline schedule uncompiled with its loss logging broken (left out)
+KEMPNER_VALIDATION_ROWS = (("7b.toml", 4, 1, 8, 4, 38858, 81.0, 13.49),
+                           ("7b_12gpu_tp4.toml", 12, 4, 4, 8, 67045, 30.4, 5.86),
+                           ("7b_32gpu_fsdp.toml", 32, 1, 4, 4, 297384, 51.3, 7.05))
 
 
 @dataclass(frozen=True)
@@ -139,9 +158,20 @@ def kempner_weak_runs() -> list[PublishedRun]:
     return runs
 
 
+def kempner_validation_runs() -> list[PublishedRun]:
+    """KempnerForge's config-validation runs of the 7B configs (2026-04-06): FSDP 4 and FSDP 32, TP 4 x FSDP 3."""
+    runs = []
+    for config, gpus, tp, b, accum, tok, _mem, _step in KEMPNER_VALIDATION_ROWS:
+        dp = gpus // tp
+        layout = (f"TP {tp} x FSDP {dp}" if tp > 1 else f"FSDP {dp}")
+        name = f"KempnerForge 7B {config}, {gpus} H200, {layout} + compile, b{b} x {accum}, full"
+        runs.append(_kempner_run(name, f"{KEMPNER_VALIDATION_SOURCE}, {config}", gpus, "7B", tp, b, accum, True, tok))
+    return runs
+
+
 def runs15() -> list[PublishedRun]:
     """Every round-15 check row."""
-    return kempner_runs() + kempner_weak_runs()
+    return kempner_runs() + kempner_weak_runs() + kempner_validation_runs()
 
 
 # ---- the PyTorch-native family ------------------------------------------------------------------------------------
