@@ -94,10 +94,10 @@ KEMPNER_WEAK_ROWS = (("13B", 8, 29860, 45.0, 4.39), ("13B", 32, 110373, 36.2, 4.
                      ("70B", 96, 52190, 84.6, 15.07), ("70B", 128, 69985, 83.6, 14.98),
                      ("70B", 160, 85571, 82.9, 15.32))
 KEMPNER_WEAK_BATCH = {"13B": (4, 4), "70B": (2, 4)}
-KEMPNER_VALIDATION_SOURCE = ("KempnerInstitute/KempnerForge "
-                             "benchmarks/config_validation/config_validation_2026-04-06.md at 5d3e723 (runs at git 6a9a08a + uncommitted fixes; 4 H200 a node, InfiniBand NDR 400 "
-                             "Gb/s), 'Summary' tok/s over the GPUs (the last 5 of 10 steps); layout from the config "
-                             "at 5d3e723")
+KEMPNER_VALIDATION_SOURCE = ("KempnerInstitute/KempnerForge benchmarks/config_validation/"
+                             "config_validation_2026-04-06.md at 5d3e723 (runs at git 6a9a08a + uncommitted fixes; "
+                             "4 H200 a node, InfiniBand NDR 400 Gb/s), 'Summary' tok/s over the GPUs (the last 5 of 10 "
+                             "steps); layout from the config at 5d3e723")
 # (config, GPUs, TP, micro-batch, accumulation, tok/s all GPUs, Mem/GPU GB, step s): the 7B configs, all compiled,
 # full AC; the 70B TP 4 x FSDP 8 config repeats mfu exp 14 and the weak-scaling 32-GPU row (left out), the PP configs
 # run KempnerForge's pipeline schedule uncompiled with its loss logging broken (left out)
