@@ -19,7 +19,8 @@ from hybrid.planner.published14 import runs14
 from hybrid.planner.published15 import (KEMPNER_GPUS_PER_NODE, KEMPNER_MODELS, KEMPNER_ROWS, KEMPNER_SEQ,
                                         KEMPNER_VALIDATION_ROWS, KEMPNER_WEAK_BATCH, KEMPNER_WEAK_ROWS,
                                         evaluate_all, fsdp2_copy_bytes,
-                                        kempner_runs, kempner_weak_runs, report, runs15, summary_line)
+                                        kempner_runs, kempner_weak_runs, report, runs15, summary_line,
+                                        tp_missing)
 from hybrid.planner.published_more import more_runs
 from hybrid.planner.published import llama_model
 
@@ -120,11 +121,13 @@ def test_layouts_are_the_published_ones_and_the_misses_are_the_known_ones(evalua
 
 @pytest.mark.slow
 def test_docs_hold_what_the_module_prints(evaluated):
-    """docs/planner.md "Round 15" holds every row and summary line as the code computes them (regenerate: python -m
-    hybrid.planner.published15)."""
+    """docs/planner.md "Round 15" holds every row and summary line as the code computes them, and the TP rows'
+    missing-time table (regenerate: python -m hybrid.planner.published15 [--tp-missing])."""
     with open(os.path.join(ROOT, "docs", "planner.md")) as f:
         docs = f.read()
     for line in report(evaluated).splitlines():
         if line.startswith("| KempnerForge") or ": " in line and "rows" in line:
             assert line in docs, line
     assert summary_line("all round-15 check rows", evaluated) in docs
+    for line in tp_missing(evaluated).splitlines():
+        assert line in docs, line

@@ -3,6 +3,7 @@
     python -m hybrid.planner.published15               # the new rows (docs/planner.md "Round 15")
     python -m hybrid.planner.published15 --family      # every PyTorch-native row the repository holds, by table
     python -m hybrid.planner.published15 --mechanisms  # each candidate mechanism priced on those rows
+    python -m hybrid.planner.published15 --tp-missing  # the KempnerForge TP rows' missing time, per layer
 
 The model is unchanged this round: every row below is a `Role.CHECK` row, entered from its source and planned
 before its error was read; nothing was fitted to it, and the mechanisms are what-ifs (nothing in the planner reads
@@ -367,6 +368,26 @@ def mechanism_summary(rows: list[Mechanisms]) -> str:
     return "\n".join(out)
 
 
+def tp_missing(results: list[Result]) -> str:
+    """The KempnerForge TP rows' missing time: published step - planned step, a step and per layer and micro-batch,
+    and as a share of the planned step. A per-op cost (DTensor dispatch, a kernel launch) is the same at TP 2 and 4
+    for the same model and micro-batch; a collective's bytes a rank grow with t; a compute slowdown shrinks with the
+    rank's compute. Arithmetic on the plans: nothing reaches one."""
+    lines = ["| row | t | h | planned step s | published step s | missing ms a layer and micro-batch | missing / "
+             "planned |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        if not r.run.name.startswith("KempnerForge") or r.plan.layout.tp == 1:
+            continue
+        lay, w = r.plan.layout, r.run.workload
+        published = w.global_batch * w.seq_length / (r.run.published * r.run.gpus)
+        planned = published / (1 + r.error)  # the error is predicted / published tokens/s - 1
+        micro = w.global_batch // (lay.dp * lay.micro_batch)
+        missing = published - planned
+        lines.append(f"| {r.run.name} | {lay.tp} | {w.model.hidden_size} | {planned:.2f} | {published:.2f} | "
+                     f"{1e3 * missing / (micro * w.model.num_layers):.1f} | {100 * missing / planned:.0f} % |")
+    return "\n".join(lines)
+
+
 def evaluate_all() -> list[Result]:
     return [evaluate(r) for r in runs15()]
 
@@ -382,6 +403,9 @@ def report(results: list[Result]) -> str:
 def main() -> None:
     if sys.argv[1:] == ["--family"]:
         print(family_report(family_results()))
+        return
+    if sys.argv[1:] == ["--tp-missing"]:
+        print(tp_missing(evaluate_all()))
         return
     if sys.argv[1:] == ["--mechanisms"]:
         rows = mechanism_rows()
