@@ -4,12 +4,13 @@
     hybrid checkpoint inspect runs/ckpt/iter_0000200    # one
     hybrid checkpoint inspect runs/ckpt --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 \\
         --world-size 16                                 # ... and can each be loaded at that layout?
+    (--context-parallel-size and, for an MoE model, --expert-model-parallel-size too)
 
 For each: iteration, consumed samples, the layout it was saved at, size, and the verdict -- complete and
 every checksum matching, incomplete (an unfinished save), or the first corrupt file. With a layout, whether
 it loads there and why not: DCP reshards to any layout the model can be split over, so the question is the
 trainer's own (hybrid/mesh.py: dp from the world size, heads / kv-heads / FFN size / layers against tp and
-pp), asked of the model the checkpoint was saved from. Nothing here needs a process group.
+pp; hybrid/moe: experts against ep, no cp with experts), asked of the model the checkpoint was saved from. Nothing here needs a process group.
 
 Exit status 1 (so `hybrid checkpoint inspect DIR && torchrun ... --load DIR` stops) when a complete checkpoint is
 corrupt or not loadable at the layout asked about, when DIR holds no sound complete one, or when the one iter_*
@@ -30,11 +31,19 @@ from hybrid.mesh import ParallelDims, validate_model_dims
 
 @dataclass(frozen=True)
 class Target:
-    """The layout asked about (`--tensor-model-parallel-size`, `--pipeline-model-parallel-size`, `--world-size`)."""
+    """The layout asked about (`--tensor-model-parallel-size`, `--pipeline-model-parallel-size`, `--world-size`,
+    `--context-parallel-size`, `--expert-model-parallel-size`)."""
 
     tp: int
     pp: int
     world: int
+    cp: int = 1
+    ep: int = 1
+
+    def describe(self) -> str:
+        cp = f" x cp {self.cp}" if self.cp > 1 else ""
+        ep = f" (ep {self.ep})" if self.ep > 1 else ""
+        return f"at tp {self.tp}{cp} x pp {self.pp}{ep} on {self.world} ranks"
 
 
 def loadable_at(state: dict, target: Target) -> tuple[bool, str]:
@@ -49,8 +58,9 @@ def loadable_at(state: dict, target: Target) -> tuple[bool, str]:
     except (KeyError, ValueError) as e:
         return False, f"cannot tell: the model it was saved from is unreadable ({e})"
     try:
-        dims = ParallelDims.from_world(target.world, tp=target.tp, pp=target.pp)
+        dims = ParallelDims.from_world(target.world, tp=target.tp, pp=target.pp, cp=target.cp)
         validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
+        _check_experts(cfg, state["model"], dims, target.ep)
     except ValueError as e:
         return False, str(e)
     # the padding rows are not saved (shards.py): any tp loads any vocabulary
@@ -67,9 +77,26 @@ def loadable_at(state: dict, target: Target) -> tuple[bool, str]:
     return True, "; ".join(notes)
 
 
+def _check_experts(cfg, model: str, dims: ParallelDims, ep: int) -> None:
+    """train.py's expert rules at this layout (hybrid/moe/args.py, hybrid/moe/parallel.ExpertLayout): EP only
+    for a model with experts, folded over a stage's tp x dp ranks and dividing the experts; no CP with experts.
+    A checkpoint stores every expert whole, so any EP that passes loads. The sentences are train.py's for the
+    same --model and layout (tests/test_inputs15_newuser_hints.py compares them)."""
+    if not cfg.num_experts:
+        if ep > 1:
+            raise ValueError(f"--expert-model-parallel-size: --model {model} has no experts (a dense model); drop "
+                             f"the flag")
+        return
+    if dims.cp > 1:
+        raise ValueError(f"--context-parallel-size {dims.cp} with an MoE model is not implemented (the balancing "
+                         f"loss's counts would need the TP x CP group); use TP, EP and DP")
+    from hybrid.moe.parallel import ExpertLayout
+    ExpertLayout(dims, ep).check_experts(cfg.num_experts)
+
+
 def _at(state: dict, target: Target) -> str:
     ok, why = loadable_at(state, target)
-    where = f"at tp {target.tp} x pp {target.pp} on {target.world} ranks"
+    where = target.describe()
     return f"{where}: loadable ({why})" if ok else f"{where}: NOT loadable: {why}"
 
 
@@ -113,12 +140,15 @@ def _cp(layout: dict) -> str:
 
 def _target(args: argparse.Namespace) -> Target | None:
     given = [f for f, v in (("--tensor-model-parallel-size", args.tensor_model_parallel_size),
-                            ("--pipeline-model-parallel-size", args.pipeline_model_parallel_size)) if v is not None]
+                            ("--pipeline-model-parallel-size", args.pipeline_model_parallel_size),
+                            ("--context-parallel-size", args.context_parallel_size),
+                            ("--expert-model-parallel-size", args.expert_model_parallel_size)) if v is not None]
     if args.world_size is None:
         if given:
             raise ValueError(f"{given[0]} needs --world-size N (the ranks the run would be launched on)")
         return None
-    return Target(args.tensor_model_parallel_size or 1, args.pipeline_model_parallel_size or 1, args.world_size)
+    return Target(args.tensor_model_parallel_size or 1, args.pipeline_model_parallel_size or 1, args.world_size,
+                  args.context_parallel_size or 1, args.expert_model_parallel_size or 1)
 
 
 def _check_foreign(path: str) -> None:
@@ -188,6 +218,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="with --world-size: can it be loaded at this tp (default 1)?")
     q.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", default=None,
                    help="with --world-size: can it be loaded at this pp (default 1)?")
+    q.add_argument("--context-parallel-size", type=positive_int, metavar="N", default=None,
+                   help="with --world-size: can it be loaded at this cp (default 1)?")
+    q.add_argument("--expert-model-parallel-size", type=positive_int, metavar="N", default=None,
+                   help="with --world-size: can its experts be split over this ep (default 1)?")
     q.add_argument("--world-size", type=positive_int, metavar="N", default=None,
                    help="the ranks the resumed run would have (dp = world / (tp x cp x pp))")
     q.set_defaults(func=run)

@@ -92,6 +92,12 @@ MEGATRON_CONVERTER_HINTS = {
     "--saver": "--saver: the target format is --to hf or --to hybrid (default: the other one)",
     "--load-dir": "--load-dir: give the source as SRC (hybrid convert LOAD_DIR SAVE_DIR)",
     "--save-dir": "--save-dir: give the target as DST (hybrid convert LOAD_DIR SAVE_DIR)",
+    # round 15: "did you mean --target-pipeline-parallel-size?" for Megatron's MoE saver flag
+    "--target-expert-parallel-size": "--target-expert-parallel-size: experts are stored whole and train.py's "
+                                     "--load splits them over any --expert-model-parallel-size; drop the flag",
+    "--target-expert-model-parallel-size": "--target-expert-model-parallel-size: experts are stored whole and "
+                                           "train.py's --load splits them over any --expert-model-parallel-size; "
+                                           "drop the flag",
 }
 
 

@@ -20,6 +20,11 @@ from hybrid.data.text import read_text
 
 PROG = "train_tokenizer.py"
 EOD = "<|endoftext|>"
+WRITTEN = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")  # the folder `train` writes
+# what marks a directory as a checkpoint or model folder: a hybrid or DeepSpeed store's `latest`, a transformers
+# folder's config.json, a store's iterations
+CHECKPOINT_MARKS = ("latest", "config.json")
+CHECKPOINT_PREFIXES = ("iter_", "global_step")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,6 +114,23 @@ def train(paths: list[str] | None, vocab_size: int, output: str, key: str = "tex
     return tok
 
 
+def check_fresh_output(path: str) -> None:
+    """--output must not replace a tokenizer: data preprocessed with the old one hold its ids, which a new
+    vocabulary reads as other tokens, without a word. Nor go into a checkpoint or model folder: `hybrid generate`
+    and `hybrid convert` take the tokenizer files found there as that model's. ValueError naming the flag."""
+    if not os.path.isdir(path):
+        return
+    there = [name for name in WRITTEN if os.path.lexists(os.path.join(path, name))]
+    if there:
+        raise ValueError(f"--output {path!r} already holds a tokenizer ({', '.join(there)}); data preprocessed with "
+                         f"it would no longer match a new one: give a new directory, or delete those files first")
+    names = os.listdir(path)
+    if any(n in CHECKPOINT_MARKS or n.startswith(CHECKPOINT_PREFIXES) for n in names):
+        raise ValueError(f"--output {path!r} is a checkpoint or model folder (it holds latest, config.json or "
+                         f"iter_*); hybrid generate and convert would take a tokenizer written there as that "
+                         f"model's: give the tokenizer a directory of its own")
+
+
 def _dump(obj: dict, path: str) -> None:
     with open(path, "w") as f:
         json.dump(obj, f, indent=1)
@@ -118,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         check_output_dir("--output", args.output)
-        check_inputs(args.input, args.json_key)
+        check_inputs(args.input, args.json_key)  # first: a bad input is named as such whatever --output holds
+        check_fresh_output(args.output)
         tok = train(args.input, args.vocab_size, args.output, args.json_key)
     except (ValueError, OSError) as e:
         raise fail(f"{PROG}: error: {e}") from None

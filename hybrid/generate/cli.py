@@ -105,10 +105,25 @@ def run(args: argparse.Namespace) -> None:
         print(codec.decode(out[0].tolist()))
 
 
+# transformers' generate() names, which a user of it types first (round 15: "see --help"): what to give here
+BEAMS = "beam search is not implemented: decoding is greedy, or sampled with --temperature T > 0; drop the flag"
+GENERATE_HINTS = {
+    "--max-length": "--max-length: give --max-new-tokens N (the tokens after the prompt)",
+    "--do-sample": "--do-sample: give --temperature T > 0 to sample (0, the default, is greedy)",
+    "--num-beams": f"--num-beams: {BEAMS}",
+    "--num-return-sequences": "--num-return-sequences: one sequence a run; rerun with another --seed",
+    "--repetition-penalty": "--repetition-penalty: not implemented (logits are filtered by --top-k and --top-p "
+                            "only); drop the flag",
+    "--iteration": "--iteration: give SRC as the checkpoint's iter_NNNNNNN directory (SRC alone: the one `latest` "
+                   "names)",
+    "--load": "--load: give the checkpoint as SRC (hybrid generate DIR --prompt ...)",
+}
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="greedy or sampled generation from a hybrid checkpoint or "
                               "transformers folder (any TP x PP under torchrun)", description=decode.__doc__,
-                              formatter_class=HelpFormatter)
+                              formatter_class=HelpFormatter, hints=GENERATE_HINTS)
     p.add_argument("src", metavar="SRC", help="a hybrid checkpoint directory or a transformers model folder")
     p.add_argument("--prompt", default=None, help="prompt text (through SRC's tokenizer, else UTF-8 bytes)")
     p.add_argument("--prompt-ids", default=None, metavar="IDS", help="prompt as comma-separated token ids")

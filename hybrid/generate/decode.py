@@ -271,8 +271,7 @@ def _read_tokenizer(path: str, why: str) -> TextCodec:
     or a bare tokenizers JSON as train.py's --tokenizer-model (no special tokens: as the data were encoded)."""
     folder = path if os.path.isdir(path) else None
     if folder is not None and os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(folder)
+        tok = _auto_tokenizer(folder, why)
         return TextCodec(f"{path} ({why})", lambda text: tok(text)["input_ids"], tok.decode, len(tok))
     from tokenizers import Tokenizer
 
@@ -280,6 +279,27 @@ def _read_tokenizer(path: str, why: str) -> TextCodec:
     tok = Tokenizer.from_file(tokenizer_file(path, "--tokenizer"))
     return TextCodec(f"{path} ({why})", lambda text: tok.encode(text, add_special_tokens=False).ids, tok.decode,
                      tok.get_vocab_size())
+
+
+def _auto_tokenizer(folder: str, why: str):
+    """transformers' AutoTokenizer on a folder whose JSON files parse (_tokenizer_codec read them). A
+    tokenizer_config.json with an `auto_map` names Python files of the folder to import: hybrid never runs them
+    (nor asks transformers to: no trust_remote_code), and says so in one line rather than transformers' three,
+    which send the user to a Hub page for a local folder. Any other refusal of transformers: its first line."""
+    import json
+    with open(os.path.join(folder, "tokenizer_config.json"), "rb") as f:
+        config = json.loads(f.read().decode("utf-8"))
+    if isinstance(config, dict) and "auto_map" in config:
+        raise ValueError(f"tokenizer {folder} ({why}): its tokenizer_config.json names custom code (auto_map), "
+                         f"which is never run; give --tokenizer a folder without it (or its tokenizer.json alone) "
+                         f"or --prompt-ids")
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"tokenizer {folder} ({why}): transformers cannot load it ({type(e).__name__}: "
+                         f"{(str(e).strip().splitlines() or [''])[0][:160]}); give --tokenizer or --prompt-ids") \
+            from None
 
 
 def _has_tokenizer(d: str | None) -> bool:

@@ -11,6 +11,7 @@ event, so ranks on one host line up.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 
 from hybrid.pipeline.executor import TimelineEvent
@@ -37,6 +38,25 @@ def chrome_trace(events: Mapping[int, Sequence[TimelineEvent]], pp_rank_of: Mapp
     for stage in sorted(set(pp_rank_of.values())):
         trace.append({"name": "process_name", "ph": "M", "pid": stage, "args": {"name": f"pipeline stage {stage}"}})
     return {"traceEvents": trace, "displayTimeUnit": "ms"}
+
+
+# what every trace this module writes starts with: json.dump of chrome_trace's dict, "traceEvents" its first key
+TRACE_START = '{"traceEvents"'
+
+
+def check_replaceable(flag: str, path: str) -> None:
+    """A timeline replaces `path` at the end of the run, so an existing non-empty file there must be a trace a
+    run wrote (its first bytes `{"traceEvents"`, the rerun of a command overwriting its own timeline). Anything
+    else -- the run's --metrics-file, a checkpoint's `latest`, a script, a plot -- would be lost without a word;
+    ValueError naming the flag instead."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip()
+    if not head.startswith(TRACE_START.encode()):
+        raise ValueError(f"{flag} {path!r} exists and is not a pipeline timeline (it does not start with "
+                         f"{TRACE_START}); the run replaces it at its end: give a new file, or the {flag} of an "
+                         f"earlier run")
 
 
 def write_chrome_trace(path: str, trace: dict) -> None:

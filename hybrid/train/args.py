@@ -32,6 +32,7 @@ from hybrid.moe import args as moe_args
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.pipeline import ScheduleKind
 from hybrid.pipeline.args import check_zero_bubble
+from hybrid.pipeline.timeline import check_replaceable
 from hybrid.precision import Precision
 from hybrid.train import other_flags
 from hybrid.train.config import (DEFAULT_MIN_LR, FLAGS, MAX_SEED, ModelSetup, ParallelConfig,  # noqa: F401
@@ -168,6 +169,10 @@ def check_files(args: argparse.Namespace, cfg: ModelConfig) -> None:
             raise ValueError(f"{flag} is empty; give a value or omit the flag")
     if args.timeline is not None:
         check_output_file("--timeline", args.timeline)
+        check_replaceable("--timeline", args.timeline)
+        if args.metrics_file is not None and os.path.realpath(args.metrics_file) == os.path.realpath(args.timeline):
+            raise ValueError(f"--timeline and --metrics-file are both {args.timeline!r}: the timeline would replace "
+                             f"the metrics at the end of the run; give each its own file")
     if args.load is not None:
         check_checkpoint(args.load, cfg, args.model)
 

@@ -34,6 +34,8 @@ RENAMED = {
     "--use-distributed-optimizer": "--zero-stage 1 (Megatron's distributed optimizer shards the optimizer state: "
                                    "ZeRO stage 1)",
     "--moe-grouped-gemm": "--moe-experts-impl grouped",
+    # Megatron-DeepSpeed's and DeepSpeed's names for EP (round 15: "did you mean --context-parallel-size?")
+    "--moe-expert-parallel-size": "--expert-model-parallel-size", "--ep-size": "--expert-model-parallel-size",
     "--recompute-activations": "--recompute-granularity selective (Megatron's --recompute-activations is the same "
                                "switch)",
 }
@@ -136,6 +138,33 @@ INSTEAD = {
     "--fp8": "not implemented in training (`hybrid plan --fp8` prices it): train in --bf16; drop the flag",
     "--fp8-format": "not implemented in training (`hybrid plan --fp8` prices it): train in --bf16; drop the flag",
 }
+
+# round 15's new-user pass: DeepSpeed-Ulysses' sequence-parallel degree is context parallelism with heads split
+# (--sequence-parallel-size got "did you mean --sequence-parallel?", Megatron's TP sequence parallelism, another
+# thing); Megatron-core's MoE router flags that said only "see --help"
+ULYSSES = ("DeepSpeed-Ulysses' sequence parallelism is --context-parallel-size N --cp-comm-type a2a here (each "
+           "rank all-to-alls the heads for attention; --sequence-parallel is Megatron's TP sequence parallelism, "
+           "another thing) (docs/context-parallel.md)")
+INSTEAD.update({
+    "--sequence-parallel-size": ULYSSES,
+    "--ds-sequence-parallel-size": ULYSSES,
+    "--ulysses-degree": ULYSSES,
+    "--moe-layer-freq": MODEL.format(field="decoder_sparse_step / mlp_only_layers (Qwen2-MoE; Mixtral's layers are "
+                                           "all MoE)"),
+    "--moe-router-pre-softmax": "the router's softmax order is the model's (Mixtral, Qwen2-MoE: softmax over all "
+                                "experts, then top-k, as --moe-router-pre-softmax); drop the flag",
+    "--moe-router-dtype": "the routing math already runs in fp32 (the router's logits are cast before softmax and "
+                          "top-k, whatever --bf16 / --fp16); drop the flag",
+    "--moe-router-topk-scaling-factor": "not implemented: the top-k weights are the router's probabilities, "
+                                        "renormalised where the model's norm_topk_prob says; drop the flag",
+    "--moe-input-jitter-eps": "router input jitter is not implemented (a config's router_jitter_noise > 0 is "
+                              "refused too); drop the flag",
+    "--moe-token-drop-policy": "with --moe-expert-capacity-factor an expert's overflow is dropped by lowest "
+                               "probability (Megatron's default policy, probs); position is not implemented; drop "
+                               "the flag",
+    "--moe-router-num-groups": "group-limited routing (DeepSeek-V3's node groups) is not implemented; drop the flag",
+    "--moe-router-group-topk": "group-limited routing (DeepSeek-V3's node groups) is not implemented; drop the flag",
+})
 
 # Megatron's choices of a flag train.py has, that train.py does not implement ("--flag=value": the invalid-choice line)
 CHOICES = {
