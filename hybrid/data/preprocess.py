@@ -117,7 +117,29 @@ def check(args: argparse.Namespace) -> Tokenizer:
     if args.append_eod and tok.eod is None:
         raise ValueError(f"--append-eod: --tokenizer-model {args.tokenizer_model} has no end-of-document token "
                          f"(one of <|endoftext|>, </s>, ...); add one or drop --append-eod")
+    check_not_replacing(args)
     return tok
+
+
+def check_not_replacing(args: argparse.Namespace) -> None:
+    """Never replace a dataset: a .bin/.idx at --output-prefix may be what a run reads (or resumes into: its
+    samples are indices into these files), so a second tokenization must go to a new prefix. Megatron's tool
+    overwrites silently; this one refuses before tokenizing. The input's own errors are still named first (they are
+    what the user must fix either way), by one parse-only pass over it, made only when the output exists."""
+    existing = [p for key in args.json_keys for p in (bin_path(output_name(args.output_prefix, key)),
+                                                       idx_path(output_name(args.output_prefix, key)))
+                if os.path.lexists(p)]
+    if not existing:
+        return
+    docs = text = 0
+    for _, doc in documents(args.input, args.json_keys):  # ValueError naming --input, if bad; streamed, not kept
+        docs, text = docs + 1, text or any(doc.values())
+    if not text:
+        raise ValueError(f"--input {args.input} holds no {'documents' if not docs else 'tokens'} (empty, or no "
+                         f"text under --json-keys {' '.join(args.json_keys)}); nothing written")
+    raise ValueError(f"--output-prefix {args.output_prefix}: {existing[0]} already exists (a dataset a run may be "
+                     f"reading); give a new --output-prefix, or delete {output_name(args.output_prefix, '*')}"
+                     f".bin/.idx first")
 
 
 def output_name(prefix: str, key: str) -> str:
