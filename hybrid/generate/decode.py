@@ -344,12 +344,15 @@ def prompt_ids(args: argparse.Namespace, cfg, codec: TextCodec) -> torch.Tensor:
         ids = codec.encode(args.prompt)
     if not ids:  # --prompt "" ("0 tokens, 0 outside the vocabulary" named no cause); --prompt-ids '' fails its parse
         raise ValueError("--prompt is empty (0 tokens); give a prompt of at least one token")
+    flag = "--prompt-ids" if args.prompt_ids is not None else "--prompt"
+    n = f"{len(ids)} token{'' if len(ids) == 1 else 's'}"
     bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
     if bad:
-        raise ValueError(f"prompt: {len(ids)} tokens, {len(bad)} outside the vocabulary [0, {cfg.vocab_size}); "
+        raise ValueError(f"{flag}: {n}, {len(bad)} outside the vocabulary [0, {cfg.vocab_size}); "
                          f"give a non-empty --prompt or --prompt-ids below {cfg.vocab_size}")
     if len(ids) >= cfg.max_position_embeddings:
-        raise ValueError(f"prompt: {len(ids)} tokens, the model's context is {cfg.max_position_embeddings}")
+        raise ValueError(f"{flag}: {n}, the model's context is {cfg.max_position_embeddings} (the prompt and at "
+                         f"least one new token must fit); give a shorter prompt")
     return torch.tensor([ids])
 
 
