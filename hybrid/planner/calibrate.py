@@ -92,6 +92,8 @@ import json
 import math
 import os
 import platform
+import shlex
+import signal
 import statistics
 import sys
 import time
@@ -1396,6 +1398,49 @@ def oversubscribed(ranks: int, backend: str, cores: int) -> str | None:
             f"profile; for the links themselves give --ranks {cores} (no more ranks than cores)")
 
 
+def ranks_leave_ctrl_c_to_this_process() -> int | None:
+    """Ctrl-C sends SIGINT to every process of the terminal's foreground group: the forkserver that forks the ranks
+    (while it imports, before it ignores SIGINT itself) and each rank would print a KeyboardInterrupt traceback of
+    its own. The forkserver is started here with SIGINT ignored -- a disposition exec keeps and every rank forked
+    from it inherits -- so this process alone takes the Ctrl-C (`stop_ranks` then ends them). Returns the
+    forkserver's pid where this call started it, None where one was running (the tests': left as it is)."""
+    from multiprocessing import forkserver
+
+    from hybrid.testing import _forkserver
+    _forkserver()  # the context with its preload set (hybrid/testing.py); a fork of a forkserver reuses that one
+    server = forkserver._forkserver
+    before = server._forkserver_pid
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        server.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return server._forkserver_pid if server._forkserver_pid != before else None
+
+
+def stop_ranks(forkserver_pid: int | None) -> None:
+    """After a Ctrl-C, before the exit's clean-up unlinks the job's queue semaphores: every rank started is killed,
+    then the forkserver this run started -- so it forks no rank still asked of it (a start the Ctrl-C cut short
+    while the forkserver imported), which would find its queue gone and print a traceback of its own."""
+    import multiprocessing
+    for p in multiprocessing.active_children():
+        p.kill()
+        p.join()
+    if forkserver_pid is not None:
+        os.kill(forkserver_pid, signal.SIGKILL)
+        os.waitpid(forkserver_pid, 0)
+
+
+def interrupted(cfg: CalibrationConfig, out: str, seconds: float) -> SystemExit:
+    """Ctrl-C while measuring: one line (what was measured, what to rerun), exit status 130 (128 + SIGINT, as a
+    shell reports a command Ctrl-C ended). The profile is written only whole (save_profile), so nothing is."""
+    argv = sys.argv[sys.argv.index("calibrate") + 1:] if "calibrate" in sys.argv else ["--out", out]
+    print(f"hybrid calibrate: interrupted after {seconds:.0f} s of measuring (the lines above are what the "
+          f"{cfg.ranks} {cfg.backend} ranks measured; they are stopped): nothing written to {out}; rerun "
+          f"`hybrid calibrate {shlex.join(argv)}` to the end to write the profile", file=sys.stderr, flush=True)
+    return SystemExit(130)
+
+
 def run(args: argparse.Namespace) -> None:
     if args.sizes is not None and args.ranks == 1:  # one rank times no collective: the sizes would go unread
         raise ValueError("--sizes: --ranks 1 times no collectives (the --base preset's links are kept); "
@@ -1424,8 +1469,14 @@ def run(args: argparse.Namespace) -> None:
         print(f"hybrid calibrate: warning: {warning}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     print(f"calibrate: spawning {cfg.ranks} {backend} ranks ...", flush=True)
-    profile = calibrate(cfg)
-    save_profile(profile, args.out)
+    server = None
+    try:
+        server = ranks_leave_ctrl_c_to_this_process()
+        profile = calibrate(cfg)
+        save_profile(profile, args.out)  # atomic: an interrupt during the write leaves nothing
+    except KeyboardInterrupt:
+        stop_ranks(server)
+        raise interrupted(cfg, args.out, time.perf_counter() - start) from None
     hw = profile["hardware"]
     print(f"calibrate: wrote {args.out} in {time.perf_counter() - start:.0f} s: matmul "
           + ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in profile["matmul_tflops"].items())
