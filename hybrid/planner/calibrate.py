@@ -104,7 +104,7 @@ import torch.distributed as dist
 
 from hybrid.cliutil import HelpFormatter, check_number, check_output_file, float_in, int_in
 from hybrid.comm import CommLedger, Group
-from hybrid.planner.hardware import GB, ZERO_OK_FIELDS, GpuKind, Hardware, hardware
+from hybrid.planner.hardware import FIELD_RULES, GB, NULLABLE_FIELDS, GpuKind, Hardware, hardware
 from hybrid.planner.model import Precision
 
 FORMAT = "hybrid-hardware-profile/1"
@@ -1297,7 +1297,8 @@ def _refuse_unknown(path: str, where: str, given: dict, known) -> None:
 
 
 def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
-    """Numbers finite and > 0 (None allowed for compute_units and memory_bytes), the name a string."""
+    """Each number by Hardware's rule for it (None where the field may be null), the name a string: one line naming
+    the file, the key and the fix."""
     if name == "name":
         if not isinstance(value, str):
             raise ValueError(f"--hardware {path}: hardware.name must be a string, got {json.dumps(value)}")
@@ -1307,17 +1308,18 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
             raise ValueError(f"--hardware {path}: {where}flash_rates must be a --gpu name or null, got "
                              f"{json.dumps(value)}")
         return
-    nullable = ("compute_units", "memory_bytes", "elementwise_tbps", "flash_efficiency", "fp8_tflops", "inter_dc_gbps",
-                "inter_dc_latency_s")
-    if name in nullable and value is None:
+    if name in NULLABLE_FIELDS and value is None:
         return
-    field = f"--hardware {path}: {where}{name}"
-    if name in ZERO_OK_FIELDS or name == "inter_dc_latency_s":  # may be 0
-        check_number(field, value, 0, show=json.dumps)
-    elif name in ("gpus_per_node", "compute_units"):
-        check_number(field, value, 1, integer=True, show=json.dumps)
-    else:
-        check_number(field, value, 0, low_open=True, show=json.dumps)
+    # Hardware's own rule for the field (hardware.FIELD_RULES: the same check_number every typed config uses, so a
+    # bool, NaN, an infinity or a value out of range fails here, named by its key); a matmul rate: > 0. A measured
+    # latency is never 0 (the dataclass allows 0 for the planner's what-ifs; a profile never did).
+    rule = FIELD_RULES.get(name, {"low": 0, "low_open": True})
+    if name in ("intra_latency_s", "inter_latency_s"):
+        rule = {"low": 0, "low_open": True}
+    try:
+        check_number(f"--hardware {path}: {where}{name}", value, **rule, show=json.dumps)
+    except ValueError as e:
+        raise ValueError(f"{e}; correct it, or re-run `hybrid calibrate --out {path}`") from None
 
 
 # --- command line -----------------------------------------------------------------------------------
