@@ -135,7 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the sub-commands' modules import (torch: seconds, a minute under load)
+        print("hybrid: interrupted while starting, before any work: nothing was run or written", file=sys.stderr)
+        raise SystemExit(130) from None
     try:
         status = args.func(args)  # an int where the command has a verdict (checkpoint inspect), else None
     except ValueError as e:  # the prefix argparse gives the same command's errors: `hybrid checkpoint inspect`

@@ -157,6 +157,23 @@ def test_calibrate_ctrl_c_is_exit_130_one_line_and_no_profile(where, tmp_path, m
         f"`hybrid calibrate --ranks 1 --out {out}` to the end to write the profile")
 
 
+def test_ctrl_c_while_hybrid_imports_its_commands_is_one_line(monkeypatch, one_line):
+    """Before any command runs (the sub-commands' imports take seconds: most of a short calibrate's Ctrl-C window on
+    a loaded machine): 130 and one line, not Python's traceback through torch's imports."""
+    import hybrid.cli
+    codes = []
+    monkeypatch.setattr(hybrid.cli, "build_parser", _raise(KeyboardInterrupt))
+
+    def call():
+        try:
+            hybrid.cli.main(["calibrate"])
+        except SystemExit as e:
+            codes.append(e.code)
+            raise
+    assert one_line(call) == "hybrid: interrupted while starting, before any work: nothing was run or written"
+    assert codes == [130]
+
+
 def test_calibrate_starts_its_forkserver_deaf_to_ctrl_c_and_restores_its_own_handler(monkeypatch):
     """The forkserver (and every rank it forks) inherits SIGINT ignored; this process keeps its own handler, so
     it alone takes the Ctrl-C. One already running is left as it is (None)."""
