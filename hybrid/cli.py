@@ -68,24 +68,38 @@ def preset_family(word: str, presets: list[str]) -> list[str]:
     """The presets `hybrid models WORD` shows: WORD itself and those named WORD-... (gpt2: gpt2, gpt2-medium,
     gpt2-large, gpt2-xl; llama: the llama-3 sizes). ValueError naming the closest preset when none is."""
     family = [p for p in presets if p == word or p.startswith(word + "-")]
+    if not family and os.sep in word:  # a path, not a name: say so rather than "no preset" (nothing is there)
+        raise ValueError(f"{word!r}: no such folder; give a folder holding a transformers config.json, or a preset "
+                         f"(`hybrid models` lists them)")
     if not family:
         near = difflib.get_close_matches(word, presets, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""  # as models.config words it for --model
-        raise ValueError(f"no preset {word!r}{hint} (`hybrid models` lists them all; --model also takes a folder "
-                         f"holding a transformers config.json)")
+        raise ValueError(f"no preset {word!r}{hint} (`hybrid models` lists them all; NAME may also be a folder "
+                         f"holding a transformers config.json)")  # this command has no --model: NAME is the word
     return family
+
+
+def _model_config(name: str):
+    """load_config's model, its errors said of the NAME `hybrid models` was given: load_config words them for
+    train.py's flag ("--model DIR: the directory has no config.json"), which this command does not take."""
+    from models.config import load_config
+    try:
+        return load_config(name)
+    except ValueError as e:
+        text = str(e)
+        raise ValueError(text[len("--model "):] if text.startswith("--model ") else
+                         f"{name}{text[len('--model'):]}" if text.startswith("--model:") else text) from None
 
 
 def _models(args: argparse.Namespace) -> None:
     """The presets' sizes; a NAME that is a folder (what --model takes besides a preset) is that model, read and
     checked as train.py reads it -- `hybrid models path/to/hf_model` was "no preset" while the line said --model
     takes such a folder."""
-    from models.config import load_config
     from models.presets import PRESETS
     names = [p for word in args.names
-             for p in ([word] if os.path.isdir(word) else preset_family(word, list(PRESETS)))] \
+             for p in ([word] if os.path.exists(word) else preset_family(word, list(PRESETS)))] \
         if args.names else list(PRESETS)
-    configs = {name: load_config(name) for name in dict.fromkeys(names)}  # a bad config.json: one line, no table
+    configs = {name: _model_config(name) for name in dict.fromkeys(names)}  # a bad config.json: one line, no table
     print(f"{'preset':<14} {'arch':<6} {'params':>10} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'vocab':>7}")
     for name, c in configs.items():
         print(f"{name:<14} {c.arch:<6} {c.num_parameters / 1e6:>9.1f}M {c.num_layers:>6} {c.hidden_size:>6} "
@@ -121,7 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the sub-commands' modules import (torch: seconds, a minute under load)
+        print("hybrid: interrupted while starting, before any work: nothing was run or written", file=sys.stderr)
+        raise SystemExit(130) from None
     try:
         status = args.func(args)  # an int where the command has a verdict (checkpoint inspect), else None
     except ValueError as e:  # the prefix argparse gives the same command's errors: `hybrid checkpoint inspect`

@@ -282,8 +282,8 @@ def test_models_of_a_transformers_folder_shows_that_model(tmp_path, capsys):
 def test_models_of_a_folder_with_a_bad_config_is_one_line(tmp_path, one_line):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_layer": "two"}')
     line = one_line(lambda: hybrid_main(["models", str(tmp_path)]))
-    assert line == (f'hybrid models: error: --model {tmp_path}/config.json: n_layer must be a positive integer, '
-                    f'got "two"')
+    assert line == (f'hybrid models: error: {tmp_path}/config.json: n_layer must be a positive integer, '
+                    f'got "two"')  # no "--model": this command takes the folder as NAME (round 15)
     assert one_line.out == ""
 
 

@@ -168,5 +168,5 @@ def test_train_shm_gather_by_name_outside_stages_1_2_is_one_line(stage, one_line
                                   ["--zero-stage", "0"]])
 def test_train_shm_gather_where_it_applies_or_turned_off_is_taken(argv):
     from hybrid.train.args import configure, parse_args
-    run, _ = configure(parse_args(["--model", "tiny-gpt2"] + argv), 1)
-    assert run.zero.shm_gather == ("--no-shm-gather" not in argv)
+    run, _ = configure(parse_args(["--model", "tiny-gpt2"] + argv), 2)  # dp 2: the pair it runs on (round 15
+    assert run.zero.shm_gather == ("--no-shm-gather" not in argv)        # refuses it by name at dp 1)

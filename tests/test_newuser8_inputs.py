@@ -150,9 +150,10 @@ def test_pipeline_flag_with_one_stage_is_one_line(argv, want, capsys):
 
 
 def test_pipeline_flags_with_stages_still_pass(monkeypatch):
-    plan = validate(["--pipeline-schedule", "interleaved", "--num-layers-per-virtual-pipeline-stage", "2"])[0]
-    assert plan.parallel.pipeline.v == 2  # pp 1 x v 2: the schedule runs on one rank
-    _world(monkeypatch, 2)
+    _world(monkeypatch, 2)  # pp 1 x v 2 is refused since round 15 (tests/test_inputs15_fixes.py): pp 2 x v 2
+    plan = validate(["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "interleaved",
+                     "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "8"])[0]
+    assert plan.parallel.pipeline.v == 2
     run = validate(["--pipeline-model-parallel-size", "2", "--pipeline-partition", "balanced"])[0]
     assert len(run.parallel.pipeline.stages) == 2
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_process")
 # --- 1. a word left over after a sub-command: its own one-line prefix ------------------------------------------------
 @pytest.mark.parametrize("argv, line", [
     (["models", "gpt3"], "hybrid models: error: no preset 'gpt3'; did you mean 'gpt2'? (`hybrid models` lists them all; "
-                         "--model also takes a folder holding a transformers config.json)"),
+                         "NAME may also be a folder holding a transformers config.json)"),
     (["layout", "--world", "2", "gpt2"], "hybrid layout: error: unrecognized arguments: gpt2; see --help"),
     (["checkpoint", "inspect", "a", "b"], "hybrid checkpoint inspect: error: unrecognized arguments: b; see --help"),
     (["convert", "a", "b", "c"], "hybrid convert: error: unrecognized arguments: c; see --help"),

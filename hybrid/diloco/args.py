@@ -78,8 +78,10 @@ def check(args: argparse.Namespace) -> DiLoCoConfig | None:
         raise ValueError(f"--diloco-fragments {k} must be a positive divisor of --diloco-inner-steps {h}")
     tau, alpha = args.diloco_fragment_sync_delay, args.diloco_fragment_update_alpha
     if not 0 <= tau < h // k:  # torchft's rule: a fragment lands before the next one is posted (one in flight)
+        per = f"--diloco-inner-steps {h} / --diloco-fragments {k}" if "diloco_fragments" in \
+            getattr(args, "explicit", set()) else f"--diloco-inner-steps {h}, one fragment (--diloco-fragments 1)"
         raise ValueError(f"--diloco-fragment-sync-delay {tau} must be in [0, H / K) = [0, {h // k}) "
-                         f"(--diloco-inner-steps {h} / --diloco-fragments {k}): one fragment in flight at a time")
+                         f"({per}): one fragment in flight at a time")
     if not 0 <= alpha <= 1:  # also NaN
         raise ValueError(f"--diloco-fragment-update-alpha must be in [0, 1], got {alpha}")
     r = args.diloco_replicas
@@ -103,6 +105,21 @@ def check_layout(cfg: DiLoCoConfig | None, dp: int, cp: int, zero_stage: int, fp
                      (fp16, "--fp16 (each replica's loss scale would differ)"), (moe, "a Mixture-of-Experts model")):
         if bad:
             raise ValueError(f"--diloco-inner-steps does not run with {why} yet; drop one of them")
+
+
+def single_replica_warning(cfg: DiLoCoConfig | None, dp: int) -> tuple[str, ...]:
+    """One replica (dp 1, or --diloco-replicas 1) is taken, with this start-up warning, not refused: there is no
+    other replica to average with and no communication is saved, but the outer step still acts -- Nesterov SGD on
+    the replica's own H-step delta (b <- mu b + delta, theta <- theta - eta (delta + mu b)), a Lookahead-style
+    optimizer (Zhang et al. 2019) -- and Charles et al. 2025 ("Scaling Laws for DiLoCo") report DiLoCo with M = 1
+    replica reaching a lower evaluation loss than data-parallel training at equal tokens. So it is a method of its
+    own, but rarely what a user who gave --diloco-inner-steps to cut DP traffic meant."""
+    if cfg is None or (cfg.replicas or dp) > 1:
+        return ()
+    why = "--diloco-replicas 1" if cfg.replicas == 1 else "data-parallel size 1"
+    return (f"--diloco-inner-steps {cfg.inner_steps} with one replica ({why}): nothing to average and no "
+            f"communication saved; the outer Nesterov step acts on the one replica's {cfg.inner_steps}-step delta "
+            f"(Lookahead-like, docs/diloco.md); for replicas, give more DP ranks or --diloco-replicas R >= 2",)
 
 
 def check_optimizer(args: argparse.Namespace, saves: bool) -> None:

@@ -92,6 +92,8 @@ import json
 import math
 import os
 import platform
+import shlex
+import signal
 import statistics
 import sys
 import time
@@ -102,7 +104,7 @@ import torch.distributed as dist
 
 from hybrid.cliutil import HelpFormatter, check_number, check_output_file, float_in, int_in
 from hybrid.comm import CommLedger, Group
-from hybrid.planner.hardware import GB, ZERO_OK_FIELDS, GpuKind, Hardware, hardware
+from hybrid.planner.hardware import FIELD_RULES, GB, NULLABLE_FIELDS, GpuKind, Hardware, hardware
 from hybrid.planner.model import Precision
 
 FORMAT = "hybrid-hardware-profile/1"
@@ -1295,7 +1297,8 @@ def _refuse_unknown(path: str, where: str, given: dict, known) -> None:
 
 
 def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
-    """Numbers finite and > 0 (None allowed for compute_units and memory_bytes), the name a string."""
+    """Each number by Hardware's rule for it (None where the field may be null), the name a string: one line naming
+    the file, the key and the fix."""
     if name == "name":
         if not isinstance(value, str):
             raise ValueError(f"--hardware {path}: hardware.name must be a string, got {json.dumps(value)}")
@@ -1305,17 +1308,18 @@ def _check_field(path: str, name: str, value, where: str = "hardware.") -> None:
             raise ValueError(f"--hardware {path}: {where}flash_rates must be a --gpu name or null, got "
                              f"{json.dumps(value)}")
         return
-    nullable = ("compute_units", "memory_bytes", "elementwise_tbps", "flash_efficiency", "fp8_tflops", "inter_dc_gbps",
-                "inter_dc_latency_s")
-    if name in nullable and value is None:
+    if name in NULLABLE_FIELDS and value is None:
         return
-    field = f"--hardware {path}: {where}{name}"
-    if name in ZERO_OK_FIELDS or name == "inter_dc_latency_s":  # may be 0
-        check_number(field, value, 0, show=json.dumps)
-    elif name in ("gpus_per_node", "compute_units"):
-        check_number(field, value, 1, integer=True, show=json.dumps)
-    else:
-        check_number(field, value, 0, low_open=True, show=json.dumps)
+    # Hardware's own rule for the field (hardware.FIELD_RULES: the same check_number every typed config uses, so a
+    # bool, NaN, an infinity or a value out of range fails here, named by its key); a matmul rate: > 0. A measured
+    # latency is never 0 (the dataclass allows 0 for the planner's what-ifs; a profile never did).
+    rule = FIELD_RULES.get(name, {"low": 0, "low_open": True})
+    if name in ("intra_latency_s", "inter_latency_s"):
+        rule = {"low": 0, "low_open": True}
+    try:
+        check_number(f"--hardware {path}: {where}{name}", value, **rule, show=json.dumps)
+    except ValueError as e:
+        raise ValueError(f"{e}; correct it, or re-run `hybrid calibrate --out {path}`") from None
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -1396,6 +1400,50 @@ def oversubscribed(ranks: int, backend: str, cores: int) -> str | None:
             f"profile; for the links themselves give --ranks {cores} (no more ranks than cores)")
 
 
+def ranks_leave_ctrl_c_to_this_process() -> int | None:
+    """Ctrl-C sends SIGINT to every process of the terminal's foreground group: the forkserver that forks the ranks
+    (while it imports, before it ignores SIGINT itself) and each rank would print a KeyboardInterrupt traceback of
+    its own. The forkserver is started here with SIGINT ignored -- a disposition exec keeps and every rank forked
+    from it inherits -- so this process alone takes the Ctrl-C (`stop_ranks` then ends them). Returns the
+    forkserver's pid where this call started it, None where one was running (the tests': left as it is)."""
+    from multiprocessing import forkserver
+
+    from hybrid.testing import _forkserver
+    _forkserver()  # the context with its preload set (hybrid/testing.py); a fork of a forkserver reuses that one
+    server = forkserver._forkserver
+    before = server._forkserver_pid
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        server.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return server._forkserver_pid if server._forkserver_pid != before else None
+
+
+def stop_ranks(forkserver_pid: int | None) -> None:
+    """After a Ctrl-C, before the exit's clean-up unlinks the job's queue semaphores: every rank started is killed,
+    then the forkserver this run started -- so it forks no rank still asked of it (a start the Ctrl-C cut short
+    while the forkserver imported), which would find its queue gone and print a traceback of its own."""
+    import multiprocessing
+    for p in multiprocessing.active_children():
+        p.kill()
+        p.join()
+    if forkserver_pid is not None:
+        os.kill(forkserver_pid, signal.SIGKILL)
+        os.waitpid(forkserver_pid, 0)
+
+
+def interrupted(cfg: CalibrationConfig, out: str, seconds: float) -> SystemExit:
+    """Ctrl-C while measuring: one line (what was measured, what to rerun), exit status 130 (128 + SIGINT, as a
+    shell reports a command Ctrl-C ended). The profile is written only whole (save_profile), so nothing is."""
+    argv = sys.argv[sys.argv.index("calibrate") + 1:] if "calibrate" in sys.argv else ["--out", out]
+    ranks = f"{cfg.ranks} {cfg.backend} rank{'s' if cfg.ranks != 1 else ''}"
+    print(f"hybrid calibrate: interrupted after {seconds:.0f} s of measuring (the lines above are what the {ranks} "
+          f"measured; stopped): nothing written to {out}; rerun `hybrid calibrate {shlex.join(argv)}` to the end "
+          f"to write the profile", file=sys.stderr, flush=True)
+    return SystemExit(130)
+
+
 def run(args: argparse.Namespace) -> None:
     if args.sizes is not None and args.ranks == 1:  # one rank times no collective: the sizes would go unread
         raise ValueError("--sizes: --ranks 1 times no collectives (the --base preset's links are kept); "
@@ -1424,8 +1472,14 @@ def run(args: argparse.Namespace) -> None:
         print(f"hybrid calibrate: warning: {warning}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     print(f"calibrate: spawning {cfg.ranks} {backend} ranks ...", flush=True)
-    profile = calibrate(cfg)
-    save_profile(profile, args.out)
+    server = None
+    try:
+        server = ranks_leave_ctrl_c_to_this_process()
+        profile = calibrate(cfg)
+        save_profile(profile, args.out)  # atomic: an interrupt during the write leaves nothing
+    except KeyboardInterrupt:
+        stop_ranks(server)
+        raise interrupted(cfg, args.out, time.perf_counter() - start) from None
     hw = profile["hardware"]
     print(f"calibrate: wrote {args.out} in {time.perf_counter() - start:.0f} s: matmul "
           + ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in profile["matmul_tflops"].items())

@@ -305,8 +305,23 @@ def slow_link_from_args(args: argparse.Namespace, hw) -> tuple[slowlink.SlowLink
     link = slowlink.SlowLink(gbps, latency_ms / 1e3)
     given = {dest: default if getattr(args, dest) is None else getattr(args, dest)
              for dest, default in SLOW_LINK_DEFAULTS.items()}
+    check_streaming_row(args, given)
     return link, slowlink.methods_from(given["powersgd_rank"], given["diloco_inner_steps"],
                                        given["diloco_fragments"], given["diloco_fragment_sync_delay"])
+
+
+def check_streaming_row(args: argparse.Namespace, given: dict) -> None:
+    """The Streaming DiLoCo row's K must divide its H (MethodConfig's rule), each named as the user gave it or as
+    the table's default: "--diloco-fragments 4 must divide --diloco-inner-steps 6" was said of a K nobody gave."""
+    def said(dest: str) -> str:
+        flag = f"--{dest.replace('_', '-')} {given[dest]}"
+        return flag if getattr(args, dest) is not None else f"the default {flag} (not given)"
+    h, k = given["diloco_inner_steps"], given["diloco_fragments"]
+    if h % k:
+        fits = ", ".join(str(d) for d in range(2, min(h, 8) + 1) if h % d == 0) or "1"
+        raise ValueError(f"{said('diloco_fragments')} must divide {said('diloco_inner_steps')} (the Streaming "
+                         f"DiLoCo row syncs 1/K of the model every H/K steps): give --diloco-fragments K dividing "
+                         f"{h} (e.g. {fits})")
 
 
 def _check_cp(args: argparse.Namespace) -> None:

@@ -29,6 +29,8 @@ import enum
 import math
 from dataclasses import dataclass, replace
 
+from hybrid.cliutil import check_number
+
 GB = 1e9
 MIB = 2**20  # nvidia-smi's MiB
 
@@ -277,6 +279,36 @@ ZERO_OK_FIELDS = ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward
                   "optimizer_tensor_cpu_s", "optimizer_step_cpu_s")
 
 
+_POSITIVE = {"low": 0, "low_open": True}
+_FRACTION = {"low": 0, "high": 1, "low_open": True}  # (0, 1]
+# Each number field of Hardware and its rule (check_number's arguments); a field added to Hardware needs a rule
+# here (tests/test_inputs15_hardware.py asks). Latencies may be 0 (the planner's what-ifs of a free link).
+FIELD_RULES: dict[str, dict] = {
+    **{name: _POSITIVE for name in ("peak_tflops", "memory_gb", "hbm_tbps", "intra_node_gbps", "inter_node_gbps",
+                                    "pcie_gbps", "host_memory_gb", "cpu_adam_params_per_s", "memory_bytes",
+                                    "elementwise_tbps", "fp8_tflops", "inter_dc_gbps")},
+    **{name: {"low": 1, "integer": True} for name in ("gpus_per_node", "compute_units")},
+    **{name: _FRACTION for name in ("compute_efficiency", "flash_efficiency", "eager_clock")},
+    **{name: {"low": 0} for name in ("intra_latency_s", "inter_latency_s", "inter_dc_latency_s") + ZERO_OK_FIELDS},
+    "overlap_slowdown": {"low": 1},
+}
+NULLABLE_FIELDS = ("compute_units", "memory_bytes", "elementwise_tbps", "flash_efficiency", "fp8_tflops",
+                   "inter_dc_gbps", "inter_dc_latency_s")
+# the flag that sets a field, named in its error (`hybrid plan`'s overrides; the inter-DC link's seconds are
+# --inter-dc-latency's milliseconds / 1000)
+FIELD_FLAGS = {"peak_tflops": "--gpu-tflops", "memory_gb": "--gpu-memory", "gpus_per_node": "--gpus-per-node",
+               "intra_node_gbps": "--intra-node-bandwidth", "inter_node_gbps": "--inter-node-bandwidth",
+               "compute_efficiency": "--compute-efficiency", "gemm_overhead_s": "--gemm-overhead",
+               "inter_dc_gbps": "--inter-dc-bandwidth",
+               "inter_dc_latency_s": "inter_dc_latency_s (--inter-dc-latency / 1000)"}
+
+
+def check_field(label: str, name: str, value, show=repr) -> None:
+    """ValueError "{label} must be {kind}, got {show(value)}" unless `value` meets Hardware field `name`'s rule
+    (FIELD_RULES; None is not a number: the caller lets a nullable field's None through)."""
+    check_number(label, value, **FIELD_RULES[name], show=show)
+
+
 @dataclass(frozen=True)
 class Hardware:
     """One accelerator and the links around it.
@@ -426,41 +458,19 @@ class Hardware:
     optimizer_step_cpu_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for flag, value in (("--gpu-tflops", self.peak_tflops), ("--gpu-memory", self.memory_gb),
-                            ("hbm_tbps", self.hbm_tbps), ("--intra-node-bandwidth", self.intra_node_gbps),
-                            ("--inter-node-bandwidth", self.inter_node_gbps), ("pcie_gbps", self.pcie_gbps),
-                            ("host_memory_gb", self.host_memory_gb),
-                            ("cpu_adam_params_per_s", self.cpu_adam_params_per_s)):
-            if not value > 0:
-                raise ValueError(f"{flag} must be > 0, got {value}")
-        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
-            raise ValueError(f"--gpus-per-node must be a positive integer, got {self.gpus_per_node!r}")
-        if not 0 < self.compute_efficiency <= 1:
-            raise ValueError(f"--compute-efficiency must be in (0, 1], got {self.compute_efficiency}")
-        for name in ZERO_OK_FIELDS:
-            if not getattr(self, name) >= 0:
-                flag = "--gemm-overhead" if name == "gemm_overhead_s" else name
-                raise ValueError(f"{flag} must be >= 0 seconds, got {getattr(self, name)}")
-        if self.elementwise_tbps is not None and not self.elementwise_tbps > 0:
-            raise ValueError(f"elementwise_tbps must be > 0 or None, got {self.elementwise_tbps}")
-        if self.flash_efficiency is not None and not 0 < self.flash_efficiency <= 1:
-            raise ValueError(f"flash_efficiency must be in (0, 1] or None, got {self.flash_efficiency}")
+        """Every number field by its rule in FIELD_RULES (check_number, the typed configs' one check: a bool, NaN
+        and the infinities fail every rule); the name a string, flash_rates a card with published rates. The
+        error names the field by the flag that sets it where one does (`hybrid plan --gpu-memory`)."""
+        if not isinstance(self.name, str):
+            raise ValueError(f"Hardware.name must be a string, got {self.name!r}")
+        for name in FIELD_RULES:
+            value = getattr(self, name)
+            if not (value is None and name in NULLABLE_FIELDS):
+                check_field(FIELD_FLAGS.get(name, f"Hardware.{name}"), name, value)
         cards = sorted({key[0].value for key in FLASH_FWD_BWD_TFLOPS})
         if self.flash_rates is not None and self.flash_rates not in cards:
             raise ValueError(f"flash_rates must be None or a card with published flash rates ({', '.join(cards)}), "
                              f"got {self.flash_rates!r}")
-        if self.fp8_tflops is not None and not self.fp8_tflops > 0:
-            raise ValueError(f"fp8_tflops must be > 0 or None, got {self.fp8_tflops}")
-        if self.inter_dc_gbps is not None and not 0 < self.inter_dc_gbps < math.inf:
-            raise ValueError(f"--inter-dc-bandwidth must be a finite number > 0 (GB/s), got {self.inter_dc_gbps}")
-        if self.inter_dc_latency_s is not None and not 0 <= self.inter_dc_latency_s < math.inf:
-            raise ValueError(f"--inter-dc-latency must be a finite number >= 0, got {self.inter_dc_latency_s} s")
-        if not self.overlap_slowdown >= 1:
-            raise ValueError(f"overlap_slowdown must be >= 1, got {self.overlap_slowdown}")
-        if not 0 < self.eager_clock <= 1:
-            raise ValueError(f"eager_clock must be in (0, 1], got {self.eager_clock}")
-        if self.compute_units is not None and (not isinstance(self.compute_units, int) or self.compute_units < 1):
-            raise ValueError(f"compute_units must be a positive integer or None, got {self.compute_units!r}")
 
     def shared_compute_factor(self, devices_per_node: int) -> float:
         """How many times longer all devices of a node take to compute together than one alone: devices /

@@ -262,7 +262,9 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     v = check_zero_bubble(args, kind, v, dims.pp, cfg.num_layers)  # zbv: 2 chunks a rank (hybrid/pipeline/args.py)
     if kind is ScheduleKind.INTERLEAVED and v == 1:  # at pp 1 too: one chunk on one rank runs the plain step
         raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage "
-                         "(or --virtual-pipeline-model-parallel-size)")
+                         "(or --virtual-pipeline-model-parallel-size)"
+                         + (" and --pipeline-model-parallel-size >= 2" if dims.pp == 1 else ""))
+    check_virtual_stages(args, v, dims.pp)
     _check_one_stage(args, dims.pp * v)
     if kind not in (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV) and v > 1:
         raise ValueError(f"--num-layers-per-virtual-pipeline-stage needs --pipeline-schedule interleaved, not {kind.value}")
@@ -284,6 +286,26 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     else:
         stages = partition_layers(cfg.num_layers, dims.pp, v)
     return PipelinePlan(kind=kind, v=v, stages=stages)
+
+
+def check_virtual_stages(args: argparse.Namespace, v: int, pp: int) -> None:
+    """v > 1 chunks a rank at --pipeline-model-parallel-size 1: refused, as Megatron-LM's validate_args refuses
+    virtual stages below pp 2. Interleaving shrinks the pipeline bubble, (pp - 1) / (v m) of the step against
+    1F1B's (pp - 1) / m; at pp 1 there is no bubble, so the v chunks on the one rank would only run the plain
+    step's arithmetic in v pieces (and `hybrid plan` never proposes it). v = 1 (the flag giving every layer to
+    one chunk) is the default layout and stays accepted."""
+    if pp > 1 or v == 1:
+        return
+    if args.pipeline_schedule == "zbv":  # zbv fixes v = 2 itself: the flag that asked for it is the schedule
+        raise ValueError("--pipeline-schedule zbv needs --pipeline-model-parallel-size >= 2 (its two chunks a "
+                         "rank fill a pipeline's bubble; one stage has none): give --pipeline-model-parallel-size "
+                         "N or use --pipeline-schedule 1f1b")
+    flag = ("--num-layers-per-virtual-pipeline-stage" if args.num_layers_per_virtual_pipeline_stage is not None
+            else "--virtual-pipeline-model-parallel-size")
+    given = getattr(args, flag[2:].replace("-", "_"))
+    raise ValueError(f"{flag} {given} makes {v} virtual stages a rank, and --pipeline-model-parallel-size is 1: "
+                     f"interleaving shrinks a pipeline's bubble and one stage has none (Megatron-LM refuses the "
+                     f"same); give --pipeline-model-parallel-size N >= 2 or drop {flag}")
 
 
 def _check_one_stage(args: argparse.Namespace, stages: int) -> None:
@@ -374,6 +396,24 @@ def _apply_grad_accum_dtype(args: argparse.Namespace, dtype: str) -> None:
     args.accumulate_allreduce_grads_in_fp32 = want
 
 
+def check_shm_gather(args: argparse.Namespace, zero: ZeroConfig, dims: ParallelDims, diloco, compressed: bool
+                     ) -> None:
+    """--shm-gather given by name where it cannot run, for a reason known now: one line (check_zero refuses it at
+    stages 0 and 3). The default falls back to gloo's gather quietly; asked for by name, a silent fallback would
+    leave the user believing it ran. ZeRO's group is dp x cp ranks, or a DiLoCo replica's dp / R. What only the
+    set-up can tell (room in /dev/shm, the pair on one host) is said at start-up instead (hybrid/train/loop.py)."""
+    if "shm_gather" not in getattr(args, "explicit", set()) or not args.shm_gather or zero.stage not in (1, 2):
+        return
+    from hybrid.mesh import default_backend
+    from hybrid.zero.shm import unusable_before_start
+    group = dims.dp // (diloco.replicas or dims.dp) if diloco is not None else dims.dp * dims.cp
+    why = unusable_before_start(group, default_backend()[1].type, compressed)
+    if why:
+        why += " (ZeRO runs inside each DiLoCo replica: dp / R ranks)" if diloco is not None and group != 2 else ""
+        raise ValueError(f"--shm-gather: {why}; drop the flag (the default takes the shared-memory gather wherever "
+                         f"it runs, gloo's elsewhere)")
+
+
 def check_zero(args: argparse.Namespace) -> ZeroConfig:
     if args.bf16 and args.fp16:
         raise ValueError("--bf16 and --fp16 are exclusive; choose one")
@@ -426,6 +466,8 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None,  # hybrid/compress
                                    moe=moe is not None)
     diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe is not None)  # hybrid/diloco: None without
+    warnings += diloco_args.single_replica_warning(diloco, dims.dp)
+    check_shm_gather(ns, zero, dims, diloco, compress.enabled)
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")

@@ -123,6 +123,9 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     if isinstance(runner, PipelineExecutor):
         runner.before_weight = optimizer.gather_chunk  # zero-bubble W under ZeRO-3: the chunk's weights gathered
     log0(mesh, _header(run, model, optimizer, device))
+    if optimizer.shm_gather_declined:  # the pair's set-up fell back (/dev/shm full, two hosts): said, not silent
+        log0(mesh, f"zero: the shared-memory gather (--shm-gather) is not used, gloo's gather runs: "
+                   f"{optimizer.shm_gather_declined}")
     ft = FaultTolerance.start(run.fault, mesh, model, runner, optimizer, run.training.log_interval,
                               run.metrics.timing_log_interval)  # hybrid/fault
     tokens_per_step = batch.global_batch * batch.seq_length

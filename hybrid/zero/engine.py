@@ -221,11 +221,14 @@ class ZeroOptimizer:
         config's, and `SharedFlats.open` agrees its own over the group. Not the MoE experts' units (the expert-DP
         group), nor under a compressor (hybrid/compress steps and gathers its own way), nor at stages 0 and 3 (no
         post-step gather)."""
+        self.shm_gather_declined: str | None = None  # why a 2-rank gloo pair's set-up fell back, if it did
         if not (self.cfg.shm_gather and self.cfg.stage in (1, 2) and self.device.type == "cpu"
                 and self.reduction is None):
             return None, {}
         dense = [u for u in self.units if id(u) not in self._expert_units]
-        shared = SharedFlats.open(self.dp, [u.padded for u in dense], self.dtype)
+        why: list[str] = []
+        shared = SharedFlats.open(self.dp, [u.padded for u in dense], self.dtype, why=why)
+        self.shm_gather_declined = why[0] if why else None  # train.py's header says it (hybrid/train/loop.py)
         return shared, ({id(u): i for i, u in enumerate(dense)} if shared is not None else {})
 
     @property

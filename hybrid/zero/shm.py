@@ -97,10 +97,11 @@ class SharedFlats:
 
     # --- set-up ----------------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, group: Group, numels: list[int], dtype: torch.dtype, shm_dir: str | None = None
-             ) -> SharedFlats | None:
+    def open(cls, group: Group, numels: list[int], dtype: torch.dtype, shm_dir: str | None = None,
+             why: list[str] | None = None) -> SharedFlats | None:
         """Collective over the 2-rank `group`: the pair's shared buffers, or None on both ranks where either cannot
-        (the caller keeps gloo's gather). `shm_dir`: where the files go (default SHM_DIR, read at the call)."""
+        (the caller keeps gloo's gather). `shm_dir`: where the files go (default SHM_DIR, read at the call). `why`:
+        a list that gets this rank's reason where a 2-rank gloo pair's set-up declined (train.py says it at start)."""
         if group.size != 2 or not group.host_staged:
             return None
         shm_dir = shm_dir or SHM_DIR
@@ -131,6 +132,8 @@ class SharedFlats:
             for m in (mine, peer):
                 if m is not None:
                     os.close(m[1])  # the maps go with their last tensor
+            if why is not None:
+                why.append(_declined(shm_dir, 2 * end, room, mine is not None, peer is not None))
             return None
         return cls(group, numels, dtype, mine[0], peer[0], offsets, (mine[1], peer[1]))
 
@@ -229,6 +232,41 @@ def _supported(shm_dir: str, nbytes: int) -> bool:
         return False
     st = os.statvfs(shm_dir)
     return st.f_bavail * st.f_frsize >= nbytes
+
+
+def unusable_before_start(group_size: int, device_type: str, compressed: bool, shm_dir: str | None = None
+                          ) -> str | None:
+    """Why the gather cannot run, from what is known before any process group (the conditions `open` and
+    ZeroOptimizer._open_shared check at set-up), or None: it may -- set-up still needs the pair on one host and the
+    room in /dev/shm. train.py refuses an explicit --shm-gather with it; the default falls back quietly."""
+    shm_dir = shm_dir or SHM_DIR
+    if device_type != "cpu":
+        return "it pairs CPU ranks' host memory, and this run's parameters are on the GPU (NCCL gathers there)"
+    if group_size != 2:
+        return (f"it pairs the 2 ranks of a ZeRO data-parallel group, and this run's group has {group_size} "
+                f"rank{'s' if group_size != 1 else ''}")
+    if compressed:
+        return "a gradient compressor (PowerSGD, 1-bit Adam) steps and gathers the parameters its own way"
+    if not _platform_ok(shm_dir):
+        return f"it needs x86-64 Linux with {shm_dir}; this is {platform.machine()}" + \
+            ("" if os.path.isdir(shm_dir) else f" without {shm_dir}")
+    return None
+
+
+def _declined(shm_dir: str, nbytes: int, room: bool, made: bool, attached: bool) -> str:
+    """Why this rank's set-up fell back to gloo (the agreement tells each rank only that one side could not)."""
+    if not _platform_ok(shm_dir):
+        return f"it needs x86-64 Linux with {shm_dir}; this is {platform.machine()}"
+    if not room:
+        st = os.statvfs(shm_dir)
+        return (f"{shm_dir} has {st.f_bavail * st.f_frsize / 2**20:.0f} MiB free and the pair's files need "
+                f"{nbytes / 2**20:.0f} MiB")
+    if not made:
+        return f"this rank could not make and reserve its file in {shm_dir} (filled since the check?)"
+    if not attached:
+        return (f"the peer rank's file is not in this rank's {shm_dir} (the pair on two hosts, or the peer could "
+                f"not make its file)")
+    return "the peer rank could not map this rank's file"
 
 
 def _create(path: str, nbytes: int) -> tuple[mmap.mmap, int] | None:
