@@ -201,7 +201,8 @@ time.sleep(600)
 
 
 def _pair_with_a_holder(tmp_path):
-    """This process's file and a helper process's (a fork running HOLDER: the peer, holding its lock), wired as a SharedFlats."""
+    """This process's file and a helper process's (a fork running HOLDER: the peer, holding its lock), wired as a
+    SharedFlats."""
     from types import SimpleNamespace
 
     from hybrid.comm import CommLedger
