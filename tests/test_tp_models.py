@@ -9,6 +9,7 @@ global generator -- equal masks are not expected (tests/test_dropout.py tests ou
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 
 import pytest
@@ -63,15 +64,31 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
 
 
-def _compare_case(name, tp_size, sp, ckpt_dir, world) -> dict:
+def _reference(name: str, ckpt_dir: str) -> None:
+    """transformers' model (seed 0) saved to `ckpt_dir` with its logits, loss and parameter gradients on the
+    fixed batch (ref.pt): computed once here, not on every rank for every case -- every rank built the same
+    model from the same seed and ran the same batch, so it is the same reference."""
     cls, hf_cfg = hf_models()[name]
     torch.manual_seed(0)
-    hf = cls(hf_cfg).eval()  # same seed on every rank: identical reference
-    ids = torch.randint(0, hf_cfg.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    hf = cls(hf_cfg)
+    hf.save_pretrained(ckpt_dir)
+    hf.eval()
+    ids = _batch(hf_cfg)
     ref = hf(ids, labels=ids)
     ref.loss.backward()
+    torch.save({"logits": ref.logits.detach(), "loss": ref.loss.detach(),
+                "grads": {k: p.grad for k, p in hf.named_parameters()}}, os.path.join(ckpt_dir, "ref.pt"))
 
-    mesh = Mesh.build(ParallelDims.from_world(world, tp=tp_size))
+
+def _batch(hf_cfg) -> torch.Tensor:
+    return torch.randint(0, hf_cfg.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+def _compare_case(name, tp_size, sp, ckpt_dir, mesh) -> dict:
+    _, hf_cfg = hf_models()[name]
+    ref = torch.load(os.path.join(ckpt_dir, "ref.pt"))
+    ids = _batch(hf_cfg)
+
     tp = TPContext(mesh.tp, sequence_parallel=sp)
     model = build_model(from_hf(hf_cfg), tp, seed=None).eval()
     with torch.no_grad():  # the load must write every element, vocabulary padding included
@@ -85,8 +102,8 @@ def _compare_case(name, tp_size, sp, ckpt_dir, world) -> dict:
 
     full_logits = gather_full(logits, _vocab_spec(model), mesh.tp)
     grads = export_hf_state_dict(model, mesh.tp, grads=True)
-    ref_grads = {k: p.grad for k, p in hf.named_parameters()}
-    return {"logits": rel(full_logits, ref.logits), "loss": rel(loss.detach(), ref.loss.detach()),
+    ref_grads = ref["grads"]
+    return {"logits": rel(full_logits, ref["logits"]), "loss": rel(loss.detach(), ref["loss"]),
             "grad_keys": sorted(grads) == sorted(ref_grads),
             "grads": max(rel(grads[k], ref_grads[k]) for k in ref_grads)}
 
@@ -98,16 +115,24 @@ def _vocab_spec(model):
 
 
 def _all_cases(rank, world, ckpt_dirs):
-    return {case: _compare_case(*case, ckpt_dirs[case[0]], world) for case in CASES}
+    """Every case, on one mesh per tp size (its process groups built once, not once per case: the groups are
+    not what the cases vary)."""
+    meshes = {}
+    results = {}
+    for case in CASES:
+        tp = case[1]
+        if tp not in meshes:
+            meshes[tp] = Mesh.build(ParallelDims.from_world(world, tp=tp))
+        results[case] = _compare_case(*case, ckpt_dirs[case[0]], meshes[tp])
+    return results
 
 
 @pytest.fixture(scope="module")
 def results():
     dirs = {}
-    for name, (cls, cfg) in hf_models().items():
-        torch.manual_seed(0)
+    for name in hf_models():
         dirs[name] = tempfile.mkdtemp(prefix=f"hf-{name}-")
-        cls(cfg).save_pretrained(dirs[name])
+        _reference(name, dirs[name])
     per_rank = run_distributed(_all_cases, WORLD, args=(dirs,), timeout=600)
     # every rank computed every case; report the worst
     return {case: {k: (max(r[case][k] for r in per_rank) if k != "grad_keys" else all(r[case][k] for r in per_rank))

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
+import time
 
 import pytest
 import torch
 
 from hybrid.data import BatchSpec, load_corpus, micro_batches
 from hybrid.mesh import Mesh, ParallelDims
+from hybrid import testing
 from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
 from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
@@ -175,11 +175,13 @@ def _after_kill_run(rank, world, tmp):
     return flats.flat(0).tolist(), os.listdir(tmp)
 
 
-@pytest.mark.slow  # a killed interpreter, then a 2-rank job
+@pytest.mark.slow  # a killed process, then a 2-rank job
 def test_a_file_left_by_a_sigkilled_rank_is_removed_by_the_next_set_up(tmp_path):
+    """The killed creator is a fork of hybrid.testing's forkserver running `python -c KILLED` (no interpreter
+    start-up): a process of its own, whose file and lock the kernel handles on SIGKILL as an interpreter's."""
     from hybrid.zero import shm
     left = str(tmp_path / f"{shm.PREFIX}77-0")
-    p = subprocess.run([sys.executable, "-c", KILLED, left], capture_output=True, text=True, timeout=120)
+    p = testing.run(["-c", KILLED, left], timeout=120)
     assert p.returncode == -signal.SIGKILL and "created" in p.stdout
     assert os.listdir(tmp_path) == [os.path.basename(left)]  # SIGKILL left it behind
     for gathered, files in run_distributed(_after_kill_run, 2, args=(str(tmp_path),)):
@@ -199,22 +201,26 @@ time.sleep(600)
 
 
 def _pair_with_a_holder(tmp_path):
-    """This process's file and a helper interpreter's (the peer, holding its lock), wired as a SharedFlats."""
+    """This process's file and a helper process's (a fork running HOLDER: the peer, holding its lock), wired as a
+    SharedFlats."""
     from types import SimpleNamespace
 
     from hybrid.comm import CommLedger
     from hybrid.zero import shm
     nbytes = 2 * shm.PAGE
     mine, peer_path = shm._create(str(tmp_path / "mine"), nbytes), str(tmp_path / "peer")
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, peer_path, str(nbytes)], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "ready"
+    holder = testing.start(["-c", HOLDER, peer_path, str(nbytes)])  # a fork: its own process, flock and death
+    deadline = time.monotonic() + 120
+    while holder.stdout() != "ready\n":
+        assert holder.poll() is None and time.monotonic() < deadline, (holder.stdout(), holder.stderr())
+        time.sleep(0.01)
     peer = shm._attach(peer_path, nbytes, 9, 1)
     assert peer is not None  # alive: its lock is held
     group = SimpleNamespace(name="dp", ranks=(0, 1), rank=0, size=2, ledger=CommLedger(), pg=None)
     return holder, shm.SharedFlats(group, [4], torch.float32, mine[0], peer[0], [shm.PAGE], (mine[1], peer[1]))
 
 
-@pytest.mark.slow  # a helper interpreter, killed
+@pytest.mark.slow  # a helper process, killed
 def test_a_take_from_a_peer_killed_mid_wait_raises_a_comm_error_naming_it_not_after_the_timeout(tmp_path):
     """The peer's flock goes with its process (SIGKILL included): the waiting rank sees it within a re-check and
     raises PeerLost (a torch DistError, which hybrid/liveness.py treats as a lost peer, as gloo's closed socket),
@@ -232,7 +238,7 @@ def test_a_take_from_a_peer_killed_mid_wait_raises_a_comm_error_naming_it_not_af
         holder.kill()
 
 
-@pytest.mark.slow  # a helper interpreter, stopped
+@pytest.mark.slow  # a helper process, stopped
 def test_a_take_from_a_stalled_peer_times_out_after_the_groups_timeout(tmp_path):
     """A SIGSTOPped peer keeps its lock: the wait ends at the group's timeout (--distributed-timeout-minutes, read
     from the gloo group; 1 s here) with a "timed out" comm error, as gloo's own collectives do."""
