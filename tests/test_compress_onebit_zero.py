@@ -179,28 +179,23 @@ def test_onebit_adam_zero1_checkpoint_resumes_bit_for_bit_at_zero1_and_zero0_and
     from tests.test_compress_train import COMMON, _losses, runnable
     from hybrid import testing
     root = str(tmp_path)
-    env = {"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}
 
-    def job(flags, tag, nproc=2):  # testing.torchrun's launch, for launch_together
-        return dict(argv=runnable(COMMON + flags) + ["--metrics-file", f"{root}/{tag}.jsonl"], world=nproc, env=env,
-                    timeout=600, kill_stopped=False, teardown_after=0.0, cwd=_root())
+    def run(flags, tag):
+        out = testing.torchrun(runnable(COMMON + flags) + ["--metrics-file", f"{root}/{tag}.jsonl"], 2,
+                               env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=_root(), timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return _losses(f"{root}/{tag}.jsonl")
 
-    want = _ran(testing.launch(**job(ONEBIT_Z1 + BF16 + ["--save-interval", "4", "--save", f"{root}/straight"],
-                                     "straight")), f"{root}/straight.jsonl")
+    want = run(ONEBIT_Z1 + BF16 + ["--save-interval", "4", "--save", f"{root}/straight"], "straight")
     resume = ["--load", f"{root}/straight", "--ckpt-step", "4"]
-    zero0 = [f if f != "1" else "0" for f in ONEBIT_Z1]
-    # three runs that only read `straight`, launched at once: their start-ups overlap, each as if launched alone
-    resumed, at_zero0, at_dp1 = testing.launch_together([job(ONEBIT_Z1 + BF16 + resume + ["--save", f"{root}/resumed"],
-                                                             "resumed"),
-                                                         job(zero0 + BF16 + resume, "zero0"),
-                                                         job(ONEBIT_Z1 + BF16 + resume, "dp1", nproc=1)])
-    got = _ran(resumed, f"{root}/resumed.jsonl")
+    got = run(ONEBIT_Z1 + BF16 + resume + ["--save", f"{root}/resumed"], "resumed")
     assert sorted(got) == [5, 6] and all(got[i] == want[i] for i in (5, 6)), (got, want)
     a, b = _tensors(f"{root}/straight", 6), _tensors(f"{root}/resumed", 6)
     assert sorted(a) == sorted(b)
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    got = _ran(at_zero0, f"{root}/zero0.jsonl")
+    zero0 = [f if f != "1" else "0" for f in ONEBIT_Z1]
+    got = run(zero0 + BF16 + resume, "zero0")
     assert all(got[i] == want[i] for i in (5, 6)), (got, want)
     saved = _tensors(f"{root}/straight", 4)
     assert any(k.startswith("compress/onebit.server_error/") and v.abs().max() > 0 for k, v in saved.items())
@@ -215,17 +210,11 @@ def test_onebit_adam_zero1_checkpoint_resumes_bit_for_bit_at_zero1_and_zero0_and
         assert len(kept) > len(saved) // 2
         for k in kept:
             assert torch.equal(got_t[k], saved[k]), (tag, k)
-    (dp1,) = at_dp1
-    assert dp1.exited is not None and dp1.returncode != 0 and "Traceback" not in dp1.stderr
+    out = testing.torchrun(runnable(COMMON + ONEBIT_Z1) + BF16 + ["--load", f"{root}/straight", "--ckpt-step", "4"], 1,
+                           env={"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1"}, cwd=_root(), timeout=600)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "saved at dp 2, this run has dp 1 (sign compression does not reshard across DP sizes); resume at dp 2" \
-        in dp1.stderr, dp1.stderr[-2000:]
-
-
-def _ran(runs, metrics: str) -> dict:
-    """A launch's losses by iteration, once every rank exited 0 (testing.torchrun's success)."""
-    from tests.test_compress_train import _losses
-    assert all(r.exited is not None and r.returncode == 0 for r in runs), "".join(r.stderr for r in runs)[-3000:]
-    return _losses(metrics)
+        in out.stderr, out.stderr[-2000:]
 
 
 def _root() -> str:
