@@ -90,10 +90,23 @@ def _reference(cfg, batches):
     return loss.item(), {n: p.grad for n, p in model.named_parameters()}
 
 
+_MESHES: dict[tuple, Mesh] = {}  # this rank's meshes, one a layout, shared by the launch's cases
+
+
+def _mesh(world: int, **sizes) -> Mesh:
+    """One mesh a layout for all the cases of a launch, as one train.py run keeps one mesh for all its steps: a
+    launch builds one or two, not one a case (Mesh.build calls new_group for every group of every axis, each call a
+    store barrier of the whole world)."""
+    key = (world, *sorted(sizes.items()))
+    if key not in _MESHES:
+        _MESHES[key] = Mesh.build(ParallelDims.from_world(world, **sizes))
+    return _MESHES[key]
+
+
 def _run_case(world, cfgs, refs, name, kind, pp, m, v):
     """`refs`: the single-process references by (model, m), computed once in the test process (references)."""
     cfg = cfgs[name]
-    mesh = Mesh.build(ParallelDims.from_world(world, pp=pp))
+    mesh = _mesh(world, pp=pp)
     chunks = _chunks(cfg, TPContext(mesh.tp), mesh, kind, v, seed=5)
     schedule = build_schedule(kind, pp, m, v)[mesh.coords.pp]
     batches = _batches(m)
@@ -163,7 +176,7 @@ def _train(mesh: Mesh, model_name: str, sp: bool = False, kind: ScheduleKind = S
 
 
 def _composed(world, model_name, sp, kind):
-    return _train(Mesh.build(ParallelDims.from_world(world, tp=2, pp=2)), model_name, sp, kind)
+    return _train(_mesh(world, tp=2, pp=2), model_name, sp, kind)
 
 
 COMPOSED = [("tiny-gpt2", False, ScheduleKind.ONE_F_ONE_B), ("tiny-llama", False, ScheduleKind.ONE_F_ONE_B),

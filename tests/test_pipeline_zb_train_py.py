@@ -61,13 +61,18 @@ def test_zbv_plan_holds_two_chunks_a_rank(monkeypatch):
     assert plan.v == 2 and len(plan.stages) == 4
 
 
-def _train(argv: list[str], cwd) -> str:
-    """`torchrun --nproc-per-node 2 scripts/train.py TRAIN ARGV`, the ranks forked from hybrid.testing's
-    forkserver."""
+def _train(argvs: list[list[str]], cwd) -> list[str]:
+    """`torchrun --nproc-per-node 2 scripts/train.py TRAIN ARGV` for each ARGV, all at once (hybrid.testing's
+    launch_together, the ranks forked from its forkserver: their start-up, rendezvous and checkpoint barriers
+    overlap instead of adding up); each job's stdout, its ranks' joined in rank order as torchrun joins them."""
     env = {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, "OMP_NUM_THREADS": "1"}
-    out = testing.torchrun(TRAIN + argv, 2, env=env, cwd=str(cwd), timeout=600, entry=testing.python_main)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+    jobs = testing.launch_together([dict(argv=TRAIN + argv, world=2, env=env, cwd=str(cwd), timeout=600,
+                                         kill_stopped=False, teardown_after=0.0, entry=testing.python_main)
+                                    for argv in argvs])
+    for argv, ranks in zip(argvs, jobs):
+        assert all(r.exited is not None and r.returncode == 0 for r in ranks), \
+            (argv, "".join(r.stderr for r in ranks)[-3000:])
+    return ["".join(r.stdout for r in ranks) for ranks in jobs]
 
 
 def _state(ckpt: str, iteration: int, tmp_path) -> dict[str, torch.Tensor]:
@@ -79,18 +84,20 @@ def _state(ckpt: str, iteration: int, tmp_path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """Two rounds of jobs run together: the 1F1B reference and ZBV's first 3 steps (independent), then what
+    resumes from their checkpoints -- ZBV's under 1F1B, and the reference's step 3 under ZBV and under ZB-H1
+    (each job its own checkpoint folder; none reads what another of its round writes)."""
     tmp = tmp_path_factory.mktemp("zb_ckpt")
-    ref = str(tmp / "ref")
-    logs = {"ref": _train(["--pipeline-schedule", "1f1b", "--save", ref], tmp)}
-    zbv = str(tmp / "zbv")  # ZBV for 3 steps, then 1F1B from its checkpoint
-    logs["zbv"] = _train(["--pipeline-schedule", "zbv", "--save", zbv, "--exit-interval", "3", "--timeline",
-                          str(tmp / "zbv.json")], tmp)
-    logs["zbv->1f1b"] = _train(["--pipeline-schedule", "1f1b", "--save", zbv, "--load", zbv], tmp)
-    back = {}
-    for kind in ("zbv", "zbh1"):  # 1F1B's step-3 checkpoint, resumed under a zero-bubble schedule
-        back[kind] = str(tmp / f"1f1b->{kind}")
-        logs[f"1f1b->{kind}"] = _train(["--pipeline-schedule", kind, "--save", back[kind], "--load", ref,
-                                        "--ckpt-step", "3"], tmp)
+    ref, zbv = str(tmp / "ref"), str(tmp / "zbv")  # zbv: ZBV for 3 steps, then 1F1B from its checkpoint
+    logs = dict(zip(["ref", "zbv"], _train([
+        ["--pipeline-schedule", "1f1b", "--save", ref],
+        ["--pipeline-schedule", "zbv", "--save", zbv, "--exit-interval", "3", "--timeline", str(tmp / "zbv.json")]],
+        tmp)))
+    back = {kind: str(tmp / f"1f1b->{kind}") for kind in ("zbv", "zbh1")}  # 1F1B's step 3 under zero bubble
+    logs.update(zip(["zbv->1f1b", "1f1b->zbv", "1f1b->zbh1"], _train(
+        [["--pipeline-schedule", "1f1b", "--save", zbv, "--load", zbv]]
+        + [["--pipeline-schedule", kind, "--save", back[kind], "--load", ref, "--ckpt-step", "3"] for kind in back],
+        tmp)))
     return tmp, ref, zbv, back, logs
 
 
@@ -139,25 +146,30 @@ COMPOSED = {
 }
 
 
-def _metrics(case: str, kind: str, tmp) -> list[tuple[float, float]]:
-    from hybrid.testing import launch
-    path = tmp / f"{case}-{kind}.jsonl"
-    argv = [*COMPOSED[case], "--pipeline-model-parallel-size", "2", "--pipeline-schedule", kind, "--seq-length", "32",
-            "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "3", "--log-interval", "1",
-            "--eval-iters", "0", "--metrics-file", str(path)]
-    ranks = launch(argv, 4, timeout=600)
-    assert all(r.returncode == 0 for r in ranks), ranks[0].stderr[-3000:]
-    recs = [json.loads(x) for x in path.read_text().splitlines()]
-    return [(r["lm_loss"], r["grad_norm"]) for r in recs if "lm_loss" in r]
+def _metrics(case: str, kinds: list[str], tmp) -> list[list[tuple[float, float]]]:
+    """Each schedule's logged (loss, gradient norm) per step, its 4-rank jobs launched together (launch_together:
+    their start-up and rendezvous overlap)."""
+    from hybrid.testing import launch_together
+    paths = [tmp / f"{case}-{kind}.jsonl" for kind in kinds]
+    jobs = launch_together([dict(argv=[*COMPOSED[case], "--pipeline-model-parallel-size", "2", "--pipeline-schedule",
+                                       kind, "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size",
+                                       "8", "--train-iters", "3", "--log-interval", "1", "--eval-iters", "0",
+                                       "--metrics-file", str(path)], world=4, timeout=600)
+                            for kind, path in zip(kinds, paths)])
+    out = []
+    for kind, path, ranks in zip(kinds, paths, jobs):
+        assert all(r.returncode == 0 for r in ranks), (kind, ranks[0].stderr[-3000:])
+        recs = [json.loads(x) for x in path.read_text().splitlines()]
+        out.append([(r["lm_loss"], r["grad_norm"]) for r in recs if "lm_loss" in r])
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", COMPOSED)
 def test_zero_bubble_composes_with_context_and_expert_parallelism(case, tmp_path):
-    ref = _metrics(case, "1f1b", tmp_path)
+    ref, zbh1, zbv = _metrics(case, ["1f1b", "zbh1", "zbv"], tmp_path)
     assert len(ref) == 3 and ref[-1][0] < ref[0][0], ref
-    assert _metrics(case, "zbh1", tmp_path) == ref
-    zbv = _metrics(case, "zbv", tmp_path)
+    assert zbh1 == ref
     assert [loss for loss, _ in zbv] == [loss for loss, _ in ref]
     assert [norm for _, norm in zbv] == pytest.approx([norm for _, norm in ref], rel=1e-12, abs=0)
 

@@ -24,7 +24,7 @@ selective once.
 
 The fast tier (`-m "not slow"`) runs the pp 2 cases and the reduction timing; the pp 4 cases and the heaviest pp 2
 one (ZBV + SP + full recomputation: CASES_SLOW says what keeps its subjects fast) are marked slow (the full suite
-runs them, in one launch): ZB-H1 and ZBV at pp 4 stay in the fast tier through tests/test_pipeline_executor.py (every
+runs them, in the same launch as the pp 2 cases: `launched`): ZB-H1 and ZBV at pp 4 stay in the fast tier through tests/test_pipeline_executor.py (every
 schedule at pp 2 and 4, gradients and loss against one process) and tests/test_pipeline_zero_bubble.py (the
 compute lists against torch's for pp 1..8).
 """
@@ -103,21 +103,27 @@ def _train(mesh: Mesh, model: str, kind: ScheduleKind, zero: int, sp: bool, reco
 
 
 def _both(rank: int, world: int, cases: dict) -> dict:
-    out = {}
+    out, meshes = {}, {}
     for name, (model, kind, tp, pp, zero, sp, recompute) in cases.items():
-        mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
-        out[name] = {k: _train(mesh, model, k, zero, sp, recompute) for k in (ONE_F_ONE_B, kind)}
+        if (tp, pp) not in meshes:  # one mesh a layout, as one train.py run builds one for all its steps
+            meshes[tp, pp] = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
+        out[name] = {k: _train(meshes[tp, pp], model, k, zero, sp, recompute) for k in (ONE_F_ONE_B, kind)}
     return out
 
 
 @pytest.fixture(scope="module")
-def pp2():
-    return run_distributed(_both, 8, args=(CASES_PP2,), timeout=900)
-
-
-@pytest.fixture(scope="module")
-def slow_cases():
-    return run_distributed(_both, 8, args=(CASES_SLOW,), timeout=900)
+def launched(request) -> dict:
+    """Every case this session runs from this module, in one 8-rank launch (the fast tier: CASES_PP2's; the full
+    suite: both sets -- one launch's fork, process groups and meshes instead of two); {case: per-rank results}."""
+    tests = {"test_zero_bubble_training_equals_1f1b_bit_for_bit_pp2": CASES_PP2,
+             "test_zero_bubble_training_equals_1f1b_bit_for_bit_pp4_and_zbv_sp_full": CASES_SLOW}
+    cases = {}
+    for item in request.session.items:
+        if item.module is request.module and item.originalname in tests:
+            name = item.callspec.params["case"]
+            cases[name] = tests[item.originalname][name]
+    per_rank = run_distributed(_both, 8, args=(cases,), timeout=900)
+    return {name: [r[name] for r in per_rank] for name in cases}
 
 
 def _check(results: list[dict], case: str, kind: ScheduleKind) -> None:
@@ -128,7 +134,7 @@ def _check(results: list[dict], case: str, kind: ScheduleKind) -> None:
     exact = kind is not ZBV
     ref_w, zb_w = {}, {}
     for r in results:
-        ref, zb = r[case][ONE_F_ONE_B], r[case][kind]
+        ref, zb = r[ONE_F_ONE_B], r[kind]
         if exact:
             assert zb["losses"] == ref["losses"], (zb["losses"], ref["losses"])
             assert zb["norms"] == ref["norms"], (zb["norms"], ref["norms"])
@@ -146,19 +152,19 @@ def _check(results: list[dict], case: str, kind: ScheduleKind) -> None:
             worst = max(worst, ((w - ref_w[n]).abs().max() / ref_w[n].abs().max()).item())
     assert worst <= 1e-6, worst
     print(f"{case}: worst weight deviation {worst:.2e} of the tensor's largest element")
-    first = results[0][case][ONE_F_ONE_B]["losses"]
+    first = results[0][ONE_F_ONE_B]["losses"]
     assert first[-1] < first[0], "the runs train"
 
 
 @pytest.mark.parametrize("case", CASES_PP2)
-def test_zero_bubble_training_equals_1f1b_bit_for_bit_pp2(case, pp2):
-    _check(pp2, case, CASES_PP2[case][1])
+def test_zero_bubble_training_equals_1f1b_bit_for_bit_pp2(case, launched):
+    _check(launched[case], case, CASES_PP2[case][1])
 
 
 @pytest.mark.slow  # pp 4: the fast tier keeps it in tests/test_pipeline_executor.py (module doc); CASES_SLOW's pp 2
 @pytest.mark.parametrize("case", CASES_SLOW)  # case keeps its subjects in the pp 2 cases above (CASES_SLOW's comment)
-def test_zero_bubble_training_equals_1f1b_bit_for_bit_pp4_and_zbv_sp_full(case, slow_cases):
-    _check(slow_cases, case, CASES_SLOW[case][1])
+def test_zero_bubble_training_equals_1f1b_bit_for_bit_pp4_and_zbv_sp_full(case, launched):
+    _check(launched[case], case, CASES_SLOW[case][1])
 
 
 # --- when ZeRO reduces: inside W, after a unit's last W ---------------------------------------------------------

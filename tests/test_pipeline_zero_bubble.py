@@ -13,6 +13,7 @@ optimal, in-flight peaks) run over ZB-H1 and ZBV in tests/test_pipeline_schedule
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -124,6 +125,14 @@ def test_wrong_chunks_per_rank_are_rejected_naming_v(kind, v, match):
 # --- closed forms --------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
+def _built(kind: ScheduleKind, pp: int, m: int, v: int = 1) -> tuple[tuple, ...]:
+    """build_schedule(kind, pp, m, v), built once for the module's simulations: the closed-form tests simulate one
+    schedule under several costs (six parametrised cost sets, t in (1, 2.5), the bubble comparisons) and building it
+    took half their time. Deterministic in its arguments; tuples, so no simulation can change what the next reads."""
+    return tuple(tuple(actions) for actions in build_schedule(kind, pp, m, v))
+
+
 def _zb_costs(tf: float, tb: float, tw: float) -> Costs:
     return Costs(forward=tf, backward=tb + tw, weight_share=tw / (tb + tw))
 
@@ -136,7 +145,7 @@ def _zb_h1_makespan(pp: int, m: int, tf: float, tb: float, tw: float) -> float:
 def test_zb_h1_makespan_is_the_closed_form(tf, tb, tw):
     for pp in range(1, 9):
         for m in range(1, 3 * pp + 1):
-            result = simulate(build_schedule(ZB_H1, pp, m), _zb_costs(tf, tb, tw))
+            result = simulate(_built(ZB_H1, pp, m), _zb_costs(tf, tb, tw))
             assert result.makespan == pytest.approx(_zb_h1_makespan(pp, m, tf, tb, tw), abs=1e-9), (pp, m)
 
 
@@ -145,7 +154,7 @@ def test_zb_h1_closed_form_holds_for_random_costs_with_w_no_longer_than_f_or_b()
     for _ in range(200):
         pp, tf, tb = rng.randint(1, 8), rng.uniform(0.2, 3), rng.uniform(0.2, 3)
         m, tw = rng.randint(1, 3 * pp), rng.uniform(0.05, min(tf, tb))
-        result = simulate(build_schedule(ZB_H1, pp, m), _zb_costs(tf, tb, tw))
+        result = simulate(_built(ZB_H1, pp, m), _zb_costs(tf, tb, tw))
         assert result.makespan == pytest.approx(_zb_h1_makespan(pp, m, tf, tb, tw), rel=1e-12), (pp, m, tf, tb, tw)
 
 
@@ -153,8 +162,8 @@ def test_zb_h1_bubble_is_a_third_of_1f1b_at_equal_costs():
     """tF = tB = tW: bubble fraction (p - 1)/(3 m + p - 1) against 1F1B's 3 (p - 1)/(3 m + 3 (p - 1)), m >= p."""
     for pp in range(2, 9):
         for m in range(pp, 3 * pp + 1):
-            zb = simulate(build_schedule(ZB_H1, pp, m), _zb_costs(1, 1, 1))
-            fb = simulate(build_schedule(ONE_F_ONE_B, pp, m), Costs(forward=1, backward=2))
+            zb = simulate(_built(ZB_H1, pp, m), _zb_costs(1, 1, 1))
+            fb = simulate(_built(ONE_F_ONE_B, pp, m), Costs(forward=1, backward=2))
             assert zb.bubble_fraction == pytest.approx((pp - 1) / (3 * m + pp - 1), abs=1e-12)
             assert (fb.makespan - 3 * m) == 3 * (zb.makespan - 3 * m), (pp, m)
 
@@ -163,7 +172,7 @@ def test_zbv_makespan_at_equal_costs_is_the_closed_form():
     for pp in range(1, 9):
         for m in range(1, 4 * pp + 1):
             for t in (1.0, 2.5):
-                result = simulate(build_schedule(ZBV, pp, m, 2), _zb_costs(t, t, t), placement=Placement.V)
+                result = simulate(_built(ZBV, pp, m, 2), _zb_costs(t, t, t), placement=Placement.V)
                 expected = 6 * m * t + max(2 * (2 * pp - 1 - m), pp - 1) * t
                 assert result.makespan == pytest.approx(expected, abs=1e-9), (pp, m, t)
                 assert result.busy == pytest.approx((6 * m * t,) * pp)
@@ -173,8 +182,8 @@ def test_zbv_bubble_is_a_sixth_of_1f1b_on_the_same_model():
     """Each 1F1B stage is two ZBV chunks: whole-stage costs 2t each, bubble 6 (p - 1) t against ZBV's (p - 1) t."""
     for pp in range(2, 9):
         for m in range(2 * pp, 4 * pp + 1):
-            zbv = simulate(build_schedule(ZBV, pp, m, 2), _zb_costs(1, 1, 1), placement=Placement.V)
-            fb = simulate(build_schedule(ONE_F_ONE_B, pp, m), Costs(forward=2, backward=4))
+            zbv = simulate(_built(ZBV, pp, m, 2), _zb_costs(1, 1, 1), placement=Placement.V)
+            fb = simulate(_built(ONE_F_ONE_B, pp, m), Costs(forward=2, backward=4))
             assert fb.makespan - 6 * m == 6 * (zbv.makespan - 6 * m) == 6 * (pp - 1), (pp, m)
 
 

@@ -101,7 +101,7 @@ def _measure_case(world: int, name: str, tp: int, pp: int, sp: bool, kind: Sched
                   fp32_grads: bool = False, offload: bool = False) -> dict:
     """One step as hybrid/train/loop.py runs it; this rank's ledgers."""
     cfg = load_config(name)
-    mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
+    mesh = _mesh(world, tp, pp)
     chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp, sequence_parallel=sp), mesh.coords.pp, pp, seed=0,
                                    recompute=ModelRecompute(recompute.value))
     if pp == 1:
@@ -136,6 +136,18 @@ def _measure_case(world: int, name: str, tp: int, pp: int, sp: bool, kind: Sched
             "comm": {k: v for k, v in comm.items() if ":" not in k},
             "tagged": {k: v for k, v in comm.items() if ":" in k},
             "states": states, "units": len(optimizer.units)}
+
+
+_MESHES: dict[tuple[int, int, int], Mesh] = {}  # this rank's meshes, one a layout, for the launch's cases
+
+
+def _mesh(world: int, tp: int, pp: int) -> Mesh:
+    """One mesh a layout, shared by its cases as one train.py run shares its mesh across steps (each case resets
+    the ledger before its step): a launch builds one mesh a layout, not one a case (Mesh.build calls new_group for
+    every group of every axis, each call a store barrier of all 8 ranks)."""
+    if (world, tp, pp) not in _MESHES:
+        _MESHES[world, tp, pp] = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
+    return _MESHES[world, tp, pp]
 
 
 def _record_master_grads(optimizer: ZeroOptimizer) -> list[int]:
