@@ -43,14 +43,20 @@ def test_zero_table1_is_reproduced_to_its_printed_digits():
 
 
 @pytest.fixture(scope="module")
-def checks():
-    return {row.params_billion: check_megatron(row) for row in megatron_rows(REFERENCE)}
-
-
-@pytest.fixture(scope="module")
 def published():
     """billion -> (row, the planner's prediction for the row's own layout): check_megatron's `published` alone."""
     return {row.params_billion: (row, predict_published(row)) for row in megatron_rows(REFERENCE)}
+
+
+@pytest.fixture(scope="module")
+def checks(published):
+    """billion -> check_megatron(row), as the module runs it; its pinned search, predict_published(row), is the
+    one `published` already made for the row (the same call on the same inputs: the same Plan), so only the
+    whole-space search runs here."""
+    from hybrid.planner import reference
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(reference, "predict_published", lambda row: published[row.params_billion][1])
+        return {row.params_billion: check_megatron(row) for row in megatron_rows(REFERENCE)}
 
 
 def test_megatron_rows_are_the_published_models():

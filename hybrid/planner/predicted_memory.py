@@ -248,7 +248,8 @@ def peak_memory(work: Workload, cluster: Cluster, layout: Layout) -> tuple[int, 
     unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads,
                         work.optimizer_bytes)
     step = step_transient_bytes(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads)
-    totals = [psi * unit.device + max(act + buf + more, step * psi) + FRAGMENTATION * (psi * unit.device + act + buf)
+    device = unit.device  # (a property: read once, not twice a rank)
+    totals = [psi * device + max(act + buf + more, step * psi) + FRAGMENTATION * (psi * device + act + buf)
               + WORKSPACE_BYTES for psi, act, buf, more in zip(psis, acts, bufs, extra)]
     rank = max(range(len(totals)), key=totals.__getitem__)
     return rank, totals[rank], _host_per_node(cluster, unit, max(psis))

@@ -66,11 +66,13 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
+from hybrid.pipeline import Placement
 from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds, p2p_seconds,
                                      sync_wait_seconds, wire_bytes)
 from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, ZeroStage, dp_placement,
-                                   pipeline_crosses_nodes, stage_layers, tp_placement)
+                                   pipeline_crosses_nodes, rank_stages, stage_layers, tp_placement)
 from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
                                    partial_grad_ledger, step_ledger, tp_ledger)
 from hybrid.planner.predicted_memory import rank_parameters
@@ -667,20 +669,22 @@ def stage_times(work: Workload, cluster: Cluster, layout: Layout) -> tuple[Stage
     return st.times, st.compute, st.comm, st.hidden
 
 
-def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
-    ctx = _context(work, cluster, layout)
+def _stages(work: Workload, cluster: Cluster, layout: Layout, ctx: _Context | None = None) -> _Stages:
+    ctx = ctx or _context(work, cluster, layout)  # `ctx`: the caller's _context of the same three
     pp, v = layout.pp, layout.v
     layers = stage_layers(work.model, pp, v, work.seq_length, work.pipeline_split)
     cost = _layer_cost(ctx)
     kinds: dict[tuple[int, bool, bool], _StageCost] = {}  # stages alike in (layers, first, last) cost alike
     fwd, bwd, compute, comm, hidden, lost = [], [], [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
-    parts, paid, wait = [Pass()] * pp, [0.0] * pp, [0.0] * pp
-    f_comp, b_comp = [], []
+    paid, wait = [0.0] * pp, [0.0] * pp
+    f_comp, b_comp, of_stage = [], [], []
+    owner = _stage_owners(pp, v, layout.schedule.placement)
     for stage, n in enumerate(layers):
         key = (n, stage == 0, stage == pp * v - 1)
         if key not in kinds:
             kinds[key] = _stage_cost(ctx, cost, *key)
-        c, r = kinds[key], layout.stage_rank(stage)
+        c, r = kinds[key], owner[stage]
+        of_stage.append(c)
         fwd.append(c.forward)
         bwd.append(c.backward)
         f_comp.append(c.forward_compute)
@@ -690,7 +694,6 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
         hidden[r] += c.hidden
         lost[r] += c.lost
         wait[r] += c.wait
-        parts[r] = parts[r] + c.parts
     message = layout.micro_batch * work.seq_length * work.model.hidden_size * work.precision.activation_bytes
     message /= layout.tp if layout.sequence_parallel else 1  # SP: hidden states between stages are (b, s/t, h)
     p2p = p2p_seconds(cluster.hw, message, pipeline_crosses_nodes(cluster, layout)) if pp > 1 else 0.0
@@ -703,13 +706,27 @@ def _stages(work: Workload, cluster: Cluster, layout: Layout) -> _Stages:
         fwd = [f + p2p * k for f, k in zip(fwd, edges)]
         bwd = [b + p2p * k for b, k in zip(bwd, edges)]
         for stage, k in enumerate(edges):
-            paid[layout.stage_rank(stage)] += 2 * p2p * k
+            paid[owner[stage]] += 2 * p2p * k
         p2p = 0.0  # the hand-off itself is then immediate: both ends have already paid for the transfer
-    busy = [sum(fwd[s] + bwd[s] for s in layout.rank_stages(r)) for r in range(pp)]
+    busy = [sum(fwd[s] + bwd[s] for s in stages) for stages in rank_stages(pp, v, layout.schedule.placement)]
     busiest = max(range(pp), key=lambda r: busy[r])
+    parts = Pass()  # the busiest rank's compute by kind: its stages' parts, added in stage order
+    for stage, c in enumerate(of_stage):
+        if owner[stage] == busiest:
+            parts = parts + c.parts
     cpu = _stage_cpu(ctx, layers, f_comp, b_comp, message) if _shares_cores(cluster) else None
     return _Stages(StageTimes(tuple(fwd), tuple(bwd), p2p, tuple(compute)), compute[busiest], comm[busiest],
-                   max(hidden), parts[busiest], lost[busiest], paid[busiest], busy[busiest], wait[busiest], cpu)
+                   max(hidden), parts, lost[busiest], paid[busiest], busy[busiest], wait[busiest], cpu)
+
+
+@lru_cache(maxsize=1024)
+def _stage_owners(pp: int, v: int, placement: Placement) -> tuple[int, ...]:
+    """The pipeline rank of each global stage (Layout.stage_rank for every stage, once per shape)."""
+    owner = [0] * (pp * v)
+    for r, stages in enumerate(rank_stages(pp, v, placement)):
+        for s in stages:
+            owner[s] = r
+    return tuple(owner)
 
 
 def _shares_cores(cluster: Cluster) -> bool:
@@ -852,9 +869,11 @@ def _other_seconds(ctx: _Context) -> float:
         out += collective_seconds(hw, Collective.ALL_REDUCE, grad_bytes * table, pair)
     if lay.tp > 1:
         layers = stage_layers(cfg, lay.pp, lay.v, ctx.work.seq_length, ctx.work.pipeline_split)
-        out += max(ctx.tp_seconds(partial_grad_ledger(
-            ctx.shard, sum(layers[s] for s in lay.rank_stages(r)), r == 0, r == lay.stage_rank(lay.pp * lay.v - 1),
-            lay.sequence_parallel, grad_bytes)) for r in range(lay.pp))
+        head = lay.stage_rank(lay.pp * lay.v - 1)
+        # ranks alike in (layers, embedding, head) send alike: each distinct one priced once (pp 64 has ~3)
+        kinds = {(sum(layers[s] for s in lay.rank_stages(r)), r == 0, r == head) for r in range(lay.pp)}
+        out += max(ctx.tp_seconds(partial_grad_ledger(ctx.shard, n, first, last, lay.sequence_parallel, grad_bytes))
+                   for n, first, last in kinds)
     return out
 
 
@@ -862,7 +881,7 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     """Seconds of one step of `layout` (assumed valid: see layout.check_layout)."""
     ctx = _context(work, cluster, layout)
     m = work.num_microbatches(layout)
-    st = _stages(work, cluster, layout)
+    st = _stages(work, cluster, layout, ctx)
     times, compute, tp_comm, hidden = st.times, st.compute, st.comm, st.hidden
     run = run_pipeline(layout.schedule, layout.pp, m, layout.v, times, budget)
     psi = max(rank_parameters(work, layout))  # both grow with Psi: the fullest rank finishes last
@@ -964,12 +983,12 @@ def lower_bound_seconds(work: Workload, cluster: Cluster, layout: Layout) -> flo
     (rank r's stages: c pp + r, or r and 2 pp - 1 - r under ZBV's V; stage r is its first either way)."""
     ctx = _context(work, cluster, layout)
     m = work.num_microbatches(layout)
-    times, _, _, _ = stage_times(work, cluster, layout)
+    times = _stages(work, cluster, layout, ctx).times
     pp = layout.pp
     fill = 0.0
     busiest = 0.0
-    for r in range(pp):
-        work_r = m * sum(times.forward[s] + times.backward[s] for s in layout.rank_stages(r))
+    for r, stages in enumerate(rank_stages(pp, layout.v, layout.schedule.placement)):
+        work_r = m * sum(times.forward[s] + times.backward[s] for s in stages)
         busiest = max(busiest, fill + work_r)
         fill += times.forward[r] + times.backward[r] + 2 * times.comm
     psi = max(rank_parameters(work, layout))
