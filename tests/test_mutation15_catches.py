@@ -7,10 +7,13 @@ tests run and whether they killed it."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
 from hybrid.comm import CommLedger, Group
 from hybrid.planner import Cluster, Layout, Workload, ZeroStage, hardware
@@ -76,3 +79,57 @@ def test_partial_grad_numel_is_what_sync_partial_grads_all_reduces_qkv_biases_in
         sync_partial_grads(chunks.parameters(), group)
         assert partial_grad_numel(Shard(cfg, t, cfg.vocab_size), cfg.num_layers, True, True, sp) == \
             sum(group.reduced), (t, sp)
+
+
+# --- CE-offby1: vocab-parallel cross-entropy takes a target at a slice boundary from its one owner -----------------
+class _ThreadTP:
+    """One rank of a TP group whose ranks are threads of this process: all_reduce sums (or maxes) the ranks'
+    tensors through shared slots between two barriers -- all vocab_parallel_cross_entropy asks of a group."""
+
+    def __init__(self, rank: int, shared: dict):
+        self.rank, self.shared, self.size = rank, shared, shared["size"]
+
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM, tag: str = "") -> torch.Tensor:
+        slots, barrier = self.shared["slots"], self.shared["barrier"]
+        slots[self.rank] = t.clone()
+        barrier.wait()
+        stacked = torch.stack(slots)
+        out = stacked.amax(0) if op == dist.ReduceOp.MAX else stacked.sum(0)
+        barrier.wait()  # every rank has read the slots before any writes its next
+        return t.copy_(out)
+
+
+def test_vocab_parallel_cross_entropy_takes_each_target_from_the_one_rank_holding_it_at_every_boundary():
+    """Loss and logit gradients of 4 vocabulary slices (ranks as threads) against F.cross_entropy on the whole
+    logits, with targets at each slice's first, second and last id (and one ignored position). Rank r owns ids
+    [r V/t, (r + 1) V/t): the mutant letting rank r also claim id (r + 1) V/t (`<=` for `<`) adds that logit
+    twice. test_tp_models killed it only because one of its 30 random targets (192 at tp 4) sits on a boundary.
+    Tolerances: fp32 on both sides, the same log-sum-exp summed in another order -- a few ulps (2^-23 ~ 1.2e-7)
+    of a loss ~3.5, and of gradients below 1 / 11 (the mean over 11 kept positions)."""
+    from hybrid.tp.cross_entropy import vocab_parallel_cross_entropy
+    t, V = 4, 32
+    per = V // t
+    torch.manual_seed(0)
+    logits = torch.randn(1, 3 * t, V)
+    target = torch.tensor([[s + d for s in range(0, V, per) for d in (0, per - 1, 1)]])
+    target[0, 1] = -100
+    full = logits.clone().requires_grad_()
+    want = F.cross_entropy(full.flatten(0, 1), target.flatten(), ignore_index=-100)
+    want.backward()
+    shared = {"size": t, "slots": [None] * t, "barrier": threading.Barrier(t, timeout=60)}
+    out: list = [None] * t
+
+    def rank(r: int) -> None:
+        mine = logits[..., r * per:(r + 1) * per].clone().requires_grad_()
+        loss = vocab_parallel_cross_entropy(mine, target, r * per, _ThreadTP(r, shared))
+        loss.backward()
+        out[r] = (loss.detach(), mine.grad)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(t)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for r, (loss, grad) in enumerate(out):
+        torch.testing.assert_close(loss, want.detach(), rtol=1e-6, atol=0)
+        torch.testing.assert_close(grad, full.grad[..., r * per:(r + 1) * per], rtol=1e-6, atol=1e-7)
