@@ -105,7 +105,7 @@ def test_vocab_parallel_cross_entropy_takes_each_target_from_the_one_rank_holdin
     """Loss and logit gradients of 4 vocabulary slices (ranks as threads) against F.cross_entropy on the whole
     logits, with targets at each slice's first, second and last id (and one ignored position). Rank r owns ids
     [r V/t, (r + 1) V/t): the mutant letting rank r also claim id (r + 1) V/t (`<=` for `<`) adds that logit
-    twice. test_tp_models killed it only because one of its 30 random targets (189, gpt2 at tp 4) sits on a boundary.
+    twice. test_tp_models killed it only because one of its 30 random targets sits on a boundary.
     Tolerances: fp32 on both sides, the same log-sum-exp summed in another order -- a few ulps (2^-23 ~ 1.2e-7)
     of a loss ~3.5, and of gradients below 1 / 11 (the mean over 11 kept positions)."""
     from hybrid.tp.cross_entropy import vocab_parallel_cross_entropy
