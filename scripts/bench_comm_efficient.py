@@ -160,7 +160,8 @@ def row_onebit_powersgd(mesh, args):
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     chunks, spec, runner = _setup(mesh, args)
     psgd = PowerSGDConfig(rank=args.powersgd_rank, start_iter=args.onebit_freeze_iters,
-                          min_compression_rate=args.powersgd_min_compression_rate)
+                          min_compression_rate=args.powersgd_min_compression_rate,
+                          error_feedback=not args.powersgd_no_error_feedback)
     cfg = CompressConfig(onebit_freeze_iters=args.onebit_freeze_iters, onebit_powersgd=psgd,
                          simulated_dp_bandwidth=args.simulated_dp_bandwidth)
     zero = ZeroConfig(stage=0)
