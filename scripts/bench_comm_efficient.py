@@ -175,7 +175,8 @@ OPT_IN = (row_onebit_powersgd,)  # run only when --rows names them: the default 
 
 
 def _rows(args) -> dict[str, tuple[Callable, object]]:
-    """The rows this run measures: ROWS (those in OPT_IN only when --rows names them), plus a PowerSGD row per --powersgd-extra-ranks rank after PowerSGD's
+    """The rows this run measures: ROWS (those in OPT_IN only when --rows names them), plus a PowerSGD row per
+    --powersgd-extra-ranks rank after PowerSGD's
     (name -> (row, its args))."""
     out = {}
     for name, row in ROWS.items():
@@ -320,7 +321,8 @@ def main(argv=None) -> None:
                    help="0 (default): the DP bytes are the gradients' alone; 1-2 add the parameter all-gather")
     p.add_argument("--powersgd-rank", type=positive_int, default=4)
     p.add_argument("--rows", type=lambda v: v.split(","), default=[], metavar="NAME,NAME",
-                   help="only these rows (AdamW, PowerSGD, 1-bit Adam, Momentum PowerSGD: the last only when named); AdamW is always run (the baseline)")
+                   help="only these rows (AdamW, PowerSGD, 1-bit Adam, Momentum PowerSGD: the last only when named); "
+                        "AdamW is always run (the baseline)")
     p.add_argument("--powersgd-extra-ranks", type=lambda v: [positive_int(x) for x in v.split(",")], default=[],
                    metavar="R,R", help="also a PowerSGD row at each of these ranks (the rank's effect on the loss)")
     p.add_argument("--powersgd-min-compression-rate", type=float, default=2.0, metavar="RATE",
