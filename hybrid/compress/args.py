@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--onebit-freeze-iters", type=int, default=100, metavar="N",
                    help="1-bit Adam: Adam warm-up steps before the variance freezes (DeepSpeed's freeze_step)")
     g.add_argument("--onebit-compressor", choices=("sign", "powersgd"), default="sign",
-                   help="1-bit Adam's momentum compressor: sign (default: DeepSpeed's 1-bit Adam) or powersgd (rank "
+                   help="1-bit Adam's momentum compressor: sign (DeepSpeed's 1-bit Adam) or powersgd (rank "
                         "--powersgd-rank factors of each momentum matrix, error feedback, warm start; 1-D exact)")
     g.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS",
                    help="simulate a slow DP link: sleep bytes / GBPS after each DP gradient collective; 0: off")
