@@ -12,6 +12,8 @@ AdamW, on the reference corpus (docs/data.md: Python's pydoc topics as bytes), T
                                                 (diagnostics: the PowerSGD authors' library's two half iterations a
                                                 step; no error feedback; SGD with momentum for AdamW's row and
                                                 PowerSGD's)
+    [--rows AdamW,"Momentum PowerSGD"]          (1-bit Adam's scheme with PowerSGD rank --powersgd-rank on the
+                                                momentum from --onebit-freeze-iters: run only when named)
 
 Every row runs the same optimizer settings and the same learning-rate schedule (OptimizerConfig.lr_at, the rate
 passed to each step as train.py does): the compressors change only the DP exchange.
@@ -148,15 +150,37 @@ def row_onebit(mesh, args):
     return (*_loop(mesh, args, opt, chunks, spec, runner), args.onebit_freeze_iters)
 
 
-ROWS: dict[str, Callable] = {"AdamW (synchronous)": row_adamw, "PowerSGD": row_powersgd, "1-bit Adam": row_onebit}
+def row_onebit_powersgd(mesh, args):
+    """1-bit Adam's scheme with PowerSGD rank --powersgd-rank on the momentum instead of signs, after
+    --onebit-freeze-iters Adam steps (hybrid/compress/momentum.py; train.py's --optimizer onebit-adam
+    --onebit-compressor powersgd; ZeRO 0)."""
+    from hybrid.compress.args import CompressConfig
+    from hybrid.compress.powersgd import PowerSGDConfig
+    from hybrid.compress.reduction import build
+    from hybrid.zero import ZeroConfig, ZeroOptimizer
+    chunks, spec, runner = _setup(mesh, args)
+    psgd = PowerSGDConfig(rank=args.powersgd_rank, start_iter=args.onebit_freeze_iters,
+                          min_compression_rate=args.powersgd_min_compression_rate,
+                          error_feedback=not args.powersgd_no_error_feedback)
+    cfg = CompressConfig(onebit_freeze_iters=args.onebit_freeze_iters, onebit_powersgd=psgd,
+                         simulated_dp_bandwidth=args.simulated_dp_bandwidth)
+    zero = ZeroConfig(stage=0)
+    opt = ZeroOptimizer(chunks, mesh, zero, _opt_cfg(args), build(cfg, mesh, zero))
+    return (*_loop(mesh, args, opt, chunks, spec, runner), args.onebit_freeze_iters)
+
+
+ROWS: dict[str, Callable] = {"AdamW (synchronous)": row_adamw, "PowerSGD": row_powersgd, "1-bit Adam": row_onebit,
+                             "Momentum PowerSGD (1-bit Adam's scheme)": row_onebit_powersgd}
+OPT_IN = (row_onebit_powersgd,)  # run only when --rows names them: the default table (the acceptance rows) unchanged
 
 
 def _rows(args) -> dict[str, tuple[Callable, object]]:
-    """The rows this run measures: ROWS, plus a PowerSGD row per --powersgd-extra-ranks rank after PowerSGD's
+    """The rows this run measures: ROWS (those in OPT_IN only when --rows names them), plus a PowerSGD row per
+    --powersgd-extra-ranks rank after PowerSGD's
     (name -> (row, its args))."""
     out = {}
     for name, row in ROWS.items():
-        if args.rows and name.split(" (")[0] not in args.rows:
+        if args.rows and name.split(" (")[0] not in args.rows or not args.rows and row in OPT_IN:
             continue
         out[name] = (row, args)
         if row is row_powersgd:
@@ -249,7 +273,7 @@ def _check_model(p: OneLineParser, args) -> None:
     if args.hidden_size and args.hidden_size % (heads * args.tp):
         p.error(f"--hidden-size must be a multiple of the model's {heads} heads x --tp {args.tp}")
     arch = _arch(args)
-    if arch.num_experts and (not args.rows or "1-bit Adam" in args.rows):
+    if arch.num_experts and (not args.rows or {"1-bit Adam", "Momentum PowerSGD"} & set(args.rows)):
         p.error(f"--model {args.model}: the 1-bit Adam row does not run with MoE experts (as train.py's "
                 f"--optimizer onebit-adam); give --rows AdamW,PowerSGD")
     try:
@@ -297,7 +321,8 @@ def main(argv=None) -> None:
                    help="0 (default): the DP bytes are the gradients' alone; 1-2 add the parameter all-gather")
     p.add_argument("--powersgd-rank", type=positive_int, default=4)
     p.add_argument("--rows", type=lambda v: v.split(","), default=[], metavar="NAME,NAME",
-                   help="only these rows (AdamW, PowerSGD, 1-bit Adam); AdamW is always run (the baseline)")
+                   help="only these rows (AdamW, PowerSGD, 1-bit Adam, Momentum PowerSGD: the last only when named); "
+                        "AdamW is always run (the baseline)")
     p.add_argument("--powersgd-extra-ranks", type=lambda v: [positive_int(x) for x in v.split(",")], default=[],
                    metavar="R,R", help="also a PowerSGD row at each of these ranks (the rank's effect on the loss)")
     p.add_argument("--powersgd-min-compression-rate", type=float, default=2.0, metavar="RATE",
@@ -328,7 +353,7 @@ def main(argv=None) -> None:
     if args.rows:
         unknown = [r for r in args.rows if r not in {n.split(" (")[0] for n in ROWS}]
         if unknown:
-            p.error(f"--rows: unknown row {unknown[0]!r}; rows: AdamW, PowerSGD, 1-bit Adam")
+            p.error(f"--rows: unknown row {unknown[0]!r}; rows: AdamW, PowerSGD, 1-bit Adam, Momentum PowerSGD")
         args.rows = ["AdamW"] + [r for r in args.rows if r != "AdamW"]
     _check_model(p, args)
     if not 0 <= args.lr_warmup_iters < args.steps:

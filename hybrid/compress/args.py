@@ -21,11 +21,15 @@ class CompressConfig:
             DeepSpeed's `freeze_step`); None: the optimizer --optimizer names.
         simulated_dp_bandwidth: GB/s of a simulated slow DP link (`--simulated-dp-bandwidth`): every gradient
             collective on the DP group is followed by a sleep of its ledger bytes / this; 0: off.
+        onebit_powersgd: 1-bit Adam's momentum all-reduced as PowerSGD factors of this rank instead of signs
+            (`--onebit-compressor powersgd --powersgd-rank R`; hybrid/compress/momentum.py); rank 0 (default): signs.
+            `powersgd` (the gradient's) is then off.
     """
 
     powersgd: PowerSGDConfig = field(default_factory=PowerSGDConfig)
     onebit_freeze_iters: int | None = None
     simulated_dp_bandwidth: float = 0.0
+    onebit_powersgd: PowerSGDConfig = field(default_factory=PowerSGDConfig)
 
     @property
     def enabled(self) -> bool:
@@ -41,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="optimizer steps of plain all-reduce before PowerSGD starts (torch's start_powerSGD_iter)")
     g.add_argument("--onebit-freeze-iters", type=int, default=100, metavar="N",
                    help="1-bit Adam: Adam warm-up steps before the variance freezes (DeepSpeed's freeze_step)")
+    g.add_argument("--onebit-compressor", choices=("sign", "powersgd"), default="sign",
+                   help="1-bit Adam's momentum compressor: sign (DeepSpeed's 1-bit Adam) or powersgd (rank "
+                        "--powersgd-rank factors of each momentum matrix, error feedback, warm start; 1-D exact)")
     g.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS",
                    help="simulate a slow DP link: sleep bytes / GBPS after each DP gradient collective; 0: off")
 
@@ -54,6 +61,9 @@ def check(args: argparse.Namespace, dp_cp: int | None = None, resuming: bool = F
     the process group: reduction.py's build_optimizer)."""
     rank, start = args.powersgd_rank, args.powersgd_start_iter
     _check_unused(args, dp_cp, resuming)
+    momentum_rank = _check_momentum_compressor(args)
+    if momentum_rank:  # --powersgd-rank is the momentum's (1-bit Adam's compressor), not the gradient's
+        rank = 0
     if not is_integer(rank) or rank < 0:
         raise ValueError(f"--powersgd-rank must be a non-negative integer (0: off), got {rank!r}")
     if rank and (not is_integer(start) or start < 2):
@@ -73,8 +83,30 @@ def check(args: argparse.Namespace, dp_cp: int | None = None, resuming: bool = F
         raise ValueError(f"{which} does not run with --diloco-inner-steps (compression inside DiLoCo replicas is "
                          f"untested); drop one of them")
     _check_reach(args, rank, freeze)
+    momentum = PowerSGDConfig(rank=momentum_rank, start_iter=freeze) if momentum_rank else PowerSGDConfig()
     return CompressConfig(powersgd=PowerSGDConfig(rank=rank, start_iter=start), onebit_freeze_iters=freeze,
-                          simulated_dp_bandwidth=bw)
+                          simulated_dp_bandwidth=bw, onebit_powersgd=momentum)
+
+
+def _check_momentum_compressor(args: argparse.Namespace) -> int:
+    """`--onebit-compressor powersgd`: the momentum's PowerSGD rank (--powersgd-rank), else 0. Needs 1-bit Adam and a
+    rank; --powersgd-start-iter is refused (the compression starts at --onebit-freeze-iters)."""
+    compressor = getattr(args, "onebit_compressor", "sign")
+    if compressor == "sign":
+        return 0
+    if getattr(args, "optimizer", "adam") != "onebit-adam" and _deepspeed_freeze(args) is None:
+        raise ValueError(f"--onebit-compressor {compressor} is 1-bit Adam's momentum compressor; the run's optimizer "
+                         f"is {getattr(args, 'optimizer', 'adam')}: add --optimizer onebit-adam or drop "
+                         f"--onebit-compressor")
+    rank = args.powersgd_rank
+    if not is_integer(rank) or rank < 1:
+        raise ValueError(f"--onebit-compressor powersgd needs --powersgd-rank R >= 1 (the rank of each momentum "
+                         f"matrix's factors), got {rank!r}")
+    if "powersgd_start_iter" in getattr(args, "explicit", set()):
+        raise ValueError(f"--powersgd-start-iter {args.powersgd_start_iter} does nothing with --onebit-compressor "
+                         f"powersgd (the momentum is compressed from --onebit-freeze-iters on); drop "
+                         f"--powersgd-start-iter")
+    return rank
 
 
 def _check_unused(args: argparse.Namespace, dp_cp: int | None, resuming: bool = False) -> None:

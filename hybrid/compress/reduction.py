@@ -150,6 +150,9 @@ def build(cfg, mesh, zero) -> DPReduction | None:
     layout = (mesh.dp_cp.size, mesh.tp.size, mesh.pp.size)
     if cfg.powersgd.enabled:
         return PowerSGDReduction(cfg.powersgd, layout, zero.grad_dtype, link)
+    if cfg.onebit_freeze_iters is not None and cfg.onebit_powersgd.enabled:  # --onebit-compressor powersgd
+        from hybrid.compress.momentum import MomentumPowerSGDReduction
+        return MomentumPowerSGDReduction(cfg.onebit_freeze_iters, cfg.onebit_powersgd, layout, link)
     if cfg.onebit_freeze_iters is not None:
         return OneBitAdamReduction(cfg.onebit_freeze_iters, layout, link)
     return PlainReduction(link) if link is not None else None

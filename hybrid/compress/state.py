@@ -76,6 +76,8 @@ class PowerSGDCheckpoint:
     """The owner side of PowerSGDReduction's state (`compress/` keys). `red` is the reduction: its `state`,
     `units`, `names`, `duplicates`, `coords` (DP rank, TP rank) and `layout` (dp, tp, pp)."""
 
+    keys = (ERROR, Q, COUNTERS)  # (error prefix, Q prefix, counters key); MomentumCheckpoint (momentum.py) has its own
+
     def __init__(self, red) -> None:
         self.red = red
         self.saved: dict | None = None  # set by before_load: the checkpoint's counters (its layout)
@@ -102,7 +104,8 @@ class PowerSGDCheckpoint:
             return self._load_dict()
         red, s = self.red, self.red.state
         dp, tp_rank = red.coords
-        out: dict[str, object] = {COUNTERS: dict(iter=s.iter, dp=red.layout[0], tp=red.layout[1], pp=red.layout[2],
+        err_key, q_key, counters = self.keys
+        out: dict[str, object] = {counters: dict(iter=s.iter, dp=red.layout[0], tp=red.layout[1], pp=red.layout[2],
                                                  rank=s.cfg.rank)}
         for i, p, off, qo, twin in self._entries():
             if twin is not None:
@@ -112,14 +115,14 @@ class PowerSGDCheckpoint:
             if g is not None:
                 err = s.error[i] if i in s.error else torch.zeros(red.units[i].numel, dtype=red.dtype)
                 (goff, size), a, b = g
-                out[ERROR + name] = Shards((red.layout[0], *full_shape(p, spec_of(p))),
+                out[err_key + name] = Shards((red.layout[0], *full_shape(p, spec_of(p))),
                                            [err[off + a:off + b].view(1, *size)], [((dp, *goff), (1, *size))],
                                            write=owner)
             if qo is not None:
                 at, m, r = qo
                 q = s.q[i][at:at + m * r] if i in s.q else torch.zeros(m * r, dtype=red.dtype)
                 rows, row = _tp_row(p, tp_rank)
-                out[Q + name] = Shards((rows, m, r), [q.view(1, m, r)], [((row, 0, 0), (1, m, r))],
+                out[q_key + name] = Shards((rows, m, r), [q.view(1, m, r)], [((row, 0, 0), (1, m, r))],
                                        write=dp == 0 and owner)
         return out
 
@@ -127,7 +130,7 @@ class PowerSGDCheckpoint:
     def before_load(self, plain: dict) -> None:
         """The checkpoint's plain values under our prefix: its counters say at which layout it was saved (none:
         saved without PowerSGD, which starts afresh)."""
-        self.saved = plain.get(COUNTERS) or dict(iter=0, dp=0, tp=0, pp=0)
+        self.saved = plain.get(self.keys[2]) or dict(iter=0, dp=0, tp=0, pp=0)
         self._saved_rank, self._saved_tp = self.saved.get("rank", self.red.state.cfg.rank), self.saved["tp"]
 
     def _load_dict(self) -> dict[str, object]:
@@ -142,6 +145,7 @@ class PowerSGDCheckpoint:
                                 "q": {i: torch.zeros(numel_q[i], dtype=red.dtype) for i in range(len(red.units))},
                                 "mean": [], "twins": [], "fresh": set()}
         out: dict[str, object] = {}
+        err_key, q_key, _ = self.keys
         for i, p, off, qo, twin in self._entries():
             if twin is not None:
                 pend["twins"].append(((i, p, off, qo), twin))
@@ -151,15 +155,15 @@ class PowerSGDCheckpoint:
                 (goff, size), a, b = g
                 view, shape = pend["error"][i][off + a:off + b].view(*size), (saved["dp"], *full_shape(p, spec_of(p)))
                 if saved["dp"] == red.layout[0]:  # this DP rank's own row
-                    out[ERROR + name] = Shards(shape, [view.unsqueeze(0)], [((dp, *goff), (1, *size))], write=False)
+                    out[err_key + name] = Shards(shape, [view.unsqueeze(0)], [((dp, *goff), (1, *size))], write=False)
                 else:  # every saved DP row, averaged in load_state_dict
                     rows = torch.zeros(saved["dp"], *size, dtype=red.dtype)
-                    out[ERROR + name] = Shards(shape, [rows], [((0, *goff), (saved["dp"], *size))], write=False)
+                    out[err_key + name] = Shards(shape, [rows], [((0, *goff), (saved["dp"], *size))], write=False)
                     pend["mean"].append((rows, view))
             if qo is not None:
                 (at, m, r), (n_rows, row) = qo, _tp_row(p, tp_rank)
                 if not self._q_is_fresh(p):
-                    out[Q + name] = Shards((n_rows, m, r), [pend["q"][i][at:at + m * r].view(1, m, r)],
+                    out[q_key + name] = Shards((n_rows, m, r), [pend["q"][i][at:at + m * r].view(1, m, r)],
                                            [((row, 0, 0), (1, m, r))], write=False)
                 else:
                     pend["fresh"].add(i)
