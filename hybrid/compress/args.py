@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="1-bit Adam: Adam warm-up steps before the variance freezes (DeepSpeed's freeze_step)")
     g.add_argument("--onebit-compressor", choices=("sign", "powersgd"), default="sign",
                    help="1-bit Adam's momentum compressor: sign (DeepSpeed's 1-bit Adam) or powersgd (rank "
-                        "--powersgd-rank factors of each momentum matrix, error feedback, warm start; 1-D exact)")
+                        "--powersgd-rank factors of each momentum matrix, error feedback, warm start; 1-D exact). "
+                        "Experimental: powersgd diverged on the DP 2 proxy at r 4 and r 16 (docs/comm-efficient.md)")
     g.add_argument("--simulated-dp-bandwidth", type=float, default=0.0, metavar="GBPS",
                    help="simulate a slow DP link: sleep bytes / GBPS after each DP gradient collective; 0: off")
 
