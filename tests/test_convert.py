@@ -24,6 +24,7 @@ from hybrid.convert.verify import load_ours
 from command_flags import foreign
 from models import shift_labels
 from models.config import load_config
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 259  # divisible by neither tp 2 nor tp 4: padded rows inside training, none in any file

@@ -40,6 +40,7 @@ from hybrid.zero import ZeroConfig, ZeroOptimizer
 from hybrid.zero import state as zero_state
 from models import build_pipeline_chunks, from_hf
 from moe_reference import hf_config
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 WORLD, GLOBAL, SEQ = 4, 4, 16
 OPT = OptimizerConfig(lr=1e-3, decay_style="constant")
