@@ -12,6 +12,8 @@ A result may move by fp32 rounding: a reduction split over threads sums in anoth
 order depends on the thread count", as test_diloco's _one_thread says, which already runs its references so).
 In the modules that use it, every reference is compared with ranks that run at one thread, within a derived fp32
 bound, or is copied bit for bit (no arithmetic); one thread makes the reference's kernels the ranks' own.
+Measured on test_moe_etp's Mixtral reference, 1 thread against 2: gradients, weights after 2 AdamW steps and
+logits differ by at most 3.3e-7 of each tensor's largest entry (the loss is identical), 30x inside its RTOL 1e-5.
 
     from suite_threads import one_thread_module  # noqa: F401  (an autouse, module-scoped fixture)
 """
