@@ -30,6 +30,7 @@ from hybrid.tp import ParallelRNG, TPContext, gather_full, spec_of
 from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
 from models import build_pipeline_chunks, load_config
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 FP32 = Precision.FP32
 GLOBAL, MICRO, SEQ, N = 8, 2, 16, 2  # N steps before and after the save

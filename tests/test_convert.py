@@ -5,6 +5,7 @@ converted checkpoint exactly as from the transformers folder; bad input is one l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -19,11 +20,12 @@ from hybrid import testing
 from hybrid.checkpoint import store
 from hybrid.cli import main as hybrid_main
 from hybrid.convert import hf_to_hybrid, hybrid_to_hf
-from hybrid.convert.presharded import TargetLayout
 from hybrid.convert.verify import load_ours
 from command_flags import foreign
+from convert_ranks import RESAVE, load_and_resave, run_at_target
 from models import shift_labels
 from models.config import load_config
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 259  # divisible by neither tp 2 nor tp 4: padded rows inside training, none in any file
@@ -291,29 +293,10 @@ def test_a_wrong_mapping_fails_the_self_check_and_writes_nothing(tmp_path, monke
 
 
 # --- through other layouts: load the converted checkpoint on a mesh, save it there, export ------------------
-RESAVE = [("gpt2", (1, 2, 2, 3)), ("llama-gqa", (4, 1, 1, 0)), ("mistral-window-tied", (2, 2, 1, 1))]
-
-
-def _load_and_resave(rank, world, root):
-    """On each (tp, pp, dp, ZeRO) layout: the model and ZeroOptimizer train.py builds, its master weights
-    loaded from the converted checkpoint (hybrid/checkpoint's resume path, model only) and saved again."""
-    from hybrid.checkpoint import core
-    from hybrid.mesh import Mesh, ParallelDims
-    from hybrid.tp import TPContext
-    from hybrid.train_step import OptimizerConfig
-    from hybrid.zero import ZeroConfig, ZeroOptimizer
-    from models import build_pipeline_chunks
-    for name, (tp, pp, dp, zero) in RESAVE:
-        mesh = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
-        cfg = load_config(os.path.join(root, name))
-        model = build_pipeline_chunks(cfg, TPContext(mesh.tp), mesh.coords.pp, pp, 1, seed=7)
-        opt = ZeroOptimizer(model, mesh, ZeroConfig(stage=zero), OptimizerConfig())
-        names = core.param_names(model)
-        core.load(opt, names, None, store.final_path(os.path.join(root, name + ".ckpt"), 0), optim=False,
-                  rng_too=False)
-        state = {"model": os.path.join(root, name), "layout": {"tp": tp, "pp": pp, "dp": dp, "zero": zero},
-                 "iteration": 1, "consumed_samples": 0}
-        core.start_save(opt, names, None, os.path.join(root, name + ".resaved"), 1, state).finish()
+def rank_configs(root: str, names) -> dict:
+    """name -> the config of the transformers folder root/name, for the ranks (convert_ranks): read here, passed
+    without the transformers config object it was read from (unpickling one imports transformers)."""
+    return {name: dataclasses.replace(load_config(os.path.join(root, name)), hf_config=None) for name in names}
 
 
 @pytest.mark.slow
@@ -325,7 +308,7 @@ def test_round_trip_through_tp_pp_dp_zero_layouts_is_bit_exact(tmp_path):
     root = str(tmp_path)
     for name, _ in RESAVE:
         hf_to_hybrid(hf_folder(name, os.path.join(root, name)), os.path.join(root, name + ".ckpt"), verify=False)
-    run_distributed(_load_and_resave, 4, (root,), timeout=240)
+    run_distributed(load_and_resave, 4, (root, rank_configs(root, [name for name, _ in RESAVE])), timeout=240)
     for name, _ in RESAVE:
         hybrid_to_hf(os.path.join(root, name + ".resaved"), os.path.join(root, name + ".out"), verify=False)
         a, b = tensors(os.path.join(root, name)), tensors(os.path.join(root, name + ".out"))
@@ -333,9 +316,6 @@ def test_round_trip_through_tp_pp_dp_zero_layouts_is_bit_exact(tmp_path):
 
 
 # --- pre-sharded for a layout: --target-tensor-parallel-size 2 --target-pipeline-parallel-size 2 ------------
-TARGET = TargetLayout(tp=2, pp=2)
-
-
 def _chunk_table(it_dir: str) -> dict:
     """model/NAME -> sorted (offsets, sizes, file) of its stored chunks (DCP's .metadata)."""
     import torch.distributed.checkpoint as dcp
@@ -345,41 +325,6 @@ def _chunk_table(it_dir: str) -> dict:
         if key.startswith("model/"):
             files = {i.offset: md.storage_data[i].relative_path for i in md.storage_data if i.fqn == key}
             out[key] = sorted((tuple(c.offsets), tuple(c.sizes), files[c.offsets]) for c in meta.chunks)
-    return out
-
-
-def _run_at_target(rank, world, root, ids):
-    """What a tp 2 x pp 2 run does with each pre-sharded checkpoint: the resume path (core.load, model only)
-    into train.py's model and ZeroOptimizer (ZeRO 0), the logits and loss of a fixed batch through the two
-    stages, and a save of its own (core.start_save) to compare chunk by chunk."""
-    import torch.distributed as dist
-
-    from hybrid.checkpoint import core
-    from hybrid.mesh import Mesh, ParallelDims
-    from hybrid.tp import TPContext
-    from hybrid.train_step import OptimizerConfig
-    from hybrid.zero import ZeroConfig, ZeroOptimizer
-    from models import build_pipeline_chunks
-    mesh = Mesh.build(ParallelDims.from_world(world, tp=TARGET.tp, pp=TARGET.pp))
-    out = {}
-    for name in MODELS:
-        cfg = load_config(os.path.join(root, name))
-        model = build_pipeline_chunks(cfg, TPContext(mesh.tp), mesh.coords.pp, TARGET.pp, 1, seed=7)
-        opt = ZeroOptimizer(model, mesh, ZeroConfig(stage=0), OptimizerConfig())
-        names = core.param_names(model)
-        core.load(opt, names, None, store.final_path(os.path.join(root, name + ".ckpt"), 0), optim=False,
-                  rng_too=False)
-        with torch.no_grad():
-            if mesh.is_first_stage:
-                dist.send(model[0](ids).contiguous(), rank + TARGET.tp)  # stage 0 -> the same TP rank of stage 1
-            else:
-                h = torch.empty(ids.shape + (cfg.hidden_size,))
-                dist.recv(h, rank - TARGET.tp)
-                logits = mesh.tp.all_gather(model[0](h), dim=-1)[..., :cfg.vocab_size]
-                out[name] = (logits, model[0](h, shift_labels(ids)).item())
-        state = {"model": os.path.join(root, name), "layout": TARGET.layout(cfg), "iteration": 1,
-                 "consumed_samples": 0}
-        core.start_save(opt, names, None, os.path.join(root, name + ".run"), 1, state).finish()
     return out
 
 
@@ -398,7 +343,7 @@ def test_presharded_tp2_pp2_is_what_a_run_saves_and_loads_with_transformers_logi
                      "--target-pipeline-parallel-size", "2"])
         saved = store.read_state(store.final_path(os.path.join(root, name + ".ckpt"), 0))["layout"]
         assert saved == {"tp": 2, "pp": 2, "dp": 1, "zero": 0, "v": 1, "stages": [[0], [1]]}
-    results = run_distributed(_run_at_target, 4, (root, ids), timeout=240)
+    results = run_distributed(run_at_target, 4, (root, ids, rank_configs(root, MODELS)), timeout=240)
     for name in MODELS:
         ours = _chunk_table(store.final_path(os.path.join(root, name + ".ckpt"), 0))
         run = _chunk_table(store.final_path(os.path.join(root, name + ".run"), 1))

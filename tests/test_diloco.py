@@ -48,6 +48,7 @@ from hybrid.trail import TRAIL
 from hybrid.train_step import LocalForwardBackward, OptimizerConfig, build_optimizer, train_step
 from hybrid.zero import ZeroConfig, ZeroOptimizer
 from models import build_pipeline_chunks, load_config
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 MODEL, GLOBAL, MICRO, SEQ, SEED, DATA_SEED = "tiny-gpt2", 8, 2, 32, 7, 3
 EPS32 = torch.finfo(torch.float32).eps

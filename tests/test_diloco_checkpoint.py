@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from hybrid import testing
 from hybrid.checkpoint import store
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 pytestmark = pytest.mark.slow  # end-to-end train.py launches (conftest.py: the fast tier leaves them out)
 

@@ -38,6 +38,7 @@ from hybrid.tp import TPContext, gather_full, spec_of
 from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import CpuAdam, Precision, ZeroConfig, ZeroOptimizer
 from models import build_pipeline_chunks, load_config
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 from test_checkpoint import Run, full_state
 from test_zero import GRAD_ROUNDINGS, model_psi, padding_bound
 

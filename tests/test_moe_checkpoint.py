@@ -14,6 +14,7 @@ Here the load fails with one line naming the missing expert tensor."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -39,6 +40,7 @@ from hybrid.zero import ZeroConfig, ZeroOptimizer
 from hybrid.zero import state as zero_state
 from models import build_pipeline_chunks, from_hf
 from moe_reference import hf_config
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 WORLD, GLOBAL, SEQ = 4, 4, 16
 OPT = OptimizerConfig(lr=1e-3, decay_style="constant")
@@ -47,10 +49,16 @@ LAYOUTS = {"A-tp2sp-dp2-ep2-zero1": (2, 1, 2, 1), "B-dp4-ep4-zero3": (1, 1, 4, 3
            "C-pp2-dp2-ep2-zero0": (1, 2, 2, 0), "D-tp2sp-pp2-ep1-zero2": (2, 2, 1, 2)}
 
 
+def model_config():
+    """Tiny Mixtral, 4 layers, 4 experts: made in the test process and passed to the ranks without the transformers
+    config it was read from (unpickling one would import transformers in every rank, ~2 s of CPU each)."""
+    return dataclasses.replace(from_hf(hf_config("mixtral", 4)), hf_config=None)
+
+
 class Run:
-    def __init__(self, layout, world):
+    def __init__(self, layout, world, cfg):
         tp, pp, ep, zero = LAYOUTS[layout]
-        self.cfg = from_hf(hf_config("mixtral", 4))
+        self.cfg = cfg
         self.mesh = build_mesh(ParallelDims.from_world(world, tp=tp, pp=pp), ep)
         self.rng = ParallelRNG(5, self.mesh.coords.tp, self.mesh.coords.pp)
         moe = ExpertContext(MoEConfig(expert_parallel=ep, aux_loss_coeff=0.01, expert_bias=True,
@@ -92,18 +100,18 @@ class Run:
         return {**core.statefuls(self.opt, self.names, self.rng, rng_too=rng_too), **moe_owners(self.model)}
 
 
-def _chain(rank, world, root):
+def _chain(rank, world, root, cfg):
     order = list(LAYOUTS)
-    first = Run(order[0], world)
+    first = Run(order[0], world, cfg)
     losses = first.train(2)
     dirs = {order[0]: first.save(os.path.join(root, order[0]))}
     for prev, name in zip(order, order[1:]):
-        run = Run(name, world)
+        run = Run(name, world, cfg)
         run.load(dirs[prev])
         dirs[name] = run.save(os.path.join(root, name))
-    # a save that loses EP rank 1's experts (each is written by nobody), then a load elsewhere
-    bad = Run(order[0], world)
-    bad.train(2)
+    # a save that loses EP rank 1's experts (each is written by nobody), then a load elsewhere: the trained run at A
+    # saved again (its save above changed nothing in it), this time with EP rank 1's experts owned by nobody
+    bad = first
     owner = zero_state.is_owner  # who writes each piece (hybrid/stateful.is_owner, as zero/state.py reads it)
     zero_state.is_owner = lambda p, *a: False if is_expert(p) and bad.mesh.ep.rank == 1 else owner(p, *a)
     try:
@@ -111,7 +119,7 @@ def _chain(rank, world, root):
     finally:
         zero_state.is_owner = owner
     try:
-        Run(order[1], world).load(lossy)
+        Run(order[1], world, cfg).load(lossy)
         error = None
     except CorruptCheckpoint as e:
         error = str(e)
@@ -119,30 +127,30 @@ def _chain(rank, world, root):
 
 
 def read_all(directory):
-    """Every tensor of a checkpoint, whole (DCP, no process group), and each key's stored chunk volume."""
+    """Every tensor of a checkpoint, whole (DCP, no process group: one load of every key, each into a tensor of
+    its full size), and each key's stored chunk volume."""
     meta = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
     out, volume = {}, {}
     for key, m in meta.items():
         if key.startswith("rng/"):
             continue
-        t = torch.empty(tuple(m.size), dtype=m.properties.dtype)
-        dcp.load({key: t}, storage_reader=dcp.FileSystemReader(directory), no_dist=True)
-        out[key] = t
+        out[key] = torch.empty(tuple(m.size), dtype=m.properties.dtype)
         volume[key] = sum(math.prod(c.sizes) for c in m.chunks)
+    dcp.load(out, storage_reader=dcp.FileSystemReader(directory), no_dist=True)
     return out, volume
 
 
 @pytest.fixture(scope="module")
 def chain():
     root = tempfile.mkdtemp(prefix="moe-ckpt-")
-    per_rank = run_distributed(_chain, WORLD, args=(root,), timeout=1500)
+    per_rank = run_distributed(_chain, WORLD, args=(root, model_config()), timeout=1500)
     r = per_rank[0]
     return {name: read_all(d) for name, d in r["dirs"].items()}, r
 
 
 def test_every_expert_is_stored_exactly_once_at_every_ep(chain):
     states, _ = chain
-    cfg = from_hf(hf_config("mixtral", 4))
+    cfg = model_config()
     experts = {f"{kind}/layers.{layer}.mlp.experts.{e}.{proj}.weight"
                for kind in ("model", "optim.exp_avg", "optim.exp_avg_sq")
                for layer in range(cfg.num_layers) for e in range(cfg.num_experts)

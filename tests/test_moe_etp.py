@@ -26,6 +26,7 @@ Expert-TP adds one more reordering of sums (the partial down-projections, summed
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -49,6 +50,7 @@ from hybrid.zero import ZeroConfig, ZeroOptimizer
 from models import build_pipeline_chunks, from_hf
 from models.hf_io import export_hf_state_dict, load_hf_checkpoint
 from moe_reference import hf_config, hf_layer_aux, hf_model, per_expert, rel, save
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 pytestmark = pytest.mark.slow
 
@@ -78,8 +80,13 @@ def micro_batches(dp_rank, dp):
 
 
 # --- the ranks --------------------------------------------------------------------------------------------
-def _build(kind, path, world, tp, ep, etp, zero):
-    cfg = from_hf(hf_config(kind, LAYERS))
+def model_config(kind):
+    """Made in the test process and passed to the ranks without the transformers config it was read from
+    (unpickling one would import transformers in every rank, ~2 s of CPU each)."""
+    return dataclasses.replace(from_hf(hf_config(kind, LAYERS)), hf_config=None)
+
+
+def _build(cfg, path, world, tp, ep, etp, zero):
     mesh = build_mesh(ParallelDims.from_world(world, tp=tp), ep, etp)
     moe = ExpertContext(MoEConfig(expert_parallel=ep, expert_tensor_parallel=etp, aux_loss_coeff=COEFF),
                         mesh.ep, mesh.etp)
@@ -93,12 +100,12 @@ def _export(chunks, mesh, grads: bool) -> dict[str, torch.Tensor]:
     return export_hf_state_dict(chunks[0], mesh.tp, grads=grads, expert_tp=mesh.etp)
 
 
-def _case(kind, path, world, tp, ep, etp, zero, logits=False, grads=None):
+def _case(cfg, path, world, tp, ep, etp, zero, logits=False, grads=None):
     """One step's gradients (ZeRO 0; `grads` when already computed), then STEPS steps at `zero`: (results, the
     trained run)."""
     if grads is not None:
-        return _train(kind, path, world, tp, ep, etp, zero, {"grads": grads})
-    mesh, chunks, runner, opt, batches = _build(kind, path, world, tp, ep, etp, 0)
+        return _train(cfg, path, world, tp, ep, etp, zero, {"grads": grads})
+    mesh, chunks, runner, opt, batches = _build(cfg, path, world, tp, ep, etp, 0)
     out = {}
     if logits:
         with torch.no_grad():
@@ -111,11 +118,11 @@ def _case(kind, path, world, tp, ep, etp, zero, logits=False, grads=None):
     runner.forward_backward(batches)
     opt.finish_backward(chunks, mesh)
     out["grads"] = {k: g / mesh.dims.dp for k, g in _export(chunks, mesh, grads=True).items()}
-    return _train(kind, path, world, tp, ep, etp, zero, out)
+    return _train(cfg, path, world, tp, ep, etp, zero, out)
 
 
-def _train(kind, path, world, tp, ep, etp, zero, out):
-    mesh, chunks, runner, opt, batches = _build(kind, path, world, tp, ep, etp, zero)
+def _train(cfg, path, world, tp, ep, etp, zero, out):
+    mesh, chunks, runner, opt, batches = _build(cfg, path, world, tp, ep, etp, zero)
     out["losses"] = [train_step(chunks, batches, opt, mesh, runner=runner) for _ in range(STEPS)]
     with opt.gathered():  # stage 3 frees the gathered buffers at the exit: copy inside
         out["weights"] = {k: t.clone() for k, t in _export(chunks, mesh, grads=False).items()}
@@ -133,7 +140,7 @@ def _owners(mesh, chunks, opt):
     return core.statefuls(opt, core.param_names(chunks), None, rng_too=False)
 
 
-def _chain(first, root, world, path):
+def _chain(first, root, world, path, cfg):
     """Save A (the trained Mixtral run), load it at B, save, load B's at C, save: the three directories."""
     dirs = {}
     name = list(CHAIN)[0]
@@ -141,7 +148,7 @@ def _chain(first, root, world, path):
     core.save_state(_owners(*first), dirs[name], STEPS, _state(first[0], first[2])).finish()
     prev = name
     for name, (ep, etp, zero) in list(CHAIN.items())[1:]:
-        run = _build("mixtral", path, world, 1, ep, etp, zero)
+        run = _build(cfg, path, world, 1, ep, etp, zero)
         owners = _owners(run[0], run[1], run[3])
         core.load_state(owners, os.path.join(dirs[prev], f"iter_{STEPS:07d}"))
         dirs[name] = os.path.join(root, name)
@@ -155,9 +162,8 @@ N, H, K = 16, 8, 2
 
 def _ledger(world, ep, etp):
     """Bytes of one MoE layer's forward + backward on a routing sending N k / EP slots to every EP rank."""
-    from transformers.activations import ACT2FN
-
     from hybrid.moe.layer import MoELayer
+    from models.activations import activation
     from models.config import ModelConfig
     cfg = ModelConfig(arch="llama", vocab_size=16, hidden_size=H, num_layers=1, num_heads=2, num_kv_heads=2,
                       head_dim=4, ffn_hidden_size=8, max_position_embeddings=16, norm_eps=1e-5, tie_embeddings=False,
@@ -165,7 +171,7 @@ def _ledger(world, ep, etp):
                       moe_top_k=K, moe_ffn_hidden_size=4, moe_layers=(0,), model_type="mixtral")
     mesh = build_mesh(ParallelDims.from_world(world), ep, etp)
     layer = MoELayer(cfg, TPContext(mesh.tp), ExpertContext(MoEConfig(expert_parallel=ep, expert_tensor_parallel=etp),
-                                                            mesh.ep, mesh.etp), ACT2FN["silu"])
+                                                            mesh.ep, mesh.etp), activation("silu"))
     x = torch.randn(N, H, requires_grad=True)
     r = mesh.ep.rank
     experts = torch.stack([(torch.arange(N) + r) % ep, (torch.arange(N) + r + 1) % ep], 1)
@@ -177,21 +183,21 @@ def _ledger(world, ep, etp):
             "ep": mesh.ledger.bytes("all_to_all_v", "ep"), "etp_counts": mesh.ledger.bytes("all_gather", "etp")}
 
 
-def _four(rank, world, paths, root):
+def _four(rank, world, paths, cfgs, root):
     out = {}
     for case, (kind, tp, ep, etp, zero) in CASES4.items():
-        out[case], run = _case(kind, paths[kind], world, tp, ep, etp, zero, logits=True)
+        out[case], run = _case(cfgs[kind], paths[kind], world, tp, ep, etp, zero, logits=True)
         if kind == "mixtral":
-            out["chain"] = _chain(run, root, world, paths[kind])
+            out["chain"] = _chain(run, root, world, paths[kind], cfgs[kind])
     out["ledger"] = _ledger(world, 2, 2)
     return out
 
 
-def _eight(rank, world, paths):
+def _eight(rank, world, paths, cfgs):
     """The cases differ only in the ZeRO stage of training: one step's gradients (ZeRO 0) serve both."""
     out, grads = {}, None
     for case, (kind, tp, ep, etp, zero) in CASES8.items():
-        out[case] = _case(kind, paths[kind], world, tp, ep, etp, zero, grads=grads)[0]
+        out[case] = _case(cfgs[kind], paths[kind], world, tp, ep, etp, zero, grads=grads)[0]
         grads = out[case]["grads"]
     return out
 
@@ -231,24 +237,32 @@ def reference(kind):
     return {"grads": grads, "weights": weights, "logits": logits, "lm": float(lm)}
 
 
+KINDS = ("mixtral", "qwen2_moe")
+
+
 @pytest.fixture(scope="module")
 def paths():
-    return {kind: save(hf_model(kind, LAYERS)) for kind in ("mixtral", "qwen2_moe")}
+    return {kind: save(hf_model(kind, LAYERS)) for kind in KINDS}
+
+
+@pytest.fixture(scope="module")
+def cfgs():
+    return {kind: model_config(kind) for kind in KINDS}
 
 
 @pytest.fixture(scope="module")
 def refs():
-    return {kind: reference(kind) for kind in ("mixtral", "qwen2_moe")}
+    return {kind: reference(kind) for kind in KINDS}
 
 
 @pytest.fixture(scope="module")
-def four(paths):
-    return run_distributed(_four, 4, args=(paths, tempfile.mkdtemp(prefix="moe-etp-")), timeout=1500)
+def four(paths, cfgs):
+    return run_distributed(_four, 4, args=(paths, cfgs, tempfile.mkdtemp(prefix="moe-etp-")), timeout=1500)
 
 
 @pytest.fixture(scope="module")
-def eight(paths):
-    return run_distributed(_eight, 8, args=(paths,), timeout=1500)
+def eight(paths, cfgs):
+    return run_distributed(_eight, 8, args=(paths, cfgs), timeout=1500)
 
 
 def _check(ref: dict, ranks: list[dict], what: str) -> None:
@@ -296,21 +310,22 @@ def test_etp_gather_and_reduce_scatter_bytes_equal_the_formula(four):
 
 
 def _read_all(directory):
+    """Every tensor of a checkpoint, whole (one DCP load of every key, no process group), and each key's stored
+    chunk volume."""
     meta = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
     out, volume = {}, {}
     for key, m in meta.items():
-        t = torch.empty(tuple(m.size), dtype=m.properties.dtype)
-        dcp.load({key: t}, storage_reader=dcp.FileSystemReader(directory), no_dist=True)
-        out[key] = t
+        out[key] = torch.empty(tuple(m.size), dtype=m.properties.dtype)
         volume[key] = sum(math.prod(c.sizes) for c in m.chunks)
+    dcp.load(out, storage_reader=dcp.FileSystemReader(directory), no_dist=True)
     return out, volume
 
 
-def test_checkpoint_saved_at_one_etp_loads_at_another_bit_for_bit(four):
+def test_checkpoint_saved_at_one_etp_loads_at_another_bit_for_bit(four, cfgs):
     """A (ep 2 x etp 2) -> B (ep 4 x etp 1) -> C (ep 1 x etp 4) -> D (ep 1 x etp 2 x edp 2): master weights and both
     Adam moments equal A's bit for bit; every expert tensor of each is stored exactly once (its chunks tile it)."""
     states = {name: _read_all(d) for name, d in four[0]["chain"].items()}
-    cfg = from_hf(hf_config("mixtral", LAYERS))
+    cfg = cfgs["mixtral"]
     experts = {f"{kind}/layers.{layer}.mlp.experts.{e}.{proj}.weight"
                for kind in ("model", "optim.exp_avg", "optim.exp_avg_sq")
                for layer in range(cfg.num_layers) for e in range(cfg.num_experts)

@@ -39,6 +39,7 @@ from hybrid.zero import ZeroConfig, ZeroOptimizer
 from models import Recompute, build_pipeline_chunks, from_hf
 from models.hf_io import export_hf_state_dict, load_hf_checkpoint
 from moe_reference import hf_config, hf_layer_aux, hf_model, per_expert, rel, save
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 WORLD, GLOBAL, SEQ, STEPS = 8, 8, 16, 2
 RTOL = 1e-5

@@ -70,6 +70,7 @@ from hybrid.zero.engine import tied_weight
 from hybrid.zero.accounting import paper_state_bytes, paper_volume, state_ledger
 from hybrid.measured_memory import StateKind
 from models import build_pipeline_chunks, load_config
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 STEPS, GLOBAL, MICRO, SEQ = 5, 8, 2, 32
 OVERFLOW_STEPS = 10  # fp16 from scale 2^20 skips steps until the scale fits: the real steps after them train
