@@ -35,7 +35,11 @@ def test_extra_ranks_add_powersgd_rows_after_powersgd_with_only_the_rank_changed
         fn, row_args = rows[f"PowerSGD r {r}"]
         assert fn is bench.row_powersgd
         assert vars(row_args) == {**vars(args), "powersgd_rank": r}
-    assert list(bench._rows(_args())) == list(bench.ROWS)
+    # the default table: every row but the opt-in ones (round 15's momentum PowerSGD: only when --rows names it)
+    assert list(bench._rows(_args())) == [n for n, row in bench.ROWS.items() if row not in bench.OPT_IN]
+    assert bench.OPT_IN and all(row in bench.ROWS.values() for row in bench.OPT_IN)
+    named = bench._rows(_args(rows=["AdamW", "Momentum PowerSGD"]))
+    assert list(named) == ["AdamW (synchronous)", "Momentum PowerSGD (1-bit Adam's scheme)"]
 
 
 def test_every_row_steps_at_the_schedule_of_the_flags():

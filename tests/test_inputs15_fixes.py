@@ -187,6 +187,10 @@ def test_calibrate_starts_its_forkserver_deaf_to_ctrl_c_and_restores_its_own_han
         seen.append(signal.getsignal(signal.SIGINT))
         monkeypatch.setattr(server, "_forkserver_pid", 4242)
     monkeypatch.setattr(server, "_forkserver_pid", None)
+    # a process that never started one (where this worker may have: hybrid.testing._forkserver would then read
+    # the address and fd it kept as a fork's, and replace ensure_running)
+    monkeypatch.setattr(server, "_forkserver_address", None)
+    monkeypatch.setattr(server, "_forkserver_alive_fd", None)
     monkeypatch.setattr(server, "ensure_running", start)
     mine = signal.getsignal(signal.SIGINT)
     assert cal.ranks_leave_ctrl_c_to_this_process() == 4242

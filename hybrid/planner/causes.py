@@ -55,8 +55,8 @@ def _handoff_cost(c: float) -> Iterator[None]:
     transfer is priced (time._stages), on top of the transfer itself."""
     original = planner_time._stages
 
-    def stages(work, cluster, layout):
-        st = original(work, cluster, layout)
+    def stages(work, cluster, layout, ctx=None):  # time._stages' signature (ctx: the caller's _context)
+        st = original(work, cluster, layout, ctx)
         n = layout.pp * layout.v
         if layout.pp == 1 or c == 0:
             return st
