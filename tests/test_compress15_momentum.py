@@ -197,7 +197,7 @@ MOMENTUM = ["--powersgd-rank", "2", "--zero-stage", "0", "--optimizer", "onebit-
 def test_momentum_powersgd_run_saved_after_the_freeze_resumes_bit_for_bit_dp2(tmp_path):
     """Saved after step 4 (compressed since step 3: residual and Q non-zero), resumed for steps 5-6: the losses and
     every saved tensor (weights, moments, the momentum's residual and Q) equal the uninterrupted run's."""
-    from tests.test_compress_train import COMMON, _losses, _tensors, runnable
+    from tests.test_compress_train import COMMON, assert_resume_bit_for_bit, runnable
 
     from hybrid import testing
 
@@ -208,21 +208,7 @@ def test_momentum_powersgd_run_saved_after_the_freeze_resumes_bit_for_bit_dp2(tm
         out = testing.torchrun(argv, 2, env={"OMP_NUM_THREADS": "1"}, cwd=ROOT, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
 
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    straight.mkdir(), resumed.mkdir()
-    run(["--save", str(straight / "ckpt"), "--metrics-file", str(straight / "m.jsonl")])
-    run(["--save", str(resumed / "ckpt"), "--exit-interval", "4", "--metrics-file", str(resumed / "m.jsonl")])
-    run(["--load", str(resumed / "ckpt"), "--save", str(resumed / "ckpt"), "--metrics-file",
-         str(resumed / "m2.jsonl")])
-    want, first, second = (_losses(str(straight / "m.jsonl")), _losses(str(resumed / "m.jsonl")),
-                           _losses(str(resumed / "m2.jsonl")))
-    assert sorted(first) == [1, 2, 3, 4] and sorted(second) == [5, 6], (first, second)
-    for it in range(1, 7):
-        assert (first.get(it) or second.get(it)) == want[it], it
-    a, b = _tensors(str(straight / "ckpt")), _tensors(str(resumed / "ckpt"))
-    assert sorted(a) == sorted(b)
+    a = assert_resume_bit_for_bit(run, tmp_path)
     errors = [k for k in a if k.startswith("compress/momentum_powersgd.error/")]
     qs = [k for k in a if k.startswith("compress/momentum_powersgd.q/")]
     assert errors and qs and any(a[k].abs().max() > 0 for k in errors), sorted(a)[:20]
-    for k in a:
-        assert torch.equal(a[k], b[k]), k

@@ -86,13 +86,20 @@ def test_compressed_run_saved_mid_run_resumes_bit_for_bit_dp2(tmp_path, method):
     """Saved after step 4 (compression running since step 3: error feedback non-zero), resumed for steps 5-6:
     the losses and every saved tensor (weights, moments, error feedback) equal the uninterrupted run's."""
     extra = ONEBIT if method == "onebit-adam" else []
+    a = assert_resume_bit_for_bit(lambda flags: _run(extra + flags), tmp_path)
+    errors = [k for k in a if k.startswith("compress/") and "error" in k]
+    assert errors and any(a[k].abs().max() > 0 for k in errors), sorted(a)[:20]
+
+
+def assert_resume_bit_for_bit(run, tmp_path) -> dict:
+    """`run(flags)` 6 steps straight, and 4 + 2 across a save and --load: the same loss at every step and every
+    saved tensor bit for bit; returns the straight run's tensors (for the caller's own key checks)."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     straight.mkdir(), resumed.mkdir()
-    _run(extra + ["--save", str(straight / "ckpt"), "--metrics-file", str(straight / "m.jsonl")])
-    _run(extra + ["--save", str(resumed / "ckpt"), "--exit-interval", "4", "--metrics-file",
-                  str(resumed / "m.jsonl")])
-    _run(extra + ["--load", str(resumed / "ckpt"), "--save", str(resumed / "ckpt"),
-                  "--metrics-file", str(resumed / "m2.jsonl")])
+    run(["--save", str(straight / "ckpt"), "--metrics-file", str(straight / "m.jsonl")])
+    run(["--save", str(resumed / "ckpt"), "--exit-interval", "4", "--metrics-file", str(resumed / "m.jsonl")])
+    run(["--load", str(resumed / "ckpt"), "--save", str(resumed / "ckpt"), "--metrics-file",
+         str(resumed / "m2.jsonl")])
     want, first, second = (_losses(str(straight / "m.jsonl")), _losses(str(resumed / "m.jsonl")),
                            _losses(str(resumed / "m2.jsonl")))
     assert sorted(first) == [1, 2, 3, 4] and sorted(second) == [5, 6], (first, second)
@@ -100,10 +107,9 @@ def test_compressed_run_saved_mid_run_resumes_bit_for_bit_dp2(tmp_path, method):
         assert (first.get(it) or second.get(it)) == want[it], it
     a, b = _tensors(str(straight / "ckpt")), _tensors(str(resumed / "ckpt"))
     assert sorted(a) == sorted(b)
-    errors = [k for k in a if k.startswith("compress/") and "error" in k]
-    assert errors and any(a[k].abs().max() > 0 for k in errors), sorted(a)[:20]
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    return a
 
 
 # slow: 4 train.py runs end to end. The fast tier keeps the link's own checks in tests/test_compress_link.py (it
