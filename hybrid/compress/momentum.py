@@ -35,7 +35,7 @@ import torch
 
 from hybrid.compress.link import SimulatedLink
 from hybrid.compress.powersgd import PowerSGDConfig, PowerSGDState, reduce_bucket
-from hybrid.compress.reduction import OneBitAdamReduction, _sizes
+from hybrid.compress.reduction import OneBitAdamReduction, bind_powersgd
 from hybrid.compress.state import PowerSGDCheckpoint
 
 COUNTERS = "momentum_powersgd"
@@ -70,12 +70,7 @@ class MomentumPowerSGDReduction(OneBitAdamReduction):
 
     def bind(self, units: list, engine) -> None:
         """As PowerSGDReduction.bind: what the checkpoint keys the state by (names, tied twins, DP and TP rank)."""
-        from hybrid.zero.state import param_names
-        self.units = units
-        self.index = {id(u): i for i, u in enumerate(units)}
-        self.sizes = {i: _sizes(u, self.state.cfg) for i, u in enumerate(units)}  # (error, P, Q) numbers
-        self.names, self.duplicates = param_names(engine.model), engine.duplicates
-        self.coords = (engine.dp.rank, engine.mesh.tp.rank)
+        bind_powersgd(self, units, engine)
         self.checkpoint = MomentumCheckpoint(self)
 
     def build_optimizer(self, engine, groups: list[dict], lr: float, betas: tuple[float, float], eps: float):

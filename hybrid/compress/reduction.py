@@ -86,12 +86,7 @@ class PowerSGDReduction:
         """The engine's dense units, in the engine's order (bucket index = position), and what the checkpoint
         keys the state by: the parameters' global names, the tied twins, this rank's DP and TP coordinates."""
         from hybrid.compress.state import PowerSGDCheckpoint
-        from hybrid.zero.state import param_names
-        self.units = units
-        self.index = {id(u): i for i, u in enumerate(units)}
-        self.sizes = {i: _sizes(u, self.state.cfg) for i, u in enumerate(units)}  # (error, P, Q) numbers
-        self.names, self.duplicates = param_names(engine.model), engine.duplicates
-        self.coords = (engine.dp.rank, engine.mesh.tp.rank)
+        bind_powersgd(self, units, engine)
         self.checkpoint = PowerSGDCheckpoint(self)
 
     def reduce(self, unit, group: Group) -> bool:
@@ -130,6 +125,18 @@ class PowerSGDReduction:
 CLIP_REFUSED = ("--clip-grad does not run with --optimizer onebit-adam at --zero-stage 1 or 2: after the freeze each "
                 "rank's gradient is its own and ZeRO's clip norm is one sharded global norm (DeepSpeed's 1-bit Adam "
                 "does not clip the compressed momentum either); pass --clip-grad 0, or use --zero-stage 0")
+
+
+def bind_powersgd(red, units: list, engine) -> None:
+    """What a PowerSGD state (`red.state`: the gradient's, or 1-bit Adam's momentum's) is keyed by: the units in the
+    engine's order (bucket index = position), their (error, P, Q) sizes, the parameters' global names, the tied
+    twins, this rank's DP and TP coordinates."""
+    from hybrid.zero.state import param_names
+    red.units = units
+    red.index = {id(u): i for i, u in enumerate(units)}
+    red.sizes = {i: _sizes(u, red.state.cfg) for i, u in enumerate(units)}  # (error, P, Q) numbers
+    red.names, red.duplicates = param_names(engine.model), engine.duplicates
+    red.coords = (engine.dp.rank, engine.mesh.tp.rank)
 
 
 def _sizes(unit, cfg: PowerSGDConfig) -> tuple[int, int, int]:
