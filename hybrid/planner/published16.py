@@ -1,0 +1,170 @@
+"""Issue 26, round 16: new CHECK rows of the held-out kind "FSDP runs at 8-64 GPUs, A100" -- MosaicML's A100 40GB
+table, which rounds 7 and 14 left out for want of a 40 GB card.
+
+    python -m hybrid.planner.published16        # the rows, planned (docs/planner.md "Round 16: held-out families")
+
+Every row is a `Role.CHECK` row, entered from its source and committed before its error was read (the commit that
+added the rows ran no prediction); nothing was fitted to it.
+
+Source, read at the commit named: mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit 061f2c7 (the
+version the search index holds; published.py reads the same file's other tables at c90b9b3 and its FP8 table at
+061f2c7), table "A100 40GB with 1600 Gbps node-node interconnect (RoCE)": all 78 rows -- MPT 125M-70B, s 512-32768,
+8-128 GPUs, Composer + PyTorch FSDP (FULL_SHARD), micro-batch and gradient accumulation stated, activation
+checkpointing stated, precision `bf16` with FSDP mixed precision `PURE` (parameters, gradient reduction and buffers
+in bf16: planned with bf16 gradients, as published_more.py plans the 80 GB table's one PURE row), Throughput
+(T/s/GPU). The table's header lacks the "Model TFLOP" column its rows carry; the columns are read by their rows'
+arithmetic (micro-batch x accumulation x GPUs = GlobalBatchSize on every row, T/s / GPUs = T/s/GPU;
+tests/test_planner16_families.py checks both and each row's NumParams against the planned model).
+
+The card: the a100-80g preset with the A100 40GB SXM4's own memory (40960 MiB, nvidia-smi's size, as the 80 GB
+preset takes 81920) and HBM2 bandwidth (1.555 TB/s, NVIDIA's A100 data sheet; the elementwise rate scaled with it
+by hardware.ELEMENTWISE_FRACTION, as every preset's); the same SMs and clocks, so the same GEMM and flash rates.
+The network: the table's 1600 Gbps a node = 25 GB/s a GPU, as for the 80 GB table (the preset's 23.5 is kept, as
+published.py keeps it for that table).
+
+Planned exactly as published_more._mpt_runs plans MosaicML's other rows: FULL_SHARD as ZeRO 3, the stated
+micro-batch, checkpointing as full recomputation, llm-foundry's triton flash attention (FLASH1 on A100), eager
+PyTorch kernels, flash-attn's fused cross-entropy.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, fields
+
+from hybrid.planner.hardware import ELEMENTWISE_FRACTION, MIB
+from hybrid.planner.published import PublishedRun
+from hybrid.planner.published_more import Result, _mpt_runs, evaluate, summary_line, table
+
+MPT_A100_40G_SOURCE = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit 061f2c7, table 'A100 "
+                       "40GB with 1600 Gbps node-node interconnect (RoCE)' (bf16, FSDP PURE, FULL_SHARD; "
+                       "Throughput (T/s/GPU))")
+A100_40G_MEMORY_BYTES = 40960 * MIB  # nvidia-smi's size of the A100-SXM4-40GB (the 80 GB preset: 81920 MiB)
+A100_40G_HBM_TBPS = 1.555  # NVIDIA A100 data sheet, A100 40GB SXM
+
+
+# (model, s, GPUs, micro-batch, gradient accumulation, T/s/GPU, activation checkpointing, NumParams), the table's
+# order; every row FULL_SHARD (ZeRO 3), bf16 PURE (bf16 gradient reduction)
+MPT_A100_40G_ROWS = (("70b", 2048, 128, 4, 1, 376, True, 64862437376),
+                     ("70b", 2048, 64, 2, 1, 276, True, 64862437376),
+                     ("30b", 2048, 128, 6, 1, 865, True, 29975214080),
+                     ("30b", 2048, 32, 4, 1, 857, True, 29975214080),
+                     ("13b", 8192, 8, 1, 16, 1407, True, 12885411840),
+                     ("13b", 4096, 8, 2, 16, 1603, True, 12864440320),
+                     ("13b", 2048, 128, 16, 1, 1972, True, 12853954560),
+                     ("13b", 2048, 64, 16, 1, 1976, True, 12853954560),
+                     ("13b", 2048, 32, 14, 1, 1998, True, 12853954560),
+                     ("13b", 2048, 16, 10, 1, 1993, True, 12853954560),
+                     ("13b", 2048, 8, 4, 16, 1668, True, 12853954560),
+                     ("13b", 1024, 8, 8, 16, 1727, True, 12848711680),
+                     ("13b", 512, 8, 16, 16, 1763, True, 12846090240),
+                     ("7b", 16384, 8, 1, 4, 2249, True, 6717579264),
+                     ("7b", 8192, 8, 3, 4, 2887, True, 6684024832),
+                     ("7b", 4096, 8, 6, 4, 3366, True, 6667247616),
+                     ("7b", 2048, 128, 18, 1, 3623, True, 6658859008),
+                     ("7b", 2048, 64, 18, 1, 3665, True, 6658859008),
+                     ("7b", 2048, 32, 18, 1, 3725, True, 6658859008),
+                     ("7b", 2048, 16, 16, 1, 3645, True, 6658859008),
+                     ("7b", 2048, 8, 12, 4, 3679, True, 6658859008),
+                     ("7b", 1024, 8, 24, 4, 3854, True, 6654664704),
+                     ("7b", 512, 8, 48, 4, 3895, True, 6652567552),
+                     ("3b", 32768, 8, 1, 4, 2955, True, 2730480640),
+                     ("3b", 16384, 8, 2, 8, 4465, True, 2688537600),
+                     ("3b", 8192, 8, 1, 8, 7149, False, 2667566080),
+                     ("3b", 4096, 8, 2, 8, 8777, False, 2657080320),
+                     ("3b", 2048, 128, 6, 1, 9538, False, 2651837440),
+                     ("3b", 2048, 64, 6, 1, 9736, False, 2651837440),
+                     ("3b", 2048, 32, 6, 1, 9914, False, 2651837440),
+                     ("3b", 2048, 16, 5, 1, 9750, False, 2651837440),
+                     ("3b", 2048, 8, 5, 8, 10065, False, 2651837440),
+                     ("3b", 1024, 8, 10, 8, 10731, False, 2649216000),
+                     ("3b", 512, 8, 20, 8, 11324, False, 2647905280),
+                     ("1b", 32768, 8, 1, 4, 5095, True, 1378865152),
+                     ("1b", 16384, 8, 1, 8, 9715, False, 1345310720),
+                     ("1b", 8192, 8, 2, 8, 13474, False, 1328533504),
+                     ("1b", 4096, 8, 4, 8, 16856, False, 1320144896),
+                     ("1b", 2048, 128, 10, 1, 18647, False, 1315950592),
+                     ("1b", 2048, 64, 10, 1, 19001, False, 1315950592),
+                     ("1b", 2048, 32, 10, 1, 15555, False, 1315950592),
+                     ("1b", 2048, 16, 8, 1, 19085, False, 1315950592),
+                     ("1b", 2048, 8, 8, 8, 19271, False, 1315950592),
+                     ("1b", 1024, 8, 16, 8, 20959, False, 1313853440),
+                     ("1b", 512, 8, 32, 8, 21782, False, 1312804864),
+                     ("760m", 32768, 8, 1, 4, 7183, True, 807656448),
+                     ("760m", 16384, 8, 1, 4, 13914, False, 782490624),
+                     ("760m", 8192, 8, 3, 4, 20106, False, 769907712),
+                     ("760m", 4096, 8, 6, 4, 25863, False, 763616256),
+                     ("760m", 2048, 128, 12, 1, 28940, False, 760470528),
+                     ("760m", 2048, 64, 12, 1, 29344, False, 760470528),
+                     ("760m", 2048, 32, 12, 1, 29648, False, 760470528),
+                     ("760m", 2048, 16, 12, 1, 29607, False, 760470528),
+                     ("760m", 2048, 8, 12, 4, 30173, False, 760470528),
+                     ("760m", 1024, 8, 24, 4, 33422, False, 758897664),
+                     ("760m", 512, 8, 48, 4, 34938, False, 758111232),
+                     ("350m", 32768, 8, 1, 4, 13416, False, 387442688),
+                     ("350m", 16384, 8, 2, 4, 22896, False, 370665472),
+                     ("350m", 8192, 8, 4, 4, 34933, False, 362276864),
+                     ("350m", 4096, 8, 8, 4, 46833, False, 358082560),
+                     ("350m", 2048, 128, 18, 1, 51934, False, 355985408),
+                     ("350m", 2048, 64, 18, 1, 52689, False, 355985408),
+                     ("350m", 2048, 32, 18, 1, 53811, False, 355985408),
+                     ("350m", 2048, 16, 18, 1, 55413, False, 355985408),
+                     ("350m", 2048, 8, 16, 4, 55995, False, 355985408),
+                     ("350m", 1024, 8, 32, 4, 62523, False, 354936832),
+                     ("350m", 512, 8, 64, 4, 66284, False, 354412544),
+                     ("125m", 32768, 8, 1, 4, 32651, False, 148904448),
+                     ("125m", 16384, 8, 2, 3, 55484, False, 136321536),
+                     ("125m", 8192, 8, 5, 3, 86858, False, 130030080),
+                     ("125m", 4096, 8, 13, 3, 115162, False, 126884352),
+                     ("125m", 2048, 128, 26, 1, 123936, False, 125311488),
+                     ("125m", 2048, 64, 26, 1, 125234, False, 125311488),
+                     ("125m", 2048, 32, 26, 1, 127122, False, 125311488),
+                     ("125m", 2048, 16, 26, 1, 130535, False, 125311488),
+                     ("125m", 2048, 8, 26, 3, 136334, False, 125311488),
+                     ("125m", 1024, 8, 52, 3, 148289, False, 124525056),
+                     ("125m", 512, 8, 104, 3, 156735, False, 124131840))
+
+
+@dataclass(frozen=True)
+class A100_40GRun(PublishedRun):
+    """A PublishedRun on A100 40GB SXM4: the a100-80g preset with the 40 GB card's memory and HBM bandwidth."""
+
+    def hardware(self):
+        return super().hardware().with_overrides(name="a100-40g", memory_bytes=A100_40G_MEMORY_BYTES, memory_gb=40.0,
+                                                 hbm_tbps=A100_40G_HBM_TBPS,
+                                                 elementwise_tbps=A100_40G_HBM_TBPS * ELEMENTWISE_FRACTION)
+
+
+def mpt_a100_40g_runs() -> list[PublishedRun]:
+    """The A100 40GB table's 78 rows, planned as published_more._mpt_runs plans the 80 GB table's."""
+    rows = tuple((size, seq, gpus, mb, accum, tokens, 3, ac, False, params)
+                 for size, seq, gpus, mb, accum, tokens, ac, params in MPT_A100_40G_ROWS)
+    runs = []
+    for run in _mpt_runs(rows, "a100-80g", MPT_A100_40G_SOURCE):
+        values = {f.name: getattr(run, f.name) for f in fields(run)}
+        values["name"] = run.name.replace(" A100,", " A100 40GB,")
+        runs.append(A100_40GRun(**values))
+    return runs
+
+
+def runs16() -> list[PublishedRun]:
+    """Every round-16 check row."""
+    return mpt_a100_40g_runs()
+
+
+def evaluate_all() -> list[Result]:
+    return [evaluate(r) for r in runs16()]
+
+
+def main() -> None:
+    results = evaluate_all()
+    print(table(results))
+    print()
+    print(summary_line("MosaicML A100 40GB (round 16)", results))
+    if sys.argv[1:] == ["--by-size"]:
+        for size in dict.fromkeys(r.run.name.split(",")[0] for r in results):
+            print(summary_line(size, [r for r in results if r.run.name.split(",")[0] == size]))
+
+
+if __name__ == "__main__":
+    main()
