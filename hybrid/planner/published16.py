@@ -12,9 +12,10 @@ version the search index holds; published.py reads the same file's other tables 
 8-128 GPUs, Composer + PyTorch FSDP (FULL_SHARD), micro-batch and gradient accumulation stated, activation
 checkpointing stated, precision `bf16` with FSDP mixed precision `PURE` (parameters, gradient reduction and buffers
 in bf16: planned with bf16 gradients, as published_more.py plans the 80 GB table's one PURE row), Throughput
-(T/s/GPU). The table's header lacks the "Model TFLOP" column its rows carry; the columns are read by their rows'
-arithmetic (micro-batch x accumulation x GPUs = GlobalBatchSize on every row, T/s / GPUs = T/s/GPU;
-tests/test_planner16_families.py checks both and each row's NumParams against the planned model).
+(T/s/GPU). The table's header lacks the "Model TFLOP" column its rows carry; the columns were read by the rows'
+own arithmetic (micro-batch x accumulation x GPUs = GlobalBatchSize, T/s / GPUs = T/s/GPU on the rows checked by
+hand), and tests/test_planner16_families.py checks each row's NumParams against the planned model (a size or a
+sequence read wrong fails it).
 
 The card: the a100-80g preset with the A100 40GB SXM4's own memory (40960 MiB, nvidia-smi's size, as the 80 GB
 preset takes 81920) and HBM2 bandwidth (1.555 TB/s, NVIDIA's A100 data sheet; the elementwise rate scaled with it
@@ -130,8 +131,8 @@ class A100_40GRun(PublishedRun):
     """A PublishedRun on A100 40GB SXM4: the a100-80g preset with the 40 GB card's memory and HBM bandwidth."""
 
     def hardware(self):
-        return super().hardware().with_overrides(name="a100-40g", memory_bytes=A100_40G_MEMORY_BYTES, memory_gb=40.0,
-                                                 hbm_tbps=A100_40G_HBM_TBPS,
+        return super().hardware().with_overrides(name="a100-40g", memory_bytes=A100_40G_MEMORY_BYTES,
+                                                 memory_gb=40.0, hbm_tbps=A100_40G_HBM_TBPS,
                                                  elementwise_tbps=A100_40G_HBM_TBPS * ELEMENTWISE_FRACTION)
 
 
