@@ -11,8 +11,10 @@ from hybrid.planner.families import (FAMILY_OF_SOURCE, SLICES, FamilyRow, all_pu
                                      stats)
 from hybrid.planner.hardware import MIB, hardware
 from hybrid.planner.layout import Recompute, ZeroStage
+from hybrid.planner.ops import Stack
 from hybrid.planner.published import Role
-from hybrid.planner.published16 import MPT_A100_40G_ROWS, MPT_A100_40G_SOURCE, mpt_a100_40g_runs, runs16
+from hybrid.planner.published16 import (FMS_FSDP_A100_ROWS, MPT_A100_40G_ROWS, MPT_A100_40G_SOURCE,
+                                        fms_fsdp_a100_runs, mpt_a100_40g_runs, runs16)
 from hybrid.planner.published_more import MPT_MORE_SIZES, Result
 
 
@@ -75,7 +77,7 @@ def test_a100_40g_rows_are_the_table_rows():
     checkpointing, bf16 gradient reduction (PURE), tokens a GPU compared; a CHECK row, no name repeated or already
     held by another module."""
     runs = mpt_a100_40g_runs()
-    assert len(runs) == len(MPT_A100_40G_ROWS) == 78 and runs == runs16()
+    assert len(runs) == len(MPT_A100_40G_ROWS) == 78 and runs == runs16()[:78]
     for run, (size, seq, gpus, mb, accum, tokens, ac, params) in zip(runs, MPT_A100_40G_ROWS):
         layers, d, _ = MPT_MORE_SIZES[size]
         assert 12 * layers * d * d + 13 * layers * d + (50368 + seq) * d + 2 * d == params
@@ -97,3 +99,18 @@ def test_a100_40g_card_is_the_80g_chip_with_its_own_memory():
     assert hw.elementwise_tbps == pytest.approx(ref.elementwise_tbps * 1.555 / ref.hbm_tbps)
     assert (hw.peak_tflops, hw.compute_efficiency, hw.flash_efficiency, hw.inter_node_gbps) == (
         ref.peak_tflops, ref.compute_efficiency, ref.flash_efficiency, ref.inter_node_gbps)
+
+
+def test_fms_fsdp_a100_rows_are_the_readme_rows():
+    """The README's four A100 rows: 128 GPUs, s 4096, ZeRO 3, the stated batch a GPU (no accumulation) and
+    checkpointing, eager on the PyTorch stack, the token/gpu/sec compared; Llama 2 shapes at their known sizes."""
+    runs = fms_fsdp_a100_runs()
+    assert runs == runs16()[78:] and len(runs) == len(FMS_FSDP_A100_ROWS) == 4
+    for run, (_, _, mb, ac, tokens) in zip(runs, FMS_FSDP_A100_ROWS):
+        assert (run.gpus, run.gpu, run.workload.seq_length, run.workload.global_batch) == (128, "a100-80g", 4096,
+                                                                                              128 * mb)
+        assert run.space.micro_batch == (mb,) and run.space.zero == (ZeroStage.PARAMETERS,)
+        assert run.space.recompute == ((Recompute.FULL if ac else Recompute.NONE),)
+        assert run.published == tokens and run.role is Role.CHECK and run.workload.stack is Stack.PYTORCH
+    billions = [round(r.workload.model.num_parameters / 1e9, 1) for r in runs]
+    assert billions == [6.7, 13.0, 33.7, 69.0]

@@ -39,6 +39,7 @@ FAMILY_OF_SOURCE = (
     ("NVIDIA/dgxc-benchmarking", "NeMo / Megatron-Bridge / DGXC recipes (Megatron-Core + TE)"),
     ("mosaicml/llm-foundry", "MosaicML llm-foundry (Composer, FSDP1)"),
     ("pytorch.org blog 2024-03-13", "IBM fms-fsdp (FSDP1)"),
+    ("foundation-model-stack/fms-fsdp", "IBM fms-fsdp (FSDP1)"),
     ("pytorch/torchtitan", "torchtitan (FSDP2, DTensor TP / PP)"),
     ("pytorch.org blog 2024-11-25", "torchtitan (FSDP2, DTensor TP / PP)"),
     ("allenai/OLMo-core", "OLMo-core (FSDP2)"),

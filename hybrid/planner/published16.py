@@ -1,5 +1,5 @@
 """Issue 26, round 16: new CHECK rows of the held-out kind "FSDP runs at 8-64 GPUs, A100" -- MosaicML's A100 40GB
-table, which rounds 7 and 14 left out for want of a 40 GB card.
+table, which rounds 7 and 14 left out for want of a 40 GB card, and IBM fms-fsdp's A100 rows.
 
     python -m hybrid.planner.published16        # the rows, planned (docs/planner.md "Round 16: held-out families")
 
@@ -26,15 +26,26 @@ published.py keeps it for that table).
 Planned exactly as published_more._mpt_runs plans MosaicML's other rows: FULL_SHARD as ZeRO 3, the stated
 micro-batch, checkpointing as full recomputation, llm-foundry's triton flash attention (FLASH1 on A100), eager
 PyTorch kernels, flash-attn's fused cross-entropy.
+
+Second source (added after the first's rows were committed, before either was planned): foundation-model-stack/
+fms-fsdp README.md at commit 0d31998, its throughput table: Llama 2 7B / 13B / CodeLlama-34B shape / Llama 2 70B on
+128 A100, sharding HSDP (7B, 13B) or FSDP (34B, 70B), activation checkpointing False / False / True / True, batch
+size 2 / 1 / 8 / 6 a GPU, "Training Throughput (128 GPUs)" 3760 / 1700 / 772 / 380 token/gpu/sec. Planned as
+published.py plans the same project's H100 rows (heldout_h100_runs, published._fsdp): s 4096, ZeRO 3 over all the
+GPUs (HSDP too, as published.py plans the H100 7B's HSDP), eager, SDPA flash, the PyTorch stack, no accumulation
+(global batch = batch size x 128). Assumed, not stated: A100 80GB (the 34B at batch 8 and the 70B at 6 a GPU need
+it) and the a100-80g preset's network (IBM's cluster link is not stated in the README).
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from hybrid.planner.hardware import ELEMENTWISE_FRACTION, MIB
-from hybrid.planner.published import PublishedRun
+from hybrid.planner.layout import Recompute
+from hybrid.planner.ops import KernelProfile
+from hybrid.planner.published import CODELLAMA_34B, LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, PublishedRun, _fsdp
 from hybrid.planner.published_more import Result, _mpt_runs, evaluate, summary_line, table
 
 MPT_A100_40G_SOURCE = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md at commit 061f2c7, table 'A100 "
@@ -148,9 +159,29 @@ def mpt_a100_40g_runs() -> list[PublishedRun]:
     return runs
 
 
+FMS_FSDP_A100_SOURCE = ("foundation-model-stack/fms-fsdp README.md at commit 0d31998, throughput table (128 A100, "
+                        "HSDP / FSDP, token/gpu/sec)")
+# (name, shape, micro-batch, activation checkpointing, token/gpu/sec), the README's order
+FMS_FSDP_A100_ROWS = (("Llama 2 7B", LLAMA2_7B, 2, False, 3760), ("Llama 2 13B", LLAMA2_13B, 1, False, 1700),
+                      ("CodeLlama-34B shape", CODELLAMA_34B, 8, True, 772), ("Llama 2 70B", LLAMA2_70B, 6, True, 380))
+FMS_FSDP_A100_GPUS = 128
+
+
+def fms_fsdp_a100_runs() -> list[PublishedRun]:
+    """fms-fsdp's four A100 rows, planned as published.heldout_h100_runs plans its H100 rows."""
+    runs = []
+    for name, shape, mb, ac, tokens in FMS_FSDP_A100_ROWS:
+        recompute = Recompute.FULL if ac else Recompute.NONE
+        run = _fsdp(f"fms-fsdp {name}, {FMS_FSDP_A100_GPUS} A100, FSDP, b{mb}, {'full AC' if ac else 'no AC'}",
+                    FMS_FSDP_A100_SOURCE, shape, 4096, FMS_FSDP_A100_GPUS, mb * FMS_FSDP_A100_GPUS, mb, recompute,
+                    KernelProfile.EAGER, gpu="a100-80g")
+        runs.append(replace(run, published=float(tokens)))
+    return runs
+
+
 def runs16() -> list[PublishedRun]:
     """Every round-16 check row."""
-    return mpt_a100_40g_runs()
+    return mpt_a100_40g_runs() + fms_fsdp_a100_runs()
 
 
 def evaluate_all() -> list[Result]:
