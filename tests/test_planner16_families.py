@@ -114,3 +114,11 @@ def test_fms_fsdp_a100_rows_are_the_readme_rows():
         assert run.published == tokens and run.role is Role.CHECK and run.workload.stack is Stack.PYTORCH
     billions = [round(r.workload.model.num_parameters / 1e9, 1) for r in runs]
     assert billions == [6.7, 13.0, 33.7, 69.0]
+
+
+def test_table_pairs_key_reads_model_sequence_and_gpus():
+    """The 80 / 40 GB side-by-side (`published16 --pairs`) matches rows by (model, sequence, GPUs) read from names."""
+    from hybrid.planner.published16 import _key
+    assert _key("MPT-13b, s 8192, 8 A100 40GB, FSDP z3, b1 x 16, AC") == ("13b", "8192", "8")
+    assert _key("MPT-13b, s 8192, 8 A100, FSDP z3, b5 x 3, AC") == ("13b", "8192", "8")
+    assert _key("MPT-70b, s 2048, 64 A100 40GB, FSDP z3, b2 x 1, AC") != _key("MPT-70b, s 2048, 128 A100, x")

@@ -2,6 +2,7 @@
 table, which rounds 7 and 14 left out for want of a 40 GB card, and IBM fms-fsdp's A100 rows.
 
     python -m hybrid.planner.published16        # the rows, planned (docs/planner.md "Round 16: held-out families")
+    python -m hybrid.planner.published16 --pairs   # the rows the 80 GB and 40 GB tables share, side by side
 
 Every row is a `Role.CHECK` row, entered from its source and committed before its error was read (the commit that
 added the rows ran no prediction); nothing was fitted to it.
@@ -184,11 +185,41 @@ def runs16() -> list[PublishedRun]:
     return mpt_a100_40g_runs() + fms_fsdp_a100_runs()
 
 
+def _key(name: str) -> tuple[str, str, str]:
+    """(model, sequence, GPUs) of a MosaicML row's name: 'MPT-7b, s 2048, 8 A100 40GB, ...' -> ('7b', '2048', '8')."""
+    model, seq, gpus = name.split(", ")[:3]
+    return model.removeprefix("MPT-"), seq.removeprefix("s "), gpus.split()[0]
+
+
+def table_pairs() -> str:
+    """The same model, sequence and GPU count in MosaicML's A100 80GB table (published.py / published_more.py) and
+    its 40GB table: the published tokens-a-GPU ratio (80 GB / 40 GB) against the planned one. The two tables ran
+    other micro-batches, accumulation and precision (amp_bf16 DEFAULT against bf16 PURE), and maybe other
+    software (the 40 GB table's date is not established here): a reading, not a controlled pair."""
+    from hybrid.planner.published import all_runs
+    from hybrid.planner.published_more import more_runs
+    big = {_key(r.name): r for r in all_runs() + more_runs() if r.name.startswith("MPT-") and " A100," in r.name}
+    lines = ["| model, s, GPUs | 80 GB row | 40 GB row | published 80 / 40 | planned 80 / 40 | error 80 GB | "
+             "error 40 GB |", "|---|---|---|---|---|---|---|"]
+    for small in mpt_a100_40g_runs():
+        other = big.get(_key(small.name))
+        if other is None:
+            continue
+        a, b = evaluate(other), evaluate(small)
+        lines.append(f"| {', '.join(_key(small.name))} | {other.name.split(', ', 3)[3]} | "
+                     f"{small.name.split(', ', 3)[3]} | {other.published / small.published:.3f} | "
+                     f"{a.predicted / b.predicted:.3f} | {100 * a.error:+.1f} % | {100 * b.error:+.1f} % |")
+    return "\n".join(lines)
+
+
 def evaluate_all() -> list[Result]:
     return [evaluate(r) for r in runs16()]
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--pairs"]:
+        print(table_pairs())
+        return
     results = evaluate_all()
     print(table(results))
     print()
