@@ -122,3 +122,18 @@ def test_table_pairs_key_reads_model_sequence_and_gpus():
     assert _key("MPT-13b, s 8192, 8 A100 40GB, FSDP z3, b1 x 16, AC") == ("13b", "8192", "8")
     assert _key("MPT-13b, s 8192, 8 A100, FSDP z3, b5 x 3, AC") == ("13b", "8192", "8")
     assert _key("MPT-70b, s 2048, 64 A100 40GB, FSDP z3, b2 x 1, AC") != _key("MPT-70b, s 2048, 128 A100, x")
+
+
+@pytest.mark.slow
+def test_docs_round16_rows_table_is_the_one_published16_computes():
+    """docs/planner.md "Round 16: held-out families" holds published16's table and summary line as the code prints
+    them (~4 s of CPU: 82 plans), so the page cannot drift from the model."""
+    from pathlib import Path
+
+    from hybrid.planner.published16 import evaluate_all
+    from hybrid.planner.published_more import summary_line, table
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    section = docs[docs.index("## Round 16: held-out families"):]
+    results = evaluate_all()
+    assert table(results) in section
+    assert summary_line("Round 16 check rows (MosaicML A100 40GB, fms-fsdp A100)", results) in section

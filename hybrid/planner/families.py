@@ -74,6 +74,8 @@ class FamilyRow:
         role: FIT or CHECK.
         error: predicted / published throughput - 1, None when rejected.
         rejected: why the planner rejects the published layout ("" when it fits).
+        seq: the sequence length.
+        fp8: does the row train with FP8 GEMMs?
     """
 
     name: str
@@ -88,6 +90,8 @@ class FamilyRow:
     role: Role
     error: float | None
     rejected: str = ""
+    seq: int = 0
+    fp8: bool = False
 
     @property
     def ways(self) -> int:
@@ -113,7 +117,8 @@ def plan_row(run: PublishedRun, evaluate: Callable | None = None) -> FamilyRow:
         tp, pp = _only(run.space.tp, "tp", run.name), _only(run.space.pp, "pp", run.name)
         zero = int(run.space.zero[0]) if run.space.zero and len(run.space.zero) == 1 else -1
     return FamilyRow(run.name, family_of(run.source), CARDS[run.hardware().name], run.gpus, tp, pp, cp,
-                     run.gpus // (tp * pp * cp), zero, run.role, result.error, result.rejected)
+                     run.gpus // (tp * pp * cp), zero, run.role, result.error, result.rejected,
+                     run.workload.seq_length, run.workload.fp8)
 
 
 def narayanan_reference_rows() -> list[FamilyRow]:
@@ -124,7 +129,8 @@ def narayanan_reference_rows() -> list[FamilyRow]:
         plan = predict_published(r)
         rows.append(FamilyRow(f"{r.params_billion:g}B, {r.gpus} A100, t{r.tp} p{r.pp} d{r.dp} (shared/reference)",
                               family_of("shared/reference"), CARDS[r.gpu], r.gpus, r.tp, r.pp, 1, r.dp,
-                              int(plan.layout.zero), Role.CHECK, plan.tflops_per_gpu / r.tflops_per_gpu - 1))
+                              int(plan.layout.zero), Role.CHECK, plan.tflops_per_gpu / r.tflops_per_gpu - 1, "",
+                              r.seq))
     return rows
 
 
@@ -178,6 +184,10 @@ SLICES: tuple[tuple[str, Callable[[FamilyRow], bool]], ...] = (
     ("FSDP (ZeRO 3) at 8-64 GPUs, no TP, A100 (80 and 40 GB)",
      lambda r: _fsdp(r, 8, 64) and r.tp == 1 and r.card.startswith("A100")),
     ("FSDP (ZeRO 3) at 8-64 GPUs, no TP, H100", lambda r: _fsdp(r, 8, 64) and r.tp == 1 and r.card == "H100"),
+    ("... of which bf16 at s <= 4096", lambda r: _fsdp(r, 8, 64) and r.tp == 1 and r.card == "H100" and not r.fp8
+     and r.seq <= 4096),
+    ("... of which FP8 or s > 4096", lambda r: _fsdp(r, 8, 64) and r.tp == 1 and r.card == "H100" and (r.fp8
+     or r.seq > 4096)),
     ("FSDP (ZeRO 3) at 8-64 GPUs, no TP, H200", lambda r: _fsdp(r, 8, 64) and r.tp == 1 and r.card == "H200"),
     ("FSDP (ZeRO 3) at 8-64 GPUs with TP (any card)", lambda r: _fsdp(r, 8, 64) and r.tp > 1),
     ("2-way layouts, A100 / H100", lambda r: r.ways == 2 and r.card != "H200"),

@@ -223,7 +223,7 @@ def main() -> None:
     results = evaluate_all()
     print(table(results))
     print()
-    print(summary_line("MosaicML A100 40GB (round 16)", results))
+    print(summary_line("Round 16 check rows (MosaicML A100 40GB, fms-fsdp A100)", results))
     if sys.argv[1:] == ["--by-size"]:
         for size in dict.fromkeys(r.run.name.split(",")[0] for r in results):
             print(summary_line(size, [r for r in results if r.run.name.split(",")[0] == size]))
