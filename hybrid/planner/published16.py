@@ -4,6 +4,7 @@ table, which rounds 7 and 14 left out for want of a 40 GB card, and IBM fms-fsdp
     python -m hybrid.planner.published16        # the rows, planned (docs/planner.md "Round 16: held-out families")
     python -m hybrid.planner.published16 --pairs   # the rows the 80 GB and 40 GB tables share, side by side
     python -m hybrid.planner.published16 --flash1-what-if   # the A100 Triton flash rate: fit 80 GB, check 40 GB
+    python -m hybrid.planner.published16 --network-what-if  # fms-fsdp's misses at slower node links
 
 Every row is a `Role.CHECK` row, entered from its source and committed before its error was read (the commit that
 added the rows ran no prediction); nothing was fitted to it.
@@ -268,6 +269,24 @@ def flash1_what_if() -> str:
         _line(f"check rows (40 GB, s >= {LONG}), with the factor", long_after)])
 
 
+NETWORK_GBPS = (23.5, 12.5, 6.25, 3.125)  # a GPU's share of the node's NICs: the preset, then halvings
+
+
+def network_what_if() -> str:
+    """A what-if, landed nowhere: fms-fsdp's A100 rows and MosaicML's 70B at 64 GPUs at lower inter-node rates
+    than the preset's (fms-fsdp's README states no network; MosaicML's table states 1600 Gbps a node, 25 GB/s a
+    GPU, the preset's 23.5)."""
+    from hybrid.planner.published import _plan_on
+    rows = [r for r in runs16() if r.name.startswith("fms-fsdp") or r.name.startswith("MPT-70b, s 2048, 64 ")]
+    lines = ["| row | " + " | ".join(f"{g:g} GB/s a GPU" for g in NETWORK_GBPS) + " |",
+             "|---|" + "---|" * len(NETWORK_GBPS)]
+    for run in rows:
+        hw = run.hardware()
+        errors = [run.throughput_error(_plan_on(run, hw.with_overrides(inter_node_gbps=g))) for g in NETWORK_GBPS]
+        lines.append(f"| {run.name} | " + " | ".join(f"{100 * e:+.1f} %" for e in errors) + " |")
+    return "\n".join(lines)
+
+
 def _line(what: str, errors: list[float]) -> str:
     from hybrid.planner.published import summary
     return summary(errors).line(what)
@@ -283,6 +302,9 @@ def main() -> None:
         return
     if sys.argv[1:] == ["--flash1-what-if"]:
         print(flash1_what_if())
+        return
+    if sys.argv[1:] == ["--network-what-if"]:
+        print(network_what_if())
         return
     results = evaluate_all()
     print(table(results))
