@@ -18,11 +18,10 @@ predicted / published - 1 (for a step time published / predicted - 1): positive 
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from hybrid.planner.published import PublishedRun, Role
+from hybrid.planner.published import PublishedRun, Role, summary
 
 # (source prefix, family), first match wins; every source of every table module must match one
 # (tests/test_planner16_families.py)
@@ -157,9 +156,9 @@ def stats(rows: Iterable[FamilyRow]) -> str:
     rejected = sum(r.error is None for r in checks)
     if not errors:
         return f"{len(checks)} | {fits} | - | - | - | - | {rejected}"
-    return (f"{len(checks)} | {fits} | {100 * statistics.fmean(errors):+.1f} % | "
-            f"{100 * statistics.median(abs(e) for e in errors):.1f} % | {100 * min(errors):+.1f} % to "
-            f"{100 * max(errors):+.1f} % | {sum(abs(e) <= BAND for e in errors)} of {len(errors)} | {rejected}")
+    s = summary(errors)  # published.py's statistics (its band is BAND)
+    return (f"{len(checks)} | {fits} | {100 * s.signed_mean:+.1f} % | {100 * s.median_abs:.1f} % | "
+            f"{100 * s.low:+.1f} % to {100 * s.high:+.1f} % | {s.within_15} of {s.rows} | {rejected}")
 
 
 HEADER = ("| rows | check rows | fit rows | signed mean | median abs. error | spread | within ±15 % | rejected |\n"
