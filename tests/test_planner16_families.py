@@ -105,7 +105,7 @@ def test_fms_fsdp_a100_rows_are_the_readme_rows():
     """The README's four A100 rows: 128 GPUs, s 4096, ZeRO 3, the stated batch a GPU (no accumulation) and
     checkpointing, eager on the PyTorch stack, the token/gpu/sec compared; Llama 2 shapes at their known sizes."""
     runs = fms_fsdp_a100_runs()
-    assert runs == runs16()[78:] and len(runs) == len(FMS_FSDP_A100_ROWS) == 4
+    assert runs == runs16()[78:82] and len(runs) == len(FMS_FSDP_A100_ROWS) == 4
     for run, (_, _, mb, ac, tokens) in zip(runs, FMS_FSDP_A100_ROWS):
         assert (run.gpus, run.gpu, run.workload.seq_length, run.workload.global_batch) == (128, "a100-80g", 4096,
                                                                                               128 * mb)
@@ -137,3 +137,16 @@ def test_docs_round16_rows_table_is_the_one_published16_computes():
     results = evaluate_all()
     assert table(results) in section
     assert summary_line("Round 16 check rows (MosaicML A100 40GB, fms-fsdp A100)", results) in section
+
+
+def test_nemotron4_340b_row_is_the_reported_stage():
+    """6,144 H100 at t 8 x p 12 x d 64, GBS 2,304 of 4,096 tokens, 8.0 s compared as a step; the 340B shape's
+    parameter count (the report's 340B class) and a check row of the NeMo family."""
+    from hybrid.planner.published16 import nemotron4_340b_run
+    run = nemotron4_340b_run()
+    assert run == runs16()[-1] and run.role is Role.CHECK and run.published == 8.0
+    assert (run.gpus, run.space.tp, run.space.pp, run.workload.global_batch, run.workload.seq_length) == (
+        6144, (8,), (12,), 2304, 4096)
+    assert 6144 // (8 * 12) == 64 and not run.workload.fp8
+    assert 330e9 < run.workload.model.num_parameters < 350e9
+    assert family_of(run.source).startswith("NeMo")

@@ -33,6 +33,7 @@ FAMILY_OF_SOURCE = (
     ("bigscience-workshop", "Megatron-DeepSpeed / DeepSpeed pipeline (BLOOM, MT-NLG)"),
     ("Smith et al. 2022", "Megatron-DeepSpeed / DeepSpeed pipeline (BLOOM, MT-NLG)"),
     ("Llama 3 Herd", "Meta's Llama 3 stack"),
+    ("Nemotron-4 340B Technical Report", "NeMo / Megatron-Bridge / DGXC recipes (Megatron-Core + TE)"),
     ("NVIDIA/NeMo", "NeMo / Megatron-Bridge / DGXC recipes (Megatron-Core + TE)"),
     ("NVIDIA-NeMo/Megatron-Bridge", "NeMo / Megatron-Bridge / DGXC recipes (Megatron-Core + TE)"),
     ("NVIDIA/dgxc-benchmarking", "NeMo / Megatron-Bridge / DGXC recipes (Megatron-Core + TE)"),
