@@ -5,6 +5,7 @@ table, which rounds 7 and 14 left out for want of a 40 GB card, and IBM fms-fsdp
     python -m hybrid.planner.published16 --pairs   # the rows the 80 GB and 40 GB tables share, side by side
     python -m hybrid.planner.published16 --flash1-what-if   # the A100 Triton flash rate: fit 80 GB, check 40 GB
     python -m hybrid.planner.published16 --network-what-if  # fms-fsdp's misses at slower node links
+    python -m hybrid.planner.published16 --nemotron-what-if # the 340B at 6,144 GPUs by recomputation and v
 
 Every row is a `Role.CHECK` row, entered from its source and committed before its error was read (the commit that
 added the rows ran no prediction); nothing was fitted to it.
@@ -319,6 +320,24 @@ def network_what_if() -> str:
     return "\n".join(lines)
 
 
+def nemotron_what_if() -> str:
+    """A what-if, landed nowhere: the Nemotron-4 340B row under each recomputation and interleaving depth (neither
+    is stated by the source this row reads), the planner's pick being the fastest that fits."""
+    from hybrid.planner.layout import Recompute
+    run = nemotron4_340b_run()
+    lines = ["| recomputation | " + " | ".join(f"v {v}" for v in NEMOTRON_V) + " |", "|---|" + "---|" * len(NEMOTRON_V)]
+    for recompute in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL):
+        cells = []
+        for v in NEMOTRON_V:
+            r = evaluate(replace(run, space=replace(run.space, recompute=(recompute,), v=(v,))))
+            cells.append("rejected" if r.error is None else f"{r.predicted:.2f} s ({100 * r.error:+.1f} %)")
+        lines.append(f"| {recompute.value} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+NEMOTRON_V = (1, 2, 4, 8)
+
+
 def _line(what: str, errors: list[float]) -> str:
     from hybrid.planner.published import summary
     return summary(errors).line(what)
@@ -338,10 +357,13 @@ def main() -> None:
     if sys.argv[1:] == ["--network-what-if"]:
         print(network_what_if())
         return
+    if sys.argv[1:] == ["--nemotron-what-if"]:
+        print(nemotron_what_if())
+        return
     results = evaluate_all()
     print(table(results))
     print()
-    print(summary_line("Round 16 check rows (MosaicML A100 40GB, fms-fsdp A100)", results))
+    print(summary_line("Round 16 check rows (MosaicML A100 40GB, fms-fsdp A100, Nemotron-4 340B)", results))
     if sys.argv[1:] == ["--by-size"]:
         for size in dict.fromkeys(r.run.name.split(",")[0] for r in results):
             print(summary_line(size, [r for r in results if r.run.name.split(",")[0] == size]))
