@@ -4,6 +4,7 @@ table, which rounds 7 and 14 left out for want of a 40 GB card, and IBM fms-fsdp
     python -m hybrid.planner.published16        # the rows, planned (docs/planner.md "Round 16: held-out families")
     python -m hybrid.planner.published16 --pairs   # the rows the 80 GB and 40 GB tables share, side by side
     python -m hybrid.planner.published16 --flash1-what-if   # the A100 Triton flash rate: fit 80 GB, check 40 GB
+    python -m hybrid.planner.published16 --h100-triton-what-if  # the H100 Triton flash rate: fit bf16, check FP8
     python -m hybrid.planner.published16 --network-what-if  # fms-fsdp's misses at slower node links
     python -m hybrid.planner.published16 --nemotron-what-if # the 340B at 6,144 GPUs by recomputation and v
 
@@ -305,6 +306,28 @@ def flash1_what_if() -> str:
 NETWORK_GBPS = (23.5, 12.5, 6.25, 3.125)  # a GPU's share of the node's NICs: the preset, then halvings
 
 
+def h100_triton_what_if() -> str:
+    """A what-if, landed nowhere: MosaicML's H100 rows ran Triton FlashAttention-1 (round 8), planned at
+    FlashAttention-2's rate for want of a published H100 rate of that kernel. The factor on the flash share that
+    makes each bf16 row at s >= 8192 exact, its median applied to the FP8 rows at s >= 8192 (nothing set them), to
+    the six rows that fit H100_EAGER_CLOCK (which a landed rate would have to be refitted with) and to the other
+    bf16 rows."""
+    from hybrid.planner.published import all_runs
+    from hybrid.planner.published_more import more_runs
+    mpt = [r for r in all_runs() + more_runs() if r.name.startswith("MPT-") and r.gpu == "h100-80g"]
+    fit_rows = [r for r in mpt if not r.workload.fp8 and r.workload.seq_length >= LONG]
+    check = [r for r in mpt if r.workload.fp8 and r.workload.seq_length >= LONG]
+    clock = [r for r in mpt if r.fits]
+    short = [r for r in mpt if not r.fits and not r.workload.fp8 and r.workload.seq_length < LONG]
+    k = statistics.median(_flash_scale_to_match(r) for r in fit_rows)
+    out = [f"fit: {len(fit_rows)} bf16 H100 rows at s >= {LONG}: median factor on the flash share {k:.3f}"]
+    for what, rows in (("bf16 rows at s >= 8192 (fit)", fit_rows), ("FP8 rows at s >= 8192 (check)", check),
+                       ("H100_EAGER_CLOCK's six fit rows", clock), (f"the other bf16 rows at s < {LONG}", short)):
+        out.append(_line(f"{what}, as shipped", [evaluate(r).error for r in rows]))
+        out.append(_line(f"{what}, with the factor", [_with_flash_scale(r, k) for r in rows]))
+    return "\n".join(out)
+
+
 def network_what_if() -> str:
     """A what-if, landed nowhere: fms-fsdp's A100 rows and MosaicML's 70B at 64 GPUs at lower inter-node rates
     than the preset's (fms-fsdp's README states no network; MosaicML's table states 1600 Gbps a node, 25 GB/s a
@@ -353,6 +376,9 @@ def main() -> None:
         return
     if sys.argv[1:] == ["--flash1-what-if"]:
         print(flash1_what_if())
+        return
+    if sys.argv[1:] == ["--h100-triton-what-if"]:
+        print(h100_triton_what_if())
         return
     if sys.argv[1:] == ["--network-what-if"]:
         print(network_what_if())
