@@ -5,6 +5,7 @@ table, which rounds 7 and 14 left out for want of a 40 GB card, and IBM fms-fsdp
     python -m hybrid.planner.published16 --pairs   # the rows the 80 GB and 40 GB tables share, side by side
     python -m hybrid.planner.published16 --flash1-what-if   # the A100 Triton flash rate: fit 80 GB, check 40 GB
     python -m hybrid.planner.published16 --h100-triton-what-if  # the H100 Triton flash rate: fit bf16, check FP8
+    python -m hybrid.planner.published16 --h100-triton-refit-what-if  # the same with the eager clock refitted
     python -m hybrid.planner.published16 --network-what-if  # fms-fsdp's misses at slower node links
     python -m hybrid.planner.published16 --nemotron-what-if # the 340B at 6,144 GPUs by recomputation and v
 
@@ -306,15 +307,25 @@ def flash1_what_if() -> str:
 NETWORK_GBPS = (23.5, 12.5, 6.25, 3.125)  # a GPU's share of the node's NICs: the preset, then halvings
 
 
+FLASH2_AT_SCALE = ("1b", "3b", "7b", "70b")  # round 8: the ">= 128 GPUs" table's sweep.py ran these with flash-attn 2
+
+
+def _ran_triton(run: PublishedRun) -> bool:
+    """Did this MosaicML H100 row run Triton FlashAttention-1? All of the 8-64 GPU tables did; the ">= 128 GPUs"
+    table ran FlashAttention-2 for 1B, 3B, 7B and 70B and Triton for 13B and 30B (docs/planner.md, round 8)."""
+    size = run.name.split(",")[0].removeprefix("MPT-")
+    return not (run.gpus >= 128 and size in FLASH2_AT_SCALE)
+
+
 def h100_triton_what_if() -> str:
     """A what-if, landed nowhere: MosaicML's H100 rows ran Triton FlashAttention-1 (round 8), planned at
     FlashAttention-2's rate for want of a published H100 rate of that kernel. The factor on the flash share that
     makes each bf16 row at s >= 8192 exact, its median applied to the FP8 rows at s >= 8192 (nothing set them), to
     the six rows that fit H100_EAGER_CLOCK (which a landed rate would have to be refitted with) and to the other
-    bf16 rows."""
+    bf16 rows that ran Triton (the ">= 128 GPUs" table's FlashAttention-2 rows left out)."""
     from hybrid.planner.published import all_runs
     from hybrid.planner.published_more import more_runs
-    mpt = [r for r in all_runs() + more_runs() if r.name.startswith("MPT-") and r.gpu == "h100-80g"]
+    mpt = [r for r in all_runs() + more_runs() if r.name.startswith("MPT-") and r.gpu == "h100-80g" and _ran_triton(r)]
     fit_rows = [r for r in mpt if not r.workload.fp8 and r.workload.seq_length >= LONG]
     check = [r for r in mpt if r.workload.fp8 and r.workload.seq_length >= LONG]
     clock = [r for r in mpt if r.fits]
@@ -325,6 +336,46 @@ def h100_triton_what_if() -> str:
                        ("H100_EAGER_CLOCK's six fit rows", clock), (f"the other bf16 rows at s < {LONG}", short)):
         out.append(_line(f"{what}, as shipped", [evaluate(r).error for r in rows]))
         out.append(_line(f"{what}, with the factor", [_with_flash_scale(r, k) for r in rows]))
+    return "\n".join(out)
+
+
+def _on_h100(run: PublishedRun, clock: float, flash_factor: float):
+    """The run planned with H100_EAGER_CLOCK replaced by `clock` and its flash share times `flash_factor`."""
+    from hybrid.planner.published import _plan_on
+    hw = run.hardware()
+    return _plan_on(run, hw.with_overrides(flash_efficiency=hw.flash_efficiency * flash_factor, eager_clock=clock))
+
+
+def h100_triton_refit_what_if() -> str:
+    """The --h100-triton-what-if factor with H100_EAGER_CLOCK refitted over it on its six rows (mean log error 0,
+    as fit.fit_h100_eager_clock), then every PyTorch-native row on the h100-80g preset: MosaicML's (Triton: with
+    the factor) and the FlashAttention-2 ones (OLMo-core, fms-fsdp, torchtitan on 80 GB, the float8 blog: without).
+    torchtitan's 500 W rows are left out: H100_500W_CLOCK is refitted against the eager clock on torchtitan's
+    Table 1, which keeps their product, so they do not move. A what-if, landed nowhere."""
+    import math
+
+    from hybrid.planner.families import all_published_runs, family_of
+    from hybrid.planner.fit import mpt_h100_fit_runs, solve
+    from hybrid.planner.hardware import H100_EAGER_CLOCK
+    from hybrid.planner.published import Role
+    mpt = [r for r in all_published_runs() if r.name.startswith("MPT-") and r.gpu == "h100-80g"]
+    k = statistics.median(_flash_scale_to_match(r) for r in mpt
+                          if not r.workload.fp8 and r.workload.seq_length >= LONG)
+    fit_rows = mpt_h100_fit_runs()
+
+    def log_error(clock: float) -> float:
+        return statistics.fmean(math.log1p(r.throughput_error(_on_h100(r, clock, k))) for r in fit_rows)
+    clock = solve(log_error, 0.0, 0.3, 1.0, iters=20)
+    fa2 = [r for r in all_published_runs() if r.gpu == "h100-80g" and not r.name.startswith("MPT-")
+           and family_of(r.source).split()[0] in ("OLMo-core", "IBM", "torchtitan")]
+    out = [f"factor {k:.3f}; H100_EAGER_CLOCK refitted over it on its six rows: {H100_EAGER_CLOCK:.4f} -> {clock:.4f}"]
+    fa2 += [r for r in mpt if not _ran_triton(r)]
+    triton = [r for r in mpt if _ran_triton(r) and r.role is Role.CHECK]
+    for what, rows, factor in (("MosaicML H100 check rows that ran Triton", triton, k),
+                               ("FlashAttention-2 PyTorch-native h100-80g rows (MosaicML's included)", fa2, 1.0)):
+        out.append(_line(f"{what}, as shipped", [evaluate(r).error for r in rows]))
+        out.append(_line(f"{what}, factor + refitted clock",
+                         [r.throughput_error(_on_h100(r, clock, factor)) for r in rows]))
     return "\n".join(out)
 
 
@@ -379,6 +430,9 @@ def main() -> None:
         return
     if sys.argv[1:] == ["--h100-triton-what-if"]:
         print(h100_triton_what_if())
+        return
+    if sys.argv[1:] == ["--h100-triton-refit-what-if"]:
+        print(h100_triton_refit_what_if())
         return
     if sys.argv[1:] == ["--network-what-if"]:
         print(network_what_if())
