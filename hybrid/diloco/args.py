@@ -91,20 +91,25 @@ def check(args: argparse.Namespace) -> DiLoCoConfig | None:
                         replicas=r, fragments=k, fragment_sync_delay=tau, fragment_update_alpha=alpha)
 
 
-def check_layout(cfg: DiLoCoConfig | None, dp: int, cp: int, zero_stage: int, fp16: bool, moe: bool) -> None:
-    """What DiLoCo needs of the layout and the run; ValueError naming the flag and the fix. Each refusal is a
-    combination not implemented (or not tested) yet. A --train-iters (or --exit-interval) that is no multiple of H
-    is allowed: the run ends between syncs, replica 0's weights are the model's, and the checkpoint keeps every
-    replica, so a longer run continues the round exactly."""
+def check_layout(cfg: DiLoCoConfig | None, dp: int, fp16: bool, moe: bool) -> None:
+    """What DiLoCo needs of the layout and the run; ValueError naming the flag and the fix. ZeRO 0-3 and context
+    parallelism compose (a replica is TP x PP x CP x dp / R ranks, ZeRO inside it: replicas.py). Refused: fp16
+    (each replica's dynamic loss scale would be its own, and the checkpoint keeps one scaler) and MoE models (the
+    expert all-to-all, the expert-bias counts and the expert-DP groups would cross the replicas). A --train-iters
+    (or --exit-interval) that is no multiple of H is allowed: the run ends between syncs, replica 0's weights are
+    the model's, and the checkpoint keeps every replica, so a longer run continues the round exactly."""
     if cfg is None:
         return
     r = cfg.replicas or dp
     if dp % r:
         raise ValueError(f"--diloco-replicas {r} must divide the data-parallel size {dp}")
-    for bad, why in ((cp > 1, f"--context-parallel-size {cp}"), (zero_stage == 3, "--zero-stage 3"),
-                     (fp16, "--fp16 (each replica's loss scale would differ)"), (moe, "a Mixture-of-Experts model")):
-        if bad:
-            raise ValueError(f"--diloco-inner-steps does not run with {why} yet; drop one of them")
+    if fp16:
+        raise ValueError("--diloco-inner-steps does not run with --fp16 (each replica's loss scale would differ) yet; "
+                         "use --bf16, or drop one of them")
+    if moe:
+        raise ValueError("--diloco-inner-steps does not run with a Mixture-of-Experts model yet (its expert all-to-all "
+                         "and expert-bias counts would cross the replicas); train a dense model, or drop "
+                         "--diloco-inner-steps")
 
 
 def single_replica_warning(cfg: DiLoCoConfig | None, dp: int) -> tuple[str, ...]:
@@ -139,7 +144,7 @@ def check_run(args: argparse.Namespace, dims, checkpoint, zero, moe: bool) -> Di
     """Every DiLoCo check of a run (train.py's one hook: hybrid/train/args.run_config)."""
     check_optimizer(args, checkpoint.save is not None or checkpoint.load is not None)
     cfg = check(args)
-    check_layout(cfg, dims.dp, dims.cp, zero.stage, args.fp16, moe)
+    check_layout(cfg, dims.dp, args.fp16, moe)
     if cfg is not None and cfg.inner_steps > args.train_iters and checkpoint.save is None:
         # the first outer sync is after inner step H: the replicas would train apart and never meet, and without
         # a checkpoint no later run continues the round (check_layout's docstring)
