@@ -73,6 +73,9 @@ class ReplicaLayout:
             inner_cp = _mine("dp_cp", inner_dp_cp_ranks(dims, replicas), mesh) if dims.cp > 1 else inner
             cross = _mine("diloco", cross_ranks, mesh)
         inner_mesh = dataclasses.replace(mesh, dp=inner, dp_cp=inner_cp)
+        if mesh.edp is not None:  # MoE: the experts' gradients reduced and ZeRO-sharded over the replica's share
+            inner_mesh.edp = _mine("edp", inner_expert_dp_ranks(dims, replicas, mesh.ep.size,
+                                                                mesh.etp.size if mesh.etp is not None else 1), mesh)
         return cls(inner_mesh, cross, replica=mesh.coords.dp // (dims.dp // replicas), replicas=replicas)
 
 
@@ -88,6 +91,24 @@ def inner_dp_cp_ranks(dims: ParallelDims, replicas: int) -> list[list[int]]:
         c = dims.coords(r)
         groups.setdefault((c.tp, c.pp, c.dp // z), []).append(r)
     return [groups[k] for k in sorted(groups)]
+
+
+def inner_expert_dp_ranks(dims: ParallelDims, replicas: int, ep: int, etp: int) -> list[list[int]]:
+    """MoE: each expert-DP group (hybrid/moe/parallel.py: the ranks of a stage holding the same experts, ordered by
+    their stage index s = tp + cp-and-dp digits) cut into its ranks in each replica. A replica holds stage indices
+    [j Q, (j + 1) Q), Q = tp x cp x dp / R, and with ep x etp dividing Q (args.check_layout) its expert-DP ranks are
+    a run of w = Q / (ep etp) consecutive expert-DP indices; the k-th of them sits at stage index j Q + c, the k-th
+    of replica j' at j' Q + c -- the dense cross group's pairing (same tp, cp and inner DP index) -- so experts and
+    dense parameters share the cross group: the holders of the same experts' same shard."""
+    from hybrid.moe.parallel import ExpertAxis, ExpertLayout
+    z = dims.dp // replicas
+    out = []
+    for g in ExpertLayout(dims, ep, etp).group_ranks(ExpertAxis.EDP):
+        parts: dict[int, list[int]] = {}
+        for r in g:
+            parts.setdefault(dims.coords(r).dp // z, []).append(r)
+        out += [parts[j] for j in sorted(parts)]
+    return out
 
 
 def _mine(name: str, all_ranks: list[list[int]], mesh: Mesh) -> Group:
