@@ -9,6 +9,9 @@
   outer state reshards from ZeRO-3 shards as from any stage.
 * Context parallelism (4 ranks, cp 2 x dp 2, 2 replicas each a CP pair, ZeRO-3 over it): saved at 6 and resumed,
   the same losses and every tensor equal.
+* MoE (4 ranks, tiny-mixtral, dp 4, 2 replicas with EP 2 inside each, ZeRO 1): saved at 6 and resumed, the same
+  losses and every tensor equal (both replicas' experts, their theta and momentum); the checkpoint loaded at EP 1
+  (experts replicated in each replica) and saved again holds the same tensors.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ pytestmark = pytest.mark.slow  # end-to-end train.py launches (conftest.py: the 
 ZERO3 = ["--diloco-replicas", "2", "--zero-stage", "3"]
 CP2 = ["--context-parallel-size", "2", "--zero-stage", "3"]
 OTHER = ["--tensor-model-parallel-size", "2", "--zero-stage", "1"]  # tp2 x dp2: a replica per DP rank
+MOE = ["--model", "tiny-mixtral", "--diloco-replicas", "2", "--zero-stage", "1"]
+EP2 = ["--expert-model-parallel-size", "2"]
 
 
 def _straight(d, flags: list[str]) -> None:
@@ -63,10 +68,11 @@ def _reshard(rank: int, world: int, argv: list[str]) -> None:
     from hybrid.mesh import Mesh
     from hybrid.tp import ParallelRNG, TPContext
     from hybrid.train.args import parse_args, run_config
-    from hybrid.train.loop import build_runner, run_info
+    from hybrid.train.loop import build_runner, expert_layout, run_info
     from hybrid.zero import ZeroOptimizer
     run = run_config(parse_args(argv), world)
-    mesh = Mesh.build(run.parallel.dims)
+    experts = expert_layout(run)  # MoE: the ep / edp groups
+    mesh = Mesh.build(run.parallel.dims, expert_groups=experts.groups() if experts is not None else None)
     tp = TPContext(mesh.tp, rng=ParallelRNG(run.training.seed, mesh.coords.tp, mesh.coords.pp, mesh.device))
     model, _ = build_runner(run, mesh, tp)
     local = LocalUpdates.build(run.diloco, mesh)
@@ -86,3 +92,14 @@ def test_zero3_diloco_state_reshards_to_another_layout_and_stage(zero3, tmp_path
 def test_cp_diloco_resumes_mid_round_bit_for_bit(tmp_path):
     _straight(tmp_path, CP2)
     _resumes_bit_for_bit(tmp_path, CP2)
+
+
+def test_moe_diloco_resumes_mid_round_bit_for_bit_and_loads_at_ep1(tmp_path):
+    _straight(tmp_path, MOE + EP2)
+    _resumes_bit_for_bit(tmp_path, MOE + EP2)
+    assert any(".experts." in k and k.startswith("diloco.anchor/") for k in _tensors(str(tmp_path / "a"), 6))
+    argv = COMMON + MOE + ["--train-iters", "8", "--load", str(tmp_path / "a"), "--ckpt-step", "6",
+                           "--save", str(tmp_path / "c")]
+    testing.run_distributed(_reshard, 4, args=(argv,), timeout=300)
+    got, want = _tensors(str(tmp_path / "c"), 6), _tensors(str(tmp_path / "a"), 6)
+    _same(*({k: v for k, v in t.items() if not k.startswith("rng/")} for t in (got, want)))
