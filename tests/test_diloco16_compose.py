@@ -230,7 +230,7 @@ def test_zero3_outer_state_is_sharded_and_the_sync_crosses_replicas_by_shard(wor
         got = r["z3-k2"]
         assert got["inner"] == 2 and got["cross"] == ((rank % 2, rank % 2 + 2))
         per_rank = got["model_numel"] / 2
-        assert per_rank <= got["shard_numel"] < per_rank + got["units"]  # padding: < z elements a unit, 1/z here
+        assert abs(got["shard_numel"] - per_rank) < got["units"]  # a unit's shards differ by its < z padding
         assert got["outer_bytes"] == 2 * 4 * got["shard_numel"]  # theta + b, fp32, as the ledger counts them
         frag = got["fragment_bytes"]
         assert sum(frag) == 4 * got["shard_numel"] and min(frag) > 0
