@@ -287,3 +287,35 @@ def test_zero3_and_cp_are_taken(argv, world):
 def test_what_stays_refused_is_one_line_naming_the_flag(argv, world, message):
     with pytest.raises(ValueError, match=message):
         _run_config(argv, world)
+
+
+# --- the groups' rank arithmetic at layouts not launched (no processes) -------------------------------------
+@pytest.mark.parametrize("tp, cp, dp, pp, replicas, ep, etp", [
+    (1, 2, 4, 1, 2, 1, 1), (2, 2, 4, 1, 2, 2, 1), (2, 2, 4, 2, 4, 4, 1), (2, 1, 8, 1, 2, 4, 2),
+    (1, 4, 4, 2, 2, 8, 1), (2, 2, 2, 1, 1, 8, 1)])
+def test_cross_peers_hold_the_same_shard_of_the_same_parameters(tp, cp, dp, pp, replicas, ep, etp):
+    """For every rank: its cross group (the outer all-reduce) holds one rank per replica, each at the same tp, cp
+    and pp coordinates, at the same position in its replica's ZeRO group (DP x CP: the same dense shard) and in its
+    replica's expert-DP group, with the same experts (ep and expert-TP coordinates) -- the like-with-like the
+    average needs; the replica's ZeRO and expert-DP groups lie inside the replica, and its EP groups too."""
+    from hybrid.diloco.replicas import inner_cross_ranks, inner_dp_cp_ranks, inner_expert_dp_ranks
+    from hybrid.moe.parallel import ExpertAxis, ExpertLayout
+    dims = ParallelDims(tp=tp, cp=cp, dp=dp, pp=pp)
+    z = dp // replicas
+    _, cross = inner_cross_ranks(dims, replicas)
+    zero, edp = inner_dp_cp_ranks(dims, replicas), inner_expert_dp_ranks(dims, replicas, ep, etp)
+    experts = ExpertLayout(dims, ep, etp)
+    group_of = {name: {r: g for g in groups for r in g} for name, groups in (("cross", cross), ("zero", zero),
+                                                                             ("edp", edp))}
+    replica = {r: dims.coords(r).dp // z for r in range(dims.world)}
+    for g in [*zero, *edp, *experts.group_ranks(ExpertAxis.EP)]:
+        assert len({replica[r] for r in g}) == 1, g
+    for r in range(dims.world):
+        peers = group_of["cross"][r]
+        assert sorted(replica[p] for p in peers) == list(range(replicas))
+        c, e = dims.coords(r), experts.coords(r)
+        for p in peers:
+            cp_, ep_ = dims.coords(p), experts.coords(p)
+            assert (cp_.tp, cp_.cp, cp_.pp) == (c.tp, c.cp, c.pp) and (ep_.ep, ep_.etp) == (e.ep, e.etp)
+            for name in ("zero", "edp"):
+                assert group_of[name][p].index(p) == group_of[name][r].index(r), (name, r, p)
