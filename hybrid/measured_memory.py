@@ -345,6 +345,7 @@ class StateKind(str, enum.Enum):
     MASTER_WEIGHTS = "master_weights"  # optimizer params that are not model params (fp32 copies)
     OPTIMIZER_STATES = "optimizer_states"  # per-element optimizer state (Adam: exp_avg, exp_avg_sq)
     OPTIMIZER_SCALARS = "optimizer_scalars"  # 0-dim state (Adam's `step`): per tensor, not per element
+    OUTER_STATE = "outer_state"  # DiLoCo's theta and outer momentum (hybrid/diloco/outer.py: DiLoCo.state_ledger)
 
 
 StateBytes = dict[tuple[StateKind, str], int]  # (kind, device type) -> bytes

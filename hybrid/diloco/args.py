@@ -91,20 +91,35 @@ def check(args: argparse.Namespace) -> DiLoCoConfig | None:
                         replicas=r, fragments=k, fragment_sync_delay=tau, fragment_update_alpha=alpha)
 
 
-def check_layout(cfg: DiLoCoConfig | None, dp: int, cp: int, zero_stage: int, fp16: bool, moe: bool) -> None:
-    """What DiLoCo needs of the layout and the run; ValueError naming the flag and the fix. Each refusal is a
-    combination not implemented (or not tested) yet. A --train-iters (or --exit-interval) that is no multiple of H
-    is allowed: the run ends between syncs, replica 0's weights are the model's, and the checkpoint keeps every
-    replica, so a longer run continues the round exactly."""
+def check_layout(cfg: DiLoCoConfig | None, dims, fp16: bool, moe=None) -> None:
+    """What DiLoCo needs of the layout and the run; ValueError naming the flag and the fix. ZeRO 0-3, context
+    parallelism and MoE models compose (a replica is TP x PP x CP x dp / R ranks, ZeRO inside it, its experts'
+    all-to-all inside it: replicas.py). Refused: fp16 (each replica's dynamic loss scale would be its own, and the
+    checkpoint keeps one scaler), an expert-parallel group wider than a replica's stage (the token all-to-all would
+    cross the replicas every step) and DeepSeek-V3's expert bias (its loads are summed over every DP rank each
+    step). A --train-iters (or --exit-interval) that is no multiple of H is allowed: the run ends between syncs,
+    replica 0's weights are the model's, and the checkpoint keeps every replica, so a longer run continues the
+    round exactly. `moe`: the MoE config (hybrid/moe/config.py), None for a dense model."""
     if cfg is None:
         return
-    r = cfg.replicas or dp
-    if dp % r:
-        raise ValueError(f"--diloco-replicas {r} must divide the data-parallel size {dp}")
-    for bad, why in ((cp > 1, f"--context-parallel-size {cp}"), (zero_stage == 3, "--zero-stage 3"),
-                     (fp16, "--fp16 (each replica's loss scale would differ)"), (moe, "a Mixture-of-Experts model")):
-        if bad:
-            raise ValueError(f"--diloco-inner-steps does not run with {why} yet; drop one of them")
+    r = cfg.replicas or dims.dp
+    if dims.dp % r:
+        raise ValueError(f"--diloco-replicas {r} must divide the data-parallel size {dims.dp}")
+    if fp16:
+        raise ValueError("--diloco-inner-steps does not run with --fp16 (each replica's loss scale would differ) yet; "
+                         "use --bf16, or drop one of them")
+    if moe is None:
+        return
+    if moe.expert_bias:
+        raise ValueError("--moe-router-enable-expert-bias does not run with --diloco-inner-steps yet (the expert "
+                         "loads are summed over every DP rank each step, across the replicas); drop one of them")
+    stage = dims.tp * dims.cp * (dims.dp // r)  # a replica's ranks of one pipeline stage
+    ep, etp = moe.expert_parallel, moe.expert_tensor_parallel
+    if stage % (ep * etp):
+        raise ValueError(f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} must divide the "
+                         f"{stage} ranks of a DiLoCo replica's pipeline stage (tp x cp x dp / R): the token all-to-all "
+                         f"stays inside a replica; use a smaller --expert-model-parallel-size or fewer "
+                         f"--diloco-replicas")
 
 
 def single_replica_warning(cfg: DiLoCoConfig | None, dp: int) -> tuple[str, ...]:
@@ -135,11 +150,11 @@ def check_optimizer(args: argparse.Namespace, saves: bool) -> None:
                          "drop --save / --load or use --optimizer adam")
 
 
-def check_run(args: argparse.Namespace, dims, checkpoint, zero, moe: bool) -> DiLoCoConfig | None:
+def check_run(args: argparse.Namespace, dims, checkpoint, zero, moe=None) -> DiLoCoConfig | None:
     """Every DiLoCo check of a run (train.py's one hook: hybrid/train/args.run_config)."""
     check_optimizer(args, checkpoint.save is not None or checkpoint.load is not None)
     cfg = check(args)
-    check_layout(cfg, dims.dp, dims.cp, zero.stage, args.fp16, moe)
+    check_layout(cfg, dims, args.fp16, moe)
     if cfg is not None and cfg.inner_steps > args.train_iters and checkpoint.save is None:
         # the first outer sync is after inner step H: the replicas would train apart and never meet, and without
         # a checkpoint no later run continues the round (check_layout's docstring)

@@ -186,6 +186,20 @@ class DiLoCo:
         f = next(f for f, idx in enumerate(self.fragments) if i in idx)
         return self.outer[f].state[self.anchors[i]].get("momentum_buffer")
 
+    def state_bytes(self) -> int:
+        """Bytes of the outer state this rank holds (theta, the outer momentum, the in-flight delta buffers): one
+        fp32 copy of its master segments each -- its share of the replica's parameters, 1/z of them under ZeRO
+        inside a replica of z ranks (stage 3 included), never the whole model. `state_ledger` files them."""
+        tensors = [*self.anchors, *(self.momentum(i) for i in range(len(self.views))), *self.flat]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def state_ledger(self):
+        """The outer state on the memory ledger (hybrid/measured_memory.py): kind OUTER_STATE, placed where the
+        master weights are (the host when the optimizer is offloaded)."""
+        from hybrid.measured_memory import ModelStateLedger, StateKind
+        where = "offload" if self.zero.cfg.offload_optimizer else "device"
+        return ModelStateLedger(entries={(StateKind.OUTER_STATE, where): self.state_bytes()})
+
     def state_dict(self) -> dict[str, object]:
         from hybrid.diloco import state
         return state.state_dict(self)

@@ -141,8 +141,9 @@ class MethodConfig:
         return m.value
 
     def zero_stages(self) -> tuple[ZeroStage, ...]:
-        """The ZeRO stages the runtime runs it with (hybrid/compress/args.py, hybrid/diloco/args.py)."""
-        if self.method is Method.SYNC:
+        """The ZeRO stages the runtime runs it with (hybrid/compress/args.py, hybrid/diloco/args.py: DiLoCo at every
+        stage since round 16)."""
+        if self.method in (Method.SYNC, Method.DILOCO, Method.STREAMING):
             return tuple(ZeroStage)
         return (ZeroStage.NONE, ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS)
 

@@ -400,16 +400,17 @@ def check_shm_gather(args: argparse.Namespace, zero: ZeroConfig, dims: ParallelD
                      ) -> None:
     """--shm-gather given by name where it cannot run, for a reason known now: one line (check_zero refuses it at
     stages 0 and 3). The default falls back to gloo's gather quietly; asked for by name, a silent fallback would
-    leave the user believing it ran. ZeRO's group is dp x cp ranks, or a DiLoCo replica's dp / R. What only the
+    leave the user believing it ran. ZeRO's group is dp x cp ranks, or a DiLoCo replica's dp / R x cp. What only the
     set-up can tell (room in /dev/shm, the pair on one host) is said at start-up instead (hybrid/train/loop.py)."""
     if "shm_gather" not in getattr(args, "explicit", set()) or not args.shm_gather or zero.stage not in (1, 2):
         return
     from hybrid.mesh import default_backend
     from hybrid.zero.shm import unusable_before_start
-    group = dims.dp // (diloco.replicas or dims.dp) if diloco is not None else dims.dp * dims.cp
+    group = dims.dp // (diloco.replicas or dims.dp) * dims.cp if diloco is not None else dims.dp * dims.cp
     why = unusable_before_start(group, default_backend()[1].type, compressed)
     if why:
-        why += " (ZeRO runs inside each DiLoCo replica: dp / R ranks)" if diloco is not None and group != 2 else ""
+        why += (f" (ZeRO runs inside each DiLoCo replica: dp / R ranks{' x cp' if dims.cp > 1 else ''})"
+                if diloco is not None and group != 2 else "")
         raise ValueError(f"--shm-gather: {why}; drop the flag (the default takes the shared-memory gather wherever "
                          f"it runs, gloo's elsewhere)")
 
@@ -465,7 +466,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
     compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None,  # hybrid/compress
                                    moe=moe is not None)
-    diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe is not None)  # hybrid/diloco: None without
+    diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe)  # hybrid/diloco: None without
     warnings += diloco_args.single_replica_warning(diloco, dims.dp)
     check_shm_gather(ns, zero, dims, diloco, compress.enabled)
     if ns.seq_length > cfg.max_position_embeddings:
