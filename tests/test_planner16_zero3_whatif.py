@@ -52,7 +52,6 @@ def test_reclocking_at_the_shipped_clock_is_the_preset():
     assert evaluate(reclocked(row, H100_500W_CLOCK)).error == evaluate(row).error
 
 
-@pytest.mark.slow
 def test_fsdp2_copies_move_the_500w_fit_above_its_bracket():
     """torchtitan's Table 1 is FSDP2: with its copies priced it plans 1.6 % short at the shipped clock, and the
     clock that fits it again is 1.010 -- above fit.py's bracket (a 500 W card faster than a 700 W one)."""
