@@ -1,4 +1,4 @@
-"""Issue 26, round 16's what-if (hybrid/planner/published16.py): every published ZeRO 3 row has the runtime its
+"""Issue 26, round 16's what-if (hybrid/planner/published16_zero3.py): every published ZeRO 3 row has the runtime its
 source names, an in-place runtime leaves a row's plan as it is, the model's default prices no copies (published rows
 bit-for-bit as before), and H100_500W_CLOCK refitted with FSDP2's copies lands above the physical bracket."""
 
@@ -12,7 +12,7 @@ from hybrid.planner.ops import Stack
 from hybrid.planner.published import all_runs, auto_stack_runs, mpt_runs, torchtitan_runs
 from hybrid.planner.published14 import runs14
 from hybrid.planner.published15 import runs15
-from hybrid.planner.published16 import reclocked, refit_500w_clock, runtime_of, what_if, with_copies
+from hybrid.planner.published16_zero3 import reclocked, refit_500w_clock, runtime_of, what_if, with_copies
 from hybrid.planner.published_more import evaluate, more_runs
 from hybrid.planner.published_recipes import recipe_runs
 
@@ -68,9 +68,9 @@ def test_docs_round_16_holds_the_runtimes_and_rows_the_code_prints():
     card (whose refit column is their copies column): an A100 torchtitan row, a KempnerForge H200 row, OLMo-core."""
     from pathlib import Path
 
-    from hybrid.planner.published16 import row_line, runtimes_table
+    from hybrid.planner.published16_zero3 import row_line, runtimes_table
     docs = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
-    section = docs.read_text().split("### Round 16")[1].split("\n### ")[0]
+    section = docs.read_text().split("### Round 16: the ZeRO 3 runtimes' copies")[1].split("\n### ")[0]
     assert runtimes_table() in section
     names = ("torchtitan Llama 2 70B, 64 A100, FSDP, b1, selective-op",
              "KempnerForge 7B (exp 02), 2 H200, FSDP 2 + compile, b2 x 4, full",

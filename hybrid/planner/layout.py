@@ -50,7 +50,7 @@ def recompute_at_most(a: Recompute, b: Recompute) -> bool:
 class Zero3Runtime(enum.Enum):
     """Which runtime shards the parameters at ZeRO 3 (`Workload.zero3_runtime`; None there: no copies priced, the
     default): what it copies through HBM on the compute stream around its gathers and reduce-scatters
-    (time.zero3_copy_bytes; docs/planner.md "Round 16").
+    (time.zero3_copy_bytes; docs/planner.md "Round 16: the ZeRO 3 runtimes' copies").
 
     HYBRID: this runtime's ZeroOptimizer (hybrid/zero): a unit's all-gather lands in its flat buffer, of which every
         parameter is a view (units.FlatUnit.bind: no copy-out), and the post-accumulate-grad hook copies each
@@ -278,8 +278,8 @@ class Workload:
             `--zero3-runtime`; time.zero3_copy_bytes): None (the default) prices none, as every round before 16 did
             -- round 16 measured the what-if (FSDP2's copies on the published rows, H100_500W_CLOCK refitted with
             them) and it did not improve the check rows without a family getting worse, so the model's default is
-            unchanged (docs/planner.md "Round 16"; hybrid/planner/published16.py classifies each published ZeRO 3
-            row's runtime from its source). Only ZeRO 3 with dp > 1 reads it.
+            unchanged (docs/planner.md "Round 16: the ZeRO 3 runtimes' copies"; hybrid/planner/published16_zero3.py
+            classifies each published ZeRO 3 row's runtime from its source). Only ZeRO 3 with dp > 1 reads it.
         pipeline_split: Megatron-core's explicit layer split (PipelineSplit: the embedding / the loss counted as a
             layer, or the first / last rank's layer counts), which may leave a stage with only the embedding or
             only the loss; None: the planner's split (stage_layers). `hybrid plan` takes Megatron's flags; the

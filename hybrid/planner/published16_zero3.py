@@ -1,8 +1,9 @@
 """Issue 26, round 16: the ZeRO 3 runtimes' copies on the compute stream, priced on every published ZeRO 3 row, with
-the constant they move refitted -- a what-if, measured and not landed (docs/planner.md "Round 16").
+the constant they move refitted -- a what-if, measured and not landed (docs/planner.md "Round 16: the ZeRO 3
+runtimes' copies").
 
-    python -m hybrid.planner.published16              # each family's error: today, with the copies, refitted
-    python -m hybrid.planner.published16 --runtimes   # which runtime each published ZeRO 3 row ran, and why
+    python -m hybrid.planner.published16_zero3              # each family's error: today, with the copies, refitted
+    python -m hybrid.planner.published16_zero3 --runtimes   # which runtime each published ZeRO 3 row ran, and why
 
 The term (time.zero3_copy_bytes, Workload.zero3_runtime) prices what each runtime's code copies through HBM on the
 compute stream: torch's FSDP2 (`_fsdp_collectives.py`, torch 2.13) copies every gathered parameter out of the
