@@ -37,7 +37,8 @@ from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_n
 from hybrid.cp.attention import CommType
 from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
-from hybrid.planner.layout import Cluster, Offload, PipelineP2P, PipelineSplit, Recompute, Workload, ZeroStage
+from hybrid.planner.layout import (Cluster, Offload, PipelineP2P, PipelineSplit, Recompute, Workload, Zero3Runtime,
+                                   ZeroStage)
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
@@ -128,6 +129,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "megatron (Megatron-LM / NeMo / Transformer Engine: the curve's rate); auto (default): "
                         "pytorch for eager kernels, megatron for --activation-profile korthikanti, else pytorch "
                         "for ZeRO 3 (FSDP) layouts and megatron for ZeRO 0-2")
+    g.add_argument("--zero3-runtime", choices=[r.value for r in Zero3Runtime], default=None,
+                   help="price a ZeRO 3 runtime's copies on the compute stream (round 16's what-if, not priced by "
+                        "default): hybrid (this runtime: each gradient copied into its unit's buffer), fsdp2 "
+                        "(torch's fully_shard: copy-out at each unshard, copy-in before each reduce-scatter), fsdp1 / "
+                        "megatron-fsdp (in place: none); the planner only (--emit-args takes none or hybrid)")
     g.add_argument("--fused-cross-entropy", action="store_true",
                    help="bf16-flash: the loss is one fused kernel over the bf16 logits (flash-attn's "
                         "CrossEntropyLoss, llm-foundry's default): 2 + 2 bytes a logit kept and in its backward, "
@@ -397,6 +403,9 @@ def _check_output_modes(args: argparse.Namespace) -> None:
     terms), --scan-gpus one row per GPU count: an output flag one of them would not print is refused by name."""
     if args.emit_args and args.json:
         raise ValueError("--emit-args prints train.py's flags and --json the plans as JSON; give one of them")
+    if args.emit_args and args.zero3_runtime not in (None, Zero3Runtime.HYBRID.value):
+        raise ValueError(f"--zero3-runtime {args.zero3_runtime} prices another runtime's ZeRO 3, and --emit-args "
+                         f"emits this runtime's train.py flags; drop --zero3-runtime or --emit-args")
     if args.explain and (args.emit_args or args.json):
         which = "--emit-args prints the flags alone" if args.emit_args else "--json holds each plan's step terms"
         raise ValueError(f"--explain takes the table's best layout apart, and {which}; drop --explain or "
@@ -486,7 +495,8 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                     fp8_scaling=Fp8Scaling(args.fp8_scaling or Fp8Scaling.CURRENT.value),
                     p2p=PipelineP2P(args.pipeline_p2p), grad_accumulation_fusion=args.gradient_accumulation_fusion,
                     overlap_param_gather=args.overlap_param_gather,
-                    fused_cross_entropy=args.fused_cross_entropy, pipeline_split=_pipeline_split(args, model))
+                    fused_cross_entropy=args.fused_cross_entropy, pipeline_split=_pipeline_split(args, model),
+                    zero3_runtime=Zero3Runtime(args.zero3_runtime) if args.zero3_runtime else None)
 
 
 def _pipeline_split(args: argparse.Namespace, model: ModelConfig) -> PipelineSplit | None:
@@ -634,7 +644,8 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
              f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}, gradient accumulation "
              f"{'fused' if work.fused_grad_accumulation else 'a pass a micro-batch'}, parameter all-gather "
-             f"{'overlapped' if work.overlap_param_gather else 'exposed'}{_rerun_note(work, plan.layout)}):"]
+             f"{'overlapped' if work.overlap_param_gather else 'exposed'}{_rerun_note(work, plan.layout)}"
+             f"{_zero3_note(work, plan.layout)}):"]
     for name, what in TERMS:
         seconds = t.term(name)
         lines.append(f"  {name:<13} {seconds:>10.4g} s {100 * seconds / t.total:>6.1f} %  {what}")
@@ -651,6 +662,13 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
         lines.append(f"  + {plan.experts.explain()}")
         lines += ["  " + line for line in moe.why(work, cluster, plan.layout, plan.memory.peak.total, plan.experts)]
     return "\n".join(lines)
+
+
+def _zero3_note(work: Workload, layout) -> str:
+    """Which ZeRO 3 runtime the zero3_copies term prices (Workload.zero3_runtime), for --explain's first line."""
+    if layout.zero is not ZeroStage.PARAMETERS or layout.dp == 1 or work.zero3_runtime is None:
+        return ""
+    return f", ZeRO 3 runtime {work.zero3_runtime.value}"
 
 
 def _rerun_note(work: Workload, layout) -> str:

@@ -47,6 +47,35 @@ def recompute_at_most(a: Recompute, b: Recompute) -> bool:
     return a is b or order[a] < order[b]
 
 
+class Zero3Runtime(enum.Enum):
+    """Which runtime shards the parameters at ZeRO 3 (`Workload.zero3_runtime`; None there: no copies priced, the
+    default): what it copies through HBM on the compute stream around its gathers and reduce-scatters
+    (time.zero3_copy_bytes; docs/planner.md "Round 16: the ZeRO 3 runtimes' copies").
+
+    HYBRID: this runtime's ZeroOptimizer (hybrid/zero): a unit's all-gather lands in its flat buffer, of which every
+        parameter is a view (units.FlatUnit.bind: no copy-out), and the post-accumulate-grad hook copies each
+        parameter's gradient into the unit's full-gradient buffer (FlatUnit.add_grad: read the parameter-dtype
+        gradient, write the gradient dtype) on the compute stream, every micro-batch (stage 3 reduce-scatters each).
+    FSDP2: torch's per-parameter `fully_shard` (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, torch
+        2.13): `foreach_all_gather_copy_out` copies every gathered parameter out of the all-gather buffer
+        (split_with_sizes_copy: read + write) on the compute stream at each unshard -- the forward's and, resharded
+        after forward, the backward's (the root group, embedding and head, is not resharded after forward: once);
+        `foreach_reduce_scatter_copy_in` (chunk_cat: read the gradient, write the reduce dtype) on the compute
+        stream before each reduce-scatter. torchtitan, KempnerForge, OLMo-core, the float8 blog.
+    FSDP1: torch's FullyShardedDataParallel (FlatParameter: gathered in place, the original parameters are views
+        of it, autograd accumulates into the flat gradient): no copy on the compute stream (its cast to a wider
+        reduce dtype runs on the post-backward stream). MosaicML's Composer (MPT), IBM fms-fsdp.
+    MEGATRON_FSDP: Megatron-core's FSDP (Megatron-FSDP / nvFSDP, NeMo's and Megatron-Bridge's FSDP rows): its
+        ParamAndGradBuffer holds parameters and main gradients in the communication buffers ("zero copy
+        communication", its README), gradients accumulated there by the weight-gradient GEMM: no copy.
+    DeepSpeed's ZeRO 3 is not here: no published row the planner checks runs it."""
+
+    HYBRID = "hybrid"
+    FSDP2 = "fsdp2"
+    FSDP1 = "fsdp1"
+    MEGATRON_FSDP = "megatron-fsdp"
+
+
 class PipelineP2P(enum.Enum):
     """How a pipeline's point-to-point messages meet the compute (`--pipeline-p2p`)."""
 
@@ -245,6 +274,12 @@ class Workload:
             DistributedFusedAdam's `dtype: bf16` -- "datatype for optimizer state", which holds the master copy
             (`store_params`) and both moments in it -- as NeMo's `optim.dtype: bf16` sets it: K = 6). The
             planner only (the API; no flag): this runtime keeps fp32 states.
+        zero3_runtime: the ZeRO 3 runtime whose copies on the compute stream are priced (Zero3Runtime;
+            `--zero3-runtime`; time.zero3_copy_bytes): None (the default) prices none, as every round before 16 did
+            -- round 16 measured the what-if (FSDP2's copies on the published rows, H100_500W_CLOCK refitted with
+            them) and it did not improve the check rows without a family getting worse, so the model's default is
+            unchanged (docs/planner.md "Round 16: the ZeRO 3 runtimes' copies"; hybrid/planner/published16_zero3.py
+            classifies each published ZeRO 3 row's runtime from its source). Only ZeRO 3 with dp > 1 reads it.
         pipeline_split: Megatron-core's explicit layer split (PipelineSplit: the embedding / the loss counted as a
             layer, or the first / last rank's layer counts), which may leave a stage with only the embedding or
             only the loss; None: the planner's split (stage_layers). `hybrid plan` takes Megatron's flags; the
@@ -275,6 +310,7 @@ class Workload:
     tp_comm_overlap: bool = False
     optimizer_dtype_bytes: int = 4
     pipeline_split: PipelineSplit | None = None
+    zero3_runtime: Zero3Runtime | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
@@ -303,6 +339,9 @@ class Workload:
             raise ValueError("--fp8-scaling prices FP8 casts: add --fp8 or drop --fp8-scaling")
         if self.pipeline_split is not None and not isinstance(self.pipeline_split, PipelineSplit):
             raise ValueError(f"Workload.pipeline_split must be a PipelineSplit or None, got {self.pipeline_split!r}")
+        if self.zero3_runtime is not None and not isinstance(self.zero3_runtime, Zero3Runtime):
+            raise ValueError(f"Workload.zero3_runtime must be a Zero3Runtime "
+                             f"({', '.join(r.value for r in Zero3Runtime)}), got {self.zero3_runtime!r}")
         if self.optimizer_dtype_bytes not in (2, 4) or (self.optimizer_dtype_bytes != 4
                                                          and self.precision is not Precision.MIXED):
             raise ValueError(f"Workload.optimizer_dtype_bytes must be 4 (fp32 states) or, in mixed precision, 2 "

@@ -71,8 +71,8 @@ from functools import lru_cache
 from hybrid.pipeline import Placement
 from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds, p2p_seconds,
                                      sync_wait_seconds, wire_bytes)
-from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, ZeroStage, dp_placement,
-                                   pipeline_crosses_nodes, rank_stages, stage_layers, tp_placement)
+from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, Zero3Runtime, ZeroStage,
+                                   dp_placement, pipeline_crosses_nodes, rank_stages, stage_layers, tp_placement)
 from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
                                    partial_grad_ledger, step_ledger, tp_ledger)
 from hybrid.planner.predicted_memory import rank_parameters
@@ -181,6 +181,9 @@ TERMS = (("gemm", "matmuls on the GEMM curve (recomputed ones included)"),
          ("launches", "their kernels x the per-kernel latency (+ a calibrated CPU's per-pass costs)"),
          ("executor", "a calibrated CPU's pipeline executor per forward / backward action, beyond the model's call "
                       "and the messages (Hardware.executor_*_cpu_s; 0 on GPUs and without a pipeline)"),
+         ("zero3_copies", "the named ZeRO 3 runtime's HBM copies on the compute stream (--zero3-runtime; none "
+                          "priced by default): FSDP2's copy-out at each unshard and reduce-scatter copy-in; this "
+                          "runtime's gradient copy into its unit's buffer; none for FSDP1 / Megatron-FSDP"),
          ("tp", "tensor-parallel collectives (synchronous): latency + bytes / bandwidth"),
          ("tp_wait", "TP collectives waiting for their ranks to meet: the ranks' skew after the compute since the "
                      "last sync (a calibrated CPU's collective_skew_s per call + collective_skew_per_s x compute)"),
@@ -290,6 +293,8 @@ class Pass:
         memory: memory-bound kernels: their bytes (ops.py) at Hardware.elementwise_bytes_per_s.
         launches: their kernels x Hardware.kernel_overhead_s, plus a calibrated CPU's per-pass costs.
         glue: a calibrated CPU's pipeline executor around the pass (Hardware.executor_*_cpu_s; 0 elsewhere).
+        copies: the ZeRO 3 runtime's copies on the compute stream around its gathers and reduce-scatters
+            (_zero3_copies; 0 below ZeRO 3 or at dp 1).
     """
 
     gemm: float = 0.0
@@ -297,17 +302,19 @@ class Pass:
     memory: float = 0.0
     launches: float = 0.0
     glue: float = 0.0
+    copies: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.gemm + self.attention + self.memory + self.launches + self.glue
+        return self.gemm + self.attention + self.memory + self.launches + self.glue + self.copies
 
     def __add__(self, other: "Pass") -> "Pass":
         return Pass(self.gemm + other.gemm, self.attention + other.attention, self.memory + other.memory,
-                    self.launches + other.launches, self.glue + other.glue)
+                    self.launches + other.launches, self.glue + other.glue, self.copies + other.copies)
 
     def scaled(self, k: float) -> "Pass":
-        return Pass(k * self.gemm, k * self.attention, k * self.memory, k * self.launches, k * self.glue)
+        return Pass(k * self.gemm, k * self.attention, k * self.memory, k * self.launches, k * self.glue,
+                    k * self.copies)
 
 
 @dataclass(frozen=True)
@@ -597,6 +604,52 @@ def _grad_accumulation(ctx: _Context, params: float) -> Pass:
     return Pass(memory=nbytes / ctx.cluster.hw.streaming_bytes_per_s)  # an add: the copy rate (a CPU's too)
 
 
+def zero3_copy_bytes(work: Workload, layout: Layout, layer_params: float, edge_params: float = 0.0
+                     ) -> tuple[float, float]:
+    """(forward, backward) HBM bytes one rank's ZeRO 3 runtime copies on its compute stream in one micro-batch,
+    for a stage holding `layer_params` parameters of its layers and `edge_params` of the embedding / final norm /
+    head (both before DP sharding: the model over TP and PP), as each runtime's code runs it (layout.Zero3Runtime):
+
+    FSDP2 (torch 2.13 `_fsdp_collectives.py`): each unshard copies every gathered parameter out of the all-gather
+    buffer, read + write 2 p bytes a parameter (p = the parameter dtype's bytes); the blocks unshard in the forward
+    and again in the backward (resharded after forward), the root group (the edges) once; each reduce-scatter
+    first copies every gradient into its input, read p + write g bytes (g = the reduce dtype: Workload.grad_bytes):
+
+        forward  2p (L + E)          backward  2p L + (p + g)(L + E)
+
+    Under a pipeline (pp > 1 or v > 1; torchtitan keeps a stage's parameters gathered across its micro-batches and
+    reduce-scatters once a step) one unshard and one reduce-scatter a step, spread over the m micro-batches:
+    forward 2p (L + E) / m, backward (p + g)(L + E) / m.
+    HYBRID (this runtime, hybrid/zero): no copy-out (the parameters are views of the gathered flat buffer); the
+    gradient hook copies each gradient into its unit's full-gradient buffer every micro-batch (FlatUnit.add_grad):
+    backward (p + g)(L + E).  FSDP1, MEGATRON_FSDP: nothing (in place).  0 below ZeRO 3, at dp 1, or with no runtime
+    named (Workload.zero3_runtime None, the default: round 16's what-if was not landed)."""
+    if layout.zero is not ZeroStage.PARAMETERS or layout.dp == 1 or work.zero3_runtime is None:
+        return 0.0, 0.0
+    p, g = work.precision.param_bytes, work.grad_bytes
+    params = layer_params + edge_params
+    runtime = work.zero3_runtime
+    if runtime is Zero3Runtime.HYBRID:
+        return 0.0, (p + g) * params
+    if runtime is not Zero3Runtime.FSDP2:
+        return 0.0, 0.0
+    if layout.pp > 1 or layout.v > 1:
+        m = work.num_microbatches(layout)
+        return 2 * p * params / m, (p + g) * params / m
+    return 2 * p * params, 2 * p * layer_params + (p + g) * params
+
+
+def _zero3_copies(ctx: _Context, layer_params: float, edge_params: float) -> tuple[Pass, Pass]:
+    """One micro-batch's (forward, backward) ZeRO 3 copies (zero3_copy_bytes) at the card's streaming rate
+    (Hardware.streaming_bytes_per_s: a copy), on the pass's critical path: both runtimes issue them on the compute
+    stream, before the layer's compute (copy-out) or between its backward and its reduce-scatter (copy-in)."""
+    fwd, bwd = zero3_copy_bytes(ctx.work, ctx.layout, layer_params, edge_params)
+    if not (fwd or bwd):
+        return Pass(), Pass()
+    rate = ctx.cluster.hw.streaming_bytes_per_s
+    return Pass(copies=fwd / rate), Pass(copies=bwd / rate)
+
+
 def _executor_glue(ctx: _Context) -> tuple[Pass, Pass]:
     """The pipeline executor's own CPU around one chunk's (forward, backward) pass: Hardware.executor_forward_cpu_s /
     executor_backward_cpu_s (calibrate.executor_action_cpu: the schedule walk, the op trail's switch, taking the
@@ -615,8 +668,9 @@ def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> 
     params = n * ctx.shard.layer_params() + (ctx.shard.embedding_params() if first else 0) + (
         ctx.shard.head_params(shares_embedding=first) if last else 0)
     glue_f, glue_b = _executor_glue(ctx)
-    edge = _Cost(edge.forward + glue_f, edge.backward + _grad_accumulation(ctx, params) + glue_b, edge.forward_comm,
-                 edge.backward_comm, edge.wait)
+    copy_f, copy_b = _zero3_copies(ctx, n * ctx.shard.layer_params(), params - n * ctx.shard.layer_params())
+    edge = _Cost(edge.forward + glue_f + copy_f, edge.backward + _grad_accumulation(ctx, params) + glue_b + copy_b,
+                 edge.forward_comm, edge.backward_comm, edge.wait)
     f_comp = n * cost.forward_compute + edge.forward_compute
     b_comp = n * cost.backward_compute + edge.backward_compute
     f_tp = n * cost.forward_comm + edge.forward_comm
@@ -902,7 +956,7 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
     p = st.parts.scaled(m)
     in_passes = m * (st.busy - st.compute - st.comm - st.p2p - st.lost)
     terms = (("gemm", p.gemm), ("attention", p.attention), ("memory_bound", p.memory), ("launches", p.launches),
-             ("executor", p.glue),
+             ("executor", p.glue), ("zero3_copies", p.copies),
              ("tp", m * (tp_comm - st.wait)), ("tp_wait", m * st.wait), ("pp_p2p", m * st.p2p),
              ("dp_in_passes", in_passes), ("overlap", m * st.lost),
              ("bubble", pipeline - m * st.busy), ("dp_exposed", dp), ("optimizer", opt), ("other", other))
