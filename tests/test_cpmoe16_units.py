@@ -91,6 +91,26 @@ def test_cp_ranks_shares_sum_to_the_unsharded_loss_and_cp_times_its_router_gradi
     assert stand_in.calls == (0 if kind == "z_loss" else 2)  # the counts all-reduced over CP once per forward
 
 
+def test_hf_pooled_loss_at_cp_2_sums_to_the_unsharded_loss_and_cp_times_its_router_gradient():
+    """hf_aux_loss (transformers' loss pooled over the model's MoE layers; one layer here): each CP rank's forward
+    pools its counts summed over CP, so the two ranks' shares sum to the unsharded value, their router gradients to
+    cp x the unsharded one."""
+    mc = MoEConfig(load_balancing=LoadBalancing.HF_AUX_LOSS, aux_loss_coeff=0.1)
+    x = torch.randn(2, 8, H, generator=torch.Generator().manual_seed(5))
+    full = _layer(mc)
+    full.pool_owner = True
+    (full(x) * 0).sum().backward()
+    stand_in = _Adds(torch.zeros(E))
+    cp = _layer(mc, stand_in)
+    cp.pool_owner = True
+    for j, idx in enumerate(SPLIT):
+        stand_in.other = _counts(cp, x[:, SPLIT[1 - j]], per_sequence=False)
+        (cp(x[:, idx]) * 0).sum().backward()
+    value, got = sum(p.value() for p in full.pools), sum(p.value() for p in cp.pools)
+    assert value > 0 and abs(got - value) < 1e-6 * value
+    torch.testing.assert_close(cp.gate.weight.grad, 2 * full.gate.weight.grad, rtol=1e-5, atol=1e-8)
+
+
 def test_cp_counts_of_one_rank_alone_give_another_loss():
     """The check above fails when the counts stay this rank's (the CP all-reduce left out): the per-rank loss of
     the rank's own counts differs from its share of the whole sequences'."""
