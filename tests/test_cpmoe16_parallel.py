@@ -26,7 +26,8 @@ For every case, with the load-balancing loss (coefficient COEFF) and the router 
   divides them) = transformers' gradients of that mean total loss, every parameter and every expert (each rank
   compares the experts it holds; together they hold all of them);
 * the LM losses of STEPS AdamW steps and the weights after them, at the case's ZeRO stage through train_step,
-  = transformers' model trained with torch's AdamW on the same micro-batches and total loss.
+  = transformers' model trained with torch's AdamW on the same micro-batches and total loss;
+* the ledger: one all-reduce of the routing counts per MoE layer forward, on the CP group, or on tp_cp with TP.
 
 Bound. fp32; RTOL = 1e-5 relative to each tensor's largest entry, as tests/test_moe_parallel.py and
 tests/test_cp_models.py: the parallel run sums gradients in another order and ring attention merges partial
@@ -34,7 +35,7 @@ softmaxes by log-sum-exp (~1e-7 relative each), and AdamW with eps = 1e-5 (lr 5e
 lr x 1e-9 / 1e-5 per step for that noise. The losses are scalars compared within RTOL of their value.
 
 What breaking it does (run when this file was written, then restored): the counts not summed over CP
-(hybrid/moe/layer._group_counts) fail 9 of the 12 tests -- every case's losses, gradients and training; only the
+(hybrid/moe/layer._group_counts) fail 9 of the 12 numeric tests -- every case's losses, gradients and training; only the
 logits, which no balancing term touches, pass; the shares' gradients not scaled by cp (layer._balance) fail the 6
 gradient and training tests, the loss values staying right. tests/test_cpmoe16_units.py pins each term alone."""
 
@@ -54,7 +55,7 @@ from hybrid.mesh import ParallelDims
 from hybrid.moe.config import Dispatcher, LoadBalancing, MoEConfig
 from hybrid.moe.layer import ExpertContext
 from hybrid.moe.parallel import build_mesh
-from hybrid.moe.runtime import set_aux_grad_scale, step_statistics
+from hybrid.moe.runtime import moe_layers, set_aux_grad_scale, step_statistics
 from hybrid.pipeline import ScheduleKind, build_schedule
 from hybrid.pipeline.executor import PipelineExecutor, StageIO
 from hybrid.testing import case_result, each_case, run_distributed
@@ -172,6 +173,9 @@ def _case(world, cfgs, paths, name):
     set_aux_grad_scale(run.chunks, 1.0 / len(run.batches))
     lm = run.runner.forward_backward(run.batches)
     run.opt.finish_backward(run.chunks, mesh)
+    # the counts' all-reduces so far (step_statistics files its own under the same tag after this)
+    counts_calls = {g: mesh.ledger.calls("all_reduce", f"{g}:moe") for g in ("tp_cp", "cp", "tp")}
+    routed = len(moe_layers(run.chunks)) * len(run.batches)  # MoE layer forwards on this rank
     stats = step_statistics(run.chunks, mesh, len(run.batches))  # collective: the aux and z shares summed
     mesh.pp.all_reduce(lm)
     lm = mesh.dp_cp.all_reduce(lm).item() / mesh.dp_cp.size
@@ -183,7 +187,7 @@ def _case(world, cfgs, paths, name):
     with run.opt.gathered():  # stage 3 frees the gathered buffers at the exit: copy inside
         weights = {k: t.clone() for k, t in run.export(grads=False).items()}
     return {"grads": grads, "weights": weights, "losses": losses, "lm": lm, "aux": stats.aux_loss,
-            "z": stats.z_loss, "logits": logits, "rows": mesh.coords.dp * (GLOBAL // mesh.dims.dp),
+            "z": stats.z_loss, "logits": logits, "counts_calls": counts_calls, "routed": routed, "rows": mesh.coords.dp * (GLOBAL // mesh.dims.dp),
             "positions": local_indices(mesh.cp.rank, c.cp, SEQ)}
 
 
@@ -287,6 +291,18 @@ def test_lm_balancing_and_z_losses_equal_transformers(results, case):
     for r in ranks:
         for what in ("lm", "aux", "z"):
             assert abs(r[what] - ref[what]) <= RTOL * ref[what], (what, r[what], ref[what])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_routing_counts_are_summed_in_one_all_reduce_over_the_tokens_ranks(results, case):
+    """One all-reduce of the counts per MoE layer forward, over the ranks a micro-batch's tokens lie on: the CP
+    group, or with TP + SP the tp_cp group (Megatron's tp_cp_group), never TP and CP one after the other."""
+    _, ranks = results[case]
+    c = CASES[case]
+    group = "tp_cp" if c.tp > 1 else "cp"
+    for r in ranks:
+        assert r["routed"] > 0 and r["counts_calls"] == {g: r["routed"] if g == group else 0
+                                                           for g in ("tp_cp", "cp", "tp")}, r["counts_calls"]
 
 
 @pytest.mark.parametrize("case", list(CASES))
