@@ -6,9 +6,11 @@ parallel_state carves expert-DP out of DP x CP):
 
     mixtral-cp2-dp2-ep2-zero1          4 ranks; each EP group is a CP pair (one sequence's two halves exchange
                                        tokens), expert-DP across DP
-    qwen2moe-cp2-dp2-ep4-zero3-seqaux  4 ranks; one EP group spans CP and DP (expert-DP 1), the allgather
+    qwen2moe-cp2-dp2-ep4-zero3-seqaux-recompute
+                                       4 ranks; one EP group spans CP and DP (expert-DP 1), the allgather
                                        dispatcher, Megatron's per-sequence seq_aux_loss over 2-sequence micro-
-                                       batches, a gated shared expert and a dense layer (qwen2_moe)
+                                       batches, a gated shared expert and a dense layer (qwen2_moe), full
+                                       recomputation (the ring and the routing replayed in backward)
     mixtral-tp2sp-cp2-pp2-ep2-zero1    8 ranks; TP 2 + SP x CP 2 x PP 2 (1F1B): a micro-batch's tokens lie on
                                        4 ranks (the counts are summed over the tp_cp group), EP groups are the
                                        TP pairs
@@ -62,7 +64,7 @@ from hybrid.testing import case_result, each_case, run_distributed
 from hybrid.tp import TPContext
 from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import ZeroConfig, ZeroOptimizer
-from models import build_pipeline_chunks, from_hf
+from models import Recompute, build_pipeline_chunks, from_hf
 from models.common import set_context_parallel
 from models.hf_io import export_hf_state_dict, load_hf_checkpoint
 from moe_reference import hf_config, hf_layer_aux, hf_model, per_expert, rel, save
@@ -85,11 +87,13 @@ class Case(NamedTuple):
     dispatcher: str
     mb: int  # sequences per micro-batch
     balancing: str  # --moe-router-load-balancing-type
+    recompute: str = "none"  # --recompute-granularity
 
 
 CASES = {
     "mixtral-cp2-dp2-ep2-zero1": Case("mixtral", 4, 1, 2, 1, 2, 1, "alltoall", 1, "aux_loss"),
-    "qwen2moe-cp2-dp2-ep4-zero3-seqaux": Case("qwen2_moe", 4, 1, 2, 1, 4, 3, "allgather", 2, "seq_aux_loss"),
+    "qwen2moe-cp2-dp2-ep4-zero3-seqaux-recompute": Case("qwen2_moe", 4, 1, 2, 1, 4, 3, "allgather", 2, "seq_aux_loss",
+                                                        "full"),
     "mixtral-tp2sp-cp2-pp2-ep2-zero1": Case("mixtral", 8, 2, 2, 2, 2, 1, "alltoall", 1, "aux_loss"),
 }
 
@@ -120,7 +124,7 @@ class Run:
                        load_balancing=LoadBalancing(c.balancing), dispatcher=Dispatcher(c.dispatcher))
         moe = ExpertContext(mc, mesh.ep, mesh.etp, mesh.cp, mesh.tp_cp)
         self.chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp, sequence_parallel=c.tp > 1), mesh.coords.pp,
-                                            c.pp, seed=None, moe=moe)
+                                            c.pp, seed=None, recompute=Recompute(c.recompute), moe=moe)
         for chunk in self.chunks:
             load_hf_checkpoint(chunk, path, mesh.tp.rank)
         set_context_parallel(self.chunks, CPContext(mesh.cp, CommType.P2P))
@@ -296,12 +300,13 @@ def test_lm_balancing_and_z_losses_equal_transformers(results, case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_routing_counts_are_summed_in_one_all_reduce_over_the_tokens_ranks(results, case):
     """One all-reduce of the counts per MoE layer forward, over the ranks a micro-batch's tokens lie on: the CP
-    group, or with TP + SP the tp_cp group (Megatron's tp_cp_group), never TP and CP one after the other."""
+    group, or with TP + SP the tp_cp group (Megatron's tp_cp_group), never TP and CP one after the other (full
+    recomputation reruns each forward, its balancing loss's counts with it, as at CP 1)."""
     _, ranks = results[case]
     c = CASES[case]
-    group = "tp_cp" if c.tp > 1 else "cp"
+    group, runs = "tp_cp" if c.tp > 1 else "cp", 2 if c.recompute == "full" else 1
     for r in ranks:
-        assert r["routed"] > 0 and r["counts_calls"] == {g: r["routed"] if g == group else 0
+        assert r["routed"] > 0 and r["counts_calls"] == {g: runs * r["routed"] if g == group else 0
                                                            for g in ("tp_cp", "cp", "tp")}, r["counts_calls"]
 
 
