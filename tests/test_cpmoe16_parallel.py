@@ -36,10 +36,11 @@ tests/test_cp_models.py: the parallel run sums gradients in another order and ri
 softmaxes by log-sum-exp (~1e-7 relative each), and AdamW with eps = 1e-5 (lr 5e-4) moves a weight by at most
 lr x 1e-9 / 1e-5 per step for that noise. The losses are scalars compared within RTOL of their value.
 
-What breaking it does (run when this file was written, then restored): the counts not summed over CP
-(hybrid/moe/layer._group_counts) fail 9 of the 12 numeric tests -- every case's losses, gradients and training; only the
-logits, which no balancing term touches, pass; the shares' gradients not scaled by cp (layer._balance) fail the 6
-gradient and training tests, the loss values staying right. tests/test_cpmoe16_units.py pins each term alone."""
+What breaking it does (run on this file's cases, then restored): the counts not summed over CP
+(hybrid/moe/layer._group_counts) fail 12 of the 15 tests -- every case's losses, gradients, training and ledger;
+only the logits, which no balancing term touches, pass; the shares' gradients not scaled by cp (layer._balance)
+fail the 6 gradient and training tests, the loss values staying right. tests/test_cpmoe16_units.py pins each term
+alone."""
 
 from __future__ import annotations
 
