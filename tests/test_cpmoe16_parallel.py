@@ -192,8 +192,8 @@ def _case(world, cfgs, paths, name):
     with run.opt.gathered():  # stage 3 frees the gathered buffers at the exit: copy inside
         weights = {k: t.clone() for k, t in run.export(grads=False).items()}
     return {"grads": grads, "weights": weights, "losses": losses, "lm": lm, "aux": stats.aux_loss,
-            "z": stats.z_loss, "logits": logits, "counts_calls": counts_calls, "routed": routed, "rows": mesh.coords.dp * (GLOBAL // mesh.dims.dp),
-            "positions": local_indices(mesh.cp.rank, c.cp, SEQ)}
+            "z": stats.z_loss, "logits": logits, "counts_calls": counts_calls, "routed": routed,
+            "rows": mesh.coords.dp * (GLOBAL // mesh.dims.dp), "positions": local_indices(mesh.cp.rank, c.cp, SEQ)}
 
 
 def _all(rank, world, names, cfgs, paths):
