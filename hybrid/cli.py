@@ -36,10 +36,7 @@ def _layout(args: argparse.Namespace) -> None:
     if args.moe_ffn_hidden_size and not moe:  # it only labels the experts' columns: without experts, no line reads it
         raise ValueError(f"--moe-ffn-hidden-size {args.moe_ffn_hidden_size} is the experts' width; add --num-experts "
                          f"or --expert-model-parallel-size to print the experts, or drop it")
-    if moe:
-        if dims.cp > 1:  # the same refusal as train.py's (hybrid/moe/args.py): no layout train.py would not run
-            raise ValueError(f"--context-parallel-size {dims.cp} with experts (--expert-model-parallel-size / "
-                             f"--num-experts): MoE with context parallelism is not implemented; use TP, EP and DP")
+    if moe:  # with CP the expert layers fold the stage's tp x cp x dp ranks, as train.py runs them (hybrid/moe)
         from hybrid.moe.parallel import ExpertLayout
         experts = ExpertLayout(dims, args.expert_model_parallel_size, args.expert_tensor_parallel_size).describe(
             args.num_experts or args.expert_model_parallel_size, args.moe_ffn_hidden_size)

@@ -218,6 +218,8 @@ class Mesh:
     ep: Group | None = None  # MoE: the expert-parallel group (hybrid/moe/parallel.py); None for a dense model
     edp: Group | None = None  # MoE: the expert-data-parallel group, over which expert gradients are reduced
     etp: Group | None = None  # MoE: the expert-tensor-parallel group, splitting each expert's width
+    tp_cp: Group | None = None  # MoE with TP (+ SP) x CP: the ranks one micro-batch's tokens are spread over,
+    #                             where the routing counts are summed (Megatron's tp_cp_group); None otherwise
 
     def __post_init__(self) -> None:
         if self.cp is None:

@@ -24,13 +24,17 @@ def test_a_subcommand_that_does_not_import_fails_loudly(module, monkeypatch):
         hybrid.cli.build_parser()
 
 
-def test_layout_refuses_the_cp_x_ep_mesh_train_py_refuses(capsys):
-    """`hybrid layout` prints no layout train.py would not run: MoE with CP is refused by name, as hybrid/moe/args.py
-    refuses it in train.py, and nothing is printed before the error."""
-    with pytest.raises(SystemExit) as e:
-        hybrid.cli.main(["layout", "--world", "8", "--context-parallel-size", "2", "--expert-model-parallel-size", "2"])
-    assert "--context-parallel-size 2 with experts" in str(e.value.code)
-    assert capsys.readouterr().out == ""
+def test_layout_prints_the_cp_x_ep_mesh_train_py_runs(capsys):
+    """`hybrid layout` at world 8 = cp 2 x dp 4, EP 2, 4 experts (train.py runs CP x EP since round 16): the expert
+    layers fold the stage's 8 ranks as ep 2 x expert-dp 4 (Megatron: expert-DP carved from DP x CP), so each EP
+    group is a CP pair -- rank = cp + 2 dp, hand-derived -- and the routing counts are summed over the CP pairs."""
+    hybrid.cli.main(["layout", "--world", "8", "--context-parallel-size", "2", "--expert-model-parallel-size", "2",
+                     "--num-experts", "4"])
+    out = capsys.readouterr().out
+    assert "ep groups (token all-to-all): [[0, 1], [2, 3], [4, 5], [6, 7]]" in out
+    assert "expert-dp groups (expert gradients, ZeRO): [[0, 2, 4, 6], [1, 3, 5, 7]]" in out
+    assert "tp x cp groups (a micro-batch's tokens: routing counts summed): [[0, 1], [2, 3], [4, 5], [6, 7]]" in out
+    assert "  rank 1: experts 2-3" in out and "  rank 6: experts 0-1" in out
 
 
 def test_a_negative_size_is_a_value_the_flag_refuses_by_name():

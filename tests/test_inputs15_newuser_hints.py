@@ -92,7 +92,7 @@ def _train_line(world: int, argv: list[str], monkeypatch) -> str:
 @pytest.mark.parametrize("model, world, cp, ep", [
     ("tiny-mixtral", 6, 1, 3),    # 3 ranks of experts do not divide 8 experts
     ("tiny-mixtral", 4, 1, 3),    # nor 3 the 4 ranks of the stage
-    ("tiny-mixtral", 4, 2, 1),    # no CP with experts
+    ("tiny-mixtral", 4, 2, 8),    # EP 8 does not divide the stage's cp 2 x dp 2 ranks
     ("tiny-gpt2", 4, 1, 2),       # EP for a dense model
     ("tiny-gpt2", 4, 3, 1),       # CP not dividing the world
 ])
@@ -103,7 +103,8 @@ def test_inspect_cp_and_ep_refused_as_train_py_refuses_them(model, world, cp, ep
 
 
 @pytest.mark.parametrize("model, world, cp, ep, dp", [("tiny-mixtral", 4, 1, 4, 4), ("tiny-gpt2", 4, 2, 1, 2),
-                                                      ("tiny-mixtral", 8, 1, 2, 8)])
+                                                      ("tiny-mixtral", 8, 1, 2, 8), ("tiny-mixtral", 4, 2, 2, 2),
+                                                      ("tiny-mixtral", 8, 2, 4, 4)])
 def test_inspect_cp_and_ep_train_py_takes_are_loadable_with_their_dp(model, world, cp, ep, dp):
     ok, why = loadable_at({"model": model}, Target(1, 1, world, cp, ep))
     assert ok and why.startswith(f"dp {dp};"), why

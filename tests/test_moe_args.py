@@ -52,7 +52,9 @@ BAD = [
       "--moe-token-dispatcher-type", "allgather"], 1, "alltoall only"),
     (["--model", "tiny-mixtral", "--moe-router-load-balancing-type", "hf_aux_loss", "--moe-aux-loss-coeff", "0.01",
       "--pipeline-model-parallel-size", "2"], 2, "hf_aux_loss pools every MoE layer's counts"),
-    (["--model", "tiny-mixtral", "--context-parallel-size", "2"], 2, "--context-parallel-size 2 with an MoE model"),
+    (["--model", "tiny-mixtral", "--context-parallel-size", "2", "--expert-model-parallel-size", "4"], 2,
+     "--expert-model-parallel-size 4 x --expert-tensor-parallel-size 1 must divide the 2 ranks of a pipeline stage "
+     "(tp x cp x dp)"),
 ]
 
 
@@ -85,4 +87,4 @@ def test_hybrid_layout_refuses_an_ep_that_does_not_divide(capsys):
     with pytest.raises(SystemExit) as e:
         main(["layout", "--world", "4", "--expert-model-parallel-size", "3", "--num-experts", "6"])
     assert str(e.value.code) == ("hybrid layout: error: --expert-model-parallel-size 3 x --expert-tensor-parallel-size "
-                                 "1 must divide the 4 ranks of a pipeline stage (tp x dp)")
+                                 "1 must divide the 4 ranks of a pipeline stage (tp x cp x dp)")

@@ -153,7 +153,7 @@ def test_moe_expert_bias_update_reads_the_loads_of_every_tp_and_dp_rank():
     layer(torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(2)))
     own = layer.stat_counts.clone()  # 32 slots over 4 experts
     tp_peer, dp_peers = torch.tensor([0.0, 0.0, 40.0, 0.0]), torch.tensor([0.0, 0.0, 0.0, 60.0])
-    after_step(layer, SimpleNamespace(tp=_Adds(tp_peer), dp=_Adds(dp_peers)))
+    after_step(layer, SimpleNamespace(tp=_Adds(tp_peer), cp=_Adds(torch.zeros(4)), dp=_Adds(dp_peers)))  # cp 1
     want = updated_expert_bias(torch.zeros(4), own + tp_peer + dp_peers, 0.01)
     assert torch.equal(layer.gate.expert_bias, want)
     for partial in (own + tp_peer, own + dp_peers):

@@ -108,7 +108,7 @@ def test_moe_step_statistics_read_the_other_pipeline_stages_layers():
     other = torch.zeros(4, 6, dtype=torch.float64)  # rows: layers; columns: 4 experts' slots, aux, z
     other[2, :5] = torch.tensor([0.0, 0.0, 90.0, 0.0, 0.5])
     other[3, :5] = torch.tensor([10.0, 10.0, 10.0, 10.0, 0.25])
-    mesh = SimpleNamespace(tp=_Same(), dp=_Same(), pp=_Adds(other), device=torch.device("cpu"))
+    mesh = SimpleNamespace(tp=_Same(), cp=_Same(), dp=_Same(), pp=_Adds(other), device=torch.device("cpu"))
     st = step_statistics(stage, mesh, micro_batches=1)
     assert (st.tokens_min, st.tokens_max, st.hot_expert[:2]) == (0.0, 90.0, (2, 2))
     assert abs(st.imbalance - 4.0) < 1e-12

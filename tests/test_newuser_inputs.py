@@ -199,8 +199,10 @@ def test_convert_partition_flag_nothing_reads_is_one_line_and_writes_nothing(fla
 @pytest.mark.parametrize("argv, want", [
     (["--moe-ffn-hidden-size", "64"], "hybrid layout: error: --moe-ffn-hidden-size 64 is the experts' width; add "
      "--num-experts or --expert-model-parallel-size to print the experts, or drop it"),
-    (["--context-parallel-size", "2", "--num-experts", "4"], "hybrid layout: error: --context-parallel-size 2 with "
-     "experts"),  # the line used to come without its command's prefix
+    (["--context-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--expert-model-parallel-size", "8"],
+     "hybrid layout: error: "
+     "--expert-model-parallel-size 8 x --expert-tensor-parallel-size 1 must divide the 4 ranks of a pipeline stage "
+     "(tp x cp x dp)"),  # CP x EP: the stage's tp x cp x dp ranks; the line comes with its command's prefix
 ])
 def test_layout_flag_it_cannot_print_is_one_line_with_the_command_prefix(argv, want, one_line):
     line = one_line(lambda: hybrid.cli.main(["layout", "--world", "8", *argv]))

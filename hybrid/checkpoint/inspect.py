@@ -10,7 +10,8 @@ For each: iteration, consumed samples, the layout it was saved at, size, and the
 every checksum matching, incomplete (an unfinished save), or the first corrupt file. With a layout, whether
 it loads there and why not: DCP reshards to any layout the model can be split over, so the question is the
 trainer's own (hybrid/mesh.py: dp from the world size, heads / kv-heads / FFN size / layers against tp and
-pp; hybrid/moe: experts against ep, no cp with experts), asked of the model the checkpoint was saved from. Nothing here needs a process group.
+pp; hybrid/moe: experts against ep over a stage's tp x cp x dp ranks), asked of the model the checkpoint was
+saved from. Nothing here needs a process group.
 
 Exit status 1 (so `hybrid checkpoint inspect DIR && torchrun ... --load DIR` stops) when a complete checkpoint is
 corrupt or not loadable at the layout asked about, when DIR holds no sound complete one, or when the one iter_*
@@ -79,7 +80,7 @@ def loadable_at(state: dict, target: Target) -> tuple[bool, str]:
 
 def _check_experts(cfg, model: str, dims: ParallelDims, ep: int) -> None:
     """train.py's expert rules at this layout (hybrid/moe/args.py, hybrid/moe/parallel.ExpertLayout): EP only
-    for a model with experts, folded over a stage's tp x dp ranks and dividing the experts; no CP with experts.
+    for a model with experts, folded over a stage's tp x cp x dp ranks and dividing the experts.
     A checkpoint stores every expert whole, so any EP that passes loads. The sentences are train.py's for the
     same --model and layout (tests/test_inputs15_newuser_hints.py compares them)."""
     if not cfg.num_experts:
@@ -87,9 +88,6 @@ def _check_experts(cfg, model: str, dims: ParallelDims, ep: int) -> None:
             raise ValueError(f"--expert-model-parallel-size: --model {model} has no experts (a dense model); drop "
                              f"the flag")
         return
-    if dims.cp > 1:
-        raise ValueError(f"--context-parallel-size {dims.cp} with an MoE model is not implemented (the balancing "
-                         f"loss's counts would need the TP x CP group); use TP, EP and DP")
     from hybrid.moe.parallel import ExpertLayout
     ExpertLayout(dims, ep).check_experts(cfg.num_experts)
 

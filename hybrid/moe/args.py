@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("mixture of experts", "for MoE models (Mixtral, Qwen2-MoE; docs/moe.md)")
     g.add_argument("--expert-model-parallel-size", type=int, default=1, metavar="N",
                    help="EP: ranks that split each MoE layer's experts and exchange tokens (folded over the "
-                        "stage's tp x dp ranks)")
+                        "stage's tp x cp x dp ranks)")
     g.add_argument("--expert-tensor-parallel-size", type=int, default=1, metavar="N",
                    help="expert-TP: ranks splitting each expert's width like a TP MLP (gate/up column-, down "
                         "row-parallel), folded with EP and expert-DP over the stage's ranks; 1: each expert whole")
@@ -109,9 +109,6 @@ def _check_balancing(args: argparse.Namespace) -> None:
 
 
 def _check_combinations(args: argparse.Namespace, cfg, dims: ParallelDims, moe: MoEConfig) -> None:
-    if dims.cp > 1:
-        raise ValueError(f"--context-parallel-size {dims.cp} with an MoE model is not implemented (the balancing "
-                         f"loss's counts would need the TP x CP group); use TP, EP and DP")
     shared = cfg.moe_shared_expert_ffn_hidden_size
     if shared and shared % dims.tp:
         raise ValueError(f"--tensor-model-parallel-size {dims.tp} does not divide the shared expert's width {shared}; "

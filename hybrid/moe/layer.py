@@ -6,11 +6,17 @@ Under tensor parallelism the block takes the sequence-parallel slice of the toke
 routes its own tokens, so the expert layers see the TP ranks like data-parallel ones (parallel folding,
 hybrid/moe/parallel.py). The shared expert is a dense tensor-parallel SwiGLU like any MLP.
 
+Under context parallelism the block takes the CP rank's T/cp tokens of each sequence (B, T/cp, h), or T/(cp t)
+with TP + SP: MoE is token-local, so a CP rank routes its own tokens like a TP rank under SP.
+
 Auxiliary losses are not added to the returned loss: as Megatron's MoEAuxLossAutoScaler, each layer hooks its
 loss into backward -- the block's output carries it, and its backward adds d aux / d router to the gradient,
 scaled like the language-model loss (1 / micro-batches, times the fp16 loss scale: `set_aux_grad_scale`).
-So the losses need no path to the last pipeline stage, and each rank adds only its own tokens' share (the
-shares sum to the micro-batch's loss over the TP group, whose counts are all-reduced first).
+So the losses need no path to the last pipeline stage, and each rank adds only its own tokens' share: the
+shares sum to the micro-batch's loss over the ranks its tokens are spread on -- TP (under SP) x CP, over which
+the counts are all-reduced first (Megatron's tp_cp_group). With CP the gradient of a rank's share is scaled by
+cp as well, as its language-model loss is cp x its share (hybrid/cp/loss.py) and the gradients are averaged over
+DP x CP: Megatron's MoEAuxLossAutoScaler.set_loss_scale(loss_scale * cp_size / num_microbatches).
 """
 
 from __future__ import annotations
@@ -40,15 +46,24 @@ class ExpertContext:
         config: the MoE flags (hybrid/moe/config.py).
         ep: the expert-parallel group (None: one rank holds every expert).
         etp: the expert-tensor-parallel group, splitting each expert's width (None: each expert whole).
+        cp: the context-parallel group: its ranks hold other tokens of the same sequences (None: cp 1).
+        tp_cp: TP x CP in one group (Mesh.tp_cp, built when both exceed 1): the balancing loss's counts are
+            all-reduced over it in one call (Megatron's tp_cp_group); None: over TP (under SP), then CP.
     """
 
     config: MoEConfig = field(default_factory=MoEConfig)
     ep: Group | None = None
     etp: Group | None = None
+    cp: Group | None = None
+    tp_cp: Group | None = None
 
     @property
     def ep_size(self) -> int:
         return 1 if self.ep is None else self.ep.size
+
+    @property
+    def cp_size(self) -> int:
+        return 1 if self.cp is None else self.cp.size
 
     @property
     def etp_size(self) -> int:
@@ -87,7 +102,7 @@ def _ones(t: torch.Tensor):
 @dataclass
 class HFPool:
     """transformers' pooled load-balancing loss of one forward: the counts C (E,) of every MoE layer so far
-    (over the TP group) and the detached probability sums, for the loss value."""
+    (over the TP x CP group) and the detached probability sums, for the loss value."""
 
     counts: torch.Tensor
     psum: torch.Tensor
@@ -96,7 +111,7 @@ class HFPool:
     coeff: float
 
     def value(self) -> float:
-        """This rank's share of the loss (the shares sum over TP to transformers' value)."""
+        """This rank's share of the loss (the shares sum over TP x CP to transformers' value)."""
         return float((hf_aux_weights(self.counts, self.layers, self.tokens, self.coeff) * self.psum).sum())
 
 
@@ -243,37 +258,47 @@ class MoELayer(nn.Module):
         return reduce_scatter_rows(Y, ep)
 
     # --- balancing losses -------------------------------------------------------------------------------
+    def _tp_split(self) -> int:
+        """TP ranks the micro-batch's tokens are spread on: tp under sequence parallelism, else 1."""
+        return self.tp.size if self.tp.sequence_parallel else 1
+
     def _group_counts(self, counts: torch.Tensor) -> torch.Tensor:
-        """Counts over the micro-batch's tokens: summed over the TP group under sequence parallelism."""
-        if self.tp.sequence_parallel and self.tp.size > 1:
-            return self.tp.group.all_reduce(counts.clone(), tag="moe")
+        """Counts over the micro-batch's tokens: summed over the TP group under sequence parallelism and over the
+        CP group -- in one all-reduce over TP x CP when both split them."""
+        if self._tp_split() > 1 and self.moe.cp_size > 1 and self.moe.tp_cp is not None:
+            return self.moe.tp_cp.all_reduce(counts.clone(), tag="moe")
+        if self._tp_split() > 1:
+            counts = self.tp.group.all_reduce(counts.clone(), tag="moe")
+        if self.moe.cp_size > 1:
+            counts = self.moe.cp.all_reduce(counts.clone(), tag="moe")
         return counts
 
     def _balance(self, y: torch.Tensor, r: Routing, counts: torch.Tensor, B: int, T: int, recording: bool):
         mc, k = self.moe.config, self.cfg.moe_top_k
         if not self.training:  # evaluation: no backward, no statistics
             return y
-        split = self.tp.size if self.tp.sequence_parallel else 1  # ranks the micro-batch's tokens are spread on
+        split = self._tp_split() * self.moe.cp_size  # ranks the micro-batch's tokens are spread on (TP x CP)
+        scale = self.aux_grad_scale * self.moe.cp_size  # CP: a share's gradient weighs cp, as the LM loss's does
         coeff, kind = mc.aux_coeff, mc.load_balancing
         if coeff > 0 and kind is LoadBalancing.AUX_LOSS:
             aux = switch_aux_loss(r.scores, self._group_counts(counts), B * T * split, k, coeff)
-            y = _AttachAux.apply(y, aux, _ones(aux), self.aux_grad_scale)
+            y = _AttachAux.apply(y, aux, _ones(aux), scale)
             self.stat_aux += float(aux.detach()) if recording else 0.0
         elif coeff > 0 and kind is LoadBalancing.SEQ_AUX_LOSS:
             per_seq = torch.zeros(B, self.cfg.num_experts, device=y.device).scatter_add_(
                 1, r.experts.view(B, -1), torch.ones(B, T * k, device=y.device))
             aux = seq_aux_loss(r.scores.view(B, T, -1), self._group_counts(per_seq), T * split, k, coeff)
-            y = _AttachAux.apply(y, aux, _ones(aux), self.aux_grad_scale)
+            y = _AttachAux.apply(y, aux, _ones(aux), scale)
             self.stat_aux += float(aux.detach()) if recording else 0.0
         elif coeff > 0 and kind is LoadBalancing.HF_AUX_LOSS:
-            y = self._hf_pooled(y, r, counts, B * T * split, coeff, recording)
+            y = self._hf_pooled(y, r, counts, B * T * split, coeff, recording, scale)
         if mc.z_loss_coeff > 0:
             z = z_loss(r.logits, mc.z_loss_coeff) / split  # mean over the micro-batch = sum of the ranks' shares
-            y = _AttachAux.apply(y, z, _ones(z), self.aux_grad_scale)
+            y = _AttachAux.apply(y, z, _ones(z), scale)
             self.stat_z += float(z.detach()) if recording else 0.0
         return y
 
-    def _hf_pooled(self, y, r: Routing, counts, tokens: int, coeff: float, recording: bool):
+    def _hf_pooled(self, y, r: Routing, counts, tokens: int, coeff: float, recording: bool, scale: float):
         """transformers' loss pooled over the model's MoE layers: its gradient with respect to this layer's
         probability sums is coeff E C / (L T)^2 (router.hf_aux_weights), C the counts of *all* layers -- read
         in backward, when the whole forward has run."""
@@ -289,4 +314,4 @@ class MoELayer(nn.Module):
         pool = self.pool_ref[0]
         psum = r.scores.sum(0)
         return _AttachAux.apply(y, psum, lambda: hf_aux_weights(pool.counts, pool.layers, pool.tokens, pool.coeff),
-                                self.aux_grad_scale)
+                                scale)

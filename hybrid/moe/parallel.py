@@ -1,7 +1,7 @@
 """Expert parallelism as rank arithmetic: Megatron's parallel folding, pure data (no processes).
 
-Dense layers split each pipeline stage's S = tp x dp ranks (x cp once the context-parallel axis lands) as
-TP x DP. The expert layers of the same stage fold the *same* S ranks differently, as
+Dense layers split each pipeline stage's S = tp x cp x dp ranks as TP x CP x DP (hybrid/mesh.py, order
+"tp-cp-dp-pp"). The expert layers of the same stage fold the *same* S ranks differently, as
 
     expert-TP x EP x expert-DP,      S = etp x ep x edp,      order "etp-ep-edp" (etp innermost)
 
@@ -18,11 +18,23 @@ own rows (hybrid/moe/layer.py; Megatron's alltoall dispatcher with tp_size > 1).
 expert's compute, and the group's ranks are a block of etp consecutive ranks (innermost: the traffic of every
 row that reaches an expert stays inside a node).
 
+Context parallelism (cp > 1) is carved out exactly as Megatron's parallel_state does it: the expert rank generator
+has no CP axis, so expert-DP = S / (etp ep) takes the CP ranks in (edp = tp cp dp / (etp ep)) and an EP group may
+join ranks of one sequence (e.g. tp 1, cp 2, ep 2: each EP group is a CP pair). MoE layers are token-local, so a
+CP rank routes its own T/cp tokens like any other rank of the stage.
+
 Why the gradients come out right: every rank of the stage routes its own tokens (under sequence parallelism
-the TP ranks of one data-parallel replica hold different T/t slices). An expert's gradient on one rank sums
-over the tokens its EP group sent it; the expert-DP sum adds the other EP groups, so the total covers all S
-ranks' tokens -- every replica's whole micro-batch once. Dividing by dp (not edp) then gives the mean over the
-global batch, as for the dense parameters.
+the TP ranks of one data-parallel replica hold different T/t slices; under CP the CP ranks hold different T/cp
+slices of the same sequences). An expert's gradient on one rank sums over the tokens its EP group sent it; the
+expert-DP sum adds the other EP groups, so the total covers all S ranks' tokens -- every replica's whole
+micro-batch once. Dividing by dp x cp (the ZeRO engine's dp_cp divisor, not edp) then gives the mean over the
+global batch, as for the dense parameters: each CP rank's loss is cp x its share (hybrid/cp/loss.py; the
+balancing losses likewise, hybrid/moe/layer.py), so the cp cancels -- Megatron's DDP scales the experts'
+expert-DP sum by 1 / dp_cp too (distributed_data_parallel.py, expert_gradient_scaling_factor).
+
+The routing counts of the balancing loss cover one micro-batch's tokens, which lie on the TP x CP ranks of its
+replica (TP under sequence parallelism): they are all-reduced over that group -- `tp_cp`, built here when both
+sizes exceed 1 (Megatron's tp_cp_group), else the CP or the TP group alone.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from hybrid.cliutil import check_number
-from hybrid.mesh import Mesh, ParallelDims
+from hybrid.mesh import Axis, Mesh, ParallelDims
 
 
 class ExpertAxis(Enum):
@@ -67,7 +79,7 @@ class ExpertLayout:
             check_number(flag, v, 1, integer=True)
         if self.stage_size % (self.ep * self.etp):
             raise ValueError(f"--expert-model-parallel-size {self.ep} x --expert-tensor-parallel-size {self.etp} "
-                             f"must divide the {self.stage_size} ranks of a pipeline stage (tp x dp)")
+                             f"must divide the {self.stage_size} ranks of a pipeline stage (tp x cp x dp)")
 
     @property
     def stage_size(self) -> int:
@@ -127,6 +139,9 @@ class ExpertLayout:
             lines.append(f"expert-tp groups (token all-gather / reduce-scatter, each expert's width split): "
                          f"{self.group_ranks(ExpertAxis.ETP)}")
         lines.append(f"expert-dp groups (expert gradients, ZeRO): {self.group_ranks(ExpertAxis.EDP)}")
+        if self.dims.cp > 1:  # the balancing loss's counts: one micro-batch's tokens lie on its replica's tp x cp ranks
+            lines.append(f"tp x cp groups (a micro-batch's tokens: routing counts summed): "
+                         f"{self.dims.group_ranks((Axis.TP, Axis.CP))}")
         for rank, experts in self.placement(num_experts):
             line = f"  rank {rank}: experts {experts.start}-{experts.stop - 1}"
             if self.etp > 1:
@@ -139,8 +154,12 @@ class ExpertLayout:
         return lines
 
     def groups(self) -> dict[str, list[list[int]]]:
-        """The ep, etp and edp groups, as Mesh.build's `expert_groups`."""
-        return {axis.value: self.group_ranks(axis) for axis in (ExpertAxis.EP, ExpertAxis.ETP, ExpertAxis.EDP)}
+        """The ep, etp and edp groups, as Mesh.build's `expert_groups`; with tp > 1 and cp > 1 also tp_cp, the ranks
+        one micro-batch's tokens are spread over (the balancing loss's counts are summed there)."""
+        out = {axis.value: self.group_ranks(axis) for axis in (ExpertAxis.EP, ExpertAxis.ETP, ExpertAxis.EDP)}
+        if self.dims.tp > 1 and self.dims.cp > 1:
+            out["tp_cp"] = self.dims.group_ranks((Axis.TP, Axis.CP))
+        return out
 
 
 def build_mesh(dims: ParallelDims, expert_parallel: int = 1, expert_tensor_parallel: int = 1, **kw) -> Mesh:

@@ -65,13 +65,14 @@ def owners(model: nn.Module) -> dict:
 
 @torch.no_grad()
 def after_step(model: nn.Module, mesh) -> None:
-    """DeepSeek-V3's expert-bias update from this step's loads, summed over the stage's ranks (TP and DP: every
+    """DeepSeek-V3's expert-bias update from this step's loads, summed over the stage's ranks (TP, CP and DP: every
     token of the global batch), the same on every rank."""
     for layer in moe_layers(model):
         if layer.gate.expert_bias is None or layer.bias_counts is None:
             continue
         counts, layer.bias_counts = layer.bias_counts, None
         mesh.tp.all_reduce(counts, tag="moe")
+        mesh.cp.all_reduce(counts, tag="moe")
         mesh.dp.all_reduce(counts, tag="moe")
         layer.gate.expert_bias.copy_(updated_expert_bias(layer.gate.expert_bias, counts,
                                                          layer.moe.config.bias_update_rate))
@@ -112,7 +113,7 @@ def step_statistics(model: nn.Module, mesh, micro_batches: int, layout=None) -> 
         table[lid, E] = layer.stat_aux + sum(p.value() for p in layer.pools)
         table[lid, E + 1] = layer.stat_z
         layer.reset_stats()
-    for group in (mesh.tp, mesh.dp, mesh.pp):  # each stage's layers over its ranks, the stages' rows over PP
+    for group in (mesh.tp, mesh.cp, mesh.dp, mesh.pp):  # each stage's layers over its ranks, stages' rows over PP
         group.all_reduce(table, tag="moe")
     counts = table[:, :E]
     used = counts.sum(1) > 0

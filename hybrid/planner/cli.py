@@ -186,7 +186,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--offload-params", action=argparse.BooleanOptionalAction, default=None,
                    help="pin parameter offload")
     g.add_argument("--expert-model-parallel-size", type=positive_int, metavar="N",
-                   help="an MoE model: pin EP (None: every size dividing the stage's tp x dp ranks and the experts)")
+                   help="an MoE model: pin EP (None: every size dividing the stage's tp x cp x dp ranks and the "
+                        "experts)")
     g.add_argument("--moe-imbalance", type=float_in(1.0), metavar="X", default=moe.IMBALANCE,
                    help="an MoE model: max / mean tokens per expert, the busiest EP rank's pace (train.py's log "
                         "line prints the run's as 'imbalance'); the default is a planning margin")
@@ -478,11 +479,6 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
     seq = args.seq_length or min(2048, model.max_position_embeddings)
     if not model.num_experts and args.expert_model_parallel_size is not None:
         raise ValueError("--expert-model-parallel-size: the model has no experts (a dense model); drop the flag")
-    cps = context.parse_sizes(args.context_parallel_size) if args.context_parallel_size is not None else []
-    if model.num_experts and any(cp > 1 for cp in cps):  # train.py refuses them (hybrid/moe/args.py): never rank them
-        raise ValueError(f"--context-parallel-size {args.context_parallel_size}: train.py does not run context "
-                         f"parallelism with an MoE model (the balancing loss's counts would need the TP x CP group); "
-                         f"drop the flag (the plain search: TP, EP, DP and PP)")
     if model.arch == ARCH_GPT2 and seq > model.max_position_embeddings:
         raise ValueError(f"--seq-length {seq} exceeds the model's {model.max_position_embeddings} learned "
                          f"positions; use at most {model.max_position_embeddings}")

@@ -42,6 +42,15 @@ reduced problem (`reduce`); what differs is added here:
 
 The extra seconds per micro-batch of a pipeline rank (its layers, over all its chunks, x the above) enter the step as
 a 1F1B pipeline's critical path does: m + (pp - 1)/v times (m micro-batches, v chunks a rank).
+
+Mixture of Experts. The reduction holds for the expert layers as they run (hybrid/moe/parallel.py: the expert
+layers fold each stage's tp x cp x dp ranks as expert-TP x EP x expert-DP, Megatron's expert-DP carved from
+DP x CP): per rank the reduced layout's stage has tp x (dp c) ranks in the same order (tp-cp-dp is tp-dp' with
+dp' = cp + c dp), a rank routes b s / (c t) tokens (its all-to-all bytes, expert compute and imbalance), and the
+experts' gradients are synced and ZeRO-sharded over the same expert-DP group. So the reduced search prices EP,
+expert-TP and their memory (hybrid/planner/moe.py) exactly as for a plain layout, and a CP plan's step and memory
+are the reduced plan's -- experts included -- plus CP's terms above (attention's ring is the only CP cost: the
+balancing loss's counts over TP x CP are E floats a layer, priced as nothing).
 """
 
 from __future__ import annotations
@@ -245,7 +254,9 @@ class ContextPlan:
         return replace(self.base.layout, dp=self.base.layout.dp // self.cp)
 
     def short(self) -> str:
-        return f"{self.layout.short()} cp{self.cp} {self.comm.value}" if self.cp > 1 else self.layout.short()
+        experts = self.base.experts  # an MoE model: the EP (and expert-TP) the reduced plan chose
+        ep = "" if experts is None else f" ep{experts.ep}" + (f" etp{experts.etp}" if experts.etp > 1 else "")
+        return (f"{self.layout.short()} cp{self.cp} {self.comm.value}" if self.cp > 1 else self.layout.short()) + ep
 
 
 def with_cp(work: Workload, cluster: Cluster, base: Plan, cp: int, comm: CommType) -> ContextPlan:
@@ -261,18 +272,20 @@ def with_cp(work: Workload, cluster: Cluster, base: Plan, cp: int, comm: CommTyp
         m = work.global_batch // (layout.dp // cp * layout.micro_batch)
         extra = (m + (layout.pp - 1) / layout.v) * layers * cost.added
         buffers = cost.buffer_bytes
-    total = base.time.total + extra
+    total = base.seconds + extra  # an MoE model's expert terms (base.experts) included
+    experts = base.experts.extra_bytes if base.experts is not None else 0.0
     return ContextPlan(cp=cp, comm=comm, base=base, extra_s=extra, total_s=total,
                        tokens_per_s=work.global_batch * work.seq_length / total,
                        mfu=model_flops(work) / (cluster.gpus * total) / (cluster.hw.peak_tflops * 1e12),
-                       memory_gb=(base.memory.peak.total + buffers) / 1e9)
+                       memory_gb=(base.memory.peak.total + experts + buffers) / 1e9)
 
 
 def evaluate_cp(work: Workload, cluster: Cluster, layout: Layout, cp: int = 1,
-                comm: CommType = CommType.P2P) -> ContextPlan:
-    """Predict one CP layout (`layout.dp` is the true dp: world = tp cp pp dp)."""
+                comm: CommType = CommType.P2P, space: SearchSpace = SearchSpace()) -> ContextPlan:
+    """Predict one CP layout (`layout.dp` is the true dp: world = tp cp pp dp); `space` pins an MoE model's EP
+    and expert-TP (SearchSpace.expert_parallel, expert_tensor_parallel), else the fastest that fits."""
     reduced_work, reduced = reduce(work, layout, cp)
-    return with_cp(work, cluster, evaluate(reduced_work, cluster, reduced), cp, comm)
+    return with_cp(work, cluster, evaluate(reduced_work, cluster, reduced, space=space), cp, comm)
 
 
 def search_cp(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace(), cps: tuple[int, ...] = (1,),

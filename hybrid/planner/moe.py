@@ -4,7 +4,9 @@ links the EP group uses, and a load-imbalance factor -- explained.
 The dense model of the planner (model.Shard) sees an MoE layer's MLP as one SwiGLU of ModelConfig.ffn_hidden_size
 (the dense width; Mixtral's is the expert width). For a layout (tp, pp, dp), an EP size ep and an expert-TP size
 etp, folded over each stage's S = tp dp ranks as expert-TP x EP x expert-DP (hybrid/moe/parallel.py), this module
-prices what MoE changes, per rank of the fullest pipeline stage (its L_s MoE layers):
+prices what MoE changes, per rank of the fullest pipeline stage (its L_s MoE layers). With context parallelism the
+layout here is the CP search's reduced one (hybrid/planner/context.py: dp stands for dp x cp, the sequence for s /
+cp), which is how the runtime folds the experts over tp x cp x dp ranks routing b s / (cp t) tokens each:
 
     expert parameters  Psi_e = L_s (E / ep) 3 h f_e / etp                    each expert's width split etp ways
     their states       model_states(Psi_e, zero, S / (ep etp), ...)          ZeRO shards them over expert-DP

@@ -70,7 +70,7 @@ def expert_context(run: RunConfig, mesh: Mesh):
     if run.moe is None:
         return None
     from hybrid.moe.layer import ExpertContext
-    return ExpertContext(run.moe, mesh.ep, mesh.etp)
+    return ExpertContext(run.moe, mesh.ep, mesh.etp, mesh.cp, mesh.tp_cp)
 
 
 def expert_layout(run: RunConfig):
