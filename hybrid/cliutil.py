@@ -100,8 +100,9 @@ def _suggest(message: str, options: list[str], hints: dict[str, str] | None = No
 
 def _choice_hint(message: str, hints: dict[str, str]) -> str:
     """"; <hint>" for argparse's "argument --flag: invalid choice: 'value' ..." when `hints` has "--flag=value" (another
-    tool's choice, e.g. Megatron's --tokenizer-type GPT2BPETokenizer, and what to give here instead); else ""."""
-    m = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: invalid choice: '([^']*)'", message)
+    tool's choice, e.g. Megatron's --tokenizer-type GPT2BPETokenizer, and what to give here instead), or for a
+    sub-command's word, "dest=value" (`hybrid checkpoint reshard`: "action=reshard"); else ""."""
+    m = re.match(r"argument (--[\w-]+|\w+)(?:/[^:]*)?: invalid choice: '([^']*)'", message)
     hint = hints.get(f"{m.group(1)}={m.group(2)}") if m else None
     return f"; {hint}" if hint else ""
 
@@ -189,6 +190,20 @@ class OneLineParser(argparse.ArgumentParser):
             self.error(f"--quick measures nothing: give --out FILE (without it the smoke table would replace the "
                        f"measured {os.path.relpath(os.path.abspath(default))})")
         return out or default
+
+
+def parallel_hints(world: str, short: bool = True) -> dict[str, str]:
+    """Unknown-flag hints of a command that takes the layout's sizes: dp is never a flag (it is what the world leaves
+    after tp x cp x pp; --data-parallel-size got "did you mean --context-parallel-size?", --dp "--simulated-dp-
+    bandwidth?"), and, where `short`, torchtitan's and Megatron's short names of the sizes the command has
+    (`hybrid plan --tp 2` got "did you mean --allow-cross-node-tp?"). `world`: where this command's world comes from."""
+    dp = f"dp is not a flag: it is what the other sizes leave, {world} / (tp x cp x pp)"
+    out = {flag: f"{flag}: {dp}" for flag in ("--data-parallel-size", "--dp", "--dp-size")}
+    if short:
+        out.update({flag: f"{flag}: the flag is {name}" for flag, name in (
+            ("--tp", "--tensor-model-parallel-size"), ("--pp", "--pipeline-model-parallel-size"),
+            ("--cp", "--context-parallel-size"), ("--ep", "--expert-model-parallel-size"))})
+    return out
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

@@ -44,6 +44,10 @@ def _check_layout(args: argparse.Namespace, world: int, cfg) -> Layout:
     pp = args.pipeline_model_parallel_size
     validate_model_dims(ParallelDims(tp=1, pp=pp), cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
     manual = parse_layers_per_stage(args.pipeline_layers_per_stage) if args.pipeline_layers_per_stage else None
+    if manual is not None and pp == 1:  # train.py's words (hybrid/train/args.py _check_one_stage); no virtual stages
+        raise ValueError(f"--pipeline-layers-per-stage splits the layers over the pipeline's stages, and there is one "
+                         f"(--pipeline-model-parallel-size 1, holding all {cfg.num_layers} layers): give "
+                         f"--pipeline-model-parallel-size N or drop --pipeline-layers-per-stage")
     if manual is None and cfg.num_layers % pp:  # the uniform split's own message names train.py's --pipeline-partition
         q, r = divmod(cfg.num_layers, pp)
         counts = ",".join(map(str, [q] * (pp - r) + [q + 1] * r))
