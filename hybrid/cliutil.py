@@ -145,10 +145,23 @@ class OneLineParser(argparse.ArgumentParser):
         """Words left over are refused by the sub-command that was given, as its own flags are: argparse's
         parse_args names the top parser (`hybrid: error: unrecognized arguments: gpt2` for `hybrid models gpt2`),
         where every other error of a sub-command reads `hybrid models: error: ...`."""
-        namespace, extras = self.parse_known_args(args, namespace)
+        argv = sys.argv[1:] if args is None else list(args)
+        namespace, extras = self.parse_known_args(argv, namespace)
         if extras:
-            self.chosen(namespace).error(f"unrecognized arguments: {' '.join(extras)}")
+            parser = self.chosen(namespace)
+            parser._switch_given_a_value(argv, extras)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace
+
+    def _switch_given_a_value(self, argv: list[str], extras: list[str]) -> None:
+        """A word left over right after a switch (`--bf16 True`, transformers' TrainingArguments style; `--sequence-
+        parallel 1`): the switch takes no value, and the word alone would be "unrecognized arguments: True; see
+        --help". One line naming the switch instead."""
+        for i, word in enumerate(argv[1:], 1):
+            action = self._option_string_actions.get(argv[i - 1])
+            if word in extras and action is not None and action.nargs == 0 and not word.startswith("-"):
+                self.error(f"argument {argv[i - 1]}: a switch, it takes no value (got {word!r}): give {argv[i - 1]} "
+                           f"alone, or leave it out")
 
     def chosen(self, namespace: argparse.Namespace) -> OneLineParser:
         """The innermost sub-command parser `namespace` was parsed by (`hybrid checkpoint inspect`), else self."""

@@ -322,8 +322,8 @@ def _check_misspelt_keys(raw: dict, hf: PretrainedConfig, file: str) -> None:
         near = difflib.get_close_matches(key, absent, n=1, cutoff=0.85)
         if near:
             raise ValueError(f"--model {file}: {key!r} is not a {raw.get('model_type')} config field; did you mean "
-                             f"{near[0]!r}? (transformers ignores {key!r}, and the model would get {near[0]}'s "
-                             f"default, {json.dumps(getattr(hf, near[0], None))})")
+                             f"{near[0]!r}? (transformers ignores {key!r}, and the model would get the default of "
+                             f"{near[0]!r}, {json.dumps(getattr(hf, near[0], None))})")
 
 
 def read_config_json(file: str) -> dict:

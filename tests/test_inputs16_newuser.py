@@ -13,6 +13,20 @@ input now ends in one line naming the flag or key and the fix, before any proces
 4. A config.json key misspelt (num_attention_head) was ignored by transformers, and the model silently got the
    field's default (32 heads): now refused, naming both keys and the default.
 5. `hybrid layout ... | head` ended in BrokenPipeError's traceback.
+6. hybrid generate: --bf16, --device, --eos-token-id, --stream said "see --help", --prompt-file "did you mean
+   --prompt-ids?": each says what generate does instead.
+7. train.py --load HF --save HF (the same transformers model folder, "fine-tune in place") was read as Megatron's
+   resume convention: no checkpoint there, so the run started from scratch and the weights --load named were never
+   read, with one start-up note. Refused; another model folder as --save is refused without --overwrite-save.
+8. train.py --exit-interval N above --train-iters would never stop the run: refused, as other flags that would do
+   nothing are.
+9. A tokenizer that does not match the data: --tokenizer-type HuggingFaceTokenizer with a text --data-path (or the
+   default corpus), read a byte per token whatever the flag says, and --tokenizer-type ByteLevel with an indexed
+   dataset holding ids >= 256 both ran, recording a tokenizer the model never saw (hybrid generate then decodes
+   with it). Refused, naming the fix.
+10. scripts/train_tokenizer.py --output-prefix / --tokenizer-type (preprocess_data.py's flags) said "see --help".
+11. A switch given a value, transformers' `--bf16 True` (or `--sequence-parallel 1`), said "unrecognized arguments:
+   True; see --help": now names the switch.
 
 In this process (conftest's `one_line`), but for one pipe (slow)."""
 
@@ -160,8 +174,8 @@ def test_a_misspelt_config_key_is_named_with_the_default_it_would_get(typo, mean
     folder = _config(tmp_path, **{meant: None, typo: LLAMA.get(meant, True)})
     line = one_line(lambda: validate(["--model", folder]))
     assert line == (f"train.py: error: --model {folder}/config.json: {typo!r} is not a llama config field; did you "
-                    f"mean {meant!r}? (transformers ignores {typo!r}, and the model would get {meant}'s default, "
-                    f"{default})")
+                    f"mean {meant!r}? (transformers ignores {typo!r}, and the model would get the default of "
+                    f"{meant!r}, {default})")
 
 
 def test_the_models_shipped_configs_and_other_tools_metadata_are_taken(tmp_path):
@@ -178,6 +192,139 @@ def test_the_models_shipped_configs_and_other_tools_metadata_are_taken(tmp_path)
 def test_hybrid_models_names_the_misspelt_key_too(tmp_path, one_line):
     folder = _config(tmp_path, num_attention_heads=None, num_attention_head=4)
     assert "'num_attention_head' is not a llama config field" in one_line(lambda: hybrid_main(["models", folder]))
+
+
+# --- 7. --save into a transformers model folder ---------------------------------------------------------------------
+def _model_folder(tmp_path) -> str:
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (folder / "model.safetensors").write_bytes(b"")  # only the names are looked at before the refusal
+    return str(folder)
+
+
+@pytest.mark.parametrize("suffix", ["", "/"])
+def test_load_and_save_the_same_model_folder_is_refused_not_a_fresh_start(suffix, tmp_path, one_line):
+    hf = _model_folder(tmp_path)
+    line = one_line(lambda: validate(["--model", "tiny-gpt2", "--load", hf, "--save", hf + suffix]))
+    assert line == (f"train.py: error: --save {hf + suffix!r} is the transformers model folder --load reads the "
+                    f"initial weights from, and --save DIR --load DIR means resume: with no checkpoint in it the run "
+                    f"would start from scratch, the weights unread; give --save a directory of its own, e.g. --save "
+                    f"{hf}_ckpt")
+    assert sorted(os.listdir(hf)) == ["config.json", "model.safetensors"]
+
+
+def test_save_into_another_model_folder_needs_consent(tmp_path, one_line):
+    hf = _model_folder(tmp_path)
+    line = one_line(lambda: validate(["--model", "tiny-gpt2", "--save", hf]))
+    assert line.startswith(f"train.py: error: --save {hf!r} is a transformers model folder (config.json and its "
+                           f"weights): ") and line.endswith("or pass --overwrite-save to write there anyway")
+    assert validate(["--model", "tiny-gpt2", "--save", hf, "--overwrite-save"])
+    assert validate(["--model", "tiny-gpt2", "--save", str(tmp_path / "ckpt")])
+
+
+# --- 8. --exit-interval beyond the run --------------------------------------------------------------------------------
+def test_exit_interval_past_train_iters_is_one_line(one_line):
+    line = one_line(lambda: validate(["--model", "tiny-gpt2", "--train-iters", "2", "--exit-interval", "3"]))
+    assert line == ("train.py: error: --exit-interval 3 stops after an iteration divisible by it, and --train-iters 2 "
+                    "ends the run first, so it would never stop it; give --exit-interval N <= 2, or drop it")
+    assert validate(["--model", "tiny-gpt2", "--train-iters", "2", "--exit-interval", "2"])
+
+
+# --- 9. the tokenizer against the data ------------------------------------------------------------------------------
+def _tokenizer_json(path) -> str:
+    """A tokenizers JSON of 300 word ids (the model below holds 512)."""
+    path.write_text(json.dumps({"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
+                                "post_processor": None, "decoder": None, "model": {
+                                    "type": "WordLevel", "vocab": {f"w{i}": i for i in range(300)}, "unk_token": "w0"}}))
+    return str(path)
+
+
+def _dataset(prefix: str, top: int) -> str:
+    import numpy as np
+
+    from hybrid.data.indexed import IndexedDatasetWriter
+    w = IndexedDatasetWriter(prefix, np.uint16)
+    for start in range(0, 4000, 100):
+        w.add_document((np.arange(start, start + 100) % (top + 1)).astype(np.int64))
+    w.finalize()
+    return prefix
+
+
+@pytest.fixture
+def model512(tmp_path) -> str:
+    return _config(tmp_path, vocab_size=512, max_position_embeddings=128)
+
+
+def test_hf_tokenizer_on_text_data_says_preprocess_it_first(model512, tmp_path, one_line):
+    tok = _tokenizer_json(tmp_path / "tok.json")
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello world\n\n" * 200)
+    base = ["--model", model512, "--seq-length", "16", "--tokenizer-type", "HuggingFaceTokenizer",
+            "--tokenizer-model", tok]
+    line = one_line(lambda: validate(base + ["--data-path", str(text)]))
+    assert line.startswith(f"train.py: error: --data-path {text} is text, read a byte per token: --tokenizer-type "
+                           f"HuggingFaceTokenizer would not tokenize it, only be recorded as the run's tokenizer")
+    assert f"--tokenizer-model {tok}, then --data-path NAME_text_document), or drop the tokenizer flags" in line
+    line = one_line(lambda: validate(base))
+    assert line.startswith("train.py: error: without --data-path the run reads the default corpus, text, read a byte")
+    assert validate(base + ["--data-path", _dataset(str(tmp_path / "tokd"), 299)])  # tokenized: taken
+
+
+def test_byte_level_on_data_with_ids_past_255_names_the_other_tokenizer(model512, tmp_path, one_line):
+    data = _dataset(str(tmp_path / "d"), 300)
+    base = ["--model", model512, "--seq-length", "16", "--data-path"]
+    line = one_line(lambda: validate(base + [data, "--tokenizer-type", "ByteLevel"]))
+    assert line == (f"train.py: error: --data-path {data}: token id 300 is beyond --tokenizer-type ByteLevel's 256 "
+                    f"byte tokens, so another tokenizer wrote it; give that one (--tokenizer-type HuggingFaceTokenizer "
+                    f"--tokenizer-model DIR), the one the run records for generate and convert")
+    assert validate(base + [_dataset(str(tmp_path / "b"), 255), "--tokenizer-type", "ByteLevel"])  # bytes: taken
+    assert validate(base + [data])  # no tokenizer named: nothing recorded to contradict
+
+
+# --- 10. train_tokenizer.py -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flag, hint", [
+    ("--output-prefix", "--output-prefix: the tokenizer is a folder: give --output DIR"),
+    ("--tokenizer-type", "--tokenizer-type: this trains a byte-level BPE tokenizer.json"),
+])
+def test_train_tokenizer_names_its_flags_for_preprocess_datas(flag, hint, tmp_path, one_line):
+    from hybrid.data.train_tokenizer import build_parser
+    line = one_line(lambda: build_parser().parse_args(["--output", str(tmp_path / "tok"), flag, "x"]))
+    assert line.startswith(f"train_tokenizer.py: error: unrecognized arguments: {flag}; ") and hint in line, line
+    assert os.listdir(tmp_path) == []
+
+
+# --- 11. a switch given a value ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, switch, word", [
+    (["--bf16", "True"], "--bf16", "True"),
+    (["--sequence-parallel", "1"], "--sequence-parallel", "1"),
+    (["--no-check-for-nan-in-loss-and-grad", "false"], "--no-check-for-nan-in-loss-and-grad", "false"),
+])
+def test_a_switch_given_a_value_names_the_switch(argv, switch, word, one_line):
+    line = one_line(lambda: validate(["--model", "tiny-gpt2"] + argv))
+    assert line == (f"train.py: error: argument {switch}: a switch, it takes no value (got {word!r}): give {switch} "
+                    f"alone, or leave it out")
+
+
+def test_a_stray_word_elsewhere_is_still_unrecognized(one_line):
+    line = one_line(lambda: validate(["--model", "tiny-gpt2", "--lr", "1e-3", "True"]))
+    assert line == "train.py: error: unrecognized arguments: True; see --help"
+    line = one_line(lambda: hybrid_main(["layout", "--world", "4", "--tensor-model-parallel-size", "2", "x"]))
+    assert line == "hybrid layout: error: unrecognized arguments: x; see --help"
+
+
+# --- 6. hybrid generate's other names ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, hint", [
+    (["--bf16"], "--bf16: decoding runs in fp32 (the weights, bf16 or not, are read into fp32 parameters)"),
+    (["--prompt-file", "p.txt"], "--prompt-file: give the file's text as --prompt \"$(cat FILE)\""),
+    (["--eos-token-id", "0"], "--eos-token-id: decoding does not stop at a token: it runs --max-new-tokens tokens"),
+    (["--device", "cuda"], "--device: the device is chosen: each rank's GPU (LOCAL_RANK's) where CUDA is present"),
+    (["--stream"], "--stream: the tokens are printed when decoding ends"),
+])
+def test_generate_other_tools_flags_say_what_generate_does(argv, hint, tmp_path, one_line):
+    line = one_line(lambda: hybrid_main(["generate", str(tmp_path), "--prompt", "Hi"] + argv))
+    assert line.startswith("hybrid generate: error: unrecognized arguments: ") and hint in line, line
+    assert "see --help" not in line and "did you mean" not in line
 
 
 # --- 5. a closed pipe ---------------------------------------------------------------------------------------------

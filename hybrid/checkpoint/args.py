@@ -147,6 +147,32 @@ def _check_source_tree(args: argparse.Namespace) -> None:
                          f"or pass --overwrite-save to write there anyway")
 
 
+def _is_model_folder(path: str) -> bool:
+    """A transformers model folder (config.json beside its weights) that holds none of our checkpoints."""
+    names = set(os.listdir(path)) if os.path.isdir(path) else set()
+    return "config.json" in names and bool(names & {"model.safetensors", "model.safetensors.index.json",
+                                                    "pytorch_model.bin"}) and not store.is_checkpoint_dir(path)
+
+
+def _check_model_folder(args: argparse.Namespace) -> None:
+    """--save naming a transformers model folder. The same folder as --load (`--load hf --save hf`, "fine-tune in
+    place") read as Megatron's resume convention found no checkpoint there and started from scratch, dropping the
+    weights --load named; refused outright. Another model folder: our iter_*/ and `latest` among its files make a
+    later --load of it resume them instead of reading the model; refused without --overwrite-save."""
+    if args.save is None or not _is_model_folder(args.save):
+        return
+    if _same_dir(args.load, args.save):
+        raise ValueError(f"--save {args.save!r} is the transformers model folder --load reads the initial weights "
+                         f"from, and --save DIR --load DIR means resume: with no checkpoint in it the run would start "
+                         f"from scratch, the weights unread; give --save a directory of its own, e.g. --save "
+                         f"{args.save.rstrip(os.sep)}_ckpt")
+    if not args.overwrite_save:
+        raise ValueError(f"--save {args.save!r} is a transformers model folder (config.json and its weights): "
+                         f"checkpoints would be written among its files, and a later --load of it would resume them "
+                         f"rather than read the model; give a directory of its own, or pass --overwrite-save to "
+                         f"write there anyway")
+
+
 def _same_dir(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and os.path.realpath(a) == os.path.realpath(b)
 
@@ -259,10 +285,16 @@ def check(args: argparse.Namespace) -> CheckpointConfig:
         check_output_dir("--save", args.save)
     if args.exit_interval is not None and args.exit_interval < 1:
         raise ValueError(f"--exit-interval must be a positive number of iterations, got {args.exit_interval}")
+    n = getattr(args, "train_iters", None)
+    if args.exit_interval is not None and isinstance(n, int) and args.exit_interval > n:  # never reached: a no-op
+        raise ValueError(f"--exit-interval {args.exit_interval} stops after an iteration divisible by it, and "
+                         f"--train-iters {n} ends the run first, so it would never stop it; give --exit-interval N "
+                         f"<= {n}, or drop it")
     args.overwrite_save = getattr(args, "overwrite_save", False)  # a Namespace built by hand may lack it
     _check_not_in_iteration(args)
     _check_foreign(args)
     _check_source_tree(args)
+    _check_model_folder(args)
     _auto_resume(args)
     load = resume_dir(args.load)
     if args.load is not None and load is None and os.path.isdir(args.load) and not os.listdir(args.load):

@@ -122,6 +122,19 @@ GENERATE_HINTS = {
                    "names)",
     "--load": "--load: give the checkpoint as SRC (hybrid generate DIR --prompt ...)",
 }
+# round 16's new-user pass: more of transformers' and other tools' names ("see --help", or --prompt-file -> "did you
+# mean --prompt-ids?")
+_FP32 = "decoding runs in fp32 (the weights, bf16 or not, are read into fp32 parameters); drop the flag"
+_FILE = "give the file's text as --prompt \"$(cat FILE)\" (or its token ids as --prompt-ids)"
+_STOP = "decoding does not stop at a token: it runs --max-new-tokens tokens; drop the flag"
+_DEVICE = "the device is chosen: each rank's GPU (LOCAL_RANK's) where CUDA is present, else the CPU; drop the flag"
+GENERATE_HINTS.update({flag: f"{flag}: {what}" for flags, what in (
+    (("--bf16", "--fp16", "--dtype", "--torch-dtype"), _FP32),
+    (("--prompt-file", "--input", "--input-file"), _FILE),
+    (("--eos-token-id", "--stop", "--stop-token"), _STOP),
+    (("--device",), _DEVICE),
+    (("--stream",), "the tokens are printed when decoding ends (their ids, then the text); drop the flag"),
+) for flag in flags})
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
