@@ -205,6 +205,19 @@ class OneLineParser(argparse.ArgumentParser):
         return out or default
 
 
+@contextlib.contextmanager
+def interruptible_start(prog: str) -> Iterator[None]:
+    """Around an entry point's first imports (torch: seconds, a minute on a loaded machine): a Ctrl-C there ends
+    with one line (rank 0's, as every error under torchrun) and status 130, not Python's traceback through torch's
+    import on every rank. This module imports the standard library only, so the entry point can import it first."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if is_rank_zero():
+            print(f"{prog}: interrupted while starting, before any work: nothing was run or written", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
 def parallel_hints(world: str, short: bool = True) -> dict[str, str]:
     """Unknown-flag hints of a command that takes the layout's sizes: dp is never a flag (it is what the world leaves
     after tp x cp x pp; --data-parallel-size got "did you mean --context-parallel-size?", --dp "--simulated-dp-

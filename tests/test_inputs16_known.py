@@ -12,7 +12,8 @@ fix, before any process group or work.
    sources: a Python package is refused; a folder of source files (*.py, a repository's .git) is refused without
    --overwrite-save (hybrid/checkpoint/args.py's consent flag, as for a folder holding another run's checkpoints).
 5. Ctrl-C during `hybrid calibrate`'s first `import torch` printed Python's traceback: hybrid.cli imported torch
-   (through hybrid.mesh) at module level, before main()'s handler -- now one line and status 130.
+   (through hybrid.mesh) at module level, before main()'s handler -- now one line and status 130; scripts/train.py's
+   imports likewise (hybrid.cliutil.interruptible_start).
 
 In this process (conftest's `one_line`), but for one real Ctrl-C in a new interpreter (slow)."""
 
@@ -184,6 +185,23 @@ sys.meta_path.insert(0, CtrlC())
 from hybrid.cli import main
 main(["calibrate", "--ranks", "1", "--out", sys.argv[1]])
 """
+
+
+_CTRL_C_IN_TRAIN_PY = _CTRL_C_IN_IMPORT.split("from hybrid.cli")[0] + """
+sys.argv = ["train.py", "--model", "tiny-gpt2", "--save", sys.argv[1]]
+import runpy
+runpy.run_path(os.path.join(os.environ["PYTHONPATH"], "scripts", "train.py"), run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_train_pys_first_import_of_torch_is_one_line_and_130(tmp_path):
+    """The main job's entry point too (scripts/train.py; under torchrun rank 0 alone prints the line)."""
+    p = subprocess.run([sys.executable, "-c", _CTRL_C_IN_TRAIN_PY, str(tmp_path / "ckpt")], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT), cwd=tmp_path)
+    assert p.returncode == 130, p.stderr
+    assert p.stderr == "train.py: interrupted while starting, before any work: nothing was run or written\n"
+    assert p.stdout == "" and os.listdir(tmp_path) == []
 
 
 @pytest.mark.slow

@@ -27,6 +27,8 @@ input now ends in one line naming the flag or key and the fix, before any proces
 10. scripts/train_tokenizer.py --output-prefix / --tokenizer-type (preprocess_data.py's flags) said "see --help".
 11. A switch given a value, transformers' `--bf16 True` (or `--sequence-parallel 1`), said "unrecognized arguments:
    True; see --help": now names the switch.
+12. hybrid convert: --torch_dtype, --dtype bfloat16 (torch's names), --ckpt-step (train.py's), --safe-serialization,
+   --push-to-hub (save_pretrained's) said "see --help" or "invalid choice" alone.
 
 In this process (conftest's `one_line`), but for one pipe (slow)."""
 
@@ -311,6 +313,22 @@ def test_a_stray_word_elsewhere_is_still_unrecognized(one_line):
     assert line == "train.py: error: unrecognized arguments: True; see --help"
     line = one_line(lambda: hybrid_main(["layout", "--world", "4", "--tensor-model-parallel-size", "2", "x"]))
     assert line == "hybrid layout: error: unrecognized arguments: x; see --help"
+
+
+# --- 12. hybrid convert ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, hint", [
+    (["--torch_dtype", "bfloat16"], "unrecognized arguments: --torch_dtype; --torch_dtype: give --dtype bf16"),
+    (["--dtype", "bfloat16"], "invalid choice: 'bfloat16' (choose from 'fp32', 'bf16', 'fp16'); torch's bfloat16 is "
+                              "--dtype bf16 here"),
+    (["--dtype", "float16"], "torch's float16 is --dtype fp16 here"),
+    (["--ckpt-step", "2"], "--ckpt-step: give --iteration N"),
+    (["--safe-serialization"], "--safe-serialization: the weights are always written as safetensors; drop the flag"),
+    (["--push-to-hub"], "--push-to-hub: not implemented"),
+])
+def test_convert_other_tools_flags_name_converts(argv, hint, tmp_path, one_line):
+    line = one_line(lambda: hybrid_main(["convert", str(tmp_path / "src"), str(tmp_path / "dst")] + argv))
+    assert line.startswith("hybrid convert: error: ") and hint in line and "see --help" not in line, line
+    assert os.listdir(tmp_path) == []
 
 
 # --- 6. hybrid generate's other names ---------------------------------------------------------------------------------
