@@ -19,8 +19,10 @@ import importlib
 import os
 import sys
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, fail, int_in, positive_int
-from hybrid.mesh import Axis, ParallelDims
+# nothing here imports torch at module level: the console script imports this module before main() runs, and a
+# Ctrl-C during torch's import (seconds; a minute on a loaded machine) must reach main()'s one line and status 130,
+# not Python's traceback (round 16); the sub-commands' modules, which do import it, load inside main()
+from hybrid.cliutil import HelpFormatter, OneLineParser, fail, int_in, parallel_hints, positive_int
 
 # the modules whose add_parser(subparsers) registers a sub-command (planner: plan and calibrate); every one is part
 # of the package, so one that does not import is a broken install, not an optional feature -- never skipped
@@ -29,6 +31,7 @@ MAX_WORLD = 2**16  # `layout` prints a line per TP group: beyond this it is a wa
 
 
 def _layout(args: argparse.Namespace) -> None:
+    from hybrid.mesh import Axis, ParallelDims
     dims = ParallelDims.from_world(args.world, tp=args.tensor_model_parallel_size,
                                    pp=args.pipeline_model_parallel_size, cp=args.context_parallel_size)
     experts = []  # MoE: which ranks hold which experts (checked before anything is printed)
@@ -103,11 +106,26 @@ def _models(args: argparse.Namespace) -> None:
               f"{c.num_heads:>5} {c.num_kv_heads:>3} {c.vocab_size:>7}")
 
 
+# commands users guess from the docs' words or other tools: where that lives (round 16: "invalid choice" alone)
+COMMAND_HINTS = {
+    "command=train": "training is launched with torchrun, not `hybrid`: torchrun --nproc-per-node N -m hybrid.train "
+                     "... (one process: python -m hybrid.train ...; in a checkout: scripts/train.py)",
+    "command=inspect": "give `hybrid checkpoint inspect DIR`",
+    "command=reshard": "a checkpoint is resharded as it loads (train.py --load DIR at any layout); `hybrid convert "
+                       "SRC DST --target-tensor-parallel-size N` pre-shards a model",
+    "command=export": "give `hybrid convert SRC DST` (a hybrid SRC gives a transformers folder)",
+    "command=preprocess": "in a checkout: python scripts/preprocess_data.py (docs/data.md)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="hybrid", description="Hybrid-parallel (TP x CP x PP x DP) training toolkit",
-                           formatter_class=HelpFormatter)
+                           formatter_class=HelpFormatter, hints=COMMAND_HINTS)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("layout", help="print the rank layout of a mesh", formatter_class=HelpFormatter)
+    world = "give the ranks as --world N (train.py's world: the processes launched)"
+    p = sub.add_parser("layout", help="print the rank layout of a mesh", formatter_class=HelpFormatter,
+                       hints={**parallel_hints("--world"), **{flag: f"{flag}: {world}" for flag in (
+                           "--world-size", "--gpus", "--num-gpus", "--nproc-per-node")}})
     p.add_argument("--world", type=int_in(1, MAX_WORLD), metavar="N", required=True, help="number of ranks (required)")
     p.add_argument("--tensor-model-parallel-size", type=positive_int, metavar="N", default=1, help="tp")
     p.add_argument("--pipeline-model-parallel-size", type=positive_int, metavar="N", default=1, help="pp")
@@ -139,6 +157,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(130) from None
     try:
         status = args.func(args)  # an int where the command has a verdict (checkpoint inspect), else None
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+    except BrokenPipeError:  # `hybrid layout ... | head`: the reader has all it wanted; end as a Unix tool ends
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail again
+        raise SystemExit(141) from None  # 128 + SIGPIPE, the status a tool killed by the closed pipe has
     except ValueError as e:  # the prefix argparse gives the same command's errors: `hybrid checkpoint inspect`
         command = " ".join(filter(None, (args.command, getattr(args, "action", None))))
         raise fail(f"hybrid {command}: error: {e}") from None

@@ -100,8 +100,9 @@ def _suggest(message: str, options: list[str], hints: dict[str, str] | None = No
 
 def _choice_hint(message: str, hints: dict[str, str]) -> str:
     """"; <hint>" for argparse's "argument --flag: invalid choice: 'value' ..." when `hints` has "--flag=value" (another
-    tool's choice, e.g. Megatron's --tokenizer-type GPT2BPETokenizer, and what to give here instead); else ""."""
-    m = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: invalid choice: '([^']*)'", message)
+    tool's choice, e.g. Megatron's --tokenizer-type GPT2BPETokenizer, and what to give here instead), or for a
+    sub-command's word, "dest=value" (`hybrid checkpoint reshard`: "action=reshard"); else ""."""
+    m = re.match(r"argument (--[\w-]+|\w+)(?:/[^:]*)?: invalid choice: '([^']*)'", message)
     hint = hints.get(f"{m.group(1)}={m.group(2)}") if m else None
     return f"; {hint}" if hint else ""
 
@@ -144,10 +145,23 @@ class OneLineParser(argparse.ArgumentParser):
         """Words left over are refused by the sub-command that was given, as its own flags are: argparse's
         parse_args names the top parser (`hybrid: error: unrecognized arguments: gpt2` for `hybrid models gpt2`),
         where every other error of a sub-command reads `hybrid models: error: ...`."""
-        namespace, extras = self.parse_known_args(args, namespace)
+        argv = sys.argv[1:] if args is None else list(args)
+        namespace, extras = self.parse_known_args(argv, namespace)
         if extras:
-            self.chosen(namespace).error(f"unrecognized arguments: {' '.join(extras)}")
+            parser = self.chosen(namespace)
+            parser._switch_given_a_value(argv, extras)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace
+
+    def _switch_given_a_value(self, argv: list[str], extras: list[str]) -> None:
+        """A word left over right after a switch (`--bf16 True`, transformers' TrainingArguments style; `--sequence-
+        parallel 1`): the switch takes no value, and the word alone would be "unrecognized arguments: True; see
+        --help". One line naming the switch instead."""
+        for i, word in enumerate(argv[1:], 1):
+            action = self._option_string_actions.get(argv[i - 1])
+            if word in extras and action is not None and action.nargs == 0 and not word.startswith("-"):
+                self.error(f"argument {argv[i - 1]}: a switch, it takes no value (got {word!r}): give {argv[i - 1]} "
+                           f"alone, or leave it out")
 
     def chosen(self, namespace: argparse.Namespace) -> OneLineParser:
         """The innermost sub-command parser `namespace` was parsed by (`hybrid checkpoint inspect`), else self."""
@@ -189,6 +203,33 @@ class OneLineParser(argparse.ArgumentParser):
             self.error(f"--quick measures nothing: give --out FILE (without it the smoke table would replace the "
                        f"measured {os.path.relpath(os.path.abspath(default))})")
         return out or default
+
+
+@contextlib.contextmanager
+def interruptible_start(prog: str) -> Iterator[None]:
+    """Around an entry point's first imports (torch: seconds, a minute on a loaded machine): a Ctrl-C there ends
+    with one line (rank 0's, as every error under torchrun) and status 130, not Python's traceback through torch's
+    import on every rank. This module imports the standard library only, so the entry point can import it first."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if is_rank_zero():
+            print(f"{prog}: interrupted while starting, before any work: nothing was run or written", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def parallel_hints(world: str, short: bool = True) -> dict[str, str]:
+    """Unknown-flag hints of a command that takes the layout's sizes: dp is never a flag (it is what the world leaves
+    after tp x cp x pp; --data-parallel-size got "did you mean --context-parallel-size?", --dp "--simulated-dp-
+    bandwidth?"), and, where `short`, torchtitan's and Megatron's short names of the sizes the command has
+    (`hybrid plan --tp 2` got "did you mean --allow-cross-node-tp?"). `world`: where this command's world comes from."""
+    dp = f"dp is not a flag: it is what the other sizes leave, {world} / (tp x cp x pp)"
+    out = {flag: f"{flag}: {dp}" for flag in ("--data-parallel-size", "--dp", "--dp-size")}
+    if short:
+        out.update({flag: f"{flag}: the flag is {name}" for flag, name in (
+            ("--tp", "--tensor-model-parallel-size"), ("--pp", "--pipeline-model-parallel-size"),
+            ("--cp", "--context-parallel-size"), ("--ep", "--expert-model-parallel-size"))})
+    return out
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

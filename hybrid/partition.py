@@ -123,9 +123,9 @@ def partition_layers(num_layers: int, pp: int, v: int = 1, method: PartitionMeth
         costs = _layer_costs(layer_cost, num_layers)
         check_number("embedding_cost", embedding_cost, 0)
         check_number("head_cost", head_cost, 0)
-        counts = _balanced_counts(costs, stages, embedding_cost, head_cost)
+        counts = _balanced_counts(costs, stages, embedding_cost, head_cost, _stage_flags(pp, v))
     else:
-        counts = _manual_counts(layers_per_stage, num_layers, stages)
+        counts = _manual_counts(layers_per_stage, num_layers, stages, _stage_flags(pp, v))
     return _to_layer_ids(counts)
 
 
@@ -162,12 +162,17 @@ def _uniform_counts(num_layers: int, pp: int, v: int) -> list[int]:
     if num_layers % stages == 0:
         return [num_layers // stages] * stages
     # the model's layer count is not a flag of train.py or `hybrid convert` (the config holds it): named as a count
-    layout = (f"the {stages} stages (--pipeline-model-parallel-size {pp}"
-              f"{f' x --virtual-pipeline-model-parallel-size {v}' if v > 1 else ''})")
+    layout = f"the {stages} stages {_stage_flags(pp, v)}"
     if num_layers < stages:
         raise ValueError(f"the model's {num_layers} layers are fewer than {layout}; use at most {num_layers} stages")
     raise ValueError(f"the model's {num_layers} layers do not divide into {layout}; use --pipeline-partition balanced, "
                      f"or --pipeline-layers-per-stage {','.join(map(str, _near_uniform(num_layers, stages)))}")
+
+
+def _stage_flags(pp: int, v: int) -> str:
+    """The flags that make the stages, "(--pipeline-model-parallel-size 2 x --virtual-pipeline-model-parallel-size
+    2)": the virtual size only where there are virtual stages (a "pp x v" at v 1 read as a flag the user never gave)."""
+    return f"(--pipeline-model-parallel-size {pp}{f' x --virtual-pipeline-model-parallel-size {v}' if v > 1 else ''})"
 
 
 def _near_uniform(num_layers: int, stages: int) -> list[int]:
@@ -176,11 +181,12 @@ def _near_uniform(num_layers: int, stages: int) -> list[int]:
     return [q] * (stages - r) + [q + 1] * r
 
 
-def _manual_counts(counts: Sequence[int] | None, num_layers: int, stages: int) -> list[int]:
+def _manual_counts(counts: Sequence[int] | None, num_layers: int, stages: int, made_by: str) -> list[int]:
+    """`made_by`: the flags that make the stages (_stage_flags), for the messages."""
     flag = "--pipeline-layers-per-stage"
     counts = list(counts or ())
     if len(counts) != stages:
-        raise ValueError(f"{flag} gives {len(counts)} counts for {stages} stages (pp x v); give one per stage, "
+        raise ValueError(f"{flag} gives {len(counts)} counts for {stages} stages {made_by}; give one per stage, "
                          f"e.g. {','.join(map(str, _near_uniform(num_layers, stages)))}")
     if any(not is_integer(c) or c < 0 for c in counts):
         raise ValueError(f"{flag} {counts}: every count must be an integer >= 0")
@@ -198,7 +204,8 @@ def _manual_counts(counts: Sequence[int] | None, num_layers: int, stages: int) -
 MAX_BALANCED_LAYERS = 2048  # its DP tables: (L + 1)^2 float64 = 34 MB each at 2048 (100000 layers asked 75 GiB)
 
 
-def _balanced_counts(costs: list[float], stages: int, embedding_cost: float, head_cost: float) -> list[int]:
+def _balanced_counts(costs: list[float], stages: int, embedding_cost: float, head_cost: float,
+                     made_by: str) -> list[int]:
     """Layer counts minimising the largest stage cost, then the sum of squared stage costs, then the
     counts lexicographically (fewest layers early). Two dynamic programmes over (stage, first layer):
     the first finds the optimal largest cost M; the second, allowed only stages costing <= M, the least
@@ -209,7 +216,7 @@ def _balanced_counts(costs: list[float], stages: int, embedding_cost: float, hea
                          f"({(n + 1) ** 2 * 8 / 2**30:.1f} GiB each); it splits at most {MAX_BALANCED_LAYERS} layers "
                          f"(published models have ~100); use --pipeline-partition uniform with a pp that divides them")
     if n < stages - 2:
-        raise ValueError(f"the model's {n} layers cannot fill {stages} stages (pp x v): every stage but the first "
+        raise ValueError(f"the model's {n} layers cannot fill {stages} stages {made_by}: every stage but the first "
                          f"and the last needs a layer; use at most {n + 2} stages")
     split = _Split(costs, stages, embedding_cost, head_cost)
     bound = split.solve(squares=False)[0][0]

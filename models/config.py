@@ -295,10 +295,35 @@ def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
                          f"({reason})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
+    _check_misspelt_keys(raw, hf, file)
     try:
         return from_hf(hf)
     except ValueError as e:  # a rejected field: say which file holds it
         raise ValueError(str(e).replace("--model:", f"--model {file}:", 1)) from None
+
+
+# keys a config.json of another transformers version holds that this version's to_dict() no longer lists (it moved
+# rope_theta and rope_scaling into rope_parameters, torch_dtype to dtype; gpt2's n_ctx is long gone)
+_LEGACY_KEYS = frozenset({"rope_theta", "rope_scaling", "torch_dtype", "n_ctx", "transformers_version"})
+
+
+def _check_misspelt_keys(raw: dict, hf: PretrainedConfig, file: str) -> None:
+    """A key that is no field of the model_type's config but a near spelling of one the file lacks
+    (num_attention_head for num_attention_heads) is a typo: transformers keeps it as an unused attribute and the
+    model silently gets the field's default (32 heads for a llama). ValueError naming both keys and the default.
+    Unknown keys far from every field (a tool's own metadata, task_specific_params) are left alone."""
+    import difflib
+    cls = type(hf)
+    known = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {})) | _LEGACY_KEYS
+    absent = [k for k in known if k not in raw and not k.startswith("_")]
+    for key in raw:
+        if key in known:
+            continue
+        near = difflib.get_close_matches(key, absent, n=1, cutoff=0.85)
+        if near:
+            raise ValueError(f"--model {file}: {key!r} is not a {raw.get('model_type')} config field; did you mean "
+                             f"{near[0]!r}? (transformers ignores {key!r}, and the model would get the default of "
+                             f"{near[0]!r}, {json.dumps(getattr(hf, near[0], None))})")
 
 
 def read_config_json(file: str) -> dict:

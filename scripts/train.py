@@ -13,8 +13,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from hybrid.train import apply_auto_parallel, check_args, main, parse_args, run_config  # noqa: E402,F401
-from hybrid.train.main import cli  # noqa: E402
+from hybrid.cliutil import interruptible_start  # noqa: E402 -- the standard library only: ready before torch
+
+with interruptible_start("train.py"):  # a Ctrl-C during torch's import: one line and 130, not a traceback per rank
+    from hybrid.train import apply_auto_parallel, check_args, main, parse_args, run_config  # noqa: E402,F401
+    from hybrid.train.main import cli  # noqa: E402
 
 if __name__ == "__main__":
     cli()

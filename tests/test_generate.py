@@ -228,7 +228,8 @@ def test_tokenizer_is_the_one_carried_or_recorded_else_bytes(tmp_path):
     (["--pipeline-model-parallel-size", "2"], "--tensor-model-parallel-size 1 x --pipeline-model-parallel-size 2 "
                                               "needs 2 processes, but 1 was launched; use torchrun --nproc-per-node 2"),
     (["--pipeline-model-parallel-size", "3"], "--pipeline-model-parallel-size 3 exceeds the 2 layers"),
-    (["--pipeline-layers-per-stage", "1,2"], "--pipeline-layers-per-stage gives 2 counts for 1 stages"),
+    (["--pipeline-layers-per-stage", "1,2"], "--pipeline-layers-per-stage splits the layers over the pipeline's "
+                                             "stages, and there is one (--pipeline-model-parallel-size 1"),
     (["--top-k", "5"], "--top-k filters sampling, but --temperature is 0"),
     (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size 2 needs 2 processes, but 1 was launched"),
     (["--tokenizer", "/nonexistent"], "--tokenizer '/nonexistent' does not exist"),

@@ -107,6 +107,72 @@ def _check_not_in_iteration(args: argparse.Namespace) -> None:
         probe = os.path.dirname(probe)
 
 
+def _package_root(path: str) -> str | None:
+    """The outermost Python package (a folder holding __init__.py) that `path`, or the nearest existing folder above
+    it, lies in; None outside any."""
+    probe, root = os.path.realpath(path), None
+    while not os.path.isdir(probe) and probe != os.path.dirname(probe):
+        probe = os.path.dirname(probe)
+    while probe != os.path.dirname(probe) and os.path.isfile(os.path.join(probe, "__init__.py")):
+        root, probe = probe, os.path.dirname(probe)
+    return root
+
+
+def _source_files(path: str) -> list[str]:
+    """What makes an existing folder a source folder: a git repository's `.git`, and its first Python files."""
+    if not os.path.isdir(path) or store.is_checkpoint_dir(path):  # our checkpoints there already: a run's folder
+        return []
+    names = sorted(os.listdir(path))
+    return [n for n in names if n == ".git"] + [n for n in names if n.endswith(".py")][:2]
+
+
+def _check_source_tree(args: argparse.Namespace) -> None:
+    """--save inside a Python package (the repository's hybrid/, models/) or into a folder of source files (tests/,
+    scripts/, a repository's root) would write iter_*/ and `latest` among them, where `git add -A` commits gigabytes
+    and a package ships them. A package is refused outright; a folder of source files without --overwrite-save
+    (the flag's consent to write where other files are). ValueError naming --save and a directory of its own."""
+    if args.save is None:
+        return
+    if package := _package_root(args.save):
+        mine = os.path.relpath(os.path.join(os.path.dirname(package), "checkpoints"))
+        raise ValueError(f"--save {args.save!r} is inside the Python package {package} (its folders hold "
+                         f"__init__.py): checkpoints would be written among its source files; give a directory "
+                         f"outside it, e.g. --save {mine}")
+    found = _source_files(args.save)
+    if found and not args.overwrite_save:  # a repository's root: a folder in it; a source folder: one beside it
+        mine = os.path.join(args.save, "checkpoints") if ".git" in found else \
+            os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(args.save)), "checkpoints"))
+        raise ValueError(f"--save {args.save!r} holds source files ({', '.join(found)}): checkpoints (iter_*/, "
+                         f"latest) would be written among them; give a directory of its own, e.g. --save {mine}, "
+                         f"or pass --overwrite-save to write there anyway")
+
+
+def _is_model_folder(path: str) -> bool:
+    """A transformers model folder (config.json beside its weights) that holds none of our checkpoints."""
+    names = set(os.listdir(path)) if os.path.isdir(path) else set()
+    return "config.json" in names and bool(names & {"model.safetensors", "model.safetensors.index.json",
+                                                    "pytorch_model.bin"}) and not store.is_checkpoint_dir(path)
+
+
+def _check_model_folder(args: argparse.Namespace) -> None:
+    """--save naming a transformers model folder. The same folder as --load (`--load hf --save hf`, "fine-tune in
+    place") read as Megatron's resume convention found no checkpoint there and started from scratch, dropping the
+    weights --load named; refused outright. Another model folder: our iter_*/ and `latest` among its files make a
+    later --load of it resume them instead of reading the model; refused without --overwrite-save."""
+    if args.save is None or not _is_model_folder(args.save):
+        return
+    if _same_dir(args.load, args.save):
+        raise ValueError(f"--save {args.save!r} is the transformers model folder --load reads the initial weights "
+                         f"from, and --save DIR --load DIR means resume: with no checkpoint in it the run would start "
+                         f"from scratch, the weights unread; give --save a directory of its own, e.g. --save "
+                         f"{args.save.rstrip(os.sep)}_ckpt")
+    if not args.overwrite_save:
+        raise ValueError(f"--save {args.save!r} is a transformers model folder (config.json and its weights): "
+                         f"checkpoints would be written among its files, and a later --load of it would resume them "
+                         f"rather than read the model; give a directory of its own, or pass --overwrite-save to "
+                         f"write there anyway")
+
+
 def _same_dir(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and os.path.realpath(a) == os.path.realpath(b)
 
@@ -219,9 +285,16 @@ def check(args: argparse.Namespace) -> CheckpointConfig:
         check_output_dir("--save", args.save)
     if args.exit_interval is not None and args.exit_interval < 1:
         raise ValueError(f"--exit-interval must be a positive number of iterations, got {args.exit_interval}")
+    n = getattr(args, "train_iters", None)
+    if args.exit_interval is not None and isinstance(n, int) and args.exit_interval > n:  # never reached: a no-op
+        raise ValueError(f"--exit-interval {args.exit_interval} stops after an iteration divisible by it, and "
+                         f"--train-iters {n} ends the run first, so it would never stop it; give --exit-interval N "
+                         f"<= {n}, or drop it")
     args.overwrite_save = getattr(args, "overwrite_save", False)  # a Namespace built by hand may lack it
     _check_not_in_iteration(args)
     _check_foreign(args)
+    _check_source_tree(args)
+    _check_model_folder(args)
     _auto_resume(args)
     load = resume_dir(args.load)
     if args.load is not None and load is None and os.path.isdir(args.load) and not os.listdir(args.load):

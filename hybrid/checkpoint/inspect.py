@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 
 from hybrid.checkpoint import store
-from hybrid.cliutil import HelpFormatter, positive_int
+from hybrid.cliutil import HelpFormatter, parallel_hints, positive_int
 from hybrid.mesh import ParallelDims, validate_model_dims
 
 
@@ -205,12 +205,29 @@ def run(args: argparse.Namespace) -> int:
     return 0 if True in verdicts and False not in verdicts else 1
 
 
+# sub-commands other tools have (Megatron's tools/checkpoint, DeepSpeed's zero_to_fp32, torch DCP's format_utils),
+# which a user guesses first: what does that here (round 16: "invalid choice ... (choose from 'inspect')" alone)
+_RESHARD = ("a checkpoint is resharded as it loads: resume with train.py --load DIR at the new layout (any tp, pp, "
+            "dp; `hybrid checkpoint inspect DIR --tensor-model-parallel-size N --world-size W` says whether it loads "
+            "there), or pre-shard a model with `hybrid convert SRC DST --target-tensor-parallel-size N`")
+_CONVERT = ("conversion is its own command: `hybrid convert SRC DST` (transformers <-> hybrid, DeepSpeed -> hybrid; "
+            "a hybrid SRC gives a transformers folder, one file set, whatever the layout it was saved at)")
+_VERIFY = "`hybrid checkpoint inspect DIR` checks every file's checksum and says whether each checkpoint is complete"
+CHECKPOINT_ACTION_HINTS = {f"action={word}": hint for words, hint in (
+    (("reshard", "reshape", "repartition", "resize"), _RESHARD),
+    (("convert", "export", "merge", "consolidate", "to-hf", "zero-to-fp32"), _CONVERT),
+    (("verify", "check", "validate", "list", "ls", "info", "show"), _VERIFY),
+    (("delete", "rm", "remove", "prune", "clean"), "checkpoints are pruned by the run itself: train.py "
+                                                   "--save-keep N keeps the N newest complete ones"),
+) for word in words}
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("checkpoint", help="inspect checkpoints", description=__doc__,
-                              formatter_class=HelpFormatter)
+                              formatter_class=HelpFormatter, hints=CHECKPOINT_ACTION_HINTS)
     sub = p.add_subparsers(dest="action", required=True)
     q = sub.add_parser("inspect", help="iteration, layout, size and checksum verdict of checkpoints",
-                       formatter_class=HelpFormatter)
+                       formatter_class=HelpFormatter, hints=parallel_hints("--world-size"))
     q.add_argument("dir", metavar="DIR", help="a --save directory or one iter_* directory")
     q.add_argument("--tensor-model-parallel-size", type=positive_int, metavar="N", default=None,
                    help="with --world-size: can it be loaded at this tp (default 1)?")

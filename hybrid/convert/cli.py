@@ -101,6 +101,21 @@ MEGATRON_CONVERTER_HINTS = {
 }
 
 
+# round 16's new-user pass: transformers' save_pretrained / train.py's names for what convert names otherwise ("see
+# --help"; --dtype bfloat16, torch's name, "invalid choice" alone)
+_DTYPE = "give --dtype bf16 (or fp16, fp32: the exported weights' dtype, --to hf)"
+MEGATRON_CONVERTER_HINTS.update({
+    "--torch-dtype": f"--torch-dtype: {_DTYPE}",
+    "--torch_dtype": f"--torch_dtype: {_DTYPE}",
+    "--ckpt-step": "--ckpt-step: give --iteration N (or SRC as the checkpoint's iter_NNNNNNN directory)",
+    "--safe-serialization": "--safe-serialization: the weights are always written as safetensors; drop the flag",
+    "--push-to-hub": "--push-to-hub: not implemented (nothing here goes online): upload DST with huggingface_hub's "
+                     "upload_folder; drop the flag",
+    **{f"--dtype={name}": f"torch's {name} is --dtype {short} here" for name, short in (
+        ("bfloat16", "bf16"), ("float16", "fp16"), ("half", "fp16"), ("float32", "fp32"), ("float", "fp32"))},
+})
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("convert",
                               help="convert checkpoints: transformers <-> hybrid, DeepSpeed (ZeRO, MoE) -> hybrid",

@@ -134,8 +134,31 @@ def build(args: argparse.Namespace, data: DataConfig, batch: BatchSpec, vocab_si
                              f"{tok.vocab_size} exceeds the model's {vocab_size}; use a model with a larger "
                              f"vocab_size or the tokenizer the model was built for")
     check_token_ids(datasets, vocab_size)
+    check_tokenizer_matches(datasets, args.tokenizer_type, args.tokenizer_model)
     sizes = SplitSizes.for_run(args.train_iters, batch.global_batch, data.eval_interval, data.eval_iters)
     return DataSource(datasets, weights, data.split, args.seq_length, args.seed, sizes)
+
+
+def check_tokenizer_matches(datasets: list, tokenizer_type: str | None, tokenizer_model: str | None) -> None:
+    """The tokenizer a run names is the one its checkpoint records for `hybrid generate` and `hybrid convert`; it
+    must be the data's. Text (and the default corpus) is read a byte per token whatever --tokenizer-type says, so
+    HuggingFaceTokenizer there would record a tokenizer the model never saw; an indexed dataset holding an id >= 256
+    was not written by ByteLevel (scanned when small, as check_token_ids). ValueError naming the fix."""
+    for d in datasets:
+        if tokenizer_type == "HuggingFaceTokenizer" and getattr(d, "byte_text", False):
+            where = (f"--data-path {d.prefix} is text" if d.prefix != "the default corpus" else
+                     "without --data-path the run reads the default corpus, text")
+            raise ValueError(f"{where}, read a byte per token: --tokenizer-type HuggingFaceTokenizer would not "
+                             f"tokenize it, only be recorded as the run's tokenizer (for generate and convert); "
+                             f"tokenize it first (python scripts/preprocess_data.py --input FILE --output-prefix NAME "
+                             f"--tokenizer-type HuggingFaceTokenizer --tokenizer-model {tokenizer_model}, then "
+                             f"--data-path NAME_text_document), or drop the tokenizer flags")
+        if tokenizer_type == "ByteLevel" and not getattr(d, "byte_text", False) \
+                and d.num_tokens * d.dtype.itemsize <= SCAN_BYTES and (top := d.max_token()) >= BYTE_VOCAB:
+            raise ValueError(f"--data-path {d.prefix}: token id {top} is beyond --tokenizer-type ByteLevel's "
+                             f"{BYTE_VOCAB} byte tokens, so another tokenizer wrote it; give that one "
+                             f"(--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR), the one the run "
+                             f"records for generate and convert")
 
 
 def check_token_ids(datasets: list, vocab_size: int) -> None:

@@ -27,8 +27,17 @@ CHECKPOINT_MARKS = ("latest", "config.json")
 CHECKPOINT_PREFIXES = ("iter_", "global_step")
 
 
+# preprocess_data.py's names for what this script names otherwise, which a user carries over (round 16: "see --help")
+HINTS = {
+    "--output-prefix": "--output-prefix: the tokenizer is a folder: give --output DIR (preprocess_data.py's "
+                       "--output-prefix names the dataset it writes)",
+    "--tokenizer-type": "--tokenizer-type: this trains a byte-level BPE tokenizer.json (use it with --tokenizer-type "
+                        "HuggingFaceTokenizer --tokenizer-model DIR); ByteLevel needs no training; drop the flag",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, hints=HINTS)
     p.add_argument("--input", nargs="*", default=None, metavar="PATH",
                    help="text (.txt) or JSON-lines files; none: Python's pydoc topics")
     p.add_argument("--json-key", default="text", metavar="KEY", help="the text key of JSON lines")

@@ -44,6 +44,10 @@ def _check_layout(args: argparse.Namespace, world: int, cfg) -> Layout:
     pp = args.pipeline_model_parallel_size
     validate_model_dims(ParallelDims(tp=1, pp=pp), cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
     manual = parse_layers_per_stage(args.pipeline_layers_per_stage) if args.pipeline_layers_per_stage else None
+    if manual is not None and pp == 1:  # train.py's words (hybrid/train/args.py _check_one_stage); no virtual stages
+        raise ValueError(f"--pipeline-layers-per-stage splits the layers over the pipeline's stages, and there is one "
+                         f"(--pipeline-model-parallel-size 1, holding all {cfg.num_layers} layers): give "
+                         f"--pipeline-model-parallel-size N or drop --pipeline-layers-per-stage")
     if manual is None and cfg.num_layers % pp:  # the uniform split's own message names train.py's --pipeline-partition
         q, r = divmod(cfg.num_layers, pp)
         counts = ",".join(map(str, [q] * (pp - r) + [q + 1] * r))
@@ -118,6 +122,19 @@ GENERATE_HINTS = {
                    "names)",
     "--load": "--load: give the checkpoint as SRC (hybrid generate DIR --prompt ...)",
 }
+# round 16's new-user pass: more of transformers' and other tools' names ("see --help", or --prompt-file -> "did you
+# mean --prompt-ids?")
+_FP32 = "decoding runs in fp32 (the weights, bf16 or not, are read into fp32 parameters); drop the flag"
+_FILE = "give the file's text as --prompt \"$(cat FILE)\" (or its token ids as --prompt-ids)"
+_STOP = "decoding does not stop at a token: it runs --max-new-tokens tokens; drop the flag"
+_DEVICE = "the device is chosen: each rank's GPU (LOCAL_RANK's) where CUDA is present, else the CPU; drop the flag"
+GENERATE_HINTS.update({flag: f"{flag}: {what}" for flags, what in (
+    (("--bf16", "--fp16", "--dtype", "--torch-dtype"), _FP32),
+    (("--prompt-file", "--input", "--input-file"), _FILE),
+    (("--eos-token-id", "--stop", "--stop-token"), _STOP),
+    (("--device",), _DEVICE),
+    (("--stream",), "the tokens are printed when decoding ends (their ids, then the text); drop the flag"),
+) for flag in flags})
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -153,8 +153,16 @@ def draw(runs: list[Run]):
     return fig
 
 
+# the flags a run was written with, which users bring from train.py or TensorBoard (`tensorboard --logdir`): here the
+# run's file or folder is a RUN itself (round 16: "see --help" for --tensorboard-dir)
+RUN_HINTS = {flag: f"{flag}: give the {what} as a RUN, without the flag (plot_run.py {example} --out run.png)"
+             for flag, what, example in (("--tensorboard-dir", "TensorBoard folder", "tb/"),
+                                         ("--logdir", "TensorBoard folder", "tb/"),
+                                         ("--metrics-file", "metrics file", "run.jsonl"))}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="plot_run.py", description=__doc__, formatter_class=HelpFormatter)
+    p = OneLineParser(prog="plot_run.py", description=__doc__, formatter_class=HelpFormatter, hints=RUN_HINTS)
     p.add_argument("runs", nargs="+", metavar="RUN", help="a train.py --metrics-file or --tensorboard-dir")
     p.add_argument("--out", default="run.png", metavar="FILE", help="image to write (PNG)")
     p.add_argument("--label", action="append", default=None, metavar="NAME",

@@ -1345,8 +1345,10 @@ How each number is measured and fitted: docs/planner.md, "Calibration"."""
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `calibrate` on the `hybrid` command's subparsers (--help: HELP, for users; the module docstring
     is the implementation's)."""
+    ranks = "give --ranks N: calibrate starts its own processes"
     p = subparsers.add_parser("calibrate", help="measure this machine; write a hardware profile for `hybrid plan`",
-                              description=HELP, formatter_class=HelpFormatter)
+                              description=HELP, formatter_class=HelpFormatter,
+                              hints={flag: f"{flag}: {ranks}" for flag in ("--nproc-per-node", "--world-size")})
     p.add_argument("--out", default="hardware.json", metavar="FILE", help="profile to write (JSON)")
     p.add_argument("--ranks", type=int_in(1, 1024), metavar="N", default=CalibrationConfig.ranks,
                    help="processes to spawn (with nccl at most the GPU count; 1: no collectives timed, the "

@@ -33,7 +33,7 @@ import sys
 from dataclasses import asdict
 
 from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_number, check_output_file, float_in,
-                            int_in, nonnegative_int, positive_float, positive_int)
+                            int_in, nonnegative_int, parallel_hints, positive_float, positive_int)
 from hybrid.cp.attention import CommType
 from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
@@ -57,10 +57,20 @@ SLOW_LINK_DEFAULTS = {"powersgd_rank": 4, "diloco_inner_steps": 100, "diloco_fra
                       "diloco_fragment_sync_delay": 0}
 
 
+# round 16's new-user pass: train.py's and other tools' flags for what plan names otherwise ("see --help", or
+# --num-gpus -> "did you mean --scan-gpus?")
+_MIXED = ("plan prices bf16 and fp16 alike: --precision mixed, the default (2-byte parameters and gradients, fp32 "
+          "master)")
+PLAN_HINTS = {**parallel_hints("--gpus"),
+              **{flag: f"{flag}: {_MIXED}" for flag in ("--bf16", "--fp16")},
+              **{flag: f"{flag}: give --gpus N (all GPUs of the job; --gpus-per-node N for a node's)"
+                 for flag in ("--num-gpus", "--world", "--world-size")}}
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `plan` and `calibrate` on the `hybrid` command's subparsers; returns plan's parser."""
     p = subparsers.add_parser("plan", help="rank TP x PP x DP layouts by predicted throughput",
-                              description=__doc__, formatter_class=HelpFormatter)
+                              description=__doc__, formatter_class=HelpFormatter, hints=PLAN_HINTS)
     add_arguments(p)
     p.set_defaults(func=run)
     calibrate.add_parser(subparsers)

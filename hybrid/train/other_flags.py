@@ -4,6 +4,7 @@ not --num-layers-per-virtual-pipeline-stage, --merge-file not --metrics-file, --
 
 from __future__ import annotations
 
+from hybrid.cliutil import parallel_hints
 from hybrid.data.tokenizer import tokenizer_hints
 
 MODEL = "the model's shape comes from --model (a preset, or a transformers config.json: write {field} there)"
@@ -166,6 +167,52 @@ INSTEAD.update({
     "--moe-router-group-topk": "group-limited routing (DeepSeek-V3's node groups) is not implemented; drop the flag",
 })
 
+# round 16's new-user pass: the flags of transformers' Trainer (TrainingArguments, accelerate) and of the launchers,
+# which said "see --help" or a misleading near spelling (--max_steps -> --max-skipped-steps, --eval_steps ->
+# --eval-iters). Trainer's own spelling is underscored: hints() adds it beside the dashed one
+TRAINER = {
+    "--per-device-train-batch-size": "train.py's flag is --micro-batch-size (the samples of one forward on one "
+                                     "data-parallel rank; --global-batch-size is the step's total)",
+    "--learning-rate": "train.py's flag is --lr",
+    "--output-dir": "checkpoints go to --save DIR, the log lines' numbers to --metrics-file FILE",
+    "--num-train-epochs": "a run counts iterations, not epochs: give --train-iters N (N x --global-batch-size "
+                          "samples of --seq-length tokens)",
+    "--epochs": "a run counts iterations, not epochs: give --train-iters N (N x --global-batch-size samples of "
+                "--seq-length tokens)",
+    "--max-steps": "train.py's flag is --train-iters",
+    "--gradient-accumulation-steps": "accumulation follows from the batch sizes, as in Megatron: --global-batch-size "
+                                     "= --micro-batch-size x dp x the accumulation steps; give --global-batch-size",
+    "--lr-scheduler-type": "train.py's flag is --lr-decay-style (constant, linear, cosine; warm-up: "
+                           "--lr-warmup-iters)",
+    "--warmup-steps": "train.py's flag is --lr-warmup-iters",
+    "--max-grad-norm": "train.py's flag is --clip-grad (0: off)",
+    "--logging-steps": "train.py's flag is --log-interval",
+    "--save-steps": "train.py's flag is --save-interval (with --save DIR)",
+    "--eval-steps": "train.py's flag is --eval-interval (--eval-iters is how many batches each evaluation takes)",
+    "--gradient-checkpointing": "train.py's flag is --recompute-granularity full (or selective: the attention core "
+                              "only)",
+    "--resume-from-checkpoint": "give --load DIR (an earlier run's --save; --ckpt-step N for an older iteration)",
+    "--model-name-or-path": "give --model (a preset, or a transformers model folder) and --load with the same "
+                            "folder for its weights",
+    "--fsdp": "FSDP's full sharding is --zero-stage 3 (parameters, gradients and optimizer state sharded over dp)",
+    "--report-to": "not implemented: the log lines go to --tensorboard-dir DIR and --metrics-file FILE; drop the flag",
+    "--wandb-project": "not implemented: the log lines go to --tensorboard-dir DIR and --metrics-file FILE; drop the "
+                       "flag",
+    "--mixed-precision": "give --bf16 or --fp16 (fp32 master weights; neither: fp32)",
+    "--dtype": "give --bf16 or --fp16 (fp32 master weights; neither: fp32)",
+    "--torch-dtype": "give --bf16 or --fp16 (fp32 master weights; neither: fp32)",
+}
+LAUNCHED = "train.py reads its rank and world from the environment torchrun sets"
+# a launcher's own flags, given after the script or passed to it by an older launcher
+LAUNCHER = {
+    "--local-rank": f"the flag torch.distributed.launch and the deepspeed launcher pass; {LAUNCHED} (LOCAL_RANK): "
+                    f"launch with torchrun --nproc-per-node N scripts/train.py ...",
+    **{flag: f"torchrun's flag, given after the script: put it before, torchrun {flag} ... scripts/train.py ..."
+       for flag in ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                    "--rdzv-endpoint", "--rdzv-backend", "--rdzv-id", "--standalone", "--max-restarts")},
+}
+
+
 # Megatron's choices of a flag train.py has, that train.py does not implement ("--flag=value": the invalid-choice line)
 CHOICES = {
     "--cp-comm-type=a2a+p2p": "Megatron's hierarchical a2a+p2p is not implemented: use a2a (Ulysses, heads split "
@@ -181,4 +228,10 @@ def hints() -> dict[str, str]:
     out.update({flag: f"{flag}: {what}" for flag, what in INSTEAD.items()})
     out.update(tokenizer_hints())
     out.update(CHOICES)
+    for flag, text in parallel_hints("the processes launched (torchrun --nproc-per-node x --nnodes)",
+                                     short=False).items():
+        out.setdefault(flag, text)
+    for flag, what in {**TRAINER, **LAUNCHER}.items():  # both spellings: torchrun takes either, Trainer's is "_"
+        for spelling in (flag, "--" + flag[2:].replace("-", "_")):
+            out.setdefault(spelling, f"{spelling}: {what}")
     return out
