@@ -18,7 +18,11 @@ The acceptance run (CP 8, 16k tokens) is marked slow: the full suite runs it. Th
 the p2p and a2a checks, with the same bound, at CP 2 on a 4k-token sequence: the same claim (1/CP, no fixed part) at
 a smaller world and a quarter of the tokens (attention's work falls 16-fold). The allgather check stays at CP 8
 only: its fixed part counts a causal bias on every chunk, but rank 0's first chunk is square (SDPA's is_causal, no
-bias tensor), n^2 floats a layer less -- 1 of the 17 n^2 at CP 8, within the bound; 1 of 5 at CP 2, outside it."""
+bias tensor), n^2 floats a layer less -- 1 of the 17 n^2 at CP 8, within the bound; 1 of 5 at CP 2, outside it.
+
+The single process runs in the test process at one intra-op thread, as every rank does (tests/suite_threads.py: at
+torch's default two threads their OpenMP workers spin on the suite's shared cores); the bytes autograd saves do not
+depend on the thread count (the same tensors of the same shapes), and no value is compared."""
 
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from hybrid.testing import run_distributed
 from hybrid.tp import TPContext
 from models import build_model, from_hf, shift_labels
 from models.common import set_context_parallel
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 LAYERS, HEADS, HIDDEN = 2, 8, 64
 SIZES = {"cp8": (8, 16384), "cp2": (2, 4096)}  # name: (CP, sequence length); cp8: the acceptance run (slow)

@@ -32,6 +32,11 @@ other cases -- the same stages, comm types, recomputation modes and precisions i
 are marked slow and run in a second launch, with the TP + SP and PP compositions (the full suite runs both). The
 comm types stay in the fast tier here and through tests/test_cp_attention.py (attention against fp64, every comm
 type); selective recomputation's reruns over CP through tests/test_cp_models.py's ledger test.
+
+The single-process references run in the test process at one intra-op thread, as every rank does
+(tests/suite_threads.py: at torch's default two threads their OpenMP workers spin on the suite's shared cores);
+each is compared within RTOL (or, packed documents against plain, apart by more than 100 x RTOL), never bit for
+bit, so the thread count's summation order is inside every bound.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from hybrid.train_step import LocalForwardBackward, OptimizerConfig, train_step
 from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
 from models import Recompute, build_pipeline_chunks, load_config
 from models.common import set_context_parallel
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 RTOL = 1e-5
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}

@@ -6,8 +6,9 @@ only where a full run would take minutes: `--train-iters` becomes 2 (added when 
 PowerSGD start, 1-bit Adam freeze or DiLoCo period, so the method engages), `--log-interval` 1,
 `--eval-iters` 1 (the validation and test passes run, on one global batch each),
 `hybrid calibrate` measures at tiny sizes, and placeholders are filled (`path/to/hf_model` -> a tiny transformers
-GPT-2 saved here, a trailing `...` dropped). The few commands that cannot run here are listed in SKIP with the
-reason and where they are covered instead.
+GPT-2 saved here, a trailing `...` dropped, `cpu.json` -> a profile `hybrid calibrate` wrote on this machine:
+CALIBRATED). The few commands that cannot run here, or that another test runs as written, are listed in SKIP with
+the reason and where they are covered instead.
 
 How they run: a `python` or `hybrid` command as one fork of hybrid.testing's forkserver (the interpreter with
 torch and hybrid already imported: the command's own code runs as __main__, without a new interpreter's ~4 s of
@@ -53,9 +54,19 @@ SKIP = {  # substring of the command -> why it is not run here, and what covers 
     "hybrid calibrate --out cpu.json": "the planner chain's calibration (README): run as written, at full size, by "
                                        "tests/test_readme_chain.py",
     "plot_run.py run.jsonl": "the planner chain's plot of its metrics file: run by tests/test_readme_chain.py",
+    "hybrid calibrate --ranks 4 --out cpu.json": "the planner chain's calibration again (--ranks 4 is the default): "
+                                                 "run as written, at full size, by tests/test_readme_chain.py; the "
+                                                 "page's next command plans on CALIBRATED",
     "scripts/bench_pipeline.py --pp 2": "a 20-minute benchmark for a quiet machine; its --quick mode runs in "
                                         "tests/test_bench_smoke.py",
 }
+
+
+# `cpu.json` in each working directory: a profile `hybrid calibrate` wrote on this machine (8 ranks, round 14's main
+# job), standing for the output of docs/planner.md's `hybrid calibrate --ranks 4 --out cpu.json` (SKIP: README's
+# chain runs that command at full size and trains on its profile), which the page's `hybrid plan --hardware cpu.json`
+# reads; planning on it is the same code as on a fresh one (load_hardware, the search)
+CALIBRATED = os.path.join(ROOT, "docs", "results", "data", "mainjob_r14_run3.hw8.json")
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -142,9 +153,11 @@ WORKDIRS: dict[str, str] = {}
 def workdir(where, tmp_path_factory) -> str:
     """One working directory per doc file, shared by its commands in document order (a tokenizer, then the data
     it writes, then a run on it), holding what the commands name as their own input: `corpus.jsonl` (Python's
-    pydoc topics as JSON lines) and `path/to/config.json` (a tiny GPT-2 whose vocabulary holds a 4096 tokenizer)."""
+    pydoc topics as JSON lines), `path/to/config.json` (a tiny GPT-2 whose vocabulary holds a 4096 tokenizer) and
+    `cpu.json` (CALIBRATED)."""
     if where not in WORKDIRS:
         import json
+        import shutil
 
         from pydoc_data.topics import topics
         from transformers import GPT2Config
@@ -155,6 +168,7 @@ def workdir(where, tmp_path_factory) -> str:
         (d / "path" / "to").mkdir(parents=True)
         GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=256, vocab_size=4096).to_json_file(
             str(d / "path" / "to" / "config.json"))
+        shutil.copyfile(CALIBRATED, d / "cpu.json")
         WORKDIRS[where] = str(d)
     return WORKDIRS[where]
 
@@ -189,6 +203,11 @@ def test_the_docs_hold_the_commands_this_test_runs():
     assert any("--zero-stage 3 --offload-optimizer --offload-params --bf16" in c for _, c in COMMANDS)
     documented = {(w, p) for w, c in COMMANDS for p in _pieces(c)}
     assert {("docs/planner.md", c) for c in PRINTED_ON_THE_PAGE} <= documented, "an output check lost its command"
+    # docs/planner.md's `hybrid calibrate --ranks 4 --out cpu.json` is skipped as README's chain's own command
+    # (tests/test_readme_chain.py runs it): the same only while 4 is calibrate's default
+    from hybrid.planner.calibrate import CalibrationConfig
+    assert CalibrationConfig.ranks == 4 and any(
+        c.startswith("hybrid calibrate --out cpu.json && ") for w, c in COMMANDS if w == "README.md")
 
 
 def _check_printed_rows(where: str, part: str, stdout: str) -> None:

@@ -1,4 +1,8 @@
-"""Parallel training equals single-process training, and the main job's flags are checked."""
+"""Parallel training equals single-process training, and the main job's flags are checked.
+
+The single-process references run in the test process at one intra-op thread, as every rank does
+(tests/suite_threads.py: at torch's default two threads their OpenMP workers spin on the suite's shared cores); each
+is compared within RTOL (+ ATOL), never bit for bit, so the thread count's summation order is inside every bound."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from hybrid.testing import run_distributed
 from hybrid.tp import TPContext, gather_full, spec_of
 from hybrid.train_step import OptimizerConfig, train_step
 from models import build_model, load_config
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
