@@ -180,7 +180,10 @@ class IndexedDataset(_Sequences):
         self.document_indices = np.frombuffer(mm, dtype=np.int64, count=d, offset=HEADER_BYTES + 12 * n)
         # the first sequence at byte 0 (megatron-core's writer; the differences alone left the first pointer free,
         # and get() then sliced past the .bin's end -- a short sample -- or, negative, wrapped to its tail)
-        if n and (self.sequence_lengths.min() < 0 or self.sequence_pointers[0] != 0
+        if n and self.sequence_pointers[0] != 0:
+            raise ValueError(f"{flag} {path}: the first sequence starts at byte {int(self.sequence_pointers[0])} of "
+                             f"the .bin, not 0; the index is corrupt -- preprocess again")
+        if n and (self.sequence_lengths.min() < 0
                   or np.any(self.sequence_pointers[1:] - self.sequence_pointers[:-1]
                                                            != self.sequence_lengths[:-1].astype(np.int64)
                                                            * self.dtype.itemsize)):
