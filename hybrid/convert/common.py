@@ -25,6 +25,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def check_dst(dst: str) -> None:
     """DST is new (or an empty directory) in a writable place; ValueError otherwise."""
+    if os.path.islink(dst):  # the staged output is renamed onto DST: it could not fill the link's target
+        raise ValueError(f"DST {dst!r} is a symbolic link (to {os.readlink(dst)!r}); give the directory itself "
+                         f"(nothing is written through a link)")
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise ValueError(f"DST {dst!r} is a file, not a directory; give a new directory (nothing is overwritten)")
     if os.path.exists(dst) and os.listdir(dst):
