@@ -229,3 +229,87 @@ def test_a_plain_config_folder_without_auto_map_still_loads(hf_folder, tmp_path)
     """The refusal is of auto_map only: the same config.json without it is read (a preset-equal tiny GPT-2)."""
     from models.config import load_config
     assert load_config(hf_folder).num_layers == load_config("tiny-gpt2").num_layers
+
+
+# --- a stray safetensors file: DCP's HuggingFaceStorageReader reads every one of the folder ---------------------
+def _stray(folder: str, key: str = "transformer.wte.weight", name: str = "zzz_stray.safetensors") -> torch.Tensor:
+    from safetensors.torch import load_file, save_file
+    real = load_file(os.path.join(folder, "model.safetensors"))[key]
+    save_file({key: torch.zeros_like(real)}, os.path.join(folder, name))
+    return real
+
+
+def _converted_wte(out: str) -> torch.Tensor:
+    from hybrid.checkpoint import safe_read, store
+    it = store.final_path(out, 0)
+    meta = safe_read.read_metadata(it)
+    sd = {"model/wte.weight": torch.empty(tuple(meta.state_dict_metadata["model/wte.weight"].size))}
+    safe_read.load(sd, it, no_dist=True)
+    return sd["model/wte.weight"]
+
+
+def test_a_stray_safetensors_file_was_read_over_the_weights(hf_folder, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """The misread is live: with the new check switched off, `convert --no-verify` of a folder holding a second file
+    with the embedding (zeros) writes the zeros, without a word."""
+    from hybrid.convert import common
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    shutil.copytree(hf_folder, src)
+    real = _stray(src)
+    monkeypatch.setattr(common, "check_one_copy_each", lambda *a, **k: None)
+    _isolate(monkeypatch, tmp_path)
+    hybrid.cli.main(["convert", src, out, "--no-verify"])
+    wte = _converted_wte(out)
+    assert bool((wte == 0).all()) and not torch.equal(wte, real.float())
+
+
+def test_a_stray_safetensors_file_with_the_checkpoints_tensors_is_one_line(hf_folder, tmp_path, monkeypatch,  # noqa: F811
+                                                                           capsys):
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    shutil.copytree(hf_folder, src)
+    _stray(src)
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    before = tree(src)
+    line = one_line_error(hybrid.cli.main, ["convert", src, out], capsys)
+    assert line == (f"hybrid convert: error: SRC {src}: tensor transformer.wte.weight is in zzz_stray.safetensors "
+                    f"and in model.safetensors; convert reads every .safetensors file of the folder, so one would be "
+                    f"read over the other: move the file that is not the checkpoint's out of the folder")
+    assert tree(src) == before and not os.path.exists(out)
+
+
+def test_a_safetensors_file_of_other_tensors_is_left_alone(hf_folder, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """An adapter beside the weights (its own tensor names) is no conflict: the conversion reads the weights."""
+    from safetensors.torch import load_file, save_file
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    shutil.copytree(hf_folder, src)
+    save_file({"base_model.lora_A.weight": torch.ones(2, 2)}, os.path.join(src, "adapter_model.safetensors"))
+    _isolate(monkeypatch, tmp_path)
+    hybrid.cli.main(["convert", src, out])
+    real = load_file(os.path.join(src, "model.safetensors"))["transformer.wte.weight"]
+    assert torch.equal(_converted_wte(out)[:real.shape[0]], real.float())
+
+
+# --- a tokenizer that is not a regular file: read whole, a FIFO hung generate and /dev/zero filled memory ---------
+@pytest.mark.parametrize("where", ["--tokenizer", "in-the-folder"])
+def test_a_tokenizer_fifo_is_one_line_not_a_hang(where, hf_folder, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """A FIFO given as (or inside) the tokenizer: without the check generate blocks in read() -- here a writer
+    thread feeds it `{}` so a regression fails on the message instead of hanging the suite."""
+    import threading
+    src = str(tmp_path / "src")
+    shutil.copytree(hf_folder, src)
+    # in the folder: beside its regular tokenizer.json (every .json of a tokenizer folder is parsed first)
+    fifo = str(tmp_path / "tok.json") if where == "--tokenizer" else os.path.join(src, "vocab.json")
+    os.mkfifo(fifo)
+
+    def feed():
+        with open(fifo, "wb") as f:  # blocks until a reader opens it: only a regression does
+            f.write(b"{}")
+    threading.Thread(target=feed, daemon=True).start()
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    argv = ["generate", src, "--prompt-ids", "1,2", "--max-new-tokens", "2"]
+    line = one_line_error(hybrid.cli.main, argv + (["--tokenizer", fifo] if where == "--tokenizer" else []), capsys)
+    why = "--tokenizer" if where == "--tokenizer" else "carried with SRC"
+    assert line == (f"hybrid generate: error: tokenizer {fifo} ({why}): not a regular file (a FIFO, a device or a "
+                    f"dangling link); give --tokenizer a tokenizer folder or its tokenizer.json, or --prompt-ids")
+    os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # release the feeder

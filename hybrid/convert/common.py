@@ -62,7 +62,7 @@ def staged_dst(dst: str) -> Iterator[str]:
         raise
 
 
-def check_safetensors(src: str, what: str = "SRC") -> None:
+def check_safetensors(src: str, what: str = "SRC", every_file: bool = False) -> None:
     """Every safetensors file of a transformers folder opens (its header parses and covers the file) and every
     shard its index names exists: a truncated or corrupt one is one line naming it, before any work."""
     from models.hf_io import CheckpointReader
@@ -76,6 +76,32 @@ def check_safetensors(src: str, what: str = "SRC") -> None:
     missing = sorted({os.path.basename(f) for f in reader.files.values() if not os.path.isfile(f)})
     if missing:
         raise ValueError(f"{what} {src}: the index names missing shard files: {', '.join(missing[:3])}")
+    if every_file:
+        check_one_copy_each(src, {k: os.path.basename(f) for k, f in reader.files.items()}, what)
+
+
+def check_one_copy_each(src: str, owner: dict[str, str], what: str = "SRC") -> None:
+    """DCP's HuggingFaceStorageReader (convert's read) takes EVERY .safetensors file of the folder, not the index's:
+    a tensor found in a second file -- a shard of an older save, a file dropped in -- was read over the one the
+    index names, silently. Each tensor must be in one file, the one `owner` (the index, or model.safetensors) names;
+    files with other tensors only (an adapter) are left alone. ValueError naming the file otherwise."""
+    from safetensors import safe_open
+    seen: dict[str, str] = {}
+    for name in sorted(n for n in os.listdir(src) if n.endswith(".safetensors")):
+        try:
+            with safe_open(os.path.join(src, name), framework="pt") as f:
+                keys = list(f.keys())
+        except Exception as e:  # DCP's reader would open it too: its header error, as one line
+            raise ValueError(f"{what} {src}: {name} is not a readable safetensors file ({type(e).__name__}: "
+                             f"{(str(e).strip().splitlines() or [''])[0][:120]}); convert reads every .safetensors "
+                             f"file of the folder: move it out") from None
+        for key in keys:
+            if key in seen or owner.get(key, name) != name:
+                first = seen.get(key, owner.get(key))
+                raise ValueError(f"{what} {src}: tensor {key} is in {name} and in {first}; convert reads every "
+                                 f".safetensors file of the folder, so one would be read over the other: move the "
+                                 f"file that is not the checkpoint's out of the folder")
+            seen[key] = name
 
 
 def read_config(path: str, what: str) -> ModelConfig:
