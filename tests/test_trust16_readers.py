@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 import hybrid.cli
 from hybrid.data.indexed import HEADER_BYTES, IndexedDataset, IndexedDatasetWriter
-from test_trust import Payload, _isolate, _no_process_group, hf_folder, one_line_error, tree  # noqa: F401
+from test_trust import Payload, _isolate, _no_process_group, hf_folder, one_line_error, saved, tree  # noqa: F401
 
 train_main = importlib.import_module("hybrid.train.main")
 TINY = ["--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "1", "--eval-iters", "1"]
@@ -313,3 +313,53 @@ def test_a_tokenizer_fifo_is_one_line_not_a_hang(where, hf_folder, tmp_path, mon
     assert line == (f"hybrid generate: error: tokenizer {fifo} ({why}): not a regular file (a FIFO, a device or a "
                     f"dangling link); give --tokenizer a tokenizer folder or its tokenizer.json, or --prompt-ids")
     os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # release the feeder
+
+
+# --- hybrid -> transformers: what the export copies out of the checkpoint must be the checkpoint's --------------
+SECRET = '{"auths": {"registry.example": {"auth": "c2VjcmV0OnRva2Vu"}}}'  # a credentials JSON of the user's
+
+
+def _link_tokenizer(it_dir: str, secret: str) -> None:
+    os.symlink(secret, os.path.join(it_dir, "tokenizer.json"))  # not in the manifest: the copy is not checked
+
+
+def _recorded_tokenizer(it_dir: str, secret: str) -> None:
+    from hybrid.checkpoint import store
+    from test_trust import rehash
+    path = os.path.join(it_dir, store.STATE)
+    state = json.load(open(path))
+    state["args"].update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=secret)
+    json.dump(state, open(path, "w"))
+    rehash(it_dir)
+
+
+EXPORT_CASES = [
+    ("tokenizer-json-a-link", _link_tokenizer, "tokenizer.json is a symbolic link (to "),
+    ("recorded-tokenizer-model-not-a-tokenizer", _recorded_tokenizer,
+     "the run's --tokenizer-model {secret} (state.json): not a tokenizers file"),
+]
+
+
+@pytest.mark.parametrize("case", EXPORT_CASES, ids=[c[0] for c in EXPORT_CASES])
+def test_the_export_never_copies_a_file_from_outside_the_checkpoint(case, saved, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Before: `hybrid convert CKPT DST` copied the target of a tokenizer.json link, or whatever JSON file state.json
+    named as the run's --tokenizer-model, into DST/tokenizer.json -- a user's credentials in a folder made to be
+    shared. Now one line, and no DST."""
+    from hybrid.checkpoint import store
+    name, plant, fragment = case
+    secret = tmp_path / "home" / "config.json"
+    secret.parent.mkdir()
+    secret.write_text(SECRET)
+    ck = str(tmp_path / "ckpt")
+    shutil.copytree(saved, ck, symlinks=True)
+    plant(store.final_path(ck, 2), str(secret))
+    out = str(tmp_path / "out")
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    line = one_line_error(hybrid.cli.main, ["convert", ck, out], capsys)
+    assert line.startswith("hybrid convert: error: ") and fragment.format(secret=secret) in line, line
+    assert not os.path.exists(out) and not [n for n in os.listdir(tmp_path) if n.startswith(".out.tmp")]
+    found = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs
+             if f != "config.json" and not os.path.islink(os.path.join(d, f))
+             and SECRET.encode() in open(os.path.join(d, f), "rb").read()]
+    assert found == [], found  # the secret is nowhere but where it was
