@@ -363,3 +363,31 @@ def test_the_export_never_copies_a_file_from_outside_the_checkpoint(case, saved,
              if f != "config.json" and not os.path.islink(os.path.join(d, f))
              and SECRET.encode() in open(os.path.join(d, f), "rb").read()]
     assert found == [], found  # the secret is nowhere but where it was
+
+
+# --- the state owners' plain values in state.json: taken as they were (a string counter ran to the end) ---------
+OWNER_VALUES = [
+    ("fault.nan_consecutive", "many", 'fault.nan_consecutive is "many", expected a non-negative integer'),
+    ("fault.nan_skipped", {"a": 1}, 'fault.nan_skipped is {"a": 1}, expected a list of iterations'),
+    ("fault.nan_skipped", [3, -1], "fault.nan_skipped is [3, -1], expected a list of iterations"),
+    ("diloco.inflight", "x", 'diloco.inflight is "x", expected an integer >= -1'),
+]
+
+
+@pytest.mark.parametrize("key, value, fragment", OWNER_VALUES, ids=[f"{k}={v}" for k, v, _ in OWNER_VALUES])
+def test_a_forged_owner_value_in_state_json_is_one_line_before_any_process_group(key, value, fragment, saved,  # noqa: F811
+                                                                                 tmp_path, monkeypatch, capsys):
+    from hybrid.checkpoint import store
+    from test_trust import rehash
+    ck = str(tmp_path / "ckpt")
+    shutil.copytree(saved, ck, symlinks=True)
+    it = store.final_path(ck, 2)
+    state = json.load(open(os.path.join(it, store.STATE)))
+    state[key] = value
+    json.dump(state, open(os.path.join(it, store.STATE), "w"))
+    rehash(it)
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setattr(dist, "init_process_group", _no_process_group)
+    line = one_line_error(train_main.main, TINY[:-4] + ["--eval-iters", "1", "--load", ck, "--train-iters", "3"],
+                          capsys)
+    assert line.startswith("train.py: error: --load ") and f"state.json: {fragment}" in line, line

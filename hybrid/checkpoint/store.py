@@ -341,6 +341,7 @@ def read_state(directory: str) -> dict:
     for key in ("args", "model_identity", "scaler", "converted_from"):
         if key in state and not isinstance(state[key], dict):
             raise bad(key, state[key], "an object")
+    _check_owner_values(state, bad)
     if state.get("contents", "full") not in ("full", "model"):
         raise bad("contents", state.get("contents"), '"full" or "model"')
     if state.get("contents") != "model":
@@ -349,6 +350,19 @@ def read_state(directory: str) -> dict:
     if m and int(m.group(1)) != state["iteration"]:
         raise bad("iteration", state["iteration"], f"{int(m.group(1))} (the directory's name)")
     return state
+
+
+def _check_owner_values(state: dict, bad) -> None:
+    """The plain values the state owners put beside their tensors (hybrid/stateful.py), which their load_state_dict
+    takes as they are: the NaN guard's counters (a string there was accepted, and failed only at the next skipped
+    step) and DiLoCo's fragment in flight."""
+    if "fault.nan_consecutive" in state and not _count(state["fault.nan_consecutive"]):
+        raise bad("fault.nan_consecutive", state["fault.nan_consecutive"], "a non-negative integer")
+    skipped = state.get("fault.nan_skipped", [])
+    if not isinstance(skipped, list) or not all(_count(i) for i in skipped):
+        raise bad("fault.nan_skipped", skipped, "a list of iterations (non-negative integers)")
+    if "diloco.inflight" in state and (type(state["diloco.inflight"]) is not int or state["diloco.inflight"] < -1):
+        raise bad("diloco.inflight", state["diloco.inflight"], "an integer >= -1 (-1: none in flight)")
 
 
 def _check_scaler(state: dict, bad) -> None:
