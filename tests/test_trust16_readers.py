@@ -262,8 +262,8 @@ def test_a_stray_safetensors_file_was_read_over_the_weights(hf_folder, tmp_path,
     assert bool((wte == 0).all()) and not torch.equal(wte, real.float())
 
 
-def test_a_stray_safetensors_file_with_the_checkpoints_tensors_is_one_line(hf_folder, tmp_path, monkeypatch,  # noqa: F811
-                                                                           capsys):
+def test_a_stray_safetensors_file_with_the_checkpoints_tensors_is_one_line(
+        hf_folder, tmp_path, monkeypatch, capsys):  # noqa: F811
     src, out = str(tmp_path / "src"), str(tmp_path / "out")
     shutil.copytree(hf_folder, src)
     _stray(src)
@@ -341,7 +341,8 @@ EXPORT_CASES = [
 
 
 @pytest.mark.parametrize("case", EXPORT_CASES, ids=[c[0] for c in EXPORT_CASES])
-def test_the_export_never_copies_a_file_from_outside_the_checkpoint(case, saved, tmp_path, monkeypatch, capsys):  # noqa: F811
+def test_the_export_never_copies_a_file_from_outside_the_checkpoint(
+        case, saved, tmp_path, monkeypatch, capsys):  # noqa: F811
     """Before: `hybrid convert CKPT DST` copied the target of a tokenizer.json link, or whatever JSON file state.json
     named as the run's --tokenizer-model, into DST/tokenizer.json -- a user's credentials in a folder made to be
     shared. Now one line, and no DST."""
@@ -375,8 +376,8 @@ OWNER_VALUES = [
 
 
 @pytest.mark.parametrize("key, value, fragment", OWNER_VALUES, ids=[f"{k}={v}" for k, v, _ in OWNER_VALUES])
-def test_a_forged_owner_value_in_state_json_is_one_line_before_any_process_group(key, value, fragment, saved,  # noqa: F811
-                                                                                 tmp_path, monkeypatch, capsys):
+def test_a_forged_owner_value_in_state_json_is_one_line_before_any_process_group(
+        key, value, fragment, saved, tmp_path, monkeypatch, capsys):  # noqa: F811
     from hybrid.checkpoint import store
     from test_trust import rehash
     ck = str(tmp_path / "ckpt")

@@ -130,10 +130,11 @@ def copy_pass_through(src_dirs: list[str], dst: str) -> list[str]:
     copied = []
     for name in PASS_THROUGH:
         for d in src_dirs:
-            if d and os.path.islink(os.path.join(d, name)):  # copyfile follows it: ~/.ssh/id_rsa into the export
-                raise ValueError(f"{os.path.join(d, name)} is a symbolic link (to {os.readlink(os.path.join(d, name))!r}); "
-                                 f"a model folder's files are copied into DST only as regular files of the folder: "
-                                 f"replace the link with the file itself")
+            path = os.path.join(d, name) if d else ""
+            if path and os.path.islink(path):  # copyfile follows it: ~/.ssh/id_rsa into the export
+                raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)!r}); a model folder's files are "
+                                 f"copied into DST only as regular files of the folder: replace the link with the "
+                                 f"file itself")
             if d and os.path.isfile(os.path.join(d, name)):
                 shutil.copyfile(os.path.join(d, name), os.path.join(dst, name))
                 copied.append(name)
