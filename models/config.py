@@ -349,6 +349,11 @@ def read_config_json(file: str) -> dict:
     if kind not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"--model {file}: unsupported model_type {kind!r}; supported: "
                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    if "auto_map" in raw:  # transformers would quietly build its own `kind` class instead (no trust_remote_code)
+        names = raw["auto_map"] if isinstance(raw["auto_map"], dict) else {}
+        raise ValueError(f"--model {file}: auto_map names custom code ({', '.join(map(str, names)) or 'auto_map'}), "
+                         f"which hybrid never runs, so the model may not be the {kind} it builds; if it is a plain "
+                         f"{kind}, delete auto_map from config.json")
     for k, nullable in _SIZE_KEYS.items():
         v = raw.get(k)
         if k in raw and not (v is None and nullable):

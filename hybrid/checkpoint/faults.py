@@ -6,6 +6,9 @@ reads HYBRID_FAULT): a no-op unless it holds a `crash` fault naming the point.
     HYBRID_FAULT="crash:point=after_data"        every rank's files and .metadata written; no manifest, no rename
     HYBRID_FAULT="crash:point=before_rename"     manifest written, directory not yet renamed (rank 0 only: it
                                                  alone finalizes)
+    HYBRID_FAULT="crash:point=before_latest"     directory renamed (complete); `latest`'s new text written and
+                                                 fsynced under its temporary name, not yet renamed onto `latest`
+                                                 (rank 0 only)
     ...,rank=1          only on global rank 1 (default: every rank)
     ...,iteration=4     only in the save of iteration 4 (default: every save)
     ...,restart=1       only in torchrun's attempt 1 (TORCHELASTIC_RESTART_COUNT)
@@ -23,7 +26,7 @@ from hybrid.fault.inject import ENV, parse  # ENV: re-exported for tests that se
 
 __all__ = ["ENV", "POINTS", "SimulatedCrash", "crash_point"]
 
-POINTS = ("after_rank_files", "after_data", "before_rename")  # in the order a save passes them
+POINTS = ("after_rank_files", "after_data", "before_rename", "before_latest")  # in the order a save passes them
 
 
 class SimulatedCrash(RuntimeError):

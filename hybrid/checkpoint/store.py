@@ -12,11 +12,13 @@ A crash at any point leaves `latest` naming a complete directory (or no `latest`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 
 from hybrid.cliutil import is_finite
@@ -129,15 +131,31 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-def write_durable(path: str, text: str) -> None:
-    """Write `path` as tmp + fsync + rename + fsync of its directory."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(os.path.dirname(os.path.abspath(path)))
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once, at import (no other thread yet): the process's umask
+
+
+def write_durable(path: str, text: str, before_rename=None) -> None:
+    """Write `path` as tmp + fsync + rename + fsync of its directory. The temporary is a new file of a unique name
+    (mkstemp: O_CREAT | O_EXCL, which never follows a link): a fixed `path + ".tmp"` that someone made a link to a
+    file outside the folder would have been written through -- that file overwritten -- and the link renamed onto
+    `path`. A link at `path` itself is replaced, its target untouched."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)  # an ordinary file's mode, as open() gave (mkstemp: 0600)
+            os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()  # test-only crash point (finalize's `latest`): the temporary whole, not yet renamed
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    fsync_path(directory)
 
 
 def rank_files(directory: str, rank: int) -> list[str]:
@@ -164,17 +182,27 @@ def finalize(root: str, iteration: int, files: dict[str, dict], state: dict) -> 
         shutil.rmtree(final)
     os.replace(tmp, final)
     fsync_path(root)
-    write_durable(os.path.join(root, LATEST), iter_name(iteration) + "\n")
+    write_durable(os.path.join(root, LATEST), iter_name(iteration) + "\n",
+                  before_rename=lambda: crash_point("before_latest", iteration))
     return final
 
 
 def clean_partial(root: str) -> list[str]:
-    """Remove leftover .tmp directories (a save that died); returns their names."""
+    """Remove leftover .tmp directories (a save that died) and `latest`'s temporaries (write_durable's, killed
+    before its rename); returns their names. A link is unlinked, never followed: rmtree refuses one (and
+    ignore_errors hid that), so an iter_N.tmp linked to another folder stayed, and the save then failed on it."""
     gone = []
     if os.path.isdir(root):
         for name in sorted(os.listdir(root)):
-            if name.startswith("iter_") and name.endswith(".tmp"):
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            path = os.path.join(root, name)
+            if name.startswith(f".{LATEST}.") and name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            elif name.startswith("iter_") and name.endswith(".tmp"):
+                if os.path.islink(path) or not os.path.isdir(path):
+                    os.unlink(path)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
                 gone.append(name)
     return gone
 
@@ -313,6 +341,7 @@ def read_state(directory: str) -> dict:
     for key in ("args", "model_identity", "scaler", "converted_from"):
         if key in state and not isinstance(state[key], dict):
             raise bad(key, state[key], "an object")
+    _check_owner_values(state, bad)
     if state.get("contents", "full") not in ("full", "model"):
         raise bad("contents", state.get("contents"), '"full" or "model"')
     if state.get("contents") != "model":
@@ -321,6 +350,19 @@ def read_state(directory: str) -> dict:
     if m and int(m.group(1)) != state["iteration"]:
         raise bad("iteration", state["iteration"], f"{int(m.group(1))} (the directory's name)")
     return state
+
+
+def _check_owner_values(state: dict, bad) -> None:
+    """The plain values the state owners put beside their tensors (hybrid/stateful.py), which their load_state_dict
+    takes as they are: the NaN guard's counters (a string there was accepted, and failed only at the next skipped
+    step) and DiLoCo's fragment in flight."""
+    if "fault.nan_consecutive" in state and not _count(state["fault.nan_consecutive"]):
+        raise bad("fault.nan_consecutive", state["fault.nan_consecutive"], "a non-negative integer")
+    skipped = state.get("fault.nan_skipped", [])
+    if not isinstance(skipped, list) or not all(_count(i) for i in skipped):
+        raise bad("fault.nan_skipped", skipped, "a list of iterations (non-negative integers)")
+    if "diloco.inflight" in state and (type(state["diloco.inflight"]) is not int or state["diloco.inflight"] < -1):
+        raise bad("diloco.inflight", state["diloco.inflight"], "an integer >= -1 (-1: none in flight)")
 
 
 def _check_scaler(state: dict, bad) -> None:

@@ -40,6 +40,7 @@ import time
 
 import torch
 
+from hybrid.cliutil import atomic_output, check_output_file
 from hybrid.comm import Group
 from hybrid.compress import powersgd as psgd
 from hybrid.compress.reduction import PowerSGDReduction
@@ -257,6 +258,11 @@ def main(argv=None) -> dict:
         p.error(f"--only: groups are {', '.join(GROUPS)}")
     if not 2 <= args.start < args.steps:
         p.error(f"--start must be >= 2 and below --steps ({args.steps})")
+    if args.json is not None:
+        try:
+            check_output_file("--json", args.json)  # before the run, not after its minutes
+        except ValueError as e:
+            p.error(str(e))
     from hybrid.testing import run_distributed
     t0 = time.time()
     res = run_distributed(_rank, 2, args=(args,), timeout=3600)[0]
@@ -264,7 +270,7 @@ def main(argv=None) -> dict:
            "stats": summarise(res["records"]), "adam": res["adam"]}
     print(f"final loss (mean of the last 10) {out['final']:.4f} ({time.time() - t0:.0f} s)", file=sys.stderr)
     if args.json:
-        with open(args.json, "w") as f:
+        with atomic_output(args.json) as tmp, open(tmp, "w") as f:  # whole or not at all
             json.dump(out, f)
     return out
 

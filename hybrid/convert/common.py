@@ -25,6 +25,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def check_dst(dst: str) -> None:
     """DST is new (or an empty directory) in a writable place; ValueError otherwise."""
+    if os.path.islink(dst):  # the staged output is renamed onto DST: it could not fill the link's target
+        raise ValueError(f"DST {dst!r} is a symbolic link (to {os.readlink(dst)!r}); give the directory itself "
+                         f"(nothing is written through a link)")
     if os.path.exists(dst) and not os.path.isdir(dst):
         raise ValueError(f"DST {dst!r} is a file, not a directory; give a new directory (nothing is overwritten)")
     if os.path.exists(dst) and os.listdir(dst):
@@ -59,7 +62,7 @@ def staged_dst(dst: str) -> Iterator[str]:
         raise
 
 
-def check_safetensors(src: str, what: str = "SRC") -> None:
+def check_safetensors(src: str, what: str = "SRC", every_file: bool = False) -> None:
     """Every safetensors file of a transformers folder opens (its header parses and covers the file) and every
     shard its index names exists: a truncated or corrupt one is one line naming it, before any work."""
     from models.hf_io import CheckpointReader
@@ -73,6 +76,32 @@ def check_safetensors(src: str, what: str = "SRC") -> None:
     missing = sorted({os.path.basename(f) for f in reader.files.values() if not os.path.isfile(f)})
     if missing:
         raise ValueError(f"{what} {src}: the index names missing shard files: {', '.join(missing[:3])}")
+    if every_file:
+        check_one_copy_each(src, {k: os.path.basename(f) for k, f in reader.files.items()}, what)
+
+
+def check_one_copy_each(src: str, owner: dict[str, str], what: str = "SRC") -> None:
+    """DCP's HuggingFaceStorageReader (convert's read) takes EVERY .safetensors file of the folder, not the index's:
+    a tensor found in a second file -- a shard of an older save, a file dropped in -- was read over the one the
+    index names, silently. Each tensor must be in one file, the one `owner` (the index, or model.safetensors) names;
+    files with other tensors only (an adapter) are left alone. ValueError naming the file otherwise."""
+    from safetensors import safe_open
+    seen: dict[str, str] = {}
+    for name in sorted(n for n in os.listdir(src) if n.endswith(".safetensors")):
+        try:
+            with safe_open(os.path.join(src, name), framework="pt") as f:
+                keys = list(f.keys())
+        except Exception as e:  # DCP's reader would open it too: its header error, as one line
+            raise ValueError(f"{what} {src}: {name} is not a readable safetensors file ({type(e).__name__}: "
+                             f"{(str(e).strip().splitlines() or [''])[0][:120]}); convert reads every .safetensors "
+                             f"file of the folder: move it out") from None
+        for key in keys:
+            if key in seen or owner.get(key, name) != name:
+                first = seen.get(key, owner.get(key))
+                raise ValueError(f"{what} {src}: tensor {key} is in {name} and in {first}; convert reads every "
+                                 f".safetensors file of the folder, so one would be read over the other: move the "
+                                 f"file that is not the checkpoint's out of the folder")
+            seen[key] = name
 
 
 def read_config(path: str, what: str) -> ModelConfig:
@@ -101,6 +130,11 @@ def copy_pass_through(src_dirs: list[str], dst: str) -> list[str]:
     copied = []
     for name in PASS_THROUGH:
         for d in src_dirs:
+            path = os.path.join(d, name) if d else ""
+            if path and os.path.islink(path):  # copyfile follows it: ~/.ssh/id_rsa into the export
+                raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)!r}); a model folder's files are "
+                                 f"copied into DST only as regular files of the folder: replace the link with the "
+                                 f"file itself")
             if d and os.path.isfile(os.path.join(d, name)):
                 shutil.copyfile(os.path.join(d, name), os.path.join(dst, name))
                 copied.append(name)

@@ -96,7 +96,7 @@ def hf_to_hybrid(src: str, dst: str, verify: bool = True, log=print, target: Tar
     check_dst(dst)
     cfg = read_config(src, "SRC")
     check_target(cfg, target)
-    check_safetensors(src)
+    check_safetensors(src, every_file=True)  # DCP's reader below reads every .safetensors file of the folder
     tensors = _read_hf_folder(src, cfg)
     state = model_state(cfg, src, {"format": "transformers", "path": os.path.abspath(src)}, target)
     line = "verify: skipped (--no-verify)"

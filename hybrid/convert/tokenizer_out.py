@@ -83,8 +83,16 @@ def export_tokenizer(dst: str, carried: list[str], state: dict, max_length: int)
         return "tokenizer: carried with the source (" + ", ".join(n for n in carried if "token" in n) + ")"
     args = state.get("args") or {}
     if args.get("tokenizer_type") == "HuggingFaceTokenizer" and args.get("tokenizer_model"):
+        from tokenizers import Tokenizer
+
         from hybrid.data.tokenizer import EOD_NAMES, tokenizer_file
         src = tokenizer_file(args["tokenizer_model"])
+        try:  # a path state.json names: copied into the export only if it is a tokenizer (not any JSON, e.g. keys)
+            Tokenizer.from_file(src)
+        except Exception as e:  # tokenizers raises its own Exception type
+            raise ValueError(f"the run's --tokenizer-model {args['tokenizer_model']} (state.json): not a tokenizers "
+                             f"file ({(str(e).strip().splitlines() or [''])[0][:80]}); nothing copied -- copy the "
+                             f"tokenizer files into the export yourself") from None
         shutil.copyfile(src, os.path.join(dst, "tokenizer.json"))
         with open(src) as f:
             names = {t.get("content") for t in json.load(f).get("added_tokens", [])}

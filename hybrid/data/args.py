@@ -168,7 +168,10 @@ def check_token_ids(datasets: list, vocab_size: int) -> None:
         if getattr(d, "byte_text", False):
             top = BYTE_VOCAB - 1
         elif d.num_tokens * d.dtype.itemsize <= SCAN_BYTES:
-            top = d.max_token()
+            low, top = d.token_range()
+            if low < 0:  # a signed dtype's negative id: an embedding lookup would fail mid-run (or read a wrong row)
+                raise ValueError(f"--data-path {d.prefix}: token id {low} is negative; token ids are 0 .. "
+                                 f"vocabulary - 1: preprocess again with scripts/preprocess_data.py")
         else:
             continue
         if top >= vocab_size:

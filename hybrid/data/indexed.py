@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import struct
+import tempfile
 from typing import Iterable
 
 import numpy as np
@@ -61,7 +62,9 @@ class IndexedDatasetWriter:
         if np.dtype(dtype) not in CODES:
             raise ValueError(f"indexed dataset dtype {dtype} not in {sorted(t.__name__ for t in DTYPES.values())}")
         self.prefix, self.dtype = prefix, np.dtype(dtype)
-        self._tmp_bin = bin_path(prefix) + ".tmp"
+        # unique new files (mkstemp: O_EXCL, never through a link): a fixed PREFIX.bin.tmp was written through a
+        # link planted there, and shared by two runs on one prefix (each then abort()ed the other's)
+        self._tmp_bin, self._tmp_idx = _temporary(bin_path(prefix)), _temporary(idx_path(prefix))
         self._bin = open(self._tmp_bin, "wb")
         self.sequence_lengths: list[int] = []
         self.document_indices: list[int] = [0]
@@ -74,16 +77,27 @@ class IndexedDatasetWriter:
 
     def finalize(self) -> None:
         self._bin.close()
-        tmp_idx = idx_path(self.prefix) + ".tmp"
-        write_index(tmp_idx, self.dtype, self.sequence_lengths, self.document_indices)
+        write_index(self._tmp_idx, self.dtype, self.sequence_lengths, self.document_indices)
         os.replace(self._tmp_bin, bin_path(self.prefix))
-        os.replace(tmp_idx, idx_path(self.prefix))
+        os.replace(self._tmp_idx, idx_path(self.prefix))
 
     def abort(self) -> None:
+        """Remove this writer's own temporaries (nothing else)."""
         self._bin.close()
-        for p in (self._tmp_bin, idx_path(self.prefix) + ".tmp"):
-            if os.path.exists(p):
+        for p in (self._tmp_bin, self._tmp_idx):
+            if os.path.lexists(p):
                 os.remove(p)
+
+
+def _temporary(path: str) -> str:
+    """A new empty file beside `path` (`.NAME.XXXXXXXX.tmp`), mode as open() would give it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    os.close(fd)
+    return tmp
 
 
 def write_index(path: str, dtype: np.dtype, lengths: list[int], document_indices: list[int]) -> None:
@@ -152,6 +166,9 @@ class IndexedDataset(_Sequences):
             raise ValueError(f"{flag} {path}: index version {version}, only {VERSION} is known")
         if code not in DTYPES:
             raise ValueError(f"{flag} {path}: unknown dtype code {code}")
+        if np.dtype(DTYPES[code]).kind == "f":  # the format allows them; token ids cast from 2.5 or NaN would not be
+            raise ValueError(f"{flag} {path}: dtype code {code} ({np.dtype(DTYPES[code]).name}): token ids are "
+                             f"integers; preprocess again (scripts/preprocess_data.py writes uint16 or int32)")
         plain, modes = HEADER_BYTES + 12 * n + 8 * d, HEADER_BYTES + 13 * n + 8 * d
         if size not in (plain, modes):
             raise ValueError(f"{flag} {path}: {size} bytes, but {n} sequences and {d} document entries need "
@@ -161,7 +178,13 @@ class IndexedDataset(_Sequences):
         self.sequence_lengths = np.frombuffer(mm, dtype=np.int32, count=n, offset=HEADER_BYTES)
         self.sequence_pointers = np.frombuffer(mm, dtype=np.int64, count=n, offset=HEADER_BYTES + 4 * n)
         self.document_indices = np.frombuffer(mm, dtype=np.int64, count=d, offset=HEADER_BYTES + 12 * n)
-        if n and (self.sequence_lengths.min() < 0 or np.any(self.sequence_pointers[1:] - self.sequence_pointers[:-1]
+        # the first sequence at byte 0 (megatron-core's writer; the differences alone left the first pointer free,
+        # and get() then sliced past the .bin's end -- a short sample -- or, negative, wrapped to its tail)
+        if n and self.sequence_pointers[0] != 0:
+            raise ValueError(f"{flag} {path}: the first sequence starts at byte {int(self.sequence_pointers[0])} of "
+                             f"the .bin, not 0; the index is corrupt -- preprocess again")
+        if n and (self.sequence_lengths.min() < 0
+                  or np.any(self.sequence_pointers[1:] - self.sequence_pointers[:-1]
                                                            != self.sequence_lengths[:-1].astype(np.int64)
                                                            * self.dtype.itemsize)):
             raise ValueError(f"{flag} {path}: sequence offsets disagree with the lengths; the index is corrupt")
@@ -177,10 +200,15 @@ class IndexedDataset(_Sequences):
 
     def max_token(self, chunk: int = 1 << 26) -> int:
         """The largest token id (reads the whole .bin once, in chunks; -1 when empty)."""
-        best = -1
+        return self.token_range(chunk)[1]
+
+    def token_range(self, chunk: int = 1 << 26) -> tuple[int, int]:
+        """(smallest, largest) token id (reads the whole .bin once, in chunks; (0, -1) when empty)."""
+        low, best = 0, -1
         for s in range(0, self._bin.size, chunk):
-            best = max(best, int(self._bin[s:s + chunk].max()))
-        return best
+            part = self._bin[s:s + chunk]
+            low, best = min(low, int(part.min())), max(best, int(part.max()))
+        return low, best
 
 
 class InMemoryDocuments(_Sequences):
@@ -203,3 +231,6 @@ class InMemoryDocuments(_Sequences):
 
     def max_token(self) -> int:
         return int(self._tokens.max()) if self._tokens.size else -1
+
+    def token_range(self) -> tuple[int, int]:
+        return (min(0, int(self._tokens.min())), self.max_token()) if self._tokens.size else (0, -1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 from typing import Iterator
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_dir, fail, int_in
@@ -105,15 +106,19 @@ def train(paths: list[str] | None, vocab_size: int, output: str, key: str = "tex
               "model_max_length": 1 << 30}
     special = {"bos_token": EOD, "eos_token": EOD, "unk_token": EOD}
     os.makedirs(output, exist_ok=True)
-    # each file written beside its final name and renamed over it only once all three are written
+    # each file written beside its final name and renamed over it only once all three are written; the
+    # temporaries are new files of unique names (mkstemp: O_EXCL, never through a link -- a fixed
+    # `.tokenizer.json.tmp` someone linked elsewhere was written through)
     staged = []
     try:
         for name, write in (("tokenizer.json", lambda p: tok.save(p)),
                             ("tokenizer_config.json", lambda p: _dump(config, p)),
                             ("special_tokens_map.json", lambda p: _dump(special, p))):
-            tmp = os.path.join(output, f".{name}.tmp")
-            write(tmp)
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=output)
+            os.fchmod(fd, 0o666 & ~_umask())
+            os.close(fd)
             staged.append((tmp, os.path.join(output, name)))
+            write(tmp)
     except BaseException:
         for tmp, _ in staged:
             os.remove(tmp)
@@ -138,6 +143,12 @@ def check_fresh_output(path: str) -> None:
         raise ValueError(f"--output {path!r} is a checkpoint or model folder (it holds latest, config.json or "
                          f"iter_*); hybrid generate and convert would take a tokenizer written there as that "
                          f"model's: give the tokenizer a directory of its own")
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def _dump(obj: dict, path: str) -> None:

@@ -248,6 +248,11 @@ def _tokenizer_codec(path: str, why: str) -> TextCodec:
     files = [os.path.join(path, n) for n in sorted(os.listdir(path)) if n.endswith(".json")] \
         if os.path.isdir(path) else [path]
     for f in files:  # each JSON file parses: the error can then name the one that does not
+        if not os.path.isfile(f) and not os.path.isdir(f):  # read whole below: a FIFO would hang, /dev/zero fill memory
+            raise ValueError(f"tokenizer {f} ({why}): not a regular file (a FIFO, a device or a dangling link); give "
+                             f"--tokenizer a tokenizer folder or its tokenizer.json, or --prompt-ids")
+        if os.path.isdir(f):
+            continue
         try:
             with open(f, "rb") as fh:
                 json.loads(fh.read().decode("utf-8"))
