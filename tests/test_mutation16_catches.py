@@ -121,3 +121,138 @@ def test_each_checkpoint_records_the_samples_consumed_through_its_iteration(tmp_
     assert store.complete_iterations(save) == [1, 2]
     for i in (1, 2):
         assert store.read_state(store.final_path(save, i))["consumed_samples"] == i * G, i
+
+
+# --- DL-inflight-f0: a checkpoint taken with fragment 0's outer all-reduce in flight lands it after the load -------
+class _Done:
+    def wait(self) -> None:
+        pass
+
+
+class _OneReplica:
+    """The cross-replica group of a run with one replica: the average of the deltas is this rank's own."""
+
+    size = 1
+
+    def all_reduce_async(self, t: torch.Tensor, tag: str = "") -> _Done:
+        return _Done()
+
+
+class _Masters:
+    """What DiLoCo and its checkpoint state read of a ZeroOptimizer: its master segments (one view a unit here),
+    the hooks around writing them, and a geometry with no shared (tied) pieces."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, views: list[torch.Tensor]):
+        from types import SimpleNamespace
+        self.units = [SimpleNamespace(views=[v], shard_range=(0, 0), params=[], offsets=[], segments=[]) for v in views]
+        self.mesh = SimpleNamespace(tp=SimpleNamespace(rank=0))
+        self.model = torch.nn.Module()
+
+    def wait_params(self) -> None:
+        pass
+
+    def before_param_writes(self) -> None:
+        pass
+
+    def sync_params_from_master(self) -> None:
+        pass
+
+
+def test_a_checkpoint_with_fragment_0_in_flight_resumes_as_the_uninterrupted_run():
+    """Streaming DiLoCo, H = 4, K = 2 fragments, tau = 1, Nesterov mu = 0.9, one replica (the average is the
+    replica's own delta): fragment 0 is posted after step 1 and lands after step 2. A checkpoint after step 1 holds
+    its delta as "pending" and "inflight" = 0 (hybrid/diloco/state.py); a run rebuilt from that state (theta, the
+    momentum, the pending delta and the weights copied in, as DCP fills them; then load_state_dict) must apply it
+    at step 2 and follow the uninterrupted run bit for bit through two rounds. The mutant landing only a fragment
+    > 0 (`> 0` for `>= 0`) dropped fragment 0's outer step; every mid-flight resume test is slow
+    (test_diloco_checkpoint)."""
+    from hybrid.diloco import state
+    from hybrid.diloco.args import DiLoCoConfig
+    from hybrid.diloco.outer import DiLoCo
+    cfg = DiLoCoConfig(inner_steps=4, outer_lr=0.7, outer_momentum=0.9, fragments=2, fragment_sync_delay=1)
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(3, 4, generator=gen), torch.randn(5, generator=gen)]
+    steps = [[0.1 * torch.randn(t.shape, generator=gen) for t in start] for _ in range(8)]  # the inner steps' moves
+
+    def run(d: DiLoCo, weights: list[torch.Tensor], first: int, last: int) -> None:
+        for it in range(first, last):
+            for w, s in zip(weights, steps[it]):
+                w.add_(s)
+            d.after_step(it)
+
+    straight = [t.clone() for t in start]
+    a = DiLoCo(cfg, _Masters(straight), _OneReplica())
+    run(a, straight, 0, 8)
+    first = [t.clone() for t in start]
+    b = DiLoCo(cfg, _Masters(first), _OneReplica())
+    run(b, first, 0, 2)
+    assert b.inflight is not None and b.inflight.f == 0  # fragment 0 in flight at the save
+    b.complete()  # what state_dict does first
+    resumed = [t.clone() for t in first]
+    c = DiLoCo(cfg, _Masters(resumed), _OneReplica())
+    for i in range(len(start)):
+        c.anchors[i].copy_(b.anchors[i])
+        c.momentum(i).copy_(b.momentum(i))
+        c.pending[i].copy_(b.pending[i])
+    state.load_state_dict(c, {"inflight": b.inflight.f})
+    run(c, resumed, 2, 8)
+    for w, want in zip(resumed, straight):
+        assert torch.equal(w, want)
+
+
+# --- FP16-goodreset: an overflow restarts the loss scale's growth window -------------------------------------------
+def test_fp16_loss_scale_follows_torchs_dynamic_scaler_through_overflows():
+    """The engine's dynamic loss scale (ZeroOptimizer._update_loss_scale: halve on overflow, double after
+    --loss-scale-window good steps) against torch's GradScaler kernel (torch._amp_update_scale_, backoff 0.5,
+    growth 2, growth interval = the window), step by step over a sequence with overflows inside a window: after
+    an overflow the count of good steps starts again, as torch's growth tracker, Megatron's DynamicGradScaler and
+    DeepSpeed's last_overflow_iter do. The mutant keeping the count across the overflow (doubling early) passed
+    test_zero's fp16 cases, whose overflows do not fall inside a window. The scale stays far above
+    --min-loss-scale here (torch has none)."""
+    from types import SimpleNamespace
+
+    from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
+    window = 3
+    cfg = ZeroConfig(precision=Precision.FP16, loss_scale_window=window, initial_loss_scale=2.0 ** 16)
+    engine = SimpleNamespace(cfg=cfg, loss_scale=cfg.initial_loss_scale, good_steps=0, skipped_steps=0)
+    scale, tracker = torch.tensor([cfg.initial_loss_scale]), torch.zeros(1, dtype=torch.int32)
+    overflows = "..x.....x.x...x..."  # x: the step's gradients overflowed
+    for i, o in enumerate(overflows):
+        ZeroOptimizer._update_loss_scale(engine, o == "x")
+        torch._amp_update_scale_(scale, tracker, torch.tensor([float(o == "x")]), 2.0, 0.5, window)
+        assert engine.loss_scale == scale.item(), (i, overflows[:i + 1])
+    assert engine.skipped_steps == overflows.count("x")
+
+
+# --- FT-straggler-peers: a straggler is slow against the ranks of its own pipeline stage ---------------------------
+def test_a_pipeline_stage_that_is_slower_as_a_whole_names_no_straggler_but_a_slow_rank_in_it_is_named():
+    """slow_ranks on a table of 4 ranks, pp 2 x dp 2: the last stage's forward takes twice the first's on both of
+    its ranks (it holds the head and the loss) -- no straggler, its peers (the other rank of that stage) are as
+    slow. Then one first-stage rank's forward doubles: it alone is named, against its stage peer. The mutant taking
+    every other rank as peers named both last-stage ranks; it passed every test: test_step_split reads only the
+    time split, and test_fault_nodes' straggler runs (slow) have one pipeline stage."""
+    from types import SimpleNamespace
+
+    from hybrid.fault.straggler import COLUMNS, slow_ranks
+    from hybrid.mesh import ParallelDims
+    dims = ParallelDims.from_world(4, pp=2)
+    mesh = SimpleNamespace(dims=dims)
+    stage = [dims.coords(r).pp for r in range(4)]
+    assert sorted(stage) == [0, 0, 1, 1]
+    col = {name: 1 + i for i, name in enumerate(COLUMNS)}
+
+    def table(forward: list[float]) -> torch.Tensor:
+        t = torch.zeros(4, 5, 1 + len(COLUMNS), dtype=torch.float64)  # 5 steps, seconds
+        for r in range(4):
+            t[r, :, col["forward"]] = forward[r]
+            t[r, :, col["backward"]] = 0.2
+            t[r, :, 0] = forward[r] + 0.2
+        return t
+
+    balanced = [0.1 if s == 0 else 0.2 for s in stage]
+    assert slow_ranks(table(balanced), mesh, 1.5, 1, 5) == ["straggler: none (iterations 1-5, factor 1.5)"]
+    slow = stage.index(0)
+    lines = slow_ranks(table([f * 2 if r == slow else f for r, f in enumerate(balanced)]), mesh, 1.5, 1, 5)
+    assert len(lines) == 1 and lines[0].startswith(f"straggler: rank {slow} is slower than its 1 peers in forward")
