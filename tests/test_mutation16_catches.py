@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from hybrid.comm import CommLedger, Group
+from hybrid.planner import Cluster, Layout, Workload, hardware
+from hybrid.planner.reference import gpt_model
 
 
 # --- REC-full-sp: the planner's activations under sequence parallelism, against the runtime's saved tensors ---------
@@ -256,3 +258,27 @@ def test_a_pipeline_stage_that_is_slower_as_a_whole_names_no_straggler_but_a_slo
     slow = stage.index(0)
     lines = slow_ranks(table([f * 2 if r == slow else f for r, f in enumerate(balanced)]), mesh, 1.5, 1, 5)
     assert len(lines) == 1 and lines[0].startswith(f"straggler: rank {slow} is slower than its 1 peers in forward")
+
+
+# --- PL-pp-sp: a pipeline message sharing the DP ring's link is the SP-split one the runtime sends -----------------
+@pytest.mark.parametrize("sp", [False, True], ids=["no-sp", "sp"])
+def test_a_pipeline_send_on_the_dp_link_is_priced_at_the_message_the_runtime_sends(sp):
+    """GPT-3 2.7B-sized, 32 A100s (4 nodes), tp 2 x pp 2 x dp 8: the pipeline crosses nodes and so does the DP
+    ring, so each pipeline send competes with the ring on the NICs (time._pp_send_on_dp_link). Its seconds are
+    p2p_seconds of one send@pp message of step_ledger -- the ledger test_planner_runtime checks against the
+    runtime's CommLedger: b s h / t bytes under SP. The mutant pricing the whole b s h under SP lived through every
+    fast planner test (they price this term only without SP, or on one node)."""
+    from hybrid.planner.hardware import p2p_seconds
+    from hybrid.planner.layout import pipeline_crosses_nodes
+    from hybrid.planner.predicted_comm import step_ledger
+    from hybrid.planner.time import _context, _pp_send_on_dp_link
+    work = Workload(gpt_model(32, 2560, 32, 51200, 2048), global_batch=64, seq_length=2048)
+    cluster = Cluster(gpus=32, hw=hardware("a100-80g"))
+    layout = Layout(tp=2, pp=2, dp=8, micro_batch=1, sequence_parallel=sp)
+    ctx = _context(work, cluster, layout)
+    crosses = pipeline_crosses_nodes(cluster, layout)
+    assert crosses and ctx.dp_group.spans_nodes
+    send = step_ledger(work, layout, 0)["send@pp"]
+    message = send["bytes"] / send["calls"]
+    assert message == 2048 * 2560 * 2 / (2 if sp else 1)  # b s h bf16, / t under SP
+    assert _pp_send_on_dp_link(ctx) == pytest.approx(p2p_seconds(ctx.cluster.hw, message, True), rel=1e-12)
