@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hybrid.comm import CommLedger, Group
-from hybrid.planner import Cluster, Layout, Workload, hardware
+from hybrid.planner import Cluster, Layout, Workload, ZeroStage, hardware
 from hybrid.planner.reference import gpt_model
 
 
@@ -53,8 +53,8 @@ def test_saved_activations_under_sequence_parallelism_equal_the_plan_for_every_r
     was caught only by test_planner_runtime's 8-rank launch. This is the same comparison in-process, in ~0.1 s."""
     from hybrid.measured_memory import SavedActivationLedger
     from hybrid.pipeline import ScheduleKind
-    from hybrid.planner import Cluster, Layout, hardware, plan_memory
-    from hybrid.planner.layout import Recompute, Workload, ZeroStage
+    from hybrid.planner import plan_memory
+    from hybrid.planner.layout import Recompute
     from hybrid.planner.model import ActivationProfile, Precision
     from hybrid.tp import TPContext
     from hybrid.train_step import LocalForwardBackward
@@ -282,3 +282,50 @@ def test_a_pipeline_send_on_the_dp_link_is_priced_at_the_message_the_runtime_sen
     message = send["bytes"] / send["calls"]
     assert message == 2048 * 2560 * 2 / (2 if sp else 1)  # b s h bf16, / t under SP
     assert _pp_send_on_dp_link(ctx) == pytest.approx(p2p_seconds(ctx.cluster.hw, message, True), rel=1e-12)
+
+
+# --- Z3-offload-host: offloading moves model-state bytes to the host, it never drops them ---------------------------
+@pytest.mark.parametrize("zero", [ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS])
+def test_offloaded_states_move_to_the_host_byte_for_byte(zero):
+    """The ZeRO paper's mixed-precision states, 2 + 2 + K (K = 12) bytes a parameter, each divided by Nd from its
+    stage on; ZeRO-Offload / ZeRO-Infinity move the optimizer states (and at ZeRO 3 the bf16 parameters) to the
+    host: device + host stays the stage's total, the host holds exactly the moved parts. Pure arithmetic on
+    model_states; the mutant dropping the parameters from the host (params offloaded, counted nowhere) lived
+    through every fast test in-process -- only the headline case of test_planner_runtime (8 ranks) reads the
+    host bytes of OPTIMIZER_AND_PARAMS."""
+    from hybrid.planner.layout import Offload
+    from hybrid.planner.model import Precision
+    from hybrid.planner.predicted_memory import model_states
+    psi, nd = 1_000_000.0, 8
+    params = 2 * psi / (nd if zero >= ZeroStage.PARAMETERS else 1)
+    grads = 2 * psi / (nd if zero >= ZeroStage.GRADIENTS else 1)
+    optimizer = 12 * psi / nd
+    plain = model_states(psi, zero, nd, Offload.NONE, Precision.MIXED)
+    assert (plain.params, plain.grads, plain.optimizer, plain.host) == (params, grads, optimizer, 0.0)
+    moved = model_states(psi, zero, nd, Offload.OPTIMIZER, Precision.MIXED)
+    assert (moved.params, moved.grads, moved.optimizer, moved.host) == (params, grads, 0.0, optimizer)
+    if zero is ZeroStage.PARAMETERS:
+        both = model_states(psi, zero, nd, Offload.OPTIMIZER_AND_PARAMS, Precision.MIXED)
+        assert (both.params, both.grads, both.optimizer, both.host) == (0.0, grads, 0.0, optimizer + params)
+
+
+# --- PL-opt-zero1 / PL-offload-pcie: the optimizer step's partition, and what offload moves over PCIe --------------
+@pytest.mark.parametrize("zero", [ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS])
+def test_the_optimizer_step_prices_the_ranks_partition_and_offload_moves_gradients_out_and_parameters_back(zero):
+    """From ZeRO 1 on each of Nd ranks steps Psi / Nd parameters: the step costs what ZeRO 0 costs for Psi / Nd
+    (the same passes, kernels and calibrated CPU terms). Offloaded (ZeRO-Offload, Ren et al. 2021, Sec. 4.1), the
+    partition's bf16 gradients go to the host and its updated bf16 parameters come back -- 2 + 2 bytes a parameter
+    over PCIe -- and the host Adam steps it, the node's CPUs shared by its GPUs. The mutants pricing ZeRO 1's step
+    on the whole model and counting only the gradients over PCIe lived through the fast planner tests."""
+    from hybrid.planner.hardware import GB
+    from hybrid.planner.layout import Offload
+    from hybrid.planner.time import _context, _optimizer_seconds
+    work = Workload(gpt_model(24, 2048, 16, 51200, 2048), global_batch=64, seq_length=2048)
+    cluster, psi, nd = Cluster(gpus=8, hw=hardware("a100-80g")), 1.3e9, 8
+    whole = _optimizer_seconds(_context(work, cluster, Layout(dp=nd, zero=ZeroStage.NONE)), psi / nd)
+    assert _optimizer_seconds(_context(work, cluster, Layout(dp=nd, zero=zero)), psi) == pytest.approx(whole, rel=1e-12)
+    hw = _context(work, cluster, Layout(dp=nd, zero=zero)).cluster.hw
+    part = psi / nd
+    want = (2 + 2) * part / (hw.pcie_gbps * GB) + part * min(hw.gpus_per_node, cluster.gpus) / hw.cpu_adam_params_per_s
+    offloaded = _context(work, cluster, Layout(dp=nd, zero=zero, offload=Offload.OPTIMIZER))
+    assert _optimizer_seconds(offloaded, psi) == pytest.approx(want, rel=1e-12)
