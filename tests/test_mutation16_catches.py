@@ -329,3 +329,21 @@ def test_the_optimizer_step_prices_the_ranks_partition_and_offload_moves_gradien
     want = (2 + 2) * part / (hw.pcie_gbps * GB) + part * min(hw.gpus_per_node, cluster.gpus) / hw.cpu_adam_params_per_s
     offloaded = _context(work, cluster, Layout(dp=nd, zero=zero, offload=Offload.OPTIMIZER))
     assert _optimizer_seconds(offloaded, psi) == pytest.approx(want, rel=1e-12)
+
+
+# --- Z3-host-gpus: a node's host holds the offloaded states of the GPUs it has --------------------------------------
+@pytest.mark.parametrize("gpus", [2, 8, 16])
+def test_host_memory_per_node_is_the_offloaded_states_of_the_gpus_on_that_node(gpus):
+    """ZeRO 3 with optimizer and parameters offloaded, dp = every GPU, on A100 nodes of 8: each rank's host
+    share is RankMemory.states.host, and one node holds the shares of its GPUs -- all of them on a 2-GPU cluster
+    (one node, 2 GPUs), 8 a node from 8 GPUs on. The mutant multiplying by the node's 8 slots whatever the
+    cluster's size priced a 2-GPU run's host at four times its need; no fast test plans a cluster smaller than
+    a node with offload."""
+    from hybrid.planner import plan_memory
+    from hybrid.planner.layout import Offload
+    work = Workload(gpt_model(24, 2048, 16, 51200, 2048), global_batch=gpus, seq_length=2048)
+    cluster = Cluster(gpus=gpus, hw=hardware("a100-80g"))
+    layout = Layout(dp=gpus, micro_batch=1, zero=ZeroStage.PARAMETERS, offload=Offload.OPTIMIZER_AND_PARAMS)
+    mem = plan_memory(work, cluster, layout)
+    per_rank = mem.ranks[0].states.host
+    assert per_rank > 0 and mem.host_per_node == pytest.approx(per_rank * min(gpus, 8), rel=1e-12)
