@@ -347,3 +347,21 @@ def test_host_memory_per_node_is_the_offloaded_states_of_the_gpus_on_that_node(g
     mem = plan_memory(work, cluster, layout)
     per_rank = mem.ranks[0].states.host
     assert per_rank > 0 and mem.host_per_node == pytest.approx(per_rank * min(gpus, 8), rel=1e-12)
+
+
+# --- FP16-min: the loss scale never halves below --min-loss-scale --------------------------------------------------
+def test_fp16_loss_scale_stops_halving_at_the_minimum_and_grows_from_there():
+    """Five overflows in a row from 2^4 with --min-loss-scale 2 and a window of 2: 8, 4, 2, 2, 2 (DeepSpeed's
+    DynamicLossScaler: max(scale / 2, min_scale); Megatron's DynamicGradScaler likewise), then two good steps
+    double it to 4. The step count of skips is every overflow's. A scale halved past the minimum (towards 0 on a
+    model that keeps overflowing) would be the mutant dropping the max()."""
+    from types import SimpleNamespace
+
+    from hybrid.zero import Precision, ZeroConfig, ZeroOptimizer
+    cfg = ZeroConfig(precision=Precision.FP16, loss_scale_window=2, initial_loss_scale=16.0, min_loss_scale=2.0)
+    engine = SimpleNamespace(cfg=cfg, loss_scale=cfg.initial_loss_scale, good_steps=0, skipped_steps=0)
+    seen = []
+    for overflow in (True,) * 5 + (False,) * 2:
+        ZeroOptimizer._update_loss_scale(engine, overflow)
+        seen.append(engine.loss_scale)
+    assert seen == [8.0, 4.0, 2.0, 2.0, 2.0, 2.0, 4.0] and engine.skipped_steps == 5
