@@ -50,7 +50,9 @@ def test_saved_activations_under_sequence_parallelism_equal_the_plan_for_every_r
     included) on TP rank 0 of tp ranks with sequence parallelism equal plan_memory's activations (FP32_FLASH),
     byte for byte, for no, selective, op-level selective and full recomputation. Full recomputation keeps each
     layer's input, sequence-split (2sbh/t, Korthikanti et al.); the mutant keeping it whole (sbh x 4 bytes, no / t)
-    was caught only by test_planner_runtime's 8-rank launch. This is the same comparison in-process, in ~0.1 s."""
+    was caught by test_planner_runtime's 8-rank launch and, indirectly, by test_planner_morerows (a published
+    layout search ranked differently), by no direct check in-process. This is the runtime comparison in-process,
+    ~0.1 s a case."""
     from hybrid.measured_memory import SavedActivationLedger
     from hybrid.pipeline import ScheduleKind
     from hybrid.planner import plan_memory
@@ -291,8 +293,8 @@ def test_offloaded_states_move_to_the_host_byte_for_byte(zero):
     stage on; ZeRO-Offload / ZeRO-Infinity move the optimizer states (and at ZeRO 3 the bf16 parameters) to the
     host: device + host stays the stage's total, the host holds exactly the moved parts. Pure arithmetic on
     model_states; the mutant dropping the parameters from the host (params offloaded, counted nowhere) lived
-    through every fast test in-process -- only the headline case of test_planner_runtime (8 ranks) reads the
-    host bytes of OPTIMIZER_AND_PARAMS."""
+    through the fast planner and ZeRO tests run on it; only the headline case of test_planner_runtime (8 ranks)
+    caught it."""
     from hybrid.planner.layout import Offload
     from hybrid.planner.model import Precision
     from hybrid.planner.predicted_memory import model_states
@@ -337,8 +339,8 @@ def test_host_memory_per_node_is_the_offloaded_states_of_the_gpus_on_that_node(g
     """ZeRO 3 with optimizer and parameters offloaded, dp = every GPU, on A100 nodes of 8: each rank's host
     share is RankMemory.states.host, and one node holds the shares of its GPUs -- all of them on a 2-GPU cluster
     (one node, 2 GPUs), 8 a node from 8 GPUs on. The mutant multiplying by the node's 8 slots whatever the
-    cluster's size priced a 2-GPU run's host at four times its need; no fast test plans a cluster smaller than
-    a node with offload."""
+    cluster's size priced a 2-GPU run's host at four times its need; it lived through the fast planner tests run
+    on it, test_planner_runtime and test_zero included."""
     from hybrid.planner import plan_memory
     from hybrid.planner.layout import Offload
     work = Workload(gpt_model(24, 2048, 16, 51200, 2048), global_batch=gpus, seq_length=2048)
