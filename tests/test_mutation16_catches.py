@@ -367,3 +367,37 @@ def test_fp16_loss_scale_stops_halving_at_the_minimum_and_grows_from_there():
         ZeroOptimizer._update_loss_scale(engine, overflow)
         seen.append(engine.loss_scale)
     assert seen == [8.0, 4.0, 2.0, 2.0, 2.0, 2.0, 4.0] and engine.skipped_steps == 5
+
+
+# --- MOE-auxscale-m: the balancing losses' gradients are averaged over the micro-batches, as the LM loss ----------
+@pytest.mark.parametrize("balancing", ["aux_loss", "seq_aux_loss", "hf_aux_loss"])
+def test_moe_gradients_of_two_micro_batches_are_the_mean_of_each_ones_step(balancing):
+    """tiny-mixtral, one process, coefficient 0.1 and z-loss 0.01: train_step over micro-batches A and B gives the
+    mean of the gradients train_step gives on A alone and on B alone -- gradient accumulation averages the whole
+    loss, LM and balancing terms alike (train_step's set_aux_grad_scale: loss scale / micro-batches, Megatron's
+    MoEAuxLossAutoScaler). The mutant scaling the aux gradients by the loss scale alone (m times too large at m
+    micro-batches) was caught only by test_moe_parallel's 8-rank Mixtral training. fp32: the two sides add the same
+    terms in another order, a few ulps (rtol 1e-5 of gradients ~1e-2, atol 1e-7)."""
+    from hybrid.dp import GradAverager
+    from hybrid.mesh import Mesh
+    from hybrid.moe.config import LoadBalancing, MoEConfig
+    from hybrid.moe.layer import ExpertContext
+    from hybrid.tp import TPContext
+    from hybrid.train_step import train_step
+    from models import build_model, load_config, shift_labels
+    cfg = load_config("tiny-mixtral")
+    moe = MoEConfig(load_balancing=LoadBalancing(balancing), aux_loss_coeff=0.1, z_loss_coeff=0.01)
+    ids = torch.randint(0, cfg.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
+    batches = [(x, shift_labels(x)) for x in ids.split(2)]
+
+    def grads(micro_batches: list) -> dict[str, torch.Tensor]:
+        mesh = Mesh.single()
+        model = build_model(cfg, TPContext(mesh.tp), seed=0, moe=ExpertContext(moe))
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        train_step(model, micro_batches, opt, mesh, GradAverager(model.parameters(), mesh.dp))
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    both, a, b = grads(batches), grads(batches[:1]), grads(batches[1:])
+    assert any("gate" in n for n in both)  # the routers' gradients, which the balancing losses reach
+    for n, g in both.items():
+        torch.testing.assert_close(g, (a[n] + b[n]) / 2, rtol=1e-5, atol=1e-7, msg=n)
