@@ -401,3 +401,39 @@ def test_moe_gradients_of_two_micro_batches_are_the_mean_of_each_ones_step(balan
     assert any("gate" in n for n in both)  # the routers' gradients, which the balancing losses reach
     for n, g in both.items():
         torch.testing.assert_close(g, (a[n] + b[n]) / 2, rtol=1e-5, atol=1e-7, msg=n)
+
+
+# --- CK-twin-moments: a tied weight held twice on one rank takes the loaded moments in both copies ----------------
+def test_both_copies_of_a_tied_embedding_on_one_rank_take_the_loaded_adam_moments():
+    """tiny-gpt2 in two interleaved chunks on one rank (tests/test_checkpoint.py's Run at v 2, Mesh.single): the
+    tied wte sits in chunk 0 (embedding) and chunk 1 (head), one checkpoint piece, read into the first copy; load
+    copies it into the second (hybrid/zero/state.py: the twins). Random master weights and moments handed to a
+    fresh optimizer, as a same-layout DCP load fills the pieces: the twin's weights *and* both Adam moments equal
+    the kept copy's -- else the two copies step apart from the first step after a resume. The mutant copying the
+    weights only lived through every test run on it, test_checkpoint's slow any-layout load included."""
+    from hybrid.mesh import Mesh
+    from hybrid.stateful import Shards
+    from hybrid.zero import state as zero_state
+    from tests.test_checkpoint import Run, zero_cfg
+    saved = Run(Mesh.single(), ("tiny-gpt2", None), zero_cfg(1, False), v=2)
+    sd = saved.opt.state_dict(optimizer=True, names=saved.names)
+    gen = torch.Generator().manual_seed(0)
+    for v in sd.values():
+        if isinstance(v, Shards):
+            for t in v.tensors:
+                t.copy_(torch.rand(t.shape, generator=gen) + 0.5)
+    sd["adam_step"] = 3
+    run = Run(Mesh.single(), ("tiny-gpt2", None), zero_cfg(1, False), v=2)
+    fresh = run.opt.state_dict(optimizer=True, names=run.names)
+    for k, v in fresh.items():
+        if isinstance(v, Shards):
+            for dst, src in zip(v.tensors, sd[k].tensors):
+                dst.copy_(src)
+        else:
+            fresh[k] = sd[k]
+    run.opt.load_state_dict(fresh)
+    twins = zero_state._one_per_box(zero_state.optimizer_chunks(run.opt, run.names))[1]
+    assert [t.name for t, _ in twins] == ["wte.weight"]
+    for twin, kept in twins:
+        for kind in (zero_state.MODEL, *zero_state.MOMENTS):
+            assert torch.equal(zero_state._view(run.opt, twin, kind), zero_state._view(run.opt, kept, kind)), kind
