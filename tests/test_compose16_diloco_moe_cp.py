@@ -28,9 +28,11 @@ pair: one sequence's two halves), and in the AdamW cases the router z-loss (ZCOE
   expert-DP group inside a replica is the rank alone (EP 2) or the CP pair (EP 1) -- never a rank of the other
   replica.
 
-Broken on purpose (then restored; the numbers in docs/diloco.md's round-16 section): the routing counts not summed
-over CP (hybrid/moe/layer._group_counts), and the expert-DP group left whole across the replicas
-(replicas.ReplicaLayout.build's inner `edp`).
+Broken on purpose (then restored): the routing counts not summed over CP (hybrid/moe/layer._group_counts) puts
+every SGD case 0.31 off (5e4 x the bound) and the AdamW case 880 x WC_RTOL over; the expert-DP group left whole
+across the replicas (replicas.ReplicaLayout.build's inner `edp`) puts the experts of every SGD case 0.016 off
+(3.5e3 x the bound) and fails the group test (edp (0, 2)) -- the AdamW comparison passes then (0.003 of WC_RTOL:
+its CP 1 side is broken the same way), so the SGD and group tests are what guard it.
 """
 
 from __future__ import annotations
