@@ -177,6 +177,9 @@ def test_hybrid_cli_imports_no_heavy_module_at_its_top():
 # a SIGINT sent from inside the import of torch (a finder that sees the name first), as a Ctrl-C lands there
 _CTRL_C_IN_IMPORT = """
 import os, signal, sys
+# a terminal's Ctrl-C: SIGINT raises KeyboardInterrupt (an xdist worker, this test's parent, ignores SIGINT, and an
+# ignored disposition is inherited across exec: Python would then install no handler and the signal would do nothing)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 class CtrlC:
     def find_spec(self, name, path, target=None):
         if name == "torch":
