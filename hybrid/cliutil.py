@@ -383,17 +383,28 @@ def check_output_dir(flag: str, path: str) -> None:
     _probe_create(flag, path, probe)  # /proc, /sys, read-only mounts: os.access says yes to root
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # the process's umask, read once at import (no other thread yet: os.umask sets it to read it)
+
+
+def new_temporary(path: str, suffix: str = ".tmp", infix: str = "") -> tuple[int, str]:
+    """(fd, name) of a new file beside `path`, `.NAME.<infix>XXXXXXXX<suffix>`, with an ordinary file's mode (as
+    open() gives; mkstemp makes it 0600). mkstemp creates it O_CREAT | O_EXCL, never through a link: a fixed
+    temporary name someone made a link to a file elsewhere would be written through, and two writers of one
+    output would share it. The caller closes fd."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.{infix}", suffix=suffix,
+                               dir=os.path.dirname(os.path.abspath(path)))
+    os.fchmod(fd, 0o666 & ~_UMASK)
+    return fd, tmp
+
+
 @contextlib.contextmanager
 def atomic_output(path: str, suffix: str = "") -> Iterator[str]:
     """Yield a temporary path beside `path`; on success it is renamed onto `path` (atomic on POSIX), on an
     exception removed -- a failed run leaves nothing half-written. `suffix` keeps the extension for writers
     that infer the format from it (matplotlib)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp.", suffix=suffix, dir=directory)
+    fd, tmp = new_temporary(path, suffix=suffix, infix="tmp.")
     os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the result gets an ordinary file's mode
     try:
         yield tmp
         os.replace(tmp, path)

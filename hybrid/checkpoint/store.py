@@ -18,10 +18,9 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 
-from hybrid.cliutil import is_finite
+from hybrid.cliutil import is_finite, new_temporary
 
 MANIFEST, STATE, LATEST = "manifest.json", "state.json", "latest"
 FORMAT = "hybrid-dcp/1"
@@ -131,22 +130,17 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)  # read once, at import (no other thread yet): the process's umask
-
-
 def write_durable(path: str, text: str, before_rename=None) -> None:
     """Write `path` as tmp + fsync + rename + fsync of its directory. The temporary is a new file of a unique name
     (mkstemp: O_CREAT | O_EXCL, which never follows a link): a fixed `path + ".tmp"` that someone made a link to a
     file outside the folder would have been written through -- that file overwritten -- and the link renamed onto
     `path`. A link at `path` itself is replaced, its target untouched."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    fd, tmp = new_temporary(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)  # an ordinary file's mode, as open() gave (mkstemp: 0600)
             os.fsync(f.fileno())
         if before_rename is not None:
             before_rename()  # test-only crash point (finalize's `latest`): the temporary whole, not yet renamed

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 from typing import Iterable
 
 import numpy as np
+
+from hybrid.cliutil import new_temporary
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -90,12 +91,8 @@ class IndexedDatasetWriter:
 
 
 def _temporary(path: str) -> str:
-    """A new empty file beside `path` (`.NAME.XXXXXXXX.tmp`), mode as open() would give it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
+    """A new empty file beside `path` (cliutil.new_temporary: `.NAME.XXXXXXXX.tmp`, never through a link)."""
+    fd, tmp = new_temporary(path)
     os.close(fd)
     return tmp
 

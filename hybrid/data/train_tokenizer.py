@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from typing import Iterator
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_dir, fail, int_in
+from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_dir, fail, int_in, new_temporary
 from hybrid.data.text import read_text
 
 PROG = "train_tokenizer.py"
@@ -114,8 +113,7 @@ def train(paths: list[str] | None, vocab_size: int, output: str, key: str = "tex
         for name, write in (("tokenizer.json", lambda p: tok.save(p)),
                             ("tokenizer_config.json", lambda p: _dump(config, p)),
                             ("special_tokens_map.json", lambda p: _dump(special, p))):
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=output)
-            os.fchmod(fd, 0o666 & ~_umask())
+            fd, tmp = new_temporary(os.path.join(output, name))
             os.close(fd)
             staged.append((tmp, os.path.join(output, name)))
             write(tmp)
@@ -144,11 +142,6 @@ def check_fresh_output(path: str) -> None:
                          f"iter_*); hybrid generate and convert would take a tokenizer written there as that "
                          f"model's: give the tokenizer a directory of its own")
 
-
-def _umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
 
 
 def _dump(obj: dict, path: str) -> None:
