@@ -47,6 +47,29 @@ def recompute_at_most(a: Recompute, b: Recompute) -> bool:
     return a is b or order[a] < order[b]
 
 
+class TpPlan(enum.Enum):
+    """How the runtime's tensor parallelism feeds a layer's column-parallel projections (`Workload.tp_plan`;
+    predicted_comm.tp_gathers): how many collectives a layer's TP inputs take.
+
+    BLOCK: one collective per block input -- under SP one all-gather of the attention's input and one of the
+        MLP's, feeding every column-parallel projection of that block (Megatron's fused QKV / FC1 linears, this
+        runtime's hybrid.tp, torchtitan's `PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=
+        Replicate())` on `attention` and `feed_forward`); in the backward one reduce-scatter (without SP one
+        all-reduce) of each block input's gradient. The default.
+    PROJECTION: one per column-parallel projection -- torch DTensor's `ColwiseParallel(input_layouts=Shard(1))` on
+        each of q, k, v and the MLP's gate and up projections (KempnerForge kempnerforge/distributed/
+        tensor_parallel.py `_build_block_tp_plan`, at 01b461a, 6a9a08a and 3ad9d9a alike): each redistributes the
+        same sequence-sharded input to Replicate on its own, so a Llama layer all-gathers its input 3 + 2 times
+        in the forward (and in the recomputed forward) and reduce-scatters 3 + 2 input gradients in the
+        backward. KempnerForge's own profile of a 13B TP 4 run (benchmarks/profiling/13b_24gpu_profiling.md at
+        a7f8346: 5 steps of 4 micro-batches x 40 layers, 800 attention backwards) counts 9,679 TP all-gathers
+        and 6,420 bf16 reduce-scatters: 12.1 and 8.0 a layer and micro-batch, as this plan under full
+        recomputation gives (5 + 2 + 5 and 2 + 5 + 1) where BLOCK gives 6 and 5."""
+
+    BLOCK = "block"
+    PROJECTION = "projection"
+
+
 class Zero3Runtime(enum.Enum):
     """Which runtime shards the parameters at ZeRO 3 (`Workload.zero3_runtime`; None there: no copies priced, the
     default): what it copies through HBM on the compute stream around its gathers and reduce-scatters
@@ -280,6 +303,9 @@ class Workload:
             them) and it did not improve the check rows without a family getting worse, so the model's default is
             unchanged (docs/planner.md "Round 16: the ZeRO 3 runtimes' copies"; hybrid/planner/published16_zero3.py
             classifies each published ZeRO 3 row's runtime from its source). Only ZeRO 3 with dp > 1 reads it.
+        tp_plan: how the runtime's TP feeds the column-parallel projections (TpPlan): BLOCK (the default: one
+            all-gather of each block's input under SP, Megatron, this runtime, torchtitan) or PROJECTION (one per
+            projection, KempnerForge's DTensor plan). The planner only (the API; no flag).
         pipeline_split: Megatron-core's explicit layer split (PipelineSplit: the embedding / the loss counted as a
             layer, or the first / last rank's layer counts), which may leave a stage with only the embedding or
             only the loss; None: the planner's split (stage_layers). `hybrid plan` takes Megatron's flags; the
@@ -311,6 +337,7 @@ class Workload:
     optimizer_dtype_bytes: int = 4
     pipeline_split: PipelineSplit | None = None
     zero3_runtime: Zero3Runtime | None = None
+    tp_plan: TpPlan = TpPlan.BLOCK
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
@@ -342,6 +369,9 @@ class Workload:
         if self.zero3_runtime is not None and not isinstance(self.zero3_runtime, Zero3Runtime):
             raise ValueError(f"Workload.zero3_runtime must be a Zero3Runtime "
                              f"({', '.join(r.value for r in Zero3Runtime)}), got {self.zero3_runtime!r}")
+        if not isinstance(self.tp_plan, TpPlan):
+            raise ValueError(f"Workload.tp_plan must be a TpPlan ({', '.join(p.value for p in TpPlan)}), "
+                             f"got {self.tp_plan!r}")
         if self.optimizer_dtype_bytes not in (2, 4) or (self.optimizer_dtype_bytes != 4
                                                          and self.precision is not Precision.MIXED):
             raise ValueError(f"Workload.optimizer_dtype_bytes must be 4 (fp32 states) or, in mixed precision, 2 "

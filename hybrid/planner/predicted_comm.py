@@ -50,7 +50,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from hybrid.planner.hardware import Collective, GroupPlacement, Hardware, collective_seconds
-from hybrid.planner.layout import Layout, Recompute, Workload, ZeroStage, stage_layers
+from hybrid.planner.layout import Layout, Recompute, TpPlan, Workload, ZeroStage, stage_layers
 from hybrid.planner.model import ACT_BYTES, Shard
 
 Ledger = dict[str, dict[str, float]]  # "op@group" -> {"calls": n, "bytes": S}
@@ -91,16 +91,31 @@ def _exact(x: float) -> float | int:
 
 
 def tp_ledger(shard: Shard, b: int, s: int, layers: int, first: bool, last: bool, sp: bool,
-              recompute: Recompute = Recompute.NONE, elem_bytes: int = ACT_BYTES) -> dict[str, Ledger]:
-    """{"forward": ..., "backward": ...} TP entries of one micro-batch on a stage (empty at t = 1)."""
+              recompute: Recompute = Recompute.NONE, elem_bytes: int = ACT_BYTES,
+              plan: TpPlan = TpPlan.BLOCK) -> dict[str, Ledger]:
+    """{"forward": ..., "backward": ...} TP entries of one micro-batch on a stage (empty at t = 1).
+
+    Per layer, with c = tp_gathers(shard, plan) column-parallel inputs (2 under BLOCK) and the 2 row-parallel
+    outputs (attention projection, MLP down projection): under SP the forward all-gathers c inputs and
+    reduce-scatters 2 outputs, the backward all-gathers the 2 outputs' gradients and reduce-scatters the c
+    inputs' gradients; without SP the forward all-reduces the 2 outputs and the backward the c input gradients.
+    The recomputed forward (full, early-stopped; selective-op) reruns the c all-gathers (without SP nothing) and
+    the attention output's collective."""
     fwd, bwd = _Book(), _Book()
     if shard.t > 1:
         bsh = b * s * shard.cfg.hidden_size * elem_bytes
-        _pairs(fwd, bsh, 2 * layers, sp)
-        _pairs(bwd, bsh, 2 * layers, sp)
+        c = tp_gathers(shard, plan)
+        if sp:
+            fwd.add(Collective.ALL_GATHER, "tp", bsh, c * layers)
+            fwd.add(Collective.REDUCE_SCATTER, "tp", bsh, 2 * layers)
+            bwd.add(Collective.ALL_GATHER, "tp", bsh, 2 * layers)
+            bwd.add(Collective.REDUCE_SCATTER, "tp", bsh, c * layers)
+        else:
+            fwd.add(Collective.ALL_REDUCE, "tp", bsh, 2 * layers)
+            bwd.add(Collective.ALL_REDUCE, "tp", bsh, c * layers)
         if recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):  # the rerun forward, up to the attention
             # output's collective (selective-op reruns o_proj, whose reduced output the MLP's norm reads)
-            bwd.add(Collective.ALL_GATHER if sp else Collective.ALL_REDUCE, "tp", bsh, (2 if sp else 1) * layers)
+            bwd.add(Collective.ALL_GATHER if sp else Collective.ALL_REDUCE, "tp", bsh, (c if sp else 1) * layers)
             if sp:
                 bwd.add(Collective.REDUCE_SCATTER, "tp", bsh, layers)
         if first:
@@ -117,13 +132,13 @@ def tp_ledger(shard: Shard, b: int, s: int, layers: int, first: bool, last: bool
     return {"forward": fwd.ledger(), "backward": bwd.ledger()}
 
 
-def _pairs(book: _Book, size: float, count: int, sp: bool) -> None:
-    """`count` all-reduces, or under SP as many all-gather + reduce-scatter pairs (the same wire bytes)."""
-    if sp:
-        book.add(Collective.ALL_GATHER, "tp", size, count)
-        book.add(Collective.REDUCE_SCATTER, "tp", size, count)
-    else:
-        book.add(Collective.ALL_REDUCE, "tp", size, count)
+def tp_gathers(shard: Shard, plan: TpPlan = TpPlan.BLOCK) -> int:
+    """Collectives a layer's column-parallel inputs take (Workload.tp_plan): 2 under BLOCK (the attention's input
+    and the MLP's); under PROJECTION one per column-parallel projection -- q, k and v, and the MLP's up
+    projections (SwiGLU: gate and up; GELU: one) -- 5 for a Llama layer, 4 for GPT-2's."""
+    if plan is TpPlan.BLOCK:
+        return 2
+    return 3 + shard.mlp_matrices - 1
 
 
 def partial_grad_ledger(shard: Shard, layers: int, first: bool, last: bool, sp: bool, grad_bytes: int) -> Ledger:
@@ -309,7 +324,7 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
         stage = layout.rank_stages(pp_rank)[c]  # c pp + r; r or 2 pp - 1 - r under ZBV's V
         first, last = stage == 0, stage == last_stage
         book = tp_ledger(shard, b, s, layers[stage], first, last, layout.sequence_parallel, layout.recompute,
-                         pr.activation_bytes)
+                         pr.activation_bytes, work.tp_plan)
         per_mb += [book["forward"], book["backward"]]
         if pp > 1:
             # output forward + gradient back, input + its gradient; none across ZBV's turn (pp - 1 to itself)

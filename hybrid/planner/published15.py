@@ -24,7 +24,9 @@ Source of the new rows, read at the commit named:
   Workload.fp32_grads where DP > 1), `checkpoint_wrapper(CheckpointImpl.NO_REENTRANT)` per TransformerBlock (full
   AC, torch's non-reentrant early stop), the model cast to bf16 before the optimizer is built (`model.to(dtype=
   param_dtype)`: bf16 parameters and AdamW states, planned as optimizer_dtype_bytes=2); tensor_parallel.py --
-  DTensor Colwise / Rowwise with SequenceParallel norms (SP with TP); scripts/train.py -- `maybe_no_sync` on all
+  DTensor Colwise / Rowwise with SequenceParallel norms (SP with TP), `ColwiseParallel(input_layouts=Shard(1))` on
+  each of q, k, v, gate and up, so each all-gathers the layer's input on its own (Workload.tp_plan PROJECTION:
+  round 17; rounds 15-16 planned one all-gather a block); scripts/train.py -- `maybe_no_sync` on all
   but the last micro-batch. The models: "7B" is Llama 3 8B's shape (8.03B: h 4096, 32 layers, 32 / 8 heads, ffn
   14336), "13B" h 5120, 40 layers, 40 / 8 heads, ffn 17920 (ffn_dim_multiplier 1.3 rounded up to 256: 14.84B as
   the report's table says), "70B" Llama 3 70B's; vocabulary 128256, untied. Attention: SDPA (flash). The cluster
@@ -52,7 +54,7 @@ import statistics
 import sys
 from dataclasses import dataclass, replace
 
-from hybrid.planner.layout import Offload, Recompute, Workload, ZeroStage
+from hybrid.planner.layout import Offload, Recompute, TpPlan, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import KernelProfile, Stack
 from hybrid.planner.published import (LLAMA3_8B, LLAMA3_70B, Metric, PublishedRun, Role, _plan_on, all_runs,
@@ -128,12 +130,13 @@ def _kempner_name(exp: int, gpus: int, size: str, tp: int, b: int, accum: int, c
 def _kempner_run(name: str, source: str, gpus: int, size: str, tp: int, b: int, accum: int, compiled: bool,
                  tok: float) -> PublishedRun:
     """One KempnerForge run (module docstring): FSDP2 = ZeRO 3 over dp_shard (ZeRO 0 without it), TP with SP,
-    torch.compile = FUSED, PyTorch stack, full AC, fp32 reduction where DP > 1, bf16 AdamW states, 4 GPUs a node."""
+    torch.compile = FUSED, PyTorch stack, full AC, fp32 reduction where DP > 1, bf16 AdamW states, 4 GPUs a node,
+    and its TP plan's one all-gather per column-parallel projection (TpPlan.PROJECTION, round 17)."""
     dp = gpus // tp
     work = Workload(llama_model(*KEMPNER_MODELS[size], KEMPNER_SEQ), global_batch=b * accum * dp,
                     seq_length=KEMPNER_SEQ, activations=ActivationProfile.BF16_FLASH,
                     kernels=KernelProfile.FUSED if compiled else KernelProfile.EAGER, stack=Stack.PYTORCH,
-                    fp32_grads=dp > 1, optimizer_dtype_bytes=2)
+                    fp32_grads=dp > 1, optimizer_dtype_bytes=2, tp_plan=TpPlan.PROJECTION)
     space = SearchSpace(tp=(tp,), pp=(1,), v=(1,), micro_batch=(b,),
                         zero=(ZeroStage.PARAMETERS if dp > 1 else ZeroStage.NONE,), offload=(Offload.NONE,),
                         recompute=(Recompute.FULL,), sequence_parallel=(tp > 1,))

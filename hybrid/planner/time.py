@@ -36,6 +36,9 @@ hardware.collective_seconds):
   torch's non-reentrant checkpoint; under SP 3, predicted_comm.py); the embedding's forward all-reduce
   (stage 0), the LM-head input's backward all-reduce (last stage) and the vocab-parallel cross-entropy's 3
   all-reduces of b s fp32 values; under SP one all-reduce per step of the sequence-split parameters' gradients.
+  A runtime whose plan gathers the input once per column-parallel projection (Workload.tp_plan PROJECTION:
+  KempnerForge's DTensor plan) pays 5 all-gathers (forward, rerun) and 5 reduce-scatters (backward) a Llama layer
+  where Megatron pays 2 (predicted_comm.tp_gathers).
 * PP: one b s h x 2-byte message per stage boundary per micro-batch each way (/t under SP, where hidden states
   between stages are sequence-split), over NVLink or the sender's NIC; the simulation places them.
 * DP: ZeRO 0 all-reduces the rank's 2 Psi gradient bytes (4 Psi with fp32 gradients, Workload.fp32_grads: every
@@ -344,7 +347,7 @@ def _tp_cost(ctx: _Context, layers: int, first: bool, last: bool, forward: Pass 
     before it (hardware.sync_wait_seconds; 0 but on a calibrated CPU), the waits also on their own."""
     lay = ctx.layout
     book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, layers, first, last,
-                     lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes)
+                     lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan)
     hw = ctx.cluster.hw
     waits = [sync_wait_seconds(hw, sum(int(e["calls"]) for e in book[k].values()), p.total)
              for k, p in (("forward", forward), ("backward", backward))]
@@ -801,7 +804,7 @@ def _stage_cpu(ctx: _Context, layers: list[int], f_comp: list[float], b_comp: li
     fwd, bwd = [], []
     for stage, n in enumerate(layers):
         book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, n, stage == 0, stage == last,
-                         lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes)
+                         lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan)
         p2p = msg * ((stage > 0) + (stage < last)) if lay.pp > 1 else 0.0
         fwd.append(f_comp[stage] + _ledger_cpu(hw, book["forward"], {"tp": lay.tp}) + p2p)
         bwd.append(b_comp[stage] + _ledger_cpu(hw, book["backward"], {"tp": lay.tp}) + p2p)
