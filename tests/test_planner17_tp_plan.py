@@ -71,3 +71,26 @@ def test_kempnerforge_rows_carry_their_plan_and_a_named_row_moves_into_the_band(
     before = evaluate(replace(row, workload=replace(row.workload, tp_plan=TpPlan.BLOCK))).error
     assert before == pytest.approx(0.106, abs=0.002)
     assert abs(now) <= 0.05 and now < before - 0.08
+
+
+TP_FLAGS = ["--model", "llama-3-8b", "--gpus", "8", "--gpu", "h100-80g", "--global-batch-size", "16", "--seq-length",
+            "4096", "--activation-profile", "bf16-flash", "--tensor-model-parallel-size", "4",
+            "--sequence-parallel", "--pipeline-model-parallel-size", "1", "--micro-batch-size", "1", "--top", "1"]
+
+
+def _tp_seconds(capsys, *extra: str) -> float:
+    from hybrid.planner.cli import main
+    assert main(TP_FLAGS + ["--explain", *extra]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    return next(float(r[1]) for r in rows if r[0] == "tp")
+
+
+def test_hybrid_plan_takes_the_tp_plan_and_emit_args_refuses_another_runtimes(capsys):
+    """`hybrid plan --tp-plan projection` prices the per-projection gathers (more TP seconds than the default
+    block plan); --emit-args (this runtime's flags: its TP gathers once per block) refuses it in one line."""
+    from hybrid.planner.cli import main
+    block, projection = _tp_seconds(capsys), _tp_seconds(capsys, "--tp-plan", "projection")
+    assert 0 < block < projection
+    assert main(TP_FLAGS + ["--tp-plan", "projection", "--emit-args"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--tp-plan projection" in err and "--emit-args" in err and len(err.splitlines()) == 1

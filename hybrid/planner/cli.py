@@ -37,8 +37,8 @@ from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_n
 from hybrid.cp.attention import CommType
 from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
-from hybrid.planner.layout import (Cluster, Offload, PipelineP2P, PipelineSplit, Recompute, Workload, Zero3Runtime,
-                                   ZeroStage)
+from hybrid.planner.layout import (Cluster, Offload, PipelineP2P, PipelineSplit, Recompute, TpPlan, Workload,
+                                   Zero3Runtime, ZeroStage)
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
@@ -144,6 +144,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default): hybrid (this runtime: each gradient copied into its unit's buffer), fsdp2 "
                         "(torch's fully_shard: copy-out at each unshard, copy-in before each reduce-scatter), fsdp1 / "
                         "megatron-fsdp (in place: none); the planner only (--emit-args takes none or hybrid)")
+    g.add_argument("--tp-plan", choices=[p.value for p in TpPlan], default=TpPlan.BLOCK.value,
+                   help="how the runtime feeds TP's column-parallel projections: block (default: one all-gather of "
+                        "each block's input under SP, as Megatron, torchtitan and this runtime) or projection (one "
+                        "per q, k, v, gate and up projection, as DTensor's ColwiseParallel(input_layouts=Shard(1)) "
+                        "on each, KempnerForge); the planner only (--emit-args takes block)")
     g.add_argument("--fused-cross-entropy", action="store_true",
                    help="bf16-flash: the loss is one fused kernel over the bf16 logits (flash-attn's "
                         "CrossEntropyLoss, llm-foundry's default): 2 + 2 bytes a logit kept and in its backward, "
@@ -417,6 +422,9 @@ def _check_output_modes(args: argparse.Namespace) -> None:
     if args.emit_args and args.zero3_runtime not in (None, Zero3Runtime.HYBRID.value):
         raise ValueError(f"--zero3-runtime {args.zero3_runtime} prices another runtime's ZeRO 3, and --emit-args "
                          f"emits this runtime's train.py flags; drop --zero3-runtime or --emit-args")
+    if args.emit_args and args.tp_plan != TpPlan.BLOCK.value:
+        raise ValueError(f"--tp-plan {args.tp_plan} prices another runtime's TP collectives, and --emit-args emits "
+                         f"this runtime's train.py flags (its TP gathers once per block); drop --tp-plan or --emit-args")
     if args.explain and (args.emit_args or args.json):
         which = "--emit-args prints the flags alone" if args.emit_args else "--json holds each plan's step terms"
         raise ValueError(f"--explain takes the table's best layout apart, and {which}; drop --explain or "
@@ -502,7 +510,8 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                     p2p=PipelineP2P(args.pipeline_p2p), grad_accumulation_fusion=args.gradient_accumulation_fusion,
                     overlap_param_gather=args.overlap_param_gather,
                     fused_cross_entropy=args.fused_cross_entropy, pipeline_split=_pipeline_split(args, model),
-                    zero3_runtime=Zero3Runtime(args.zero3_runtime) if args.zero3_runtime else None)
+                    zero3_runtime=Zero3Runtime(args.zero3_runtime) if args.zero3_runtime else None,
+                    tp_plan=TpPlan(args.tp_plan))
 
 
 def _pipeline_split(args: argparse.Namespace, model: ModelConfig) -> PipelineSplit | None:
