@@ -4,6 +4,8 @@ llm-foundry's Triton kernel's H100 rate fitted on the rows that ran it -- a what
     python -m hybrid.planner.published17_triton            # the two fits, the rows by group, the cross-card ratio
     python -m hybrid.planner.published17_triton --families # the families report (families.py) under the what-if
     python -m hybrid.planner.published17_triton --six-rows-clock  # the pair fitted with the clock on its six rows
+    python -m hybrid.planner.published17_triton --joint    # the clock on its six rows + the 12 FlashAttention-2 rows
+    python -m hybrid.planner.published17_triton --joint-families  # the families report under --joint
 
 The conflict round 16 left (docs/planner.md "Round 16", `published16 --h100-triton-refit-what-if`): H100_EAGER_CLOCK
 is fitted on MosaicML's six single-node H100 rows, which ran llm-foundry's `attn_impl: triton` (a FlashAttention-1
@@ -42,6 +44,7 @@ from hybrid.planner.published_more import Result, evaluate
 
 # what fits() gives (docs/planner.md "Round 17: one Triton rate on both cards"; tests/test_planner17_triton.py holds it)
 CLOCK_FITTED, TRITON_SHARE_FITTED = 0.6886, 0.5481
+JOINT_CLOCK_FITTED, JOINT_SHARE_FITTED = 0.7075, 0.5414  # joint_fits(): the clock keeps its shipped value
 CARD = "h100-80g"  # the preset H100_EAGER_CLOCK is fitted for; the 500 W part and the H200 are left as they are
 
 
@@ -165,6 +168,28 @@ def six_rows_clock_report(rounds: int = 3) -> str:
     return "\n".join(out)
 
 
+def joint_fits(rounds: int = 3) -> tuple[float, float]:
+    """The pair with the clock fitted on the six single-node rows and CLOCK_FIT together (18 rows, mean log error 0)
+    and the Triton share on TRITON_FIT, alternately: the clock's six rows keep their role and gain the 12 rows whose
+    kernel has a published rate."""
+    runs = all_published_runs()
+    rows = [r for r in runs if is_mpt(r) and r.gpu == CARD and r.role is Role.FIT] + clock_fit_rows(runs)
+    clock, t = H100_EAGER_CLOCK, TRITON_SHARE_FITTED
+    for _ in range(rounds):
+        clock = solve(lambda c: statistics.fmean(math.log1p(error_on(r, c, t)) for r in rows), 0.0, 0.4, 1.0, iters=20)
+        t = fit_triton(triton_fit_rows(runs), clock)
+    return clock, t
+
+
+def joint_report() -> str:
+    runs = all_published_runs()
+    clock, t = joint_fits()
+    out = [f"the clock on its six rows and the 12 FlashAttention-2 rows, the Triton share on "
+           f"{len(triton_fit_rows(runs))} rows: clock {clock:.4f}, share {t:.4f}"]
+    out += [summary([error_on(r, clock, t) for r in rows]).line(what) for what, rows in groups(runs)]
+    return "\n".join(out)
+
+
 def what_if_evaluate(clock: float, t: float):
     """families.plan_row's evaluate under the what-if (`device`); rows `device` leaves alone as shipped."""
     def ev(run: PublishedRun) -> Result:
@@ -185,21 +210,33 @@ def with_roles(rows: list[FamilyRow], runs: list[PublishedRun]) -> list[FamilyRo
             for r in rows]
 
 
-def families_report() -> str:
+def families_report(joint: bool = False) -> str:
+    """The families report under the what-if (`joint`: the pair of joint_fits, the six rows staying FIT)."""
     runs = all_published_runs()
-    clock, t = fits()
-    return report(with_roles(all_rows(what_if_evaluate(clock, t)), runs))
+    clock, t = joint_fits() if joint else fits()
+    rows = all_rows(what_if_evaluate(clock, t))
+    if not joint:
+        return report(with_roles(rows, runs))
+    fit = {r.name for r in clock_fit_rows(runs) + triton_fit_rows(runs)}
+    return report([replace(r, role=Role.FIT) if r.name in fit else r for r in rows])
 
 
 def main() -> None:
     if sys.argv[1:] == ["--families"]:
         print(families_report())
         return
+    if sys.argv[1:] == ["--joint"]:
+        print(joint_report())
+        return
+    if sys.argv[1:] == ["--joint-families"]:
+        print(families_report(joint=True))
+        return
     if sys.argv[1:] == ["--six-rows-clock"]:
         print(six_rows_clock_report())
         return
     if sys.argv[1:]:
-        raise SystemExit(f"unknown arguments {sys.argv[1:]}: pass nothing, --families or --six-rows-clock")
+        raise SystemExit(f"unknown arguments {sys.argv[1:]}: pass nothing, --families, --joint, --joint-families "
+                         "or --six-rows-clock")
     print(what_if_report())
 
 
