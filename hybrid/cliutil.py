@@ -16,6 +16,8 @@ import tempfile
 import time
 from typing import Callable, Iterator
 
+from hybrid.fault_hook import crash_point  # the one test-only fault hook (standard library only; a no-op unset)
+
 
 def is_rank_zero() -> bool:
     """True in a single process and on global rank 0 under torchrun (RANK unset or "0")."""
@@ -407,6 +409,7 @@ def atomic_output(path: str, suffix: str = "") -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
+        crash_point("output_written")  # test-only: the new bytes whole under `tmp`; `path` still the old file
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

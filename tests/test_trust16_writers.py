@@ -220,6 +220,8 @@ WRITERS = {
     ("hybrid/metrics/writer.py", "MetricsWriter.__init__", "open(a)"): "N: check_appendable (a run's metrics only); "
                                                                         "appended a line per write",
     ("hybrid/metrics/writer.py", "MetricsWriter.__init__", "SummaryWriter"): "TensorBoard's own new event file",
+    ("hybrid/metrics/writer.py", "drop_torn_record", "open(rb+)"): "N: the --metrics-file MetricsWriter then appends "
+                                                                    "to; only bytes after its last newline cut (trust17)",
     ("hybrid/convert/safetensors_out.py", "write_sharded", "open(wb)"): "TL: inside staged_dst's mkdtemp folder",
     ("hybrid/convert/safetensors_out.py", "write_sharded", "open(w)"): "TL: inside staged_dst's mkdtemp folder",
     ("hybrid/convert/to_hf.py", "hybrid_to_hf", "to_json_file"): "TL: inside staged_dst's mkdtemp folder",
