@@ -362,8 +362,8 @@ def _check_owner_values(state: dict, bad) -> None:
 
 
 # the compression owners' counters (hybrid/compress/state.py, momentum.py): the step count and the layout it was
-# saved at, which before_load reads to map the tensors (a string there was a TypeError deep in the load; a float
-# layout a wrong global shape); PowerSGD's also its rank (the Q width)
+# saved at, which before_load reads to map the tensors (a string there was a TypeError deep in the load, after the
+# process groups); PowerSGD's also its rank (the Q width)
 _COMPRESS_COUNTERS = {"compress/powersgd": ("iter", "dp", "tp", "pp", "rank"),
                       "compress/momentum_powersgd": ("iter", "dp", "tp", "pp", "rank"),
                       "compress/onebit": ("iter", "dp", "tp", "pp")}
