@@ -16,6 +16,8 @@ import tempfile
 import time
 from typing import Callable, Iterator
 
+from hybrid.fault_hook import crash_point  # the one test-only fault hook (standard library only; a no-op unset)
+
 
 def is_rank_zero() -> bool:
     """True in a single process and on global rank 0 under torchrun (RANK unset or "0")."""
@@ -188,9 +190,13 @@ class OneLineParser(argparse.ArgumentParser):
     def check_out(self, flag: str, path: str | None) -> None:
         """A file flag (--out) writable before any work (check_output_file), else this parser's one-line error: a
         missing folder or a directory used to be found when the table was written, after the benchmark ran. None:
-        not given; an empty name (an unset shell variable) is refused as check_output_file refuses it."""
+        not given; an empty name (an unset shell variable) is refused as check_output_file refuses it. A symbolic
+        link is refused too (write_text's refusal, before the work rather than after it)."""
         if path is not None:
             try:
+                if os.path.islink(path):
+                    raise ValueError(f"{flag} {path!r} is a symbolic link (to {os.readlink(path)!r}); give the "
+                                     f"file's own path (nothing is written through a link)")
                 check_output_file(flag, path)
             except ValueError as e:
                 self.error(str(e))
@@ -407,6 +413,7 @@ def atomic_output(path: str, suffix: str = "") -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
+        crash_point("output_written")  # test-only: the new bytes whole under `tmp`; `path` still the old file
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -415,7 +422,12 @@ def atomic_output(path: str, suffix: str = "") -> Iterator[str]:
 
 
 def write_text(path: str, text: str) -> None:
-    """`text` into `path`, whole or not at all (atomic_output): a report is never left half-written."""
+    """`text` into `path`, whole or not at all (atomic_output): a report is never left half-written. A symbolic
+    link at `path` is refused (ValueError naming it): the rename would replace the link with a file while whoever
+    made it expects its target written -- say so, and write neither."""
+    if os.path.islink(path):
+        raise ValueError(f"{path!r} is a symbolic link (to {os.readlink(path)!r}); give the file's own path "
+                         f"(nothing is written through a link)")
     with atomic_output(path) as tmp, open(tmp, "w") as f:
         f.write(text)
 

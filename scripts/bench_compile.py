@@ -102,8 +102,8 @@ def main() -> None:
     text = table(rows, flags, ranks)
     print(text)
     if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+        from hybrid.cliutil import write_text  # whole or not at all, never through a link
+        write_text(a.out, text)
 
 
 if __name__ == "__main__":

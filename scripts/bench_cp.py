@@ -197,8 +197,8 @@ def main(argv=None) -> None:
     text = table(args)
     print(text, end="")
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        from hybrid.cliutil import write_text  # whole or not at all, never through a link
+        write_text(args.out, text)
 
 
 if __name__ == "__main__":

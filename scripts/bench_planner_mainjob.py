@@ -406,8 +406,8 @@ def _emit(lines: list[str], out: str | None) -> int:
     report = "\n".join(lines) + "\n"
     print(report)
     if out:
-        with open(out, "w") as f:
-            f.write(report)
+        from hybrid.cliutil import write_text  # whole or not at all, never through a link
+        write_text(out, report)
     return 0
 
 

@@ -83,8 +83,8 @@ def main() -> None:
                      f"{'imported' if mods['torch.distributed.checkpoint'] else 'no'} |")
         print(lines[-1], flush=True)
     if a.out:
-        with open(a.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        from hybrid.cliutil import write_text  # whole or not at all, never through a link
+        write_text(a.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

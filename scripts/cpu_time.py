@@ -48,6 +48,8 @@ def main() -> None:
     p.add_argument("--label", default="", help="a name stored with the result")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command")
     a = p.parse_args()
+    if a.json and os.path.islink(a.json):  # appended: a line would land in whatever file the link names
+        p.error(f"--json {a.json!r} is a symbolic link (to {os.readlink(a.json)!r}); give the file's own path")
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         p.error("give the command after --")

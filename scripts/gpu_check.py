@@ -72,7 +72,7 @@ sys.path.insert(0, ROOT)  # run from a checkout
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, float_in  # noqa: E402
+from hybrid.cliutil import HelpFormatter, OneLineParser, float_in, write_text  # noqa: E402
 
 SECTIONS = ("env", "ceilings", "hf_match", "zero_offload", "multi_rank", "speed", "breakdown", "calibrate", "planner")
 BF16_UNIT_ROUNDOFF = 2.0**-8  # bf16 keeps 8 significant bits: a rounding errs by at most 2^-8 relative
@@ -144,11 +144,9 @@ class Check:
         self.write()
 
     def write(self) -> None:
-        with open(os.path.join(self.out, "gpu_check.json"), "w") as f:
-            json.dump(self.results, f, indent=1, default=str)
-            f.write("\n")
-        with open(os.path.join(self.out, "gpu_check.md"), "w") as f:
-            f.write(markdown(self.results))
+        # each whole or not at all, never through a link (a kill mid-run leaves the last record's files whole)
+        write_text(os.path.join(self.out, "gpu_check.json"), json.dumps(self.results, indent=1, default=str) + "\n")
+        write_text(os.path.join(self.out, "gpu_check.md"), markdown(self.results))
 
 
 def earlier_sections(out: str, dry: bool) -> dict:
@@ -429,8 +427,7 @@ def train_py(c: Check, flags: list[str], ranks: int = 1, env: dict | None = None
         raise RuntimeError(f"train.py ({tag}) still running after {e.timeout:.0f} s; stopped:\n"
                            + _text(e.stdout)[-1500:] + _text(e.stderr)[-1500:]) from None
     log = (proc.stdout + proc.stderr).strip().splitlines()
-    with open(os.path.join(c.out, f"log_{tag}.txt"), "w") as f:
-        f.write(" ".join(cmd) + "\n" + "\n".join(log) + "\n")
+    write_text(os.path.join(c.out, f"log_{tag}.txt"), " ".join(cmd) + "\n" + "\n".join(log) + "\n")
     if proc.returncode != 0:
         raise RuntimeError(f"train.py ({tag}) exited {proc.returncode}:\n" + "\n".join(log[-25:]))
     with open(metrics) as f:

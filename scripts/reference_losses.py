@@ -145,9 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="quickstart.") as d:
         run = run_quickstart(d)
     if args.write:
-        with open(REFERENCE, "w", encoding="utf-8") as f:
-            json.dump(reference_record(run), f, indent=1)
-            f.write("\n")
+        from hybrid.cliutil import write_text  # whole or not at all, never through a link
+        write_text(REFERENCE, json.dumps(reference_record(run), indent=1) + "\n")
         print(f"wrote {REFERENCE}: {len(run['losses'])} losses, {run['losses'][0]} ... {run['losses'][-1]}")
         return
     diffs = differences(run, load_reference())

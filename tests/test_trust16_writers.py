@@ -19,7 +19,6 @@ every write of the product accounted for.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import signal
@@ -29,6 +28,7 @@ import pytest
 from hybrid.checkpoint import store
 from hybrid.checkpoint.faults import SimulatedCrash
 from test_trust import hf_folder, train, tree  # noqa: F401 -- hf_folder: a fixture
+from tests.write_scan import _writes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRECIOUS = "the user's own file\n"
@@ -220,6 +220,8 @@ WRITERS = {
     ("hybrid/metrics/writer.py", "MetricsWriter.__init__", "open(a)"): "N: check_appendable (a run's metrics only); "
                                                                         "appended a line per write",
     ("hybrid/metrics/writer.py", "MetricsWriter.__init__", "SummaryWriter"): "TensorBoard's own new event file",
+    ("hybrid/metrics/writer.py", "drop_torn_record", "open(rb+)"):
+        "N: the --metrics-file MetricsWriter then appends to; only the bytes after its last newline cut (trust17)",
     ("hybrid/convert/safetensors_out.py", "write_sharded", "open(wb)"): "TL: inside staged_dst's mkdtemp folder",
     ("hybrid/convert/safetensors_out.py", "write_sharded", "open(w)"): "TL: inside staged_dst's mkdtemp folder",
     ("hybrid/convert/to_hf.py", "hybrid_to_hf", "to_json_file"): "TL: inside staged_dst's mkdtemp folder",
@@ -242,40 +244,6 @@ WRITERS = {
     ("hybrid/zero/shm.py", "_create", "os.open"): "O_CREAT | O_EXCL, 0600, then renamed (shared-memory segment)",
 }
 SKIP = ("hybrid/testing",)  # the test harness's own files
-WRITE_MODES = {"w", "wb", "a", "ab", "x", "xb", "w+", "wb+", "r+", "rb+", "a+"}
-SAVE_CALLS = {"save", "savefig", "save_file", "to_json_file", "save_pretrained", "tofile", "write_text", "write_bytes",
-              "SummaryWriter", "fdopen"}
-
-
-def _mode(call: ast.Call):
-    mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
-    return mode.value if isinstance(mode, ast.Constant) else None
-
-
-def _writes(path: str) -> set[tuple[str, str, str]]:
-    rel = os.path.relpath(path, ROOT)
-    out = set()
-
-    def visit(node, where: str):
-        for child in ast.iter_child_nodes(node):
-            name = where
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{where}.{child.name}" if where else child.name
-            if isinstance(child, ast.Call):
-                f = child.func
-                called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
-                on_os = isinstance(f, ast.Attribute) and getattr(f.value, "id", "") == "os"
-                if called == "open" and not on_os and _mode(child) in WRITE_MODES:
-                    out.add((rel, name, f"open({_mode(child)})"))
-                elif called == "open" and on_os and any("O_CREAT" in ast.unparse(a) for a in child.args[1:]):
-                    out.add((rel, name, "os.open"))
-                elif called in SAVE_CALLS and not (on_os and called != "fdopen"):
-                    out.add((rel, name, f"os.{called}" if on_os else called))
-            visit(child, name)
-    visit(ast.parse(open(path).read(), path), "")
-    return out
-
-
 def test_every_file_write_of_the_product_is_listed_with_its_guard():
     found = set()
     for top in ("hybrid", "models"):

@@ -215,6 +215,8 @@ def load_state(owners: dict[str, Stateful], directory: str, group: Group | None 
     sd, plain, own = collect(owners, saving=False)
     # .metadata through safe_read: only DCP's own classes are unpickled (an untrusted checkpoint runs no code)
     world_group(group).delegate("dcp_load", lambda pg: safe_read.load(sd, directory, process_group=pg))
+    _check_finite({p: {k: sd[p + k] if torch.is_tensor(v) else v for k, v in own[p].items()} for p in own},
+                  directory, group)
     for prefix, owner in owners.items():
         loaded = {}
         for k, v in own[prefix].items():
@@ -226,3 +228,29 @@ def load_state(owners: dict[str, Stateful], directory: str, group: Group | None 
                 loaded[k] = state[prefix + k]
         owner.load_state_dict(loaded)
     return state
+
+
+CHECKED_FINITE = ("compress/", "diloco.")  # owners whose loaded tensors feed every later step as they are
+
+
+def _check_finite(own: dict, directory: str, group: Group | None) -> None:
+    """Refuse a checkpoint whose compression state (PowerSGD / 1-bit Adam error feedback, warm-start Q) or DiLoCo
+    outer state (anchor, outer momentum, pending delta) holds a NaN or inf: each is added into every later step
+    as it is -- a NaN error feedback turns every compressed gradient into NaN, a NaN anchor every outer step: the
+    resumed run could only diverge, whether the file was forged, corrupted or saved from a poisoned run. One line naming
+    the file and the key, on every rank (the verdict is gathered: a rank alone raising would leave the others
+    waiting in the next collective). The shapes and dtypes are the layout's own: DCP fills the buffers the owner
+    allocated."""
+    bad = None
+    for prefix in CHECKED_FINITE:
+        for k, v in own.get(prefix, {}).items():
+            pieces = v.tensors if isinstance(v, Shards) else [v] if torch.is_tensor(v) else []
+            if bad is None and any(t.is_floating_point() and not torch.isfinite(t).all() for t in pieces):
+                bad = prefix + k
+    bad = next((b for b in world_group(group).all_gather_object(bad) if b), None)
+    if bad is not None:
+        meta = safe_read.read_metadata(directory)
+        files = sorted({i.relative_path for m, i in meta.storage_data.items() if m.fqn == bad}) or ["__*.distcp"]
+        raise store.CorruptCheckpoint(f"{os.path.join(directory, files[0])}: {bad} holds NaN or inf, which every "
+                                      f"later step would add in; not loaded (forged, corrupted, or saved from a "
+                                      f"diverged run): resume from an earlier checkpoint")

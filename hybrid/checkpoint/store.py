@@ -357,6 +357,28 @@ def _check_owner_values(state: dict, bad) -> None:
         raise bad("fault.nan_skipped", skipped, "a list of iterations (non-negative integers)")
     if "diloco.inflight" in state and (type(state["diloco.inflight"]) is not int or state["diloco.inflight"] < -1):
         raise bad("diloco.inflight", state["diloco.inflight"], "an integer >= -1 (-1: none in flight)")
+    for key, fields in _COMPRESS_COUNTERS.items():
+        _check_counters(state, key, fields, bad)
+
+
+# the compression owners' counters (hybrid/compress/state.py, momentum.py): the step count and the layout it was
+# saved at, which before_load reads to map the tensors (a string there was a TypeError deep in the load, after the
+# process groups); PowerSGD's also its rank (the Q width)
+_COMPRESS_COUNTERS = {"compress/powersgd": ("iter", "dp", "tp", "pp", "rank"),
+                      "compress/momentum_powersgd": ("iter", "dp", "tp", "pp", "rank"),
+                      "compress/onebit": ("iter", "dp", "tp", "pp")}
+
+
+def _check_counters(state: dict, key: str, fields: tuple[str, ...], bad) -> None:
+    if key not in state:
+        return
+    value = state[key]
+    if not isinstance(value, dict) or set(value) != set(fields):
+        raise bad(key, value, f"an object with exactly {', '.join(fields)}")
+    for f in fields:
+        low = 0 if f == "iter" else 1
+        if type(value[f]) is not int or not low <= value[f] <= 1 << 40:
+            raise bad(f"{key}.{f}", value[f], f"an integer >= {low}")
 
 
 def _check_scaler(state: dict, bad) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import torch
 
 from hybrid.cliutil import check_output_dir
+from hybrid.fault_hook import crash_point
 from models.config import ARCH_GPT2, ModelConfig, load_config
 
 # files of a transformers folder that are not weights and that we carry through unchanged
@@ -53,6 +54,7 @@ def staged_dst(dst: str) -> Iterator[str]:
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(dst))}.tmp.", dir=parent)
     try:
         yield tmp
+        crash_point("export_written")  # test-only: the conversion whole (verified) under `tmp`; no DST yet
         os.chmod(tmp, 0o755)
         if os.path.isdir(dst):
             os.rmdir(dst)  # empty (check_dst)

@@ -30,6 +30,7 @@ from typing import Iterable
 import numpy as np
 
 from hybrid.cliutil import new_temporary
+from hybrid.fault_hook import crash_point
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -79,7 +80,11 @@ class IndexedDatasetWriter:
     def finalize(self) -> None:
         self._bin.close()
         write_index(self._tmp_idx, self.dtype, self.sequence_lengths, self.document_indices)
+        crash_point("dataset_written")  # test-only: both files whole under temporary names
+        # two renames cannot be one: a kill between them leaves PREFIX.bin (whole) without PREFIX.idx, which the
+        # reader names as missing (IndexedDataset) and preprocess refuses to write over -- never a dataset that reads
         os.replace(self._tmp_bin, bin_path(self.prefix))
+        crash_point("dataset_bin_renamed")  # test-only
         os.replace(self._tmp_idx, idx_path(self.prefix))
 
     def abort(self) -> None:

@@ -17,6 +17,7 @@ from typing import Iterator
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_dir, fail, int_in, new_temporary
 from hybrid.data.text import read_text
+from hybrid.fault_hook import crash_point
 
 PROG = "train_tokenizer.py"
 EOD = "<|endoftext|>"
@@ -107,12 +108,14 @@ def train(paths: list[str] | None, vocab_size: int, output: str, key: str = "tex
     os.makedirs(output, exist_ok=True)
     # each file written beside its final name and renamed over it only once all three are written; the
     # temporaries are new files of unique names (mkstemp: O_EXCL, never through a link -- a fixed
-    # `.tokenizer.json.tmp` someone linked elsewhere was written through)
+    # `.tokenizer.json.tmp` someone linked elsewhere was written through). tokenizer.json is renamed last: it is
+    # the file every reader opens, so a kill between the renames leaves no tokenizer.json beside a half set (the
+    # two small files, which a rerun refuses to replace, by name) -- never a tokenizer that loads without its config
     staged = []
     try:
-        for name, write in (("tokenizer.json", lambda p: tok.save(p)),
-                            ("tokenizer_config.json", lambda p: _dump(config, p)),
-                            ("special_tokens_map.json", lambda p: _dump(special, p))):
+        for name, write in (("tokenizer_config.json", lambda p: _dump(config, p)),
+                            ("special_tokens_map.json", lambda p: _dump(special, p)),
+                            ("tokenizer.json", lambda p: tok.save(p))):
             fd, tmp = new_temporary(os.path.join(output, name))
             os.close(fd)
             staged.append((tmp, os.path.join(output, name)))
@@ -121,8 +124,11 @@ def train(paths: list[str] | None, vocab_size: int, output: str, key: str = "tex
         for tmp, _ in staged:
             os.remove(tmp)
         raise
-    for tmp, final in staged:
+    crash_point("tokenizer_staged")  # test-only: the three files whole under temporary names
+    for n, (tmp, final) in enumerate(staged):
         os.replace(tmp, final)
+        if n == 0:
+            crash_point("tokenizer_first_renamed")  # test-only: one file in place, the other two not
     return tok
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from dataclasses import dataclass
 
 from hybrid.metrics.flops import model_flops_per_token, hardware_flops_per_token
@@ -42,6 +44,30 @@ def step_rates(cfg, seq_length: int, tokens_per_step: int, step_s: float, world:
     return StepRates(tps, model, hw, model / peak_tflops if peak_tflops else None)
 
 
+def drop_torn_record(path: str, chunk: int = 1 << 16) -> None:
+    """Cut an appended --metrics-file back to its last whole line. A run killed inside a record's write (a long
+    line of per-rank lists spans several write() calls; a full disk stops one midway) leaves a torn last line,
+    and the resumed run's first record would be appended to it: one line that is not JSON, which makes the whole
+    file unreadable to plot_run. Only the bytes after the last newline go -- never a whole record."""
+    if not os.path.isfile(path):
+        return
+    with open(path, "rb+") as f:
+        end = f.seek(0, os.SEEK_END)
+        at = end
+        while at > 0:  # backwards, a chunk at a time, to the last newline
+            start = max(0, at - chunk)
+            f.seek(start)
+            nl = f.read(at - start).rfind(b"\n")
+            if nl >= 0:
+                at = start + nl + 1
+                break
+            at = start
+        if 0 < at < end:  # no newline at all: not a file a run wrote (check_appendable refuses it)
+            f.truncate(at)
+            print(f"note: --metrics-file {path}: its last {end - at} bytes were a torn record (a killed run's last "
+                  f"write), cut; the whole records before it are kept", file=sys.stderr, flush=True)
+
+
 class MetricsWriter:
     """TensorBoard and/or JSON lines, on rank 0 (`enabled`); `close()` flushes both."""
 
@@ -53,6 +79,7 @@ class MetricsWriter:
             from torch.utils.tensorboard import SummaryWriter
             self.tb = SummaryWriter(log_dir=tensorboard_dir, max_queue=1000)
         if metrics_file:
+            drop_torn_record(metrics_file)
             self.file = open(metrics_file, "a", buffering=1)  # a line per record, appended across resumes
 
     def write(self, iteration: int, values: dict[str, float | int | list | None]) -> None:
