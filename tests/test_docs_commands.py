@@ -316,6 +316,10 @@ def _check_in_process(argv: list[str], workdir: str, monkeypatch) -> None:
 
 @pytest.mark.parametrize("where,command", COMMANDS, ids=[f"{w}:{c[:60]}" for w, c in COMMANDS])
 @pytest.mark.slow
+# hybrid/convert/__init__.py's own filter of DCP's one-process warning, set when it is imported (as a command's
+# process has it): pytest's per-test warning capture drops filters set during an earlier test, so `hybrid convert`
+# run in this process would report it
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
 def test_documented_command_runs(where, command, hf_model, workdir, monkeypatch):
     if "HEAD_NODE" in command or not _pieces(command):
         reasons = [why for s, why in SKIP.items() if s in command]
