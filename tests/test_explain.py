@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 from hybrid.data.indexed import InMemoryDocuments
 from hybrid.data.source import DataSource, Split, SplitSizes
