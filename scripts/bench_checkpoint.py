@@ -217,6 +217,7 @@ class DeepSpeed:
         model = bench_zero.build(args)
         from hybrid.zero.cpu_adam_build import load_op
         load_op("deepspeed_shm_comm")  # its CPU collectives op, loaded here first: a stale build lock is named
+        load_op("fused_adam")  # the config's AdamW, built by initialize otherwise: the same
         self.engine, self.opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                            config=bench_zero.deepspeed_config(args))
         x, y = bench_zero.batch(args, rank, 0)

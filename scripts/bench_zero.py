@@ -399,6 +399,7 @@ def run_deepspeed(rank, world, args, kernel):
     model = build(args)
     from hybrid.zero.cpu_adam_build import load_op
     load_op("deepspeed_shm_comm")  # its CPU collectives op, loaded here first: a stale build lock is named
+    load_op("fused_adam")  # the config's AdamW, built by initialize otherwise: the same
     engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                              config=deepspeed_config(args))
     _peer_host_alloc(kernel)

@@ -23,12 +23,14 @@ from collections.abc import Callable, Iterator
 NAME = "cpu_adam"  # deepspeed.ops.op_builder.CPUAdamBuilder.NAME: the extension's build directory
 
 
-# DeepSpeed's JIT-compiled ops this project loads: CPU Adam (ZeRO offload's optimizer) and the shared-memory
-# collectives that deepspeed.initialize loads on CPU (deepspeed.comm.torch.build_shm_op) -- the DeepSpeed peers of
-# the benchmarks and of the checkpoint-conversion tests. Name (build directory) -> (op_builder class, what messages
-# call it).
+# DeepSpeed's JIT-compiled ops this project loads: CPU Adam (ZeRO offload's optimizer), the shared-memory
+# collectives that deepspeed.initialize loads on CPU (deepspeed.comm.torch.build_shm_op), and FusedAdam, which
+# deepspeed.initialize builds for a config's "type": "AdamW" (on the CPU accelerator op_builder/cpu/fused_adam.py) --
+# the DeepSpeed peers of the benchmarks and of the checkpoint-conversion tests. Name (build directory) ->
+# (op_builder class, what messages call it).
 DEEPSPEED_OPS = {NAME: ("CPUAdamBuilder", "CPU Adam"),
-                 "deepspeed_shm_comm": ("ShareMemCommBuilder", "deepspeed_shm_comm")}
+                 "deepspeed_shm_comm": ("ShareMemCommBuilder", "deepspeed_shm_comm"),
+                 "fused_adam": ("FusedAdamBuilder", "FusedAdam")}
 
 
 class StaleBuildLock(RuntimeError):
