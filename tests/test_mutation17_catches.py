@@ -8,6 +8,7 @@ The mutant ids (PF1-ways-no-cp, ...) are those of branch mutation17's report and
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 # --- planner16b's families report (hybrid/planner/families.py) -------------------------------------------------------
@@ -105,3 +106,82 @@ def test_diloco_inflight_in_state_json_is_minus_one_or_a_fragment(tmp_path, valu
     else:
         with pytest.raises(store.CorruptCheckpoint, match="diloco.inflight is .*expected an integer >= -1"):
             store.read_state(d)
+
+
+# --- MoE x CP with TP + SP: the routing counts over the tp_cp group (hybrid/moe/layer.py) ----------------------------
+def _tp_sp_layer(mc, tp_group, cp, tp_cp):
+    """test_cpmoe16_units' block (4 experts, top 2, h 8, seeded) at tp 2 with sequence parallelism, its TP group,
+    CP group and TP x CP group stand-ins (groups that add the other ranks' values)."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from hybrid.moe.layer import ExpertContext, MoELayer
+    from hybrid.tp.sharding import REPLICATED
+    from test_cpmoe16_units import E, H, K
+    cfg = SimpleNamespace(num_experts=E, hidden_size=H, moe_ffn_hidden_size=16, moe_top_k=K,
+                          moe_router_pre_softmax=True, moe_norm_topk_prob=True, moe_shared_expert_gate=False)
+    tp = SimpleNamespace(size=2, sequence_parallel=True, replicated_spec=lambda: REPLICATED, group=tp_group)
+    torch.manual_seed(0)
+    layer = MoELayer(cfg, tp, ExpertContext(mc, cp=cp, tp_cp=tp_cp), F.silu).train()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape) * 0.5)
+    return layer
+
+
+@pytest.mark.parametrize("kind", ["aux_loss", "seq_aux_loss"])
+def test_tp_sp_x_cp_counts_are_summed_once_over_tp_cp_and_the_shares_sum_to_the_whole(kind):
+    """tp 2 (SP) x cp 2: each of the 4 ranks holds a quarter of every sequence; its balancing-loss share takes the
+    counts of all four quarters, in one all-reduce over Mesh.tp_cp, and the 4 shares sum to the unsharded block's
+    loss (as test_cpmoe16_units checks at tp 1, where tp_cp is never used). MC4-tpcp-as-tp (the TP group in place
+    of tp_cp: only the TP peer's counts) lived through test_cpmoe16_units; only test_cpmoe16_parallel's 4-rank
+    launch caught it. Bound: fp32 sums in another order, 1e-6 relative (test_cpmoe16_units')."""
+    from hybrid.moe.config import LoadBalancing, MoEConfig
+    from test_cpmoe16_units import E, H, _Adds, _counts, _layer
+    mc = MoEConfig(load_balancing=LoadBalancing(kind), aux_loss_coeff=0.1)
+    x = torch.randn(2, 8, H, generator=torch.Generator().manual_seed(4))
+    full = _layer(mc)
+    full(x)
+    per_seq = kind == "seq_aux_loss"
+    zeros = torch.zeros((2, E) if per_seq else E)
+    tp_group, cp, tp_cp = _Adds(zeros.clone()), _Adds(zeros.clone()), _Adds(zeros.clone(), size=4)
+    layer = _tp_sp_layer(mc, tp_group, cp, tp_cp)
+    quarters = [torch.tensor([0, 7]), torch.tensor([1, 6]), torch.tensor([2, 5]), torch.tensor([3, 4])]
+    for j, idx in enumerate(quarters):  # rank j = tp + 2 cp: its TP peer j ^ 1, its CP peer j ^ 2
+        tp_cp.other = sum(_counts(layer, x[:, quarters[i]], per_seq) for i in range(4) if i != j)
+        tp_group.other = _counts(layer, x[:, quarters[j ^ 1]], per_seq)
+        cp.other = _counts(layer, x[:, quarters[j ^ 2]], per_seq)
+        layer(x[:, idx])
+    assert full.stat_aux > 0 and abs(layer.stat_aux - full.stat_aux) < 1e-6 * full.stat_aux
+    assert (tp_cp.calls, tp_group.calls, cp.calls) == (4, 0, 0)
+
+
+def test_expert_context_takes_the_meshs_tp_cp_group():
+    """train.loop.expert_context hands the MoE block the mesh's CP and TP x CP groups. MC9-no-tpcp-ctx (tp_cp left
+    None: the counts summed over TP, then over CP -- the same values, two all-reduces a layer in place of one)
+    passed every in-process test and was caught only by test_cpmoe16_parallel's ledger count in a 4-rank launch."""
+    from types import SimpleNamespace
+
+    from hybrid.moe.config import MoEConfig
+    from hybrid.train.loop import expert_context
+    mesh = SimpleNamespace(ep=None, etp=None, cp=object(), tp_cp=object())
+    ctx = expert_context(SimpleNamespace(moe=MoEConfig()), mesh)
+    assert ctx.cp is mesh.cp and ctx.tp_cp is mesh.tp_cp
+
+
+# --- trust16: convert reads every .safetensors file of SRC (hybrid/convert/common.py) ---------------------------------
+def test_a_tensor_outside_the_file_its_index_names_is_refused(tmp_path):
+    """The index names b.safetensors for tensor w, but w is in a.safetensors only (b holds another tensor): DCP's
+    reader, which reads every file of the folder, would take a's w silently. TR3-one-copy-owner (only a tensor seen
+    twice refused, the owner test dropped) lived through test_trust16_readers and test_trust16_writers, whose
+    stray file always repeats a tensor of the checkpoint."""
+    from safetensors.torch import save_file
+
+    from hybrid.convert.common import check_one_copy_each
+    save_file({"w": torch.ones(2)}, str(tmp_path / "a.safetensors"))
+    save_file({"v": torch.ones(2)}, str(tmp_path / "b.safetensors"))
+    owner = {"w": "b.safetensors", "v": "b.safetensors"}
+    with pytest.raises(ValueError, match="tensor w is in a.safetensors and in b.safetensors"):
+        check_one_copy_each(str(tmp_path), owner)
+    check_one_copy_each(str(tmp_path), {"w": "a.safetensors", "v": "b.safetensors"})  # as the index says: taken
