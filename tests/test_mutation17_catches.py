@@ -185,3 +185,24 @@ def test_a_tensor_outside_the_file_its_index_names_is_refused(tmp_path):
     with pytest.raises(ValueError, match="tensor w is in a.safetensors and in b.safetensors"):
         check_one_copy_each(str(tmp_path), owner)
     check_one_copy_each(str(tmp_path), {"w": "a.safetensors", "v": "b.safetensors"})  # as the index says: taken
+
+
+# --- diloco16: the outer state on the memory ledger (hybrid/diloco/outer.py) ------------------------------------------
+@pytest.mark.parametrize("tau, copies", [(0, 2), (1, 3)])
+def test_diloco_outer_state_bytes_count_the_in_flight_delta_buffers(tau, copies):
+    """DiLoCo.state_bytes: theta and the outer momentum, fp32 copies of the rank's master segments, plus with an
+    overlapped sync (tau > 0) each fragment's flat delta buffer -- 3 copies. DL7-state-bytes-no-flat (the buffers
+    left out) lived through every DiLoCo test: test_diloco16_compose checks the bytes at tau 0 only. A stand-in
+    ZeRO optimizer of two segments (16 floats), no process group."""
+    from types import SimpleNamespace
+
+    from hybrid.comm import Group
+    from hybrid.diloco.args import DiLoCoConfig
+    from hybrid.diloco.outer import DiLoCo
+    views = [torch.zeros(6), torch.zeros(10)]
+    zero = SimpleNamespace(units=[SimpleNamespace(views=views)], wait_params=lambda: None,
+                           cfg=SimpleNamespace(offload_optimizer=False))
+    cfg = DiLoCoConfig(inner_steps=4, fragments=2, fragment_sync_delay=tau)
+    outer = DiLoCo(cfg, zero, Group.solo("diloco"))
+    assert outer.state_bytes() == copies * 4 * 16
+    assert outer.state_ledger().bytes() == copies * 4 * 16
