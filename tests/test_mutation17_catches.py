@@ -159,8 +159,10 @@ def test_tp_sp_x_cp_counts_are_summed_once_over_tp_cp_and_the_shares_sum_to_the_
 
 def test_expert_context_takes_the_meshs_tp_cp_group():
     """train.loop.expert_context hands the MoE block the mesh's CP and TP x CP groups. MC9-no-tpcp-ctx (tp_cp left
-    None: the counts summed over TP, then over CP -- the same values, two all-reduces a layer in place of one)
-    passed every in-process test and was caught only by test_cpmoe16_parallel's ledger count in a 4-rank launch."""
+    None in train.py's runs: the counts summed over TP, then over CP -- the same values, integer counts summed
+    exactly, but two all-reduces a MoE layer in place of one) lived through the fast and slow tiers:
+    test_cpmoe16_parallel's ledger count builds its own ExpertContext (run: 3 passed on the mutant), and
+    test_cpmoe16_train runs train.py at tp 1, where tp_cp is None anyway."""
     from types import SimpleNamespace
 
     from hybrid.moe.config import MoEConfig
