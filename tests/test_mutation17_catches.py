@@ -176,8 +176,8 @@ def test_expert_context_takes_the_meshs_tp_cp_group():
 def test_a_tensor_outside_the_file_its_index_names_is_refused(tmp_path):
     """The index names b.safetensors for tensor w, but w is in a.safetensors only (b holds another tensor): DCP's
     reader, which reads every file of the folder, would take a's w silently. TR3-one-copy-owner (only a tensor seen
-    twice refused, the owner test dropped) lived through test_trust16_readers and test_trust16_writers, whose
-    stray file always repeats a tensor of the checkpoint."""
+    twice refused, the owner test dropped) lived through test_trust16_readers, test_trust16_writers, test_trust
+    and test_convert (382 passed on the mutant), whose stray file always repeats a tensor of the checkpoint."""
     from safetensors.torch import save_file
 
     from hybrid.convert.common import check_one_copy_each
@@ -194,8 +194,9 @@ def test_a_tensor_outside_the_file_its_index_names_is_refused(tmp_path):
 def test_diloco_outer_state_bytes_count_the_in_flight_delta_buffers(tau, copies):
     """DiLoCo.state_bytes: theta and the outer momentum, fp32 copies of the rank's master segments, plus with an
     overlapped sync (tau > 0) each fragment's flat delta buffer -- 3 copies. DL7-state-bytes-no-flat (the buffers
-    left out) lived through every DiLoCo test: test_diloco16_compose checks the bytes at tau 0 only. A stand-in
-    ZeRO optimizer of two segments (16 floats), no process group."""
+    left out) lived through test_diloco16_compose's outer-state, streaming and overlap tests (3 passed on the
+    mutant): the only test reading the bytes checks them at tau 0. A stand-in ZeRO optimizer of two segments (16
+    floats), no process group."""
     from types import SimpleNamespace
 
     from hybrid.comm import Group
