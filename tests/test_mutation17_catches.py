@@ -98,7 +98,8 @@ def _state_dir(tmp_path, **extra) -> str:
 def test_diloco_inflight_in_state_json_is_minus_one_or_a_fragment(tmp_path, value, ok):
     """DiLoCo's fragment in flight is -1 (none) or a fragment index; -2 (or a bool, a float) is refused by name.
     TR11-inflight-lt (the bound moved to -2: a forged -2 read as a fragment index, Python's second-from-last
-    fragment) lived through test_trust16_readers, whose case is the string "x" only."""
+    fragment) lived through test_trust16_readers, test_trust16_writers, test_trust and test_checkpoint_kill (355
+    passed on the mutant): their only case is the string "x"."""
     from hybrid.checkpoint import store
     d = _state_dir(tmp_path, **{"diloco.inflight": value})
     if ok:
