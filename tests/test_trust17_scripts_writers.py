@@ -10,7 +10,6 @@ gpu_check and reference_losses did -- writes the link's target.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -90,9 +89,13 @@ def test_a_benchmarks_out_check_refuses_a_link_before_any_work(link, capsys):
     assert target.read_text() == "the user's own file\n"
 
 
-def test_cpu_time_refuses_an_appended_json_that_is_a_link(link):
+def test_cpu_time_refuses_an_appended_json_that_is_a_link(link, monkeypatch, capsys):
+    """In this process (its main() under runpy): the refusal comes at parse time, before the command would run."""
+    import runpy
     path, target = link
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "cpu_time.py"), "--json", path, "--",
-                          "true"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "is a symbolic link" in out.stderr, out.stderr
+    monkeypatch.setattr(sys, "argv", ["cpu_time.py", "--json", path, "--", "true"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(os.path.join(ROOT, "scripts", "cpu_time.py"), run_name="__main__")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "is a symbolic link" in err, err
     assert target.read_text() == "the user's own file\n"
