@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Iterator
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file, fail, int_in, positive_int
+from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file, fail, int_in, plural, positive_int
 from hybrid.data.indexed import IndexedDatasetWriter, bin_path, idx_path, optimal_dtype
 from hybrid.data.tokenizer import TOKENIZER_TYPES, Tokenizer, build_tokenizer, tokenizer_hints
 
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace, tok: Tokenizer, out=sys.stderr) -> dict:
             docs, nbytes = docs + 1, nbytes + size
             if docs % args.log_interval == 0:
                 dt = time.perf_counter() - t0
-                print(f"Processed {docs} documents ({docs / dt:.0f} docs/s, {nbytes / dt / 1e6:.2f} MB/s).",
+                print(f"Processed {plural(docs, 'document')} ({docs / dt:.0f} docs/s, {nbytes / dt / 1e6:.2f} MB/s).",
                       file=out, flush=True)
         if not tokens:  # an empty input would replace a good dataset at --output-prefix with an empty one
             raise ValueError(f"--input {args.input} holds no {'documents' if not docs else 'tokens'} (empty, or "
@@ -193,8 +193,10 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as e:
         raise fail(f"{PROG}: error: {e}") from None
     dt = max(stats["seconds"], 1e-9)
-    print(f"{PROG}: {stats['documents']} documents, {stats['tokens']} tokens, {stats['bytes'] / 1e6:.2f} MB in "
+    print(f"{PROG}: {plural(stats['documents'], 'document')}, {plural(stats['tokens'], 'token')}, "
+          f"{stats['bytes'] / 1e6:.2f} MB in "
           f"{dt:.2f} s ({stats['documents'] / dt:.0f} docs/s, {stats['bytes'] / dt / 1e6:.2f} MB/s, "
-          f"{args.workers} worker(s)) -> {', '.join(output_name(args.output_prefix, k) for k in args.json_keys)}"
+          f"{plural(args.workers, 'worker')}) -> "
+          f"{', '.join(output_name(args.output_prefix, k) for k in args.json_keys)}"
           f".bin/.idx", flush=True)
     return stats
