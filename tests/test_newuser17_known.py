@@ -276,7 +276,7 @@ def test_a_flag_given_twice_keeps_the_last_and_says_so(capsys):
     keeps it too (a command built by appending an override means the last) and warns, once its checks pass."""
     capsys.readouterr()
     run = validate(TRAIN + ["--lr", "1e-3", "--lr", "1e-4", "--bf16", "--bf16", "--seed", "3", "--seed", "3"])[0]
-    assert run.optimizer.lr == 1e-4
+    assert run.optimizer.lr == 1e-4 and "repeated" not in run.flag_values  # not a flag a checkpoint records
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if "given" in ln]
     assert warnings == ["train.py: warning: --lr given twice (--lr 1e-3, then --lr 1e-4): the last is used, as "
                         "argparse (and Megatron-LM) does; drop the other"]  # a switch or an equal value: no repeat

@@ -93,7 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
-    args.repeated = p.repeated  # a flag given twice: which value won (warned once the checks pass)
+    args.repeated = tuple(p.repeated)  # a flag given twice: which value won (warned once the checks pass; a tuple,
+    # so a checkpoint's "args" does not record it as a flag: hybrid/train/args._recorded)
     actions = {s: a.dest for a in p._actions for s in a.option_strings}
     args.explicit = {actions[t.split("=", 1)[0]] for t in argv if t.split("=", 1)[0] in actions}
     return args
