@@ -146,7 +146,7 @@ def output_name(prefix: str, key: str) -> str:
     return f"{prefix}_{key}_document"
 
 
-def run(args: argparse.Namespace, tok: Tokenizer, out=sys.stderr) -> dict:
+def run(args: argparse.Namespace, tok: Tokenizer, out=None) -> dict:
     """Tokenize and write; returns counts and timings (documents, tokens, bytes, seconds)."""
     writers = {k: IndexedDatasetWriter(output_name(args.output_prefix, k), optimal_dtype(tok.vocab_size))
                for k in args.json_keys}
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace, tok: Tokenizer, out=sys.stderr) -> dict:
             if docs % args.log_interval == 0:
                 dt = time.perf_counter() - t0
                 print(f"Processed {plural(docs, 'document')} ({docs / dt:.0f} docs/s, {nbytes / dt / 1e6:.2f} MB/s).",
-                      file=out, flush=True)
+                      file=out or sys.stderr, flush=True)  # the stream of the call (not of the import)
         if not tokens:  # an empty input would replace a good dataset at --output-prefix with an empty one
             raise ValueError(f"--input {args.input} holds no {'documents' if not docs else 'tokens'} (empty, or "
                              f"no text under --json-keys {' '.join(args.json_keys)}); nothing written")
