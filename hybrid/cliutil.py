@@ -125,10 +125,14 @@ class OneLineParser(argparse.ArgumentParser):
     mistyped one) instead of the usage block, printed once under torchrun. Prefixes are not expanded
     (allow_abbrev=False, as Megatron): `--lr-warm 5` is an error, not silently `--lr-warmup-iters`."""
 
-    def __init__(self, *args, hints: dict[str, str] | None = None, **kwargs) -> None:
+    def __init__(self, *args, hints: dict[str, str] | None = None, warn_repeated: bool = True, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.hints = hints or {}  # unknown flag -> what to give instead (_suggest)
+        # a flag given twice: parse_args prints the warning (rank 0) where True, else the caller prints `repeated`
+        # with its other warnings once its checks have passed (train.py: an error stays one line)
+        self.warn_repeated = warn_repeated
+        self.repeated: list[str] = []
         # argparse takes "-1e-4" and "-inf" for flags ("expected one argument"); they are negative numbers
         self._negative_number_matcher = _NEGATIVE_NUMBER
 
@@ -149,11 +153,53 @@ class OneLineParser(argparse.ArgumentParser):
         where every other error of a sub-command reads `hybrid models: error: ...`."""
         argv = sys.argv[1:] if args is None else list(args)
         namespace, extras = self.parse_known_args(argv, namespace)
+        parser = self.chosen(namespace)
         if extras:
-            parser = self.chosen(namespace)
             parser._switch_given_a_value(argv, extras)
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        self.repeated = parser.repeated_flags(argv)
+        if self.warn_repeated and is_rank_zero():
+            for line in self.repeated:
+                print(f"{parser.prog}: warning: {line}", file=sys.stderr, flush=True)
         return namespace
+
+    def repeated_flags(self, argv: list[str]) -> list[str]:
+        """One line per option given more than once with different values (`--lr 1e-3 ... --lr 1e-4`). argparse --
+        and so Megatron-LM, whose flags these are -- keeps the last without a word; so does this parser (a command
+        built by appending overrides, `$(hybrid plan --emit-args) --micro-batch-size 4`, means the last), but says
+        which one won. Switches, repeatable options (append, count) and a value given twice the same are not
+        repeats."""
+        given: dict[str, list[tuple[str, str]]] = {}
+        for i, token in enumerate(argv):
+            if token == "--":
+                break
+            name, eq, value = token.partition("=")
+            action = self._option_string_actions.get(name) if token.startswith("-") else None
+            if action is None or action.nargs == 0 or isinstance(action, (argparse._AppendAction,
+                                                                           argparse._CountAction)):
+                continue
+            given.setdefault(action.dest, []).append((name, value if eq else self._value_after(argv, i + 1, action)))
+        lines = []
+        for uses in given.values():
+            if len({value for _, value in uses}) > 1:
+                shown = [f"{name} {value}".rstrip() for name, value in uses]
+                times = "twice" if len(uses) == 2 else f"{len(uses)} times"
+                lines.append(f"{uses[0][0]} given {times} ({', '.join(shown[:-1])}, then {shown[-1]}): the "
+                             f"last is used, as argparse (and Megatron-LM) does; drop the other"
+                             f"{'s' if len(uses) > 2 else ''}")
+        return lines
+
+    def _value_after(self, argv: list[str], start: int, action: argparse.Action) -> str:
+        """The words argparse takes as `action`'s value from argv[start:]: one (nargs None or ?), N, or every word up to
+        the next option (+, *); a negative number is a value, not an option."""
+        words = []
+        for word in argv[start:]:
+            if word.startswith("-") and not self._negative_number_matcher.match(word):
+                break
+            words.append(word)
+            if action.nargs in (None, "?") or (isinstance(action.nargs, int) and len(words) == action.nargs):
+                break
+        return " ".join(words)
 
     def _switch_given_a_value(self, argv: list[str], extras: list[str]) -> None:
         """A word left over right after a switch (`--bf16 True`, transformers' TrainingArguments style; `--sequence-
@@ -291,6 +337,22 @@ positive_int = int_in(1)
 nonnegative_int = int_in(0)
 positive_float = float_in(0.0, low_open=True)
 nonnegative_float = float_in(0.0)
+
+
+def plural(n: int, noun: str, many: str | None = None, spec: str = "") -> str:
+    """"1 document", "2 documents", "0 documents": a count and its noun in a message (`noun` singular; `many` the
+    plural where it is not noun + "s": "entry", "entries"; `spec` the count's format, "," for "2,608")."""
+    return f"{n:{spec}} {noun}" if n == 1 else f"{n:{spec}} {many or noun + 's'}"
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of n >= 1, ascending: the sizes a flag that must divide n can take (said in its error)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def one_of(values: list[int]) -> str:
+    """"1, 2 or 4" (or "1" alone): the values a message offers."""
+    return ", ".join(map(str, values[:-1])) + (f" or {values[-1]}" if len(values) > 1 else str(values[-1]))
 
 
 # --- typed values outside argparse (a config's fields, a JSON file's keys): one set of predicates --------------

@@ -290,7 +290,7 @@ def test_start_up_and_resume_lines_are_printed_once_by_rank_zero_only(chain):
     resume = [ln for ln in r0.splitlines() if ln.startswith("resume: ")]
     assert resume == [
         "resume: flags changed since the checkpoint: --train-iters 3 -> 5",
-        "resume: lr schedule unchanged for iterations 4-5: warm-up to 0.001 over 1 iterations, cosine decay to "
+        "resume: lr schedule unchanged for iterations 4-5: warm-up to 0.001 over 1 iteration, cosine decay to "
         "0.0001 at iteration 3 (--lr-decay-iters 3), then constant",
         "resume: data order unchanged: the train split is now read for 40 samples (was 24) and its shuffle still "
         "spans 1 epoch, as the saved run's did"], r0

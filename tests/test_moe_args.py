@@ -87,4 +87,5 @@ def test_hybrid_layout_refuses_an_ep_that_does_not_divide(capsys):
     with pytest.raises(SystemExit) as e:
         main(["layout", "--world", "4", "--expert-model-parallel-size", "3", "--num-experts", "6"])
     assert str(e.value.code) == ("hybrid layout: error: --expert-model-parallel-size 3 x --expert-tensor-parallel-size "
-                                 "1 must divide the 4 ranks of a pipeline stage (tp x cp x dp)")
+                                 "1 must divide the 4 ranks of a pipeline stage (tp x cp x dp); give "
+                                 "--expert-model-parallel-size 1, 2 or 4")

@@ -202,7 +202,7 @@ def test_convert_partition_flag_nothing_reads_is_one_line_and_writes_nothing(fla
     (["--context-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--expert-model-parallel-size", "8"],
      "hybrid layout: error: "
      "--expert-model-parallel-size 8 x --expert-tensor-parallel-size 1 must divide the 4 ranks of a pipeline stage "
-     "(tp x cp x dp)"),  # CP x EP: the stage's tp x cp x dp ranks; the line comes with its command's prefix
+     "(tp x cp x dp); give --expert-model-parallel-size 1, 2 or 4"),  # CP x EP: the stage's tp x cp x dp ranks; the line comes with its command's prefix
 ])
 def test_layout_flag_it_cannot_print_is_one_line_with_the_command_prefix(argv, want, one_line):
     line = one_line(lambda: hybrid.cli.main(["layout", "--world", "8", *argv]))

@@ -107,6 +107,50 @@ def _check_not_in_iteration(args: argparse.Namespace) -> None:
         probe = os.path.dirname(probe)
 
 
+def _inside(path: str, folder: str) -> bool:
+    """`path` is `folder` or below it (real paths: a link or `..` does not hide it; neither need exist yet)."""
+    p, f = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([p, f]) == f
+
+
+def _beside(folder: str, name: str) -> str:
+    """A path named `name` next to `folder` (what to give instead of one inside it), as the user would type it."""
+    return os.path.relpath(os.path.join(os.path.dirname(os.path.realpath(folder)), name))
+
+
+def check_other_outputs(save: str | None, outputs: dict[str, str | None],
+                        folders: frozenset[str] = frozenset()) -> None:
+    """The run's other outputs (`outputs`: flag -> path; `folders`: the flags whose path is a directory) stay out
+    of the checkpoints. Inside one iteration of any checkpoint, what the run writes is lost with that folder: a save
+    of the same iteration replaces it whole and --save-keep deletes it (a --timeline there ended the run in a
+    traceback at its very end, the timeline unwritten). Inside the --save directory (the same folder, or below it),
+    the checkpoint directory is no longer the run's checkpoints alone, the unit a resume copies and `hybrid
+    checkpoint inspect` describes; and --save inside --tensorboard-dir puts the checkpoint shards under the folder
+    TensorBoard reads recursively. ValueError naming both and a path beside the checkpoints."""
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        name = os.path.basename(os.path.normpath(path))
+        probe = os.path.realpath(path if flag in folders else os.path.dirname(os.path.abspath(path)))
+        while probe != os.path.dirname(probe):
+            if found := iteration_dir(probe):
+                raise ValueError(f"{flag} {path!r} is inside iteration {found[1]} of the checkpoint directory "
+                                 f"{found[0]}: a later save of that iteration replaces the folder and --save-keep "
+                                 f"deletes it, with what the run wrote there; give a path outside the checkpoints, "
+                                 f"e.g. {flag} {_beside(found[0], name)}")
+            probe = os.path.dirname(probe)
+        if save is not None and _inside(path, save):
+            what = "the same folder as" if os.path.realpath(path) == os.path.realpath(save) else "inside"
+            mine = _beside(save, "tensorboard" if flag in folders and _inside(save, path) else name)
+            raise ValueError(f"{flag} {path!r} is {what} --save {save!r}: the checkpoint directory holds the run's "
+                             f"checkpoints alone (iter_*/, latest), the folder a resume copies and `hybrid checkpoint "
+                             f"inspect` reads; give {flag} a path beside it, e.g. {flag} {mine}")
+        if save is not None and flag in folders and _inside(save, path):
+            raise ValueError(f"--save {save!r} is inside {flag} {path!r}: TensorBoard reads every folder under it, "
+                             f"the checkpoint shards included; give them separate folders, e.g. {flag} "
+                             f"{os.path.join(path, 'tensorboard')} --save {save}")
+
+
 def _package_root(path: str) -> str | None:
     """The outermost Python package (a folder holding __init__.py) that `path`, or the nearest existing folder above
     it, lies in; None outside any."""

@@ -61,6 +61,22 @@ def is_checkpoint_dir(root: str) -> bool:
                                     any(n.startswith("iter_") for n in os.listdir(root)))
 
 
+def enclosing_checkpoint(path: str) -> str | None:
+    """The checkpoint directory `path` is, or lies inside (real paths; `path` need not exist): the nearest folder at
+    or above it holding a `latest` file or an iter_NNNNNNN folder -- ours, or Megatron-LM's and DeepSpeed's of the
+    same shape (foreign_checkpoint) -- else None."""
+    probe = os.path.realpath(path)
+    while True:
+        if os.path.isdir(probe):
+            names = os.listdir(probe)
+            if os.path.isfile(os.path.join(probe, LATEST)) or any(_ITER.match(n) for n in names) or \
+                    foreign_checkpoint(probe):
+                return probe
+        if probe == os.path.dirname(probe):
+            return None
+        probe = os.path.dirname(probe)
+
+
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-LM's `latest`
 # what to do with a Megatron-LM checkpoint, which neither train.py --load nor hybrid convert reads
 MEGATRON_EXPORT = "export it to a transformers folder with Megatron-LM's checkpoint converter"

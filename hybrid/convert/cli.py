@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hybrid.cliutil import HelpFormatter, int_in
-from hybrid.convert.common import DTYPES, check_dst_outside_src
+from hybrid.convert.common import DTYPES, check_dst_outside_checkpoints, check_dst_outside_src
 from hybrid.convert.detect import Format, detect
 from hybrid.convert.presharded import MICRO_BATCH, PP_FLAG, SEQ_LENGTH, TP_FLAG, TargetLayout
 from hybrid.convert.safetensors_out import parse_size
@@ -15,6 +15,7 @@ def run(args: argparse.Namespace) -> None:
     from hybrid.convert import deepspeed_to_hybrid, hf_to_hybrid, hybrid_to_hf
     fmt = detect(args.src)
     check_dst_outside_src(args.src, args.dst)
+    check_dst_outside_checkpoints(args.dst)
     to = args.to or ("hf" if fmt is Format.HYBRID else "hybrid")
     verify = not args.no_verify
     target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
@@ -92,6 +93,9 @@ MEGATRON_CONVERTER_HINTS = {
     "--saver": "--saver: the target format is --to hf or --to hybrid (default: the other one)",
     "--load-dir": "--load-dir: give the source as SRC (hybrid convert LOAD_DIR SAVE_DIR)",
     "--save-dir": "--save-dir: give the target as DST (hybrid convert LOAD_DIR SAVE_DIR)",
+    # round 17: the output flags of other converters and of this project's other commands ("see --help")
+    **{flag: f"{flag}: give the target as DST, the second word (hybrid convert SRC DST)"
+       for flag in ("--out", "--output", "--output-dir", "--output_dir", "--dst", "--save")},
     # round 15: "did you mean --target-pipeline-parallel-size?" for Megatron's MoE saver flag
     "--target-expert-parallel-size": "--target-expert-parallel-size: experts are stored whole and train.py's "
                                      "--load splits them over any --expert-model-parallel-size; drop the flag",

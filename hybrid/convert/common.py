@@ -45,6 +45,23 @@ def check_dst_outside_src(src: str, dst: str) -> None:
                          f"reads: give a DST outside SRC")
 
 
+def check_dst_outside_checkpoints(dst: str) -> None:
+    """DST is not a checkpoint directory (train.py's --save, DeepSpeed's, Megatron-LM's) nor inside one: the export
+    would sit among its iter_*/ and `latest` -- inside an iteration, in a folder a save replaces and --save-keep
+    deletes; beside them, in the folder a resume copies and `hybrid checkpoint inspect` reads. ValueError naming
+    the checkpoint and a DST beside it."""
+    from hybrid.checkpoint import store
+    root = store.enclosing_checkpoint(dst)
+    if root is None:
+        return
+    name = os.path.basename(os.path.normpath(dst))
+    beside = os.path.relpath(os.path.join(os.path.dirname(root), name if os.path.realpath(dst) != root else
+                                          name + "_converted"))
+    where = "is the checkpoint directory" if os.path.realpath(dst) == root else "is inside the checkpoint directory"
+    raise ValueError(f"DST {dst!r} {where} {root} (iter_*/, latest): the conversion would be written among its "
+                     f"checkpoints; give a directory of its own, e.g. {beside}")
+
+
 @contextlib.contextmanager
 def staged_dst(dst: str) -> Iterator[str]:
     """A temporary directory beside DST, renamed onto DST when the body succeeds and removed when it raises:

@@ -20,7 +20,7 @@ from hybrid.convert.common import check_dst, copy_pass_through, hf_config, read_
 from hybrid.convert.detect import is_iteration_dir
 from hybrid.convert.safetensors_out import write_sharded
 from hybrid.convert.tokenizer_out import export_tokenizer
-from hybrid.convert.verify import load_ours, verdict, compare
+from hybrid.convert.verify import verify_hybrid_against
 from models.config import ModelConfig
 
 
@@ -103,12 +103,10 @@ def hybrid_to_hf(src: str, dst: str, dtype: torch.dtype = torch.float32, max_sha
         carried = copy_pass_through([it_dir, os.path.dirname(os.path.abspath(it_dir)),
                                      saved if os.path.isdir(saved) else ""], tmp)
         tokenizer = export_tokenizer(tmp, carried, state, cfg.max_position_embeddings)  # AutoTokenizer loads it
-        if verify:
+        if verify:  # our model from SRC against transformers' reading of what was just written
             from transformers import AutoModelForCausalLM
-            ours = load_ours(cfg, it_dir)
-            ref = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-            line = verdict(*compare(ours, ref, cfg), dtype)
-            del ours, ref
+            line = verify_hybrid_against(cfg, it_dir, lambda: AutoModelForCausalLM.from_pretrained(
+                tmp, dtype=torch.float32), dtype)
     log(f"convert: {it_dir} (hybrid checkpoint, {cfg.hf.model_type}, {cfg.num_parameters / 1e6:.2f}M parameters) "
         f"-> {dst} (transformers, {len(files)} safetensors file{'s' if len(files) > 1 else ''}, "
         f"{str(dtype).removeprefix('torch.')})")

@@ -13,6 +13,7 @@ below KL_TOL (measured on the test models in docs/convert.md, with a margin).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch
@@ -66,9 +67,20 @@ def verdict(max_abs: float, kl: float, scale: float, dtype: torch.dtype) -> str:
     return f"verify: OK: {line}"
 
 
+def announce(cfg: ModelConfig) -> None:
+    """One line on stderr before the check starts: it builds two whole fp32 models (the conversion before it held
+    one tensor at a time), minutes of silence for a 7B one otherwise. stderr, so stdout keeps the summary alone."""
+    size = 2 * cfg.num_parameters * 4  # bytes: two fp32 copies of every parameter
+    size_text = f"{size / 2**30:.3g} GiB" if size >= 2**30 else f"{size / 2**20:.3g} MiB"
+    print(f"verify: loading the converted model and transformers' ({cfg.num_parameters / 1e6:.2f}M parameters each, "
+          f"{size_text} in fp32 for both) to compare their logits on a fixed batch of {BATCH} x {SEQ} tokens "
+          f"(--no-verify skips this) ...", file=sys.stderr, flush=True)
+
+
 def verify_hybrid_against(cfg: ModelConfig, it_dir: str, make_ref: Callable[[], torch.nn.Module],
                           dtype: torch.dtype) -> str:
     """Compare our model loaded from `it_dir` with the transformers model `make_ref()` builds."""
+    announce(cfg)
     ours = load_ours(cfg, it_dir)
     ref = make_ref()
     return verdict(*compare(ours, ref, cfg), dtype)

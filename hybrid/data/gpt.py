@@ -25,6 +25,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from hybrid.cliutil import plural
+
 
 class Documents(Protocol):
     """What a dataset offers: sequence lengths and slices (IndexedDataset, InMemoryDocuments)."""
@@ -80,7 +82,7 @@ class GPTSamples:
         lengths = self.docs.sequence_lengths[self.doc_ids].astype(np.int64)
         tokens_per_epoch = int(lengths.sum())
         if tokens_per_epoch < self.seq_length + 1:
-            raise ValueError(f"{self.docs.prefix}: {tokens_per_epoch} tokens in this split, fewer than one "
+            raise ValueError(f"{self.docs.prefix}: {plural(tokens_per_epoch, 'token')} in this split, fewer than one "
                              f"sample of --seq-length {self.seq_length} + 1")
         s = self.seq_length
         epochs, separate = epoch_plan(tokens_per_epoch, s, self.num_samples)

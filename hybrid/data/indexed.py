@@ -29,7 +29,7 @@ from typing import Iterable
 
 import numpy as np
 
-from hybrid.cliutil import new_temporary
+from hybrid.cliutil import new_temporary, plural
 from hybrid.fault_hook import crash_point
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -192,7 +192,7 @@ class IndexedDataset(_Sequences):
             raise ValueError(f"{flag} {path}: sequence offsets disagree with the lengths; the index is corrupt")
         if d == 0 or self.document_indices[0] != 0 or self.document_indices[-1] != n or \
                 np.any(np.diff(self.document_indices) < 0):
-            raise ValueError(f"{flag} {path}: the document index must rise from 0 to the {n} sequences")
+            raise ValueError(f"{flag} {path}: the document index must rise from 0 to the {plural(n, 'sequence')}")
 
     def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens [offset, offset + length) of sequence i, a view of the memory map."""

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Iterator
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file, fail, int_in, positive_int
+from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file, fail, int_in, plural, positive_int
 from hybrid.data.indexed import IndexedDatasetWriter, bin_path, idx_path, optimal_dtype
 from hybrid.data.tokenizer import TOKENIZER_TYPES, Tokenizer, build_tokenizer, tokenizer_hints
 
@@ -146,7 +146,7 @@ def output_name(prefix: str, key: str) -> str:
     return f"{prefix}_{key}_document"
 
 
-def run(args: argparse.Namespace, tok: Tokenizer, out=sys.stderr) -> dict:
+def run(args: argparse.Namespace, tok: Tokenizer, out=None) -> dict:
     """Tokenize and write; returns counts and timings (documents, tokens, bytes, seconds)."""
     writers = {k: IndexedDatasetWriter(output_name(args.output_prefix, k), optimal_dtype(tok.vocab_size))
                for k in args.json_keys}
@@ -167,8 +167,8 @@ def run(args: argparse.Namespace, tok: Tokenizer, out=sys.stderr) -> dict:
             docs, nbytes = docs + 1, nbytes + size
             if docs % args.log_interval == 0:
                 dt = time.perf_counter() - t0
-                print(f"Processed {docs} documents ({docs / dt:.0f} docs/s, {nbytes / dt / 1e6:.2f} MB/s).",
-                      file=out, flush=True)
+                print(f"Processed {plural(docs, 'document')} ({docs / dt:.0f} docs/s, {nbytes / dt / 1e6:.2f} MB/s).",
+                      file=out or sys.stderr, flush=True)  # the stream of the call (not of the import)
         if not tokens:  # an empty input would replace a good dataset at --output-prefix with an empty one
             raise ValueError(f"--input {args.input} holds no {'documents' if not docs else 'tokens'} (empty, or "
                              f"no text under --json-keys {' '.join(args.json_keys)}); nothing written")
@@ -193,8 +193,10 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as e:
         raise fail(f"{PROG}: error: {e}") from None
     dt = max(stats["seconds"], 1e-9)
-    print(f"{PROG}: {stats['documents']} documents, {stats['tokens']} tokens, {stats['bytes'] / 1e6:.2f} MB in "
+    print(f"{PROG}: {plural(stats['documents'], 'document')}, {plural(stats['tokens'], 'token')}, "
+          f"{stats['bytes'] / 1e6:.2f} MB in "
           f"{dt:.2f} s ({stats['documents'] / dt:.0f} docs/s, {stats['bytes'] / dt / 1e6:.2f} MB/s, "
-          f"{args.workers} worker(s)) -> {', '.join(output_name(args.output_prefix, k) for k in args.json_keys)}"
+          f"{plural(args.workers, 'worker')}) -> "
+          f"{', '.join(output_name(args.output_prefix, k) for k in args.json_keys)}"
           f".bin/.idx", flush=True)
     return stats

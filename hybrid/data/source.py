@@ -16,6 +16,7 @@ from enum import IntEnum
 import numpy as np
 import torch
 
+from hybrid.cliutil import plural
 from hybrid.data.gpt import Blend, GPTSamples, samples_per_dataset, split_ranges
 from hybrid.data.indexed import IndexedDataset, InMemoryDocuments, bin_path, idx_path
 from hybrid.data.text import BatchSpec, read_text
@@ -88,7 +89,7 @@ class DataSource:
             if rng is None or rng[1] <= rng[0]:
                 if s is Split.TRAIN:
                     raise ValueError(f"--data-path {docs.prefix}: --split gives its train split no document "
-                                     f"({len(docs)} documents); give more data or a larger train share")
+                                     f"({plural(len(docs), 'document')}); give more data or a larger train share")
                 return None
             try:
                 parts.append(GPTSamples(docs, np.arange(*rng), self.seq_length, n, self.seed))

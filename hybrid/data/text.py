@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybrid.cliutil import check_number
+from hybrid.cliutil import check_number, plural
 
 BYTE_VOCAB = 256
 
@@ -103,7 +103,8 @@ def global_batch(corpus: torch.Tensor, spec: BatchSpec, seed: int, iteration: in
     """(inputs, labels), each (global_batch, seq_length): random windows of the corpus; labels are
     the inputs shifted by one token."""
     if corpus.numel() <= spec.seq_length + 1:
-        raise ValueError(f"--seq-length {spec.seq_length} is longer than the corpus ({corpus.numel()} tokens)")
+        raise ValueError(f"--seq-length {spec.seq_length} is longer than the corpus "
+                         f"({plural(corpus.numel(), 'token')})")
     gen = torch.Generator().manual_seed(seed * 1_000_003 + iteration)
     starts = torch.randint(0, corpus.numel() - spec.seq_length - 1, (spec.global_batch,), generator=gen)
     windows = torch.stack([corpus[s:s + spec.seq_length + 1] for s in starts.tolist()])

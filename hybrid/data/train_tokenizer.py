@@ -41,14 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter, hints=HINTS)
     p.add_argument("--input", nargs="*", default=None, metavar="PATH",
                    help="text (.txt) or JSON-lines files; none: Python's pydoc topics")
-    p.add_argument("--json-key", default="text", metavar="KEY", help="the text key of JSON lines")
+    # preprocess_data.py's (and Megatron's tools/preprocess_data.py) name, so one command line's key carries over;
+    # --json-key, this script's name before round 17, is kept as its alias
+    p.add_argument("--json-keys", "--json-key", dest="json_keys", nargs="+", default=["text"], metavar="KEY",
+                   help="the keys of JSON lines whose text trains the tokenizer (preprocess_data.py's --json-keys)")
     p.add_argument("--vocab-size", type=int_in(257, 1 << 20), default=4096, metavar="N",
                    help="vocabulary, including the 256 byte tokens and <|endoftext|>")
     p.add_argument("--output", required=True, metavar="DIR", help="the tokenizer folder to write")
     return p
 
 
-def texts(paths: list[str] | None, key: str) -> Iterator[str]:
+def texts(paths: list[str] | None, keys: list[str]) -> Iterator[str]:
     """The documents of --input (or pydoc's topics); ValueError naming the file and line on anything unreadable."""
     if not paths:
         yield read_text(None).decode("utf-8")
@@ -63,36 +66,39 @@ def texts(paths: list[str] | None, key: str) -> Iterator[str]:
                     continue
                 for n, line in enumerate(f, 1):
                     if line.strip():
-                        yield _json_text(path, n, line, key)
+                        yield from _json_texts(path, n, line, keys)
         except UnicodeDecodeError as e:
             raise ValueError(f"--input {path}: not UTF-8 text (byte {e.start} of a read block); convert it to "
                              f"UTF-8") from None
 
 
-def _json_text(path: str, n: int, line: str, key: str) -> str:
+def _json_texts(path: str, n: int, line: str, keys: list[str]) -> Iterator[str]:
     try:
         obj = json.loads(line)
     except (ValueError, RecursionError) as e:
         why = (str(e).splitlines() or [type(e).__name__])[0]
         raise ValueError(f"--input {path}: line {n} is not JSON ({why}); "
                          f"a .jsonl file holds one JSON object per line, a .txt file plain text") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
-        raise ValueError(f"--input {path}: line {n} has no string {key!r}; pass --json-key")
-    return obj[key]
+    for key in keys:
+        if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
+            found = f" (its keys: {', '.join(list(obj)[:5])})" if isinstance(obj, dict) and obj else ""
+            raise ValueError(f"--input {path}: line {n} has no string {key!r}{found}; pass --json-keys with the "
+                             f"text's key")
+        yield obj[key]
 
 
-def check_inputs(paths: list[str] | None, key: str) -> int:
+def check_inputs(paths: list[str] | None, keys: list[str]) -> int:
     """Read every input once before training (nothing is written on a bad one): the characters of text they
     hold. An input with no text would train a tokenizer of the byte alphabet alone -- an error, so an empty or
     mistyped file never replaces a good tokenizer."""
-    chars = sum(len(t.strip()) for t in texts(paths, key))
+    chars = sum(len(t.strip()) for t in texts(paths, keys))
     if not chars:
         raise ValueError(f"--input {' '.join(paths or [])} holds no text (empty or whitespace only); nothing "
                          f"written")
     return chars
 
 
-def train(paths: list[str] | None, vocab_size: int, output: str, key: str = "text"):
+def train(paths: list[str] | None, vocab_size: int, output: str, keys: tuple[str, ...] = ("text",)):
     """Byte-level BPE (GPT-2's pre-tokenizer and decoder) on the texts; saves and returns the Tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -101,7 +107,7 @@ def train(paths: list[str] | None, vocab_size: int, output: str, key: str = "tex
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts(paths, key), trainer=trainer)
+    tok.train_from_iterator(texts(paths, list(keys)), trainer=trainer)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOD, "eos_token": EOD, "unk_token": EOD,
               "model_max_length": 1 << 30}
     special = {"bos_token": EOD, "eos_token": EOD, "unk_token": EOD}
@@ -159,9 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         check_output_dir("--output", args.output)
-        check_inputs(args.input, args.json_key)  # first: a bad input is named as such whatever --output holds
+        check_inputs(args.input, args.json_keys)  # first: a bad input is named as such whatever --output holds
         check_fresh_output(args.output)
-        tok = train(args.input, args.vocab_size, args.output, args.json_key)
+        tok = train(args.input, args.vocab_size, args.output, args.json_keys)
     except (ValueError, OSError) as e:
         raise fail(f"{PROG}: error: {e}") from None
     print(f"{PROG}: vocabulary {tok.get_vocab_size()} ({EOD} = {tok.token_to_id(EOD)}) -> {args.output}", flush=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from hybrid.cliutil import check_number
+from hybrid.cliutil import check_number, divisors, one_of, plural
 
 @dataclass(frozen=True)
 class DiLoCoConfig:
@@ -104,7 +104,8 @@ def check_layout(cfg: DiLoCoConfig | None, dims, fp16: bool, moe=None) -> None:
         return
     r = cfg.replicas or dims.dp
     if dims.dp % r:
-        raise ValueError(f"--diloco-replicas {r} must divide the data-parallel size {dims.dp}")
+        raise ValueError(f"--diloco-replicas {r} must divide the data-parallel size {dims.dp}: give "
+                         f"{one_of(divisors(dims.dp))}, or drop it (each DP rank its own replica)")
     if fp16:
         raise ValueError("--diloco-inner-steps does not run with --fp16 (each replica's loss scale would differ) yet; "
                          "use --bf16, or drop one of them")
@@ -116,10 +117,12 @@ def check_layout(cfg: DiLoCoConfig | None, dims, fp16: bool, moe=None) -> None:
     stage = dims.tp * dims.cp * (dims.dp // r)  # a replica's ranks of one pipeline stage
     ep, etp = moe.expert_parallel, moe.expert_tensor_parallel
     if stage % (ep * etp):
+        # the replica counts that fit the experts: R divides dp and ep x etp divides tp x cp x dp / R
+        fits = [n for n in divisors(dims.dp) if (dims.tp * dims.cp * (dims.dp // n)) % (ep * etp) == 0]
+        fix = f"--diloco-replicas {one_of(fits)}" if fits else "a smaller --expert-model-parallel-size"
         raise ValueError(f"--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} must divide the "
-                         f"{stage} ranks of a DiLoCo replica's pipeline stage (tp x cp x dp / R): the token all-to-all "
-                         f"stays inside a replica; use a smaller --expert-model-parallel-size or fewer "
-                         f"--diloco-replicas")
+                         f"{plural(stage, 'rank')} of a DiLoCo replica's pipeline stage (tp x cp x dp / R, R = "
+                         f"{r} replicas): the token all-to-all stays inside a replica; give {fix}")
 
 
 def single_replica_warning(cfg: DiLoCoConfig | None, dp: int) -> tuple[str, ...]:
@@ -155,6 +158,10 @@ def check_run(args: argparse.Namespace, dims, checkpoint, zero, moe=None) -> DiL
     check_optimizer(args, checkpoint.save is not None or checkpoint.load is not None)
     cfg = check(args)
     check_layout(cfg, dims, args.fp16, moe)
+    if cfg is not None:  # what the checkpoint --load resumes holds, read from its state.json before any group
+        from hybrid.diloco.run import resume_conflict  # (run.py imports this module)
+        if why := resume_conflict(cfg, checkpoint, dims, zero.stage):
+            raise ValueError(why)
     if cfg is not None and cfg.inner_steps > args.train_iters and checkpoint.save is None:
         # the first outer sync is after inner step H: the replicas would train apart and never meet, and without
         # a checkpoint no later run continues the round (check_layout's docstring)

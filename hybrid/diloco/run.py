@@ -53,15 +53,8 @@ class LocalUpdates:
             self.outer.warm_start = True
             if isinstance(inner, ReplicaState):
                 inner.warm_start = True
-        elif (saved := _saved_replicas(ckpt)) not in (None, self.layout.replicas):
-            raise fail(f"train.py: error: --load {ckpt.load} holds DiLoCo state of {saved} replicas, this run has "
-                       f"{self.layout.replicas}; resume with --diloco-replicas {saved} (and a DP size it divides)")
-        elif saved is not None and ((tau := _saved_args(ckpt).get("diloco_fragment_sync_delay") or 0) > 0) \
-                != (self.cfg.fragment_sync_delay > 0):  # the in-flight delta is stored only when tau > 0
-            raise fail(f"train.py: error: --load {ckpt.load} was saved with --diloco-fragment-sync-delay {tau}, "
-                       f"this run has {self.cfg.fragment_sync_delay}; resume with one > 0 both times or 0 both times")
-        elif why := midflight_layout_change(_saved_state(ckpt), self.cfg, self.mesh.dims, zero.cfg.stage):
-            raise fail(f"train.py: error: --load {ckpt.load} {why}")
+        elif why := resume_conflict(self.cfg, ckpt, self.mesh.dims, zero.cfg.stage):
+            raise fail(f"train.py: error: {why}")  # train.py's checks said it before any process group
         return inner
 
     def owners(self) -> dict:
@@ -95,6 +88,28 @@ class LocalUpdates:
                 f"{f' | overlap tau {c.fragment_sync_delay}' if c.fragment_sync_delay else ''}"
                 f"{f' | alpha {c.fragment_update_alpha}' if c.fragment_update_alpha else ''}"
                 f"{f' | simulated cross-replica link {self.link_gbps:g} GB/s' if self.link_gbps else ''}")
+
+
+def resume_conflict(cfg: DiLoCoConfig, ckpt: CheckpointConfig | None, dims, zero_stage: int) -> str:
+    """Why the checkpoint --load resumes cannot continue this run's DiLoCo ("" when it can): its state.json alone
+    says, so train.py's checks ask before any process group (hybrid/diloco/args.check_run; round 17: a resume at
+    another --diloco-replicas started every rank's group, built the model and only then failed, per rank).
+    A checkpoint saved with another number of replicas holds another number of replica states; one saved with an
+    outer all-reduce in flight (tau > 0) stores the in-flight delta, one with tau = 0 does not; and one with a
+    Streaming fragment in flight resumes only at its own layout (midflight_layout_change)."""
+    saved = _saved_replicas(ckpt)
+    if saved in (None, 0):  # nothing to load, or a synchronous checkpoint: every replica starts from it
+        return ""
+    replicas = cfg.replicas or dims.dp
+    if saved != replicas:
+        return (f"--load {ckpt.load} holds DiLoCo state of {saved} replicas, this run has {replicas}; resume with "
+                f"--diloco-replicas {saved} (and a DP size it divides)")
+    tau = _saved_args(ckpt).get("diloco_fragment_sync_delay") or 0
+    if (tau > 0) != (cfg.fragment_sync_delay > 0):  # the in-flight delta is stored only when tau > 0
+        return (f"--load {ckpt.load} was saved with --diloco-fragment-sync-delay {tau}, this run has "
+                f"{cfg.fragment_sync_delay}; resume with one > 0 both times or 0 both times")
+    why = midflight_layout_change(_saved_state(ckpt), cfg, dims, zero_stage)
+    return f"--load {ckpt.load} {why}" if why else ""
 
 
 def midflight_layout_change(state: dict | None, cfg: DiLoCoConfig, dims, zero_stage: int) -> str:

@@ -105,7 +105,33 @@ def _checked(run: Run, path: str) -> Run:
     return run
 
 
+def _not_a_checkpoint(path: str) -> None:
+    """A RUN naming a checkpoint (train.py's --save, one iteration of it, a file of one; DeepSpeed's, Megatron-LM's)
+    that did not read as a run got "holds no TensorBoard event files" or "line 1 is not JSON": say what it is and
+    where the run's curves are. Called only once reading failed, so a metrics file or event files kept beside
+    checkpoints still plot."""
+    from hybrid.checkpoint import store
+    root = store.enclosing_checkpoint(path)
+    if root is None:
+        return
+    parent = os.path.dirname(os.path.realpath(path))
+    if os.path.isfile(path) and not (parent != root or os.path.basename(path) == store.LATEST):
+        return  # a file of the checkpoint root that is not `latest`: not a checkpoint's own
+    what = "is a checkpoint directory" if os.path.realpath(path) == root else \
+        f"is inside the checkpoint directory {root}"
+    raise ValueError(f"{path} {what} (a run's --save), which holds no curves: give the run's --metrics-file FILE "
+                     f"or --tensorboard-dir DIR")
+
+
 def read_run(path: str, label: str) -> Run:
+    try:
+        return _read_run(path, label)
+    except ValueError:
+        _not_a_checkpoint(path)  # the clearer line, when that is what it is
+        raise
+
+
+def _read_run(path: str, label: str) -> Run:
     if os.path.isdir(path):
         return read_tensorboard(path, label)
     if not os.path.exists(path):

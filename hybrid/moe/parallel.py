@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from hybrid.cliutil import check_number
+from hybrid.cliutil import check_number, divisors, one_of, plural
 from hybrid.mesh import Axis, Mesh, ParallelDims
 
 
@@ -78,8 +78,11 @@ class ExpertLayout:
         for flag, v in (("--expert-model-parallel-size", self.ep), ("--expert-tensor-parallel-size", self.etp)):
             check_number(flag, v, 1, integer=True)
         if self.stage_size % (self.ep * self.etp):
+            fits = [n for n in divisors(self.stage_size) if self.stage_size % (n * self.etp) == 0]
             raise ValueError(f"--expert-model-parallel-size {self.ep} x --expert-tensor-parallel-size {self.etp} "
-                             f"must divide the {self.stage_size} ranks of a pipeline stage (tp x cp x dp)")
+                             f"must divide the {plural(self.stage_size, 'rank')} of a pipeline stage (tp x cp x dp)"
+                             + (f"; give --expert-model-parallel-size {one_of(fits)}" if fits else
+                                "; give a smaller --expert-tensor-parallel-size"))
 
     @property
     def stage_size(self) -> int:

@@ -3,10 +3,25 @@
 
 `python -m hybrid.train` / `torchrun -m hybrid.train` run it from an installed package; `scripts/train.py`
 is the same entry point for a checkout.
+
+The names below load on first use (PEP 562), not at the package's import: `python -m hybrid.train` imports this
+package before its `__main__` runs, and importing them imports torch (seconds; a minute on a loaded machine) --
+a Ctrl-C there was Python's traceback through torch's import on every rank, where `__main__` (like
+scripts/train.py) turns it into one line and status 130 (hybrid.cliutil.interruptible_start).
 """
 
-from hybrid.train.args import apply_auto_parallel, check_args, parse_args, run_config
-from hybrid.train.config import RunConfig
-from hybrid.train.main import main
+from __future__ import annotations
 
 __all__ = ["RunConfig", "apply_auto_parallel", "check_args", "main", "parse_args", "run_config"]
+
+
+def __getattr__(name: str):
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from hybrid.train.args import apply_auto_parallel, check_args, parse_args, run_config
+    from hybrid.train.config import RunConfig
+    from hybrid.train.main import main
+    # bound as the eager imports bound them: `hybrid.train.main` is the function, not the submodule of that name
+    globals().update(RunConfig=RunConfig, apply_auto_parallel=apply_auto_parallel, check_args=check_args, main=main,
+                     parse_args=parse_args, run_config=run_config)
+    return globals()[name]

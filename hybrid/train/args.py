@@ -58,7 +58,7 @@ Every input is checked before any process group starts; a bad one exits with one
 def build_parser() -> argparse.ArgumentParser:
     """train.py's own flags from the FLAGS table (in its groups and order), then each feature's."""
     p = OneLineParser(prog="train.py", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter,
-                      hints=other_flags.hints())
+                      hints=other_flags.hints(), warn_repeated=False)  # main.validate prints them with the others
     groups: dict[str, argparse._ArgumentGroup] = {}
     for flag in FLAGS:
         if flag.group not in groups:
@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    args.repeated = tuple(p.repeated)  # a flag given twice: which value won (warned once the checks pass; a tuple,
+    # so a checkpoint's "args" does not record it as a flag: hybrid/train/args._recorded)
     actions = {s: a.dest for a in p._actions for s in a.option_strings}
     args.explicit = {actions[t.split("=", 1)[0]] for t in argv if t.split("=", 1)[0] in actions}
     return args
@@ -452,6 +454,8 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     zero = ns.zero = check_zero(ns)  # metrics_args.check reads the precision from it
     fault = fault_args.check(ns)
     data = data_args.check(ns)
+    ckpt_args.check_other_outputs(ns.save, {"--timeline": ns.timeline, "--metrics-file": ns.metrics_file,
+                                            "--tensorboard-dir": ns.tensorboard_dir}, frozenset({"--tensorboard-dir"}))
     metrics = metrics_args.check(ns, world)
     checkpoint = ckpt_args.check(ns)  # a --load naming a checkpoint directory moves to checkpoint.load
     cfg = load_config(ns.model)

@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 
+from hybrid.cliutil import plural
 from hybrid.data.gpt import epoch_plan, samples_per_dataset, split_ranges
 from hybrid.data.source import DataSource, Split, SplitSizes
 from hybrid.train_step import OptimizerConfig
@@ -169,11 +170,13 @@ def _why_empty(datasets: tuple[DatasetFacts, ...] | list[DatasetFacts], s: Split
     what = "no validation loss" if s is Split.VALID else "no test loss at the end"
     for d in datasets:
         if d.split_documents[s] == 0:
-            return (f"{d.name} has {d.documents:,} documents and --split {split_flag} gives this split none: "
-                    f"{what} (give it a larger share)")
+            return (f"{d.name} has {plural(d.documents, 'document', spec=',')} and --split {split_flag} gives this "
+                    f"split none: {what} (give it a larger share)")
         if d.split_tokens[s] < seq_length + 1:
-            return (f"{d.name}'s {d.split_documents[s]:,} documents here hold {d.split_tokens[s]:,} tokens, fewer "
-                    f"than one sample of --seq-length {seq_length} + 1: {what} (a larger share or more data)")
+            hold = "holds" if d.split_documents[s] == 1 else "hold"
+            return (f"{d.name}'s {plural(d.split_documents[s], 'document', spec=',')} here {hold} "
+                    f"{plural(d.split_tokens[s], 'token', spec=',')}, fewer than one sample of --seq-length "
+                    f"{seq_length} + 1: {what} (a larger share or more data)")
     return what
 
 
@@ -183,18 +186,19 @@ def data_lines(facts: DataFacts) -> list[str]:
     blend = len(facts.datasets) > 1
     for d in facts.datasets:
         weight = f", blend weight {d.weight:.3g}" if blend else ""
-        lines.append(f"data: {d.name} ({d.kind}{weight}): {d.documents:,} documents, {d.tokens:,} tokens")
+        lines.append(f"data: {d.name} ({d.kind}{weight}): {plural(d.documents, 'document', spec=',')}, "
+                     f"{plural(d.tokens, 'token', spec=',')}")
     parts = []
     for s in facts.splits:
         docs = sum(d.split_documents[s.split] for d in facts.datasets)
         tokens = sum(d.split_tokens[s.split] for d in facts.datasets)
-        head = f"{SPLIT_NAMES[s.split]} {docs:,} documents, {tokens:,} tokens"
+        head = f"{SPLIT_NAMES[s.split]} {plural(docs, 'document', spec=',')}, {plural(tokens, 'token', spec=',')}"
         if s.empty is not None:
             parts.append(f"{head}: empty -- {s.empty}")
             continue
         reads = (f"{s.passes:.2g} of an epoch" if s.passes < 1 else
                  f"{s.passes:.3g} epochs (the documents repeat, each pass shuffled anew)")
-        parts.append(f"{head} -> {s.samples:,} samples of {facts.seq_length} + 1 tokens, {reads}")
+        parts.append(f"{head} -> {plural(s.samples, 'sample', spec=',')} of {facts.seq_length} + 1 tokens, {reads}")
     lines.append(f"data: --split {facts.split_flag}: " + " | ".join(parts))
     return lines
 
@@ -210,7 +214,8 @@ def schedule_of(flags: dict) -> OptimizerConfig:
 
 def schedule_text(opt: OptimizerConfig) -> str:
     """'warm-up to 0.001 over 10 iterations, cosine decay to 0.0001 at iteration 100 (--lr-decay-iters ...)'."""
-    warm = f"warm-up to {opt.lr:g} over {opt.warmup_iters} iterations, " if opt.warmup_iters else f"{opt.lr:g}, "
+    warm = f"warm-up to {opt.lr:g} over {plural(opt.warmup_iters, 'iteration')}, " if opt.warmup_iters else \
+        f"{opt.lr:g}, "
     if opt.decay_style == "constant":
         return warm + "then constant"
     end = opt.decay_iters or opt.train_iters
@@ -223,7 +228,8 @@ def schedule_line(flags: dict, global_batch: int, seq_length: int) -> str:
     note = ""
     if opt.warmup_iters >= (opt.decay_iters or opt.train_iters) and opt.decay_style != "constant":
         note = " (the warm-up outlasts the decay: the rate never reaches --lr's plateau)"
-    return (f"schedule: {flags['train_iters']} iterations x {global_batch} samples x {seq_length} tokens | lr: "
+    return (f"schedule: {plural(flags['train_iters'], 'iteration')} x {plural(global_batch, 'sample')} x "
+            f"{plural(seq_length, 'token')} | lr: "
             f"{schedule_text(opt)}{note}")
 
 

@@ -37,7 +37,7 @@ def validate(argv: list[str] | None):
         raise fail(f"train.py: error: {e}") from None
     if is_rank_zero():
         ignored = (f"--deepspeed-config keys not supported, ignored: {', '.join(run.ds_unsupported)}",)
-        for line in run.warnings + (ignored if run.ds_unsupported else ()):
+        for line in args.repeated + run.warnings + (ignored if run.ds_unsupported else ()):
             print(f"train.py: warning: {line}", file=sys.stderr, flush=True)
     return run, world, corpus
 

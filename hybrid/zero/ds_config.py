@@ -292,12 +292,60 @@ def _load_json(path: str) -> dict:
     return ds
 
 
+# the keys DeepSpeed (0.19.8) itself accepts in the sections it validates with pydantic models that forbid any other
+# (DeepSpeedZeroConfig, DeepSpeedZeroOffload{Optimizer,Param}Config, DeepSpeedFP16Config, DeepSpeedBF16Config, their
+# aliases included): a key outside both these and SUPPORTED is one DeepSpeed would refuse too -- a misspelling
+# ("stag"), refused here rather than warned about and ignored (the run would get another ZeRO stage than the file's)
+DEEPSPEED_SECTION_KEYS = {
+    "zero_optimization": {
+        "allgather_bucket_size", "allgather_partitions", "allgather_sequential", "compute_grad_norm",
+        "contiguous_gradients", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "elastic_checkpoint",
+        "enable_sanity_checks", "gather_16bit_weights_on_model_save", "ignore_unused_parameters", "leaf_module",
+        "legacy_stage1", "load_from_fp32_weights", "log_trace_cache_warnings", "max_live_parameters",
+        "max_reuse_distance", "memory_efficient_linear", "model_persistence_threshold", "module_granularity_threshold",
+        "overlap_comm", "override_module_apply", "param_persistence_threshold", "parameter_alignment",
+        "pipeline_loading_checkpoint", "prefetch_bucket_size", "reduce_scatter", "round_robin_gradients",
+        "save_muon_momentum_buffer_in_memory", "stage3_allgather_sequential",
+        "stage3_gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+        "stage3_model_persistence_threshold", "stage3_module_granularity_threshold",
+        "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size", "stage3_use_all_reduce_for_fetch_params",
+        "sub_group_size", "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce", "zenflow",
+        "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
+        "zero_quantized_weights"},
+    "offload_optimizer": {"buffer_count", "cpuadam_cores_perc", "fast_init", "nvme_path", "pipeline_read",
+                          "pipeline_write", "ratio", "super_offload"},
+    "offload_param": {"buffer_count", "buffer_size", "max_in_cpu", "nvme_path"},
+    "fp16": {"auto_cast", "consecutive_hysteresis", "fp16_master_weights_and_grads", "hysteresis"},
+    "bf16": {"bf16_master_weights_and_grads", "bf16_optimizer_states", "check_grad_overflow", "immediate_grad_update"},
+}
+
+
 def _section(parent: dict, key: str, out: DeepSpeedSettings, prefix: str = "") -> dict:
     sec = parent.get(key, {})
     if not isinstance(sec, dict):
         raise ValueError(f"--deepspeed-config: {prefix}{key} must be an object, got {json.dumps(sec)}")
+    _check_section_keys(sec, f"{prefix}{key}", key)
     out.unsupported += [f"{prefix}{key}.{k}" for k in sec if k not in SUPPORTED[key]]
     return sec
+
+
+def _check_section_keys(sec: dict, name: str, key: str) -> None:
+    """A key of a section DeepSpeed validates that is neither read here nor one of DeepSpeed's: ValueError naming it
+    (dotted) with the closest key (the ones read here first: "stag" is "stage"), as DeepSpeed's own model refuses
+    it ("Extra inputs are not permitted")."""
+    import difflib
+    known = DEEPSPEED_SECTION_KEYS.get(key)
+    if known is None:  # data_types: read by DeepSpeed with dict.get, its other keys ignored there too
+        return
+    for k in sec:
+        if k in SUPPORTED[key] or k in known:
+            continue
+        close = difflib.get_close_matches(k, sorted(SUPPORTED[key]), n=1, cutoff=0.75) or \
+            difflib.get_close_matches(k, sorted(known), n=1, cutoff=0.75)
+        read = ", ".join(map(json.dumps, sorted(SUPPORTED[key])))
+        hint = f"; did you mean {json.dumps(close[0])}?" if close else f" (train.py reads {read}); remove it"
+        raise ValueError(f"--deepspeed-config: {name}.{k} is not a DeepSpeed key{hint}")
 
 
 MAX_INT = 1 << 53  # above any count or size a run has (and exactly a float64): JSON allows 1e400-digit integers
