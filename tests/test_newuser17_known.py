@@ -346,3 +346,19 @@ def test_ctrl_c_during_python_m_hybrid_trains_first_import_of_torch_is_one_line_
     assert p.returncode == 130, p.stderr
     assert p.stderr == "train.py: interrupted while starting, before any work: nothing was run or written\n"
     assert p.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_the_train_packages_main_is_the_function_after_the_submodule_is_imported(monkeypatch):
+    """The forkserver's PRELOAD imports `hybrid.train.main` (the submodule) before anything asks for the package's
+    names; the import system then binds the submodule as `hybrid.train.main`, and a lazy package left
+    `from hybrid.train import main` the module (scripts/train.py's import) -- found at the merge of round 17."""
+    import importlib
+    import types
+
+    import hybrid.train
+    for name in hybrid.train.__all__:
+        monkeypatch.delattr(hybrid.train, name, raising=False)
+    monkeypatch.delitem(sys.modules, "hybrid.train.main")
+    importlib.import_module("hybrid.train.main")  # binds the submodule on the package, as a first import does
+    from hybrid.train import main as got
+    assert not isinstance(got, types.ModuleType) and got is sys.modules["hybrid.train.main"].main

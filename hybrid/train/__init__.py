@@ -12,7 +12,25 @@ scripts/train.py) turns it into one line and status 130 (hybrid.cliutil.interrup
 
 from __future__ import annotations
 
+import sys
+import types
+
 __all__ = ["RunConfig", "apply_auto_parallel", "check_args", "main", "parse_args", "run_config"]
+
+
+class _Package(types.ModuleType):
+    """The import system binds each submodule on its package once imported (`import hybrid.train.main` -- the
+    forkserver's PRELOAD does -- sets `hybrid.train.main` to the submodule): `main` stays the function, as the eager
+    `from hybrid.train.main import main` of this package left it, so `from hybrid.train import main` is the function
+    whichever came first."""
+
+    def __setattr__(self, name, value):
+        if name == "main" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):
