@@ -22,7 +22,7 @@ import sys
 # nothing here imports torch at module level: the console script imports this module before main() runs, and a
 # Ctrl-C during torch's import (seconds; a minute on a loaded machine) must reach main()'s one line and status 130,
 # not Python's traceback (round 16); the sub-commands' modules, which do import it, load inside main()
-from hybrid.cliutil import HelpFormatter, OneLineParser, fail, int_in, parallel_hints, positive_int
+from hybrid.cliutil import HelpFormatter, OneLineParser, fail, int_in, parallel_hints, positive_int, warn_repeated
 
 # the modules whose add_parser(subparsers) registers a sub-command (planner: plan and calibrate); every one is part
 # of the package, so one that does not import is a broken install, not an optional feature -- never skipped
@@ -120,7 +120,8 @@ COMMAND_HINTS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="hybrid", description="Hybrid-parallel (TP x CP x PP x DP) training toolkit",
-                           formatter_class=HelpFormatter, hints=COMMAND_HINTS)
+                           formatter_class=HelpFormatter, hints=COMMAND_HINTS,
+                           warn_repeated=False)  # main prints them once the command has run: an error stays one line
     sub = parser.add_subparsers(dest="command", required=True)
     world = "give the ranks as --world N (train.py's world: the processes launched)"
     p = sub.add_parser("layout", help="print the rank layout of a mesh", formatter_class=HelpFormatter,
@@ -151,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
     except KeyboardInterrupt:  # Ctrl-C while the sub-commands' modules import (torch: seconds, a minute under load)
         print("hybrid: interrupted while starting, before any work: nothing was run or written", file=sys.stderr)
         raise SystemExit(130) from None
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:  # the prefix argparse gives the same command's errors: `hybrid checkpoint inspect`
         command = " ".join(filter(None, (args.command, getattr(args, "action", None))))
         raise fail(f"hybrid {command}: error: {e}") from None
+    warn_repeated(f"hybrid {' '.join(filter(None, (args.command, getattr(args, 'action', None))))}", parser.repeated)
     if status:
         raise SystemExit(status)
 

@@ -120,6 +120,14 @@ def _suggest_pairs(pairs: list[tuple[str, str]]) -> str:
 _NEGATIVE_NUMBER = re.compile(r"^-(\d|\.\d)|^-(inf|infinity|nan)$", re.IGNORECASE)
 
 
+def warn_repeated(prog: str, repeated: list[str]) -> None:
+    """OneLineParser.repeated's lines as warnings (rank 0): at parse time, or -- a command whose errors come after
+    parsing (train.py's checks, `hybrid plan`'s search) -- once it has run, so that an error stays one line."""
+    if is_rank_zero():
+        for line in repeated:
+            print(f"{prog}: warning: {line}", file=sys.stderr, flush=True)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line ("prog: error: ...", with the closest valid flag for a
     mistyped one) instead of the usage block, printed once under torchrun. Prefixes are not expanded
@@ -158,9 +166,8 @@ class OneLineParser(argparse.ArgumentParser):
             parser._switch_given_a_value(argv, extras)
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         self.repeated = parser.repeated_flags(argv)
-        if self.warn_repeated and is_rank_zero():
-            for line in self.repeated:
-                print(f"{parser.prog}: warning: {line}", file=sys.stderr, flush=True)
+        if self.warn_repeated:
+            warn_repeated(parser.prog, self.repeated)
         return namespace
 
     def repeated_flags(self, argv: list[str]) -> list[str]:

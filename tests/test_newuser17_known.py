@@ -303,8 +303,9 @@ def test_other_commands_warn_at_parse_time(capsys):
 # --- 10. Ctrl-C during `python -m hybrid.train`'s first import of torch ----------------------------------------------
 def test_the_train_package_imports_nothing_heavy_before_its_main():
     """`python -m hybrid.train` imports hybrid/train/__init__.py first, outside any handler: it imports nothing at its
-    top (its names load on first use), and __main__ imports hybrid.cliutil only before its handler."""
-    for name, allowed in (("__init__.py", set()), ("__main__.py", {"hybrid.cliutil"})):
+    top (its names load on first use; `sys` and `types` for its module class, the standard library and already
+    loaded), and __main__ imports hybrid.cliutil only before its handler."""
+    for name, allowed in (("__init__.py", {"sys", "types"}), ("__main__.py", {"hybrid.cliutil"})):
         tree = ast.parse(open(os.path.join(ROOT, "hybrid", "train", name)).read())
         top = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names} | \
               {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
@@ -362,3 +363,19 @@ def test_the_train_packages_main_is_the_function_after_the_submodule_is_imported
     importlib.import_module("hybrid.train.main")  # binds the submodule on the package, as a first import does
     from hybrid.train import main as got
     assert not isinstance(got, types.ModuleType) and got is sys.modules["hybrid.train.main"].main
+
+
+def test_hybrid_plan_and_the_hybrid_command_warn_after_they_ran_and_an_error_stays_one_line(capsys):
+    """`hybrid plan` (and every `hybrid` sub-command) warns about a repeated flag once it has run, not at parse time:
+    an error after parsing -- the plan's checks -- is then one line (test_planner_fused_ce's refusal had two)."""
+    from hybrid.cli import main as hybrid_main
+    from hybrid.planner.cli import main as plan_main
+    flags = ["--model", "gpt2", "--gpus", "8", "--global-batch-size", "16", "--top", "1"]
+    capsys.readouterr()
+    assert plan_main(flags + ["--fp8", "--gpu", "h100-80g", "--gpu", "a100-80g"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--fp8" in err[0], err
+    assert plan_main(flags + ["--top", "2"]) == 0
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("hybrid plan: warning: --top given twice")
+    hybrid_main(["layout", "--world", "4", "--tensor-model-parallel-size", "2", "--tensor-model-parallel-size", "4"])
+    assert capsys.readouterr().err.strip().startswith("hybrid layout: warning: --tensor-model-parallel-size given")

@@ -33,7 +33,7 @@ import sys
 from dataclasses import asdict
 
 from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_number, check_output_file, float_in,
-                            int_in, nonnegative_int, parallel_hints, positive_float, positive_int)
+                            int_in, nonnegative_int, parallel_hints, positive_float, positive_int, warn_repeated)
 from hybrid.cp.attention import CommType
 from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
@@ -247,7 +247,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`hybrid plan` on its own: 0 on success, 2 with a one-line explanation for an impossible request."""
-    parser = OneLineParser(prog="hybrid plan", description=__doc__, formatter_class=HelpFormatter)
+    parser = OneLineParser(prog="hybrid plan", description=__doc__, formatter_class=HelpFormatter,
+                           warn_repeated=False)  # printed once the plan is made: an error stays one line
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"hybrid plan: error: {e}", file=sys.stderr)
         return 2
+    warn_repeated("hybrid plan", parser.repeated)
     return 0
 
 
