@@ -72,15 +72,21 @@ CASES_SLOW = {
 }
 
 
-def _config(model: str, pp: int):
+def _config(model: str, pp: int, kind: ScheduleKind):
+    """One layer a pipeline stage: pp stages under ZB-H1, 2 pp under ZBV (2 chunks a rank), and the same model for
+    the case's 1F1B run. A stage of one layer runs every path a deeper one does (its B and W, the boundary's
+    sends); until round 17 every case had max(4, 2 pp) layers, so a ZB-H1 stage held 2, the second repeating the
+    first's arithmetic."""
     cfg = load_config(model)
-    return dataclasses.replace(cfg, num_layers=max(cfg.num_layers, 2 * pp))  # ZBV: 2 pp stages of >= 1 layer
+    return dataclasses.replace(cfg, num_layers=(2 if kind is ZBV else 1) * pp)
 
 
-def _train(mesh: Mesh, model: str, kind: ScheduleKind, zero: int, sp: bool, recompute: Recompute) -> dict:
+def _train(mesh: Mesh, model: str, kind: ScheduleKind, zero: int, sp: bool, recompute: Recompute,
+           case_kind: ScheduleKind) -> dict:
+    """`kind`'s run of a case whose zero-bubble schedule is `case_kind` (its model: _config)."""
     pp = mesh.dims.pp
     v = 2 if kind is ZBV else 1
-    cfg = _config(model, pp)
+    cfg = _config(model, pp, case_kind)
     stage_ids = [kind.placement.stage(mesh.coords.pp, c, pp) for c in range(v)]
     tp = TPContext(mesh.tp, sequence_parallel=sp)
     chunks = build_pipeline_chunks(cfg, tp, mesh.coords.pp, pp, v, seed=7, stage_ids=stage_ids, recompute=recompute)
@@ -107,7 +113,7 @@ def _both(rank: int, world: int, cases: dict) -> dict:
     for name, (model, kind, tp, pp, zero, sp, recompute) in cases.items():
         if (tp, pp) not in meshes:  # one mesh a layout, as one train.py run builds one for all its steps
             meshes[tp, pp] = Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp))
-        out[name] = {k: _train(meshes[tp, pp], model, k, zero, sp, recompute) for k in (ONE_F_ONE_B, kind)}
+        out[name] = {k: _train(meshes[tp, pp], model, k, zero, sp, recompute, kind) for k in (ONE_F_ONE_B, kind)}
     return out
 
 
@@ -178,7 +184,7 @@ M_ORDER = 4
 
 def _reduction_points(mesh: Mesh, kind: ScheduleKind, zero: int) -> list[tuple[str, str, int, int]]:
     pp, v = mesh.dims.pp, 2 if kind is ZBV else 1
-    cfg = _config("tiny-llama", pp)
+    cfg = _config("tiny-llama", pp, kind)
     stage_ids = [kind.placement.stage(mesh.coords.pp, c, pp) for c in range(v)]
     chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp), mesh.coords.pp, pp, v, seed=7, stage_ids=stage_ids)
     spec = BatchSpec(MICRO * M_ORDER * mesh.dims.dp, MICRO, SEQ, mesh.dims.dp)
