@@ -586,6 +586,12 @@ def test_a_first_cpu_adam_build_prints_progress_and_a_killed_builds_lock_is_name
     from hybrid.zero.config import CpuAdam
     from hybrid.zero.cpu_adam_build import build_directory
     from hybrid.zero.engine import cpu_adamw
+    # the forkserver (_start's) takes the environment of its first use, and its PRELOAD loads CPU Adam from that
+    # build directory: started under the one below, every later fork of this process built CPU Adam afresh
+    # (test_harness_cases' no-process check failed after this test on the same worker)
+    from multiprocessing import forkserver
+    testing._forkserver()
+    forkserver.ensure_running()
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     directory = build_directory()
     assert directory.startswith(str(tmp_path / "ext"))
