@@ -137,7 +137,14 @@ class Heartbeat:
             pass
 
     def stop(self) -> None:
+        """Stop beating and wait for the beat thread to end (it wakes at least every second; a store call in
+        flight ends within the store's timeout): no Python thread but the main one may be left running while the
+        process group is destroyed and the interpreter finalizes -- a rank of README's main job once aborted
+        there ("terminate called without an active exception" in a non-main thread collecting garbage, round
+        17's CI run)."""
         self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5 + 3 * self.interval)
 
     @property
     def window(self) -> float:

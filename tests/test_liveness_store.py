@@ -86,3 +86,11 @@ def test_under_torchrun_rank_0_hosts_no_store(heartbeats, monkeypatch):
     hb = liveness.Heartbeat(0, 2, 3.0)
     _stop(hb)
     assert not hb.hosts_store
+
+
+def test_stop_waits_for_the_beat_thread_to_end(heartbeats):
+    """The process group is destroyed right after stop() (hybrid.launch.distributed): the beat thread must be gone
+    by then, not in a store call or collecting garbage while the interpreter ends."""
+    (hb, _), _ = heartbeats
+    hb.stop()
+    assert not hb._thread.is_alive()
