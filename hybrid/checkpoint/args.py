@@ -96,15 +96,21 @@ def _check_not_in_iteration(args: argparse.Namespace) -> None:
         root, n = found
         raise ValueError(f"--load {args.load!r} is iteration {n} of the checkpoint directory {root}; give --load "
                          f"{root} (with --ckpt-step {n} for this iteration)")
-    if args.save is None:
-        return
-    probe = os.path.realpath(args.save)
+    if args.save is not None and (found := enclosing_iteration(args.save)):
+        raise ValueError(f"--save {args.save!r} is inside iteration {found[1]} of the checkpoint directory "
+                         f"{found[0]}; give a directory of its own (or --save {found[0]} --load {found[0]} to "
+                         f"continue that run)")
+
+
+def enclosing_iteration(path: str) -> tuple[str, int] | None:
+    """(checkpoint directory, iteration) of the iteration folder `path` is or lies inside (real paths; `path` need
+    not exist), else None."""
+    probe = os.path.realpath(path)
     while probe != os.path.dirname(probe):
         if found := iteration_dir(probe):
-            raise ValueError(f"--save {args.save!r} is inside iteration {found[1]} of the checkpoint directory "
-                             f"{found[0]}; give a directory of its own (or --save {found[0]} --load {found[0]} to "
-                             f"continue that run)")
+            return found
         probe = os.path.dirname(probe)
+    return None
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -131,14 +137,11 @@ def check_other_outputs(save: str | None, outputs: dict[str, str | None],
         if path is None:
             continue
         name = os.path.basename(os.path.normpath(path))
-        probe = os.path.realpath(path if flag in folders else os.path.dirname(os.path.abspath(path)))
-        while probe != os.path.dirname(probe):
-            if found := iteration_dir(probe):
-                raise ValueError(f"{flag} {path!r} is inside iteration {found[1]} of the checkpoint directory "
-                                 f"{found[0]}: a later save of that iteration replaces the folder and --save-keep "
-                                 f"deletes it, with what the run wrote there; give a path outside the checkpoints, "
-                                 f"e.g. {flag} {_beside(found[0], name)}")
-            probe = os.path.dirname(probe)
+        if found := enclosing_iteration(path if flag in folders else os.path.dirname(os.path.abspath(path))):
+            raise ValueError(f"{flag} {path!r} is inside iteration {found[1]} of the checkpoint directory "
+                             f"{found[0]}: a later save of that iteration replaces the folder and --save-keep "
+                             f"deletes it, with what the run wrote there; give a path outside the checkpoints, "
+                             f"e.g. {flag} {_beside(found[0], name)}")
         if save is not None and _inside(path, save):
             what = "the same folder as" if os.path.realpath(path) == os.path.realpath(save) else "inside"
             mine = _beside(save, "tensorboard" if flag in folders and _inside(save, path) else name)
