@@ -247,9 +247,7 @@ class OneLineParser(argparse.ArgumentParser):
         link is refused too (write_text's refusal, before the work rather than after it)."""
         if path is not None:
             try:
-                if os.path.islink(path):
-                    raise ValueError(f"{flag} {path!r} is a symbolic link (to {os.readlink(path)!r}); give the "
-                                     f"file's own path (nothing is written through a link)")
+                check_not_link(f"{flag} {path!r}", path)
                 check_output_file(flag, path)
             except ValueError as e:
                 self.error(str(e))
@@ -490,13 +488,19 @@ def atomic_output(path: str, suffix: str = "") -> Iterator[str]:
         raise
 
 
+def check_not_link(what: str, path: str) -> None:
+    """ValueError naming `what` (the path, or a flag and its value) when `path` is a symbolic link: an output is
+    never written through one (write_text, OneLineParser.check_out)."""
+    if os.path.islink(path):
+        raise ValueError(f"{what} is a symbolic link (to {os.readlink(path)!r}); give the file's own path (nothing "
+                         f"is written through a link)")
+
+
 def write_text(path: str, text: str) -> None:
     """`text` into `path`, whole or not at all (atomic_output): a report is never left half-written. A symbolic
     link at `path` is refused (ValueError naming it): the rename would replace the link with a file while whoever
     made it expects its target written -- say so, and write neither."""
-    if os.path.islink(path):
-        raise ValueError(f"{path!r} is a symbolic link (to {os.readlink(path)!r}); give the file's own path "
-                         f"(nothing is written through a link)")
+    check_not_link(repr(path), path)
     with atomic_output(path) as tmp, open(tmp, "w") as f:
         f.write(text)
 
