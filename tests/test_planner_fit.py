@@ -8,7 +8,8 @@ import pytest
 
 from hybrid.planner import fit
 from hybrid.planner import hardware as hardware_fn
-from hybrid.planner.hardware import A100_EFFICIENCY, H100_500W_CLOCK, H100_EAGER_CLOCK, KERNEL_OVERHEAD_S
+from hybrid.planner.hardware import (A100_EFFICIENCY, H100_500W_CLOCK, H100_EAGER_CLOCK, KERNEL_OVERHEAD_S,
+                                     TRITON_FLASH2_SHARE)
 
 
 def test_kernel_overhead_is_what_our_h200_run_gives():
@@ -39,9 +40,23 @@ def test_500w_h100_clock_is_what_torchtitan_table1_gives():
     assert fit.torchtitan_table1(hw) == pytest.approx(fit.TORCHTITAN_TABLE1_TOKENS_PER_GPU, rel=0.01)
 
 
-def test_h100_eager_clock_is_what_mosaicmls_single_node_rows_give():
-    """The six 8-GPU MPT rows on H100 (Composer + PyTorch FSDP) centre on the clock hardware.py ships: their mean
-    log throughput error is 0 there, and it moves the way a clock must (slower tensor cores, less throughput)."""
+def test_h100_eager_clock_is_what_mosaicmls_single_node_and_flashattention2_rows_give():
+    """The six 8-GPU MPT rows on H100 and the 12 FlashAttention-2 rows of the ">= 128 GPUs" table (Composer +
+    PyTorch FSDP; published.mpt_fits) centre on the clock hardware.py ships, the Triton kernel at its shipped
+    share: their mean log throughput error is 0 there, and it moves the way a clock must (slower tensor cores,
+    less throughput)."""
+    assert len(fit.mpt_h100_fit_runs()) == 18
     assert fit.fit_h100_eager_clock() == pytest.approx(H100_EAGER_CLOCK, abs=0.002)
     assert fit.eager_clock_log_error(H100_EAGER_CLOCK) == pytest.approx(0.0, abs=0.005)
     assert fit.eager_clock_log_error(1.0) > 0.25  # the preset's full rate: about +32 % optimistic on these rows
+
+
+def test_triton_share_is_what_mosaicmls_long_h100_triton_rows_give():
+    """The 16 bf16 H100 rows that ran llm-foundry's Triton attention at s >= 8192 centre on TRITON_FLASH2_SHARE with
+    the shipped clock (the joint fit's other half: the clock above is fitted with this share), and a faster kernel
+    is more throughput."""
+    rows = fit.triton_share_fit_runs()
+    assert len(rows) == 16
+    assert fit.fit_triton_flash2_share() == pytest.approx(TRITON_FLASH2_SHARE, abs=0.002)
+    assert fit.mosaicml_log_error(rows, H100_EAGER_CLOCK, TRITON_FLASH2_SHARE) == pytest.approx(0.0, abs=0.005)
+    assert fit.mosaicml_log_error(rows, H100_EAGER_CLOCK, 0.7) > 0.05

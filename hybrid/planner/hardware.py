@@ -98,9 +98,11 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   relative to the curve above and FlashAttention-2's published rate: it scales the GEMM asymptote and the flash
 #   rate of an `--kernels eager` workload (Hardware.eager_clock), not its memory-bound kernels. **Fitted** (least
 #   squares in log throughput) to the six single-node rows of MosaicML's H100 table (MPT 1B-30B on 8 GPUs, Composer +
-#   PyTorch FSDP; fit.fit_h100_eager_clock), with OVERLAP_SLOWDOWN and the checkpoint's early stop
-#   (time._stops_early) in the model (0.681 without both, 0.716 with the first: the clock had absorbed the b 2 row's
-#   ZeRO 3 overlap cost and the checkpointed rows' unrun down projection); the table's ten 16-512 GPU rows and every
+#   PyTorch FSDP; fit.fit_h100_eager_clock) and, since round 18, the 12 rows of its ">= 128 GPUs" table that ran
+#   FlashAttention-2 (0.7075 with TRITON_FLASH2_SHARE below: within the tests' 0.002 of 0.708, kept), with
+#   OVERLAP_SLOWDOWN and the checkpoint's early stop (time._stops_early) in the model (0.681 without both, 0.716 with
+#   the first: the clock had absorbed the b 2 row's ZeRO 3 overlap cost and the checkpointed rows' unrun down
+#   projection); until round 18 the table's ten 16-512 GPU rows and every
 #   other row only check (with flash kernels' head-width padding, AttentionKernel, the same fit gives 0.690 and
 #   H100_500W_CLOCK's 0.9895: within tests/test_planner_fit.py's 0.002, kept; round 8's flash rates by sequence
 #   length and head width, which run FlashAttention-2 slower at s 2048-8192 than the flat 0.35 did, refit it
@@ -138,6 +140,16 @@ A100_FLASH, HOPPER_FLASH = 189.0 / 312.0, 328.0 / 989.0
 #   benchmarks/benchmark_flash_attention.py at 60499ab imports it), and has no H100 bar. Not fitted
 #   (docs/planner.md "Attention kernels of the published runs").
 FLASH1_A100 = 83.0 / 312.0  # FLASH1's share of the A100's peak at 16k, causal, head 128 (Figure 4(d))
+# * TRITON_FLASH2_SHARE: llm-foundry's `attn_impl: triton` (AttentionKernel.TRITON, the kernel every MosaicML row
+#   but the ">= 128 GPUs" table's 1B / 3B / 7B / 70B ran) has no published rate on any card; it runs at this share
+#   of FlashAttention-2's published rate (FLASH_FWD_BWD_TFLOPS) on every card, 0.541 x 328 = 178 TFLOP/s on H100
+#   and 0.541 x 189 = 102 on A100 at 16k, causal, head 128. **Fitted** (mean log throughput error 0) on MosaicML's
+#   16 bf16 H100 Triton rows at s >= 8192 (attention a large share of the step; fit.fit_triton_flash2_share, the
+#   rows naming it in published.py / published_more.py), with H100_EAGER_CLOCK fixed; the two are fitted
+#   alternately to a joint point (docs/planner.md "Round 18"). The share is of the unclocked rate: it was fitted on
+#   PyTorch-native rows, so the stack's clock is in it (AttentionKernel.stack_clocked). The A100 rows were not
+#   fitted: they check that the kernel scales between the cards as FlashAttention-2's bars do.
+TRITON_FLASH2_SHARE = 0.5414
 HOPPER_FP8_TFLOPS = 1979.0
 
 
@@ -181,20 +193,31 @@ class AttentionKernel(enum.Enum):
     FLASH2: FlashAttention-2 (flash-attn >= 2, PyTorch's SDPA flash backend; the presets' flash_efficiency),
         head dimension rounded up to its compiled tile widths 32, 64, 96, ..., 256 (flash-attn v2.4.2
         csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH: 80 -> 96, 112 -> 128).
-    FLASH1: a FlashAttention-1-class kernel: flash-attn 1.x or its Triton version (llm-foundry's default until 0.7,
-        `attn_impl: triton`, llmfoundry/models/layers/flash_attn_triton.py), at FlashAttention-1's published rate
-        (FLASH_FWD_BWD_TFLOPS), head dimension rounded up to a power of two (`BLOCK_HEADDIM =
-        max(triton.next_power_of_2(d), 16)`: 80 -> 128, 112 -> 128).
+    FLASH1: FlashAttention-1 (flash-attn 1.x, CUDA) at its published rate (FLASH_FWD_BWD_TFLOPS), head dimension
+        rounded up to a power of two.
+    TRITON: llm-foundry's `attn_impl: triton` (its default until 0.7; llmfoundry/models/layers/flash_attn_triton.py,
+        HazyResearch's FlashAttention-1-class Triton kernel), which MosaicML's published MPT tables ran, at
+        TRITON_FLASH2_SHARE x FlashAttention-2's published rate on every card (fitted: no published rate of it
+        exists), head dimension rounded up to a power of two (`BLOCK_HEADDIM = max(triton.next_power_of_2(d),
+        16)`: 80 -> 128, 112 -> 128).
     """
 
     FLASH2 = "flash2"
     FLASH1 = "flash1"
+    TRITON = "triton"
 
     def padded_head_dim(self, d: int) -> int:
         """The head width the kernel's tiles compute for a head of width d (the FLOPs it runs: x padded / d)."""
-        if self is AttentionKernel.FLASH1:
+        if self is not AttentionKernel.FLASH2:
             return max(16, 1 << (d - 1).bit_length())
         return max(32, -(-d // 32) * 32)
+
+    @property
+    def stack_clocked(self) -> bool:
+        """Does the PyTorch stack's clock (Hardware.eager_clock) scale this kernel's rate? The published kernel
+        benchmarks (FLASH1, FLASH2) are a kernel alone, so yes; TRITON's share was fitted on PyTorch-native
+        training steps, so the stack's clock is in it already."""
+        return self is not AttentionKernel.TRITON
 
     def efficiency(self, hw: "Hardware", head_dim: int = 128, seq: int = FLASH_SEQS[-1],
                    causal: bool = True) -> float | None:
@@ -202,17 +225,19 @@ class AttentionKernel(enum.Enum):
         and backward alike, for heads of width head_dim over seq tokens: hw.flash_efficiency (FlashAttention-2 at
         16k, causal, head 128; the stack clock included) times the kernel's published rate at (head_dim, seq,
         causal) over that point's, from the table of hw.flash_rates. Without a table (a device built by hand)
-        FLASH2 runs at hw.flash_efficiency flat and FLASH1 is refused (no published rate)."""
+        FLASH2 runs at hw.flash_efficiency flat and FLASH1 is refused (no published rate). TRITON runs at
+        TRITON_FLASH2_SHARE x FlashAttention-2's rate at its padded width (flat without a table)."""
         if hw.flash_efficiency is None:
             return None
+        share, rated = (TRITON_FLASH2_SHARE, AttentionKernel.FLASH2) if self is AttentionKernel.TRITON else (1.0, self)
         if hw.flash_rates is None:
-            if self is AttentionKernel.FLASH2:
-                return hw.flash_efficiency
+            if rated is AttentionKernel.FLASH2:
+                return share * hw.flash_efficiency
             raise ValueError(f"Workload.attention_kernel flash1 has no published rate on {hw.name} (no kernel "
                              f"benchmark table: Hardware.flash_rates); plan flash2 (the default)")
-        return hw.flash_efficiency * flash_tflops(hw.flash_rates, self, self.padded_head_dim(head_dim), seq,
-                                                  causal) / flash_tflops(hw.flash_rates, AttentionKernel.FLASH2,
-                                                                         128, FLASH_SEQS[-1], True)
+        return share * hw.flash_efficiency * flash_tflops(hw.flash_rates, rated, self.padded_head_dim(head_dim), seq,
+                                                          causal) / flash_tflops(hw.flash_rates, AttentionKernel.FLASH2,
+                                                                                 128, FLASH_SEQS[-1], True)
 
 
 class GpuKind(enum.Enum):
@@ -534,13 +559,15 @@ class Hardware:
             changes["eager_clock"] = 1.0
         return replace(self, **changes)
 
-    def for_stack(self, pytorch: bool) -> "Hardware":
+    def for_stack(self, pytorch: bool, flash_clocked: bool = True) -> "Hardware":
         """The device as a workload of that software stack sees it (Workload.pytorch_native): for PyTorch-native
-        training, eager or torch.compile'd, the GEMM asymptote and the flash rate times eager_clock; for
-        Megatron / Transformer Engine, itself."""
+        training, eager or torch.compile'd, the GEMM asymptote and (flash_clocked: its attention kernel's
+        AttentionKernel.stack_clocked) the flash rate times eager_clock; for Megatron / Transformer Engine,
+        itself."""
         if not pytorch or self.eager_clock == 1.0:
             return self
-        flash = None if self.flash_efficiency is None else self.flash_efficiency * self.eager_clock
+        clock = self.eager_clock if flash_clocked else 1.0
+        flash = None if self.flash_efficiency is None else self.flash_efficiency * clock
         return replace(self, compute_efficiency=self.compute_efficiency * self.eager_clock, flash_efficiency=flash,
                        eager_clock=1.0)
 

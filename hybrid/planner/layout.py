@@ -278,9 +278,9 @@ class Workload:
             torchtitan, transformers) keeps 6 and briefly needs 8 more. Memory only: the head's memory-bound
             time is still torch's. The bf16-flash profile only; the planner only.
         attention_kernel: which flash-attention kernel times the attention core (hardware.AttentionKernel):
-            FLASH2 (FlashAttention-2 / SDPA, the default) or FLASH1 (FlashAttention-1 or its Triton version, as
-            MosaicML's published MPT runs used: docs/planner.md "Attention kernels of the published runs"); its
-            rate and its padded head width. The planner only (the API; no flag).
+            FLASH2 (FlashAttention-2 / SDPA, the default), FLASH1 (flash-attn 1.x) or TRITON (llm-foundry's
+            `attn_impl: triton`, as MosaicML's published MPT runs used: docs/planner.md "Attention kernels of the
+            published runs", "Round 18"); its rate and its padded head width. The planner only (the API; no flag).
         cp_ring: which ring implementation runs context parallelism (RingSchedule): None picks by stack
             (context.ring_schedule: Megatron's Transformer Engine ring, or this runtime's on the PyTorch stack);
             TORCH_ALLGATHER for torch's experimental context_parallel (torchtitan). The planner only (the API).
@@ -407,8 +407,9 @@ class Workload:
 
     def device(self, hw, layout: "Layout"):
         """`hw` (a Hardware) as this workload sees it at `layout`: its stack's tensor-core clock applied
-        (Hardware.for_stack; already-clocked hardware is returned as it is)."""
-        return hw.for_stack(self.pytorch_native(layout))
+        (Hardware.for_stack; to the flash rate if its kernel is AttentionKernel.stack_clocked; already-clocked
+        hardware is returned as it is)."""
+        return hw.for_stack(self.pytorch_native(layout), self.attention_kernel.stack_clocked)
 
     @property
     def fused_grad_accumulation(self) -> bool:

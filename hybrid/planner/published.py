@@ -446,15 +446,33 @@ MPT_FP8_TABLE_ROWS = (("h100-80g", "3b", 32768, 8, 3, 6, 5856, 3, True, True, 27
                       ("h100-80g", "3b", 512, 8, 40, 6, 36527, 3, False, True, 2647905280),
                       ("h100-80g", "1b", 32768, 8, 1, 4, 12580, 3, False, True, 1378865152),
                       ("h100-80g", "1b", 512, 8, 56, 4, 70315, 3, False, True, 1312804864))
-MPT_FIT_GPUS = 8  # the H100 rows on one node fit H100_EAGER_CLOCK (fit.fit_h100_eager_clock); the rest check
+MPT_FIT_GPUS = 8  # the H100 rows on one node fit H100_EAGER_CLOCK (fit.fit_h100_eager_clock)
+FLASH2_AT_SCALE = ("1b", "3b", "7b", "70b")  # round 8: the ">= 128 GPUs" table's sweep.py ran these with flash-attn 2
+H100_EAGER_CLOCK_FIT = "H100_EAGER_CLOCK (fit.fit_h100_eager_clock)"
+TRITON_FIT = "TRITON_FLASH2_SHARE (fit.fit_triton_flash2_share)"
+TRITON_FIT_SEQ = 8192  # the Triton share's rows: attention a large share of the step from here (round 7's LONG)
 
 
-def mpt_attention_kernel(gpu: str) -> AttentionKernel:
+def mpt_attention_kernel(gpu: str, size: str, gpus: int) -> AttentionKernel:
     """The attention kernel of a MosaicML row (docs/planner.md "Attention kernels of the published runs"): every
-    table but ">= 128 GPUs" ran llm-foundry's default `attn_impl: triton` (FlashAttention-1 class); FLASH1 on A100,
-    FlashAttention-2's rate with the H100 clock fitted over it on H100 (FLASH1 at Figure 7's published rate there
-    refits the clock to 0.876 and turns the long-sequence H100 rows -17..-30 %: round 8, not taken)."""
-    return AttentionKernel.FLASH1 if gpu.startswith("a100") else AttentionKernel.FLASH2
+    table ran llm-foundry's default `attn_impl: triton` (submit_benchmarks.py, TRITON) but the H100 ">= 128 GPUs"
+    table's 1B, 3B, 7B and 70B, whose sweep.py (5e85bd6) passes `--attn_impl flash` with flash-attn 2.4.2."""
+    if gpu.startswith("h100") and gpus >= 128 and size in FLASH2_AT_SCALE:
+        return AttentionKernel.FLASH2
+    return AttentionKernel.TRITON
+
+
+def mpt_fits(gpu: str, size: str, seq: int, gpus: int, fp8: bool, single_node_table: bool) -> str:
+    """The constant a MosaicML row fits (docs/planner.md "Round 18"), "" for a check row. H100_EAGER_CLOCK: the six
+    single-node rows of published.py's first H100 table (`single_node_table`, MPT_FIT_GPUS) and the 12
+    FlashAttention-2 rows (a kernel with a published H100 rate: the clock is all that is unknown there).
+    TRITON_FLASH2_SHARE: the bf16 H100 Triton rows at s >= TRITON_FIT_SEQ (16), the six excepted. On A100 none."""
+    if gpu != "h100-80g":
+        return ""
+    flash2 = mpt_attention_kernel(gpu, size, gpus) is AttentionKernel.FLASH2
+    if (single_node_table and gpus == MPT_FIT_GPUS) or flash2:
+        return H100_EAGER_CLOCK_FIT
+    return TRITON_FIT if not fp8 and seq >= TRITON_FIT_SEQ else ""
 
 
 def mpt_model(size: str, seq: int) -> ModelConfig:
@@ -470,7 +488,8 @@ def mpt_runs() -> list[PublishedRun]:
     (planned with fp32 gradients; PURE rows in bf16), and llm-foundry's default loss, flash-attn's fused
     cross-entropy over the bf16 logits (`loss_fn: fused_crossentropy`, ComposerMPTCausalLM; planned with
     Workload.fused_cross_entropy, memory only). Compared on tokens/s a GPU. Issue 26's kind of held-out row: FSDP
-    at 8-512 GPUs; the six single-node H100 rows fit the H100's eager clock (MPT_FIT_GPUS), the rest check."""
+    at 8-512 GPUs; the six single-node H100 rows fit the H100's eager clock (MPT_FIT_GPUS), three long-sequence
+    rows the Triton kernel's share (mpt_fits), the rest check."""
     runs = []
     rows = [(row, False, False) for row in MPT_ROWS] + [(row, True, False) for row in MPT_MORE_ROWS] + [
         (row, True, True) for row in MPT_FP8_ROWS + MPT_FP8_TABLE_ROWS]
@@ -478,18 +497,17 @@ def mpt_runs() -> list[PublishedRun]:
         work = Workload(mpt_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
                         activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fp8=fp8,
                         fp8_scaling=Fp8Scaling.DELAYED if fp8 else Fp8Scaling.CURRENT, fused_cross_entropy=True,
-                        attention_kernel=mpt_attention_kernel(gpu))
+                        attention_kernel=mpt_attention_kernel(gpu, size, gpus))
         space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage(zero),),
                             offload=(Offload.NONE,), sequence_parallel=(False,),
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))
         ac = ", AC" if checkpointing else ""
         card = "H100" if gpu.startswith("h100") else "A100"
-        fit = gpu == "h100-80g" and gpus == MPT_FIT_GPUS and not more
+        fits = mpt_fits(gpu, size, seq, gpus, fp8, not more)
         runs.append(PublishedRun(f"MPT-{size}, s {seq}, {gpus} {card}, FSDP z{zero}, b{mb} x {accum}{ac}"
                                  f"{', FP8' if fp8 else ''}", MPT_FP8_SOURCE if fp8 else MPT_SOURCE, work, gpu, gpus,
                                  space, Metric.TOKENS_PER_GPU, tokens,
-                                 role=Role.FIT if fit else Role.CHECK,
-                                 fits="H100_EAGER_CLOCK (fit.fit_h100_eager_clock)" if fit else ""))
+                                 role=Role.FIT if fits else Role.CHECK, fits=fits))
     return runs
 
 

@@ -61,7 +61,7 @@ import statistics
 import sys
 from dataclasses import dataclass, fields, replace
 
-from hybrid.planner.hardware import ELEMENTWISE_FRACTION, FLASH1_A100, MIB
+from hybrid.planner.hardware import ELEMENTWISE_FRACTION, FLASH1_A100, MIB, AttentionKernel
 from hybrid.planner.layout import Recompute
 from hybrid.planner.ops import KernelProfile
 from hybrid.planner.published import CODELLAMA_34B, LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, PublishedRun, _fsdp
@@ -307,14 +307,11 @@ def flash1_what_if() -> str:
 NETWORK_GBPS = (23.5, 12.5, 6.25, 3.125)  # a GPU's share of the node's NICs: the preset, then halvings
 
 
-FLASH2_AT_SCALE = ("1b", "3b", "7b", "70b")  # round 8: the ">= 128 GPUs" table's sweep.py ran these with flash-attn 2
-
-
 def _ran_triton(run: PublishedRun) -> bool:
-    """Did this MosaicML H100 row run Triton FlashAttention-1? All of the 8-64 GPU tables did; the ">= 128 GPUs"
-    table ran FlashAttention-2 for 1B, 3B, 7B and 70B and Triton for 13B and 30B (docs/planner.md, round 8)."""
-    size = run.name.split(",")[0].removeprefix("MPT-")
-    return not (run.gpus >= 128 and size in FLASH2_AT_SCALE)
+    """Did this MosaicML H100 row run llm-foundry's Triton kernel? Its workload's kernel says
+    (published.mpt_attention_kernel: all of the 8-64 GPU tables did; the ">= 128 GPUs" table ran FlashAttention-2
+    for 1B, 3B, 7B and 70B)."""
+    return run.workload.attention_kernel is AttentionKernel.TRITON
 
 
 def h100_triton_what_if() -> str:

@@ -1,10 +1,13 @@
-"""More published runs, CHECK rows only (issue 26, seventh round): where does the planner miss on runs nobody fitted?
+"""More published runs, CHECK rows but MosaicML's H100 fit rows (issue 26, seventh round): where does the planner
+miss on runs nobody fitted?
 
     python -m hybrid.planner.published_more     # the table of docs/planner.md "More check rows, round 7"
     python -m hybrid.planner.published_more --misses   # each miss taken apart (the same section)
 
-Every row here is a `Role.CHECK` row of published.py's `PublishedRun` type: nothing in the planner was fitted to
-it, and nothing may be (tests/test_planner_morerows.py asserts the role). Each row gives its layout as published;
+Every row here is a `Role.CHECK` row of published.py's `PublishedRun` type -- nothing in the planner was fitted to
+it, and nothing may be (tests/test_planner_morerows.py asserts the role) -- but, since round 18, MosaicML's H100
+rows that published.mpt_fits names: the ">= 128 GPUs" table's FlashAttention-2 rows fit H100_EAGER_CLOCK and the
+bf16 Triton rows at s >= 8192 fit TRITON_FLASH2_SHARE (docs/planner.md "Round 18"). Each row gives its layout as published;
 what the source leaves out the planner picks (micro-batch, chunks per rank, ZeRO stage, recomputation), and the
 docstrings say which. Sources, each read at the commit named:
 
@@ -49,7 +52,8 @@ from hybrid.planner.layout import Cluster, Offload, Recompute, RingSchedule, Wor
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import KernelProfile, Stack
 from hybrid.planner.published import (LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LLAMA3_8B, LLAMA3_70B, Metric,
-                                      PublishedRun, llama3_405b, llama_model, mpt_attention_kernel, shown)
+                                      PublishedRun, Role, llama3_405b, llama_model, mpt_attention_kernel, mpt_fits,
+                                      shown)
 from hybrid.planner.reference import gpt_model
 from hybrid.planner.search import SearchSpace
 from models.config import ARCH_GPT2, ModelConfig
@@ -372,13 +376,15 @@ def _mpt_runs(rows: tuple, gpu: str, source: str) -> list[PublishedRun]:
     for size, seq, gpus, mb, accum, tokens, zero, checkpointing, fp32_reduce, _ in rows:
         work = Workload(mpt_more_model(size, seq), global_batch=mb * accum * gpus, seq_length=seq,
                         activations=ActivationProfile.BF16_FLASH, fp32_grads=fp32_reduce, fused_cross_entropy=True,
-                        attention_kernel=mpt_attention_kernel(gpu))
+                        attention_kernel=mpt_attention_kernel(gpu, size, gpus))
         space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(mb,), zero=(ZeroStage(zero),),
                             offload=(Offload.NONE,), sequence_parallel=(False,),
                             recompute=(Recompute.FULL if checkpointing else Recompute.NONE,))
         ac = ", AC" if checkpointing else ""
+        fits = mpt_fits(gpu, size, seq, gpus, False, False)
         runs.append(PublishedRun(f"MPT-{size}, s {seq}, {gpus} {card}, FSDP z{zero}, b{mb} x {accum}{ac}", source,
-                                 work, gpu, gpus, space, Metric.TOKENS_PER_GPU, tokens))
+                                 work, gpu, gpus, space, Metric.TOKENS_PER_GPU, tokens,
+                                 role=Role.FIT if fits else Role.CHECK, fits=fits))
     return runs
 
 
@@ -449,6 +455,14 @@ def summary_line(what: str, results: list[Result]) -> str:
             f"{100 * max(errors):+.1f} %, {sum(abs(e) <= 0.15 for e in errors)} within 15 %; {rejected} rejected")
 
 
+def role_summaries(what: str, results: list[Result]) -> list[str]:
+    """summary_line of the check rows, and of the fit rows apart where there are any (round 18: MosaicML's H100 rows
+    that fit H100_EAGER_CLOCK or TRITON_FLASH2_SHARE)."""
+    fit = [r for r in results if r.run.role is Role.FIT]
+    lines = [summary_line(what, [r for r in results if r.run.role is Role.CHECK])]
+    return lines + [summary_line(f"{what}, the fit rows among them (not checks)", fit)] if fit else lines
+
+
 MISS = 0.15  # |error| beyond which a row is a miss (issue 26's acceptance band)
 TERMS = ("gemm", "attention", "memory_bound", "launches", "tp", "pp_p2p", "bubble", "overlap", "dp_exposed",
          "optimizer")
@@ -511,8 +525,9 @@ def main() -> None:
     for what, rows in GROUPS:
         results = [evaluate(r) for r in rows()]
         everything += results
-        print(f"### {what}\n\n{table(results)}\n\n{summary_line(what, results)}\n")
-    print(summary_line("all round-7 check rows", everything))
+        summaries = "\n".join(role_summaries(what, results))
+        print(f"### {what}\n\n{table(results)}\n\n{summaries}\n")
+    print("\n".join(role_summaries("all round-7 check rows", everything)))
 
 
 if __name__ == "__main__":
