@@ -15,6 +15,7 @@ import torch.distributed as dist
 from hybrid.checkpoint import core, store
 from hybrid.convert.presharded import TargetLayout
 from hybrid.mesh import Mesh, ParallelDims
+from hybrid.testing import each_case
 from hybrid.tp import TPContext
 from hybrid.train_step import OptimizerConfig
 from hybrid.zero import ZeroConfig, ZeroOptimizer
@@ -64,3 +65,17 @@ def run_at_target(rank, world, root, ids, cfgs):
                  "consumed_samples": 0}
         core.start_save(opt, names, None, os.path.join(root, name + ".run"), 1, state).finish()
     return out
+
+
+CHECKS = {"resave": load_and_resave, "target": run_at_target}  # test_convert's two 4-rank checks
+
+
+def _check(rank, world, args, kind):
+    return CHECKS[kind](rank, world, *args[kind])
+
+
+def both_checks(rank, world, args):
+    """test_convert's two 4-rank checks in one launch -- its forks, process group and imports paid once --
+    {(kind,): the check's result} (`args[kind]`: its arguments after rank and world), each a case of
+    hybrid.testing.each_case: a check that raises is its own test's failure (case_result)."""
+    return each_case(_check, [(kind,) for kind in CHECKS], rank, world, args)

@@ -22,7 +22,7 @@ from hybrid.cli import main as hybrid_main
 from hybrid.convert import hf_to_hybrid, hybrid_to_hf
 from hybrid.convert.verify import load_ours
 from command_flags import foreign
-from convert_ranks import RESAVE, load_and_resave, run_at_target
+from convert_ranks import RESAVE, both_checks
 from models import shift_labels
 from models.config import load_config
 from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
@@ -299,16 +299,32 @@ def rank_configs(root: str, names) -> dict:
     return {name: dataclasses.replace(load_config(os.path.join(root, name)), hf_config=None) for name in names}
 
 
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory) -> dict:
+    """The two 4-rank checks below, their inputs made here and run in one launch (convert_ranks.both_checks:
+    one launch's forks, process group and imports, not two): kind -> (its folder, per-rank results). "resave":
+    each RESAVE model converted (transformers -> hybrid) and loaded and re-saved at its layout; "target": all four
+    models converted pre-sharded for tp 2 x pp 2 (`hybrid convert --target-...`), loaded by a tp2 x pp2 run."""
+    from hybrid.testing import case_result, run_distributed
+    resave, target = str(tmp_path_factory.mktemp("resave")), str(tmp_path_factory.mktemp("target"))
+    for name, _ in RESAVE:
+        hf_to_hybrid(hf_folder(name, os.path.join(resave, name)), os.path.join(resave, name + ".ckpt"), verify=False)
+    for name in MODELS:
+        hybrid_main(["convert", hf_folder(name, os.path.join(target, name)), os.path.join(target, name + ".ckpt"),
+                     "--target-tensor-parallel-size", "2", "--target-pipeline-parallel-size", "2"])
+    args = {"resave": (resave, rank_configs(resave, [name for name, _ in RESAVE])),
+            "target": (target, TARGET_IDS, rank_configs(target, MODELS))}
+    per_rank = run_distributed(both_checks, 4, (args,), timeout=240)
+    return {kind: (args[kind][0], lambda kind=kind: case_result(per_rank, (kind,))) for kind in args}
+
+
 @pytest.mark.slow
-def test_round_trip_through_tp_pp_dp_zero_layouts_is_bit_exact(tmp_path):
+def test_round_trip_through_tp_pp_dp_zero_layouts_is_bit_exact(four_ranks):
     """transformers -> hybrid -> (loaded and re-saved at tp1 x pp2 x dp2 ZeRO 3 / tp4, 2 kv-heads replicated /
     tp2 x pp2 ZeRO 1, tied embedding on both stages; vocabulary 259 padded to 260) -> transformers: every
     tensor torch.equal to the original."""
-    from hybrid.testing import run_distributed
-    root = str(tmp_path)
-    for name, _ in RESAVE:
-        hf_to_hybrid(hf_folder(name, os.path.join(root, name)), os.path.join(root, name + ".ckpt"), verify=False)
-    run_distributed(load_and_resave, 4, (root, rank_configs(root, [name for name, _ in RESAVE])), timeout=240)
+    root, results = four_ranks["resave"]
+    results()  # every rank's load and save ran
     for name, _ in RESAVE:
         hybrid_to_hf(os.path.join(root, name + ".resaved"), os.path.join(root, name + ".out"), verify=False)
         a, b = tensors(os.path.join(root, name)), tensors(os.path.join(root, name + ".out"))
@@ -328,22 +344,21 @@ def _chunk_table(it_dir: str) -> dict:
     return out
 
 
+TARGET_IDS = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(4))  # the run's fixed batch
+
+
 @pytest.mark.slow
-def test_presharded_tp2_pp2_is_what_a_run_saves_and_loads_with_transformers_logits(tmp_path):
+def test_presharded_tp2_pp2_is_what_a_run_saves_and_loads_with_transformers_logits(four_ranks):
     """`hybrid convert --target-tensor-parallel-size 2 --target-pipeline-parallel-size 2`, for all four models:
     the chunks in .metadata (box and file, per parameter) are those a tp2 x pp2 run saves; the run loads the
     checkpoint, and its logits on a fixed batch equal transformers' within 1e-5 (fp32; the loss too). Loaded
     elsewhere -- tp 1 by the export -- it reshards: the export is bit-exact."""
-    from hybrid.testing import run_distributed
-    root = str(tmp_path)
-    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(4))
+    root, results = four_ranks["target"]
+    ids = TARGET_IDS
     for name in MODELS:
-        src = hf_folder(name, os.path.join(root, name))
-        hybrid_main(["convert", src, os.path.join(root, name + ".ckpt"), "--target-tensor-parallel-size", "2",
-                     "--target-pipeline-parallel-size", "2"])
         saved = store.read_state(store.final_path(os.path.join(root, name + ".ckpt"), 0))["layout"]
         assert saved == {"tp": 2, "pp": 2, "dp": 1, "zero": 0, "v": 1, "stages": [[0], [1]]}
-    results = run_distributed(run_at_target, 4, (root, ids, rank_configs(root, MODELS)), timeout=240)
+    results = results()
     for name in MODELS:
         ours = _chunk_table(store.final_path(os.path.join(root, name + ".ckpt"), 0))
         run = _chunk_table(store.final_path(os.path.join(root, name + ".run"), 1))

@@ -223,9 +223,10 @@ RUN = ["--seq-length", "32", "--global-batch-size", "8", "--micro-batch-size", "
        "--eval-iters", "1", "--lr-warmup-iters", "1", "--lr-decay-iters", "3", "--timing-log-interval", "1"]
 
 
-def _train_rank(rank: int, world: int, argv: list[str]) -> str:
-    """train.py's run on this rank, its stdout captured, with a clock that moves 1 s per training step and
-    stands still otherwise: every interval's ms/iter must then be 1000 exactly."""
+def _train_rank(rank: int, world: int, argvs: list[list[str]]) -> list[str]:
+    """train.py's runs of `argvs` on this rank, one after another in this process (one launch's forks, process
+    group and imports for all of them), each one's stdout captured, with a clock that moves 1 s per training step
+    and stands still otherwise: every interval's ms/iter must then be 1000 exactly."""
     import importlib
     from types import SimpleNamespace
 
@@ -233,7 +234,6 @@ def _train_rank(rank: int, world: int, argv: list[str]) -> str:
 
     from hybrid.train import loop
     train_main = importlib.import_module("hybrid.train.main")
-    run, _, corpus = train_main.validate(argv)
     clock = [0.0]
     step = loop.train_step
 
@@ -242,10 +242,14 @@ def _train_rank(rank: int, world: int, argv: list[str]) -> str:
         return step(*a, **k)
 
     loop.train_step, loop.time = timed_step, SimpleNamespace(perf_counter=lambda: clock[0])
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        loop.run(run, corpus, torch.device("cpu"))
-    return out.getvalue()
+    outs = []
+    for argv in argvs:
+        run, _, corpus = train_main.validate(argv)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            loop.run(run, corpus, torch.device("cpu"))
+        outs.append(out.getvalue())
+    return outs
 
 
 def _records(path) -> dict[int, dict]:
@@ -263,12 +267,11 @@ def chain(tmp_path_factory):
     from hybrid.testing import run_distributed
     d = tmp_path_factory.mktemp("chain")
     ck, a, b = str(d / "ck"), ["--metrics-file", str(d / "a.jsonl")], ["--metrics-file", str(d / "b.jsonl")]
-    first = run_distributed(_train_rank, 2, args=(RUN + ["--train-iters", "3", "--log-interval", "1", "--save", ck]
-                                                  + a,), timeout=300)
-    second = run_distributed(_train_rank, 2, args=(RUN + ["--train-iters", "5", "--log-interval", "2", "--save", ck,
-                                                          "--load", ck] + a,), timeout=300)
-    whole = run_distributed(_train_rank, 2, args=(RUN + ["--train-iters", "5", "--log-interval", "1"] + b,),
-                            timeout=300)
+    argvs = [RUN + ["--train-iters", "3", "--log-interval", "1", "--save", ck] + a,
+             RUN + ["--train-iters", "5", "--log-interval", "2", "--save", ck, "--load", ck] + a,
+             RUN + ["--train-iters", "5", "--log-interval", "1"] + b]
+    runs = run_distributed(_train_rank, 2, args=(argvs,), timeout=300)  # the three in turn, in one launch
+    first, second, whole = ([per_rank[i] for per_rank in runs] for i in range(3))  # each: [rank 0's, rank 1's]
     return first, second, whole, d
 
 
@@ -451,9 +454,9 @@ def test_the_log_in_docs_operations_is_what_its_commands_print(tmp_path):
     logs = _documented_logs()
     assert len(logs) == 3 and all(argv[argv.index("--load") + 1] == "ck" for argv, _ in logs[1:])
     ck = str(tmp_path / "ck")
-    for argv, documented in logs:
-        argv = [ck if a == "ck" else a for a in argv]
-        printed = run_distributed(_train_rank, 2, args=(argv,), timeout=600)[0]
+    argvs = [[ck if a == "ck" else a for a in argv] for argv, _ in logs]
+    outs = run_distributed(_train_rank, 2, args=(argvs,), timeout=600)[0]  # the three in turn, in one launch
+    for (_, documented), printed in zip(logs, outs):
         want = [f for f in (_log_facts(ln, ck) for ln in documented) if f is not None]
         got = iter([f for f in (_log_facts(ln, ck) for ln in printed.splitlines()) if f is not None])
         missing = [w for w in want if not any(_same_fact(w, g) for g in got)]  # on the iterator: in order

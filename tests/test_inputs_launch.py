@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
 
 import pytest
@@ -27,12 +26,41 @@ def _env(**extra) -> dict:
             "TORCHELASTIC_ERROR_FILE": None, "OMP_NUM_THREADS": "1", **extra}
 
 
+# the file's three jobs under the real torchrun agent (its failure summary is their subject), started at once: each
+# is mostly waiting -- the agent's start-up and rendezvous, a failed rank's teardown -- and the waits overlap
+# instead of adding up (~8 s of the file's wall time). Each job has its own directory, port and fork service.
+AGENT_JOBS = {
+    "bad-flag": (["-m", "hybrid.train", "--lr", "inf"], None),
+    # rank 1 raises inside a checkpoint save while rank 0 waits for it in the save's all-gather
+    "exception-on-rank-1": (["-m", "hybrid.train", "--distributed-timeout-minutes", "0.2", *TINY, "--train-iters",
+                             "4", "--save", "ckpt", "--save-interval", "2"], "crash:point=after_data,rank=1"),
+    # rank 1's gradients are NaN from iteration 2: the NaN guard stops every rank (the NaN reaches both through
+    # the gradient all-reduce) with exit code 65 -- one of them is the failure, the other stops by itself
+    "nan-guard-stop": (["-m", "hybrid.train", "--distributed-timeout-minutes", "0.2", *TINY, "--train-iters", "8",
+                        "--max-skipped-steps", "2"], "nan:rank=1,iterations=2-9"),
+}
+
+
+@pytest.fixture(scope="module")
+def agent_jobs(tmp_path_factory) -> dict:
+    """name -> (its working directory, subprocess.run's result) of each AGENT_JOBS job: `torchrun
+    --nproc-per-node 2 ARGV` run as a pip user would, from a directory that is not the checkout -- the real
+    torchrun, its 2 workers forks of hybrid.testing's forkserver (hybrid.testing.agent_run)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name: str):
+        argv, fault = AGENT_JOBS[name]
+        cwd = tmp_path_factory.mktemp(name)
+        return cwd, testing.agent_run(["--nproc-per-node", "2"], argv, env=_env(HYBRID_FAULT=fault), cwd=str(cwd),
+                                      timeout=300)
+    with ThreadPoolExecutor(len(AGENT_JOBS)) as pool:
+        return dict(zip(AGENT_JOBS, pool.map(one, AGENT_JOBS)))
+
+
 @pytest.mark.slow
-def test_bad_flag_under_torchrun_prints_once_and_is_the_root_cause(tmp_path):
+def test_bad_flag_under_torchrun_prints_once_and_is_the_root_cause(agent_jobs):
     """Run as a pip user would: `torchrun -m hybrid.train` from a directory that is not the checkout."""
-    # the real torchrun (its failure summary is the subject), its workers forks of hybrid.testing's forkserver
-    out = testing.agent_run(["--nproc-per-node", "2"], ["-m", "hybrid.train", "--lr", "inf"], env=_env(),
-                            cwd=str(tmp_path), timeout=120)
+    cwd, out = agent_jobs["bad-flag"]
     line = "train.py: error: --lr must be a finite number, got inf"
     assert out.returncode != 0
     printed = [ln for ln in out.stderr.splitlines() if ln.startswith("train.py: error:")]
@@ -40,7 +68,7 @@ def test_bad_flag_under_torchrun_prints_once_and_is_the_root_cause(tmp_path):
     root_cause = out.stderr.split("Root Cause")[1]
     assert f"traceback : {line}" in root_cause, "torchrun's summary names the root cause"
     assert "To enable traceback" not in out.stderr
-    assert not os.listdir(tmp_path), "nothing left behind"
+    assert not os.listdir(cwd), "nothing left behind"
 
 
 @pytest.mark.slow
@@ -119,30 +147,16 @@ def test_an_install_ships_the_training_entry_point():
     assert os.path.isfile(os.path.join(ROOT, "hybrid", "train", "__main__.py"))
 
 
-def _torchrun(tmp_path, fault: str, *flags: str) -> subprocess.CompletedProcess:
-    """The real torchrun (its root-cause summary is the subject), its 2 workers forks of hybrid.testing's
-    forkserver (hybrid.testing.agent_run)."""
-    return testing.agent_run(["--nproc-per-node", "2"], ["-m", "hybrid.train", "--distributed-timeout-minutes", "0.2",
-                                                         *TINY, *flags],
-                             env=_env(HYBRID_FAULT=fault), cwd=str(tmp_path), timeout=300)
-
-
 @pytest.mark.slow  # the real torchrun (its root-cause summary is the subject): 2 jobs of 2 forked ranks
-@pytest.mark.parametrize("fault, flags, rank, code, cause", [
-    # rank 1 raises inside a checkpoint save while rank 0 waits for it in the save's all-gather
-    ("crash:point=after_data,rank=1", ["--train-iters", "4", "--save", "ckpt", "--save-interval", "2"], "1", 1,
-     "SimulatedCrash"),
-    # rank 1's gradients are NaN from iteration 2: the NaN guard stops every rank (the NaN reaches both through
-    # the gradient all-reduce) with exit code 65 -- one of them is the failure, the other stops by itself
-    ("nan:rank=1,iterations=2-9", ["--train-iters", "8", "--max-skipped-steps", "2"], "[01]", 65,
-     "train.py: error: nan-guard: 2 consecutive steps skipped"),
+@pytest.mark.parametrize("job, rank, code, cause", [
+    ("exception-on-rank-1", "1", 1, "SimulatedCrash"),
+    ("nan-guard-stop", "[01]", 65, "train.py: error: nan-guard: 2 consecutive steps skipped"),
 ], ids=["exception-on-rank-1", "nan-guard-stop"])
-def test_torchrun_names_the_rank_that_failed_and_the_others_exit_by_themselves(tmp_path, fault, flags, rank, code,
-                                                                                cause):
+def test_torchrun_names_the_rank_that_failed_and_the_others_exit_by_themselves(agent_jobs, job, rank, code, cause):
     """Real torchrun (2 workers): its summary's root cause is the rank that failed, with its exit code and error;
     the other rank stops by itself (exit 0, one line naming the failed rank), so torchrun sends no SIGTERM and
     lists no other failure (liveness.end_after_failure)."""
-    out = _torchrun(tmp_path, fault, *flags)
+    _, out = agent_jobs[job]
     assert out.returncode != 0
     summary = out.stderr.split("Root Cause (first observed failure):")[1]
     assert re.search(rf"rank +: {rank} \(local_rank: {rank}\)\n +exitcode +: {code} ", summary), summary
