@@ -5,8 +5,9 @@ or folder that does not exist, a config.json that is malformed or whose sizes do
 
 1. A pinned --tensor-model-parallel-size that splits neither the model nor the GPUs (tp 5 of gpt2's 12 heads on 8
    GPUs) named the reasons, then "Try more GPUs, a GPU with more memory, or unpin dimensions" -- memory was never
-   the problem. Now the TP sizes that split the model on those GPUs; and a request rejected for no memory reason
-   no longer points at memory.
+   the problem. Now the TP sizes that split the model on those GPUs (a pinned --pipeline-model-parallel-size 24
+   of 12 layers, or 3 on 8 GPUs: the PP sizes); and a request rejected for no memory reason no longer points at
+   memory.
 2. `hybrid calibrate --out LINK` (to a profile, or to nothing) measured for its minute, then the rename replaced the
    link itself with a file; `hybrid plan --plot LINK` the same after the search. Now one line before the work, as
    write_text and every benchmark's --out refuse a link (trust17).
@@ -39,6 +40,10 @@ GPT2_8 = ["--model", "gpt2", "--gpus", "8", "--global-batch-size", "64"]
      "Give --tensor-model-parallel-size 1, 2 or 4 (the sizes that split the model on 8 GPUs)."),
     (["--model", "gpt2", "--gpus", "7", "--global-batch-size", "64", "--tensor-model-parallel-size", "2"],
      "Give --tensor-model-parallel-size 1 (the sizes that split the model on 7 GPUs)."),
+    (GPT2_8 + ["--pipeline-model-parallel-size", "24"],
+     "Give --pipeline-model-parallel-size 1, 2, 4 or 8 (the sizes that split the layers on 8 GPUs)."),
+    (GPT2_8 + ["--pipeline-model-parallel-size", "3"],
+     "Give --pipeline-model-parallel-size 1, 2, 4 or 8 (the sizes that split the layers on 8 GPUs)."),
     (GPT2_8 + ["--micro-batch-size", "3"], "Change the sizes the reasons name, or unpin dimensions."),
 ])
 def test_a_request_no_memory_would_fix_names_the_fix_that_would(argv, fix, capsys):
@@ -46,10 +51,12 @@ def test_a_request_no_memory_would_fix_names_the_fix_that_would(argv, fix, capsy
     assert line.startswith("hybrid plan: error: no layout of the 124.4M-parameter model") and line.endswith(fix), line
 
 
-def test_each_tp_size_offered_plans(capsys):
-    """gpt2 (12 heads, MLP 3072) on one node of 8: tp 1, 2, 4 divide heads, MLP and GPUs; 8 does not divide 12."""
-    for tp in ("1", "2", "4"):
-        assert plan_cli.main(GPT2_8 + ["--tensor-model-parallel-size", tp, "--top", "1", "--json"]) == 0
+def test_each_size_offered_plans(capsys):
+    """gpt2 (12 heads, MLP 3072, 12 layers) on one node of 8: tp 1, 2, 4 divide heads, MLP and GPUs (8 does not
+    divide 12 heads); pp 1, 2, 4, 8 divide the GPUs and are at most the 12 layers."""
+    for flag, sizes in (("--tensor-model-parallel-size", "124"), ("--pipeline-model-parallel-size", "1248")):
+        for size in sizes:
+            assert plan_cli.main(GPT2_8 + [flag, size, "--top", "1", "--json"]) == 0, (flag, size)
     capsys.readouterr()
 
 

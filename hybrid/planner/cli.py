@@ -39,7 +39,7 @@ from hybrid.cp.attention import CommType
 from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import (Cluster, Offload, PipelineP2P, PipelineSplit, Recompute, TpPlan, Workload,
-                                   Zero3Runtime, ZeroStage, tp_problems)
+                                   Zero3Runtime, ZeroStage, pp_problems, tp_problems)
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
@@ -722,7 +722,8 @@ def _nothing_fits(work: Workload, cluster: Cluster, result: SearchResult, show: 
 
 def _fix(work: Workload, cluster: Cluster, groups: list, rejected: list[Rejection], space: SearchSpace | None) -> str:
     """The fix follows the reasons: a batch no layout divides wants another batch; a pinned TP size that splits
-    neither the model nor the GPUs wants one that does (named: the sizes tp_problems and the GPU count pass);
+    neither the model nor the GPUs wants one that does (named: the sizes tp_problems and the GPU count pass; a
+    pinned PP size likewise, by pp_problems);
     more memory only where a layout ran out of it (round 18: a pinned tp 5 of a 12-head model was told "Try
     more GPUs, a GPU with more memory")."""
     if groups and all("not divisible by" in r.reason for _, r in groups):
@@ -732,6 +733,9 @@ def _fix(work: Workload, cluster: Cluster, groups: list, rejected: list[Rejectio
         fits = [t for t in divisors(n) if not tp_problems(work.model, cluster, t)]
         if fits:
             return f"Give --tensor-model-parallel-size {one_of(fits)} (the sizes that split the model on {n} GPUs)."
+    if space is not None and space.pp and all(pp_problems(work.model, p, 1) or n % p for p in space.pp):
+        fits = [p for p in divisors(n) if not pp_problems(work.model, p, 1)]
+        return f"Give --pipeline-model-parallel-size {one_of(fits)} (the sizes that split the layers on {n} GPUs)."
     if any("OOM" in r.reason for r in rejected):  # a stage's, the host's (offload), the experts'
         return "Try more GPUs, a GPU with more memory, or unpin dimensions."
     return "Change the sizes the reasons name, or unpin dimensions."
