@@ -14,6 +14,9 @@ or folder that does not exist, a config.json that is malformed or whose sizes do
 3. `hybrid plan --help` printed the --plot example joined to the line before it by a run of spaces (the docstring's
    line continuation was a Python escape, as test_newuser11's inspect example was).
 4. `hybrid calibrate --ranks 1` said "spawning 1 gloo ranks" and "with 1 ranks at once".
+5. An empty --hardware (`--hardware $HW` with HW unset) was ignored: the plan was made on the a100-80g preset, the
+   table headed by it and nothing said; an empty --plot wrote no plot, an empty --scan-gpus said "--gpus is
+   required". Now train.py's line for an empty flag, before the search.
 """
 
 from __future__ import annotations
@@ -109,3 +112,13 @@ def test_calibrate_counts_one_rank_in_the_singular(tmp_path, capsys, monkeypatch
     with pytest.raises(Stop):
         main(["calibrate", "--ranks", "1", "--backend", "gloo", "--out", str(tmp_path / "hw.json")])
     assert capsys.readouterr().out == "calibrate: spawning 1 gloo rank ...\n"
+
+
+@pytest.mark.parametrize("flag", ["--hardware", "--plot", "--scan-gpus", "--model"])
+def test_an_empty_path_or_list_is_one_line_naming_it(flag, capsys, monkeypatch):
+    monkeypatch.setattr(plan_cli, "search", lambda *a, **k: pytest.fail("searched with an empty " + flag))
+    argv = [a for a in GPT2_8 if a not in ("--model", "gpt2")] if flag == "--model" else list(GPT2_8)
+    if flag == "--scan-gpus":
+        argv = [a for a in argv if a not in ("--gpus", "8")]
+    assert _plan_error(argv + [flag, ""], capsys) == f"hybrid plan: error: {flag} is empty; give a value or omit " \
+                                                       f"the flag"

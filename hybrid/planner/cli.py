@@ -389,6 +389,10 @@ def _check_plot_format(path: str, formats: dict[str, str]) -> None:
 def check_outputs(args: argparse.Namespace) -> None:
     """Before the search: --plot can be written and matplotlib is there; --emit-args has a model train.py can
     build; the output flags asked for are ones that print together."""
+    for flag, value in (("--model", args.model), ("--hardware", args.hardware), ("--scan-gpus", args.scan_gpus),
+                        ("--plot", args.plot)):  # `--hardware $HW` with HW unset: was planned on the a100 preset
+        if value is not None and not value.strip():
+            raise ValueError(f"{flag} is empty; give a value or omit the flag")  # train.py's words (check_files)
     _check_output_modes(args)
     if args.plot:
         check_not_link(f"--plot {args.plot!r}", args.plot)  # round 18: the rename replaced the link, after the search
