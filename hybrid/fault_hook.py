@@ -119,7 +119,8 @@ def attempt() -> int:
 POINTS = ("after_rank_files", "after_data", "before_rename", "before_latest",
           "output_written",      # cliutil.atomic_output: the temporary whole, not yet renamed onto the output
           "dataset_written",     # indexed dataset: .bin and .idx whole under temporary names, neither renamed
-          "dataset_bin_renamed", # indexed dataset: PREFIX.bin renamed into place, PREFIX.idx not yet
+          "dataset_bin_renamed", # indexed dataset: an older PREFIX.idx removed, PREFIX.bin renamed into place,
+                                 # PREFIX.idx not yet
           "tokenizer_staged",    # train_tokenizer: its three files whole under temporary names, none renamed
           "tokenizer_first_renamed",  # train_tokenizer: the first of its three files renamed, the others not
           "export_written")      # convert: the staged DST directory whole, not yet renamed onto DST

@@ -644,7 +644,7 @@ def test_inspect_says_a_checkpoint_loads_at_a_layout_with_the_vocabulary_padding
     assert ok and notes == "dp 2; vocabulary 259 rows, padded to 260 at tp 4"
     ok, notes = loadable_at(state, Target(4, 2, 24))  # dp 3: the saved global batch 8 does not split
     assert ok and "the saved batch does not split at dp 3 (--global-batch-size 8 must be a multiple of " \
-                  "--micro-batch-size 2 x data-parallel size 3 = 6)" in notes
+                  "--micro-batch-size 2 x data-parallel size 3 = 6; give --global-batch-size 6 or 12)" in notes
     capsys.readouterr()
     with pytest.raises(SystemExit) as bad:  # not loadable at the layout asked about: exit status 1
         hybrid_cli(["checkpoint", "inspect", root, "--tensor-model-parallel-size", "8", "--world-size", "8"])

@@ -240,7 +240,17 @@ def _check_finite(own: dict, directory: str, group: Group | None) -> None:
     resumed run could only diverge, whether the file was forged, corrupted or saved from a poisoned run. One line naming
     the file and the key, on every rank (the verdict is gathered: a rank alone raising would leave the others
     waiting in the next collective). The shapes and dtypes are the layout's own: DCP fills the buffers the owner
-    allocated."""
+    allocated.
+
+    Why here, after the process groups start, and not in train.py's checks before them (round 18 asked): only the
+    values can tell -- DCP's .metadata holds each tensor's shape, dtype and chunk offsets, no statistic, and the
+    manifest a checksum per file (which a forged file brings with it) -- so a check before the groups would have to
+    read the outer state a second time: theta, b and the delta in flight are one fp32 copy of the model each
+    (4-12 bytes a parameter: 28-84 GB at 7B), read by rank 0 alone before any rank may start (a rank refusing alone
+    leaves the others in the rendezvous), on every resume, to catch a case that is rare. Here each rank scans only
+    the share DCP has just read into memory (torch.isfinite: ~0.15 s of CPU per 100 MB on this machine, one
+    thread) and the verdict is a few bytes; the refusal still comes before any training step and names the file
+    and key, one line. What it costs in the bad case is the start-up (groups, model build: seconds)."""
     bad = None
     for prefix in CHECKED_FINITE:
         for k, v in own.get(prefix, {}).items():

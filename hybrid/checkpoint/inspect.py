@@ -73,8 +73,7 @@ def loadable_at(state: dict, target: Target) -> tuple[bool, str]:
         try:
             BatchSpec(gbs, micro, seq, dims.dp)
         except ValueError as e:
-            notes.append(f"the saved batch does not split at dp {dims.dp} ({e}): pass another --global-batch-size "
-                         f"or --micro-batch-size")
+            notes.append(f"the saved batch does not split at dp {dims.dp} ({e})")  # the line gives the values
     return True, "; ".join(notes)
 
 

@@ -81,8 +81,17 @@ class IndexedDatasetWriter:
         self._bin.close()
         write_index(self._tmp_idx, self.dtype, self.sequence_lengths, self.document_indices)
         crash_point("dataset_written")  # test-only: both files whole under temporary names
-        # two renames cannot be one: a kill between them leaves PREFIX.bin (whole) without PREFIX.idx, which the
-        # reader names as missing (IndexedDataset) and preprocess refuses to write over -- never a dataset that reads
+        self._publish()
+
+    def _publish(self) -> None:
+        """Rename the pair into place, whole-or-nothing as a reader sees it. Two renames cannot be one (and the
+        format, Megatron's, has no field for a token the pair could share), so the order does it: an older
+        PREFIX.idx is removed first, then .bin and .idx are renamed. A kill at any point leaves the old pair, or
+        a PREFIX.bin without PREFIX.idx -- which the reader names as missing (IndexedDataset) and preprocess as an
+        interrupted write -- or the new pair; never a new .bin beside the old .idx (round 17's order: a dataset
+        neither run wrote, read without a word when the sizes agreed)."""
+        if os.path.lexists(idx_path(self.prefix)):
+            os.remove(idx_path(self.prefix))
         os.replace(self._tmp_bin, bin_path(self.prefix))
         crash_point("dataset_bin_renamed")  # test-only
         os.replace(self._tmp_idx, idx_path(self.prefix))

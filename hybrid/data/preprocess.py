@@ -137,7 +137,13 @@ def check_not_replacing(args: argparse.Namespace) -> None:
     if not text:
         raise ValueError(f"--input {args.input} holds no {'documents' if not docs else 'tokens'} (empty, or no "
                          f"text under --json-keys {' '.join(args.json_keys)}); nothing written")
-    raise ValueError(f"--output-prefix {args.output_prefix}: {existing[0]} already exists (a dataset a run may be "
+    first = existing[0]
+    other = idx_path(first[:-4]) if first.endswith(".bin") else bin_path(first[:-4])
+    if not os.path.lexists(other):  # half a pair is no dataset: what a write killed between its renames leaves
+        raise ValueError(f"--output-prefix {args.output_prefix}: {first} already exists without its {other[-4:]} "
+                         f"(left by a preprocess that was killed, or one still writing: no run can read it); delete "
+                         f"{first} if none is running, or give a new --output-prefix")
+    raise ValueError(f"--output-prefix {args.output_prefix}: {first} already exists (a dataset a run may be "
                      f"reading); give a new --output-prefix, or delete {output_name(args.output_prefix, '*')}"
                      f".bin/.idx first")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from hybrid.checkpoint import store
 from hybrid.checkpoint.args import CheckpointConfig
-from hybrid.cliutil import fail
+from hybrid.cliutil import fail, plural
 from hybrid.diloco.args import DiLoCoConfig
 from hybrid.diloco.outer import DiLoCo
 from hybrid.diloco.replicas import ReplicaLayout
@@ -108,8 +108,49 @@ def resume_conflict(cfg: DiLoCoConfig, ckpt: CheckpointConfig | None, dims, zero
     if (tau > 0) != (cfg.fragment_sync_delay > 0):  # the in-flight delta is stored only when tau > 0
         return (f"--load {ckpt.load} was saved with --diloco-fragment-sync-delay {tau}, this run has "
                 f"{cfg.fragment_sync_delay}; resume with one > 0 both times or 0 both times")
-    why = midflight_layout_change(_saved_state(ckpt), cfg, dims, zero_stage)
+    why = schedule_change(_saved_state(ckpt), cfg) or midflight_layout_change(_saved_state(ckpt), cfg, dims,
+                                                                               zero_stage)
     return f"--load {ckpt.load} {why}" if why else ""
+
+
+SCHEDULE = (("diloco_inner_steps", "--diloco-inner-steps", None), ("diloco_fragments", "--diloco-fragments", 1),
+            ("diloco_fragment_sync_delay", "--diloco-fragment-sync-delay", 0))
+
+
+def schedule_change(state: dict | None, cfg: DiLoCoConfig) -> str:
+    """Why a checkpoint cannot resume at another outer schedule -- --diloco-inner-steps H, --diloco-fragments K,
+    --diloco-fragment-sync-delay tau -- ("" when it can). The schedule is a function of the iteration (outer.due:
+    fragment f posted after the steps t with (t + 1) mod H = (f + 1) H / K mod H, applied tau steps later), so a
+    resume at another one changes the round in progress: mid-round, it ends after neither H nor H' steps, and a
+    fragment's all-reduce in flight may never land (at another H it can be overwritten by the next post: its
+    delta lost without a word). So a change is taken only at an outer sync of the whole model: one fragment,
+    nothing in flight, saved right after the sync landed (iteration = tau + a multiple of H), where every replica
+    has just taken theta. From there the new schedule runs as it would from iteration 0's count: outer steps
+    after the iterations it names, so the first round after the resume may be shorter than the new H."""
+    if state is None:
+        return ""
+    args = state.get("args") or {}
+    saved = {flag: args.get(key) if args.get(key) is not None else default for key, flag, default in SCHEDULE}
+    now = dict(zip(saved, (cfg.inner_steps, cfg.fragments, cfg.fragment_sync_delay)))
+    if saved == now or type(saved["--diloco-inner-steps"]) is not int:  # the same, or no DiLoCo state saved
+        return ""
+    h, k, tau = saved.values()
+    it, inflight = state.get("iteration", 0), state.get("diloco.inflight", -1)
+    as_saved = " ".join(f"{f} {v}" for f, v in saved.items() if v != now[f])
+    if k > 1:
+        return (f"was saved with --diloco-fragments {k}, whose fragments sync at different steps (one is always "
+                f"mid-round); resume with {as_saved}, as saved")
+    at_sync = f"an iteration that is {f'{tau} more than ' if tau else ''}a multiple of {h}"
+    if inflight >= 0:
+        where = f"with the outer all-reduce in flight (--diloco-fragment-sync-delay {tau})"
+    elif (it - tau) % h:
+        last = it - (it - tau) % h
+        where = f"{plural(it - last, 'inner step')} into a round of --diloco-inner-steps {h} (the replicas apart since " \
+                f"their sync at iteration {last})"
+    else:
+        return ""  # at a sync: every replica holds theta
+    return (f"was saved at iteration {it}, {where}; resume with {as_saved}, or change the schedule from a "
+            f"checkpoint saved at an outer sync ({at_sync})")
 
 
 def midflight_layout_change(state: dict | None, cfg: DiLoCoConfig, dims, zero_stage: int) -> str:

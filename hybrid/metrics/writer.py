@@ -69,12 +69,18 @@ def drop_torn_record(path: str, chunk: int = 1 << 16) -> None:
 
 
 class MetricsWriter:
-    """TensorBoard and/or JSON lines, on rank 0 (`enabled`); `close()` flushes both."""
+    """TensorBoard and/or JSON lines, on rank 0 (`enabled`); `close()` flushes both. Both are opened at the first
+    record, not here: train.py builds the writer before the resume, and a resume refused there (a corrupted
+    checkpoint, a NaN outer state: after the process groups start) left an empty --metrics-file and a TensorBoard
+    folder with an empty event file behind (round 18) -- a run that wrote nothing now leaves nothing."""
 
     def __init__(self, tensorboard_dir: str | None, metrics_file: str | None, enabled: bool):
         self.tb = self.file = None
-        if not enabled:
-            return
+        self._paths = (tensorboard_dir, metrics_file) if enabled else (None, None)
+
+    def _open(self) -> None:
+        tensorboard_dir, metrics_file = self._paths
+        self._paths = (None, None)
         if tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
             self.tb = SummaryWriter(log_dir=tensorboard_dir, max_queue=1000)
@@ -84,6 +90,7 @@ class MetricsWriter:
 
     def write(self, iteration: int, values: dict[str, float | int | list | None]) -> None:
         """Scalars to TensorBoard and everything (lists too: per-rank values) to the JSON line."""
+        self._open()  # the first record opens both (nothing when already open)
         values = {k: v for k, v in values.items() if v is not None}
         if self.tb is not None:
             for key, value in values.items():

@@ -102,7 +102,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 import torch
 import torch.distributed as dist
 
-from hybrid.cliutil import HelpFormatter, check_number, check_output_file, float_in, int_in
+from hybrid.cliutil import HelpFormatter, check_not_link, check_number, check_output_file, float_in, int_in, plural
 from hybrid.comm import CommLedger, Group
 from hybrid.planner.hardware import FIELD_RULES, GB, NULLABLE_FIELDS, GpuKind, Hardware, hardware
 from hybrid.planner.model import Precision
@@ -992,7 +992,7 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
             say(f"matmul {name}: unsupported")
             continue
         if rank == 0:
-            say(f"matmul {name} {cfg.matmul_n}^3: {together / 1e9:.1f} GFLOP/s per rank with {world} ranks at once, "
+            say(f"matmul {name} {cfg.matmul_n}^3: {together / 1e9:.1f} GFLOP/s per rank with {plural(world, 'rank')} at once, "
                 f"{solo / 1e9:.1f} alone (rank 0)")
         curve = alone(lambda: [(n, matmul_flops(dtype, n, cfg.seconds / 2, device, clock))
                                for n in curve_sizes(cfg.matmul_n)])
@@ -1464,6 +1464,7 @@ def run(args: argparse.Namespace) -> None:
         raise ValueError(f"--ranks {args.ranks}: nccl takes one GPU a rank and this machine has "
                          f"{torch.cuda.device_count()}; use --ranks {torch.cuda.device_count()}")
     gpu = backend == "nccl"
+    check_not_link(f"--out {args.out!r}", args.out)  # round 18: measured, then the rename replaced the link itself
     check_output_file("--out", args.out)
     check_replaces_a_profile(args.out)
     cfg = CalibrationConfig(ranks=args.ranks, backend=backend,
@@ -1473,7 +1474,7 @@ def run(args: argparse.Namespace) -> None:
     if warning := oversubscribed(cfg.ranks, backend, os.cpu_count() or 1):
         print(f"hybrid calibrate: warning: {warning}", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    print(f"calibrate: spawning {cfg.ranks} {backend} ranks ...", flush=True)
+    print(f"calibrate: spawning {plural(cfg.ranks, backend + ' rank')} ...", flush=True)
     server = None
     try:
         server = ranks_leave_ctrl_c_to_this_process()

@@ -5,7 +5,7 @@
                 --gpus 1024 --global-batch-size 1536 --seq-length 2048 --top 10
     hybrid plan --model gpt2-xl --gpus 8 --global-batch-size 64 --emit-args     # flags for scripts/train.py
     hybrid plan --model llama-3-8b --global-batch-size 512 --scan-gpus 8,64,512  # best layout per GPU count
-    hybrid plan --model llama-3-70b --gpus 64 --gpu h100-80g --global-batch-size 512 --seq-length 4096 \
+    hybrid plan --model llama-3-70b --gpus 64 --gpu h100-80g --global-batch-size 512 --seq-length 4096 \\
                 --plot mem.png                                     # memory breakdown of the top layouts
     hybrid plan --model llama-3-8b --gpus 64 --gpu h100-80g --global-batch-size 16 --seq-length 131072 \\
                 --activation-profile bf16-flash --context-parallel-size 1,2,4,8   # CP and its comm type too
@@ -32,13 +32,14 @@ import re
 import sys
 from dataclasses import asdict
 
-from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_number, check_output_file, float_in,
-                            int_in, nonnegative_int, parallel_hints, positive_float, positive_int, warn_repeated)
+from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_not_link, check_number,
+                            check_output_file, divisors, float_in, int_in, nonnegative_int, one_of, parallel_hints,
+                            positive_float, positive_int, warn_repeated)
 from hybrid.cp.attention import CommType
 from hybrid.planner import calibrate, context, moe, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import (Cluster, Offload, PipelineP2P, PipelineSplit, Recompute, TpPlan, Workload,
-                                   Zero3Runtime, ZeroStage)
+                                   Zero3Runtime, ZeroStage, pp_problems, tp_problems)
 from hybrid.planner.model import ActivationProfile, Precision
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
@@ -287,7 +288,7 @@ def run(args: argparse.Namespace) -> None:
         return
     result = search(work, cluster, space, top=args.top or TOP, formula=formula, budget=args.sim_budget)
     if not result.plans:
-        raise ValueError(_nothing_fits(work, cluster, result, args.show_rejected))
+        raise ValueError(_nothing_fits(work, cluster, result, args.show_rejected, space))
     emitted = accepted_train_args(work, result.plans, args) if args.emit_args else None
     if args.plot:
         from hybrid.planner.plot import plot_memory
@@ -388,8 +389,13 @@ def _check_plot_format(path: str, formats: dict[str, str]) -> None:
 def check_outputs(args: argparse.Namespace) -> None:
     """Before the search: --plot can be written and matplotlib is there; --emit-args has a model train.py can
     build; the output flags asked for are ones that print together."""
+    for flag, value in (("--model", args.model), ("--hardware", args.hardware), ("--scan-gpus", args.scan_gpus),
+                        ("--plot", args.plot)):  # `--hardware $HW` with HW unset: was planned on the a100 preset
+        if value is not None and not value.strip():
+            raise ValueError(f"{flag} is empty; give a value or omit the flag")  # train.py's words (check_files)
     _check_output_modes(args)
     if args.plot:
+        check_not_link(f"--plot {args.plot!r}", args.plot)  # round 18: the rename replaced the link, after the search
         check_output_file("--plot", args.plot)
         try:
             import matplotlib  # noqa: F401  (first: the package itself missing is the ImportError named below)
@@ -709,15 +715,34 @@ def _rejection_line(count: int, example: Rejection) -> str:
     return f"{count} rejected for the same reason, e.g. {example}"
 
 
-def _nothing_fits(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> str:
+def _nothing_fits(work: Workload, cluster: Cluster, result: SearchResult, show: int,
+                  space: SearchSpace | None = None) -> str:
     groups = summarize_rejections(result.rejected, show)
     reasons = "; ".join(_rejection_line(n, r) for n, r in groups)
-    # the fix follows the reasons: a batch no layout divides wants another batch, not more memory
-    batch_only = bool(groups) and all("not divisible by" in r.reason for _, r in groups)
-    fix = ("Use a --global-batch-size that the data-parallel size divides (a multiple of it), or unpin dimensions."
-           if batch_only else "Try more GPUs, a GPU with more memory, or unpin dimensions.")
     return (f"no layout of the {_count(work.model.num_parameters)}-parameter model runs on {cluster.gpus} x "
-            f"{cluster.hw.name} with global batch {work.global_batch} x {work.seq_length}: {reasons or 'none'}. {fix}")
+            f"{cluster.hw.name} with global batch {work.global_batch} x {work.seq_length}: {reasons or 'none'}. "
+            f"{_fix(work, cluster, groups, result.rejected, space)}")
+
+
+def _fix(work: Workload, cluster: Cluster, groups: list, rejected: list[Rejection], space: SearchSpace | None) -> str:
+    """The fix follows the reasons: a batch no layout divides wants another batch; a pinned TP size that splits
+    neither the model nor the GPUs wants one that does (named: the sizes tp_problems and the GPU count pass; a
+    pinned PP size likewise, by pp_problems);
+    more memory only where a layout ran out of it (round 18: a pinned tp 5 of a 12-head model was told "Try
+    more GPUs, a GPU with more memory")."""
+    if groups and all("not divisible by" in r.reason for _, r in groups):
+        return "Use a --global-batch-size that the data-parallel size divides (a multiple of it), or unpin dimensions."
+    n = cluster.gpus
+    if space is not None and space.tp and all(tp_problems(work.model, cluster, t) or n % t for t in space.tp):
+        fits = [t for t in divisors(n) if not tp_problems(work.model, cluster, t)]
+        if fits:
+            return f"Give --tensor-model-parallel-size {one_of(fits)} (the sizes that split the model on {n} GPUs)."
+    if space is not None and space.pp and all(pp_problems(work.model, p, 1) or n % p for p in space.pp):
+        fits = [p for p in divisors(n) if not pp_problems(work.model, p, 1)]
+        return f"Give --pipeline-model-parallel-size {one_of(fits)} (the sizes that split the layers on {n} GPUs)."
+    if any("OOM" in r.reason for r in rejected):  # a stage's, the host's (offload), the experts'
+        return "Try more GPUs, a GPU with more memory, or unpin dimensions."
+    return "Change the sizes the reasons name, or unpin dimensions."
 
 
 def _plot_title(work: Workload, cluster: Cluster) -> str:
