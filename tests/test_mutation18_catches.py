@@ -230,3 +230,17 @@ def test_an_output_through_a_link_into_an_iteration_folder_is_refused(tmp_path, 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"^--timeline 'out/t.json' is inside iteration 2 of the checkpoint"):
         check_other_outputs(None, {"--timeline": "out/t.json"})
+
+
+# --- newuser17: a DeepSpeed JSON's keys (hybrid/zero/ds_config._check_section_keys) ---------------------------------
+def test_a_data_types_key_deepspeed_ignores_is_warned_not_refused(tmp_path):
+    """data_types is read by DeepSpeed with dict.get (no pydantic model forbidding extras): a key train.py does not
+    read there is one DeepSpeed ignores too -- warned (unsupported), never refused as a misspelling. NU5-data-types-
+    refused (DEEPSPEED_SECTION_KEYS.get(key, set()): every section checked, data_types against an empty list) lived
+    through the newuser fast tier (its DeepSpeed keys are in the pydantic sections)."""
+    import json
+    from hybrid.zero.ds_config import read_deepspeed_config
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 1},
+                              "data_types": {"grad_accum_dtype": "fp32", "params_dtype": "bf16"}}))
+    assert read_deepspeed_config(str(ds)).unsupported == ["data_types.params_dtype"]
