@@ -26,11 +26,12 @@ depend on the thread count (the same tensors of the same shapes), and no value i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import sys
 
 import pytest
 import torch
-from transformers import LlamaConfig
 
 from hybrid.comm import Group
 from hybrid.cp import CommType, CPContext, shard
@@ -48,9 +49,14 @@ FP32 = 4
 
 
 def config(seq: int):
-    return from_hf(LlamaConfig(num_hidden_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
-                               num_key_value_heads=HEADS, intermediate_size=128, vocab_size=256,
-                               max_position_embeddings=seq, attention_dropout=0.0))
+    """Made in the test process and passed to the ranks without the transformers config object it was read from:
+    unpickling that, or importing transformers at this module's top (as until round 18), costs each rank ~1.2 s of
+    CPU -- 10 ranks over the module's two launches. The default RoPE is computed without it."""
+    from transformers import LlamaConfig
+    return dataclasses.replace(from_hf(LlamaConfig(num_hidden_layers=LAYERS, hidden_size=HIDDEN,
+                                                   num_attention_heads=HEADS, num_key_value_heads=HEADS,
+                                                   intermediate_size=128, vocab_size=256, max_position_embeddings=seq,
+                                                   attention_dropout=0.0)), hf_config=None)
 
 
 def _ids(seq: int):
@@ -65,11 +71,12 @@ def _peak(model, x, y) -> int:
     return ledger.peak_bytes
 
 
-def _rank(rank: int, world: int, seq: int):
+def _rank(rank: int, world: int, seq: int, cfg):
+    assert "transformers" not in sys.modules, "a rank imported transformers (config's docstring)"
     mesh = Mesh.build(ParallelDims.from_world(world, cp=world))
     out = {}
     for comm in CommType:
-        model = set_context_parallel(build_model(config(seq), TPContext(mesh.tp), seed=1), CPContext(mesh.cp, comm))
+        model = set_context_parallel(build_model(cfg, TPContext(mesh.tp), seed=1), CPContext(mesh.cp, comm))
         x, y = (shard(t, mesh.cp.rank, world) for t in _ids(seq))
         out[comm.value] = _peak(model, x, y)
     return out
@@ -78,8 +85,9 @@ def _rank(rank: int, world: int, seq: int):
 @functools.lru_cache(maxsize=2)
 def measured(size: str):
     cp, seq = SIZES[size]
-    single = _peak(build_model(config(seq), TPContext(Group.solo("tp")), seed=1), *_ids(seq))
-    return single, run_distributed(_rank, cp, args=(seq,), timeout=1200)
+    cfg = config(seq)
+    single = _peak(build_model(cfg, TPContext(Group.solo("tp")), seed=1), *_ids(seq))
+    return single, run_distributed(_rank, cp, args=(seq, cfg), timeout=1200)
 
 
 def allgather_fixed_bytes(cp: int, seq: int) -> int:

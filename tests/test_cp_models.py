@@ -14,8 +14,11 @@ loss and every parameter gradient equal the single-process model's within 1e-5 o
 The gradients are reduced over the mesh's dp_cp group and divided by its size, as the ZeRO engine does; the
 loss is averaged over dp_cp, as train_step logs it.
 
-The ranks do not import transformers: the configs are made here, in the test process, and passed to the launches;
-each single-process reference is computed once per (model, documents) and shared by the layouts and comm types.
+The ranks do not import transformers: the configs are made here, in the test process, and passed to the launches
+without the transformers config object they were read from (unpickling one imports transformers in each rank:
+~1.2 s of CPU a rank, 22 ranks over the module's four launches -- until round 18 about 1/3 of the module's CPU);
+each single-process reference is computed once per (model, documents) and shared by the layouts and comm types,
+at one intra-op thread as every rank runs (tests/suite_threads.py; compared within TOL, never bit for bit).
 
 The fast tier (`-m "not slow"`) runs every model at the layout that composes the most (TP 2 + SP x CP 2 x PP 2)
 with the p2p ring, in a launch of its own; the other layouts and comm types are marked slow (the full suite runs
@@ -26,7 +29,9 @@ schedule through tests/test_pipeline_executor.py) and the ledger below."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import sys
 
 import pytest
 import torch
@@ -42,6 +47,7 @@ from hybrid.tp import IGNORE_INDEX, TPContext, gather_full, spec_of, sync_partia
 from hybrid.train_step import LocalForwardBackward, sync_tied_embeddings
 from models import Recompute, build_model, build_pipeline_chunks, from_hf, shift_labels
 from models.common import set_context_parallel, set_recompute
+from suite_threads import one_thread_module  # noqa: F401  (autouse: the test process's own torch work at one thread)
 
 TOL = 1e-5
 B, T, M, H, V, EOD = 2, 32, 2, 64, 128, 0
@@ -56,12 +62,18 @@ def configs():
                  intermediate_size=96, vocab_size=V, max_position_embeddings=64, attention_dropout=0.0,
                  tie_word_embeddings=False)
     return {
-        "llama": from_hf(MistralConfig(**llama, sliding_window=None)),
-        "mistral-w3": from_hf(MistralConfig(**llama, sliding_window=3)),
-        "mistral-w20": from_hf(MistralConfig(**llama, sliding_window=20)),
-        "gpt2": from_hf(GPT2Config(n_layer=2, n_embd=H, n_head=8, vocab_size=V, n_positions=64, resid_pdrop=0.0,
-                                   embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)),
+        "llama": _plain(MistralConfig(**llama, sliding_window=None)),
+        "mistral-w3": _plain(MistralConfig(**llama, sliding_window=3)),
+        "mistral-w20": _plain(MistralConfig(**llama, sliding_window=20)),
+        "gpt2": _plain(GPT2Config(n_layer=2, n_embd=H, n_head=8, vocab_size=V, n_positions=64, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)),
     }
+
+
+def _plain(hf):
+    """from_hf(hf) without the transformers config object (the module doc: what the ranks unpickle); these
+    models' default RoPE is computed without it (ModelConfig.rope_inv_freq)."""
+    return dataclasses.replace(from_hf(hf), hf_config=None)
 
 
 MODELS = [("llama", False), ("mistral-w3", False), ("mistral-w20", False), ("gpt2", False), ("llama", True),
@@ -151,6 +163,7 @@ def _run(mesh: Mesh, cfgs: dict, layout: str, comm: str, model_name: str, docs: 
 
 
 def _all(rank: int, world: int, cfgs: dict, cases: list):
+    assert "transformers" not in sys.modules, "a rank imported transformers (the module doc)"
     meshes = {name: Mesh.build(ParallelDims.from_world(world, tp=tp, pp=pp, cp=cp))
               for name, (tp, cp, pp, _) in LAYOUTS.items() if any(case[0] == name for case in cases)}
     return {case: _run(meshes[case[0]], cfgs, *case) for case in cases}
@@ -202,9 +215,9 @@ M4 = 4  # micro-batches (interleaving needs a multiple of pp)
 @functools.lru_cache(maxsize=1)
 def _llama4():
     from transformers import MistralConfig  # in the test process: the config is passed to the ranks
-    return from_hf(MistralConfig(num_hidden_layers=4, hidden_size=H, num_attention_heads=16, num_key_value_heads=8,
-                                 intermediate_size=96, vocab_size=V, max_position_embeddings=64, attention_dropout=0.0,
-                                 tie_word_embeddings=False, sliding_window=None))
+    return _plain(MistralConfig(num_hidden_layers=4, hidden_size=H, num_attention_heads=16, num_key_value_heads=8,
+                                intermediate_size=96, vocab_size=V, max_position_embeddings=64, attention_dropout=0.0,
+                                tie_word_embeddings=False, sliding_window=None))
 
 
 def _batches4():
