@@ -306,6 +306,20 @@ class Workload:
         tp_plan: how the runtime's TP feeds the column-parallel projections (TpPlan): BLOCK (the default: one
             all-gather of each block's input under SP, Megatron, this runtime, torchtitan) or PROJECTION (one per
             projection, KempnerForge's DTensor plan). The planner only (the API; no flag).
+        sp_copies: sequence parallelism through torch DTensor on (batch, sequence, hidden) activations
+            (torchtitan, KempnerForge): torch's functional collectives gather and scatter on dim 0
+            (torch/distributed/_functional_collectives.py: `all_gather_tensor(..., gather_dim=1)` all-gathers, then
+            `torch.cat(torch.chunk(out, t), dim=1)`; `reduce_scatter_tensor(..., scatter_dim=1)` first
+            `torch.cat(torch.chunk(x, t, dim=1))`), so each SP all-gather and reduce-scatter also reads and writes
+            its whole b s h tensor on the compute stream (time.tp_copy_bytes). Megatron's and this runtime's
+            sequence-first activations need no such copy: False, the default. Not under tp_comm_overlap (async
+            TP's fused all-gather-matmul; not priced). The planner only (the API; no flag).
+        float8_tp_gathers: torchao's Float8 tensorwise TP (Float8ColwiseParallel, Float8RowwiseParallel,
+            PrepareFloat8ModuleInput: torchtitan with Float8 and TP, `enable_float8_tensorwise_tp`): a layer's
+            inputs are cast to float8 before their forward all-gather and its row-parallel outputs' gradients
+            before their backward all-gather (torchao float8/float8_tensor_parallel.py), so a layer's all-gathers
+            move 1 byte an element; reduce-scatters, and the embedding's and head's collectives (not float8
+            linears), keep the activation dtype (predicted_comm.tp_ledger `gather_bytes`). The planner only.
         pipeline_split: Megatron-core's explicit layer split (PipelineSplit: the embedding / the loss counted as a
             layer, or the first / last rank's layer counts), which may leave a stage with only the embedding or
             only the loss; None: the planner's split (stage_layers). `hybrid plan` takes Megatron's flags; the
@@ -338,6 +352,8 @@ class Workload:
     pipeline_split: PipelineSplit | None = None
     zero3_runtime: Zero3Runtime | None = None
     tp_plan: TpPlan = TpPlan.BLOCK
+    sp_copies: bool = False
+    float8_tp_gathers: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
@@ -372,6 +388,8 @@ class Workload:
         if not isinstance(self.tp_plan, TpPlan):
             raise ValueError(f"Workload.tp_plan must be a TpPlan ({', '.join(p.value for p in TpPlan)}), "
                              f"got {self.tp_plan!r}")
+        if self.float8_tp_gathers and not self.fp8:
+            raise ValueError("Workload.float8_tp_gathers prices Float8 TP all-gathers: it needs fp8 (--fp8)")
         if self.optimizer_dtype_bytes not in (2, 4) or (self.optimizer_dtype_bytes != 4
                                                          and self.precision is not Precision.MIXED):
             raise ValueError(f"Workload.optimizer_dtype_bytes must be 4 (fp32 states) or, in mixed precision, 2 "
@@ -432,6 +450,12 @@ class Workload:
         """Bytes of one gradient element, in memory and in the DP (and TP partial, tied-embedding) reductions:
         4 with fp32_grads, else the precision's (2 mixed, 4 fp32)."""
         return 4 if self.fp32_grads else self.precision.grad_bytes
+
+    @property
+    def tp_gather_bytes(self) -> int | None:
+        """Bytes an element of a layer's TP all-gathers: 1 under float8_tp_gathers (float8), else None (the
+        activation dtype's; predicted_comm.tp_ledger)."""
+        return 1 if self.float8_tp_gathers else None
 
     def shard(self, tp: int) -> Shard:
         """The model seen from one TP rank at size tp, with this workload's vocabulary padding and profile."""

@@ -92,7 +92,7 @@ def _exact(x: float) -> float | int:
 
 def tp_ledger(shard: Shard, b: int, s: int, layers: int, first: bool, last: bool, sp: bool,
               recompute: Recompute = Recompute.NONE, elem_bytes: int = ACT_BYTES,
-              plan: TpPlan = TpPlan.BLOCK) -> dict[str, Ledger]:
+              plan: TpPlan = TpPlan.BLOCK, gather_bytes: int | None = None) -> dict[str, Ledger]:
     """{"forward": ..., "backward": ...} TP entries of one micro-batch on a stage (empty at t = 1).
 
     Per layer, with c = tp_gathers(shard, plan) column-parallel inputs (2 under BLOCK) and the 2 row-parallel
@@ -100,22 +100,25 @@ def tp_ledger(shard: Shard, b: int, s: int, layers: int, first: bool, last: bool
     reduce-scatters 2 outputs, the backward all-gathers the 2 outputs' gradients and reduce-scatters the c
     inputs' gradients; without SP the forward all-reduces the 2 outputs and the backward the c input gradients.
     The recomputed forward (full, early-stopped; selective-op) reruns the c all-gathers (without SP nothing) and
-    the attention output's collective."""
+    the attention output's collective. `gather_bytes` (None: `elem_bytes`): bytes an element of a layer's
+    all-gathers (Workload.float8_tp_gathers: 1); the edges' collectives keep `elem_bytes`."""
     fwd, bwd = _Book(), _Book()
     if shard.t > 1:
         bsh = b * s * shard.cfg.hidden_size * elem_bytes
+        gathered = bsh if gather_bytes is None else b * s * shard.cfg.hidden_size * gather_bytes
         c = tp_gathers(shard, plan)
         if sp:
-            fwd.add(Collective.ALL_GATHER, "tp", bsh, c * layers)
+            fwd.add(Collective.ALL_GATHER, "tp", gathered, c * layers)
             fwd.add(Collective.REDUCE_SCATTER, "tp", bsh, 2 * layers)
-            bwd.add(Collective.ALL_GATHER, "tp", bsh, 2 * layers)
+            bwd.add(Collective.ALL_GATHER, "tp", gathered, 2 * layers)
             bwd.add(Collective.REDUCE_SCATTER, "tp", bsh, c * layers)
         else:
             fwd.add(Collective.ALL_REDUCE, "tp", bsh, 2 * layers)
             bwd.add(Collective.ALL_REDUCE, "tp", bsh, c * layers)
         if recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):  # the rerun forward, up to the attention
             # output's collective (selective-op reruns o_proj, whose reduced output the MLP's norm reads)
-            bwd.add(Collective.ALL_GATHER if sp else Collective.ALL_REDUCE, "tp", bsh, (c if sp else 1) * layers)
+            bwd.add(Collective.ALL_GATHER if sp else Collective.ALL_REDUCE, "tp", gathered if sp else bsh,
+                    (c if sp else 1) * layers)
             if sp:
                 bwd.add(Collective.REDUCE_SCATTER, "tp", bsh, layers)
         if first:
@@ -324,7 +327,7 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
         stage = layout.rank_stages(pp_rank)[c]  # c pp + r; r or 2 pp - 1 - r under ZBV's V
         first, last = stage == 0, stage == last_stage
         book = tp_ledger(shard, b, s, layers[stage], first, last, layout.sequence_parallel, layout.recompute,
-                         pr.activation_bytes, work.tp_plan)
+                         pr.activation_bytes, work.tp_plan, work.tp_gather_bytes)
         per_mb += [book["forward"], book["backward"]]
         if pp > 1:
             # output forward + gradient back, input + its gradient; none across ZBV's turn (pp - 1 to itself)

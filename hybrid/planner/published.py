@@ -256,9 +256,14 @@ def _torchtitan(name: str, source: str, arch: tuple, seq: int, gpus: int, local_
                 notes: str = "") -> PublishedRun:
     """A torchtitan run: FSDP2 (ZeRO 3 over dp = gpus / tp ranks, fp32 master parameters sharded as ZeRO 3's 16
     bytes a parameter), bf16 compute, SDPA flash attention, Llama at `seq` tokens, one micro-batch of
-    `local_batch` sequences per DP rank. Eager PyTorch unless torch.compile (FUSED) is stated."""
+    `local_batch` sequences per DP rank. Eager PyTorch unless torch.compile (FUSED) is stated. Its TP (tp > 1) is
+    DTensor SP on batch-first activations (Workload.sp_copies: the torch.cat around each SP collective), with
+    Float8 torchao's float8 all-gathers (Workload.float8_tp_gathers: torchtitan's parallelize_llama uses
+    Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput whenever Float8 is on, at the Dec 2024
+    commit d4c86e3 and the June 2025 ones alike); async TP rows (Workload.tp_comm_overlap) price no copies."""
     work = Workload(llama_model(*arch, seq), global_batch=local_batch * gpus // tp, seq_length=seq,
-                    activations=ActivationProfile.BF16_FLASH, kernels=kernels, stack=Stack.PYTORCH, fp8=fp8)
+                    activations=ActivationProfile.BF16_FLASH, kernels=kernels, stack=Stack.PYTORCH, fp8=fp8,
+                    sp_copies=True, float8_tp_gathers=fp8)
     space = SearchSpace(tp=(tp,), pp=(1,), v=(1,), micro_batch=(local_batch,), zero=(ZeroStage.PARAMETERS,),
                         offload=(Offload.NONE,), recompute=(recompute,), sequence_parallel=(tp > 1,))
     return PublishedRun(name, source, work, gpu, gpus, space, Metric.TOKENS_PER_GPU, published, role=role, fits=fits,
@@ -310,9 +315,10 @@ def torchtitan_pipeline_runs() -> list[PublishedRun]:
     micro-batch 4) and two stages a rank when interleaved; sequence parallelism with its TP. AsyncTP's overlap
     is not modelled. The measured memory (82.5 / 72.7 GiB) is far above the plan's: with a pipeline torchtitan
     keeps each stage's parameters unsharded across the micro-batches (FSDP's reshard_after_forward off), which
-    the planner's ZeRO 3 does not."""
+    the planner's ZeRO 3 does not. Float8's TP all-gathers move float8 (Workload.float8_tp_gathers); AsyncTP ran,
+    so no DTensor copies are priced (Workload.sp_copies off, as for every async TP row)."""
     work = Workload(llama3_405b(), global_batch=256, seq_length=8192, activations=ActivationProfile.BF16_FLASH,
-                    kernels=KernelProfile.FUSED, stack=Stack.PYTORCH, fp8=True)
+                    kernels=KernelProfile.FUSED, stack=Stack.PYTORCH, fp8=True, float8_tp_gathers=True)
     runs = []
     for v, published, memory in ((1, 100, 82.5), (2, 128, 72.7)):
         space = SearchSpace(tp=(8,), pp=(8,), v=(v,), micro_batch=(4,), zero=(ZeroStage.PARAMETERS,),
@@ -527,12 +533,13 @@ CODELLAMA_34B = (48, 8192, 64, 8, 22016, 32000)
 
 def _fsdp(name: str, source: str, arch: tuple, seq: int, gpus: int, global_batch: int, micro_batch: int | None,
           recompute: Recompute | None, kernels: KernelProfile, gpu: str = "h100-80g", tp: int = 1,
-          notes: str = "") -> PublishedRun:
+          notes: str = "", sp_copies: bool = False) -> PublishedRun:
     """A PyTorch-native FSDP run (ZeRO 3 over gpus / tp ranks, bf16, SDPA flash attention, --stack pytorch; eager,
     or torch.compile as FUSED) compared on tokens/s a GPU; a micro-batch or recomputation of None is the
-    planner's pick (not published)."""
+    planner's pick (not published); `sp_copies` for a DTensor TP runtime (torchtitan: Workload.sp_copies)."""
     work = Workload(llama_model(*arch, seq), global_batch=global_batch, seq_length=seq,
-                    activations=ActivationProfile.BF16_FLASH, kernels=kernels, stack=Stack.PYTORCH)
+                    activations=ActivationProfile.BF16_FLASH, kernels=kernels, stack=Stack.PYTORCH,
+                    sp_copies=sp_copies)
     space = SearchSpace(tp=(tp,), pp=(1,), v=(1,), zero=(ZeroStage.PARAMETERS,), offload=(Offload.NONE,),
                         sequence_parallel=(tp > 1,), micro_batch=None if micro_batch is None else (micro_batch,),
                         recompute=None if recompute is None else (recompute,))
@@ -569,7 +576,8 @@ def heldout_h100_runs() -> list[PublishedRun]:
         (_fsdp("float8 blog Llama 3 8B bf16, 128 H100, FSDP2 + compile (batch, AC: planner's)", FLOAT8_BLOG_SOURCE,
                LLAMA3_8B, 8192, 128, 256, None, None, compiled), 8000),
         (_fsdp("torchtitan Llama 3.1 405B, 128 H100 94GB, FSDP 16 x TP 8, b2, full (2024)", TORCHTITAN_2024_SOURCE,
-               (126, 16384, 128, 8, 53248, 128256), 8192, 128, 32, 2, full, eager, gpu="h100-96g-500w", tp=8), 109)]
+               (126, 16384, 128, 8, 53248, 128256), 8192, 128, 32, 2, full, eager, gpu="h100-96g-500w", tp=8,
+               sp_copies=True), 109)]
     return [replace(run, published=float(published)) for run, published in rows]
 
 

@@ -131,12 +131,14 @@ def _kempner_run(name: str, source: str, gpus: int, size: str, tp: int, b: int, 
                  tok: float) -> PublishedRun:
     """One KempnerForge run (module docstring): FSDP2 = ZeRO 3 over dp_shard (ZeRO 0 without it), TP with SP,
     torch.compile = FUSED, PyTorch stack, full AC, fp32 reduction where DP > 1, bf16 AdamW states, 4 GPUs a node,
-    and its TP plan's one all-gather per column-parallel projection (TpPlan.PROJECTION, round 17)."""
+    and its TP plan's one all-gather per column-parallel projection (TpPlan.PROJECTION, round 17), each DTensor
+    SP collective with its torch.cat on the batch-first activations (Workload.sp_copies, round 18)."""
     dp = gpus // tp
     work = Workload(llama_model(*KEMPNER_MODELS[size], KEMPNER_SEQ), global_batch=b * accum * dp,
                     seq_length=KEMPNER_SEQ, activations=ActivationProfile.BF16_FLASH,
                     kernels=KernelProfile.FUSED if compiled else KernelProfile.EAGER, stack=Stack.PYTORCH,
-                    fp32_grads=dp > 1, optimizer_dtype_bytes=2, tp_plan=TpPlan.PROJECTION)
+                    fp32_grads=dp > 1, optimizer_dtype_bytes=2, tp_plan=TpPlan.PROJECTION,
+                    sp_copies=True)
     space = SearchSpace(tp=(tp,), pp=(1,), v=(1,), micro_batch=(b,),
                         zero=(ZeroStage.PARAMETERS if dp > 1 else ZeroStage.NONE,), offload=(Offload.NONE,),
                         recompute=(Recompute.FULL,), sequence_parallel=(tp > 1,))

@@ -240,10 +240,12 @@ def _titan_work(cfg: ModelConfig, seq: int, global_batch: int) -> Workload:
     """torchtitan: PyTorch FSDP2 (ZeRO 3), torch.compile (fused), Float8 linears (torchao), SDPA flash; context
     parallelism by torch's experimental context_parallel (RingSchedule.TORCH_ALLGATHER: its default all-gather
     rotation, fp32 merges) over K, V that torchtitan's Llama has already repeated to the query heads (`repeat_kv`
-    before scaled_dot_product_attention, torchtitan models/llama/model.py): round 9, docs/planner.md."""
+    before scaled_dot_product_attention, torchtitan models/llama/model.py): round 9, docs/planner.md. Float8's TP
+    all-gathers (Table 6's TP 8) move float8 (Workload.float8_tp_gathers); Table 6 ran AsyncTP, so no DTensor
+    copies are priced (Workload.sp_copies off)."""
     return Workload(replace(cfg, max_position_embeddings=seq), global_batch=global_batch, seq_length=seq,
                     activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.PYTORCH,
-                    fp8=True, cp_ring=RingSchedule.TORCH_ALLGATHER, kv_repeated=True)
+                    fp8=True, cp_ring=RingSchedule.TORCH_ALLGATHER, kv_repeated=True, float8_tp_gathers=True)
 
 
 def torchtitan_runs() -> list[PublishedRun]:

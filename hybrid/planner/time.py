@@ -38,7 +38,10 @@ hardware.collective_seconds):
   all-reduces of b s fp32 values; under SP one all-reduce per step of the sequence-split parameters' gradients.
   A runtime whose plan gathers the input once per column-parallel projection (Workload.tp_plan PROJECTION:
   KempnerForge's DTensor plan) pays 5 all-gathers (forward, rerun) and 5 reduce-scatters (backward) a Llama layer
-  where Megatron pays 2 (predicted_comm.tp_gathers).
+  where Megatron pays 2 (predicted_comm.tp_gathers). SP through torch DTensor on batch-first activations
+  (Workload.sp_copies: torchtitan, KempnerForge) also copies each all-gathered and each reduce-scattered tensor
+  through HBM on the compute stream (tp_copy_bytes), and torchao's Float8 TP all-gathers move float8
+  (Workload.float8_tp_gathers).
 * PP: one b s h x 2-byte message per stage boundary per micro-batch each way (/t under SP, where hidden states
   between stages are sequence-split), over NVLink or the sender's NIC; the simulation places them.
 * DP: ZeRO 0 all-reduces the rank's 2 Psi gradient bytes (4 Psi with fp32 gradients, Workload.fp32_grads: every
@@ -347,11 +350,31 @@ def _tp_cost(ctx: _Context, layers: int, first: bool, last: bool, forward: Pass 
     before it (hardware.sync_wait_seconds; 0 but on a calibrated CPU), the waits also on their own."""
     lay = ctx.layout
     book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, layers, first, last,
-                     lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan)
+                     lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan,
+                     ctx.work.tp_gather_bytes)
     hw = ctx.cluster.hw
     waits = [sync_wait_seconds(hw, sum(int(e["calls"]) for e in book[k].values()), p.total)
              for k, p in (("forward", forward), ("backward", backward))]
-    return ctx.tp_seconds(book["forward"]) + waits[0], ctx.tp_seconds(book["backward"]) + waits[1], sum(waits)
+    copies = [_tp_copy_seconds(ctx, book[k]) for k in ("forward", "backward")]
+    return (ctx.tp_seconds(book["forward"]) + waits[0] + copies[0],
+            ctx.tp_seconds(book["backward"]) + waits[1] + copies[1], sum(waits))
+
+
+def tp_copy_bytes(work: Workload, ledger: Ledger) -> tuple[float, int]:
+    """(HBM bytes, kernels) of the copies DTensor SP adds around a pass's TP collectives (Workload.sp_copies;
+    0 otherwise, and under tp_comm_overlap, whose fused all-gather-matmul is not priced): each all-gather's output
+    and each reduce-scatter's input is the whole b s h tensor (the ledger's bytes a call), read and written once
+    by its torch.cat -- 2 x the ledger's bytes, one kernel a collective."""
+    if not work.sp_copies or work.tp_comm_overlap:
+        return 0.0, 0
+    entries = [e for key, e in ledger.items()
+               if key in (f"{Collective.ALL_GATHER.value}@tp", f"{Collective.REDUCE_SCATTER.value}@tp")]
+    return 2.0 * sum(e["bytes"] for e in entries), sum(int(e["calls"]) for e in entries)
+
+
+def _tp_copy_seconds(ctx: _Context, ledger: Ledger) -> float:
+    nbytes, kernels = tp_copy_bytes(ctx.work, ledger)
+    return ctx.hbm_seconds(nbytes) + ctx.launch_seconds(kernels) if kernels else 0.0
 
 
 def _ops_pass(ctx: _Context, traffic: Traffic, tokens: int, backward: bool) -> Pass:
@@ -804,7 +827,8 @@ def _stage_cpu(ctx: _Context, layers: list[int], f_comp: list[float], b_comp: li
     fwd, bwd = [], []
     for stage, n in enumerate(layers):
         book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, n, stage == 0, stage == last,
-                         lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan)
+                         lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan,
+                         ctx.work.tp_gather_bytes)
         p2p = msg * ((stage > 0) + (stage < last)) if lay.pp > 1 else 0.0
         fwd.append(f_comp[stage] + _ledger_cpu(hw, book["forward"], {"tp": lay.tp}) + p2p)
         bwd.append(b_comp[stage] + _ledger_cpu(hw, book["backward"], {"tp": lay.tp}) + p2p)
