@@ -366,7 +366,11 @@ def _with_communication(orders: list[list[Action]], pp: int, v: int,
     position = [{_dependency_key(a): i for i, a in enumerate(order)} for order in orders]  # O(1) consumer lookup
     messages = [m for rank in range(pp) for m in _messages_of(rank, orders, starts, position, pp, v, placement)]
     messages = _in_sender_order(messages)
-    return [_rank_list(rank, orders[rank], messages) for rank in range(pp)]
+    mine: list[list[_Message]] = [[] for _ in range(pp)]  # per rank, the messages it sends or receives, in order
+    for m in messages:  # (_rank_list reads only those: one pass here, not a scan of all messages per rank)
+        mine[m.sender].append(m)
+        mine[m.send.peer].append(m)
+    return [_rank_list(rank, orders[rank], mine[rank]) for rank in range(pp)]
 
 
 def _messages_of(rank: int, orders: list[list[Action]], starts: list[list[int]], position: list[dict],

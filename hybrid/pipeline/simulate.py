@@ -367,6 +367,108 @@ def _raise_if_lazy_stuck(steps: list[list[_Step]], cursor: list[int], inputs: li
         raise DeadlockError("pipeline schedule deadlocks:\n  " + "\n  ".join(lines))
 
 
+class LazyTape:
+    """`simulate`'s Transfer.LAZY makespan for one set of lists, compiled once and re-timed for any `Costs`
+    (the planner times the same lists under many layouts' stage costs: hybrid/planner/schedule.py).
+
+    Which step can run next in `_run_lazy` depends only on which batches are posted, never on durations, so the
+    order in which it advances the steps is the same for every `Costs`. The tape records that order once, with
+    each compute's stage, op and the posted slots of its input message, and each batch's own and partner slots;
+    `makespan` then redoes exactly `_run_lazy`'s float operations in that order -- start = max(clock, max(own
+    post, partner post) + comm), end = start + duration, a batch done at max(own, max(own, partner) + comm) --
+    so it returns the same float as simulate(...).makespan, bit for bit (tests/test_pipeline18_tape.py).
+    Flat lists of ints (few objects for the garbage collector to walk), never changed after __init__."""
+
+    _OPS = (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)  # a duration's row in `makespan`
+
+    def __init__(self, schedule: list[list[Action]], placement: Placement = Placement.LOOP) -> None:
+        self.pp = len(schedule)
+        if self.pp < 1:
+            raise ValueError("schedule must hold one action list per pipeline rank, got none")
+        self.v = 1 + max((a.chunk for actions in schedule for a in actions), default=0)
+        steps = [_to_steps(actions) for actions in schedule]
+        _match_messages(steps, self.pp, placement)
+        slot: dict[tuple[int, int], int] = {}  # (rank, step index) of each batch -> its post time's index
+        for rank, rank_steps in enumerate(steps):
+            for i, step in enumerate(rank_steps):
+                if isinstance(step, _Batch):
+                    slot[(rank, i)] = len(slot)
+        self.slots = len(slot)
+        # per entry, in run order: the rank; the duration's index (op row x stages + stage), -1 for a post; the
+        # post's slot or the compute's own input slot (-1: receives nothing); the input's partner slot
+        self.rank: list[int] = []
+        self.duration: list[int] = []
+        self.own: list[int] = []
+        self.partner: list[int] = []
+        self._order(steps, placement, slot)
+        # each batch's messages, flat: (its slot, the partner's slot); a batch is done at the max of its own post
+        # and of max(own, partner) + comm over them, and the makespan takes the max over all, so flat is the same
+        self.message_own: list[int] = []
+        self.message_partner: list[int] = []
+        for (rank, i), own in slot.items():
+            for p in steps[rank][i].partners:
+                if p is not None:
+                    self.message_own.append(own)
+                    self.message_partner.append(slot[p])
+
+    def _order(self, steps: list[list[_Step]], placement: Placement, slot: dict) -> None:
+        """`_run_lazy`'s loop without the clock, appending each step to the tape in the order it runs them."""
+        pp, stages = self.pp, self.pp * self.v
+        row = {op: i * stages for i, op in enumerate(self._OPS)}
+        stage = [[stage_of(rank, chunk, pp, placement) for chunk in range(self.v)] for rank in range(pp)]
+        inputs = [_input_messages(rank_steps) for rank_steps in steps]
+        cursor, posted = [0] * pp, set()
+        moved = True
+        while moved:
+            moved = False
+            for rank in range(pp):
+                while cursor[rank] < len(steps[rank]):
+                    index, step = cursor[rank], steps[rank][cursor[rank]]
+                    if isinstance(step, _Batch):
+                        posted.add((rank, index))
+                        self._append(rank, -1, slot[(rank, index)], -1)
+                    else:
+                        key = _input_key(step)
+                        where = None if key is None else inputs[rank].get(key)
+                        own = partner = -1
+                        if where is not None:
+                            other = steps[rank][where[0]].partners[where[1]]
+                            if other is None or other not in posted:
+                                break
+                            own, partner = slot[(rank, where[0])], slot[other]
+                        self._append(rank, row[step.op] + stage[rank][step.chunk], own, partner)
+                    cursor[rank] += 1
+                    moved = True
+        _raise_if_lazy_stuck(steps, cursor, inputs, dict.fromkeys(posted, 0.0))
+
+    def _append(self, rank: int, duration: int, own: int, partner: int) -> None:
+        self.rank.append(rank)
+        self.duration.append(duration)
+        self.own.append(own)
+        self.partner.append(partner)
+
+    def makespan(self, costs: Costs) -> float:
+        """simulate(schedule, costs, Transfer.LAZY, placement).makespan, bit for bit."""
+        costs.check_stages(self.pp * self.v)
+        reads = (costs.forward_time, costs.backward_time, costs.input_time, costs.weight_time)  # as _OPS
+        durations = [read(stage) for read in reads for stage in range(self.pp * self.v)]
+        comm = costs.comm
+        clock, posted = [0.0] * self.pp, [0.0] * self.slots
+        end = 0.0
+        for rank, d, own, partner in zip(self.rank, self.duration, self.own, self.partner):
+            if d < 0:
+                posted[own] = clock[rank]
+                continue
+            ready = 0.0 if own < 0 else max(posted[own], posted[partner]) + comm
+            start = max(clock[rank], ready)
+            clock[rank] = start + durations[d]
+            end = max(end, clock[rank])
+        end = max([end] + posted)  # every batch's own post (max is exact: any grouping gives the same float)
+        for own, partner in zip(self.message_own, self.message_partner):
+            end = max(end, max(posted[own], posted[partner]) + comm)
+        return end
+
+
 @dataclass(frozen=True)
 class _Durations:
     """Each compute's duration on its rank: `Costs` read at the action's global stage."""
@@ -377,9 +479,11 @@ class _Durations:
 
     def of(self, action: Action, rank: int) -> float:
         stage = stage_of(rank, action.chunk, self.pp, self.placement)
-        read = {Op.FORWARD: self.costs.forward_time, Op.BACKWARD: self.costs.backward_time,
-                Op.BACKWARD_INPUT: self.costs.input_time, Op.BACKWARD_WEIGHT: self.costs.weight_time}[action.op]
-        return read(stage)
+        return _READ[action.op](self.costs, stage)
+
+
+_READ = {Op.FORWARD: Costs.forward_time, Op.BACKWARD: Costs.backward_time, Op.BACKWARD_INPUT: Costs.input_time,
+         Op.BACKWARD_WEIGHT: Costs.weight_time}  # a compute's duration, by its op (built once, not per action)
 
 
 def _batch_done(batch: _Batch, now: float, posted: dict[tuple[int, int], float], costs: Costs,
@@ -431,24 +535,29 @@ def _peak_in_flight(spans: list[Span]) -> tuple[int, int]:
     """Max (micro-batch, chunk) pairs and max distinct micro-batches held: + at a forward, - after a full
     backward or a W (a B frees nothing: W still needs F's saved tensors)."""
     held: dict[int, int] = {}  # micro-batch -> chunks held
-    peak_chunks = peak_mbs = 0
+    peak_chunks = peak_mbs = chunks = 0  # chunks = sum(held.values()), kept as it changes
     for span in spans:
         if not (span.action.op is Op.FORWARD or span.action.op.frees_activations):
             continue
         mb = span.action.microbatch
-        held[mb] = held.get(mb, 0) + (1 if span.action.op is Op.FORWARD else -1)
+        step = 1 if span.action.op is Op.FORWARD else -1
+        held[mb] = held.get(mb, 0) + step
+        chunks += step
         if held[mb] == 0:
             del held[mb]
-        peak_chunks = max(peak_chunks, sum(held.values()))
+        peak_chunks = max(peak_chunks, chunks)
         peak_mbs = max(peak_mbs, len(held))
     return peak_chunks, peak_mbs
+
+
+_PENDING_STEP = {Op.BACKWARD_INPUT: 1, Op.BACKWARD_WEIGHT: -1}
 
 
 def _peak_weight_pending(spans: list[Span]) -> int:
     """Max (micro-batch, chunk) pairs whose B has run and whose W has not: + at a B, - after its W."""
     pending = peak = 0
     for span in spans:
-        pending += {Op.BACKWARD_INPUT: 1, Op.BACKWARD_WEIGHT: -1}.get(span.action.op, 0)
+        pending += _PENDING_STEP.get(span.action.op, 0)
         peak = max(peak, pending)
     return peak
 

@@ -44,6 +44,7 @@ from functools import lru_cache
 from hybrid.pipeline import Costs, Op, ScheduleKind, SimResult, build_schedule, compute_order, simulate
 from hybrid.planner.model import ACT_BYTES, FP32, ActivationProfile
 from hybrid.pipeline.schedules import Action
+from hybrid.pipeline.simulate import LazyTape
 from hybrid.pipeline.shared_cores import simulate_shared
 from hybrid.planner.layout import rank_stages
 
@@ -226,7 +227,16 @@ def _makespan(kind: ScheduleKind, pp: int, m: int, v: int, times: StageTimes) ->
     shares = (1.0,) + (WEIGHT_SHARE,) * (pp * v - 1)  # the first stage's B defers its whole backward to W
     costs = Costs(stage_forward=times.forward, stage_backward=times.backward, comm=times.comm,
                   stage_weight_share=shares)  # read by the zero-bubble schedules only (B and W)
-    return simulate(_lists(kind, pp, m, v), costs, placement=kind.placement).makespan
+    return _tape(kind, pp, m, v).makespan(costs)  # simulate(_lists(...), costs, placement=...).makespan, bit for bit
+
+
+@lru_cache(maxsize=128)
+def _tape(kind: ScheduleKind, pp: int, m: int, v: int) -> LazyTape:
+    # Keyed on the lists' shape only (an enum and three ints): the tape holds the lists' step order and message
+    # pairing, which depend on nothing else, and is immutable, so every layout that times these lists shares it
+    # (building and matching the lists was most of a step's planning time; only the float pass is per costs).
+    # The lists themselves are not kept (build_schedule, not the cached _lists): the tape is all a makespan needs.
+    return LazyTape(build_schedule(kind, pp, m, v), kind.placement)
 
 
 @lru_cache(maxsize=128)
