@@ -24,9 +24,12 @@ import sys
 # not Python's traceback (round 16); the sub-commands' modules, which do import it, load inside main()
 from hybrid.cliutil import HelpFormatter, OneLineParser, fail, int_in, parallel_hints, positive_int, warn_repeated
 
-# the modules whose add_parser(subparsers) registers a sub-command (planner: plan and calibrate); every one is part
-# of the package, so one that does not import is a broken install, not an optional feature -- never skipped
-SUBCOMMANDS = ("hybrid.planner.cli", "hybrid.checkpoint.inspect", "hybrid.convert.cli", "hybrid.generate.cli")
+# the modules whose add_parser(subparsers) registers a sub-command, with the commands each registers; every one is
+# part of the package, so one that does not import is a broken install, not an optional feature -- never skipped.
+# A command line naming one of them first imports that module alone: `hybrid plan` then loads no torch (the
+# checkpoint, convert and generate modules import it: seconds, more under load); --help and errors import them all
+SUBCOMMANDS = {"hybrid.planner.cli": ("plan", "calibrate"), "hybrid.checkpoint.inspect": ("checkpoint",),
+               "hybrid.convert.cli": ("convert",), "hybrid.generate.cli": ("generate",)}
 MAX_WORLD = 2**16  # `layout` prints a line per TP group: beyond this it is a wall of text, not a layout
 
 
@@ -118,7 +121,9 @@ COMMAND_HINTS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `hybrid` parser; with `argv` whose first word is a sub-command of SUBCOMMANDS, only that module's (the
+    others are not imported)."""
     parser = OneLineParser(prog="hybrid", description="Hybrid-parallel (TP x CP x PP x DP) training toolkit",
                            formatter_class=HelpFormatter, hints=COMMAND_HINTS,
                            warn_repeated=False)  # main prints them once the command has run: an error stays one line
@@ -145,14 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*", metavar="NAME", help="only these presets and those named NAME-...; a folder: "
                    "the transformers model in it (config.json), as --model reads it (default: all presets)")
     p.set_defaults(func=_models)
-    for module in SUBCOMMANDS:  # each feature registers its own; a broken install fails here, loudly
+    named = [m for m, commands in SUBCOMMANDS.items() if argv and argv[0] in commands]
+    for module in named or SUBCOMMANDS:  # each feature registers its own; a broken install fails here, loudly
         importlib.import_module(module).add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        parser = build_parser()
+        argv = sys.argv[1:] if argv is None else argv
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
     except KeyboardInterrupt:  # Ctrl-C while the sub-commands' modules import (torch: seconds, a minute under load)
         print("hybrid: interrupted while starting, before any work: nothing was run or written", file=sys.stderr)

@@ -73,8 +73,8 @@ import torch.multiprocessing as mp
 # they do not import them (tests/test_presets.py). hybrid.testing_preload: DeepSpeed's CPU Adam loaded once, when
 # already built (~1.2 s of CPU in every rank that offloads with `--cpu-adam auto`, ~0.3 s each later construction).
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hybrid.testing", "hybrid.mesh", "hybrid.comm", "hybrid.tp",
-           "hybrid.data", "hybrid.train_step", "hybrid.zero", "hybrid.pipeline.executor", "models", "hybrid.train.main",
-           "hybrid.testing_preload"]
+           "hybrid.data", "hybrid.train_step", "hybrid.zero", "hybrid.pipeline.executor", "models", "models.gpt2",
+           "models.llama", "hybrid.train.main", "hybrid.testing_preload"]  # models' package imports its models lazily
 
 
 class DistributedFailure(RuntimeError):

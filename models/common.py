@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import functools
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -21,25 +20,7 @@ from hybrid.cp.masks import AttentionMask
 from hybrid.tp import (IGNORE_INDEX, ColumnParallelLinear, ParallelRNG, Region, RowParallelLinear, ShardSpec,
                        TPContext, enter_linears, normal_init, vocab_parallel_cross_entropy)
 from models.config import ModelConfig
-
-
-class Recompute(enum.Enum):
-    """Activation recomputation (`--recompute-granularity`; Korthikanti et al. 2022).
-
-    SELECTIVE recomputes the attention core in backward (its saved q, k, v are kept, its output and
-    softmax statistics are not); FULL keeps only each block's input and reruns the whole block in
-    backward (its TP collectives included, as in Megatron). SELECTIVE_OP checkpoints the block like FULL but with
-    an op-level policy (`SelectiveOpPolicy`, torch's create_selective_checkpoint_contexts): the outputs of the
-    block's 1st, 3rd, 5th ... matmul and of the attention kernel are stored in forward, everything else (norms,
-    RoPE, activations, residual adds, the other matmuls and the collectives they feed) is rerun in backward.
-    All use torch's non-reentrant checkpoint.
-    The one enum of the runtime and the planner (hybrid/planner/layout.py prices each mode)."""
-
-    NONE = "none"  # keep every activation
-    SELECTIVE = "selective"  # recompute the attention core (QK^T, softmax, dropout, .V) in backward
-    SELECTIVE_OP = "selective-op"  # op-level (torchtitan's SAC): keep every other matmul's output and the
-    #                                attention's, rerun the cheap ops and the other matmuls in backward
-    FULL = "full"  # keep only each layer's input, rerun the layer's forward in backward
+from models.recompute import Recompute  # noqa: F401  (re-exported: the model code and its callers import it from here)
 
 
 def set_recompute(model: nn.Module, granularity: Recompute) -> nn.Module:

@@ -16,11 +16,10 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
 from hybrid.cliutil import check_number
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PretrainedConfig
 
 ARCH_GPT2 = "gpt2"
@@ -187,6 +186,7 @@ class ModelConfig:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
             inv_freq, scale = ROPE_INIT_FUNCTIONS[self.rope_type](self.hf, None)
             return inv_freq.float(), float(scale)
+        import torch  # here, not at the top: the planner reads configs without the runtime (`hybrid plan` starts in ~1 s)
         exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / self.head_dim
         return 1.0 / (self.rope_theta ** exponent), 1.0
 

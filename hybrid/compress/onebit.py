@@ -27,6 +27,7 @@ import math
 import torch
 
 from hybrid.comm import Group
+from hybrid.compress.volume import padded_length  # noqa: F401  (re-exported)
 
 BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)  # numpy.packbits' big-endian bit order
 
@@ -49,11 +50,6 @@ def decompress(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = t
     bits = (packed.unsqueeze(-1) & BITS.to(packed.device)).ne(0).reshape(*packed.shape[:-1], -1)
     return bits.to(dtype).add_(-0.5).mul_(2.0).mul_(scale.reshape(*scale.shape, *([1] * (bits.dim() - 1)))
                                                     if scale.dim() else scale)
-
-
-def padded_length(numel: int, world: int) -> int:
-    """The buffer length the compressed all-reduce needs: a multiple of 8 n (whole bytes per chunk)."""
-    return -(-numel // (8 * world)) * 8 * world
 
 
 def compressed_all_reduce(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,

@@ -1,10 +1,25 @@
 """Context parallelism: each sequence split across CP ranks (causal load-balanced), attention by ring (p2p),
-Ulysses (a2a) or all-gather. See docs/context-parallel.md."""
+Ulysses (a2a) or all-gather. See docs/context-parallel.md.
 
-from hybrid.cp.attention import CommType, CPContext, allgather_attention, ulysses_attention
-from hybrid.cp.balance import chunk_ids, gathered_indices, local_indices, shard, unshard
-from hybrid.cp.masks import AttentionMask
-from hybrid.cp.ring import ring_attention
+The names below are imported on first use (PEP 562 `__getattr__`): the planner reads `hybrid.cp.comm_type`
+without importing torch through this package."""
 
-__all__ = ["AttentionMask", "CPContext", "CommType", "allgather_attention", "chunk_ids", "gathered_indices",
-           "local_indices", "ring_attention", "shard", "ulysses_attention", "unshard"]
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {"CommType": "hybrid.cp.comm_type", "CPContext": "hybrid.cp.attention",
+         "allgather_attention": "hybrid.cp.attention", "ulysses_attention": "hybrid.cp.attention",
+         "chunk_ids": "hybrid.cp.balance", "gathered_indices": "hybrid.cp.balance", "local_indices": "hybrid.cp.balance",
+         "shard": "hybrid.cp.balance", "unshard": "hybrid.cp.balance", "AttentionMask": "hybrid.cp.masks",
+         "ring_attention": "hybrid.cp.ring"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hybrid.cp' has no attribute {name!r}")

@@ -17,7 +17,7 @@ every path (hybrid/cp/masks.py).
 
 from __future__ import annotations
 
-import enum
+from hybrid.cp.comm_type import CommType  # noqa: F401  (re-exported: callers import it from here)
 from dataclasses import dataclass
 
 import torch
@@ -30,14 +30,6 @@ from hybrid.cp.balance import gathered_indices, local_indices
 from hybrid.cp.collectives import gather_seq, heads_to_seq, seq_to_heads
 from hybrid.cp.masks import AttentionMask
 from hybrid.cp.ring import ring_attention
-
-
-class CommType(enum.Enum):
-    """`--cp-comm-type` (Megatron's name and values)."""
-
-    P2P = "p2p"
-    A2A = "a2a"
-    ALLGATHER = "allgather"
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from hybrid.cp.balance import local_indices
 from hybrid.cp.kernels import attend, attend_backward
 from hybrid.cp.masks import EMPTY, AttentionMask
 from hybrid.cp.softmax import empty_result, merge
+from hybrid.cp.volume import ring_bytes  # noqa: F401  (re-exported)
 
 
 def _halves(pos: torch.Tensor) -> list[tuple[slice, torch.Tensor]]:
@@ -139,14 +140,6 @@ class RingAttention(torch.autograd.Function):
             _wait(w_own)
         _wait(sending)
         return dq.to(q.dtype), own[0].to(k.dtype), own[1].to(v.dtype), None, None
-
-
-def ring_bytes(kv_elements: int, cp: int, element_size: int) -> tuple[int, int]:
-    """(forward, backward) bytes one rank sends per attention layer and micro-batch (`send@cp` on the ledger;
-    as many received), for a rank's K and V of `kv_elements` elements (2 B g (T/CP) d) in the compute dtype:
-    forward CP - 1 ring steps of K, V; backward the same plus CP transfers of the fp32 dK, dV accumulators."""
-    kv = kv_elements * element_size
-    return (cp - 1) * kv, (cp - 1) * kv + cp * kv_elements * 4
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Group,

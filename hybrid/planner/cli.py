@@ -35,8 +35,8 @@ from dataclasses import asdict
 from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_not_link, check_number,
                             check_output_file, divisors, float_in, int_in, nonnegative_int, one_of, parallel_hints,
                             positive_float, positive_int, warn_repeated)
-from hybrid.cp.attention import CommType
-from hybrid.planner import calibrate, context, moe, slowlink
+from hybrid.cp.comm_type import CommType
+from hybrid.planner import context, moe, profile, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import (Cluster, Offload, PipelineP2P, PipelineSplit, Recompute, TpPlan, Workload,
                                    Zero3Runtime, ZeroStage, pp_problems, tp_problems)
@@ -74,7 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                               description=__doc__, formatter_class=HelpFormatter, hints=PLAN_HINTS)
     add_arguments(p)
     p.set_defaults(func=run)
-    calibrate.add_parser(subparsers)
+    profile.add_parser(subparsers)
     return p
 
 
@@ -534,7 +534,7 @@ def _pipeline_split(args: argparse.Namespace, model: ModelConfig) -> PipelineSpl
 
 
 def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
-    base = (calibrate.load_hardware(args.hardware, Precision(args.precision)) if args.hardware
+    base = (profile.load_hardware(args.hardware, Precision(args.precision)) if args.hardware
             else hardware(args.gpu or DEFAULT_GPU))
     hw = base.with_overrides(
         memory_gb=args.gpu_memory, peak_tflops=args.gpu_tflops, gpus_per_node=args.gpus_per_node,

@@ -57,8 +57,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hybrid.cp.attention import CommType
-from hybrid.cp.ring import ring_bytes
+from hybrid.cp.comm_type import CommType
+from hybrid.cp.volume import ring_bytes
 from hybrid.planner.hardware import Collective, GroupPlacement, collective_seconds, p2p_seconds
 from hybrid.planner.layout import Cluster, Layout, Recompute, RingSchedule, Workload, stage_layers
 from hybrid.planner.search import Plan, SearchSpace, evaluate, search

@@ -18,7 +18,7 @@ from hybrid.pipeline import Placement, ScheduleKind
 from hybrid.planner.hardware import AttentionKernel, GroupPlacement, Hardware
 from hybrid.planner.model import ActivationProfile, Precision, Shard
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
-from models.common import Recompute  # noqa: F401  (re-exported: the runtime's enum is the planner's)
+from models.recompute import Recompute  # noqa: F401  (re-exported: the runtime's enum is the planner's)
 from models.config import ModelConfig
 
 

@@ -57,8 +57,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from hybrid.cliutil import check_number, is_integer
-from hybrid.compress.onebit import padded_length
-from hybrid.compress.powersgd import PowerSGDConfig, matrix_rank
+from hybrid.compress.volume import PowerSGDConfig, matrix_rank, padded_length
 from hybrid.planner.hardware import GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds
 from hybrid.planner.layout import Cluster, Layout, Workload, ZeroStage, dp_placement, stage_layers
 from hybrid.planner.predicted_comm import zero_ledger, zero_units

@@ -32,7 +32,7 @@ from hybrid.moe.config import MoEConfig
 from hybrid.pipeline import ScheduleKind
 from hybrid.train_step import OptimizerConfig
 from hybrid.zero.config import CpuAdam, ZeroConfig
-from models.common import Recompute
+from models.recompute import Recompute
 from models.config import ModelConfig
 
 # --min-lr when not given: train.py's floor since its first round (kept, so a run resumes on its saved schedule),
