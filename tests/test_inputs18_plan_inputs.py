@@ -122,3 +122,16 @@ def test_an_empty_path_or_list_is_one_line_naming_it(flag, capsys, monkeypatch):
         argv = [a for a in argv if a not in ("--gpus", "8")]
     assert _plan_error(argv + [flag, ""], capsys) == f"hybrid plan: error: {flag} is empty; give a value or omit " \
                                                        f"the flag"
+
+
+def test_a_width_the_heads_do_not_divide_names_the_widths_and_head_counts_that_work(capsys):
+    """--hidden-size 100 with 3 heads: the nearest multiples of 3 (99, 102) and the head counts dividing 100, each of
+    which then plans (round 17's new-user finding: the line named no valid value)."""
+    sizes = ["--num-layers", "4", "--gpus", "2", "--global-batch-size", "8", "--seq-length", "128"]
+    line = _plan_error(sizes + ["--hidden-size", "100", "--num-attention-heads", "3"], capsys)
+    assert line.endswith("--hidden-size 100 is not divisible by --num-attention-heads 3; give --hidden-size 99 or "
+                         "102, or --num-attention-heads 2, 4, 5 or 10"), line
+    for fixed in (["--hidden-size", "99", "--num-attention-heads", "3"], ["--hidden-size", "102", "--num-attention-heads", "3"],
+                  ["--hidden-size", "100", "--num-attention-heads", "5"]):
+        assert plan_cli.main(sizes + fixed + ["--top", "1", "--json"]) == 0, fixed
+    capsys.readouterr()

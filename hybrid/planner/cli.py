@@ -484,8 +484,12 @@ def model_from_args(args: argparse.Namespace) -> ModelConfig:
     if layers > MAX_BALANCED_LAYERS:  # the planner tries pp that do not divide them: the balanced split's tables
         raise ValueError(f"--num-layers {layers}: the planner splits at most {MAX_BALANCED_LAYERS} layers over "
                          f"pipeline stages (published models have ~100)")
-    if hidden % heads:
-        raise ValueError(f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads}")
+    if hidden % heads:  # the nearest widths the heads divide, and the head counts that divide this width
+        below, above = hidden - hidden % heads, hidden - hidden % heads + heads
+        widths = one_of([w for w in (below, above) if w > 0])
+        counts = [d for d in divisors(hidden) if d > 1][:4] or [1]
+        raise ValueError(f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads}; give "
+                         f"--hidden-size {widths}, or --num-attention-heads {one_of(counts)}")
     kv = args.num_query_groups or heads
     if heads % kv:
         raise ValueError(f"--num-query-groups {kv} must divide --num-attention-heads {heads}")
