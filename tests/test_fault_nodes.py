@@ -174,7 +174,12 @@ def test_an_elastic_job_that_loses_a_node_re_plans_on_the_survivor_and_continues
              "--log-interval", "1", "--save", save, "--load", save, "--save-interval", "3",
              "--distributed-timeout-minutes", "0.2"]
     slow = {"HYBRID_FAULT": "slow:rank=0,ms=300,restart=0"}  # the first attempt only: the restart runs at full speed
-    launch = ("--nnodes", "1:2", "--max-restarts", "1", "--rdzv-conf", "last_call_timeout=5")  # b joins a's first round
+    # b joins a's first round within last_call_timeout. The restart's rendezvous waits for b's rendezvous entry to
+    # expire -- keep_alive_interval x keep_alive_max_attempt after b's last beat (torch's 5 s x 3 = 15 s: measured
+    # 15.5 s of the restart) -- then last_call_timeout for a second node: 1 s x 5 expires b by the time a's workers
+    # have exited (their 3.6 s post-mortem), and still lets a live agent's keep-alive thread run 5 s late
+    launch = ("--nnodes", "1:2", "--max-restarts", "1", "--rdzv-conf",
+              "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=5")
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     # the agents are the subject: their workers forked, each standing for its rank (killed, its rank goes too)
     with testing.fork_service() as service:
