@@ -15,6 +15,7 @@ ranks to load it themselves, as without this module.
 
 from __future__ import annotations
 
+import gc
 import os
 
 
@@ -39,3 +40,13 @@ try:
     _load_cpu_adam()
 except Exception:  # noqa: BLE001 -- see the module docstring: the ranks then load it as before
     pass
+
+
+# Last of the forkserver's PRELOAD (hybrid/testing.py): everything imported above moves to the collector's permanent
+# generation, which a fork's collections skip. Without it the first full collection in every forked rank walks the
+# preloaded interpreter (torch, dynamo, hybrid: millions of objects) and writes each object's GC header, copying
+# every page it touches (copy-on-write) -- Python's gc.freeze documentation gives this use. Measured, a 4-rank
+# train.py run of 8 iterations saving 3 checkpoints (DCP's saves allocate enough to start full collections):
+# 4.0 -> 2.9-3.0 s of CPU, ranks included; without saves 2.2 -> 2.0-2.1 s. Frozen objects are never collected:
+# they are the forkserver's imports, alive for its lifetime anyway.
+gc.freeze()

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import time
 
 import pytest
@@ -20,7 +18,6 @@ from hybrid.testing import free_port
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["-m", "hybrid.train", "--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size",
          "8", "--seq-length", "32", "--log-interval", "5", "--eval-iters", "1"]  # end-of-run passes: one batch each
-ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 # where a node is lost: a survivor names the lost ranks after watching their heartbeats for 3 beats of a tenth of
 # the distributed timeout (hybrid/liveness.py): 30 s at the default 10 minutes, 3.6 s at 0.2 -- still 10x a
 # healthy collective here; the workers are forks (hybrid.testing.fork_service), which join their process group
@@ -28,10 +25,13 @@ ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
 QUICK_POST_MORTEM = [*TRAIN, "--distributed-timeout-minutes", "0.2"]
 
 
-def _torchrun(nnodes: int, port: int, iters: int, env=None, launch=("--nnodes", "2"), train=TRAIN, service=None,
-              host: bool = True, **popen) -> subprocess.Popen:
-    """A real torchrun agent; `service` (hybrid.testing.fork_service's environment): its workers forked from the
-    forkserver, for the tests whose subject is the agents (rendezvous, elastic restart), not the workers' tree.
+def _torchrun(nnodes: int, port: int, iters: int, service: dict, env=None, launch=("--nnodes", "2"), train=TRAIN,
+              host: bool = True) -> testing.Forked:
+    """A real torchrun agent (`python -m torch.distributed.run ...`, its output in .stdout() and .stderr()), itself
+    forked from hybrid.testing's forkserver as `testing.start` runs a command: its code is torchrun's own, run as
+    __main__, without the ~2 s of CPU of a new interpreter's `import torch.distributed.run` (6 agents in this file).
+    `service` (hybrid.testing.fork_service's environment): its workers forked from the forkserver too, for the tests
+    whose subject is the agents (rendezvous, elastic restart), not the workers' tree.
     `host`: whether this agent hosts the c10d rendezvous store (is_host; the other agent's store client retries
     until it is up, for up to its 60 s read_timeout). Left to torch, both agents on localhost try to host and the
     first to bind wins: a 1 s head start does not decide it when loaded imports take ~10 s (measured: `import
@@ -46,12 +46,13 @@ def _torchrun(nnodes: int, port: int, iters: int, env=None, launch=("--nnodes", 
     rdzv = ([*launch, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", str(port)]
             if nnodes == 2 else ["--nnodes", "1"])
     worker = [*train, "--train-iters", str(iters)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(4 // nnodes),
-           *(testing.worker_command(worker) if service else worker)]
-    env = {**(env or {}), **(service or {})}
-    popen.setdefault("stdout", subprocess.PIPE)
-    return subprocess.Popen(cmd, cwd=ROOT, env=dict(ENV, **(env or {})), stderr=subprocess.STDOUT, text=True,
-                            **popen)
+    cmd = ["-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(4 // nnodes), *testing.worker_command(worker)]
+    return testing.start(cmd, env={"OMP_NUM_THREADS": "1", **(env or {}), **service}, cwd=ROOT)
+
+
+def _output(agent: testing.Forked) -> str:
+    """What the agent and its workers printed (the workers inherit its stdout and stderr)."""
+    return agent.stdout() + agent.stderr()
 
 
 def _losses(out: str) -> list[str]:
@@ -96,10 +97,11 @@ def test_two_agents_on_loopback_equal_one_agent_and_keep_tp_inside_a_node(single
     port = free_port()
     verbose = TRAIN + ["--timing-log-interval", "1"]  # a clean run's verdict is printed only in the verbose form
     with testing.fork_service() as service:
-        a = _torchrun(2, port, 10, train=verbose, service=service)  # hosts the rendezvous store
-        b = _torchrun(2, port, 10, train=verbose, service=service, host=False)
-        out_a, _ = a.communicate(timeout=300)
-        out_b, _ = b.communicate(timeout=60)
+        a = _torchrun(2, port, 10, service, train=verbose)  # hosts the rendezvous store
+        b = _torchrun(2, port, 10, service, train=verbose, host=False)
+        a.wait(timeout=300)
+        b.wait(timeout=60)
+        out_a, out_b = _output(a), _output(b)
     assert a.returncode == 0 and b.returncode == 0, (out_a[-3000:], out_b[-3000:])
     out = out_a + out_b  # global rank 0 runs under whichever agent the rendezvous made first
     assert "nodes: 2 x 2 ranks (LOCAL_WORLD_SIZE 2); every tp group inside one node" in out, out
@@ -124,18 +126,17 @@ def _forks() -> set:
 def test_losing_one_agent_ends_the_job_cleanly(tmp_path):
     psutil = pytest.importorskip("psutil")
     port = free_port()
-    log = open(tmp_path / "a.log", "w")
     earlier = _forks()
     with testing.fork_service() as service:
-        a = _torchrun(2, port, 1000, stdout=log, train=QUICK_POST_MORTEM, service=service)
-        b = _torchrun(2, port, 1000, train=QUICK_POST_MORTEM, service=service, host=False)
+        a = _torchrun(2, port, 1000, service, train=QUICK_POST_MORTEM)
+        b = _torchrun(2, port, 1000, service, train=QUICK_POST_MORTEM, host=False)
         deadline = time.monotonic() + 180
-        while "iteration" not in (tmp_path / "a.log").read_text() and time.monotonic() < deadline:
+        while "iteration" not in a.stdout() and time.monotonic() < deadline:
             time.sleep(0.2)  # both agents' ranks are training
         node_b = [psutil.Process(b.pid), *psutil.Process(b.pid).children(recursive=True)]
         survivors = psutil.Process(a.pid).children(recursive=True)
         assert len(node_b) == 3 and len(survivors) == 2, "an agent and its 2 workers each"
-        ranks = list(_forks() - earlier)  # the 4 forked ranks, one per stand-in
+        ranks = [p for p in _forks() - earlier if p.pid not in (a.pid, b.pid)]  # the 4 forked ranks, one per stand-in
         assert len(ranks) == 4, ranks
         for proc in node_b:  # the node is gone: its agent and its workers, at once
             proc.kill()
@@ -174,18 +175,22 @@ def test_an_elastic_job_that_loses_a_node_re_plans_on_the_survivor_and_continues
              "--log-interval", "1", "--save", save, "--load", save, "--save-interval", "3",
              "--distributed-timeout-minutes", "0.2"]
     slow = {"HYBRID_FAULT": "slow:rank=0,ms=300,restart=0"}  # the first attempt only: the restart runs at full speed
-    launch = ("--nnodes", "1:2", "--max-restarts", "1", "--rdzv-conf", "last_call_timeout=5")  # b joins a's first round
-    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    # b joins a's first round within last_call_timeout. The restart's rendezvous waits for b's rendezvous entry to
+    # expire -- keep_alive_interval x keep_alive_max_attempt after b's last beat (torch's 5 s x 3 = 15 s: measured
+    # 15.5 s of the restart) -- then last_call_timeout for a second node: 1 s x 5 expires b by the time a's workers
+    # have exited (their 3.6 s post-mortem), and still lets a live agent's keep-alive thread run 5 s late
+    launch = ("--nnodes", "1:2", "--max-restarts", "1", "--rdzv-conf",
+              "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=5")
     # the agents are the subject: their workers forked, each standing for its rank (killed, its rank goes too)
     with testing.fork_service() as service:
         # a hosts the rendezvous store (it must survive b); both start at once, so b joins a's first round within
         # last_call_timeout (their start-ups differ by load's jitter only)
-        a = _torchrun(2, port, 10, env=slow, launch=launch, train=train, service=service, stdout=open(logs[0], "w"))
-        b = _torchrun(2, port, 10, env=slow, launch=launch, train=train, service=service, stdout=open(logs[1], "w"),
-                      host=False)
+        a = _torchrun(2, port, 10, service, env=slow, launch=launch, train=train)
+        b = _torchrun(2, port, 10, service, env=slow, launch=launch, train=train, host=False)
+        logs = [a.stdout, b.stdout]
         deadline = time.monotonic() + 180
-        while not any(re.search(r"nodes: 2 x 2 ranks[^$]*iteration +4/", p.read_text(), re.S) for p in logs):
-            assert time.monotonic() < deadline, [p.read_text()[-2000:] for p in logs]
+        while not any(re.search(r"nodes: 2 x 2 ranks[^$]*iteration +4/", log(), re.S) for log in logs):
+            assert time.monotonic() < deadline, [log()[-2000:] for log in logs]
             time.sleep(0.2)
         for proc in [psutil.Process(b.pid), *psutil.Process(b.pid).children(recursive=True)]:
             proc.kill()
@@ -195,7 +200,7 @@ def test_an_elastic_job_that_loses_a_node_re_plans_on_the_survivor_and_continues
         finally:
             if a.poll() is None:
                 a.kill()
-    out = logs[0].read_text()
+    out = _output(a)
     assert a.returncode == 0, out[-4000:]
     resumed = re.search(r"checkpoint: resumed from \S+ \(saved at tp \d+ x pp \d+ x dp \d+.*\| iteration (\d+)", out)
     assert resumed, out[-4000:]

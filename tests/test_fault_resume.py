@@ -44,16 +44,20 @@ SEED = 20261203  # draws where each kill lands
 
 
 def _torchrun(nproc: int, flags: list[str], env: dict | None = None, restarts: int = 0) -> subprocess.CompletedProcess:
-    """The real torchrun agent where it is the subject (restarts > 0), each attempt's workers forked from
-    hybrid.testing's forkserver (hybrid.testing.agent_run: the agent's restarts, rendezvous and teardown as they
-    are, without each worker's interpreter start-up); else the same job as forked ranks (torchrun's environment,
-    no agent)."""
+    """The real torchrun agent where it is the subject (restarts > 0): `python -m torch.distributed.run` run as a
+    fork of hybrid.testing's forkserver (testing.run: torchrun's own code as __main__, without a new interpreter's
+    ~2 s of CPU importing torch), each attempt's workers forked too (hybrid.testing.agent_run's fork_service: the
+    agent's restarts, rendezvous and teardown as they are, without each worker's interpreter start-up); else the
+    same job as forked ranks (torchrun's environment, no agent)."""
     env = {"HYBRID_FAULT": None, "OMP_NUM_THREADS": "1", **(env or {})}  # no fault unless the test injects one
     if not restarts:
         return testing.torchrun(COMMON + flags, nproc, env=env, cwd=ROOT, timeout=600)
     agent = ["--nproc-per-node", str(nproc), "--max-restarts", str(restarts), "--rdzv-backend", "c10d",
              "--rdzv-endpoint", f"localhost:{free_port()}"]
-    return testing.agent_run(agent, ["-m", "hybrid.train", *COMMON, *flags], env=env, cwd=ROOT, timeout=600)
+    with testing.fork_service() as service:
+        return testing.run(["-m", "torch.distributed.run", *agent,
+                            *testing.worker_command(["-m", "hybrid.train", *COMMON, *flags])],
+                           env={**env, **service}, cwd=ROOT, timeout=600)
 
 
 def _losses(out: str) -> dict[int, list[str]]:
