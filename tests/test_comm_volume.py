@@ -8,13 +8,18 @@ pair of the same wire bytes. Beyond the layers (docs/tensor-parallel.md):
   * vocab-parallel cross-entropy: 3 all-reduces of b*s (max, sum of exponentials, target logit);
   * SP only: one all-reduce of the partial gradients of every parameter applied on sequence
     shards (norms, row-parallel biases, position embeddings).
+
+The ranks do not import transformers (~1.2 s of CPU a rank): the config is made here, in the test process, and
+passed to them without the transformers config object it was read from (GPT-2 has no RoPE to compute from it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+
 import pytest
 import torch
-from transformers import GPT2Config
 
 from hybrid.mesh import Mesh, ParallelDims
 from hybrid.testing import run_distributed
@@ -26,13 +31,15 @@ BYTES = 4  # fp32
 
 
 def _cfg():
-    return from_hf(GPT2Config(n_layer=L, n_embd=H, n_head=4, vocab_size=V, n_positions=POS, resid_pdrop=0.0,
-                              embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+    from transformers import GPT2Config  # in the test process only (the module doc)
+    hf = GPT2Config(n_layer=L, n_embd=H, n_head=4, vocab_size=V, n_positions=POS, resid_pdrop=0.0, embd_pdrop=0.0,
+                    attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return dataclasses.replace(from_hf(hf), hf_config=None)
 
 
-def _measure(rank, world, tp_size, sp):
+def _measure(rank, world, cfg, tp_size, sp):
     mesh = Mesh.build(ParallelDims.from_world(world, tp=tp_size))
-    model = build_model(_cfg(), TPContext(mesh.tp, sequence_parallel=sp), seed=0)
+    model = build_model(cfg, TPContext(mesh.tp, sequence_parallel=sp), seed=0)
     ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(0))
     phases = {}
     mesh.ledger.reset()
@@ -69,13 +76,15 @@ def expected(sp: bool) -> dict:
 CASES = [(2, False), (2, True), (4, True)]
 
 
-def _measure_all(rank, world):
-    return {case: _measure(rank, world, *case) for case in CASES}
+def _measure_all(rank, world, cfg):
+    out = {case: _measure(rank, world, cfg, *case) for case in CASES}
+    assert "transformers" not in sys.modules, "a rank imported transformers (the module doc)"
+    return out
 
 
 @pytest.fixture(scope="module")
 def measured():
-    return run_distributed(_measure_all, 4)[0]
+    return run_distributed(_measure_all, 4, args=(_cfg(),))[0]
 
 
 @pytest.mark.parametrize("tp,sp", CASES)

@@ -5,12 +5,18 @@ The slow tests use DeepSpeed's own save path (DeepSpeed 0.19.8 on CPU, 2 gloo ra
 expert-parallel size 1 without ZeRO and at 2 under ZeRO-1): every expert of the converted checkpoint equals the DeepSpeed module's tensor bit for
 bit, at a pre-sharded tp 2 x pp 2 cut and loaded at EP 2 x TP 2 (ZeRO 1) and EP 4 (ZeRO 3); our logits equal the
 DeepSpeed engine's. The fast tests write the files with the key layout DeepSpeed's save code produces (cited at
-`write_ds_moe`) to check what is refused, one line each, nothing run and nothing written."""
+`write_ds_moe`) to check what is refused, one line each, nothing run and nothing written.
+
+The loading ranks do not import transformers (~1.2 s of CPU a rank): the config is made here, in the test process,
+and passed without the transformers config object it was read from (Mixtral's default RoPE is computed without it,
+ModelConfig.rope_inv_freq); DeepSpeed's saving ranks run transformers' model, as they must."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import sys
 
 import pytest
 import torch
@@ -154,8 +160,7 @@ def test_a_deepspeed_moe_checkpoint_converts_every_expert_bit_for_bit_with_deeps
         assert (ours - ref["logits"]).abs().max() <= 1e-5 * ref["logits"].abs().max()
 
 
-def _load_at(rank, world, it_dir, tp, ep, zero):
-    cfg = from_hf(hf_config("mixtral", LAYERS))
+def _load_at(rank, world, it_dir, cfg, tp, ep, zero):
     mesh = build_mesh(ParallelDims.from_world(world, tp=tp), ep)
     chunks = build_pipeline_chunks(cfg, TPContext(mesh.tp, sequence_parallel=tp > 1), 0, 1, seed=None,
                                    moe=ExpertContext(MoEConfig(expert_parallel=ep), mesh.ep))
@@ -165,8 +170,10 @@ def _load_at(rank, world, it_dir, tp, ep, zero):
         return {k: t.clone() for k, t in export_hf_state_dict(chunks[0], mesh.tp).items() if ".experts." in k}
 
 
-def _loads(rank, world, it_dir):
-    return {(tp, ep, zero): _load_at(rank, world, it_dir, tp, ep, zero) for tp, ep, zero in ((2, 2, 1), (1, 4, 3))}
+def _loads(rank, world, it_dir, cfg):
+    out = {(tp, ep, zero): _load_at(rank, world, it_dir, cfg, tp, ep, zero) for tp, ep, zero in ((2, 2, 1), (1, 4, 3))}
+    assert "transformers" not in sys.modules, "a rank imported transformers (the module doc)"
+    return out
 
 
 @pytest.mark.slow
@@ -174,7 +181,8 @@ def test_the_converted_deepspeed_moe_checkpoint_loads_at_expert_parallel_layouts
     """The EP-2 save, converted, loaded by 4 gloo ranks at EP 2 x TP 2 (ZeRO 1) and EP 4 (ZeRO 3): each rank's
     experts equal DeepSpeed's tensors, and together the ranks hold every expert."""
     root, out = ds_saved
-    per_rank = run_distributed(_loads, 4, args=(str(root / "ckpt2" / "iter_0000000"),), timeout=900)
+    cfg = dataclasses.replace(from_hf(hf_config("mixtral", LAYERS)), hf_config=None)
+    per_rank = run_distributed(_loads, 4, args=(str(root / "ckpt2" / "iter_0000000"), cfg), timeout=900)
     experts = out[2]["experts"]
     for layout in per_rank[0]:
         seen = set()

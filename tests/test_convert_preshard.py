@@ -5,11 +5,12 @@ with transformers' loss; every error of `hybrid convert` suggests only flags it 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import sys
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from command_flags import foreign
 from hybrid.checkpoint import store
@@ -22,6 +23,7 @@ UNEVEN = {"manual": ["--pipeline-layers-per-stage", "1,2"], "balanced": ["--pipe
 
 
 def gpt2_3_layers(path: str) -> str:
+    from transformers import GPT2Config, GPT2LMHeadModel  # in the test process only: _load_uneven's ranks do not
     torch.manual_seed(3)
     model = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=256, n_positions=128, bos_token_id=0, eos_token_id=0,
                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
@@ -49,9 +51,11 @@ def test_convert_splits_as_train_py_does_with_the_same_flags(tmp_path):
     assert TargetLayout(pp=2, layers_per_stage="1,2").stages(cfg) == [(0,), (1, 2)]
 
 
-def _load_uneven(rank: int, world: int, root: str, ids: torch.Tensor) -> dict:
+def _load_uneven(rank: int, world: int, root: str, cfg, ids: torch.Tensor) -> dict:
     """A pp 2 run's model at each converted checkpoint's stages: the resume path (core.load, model only), the
-    loss of a fixed batch through both stages, and a save of its own to compare chunk by chunk."""
+    loss of a fixed batch through both stages, and a save of its own to compare chunk by chunk. `cfg`: the
+    folder's config, read in the test process and passed without its transformers config object (reading or
+    unpickling one imports transformers in the rank, ~1.2 s of CPU each; GPT-2 has no RoPE to compute from it)."""
     import torch.distributed as dist
 
     from hybrid.checkpoint import core
@@ -61,7 +65,6 @@ def _load_uneven(rank: int, world: int, root: str, ids: torch.Tensor) -> dict:
     from hybrid.zero import ZeroConfig, ZeroOptimizer
     from models import build_pipeline_chunks
     mesh = Mesh.build(ParallelDims.from_world(world, pp=2))
-    cfg = load_config(os.path.join(root, "hf"))
     out = {}
     for kind in UNEVEN:
         it_dir = store.final_path(os.path.join(root, kind), 0)
@@ -81,11 +84,13 @@ def _load_uneven(rank: int, world: int, root: str, ids: torch.Tensor) -> dict:
         core.start_save(opt, names, None, os.path.join(root, kind + ".run"), 1,
                         {"model": os.path.join(root, "hf"), "layout": layout, "iteration": 1,
                          "consumed_samples": 0}).finish()
+    assert "transformers" not in sys.modules, "a rank imported transformers"
     return out
 
 
 def test_three_layers_pre_shard_on_two_stages_as_a_run_saves_them_and_load_with_transformers_loss(tmp_path):
     import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
 
     from hybrid.testing import run_distributed
     root = str(tmp_path)
@@ -97,7 +102,8 @@ def test_three_layers_pre_shard_on_two_stages_as_a_run_saves_them_and_load_with_
     layouts = {k: store.read_state(store.final_path(os.path.join(root, k), 0))["layout"]["stages"] for k in UNEVEN}
     assert layouts == {"manual": [[0], [1, 2]], "balanced": [[0, 1], [2]]}  # the LM head (V = 256) weighs on stage 1
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(4))
-    losses = run_distributed(_load_uneven, 2, (root, ids), timeout=240)[1]
+    cfg = dataclasses.replace(load_config(src), hf_config=None)
+    losses = run_distributed(_load_uneven, 2, (root, cfg, ids), timeout=240)[1]
     with torch.no_grad():
         want = AutoModelForCausalLM.from_pretrained(src)(input_ids=ids, labels=ids).loss.item()
 
