@@ -25,6 +25,10 @@ FRESH = {
         "a build killed mid-way leaves its lock: the killed process is the subject; a `python -c`, no torch run",
     ("test_trust.py", "test_a_build_in_progress_is_waited_for_not_called_stale"):
         "a live process holding the lock is the subject; a `python -c`, no torch run",
+    ("test_startup18_torch_free.py", "test_hybrid_plan_runs_a_search_without_importing_torch"):
+        "what a new interpreter imports is the subject (a fork inherits torch); a plan search, ~2 s, no torch",
+    ("test_startup18_torch_free.py", "test_the_planner_and_its_profile_loader_import_no_torch"):
+        "what a new interpreter imports is the subject (a fork inherits torch); imports only, no torch",
 }
 
 

@@ -217,9 +217,9 @@ WRITERS = {
     ("hybrid/planner/plot.py", "plot_memory", "savefig"): "TL: planner/cli.py's atomic_output",
     ("hybrid/planner/calibrate.py", "save_profile", "open(w)"): "TL: atomic_output; N: check_replaces_a_profile",
     ("hybrid/pipeline/timeline.py", "write_chrome_trace", "open(w)"): "TL: atomic_output; N: check_replaceable",
-    ("hybrid/metrics/writer.py", "MetricsWriter.__init__", "open(a)"): "N: check_appendable (a run's metrics only); "
+    ("hybrid/metrics/writer.py", "MetricsWriter._open", "open(a)"): "N: check_appendable (a run's metrics only); "
                                                                         "appended a line per write",
-    ("hybrid/metrics/writer.py", "MetricsWriter.__init__", "SummaryWriter"): "TensorBoard's own new event file",
+    ("hybrid/metrics/writer.py", "MetricsWriter._open", "SummaryWriter"): "TensorBoard's own new event file",
     ("hybrid/metrics/writer.py", "drop_torn_record", "open(rb+)"):
         "N: the --metrics-file MetricsWriter then appends to; only the bytes after its last newline cut (trust17)",
     ("hybrid/convert/safetensors_out.py", "write_sharded", "open(wb)"): "TL: inside staged_dst's mkdtemp folder",

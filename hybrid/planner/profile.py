@@ -9,6 +9,7 @@ import argparse
 import difflib
 import json
 import os
+import sys
 from dataclasses import MISSING, dataclass, fields
 
 from hybrid.cliutil import HelpFormatter, check_number, float_in, int_in
@@ -217,6 +218,11 @@ def check_replaces_a_profile(path: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    """`hybrid calibrate`'s body, imported only now: it loads torch and starts the ranks."""
-    from hybrid.planner import calibrate
+    """`hybrid calibrate`'s body, imported only now: it loads torch (seconds; a minute under load) and starts the
+    ranks. A Ctrl-C during that import is hybrid.cli's start-up line and status 130, not Python's traceback."""
+    try:
+        from hybrid.planner import calibrate
+    except KeyboardInterrupt:
+        print("hybrid: interrupted while starting, before any work: nothing was run or written", file=sys.stderr)
+        raise SystemExit(130) from None
     calibrate.run(args)
