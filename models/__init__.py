@@ -6,9 +6,9 @@ imported on first use of their names here (PEP 562 `__getattr__`)."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from hybrid.lazy import lazy_names
 from models.config import ARCH_GPT2, ModelConfig, from_hf, load_config
 from models.presets import PRESETS
 from models.recompute import Recompute
@@ -22,14 +22,7 @@ if TYPE_CHECKING:
 # name -> the module that defines it, imported on first access (each brings torch)
 _LAZY = {"GPT2": "models.gpt2", "Llama": "models.llama", "StageLayout": "models.common",
          "set_recompute": "models.common", "shift_labels": "models.common"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'models' has no attribute {name!r}")
+__getattr__ = lazy_names("models", _LAZY, globals())
 
 
 def build_model(cfg: ModelConfig, tp: TPContext, stage: StageLayout | None = None, seed: int | None = 1234,

@@ -6,7 +6,7 @@ without importing torch through this package."""
 
 from __future__ import annotations
 
-import importlib
+from hybrid.lazy import lazy_names
 
 _LAZY = {"CommType": "hybrid.cp.comm_type", "CPContext": "hybrid.cp.attention",
          "allgather_attention": "hybrid.cp.attention", "ulysses_attention": "hybrid.cp.attention",
@@ -15,11 +15,4 @@ _LAZY = {"CommType": "hybrid.cp.comm_type", "CPContext": "hybrid.cp.attention",
          "ring_attention": "hybrid.cp.ring"}
 
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'hybrid.cp' has no attribute {name!r}")
+__getattr__ = lazy_names("hybrid.cp", _LAZY, globals())
