@@ -355,6 +355,13 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def nearest_multiples(value: int, m: int) -> list[int]:
+    """The multiples of m >= 1 either side of a value m does not divide (the one below only when positive): what a
+    size that must be a multiple of m can be changed to, said in its error."""
+    below = value // m * m
+    return [v for v in (below, below + m) if v > 0]
+
+
 def one_of(values: list[int]) -> str:
     """"1, 2 or 4" (or "1" alone): the values a message offers."""
     return ", ".join(map(str, values[:-1])) + (f" or {values[-1]}" if len(values) > 1 else str(values[-1]))

@@ -75,6 +75,7 @@ def test_the_runtime_modules_reexport_the_torch_free_formulas():
     assert powersgd.PowerSGDConfig is volume.PowerSGDConfig and powersgd.matrix_rank is volume.matrix_rank
     assert onebit.padded_length is volume.padded_length
     assert calibrate.load_hardware is profile.load_hardware and calibrate.FORMAT == profile.FORMAT
+    assert tuple(calibrate.DTYPES) == profile.DTYPE_NAMES  # the rates a profile holds = the dtypes measured
     assert common.Recompute is recompute.Recompute
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         importlib.import_module("models").nope  # noqa: B018

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybrid.cliutil import check_number, divisors, one_of, plural
+from hybrid.cliutil import check_number, divisors, nearest_multiples, one_of, plural
 
 BYTE_VOCAB = 256
 
@@ -100,19 +100,17 @@ class BatchSpec:
         return self.global_batch // (self.micro_batch * self.dp)
 
 
-
 def batch_fixes(global_batch: int, micro_batch: int, dp: int) -> str:
     """The nearest values that split: the multiples of m = micro x dp either side of the global batch G (the one
     below only when it is >= m), and, when dp divides G, the micro-batch sizes that divide G / dp (the same
     batch, more or fewer accumulation steps): the nearest divisor of G / dp either side of the micro-batch."""
-    m = micro_batch * dp
-    below, above = global_batch // m * m, (global_batch // m + 1) * m
-    fix = f"give --global-batch-size {one_of([v for v in (below, above) if v >= m])}"
+    fix = f"give --global-batch-size {one_of(nearest_multiples(global_batch, micro_batch * dp))}"
     if global_batch % dp == 0:
         fits = divisors(global_batch // dp)
         near = [d for d in fits if d < micro_batch][-1:] + [d for d in fits if d > micro_batch][:1]
         fix += f", or --micro-batch-size {one_of(near)} (the same global batch)"
     return fix
+
 
 def global_batch(corpus: torch.Tensor, spec: BatchSpec, seed: int, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, labels), each (global_batch, seq_length): random windows of the corpus; labels are

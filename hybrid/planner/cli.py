@@ -33,8 +33,8 @@ import sys
 from dataclasses import asdict
 
 from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_not_link, check_number,
-                            check_output_file, divisors, float_in, int_in, nonnegative_int, one_of, parallel_hints,
-                            positive_float, positive_int, warn_repeated)
+                            check_output_file, divisors, float_in, int_in, nearest_multiples, nonnegative_int, one_of,
+                            parallel_hints, positive_float, positive_int, warn_repeated)
 from hybrid.cp.comm_type import CommType
 from hybrid.planner import context, moe, profile, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
@@ -485,8 +485,7 @@ def model_from_args(args: argparse.Namespace) -> ModelConfig:
         raise ValueError(f"--num-layers {layers}: the planner splits at most {MAX_BALANCED_LAYERS} layers over "
                          f"pipeline stages (published models have ~100)")
     if hidden % heads:  # the nearest widths the heads divide, and the head counts that divide this width
-        below, above = hidden - hidden % heads, hidden - hidden % heads + heads
-        widths = one_of([w for w in (below, above) if w > 0])
+        widths = one_of(nearest_multiples(hidden, heads))
         counts = [d for d in divisors(hidden) if d > 1][:4] or [1]
         raise ValueError(f"--hidden-size {hidden} is not divisible by --num-attention-heads {heads}; give "
                          f"--hidden-size {widths}, or --num-attention-heads {one_of(counts)}")
