@@ -89,8 +89,10 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   own note: its peak is "between SXM and NVL"). Its sustained clock relative to a 700 W H100 on the same stack
 #   (H100_500W_CLOCK, the 500 W factor, scaling the GEMM asymptote and the flash rate) is **fitted** to one row,
 #   torchtitan's Table 1 (Llama 3.1 8B, eager FSDP on 8 GPUs, 5,762 tokens/s a GPU; fit.fit_h100_500w_clock), on
-#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.988 x 0.708 = 0.700; 0.991 x 0.689 = 0.683 before
-#   round 8's flash rates by sequence length (FLASH_FWD_BWD_TFLOPS); 0.670 before the overlap cost
+#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.982 x 0.735 = 0.722 since round 19's GEMM
+#   ceiling below, H100_LARGE_GEMM_RATIO, which the clocks no longer carry; 0.988 x 0.708 = 0.700 before it;
+#   0.991 x 0.689 = 0.683 before round 8's flash rates by sequence length (FLASH_FWD_BWD_TFLOPS); 0.670 before the
+#   overlap cost
 #   and the checkpoint's early stop, the constant this factor replaced when it carried both); torchtitan's compiled
 #   rows then check the stack clock; its capacity assumes the 80 GB part's ratio of usable to nominal bytes (81559
 #   MiB of 80 GiB) for 96 GiB.
@@ -99,8 +101,8 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   rate of an `--kernels eager` workload (Hardware.eager_clock), not its memory-bound kernels. **Fitted** (least
 #   squares in log throughput) to the six single-node rows of MosaicML's H100 table (MPT 1B-30B on 8 GPUs, Composer +
 #   PyTorch FSDP; fit.fit_h100_eager_clock) and, since round 18, the 12 rows of its ">= 128 GPUs" table that ran
-#   FlashAttention-2 (0.7075 with TRITON_FLASH2_SHARE below: within the tests' 0.002 of 0.708, kept), with
-#   OVERLAP_SLOWDOWN and the checkpoint's early stop (time._stops_early) in the model (0.681 without both, 0.716 with
+#   FlashAttention-2 (0.7346 with TRITON_FLASH2_SHARE below and round 19's GEMM ceiling, shipped 0.735; 0.7075 /
+#   0.708 before the ceiling), with OVERLAP_SLOWDOWN and the checkpoint's early stop (time._stops_early) in the model (0.681 without both, 0.716 with
 #   the first: the clock had absorbed the b 2 row's ZeRO 3 overlap cost and the checkpointed rows' unrun down
 #   projection); until round 18 the table's ten 16-512 GPU rows and every
 #   other row only check (with flash kernels' head-width padding, AttentionKernel, the same fit gives 0.690 and
