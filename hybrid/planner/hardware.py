@@ -102,7 +102,8 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   squares in log throughput) to the six single-node rows of MosaicML's H100 table (MPT 1B-30B on 8 GPUs, Composer +
 #   PyTorch FSDP; fit.fit_h100_eager_clock) and, since round 18, the 12 rows of its ">= 128 GPUs" table that ran
 #   FlashAttention-2 (0.7346 with TRITON_FLASH2_SHARE below and round 19's GEMM ceiling, shipped 0.735; 0.7075 /
-#   0.708 before the ceiling), with OVERLAP_SLOWDOWN and the checkpoint's early stop (time._stops_early) in the model (0.681 without both, 0.716 with
+#   0.708 before the ceiling), with OVERLAP_SLOWDOWN and the checkpoint's early stop (time._stops_early) in the
+#   model (0.681 without both, 0.716 with
 #   the first: the clock had absorbed the b 2 row's ZeRO 3 overlap cost and the checkpointed rows' unrun down
 #   projection); until round 18 the table's ten 16-512 GPU rows and every
 #   other row only check (with flash kernels' head-width padding, AttentionKernel, the same fit gives 0.690 and

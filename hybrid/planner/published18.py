@@ -5,8 +5,8 @@ docs/planner/round19-gemm-ceiling.md), and this module keeps its data.
     python -m hybrid.planner.published18             # the GEMM shapes and their sources
     python -m hybrid.planner.published18 --float8-sac  # torchtitan's Float8 + per-op SAC rows, all linears rerun
 
-1. The GEMM ceiling (landed). The H100 curve (hardware.py: e 0.789, t0 6.4 us) is least squares over XLA's 72 measured bf16
-shapes (data/gemm_h100_xla.csv), none with m, n or k above 4096 and none above 2 x 4096^3 = 1.37e11 FLOPs.
+1. The GEMM ceiling (landed). The H100 curve (hardware.py: e 0.789, t0 6.4 us) is least squares over XLA's 72
+measured bf16 shapes (data/gemm_h100_xla.csv), none with m, n or k above 4096 and none above 2 x 4096^3 = 1.37e11 FLOPs.
 GPT-3 175B's per-rank matmuls at t 4 (b 1, s 2048, h 12288; SP gathers the 2048 tokens) are 1.5e11-6.2e11 FLOPs
 with n or k of 3072-12288: the curve prices them by extrapolation, near its asymptote. The GH100 timings this
 repository holds beyond XLA's largest are four of our H200's (data/gemm_h200_measured.csv; the same GH100 chip,
