@@ -53,3 +53,14 @@ def test_the_rows_it_targets(name, error):
     beyond XLA's table. Fails if the ceiling is reverted (each row was 2.7-3.8 points more optimistic)."""
     run = _row(name)
     assert run.throughput_error(run.predict()) == pytest.approx(error, abs=0.003)
+
+
+def test_explain_names_the_ceiling_on_h100_only(capsys):
+    """`hybrid plan --explain`'s device line quotes the curve's asymptote; on an H100 it says large GEMMs run below
+    it, on an A100 (no ceiling) it does not."""
+    from hybrid.planner.cli import main
+    for gpu, shown in (("h100-80g", True), ("a100-80g", False)):
+        assert main(["--model", "gpt2", "--gpus", "8", "--gpu", gpu, "--global-batch-size", "16", "--seq-length",
+                     "1024", "--explain"]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(f"  on {gpu}:"))
+        assert ("x 0.959 beyond 1.37e+11 FLOPs" in line) is shown, line
