@@ -126,8 +126,8 @@ def test_table_pairs_key_reads_model_sequence_and_gpus():
 
 @pytest.mark.slow
 def test_docs_round16_rows_table_is_the_one_published16_computes():
-    """docs/planner/rounds.md "Round 16: held-out families" holds published16's table and summary line as the code prints
-    them (~4 s of CPU: 82 plans), so the page cannot drift from the model."""
+    """docs/planner/rounds.md "Round 16: held-out families" holds published16's table and summary line as the code
+    prints them (~4 s of CPU: 82 plans), so the page cannot drift from the model."""
     from pathlib import Path
 
     from hybrid.planner.published16 import evaluate_all

@@ -64,8 +64,9 @@ def test_fsdp2_copies_move_the_500w_fit_above_its_bracket():
 
 
 def test_docs_round_16_holds_the_runtimes_and_rows_the_code_prints():
-    """docs/planner/rounds.md "Round 16" holds the runtimes table as printed, and the what-if's lines of rows off the 500 W
-    card (whose refit column is their copies column): an A100 torchtitan row, a KempnerForge H200 row, OLMo-core."""
+    """docs/planner/rounds.md "Round 16" holds the runtimes table as printed, and the what-if's lines of rows off the
+    500 W card (whose refit column is their copies column): an A100 torchtitan
+    row, a KempnerForge H200 row, OLMo-core."""
     from pathlib import Path
 
     from hybrid.planner.published16_zero3 import row_line, runtimes_table

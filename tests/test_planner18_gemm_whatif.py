@@ -1,5 +1,6 @@
 """Round 18 (issue 26): the what-ifs of hybrid/planner/published18.py, which the shipped model does not read
-(docs/planner/rounds.md "Round 18: DTensor SP's copies", "What was looked at and not landed"). No row is planned; ~0.1 s."""
+(docs/planner/rounds.md "Round 18: DTensor SP's copies", "What was looked at and not landed"). No row is planned;
+~0.1 s."""
 
 from __future__ import annotations
 

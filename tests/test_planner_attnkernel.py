@@ -1,5 +1,5 @@
-"""Workload.attention_kernel (issue 26, rounds 7-8; docs/planner/rounds.md "Attention kernels of the published runs"): the
-kernels' published rates by card, head width, mask and sequence length (hardware.FLASH_FWD_BWD_TFLOPS), the
+"""Workload.attention_kernel (issue 26, rounds 7-8; docs/planner/rounds.md "Attention kernels of the published runs"):
+the kernels' published rates by card, head width, mask and sequence length (hardware.FLASH_FWD_BWD_TFLOPS), the
 FlashAttention-1-class kernel MosaicML's MPT runs used, the head width flash kernels pad to, and the FLOP count the
 rates are quoted in (causal: half the square; backward 2.5x the forward). Tiny planner-only checks, no search of a
 published table (tests/test_planner_published.py and tests/test_planner_morerows.py check the rows themselves)."""

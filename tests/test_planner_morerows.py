@@ -1,6 +1,7 @@
 """Issue 26, seventh round: more published runs as CHECK rows (hybrid/planner/published_more.py). Each row is
-predicted and its error reported (docs/planner/rounds.md "More check rows, round 7" is the code's table); nothing is fitted
-to them. What holds now is asserted as a ratchet: every published layout is predicted to fit, and every row outside
+predicted and its error reported (docs/planner/rounds.md "More check rows, round 7" is the code's table); nothing is
+fitted to them. What holds now is asserted as a ratchet: every published layout is predicted to fit, and every
+row outside
 KNOWN_MISSES stays within +-15 %. A physics change that brings a miss inside may drop it from KNOWN_MISSES; one
 that pushes a row out must say why. The table's numbers move with the planner's physics: regenerate the docs
 section with `python -m hybrid.planner.published_more`."""

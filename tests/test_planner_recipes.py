@@ -141,8 +141,8 @@ def test_layouts_are_the_published_ones_and_the_misses_are_the_known_ones(evalua
 
 @pytest.mark.slow
 def test_docs_hold_what_the_module_prints(evaluated):
-    """docs/planner/rounds.md "Check rows, round 11" holds every row, each table's summary and the group lines as the code
-    computes them (regenerate: python -m hybrid.planner.published_recipes)."""
+    """docs/planner/rounds.md "Check rows, round 11" holds every row, each table's summary and the group lines as the
+    code computes them (regenerate: python -m hybrid.planner.published_recipes)."""
     with open(os.path.join(ROOT, "docs", "planner", "rounds.md")) as f:
         docs = f.read()
     for line in report(evaluated).splitlines():

@@ -146,8 +146,8 @@ FLASH1_A100 = 83.0 / 312.0  # FLASH1's share of the A100's peak at 16k, causal, 
 #   and 0.541 x 189 = 102 on A100 at 16k, causal, head 128. **Fitted** (mean log throughput error 0) on MosaicML's
 #   16 bf16 H100 Triton rows at s >= 8192 (attention a large share of the step; fit.fit_triton_flash2_share, the
 #   rows naming it in published.py / published_more.py), with H100_EAGER_CLOCK fixed; the two are fitted
-#   alternately to a joint point (docs/planner/rounds.md "Round 18"). The share is of the unclocked rate: it was fitted on
-#   PyTorch-native rows, so the stack's clock is in it (AttentionKernel.stack_clocked). The A100 rows were not
+#   alternately to a joint point (docs/planner/rounds.md "Round 18"). The share is of the unclocked rate: it was fitted
+#   on PyTorch-native rows, so the stack's clock is in it (AttentionKernel.stack_clocked). The A100 rows were not
 #   fitted: they check that the kernel scales between the cards as FlashAttention-2's bars do.
 TRITON_FLASH2_SHARE = 0.5414
 HOPPER_FP8_TFLOPS = 1979.0

@@ -301,7 +301,8 @@ class Workload:
             `--zero3-runtime`; time.zero3_copy_bytes): None (the default) prices none, as every round before 16 did
             -- round 16 measured the what-if (FSDP2's copies on the published rows, H100_500W_CLOCK refitted with
             them) and it did not improve the check rows without a family getting worse, so the model's default is
-            unchanged (docs/planner/rounds.md "Round 16: the ZeRO 3 runtimes' copies"; hybrid/planner/published16_zero3.py
+            unchanged (docs/planner/rounds.md "Round 16: the ZeRO 3 runtimes' copies";
+            hybrid/planner/published16_zero3.py
             classifies each published ZeRO 3 row's runtime from its source). Only ZeRO 3 with dp > 1 reads it.
         tp_plan: how the runtime's TP feeds the column-parallel projections (TpPlan): BLOCK (the default: one
             all-gather of each block's input under SP, Megatron, this runtime, torchtitan) or PROJECTION (one per

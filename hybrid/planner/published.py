@@ -469,8 +469,8 @@ def mpt_attention_kernel(gpu: str, size: str, gpus: int) -> AttentionKernel:
 
 
 def mpt_fits(gpu: str, size: str, seq: int, gpus: int, fp8: bool, single_node_table: bool) -> str:
-    """The constant a MosaicML row fits (docs/planner/rounds.md "Round 18"), "" for a check row. H100_EAGER_CLOCK: the six
-    single-node rows of published.py's first H100 table (`single_node_table`, MPT_FIT_GPUS) and the 12
+    """The constant a MosaicML row fits (docs/planner/rounds.md "Round 18"), "" for a check row. H100_EAGER_CLOCK: the
+    six single-node rows of published.py's first H100 table (`single_node_table`, MPT_FIT_GPUS) and the 12
     FlashAttention-2 rows (a kernel with a published H100 rate: the clock is all that is unknown there).
     TRITON_FLASH2_SHARE: the bf16 H100 Triton rows at s >= TRITON_FIT_SEQ (16), the six excepted. On A100 none."""
     if gpu != "h100-80g":
@@ -641,8 +641,8 @@ def all_runs() -> list[PublishedRun]:
 
 
 def more_check_runs() -> list[PublishedRun]:
-    """Issue 26's seventh-round CHECK rows (published_more.py, docs/planner/rounds.md "More check rows, round 7"): kept out
-    of all_runs() so the tables above stay the ones this module prints; they fit nothing."""
+    """Issue 26's seventh-round CHECK rows (published_more.py, docs/planner/rounds.md "More check rows, round 7"): kept
+    out of all_runs() so the tables above stay the ones this module prints; they fit nothing."""
     from hybrid.planner.published_more import more_runs
     return more_runs()
 
