@@ -1,6 +1,6 @@
 """Published runs new to the repository, CHECK rows only (issue 26, round 14): the model as it stood, unchanged.
 
-    python -m hybrid.planner.published14        # the tables of docs/planner.md "Round 14: new check rows"
+    python -m hybrid.planner.published14        # the tables of docs/planner/rounds.md "Round 14: new check rows"
     python -m hybrid.planner.published14 --explain   # each miss's step in --explain's terms (the same section)
     python -m hybrid.planner.published14 --causes    # the what-ifs that read the misses (the same section)
 
@@ -64,7 +64,7 @@ Sources, each read at the commit named:
   published_more._nemo plan the same tables' other containers: Megatron-core + TE, ZeRO 0 / 1 and recomputation
   the planner's (not stated).
 
-Looked at and not added (docs/planner.md "Round 14: new check rows" says why): later dgxc-benchmarking releases
+Looked at and not added (docs/planner/rounds.md "Round 14: new check rows" says why): later dgxc-benchmarking releases
 (v25.07 on) print no H100 tables; its MoE (Grok 1, DeepSeek V3, Llama 4), Nemotron-H and JAX (MaxText, PAXML)
 recipes; NeMo's performance_summary.md at 070a0bb
 (the 24.07 table published_more.py holds); Megatron-Bridge's H100 MoE rows (GPT-OSS, Qwen3) and its SFT / LoRA
@@ -337,7 +337,7 @@ def explain(results: list[Result], band: float = 0.10) -> str:
 
 
 def causes() -> str:
-    """What-ifs that read the misses (docs/planner.md "Round 14: new check rows"), never fits: nothing uses them.
+    """What-ifs that read the misses (docs/planner/rounds.md "Round 14: new check rows"), never fits: nothing uses them.
 
     * torchtitan on H200: the h200 preset carries no PyTorch stack clock (Hardware.eager_clock 1.0) where both H100
       presets carry H100_EAGER_CLOCK; the row with that clock on GEMMs and flash, on each alone, and the clock

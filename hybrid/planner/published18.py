@@ -1,4 +1,5 @@
-"""Round 18 (issue 26, planner18b): two what-ifs, landed nowhere (docs/planner.md "Round 18: DTensor SP's copies").
+"""Round 18 (issue 26, planner18b): two what-ifs, landed nowhere (docs/planner/rounds.md "Round 18: DTensor SP's
+copies").
 
     python -m hybrid.planner.published18             # the GEMM shapes and their sources, the ceiling by group
     python -m hybrid.planner.published18 --families  # the families report (families.py) under the GEMM ceiling
