@@ -9,8 +9,9 @@ docs/planner/round19-fsdp-misses.md reads the output.
 
 Sources, read at the commits named (mosaicml/llm-foundry, scripts/train/benchmarking/):
 
-* README.md at 061f2c7 -- the A100 40GB table published16.py plans. The same file carries "[comment]: # (TODO:
-  Update tables with torch 2.0 after next Composer release)": its tables predate torch 2.0.
+* README.md at 061f2c7 -- the A100 40GB table published16.py plans, the file's oldest (precision `bf16` where the
+  other tables read `amp_bf16`); the file carries "[comment]: # (TODO: Update tables with torch 2.0 after next
+  Composer release)" above its results.
 * torch2.md at 985460c -- a sweep log of the same scripts (`collect_results.py`'s columns, the README's header less
   "Model TFLOP"), a100_40gb and a100_80gb, `amp_bf16` PURE FULL_SHARD. Read here: its a100_40gb rows that repeat a
   README 40GB row's configuration exactly (model, s, GPUs, micro-batch, accumulation, activation checkpointing) --
