@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from hybrid.planner.published16 import MPT_A100_40G_ROWS, fms_fsdp_a100_runs
 from hybrid.planner.published19_fsdp import (TORCH2_REPEATS, TORCH2_RUN_TWICE_OR_MORE, TORCHES_PAIRS, readme_row,
@@ -75,3 +76,87 @@ def test_the_doc_holds_the_tables_as_the_code_prints_them():
     for table in (rerun_table(), repeat_spread(), torch_version_ratios(), seventy_b_table()):
         for line in table.splitlines():
             assert line in doc, line
+
+
+class _Float8Like(torch.Tensor):
+    """A wrapper subclass whose aten.mm runs as another op on its inner tensor (aten.addmm here), as torchao's
+    float8 tensor's aten.mm runs as aten._scaled_mm."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype, device=inner.device)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __tensor_flatten__(self):
+        return ["inner"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
+        return _Float8Like(inner_tensors["inner"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        a, b = (x.inner if isinstance(x, _Float8Like) else x for x in args)
+        assert func is torch.ops.aten.mm.default, func
+        return torch.ops.aten.addmm.default(torch.zeros(a.shape[0], b.shape[1]), a, b)
+
+
+def _backward_ops_under_compiled_sac(saved_op) -> list:
+    """Two Float8-like linears under torch.compile with a per-op SAC policy that must save `saved_op` and must
+    recompute everything else (torchtitan's policy, reduced): the backward graph's ops."""
+    import functools
+
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    class Linear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return torch.mm(_Float8Like(x * 1.0), _Float8Like(w * 1.0))
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            return g @ w.t(), x.t() @ g
+
+    def policy(ctx, func, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if func is saved_op else CheckpointPolicy.MUST_RECOMPUTE
+
+    def block(x, w1, w2):
+        return torch.sigmoid(Linear.apply(torch.relu(Linear.apply(x, w1)), w2))
+
+    def fn(x, w1, w2):
+        return checkpoint(block, x, w1, w2, use_reentrant=False,
+                          context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+            return gm.forward
+        return compiler
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"),
+                           partition_fn=min_cut_rematerialization_partition)
+    args = [torch.randn(8, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True),
+            torch.randn(16, 4, requires_grad=True)]
+    torch.compile(fn, backend=backend)(*args).sum().backward()
+    torch._dynamo.reset()
+    assert graphs["fw"].count(torch.ops.aten.addmm.default) == 2
+    return graphs["bw"]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_compiled_sac_keeps_a_float8_like_matmul_by_its_outer_aten_mm():
+    """Round 18's candidate for torchtitan's H200 rows was that per-op SAC's `aten.mm` entry misses torchao's
+    desugared `_scaled_mm` under torch.compile, so every Float8 linear reruns. Compiled SAC decides on the op the
+    subclass receives (aten.mm) and tags every node that op creates: listing aten.mm keeps the inner op's output
+    (no rerun in backward), listing the inner op keeps nothing. The planner's SELECTIVE_OP keeps the same outputs
+    with and without --fp8, as this says."""
+    assert torch.ops.aten.addmm.default not in _backward_ops_under_compiled_sac(torch.ops.aten.mm.default)
+    assert _backward_ops_under_compiled_sac(torch.ops.aten.addmm.default).count(torch.ops.aten.addmm.default) == 2
