@@ -11,7 +11,7 @@ then the interleaved schedule (pp 2, v 2, micro-batch 1 and 2) and full recomput
 1. Calibrate (`hybrid calibrate --ranks 2`, the GEMM curve included) unless `--hardware` gives a profile.
 2. Predict each layout's step (`evaluate`, Precision.FP32, ActivationProfile.FP32_FLASH); the report gives each
    layout's TP seconds and, of them, the collectives' waits for their ranks to meet (time.TERMS' tp + tp_wait:
-   the skew calibrate fits after compute bursts, docs/planner.md "Collectives, and the ranks' skew").
+   the skew calibrate fits after compute bursts, docs/planner/validation.md "Collectives, and the ranks' skew").
 3. Measure: every layout built once in one spawn, stepped in rounds (one step of each per round, the slowest
    rank's time after a barrier) so the machine's load falls on all alike; `--warmup` rounds untimed, then
    `--steps` timed; the median per layout, and its spread (the interquartile range / median).

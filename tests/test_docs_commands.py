@@ -73,7 +73,8 @@ CALIBRATED = os.path.join(ROOT, "docs", "results", "data", "mainjob_r14_run3.hw8
 def documented_commands() -> list[tuple[str, str]]:
     """(file, command) for each command line in a fenced bash/sh block; `\\` continuations joined."""
     found = []
-    for path in ["README.md"] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))):
+    for path in ["README.md"] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) + sorted(
+            glob.glob(os.path.join(ROOT, "docs", "planner", "*.md"))):  # the planner's record pages too
         text = open(os.path.join(ROOT, path)).read()
         for block in shell_blocks(text):
             for line in block.replace("\\\n", " ").splitlines():

@@ -1,5 +1,5 @@
 """Issue 26, round 16: the family report (hybrid/planner/families.py) and MosaicML's A100 40GB check rows
-(hybrid/planner/published16.py). The report's numbers move with the planner's physics (docs/planner.md "Round 16:
+(hybrid/planner/published16.py). The report's numbers move with the planner's physics (docs/planner/rounds.md "Round 16:
 held-out families" is regenerated with `python -m hybrid.planner.families`); what is asserted here is that every
 row lands in a family, that the statistics and slices count what they say, and that the new rows are the table's."""
 
@@ -126,13 +126,13 @@ def test_table_pairs_key_reads_model_sequence_and_gpus():
 
 @pytest.mark.slow
 def test_docs_round16_rows_table_is_the_one_published16_computes():
-    """docs/planner.md "Round 16: held-out families" holds published16's table and summary line as the code prints
-    them (~4 s of CPU: 82 plans), so the page cannot drift from the model."""
+    """docs/planner/rounds.md "Round 16: held-out families" holds published16's table and summary line as the code
+    prints them (~4 s of CPU: 82 plans), so the page cannot drift from the model."""
     from pathlib import Path
 
     from hybrid.planner.published16 import evaluate_all
     from hybrid.planner.published_more import summary_line, table
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "planner" / "rounds.md").read_text()
     section = docs[docs.index("## Round 16: held-out families"):]
     results = evaluate_all()
     assert table(results) in section

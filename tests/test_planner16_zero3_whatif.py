@@ -65,12 +65,13 @@ def test_fsdp2_copies_move_the_500w_fit_above_its_bracket():
 
 
 def test_docs_round_16_holds_the_runtimes_and_rows_the_code_prints():
-    """docs/planner.md "Round 16" holds the runtimes table as printed, and the what-if's lines of rows off the 500 W
-    card (whose refit column is their copies column): an A100 torchtitan row, a KempnerForge H200 row, OLMo-core."""
+    """docs/planner/rounds.md "Round 16" holds the runtimes table as printed, and the what-if's lines of rows off the
+    500 W card (whose refit column is their copies column): an A100 torchtitan
+    row, a KempnerForge H200 row, OLMo-core."""
     from pathlib import Path
 
     from hybrid.planner.published16_zero3 import row_line, runtimes_table
-    docs = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
+    docs = Path(__file__).resolve().parents[1] / "docs" / "planner" / "rounds.md"
     section = docs.read_text().split("### Round 16: the ZeRO 3 runtimes' copies")[1].split("\n### ")[0]
     assert runtimes_table() in section
     names = ("torchtitan Llama 2 70B, 64 A100, FSDP, b1, selective-op",

@@ -1,6 +1,6 @@
 """Issue 26, round 17: what is left a what-if of hybrid/planner/published17_triton.py once round 18 landed the Triton
 kernel (AttentionKernel.TRITON, hybrid/planner/fit.py's joint fit): the H100 eager clock fitted on the 12
-FlashAttention-2 rows alone (docs/planner.md "Round 17: one Triton rate on both cards", "Round 18"). What is
+FlashAttention-2 rows alone (docs/planner/rounds.md "Round 17: one Triton rate on both cards", "Round 18"). What is
 asserted: which rows each fit reads, that the what-if's device is the shipped one at the shipped pair, and that its
 documented fits hold."""
 

@@ -1,4 +1,4 @@
-"""Round 18 (issue 26): the what-ifs of hybrid/planner/published18.py (docs/planner.md "Round 18: DTensor SP's
+"""Round 18 (issue 26): the what-ifs of hybrid/planner/published18.py (docs/planner/rounds.md "Round 18: DTensor SP's
 copies", "What was looked at and not landed"): the Float8 one, which the shipped model does not read, and the GEMM
 ceiling's premises (landed in round 19: tests/test_planner19_gemm_ceiling.py). No row is planned; ~0.1 s."""
 
@@ -20,7 +20,7 @@ def test_gpt3_tp4_matmuls_lie_beyond_xlas_table():
 
 def test_the_ceiling_is_the_measured_ratio_of_the_four_named_shapes():
     """LARGE_FIT: our H200's four products beyond XLA's table; measured / curve 0.959 (H100) and 0.957 (H200), as
-    docs/planner.md reports."""
+    docs/planner/rounds.md reports."""
     assert sorted(round(g.flops / 1e9) for g, _ in h200_beyond()) == [1100, 2152, 2152, 2152]
     assert large_ratio("h100-80g") == pytest.approx(0.959, abs=0.0005)
     assert large_ratio("h200") == pytest.approx(0.957, abs=0.0005)

@@ -1,6 +1,6 @@
 """Issue 26, round 18: llm-foundry's Triton attention as a kernel of its own (AttentionKernel.TRITON), at one fitted
-share of FlashAttention-2's published rate on every card, unclocked by the PyTorch stack (docs/planner.md "Round 18").
-Cheap: rates from the tables, two MosaicML rows planned. tests/test_planner_fit.py re-derives the share."""
+share of FlashAttention-2's published rate on every card, unclocked by the PyTorch stack (docs/planner/rounds.md "Round
+18"). Cheap: rates from the tables, two MosaicML rows planned. tests/test_planner_fit.py re-derives the share."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Workload.attention_kernel (issue 26, rounds 7-8; docs/planner.md "Attention kernels of the published runs"): the
-kernels' published rates by card, head width, mask and sequence length (hardware.FLASH_FWD_BWD_TFLOPS), the
+"""Workload.attention_kernel (issue 26, rounds 7-8; docs/planner/rounds.md "Attention kernels of the published runs"):
+the kernels' published rates by card, head width, mask and sequence length (hardware.FLASH_FWD_BWD_TFLOPS), the
 FlashAttention-1-class kernel MosaicML's MPT runs used, the head width flash kernels pad to, and the FLOP count the
 rates are quoted in (causal: half the square; backward 2.5x the forward). Tiny planner-only checks, no search of a
 published table (tests/test_planner_published.py and tests/test_planner_morerows.py check the rows themselves)."""
@@ -131,7 +131,7 @@ def test_flash1_is_refused_where_no_rate_is_published():
 def test_mpt_rows_carry_the_kernel_their_source_names():
     """Every MosaicML row ran llm-foundry's default `attn_impl: triton` (TRITON) but the H100 ">= 128 GPUs" table's
     1B, 3B, 7B and 70B (sweep.py `--attn_impl flash`, flash-attn 2.4.2: FLASH2): the workload's field says which
-    (docs/planner.md "Round 18"), on either card."""
+    (docs/planner/rounds.md "Round 18"), on either card."""
     runs = mpt_runs() + mpt_a100_runs() + mpt_h100_runs()
     assert {r.workload.attention_kernel for r in runs if r.gpu == "a100-80g"} == {AttentionKernel.TRITON}
     flash2 = [r for r in runs if r.workload.attention_kernel is AttentionKernel.FLASH2]

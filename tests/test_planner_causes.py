@@ -1,6 +1,6 @@
 """Issue 26, round 13: the GPT-3 175B candidate causes (hybrid/planner/causes.py) are knobs that price one cost
 more and leave the model as it was once the block ends. Cheap: a 4-layer model, no published row planned (the
-module's own report plans ~200 rows per candidate: docs/planner.md "Round 13" holds its output)."""
+module's own report plans ~200 rows per candidate: docs/planner/rounds.md "Round 13" holds its output)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 H100 is planned with its tensor-core work -- the GEMM curve's asymptote and flash attention -- at the fitted
 fraction of the curve's rate, and nothing else moves: its memory-bound kernels, launches and collectives keep
 their own rates, a fused stack (Megatron / Transformer Engine, Meta's) keeps the curve, and a stated
-`--compute-efficiency` is the rate taken as is (docs/planner.md "Why eager FSDP on H100 was optimistic")."""
+`--compute-efficiency` is the rate taken as is (docs/planner/rounds.md "Why eager FSDP on H100 was optimistic")."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (flash-attn's CrossEntropyLoss, llm-foundry's MPT default) keeps 2 bytes a logit and a fp32 logsumexp a token,
 and its backward writes one bf16 gradient -- where torch's cross-entropy over fp32-upcast logits keeps 6 and needs
 8 more. With it the five MosaicML H100 layouts that ran are planned to fit; without it they are rejected
-(docs/planner.md "Published runs")."""
+(docs/planner/validation.md "Published runs")."""
 
 from __future__ import annotations
 

@@ -85,7 +85,8 @@ def test_planned_step_time_is_within_10_percent_of_the_h200_run(recompute):
 
 def test_the_shipped_h200_profile_plans_the_step_it_was_measured_beside():
     """hybrid/planner/data/h200_calibrated.json (`hybrid calibrate --ranks 1 --base h200` on the H200, run 2) loads
-    as a profile and plans train.py's no-recomputation step at 0.707 s against 0.726 measured (docs/planner.md,
+    as a profile and plans train.py's no-recomputation step at 0.707 s against 0.726 measured
+    (docs/planner/validation.md,
     "One GPU"); it predates the per-kernel field (0 here) and its elementwise rate is the old two-shape solve's."""
     from hybrid.planner.calibrate import load_hardware
     hw = load_hardware(os.path.join(ROOT, "hybrid", "planner", "data", "h200_calibrated.json"), Precision.MIXED)

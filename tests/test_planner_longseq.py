@@ -1,4 +1,4 @@
-"""The long-sequence lean of the planner on MosaicML's MPT tables (issue 26, seventh round; docs/planner.md "Long
+"""The long-sequence lean of the planner on MosaicML's MPT tables (issue 26, seventh round; docs/planner/rounds.md "Long
 sequences" and "Attention kernels of the published runs"): on the rest of the README's A100 80GB table
 (published_more.MPT_A100_MORE) and H100 FP8 table (published.MPT_FP8_TABLE_ROWS), all CHECK rows. planlong found the
 error growing with the sequence length (optimistic beyond s 4096); planattn then priced the A100 runs' attention at
@@ -37,8 +37,8 @@ def test_a100_long_sequence_lean_is_gone_under_the_triton_rate():
     share of FlashAttention-2's published rate, fitted on H100 rows only) the lean of 1B, 3B and 7B with the
     sequence is gone on A100 too: optimistic (+21 to +40 % at s >= 8192) at FlashAttention-2's rate (round 7),
     pessimistic (-15 to -18 % at s 65536) at FlashAttention-1's published bars (round 8), and now every row within
-    15 %, the s 65536 rows within 5 % (docs/planner.md "Round 18"). Pinned so that a change of that rate must update
-    the docs and the known misses with it."""
+    15 %, the s 65536 rows within 5 % (docs/planner/rounds.md "Round 18"). Pinned so that a change of that rate must
+    update the docs and the known misses with it."""
     rows = _a100()
     for size in ("1b", "3b", "7b"):
         by_seq = dict((s, e) for r, s, e in rows if r.name.startswith(f"MPT-{size},"))

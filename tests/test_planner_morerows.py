@@ -1,6 +1,7 @@
 """Issue 26, seventh round: more published runs as CHECK rows (hybrid/planner/published_more.py). Each row is
-predicted and its error reported (docs/planner.md "More check rows, round 7" is the code's table); nothing is fitted
-to them. What holds now is asserted as a ratchet: every published layout is predicted to fit, and every row outside
+predicted and its error reported (docs/planner/rounds.md "More check rows, round 7" is the code's table); nothing is
+fitted to them. What holds now is asserted as a ratchet: every published layout is predicted to fit, and every
+row outside
 KNOWN_MISSES stays within +-15 %. A physics change that brings a miss inside may drop it from KNOWN_MISSES; one
 that pushes a row out must say why. The table's numbers move with the planner's physics: regenerate the docs
 section with `python -m hybrid.planner.published_more`."""
@@ -18,7 +19,7 @@ from hybrid.planner.published_more import (GROUPS, MCORE_VOCAB, MCORE_WEAK, MPT_
                                            miss_table, more_runs, nemo_long_runs, role_summaries, table)
 from hybrid.planner.time import model_flops
 
-# rows outside +-15 % at this commit (docs/planner.md "More check rows, round 7" gives each one's reading)
+# rows outside +-15 % at this commit (docs/planner/rounds.md "More check rows, round 7" gives each one's reading)
 KNOWN_MISSES = {
     # Megatron-Core r0.8.0 weak scaling, planned with the --overlap-grad-reduce it states (round 8): small models
     # optimistic, and the pipeline at p 16 (the 177B +14.5 -> +16.0 % when its DP reduction hid); the 32B at
@@ -41,7 +42,7 @@ KNOWN_MISSES = {
     "torchtitan Llama 3.1 405B, 512 H100 500W, TP 8 x PP 8 x FSDP 1 x CP 8, s 262144, b1 x 8, full",
     # MosaicML: round 8 priced the A100 rows' Triton kernel at FlashAttention-1's bars (long rows -15 to -18 %) and
     # the H100 rows' at FlashAttention-2's x the clock (s >= 16384 +18 to +29 %); round 18's one Triton rate
-    # (AttentionKernel.TRITON, docs/planner.md "Round 18") brought all of them in, and the 760M at s 2048 on one
+    # (AttentionKernel.TRITON, docs/planner/rounds.md "Round 18") brought all of them in, and the 760M at s 2048 on one
     # H100 node (+15.2 %). Left: the 30B at s 8192 on A100 (+19.6 -> +25.5 %), the 83 GB row of the H100 table's
     # reading
     "MPT-30b, s 8192, 8 A100, FSDP z3, b1 x 21, AC"}
@@ -175,9 +176,9 @@ def test_rows_within_15_percent_stay_there_and_the_misses_are_the_known_ones(res
 
 
 def test_docs_section_is_the_table_the_module_prints(results):
-    """docs/planner.md "More check rows, round 7" holds each group's table and summary as the code computes them
+    """docs/planner/rounds.md "More check rows, round 7" holds each group's table and summary as the code computes them
     (regenerate: python -m hybrid.planner.published_more)."""
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner", "rounds.md")) as f:
         docs = f.read()
     everything = []
     for what, rows in GROUPS:
@@ -190,9 +191,9 @@ def test_docs_section_is_the_table_the_module_prints(results):
 
 
 def test_docs_miss_decomposition_is_the_codes(results):
-    """docs/planner.md's miss table (python -m hybrid.planner.published_more --misses): one line per known miss,
+    """docs/planner/rounds.md's miss table (python -m hybrid.planner.published_more --misses): one line per known miss,
     each the code's -- the terms, the DP-hidden what-if and the flash rate the reading in the docs rests on."""
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner", "rounds.md")) as f:
         docs = f.read()
     lines = miss_table([results[r.name] for r in more_runs()]).splitlines()
     assert len(lines) == 2 + len(KNOWN_MISSES)

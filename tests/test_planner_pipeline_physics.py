@@ -1,6 +1,6 @@
 """Pipelines at scale (issue 26): what DeepSpeed's pipeline engine does per micro-batch and per step, priced as
 it runs (hybrid/planner/time.py, the Workload fields `grad_accumulation_fusion` and `overlap_param_gather`), and
-the evidence docs/planner.md "Published runs" gives for MT-NLG: DeepSpeed's TrainSchedule, every transfer a
+the evidence docs/planner/validation.md "Published runs" gives for MT-NLG: DeepSpeed's TrainSchedule, every transfer a
 rendezvous, loses nothing beyond the 1F1B makespan the planner simulates; and the published step ratios pick the
 micro-batch (a 1F1B step scales as m + p - 1)."""
 

@@ -1,6 +1,6 @@
 """The planner on published runs outside shared/reference (hybrid/planner/published.py): the numbers
-docs/planner.md reports ("Published runs") are the ones the code computes, each layout is the published one, the
-fit / check split holds (only the rows that fitted a constant are FIT rows, and each names it), and the Llama 3
+docs/planner/validation.md reports ("Published runs") are the ones the code computes, each layout is the published one,
+the fit / check split holds (only the rows that fitted a constant are FIT rows, and each names it), and the Llama 3
 405B layout's 126 layers go on 16 ranks with the edge stages one layer short, as the paper ran."""
 
 from __future__ import annotations
@@ -109,16 +109,16 @@ DOCUMENTED = {
     "float8 blog Llama 3 8B bf16, 128 H100, FSDP2 + compile (batch, AC: planner's)": ('tp1 pp1 dp128 v1 b1 z3 none', '7578.9', -5.3),
     'torchtitan Llama 3.1 405B, 128 H100 94GB, FSDP 16 x TP 8, b2, full (2024)': ('tp8 pp1 dp16 v1 b2 z3 sp full', '107.3', -1.5),
 }
-# check rows the model misses by more than 15 % (docs/planner.md says why); a fix must move them here
-# MT-NLG's three rows left it in issue 26's second round; MosaicML's 16 MPT rows on H100 (eager FSDP) left it in
+# check rows the model misses by more than 15 % (docs/planner/validation.md and rounds.md say why); a fix must move them
+# here MT-NLG's three rows left it in issue 26's second round; MosaicML's 16 MPT rows on H100 (eager FSDP) left it in
 # the fifth, with the H100's eager clock (hardware.H100_EAGER_CLOCK) fitted on the six single-node ones
 # the rows added for item 3 of the fifth round (more of MosaicML's H100 tables, all CHECK) that miss: the 13B at
 # b 2 without checkpointing on 16 and 64 GPUs (like its 8-GPU fit row, +14.3 %) and two of the three FP8 rows
 # MPT-13B at b 2 on 16 / 64 H100 and OLMo-core 13B left this set with the ZeRO 3 overlap cost (sixth round:
-# +16.4 / +17.0 / +16.0 % -> +0.2 / -0.0 / +10.5 %, docs/planner.md "Overlapped ZeRO 3 collectives are not free")
+# +16.4 / +17.0 / +16.0 % -> +0.2 / -0.0 / +10.5 %, docs/planner/rounds.md "Overlapped ZeRO 3 collectives are not free")
 # round 18 priced llm-foundry's Triton attention at its own rate (AttentionKernel.TRITON): the two FP8 rows at s 8192
-# (+17.8 / +20.4 %) and the FP8 table's two at s 32768 (+29.1 / +30.5 %) came in (docs/planner.md "Round 18"); the
-# 30B at s 8192 (+24.0 %, round 7's unexplained 83.4 GB row) is now one of the Triton share's 16 fit rows, still
+# (+17.8 / +20.4 %) and the FP8 table's two at s 32768 (+29.1 / +30.5 %) came in (docs/planner/rounds.md "Round 18");
+# the 30B at s 8192 (+24.0 %, round 7's unexplained 83.4 GB row) is now one of the Triton share's 16 fit rows, still
 # out (+15.9 %)
 KNOWN_MISSES = {"MPT-30b, s 8192, 8 H100, FSDP z3, b1 x 21, AC"}
 LONG_SEQUENCE_MISSES: set[str] = set()
@@ -150,7 +150,7 @@ def test_each_published_run_predicts_what_the_docs_report(run):
 
 
 def test_docs_table_and_summary_are_the_ones_the_module_prints():
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner", "validation.md")) as f:
         docs = f.read()
     runs = all_runs()
     for run in runs:  # warm the cache so table() and summaries() reuse the plans
@@ -229,7 +229,7 @@ def test_bloom_is_compared_on_step_time_and_llama_on_model_flops():
 
 def test_llama_is_planned_with_flash_attention_and_bloom_with_the_materialised_softmax():
     """BLOOM's Megatron-DeepSpeed (2022) materialised the s x s softmax; at s 8192 the Llama rows assume flash
-    attention (docs/planner.md says so): without it the planner counts 2.1 GB of scores per layer."""
+    attention (docs/planner/validation.md says so): without it the planner counts 2.1 GB of scores per layer."""
     assert RUNS[0].workload.activations is ActivationProfile.KORTHIKANTI
     assert {r.workload.activations for r in RUNS[1:]} == {ActivationProfile.BF16_FLASH}
 
@@ -240,10 +240,10 @@ def test_llama_405b_stages_have_fewer_layers_at_both_ends():
 
 
 def test_docs_held_out_tables_are_the_ones_heldout_computes():
-    """docs/planner.md "Held-out error": the summary over every source (these runs, shared/reference's Narayanan
-    rows, our H200, this CPU) and the H200 rows, recomputed here so the page cannot drift from the code."""
+    """docs/planner/validation.md "Held-out error": the summary over every source (these runs, shared/reference's
+    Narayanan rows, our H200, this CPU) and the H200 rows, recomputed here so the page cannot drift from the code."""
     from hybrid.planner import heldout
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner", "validation.md")) as f:
         docs = f.read()
     rows = heldout.all_rows(check=_check)
     for line in heldout.summary_table(rows).splitlines() + heldout.detail_table(rows).splitlines()[2:]:
@@ -271,8 +271,8 @@ def test_mpt_rows_plan_the_benchmarked_models_and_the_h100_check_rows_hold_with_
     """Each MPT row's model has the table's NumParams exactly -- 12 L d^2 + 13 L d + (V + s) d + 2 d, a GPT-2
     block with learned positions of the row's length, V = 50368. With the H100's eager clock fitted on the six
     single-node rows and the 12 FlashAttention-2 rows (six of them here; their mean log error 0, the Triton share
-    beside it: docs/planner.md "Round 18"), the four 16-512 GPU H100 rows that fit nothing (Triton) are within 15 %,
-    leaning low as round 18's short Triton rows do, and so are the 8 A100 rows."""
+    beside it: docs/planner/rounds.md "Round 18"), the four 16-512 GPU H100 rows that fit nothing (Triton) are within 15
+    %, leaning low as round 18's short Triton rows do, and so are the 8 A100 rows."""
     for _, size, seq, gpus, mb, accum, tokens, zero, checkpointing, _, numparams in MPT_ROWS + MPT_MORE_ROWS + \
             MPT_FP8_ROWS + MPT_FP8_TABLE_ROWS:
         layers, d, _ = MPT_SIZES[size]
@@ -295,11 +295,11 @@ def test_mpt_rows_plan_the_benchmarked_models_and_the_h100_check_rows_hold_with_
 
 
 def test_docs_mpt_decomposition_is_the_one_the_module_prints():
-    """docs/planner.md "Why eager FSDP on H100 was optimistic": every MPT row's step at the curve's full rate,
+    """docs/planner/rounds.md "Why eager FSDP on H100 was optimistic": every MPT row's step at the curve's full rate,
     taken apart into --explain's terms, with the clock (tensor-core work) and the GEMM-only asymptote that would
     make it exact -- the table the cause is read from, recomputed so it cannot drift."""
     from hybrid.planner.published import mpt_decomposition
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner", "rounds.md")) as f:
         docs = f.read()
     lines = mpt_decomposition().splitlines()
     assert len(lines) == 2 + len(MPT_ROWS)
@@ -310,7 +310,8 @@ def test_docs_mpt_decomposition_is_the_one_the_module_prints():
 def test_more_mpt_h100_rows_are_check_rows_planned_as_published():
     """Item 3 of the fifth round: fifteen more rows of MosaicML's H100 BF16 table (16-64 GPUs, s 4096-16384) and three of
     its FP8 table (Transformer Engine linears: --fp8), every one a CHECK row on its published layout, FP8 only
-    where the table says amp_fp8; their errors are what docs/planner.md reports, misses included (KNOWN_MISSES)."""
+    where the table says amp_fp8; their errors are what docs/planner/validation.md reports, misses included
+    (KNOWN_MISSES)."""
     extra = [r for r in all_runs() if r.name.startswith("MPT-")][len(MPT_ROWS):len(MPT_ROWS) + 18]
     assert len(extra) == len(MPT_MORE_ROWS) + len(MPT_FP8_ROWS) == 18
     assert all(r.gpu == "h100-80g" and (r.role is Role.FIT) == r.fits.startswith("TRITON_FLASH2_SHARE")
@@ -322,12 +323,12 @@ def test_more_mpt_h100_rows_are_check_rows_planned_as_published():
 
 
 def test_the_checkpointing_lean_table_is_the_codes():
-    """docs/planner.md "Overlapped ZeRO 3 collectives are not free": the FSDP rows' (ZeRO 2/3) mean error and
+    """docs/planner/rounds.md "Overlapped ZeRO 3 collectives are not free": the FSDP rows' (ZeRO 2/3) mean error and
     spread without and with full checkpointing, fit and check rows apart -- the last column of its table, from the
     plans this module checks (each error rounded as the published table shows it)."""
     import statistics
     from hybrid.planner.layout import ZeroStage
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner.md")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner", "rounds.md")) as f:
         lines = f.read().splitlines()
 
     mpt = [r for r in all_runs() if r.name.startswith("MPT-")]  # the table is the sixth round's rows

@@ -2,7 +2,7 @@
 
 The fast tests check the rows as entered (roles, no repeat of a row the repository holds, the tables' own arithmetic,
 what each release's files state reaching the planned workload) without planning; the slow ones plan all 75 rows
-(~5 s of CPU) and hold docs/planner.md "Round 14: new check rows" to what the code prints, with a ratchet on the
+(~5 s of CPU) and hold docs/planner/rounds.md "Round 14: new check rows" to what the code prints, with a ratchet on the
 misses as tests/test_planner_recipes.py keeps round 11's."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from test_planner_recipes import assert_table_hangs_together
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# rows outside +-15 % with the model as it stood (docs/planner.md "Round 14: new check rows" takes them apart)
+# rows outside +-15 % with the model as it stood (docs/planner/rounds.md "Round 14: new check rows" takes them apart)
 KNOWN_MISSES = {f"torchtitan Llama 3.1 8B, {g} H200, FSDP + compile + Float8, b2, selective-op" for g in (32, 64)}
 # (the 8B at TP 8, bf16, +19.6 %, came in with round 18's DTensor copies: +7.0 %)
 KNOWN_MISSES |= {"torchtitan Llama 3.1 8B, 64 H100 500W, FSDP 8 x async TP 8 + compile, b12, selective-op (2025-06)",
@@ -154,9 +154,9 @@ def test_layouts_are_the_published_ones_and_the_misses_are_the_known_ones(evalua
 
 @pytest.mark.slow
 def test_docs_hold_what_the_module_prints(evaluated):
-    """docs/planner.md "Round 14: new check rows" holds every row and summary line as the code computes them
+    """docs/planner/rounds.md "Round 14: new check rows" holds every row and summary line as the code computes them
     (regenerate: python -m hybrid.planner.published14)."""
-    with open(os.path.join(ROOT, "docs", "planner.md")) as f:
+    with open(os.path.join(ROOT, "docs", "planner", "rounds.md")) as f:
         docs = f.read()
     for line in report(evaluated).splitlines():
         if line.startswith(("| DGXC", "| torchtitan", "| Megatron-Bridge")) or ": " in line and "rows" in line:
@@ -170,7 +170,7 @@ def test_docs_hold_the_causes_what_ifs():
     the H200 rows with the H100's stack clock, the NVLink rate that zeroes each torchtitan TP 8 row, the async-TP
     speed-ups; and none of it reaches a plan (the rows' errors are the same before and after)."""
     from hybrid.planner.published14 import causes
-    with open(os.path.join(ROOT, "docs", "planner.md")) as f:
+    with open(os.path.join(ROOT, "docs", "planner", "rounds.md")) as f:
         docs = f.read()
     before = [run.throughput_error(run.predict()) for run in h200_runs()]
     for line in causes().splitlines():

@@ -3,7 +3,7 @@
 
 The fast tests check the rows as entered (roles, no repeat, the report's own arithmetic, the stated settings
 reaching the workload) and the FSDP2 copy ledger's arithmetic, without planning; the slow ones plan the 14 rows
-(~3 s of CPU) and hold docs/planner.md "Round 15" to what the code prints, with a ratchet on the misses."""
+(~3 s of CPU) and hold docs/planner/rounds.md "Round 15" to what the code prints, with a ratchet on the misses."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from hybrid.planner.published import llama_model
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # rows outside +-15 % with the model as it stands: every KempnerForge row with TP but the 13B weak-scaling ones
-# (docs/planner.md "Round 15" takes them apart)
+# (docs/planner/rounds.md "Round 15" takes them apart)
 KNOWN_MISSES = {r.name for r in runs15() if " TP " in r.name and "13B weak scaling" not in r.name}
 
 
@@ -121,9 +121,9 @@ def test_layouts_are_the_published_ones_and_the_misses_are_the_known_ones(evalua
 
 @pytest.mark.slow
 def test_docs_hold_what_the_module_prints(evaluated):
-    """docs/planner.md "Round 15" holds every row and summary line as the code computes them, and the TP rows'
+    """docs/planner/rounds.md "Round 15" holds every row and summary line as the code computes them, and the TP rows'
     missing-time table (regenerate: python -m hybrid.planner.published15 [--tp-missing])."""
-    with open(os.path.join(ROOT, "docs", "planner.md")) as f:
+    with open(os.path.join(ROOT, "docs", "planner", "rounds.md")) as f:
         docs = f.read()
     for line in report(evaluated).splitlines():
         if line.startswith("| KempnerForge") or ": " in line and "rows" in line:

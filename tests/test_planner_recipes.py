@@ -1,7 +1,7 @@
 """Issue 26, round 11: NVIDIA's DGX Cloud performance recipes (hybrid/planner/published_recipes.py) as CHECK rows.
 
 The fast tests check the rows as entered (roles, the tables' own arithmetic, what each recipe's files state reaching
-the planned workload) without planning; the slow ones plan all 138 rows (~12 s of CPU) and hold docs/planner.md
+the planned workload) without planning; the slow ones plan all 138 rows (~12 s of CPU) and hold docs/planner/rounds.md
 "Check rows, round 11" to what the code prints, with a ratchet on the misses like tests/test_planner_morerows.py."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hybrid.planner.published_recipes import (LOGGED_MEMORY, TABLES, evaluate_al
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# rows outside +-15 % with the recipes' stated settings (docs/planner.md "Check rows, round 11" reads each group)
+# rows outside +-15 % with the recipes' stated settings (docs/planner/rounds.md "Check rows, round 11" reads each group)
 KNOWN_MISSES = {f"DGXC 24.11.1 GPT3-175B BF16, {g} H100, t4 p8 v12, b1, GBS {2 * g}" for g in (128, 256, 512, 1024, 2048)}
 KNOWN_MISSES |= {f"DGXC 24.11.1 GPT3-175B FP8, {g} H100, t4 p8 v12, b1, GBS {2 * g}" for g in (512, 1024, 2048)}
 KNOWN_MISSES |= {f"DGXC 25.04.01 GPT3-175B BF16, {g} H100, t4 p8 v6, b1, GBS {2 * g}" for g in (128, 256, 512, 1024,
@@ -141,9 +141,9 @@ def test_layouts_are_the_published_ones_and_the_misses_are_the_known_ones(evalua
 
 @pytest.mark.slow
 def test_docs_hold_what_the_module_prints(evaluated):
-    """docs/planner.md "Check rows, round 11" holds every row, each table's summary and the group lines as the code
-    computes them (regenerate: python -m hybrid.planner.published_recipes)."""
-    with open(os.path.join(ROOT, "docs", "planner.md")) as f:
+    """docs/planner/rounds.md "Check rows, round 11" holds every row, each table's summary and the group lines as the
+    code computes them (regenerate: python -m hybrid.planner.published_recipes)."""
+    with open(os.path.join(ROOT, "docs", "planner", "rounds.md")) as f:
         docs = f.read()
     for line in report(evaluated).splitlines():
         if line.startswith(("| DGXC", "DGXC", "round-11", "all round-11")):

@@ -113,8 +113,9 @@ def test_reference_data_ships_with_the_repository():
 
 @pytest.mark.slow  # prints the searched best layouts (module doc)
 def test_docs_tables_are_the_ones_the_module_prints(checks):
-    """docs/planner.md's ZeRO and Narayanan tables are `python -m hybrid.planner.reference`'s, line for line."""
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    """docs/planner/validation.md's ZeRO and Narayanan tables are `python -m hybrid.planner.reference`'s, line for
+    line."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "planner" / "validation.md").read_text()
     table = megatron_table([checks[row.params_billion] for row in megatron_rows(REFERENCE)])
     for line in zero_table(zero_rows(REFERENCE)).splitlines()[2:] + table.splitlines()[2:]:
         assert line in docs

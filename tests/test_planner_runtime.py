@@ -348,8 +348,8 @@ def test_the_headline_configuration_matches_the_planner(headline):
 
 
 def _docs_row(name: str, tp: int, pp: int, sp: bool, kind: ScheduleKind, m: int, pp_rank: int) -> str:
-    """One line of docs/planner.md's table: the planner's activations (no / selective / full recomputation), DP
-    calls (ZeRO 0 all-reduce; ZeRO 1-3 all-gather + reduce-scatter) and TP calls (none, ZeRO 0 / full, ZeRO 3)."""
+    """One line of docs/planner/validation.md's table: the planner's activations (no / selective / full recomputation),
+    DP calls (ZeRO 0 all-reduce; ZeRO 1-3 all-gather + reduce-scatter) and TP calls (none, ZeRO 0 / full, ZeRO 3)."""
     dp = WORLD // (tp * pp)
     acts = [_predicted(name, tp, pp, sp, kind, m, z, r)[2].ranks[pp_rank].activations
             for z, r in ((0, NONE), (1, SELECTIVE), (3, FULL))]
@@ -370,10 +370,10 @@ def _docs_row(name: str, tp: int, pp: int, sp: bool, kind: ScheduleKind, m: int,
 
 
 def test_docs_table_is_the_planners_prediction_of_every_layout():
-    """docs/planner.md "Validation against the runtime": each row is the planner's prediction, which the tests
-    above hold equal to the runtime's measurement on every rank -- so the page moves with the code (its ZeRO 3
+    """docs/planner/validation.md "Validation against the runtime": each row is the planner's prediction, which the
+    tests above hold equal to the runtime's measurement on every rank -- so the page moves with the code (its ZeRO 3
     counts had gone stale when the engine stopped regathering embedding-lookup units in backward)."""
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "planner" / "validation.md").read_text()
     for name, tp, pp, sp, kind, m in LAYOUTS:
         for pp_rank in range(pp):
             assert _docs_row(name, tp, pp, sp, kind, m, pp_rank) in docs

@@ -2,7 +2,7 @@
 fused (`--kernels`): PyTorch-native training -- eager or torch.compile'd -- runs at the device's eager clock
 (h100-80g: H100_EAGER_CLOCK, fitted on MosaicML's six single-node MPT rows, not refitted), Megatron / Transformer
 Engine at the curve. `--stack auto` (the default): eager kernels are PyTorch-native, the korthikanti profile
-Megatron's, and otherwise a ZeRO 3 (FSDP) layout PyTorch-native (docs/planner.md "The software stack")."""
+Megatron's, and otherwise a ZeRO 3 (FSDP) layout PyTorch-native (docs/planner/rounds.md "The software stack")."""
 
 from __future__ import annotations
 
@@ -94,13 +94,13 @@ def test_auto_gives_each_published_row_its_stack_but_nemos_fsdp_row():
 
 
 def test_the_docs_table_of_auto_on_the_clocked_fused_rows_is_the_codes():
-    """docs/planner.md "The software stack": every fused row on a clocked card, its stated stack and auto, as
+    """docs/planner/rounds.md "The software stack": every fused row on a clocked card, its stated stack and auto, as
     printed by `python -m hybrid.planner.published --auto-stack`; auto gives every row its stated error but NeMo's
     Megatron FSDP 8B."""
     from pathlib import Path
     from hybrid.planner.published import auto_stack_table
     table = auto_stack_table()
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "planner" / "rounds.md").read_text()
     assert table in docs
     for line in table.splitlines()[2:]:
         stated, auto = line.split("|")[3], line.split("|")[5]

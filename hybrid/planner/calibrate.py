@@ -46,8 +46,8 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   (hardware.sync_wait_seconds; `hybrid plan --explain`'s tp_wait). Timing every call after a 10 ms burst, as
   calibrate did before, read an 8-byte all-reduce at 1.9 ms on this 2-core VM (quiet), the wait of a 10 ms
   burst, and charged it to TP all-reduces a ~1 ms layer part apart: every 2-rank layout was planned slow,
-  tp 2 at b 1 by 1 / 0.76 (docs/planner.md, "The ranks' skew at a collective"). Not with more ranks than cores
-  (the scheduler's waits: the shared-compute bound) or nccl.
+  tp 2 at b 1 by 1 / 0.76 (docs/planner/validation.md, "The ranks' skew at a collective"). Not with more ranks than
+  cores (the scheduler's waits: the shared-compute bound) or nccl.
 
 * gloo only, every pair of ranks (0, 1), (2, 3), ... at once (`pair_comm_cpu`): the CPU seconds a rank burns per
   TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per

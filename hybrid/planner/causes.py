@@ -1,6 +1,6 @@
 """Candidate causes of the GPT-3 175B miss (issue 26, round 13), each priced on every row it would move.
 
-    python -m hybrid.planner.causes          # docs/planner.md "Round 13: GPT-3 175B, the candidate causes"
+    python -m hybrid.planner.causes          # docs/planner/rounds.md "Round 13: GPT-3 175B, the candidate causes"
     python -m hybrid.planner.causes 0 2      # only those candidates (their index in candidates())
     python -m hybrid.planner.causes --nemo-settings   # NeMo 24.07's GPT-3 row with the DGXC YAML's settings
     python -m hybrid.planner.causes --one-layer-chunks   # NeMo's one-layer-a-chunk rows at the two fixed-cost probes
@@ -131,7 +131,7 @@ def gpt3_probe_rows() -> list[PublishedRun]:
 
 
 def affected_groups() -> list[tuple[str, list[PublishedRun]]]:
-    """The check rows each knob moves, grouped as docs/planner.md reports them."""
+    """The check rows each knob moves, grouped as docs/planner/rounds.md reports them."""
     from hybrid.planner.published_recipes import TABLES, table_runs
     return [("DGXC GPT-3 175B", [r for t in TABLES if t.model == "GPT3-175B" for r in table_runs(t)]),
             ("DGXC other models, pipelined (pp > 1)",
@@ -192,7 +192,7 @@ def nemo_settings_what_if() -> list[str]:
     return out
 
 
-# the medians report() prints for candidates 0 and 1 (docs/planner.md "Round 13"): probes, never shipped
+# the medians report() prints for candidates 0 and 1 (docs/planner/rounds.md "Round 13"): probes, never shipped
 HANDOFF_PROBE_S, LAYER_PASS_PROBE_S = 0.283e-3, 0.371e-3
 
 

@@ -186,7 +186,8 @@ def _torch_ring(hw, group: GroupPlacement, kv_elements: int, cp: int, fwd: float
     backward, `bwd`); the fp32 dK, dV accumulator (2 kv) goes to the next rank by an all-to-all permute after each of
     the c steps, waited after the next step's compute, and the last one after the loop: exposed.
     (transfer, exposed) seconds. Time only: the caller keeps the ACCUMULATOR ring's buffer bytes (4 kv of the kv
-    heads); the gathered c kv and the repeated heads' bytes are not on the memory side (docs/planner.md, round 9)."""
+    heads); the gathered c kv and the repeated heads' bytes are not on the memory side (docs/planner/rounds.md,
+    round 9)."""
     kv = kv_elements * BF16
     gather = collective_seconds(hw, Collective.ALL_GATHER, cp * kv, group)
     acc = p2p_seconds(hw, kv_elements * 4, group.spans_nodes)  # the fp32 dK, dV of one step (permute_tensor)

@@ -1,7 +1,7 @@
 """The planner's error on every published row the repository holds, by family (the runtime that ran it) and card,
 and on the slices issue 26's held-out set is drawn from (issue 26, round 16).
 
-    python -m hybrid.planner.families           # docs/planner.md "Round 16: held-out families"
+    python -m hybrid.planner.families           # docs/planner/rounds.md "Round 16: held-out families"
 
 Issue 26's acceptance is judged on published runs the repository has not seen: "Megatron / DeepSpeed pipelines at
 2,000-3,400 GPUs and FSDP runs at 8-64 GPUs, A100 and H100, 2-, 3- and 4-way layouts". This module gathers every

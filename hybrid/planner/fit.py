@@ -8,7 +8,7 @@ H100_EAGER_CLOCK and TRITON_FLASH2_SHARE: the MosaicML rows published.mpt_fits n
 tests/test_planner_fit.py re-runs each fit and checks hardware.py holds its result. The two MosaicML constants are
 fitted jointly: the clock's six single-node rows ran the Triton kernel and the share's rows run under the clock, so
 each is fitted with the other at its shipped value, and the shipped pair is where both fits agree (joint_fit
-alternates them from any start: docs/planner.md "Round 18").
+alternates them from any start: docs/planner/rounds.md "Round 18").
 
 | constant | fitted to | how |
 |---|---|---|

@@ -110,7 +110,7 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   H100_500W_CLOCK's 0.9895: within tests/test_planner_fit.py's 0.002, kept; round 8's flash rates by sequence
 #   length and head width, which run FlashAttention-2 slower at s 2048-8192 than the flat 0.35 did, refit it
 #   0.689 -> 0.708 with KERNEL_OVERHEAD_S 7.78 -> 5.37 us and A100_EFFICIENCY 0.706 -> 0.700). Why a clock and not
-#   a term of its own (docs/planner.md "Why eager FSDP on H100 was optimistic"): the loss is the same fraction of the step at 1B
+#   a term of its own (docs/planner/rounds.md "Why eager FSDP on H100 was optimistic"): the loss is the same fraction of the step at 1B
 #   and 70B, 8 and 512 GPUs, with attention 5-27 % of
 #   the step -- a uniform slowdown of tensor-core work -- and the same software on A100 is priced right by an
 #   asymptote that was itself fitted to a sustained training step, where XLA's H100 table is a kernel benchmark (a
@@ -141,7 +141,7 @@ A100_FLASH, HOPPER_FLASH = 189.0 / 312.0, 328.0 / 989.0
 #   slower than CUDA forward + backward" (its forward faster, its backward slower); the figure's "FlashAttention
 #   Triton" bar is a different kernel, OpenAI's `triton.ops.flash_attention` (the repository's
 #   benchmarks/benchmark_flash_attention.py at 60499ab imports it), and has no H100 bar. Not fitted
-#   (docs/planner.md "Attention kernels of the published runs").
+#   (docs/planner/rounds.md "Attention kernels of the published runs").
 FLASH1_A100 = 83.0 / 312.0  # FLASH1's share of the A100's peak at 16k, causal, head 128 (Figure 4(d))
 # * TRITON_FLASH2_SHARE: llm-foundry's `attn_impl: triton` (AttentionKernel.TRITON, the kernel every MosaicML row
 #   but the ">= 128 GPUs" table's 1B / 3B / 7B / 70B ran) has no published rate on any card; it runs at this share
@@ -149,8 +149,8 @@ FLASH1_A100 = 83.0 / 312.0  # FLASH1's share of the A100's peak at 16k, causal, 
 #   and 0.541 x 189 = 102 on A100 at 16k, causal, head 128. **Fitted** (mean log throughput error 0) on MosaicML's
 #   16 bf16 H100 Triton rows at s >= 8192 (attention a large share of the step; fit.fit_triton_flash2_share, the
 #   rows naming it in published.py / published_more.py), with H100_EAGER_CLOCK fixed; the two are fitted
-#   alternately to a joint point (docs/planner.md "Round 18"). The share is of the unclocked rate: it was fitted on
-#   PyTorch-native rows, so the stack's clock is in it (AttentionKernel.stack_clocked). The A100 rows were not
+#   alternately to a joint point (docs/planner/rounds.md "Round 18"). The share is of the unclocked rate: it was fitted
+#   on PyTorch-native rows, so the stack's clock is in it (AttentionKernel.stack_clocked). The A100 rows were not
 #   fitted: they check that the kernel scales between the cards as FlashAttention-2's bars do.
 TRITON_FLASH2_SHARE = 0.5424
 HOPPER_FP8_TFLOPS = 1979.0

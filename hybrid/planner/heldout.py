@@ -1,7 +1,7 @@
 """Held-out validation: every row the planner's time model is compared with, each a FIT or a CHECK row, in one
 table, and the error on the check rows reported apart from the fit rows'.
 
-    python -m hybrid.planner.heldout        # prints docs/planner.md "Held-out error" (tests/test_planner_published.py checks)
+    python -m hybrid.planner.heldout        # prints docs/planner/validation.md "Held-out error" (tests/test_planner_published.py checks)
 
 Issue 26's rule is "fit on some rows, check on others". A FIT row set one constant of the model and names it
 (`Row.fits`; hybrid/planner/fit.py re-derives each constant from its row -- or rows: the H100's eager clock is

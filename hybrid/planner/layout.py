@@ -73,7 +73,7 @@ class TpPlan(enum.Enum):
 class Zero3Runtime(enum.Enum):
     """Which runtime shards the parameters at ZeRO 3 (`Workload.zero3_runtime`; None there: no copies priced, the
     default): what it copies through HBM on the compute stream around its gathers and reduce-scatters
-    (time.zero3_copy_bytes; docs/planner.md "Round 16: the ZeRO 3 runtimes' copies").
+    (time.zero3_copy_bytes; docs/planner/rounds.md "Round 16: the ZeRO 3 runtimes' copies").
 
     HYBRID: this runtime's ZeroOptimizer (hybrid/zero): a unit's all-gather lands in its flat buffer, of which every
         parameter is a view (units.FlatUnit.bind: no copy-out), and the post-accumulate-grad hook copies each
@@ -279,7 +279,7 @@ class Workload:
             time is still torch's. The bf16-flash profile only; the planner only.
         attention_kernel: which flash-attention kernel times the attention core (hardware.AttentionKernel):
             FLASH2 (FlashAttention-2 / SDPA, the default), FLASH1 (flash-attn 1.x) or TRITON (llm-foundry's
-            `attn_impl: triton`, as MosaicML's published MPT runs used: docs/planner.md "Attention kernels of the
+            `attn_impl: triton`, as MosaicML's published MPT runs used: docs/planner/rounds.md "Attention kernels of the
             published runs", "Round 18"); its rate and its padded head width. The planner only (the API; no flag).
         cp_ring: which ring implementation runs context parallelism (RingSchedule): None picks by stack
             (context.ring_schedule: Megatron's Transformer Engine ring, or this runtime's on the PyTorch stack);
@@ -301,7 +301,8 @@ class Workload:
             `--zero3-runtime`; time.zero3_copy_bytes): None (the default) prices none, as every round before 16 did
             -- round 16 measured the what-if (FSDP2's copies on the published rows, H100_500W_CLOCK refitted with
             them) and it did not improve the check rows without a family getting worse, so the model's default is
-            unchanged (docs/planner.md "Round 16: the ZeRO 3 runtimes' copies"; hybrid/planner/published16_zero3.py
+            unchanged (docs/planner/rounds.md "Round 16: the ZeRO 3 runtimes' copies";
+            hybrid/planner/published16_zero3.py
             classifies each published ZeRO 3 row's runtime from its source). Only ZeRO 3 with dp > 1 reads it.
         tp_plan: how the runtime's TP feeds the column-parallel projections (TpPlan): BLOCK (the default: one
             all-gather of each block's input under SP, Megatron, this runtime, torchtitan) or PROJECTION (one per
@@ -413,7 +414,7 @@ class Workload:
         `--stack auto` (None): PyTorch-native when the kernels are eager (no Megatron run is); Megatron for the
         korthikanti profile (Megatron's own activations, materialised softmax); else PyTorch-native when the
         layout shards parameters (ZeRO 3: PyTorch FSDP, with or without TP / PP, as every published torchtitan,
-        MPT, OLMo-core and fms-fsdp run in docs/planner.md), Megatron otherwise (ZeRO 0-2: its distributed
+        MPT, OLMo-core and fms-fsdp run in docs/planner/validation.md), Megatron otherwise (ZeRO 0-2: its distributed
         optimizer).
         Each layout of a search is priced as the stack that runs it. The one published row this rule gets wrong
         states its stack (NeMo's Megatron FSDP 8B: megatron)."""

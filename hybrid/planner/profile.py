@@ -168,7 +168,7 @@ profile says which fields did.
       --precision fp32 --emit-args                                 # the fastest layout, as train.py flags
   hybrid calibrate --ranks 1 --base h200 --out h200.json           # one GPU; the node's links from the preset
 
-How each number is measured and fitted: docs/planner.md, "Calibration"."""
+How each number is measured and fitted: docs/planner/validation.md, "Calibration"."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

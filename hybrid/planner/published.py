@@ -1,6 +1,6 @@
 """The planner on published runs that are not in shared/reference: other models, GPUs, frameworks, schedules.
 
-    python -m hybrid.planner.published        # prints the table of docs/planner.md "Published runs"
+    python -m hybrid.planner.published        # prints the table of docs/planner/validation.md "Published runs"
     python -m hybrid.planner.published --mpt-decomposition   # "Why eager FSDP on H100 was optimistic"
 
 Held-out discipline, in code: every run has a `Role`. FIT rows may set a constant of the model -- each names the
@@ -226,7 +226,7 @@ def mtnlg_runs() -> list[PublishedRun]:
     ZeRO 0 or 1 (not stated).
 
     The micro-batch is not stated. It is taken as 2 (MTNLG_MICRO_BATCH) from the rows' own step ratios, a
-    discrete choice made with these rows in view (docs/planner.md says so beside their errors): at a fixed
+    discrete choice made with these rows in view (docs/planner/validation.md says so beside their errors): at a fixed
     per-micro-batch cost a step scales as m + p - 1, and the published 60.1 / 44.4 s = 1.354 is b 2's 154 / 114 =
     1.351, not b 1's 274 / 194 = 1.412 or b 4's 94 / 74 = 1.270 (tests/test_planner_pipeline_physics.py). BLOOM's
     team picked b 2 on the same framework and GPU. Before issue 26's second round the rows were planned at b 1."""
@@ -460,7 +460,7 @@ TRITON_FIT_SEQ = 8192  # the Triton share's rows: attention a large share of the
 
 
 def mpt_attention_kernel(gpu: str, size: str, gpus: int) -> AttentionKernel:
-    """The attention kernel of a MosaicML row (docs/planner.md "Attention kernels of the published runs"): every
+    """The attention kernel of a MosaicML row (docs/planner/rounds.md "Attention kernels of the published runs"): every
     table ran llm-foundry's default `attn_impl: triton` (submit_benchmarks.py, TRITON) but the H100 ">= 128 GPUs"
     table's 1B, 3B, 7B and 70B, whose sweep.py (5e85bd6) passes `--attn_impl flash` with flash-attn 2.4.2."""
     if gpu.startswith("h100") and gpus >= 128 and size in FLASH2_AT_SCALE:
@@ -469,8 +469,8 @@ def mpt_attention_kernel(gpu: str, size: str, gpus: int) -> AttentionKernel:
 
 
 def mpt_fits(gpu: str, size: str, seq: int, gpus: int, fp8: bool, single_node_table: bool) -> str:
-    """The constant a MosaicML row fits (docs/planner.md "Round 18"), "" for a check row. H100_EAGER_CLOCK: the six
-    single-node rows of published.py's first H100 table (`single_node_table`, MPT_FIT_GPUS) and the 12
+    """The constant a MosaicML row fits (docs/planner/rounds.md "Round 18"), "" for a check row. H100_EAGER_CLOCK: the
+    six single-node rows of published.py's first H100 table (`single_node_table`, MPT_FIT_GPUS) and the 12
     FlashAttention-2 rows (a kernel with a published H100 rate: the clock is all that is unknown there).
     TRITON_FLASH2_SHARE: the bf16 H100 Triton rows at s >= TRITON_FIT_SEQ (16), the six excepted. On A100 none."""
     if gpu != "h100-80g":
@@ -547,7 +547,7 @@ def _fsdp(name: str, source: str, arch: tuple, seq: int, gpus: int, global_batch
 
 
 def heldout_h100_runs() -> list[PublishedRun]:
-    """A reviewer's held-out PyTorch-native runs on H100 (issue 26, sixth round; docs/planner.md "The software
+    """A reviewer's held-out PyTorch-native runs on H100 (issue 26, sixth round; docs/planner/rounds.md "The software
     stack"), from teams, software and clusters other than the rows any constant was fitted on; all CHECK rows,
     nothing fitted to them. Caveats, as published:
 
@@ -587,7 +587,7 @@ def _plan_on(run: PublishedRun, hw) -> Plan:
 
 
 def mpt_decomposition() -> str:
-    """Why the H100 MPT rows were optimistic (docs/planner.md "Why eager FSDP on H100 was optimistic"): each MPT
+    """Why the H100 MPT rows were optimistic (docs/planner/rounds.md "Why eager FSDP on H100 was optimistic"): each MPT
     row planned at the curve's full rate (eager clock 1), its step taken apart into the `--explain` terms (% of the
     step), its error then, and the clock that would make it exact -- applied to the tensor-core work (GEMMs and
     flash attention, as Hardware.eager_clock is) and, for comparison, to the GEMMs alone."""
@@ -622,7 +622,7 @@ def auto_stack_runs() -> list[PublishedRun]:
 
 def auto_stack_table() -> str:
     """auto_stack_runs planned with their stated stack (or none: auto) and with `--stack auto`
-    (docs/planner.md "The software stack")."""
+    (docs/planner/rounds.md "The software stack")."""
     lines = ["| row | stated stack | error | auto's stack | error under auto |", "|---|---|---|---|---|"]
     for run in auto_stack_runs():
         auto = replace(run, workload=replace(run.workload, stack=None))
@@ -641,8 +641,8 @@ def all_runs() -> list[PublishedRun]:
 
 
 def more_check_runs() -> list[PublishedRun]:
-    """Issue 26's seventh-round CHECK rows (published_more.py, docs/planner.md "More check rows, round 7"): kept out
-    of all_runs() so the tables above stay the ones this module prints; they fit nothing."""
+    """Issue 26's seventh-round CHECK rows (published_more.py, docs/planner/rounds.md "More check rows, round 7"): kept
+    out of all_runs() so the tables above stay the ones this module prints; they fit nothing."""
     from hybrid.planner.published_more import more_runs
     return more_runs()
 
@@ -696,7 +696,7 @@ def summary(errors: list[float]) -> Summary:
 
 
 def summaries(runs: list[PublishedRun]) -> str:
-    """The fit rows and the check rows, reported apart (docs/planner.md)."""
+    """The fit rows and the check rows, reported apart (docs/planner/validation.md)."""
     errors = {role: [check(r)[2] for r in runs if r.role is role] for role in Role}
     return "\n".join(summary(errors[role]).line(f"{role.value} rows") for role in Role if errors[role])
 

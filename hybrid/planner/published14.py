@@ -1,6 +1,6 @@
 """Published runs new to the repository, CHECK rows only (issue 26, round 14): the model as it stood, unchanged.
 
-    python -m hybrid.planner.published14        # the tables of docs/planner.md "Round 14: new check rows"
+    python -m hybrid.planner.published14        # the tables of docs/planner/rounds.md "Round 14: new check rows"
     python -m hybrid.planner.published14 --explain   # each miss's step in --explain's terms (the same section)
     python -m hybrid.planner.published14 --causes    # the what-ifs that read the misses (the same section)
 
@@ -40,8 +40,13 @@ Sources, each read at the commit named:
   activation checkpointing by op) with `--training.local_batch_size=2 --training.compile --model.converters=float8
   --float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp`; TPS a GPU and memory
   at iteration 100. Planned as published.py plans torchtitan's H100 rows (FSDP2 = ZeRO 3, --stack pytorch,
-  torch.compile = FUSED, Float8 = --fp8) on the h200 preset. Not modelled: the float8 all-gather (FSDP moves 1-byte
-  weights, the planner 2-byte ones) and `force_recompute_fp8_weight_in_bwd`.
+  torch.compile = FUSED, Float8 = --fp8) on the h200 preset, and the loss compiled (round 19): at e7c0cae
+  `--training.compile` also compiles the loss (torchtitan/components/loss.py, build_cross_entropy_loss:
+  `torch.compile(cross_entropy_loss)`, the fp32 upcast inside it), which keeps the bf16 logits and a logsumexp a
+  token rather than fp32 copies -- Workload.fused_cross_entropy, memory only (Dec 2024's 9dec370 ran it eager:
+  train.py, "compiling loss function causes CUDA errors, turning off for now"). Not modelled: the float8
+  all-gather (FSDP moves 1-byte weights, the planner 2-byte ones) and `force_recompute_fp8_weight_in_bwd`
+  (deprecated in the run's torchao 0afa4c1: its config warns, the linear does not read it).
 
 * pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (commit 2887250, June 2025) and the
   table it shows, assets/images/async-tp-perf-06-14-2025.png (added at 5ecb74e; read off the image): the PyTorch
@@ -64,7 +69,7 @@ Sources, each read at the commit named:
   published_more._nemo plan the same tables' other containers: Megatron-core + TE, ZeRO 0 / 1 and recomputation
   the planner's (not stated).
 
-Looked at and not added (docs/planner.md "Round 14: new check rows" says why): later dgxc-benchmarking releases
+Looked at and not added (docs/planner/rounds.md "Round 14: new check rows" says why): later dgxc-benchmarking releases
 (v25.07 on) print no H100 tables; its MoE (Grok 1, DeepSeek V3, Llama 4), Nemotron-H and JAX (MaxText, PAXML)
 recipes; NeMo's performance_summary.md at 070a0bb
 (the 24.07 table published_more.py holds); Megatron-Bridge's H100 MoE rows (GPT-OSS, Qwen3) and its SFT / LoRA
@@ -187,11 +192,12 @@ H200_ROWS = ((4, 10938, 47.96), (8, 10753, 46.97))
 
 def h200_runs() -> list[PublishedRun]:
     """Trainy's torchtitan Llama 3.1 8B on H200: FSDP over 32 / 64 ranks, local batch 2, s 8192, selective AC by
-    op (the toml's), torch.compile, Float8."""
-    return [_torchtitan(f"torchtitan Llama 3.1 8B, {8 * hosts} H200, FSDP + compile + Float8, b2, selective-op",
+    op (the toml's), torch.compile -- the loss's too (the module doc: Workload.fused_cross_entropy) --, Float8."""
+    runs = [_torchtitan(f"torchtitan Llama 3.1 8B, {8 * hosts} H200, FSDP + compile + Float8, b2, selective-op",
                         H200_SOURCE, LLAMA3_8B, 8192, 8 * hosts, 2, Recompute.SELECTIVE_OP, float(tps), "h200",
                         kernels=KernelProfile.FUSED, fp8=True, memory_gib=memory)
             for hosts, tps, memory in H200_ROWS]
+    return [replace(run, workload=replace(run.workload, fused_cross_entropy=True)) for run in runs]
 
 
 BRIDGE_SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at 067f987 (DGX-H100, FP8), "
@@ -337,7 +343,7 @@ def explain(results: list[Result], band: float = 0.10) -> str:
 
 
 def causes() -> str:
-    """What-ifs that read the misses (docs/planner.md "Round 14: new check rows"), never fits: nothing uses them.
+    """What-ifs that read the misses (docs/planner/rounds.md "Round 14: new check rows"), never fits: nothing uses them.
 
     * torchtitan on H200: the h200 preset carries no PyTorch stack clock (Hardware.eager_clock 1.0) where both H100
       presets carry H100_EAGER_CLOCK; the row with that clock on GEMMs and flash, on each alone, and the clock

@@ -1,13 +1,13 @@
 """Issue 26, round 15: the PyTorch-native (FSDP / torchtitan) family -- new CHECK rows and the candidate mechanisms.
 
-    python -m hybrid.planner.published15               # the new rows (docs/planner.md "Round 15")
+    python -m hybrid.planner.published15               # the new rows (docs/planner/rounds.md "Round 15")
     python -m hybrid.planner.published15 --family      # every PyTorch-native row the repository holds, by table
     python -m hybrid.planner.published15 --mechanisms  # each candidate mechanism priced on those rows
     python -m hybrid.planner.published15 --tp-missing  # the KempnerForge TP rows' missing time, per layer
 
 The model is unchanged this round: every row below is a `Role.CHECK` row, entered from its source and planned
 before its error was read; nothing was fitted to it, and the mechanisms are what-ifs (nothing in the planner reads
-them). docs/planner.md "Round 15" says why no mechanism was landed.
+them). docs/planner/rounds.md "Round 15" says why no mechanism was landed.
 
 Source of the new rows, read at the commit named:
 

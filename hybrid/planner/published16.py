@@ -1,7 +1,7 @@
 """Issue 26, round 16: new CHECK rows of the held-out kind "FSDP runs at 8-64 GPUs, A100" -- MosaicML's A100 40GB
 table, which rounds 7 and 14 left out for want of a 40 GB card, and IBM fms-fsdp's A100 rows.
 
-    python -m hybrid.planner.published16        # the rows, planned (docs/planner.md "Round 16: held-out families")
+    python -m hybrid.planner.published16        # the rows, planned (docs/planner/rounds.md "Round 16: held-out families")
     python -m hybrid.planner.published16 --pairs   # the rows the 80 GB and 40 GB tables share, side by side
     python -m hybrid.planner.published16 --flash1-what-if   # the A100 Triton flash rate: fit 80 GB, check 40 GB
     python -m hybrid.planner.published16 --h100-triton-what-if  # the H100 Triton flash rate: fit bf16, check FP8

@@ -1,5 +1,5 @@
 """Issue 26, round 16: the ZeRO 3 runtimes' copies on the compute stream, priced on every published ZeRO 3 row, with
-the constant they move refitted -- a what-if, measured and not landed (docs/planner.md "Round 16: the ZeRO 3
+the constant they move refitted -- a what-if, measured and not landed (docs/planner/rounds.md "Round 16: the ZeRO 3
 runtimes' copies").
 
     python -m hybrid.planner.published16_zero3              # each family's error: today, with the copies, refitted

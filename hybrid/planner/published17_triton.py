@@ -1,5 +1,5 @@
 """Round 17 (issue 26): the H100 eager clock fitted on the FlashAttention-2 rows alone -- the what-if of round 17
-that round 18 did not land (docs/planner.md "Round 17: one Triton rate on both cards", "Round 18").
+that round 18 did not land (docs/planner/rounds.md "Round 17: one Triton rate on both cards", "Round 18").
 
     python -m hybrid.planner.published17_triton            # the pair with the clock on the 12 rows, by group
     python -m hybrid.planner.published17_triton --six-rows-clock  # the pair with the clock on its six rows alone
@@ -28,7 +28,8 @@ from hybrid.planner.fit import fit_triton_flash2_share, mosaicml_device, mosaicm
 from hybrid.planner.hardware import H100_EAGER_CLOCK, TRITON_FLASH2_SHARE, AttentionKernel
 from hybrid.planner.published import PublishedRun, Role, _plan_on, summary
 
-# what the what-ifs give (docs/planner.md "Round 17: one Triton rate on both cards"; tests/test_planner17_triton.py)
+# what the what-ifs give (docs/planner/rounds.md "Round 17: one Triton rate on both cards";
+# tests/test_planner17_triton.py)
 CLOCK_FITTED, TRITON_SHARE_FITTED = 0.7139, 0.5496
 CARD = "h100-80g"  # the preset H100_EAGER_CLOCK is fitted for; the 500 W part and the H200 are left as they are
 LONG = 8192

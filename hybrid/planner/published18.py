@@ -1,5 +1,5 @@
-"""Round 18 (issue 26, planner18b): two what-ifs (docs/planner.md "Round 18: DTensor SP's copies"); the first
-landed in round 19 (hardware.LARGE_GEMM_FLOPS / H100_LARGE_GEMM_RATIO, the clocks refitted with it:
+"""Round 18 (issue 26, planner18b): two what-ifs (docs/planner/rounds.md "Round 18: DTensor SP's copies"); the
+first landed in round 19 (hardware.LARGE_GEMM_FLOPS / H100_LARGE_GEMM_RATIO, the clocks refitted with it:
 docs/planner/round19-gemm-ceiling.md), and this module keeps its data.
 
     python -m hybrid.planner.published18             # the GEMM shapes and their sources

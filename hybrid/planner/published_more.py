@@ -1,13 +1,13 @@
 """More published runs, CHECK rows but MosaicML's H100 fit rows (issue 26, seventh round): where does the planner
 miss on runs nobody fitted?
 
-    python -m hybrid.planner.published_more     # the table of docs/planner.md "More check rows, round 7"
+    python -m hybrid.planner.published_more     # the table of docs/planner/rounds.md "More check rows, round 7"
     python -m hybrid.planner.published_more --misses   # each miss taken apart (the same section)
 
 Every row here is a `Role.CHECK` row of published.py's `PublishedRun` type -- nothing in the planner was fitted to
 it, and nothing may be (tests/test_planner_morerows.py asserts the role) -- but, since round 18, MosaicML's H100
 rows that published.mpt_fits names: the ">= 128 GPUs" table's FlashAttention-2 rows fit H100_EAGER_CLOCK and the
-bf16 Triton rows at s >= 8192 fit TRITON_FLASH2_SHARE (docs/planner.md "Round 18"). Each row gives its layout as published;
+bf16 Triton rows at s >= 8192 fit TRITON_FLASH2_SHARE (docs/planner/rounds.md "Round 18"). Each row gives its layout as published;
 what the source leaves out the planner picks (micro-batch, chunks per rank, ZeRO stage, recomputation), and the
 docstrings say which. Sources, each read at the commit named:
 
@@ -240,7 +240,7 @@ def _titan_work(cfg: ModelConfig, seq: int, global_batch: int) -> Workload:
     """torchtitan: PyTorch FSDP2 (ZeRO 3), torch.compile (fused), Float8 linears (torchao), SDPA flash; context
     parallelism by torch's experimental context_parallel (RingSchedule.TORCH_ALLGATHER: its default all-gather
     rotation, fp32 merges) over K, V that torchtitan's Llama has already repeated to the query heads (`repeat_kv`
-    before scaled_dot_product_attention, torchtitan models/llama/model.py): round 9, docs/planner.md. Float8's TP
+    before scaled_dot_product_attention, torchtitan models/llama/model.py): round 9, docs/planner/rounds.md. Float8's TP
     all-gathers (Table 6's TP 8) move float8 (Workload.float8_tp_gathers); Table 6 ran AsyncTP, so no DTensor
     copies are priced (Workload.sp_copies off)."""
     return Workload(replace(cfg, max_position_embeddings=seq), global_batch=global_batch, seq_length=seq,
@@ -492,7 +492,7 @@ def miss_table(results: list[Result]) -> str:
     """Each miss (|error| > 15 %) taken apart: its planned step in --explain's terms (% of the step; CP's added
     attention and ring transfers as `cp`), the error if the exposed DP term were hidden (what Megatron's
     --overlap-grad-reduce / --overlap-param-gather claim), and for the MosaicML rows (PyTorch stack, one flash
-    rate a card) the flash rate that would make the row exact (docs/planner.md "More check rows, round 7")."""
+    rate a card) the flash rate that would make the row exact (docs/planner/rounds.md "More check rows, round 7")."""
     lines = ["| miss | error | " + " | ".join(TERMS) + " | cp | error, DP hidden | flash rate to match |",
              "|---|---|" + "---|" * len(TERMS) + "---|---|---|"]
     for r in results:

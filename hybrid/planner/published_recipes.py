@@ -1,6 +1,6 @@
 """More published runs, CHECK rows only (issue 26, round 11): NVIDIA's DGX Cloud performance recipes on H100.
 
-    python -m hybrid.planner.published_recipes     # the tables of docs/planner.md "Check rows, round 11"
+    python -m hybrid.planner.published_recipes     # the tables of docs/planner/rounds.md "Check rows, round 11"
     python -m hybrid.planner.published_recipes --readme-only   # the first pass (the README tables alone)
     python -m hybrid.planner.published_recipes --tp-overlap    # the --tp-comm-overlap what-if
 
@@ -32,7 +32,7 @@ delayed FP8 scaling -- read at the release's commit, or for v25.04.01's gradient
 READMEs' logged memory, LOGGED_MEMORY). `--readme-only` plans the first pass: the README tables alone, the rest the
 planner's picks (ZeRO 0 / 1, recomputation, fp32 gradients, current scaling). Stated but not planned: TP
 communication overlap (`Stated.tp_comm_overlap`; Workload.tp_comm_overlap moves these rows away: `--tp-overlap`
-prints the what-if, docs/planner.md "Round 11: causes of the misses").
+prints the what-if, docs/planner/rounds.md "Round 11: causes of the misses").
 Models (NeMo's configs): Llama 3.1 8B / 70B / 405B (published.py's shapes, vocabulary 128256), Nemotron-4 15B
 (32 layers, h 6144, 48 heads, 8 KV heads, FFN 24576, squared ReLU, vocabulary 256000; the README's "model flops for
 GBS=1 is 3.85e14" at 25.04.01 is Megatron's count of exactly these shapes) and 340B (published_more's), GPT-3 175B
@@ -91,7 +91,7 @@ class Stated:
         tp_comm_overlap: `ub_tp_comm_overlap` (v24.11.1's YAMLs, the GPT-3 hydra YAML) or the NeMo 2.0 script
             setting the comm-overlap callback's `tp_comm_overlap_cfg` (v25.04.01's Llama 70B / 405B and Nemotron).
             Recorded, not planned: with Workload.tp_comm_overlap these rows move away (tp_overlap_what_if,
-            docs/planner.md "Round 11: causes of the misses").
+            docs/planner/rounds.md "Round 11: causes of the misses").
         where: the file each setting was read from.
     """
 

@@ -1,6 +1,6 @@
 """The planner against published numbers (the files in <repo>/tests/data, see its README.md for the sources).
 
-    python -m hybrid.planner.reference            # prints the tables of docs/planner.md
+    python -m hybrid.planner.reference            # prints the tables of docs/planner/validation.md
 
 * ZeRO (Rajbhandari et al. 2020) Table 1: model-state GB per device for stages 1-3, reproduced by
   memory.model_state_bytes.
