@@ -263,13 +263,13 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     kind = ScheduleKind(args.pipeline_schedule or ("interleaved" if v > 1 else "1f1b"))
     v = check_zero_bubble(args, kind, v, dims.pp, cfg.num_layers)  # zbv: 2 chunks a rank (hybrid/pipeline/args.py)
     if kind is ScheduleKind.INTERLEAVED and v == 1:  # at pp 1 too: one chunk on one rank runs the plain step
-        raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage "
-                         "(or --virtual-pipeline-model-parallel-size)"
-                         + (" and --pipeline-model-parallel-size >= 2" if dims.pp == 1 else ""))
+        _one_chunk(args, cfg.num_layers, dims.pp)
     check_virtual_stages(args, v, dims.pp)
     _check_one_stage(args, dims.pp * v)
     if kind not in (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV) and v > 1:
-        raise ValueError(f"--num-layers-per-virtual-pipeline-stage needs --pipeline-schedule interleaved, not {kind.value}")
+        flag = _v_flag(args)
+        raise ValueError(f"{flag} {getattr(args, flag[2:].replace('-', '_'))} needs --pipeline-schedule interleaved "
+                         f"(or zbv), not {kind.value}; drop --pipeline-schedule or {flag}")
     if args.recompute_granularity == "selective-op" and kind in (ScheduleKind.ZB_H1, ScheduleKind.ZBV):
         raise ValueError(f"--recompute-granularity selective-op does not run with --pipeline-schedule {kind.value}: "
                          "its W reruns a block a second time and torch's selective checkpoint frees what it stored "
@@ -288,6 +288,34 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     else:
         stages = partition_layers(cfg.num_layers, dims.pp, v)
     return PipelinePlan(kind=kind, v=v, stages=stages)
+
+
+def _v_flag(args: argparse.Namespace) -> str:
+    """The flag that set the chunks per rank (--num-layers-per-virtual-pipeline-stage when neither was given)."""
+    return ("--virtual-pipeline-model-parallel-size" if args.virtual_pipeline_model_parallel_size is not None
+            else "--num-layers-per-virtual-pipeline-stage")
+
+
+def _one_chunk(args: argparse.Namespace, layers: int, pp: int) -> None:
+    """--pipeline-schedule interleaved with one chunk a rank: none asked for, or a flag whose value gives one
+    (--num-layers-per-virtual-pipeline-stage L = layers / pp, --virtual-pipeline-model-parallel-size 1) -- the
+    error names what was given and the value that interleaves (L = layers / (2 pp), two chunks a rank)."""
+    given = (args.num_layers_per_virtual_pipeline_stage is not None
+             or args.virtual_pipeline_model_parallel_size is not None)
+    if not given:
+        raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage "
+                         "(or --virtual-pipeline-model-parallel-size)"
+                         + (" and --pipeline-model-parallel-size >= 2" if pp == 1 else ""))
+    if pp == 1:
+        raise ValueError("--pipeline-schedule interleaved needs --pipeline-model-parallel-size >= 2 (its chunks "
+                         "shrink a pipeline's bubble; one stage has none): give --pipeline-model-parallel-size N "
+                         "or use --pipeline-schedule 1f1b")
+    flag = _v_flag(args)
+    layers_flag = flag == "--num-layers-per-virtual-pipeline-stage" and layers % (2 * pp) == 0
+    two = f"{flag} {layers // (2 * pp)}" if layers_flag else "--virtual-pipeline-model-parallel-size 2"
+    raise ValueError(f"{flag} {getattr(args, flag[2:].replace('-', '_'))} gives one chunk a rank ({layers} layers / "
+                     f"--pipeline-model-parallel-size {pp}), and --pipeline-schedule interleaved needs two or more: "
+                     f"give {two}, or --pipeline-schedule 1f1b")
 
 
 def check_virtual_stages(args: argparse.Namespace, v: int, pp: int) -> None:
