@@ -11,11 +11,20 @@ through the checks train.py runs before any process group):
 3. `--optimizer onebit-adam` at dp 1 (e.g. pp 2 on 2 ranks) ran: no DP momentum to compress, so Adam with a frozen
    variance and nothing saved -- PowerSGD and --simulated-dp-bandwidth refuse dp 1 by name, 1-bit Adam now does too
    (a --load carries its state through a dp 1 stretch, as PowerSGD's).
+4. `--recompute-granularity selective-op` crashed every run at its first log line (KeyError 'selective-op' in the
+   hardware-FLOPs count of hybrid/metrics/flops.py, which knew none / selective / full). Now it counts what runs
+   again, checked against torch's FlopCounterMode over a real forward + backward.
+5. An MoE model with `--recompute-granularity selective-op --zero-stage 3` passed the checks, then every rank died in
+   its first backward with torch's "aten.split.Tensor invocation index 2 encountered during backward but not found
+   in storage" traceback: ZeRO 3 gathers an experts module's parameters in that module's hooks, inside the block
+   the selective checkpoint records op by op, and the recomputation's gathers differ. Refused by name now (full
+   recomputation, and ZeRO 0-2, run); --auto-parallel searches ZeRO 0-2 for it.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hybrid.train.args import parse_args, run_config
 
@@ -69,3 +78,57 @@ def test_onebit_adam_runs_where_there_is_dp_traffic():
     assert run_config(parse_args(LLAMA + ONEBIT), 2).compress.onebit_freeze_iters == 2  # dp 2
     cp = run_config(parse_args(LLAMA + ONEBIT + ["--context-parallel-size", "2"]), 2)  # dp 1 x cp 2: compressed
     assert cp.compress.onebit_freeze_iters == 2
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_the_log_lines_hardware_flops_count_what_selective_op_reruns(name):
+    """Independent count: torch's FlopCounterMode over one forward + backward of the model under each recomputation
+    mode; selective-op's extra matmul FLOPs per token are hardware_flops_per_token's extra over none (the
+    attention kernel is kept, so the counter's blind spot for CPU flash attention does not enter). Every
+    recomputation mode train.py accepts has a count (the KeyError was a mode it did not know)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hybrid.comm import Group
+    from hybrid.metrics.flops import hardware_flops_per_token
+    from hybrid.tp import TPContext
+    from models import Recompute, build_model, load_config, shift_labels
+
+    cfg, (b, s) = load_config(name), (2, 32)
+    counted = {}
+    for mode in (Recompute.NONE, Recompute.SELECTIVE_OP):
+        model = build_model(cfg, TPContext(Group.solo("tp")), seed=3, recompute=mode).train()
+        ids = torch.randint(0, cfg.vocab_size, (b, s), generator=torch.Generator().manual_seed(0))
+        with FlopCounterMode(display=False) as flops:
+            model(ids, shift_labels(ids)).backward()
+        counted[mode] = flops.get_total_flops()
+    extra = hardware_flops_per_token(cfg, s, "selective-op") - hardware_flops_per_token(cfg, s, "none")
+    assert extra > 0 and counted[Recompute.SELECTIVE_OP] - counted[Recompute.NONE] == extra * b * s
+    for mode in Recompute:
+        assert hardware_flops_per_token(cfg, s, mode.value) >= hardware_flops_per_token(cfg, s, "none")
+
+
+MIXTRAL = ["--model", "tiny-mixtral", "--seq-length", "32", "--recompute-granularity", "selective-op"]
+
+
+def test_moe_selective_op_at_zero_3_is_refused_and_its_neighbours_run():
+    with pytest.raises(ValueError, match=r"^--recompute-granularity selective-op does not run with --zero-stage 3 on "
+                                         r"an MoE model .*; use --recompute-granularity full, or --zero-stage 0, 1 or 2$"):
+        run_config(parse_args(MIXTRAL + ["--zero-stage", "3", "--expert-model-parallel-size", "2"]), 2)
+    for ok in (["--zero-stage", "2"], ["--zero-stage", "3", "--recompute-granularity", "full"]):
+        run_config(parse_args(MIXTRAL + ok), 2)
+
+
+def test_auto_parallel_searches_zero_0_to_2_for_moe_selective_op(monkeypatch):
+    import argparse
+
+    from hybrid.train import args as train_args
+    seen = {}
+
+    def capture(work, cluster, space):
+        seen["zero"] = space.zero
+        return None, 0.0, None
+    monkeypatch.setattr(train_args, "_plan_without_cp", capture)
+    ns = argparse.Namespace(**vars(parse_args(MIXTRAL + ["--auto-parallel", "--global-batch-size", "8"])))
+    with pytest.raises(ValueError, match="--auto-parallel: no layout"):
+        train_args.apply_auto_parallel(ns, 2)
+    assert [int(z) for z in seen["zero"]] == [0, 1, 2]
