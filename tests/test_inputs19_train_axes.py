@@ -19,6 +19,8 @@ through the checks train.py runs before any process group):
    in storage" traceback: ZeRO 3 gathers an experts module's parameters in that module's hooks, inside the block
    the selective checkpoint records op by op, and the recomputation's gathers differ. Refused by name now (full
    recomputation, and ZeRO 0-2, run); --auto-parallel searches ZeRO 0-2 for it.
+6. A DeepSpeed JSON's `"optimizer": {"type": "OneBitAdam"}` refused (ZeRO 3, an MoE model, dp 1) was named
+   "--optimizer onebit-adam", a flag the user never gave; now by its key, as the JSON's other values are.
 """
 
 from __future__ import annotations
@@ -132,3 +134,18 @@ def test_auto_parallel_searches_zero_0_to_2_for_moe_selective_op(monkeypatch):
     with pytest.raises(ValueError, match="--auto-parallel: no layout"):
         train_args.apply_auto_parallel(ns, 2)
     assert [int(z) for z in seen["zero"]] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("extra, world, rest", [
+    ({"zero_optimization": {"stage": 3}}, 2, " does not run with --deepspeed-config zero_optimization.stage 3"),
+    ({}, 1, " compresses the DP momentum all-reduce, and at dp 1 there is none")])
+def test_a_json_onebitadam_refused_is_named_by_its_key(extra, world, rest, tmp_path):
+    import json
+
+    from hybrid.train.args import configure
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3, "freeze_step": 2}},
+                                "gradient_clipping": 0, **extra}))
+    with pytest.raises(ValueError) as e:
+        configure(parse_args(LLAMA + ["--train-iters", "4", "--deepspeed-config", str(path)]), world)
+    assert str(e.value).startswith('--deepspeed-config optimizer.type "OneBitAdam"' + rest), str(e.value)
