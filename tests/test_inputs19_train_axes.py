@@ -21,6 +21,7 @@ through the checks train.py runs before any process group):
    recomputation, and ZeRO 0-2, run); --auto-parallel searches ZeRO 0-2 for it.
 6. A DeepSpeed JSON's `"optimizer": {"type": "OneBitAdam"}` refused (ZeRO 3, an MoE model, dp 1) was named
    "--optimizer onebit-adam", a flag the user never gave; now by its key, as the JSON's other values are.
+7. A DiLoCo checkpoint of one replica resumed at two said "holds DiLoCo state of 1 replicas".
 """
 
 from __future__ import annotations
@@ -149,3 +150,16 @@ def test_a_json_onebitadam_refused_is_named_by_its_key(extra, world, rest, tmp_p
     with pytest.raises(ValueError) as e:
         configure(parse_args(LLAMA + ["--train-iters", "4", "--deepspeed-config", str(path)]), world)
     assert str(e.value).startswith('--deepspeed-config optimizer.type "OneBitAdam"' + rest), str(e.value)
+
+
+def test_a_one_replica_diloco_checkpoint_is_named_in_the_singular(monkeypatch):
+    from hybrid.checkpoint.args import CheckpointConfig
+    from hybrid.diloco import run as diloco_run
+    from hybrid.diloco.args import check_run
+    from hybrid.mesh import ParallelDims
+    monkeypatch.setattr(diloco_run, "_saved_state",
+                        lambda ckpt: {"args": {"diloco_inner_steps": 2, "diloco_replicas": 1}, "layout": {"dp": 1}})
+    args = parse_args(["--model", "tiny-gpt2", "--diloco-inner-steps", "2", "--train-iters", "8"])
+    with pytest.raises(ValueError, match=r"^--load ck holds DiLoCo state of 1 replica, this run has 2; resume with "
+                                         r"--diloco-replicas 1 \(and a DP size it divides\)$"):
+        check_run(args, ParallelDims.from_world(2), CheckpointConfig(load="ck"), type("Zero", (), {"stage": 1})())
