@@ -22,6 +22,10 @@ through the checks train.py runs before any process group):
 6. A DeepSpeed JSON's `"optimizer": {"type": "OneBitAdam"}` refused (ZeRO 3, an MoE model, dp 1) was named
    "--optimizer onebit-adam", a flag the user never gave; now by its key, as the JSON's other values are.
 7. A DiLoCo checkpoint of one replica resumed at two said "holds DiLoCo state of 1 replicas".
+8. `--pipeline-schedule zbv` on 6 layers at pp 2 (or with --pipeline-layers-per-stage 3,1) named its stages
+   "--pipeline-model-parallel-size 2 x --virtual-pipeline-model-parallel-size 2", a flag never given; now "the 2
+   chunks a rank of --pipeline-schedule zbv". And zbv at pp 4 on 4 ranks of a 4-layer model offered
+   "--pipeline-model-parallel-size 2 or less" (pp 1 zbv refuses, pp 3 divides no 4 ranks): now the sizes that run.
 """
 
 from __future__ import annotations
@@ -163,3 +167,27 @@ def test_a_one_replica_diloco_checkpoint_is_named_in_the_singular(monkeypatch):
     with pytest.raises(ValueError, match=r"^--load ck holds DiLoCo state of 1 replica, this run has 2; resume with "
                                          r"--diloco-replicas 1 \(and a DP size it divides\)$"):
         check_run(args, ParallelDims.from_world(2), CheckpointConfig(load="ck"), type("Zero", (), {"stage": 1})())
+
+
+def test_zbv_stages_are_named_by_the_schedule_that_made_them(tmp_path):
+    import json
+
+    from models.presets import TRANSFORMERS_ARGS
+    kind, fields = TRANSFORMERS_ARGS["tiny-llama"]
+    (tmp_path / "config.json").write_text(json.dumps({**fields, "num_hidden_layers": 6, "model_type": kind}))
+    six = ["--model", str(tmp_path), "--seq-length", "32", "--micro-batch-size", "1", "--global-batch-size", "2"]
+    zbv = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zbv"]
+    with pytest.raises(ValueError, match=r"^the model's 6 layers do not divide into the 4 stages "
+                                         r"\(--pipeline-model-parallel-size 2 x the 2 chunks a rank of "
+                                         r"--pipeline-schedule zbv\); use --pipeline-partition balanced"):
+        run_config(parse_args(six + zbv), 2)
+    assert run_config(parse_args(six + zbv + ["--pipeline-partition", "balanced"]), 2).parallel.pipeline.v == 2
+    line = _error(zbv + ["--pipeline-layers-per-stage", "3,1"], 2)
+    assert "(--pipeline-model-parallel-size 2 x the 2 chunks a rank of --pipeline-schedule zbv)" in line, line
+
+
+@pytest.mark.parametrize("world, fix", [(4, "use --pipeline-model-parallel-size 2"), (3, "use --pipeline-schedule 1f1b")])
+def test_zbv_on_too_few_layers_offers_a_size_that_runs(world, fix):
+    line = _error(["--pipeline-model-parallel-size", str(world), "--pipeline-schedule", "zbv", "--micro-batch-size",
+                   "1", "--global-batch-size", str(world)], world)
+    assert line.endswith(f"more than its 4 layers; {fix}"), line

@@ -261,7 +261,8 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
                              "set the chunks per rank; give one of them")
         v = args.virtual_pipeline_model_parallel_size
     kind = ScheduleKind(args.pipeline_schedule or ("interleaved" if v > 1 else "1f1b"))
-    v = check_zero_bubble(args, kind, v, dims.pp, cfg.num_layers)  # zbv: 2 chunks a rank (hybrid/pipeline/args.py)
+    v = check_zero_bubble(args, kind, v, dims.pp, cfg.num_layers,  # zbv: 2 chunks a rank (hybrid/pipeline/args.py)
+                          ranks=dims.world // (dims.tp * dims.cp))
     if kind is ScheduleKind.INTERLEAVED and v == 1:  # at pp 1 too: one chunk on one rank runs the plain step
         _one_chunk(args, cfg.num_layers, dims.pp)
     check_virtual_stages(args, v, dims.pp)
@@ -278,16 +279,29 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     if kind is ScheduleKind.INTERLEAVED and m % dims.pp:
         raise ValueError(f"interleaved 1F1B needs the micro-batches per step ({m} = --global-batch-size / "
                          f"(--micro-batch-size x dp)) to be a multiple of --pipeline-model-parallel-size {dims.pp}")
+    chunks = _chunks_by(args, kind, v)
     if args.pipeline_layers_per_stage:  # with --pipeline-partition balanced: partition_layers names the conflict
         method = PartitionMethod.BALANCED if args.pipeline_partition == "balanced" else None  # (it was ignored)
-        stages = partition_layers(cfg.num_layers, dims.pp, v, method=method,
+        stages = partition_layers(cfg.num_layers, dims.pp, v, method=method, chunks=chunks,
                                   layers_per_stage=parse_layers_per_stage(args.pipeline_layers_per_stage))
     elif args.pipeline_partition == "balanced":
         costs = stage_costs_from_config(cfg, args.seq_length, args.micro_batch_size)
-        stages = partition_layers(cfg.num_layers, dims.pp, v, method=PartitionMethod.BALANCED, **costs.as_kwargs())
+        stages = partition_layers(cfg.num_layers, dims.pp, v, method=PartitionMethod.BALANCED, chunks=chunks,
+                                  **costs.as_kwargs())
     else:
-        stages = partition_layers(cfg.num_layers, dims.pp, v)
+        stages = partition_layers(cfg.num_layers, dims.pp, v, chunks=chunks)
     return PipelinePlan(kind=kind, v=v, stages=stages)
+
+
+def _chunks_by(args: argparse.Namespace, kind: ScheduleKind, v: int) -> str | None:
+    """What set the v chunks a rank, for partition_layers' messages: None for --virtual-pipeline-model-parallel-size
+    (its default wording); --pipeline-schedule zbv, which fixes 2; --num-layers-per-virtual-pipeline-stage L."""
+    if args.virtual_pipeline_model_parallel_size is not None:
+        return None
+    if args.num_layers_per_virtual_pipeline_stage is not None:
+        return f"{v} chunks a rank of --num-layers-per-virtual-pipeline-stage " \
+               f"{args.num_layers_per_virtual_pipeline_stage}"
+    return f"the {v} chunks a rank of --pipeline-schedule {kind.value}" if kind is ScheduleKind.ZBV else None
 
 
 def _v_flag(args: argparse.Namespace) -> str:
