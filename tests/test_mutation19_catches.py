@@ -74,3 +74,109 @@ def test_powersgd_compresses_a_matrix_exactly_when_torchs_hook_does():
                     boundary += (n + m) * r * rate == n * m
                     assert (matrix_rank((n, m), cfg) > 0) == _should_compress(n, m, r, rate)[0], (n, m, rank, rate)
     assert boundary > 0  # the grid holds shapes on the boundary
+
+
+def test_a_profile_with_a_zero_inter_node_latency_is_refused(tmp_path):
+    """A measured latency is never 0 -- intra-node's nor inter-node's (profile._check_field: the dataclass allows
+    0 for the planner's what-ifs, a profile never did); a hand-edited 0 planned every inter-node collective
+    without its latency term. A10-inter-latency-zero (the stricter rule applied to intra_latency_s alone) lived
+    through test_inputs15_hardware (which sets intra_latency_s 0 only), test_calibrate, test_calibrate_edgepass,
+    test_inputs18_plan_inputs and the planner's fast tier."""
+    import json
+
+    from hybrid.planner.profile import load_hardware
+    with open(os.path.join(ROOT, "hybrid", "planner", "data", "h200_calibrated.json"), encoding="utf-8") as f:
+        profile = json.load(f)
+    for key in ("intra_latency_s", "inter_latency_s"):
+        bad = json.loads(json.dumps(profile))
+        bad["hardware"][key] = 0
+        path = tmp_path / f"{key}.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=rf"hardware\.{key} must be a finite number > 0, got 0"):
+            load_hardware(str(path))
+
+
+# --- B: the planner's LazyTape (hybrid/pipeline/simulate.py) ---------------------------------------------------------
+def test_the_tape_refuses_costs_of_another_stage_count_as_simulate_does():
+    """LazyTape.makespan reads each stage's costs by index: costs of more stages than the tape's pp x v would be
+    read in part and a makespan returned for a pipeline the costs do not describe (fewer: an IndexError, not the
+    line naming Costs' field). simulate refuses both (Costs.check_stages); so must the tape.
+    B10-no-stage-check (the check dropped from makespan) lived through test_pipeline18_tape: every tape there is
+    timed with its own stage count."""
+    from hybrid.pipeline import Costs, ScheduleKind, build_schedule, simulate
+    from hybrid.pipeline.simulate import LazyTape
+    lists = build_schedule(ScheduleKind.ONE_F_ONE_B, 2, 4, 1)
+    tape = LazyTape(lists)
+    for stages in (3, 1):
+        costs = Costs(stage_forward=(1.0,) * stages, stage_backward=(2.0,) * stages)
+        with pytest.raises(ValueError, match=r"one entry per global stage \(pp \* v = 2\), got " + str(stages)):
+            simulate(lists, costs)
+        with pytest.raises(ValueError, match=r"one entry per global stage \(pp \* v = 2\), got " + str(stages)):
+            tape.makespan(costs)
+
+
+# --- D: Workload.float8_tp_gathers (hybrid/planner/predicted_comm.py step_ledger, time._stage_cpu) --------------------
+def _fp8_llama(**kw):
+    from hybrid.planner import Precision, Workload
+    from models import PRESETS
+    return Workload(PRESETS["tiny-llama"], global_batch=16, seq_length=128, precision=Precision.MIXED, fp8=True, **kw)
+
+
+def test_the_step_ledger_gathers_float8_under_float8_tp():
+    """step_ledger (each rank's step as the runtime's CommLedger records it; comm_cpu_seconds prices it) passes
+    the workload's gather bytes to tp_ledger: at tp 2 x pp 2 with SP, m = 4 micro-batches of 2 x 128 tokens, a
+    tiny-llama stage's 2 layers all-gather 2 inputs forward and 2 output gradients backward (BLOCK), each b s h
+    at 1 byte instead of 2 -- 4 micro-batches x 2 layers x 4 gathers x 2 x 128 x 64 = 524,288 fewer bytes on the
+    first stage; the
+    reduce-scatters unchanged. D11-ledger-no-f8 (step_ledger calling tp_ledger without work.tp_gather_bytes)
+    lived through test_planner18_dtensor_sp and the planner's fast tier: they check tp_ledger with the bytes
+    passed by hand, and the time terms (_tp_cost) pass them themselves."""
+    from hybrid.planner import Layout
+    from hybrid.planner.predicted_comm import step_ledger
+    layout = Layout(tp=2, pp=2, dp=2, micro_batch=2, sequence_parallel=True)
+    bf16, f8 = (step_ledger(_fp8_llama(float8_tp_gathers=g), layout, 0) for g in (False, True))
+    assert bf16["all_gather@tp"]["bytes"] - f8["all_gather@tp"]["bytes"] == 4 * 2 * 4 * 2 * 128 * 64
+    assert f8["all_gather@tp"]["calls"] == bf16["all_gather@tp"]["calls"]
+    assert f8["reduce_scatter@tp"] == bf16["reduce_scatter@tp"]
+
+
+def test_the_shared_core_stage_cpu_prices_float8_gathers():
+    """time._stage_cpu (the shared-core bound: more ranks than the node's compute units) prices each TP
+    collective's bytes at comm_cpu_s_per_byte, so float8 gathers cost half the per-byte CPU: an H100 node of 8 on
+    2 compute units (a what-if device: fp8 needs Hopper), tiny-llama at tp 2 x pp 2 with SP, a stage's 2 layers
+    x 2 all-gathers a pass each 8192 wire bytes fewer (b s h x 1 byte x (n - 1) / n). D12-stagecpu-no-f8
+    (_stage_cpu's tp_ledger without ctx.work.tp_gather_bytes) lived through the planner's fast tier (no test
+    plans float8 on shared cores)."""
+    import dataclasses
+
+    from hybrid.planner import Cluster, Layout
+    from hybrid.planner.hardware import Collective, GpuKind, hardware, wire_bytes
+    from hybrid.planner.time import _stages
+    per_byte = 1e-9
+    hw = dataclasses.replace(hardware(GpuKind.H100_80G), gpus_per_node=8, compute_units=2,
+                             comm_cpu_s_per_byte=per_byte)
+    cluster, layout = Cluster(gpus=8, hw=hw), Layout(tp=2, pp=2, dp=2, micro_batch=2, sequence_parallel=True)
+    bf16, f8 = (_stages(_fp8_llama(float8_tp_gathers=g), cluster, layout).cpu for g in (False, True))
+    saved = 4 * wire_bytes(Collective.ALL_GATHER, 2 * 128 * 64 * 1, 2) * per_byte
+    for side in ("forward", "backward"):
+        assert [a - b for a, b in zip(getattr(bf16, side), getattr(f8, side))] == pytest.approx([saved] * 2,
+                                                                                                  rel=1e-6)
+
+
+# --- C: AttentionKernel.TRITON (hybrid/planner/hardware.py) ----------------------------------------------------------
+def test_triton_runs_at_its_share_on_a_device_without_a_kernel_table():
+    """A device built by hand (Hardware.flash_rates None: no kernel benchmark table) runs FlashAttention-2 at its
+    flash_efficiency flat, and the Triton kernel at TRITON_FLASH2_SHARE of that, as on a card with a table (the
+    share is of FlashAttention-2's rate on every card). C3-flat-no-share (the table-less branch returning
+    flash_efficiency for TRITON too) lived through test_planner18_triton, test_planner17_triton,
+    test_planner_attnkernel and test_planner_fit: every Triton row there is on a preset with a table."""
+    import dataclasses
+
+    from hybrid.planner.hardware import TRITON_FLASH2_SHARE, AttentionKernel, GpuKind, hardware
+    for kind in (GpuKind.H100_80G, GpuKind.A100_80G):
+        hw = dataclasses.replace(hardware(kind), flash_rates=None)
+        assert AttentionKernel.FLASH2.efficiency(hw) == hw.flash_efficiency
+        assert AttentionKernel.TRITON.efficiency(hw) == pytest.approx(TRITON_FLASH2_SHARE * hw.flash_efficiency,
+                                                                      rel=1e-12)
+        with pytest.raises(ValueError, match="flash1 has no published rate"):
+            AttentionKernel.FLASH1.efficiency(hw)
