@@ -96,6 +96,26 @@ def test_a_profile_with_a_zero_inter_node_latency_is_refused(tmp_path):
             load_hardware(str(path))
 
 
+
+def test_calibrate_replaces_a_profile_of_any_format_version(tmp_path):
+    """--out naming an existing profile is replaced, as re-calibrating is meant to -- an older format's too
+    (hybrid-hardware-profile/0: the loader refuses to plan on it and says to re-run calibrate, which must then
+    write over it); a file that is no profile is refused before the minute of measuring.
+    A11-old-format-refused (profile.check_replaces_a_profile accepting only the current FORMAT) lived through
+    test_inputs15_hardware, test_calibrate, test_calibrate_edgepass and test_inputs18_plan_inputs (48 passed):
+    they replace current-format profiles only -- the loader's own advice then led to a refusal."""
+    import json
+
+    from hybrid.planner.profile import FORMAT, check_replaces_a_profile
+    for version in (FORMAT, FORMAT.split("/")[0] + "/0"):
+        path = tmp_path / "hw.json"
+        path.write_text(json.dumps({"format": version, "hardware": {}}))
+        check_replaces_a_profile(str(path))  # replaced: no error
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"format": "something-else/1"}))
+    with pytest.raises(ValueError, match="exists and is not a hardware profile"):
+        check_replaces_a_profile(str(results))
+
 # --- B: the planner's LazyTape (hybrid/pipeline/simulate.py) ---------------------------------------------------------
 def test_the_tape_refuses_costs_of_another_stage_count_as_simulate_does():
     """LazyTape.makespan reads each stage's costs by index: costs of more stages than the tape's pp x v would be
@@ -180,3 +200,79 @@ def test_triton_runs_at_its_share_on_a_device_without_a_kernel_table():
                                                                       rel=1e-12)
         with pytest.raises(ValueError, match="flash1 has no published rate"):
             AttentionKernel.FLASH1.efficiency(hw)
+
+
+
+# --- C: the MosaicML joint fit (hybrid/planner/fit.py) -----------------------------------------------------------------
+def test_the_share_moves_only_the_triton_rows_flash_rate():
+    """fit.mosaicml_device plans a row at (clock, share): the share scales the flash rate of a row that ran the
+    Triton kernel only -- a FlashAttention-2 row (the ">= 128 GPUs" table's 12) keeps its card's rate at any share,
+    so the clock's fit on them does not depend on the share (published17_triton.fits: "the share plays no part").
+    C7-share-every-kernel (the scale applied whatever the row's kernel) lived through test_planner18_triton,
+    test_planner17_triton, test_planner_attnkernel and test_planner_fit's fast tier: they evaluate at the shipped
+    share, where the scale is 1. No planning here."""
+    from hybrid.planner.fit import mosaicml_device, mpt_h100_fit_runs
+    from hybrid.planner.hardware import H100_EAGER_CLOCK, TRITON_FLASH2_SHARE, AttentionKernel
+    rows = mpt_h100_fit_runs()
+    flash2 = [r for r in rows if r.workload.attention_kernel is AttentionKernel.FLASH2]
+    triton = [r for r in rows if r.workload.attention_kernel is AttentionKernel.TRITON]
+    assert len(flash2) == 12 and triton
+    for run in flash2:
+        assert mosaicml_device(run, 0.7, 0.3).flash_efficiency == run.hardware().flash_efficiency
+    for run in triton:
+        assert mosaicml_device(run, H100_EAGER_CLOCK, 0.3).flash_efficiency == pytest.approx(
+            run.hardware().flash_efficiency * 0.3 / TRITON_FLASH2_SHARE, rel=1e-12)
+
+
+def test_the_joint_fit_passes_each_fit_the_others_last_value(monkeypatch):
+    """fit.joint_fit alternates the two MosaicML fits, each at the other's last value, to the point where both
+    agree. With the two fits replaced by contractions (clock = 0.5 + 0.2 share, share = 0.2 + 0.4 clock: one fixed
+    point, clock 0.5652..., share 0.4260...) it must reach that point; no planning (the real fits are ~1,000
+    plans: test_planner17_triton's slow test runs published17_triton.fits, not joint_fit).
+    C9-joint-shipped-clock (the share fitted at the shipped clock each round, not at the round's clock) lived
+    through every tier: nothing called joint_fit."""
+    from hybrid.planner import fit
+    monkeypatch.setattr(fit, "fit_h100_eager_clock", lambda share=None, iters=14: 0.5 + 0.2 * share)
+    monkeypatch.setattr(fit, "fit_triton_flash2_share",
+                        lambda clock=None, iters=14: 0.2 + 0.4 * (0.708 if clock is None else clock))
+    clock = (0.5 + 0.2 * 0.2) / (1 - 0.2 * 0.4)  # c = 0.5 + 0.2 (0.2 + 0.4 c)
+    got = fit.joint_fit(rounds=12)
+    assert got == pytest.approx((clock, 0.2 + 0.4 * clock), abs=1e-9)
+
+
+# --- F: the subjects of the suite's cheaper tests (hybrid/checkpoint/run.py) -------------------------------------------
+@pytest.mark.parametrize("saved_dp, load_rng, restored", [(2, True, True), (1, True, False), (2, False, False)])
+def test_a_resume_restores_the_rng_streams_on_the_saved_layout_only(monkeypatch, saved_dp, load_rng, restored):
+    """RunCheckpoints._load asks the checkpoint core for the RNG streams (statefuls(..., rng_too=True)) when the
+    layout is the saved one and --no-load-rng is not given, and says so on the resumed line otherwise; the
+    optimizer state is loaded in every case here. The core is replaced by a recorder: no process group, no
+    files. F5-resume-no-rng (rng always False) lived through test_explain's fast tier (its chained runs draw no
+    dropout: the resumed run's losses equal the uninterrupted one's either way), test_checkpoint's and
+    test_dropout's (29 passed); only test_explain's slow docs/operations.md log caught it."""
+    from hybrid.checkpoint import run as ckpt_run
+    from hybrid.checkpoint.args import CheckpointConfig
+
+    asked, lines = {}, []
+
+    class Core:
+        @staticmethod
+        def statefuls(opt, names, rng, optim=True, rng_too=True):
+            asked.update(optim=optim, rng_too=rng_too)
+            return {}
+
+        @staticmethod
+        def load_state(owners, path, pg):
+            return {"iteration": 3, "consumed_samples": 24}
+
+    layout = {"tp": 1, "pp": 1, "dp": 2, "zero": 0}
+    monkeypatch.setattr(ckpt_run, "_core", lambda: Core)
+    monkeypatch.setattr(ckpt_run, "_log", lines.append)
+    monkeypatch.setattr(ckpt_run.store, "read_state",
+                        lambda path: {"model": "tiny-gpt2", "layout": dict(layout, dp=saved_dp)})
+    run = object.__new__(ckpt_run.RunCheckpoints)
+    run.cfg = CheckpointConfig(load="ck", load_rng=load_rng)
+    run.info, run.opt, run.names, run.rng, run.owners, run.pg = {"model": "tiny-gpt2", "layout": layout}, None, {}, \
+        None, {}, None
+    assert run._load("ck/iter_0000003") == (3, 24)
+    assert asked == {"optim": True, "rng_too": restored}
+    assert ("RNG not restored" in lines[-1]) is not restored, lines
