@@ -19,7 +19,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# --- A: hybrid plan without torch (hybrid/cp/__init__.py, models/config.py) ------------------------------------------
+# --- A: the torch-free modules (hybrid/cp/__init__.py, compress/volume.py, planner/profile.py); F1: models/config.py --
 def test_the_packages_torch_free_names_load_no_torch():
     """`from hybrid.cp import CommType` and `from models import Recompute` are the torch-free enums (the planner's
     names): the package's lazy table must point CommType at hybrid.cp.comm_type, not at attention.py, which
@@ -116,7 +116,8 @@ def test_calibrate_replaces_a_profile_of_any_format_version(tmp_path):
     with pytest.raises(ValueError, match="exists and is not a hardware profile"):
         check_replaces_a_profile(str(results))
 
-# --- B: the planner's LazyTape (hybrid/pipeline/simulate.py) ---------------------------------------------------------
+
+# --- B: the planner's LazyTape (hybrid/pipeline/simulate.py) ----------------------------------------------------------
 def test_the_tape_refuses_costs_of_another_stage_count_as_simulate_does():
     """LazyTape.makespan reads each stage's costs by index: costs of more stages than the tape's pp x v would be
     read in part and a makespan returned for a pipeline the costs do not describe (fewer: an IndexError, not the
@@ -133,6 +134,62 @@ def test_the_tape_refuses_costs_of_another_stage_count_as_simulate_does():
             simulate(lists, costs)
         with pytest.raises(ValueError, match=r"one entry per global stage \(pp \* v = 2\), got " + str(stages)):
             tape.makespan(costs)
+
+
+# --- C: AttentionKernel.TRITON (hybrid/planner/hardware.py) -----------------------------------------------------------
+def test_triton_runs_at_its_share_on_a_device_without_a_kernel_table():
+    """A device built by hand (Hardware.flash_rates None: no kernel benchmark table) runs FlashAttention-2 at its
+    flash_efficiency flat, and the Triton kernel at TRITON_FLASH2_SHARE of that, as on a card with a table (the
+    share is of FlashAttention-2's rate on every card). C3-flat-no-share (the table-less branch returning
+    flash_efficiency for TRITON too) lived through test_planner18_triton, test_planner17_triton,
+    test_planner_attnkernel and test_planner_fit: every Triton row there is on a preset with a table."""
+    import dataclasses
+
+    from hybrid.planner.hardware import TRITON_FLASH2_SHARE, AttentionKernel, GpuKind, hardware
+    for kind in (GpuKind.H100_80G, GpuKind.A100_80G):
+        hw = dataclasses.replace(hardware(kind), flash_rates=None)
+        assert AttentionKernel.FLASH2.efficiency(hw) == hw.flash_efficiency
+        assert AttentionKernel.TRITON.efficiency(hw) == pytest.approx(TRITON_FLASH2_SHARE * hw.flash_efficiency,
+                                                                      rel=1e-12)
+        with pytest.raises(ValueError, match="flash1 has no published rate"):
+            AttentionKernel.FLASH1.efficiency(hw)
+
+
+# --- C: the MosaicML joint fit (hybrid/planner/fit.py) ----------------------------------------------------------------
+def test_the_share_moves_only_the_triton_rows_flash_rate():
+    """fit.mosaicml_device plans a row at (clock, share): the share scales the flash rate of a row that ran the
+    Triton kernel only -- a FlashAttention-2 row (the ">= 128 GPUs" table's 12) keeps its card's rate at any share,
+    so the clock's fit on them does not depend on the share (published17_triton.fits: "the share plays no part").
+    C7-share-every-kernel (the scale applied whatever the row's kernel) lived through test_planner18_triton,
+    test_planner17_triton, test_planner_attnkernel and test_planner_fit's fast tier: they evaluate at the shipped
+    share, where the scale is 1. No planning here."""
+    from hybrid.planner.fit import mosaicml_device, mpt_h100_fit_runs
+    from hybrid.planner.hardware import H100_EAGER_CLOCK, TRITON_FLASH2_SHARE, AttentionKernel
+    rows = mpt_h100_fit_runs()
+    flash2 = [r for r in rows if r.workload.attention_kernel is AttentionKernel.FLASH2]
+    triton = [r for r in rows if r.workload.attention_kernel is AttentionKernel.TRITON]
+    assert len(flash2) == 12 and triton
+    for run in flash2:
+        assert mosaicml_device(run, 0.7, 0.3).flash_efficiency == run.hardware().flash_efficiency
+    for run in triton:
+        assert mosaicml_device(run, H100_EAGER_CLOCK, 0.3).flash_efficiency == pytest.approx(
+            run.hardware().flash_efficiency * 0.3 / TRITON_FLASH2_SHARE, rel=1e-12)
+
+
+def test_the_joint_fit_passes_each_fit_the_others_last_value(monkeypatch):
+    """fit.joint_fit alternates the two MosaicML fits, each at the other's last value, to the point where both
+    agree. With the two fits replaced by contractions (clock = 0.5 + 0.2 share, share = 0.2 + 0.4 clock: one fixed
+    point, clock 0.5652..., share 0.4260...) it must reach that point; no planning (the real fits are ~1,000
+    plans: test_planner17_triton's slow test runs published17_triton.fits, not joint_fit).
+    C9-joint-shipped-clock (the share fitted at the shipped clock each round, not at the round's clock) lived
+    through every tier: nothing called joint_fit."""
+    from hybrid.planner import fit
+    monkeypatch.setattr(fit, "fit_h100_eager_clock", lambda share=None, iters=14: 0.5 + 0.2 * share)
+    monkeypatch.setattr(fit, "fit_triton_flash2_share",
+                        lambda clock=None, iters=14: 0.2 + 0.4 * (0.708 if clock is None else clock))
+    clock = (0.5 + 0.2 * 0.2) / (1 - 0.2 * 0.4)  # c = 0.5 + 0.2 (0.2 + 0.4 c)
+    got = fit.joint_fit(rounds=12)
+    assert got == pytest.approx((clock, 0.2 + 0.4 * clock), abs=1e-9)
 
 
 # --- D: Workload.float8_tp_gathers (hybrid/planner/predicted_comm.py step_ledger, time._stage_cpu) --------------------
@@ -183,64 +240,47 @@ def test_the_shared_core_stage_cpu_prices_float8_gathers():
                                                                                                   rel=1e-6)
 
 
-# --- C: AttentionKernel.TRITON (hybrid/planner/hardware.py) ----------------------------------------------------------
-def test_triton_runs_at_its_share_on_a_device_without_a_kernel_table():
-    """A device built by hand (Hardware.flash_rates None: no kernel benchmark table) runs FlashAttention-2 at its
-    flash_efficiency flat, and the Triton kernel at TRITON_FLASH2_SHARE of that, as on a card with a table (the
-    share is of FlashAttention-2's rate on every card). C3-flat-no-share (the table-less branch returning
-    flash_efficiency for TRITON too) lived through test_planner18_triton, test_planner17_triton,
-    test_planner_attnkernel and test_planner_fit: every Triton row there is on a preset with a table."""
-    import dataclasses
+# --- E: inputs18's MetricsWriter opening its files at the first record (hybrid/metrics/writer.py) ---------------------
+def test_the_metrics_writer_opens_its_file_once_at_the_first_record(tmp_path):
+    """Nothing is created before the first record (a refused resume leaves no file); the first record opens the
+    file and every later one appends through that same handle -- one open file for the run, not one a record
+    (a run logging every step for 100k steps would run out of file descriptors). E10-writer-reopens (_open not
+    clearing the paths: every record opened the file again, and a TensorBoard writer with it) lived through
+    test_inputs18_*.py (the refused resume writes no record at all)."""
+    import json
 
-    from hybrid.planner.hardware import TRITON_FLASH2_SHARE, AttentionKernel, GpuKind, hardware
-    for kind in (GpuKind.H100_80G, GpuKind.A100_80G):
-        hw = dataclasses.replace(hardware(kind), flash_rates=None)
-        assert AttentionKernel.FLASH2.efficiency(hw) == hw.flash_efficiency
-        assert AttentionKernel.TRITON.efficiency(hw) == pytest.approx(TRITON_FLASH2_SHARE * hw.flash_efficiency,
-                                                                      rel=1e-12)
-        with pytest.raises(ValueError, match="flash1 has no published rate"):
-            AttentionKernel.FLASH1.efficiency(hw)
-
-
-
-# --- C: the MosaicML joint fit (hybrid/planner/fit.py) -----------------------------------------------------------------
-def test_the_share_moves_only_the_triton_rows_flash_rate():
-    """fit.mosaicml_device plans a row at (clock, share): the share scales the flash rate of a row that ran the
-    Triton kernel only -- a FlashAttention-2 row (the ">= 128 GPUs" table's 12) keeps its card's rate at any share,
-    so the clock's fit on them does not depend on the share (published17_triton.fits: "the share plays no part").
-    C7-share-every-kernel (the scale applied whatever the row's kernel) lived through test_planner18_triton,
-    test_planner17_triton, test_planner_attnkernel and test_planner_fit's fast tier: they evaluate at the shipped
-    share, where the scale is 1. No planning here."""
-    from hybrid.planner.fit import mosaicml_device, mpt_h100_fit_runs
-    from hybrid.planner.hardware import H100_EAGER_CLOCK, TRITON_FLASH2_SHARE, AttentionKernel
-    rows = mpt_h100_fit_runs()
-    flash2 = [r for r in rows if r.workload.attention_kernel is AttentionKernel.FLASH2]
-    triton = [r for r in rows if r.workload.attention_kernel is AttentionKernel.TRITON]
-    assert len(flash2) == 12 and triton
-    for run in flash2:
-        assert mosaicml_device(run, 0.7, 0.3).flash_efficiency == run.hardware().flash_efficiency
-    for run in triton:
-        assert mosaicml_device(run, H100_EAGER_CLOCK, 0.3).flash_efficiency == pytest.approx(
-            run.hardware().flash_efficiency * 0.3 / TRITON_FLASH2_SHARE, rel=1e-12)
+    from hybrid.metrics.writer import MetricsWriter
+    path = tmp_path / "m.jsonl"
+    w = MetricsWriter(None, str(path), enabled=True)
+    assert not path.exists()
+    w.write(1, {"lm_loss": 3.0})
+    first = w.file
+    for it in (2, 3):
+        w.write(it, {"lm_loss": 3.0 - it / 10})
+        assert w.file is first
+    w.close()
+    assert [json.loads(line)["iteration"] for line in path.read_text().splitlines()] == [1, 2, 3]
+    off = MetricsWriter(None, str(tmp_path / "rank1.jsonl"), enabled=False)  # not rank 0: nothing, ever
+    off.write(1, {"lm_loss": 3.0})
+    off.close()
+    assert not (tmp_path / "rank1.jsonl").exists()
 
 
-def test_the_joint_fit_passes_each_fit_the_others_last_value(monkeypatch):
-    """fit.joint_fit alternates the two MosaicML fits, each at the other's last value, to the point where both
-    agree. With the two fits replaced by contractions (clock = 0.5 + 0.2 share, share = 0.2 + 0.4 clock: one fixed
-    point, clock 0.5652..., share 0.4260...) it must reach that point; no planning (the real fits are ~1,000
-    plans: test_planner17_triton's slow test runs published17_triton.fits, not joint_fit).
-    C9-joint-shipped-clock (the share fitted at the shipped clock each round, not at the round's clock) lived
-    through every tier: nothing called joint_fit."""
-    from hybrid.planner import fit
-    monkeypatch.setattr(fit, "fit_h100_eager_clock", lambda share=None, iters=14: 0.5 + 0.2 * share)
-    monkeypatch.setattr(fit, "fit_triton_flash2_share",
-                        lambda clock=None, iters=14: 0.2 + 0.4 * (0.708 if clock is None else clock))
-    clock = (0.5 + 0.2 * 0.2) / (1 - 0.2 * 0.4)  # c = 0.5 + 0.2 (0.2 + 0.4 c)
-    got = fit.joint_fit(rounds=12)
-    assert got == pytest.approx((clock, 0.2 + 0.4 * clock), abs=1e-9)
+# --- E: inputs18's planner refusals (hybrid/planner/cli.py check_outputs) ---------------------------------------------
+@pytest.mark.parametrize("flag", ["--hardware", "--plot"])
+def test_a_blank_path_is_refused_as_an_empty_one(flag, capsys, monkeypatch):
+    """`--hardware "$HW "` or a quoted blank is no file name either: the same one line as an empty value, before
+    the search (a blank --hardware was planned as a file name ' ' -- 'cannot read a profile' at best; a blank --plot
+    was written after the search). E12-empty-strip (check_outputs testing value == "" instead of a blank value)
+    lived through test_inputs18_*.py, which passes "" only."""
+    from hybrid.planner import cli as plan_cli
+    monkeypatch.setattr(plan_cli, "search", lambda *a, **k: pytest.fail("searched with a blank " + flag))
+    assert plan_cli.main(["--model", "gpt2", "--gpus", "8", "--global-batch-size", "64", flag, "  "]) == 2
+    err = capsys.readouterr().err
+    assert err == f"hybrid plan: error: {flag} is empty; give a value or omit the flag\n"
 
 
-# --- F: the subjects of the suite's cheaper tests (hybrid/checkpoint/run.py) -------------------------------------------
+# --- F: the subjects of the suite's cheaper tests (hybrid/checkpoint/run.py) ------------------------------------------
 @pytest.mark.parametrize("saved_dp, load_rng, restored", [(2, True, True), (1, True, False), (2, False, False)])
 def test_a_resume_restores_the_rng_streams_on_the_saved_layout_only(monkeypatch, saved_dp, load_rng, restored):
     """RunCheckpoints._load asks the checkpoint core for the RNG streams (statefuls(..., rng_too=True)) when the
@@ -276,43 +316,3 @@ def test_a_resume_restores_the_rng_streams_on_the_saved_layout_only(monkeypatch,
     assert run._load("ck/iter_0000003") == (3, 24)
     assert asked == {"optim": True, "rng_too": restored}
     assert ("RNG not restored" in lines[-1]) is not restored, lines
-
-
-# --- E: inputs18's MetricsWriter opening its files at the first record (hybrid/metrics/writer.py) -----------------------
-def test_the_metrics_writer_opens_its_file_once_at_the_first_record(tmp_path):
-    """Nothing is created before the first record (a refused resume leaves no file); the first record opens the
-    file and every later one appends through that same handle -- one open file for the run, not one a record
-    (a run logging every step for 100k steps would run out of file descriptors). E10-writer-reopens (_open not
-    clearing the paths: every record opened the file again, and a TensorBoard writer with it) lived through
-    test_inputs18_*.py (the refused resume writes no record at all)."""
-    import json
-
-    from hybrid.metrics.writer import MetricsWriter
-    path = tmp_path / "m.jsonl"
-    w = MetricsWriter(None, str(path), enabled=True)
-    assert not path.exists()
-    w.write(1, {"lm_loss": 3.0})
-    first = w.file
-    for it in (2, 3):
-        w.write(it, {"lm_loss": 3.0 - it / 10})
-        assert w.file is first
-    w.close()
-    assert [json.loads(line)["iteration"] for line in path.read_text().splitlines()] == [1, 2, 3]
-    off = MetricsWriter(None, str(tmp_path / "rank1.jsonl"), enabled=False)  # not rank 0: nothing, ever
-    off.write(1, {"lm_loss": 3.0})
-    off.close()
-    assert not (tmp_path / "rank1.jsonl").exists()
-
-
-# --- E: inputs18's planner refusals (hybrid/planner/cli.py check_outputs) ----------------------------------------------
-@pytest.mark.parametrize("flag", ["--hardware", "--plot"])
-def test_a_blank_path_is_refused_as_an_empty_one(flag, capsys, monkeypatch):
-    """`--hardware "$HW "` or a quoted blank is no file name either: the same one line as an empty value, before
-    the search (a blank --hardware was planned as a file name ' ' -- 'cannot read a profile' at best; a blank --plot
-    was written after the search). E12-empty-strip (check_outputs testing value == "" instead of a blank value)
-    lived through test_inputs18_*.py, which passes "" only."""
-    from hybrid.planner import cli as plan_cli
-    monkeypatch.setattr(plan_cli, "search", lambda *a, **k: pytest.fail("searched with a blank " + flag))
-    assert plan_cli.main(["--model", "gpt2", "--gpus", "8", "--global-batch-size", "64", flag, "  "]) == 2
-    err = capsys.readouterr().err
-    assert err == f"hybrid plan: error: {flag} is empty; give a value or omit the flag\n"
