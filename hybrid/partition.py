@@ -99,11 +99,13 @@ def stage_costs_from_config(cfg: "ModelConfig", seq: int, micro_batch: int) -> S
 
 def partition_layers(num_layers: int, pp: int, v: int = 1, method: PartitionMethod | None = None,
                      layer_cost: float | Sequence[float] = 1.0, embedding_cost: float = 0.0, head_cost: float = 0.0,
-                     layers_per_stage: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+                     layers_per_stage: Sequence[int] | None = None, chunks: str | None = None
+                     ) -> list[tuple[int, ...]]:
     """Global layer ids of each of the pp * v stages, in stage order (stage = chunk * pp + rank).
 
     `method` defaults to MANUAL when `layers_per_stage` is given, else UNIFORM. `layer_cost` is one
-    cost for every layer or one per layer; the costs only matter to BALANCED.
+    cost for every layer or one per layer; the costs only matter to BALANCED. `chunks`: what set v, for the
+    messages, when not --virtual-pipeline-model-parallel-size (train.py's --pipeline-schedule zbv, which fixes 2).
     """
     for flag, value in (("--num-layers", num_layers), ("--pipeline-model-parallel-size", pp),
                         ("--virtual-pipeline-model-parallel-size", v)):
@@ -118,14 +120,14 @@ def partition_layers(num_layers: int, pp: int, v: int = 1, method: PartitionMeth
                          f"cannot apply; drop one of the two")
     stages = pp * v
     if method is PartitionMethod.UNIFORM:
-        counts = _uniform_counts(num_layers, pp, v)
+        counts = _uniform_counts(num_layers, pp, v, chunks)
     elif method is PartitionMethod.BALANCED:
         costs = _layer_costs(layer_cost, num_layers)
         check_number("embedding_cost", embedding_cost, 0)
         check_number("head_cost", head_cost, 0)
-        counts = _balanced_counts(costs, stages, embedding_cost, head_cost, _stage_flags(pp, v))
+        counts = _balanced_counts(costs, stages, embedding_cost, head_cost, _stage_flags(pp, v, chunks))
     else:
-        counts = _manual_counts(layers_per_stage, num_layers, stages, _stage_flags(pp, v))
+        counts = _manual_counts(layers_per_stage, num_layers, stages, _stage_flags(pp, v, chunks))
     return _to_layer_ids(counts)
 
 
@@ -157,22 +159,24 @@ def parse_layers_per_stage(text: str) -> tuple[int, ...]:
 
 # --- the three methods -------------------------------------------------------------------------
 
-def _uniform_counts(num_layers: int, pp: int, v: int) -> list[int]:
+def _uniform_counts(num_layers: int, pp: int, v: int, chunks: str | None = None) -> list[int]:
     stages = pp * v
     if num_layers % stages == 0:
         return [num_layers // stages] * stages
     # the model's layer count is not a flag of train.py or `hybrid convert` (the config holds it): named as a count
-    layout = f"the {stages} stages {_stage_flags(pp, v)}"
+    layout = f"the {stages} stages {_stage_flags(pp, v, chunks)}"
     if num_layers < stages:
         raise ValueError(f"the model's {num_layers} layers are fewer than {layout}; use at most {num_layers} stages")
     raise ValueError(f"the model's {num_layers} layers do not divide into {layout}; use --pipeline-partition balanced, "
                      f"or --pipeline-layers-per-stage {','.join(map(str, _near_uniform(num_layers, stages)))}")
 
 
-def _stage_flags(pp: int, v: int) -> str:
+def _stage_flags(pp: int, v: int, chunks: str | None = None) -> str:
     """The flags that make the stages, "(--pipeline-model-parallel-size 2 x --virtual-pipeline-model-parallel-size
-    2)": the virtual size only where there are virtual stages (a "pp x v" at v 1 read as a flag the user never gave)."""
-    return f"(--pipeline-model-parallel-size {pp}{f' x --virtual-pipeline-model-parallel-size {v}' if v > 1 else ''})"
+    2)": the virtual size only where there are virtual stages (a "pp x v" at v 1 read as a flag the user never gave),
+    named by `chunks` where another flag set it ("2 chunks a rank of --pipeline-schedule zbv")."""
+    virtual = f" x {chunks or f'--virtual-pipeline-model-parallel-size {v}'}" if v > 1 else ""
+    return f"(--pipeline-model-parallel-size {pp}{virtual})"
 
 
 def _near_uniform(num_layers: int, stages: int) -> list[int]:

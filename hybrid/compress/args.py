@@ -76,6 +76,10 @@ def check(args: argparse.Namespace, dp_cp: int | None = None, resuming: bool = F
         raise ValueError("--powersgd-rank does not run with --zero-stage 3 (stage 3 reduce-scatters per layer and "
                          "keeps no full gradient to compress); use --zero-stage 0, 1 or 2")
     freeze = _check_onebit(args, rank)
+    if freeze is not None and dp_cp == 1 and not resuming:  # as PowerSGD's below: no DP traffic to compress
+        raise ValueError("--optimizer onebit-adam compresses the DP momentum all-reduce, and at dp 1 there is none "
+                         "(it would run Adam with a frozen variance): run with dp > 1 (more ranks than tp x pp x cp) "
+                         "or use --optimizer adam")
     if freeze is not None and moe:
         raise ValueError("--optimizer onebit-adam does not run with an MoE model (the experts' gradients are reduced "
                          "over the expert-DP group, not the DP group 1-bit Adam compresses); use --optimizer adam")

@@ -102,8 +102,8 @@ def resume_conflict(cfg: DiLoCoConfig, ckpt: CheckpointConfig | None, dims, zero
         return ""
     replicas = cfg.replicas or dims.dp
     if saved != replicas:
-        return (f"--load {ckpt.load} holds DiLoCo state of {saved} replicas, this run has {replicas}; resume with "
-                f"--diloco-replicas {saved} (and a DP size it divides)")
+        return (f"--load {ckpt.load} holds DiLoCo state of {plural(saved, 'replica')}, this run has {replicas}; "
+                f"resume with --diloco-replicas {saved} (and a DP size it divides)")
     tau = _saved_args(ckpt).get("diloco_fragment_sync_delay") or 0
     if (tau > 0) != (cfg.fragment_sync_delay > 0):  # the in-flight delta is stored only when tau > 0
         return (f"--load {ckpt.load} was saved with --diloco-fragment-sync-delay {tau}, this run has "

@@ -36,10 +36,24 @@ def model_flops_per_token(cfg: ModelConfig, seq_length: int) -> int:
     return layers + attention + 6 * cfg.hidden_size * cfg.vocab_size
 
 
+def selective_op_rerun_params(cfg: ModelConfig) -> int:
+    """Weights of the matmuls `--recompute-granularity selective-op` reruns in one block: models/common.py's
+    SelectiveOpPolicy keeps the outputs of the 1st, 3rd, ... matmul in forward order (q, v, c_fc / gate, down) and
+    the attention kernel's; torch's checkpoint reruns the forward only as far as the last tensor backward needs
+    (its early stop), so k (h x kv) and o (q x h) run again, and SwiGLU's up (h x f, read by gate * up's
+    backward) -- GELU's c_proj, the block's last matmul, does not (its output is saved by nothing). Counted by
+    torch's FlopCounterMode in tests/test_inputs19_train_axes.py."""
+    h, f = cfg.hidden_size, cfg.ffn_hidden_size
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return h * kv + q * h + (0 if cfg.arch == ARCH_GPT2 else h * f)
+
+
 def hardware_flops_per_token(cfg: ModelConfig, seq_length: int, recompute: str = "none") -> int:
-    """Model FLOPs plus the forward work that activation recomputation repeats."""
+    """Model FLOPs plus the forward work that activation recomputation repeats (2 FLOPs a weight a token for each
+    rerun matmul; 4 s q a layer for the attention core)."""
     q = cfg.num_heads * cfg.head_dim
     extra = {"none": 0, "selective": 4 * cfg.num_layers * seq_length * q,
+             "selective-op": 2 * cfg.num_layers * selective_op_rerun_params(cfg),
              "full": 2 * cfg.num_layers * layer_matmul_params(cfg) + 4 * cfg.num_layers * seq_length * q}[recompute]
     return model_flops_per_token(cfg, seq_length) + extra
 

@@ -10,7 +10,7 @@
     hybrid plan --model llama-3-8b --gpus 64 --gpu h100-80g --global-batch-size 16 --seq-length 131072 \\
                 --activation-profile bf16-flash --context-parallel-size 1,2,4,8   # CP and its comm type too
     hybrid calibrate --ranks 4 --out cpu.json                     # measure this machine, then
-    hybrid plan --hardware cpu.json --precision fp32 --activation-profile fp32-flash ...
+    hybrid plan --hardware cpu.json --activation-profile fp32-flash ...  # fp32: a CPU profile's default
 
 Any search dimension is pinned with the flag train.py takes (--tensor-model-parallel-size,
 --pipeline-model-parallel-size, --micro-batch-size, --zero-stage, --num-layers-per-virtual-pipeline-stage,
@@ -60,8 +60,8 @@ SLOW_LINK_DEFAULTS = {"powersgd_rank": 4, "diloco_inner_steps": 100, "diloco_fra
 
 # round 16's new-user pass: train.py's and other tools' flags for what plan names otherwise ("see --help", or
 # --num-gpus -> "did you mean --scan-gpus?")
-_MIXED = ("plan prices bf16 and fp16 alike: --precision mixed, the default (2-byte parameters and gradients, fp32 "
-          "master)")
+_MIXED = ("plan prices bf16 and fp16 alike: --precision mixed, the default on GPUs (2-byte parameters and "
+          "gradients, fp32 master)")
 PLAN_HINTS = {**parallel_hints("--gpus"),
               **{flag: f"{flag}: {_MIXED}" for flag in ("--bf16", "--fp16")},
               **{flag: f"{flag}: give --gpus N (all GPUs of the job; --gpus-per-node N for a node's)"
@@ -118,9 +118,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--global-batch-size", type=int_in(1, MAX_GLOBAL_BATCH), metavar="N", required=True,
                    help="sequences per optimizer step (required)")
     g.add_argument("--seq-length", type=positive_int, metavar="N", help="None: min(2048, the model's positions)")
-    g.add_argument("--precision", default=Precision.MIXED.value, choices=[Precision.MIXED.value, Precision.FP32.value],
+    g.add_argument("--precision", default=None, choices=[Precision.MIXED.value, Precision.FP32.value],
                    help="mixed: bf16 params/grads + fp32 master and Adam (2+2+12 bytes); fp32: 4+4+8 (this "
-                        "runtime on CPU)")
+                        "runtime on CPU); None: fp32 on a CPU (a --hardware profile calibrated over gloo, --gpu "
+                        "cpu), mixed on GPUs")
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
                    help="--precision mixed: fp32 gradients (2+4+12 bytes; twice the DP gradient traffic), as "
                         "train.py's flag of that name (Megatron's default with --bf16)")
@@ -512,7 +513,7 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
         raise ValueError(f"--seq-length {seq} exceeds the model's {model.max_position_embeddings} learned "
                          f"positions; use at most {model.max_position_embeddings}")
     return Workload(model, global_batch=args.global_batch_size, seq_length=seq,
-                    pad_vocab_to=args.make_vocab_size_divisible_by, precision=Precision(args.precision),
+                    pad_vocab_to=args.make_vocab_size_divisible_by, precision=precision_of(args),
                     activations=ActivationProfile(args.activation_profile),
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32,
                     kernels=KernelProfile(args.kernels) if args.kernels else None,
@@ -536,8 +537,18 @@ def _pipeline_split(args: argparse.Namespace, model: ModelConfig) -> PipelineSpl
     return split
 
 
+def precision_of(args: argparse.Namespace) -> Precision:
+    """--precision, or what the hardware runs: fp32 on a CPU -- a profile `hybrid calibrate` measured over gloo
+    (its compute_units, the cores its ranks share) or the cpu preset -- since train.py's gloo ranks train in fp32
+    there (a CPU profile's mixed plan would price the bf16 rate and emit --bf16); mixed on GPUs."""
+    if args.precision is not None:
+        return Precision(args.precision)
+    on_host = _on_host(profile.load_hardware(args.hardware)) if args.hardware else args.gpu == "cpu"
+    return Precision.FP32 if on_host else Precision.MIXED
+
+
 def cluster_from_args(args: argparse.Namespace, gpus: int) -> Cluster:
-    base = (profile.load_hardware(args.hardware, Precision(args.precision)) if args.hardware
+    base = (profile.load_hardware(args.hardware, precision_of(args)) if args.hardware
             else hardware(args.gpu or DEFAULT_GPU))
     hw = base.with_overrides(
         memory_gb=args.gpu_memory, peak_tflops=args.gpu_tflops, gpus_per_node=args.gpus_per_node,

@@ -261,15 +261,16 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
                              "set the chunks per rank; give one of them")
         v = args.virtual_pipeline_model_parallel_size
     kind = ScheduleKind(args.pipeline_schedule or ("interleaved" if v > 1 else "1f1b"))
-    v = check_zero_bubble(args, kind, v, dims.pp, cfg.num_layers)  # zbv: 2 chunks a rank (hybrid/pipeline/args.py)
+    v = check_zero_bubble(args, kind, v, dims.pp, cfg.num_layers,  # zbv: 2 chunks a rank (hybrid/pipeline/args.py)
+                          ranks=dims.world // (dims.tp * dims.cp))
     if kind is ScheduleKind.INTERLEAVED and v == 1:  # at pp 1 too: one chunk on one rank runs the plain step
-        raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage "
-                         "(or --virtual-pipeline-model-parallel-size)"
-                         + (" and --pipeline-model-parallel-size >= 2" if dims.pp == 1 else ""))
+        _one_chunk(args, cfg.num_layers, dims.pp)
     check_virtual_stages(args, v, dims.pp)
     _check_one_stage(args, dims.pp * v)
     if kind not in (ScheduleKind.INTERLEAVED, ScheduleKind.ZBV) and v > 1:
-        raise ValueError(f"--num-layers-per-virtual-pipeline-stage needs --pipeline-schedule interleaved, not {kind.value}")
+        flag = _v_flag(args)
+        raise ValueError(f"{flag} {getattr(args, flag[2:].replace('-', '_'))} needs --pipeline-schedule interleaved "
+                         f"(or zbv), not {kind.value}; drop --pipeline-schedule or {flag}")
     if args.recompute_granularity == "selective-op" and kind in (ScheduleKind.ZB_H1, ScheduleKind.ZBV):
         raise ValueError(f"--recompute-granularity selective-op does not run with --pipeline-schedule {kind.value}: "
                          "its W reruns a block a second time and torch's selective checkpoint frees what it stored "
@@ -278,16 +279,57 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     if kind is ScheduleKind.INTERLEAVED and m % dims.pp:
         raise ValueError(f"interleaved 1F1B needs the micro-batches per step ({m} = --global-batch-size / "
                          f"(--micro-batch-size x dp)) to be a multiple of --pipeline-model-parallel-size {dims.pp}")
+    chunks = _chunks_by(args, kind, v)
     if args.pipeline_layers_per_stage:  # with --pipeline-partition balanced: partition_layers names the conflict
         method = PartitionMethod.BALANCED if args.pipeline_partition == "balanced" else None  # (it was ignored)
-        stages = partition_layers(cfg.num_layers, dims.pp, v, method=method,
+        stages = partition_layers(cfg.num_layers, dims.pp, v, method=method, chunks=chunks,
                                   layers_per_stage=parse_layers_per_stage(args.pipeline_layers_per_stage))
     elif args.pipeline_partition == "balanced":
         costs = stage_costs_from_config(cfg, args.seq_length, args.micro_batch_size)
-        stages = partition_layers(cfg.num_layers, dims.pp, v, method=PartitionMethod.BALANCED, **costs.as_kwargs())
+        stages = partition_layers(cfg.num_layers, dims.pp, v, method=PartitionMethod.BALANCED, chunks=chunks,
+                                  **costs.as_kwargs())
     else:
-        stages = partition_layers(cfg.num_layers, dims.pp, v)
+        stages = partition_layers(cfg.num_layers, dims.pp, v, chunks=chunks)
     return PipelinePlan(kind=kind, v=v, stages=stages)
+
+
+def _chunks_by(args: argparse.Namespace, kind: ScheduleKind, v: int) -> str | None:
+    """What set the v chunks a rank, for partition_layers' messages: None for --virtual-pipeline-model-parallel-size
+    (its default wording); --pipeline-schedule zbv, which fixes 2; --num-layers-per-virtual-pipeline-stage L."""
+    if args.virtual_pipeline_model_parallel_size is not None:
+        return None
+    if args.num_layers_per_virtual_pipeline_stage is not None:
+        return f"{v} chunks a rank of --num-layers-per-virtual-pipeline-stage " \
+               f"{args.num_layers_per_virtual_pipeline_stage}"
+    return f"the {v} chunks a rank of --pipeline-schedule {kind.value}" if kind is ScheduleKind.ZBV else None
+
+
+def _v_flag(args: argparse.Namespace) -> str:
+    """The flag that set the chunks per rank (--num-layers-per-virtual-pipeline-stage when neither was given)."""
+    return ("--virtual-pipeline-model-parallel-size" if args.virtual_pipeline_model_parallel_size is not None
+            else "--num-layers-per-virtual-pipeline-stage")
+
+
+def _one_chunk(args: argparse.Namespace, layers: int, pp: int) -> None:
+    """--pipeline-schedule interleaved with one chunk a rank: none asked for, or a flag whose value gives one
+    (--num-layers-per-virtual-pipeline-stage L = layers / pp, --virtual-pipeline-model-parallel-size 1) -- the
+    error names what was given and the value that interleaves (L = layers / (2 pp), two chunks a rank)."""
+    given = (args.num_layers_per_virtual_pipeline_stage is not None
+             or args.virtual_pipeline_model_parallel_size is not None)
+    if not given:
+        raise ValueError("--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage "
+                         "(or --virtual-pipeline-model-parallel-size)"
+                         + (" and --pipeline-model-parallel-size >= 2" if pp == 1 else ""))
+    if pp == 1:
+        raise ValueError("--pipeline-schedule interleaved needs --pipeline-model-parallel-size >= 2 (its chunks "
+                         "shrink a pipeline's bubble; one stage has none): give --pipeline-model-parallel-size N "
+                         "or use --pipeline-schedule 1f1b")
+    flag = _v_flag(args)
+    layers_flag = flag == "--num-layers-per-virtual-pipeline-stage" and layers % (2 * pp) == 0
+    two = f"{flag} {layers // (2 * pp)}" if layers_flag else "--virtual-pipeline-model-parallel-size 2"
+    raise ValueError(f"{flag} {getattr(args, flag[2:].replace('-', '_'))} gives one chunk a rank ({layers} layers / "
+                     f"--pipeline-model-parallel-size {pp}), and --pipeline-schedule interleaved needs two or more: "
+                     f"give {two}, or --pipeline-schedule 1f1b")
 
 
 def check_virtual_stages(args: argparse.Namespace, v: int, pp: int) -> None:
@@ -608,8 +650,11 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     pinned_etp = "expert_tensor_parallel_size" in getattr(args, "explicit", set())  # and expert-TP
     # and no zero-bubble schedule (check_zero_bubble refuses it with --compile: B could not leave W to later)
     traced_sac = args.compile and args.recompute_granularity == "selective-op"  # check_compile: at tp 1 only
+    # an MoE model's selective-op recomputation runs at ZeRO 0-2 (hybrid/moe/args.py): the search keeps to them
+    moe_sac = work.model.num_experts and args.recompute_granularity == "selective-op"
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),), tp=(1,) if traced_sac else None,
-                        zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
+                        zero=tuple(ZeroStage(z) for z in (0, 1, 2)) if moe_sac else
+                        tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
                         zero_bubble=(False,) if args.compile else None,
                         expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None,
                         expert_tensor_parallel=(args.expert_tensor_parallel_size,) if pinned_etp else None)

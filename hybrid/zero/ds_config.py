@@ -424,6 +424,8 @@ def deepspeed_origins(ds: DeepSpeedSettings, explicit: set[str], flags: tuple[tu
     the global batch comes from train_batch_size, or the micro-batch x gradient_accumulation_steps."""
     out = {f"--{dest.replace('_', '-')}": key for dest, key, attr in flags
            if getattr(ds, attr) is not None and dest not in explicit}
+    if ds.freeze_step is not None and "optimizer" not in explicit:  # "type": "OneBitAdam" set --optimizer
+        out["--optimizer onebit-adam"] = 'optimizer.type "OneBitAdam"'
     if "global_batch_size" not in explicit:
         if ds.train_batch is not None:
             out["--global-batch-size"] = "train_batch_size"
