@@ -36,7 +36,9 @@ def test_500w_h100_clock_is_what_torchtitan_table1_gives():
     # what one constant carried before (0.670), then 0.683 (both refitted with the ZeRO 3 overlap cost and the
     # checkpoint's early stop in the model), now 0.700: flash rates by sequence length (hardware.FLASH_FWD_BWD_TFLOPS)
     # run FlashAttention-2 slower at s 2048-8192 than the flat 0.35 did, which the clock no longer has to carry
-    assert H100_500W_CLOCK * H100_EAGER_CLOCK == pytest.approx(0.700, abs=0.002)
+    # and 0.722 since round 19's GEMM ceiling (hardware.H100_LARGE_GEMM_RATIO): Table 1's 8B GEMMs lie beyond
+    # XLA's table and run 1 / 0.959 slower on the curve, which both clocks no longer have to carry
+    assert H100_500W_CLOCK * H100_EAGER_CLOCK == pytest.approx(0.722, abs=0.002)
     assert fit.torchtitan_table1(hw) == pytest.approx(fit.TORCHTITAN_TABLE1_TOKENS_PER_GPU, rel=0.01)
 
 
@@ -48,7 +50,9 @@ def test_h100_eager_clock_is_what_mosaicmls_single_node_and_flashattention2_rows
     assert len(fit.mpt_h100_fit_runs()) == 18
     assert fit.fit_h100_eager_clock() == pytest.approx(H100_EAGER_CLOCK, abs=0.002)
     assert fit.eager_clock_log_error(H100_EAGER_CLOCK) == pytest.approx(0.0, abs=0.005)
-    assert fit.eager_clock_log_error(1.0) > 0.25  # the preset's full rate: about +32 % optimistic on these rows
+    # the preset's full rate: about +27 % optimistic on these rows (log 0.237; +32 % before round 19's GEMM ceiling
+    # took 1 / 0.959 of their large GEMMs' rate, hardware.H100_LARGE_GEMM_RATIO)
+    assert fit.eager_clock_log_error(1.0) > 0.22
 
 
 def test_triton_share_is_what_mosaicmls_long_h100_triton_rows_give():

@@ -34,7 +34,8 @@ def test_a_compiled_pytorch_run_gets_the_stack_clock_and_only_the_clock():
                        Cluster(gpus=8, hw=h100.for_stack(pytorch=True)), FSDP).time
     auto = evaluate(_work(KernelProfile.FUSED), Cluster(gpus=8, hw=h100), FSDP).time
     assert pytorch.total == clocked.total == auto.total
-    assert pytorch.total > 1.3 * megatron.total
+    # 1.295 x: the clock's 1 / 0.735 on the tensor-core terms (1.33 x at round 18's 0.708, before the GEMM ceiling)
+    assert pytorch.total > 1.27 * megatron.total
     for name in ("memory_bound", "launches", "optimizer"):  # fusion is --kernels', untouched by the stack
         assert pytorch.term(name) == pytest.approx(megatron.term(name), rel=1e-9)
     # eager still costs more than compiled on the same stack: the memory-bound ops, not the clock
@@ -109,7 +110,8 @@ def test_the_docs_table_of_auto_on_the_clocked_fused_rows_is_the_codes():
 def test_the_heldout_pytorch_rows_check_only_and_the_stack_is_what_moves_the_compiled_ones():
     """The reviewer's held-out H100 rows (published.heldout_h100_runs) are CHECK rows on the PyTorch stack, fitting
     nothing; planned as Megatron, the three torch.compile'd ones are +38 % or more optimistic (what --kernels alone
-    gave them before this round: +25 % or more with the overlap cost), on the PyTorch stack within -8 to +15 %."""
+    gave them before this round: +25 % or more with the overlap cost, +24 % with round 19's GEMM ceiling), on the
+    PyTorch stack within -8 to +15 %."""
     from dataclasses import replace
     from hybrid.planner.published import Role, heldout_h100_runs
     runs = heldout_h100_runs()
@@ -119,6 +121,7 @@ def test_the_heldout_pytorch_rows_check_only_and_the_stack_is_what_moves_the_com
     assert len(compiled) == 3
     for run in compiled:
         megatron = replace(run, workload=replace(run.workload, stack=Stack.MEGATRON))
-        # +38 % or more before the sixth round's ZeRO 3 overlap cost, which slows both stacks' FSDP rows
-        assert megatron.throughput_error(megatron.predict()) > 0.25, run.name
+        # +38 % or more before the sixth round's ZeRO 3 overlap cost, which slows both stacks' FSDP rows; +24 % or
+        # more since round 19's clock refit (0.708 -> 0.735 with the GEMM ceiling)
+        assert megatron.throughput_error(megatron.predict()) > 0.22, run.name
         assert -0.08 < run.throughput_error(run.predict()) < 0.15, run.name

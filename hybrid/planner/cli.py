@@ -690,8 +690,10 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
     flash = (f"flash attention ({kernel.value}, head {d}, s {s}) at "
              f"{kernel.efficiency(hw, d, s) * hw.peak_tflops:.3g} TFLOP/s" if hw.flash_efficiency else
              "attention as GEMMs")
+    ceiling = (f" (x {hw.large_gemm_ratio:g} beyond {hw.large_gemm_flops:.3g} FLOPs, past the measured table)"
+               if hw.large_gemm_flops is not None else "")  # Hardware.large_gemm_ratio
     lines.append(f"  on {hw.name}: GEMMs at up to {hw.compute_efficiency:g} x {hw.peak_tflops:g} TFLOP/s + "
-                 f"{hw.gemm_overhead_s * 1e6:.3g} us each; {flash}; memory-bound ops at "
+                 f"{hw.gemm_overhead_s * 1e6:.3g} us each{ceiling}; {flash}; memory-bound ops at "
                  f"{hw.elementwise_bytes_per_s / 1e12:.3g} TB/s + {hw.kernel_overhead_s * 1e6:.3g} us a kernel; "
                  f"one pipeline message {t.pp_comm * 1e3:.3g} ms; bubble {100 * t.bubble_fraction:.1f} % "
                  f"(docs/planner.md \"Time\")")

@@ -89,8 +89,10 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   own note: its peak is "between SXM and NVL"). Its sustained clock relative to a 700 W H100 on the same stack
 #   (H100_500W_CLOCK, the 500 W factor, scaling the GEMM asymptote and the flash rate) is **fitted** to one row,
 #   torchtitan's Table 1 (Llama 3.1 8B, eager FSDP on 8 GPUs, 5,762 tokens/s a GPU; fit.fit_h100_500w_clock), on
-#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.988 x 0.708 = 0.700; 0.991 x 0.689 = 0.683 before
-#   round 8's flash rates by sequence length (FLASH_FWD_BWD_TFLOPS); 0.670 before the overlap cost
+#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.982 x 0.735 = 0.722 since round 19's GEMM
+#   ceiling below, H100_LARGE_GEMM_RATIO, which the clocks no longer carry; 0.988 x 0.708 = 0.700 before it;
+#   0.991 x 0.689 = 0.683 before round 8's flash rates by sequence length (FLASH_FWD_BWD_TFLOPS); 0.670 before the
+#   overlap cost
 #   and the checkpoint's early stop, the constant this factor replaced when it carried both); torchtitan's compiled
 #   rows then check the stack clock; its capacity assumes the 80 GB part's ratio of usable to nominal bytes (81559
 #   MiB of 80 GiB) for 96 GiB.
@@ -99,8 +101,9 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   rate of an `--kernels eager` workload (Hardware.eager_clock), not its memory-bound kernels. **Fitted** (least
 #   squares in log throughput) to the six single-node rows of MosaicML's H100 table (MPT 1B-30B on 8 GPUs, Composer +
 #   PyTorch FSDP; fit.fit_h100_eager_clock) and, since round 18, the 12 rows of its ">= 128 GPUs" table that ran
-#   FlashAttention-2 (0.7075 with TRITON_FLASH2_SHARE below: within the tests' 0.002 of 0.708, kept), with
-#   OVERLAP_SLOWDOWN and the checkpoint's early stop (time._stops_early) in the model (0.681 without both, 0.716 with
+#   FlashAttention-2 (0.7346 with TRITON_FLASH2_SHARE below and round 19's GEMM ceiling, shipped 0.735; 0.7075 /
+#   0.708 before the ceiling), with OVERLAP_SLOWDOWN and the checkpoint's early stop (time._stops_early) in the
+#   model (0.681 without both, 0.716 with
 #   the first: the clock had absorbed the b 2 row's ZeRO 3 overlap cost and the checkpointed rows' unrun down
 #   projection); until round 18 the table's ten 16-512 GPU rows and every
 #   other row only check (with flash kernels' head-width padding, AttentionKernel, the same fit gives 0.690 and
@@ -125,8 +128,8 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   the compute under it 1 - 1/1.73 = 0.42 s (time._overlapped; and time._dp_step_seconds for the hidden part of
 #   ZeRO 0-1's overlapped gradient reduction and of ZeRO 1-2's post-step parameter all-gather). Not fitted.
 OVERLAP_SLOWDOWN = (1.76 + 1.70) / 2
-H100_500W_CLOCK = 0.988
-H100_EAGER_CLOCK = 0.708
+H100_500W_CLOCK = 0.982
+H100_EAGER_CLOCK = 0.735
 H100_96G_BYTES = round(96 * 2**30 * 81559 / 81920)
 ELEMENTWISE_FRACTION = 4.16 / 4.8
 KERNEL_OVERHEAD_S = 5.37e-6
@@ -149,8 +152,19 @@ FLASH1_A100 = 83.0 / 312.0  # FLASH1's share of the A100's peak at 16k, causal, 
 #   alternately to a joint point (docs/planner/rounds.md "Round 18"). The share is of the unclocked rate: it was fitted
 #   on PyTorch-native rows, so the stack's clock is in it (AttentionKernel.stack_clocked). The A100 rows were not
 #   fitted: they check that the kernel scales between the cards as FlashAttention-2's bars do.
-TRITON_FLASH2_SHARE = 0.5414
+TRITON_FLASH2_SHARE = 0.5424
 HOPPER_FP8_TFLOPS = 1979.0
+# * The H100 curve beyond XLA's table (LARGE_GEMM_FLOPS, H100_LARGE_GEMM_RATIO; round 19). XLA's 72 shapes stop at
+#   2 x 4096^3 = 1.37e11 FLOPs (no m, n or k above 4096): a larger product on the H100 curve is an extrapolation
+#   towards its asymptote. The GH100 timings this repository holds beyond that point are four of our H200's
+#   (data/gemm_h200_measured.csv: 8192^3 and the three 128256-wide vocabulary products of a 1.2B Llama; the H200
+#   is the H100 SXM's chip at the same 700 W and clocks); **measured** over the H100 curve they run 0.999, 0.986,
+#   0.907, 0.949 of it, geometric mean 0.959 (published18.large_ratio; no training row in it). So an H100 GEMM of
+#   more FLOPs than XLA's largest takes 1 / 0.959 of its curve seconds (bf16 and FP8, every stack;
+#   Hardware.large_gemm_flops / large_gemm_ratio). The h200 preset's curve was fitted on those shapes themselves
+#   (its table reaches 2.15e12 FLOPs), so nothing is extrapolated there and it carries no ceiling.
+LARGE_GEMM_FLOPS = 2.0 * 4096 ** 3
+H100_LARGE_GEMM_RATIO = 0.959
 
 
 @dataclass(frozen=True)
@@ -311,14 +325,14 @@ _FRACTION = {"low": 0, "high": 1, "low_open": True}  # (0, 1]
 FIELD_RULES: dict[str, dict] = {
     **{name: _POSITIVE for name in ("peak_tflops", "memory_gb", "hbm_tbps", "intra_node_gbps", "inter_node_gbps",
                                     "pcie_gbps", "host_memory_gb", "cpu_adam_params_per_s", "memory_bytes",
-                                    "elementwise_tbps", "fp8_tflops", "inter_dc_gbps")},
+                                    "elementwise_tbps", "fp8_tflops", "inter_dc_gbps", "large_gemm_flops")},
     **{name: {"low": 1, "integer": True} for name in ("gpus_per_node", "compute_units")},
-    **{name: _FRACTION for name in ("compute_efficiency", "flash_efficiency", "eager_clock")},
+    **{name: _FRACTION for name in ("compute_efficiency", "flash_efficiency", "eager_clock", "large_gemm_ratio")},
     **{name: {"low": 0} for name in ("intra_latency_s", "inter_latency_s", "inter_dc_latency_s") + ZERO_OK_FIELDS},
     "overlap_slowdown": {"low": 1},
 }
 NULLABLE_FIELDS = ("compute_units", "memory_bytes", "elementwise_tbps", "flash_efficiency", "fp8_tflops",
-                   "inter_dc_gbps", "inter_dc_latency_s")
+                   "inter_dc_gbps", "inter_dc_latency_s", "large_gemm_flops")
 # the flag that sets a field, named in its error (`hybrid plan`'s overrides; the inter-DC link's seconds are
 # --inter-dc-latency's milliseconds / 1000)
 FIELD_FLAGS = {"peak_tflops": "--gpu-tflops", "memory_gb": "--gpu-memory", "gpus_per_node": "--gpus-per-node",
@@ -437,6 +451,10 @@ class Hardware:
         overlap_slowdown: how many times longer compute kernels take while a ZeRO 2/3 collective runs under them
             (OVERLAP_SLOWDOWN on GPUs: NCCL's CTAs take SMs and HBM bandwidth from them); 1: overlap is free (a CPU,
             whose collectives' own work `collective_cpu_s` and the shared-compute bound price instead).
+        large_gemm_flops, large_gemm_ratio: a matmul of more FLOPs than large_gemm_flops runs at large_gemm_ratio of
+            the curve's rate (gemm_seconds: its seconds / the ratio): where the curve's table stops and the
+            measured large products run below its extrapolation (H100 presets: LARGE_GEMM_FLOPS,
+            H100_LARGE_GEMM_RATIO). None / 1: the curve everywhere.
     """
 
     name: str
@@ -481,6 +499,8 @@ class Hardware:
     executor_backward_cpu_s: float = 0.0
     optimizer_tensor_cpu_s: float = 0.0
     optimizer_step_cpu_s: float = 0.0
+    large_gemm_flops: float | None = None
+    large_gemm_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         """Every number field by its rule in FIELD_RULES (check_number, the typed configs' one check: a bool, NaN
@@ -537,13 +557,18 @@ class Hardware:
 
     def gemm_seconds(self, gemm: "Gemm", dtype_bytes: int, fp8: bool = False) -> float:
         """Seconds of one (batched) matmul: max(compute, operand traffic) + the fixed cost (the GEMM curve). With
-        `fp8` the product runs at the FP8 peak (same asymptotic efficiency) on 1-byte operands."""
+        `fp8` the product runs at the FP8 peak (same asymptotic efficiency) on 1-byte operands. A product beyond
+        large_gemm_flops takes 1 / large_gemm_ratio of that (the ratio is measured rate over the curve's, fixed
+        cost included)."""
         if fp8 and self.fp8_tflops is None:
             raise ValueError(f"--fp8: {self.name} has no FP8 tensor cores (plan bf16, or an h100 / h200)")
         peak = self.fp8_tflops if fp8 else self.peak_tflops
         compute = gemm.flops / (peak * 1e12 * self.compute_efficiency)
         traffic = (1 if fp8 else dtype_bytes) * gemm.operand_elements / (self.hbm_tbps * 1e12)
-        return max(compute, traffic) + self.gemm_overhead_s
+        seconds = max(compute, traffic) + self.gemm_overhead_s
+        if self.large_gemm_flops is not None and gemm.flops > self.large_gemm_flops:
+            return seconds / self.large_gemm_ratio
+        return seconds
 
     def gemm_flops(self, gemm: "Gemm", dtype_bytes: int) -> float:
         """Achieved FLOP/s of `gemm`: its FLOPs over gemm_seconds."""
@@ -589,7 +614,8 @@ PRESETS: dict[GpuKind, Hardware] = {
                                kernel_overhead_s=KERNEL_OVERHEAD_S, flash_efficiency=HOPPER_FLASH,
                                flash_rates=GpuKind.H100_80G.value,
                                fp8_tflops=HOPPER_FP8_TFLOPS, eager_clock=H100_EAGER_CLOCK,
-                               overlap_slowdown=OVERLAP_SLOWDOWN),
+                               overlap_slowdown=OVERLAP_SLOWDOWN, large_gemm_flops=LARGE_GEMM_FLOPS,
+                               large_gemm_ratio=H100_LARGE_GEMM_RATIO),
     GpuKind.H100_96G_500W: Hardware(name="h100-96g-500w", peak_tflops=989.0, memory_gb=96.0, hbm_tbps=2.4,
                                     gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
                                     host_memory_gb=2000.0, cpu_adam_params_per_s=5e9,
@@ -600,7 +626,8 @@ PRESETS: dict[GpuKind, Hardware] = {
                                     flash_efficiency=HOPPER_FLASH * H100_500W_CLOCK, fp8_tflops=HOPPER_FP8_TFLOPS,
                                     flash_rates=GpuKind.H100_80G.value,
                                     overlap_slowdown=OVERLAP_SLOWDOWN,
-                                    eager_clock=H100_EAGER_CLOCK),
+                                    eager_clock=H100_EAGER_CLOCK, large_gemm_flops=LARGE_GEMM_FLOPS,
+                                    large_gemm_ratio=H100_LARGE_GEMM_RATIO),
     GpuKind.H200: Hardware(name="h200", peak_tflops=989.0, memory_gb=141.0, hbm_tbps=4.8,
                            gpus_per_node=8, intra_node_gbps=450.0, inter_node_gbps=47.0, pcie_gbps=50.0,
                            host_memory_gb=2000.0, cpu_adam_params_per_s=5e9, memory_bytes=H200_CUDA_BYTES,

@@ -10,8 +10,8 @@ compute stream: torch's FSDP2 (`_fsdp_collectives.py`, torch 2.13) copies every 
 all-gather buffer at each unshard and every gradient into the reduce-scatter input; FSDP1 and Megatron-FSDP gather
 and reduce in place; this runtime (hybrid/zero) gathers in place and copies each gradient into its unit's buffer.
 The one fitted constant whose fit row changes is H100_500W_CLOCK: its row, torchtitan's Table 1, is FSDP2 (eager,
-8 GPUs), so with the copies priced the row falls 1.6 % short and the clock refits 0.988 -> 1.010 (above 1: the
-500 W card faster than the 700 W one the PyTorch stack clock was fitted on). The other three fits are untouched:
+8 GPUs), so with the copies priced the row falls 1.6 % short and the clock refits 0.988 -> 1.010 (0.982 -> 1.003
+since round 19's GEMM ceiling; above 1: the 500 W card faster than the 700 W one the PyTorch stack clock was fitted on). The other three fits are untouched:
 H100_EAGER_CLOCK's six MPT rows run FSDP1 (no copies), KERNEL_OVERHEAD_S's H200 run and A100_EFFICIENCY's
 Korthikanti row have no ZeRO 3. Landing rule (the round's brief): the check rows improve overall and no family gets
 worse beyond noise. They do not (the report's summary lines): the model's default prices no copies

@@ -10,10 +10,12 @@ GPUs" table) and the share on 16 (fit.joint_fit: round 17's `--joint`). What sta
 by fit.py's own functions on other fit sets and planned on fit.mosaicml_device:
 
 * the clock on the 12 FlashAttention-2 rows alone (CLOCK_FIT: the same stack and sweep scripts as the Triton rows,
-  a kernel whose H100 rate is published; 0.6886) and the share on its 16 rows with that clock (0.5481): it moves
+  a kernel whose H100 rate is published; 0.7139 with round 19's GEMM ceiling, 0.6886 before) and the share on its
+  16 rows with that clock (0.5496; 0.5481): it moves
   the H100 Triton rows at s < 8192 to -6 % (the reason round 17 gave for not landing it);
-* the clock on its six single-node rows alone, alternately with the share (`--six-rows-clock`: 0.765 / 0.524),
-  which moves the FlashAttention-2 rows to +9.5 %.
+* the clock on its six single-node rows alone, alternately with the share (`--six-rows-clock`: 0.798 / 0.524;
+  0.765 / 0.524 before round 19's GEMM ceiling),
+  which moves the FlashAttention-2 rows to +10.1 % (+9.5 % before).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from hybrid.planner.published import PublishedRun, Role, _plan_on, summary
 
 # what the what-ifs give (docs/planner/rounds.md "Round 17: one Triton rate on both cards";
 # tests/test_planner17_triton.py)
-CLOCK_FITTED, TRITON_SHARE_FITTED = 0.6886, 0.5481
+CLOCK_FITTED, TRITON_SHARE_FITTED = 0.7139, 0.5496
 CARD = "h100-80g"  # the preset H100_EAGER_CLOCK is fitted for; the 500 W part and the H200 are left as they are
 LONG = 8192
 

@@ -1,20 +1,21 @@
-"""Round 18 (issue 26, planner18b): two what-ifs, landed nowhere (docs/planner/rounds.md "Round 18: DTensor SP's
-copies").
+"""Round 18 (issue 26, planner18b): two what-ifs (docs/planner/rounds.md "Round 18: DTensor SP's copies"); the
+first landed in round 19 (hardware.LARGE_GEMM_FLOPS / H100_LARGE_GEMM_RATIO, the clocks refitted with it:
+docs/planner/round19-gemm-ceiling.md), and this module keeps its data.
 
-    python -m hybrid.planner.published18             # the GEMM shapes and their sources, the ceiling by group
-    python -m hybrid.planner.published18 --families  # the families report (families.py) under the GEMM ceiling
+    python -m hybrid.planner.published18             # the GEMM shapes and their sources
     python -m hybrid.planner.published18 --float8-sac  # torchtitan's Float8 + per-op SAC rows, all linears rerun
 
-1. The GEMM ceiling. The H100 curve (hardware.py: e 0.789, t0 6.4 us) is least squares over XLA's 72 measured bf16
-shapes (data/gemm_h100_xla.csv), none with m, n or k above 4096 and none above 2 x 4096^3 = 1.37e11 FLOPs.
+1. The GEMM ceiling (landed). The H100 curve (hardware.py: e 0.789, t0 6.4 us) is least squares over XLA's 72
+measured bf16 shapes (data/gemm_h100_xla.csv), none with m, n or k above 4096 and none above 2 x 4096^3 = 1.37e11 FLOPs.
 GPT-3 175B's per-rank matmuls at t 4 (b 1, s 2048, h 12288; SP gathers the 2048 tokens) are 1.5e11-6.2e11 FLOPs
 with n or k of 3072-12288: the curve prices them by extrapolation, near its asymptote. The GH100 timings this
 repository holds beyond XLA's largest are four of our H200's (data/gemm_h200_measured.csv; the same GH100 chip,
 clocks and 700 W as the H100 SXM): 8192^3 and the three 128256-wide vocabulary products, LARGE_FIT. Measured over
 the curve they give 0.999, 0.986, 0.907, 0.949 (geometric mean 0.959 on the H100 curve, 0.957 on the H200's).
-The what-if (`large_gemm_ceiling`): a Hopper GEMM of more FLOPs than XLA's largest takes 1 / that ratio of the
-curve's seconds (bf16 and FP8 alike, every stack; the eager clock and the 500 W clock left as fitted, though both
-were fitted over the curve as shipped). Nothing is fitted to a training row.
+Round 18's what-if took 1 / that ratio of the curve's seconds for every Hopper GEMM beyond XLA's largest, the clocks
+left as fitted; round 19 landed it on the H100 presets (Hardware.large_gemm_flops / large_gemm_ratio; the h200's
+own curve was fitted on those shapes) with H100_EAGER_CLOCK, TRITON_FLASH2_SHARE and H100_500W_CLOCK refitted on
+their rows. The ratio is fitted to no training row.
 
 2. Float8 under torchtitan's per-op SAC (June 2025). The H200 rows' published memory (47.96 / 46.97 GiB) is 21 GiB
 below the plan (69.6 / 67.6), where torchtitan's Dec 2024 Float8 rows planned the same way are within 5 GiB. The
@@ -30,11 +31,12 @@ import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from hybrid.planner.hardware import Gemm, Hardware, hardware
-from hybrid.planner.published import PublishedRun, Role
-from hybrid.planner.published_more import Result, evaluate, mcore_weak_runs, summary_line
+from hybrid.planner.published import PublishedRun
+from hybrid.planner.published_more import evaluate
 
 HOPPER_PEAK_TFLOPS = 989.0  # H100 / H200 SXM dense bf16: the presets this what-if touches
 
@@ -64,33 +66,17 @@ def h200_beyond() -> list[tuple[Gemm, float]]:
     return [(g, rate) for g, rate in rows if g.flops > limit]
 
 
+def curve(card: str) -> Hardware:
+    """`card`'s preset on its GEMM curve alone, without the large-GEMM ceiling (Hardware.large_gemm_flops None)."""
+    return replace(hardware(card), large_gemm_flops=None, large_gemm_ratio=1.0)
+
+
 def large_ratio(card: str = "h100-80g") -> float:
     """Geometric mean of measured / curve FLOP/s over h200_beyond() on `card`'s curve (the H100's for every H100
-    preset -- the 500 W part shares it -- the H200's own for h200)."""
-    hw = hardware(card)
+    preset -- the 500 W part shares it -- the H200's own for h200): hardware.H100_LARGE_GEMM_RATIO for the H100."""
+    hw = curve(card)
     logs = [math.log(rate / hw.gemm_flops(g, 2)) for g, rate in h200_beyond()]
     return math.exp(sum(logs) / len(logs))
-
-
-@contextmanager
-def large_gemm_ceiling(ratios: dict[str, float] | None = None) -> Iterator[None]:
-    """Inside the block a Hopper GEMM of more FLOPs than XLA's largest measured shape takes 1 / ratio of its curve
-    seconds (`ratios` by curve, "h100-80g" / "h200"; default large_ratio() of each); every other GEMM, and every
-    non-Hopper device, as shipped."""
-    ratios = ratios or {card: large_ratio(card) for card in ("h100-80g", "h200")}
-    limit = xla_largest()[0]
-    original = Hardware.gemm_seconds
-
-    def gemm_seconds(self, gemm, dtype_bytes, fp8=False):
-        seconds = original(self, gemm, dtype_bytes, fp8)
-        if self.peak_tflops == HOPPER_PEAK_TFLOPS and gemm.flops > limit:
-            return seconds / ratios["h200" if self.name == "h200" else "h100-80g"]
-        return seconds
-    Hardware.gemm_seconds = gemm_seconds
-    try:
-        yield
-    finally:
-        Hardware.gemm_seconds = original
 
 
 def gpt3_shapes() -> list[tuple[str, Gemm]]:
@@ -110,13 +96,13 @@ def gpt3_shapes() -> list[tuple[str, Gemm]]:
 
 def shape_table() -> str:
     flops_max, dim_max = xla_largest()
-    h100 = hardware("h100-80g")
+    h100 = curve("h100-80g")
     lines = [f"XLA's H100 table: largest product {flops_max:.3g} FLOPs, largest dimension {dim_max}.", "",
              "| our H200's products beyond it (LARGE_FIT) | GFLOPs | measured TFLOP/s | / H100 curve | / H200 curve |",
              "|---|---|---|---|---|"]
     for g, rate in h200_beyond():
         lines.append(f"| {g.m} x {g.n} x {g.k} | {g.flops / 1e9:.0f} | {rate / 1e12:.0f} | "
-                     f"{rate / h100.gemm_flops(g, 2):.3f} | {rate / hardware('h200').gemm_flops(g, 2):.3f} |")
+                     f"{rate / h100.gemm_flops(g, 2):.3f} | {rate / curve('h200').gemm_flops(g, 2):.3f} |")
     lines += [f"| geometric mean | | | {large_ratio('h100-80g'):.3f} | {large_ratio('h200'):.3f} |", "",
               "| GPT-3 175B, t 4, b 1, s 2048: matmul | m x n x k | GFLOPs | beyond XLA's table | H100 curve "
               "TFLOP/s | share of peak |", "|---|---|---|---|---|---|"]
@@ -126,47 +112,6 @@ def shape_table() -> str:
         lines.append(f"| {name} | {g.m} x {g.n} x {g.k} | {g.flops / 1e9:.0f} | {beyond} | {rate / 1e12:.0f} | "
                      f"{rate / 1e12 / HOPPER_PEAK_TFLOPS:.3f} |")
     return "\n".join(lines)
-
-
-def groups() -> list[tuple[str, list[PublishedRun]]]:
-    """The check rows the ceiling moves that this round looks at: causes.py's Megatron / NeMo groups, and the
-    PyTorch-native Hopper rows (torchtitan, KempnerForge, IBM, OLMo-core), MosaicML's H100 rows apart (another
-    helper's, and fitted under the eager clock)."""
-    from hybrid.planner.causes import affected_groups
-    from hybrid.planner.families import all_published_runs, family_of
-    hopper = [r for r in all_published_runs() if r.role is Role.CHECK
-              and r.hardware().peak_tflops == HOPPER_PEAK_TFLOPS]
-    native = [r for r in hopper
-              if any(family_of(r.source).startswith(f) for f in ("torchtitan", "KempnerForge", "IBM", "OLMo"))]
-    mosaic_h100 = [r for r in hopper if r.name.startswith("MPT-")]
-    return ([g for g in affected_groups() if not g[0].startswith("A100")]
-            + [("PyTorch-native Hopper rows (torchtitan, KempnerForge, IBM, OLMo-core)", native),
-               ("MosaicML H100 check rows (eager clock as fitted)", mosaic_h100)])
-
-
-def group_report() -> str:
-    out = []
-    for what, rows in groups():
-        today = [evaluate(r) for r in rows]
-        with large_gemm_ceiling():
-            after = [evaluate(r) for r in rows]
-        out += [summary_line(f"{what}, as shipped", today), summary_line(f"{what}, what-if", after)]
-    return "\n".join(out)
-
-
-def row_table(runs: list[PublishedRun]) -> str:
-    lines = ["| row | as shipped | what-if |", "|---|---|---|"]
-    for run in runs:
-        before = evaluate(run).error
-        with large_gemm_ceiling():
-            after = evaluate(run).error
-        lines.append(f"| {run.name} | {100 * before:+.1f} % | {100 * after:+.1f} % |")
-    return "\n".join(lines)
-
-
-def _ceiling_evaluate(run: PublishedRun) -> Result:
-    with large_gemm_ceiling():
-        return evaluate(run)
 
 
 @contextmanager
@@ -214,23 +159,13 @@ def float8_sac_table() -> str:
     return "\n".join(lines)
 
 
-def families_report() -> str:
-    from hybrid.planner.families import all_rows, report
-    return report(all_rows(_ceiling_evaluate))
-
-
 def main() -> None:
-    if sys.argv[1:] == ["--families"]:
-        print(families_report())
-        return
     if sys.argv[1:] == ["--float8-sac"]:
         print(float8_sac_table())
         return
     if sys.argv[1:]:
-        raise SystemExit(f"unknown arguments {sys.argv[1:]}: pass nothing, --families or --float8-sac")
-    print(shape_table() + "\n")
-    print(row_table(mcore_weak_runs()) + "\n")
-    print(group_report())
+        raise SystemExit(f"unknown arguments {sys.argv[1:]}: pass nothing or --float8-sac")
+    print(shape_table())
 
 
 if __name__ == "__main__":
