@@ -122,17 +122,17 @@ def expected_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def check_shapes(model: nn.Module, reader: "CheckpointReader", path: str | os.PathLike) -> None:
+def check_shapes(model: nn.Module, reader: "CheckpointReader", path: str | os.PathLike, what: str = "--load") -> None:
     """Every tensor the model reads has exactly the shape its config implies -- a larger one would
-    otherwise be cropped silently by the sliced read."""
+    otherwise be cropped silently by the sliced read. `what`: the flag or word the error names the folder by."""
     for key, want in expected_shapes(model).items():
         found = tuple(reader.get_slice(key).get_shape())
         if found != want:
-            raise ValueError(f"--load {os.fspath(path)}: tensor {reader.resolve(key)} has shape {list(found)}, but the "
+            raise ValueError(f"{what} {os.fspath(path)}: tensor {reader.resolve(key)} has shape {list(found)}, but the "
                              f"model config implies {list(want)}; use the config.json saved with this checkpoint")
 
 
-def check_checkpoint(cfg: ModelConfig, path: str | os.PathLike) -> None:
+def check_checkpoint(cfg: ModelConfig, path: str | os.PathLike, what: str = "--load") -> None:
     """Before any process group: the checkpoint at `path` has every tensor of the model `cfg`
     describes, each with the shape the config implies (ValueError naming the first that differs)."""
     from hybrid.comm import Group
@@ -143,23 +143,26 @@ def check_checkpoint(cfg: ModelConfig, path: str | os.PathLike) -> None:
         model = build_model(cfg, TPContext(Group.solo("tp")), seed=None)
     reader = CheckpointReader(path)
     try:
-        check_shapes(model, reader, path)
+        check_shapes(model, reader, path, what)
     except KeyError as e:
-        raise ValueError(f"--load {os.fspath(path)}: {e.args[0]}; the checkpoint does not match --model") from None
-    check_no_extra_layers(cfg, reader, path)
+        raise ValueError(f"{what} {os.fspath(path)}: {e.args[0]}; the checkpoint does not match "
+                         f"{'its config.json' if what == 'SRC' else '--model'}") from None
+    check_no_extra_layers(cfg, reader, path, what)
 
 
 _LAYER_KEY = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")
 
 
-def check_no_extra_layers(cfg: ModelConfig, reader: "CheckpointReader", path: str | os.PathLike) -> None:
+def check_no_extra_layers(cfg: ModelConfig, reader: "CheckpointReader", path: str | os.PathLike,
+                          what: str = "--load") -> None:
     """A checkpoint deeper than the config (blocks numbered >= num_layers) would load its first layers and drop
     the rest silently: an error naming the first such tensor."""
     extra = sorted((int(m.group(1)), k) for k in reader.files if (m := _LAYER_KEY.search(k))
                    and int(m.group(1)) >= cfg.num_layers)
     if extra:
-        raise ValueError(f"--load {os.fspath(path)}: tensor {extra[0][1]} belongs to layer {extra[0][0]}, but the "
-                         f"model config has {cfg.num_layers} layers; use the config.json saved with this checkpoint")
+        layers = f"{cfg.num_layers} layer{'s' if cfg.num_layers != 1 else ''}"
+        raise ValueError(f"{what} {os.fspath(path)}: tensor {extra[0][1]} belongs to layer {extra[0][0]}, but the "
+                         f"model config has {layers}; use the config.json saved with this checkpoint")
 
 
 @torch.no_grad()

@@ -49,9 +49,21 @@ def documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]]
     file for text that is not UTF-8."""
     try:
         yield from _documents(path, keys)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--input {path}: not UTF-8 text (byte {e.start} of a read block); convert it to "
-                         f"UTF-8") from None
+    except UnicodeDecodeError:
+        raise ValueError(non_utf8(path)) from None
+
+
+def non_utf8(path: str) -> str:
+    """The line naming where `path` stops being UTF-8: found by a second, binary pass (an error path only). Round 19:
+    the text-mode reader's position was "byte 2609 of a read block", after 10,000 documents, with no line."""
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return (f"--input {path}: line {n} is not UTF-8 text (byte {e.start + 1} of the line is "
+                        f"0x{line[e.start]:02x}); convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8")
+    return f"--input {path}: not UTF-8 text; convert it to UTF-8"
 
 
 def _documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]]]:

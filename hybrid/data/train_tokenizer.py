@@ -16,6 +16,7 @@ import os
 from typing import Iterator
 
 from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_dir, fail, int_in, new_temporary
+from hybrid.data.preprocess import non_utf8
 from hybrid.data.text import read_text
 from hybrid.fault_hook import crash_point
 
@@ -67,9 +68,8 @@ def texts(paths: list[str] | None, keys: list[str]) -> Iterator[str]:
                 for n, line in enumerate(f, 1):
                     if line.strip():
                         yield from _json_texts(path, n, line, keys)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"--input {path}: not UTF-8 text (byte {e.start} of a read block); convert it to "
-                             f"UTF-8") from None
+        except UnicodeDecodeError:
+            raise ValueError(non_utf8(path)) from None
 
 
 def _json_texts(path: str, n: int, line: str, keys: list[str]) -> Iterator[str]:

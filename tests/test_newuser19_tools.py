@@ -1,0 +1,152 @@
+"""Round 19: a new user's pass over the tools beside training -- hybrid convert, generate, checkpoint inspect and the
+two data scripts -- with bad and edge inputs. Each finding is reproduced (what it did before is in the docstring) and
+is now one line naming the flag or file and the fix, before any process group or work, with nothing written.
+
+1. `hybrid convert ck/iter_0000003 out --iteration 0` exported iteration 3 and said nothing: --iteration was ignored
+   for a SRC that is one iteration's folder.
+2. A DeepSpeed checkpoint whose `*_model_states.pt` is empty, truncated or not a torch.save file: "DeepSpeed cannot
+   read it as a ZeRO checkpoint (KeyError: 174812789)" (or "(EOFError: )"), the file unnamed, after DeepSpeed's own
+   "Processing zero checkpoint ..." on stdout.
+3. preprocess_data.py / train_tokenizer.py on a file that stops being UTF-8: "not UTF-8 text (byte 2609 of a read
+   block)" after 10,000 documents -- no line to look at.
+4. `hybrid checkpoint inspect conv/iter_0000000` on a conversion's iteration (which holds config.json) called it a
+   transformers model folder and advised `--load conv/iter_0000000`, which train.py refuses; a missing path or
+   iteration was "is not a directory", without the iterations the store holds.
+5. `hybrid generate HF` with a config.json that does not match the weights: a config of fewer layers decoded with the
+   first layers only, silently; more layers ended in a KeyError traceback on every rank; another width in a line
+   naming `--load` (a flag generate does not take) -- all after the process group started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from hybrid.cli import main as hybrid_main
+
+pytestmark = pytest.mark.usefixtures("one_process")
+
+
+def _listing(path) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, n), path) for d, ds, fs in os.walk(path) for n in ds + fs)
+
+
+@pytest.fixture(scope="module")
+def hf_llama(tmp_path_factory) -> str:
+    """A tiny transformers Llama folder (2 layers, hidden 32, GQA)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    path = tmp_path_factory.mktemp("hf") / "llama"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                 tie_word_embeddings=False)).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def converted(hf_llama, tmp_path_factory) -> str:
+    """hf_llama converted to a hybrid checkpoint (iteration 0; it holds config.json in the iteration too)."""
+    from hybrid.convert import hf_to_hybrid
+    dst = str(tmp_path_factory.mktemp("conv") / "ck")
+    hf_to_hybrid(hf_llama, dst, verify=False, log=lambda *a: None)
+    return dst
+
+
+# --- 1. --iteration with one iteration's folder -----------------------------------------------------------------------
+def test_convert_iteration_naming_another_than_the_folder_is_refused(converted, tmp_path, one_line):
+    src = os.path.join(converted, "iter_0000000")
+    line = one_line(lambda: hybrid_main(["convert", src, str(tmp_path / "out"), "--iteration", "3", "--no-verify"]))
+    assert line == (f"hybrid convert: error: --iteration 3: SRC {src!r} is iteration 0's folder; give the checkpoint "
+                    f"directory ({converted} --iteration 3) or drop --iteration"), line
+    assert not os.listdir(tmp_path)
+
+
+def test_convert_iteration_naming_the_folders_own_is_taken(converted, tmp_path, capsys):
+    hybrid_main(["convert", os.path.join(converted, "iter_0000000"), str(tmp_path / "out"), "--iteration", "0",
+                 "--no-verify"])
+    assert os.path.isfile(tmp_path / "out" / "model.safetensors")
+
+
+# --- 2. a DeepSpeed file that is not a torch.save file --------------------------------------------------------------
+@pytest.mark.parametrize("content", [b"", b"junk\n", b"PK\x03\x04" + b"0" * 64, b"xyz not a pickle"],
+                         ids=["empty", "legacy-magic", "broken-zip", "no-opcode"])
+def test_a_deepspeed_file_torch_cannot_read_is_named(content, hf_llama, tmp_path, one_line, monkeypatch):
+    step = tmp_path / "ds" / "global_step1"
+    step.mkdir(parents=True)
+    (tmp_path / "ds" / "latest").write_text("global_step1")
+    (step / "mp_rank_00_model_states.pt").write_bytes(content)
+    monkeypatch.chdir(tmp_path)
+    before = _listing(tmp_path)
+    line = one_line(lambda: hybrid_main(["convert", "ds", "out", "--model", hf_llama]), ignore=("[WARNING]",))
+    assert line == ("hybrid convert: error: SRC ds/global_step1/mp_rank_00_model_states.pt: not a file torch.save "
+                    "wrote (empty, truncated or another format); copy the DeepSpeed ZeRO checkpoint again"), line
+    assert one_line.out == ""  # DeepSpeed's "Processing zero checkpoint 'ds/global_step1'" no longer printed
+    assert _listing(tmp_path) == before
+
+
+# --- 3. the line that is not UTF-8 ------------------------------------------------------------------------------------
+def _late_latin1(path) -> None:
+    with open(path, "wb") as f:
+        for i in range(30):
+            f.write(json.dumps({"text": f"doc {i}"}).encode() + b"\n")
+        f.write(b'{"text": "caf\xe9"}\n')
+
+
+def test_preprocess_names_the_line_that_is_not_utf8(tmp_path, one_line):
+    from hybrid.data import preprocess
+    _late_latin1(tmp_path / "a.jsonl")
+    line = one_line(lambda: preprocess.main(["--input", str(tmp_path / "a.jsonl"), "--output-prefix",
+                                             str(tmp_path / "o"), "--tokenizer-type", "ByteLevel"]))
+    assert line.endswith("a.jsonl: line 31 is not UTF-8 text (byte 14 of the line is 0xe9); convert the file to "
+                         "UTF-8, e.g. iconv -f latin1 -t utf-8"), line
+    assert sorted(os.listdir(tmp_path)) == ["a.jsonl"]
+
+
+def test_train_tokenizer_names_the_line_that_is_not_utf8(tmp_path, one_line):
+    from hybrid.data.train_tokenizer import main
+    (tmp_path / "a.txt").write_bytes(b"plain\n\ncaf\xe9\n")
+    line = one_line(lambda: main(["--input", str(tmp_path / "a.txt"), "--output", str(tmp_path / "t")]))
+    assert line.endswith("a.txt: line 3 is not UTF-8 text (byte 4 of the line is 0xe9); convert the file to UTF-8, "
+                         "e.g. iconv -f latin1 -t utf-8"), line
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+
+
+# --- 4. checkpoint inspect of a conversion's iteration, and of paths that are not there --------------------------------
+def test_inspect_reads_a_conversions_iteration(converted, capsys):
+    hybrid_main(["checkpoint", "inspect", os.path.join(converted, "iter_0000000")])  # exit status 0: no SystemExit
+    out = capsys.readouterr().out
+    assert out.startswith("iter_0000000: iteration 0 | ") and "ok: every checksum matches" in out, out
+
+
+@pytest.mark.parametrize("where, said", [
+    ("{ck}/iter_0000005", "'{ck}/iter_0000005' does not exist: {ck} has no iteration 5 (its complete ones: 0); give "
+                          "{ck} (the one `latest` names) or one of its iter_* directories"),
+    ("{ck}_gone", "'{ck}_gone' does not exist; give a --save directory or one of its iter_* directories"),
+    ("{ck}/latest", "'{ck}/latest' is not a directory; give a --save directory or one of its iter_* directories"),
+])
+def test_inspect_says_what_is_missing(where, said, converted, one_line):
+    line = one_line(lambda: hybrid_main(["checkpoint", "inspect", where.format(ck=converted)]))
+    assert line == "hybrid checkpoint inspect: error: " + said.format(ck=converted), line
+
+
+# --- 5. generate: a transformers folder whose config.json is not its weights' ------------------------------------------
+@pytest.mark.parametrize("field, value, said", [
+    ("num_hidden_layers", 1, "tensor model.layers.1.input_layernorm.weight belongs to layer 1, but the model config "
+                             "has 1 layer; use the config.json saved with this checkpoint"),
+    ("num_hidden_layers", 3, "checkpoint has no tensor 'model.layers.2.input_layernorm.weight'; the checkpoint does "
+                             "not match its config.json"),
+    ("hidden_size", 64, "tensor model.embed_tokens.weight has shape [259, 32], but the model config implies "
+                        "[259, 64]; use the config.json saved with this checkpoint"),
+])
+def test_generate_checks_the_weights_against_config_json_first(field, value, said, hf_llama, tmp_path, one_line):
+    src = tmp_path / "m"
+    src.mkdir()
+    cfg = json.loads(open(os.path.join(hf_llama, "config.json")).read())
+    (src / "config.json").write_text(json.dumps({**cfg, field: value}))
+    shutil.copyfile(os.path.join(hf_llama, "model.safetensors"), src / "model.safetensors")
+    line = one_line(lambda: hybrid_main(["generate", str(src), "--prompt-ids", "1,2", "--max-new-tokens", "1"]))
+    assert line == f"hybrid generate: error: SRC {src}: {said}", line
