@@ -15,6 +15,8 @@ is now one line naming the flag or file and the fix, before any process group or
 5. `hybrid generate HF` with a config.json that does not match the weights: a config of fewer layers decoded with the
    first layers only, silently; more layers ended in a KeyError traceback on every rank; another width in a line
    naming `--load` (a flag generate does not take) -- all after the process group started.
+6. The export of a converted checkpoint (no run) without tokenizer files: "the run recorded no tokenizer for its data
+   (train with --tokenizer-type ...)".
 """
 
 from __future__ import annotations
@@ -65,10 +67,14 @@ def test_convert_iteration_naming_another_than_the_folder_is_refused(converted, 
     assert not os.listdir(tmp_path)
 
 
-def test_convert_iteration_naming_the_folders_own_is_taken(converted, tmp_path, capsys):
+def test_convert_iteration_naming_the_folders_own_is_taken(converted, hf_llama, tmp_path, capsys):
+    """And (6.) the export of a conversion without tokenizer files says so; it said "the run recorded no tokenizer for
+    its data (train with --tokenizer-type, ...)" of a checkpoint no run wrote."""
     hybrid_main(["convert", os.path.join(converted, "iter_0000000"), str(tmp_path / "out"), "--iteration", "0",
                  "--no-verify"])
     assert os.path.isfile(tmp_path / "out" / "model.safetensors")
+    assert (f"tokenizer: none written -- SRC is a conversion of {hf_llama}, which held no tokenizer files (copy them "
+            f"into the export)\n") in capsys.readouterr().out
 
 
 # --- 2. a DeepSpeed file that is not a torch.save file --------------------------------------------------------------
