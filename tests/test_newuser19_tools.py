@@ -17,6 +17,8 @@ is now one line naming the flag or file and the fix, before any process group or
    naming `--load` (a flag generate does not take) -- all after the process group started.
 6. The export of a converted checkpoint (no run) without tokenizer files: "the run recorded no tokenizer for its data
    (train with --tokenizer-type ...)".
+7. `hybrid convert SRC hybrid/out`, `train_tokenizer.py --output hybrid/tok`, `preprocess_data.py --output-prefix
+   hybrid/data/corpus`: written into the repository's Python package (train.py's --save is refused there).
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def test_train_tokenizer_names_the_line_that_is_not_utf8(tmp_path, one_line):
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
 
 
-# --- 4. checkpoint inspect of a conversion's iteration, and of paths that are not there --------------------------------
+# --- 4. checkpoint inspect of a conversion's iteration, and of paths that are not there -------------------------------
 def test_inspect_reads_a_conversions_iteration(converted, capsys):
     hybrid_main(["checkpoint", "inspect", os.path.join(converted, "iter_0000000")])  # exit status 0: no SystemExit
     out = capsys.readouterr().out
@@ -139,7 +141,7 @@ def test_inspect_says_what_is_missing(where, said, converted, one_line):
     assert line == "hybrid checkpoint inspect: error: " + said.format(ck=converted), line
 
 
-# --- 5. generate: a transformers folder whose config.json is not its weights' ------------------------------------------
+# --- 5. generate: a transformers folder whose config.json is not its weights' -----------------------------------------
 @pytest.mark.parametrize("field, value, said", [
     ("num_hidden_layers", 1, "tensor model.layers.1.input_layernorm.weight belongs to layer 1, but the model config "
                              "has 1 layer; use the config.json saved with this checkpoint"),
@@ -156,3 +158,36 @@ def test_generate_checks_the_weights_against_config_json_first(field, value, sai
     shutil.copyfile(os.path.join(hf_llama, "model.safetensors"), src / "model.safetensors")
     line = one_line(lambda: hybrid_main(["generate", str(src), "--prompt-ids", "1,2", "--max-new-tokens", "1"]))
     assert line == f"hybrid generate: error: SRC {src}: {said}", line
+
+
+# --- 7. outputs inside a Python package -------------------------------------------------------------------------------
+def _package(tmp_path) -> str:
+    """A repository's package (a folder holding __init__.py, one below it too), as hybrid/ and models/ are."""
+    (tmp_path / "repo" / "pkg" / "sub").mkdir(parents=True)
+    for d in ("pkg", "pkg/sub"):
+        (tmp_path / "repo" / d / "__init__.py").write_text("")
+    return str(tmp_path / "repo" / "pkg")
+
+
+@pytest.mark.parametrize("tool", ["convert", "train_tokenizer", "preprocess"])
+def test_an_output_inside_a_python_package_is_refused(tool, hf_llama, tmp_path, one_line, monkeypatch):
+    """Before: `hybrid convert SRC hybrid/out`, `train_tokenizer.py --output hybrid/tok` and `preprocess_data.py
+    --output-prefix hybrid/data/corpus` wrote there (train.py's --save was refused there since round 16)."""
+    from hybrid.data import preprocess, train_tokenizer
+    package = _package(tmp_path)
+    (tmp_path / "a.jsonl").write_text('{"text": "abc"}\n')
+    monkeypatch.chdir(tmp_path / "repo")
+    flag, what, call = {
+        "convert": ("DST", "the converted checkpoint",
+                    lambda: hybrid_main(["convert", hf_llama, "pkg/sub/out", "--no-verify"])),
+        "train_tokenizer": ("--output", "the tokenizer", lambda: train_tokenizer.main(
+            ["--input", str(tmp_path / "a.jsonl"), "--output", "pkg/sub/out", "--vocab-size", "300"])),
+        "preprocess": ("--output-prefix", "the dataset", lambda: preprocess.main(
+            ["--input", str(tmp_path / "a.jsonl"), "--output-prefix", "pkg/sub/out", "--tokenizer-type", "ByteLevel"])),
+    }[tool]
+    before = _listing(tmp_path)
+    line = one_line(call)
+    assert line.endswith(f"{flag} 'pkg/sub/out' is inside the Python package {package} (its folders hold "
+                         f"__init__.py): {what} would be written among its source files; give a path outside it, "
+                         f"e.g. {flag} out"), line
+    assert _listing(tmp_path) == before

@@ -20,7 +20,8 @@ import sys
 import time
 from typing import Iterator
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file, fail, int_in, plural, positive_int
+from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_file, check_outside_packages, fail, int_in,
+                            plural, positive_int)
 from hybrid.data.indexed import IndexedDatasetWriter, bin_path, idx_path, optimal_dtype
 from hybrid.data.tokenizer import TOKENIZER_TYPES, Tokenizer, build_tokenizer, tokenizer_hints
 
@@ -125,6 +126,7 @@ def check(args: argparse.Namespace) -> Tokenizer:
     for key in args.json_keys:
         for path in (bin_path(output_name(args.output_prefix, key)), idx_path(output_name(args.output_prefix, key))):
             check_output_file("--output-prefix", path)
+    check_outside_packages("--output-prefix", args.output_prefix, "the dataset")
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
     if args.append_eod and tok.eod is None:
         raise ValueError(f"--append-eod: --tokenizer-model {args.tokenizer_model} has no end-of-document token "
