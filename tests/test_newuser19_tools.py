@@ -19,6 +19,8 @@ is now one line naming the flag or file and the fix, before any process group or
    (train with --tokenizer-type ...)".
 7. `hybrid convert SRC hybrid/out`, `train_tokenizer.py --output hybrid/tok`, `preprocess_data.py --output-prefix
    hybrid/data/corpus`: written into the repository's Python package (train.py's --save is refused there).
+8. The data tools given a JSON array (json.dump of a list) or text in a .md file: "line 1 is not JSON (Expecting
+   value); give one JSON object per line" -- now what the file is and how to make it JSON lines or text.
 """
 
 from __future__ import annotations
@@ -191,3 +193,28 @@ def test_an_output_inside_a_python_package_is_refused(tool, hf_llama, tmp_path, 
                          f"__init__.py): {what} would be written among its source files; give a path outside it, "
                          f"e.g. {flag} out"), line
     assert _listing(tmp_path) == before
+
+
+# --- 8. a JSON array, and text in a file that is not .txt ------------------------------------------------------------
+@pytest.mark.parametrize("name, text, said", [
+    ("a.json", '[\n  {"text": "a"}\n]\n', "line 1 is not JSON (...); the file is one JSON array, not JSON lines: write "
+                                         "an object per line, e.g. jq -c '.[]' {d}/a.json > {d}/a.jsonl"),
+    ("a.json", '[{"text": "a"}]\n', "line 1 is not a JSON object; the file is one JSON array, not JSON lines: write "
+                                    "an object per line, e.g. jq -c '.[]' {d}/a.json > {d}/a.jsonl"),
+    ("notes.md", "Some text.\n", "line 1 is not JSON (...); JSON lines are read from .jsonl / .json files, plain text "
+                                 "(paragraphs as documents) from .txt: name the file notes.txt if it is text"),
+])
+@pytest.mark.parametrize("tool", ["preprocess", "train_tokenizer"])
+def test_an_input_that_is_not_json_lines_says_what_it_is(tool, name, text, said, tmp_path, one_line):
+    """Before: "line 1 is not JSON (Expecting value); give one JSON object per line" for all three (train_tokenizer:
+    "line 1 has no string 'text'" for the one-line array)."""
+    from hybrid.data import preprocess, train_tokenizer
+    (tmp_path / name).write_text(text)
+    src = str(tmp_path / name)
+    call = {"preprocess": lambda: preprocess.main(["--input", src, "--output-prefix", str(tmp_path / "o"),
+                                                   "--tokenizer-type", "ByteLevel"]),
+            "train_tokenizer": lambda: train_tokenizer.main(["--input", src, "--output", str(tmp_path / "t")])}[tool]
+    line = one_line(call)
+    head, tail = said.format(d=tmp_path).split("(...)") if "(...)" in said else (said.format(d=tmp_path), "")
+    assert f"--input {src}: {head}" in line and line.endswith(tail or head), line
+    assert sorted(os.listdir(tmp_path)) == [name]

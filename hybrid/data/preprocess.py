@@ -54,6 +54,20 @@ def documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]]
         raise ValueError(non_utf8(path)) from None
 
 
+def json_lines_hint(path: str, n: int, line: str) -> str:
+    """What to do when line n of --input is not a JSON object. Round 19: a JSON array (`json.dump` of a list, the
+    `datasets` library's to_json(lines=False)) and a .md or .csv file of text were each "line 1 is not JSON ...; give
+    one JSON object per line"; only a .txt file is read as plain text."""
+    if n == 1 and line.lstrip().startswith("["):
+        stem = os.path.splitext(path)[0]
+        return f"the file is one JSON array, not JSON lines: write an object per line, e.g. jq -c '.[]' {path} > " \
+               f"{stem}.jsonl"
+    if not path.endswith((".json", ".jsonl")):
+        return (f"JSON lines are read from .jsonl / .json files, plain text (paragraphs as documents) from .txt: "
+                f"name the file {os.path.splitext(os.path.basename(path))[0]}.txt if it is text")
+    return "give one JSON object per line"
+
+
 def non_utf8(path: str) -> str:
     """The line naming where `path` stops being UTF-8: found by a second, binary pass (an error path only). Round 19:
     the text-mode reader's position was "byte 2609 of a read block", after 10,000 documents, with no line."""
@@ -89,11 +103,11 @@ def _documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"--input {path}: line {n} is not JSON ({e.msg}); give one JSON object per line")
+                raise ValueError(f"--input {path}: line {n} is not JSON ({e.msg}); {json_lines_hint(path, n, line)}")
             except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a huge number
                 raise ValueError(f"--input {path}: line {n} is not JSON this tool reads ({type(e).__name__})") from None
             if not isinstance(obj, dict):
-                raise ValueError(f"--input {path}: line {n} is not a JSON object")
+                raise ValueError(f"--input {path}: line {n} is not a JSON object; {json_lines_hint(path, n, line)}")
             missing = [k for k in keys if not isinstance(obj.get(k), str)]
             if missing:
                 raise ValueError(f"--input {path}: line {n} has no string {missing[0]!r} (keys: "

@@ -17,7 +17,7 @@ from typing import Iterator
 
 from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_dir, check_outside_packages, fail, int_in,
                             new_temporary)
-from hybrid.data.preprocess import non_utf8
+from hybrid.data.preprocess import json_lines_hint, non_utf8
 from hybrid.data.text import read_text
 from hybrid.fault_hook import crash_point
 
@@ -78,8 +78,9 @@ def _json_texts(path: str, n: int, line: str, keys: list[str]) -> Iterator[str]:
         obj = json.loads(line)
     except (ValueError, RecursionError) as e:
         why = (str(e).splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"--input {path}: line {n} is not JSON ({why}); "
-                         f"a .jsonl file holds one JSON object per line, a .txt file plain text") from None
+        raise ValueError(f"--input {path}: line {n} is not JSON ({why}); {json_lines_hint(path, n, line)}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"--input {path}: line {n} is not a JSON object; {json_lines_hint(path, n, line)}")
     for key in keys:
         if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
             found = f" (its keys: {', '.join(list(obj)[:5])})" if isinstance(obj, dict) and obj else ""
