@@ -21,6 +21,8 @@ is now one line naming the flag or file and the fix, before any process group or
    hybrid/data/corpus`: written into the repository's Python package (train.py's --save is refused there).
 8. The data tools given a JSON array (json.dump of a list) or text in a .md file: "line 1 is not JSON (Expecting
    value); give one JSON object per line" -- now what the file is and how to make it JSON lines or text.
+9. `hybrid generate FILE` / an empty folder: "give a directory (... or a DeepSpeed checkpoint folder)", which generate
+   refuses.
 """
 
 from __future__ import annotations
@@ -218,3 +220,18 @@ def test_an_input_that_is_not_json_lines_says_what_it_is(tool, name, text, said,
     head, tail = said.format(d=tmp_path).split("(...)") if "(...)" in said else (said.format(d=tmp_path), "")
     assert f"--input {src}: {head}" in line and line.endswith(tail or head), line
     assert sorted(os.listdir(tmp_path)) == [name]
+
+
+# --- 9. generate's errors offer only what it reads ------------------------------------------------------------------
+@pytest.mark.parametrize("make, said", [
+    (lambda p: p.write_text("{}"), "is a file; give a directory (a transformers model folder, a hybrid checkpoint "
+                                   "directory or one iter_*/ of it)"),
+    (lambda p: p.mkdir(), "is not a transformers model folder (config.json + model.safetensors) nor a hybrid "
+                          "checkpoint (latest + iter_*/)"),
+])
+def test_generate_does_not_offer_a_deepspeed_folder(make, said, tmp_path, one_line):
+    """Before: "give a directory (..., a hybrid checkpoint directory or a DeepSpeed checkpoint folder)" -- and a
+    DeepSpeed folder is then refused: "generate reads a hybrid checkpoint or a transformers folder; convert it first"."""
+    make(tmp_path / "src")
+    line = one_line(lambda: hybrid_main(["generate", str(tmp_path / "src"), "--prompt-ids", "1"]))
+    assert line == f"hybrid generate: error: SRC {str(tmp_path / 'src')!r} {said}", line

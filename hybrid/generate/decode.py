@@ -211,7 +211,7 @@ def read_source(src: str, model: str | None):
     from hybrid.convert.common import check_safetensors, read_config
     from hybrid.convert.to_hf import check_against, checkpoint_config, iteration_dir
     from models.hf_io import check_checkpoint
-    fmt = detect(src)
+    fmt = detect(src, deepspeed=False)  # (round 19: its errors offered a DeepSpeed folder, which it then refused)
     if fmt is Format.HYBRID:
         it_dir = iteration_dir(src, None)
         cfg = checkpoint_config(it_dir, model)
