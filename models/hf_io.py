@@ -66,6 +66,21 @@ def hf_source(cfg: ModelConfig, name: str) -> Source:
     return Source(key, transpose=bool(_GPT2_CONV1D.fullmatch(name)))
 
 
+def _weight_map(path: str, index: str) -> dict:
+    """The index's weight_map; ValueError naming the file when it is not one (round 19: a truncated index was
+    "JSONDecodeError: Expecting property name ...", a list "TypeError: list indices must be integers")."""
+    try:
+        with open(index, "rb") as f:
+            weight_map = json.loads(f.read().decode("utf-8"))["weight_map"]
+        if isinstance(weight_map, dict):
+            return weight_map
+        why = "its weight_map is not an object"
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # (JSON and UTF-8 errors are ValueErrors)
+        why = "no weight_map" if isinstance(e, (KeyError, TypeError)) else f"{type(e).__name__}: truncated?"
+    raise ValueError(f"--model {path}: model.safetensors.index.json is not the index save_pretrained writes ({why}); "
+                     f"copy the model folder again")
+
+
 class CheckpointReader:
     """Lazy reader of a safetensors checkpoint directory (one file or an index of shards)."""
 
@@ -73,8 +88,7 @@ class CheckpointReader:
         path = os.fspath(path)
         index = os.path.join(path, "model.safetensors.index.json")
         if os.path.exists(index):
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
+            weight_map = _weight_map(path, index)
             for k, v in weight_map.items():  # shard names are files of this folder: "../x" or "/x" would read outside
                 if not isinstance(v, str) or os.path.basename(v) != v or v in ("", ".", ".."):
                     raise ValueError(f"--model {path}: model.safetensors.index.json maps {k!r} to {v!r:.80}, not a "

@@ -23,6 +23,8 @@ is now one line naming the flag or file and the fix, before any process group or
    value); give one JSON object per line" -- now what the file is and how to make it JSON lines or text.
 9. `hybrid generate FILE` / an empty folder: "give a directory (... or a DeepSpeed checkpoint folder)", which generate
    refuses.
+10. A transformers folder's model.safetensors.index.json truncated, or not an object: "not a readable safetensors
+   checkpoint (TypeError: list indices must be integers or slices, not str)", the file unnamed.
 """
 
 from __future__ import annotations
@@ -231,7 +233,26 @@ def test_an_input_that_is_not_json_lines_says_what_it_is(tool, name, text, said,
 ])
 def test_generate_does_not_offer_a_deepspeed_folder(make, said, tmp_path, one_line):
     """Before: "give a directory (..., a hybrid checkpoint directory or a DeepSpeed checkpoint folder)" -- and a
-    DeepSpeed folder is then refused: "generate reads a hybrid checkpoint or a transformers folder; convert it first"."""
+    DeepSpeed folder is then refused: "generate reads a hybrid checkpoint or a transformers folder; convert it
+    first"."""
     make(tmp_path / "src")
     line = one_line(lambda: hybrid_main(["generate", str(tmp_path / "src"), "--prompt-ids", "1"]))
     assert line == f"hybrid generate: error: SRC {str(tmp_path / 'src')!r} {said}", line
+
+
+# --- 10. a transformers index that is not one ---------------------------------------------------------------------
+@pytest.mark.parametrize("index, why", [('{"weight_map": ', "JSONDecodeError: truncated?"), ("[]", "no weight_map"),
+                                        ('{"weight_map": [1]}', "its weight_map is not an object")])
+@pytest.mark.parametrize("command", ["convert", "generate"])
+def test_an_index_that_is_not_one_is_named(command, index, why, hf_llama, tmp_path, one_line):
+    """Before: "not a readable safetensors checkpoint (TypeError: list indices must be integers or slices, not str)"
+    for a list, "(JSONDecodeError: Expecting property name ...)" for a truncated index -- the file unnamed."""
+    src = tmp_path / "m"
+    src.mkdir()
+    shutil.copyfile(os.path.join(hf_llama, "config.json"), src / "config.json")
+    (src / "model.safetensors.index.json").write_text(index)
+    argv = [str(tmp_path / "out")] if command == "convert" else ["--prompt-ids", "1"]
+    line = one_line(lambda: hybrid_main([command, str(src), *argv]))
+    assert line == (f"hybrid {command}: error: SRC {src}: model.safetensors.index.json is not the index "
+                    f"save_pretrained writes ({why}); copy the model folder again"), line
+    assert sorted(os.listdir(tmp_path)) == ["m"]
