@@ -25,6 +25,8 @@ is now one line naming the flag or file and the fix, before any process group or
    refuses.
 10. A transformers folder's model.safetensors.index.json truncated, or not an object: "not a readable safetensors
    checkpoint (TypeError: list indices must be integers or slices, not str)", the file unnamed.
+11. preprocess_data.py --json-keys text text: two writers of the same files; train_tokenizer.py --input (no file, as
+   `--input $FILES` with FILES empty): trained on pydoc's topics without a word.
 """
 
 from __future__ import annotations
@@ -256,3 +258,25 @@ def test_an_index_that_is_not_one_is_named(command, index, why, hf_llama, tmp_pa
     assert line == (f"hybrid {command}: error: SRC {src}: model.safetensors.index.json is not the index "
                     f"save_pretrained writes ({why}); copy the model folder again"), line
     assert sorted(os.listdir(tmp_path)) == ["m"]
+
+
+# --- 11. the data tools' flags that named nothing twice or nothing at all ---------------------------------------------
+def test_preprocess_refuses_a_json_key_given_twice(tmp_path, one_line):
+    """Before: `--json-keys text text` ran two writers of the same o_text_document.bin/.idx ("-> o_text_document,
+    o_text_document.bin/.idx")."""
+    from hybrid.data import preprocess
+    (tmp_path / "a.jsonl").write_text('{"text": "abc"}\n')
+    line = one_line(lambda: preprocess.main(["--input", str(tmp_path / "a.jsonl"), "--json-keys", "text", "text",
+                                             "--output-prefix", str(tmp_path / "o"), "--tokenizer-type", "ByteLevel"]))
+    assert line.endswith(f"--json-keys text text: 'text' is given twice; each key writes its own "
+                         f"{tmp_path}/o_text_document.bin/.idx once: give it once"), line
+    assert sorted(os.listdir(tmp_path)) == ["a.jsonl"]
+
+
+def test_train_tokenizer_refuses_input_given_no_file(tmp_path, one_line):
+    """Before: `--input $FILES` with FILES empty trained on Python's pydoc topics without a word."""
+    from hybrid.data.train_tokenizer import main
+    line = one_line(lambda: main(["--input", "--output", str(tmp_path / "t"), "--vocab-size", "300"]))
+    assert line == ("train_tokenizer.py: error: --input was given no file; give the text or JSON-lines files, or drop "
+                    "--input to train on Python's pydoc topics"), line
+    assert not os.listdir(tmp_path)

@@ -134,6 +134,10 @@ def check(args: argparse.Namespace) -> Tokenizer:
     if args.input.endswith(".txt") and args.json_keys != ["text"]:  # every key would get the same paragraphs
         raise ValueError(f"--json-keys {' '.join(args.json_keys)}: a .txt --input has no keys (its paragraphs are "
                          f"the documents, written as {output_name(args.output_prefix, 'text')}); drop --json-keys")
+    repeated = sorted({k for k in args.json_keys if args.json_keys.count(k) > 1})
+    if repeated:  # (round 19: `--json-keys text text` ran two writers of the same PREFIX_text_document files)
+        raise ValueError(f"--json-keys {' '.join(args.json_keys)}: {repeated[0]!r} is given twice; each key writes "
+                         f"its own {output_name(args.output_prefix, repeated[0])}.bin/.idx once: give it once")
     if args.output_prefix.endswith(os.sep):  # DIR/ would write DIR/_text_document.bin, a hidden-looking name
         raise ValueError(f"--output-prefix {args.output_prefix!r} names a directory; give DIR/NAME (writes "
                          f"DIR/NAME_{args.json_keys[0]}_document.bin and .idx)")

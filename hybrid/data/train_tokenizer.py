@@ -93,6 +93,9 @@ def check_inputs(paths: list[str] | None, keys: list[str]) -> int:
     """Read every input once before training (nothing is written on a bad one): the characters of text they
     hold. An input with no text would train a tokenizer of the byte alphabet alone -- an error, so an empty or
     mistyped file never replaces a good tokenizer."""
+    if paths == []:  # `--input $FILES` with FILES empty: the flag without a file trained on pydoc's topics (round 19)
+        raise ValueError("--input was given no file; give the text or JSON-lines files, or drop --input to train on "
+                         "Python's pydoc topics")
     chars = sum(len(t.strip()) for t in texts(paths, keys))
     if not chars:
         raise ValueError(f"--input {' '.join(paths or [])} holds no text (empty or whitespace only); nothing "
