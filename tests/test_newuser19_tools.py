@@ -27,6 +27,8 @@ is now one line naming the flag or file and the fix, before any process group or
    checkpoint (TypeError: list indices must be integers or slices, not str)", the file unnamed.
 11. preprocess_data.py --json-keys text text: two writers of the same files; train_tokenizer.py --input (no file, as
    `--input $FILES` with FILES empty): trained on pydoc's topics without a word.
+12. convert / generate of an unfinished iteration folder (iter_N.tmp, or one without state.json): "not a transformers
+   model folder ... or a DeepSpeed checkpoint" -- now the checkpoint directory to give instead.
 """
 
 from __future__ import annotations
@@ -280,3 +282,24 @@ def test_train_tokenizer_refuses_input_given_no_file(tmp_path, one_line):
     assert line == ("train_tokenizer.py: error: --input was given no file; give the text or JSON-lines files, or drop "
                     "--input to train on Python's pydoc topics"), line
     assert not os.listdir(tmp_path)
+
+
+# --- 12. SRC one unfinished (or damaged) iteration folder ------------------------------------------------------------
+@pytest.mark.parametrize("command", ["convert", "generate"])
+def test_an_unfinished_iteration_folder_names_its_checkpoint_directory(command, converted, tmp_path, one_line):
+    """Before: "SRC 'ck/iter_0000004.tmp' is not a transformers model folder (config.json + model.safetensors), a
+    hybrid checkpoint (...) or a DeepSpeed checkpoint (...)"; a conversion's iteration without state.json "has a
+    config.json but no model.safetensors"."""
+    ck = tmp_path / "ck"
+    shutil.copytree(converted, ck)
+    unfinished = ck / "iter_0000004.tmp"
+    shutil.copytree(ck / "iter_0000000", unfinished)
+    for name in (".metadata", "manifest.json", "state.json"):
+        os.remove(unfinished / name)
+    before = _listing(tmp_path)
+    argv = [str(tmp_path / "out")] if command == "convert" else ["--prompt-ids", "1"]
+    line = one_line(lambda: hybrid_main([command, str(unfinished), *argv]))
+    assert line == (f"hybrid {command}: error: SRC {str(unfinished)!r} is not a complete checkpoint of {ck} (no "
+                    f".metadata or state.json: a save that did not finish, or a damaged copy); give {ck} (its newest "
+                    f"complete one) -- `hybrid checkpoint inspect {ck}` lists them"), line
+    assert _listing(tmp_path) == before

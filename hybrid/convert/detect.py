@@ -40,6 +40,11 @@ def detect(path: str, deepspeed: bool = True) -> Format:
                       for n in ("model.safetensors", "model.safetensors.index.json"))
     if has_weights and os.path.isfile(os.path.join(path, "config.json")):
         return Format.HF
+    parent = os.path.dirname(os.path.normpath(path)) or "."
+    if os.path.basename(os.path.normpath(path)).startswith("iter_") and store.is_checkpoint_dir(parent):
+        raise ValueError(f"SRC {path!r} is not a complete checkpoint of {parent} (no .metadata or state.json: a save "
+                         f"that did not finish, or a damaged copy); give {parent} (its newest complete one) -- `hybrid "
+                         f"checkpoint inspect {parent}` lists them")  # (round 19: "not a transformers model folder")
     if has_weights:
         raise ValueError(f"SRC {path!r} has safetensors weights but no config.json; a transformers model folder "
                          f"holds both (save_pretrained writes them)")
