@@ -303,3 +303,9 @@ def test_an_unfinished_iteration_folder_names_its_checkpoint_directory(command, 
                     f".metadata or state.json: a save that did not finish, or a damaged copy); give {ck} (its newest "
                     f"complete one) -- `hybrid checkpoint inspect {ck}` lists them"), line
     assert _listing(tmp_path) == before
+
+
+def test_generate_counts_one_new_token_in_the_singular(hf_llama, capsys):
+    """Before: "generate: 1 new tokens (greedy): ..."."""
+    hybrid_main(["generate", hf_llama, "--prompt-ids", "1,2", "--max-new-tokens", "1"])
+    assert capsys.readouterr().out.startswith("generate: 1 new token (greedy): "), "singular"
