@@ -29,6 +29,8 @@ is now one line naming the flag or file and the fix, before any process group or
    `--input $FILES` with FILES empty): trained on pydoc's topics without a word.
 12. convert / generate of an unfinished iteration folder (iter_N.tmp, or one without state.json): "not a transformers
    model folder ... or a DeepSpeed checkpoint" -- now the checkpoint directory to give instead.
+13. train_tokenizer.py --output / preprocess_data.py --output-prefix inside a checkpoint directory (or one iteration
+   of it): written there.
 """
 
 from __future__ import annotations
@@ -309,3 +311,26 @@ def test_generate_counts_one_new_token_in_the_singular(hf_llama, capsys):
     """Before: "generate: 1 new tokens (greedy): ..."."""
     hybrid_main(["generate", hf_llama, "--prompt-ids", "1,2", "--max-new-tokens", "1"])
     assert capsys.readouterr().out.startswith("generate: 1 new token (greedy): "), "singular"
+
+
+# --- 13. the data tools' outputs inside a checkpoint directory ------------------------------------------------------
+@pytest.mark.parametrize("inside", ["ck/out", "ck/iter_0000000/out"])
+@pytest.mark.parametrize("tool", ["train_tokenizer", "preprocess"])
+def test_a_data_output_inside_a_checkpoint_is_refused(tool, inside, converted, tmp_path, one_line, monkeypatch):
+    """Before: both wrote there -- into an iteration a save replaces and --save-keep deletes (train.py's outputs and
+    convert's DST are refused there since round 17)."""
+    from hybrid.data import preprocess, train_tokenizer
+    shutil.copytree(converted, tmp_path / "ck")
+    (tmp_path / "a.jsonl").write_text('{"text": "abc"}\n')
+    monkeypatch.chdir(tmp_path)
+    flag, what, call = {
+        "train_tokenizer": ("--output", "the tokenizer", lambda: train_tokenizer.main(
+            ["--input", "a.jsonl", "--output", inside, "--vocab-size", "300"])),
+        "preprocess": ("--output-prefix", "the dataset", lambda: preprocess.main(
+            ["--input", "a.jsonl", "--output-prefix", inside, "--tokenizer-type", "ByteLevel"])),
+    }[tool]
+    before = _listing(tmp_path)
+    line = one_line(call)
+    assert line.endswith(f"{flag} {inside!r} is inside the checkpoint directory {tmp_path / 'ck'} (iter_*/, latest): "
+                         f"{what} would be written among its checkpoints; give a path beside it, e.g. {flag} out"), line
+    assert _listing(tmp_path) == before

@@ -54,6 +54,21 @@ def documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]]
         raise ValueError(non_utf8(path)) from None
 
 
+def check_outside_checkpoints(flag: str, shown: str, path: str, what: str) -> None:
+    """`path` (an output file or folder) is not inside a checkpoint directory (a --save folder, DeepSpeed's,
+    Megatron-LM's): among its iter_*/ a save replaces an iteration and --save-keep deletes it, taking the file along,
+    and `hybrid convert` / `generate` read a tokenizer there as the model's. train.py's outputs and convert's DST are
+    refused there since round 17; round 19 found the data tools writing there. The checkpoint directory itself is
+    train_tokenizer.py's check_fresh_output's to name."""
+    from hybrid.checkpoint import store
+    root = store.enclosing_checkpoint(path)
+    if root is None or os.path.realpath(path) == root:
+        return
+    beside = os.path.relpath(os.path.join(os.path.dirname(root), os.path.basename(os.path.normpath(shown))))
+    raise ValueError(f"{flag} {shown!r} is inside the checkpoint directory {root} (iter_*/, latest): {what} would be "
+                     f"written among its checkpoints; give a path beside it, e.g. {flag} {beside}")
+
+
 def json_lines_hint(path: str, n: int, line: str) -> str:
     """What to do when line n of --input is not a JSON object. Round 19: a JSON array (`json.dump` of a list, the
     `datasets` library's to_json(lines=False)) and a .md or .csv file of text were each "line 1 is not JSON ...; give
@@ -145,6 +160,8 @@ def check(args: argparse.Namespace) -> Tokenizer:
         for path in (bin_path(output_name(args.output_prefix, key)), idx_path(output_name(args.output_prefix, key))):
             check_output_file("--output-prefix", path)
     check_outside_packages("--output-prefix", args.output_prefix, "the dataset")
+    check_outside_checkpoints("--output-prefix", args.output_prefix,
+                              bin_path(output_name(args.output_prefix, args.json_keys[0])), "the dataset")
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
     if args.append_eod and tok.eod is None:
         raise ValueError(f"--append-eod: --tokenizer-model {args.tokenizer_model} has no end-of-document token "

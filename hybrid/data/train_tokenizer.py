@@ -17,7 +17,7 @@ from typing import Iterator
 
 from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_dir, check_outside_packages, fail, int_in,
                             new_temporary)
-from hybrid.data.preprocess import json_lines_hint, non_utf8
+from hybrid.data.preprocess import check_outside_checkpoints, json_lines_hint, non_utf8
 from hybrid.data.text import read_text
 from hybrid.fault_hook import crash_point
 
@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check_output_dir("--output", args.output)
         check_outside_packages("--output", args.output, "the tokenizer")
+        check_outside_checkpoints("--output", args.output, args.output, "the tokenizer")
         check_inputs(args.input, args.json_keys)  # first: a bad input is named as such whatever --output holds
         check_fresh_output(args.output)
         tok = train(args.input, args.vocab_size, args.output, args.json_keys)
