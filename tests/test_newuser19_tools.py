@@ -31,6 +31,7 @@ is now one line naming the flag or file and the fix, before any process group or
    model folder ... or a DeepSpeed checkpoint" -- now the checkpoint directory to give instead.
 13. train_tokenizer.py --output / preprocess_data.py --output-prefix inside a checkpoint directory (or one iteration
    of it): written there.
+14. The data tools' --input a folder or a missing path: "is not a file" alike (train_tokenizer: without a fix).
 """
 
 from __future__ import annotations
@@ -334,3 +335,26 @@ def test_a_data_output_inside_a_checkpoint_is_refused(tool, inside, converted, t
     assert line.endswith(f"{flag} {inside!r} is inside the checkpoint directory {tmp_path / 'ck'} (iter_*/, latest): "
                          f"{what} would be written among its checkpoints; give a path beside it, e.g. {flag} out"), line
     assert _listing(tmp_path) == before
+
+
+# --- 14. --input a folder, or a path that is not there --------------------------------------------------------------
+@pytest.mark.parametrize("tool, give", [
+    ("preprocess", "a JSON-lines or .txt file (one --input: join several with cat)"),
+    ("train_tokenizer", "text (.txt) or JSON-lines files"),
+])
+@pytest.mark.parametrize("kind", ["folder", "missing"])
+def test_an_input_that_is_a_folder_or_missing_says_which(tool, give, kind, tmp_path, one_line):
+    """Before: "--input 'data' is not a file; give ..." for both (train_tokenizer: "is not a regular file" / "is not a
+    file", no fix)."""
+    from hybrid.data import preprocess, train_tokenizer
+    src = tmp_path / "data"
+    if kind == "folder":
+        src.mkdir()
+    call = {"preprocess": lambda: preprocess.main(["--input", str(src), "--output-prefix", str(tmp_path / "o"),
+                                                   "--tokenizer-type", "ByteLevel"]),
+            "train_tokenizer": lambda: train_tokenizer.main(["--input", str(src), "--output",
+                                                             str(tmp_path / "t")])}[tool]
+    line = one_line(call)
+    what = "is a directory" if kind == "folder" else "does not exist"
+    folder = f", e.g. --input {src}/*.txt" if kind == "folder" and tool == "train_tokenizer" else ""
+    assert line.endswith(f"--input {str(src)!r} {what}; give {give}{folder}"), line

@@ -69,6 +69,16 @@ def check_outside_checkpoints(flag: str, shown: str, path: str, what: str) -> No
                      f"written among its checkpoints; give a path beside it, e.g. {flag} {beside}")
 
 
+def input_not_a_file(path: str, give: str) -> str:
+    """Why --input `path` cannot be read, and what to give (round 19: "is not a file" for a folder and for a path that
+    is not there, alike)."""
+    if not os.path.lexists(path):
+        return f"--input {path!r} does not exist; give {give}"
+    if os.path.isdir(path):
+        return f"--input {path!r} is a directory; give {give}"
+    return f"--input {path!r} is not a regular file (a FIFO, a device or a dangling link); give {give}"
+
+
 def json_lines_hint(path: str, n: int, line: str) -> str:
     """What to do when line n of --input is not a JSON object. Round 19: a JSON array (`json.dump` of a list, the
     `datasets` library's to_json(lines=False)) and a .md or .csv file of text were each "line 1 is not JSON ...; give
@@ -145,7 +155,7 @@ def _encode(item: tuple[int, dict[str, str]]) -> tuple[dict[str, list[int]], int
 
 def check(args: argparse.Namespace) -> Tokenizer:
     if not os.path.isfile(args.input):
-        raise ValueError(f"--input {args.input!r} is not a file; give a JSON-lines or .txt file")
+        raise ValueError(input_not_a_file(args.input, "a JSON-lines or .txt file (one --input: join several with cat)"))
     if args.input.endswith(".txt") and args.json_keys != ["text"]:  # every key would get the same paragraphs
         raise ValueError(f"--json-keys {' '.join(args.json_keys)}: a .txt --input has no keys (its paragraphs are "
                          f"the documents, written as {output_name(args.output_prefix, 'text')}); drop --json-keys")

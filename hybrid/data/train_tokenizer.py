@@ -17,7 +17,7 @@ from typing import Iterator
 
 from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_dir, check_outside_packages, fail, int_in,
                             new_temporary)
-from hybrid.data.preprocess import check_outside_checkpoints, json_lines_hint, non_utf8
+from hybrid.data.preprocess import check_outside_checkpoints, input_not_a_file, json_lines_hint, non_utf8
 from hybrid.data.text import read_text
 from hybrid.fault_hook import crash_point
 
@@ -60,7 +60,8 @@ def texts(paths: list[str] | None, keys: list[str]) -> Iterator[str]:
         return
     for path in paths:
         if not os.path.isfile(path):
-            raise ValueError(f"--input {path!r} is not a {'regular file' if os.path.exists(path) else 'file'}")
+            folder = f", e.g. --input {path.rstrip(os.sep)}/*.txt" if os.path.isdir(path) else ""
+            raise ValueError(input_not_a_file(path, f"text (.txt) or JSON-lines files{folder}"))
         try:
             with open(path, encoding="utf-8") as f:
                 if path.endswith(".txt"):
