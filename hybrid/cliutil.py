@@ -445,6 +445,30 @@ def _probe_create(flag: str, path: str, parent: str) -> None:
     os.remove(probe)
 
 
+def package_root(path: str) -> str | None:
+    """The outermost Python package (a folder holding __init__.py) that `path`, or the nearest existing folder above
+    it, lies in; None outside any."""
+    probe, root = os.path.realpath(path), None
+    while not os.path.isdir(probe) and probe != os.path.dirname(probe):
+        probe = os.path.dirname(probe)
+    while probe != os.path.dirname(probe) and os.path.isfile(os.path.join(probe, "__init__.py")):
+        root, probe = probe, os.path.dirname(probe)
+    return root
+
+
+def check_outside_packages(flag: str, path: str, what: str) -> None:
+    """An output inside a Python package (the repository's hybrid/ or models/) would be written among its source
+    files, where `git add -A` commits it and the package ships it. train.py's --save has refused it since round 16;
+    round 19 found `hybrid convert`'s DST, train_tokenizer.py's --output and preprocess_data.py's --output-prefix
+    writing there. ValueError naming the flag, the package and a path beside it."""
+    if package := package_root(path):
+        beside = os.path.join(os.path.dirname(package), os.path.basename(os.path.normpath(path)))
+        beside = beside if os.path.relpath(beside).startswith("..") else os.path.relpath(beside)
+        raise ValueError(f"{flag} {path!r} is inside the Python package {package} (its folders hold __init__.py): "
+                         f"{what} would be written among its source files; give a path outside it, e.g. {flag} "
+                         f"{beside}")
+
+
 def check_output_dir(flag: str, path: str) -> None:
     """Before any work: `path` is a writable directory, or can be created (its nearest existing ancestor is a
     writable directory). For directory outputs (a checkpoint or TensorBoard directory)."""

@@ -66,6 +66,21 @@ def hf_source(cfg: ModelConfig, name: str) -> Source:
     return Source(key, transpose=bool(_GPT2_CONV1D.fullmatch(name)))
 
 
+def _weight_map(path: str, index: str) -> dict:
+    """The index's weight_map; ValueError naming the file when it is not one (round 19: a truncated index was
+    "JSONDecodeError: Expecting property name ...", a list "TypeError: list indices must be integers")."""
+    try:
+        with open(index, "rb") as f:
+            weight_map = json.loads(f.read().decode("utf-8"))["weight_map"]
+        if isinstance(weight_map, dict):
+            return weight_map
+        why = "its weight_map is not an object"
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # (JSON and UTF-8 errors are ValueErrors)
+        why = "no weight_map" if isinstance(e, (KeyError, TypeError)) else f"{type(e).__name__}: truncated?"
+    raise ValueError(f"--model {path}: model.safetensors.index.json is not the index save_pretrained writes ({why}); "
+                     f"copy the model folder again")
+
+
 class CheckpointReader:
     """Lazy reader of a safetensors checkpoint directory (one file or an index of shards)."""
 
@@ -73,8 +88,7 @@ class CheckpointReader:
         path = os.fspath(path)
         index = os.path.join(path, "model.safetensors.index.json")
         if os.path.exists(index):
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
+            weight_map = _weight_map(path, index)
             for k, v in weight_map.items():  # shard names are files of this folder: "../x" or "/x" would read outside
                 if not isinstance(v, str) or os.path.basename(v) != v or v in ("", ".", ".."):
                     raise ValueError(f"--model {path}: model.safetensors.index.json maps {k!r} to {v!r:.80}, not a "
@@ -122,17 +136,17 @@ def expected_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def check_shapes(model: nn.Module, reader: "CheckpointReader", path: str | os.PathLike) -> None:
+def check_shapes(model: nn.Module, reader: "CheckpointReader", path: str | os.PathLike, what: str = "--load") -> None:
     """Every tensor the model reads has exactly the shape its config implies -- a larger one would
-    otherwise be cropped silently by the sliced read."""
+    otherwise be cropped silently by the sliced read. `what`: the flag or word the error names the folder by."""
     for key, want in expected_shapes(model).items():
         found = tuple(reader.get_slice(key).get_shape())
         if found != want:
-            raise ValueError(f"--load {os.fspath(path)}: tensor {reader.resolve(key)} has shape {list(found)}, but the "
+            raise ValueError(f"{what} {os.fspath(path)}: tensor {reader.resolve(key)} has shape {list(found)}, but the "
                              f"model config implies {list(want)}; use the config.json saved with this checkpoint")
 
 
-def check_checkpoint(cfg: ModelConfig, path: str | os.PathLike) -> None:
+def check_checkpoint(cfg: ModelConfig, path: str | os.PathLike, what: str = "--load") -> None:
     """Before any process group: the checkpoint at `path` has every tensor of the model `cfg`
     describes, each with the shape the config implies (ValueError naming the first that differs)."""
     from hybrid.comm import Group
@@ -143,23 +157,26 @@ def check_checkpoint(cfg: ModelConfig, path: str | os.PathLike) -> None:
         model = build_model(cfg, TPContext(Group.solo("tp")), seed=None)
     reader = CheckpointReader(path)
     try:
-        check_shapes(model, reader, path)
+        check_shapes(model, reader, path, what)
     except KeyError as e:
-        raise ValueError(f"--load {os.fspath(path)}: {e.args[0]}; the checkpoint does not match --model") from None
-    check_no_extra_layers(cfg, reader, path)
+        raise ValueError(f"{what} {os.fspath(path)}: {e.args[0]}; the checkpoint does not match "
+                         f"{'its config.json' if what == 'SRC' else '--model'}") from None
+    check_no_extra_layers(cfg, reader, path, what)
 
 
 _LAYER_KEY = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")
 
 
-def check_no_extra_layers(cfg: ModelConfig, reader: "CheckpointReader", path: str | os.PathLike) -> None:
+def check_no_extra_layers(cfg: ModelConfig, reader: "CheckpointReader", path: str | os.PathLike,
+                          what: str = "--load") -> None:
     """A checkpoint deeper than the config (blocks numbered >= num_layers) would load its first layers and drop
     the rest silently: an error naming the first such tensor."""
     extra = sorted((int(m.group(1)), k) for k in reader.files if (m := _LAYER_KEY.search(k))
                    and int(m.group(1)) >= cfg.num_layers)
     if extra:
-        raise ValueError(f"--load {os.fspath(path)}: tensor {extra[0][1]} belongs to layer {extra[0][0]}, but the "
-                         f"model config has {cfg.num_layers} layers; use the config.json saved with this checkpoint")
+        layers = f"{cfg.num_layers} layer{'s' if cfg.num_layers != 1 else ''}"
+        raise ValueError(f"{what} {os.fspath(path)}: tensor {extra[0][1]} belongs to layer {extra[0][0]}, but the "
+                         f"model config has {layers}; use the config.json saved with this checkpoint")
 
 
 @torch.no_grad()

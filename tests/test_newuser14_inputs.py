@@ -43,8 +43,8 @@ class Reached(Exception):
 def test_inspect_errors_have_the_same_prefix_as_its_argparse_errors(tmp_path, one_line):
     missing = str(tmp_path / "none")
     line = one_line(lambda: hybrid_main(["checkpoint", "inspect", missing]))
-    assert line == (f"hybrid checkpoint inspect: error: {missing!r} is not a directory; give a --save directory or "
-                    f"one of its iter_* directories")
+    assert line == (f"hybrid checkpoint inspect: error: {missing!r} does not exist; give a --save directory or "
+                    f"one of its iter_* directories")  # round 19: "is not a directory" for a path that is not there
     parsed = one_line(lambda: hybrid_main(["checkpoint", "inspect", missing, "--world-size", "0"]))
     assert parsed.startswith("hybrid checkpoint inspect: error: argument --world-size")
 

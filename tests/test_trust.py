@@ -687,7 +687,7 @@ FOLDER_CASES = [
                                    '{"weight_map": {"transformer.wte.weight": "/etc/passwd"}}'), [],
      "to '/etc/passwd', not a file of the folder"),
     ("index-not-json", _write("model.safetensors.index.json", '{"weight_map": '), [],
-     "not a readable safetensors checkpoint (JSONDecodeError"),
+     "model.safetensors.index.json is not the index save_pretrained writes (JSONDecodeError: truncated?)"),
     ("tokenizer-truncated", _cut("tokenizer.json"), ["--prompt", "hi"], "tokenizer.json (carried with SRC): not readable"),
     ("tokenizer-empty-object", _write("tokenizer.json", "{}"), ["--prompt", "hi"], "not a readable tokenizer"),
     ("tokenizer-config-truncated", _cut("tokenizer_config.json"), ["--prompt", "hi"],

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from hybrid.checkpoint import store
-from hybrid.cliutil import check_output_dir
+from hybrid.cliutil import check_output_dir, package_root
 
 
 @dataclass(frozen=True)
@@ -154,17 +154,6 @@ def check_other_outputs(save: str | None, outputs: dict[str, str | None],
                              f"{os.path.join(path, 'tensorboard')} --save {save}")
 
 
-def _package_root(path: str) -> str | None:
-    """The outermost Python package (a folder holding __init__.py) that `path`, or the nearest existing folder above
-    it, lies in; None outside any."""
-    probe, root = os.path.realpath(path), None
-    while not os.path.isdir(probe) and probe != os.path.dirname(probe):
-        probe = os.path.dirname(probe)
-    while probe != os.path.dirname(probe) and os.path.isfile(os.path.join(probe, "__init__.py")):
-        root, probe = probe, os.path.dirname(probe)
-    return root
-
-
 def _source_files(path: str) -> list[str]:
     """What makes an existing folder a source folder: a git repository's `.git`, and its first Python files."""
     if not os.path.isdir(path) or store.is_checkpoint_dir(path):  # our checkpoints there already: a run's folder
@@ -180,7 +169,7 @@ def _check_source_tree(args: argparse.Namespace) -> None:
     (the flag's consent to write where other files are). ValueError naming --save and a directory of its own."""
     if args.save is None:
         return
-    if package := _package_root(args.save):
+    if package := package_root(args.save):
         mine = os.path.relpath(os.path.join(os.path.dirname(package), "checkpoints"))
         raise ValueError(f"--save {args.save!r} is inside the Python package {package} (its folders hold "
                          f"__init__.py): checkpoints would be written among its source files; give a directory "

@@ -156,7 +156,8 @@ def _check_foreign(path: str) -> None:
     for root in (path, parent) if os.path.basename(os.path.normpath(path)).startswith("iter_") else (path,):
         if what := store.foreign_checkpoint(root):
             raise ValueError(f"{root!r} is {what}, not a hybrid --save directory; {store.foreign_advice(root, what)}")
-    if os.path.isfile(os.path.join(path, "config.json")) and not store.is_checkpoint_dir(path):
+    if os.path.isfile(os.path.join(path, "config.json")) and not store.is_checkpoint_dir(path) and \
+            not _one_iteration(path):  # (a conversion writes config.json into its iteration too: round 19)
         raise ValueError(f"{path!r} is a transformers model folder (config.json), not a hybrid --save directory: "
                          f"train.py reads it as it is (--model {path} --load {path}), nothing to inspect")
 
@@ -182,13 +183,33 @@ def _no_latest(path: str) -> str:
             f"manifest.json; --load {path} is refused -- start without --load (the next save removes them)")
 
 
+def _one_iteration(path: str) -> bool:
+    """DIR is one checkpoint (iter_*/ of a store, or a folder holding a manifest), not a store of them."""
+    return os.path.isfile(os.path.join(path, store.MANIFEST)) or \
+        os.path.basename(os.path.normpath(path)).startswith("iter_")
+
+
+def _not_a_directory(path: str) -> str:
+    """Why DIR cannot be inspected: round 19 said "is not a directory" for a path that does not exist, and for an
+    iteration the store does not hold, without the iterations it does."""
+    if os.path.lexists(path):
+        return f"{path!r} is not a directory; give a --save directory or one of its iter_* directories"
+    parent = os.path.dirname(os.path.normpath(path)) or "."
+    if store.iteration_of(path) is not None and os.path.isdir(parent) and store.is_checkpoint_dir(parent):
+        have = store.complete_iterations(parent)
+        held = f"its complete ones: {', '.join(map(str, have[-5:]))}" if have else "it holds no complete one"
+        return f"{path!r} does not exist: {parent} has no iteration {store.iteration_of(path)} ({held}); give " \
+               f"{parent} (the one `latest` names) or one of its iter_* directories"
+    return f"{path!r} does not exist; give a --save directory or one of its iter_* directories"
+
+
 def run(args: argparse.Namespace) -> int:
     path = args.dir
     target = _target(args)
     if not os.path.isdir(path):
-        raise ValueError(f"{path!r} is not a directory; give a --save directory or one of its iter_* directories")
+        raise ValueError(_not_a_directory(path))
     _check_foreign(path)
-    if os.path.isfile(os.path.join(path, store.MANIFEST)) or os.path.basename(os.path.normpath(path)).startswith("iter_"):
+    if _one_iteration(path):
         line, sound = _one(path, None, target)
         print(line)
         return 0 if sound else 1

@@ -35,6 +35,12 @@ def iter_name(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 
 
+def iteration_of(directory: str) -> int | None:
+    """N for a directory named iter_NNNNNNN (trailing separators ignored), else None."""
+    m = _ITER.match(os.path.basename(os.path.normpath(directory)))
+    return int(m.group(1)) if m else None
+
+
 def tmp_path(root: str, iteration: int) -> str:
     return os.path.join(root, iter_name(iteration) + ".tmp")
 
@@ -356,9 +362,9 @@ def read_state(directory: str) -> dict:
         raise bad("contents", state.get("contents"), '"full" or "model"')
     if state.get("contents") != "model":
         _check_scaler(state, bad)
-    m = _ITER.match(os.path.basename(os.path.normpath(directory)))
-    if m and int(m.group(1)) != state["iteration"]:
-        raise bad("iteration", state["iteration"], f"{int(m.group(1))} (the directory's name)")
+    named = iteration_of(directory)
+    if named is not None and named != state["iteration"]:
+        raise bad("iteration", state["iteration"], f"{named} (the directory's name)")
     return state
 
 

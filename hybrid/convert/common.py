@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-from hybrid.cliutil import check_output_dir
+from hybrid.cliutil import check_output_dir, check_outside_packages
 from hybrid.fault_hook import crash_point
 from models.config import ARCH_GPT2, ModelConfig, load_config
 
@@ -34,6 +34,7 @@ def check_dst(dst: str) -> None:
     if os.path.exists(dst) and os.listdir(dst):
         raise ValueError(f"DST {dst!r} exists and is not empty; give a new directory (nothing is overwritten)")
     check_output_dir("DST", dst)
+    check_outside_packages("DST", dst, "the converted checkpoint")
 
 
 def check_dst_outside_src(src: str, dst: str) -> None:

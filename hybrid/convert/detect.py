@@ -20,13 +20,15 @@ def is_iteration_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, store.STATE))
 
 
-def detect(path: str) -> Format:
-    """The format of `path`; ValueError (one line, naming what was looked for) when it is none of them."""
+def detect(path: str, deepspeed: bool = True) -> Format:
+    """The format of `path`; ValueError (one line, naming what was looked for) when it is none of them. `deepspeed`:
+    whether the command reads a DeepSpeed checkpoint (`hybrid generate` does not, and its errors do not offer one)."""
     if not os.path.exists(path):
         raise ValueError(f"SRC {path!r} does not exist")
     if not os.path.isdir(path):
-        raise ValueError(f"SRC {path!r} is a file; give a directory (a transformers model folder, a hybrid "
-                         f"checkpoint directory or a DeepSpeed checkpoint folder)")
+        kinds = "a transformers model folder, a hybrid checkpoint directory" + \
+            (" or a DeepSpeed checkpoint folder" if deepspeed else " or one iter_*/ of it")
+        raise ValueError(f"SRC {path!r} is a file; give a directory ({kinds})")
     if glob.glob(os.path.join(path, "global_step*")) and os.path.isfile(os.path.join(path, "latest")):
         return Format.DEEPSPEED
     if os.path.isfile(os.path.join(path, store.MEGATRON_TRACKER)):
@@ -38,11 +40,19 @@ def detect(path: str) -> Format:
                       for n in ("model.safetensors", "model.safetensors.index.json"))
     if has_weights and os.path.isfile(os.path.join(path, "config.json")):
         return Format.HF
+    parent = os.path.dirname(os.path.normpath(path)) or "."
+    if os.path.basename(os.path.normpath(path)).startswith("iter_") and store.is_checkpoint_dir(parent):
+        raise ValueError(f"SRC {path!r} is not a complete checkpoint of {parent} (no .metadata or state.json: a save "
+                         f"that did not finish, or a damaged copy); give {parent} (its newest complete one) -- `hybrid "
+                         f"checkpoint inspect {parent}` lists them")  # (round 19: "not a transformers model folder")
     if has_weights:
         raise ValueError(f"SRC {path!r} has safetensors weights but no config.json; a transformers model folder "
                          f"holds both (save_pretrained writes them)")
     if os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(f"SRC {path!r} has a config.json but no model.safetensors(.index.json); save the model "
                          f"with save_pretrained(..., safe_serialization=True) (.bin weights are not read)")
+    if not deepspeed:
+        raise ValueError(f"SRC {path!r} is not a transformers model folder (config.json + model.safetensors) nor a "
+                         f"hybrid checkpoint (latest + iter_*/)")
     raise ValueError(f"SRC {path!r} is not a transformers model folder (config.json + model.safetensors), a "
                      f"hybrid checkpoint (latest + iter_*/) or a DeepSpeed checkpoint (latest + global_step*/)")

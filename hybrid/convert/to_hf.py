@@ -28,6 +28,7 @@ def iteration_dir(src: str, iteration: int | None) -> str:
     """The complete, intact checkpoint directory to export: `src` itself when it is one, else `iteration`'s
     (default: the one `latest` names) in the store `src`."""
     if is_iteration_dir(src):
+        _check_iteration_of_its_own_dir(src, iteration)
         it_dir = src
     else:
         done = store.complete_iterations(src)
@@ -42,6 +43,18 @@ def iteration_dir(src: str, iteration: int | None) -> str:
     if v.error:
         raise ValueError(f"SRC {v.error}")
     return it_dir
+
+
+def _check_iteration_of_its_own_dir(src: str, iteration: int | None) -> None:
+    """SRC one iter_NNNNNNN/ is that iteration: an --iteration naming another would be ignored (round 19: `hybrid
+    convert ck/iter_0000003 out --iteration 0` exported iteration 3 and said nothing)."""
+    named = store.iteration_of(src)
+    if iteration is None or named == iteration:
+        return
+    store_dir = os.path.dirname(os.path.normpath(src)) or "."
+    what = f"iteration {named}'s folder" if named is not None else "one checkpoint's folder"
+    raise ValueError(f"--iteration {iteration}: SRC {src!r} is {what}; give the checkpoint directory "
+                     f"({store_dir} --iteration {iteration}) or drop --iteration")
 
 
 def checkpoint_config(it_dir: str, model: str | None) -> ModelConfig:

@@ -146,10 +146,20 @@ class _WeightsOnlyTorch:
                 return torch.load(f, *args, **kwargs)
         except pickle.UnpicklingError as e:
             found = re.search(r"GLOBAL ([\w.]+)", str(e))
+            if not found and "Unsupported operand" in str(e):  # not a pickle at all: no opcode torch knows
+                raise ValueError(self.unreadable(f)) from None
             what = f"holds {found.group(1)}, which" if found else "holds an object that"
             raise ValueError(f"SRC {f}: {what} a {self.kind}'s allow-list does not admit (tensors, "
                              f"containers, {', '.join(c.__name__ for c in self.allowed)}); refused, nothing in it "
                              f"was run") from None
+        except (EOFError, KeyError, RuntimeError):  # empty, a legacy pickle's bad magic number, a broken zip
+            raise ValueError(self.unreadable(f)) from None
+
+    def unreadable(self, f) -> str:
+        """Round 19: these bytes ended the conversion as "DeepSpeed cannot read it (KeyError: 174812789)", the file
+        unnamed."""
+        return (f"SRC {f}: not a file torch.save wrote (empty, truncated or another format); copy the {self.kind} "
+                f"again")
 
 
 def _deepspeed_tag(src: str) -> str:
@@ -184,9 +194,11 @@ def _deepspeed_state_dict(src: str, cfg: ModelConfig) -> tuple[dict[str, torch.T
         sd, detail = deepspeed_moe.mixtral_state_dict(os.path.join(src, tag), cfg, lambda f: reader.load(f, "cpu"))
         return sd, f"DeepSpeed-MoE checkpoint of {cfg.hf.model_type}: {detail}", True
     from deepspeed.utils import zero_to_fp32
-    # (its tqdm bars would be lines beside an error's one line; the conversion prints its own summary)
+    # (its tqdm bars and prints -- "Processing zero checkpoint ...", then the stage and counts -- would be lines
+    # beside an error's one line; the conversion prints its own summary)
     with mock.patch.object(zero_to_fp32, "torch", _WeightsOnlyTorch(_deepspeed_allowed())), \
-            mock.patch.object(zero_to_fp32, "tqdm", lambda it, *a, **k: it):
+            mock.patch.object(zero_to_fp32, "tqdm", lambda it, *a, **k: it), \
+            mock.patch.object(zero_to_fp32, "print", lambda *a, **k: None, create=True):
         try:
             sd = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(src, tag=tag)
         except ValueError:

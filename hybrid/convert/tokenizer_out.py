@@ -103,5 +103,9 @@ def export_tokenizer(dst: str, carried: list[str], state: dict, max_length: int)
         byte_level_tokenizer().save(os.path.join(dst, "tokenizer.json"))
         _config(dst, EOD, max_length)
         return f"tokenizer: byte-level (the run read UTF-8 bytes; id = byte, {EOD} = id 0)"
+    came = state.get("converted_from")
+    if isinstance(came, dict) and came.get("path"):  # no run (round 19: "the run recorded no tokenizer ... train with")
+        return (f"tokenizer: none written -- SRC is a conversion of {came['path']}, which held no tokenizer files "
+                f"(copy them into the export)")
     return ("tokenizer: none written -- the run recorded no tokenizer for its data (train with --tokenizer-type, "
             "or copy the tokenizer files into the export)")

@@ -20,7 +20,8 @@ import sys
 import time
 from typing import Iterator
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file, fail, int_in, plural, positive_int
+from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_file, check_outside_packages, fail, int_in,
+                            plural, positive_int)
 from hybrid.data.indexed import IndexedDatasetWriter, bin_path, idx_path, optimal_dtype
 from hybrid.data.tokenizer import TOKENIZER_TYPES, Tokenizer, build_tokenizer, tokenizer_hints
 
@@ -49,9 +50,60 @@ def documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]]
     file for text that is not UTF-8."""
     try:
         yield from _documents(path, keys)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--input {path}: not UTF-8 text (byte {e.start} of a read block); convert it to "
-                         f"UTF-8") from None
+    except UnicodeDecodeError:
+        raise ValueError(non_utf8(path)) from None
+
+
+def check_outside_checkpoints(flag: str, shown: str, path: str, what: str) -> None:
+    """`path` (an output file or folder) is not inside a checkpoint directory (a --save folder, DeepSpeed's,
+    Megatron-LM's): among its iter_*/ a save replaces an iteration and --save-keep deletes it, taking the file along,
+    and `hybrid convert` / `generate` read a tokenizer there as the model's. train.py's outputs and convert's DST are
+    refused there since round 17; round 19 found the data tools writing there. The checkpoint directory itself is
+    train_tokenizer.py's check_fresh_output's to name."""
+    from hybrid.checkpoint import store
+    root = store.enclosing_checkpoint(path)
+    if root is None or os.path.realpath(path) == root:
+        return
+    beside = os.path.relpath(os.path.join(os.path.dirname(root), os.path.basename(os.path.normpath(shown))))
+    raise ValueError(f"{flag} {shown!r} is inside the checkpoint directory {root} (iter_*/, latest): {what} would be "
+                     f"written among its checkpoints; give a path beside it, e.g. {flag} {beside}")
+
+
+def input_not_a_file(path: str, give: str) -> str:
+    """Why --input `path` cannot be read, and what to give (round 19: "is not a file" for a folder and for a path that
+    is not there, alike)."""
+    if not os.path.lexists(path):
+        return f"--input {path!r} does not exist; give {give}"
+    if os.path.isdir(path):
+        return f"--input {path!r} is a directory; give {give}"
+    return f"--input {path!r} is not a regular file (a FIFO, a device or a dangling link); give {give}"
+
+
+def json_lines_hint(path: str, n: int, line: str) -> str:
+    """What to do when line n of --input is not a JSON object. Round 19: a JSON array (`json.dump` of a list, the
+    `datasets` library's to_json(lines=False)) and a .md or .csv file of text were each "line 1 is not JSON ...; give
+    one JSON object per line"; only a .txt file is read as plain text."""
+    if n == 1 and line.lstrip().startswith("["):
+        stem = os.path.splitext(path)[0]
+        return f"the file is one JSON array, not JSON lines: write an object per line, e.g. jq -c '.[]' {path} > " \
+               f"{stem}.jsonl"
+    if not path.endswith((".json", ".jsonl")):
+        return (f"JSON lines are read from .jsonl / .json files, plain text (paragraphs as documents) from .txt: "
+                f"name the file {os.path.splitext(os.path.basename(path))[0]}.txt if it is text")
+    return "give one JSON object per line"
+
+
+def non_utf8(path: str) -> str:
+    """The line naming where `path` stops being UTF-8: found by a second, binary pass (an error path only). Round 19:
+    the text-mode reader's position was "byte 2609 of a read block", after 10,000 documents, with no line."""
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return (f"--input {path}: line {n} is not UTF-8 text (byte {e.start + 1} of the line is "
+                        f"0x{line[e.start]:02x}); convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8")
+    return f"--input {path}: not UTF-8 text; convert it to UTF-8"
 
 
 def _documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -76,11 +128,11 @@ def _documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"--input {path}: line {n} is not JSON ({e.msg}); give one JSON object per line")
+                raise ValueError(f"--input {path}: line {n} is not JSON ({e.msg}); {json_lines_hint(path, n, line)}")
             except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a huge number
                 raise ValueError(f"--input {path}: line {n} is not JSON this tool reads ({type(e).__name__})") from None
             if not isinstance(obj, dict):
-                raise ValueError(f"--input {path}: line {n} is not a JSON object")
+                raise ValueError(f"--input {path}: line {n} is not a JSON object; {json_lines_hint(path, n, line)}")
             missing = [k for k in keys if not isinstance(obj.get(k), str)]
             if missing:
                 raise ValueError(f"--input {path}: line {n} has no string {missing[0]!r} (keys: "
@@ -103,16 +155,23 @@ def _encode(item: tuple[int, dict[str, str]]) -> tuple[dict[str, list[int]], int
 
 def check(args: argparse.Namespace) -> Tokenizer:
     if not os.path.isfile(args.input):
-        raise ValueError(f"--input {args.input!r} is not a file; give a JSON-lines or .txt file")
+        raise ValueError(input_not_a_file(args.input, "a JSON-lines or .txt file (one --input: join several with cat)"))
     if args.input.endswith(".txt") and args.json_keys != ["text"]:  # every key would get the same paragraphs
         raise ValueError(f"--json-keys {' '.join(args.json_keys)}: a .txt --input has no keys (its paragraphs are "
                          f"the documents, written as {output_name(args.output_prefix, 'text')}); drop --json-keys")
+    repeated = sorted({k for k in args.json_keys if args.json_keys.count(k) > 1})
+    if repeated:  # (round 19: `--json-keys text text` ran two writers of the same PREFIX_text_document files)
+        raise ValueError(f"--json-keys {' '.join(args.json_keys)}: {repeated[0]!r} is given twice; each key writes "
+                         f"its own {output_name(args.output_prefix, repeated[0])}.bin/.idx once: give it once")
     if args.output_prefix.endswith(os.sep):  # DIR/ would write DIR/_text_document.bin, a hidden-looking name
         raise ValueError(f"--output-prefix {args.output_prefix!r} names a directory; give DIR/NAME (writes "
                          f"DIR/NAME_{args.json_keys[0]}_document.bin and .idx)")
     for key in args.json_keys:
         for path in (bin_path(output_name(args.output_prefix, key)), idx_path(output_name(args.output_prefix, key))):
             check_output_file("--output-prefix", path)
+    check_outside_packages("--output-prefix", args.output_prefix, "the dataset")
+    check_outside_checkpoints("--output-prefix", args.output_prefix,
+                              bin_path(output_name(args.output_prefix, args.json_keys[0])), "the dataset")
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
     if args.append_eod and tok.eod is None:
         raise ValueError(f"--append-eod: --tokenizer-model {args.tokenizer_model} has no end-of-document token "

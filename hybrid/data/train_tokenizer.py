@@ -15,7 +15,9 @@ import json
 import os
 from typing import Iterator
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_dir, fail, int_in, new_temporary
+from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_dir, check_outside_packages, fail, int_in,
+                            new_temporary)
+from hybrid.data.preprocess import check_outside_checkpoints, input_not_a_file, json_lines_hint, non_utf8
 from hybrid.data.text import read_text
 from hybrid.fault_hook import crash_point
 
@@ -58,7 +60,8 @@ def texts(paths: list[str] | None, keys: list[str]) -> Iterator[str]:
         return
     for path in paths:
         if not os.path.isfile(path):
-            raise ValueError(f"--input {path!r} is not a {'regular file' if os.path.exists(path) else 'file'}")
+            folder = f", e.g. --input {path.rstrip(os.sep)}/*.txt" if os.path.isdir(path) else ""
+            raise ValueError(input_not_a_file(path, f"text (.txt) or JSON-lines files{folder}"))
         try:
             with open(path, encoding="utf-8") as f:
                 if path.endswith(".txt"):
@@ -67,9 +70,8 @@ def texts(paths: list[str] | None, keys: list[str]) -> Iterator[str]:
                 for n, line in enumerate(f, 1):
                     if line.strip():
                         yield from _json_texts(path, n, line, keys)
-        except UnicodeDecodeError as e:
-            raise ValueError(f"--input {path}: not UTF-8 text (byte {e.start} of a read block); convert it to "
-                             f"UTF-8") from None
+        except UnicodeDecodeError:
+            raise ValueError(non_utf8(path)) from None
 
 
 def _json_texts(path: str, n: int, line: str, keys: list[str]) -> Iterator[str]:
@@ -77,8 +79,9 @@ def _json_texts(path: str, n: int, line: str, keys: list[str]) -> Iterator[str]:
         obj = json.loads(line)
     except (ValueError, RecursionError) as e:
         why = (str(e).splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"--input {path}: line {n} is not JSON ({why}); "
-                         f"a .jsonl file holds one JSON object per line, a .txt file plain text") from None
+        raise ValueError(f"--input {path}: line {n} is not JSON ({why}); {json_lines_hint(path, n, line)}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"--input {path}: line {n} is not a JSON object; {json_lines_hint(path, n, line)}")
     for key in keys:
         if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
             found = f" (its keys: {', '.join(list(obj)[:5])})" if isinstance(obj, dict) and obj else ""
@@ -91,6 +94,9 @@ def check_inputs(paths: list[str] | None, keys: list[str]) -> int:
     """Read every input once before training (nothing is written on a bad one): the characters of text they
     hold. An input with no text would train a tokenizer of the byte alphabet alone -- an error, so an empty or
     mistyped file never replaces a good tokenizer."""
+    if paths == []:  # `--input $FILES` with FILES empty: the flag without a file trained on pydoc's topics (round 19)
+        raise ValueError("--input was given no file; give the text or JSON-lines files, or drop --input to train on "
+                         "Python's pydoc topics")
     chars = sum(len(t.strip()) for t in texts(paths, keys))
     if not chars:
         raise ValueError(f"--input {' '.join(paths or [])} holds no text (empty or whitespace only); nothing "
@@ -165,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         check_output_dir("--output", args.output)
+        check_outside_packages("--output", args.output, "the tokenizer")
+        check_outside_checkpoints("--output", args.output, args.output, "the tokenizer")
         check_inputs(args.input, args.json_keys)  # first: a bad input is named as such whatever --output holds
         check_fresh_output(args.output)
         tok = train(args.input, args.vocab_size, args.output, args.json_keys)

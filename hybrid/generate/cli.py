@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass
 from datetime import timedelta
 
-from hybrid.cliutil import HelpFormatter, fail, float_in, int_in, is_rank_zero, outlive_rank_zero
+from hybrid.cliutil import HelpFormatter, fail, float_in, int_in, is_rank_zero, outlive_rank_zero, plural
 from hybrid.generate import decode
 from hybrid.generate.decode import SamplingConfig, find_codec, generate, load_model, prompt_ids, read_source
 from hybrid.launch import DEFAULT_TIMEOUT_MINUTES, MAX_TIMEOUT_MINUTES, check_launch, distributed, env_world
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
                        sampling, mesh.tp, pp=mesh.pp, hidden=cfg.hidden_size).cpu()
     if is_rank_zero():
         new = out[0, ids.shape[1]:].tolist()
-        print(f"generate: {len(new)} new tokens ({sampling.describe()}): {','.join(map(str, new))}")
+        print(f"generate: {plural(len(new), 'new token')} ({sampling.describe()}): {','.join(map(str, new))}")
         print(f"tokenizer: {codec.source}; {layout.describe()} on {device.type}, KV cache")
         print(codec.decode(out[0].tolist()))
 

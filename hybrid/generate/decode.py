@@ -210,7 +210,8 @@ def read_source(src: str, model: str | None):
     from hybrid.checkpoint import store
     from hybrid.convert.common import check_safetensors, read_config
     from hybrid.convert.to_hf import check_against, checkpoint_config, iteration_dir
-    fmt = detect(src)
+    from models.hf_io import check_checkpoint
+    fmt = detect(src, deepspeed=False)  # (round 19: its errors offered a DeepSpeed folder, which it then refused)
     if fmt is Format.HYBRID:
         it_dir = iteration_dir(src, None)
         cfg = checkpoint_config(it_dir, model)
@@ -222,6 +223,9 @@ def read_source(src: str, model: str | None):
         raise ValueError("--model: a transformers SRC carries its own config.json; drop --model")
     cfg = read_config(src, "SRC")
     check_safetensors(src)  # a truncated file: one line here, not safetensors' traceback at the load
+    # every tensor's shape against config.json, on the meta device (round 19: found by the load, after the process
+    # group started, each rank printing "--load SRC: ...", a flag generate does not take)
+    check_checkpoint(cfg, src, "SRC")
     return cfg, src, None
 
 
