@@ -145,13 +145,6 @@ def _check_combinations(args: argparse.Namespace, cfg, dims: ParallelDims, moe: 
         if dims.pp > 1 or chunks:
             raise ValueError("--moe-router-load-balancing-type hf_aux_loss pools every MoE layer's counts and needs "
                              "the whole model in one stage (--pipeline-model-parallel-size 1); use aux_loss")
-    if getattr(args, "recompute_granularity", None) == "selective-op" and getattr(args, "zero_stage", 0) == 3:
-        # ZeRO 3 gathers each experts module's unit in that module's own hooks, inside the block torch's selective
-        # checkpoint records op by op; the recomputation finds the gathers' ops changed (other units are held by
-        # then) and stops with "aten.split.Tensor invocation index 2 encountered during backward"
-        raise ValueError("--recompute-granularity selective-op does not run with --zero-stage 3 on an MoE model (the "
-                         "experts' parameter gather runs inside the checkpointed block and differs in the "
-                         "recomputation); use --recompute-granularity full, or --zero-stage 0, 1 or 2")
     if moe.expert_bias and not (cfg.moe_router_pre_softmax or moe.score_function == "sigmoid"):
         raise ValueError("--moe-router-enable-expert-bias needs scores to choose with: a pre-softmax router or "
                          "--moe-router-score-function sigmoid")

@@ -650,11 +650,8 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     pinned_etp = "expert_tensor_parallel_size" in getattr(args, "explicit", set())  # and expert-TP
     # and no zero-bubble schedule (check_zero_bubble refuses it with --compile: B could not leave W to later)
     traced_sac = args.compile and args.recompute_granularity == "selective-op"  # check_compile: at tp 1 only
-    # an MoE model's selective-op recomputation runs at ZeRO 0-2 (hybrid/moe/args.py): the search keeps to them
-    moe_sac = work.model.num_experts and args.recompute_granularity == "selective-op"
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),), tp=(1,) if traced_sac else None,
-                        zero=tuple(ZeroStage(z) for z in (0, 1, 2)) if moe_sac else
-                        tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
+                        zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
                         zero_bubble=(False,) if args.compile else None,
                         expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None,
                         expert_tensor_parallel=(args.expert_tensor_parallel_size,) if pinned_etp else None)

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 from hybrid.comm import Group
 from hybrid.dp import make_buckets
@@ -530,8 +531,22 @@ class ZeroOptimizer:
             owner.register_forward_pre_hook(lambda m, a: self._gather(out, []))
         for i, (block, u) in enumerate(plan.blocks):
             nxt, prev = (units[i + 1:i + 2] or out), units[max(0, i - 1):i] if i else []
-            block.register_forward_pre_hook(lambda m, a, u=u, nxt=nxt: self._gather([u], nxt))
-            block.register_forward_hook(lambda m, a, o, u=u, prev=prev: self._after_forward([u], o, prev))
+            block.register_forward_pre_hook(lambda m, a, u=u, nxt=nxt: self._before_block(u, nxt))
+            block.register_forward_hook(lambda m, a, o, u=u, prev=prev: self._after_block(u, o, prev))
+
+    def _before_block(self, u: FlatUnit, prefetch: list[FlatUnit]) -> None:
+        """A block's (or an MoE experts module's) forward pre-hook: gather its unit, prefetch the next. A module
+        inside a checkpointed block (an MoE layer's experts) runs its hooks again in the backward's recomputation:
+        then it gathers only its own unit, which the backward about to run reads (torch FSDP2's rule for
+        activation checkpointing) -- the next unit's backward is over, a prefetch would gather it for nothing."""
+        self._gather([u], [] if _in_backward() else prefetch)
+
+    def _after_block(self, u: FlatUnit, out, prefetch: list[FlatUnit]) -> None:
+        """A block's forward hook: free its unit and hook its re-gather on the output's gradient. In the
+        recomputation the unit stays gathered for the backward that follows (`_on_grad` frees it once its
+        gradients are in); freeing it here made that backward gather it a second time."""
+        if not _in_backward():
+            self._after_forward([u], out, prefetch)
 
     def gather_chunk(self, chunk: nn.Module) -> None:
         """Stage 3: gather every unit of `chunk` now. A zero-bubble W (hybrid/pipeline/split_backward.py) runs
@@ -543,10 +558,17 @@ class ZeroOptimizer:
         self._gather(plan.units, [])
 
     def _gather(self, units: list[FlatUnit], prefetch: list[FlatUnit]) -> None:
-        for u in units:
-            u.finish_gather(self._group(u), self.device)
-        for u in prefetch:  # posted now, waited for when that unit runs: overlaps this one's compute
-            u.start_gather(self._group(u), self.device)
+        """Gather `units` now and post `prefetch`'s gathers. Under no torch dispatch mode: an MoE experts module's
+        hooks run inside its block's checkpoint, whose op-level policy (`--recompute-granularity selective-op`,
+        torch's selective-checkpoint modes) records every operator of the forward and requires the recomputation
+        to run the same ones in the same order; a gather's copies and views depend on what is gathered already
+        (a prefetch, another micro-batch), so they must not be among them -- they are the optimizer's, not the
+        model's (torch: "aten.split.Tensor invocation index 2 ... not found in storage")."""
+        with _disable_current_modes():
+            for u in units:
+                u.finish_gather(self._group(u), self.device)
+            for u in prefetch:  # posted now, waited for when that unit runs: overlaps this one's compute
+                u.start_gather(self._group(u), self.device)
 
     def _free(self, units: list[FlatUnit]) -> None:
         if not self.cfg.keep_gathered:
@@ -893,9 +915,8 @@ class ZeroOptimizer:
 
     def _drop_stale_gathers(self) -> None:
         """Stage 3: a unit gathered (or prefetched) before this step and not freed holds the old parameters; free
-        it so its next use gathers the new ones. A module whose forward hooks run during full recomputation (an
-        MoE layer's experts, inside a recomputed block) prefetches the next unit there, after that unit's backward
-        has freed it."""
+        it so its next use gathers the new ones (a unit whose backward computed no gradient for it is still held:
+        `_on_grad` frees a unit when its gradients are in)."""
         if self.cfg.keep_gathered:
             return
         for u in self.units:
@@ -965,6 +986,11 @@ class ZeroOptimizer:
         parameters from them, exactly as after an optimizer step (cast, copy to the device, stages
         1-2 all-gather; stage 3 gathers when the parameters are next used)."""
         self._write_back()
+
+
+def _in_backward() -> bool:
+    """True while autograd runs a backward pass: a forward hook firing then belongs to activation recomputation."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _takes_grad_scale(optimizer: torch.optim.Optimizer) -> bool:
