@@ -29,6 +29,8 @@ FRESH = {
         "what a new interpreter imports is the subject (a fork inherits torch); a plan search, ~2 s, no torch",
     ("test_startup18_torch_free.py", "test_the_planner_and_its_profile_loader_import_no_torch"):
         "what a new interpreter imports is the subject (a fork inherits torch); imports only, no torch",
+    ("test_mutation19_catches.py", "test_the_packages_torch_free_names_load_no_torch"):
+        "what a new interpreter imports is the subject (a fork inherits torch); two imports, ~0.1 s, no torch",
 }
 
 
