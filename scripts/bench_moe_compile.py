@@ -1,4 +1,4 @@
-"""Eager vs `--compile` on an MoE model after warm-up, in one launch: the step-time row of docs/moe.md's "With --compile".
+"""Eager vs `--compile` on an MoE model after warm-up, in one launch: docs/moe.md's "With --compile" step-time row.
 
     python scripts/bench_moe_compile.py                 # 2 gloo ranks, tiny-mixtral at ep 2, 6 blocks of 10 steps
     python scripts/bench_moe_compile.py --blocks 10 --per 20
@@ -73,7 +73,8 @@ def _rank(rank: int, world: int, blocks: int, per: int, seq: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from hybrid.cliutil import OneLineParser  # one line for a mistyped flag (tests/test_newuser11_inputs.py)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--blocks", type=int, default=6, help="alternating eager / compiled blocks of each")
     p.add_argument("--per", type=int, default=10, help="steps per block")
     p.add_argument("--seq", type=int, default=128, help="tokens per sequence (micro-batch 2)")
