@@ -163,6 +163,14 @@ class MoELayer(nn.Module):
             self.bias_counts = counts.detach().clone() if self.bias_counts is None else self.bias_counts + counts
 
     # --- forward ----------------------------------------------------------------------------------------
+    # Eager under --compile (compile_blocks, hybrid/train/loop.py, traces each block's body): one graph break at
+    # this call, and the block's dense parts (norms, attention, residuals) compile at shapes that never change.
+    # Traced, the layer's data-dependent sizes -- bincount's counts, the kept rows, the experts' blocks and the
+    # all-to-all's splits (.tolist()) -- broke the graph at each and recompiled whenever the routing moved them:
+    # tiny-mixtral at ep 2, 28 breaks and 20 recompilations a rank in 10 steps, steps of 1-10 s (docs/moe.md). As
+    # torchtitan's apply_compile, which leaves its experts' dispatch and combine uncompiled. The wrapper costs
+    # ~2 us a call eagerly; it imports dynamo at its first call only (models has imported it already).
+    @torch._disable_dynamo
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape  # T: this rank's tokens of each sequence (T / tp under sequence parallelism)
         flat = x.reshape(-1, C)
