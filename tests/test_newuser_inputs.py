@@ -10,7 +10,6 @@ import json
 import os
 
 import pytest
-import torch
 
 import hybrid.cli
 from hybrid.train.main import validate
@@ -87,12 +86,10 @@ def test_convert_dst_inside_src_is_refused_before_anything_is_written(inside, tm
 
 # --- hybrid generate: more new tokens than the context holds -------------------------------------------------
 def test_generate_max_new_tokens_beyond_the_context_is_one_line_with_the_room_left(tmp_path, one_line):
-    from safetensors.torch import save_file
+    from transformers import GPT2Config, GPT2LMHeadModel
     src = tmp_path / "hf"
-    os.makedirs(src)
-    (src / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 2,
-                                                 "vocab_size": 256, "n_positions": 16}))
-    save_file({"wte.weight": torch.zeros(256, 32)}, str(src / "model.safetensors"))  # a readable header
+    # a whole checkpoint: generate checks the weights against config.json (round 19) before the prompt's room
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_head=4, n_layer=2, vocab_size=256, n_positions=16)).save_pretrained(src)
     line = one_line(lambda: hybrid.cli.main(["generate", str(src), "--prompt-ids", "1,2,3,4",
                                               "--max-new-tokens", "100"]))
     assert line == ("hybrid generate: error: --max-new-tokens 100: the 4-token prompt leaves 12 of the model's 16 "

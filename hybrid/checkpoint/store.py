@@ -20,11 +20,12 @@ import re
 import shutil
 from dataclasses import dataclass
 
+from hybrid.checkpoint_paths import (_ITER, LATEST, MEGATRON_TRACKER, enclosing_checkpoint,  # noqa: F401 (re-exported)
+                                     foreign_checkpoint)
 from hybrid.cliutil import is_finite, new_temporary
 
-MANIFEST, STATE, LATEST = "manifest.json", "state.json", "latest"
+MANIFEST, STATE = "manifest.json", "state.json"
 FORMAT = "hybrid-dcp/1"
-_ITER = re.compile(r"^iter_(\d{7,})$")
 
 
 class CorruptCheckpoint(ValueError):
@@ -67,38 +68,8 @@ def is_checkpoint_dir(root: str) -> bool:
                                     any(n.startswith("iter_") for n in os.listdir(root)))
 
 
-def enclosing_checkpoint(path: str) -> str | None:
-    """The checkpoint directory `path` is, or lies inside (real paths; `path` need not exist): the nearest folder at
-    or above it holding a `latest` file or an iter_NNNNNNN folder -- ours, or Megatron-LM's and DeepSpeed's of the
-    same shape (foreign_checkpoint) -- else None."""
-    probe = os.path.realpath(path)
-    while True:
-        if os.path.isdir(probe):
-            names = os.listdir(probe)
-            if os.path.isfile(os.path.join(probe, LATEST)) or any(_ITER.match(n) for n in names) or \
-                    foreign_checkpoint(probe):
-                return probe
-        if probe == os.path.dirname(probe):
-            return None
-        probe = os.path.dirname(probe)
-
-
-MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-LM's `latest`
 # what to do with a Megatron-LM checkpoint, which neither train.py --load nor hybrid convert reads
 MEGATRON_EXPORT = "export it to a transformers folder with Megatron-LM's checkpoint converter"
-
-
-def foreign_checkpoint(root: str) -> str | None:
-    """Another tool's checkpoint in `root`, by the files that tool writes: "a Megatron-LM checkpoint (...)" or "a
-    DeepSpeed checkpoint (...)"; None when there is none. Such a folder is not a hybrid store: its iter_* (Megatron)
-    or `latest` (DeepSpeed) would pass for ours, to be loaded as unfinished saves or replaced by a save."""
-    if not os.path.isdir(root):
-        return None
-    if os.path.isfile(os.path.join(root, MEGATRON_TRACKER)):
-        return f"a Megatron-LM checkpoint ({MEGATRON_TRACKER})"
-    if os.path.isfile(os.path.join(root, LATEST)) and any(n.startswith("global_step") for n in os.listdir(root)):
-        return "a DeepSpeed checkpoint (latest + global_step*/)"
-    return None
 
 
 def foreign_advice(root: str, what: str) -> str:

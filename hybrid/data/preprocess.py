@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Iterator
 
+from hybrid.checkpoint_paths import check_outside_checkpoints
 from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_file, check_outside_packages, fail, int_in,
                             plural, positive_int)
 from hybrid.data.indexed import IndexedDatasetWriter, bin_path, idx_path, optimal_dtype
@@ -52,21 +53,6 @@ def documents(path: str, keys: list[str]) -> Iterator[tuple[int, dict[str, str]]
         yield from _documents(path, keys)
     except UnicodeDecodeError:
         raise ValueError(non_utf8(path)) from None
-
-
-def check_outside_checkpoints(flag: str, shown: str, path: str, what: str) -> None:
-    """`path` (an output file or folder) is not inside a checkpoint directory (a --save folder, DeepSpeed's,
-    Megatron-LM's): among its iter_*/ a save replaces an iteration and --save-keep deletes it, taking the file along,
-    and `hybrid convert` / `generate` read a tokenizer there as the model's. train.py's outputs and convert's DST are
-    refused there since round 17; round 19 found the data tools writing there. The checkpoint directory itself is
-    train_tokenizer.py's check_fresh_output's to name."""
-    from hybrid.checkpoint import store
-    root = store.enclosing_checkpoint(path)
-    if root is None or os.path.realpath(path) == root:
-        return
-    beside = os.path.relpath(os.path.join(os.path.dirname(root), os.path.basename(os.path.normpath(shown))))
-    raise ValueError(f"{flag} {shown!r} is inside the checkpoint directory {root} (iter_*/, latest): {what} would be "
-                     f"written among its checkpoints; give a path beside it, e.g. {flag} {beside}")
 
 
 def input_not_a_file(path: str, give: str) -> str:

@@ -15,9 +15,10 @@ import json
 import os
 from typing import Iterator
 
+from hybrid.checkpoint_paths import check_outside_checkpoints
 from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_dir, check_outside_packages, fail, int_in,
                             new_temporary)
-from hybrid.data.preprocess import check_outside_checkpoints, input_not_a_file, json_lines_hint, non_utf8
+from hybrid.data.preprocess import input_not_a_file, json_lines_hint, non_utf8
 from hybrid.data.text import read_text
 from hybrid.fault_hook import crash_point
 
