@@ -527,6 +527,22 @@ def check_not_link(what: str, path: str) -> None:
                          f"is written through a link)")
 
 
+def json_problem(e: json.JSONDecodeError) -> str:
+    """What is wrong with a JSON file, for "FILE: not valid JSON (...)": the parser's message with its line and
+    column, without the doubled word its own format leaves ("Invalid control character at" + " at line 1"); an empty
+    file, or one that ends before its JSON does (a copy or download cut short: the error sits at the end of the
+    text, or in a string never closed), said as such, since "Expecting ',' delimiter" does not tell the user that."""
+    text = e.doc if isinstance(e.doc, str) else ""
+    if not text.strip():
+        return "the file is empty"
+    where = f"line {e.lineno} column {e.colno}"
+    if e.msg.startswith("Unterminated string"):  # e.pos: where the string opens
+        return f"the string at {where} is never closed, the file ends inside it: cut short? write the whole file"
+    if e.pos >= len(text.rstrip()):
+        return f"the file ends at {where} before the JSON does: cut short? write the whole file"
+    return f"{e.msg.removesuffix(' at')} at {where}"
+
+
 def write_text(path: str, text: str) -> None:
     """`text` into `path`, whole or not at all (atomic_output): a report is never left half-written. A symbolic
     link at `path` is refused (ValueError naming it): the rename would replace the link with a file while whoever

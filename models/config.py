@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hybrid.cliutil import check_number
+from hybrid.cliutil import check_number, json_problem
 
 if TYPE_CHECKING:
     import torch
@@ -335,7 +335,7 @@ def read_config_json(file: str) -> dict:
     except UnicodeDecodeError:
         raise ValueError(f"--model {file}: not UTF-8 text; a config.json is UTF-8 JSON") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"--model {file}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise ValueError(f"--model {file}: not valid JSON ({json_problem(e)})") from None
     except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a 5000-digit number
         raise ValueError(f"--model {file}: not a config.json hybrid reads ({type(e).__name__})") from None
     except OSError as e:

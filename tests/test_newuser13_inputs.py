@@ -169,7 +169,7 @@ def test_bench_zero_two_only_flags_are_one_line(one_line):
     (["--iters", "10"], "--iters 10 logs 0 step-time lines at --log-interval 20; the report needs 2 (the first is "
                         "warm-up): give --iters >= 40 or a smaller --log-interval"),
     (["--log-interval", "0"], "argument --log-interval: expected an integer >= 1, got 0"),
-    (["--hardware", "{d}/hw.json"], "--hardware {d}/hw.json: not valid JSON (Expecting value at line 1)"),
+    (["--hardware", "{d}/hw.json"], "--hardware {d}/hw.json: not valid JSON (Expecting value at line 1 column 1)"),
     (["--account", "{d}/hw.json"], "--account '{d}/hw.json' exists and is not a directory"),
     (["--account", "{d}/acc", "--warmup", "40"], "--warmup 40 leaves out all 40 accounted iterations (--account runs "
                                                  "min(--iters, 40)); give --warmup < 40"),

@@ -387,6 +387,29 @@ def _check_plot_format(path: str, formats: dict[str, str]) -> None:
                          f"FILE.png (or .{', .'.join(sorted(f for f in formats if f in ('pdf', 'svg')))})")
 
 
+# the first bytes of the image formats matplotlib writes that have a signature (pgf, raw and rgba have none)
+IMAGE_SIGNATURES = {"png": (b"\x89PNG\r\n\x1a\n",), "pdf": (b"%PDF",), "eps": (b"%!PS", b"\xc5\xd0\xd3\xc6"),
+                    "ps": (b"%!PS",), "jpg": (b"\xff\xd8\xff",), "jpeg": (b"\xff\xd8\xff",),
+                    "tif": (b"II*\x00", b"MM\x00*"), "tiff": (b"II*\x00", b"MM\x00*"), "webp": (b"RIFF",),
+                    "svgz": (b"\x1f\x8b",)}
+
+
+def check_replaces_an_image(path: str) -> None:
+    """--plot naming an existing file that is not an image of its extension's format (a mistyped name that hits
+    notes.svg, a CSV saved as results.png): ValueError before the search, whose plot would have replaced it. An
+    image of that format is replaced, as re-plotting is meant to (calibrate's --out rule,
+    profile.check_replaces_a_profile); an empty file too."""
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if not os.path.isfile(path) or (ext not in IMAGE_SIGNATURES and ext != "svg"):
+        return
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    image = (not head or b"<svg" in head) if ext == "svg" else (not head or head.startswith(IMAGE_SIGNATURES[ext]))
+    if not image:
+        raise ValueError(f"--plot {path!r} exists and is not a .{ext} image, which the plot would replace; give a "
+                         f"new file name, or remove the file first")
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     """Before the search: --plot can be written and matplotlib is there; --emit-args has a model train.py can
     build; the output flags asked for are ones that print together."""
@@ -404,6 +427,7 @@ def check_outputs(args: argparse.Namespace) -> None:
         except ImportError:
             raise ValueError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
         _check_plot_format(args.plot, FigureCanvasBase.get_supported_filetypes())
+        check_replaces_an_image(args.plot)
     if args.emit_args and args.gradient_accumulation_fusion:
         raise ValueError("--gradient-accumulation-fusion: train.py's eager runtime adds each micro-batch's gradients "
                          "in a pass of its own; drop the flag with --emit-args")

@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import MISSING, dataclass, fields
 
-from hybrid.cliutil import HelpFormatter, check_number, float_in, int_in
+from hybrid.cliutil import HelpFormatter, check_number, float_in, int_in, json_problem
 from hybrid.planner.hardware import FIELD_RULES, NULLABLE_FIELDS, GpuKind, Hardware, hardware
 from hybrid.planner.model import Precision
 
@@ -72,7 +72,7 @@ def load_hardware(path: str, precision: Precision | None = None) -> Hardware:
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--hardware {path}: cannot read a profile ({e})") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"--hardware {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise ValueError(f"--hardware {path}: not valid JSON ({json_problem(e)})") from None
     except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a 5000-digit number
         raise ValueError(f"--hardware {path}: not a JSON file hybrid reads ({type(e).__name__})") from None
     if isinstance(profile, dict) and isinstance(profile.get("format"), str) and profile["format"] != FORMAT \

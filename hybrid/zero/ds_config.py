@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from hybrid.cliutil import in_range, is_integer
+from hybrid.cliutil import in_range, is_integer, json_problem
 
 SUPPORTED = {
     "zero_optimization": {"stage", "offload_optimizer", "offload_param", "reduce_bucket_size"},
@@ -277,7 +277,7 @@ def _load_json(path: str) -> dict:
         with open(path, encoding="utf-8") as f:
             ds = json.load(f, parse_constant=no_constant)
     except json.JSONDecodeError as e:
-        raise ValueError(f"--deepspeed-config {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise ValueError(f"--deepspeed-config {path}: not valid JSON ({json_problem(e)})") from None
     except UnicodeDecodeError:
         raise ValueError(f"--deepspeed-config {path}: not UTF-8 text; save the JSON as UTF-8") from None
     except (ValueError, RecursionError) as e:  # nesting deeper than the parser's stack, a 5000-digit number

@@ -1,0 +1,80 @@
+"""Round 20's new-user pass over the planner guide, `hybrid calibrate` and train.py's DeepSpeed JSON, with bad and
+edge inputs. Most were one line naming the flag and the fix already. These were not:
+
+1. A JSON file cut short (a copy or download interrupted) -- `--model DIR` (config.json), `--hardware`,
+   `--deepspeed-config` -- said "not valid JSON (Expecting ',' delimiter at line 10)", which does not say the file
+   is incomplete; a string cut at its line end read "Invalid control character at at line 1" (the parser's message
+   ends in "at"); an empty file "Expecting value at line 1". Now: the file is empty / ends before the JSON does /
+   a string is never closed, with line and column (cliutil.json_problem, one function for the three).
+2. `hybrid plan --plot FILE` over an existing file that is not an image of FILE's format (a mistyped name hitting
+   notes.svg, a CSV saved as results.png) replaced it after the search; now one line before it, as `hybrid
+   calibrate --out` refuses a file that is not a profile. A plot of that format is still replaced (re-plotting).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hybrid.planner import cli as plan_cli
+
+TINY = ["--model", "tiny-gpt2", "--gpus", "4", "--global-batch-size", "16", "--seq-length", "128"]
+
+# (file text, what the message must say): the three ways a JSON file is cut short, and a mid-file error
+JSON_CASES = [
+    ('{"model_type": "llama",\n "hidden_size": 64,', "the file ends at line 2 column 20 before the JSON does: cut "
+                                                     "short? write the whole file"),
+    ('{"model_type": "llama", "name": "ab\n', "the file ends at line 1 column 36 before the JSON does: cut short? "
+                                             "write the whole file"),  # was "Invalid control character at at"
+    ('{"model_type": "llama",\n "num_hid', "the string at line 2 column 2 is never closed, the file ends inside it: "
+                                          "cut short? write the whole file"),
+    ("  \n", "the file is empty"),
+    ('{"model_type": "llama" "hidden_size": 64}', "Expecting ',' delimiter at line 1 column 24"),
+    ('{"name": "a\tb"}', "Invalid control character at line 1 column 12"),
+]
+
+
+def _plan_error(argv: list[str], capsys) -> str:
+    assert plan_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err.strip()
+
+
+@pytest.mark.parametrize("text, says", JSON_CASES)
+def test_a_json_file_cut_short_is_named_so_for_every_json_input(text, says, tmp_path, capsys):
+    """--model DIR's config.json, --hardware and --deepspeed-config: one wording, the position, never "at at"."""
+    from hybrid.zero.ds_config import read_deepspeed_config
+    (tmp_path / "config.json").write_text(text)
+    (tmp_path / "hw.json").write_text(text)
+    lines = [_plan_error(["--model", str(tmp_path), "--gpus", "8", "--global-batch-size", "8"], capsys),
+             _plan_error(TINY + ["--hardware", str(tmp_path / "hw.json")], capsys)]
+    with pytest.raises(ValueError) as e:
+        read_deepspeed_config(str(tmp_path / "hw.json"))
+    lines.append(str(e.value))
+    for line, name in zip(lines, (f"--model {tmp_path}/config.json", f"--hardware {tmp_path}/hw.json",
+                                  f"--deepspeed-config {tmp_path}/hw.json")):
+        assert f"{name}: not valid JSON ({says})" in line and " at at " not in line, line
+
+
+@pytest.mark.parametrize("name, text", [("results.png", b"step,loss\n1,5.2\n"), ("notes.svg", b"# my notes\n"),
+                                        ("paper.pdf", b"\x89PNG\r\n\x1a\n")])
+def test_plot_over_a_file_that_is_not_its_image_is_refused_before_the_search(name, text, tmp_path, capsys,
+                                                                           monkeypatch):
+    path = tmp_path / name
+    path.write_bytes(text)
+    monkeypatch.setattr(plan_cli, "search", lambda *a, **k: pytest.fail("searched before refusing --plot"))
+    line = _plan_error(TINY + ["--plot", str(path)], capsys)
+    assert line == (f"hybrid plan: error: --plot {str(path)!r} exists and is not a {os.path.splitext(name)[1]} "
+                    f"image, which the plot would replace; give a new file name, or remove the file first")
+    assert path.read_bytes() == text and os.listdir(tmp_path) == [name]
+
+
+def test_plot_over_its_own_earlier_plot_replaces_it(tmp_path, capsys):
+    """Re-plotting is meant to replace: the check refuses only what is not an image of the format."""
+    path = tmp_path / "plan.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 16)  # an earlier plot (its signature; the rest is not read)
+    assert plan_cli.main(TINY + ["--plot", str(path)]) == 0
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000 and os.listdir(tmp_path) == ["plan.png"]
