@@ -48,13 +48,13 @@ def plot_memory(plans: list[Plan], path: str, title: str = "", device_gb: float 
     for x, p, total in zip(xs, plans, bottoms):
         ax.text(x, total, f"{total:.1f} GB\n{p.time.total:.3g} s/step", ha="center", va="bottom", fontsize=8)
     if device_gb:
-        ax.axhline(device_gb, color="black", linestyle="--", linewidth=1)
-        ax.text(len(plans) - 0.5, device_gb, f" device {device_gb:g} GB", va="bottom", ha="right", fontsize=8)
+        # in the legend, not beside the line: a label there overlapped the bars' own labels near the line
+        ax.axhline(device_gb, color="black", linestyle="--", linewidth=1, label=f"device {device_gb:.1f} GB")
     ax.set_xticks(list(xs))
     ax.set_xticklabels([f"#{i + 1}\n" + p.layout.short().replace(" z", "\nz", 1) + f"\n(stage {p.memory.peak.rank})"
                         for i, p in enumerate(plans)], fontsize=8)
     ax.set_ylabel("GB per device (fullest pipeline stage)")
-    ax.set_ylim(0, max(max(bottoms), device_gb or 0) * 1.18)
+    ax.set_ylim(0, max(max(bottoms), device_gb or 0) * 1.35)  # room for the bars' labels under the legend
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", fontsize=8, ncol=3)
     fig.tight_layout()
