@@ -354,6 +354,7 @@ def read_config_json(file: str) -> dict:
         raise ValueError(f"--model {file}: auto_map names custom code ({', '.join(map(str, names)) or 'auto_map'}), "
                          f"which hybrid never runs, so the model may not be the {kind} it builds; if it is a plain "
                          f"{kind}, delete auto_map from config.json")
+    _check_causal_lm(raw, file, kind)
     for k, nullable in _SIZE_KEYS.items():
         v = raw.get(k)
         if k in raw and not (v is None and nullable):
@@ -367,6 +368,26 @@ def read_config_json(file: str) -> dict:
         raise ValueError(f"--model {file}: num_key_value_heads {kv} does not divide num_attention_heads {heads}")
     _check_rope_factor_json(raw, file)
     return raw
+
+
+# transformers' task heads on a decoder (LlamaForSequenceClassification, GPT2ForTokenClassification, ...): the file
+# describes a classifier, whose weights have no LM head, while hybrid builds (and plans) the causal LM of its sizes
+TASK_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+CAUSAL_LM_CLASS = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                   "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+
+
+def _check_causal_lm(raw: dict, file: str, kind: str) -> None:
+    """A config.json whose `architectures` are all task heads (a sequence classifier, say) is refused by name: its
+    weights have no LM head (train.py --load failed with "no tensor 'lm_head.weight'") and `hybrid plan` priced a
+    vocabulary-wide head the model does not have. A bare backbone (LlamaModel) or no `architectures` is accepted:
+    those sizes trained as a causal LM are what the file describes."""
+    names = raw.get("architectures")
+    if isinstance(names, list) and names and all(isinstance(n, str) and n.endswith(TASK_HEADS) for n in names):
+        raise ValueError(f"--model {file}: architectures {json.dumps(names)} is a task head, not a causal language "
+                         f"model, which hybrid trains and plans; use a {CAUSAL_LM_CLASS[kind]} checkpoint (for these "
+                         f"sizes as a causal LM trained from scratch, write \"architectures\": "
+                         f"[\"{CAUSAL_LM_CLASS[kind]}\"] in a copy of config.json)")
 
 
 def _check_rope_factor_json(raw: dict, file: str) -> None:

@@ -159,9 +159,22 @@ def check_checkpoint(cfg: ModelConfig, path: str | os.PathLike, what: str = "--l
     try:
         check_shapes(model, reader, path, what)
     except KeyError as e:
+        if "'lm_head." in e.args[0]:  # a backbone saved alone (LlamaModel): it matches --model but has no LM head
+            raise ValueError(f"{what} {os.fspath(path)}: {e.args[0]}: the model was saved without its "
+                             f"language-model head{_architectures(path)}; load a causal LM's checkpoint (...ForCausalLM)") from None
         raise ValueError(f"{what} {os.fspath(path)}: {e.args[0]}; the checkpoint does not match "
                          f"{'its config.json' if what == 'SRC' else '--model'}") from None
     check_no_extra_layers(cfg, reader, path, what)
+
+
+def _architectures(path: str | os.PathLike) -> str:
+    """" (as LlamaModel)" from the folder's config.json when it names its class; "" otherwise."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            names = json.load(f).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return f" (as {', '.join(map(str, names))})" if isinstance(names, list) and names else ""
 
 
 _LAYER_KEY = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")

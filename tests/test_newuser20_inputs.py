@@ -9,6 +9,10 @@ edge inputs. Most were one line naming the flag and the fix already. These were 
 2. `hybrid plan --plot FILE` over an existing file that is not an image of FILE's format (a mistyped name hitting
    notes.svg, a CSV saved as results.png) replaced it after the search; now one line before it, as `hybrid
    calibrate --out` refuses a file that is not a profile. A plot of that format is still replaced (re-plotting).
+3. A transformers config.json of a task head on a decoder (LlamaForSequenceClassification) was planned as the
+   causal LM of its sizes, a vocabulary-wide head included; now refused by its class, with the fix.
+4. `--load` (train.py; SRC of generate / convert) of a backbone saved alone (LlamaModel) said "the checkpoint does
+   not match --model"; now that the LM head is missing, and the class it was saved as.
 """
 
 from __future__ import annotations
@@ -78,3 +82,42 @@ def test_plot_over_its_own_earlier_plot_replaces_it(tmp_path, capsys):
     assert plan_cli.main(TINY + ["--plot", str(path)]) == 0
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000 and os.listdir(tmp_path) == ["plan.png"]
+
+
+LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 128}
+
+
+def test_a_config_of_a_task_head_is_refused_where_a_causal_lm_is_planned_and_trained(tmp_path, capsys):
+    """3. A LlamaForSequenceClassification config.json was planned as a causal LM with a vocabulary-wide head it
+    does not have (and train.py --load failed later on its missing lm_head.weight): one line naming the class and
+    the fix. A bare backbone (LlamaModel) or no `architectures` still plans: those sizes as a causal LM."""
+    import json
+
+    from models.config import load_config
+    argv = ["--model", str(tmp_path), "--gpus", "2", "--global-batch-size", "4", "--seq-length", "64"]
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "architectures": ["LlamaForSequenceClassification"]}))
+    assert _plan_error(argv, capsys) == (
+        f"hybrid plan: error: --model {tmp_path}/config.json: architectures [\"LlamaForSequenceClassification\"] is a "
+        f"task head, not a causal language model, which hybrid trains and plans; use a LlamaForCausalLM checkpoint "
+        f"(for these sizes as a causal LM trained from scratch, write \"architectures\": [\"LlamaForCausalLM\"] in a "
+        f"copy of config.json)")
+    for names in (["LlamaModel"], ["LlamaForCausalLM"], None):
+        (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "architectures": names}))
+        assert load_config(str(tmp_path)).num_layers == 2
+
+
+def test_a_backbone_saved_without_its_lm_head_is_named_so_before_any_process_group(tmp_path):
+    """4. `--load DIR` of a LlamaModel (the backbone alone) said "the checkpoint does not match --model", which it
+    does; now it says the LM head is missing and which class the folder was saved as (train.py, generate and
+    convert share models.hf_io.check_checkpoint, on the meta device)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    from models.config import load_config
+    from models.hf_io import check_checkpoint
+    LlamaModel(LlamaConfig(**{k: v for k, v in LLAMA.items() if k != "model_type"})).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as e:
+        check_checkpoint(load_config(str(tmp_path)), tmp_path)
+    assert str(e.value) == (f"--load {tmp_path}: checkpoint has no tensor 'lm_head.weight': the model was saved "
+                            f"without its language-model head (as LlamaModel); load a causal LM's checkpoint "
+                            f"(...ForCausalLM)")
