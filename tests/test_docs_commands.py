@@ -58,6 +58,9 @@ SKIP = {  # substring of the command -> why it is not run here, and what covers 
     "hybrid calibrate --ranks 4 --out cpu.json": "the planner chain's calibration again (--ranks 4 is the default): "
                                                  "run as written, at full size, by tests/test_readme_chain.py; the "
                                                  "page's next command plans on CALIBRATED",
+    "hybrid calibrate --ranks 1 --base h200": "needs a GPU (without CUDA, --base h200 is refused: "
+                                              "tests/test_newuser20_inputs.py); tests/test_gpu_check.py runs the "
+                                              "one-rank --base h200 calibration with --backend gloo (--dry-run)",
     "scripts/bench_pipeline.py --pp 2": "a 20-minute benchmark for a quiet machine; its --quick mode runs in "
                                         "tests/test_bench_smoke.py",
 }

@@ -13,6 +13,8 @@ edge inputs. Most were one line naming the flag and the fix already. These were 
    causal LM of its sizes, a vocabulary-wide head included; now refused by its class, with the fix.
 4. `--load` (train.py; SRC of generate / convert) of a backbone saved alone (LlamaModel) said "the checkpoint does
    not match --model"; now that the LM head is missing, and the class it was saved as.
+5. `hybrid calibrate --ranks 1 --base h200` (README: one GPU) on a machine without CUDA timed the CPU and kept the
+   H200's node: refused before any rank (an explicit --backend gloo still mixes them, as gpu_check --dry-run does).
 """
 
 from __future__ import annotations
@@ -121,3 +123,23 @@ def test_a_backbone_saved_without_its_lm_head_is_named_so_before_any_process_gro
     assert str(e.value) == (f"--load {tmp_path}: checkpoint has no tensor 'lm_head.weight': the model was saved "
                             f"without its language-model head (as LlamaModel); load a causal LM's checkpoint "
                             f"(...ForCausalLM)")
+
+
+def test_calibrate_a_gpu_preset_on_a_machine_without_one_is_one_line_before_any_rank(tmp_path, one_line,
+                                                                                   monkeypatch):
+    """5. README's `hybrid calibrate --ranks 1 --base h200` (for one GPU) on a CPU machine measured the CPU over gloo
+    for a minute and wrote a profile of neither: the CPU's compute with the H200's NVLink node, which then planned
+    CPU ranks talking at 450 GB/s. Refused now, unless --backend gloo is given (gpu_check.py's --dry-run does)."""
+    import torch
+
+    from hybrid.cli import main
+    from hybrid.planner import calibrate
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(calibrate, "calibrate", lambda cfg: pytest.fail("measured before the --base check"))
+    out = tmp_path / "h200.json"
+    line = one_line(lambda: main(["calibrate", "--ranks", "1", "--base", "h200", "--out", str(out)]))
+    assert line == ("hybrid calibrate: error: --base h200 is a GPU preset, but this machine has no CUDA device: "
+                    "calibrate would time this CPU over gloo and keep the h200's node links, a profile of neither; "
+                    "run it on the h200 machine, or drop --base to profile this CPU (--backend gloo to mix them "
+                    "anyway)"), line
+    assert not out.exists()

@@ -1269,6 +1269,11 @@ def run(args: argparse.Namespace) -> None:
         raise ValueError(f"--ranks {args.ranks}: nccl takes one GPU a rank and this machine has "
                          f"{torch.cuda.device_count()}; use --ranks {torch.cuda.device_count()}")
     gpu = backend == "nccl"
+    if not gpu and args.backend is None and args.base != GpuKind.CPU.value:
+        raise ValueError(f"--base {args.base} is a GPU preset, but this machine has no CUDA device: calibrate would "
+                         f"time this CPU over gloo and keep the {args.base}'s node links, a profile of neither; run "
+                         f"it on the {args.base} machine, or drop --base to profile this CPU (--backend gloo to "
+                         f"mix them anyway)")
     check_not_link(f"--out {args.out!r}", args.out)  # round 18: measured, then the rename replaced the link itself
     check_output_file("--out", args.out)
     check_replaces_a_profile(args.out)
