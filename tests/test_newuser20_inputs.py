@@ -15,6 +15,7 @@ edge inputs. Most were one line naming the flag and the fix already. These were 
    not match --model"; now that the LM head is missing, and the class it was saved as.
 5. `hybrid calibrate --ranks 1 --base h200` (README: one GPU) on a machine without CUDA timed the CPU and kept the
    H200's node: refused before any rank (an explicit --backend gloo still mixes them, as gpu_check --dry-run does).
+6. `hybrid plan --context-parallel-size 3` on 64 GPUs searched, then gave the general rule; now the size, first.
 """
 
 from __future__ import annotations
@@ -143,3 +144,15 @@ def test_calibrate_a_gpu_preset_on_a_machine_without_one_is_one_line_before_any_
                     "run it on the h200 machine, or drop --base to profile this CPU (--backend gloo to mix them "
                     "anyway)"), line
     assert not out.exists()
+
+
+def test_a_cp_size_that_does_not_divide_the_gpus_is_named_before_the_search(capsys, monkeypatch):
+    """6. `--context-parallel-size 3` on 64 GPUs searched, then said "no layout fits at --context-parallel-size 3 (a
+    size must divide --gpus and half the --seq-length; ...)": now the size and the sizes that divide, first."""
+    from hybrid.planner import context
+    monkeypatch.setattr(context, "search_cp", lambda *a, **k: pytest.fail("searched before the size check"))
+    line = _plan_error(["--model", "llama-3-8b", "--gpus", "64", "--gpu", "h100-80g", "--global-batch-size", "16",
+                        "--seq-length", "131072", "--activation-profile", "bf16-flash",
+                        "--context-parallel-size", "2,3"], capsys)
+    assert line == ("hybrid plan: error: --context-parallel-size 2,3: 3 does not divide --gpus 64 (the GPUs split "
+                    "into CP groups of that size); give sizes that divide it, e.g. 2, 4, 8, 16, 32, 64")

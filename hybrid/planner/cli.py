@@ -356,7 +356,13 @@ def _check_cp(args: argparse.Namespace) -> None:
         raise ValueError("--cp-comm-type needs --context-parallel-size (the CP sizes to search)")
     if args.context_parallel_size is None:
         return
-    context.parse_sizes(args.context_parallel_size)
+    sizes = context.parse_sizes(args.context_parallel_size)
+    odd = [c for c in sizes if args.gpus is not None and args.gpus % c]
+    if odd:  # was "no layout fits at --context-parallel-size 3 (a size must divide --gpus ...)" after the search
+        fits = ", ".join(str(d) for d in divisors(args.gpus)[1:7]) or "1"
+        raise ValueError(f"--context-parallel-size {args.context_parallel_size}: {odd[0]} does not divide --gpus "
+                         f"{args.gpus} (the GPUs split into CP groups of that size); give sizes that divide it, e.g. "
+                         f"{fits}")
     other = [f for f, on in (("--scan-gpus", args.scan_gpus), ("--json", args.json), ("--emit-args", args.emit_args),
                              ("--plot", args.plot), ("--explain", args.explain)) if on]
     if other:
