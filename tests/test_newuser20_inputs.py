@@ -16,6 +16,8 @@ edge inputs. Most were one line naming the flag and the fix already. These were 
 5. `hybrid calibrate --ranks 1 --base h200` (README: one GPU) on a machine without CUDA timed the CPU and kept the
    H200's node: refused before any rank (an explicit --backend gloo still mixes them, as gpu_check --dry-run does).
 6. `hybrid plan --context-parallel-size 3` on 64 GPUs searched, then gave the general rule; now the size, first.
+7. A CPU profile from an older `hybrid calibrate` (no executor / optimizer CPU costs, or none at all: priced 0, up
+   to a 2.9x faster step) planned with nothing said; now a warning line naming the fields and the rerun.
 """
 
 from __future__ import annotations
@@ -156,3 +158,27 @@ def test_a_cp_size_that_does_not_divide_the_gpus_is_named_before_the_search(caps
                         "--context-parallel-size", "2,3"], capsys)
     assert line == ("hybrid plan: error: --context-parallel-size 2,3: 3 does not divide --gpus 64 (the GPUs split "
                     "into CP groups of that size); give sizes that divide it, e.g. 2, 4, 8, 16, 32, 64")
+
+
+def test_a_cpu_profile_from_an_older_calibrate_is_said_so_and_still_plans(tmp_path, capsys):
+    """7. A gloo profile written before `hybrid calibrate` measured the executor's and the optimizer's CPU costs
+    (round 14; the repository keeps round 12's) has the same format version, and those costs were priced 0 with
+    nothing said (tiny-gpt2 on 4 ranks: 3 % faster; without every CPU cost, 2.9x faster and another best layout).
+    Now one warning line naming the fields and the rerun; the plan is still made (kept profiles are records)."""
+    import json
+    root = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "data")
+    with open(os.path.join(root, "mainjob_r19_run1.hw8.json")) as f:
+        prof = json.load(f)
+    full, old = tmp_path / "full.json", tmp_path / "old.json"
+    full.write_text(json.dumps(prof))
+    for k in ("executor_forward_cpu_s", "optimizer_step_cpu_s"):
+        del prof["hardware"][k]
+    old.write_text(json.dumps(prof))
+    argv = ["--model", "tiny-gpt2", "--gpus", "4", "--global-batch-size", "16", "--seq-length", "128", "--top", "1"]
+    assert plan_cli.main(argv + ["--hardware", str(full)]) == 0 and capsys.readouterr().err == ""
+    assert plan_cli.main(argv + ["--hardware", str(old)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (f"hybrid plan: warning: --hardware {old} was written by an older hybrid calibrate: it "
+                            f"lacks executor_forward_cpu_s, optimizer_step_cpu_s, priced 0 (the step comes out faster "
+                            f"than this machine runs it); re-run `hybrid calibrate --out {old}` for this hybrid's CPU "
+                            f"costs\n") and " tp" in captured.out

@@ -270,6 +270,7 @@ def run(args: argparse.Namespace) -> None:
     space = space_from_args(args)
     formula = FlopsFormula(args.flops_formula)
     _check_cp(args)
+    _warn_older_profile(args.hardware)
     if args.scan_gpus:
         link_flags = [f"--{d.replace('_', '-')}" for d in ("inter_dc_bandwidth", "inter_dc_latency",
                                                            *SLOW_LINK_DEFAULTS) if getattr(args, d) is not None]
@@ -306,6 +307,16 @@ def run(args: argparse.Namespace) -> None:
         if link is not None:
             rows = slowlink.predict(work, cluster, [p.layout for p in result.plans], methods, link, evaluate)
             print(slowlink.table(rows, link))
+
+
+def _warn_older_profile(path: str | None) -> None:
+    """One warning line when a CPU profile predates costs `hybrid calibrate` measures now (priced 0 otherwise, with
+    nothing said). Not an error: the repository keeps such profiles as records of their rounds' runs."""
+    missing = profile.missing_cpu_costs(path) if path else []
+    if missing:
+        print(f"hybrid plan: warning: --hardware {path} was written by an older hybrid calibrate: it lacks "
+              f"{', '.join(missing)}, priced 0 (the step comes out faster than this machine runs it); re-run "
+              f"`hybrid calibrate --out {path}` for this hybrid's CPU costs", file=sys.stderr, flush=True)
 
 
 def slow_link_from_args(args: argparse.Namespace, hw) -> tuple[slowlink.SlowLink | None, list]:
