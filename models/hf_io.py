@@ -161,7 +161,8 @@ def check_checkpoint(cfg: ModelConfig, path: str | os.PathLike, what: str = "--l
     except KeyError as e:
         if "'lm_head." in e.args[0]:  # a backbone saved alone (LlamaModel): it matches --model but has no LM head
             raise ValueError(f"{what} {os.fspath(path)}: {e.args[0]}: the model was saved without its "
-                             f"language-model head{_architectures(path)}; load a causal LM's checkpoint (...ForCausalLM)") from None
+                             f"language-model head{_architectures(path)}; load a causal LM's checkpoint "
+                             f"(...ForCausalLM)") from None
         raise ValueError(f"{what} {os.fspath(path)}: {e.args[0]}; the checkpoint does not match "
                          f"{'its config.json' if what == 'SRC' else '--model'}") from None
     check_no_extra_layers(cfg, reader, path, what)
