@@ -18,6 +18,8 @@ edge inputs. Most were one line naming the flag and the fix already. These were 
 6. `hybrid plan --context-parallel-size 3` on 64 GPUs searched, then gave the general rule; now the size, first.
 7. A CPU profile from an older `hybrid calibrate` (no executor / optimizer CPU costs, or none at all: priced 0, up
    to a 2.9x faster step) planned with nothing said; now a warning line naming the fields and the rerun.
+8. train.py --zero-stage 1-3 on one rank ran while its start-up lines called the layout one that "cannot run"
+   (the planner's Layout refuses ZeRO at dp 1): priced as ZeRO 0 now, and said so.
 """
 
 from __future__ import annotations
@@ -182,3 +184,23 @@ def test_a_cpu_profile_from_an_older_calibrate_is_said_so_and_still_plans(tmp_pa
                             f"lacks executor_forward_cpu_s, optimizer_step_cpu_s, priced 0 (the step comes out faster "
                             f"than this machine runs it); re-run `hybrid calibrate --out {old}` for this hybrid's CPU "
                             f"costs\n") and " tp" in captured.out
+
+
+def test_zero_at_one_rank_is_priced_as_zero_0_not_called_a_layout_that_cannot_run(tmp_path):
+    """8. `python scripts/train.py --zero-stage 3` (one rank) ran, while its start-up lines said "planner: no
+    prediction for this layout ...: layout tp1 pp1 dp1 ... z3 cannot run: ZeRO 3 with dp 1 partitions nothing".
+    Each shard is the whole at dp 1: priced as ZeRO 0 now, and both planner lines say so."""
+    import torch
+
+    from hybrid.metrics.split import predicted_split_line
+    from hybrid.train import explain
+    from hybrid.train.args import configure, parse_args
+    prof = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "data", "mainjob_r19_run1.hw8.json")
+    run, _ = configure(parse_args(["--model", "tiny-gpt2", "--global-batch-size", "4", "--seq-length", "32",
+                                   "--zero-stage", "3", "--hardware", prof]), world=1)
+    line = explain.prediction_line(explain.predict(run, torch.device("cpu"), 0.0))
+    assert line.startswith("planner: this layout on mainjob_r19_run1.hw8.json: ") and line.endswith(
+        " (ZeRO 3 at dp 1 partitions nothing: priced as ZeRO 0) -- compare with the iteration lines"), line
+    split = predicted_split_line(run, run.model.arch, run.parallel.dims, run.training.batch, run.parallel.pipeline)
+    assert split.startswith("planner: predicted ") and split.endswith(
+        "; ZeRO 3 at dp 1 partitions nothing: priced as ZeRO 0"), split

@@ -54,6 +54,17 @@ def run_layout(z, recompute: Recompute, sequence_parallel: bool, cfg, dims, batc
     return work, layout
 
 
+def zero_at_dp1(layout: Layout) -> tuple[Layout, str]:
+    """(layout, note): ZeRO 1-3 at dp 1 runs -- each shard is the whole -- with ZeRO 0's bytes and passes, but the
+    planner's Layout refuses it ("partitions nothing"), and the start-up lines said the running layout "cannot
+    run". Priced as ZeRO 0, said so. Offload needs its stage: left to the planner's own words."""
+    import dataclasses
+    if layout.dp > 1 or layout.zero is ZeroStage.NONE or layout.offload is not Offload.NONE:
+        return layout, ""
+    return (dataclasses.replace(layout, zero=ZeroStage.NONE),
+            f"ZeRO {int(layout.zero)} at dp 1 partitions nothing: priced as ZeRO 0")
+
+
 def predicted_split_line(run, cfg, dims, batch, plan) -> str | None:
     """'planner: predicted ... s/step: compute a%, ...' for this run with its --hardware profile; None without
     one. Names the planner's stage split when it differs from the run's (the planner balances by FLOPs)."""
@@ -65,6 +76,7 @@ def predicted_split_line(run, cfg, dims, batch, plan) -> str | None:
         # ValueError: a model it does not describe
         work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch,
                                   plan.v, plan.kind.splits_backward)
+        layout, zero_note = zero_at_dp1(layout)
         hw = load_hardware(run.training.hardware, work.precision)
         t = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout).time
     except ValueError as e:  # a model or layout the planner does not model (its message names why)
@@ -72,6 +84,7 @@ def predicted_split_line(run, cfg, dims, batch, plan) -> str | None:
     s = predicted_split(t)
     ours, theirs = [len(st) for st in plan.stages], list(stage_layers(cfg, dims.pp, plan.v, batch.seq_length))
     note = f"; the planner's stages {theirs}, the run's {ours}" if ours != theirs else ""
+    note += f"; {zero_note}" if zero_note else ""
     return (f"planner: predicted {t.total:.3g} s/step on {hw.name}: compute {s['compute']:.1%}, collectives "
             f"{s['collectives']:.1%}, pipeline waits {s['pipeline']:.1%} (bubble {t.bubble_fraction:.1%}), "
             f"optimizer {s['optimizer']:.1%}{note}")

@@ -251,7 +251,8 @@ class Prediction:
         tensors_bytes: the planner's tensors of that rank (model states, activations, buffers).
         baseline_bytes: the process's resident bytes before the model was built (CPU); 0 on CUDA.
         error: why there is no prediction (a layout the planner does not model); the rest is then unset.
-        stages_note: the planner's layers per stage against the run's, when they differ (it splits its own way).
+        stages_note: what the planner priced otherwise than the run: its layers per stage against the run's, when
+            they differ (it splits its own way); ZeRO 1-3 at dp 1 as ZeRO 0.
     """
 
     hardware: str
@@ -486,7 +487,7 @@ def predict(run, device, baseline_bytes: float) -> Prediction:
     """The planner's evaluation of exactly this run's layout (hybrid/metrics/split.py's run_layout), in the log's
     units: ms/iter, tokens/s, and memory by the device's measure (hybrid/metrics/peak_memory.py). `run`: the
     RunConfig (hybrid/train/config.py)."""
-    from hybrid.metrics.split import run_layout
+    from hybrid.metrics.split import run_layout, zero_at_dp1
     from hybrid.planner import Cluster, evaluate
     from hybrid.planner.layout import stage_layers
 
@@ -498,6 +499,7 @@ def predict(run, device, baseline_bytes: float) -> Prediction:
     try:
         work, layout = run_layout(run.zero, run.model.recompute, run.parallel.sequence_parallel, cfg, dims, batch,
                                   plan.v, plan.kind.splits_backward)
+        layout, zero_note = zero_at_dp1(layout)
         hw, name, timed = _run_hardware(run.training.hardware, work.precision, device)
         result = evaluate(work, Cluster(gpus=dims.world, hw=hw), layout)
         experts = run_experts(run, work, Cluster(gpus=dims.world, hw=hw), layout)
@@ -513,7 +515,8 @@ def predict(run, device, baseline_bytes: float) -> Prediction:
     return Prediction(name, step, batch.global_batch * batch.seq_length / step if step else None,
                       tensors + (0.0 if cuda else baseline_bytes), "max allocated" if cuda else "peak RSS",
                       tensors, 0.0 if cuda else baseline_bytes,
-                      stages_note=f"the planner's stages {theirs}, the run's {ours}" if ours != theirs else "")
+                      stages_note="; ".join(filter(None, (
+                          f"the planner's stages {theirs}, the run's {ours}" if ours != theirs else "", zero_note))))
 
 
 def run_experts(run, work, cluster, layout):
