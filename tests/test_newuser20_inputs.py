@@ -20,6 +20,7 @@ edge inputs. Most were one line naming the flag and the fix already. These were 
    to a 2.9x faster step) planned with nothing said; now a warning line naming the fields and the rerun.
 8. train.py --zero-stage 1-3 on one rank ran while its start-up lines called the layout one that "cannot run"
    (the planner's Layout refuses ZeRO at dp 1): priced as ZeRO 0 now, and said so.
+9. --sequence-parallel with a --seq-length the TP size does not divide: the lengths that split, offered.
 """
 
 from __future__ import annotations
@@ -204,3 +205,13 @@ def test_zero_at_one_rank_is_priced_as_zero_0_not_called_a_layout_that_cannot_ru
     split = predicted_split_line(run, run.model.arch, run.parallel.dims, run.training.batch, run.parallel.pipeline)
     assert split.startswith("planner: predicted ") and split.endswith(
         "; ZeRO 3 at dp 1 partitions nothing: priced as ZeRO 0"), split
+
+
+def test_sequence_parallel_on_an_odd_sequence_names_the_lengths_that_split():
+    """9. --sequence-parallel with a --seq-length TP does not divide said what was wrong but not what to give."""
+    from hybrid.train.args import configure, parse_args
+    with pytest.raises(ValueError) as e:
+        configure(parse_args(["--model", "tiny-gpt2", "--sequence-parallel", "--tensor-model-parallel-size", "2",
+                              "--global-batch-size", "8", "--seq-length", "255"]), world=2)
+    assert str(e.value) == ("--sequence-parallel needs --seq-length (255) divisible by --tensor-model-parallel-size "
+                            "(2); give --seq-length 254 or 256")  # tiny-gpt2 has 256 positions: 256 is offered

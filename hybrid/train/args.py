@@ -17,7 +17,8 @@ import sys
 
 import torch
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, check_output_file, in_range, is_finite
+from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_file, in_range, is_finite, nearest_multiples,
+                            one_of)
 from hybrid.compress import args as compress_args
 from hybrid.checkpoint import args as ckpt_args
 from hybrid.cp import args as cp_args
@@ -519,8 +520,10 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                          f"positions; use at most {cfg.max_position_embeddings}")
     if ns.sequence_parallel and ns.seq_length % dims.tp:
+        fits = one_of([s for s in nearest_multiples(ns.seq_length, dims.tp) if s <= cfg.max_position_embeddings]
+                      or [dims.tp])
         raise ValueError(f"--sequence-parallel needs --seq-length ({ns.seq_length}) divisible by "
-                         f"--tensor-model-parallel-size ({dims.tp})")
+                         f"--tensor-model-parallel-size ({dims.tp}); give --seq-length {fits}")
     check_compile(ns, cfg, dims.tp, moe is not None)
     gbs = ns.global_batch_size or ns.micro_batch_size * dims.dp
     batch = BatchSpec(global_batch=gbs, micro_batch=ns.micro_batch_size, seq_length=ns.seq_length, dp=dims.dp)
