@@ -21,6 +21,7 @@ edge inputs. Most were one line naming the flag and the fix already. These were 
 8. train.py --zero-stage 1-3 on one rank ran while its start-up lines called the layout one that "cannot run"
    (the planner's Layout refuses ZeRO at dp 1): priced as ZeRO 0 now, and said so.
 9. --sequence-parallel with a --seq-length the TP size does not divide: the lengths that split, offered.
+10. `hybrid calibrate` on a CPU printed DeepSpeed's "If you have GPU ..., we were unable to detect it" warning.
 """
 
 from __future__ import annotations
@@ -215,3 +216,28 @@ def test_sequence_parallel_on_an_odd_sequence_names_the_lengths_that_split():
                               "--global-batch-size", "8", "--seq-length", "255"]), world=2)
     assert str(e.value) == ("--sequence-parallel needs --seq-length (255) divisible by --tensor-model-parallel-size "
                             "(2); give --seq-length 254 or 256")  # tiny-gpt2 has 256 positions: 256 is offered
+
+
+def test_calibrate_on_a_cpu_keeps_deepspeeds_gpu_warning_out_of_its_report(tmp_path, monkeypatch):
+    """10. `hybrid calibrate` on this CPU printed DeepSpeed's "[WARNING] ... Setting accelerator to CPU. If you have
+    GPU or other accelerator, we were unable to detect it." among its results (the ranks' CPU Adam preload imports
+    deepspeed). The ranks now start with DS_ACCELERATOR=cpu, DeepSpeed's own choice there; this process's
+    environment is left as it was."""
+    import torch
+
+    from hybrid.cli import main
+    from hybrid.planner import calibrate
+    seen = []
+
+    def measured(cfg):
+        seen.append(os.environ.get("DS_ACCELERATOR"))
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    # the forkserver the ranks fork from (and import deepspeed in) starts here, before the measuring
+    monkeypatch.setattr(calibrate, "ranks_leave_ctrl_c_to_this_process",
+                        lambda: seen.append(os.environ.get("DS_ACCELERATOR")))
+    monkeypatch.setattr(calibrate, "calibrate", measured)
+    with pytest.raises(RuntimeError, match="stop here"):
+        main(["calibrate", "--ranks", "1", "--out", str(tmp_path / "cpu.json")])
+    assert seen == ["cpu", "cpu"] and "DS_ACCELERATOR" not in os.environ

@@ -96,6 +96,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -1251,6 +1252,13 @@ def interrupted(cfg: CalibrationConfig, out: str, seconds: float) -> SystemExit:
     return SystemExit(130)
 
 
+def _quiet_deepspeed() -> dict[str, str]:
+    """The ranks' environment beyond this process's: without CUDA, DS_ACCELERATOR=cpu (DeepSpeed's own choice
+    there), or the ranks' CPU Adam preload (hybrid/testing_preload.py) prints DeepSpeed's "Setting accelerator to
+    CPU. If you have GPU or other accelerator, we were unable to detect it." into calibrate's report."""
+    return {} if torch.cuda.is_available() or "DS_ACCELERATOR" in os.environ else {"DS_ACCELERATOR": "cpu"}
+
+
 def run(args: argparse.Namespace) -> None:
     if args.sizes is not None and args.ranks == 1:  # one rank times no collective: the sizes would go unread
         raise ValueError("--sizes: --ranks 1 times no collectives (the --base preset's links are kept); "
@@ -1287,8 +1295,9 @@ def run(args: argparse.Namespace) -> None:
     print(f"calibrate: spawning {plural(cfg.ranks, backend + ' rank')} ...", flush=True)
     server = None
     try:
-        server = ranks_leave_ctrl_c_to_this_process()
-        profile = calibrate(cfg)
+        with mock.patch.dict(os.environ, _quiet_deepspeed()):  # the forkserver the ranks fork from starts here
+            server = ranks_leave_ctrl_c_to_this_process()
+            profile = calibrate(cfg)
         save_profile(profile, args.out)  # atomic: an interrupt during the write leaves nothing
     except KeyboardInterrupt:
         stop_ranks(server)
