@@ -107,7 +107,7 @@ def test_calibrate_help_is_written_for_users(capsys):
     text = capsys.readouterr().out
     for note in ("LAYER_SHAPES", "fit_layer", "nccl-tests", "least squares", "busbw", "hardware.py", "time.py"):
         assert note not in text, note
-    assert "about 20 s on a CPU" in text and "docs/planner/validation.md" in text and "--hardware FILE" in text
+    assert "about 40 s with 4 ranks on a 2-core CPU" in text and "docs/planner/validation.md" in text and "--hardware FILE" in text
     example = re.search(r"^  (hybrid plan .*?)\s+#", text.replace("\\\n", ""), re.M | re.S).group(1)
     args = hybrid.cli.build_parser().parse_args(shlex.split(example)[1:])
     assert args.emit_args and args.hardware == "cpu.json"
