@@ -173,8 +173,8 @@ predicts step times and memory for this machine instead of a preset) and for `tr
 against the matmul rate measured here).
 
 It starts --ranks processes (gloo on a CPU, nccl on GPUs), each timing matrix products, a memory copy, real
-Transformer layers and the optimizer step, then collectives between them, printing each result as it comes: about
-40 s with 4 ranks on a 2-core CPU (longer on a loaded one), a minute or two on GPUs. Use as many ranks
+Transformer layers and the optimizer step, then collectives between them, printing each result as it comes:
+about 40 s with 4 ranks on a 2-core CPU (longer on a loaded one), a minute or two on GPUs. Use as many ranks
 as you will train with on one machine: on a CPU they share its cores as training ranks do. What it cannot measure
 on one machine (the network between nodes, PCIe, host memory for offload) comes from the --base preset, and the
 profile says which fields did.
