@@ -17,7 +17,7 @@ and asserts, per rank:
   (no CP, no EP, no recomputation, eager; computed here, in the test process) within TOL_PARALLEL + TOL_COMPILE;
 * the compiled frames after step 1 are those after the last step (no recompilation), at least one graph was
   compiled, and every graph break is at the eager CP attention (hybrid/cp/attention.py CPContext.attention) or
-  the eager MoE layer (hybrid/moe/layer.py MoELayer.forward), at most MAX_BREAKS of them.
+  the eager MoE layer (hybrid/moe/layer.py MoELayer.forward), at most BREAKS of each.
 
 Bounds.
 * TOL_COMPILE = 1e-5. Inductor keeps fp32 and calls aten's matmul; the CP attention and the MoE layer run eagerly.
@@ -30,11 +30,13 @@ Bounds.
 * TOL_PARALLEL = 1e-5: the eager parallel run against one process, tests/test_cp_training.py's and
   tests/test_moe_parallel.py's bound (AdamW with eps 1e-5 keeps the parallel run's summation-order noise from
   becoming a step). The compiled run against one process: by the triangle inequality, within the sum.
-* MAX_BREAKS = 5 + 1. Dynamo counts a break once per frame between the compiled body and the eager call: the CP
-  attention is reached through block -> ParallelAttention.forward -> maybe_checkpoint -> core -> context_attention
-  (5), the MoE layer directly from the block (1); the blocks share one code object, so the second block adds none.
-  Traced instead of eager, the CP exchange broke the graph 16 times (at the ledger's lock and each host read of the
-  load-balanced positions) and the MoE layer 28-40 times (round 19): this assertion fails.
+* BREAKS: dynamo counts a break once per frame between the compiled body and the eager call: the CP attention is
+  reached through block -> ParallelAttention.forward -> maybe_checkpoint -> core -> context_attention (5; 3 under
+  selective recomputation), the MoE layer directly from the block (1); the blocks share one code object, so the
+  second block adds none. Measured: exactly those counts, and 4-6 graphs. Traced instead of eager, the CP exchange
+  broke the graph 16-17 times (at the ledger's lock and each host read of the load-balanced positions) and the MoE
+  layer 28-40 times (round 19): this assertion fails.
+  Measured (this launch): gradients against the eager run <= 3.6e-7, weights against one process <= 1.4e-6.
 
 What stays refused: --recompute-granularity selective-op with --compile at CP > 1 or on an MoE model (its traced
 checkpoint cannot hold the eager call's graph break: measured, dynamo then compiles nothing of the block) --
@@ -59,8 +61,7 @@ from suite_threads import one_thread_module  # noqa: F401  (autouse: the test pr
 STEPS = 2  # the first compiles; a recompilation would come at the second
 TOL_COMPILE = 1e-5
 TOL_PARALLEL = 1e-5
-MAX_BREAKS = 5 + 1
-EAGER_CALLS = ("CPContext.attention", "MoELayer.forward")  # the functions kept out of the compiled graphs
+BREAKS = {"CPContext.attention": 5, "MoELayer.forward": 1}  # the functions kept out of the compiled graphs
 COMMON = ["--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "5e-4",
           "--train-iters", str(STEPS), "--lr-decay-style", "constant", "--eval-iters", "0"]
 EPS = 1e-5  # Adam's eps (no flag sets it): TOL_PARALLEL's derivation takes eps 1e-5, as the CP and MoE tests
@@ -151,9 +152,12 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _check_compiled(got: dict, case: str) -> None:
     assert got["graphs"] >= 1, case  # the blocks ran compiled code
     assert got["frames"][-1] == got["frames"][0], f"{case}: recompiled after step 1: {got['frames']}"
-    assert sum(got["breaks"].values()) <= MAX_BREAKS, (case, got["breaks"])
-    for reason in got["breaks"]:
-        assert any(f"`{name}`" in reason for name in EAGER_CALLS), (case, reason)
+    per_call = {name: 0 for name in BREAKS}
+    for reason, n in got["breaks"].items():
+        name = [name for name in BREAKS if f"`{name}`" in reason]
+        assert name, (case, reason)  # a break elsewhere: something else left the graph
+        per_call[name[0]] += n
+    assert all(per_call[name] <= bound for name, bound in BREAKS.items()), (case, per_call)
 
 
 @pytest.mark.slow
