@@ -229,8 +229,8 @@ def test_cp_attention_is_one_graph_break_in_compiled_code(comm):
 
 # --- docs/context-parallel.md's and docs/moe.md's timing ("With --compile"): python tests/test_compose20_compile.py
 def _timed(rank: int, world: int, cases: tuple, blocks: int, per: int) -> dict:
-    """Per case: the compiled run's first step (the compilation; CPU of this process and wall), then eager and
-    compiled steps in alternating blocks of `per` (E C E C ...: a change of the machine's load falls on both):
+    """Per case: each run's first step (the compiled one's is the compilation; CPU of this process and wall), then
+    eager and compiled steps in alternating blocks of `per` (E C E C ...: a change of the machine's load falls on both):
     the median per-step CPU and wall time of each, and eager / compiled CPU per block pair (> 1: compiled faster)."""
     import statistics
     import time
@@ -240,10 +240,11 @@ def _timed(rank: int, world: int, cases: tuple, blocks: int, per: int) -> dict:
     for case in cases:
         torch._dynamo.reset()  # each case compiles afresh (inductor's on-disk cache may still serve its kernels)
         runs = {c: _Stepper(CASES[case] + (["--compile"] if c else []), world) for c in (False, True)}
-        cpu, wall = time.process_time(), time.perf_counter()
-        runs[True].step()
-        first = (time.process_time() - cpu, time.perf_counter() - wall)
-        runs[False].step()
+        first = {}
+        for compiled, run in runs.items():
+            cpu, wall = time.process_time(), time.perf_counter()
+            run.step()
+            first[compiled] = (time.process_time() - cpu, time.perf_counter() - wall)
         frames = counters["frames"]["total"]
         times = {False: [], True: []}
         for _ in range(blocks):
@@ -292,7 +293,9 @@ if __name__ == "__main__":
                                                     timeout=3000)):
         for case, r in per_rank.items():
             med, lo, hi = r["ratio"]
-            print(f"rank {rank} {case}: first compiled step {r['first'][0]:.1f} s CPU, {r['first'][1]:.1f} s wall; "
+            print(f"rank {rank} {case}: first step eager {r['first'][False][0]:.2f} s CPU, "
+                  f"{r['first'][False][1]:.2f} s wall, compiled {r['first'][True][0]:.1f} s CPU, "
+                  f"{r['first'][True][1]:.1f} s wall; "
                   f"CPU ms/step eager {r['cpu_ms'][False]:.1f}, compiled {r['cpu_ms'][True]:.1f}; wall ms/step "
                   f"eager {r['wall_ms'][False]:.1f}, compiled {r['wall_ms'][True]:.1f}; eager / compiled per block "
                   f"pair {med:.3f} ({lo:.3f}-{hi:.3f}); frames compiled after step 1: {r['recompiled']}; "
