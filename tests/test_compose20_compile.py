@@ -202,6 +202,22 @@ def test_train_py_accepts_compile_with_cp_and_moe_recomputation_and_refuses_sele
         run_config(args, 2)
 
 
+@pytest.mark.parametrize("argv", [LLAMA + CP2, MIXTRAL])
+def test_auto_parallel_refuses_compiled_selective_op_at_cp_or_moe_before_the_search(argv, monkeypatch):
+    """--auto-parallel --compile --recompute-granularity selective-op at CP 2 or on an MoE model: refused whatever
+    the plan, so before the planner searches (its search would be wasted)."""
+    from hybrid import planner
+    from hybrid.train.args import apply_auto_parallel, parse_args
+
+    def searched(*a, **kw):
+        raise AssertionError("the planner searched")
+    monkeypatch.setattr(planner, "search", searched)
+    args = parse_args(["--auto-parallel", "--compile", "--recompute-granularity", "selective-op",
+                       "--global-batch-size", "16", "--seq-length", "32"] + argv)
+    with pytest.raises(ValueError, match="--compile with --recompute-granularity selective-op"):
+        apply_auto_parallel(args, 4)
+
+
 @pytest.mark.parametrize("comm", ["p2p", "a2a", "allgather"])
 def test_cp_attention_is_one_graph_break_in_compiled_code(comm):
     """In-process, a 1-rank CP group (each path's exchange is then the identity, its code the same): compiled code

@@ -610,6 +610,12 @@ def check_compile(args: argparse.Namespace, cfg: ModelConfig, tp: int, moe: bool
         raise ValueError("--compile with --recompute-granularity selective-op needs --hidden-dropout 0 and "
                          "--attention-dropout 0 (the dropout streams' replay cannot be traced into the compiled "
                          "checkpoint); use --recompute-granularity full or selective")
+    check_traced_checkpoint(tp, cp, moe)
+
+
+def check_traced_checkpoint(tp: int, cp: int, moe: bool) -> None:
+    """--compile with selective-op: its checkpoint is traced inside the compiled block, which holds no graph break
+    (check_compile)."""
     breaks = [(tp > 1, f"runs at --tensor-model-parallel-size 1 (the TP collectives break the graph of the traced "
                        f"checkpoint; got {tp})"),
               (cp > 1, f"runs at --context-parallel-size 1 (the CP attention's exchange runs eagerly, a graph break "
@@ -645,8 +651,11 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
         raise ValueError(f"--auto-parallel plans a --global-batch-size of at most {MAX_GLOBAL_BATCH}, "
                          f"got {args.global_batch_size}")
     precision = Precision.BF16 if (args.bf16 or args.fp16) else Precision.FP32
+    cfg = load_config(args.model)
+    if args.compile and args.recompute_granularity == "selective-op":  # refused whatever the plan: before the search
+        check_traced_checkpoint(1, args.context_parallel_size, cfg.num_experts > 0)
     hw, profile = _planning_device(args, world, precision.planned)
-    work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
+    work = Workload(cfg, global_batch=args.global_batch_size, seq_length=args.seq_length,
                     precision=precision.planned, activations=profile, kernels=KernelProfile.EAGER,  # our layers
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
     # --compile runs with every ZeRO stage (check_compile): the search keeps to what the run accepts
