@@ -33,8 +33,8 @@ Bounds.
 * BREAKS: dynamo counts a break once per frame between the compiled body and the eager call: the CP attention is
   reached through block -> ParallelAttention.forward -> maybe_checkpoint -> core -> context_attention (5; 3 under
   selective recomputation), the MoE layer directly from the block (1); the blocks share one code object, so the
-  second block adds none. Measured: exactly those counts, and 4-6 graphs. Traced instead of eager, the CP exchange
-  broke the graph 16-17 times (at the ledger's lock and each host read of the load-balanced positions) and the MoE
+  second block adds none. Measured: exactly those counts, and 3-6 graphs. Traced instead of eager, the CP exchange
+  broke the graph 16-17 times (at the op trail's lock and each host read of the load-balanced positions) and the MoE
   layer 28-40 times (round 19): this assertion fails.
   Measured (this launch): gradients against the eager run <= 3.6e-7, weights against one process <= 1.4e-6.
 
