@@ -290,8 +290,11 @@ class Workload:
             planner only (the API).
         tp_comm_overlap: Megatron-core's `--tp-comm-overlap` (Transformer Engine userbuffers, NeMo's
             `ub_tp_comm_overlap`): with sequence parallelism, each layer's TP all-gathers and reduce-scatters run
-            chunk by chunk under the GEMMs they feed or drain (time._tp_overlapped); False: synchronous, as NCCL
-            runs them. The planner only (the API; no flag): this runtime has no userbuffers.
+            chunk by chunk under the GEMMs they feed or drain (time._tp_overlapped); on the PyTorch stack torch's
+            async TP (torchtitan's `enable_async_tensor_parallel`: inductor's micro-pipeline pass, each fused
+            collective under the matmuls it feeds or drains, the backward's input-gradient reduce-scatters unfused;
+            hybrid/planner/async_tp.py); False: synchronous, as NCCL runs them. The planner only (the API; no
+            flag): this runtime has neither.
         optimizer_dtype_bytes: mixed precision only: bytes of each of Adam's three per-parameter states (master
             weights, momentum, variance): 4 (fp32, the default: K = 12 bytes a parameter) or 2 (apex
             DistributedFusedAdam's `dtype: bf16` -- "datatype for optimizer state", which holds the master copy

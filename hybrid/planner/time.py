@@ -479,12 +479,17 @@ def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
 
 def _layer_cost(ctx: _Context) -> _Cost:
     """One Transformer layer, one micro-batch: its passes and its TP collectives (overlapped with its GEMMs under
-    Workload.tp_comm_overlap: _tp_overlapped)."""
+    Workload.tp_comm_overlap: Megatron's userbuffers _tp_overlapped, torch's async TP on the PyTorch stack
+    async_tp.seconds)."""
     forward, backward = layer_passes(ctx)
     f_tp, b_tp, wait = _tp_cost(ctx, 1, False, False, forward, backward)
     if ctx.work.tp_comm_overlap and ctx.layout.sequence_parallel and ctx.layout.tp > 1:
-        f_tp, b_tp = _tp_overlapped(ctx, f_tp, forward.gemm), _tp_overlapped(ctx, b_tp, backward.gemm)
-        wait = 0.0  # userbuffers on GPUs: no calibrated CPU's rank skew (sync_wait_seconds is 0 there anyway)
+        if ctx.work.pytorch_native(ctx.layout):
+            from hybrid.planner import async_tp
+            f_tp, b_tp = async_tp.seconds(ctx)
+        else:
+            f_tp, b_tp = _tp_overlapped(ctx, f_tp, forward.gemm), _tp_overlapped(ctx, b_tp, backward.gemm)
+        wait = 0.0  # on GPUs: no calibrated CPU's rank skew (sync_wait_seconds is 0 there anyway)
     return _Cost(forward, backward, f_tp, b_tp, wait)
 
 
