@@ -324,6 +324,15 @@ class Workload:
             before their backward all-gather (torchao float8/float8_tensor_parallel.py), so a layer's all-gathers
             move 1 byte an element; reduce-scatters, and the embedding's and head's collectives (not float8
             linears), keep the activation dtype (predicted_comm.tp_ledger `gather_bytes`). The planner only.
+        gathered_logits: the TP output head gathers the whole logits to every TP rank and each rank runs the loss
+            over the whole vocabulary (KempnerForge kempnerforge/distributed/tensor_parallel.py: `ColwiseParallel(
+            input_layouts=Shard(1), output_layouts=Replicate())` on the head's projection): one more all-gather of
+            b s V_p activations a micro-batch (with DTensor's copy under sp_copies: it gathers the last dim) in
+            place of the vocab-parallel loss's three statistics all-reduces, and the loss's memory-bound passes
+            over V_p logits a token, not V_p / t (predicted_comm.tp_ledger, ops.head_ops). Its backward slices the
+            replicated gradient (no collective). False (the default): Megatron's vocab-parallel loss, torchtitan's
+            `loss_parallel`, this runtime's. Time only (the logits' memory is still planned at V_p / t). The
+            planner only (the API; no flag).
         pipeline_split: Megatron-core's explicit layer split (PipelineSplit: the embedding / the loss counted as a
             layer, or the first / last rank's layer counts), which may leave a stage with only the embedding or
             only the loss; None: the planner's split (stage_layers). `hybrid plan` takes Megatron's flags; the
@@ -358,6 +367,7 @@ class Workload:
     tp_plan: TpPlan = TpPlan.BLOCK
     sp_copies: bool = False
     float8_tp_gathers: bool = False
+    gathered_logits: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),

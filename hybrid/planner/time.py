@@ -351,7 +351,7 @@ def _tp_cost(ctx: _Context, layers: int, first: bool, last: bool, forward: Pass 
     lay = ctx.layout
     book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, layers, first, last,
                      lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan,
-                     ctx.work.tp_gather_bytes)
+                     ctx.work.tp_gather_bytes, ctx.work.gathered_logits)
     hw = ctx.cluster.hw
     waits = [sync_wait_seconds(hw, sum(int(e["calls"]) for e in book[k].values()), p.total)
              for k, p in (("forward", forward), ("backward", backward))]
@@ -550,7 +550,7 @@ def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
         bwd = bwd + _ops_pass(ctx, emb, b * s, True) + Pass(launches=hw.tp_embedding_backward_overhead_s if hw else 0.0)
     if last:
         head = (ctx.shard.head_gemm(b, s),)
-        loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile))
+        loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile, work.gathered_logits))
         fwd = fwd + Pass(gemm=ctx.gemm_seconds(head), launches=hw.tp_head_forward_overhead_s if hw else 0.0) \
             + _ops_pass(ctx, loss, b * s, False)
         bwd = bwd + Pass(gemm=ctx.backward_gemm_seconds(head), launches=hw.tp_head_backward_overhead_s if hw else 0.0) \
@@ -833,7 +833,7 @@ def _stage_cpu(ctx: _Context, layers: list[int], f_comp: list[float], b_comp: li
     for stage, n in enumerate(layers):
         book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, n, stage == 0, stage == last,
                          lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan,
-                         ctx.work.tp_gather_bytes)
+                         ctx.work.tp_gather_bytes, ctx.work.gathered_logits)
         p2p = msg * ((stage > 0) + (stage < last)) if lay.pp > 1 else 0.0
         fwd.append(f_comp[stage] + _ledger_cpu(hw, book["forward"], {"tp": lay.tp}) + p2p)
         bwd.append(b_comp[stage] + _ledger_cpu(hw, book["backward"], {"tp": lay.tp}) + p2p)
