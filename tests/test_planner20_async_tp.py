@@ -47,7 +47,8 @@ def test_schedule_prices_every_collective_the_ledger_charges(arch, recompute, pl
 def test_fused_collectives_hide_under_their_own_products_and_the_backward_reduce_scatters_are_not_fused():
     """A Llama layer (BLOCK, full recomputation): the forward gathers hide under q, k, v and under gate, up; the
     reduce-scatters under o and under down; the backward's gathers under o's and down's input-gradient products;
-    the backward's two reduce-scatters (add of the projections' input gradients) under nothing; the rerun's
+    the backward's two reduce-scatters (add of the projections' input gradients) under nothing -- where one
+    projection reads the input, its input-gradient product; the rerun's
     gathers and o's reduce-scatter as in the forward. Under selective-op the rerun gathers hide only under the
     rerun products (k; up)."""
     shard = _shard(llama_model(*LLAMA3_8B, 4096))
@@ -61,6 +62,14 @@ def test_fused_collectives_hide_under_their_own_products_and_the_backward_reduce
                    (ag, (q, k, v)), (ag, (gate, up)), (rs, (o,))]
     sel = async_tp.schedule(shard, 1, 4096, Recompute.SELECTIVE_OP, TpPlan.BLOCK)
     assert [s.under for s in sel if s.passname == "backward"][-3:] == [(k,), (up,), (o,)]
+    # an input one projection reads (each projection's under PROJECTION; GELU's MLP) reduce-scatters a product
+    proj = async_tp.schedule(shard, 1, 4096, Recompute.NONE, TpPlan.PROJECTION)
+    assert [s.under for s in proj if s.passname == "backward" and s.op is rs] == [
+        (g.backward()[0],) for g in (q, k, v, gate, up)]
+    gelu = _shard(gpt_model(24, 2048, 16, 50257, 4096))
+    c_fc = gelu.linear_gemms_in_order(1, 4096)[4]
+    assert [s.under for s in async_tp.schedule(gelu, 1, 4096, Recompute.NONE, TpPlan.BLOCK)
+            if s.passname == "backward" and s.op is rs] == [(), (c_fc.backward()[0],)]
 
 
 def test_a_gather_hides_only_under_its_products():

@@ -16,9 +16,10 @@ p2p copies on a second stream (torch/distributed/_symmetric_memory/__init__.py):
   written).
 
 What it does not fuse is what autograd builds in the backward: the gradient of a gathered layer input is the SUM of
-the input gradients of the projections that read it (q, k and v; gate and up), `add(mm, mm, mm) -> reduce_scatter`,
-so `_find_producer_matmul` finds no producer and those reduce-scatters stay NCCL collectives on the critical path,
-with DTensor's `torch.cat` before each (Workload.sp_copies). The backward's all-gathers (the row-parallel outputs'
+the input gradients of the projections that read it (q, k and v; gate and up: torchtitan's block plan),
+`add(mm, mm, mm) -> reduce_scatter`, so `_find_producer_matmul` finds no producer and those reduce-scatters stay
+NCCL collectives on the critical path, with DTensor's `torch.cat` before each (Workload.sp_copies). An input read
+by one projection (TpPlan.PROJECTION; GELU's MLP) reduce-scatters that product's output: fused. The backward's all-gathers (the row-parallel outputs'
 gradients) feed the input-gradient products of o and down and are fused.
 
 Megatron's userbuffers (Transformer Engine) are priced by time._tp_overlapped; this module is the PyTorch stack's.
@@ -51,7 +52,8 @@ class Step:
 
 def schedule(shard, b: int, s: int, recompute: Recompute, plan: TpPlan) -> list[Step]:
     """A layer's TP collectives under async TP and SP, one micro-batch, in predicted_comm.tp_ledger's counts:
-    forward c gathers (c = tp_gathers) and 2 reduce-scatters; backward 2 gathers and c reduce-scatters (unfused);
+    forward c gathers (c = tp_gathers) and 2 reduce-scatters; backward 2 gathers and c reduce-scatters (unfused
+    where several projections read the gathered input);
     the rerun forward (FULL, SELECTIVE_OP) c gathers and the attention output's reduce-scatter.
 
     A rerun gather is fused with the rerun products that read it: all of its group under FULL, the policy's every
@@ -68,7 +70,9 @@ def schedule(shard, b: int, s: int, recompute: Recompute, plan: TpPlan) -> list[
     steps += [Step(rs, (o,), "forward"), Step(rs, (down,), "forward")]
     # the row-parallel outputs' gradients, gathered under their input-gradient products (o's, down's: dY W^T)
     steps += [Step(ag, (o.backward()[0],), "backward"), Step(ag, (down.backward()[0],), "backward")]
-    steps += [Step(rs, (), "backward") for _ in groups]  # add(mm, ...) -> reduce_scatter: not fused
+    # a gathered input read by several projections: its gradient is add(mm, mm, ...) -> reduce_scatter, not fused;
+    # read by one (a projection plan, GELU's MLP): that projection's input-gradient product feeds it, fused
+    steps += [Step(rs, () if len(g) > 1 else (order[g[0]].backward()[0],), "backward") for g in groups]
     if recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
         rerun = set(range(len(order))) if recompute is Recompute.FULL else set(range(1, len(order), 2))
         steps += [Step(ag, tuple(order[i] for i in g if i in rerun), "backward") for g in groups]
