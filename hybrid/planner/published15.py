@@ -42,7 +42,7 @@ Source of the new rows, read at the commit named:
   and the weak-scaling 32-GPU row) and its PP configs (uncompiled, loss logging broken by its own account).
 
   The TP output head gathers the full logits (`ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())`
-  on `output_head.proj`, tensor_parallel.py at 01b461a and later): b s V bf16 a micro-batch all-gathered on the TP
+  on `output_head.proj`, tensor_parallel.py as read at 0c4eba1): b s V bf16 a micro-batch all-gathered on the TP
   group and the loss over the whole vocabulary on every rank -- planned since round 20 (Workload.gathered_logits).
   Not planned as the code runs it (the planner has no switch for it): FSDP2 skips the reduce-scatter of all but
   the last micro-batch (`maybe_no_sync`), the planner reduce-scatters each one (pessimistic, hidden traffic on the
