@@ -351,7 +351,7 @@ def _tp_cost(ctx: _Context, layers: int, first: bool, last: bool, forward: Pass 
     lay = ctx.layout
     book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, layers, first, last,
                      lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan,
-                     ctx.work.tp_gather_bytes)
+                     ctx.work.tp_gather_bytes, ctx.work.gathered_logits)
     hw = ctx.cluster.hw
     waits = [sync_wait_seconds(hw, sum(int(e["calls"]) for e in book[k].values()), p.total)
              for k, p in (("forward", forward), ("backward", backward))]
@@ -479,12 +479,17 @@ def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
 
 def _layer_cost(ctx: _Context) -> _Cost:
     """One Transformer layer, one micro-batch: its passes and its TP collectives (overlapped with its GEMMs under
-    Workload.tp_comm_overlap: _tp_overlapped)."""
+    Workload.tp_comm_overlap: Megatron's userbuffers _tp_overlapped, torch's async TP on the PyTorch stack
+    async_tp.seconds)."""
     forward, backward = layer_passes(ctx)
     f_tp, b_tp, wait = _tp_cost(ctx, 1, False, False, forward, backward)
     if ctx.work.tp_comm_overlap and ctx.layout.sequence_parallel and ctx.layout.tp > 1:
-        f_tp, b_tp = _tp_overlapped(ctx, f_tp, forward.gemm), _tp_overlapped(ctx, b_tp, backward.gemm)
-        wait = 0.0  # userbuffers on GPUs: no calibrated CPU's rank skew (sync_wait_seconds is 0 there anyway)
+        if ctx.work.pytorch_native(ctx.layout):
+            from hybrid.planner import async_tp
+            f_tp, b_tp = async_tp.seconds(ctx)
+        else:
+            f_tp, b_tp = _tp_overlapped(ctx, f_tp, forward.gemm), _tp_overlapped(ctx, b_tp, backward.gemm)
+        wait = 0.0  # on GPUs: no calibrated CPU's rank skew (sync_wait_seconds is 0 there anyway)
     return _Cost(forward, backward, f_tp, b_tp, wait)
 
 
@@ -545,7 +550,7 @@ def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
         bwd = bwd + _ops_pass(ctx, emb, b * s, True) + Pass(launches=hw.tp_embedding_backward_overhead_s if hw else 0.0)
     if last:
         head = (ctx.shard.head_gemm(b, s),)
-        loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile))
+        loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile, work.gathered_logits))
         fwd = fwd + Pass(gemm=ctx.gemm_seconds(head), launches=hw.tp_head_forward_overhead_s if hw else 0.0) \
             + _ops_pass(ctx, loss, b * s, False)
         bwd = bwd + Pass(gemm=ctx.backward_gemm_seconds(head), launches=hw.tp_head_backward_overhead_s if hw else 0.0) \
@@ -828,7 +833,7 @@ def _stage_cpu(ctx: _Context, layers: list[int], f_comp: list[float], b_comp: li
     for stage, n in enumerate(layers):
         book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, n, stage == 0, stage == last,
                          lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan,
-                         ctx.work.tp_gather_bytes)
+                         ctx.work.tp_gather_bytes, ctx.work.gathered_logits)
         p2p = msg * ((stage > 0) + (stage < last)) if lay.pp > 1 else 0.0
         fwd.append(f_comp[stage] + _ledger_cpu(hw, book["forward"], {"tp": lay.tp}) + p2p)
         bwd.append(b_comp[stage] + _ledger_cpu(hw, book["backward"], {"tp": lay.tp}) + p2p)
