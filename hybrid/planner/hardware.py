@@ -167,6 +167,15 @@ HOPPER_FP8_TFLOPS = 1979.0
 #   (its table reaches 2.15e12 FLOPs), so nothing is extrapolated there and it carries no ceiling.
 LARGE_GEMM_FLOPS = 2.0 * 4096 ** 3
 H100_LARGE_GEMM_RATIO = 0.959
+# * In-kernel attention dropout on Hopper (round 20; docs/planner/round20-selective-op-dropout.md). Megatron-Core +
+#   Transformer Engine runs the attention core in cuDNN's fused kernel (F16_arbitrary_seqlen) with or without
+#   dropout: TE's get_attention_backend disables FlashAttention 3 under dropout and prefers FusedAttention over
+#   flash-attn 2 on sm90. Its published cost: NVIDIA/TransformerEngine issue 3312, one DotProductAttention forward +
+#   backward on H200 (sm90, the H100's SM; TE 2.15.0), bf16, 4096 tokens in 4 sequences, 16 heads, head 128, the
+#   fused backend forced, Megatron's sbhd layout: 0.594 ms at p 0, 0.614 ms at p 0.1. Published, not fitted; keyed
+#   by the flash rates a preset uses (every Hopper preset uses the H100's); no A100 or PyTorch-SDPA figure.
+HOPPER_ATTENTION_DROPOUT = 0.614 / 0.594
+ATTENTION_DROPOUT_COST = {"h100-80g": HOPPER_ATTENTION_DROPOUT}
 
 
 @dataclass(frozen=True)

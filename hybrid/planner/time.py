@@ -75,8 +75,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from hybrid.pipeline import Placement
-from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds, p2p_seconds,
-                                     sync_wait_seconds, wire_bytes)
+from hybrid.planner.hardware import (ATTENTION_DROPOUT_COST, GB, Collective, Gemm, GroupPlacement, Hardware,
+                                     collective_seconds, p2p_seconds, sync_wait_seconds, wire_bytes)
 from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, Zero3Runtime, ZeroStage,
                                    dp_placement, pipeline_crosses_nodes, rank_stages, stage_layers, tp_placement)
 from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
@@ -252,10 +252,18 @@ class _Context:
         padded to the kernel's tile (AttentionKernel.padded_head_dim), at the workload's kernel's share of the
         peak for that head width and s (Workload.attention_kernel; hardware.FLASH_FWD_BWD_TFLOPS: the published
         forward + backward rate, which counts these FLOPs and a backward of 2.5x, five products instead of two:
-        forward and backward both run at it, so forward + backward takes 3.5 x FLOPs / rate, as benchmarked)."""
+        forward and backward both run at it, so forward + backward takes 3.5 x FLOPs / rate, as benchmarked).
+        With attention dropout on the Megatron stack (TE's fused cuDNN kernel) x its measured cost where one is
+        published (hardware.ATTENTION_DROPOUT_COST: Hopper 1.034, forward + backward)."""
         hw, kernel, d = self.cluster.hw, self.work.attention_kernel, self.work.model.head_dim
         flops = self.shard.attention_core_flops(b, s) / 2 * kernel.padded_head_dim(d) / d
-        return flops / (kernel.efficiency(hw, d, s) * hw.peak_tflops * 1e12)
+        return flops / (kernel.efficiency(hw, d, s) * hw.peak_tflops * 1e12) * self.attention_dropout_cost()
+
+    def attention_dropout_cost(self) -> float:
+        """hardware.ATTENTION_DROPOUT_COST for a Megatron-stack workload with attention dropout; else 1."""
+        if self.work.model.attention_dropout == 0 or self.work.pytorch_native(self.layout):
+            return 1.0
+        return ATTENTION_DROPOUT_COST.get(self.cluster.hw.flash_rates, 1.0)
 
 
 def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
