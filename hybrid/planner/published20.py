@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,17 +44,22 @@ def attention_dropout_cost(costs: dict[str, float]) -> Iterator[None]:
 @contextmanager
 def torchtitan_sac_keeps_reduce_scatter() -> Iterator[None]:
     """Inside the block selective-op's rerun under SP repeats the all-gathers but not o's reduce-scatter (the
-    policy stores its output: torchtitan's `_save_list`)."""
+    policy stores its output: torchtitan's `_save_list`): the TP ledger's backward loses one reduce-scatter of
+    b s h elements a layer (predicted_comm.tp_ledger adds it for the rerun)."""
     from hybrid.planner import predicted_comm, time as time_model
+    from hybrid.planner.hardware import Collective
+    from hybrid.planner.layout import Recompute
     original = predicted_comm.tp_ledger
-    src = inspect.getsource(original)
-    rerun_rs = "            if sp:\n                bwd.add(Collective.REDUCE_SCATTER, \"tp\", bsh, layers)\n"
-    if src.count(rerun_rs) != 1:
-        raise RuntimeError("predicted_comm.tp_ledger changed: the rerun's reduce-scatter line is not found once")
-    kept = rerun_rs.replace("if sp:", "if sp and recompute is not Recompute.SELECTIVE_OP:")
-    namespace = dict(vars(predicted_comm))
-    exec(src.replace(rerun_rs, kept), namespace)  # noqa: S102 -- the module's own function, one line changed
-    predicted_comm.tp_ledger = time_model.tp_ledger = namespace["tp_ledger"]
+
+    def tp_ledger(shard, b, s, layers, first, last, sp, recompute=Recompute.NONE, elem_bytes=2, *rest):
+        book = original(shard, b, s, layers, first, last, sp, recompute, elem_bytes, *rest)
+        if recompute is Recompute.SELECTIVE_OP and sp and shard.t > 1:
+            key = f"{Collective.REDUCE_SCATTER.value}@tp"
+            entry = book["backward"][key]
+            book["backward"][key] = {"calls": entry["calls"] - layers,
+                                     "bytes": entry["bytes"] - layers * b * s * shard.cfg.hidden_size * elem_bytes}
+        return book
+    predicted_comm.tp_ledger = time_model.tp_ledger = tp_ledger
     try:
         yield
     finally:
