@@ -512,6 +512,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
     compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None,  # hybrid/compress
                                    moe=moe is not None)
+    warnings += compress_args.onebit_warnings(compress, ns)
     diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe)  # hybrid/diloco: None without
     warnings += diloco_args.single_replica_warning(diloco, dims.dp)
     check_shm_gather(ns, zero, dims, diloco, compress.enabled)
