@@ -9,9 +9,10 @@ Two layouts in one 2-rank launch, a 2-layer tiny Llama, 2 steps each:
 * dp 2 under ZeRO 3, no dropout (the Llama default): full, selective and selective-op, the last with its op-level
   checkpoint traced inside the compiled block forward (torchtitan's SAC under compile), the block's parameters
   gathered and freed around it.
-What does not compose (selective-op with dropout or tp > 1; recomputation of an MoE model) is refused by name before
-any process group (tests/test_inputs.py: compile-selective-op-dropout, compile-selective-op-tp, compile-full-moe), and
---auto-parallel plans only what runs (below)."""
+What does not compose (selective-op with dropout, tp > 1, cp > 1 or an MoE model) is refused by name before any
+process group (tests/test_inputs.py: compile-selective-op-dropout, -tp, -moe; cp: tests/test_compose20_compile.py),
+and --auto-parallel plans only what runs (below). Full and selective recomputation of an MoE model, and CP, under --compile:
+tests/test_compose20_compile.py."""
 
 from __future__ import annotations
 

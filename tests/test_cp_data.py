@@ -81,8 +81,6 @@ def test_cp_flags_are_checked_by_name():
     import dataclasses
     with pytest.raises(ValueError, match="attention dropout .* --attention-dropout 0"):
         cp_args.check_model(cp4, dataclasses.replace(cfg, attention_dropout=0.1), 1, 32, False)
-    with pytest.raises(ValueError, match="--compile does not run with --context-parallel-size 4"):
-        cp_args.check_model(cp4, cfg, 1, 32, False, compile=True)
 
 
 @pytest.mark.parametrize("argv,world,message", [

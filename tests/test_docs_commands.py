@@ -1,9 +1,9 @@
 """Every command in README.md and docs/*.md runs: a documented flag combination can never crash unnoticed.
 
-Commands are read from the fenced shell blocks of the docs (lines starting with torchrun, hybrid, python, bash or
-scripts/), so a command added to the docs is tested without editing this file. Each is run as written, shortened
-only where a full run would take minutes: `--train-iters` becomes 2 (added when absent; one step past a
-PowerSGD start, 1-bit Adam freeze or DiLoCo period, so the method engages), `--log-interval` 1,
+Commands are read from the fenced shell blocks and the indented code blocks of the docs (lines starting with
+torchrun, hybrid, python, bash or scripts/), so a command added to the docs is tested without editing this file.
+Each is run as written, shortened only where a full run would take minutes: `--train-iters` becomes 2 (added when
+absent; one step past a PowerSGD start, 1-bit Adam freeze or DiLoCo period, so the method engages), `--log-interval` 1,
 `--eval-iters` 1 (the validation and test passes run, on one global batch each),
 `hybrid calibrate` measures at tiny sizes, and placeholders are filled (`path/to/hf_model` -> a tiny transformers
 GPT-2 saved here, a trailing `...` dropped, `cpu.json` -> a profile `hybrid calibrate` wrote on this machine:
@@ -63,6 +63,17 @@ SKIP = {  # substring of the command -> why it is not run here, and what covers 
                                               "one-rank --base h200 calibration with --backend gloo (--dry-run)",
     "scripts/bench_pipeline.py --pp 2": "a 20-minute benchmark for a quiet machine; its --quick mode runs in "
                                         "tests/test_bench_smoke.py",
+    # round 20: the indented code blocks' commands (read since then)
+    "hybrid convert ds_run/": "needs a DeepSpeed ZeRO checkpoint: tests/test_convert.py::"
+                              "test_deepspeed_zero3_checkpoint_converts_with_the_deepspeed_models_logits writes one "
+                              "with DeepSpeed and converts it with `hybrid convert`",
+    "hybrid convert ds_moe_run/": "needs a DeepSpeed-MoE checkpoint: tests/test_convert_deepspeed_moe.py writes one "
+                                  "with DeepSpeed and converts it with `hybrid convert`",
+    "scripts/bench_cp.py --seq 8192": "a benchmark for a quiet machine (T 8192, 10 repeats); tests/test_cp_bench.py "
+                                      "runs the script at small sizes",
+    "scripts/bench_moe.py --out": "a benchmark for a quiet machine; its --quick mode runs in tests/test_bench_smoke.py",
+    "scripts/bench_zero.py --ddp-only": "a benchmark for a quiet machine; its --quick mode runs in "
+                                        "tests/test_bench_smoke.py",
 }
 
 
@@ -74,17 +85,40 @@ CALIBRATED = os.path.join(ROOT, "docs", "results", "data", "mainjob_r14_run3.hw8
 
 
 def documented_commands() -> list[tuple[str, str]]:
-    """(file, command) for each command line in a fenced bash/sh block; `\\` continuations joined."""
+    """(file, command) for each command line in a fenced bash/sh block or an indented code block; `\\`
+    continuations joined."""
     found = []
     for path in ["README.md"] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) + sorted(
             glob.glob(os.path.join(ROOT, "docs", "planner", "*.md"))):  # the planner's record pages too
         text = open(os.path.join(ROOT, path)).read()
-        for block in shell_blocks(text):
+        for block in shell_blocks(text) + indented_blocks(text):
             for line in block.replace("\\\n", " ").splitlines():
                 line = line.strip().removeprefix("$ ")
                 if line.startswith(STARTS) and line.isascii():  # not a diagram's "torchrun ─► train.py"
                     found.append((os.path.relpath(os.path.join(ROOT, path), ROOT), line))
     return found
+
+
+def indented_blocks(text: str) -> list[str]:
+    """The bodies of markdown's indented code blocks (4 spaces, after a blank line, not a list item's continuation),
+    dedented: docs/checkpoint.md's, convert.md's, moe.md's and zero.md's first commands are written so (round 20:
+    untested until then). Lines inside fences are not read here."""
+    blocks, body, fenced, prev, last_text = [], None, False, "", ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        code = not fenced and line.startswith("    ") and line.strip()
+        if body is not None and (code or not line.strip()):
+            body.append(line[4:])
+        elif body is not None:
+            blocks.append("\n".join(body).rstrip() + "\n")
+            body = None
+        if body is None and code and not prev.strip() and not re.match(r"\s|[*+-] |\d+\. ", last_text):
+            body = [line[4:]]
+        prev, last_text = line, (line if line.strip() and body is None else last_text)
+    if body is not None:
+        blocks.append("\n".join(body).rstrip() + "\n")
+    return blocks
 
 
 def shell_blocks(text: str) -> list[str]:
@@ -131,9 +165,10 @@ def _argv(part: str, hf_model: str) -> list[str]:
 
 
 def _shorten(words: list[str]) -> list[str]:
-    """Two optimizer steps, every step logged, one global batch per validation (the end's validation and test
-    loss, not train.py's default 10 of each: 20 forward batches that took most of a 2-step run's compute): enough to
-    run every code path the flags select."""
+    """Two optimizer steps (three resuming with --load: one past the save of an earlier, shortened command), every
+    step logged, one global batch per validation (the end's validation and test loss, not train.py's default 10 of
+    each: 20 forward batches that took most of a 2-step run's compute): enough to run every code path the flags
+    select."""
     out, i, iters = [], 0, 2
     while i < len(words):
         if words[i] in ("--train-iters", "--log-interval", "--eval-iters"):
@@ -143,6 +178,8 @@ def _shorten(words: list[str]) -> list[str]:
             iters = max(iters, int(words[i + 1]) + 1)
         out.append(words[i])
         i += 1
+    if "--load" in words:  # a resume: one step past the run that saved (itself shortened to 2), so it trains
+        iters += 1
     return out + ["--train-iters", str(iters), "--log-interval", "1", "--eval-iters", "1"]
 
 
@@ -158,8 +195,9 @@ WORKDIRS: dict[str, str] = {}
 def workdir(where, tmp_path_factory) -> str:
     """One working directory per doc file, shared by its commands in document order (a tokenizer, then the data
     it writes, then a run on it), holding what the commands name as their own input: `corpus.jsonl` (Python's
-    pydoc topics as JSON lines), `path/to/config.json` (a tiny GPT-2 whose vocabulary holds a 4096 tokenizer) and
-    `cpu.json` (CALIBRATED)."""
+    pydoc topics as JSON lines), `path/to/config.json` (a tiny GPT-2 whose vocabulary holds a 4096 tokenizer),
+    `cpu.json` (CALIBRATED) and `tests/` (the repository's, read-only by intent: docs/moe.md copies a config from
+    tests/data/configs/ as a user in a checkout would)."""
     if where not in WORKDIRS:
         import json
         import shutil
@@ -174,6 +212,7 @@ def workdir(where, tmp_path_factory) -> str:
         GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=256, vocab_size=4096).to_json_file(
             str(d / "path" / "to" / "config.json"))
         shutil.copyfile(CALIBRATED, d / "cpu.json")
+        os.symlink(os.path.join(ROOT, "tests"), d / "tests")  # data a page copies as from a checkout (moe.md's config)
         WORKDIRS[where] = str(d)
     return WORKDIRS[where]
 
@@ -213,6 +252,17 @@ def test_the_docs_hold_the_commands_this_test_runs():
     from hybrid.planner.calibrate import CalibrationConfig
     assert CalibrationConfig.ranks == 4 and any(
         c.startswith("hybrid calibrate --out cpu.json && ") for w, c in COMMANDS if w == "README.md")
+
+
+def test_indented_code_blocks_are_read_and_list_continuations_and_fences_are_not():
+    """The pages whose first commands sit in indented code blocks (round 20: run since then, not before)."""
+    pages = {w for w, c in COMMANDS}
+    for where, piece in (("docs/checkpoint.md", "--save runs/ckpt"), ("docs/convert.md", "hybrid convert path/to/hf_"),
+                         ("docs/moe.md", "--model tiny-mixtral"), ("docs/zero.md", "--offload-params --bf16")):
+        assert any(w == where and piece in c for w, c in COMMANDS), (where, piece, where in pages)
+    text = ("Prose.\n\n    hybrid models\n    python x.py \\\n        --flag\n\n* item\n\n    hybrid layout --world 2\n\n"
+            "```text\n\n    hybrid plan\n```\n1. step\n    python continuation.py\n")
+    assert indented_blocks(text) == ["hybrid models\npython x.py \\\n    --flag\n"]
 
 
 def _check_printed_rows(where: str, part: str, stdout: str) -> None:

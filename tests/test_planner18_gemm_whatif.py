@@ -31,9 +31,9 @@ def test_float8_sac_what_if_reruns_every_linear_of_an_fp8_shard_only_and_is_undo
     from hybrid.planner.published import LLAMA3_8B, llama_model
     bf16 = Workload(llama_model(*LLAMA3_8B, 4096), global_batch=8, seq_length=4096).shard(1)
     fp8 = Workload(llama_model(*LLAMA3_8B, 4096), global_batch=8, seq_length=4096, fp8=True).shard(1)
-    shipped = (len(fp8.selective_op_rerun_gemms(1, 4096)), fp8.selective_op_kept_bytes(1, 4096, False))
+    shipped = (len(fp8.selective_op_rerun_gemms(1, 4096, False)), fp8.selective_op_kept_bytes(1, 4096, False))
     with float8_sac_recomputes_linears():
-        assert len(fp8.selective_op_rerun_gemms(1, 4096)) == 7 and len(bf16.selective_op_rerun_gemms(1, 4096)) == 3
+        assert len(fp8.selective_op_rerun_gemms(1, 4096, False)) == 7 and len(bf16.selective_op_rerun_gemms(1, 4096, True)) == 3
         kept = fp8.selective_op_kept_bytes(1, 4096, False)
         assert kept == pytest.approx(shipped[1] - 4096 * 2 * (4096 + 1024 + 14336 + 4096))  # q, v, gate, down
-    assert (len(fp8.selective_op_rerun_gemms(1, 4096)), fp8.selective_op_kept_bytes(1, 4096, False)) == shipped
+    assert (len(fp8.selective_op_rerun_gemms(1, 4096, False)), fp8.selective_op_kept_bytes(1, 4096, False)) == shipped

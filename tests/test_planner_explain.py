@@ -81,8 +81,9 @@ def test_selective_op_reruns_every_second_matmul_and_keeps_less_than_none():
     sop = evaluate(work, cluster, Layout(micro_batch=1, recompute=Recompute.SELECTIVE_OP))
     full = evaluate(work, cluster, Layout(micro_batch=1, recompute=Recompute.FULL))
     shard = work.shard(1)
-    rerun = sum(g.flops for g in shard.selective_op_rerun_gemms(1, 4096))
+    rerun = sum(g.flops for g in shard.selective_op_rerun_gemms(1, 4096, True))
     forward = sum(g.flops for g in shard.linear_gemms_in_order(1, 4096))
     assert 0.3 < rerun / forward < 0.45  # k, o, up of q, k, v, o, gate, up, down
+    assert shard.selective_op_rerun_gemms(1, 4096, False) == shard.selective_op_rerun_gemms(1, 4096, True)  # down kept
     assert none.time.total < sop.time.total < full.time.total
     assert full.memory_gb < sop.memory_gb < none.memory_gb

@@ -37,8 +37,9 @@ def test_500w_h100_clock_is_what_torchtitan_table1_gives():
     # checkpoint's early stop in the model), now 0.700: flash rates by sequence length (hardware.FLASH_FWD_BWD_TFLOPS)
     # run FlashAttention-2 slower at s 2048-8192 than the flat 0.35 did, which the clock no longer has to carry
     # and 0.722 since round 19's GEMM ceiling (hardware.H100_LARGE_GEMM_RATIO): Table 1's 8B GEMMs lie beyond
-    # XLA's table and run 1 / 0.959 slower on the curve, which both clocks no longer have to carry
-    assert H100_500W_CLOCK * H100_EAGER_CLOCK == pytest.approx(0.722, abs=0.002)
+    # XLA's table and run 1 / 0.959 slower on the curve, which both clocks no longer have to carry; 0.719 since
+    # round 20: Table 1 runs selective-op, whose rerun now stops before the block's last residual add
+    assert H100_500W_CLOCK * H100_EAGER_CLOCK == pytest.approx(0.719, abs=0.002)
     assert fit.torchtitan_table1(hw) == pytest.approx(fit.TORCHTITAN_TABLE1_TOKENS_PER_GPU, rel=0.01)
 
 

@@ -99,16 +99,19 @@ def test_torch_checkpoint_stops_before_the_last_linear():
 
 
 def test_full_recomputation_reruns_all_but_the_down_projection_on_the_pytorch_stack_only():
-    """One layer's backward under full recomputation less its backward without: the rerun. PyTorch stack: the
-    forward's GEMMs but the last (the down projection) and its memory-bound ops up to the MLP activation; Megatron
-    (reentrant) and FP8 (TE's Functions save after their GEMM): the whole forward."""
+    """One layer's backward under full recomputation less its backward without: the rerun. PyTorch stack without
+    hidden dropout: the forward's GEMMs but the last (the down projection) and its memory-bound ops up to the MLP
+    activation; Megatron (reentrant), FP8 (TE's Functions save after their GEMM) and hidden dropout (its mask
+    after the down projection is the last saved tensor; counted on torch in tests/test_planner20_selective_op.py):
+    the whole forward."""
     from hybrid.planner.layout import Cluster
     from hybrid.planner.ops import Stack
     from hybrid.planner.time import _context, layer_passes
     from dataclasses import replace
     cluster = Cluster(gpus=8, hw=hardware("h100-80g"))
     lay = Layout(dp=8, micro_batch=2, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL)
-    work = replace(_work(), stack=Stack.PYTORCH)
+    dropout = replace(_work(), stack=Stack.PYTORCH)  # gpt2-xl: hidden dropout 0.1
+    work = replace(dropout, model=replace(dropout.model, dropout=0.0))
     ctx = _context(work, cluster, lay)
     fwd, bwd = layer_passes(ctx)
     _, plain = layer_passes(_context(work, cluster, replace(lay, recompute=Recompute.NONE)))
@@ -116,7 +119,7 @@ def test_full_recomputation_reruns_all_but_the_down_projection_on_the_pytorch_st
     assert bwd.gemm - plain.gemm == pytest.approx(fwd.gemm - down, rel=1e-9)
     assert bwd.attention - plain.attention == pytest.approx(fwd.attention, rel=1e-9)
     assert 0 < bwd.memory - plain.memory < fwd.memory  # the MLP branch's residual add is not rerun
-    for other in (replace(work, stack=Stack.MEGATRON), replace(work, fp8=True)):
+    for other in (replace(work, stack=Stack.MEGATRON), replace(work, fp8=True), dropout):
         octx = _context(other, cluster, lay)
         ofwd, obwd = layer_passes(octx)
         _, oplain = layer_passes(_context(other, cluster, replace(lay, recompute=Recompute.NONE)))
@@ -124,16 +127,18 @@ def test_full_recomputation_reruns_all_but_the_down_projection_on_the_pytorch_st
 
 
 def test_explain_says_what_full_recomputation_reruns():
-    """--explain's first line names the rerun: all but the down projection on the PyTorch stack, the whole layer
-    on Megatron's; nothing without full recomputation."""
+    """--explain's first line names the rerun: all but the down projection on the PyTorch stack (no hidden
+    dropout), the whole layer on Megatron's or with hidden dropout; nothing without full recomputation."""
     from dataclasses import replace
     from hybrid.planner.cli import explain
     from hybrid.planner.ops import Stack
     cluster = Cluster(gpus=8, hw=hardware("h100-80g"))
     lay = Layout(dp=8, micro_batch=2, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL)
-    for stack, says in ((Stack.PYTORCH, "reruns all but the down projection"),
-                        (Stack.MEGATRON, "reruns the whole layer")):
-        work = replace(_work(), stack=stack)
+    no_dropout = replace(_work().model, dropout=0.0)
+    for stack, model, says in ((Stack.PYTORCH, no_dropout, "reruns all but the down projection"),
+                               (Stack.PYTORCH, _work().model, "reruns the whole layer"),
+                               (Stack.MEGATRON, no_dropout, "reruns the whole layer")):
+        work = replace(_work(), stack=stack, model=model)
         assert says in explain(work, cluster, evaluate(work, cluster, lay)).splitlines()[0]
     none = replace(lay, recompute=Recompute.NONE)
     assert "reruns" not in explain(_work(), cluster, evaluate(_work(), cluster, none)).splitlines()[0]

@@ -152,17 +152,19 @@ def test_docs_hold_what_the_module_prints(evaluated):
 
 
 def _tp_overlap_case(intra_node_gbps: float = 450.0, sp: bool = True):
-    """A 4-way TP layer of a 13B-class model on an h100-80g (its NVLink at `intra_node_gbps`): the contexts with
-    and without Workload.tp_comm_overlap."""
+    """A 4-way TP layer of a 13B-class model on an h100-80g (its NVLink at `intra_node_gbps`), on Megatron's stack
+    (userbuffers; the PyTorch stack's async TP is hybrid/planner/async_tp.py's): the contexts with and without
+    Workload.tp_comm_overlap."""
     from dataclasses import replace
 
     from hybrid.planner import time as ptime
     from hybrid.planner.hardware import hardware
     from hybrid.planner.layout import Cluster, Layout, Workload
     from hybrid.planner.model import ActivationProfile
+    from hybrid.planner.ops import Stack
     from hybrid.planner.published import llama_model
     work = Workload(llama_model(40, 5120, 40, 40, 13824, 32000, 4096), global_batch=8, seq_length=4096,
-                    activations=ActivationProfile.BF16_FLASH)
+                    activations=ActivationProfile.BF16_FLASH, stack=Stack.MEGATRON)
     cluster = Cluster(gpus=4, hw=hardware("h100-80g").with_overrides(intra_node_gbps=intra_node_gbps))
     layout = Layout(tp=4, micro_batch=1, sequence_parallel=sp)
     return (ptime._context(work, cluster, layout),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from hybrid.cliutil import HelpFormatter, int_in
-from hybrid.convert.common import DTYPES, check_dst_outside_checkpoints, check_dst_outside_src
+from hybrid.convert.common import (DTYPES, QUIET, Progress, check_dst_outside_checkpoints,
+                                   check_dst_outside_src)
 from hybrid.convert.detect import Format, detect
 from hybrid.convert.presharded import MICRO_BATCH, PP_FLAG, SEQ_LENGTH, TP_FLAG, TargetLayout
 from hybrid.convert.safetensors_out import parse_size
@@ -18,6 +19,7 @@ def run(args: argparse.Namespace) -> None:
     check_dst_outside_checkpoints(args.dst)
     to = args.to or ("hf" if fmt is Format.HYBRID else "hybrid")
     verify = not args.no_verify
+    progress = QUIET if args.quiet else Progress()
     target = TargetLayout(args.target_tensor_parallel_size, args.target_pipeline_parallel_size,
                           args.pipeline_partition, args.pipeline_layers_per_stage, args.seq_length,
                           args.micro_batch_size)
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> None:
             raise ValueError(f"--to hybrid: SRC {args.src!r} is already a hybrid checkpoint (train.py loads it at "
                              f"any layout); use --to hf")
         hybrid_to_hf(args.src, args.dst, DTYPES[args.dtype], parse_size(args.max_shard_size), args.model,
-                     args.iteration, verify)
+                     args.iteration, verify, progress=progress)
         return
     if to != "hybrid":
         raise ValueError(f"--to hf: SRC {args.src!r} is a {fmt.value} checkpoint; only a hybrid checkpoint exports "
@@ -47,12 +49,12 @@ def run(args: argparse.Namespace) -> None:
     if fmt is Format.HF:
         if args.model is not None:
             raise ValueError("--model: a transformers SRC carries its own config.json; drop --model")
-        hf_to_hybrid(args.src, args.dst, verify, target=target)
+        hf_to_hybrid(args.src, args.dst, verify, target=target, progress=progress)
     else:
         if args.model is None:
             raise ValueError(f"SRC {args.src!r} is a DeepSpeed checkpoint, which holds no model config; give "
                              f"--model (the transformers config folder or preset it was trained from)")
-        deepspeed_to_hybrid(args.src, args.dst, args.model, verify, target=target)
+        deepspeed_to_hybrid(args.src, args.dst, args.model, verify, target=target, progress=progress)
 
 
 def _check_partition_flags(args: argparse.Namespace) -> None:
@@ -157,5 +159,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="--pipeline-partition balanced: the run's micro-batch size")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the logits check of the converted model against the source")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress lines on stderr (each file read, every tenth of the tensors written, each "
+                        "rank's chunks, the verification); the summary lines on stdout stay")
     p.set_defaults(func=run)
     return p

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from hybrid.checkpoint.shards import is_owner, shard_box, sharded_tensor
 from hybrid.comm import CommLedger, Group
+from hybrid.convert.common import Progress, size_text
 from hybrid.mesh import ParallelDims, validate_model_dims
 from hybrid.partition import PartitionMethod, parse_layers_per_stage, partition_layers, stage_costs_from_config
 from hybrid.tp import TPContext
@@ -149,9 +150,11 @@ def rank_state_dicts(cfg: ModelConfig, target: TargetLayout,
     return out
 
 
-def save_as_ranks(state_dicts: list[dict[str, object]], path: str) -> None:
+def save_as_ranks(state_dicts: list[dict[str, object]], path: str, progress: Progress = Progress()
+                  ) -> None:
     """What dcp.save does on len(state_dicts) ranks, from one process: rank r plans and writes state_dicts[r]
-    into __{r}_*.distcp, rank 0 merges the plans into the metadata and writes .metadata."""
+    into __{r}_*.distcp, rank 0 merges the plans into the metadata and writes .metadata. `progress`: a line before
+    each rank's write (the rank of how many, its tensors and bytes)."""
     planners, writers, plans = [], [], []
     for rank, sd in enumerate(state_dicts):
         planner, writer = DefaultSavePlanner(), FileSystemWriter(path, sync_files=True)
@@ -163,7 +166,10 @@ def save_as_ranks(state_dicts: list[dict[str, object]], path: str) -> None:
     global_plans, metadata = planners[0].create_global_plan(plans)
     global_plans = writers[0].prepare_global_plan(global_plans)
     results = []
-    for planner, writer, plan in zip(planners, writers, global_plans):
+    for rank, (planner, writer, plan) in enumerate(zip(planners, writers, global_plans)):
+        local = [t.local_shards()[0].tensor for t in state_dicts[rank].values()]
+        progress(f"writing rank {rank + 1}/{len(state_dicts)}'s chunks: {len(local)} tensors, "
+                 f"{size_text(sum(t.numel() * t.element_size() for t in local))}")
         future = writer.write_data(planner.finish_plan(plan), planner)
         future.wait()
         results.append(future.value())

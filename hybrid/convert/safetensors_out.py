@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from hybrid.convert.common import Progress, progress_step, size_text
+
 DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 INDEX = "model.safetensors.index.json"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
@@ -71,15 +73,19 @@ def file_names(n: int) -> list[str]:
 
 
 def write_sharded(directory: str, shapes: dict[str, tuple[int, ...]], tensors: Iterable[tuple[str, torch.Tensor]],
-                  dtype: torch.dtype, max_bytes: int) -> list[str]:
-    """Write `tensors` (key, tensor), arriving in `shapes`' order, cast to `dtype`; returns the files written."""
+                  dtype: torch.dtype, max_bytes: int, progress: Progress = Progress()) -> list[str]:
+    """Write `tensors` (key, tensor), arriving in `shapes`' order, cast to `dtype`; returns the files written.
+    `progress`: a line every progress_step(total) tensors and at the end of each file (which tensor of how many,
+    which file of how many, the bytes written of the total)."""
     shards = plan_shards(list(shapes.items()), dtype, max_bytes)
     names = file_names(len(shards))
     stream: Iterator[tuple[str, torch.Tensor]] = iter(tensors)
-    for keys, name in zip(shards, names):
+    total, total_bytes = len(shapes), sum(nbytes(s, dtype) for s in shapes.values())
+    step, done, written = progress_step(total), 0, 0
+    for j, (keys, name) in enumerate(zip(shards, names), 1):
         with open(os.path.join(directory, name), "wb") as f:
             f.write(_header(keys, shapes, dtype))
-            for want in keys:
+            for i, want in enumerate(keys, 1):
                 key, t = next(stream)
                 if key != want or tuple(t.shape) != shapes[key]:
                     raise RuntimeError(f"safetensors writer: got {key} {list(t.shape)}, expected {want} "
@@ -88,11 +94,14 @@ def write_sharded(directory: str, shapes: dict[str, tuple[int, ...]], tensors: I
                 # only when the dtype or the layout changes)
                 f.write(memoryview(t.detach().to("cpu", dtype).contiguous().reshape(-1).view(torch.uint8).numpy()))
                 del t
+                done, written = done + 1, written + nbytes(shapes[key], dtype)
+                if done % step == 0 or i == len(keys):
+                    progress(f"tensor {done}/{total} ({key}) -> {name} (file {j}/{len(names)}), "
+                             f"{size_text(written)} of {size_text(total_bytes)}")
             f.flush()
             os.fsync(f.fileno())
     if len(shards) > 1:
-        total = sum(nbytes(s, dtype) for s in shapes.values())
-        index = {"metadata": {"total_size": total},
+        index = {"metadata": {"total_size": total_bytes},
                  "weight_map": {k: name for keys, name in zip(shards, names) for k in keys}}
         with open(os.path.join(directory, INDEX), "w") as f:
             json.dump(index, f, indent=2, sort_keys=True)

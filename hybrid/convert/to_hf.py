@@ -16,7 +16,7 @@ import torch
 
 from hybrid.checkpoint import safe_read, store
 from hybrid.convert import mapping
-from hybrid.convert.common import check_dst, copy_pass_through, hf_config, read_config, staged_dst
+from hybrid.convert.common import Progress, check_dst, copy_pass_through, hf_config, read_config, staged_dst
 from hybrid.convert.detect import is_iteration_dir
 from hybrid.convert.safetensors_out import write_sharded
 from hybrid.convert.tokenizer_out import export_tokenizer
@@ -93,8 +93,10 @@ def check_against(cfg: ModelConfig, it_dir: str) -> dict:
 
 
 def hybrid_to_hf(src: str, dst: str, dtype: torch.dtype = torch.float32, max_shard_bytes: int = 5 * 10**9,
-                 model: str | None = None, iteration: int | None = None, verify: bool = True, log=print) -> str:
-    """Export the hybrid checkpoint `src` as a new transformers folder `dst`; the verification line."""
+                 model: str | None = None, iteration: int | None = None, verify: bool = True, log=print,
+                 progress: Progress = Progress()) -> str:
+    """Export the hybrid checkpoint `src` as a new transformers folder `dst`; the verification line. `progress`:
+    the lines of the long phases (each tensor read and written, the verification), `log`: the summary."""
     check_dst(dst)
     it_dir = iteration_dir(src, iteration)
     cfg = checkpoint_config(it_dir, model)
@@ -109,17 +111,18 @@ def hybrid_to_hf(src: str, dst: str, dtype: torch.dtype = torch.float32, max_sha
     shapes = {k: stored[k] for k in mapping.hf_keys(cfg)}  # the order hf_tensors yields them in
     line = "verify: skipped (--no-verify)"
     with staged_dst(dst) as tmp:
-        files = write_sharded(tmp, shapes, mapping.hf_tensors(cfg, read), dtype, max_shard_bytes)
+        # the small files first: a tokenizer refused (a link, not a tokenizer) is the one line, before the weights
         hf_config(cfg, dtype).to_json_file(os.path.join(tmp, "config.json"))
         state = store.read_state(it_dir)
         saved = state.get("model") or ""
         carried = copy_pass_through([it_dir, os.path.dirname(os.path.abspath(it_dir)),
                                      saved if os.path.isdir(saved) else ""], tmp)
         tokenizer = export_tokenizer(tmp, carried, state, cfg.max_position_embeddings)  # AutoTokenizer loads it
+        files = write_sharded(tmp, shapes, mapping.hf_tensors(cfg, read), dtype, max_shard_bytes, progress)
         if verify:  # our model from SRC against transformers' reading of what was just written
             from transformers import AutoModelForCausalLM
             line = verify_hybrid_against(cfg, it_dir, lambda: AutoModelForCausalLM.from_pretrained(
-                tmp, dtype=torch.float32), dtype)
+                tmp, dtype=torch.float32), dtype, progress.quiet)
     log(f"convert: {it_dir} (hybrid checkpoint, {cfg.hf.model_type}, {cfg.num_parameters / 1e6:.2f}M parameters) "
         f"-> {dst} (transformers, {len(files)} safetensors file{'s' if len(files) > 1 else ''}, "
         f"{str(dtype).removeprefix('torch.')})")

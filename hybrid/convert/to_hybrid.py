@@ -24,8 +24,8 @@ import torch.distributed.checkpoint as dcp
 from hybrid.checkpoint import store
 from hybrid.checkpoint.identity import model_identity
 from hybrid.convert import deepspeed_moe, mapping
-from hybrid.convert.common import (check_dst, check_safetensors, copy_pass_through, hf_config, read_config,
-                                   staged_dst)
+from hybrid.convert.common import (Progress, check_dst, check_safetensors, copy_pass_through, hf_config,
+                                   read_config, size_text, staged_dst)
 from hybrid.convert.presharded import TargetLayout, check_target, rank_state_dicts, save_as_ranks
 from hybrid.convert.verify import verify_hybrid_against
 from models.config import ModelConfig
@@ -44,8 +44,9 @@ def _check_shapes(cfg: ModelConfig, found: dict[str, tuple[int, ...]], where: st
                              f"{list(want)}; use the config.json saved with these weights")
 
 
-def _read_hf_folder(src: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Every transformers tensor the model needs, fp32, through DCP's HuggingFaceStorageReader."""
+def _read_hf_folder(src: str, cfg: ModelConfig, progress: Progress = Progress()) -> dict[str, torch.Tensor]:
+    """Every transformers tensor the model needs, fp32, through DCP's HuggingFaceStorageReader: one load per
+    safetensors file (a progress line before each), each of that file's tensors."""
     reader = CheckpointReader(src)  # resolves "transformer."/"model."-less keys of bare-model checkpoints
     names: dict[str, str] = {}
     found: dict[str, tuple[int, ...]] = {}
@@ -60,18 +61,26 @@ def _read_hf_folder(src: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         found[key] = tuple(reader.get_slice(key).get_shape())
     _check_shapes(cfg, found, f"SRC {src}")
     buffers = {names[k]: torch.empty(s, dtype=torch.float32) for k, s in found.items()}
-    dcp.load(buffers, storage_reader=dcp.HuggingFaceStorageReader(src), no_dist=True)
+    by_file: dict[str, list[str]] = {}
+    for name in buffers:
+        by_file.setdefault(reader.files[name], []).append(name)
+    for j, (file, keys) in enumerate(sorted(by_file.items()), 1):
+        size = sum(buffers[k].numel() * 4 for k in keys)
+        progress(f"reading {os.path.basename(file)} (file {j}/{len(by_file)}): {len(keys)} tensor"
+                 f"{'s' if len(keys) > 1 else ''}, "
+                 f"{size_text(size)} as float32")
+        dcp.load({k: buffers[k] for k in keys}, storage_reader=dcp.HuggingFaceStorageReader(src), no_dist=True)
     return {k: buffers[names[k]] for k in found}
 
 
 def _write(tmp_root: str, cfg: ModelConfig, stored: Callable[[str], torch.Tensor], state: dict,
-           pass_through: list[str], target: TargetLayout) -> str:
+           pass_through: list[str], target: TargetLayout, progress: Progress = Progress()) -> str:
     """Save our tensors into tmp_root/iter_0000000.tmp as the ranks of a run at `target` would (presharded.py),
     then the store's finalize (manifest, rename, `latest`). Returns the iteration directory."""
     it_dir = store.tmp_path(tmp_root, 0)
     os.makedirs(it_dir)
     ours = {p.name: mapping.ours_from_hf(p, stored(p.source.key)) for p in mapping.params(cfg)}
-    save_as_ranks(rank_state_dicts(cfg, target, ours.__getitem__), it_dir)
+    save_as_ranks(rank_state_dicts(cfg, target, ours.__getitem__), it_dir, progress)
     del ours
     hf = hf_config(cfg, torch.float32)
     for d in (it_dir, tmp_root):  # root: `--model DST` builds the model from it
@@ -90,23 +99,25 @@ def model_state(cfg: ModelConfig, model: str, source: dict, target: TargetLayout
             "args": {}}
 
 
-def hf_to_hybrid(src: str, dst: str, verify: bool = True, log=print, target: TargetLayout = TargetLayout()) -> str:
+def hf_to_hybrid(src: str, dst: str, verify: bool = True, log=print, target: TargetLayout = TargetLayout(),
+                 progress: Progress = Progress()) -> str:
     """Convert the transformers folder `src` into a new hybrid checkpoint `dst` pre-sharded for `target`; the
-    verification line."""
+    verification line. `progress`: the lines of the long phases (each file read, each rank's chunks written, the
+    verification); `log`: the summary."""
     check_dst(dst)
     cfg = read_config(src, "SRC")
     check_target(cfg, target)
     check_safetensors(src, every_file=True)  # DCP's reader below reads every .safetensors file of the folder
-    tensors = _read_hf_folder(src, cfg)
+    tensors = _read_hf_folder(src, cfg, progress)
     state = model_state(cfg, src, {"format": "transformers", "path": os.path.abspath(src)}, target)
     line = "verify: skipped (--no-verify)"
     with staged_dst(dst) as tmp:
-        it_dir = _write(tmp, cfg, tensors.__getitem__, state, [src], target)
+        it_dir = _write(tmp, cfg, tensors.__getitem__, state, [src], target, progress)
         del tensors
         if verify:
             from transformers import AutoModelForCausalLM
             line = verify_hybrid_against(cfg, it_dir, lambda: AutoModelForCausalLM.from_pretrained(
-                src, dtype=torch.float32), torch.float32)
+                src, dtype=torch.float32), torch.float32, progress.quiet)
     log(f"convert: {src} (transformers {cfg.hf.model_type}, {cfg.num_parameters / 1e6:.2f}M parameters) -> "
         f"{dst} (hybrid checkpoint, model weights, iteration 0, chunks for tp {target.tp} x pp {target.pp}"
         f"{target.describe(cfg)})")
@@ -241,14 +252,15 @@ def _check_no_extra(cfg: ModelConfig, sd: dict[str, torch.Tensor], src: str) -> 
 
 
 def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log=print,
-                        target: TargetLayout = TargetLayout()) -> str:
+                        target: TargetLayout = TargetLayout(), progress: Progress = Progress()) -> str:
     """A DeepSpeed checkpoint -- ZeRO of a transformers model, or DeepSpeed-MoE of a Mixtral (deepspeed_moe.py)
     -- (`model`: its config folder, config.json or preset) -> a new hybrid checkpoint `dst` pre-sharded for
     `target`."""
     check_dst(dst)
     cfg = read_config(model, "--model")
     check_target(cfg, target)
-    live, what, moe_layers = _deepspeed_state_dict(src, cfg)
+    live, what, moe_layers = _deepspeed_state_dict(src, cfg)  # one call, with no line before it: its checks come
+    # as it reads, and a bad file must be the one line printed (as DeepSpeed's own bars and prints are silenced)
     if moe_layers:
         _check_no_extra(cfg, live, src)
     sd = per_expert_state_dict(live, cfg.hf.model_type)  # MoE: transformers' fused experts -> per-expert keys
@@ -258,10 +270,12 @@ def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log
         return sd[key] if key in sd else sd[bare[key.split(".", 1)[1]]]
     found = {k: tuple(get(k).shape) for k in mapping.hf_shapes(cfg) if k in sd or k.split(".", 1)[1] in bare}
     _check_shapes(cfg, found, f"SRC {src}")
+    progress(f"read {src}: {len(found)} tensors, {size_text(sum(get(k).nbytes for k in found))} as saved")
     state = model_state(cfg, model, {"format": "deepspeed", "path": os.path.abspath(src)}, target)
     line = "verify: skipped (--no-verify)"
     with staged_dst(dst) as tmp:
-        it_dir = _write(tmp, cfg, lambda k: get(k).float(), state, [model if os.path.isdir(model) else ""], target)
+        it_dir = _write(tmp, cfg, lambda k: get(k).float(), state, [model if os.path.isdir(model) else ""], target,
+                        progress)
         if verify:
             def reference():
                 if moe_layers:
@@ -270,7 +284,7 @@ def deepspeed_to_hybrid(src: str, dst: str, model: str, verify: bool = True, log
                 m = AutoModelForCausalLM.from_config(cfg.hf, dtype=torch.float32)
                 m.load_state_dict({k: get(k) for k in found} if sd is live else live, strict=False)
                 return m
-            line = verify_hybrid_against(cfg, it_dir, reference, torch.float32)
+            line = verify_hybrid_against(cfg, it_dir, reference, torch.float32, progress.quiet)
     log(f"convert: {src} ({what}) -> {dst} (hybrid checkpoint, model "
         f"weights, iteration 0, chunks for tp {target.tp} x pp {target.pp}{target.describe(cfg)})")
     log(line)

@@ -78,9 +78,23 @@ def announce(cfg: ModelConfig) -> None:
 
 
 def verify_hybrid_against(cfg: ModelConfig, it_dir: str, make_ref: Callable[[], torch.nn.Module],
-                          dtype: torch.dtype) -> str:
-    """Compare our model loaded from `it_dir` with the transformers model `make_ref()` builds."""
-    announce(cfg)
+                          dtype: torch.dtype, quiet: bool = False) -> str:
+    """Compare our model loaded from `it_dir` with the transformers model `make_ref()` builds. quiet (`hybrid
+    convert --quiet`): no announcement and no transformers loading bar."""
+    if not quiet:
+        announce(cfg)
     ours = load_ours(cfg, it_dir)
-    ref = make_ref()
+    ref = _without_bars(make_ref) if quiet else make_ref()
     return verdict(*compare(ours, ref, cfg), dtype)
+
+
+def _without_bars(make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """make() with transformers' progress bars ("Loading weights") off, then back as they were."""
+    from transformers.utils import logging as hf_logging
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return make()
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -83,8 +83,10 @@ def kv_heads_per_tp_rank(num_kv_heads: int, tp: int) -> int:
     return num_kv_heads // tp if num_kv_heads % tp == 0 else 1
 
 
-def check_model(cp: CPConfig, cfg, tp: int, seq_length: int, sequence_parallel: bool, compile: bool = False) -> None:
-    """What CP needs of the model and the layout; ValueError naming the flag and the fix."""
+def check_model(cp: CPConfig, cfg, tp: int, seq_length: int, sequence_parallel: bool) -> None:
+    """What CP needs of the model and the layout; ValueError naming the flag and the fix. --compile runs with
+    every comm type (the attention's exchange stays eager: hybrid/cp/attention.py CPContext.attention); with
+    selective-op recomputation hybrid/train/args.py check_compile refuses it."""
     if cp.size > 1 or cp.reset_attention_mask:
         if cfg.attention_dropout > 0:
             what = f"--context-parallel-size {cp.size}" if cp.size > 1 else "--reset-attention-mask"
@@ -98,6 +100,3 @@ def check_model(cp: CPConfig, cfg, tp: int, seq_length: int, sequence_parallel: 
                          f"--context-parallel-size) divisible by --tensor-model-parallel-size ({tp})")
     if cp.comm_type is CommType.A2A:
         check_ulysses_heads(cfg.num_heads // tp, kv_heads_per_tp_rank(cfg.num_kv_heads, tp), cp.size)
-    if compile:
-        raise ValueError(f"--compile does not run with --context-parallel-size {cp.size} (ring attention's "
-                         f"point-to-point transfers inside a compiled block are untested); drop one of them")

@@ -56,6 +56,15 @@ class CPContext:
         """(T/CP,) the sequence positions of this rank's tokens (RoPE, learned positions)."""
         return local_indices(self.rank, self.size, local_len * self.size, device)
 
+    # Eager under --compile (compile_blocks, hybrid/train/loop.py, traces each block's body), as the MoE layer
+    # (hybrid/moe/layer.py): the exchange and the attention over it run outside the graph, one graph break at this
+    # call; the projections, RoPE, norms and MLP around it compile. Traced, dynamo entered each path's autograd
+    # Function and broke at every point-to-point post (the op trail's lock, hybrid/trail.py) and every host read of
+    # the load-balanced positions (hybrid/cp/masks.py `int(pos[0])`): a 2-block tiny Llama at cp 2 (p2p) made 17
+    # graphs and 16 breaks, 4 graphs and 5 breaks with this (tests/test_compose20_compile.py). torch's p2p ops have
+    # no traceable form (functional collectives cover the all-gather and all-to-all, not isend / irecv), and
+    # the attention itself is torch's flash kernel per sub-block: nothing left for inductor to fuse.
+    @torch._disable_dynamo
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   mask: AttentionMask = AttentionMask()) -> torch.Tensor:
         if self.comm_type is CommType.P2P:

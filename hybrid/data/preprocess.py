@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer-model", default=None, metavar="PATH",
                    help="HuggingFaceTokenizer: tokenizer.json or a folder holding one")
     p.add_argument("--append-eod", action="store_true", help="end every document with the end-of-document token")
-    p.add_argument("--workers", type=positive_int, default=1, metavar="N", help="tokenizing processes")
+    p.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                   help="tokenizing processes, at most the CPUs this process may run on (more are capped, with a "
+                        "warning: they would only share those cores)")
     p.add_argument("--log-interval", type=int_in(1), default=10000, metavar="N",
                    help="print documents/s and MB/s every this many documents")
     return p
@@ -193,6 +195,28 @@ def check_not_replacing(args: argparse.Namespace) -> None:
                      f".bin/.idx first")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (taskset, a cgroup cpuset, a Slurm allocation), which
+    os.cpu_count() -- the machine's -- overstates; os.cpu_count() where there is no mask (macOS)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def capped_workers(requested: int, cpus: int) -> tuple[int, str | None]:
+    """(--workers to fork, the warning when capped). Tokenizing is CPU-bound, so workers beyond the usable CPUs only
+    time-share them, each with its own tokenizer copy and fork (`--workers 10000` forked 10000 processes).
+    Megatron-LM's preprocess_data.py takes any count, advising workers x partitions = the CPU cores; one input file
+    here (no --partitions) makes that workers = CPUs. Not capped by the number of documents: the input is streamed,
+    its count unknown until it is read (a worker given no chunk only waits)."""
+    if requested <= cpus:
+        return requested, None
+    return cpus, (f"{PROG}: warning: --workers {requested} is more than the {plural(cpus, 'CPU')} this process may "
+                  f"run on; using {cpus} (tokenizing processes beyond the cores only share them): give --workers "
+                  f"{cpus} or fewer")
+
+
 def output_name(prefix: str, key: str) -> str:
     return f"{prefix}_{key}_document"
 
@@ -240,6 +264,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     try:
         tok = check(args)
+        args.workers, warning = capped_workers(args.workers, usable_cpus())  # after the checks: an error is one line
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         stats = run(args, tok)
     except ValueError as e:
         raise fail(f"{PROG}: error: {e}") from None

@@ -89,7 +89,9 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   own note: its peak is "between SXM and NVL"). Its sustained clock relative to a 700 W H100 on the same stack
 #   (H100_500W_CLOCK, the 500 W factor, scaling the GEMM asymptote and the flash rate) is **fitted** to one row,
 #   torchtitan's Table 1 (Llama 3.1 8B, eager FSDP on 8 GPUs, 5,762 tokens/s a GPU; fit.fit_h100_500w_clock), on
-#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.982 x 0.735 = 0.722 since round 19's GEMM
+#   top of the PyTorch stack's H100_EAGER_CLOCK, which it keeps (0.978 x 0.735 = 0.719 since round 20, when
+#   selective-op's rerun stopped before the block's last residual add, as torch's checkpoint does: the fit row
+#   runs selective-op; 0.982 x 0.735 = 0.722 since round 19's GEMM
 #   ceiling below, H100_LARGE_GEMM_RATIO, which the clocks no longer carry; 0.988 x 0.708 = 0.700 before it;
 #   0.991 x 0.689 = 0.683 before round 8's flash rates by sequence length (FLASH_FWD_BWD_TFLOPS); 0.670 before the
 #   overlap cost
@@ -128,7 +130,7 @@ COMPUTE_EFFICIENCY = 0.6  # the cpu preset and the default of a Hardware built b
 #   the compute under it 1 - 1/1.73 = 0.42 s (time._overlapped; and time._dp_step_seconds for the hidden part of
 #   ZeRO 0-1's overlapped gradient reduction and of ZeRO 1-2's post-step parameter all-gather). Not fitted.
 OVERLAP_SLOWDOWN = (1.76 + 1.70) / 2
-H100_500W_CLOCK = 0.982
+H100_500W_CLOCK = 0.978
 H100_EAGER_CLOCK = 0.735
 H100_96G_BYTES = round(96 * 2**30 * 81559 / 81920)
 ELEMENTWISE_FRACTION = 4.16 / 4.8
@@ -165,6 +167,15 @@ HOPPER_FP8_TFLOPS = 1979.0
 #   (its table reaches 2.15e12 FLOPs), so nothing is extrapolated there and it carries no ceiling.
 LARGE_GEMM_FLOPS = 2.0 * 4096 ** 3
 H100_LARGE_GEMM_RATIO = 0.959
+# * In-kernel attention dropout on Hopper (round 20; docs/planner/round20-selective-op-dropout.md). Megatron-Core +
+#   Transformer Engine runs the attention core in cuDNN's fused kernel (F16_arbitrary_seqlen) with or without
+#   dropout: TE's get_attention_backend disables FlashAttention 3 under dropout and prefers FusedAttention over
+#   flash-attn 2 on sm90. Its published cost: NVIDIA/TransformerEngine issue 3312, one DotProductAttention forward +
+#   backward on H200 (sm90, the H100's SM; TE 2.15.0), bf16, 4096 tokens in 4 sequences, 16 heads, head 128, the
+#   fused backend forced, Megatron's sbhd layout: 0.594 ms at p 0, 0.614 ms at p 0.1. Published, not fitted; keyed
+#   by the flash rates a preset uses (every Hopper preset uses the H100's); no A100 or PyTorch-SDPA figure.
+HOPPER_ATTENTION_DROPOUT = 0.614 / 0.594
+ATTENTION_DROPOUT_COST = {"h100-80g": HOPPER_ATTENTION_DROPOUT}
 
 
 @dataclass(frozen=True)

@@ -290,8 +290,11 @@ class Workload:
             planner only (the API).
         tp_comm_overlap: Megatron-core's `--tp-comm-overlap` (Transformer Engine userbuffers, NeMo's
             `ub_tp_comm_overlap`): with sequence parallelism, each layer's TP all-gathers and reduce-scatters run
-            chunk by chunk under the GEMMs they feed or drain (time._tp_overlapped); False: synchronous, as NCCL
-            runs them. The planner only (the API; no flag): this runtime has no userbuffers.
+            chunk by chunk under the GEMMs they feed or drain (time._tp_overlapped); on the PyTorch stack torch's
+            async TP (torchtitan's `enable_async_tensor_parallel`: inductor's micro-pipeline pass, each fused
+            collective under the matmuls it feeds or drains, the backward's input-gradient reduce-scatters unfused;
+            hybrid/planner/async_tp.py); False: synchronous, as NCCL runs them. The planner only (the API; no
+            flag): this runtime has neither.
         optimizer_dtype_bytes: mixed precision only: bytes of each of Adam's three per-parameter states (master
             weights, momentum, variance): 4 (fp32, the default: K = 12 bytes a parameter) or 2 (apex
             DistributedFusedAdam's `dtype: bf16` -- "datatype for optimizer state", which holds the master copy
@@ -321,6 +324,15 @@ class Workload:
             before their backward all-gather (torchao float8/float8_tensor_parallel.py), so a layer's all-gathers
             move 1 byte an element; reduce-scatters, and the embedding's and head's collectives (not float8
             linears), keep the activation dtype (predicted_comm.tp_ledger `gather_bytes`). The planner only.
+        gathered_logits: the TP output head gathers the whole logits to every TP rank and each rank runs the loss
+            over the whole vocabulary (KempnerForge kempnerforge/distributed/tensor_parallel.py: `ColwiseParallel(
+            input_layouts=Shard(1), output_layouts=Replicate())` on the head's projection): one more all-gather of
+            b s V_p activations a micro-batch (with DTensor's copy under sp_copies: it gathers the last dim) in
+            place of the vocab-parallel loss's three statistics all-reduces, and the loss's memory-bound passes
+            over V_p logits a token, not V_p / t (predicted_comm.tp_ledger, ops.head_ops). Its backward slices the
+            replicated gradient (no collective). False (the default): Megatron's vocab-parallel loss, torchtitan's
+            `loss_parallel`, this runtime's. Time only (the logits' memory is still planned at V_p / t). The
+            planner only (the API; no flag).
         pipeline_split: Megatron-core's explicit layer split (PipelineSplit: the embedding / the loss counted as a
             layer, or the first / last rank's layer counts), which may leave a stage with only the embedding or
             only the loss; None: the planner's split (stage_layers). `hybrid plan` takes Megatron's flags; the
@@ -355,6 +367,7 @@ class Workload:
     tp_plan: TpPlan = TpPlan.BLOCK
     sp_copies: bool = False
     float8_tp_gathers: bool = False
+    gathered_logits: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),

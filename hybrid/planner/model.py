@@ -178,11 +178,20 @@ class Shard:
         return (Gemm(tokens, self.q_width, h), Gemm(tokens, self.kv_width, h), Gemm(tokens, self.kv_width, h),
                 Gemm(tokens, h, self.q_width), *ups, Gemm(tokens, h, self.ffn_width))
 
-    def selective_op_rerun_gemms(self, b: int, s: int) -> tuple[Gemm, ...]:
-        """SELECTIVE_OP (torchtitan's op-level SAC policy, models/common.py `sac_policy`): the matmuls whose
-        outputs are not kept -- every second one in forward order (k, o and, SwiGLU, up; GELU, c_proj) -- rerun
-        in backward."""
-        return self.linear_gemms_in_order(b, s)[1::2]
+    def selective_op_rerun_gemms(self, b: int, s: int, stops_early: bool) -> tuple[Gemm, ...]:
+        """SELECTIVE_OP (op-level SAC: models/common.py SelectiveOpPolicy, torchtitan's "every second mm"): the
+        matmuls whose outputs are not kept -- every second one in forward order (k, o and, SwiGLU, up; a non-gated
+        MLP's c_proj / down) -- rerun in backward, except where the rerun stops first.
+
+        `stops_early` (time.recompute_stops_early: torch's non-reentrant checkpoint over torch's linears, no
+        hidden dropout): the rerun ends once the last tensor the backward needs is saved again, and autograd
+        saves a linear's input before it runs the matmul. A non-gated MLP (GPT-2's c_proj, Nemotron's down: an
+        even count of matmuls) ends the block on a rerun matmul that nothing after it needs, so it does not run
+        again; SwiGLU's down is kept anyway. With hidden dropout the mask after it is a saved tensor and it
+        reruns. Counted on torch in tests/test_planner20_selective_op.py (GPT-2, Llama, Nemotron-like; t 1, 2)."""
+        order = self.linear_gemms_in_order(b, s)
+        rerun = order[1::2]
+        return rerun[:-1] if stops_early and len(order) % 2 == 0 else rerun
 
     def selective_op_kept_bytes(self, b: int, s: int, sp: bool) -> float:
         """SELECTIVE_OP, bytes one layer keeps per micro-batch: its input (sequence-split under SP), the outputs of

@@ -158,14 +158,15 @@ def _core_ops(shard: Shard, s: int, e: int, kernels: KernelProfile) -> list[Op]:
     return ops
 
 
-def head_ops(shard: Shard, sp: bool, e: int, kernels: KernelProfile) -> tuple[Op, ...]:
-    """The last stage's final norm and the loss over V_p / t logits a token, cross-entropy in fp32:
+def head_ops(shard: Shard, sp: bool, e: int, kernels: KernelProfile, gathered: bool = False) -> tuple[Op, ...]:
+    """The last stage's final norm and the loss over V_p / t logits a token (V_p when `gathered`: the head
+    gathers the logits to every TP rank, Workload.gathered_logits), cross-entropy in fp32:
     FUSED (Megatron's vocab-parallel loss): cast, max, subtract, exp, sum forward (e + 24 bytes a logit, five
     kernels), softmax minus one-hot and the cast back in backward (12 + e, two kernels). EAGER (F.cross_entropy on
     .float() logits; hybrid's vocab-parallel loss alike): cast and log-softmax forward (e + 16, three kernels),
     the nll and log-softmax gradients and the cast back (20 + e, four kernels)."""
     h_r = shard.cfg.hidden_size / (shard.t if sp else 1)
-    logits = shard.vocab / shard.t
+    logits = shard.vocab if gathered else shard.vocab / shard.t
     if kernels is KernelProfile.FUSED:
         loss = Op("cross-entropy", (e + 24) * logits, (12 + e) * logits, 5, 2)
     else:

@@ -92,7 +92,8 @@ def _exact(x: float) -> float | int:
 
 def tp_ledger(shard: Shard, b: int, s: int, layers: int, first: bool, last: bool, sp: bool,
               recompute: Recompute = Recompute.NONE, elem_bytes: int = ACT_BYTES,
-              plan: TpPlan = TpPlan.BLOCK, gather_bytes: int | None = None) -> dict[str, Ledger]:
+              plan: TpPlan = TpPlan.BLOCK, gather_bytes: int | None = None,
+              gathered_logits: bool = False) -> dict[str, Ledger]:
     """{"forward": ..., "backward": ...} TP entries of one micro-batch on a stage (empty at t = 1).
 
     Per layer, with c = tp_gathers(shard, plan) column-parallel inputs (2 under BLOCK) and the 2 row-parallel
@@ -101,7 +102,9 @@ def tp_ledger(shard: Shard, b: int, s: int, layers: int, first: bool, last: bool
     inputs' gradients; without SP the forward all-reduces the 2 outputs and the backward the c input gradients.
     The recomputed forward (full, early-stopped; selective-op) reruns the c all-gathers (without SP nothing) and
     the attention output's collective. `gather_bytes` (None: `elem_bytes`): bytes an element of a layer's
-    all-gathers (Workload.float8_tp_gathers: 1); the edges' collectives keep `elem_bytes`."""
+    all-gathers (Workload.float8_tp_gathers: 1); the edges' collectives keep `elem_bytes`. `gathered_logits`
+    (Workload.gathered_logits): the last stage all-gathers the b s V_p logits for a loss on every rank instead of
+    the vocab-parallel loss's all-reduces."""
     fwd, bwd = _Book(), _Book()
     if shard.t > 1:
         bsh = b * s * shard.cfg.hidden_size * elem_bytes
@@ -126,7 +129,10 @@ def tp_ledger(shard: Shard, b: int, s: int, layers: int, first: bool, last: bool
             if sp:
                 bwd.add(Collective.ALL_GATHER, "tp", bsh)
         if last:
-            fwd.add(Collective.ALL_REDUCE, "tp", b * s * LOSS_BYTES, CE_ALL_REDUCES)
+            if gathered_logits:  # the head's output gathered to every rank, the loss on the whole vocabulary
+                fwd.add(Collective.ALL_GATHER, "tp", b * s * shard.vocab * elem_bytes)
+            else:
+                fwd.add(Collective.ALL_REDUCE, "tp", b * s * LOSS_BYTES, CE_ALL_REDUCES)
             if sp:
                 fwd.add(Collective.ALL_GATHER, "tp", bsh)
                 bwd.add(Collective.REDUCE_SCATTER, "tp", bsh)
@@ -327,7 +333,7 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
         stage = layout.rank_stages(pp_rank)[c]  # c pp + r; r or 2 pp - 1 - r under ZBV's V
         first, last = stage == 0, stage == last_stage
         book = tp_ledger(shard, b, s, layers[stage], first, last, layout.sequence_parallel, layout.recompute,
-                         pr.activation_bytes, work.tp_plan, work.tp_gather_bytes)
+                         pr.activation_bytes, work.tp_plan, work.tp_gather_bytes, work.gathered_logits)
         per_mb += [book["forward"], book["backward"]]
         if pp > 1:
             # output forward + gradient back, input + its gradient; none across ZBV's turn (pp - 1 to itself)

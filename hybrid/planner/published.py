@@ -483,7 +483,7 @@ def mpt_fits(gpu: str, size: str, seq: int, gpus: int, fp8: bool, single_node_ta
 
 def mpt_model(size: str, seq: int) -> ModelConfig:
     layers, d, heads = MPT_SIZES[size]
-    return replace(gpt_model(layers, d, heads, 50368, seq), dropout=0.0)
+    return replace(gpt_model(layers, d, heads, 50368, seq), dropout=0.0, attention_dropout=0.0)
 
 
 def mpt_runs() -> list[PublishedRun]:

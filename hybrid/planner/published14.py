@@ -159,7 +159,7 @@ def _run(t: Table, column: tuple) -> PublishedRun:
     if layers is not None:
         cfg = replace(cfg, num_layers=layers)
     if known.dropout is not None:
-        cfg = replace(cfg, dropout=known.dropout)
+        cfg = replace(cfg, dropout=known.dropout, attention_dropout=known.dropout)
     if known.kv_heads is not None:
         cfg = replace(cfg, num_kv_heads=known.kv_heads)
     cfg = replace(cfg, max_position_embeddings=max(t.seq, cfg.max_position_embeddings))

@@ -41,11 +41,12 @@ Source of the new rows, read at the commit named:
   4), compiled, full AC; the last 5 of 10 steps. Left out: its 70B TP 4 x FSDP 8 (the configuration of mfu exp 14
   and the weak-scaling 32-GPU row) and its PP configs (uncompiled, loss logging broken by its own account).
 
-  Not planned as the code runs them (the planner has no switch for these; each named where it points):
-  FSDP2 skips the reduce-scatter of all but the last micro-batch (`maybe_no_sync`), the planner reduce-scatters
-  each one (pessimistic, hidden traffic on the 2-4 accumulation rows); the TP output head gathers the full
-  logits (`ColwiseParallel(output_layouts=Replicate())`: b s V bf16 a micro-batch on the TP group, where the
-  planner's loss is vocab-parallel -- optimistic on the TP rows).
+  The TP output head gathers the full logits (`ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())`
+  on `output_head.proj`, tensor_parallel.py as read at 0c4eba1): b s V bf16 a micro-batch all-gathered on the TP
+  group and the loss over the whole vocabulary on every rank -- planned since round 20 (Workload.gathered_logits).
+  Not planned as the code runs it (the planner has no switch for it): FSDP2 skips the reduce-scatter of all but
+  the last micro-batch (`maybe_no_sync`), the planner reduce-scatters each one (pessimistic, hidden traffic on the
+  2-4 accumulation rows).
 """
 
 from __future__ import annotations
@@ -132,13 +133,14 @@ def _kempner_run(name: str, source: str, gpus: int, size: str, tp: int, b: int, 
     """One KempnerForge run (module docstring): FSDP2 = ZeRO 3 over dp_shard (ZeRO 0 without it), TP with SP,
     torch.compile = FUSED, PyTorch stack, full AC, fp32 reduction where DP > 1, bf16 AdamW states, 4 GPUs a node,
     and its TP plan's one all-gather per column-parallel projection (TpPlan.PROJECTION, round 17), each DTensor
-    SP collective with its torch.cat on the batch-first activations (Workload.sp_copies, round 18)."""
+    SP collective with its torch.cat on the batch-first activations (Workload.sp_copies, round 18), and its TP head's
+    gathered logits with the loss over the whole vocabulary on every TP rank (Workload.gathered_logits, round 20)."""
     dp = gpus // tp
     work = Workload(llama_model(*KEMPNER_MODELS[size], KEMPNER_SEQ), global_batch=b * accum * dp,
                     seq_length=KEMPNER_SEQ, activations=ActivationProfile.BF16_FLASH,
                     kernels=KernelProfile.FUSED if compiled else KernelProfile.EAGER, stack=Stack.PYTORCH,
                     fp32_grads=dp > 1, optimizer_dtype_bytes=2, tp_plan=TpPlan.PROJECTION,
-                    sp_copies=True)
+                    sp_copies=True, gathered_logits=tp > 1)
     space = SearchSpace(tp=(tp,), pp=(1,), v=(1,), micro_batch=(b,),
                         zero=(ZeroStage.PARAMETERS if dp > 1 else ZeroStage.NONE,), offload=(Offload.NONE,),
                         recompute=(Recompute.FULL,), sequence_parallel=(tp > 1,))

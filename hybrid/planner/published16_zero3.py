@@ -11,7 +11,8 @@ all-gather buffer at each unshard and every gradient into the reduce-scatter inp
 and reduce in place; this runtime (hybrid/zero) gathers in place and copies each gradient into its unit's buffer.
 The one fitted constant whose fit row changes is H100_500W_CLOCK: its row, torchtitan's Table 1, is FSDP2 (eager,
 8 GPUs), so with the copies priced the row falls 1.6 % short and the clock refits 0.988 -> 1.010 (0.982 -> 1.003
-since round 19's GEMM ceiling; above 1: the 500 W card faster than the 700 W one the PyTorch stack clock was fitted on). The other three fits are untouched:
+since round 19's GEMM ceiling; above 1: the 500 W card faster than the 700 W one the PyTorch stack clock was fitted on;
+0.978 -> 1.000 since round 20's selective-op early stop, at the bracket's edge). The other three fits are untouched:
 H100_EAGER_CLOCK's six MPT rows run FSDP1 (no copies), KERNEL_OVERHEAD_S's H200 run and A100_EFFICIENCY's
 Korthikanti row have no ZeRO 3. Landing rule (the round's brief): the check rows improve overall and no family gets
 worse beyond noise. They do not (the report's summary lines): the model's default prices no copies

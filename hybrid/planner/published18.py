@@ -121,8 +121,8 @@ def float8_sac_recomputes_linears() -> Iterator[None]:
     from hybrid.planner.model import Shard
     rerun, kept = Shard.selective_op_rerun_gemms, Shard.selective_op_kept_bytes
 
-    def all_linears(self, b, s):
-        return self.linear_gemms_in_order(b, s) if self.fp8 else rerun(self, b, s)
+    def all_linears(self, b, s, stops_early):
+        return self.linear_gemms_in_order(b, s) if self.fp8 else rerun(self, b, s, stops_early)
 
     def input_and_attention(self, b, s, sp):
         if not self.fp8:

@@ -18,6 +18,8 @@ round, and it is not Hopper's: Dao-AILab/flash-attention PR 2597 (FA4 on SM100 /
 forward at 75-85 % and the backward at 60-70 % of the no-dropout TFLOP/s; at their midpoints and the benchmark's
 forward + 2.5 x backward, (1 / 0.80 + 2.5 / 0.65) / 3.5 = 1.456. PR 2439's SM120 (GB10) runs at head 128 show 2-6 %.
 So the factor brackets 1.02-1.46 on other chips; no H100 figure exists in a stored source, and no row fits it.
+Round 20 found Hopper's (NVIDIA/TransformerEngine issue 3312, cuDNN fused attention on H200 sm90, sbhd: 1.034) and
+landed it (hardware.ATTENTION_DROPOUT_COST); this what-if's factor now stands in place of it.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def attention_dropout_slowdown(factor: float = DROPOUT_SLOWDOWN) -> Iterator[Non
     from hybrid.planner import time as time_model
     original = time_model._Context.flash_seconds
 
-    def flash_seconds(self, b: int, s: int) -> float:
-        return original(self, b, s) * (factor if self.work.model.dropout > 0 else 1.0)
+    def flash_seconds(self, b: int, s: int) -> float:  # instead of round 20's landed cost (ATTENTION_DROPOUT_COST)
+        return original(self, b, s) * (factor / self.attention_dropout_cost() if self.work.model.dropout > 0 else 1.0)
     time_model._Context.flash_seconds = flash_seconds
     try:
         yield

@@ -143,7 +143,8 @@ def nemotron_model(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int
 def _nemo_models() -> dict[str, ModelConfig]:
     return {"GPT3-5B": gpt_model(24, 4096, 32, GPT2_VOCAB, 2048),
             "GPT3-20B": gpt_model(44, 6144, 48, GPT2_VOCAB, 2048),
-            "GPT3-175B": replace(gpt_model(96, 12288, 96, GPT2_VOCAB, 2048), dropout=0.0),  # GPTConfig175B: 0.0
+            "GPT3-175B": replace(gpt_model(96, 12288, 96, GPT2_VOCAB, 2048), dropout=0.0,  # GPTConfig175B: 0.0
+                                 attention_dropout=0.0),
             "LLAMA2-7B": llama_model(*LLAMA2_7B, 4096), "LLAMA2-13B": llama_model(*LLAMA2_13B, 4096),
             "LLAMA2-70B": llama_model(*LLAMA2_70B, 4096),
             "Nemotron-8B": nemotron_model(32, 4096, 32, 32, 16384, 4096),
@@ -365,7 +366,7 @@ MPT_H100_MORE = (("30b", 1024, 8, 6, 21, 2084, 3, True, True, 29967874048),
 
 def mpt_more_model(size: str, seq: int) -> ModelConfig:
     layers, d, heads = MPT_MORE_SIZES[size]
-    return replace(gpt_model(layers, d, heads, 50368, seq), dropout=0.0)
+    return replace(gpt_model(layers, d, heads, 50368, seq), dropout=0.0, attention_dropout=0.0)
 
 
 def _mpt_runs(rows: tuple, gpu: str, source: str) -> list[PublishedRun]:

@@ -62,7 +62,7 @@ def _models() -> dict[str, ModelConfig]:
             "Llama3.1-405B": llama3_405b(),
             "Nemotron4-15B": nemotron_model(32, 6144, 48, 8, 24576, 4096),
             "Nemotron4-340B": nemotron_model(96, 18432, 96, 8, 73728, 4096),
-            "GPT3-175B": replace(gpt_model(96, 12288, 96, GPT2_VOCAB, 2048), dropout=0.0)}
+            "GPT3-175B": replace(gpt_model(96, 12288, 96, GPT2_VOCAB, 2048), dropout=0.0, attention_dropout=0.0)}
 
 
 @dataclass(frozen=True)
@@ -279,7 +279,7 @@ def _run(t: Table, column: tuple, readme_only: bool = False) -> PublishedRun:
     if layers is not None:
         cfg = replace(cfg, num_layers=layers)
     if known.dropout is not None:
-        cfg = replace(cfg, dropout=known.dropout)
+        cfg = replace(cfg, dropout=known.dropout, attention_dropout=known.dropout)
     if known.kv_heads is not None:
         cfg = replace(cfg, num_kv_heads=known.kv_heads)
     cfg = replace(cfg, max_position_embeddings=max(t.seq, cfg.max_position_embeddings))

@@ -75,8 +75,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from hybrid.pipeline import Placement
-from hybrid.planner.hardware import (GB, Collective, Gemm, GroupPlacement, Hardware, collective_seconds, p2p_seconds,
-                                     sync_wait_seconds, wire_bytes)
+from hybrid.planner.hardware import (ATTENTION_DROPOUT_COST, GB, Collective, Gemm, GroupPlacement, Hardware,
+                                     collective_seconds, p2p_seconds, sync_wait_seconds, wire_bytes)
 from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, Zero3Runtime, ZeroStage,
                                    dp_placement, pipeline_crosses_nodes, rank_stages, stage_layers, tp_placement)
 from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
@@ -105,11 +105,13 @@ def megatron_step_flops(batch: int, seq: int, layers: int, hidden: int, vocab: i
     return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
 
 
-def exact_step_flops(work: Workload, tp: int = 1, recompute: Recompute = Recompute.NONE) -> float:
-    """FLOPs all GPUs execute in one step, from the model's shapes at tensor-parallel size `tp`."""
+def exact_step_flops(work: Workload, tp: int = 1, recompute: Recompute = Recompute.NONE,
+                     stops_early: bool = False) -> float:
+    """FLOPs all GPUs execute in one step, from the model's shapes at tensor-parallel size `tp`; `stops_early`
+    (recompute_stops_early): selective-op's rerun ends before a non-gated MLP's last matmul."""
     shard = work.shard(tp)
     s = work.seq_length
-    layer = 3 * shard.layer_forward_flops(1, s) + _recompute_flops(shard, 1, s, recompute)
+    layer = 3 * shard.layer_forward_flops(1, s) + _recompute_flops(shard, 1, s, recompute, stops_early)
     head = 3 * shard.head_forward_flops(1, s)
     return work.global_batch * tp * (work.model.num_layers * layer + head)
 
@@ -117,14 +119,14 @@ def exact_step_flops(work: Workload, tp: int = 1, recompute: Recompute = Recompu
 def step_flops(work: Workload, layout: Layout, formula: FlopsFormula) -> float:
     """Hardware FLOPs of one step (recomputation included), by `formula`."""
     if formula is FlopsFormula.EXACT:
-        return exact_step_flops(work, layout.tp, layout.recompute)
+        return exact_step_flops(work, layout.tp, layout.recompute, recompute_stops_early(work, layout))
     cfg = work.model
     full = megatron_step_flops(work.global_batch, work.seq_length, cfg.num_layers, cfg.hidden_size,
                                work.padded_vocab(layout.tp), recompute=layout.recompute is Recompute.FULL)
     if layout.recompute is Recompute.SELECTIVE:  # + the attention core once more: 4 B s^2 h per layer
         full += 4.0 * work.global_batch * work.seq_length ** 2 * cfg.hidden_size * cfg.num_layers
-    if layout.recompute is Recompute.SELECTIVE_OP:  # + the rerun matmuls (k, o, c_proj: 2h^2 + 8h^2 ... of 12h^2)
-        rerun = work.shard(1).selective_op_rerun_gemms(1, work.seq_length)
+    if layout.recompute is Recompute.SELECTIVE_OP:  # + the rerun matmuls (k, o; c_proj unless stopped early)
+        rerun = work.shard(1).selective_op_rerun_gemms(1, work.seq_length, recompute_stops_early(work, layout))
         full += work.global_batch * cfg.num_layers * sum(g.flops for g in rerun)
     return full
 
@@ -134,13 +136,13 @@ def model_flops(work: Workload) -> float:
     return exact_step_flops(work, 1, Recompute.NONE)
 
 
-def _recompute_flops(shard: Shard, b: int, s: int, recompute: Recompute) -> float:
+def _recompute_flops(shard: Shard, b: int, s: int, recompute: Recompute, stops_early: bool = False) -> float:
     if recompute is Recompute.FULL:
         return shard.layer_forward_flops(b, s)
     if recompute is Recompute.SELECTIVE:
         return shard.attention_core_flops(b, s)
     if recompute is Recompute.SELECTIVE_OP:
-        return sum(g.flops for g in shard.selective_op_rerun_gemms(b, s))
+        return sum(g.flops for g in shard.selective_op_rerun_gemms(b, s, stops_early))
     return 0.0
 
 
@@ -250,10 +252,18 @@ class _Context:
         padded to the kernel's tile (AttentionKernel.padded_head_dim), at the workload's kernel's share of the
         peak for that head width and s (Workload.attention_kernel; hardware.FLASH_FWD_BWD_TFLOPS: the published
         forward + backward rate, which counts these FLOPs and a backward of 2.5x, five products instead of two:
-        forward and backward both run at it, so forward + backward takes 3.5 x FLOPs / rate, as benchmarked)."""
+        forward and backward both run at it, so forward + backward takes 3.5 x FLOPs / rate, as benchmarked).
+        With attention dropout on the Megatron stack (TE's fused cuDNN kernel) x its measured cost where one is
+        published (hardware.ATTENTION_DROPOUT_COST: Hopper 1.034, forward + backward)."""
         hw, kernel, d = self.cluster.hw, self.work.attention_kernel, self.work.model.head_dim
         flops = self.shard.attention_core_flops(b, s) / 2 * kernel.padded_head_dim(d) / d
-        return flops / (kernel.efficiency(hw, d, s) * hw.peak_tflops * 1e12)
+        return flops / (kernel.efficiency(hw, d, s) * hw.peak_tflops * 1e12) * self.attention_dropout_cost()
+
+    def attention_dropout_cost(self) -> float:
+        """hardware.ATTENTION_DROPOUT_COST for a Megatron-stack workload with attention dropout; else 1."""
+        if self.work.model.attention_dropout == 0 or self.work.pytorch_native(self.layout):
+            return 1.0
+        return ATTENTION_DROPOUT_COST.get(self.cluster.hw.flash_rates, 1.0)
 
 
 def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
@@ -351,7 +361,7 @@ def _tp_cost(ctx: _Context, layers: int, first: bool, last: bool, forward: Pass 
     lay = ctx.layout
     book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, layers, first, last,
                      lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan,
-                     ctx.work.tp_gather_bytes)
+                     ctx.work.tp_gather_bytes, ctx.work.gathered_logits)
     hw = ctx.cluster.hw
     waits = [sync_wait_seconds(hw, sum(int(e["calls"]) for e in book[k].values()), p.total)
              for k, p in (("forward", forward), ("backward", backward))]
@@ -439,9 +449,12 @@ def _rerun(ctx: _Context, forward: Pass, core_ops: Traffic, fp8_ops: Traffic, at
         return Pass(gemm=ctx.gemm_seconds(core), attention=attention) + _ops_pass(ctx, core_ops, tokens, False)
     if lay.recompute is Recompute.SELECTIVE_OP:
         ops = layer_ops(shard, s, lay.sequence_parallel, ctx.work.precision.activation_bytes, ctx.work.kernel_profile)
+        stops = _stops_early(ctx)
+        if stops:  # the rerun ends at the down projection's input, as full recomputation's (_early_stopped_rerun)
+            ops = ops[:max(i for i, o in enumerate(ops) if o.name in MLP_ACTIVATIONS) + 1]
         cheap = Traffic.of([o for o in ops if not (o.core and ctx.flash)])  # flash attention's output is kept
         core = () if ctx.flash else shard.attention_core_gemms(b, s)
-        return (Pass(gemm=ctx.gemm_seconds(shard.selective_op_rerun_gemms(b, s), ctx.work.fp8)
+        return (Pass(gemm=ctx.gemm_seconds(shard.selective_op_rerun_gemms(b, s, stops), ctx.work.fp8)
                      + ctx.gemm_seconds(core))
                 + _ops_pass(ctx, cheap, tokens, False) + _ops_pass(ctx, fp8_ops, tokens, False))
     return Pass()
@@ -458,10 +471,12 @@ def recompute_stops_early(work: Workload, layout: Layout) -> bool:
     default since pytorch/pytorch PR 96866, March 2023: PyTorch 2.1; MosaicML's H100 sweep ran a 2.1 nightly).
     Autograd saves an op's inputs before it runs the op (the generated VariableType code builds the node, packing
     self and mat2, then dispatches), so the last saved tensor is the down projection's input: its GEMM and the ops
-    after it (the residual add, a dropout) are not rerun -- checked on torch in tests/test_planner_noac.py.
-    Megatron's reentrant checkpoint reruns the whole layer; TE / torchao FP8 linears are autograd Functions that
-    save after their GEMM: the whole layer too."""
-    return work.pytorch_native(layout) and not work.fp8
+    after it (the residual add) are not rerun -- checked on torch in tests/test_planner_noac.py. Not with hidden
+    dropout: the mask the dropout after the down projection saves is the last saved tensor, so the rerun runs the
+    down projection too (counted on torch in tests/test_planner20_selective_op.py). Selective-op (op-level SAC)
+    stops the same way (Shard.selective_op_rerun_gemms). Megatron's reentrant checkpoint reruns the whole layer;
+    TE / torchao FP8 linears are autograd Functions that save after their GEMM: the whole layer too."""
+    return work.pytorch_native(layout) and not work.fp8 and work.model.dropout == 0
 
 
 def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
@@ -479,12 +494,17 @@ def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
 
 def _layer_cost(ctx: _Context) -> _Cost:
     """One Transformer layer, one micro-batch: its passes and its TP collectives (overlapped with its GEMMs under
-    Workload.tp_comm_overlap: _tp_overlapped)."""
+    Workload.tp_comm_overlap: Megatron's userbuffers _tp_overlapped, torch's async TP on the PyTorch stack
+    async_tp.seconds)."""
     forward, backward = layer_passes(ctx)
     f_tp, b_tp, wait = _tp_cost(ctx, 1, False, False, forward, backward)
     if ctx.work.tp_comm_overlap and ctx.layout.sequence_parallel and ctx.layout.tp > 1:
-        f_tp, b_tp = _tp_overlapped(ctx, f_tp, forward.gemm), _tp_overlapped(ctx, b_tp, backward.gemm)
-        wait = 0.0  # userbuffers on GPUs: no calibrated CPU's rank skew (sync_wait_seconds is 0 there anyway)
+        if ctx.work.pytorch_native(ctx.layout):
+            from hybrid.planner import async_tp
+            f_tp, b_tp = async_tp.seconds(ctx)
+        else:
+            f_tp, b_tp = _tp_overlapped(ctx, f_tp, forward.gemm), _tp_overlapped(ctx, b_tp, backward.gemm)
+        wait = 0.0  # on GPUs: no calibrated CPU's rank skew (sync_wait_seconds is 0 there anyway)
     return _Cost(forward, backward, f_tp, b_tp, wait)
 
 
@@ -545,7 +565,7 @@ def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
         bwd = bwd + _ops_pass(ctx, emb, b * s, True) + Pass(launches=hw.tp_embedding_backward_overhead_s if hw else 0.0)
     if last:
         head = (ctx.shard.head_gemm(b, s),)
-        loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile))
+        loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile, work.gathered_logits))
         fwd = fwd + Pass(gemm=ctx.gemm_seconds(head), launches=hw.tp_head_forward_overhead_s if hw else 0.0) \
             + _ops_pass(ctx, loss, b * s, False)
         bwd = bwd + Pass(gemm=ctx.backward_gemm_seconds(head), launches=hw.tp_head_backward_overhead_s if hw else 0.0) \
@@ -828,7 +848,7 @@ def _stage_cpu(ctx: _Context, layers: list[int], f_comp: list[float], b_comp: li
     for stage, n in enumerate(layers):
         book = tp_ledger(ctx.shard, lay.micro_batch, ctx.work.seq_length, n, stage == 0, stage == last,
                          lay.sequence_parallel, lay.recompute, ctx.work.precision.activation_bytes, ctx.work.tp_plan,
-                         ctx.work.tp_gather_bytes)
+                         ctx.work.tp_gather_bytes, ctx.work.gathered_logits)
         p2p = msg * ((stage > 0) + (stage < last)) if lay.pp > 1 else 0.0
         fwd.append(f_comp[stage] + _ledger_cpu(hw, book["forward"], {"tp": lay.tp}) + p2p)
         bwd.append(b_comp[stage] + _ledger_cpu(hw, book["backward"], {"tp": lay.tp}) + p2p)

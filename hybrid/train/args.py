@@ -509,10 +509,11 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                    cp=cp.size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     warnings = check_sequence_parallel(ns, dims.tp) + fault_args.timeout_warnings(ns, dims.world)
-    cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel, ns.compile)
+    cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
     compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None,  # hybrid/compress
                                    moe=moe is not None)
+    warnings += compress_args.onebit_warnings(compress, ns)
     diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe)  # hybrid/diloco: None without
     warnings += diloco_args.single_replica_warning(diloco, dims.dp)
     check_shm_gather(ns, zero, dims, diloco, compress.enabled)
@@ -524,7 +525,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                       or [dims.tp])
         raise ValueError(f"--sequence-parallel needs --seq-length ({ns.seq_length}) divisible by "
                          f"--tensor-model-parallel-size ({dims.tp}); give --seq-length {fits}")
-    check_compile(ns, cfg, dims.tp, moe is not None)
+    check_compile(ns, cfg, dims.tp, moe is not None, cp.size)
     gbs = ns.global_batch_size or ns.micro_batch_size * dims.dp
     batch = BatchSpec(global_batch=gbs, micro_batch=ns.micro_batch_size, seq_length=ns.seq_length, dp=dims.dp)
     pipeline = check_pipeline(ns, cfg, dims, batch)
@@ -594,31 +595,41 @@ def configure(args: argparse.Namespace, world: int):
 COMPILE_ZERO_STAGES = (0, 1, 2, 3)
 
 
-def check_compile(args: argparse.Namespace, cfg: ModelConfig, tp: int, moe: bool) -> None:
+def check_compile(args: argparse.Namespace, cfg: ModelConfig, tp: int, moe: bool, cp: int = 1) -> None:
     """--compile (a compiled forward per block, hybrid/train/loop.py compile_blocks) with what it has been run with:
     every ZeRO stage (ZeRO 3's hooks gather a block's parameters before its compiled code runs and free them after:
     the storage shrinks to 0 bytes, shapes and strides stay, so dynamo's guards hold, as torchtitan's FSDP2 +
-    per-block compile) and every recomputation mode of a dense model (tests/test_compile_recompute.py): full and
-    selective keep the checkpoint eager around the compiled block body (it replays the tensor-parallel dropout
-    streams, which torch.compile cannot trace); selective-op's op-level policy must see the block's operators, so
-    its checkpoint is traced inside the compiled forward -- which needs a block with no dropout stream to replay
-    and no TP collective (a graph break a traced checkpoint cannot hold)."""
-    if not args.compile or not args.recompute_granularity:
-        return
-    mode = args.recompute_granularity
-    if moe:
-        raise ValueError(f"--compile does not run with --recompute-granularity {mode} on an MoE model (the "
-                         f"router's recomputation replay inside a compiled block is untested); drop one of them")
-    if mode != "selective-op":
+    per-block compile), context parallelism with every comm type, and full and selective recomputation of dense and
+    MoE models (tests/test_compile_recompute.py, tests/test_compose20_compile.py): they keep the checkpoint eager
+    around the compiled block body (it replays the tensor-parallel dropout streams, which torch.compile cannot
+    trace, and the MoE router's choices; selective: the attention core's checkpoint inside the body). The MoE layer
+    and the CP attention's exchange run eagerly inside the compiled body (hybrid/moe/layer.py, hybrid/cp/attention.py):
+    a graph break each. selective-op's op-level policy must see the block's operators, so its checkpoint is traced
+    inside the compiled forward -- and a traced checkpoint cannot hold a graph break: dynamo then runs the whole
+    block eagerly (measured: 0 graphs compiled with an MoE layer or a CP exchange in it). So selective-op needs a
+    block with no dropout stream to replay and no graph break in it: no TP collective, no MoE layer, no CP."""
+    if not args.compile or args.recompute_granularity != "selective-op":
         return
     if cfg.dropout > 0 or (cfg.attention_dropout or 0) > 0:
         raise ValueError("--compile with --recompute-granularity selective-op needs --hidden-dropout 0 and "
                          "--attention-dropout 0 (the dropout streams' replay cannot be traced into the compiled "
                          "checkpoint); use --recompute-granularity full or selective")
-    if tp > 1:
-        raise ValueError(f"--compile with --recompute-granularity selective-op runs at --tensor-model-parallel-size "
-                         f"1 (the TP collectives break the graph of the traced checkpoint; got {tp}); use "
-                         f"--recompute-granularity full or selective")
+    check_traced_checkpoint(tp, cp, moe)
+
+
+def check_traced_checkpoint(tp: int, cp: int, moe: bool) -> None:
+    """--compile with selective-op: its checkpoint is traced inside the compiled block, which holds no graph break
+    (check_compile)."""
+    breaks = [(tp > 1, f"runs at --tensor-model-parallel-size 1 (the TP collectives break the graph of the traced "
+                       f"checkpoint; got {tp})"),
+              (cp > 1, f"runs at --context-parallel-size 1 (the CP attention's exchange runs eagerly, a graph break "
+                       f"the traced checkpoint cannot hold: nothing of the block would compile; got {cp})"),
+              (moe, "does not run on an MoE model (its MoE layer runs eagerly, a graph break the traced checkpoint "
+                    "cannot hold: nothing of the block would compile)")]
+    for broken, why in breaks:
+        if broken:
+            raise ValueError(f"--compile with --recompute-granularity selective-op {why}; use "
+                             f"--recompute-granularity full or selective")
 
 
 def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
@@ -644,8 +655,11 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
         raise ValueError(f"--auto-parallel plans a --global-batch-size of at most {MAX_GLOBAL_BATCH}, "
                          f"got {args.global_batch_size}")
     precision = Precision.BF16 if (args.bf16 or args.fp16) else Precision.FP32
+    cfg = load_config(args.model)
+    if args.compile and args.recompute_granularity == "selective-op":  # refused whatever the plan: before the search
+        check_traced_checkpoint(1, args.context_parallel_size, cfg.num_experts > 0)
     hw, profile = _planning_device(args, world, precision.planned)
-    work = Workload(load_config(args.model), global_batch=args.global_batch_size, seq_length=args.seq_length,
+    work = Workload(cfg, global_batch=args.global_batch_size, seq_length=args.seq_length,
                     precision=precision.planned, activations=profile, kernels=KernelProfile.EAGER,  # our layers
                     fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
     # --compile runs with every ZeRO stage (check_compile): the search keeps to what the run accepts
