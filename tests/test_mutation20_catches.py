@@ -94,3 +94,53 @@ def test_the_checkpoint_directory_itself_is_left_to_train_tokenizers_own_check(t
     assert check_outside_checkpoints("--output", str(ck), str(ck), "the tokenizer") is None
     with pytest.raises(ValueError, match="is a checkpoint or model folder"):
         check_fresh_output(str(ck))
+
+
+# --- G: the families tables docs/planner.md quotes (hybrid/planner/families.py) -------------------------------------
+MOSAIC, TITAN = "MosaicML llm-foundry (Composer, FSDP1)", "torchtitan (FSDP2, DTensor TP / PP)"
+
+
+def _family_row(family, card, error, fit=False, gpus=8, pp=1, zero=3):
+    from hybrid.planner.families import FamilyRow
+    from hybrid.planner.published import Role
+    return FamilyRow("r", family, card, gpus, 1, pp, 1, gpus // pp, zero, Role.FIT if fit else Role.CHECK, error,
+                     "" if error is not None else "over memory")
+
+
+def test_the_family_table_lines_each_card_then_the_family_then_all_rows():
+    """family_table, the first table of docs/planner.md "How accurate is it": a family's cards in the order A100,
+    A100 40GB, H100, H200, a family line over its cards when it has more than one, and the last line over every
+    row. Hand-made rows (no planning): 4 check rows with errors +10, -6, +30, +2 %, one rejected check row and one
+    rejected fit row -- signed mean +9.0 %, median |error| 8.0 % ((6 + 10) / 2), 3 of 4 within 15 %, 1 rejected
+    (the fit row's rejection is not a check row's). Each of these lived through test_planner16_families,
+    test_planner_heldout and test_planner_published's fast tier (only the slow test_planner19_docs_families, which
+    plans all ~500 rows, reads the tables): G1-card-all-needs-3 (`len(cards) > 2`: the two-card family's line
+    dropped), G2-rejected-counts-fits (rejected summed over fit rows too), G3-all-families-last (the last line over
+    the last family's rows, `stats(mine)`), G4-card-order (H100 before A100 40GB)."""
+    from hybrid.planner.families import family_table, stats
+    rows = [_family_row(MOSAIC, "H100", 0.10), _family_row(MOSAIC, "A100 40GB", -0.06),
+            _family_row(MOSAIC, "A100 40GB", 0.30), _family_row(TITAN, "H100", 0.02), _family_row(TITAN, "H100", None),
+            _family_row(MOSAIC, "H100", None, fit=True)]
+    mosaic = [r for r in rows if r.family == MOSAIC]
+    lines = [x for x in family_table(rows).splitlines() if x.startswith((f"| {MOSAIC} ", f"| {TITAN} ", "| **all"))]
+    assert lines == [f"| {MOSAIC} | A100 40GB | {stats(r for r in mosaic if r.card == 'A100 40GB')} |",
+                     f"| {MOSAIC} | H100 | {stats(r for r in mosaic if r.card == 'H100')} |",
+                     f"| {MOSAIC} | all | {stats(mosaic)} |",
+                     f"| {TITAN} | H100 | {stats(r for r in rows if r.family == TITAN)} |",
+                     "| **all families** | all | 5 | 1 | +9.0 % | 8.0 % | -6.0 % to +30.0 % | 3 of 4 | 1 |"]
+
+
+def test_the_held_out_slices_keep_pipelines_and_fsdp_apart():
+    """slice_table's kinds: a pipeline slice holds only layouts with pp > 1 (a Megatron ZeRO 1 run of 2,048 GPUs
+    at pp 1 is not a pipeline), an FSDP slice only pp 1 (ZeRO 3 over a pipeline is not FSDP's layout).
+    G5-pp1-pipelines (`r.pp >= 1`) and G6-fsdp-any-pp (the pp test dropped) lived through test_planner16_families'
+    fast tier (its slice test has a pipeline at pp 35 and FSDP at pp 1 only) and test_planner_heldout /
+    test_planner_published."""
+    from hybrid.planner.families import SLICES
+    by_name = dict(SLICES)
+    dp_only = _family_row("Megatron-LM (Narayanan 2021, Korthikanti 2022)", "A100", 0.05, gpus=2048, zero=1)
+    fsdp_pp = _family_row(TITAN, "H100", 0.05, gpus=16, pp=2)
+    assert not by_name["Megatron / DeepSpeed / NeMo pipelines at 2,000-3,400 GPUs"](dp_only)
+    assert not by_name["Megatron / DeepSpeed / NeMo pipelines, any size"](dp_only)
+    assert not by_name["FSDP (ZeRO 3) at 8-64 GPUs, no TP, H100"](fsdp_pp)
+    assert by_name["FSDP (ZeRO 3) at 8-64 GPUs, no TP, H100"](_family_row(TITAN, "H100", 0.05, gpus=16))
