@@ -96,6 +96,34 @@ def test_the_checkpoint_directory_itself_is_left_to_train_tokenizers_own_check(t
         check_fresh_output(str(ck))
 
 
+def test_inspect_of_an_unfinished_iteration_names_it_as_one(tmp_path, capsys):
+    """`hybrid checkpoint inspect ck/iter_N` of a save that did not finish (no manifest.json) reports that one
+    iteration as incomplete: an iter_* folder is one checkpoint by its name, a folder holding a manifest by that
+    (inspect._one_iteration: either). F10-one-iteration-and (both required) lived through test_newuser19_tools
+    (its iteration holds a manifest) and the checkpoint / newuser files' fast tier: the folder was read as a store
+    of checkpoints, "holds no checkpoint (no iter_* directories, no `latest`)"."""
+    from hybrid.cli import main as hybrid_main
+    ck = tmp_path / "ck"
+    (ck / "iter_0000002").mkdir(parents=True)
+    (ck / "latest").write_text("2")
+    (ck / "iter_0000002" / ".metadata").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        hybrid_main(["checkpoint", "inspect", str(ck / "iter_0000002")])
+    assert e.value.code == 1
+    assert capsys.readouterr().out.startswith("iter_0000002: incomplete (no manifest.json: a save that did not finish")
+
+
+def test_train_tokenizer_without_input_reads_pydocs_topics_and_an_empty_input_is_refused():
+    """train_tokenizer.py with no --input trains on Python's pydoc topics (its documented default); `--input`
+    given no file (an empty shell glob) is refused (round 19). F11-tokenizer-no-input (`if not paths:`, refusing
+    the default too) lived through test_newuser19_tools and the newuser / data files' fast tier. check_inputs
+    reads the topics once (~0.1 s), trains nothing."""
+    from hybrid.data.train_tokenizer import check_inputs
+    assert check_inputs(None, ["text"]) > 100_000
+    with pytest.raises(ValueError, match="^--input was given no file"):
+        check_inputs([], ["text"])
+
+
 # --- G: the families tables docs/planner.md quotes (hybrid/planner/families.py) -------------------------------------
 MOSAIC, TITAN = "MosaicML llm-foundry (Composer, FSDP1)", "torchtitan (FSDP2, DTensor TP / PP)"
 
