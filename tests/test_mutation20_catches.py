@@ -15,7 +15,7 @@ import pytest
 
 
 # --- D: 1-bit Adam at dp 1 (hybrid/compress/args.py) -------------------------------------------------------------
-def test_onebit_adam_resuming_at_dp_1_carries_its_state():
+def test_onebit_adam_at_dp_1_with_load_leaves_the_refusal_to_the_checkpoints_check():
     """1-bit Adam at dp 1 is refused (nothing to compress: Adam with a frozen variance) unless resuming: with --load
     the checkpoint's own check speaks, naming the dp it was saved at ("saved at dp 2, this run has dp 1 (sign
     compression does not reshard across DP sizes); resume at dp 2", test_compress_onebit_zero's slow launch test).
