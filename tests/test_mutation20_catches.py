@@ -99,17 +99,6 @@ def test_inspect_of_an_unfinished_iteration_names_it_as_one(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("iter_0000002: incomplete (no manifest.json: a save that did not finish")
 
 
-def test_train_tokenizer_without_input_reads_pydocs_topics_and_an_empty_input_is_refused():
-    """train_tokenizer.py with no --input trains on Python's pydoc topics (its documented default); `--input`
-    given no file (an empty shell glob) is refused (round 19). F11-tokenizer-no-input (`if not paths:`, refusing
-    the default too) lived through test_newuser19_tools and the newuser / data files' fast tier. check_inputs
-    reads the topics once (~0.1 s), trains nothing."""
-    from hybrid.data.train_tokenizer import check_inputs
-    assert check_inputs(None, ["text"]) > 100_000
-    with pytest.raises(ValueError, match="^--input was given no file"):
-        check_inputs([], ["text"])
-
-
 # --- G: the families tables docs/planner.md quotes (hybrid/planner/families.py) -------------------------------------
 MOSAIC, TITAN = "MosaicML llm-foundry (Composer, FSDP1)", "torchtitan (FSDP2, DTensor TP / PP)"
 
