@@ -21,8 +21,8 @@ def test_onebit_adam_at_dp_1_with_load_leaves_the_refusal_to_the_checkpoints_che
     compression does not reshard across DP sizes); resume at dp 2", test_compress_onebit_zero's slow launch test).
     D2-resuming-dropped (the refusal at dp 1 with --load too: the generic line instead) lived through the fast tier
     of test_inputs19_train_axes, test_dsjson_inputs, test_zero_flags, test_compress_reshard, test_compress_onebit,
-    test_compress_train and test_newuser_inputs (126 passed); by reading, only that slow 2-process test's last
-    assertion sees it. No checkpoint needed: the check is told."""
+    test_compress_train and test_newuser_inputs (126 passed); only that slow launch test (minutes of CPU) fails
+    on it. No checkpoint needed: the check is told."""
     from hybrid.compress import args as compress_args
     from hybrid.train.args import parse_args
     argv = ["--model", "tiny-llama", "--optimizer", "onebit-adam", "--onebit-freeze-iters", "2"]
