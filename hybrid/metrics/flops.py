@@ -41,11 +41,15 @@ def selective_op_rerun_params(cfg: ModelConfig) -> int:
     SelectiveOpPolicy keeps the outputs of the 1st, 3rd, ... matmul in forward order (q, v, c_fc / gate, down) and
     the attention kernel's; torch's checkpoint reruns the forward only as far as the last tensor backward needs
     (its early stop), so k (h x kv) and o (q x h) run again, and SwiGLU's up (h x f, read by gate * up's
-    backward) -- GELU's c_proj, the block's last matmul, does not (its output is saved by nothing). Counted by
-    torch's FlopCounterMode in tests/test_inputs19_train_axes.py."""
+    backward) -- GELU's c_proj, the block's last matmul, does not (its output is saved by nothing) unless hidden
+    dropout follows it: the dropout's mask is then the last tensor backward needs, so the rerun runs c_proj again
+    (the planner's rule: planner/model.py Shard.selective_op_rerun_gemms). Counted by torch's FlopCounterMode in
+    tests/test_inputs19_train_axes.py and tests/test_metrics20_flops.py."""
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return h * kv + q * h + (0 if cfg.arch == ARCH_GPT2 else h * f)
+    if cfg.arch != ARCH_GPT2:
+        return h * kv + q * h + h * f  # k, o and SwiGLU's up
+    return h * kv + q * h + (f * h if cfg.dropout > 0 else 0)  # k, o and, with hidden dropout, c_proj
 
 
 def hardware_flops_per_token(cfg: ModelConfig, seq_length: int, recompute: str = "none") -> int:
