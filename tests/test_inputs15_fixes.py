@@ -153,7 +153,7 @@ def test_calibrate_ctrl_c_is_exit_130_one_line_and_no_profile(where, tmp_path, m
     assert codes == [130] and stopped == [4242] and os.listdir(tmp_path) == []
     head, tail = line.split(" s of measuring ")
     assert head.startswith("hybrid calibrate: interrupted after ") and tail == (
-        f"(the lines above are what the 1 gloo rank measured; stopped): nothing written to {out}; rerun "
+        f"(any lines above are what the 1 gloo rank measured; stopped): nothing written to {out}; rerun "
         f"`hybrid calibrate --ranks 1 --out {out}` to the end to write the profile")
 
 

@@ -55,6 +55,11 @@ class StragglerReport:
         return [percentile_line(table, first, last), time_split_line(table, first, last)] + verdict
 
 
+def _peers(n: int) -> str:
+    """'its peer' / 'its 3 peers' (a rank at dp 2 has one peer in its stage)."""
+    return "its peer" if n == 1 else f"its {n} peers"
+
+
 def percentile_line(table: torch.Tensor, first: int, last: int) -> str:
     q = torch.quantile(table[:, :, 0], torch.tensor([0.5, 0.9, 1.0], dtype=table.dtype), dim=1) * 1e3  # (3, world)
     per = " ".join(f"r{r} {q[0, r]:.1f}/{q[1, r]:.1f}/{q[2, r]:.1f}" for r in range(table.shape[0]))
@@ -93,7 +98,7 @@ def slow_ranks(table: torch.Tensor, mesh: Mesh, factor: float, first: int, last:
             ref = med[peers, i].median().item()
             mine = med[r, i].item()
             if mine > factor * ref and mine - ref > floor:
-                named.append(f"straggler: rank {r} is slower than its {len(peers)} peers in {phase}: "
+                named.append(f"straggler: rank {r} is slower than {_peers(len(peers))} in {phase}: "
                              f"{mine * 1e3:.1f} ms vs {ref * 1e3:.1f} ms per step (medians over iterations "
                              f"{first}-{last}, factor {factor:g})")
     return named or [f"straggler: none (iterations {first}-{last}, factor {factor:g})"]

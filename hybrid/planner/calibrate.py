@@ -1246,7 +1246,7 @@ def interrupted(cfg: CalibrationConfig, out: str, seconds: float) -> SystemExit:
     shell reports a command Ctrl-C ended). The profile is written only whole (save_profile), so nothing is."""
     argv = sys.argv[sys.argv.index("calibrate") + 1:] if "calibrate" in sys.argv else ["--out", out]
     ranks = f"{cfg.ranks} {cfg.backend} rank{'s' if cfg.ranks != 1 else ''}"
-    print(f"hybrid calibrate: interrupted after {seconds:.0f} s of measuring (the lines above are what the {ranks} "
+    print(f"hybrid calibrate: interrupted after {seconds:.0f} s of measuring (any lines above are what the {ranks} "
           f"measured; stopped): nothing written to {out}; rerun `hybrid calibrate {shlex.join(argv)}` to the end "
           f"to write the profile", file=sys.stderr, flush=True)
     return SystemExit(130)
