@@ -44,7 +44,7 @@ def selective_op_rerun_params(cfg: ModelConfig) -> int:
     backward) -- GELU's c_proj, the block's last matmul, does not (its output is saved by nothing) unless hidden
     dropout follows it: the dropout's mask is then the last tensor backward needs, so the rerun runs c_proj again
     (the planner's rule: planner/model.py Shard.selective_op_rerun_gemms). Counted by torch's FlopCounterMode in
-    tests/test_inputs19_train_axes.py and tests/test_metrics20_flops.py."""
+    tests/test_inputs19_train_axes.py."""
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     if cfg.arch != ARCH_GPT2:
