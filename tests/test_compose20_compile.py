@@ -10,6 +10,19 @@ One 2-rank launch trains each case STEPS AdamW steps twice, eager and with --com
                                   the router's choices inside the eager MoE layer, in the compiled body's rerun)
     cp2-ep2-full                  tiny-mixtral at CP 2 x EP 2 (the EP group the CP pair) with full recomputation
 
+and one 4-rank launch (round 20) the same way, against the eager run only (the eager run of these layouts equals one
+process in tests/test_cp_training.py and tests/test_cp_models.py):
+
+    tp2-sp-cp2                    tiny-llama (4 blocks under PP, else 2) at TP 2 + SP x CP 2
+    tp2-cp2-docs                  TP 2 without SP x CP 2, packed documents (--reset-attention-mask, -position-ids)
+    cp2-pp2-1f1b                  CP 2 x PP 2 under 1F1B (2 blocks a stage)
+
+asserting losses, gradients and final weights as below, no recompilation, every break at the CP attention or a TP
+collective (hybrid/comm.py Group's, or hybrid/tp/mappings.py apply_eagerly), and that the documents changed the
+gradients. Measured: gradients <= 3.2e-7, weights <= 1.5e-6 of the eager run's; 45-53 s of CPU. Removing the CP
+attention's _disable_dynamo fails all three (breaks at the op trail's lock); a compiled block that skips TP's sum
+(SP's reduce-scatter as a split, g's all-reduce) or drops the documents fails its case's losses.
+
 and asserts, per rank:
 * the compiled run's losses and every gradient the optimizer stepped on (each unit's reduced shard) equal the eager
   run's within TOL_COMPILE of the tensor's largest entry;
