@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from hybrid.comm import Group
-from hybrid.tp.mappings import (copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp,
+from hybrid.tp.mappings import (apply_eagerly, copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp,
                                 reduce_scatter_to_sp)
 from hybrid.tp.random import ParallelRNG, Region
 from hybrid.tp.sharding import REPLICATED, InitFn, ShardSpec, set_spec, split_spec
@@ -124,9 +124,10 @@ def enter_linears(x: torch.Tensor, linears: Sequence[ColumnParallelLinear], tp: 
     """tp.enter(x) once, then each column-parallel linear (q, k, v; gate, up): Y_j = f(X) A_j,i^T + b_j,i.
 
     Without sequence parallelism at t > 1 this is one autograd node (`_EnterLinears`) whose backward posts f's
-    all-reduce before the weight gradients and waits after them; otherwise the separate nodes."""
+    all-reduce before the weight gradients and waits after them (eager under --compile: mappings.apply_eagerly);
+    otherwise the separate nodes."""
     if tp.size > 1 and not tp.sequence_parallel and not torch.is_autocast_enabled():
-        return _EnterLinears.apply(x, tp.group, *(t for lin in linears for t in (lin.weight, lin.bias)))
+        return apply_eagerly(_EnterLinears, x, tp.group, *(t for lin in linears for t in (lin.weight, lin.bias)))
     x = tp.enter(x)
     return tuple(F.linear(x, lin.weight, lin.bias) for lin in linears)
 

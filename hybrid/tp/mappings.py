@@ -129,11 +129,24 @@ class _ScatterToSP(torch.autograd.Function):
 
 
 def copy_to_tp(x: torch.Tensor, group: Group) -> torch.Tensor:
-    return x if group.size == 1 else _CopyToTP.apply(x, group)
+    return x if group.size == 1 else apply_eagerly(_CopyToTP, x, group)
 
 
 def reduce_from_tp(x: torch.Tensor, group: Group) -> torch.Tensor:
-    return x if group.size == 1 else _ReduceFromTP.apply(x, group)
+    return x if group.size == 1 else apply_eagerly(_ReduceFromTP, x, group)
+
+
+@torch._disable_dynamo
+def apply_eagerly(function: type[torch.autograd.Function], *args):
+    """`function.apply(*args)` eagerly under --compile (hybrid/train/loop.py compile_blocks): one graph break per
+    call, as every multi-rank collective (hybrid/comm.py _eager). For TP's Functions without sequence parallelism
+    (f, g, hybrid/tp/layers.py _EnterLinears), whose forward has no collective to stop dynamo at the call (the SP
+    pair's does, and dynamo runs that Function eagerly): traced, dynamo took f's identity forward into the graph and
+    its backward with it, where the all-reduce's ledger write and the op trail's lock cannot be traced, and could
+    not follow g's in-place ctx.mark_dirty. A tiny tp 2 Llama's 2 compiled blocks broke 14 times (the trail's lock
+    5, Group.all_reduce 7, mark_dirty, the ledger write); with this, only here (tests/test_compose20_compile.py
+    tp2-cp2-docs). The arithmetic is the same either way: the traced run fell back to eager at each break."""
+    return function.apply(*args)
 
 
 def gather_from_tp(x: torch.Tensor, group: Group) -> torch.Tensor:
