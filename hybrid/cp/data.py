@@ -99,6 +99,19 @@ class TokenSharding:
     def batches(self, batches: list) -> list:
         return [self.micro_batch(x, y) for x, y in batches] if self.active else batches
 
+    def no_documents_line(self, batches: list) -> str | None:
+        """One warning line when a reset flag finds no end-of-document token in `batches` (whole sequences, before
+        batches()): each sample is then one document and the flag changes nothing -- data tokenized without
+        --append-eod, or a tokenizer whose eod is not the data's (ByteLevel's id 0 on the default corpus, which has
+        none). None when no reset flag is on or some sample holds the token."""
+        if not self.needs_info or any(bool((x == self.eod).any()) for x, _ in batches):
+            return None
+        flags = " and ".join(f for f, on in (("--reset-attention-mask", self.reset_attention_mask),
+                                             ("--reset-position-ids", self.reset_position_ids)) if on)
+        return (f"warning: {flags}: no end-of-document token (id {self.eod}) in the first step's samples, so each "
+                f"sample is one document and the flag changes nothing; tokenize the data with --append-eod "
+                f"(scripts/preprocess_data.py) and the same --tokenizer-type / --tokenizer-model")
+
 
 def seq_kwargs(info: list, device: torch.device) -> dict:
     """The model's `seq=` keyword for a micro-batch `(inputs, labels, *info)` that carries a SequenceInfo (the

@@ -151,6 +151,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     for it in range(start, train_iters):
         ft.begin_iteration(it)
         batches = data.batches(consumed, batch, mesh.coords.dp)  # a pure function of the samples consumed so far
+        if it == start and mesh.rank == 0 and (line := sharding.no_documents_line(batches)):
+            print(line, flush=True)  # a reset flag that finds no document would change nothing, silently
         batches = sharding.batches(batches)  # this CP rank's tokens (+ packed documents' positions): hybrid/cp/data.py
         loss = train_step(model, batches, ft.optimizer, mesh, lr=opt_cfg.lr_at(it), runner=ft.runner)
         local.after_step(it)  # DiLoCo's outer step every H steps (hybrid/diloco)
