@@ -195,19 +195,25 @@ def _check_compiled(got: dict, case: str, breaks: dict = BREAKS) -> None:
     assert all(per_call[name] <= bound for name, bound in breaks.items()), (case, per_call)
 
 
+def _check_equals_eager(got: dict, eager: dict, rank: int, case: str, breaks: dict = BREAKS) -> None:
+    """The compiled run compiled as bounded (_check_compiled), and its losses and every gradient it stepped on equal
+    the eager run's within TOL_COMPILE."""
+    _check_compiled(got, case, breaks)
+    assert len(got["losses"]) == len(got["grads"]) == STEPS, case
+    assert got["losses"] == pytest.approx(eager["losses"], rel=TOL_COMPILE), (rank, case)
+    for step, (gs, ws) in enumerate(zip(got["grads"], eager["grads"])):
+        assert len(gs) == len(ws) > 0, case
+        for unit, (g, w) in enumerate(zip(gs, ws)):
+            assert rel(g, w) <= TOL_COMPILE, (rank, case, step, unit, rel(g, w))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_run_equals_the_eager_run_and_one_process(case):
     ref = reference(CASES[case][CASES[case].index("--model") + 1])
     for rank, per_rank in enumerate(results()):
         eager, got = per_rank[case, False], per_rank[case, True]
-        _check_compiled(got, case)
-        assert len(got["losses"]) == len(got["grads"]) == STEPS, case
-        assert got["losses"] == pytest.approx(eager["losses"], rel=TOL_COMPILE), (rank, case)
-        for step, (gs, ws) in enumerate(zip(got["grads"], eager["grads"])):
-            assert len(gs) == len(ws) > 0, case
-            for unit, (g, w) in enumerate(zip(gs, ws)):
-                assert rel(g, w) <= TOL_COMPILE, (rank, case, step, unit, rel(g, w))
+        _check_equals_eager(got, eager, rank, case)
         tol = TOL_PARALLEL + TOL_COMPILE
         assert got["losses"] == pytest.approx(ref["losses"], rel=tol), (rank, case, got["losses"], ref["losses"])
         for name, w in got["weights"].items():
@@ -224,13 +230,7 @@ def test_compiled_run_with_tp_pp_or_documents_equals_the_eager_run(case):
     every graph break at the eager CP attention or a TP collective."""
     for rank, per_rank in enumerate(results4()):
         eager, got = per_rank[case, False], per_rank[case, True]
-        _check_compiled(got, case, BREAKS4)
-        assert len(got["losses"]) == len(got["grads"]) == STEPS, case
-        assert got["losses"] == pytest.approx(eager["losses"], rel=TOL_COMPILE), (rank, case)
-        for step, (gs, ws) in enumerate(zip(got["grads"], eager["grads"])):
-            assert len(gs) == len(ws) > 0, case
-            for unit, (g, w) in enumerate(zip(gs, ws)):
-                assert rel(g, w) <= TOL_COMPILE, (rank, case, step, unit, rel(g, w))
+        _check_equals_eager(got, eager, rank, case, BREAKS4)
         assert set(got["weights"]) == set(eager["weights"]) != set(), case
         for name, w in got["weights"].items():  # as against one process: Adam's eps keeps the noise from a step
             assert rel(w, eager["weights"][name]) <= TOL_PARALLEL + TOL_COMPILE, (rank, case, name)
