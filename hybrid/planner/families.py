@@ -45,6 +45,11 @@ FAMILY_OF_SOURCE = (
     ("pytorch.org blog 2024-11-25", "torchtitan (FSDP2, DTensor TP / PP)"),
     ("allenai/OLMo-core", "OLMo-core (FSDP2)"),
     ("KempnerInstitute/KempnerForge", "KempnerForge (FSDP2, DTensor TP)"),
+    # round 21 (planner21b): sources no earlier module read (published21_newsources.NEW_FAMILIES, the same prefixes)
+    ("Megatron-LM README.md 'GPT-3 Example'", "Megatron-LM (Narayanan 2021, Korthikanti 2022)"),
+    ("GPT-NeoX-20B (Black et al. 2022", "Megatron-DeepSpeed fork: GPT-NeoX (EleutherAI, DeepSpeed pipeline)"),
+    ("Dao-AILab/flash-attention", "flash-attn training scripts (Lightning DDP / ZeRO 1, fused kernels)"),
+    ("jzhang38/TinyLlama", "TinyLlama / lit-gpt (Lightning Fabric FSDP)"),
 )
 
 CARDS = {"a100-80g": "A100", "a100-40g": "A100 40GB", "h100-80g": "H100", "h100-96g-500w": "H100", "h200": "H200"}
@@ -138,8 +143,10 @@ def narayanan_reference_rows() -> list[FamilyRow]:
 def all_published_runs() -> list[PublishedRun]:
     """Every published run of every table module (shared/reference's rows apart: narayanan_reference_rows)."""
     from hybrid.planner import published, published14, published15, published16, published_more, published_recipes
+    from hybrid.planner import published21_newsources
     return (published.all_runs() + published_more.more_runs() + published_recipes.recipe_runs()
-            + published14.runs14() + published15.runs15() + published16.runs16())
+            + published14.runs14() + published15.runs15() + published16.runs16()
+            + published21_newsources.runs21_newsources())
 
 
 def all_rows(evaluate: Callable | None = None) -> list[FamilyRow]:

@@ -1,0 +1,54 @@
+"""Round 21 (planner21b): the published rows from sources the repository had not read
+(hybrid/planner/published21_newsources.py, docs/planner/round21-new-sources.md)."""
+
+from pathlib import Path
+
+import pytest
+
+from hybrid.planner import families
+from hybrid.planner import published21_newsources as new
+from hybrid.planner.published import Role
+from hybrid.planner.published_more import evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "planner" / "round21-new-sources.md"
+N_ROWS = 8  # Megatron-LM's GPT-3 example, GPT-NeoX-20B, flash-attention's five, TinyLlama
+
+
+@pytest.fixture(scope="module")
+def results():
+    return [evaluate(r) for r in new.runs21_newsources()]
+
+
+def test_rows_are_check_rows_of_new_sources():
+    runs = new.runs21_newsources()
+    assert len(runs) == N_ROWS and len({r.name for r in runs}) == N_ROWS
+    assert all(r.role is Role.CHECK and not r.fits for r in runs)
+    # each source maps to its round-21 family, and no source an earlier module cites is reused
+    new_families = dict(new.NEW_FAMILIES)
+    assert set(new_families.items()) <= set(families.FAMILY_OF_SOURCE)
+    for run in runs:
+        prefix = next(p for p in new_families if run.source.startswith(p))
+        assert families.family_of(run.source) == new_families[prefix], run.name
+    older = [r for r in families.all_published_runs() if r.name not in {x.name for x in runs}]
+    assert not any(r.source.startswith(tuple(new_families)) for r in older)
+
+
+def test_rows_are_in_the_families_report():
+    names = {r.name for r in families.all_published_runs()}
+    assert {r.name for r in new.runs21_newsources()} <= names
+
+
+def test_every_published_layout_is_planned(results):
+    # none rejected: each published layout fits its card in the planner (fails if a row's layout stops fitting)
+    assert [r.run.name for r in results if r.error is None] == []
+    for r in results:  # the plan is the published layout: t, p, micro-batch pinned
+        space = r.run.space
+        assert (r.plan.layout.tp, r.plan.layout.pp, r.plan.layout.micro_batch) == (
+            space.tp[0], space.pp[0], space.micro_batch[0]), r.run.name
+
+
+def test_doc_table_is_the_report(results):
+    """docs/planner/round21-new-sources.md's row table is `python -m hybrid.planner.published21_newsources`'s."""
+    from hybrid.planner.published_more import table
+    assert table(results) in DOC.read_text()
