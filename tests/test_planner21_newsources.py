@@ -12,7 +12,11 @@ from hybrid.planner.published_more import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "planner" / "round21-new-sources.md"
-N_ROWS = 8  # Megatron-LM's GPT-3 example, GPT-NeoX-20B, flash-attention's five, TinyLlama
+N_ROWS = 29  # Megatron-LM's GPT-3 example, GPT-NeoX-20B, NeMo 22.06 / 22.08's 21, flash-attention's five, TinyLlama
+# the published layouts the planner rejects (docs/planner/round21-new-sources.md: the runs ran; the planner's memory
+# for distributed_fused_adam's fp32 gradient buffers is over the card by 1.5-5.4 GB)
+REJECTED = {"NeMo 22.08 GPT-3 5B, 8 A100, t1 p1 d8, b2, GBS 2048, no AC",
+            "NeMo 22.08 GPT-3 5B, 16 A100, t1 p1 d16, b2, GBS 2048, no AC"}
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +44,14 @@ def test_rows_are_in_the_families_report():
 
 
 def test_every_published_layout_is_planned(results):
-    # none rejected: each published layout fits its card in the planner (fails if a row's layout stops fitting)
-    assert [r.run.name for r in results if r.error is None] == []
-    for r in results:  # the plan is the published layout: t, p, micro-batch pinned
+    # each published layout fits its card in the planner but the two named OOM rows (fails if another stops fitting,
+    # or if those start to fit: then REJECTED and the doc are stale)
+    rejected = {r.run.name: r.rejected for r in results if r.error is None}
+    assert set(rejected) == REJECTED and all("OOM" in why for why in rejected.values())
+    for r in results:
+        if r.error is None:
+            continue
+        # the plan is the published layout: t, p, micro-batch pinned
         space = r.run.space
         assert (r.plan.layout.tp, r.plan.layout.pp, r.plan.layout.micro_batch) == (
             space.tp[0], space.pp[0], space.micro_batch[0]), r.run.name

@@ -48,6 +48,7 @@ FAMILY_OF_SOURCE = (
     # round 21 (planner21b): sources no earlier module read (published21_newsources.NEW_FAMILIES, the same prefixes)
     ("Megatron-LM README.md 'GPT-3 Example'", "Megatron-LM (Narayanan 2021, Korthikanti 2022)"),
     ("GPT-NeoX-20B (Black et al. 2022", "Megatron-DeepSpeed fork: GPT-NeoX (EleutherAI, DeepSpeed pipeline)"),
+    ("NeMo-Framework-Launcher (NVIDIA", "NeMo Megatron 22.06 / 22.08 (apex, Megatron-LM 2022 code)"),
     ("Dao-AILab/flash-attention", "flash-attn training scripts (Lightning DDP / ZeRO 1, fused kernels)"),
     ("jzhang38/TinyLlama", "TinyLlama / lit-gpt (Lightning Fabric FSDP)"),
 )

@@ -3,16 +3,19 @@
     python -m hybrid.planner.published21_newsources   # docs/planner/round21-new-sources.md, its row table
 
 Issue 26 is judged on published runs the repository has not seen. Every row here comes from a source no other
-table module cites (families.FAMILY_OF_SOURCE lists those), was written down before its error was seen, and fits
-nothing (Role.CHECK). Each row states its layout as the source does; whatever the source leaves out is named in
-the row's docstring as an assumption, never silently picked. Rows whose layout or unit could only be guessed are
-left out (docs/planner/round21-new-sources.md "Sources read and left out": OPT-175B, BloombergGPT, LLaMA-1,
-Falcon, StarCoder, the Ultra-Scale Playbook, Megatron-LLaMA).
+table module cites (families.FAMILY_OF_SOURCE lists those) and fits nothing (Role.CHECK). Each row states its
+layout as the source does; whatever the source leaves out is named in the row's docstring as an assumption, never
+silently picked. What was revised after a first plan, and on what evidence, is listed in the doc's "Revised after
+the first plan". Rows whose layout or unit could only be guessed are left out (the doc's "Sources read and left
+out": OPT-175B, BloombergGPT, LLaMA-1, Falcon, StarCoder, the Ultra-Scale Playbook, Megatron-LLaMA).
 
 * Megatron-LM README "GPT-3 Example" (examples/pretrain_gpt3_175B.sh): 175B on 1,024 A100, t 8, p 16, d 8.
 * flash-attention's training/README.md "Training speed": GPT-3 125M-2.7B on one 8 x A100 80GB node, DDP or
   ZeRO 1 (Lightning), flash-attn's fused kernels.
 * GPT-NeoX-20B (Black et al. 2022) and EleutherAI/gpt-neox configs/20B.yml: 96 A100 40GB, t 2, p 4, d 12, ZeRO 1.
+* NeMo-Framework-Launcher's README "7.1.2. Training Performance Results", both published versions (NeMo Megatron
+  22.06, July 2022, and 22.08, Sep 2022): GPT-3 5B on 1-32 DGX A100 nodes and 175B on 8-128, each with
+  conf/training/gpt3/5b.yaml and 175b.yaml of its own commit.
 * TinyLlama README "Training Details" / "Blazingly Fast" and pretrain/tinyllama.py: 1.1B on 16 A100 40GB, FSDP.
 
 Nothing in the shipped model reads this module; families.all_published_runs adds its rows to the report.
@@ -53,7 +56,7 @@ def megatron_gpt3_run() -> PublishedRun:
     work = Workload(gpt_model(96, 12288, 96, 51200, 2048), global_batch=1536, seq_length=2048,
                     p2p=PipelineP2P.BLOCKING_SCATTER)
     space = SearchSpace(tp=(8,), pp=(16,), v=(1,), micro_batch=(1,), zero=(ZeroStage.NONE,), offload=(Offload.NONE,),
-                        recompute=(Recompute.FULL,), sequence_parallel=(False,))
+                        recompute=(Recompute.FULL,), sequence_parallel=(False,), zero_bubble=(False,))
     return PublishedRun("Megatron-LM GPT-3 175B example, 1024 A100, t8 p16 d8, b1, GBS 1536, full AC",
                         MEGATRON_GPT3_SOURCE, work, "a100-80g", 1024, space, Metric.MEGATRON_TFLOPS, 138.0,
                         formula=FlopsFormula.MEGATRON)
@@ -132,18 +135,88 @@ def neox20b_run() -> PublishedRun:
     model = replace(gpt_model(44, 6144, 64, 50432, 2048), tie_embeddings=False, dropout=0.0, attention_dropout=0.0)
     work = Workload(model, global_batch=1536, seq_length=2048, **DEEPSPEED_PIPELINE_ENGINE)
     space = SearchSpace(tp=(2,), pp=(4,), v=(1,), micro_batch=(4,), zero=(ZeroStage.OPTIMIZER,),
-                        offload=(Offload.NONE,), recompute=(Recompute.FULL,), sequence_parallel=(False,))
+                        offload=(Offload.NONE,), recompute=(Recompute.FULL,), sequence_parallel=(False,),
+                        zero_bubble=(False,))
     return A100_40GRun("GPT-NeoX-20B, 96 A100 40GB, t2 p4 d12, b4 x 32, ZeRO 1, full AC", NEOX20B_SOURCE, work,
                        "a100-80g", 96, space, Metric.MEGATRON_TFLOPS, 117.0, inter_node_gbps=4 * 200 / 8 / 8,
                        formula=FlopsFormula.MEGATRON)
 
 
+# ---- NeMo Megatron 22.06 / 22.08's scaling tables (NeMo-Framework-Launcher) ---------------------------------------
+
+NEMO22_SOURCE = ("NeMo-Framework-Launcher (NVIDIA, formerly NeMo-Megatron-Launcher / bignlp-scripts) README.md "
+                 "'7.1.2. Training Performance Results' (NVIDIA DGX SuperPOD, A100 80GB, 'Tokens per Second' by nodes) "
+                 "and conf/training/gpt3/5b.yaml, 175b.yaml, each read at the commit of its table: ")
+# one published version of the tables each: (release, commit and date, the container the README names, the
+# optimizer of its configs, {model: (t, p, global batch, recomputation, SP, {nodes: the job's tokens/s})})
+NEMO22_TABLES = (
+    ("22.06", "d4317ddd (2022-07-14), bignlp-training:22.06.rc2-py3", "fused_adam",
+     {"5B": (2, 1, 1440, Recompute.NONE, False,
+             {1: 39543, 2: 79128, 5: 195047, 9: 344523, 10: 383500, 18: 670254, 20: 731791}),
+      "175B": (8, 8, 1536, Recompute.SELECTIVE, True, {16: 20642, 32: 38025, 128: 141306})}),
+    ("22.08", "3579cdb3 (2022-09-07), bignlp-training:22.08-py3", "distributed_fused_adam",
+     {"5B": (1, 1, 2048, Recompute.NONE, False,
+             {1: 40345, 2: 79815, 4: 161754, 8: 312774, 16: 659481, 32: 1159288}),
+      "175B": (8, 8, 2048, Recompute.SELECTIVE, True, {8: 7500, 16: 14950, 32: 29537, 64: 58211, 128: 109684})}))
+NEMO22_SHAPES = {"5B": (24, 4096, 32), "175B": (96, 12288, 96)}
+
+
+def nemo22_runs() -> list[PublishedRun]:
+    """Both published versions of NeMo Megatron's GPT-3 scaling tables on DGX A100 80GB nodes, each row planned with
+    the predefined config of its table's own commit (the README's section 5.2.1: "All these configurations are
+    provided in the `conf/training/gpt3/` directory"). The configs changed with the tables: in July 5b.yaml read
+    t 2, `num_nodes: 20`, GBS 1440 and the table "20 x 8 x A100"; on 2022-09-06 (a2b2f83a) the 5B table, its
+    "16 x 8" and 5b.yaml's t 1, `num_nodes: 16`, GBS 2048 changed together; 175b.yaml read t 8, p 8, micro-batch 2,
+    selective recomputation and SP from 2022-07-13 on, GBS 1536 in July and 2048 in September.
+
+    * 5B: 24 layers, h 4096, 32 heads, micro-batch 2, no recomputation (granularity full, method block,
+      `activations_checkpoint_num_layers: 0`: no layer checkpointed), no SP;
+    * 175B: 96 layers, h 12288, 96 heads, t 8, p 8 (no virtual pipeline), micro-batch 2, selective + SP;
+    * both: s 2048, bf16 with megatron_amp_O2 (fp32 main gradients: fp32_grads), hidden dropout 0.1 (the
+      attention's too, NeMo's default), GPT-2 BPE padded to 128 x t, apex's fused kernels and materialised softmax
+      (the korthikanti profile; no flash attention in 22.0x), gradient-accumulation fusion, apex's 1F1B pipeline (no
+      zero-bubble schedule) waiting on its messages (BLOCKING_SCATTER, as Megatron-LM of 2022);
+    * 22.06 (`fused_adam`): ZeRO 0; NeMo's O2 wrapper all-reduces the gradients after the backward ("if using
+      pipeline parallel or sequence parallel or gradient accumulation fusion, then we disable" async grad
+      all-reduce, megatron_gpt_model.py): overlap_grad_reduce off;
+    * 22.08 (`distributed_fused_adam`, apex DistributedFusedAdam: "the ZeRO-2 algorithm, which distributes the
+      optimizer state and gradients between parallel processes" -- but NeMo runs every micro-batch but the last
+      under the optimizer's `no_sync`, so the gradients are reduce-scattered once a step, from full local buffers,
+      overlapped with the last backward, `overlap_grad_sync`): the planner's ZeRO 1 with overlap_grad_reduce, as
+      published_recipes.py reads the same optimizer (its ZeRO 2 would reduce-scatter every micro-batch); ZeRO 0 at
+      d 1, where nothing is sharded.
+
+    Assumed, not stated: each column is the config with only the node count changed (the table states nothing
+    else). Compared on tokens/s a GPU: the job's / (8 x nodes)."""
+    return [_nemo22_run(release, commit, optimizer == "distributed_fused_adam", label, spec, nodes, tokens)
+            for release, commit, optimizer, tables in NEMO22_TABLES
+            for label, spec in tables.items() for nodes, tokens in spec[-1].items()]
+
+
+def _nemo22_run(release: str, commit: str, distributed: bool, label: str, spec: tuple, nodes: int,
+                tokens: float) -> PublishedRun:
+    """One column of a NeMo 22.0x table: `spec` is (t, p, global batch, recomputation, SP, the table)."""
+    tp, pp, batch, recompute, sp, _ = spec
+    layers, hidden, heads = NEMO22_SHAPES[label]
+    vocab = -(-50257 // (128 * tp)) * 128 * tp  # make_vocab_size_divisible_by 128, times t (Megatron's padding)
+    work = Workload(gpt_model(layers, hidden, heads, vocab, 2048), global_batch=batch, seq_length=2048,
+                    fp32_grads=True, overlap_grad_reduce=distributed, p2p=PipelineP2P.BLOCKING_SCATTER)
+    gpus = 8 * nodes
+    dp = gpus // (tp * pp)
+    zero = ZeroStage.OPTIMIZER if distributed and dp > 1 else ZeroStage.NONE
+    space = SearchSpace(tp=(tp,), pp=(pp,), v=(1,), micro_batch=(2,), zero=(zero,), offload=(Offload.NONE,),
+                        recompute=(recompute,), sequence_parallel=(sp,), zero_bubble=(False,))
+    ac = "selective + SP" if sp else "no AC"
+    return PublishedRun(f"NeMo {release} GPT-3 {label}, {gpus} A100, t{tp} p{pp} d{dp}, b2, GBS {batch}, {ac}",
+                        NEMO22_SOURCE + commit, work, "a100-80g", gpus, space, Metric.TOKENS_PER_GPU, tokens / gpus)
+
+
 # ---- TinyLlama ----------------------------------------------------------------------------------------------------
 
-TINYLLAMA_SOURCE = ("jzhang38/TinyLlama README.md 'Training Details' and 'Blazingly Fast' ('we achieve a throughput of "
-                    "24k tokens per second per A100-40G GPU ... without activation checkpointing ... per-gpu batch size "
-                    "of 16k tokens'; 16 A100-40G, batch 2048 x 1024 tokens) and pretrain/tinyllama.py (Lightning "
-                    "Fabric FSDPStrategy, micro_batch_size 8)")
+TINYLLAMA_SOURCE = ("jzhang38/TinyLlama README.md 'Training Details' and 'Blazingly Fast' ('we achieve a throughput "
+                    "of 24k tokens per second per A100-40G GPU ... without activation checkpointing ... per-gpu batch "
+                    "size of 16k tokens'; 16 A100-40G, batch 2048 x 1024 tokens) and pretrain/tinyllama.py "
+                    "(Lightning Fabric FSDPStrategy, micro_batch_size 8)")
 
 
 def tinyllama_run() -> PublishedRun:
@@ -169,7 +242,7 @@ def tinyllama_run() -> PublishedRun:
 
 def runs21_newsources() -> list[PublishedRun]:
     """Every round-21 new-source check row (families.all_published_runs)."""
-    runs = [megatron_gpt3_run(), neox20b_run()] + flash_attn_runs() + [tinyllama_run()]
+    runs = [megatron_gpt3_run(), neox20b_run()] + nemo22_runs() + flash_attn_runs() + [tinyllama_run()]
     assert all(r.role is Role.CHECK for r in runs)
     return runs
 
@@ -177,6 +250,7 @@ def runs21_newsources() -> list[PublishedRun]:
 NEW_FAMILIES = (
     ("Megatron-LM README.md 'GPT-3 Example'", "Megatron-LM (Narayanan 2021, Korthikanti 2022)"),
     ("GPT-NeoX-20B (Black et al. 2022", "Megatron-DeepSpeed fork: GPT-NeoX (EleutherAI, DeepSpeed pipeline)"),
+    ("NeMo-Framework-Launcher (NVIDIA", "NeMo Megatron 22.06 / 22.08 (apex, Megatron-LM 2022 code)"),
     ("Dao-AILab/flash-attention", "flash-attn training scripts (Lightning DDP / ZeRO 1, fused kernels)"),
     ("jzhang38/TinyLlama", "TinyLlama / lit-gpt (Lightning Fabric FSDP)"),
 )
