@@ -13,8 +13,8 @@ from hybrid.planner.published_more import evaluate
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "planner" / "round21-new-sources.md"
 N_ROWS = 29  # Megatron-LM's GPT-3 example, GPT-NeoX-20B, NeMo 22.06 / 22.08's 21, flash-attention's five, TinyLlama
-# the published layouts the planner rejects (docs/planner/round21-new-sources.md: the runs ran; the planner's memory
-# for distributed_fused_adam's fp32 gradient buffers is over the card by 1.5-5.4 GB)
+# the published layouts the planner rejects (docs/planner/round21-nemo-memory-neox-flops.md: at d 8 the runtime's own
+# tensors fill the card, the layout cannot have run as stated; at d 16 the planner's 2 GB + 5 % reserve rejects it)
 REJECTED = {"NeMo 22.08 GPT-3 5B, 8 A100, t1 p1 d8, b2, GBS 2048, no AC",
             "NeMo 22.08 GPT-3 5B, 16 A100, t1 p1 d16, b2, GBS 2048, no AC"}
 

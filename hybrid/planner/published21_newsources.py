@@ -111,7 +111,26 @@ def flash_attn_runs() -> list[PublishedRun]:
 
 NEOX20B_SOURCE = ("GPT-NeoX-20B (Black et al. 2022, arXiv 2204.06745) Sec. 3 '117 teraFLOPS per GPU' (quoted in the "
                   "paper notes the search corpus holds) and Sec. 2.3 (twelve nodes of eight A100-SXM4-40GB, four "
-                  "ConnectX-6 HCAs a node); EleutherAI/gpt-neox configs/20B.yml ('as it was trained on 96x 40GB A100')")
+                  "ConnectX-6 HCAs a node); EleutherAI/gpt-neox configs/20B.yml ('as it was trained on 96x 40GB A100') "
+                  "and megatron/logging.py get_flops at a42805b4 (2022-04-12, the paper's month)")
+NEOX20B_TFLOPS = 117.0  # the paper's "117 teraFLOPS per GPU", in the count gpt-neox logged (neox20b_logged_flops)
+NEOX20B_SHAPE = (44, 6144, 50432, 2048)  # layers, hidden, the padded vocabulary (50,277 -> 256 x 197), sequence
+
+
+def neox20b_logged_flops_per_token() -> float:
+    """FLOPs a token in gpt-neox's own "approx flops per GPU" log line as the code stood while 20B trained and the
+    paper was written (megatron/logging.py get_flops, unchanged from da0a017b, 2021-05-06, to 5f364017, 2023-09-27):
+
+        ff = model.total_params * 6;  attn = seq_length * hidden_size * num_layers * 60
+        flops = train_batch_size * seq_length * (ff + attn) / (iter_time_s * world_size)
+
+    -- no recomputation factor (the checkpoint_activations factor came with #1044 in 2023-09, after the paper) and
+    the whole model's parameters, N = l (12 h^2 + 13 h) + 2 V h + 2 h = 20,554,567,680 for configs/20B.yml (untied
+    input and output embeddings, biases, LayerNorms; utils.get_total_params sums every model-parallel rank's):
+    6 N + 60 s h l = 156.5 GFLOP a token (Narayanan eq. (3) with recomputation counts 170.2, 3/4 of it 127.6)."""
+    layers, h, vocab, s = NEOX20B_SHAPE
+    params = layers * (12 * h * h + 13 * h) + 2 * vocab * h + 2 * h
+    return 6.0 * params + 60.0 * s * h * layers
 
 
 def neox20b_run() -> PublishedRun:
@@ -126,11 +145,11 @@ def neox20b_run() -> PublishedRun:
     (gpt_j_residual; the same GEMMs) and rotary on 25 % of the head (no learned positions: 12.6M parameters too
     many here, 0.06 %).
 
-    The unit is the one assumption: the paper's "117 teraFLOPS per GPU" states no count. Planned with Narayanan
-    eq. (3) with recomputation (FlopsFormula.MEGATRON), the count of gpt-neox's own logging (megatron/logging.py
-    get_flops: 24 x 4 (checkpoint_activations) x B s l h^2 (1 + s / 6h), its vocabulary term added, not multiplied,
-    so about 0: 1.2 % below eq. (3) here), chosen before the row's error was seen. A model count (3/4 of it, no
-    recomputation) would read the same time as 4/3 x the TFLOP/s."""
+    The unit: the paper's "117 teraFLOPS per GPU" names no count; the row takes it as gpt-neox's own log line
+    (the paper's authors' code, the only TFLOP/s count in it), converted back to tokens/s a GPU with that code's
+    count of the time (neox20b_logged_flops_per_token: 117e12 / 156.5e9 = 747.4). Round 21's first reading
+    (planner21b) planned it as Narayanan eq. (3) with recomputation, citing a checkpoint-activations factor in
+    get_flops that the code of 2022 does not have (planner21c, docs/planner/round21-nemo-memory-neox-flops.md)."""
     from hybrid.planner.published import DEEPSPEED_PIPELINE_ENGINE
     model = replace(gpt_model(44, 6144, 64, 50432, 2048), tie_embeddings=False, dropout=0.0, attention_dropout=0.0)
     work = Workload(model, global_batch=1536, seq_length=2048, **DEEPSPEED_PIPELINE_ENGINE)
@@ -138,8 +157,8 @@ def neox20b_run() -> PublishedRun:
                         offload=(Offload.NONE,), recompute=(Recompute.FULL,), sequence_parallel=(False,),
                         zero_bubble=(False,))
     return A100_40GRun("GPT-NeoX-20B, 96 A100 40GB, t2 p4 d12, b4 x 32, ZeRO 1, full AC", NEOX20B_SOURCE, work,
-                       "a100-80g", 96, space, Metric.MEGATRON_TFLOPS, 117.0, inter_node_gbps=4 * 200 / 8 / 8,
-                       formula=FlopsFormula.MEGATRON)
+                       "a100-80g", 96, space, Metric.TOKENS_PER_GPU,
+                       NEOX20B_TFLOPS * 1e12 / neox20b_logged_flops_per_token(), inter_node_gbps=4 * 200 / 8 / 8)
 
 
 # ---- NeMo Megatron 22.06 / 22.08's scaling tables (NeMo-Framework-Launcher) ---------------------------------------
@@ -184,7 +203,11 @@ def nemo22_runs() -> list[PublishedRun]:
       under the optimizer's `no_sync`, so the gradients are reduce-scattered once a step, from full local buffers,
       overlapped with the last backward, `overlap_grad_sync`): the planner's ZeRO 1 with overlap_grad_reduce, as
       published_recipes.py reads the same optimizer (its ZeRO 2 would reduce-scatter every micro-batch); ZeRO 0 at
-      d 1, where nothing is sharded.
+      d 1, where nothing is sharded. Its gradients are the fp32_grads' 4 bytes a parameter, whole on every rank:
+      NeMo 1.11 passes contiguous_grad_buffer=True (megatron_gpt_model.py setup_optimization) and apex's
+      nm_v1.11.0 (e8e57616 = 6f7d8ac3 + setup.py, NeMo 1.11's README pin) allocates that buffer as
+      torch.zeros(all parameters, dtype=self.dtype) -- the optimizer's fp32, not grad_sync_dtype -- for the
+      whole run, main_grad being a view into it (docs/planner/round21-nemo-memory-neox-flops.md).
 
     Assumed, not stated: each column is the config with only the node count changed (the table states nothing
     else). Compared on tokens/s a GPU: the job's / (8 x nodes)."""
