@@ -4,7 +4,7 @@
 
 1. **One container, three architectures, term by term** (`comparison_table`). NVIDIA/dgxc-benchmarking v24.11.1 ran
    GPT-3 175B, Nemotron-4 340B and Llama 3.1 70B on the same nemo:24.05 container with Megatron-core + TE. GPT-3's
-   rows lean +17.5 % (BF16, 128 GPUs) where Nemotron-4 340B's lean +2.0 % and Llama 3.1 70B's +5.6 %: the table
+   row leans +17.3 % (BF16, 128 GPUs) where Nemotron-4 340B's leans +2.0 % and Llama 3.1 70B's +5.6 %: the table
    gives each row's planned step by term, its published step, and the seconds the planner misses.
 2. **The GPT-only elements of a layer, priced** (`candidates_table`): what a GPT-3 layer of Megatron-core runs that
    a Llama or Nemotron layer of the same stack does not, what the planner prices for it, and its seconds on the
