@@ -333,6 +333,12 @@ class Workload:
             replicated gradient (no collective). False (the default): Megatron's vocab-parallel loss, torchtitan's
             `loss_parallel`, this runtime's. Time only (the logits' memory is still planned at V_p / t). The
             planner only (the API; no flag).
+        te_full_layer: the layer is Transformer Engine's whole TransformerLayer (NeMo 2.0's GPT configs,
+            `use_transformer_engine_full_layer_spec: True`): its LayerNormMLP adds fc1's bias and reduces its
+            gradient inside TE's kernels. False (the default): Megatron-core's / Megatron-LM's own layer, whose
+            MLP adds fc1's bias in Megatron's bias-GELU and leaves the bias gradient to an autograd reduction
+            (ops._bias_grad_ops; docs/planner/round21-gpt-arch.md). Time only, FUSED kernels only. The planner
+            only (the API; no flag).
         pipeline_split: Megatron-core's explicit layer split (PipelineSplit: the embedding / the loss counted as a
             layer, or the first / last rank's layer counts), which may leave a stage with only the embedding or
             only the loss; None: the planner's split (stage_layers). `hybrid plan` takes Megatron's flags; the
@@ -368,6 +374,7 @@ class Workload:
     sp_copies: bool = False
     float8_tp_gathers: bool = False
     gathered_logits: bool = False
+    te_full_layer: bool = False
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),

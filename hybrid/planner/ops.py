@@ -108,8 +108,10 @@ def _norm(shard: Shard, width: float, e: int, kernels: KernelProfile) -> Op:
     return _op("rmsnorm", (casts + 8 + 4 + 8 + 2 * e) * width, 6 + (0 if e == FP32 else 2), kernels)
 
 
-def layer_ops(shard: Shard, s: int, sp: bool, e: int, kernels: KernelProfile) -> tuple[Op, ...]:
-    """The memory-bound ops of one layer's forward (and their backward), per token on this TP rank."""
+def layer_ops(shard: Shard, s: int, sp: bool, e: int, kernels: KernelProfile,
+              te_full_layer: bool = False) -> tuple[Op, ...]:
+    """The memory-bound ops of one layer's forward (and their backward), per token on this TP rank
+    (`te_full_layer`: Workload.te_full_layer)."""
     cfg = shard.cfg
     h_r = cfg.hidden_size / (shard.t if sp else 1)
     q, k, f = shard.q_width, shard.kv_width, shard.ffn_width
@@ -128,7 +130,26 @@ def layer_ops(shard: Shard, s: int, sp: bool, e: int, kernels: KernelProfile) ->
     else:  # SwiGLU: silu(gate) * up -- fused reads 2f writes f; eager silu then the product
         ops.append(_op("swiglu", 3 * e * f, 1, kernels) if fused else _op("swiglu", 5 * e * f, 2, kernels))
     ops += _residual_ops(h_r, e, dropout, kernels)
+    if not te_full_layer:
+        ops += _bias_grad_ops(shard, e, kernels)
     return tuple(ops)
+
+
+def _bias_grad_ops(shard: Shard, e: int, kernels: KernelProfile) -> list[Op]:
+    """FUSED (Megatron-LM / Megatron-core): fc1's bias gradient, a reduction autograd runs outside every fused
+    kernel (docs/planner/round21-gpt-arch.md). Megatron's MLP builds fc1 with `skip_bias_add=True` and adds the
+    bias in its bias-GELU (fusions/fused_bias_gelu.py), whose GeLUFunction.backward returns `tmp, tmp`: the
+    [s, b, f / t] input gradient for the bias too, which autograd's engine sums down to the bias's [f / t]
+    (at::sum_to): one more kernel reading e bytes of each of the f / t elements a token. Not priced: the proj /
+    fc2 biases, added inside the torch.compile'd (2024; nvFuser's TorchScript in 2022) bias-dropout-add, whose
+    backward can fuse their sums with the dropout's gradient; the QKV bias, which Transformer Engine reduces in
+    its weight-gradient GEMM's epilogue or FP8 cast (Megatron-LM's own linear sums it apart); EAGER autograd's;
+    and none under Workload.te_full_layer, whose LayerNormMLP reduces fc1's bias gradient inside TE (its FP8
+    backward's cast-transpose-bgrad-dgelu kernel, its BF16 bgrad_dgelu_fused)."""
+    cfg = shard.cfg
+    if kernels is not KernelProfile.FUSED or not cfg.mlp_bias:
+        return []
+    return [Op("fc1 bias grad", 0.0, e * (shard.mlp_matrices - 1) * shard.ffn_width, 0, 1)]
 
 
 def _residual_ops(h_r: float, e: int, dropout: bool, kernels: KernelProfile) -> list[Op]:

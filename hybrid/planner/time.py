@@ -421,7 +421,8 @@ def layer_passes(ctx: _Context) -> tuple[Pass, Pass]:
     tokens = b * s
     linears = shard.layer_linear_gemms(b, s)
     core = () if ctx.flash else shard.attention_core_gemms(b, s)
-    ops = layer_ops(shard, s, lay.sequence_parallel, work.precision.activation_bytes, work.kernel_profile)
+    ops = layer_ops(shard, s, lay.sequence_parallel, work.precision.activation_bytes, work.kernel_profile,
+                    work.te_full_layer)
     everything, core_ops = Traffic.of(ops), Traffic.of([o for o in ops if o.core])
     fp8_ops = _fp8_traffic(ctx)
     attention = ctx.flash_seconds(b, s) if ctx.flash else 0.0
@@ -448,7 +449,8 @@ def _rerun(ctx: _Context, forward: Pass, core_ops: Traffic, fp8_ops: Traffic, at
         core = () if ctx.flash else shard.attention_core_gemms(b, s)
         return Pass(gemm=ctx.gemm_seconds(core), attention=attention) + _ops_pass(ctx, core_ops, tokens, False)
     if lay.recompute is Recompute.SELECTIVE_OP:
-        ops = layer_ops(shard, s, lay.sequence_parallel, ctx.work.precision.activation_bytes, ctx.work.kernel_profile)
+        ops = layer_ops(shard, s, lay.sequence_parallel, ctx.work.precision.activation_bytes, ctx.work.kernel_profile,
+                        ctx.work.te_full_layer)
         stops = _stops_early(ctx)
         if stops:  # the rerun ends at the down projection's input, as full recomputation's (_early_stopped_rerun)
             ops = ops[:max(i for i, o in enumerate(ops) if o.name in MLP_ACTIVATIONS) + 1]
@@ -484,7 +486,8 @@ def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
     every memory-bound op up to the MLP's activation."""
     lay, work, shard = ctx.layout, ctx.work, ctx.shard
     b, s = lay.micro_batch, work.seq_length
-    ops = layer_ops(shard, s, lay.sequence_parallel, work.precision.activation_bytes, work.kernel_profile)
+    ops = layer_ops(shard, s, lay.sequence_parallel, work.precision.activation_bytes, work.kernel_profile,
+                    work.te_full_layer)
     last = max(i for i, o in enumerate(ops) if o.name in MLP_ACTIVATIONS)
     core = () if ctx.flash else shard.attention_core_gemms(b, s)
     return (Pass(gemm=ctx.gemm_seconds(shard.layer_linear_gemms(b, s)[:-1]) + ctx.gemm_seconds(core),
@@ -546,7 +549,7 @@ def layer_parts(work: Workload, cluster: Cluster, layout: Layout) -> LayerParts:
     ctx = _context(work, cluster, replace(layout, recompute=Recompute.NONE))
     fwd, bwd = layer_passes(ctx)
     ops = Traffic.of(layer_ops(ctx.shard, work.seq_length, layout.sequence_parallel,
-                               work.precision.activation_bytes, work.kernel_profile))
+                               work.precision.activation_bytes, work.kernel_profile, work.te_full_layer))
     tokens = layout.micro_batch * work.seq_length
     return LayerParts(fwd.gemm + fwd.attention, bwd.gemm + bwd.attention, ops.fwd_bytes * tokens,
                       ops.bwd_bytes * tokens, ops.fwd_kernels, ops.bwd_kernels)
