@@ -66,4 +66,4 @@ def test_neox_20b_counts_gpt_neox_logged_flops():
     assert run.metric is Metric.TOKENS_PER_GPU
     assert run.published == pytest.approx(117e12 / 156.546e9, rel=1e-4)
     result = evaluate(run)
-    assert result.error == pytest.approx(0.227, abs=0.002)  # was +33.4 % counted as eq. (3) with recomputation
+    assert result.error == pytest.approx(0.225, abs=0.002)  # was +33.4 % counted as eq. (3) with recomputation (+22.7 % before planner21a's fc1 bias gradient)
