@@ -421,3 +421,17 @@ def test_no_documents_line_looks_at_every_micro_batchs_inputs():
     starts_a_document = (torch.tensor([[0, 6, 7, 8]]), torch.tensor([[6, 7, 8, 9]]))  # its label row has no eod
     assert s.no_documents_line([first, starts_a_document]) is None
     assert s.no_documents_line([first]).startswith("warning: --reset-attention-mask: no end-of-document token")
+
+
+def test_no_documents_line_names_each_flag_that_is_on():
+    """--reset-position-ids alone is named alone (and --reset-attention-mask alone, and both). D3-flag-names (the
+    position flag's entry keyed on the mask flag) lived through test_cp20_no_documents and test_cp_data (their
+    cases turn on the mask flag or both)."""
+    import torch
+
+    from hybrid.cp.data import TokenSharding
+    step = [(torch.tensor([[5, 6, 7, 8]]), torch.tensor([[6, 7, 8, 9]]))]
+    for mask, positions, named in ((False, True, "--reset-position-ids"), (True, False, "--reset-attention-mask"),
+                                   (True, True, "--reset-attention-mask and --reset-position-ids")):
+        line = TokenSharding(reset_attention_mask=mask, reset_position_ids=positions, eod=0).no_documents_line(step)
+        assert line.startswith(f"warning: {named}: no end-of-document token (id 0)"), line
