@@ -435,3 +435,27 @@ def test_no_documents_line_names_each_flag_that_is_on():
                                    (True, True, "--reset-attention-mask and --reset-position-ids")):
         line = TokenSharding(reset_attention_mask=mask, reset_position_ids=positions, eod=0).no_documents_line(step)
         assert line.startswith(f"warning: {named}: no end-of-document token (id 0)"), line
+
+
+@pytest.mark.slow
+def test_a_resumed_two_rank_run_warns_once_at_its_first_iteration(tmp_path):
+    """The no-document line's wiring in hybrid/train/loop.py: printed at this process's first iteration (a resumed
+    run's too: its data is as new to the user) and by rank 0 only. One rank trains 1 step and saves; 2 ranks resume
+    it for 1 more: one line in each. D5-loop-iter-0 (`it == 0`: a resumed run says nothing) and D6-loop-every-rank
+    (the rank test dropped: one line per rank) lived through test_cp20_no_documents' slow launch (one rank, from
+    iteration 0) and every fast test. Two launches of train.py (slow)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    common = ["scripts/train.py", "--model", "tiny-llama", "--seq-length", "32", "--micro-batch-size", "1",
+              "--global-batch-size", "2", "--log-interval", "1", "--tokenizer-type", "ByteLevel",
+              "--reset-attention-mask", "--save", str(tmp_path / "ck"), "--save-interval", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for ranks, argv in ((1, ["--train-iters", "1"]), (2, ["--train-iters", "2", "--load", str(tmp_path / "ck")])):
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                              str(ranks), *common, *argv], cwd=root, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.count("warning: --reset-attention-mask: no end-of-document token (id 0)") == 1, (
+            ranks, out.stdout[-2000:])
+    assert "| iteration 1 |" in out.stdout + out.stderr, out.stdout[-2000:]  # the second launch resumed at 1
