@@ -3,7 +3,8 @@ pricing, KempnerForge's gathered logits, selective-op's early stop and hidden dr
 selective-op's FLOP count, --compile with CP / MoE recomputation and TP's eager Functions, `hybrid convert`'s
 progress, preprocess --workers, 1-bit Adam's warm-up lines, newuser20's fixes, the straggler line, the reset flags'
 no-document warning and the docs-link checker; the area's fast tier run on each. Each test here kills a mutant that
-tier let live, shown failing on the mutant and passing on HEAD. In-process, no process group.
+tier let live, shown failing on the mutant and passing on HEAD. In-process, no process group, but for one slow
+test (the no-document line's wiring in train.py's loop needs a resumed 2-rank run).
 
 The mutant ids (B2-gathered-only-with-sp, ...) are those of branch mutation21's report and of docs/architecture.md's
 tally."""
