@@ -392,7 +392,7 @@ def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: 
         raise ValueError(f"no layout fits at --context-parallel-size {args.context_parallel_size} (a size must "
                          f"divide --gpus and half the --seq-length; a2a the kv-heads of a TP rank); try other sizes "
                          f"or more GPUs")
-    return context.report(work, cluster, plans)
+    return context.report(work, cluster, plans, _baseline(cluster.hw))
 
 
 def _check_plot_format(path: str, formats: dict[str, str]) -> None:
