@@ -10,6 +10,7 @@ from datetime import timedelta
 import torch
 
 from hybrid.checkpoint.run import RunCheckpoints
+from hybrid.compress.args import describe as compress_line
 from hybrid.compress.reduction import build as compress_reduction
 from hybrid.compress.reduction import owners as compress_owners
 from hybrid.data import DataSource
@@ -133,6 +134,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     log0(mesh, metrics.header())
     if local.cfg:
         log0(mesh, local.describe())  # hybrid/diloco: replicas, H, the outer optimizer
+    if line := compress_line(run.compress, diloco=local.cfg is not None):  # hybrid/compress: the scheme, from when
+        log0(mesh, line)
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
     saved = local.checkpointed(optimizer, run.checkpoint)  # hybrid/diloco: starts the outer loop; replica r > 0's keys
