@@ -133,7 +133,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     metrics = RunMetrics.start(run, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
     log0(mesh, metrics.header())
     if local.cfg:
-        log0(mesh, local.describe())  # hybrid/diloco: replicas, H, the outer optimizer
+        log0(mesh, local.describe(run.zero.stage))  # hybrid/diloco: replicas, H, the outer optimizer
     if line := compress_line(run.compress, diloco=local.cfg is not None):  # hybrid/compress: the scheme, from when
         log0(mesh, line)
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
