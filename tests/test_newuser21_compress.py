@@ -6,7 +6,8 @@ it starts at; a plain run prints none.
 
 1. hybrid.compress.args.describe on the RunConfig train.py's own checks build from the page's flags (in-process).
 2. the line as loop.run prints it: 2 gloo ranks, the page's 1-bit Adam and PowerSGD + link commands shortened
-   (two and three steps), and a plain run, in one launch.
+   (two and three steps), and a plain run, in one launch -- which also runs docs/checkpoint.md's finding: a run
+   resumed at another global batch logged "consumed samples" as iteration x the new batch (24 where 16 were read).
 3. the page's PowerSGD command shortened to --train-iters 2 (the mistake: too short a run) was refused with "give
    --powersgd-start-iter N with 2 <= N < 2", a range with no N; now it asks for a longer --train-iters.
 """
@@ -61,13 +62,23 @@ def _train_rank(rank: int, world: int, argvs: list[list[str]]) -> list[str]:
     return outs
 
 
-def test_rank_zero_prints_the_compress_line_once():
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory):
+    """One 2-rank launch for the runs below, in turn: the page's two compressing commands shortened, a plain run,
+    and (docs/checkpoint.md's pass) a run of 2 steps at global batch 4 saved, resumed for a third at 8."""
     from hybrid.testing import run_distributed
+    ck = str(tmp_path_factory.mktemp("ck") / "ck")
+    resume = [a for a in TINY if a not in ("--global-batch-size", "4")]
     argvs = [TINY + ["--optimizer", "onebit-adam", "--onebit-freeze-iters", "1", "--train-iters", "2"],
              TINY + ["--powersgd-rank", "2", "--powersgd-start-iter", "2", "--simulated-dp-bandwidth", "0.5",
                      "--train-iters", "3"],
-             TINY + ["--train-iters", "2"]]
-    rank0, rank1 = run_distributed(_train_rank, 2, args=(argvs,), timeout=300)
+             TINY + ["--train-iters", "2", "--save", ck],
+             resume + ["--global-batch-size", "8", "--train-iters", "3", "--load", ck]]
+    return run_distributed(_train_rank, 2, args=(argvs,), timeout=300)
+
+
+def test_rank_zero_prints_the_compress_line_once(launch):
+    rank0, rank1 = launch
     lines = [[ln for ln in out.splitlines() if ln.startswith("compress: ")] for out in rank0]
     assert lines[0] == ["compress: 1-bit Adam: Adam for steps 1-1, then the variance frozen and the momentum sent "
                         "as signs with error feedback"], rank0[0]
@@ -75,6 +86,14 @@ def test_rank_zero_prints_the_compress_line_once():
                         "all-reduce; 1-D tensors and small matrices sent whole) | simulated DP link 0.5 GB/s (each "
                         "step sleeps its DP bytes / that)"], rank0[1]
     assert lines[2] == [] and not any("compress: " in out for out in rank1)
+
+
+def test_consumed_samples_after_a_resume_at_another_global_batch_are_those_read(launch):
+    """2 steps of 4 samples, then 1 of 8: 16 samples read by iteration 3 (the log line said 3 x 8 = 24)."""
+    rank0, _ = launch
+    assert "| consumed samples 8 |" in rank0[2]
+    line = [ln for ln in rank0[3].splitlines() if ln.startswith(" iteration      3/3")]
+    assert len(line) == 1 and "| consumed samples 16 |" in line[0], rank0[3]
 
 
 def test_too_short_a_run_for_powersgd_asks_for_more_iterations_not_an_empty_range(monkeypatch, capsys):

@@ -46,3 +46,21 @@ def test_the_default_schedule_given_by_name_and_pp1_say_nothing_of_a_schedule():
     assert _lines(virtual, None, virtual, "interleaved")[0].startswith(same)
     pp1 = {"tp": 1, "pp": 1, "dp": 2, "zero": 0, "v": 1, "stages": [[0, 1, 2, 3]]}
     assert _lines(pp1, None, pp1, "gpipe")[0].startswith(same)
+
+
+def test_a_resume_at_another_dp_without_global_batch_names_the_batch_that_changed():
+    """docs/checkpoint.md's command pair: tp 2 x pp 2 (dp 1, 4 samples a step; --global-batch-size unset) resumed
+    at tp 1 x pp 2 on the same 4 ranks (dp 2): 8 samples a step, and no line said so."""
+    tp2 = {"tp": 2, "pp": 2, "dp": 1, "zero": 1, "v": 1, "stages": [[0, 1], [2, 3]]}
+    dp2 = {"tp": 1, "pp": 2, "dp": 2, "zero": 3, "v": 1, "stages": [[0, 1], [2, 3]]}
+    flags = {**FLAGS, "global_batch_size": None, "micro_batch_size": 4}
+    saved = {"model": "tiny-gpt2", "layout": tp2, "args": flags, "iteration": 6, "consumed_samples": 24,
+             "contents": "full"}
+    lines = explain.resume_lines(saved, {"model": "tiny-gpt2", "layout": dp2, "args": flags}, 6, 24, None, 8)
+    assert ("resume: global batch 4 -> 8 samples a step (--global-batch-size unset: micro-batch x dp, dp 1 -> 2): "
+            "each step averages another number of samples; pass --global-batch-size 4 to keep the saved run's") \
+        in lines
+    given = {**flags, "global_batch_size": 4}  # kept by the flag: the layout line alone
+    again = explain.resume_lines({**saved, "args": given}, {"model": "tiny-gpt2", "layout": dp2, "args": given},
+                                 6, 24, None, 4)
+    assert not [ln for ln in again if "global batch" in ln]

@@ -340,6 +340,15 @@ def schedule_change_line(old: dict, new: dict, lay_old: dict, lay_new: dict) -> 
            f"are the new schedule's"
 
 
+def implied_batch_line(saved_gb: int, global_batch: int, dp_old, dp_new) -> str:
+    """--global-batch-size unset in both runs (Megatron's default: micro-batch x dp) and a resume at another dp:
+    the global batch -- the samples each optimizer step averages -- changed with no flag changed, and nothing said
+    it (round 21: docs/checkpoint.md's tp 2 x pp 2 run, 4 samples a step, resumed at dp 2 with 8)."""
+    return (f"resume: global batch {saved_gb} -> {global_batch} samples a step (--global-batch-size unset: "
+            f"micro-batch x dp, dp {dp_old} -> {dp_new}): each step averages another number of samples; pass "
+            f"--global-batch-size {saved_gb} to keep the saved run's")
+
+
 def layout_text(layout: dict) -> str:
     v = f" (v {layout['v']})" if layout.get("v", 1) > 1 else ""
     cp = f" x cp {layout['cp']}" if layout.get("cp", 1) > 1 else ""
@@ -453,6 +462,8 @@ def resume_lines(saved: dict, now: dict, start: int, consumed: int, facts: DataF
     if (line := lr_change_line(old, new, start)) is not None:
         lines.append(line)
     saved_gb = old.get("global_batch_size") or old.get("micro_batch_size", 0) * lay_old.get("dp", 0) or global_batch
+    if saved_gb != global_batch and "global_batch_size" not in changed:
+        lines.append(implied_batch_line(saved_gb, global_batch, lay_old.get("dp"), lay_new.get("dp")))
     if facts is not None and (line := data_order_line(old, new, facts, global_batch, saved_gb, consumed)):
         lines.append(line)
     if not lines:

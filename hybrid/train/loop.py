@@ -169,7 +169,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
             moe_line, moe_values = moe_log_fields(model, mesh, batch.num_micro_batches * log_interval,
                                                   expert_layout(run))  # collective; '' for a dense model
             fields = moe_line + metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps,
-                                                     extra=moe_values)  # collective
+                                                     extra=moe_values,
+                                                     consumed=consumed + batch.global_batch)  # collective; this step's
             log0(mesh, f" iteration {it + 1:>6}/{train_iters} | lm loss {loss:.4f} | "
                        f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s"
                        f"{fields}")
