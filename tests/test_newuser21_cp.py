@@ -8,6 +8,8 @@
 2. `hybrid plan --context-parallel-size 1,2 --gpu cpu` printed "mem GB 2.0" -- the GPU figure with the 2 GB
    CUDA reserve -- where the plain table on the same CPU prints "RSS MiB" as train.py measures it. The CP table is
    now in the plain table's unit on a host: its cp 1 rows equal the plain rows. In-process.
+3. Resuming that run's checkpoint at cp 4: "checkpoint: resumed from cpck/iter_0000004 (saved at tp 2 x pp 1 x dp 1,
+   ZeRO 0)" left its cp 2 out, beside the resume's "saved at tp 2 x cp 2 x pp 1 x dp 1" (in-process: the line).
 """
 
 from __future__ import annotations
@@ -77,6 +79,18 @@ def test_cp_plan_on_a_gpu_keeps_gb():
     table = context.report(work, Cluster(gpus=4, hw=hardware("h100-80g")), plans)
     assert "mem GB" in table and "RSS MiB" not in table
     assert f"{plans[0].memory_gb:>7.1f}" in table.splitlines()[2]
+
+
+def test_the_resumed_line_names_the_saved_cp():
+    from hybrid.checkpoint.run import resumed_line
+    state = {"iteration": 4, "consumed_samples": 8}
+    cp2 = {"tp": 2, "cp": 2, "pp": 1, "dp": 1, "zero": 0}
+    assert resumed_line("cpck/iter_0000004", cp2, state, False, True, False, False) == (
+        "checkpoint: resumed from cpck/iter_0000004 (saved at tp 2 x cp 2 x pp 1 x dp 1, ZeRO 0) | iteration 4 | "
+        "consumed samples 8 | RNG not restored (another layout)")
+    no_cp = {"tp": 2, "pp": 1, "dp": 2, "zero": 1}  # an older checkpoint, or cp 1: nothing added
+    assert "(saved at tp 2 x pp 1 x dp 2, ZeRO 1) | iteration 4" in resumed_line("c", no_cp, state, False, True,
+                                                                                  True, True)
 
 
 if __name__ == "__main__":
