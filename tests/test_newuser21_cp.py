@@ -4,7 +4,8 @@
    13.8%" on a run without a pipeline: ring attention's key / value transfers are point-to-point ops, and the op
    trail counted every p2p wait as the pipeline's. Now a wait on the "cp" group counts as a collective's (TP's
    attention all-reduces are one too); only the "pp" group's messages are pipeline waits. Checked on the mesh's
-   real groups: 2 gloo ranks, ring attention forward and backward at cp 2, then a pipeline message at pp 2.
+   cp group: 2 gloo ranks, ring attention forward and backward at cp 2, then a message on a group named as
+   Mesh.build names the pipeline's.
 2. `hybrid plan --context-parallel-size 1,2 --gpu cpu` printed "mem GB 2.0" -- the GPU figure with the 2 GB
    CUDA reserve -- where the plain table on the same CPU prints "RSS MiB" as train.py measures it. The CP table is
    now in the plain table's unit on a host: its cp 1 rows equal the plain rows. In-process.
@@ -20,7 +21,7 @@ import torch
 from hybrid.cp.attention import CPContext
 from hybrid.cp.comm_type import CommType
 from hybrid.cp.masks import AttentionMask
-from hybrid.mesh import Mesh, ParallelDims
+from hybrid.mesh import Axis, Mesh, ParallelDims
 from hybrid.planner import Cluster, Workload, hardware, search
 from hybrid.planner import cli as plan_cli
 from hybrid.planner import context
@@ -38,15 +39,17 @@ def _waits(fn) -> dict[str, float]:
 
 
 def _worker(rank: int, world: int) -> tuple[dict, dict]:
+    import torch.distributed as dist
+
+    from hybrid.comm import Group
     torch.manual_seed(rank)
-    cp = Mesh.build(ParallelDims(cp=2)).cp
+    mesh = Mesh.build(ParallelDims(cp=2))  # the mesh's own "cp" group, as train.py's ring attention gets it
     q, k, v = (torch.randn(1, 2, 32, 8, requires_grad=True) for _ in range(3))  # (B, heads, T / cp, d)
 
     def ring():
-        for _ in range(3):
-            CPContext(cp, CommType.P2P).attention(q, k, v, AttentionMask()).sum().backward()
+        CPContext(mesh.cp, CommType.P2P).attention(q, k, v, AttentionMask()).sum().backward()
     ring_waits = _waits(ring)
-    pp = Mesh.build(ParallelDims(pp=2)).pp
+    pp = Group(Axis.PP.value, (0, 1), dist.group.WORLD, mesh.ledger)  # the name Mesh.build gives the pipeline's
     x = torch.zeros(4096)
     pipe_waits = _waits(lambda: pp.batch_p2p([(x, 1)], []) if rank == 0 else pp.batch_p2p([], [(x, 0)]))
     return ring_waits, pipe_waits
