@@ -691,7 +691,7 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
               f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel}, schedule "
               f"{lay.schedule.value}" + (f", ep {experts.ep}" if experts else "")
               + (f", expert-tp {experts.etp}" if experts and experts.etp > 1 else "")
-              + f" ({auto_parallel_time(seconds, hw.name, placeholder=not args.hardware and not torch.cuda.is_available())})"
+              + f" ({auto_parallel_time(seconds, hw.name, not args.hardware and not torch.cuda.is_available())})"
               + (f"; {note}" if note else ""), flush=True)
 
 
