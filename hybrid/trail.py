@@ -10,7 +10,8 @@ pipeline executor (or, without a pipeline, a forward hook) records the phase and
   * the ops started and not yet completed (`pending`), oldest first;
   * the iteration (1-based, as the log prints it), the micro-batch (0-based) and the phase;
   * seconds per phase in the current step (forward, backward, p2p, comm, optimizer), time spent
-    waiting in a collective counted as comm, not as the phase around it.
+    waiting in a collective (or context parallelism's ring transfers) counted as comm, on a pipeline message
+    as p2p, not as the phase around it.
 
 One trail per process (like PyTorch's Flight Recorder, and for the same reason: a hang must be
 diagnosable from a thread that shares nothing with the stuck code but memory). It observes only:
@@ -122,8 +123,9 @@ class Trail:
 
     @contextmanager
     def waiting(self, rec: OpRecord):
-        """The caller blocks until `rec` completes: the time counts as comm (p2p for p2p)."""
-        old = self._switch("p2p" if rec.op == "p2p" else "comm")
+        """The caller blocks until `rec` completes: the time counts as comm, or p2p for the pipeline's messages
+        (blocked_phase)."""
+        old = self._switch(blocked_phase(rec))
         self.blocked = rec
         try:
             yield
@@ -147,6 +149,14 @@ class Trail:
                     "last": {g: dict(v) for g, v in self.last.items()},
                     "p2p": dict(self.p2p), "pending": [asdict(r) for r in self.pending],
                     "blocked": self.pending.index(self.blocked) if self.blocked in self.pending else None}
+
+
+def blocked_phase(rec: OpRecord) -> str:
+    """The phase a rank blocked on `rec` is in: "p2p" (the straggler report's "pipeline waits": bubble and
+    transfers) for point-to-point on the pipeline group only; context parallelism's ring (p2p on the "cp" group)
+    exchanges key / value blocks inside attention, a collective's time as TP's, so "comm" -- it was "p2p", and a
+    pp 1 run with --cp-comm-type p2p reported 14 % "pipeline waits" without a pipeline."""
+    return "p2p" if rec.op == "p2p" and rec.group == "pp" else "comm"
 
 
 TRAIL = Trail()

@@ -127,12 +127,7 @@ class RunCheckpoints:
             state = _core().load_state(owners, path, self.pg)
         except store.CorruptCheckpoint as e:  # a data file that is not DCP's tensors (safe_read.py): one line
             raise fail(f"train.py: error: --load {path}: {e}") from None
-        lay = saved["layout"]
-        _log(f"checkpoint: resumed from {path} (saved at tp {lay['tp']} x pp {lay['pp']} x dp {lay['dp']}, "
-             f"ZeRO {lay['zero']}) | iteration {state['iteration']} | consumed samples {state['consumed_samples']}"
-             f"{' | weights only (a converted checkpoint)' if model_only else ''}"
-             f"{'' if optim or model_only else ' | optimizer state not loaded'}"
-             f"{'' if rng else ' | RNG not restored (' + ('--no-load-rng' if same else 'another layout') + ')'}")
+        _log(resumed_line(path, saved["layout"], state, model_only, optim, rng, same))
         self.last_saved = state["iteration"]
         return state["iteration"], state["consumed_samples"]
 
@@ -200,3 +195,15 @@ class RunCheckpoints:
         if self.cfg.save and self.last_saved != iteration:
             self.save(iteration, consumed)
         self.wait()
+
+
+def resumed_line(path: str, lay: dict, state: dict, model_only: bool, optim: bool, rng: bool, same: bool) -> str:
+    """'checkpoint: resumed from DIR (saved at tp 2 x cp 2 x pp 1 x dp 1, ZeRO 0) | iteration N | ...': the layout
+    as `hybrid checkpoint inspect` and the resume's layout line name it, CP included (round 21: this line left a
+    CP 2 checkpoint's cp out, "tp 2 x pp 1 x dp 1", beside the layout line's "tp 2 x cp 2 x pp 1 x dp 1")."""
+    cp = f" x cp {lay['cp']}" if isinstance(lay.get("cp"), int) and lay["cp"] > 1 else ""
+    return (f"checkpoint: resumed from {path} (saved at tp {lay['tp']}{cp} x pp {lay['pp']} x dp {lay['dp']}, "
+            f"ZeRO {lay['zero']}) | iteration {state['iteration']} | consumed samples {state['consumed_samples']}"
+            f"{' | weights only (a converted checkpoint)' if model_only else ''}"
+            f"{'' if optim or model_only else ' | optimizer state not loaded'}"
+            f"{'' if rng else ' | RNG not restored (' + ('--no-load-rng' if same else 'another layout') + ')'}")

@@ -156,9 +156,13 @@ def _check_reach(args: argparse.Namespace, rank: int, freeze: int | None) -> Non
     if rank and args.powersgd_start_iter >= n:
         start = args.powersgd_start_iter
         default = "" if "powersgd_start_iter" in given else " (the default, torch's start_powerSGD_iter)"
+        # N runs from 2 (PowerSGDConfig: torch's warm start needs plain steps first): at --train-iters <= 2 no N
+        # fits, and "2 <= N < 2" offered none (round 21)
+        fix = (f"give --powersgd-start-iter N with 2 <= N < {n} (or a longer --train-iters)" if n > 2 else
+               f"give --train-iters above 2 (--powersgd-start-iter is at least 2)")
         raise ValueError(f"--powersgd-rank {rank}: PowerSGD starts after --powersgd-start-iter {start}{default} plain "
-                         f"steps and --train-iters {n} ends first, so nothing would be compressed; give "
-                         f"--powersgd-start-iter N with 2 <= N < {n} (a longer --train-iters), or drop --powersgd-rank")
+                         f"steps and --train-iters {n} ends first, so nothing would be compressed; {fix}, or drop "
+                         f"--powersgd-rank")
     if freeze is not None and freeze >= n:
         where = f"--onebit-freeze-iters {freeze}" + ("" if "onebit_freeze_iters" in given else " (the default)")
         fix = f"give --onebit-freeze-iters N < {n}"
@@ -241,3 +245,23 @@ def onebit_warnings(cfg: CompressConfig, args: argparse.Namespace) -> tuple[str,
     return (f"{flag}: {why}; DeepSpeed recommends a warm-up of 15-25 % of the run (docs/comm-efficient.md): give "
             f"{'freeze_step' if flag.startswith('--deepspeed') else '--onebit-freeze-iters'} {low}"
             f"{f'-{high}' if high > low else ''}",)
+
+
+def describe(cfg: CompressConfig, diloco: bool = False) -> str:
+    """The start-up line of a compressing run ("" when off), as DiLoCo's `diloco: ...`: which scheme runs from
+    which optimizer step, so a user sees that the flags took (round 21: the run printed nothing of them). Under
+    DiLoCo the simulated link is on the diloco line."""
+    parts = []
+    if cfg.powersgd.enabled:
+        p = cfg.powersgd
+        parts.append(f"PowerSGD rank {p.rank} on the DP gradients from optimizer step {p.start_iter + 1} (steps "
+                     f"1-{p.start_iter} plain all-reduce; 1-D tensors and small matrices sent whole)")
+    if cfg.onebit_freeze_iters is not None:
+        sent = (f"rank {cfg.onebit_powersgd.rank} PowerSGD factors" if cfg.onebit_powersgd.enabled else
+                "signs with error feedback")
+        parts.append(f"1-bit Adam: Adam for steps 1-{cfg.onebit_freeze_iters}, then the variance frozen and the "
+                     f"momentum sent as {sent}")
+    if cfg.simulated_dp_bandwidth > 0 and not diloco:
+        parts.append(f"simulated DP link {cfg.simulated_dp_bandwidth:g} GB/s (each step sleeps its DP bytes / "
+                     f"that)")
+    return "compress: " + " | ".join(parts) if parts else ""

@@ -76,13 +76,15 @@ class LocalUpdates:
         return (f"diloco: simulated cross-replica link: waited {o.exposed:.3f} s, {o.hidden:.3f} s hidden behind "
                 f"inner steps" if self.link_gbps else "")
 
-    def describe(self) -> str:
-        """The start-up line; empty when off."""
+    def describe(self, zero_stage: int = 0) -> str:
+        """The start-up line; empty when off. A replica of several DP ranks shards its states with ZeRO
+        `zero_stage`, or at stage 0 replicates them (the line said "ZeRO over 2 ranks each" at --zero-stage 0)."""
         if self.cfg is None:
             return ""
         c, lay = self.cfg, self.layout
         z = self.mesh.dp.size
-        return (f"diloco: {lay.replicas} replicas{f' (ZeRO over {z} ranks each)' if z > 1 else ''} | H {c.inner_steps}"
+        inside = f" (ZeRO {zero_stage} over {z} ranks each)" if zero_stage else f" (plain DP over {z} ranks each)"
+        return (f"diloco: {lay.replicas} replicas{inside if z > 1 else ''} | H {c.inner_steps}"
                 f" inner steps | outer Nesterov SGD lr {c.outer_lr} momentum {c.outer_momentum}"
                 f"{f' | {c.fragments} fragments' if c.fragments > 1 else ''}"
                 f"{f' | overlap tau {c.fragment_sync_delay}' if c.fragment_sync_delay else ''}"

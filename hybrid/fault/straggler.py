@@ -69,8 +69,9 @@ def percentile_line(table: torch.Tensor, first: int, last: int) -> str:
 def time_split(table: torch.Tensor) -> dict[str, float]:
     """Where the step time goes, as shares of it: per rank the sum over the interval's steps of each phase /
     the sum of its step times, then the mean over ranks. compute = forward + backward (time blocked in a
-    collective inside them excluded), collectives = blocked in TP / DP / embedding collectives, pipeline =
-    blocked on pipeline messages (the bubble, and the transfers), optimizer, other (data, logging)."""
+    collective inside them excluded), collectives = blocked in TP / CP / DP / embedding collectives (CP's ring
+    transfers too: hybrid.trail.blocked_phase), pipeline = blocked on pipeline messages (the bubble, and the
+    transfers), optimizer, other (data, logging)."""
     col = {name: 1 + i for i, name in enumerate(COLUMNS)}
     total = table[:, :, 0].sum(dim=1).clamp_min(1e-12)
     share = {name: (table[:, :, col[name]].sum(dim=1) / total).mean().item() for name in COLUMNS}

@@ -51,13 +51,15 @@ class RunMetrics:
                 f"time split, straggler verdict: {every} (--timing-log-interval)")
 
     def log_interval(self, iteration: int, step_s: float, loss: float, lr: float, report, skipped: int,
-                     extra: dict | None = None) -> str:
+                     extra: dict | None = None, consumed: int | None = None) -> str:
         """' | consumed samples N | X TFLOP/s/device (hw Y) | MFU Z% | peak RSS M MiB (...) | ETA' for the log
-        line; records the interval. Collective (the memory all-gather): every rank calls it."""
+        line; records the interval. Collective (the memory all-gather): every rank calls it. consumed: the samples
+        read through this iteration, the loop's count (a run resumed at another global batch read the checkpoint's
+        first ones at the old batch: iteration x global batch overstated them); None: iteration x global batch."""
         rates = step_rates(self.cfg, self.seq_length, self.global_batch * self.seq_length, step_s, self.world,
                            self.recompute, self.peak_tflops)
         peaks = gather_peaks(self.device, self.peaks_group)
-        consumed = iteration * self.global_batch
+        consumed = iteration * self.global_batch if consumed is None else consumed
         self.writer.write(iteration, {
             "consumed_samples": consumed, "lm_loss": loss, "lr": lr, "grad_norm": report.grad_norm,
             "loss_scale": report.loss_scale, "skipped_iterations": skipped, "iteration_time_s": step_s,

@@ -164,7 +164,7 @@ def draw(runs: list[Run]):
             mem_ax.plot(mx, [run.memory[x] / 2**20 for x in mx], color=colour,
                         label=f"{run.label} ({run.memory_label})")
     for ax, title, ylabel in ((loss_ax, "lm loss", "loss"), (tps_ax, "throughput", "tokens/s (all ranks)"),
-                              (mem_ax, "peak memory of the fullest rank", "MiB")):
+                              (mem_ax, "peak memory of the fullest rank", "MiB (2^20 bytes)")):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("iteration")
         ax.set_ylabel(ylabel)

@@ -292,16 +292,18 @@ def run(args: argparse.Namespace) -> None:
     if not result.plans:
         raise ValueError(_nothing_fits(work, cluster, result, args.show_rejected, space))
     emitted = accepted_train_args(work, result.plans, args) if args.emit_args else None
+    baseline = _baseline(cluster.hw)  # one measure for the table and the plot: their MiB agree
     if args.plot:
         from hybrid.planner.plot import plot_memory
         with atomic_output(args.plot, suffix=os.path.splitext(args.plot)[1]) as tmp:
-            plot_memory(result.plans, tmp, title=_plot_title(work, cluster), device_gb=cluster.hw.capacity_bytes / GB)
+            plot_memory(result.plans, tmp, title=_plot_title(work, cluster), device_bytes=cluster.hw.capacity_bytes,
+                        host_baseline=baseline)
     if args.json:
         print(json.dumps(_json(work, cluster, result, args.show_rejected), indent=2))
     elif args.emit_args:
         print(" ".join(emitted))
     else:
-        print(_report(work, cluster, result, args.show_rejected))
+        print(_report(work, cluster, result, args.show_rejected, baseline))
         if args.explain:
             print(explain(work, cluster, result.plans[0]))
         if link is not None:
@@ -390,7 +392,7 @@ def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: 
         raise ValueError(f"no layout fits at --context-parallel-size {args.context_parallel_size} (a size must "
                          f"divide --gpus and half the --seq-length; a2a the kv-heads of a TP rank); try other sizes "
                          f"or more GPUs")
-    return context.report(work, cluster, plans)
+    return context.report(work, cluster, plans, _baseline(cluster.hw))
 
 
 def _check_plot_format(path: str, formats: dict[str, str]) -> None:
@@ -685,7 +687,9 @@ def _baseline(hw) -> float | None:
     return float(current_rss_bytes())
 
 
-def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> str:
+def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int,
+            baseline: float | None = None) -> str:
+    """The table; baseline: this process's resident bytes on host hardware (_baseline; measured here if None)."""
     hw, cfg = cluster.hw, work.model
     pytorch = bool(result.plans) and work.pytorch_native(result.plans[0].layout) and hw.eager_clock != 1.0
     clock = f" x PyTorch-stack clock {hw.eager_clock:.3g}" if pytorch else ""
@@ -697,7 +701,7 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int) -
              "layout: tp pp dp v(chunks/rank) b(micro-batch) z(ZeRO) [offload] [sp] recompute; "
              "TFLOP/s per GPU incl. recomputation; MFU without",
              _header(_width(result.plans), _on_host(hw))]
-    baseline = _baseline(hw)
+    baseline = _baseline(hw) if baseline is None else baseline
     lines += [_row(i + 1, p, _width(result.plans), baseline) for i, p in enumerate(result.plans)]
     lines.append(_units_line(_on_host(hw), baseline))
     best = result.plans[0]

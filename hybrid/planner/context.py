@@ -322,19 +322,32 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
-def report(work: Workload, cluster: Cluster, plans: list[ContextPlan]) -> str:
+def report(work: Workload, cluster: Cluster, plans: list[ContextPlan], host_baseline: float | None = None) -> str:
     """`hybrid plan --context-parallel-size ...`: the fastest layouts over CP sizes and comm types, with what CP
-    adds to each step (its extra attention blocks and exposed transfers) and the fullest rank's memory."""
+    adds to each step (its extra attention blocks and exposed transfers) and the fullest rank's memory. On a CPU
+    (host_baseline: this process's resident bytes, cli._baseline) the memory is the plain table's "RSS MiB" -- the
+    rank's tensors without the GPU reserve, plus the process, as train.py's log line measures it -- not GB."""
     width = max(len(p.short()) for p in plans)
+    mem = "mem GB" if host_baseline is None else "RSS MiB"
     lines = [f"global batch {work.global_batch} x {work.seq_length} tokens on {cluster.gpus} x {cluster.hw.name}; "
              f"context parallelism searched (hybrid/planner/context.py; docs/context-parallel.md)",
-             f"{'#':>2}  {'layout':<{width}} {'mem GB':>7} {'step s':>8} {'CP s':>8} {'tokens/s':>10} {'MFU':>6}"]
+             f"{'#':>2}  {'layout':<{width}} {mem:>7} {'step s':>8} {'CP s':>8} {'tokens/s':>10} {'MFU':>6}"]
     for i, p in enumerate(plans):
-        lines.append(f"{i + 1:>2}  {p.short():<{width}} {p.memory_gb:>7.1f} {p.total_s:>8.4g} {p.extra_s:>8.4g} "
-                     f"{p.tokens_per_s:>10.4g} {100 * p.mfu:>5.1f}%")
-    lines.append("CP s: seconds CP adds to the step (attention over the other ranks' keys + exposed CP transfers); "
-                 "mem GB: the fullest rank, the ring's buffers included")
+        lines.append(f"{i + 1:>2}  {p.short():<{width}} {_memory(p, host_baseline)} {p.total_s:>8.4g} "
+                     f"{p.extra_s:>8.4g} {p.tokens_per_s:>10.4g} {100 * p.mfu:>5.1f}%")
+    what = ("mem GB: the fullest rank, the ring's buffers included" if host_baseline is None else
+            f"RSS MiB: the fullest rank's peak resident memory as train.py's log line measures it: its tensors, the "
+            f"ring's buffers included, + {host_baseline / 2**20:,.0f} MiB, this process's size now")
+    lines.append(f"CP s: seconds CP adds to the step (attention over the other ranks' keys + exposed CP transfers); "
+                 f"{what}")
     return "\n".join(lines)
+
+
+def _memory(plan: ContextPlan, host_baseline: float | None) -> str:
+    """The memory column: GB of the device (the 2 GB reserve in the workspace), or a host's RSS MiB."""
+    if host_baseline is None:
+        return f"{plan.memory_gb:>7.1f}"
+    return f"{(plan.memory_gb * 1e9 - plan.base.memory.peak.workspace + host_baseline) / 2**20:>7,.0f}"
 
 
 def _reduced_space(space: SearchSpace, cp: int, gpus: int) -> SearchSpace:

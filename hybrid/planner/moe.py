@@ -103,13 +103,15 @@ class ExpertPlan:
     etp: int = 1
     etp_bytes: float = 0.0
     etp_s: float = 0.0
+    fabric: str = "NVLink"  # the node's links by name: a GPU node's NVLink, a host's own (round 21: on a CPU
+    #                         the line said "over NVLink")
 
     @property
     def seconds(self) -> float:
         return self.compute_s + self.alltoall_s + self.dp_sync_s
 
     def explain(self) -> str:
-        link = "NVLink" if self.intra_node else "NVLink + network"
+        link = self.fabric if self.intra_node else f"{self.fabric} + network"
         tp = f"expert-tp {self.etp} x " if self.etp > 1 else ""
         etp = (f", expert-TP gather / reduce-scatter {self.etp_bytes / GB:.3g} GB {self.etp_s:.3g} s"
                if self.etp > 1 else "")
@@ -210,7 +212,13 @@ def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbal
     return ExpertPlan(ep=ep, edp=edp, moe_layers=layers, expert_params=psi_e, extra_bytes=extra,
                       compute_s=compute, dp_sync_s=sync, alltoall_bytes=sent, alltoall_s=seconds + etp_s,
                       intra_node=not place.spans_nodes and not etp_place.spans_nodes, imbalance=imbalance,
-                      etp=etp, etp_bytes=etp_sent, etp_s=etp_s)
+                      etp=etp, etp_bytes=etp_sent, etp_s=etp_s, fabric=node_fabric(hw))
+
+
+def node_fabric(hw) -> str:
+    """What the ranks of one node talk over, for the explain line: CPU hardware (the cpu preset, a gloo
+    calibration: compute_units set) has no NVLink -- its ranks are processes of one host."""
+    return "the host's links" if hw.compute_units is not None or hw.name == "cpu" else "NVLink"
 
 
 def etp_bytes(tokens: int, k: int, h: int, b: int, etp: int) -> float:

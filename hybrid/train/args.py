@@ -691,7 +691,18 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
               f"ZeRO {int(lay.zero)}, offload {lay.offload.value}, sp {lay.sequence_parallel}, schedule "
               f"{lay.schedule.value}" + (f", ep {experts.ep}" if experts else "")
               + (f", expert-tp {experts.etp}" if experts and experts.etp > 1 else "")
-              + f" (predicted {seconds:.3g} s/step on {hw.name})" + (f"; {note}" if note else ""), flush=True)
+              + f" ({auto_parallel_time(seconds, hw.name, not args.hardware and not torch.cuda.is_available())})"
+              + (f"; {note}" if note else ""), flush=True)
+
+
+def auto_parallel_time(seconds: float, hw_name: str, placeholder: bool) -> str:
+    """The auto-parallel line's time: the plan's step on the device's rates, or on a CPU without --hardware the
+    cpu preset's placeholder rates, which rank the layouts but time nothing -- the run's own `planner:` line says
+    "no time" for them (round 21: the two lines disagreed, "predicted 0.002 s/step on cpu" above "no time")."""
+    if placeholder:
+        return (f"ranked on the {hw_name} preset's placeholder rates, no time: `hybrid calibrate --out cpu.json`, "
+                f"then --hardware cpu.json")
+    return f"predicted {seconds:.3g} s/step on {hw_name}"
 
 
 def _plan_without_cp(work, cluster, space):

@@ -323,6 +323,32 @@ def _json(v):
     return list(v) if isinstance(v, tuple) else v
 
 
+def schedule_of_run(args: dict, layout: dict) -> str:
+    """The pipeline schedule a run recorded in state.json ran: --pipeline-schedule, or train.py's default for its
+    chunks (interleaved with virtual stages, else 1F1B; hybrid/train/args.py)."""
+    return args.get("pipeline_schedule") or ("interleaved" if layout.get("v", 1) > 1 else "1f1b")
+
+
+def schedule_change_line(old: dict, new: dict, lay_old: dict, lay_new: dict) -> str | None:
+    """The pipeline schedule, when it changed (--pipeline-schedule is a layout flag, left out of the flags line;
+    1f1b -> zbh1 at the same stages changed nothing the layout line compares, and the resume said "the same flags
+    and layout"). None at pp 1 (no schedule runs) or when it is the same."""
+    was, now = schedule_of_run(old, lay_old), schedule_of_run(new, lay_new)
+    if lay_new.get("pp", 1) == 1 or lay_old.get("pp", 1) == 1 or was == now:
+        return None
+    return f"resume: pipeline schedule {was} -> {now}: the order of each step's passes, its memory and its time " \
+           f"are the new schedule's"
+
+
+def implied_batch_line(saved_gb: int, global_batch: int, dp_old, dp_new) -> str:
+    """--global-batch-size unset in both runs (Megatron's default: micro-batch x dp) and a resume at another dp:
+    the global batch -- the samples each optimizer step averages -- changed with no flag changed, and nothing said
+    it (round 21: docs/checkpoint.md's tp 2 x pp 2 run, 4 samples a step, resumed at dp 2 with 8)."""
+    return (f"resume: global batch {saved_gb} -> {global_batch} samples a step (--global-batch-size unset: "
+            f"micro-batch x dp, dp {dp_old} -> {dp_new}): each step averages another number of samples; pass "
+            f"--global-batch-size {saved_gb} to keep the saved run's")
+
+
 def layout_text(layout: dict) -> str:
     v = f" (v {layout['v']})" if layout.get("v", 1) > 1 else ""
     cp = f" x cp {layout['cp']}" if layout.get("cp", 1) > 1 else ""
@@ -423,16 +449,21 @@ def resume_lines(saved: dict, now: dict, start: int, consumed: int, facts: DataF
         lines.append(f"resume: the checkpoint is at iteration {start} and --train-iters is {new['train_iters']}: "
                      f"nothing left to train (raise --train-iters to continue)")
     lay_old, lay_new = saved.get("layout", {}), now["layout"]
-    if any(lay_old.get(k, 1) != lay_new.get(k, 1) for k in ("tp", "cp", "pp", "dp", "zero", "v", "stages")):
+    moved = any(lay_old.get(k, 1) != lay_new.get(k, 1) for k in ("tp", "cp", "pp", "dp", "zero", "v", "stages"))
+    if moved:
         lines.append(f"resume: layout changed: saved at {layout_text(lay_old)}, now {layout_text(lay_new)}: the "
                      f"checkpoint is resharded on load; losses agree with the saved layout's up to fp32 summation "
                      f"order, and dropout's per-rank streams restart unless tp, pp and dp are the same")
-    elif old.get("micro_batch_size") != new.get("micro_batch_size") and "micro_batch_size" in old:
+    if (line := schedule_change_line(old, new, lay_old, lay_new)) is not None:
+        lines.append(line)
+    if not moved and old.get("micro_batch_size") != new.get("micro_batch_size") and "micro_batch_size" in old:
         lines.append(f"resume: micro-batch {old['micro_batch_size']} -> {new['micro_batch_size']}: the same samples "
                      f"per step, accumulated in other slices")
     if (line := lr_change_line(old, new, start)) is not None:
         lines.append(line)
     saved_gb = old.get("global_batch_size") or old.get("micro_batch_size", 0) * lay_old.get("dp", 0) or global_batch
+    if saved_gb != global_batch and "global_batch_size" not in changed:
+        lines.append(implied_batch_line(saved_gb, global_batch, lay_old.get("dp"), lay_new.get("dp")))
     if facts is not None and (line := data_order_line(old, new, facts, global_batch, saved_gb, consumed)):
         lines.append(line)
     if not lines:

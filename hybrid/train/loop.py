@@ -10,6 +10,7 @@ from datetime import timedelta
 import torch
 
 from hybrid.checkpoint.run import RunCheckpoints
+from hybrid.compress.args import describe as compress_line
 from hybrid.compress.reduction import build as compress_reduction
 from hybrid.compress.reduction import owners as compress_owners
 from hybrid.data import DataSource
@@ -132,7 +133,9 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     metrics = RunMetrics.start(run, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
     log0(mesh, metrics.header())
     if local.cfg:
-        log0(mesh, local.describe())  # hybrid/diloco: replicas, H, the outer optimizer
+        log0(mesh, local.describe(run.zero.stage))  # hybrid/diloco: replicas, H, the outer optimizer
+    if line := compress_line(run.compress, diloco=local.cfg is not None):  # hybrid/compress: the scheme, from when
+        log0(mesh, line)
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
     saved = local.checkpointed(optimizer, run.checkpoint)  # hybrid/diloco: starts the outer loop; replica r > 0's keys
@@ -166,7 +169,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
             moe_line, moe_values = moe_log_fields(model, mesh, batch.num_micro_batches * log_interval,
                                                   expert_layout(run))  # collective; '' for a dense model
             fields = moe_line + metrics.log_interval(it + 1, dt, loss, opt_cfg.lr_at(it), rep, optimizer.skipped_steps,
-                                                     extra=moe_values)  # collective
+                                                     extra=moe_values,
+                                                     consumed=consumed + batch.global_batch)  # collective; this step's
             log0(mesh, f" iteration {it + 1:>6}/{train_iters} | lm loss {loss:.4f} | "
                        f"lr {opt_cfg.lr_at(it):.3e}{extra} | {dt * 1e3:8.1f} ms/iter | {tokens_per_step / dt:9.0f} tokens/s"
                        f"{fields}")
