@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> None:
     else:
         print(_report(work, cluster, result, args.show_rejected, baseline))
         if args.explain:
-            print(explain(work, cluster, result.plans[0]))
+            print(explain(work, cluster, result.plans[0], baseline))  # the table's RSS baseline on a CPU
         if link is not None:
             rows = slowlink.predict(work, cluster, [p.layout for p in result.plans], methods, link, evaluate)
             print(slowlink.table(rows, link))
@@ -645,11 +645,11 @@ def _rate(tflops: float) -> str:
 
 def _memory(plan: Plan, baseline: float | None) -> str:
     """GB of the fullest device's demand; on a host (baseline: this process's resident bytes) the peak RSS a
-    rank reaches, as train.py's log measures it: the rank's tensors, without the GPU reserve, plus the process."""
+    rank reaches, as train.py's log measures it: the rank's tensors, without the GPU reserve, plus the process.
+    Both count an MoE model's experts (Plan.memory_gb; round 21: the RSS left them out)."""
     if baseline is None:
         return f"{plan.memory_gb:>7.1f}"
-    peak = plan.memory.peak
-    return f"{(peak.total - peak.workspace + baseline) / 2**20:>7,.0f}"
+    return f"{(plan.memory_gb * GB - plan.memory.peak.workspace + baseline) / 2**20:>7,.0f}"
 
 
 def _units_line(host: bool, baseline: float | None) -> str:
@@ -718,9 +718,10 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int,
     return "\n".join(lines)
 
 
-def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
+def explain(work: Workload, cluster: Cluster, plan: Plan, baseline: float | None = None) -> str:
     """The step of `plan` taken apart (time.TERMS): each term's seconds, its share, what it is, and the numbers
-    the compute terms rest on."""
+    the compute terms rest on. baseline: this process's resident bytes on CPU hardware (_baseline), where the
+    memory figures are the table's RSS MiB (the demand less the GPU reserve, plus the process), not GB."""
     t, hw = plan.time, work.device(cluster.hw, plan.layout)  # as the plan timed it
     moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
     lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
@@ -743,8 +744,10 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
                  f"one pipeline message {t.pp_comm * 1e3:.3g} ms; bubble {100 * t.bubble_fraction:.1f} % "
                  f"(docs/planner.md \"Time\")")
     if plan.experts is not None:  # MoE: the EP choice (hybrid/planner/moe.py)
-        lines.append(f"  + {plan.experts.explain()}")
-        lines += ["  " + line for line in moe.why(work, cluster, plan.layout, plan.memory.peak.total, plan.experts)]
+        peak = plan.memory.peak
+        offset = None if baseline is None else baseline - peak.workspace  # _memory's RSS, as the table's column
+        lines.append(f"  + {plan.experts.explain(host=baseline is not None)}")
+        lines += ["  " + line for line in moe.why(work, cluster, plan.layout, peak.total, plan.experts, offset)]
     return "\n".join(lines)
 
 
