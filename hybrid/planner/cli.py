@@ -632,9 +632,12 @@ def _on_host(hw) -> bool:
     return hw.compute_units is not None or hw.name == "cpu"
 
 
-def _header(width: int, host: bool = False) -> str:
+def _header(width: int, host: bool = False, moe: bool = False) -> str:
+    """moe: an MoE model's table, with the plan's expert-parallel and expert-TP sizes after the layout (round 21:
+    nothing said the plan chose ep 1); a dense model's table is as before."""
     mem = "RSS MiB" if host else "mem GB"
-    return (f"{'#':>2}  {'layout':<{width}} {mem:>7} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} "
+    experts = f" {'ep':>3} {'etp':>3}" if moe else ""
+    return (f"{'#':>2}  {'layout':<{width}}{experts} {mem:>7} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} "
             f"{'MFU':>6} {'bubble':>7}")
 
 
@@ -664,6 +667,14 @@ def _units_line(host: bool, baseline: float | None) -> str:
             "FLOPs per GPU per second (the log's TFLOP/s/device)")
 
 
+def _experts_legend(work: Workload) -> str:
+    """The ep / etp columns of an MoE model's table, in train.py's flags ('' for a dense model)."""
+    if not work.model.num_experts:
+        return ""
+    return ("ep etp: the experts' expert-parallel and expert-TP sizes (--expert-model-parallel-size, "
+            "--expert-tensor-parallel-size; docs/moe.md \"The planner\"); ")
+
+
 def _width(plans: list[Plan]) -> int:
     return max([len("layout")] + [len(p.layout.short()) for p in plans])
 
@@ -674,7 +685,9 @@ def _count(n: float) -> str:
 
 
 def _row(i: int, plan: Plan, width: int, baseline: float | None = None) -> str:
-    return (f"{i:>2}  {plan.layout.short():<{width}} {_memory(plan, baseline)} {plan.seconds:>8.4g} "
+    x = plan.experts  # an MoE model's chosen sizes (moe.ExpertPlan), the columns _header(moe=True) names
+    experts = f" {x.ep:>3} {x.etp:>3}" if x is not None else ""
+    return (f"{i:>2}  {plan.layout.short():<{width}}{experts} {_memory(plan, baseline)} {plan.seconds:>8.4g} "
             f"{plan.tokens_per_s:>10,.0f} {_rate(plan.tflops_per_gpu):>8} {100 * plan.mfu:>5.1f}% "
             f"{100 * plan.bubble_fraction:>6.1f}%")
 
@@ -699,8 +712,8 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int,
              f"{clock}) | "
              f"global batch {work.global_batch} x {work.seq_length} tokens",
              "layout: tp pp dp v(chunks/rank) b(micro-batch) z(ZeRO) [offload] [sp] recompute; "
-             "TFLOP/s per GPU incl. recomputation; MFU without",
-             _header(_width(result.plans), _on_host(hw))]
+             + _experts_legend(work) + "TFLOP/s per GPU incl. recomputation; MFU without",
+             _header(_width(result.plans), _on_host(hw), bool(cfg.num_experts))]
     baseline = _baseline(hw) if baseline is None else baseline
     lines += [_row(i + 1, p, _width(result.plans), baseline) for i, p in enumerate(result.plans)]
     lines.append(_units_line(_on_host(hw), baseline))
@@ -884,7 +897,7 @@ def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula:
     width = _width([r.plans[0] for _, r in rows if r.plans])
     hw = cluster_from_args(args, counts[0]).hw
     baseline = _baseline(hw)
-    print(f"{'GPUs':>6}  " + _header(width, _on_host(hw))[4:])
+    print(f"{'GPUs':>6}  " + _header(width, _on_host(hw), bool(work.model.num_experts))[4:])
     for n, r in rows:
         if r.plans:
             print(f"{n:>6}  " + _row(1, r.plans[0], width, baseline)[4:])

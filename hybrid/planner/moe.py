@@ -330,8 +330,8 @@ def _memory(demand: float, rss_offset: float | None) -> str:
 
 def train_argv(plan: ExpertPlan | None) -> list[str]:
     """train.py's flags for the chosen EP and expert-TP (hybrid/moe/args.py; `hybrid plan --emit-args`); none for a
-    dense model or sizes 1 (the defaults)."""
+    dense model. An MoE plan names both, sizes 1 too (train.py's defaults, but the plan's choice: round 21, a plan
+    at ep 1 said nothing of EP)."""
     if plan is None:
         return []
-    return ((["--expert-model-parallel-size", str(plan.ep)] if plan.ep > 1 else [])
-            + (["--expert-tensor-parallel-size", str(plan.etp)] if plan.etp > 1 else []))
+    return ["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", str(plan.etp)]
