@@ -632,12 +632,9 @@ def _on_host(hw) -> bool:
     return hw.compute_units is not None or hw.name == "cpu"
 
 
-def _header(width: int, host: bool = False, moe: bool = False) -> str:
-    """moe: an MoE model's table, with the plan's expert-parallel and expert-TP sizes after the layout (round 21:
-    nothing said the plan chose ep 1); a dense model's table is as before."""
+def _header(width: int, host: bool = False) -> str:
     mem = "RSS MiB" if host else "mem GB"
-    experts = f" {'ep':>3} {'etp':>3}" if moe else ""
-    return (f"{'#':>2}  {'layout':<{width}}{experts} {mem:>7} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} "
+    return (f"{'#':>2}  {'layout':<{width}} {mem:>7} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} "
             f"{'MFU':>6} {'bubble':>7}")
 
 
@@ -668,15 +665,21 @@ def _units_line(host: bool, baseline: float | None) -> str:
 
 
 def _experts_legend(work: Workload) -> str:
-    """The ep / etp columns of an MoE model's table, in train.py's flags ('' for a dense model)."""
+    """The layout cell's ep / etp of an MoE model, in train.py's flags ('' for a dense model)."""
     if not work.model.num_experts:
         return ""
-    return ("ep etp: the experts' expert-parallel and expert-TP sizes (--expert-model-parallel-size, "
-            "--expert-tensor-parallel-size; docs/moe.md \"The planner\"); ")
+    return ("ep: the experts' expert-parallel size (--expert-model-parallel-size), etp: their expert-TP size, "
+            "shown when > 1 (--expert-tensor-parallel-size; docs/moe.md \"The planner\"); ")
+
+
+def _cell(plan: Plan) -> str:
+    """The layout column: the layout, and an MoE model's chosen EP (and expert-TP), as the CP table writes them
+    (round 21: nothing said the plan chose ep 1); a dense model's is its layout alone."""
+    return plan.layout.short() + moe.layout_suffix(plan.experts)
 
 
 def _width(plans: list[Plan]) -> int:
-    return max([len("layout")] + [len(p.layout.short()) for p in plans])
+    return max([len("layout")] + [len(_cell(p)) for p in plans])
 
 
 def _count(n: float) -> str:
@@ -685,9 +688,7 @@ def _count(n: float) -> str:
 
 
 def _row(i: int, plan: Plan, width: int, baseline: float | None = None) -> str:
-    x = plan.experts  # an MoE model's chosen sizes (moe.ExpertPlan), the columns _header(moe=True) names
-    experts = f" {x.ep:>3} {x.etp:>3}" if x is not None else ""
-    return (f"{i:>2}  {plan.layout.short():<{width}}{experts} {_memory(plan, baseline)} {plan.seconds:>8.4g} "
+    return (f"{i:>2}  {_cell(plan):<{width}} {_memory(plan, baseline)} {plan.seconds:>8.4g} "
             f"{plan.tokens_per_s:>10,.0f} {_rate(plan.tflops_per_gpu):>8} {100 * plan.mfu:>5.1f}% "
             f"{100 * plan.bubble_fraction:>6.1f}%")
 
@@ -713,7 +714,7 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int,
              f"global batch {work.global_batch} x {work.seq_length} tokens",
              "layout: tp pp dp v(chunks/rank) b(micro-batch) z(ZeRO) [offload] [sp] recompute; "
              + _experts_legend(work) + "TFLOP/s per GPU incl. recomputation; MFU without",
-             _header(_width(result.plans), _on_host(hw), bool(cfg.num_experts))]
+             _header(_width(result.plans), _on_host(hw))]
     baseline = _baseline(hw) if baseline is None else baseline
     lines += [_row(i + 1, p, _width(result.plans), baseline) for i, p in enumerate(result.plans)]
     lines.append(_units_line(_on_host(hw), baseline))
@@ -897,7 +898,7 @@ def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula:
     width = _width([r.plans[0] for _, r in rows if r.plans])
     hw = cluster_from_args(args, counts[0]).hw
     baseline = _baseline(hw)
-    print(f"{'GPUs':>6}  " + _header(width, _on_host(hw), bool(work.model.num_experts))[4:])
+    print(f"{'GPUs':>6}  " + _header(width, _on_host(hw))[4:])
     for n, r in rows:
         if r.plans:
             print(f"{n:>6}  " + _row(1, r.plans[0], width, baseline)[4:])

@@ -328,6 +328,14 @@ def _memory(demand: float, rss_offset: float | None) -> str:
     return f"{demand / GB:.3g} GB" if rss_offset is None else f"RSS {(demand + rss_offset) / MIB:,.0f} MiB"
 
 
+def layout_suffix(plan: ExpertPlan | None) -> str:
+    """' ep2', ' ep1 etp2': an MoE plan's sizes after its layout in the plan tables (cli's, context's); '' for a
+    dense model."""
+    if plan is None:
+        return ""
+    return f" ep{plan.ep}" + (f" etp{plan.etp}" if plan.etp > 1 else "")
+
+
 def train_argv(plan: ExpertPlan | None) -> list[str]:
     """train.py's flags for the chosen EP and expert-TP (hybrid/moe/args.py; `hybrid plan --emit-args`); none for a
     dense model. An MoE plan names both, sizes 1 too (train.py's defaults, but the plan's choice: round 21, a plan
