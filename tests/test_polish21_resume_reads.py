@@ -82,3 +82,18 @@ def test_a_resume_at_a_larger_batch_reads_part_of_the_split_and_wraps_nothing():
     assert data.endswith("was 80) and its shuffle still spans 1 epoch, as the saved run's did; this run reads its "
                          "samples 40-119 (the checkpoint's 40 + 10 iterations x 8)"), data
     assert "now built for 160 samples" in data and "wrap" not in data
+
+
+def test_another_dp_and_micro_batch_count_at_a_set_global_batch_read_on_as_the_saved_run():
+    """--global-batch-size 8 both times, dp 2 x micro 2 (2 micro-batches) resumed at dp 4 x micro 2 (1): the same
+    8 samples a step, the checkpoint's 80 = 10 x 8, the run reads 80-159 of a split built for 160 -- the
+    uninterrupted run's samples, so no global-batch or data line; and the dp ranks' batches are those samples."""
+    saved = {"model": "tiny-gpt2", "layout": _layout(2), "iteration": 10, "consumed_samples": 80, "contents": "full",
+             "args": {**FLAGS, "global_batch_size": 8, "micro_batch_size": 2}}
+    now = {"model": "tiny-gpt2", "layout": _layout(4), "args": {**FLAGS, "global_batch_size": 8, "micro_batch_size": 2}}
+    facts = explain.data_facts(_source(20, 8), SplitSizes.for_run(20, 8, 10, 1), SPLIT, "80,15,5", 1)
+    lines = explain.resume_lines(saved, now, 10, 80, facts, 8)
+    assert len(lines) == 1 and lines[0].startswith("resume: layout changed: "), lines
+    source, spec = _source(20, 8), BatchSpec(global_batch=8, micro_batch=2, seq_length=16, dp=4)
+    rows = torch.cat([torch.cat([x for x, _ in source.batches(80, spec, r)]) for r in range(4)])
+    assert torch.equal(rows, source.samples(Split.TRAIN, 80, 8)[:, :-1])
