@@ -218,7 +218,8 @@ def test_expert_tp_is_chosen_when_ep_cannot_split_the_experts_further():
     assert best.experts.etp_bytes > 0 and best.experts.etp_s > 0
     lines = why(work, Cluster(gpus=32, hw=hardware("h100-80g")), best.layout, best.memory.peak.total, best.experts)
     assert f"ep 1 x expert-tp {best.experts.etp} chosen" in lines[0]
-    assert train_argv(best.experts) == ["--expert-tensor-parallel-size", str(best.experts.etp)]
+    assert train_argv(best.experts) == ["--expert-model-parallel-size", "1", "--expert-tensor-parallel-size",
+                                        str(best.experts.etp)]
 
 
 def test_moe_layouts_train_py_refuses_are_not_planned():

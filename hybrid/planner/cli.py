@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> None:
     else:
         print(_report(work, cluster, result, args.show_rejected, baseline))
         if args.explain:
-            print(explain(work, cluster, result.plans[0]))
+            print(explain(work, cluster, result.plans[0], baseline))  # the table's RSS baseline on a CPU
         if link is not None:
             rows = slowlink.predict(work, cluster, [p.layout for p in result.plans], methods, link, evaluate)
             print(slowlink.table(rows, link))
@@ -645,11 +645,11 @@ def _rate(tflops: float) -> str:
 
 def _memory(plan: Plan, baseline: float | None) -> str:
     """GB of the fullest device's demand; on a host (baseline: this process's resident bytes) the peak RSS a
-    rank reaches, as train.py's log measures it: the rank's tensors, without the GPU reserve, plus the process."""
+    rank reaches, as train.py's log measures it: the rank's tensors, without the GPU reserve, plus the process.
+    Both count an MoE model's experts (Plan.memory_gb; round 21: the RSS left them out)."""
     if baseline is None:
         return f"{plan.memory_gb:>7.1f}"
-    peak = plan.memory.peak
-    return f"{(peak.total - peak.workspace + baseline) / 2**20:>7,.0f}"
+    return f"{(plan.memory_gb * GB - plan.memory.peak.workspace + baseline) / 2**20:>7,.0f}"
 
 
 def _units_line(host: bool, baseline: float | None) -> str:
@@ -664,8 +664,22 @@ def _units_line(host: bool, baseline: float | None) -> str:
             "FLOPs per GPU per second (the log's TFLOP/s/device)")
 
 
+def _experts_legend(work: Workload) -> str:
+    """The layout cell's ep / etp of an MoE model, in train.py's flags ('' for a dense model)."""
+    if not work.model.num_experts:
+        return ""
+    return ("ep: the experts' expert-parallel size (--expert-model-parallel-size), etp: their expert-TP size, "
+            "shown when > 1 (--expert-tensor-parallel-size; docs/moe.md \"The planner\"); ")
+
+
+def _cell(plan: Plan) -> str:
+    """The layout column: the layout, and an MoE model's chosen EP (and expert-TP), as the CP table writes them
+    (round 21: nothing said the plan chose ep 1); a dense model's is its layout alone."""
+    return plan.layout.short() + moe.layout_suffix(plan.experts)
+
+
 def _width(plans: list[Plan]) -> int:
-    return max([len("layout")] + [len(p.layout.short()) for p in plans])
+    return max([len("layout")] + [len(_cell(p)) for p in plans])
 
 
 def _count(n: float) -> str:
@@ -674,7 +688,7 @@ def _count(n: float) -> str:
 
 
 def _row(i: int, plan: Plan, width: int, baseline: float | None = None) -> str:
-    return (f"{i:>2}  {plan.layout.short():<{width}} {_memory(plan, baseline)} {plan.seconds:>8.4g} "
+    return (f"{i:>2}  {_cell(plan):<{width}} {_memory(plan, baseline)} {plan.seconds:>8.4g} "
             f"{plan.tokens_per_s:>10,.0f} {_rate(plan.tflops_per_gpu):>8} {100 * plan.mfu:>5.1f}% "
             f"{100 * plan.bubble_fraction:>6.1f}%")
 
@@ -699,7 +713,7 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int,
              f"{clock}) | "
              f"global batch {work.global_batch} x {work.seq_length} tokens",
              "layout: tp pp dp v(chunks/rank) b(micro-batch) z(ZeRO) [offload] [sp] recompute; "
-             "TFLOP/s per GPU incl. recomputation; MFU without",
+             + _experts_legend(work) + "TFLOP/s per GPU incl. recomputation; MFU without",
              _header(_width(result.plans), _on_host(hw))]
     baseline = _baseline(hw) if baseline is None else baseline
     lines += [_row(i + 1, p, _width(result.plans), baseline) for i, p in enumerate(result.plans)]
@@ -718,9 +732,10 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int,
     return "\n".join(lines)
 
 
-def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
+def explain(work: Workload, cluster: Cluster, plan: Plan, baseline: float | None = None) -> str:
     """The step of `plan` taken apart (time.TERMS): each term's seconds, its share, what it is, and the numbers
-    the compute terms rest on."""
+    the compute terms rest on. baseline: this process's resident bytes on CPU hardware (_baseline), where the
+    memory figures are the table's RSS MiB (the demand less the GPU reserve, plus the process), not GB."""
     t, hw = plan.time, work.device(cluster.hw, plan.layout)  # as the plan timed it
     moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
     lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
@@ -743,8 +758,10 @@ def explain(work: Workload, cluster: Cluster, plan: Plan) -> str:
                  f"one pipeline message {t.pp_comm * 1e3:.3g} ms; bubble {100 * t.bubble_fraction:.1f} % "
                  f"(docs/planner.md \"Time\")")
     if plan.experts is not None:  # MoE: the EP choice (hybrid/planner/moe.py)
-        lines.append(f"  + {plan.experts.explain()}")
-        lines += ["  " + line for line in moe.why(work, cluster, plan.layout, plan.memory.peak.total, plan.experts)]
+        peak = plan.memory.peak
+        offset = None if baseline is None else baseline - peak.workspace  # _memory's RSS, as the table's column
+        lines.append(f"  + {plan.experts.explain(host=baseline is not None)}")
+        lines += ["  " + line for line in moe.why(work, cluster, plan.layout, peak.total, plan.experts, offset)]
     return "\n".join(lines)
 
 

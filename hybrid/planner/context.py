@@ -60,6 +60,7 @@ from dataclasses import dataclass, replace
 from hybrid.cp.comm_type import CommType
 from hybrid.cp.volume import ring_bytes
 from hybrid.planner.hardware import Collective, GroupPlacement, collective_seconds, p2p_seconds
+from hybrid.planner import moe
 from hybrid.planner.layout import Cluster, Layout, Recompute, RingSchedule, Workload, stage_layers
 from hybrid.planner.search import Plan, SearchSpace, evaluate, search
 from hybrid.planner.time import model_flops, ring_step_seconds
@@ -255,8 +256,7 @@ class ContextPlan:
         return replace(self.base.layout, dp=self.base.layout.dp // self.cp)
 
     def short(self) -> str:
-        experts = self.base.experts  # an MoE model: the EP (and expert-TP) the reduced plan chose
-        ep = "" if experts is None else f" ep{experts.ep}" + (f" etp{experts.etp}" if experts.etp > 1 else "")
+        ep = moe.layout_suffix(self.base.experts)  # an MoE model: the EP (and expert-TP) the reduced plan chose
         return (f"{self.layout.short()} cp{self.cp} {self.comm.value}" if self.cp > 1 else self.layout.short()) + ep
 
 

@@ -64,6 +64,7 @@ from hybrid.planner.layout import Cluster, Layout, Workload, dp_placement, stage
 from hybrid.planner.predicted_comm import Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds, merge
 from hybrid.planner.predicted_memory import model_states
 
+MIB = 2**20  # the unit of a host's RSS (train.py's log line, the plan table on CPU hardware)
 IMBALANCE = 1.2  # the default planning margin lambda (module docstring)
 COLLECTIVES_PER_LAYER = 5  # counts, dispatch, combine forward; combine and dispatch backward
 ETP_COLLECTIVES_PER_LAYER = 5  # counts' all-gather, gather and reduce-scatter forward; their two backwards
@@ -110,13 +111,17 @@ class ExpertPlan:
     def seconds(self) -> float:
         return self.compute_s + self.alltoall_s + self.dp_sync_s
 
-    def explain(self) -> str:
+    def explain(self, host: bool = False) -> str:
+        """--explain's experts line; host: CPU hardware, where the plan table's memory is RSS in MiB (2^20
+        bytes), so is the experts' (the wire's bytes stay GB = 1e9, as every traffic figure)."""
         link = self.fabric if self.intra_node else f"{self.fabric} + network"
         tp = f"expert-tp {self.etp} x " if self.etp > 1 else ""
         etp = (f", expert-TP gather / reduce-scatter {self.etp_bytes / GB:.3g} GB {self.etp_s:.3g} s"
                if self.etp > 1 else "")
+        extra = (f"{self.extra_bytes / MIB:+.3g} MiB of RSS beside the dense plan's tensors" if host else
+                 f"{self.extra_bytes / GB:+.3g} GB beside the dense plan")
         return (f"experts: {tp}ep {self.ep} x expert-dp {self.edp}, {_count(self.expert_params)} expert parameters a "
-                f"rank ({self.extra_bytes / GB:+.3g} GB beside the dense plan), all-to-all "
+                f"rank ({extra}), all-to-all "
                 f"{self.alltoall_bytes / GB:.3g} GB a step over {link} {self.alltoall_s - self.etp_s:.3g} s{etp}, "
                 f"expert compute "
                 f"{self.compute_s:+.3g} s, expert-DP sync {self.dp_sync_s:+.3g} s, imbalance {self.imbalance:g}")
@@ -303,22 +308,38 @@ def memory_problem(work: Workload, cluster: Cluster, layout: Layout, base_bytes:
             f"{cluster.hw.capacity_bytes / GB:.4g}")
 
 
-def why(work: Workload, cluster: Cluster, layout: Layout, base_bytes: float, chosen: ExpertPlan) -> list[str]:
-    """--explain: every (ep, etp) of the layout, its seconds and memory, and why `chosen` won."""
+def why(work: Workload, cluster: Cluster, layout: Layout, base_bytes: float, chosen: ExpertPlan,
+        rss_offset: float | None = None) -> list[str]:
+    """--explain: every (ep, etp) of the layout, its seconds and memory, and why `chosen` won. Memory: GB of the
+    device's demand (base_bytes + the experts', the planner's reserve in it); on CPU hardware (rss_offset: the
+    process's resident bytes less that reserve, as cli._memory) the plan table's peak RSS in MiB."""
     lines = [f"experts: ep {chosen.ep} x expert-tp {chosen.etp} chosen of {expert_sizes(work, layout)} (ep, etp) "
              f"(fastest that fits; imbalance {chosen.imbalance:g}; docs/moe.md \"The planner\")"]
     for p in expert_plans(work, cluster, layout, chosen.imbalance):
         fits = base_bytes + p.extra_bytes <= cluster.hw.capacity_bytes
         lines.append(f"    ep {p.ep:<3} etp {p.etp:<2} all-to-all (+ expert-TP) {p.alltoall_s:.3g} s + expert compute {p.compute_s:+.3g} s + "
                      f"expert-DP sync {p.dp_sync_s:+.3g} s = {p.seconds:.3g} s, "
-                     f"{(base_bytes + p.extra_bytes) / GB:.3g} GB" + ("" if fits else " -- does not fit"))
+                     f"{_memory(base_bytes + p.extra_bytes, rss_offset)}" + ("" if fits else " -- does not fit"))
     return lines
+
+
+def _memory(demand: float, rss_offset: float | None) -> str:
+    """A rank's memory as the plan table prints it: the device's demand in GB, or on a host its RSS in MiB."""
+    return f"{demand / GB:.3g} GB" if rss_offset is None else f"RSS {(demand + rss_offset) / MIB:,.0f} MiB"
+
+
+def layout_suffix(plan: ExpertPlan | None) -> str:
+    """' ep2', ' ep1 etp2': an MoE plan's sizes after its layout in the plan tables (cli's, context's); '' for a
+    dense model."""
+    if plan is None:
+        return ""
+    return f" ep{plan.ep}" + (f" etp{plan.etp}" if plan.etp > 1 else "")
 
 
 def train_argv(plan: ExpertPlan | None) -> list[str]:
     """train.py's flags for the chosen EP and expert-TP (hybrid/moe/args.py; `hybrid plan --emit-args`); none for a
-    dense model or sizes 1 (the defaults)."""
+    dense model. An MoE plan names both, sizes 1 too (train.py's defaults, but the plan's choice: round 21, a plan
+    at ep 1 said nothing of EP)."""
     if plan is None:
         return []
-    return ((["--expert-model-parallel-size", str(plan.ep)] if plan.ep > 1 else [])
-            + (["--expert-tensor-parallel-size", str(plan.etp)] if plan.etp > 1 else []))
+    return ["--expert-model-parallel-size", str(plan.ep), "--expert-tensor-parallel-size", str(plan.etp)]

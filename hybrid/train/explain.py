@@ -340,12 +340,15 @@ def schedule_change_line(old: dict, new: dict, lay_old: dict, lay_new: dict) -> 
            f"are the new schedule's"
 
 
-def implied_batch_line(saved_gb: int, global_batch: int, dp_old, dp_new) -> str:
-    """--global-batch-size unset in both runs (Megatron's default: micro-batch x dp) and a resume at another dp:
-    the global batch -- the samples each optimizer step averages -- changed with no flag changed, and nothing said
-    it (round 21: docs/checkpoint.md's tp 2 x pp 2 run, 4 samples a step, resumed at dp 2 with 8)."""
+def implied_batch_line(saved_gb: int, global_batch: int, dp_old, dp_new, micro_old=None, micro_new=None) -> str:
+    """--global-batch-size unset in both runs (Megatron's default: micro-batch x dp) and a resume at another dp
+    or micro-batch: the global batch -- the samples each optimizer step averages -- changed with no flag changed,
+    and nothing said it (round 21: docs/checkpoint.md's tp 2 x pp 2 run, 4 samples a step, resumed at dp 2 with
+    8). Names the factors that moved (a micro-batch change alone said "dp 2 -> 2")."""
+    moved = ([f"micro-batch {micro_old} -> {micro_new}"] if micro_old != micro_new else []) + (
+        [f"dp {dp_old} -> {dp_new}"] if dp_old != dp_new else [])
     return (f"resume: global batch {saved_gb} -> {global_batch} samples a step (--global-batch-size unset: "
-            f"micro-batch x dp, dp {dp_old} -> {dp_new}): each step averages another number of samples; pass "
+            f"micro-batch x dp, {', '.join(moved)}): each step averages another number of samples; pass "
             f"--global-batch-size {saved_gb} to keep the saved run's")
 
 
@@ -395,27 +398,54 @@ def train_epochs(facts: DataFacts, samples: int) -> list[tuple[int, bool]]:
 
 
 def data_order_line(saved_flags: dict, now_flags: dict, facts: DataFacts, global_batch: int,
-                    saved_global_batch: int, consumed: int) -> str | None:
-    """Whether the samples from `consumed` on are the ones the saved run would have read."""
+                    saved_global_batch: int, consumed: int, start: int) -> str | None:
+    """Whether the samples from `consumed` on are the ones the saved run would have read. The train split is built
+    for --train-iters x the global batch (Megatron's sizing, SplitSizes.for_run); the run reads samples
+    [consumed, consumed + (train_iters - start) G): the same span only when the checkpoint read start x G -- after
+    a resume at another global batch it did not (round 21: "read for 160 samples" where the run read 40-119)."""
     for k in DATA_FLAGS:
         if k in saved_flags and _json(saved_flags[k]) != _json(now_flags.get(k)):
             return (f"resume: data order changed: {_flag(k)} differs from the saved run's, so the samples from "
                     f"{consumed:,} on are not the ones it would have read")
+    iters = now_flags["train_iters"]
     old_samples = saved_flags["train_iters"] * saved_global_batch
-    new_samples = now_flags["train_iters"] * global_batch
-    if old_samples == new_samples:
+    new_samples = iters * global_batch
+    end = consumed + max(iters - start, 0) * global_batch  # one past the last sample this run reads
+    if old_samples == new_samples and end <= new_samples:
         return None
     old, new = train_epochs(facts, old_samples), train_epochs(facts, new_samples)
     span = "; ".join(f"{e} epoch{'s' if e != 1 else ''}{', the last shuffled alone' if alone else ''}"
                      for e, alone in new)
-    head = f"the train split is now read for {new_samples:,} samples (was {old_samples:,})"
+    if end == new_samples:  # the run reads up to the split's end: what it is built for is what it reads
+        head, reads = f"the train split is now read for {new_samples:,} samples (was {old_samples:,})", ""
+    else:
+        head = (f"the train split is now built for {new_samples:,} samples (--train-iters {iters} x the global "
+                f"batch {global_batch}, Megatron's sizing; was {old_samples:,})")
+        reads = "; " + reads_text(consumed, end, iters - start, global_batch, new_samples, start, old == new)
     if old == new:
-        return f"resume: data order unchanged: {head} and its shuffle still spans {span}, as the saved run's did"
+        return (f"resume: data order unchanged: {head} and its shuffle still spans {span}, as the saved run's "
+                f"did{reads}")
     was = "; ".join(f"{e}{', the last alone' if alone else ''}" for e, alone in old)
     keep = same_order_up_to(facts, old_samples) // global_batch
     hint = f"; --train-iters up to {keep} keeps the saved order" if keep * global_batch >= consumed else ""
     return (f"resume: data order changed: {head}, so its shuffle spans {span} (was {was}) and is drawn anew: the "
-            f"samples from {consumed:,} on differ from the saved run's plan{hint}")
+            f"samples from {consumed:,} on differ from the saved run's plan{hint}{reads}")
+
+
+def reads_text(consumed: int, end: int, iters: int, global_batch: int, size: int, start: int,
+               same_order: bool) -> str:
+    """The samples a resumed run reads, [consumed, end), when they are not the split's first `size`. Past `size`
+    the split wraps around (hybrid/data/gpt.py's Blend: sample i is sample i mod size), which happens exactly when
+    the checkpoint read more than start x G: end - size = consumed - start G > 0, whatever --train-iters is; a
+    global batch >= consumed / start reads on without it."""
+    text = (f"this run reads its samples {consumed:,}-{end - 1:,} (the checkpoint's {consumed:,} + {iters} "
+            f"iteration{'s' if iters != 1 else ''} x {global_batch})")
+    if end <= size:
+        return text
+    again = ", samples the saved run read" if same_order else ""
+    return (f"{text}: the last {end - size:,} are past the split's {size:,} and wrap around to its first "
+            f"{end - size:,}{again}; a --global-batch-size of {-(-consumed // max(start, 1))} or more reads on "
+            f"without wrapping")
 
 
 def same_order_up_to(facts: DataFacts, samples: int) -> int:
@@ -456,15 +486,17 @@ def resume_lines(saved: dict, now: dict, start: int, consumed: int, facts: DataF
                      f"order, and dropout's per-rank streams restart unless tp, pp and dp are the same")
     if (line := schedule_change_line(old, new, lay_old, lay_new)) is not None:
         lines.append(line)
-    if not moved and old.get("micro_batch_size") != new.get("micro_batch_size") and "micro_batch_size" in old:
+    saved_gb = old.get("global_batch_size") or old.get("micro_batch_size", 0) * lay_old.get("dp", 0) or global_batch
+    if (not moved and old.get("micro_batch_size") != new.get("micro_batch_size") and "micro_batch_size" in old
+            and saved_gb == global_batch):  # another global batch: implied_batch_line says so, not "the same"
         lines.append(f"resume: micro-batch {old['micro_batch_size']} -> {new['micro_batch_size']}: the same samples "
                      f"per step, accumulated in other slices")
     if (line := lr_change_line(old, new, start)) is not None:
         lines.append(line)
-    saved_gb = old.get("global_batch_size") or old.get("micro_batch_size", 0) * lay_old.get("dp", 0) or global_batch
     if saved_gb != global_batch and "global_batch_size" not in changed:
-        lines.append(implied_batch_line(saved_gb, global_batch, lay_old.get("dp"), lay_new.get("dp")))
-    if facts is not None and (line := data_order_line(old, new, facts, global_batch, saved_gb, consumed)):
+        lines.append(implied_batch_line(saved_gb, global_batch, lay_old.get("dp"), lay_new.get("dp"),
+                                        old.get("micro_batch_size"), new.get("micro_batch_size")))
+    if facts is not None and (line := data_order_line(old, new, facts, global_batch, saved_gb, consumed, start)):
         lines.append(line)
     if not lines:
         lines.append(f"resume: the checkpoint's run had the same flags and layout: iterations {start + 1}-"
