@@ -1,0 +1,24 @@
+"""Round 21's review of planner21b's flash-attention rows: each row's micro-batch is its config's
+`datamodule.batch_size` at `train.gpu_mem` = round(81920 MiB / 1000) = 82 (A100 80GB's nvidia-smi memory.total),
+Dao-AILab/flash-attention training/configs/experiment/pile/*.yaml (unchanged since 4a6eaa9f, 2022-11-29, the commit
+that added the README's results). The 355M's gpt3m-flash.yaml reads "4 if gpu_mem < 24 else (8 if gpu_mem < 40
+else (16 if gpu_mem < 80 else 32))": 32, not the 16 the row first had."""
+
+from __future__ import annotations
+
+from hybrid.planner import published21_newsources as new
+
+# each config's expression, as written, at gpu_mem 82
+CONFIG_BATCH = {
+    "GPT3-125M": lambda m: 8 if m < 24 else (16 if m < 40 else 32),                               # gpt3s-flash
+    "GPT3-355M": lambda m: 4 if m < 24 else (8 if m < 40 else (16 if m < 80 else 32)),            # gpt3m-flash
+    "GPT3-760M": lambda m: 2 if m < 24 else (4 if m < 40 else (8 if m < 80 else 16)),             # gpt3l-flash
+    "GPT3-1.3B": lambda m: 1 if m < 24 else (2 if m < 40 else (4 if m < 80 else 8)),              # gpt3xl-flash
+    "GPT3-2.7B": lambda m: 1 if m < 40 else (2 if m < 80 else 4),                   # gpt3-2.7B-flash-hdim128
+}
+
+
+def test_flash_attn_micro_batches_are_the_configs_at_80gb():
+    assert {row[0]: row[4] for row in new.FLASH_ATTN_ROWS} == {name: f(82) for name, f in CONFIG_BATCH.items()}
+    (run,) = [r for r in new.flash_attn_runs() if "355M" in r.name]
+    assert run.space.micro_batch == (32,) and "b32 x 1" in run.name
