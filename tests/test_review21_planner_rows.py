@@ -22,3 +22,16 @@ def test_flash_attn_micro_batches_are_the_configs_at_80gb():
     assert {row[0]: row[4] for row in new.FLASH_ATTN_ROWS} == {name: f(82) for name, f in CONFIG_BATCH.items()}
     (run,) = [r for r in new.flash_attn_runs() if "355M" in r.name]
     assert run.space.micro_batch == (32,) and "b32 x 1" in run.name
+
+
+def test_nemo22_rows_plan_their_configs_vocab_and_optimizer():
+    """NeMo-Framework-Launcher conf/training/gpt3/{5b,175b}.yaml at each table's commit: make_vocab_size_divisible_by
+    128 times t (50,257 -> 50,304 at t 1, 50,432 at t 2, 51,200 at t 8); 22.06's `fused_adam` is ZeRO 0, 22.08's
+    `distributed_fused_adam` the planner's ZeRO 1 wherever d > 1. (The row table's doc test caught these only as a
+    changed table, which a regeneration hides.)"""
+    from hybrid.planner.layout import ZeroStage
+    for run in new.nemo22_runs():
+        tp, dp = run.space.tp[0], run.gpus // (run.space.tp[0] * run.space.pp[0])
+        assert run.workload.model.vocab_size == {1: 50304, 2: 50432, 8: 51200}[tp], run.name
+        distributed = run.name.startswith("NeMo 22.08") and dp > 1
+        assert run.space.zero == ((ZeroStage.OPTIMIZER,) if distributed else (ZeroStage.NONE,)), run.name
