@@ -58,8 +58,8 @@ def test_a_resume_at_another_dp_without_global_batch_names_the_batch_that_change
              "contents": "full"}
     lines = explain.resume_lines(saved, {"model": "tiny-gpt2", "layout": dp2, "args": flags}, 6, 24, None, 8)
     assert ("resume: global batch 4 -> 8 samples a step (--global-batch-size unset: micro-batch x dp, dp 1 -> 2): "
-            "each step averages another number of samples; pass --global-batch-size 4 to keep the saved run's") \
-        in lines
+            "each step averages another number of samples; pass --global-batch-size 4 --micro-batch-size 2 to keep "
+            "the saved run's") in lines  # (round 21's review: --global-batch-size 4 alone is refused at 4 x dp 2)
     given = {**flags, "global_batch_size": 4}  # kept by the flag: the layout line alone
     again = explain.resume_lines({**saved, "args": given}, {"model": "tiny-gpt2", "layout": dp2, "args": given},
                                  6, 24, None, 4)

@@ -76,7 +76,7 @@ class LocalUpdates:
         return (f"diloco: simulated cross-replica link: waited {o.exposed:.3f} s, {o.hidden:.3f} s hidden behind "
                 f"inner steps" if self.link_gbps else "")
 
-    def describe(self, zero_stage: int = 0) -> str:
+    def describe(self, zero_stage: int) -> str:
         """The start-up line; empty when off. A replica of several DP ranks shards its states with ZeRO
         `zero_stage`, or at stage 0 replicates them (the line said "ZeRO over 2 ranks each" at --zero-stage 0)."""
         if self.cfg is None:

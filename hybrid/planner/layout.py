@@ -376,6 +376,15 @@ class Workload:
     gathered_logits: bool = False
     te_full_layer: bool = False
 
+    @property
+    def fc1_bias_grad_in_kernel(self) -> bool:
+        """fc1's bias gradient is reduced inside a fused kernel, so ops._bias_grad_ops prices no separate pass:
+        TE's whole layer (te_full_layer), or a PyTorch-native trainer's fused MLP -- flash-attn's
+        FusedDenseGeluDense (`fused_dense_gelu_dense`, flash_attn/ops/fused_dense.py), whose backward returns both
+        bias gradients from its cuBLASLt GEMMs' epilogues (linear_gelu_linear_backward / linear_bias_backward), not
+        from an autograd reduction (round 21's review: its five rows paid Megatron's bias-GELU pass)."""
+        return self.te_full_layer or self.stack is Stack.PYTORCH
+
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch-size", self.global_batch), ("--seq-length", self.seq_length),
                             ("--make-vocab-size-divisible-by", self.pad_vocab_to)):

@@ -111,7 +111,7 @@ def _norm(shard: Shard, width: float, e: int, kernels: KernelProfile) -> Op:
 def layer_ops(shard: Shard, s: int, sp: bool, e: int, kernels: KernelProfile,
               te_full_layer: bool = False) -> tuple[Op, ...]:
     """The memory-bound ops of one layer's forward (and their backward), per token on this TP rank
-    (`te_full_layer`: Workload.te_full_layer)."""
+    (`te_full_layer`: Workload.fc1_bias_grad_in_kernel)."""
     cfg = shard.cfg
     h_r = cfg.hidden_size / (shard.t if sp else 1)
     q, k, f = shard.q_width, shard.kv_width, shard.ffn_width
@@ -144,8 +144,9 @@ def _bias_grad_ops(shard: Shard, e: int, kernels: KernelProfile) -> list[Op]:
     fc2 biases, added inside the torch.compile'd (2024; nvFuser's TorchScript in 2022) bias-dropout-add, whose
     backward can fuse their sums with the dropout's gradient; the QKV bias, which Transformer Engine reduces in
     its weight-gradient GEMM's epilogue or FP8 cast (Megatron-LM's own linear sums it apart); EAGER autograd's;
-    and none under Workload.te_full_layer, whose LayerNormMLP reduces fc1's bias gradient inside TE (its FP8
-    backward's cast-transpose-bgrad-dgelu kernel, its BF16 bgrad_dgelu_fused)."""
+    and none under Workload.fc1_bias_grad_in_kernel: TE's whole layer (te_full_layer), whose LayerNormMLP
+    reduces fc1's bias gradient inside TE (its FP8 backward's cast-transpose-bgrad-dgelu kernel, its BF16
+    bgrad_dgelu_fused), or flash-attn's FusedDenseGeluDense on the PyTorch stack (cuBLASLt bgrad epilogues)."""
     cfg = shard.cfg
     if kernels is not KernelProfile.FUSED or not cfg.mlp_bias:
         return []

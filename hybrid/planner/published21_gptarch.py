@@ -82,7 +82,7 @@ def _layer_parts(ctx) -> dict[str, float]:
     b, s, e = lay.micro_batch, work.seq_length, work.precision.activation_bytes
     tokens = b * s
     ops = {o.name: o for o in layer_ops(shard, s, lay.sequence_parallel, e, work.kernel_profile,
-                                                  work.te_full_layer)}
+                                                  work.fc1_bias_grad_in_kernel)}
 
     def op_s(name: str) -> float:
         o = ops.get(name)

@@ -178,7 +178,8 @@ def _nemo(name: str, source: str, cfg: ModelConfig, gpus: int, gbs: int, mbs: in
           cp: int, vp: int, tokens: float, te_full_layer: bool = False) -> PublishedRun:
     """A NeMo / Megatron-Bridge run: Megatron-core with Transformer Engine (fused kernels, flash attention, the
     Megatron stack, overlapped p2p), FP8 linears, the stated layout; ZeRO 0 or 1 (distributed optimizer) and
-    recomputation the planner's (not stated). `te_full_layer`: Workload.te_full_layer (NeMo 2.0's GPT configs)."""
+    recomputation the planner's (not stated). `te_full_layer`: Workload.te_full_layer (NeMo 2.0's GPT configs from
+    November 2024 on; no row here runs them)."""
     work = Workload(replace(cfg, max_position_embeddings=max(seq, cfg.max_position_embeddings)), global_batch=gbs,
                     seq_length=seq, activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED,
                     stack=Stack.MEGATRON, fp8=True, te_full_layer=te_full_layer)
@@ -197,11 +198,13 @@ def _layout_name(gpus: int, tp: int, pp: int, cp: int, vp: int, mbs: int, gbs: i
 def nemo_runs() -> list[PublishedRun]:
     """NeMo 24.07's twelve pre-training rows and Megatron-Bridge's three newer H100 rows."""
     models = _nemo_models()
-    # NeMo 2.0's GPTConfig5B / 20B / 175B (nemo/collections/llm/gpt/model/base.py) set
-    # `use_transformer_engine_full_layer_spec: True`: TE's whole TransformerLayer (Workload.te_full_layer)
+    # Megatron's own layer (Workload.te_full_layer False): NeMo 2.0's GPTConfig5B / 20B / 175B set
+    # `use_transformer_engine_full_layer_spec: True` only from NVIDIA/NeMo 5b7daa00 (#11119, 2024-11-01); the 24.07
+    # container's NeMo (r2.0.0rc1, 2024-08-15; the table landed 2024-08-14..09-09) has no such field, and both its
+    # paths build Megatron-core's get_gpt_layer_with_transformer_engine_spec (NeMo 1.0's get_specs: "te_gpt"; NeMo
+    # 2.0's default_layer_spec), whose MLP leaves fc1's bias gradient to autograd (round 21 review)
     runs = [_nemo(f"NeMo 24.07 {m} FP8, {_layout_name(g, t, p, c, v, b, gbs)}", NEMO_2407_SOURCE, models[m], g, gbs,
-                  b, s, t, p, c, v, tok, te_full_layer=m.startswith("GPT3"))
-            for m, g, gbs, b, s, t, p, c, v, tok in NEMO_2407_ROWS]
+                  b, s, t, p, c, v, tok) for m, g, gbs, b, s, t, p, c, v, tok in NEMO_2407_ROWS]
     runs += [_nemo(f"Megatron-Bridge {ver} {m} FP8, {_layout_name(g, t, p, c, v, b, gbs)}", BRIDGE_SOURCE,
                    models[m], g, gbs, b, s, t, p, c, v, tok) for ver, m, g, gbs, b, s, t, p, c, v, tok in BRIDGE_ROWS]
     return runs

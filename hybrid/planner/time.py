@@ -422,7 +422,7 @@ def layer_passes(ctx: _Context) -> tuple[Pass, Pass]:
     linears = shard.layer_linear_gemms(b, s)
     core = () if ctx.flash else shard.attention_core_gemms(b, s)
     ops = layer_ops(shard, s, lay.sequence_parallel, work.precision.activation_bytes, work.kernel_profile,
-                    work.te_full_layer)
+                    work.fc1_bias_grad_in_kernel)
     everything, core_ops = Traffic.of(ops), Traffic.of([o for o in ops if o.core])
     fp8_ops = _fp8_traffic(ctx)
     attention = ctx.flash_seconds(b, s) if ctx.flash else 0.0
@@ -450,7 +450,7 @@ def _rerun(ctx: _Context, forward: Pass, core_ops: Traffic, fp8_ops: Traffic, at
         return Pass(gemm=ctx.gemm_seconds(core), attention=attention) + _ops_pass(ctx, core_ops, tokens, False)
     if lay.recompute is Recompute.SELECTIVE_OP:
         ops = layer_ops(shard, s, lay.sequence_parallel, ctx.work.precision.activation_bytes, ctx.work.kernel_profile,
-                        ctx.work.te_full_layer)
+                        ctx.work.fc1_bias_grad_in_kernel)
         stops = _stops_early(ctx)
         if stops:  # the rerun ends at the down projection's input, as full recomputation's (_early_stopped_rerun)
             ops = ops[:max(i for i, o in enumerate(ops) if o.name in MLP_ACTIVATIONS) + 1]
@@ -487,7 +487,7 @@ def _early_stopped_rerun(ctx: _Context, attention: float) -> Pass:
     lay, work, shard = ctx.layout, ctx.work, ctx.shard
     b, s = lay.micro_batch, work.seq_length
     ops = layer_ops(shard, s, lay.sequence_parallel, work.precision.activation_bytes, work.kernel_profile,
-                    work.te_full_layer)
+                    work.fc1_bias_grad_in_kernel)
     last = max(i for i, o in enumerate(ops) if o.name in MLP_ACTIVATIONS)
     core = () if ctx.flash else shard.attention_core_gemms(b, s)
     return (Pass(gemm=ctx.gemm_seconds(shard.layer_linear_gemms(b, s)[:-1]) + ctx.gemm_seconds(core),
@@ -549,7 +549,8 @@ def layer_parts(work: Workload, cluster: Cluster, layout: Layout) -> LayerParts:
     ctx = _context(work, cluster, replace(layout, recompute=Recompute.NONE))
     fwd, bwd = layer_passes(ctx)
     ops = Traffic.of(layer_ops(ctx.shard, work.seq_length, layout.sequence_parallel,
-                               work.precision.activation_bytes, work.kernel_profile, work.te_full_layer))
+                               work.precision.activation_bytes, work.kernel_profile,
+                               work.fc1_bias_grad_in_kernel))
     tokens = layout.micro_batch * work.seq_length
     return LayerParts(fwd.gemm + fwd.attention, bwd.gemm + bwd.attention, ops.fwd_bytes * tokens,
                       ops.bwd_bytes * tokens, ops.fwd_kernels, ops.bwd_kernels)

@@ -340,16 +340,28 @@ def schedule_change_line(old: dict, new: dict, lay_old: dict, lay_new: dict) -> 
            f"are the new schedule's"
 
 
-def implied_batch_line(saved_gb: int, global_batch: int, dp_old, dp_new, micro_old=None, micro_new=None) -> str:
-    """--global-batch-size unset in both runs (Megatron's default: micro-batch x dp) and a resume at another dp
-    or micro-batch: the global batch -- the samples each optimizer step averages -- changed with no flag changed,
-    and nothing said it (round 21: docs/checkpoint.md's tp 2 x pp 2 run, 4 samples a step, resumed at dp 2 with
-    8). Names the factors that moved (a micro-batch change alone said "dp 2 -> 2")."""
-    moved = ([f"micro-batch {micro_old} -> {micro_new}"] if micro_old != micro_new else []) + (
-        [f"dp {dp_old} -> {dp_new}"] if dp_old != dp_new else [])
+def implied_batch_line(saved_gb: int, global_batch: int, mb_old, mb_new, dp_old, dp_new) -> str:
+    """--global-batch-size unset in both runs (Megatron's default: micro-batch x dp) and a resume at another dp or
+    micro-batch: the global batch -- the samples each optimizer step averages -- changed with no flag changed, and
+    nothing said it (round 21: docs/checkpoint.md's tp 2 x pp 2 run, 4 samples a step, resumed at dp 2 with 8).
+    Names each factor that moved (round 21's review: a micro-batch 2 -> 3 at dp 1 read "dp 1 -> 1")."""
+    moved = ", ".join(f"{name} {a} -> {b}" for name, a, b in (("micro-batch", mb_old, mb_new), ("dp", dp_old, dp_new))
+                      if a != b)
     return (f"resume: global batch {saved_gb} -> {global_batch} samples a step (--global-batch-size unset: "
-            f"micro-batch x dp, {', '.join(moved)}): each step averages another number of samples; pass "
-            f"--global-batch-size {saved_gb} to keep the saved run's")
+            f"micro-batch x dp, {moved}): each step averages another number of samples; "
+            f"{_keep_batch(saved_gb, mb_new, dp_new)}")
+
+
+def _keep_batch(saved_gb: int, micro: int, dp: int) -> str:
+    """The flags that keep the saved run's global batch G at this dp: the data loader takes a G that micro-batch x dp
+    divides (hybrid/data/text.py), so at G % (micro x dp) != 0 the largest micro-batch dividing G / dp goes with it
+    (round 21's review: "pass --global-batch-size 2" at micro-batch 3 was refused)."""
+    if saved_gb % (micro * dp) == 0:
+        return f"pass --global-batch-size {saved_gb} to keep the saved run's"
+    if saved_gb % dp == 0:
+        fit = max(m for m in range(1, micro + 1) if (saved_gb // dp) % m == 0)
+        return f"pass --global-batch-size {saved_gb} --micro-batch-size {fit} to keep the saved run's"
+    return f"no global batch of {saved_gb} runs at dp {dp} (micro-batch x dp must divide it)"
 
 
 def layout_text(layout: dict) -> str:
@@ -487,15 +499,17 @@ def resume_lines(saved: dict, now: dict, start: int, consumed: int, facts: DataF
     if (line := schedule_change_line(old, new, lay_old, lay_new)) is not None:
         lines.append(line)
     saved_gb = old.get("global_batch_size") or old.get("micro_batch_size", 0) * lay_old.get("dp", 0) or global_batch
+    # "the same samples per step" only where the global batch is the same (round 21's review: with
+    # --global-batch-size unset the micro-batch moves it, and this line contradicted the global-batch line below)
     if (not moved and old.get("micro_batch_size") != new.get("micro_batch_size") and "micro_batch_size" in old
-            and saved_gb == global_batch):  # another global batch: implied_batch_line says so, not "the same"
+            and saved_gb == global_batch):
         lines.append(f"resume: micro-batch {old['micro_batch_size']} -> {new['micro_batch_size']}: the same samples "
                      f"per step, accumulated in other slices")
     if (line := lr_change_line(old, new, start)) is not None:
         lines.append(line)
     if saved_gb != global_batch and "global_batch_size" not in changed:
-        lines.append(implied_batch_line(saved_gb, global_batch, lay_old.get("dp"), lay_new.get("dp"),
-                                        old.get("micro_batch_size"), new.get("micro_batch_size")))
+        lines.append(implied_batch_line(saved_gb, global_batch, old.get("micro_batch_size"),
+                                        new.get("micro_batch_size"), lay_old.get("dp"), lay_new.get("dp")))
     if facts is not None and (line := data_order_line(old, new, facts, global_batch, saved_gb, consumed, start)):
         lines.append(line)
     if not lines:
