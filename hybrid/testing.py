@@ -271,24 +271,6 @@ def train_main(argv: list[str]) -> None:
     python_main(["-m", "hybrid.train", *argv])
 
 
-def train_runs_in_process(argvs: list[list[str]]) -> list[str]:
-    """train.py's runs of `argvs` one after another in this process (a rank of run_distributed: its process group
-    and imports serve all of them), each one's stdout captured and returned. What a caller patched in
-    hybrid.train.loop before the call (a clock, train_step) is what the runs use."""
-    import importlib
-
-    from hybrid.train import loop
-    train_main = importlib.import_module("hybrid.train.main")  # the module: hybrid.train.main is also a function
-    outs = []
-    for argv in argvs:
-        run, _, corpus = train_main.validate(argv)
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            loop.run(run, corpus, torch.device("cpu"))
-        outs.append(out.getvalue())
-    return outs
-
-
 def python_main(argv: list[str]) -> None:
     """`python -m MODULE ARGS`, `python -c CODE ARGS` or `python SCRIPT ARGS` (argv without the `python`), run as
     the interpreter runs them: as __main__, with sys.argv[0] the file ("-c" for code) and the script's folder (the

@@ -14,7 +14,9 @@ it starts at; a plain run prints none.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 
 import pytest
 
@@ -46,8 +48,18 @@ def test_the_pages_commands_describe_their_scheme(monkeypatch):
 
 
 def _train_rank(rank: int, world: int, argvs: list[list[str]]) -> list[str]:
-    from hybrid.testing import train_runs_in_process
-    return train_runs_in_process(argvs)
+    import torch
+
+    from hybrid.train import loop
+    train_main = importlib.import_module("hybrid.train.main")
+    outs = []
+    for argv in argvs:
+        run, _, corpus = train_main.validate(argv)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            loop.run(run, corpus, torch.device("cpu"))
+        outs.append(out.getvalue())
+    return outs
 
 
 @pytest.fixture(scope="module")
