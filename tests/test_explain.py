@@ -7,8 +7,6 @@ its own steps."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 from dataclasses import replace
@@ -227,13 +225,11 @@ def _train_rank(rank: int, world: int, argvs: list[list[str]]) -> list[str]:
     """train.py's runs of `argvs` on this rank, one after another in this process (one launch's forks, process
     group and imports for all of them), each one's stdout captured, with a clock that moves 1 s per training step
     and stands still otherwise: every interval's ms/iter must then be 1000 exactly."""
-    import importlib
     from types import SimpleNamespace
 
-    import torch
+    from train_in_process import train_runs
 
     from hybrid.train import loop
-    train_main = importlib.import_module("hybrid.train.main")
     clock = [0.0]
     step = loop.train_step
 
@@ -242,14 +238,7 @@ def _train_rank(rank: int, world: int, argvs: list[list[str]]) -> list[str]:
         return step(*a, **k)
 
     loop.train_step, loop.time = timed_step, SimpleNamespace(perf_counter=lambda: clock[0])
-    outs = []
-    for argv in argvs:
-        run, _, corpus = train_main.validate(argv)
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            loop.run(run, corpus, torch.device("cpu"))
-        outs.append(out.getvalue())
-    return outs
+    return train_runs(argvs)
 
 
 def _records(path) -> dict[int, dict]:

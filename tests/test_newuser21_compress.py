@@ -14,9 +14,7 @@ it starts at; a plain run prints none.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import io
 
 import pytest
 
@@ -48,18 +46,8 @@ def test_the_pages_commands_describe_their_scheme(monkeypatch):
 
 
 def _train_rank(rank: int, world: int, argvs: list[list[str]]) -> list[str]:
-    import torch
-
-    from hybrid.train import loop
-    train_main = importlib.import_module("hybrid.train.main")
-    outs = []
-    for argv in argvs:
-        run, _, corpus = train_main.validate(argv)
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            loop.run(run, corpus, torch.device("cpu"))
-        outs.append(out.getvalue())
-    return outs
+    from train_in_process import train_runs
+    return train_runs(argvs)
 
 
 @pytest.fixture(scope="module")
