@@ -187,11 +187,13 @@ def test_a_larger_train_iters_without_decay_iters_names_the_moved_schedule_and_t
     # 20 x 8 samples of 32 tokens read 5,121 of the 4,000 train tokens: 2 epochs, the second (36 samples of an
     # epoch's 124) under Megatron's 80 % and shuffled alone; 30 x 8 read 7,681: 2 epochs, the second (116) shuffled
     # with the first -- another order
-    # -- the same plan up to 222 samples (98 of the second epoch's 124, under 80 %): 27 iterations of 8
+    # -- the same plan up to 222 samples (98 of the second epoch's 124, under 80 %): 27 iterations of 8, and from
+    # 125 (the second epoch's first sample): 16 iterations (15 x 8 = 120 samples are 1 epoch, another order)
     assert lines[2] == ("resume: data order changed: the train split is now read for 240 samples (was 160), so its "
                         "shuffle spans 2 epochs (was 2, the last alone) and is drawn anew: the samples from 80 on "
-                        "differ from the saved run's plan; --train-iters up to 27 keeps the saved order")
+                        "differ from the saved run's plan; --train-iters 16 to 27 keeps the saved order")
     assert explain.same_order_up_to(facts, 160) == 222 and explain.train_epochs(facts, 223) == [(2, False)]
+    assert explain.same_order_from(facts, 160) == 125 and explain.train_epochs(facts, 124) == [(1, False)]
 
 
 def test_the_same_decay_iters_keeps_the_schedule_and_a_small_extension_the_data_order():

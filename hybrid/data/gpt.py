@@ -177,7 +177,9 @@ class Blend:
         return self.size
 
     def __getitem__(self, i: int) -> np.ndarray:
-        i = i % self.size  # past the planned samples (more iterations than asked for): wrap around
+        # past the planned samples: wrap around. Training never gets here (source.train_samples builds a resumed
+        # run's split to the end of its reads); an evaluation numbered past the run's planned ones can
+        i = i % self.size
         return self.parts[int(self.which[i])][int(self.within[i])]
 
 

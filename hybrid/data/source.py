@@ -4,13 +4,15 @@ A batch is a pure function of (seed, consumed samples): global batch k is blende
 [consumed, consumed + G) of the train split, data-parallel rank r takes rows [r G/dp, (r + 1) G/dp) of it, cut
 into micro-batches. Nothing depends on the layout or on how many steps ran before in this process, so a run
 resumed from a checkpoint -- at any dp or micro-batch size -- sees exactly the samples an uninterrupted run sees.
+A run resumed at another global batch reads on from the checkpoint's consumed samples (`train_samples`).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 
 import numpy as np
@@ -56,10 +58,23 @@ def open_dataset(path: str | None) -> IndexedDataset | InMemoryDocuments:
                      f"text file or a prefix written by scripts/preprocess_data.py")
 
 
+def train_samples(train_iters: int, global_batch: int, start: int = 0, consumed: int = 0) -> int:
+    """Samples the train split must hold: Megatron's train_iters x G, or, for a run resumed at iteration `start`
+    with `consumed` samples read, the end of what it reads, consumed + (train_iters - start) G, when that is larger.
+    It is larger exactly when the checkpoint read more than start x G (saved at a larger global batch): a split of
+    train_iters x G would end before the run does, and Blend would wrap around to its first samples -- ones the
+    saved run read (Megatron runs out of samples there instead). A split built larger keeps its order when its
+    epoch plan is the same (gpt.py's epoch_plan), so the run then reads the saved order's next samples. A run with
+    no step left (start >= train_iters) reads nothing: Megatron's size."""
+    end = consumed + (train_iters - start) * global_batch if train_iters > start else 0
+    return max(train_iters * global_batch, end)
+
+
 @dataclass(frozen=True)
 class SplitSizes:
     """Samples each split must supply over the whole run (Megatron's train_val_test_num_samples):
-    train = iterations x G, valid = (iterations // eval interval + 1) x eval iters x G, test = eval iters x G."""
+    train = iterations x G (a resumed run's may be more: `train_samples`, DataSource.covering), valid =
+    (iterations // eval interval + 1) x eval iters x G, test = eval iters x G."""
 
     train: int
     valid: int
@@ -68,7 +83,8 @@ class SplitSizes:
     @classmethod
     def for_run(cls, train_iters: int, global_batch: int, eval_interval: int, eval_iters: int) -> "SplitSizes":
         evals = train_iters // eval_interval + 1
-        return cls(train_iters * global_batch, evals * eval_iters * global_batch, eval_iters * global_batch)
+        return cls(train_samples(train_iters, global_batch), evals * eval_iters * global_batch,
+                   eval_iters * global_batch)
 
 
 class DataSource:
@@ -77,6 +93,7 @@ class DataSource:
     def __init__(self, datasets: list, weights: list[float], split: tuple[float, float, float], seq_length: int,
                  seed: int, sizes: SplitSizes):
         self.datasets, self.weights, self.seq_length, self.seed = datasets, weights, seq_length, seed
+        self.split, self.sizes = split, sizes
         self.splits: dict[Split, Blend | None] = {}
         for s, size in zip(Split, (sizes.train, sizes.valid, sizes.test)):
             self.splits[s] = self._build_split(s, split, size) if size > 0 else None
@@ -98,6 +115,16 @@ class DataSource:
                     raise ValueError(f"--data-path {e}; give more data or a shorter --seq-length") from None
                 return None  # a valid/test split too small for one sample: no evaluation on it
         return Blend(parts, self.weights, size)
+
+    def covering(self, train: int) -> "DataSource":
+        """This source with a train split of at least `train` samples (`train_samples` of a resumed run): itself
+        when it holds that many, else a copy with the train split built anew for `train` (valid and test kept)."""
+        if train <= self.sizes.train:
+            return self
+        out = copy.copy(self)
+        out.sizes = replace(self.sizes, train=train)
+        out.splits = {**self.splits, Split.TRAIN: self._build_split(Split.TRAIN, self.split, train)}
+        return out
 
     def has(self, s: Split) -> bool:
         return self.splits[s] is not None

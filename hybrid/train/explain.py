@@ -26,7 +26,7 @@ from enum import Enum
 
 from hybrid.cliutil import plural
 from hybrid.data.gpt import epoch_plan, samples_per_dataset, split_ranges
-from hybrid.data.source import DataSource, Split, SplitSizes
+from hybrid.data.source import DataSource, Split, SplitSizes, train_samples
 from hybrid.train_step import OptimizerConfig
 from models.config import ModelConfig
 from models.presets import PRESETS
@@ -111,7 +111,8 @@ class SplitFacts:
 
     Attributes:
         split: train, valid or test.
-        samples: samples the run reads from it (train: iterations x global batch; valid: every evaluation's;
+        samples: samples the run reads from it (train: as built, hybrid/data/source.py's train_samples --
+            iterations x global batch, or a resumed run's last read + 1 when larger; valid: every evaluation's;
             test: the final one's); 0 when not evaluated.
         passes: samples x seq_length / the split's tokens: how many times the run reads it over.
         empty: why the run reads nothing from it (None: it reads `samples`).
@@ -411,53 +412,73 @@ def train_epochs(facts: DataFacts, samples: int) -> list[tuple[int, bool]]:
 
 def data_order_line(saved_flags: dict, now_flags: dict, facts: DataFacts, global_batch: int,
                     saved_global_batch: int, consumed: int, start: int) -> str | None:
-    """Whether the samples from `consumed` on are the ones the saved run would have read. The train split is built
-    for --train-iters x the global batch (Megatron's sizing, SplitSizes.for_run); the run reads samples
-    [consumed, consumed + (train_iters - start) G): the same span only when the checkpoint read start x G -- after
-    a resume at another global batch it did not (round 21: "read for 160 samples" where the run read 40-119)."""
+    """Whether the samples from `consumed` on are the ones the saved run would have read next. A run reads
+    [consumed, consumed + (train_iters - start) G) of a train split of `train_samples` (hybrid/data/source.py):
+    --train-iters x G (Megatron's sizing), or that end when it is larger -- a resume at a smaller global batch
+    than the checkpoint's (round 22: the split ended at train_iters x G and the run wrapped around to samples the
+    saved run read). The saved run's split is the same function of its flags and this checkpoint: its reads, from
+    wherever it started, end at consumed + (its train_iters - start) x its G. The same epoch plan is the same
+    order (same_order_up_to), so the run then reads the saved order's next samples."""
     for k in DATA_FLAGS:
         if k in saved_flags and _json(saved_flags[k]) != _json(now_flags.get(k)):
             return (f"resume: data order changed: {_flag(k)} differs from the saved run's, so the samples from "
                     f"{consumed:,} on are not the ones it would have read")
     iters = now_flags["train_iters"]
-    old_samples = saved_flags["train_iters"] * saved_global_batch
-    new_samples = iters * global_batch
-    end = consumed + max(iters - start, 0) * global_batch  # one past the last sample this run reads
-    if old_samples == new_samples and end <= new_samples:
+    old_samples = train_samples(saved_flags["train_iters"], saved_global_batch, start, consumed)
+    new_samples = train_samples(iters, global_batch, start, consumed)  # what loop.run builds (DataSource.covering)
+    end = consumed + max(iters - start, 0) * global_batch  # one past the last sample this run reads: <= new_samples
+    if old_samples == new_samples:
         return None
     old, new = train_epochs(facts, old_samples), train_epochs(facts, new_samples)
     span = "; ".join(f"{e} epoch{'s' if e != 1 else ''}{', the last shuffled alone' if alone else ''}"
                      for e, alone in new)
-    if end == new_samples:  # the run reads up to the split's end: what it is built for is what it reads
-        head, reads = f"the train split is now read for {new_samples:,} samples (was {old_samples:,})", ""
-    else:
-        head = (f"the train split is now built for {new_samples:,} samples (--train-iters {iters} x the global "
-                f"batch {global_batch}, Megatron's sizing; was {old_samples:,})")
-        reads = "; " + reads_text(consumed, end, iters - start, global_batch, new_samples, start, old == new)
+    head, say_reads = split_text(new_samples, old_samples, iters, global_batch, end)
+    reads = "; " + reads_text(consumed, end, iters - start, global_batch, old == new) if say_reads else ""
     if old == new:
         return (f"resume: data order unchanged: {head} and its shuffle still spans {span}, as the saved run's "
                 f"did{reads}")
     was = "; ".join(f"{e}{', the last alone' if alone else ''}" for e, alone in old)
-    keep = same_order_up_to(facts, old_samples) // global_batch
-    hint = f"; --train-iters up to {keep} keeps the saved order" if keep * global_batch >= consumed else ""
     return (f"resume: data order changed: {head}, so its shuffle spans {span} (was {was}) and is drawn anew: the "
-            f"samples from {consumed:,} on differ from the saved run's plan{hint}{reads}")
+            f"samples from {consumed:,} on differ from the saved run's plan"
+            f"{keep_order_hint(facts, old_samples, global_batch, start, consumed)}{reads}")
 
 
-def reads_text(consumed: int, end: int, iters: int, global_batch: int, size: int, start: int,
-               same_order: bool) -> str:
-    """The samples a resumed run reads, [consumed, end), when they are not the split's first `size`. Past `size`
-    the split wraps around (hybrid/data/gpt.py's Blend: sample i is sample i mod size), which happens exactly when
-    the checkpoint read more than start x G: end - size = consumed - start G > 0, whatever --train-iters is; a
-    global batch >= consumed / start reads on without it."""
+def split_text(size: int, old_size: int, iters: int, global_batch: int, end: int) -> tuple[str, bool]:
+    """(what the train split is now built for, whether the run's reads need saying: they are not its first
+    `size`). Three cases: the reads end the split past Megatron's train_iters x G (the checkpoint read more than
+    start x G, at a larger batch: built to their end); they fill it (consumed = start x G: the split's first
+    `size`); they end before it (a larger batch: consumed < start x G)."""
+    if end == size and size > iters * global_batch:
+        return (f"the train split is now built for {size:,} samples, the end of what this run reads (--train-iters "
+                f"{iters} x the global batch {global_batch} = {iters * global_batch:,}, Megatron's sizing, would end "
+                f"{size - iters * global_batch:,} samples before it and wrap around to samples the saved run read; "
+                f"was {old_size:,})"), True
+    if end == size:
+        return f"the train split is now read for {size:,} samples (was {old_size:,})", False
+    return (f"the train split is now built for {size:,} samples (--train-iters {iters} x the global batch "
+            f"{global_batch}, Megatron's sizing; was {old_size:,})"), True
+
+
+def reads_text(consumed: int, end: int, iters: int, global_batch: int, same_order: bool) -> str:
+    """The samples a resumed run reads, [consumed, end), when they are not the split's first ones; in the saved
+    order they are the ones after the checkpoint's, none of them read before (the saved run read [0, consumed))."""
     text = (f"this run reads its samples {consumed:,}-{end - 1:,} (the checkpoint's {consumed:,} + {iters} "
             f"iteration{'s' if iters != 1 else ''} x {global_batch})")
-    if end <= size:
-        return text
-    again = ", samples the saved run read" if same_order else ""
-    return (f"{text}: the last {end - size:,} are past the split's {size:,} and wrap around to its first "
-            f"{end - size:,}{again}; a --global-batch-size of {-(-consumed // max(start, 1))} or more reads on "
-            f"without wrapping")
+    return f"{text}, the saved order's next samples: none read before" if same_order else text
+
+
+def keep_order_hint(facts: DataFacts, old_samples: int, global_batch: int, start: int, consumed: int) -> str:
+    """The --train-iters that keep the saved order: those whose train split (train_samples: k G, plus the
+    checkpoint's surplus consumed - start G over a smaller batch) falls in the interval of sizes with the saved
+    epoch plan; '' when none trains a step (k > start)."""
+    surplus = max(consumed - start * global_batch, 0)
+    low, high = same_order_from(facts, old_samples), same_order_up_to(facts, old_samples)
+    first = max(-(-(low - surplus) // global_batch), start + 1)
+    last = (high - surplus) // global_batch
+    if last < first:
+        return ""
+    which = f"up to {last}" if first == start + 1 else f"{first} to {last}"
+    return f"; --train-iters {which} keeps the saved order"
 
 
 def same_order_up_to(facts: DataFacts, samples: int) -> int:
@@ -472,6 +493,19 @@ def same_order_up_to(facts: DataFacts, samples: int) -> int:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if train_epochs(facts, mid) == plan else (lo, mid)
     return lo
+
+
+def same_order_from(facts: DataFacts, samples: int) -> int:
+    """The fewest samples (>= 1) a run may ask for and still draw the order a run asking for `samples` drew: the
+    low end of same_order_up_to's interval, by bisection on [1, samples]."""
+    plan = train_epochs(facts, samples)
+    if train_epochs(facts, 1) == plan:
+        return 1
+    lo, hi = 1, samples  # plan(lo) differs, plan(hi) is the plan
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if train_epochs(facts, mid) == plan else (mid, hi)
+    return hi
 
 
 def resume_lines(saved: dict, now: dict, start: int, consumed: int, facts: DataFacts | None,
@@ -614,8 +648,7 @@ def startup_lines(run, info: dict, data: DataSource, start: int, consumed: int, 
     ckpt_dir, saved = read_saved_state(run.checkpoint.load, start)
     weights = weights_of(run.model.init_weights, ckpt_dir, start, saved)
     lines = [model_line(run.model.name, run.model.arch, weights, run.training.seed)]
-    sizes = SplitSizes.for_run(run.training.train_iters, batch.global_batch, d.eval_interval, d.eval_iters)
-    facts = data_facts(data, sizes, d.split, flags.get("split", ""), d.eval_iters)
+    facts = data_facts(data, data.sizes, d.split, flags.get("split", ""), d.eval_iters)  # as built (and resized)
     lines += data_lines(facts)
     lines.append(schedule_line(flags, batch.global_batch, batch.seq_length))
     lines.append(prediction_line(predict(run, device, baseline_bytes)))

@@ -14,6 +14,7 @@ from hybrid.compress.args import describe as compress_line
 from hybrid.compress.reduction import build as compress_reduction
 from hybrid.compress.reduction import owners as compress_owners
 from hybrid.data import DataSource
+from hybrid.data.source import train_samples
 from hybrid.diloco.run import LocalUpdates
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh
@@ -143,6 +144,9 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
                           owners={"fault.": ft, **moe_owners(model), **local.owners(),
                                   **compress_owners(reduction)})  # every owner of state
     start, consumed = ckpt.resume()
+    # a resume at a smaller global batch reads past --train-iters x G: the train split is built to its end, so the
+    # run reads on from the checkpoint's samples rather than wrapping around to ones the saved run read
+    data = data.covering(train_samples(run.training.train_iters, batch.global_batch, start, consumed))
     if mesh.rank == 0:  # model, weights, data, schedule, the planner's figures; on resume what changed
         for line in explain.startup_lines(run, run_info(run), data, start, consumed, device, baseline):
             print(line, flush=True)
