@@ -30,7 +30,7 @@ from hybrid.planner.hardware import GB
 from hybrid.planner.moe import ExpertPlan
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, layout_problems,
                                    pp_problems, recompute_at_most, tp_problems)
-from hybrid.planner.predicted_memory import MemoryPlan, peak_memory, plan_memory
+from hybrid.planner.predicted_memory import MemoryPlan, ModelStates, RankMemory, peak_memory, plan_memory
 from hybrid.planner.schedule import SIM_BUDGET, SimulationTooLarge
 from hybrid.planner.time import FlopsFormula, StepTime, lower_bound_seconds, model_flops, step_flops, step_time
 
@@ -122,6 +122,18 @@ class Plan:
     def memory_gb(self) -> float:
         """Device memory of the fullest pipeline rank, GB (an MoE model's experts included)."""
         return (self.memory.peak.total + (self.experts.extra_bytes if self.experts else 0.0)) / GB
+
+    @property
+    def fullest_rank(self) -> RankMemory:
+        """The fullest pipeline rank's memory part by part, an MoE model's experts' states in its parameters,
+        gradients and optimizer states (ExpertPlan.extra_states): the bytes of memory_gb, for --plot's bars
+        (round 22: they left the experts out). Their workspace is the dense plan's, as memory_gb's."""
+        peak = self.memory.peak
+        if self.experts is None:
+            return peak
+        s, e = peak.states, self.experts.extra_states
+        return replace(peak, states=ModelStates(s.params + e.params, s.grads + e.grads,
+                                                s.optimizer + e.optimizer, s.host + e.host))
 
     @property
     def bubble_fraction(self) -> float:
