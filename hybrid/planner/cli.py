@@ -629,7 +629,7 @@ def _offloads(optimizer: bool | None, params: bool | None) -> tuple[Offload, ...
 
 def _on_host(hw) -> bool:
     """CPU hardware (the cpu preset, a gloo calibration): train.py measures peak RSS there, not GPU memory."""
-    return hw.compute_units is not None or hw.name == "cpu"
+    return hw.on_host
 
 
 def _header(width: int, host: bool = False) -> str:

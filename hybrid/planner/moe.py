@@ -62,9 +62,8 @@ from dataclasses import dataclass
 from hybrid.planner.hardware import GB, GroupPlacement
 from hybrid.planner.layout import Cluster, Layout, Workload, dp_placement, stage_layers
 from hybrid.planner.predicted_comm import Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds, merge
-from hybrid.planner.predicted_memory import ModelStates, model_states
+from hybrid.planner.predicted_memory import MIB, ModelStates, model_states, needs_of
 
-MIB = 2**20  # the unit of a host's RSS (train.py's log line, the plan table on CPU hardware)
 IMBALANCE = 1.2  # the default planning margin lambda (module docstring)
 COLLECTIVES_PER_LAYER = 5  # counts, dispatch, combine forward; combine and dispatch backward
 ETP_COLLECTIVES_PER_LAYER = 5  # counts' all-gather, gather and reduce-scatter forward; their two backwards
@@ -228,7 +227,7 @@ def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbal
 def node_fabric(hw) -> str:
     """What the ranks of one node talk over, for the explain line: CPU hardware (the cpu preset, a gloo
     calibration: compute_units set) has no NVLink -- its ranks are processes of one host."""
-    return "the host's links" if hw.compute_units is not None or hw.name == "cpu" else "NVLink"
+    return "the host's links" if hw.on_host else "NVLink"
 
 
 def etp_bytes(tokens: int, k: int, h: int, b: int, etp: int) -> float:
@@ -309,8 +308,7 @@ def memory_problem(work: Workload, cluster: Cluster, layout: Layout, base_bytes:
         return None
     best = min(plans, key=lambda p: p.extra_bytes)
     tp = f" x expert-tp {best.etp}" if best.etp > 1 else ""
-    return (f"OOM on the experts: even ep {best.ep}{tp} needs {(base_bytes + best.extra_bytes) / GB:.1f} GB of "
-            f"{cluster.hw.capacity_bytes / GB:.4g}")
+    return f"OOM on the experts: even ep {best.ep}{tp} {needs_of(base_bytes + best.extra_bytes, cluster.hw)}"
 
 
 def why(work: Workload, cluster: Cluster, layout: Layout, base_bytes: float, chosen: ExpertPlan,

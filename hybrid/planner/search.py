@@ -30,7 +30,8 @@ from hybrid.planner.hardware import GB
 from hybrid.planner.moe import ExpertPlan
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, layout_problems,
                                    pp_problems, recompute_at_most, tp_problems)
-from hybrid.planner.predicted_memory import MemoryPlan, ModelStates, RankMemory, peak_memory, plan_memory
+from hybrid.planner.predicted_memory import (MemoryPlan, ModelStates, RankMemory, demand_text, needs_of,
+                                            peak_memory, plan_memory)
 from hybrid.planner.schedule import SIM_BUDGET, SimulationTooLarge
 from hybrid.planner.time import FlopsFormula, StepTime, lower_bound_seconds, model_flops, step_flops, step_time
 
@@ -177,8 +178,10 @@ def summarize_rejections(rejected: list[Rejection], limit: int = 8) -> list[tupl
 
 
 def _needed_gb(r: Rejection) -> float:
-    match = re.search(r"needs ([\d.]+) GB", r.reason)
-    return float(match.group(1)) if match else float("inf")
+    """The need an OOM reason names (needs_of: GB, or MiB with thousands' commas on CPU hardware; one unit in a
+    search), inf for another reason."""
+    match = re.search(r"needs ([\d,.]+) (GB|MiB)", r.reason)
+    return float(match.group(1).replace(",", "")) if match else float("inf")
 
 
 def evaluate(work: Workload, cluster: Cluster, layout: Layout, formula: FlopsFormula = FlopsFormula.EXACT,
@@ -208,14 +211,10 @@ def _plan(work: Workload, cluster: Cluster, layout: Layout, memory: MemoryPlan, 
 
 def memory_problem(cluster: Cluster, rank: int, device_bytes: float, host_bytes: float) -> str | None:
     """'OOM on stage 0: needs 93.1 GB of 85.9' (or the host-memory equivalent), None when it fits. The device
-    holds hw.capacity_bytes (an 80 GB card: 85.9e9 bytes)."""
+    holds hw.capacity_bytes (an 80 GB card: 85.9e9 bytes); CPU hardware's figures are MiB (needs_of)."""
     hw = cluster.hw
-    capacity = hw.capacity_bytes / GB
     if device_bytes > hw.capacity_bytes:
-        need = f"{device_bytes / GB:.1f}"
-        if float(need) <= round(capacity, 1):  # 85.94 of 85.9 reads "85.9 of 85.9": show the excess
-            need = f"{device_bytes / GB:.3f}"
-        return f"OOM on stage {rank}: needs {need} GB of {capacity:.4g}"
+        return f"OOM on stage {rank}: {needs_of(device_bytes, hw)}"  # MiB on CPU hardware
     if host_bytes > hw.host_memory_gb * GB:
         return f"host OOM: offload needs {host_bytes / GB:.0f} GB per node of {hw.host_memory_gb:g}"
     return None
@@ -275,7 +274,7 @@ def _zero_bubble_twin(work: Workload, cluster: Cluster, space: SearchSpace, plan
         rank, need, host = peak_memory(work, cluster, zb)
         problem = memory_problem(cluster, rank, need, host)
         if problem is not None:
-            kept_1f1b.append(f"{name} does not fit ({problem}; 1f1b {plan.memory_gb:.1f} GB)")
+            kept_1f1b.append(f"{name} does not fit ({problem}; 1f1b {demand_text(plan.memory_gb * GB, cluster.hw)})")
             continue
         try:
             time = step_time(work, cluster, zb, budget)
@@ -289,12 +288,18 @@ def _zero_bubble_twin(work: Workload, cluster: Cluster, space: SearchSpace, plan
         memory = plan_memory(work, cluster, zb)
         notes[zb.short()] = (f"{name} over 1f1b on this layout: bubble {100 * time.bubble_fraction:.1f}% vs "
                              f"{100 * plan.bubble_fraction:.1f}%, step {time.total:.4g} vs {plan.time.total:.4g} s, "
-                             f"fullest stage {memory.peak.total / GB:.1f} vs {plan.memory_gb:.1f} GB ("
+                             f"fullest stage {_versus(memory.peak.total, plan.memory_gb * GB, cluster.hw)} ("
                              + _WHY[name] + ")")
         out.append(_plan(work, cluster, zb, memory, time, formula, space))
     if kept_1f1b:
         notes[lay.short()] = "1f1b on this layout: " + "; ".join(kept_1f1b)
     return out
+
+
+def _versus(twin: float, plan: float, hw) -> str:
+    """'2.1 vs 2.0 GB' (or MiB on CPU hardware: demand_text's unit)."""
+    a, b = demand_text(twin, hw), demand_text(plan, hw)
+    return f"{a.split()[0]} vs {b}"
 
 
 _WHY = {"zbh1": "every stage holds pp micro-batches until their W, and the gradients kept for it",
