@@ -98,7 +98,7 @@ def test_the_closest_cpu_oom_is_the_smallest_mib_need():
 
 @pytest.mark.parametrize("gpu", ["cpu", "h100-80g"])
 def test_schedule_notes_are_in_the_reasons_unit(gpu):
-    """The zero-bubble notes beside the table ('fullest stage 1,915 vs 1,913 MiB', 'zbh1 does not fit (OOM on
+    """The zero-bubble notes beside the table ('fullest stage 8.1 vs 7.0 MiB of tensors', 'zbh1 does not fit (OOM on
     stage 1: needs ...; 1f1b 2.0 GB)') in one unit with their OOM reason: MiB on a CPU, GB (as before) on a GPU."""
     from hybrid.planner import SearchSpace, search
     work = Workload(load_config("tiny-gpt2"), global_batch=16, seq_length=128)
@@ -106,6 +106,6 @@ def test_schedule_notes_are_in_the_reasons_unit(gpu):
     notes = " ".join(result.notes.values())
     assert notes
     if gpu == "cpu":
-        assert re.search(r"fullest stage [\d,]+ vs [\d,]+ MiB", notes) and " GB" not in notes, notes
+        assert re.search(r"fullest stage [\d,.]+ vs [\d,.]+ MiB of tensors", notes) and " GB" not in notes, notes
     else:
         assert re.search(r"needs \d\.\d{3} GB of 2\.009; 1f1b \d\.\d GB\)", notes) and "MiB" not in notes, notes

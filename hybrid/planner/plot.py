@@ -97,7 +97,7 @@ def draw_memory(plans: list[Plan], title: str = "", device_bytes: float | None =
         ax.text(x, total, f"{value.format(total)}\n{p.time.total:.3g} s/step", ha="center", va="bottom", fontsize=8)
     top = _device_line(ax, device_bytes, unit, max(bottoms))
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"#{i + 1}\n" + p.layout.short().replace(" z", "\nz", 1) + f"\n(stage {p.memory.peak.rank})"
+    ax.set_xticklabels([f"#{i + 1}\n" + p.short().replace(" z", "\nz", 1) + f"\n(stage {p.memory.peak.rank})"
                         for i, p in enumerate(plans)], fontsize=8)
     ax.set_ylabel(unit.axis)
     ax.set_ylim(0, top * 1.35)  # room for the bars' labels under the legend

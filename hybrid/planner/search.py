@@ -30,7 +30,7 @@ from hybrid.planner.hardware import GB
 from hybrid.planner.moe import ExpertPlan
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, layout_problems,
                                    pp_problems, recompute_at_most, tp_problems)
-from hybrid.planner.predicted_memory import (MemoryPlan, ModelStates, RankMemory, demand_text, needs_of,
+from hybrid.planner.predicted_memory import (MIB, MemoryPlan, ModelStates, RankMemory, demand_text, needs_of,
                                             peak_memory, plan_memory)
 from hybrid.planner.schedule import SIM_BUDGET, SimulationTooLarge
 from hybrid.planner.time import FlopsFormula, StepTime, lower_bound_seconds, model_flops, step_flops, step_time
@@ -123,6 +123,12 @@ class Plan:
     def memory_gb(self) -> float:
         """Device memory of the fullest pipeline rank, GB (an MoE model's experts included)."""
         return (self.memory.peak.total + (self.experts.extra_bytes if self.experts else 0.0)) / GB
+
+    def short(self) -> str:
+        """The layout and an MoE model's chosen EP (and expert-TP): 'tp1 pp2 dp4 v2 b1 z0 none zbv ep1', as the
+        plan tables (cli's, context's), --explain's first line and --plot's bars name it; a dense model's layout
+        alone."""
+        return self.layout.short() + moe.layout_suffix(self.experts)
 
     @property
     def fullest_rank(self) -> RankMemory:
@@ -285,21 +291,29 @@ def _zero_bubble_twin(work: Workload, cluster: Cluster, space: SearchSpace, plan
             kept_1f1b.append(f"{name} is not faster (step {time.total:.4g} vs {plan.time.total:.4g} s, bubble "
                              f"{100 * time.bubble_fraction:.1f}% vs {100 * plan.bubble_fraction:.1f}%)")
             continue
-        memory = plan_memory(work, cluster, zb)
+        twin = _plan(work, cluster, zb, plan_memory(work, cluster, zb), time, formula, space)
+        if work.model.num_experts and twin.experts is None:  # its experts fit at no EP size (round 21: kept silent)
+            problem = moe.memory_problem(work, cluster, zb, twin.memory.peak.total, space.moe_imbalance,
+                                         space.expert_parallel, space.expert_tensor_parallel)
+            kept_1f1b.append(f"{name} does not fit ({problem})")
+            continue
         notes[zb.short()] = (f"{name} over 1f1b on this layout: bubble {100 * time.bubble_fraction:.1f}% vs "
                              f"{100 * plan.bubble_fraction:.1f}%, step {time.total:.4g} vs {plan.time.total:.4g} s, "
-                             f"fullest stage {_versus(memory.peak.total, plan.memory_gb * GB, cluster.hw)} ("
-                             + _WHY[name] + ")")
-        out.append(_plan(work, cluster, zb, memory, time, formula, space))
+                             f"fullest stage {_versus(twin, plan, cluster.hw)} (" + _WHY[name] + ")")
+        out.append(twin)
     if kept_1f1b:
         notes[lay.short()] = "1f1b on this layout: " + "; ".join(kept_1f1b)
     return out
 
 
-def _versus(twin: float, plan: float, hw) -> str:
-    """'2.1 vs 2.0 GB' (or MiB on CPU hardware: demand_text's unit)."""
-    a, b = demand_text(twin, hw), demand_text(plan, hw)
-    return f"{a.split()[0]} vs {b}"
+def _versus(twin: Plan, plan: Plan, hw) -> str:
+    """The two plans' fullest ranks, an MoE model's experts in both (round 21 compared the twin's dense plan with
+    the 1F1B plan's experts included): '2.1 vs 2.0 GB' of the device, or on CPU hardware the MiB of tensors the
+    table's RSS counts ('8.1 vs 10.2 MiB of tensors': that column less this process, no GPU reserve)."""
+    if not hw.on_host:
+        return f"{twin.memory_gb:.1f} vs {plan.memory_gb:.1f} GB"
+    a, b = ((p.memory_gb * GB - p.memory.peak.workspace) / MIB for p in (twin, plan))
+    return f"{a:,.1f} vs {b:,.1f} MiB of tensors"
 
 
 _WHY = {"zbh1": "every stage holds pp micro-batches until their W, and the gradients kept for it",
