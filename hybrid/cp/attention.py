@@ -123,11 +123,12 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group
 def check_ulysses_heads(q_heads: int, kv_heads: int, cp: int) -> None:
     """Ulysses gives each CP rank whole heads: the query and key/value heads of a TP rank must split CP ways (a
     GQA model with fewer kv-heads than CP cannot: use p2p or allgather)."""
-    for what, n in (("attention heads", q_heads), ("key/value heads", kv_heads)):
-        if n % cp:
+    for what, n in (("attention head", q_heads), ("key/value head", kv_heads)):
+        if n % cp:  # one head a rank: no CP size > 1 divides it, so only the other comm types are named
+            sizes = f"a context-parallel size dividing {n}, or " if n > 1 else ""
             raise ValueError(f"--cp-comm-type a2a splits heads over --context-parallel-size {cp}, but a tensor-"
-                             f"parallel rank holds {n} {what}; use a context-parallel size dividing {n}, or "
-                             f"--cp-comm-type p2p / allgather")
+                             f"parallel rank holds {n} {what}{'s' if n > 1 else ''}; use {sizes}--cp-comm-type p2p / "
+                             f"allgather")
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Group,

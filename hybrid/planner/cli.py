@@ -629,7 +629,7 @@ def _offloads(optimizer: bool | None, params: bool | None) -> tuple[Offload, ...
 
 def _on_host(hw) -> bool:
     """CPU hardware (the cpu preset, a gloo calibration): train.py measures peak RSS there, not GPU memory."""
-    return hw.compute_units is not None or hw.name == "cpu"
+    return hw.on_host
 
 
 def _header(width: int, host: bool = False) -> str:
@@ -674,8 +674,8 @@ def _experts_legend(work: Workload) -> str:
 
 def _cell(plan: Plan) -> str:
     """The layout column: the layout, and an MoE model's chosen EP (and expert-TP), as the CP table writes them
-    (round 21: nothing said the plan chose ep 1); a dense model's is its layout alone."""
-    return plan.layout.short() + moe.layout_suffix(plan.experts)
+    (round 21: nothing said the plan chose ep 1); a dense model's is its layout alone (Plan.short)."""
+    return plan.short()
 
 
 def _width(plans: list[Plan]) -> int:
@@ -738,7 +738,7 @@ def explain(work: Workload, cluster: Cluster, plan: Plan, baseline: float | None
     memory figures are the table's RSS MiB (the demand less the GPU reserve, plus the process), not GB."""
     t, hw = plan.time, work.device(cluster.hw, plan.layout)  # as the plan timed it
     moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
-    lines = [f"why {plan.layout.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
+    lines = [f"why {plan.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
              f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}, gradient accumulation "
              f"{'fused' if work.fused_grad_accumulation else 'a pass a micro-batch'}, parameter all-gather "
              f"{'overlapped' if work.overlap_param_gather else 'exposed'}{_rerun_note(work, plan.layout)}"

@@ -541,6 +541,12 @@ class Hardware:
         return self.memory_bytes if self.memory_bytes is not None else self.memory_gb * GB
 
     @property
+    def on_host(self) -> bool:
+        """CPU hardware (the cpu preset, a gloo calibration: compute_units set): its ranks are processes of one
+        host, whose memory train.py measures as peak RSS in MiB (2^20 bytes), not a GPU's in GB (1e9 bytes)."""
+        return self.compute_units is not None or self.name == "cpu"
+
+    @property
     def elementwise_bytes_per_s(self) -> float:
         """Bytes/s of memory-bound kernels: elementwise_tbps when measured, else the HBM bandwidth."""
         return (self.elementwise_tbps or self.hbm_tbps) * 1e12

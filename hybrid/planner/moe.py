@@ -62,9 +62,8 @@ from dataclasses import dataclass
 from hybrid.planner.hardware import GB, GroupPlacement
 from hybrid.planner.layout import Cluster, Layout, Workload, dp_placement, stage_layers
 from hybrid.planner.predicted_comm import Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds, merge
-from hybrid.planner.predicted_memory import model_states
+from hybrid.planner.predicted_memory import MIB, ModelStates, model_states, needs_of
 
-MIB = 2**20  # the unit of a host's RSS (train.py's log line, the plan table on CPU hardware)
 IMBALANCE = 1.2  # the default planning margin lambda (module docstring)
 COLLECTIVES_PER_LAYER = 5  # counts, dispatch, combine forward; combine and dispatch backward
 ETP_COLLECTIVES_PER_LAYER = 5  # counts' all-gather, gather and reduce-scatter forward; their two backwards
@@ -79,6 +78,7 @@ class ExpertPlan:
         moe_layers: MoE layers on the fullest stage.
         expert_params: expert parameters a rank holds, Psi_e.
         extra_bytes: device bytes added to the dense plan: the experts' states less the dense MLP's.
+        extra_states: extra_bytes as parameters, gradients and optimizer states (the --plot bars' parts).
         compute_s: added expert compute per step (seconds), imbalance included.
         dp_sync_s: added DP / ZeRO collective seconds per step (expert-DP sync less the dense MLP's).
         alltoall_bytes: bytes a rank sends to other ranks per step (the ledger's all_to_all_v sum).
@@ -106,6 +106,7 @@ class ExpertPlan:
     etp_s: float = 0.0
     fabric: str = "NVLink"  # the node's links by name: a GPU node's NVLink, a host's own (round 21: on a CPU
     #                         the line said "over NVLink")
+    extra_states: ModelStates = ModelStates(0.0, 0.0, 0.0, 0.0)
 
     @property
     def seconds(self) -> float:
@@ -192,11 +193,14 @@ def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbal
     psi_d = layers * (3 * h * f_s // layout.tp + E * h)  # shared expert and router (module docstring)
     dense_mlp = layers * 3 * h * (f // layout.tp)
 
-    def states(psi: float, shards: int) -> float:
+    def states(psi: float, shards: int) -> ModelStates:
         return model_states(psi, layout.zero, shards, layout.offload, work.precision, work.fp32_grads,
-                            work.optimizer_bytes).device
+                            work.optimizer_bytes)
 
-    extra = states(psi_e, edp) + states(psi_d, layout.dp) - states(dense_mlp, layout.dp)
+    experts, dense, mlp = states(psi_e, edp), states(psi_d, layout.dp), states(dense_mlp, layout.dp)
+    extra = experts.device + dense.device - mlp.device
+    parts = ModelStates(*(getattr(experts, k) + getattr(dense, k) - getattr(mlp, k)
+                          for k in ("params", "grads", "optimizer", "host")))  # extra, part by part
     dp_group = dp_placement(cluster, layout)
     sync = (_sync_seconds(work, cluster, layout, psi_e, edp, edp_placement(cluster, layout, ep, etp))
             + _sync_seconds(work, cluster, layout, psi_d, layout.dp, dp_group)
@@ -217,13 +221,13 @@ def expert_plan(work: Workload, cluster: Cluster, layout: Layout, ep: int, imbal
     return ExpertPlan(ep=ep, edp=edp, moe_layers=layers, expert_params=psi_e, extra_bytes=extra,
                       compute_s=compute, dp_sync_s=sync, alltoall_bytes=sent, alltoall_s=seconds + etp_s,
                       intra_node=not place.spans_nodes and not etp_place.spans_nodes, imbalance=imbalance,
-                      etp=etp, etp_bytes=etp_sent, etp_s=etp_s, fabric=node_fabric(hw))
+                      etp=etp, etp_bytes=etp_sent, etp_s=etp_s, fabric=node_fabric(hw), extra_states=parts)
 
 
 def node_fabric(hw) -> str:
     """What the ranks of one node talk over, for the explain line: CPU hardware (the cpu preset, a gloo
     calibration: compute_units set) has no NVLink -- its ranks are processes of one host."""
-    return "the host's links" if hw.compute_units is not None or hw.name == "cpu" else "NVLink"
+    return "the host's links" if hw.on_host else "NVLink"
 
 
 def etp_bytes(tokens: int, k: int, h: int, b: int, etp: int) -> float:
@@ -304,8 +308,7 @@ def memory_problem(work: Workload, cluster: Cluster, layout: Layout, base_bytes:
         return None
     best = min(plans, key=lambda p: p.extra_bytes)
     tp = f" x expert-tp {best.etp}" if best.etp > 1 else ""
-    return (f"OOM on the experts: even ep {best.ep}{tp} needs {(base_bytes + best.extra_bytes) / GB:.1f} GB of "
-            f"{cluster.hw.capacity_bytes / GB:.4g}")
+    return f"OOM on the experts: even ep {best.ep}{tp} {needs_of(base_bytes + best.extra_bytes, cluster.hw)}"
 
 
 def why(work: Workload, cluster: Cluster, layout: Layout, base_bytes: float, chosen: ExpertPlan,

@@ -2,7 +2,10 @@
 
 One bar per layout, for its fullest pipeline rank (the one that decides whether it fits): parameters,
 gradients, optimizer states, activations, ZeRO-3 gather buffers and workspace (fixed + fragmentation), with the
-device memory drawn as a line. The numbers are `Plan.memory.peak` (hybrid/planner/predicted_memory.py).
+device memory drawn as a line. The numbers are `Plan.fullest_rank`: `Plan.memory.peak`
+(hybrid/planner/predicted_memory.py) with an MoE model's experts' states (the expert shards a rank holds, less the
+dense MLP they replace: hybrid/planner/moe.py) in its parameters, gradients and optimizer states, as the table's
+column (`Plan.memory_gb`).
 
 The unit is the table's (hybrid/planner/cli.py): on a GPU, GB = 1e9 bytes, the 2 GB CUDA/NCCL reserve in the
 workspace; on a CPU (the cpu preset, a gloo calibration) MiB = 2^20 bytes of peak RSS, as train.py's log line
@@ -80,7 +83,7 @@ def draw_memory(plans: list[Plan], title: str = "", device_bytes: float | None =
     import matplotlib.pyplot as plt
 
     unit = GPU_UNIT if host_baseline is None else HOST_UNIT
-    parts = [memory_parts(p.memory.peak, unit, host_baseline) for p in plans]
+    parts = [memory_parts(p.fullest_rank, unit, host_baseline) for p in plans]  # MoE: experts included
     fig, ax = plt.subplots(figsize=(max(6.0, 1.5 * len(plans) + 3), 5.5))
     xs = range(len(plans))
     bottoms = [0.0] * len(plans)
@@ -94,7 +97,7 @@ def draw_memory(plans: list[Plan], title: str = "", device_bytes: float | None =
         ax.text(x, total, f"{value.format(total)}\n{p.time.total:.3g} s/step", ha="center", va="bottom", fontsize=8)
     top = _device_line(ax, device_bytes, unit, max(bottoms))
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"#{i + 1}\n" + p.layout.short().replace(" z", "\nz", 1) + f"\n(stage {p.memory.peak.rank})"
+    ax.set_xticklabels([f"#{i + 1}\n" + p.short().replace(" z", "\nz", 1) + f"\n(stage {p.memory.peak.rank})"
                         for i, p in enumerate(plans)], fontsize=8)
     ax.set_ylabel(unit.axis)
     ax.set_ylim(0, top * 1.35)  # room for the bars' labels under the legend

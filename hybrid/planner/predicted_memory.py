@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from hybrid.planner.hardware import GB
+from hybrid.planner.hardware import GB, Hardware
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, rank_stages,
                                    stage_layers)
 from hybrid.planner.model import Precision, Shard
@@ -62,6 +62,7 @@ PARAM_BYTES = 2  # fp16 / bf16 parameters (Precision.MIXED)
 GRAD_BYTES = 2  # fp16 / bf16 gradients (Precision.MIXED)
 WORKSPACE_BYTES = 2.0 * GB  # CUDA context ~0.5 GB, cuBLAS + NCCL workspaces and buckets ~1 GB, headroom
 FRAGMENTATION = 0.05  # caching-allocator fragmentation, as a share of the tensors' bytes
+MIB = 2**20  # a host's unit: train.py's peak RSS, the plan table's "RSS MiB" on CPU hardware
 
 
 def model_state_bytes(psi: float, zero: ZeroStage, dp: int, k: int = ADAM_K) -> float:
@@ -95,6 +96,29 @@ class ModelStates:
     @property
     def device(self) -> float:
         return self.params + self.grads + self.optimizer
+
+
+def needs_of(demand: float, hw: Hardware) -> str:
+    """An OOM reason's figures, 'needs 93.1 GB of 85.9': a rank's device demand (WORKSPACE_BYTES in it) and what
+    it may fill (hw.capacity_bytes), in GB = 1e9 bytes; on CPU hardware in MiB = 2^20 bytes, the plan table's unit
+    there, naming the reserve (the table's RSS column leaves it out). A need that would print as the capacity or
+    below ('85.9 GB of 85.9' for 85.94) shows its excess."""
+    if hw.on_host:
+        need, cap = demand / MIB, hw.capacity_bytes / MIB
+        digits = next((d for d in range(3) if round(need, d) > round(cap, d)), 3)  # both to as many places
+        return (f"needs {need:,.{digits}f} MiB of {cap:,.{digits}f} (with the planner's {WORKSPACE_BYTES / MIB:,.0f} "
+                f"MiB workspace reserve)")
+    capacity = hw.capacity_bytes / GB
+    need = f"{demand / GB:.1f}"
+    if float(need) <= round(capacity, 1):
+        need = f"{demand / GB:.3f}"
+    return f"needs {need} GB of {capacity:.4g}"
+
+
+def demand_text(demand: float, hw: Hardware) -> str:
+    """A rank's device demand as needs_of writes it, '2.0 GB' or on CPU hardware '1,918 MiB' (the schedule notes
+    beside an OOM reason: one unit in a line)."""
+    return f"{demand / MIB:,.0f} MiB" if hw.on_host else f"{demand / GB:.1f} GB"
 
 
 def step_transient_bytes(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offload.NONE,

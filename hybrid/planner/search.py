@@ -30,7 +30,8 @@ from hybrid.planner.hardware import GB
 from hybrid.planner.moe import ExpertPlan
 from hybrid.planner.layout import (Cluster, Layout, Offload, Recompute, Workload, ZeroStage, layout_problems,
                                    pp_problems, recompute_at_most, tp_problems)
-from hybrid.planner.predicted_memory import MemoryPlan, peak_memory, plan_memory
+from hybrid.planner.predicted_memory import (MIB, MemoryPlan, ModelStates, RankMemory, demand_text, needs_of,
+                                            peak_memory, plan_memory)
 from hybrid.planner.schedule import SIM_BUDGET, SimulationTooLarge
 from hybrid.planner.time import FlopsFormula, StepTime, lower_bound_seconds, model_flops, step_flops, step_time
 
@@ -123,6 +124,24 @@ class Plan:
         """Device memory of the fullest pipeline rank, GB (an MoE model's experts included)."""
         return (self.memory.peak.total + (self.experts.extra_bytes if self.experts else 0.0)) / GB
 
+    def short(self) -> str:
+        """The layout and an MoE model's chosen EP (and expert-TP): 'tp1 pp2 dp4 v2 b1 z0 none zbv ep1', as the
+        plan tables (cli's, context's), --explain's first line and --plot's bars name it; a dense model's layout
+        alone."""
+        return self.layout.short() + moe.layout_suffix(self.experts)
+
+    @property
+    def fullest_rank(self) -> RankMemory:
+        """The fullest pipeline rank's memory part by part, an MoE model's experts' states in its parameters,
+        gradients and optimizer states (ExpertPlan.extra_states): the bytes of memory_gb, for --plot's bars
+        (round 22: they left the experts out). Their workspace is the dense plan's, as memory_gb's."""
+        peak = self.memory.peak
+        if self.experts is None:
+            return peak
+        s, e = peak.states, self.experts.extra_states
+        return replace(peak, states=ModelStates(s.params + e.params, s.grads + e.grads,
+                                                s.optimizer + e.optimizer, s.host + e.host))
+
     @property
     def bubble_fraction(self) -> float:
         return self.time.bubble_fraction
@@ -165,8 +184,10 @@ def summarize_rejections(rejected: list[Rejection], limit: int = 8) -> list[tupl
 
 
 def _needed_gb(r: Rejection) -> float:
-    match = re.search(r"needs ([\d.]+) GB", r.reason)
-    return float(match.group(1)) if match else float("inf")
+    """The need an OOM reason names (needs_of: GB, or MiB with thousands' commas on CPU hardware; one unit in a
+    search), inf for another reason."""
+    match = re.search(r"needs ([\d,.]+) (GB|MiB)", r.reason)
+    return float(match.group(1).replace(",", "")) if match else float("inf")
 
 
 def evaluate(work: Workload, cluster: Cluster, layout: Layout, formula: FlopsFormula = FlopsFormula.EXACT,
@@ -196,14 +217,10 @@ def _plan(work: Workload, cluster: Cluster, layout: Layout, memory: MemoryPlan, 
 
 def memory_problem(cluster: Cluster, rank: int, device_bytes: float, host_bytes: float) -> str | None:
     """'OOM on stage 0: needs 93.1 GB of 85.9' (or the host-memory equivalent), None when it fits. The device
-    holds hw.capacity_bytes (an 80 GB card: 85.9e9 bytes)."""
+    holds hw.capacity_bytes (an 80 GB card: 85.9e9 bytes); CPU hardware's figures are MiB (needs_of)."""
     hw = cluster.hw
-    capacity = hw.capacity_bytes / GB
     if device_bytes > hw.capacity_bytes:
-        need = f"{device_bytes / GB:.1f}"
-        if float(need) <= round(capacity, 1):  # 85.94 of 85.9 reads "85.9 of 85.9": show the excess
-            need = f"{device_bytes / GB:.3f}"
-        return f"OOM on stage {rank}: needs {need} GB of {capacity:.4g}"
+        return f"OOM on stage {rank}: {needs_of(device_bytes, hw)}"  # MiB on CPU hardware
     if host_bytes > hw.host_memory_gb * GB:
         return f"host OOM: offload needs {host_bytes / GB:.0f} GB per node of {hw.host_memory_gb:g}"
     return None
@@ -263,7 +280,7 @@ def _zero_bubble_twin(work: Workload, cluster: Cluster, space: SearchSpace, plan
         rank, need, host = peak_memory(work, cluster, zb)
         problem = memory_problem(cluster, rank, need, host)
         if problem is not None:
-            kept_1f1b.append(f"{name} does not fit ({problem}; 1f1b {plan.memory_gb:.1f} GB)")
+            kept_1f1b.append(f"{name} does not fit ({problem}; 1f1b {demand_text(plan.memory_gb * GB, cluster.hw)})")
             continue
         try:
             time = step_time(work, cluster, zb, budget)
@@ -274,15 +291,29 @@ def _zero_bubble_twin(work: Workload, cluster: Cluster, space: SearchSpace, plan
             kept_1f1b.append(f"{name} is not faster (step {time.total:.4g} vs {plan.time.total:.4g} s, bubble "
                              f"{100 * time.bubble_fraction:.1f}% vs {100 * plan.bubble_fraction:.1f}%)")
             continue
-        memory = plan_memory(work, cluster, zb)
+        twin = _plan(work, cluster, zb, plan_memory(work, cluster, zb), time, formula, space)
+        if work.model.num_experts and twin.experts is None:  # its experts fit at no EP size (round 21: kept silent)
+            problem = moe.memory_problem(work, cluster, zb, twin.memory.peak.total, space.moe_imbalance,
+                                         space.expert_parallel, space.expert_tensor_parallel)
+            kept_1f1b.append(f"{name} does not fit ({problem})")
+            continue
         notes[zb.short()] = (f"{name} over 1f1b on this layout: bubble {100 * time.bubble_fraction:.1f}% vs "
                              f"{100 * plan.bubble_fraction:.1f}%, step {time.total:.4g} vs {plan.time.total:.4g} s, "
-                             f"fullest stage {memory.peak.total / GB:.1f} vs {plan.memory_gb:.1f} GB ("
-                             + _WHY[name] + ")")
-        out.append(_plan(work, cluster, zb, memory, time, formula, space))
+                             f"fullest stage {_versus(twin, plan, cluster.hw)} (" + _WHY[name] + ")")
+        out.append(twin)
     if kept_1f1b:
         notes[lay.short()] = "1f1b on this layout: " + "; ".join(kept_1f1b)
     return out
+
+
+def _versus(twin: Plan, plan: Plan, hw) -> str:
+    """The two plans' fullest ranks, an MoE model's experts in both (round 21 compared the twin's dense plan with
+    the 1F1B plan's experts included): '2.1 vs 2.0 GB' of the device, or on CPU hardware the MiB of tensors the
+    table's RSS counts ('8.1 vs 10.2 MiB of tensors': that column less this process, no GPU reserve)."""
+    if not hw.on_host:
+        return f"{twin.memory_gb:.1f} vs {plan.memory_gb:.1f} GB"
+    a, b = ((p.memory_gb * GB - p.memory.peak.workspace) / MIB for p in (twin, plan))
+    return f"{a:,.1f} vs {b:,.1f} MiB of tensors"
 
 
 _WHY = {"zbh1": "every stage holds pp micro-batches until their W, and the gradients kept for it",
