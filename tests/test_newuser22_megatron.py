@@ -234,3 +234,28 @@ def test_deepspeed_ignored_keys_name_what_does_their_job(tmp_path, capsys):
                     "--lr-warmup-iters", "0"])[0]
     assert {run.optimizer.lr_at(k) for k in range(100)} == {3e-4}  # DeepSpeed's constant rate, as the warning says
     assert capsys.readouterr().err.splitlines() == [ignored]  # a schedule flag given: the user chose
+
+
+# --- 7. Megatron's gpt2-vocab.json + gpt2-merges.txt: the hint's one line makes the tokenizer.json ------------------
+def test_vocab_and_merge_files_hint_gives_a_command_that_keeps_the_ids(tmp_path, monkeypatch, one_line):
+    """--vocab-file / --merge-file said only "a tokenizer.json here (AutoTokenizer.save_pretrained writes it)"; a
+    Megatron user holds the two GPT-2 files. The hint's command, run as given on a BPE's vocab.json and merges.txt,
+    writes a folder whose ids are the BPE's own for every text and whose end of document is <|endoftext|>."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    from hybrid.data.tokenizer import FROM_VOCAB_MERGES, build_tokenizer
+    texts = ["def f(x):\n    return x + 1\n", "The quick brown fox jumps over the lazy dog.", "naïve café über"]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts * 20, vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.save_model(str(tmp_path))  # vocab.json, merges.txt: the format of Megatron's gpt2-vocab.json / -merges.txt
+    (tmp_path / "vocab.json").rename(tmp_path / "gpt2-vocab.json")
+    (tmp_path / "merges.txt").rename(tmp_path / "gpt2-merges.txt")
+    line = one_line(lambda: validate(["--vocab-file", "gpt2-vocab.json"]))
+    assert FROM_VOCAB_MERGES in line, line
+    code = FROM_VOCAB_MERGES.split('python -c "', 1)[1].split('"', 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(code, {})  # the command the line gives, as written
+    tok = build_tokenizer("HuggingFaceTokenizer", "tok/")
+    assert [tok.encode(t) for t in texts + ["unseen wordsmith"]] == \
+        [bpe.encode(t).ids for t in texts + ["unseen wordsmith"]]
+    assert tok.eod == bpe.token_to_id("<|endoftext|>") == 0
