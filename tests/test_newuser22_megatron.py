@@ -210,7 +210,8 @@ def test_deepspeed_ignored_keys_name_what_does_their_job(tmp_path, capsys):
     """A DeepSpeed user's config (its ZeRO, batch, clipping, precision and optimizer keys are read and set the run);
     wall_clock_breakdown, steps_per_print and tensorboard were listed as "ignored" only."""
     ds = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
-          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "overlap_comm": True},
+          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "overlap_comm": True,
+                                "stage3_gather_16bit_weights_on_model_save": True},
           "bf16": {"enabled": True}, "steps_per_print": 10, "wall_clock_breakdown": True,
           "tensorboard": {"enabled": True, "output_path": "tb"},
           "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}}}
@@ -224,7 +225,8 @@ def test_deepspeed_ignored_keys_name_what_does_their_job(tmp_path, capsys):
     ignored = ("train.py: warning: --deepspeed-config keys not supported, ignored: steps_per_print (the log line "
                "every --log-interval steps), wall_clock_breakdown (per-rank step times and the time split every "
                "--timing-log-interval log intervals), tensorboard (--tensorboard-dir DIR), "
-               "zero_optimization.overlap_comm")
+               "zero_optimization.overlap_comm, zero_optimization.stage3_gather_16bit_weights_on_model_save "
+               "(`hybrid convert CKPT OUT` writes a checkpoint's whole weights (docs/convert.md))")
     assert capsys.readouterr().err.splitlines() == [
         "train.py: warning: --deepspeed-config has an optimizer section and no scheduler, which DeepSpeed runs at its "
         "lr 0.0003 throughout; this run has train.py's default schedule, a warm-up over 10 iterations, cosine decay "

@@ -138,6 +138,8 @@ IGNORED_INSTEAD = {
     "wandb": "not implemented: --tensorboard-dir DIR or --metrics-file FILE",
     "activation_checkpointing": "--recompute-granularity full or selective",
     "flops_profiler": "TFLOP/s on every log line, MFU with --hardware or --peak-tflops",
+    **{f"zero_optimization.{k}": "`hybrid convert CKPT OUT` writes a checkpoint's whole weights (docs/convert.md)"
+       for k in ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save")},
 }
 
 
