@@ -171,9 +171,7 @@ def test_convert_dst_that_is_a_file_says_so(tmp_path):
 
 # --- 7. Megatron-LM's pretrain_gpt flags train.py does not take: a hint, not a misleading near spelling -------------
 @pytest.mark.parametrize("argv, hint", [
-    (["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
-     "--recompute-method: --recompute-granularity full recomputes every layer; recomputing a subset of layers"),
-    (["--recompute-num-layers", "1"], "--recompute-num-layers: --recompute-granularity full recomputes every layer"),
+    # --recompute-method / --recompute-num-layers: train.py's flags since round 22 (tests/test_newuser22_megatron.py)
     (["--lr-decay-samples", "100"], "--lr-decay-samples: give --lr-decay-iters (samples / --global-batch-size)"),
     (["--data-cache-path", "cache"], "--data-cache-path: the sample indexes are built in memory"),
     (["--rampup-batch-size", "4", "4", "100"], "--rampup-batch-size: a batch-size ramp is not implemented"),

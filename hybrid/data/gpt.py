@@ -40,8 +40,10 @@ class Documents(Protocol):
 def parse_split(text: str) -> tuple[float, float, float]:
     """'969,30,1' -> normalised (0.969, 0.03, 0.001); ValueError naming --split otherwise. One or two numbers are
     padded with zeros as megatron-core's parse_and_normalize_split does ('98,2' is '98,2,0': no test split), so a
-    Megatron-LM command line's --split means the same here."""
-    parts = [p.strip() for p in text.replace("/", ",").split(",")]
+    Megatron-LM command line's --split means the same here. Quotes around it are dropped, as megatron-core's
+    number-finding regex drops them: Megatron's examples/llama scripts pass "--split '99,1,0'" from a bash array
+    expanded unquoted, so the quotes reach the program."""
+    parts = [p.strip() for p in text.strip().strip("'\"").replace("/", ",").split(",")]
     try:
         values = [float(p) for p in parts]
     except ValueError:

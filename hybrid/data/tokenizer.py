@@ -17,7 +17,11 @@ TOKENIZER_TYPES = ("HuggingFaceTokenizer", "ByteLevel")
 # --tokenizer-type (train.py, scripts/preprocess_data.py; hybrid.cliutil.OneLineParser's `hints`)
 _AS_JSON = ("tokenizer.json here: --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json "
             "(transformers' AutoTokenizer.save_pretrained writes it)")
-TOKENIZER_HINT = f"a GPT-2 BPE tokenizer is one {_AS_JSON}"
+# Megatron's GPT-2 files (gpt2-vocab.json + gpt2-merges.txt) into one tokenizer.json: the same ids (round 22: a
+# preprocess with the converted folder wrote the .bin of the tokenizer the files came from byte for byte)
+FROM_VOCAB_MERGES = ("from Megatron's files: python -c \"from transformers import GPT2TokenizerFast as T; "
+                     "T('gpt2-vocab.json', 'gpt2-merges.txt').save_pretrained('tok/')\", then --tokenizer-model tok/")
+TOKENIZER_HINT = f"a GPT-2 BPE tokenizer is one {_AS_JSON}; {FROM_VOCAB_MERGES}"
 # Megatron's --tokenizer-type names (its tokenizer.py) of tokenizers a tokenizer.json holds
 MEGATRON_TOKENIZERS = ("GPT2BPETokenizer", "Llama2Tokenizer", "Llama3Tokenizer", "SentencePieceTokenizer",
                        "GPTSentencePieceTokenizer", "TikTokenizer", "MistralTokenizer")
@@ -26,6 +30,7 @@ MEGATRON_TOKENIZERS = ("GPT2BPETokenizer", "Llama2Tokenizer", "Llama3Tokenizer",
 def tokenizer_hints() -> dict[str, str]:
     """{"--tokenizer-type=NAME": hint} for Megatron's tokenizer names and {"--vocab-file" / "--merge-file": hint}."""
     out = {f"--tokenizer-type={name}": f"Megatron's {name} is a {_AS_JSON}" for name in MEGATRON_TOKENIZERS}
+    out["--tokenizer-type=GPT2BPETokenizer"] += f"; {FROM_VOCAB_MERGES}"
     out.update({flag: f"{flag}: {TOKENIZER_HINT}" for flag in ("--vocab-file", "--merge-file")})
     return out
 

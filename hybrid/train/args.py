@@ -145,6 +145,7 @@ def check_optimizer_flags(args: argparse.Namespace) -> None:
     """Flags given on the command line that the chosen optimizer or schedule would never read: a silent no-op is
     an error naming the flag (as Megatron's `lr_warmup_steps < lr_decay_steps` assertion)."""
     explicit = getattr(args, "explicit", set())  # a Namespace built by hand has none
+    apply_warmup_fraction(args)
     if "sgd_momentum" in explicit and args.optimizer != "sgd":
         raise ValueError(f"--sgd-momentum is --optimizer sgd's; the run's optimizer is {args.optimizer}: "
                          f"add --optimizer sgd or drop --sgd-momentum")
@@ -161,6 +162,31 @@ def check_optimizer_flags(args: argparse.Namespace) -> None:
         decay = f"--lr-decay-iters {d}" if args.lr_decay_iters else f"--lr-decay-iters (unset: --train-iters {d})"
         raise ValueError(f"--lr-warmup-iters {w} is not below {decay}: the warm-up would end at or after the "
                          f"decay; use --lr-warmup-iters < {d}, a larger --lr-decay-iters, or --lr-decay-style constant")
+
+
+def apply_warmup_fraction(args: argparse.Namespace) -> None:
+    """--lr-warmup-fraction F, Megatron's: its scheduler warms up over lr_warmup_steps = F x lr_decay_steps, both in
+    samples (iterations x the global batch), so W = F x D iterations with D = --lr-decay-iters (unset:
+    --train-iters). Sets --lr-warmup-iters on the checks' copy -- the schedule line, the checkpoint's flags and a
+    resume's comparison then read W. lr_at counts whole steps: a W that is not whole (Megatron runs step 0 at 0 and
+    decays from step 1 for 0 < W < 1) is refused with the nearest iterations. Idempotent (the checks run twice)."""
+    f = getattr(args, "lr_warmup_fraction", None)
+    if f is None:
+        return
+    if f >= 1:
+        raise ValueError(f"--lr-warmup-fraction must be in [0, 1) (the warm-up must end before the decay does), "
+                         f"got {f:g}")
+    d = args.lr_decay_iters or args.train_iters
+    w = f * d
+    if "lr_warmup_iters" in getattr(args, "explicit", set()) and args.lr_warmup_iters not in (0, round(w)):
+        raise ValueError(f"--lr-warmup-fraction {f:g} and --lr-warmup-iters {args.lr_warmup_iters} both set the "
+                         f"warm-up (Megatron-LM refuses both too); give one of them")
+    if abs(w - round(w)) > 1e-9 * max(w, 1.0):  # 0.001 x 430000 is 430.00000000000006 in floats: whole
+        decay = f"--lr-decay-iters {d}" if args.lr_decay_iters else f"--train-iters {d}"
+        raise ValueError(f"--lr-warmup-fraction {f:g} x {decay} = {w:g} iterations of warm-up, not a whole number; "
+                         f"the warm-up here counts iterations: give --lr-warmup-iters {round(w)} (or a fraction "
+                         f"that gives whole iterations)")
+    args.lr_warmup_iters = round(w)
 
 
 def check_files(args: argparse.Namespace, cfg: ModelConfig) -> None:
@@ -509,6 +535,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                    cp=cp.size)
     validate_model_dims(dims, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers, cfg.ffn_hidden_size)
     warnings = check_sequence_parallel(ns, dims.tp) + fault_args.timeout_warnings(ns, dims.world)
+    warnings += deepspeed_schedule_warning(ns)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
     compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None,  # hybrid/compress
@@ -531,7 +558,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     pipeline = check_pipeline(ns, cfg, dims, batch)
     return RunConfig(
         parallel=ParallelConfig(dims, ns.sequence_parallel, pipeline, ns.distributed_timeout_minutes),
-        model=ModelSetup(ns.model, cfg, init_weights=ns.load, recompute=Recompute(ns.recompute_granularity or "none"),
+        model=ModelSetup(ns.model, cfg, init_weights=ns.load, recompute=check_recompute(ns, pipeline),
                          compile=ns.compile),
         training=TrainingConfig(batch, train_iters=ns.train_iters, log_interval=ns.log_interval, seed=ns.seed,
                                 timeline=ns.timeline, hardware=ns.hardware),
@@ -543,6 +570,59 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
         compress=compress,
         flags=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(vars(ns).items()) if _recorded(v)),
         ds_unsupported=tuple(unsupported), warnings=warnings)
+
+
+def check_recompute(args: argparse.Namespace, pipeline: PipelinePlan) -> Recompute:
+    """--recompute-granularity, with megatron-core's --recompute-method / --recompute-num-layers, which it requires
+    beside full granularity and refuses beside selective (TransformerConfig). Full here checkpoints each layer on its
+    own: Megatron's uniform with units of 1 layer, and its block with N >= the layers of every model chunk (block
+    checkpoints each of a chunk's first N layers alone, TransformerBlock._checkpointed_forward). Units of several
+    layers (one saved input for N) and a subset of a chunk's layers are not implemented: refused by name."""
+    method, n = args.recompute_method, args.recompute_num_layers
+    given = [f for f, v in (("--recompute-method", method), ("--recompute-num-layers", n)) if v is not None]
+    if not given:
+        return Recompute(args.recompute_granularity or "none")
+    both = " and ".join(given)
+    if args.recompute_granularity != "full":
+        now = f"--recompute-granularity {args.recompute_granularity}" if args.recompute_granularity else \
+            "no --recompute-granularity"
+        raise ValueError(f"{both} {'choose' if len(given) > 1 else 'chooses'} which layers --recompute-granularity "
+                         f"full recomputes, and the run has "
+                         f"{now} (megatron-core refuses it too); add --recompute-granularity full or drop {both}")
+    if method is None or n is None:
+        raise ValueError(f"{given[0]} needs {'--recompute-num-layers N' if n is None else '--recompute-method'} "
+                         f"too (megatron-core's pair); or drop it: --recompute-granularity full alone recomputes "
+                         f"every layer (--recompute-method uniform --recompute-num-layers 1)")
+    most = max(len(stage) for stage in pipeline.stages)  # the layers of the largest model chunk
+    if (method, n) == ("uniform", 1) or (method == "block" and n >= most):
+        return Recompute.FULL
+    if method == "uniform":
+        raise ValueError(f"--recompute-method uniform --recompute-num-layers {n} checkpoints units of {n} layers "
+                         f"(one saved input a unit), which is not implemented: full recomputes each layer on its "
+                         f"own; give --recompute-num-layers 1 (or drop both flags: the same)")
+    raise ValueError(f"--recompute-method block --recompute-num-layers {n} recomputes {n} layers of each model chunk "
+                     f"(up to {most} layers here), and recomputing a subset is not implemented: give "
+                     f"--recompute-num-layers {most} (every layer, as --recompute-granularity full alone), or "
+                     f"--recompute-granularity selective (the attention core of every layer)")
+
+
+SCHEDULE_DESTS = ("lr_warmup_iters", "lr_warmup_fraction", "lr_decay_style", "lr_decay_iters", "min_lr")
+
+
+def deepspeed_schedule_warning(ns: argparse.Namespace) -> tuple[str, ...]:
+    """A DeepSpeed config with an optimizer section and no scheduler (a scheduler section is refused with its
+    nearest flags: ds_config._refuse_scheduler) runs at optimizer.params.lr throughout under DeepSpeed; here train.py's
+    default schedule (a warm-up, a cosine decay) would run unless a schedule flag says otherwise. Said once at
+    start-up when no schedule flag was given (round 22: the schedule line said it, without the why)."""
+    ds = getattr(ns, "ds_settings", None)
+    if ds is None or ds.optimizer is None or set(SCHEDULE_DESTS) & getattr(ns, "explicit", set()) or \
+            (ns.lr_decay_style == "constant" and not ns.lr_warmup_iters):
+        return ()
+    warm = f"a warm-up over {ns.lr_warmup_iters} iterations, " if ns.lr_warmup_iters else ""
+    decay = "" if ns.lr_decay_style == "constant" else f"{ns.lr_decay_style} decay to --min-lr {ns.min_lr:g}"
+    return (f"--deepspeed-config has an optimizer section and no scheduler, which DeepSpeed runs at its lr "
+            f"{ns.lr:g} throughout; this run has train.py's default schedule, {warm}{decay}".rstrip(", ")
+            + ": for DeepSpeed's, pass --lr-decay-style constant --lr-warmup-iters 0",)
 
 
 def check_sequence_parallel(ns: argparse.Namespace, tp: int) -> tuple[str, ...]:

@@ -111,6 +111,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--recompute-granularity", PARALLEL,
          "recompute activations in backward: selective (attention core) or full (block)", type=str,
          choices=tuple(r.value for r in Recompute if r is not Recompute.NONE)),
+    Flag("--recompute-method", PARALLEL, "with --recompute-granularity full, megatron-core's pair (it requires them): "
+         "uniform with --recompute-num-layers 1, or block with N >= a model chunk's layers, is every layer on its "
+         "own (what full runs); units of several layers and a subset of layers are not implemented", type=str,
+         choices=("uniform", "block")),
+    Flag("--recompute-num-layers", PARALLEL, "--recompute-method's N (uniform: 1; block: at least a chunk's layers)",
+         type=int, low=1),
     Flag("--compile", PARALLEL, "torch.compile each Transformer block's forward (fused elementwise kernels; the "
          "first step pays the compilation); every ZeRO stage and --recompute-granularity (selective-op: no dropout, "
          "tp 1)", switch=True),
@@ -132,6 +138,9 @@ FLAGS: tuple[Flag, ...] = (
          f"{DEFAULT_MIN_LR:g}, or Megatron's 0 where --lr is below that", type=float, low=0.0),
     Flag("--lr-warmup-iters", OPTIM, "linear warm-up: step k <= N runs at lr k / N (Megatron's; 0: none)",
          default=10, type=int, low=0),
+    Flag("--lr-warmup-fraction", OPTIM, "warm-up over this fraction of the decay, in [0, 1) (Megatron's): "
+         "--lr-warmup-iters = fraction x --lr-decay-iters (unset: --train-iters), a whole number of iterations",
+         type=float, low=0.0),
     Flag("--lr-decay-iters", OPTIM, "the step the decay reaches --min-lr (then stays); None: --train-iters. Keep "
          "it when a resumed run raises --train-iters, and the schedule stays the same", type=int, low=1),
     Flag("--lr-decay-style", OPTIM, "decay after warm-up", default="cosine", type=str,

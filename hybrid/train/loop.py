@@ -218,8 +218,18 @@ def _header(run: RunConfig, model, optimizer: ZeroOptimizer, device: torch.devic
             f"zero: stage {z.stage} | {z.precision.value}"
             f"{' | offload optimizer (' + optimizer.optimizer_kind + ')' if z.offload_optimizer else ''}"
             f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
-            f"{' | fp32 grads' if z.accumulate_fp32_grads else ''}"
-            f" | clip-grad {run.optimizer.clip_grad}")
+            f"{_grads_part(z)} | clip-grad {run.optimizer.clip_grad}")
+
+
+def _grads_part(z) -> str:
+    """' | fp32 grads' with --accumulate-allreduce-grads-in-fp32; under --bf16 / --fp16 without it, which dtype the
+    gradients accumulate and reduce in: Megatron-LM's --bf16 accumulates in fp32 unless --grad-reduce-in-bf16, so a
+    Megatron user's --bf16 runs another gradient dtype here unless the line says so (round 22)."""
+    if z.accumulate_fp32_grads:
+        return " | fp32 grads"
+    if not z.precision.mixed:
+        return ""
+    return f" | {z.precision.value} grads (fp32: --accumulate-allreduce-grads-in-fp32)"
 
 
 def _cp_part(run: RunConfig) -> str:

@@ -21,6 +21,7 @@ from hybrid.cliutil import fail, is_rank_zero, outlive_rank_zero
 from hybrid.launch import check_launch, check_launcher_env, distributed, env_world, under_launcher  # noqa: F401
 from hybrid.train.args import configure, parse_args
 from hybrid.train.loop import run as train
+from hybrid.zero.ds_config import ignored_line
 
 
 def validate(argv: list[str] | None):
@@ -36,7 +37,7 @@ def validate(argv: list[str] | None):
     except ValueError as e:  # configure names a value the DeepSpeed config set by its JSON key
         raise fail(f"train.py: error: {e}") from None
     if is_rank_zero():
-        ignored = (f"--deepspeed-config keys not supported, ignored: {', '.join(run.ds_unsupported)}",)
+        ignored = (ignored_line(run.ds_unsupported),)
         for line in args.repeated + run.warnings + (ignored if run.ds_unsupported else ()):
             print(f"train.py: warning: {line}", file=sys.stderr, flush=True)
     return run, world, corpus

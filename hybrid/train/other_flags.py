@@ -39,6 +39,14 @@ RENAMED = {
     "--moe-expert-parallel-size": "--expert-model-parallel-size", "--ep-size": "--expert-model-parallel-size",
     "--recompute-activations": "--recompute-granularity selective (Megatron's --recompute-activations is the same "
                                "switch)",
+    # round 22: Megatron's older and Megatron-DeepSpeed's names
+    "--encoder-seq-length": "--seq-length (Megatron's other name of it)",
+    "--checkpoint-activations": "--recompute-granularity full (Megatron's older name)",
+    "--checkpoint-num-layers": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
+                               "(Megatron's older name; units of one layer)",
+    "--ddp-bucket-size": "--zero-bucket-bytes (in bytes: Megatron's bucket counts parameters, x 4 for fp32 "
+                         "gradients, x 2 for bf16)",
+    "--use-torch-fsdp2": "--zero-stage 3 (parameters, gradients and optimizer state sharded over dp, as FSDP2)",
 }
 
 POSITIONS = "model_type llama for rotary embeddings (rope_theta), gpt2 for learned positions"
@@ -52,9 +60,6 @@ ARCH_FIELDS = {
     "--use-rotary-position-embeddings": POSITIONS,
     "--no-position-embedding": POSITIONS,
 }
-
-RECOMPUTE_SUBSET = ("--recompute-granularity full recomputes every layer; recomputing a subset of layers "
-                    "(--recompute-method / --recompute-num-layers) is not implemented")
 
 # Megatron-core's explicit pipeline splits: the planner prices them (layout.PipelineSplit), the runtime does not run
 # a stage holding only the embedding or only the loss
@@ -96,12 +101,9 @@ INSTEAD = {
     "--loss-scale-window": LOSS_SCALE.format(key="fp16.loss_scale_window"),
     "--min-loss-scale": LOSS_SCALE.format(key="fp16.min_loss_scale"),
     "--hysteresis": HYSTERESIS,
-    "--recompute-method": RECOMPUTE_SUBSET,
-    "--recompute-num-layers": RECOMPUTE_SUBSET,
     "--train-samples": "give --train-iters (samples / --global-batch-size)",
     "--lr-decay-samples": "give --lr-decay-iters (samples / --global-batch-size)",
     "--lr-warmup-samples": "give --lr-warmup-iters (samples / --global-batch-size)",
-    "--lr-warmup-fraction": "give --lr-warmup-iters (the fraction x --lr-decay-iters)",
     "--exit-duration-in-mins": "not implemented; --exit-interval N stops after N iterations, --exit-signal-handler "
                                "saves and exits on SIGTERM",
     "--rampup-batch-size": "a batch-size ramp is not implemented; --global-batch-size is constant",
@@ -139,6 +141,93 @@ INSTEAD = {
     "--fp8": "not implemented in training (`hybrid plan --fp8` prices it): train in --bf16; drop the flag",
     "--fp8-format": "not implemented in training (`hybrid plan --fp8` prices it): train in --bf16; drop the flag",
 }
+
+# round 22's new-user pass: the flags of Megatron-LM's own example scripts (examples/gpt3/*.sh, examples/llama/*.sh)
+# and of Megatron-DeepSpeed's that said "see --help" or a misleading near spelling (--fp8-param-gather "did you mean
+# --overlap-param-gather?", --lr-warmup-init "--lr-warmup-iters?", --save-retain-interval "--save-interval?")
+FUSION = "there is no fused kernel to turn off (--compile fuses each block's elementwise ops); drop the flag"
+FP8 = "not implemented in training (`hybrid plan --fp8` prices it): train in --bf16; drop the flag"
+PROFILE = ("torch.profiler is not wired in: --timeline FILE.json writes the last step's per-rank Chrome trace "
+           "(Perfetto), and the time split prints every --timing-log-interval log intervals; drop the flag")
+TB_ALWAYS = ("--tensorboard-dir gets the loss, learning rate, grad norm, loss scale, throughput, memory and the "
+             "validation loss and ppl at every --log-interval; drop the flag")
+PER_SPLIT = ("separate datasets per split are not implemented: give --data-path (one dataset or a weighted blend) "
+             "and --split train,valid,test")
+SAVE_KEEP = ("not implemented: every --save-interval checkpoint is persistent; --save-keep N keeps the N newest "
+             "(docs/checkpoint.md)")
+SCHEDULE_FROM_FLAGS = ("the schedule always comes from the flags given now (Megatron's --override-opt_param-"
+                       "scheduler); a resume names any schedule flag that changed since the checkpoint")
+INSTEAD.update({
+    "--attention-backend": "attention is torch's scaled_dot_product_attention, which picks its kernel (flash, "
+                           "memory-efficient or math) for the device and dtype; drop the flag",
+    "--use-flash-attn-v2": INSTEAD["--use-flash-attn"],
+    "--use-flash-attn-triton": INSTEAD["--use-flash-attn"],
+    "--use-legacy-models": INSTEAD["--use-mcore-models"],
+    "--rotary-percent": "rotary embeddings turn the whole head dimension (Megatron's 1.0); a fraction is not "
+                        "implemented; drop the flag",
+    "--apply-layernorm-1p": "not implemented (a norm's weight is its scale, not 1 + weight); drop the flag",
+    "--qk-layernorm": "not implemented in these models (no norm on queries and keys); drop the flag",
+    "--squared-relu": MODEL.format(field="activation_function relu2 (gpt2)"),
+    "--init-method-xavier-uniform": INSTEAD["--init-method-std"],
+    "--decoupled-lr": "a separate rate for the embedding and output layer is not implemented: every parameter "
+                      "follows --lr and --min-lr; drop the flag",
+    "--decoupled-min-lr": "a separate rate for the embedding and output layer is not implemented: every parameter "
+                          "follows --lr and --min-lr; drop the flag",
+    "--lr-warmup-init": "the warm-up starts from 0 (Megatron's default --lr-warmup-init 0.0); another start is not "
+                        "implemented; drop the flag",
+    "--grad-reduce-in-bf16": "with --bf16 gradients accumulate and reduce in bf16 here by default (Megatron's "
+                             "default is fp32: --accumulate-allreduce-grads-in-fp32 here); drop the flag",
+    "--calculate-per-token-loss": "every micro-batch has the same number of loss tokens (no loss mask), so the "
+                                  "per-token mean is the mean over micro-batches this runs; drop the flag",
+    "--eod-mask-loss": "not implemented: the end-of-document token's loss counts as any token's; drop the flag",
+    "--cross-entropy-loss-fusion": "there is no fused cross-entropy to switch on (the loss is the vocab-parallel "
+                                   "cross-entropy in fp32); drop the flag",
+    "--fp16-lm-cross-entropy": "not implemented: the cross-entropy runs in fp32 (the logits upcast); drop the flag",
+    "--no-bias-gelu-fusion": FUSION, "--no-bias-dropout-fusion": FUSION, "--no-bias-swiglu-fusion": FUSION,
+    "--no-rope-fusion": FUSION, "--no-persist-layer-norm": FUSION,
+    "--no-async-tensor-model-parallel-allreduce": "without SP the input gradient's all-reduce always overlaps the "
+                                                  "weight gradients (docs/tensor-parallel.md); drop the flag",
+    "--manual-gc": "not implemented: Python's garbage collector runs as usual; drop the flag",
+    "--empty-unused-memory-level": "not implemented (torch's caching allocator keeps freed blocks); drop the flag",
+    "--use-cpu-initialization": "there is no such switch; drop the flag",
+    "--deterministic-mode": "not implemented as a switch; drop the flag",
+    "--fp8-amax-history-len": FP8, "--fp8-amax-compute-algo": FP8, "--fp8-param-gather": FP8, "--fp8-recipe": FP8,
+    "--profile": PROFILE, "--profile-step-start": PROFILE, "--profile-step-end": PROFILE,
+    "--profile-ranks": PROFILE, "--use-pytorch-profiler": PROFILE,
+    "--log-validation-ppl-to-tensorboard": TB_ALWAYS, "--log-memory-to-tensorboard": TB_ALWAYS,
+    "--log-loss-scale-to-tensorboard": TB_ALWAYS, "--tensorboard-log-interval": TB_ALWAYS,
+    "--log-world-size-to-tensorboard": "not implemented (the start-up line gives the layout); drop the flag",
+    "--log-progress": "not implemented (each log line has the consumed samples and an ETA); drop the flag",
+    "--no-mmap-bin-files": "the .bin / .idx files are always memory-mapped (a batch reads its samples' pages); drop "
+                           "the flag",
+    "--data-impl": "the indexed dataset is always memory-mapped (Megatron's mmap); drop the flag",
+    "--num-workers": "batches are read in the training process from the memory-mapped dataset (no loader "
+                     "workers); drop the flag",
+    "--no-create-attention-mask-in-dataloader": "no attention mask is built (causal attention in the kernel; "
+                                                "documents apart only with --reset-attention-mask); drop the flag",
+    "--tiktoken-pattern": "the tokenizer is one tokenizer.json here (--tokenizer-type HuggingFaceTokenizer "
+                          "--tokenizer-model); drop the flag",
+    "--train-data-path": PER_SPLIT, "--valid-data-path": PER_SPLIT, "--test-data-path": PER_SPLIT,
+    "--data-args-path": PER_SPLIT, "--per-split-data-args-path": PER_SPLIT,
+    "--save-retain-interval": SAVE_KEEP, "--non-persistent-save-interval": SAVE_KEEP,
+    "--override-opt_param-scheduler": SCHEDULE_FROM_FLAGS + "; drop the flag",
+    "--use-checkpoint-opt_param-scheduler": "not implemented: " + SCHEDULE_FROM_FLAGS + ": give the saved run's "
+                                            "--lr, --min-lr, --lr-warmup-iters, --lr-decay-style, --lr-decay-iters",
+    "--finetune": "not implemented as one flag: a checkpoint's weights as a new run's start are `hybrid convert "
+                  "CKPT HF/` then --load HF/ (initial weights, iteration 0; docs/convert.md)",
+    "--skip-train": "not implemented: a run trains; the valid and test losses print at its end",
+    "--DDP-impl": "data parallelism is hybrid's own bucketed reduction or ZeRO engine (--zero-stage); drop the flag",
+    "--ddp-average-in-collective": "gradients are averaged over the data-parallel ranks already; drop the flag",
+    "--distribute-saved-activations": "not implemented (--sequence-parallel splits the norms' and dropout's saved "
+                                      "activations over tp); drop the flag",
+    "--distribute-checkpointed-activations": "not implemented (--sequence-parallel splits the norms' and dropout's "
+                                             "saved activations over tp); drop the flag",
+    "--deepspeed": "DeepSpeed's switch (Megatron-DeepSpeed): here --deepspeed-config ds.json alone reads the JSON; "
+                   "drop --deepspeed",
+    "--deepspeed-activation-checkpointing": "activations are checkpointed with torch's checkpoint: "
+                                            "--recompute-granularity full or selective; drop the flag",
+    "--no-pipeline-parallel": "there is no pipeline unless --pipeline-model-parallel-size N > 1; drop the flag",
+})
 
 # round 15's new-user pass: DeepSpeed-Ulysses' sequence-parallel degree is context parallelism with heads split
 # (--sequence-parallel-size got "did you mean --sequence-parallel?", Megatron's TP sequence parallelism, another
@@ -215,6 +304,8 @@ LAUNCHER = {
 
 # Megatron's choices of a flag train.py has, that train.py does not implement ("--flag=value": the invalid-choice line)
 CHOICES = {
+    "--tokenizer-type=NullTokenizer": "Megatron's NullTokenizer (with --mock-data) is the built-in corpus here: omit "
+                                      "--data-path and --tokenizer-type (bytes, vocabulary 256: the tiny-* presets)",
     "--cp-comm-type=a2a+p2p": "Megatron's hierarchical a2a+p2p is not implemented: use a2a (Ulysses, heads split "
                               "inside the CP group) or p2p (the ring) (docs/context-parallel.md)",
 }

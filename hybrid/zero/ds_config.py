@@ -128,6 +128,27 @@ DEEPSPEED_KEYS = {"optimizer", "scheduler", "amp", "steps_per_print", "wall_cloc
                   "use_data_before_expert_parallelism", "graph_harvesting", "disable_allgather", "fp32_allreduce"}
 OPTIMIZERS = {"adam", "adamw", "onebitadam"}  # what train.py runs for a DeepSpeed optimizer section
 
+# round 22: the ignored keys a DeepSpeed user's config has most often, with what does their job here (the warning
+# said only "ignored": wall_clock_breakdown true looked like a breakdown asked for and lost)
+IGNORED_INSTEAD = {
+    "steps_per_print": "the log line every --log-interval steps",
+    "wall_clock_breakdown": "per-rank step times and the time split every --timing-log-interval log intervals",
+    "tensorboard": "--tensorboard-dir DIR",
+    "csv_monitor": "--metrics-file FILE (JSON lines)",
+    "wandb": "not implemented: --tensorboard-dir DIR or --metrics-file FILE",
+    "activation_checkpointing": "--recompute-granularity full or selective",
+    "flops_profiler": "TFLOP/s on every log line, MFU with --hardware or --peak-tflops",
+    **{f"zero_optimization.{k}": "`hybrid convert CKPT OUT` writes a checkpoint's whole weights (docs/convert.md)"
+       for k in ("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save")},
+}
+
+
+def ignored_line(keys) -> str:
+    """The start-up warning naming the keys present but not read, each with what does its job here where there is
+    something (IGNORED_INSTEAD)."""
+    named = [f"{k} ({IGNORED_INSTEAD[k]})" if k in IGNORED_INSTEAD else k for k in keys]
+    return f"--deepspeed-config keys not supported, ignored: {', '.join(named)}"
+
 
 def _check_spelling(ds: dict) -> None:
     """A top-level key that is none of DeepSpeed's but one edit from a key hybrid reads is a misspelling: refused,
