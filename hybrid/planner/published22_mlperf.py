@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from hybrid.planner.hardware import AttentionKernel
 from hybrid.planner.layout import Offload, PipelineP2P, Recompute, Workload, ZeroStage
 from hybrid.planner.model import ActivationProfile
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
@@ -184,6 +185,12 @@ MLPERF_ROWS = (
 )
 
 GPT3_LAYERS, GPT3_HIDDEN, GPT3_HEADS, GPT3_SEQ = 96, 12288, 96, 2048
+# the rounds whose attention ran flash-attn 1.x, and where that is read: v3.0's requirements.txt:5 pins
+# flash_attn==1.0.5, and its TE (Dockerfile:47, TE_REVISION=release_v0.8) imports flash_attn_unpadded_func, the
+# 1.x name (2.0 renamed it flash_attn_varlen_func), for every causal bf16 attention on sm >= 8.0
+# (transformer_engine/pytorch/transformer.py:16, 461-465 at release_v0.8, read with fetch). v3.1 on installs flash-attn
+# 2.0.8 (its Dockerfile) and later stacks flash-attn 2 or cuDNN: FLASH2, the default.
+FLASH1_ROUNDS = {"3.0": "requirements.txt:5 (flash_attn==1.0.5), TE release_v0.8 (Dockerfile:47)"}
 MLPERF_VOCAB = 50257  # the C4 SentencePiece tokenizer's size, as GPT-2's (assumed: the .model file is not stored)
 
 
@@ -213,7 +220,9 @@ def mlperf_run(row: MlperfRow) -> PublishedRun:
       h100-80g preset, as the DGXC rows.
 
     * v4.x's FP8 parameters (FP8_PARAMS=True): Workload.fp8_param_gather, the distributed optimizer's parameter
-      all-gather at 1 byte a parameter (round 22's term; v3.x states no FP8 parameters).
+      all-gather at 1 byte a parameter (round 22's term; v3.x states no FP8 parameters);
+    * the attention kernel: flash-attn 1.0.5 on v3.0 (FLASH1_ROUNDS: AttentionKernel.FLASH1 at its published H100
+      rates), flash-attn 2 after (FLASH2).
 
     Stated and not planned (the planner has no term, or round 11 / 21 left it out): userbuffers' TP overlap
     (TP_COMM_OVERLAP=True; planned synchronous as the DGXC rows, published_recipes.tp_overlap_what_if), the SM
@@ -225,7 +234,8 @@ def mlperf_run(row: MlperfRow) -> PublishedRun:
     work = Workload(model, global_batch=row.gbs, seq_length=GPT3_SEQ, activations=ActivationProfile.BF16_FLASH,
                     kernels=KernelProfile.FUSED, stack=Stack.MEGATRON, fp32_grads=False, fp8=True,
                     fp8_scaling=Fp8Scaling.DELAYED, overlap_grad_reduce=True, p2p=PipelineP2P.OVERLAPPED,
-                    te_full_layer=True, fp8_param_gather=row.fp8_params)
+                    te_full_layer=True, fp8_param_gather=row.fp8_params,
+                    attention_kernel=AttentionKernel.FLASH1 if row.round in FLASH1_ROUNDS else AttentionKernel.FLASH2)
     space = SearchSpace(tp=(row.tp,), pp=(row.pp,), v=(row.vp,), micro_batch=(row.mbs,), zero=(ZeroStage.OPTIMIZER,),
                         offload=(Offload.NONE,), recompute=(Recompute.NONE,), sequence_parallel=(True,),
                         zero_bubble=(False,))
@@ -235,6 +245,8 @@ def mlperf_run(row: MlperfRow) -> PublishedRun:
             f"b{row.mbs}, GBS {row.gbs}{graphs}")
     source = (f"{MLPERF_SOURCE}{row.round} at {MLPERF_COMMITS[row.round]}: {row.results}/result_*.txt "
               f"(mllog {row.how}, median of {row.samples}); {row.config}")
+    if row.round in FLASH1_ROUNDS:
+        source += f"; flash-attn 1: {FLASH1_ROUNDS[row.round]}"
     return PublishedRun(name, source, work, "h100-80g", row.gpus, space, Metric.STEP_S, row.step_s)
 
 
