@@ -51,6 +51,8 @@ FAMILY_OF_SOURCE = (
     ("NeMo-Framework-Launcher (NVIDIA", "NeMo Megatron 22.06 / 22.08 (apex, Megatron-LM 2022 code)"),
     ("Dao-AILab/flash-attention", "flash-attn training scripts (Lightning DDP / ZeRO 1, fused kernels)"),
     ("jzhang38/TinyLlama", "TinyLlama / lit-gpt (Lightning Fabric FSDP)"),
+    # round 22 (planner22): MLPerf Training's GPT-3 175B submissions (published22_mlperf.MLPERF_SOURCE)
+    ("mlcommons/training_results_v", "MLPerf Training GPT-3 (NeMo / Megatron)"),
 )
 
 CARDS = {"a100-80g": "A100", "a100-40g": "A100 40GB", "h100-80g": "H100", "h100-96g-500w": "H100", "h200": "H200"}
@@ -144,10 +146,10 @@ def narayanan_reference_rows() -> list[FamilyRow]:
 def all_published_runs() -> list[PublishedRun]:
     """Every published run of every table module (shared/reference's rows apart: narayanan_reference_rows)."""
     from hybrid.planner import published, published14, published15, published16, published_more, published_recipes
-    from hybrid.planner import published21_newsources
+    from hybrid.planner import published21_newsources, published22_mlperf
     return (published.all_runs() + published_more.more_runs() + published_recipes.recipe_runs()
             + published14.runs14() + published15.runs15() + published16.runs16()
-            + published21_newsources.runs21_newsources())
+            + published21_newsources.runs21_newsources() + published22_mlperf.mlperf_runs())
 
 
 def all_rows(evaluate: Callable | None = None) -> list[FamilyRow]:
@@ -175,7 +177,7 @@ HEADER = ("| rows | check rows | fit rows | signed mean | median abs. error | sp
           "|---|---|---|---|---|---|---|---|")
 
 # issue 26's held-out kinds, as predicates on a row
-PIPELINE_FAMILIES = ("Megatron", "NeMo", "Meta")
+PIPELINE_FAMILIES = ("Megatron", "NeMo", "Meta", "MLPerf")  # MLPerf's GPT-3 rows are NeMo pipelines (round 22)
 
 
 def _pipeline_at_scale(r: FamilyRow, low: int, high: int) -> bool:

@@ -339,6 +339,12 @@ class Workload:
             MLP adds fc1's bias in Megatron's bias-GELU and leaves the bias gradient to an autograd reduction
             (ops._bias_grad_ops; docs/planner/round21-gpt-arch.md). Time only, FUSED kernels only. The planner
             only (the API; no flag).
+        fp8_param_gather: the model's weights are held in FP8 (Megatron-core's `--fp8-param-gather`, NeMo's
+            `fp8_params: True` / MLPerf's FP8_PARAMS=True: TE's `fp8_model_init`), so ZeRO 1-2's all-gather of the
+            updated parameters after the optimizer step moves 1 byte a parameter, not the 2 of bf16
+            (param_gather_bytes: time._dp_step_seconds, predicted_comm.step_ledger; the gradients' reduce-scatter
+            keeps grad_bytes). Needs fp8. Time only (the weights' memory is still planned at 2 bytes:
+            conservative). The planner only (the API; no flag); round 22, docs/planner/round22-mlperf.md.
         pipeline_split: Megatron-core's explicit layer split (PipelineSplit: the embedding / the loss counted as a
             layer, or the first / last rank's layer counts), which may leave a stage with only the embedding or
             only the loss; None: the planner's split (stage_layers). `hybrid plan` takes Megatron's flags; the
@@ -375,6 +381,15 @@ class Workload:
     float8_tp_gathers: bool = False
     gathered_logits: bool = False
     te_full_layer: bool = False
+    fp8_param_gather: bool = False
+
+    @property
+    def param_gather_bytes(self) -> int:
+        """Bytes a parameter in ZeRO 1-2's all-gather of the updated parameters after the optimizer step: the
+        precision's (2 in mixed precision), 1 under fp8_param_gather (the distributed optimizer all-gathers the
+        FP8 bytes its step cast the master weights to; round 22). ZeRO 3's per-micro-batch gathers keep the
+        precision's bytes (no published ZeRO 3 row states FP8 weights)."""
+        return 1 if self.fp8_param_gather else self.precision.param_bytes
 
     @property
     def fc1_bias_grad_in_kernel(self) -> bool:
@@ -418,6 +433,8 @@ class Workload:
         if not isinstance(self.tp_plan, TpPlan):
             raise ValueError(f"Workload.tp_plan must be a TpPlan ({', '.join(p.value for p in TpPlan)}), "
                              f"got {self.tp_plan!r}")
+        if self.fp8_param_gather and not self.fp8:
+            raise ValueError("Workload.fp8_param_gather all-gathers FP8 weights: it needs fp8 (--fp8)")
         if self.float8_tp_gathers and not self.fp8:
             raise ValueError("Workload.float8_tp_gathers prices Float8 TP all-gathers: it needs fp8 (--fp8)")
         if self.optimizer_dtype_bytes not in (2, 4) or (self.optimizer_dtype_bytes != 4

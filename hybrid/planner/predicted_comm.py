@@ -342,7 +342,7 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
             pipe.add(Message.RECV, "pp", message, m * hops)
     units = zero_units(work, layout, pp_rank)
     per_step = [pipe.ledger(), zero_ledger(units, layout.zero, layout.dp, layout.tp, m, work.grad_bytes,
-                                           pr.param_bytes)]
+                                           work.param_gather_bytes)]
     if cfg.tie_embeddings and pp > 1 and layout.stage_rank(last_stage) != 0 and pp_rank in (0, pp - 1):
         tied = _Book()
         tied.add(Collective.ALL_REDUCE, "embedding", shard.vocab // shard.t * cfg.hidden_size * work.grad_bytes)

@@ -49,10 +49,11 @@ hardware.collective_seconds):
   overlapped (the runtime's ZeroOptimizer posts them from backward hooks as buckets fill, so the model is
   conservative there) -- under Workload.overlap_grad_reduce (Megatron-core's flag) hidden under the last
   micro-batch's backward but for its last bucket, at the overlap's compute cost (`_dp_step_seconds`); ZeRO 1-2
-  all-gather the updated 2 Psi parameter bytes, overlapped with the next step's forward except the first bucket
-  and what does not fit under the first forward, the hidden part at the overlap's compute cost as every hidden
-  collective (`_dp_step_seconds`; the same wire bytes: the paper's 2 Psi). ZeRO 2 keeps only a gradient partition, so it reduce-scatters each
-  micro-batch's gradients during that micro-batch's backward and all-gathers the parameters once per step;
+  all-gather the updated 2 Psi parameter bytes (Psi bytes of FP8 weights, Workload.fp8_param_gather: round 22),
+  overlapped with the next step's forward except the first bucket and what does not fit under the first forward,
+  the hidden part at the overlap's compute cost as every hidden collective (`_dp_step_seconds`; the same wire
+  bytes: the paper's 2 Psi). ZeRO 2 keeps only a gradient partition, so it reduce-scatters each micro-batch's
+  gradients during that micro-batch's backward and all-gathers the parameters once per step;
   ZeRO 3 also all-gathers the parameters in each micro-batch's forward and backward: 3 Psi per micro-batch
   (the paper's 3 Psi at m = 1). Those per-micro-batch collectives overlap the stage's compute (prefetching),
   except what has nothing to run under (`_overlapped`): the first layer's all-gather of each forward and the
@@ -884,18 +885,17 @@ def _dp_step_seconds(ctx: _Context, psi: float, forward_s: float = 0.0, backward
     Ignored: the gathers share the link with the forward's TP collectives (contention), and a rank whose first
     forward waits for its pipeline input has more time to hide them."""
     lay = ctx.layout
-    pr = ctx.work.precision
-    total = ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, ctx.work.grad_bytes, pr.param_bytes))
+    param_bytes = ctx.work.param_gather_bytes  # 1 under fp8_param_gather (round 22)
+    total = ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, ctx.work.grad_bytes, param_bytes))
     gather = 0.0
     if lay.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) and lay.dp > 1:
-        gather = ctx.dp_seconds(dp_step_ledger(psi, ZeroStage.GRADIENTS, lay.dp, ctx.work.grad_bytes,
-                                               pr.param_bytes))
+        gather = ctx.dp_seconds(dp_step_ledger(psi, ZeroStage.GRADIENTS, lay.dp, ctx.work.grad_bytes, param_bytes))
     if gather and ctx.work.overlap_param_gather:
-        n = max(1, math.ceil(pr.param_bytes * psi / BUCKET_BYTES))
+        n = max(1, math.ceil(param_bytes * psi / BUCKET_BYTES))
         exposed = gather / n + max(0.0, gather * (1 - 1 / n) - forward_s)
         total -= (gather - exposed) * (1 - ctx.cluster.hw.overlap_cost)
     if lay.zero in (ZeroStage.NONE, ZeroStage.OPTIMIZER) and lay.dp > 1 and ctx.work.overlap_grad_reduce:
-        reduce = ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, ctx.work.grad_bytes, pr.param_bytes)) - gather
+        reduce = ctx.dp_seconds(dp_step_ledger(psi, lay.zero, lay.dp, ctx.work.grad_bytes, param_bytes)) - gather
         n = max(1, math.ceil(ctx.work.grad_bytes * psi / BUCKET_BYTES))
         exposed = reduce / n + max(0.0, reduce * (1 - 1 / n) - backward_s)
         total -= (reduce - exposed) * (1 - ctx.cluster.hw.overlap_cost)
