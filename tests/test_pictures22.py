@@ -78,6 +78,13 @@ def test_planner_plot_of_every_published_row_is_families_report(tmp_path):
     assert (counts["check_points"], counts["check_within_band"]) == (want["check_planned"], want["check_within"])
     assert f"{100 * counts['median_abs']:.1f} %" == want["median"]
     assert f"{100 * counts['signed_mean']:+.1f} %" == want["mean"]
+    # the rows are families.all_rows()'s: docs/planner.md's "all families" line, which
+    # tests/test_planner19_docs_families.py holds equal to families' report, is theirs
+    from hybrid.planner.families import stats
+    guide = open(os.path.join(ROOT, "docs", "planner.md")).read()
+    assert f"| **all families** | all | {stats(rows)} |" in guide
+    checks, fits = (int(c) for c in stats(rows).split(" | ")[:2])
+    assert checks + fits == len(points)
 
 
 def test_zero_memory_bars_are_the_papers_bytes(tmp_path):
