@@ -51,15 +51,15 @@ def _cp_of(name: str) -> int:
     return int(m.group(1)) if m else 1
 
 
-def memory_curves() -> dict[int, list[float]]:
-    """{cp: [GiB per rank for each of SEQS]}: attention's saved bytes per micro-batch over every layer."""
+def memory_curves() -> tuple[dict[int, list[float]], int]:
+    """({cp: [GiB per rank for each of SEQS]}, layers): attention's saved bytes per micro-batch over every layer."""
     from dataclasses import replace
     from hybrid.planner.context import attention_memory_per_rank, llama3_405b_131k
     from hybrid.planner.layout import Layout
     work, _, _, _ = llama3_405b_131k()
     layers = work.model.num_layers
     return {cp: [attention_memory_per_rank(replace(work, seq_length=s), Layout(tp=8), cp) * layers / 2**30
-                 for s in SEQS] for cp in CPS}
+                 for s in SEQS] for cp in CPS}, layers
 
 
 def _style() -> None:
@@ -89,12 +89,12 @@ def _time_panel(ax, title: str, rows: list[tuple[str, float, float]], skipped: l
     ax.legend(fontsize=8, loc="upper right")
 
 
-def _memory_panel(ax, curves: dict[int, list[float]]) -> None:
+def _memory_panel(ax, curves: dict[int, list[float]], layers: int) -> None:
     for cp, gib in curves.items():
         ax.plot(SEQS, gib, marker="o", markersize=4, label=f"CP {cp}")
     ax.axhline(80e9 / 2**30, color="black", linestyle=":", linewidth=1, label="an H100's 80 GB (74.5 GiB)")
     ax.set(xscale="log", yscale="log", xlabel="sequence length (tokens)",
-           ylabel="attention activations per rank (GiB, all 126 layers)")
+           ylabel=f"attention activations per rank (GiB, all {layers} layers)")
     ax.set_xticks(SEQS, [f"{s // 1024}k" for s in SEQS])
     ax.minorticks_off()
     ax.set_title("computed: planner's attention_memory_per_rank, falls as 1/CP\n"
@@ -110,8 +110,8 @@ def draw(bench_text: str, out: str) -> dict:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.4))
     short = title.split(", every process")[0]
     _time_panel(left, short, rows, skipped)
-    curves = memory_curves()
-    _memory_panel(right, curves)
+    curves, layers = memory_curves()
+    _memory_panel(right, curves, layers)
     fig.tight_layout()
     with atomic_output(out) as tmp:
         fig.savefig(tmp, format="png", metadata={"Software": None})
