@@ -45,7 +45,11 @@ SCRIPT_WRITERS = {
     ("scripts/gpu_check.py", "speed", "save_pretrained"): "a TemporaryDirectory",
     ("scripts/gpu_check.py", "train_py", "write_text"): "write_text (trust17: was open(w))",
     ("scripts/plot_comm_efficient.py", "main", "savefig"): "inside atomic_output",
+    ("scripts/plot_cp.py", "draw", "savefig"): "inside atomic_output",
+    ("scripts/plot_moe.py", "draw", "savefig"): "inside atomic_output",
+    ("scripts/plot_planner_accuracy.py", "draw", "savefig"): "inside atomic_output",
     ("scripts/plot_schedule.py", "draw", "savefig"): "inside atomic_output",
+    ("scripts/plot_zero_memory.py", "draw", "savefig"): "inside atomic_output",
     ("scripts/reference_losses.py", "main", "write_text"): "write_text (trust17: was open(w))",
 }
 
