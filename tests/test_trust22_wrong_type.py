@@ -67,3 +67,22 @@ def test_metadata_of_the_wrong_type_is_named_as_such(kind, tmp_path):
         safe_read.read_metadata(str(it))
     assert str(e.value) == (f"{it / '.metadata'}: not a regular file; a checkpoint's files are regular files inside "
                             f"its folder")
+
+
+def test_a_fifo_in_a_deepspeed_folder_is_one_line_not_a_hang(tmp_path, one_line, monkeypatch):
+    """`hybrid convert` of a DeepSpeed folder whose model states file is a FIFO hung in torch.load's open (DeepSpeed's
+    zero_to_fp32 opens every *_model_states.pt its glob finds); now one line naming the file, DST never made."""
+    import hybrid.cli
+    from hybrid.testing_inputs import python_environment
+    src, out = tmp_path / "ds", tmp_path / "out"
+    (src / "global_step1").mkdir(parents=True)
+    (src / "latest").write_text("global_step1")
+    fifo = str(src / "global_step1" / "mp_rank_00_model_states.pt")
+    _fifo_fed(fifo)
+    monkeypatch.chdir(tmp_path)
+    python_environment(monkeypatch)
+    line = one_line(lambda: hybrid.cli.main(["convert", str(src), str(out), "--model", "tiny-gpt2"]))
+    assert line == (f"hybrid convert: error: SRC {fifo}: not a regular file (a FIFO, a device or a directory); copy "
+                    f"the DeepSpeed ZeRO checkpoint again")
+    assert not out.exists()
+    _release(fifo)
