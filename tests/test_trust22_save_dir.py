@@ -53,7 +53,7 @@ def test_entries_no_save_wrote_are_refused_by_name_and_kept(case, tmp_path, one_
     make(root)
     before = _files(root)
     line = one_line(lambda: validate(["--save", str(root)]))
-    assert line == (f"train.py: error: --save {str(root)!r} holds {name}, which no hybrid save wrote (an iter_* "
+    assert line == (f"train.py: error: --save {str(root)!r} holds {name!r}, which no hybrid save wrote (an iter_* "
                     f"without manifest.json, a `latest` not naming one): a save replaces them, deleting what they "
                     f"hold; give a directory of its own, or pass --overwrite-save to replace them")
     assert _files(root) == before

@@ -269,7 +269,7 @@ def _check_not_ours(args: argparse.Namespace) -> None:
         raise ValueError(f"--save {args.save!r}: its `latest` is a directory, where every save writes the file "
                          f"naming its newest checkpoint; move it, or give --save a directory of its own")
     if found and not args.overwrite_save:
-        raise ValueError(f"--save {args.save!r} holds {', '.join(found[:3])}{' ...' if len(found) > 3 else ''}, "
+        raise ValueError(f"--save {args.save!r} holds {', '.join(map(repr, found[:3]))}{' ...' if len(found) > 3 else ''}, "
                          f"which no hybrid save wrote (an iter_* without manifest.json, a `latest` not naming one): "
                          f"a save replaces them, deleting what they hold; give a directory of its own, or pass "
                          f"--overwrite-save to replace them")
