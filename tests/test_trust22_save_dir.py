@@ -109,3 +109,14 @@ def test_the_deletion_was_live_through_train_py(tmp_path, monkeypatch):
                      "--save", str(root), "--save-interval", "2"])
     assert not (root / "iter_0000002" / "notes.txt").exists()
     assert (root / "latest").read_text() == "iter_0000002\n"
+
+
+def test_only_a_saves_own_temporaries_are_removed(tmp_path):
+    """The save's clean-up of a killed save's iter_NNNNNNN.tmp removed any iter_*.tmp entry: a user's
+    iter_notes.tmp/ folder went with it."""
+    root = tmp_path / "ck"
+    (root / "iter_0000006.tmp").mkdir(parents=True)
+    (root / "iter_notes.tmp").mkdir()
+    (root / "iter_notes.tmp" / "notes.txt").write_text(NOTES)
+    assert store.clean_partial(str(root)) == ["iter_0000006.tmp"]
+    assert (root / "iter_notes.tmp" / "notes.txt").read_text() == NOTES

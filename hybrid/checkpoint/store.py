@@ -192,7 +192,8 @@ def clean_partial(root: str) -> list[str]:
             if name.startswith(f".{LATEST}.") and name.endswith(".tmp"):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
-            elif name.startswith("iter_") and name.endswith(".tmp"):
+            elif name.endswith(".tmp") and iteration_of(name[:-4]) is not None:  # tmp_path's names only (round 22:
+                # any iter_*.tmp went, a user's iter_notes.tmp/ folder with it)
                 if os.path.islink(path) or not os.path.isdir(path):
                     os.unlink(path)
                 else:
