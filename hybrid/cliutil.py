@@ -519,6 +519,30 @@ def atomic_output(path: str, suffix: str = "") -> Iterator[str]:
         raise
 
 
+# the first bytes of the image formats matplotlib writes that have a signature (pgf, raw and rgba have none)
+IMAGE_SIGNATURES = {"png": (b"\x89PNG\r\n\x1a\n",), "pdf": (b"%PDF",), "eps": (b"%!PS", b"\xc5\xd0\xd3\xc6"),
+                    "ps": (b"%!PS",), "jpg": (b"\xff\xd8\xff",), "jpeg": (b"\xff\xd8\xff",),
+                    "tif": (b"II*\x00", b"MM\x00*"), "tiff": (b"II*\x00", b"MM\x00*"), "webp": (b"RIFF",),
+                    "svgz": (b"\x1f\x8b",)}
+
+
+def check_replaces_an_image(path: str, flag: str = "--plot") -> None:
+    """A plot's output (`flag`: hybrid plan's --plot, plot_run.py's --out) naming an existing file that is not an
+    image of its extension's format (a mistyped name that hits notes.svg, a CSV saved as results.png): ValueError
+    before the work, whose plot would have replaced it. An image of that format is replaced, as re-plotting is
+    meant to (calibrate's --out rule, profile.check_replaces_a_profile); an empty file too. Round 22: plot_run.py
+    replaced the CSV, which hybrid plan refused."""
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if not os.path.isfile(path) or (ext not in IMAGE_SIGNATURES and ext != "svg"):
+        return
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    image = (not head or b"<svg" in head) if ext == "svg" else (not head or head.startswith(IMAGE_SIGNATURES[ext]))
+    if not image:
+        raise ValueError(f"{flag} {path!r} exists and is not a .{ext} image, which the plot would replace; give a "
+                         f"new file name, or remove the file first")
+
+
 def check_not_link(what: str, path: str) -> None:
     """ValueError naming `what` (the path, or a flag and its value) when `path` is a symbolic link: an output is
     never written through one (write_text, OneLineParser.check_out)."""

@@ -87,6 +87,10 @@ class CheckpointReader:
     def __init__(self, path: str | os.PathLike):
         path = os.fspath(path)
         index = os.path.join(path, "model.safetensors.index.json")
+        for name in ("model.safetensors.index.json", "model.safetensors"):  # opened below: a FIFO blocks the open
+            if os.path.exists(os.path.join(path, name)) and not os.path.isfile(os.path.join(path, name)):
+                raise ValueError(f"--model {path}: {name} is not a regular file (a FIFO, a device or a directory); "
+                                 f"copy the model folder again")
         if os.path.exists(index):
             weight_map = _weight_map(path, index)
             for k, v in weight_map.items():  # shard names are files of this folder: "../x" or "/x" would read outside

@@ -241,6 +241,40 @@ def _check_foreign(args: argparse.Namespace) -> None:
                          f"directory, or pass --overwrite-save")
 
 
+def _not_ours(save: str) -> list[str]:
+    """Entries of the --save folder that a save replaces but no hybrid save wrote: an iter_NNNNNNN entry without
+    manifest.json (hybrid renames an iteration into place only once its manifest is written, so every one of its
+    own has it), and a `latest` that is not a regular file holding an iter_NNNNNNN name."""
+    if not os.path.isdir(save):
+        return []
+    done = {store.iter_name(i) for i in store.complete_iterations(save)}
+    found = [n for n in sorted(os.listdir(save)) if store.iteration_of(n) is not None and n not in done]
+    latest = os.path.join(save, store.LATEST)
+    if os.path.lexists(latest) and not (os.path.isfile(latest) and store.read_latest_name(save)):
+        found.append(store.LATEST)
+    return found
+
+
+def _check_not_ours(args: argparse.Namespace) -> None:
+    """--save DIR holding an iter_NNNNNNN entry or a `latest` that no hybrid save wrote (a folder of the user's, a
+    Megatron-LM iteration whose tracker file is gone, notes named `latest`): the save of that iteration deleted the
+    folder (shutil.rmtree) and every save replaced `latest`, without a word (round 22). Refused unless
+    --overwrite-save consents; a `latest` that is a directory is refused either way (a save cannot replace it with
+    its file). ValueError naming --save and the entries."""
+    if args.save is None:
+        return
+    found = _not_ours(args.save)
+    latest = os.path.join(args.save, store.LATEST)
+    if os.path.isdir(latest):
+        raise ValueError(f"--save {args.save!r}: its `latest` is a directory, where every save writes the file "
+                         f"naming its newest checkpoint; move it, or give --save a directory of its own")
+    if found and not args.overwrite_save:
+        raise ValueError(f"--save {args.save!r} holds {', '.join(map(repr, found[:3]))}{' ...' if len(found) > 3 else ''}, "
+                         f"which no hybrid save wrote (an iter_* without manifest.json, a `latest` not naming one): "
+                         f"a save replaces them, deleting what they hold; give a directory of its own, or pass "
+                         f"--overwrite-save to replace them")
+
+
 def _check_save_dir(args: argparse.Namespace) -> tuple[int, ...]:
     """--save DIR holding another run's complete checkpoints -- any the run does not resume from (--load DIR, the
     same folder) -- is refused unless --overwrite-save consents; returns the iterations to replace."""
@@ -336,6 +370,7 @@ def check(args: argparse.Namespace) -> CheckpointConfig:
     if args.load is not None and load is None and os.path.isdir(args.load) and not os.listdir(args.load):
         raise ValueError(f"--load {args.load!r} is an empty directory: no checkpoint (iter_*/) and no transformers "
                          f"model; give the --save directory of an earlier run")
+    _check_not_ours(args)
     overwrite = _check_save_dir(args)
     cfg = None
     if args.save is not None or load is not None:

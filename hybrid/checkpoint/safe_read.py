@@ -81,8 +81,8 @@ def read_metadata(directory: str, files: dict | None = None) -> md.Metadata:
     here when None) -- every data file the metadata names must be in it."""
     path = os.path.join(directory, METADATA)
     if os.path.islink(path) or not os.path.isfile(path):
-        raise CorruptCheckpoint(f"{path}: {'a symbolic link' if os.path.islink(path) else 'missing'}; a "
-                                f"checkpoint's files are regular files inside its folder")
+        what = "a symbolic link" if os.path.islink(path) else "not a regular file" if os.path.exists(path) else "missing"
+        raise CorruptCheckpoint(f"{path}: {what}; a checkpoint's files are regular files inside its folder")
     if files is None:
         files = store.read_manifest(directory)["files"]
     if METADATA in files and os.path.getsize(path) != files[METADATA]["bytes"]:

@@ -80,8 +80,8 @@ def foreign_advice(root: str, what: str) -> str:
     return f"{MEGATRON_EXPORT}, then give that folder to --load"
 
 
-def read_latest(root: str) -> int | None:
-    """The iteration `latest` names, when it names a complete checkpoint."""
+def read_latest_name(root: str) -> str | None:
+    """The iter_NNNNNNN name `latest` holds (complete or not); None when it holds none or is no regular file."""
     path = os.path.join(root, LATEST)
     if not os.path.isfile(path):  # a FIFO or a device (a link to /dev/zero) is not read
         return None
@@ -90,6 +90,13 @@ def read_latest(root: str) -> int | None:
             m = _ITER.match(f.read(64).decode("ascii", "replace").strip())
     except OSError:
         return None
+    return m.group(0) if m else None
+
+
+def read_latest(root: str) -> int | None:
+    """The iteration `latest` names, when it names a complete checkpoint."""
+    name = read_latest_name(root)
+    m = _ITER.match(name) if name else None
     if m and int(m.group(1)) in complete_iterations(root):
         return int(m.group(1))
     return None
@@ -163,8 +170,8 @@ def finalize(root: str, iteration: int, files: dict[str, dict], state: dict) -> 
     from hybrid.checkpoint.faults import crash_point
     crash_point("before_rename", iteration)  # test-only: a crash with every file written but the directory not renamed
     final = final_path(root, iteration)
-    if os.path.islink(final):  # a re-save of the same iteration (a resumed run): replace it
-        os.unlink(final)
+    if os.path.islink(final) or os.path.isfile(final):  # a re-save of the same iteration (a resumed run), or a
+        os.unlink(final)  # file of that name (--overwrite-save consented: checkpoint/args.py's _check_not_ours)
     elif os.path.exists(final):
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -185,7 +192,8 @@ def clean_partial(root: str) -> list[str]:
             if name.startswith(f".{LATEST}.") and name.endswith(".tmp"):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
-            elif name.startswith("iter_") and name.endswith(".tmp"):
+            elif name.endswith(".tmp") and iteration_of(name[:-4]) is not None:  # tmp_path's names only (round 22:
+                # any iter_*.tmp went, a user's iter_notes.tmp/ folder with it)
                 if os.path.islink(path) or not os.path.isdir(path):
                     os.unlink(path)
                 else:

@@ -152,6 +152,9 @@ class _WeightsOnlyTorch:
 
     def load(self, f, *args, **kwargs):
         kwargs["weights_only"] = True
+        if isinstance(f, (str, os.PathLike)) and not os.path.isfile(f):  # a FIFO blocked torch.load's open for ever
+            raise ValueError(f"SRC {f}: not a regular file (a FIFO, a device or a directory); copy the {self.kind} "
+                             f"again")
         try:
             with torch.serialization.safe_globals(self.allowed):
                 return torch.load(f, *args, **kwargs)

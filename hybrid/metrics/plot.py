@@ -20,7 +20,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from hybrid.cliutil import HelpFormatter, OneLineParser, atomic_output, check_output_file, fail
+from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_output_file,
+                            check_replaces_an_image, fail)
 from hybrid.metrics.peak_memory import CPU_MEASURE, CUDA_MEASURE
 from hybrid.metrics.writer import TB_NAMES
 
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.out.lower().endswith(".png"):
             raise ValueError(f"--out {args.out!r}: plot_run.py writes PNG; give a FILE.png")
         check_output_file("--out", args.out)
+        check_replaces_an_image(args.out, "--out")
         try:
             importlib.import_module("matplotlib")
         except ImportError:

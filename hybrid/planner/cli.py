@@ -33,8 +33,8 @@ import sys
 from dataclasses import asdict
 
 from hybrid.cliutil import (HelpFormatter, OneLineParser, atomic_output, check_not_link, check_number,
-                            check_output_file, divisors, float_in, int_in, nearest_multiples, nonnegative_int, one_of,
-                            parallel_hints, positive_float, positive_int, warn_repeated)
+                            check_output_file, check_replaces_an_image, divisors, float_in, int_in, nearest_multiples,
+                            nonnegative_int, one_of, parallel_hints, positive_float, positive_int, warn_repeated)
 from hybrid.cp.comm_type import CommType
 from hybrid.planner import context, moe, profile, slowlink
 from hybrid.planner.hardware import GB, GpuKind, hardware
@@ -404,29 +404,6 @@ def _check_plot_format(path: str, formats: dict[str, str]) -> None:
         got = f"extension .{ext}" if ext else "no extension"
         raise ValueError(f"--plot {path!r} has {got}: matplotlib picks the image format by it; give e.g. "
                          f"FILE.png (or .{', .'.join(sorted(f for f in formats if f in ('pdf', 'svg')))})")
-
-
-# the first bytes of the image formats matplotlib writes that have a signature (pgf, raw and rgba have none)
-IMAGE_SIGNATURES = {"png": (b"\x89PNG\r\n\x1a\n",), "pdf": (b"%PDF",), "eps": (b"%!PS", b"\xc5\xd0\xd3\xc6"),
-                    "ps": (b"%!PS",), "jpg": (b"\xff\xd8\xff",), "jpeg": (b"\xff\xd8\xff",),
-                    "tif": (b"II*\x00", b"MM\x00*"), "tiff": (b"II*\x00", b"MM\x00*"), "webp": (b"RIFF",),
-                    "svgz": (b"\x1f\x8b",)}
-
-
-def check_replaces_an_image(path: str) -> None:
-    """--plot naming an existing file that is not an image of its extension's format (a mistyped name that hits
-    notes.svg, a CSV saved as results.png): ValueError before the search, whose plot would have replaced it. An
-    image of that format is replaced, as re-plotting is meant to (calibrate's --out rule,
-    profile.check_replaces_a_profile); an empty file too."""
-    ext = os.path.splitext(path)[1].lstrip(".").lower()
-    if not os.path.isfile(path) or (ext not in IMAGE_SIGNATURES and ext != "svg"):
-        return
-    with open(path, "rb") as f:
-        head = f.read(4096)
-    image = (not head or b"<svg" in head) if ext == "svg" else (not head or head.startswith(IMAGE_SIGNATURES[ext]))
-    if not image:
-        raise ValueError(f"--plot {path!r} exists and is not a .{ext} image, which the plot would replace; give a "
-                         f"new file name, or remove the file first")
 
 
 def check_outputs(args: argparse.Namespace) -> None:
