@@ -28,7 +28,7 @@ def test_the_latency_is_the_median_over_the_rounds_not_one_reading():
 
 def test_a_round_is_a_few_short_blocks_after_a_short_warm_up_on_a_cpu_only():
     """Each round: LATENCY_ROUND_BLOCKS blocks of LATENCY_ROUND_CALLS calls of the smallest all-reduce after
-    LATENCY_ROUND_WARMUP untimed ones -- short, so ~10 rounds cost ~1 s of a ~50 s calibration; nothing on one rank
+    LATENCY_ROUND_WARMUP untimed ones -- short, so 10 rounds cost ~2 s of a ~50 s quiet calibration; nothing on one rank
     or on a GPU (NCCL's latency holds still: its one reading stays)."""
     with mock.patch.object(cal, "_collective_seconds", return_value=(3e-3, [3e-3] * 3)) as timed:
         rounds = cal.LatencyRounds(8, 8, torch.device("cpu"))
