@@ -37,7 +37,9 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   median of COLLECTIVE_BLOCKS = 5 blocks' means; rank 0's block means kept in the profile):
   algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or x (n - 1)/n (all-gather), the nccl-tests
   convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the all-reduce busbw at the largest size,
-  `intra_latency_s` the time of the smallest all-reduce;
+  `intra_latency_s` the time of the smallest all-reduce -- on a CPU the median of that reading and of 10 short
+  rounds of it taken between the other probes (`LatencyRounds`, round 22: one reading is one moment of the OS
+  scheduler);
 * gloo with a core per rank (`skew_probe`): an 8-byte all-reduce after matmul bursts of ~0.5, 2 and 10 ms, the
   mean over calls and ranks. Beyond its back-to-back time a call then waits for the ranks to meet -- one
   finishes its burst later, the other waits inside the call, blocked, and must be woken -- and that wait grows
@@ -401,9 +403,11 @@ def layer_kernels(hw: Hardware, probe: LayerProbe) -> int:
 COLLECTIVE_BLOCKS = 5
 
 
-def _collective_seconds(op: str, size: int, world: int, device: torch.device) -> tuple[float, list[float]]:
+def _collective_seconds(op: str, size: int, world: int, device: torch.device, blocks: int = COLLECTIVE_BLOCKS,
+                        calls: int | None = None, warmup: int | None = None) -> tuple[float, list[float]]:
     """(seconds of one collective of nccl-tests size `size`, every rank calling it together -- the slowest rank's
-    block_median: all ranks time the same calls, and the max is all-reduced --, this rank's block means)."""
+    block_median: all ranks time the same calls, and the max is all-reduced --, this rank's block means). On a CPU
+    `blocks` blocks of `calls` calls after `warmup` untimed ones (default: a block's worth); one block on a GPU."""
     elems = max(1, size // 4)
     if op == "all_reduce":
         t = torch.ones(elems, device=device)
@@ -412,8 +416,8 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device) ->
         shard = torch.ones(max(1, elems // world), device=device)
         out = torch.empty(shard.numel() * world, device=device)
         call = (lambda: _all_gather_single(out, shard))
-    calls = 20 if size <= 2**20 else 5
-    for _ in range(1 if device.type == "cuda" else calls):  # a block's worth untimed: the scheduler settles
+    calls = calls or (20 if size <= 2**20 else 5)
+    for _ in range(1 if device.type == "cuda" else calls if warmup is None else warmup):  # the scheduler settles
         call()
     dist.barrier()
     # Back to back: the call's own time (latency + bytes / bandwidth), the ranks in lock step. NCCL runs on its
@@ -428,7 +432,7 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device) ->
     # Under load (round 10, load 7-28) the 8-byte all-reduce's blocks read 5.6-9.9 ms within one calibration;
     # 15 blocks did not make the quiet machine's planned step more repeatable (COLLECTIVE_BLOCKS).
     block_means = []
-    for _ in range(1 if device.type == "cuda" else COLLECTIVE_BLOCKS):
+    for _ in range(1 if device.type == "cuda" else blocks):
         start = time.perf_counter()
         for _ in range(calls):
             call()
@@ -438,6 +442,46 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device) ->
     took = torch.tensor([block_median(block_means)], dtype=torch.float64)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     return took.item(), block_means
+
+
+# `intra_latency_s` on a CPU (round 22): short rounds of the smallest all-reduce between calibrate's other probes,
+# the median over them and the collectives' own reading (`latency_of`). With 8 ranks on 2 cores a run of back-to-back
+# calls reads the OS scheduler of that moment: within one calibration-long span (77 s, load 9-17) the median of 5
+# blocks of 20 calls, taken 10 times, read 2.2-4.7 ms; between quiet calibrations minutes apart the one reading
+# moved 2.68 -> 3.75 ms (the main job's planned step 0.229 -> 0.278 s, its measured median 0.265 -> 0.268: round 21,
+# docs/results/bench_planner_mainjob.md). More blocks back to back (15, round 10) sample the same moment, so did
+# not pay; rounds spread over the calibration's ~50 s sample the scheduler as the job's 70 s meet it.
+LATENCY_ROUND_BLOCKS = 2  # blocks a round: their block_median (the mean of two) the round's reading, the slowest rank's
+LATENCY_ROUND_CALLS = 20  # calls a block, as the collectives' blocks (what the planner's level was checked on): where
+#                          a call's time has a long tail a short block's mean reads lower (rounds of 10-call blocks
+#                          after 5 calls read 0.23-1.6x, median 0.71x, their calibration's 20-call reading; load 13-53)
+LATENCY_ROUND_WARMUP = 10  # untimed calls first: the ranks come from a barrier (the first 10-call block read 1.3x)
+
+
+class LatencyRounds:
+    """The rounds of the smallest all-reduce one rank times between calibrate's probes (every rank calls `take` at
+    the same points: each round is collective). `seconds`: each round's reading, in time order; empty where none
+    ran (one rank, or a GPU: NCCL's latency does not move with a scheduler, one reading stays)."""
+
+    def __init__(self, size: int, world: int, device: torch.device):
+        self.size, self.world, self.device = size, world, device
+        self.on = world > 1 and device.type == "cpu"
+        self.seconds: list[float] = []
+
+    def take(self) -> None:
+        """One round: LATENCY_ROUND_BLOCKS blocks of LATENCY_ROUND_CALLS all-reduces of `size` bytes."""
+        if self.on:
+            seconds, _ = _collective_seconds("all_reduce", self.size, self.world, self.device,
+                                             blocks=LATENCY_ROUND_BLOCKS, calls=LATENCY_ROUND_CALLS,
+                                             warmup=LATENCY_ROUND_WARMUP)
+            self.seconds.append(seconds)
+
+
+def latency_of(smallest: float, rounds: list[float]) -> float:
+    """`intra_latency_s`: the median of the rounds' readings and the collectives' own (`smallest`, the smallest
+    all-reduce's block_median) -- a median of medians, so one round that met a stall (or the one quiet moment)
+    moves it by at most one rank of the order; the collectives' reading alone where no rounds ran."""
+    return statistics.median([smallest, *rounds])
 
 
 SKEW_BURSTS = (96, 384, 2048)  # k of the 512 x k x 512 matmul bursts: ~0.5, 2 and 10 ms on a ~100 GFLOP/s core
@@ -941,11 +985,15 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
     out: dict = {"matmul_flops": {}, "matmul_flops_alone": {}, "matmul_curve": {},
                  "collectives": {"all_reduce": [], "all_gather": []}}
     clock = solo_clock(device)  # the probes alone (the all-at-once rates are wall: they measure the sharing)
+    latency = LatencyRounds(min(cfg.sizes), world, device)
 
     def alone(fn):
+        """fn() on rank 0 while the others wait; then a round of the smallest all-reduce (LatencyRounds: the rounds
+        spread over the calibration, between its probes)."""
         dist.barrier()
         value = fn() if rank == 0 else None
         dist.barrier()
+        latency.take()
         return value
 
     for name, dtype in DTYPES.items():
@@ -1002,6 +1050,7 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
                                                                   for c, w in out["skew"]) + " (mean over ranks)")
     if world > 1 and cfg.backend == "gloo":
         out["comm_cpu"] = pair_comm_cpu(rank, world)
+        latency.take()
         if rank == 0:
             say("gloo CPU seconds per call, pairs at once: " + "; ".join(
                 f"{op} " + ", ".join(f"{size:,d} B {c * 1e6:.0f} us" for size, c in rows)
@@ -1013,6 +1062,10 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
             say("the pipeline executor's own CPU per action (the pair as pp 2, 1F1B): forward "
                 f"{out['comm_cpu']['executor']['forward'] * 1e6:.0f} us, backward "
                 f"{out['comm_cpu']['executor']['backward'] * 1e6:.0f} us")
+    out["latency_rounds"] = latency.seconds
+    if latency.seconds and rank == 0:
+        say(f"all_reduce {latency.size:,d} B in {len(latency.seconds)} rounds between the probes: "
+            + ", ".join(f"{t * 1e6:.0f}" for t in latency.seconds) + " us")
     return out
 
 
@@ -1092,7 +1145,7 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     collectives = per_rank[0]["collectives"]
     base = hardware(cfg.base)
     # one rank times no collective: the node (its size, NVLink rate and latency) is the base preset's
-    node = node_fields(collectives["all_reduce"], cfg.ranks, base)
+    node = node_fields(collectives["all_reduce"], cfg.ranks, base, per_rank[0].get("latency_rounds", []))
     copy = (per_rank[0]["copy_bytes_per_s_alone"] if cores
             else statistics.median(r["copy_bytes_per_s"] for r in per_rank))
     memory_gb = _host_memory_gb() / cfg.ranks if cfg.backend == "gloo" else base.memory_gb
@@ -1153,6 +1206,7 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                      **_pass_record(per_rank[0], hw, curve, probe),
                      **_tp_pass_record(per_rank, probe),
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
+                     "intra_latency_rounds_s": per_rank[0].get("latency_rounds", []),
                      "comm_cpu_seconds_rank0": per_rank[0].get("comm_cpu"),
                      **_glue_record(per_rank),
                      "all_reduce_8_bytes_after_compute_s": per_rank[0].get("skew"),
@@ -1165,15 +1219,17 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     }
 
 
-def node_fields(all_reduces: list[dict], ranks: int, base: Hardware) -> dict:
-    """gpus_per_node, intra_node_gbps (busbw of the largest all-reduce) and intra_latency_s (the smallest's time)
-    from the timed all-reduces; with one rank none was timed and the base preset's node is kept."""
+def node_fields(all_reduces: list[dict], ranks: int, base: Hardware, rounds: list[float] = ()) -> dict:
+    """gpus_per_node, intra_node_gbps (busbw of the largest all-reduce) and intra_latency_s (the smallest's time,
+    with the latency `rounds` where a CPU's ran: latency_of) from the timed all-reduces; with one rank none was
+    timed and the base preset's node is kept."""
     if ranks == 1:
         return {"gpus_per_node": base.gpus_per_node, "intra_node_gbps": base.intra_node_gbps,
                 "intra_latency_s": base.intra_latency_s}
     largest = max(all_reduces, key=lambda e: e["bytes"])
     smallest = min(all_reduces, key=lambda e: e["bytes"])
-    return {"gpus_per_node": ranks, "intra_node_gbps": largest["busbw_gbps"], "intra_latency_s": smallest["seconds"]}
+    return {"gpus_per_node": ranks, "intra_node_gbps": largest["busbw_gbps"],
+            "intra_latency_s": latency_of(smallest["seconds"], list(rounds))}
 
 
 def _host_memory_gb() -> float:
