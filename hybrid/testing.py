@@ -589,11 +589,11 @@ def agent_run(torchrun_args: list[str], argv: list[str], env: dict[str, str | No
               cwd: str | None = None, timeout: float = 600.0) -> subprocess.CompletedProcess:
     """`torchrun TORCHRUN_ARGS ARGV` (ARGV: a script or -m and a module, with its arguments) under the real
     torchrun agent -- its restarts, rendezvous, teardown, error files and failure summary -- each worker a fork of
-    the forkserver (`fork_service`): subprocess.run's result."""
+    the forkserver (`fork_service`): subprocess.run's result. The agent is a fork too (`run`: torchrun's own code
+    as __main__), without a new interpreter's ~2 s of CPU importing torch.distributed.run."""
     with fork_service() as service:
-        return subprocess.run([sys.executable, "-m", "torch.distributed.run", *torchrun_args, *worker_command(argv)],
-                              cwd=cwd or ROOT, env=environment({**(env or {}), **service}), capture_output=True,
-                              text=True, timeout=timeout)
+        return run(["-m", "torch.distributed.run", *torchrun_args, *worker_command(argv)],
+                   env={**(env or {}), **service}, cwd=cwd or ROOT, timeout=timeout)
 
 
 class _Fd:

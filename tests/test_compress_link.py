@@ -30,6 +30,10 @@ def test_simulated_link_sleeps_bytes_over_bandwidth_per_step(monkeypatch):
     assert link.delay() == pytest.approx(0.5)
     assert link.delay() == 0.0
     assert slept == [pytest.approx(2.0), pytest.approx(0.5)]
+    # the run's end line (train.py): steps, the seconds asked for and those the sleeps took on the clock
+    assert link.steps == 3 and link.slept == pytest.approx(2.5) and 0 <= link.waited < 0.5
+    assert link.line().startswith("simulated DP link: 3 steps waited ") and \
+        link.line().endswith(" s on the clock for 2.500000 s asked (the DP gradient bytes / 2 GB/s)")
 
 
 def test_simulated_link_is_off_by_default():

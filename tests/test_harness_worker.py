@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
+import time
 
 import pytest
 
@@ -39,16 +38,23 @@ def test_torchrun_sees_each_forked_workers_output_status_and_signal():
     assert "exitcode  : -9" in out.stderr and "Signal 9 (SIGKILL)" in out.stderr, out.stderr[-3000:]
 
 
-@pytest.mark.slow  # a real torchrun agent (a new interpreter) is the subject
+def _printed_pid(agent: testing.Forked, seconds: float = 120) -> int:
+    """The pid the rank prints first (its line reaches the agent's stdout through the worker's fds)."""
+    deadline = time.monotonic() + seconds
+    while not (m := re.search(r"pid (\d+)", agent.stdout())):
+        assert agent.poll() is None and time.monotonic() < deadline, agent.stderr()[-3000:]
+        time.sleep(0.05)
+    return int(m.group(1))
+
+
+@pytest.mark.slow  # a real torchrun agent is the subject (itself a fork, as agent_run's: torchrun's own code)
 def test_a_killed_worker_takes_its_rank_with_it():
     psutil = pytest.importorskip("psutil")
     with testing.fork_service() as service:
-        agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-                                  *testing.worker_command(["-c", RANK, "sleep"])], env=testing.environment(service),
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        agent = testing.start(["-m", "torch.distributed.run", "--nproc-per-node", "1",
+                               *testing.worker_command(["-c", RANK, "sleep"])], env=service)
         try:
-            line = agent.stdout.readline()
-            rank = psutil.Process(int(re.search(r"pid (\d+)", line).group(1)))
+            rank = psutil.Process(_printed_pid(agent))
             (worker,) = psutil.Process(agent.pid).children()
             assert rank.pid != worker.pid and rank.ppid() != agent.pid, "the rank is a fork, not the worker"
             worker.kill()

@@ -42,10 +42,11 @@ AGENT_JOBS = {
 
 
 @pytest.fixture(scope="module")
-def agent_jobs(tmp_path_factory) -> dict:
+def agent_jobs(tmp_path_factory, signal_jobs) -> dict:
     """name -> (its working directory, subprocess.run's result) of each AGENT_JOBS job: `torchrun
     --nproc-per-node 2 ARGV` run as a pip user would, from a directory that is not the checkout -- the real
-    torchrun, its 2 workers forks of hybrid.testing's forkserver (hybrid.testing.agent_run)."""
+    torchrun, its 2 workers forks of hybrid.testing's forkserver (hybrid.testing.agent_run). Run while
+    `signal_jobs` wait out their collective timeout (started first: the fixture is asked for here)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(name: str):
@@ -92,36 +93,61 @@ def _launch_two_ranks(tmp_path, fault: str, timeout_min: float) -> list[testing.
     return procs
 
 
+TIMEOUT_S, WINDOW_S = 6.0, 3.0  # the collective timeout (--distributed-timeout-minutes 0.1); the post-mortem window
+
+
+def _watch(jobs: dict, ended: dict, seconds: float = 150) -> None:
+    """Note when each job's rank 0 exits (time.time(), as the fault's t=), polling 20 times a second."""
+    deadline = time.monotonic() + seconds
+    while len(ended) < len(jobs) and time.monotonic() < deadline:
+        for sig, procs in jobs.items():
+            if sig not in ended and procs[0].poll() is not None:
+                ended[sig] = time.time()
+        time.sleep(0.05)
+
+
+def _end(jobs: dict) -> None:
+    """Every rank still there (a stopped one continued first) killed and reaped."""
+    for procs in jobs.values():
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            p.wait()
+
+
+@pytest.fixture(scope="module")
+def signal_jobs(tmp_path_factory):
+    """Two 2-rank jobs at once (one start-up cost): in each, rank 1 stops (SIGSTOP) or dies (SIGKILL) at iteration
+    3; a thread notes when each rank 0 exits. Their wait -- the collective timeout, then the post-mortem -- is wall
+    clock with no CPU: it runs while the agent jobs (which ask for this fixture, so it starts first) run."""
+    import threading
+    jobs = {}
+    for sig in ("SIGSTOP", "SIGKILL"):
+        cwd = tmp_path_factory.mktemp(sig)
+        jobs[sig] = _launch_two_ranks(cwd, f"signal:rank=1,iteration=3,signal={sig}", TIMEOUT_S / 60)
+    ended: dict[str, float] = {}
+    watcher = threading.Thread(target=_watch, args=(jobs, ended), daemon=True)
+    watcher.start()
+    try:
+        yield jobs, ended, watcher
+    finally:
+        _end(jobs)
+
+
 # ends within the timeout + window + 10 s, with no machine to itself: the 6 s collective timeout and the 3 s
 # post-mortem window are wall-clock waits, which load does not lengthen (nor the 0.6 s heartbeat the window
 # watches: 5x inside it); the CPU between the fault and the exit is milliseconds
 @pytest.mark.slow
-def test_stalled_and_killed_ranks_end_their_jobs_within_the_timeout_naming_them(tmp_path):
-    """Two 2-rank jobs at once (one start-up cost): in each, rank 1 stops (SIGSTOP) or dies (SIGKILL) at iteration 3.
-    Rank 0 waits in its next all-reduce: for SIGKILL gloo reports the closed connection at once, for SIGSTOP the
-    collective times out after --distributed-timeout-minutes (6 s). Then the heartbeat post-mortem (liveness.py: at
-    most max(3 s, 3 beats) = 3 s) names rank 1. Bound: timeout + window + 10 s of slack for a loaded machine,
-    measured from the moment of the fault."""
-    timeout_s, window_s = 6.0, 3.0
-    jobs = {}
-    for sig in ("SIGSTOP", "SIGKILL"):
-        (tmp_path / sig).mkdir()
-        jobs[sig] = _launch_two_ranks(tmp_path / sig, f"signal:rank=1,iteration=3,signal={sig}", timeout_s / 60)
-    ended = {}
-    try:
-        deadline = time.monotonic() + 150
-        while len(ended) < len(jobs) and time.monotonic() < deadline:
-            for sig, procs in jobs.items():
-                if sig not in ended and procs[0].poll() is not None:
-                    ended[sig] = time.time()
-            time.sleep(0.05)
-    finally:
-        for procs in jobs.values():
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGCONT)
-                    p.kill()
-                p.wait()
+def test_stalled_and_killed_ranks_end_their_jobs_within_the_timeout_naming_them(signal_jobs):
+    """Rank 1 stops (SIGSTOP) or dies (SIGKILL) at iteration 3 (signal_jobs). Rank 0 waits in its next all-reduce:
+    for SIGKILL gloo reports the closed connection at once, for SIGSTOP the collective times out after
+    --distributed-timeout-minutes (6 s). Then the heartbeat post-mortem (liveness.py: at most max(3 s, 3 beats) =
+    3 s) names rank 1. Bound: timeout + window + 10 s of slack for a loaded machine, measured from the moment of
+    the fault."""
+    jobs, ended, watcher = signal_jobs
+    watcher.join()
+    _end(jobs)
     for sig, procs in jobs.items():
         out0, out1 = (p.stdout() + p.stderr() for p in procs)
         fault = re.search(rf"inject: {sig} to rank 1 at iteration 3, t=([\d.]+)", out1)
@@ -131,7 +157,7 @@ def test_stalled_and_killed_ranks_end_their_jobs_within_the_timeout_naming_them(
         assert len(errors) == 1 and errors[0].startswith("train.py: error: rank 1 of 2 stopped responding"), \
             out0[-2000:]
         assert "Traceback" not in out0
-        assert ended[sig] - float(fault.group(1)) < timeout_s + window_s + 10.0, sig
+        assert ended[sig] - float(fault.group(1)) < TIMEOUT_S + WINDOW_S + 10.0, sig
 
 
 def test_an_install_ships_the_training_entry_point():

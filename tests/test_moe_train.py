@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from hybrid.testing import launch
+from hybrid.testing import launch, launch_together
 from hybrid.fault.watchdog import EXIT_HANG
 
 EP2 = ["--model", "tiny-mixtral", "--expert-model-parallel-size", "2", "--micro-batch-size", "2",
@@ -41,28 +41,47 @@ def test_log_line_and_metrics_file_carry_the_routing(tmp_path):
     assert rec["moe_tokens_per_expert_max"] >= 64 >= rec["moe_tokens_per_expert_min"]
 
 
+# bf16, fp16, the NaN guard and the stalled all-to-all: four 2-rank jobs launched together (hybrid.testing's
+# launch_together), so the stalled job's --watchdog-timeout wait (5 s of wall clock, no CPU) and every job's start-up
+# overlap the others' steps instead of adding up; each job keeps its own port, deadline and output
+JOBS = {
+    "--bf16": ([*EP2, "--bf16", "--train-iters", "8", "--log-interval", "1", "--lr", "3e-3", "--moe-aux-loss-coeff",
+                "0.01", "--moe-router-enable-expert-bias"], None),
+    "--fp16": ([*EP2, "--fp16", "--train-iters", "8", "--log-interval", "1", "--lr", "3e-3", "--moe-aux-loss-coeff",
+                "0.01", "--moe-router-enable-expert-bias"], None),
+    "nan": ([*EP2, "--train-iters", "4", "--log-interval", "1"], "nan:rank=1,iterations=2"),
+    "stalled": ([*EP2, "--train-iters", "6", "--log-interval", "100", "--watchdog-timeout", str(TIMEOUT)],
+                "hang:rank=1,op=ep.all_to_all_v,iteration=5,microbatch=1"),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs() -> dict:
+    """name -> the 2 ranks' runs of each JOBS job (the stalled one's ranks end by its watchdog, not a timeout)."""
+    runs = launch_together([dict(argv=argv, world=2, env={"HYBRID_FAULT": fault} if fault else None, timeout=600)
+                            for argv, fault in JOBS.values()])
+    return dict(zip(JOBS, runs))
+
+
 @pytest.mark.parametrize("precision", ["--bf16", "--fp16"])
-def test_mixed_precision_trains_with_ep(precision):
+def test_mixed_precision_trains_with_ep(precision, jobs):
     """bf16 and fp16 (dynamic loss scaling: the aux-loss gradient scaled with the LM loss) run, the loss falls."""
-    runs = launch([*EP2, precision, "--train-iters", "8", "--log-interval", "1", "--lr", "3e-3",
-                   "--moe-aux-loss-coeff", "0.01", "--moe-router-enable-expert-bias"], 2, timeout=600)
+    runs = jobs[precision]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
     losses = [float(re.search(r"lm loss ([\d.]+)", ln).group(1)) for ln in _lines(runs[0])]
     assert len(losses) == 8 and losses[-1] < losses[0], losses
 
 
-def test_nan_guard_skips_the_step_with_ep():
-    runs = launch([*EP2, "--train-iters", "4", "--log-interval", "1"], 2,
-                  {"HYBRID_FAULT": "nan:rank=1,iterations=2"}, timeout=600)
+def test_nan_guard_skips_the_step_with_ep(jobs):
+    runs = jobs["nan"]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
     assert "skipped" in runs[0].stdout.lower() or "nan" in runs[0].stdout.lower(), runs[0].stdout[-1500:]
 
 
 # no time asserted, only the verdict and exit code: it needs no machine to itself, only that a healthy step never
 # goes --watchdog-timeout (5 s, wall clock) without an op; it passed at a load average of 10 on the 2 cores
-def test_a_rank_stalled_before_the_expert_all_to_all_is_named():
-    runs = launch([*EP2, "--train-iters", "6", "--log-interval", "100", "--watchdog-timeout", str(TIMEOUT)], 2,
-                  {"HYBRID_FAULT": "hang:rank=1,op=ep.all_to_all_v,iteration=5,microbatch=1"})
+def test_a_rank_stalled_before_the_expert_all_to_all_is_named(jobs):
+    runs = jobs["stalled"]
     verdicts = {r.rank: [ln for ln in r.stderr.splitlines() if ln.startswith("hang verdict:")] for r in runs}
     assert all(r.returncode == EXIT_HANG for r in runs), [(r.rank, r.returncode, r.stderr[-1500:]) for r in runs]
     (line,) = verdicts[0]

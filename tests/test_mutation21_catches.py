@@ -444,18 +444,19 @@ def test_a_resumed_two_rank_run_warns_once_at_its_first_iteration(tmp_path):
     run's too: its data is as new to the user) and by rank 0 only. One rank trains 1 step and saves; 2 ranks resume
     it for 1 more: one line in each. D5-loop-iter-0 (`it == 0`: a resumed run says nothing) and D6-loop-every-rank
     (the rank test dropped: one line per rank) lived through test_cp20_no_documents' slow launch (one rank, from
-    iteration 0) and every fast test. Two launches of train.py (slow)."""
-    import subprocess
-    import sys
+    iteration 0) and every fast test. Two launches of train.py (slow), each `torchrun --standalone` as
+    hybrid.testing.torchrun_cli runs it: the ranks forked from the forkserver with torchrun's environment (RANK,
+    WORLD_SIZE, ...), their stdout joined -- the loop's wiring is the subject, not torchrun's agent or a cold
+    interpreter's imports (two agents and three ranks of ~4 s of CPU each)."""
+    from hybrid import testing
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     common = ["scripts/train.py", "--model", "tiny-llama", "--seq-length", "32", "--micro-batch-size", "1",
               "--global-batch-size", "2", "--log-interval", "1", "--tokenizer-type", "ByteLevel",
-              "--reset-attention-mask", "--save", str(tmp_path / "ck"), "--save-interval", "1"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+              "--reset-attention-mask", "--save", str(tmp_path / "ck"), "--save-interval", "1",
+              "--eval-iters", "1"]  # the end's validation and test: one batch each, not 10 (none read)
     for ranks, argv in ((1, ["--train-iters", "1"]), (2, ["--train-iters", "2", "--load", str(tmp_path / "ck")])):
-        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                              str(ranks), *common, *argv], cwd=root, env=env, capture_output=True, text=True,
-                             timeout=300)
+        out = testing.torchrun_cli(["--standalone", "--nproc-per-node", str(ranks), *common, *argv],
+                                   env={"OMP_NUM_THREADS": "1"}, cwd=root, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.count("warning: --reset-attention-mask: no end-of-document token (id 0)") == 1, (
             ranks, out.stdout[-2000:])

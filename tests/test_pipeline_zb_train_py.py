@@ -182,12 +182,26 @@ FAULT_ARGV = ["--pipeline-model-parallel-size", "2", "--micro-batch-size", "2", 
               "--watchdog-timeout", "5"]
 
 
+@pytest.fixture(scope="module")
+def faults() -> dict:
+    """(fault, kind) -> the 2 ranks' runs: a NaN gradient on rank 1 at iteration 3, and rank 1 stalled before a
+    pipeline send at iteration 3, under each kind; the four jobs launched together (their start-up, the NaN jobs'
+    steps and the stalled jobs' 5 s watchdog waits overlap). The stalled tests assert the verdict and exit code,
+    no time: they need no machine to itself, only that a healthy step never goes 5 s (wall clock) without an op
+    (--watchdog-timeout); the two stalled jobs together passed at a load average of 10 on the 2 cores."""
+    from hybrid.testing import launch_together
+    cases = [(fault, kind) for fault in ("nan", "stalled") for kind in ("zbh1", "zbv")]
+    env = {"nan": "nan:rank=1,iterations=3", "stalled": "hang:rank=1,op=pp.send,iteration=3,microbatch=1"}
+    runs = launch_together([dict(argv=[*FAULT_ARGV, "--pipeline-schedule", kind], world=2,
+                                 env={"HYBRID_FAULT": env[fault]}, timeout=600 if fault == "nan" else 120)
+                            for fault, kind in cases])
+    return dict(zip(cases, runs))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["zbh1", "zbv"])
-def test_nan_guard_skips_the_step_on_every_rank_under_zero_bubble(kind):
-    from hybrid.testing import launch
-    runs = launch([*FAULT_ARGV, "--pipeline-schedule", kind], 2, {"HYBRID_FAULT": "nan:rank=1,iterations=3"},
-                  timeout=600)
+def test_nan_guard_skips_the_step_on_every_rank_under_zero_bubble(kind, faults):
+    runs = faults["nan", kind]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
     # under ZB-H1 the NaN lands in rank 1's first parameter, the tied LM head, whose gradient is summed with rank
     # 0's embedding copy before the guard looks (sync_tied_embeddings): rank 0 is non-finite too, as under 1F1B
@@ -198,25 +212,11 @@ def test_nan_guard_skips_the_step_on_every_rank_under_zero_bubble(kind):
     assert runs[0].stdout.count("skipped the step on every rank") == 1, "only iteration 3 is skipped"
 
 
-@pytest.fixture(scope="module")
-def stalled() -> dict:
-    """kind -> the 2 ranks' runs of a job whose rank 1 stalls before a pipeline send at iteration 3; both kinds'
-    jobs launched together (their start-up and their 5 s watchdog waits overlap). The test asserts the verdict
-    and exit code, no time: it needs no machine to itself, only that a healthy step never goes 5 s (wall clock)
-    without an op (--watchdog-timeout); both jobs together passed at a load average of 10 on the 2 cores."""
-    from hybrid.testing import launch_together
-    kinds = ["zbh1", "zbv"]
-    runs = launch_together([dict(argv=[*FAULT_ARGV, "--pipeline-schedule", kind], world=2,
-                                 env={"HYBRID_FAULT": "hang:rank=1,op=pp.send,iteration=3,microbatch=1"})
-                            for kind in kinds])
-    return dict(zip(kinds, runs))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["zbh1", "zbv"])
-def test_a_rank_stalled_before_a_pipeline_send_is_named_by_its_peer_under_zero_bubble(kind, stalled):
+def test_a_rank_stalled_before_a_pipeline_send_is_named_by_its_peer_under_zero_bubble(kind, faults):
     from hybrid.fault.watchdog import EXIT_HANG
-    runs = stalled[kind]
+    runs = faults["stalled", kind]
     assert [r.returncode for r in runs] == [EXIT_HANG, EXIT_HANG], runs[0].stderr[-2000:]
     (line,) = [ln for ln in runs[0].stderr.splitlines() if ln.startswith("hang verdict:")]
     assert "rank 0 waited" in line and "in pp p2p" in line and "at iteration 3 micro-batch 1" in line, line

@@ -30,7 +30,9 @@ class SimulatedLink:
     def __init__(self, gbps: float, ledger: CommLedger, group: str) -> None:
         self.gbps, self.ledger, self.group = gbps, ledger, group
         self.seen = dp_gradient_bytes(ledger, group)
-        self.slept = 0.0  # seconds, in all
+        self.slept = 0.0  # seconds asked for, in all: the bytes / the bandwidth
+        self.waited = 0.0  # seconds the sleeps took on the clock (>= slept: a sleep is never shorter)
+        self.steps = 0  # delay() calls: one a step
 
     def delay(self) -> float:
         """Sleep for the bytes since the last call; returns the seconds slept. A ledger reset (tests) restarts the
@@ -40,6 +42,14 @@ class SimulatedLink:
         self.seen = now
         seconds = sent / (self.gbps * 1e9)
         if seconds > 0:
+            start = time.perf_counter()
             time.sleep(seconds)
+            self.waited += time.perf_counter() - start
         self.slept += seconds
+        self.steps += 1
         return seconds
+
+    def line(self) -> str:
+        """The run's end line: what the link cost, asked for (the ledger's bytes / bandwidth) and on the clock."""
+        return (f"simulated DP link: {self.steps} steps waited {self.waited:.6f} s on the clock for {self.slept:.6f} s "
+                f"asked (the DP gradient bytes / {self.gbps:g} GB/s)")

@@ -165,6 +165,12 @@ def build(cfg, mesh, zero) -> DPReduction | None:
     return PlainReduction(link) if link is not None else None
 
 
+def link_line(reduction) -> str:
+    """The simulated link's end line ("" without one): the seconds it asked for and those it took."""
+    link = getattr(reduction, "link", None)
+    return link.line() if link is not None else ""
+
+
 def owners(reduction) -> dict:
     """The checkpoint's owners ({} when not compressing): the compressor's state under compress/, keyed by
     parameter (hybrid/compress/state.py)."""

@@ -12,6 +12,7 @@ import torch
 from hybrid.checkpoint.run import RunCheckpoints
 from hybrid.compress.args import describe as compress_line
 from hybrid.compress.reduction import build as compress_reduction
+from hybrid.compress.reduction import link_line
 from hybrid.compress.reduction import owners as compress_owners
 from hybrid.data import DataSource
 from hybrid.data.source import train_samples
@@ -187,6 +188,8 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
         if ckpt.after_step(it + 1, consumed):  # --exit-signal-handler: SIGTERM, saved
             break
     if line := local.finish():  # hybrid/diloco: an outer all-reduce still in flight waited for; the link's line
+        log0(mesh, line)
+    elif local.cfg is None and (line := link_line(reduction)):  # --simulated-dp-bandwidth: asked for and slept
         log0(mesh, line)
     ckpt.finish(it + 1, consumed)
     ft.stop()
