@@ -196,7 +196,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute-granularity", choices=[r.value for r in Recompute], help="pin recomputation")
     g.add_argument("--context-parallel-size", metavar="N[,N...]",
                    help="context-parallel sizes to search with the rest, with the comm type (one pins it; "
-                        "hybrid/planner/context.py); None: no CP")
+                        "hybrid/planner/context.py; --explain adds the ring's terms, --emit-args the CP flags); "
+                        "None: no CP")
     g.add_argument("--cp-comm-type", choices=[c.value for c in CommType],
                    help="pin CP's comm type (None: search p2p, a2a and allgather)")
     g.add_argument("--offload-optimizer", action=argparse.BooleanOptionalAction, default=None,
