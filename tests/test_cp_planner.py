@@ -129,7 +129,8 @@ def test_hybrid_plan_searches_cp_and_its_comm_type_with_the_rest(capsys):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--context-parallel-size", "2", "--json"], "--context-parallel-size 2 does not run with --json"),
+    (["--context-parallel-size", "2", "--inter-dc-bandwidth", "1"],  # --json: runs (tests/test_cpviews22.py)
+     "--inter-dc-bandwidth does not run with --context-parallel-size"),
     (["--cp-comm-type", "a2a"], "--cp-comm-type needs --context-parallel-size"),
     (["--context-parallel-size", "2,0"], "--context-parallel-size '2,0': give one or more comma-separated")])
 def test_hybrid_plan_rejects_what_cp_planning_does_not_do_in_one_line(extra, message, capsys):

@@ -5,7 +5,7 @@ Found by running the three views of one plan (tiny-mixtral, 8 ranks, pp 2): --ex
 named the layout without the chosen EP the table's cell ends with ('... zbv' beside '... zbv ep1'); the note that
 ZBV beat 1F1B compared the ZBV plan's memory without its experts to the 1F1B plan's with them ('1,913 vs 1,915':
 ZBV looked smaller), and on a CPU gave the device demand with the 2 GB GPU reserve, not the table's tensors. With
---context-parallel-size the three are refused alike (tests/test_cp_planner's refusals): not exercised here.
+--context-parallel-size: tests/test_cpviews22.py (round 22: they were refused alike).
 In-process: the planner's search, no ranks.
 """
 

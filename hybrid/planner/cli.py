@@ -41,11 +41,12 @@ from hybrid.planner.hardware import GB, GpuKind, hardware
 from hybrid.planner.layout import (Cluster, Offload, PipelineP2P, PipelineSplit, Recompute, TpPlan, Workload,
                                    Zero3Runtime, ZeroStage, pp_problems, tp_problems)
 from hybrid.planner.model import ActivationProfile, Precision
+from hybrid.planner.predicted_memory import demand_text
 from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, evaluate,
                                    search, summarize_rejections)
-from hybrid.planner.time import TERMS, FlopsFormula, recompute_stops_early
+from hybrid.planner.time import TERMS, FlopsFormula, recompute_stops_early, step_flops
 from hybrid.planner.train_flags import MAX_GLOBAL_BATCH, plan_flags
 from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
@@ -195,7 +196,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute-granularity", choices=[r.value for r in Recompute], help="pin recomputation")
     g.add_argument("--context-parallel-size", metavar="N[,N...]",
                    help="context-parallel sizes to search with the rest, with the comm type (one pins it; "
-                        "hybrid/planner/context.py); None: no CP")
+                        "hybrid/planner/context.py; --explain adds the ring's terms, --emit-args the CP flags); "
+                        "None: no CP")
     g.add_argument("--cp-comm-type", choices=[c.value for c in CommType],
                    help="pin CP's comm type (None: search p2p, a2a and allgather)")
     g.add_argument("--offload-optimizer", action=argparse.BooleanOptionalAction, default=None,
@@ -286,7 +288,7 @@ def run(args: argparse.Namespace) -> None:
     if work.fp8 and cluster.hw.fp8_tflops is None:
         raise ValueError(f"--fp8: {cluster.hw.name} has no FP8 tensor cores (plan bf16, or --gpu h100-80g / h200)")
     if args.context_parallel_size is not None:
-        print(_plan_cp(args, work, cluster, space))
+        _plan_cp(args, work, cluster, space)
         return
     result = search(work, cluster, space, top=args.top or TOP, formula=formula, budget=args.sim_budget)
     if not result.plans:
@@ -294,10 +296,7 @@ def run(args: argparse.Namespace) -> None:
     emitted = accepted_train_args(work, result.plans, args) if args.emit_args else None
     baseline = _baseline(cluster.hw)  # one measure for the table and the plot: their MiB agree
     if args.plot:
-        from hybrid.planner.plot import plot_memory
-        with atomic_output(args.plot, suffix=os.path.splitext(args.plot)[1]) as tmp:
-            plot_memory(result.plans, tmp, title=_plot_title(work, cluster), device_bytes=cluster.hw.capacity_bytes,
-                        host_baseline=baseline)
+        _write_plot(args.plot, result.plans, work, cluster, baseline)
     if args.json:
         print(json.dumps(_json(work, cluster, result, args.show_rejected), indent=2))
     elif args.emit_args:
@@ -376,15 +375,14 @@ def _check_cp(args: argparse.Namespace) -> None:
         raise ValueError(f"--context-parallel-size {args.context_parallel_size}: {odd[0]} does not divide --gpus "
                          f"{args.gpus} (the GPUs split into CP groups of that size); give sizes that divide it, e.g. "
                          f"{fits}")
-    other = [f for f, on in (("--scan-gpus", args.scan_gpus), ("--json", args.json), ("--emit-args", args.emit_args),
-                             ("--plot", args.plot), ("--explain", args.explain)) if on]
-    if other:
-        raise ValueError(f"--context-parallel-size {args.context_parallel_size} does not run with {other[0]} "
+    if args.scan_gpus:  # --json, --emit-args, --plot and --explain take the CP plans (round 22)
+        raise ValueError(f"--context-parallel-size {args.context_parallel_size} does not run with --scan-gpus "
                          f"(not implemented for CP plans); drop one of them")
 
 
-def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: SearchSpace) -> str:
-    """The CP search (hybrid/planner/context.py's search_cp) over the sizes and comm types asked for."""
+def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: SearchSpace) -> None:
+    """The CP search (hybrid/planner/context.py's search_cp) over the sizes and comm types asked for, printed as
+    the plain search is: the table (+ --explain), --json, --emit-args, and --plot written beside them."""
     comms = (CommType(args.cp_comm_type),) if args.cp_comm_type else tuple(CommType)
     plans = context.search_cp(work, cluster, space, cps=context.parse_sizes(args.context_parallel_size),
                               comms=comms, top=args.top or TOP)
@@ -392,7 +390,20 @@ def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: 
         raise ValueError(f"no layout fits at --context-parallel-size {args.context_parallel_size} (a size must "
                          f"divide --gpus and half the --seq-length; a2a the kv-heads of a TP rank); try other sizes "
                          f"or more GPUs")
-    return context.report(work, cluster, plans, _baseline(cluster.hw))
+    emitted = accepted_train_args(work, plans, args) if args.emit_args else None
+    baseline = _baseline(cluster.hw)  # one measure for the table, --explain and the plot: their MiB agree
+    if args.plot:
+        _write_plot(args.plot, plans, work, cluster, baseline)
+    if args.json:
+        print(json.dumps({"gpus": cluster.gpus, "gpu": cluster.hw.name, "global_batch": work.global_batch,
+                          "seq_length": work.seq_length, "plans": [cp_plan_json(work, cluster, p) for p in plans]},
+                         indent=2))
+    elif args.emit_args:
+        print(" ".join(emitted))
+    else:
+        print(context.report(work, cluster, plans, baseline))
+        if args.explain:
+            print(explain_cp(work, cluster, plans[0], baseline))
 
 
 def _check_plot_format(path: str, formats: dict[str, str]) -> None:
@@ -466,19 +477,21 @@ def _check_output_modes(args: argparse.Namespace) -> None:
                                  f"drop one of them")
 
 
-def accepted_train_args(work: Workload, plans: list[Plan], args: argparse.Namespace) -> list[str]:
-    """The train.py flags of the fastest plan that train.py's own checks accept (hybrid.train.args, the code
-    train.py runs before any process group); ValueError with train.py's reason when none passes."""
+def accepted_train_args(work: Workload, plans: list, args: argparse.Namespace) -> list[str]:
+    """The train.py flags of the fastest plan (a Plan, or a CP plan: context.ContextPlan) that train.py's own
+    checks accept (hybrid.train.args, the code train.py runs before any process group); ValueError with train.py's
+    reason when none passes."""
     from hybrid.train.args import check_args, parse_args
 
     reasons = []
     for plan in plans:
         flags = train_args(work, plan, args.model)
+        world = plan.world if isinstance(plan, context.ContextPlan) else plan.layout.world  # CP: tp pp dp cp
         try:
-            check_args(parse_args(flags), world=plan.layout.world)
+            check_args(parse_args(flags), world=world)
             return flags
         except (ValueError, SystemExit) as e:
-            reasons.append(f"{plan.layout.short()}: {e}")
+            reasons.append(f"{plan.short()}: {e}")
     raise ValueError(f"--emit-args: train.py rejects the {len(plans)} best layouts (first: {reasons[0]}); "
                      f"raise --top, or unpin dimensions")
 
@@ -713,33 +726,98 @@ def explain(work: Workload, cluster: Cluster, plan: Plan, baseline: float | None
     """The step of `plan` taken apart (time.TERMS): each term's seconds, its share, what it is, and the numbers
     the compute terms rest on. baseline: this process's resident bytes on CPU hardware (_baseline), where the
     memory figures are the table's RSS MiB (the demand less the GPU reserve, plus the process), not GB."""
-    t, hw = plan.time, work.device(cluster.hw, plan.layout)  # as the plan timed it
+    t = plan.time
+    lines = [_why(work, plan, plan.short(), t.total, "")]
+    lines += _term_lines(t.terms, t.total, TERMS)
+    return "\n".join(lines + _device_lines(work, cluster, plan, baseline))
+
+
+def _why(work: Workload, plan: Plan, name: str, seconds: float, per_rank: str) -> str:
+    """--explain's first line: the layout, the step its terms add up to, and how the plan was priced."""
     moe_s = f" + the experts' {plan.experts.seconds:.4g} s (last lines)" if plan.experts else ""
-    lines = [f"why {plan.short()} takes {t.total:.4g} s{moe_s} a step ({work.kernel_profile.value} kernels, "
-             f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}, gradient accumulation "
-             f"{'fused' if work.fused_grad_accumulation else 'a pass a micro-batch'}, parameter all-gather "
-             f"{'overlapped' if work.overlap_param_gather else 'exposed'}{_rerun_note(work, plan.layout)}"
-             f"{_zero3_note(work, plan.layout)}):"]
-    for name, what in TERMS:
-        seconds = t.term(name)
-        lines.append(f"  {name:<13} {seconds:>10.4g} s {100 * seconds / t.total:>6.1f} %  {what}")
+    return (f"why {name} takes {seconds:.4g} s{moe_s} a step ({per_rank}{work.kernel_profile.value} kernels, "
+            f"pipeline p2p {work.p2p.value}{', fp8' if work.fp8 else ''}, gradient accumulation "
+            f"{'fused' if work.fused_grad_accumulation else 'a pass a micro-batch'}, parameter all-gather "
+            f"{'overlapped' if work.overlap_param_gather else 'exposed'}{_rerun_note(work, plan.layout)}"
+            f"{_zero3_note(work, plan.layout)}):")
+
+
+def _term_lines(terms: tuple[tuple[str, float], ...], total: float, described: tuple) -> list[str]:
+    """One line per term: its seconds, its share of `total` (the terms' sum), what it is (`described`)."""
+    what = dict(described)
+    return [f"  {name:<13} {seconds:>10.4g} s {100 * seconds / total:>6.1f} %  {what[name]}" for name, seconds in terms]
+
+
+def _device_lines(work: Workload, cluster: Cluster, plan: Plan, baseline: float | None) -> list[str]:
+    """The rates the compute terms rest on, and an MoE model's EP choice."""
+    t, hw = plan.time, work.device(cluster.hw, plan.layout)  # as the plan timed it
     kernel, d, s = work.attention_kernel, work.model.head_dim, work.seq_length  # its published rate at this d, s
     flash = (f"flash attention ({kernel.value}, head {d}, s {s}) at "
              f"{kernel.efficiency(hw, d, s) * hw.peak_tflops:.3g} TFLOP/s" if hw.flash_efficiency else
              "attention as GEMMs")
     ceiling = (f" (x {hw.large_gemm_ratio:g} beyond {hw.large_gemm_flops:.3g} FLOPs, past the measured table)"
                if hw.large_gemm_flops is not None else "")  # Hardware.large_gemm_ratio
-    lines.append(f"  on {hw.name}: GEMMs at up to {hw.compute_efficiency:g} x {hw.peak_tflops:g} TFLOP/s + "
-                 f"{hw.gemm_overhead_s * 1e6:.3g} us each{ceiling}; {flash}; memory-bound ops at "
-                 f"{hw.elementwise_bytes_per_s / 1e12:.3g} TB/s + {hw.kernel_overhead_s * 1e6:.3g} us a kernel; "
-                 f"one pipeline message {t.pp_comm * 1e3:.3g} ms; bubble {100 * t.bubble_fraction:.1f} % "
-                 f"(docs/planner.md \"Time\")")
+    lines = [f"  on {hw.name}: GEMMs at up to {hw.compute_efficiency:g} x {hw.peak_tflops:g} TFLOP/s + "
+             f"{hw.gemm_overhead_s * 1e6:.3g} us each{ceiling}; {flash}; memory-bound ops at "
+             f"{hw.elementwise_bytes_per_s / 1e12:.3g} TB/s + {hw.kernel_overhead_s * 1e6:.3g} us a kernel; "
+             f"one pipeline message {t.pp_comm * 1e3:.3g} ms; bubble {100 * t.bubble_fraction:.1f} % "
+             f"(docs/planner.md \"Time\")"]
     if plan.experts is not None:  # MoE: the EP choice (hybrid/planner/moe.py)
         peak = plan.memory.peak
         offset = None if baseline is None else baseline - peak.workspace  # _memory's RSS, as the table's column
         lines.append(f"  + {plan.experts.explain(host=baseline is not None)}")
         lines += ["  " + line for line in moe.why(work, cluster, plan.layout, peak.total, plan.experts, offset)]
-    return "\n".join(lines)
+    return lines
+
+
+def _amount(n: float, hw) -> str:
+    """Bytes in the table's unit (predicted_memory.demand_text's) to 3 digits below 100: a ring's 0.0336 GB, not
+    0.0 GB; 1,918 MiB."""
+    x, unit = (n / 2**20, "MiB") if hw.on_host else (n / GB, "GB")
+    return f"{x:,.0f} {unit}" if x >= 100 else f"{x:.3g} {unit}"
+
+
+def explain_cp(work: Workload, cluster: Cluster, plan: context.ContextPlan, baseline: float | None = None) -> str:
+    """A CP plan's step taken apart as `explain` does a plain one: per rank it is the reduced plan (context.reduce:
+    s/c tokens a sequence at dp x c, its time.TERMS) plus CP's terms after its attention (context.CP_TERMS: the
+    other ranks' key blocks, the exposed exchange, torch's ring merges); they add up to the step, an MoE model's
+    experts aside as for a plain plan. Then the exchange (how much of it is hidden) and the fullest rank's memory,
+    in the table's unit (GB; on CPU hardware, baseline given, RSS MiB)."""
+    reduced, _ = context.reduce(work, plan.layout, plan.cp)
+    base, step = plan.base, plan.base.time.total + plan.extra_s
+    per_rank = f"per rank {base.short()} at {reduced.seq_length} tokens a sequence + CP's terms; " if plan.cp > 1 else ""
+    lines = [_why(reduced, base, plan.short(), step, per_rank)]
+    lines += _term_lines(plan.terms(), step, TERMS + context.CP_TERMS)
+    lines += _cp_lines(work, cluster, plan, baseline)
+    return "\n".join(lines + _device_lines(reduced, cluster, base, baseline))
+
+
+def _cp_lines(work: Workload, cluster: Cluster, plan: context.ContextPlan, baseline: float | None) -> list[str]:
+    """What CP adds, per layer and micro-batch and over the step, and the fullest rank's memory (context.report's
+    column: GB, or RSS MiB on a CPU = the tensors without the GPU reserve + this process)."""
+    lines = []
+    c = plan.cost
+    if c is not None:
+        lay = plan.base.layout
+        ring = (f" ({context.ring_schedule(work, lay).value} ring)" if plan.comm is CommType.P2P else "")
+        where = "across nodes" if context.cp_placement(cluster, lay.tp, plan.cp).spans_nodes else "inside a node"
+        lines.append(f"  CP: {plan.cp} ranks {lay.tp} apart {where}, {plan.comm.value}{ring}; a layer and micro-batch: "
+                     f"{c.attention * 1e3:.3g} ms more attention, {c.transfer * 1e3:.3g} ms of transfers of which "
+                     f"{c.exposed * 1e3:.3g} exposed, {c.merge * 1e3:.3g} ms of merges; x {plan.passes:.4g} passes ((m + "
+                     f"(pp - 1)/v) x the rank's layers): the step's transfers take {plan.passes * c.transfer:.4g} s, "
+                     f"{plan.hidden_s:.4g} s of them hidden under the ring steps, the rest cp_exchange "
+                     f"(docs/context-parallel.md)")
+    peak = plan.base.memory.peak
+    tensors = plan.memory_gb * GB - peak.workspace  # the rank's tensors, the ring's buffers and experts included
+    parts = (f"its reduced plan's {_amount(tensors - plan.ring_bytes, cluster.hw)} of tensors + the ring's "
+             f"buffers {_amount(plan.ring_bytes, cluster.hw)}")
+    if baseline is None:
+        lines.append(f"  memory: the fullest rank (stage {peak.rank}) {plan.memory_gb:.1f} GB = {parts} + the "
+                     f"{demand_text(peak.workspace, cluster.hw)} workspace (CUDA/NCCL reserve)")
+    else:
+        lines.append(f"  memory: the fullest rank (stage {peak.rank}) {(tensors + baseline) / 2**20:,.0f} RSS MiB = "
+                     f"{parts} + {baseline / 2**20:,.0f} MiB, this process's size now")
+    return lines
 
 
 def _zero3_note(work: Workload, layout) -> str:
@@ -800,24 +878,39 @@ def _fix(work: Workload, cluster: Cluster, groups: list, rejected: list[Rejectio
     return "Change the sizes the reasons name, or unpin dimensions."
 
 
+def _write_plot(path: str, plans: list, work: Workload, cluster: Cluster, baseline: float | None) -> None:
+    """--plot: the plans' memory bars (hybrid/planner/plot.py), written whole or not at all (atomic_output)."""
+    from hybrid.planner.plot import plot_memory
+    with atomic_output(path, suffix=os.path.splitext(path)[1]) as tmp:
+        plot_memory(plans, tmp, title=_plot_title(work, cluster), device_bytes=cluster.hw.capacity_bytes,
+                    host_baseline=baseline)
+
+
 def _plot_title(work: Workload, cluster: Cluster) -> str:
     cfg = work.model
     return (f"{cfg.arch} {_count(cfg.num_parameters)} on {cluster.gpus} x {cluster.hw.name}, global batch "
             f"{work.global_batch} x {work.seq_length}")
 
 
-def train_args(work: Workload, plan: Plan, model: str | None = None) -> list[str]:
+def train_args(work: Workload, plan: Plan | context.ContextPlan, model: str | None = None) -> list[str]:
     """scripts/train.py flags that run `plan` (Megatron names): the planner's mapping (train_flags.py) written with
-    train.py's own flag table (hybrid/train/config.py)."""
+    train.py's own flag table (hybrid/train/config.py); a CP plan's (context.ContextPlan) at its true dp, with
+    --context-parallel-size and --cp-comm-type after the pipeline size (hybrid/cp/args.py's flags; as
+    train.py --auto-parallel sets them)."""
     from hybrid.train.config import to_argv
-    argv = to_argv(plan_flags(work, plan.layout, model)) + moe.train_argv(plan.experts)
+    argv = to_argv(plan_flags(work, plan.layout, model))
+    base = plan.base if isinstance(plan, context.ContextPlan) else plan
+    if base is not plan and plan.cp > 1:
+        at = argv.index("--pipeline-model-parallel-size") + 2
+        argv[at:at] = ["--context-parallel-size", str(plan.cp), "--cp-comm-type", plan.comm.value]
+    argv += moe.train_argv(base.experts)
     if not work.overlap_param_gather and plan.layout.zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
         argv.append("--no-overlap-param-gather")  # planned exposed: run it so (to_argv writes no default-off)
     return argv
 
 
 def plan_json(work: Workload, plan: Plan) -> dict:
-    """One plan as plain data."""
+    """One plan as plain data (a CP plan's: cp_plan_json)."""
     lay, t = plan.layout, plan.time
     return {
         "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "v": lay.v, "micro_batch": lay.micro_batch,
@@ -843,6 +936,31 @@ def plan_json(work: Workload, plan: Plan) -> dict:
         "train_args": train_args(work, plan),
         "experts": None if plan.experts is None else asdict(plan.experts),
     }
+
+
+def cp_plan_json(work: Workload, cluster: Cluster, plan: context.ContextPlan) -> dict:
+    """One CP plan as plain data: plan_json's keys for the whole step -- the layout at its true dp with the CP
+    size and comm type, the fullest rank's memory (the ring's buffers in), the terms (the reduced plan's and
+    context.CP_TERMS: they add up to step_seconds less an MoE model's experts, as plan_json's), train.py's flags
+    -- and under "context_parallel" what CP adds; "time" and memory_per_stage_gb are the reduced plan's (a rank
+    at s/c tokens, dp x c: context.reduce)."""
+    reduced, _ = context.reduce(work, plan.layout, plan.cp)
+    out = plan_json(reduced, plan.base)
+    lay, c = plan.layout, plan.cost
+    out["layout"] = {**out["layout"], "dp": lay.dp, "context_parallel_size": plan.cp,
+                     "cp_comm_type": plan.comm.value if plan.cp > 1 else None}  # cp 1: no exchange
+    out.update(memory_gb=plan.memory_gb, step_seconds=plan.total_s, terms=dict(plan.terms()),
+               tokens_per_s=plan.tokens_per_s, mfu=plan.mfu, train_args=train_args(work, plan),
+               tflops_per_gpu=step_flops(work, lay, plan.base.flops_formula) / (cluster.gpus * plan.total_s) / 1e12)
+    out["context_parallel"] = {
+        "size": plan.cp, "comm_type": out["layout"]["cp_comm_type"], "extra_seconds": plan.extra_s, "passes": plan.passes,
+        "ring": context.ring_schedule(work, plan.base.layout).value if plan.comm is CommType.P2P else None,
+        "layer_seconds": None if c is None else {"attention": c.attention, "transfer": c.transfer,
+                                                 "exposed": c.exposed, "merge": c.merge},
+        "transfer_seconds": 0.0 if c is None else plan.passes * c.transfer, "hidden_seconds": plan.hidden_s,
+        "ring_buffers_gb": plan.ring_bytes / GB, "reduced_layout": plan.base.short(),
+        "reduced_seq_length": reduced.seq_length}
+    return out
 
 
 def _json(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> dict:

@@ -66,6 +66,13 @@ from hybrid.planner.search import Plan, SearchSpace, evaluate, search
 from hybrid.planner.time import model_flops, ring_step_seconds
 
 BF16 = 2  # bytes of K, V on the wire (GPU runs: bf16)
+# CP's terms of a step (`hybrid plan --explain`, the plan JSON), after the reduced plan's attention (time.TERMS)
+CP_TERMS = (("cp_attention", "the ring's c - 1 more steps: the other ranks' key blocks, half an (s/c)^2 block each, "
+                             "at the flash rate (rerun under recomputation)"),
+            ("cp_exchange", "CP transfers not hidden under a ring step's compute (p2p: max(0, transfer - step); "
+                            "a2a, allgather: all of them)"),
+            ("cp_merge", "torch's ring (torchtitan): its fp32 output merges and concatenations, memory-bound "
+                         "(0 for the other rings)"))
 SEARCH_MARGIN = 4  # plans asked of each reduced search per plan wanted (some reduced layouts are no CP layout)
 
 
@@ -239,6 +246,9 @@ class ContextPlan:
         tokens_per_s: global batch x sequence / step.
         mfu: model FLOPs (of the unreduced workload) per GPU per second / peak.
         memory_gb: the fullest rank's device memory (the reduced plan's + the ring's buffers).
+        cost: what CP adds to one layer and micro-batch (None at cp 1).
+        passes: layers x micro-batch passes on the critical path, (m + (pp - 1)/v) x the busiest rank's layers:
+            extra_s = passes x cost.added.
     """
 
     cp: int
@@ -249,6 +259,46 @@ class ContextPlan:
     tokens_per_s: float
     mfu: float
     memory_gb: float
+    cost: CPCost | None = None
+    passes: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """The step, as Plan.seconds: the reduced plan's (an MoE model's experts included) + CP's terms."""
+        return self.total_s
+
+    @property
+    def world(self) -> int:
+        """Ranks: tp x pp x dp x cp (the reduced layout's world)."""
+        return self.base.layout.world
+
+    @property
+    def ring_bytes(self) -> float:
+        """The ring's buffers held in a layer's backward (CPCost.buffer_bytes), in memory_gb beside the reduced
+        plan's peak."""
+        return self.cost.buffer_bytes if self.cost is not None else 0.0
+
+    @property
+    def hidden_s(self) -> float:
+        """Seconds of CP transfers hidden under the ring steps' compute (transfer - exposed, over the step)."""
+        return self.passes * (self.cost.transfer - self.cost.exposed) if self.cost is not None else 0.0
+
+    def cp_terms(self) -> tuple[tuple[str, float], ...]:
+        """CP's part of the step by CP_TERMS (they add up to extra_s)."""
+        c = self.cost or CPCost(0.0, 0.0, 0.0, 0.0)
+        return (("cp_attention", self.passes * c.attention), ("cp_exchange", self.passes * c.exposed),
+                ("cp_merge", self.passes * c.merge))
+
+    def terms(self) -> tuple[tuple[str, float], ...]:
+        """The step's terms in --explain's order: the reduced plan's (time.TERMS: a rank's own work at s/c
+        tokens) with CP's after its attention; they add up to base.time.total + extra_s (the step less an MoE
+        model's expert seconds, as StepTime.terms)."""
+        out: list[tuple[str, float]] = []
+        for name, seconds in self.base.time.terms:
+            out.append((name, seconds))
+            if name == "attention":
+                out += self.cp_terms()
+        return tuple(out)
 
     @property
     def layout(self) -> Layout:
@@ -264,21 +314,22 @@ def with_cp(work: Workload, cluster: Cluster, base: Plan, cp: int, comm: CommTyp
     """A reduced problem's plan, completed with CP's attention and transfers."""
     layout = base.layout  # reduced: dp x cp
     if cp == 1:
-        extra, buffers = 0.0, 0.0
+        cost, passes, extra, buffers = None, 0.0, 0.0, 0.0
     else:
         cost = layer_cost(work, cluster, layout, cp, comm)
         # rank r's chunks: layout.rank_stages(r)
         stages = stage_layers(work.model, layout.pp, layout.v, work.seq_length, work.pipeline_split)
         layers = max(sum(stages[s] for s in layout.rank_stages(r)) for r in range(layout.pp))
         m = work.global_batch // (layout.dp // cp * layout.micro_batch)
-        extra = (m + (layout.pp - 1) / layout.v) * layers * cost.added
+        passes = (m + (layout.pp - 1) / layout.v) * layers
+        extra = passes * cost.added
         buffers = cost.buffer_bytes
     total = base.seconds + extra  # an MoE model's expert terms (base.experts) included
     experts = base.experts.extra_bytes if base.experts is not None else 0.0
     return ContextPlan(cp=cp, comm=comm, base=base, extra_s=extra, total_s=total,
                        tokens_per_s=work.global_batch * work.seq_length / total,
                        mfu=model_flops(work) / (cluster.gpus * total) / (cluster.hw.peak_tflops * 1e12),
-                       memory_gb=(base.memory.peak.total + experts + buffers) / 1e9)
+                       memory_gb=(base.memory.peak.total + experts + buffers) / 1e9, cost=cost, passes=passes)
 
 
 def evaluate_cp(work: Workload, cluster: Cluster, layout: Layout, cp: int = 1,
