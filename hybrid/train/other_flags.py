@@ -189,7 +189,9 @@ INSTEAD.update({
                                                   "weight gradients (docs/tensor-parallel.md); drop the flag",
     "--manual-gc": "not implemented: Python's garbage collector runs as usual; drop the flag",
     "--empty-unused-memory-level": "not implemented (torch's caching allocator keeps freed blocks); drop the flag",
-    "--use-cpu-initialization": "there is no such switch; drop the flag",
+    "--use-cpu-initialization": "what it is for -- the same initial weights at every --tensor-model-parallel-size "
+                                "-- is how weights are initialised here (each shard cut from its full tensor drawn "
+                                "from --seed: hybrid/tp/sharding.init_parameters); drop the flag",
     "--deterministic-mode": "not implemented as a switch; drop the flag",
     "--fp8-amax-history-len": FP8, "--fp8-amax-compute-algo": FP8, "--fp8-param-gather": FP8, "--fp8-recipe": FP8,
     "--profile": PROFILE, "--profile-step-start": PROFILE, "--profile-step-end": PROFILE,
