@@ -6,6 +6,7 @@ held here in-process: a column- and a row-split weight at tp 2 are the slices of
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -38,3 +39,30 @@ def test_a_split_weight_at_tp_2_is_the_slice_of_the_tp_1_weight():
         for rank, shard in enumerate(shards):
             init_parameters(shard, SEED, tp_rank=rank)
         assert torch.equal(torch.cat([s.weight for s in shards], dim=dim), whole.weight), dim
+
+
+# --- --skip-train: the hint said "not implemented: a run trains"; a resume with no step left is Megatron's skip ----
+def test_the_skip_train_hint_names_the_resume_that_only_evaluates():
+    hint = hints()["--skip-train"]
+    assert hint.startswith("--skip-train: --load CKPT --train-iters N with N the checkpoint's iteration trains "
+                           "nothing"), hint
+
+
+@pytest.mark.slow  # train.py twice (forked ranks): save at 1, then load with --train-iters 1
+def test_a_resume_with_no_step_left_prints_the_validation_and_test_losses(tmp_path):
+    """What the --skip-train hint promises: no iteration line, the validation and test losses of the saved
+    weights (the test loss equal to the saving run's final one), and the 'no iteration to train' end."""
+    from hybrid import testing
+    tiny = ["--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "1", "--eval-iters", "1",
+            "--eval-interval", "1", "--log-interval", "1", "--train-iters", "1"]
+    ck = str(tmp_path / "ck")
+    (saved,) = testing.launch(tiny + ["--save", ck], 1, cwd=str(tmp_path))
+    assert saved.returncode == 0, saved.stderr
+    (again,) = testing.launch(tiny + ["--load", ck], 1, cwd=str(tmp_path))
+    assert again.returncode == 0, again.stderr
+    out = again.stdout.splitlines()
+    assert not any(line.lstrip().startswith("iteration ") for line in out), again.stdout
+    test_lines = [[line for line in run.stdout.splitlines() if "on test set" in line] for run in (saved, again)]
+    assert len(test_lines[1]) == 1 and test_lines[0] == test_lines[1], test_lines
+    assert any("on validation set" in line for line in out), again.stdout
+    assert out[-1] == "done: no iteration to train (the checkpoint is at iteration 1, --train-iters 1)", out[-1]

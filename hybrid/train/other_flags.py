@@ -217,7 +217,8 @@ INSTEAD.update({
                                             "--lr, --min-lr, --lr-warmup-iters, --lr-decay-style, --lr-decay-iters",
     "--finetune": "not implemented as one flag: a checkpoint's weights as a new run's start are `hybrid convert "
                   "CKPT HF/` then --load HF/ (initial weights, iteration 0; docs/convert.md)",
-    "--skip-train": "not implemented: a run trains; the valid and test losses print at its end",
+    "--skip-train": "--load CKPT --train-iters N with N the checkpoint's iteration trains nothing and prints the "
+                    "validation and test losses (--eval-iters > 0), as Megatron's --skip-train; drop the flag",
     "--DDP-impl": "data parallelism is hybrid's own bucketed reduction or ZeRO engine (--zero-stage); drop the flag",
     "--ddp-average-in-collective": "gradients are averaged over the data-parallel ranks already; drop the flag",
     "--distribute-saved-activations": "not implemented (--sequence-parallel splits the norms' and dropout's saved "
