@@ -189,7 +189,9 @@ INSTEAD.update({
                                                   "weight gradients (docs/tensor-parallel.md); drop the flag",
     "--manual-gc": "not implemented: Python's garbage collector runs as usual; drop the flag",
     "--empty-unused-memory-level": "not implemented (torch's caching allocator keeps freed blocks); drop the flag",
-    "--use-cpu-initialization": "there is no such switch; drop the flag",
+    "--use-cpu-initialization": "what it is for -- the same initial weights at every --tensor-model-parallel-size "
+                                "-- is how weights are initialised here (each shard cut from its full tensor drawn "
+                                "from --seed: hybrid/tp/sharding.init_parameters); drop the flag",
     "--deterministic-mode": "not implemented as a switch; drop the flag",
     "--fp8-amax-history-len": FP8, "--fp8-amax-compute-algo": FP8, "--fp8-param-gather": FP8, "--fp8-recipe": FP8,
     "--profile": PROFILE, "--profile-step-start": PROFILE, "--profile-step-end": PROFILE,
@@ -215,7 +217,8 @@ INSTEAD.update({
                                             "--lr, --min-lr, --lr-warmup-iters, --lr-decay-style, --lr-decay-iters",
     "--finetune": "not implemented as one flag: a checkpoint's weights as a new run's start are `hybrid convert "
                   "CKPT HF/` then --load HF/ (initial weights, iteration 0; docs/convert.md)",
-    "--skip-train": "not implemented: a run trains; the valid and test losses print at its end",
+    "--skip-train": "--load CKPT --train-iters N with N the checkpoint's iteration trains nothing and prints the "
+                    "validation and test losses (--eval-iters > 0), as Megatron's --skip-train; drop the flag",
     "--DDP-impl": "data parallelism is hybrid's own bucketed reduction or ZeRO engine (--zero-stage); drop the flag",
     "--ddp-average-in-collective": "gradients are averaged over the data-parallel ranks already; drop the flag",
     "--distribute-saved-activations": "not implemented (--sequence-parallel splits the norms' and dropout's saved "
