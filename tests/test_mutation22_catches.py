@@ -184,3 +184,52 @@ def test_the_run_plots_memory_axis_names_mib_as_its_curve_divides():
     mem = fig.axes[2]
     assert list(mem.lines[0].get_ydata()) == [3.0] and mem.get_ylabel() == "MiB (2^20 bytes)"
     plt.close(fig)
+
+
+# --- A: the auto-parallel line's time (hybrid/train/args.py) --------------------------------------------------------
+def test_auto_parallel_on_a_gpu_without_a_profile_keeps_its_predicted_step(monkeypatch, capsys):
+    """On a CUDA device train.py plans on the card's preset (an H100 here), whose rates time the step: the line
+    keeps "predicted ... s/step on h100-80g"; only the cpu preset without --hardware is placeholder rates.
+    A3-placeholder-without-cuda-test (the `not torch.cuda.is_available()` test dropped) lived through the
+    round-21 operations test and the training files' fast tier: they run on a CPU, where both tests agree. The GPU
+    is stood in for: torch.cuda's two calls the planning device reads."""
+    import importlib
+    from types import SimpleNamespace
+
+    import torch
+    for k, v in {"WORLD_SIZE": 2, "RANK": 0, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 2, "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": 29500}.items():
+        monkeypatch.setenv(k, str(v))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=85e9))
+    importlib.import_module("hybrid.train.main").validate(["--auto-parallel", "--global-batch-size", "8"])
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("auto-parallel: ")]
+    assert " s/step on h100-80g)" in line and "placeholder" not in line, line
+
+
+def test_auto_parallel_on_a_cpu_with_a_profile_keeps_its_predicted_step(monkeypatch, capsys, tmp_path):
+    """On a CPU with --hardware (a `hybrid calibrate` profile: measured rates) the line keeps the predicted step;
+    the placeholder text is for the cpu preset without one. A1-placeholder-or (`not args.hardware or not
+    cuda`) lived through the round-21 operations test and the training files' fast tier: the profile case is asked
+    of auto_parallel_time alone, not of the line train.py prints. The profile: the cpu preset's fields, named."""
+    import dataclasses
+    import importlib
+    import json
+
+    import torch
+
+    from hybrid.planner import calibrate, hardware
+    if torch.cuda.is_available():
+        import pytest
+        pytest.skip("the CPU's planning device")
+    path = tmp_path / "vm.json"
+    path.write_text(json.dumps({"format": calibrate.FORMAT,
+                                "hardware": {**dataclasses.asdict(hardware("cpu")), "name": "vm"}}))
+    for k, v in {"WORLD_SIZE": 2, "RANK": 0, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 2, "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": 29500}.items():
+        monkeypatch.setenv(k, str(v))
+    importlib.import_module("hybrid.train.main").validate(["--auto-parallel", "--global-batch-size", "8",
+                                                           "--hardware", str(path)])
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("auto-parallel: ")]
+    assert " s/step on vm)" in line and "placeholder" not in line, line
