@@ -93,6 +93,18 @@ def test_a_hosts_memory_far_above_the_bars_is_named_not_drawn():
     assert [t for t in legend if t.endswith("(above the axis)")] and ax.get_ylim()[1] == pytest.approx(1.35 * tallest)
     plt.close(fig)
 
+
+def test_hybrid_plan_with_cp_on_a_cpu_prints_rss_mib(capsys):
+    """The command, not context.report alone: `hybrid plan --context-parallel-size ... --gpu cpu` hands the CP
+    table the process's RSS baseline, so its memory column is the plain table's "RSS MiB", not GB with the 2 GB GPU
+    reserve. M11-cp-table-without-baseline (cli._plan_cp calling context.report without it) lived through the
+    planner files' fast tier: test_newuser21_cp asks context.report with a baseline it passes itself."""
+    from hybrid.planner.cli import main
+    assert main(["--model", "tiny-llama", "--gpus", "4", "--gpu", "cpu", "--global-batch-size", "16",
+                 "--seq-length", "256", "--context-parallel-size", "1,2", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "RSS MiB" in out and "mem GB" not in out, out
+
 # --- C: the resumed-checkpoint line (hybrid/checkpoint/run.py) ----------------------------------------------------
 STATE = {"iteration": 4, "consumed_samples": 8}
 
