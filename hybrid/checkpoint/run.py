@@ -200,10 +200,12 @@ class RunCheckpoints:
 def resumed_line(path: str, lay: dict, state: dict, model_only: bool, optim: bool, rng: bool, same: bool) -> str:
     """'checkpoint: resumed from DIR (saved at tp 2 x cp 2 x pp 1 x dp 1, ZeRO 0) | iteration N | ...': the layout
     as `hybrid checkpoint inspect` and the resume's layout line name it, CP included (round 21: this line left a
-    CP 2 checkpoint's cp out, "tp 2 x pp 1 x dp 1", beside the layout line's "tp 2 x cp 2 x pp 1 x dp 1")."""
+    CP 2 checkpoint's cp out, "tp 2 x pp 1 x dp 1", beside the layout line's "tp 2 x cp 2 x pp 1 x dp 1").
+    A converted checkpoint (model_only) holds neither optimizer state nor RNG streams: "weights only" says both
+    (round 22: it also said "RNG not restored (--no-load-rng)", a flag the user had not given)."""
     cp = f" x cp {lay['cp']}" if isinstance(lay.get("cp"), int) and lay["cp"] > 1 else ""
     return (f"checkpoint: resumed from {path} (saved at tp {lay['tp']}{cp} x pp {lay['pp']} x dp {lay['dp']}, "
             f"ZeRO {lay['zero']}) | iteration {state['iteration']} | consumed samples {state['consumed_samples']}"
             f"{' | weights only (a converted checkpoint)' if model_only else ''}"
             f"{'' if optim or model_only else ' | optimizer state not loaded'}"
-            f"{'' if rng else ' | RNG not restored (' + ('--no-load-rng' if same else 'another layout') + ')'}")
+            f"{'' if rng or model_only else ' | RNG not restored (' + ('--no-load-rng' if same else 'another layout') + ')'}")
