@@ -171,6 +171,7 @@ def test_readme_zero3_offload_bf16_command_runs_under_torchrun():
     assert out.returncode == 0, out.stderr[-3000:]
     assert "tp 2 x pp 2" in out.stdout and "x dp 2 on 8" in out.stdout, out.stdout
     assert "zero: stage 3 | bf16 | offload optimizer" in out.stdout and "offload params" in out.stdout, out.stdout
+    assert "| fp32 grads |" in out.stdout, out.stdout  # --bf16's default since round 22: Megatron's fp32 main grads
     losses = _logged_losses(out.stdout)
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses), out.stdout
 
