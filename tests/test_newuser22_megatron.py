@@ -136,12 +136,14 @@ LLAMA3_8B = ("--use-mcore-models --num-layers 32 --hidden-size 4096 --ffn-hidden
              "--init-method-std 0.0134 --attention-backend fused --apply-layernorm-1p "
              "--untie-embeddings-and-output-weights --disable-bias-linear --train-samples 1953125000 "
              "--lr-decay-samples 1949218748 --lr-warmup-samples 3906252 --decoupled-lr 5.0e-4 --decoupled-min-lr "
-             "4.5e-5 --grad-reduce-in-bf16 --cross-entropy-loss-fusion --calculate-per-token-loss --manual-gc "
+             "4.5e-5 --cross-entropy-loss-fusion --calculate-per-token-loss --manual-gc "
              "--empty-unused-memory-level 1 --exit-duration-in-mins 235 --fp8-format hybrid --fp8-amax-history-len "
              "1024 --fp8-amax-compute-algo max --fp8-param-gather --use-distributed-optimizer --overlap-grad-reduce "
              "--mock-data --vocab-size 128256 --data-cache-path cache --tiktoken-pattern v2 "
              "--no-create-attention-mask-in-dataloader --no-mmap-bin-files --num-workers 1 --log-throughput "
              "--profile --profile-step-start 4 --profile-step-end 6 --ckpt-format torch_dist").split()
+# the script's --grad-reduce-in-bf16 is a flag train.py takes since round 22 (Megatron's meaning: bf16 gradients;
+# tests/test_zero22_bf16_grads.py), so it is not among the refused flags here
 GPT3_175B = ("--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --max-position-embeddings 2048 "
              "--attention-backend auto --rampup-batch-size 16 16 5859375 --init-method-std 0.006 --vocab-file "
              "gpt2-vocab.json --merge-file gpt2-merges.txt").split()
@@ -190,14 +192,16 @@ def test_split_in_quotes_with_no_numbers_stays_refused(text):
 
 # --- 5. the gradients' dtype under --bf16 / --fp16, said at start-up --------------------------------------------------
 @pytest.mark.parametrize("argv, part", [
-    (["--bf16"], " | bf16 grads (fp32: --accumulate-allreduce-grads-in-fp32) | clip-grad 1.0"),
+    (["--bf16"], "zero: stage 0 | bf16 | fp32 grads | clip-grad 1.0"),
+    (["--bf16", "--grad-reduce-in-bf16"], "zero: stage 0 | bf16 | bf16 grads (--grad-reduce-in-bf16) | clip-grad 1.0"),
     (["--fp16"], " | fp16 grads (fp32: --accumulate-allreduce-grads-in-fp32) | clip-grad 1.0"),
     (["--bf16", "--accumulate-allreduce-grads-in-fp32"], "zero: stage 0 | bf16 | fp32 grads | clip-grad 1.0"),
     ([], "zero: stage 0 | fp32 | clip-grad 1.0"),
 ])
 def test_start_up_line_says_the_gradient_dtype(argv, part):
-    """Megatron-LM's --bf16 accumulates and reduces gradients in fp32 (unless --grad-reduce-in-bf16); here in bf16
-    unless --accumulate-allreduce-grads-in-fp32 -- the zero line said only "bf16"."""
+    """Megatron-LM's --bf16 accumulates and reduces gradients in fp32 unless --grad-reduce-in-bf16, and so does
+    hybrid's since round 22 (it ran bf16 gradients unless --accumulate-allreduce-grads-in-fp32 before); --fp16 keeps
+    fp16 gradients unless that flag, as Megatron's. The zero line says which, and the flag that changes it."""
     from hybrid.train.loop import _header
     run = validate(argv)[0]
     text = _header(run, torch.nn.Linear(2, 2), types.SimpleNamespace(optimizer_kind="-"), torch.device("cpu"))

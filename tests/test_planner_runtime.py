@@ -19,11 +19,11 @@ Layouts (world 8): the nine below, each at ZeRO stages 0-3 without recomputation
 at ZeRO 1 and with full recomputation at ZeRO 3 (the rerun forward's TP collectives, under ZeRO 3 with the
 parameters gathered for the backward). The activation ledger also counts what recomputation re-saves in
 backward (`recomputation=True`): full recomputation's peak is the layer inputs plus one layer's rerun set.
-Two bf16 cases (ZeRO 0 and 3) check Precision.MIXED's 2 + 2 + 12 bytes a parameter and the fp32 master gradient
-the step makes (`RankMemory.step_transient`). Three bf16 cases with fp32 gradients (`--accumulate-allreduce-grads-in-
-fp32`, Workload.fp32_grads: ZeRO 0 and 3 at tp 2 with SP, ZeRO 2 at pp 2 with the tied embedding across the
-stages) check 2 + 4 + 12 bytes a parameter, no step transient, and every DP, embedding-group and TP
-partial-gradient entry of the ledger in fp32. The headline configuration (ZeRO 3, optimizer and parameters
+Two bf16-gradient cases (`--grad-reduce-in-bf16`; ZeRO 0 and 3) check Precision.MIXED's 2 + 2 + 12 bytes a parameter
+and the fp32 master gradient the step makes (`RankMemory.step_transient`). Three bf16 cases with fp32 gradients
+(`--bf16`'s default since round 22, Workload.fp32_grads: ZeRO 0 and 3 at tp 2 with SP, ZeRO 2 at pp 2 with the tied
+embedding across the stages) check 2 + 4 + 12 bytes a parameter, no step transient, and every DP, embedding-group and
+TP partial-gradient entry of the ledger in fp32. The headline configuration (ZeRO 3, optimizer and parameters
 offloaded, bf16, tp 2 x pp 2) checks the ledger and the device / host split. Op-level selective recomputation
 (torchtitan's SAC, `selective-op`) runs at ZeRO 1 on every layout: its ledger equals the plan on every rank, and
 the largest activation peak of each pipeline rank equals the plan with no rank above it (GPT-2 with SP included:
@@ -80,9 +80,11 @@ LAYOUTS = [
 # (zero stage, recomputation) run for every layout
 VARIANTS = [(0, NONE), (1, NONE), (2, NONE), (3, NONE), (1, SELECTIVE), (3, FULL)]
 CASES = [layout + variant for layout in LAYOUTS for variant in VARIANTS]
-# bf16 (--bf16): model states 2 + 2 + 12 bytes a parameter, and the step's fp32 master-gradient copy
+# bf16 gradients (--bf16 --grad-reduce-in-bf16): model states 2 + 2 + 12 bytes a parameter, and the step's fp32
+# master-gradient copy
 BF16_CASES = [("tiny-gpt2", 2, 1, False, ONE_F_ONE_B, 2, z, NONE) for z in (0, 3)]
-# bf16 with fp32 gradients: model states 2 + 4 + 12 bytes a parameter, no master-gradient copy, fp32 gradient traffic
+# bf16 with fp32 gradients (--bf16's default since round 22): model states 2 + 4 + 12 bytes a parameter, no
+# master-gradient copy, fp32 gradient traffic
 FP32_GRAD_CASES = [("tiny-gpt2", 2, 1, True, ONE_F_ONE_B, 2, z, NONE) for z in (0, 3)] + \
     [("tiny-gpt2", 1, 2, False, ONE_F_ONE_B, 4, 2, NONE)]
 IDS = [f"{n}-tp{t}-pp{p}{'-sp' if sp else ''}-{k.value}-m{m}-z{z}-{r.value}" for n, t, p, sp, k, m, z, r in CASES]
@@ -260,9 +262,10 @@ def test_tagged_traffic_is_one_scalar_per_group(request, case):
 
 @pytest.mark.parametrize("case", BF16_CASES, ids=[f"z{c[6]}" for c in BF16_CASES])
 def test_bf16_model_states_are_16_bytes_a_parameter_plus_the_steps_fp32_gradient(measured, case):
-    """--bf16 keeps bf16 parameters and gradients (accumulated and reduced in bf16), fp32 master weights and
-    Adam moments: Precision.MIXED's 2 + 2 + 12, not Megatron's fp32 main gradients (18-20). The step then makes
-    the fp32 master gradient of the shard, 4 Psi / Nd bytes (ZeRO 0: Nd = 1), after the activations are freed."""
+    """--bf16 --grad-reduce-in-bf16 keeps bf16 parameters and gradients (accumulated and reduced in bf16), fp32
+    master weights and Adam moments: Precision.MIXED's 2 + 2 + 12, not Megatron's fp32 main gradients (18-20).
+    The step then makes the fp32 master gradient of the shard, 4 Psi / Nd bytes (ZeRO 0: Nd = 1), after the
+    activations are freed."""
     _, layout, memory = _predicted(*case, precision=Precision.MIXED)
     for rank, per_rank in enumerate(measured):
         got = per_rank[("bf16",) + case]
@@ -281,10 +284,11 @@ FP32_GRAD_IDS = [f"{'sp-' if c[3] else ''}tp{c[1]}-pp{c[2]}-z{c[6]}" for c in FP
 
 @pytest.mark.parametrize("case", FP32_GRAD_CASES, ids=FP32_GRAD_IDS)
 def test_fp32_gradients_are_18_bytes_a_parameter_at_zero_0_and_leave_no_step_transient(measured, case):
-    """--bf16 --accumulate-allreduce-grads-in-fp32: bf16 parameters, fp32 gradients (the flat buffer at ZeRO 0-1,
-    the shard at 2-3), fp32 master weights and Adam moments -- Workload.fp32_grads' 2 + 4 + 12 bytes (ZeRO 0: 18
-    Psi, Megatron's count) -- up to the padding at 18 bytes an element; the reduced fp32 shard is the master
-    gradient, so neither the runtime nor the planner has a step transient."""
+    """--bf16 (its default since round 22; --accumulate-allreduce-grads-in-fp32 before): bf16 parameters, fp32
+    gradients (the flat buffer at ZeRO 0-1, the shard at 2-3), fp32 master weights and Adam moments --
+    Workload.fp32_grads' 2 + 4 + 12 bytes (ZeRO 0: 18 Psi, Megatron's count) -- up to the padding at 18 bytes an
+    element; the reduced fp32 shard is the master gradient, so neither the runtime nor the planner has a step
+    transient."""
     _, layout, memory = _predicted(*case, precision=Precision.MIXED, fp32_grads=True)
     for rank, per_rank in enumerate(measured):
         got = per_rank[("fp32-grads",) + case]

@@ -85,7 +85,7 @@ def test_bad_deepspeed_configs_exit_with_one_line(cfg, message, tmp_path, monkey
 @pytest.mark.parametrize("precision,accum,want", [
     ({"bf16": {"enabled": True}}, "fp32", True),  # DeepSpeed's fp32 accumulation under bf16: the flag
     ({"fp16": {"enabled": True}}, "fp32", True),
-    ({"bf16": {"enabled": True}}, "bf16", False),  # the compute dtype: hybrid's default
+    ({"bf16": {"enabled": True}}, "bf16", False),  # the compute dtype: --grad-reduce-in-bf16 (fp32 is the default)
     ({}, "fp32", False),  # fp32 training accumulates in fp32 anyway: nothing to switch on, no error
 ])
 def test_deepspeed_grad_accum_dtype_sets_the_fp32_gradients_flag(precision, accum, want, tmp_path):
@@ -99,7 +99,11 @@ def test_fp32_gradients_flag_reaches_the_zero_config():
     zero = run_config(train_script.parse_args(["--bf16", "--accumulate-allreduce-grads-in-fp32"]), world=2).zero
     assert zero.accumulate_fp32_grads and zero.grad_dtype == torch.float32
     zero = run_config(train_script.parse_args(["--bf16"]), world=2).zero
-    assert not zero.accumulate_fp32_grads and zero.grad_dtype == torch.bfloat16  # default: off
+    assert zero.accumulate_fp32_grads and zero.grad_dtype == torch.float32  # --bf16's default since round 22
+    zero = run_config(train_script.parse_args(["--bf16", "--grad-reduce-in-bf16"]), world=2).zero
+    assert not zero.accumulate_fp32_grads and zero.grad_dtype == torch.bfloat16  # Megatron's opt-out
+    zero = run_config(train_script.parse_args(["--fp16"]), world=2).zero
+    assert not zero.accumulate_fp32_grads and zero.grad_dtype == torch.float16  # --fp16: Megatron's default too
 
 
 def test_deepspeed_reader_accepts_an_empty_config(tmp_path):
@@ -167,6 +171,7 @@ def test_readme_zero3_offload_bf16_command_runs_under_torchrun():
     assert out.returncode == 0, out.stderr[-3000:]
     assert "tp 2 x pp 2" in out.stdout and "x dp 2 on 8" in out.stdout, out.stdout
     assert "zero: stage 3 | bf16 | offload optimizer" in out.stdout and "offload params" in out.stdout, out.stdout
+    assert "| fp32 grads |" in out.stdout, out.stdout  # --bf16's default since round 22: Megatron's fp32 main grads
     losses = _logged_losses(out.stdout)
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses), out.stdout
 

@@ -124,8 +124,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "runtime on CPU); None: fp32 on a CPU (a --hardware profile calibrated over gloo, --gpu "
                         "cpu), mixed on GPUs")
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
-                   help="--precision mixed: fp32 gradients (2+4+12 bytes; twice the DP gradient traffic), as "
-                        "train.py's flag of that name (Megatron's default with --bf16)")
+                   help="--precision mixed: fp32 gradients (2+4+12 bytes; twice the DP gradient traffic): "
+                        "train.py's and Megatron's default with --bf16; without it the plan counts bf16 gradients "
+                        "and --emit-args gives --grad-reduce-in-bf16")
     g.add_argument("--activation-profile", default=ActivationProfile.KORTHIKANTI.value,
                    choices=[x.value for x in ActivationProfile],
                    help="korthikanti: Megatron on GPU (bf16, dropout, materialised softmax); bf16-flash: the "

@@ -47,9 +47,12 @@ def layout_flags(work: Workload, lay: Layout) -> dict[str, object]:
 
 def workload_flags(work: Workload) -> dict[str, object]:
     """The flags of the workload a plan was made for: the batch, the sequence, and the number format (a mixed-
-    precision plan counts bf16 parameters and gradients, 2 + 2 + 12 bytes; with fp32 gradients 2 + 4 + 12)."""
+    precision plan counts bf16 parameters and gradients, 2 + 2 + 12 bytes, which train.py's --bf16 runs with
+    --grad-reduce-in-bf16 -- its default is fp32 gradients, as Megatron's; with fp32 gradients 2 + 4 + 12, the flag
+    --accumulate-allreduce-grads-in-fp32 emitted though --bf16 needs it no more: the plan says what it counted)."""
     return {"global_batch_size": work.global_batch, "seq_length": work.seq_length, "bf16": work.precision.mixed,
-            "accumulate_allreduce_grads_in_fp32": work.fp32_grads}
+            "accumulate_allreduce_grads_in_fp32": work.fp32_grads,
+            "grad_reduce_in_bf16": work.precision.mixed and not work.fp32_grads}
 
 
 def plan_flags(work: Workload, lay: Layout, model: str | None = None) -> dict[str, object]:

@@ -451,20 +451,48 @@ def apply_deepspeed_config(args: argparse.Namespace, world: int) -> list[str]:
 
 
 def _apply_grad_accum_dtype(args: argparse.Namespace, dtype: str) -> None:
-    """DeepSpeed's data_types.grad_accum_dtype: "fp32" under bf16/fp16 is --accumulate-allreduce-grads-in-fp32;
-    the compute dtype itself (fp32 in fp32 training) is the default. A 16-bit dtype other than the compute dtype
-    is not something hybrid runs: an error naming the key."""
+    """DeepSpeed's data_types.grad_accum_dtype: "fp32" under fp16 is --accumulate-allreduce-grads-in-fp32 (and under
+    bf16 the default, the flag accepted and harmless); "bf16" under bf16 is --grad-reduce-in-bf16; the compute dtype
+    itself (fp32 in fp32 training, fp16 under fp16) is the default. A 16-bit dtype other than the compute dtype is not
+    something hybrid runs: an error naming the key."""
     compute = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     if dtype not in ("fp32", compute):
         raise ValueError(f"--deepspeed-config sets data_types.grad_accum_dtype = {dtype!r} but the compute dtype is "
                          f"{compute}: gradients accumulate in the compute dtype or in fp32; write {compute!r} or "
                          f"'fp32'")
     want = dtype == "fp32" and compute != "fp32"
-    flag = "accumulate_allreduce_grads_in_fp32"
-    if flag in args.explicit and args.accumulate_allreduce_grads_in_fp32 != want:
-        raise ValueError(f"--deepspeed-config sets data_types.grad_accum_dtype = {dtype!r} but "
-                         f"--accumulate-allreduce-grads-in-fp32 was given; remove one of them")
-    args.accumulate_allreduce_grads_in_fp32 = want
+    for attr, flag, value in (("accumulate_allreduce_grads_in_fp32", "--accumulate-allreduce-grads-in-fp32", want),
+                              ("grad_reduce_in_bf16", "--grad-reduce-in-bf16", compute == "bf16" and not want)):
+        if attr in args.explicit and getattr(args, attr, False) != value:
+            raise ValueError(f"--deepspeed-config sets data_types.grad_accum_dtype = {dtype!r} but {flag} was given; "
+                             f"remove one of them")
+        setattr(args, attr, value)
+
+
+def grads_in_fp32(args: argparse.Namespace) -> bool:
+    """Whether gradients accumulate over micro-batches and reduce over DP in fp32 ("main grads"): the one reading of
+    the flags every consumer takes (ZeroConfig.accumulate_fp32_grads, hence the engine's buckets, the memory and comm
+    ledgers and the `zero:` line; --auto-parallel's plan). Megatron-LM's rule (megatron/training/arguments.py): --bf16
+    accumulates and reduces in fp32 unless --grad-reduce-in-bf16 (bf16 has 8 significand bits: summing m micro-batches
+    and n ranks in it loses low bits of every gradient); --fp16 in fp16 unless --accumulate-allreduce-grads-in-fp32
+    (loss scaling keeps its gradients in range, its 11 bits); fp32 trivially in fp32 (the flag there is an error,
+    ZeroConfig's check). A hand-built Namespace without the newer flag reads it as not given."""
+    if args.bf16 and not getattr(args, "grad_reduce_in_bf16", False):
+        return True
+    return bool(args.accumulate_allreduce_grads_in_fp32)
+
+
+def check_grad_dtype_flags(args: argparse.Namespace) -> None:
+    """--grad-reduce-in-bf16 only means something under --bf16, and says the opposite of
+    --accumulate-allreduce-grads-in-fp32 (Megatron lets it win silently; here the contradiction is one line)."""
+    if not getattr(args, "grad_reduce_in_bf16", False):
+        return
+    if not args.bf16:
+        raise ValueError("--grad-reduce-in-bf16 needs --bf16 (it reduces bf16 gradients in bf16; --fp16 gradients "
+                         "are fp16 unless --accumulate-allreduce-grads-in-fp32): add --bf16 or drop the flag")
+    if args.accumulate_allreduce_grads_in_fp32:
+        raise ValueError("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict each other "
+                         "(bf16 or fp32 gradients); choose one (fp32 is the default under --bf16)")
 
 
 def check_shm_gather(args: argparse.Namespace, zero: ZeroConfig, dims: ParallelDims, diloco, compressed: bool
@@ -502,12 +530,13 @@ def check_zero(args: argparse.Namespace) -> ZeroConfig:
         # always, is what every other stage does anyway, so it stays accepted)
         raise ValueError(f"--shm-gather applies to --zero-stage 1 or 2 (their post-step parameter all-gather); got "
                          f"--zero-stage {args.zero_stage}: drop the flag")
+    check_grad_dtype_flags(args)
     precision = Precision.BF16 if args.bf16 else Precision.FP16 if args.fp16 else Precision.FP32
     return ZeroConfig(stage=args.zero_stage, precision=precision, offload_optimizer=args.offload_optimizer,
                       offload_params=args.offload_params, keep_gathered=args.zero3_keep_gathered,
                       bucket_bytes=args.zero_bucket_bytes, cpu_adam=CpuAdam(args.cpu_adam),
                       overlap_param_gather=args.overlap_param_gather, shm_gather=args.shm_gather,
-                      accumulate_fp32_grads=args.accumulate_allreduce_grads_in_fp32,
+                      accumulate_fp32_grads=grads_in_fp32(args),
                       **getattr(args, "loss_scaling", {}))
 
 
@@ -741,7 +770,7 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     hw, profile = _planning_device(args, world, precision.planned)
     work = Workload(cfg, global_batch=args.global_batch_size, seq_length=args.seq_length,
                     precision=precision.planned, activations=profile, kernels=KernelProfile.EAGER,  # our layers
-                    fp32_grads=args.accumulate_allreduce_grads_in_fp32 and precision.mixed)
+                    fp32_grads=grads_in_fp32(args) and precision.mixed)
     # --compile runs with every ZeRO stage (check_compile): the search keeps to what the run accepts
     pinned_ep = "expert_model_parallel_size" in getattr(args, "explicit", set())  # MoE: else the planner's EP
     pinned_etp = "expert_tensor_parallel_size" in getattr(args, "explicit", set())  # and expert-TP

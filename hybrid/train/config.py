@@ -175,9 +175,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--shm-gather", ZERO, "stages 1-2, a 2-rank DP group on one x86-64 host (gloo): the post-step parameter "
          "all-gather through /dev/shm instead of loopback TCP, the same bytes (default on where it applies, gloo "
          "elsewhere; --no-shm-gather: gloo always)", default=True, negatable=True),
-    Flag("--accumulate-allreduce-grads-in-fp32", ZERO, "--bf16/--fp16: accumulate gradients over micro-batches and "
-         "reduce them over DP in fp32 (4 bytes a parameter, twice the DP gradient bytes; Megatron's default with "
-         "--bf16)", switch=True),
+    Flag("--accumulate-allreduce-grads-in-fp32", ZERO, "--fp16: accumulate gradients over micro-batches and reduce "
+         "them over DP in fp32 (4 bytes a parameter, twice the DP gradient bytes); --bf16 does so by default, as "
+         "Megatron's does: accepted there, it changes nothing", switch=True),
+    Flag("--grad-reduce-in-bf16", ZERO, "--bf16: accumulate gradients over micro-batches and reduce them over DP in "
+         "bf16 instead of fp32 (Megatron's flag: 2 bytes a parameter, half the DP gradient bytes)", switch=True),
     Flag("--cpu-adam", ZERO, "offloaded step: DeepSpeed's CPU Adam (auto: when it builds) or torch's", default="auto",
          type=str, choices=tuple(c.value for c in CpuAdam)),
     Flag("--bf16", ZERO, "bf16 compute, fp32 master weights", switch=True, deepspeed=("bf16.enabled", "bf16")),

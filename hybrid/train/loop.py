@@ -225,13 +225,16 @@ def _header(run: RunConfig, model, optimizer: ZeroOptimizer, device: torch.devic
 
 
 def _grads_part(z) -> str:
-    """' | fp32 grads' with --accumulate-allreduce-grads-in-fp32; under --bf16 / --fp16 without it, which dtype the
-    gradients accumulate and reduce in: Megatron-LM's --bf16 accumulates in fp32 unless --grad-reduce-in-bf16, so a
-    Megatron user's --bf16 runs another gradient dtype here unless the line says so (round 22)."""
+    """Under --bf16 / --fp16, which dtype the gradients accumulate and reduce in, and the flag that changes it:
+    ' | fp32 grads' (--bf16's default, as Megatron-LM's; --fp16 with --accumulate-allreduce-grads-in-fp32),
+    ' | bf16 grads (--grad-reduce-in-bf16)', ' | fp16 grads (fp32: --accumulate-allreduce-grads-in-fp32)'. A
+    Megatron user reads the gradient dtype of the run off this line (round 22)."""
     if z.accumulate_fp32_grads:
         return " | fp32 grads"
     if not z.precision.mixed:
         return ""
+    if z.precision.value == "bf16":
+        return " | bf16 grads (--grad-reduce-in-bf16)"
     return f" | {z.precision.value} grads (fp32: --accumulate-allreduce-grads-in-fp32)"
 
 

@@ -175,8 +175,6 @@ INSTEAD.update({
                           "follows --lr and --min-lr; drop the flag",
     "--lr-warmup-init": "the warm-up starts from 0 (Megatron's default --lr-warmup-init 0.0); another start is not "
                         "implemented; drop the flag",
-    "--grad-reduce-in-bf16": "with --bf16 gradients accumulate and reduce in bf16 here by default (Megatron's "
-                             "default is fp32: --accumulate-allreduce-grads-in-fp32 here); drop the flag",
     "--calculate-per-token-loss": "every micro-batch has the same number of loss tokens (no loss mask), so the "
                                   "per-token mean is the mean over micro-batches this runs; drop the flag",
     "--eod-mask-loss": "not implemented: the end-of-document token's loss counts as any token's; drop the flag",

@@ -46,10 +46,12 @@ class ZeroConfig:
             `--overlap-param-gather`, DeepSpeed's and FSDP's prefetch). `--no-overlap-param-gather`
             waits for all of them in the step, as before.
         accumulate_fp32_grads: --bf16/--fp16 only: gradients accumulate over micro-batches and are reduced
-            over DP in fp32 "main grads" (Megatron's `--accumulate-allreduce-grads-in-fp32`, its default with
-            --bf16): each backward's compute-dtype .grad is added into an fp32 buffer and released. Gradient
-            memory 4 bytes a parameter (a shard's at stages 2-3) instead of 2, DP gradient traffic twice the
-            bytes, no fp32 master-gradient copy in the step. Off by default: bit-exact with earlier runs.
+            over DP in fp32 "main grads" (Megatron's `--accumulate-allreduce-grads-in-fp32`): each backward's
+            compute-dtype .grad is added into an fp32 buffer and released. Gradient memory 4 bytes a parameter (a
+            shard's at stages 2-3) instead of 2, DP gradient traffic twice the bytes, no fp32 master-gradient copy
+            in the step. train.py sets it from its flags (hybrid/train/args.py: grads_in_fp32): on with --bf16
+            unless --grad-reduce-in-bf16, as Megatron-LM (round 22), off with --fp16 unless the flag. False here, the
+            typed config's default, for callers that build it by hand (fp32 precision by default).
         reduce_from_grads: stages 1-2 over a 2-rank gloo DP group on the host (compute-dtype gradients, no
             compressor): each unit's reduce-scatter sends and adds autograd's gradient tensors where they lie,
             piece by piece, instead of first copying them into a flat gradient buffer (hybrid/zero/direct.py; the
