@@ -75,7 +75,7 @@ def test_cp_flags_are_checked_by_name():
     a2a = cp_args.check(_args(context_parallel_size=4, cp_comm_type="a2a"))
     with pytest.raises(ValueError, match="--cp-comm-type a2a .* 2 key/value heads"):
         cp_args.check_model(a2a, cfg, 1, 32, False)
-    with pytest.raises(ValueError, match="--cp-comm-type a2a .* 1 attention heads"):
+    with pytest.raises(ValueError, match="--cp-comm-type a2a .* 1 attention head; use --cp-comm-type p2p"):
         cp_args.check_model(a2a, cfg, 4, 32, False)
     cp_args.check_model(cp4, cfg, 1, 32, False)
     import dataclasses
