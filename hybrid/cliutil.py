@@ -252,6 +252,20 @@ class OneLineParser(argparse.ArgumentParser):
             except ValueError as e:
                 self.error(str(e))
 
+    def read_table(self, flag: str, path: str, parse: Callable[[str], object], what: str) -> tuple[str, object]:
+        """(text, parse(text)) of a UTF-8 file a script draws from (plot_cp / plot_moe's --bench), else this parser's
+        one-line error naming the flag: unreadable, not UTF-8 ("give WHAT"), or parse's ValueError."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            return text, parse(text)
+        except OSError as e:
+            self.error(f"{flag} {path!r}: cannot read it ({e.strerror})")
+        except UnicodeDecodeError:
+            self.error(f"{flag} {path!r}: not UTF-8; give {what}")
+        except ValueError as e:
+            self.error(f"{flag} {path!r}: {e}")
+
     def results_out(self, out: str | None, quick: bool, default: str) -> str:
         """--out of a benchmark whose default report is a measured table in docs/results: a --quick smoke run
         (it measures nothing) must name its own --out, else this parser's one-line error -- `bench_zero.py

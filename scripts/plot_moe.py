@@ -116,15 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", required=True, help="the PNG to write, e.g. docs/img/moe.png")
     args = p.parse_args(argv)
     p.check_out("--out", args.out)
-    try:
-        with open(args.bench, encoding="utf-8") as f:
-            data = parse_bench(f.read())
-    except OSError as e:
-        p.error(f"--bench {args.bench!r}: cannot read it ({e.strerror})")
-    except UnicodeDecodeError:
-        p.error(f"--bench {args.bench!r}: not UTF-8; give scripts/bench_moe.py's --out table")
-    except ValueError as e:
-        p.error(f"--bench {args.bench!r}: {e}")
+    _, data = p.read_table("--bench", args.bench, parse_bench, "scripts/bench_moe.py's --out table")
     draw(data, args.out)
     print(f"wrote {args.out}")
     return data
