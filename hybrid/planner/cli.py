@@ -577,7 +577,7 @@ def precision_of(args: argparse.Namespace) -> Precision:
     there (a CPU profile's mixed plan would price the bf16 rate and emit --bf16); mixed on GPUs."""
     if args.precision is not None:
         return Precision(args.precision)
-    on_host = _on_host(profile.load_hardware(args.hardware)) if args.hardware else args.gpu == "cpu"
+    on_host = profile.load_hardware(args.hardware).on_host if args.hardware else args.gpu == "cpu"
     return Precision.FP32 if on_host else Precision.MIXED
 
 
@@ -617,11 +617,6 @@ def _offloads(optimizer: bool | None, params: bool | None) -> tuple[Offload, ...
 
 
 # --- output -------------------------------------------------------------------------------------------
-
-def _on_host(hw) -> bool:
-    """CPU hardware (the cpu preset, a gloo calibration): train.py measures peak RSS there, not GPU memory."""
-    return hw.on_host
-
 
 def _header(width: int, host: bool = False) -> str:
     mem = "RSS MiB" if host else "mem GB"
@@ -663,14 +658,8 @@ def _experts_legend(work: Workload) -> str:
             "shown when > 1 (--expert-tensor-parallel-size; docs/moe.md \"The planner\"); ")
 
 
-def _cell(plan: Plan) -> str:
-    """The layout column: the layout, and an MoE model's chosen EP (and expert-TP), as the CP table writes them
-    (round 21: nothing said the plan chose ep 1); a dense model's is its layout alone (Plan.short)."""
-    return plan.short()
-
-
 def _width(plans: list[Plan]) -> int:
-    return max([len("layout")] + [len(_cell(p)) for p in plans])
+    return max([len("layout")] + [len(p.short()) for p in plans])
 
 
 def _count(n: float) -> str:
@@ -679,14 +668,14 @@ def _count(n: float) -> str:
 
 
 def _row(i: int, plan: Plan, width: int, baseline: float | None = None) -> str:
-    return (f"{i:>2}  {_cell(plan):<{width}} {_memory(plan, baseline)} {plan.seconds:>8.4g} "
+    return (f"{i:>2}  {plan.short():<{width}} {_memory(plan, baseline)} {plan.seconds:>8.4g} "
             f"{plan.tokens_per_s:>10,.0f} {_rate(plan.tflops_per_gpu):>8} {100 * plan.mfu:>5.1f}% "
             f"{100 * plan.bubble_fraction:>6.1f}%")
 
 
 def _baseline(hw) -> float | None:
     """This process's resident bytes on host hardware (None on GPUs)."""
-    if not _on_host(hw):
+    if not hw.on_host:
         return None
     from hybrid.metrics.peak_memory import current_rss_bytes
     return float(current_rss_bytes())
@@ -705,10 +694,10 @@ def _report(work: Workload, cluster: Cluster, result: SearchResult, show: int,
              f"global batch {work.global_batch} x {work.seq_length} tokens",
              "layout: tp pp dp v(chunks/rank) b(micro-batch) z(ZeRO) [offload] [sp] recompute; "
              + _experts_legend(work) + "TFLOP/s per GPU incl. recomputation; MFU without",
-             _header(_width(result.plans), _on_host(hw))]
+             _header(_width(result.plans), hw.on_host)]
     baseline = _baseline(hw) if baseline is None else baseline
     lines += [_row(i + 1, p, _width(result.plans), baseline) for i, p in enumerate(result.plans)]
-    lines.append(_units_line(_on_host(hw), baseline))
+    lines.append(_units_line(hw.on_host, baseline))
     best = result.plans[0]
     t = best.time
     lines.append(f"best: step {best.seconds:.4g} s = pipeline {t.pipeline:.4g} (compute {t.compute:.4g}, TP comm "
@@ -994,7 +983,7 @@ def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula:
     width = _width([r.plans[0] for _, r in rows if r.plans])
     hw = cluster_from_args(args, counts[0]).hw
     baseline = _baseline(hw)
-    print(f"{'GPUs':>6}  " + _header(width, _on_host(hw))[4:])
+    print(f"{'GPUs':>6}  " + _header(width, hw.on_host)[4:])
     for n, r in rows:
         if r.plans:
             print(f"{n:>6}  " + _row(1, r.plans[0], width, baseline)[4:])
