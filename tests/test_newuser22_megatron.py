@@ -119,9 +119,10 @@ def test_recompute_method_that_is_every_layer_runs_full(method, n, monkeypatch):
      "run has --recompute-granularity selective (megatron-core refuses it too); add --recompute-granularity full or "
      "drop --recompute-num-layers"),
     (["--recompute-granularity", "full", "--recompute-method", "uniform"],
-     "train.py: error: --recompute-method needs --recompute-num-layers N too (megatron-core's pair); or drop it: "
-     "--recompute-granularity full alone recomputes every layer (--recompute-method uniform --recompute-num-layers "
-     "1)"),
+     "train.py: error: --recompute-method uniform needs --recompute-num-layers too (megatron-core's pair: "
+     "Megatron-LM's --recompute-num-layers defaults to None since 2023, and TransformerConfig refuses full without "
+     "it); give --recompute-num-layers 1 (every layer recomputed alone), or drop --recompute-method: "
+     "--recompute-granularity full alone is the same run"),
 ])
 def test_recompute_method_that_is_not_every_layer_is_one_line(argv, line, one_line):
     """Units of several layers and a subset of a chunk's layers are not implemented; the pair without full is

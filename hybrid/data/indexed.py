@@ -145,13 +145,16 @@ class _Sequences:
 
 class IndexedDataset(_Sequences):
     """A read-only, memory-mapped MMIDIDX dataset. Every check the format allows without reading the token ids
-    runs at open: ValueError naming the file and what is wrong (missing file, magic, version, dtype, an index
-    whose size or offsets disagree with itself, a .bin whose size disagrees with the index)."""
+    runs at open: ValueError naming the file and what is wrong (a missing or non-regular file, magic, version,
+    dtype, an index whose size or offsets disagree with itself, a .bin whose size disagrees with the index)."""
 
     def __init__(self, prefix: str, flag: str = "--data-path"):
         self.prefix = prefix
         ipath, bpath = idx_path(prefix), bin_path(prefix)
         for path, other in ((ipath, bpath), (bpath, ipath)):
+            if os.path.exists(path) and not os.path.isfile(path):  # refused before any open: a FIFO's would block
+                raise ValueError(f"{flag} {prefix}: {path} is not a regular file (a FIFO, a device or a directory); "
+                                 f"give the .bin/.idx pair scripts/preprocess_data.py writes")
             if not os.path.isfile(path):
                 raise ValueError(f"{flag} {prefix}: {path} is missing (found {other if os.path.isfile(other) else 'neither file'}); "
                                  f"run scripts/preprocess_data.py to write both")

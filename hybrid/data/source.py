@@ -49,7 +49,7 @@ def open_dataset(path: str | None) -> IndexedDataset | InMemoryDocuments:
         raise ValueError(f"--data-path {path}: give the prefix without .bin/.idx ({path[:-4]})")
     if os.path.isfile(path):
         return text_documents(read_text(path), path)
-    if os.path.isfile(bin_path(path)) or os.path.isfile(idx_path(path)):
+    if os.path.exists(bin_path(path)) or os.path.exists(idx_path(path)):  # a FIFO too: IndexedDataset names it
         return IndexedDataset(path)
     if os.path.isdir(path):
         raise ValueError(f"--data-path {path!r} is a directory; give a UTF-8 text file or an indexed-dataset "

@@ -618,11 +618,9 @@ def check_recompute(args: argparse.Namespace, pipeline: PipelinePlan) -> Recompu
         raise ValueError(f"{both} {'choose' if len(given) > 1 else 'chooses'} which layers --recompute-granularity "
                          f"full recomputes, and the run has "
                          f"{now} (megatron-core refuses it too); add --recompute-granularity full or drop {both}")
-    if method is None or n is None:
-        raise ValueError(f"{given[0]} needs {'--recompute-num-layers N' if n is None else '--recompute-method'} "
-                         f"too (megatron-core's pair); or drop it: --recompute-granularity full alone recomputes "
-                         f"every layer (--recompute-method uniform --recompute-num-layers 1)")
     most = max(len(stage) for stage in pipeline.stages)  # the layers of the largest model chunk
+    if method is None or n is None:
+        raise ValueError(_half_recompute_pair(method, n, most))
     if (method, n) == ("uniform", 1) or (method == "block" and n >= most):
         return Recompute.FULL
     if method == "uniform":
@@ -633,6 +631,23 @@ def check_recompute(args: argparse.Namespace, pipeline: PipelinePlan) -> Recompu
                      f"(up to {most} layers here), and recomputing a subset is not implemented: give "
                      f"--recompute-num-layers {most} (every layer, as --recompute-granularity full alone), or "
                      f"--recompute-granularity selective (the attention core of every layer)")
+
+
+def _half_recompute_pair(method: str | None, n: int | None, most: int) -> str:
+    """The one line for --recompute-method without --recompute-num-layers or the reverse, naming the other flag's
+    value that makes full (every layer alone). Megatron-LM's --recompute-num-layers defaulted to 1 until 2023
+    (commit 2e193ae, before core 0.4: "make recompute-num-layers default to None"); megatron-core's TransformerConfig
+    now refuses full granularity without it -- so a script that leans on the old default is refused here too, with
+    the value it meant (1 for uniform) rather than run on a guess."""
+    if n is None:
+        given, fix = f"--recompute-method {method}", f"--recompute-num-layers {1 if method == 'uniform' else most}"
+    else:  # uniform takes units of 1 only, block N >= a chunk's layers only (check_recompute)
+        given = f"--recompute-num-layers {n}"
+        fix = "--recompute-method " + ("uniform" if n == 1 else "block" if n >= most
+                                       else f"block --recompute-num-layers {most}")
+    return (f"{given} needs {fix.split()[0]} too (megatron-core's pair: Megatron-LM's --recompute-num-layers "
+            f"defaults to None since 2023, and TransformerConfig refuses full without it); give {fix} (every layer "
+            f"recomputed alone), or drop {given.split()[0]}: --recompute-granularity full alone is the same run")
 
 
 SCHEDULE_DESTS = ("lr_warmup_iters", "lr_warmup_fraction", "lr_decay_style", "lr_decay_iters", "min_lr")
