@@ -70,11 +70,22 @@ def train_samples(train_iters: int, global_batch: int, start: int = 0, consumed:
     return max(train_iters * global_batch, end)
 
 
+def valid_samples(train_iters: int, global_batch: int, eval_interval: int, eval_iters: int, start: int = 0) -> int:
+    """Samples the valid split must hold: Megatron's (train_iters // eval interval + 1) x eval iters x G, a block of
+    eval iters x G per evaluation. The evaluation at the end of a run stopped at iteration N reads block
+    ceil(N / interval) - 1 (train/evaluate.py), inside the split for every N <= train_iters (ceil(N / I) <= N // I
+    + 1). A run resumed at iteration `start` > train_iters trains nothing and evaluates at N = start: sized for
+    train_iters, Blend wrapped that block onto an earlier evaluation's samples -- so the split is sized for
+    max(train_iters, start), the iteration the run ends at (Megatron's size whenever a step is left)."""
+    return (max(train_iters, start) // eval_interval + 1) * eval_iters * global_batch
+
+
 @dataclass(frozen=True)
 class SplitSizes:
     """Samples each split must supply over the whole run (Megatron's train_val_test_num_samples):
     train = iterations x G (a resumed run's may be more: `train_samples`, DataSource.covering), valid =
-    (iterations // eval interval + 1) x eval iters x G, test = eval iters x G."""
+    (iterations // eval interval + 1) x eval iters x G (a resumed run's may be more: `valid_samples`), test =
+    eval iters x G."""
 
     train: int
     valid: int
@@ -82,9 +93,8 @@ class SplitSizes:
 
     @classmethod
     def for_run(cls, train_iters: int, global_batch: int, eval_interval: int, eval_iters: int) -> "SplitSizes":
-        evals = train_iters // eval_interval + 1
-        return cls(train_samples(train_iters, global_batch), evals * eval_iters * global_batch,
-                   eval_iters * global_batch)
+        return cls(train_samples(train_iters, global_batch),
+                   valid_samples(train_iters, global_batch, eval_interval, eval_iters), eval_iters * global_batch)
 
 
 class DataSource:
@@ -116,15 +126,20 @@ class DataSource:
                 return None  # a valid/test split too small for one sample: no evaluation on it
         return Blend(parts, self.weights, size)
 
-    def covering(self, train: int) -> "DataSource":
-        """This source with a train split of at least `train` samples (`train_samples` of a resumed run): itself
-        when it holds that many, else a copy with the train split built anew for `train` (valid and test kept)."""
-        if train <= self.sizes.train:
+    def covering(self, train: int, valid: int = 0) -> "DataSource":
+        """This source with a train split of at least `train` samples and a valid split of at least `valid`
+        (`train_samples`, `valid_samples` of a resumed run): itself when it holds that many, else a copy with the
+        short splits built anew for those sizes (the others kept)."""
+        grow = {s: n for s, n in ((Split.TRAIN, train), (Split.VALID, valid)) if n > self._size(s)}
+        if not grow:
             return self
         out = copy.copy(self)
-        out.sizes = replace(self.sizes, train=train)
-        out.splits = {**self.splits, Split.TRAIN: self._build_split(Split.TRAIN, self.split, train)}
+        out.sizes = replace(self.sizes, **{s.name.lower(): n for s, n in grow.items()})
+        out.splits = {**self.splits, **{s: self._build_split(s, self.split, n) for s, n in grow.items()}}
         return out
+
+    def _size(self, s: Split) -> int:
+        return (self.sizes.train, self.sizes.valid, self.sizes.test)[s]
 
     def has(self, s: Split) -> bool:
         return self.splits[s] is not None

@@ -15,7 +15,7 @@ from hybrid.compress.reduction import build as compress_reduction
 from hybrid.compress.reduction import link_line
 from hybrid.compress.reduction import owners as compress_owners
 from hybrid.data import DataSource
-from hybrid.data.source import train_samples
+from hybrid.data.source import train_samples, valid_samples
 from hybrid.diloco.run import LocalUpdates
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh
@@ -146,8 +146,11 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
                                   **compress_owners(reduction)})  # every owner of state
     start, consumed = ckpt.resume()
     # a resume at a smaller global batch reads past --train-iters x G: the train split is built to its end, so the
-    # run reads on from the checkpoint's samples rather than wrapping around to ones the saved run read
-    data = data.covering(train_samples(run.training.train_iters, batch.global_batch, start, consumed))
+    # run reads on from the checkpoint's samples rather than wrapping around to ones the saved run read; one past
+    # --train-iters evaluates at its own iteration: the valid split is built to that evaluation's block
+    data = data.covering(train_samples(run.training.train_iters, batch.global_batch, start, consumed),
+                         valid_samples(run.training.train_iters, batch.global_batch, run.data.eval_interval,
+                                       run.data.eval_iters, start))
     if mesh.rank == 0:  # model, weights, data, schedule, the planner's figures; on resume what changed
         for line in explain.startup_lines(run, run_info(run), data, start, consumed, device, baseline):
             print(line, flush=True)
