@@ -170,10 +170,10 @@ def test_the_diloco_line_names_the_replicas_size_and_stage_apart():
     from types import SimpleNamespace
 
     from hybrid.diloco.args import DiLoCoConfig
-    from hybrid.diloco.run import LocalUpdates
-    local = LocalUpdates(DiLoCoConfig(inner_steps=8), SimpleNamespace(dp=SimpleNamespace(size=4)),
-                         SimpleNamespace(replicas=2))
-    assert local.describe(3).startswith("diloco: 2 replicas (ZeRO 3 over 4 ranks each) | H 8")
+    from hybrid.diloco.run import startup_line
+    run = SimpleNamespace(diloco=DiLoCoConfig(inner_steps=8, replicas=2), parallel=SimpleNamespace(
+        dims=SimpleNamespace(dp=8)), zero=SimpleNamespace(stage=3), compress=SimpleNamespace(simulated_dp_bandwidth=0))
+    assert startup_line(run).startswith("diloco: 2 replicas (ZeRO 3 over 4 ranks each) | H 8")
 
 
 # --- T: `hybrid plot-run`'s memory panel (hybrid/metrics/plot.py) -------------------------------------------------

@@ -76,20 +76,26 @@ class LocalUpdates:
         return (f"diloco: simulated cross-replica link: waited {o.exposed:.3f} s, {o.hidden:.3f} s hidden behind "
                 f"inner steps" if self.link_gbps else "")
 
-    def describe(self, zero_stage: int) -> str:
-        """The start-up line; empty when off. A replica of several DP ranks shards its states with ZeRO
-        `zero_stage`, or at stage 0 replicates them (the line said "ZeRO over 2 ranks each" at --zero-stage 0)."""
-        if self.cfg is None:
-            return ""
-        c, lay = self.cfg, self.layout
-        z = self.mesh.dp.size
-        inside = f" (ZeRO {zero_stage} over {z} ranks each)" if zero_stage else f" (plain DP over {z} ranks each)"
-        return (f"diloco: {lay.replicas} replicas{inside if z > 1 else ''} | H {c.inner_steps}"
-                f" inner steps | outer Nesterov SGD lr {c.outer_lr} momentum {c.outer_momentum}"
-                f"{f' | {c.fragments} fragments' if c.fragments > 1 else ''}"
-                f"{f' | overlap tau {c.fragment_sync_delay}' if c.fragment_sync_delay else ''}"
-                f"{f' | alpha {c.fragment_update_alpha}' if c.fragment_update_alpha else ''}"
-                f"{f' | simulated cross-replica link {self.link_gbps:g} GB/s' if self.link_gbps else ''}")
+
+def startup_line(run) -> str:
+    """The `diloco:` start-up line of `run` (a RunConfig; empty without DiLoCo), from its checked config alone: R
+    replicas (--diloco-replicas, or the DP size), each of dp / R DP ranks sharding its states with the run's ZeRO
+    stage, or at stage 0 replicating them (round 21: "ZeRO over 2 ranks each" at --zero-stage 0). Read from `run`
+    rather than the built mesh and a stage passed apart, so the line the loop prints is the one train.py's checks
+    can build in one process at any world size (round 22: the loop's `describe(0)` lived; only a 4-rank launch
+    with replicas of 2 DP ranks printed the line)."""
+    c = run.diloco
+    if c is None:
+        return ""
+    replicas = c.replicas or run.parallel.dims.dp
+    z, stage, link = run.parallel.dims.dp // replicas, run.zero.stage, run.compress.simulated_dp_bandwidth
+    inside = f" (ZeRO {stage} over {z} ranks each)" if stage else f" (plain DP over {z} ranks each)"
+    return (f"diloco: {replicas} replicas{inside if z > 1 else ''} | H {c.inner_steps}"
+            f" inner steps | outer Nesterov SGD lr {c.outer_lr} momentum {c.outer_momentum}"
+            f"{f' | {c.fragments} fragments' if c.fragments > 1 else ''}"
+            f"{f' | overlap tau {c.fragment_sync_delay}' if c.fragment_sync_delay else ''}"
+            f"{f' | alpha {c.fragment_update_alpha}' if c.fragment_update_alpha else ''}"
+            f"{f' | simulated cross-replica link {link:g} GB/s' if link else ''}")
 
 
 def resume_conflict(cfg: DiLoCoConfig, ckpt: CheckpointConfig | None, dims, zero_stage: int) -> str:

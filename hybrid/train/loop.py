@@ -17,6 +17,7 @@ from hybrid.compress.reduction import owners as compress_owners
 from hybrid.data import DataSource
 from hybrid.data.source import train_samples, valid_samples
 from hybrid.diloco.run import LocalUpdates
+from hybrid.diloco.run import startup_line as diloco_line
 from hybrid.fault.session import FaultTolerance
 from hybrid.mesh import Mesh
 from hybrid.metrics.loop import RunMetrics
@@ -135,7 +136,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     metrics = RunMetrics.start(run, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
     log0(mesh, metrics.header())
     if local.cfg:
-        log0(mesh, local.describe(run.zero.stage))  # hybrid/diloco: replicas, H, the outer optimizer
+        log0(mesh, diloco_line(run))  # hybrid/diloco: replicas, their DP ranks and ZeRO stage, H, the outer optimizer
     if line := compress_line(run.compress, diloco=local.cfg is not None):  # hybrid/compress: the scheme, from when
         log0(mesh, line)
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
