@@ -23,6 +23,9 @@ Loading at another layout (`before_load` reads the saved layout first):
   each all-reduce is linear in M_i = g_i + e_i (P = sum_i M_i Q, then Q = sum_i M_i^T P / n after P's
   orthonormalisation, which is scale-free), so the factors depend on the errors only through their mean
   (tests/test_compress_reshard.py checks it).
+* The gradient dtype (--grad-reduce-in-bf16 given at one run and not the other): every buffer is allocated in the
+  loading run's dtype and DCP's copy casts into it -- bf16 -> fp32 exactly, fp32 -> bf16 the rounding a bf16 run
+  gives its own residual each step (tests/test_compress23_bf16_grads.py).
 
 The residual in vocabulary padding rows is exactly zero (their gradient rows are zero; zero rows of M stay zero
 through M Q, the column-wise orthonormalisation and P Q^T), so leaving them out of the checkpoint loses nothing.
