@@ -4,6 +4,8 @@
     optimizer = ZeroOptimizer(model, local.mesh, run.zero, opt_cfg)   # ZeRO / gradient sync inside the replica
     ckpt = RunCheckpoints(..., local.checkpointed(optimizer), ..., owners={..., **local.owners()})
     ... train_step(...); local.after_step(it)                         # the outer step every H steps
+
+and its start-up line, startup_line(run), read from the RunConfig alone.
 """
 
 from __future__ import annotations
