@@ -370,7 +370,7 @@ def main() -> None:
     parser = OneLineParser(prog="python -m hybrid.planner.published22_mlperf", description=__doc__.split("\n\n")[0],
                            formatter_class=HelpFormatter)
     parser.add_argument("--what-if", action="store_true",
-                        help="also print the NeMo 2.0 FP8 rows with 2-byte and FP8 parameter gathers (landed in round 23)")
+                        help="also print the NeMo 2.0 FP8 rows with 2-byte and FP8 parameter gathers (round 23)")
     print(report(parser.parse_args().what_if))
 
 
