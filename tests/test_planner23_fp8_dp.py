@@ -87,7 +87,7 @@ def test_the_nemotron_series_error_grows_with_dp_and_the_priced_terms_do_not_exp
     top = next((run, res) for run, res in nemotron15 if run.name.startswith(f"{dp_study.NEMOTRON15} FP8, 2048"))
     extra = dp_study.latency_what_if(*top)
     assert sum(extra) == pytest.approx(0.0134, abs=0.001) and extra[0] > 10 * (extra[1] + extra[2])
-    assert dp_study._error_with(top[1], sum(extra)) == pytest.approx(0.088, abs=0.003)
+    assert dp_study.error_with(top[1], sum(extra)) == pytest.approx(0.088, abs=0.003)
 
 
 def test_the_what_if_prices_only_megatron_zero1_rows_with_dp(runs):

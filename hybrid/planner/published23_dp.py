@@ -130,7 +130,7 @@ def latency_what_if(run: PublishedRun, result: Result) -> tuple[float, float, fl
     return ring, amax, loss
 
 
-def _error_with(result: Result, extra_s: float) -> float:
+def error_with(result: Result, extra_s: float) -> float:
     """error' for a step `extra_s` longer: the published step is the planned one x (1 + error)."""
     step = planned_step_s(result)
     return (1.0 + result.error) * step / (step + extra_s) - 1.0
@@ -209,7 +209,7 @@ def what_if_table(evaluated: list[tuple[PublishedRun, Result]]) -> str:
         step = planned_step_s(res)
         lines.append(f"| {run.name} | {shape(run, res).dp_cp} | {step * (1 + res.error):.3f} | {step:.3f} | "
                      f"{1000 * ring:.1f} | {1000 * amax:.2f} | {1000 * loss:.2f} | {100 * res.error:+.1f} % | "
-                     f"{100 * _error_with(res, ring + amax + loss):+.1f} % |")
+                     f"{100 * error_with(res, ring + amax + loss):+.1f} % |")
     return "\n".join(lines)
 
 
@@ -218,7 +218,7 @@ def what_if_rows(evaluated: list[tuple[PublishedRun, Result]]) -> list[FamilyRow
     out = []
     for run, res in evaluated:
         extra = sum(latency_what_if(run, res))
-        moved = res if res.error is None or extra == 0.0 else replace(res, error=_error_with(res, extra))
+        moved = res if res.error is None or extra == 0.0 else replace(res, error=error_with(res, extra))
         out.append(plan_row(run, lambda _run, r=moved: r))
     return out + narayanan_reference_rows()  # shared/reference's rows (ZeRO 0: the what-if leaves them)
 
