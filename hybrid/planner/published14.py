@@ -33,7 +33,8 @@ Sources, each read at the commit named:
   reading is planned (bf16 gradients -- the recipes' set_primary_perf_configs sets `grad_reduce_in_fp32 = False  #
   bf16 grad dtype` -- ZeRO 1, FP8 through bf16_with_fp8_mixed(), delayed; Megatron-core's embedding / loss pipeline
   split for the 405B; VP 12 for the 340B, now in the README's own table). Not re-read file by file at this
-  release's containers.
+  release's containers, but for the FP8 weights (round 23, NEMO2505_FP8_PARAMS): the FP8 rows hold them and
+  all-gather 1 byte a parameter (Workload.fp8_param_gather), as v25.04.01's do (published_recipes.NEMO2_FP8_PARAMS).
 * pytorch/torchtitan benchmarks/llama3_8b_h200_2025-06_torchtitan.md (commit bcdeaa3; the same table in
   llama3_8b_h200_2025-06_torchtitan_trainy_whitefiber.md at b3eec1e): Trainy's Llama 3.1 8B on 4 and 8 hosts of
   8 H200 (400 Gb/s a GPU), torchtitan e7c0cae's llama3_8b.toml (s 8192, FSDP over every rank, selective
@@ -129,6 +130,14 @@ TABLES = (
           ((256, 64, 3.107),)),
 )
 
+# Round 23: v25.05.05's setup.sh pin NEMO_COMMIT 6f2c6fd (llama3.1/, 2025-06-16) and b4148d2 (nemotron/, 2025-06-06),
+# NeMo 2.3's form of the recipe: bf16_with_fp8_mixed sets `cfg.fp8_param_gather = True` (nemo/collections/llm/
+# recipes/precision/mixed_precision.py:70, the field 9d4e41e5 introduced on 2025-04-10), chosen by the default
+# `--fp8_recipe ds` (scripts/performance/utils.py:427-430); MegatronMixedPrecision passes it as Megatron-core's
+# `fp8_param` and `fp8_param_gather` (lightning/pytorch/plugins/mixed_precision.py:148-149). Read with `fetch`.
+NEMO2505_FP8_PARAMS = ("v25.05.05 setup.sh NEMO_COMMIT 6f2c6fd / b4148d2: bf16_with_fp8_mixed `fp8_param_gather = "
+                       "True` (recipes/precision/mixed_precision.py:70; 9d4e41e5's form, 2025-04-10)")
+
 # v25.02.02's nemotron4-15b-synth.yaml (see the module docstring): what differs from v24.11.1's reading
 NEMOTRON15_2502 = Stated(zero=(ZeroStage.OPTIMIZER,), recompute=(Recompute.NONE,), fp32_grads=True,
                          overlap_grad_reduce=True, dropout=0.0, fp8_scaling=Fp8Scaling.DELAYED, tp_comm_overlap=True,
@@ -168,7 +177,8 @@ def _run(t: Table, column: tuple) -> PublishedRun:
                     kernels=KernelProfile.FUSED, stack=Stack.MEGATRON, fp32_grads=known.fp32_grads, fp8=fp8,
                     fp8_scaling=known.fp8_scaling if fp8 else Fp8Scaling.CURRENT,
                     overlap_grad_reduce=known.overlap_grad_reduce, optimizer_dtype_bytes=known.optimizer_dtype_bytes,
-                    pipeline_split=known.pipeline_split if pp > 1 else None, p2p=known.p2p)
+                    pipeline_split=known.pipeline_split if pp > 1 else None, p2p=known.p2p,
+                    fp8_param_gather=fp8 and known.fp8_params)
     space = SearchSpace(tp=(t.tp,), pp=(pp,), v=(vp,) if vp else None, micro_batch=(t.mbs,), zero=known.zero,
                         offload=(Offload.NONE,), recompute=known.recompute, sequence_parallel=(t.tp > 1,),
                         zero_bubble=(False,))

@@ -88,6 +88,10 @@ class Stated:
         p2p: how the pipeline's messages block: `overlap_p2p_comm: false` with `batch_p2p_comm: true` (the
             v24.11.1 Nemotron YAMLs) makes Megatron's interleaved schedule wait on each chunk's batched send / receive
             (BLOCKING); `overlap_p2p_comm: true` (the Llama 3.1 and GPT-3 YAMLs) is OVERLAPPED.
+        fp8_params: the weights held in FP8, so the distributed optimizer all-gathers 1 byte a parameter
+            (Workload.fp8_param_gather, round 22's term): v25.04.01's Llama 3.1 and Nemotron4 FP8 rows, whose
+            bf16_with_fp8_mixed() states it (NEMO2_FP8_PARAMS, round 23). Off on every other table (its recipe does
+            not state it, or, for the GPT-3 hydra YAML's `fp8_params: true`, see GPT3_FP8_PARAMS).
         tp_comm_overlap: `ub_tp_comm_overlap` (v24.11.1's YAMLs, the GPT-3 hydra YAML) or the NeMo 2.0 script
             setting the comm-overlap callback's `tp_comm_overlap_cfg` (v25.04.01's Llama 70B / 405B and Nemotron).
             Recorded, not planned: with Workload.tp_comm_overlap these rows move away (tp_overlap_what_if,
@@ -107,6 +111,7 @@ class Stated:
     pipeline_split: PipelineSplit | None = None
     p2p: PipelineP2P = PipelineP2P.OVERLAPPED
     tp_comm_overlap: bool = False
+    fp8_params: bool = False
     where: str = ""
 
 
@@ -211,6 +216,32 @@ TABLES = (
 )
 
 
+# Round 23: which FP8 rows hold their weights in FP8 (Workload.fp8_param_gather), each row's NeMo read at the commit
+# it ran. v25.04.01's llama3.1/ and nemotron/ setup.sh pin NEMO_COMMIT d2b21556 (2025-03-20), shipped into the
+# nemo:25.02.01 container (NeMo 2.2.x) by nemo-run's GitArchivePackager (scripts/performance/utils.py:102); their
+# scripts (pretrain_llama31.py:129-131, scripts/performance/llm/pretrain_nemotron4_*.py) set
+# `recipe.trainer.plugins = bf16_with_fp8_mixed()` for FP8. At d2b21556, bf16_with_fp8_mixed sets
+# `cfg.fp8_params = True` (nemo/collections/llm/recipes/precision/mixed_precision.py:53, since 3e251a04,
+# 2024-09-19), and MegatronMixedPrecision turns it into TE's FP8GlobalStateManager.FP8_PARAMETERS = True (the
+# weights built as Float8Tensors) and `fp8_param_gather = True` (nemo/lightning/pytorch/plugins/
+# mixed_precision.py:121-131), copied onto Megatron-core's DDP config (update_config_with_dtype_overrides, :266):
+# its parameter buffer holds the FP8 weights as uint8, so the all-gather after each step moves 1 byte a parameter.
+# v25.05.05 (published14) runs NeMo 6f2c6fd (Llama) / b4148d2 (Nemotron), June 2025, containers 25.04.01 / 25.04.00
+# (NeMo 2.3): bf16_with_fp8_mixed sets `cfg.fp8_param_gather = True` directly (mixed_precision.py:70, 9d4e41e5's
+# form, 2025-04-10), the default `--fp8_recipe ds` (scripts/performance/utils.py:427-430). Every one of these rows
+# ran code newer than 3e251a04. NVIDIA/NeMo and NVIDIA/dgxc-benchmarking read with `fetch`.
+NEMO2_FP8_PARAMS = ("v25.04.01 setup.sh NEMO_COMMIT d2b21556: bf16_with_fp8_mixed `fp8_params = True` "
+                    "(recipes/precision/mixed_precision.py:53, 3e251a04 2024-09-19) -> FP8_PARAMETERS and "
+                    "`fp8_param_gather = True` (lightning/pytorch/plugins/mixed_precision.py:121-131)")
+# Not set (a what-if, published23_dp.gpt3_what_if): the GPT-3 175B hydra YAML (v24.11.1 gpt3_175b_hydra.yaml:221,
+# v25.04.01 cfg/gpt3_175b_hydra.yaml:221) states `fp8_params: true` under NeMo 1.0's megatron_gpt_model with
+# distributed_fused_adam (containers 24.05 / 24.12; NeMo v2.0.0rc0's megatron_gpt_model.py:339-340 builds the model
+# under TE's fp8_model_init and distributed_adam.py syncs Float8Tensor buckets as uint8, the MLPerf v4.x path of
+# round 22). Planned as stated it moves those 10 rows 1.1-1.4 points further optimistic and v24.11.1's 2048-GPU row
+# out of the band (+13.7 -> +15.1 %), which the round's rule (rows in the band stay there) does not allow.
+GPT3_FP8_PARAMS = "gpt3_175b_hydra.yaml:221 `fp8_params: true` (NeMo 1.0 distributed_fused_adam, uint8 buckets)"
+
+
 README_ONLY = Stated(fp32_grads=True)  # the first pass (round 11): the README's table alone, the rest picked
 _YAML_2411 = {"Llama3.1-8B": "llama3.1/llama3.1_8b.yaml", "Llama3.1-70B": "llama3.1/llama3.1_70b.yaml",
               "Llama3.1-405B": "llama3.1/llama3.1_405b.yaml", "Nemotron4-15B": "nemotron/nemotron4-15b-synth.yaml",
@@ -251,11 +282,13 @@ def stated(t: Table) -> Stated:
     if t.model.startswith("Llama"):
         split = PipelineSplit(embedding=True, loss=True) if t.model == "Llama3.1-405B" else None
         return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, fp8_scaling=delayed, pipeline_split=split,
-                      tp_comm_overlap=t.model != "Llama3.1-8B",
-                      where=f"llama3.1/pretrain_llama31.py, README.md's log line at {RELEASES[t.release]}")
+                      tp_comm_overlap=t.model != "Llama3.1-8B", fp8_params=True,
+                      where=f"llama3.1/pretrain_llama31.py, README.md's log line at {RELEASES[t.release]}; "
+                            f"{NEMO2_FP8_PARAMS}")
     return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, vp=12 if t.model == "Nemotron4-340B" else None,
-                  fp8_scaling=delayed, tp_comm_overlap=True,
-                  where=f"nemotron/launch.sh, gsw_nemo.patch, README.md's log line at {RELEASES[t.release]}")
+                  fp8_scaling=delayed, tp_comm_overlap=True, fp8_params=True,
+                  where=f"nemotron/launch.sh, gsw_nemo.patch, README.md's log line at {RELEASES[t.release]}; "
+                        f"{NEMO2_FP8_PARAMS}")
 
 
 # The v25.04.01 READMEs' example log lines (BF16: their step times are the 8-GPU 8B's and the 64-GPU 15B's):
@@ -289,7 +322,8 @@ def _run(t: Table, column: tuple, readme_only: bool = False) -> PublishedRun:
                     fp8_scaling=known.fp8_scaling if fp8 else Fp8Scaling.CURRENT,
                     overlap_grad_reduce=known.overlap_grad_reduce,
                     optimizer_dtype_bytes=known.optimizer_dtype_bytes,
-                    pipeline_split=known.pipeline_split if pp > 1 else None, p2p=known.p2p)
+                    pipeline_split=known.pipeline_split if pp > 1 else None, p2p=known.p2p,
+                    fp8_param_gather=fp8 and known.fp8_params)
     # tp_comm_overlap: a what-if (tp_overlap_what_if)
     space = SearchSpace(tp=(t.tp,), pp=(pp,), v=(vp,) if vp else None, micro_batch=(t.mbs,), zero=known.zero,
                         offload=(Offload.NONE,), recompute=known.recompute, sequence_parallel=(t.tp > 1,),
