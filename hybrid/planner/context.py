@@ -354,8 +354,14 @@ def search_cp(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace
             if rejected is not None:
                 rejected.append(Rejection(f"cp {cp}", _skipped(work, cluster, cp)))
             continue
-        reduced = replace(work, global_batch=work.global_batch * cp, seq_length=work.seq_length // cp)
-        result = search(reduced, cluster, _reduced_space(space, cp, cluster.gpus), top=top * SEARCH_MARGIN)
+        reduced, rspace = (replace(work, global_batch=work.global_batch * cp, seq_length=work.seq_length // cp),
+                           _reduced_space(space, cp, cluster.gpus))
+        if rspace.tp == ():  # a pinned tp whose tp x cp ranks do not divide the GPUs
+            if rejected is not None:
+                rejected.append(Rejection(f"cp {cp}", f"tp {space.tp[0]} x cp {cp} does not divide {cluster.gpus} "
+                                                      f"GPUs"))
+            continue
+        result = search(reduced, cluster, rspace, top=top * SEARCH_MARGIN)
         if rejected is not None:
             rejected.extend(Rejection(f"cp {cp}'s reduced {r.what}" if cp > 1 else r.what, r.reason)
                             for r in result.rejected)
@@ -431,9 +437,10 @@ def _memory(plan: ContextPlan, host_baseline: float | None) -> str:
 
 
 def _reduced_space(space: SearchSpace, cp: int, gpus: int) -> SearchSpace:
-    """The space of the reduced problem: tp x pp must leave dp x cp with cp dividing it."""
-    return space if cp == 1 else replace(space, tp=space.tp or tuple(t for t in range(1, gpus + 1)
-                                                                      if gpus % (t * cp) == 0))
+    """The space of the reduced problem: tp x pp must leave dp x cp with cp dividing it (a pinned tp too: an
+    empty tp when tp x cp does not divide the GPUs, which search_cp skips)."""
+    return space if cp == 1 else replace(space, tp=tuple(t for t in (space.tp or range(1, gpus + 1))
+                                                         if gpus % (t * cp) == 0))
 
 
 def _ulysses_fits(work: Workload, tp: int, cp: int) -> bool:
