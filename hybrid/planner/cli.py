@@ -9,6 +9,7 @@
                 --plot mem.png                                     # memory breakdown of the top layouts
     hybrid plan --model llama-3-8b --gpus 64 --gpu h100-80g --global-batch-size 16 --seq-length 131072 \\
                 --activation-profile bf16-flash --context-parallel-size 1,2,4,8   # CP and its comm type too
+                                           # (with --scan-gpus 16,64 instead of --gpus: the best CP layout per count)
     hybrid calibrate --ranks 4 --out cpu.json                     # measure this machine, then
     hybrid plan --hardware cpu.json --activation-profile fp32-flash ...  # fp32: a CPU profile's default
 
@@ -61,8 +62,8 @@ SLOW_LINK_DEFAULTS = {"powersgd_rank": 4, "diloco_inner_steps": 100, "diloco_fra
 
 # round 16's new-user pass: train.py's and other tools' flags for what plan names otherwise ("see --help", or
 # --num-gpus -> "did you mean --scan-gpus?")
-_MIXED = ("plan prices bf16 and fp16 alike: --precision mixed, the default on GPUs (2-byte parameters and "
-          "gradients, fp32 master)")
+_MIXED = ("plan prices bf16 and fp16 alike: --precision mixed, the default on GPUs (2-byte parameters, fp32 "
+          "gradients as train.py's --bf16 runs them -- --grad-reduce-in-bf16 for bf16 ones --, fp32 master)")
 PLAN_HINTS = {**parallel_hints("--gpus"),
               **{flag: f"{flag}: {_MIXED}" for flag in ("--bf16", "--fp16")},
               **{flag: f"{flag}: give --gpus N (all GPUs of the job; --gpus-per-node N for a node's)"
