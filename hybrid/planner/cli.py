@@ -121,7 +121,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequences per optimizer step (required)")
     g.add_argument("--seq-length", type=positive_int, metavar="N", help="None: min(2048, the model's positions)")
     g.add_argument("--precision", default=None, choices=[Precision.MIXED.value, Precision.FP32.value],
-                   help="mixed: bf16 params/grads + fp32 master and Adam (2+2+12 bytes); fp32: 4+4+8 (this "
+                   help="mixed: bf16 params, fp32 grads (bf16: --grad-reduce-in-bf16), fp32 master and Adam "
+                        "(2+4+12 bytes; 2+2+12); fp32: 4+4+8 (this "
                         "runtime on CPU); None: fp32 on a CPU (a --hardware profile calibrated over gloo, --gpu "
                         "cpu), mixed on GPUs")
     g.add_argument("--grad-reduce-in-bf16", action="store_true",
@@ -772,7 +773,8 @@ def _device_lines(work: Workload, cluster: Cluster, plan: Plan, baseline: float 
              "attention as GEMMs")
     ceiling = (f" (x {hw.large_gemm_ratio:g} beyond {hw.large_gemm_flops:.3g} FLOPs, past the measured table)"
                if hw.large_gemm_flops is not None else "")  # Hardware.large_gemm_ratio
-    lines = [grads_line(work), f"  on {hw.name}: GEMMs at up to {hw.compute_efficiency:g} x {hw.peak_tflops:g} TFLOP/s + "
+    lines = [grads_line(work),
+             f"  on {hw.name}: GEMMs at up to {hw.compute_efficiency:g} x {hw.peak_tflops:g} TFLOP/s + "
              f"{hw.gemm_overhead_s * 1e6:.3g} us each{ceiling}; {flash}; memory-bound ops at "
              f"{hw.elementwise_bytes_per_s / 1e12:.3g} TB/s + {hw.kernel_overhead_s * 1e6:.3g} us a kernel; "
              f"one pipeline message {t.pp_comm * 1e3:.3g} ms; bubble {100 * t.bubble_fraction:.1f} % "
