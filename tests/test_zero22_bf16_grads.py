@@ -11,8 +11,9 @@ and plan tests fail when their own mapping drops --grad-reduce-in-bf16 (each bre
 
 Round 23: `hybrid plan`'s default is the runtime's too (fp32 gradients; --grad-reduce-in-bf16 the opt-out, as
 train.py's). The plan tests go plan -> --json / --explain / --emit-args -> train.py's own parsing, and compare the
-plan made from `hybrid plan`'s own flags with the dp 2 runs' ledgers and gradient buffers (no launch of their own).
-The planner's default reverted (bf16 unless --accumulate-allreduce-grads-in-fp32) fails both [default] cases; the
+plan made from `hybrid plan`'s own flags with the dp 2 runs' ledgers and gradient buffers (no launch of their own;
+one more run in it, README's headline ZeRO 3 + offload flags at --bf16's default, checks that plan too).
+The planner's default reverted (bf16 unless --accumulate-allreduce-grads-in-fp32) fails the four default cases; the
 emitted --grad-reduce-in-bf16 dropped fails test_plan_emits_the_gradient_dtype_it_counted[bf16-grads] (tried).
 """
 
@@ -103,11 +104,17 @@ def test_plan_emits_the_gradient_dtype_it_counted(name):
         plan["grad_dtype"]]
 
 
+# README's headline ZeRO flags at --bf16's default gradients (torch's CPU Adam: no extension build in a test)
+OFFLOAD = ["--bf16", "--zero-stage", "3", "--offload-optimizer", "--offload-params", "--cpu-adam", "torch"]
+
+
 def _run(rank, world):
     mesh = Mesh.build(ParallelDims.from_world(world))
-    return {(name, stage): train(mesh, "tiny-llama", Case(zero_of(argv + ["--zero-stage", str(stage)]),
-                                                          global_batch=GLOBAL, micro=MICRO, steps=1))
-            for name, argv in FLAGS.items() for stage in STAGES}
+    out = {(name, stage): train(mesh, "tiny-llama", Case(zero_of(argv + ["--zero-stage", str(stage)]),
+                                                         global_batch=GLOBAL, micro=MICRO, steps=1))
+           for name, argv in FLAGS.items() for stage in STAGES}
+    out["offload"] = train(mesh, "tiny-llama", Case(zero_of(OFFLOAD), global_batch=GLOBAL, micro=MICRO, steps=1))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +200,24 @@ def test_the_plans_gradient_bytes_and_dp_traffic_are_the_runs(dp2, name):
             n = 2 if stage >= 2 else 1
             assert planned.states.grads == BYTES[name] * psi / n
             assert planned.states.grads <= got["grads"]["bytes"] <= BYTES[name] * (psi + pad) / n, (name, stage)
+
+
+def test_the_default_plan_with_offload_is_the_runs(dp2):
+    """`hybrid plan` at its defaults with ZeRO 3 and both offloads pinned (README's headline flags), against train.py's
+    --bf16 run of them (fp32 gradients, round 22's default): every DP collective of the step equals
+    predicted_comm.step_ledger with Offload.OPTIMIZER_AND_PARAMS, and the planned device gradient shard is the run's
+    fp32 shard, 4 Psi / 2 up to the padding. (tests/test_planner_runtime.py's headline case runs bf16 gradients.)"""
+    from dataclasses import replace
+
+    from hybrid.planner import Cluster, hardware, plan_memory
+    from hybrid.planner.layout import Offload
+    from hybrid.planner.predicted_comm import step_ledger
+    work, layout, _ = _planned("default", 3)
+    layout = replace(layout, offload=Offload.OPTIMIZER_AND_PARAMS)
+    memory = plan_memory(work, Cluster(gpus=2, hw=hardware("a100-80g")), layout)
+    for per_rank in dp2:
+        got, psi = per_rank["offload"], per_rank["offload"]["model"]["psi"]
+        assert got["grads"]["dtypes"] == {torch.float32}
+        assert step_ledger(work, layout, 0) == got["ledger"]
+        pad = padding_bound(zero_of(OFFLOAD), got["model"], 2)
+        assert memory.ranks[0].states.grads == 4 * psi / 2 <= got["grads"]["bytes"] <= 4 * (psi + pad) / 2
