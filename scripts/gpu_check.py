@@ -714,8 +714,8 @@ def planner(c: Check) -> dict:
     if os.path.exists(profile):
         hws["measured profile"] = load_hardware(profile)
     work = Workload(from_hf(speed_config(c)), global_batch=c.sizes.micro_batches, seq_length=c.sizes.seq,
-                    precision=Precision.MIXED, activations=ActivationProfile.BF16_FLASH,
-                    kernels=KernelProfile.EAGER)  # train.py's eager layers (hybrid/planner/ops.py)
+                    precision=Precision.MIXED, activations=ActivationProfile.BF16_FLASH, fp32_grads=True,
+                    kernels=KernelProfile.EAGER)  # train.py's eager layers; its --bf16's fp32 gradients (round 22)
     out = {}
     for rc in (Recompute.NONE, Recompute.SELECTIVE):
         measured = speed_res.get(f"train_py_recompute_{rc.value}")

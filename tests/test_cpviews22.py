@@ -8,7 +8,7 @@ four were refused ("not implemented for CP plans"), so a long-sequence user plan
 * --json: the same terms (summing to step_seconds), the layout at its true dp with the CP size and comm type;
 * --emit-args: train.py's own parser and checks take the flags and give the planned tp, pp, dp, cp, comm type;
 * --plot: the bars of a CP plan add up to its table row's memory (the ring's buffers a part of their own);
-* --scan-gpus stays refused by name.
+* --scan-gpus: runs with CP since round 23 (tests/test_planner23_scan_cp.py); it was refused by name here.
 In-process, one CLI call each (~0.1-1 s).
 """
 
@@ -146,11 +146,3 @@ def test_plain_plot_bars_add_up_to_the_tables_memory_with_the_loss_gradient():
     assert plans and all(p.memory.peak.backward_transient > 0 for p in plans)
     for p in plans:
         assert sum(bar_parts(p).values()) == pytest.approx(p.memory_gb, rel=1e-9)
-
-
-def test_scan_gpus_with_cp_is_refused_by_name(capsys):
-    argv = [a for a in CPU if a not in ("--gpus", "4", "--top", "3")] + ["--scan-gpus", "2,4"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("hybrid plan: error: --context-parallel-size 2 does not run with --scan-gpus")
-    assert err.count("\n") == 1

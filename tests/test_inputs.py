@@ -392,6 +392,10 @@ CASES = [
     # --- hybrid plan ----------------------------------------------------------------------------------------
     ("plan-fp32-grads-in-fp32", "plan", PLAN + ["--precision", "fp32", "--accumulate-allreduce-grads-in-fp32"], {},
      {}, "--accumulate-allreduce-grads-in-fp32 needs --precision mixed"),
+    ("plan-bf16-grads-in-fp32", "plan", PLAN + ["--gpu", "cpu", "--grad-reduce-in-bf16"], {}, {},
+     "--grad-reduce-in-bf16 needs --precision mixed"),  # the cpu preset plans fp32 (round 23's flag)
+    ("plan-bf16-and-fp32-grads", "plan", PLAN + ["--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"], {},
+     {}, "--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict each other"),
     ("plan-gpus-zero", "plan", PLAN[:2] + ["--gpus", "0"] + PLAN[4:], {}, {}, "--gpus"),
     ("plan-gpus-negative", "plan", PLAN[:2] + ["--gpus", "-8"] + PLAN[4:], {}, {}, "--gpus"),
     ("plan-gpus-huge", "plan", PLAN[:2] + ["--gpus", str(10**12)] + PLAN[4:], {}, {}, "--gpus"),

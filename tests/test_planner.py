@@ -483,21 +483,24 @@ def test_cli_json_and_emit_args(capsys):
     assert "--sequence-parallel" in flags
 
 
-def test_cli_emit_args_and_auto_parallel_pass_fp32_gradients_through(capsys, monkeypatch):
-    """`hybrid plan --accumulate-allreduce-grads-in-fp32 --emit-args` emits the flag (train.py's own checks accept
-    it), and train.py --auto-parallel plans a run with the flag as fp32 gradients."""
-    assert plan_main(BASE + ["--emit-args", "--accumulate-allreduce-grads-in-fp32"]) == 0
+@pytest.mark.parametrize("plan_flags, fp32_grads", [([], True), (["--accumulate-allreduce-grads-in-fp32"], True),
+                                                     (["--grad-reduce-in-bf16"], False)])
+def test_cli_emit_args_and_auto_parallel_pass_the_gradient_dtype_through(capsys, monkeypatch, plan_flags, fp32_grads):
+    """`hybrid plan --emit-args` at the default counts fp32 gradients (train.py's --bf16 default, round 23) and
+    emits --bf16 alone; --accumulate-allreduce-grads-in-fp32 is accepted and the same; --grad-reduce-in-bf16 is
+    emitted as given. train.py --auto-parallel plans the run's own dtype from the same flags."""
+    assert plan_main(BASE + ["--emit-args"] + plan_flags) == 0
     flags = capsys.readouterr().out.split()
-    assert "--bf16" in flags and "--accumulate-allreduce-grads-in-fp32" in flags
+    assert "--bf16" in flags and "--accumulate-allreduce-grads-in-fp32" not in flags
+    assert ("--grad-reduce-in-bf16" in flags) is not fp32_grads
     import hybrid.planner as planner
     from hybrid.train.args import apply_auto_parallel, parse_args
     seen, real = [], planner.search
     monkeypatch.setattr(planner, "search", lambda work, *a, **kw: seen.append(work) or real(work, *a, **kw))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    args = parse_args(["--auto-parallel", "--global-batch-size", "8", "--seq-length", "32", "--bf16",
-                       "--accumulate-allreduce-grads-in-fp32"])
+    args = parse_args(["--auto-parallel", "--global-batch-size", "8", "--seq-length", "32", "--bf16"] + plan_flags)
     apply_auto_parallel(args, 2)
-    assert [w.fp32_grads for w in seen] == [True] and args.accumulate_allreduce_grads_in_fp32
+    assert [w.fp32_grads for w in seen] == [fp32_grads]
 
 
 def test_cli_flash_profile_frees_the_score_memory(capsys):

@@ -9,6 +9,7 @@
                 --plot mem.png                                     # memory breakdown of the top layouts
     hybrid plan --model llama-3-8b --gpus 64 --gpu h100-80g --global-batch-size 16 --seq-length 131072 \\
                 --activation-profile bf16-flash --context-parallel-size 1,2,4,8   # CP and its comm type too
+                                           # (with --scan-gpus 16,64 instead of --gpus: the best CP layout per count)
     hybrid calibrate --ranks 4 --out cpu.json                     # measure this machine, then
     hybrid plan --hardware cpu.json --activation-profile fp32-flash ...  # fp32: a CPU profile's default
 
@@ -61,8 +62,8 @@ SLOW_LINK_DEFAULTS = {"powersgd_rank": 4, "diloco_inner_steps": 100, "diloco_fra
 
 # round 16's new-user pass: train.py's and other tools' flags for what plan names otherwise ("see --help", or
 # --num-gpus -> "did you mean --scan-gpus?")
-_MIXED = ("plan prices bf16 and fp16 alike: --precision mixed, the default on GPUs (2-byte parameters and "
-          "gradients, fp32 master)")
+_MIXED = ("plan prices bf16 and fp16 alike: --precision mixed, the default on GPUs (2-byte parameters, fp32 "
+          "gradients as train.py's --bf16 runs them -- --grad-reduce-in-bf16 for bf16 ones --, fp32 master)")
 PLAN_HINTS = {**parallel_hints("--gpus"),
               **{flag: f"{flag}: {_MIXED}" for flag in ("--bf16", "--fp16")},
               **{flag: f"{flag}: give --gpus N (all GPUs of the job; --gpus-per-node N for a node's)"
@@ -120,13 +121,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequences per optimizer step (required)")
     g.add_argument("--seq-length", type=positive_int, metavar="N", help="None: min(2048, the model's positions)")
     g.add_argument("--precision", default=None, choices=[Precision.MIXED.value, Precision.FP32.value],
-                   help="mixed: bf16 params/grads + fp32 master and Adam (2+2+12 bytes); fp32: 4+4+8 (this "
+                   help="mixed: bf16 params, fp32 grads (bf16: --grad-reduce-in-bf16), fp32 master and Adam "
+                        "(2+4+12 bytes; 2+2+12); fp32: 4+4+8 (this "
                         "runtime on CPU); None: fp32 on a CPU (a --hardware profile calibrated over gloo, --gpu "
                         "cpu), mixed on GPUs")
+    g.add_argument("--grad-reduce-in-bf16", action="store_true",
+                   help="--precision mixed: bf16 gradients, accumulated and reduced over DP in bf16 (2+2+12 bytes), "
+                        "train.py's and Megatron's opt-out of the same name, which --emit-args then gives; "
+                        "without it a mixed plan counts fp32 gradients (2+4+12 bytes, twice the DP gradient "
+                        "traffic), as train.py's --bf16 runs by default")
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
-                   help="--precision mixed: fp32 gradients (2+4+12 bytes; twice the DP gradient traffic): "
-                        "train.py's and Megatron's default with --bf16; without it the plan counts bf16 gradients "
-                        "and --emit-args gives --grad-reduce-in-bf16")
+                   help="--precision mixed: fp32 gradients, the default (train.py's flag, accepted as it accepts "
+                        "it with --bf16)")
     g.add_argument("--activation-profile", default=ActivationProfile.KORTHIKANTI.value,
                    choices=[x.value for x in ActivationProfile],
                    help="korthikanti: Megatron on GPU (bf16, dropout, materialised softmax); bf16-flash: the "
@@ -376,17 +382,13 @@ def _check_cp(args: argparse.Namespace) -> None:
         raise ValueError(f"--context-parallel-size {args.context_parallel_size}: {odd[0]} does not divide --gpus "
                          f"{args.gpus} (the GPUs split into CP groups of that size); give sizes that divide it, e.g. "
                          f"{fits}")
-    if args.scan_gpus:  # --json, --emit-args, --plot and --explain take the CP plans (round 22)
-        raise ValueError(f"--context-parallel-size {args.context_parallel_size} does not run with --scan-gpus "
-                         f"(not implemented for CP plans); drop one of them")
 
 
 def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: SearchSpace) -> None:
     """The CP search (hybrid/planner/context.py's search_cp) over the sizes and comm types asked for, printed as
     the plain search is: the table (+ --explain), --json, --emit-args, and --plot written beside them."""
-    comms = (CommType(args.cp_comm_type),) if args.cp_comm_type else tuple(CommType)
     plans = context.search_cp(work, cluster, space, cps=context.parse_sizes(args.context_parallel_size),
-                              comms=comms, top=args.top or TOP)
+                              comms=_cp_comms(args), top=args.top or TOP)
     if not plans:
         raise ValueError(f"no layout fits at --context-parallel-size {args.context_parallel_size} (a size must "
                          f"divide --gpus and half the --seq-length; a2a the kv-heads of a TP rank); try other sizes "
@@ -405,6 +407,11 @@ def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: 
         print(context.report(work, cluster, plans, baseline))
         if args.explain:
             print(explain_cp(work, cluster, plans[0], baseline))
+
+
+def _cp_comms(args: argparse.Namespace) -> tuple[CommType, ...]:
+    """The CP comm types searched: the pinned --cp-comm-type, else all three."""
+    return (CommType(args.cp_comm_type),) if args.cp_comm_type else tuple(CommType)
 
 
 def _check_plot_format(path: str, formats: dict[str, str]) -> None:
@@ -549,7 +556,7 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
     return Workload(model, global_batch=args.global_batch_size, seq_length=seq,
                     pad_vocab_to=args.make_vocab_size_divisible_by, precision=precision_of(args),
                     activations=ActivationProfile(args.activation_profile),
-                    fp32_grads=args.accumulate_allreduce_grads_in_fp32,
+                    fp32_grads=grads_in_fp32(args),
                     kernels=KernelProfile(args.kernels) if args.kernels else None,
                     stack=None if args.stack == "auto" else Stack(args.stack), fp8=args.fp8,
                     fp8_scaling=Fp8Scaling(args.fp8_scaling or Fp8Scaling.CURRENT.value),
@@ -569,6 +576,25 @@ def _pipeline_split(args: argparse.Namespace, model: ModelConfig) -> PipelineSpl
         return None
     split.check(model.num_layers)
     return split
+
+
+def grads_in_fp32(args: argparse.Namespace) -> bool:
+    """The planned gradient dtype (Workload.fp32_grads), by train.py's rule (hybrid/train/args.py grads_in_fp32, the
+    flags --emit-args gives it: --bf16, with --grad-reduce-in-bf16 when it was given here): a mixed-precision plan
+    accumulates and reduces gradients in fp32 unless --grad-reduce-in-bf16, as train.py's --bf16 and Megatron-LM's
+    do; an fp32 plan has nothing to choose. The flags that contradict, or that an fp32 plan cannot take, are one
+    line naming them, as train.py's (check_grad_dtype_flags)."""
+    mixed = precision_of(args) is Precision.MIXED
+    if args.grad_reduce_in_bf16 and args.accumulate_allreduce_grads_in_fp32:
+        raise ValueError("--grad-reduce-in-bf16 and --accumulate-allreduce-grads-in-fp32 contradict each other (bf16 "
+                         "or fp32 gradients); choose one (fp32 is the default with --precision mixed)")
+    if args.grad_reduce_in_bf16 and not mixed:
+        raise ValueError("--grad-reduce-in-bf16 needs --precision mixed (an fp32 plan's gradients are fp32, as "
+                         "train.py's fp32 runs); drop the flag or plan mixed precision")
+    if args.accumulate_allreduce_grads_in_fp32 and not mixed:
+        raise ValueError("--accumulate-allreduce-grads-in-fp32 needs --precision mixed (fp32 gradients are already "
+                         "4 bytes); drop the flag or plan mixed precision")
+    return mixed and not args.grad_reduce_in_bf16
 
 
 def precision_of(args: argparse.Namespace) -> Precision:
@@ -747,7 +773,8 @@ def _device_lines(work: Workload, cluster: Cluster, plan: Plan, baseline: float 
              "attention as GEMMs")
     ceiling = (f" (x {hw.large_gemm_ratio:g} beyond {hw.large_gemm_flops:.3g} FLOPs, past the measured table)"
                if hw.large_gemm_flops is not None else "")  # Hardware.large_gemm_ratio
-    lines = [f"  on {hw.name}: GEMMs at up to {hw.compute_efficiency:g} x {hw.peak_tflops:g} TFLOP/s + "
+    lines = [grads_line(work),
+             f"  on {hw.name}: GEMMs at up to {hw.compute_efficiency:g} x {hw.peak_tflops:g} TFLOP/s + "
              f"{hw.gemm_overhead_s * 1e6:.3g} us each{ceiling}; {flash}; memory-bound ops at "
              f"{hw.elementwise_bytes_per_s / 1e12:.3g} TB/s + {hw.kernel_overhead_s * 1e6:.3g} us a kernel; "
              f"one pipeline message {t.pp_comm * 1e3:.3g} ms; bubble {100 * t.bubble_fraction:.1f} % "
@@ -758,6 +785,32 @@ def _device_lines(work: Workload, cluster: Cluster, plan: Plan, baseline: float 
         lines.append(f"  + {plan.experts.explain(host=baseline is not None)}")
         lines += ["  " + line for line in moe.why(work, cluster, plan.layout, peak.total, plan.experts, offset)]
     return lines
+
+
+def grad_dtype(work: Workload) -> str:
+    """The dtype the plan's gradients accumulate and reduce over DP in (Workload.grad_bytes: 4 -> 'fp32', 2 ->
+    'bf16': a mixed plan runs as --bf16), --json's "grad_dtype"."""
+    return "fp32" if work.grad_bytes == 4 else "bf16"
+
+
+def zero_line_grads(work: Workload) -> str:
+    """The gradient part of the `zero:` start-up line train.py prints for the plan's flags (hybrid/train/loop.py
+    _grads_part, `--emit-args`' --bf16 with or without --grad-reduce-in-bf16): '' in fp32 training."""
+    if not work.precision.mixed:
+        return ""
+    return " | fp32 grads" if work.fp32_grads else " | bf16 grads (--grad-reduce-in-bf16)"
+
+
+def grads_line(work: Workload) -> str:
+    """--explain's gradient line: their dtype and bytes a parameter (memory and DP reductions), why, and what
+    train.py's `zero:` line says for the plan's flags."""
+    dtype, why = grad_dtype(work), "fp32 training"
+    if work.precision.mixed:
+        why = ("train.py's --bf16 default, as Megatron-LM's; --grad-reduce-in-bf16 plans bf16" if work.fp32_grads
+               else "--grad-reduce-in-bf16, which --emit-args gives; without it fp32, train.py's --bf16 default")
+    said = f"; train.py's `zero:` line says '{zero_line_grads(work)[3:]}'" if work.precision.mixed else ""
+    return (f"  gradients: {dtype}, {work.grad_bytes} bytes a parameter in memory and in the DP reductions "
+            f"({why}{said})")
 
 
 def _amount(n: float, hw) -> str:
@@ -923,6 +976,7 @@ def plan_json(work: Workload, plan: Plan) -> dict:
         "flops_formula": plan.flops_formula.value,
         "mfu": plan.mfu,
         "bubble_fraction": plan.bubble_fraction,
+        "grad_dtype": grad_dtype(work),
         "train_args": train_args(work, plan),
         "experts": None if plan.experts is None else asdict(plan.experts),
     }
@@ -962,7 +1016,8 @@ def _json(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> 
 
 
 def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula: FlopsFormula) -> None:
-    """The best layout at each GPU count: how the model scales."""
+    """The best layout at each GPU count: how the model scales (with --context-parallel-size: over the CP sizes
+    and comm types too, _scan_cp)."""
     try:
         counts = [int(x) for x in args.scan_gpus.split(",")]
     except ValueError:
@@ -970,6 +1025,9 @@ def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula:
     if not counts or not all(1 <= n <= MAX_GPUS for n in counts):
         raise ValueError(f"--scan-gpus {args.scan_gpus!r}: give comma-separated GPU counts in [1, {MAX_GPUS}], "
                          f"e.g. 8,64,512")
+    if args.context_parallel_size is not None:
+        _scan_cp(args, work, space, counts)
+        return
     rows = []
     for n in counts:
         cluster = cluster_from_args(args, n)
@@ -988,5 +1046,33 @@ def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula:
         if r.plans:
             print(f"{n:>6}  " + _row(1, r.plans[0], width, baseline)[4:])
         else:
-            first = summarize_rejections(r.rejected, 1)
-            print(f"{n:>6}  none fits: {_rejection_line(*first[0]) if first else 'no layout'}")
+            print(f"{n:>6}  {_none_fits(r.rejected)}")
+
+
+def _none_fits(rejected: list[Rejection]) -> str:
+    """A scan row where nothing fits: the largest group of reasons."""
+    first = summarize_rejections(rejected, 1)
+    return f"none fits: {_rejection_line(*first[0]) if first else 'no layout'}"
+
+
+def _scan_cp(args: argparse.Namespace, work: Workload, space: SearchSpace, counts: list[int]) -> None:
+    """--scan-gpus with --context-parallel-size: at each GPU count the fastest CP layout (context.search_cp over
+    the sizes that divide the count and the comm types), printed as the CP table's row (context.row: its CP s
+    column, the step CP adds) after the count, or why none fits; --json: each count's cp_plan_json."""
+    sizes = context.parse_sizes(args.context_parallel_size)
+    rows = []
+    for n in counts:
+        cluster, rejected = cluster_from_args(args, n), []
+        plans = context.search_cp(work, cluster, space, cps=sizes, comms=_cp_comms(args), top=1, rejected=rejected)
+        rows.append((n, cluster, plans[0] if plans else None, rejected))
+    if args.json:
+        print(json.dumps([{"gpus": n, "best": cp_plan_json(work, cluster, p) if p else None,
+                           "rejected": [str(x) for _, x in summarize_rejections(rejected, 3)]}
+                          for n, cluster, p, rejected in rows], indent=2))
+        return
+    width = max([len("layout")] + [len(p.short()) for _, _, p, _ in rows if p])
+    baseline = _baseline(rows[0][1].hw)
+    print(f"{'GPUs':>6}  " + context.header(width, baseline is not None)[4:])
+    for n, _, p, rejected in rows:
+        print(f"{n:>6}  " + (context.row(1, p, width, baseline)[4:] if p else _none_fits(rejected)))
+    print(context.legend(baseline))

@@ -62,7 +62,7 @@ from hybrid.cp.volume import ring_bytes
 from hybrid.planner.hardware import Collective, GroupPlacement, collective_seconds, p2p_seconds
 from hybrid.planner import moe
 from hybrid.planner.layout import Cluster, Layout, Recompute, RingSchedule, Workload, stage_layers
-from hybrid.planner.search import Plan, SearchSpace, evaluate, search
+from hybrid.planner.search import Plan, Rejection, SearchSpace, evaluate, search
 from hybrid.planner.time import model_flops, ring_step_seconds
 
 BF16 = 2  # bytes of K, V on the wire (GPU runs: bf16)
@@ -341,16 +341,30 @@ def evaluate_cp(work: Workload, cluster: Cluster, layout: Layout, cp: int = 1,
 
 
 def search_cp(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace(), cps: tuple[int, ...] = (1,),
-              comms: tuple[CommType, ...] = (CommType.P2P,), top: int = 5) -> list[ContextPlan]:
+              comms: tuple[CommType, ...] = (CommType.P2P,), top: int = 5,
+              rejected: list[Rejection] | None = None) -> list[ContextPlan]:
     """The `top` fastest layouts over CP sizes and comm types too: each CP size searches its reduced problem
     with the plain planner (hybrid/planner/search.py) and completes the best plans with CP's costs. A CP size
-    the sequence or the GPUs cannot take, or a2a beyond the kv-heads, is skipped."""
+    the sequence or the GPUs cannot take, or a2a beyond the kv-heads, is skipped. `rejected`, when given, collects
+    why: a skipped size, and each reduced search's rejections (named by their CP size: the reduced layout's dp is
+    dp x cp)."""
     out: list[ContextPlan] = []
     for cp in cps:
         if work.seq_length % (2 * cp) or cluster.gpus % cp:
+            if rejected is not None:
+                rejected.append(Rejection(f"cp {cp}", _skipped(work, cluster, cp)))
             continue
-        reduced = replace(work, global_batch=work.global_batch * cp, seq_length=work.seq_length // cp)
-        result = search(reduced, cluster, _reduced_space(space, cp, cluster.gpus), top=top * SEARCH_MARGIN)
+        reduced, rspace = (replace(work, global_batch=work.global_batch * cp, seq_length=work.seq_length // cp),
+                           _reduced_space(space, cp, cluster.gpus))
+        if rspace.tp == ():  # a pinned tp whose tp x cp ranks do not divide the GPUs
+            if rejected is not None:
+                rejected.append(Rejection(f"cp {cp}", f"tp {space.tp[0]} x cp {cp} does not divide {cluster.gpus} "
+                                                      f"GPUs"))
+            continue
+        result = search(reduced, cluster, rspace, top=top * SEARCH_MARGIN)
+        if rejected is not None:
+            rejected.extend(Rejection(f"cp {cp}'s reduced {r.what}" if cp > 1 else r.what, r.reason)
+                            for r in result.rejected)
         for comm in (comms if cp > 1 else (CommType.P2P,)):
             for plan in result.plans:
                 if plan.layout.dp % cp or (comm is CommType.A2A and not _ulysses_fits(work, plan.layout.tp, cp)):
@@ -358,6 +372,14 @@ def search_cp(work: Workload, cluster: Cluster, space: SearchSpace = SearchSpace
                 out.append(with_cp(work, cluster, plan, cp, comm))
     out.sort(key=lambda p: p.total_s)
     return out[:top]
+
+
+def _skipped(work: Workload, cluster: Cluster, cp: int) -> str:
+    """Why search_cp skips a CP size, as a Rejection's reason."""
+    if cluster.gpus % cp:
+        return f"cp {cp} does not divide {cluster.gpus} GPUs (the GPUs split into CP groups of that size)"
+    return (f"--seq-length {work.seq_length} is not divisible by 2 x cp = {2 * cp} (the load-balanced chunks of "
+            f"s / 2c tokens)")
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -379,19 +401,32 @@ def report(work: Workload, cluster: Cluster, plans: list[ContextPlan], host_base
     (host_baseline: this process's resident bytes, cli._baseline) the memory is the plain table's "RSS MiB" -- the
     rank's tensors without the GPU reserve, plus the process, as train.py's log line measures it -- not GB."""
     width = max(len(p.short()) for p in plans)
-    mem = "mem GB" if host_baseline is None else "RSS MiB"
     lines = [f"global batch {work.global_batch} x {work.seq_length} tokens on {cluster.gpus} x {cluster.hw.name}; "
              f"context parallelism searched (hybrid/planner/context.py; docs/context-parallel.md)",
-             f"{'#':>2}  {'layout':<{width}} {mem:>7} {'step s':>8} {'CP s':>8} {'tokens/s':>10} {'MFU':>6}"]
-    for i, p in enumerate(plans):
-        lines.append(f"{i + 1:>2}  {p.short():<{width}} {_memory(p, host_baseline)} {p.total_s:>8.4g} "
-                     f"{p.extra_s:>8.4g} {p.tokens_per_s:>10.4g} {100 * p.mfu:>5.1f}%")
+             header(width, host_baseline is not None)]
+    lines += [row(i + 1, p, width, host_baseline) for i, p in enumerate(plans)]
+    return "\n".join(lines + [legend(host_baseline)])
+
+
+def header(width: int, host: bool) -> str:
+    """The CP table's column heads (report; `--scan-gpus` prints them after its GPUs column)."""
+    mem = "RSS MiB" if host else "mem GB"
+    return f"{'#':>2}  {'layout':<{width}} {mem:>7} {'step s':>8} {'CP s':>8} {'tokens/s':>10} {'MFU':>6}"
+
+
+def row(i: int, plan: ContextPlan, width: int, host_baseline: float | None) -> str:
+    """One plan's line of the CP table, numbered i."""
+    return (f"{i:>2}  {plan.short():<{width}} {_memory(plan, host_baseline)} {plan.total_s:>8.4g} "
+            f"{plan.extra_s:>8.4g} {plan.tokens_per_s:>10.4g} {100 * plan.mfu:>5.1f}%")
+
+
+def legend(host_baseline: float | None) -> str:
+    """What the CP table's CP s and memory columns are."""
     what = ("mem GB: the fullest rank, the ring's buffers included" if host_baseline is None else
             f"RSS MiB: the fullest rank's peak resident memory as train.py's log line measures it: its tensors, the "
             f"ring's buffers included, + {host_baseline / 2**20:,.0f} MiB, this process's size now")
-    lines.append(f"CP s: seconds CP adds to the step (attention over the other ranks' keys + exposed CP transfers); "
-                 f"{what}")
-    return "\n".join(lines)
+    return (f"CP s: seconds CP adds to the step (attention over the other ranks' keys + exposed CP transfers); "
+            f"{what}")
 
 
 def _memory(plan: ContextPlan, host_baseline: float | None) -> str:
@@ -402,9 +437,10 @@ def _memory(plan: ContextPlan, host_baseline: float | None) -> str:
 
 
 def _reduced_space(space: SearchSpace, cp: int, gpus: int) -> SearchSpace:
-    """The space of the reduced problem: tp x pp must leave dp x cp with cp dividing it."""
-    return space if cp == 1 else replace(space, tp=space.tp or tuple(t for t in range(1, gpus + 1)
-                                                                      if gpus % (t * cp) == 0))
+    """The space of the reduced problem: tp x pp must leave dp x cp with cp dividing it (a pinned tp too: an
+    empty tp when tp x cp does not divide the GPUs, which search_cp skips)."""
+    return space if cp == 1 else replace(space, tp=tuple(t for t in (space.tp or range(1, gpus + 1))
+                                                         if gpus % (t * cp) == 0))
 
 
 def _ulysses_fits(work: Workload, tp: int, cp: int) -> bool:

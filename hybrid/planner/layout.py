@@ -236,9 +236,11 @@ class Workload:
             Megatron-on-GPU count by default, bf16-flash for the same with flash attention, fp32-flash for
             this runtime on CPU).
         fp32_grads: mixed precision only: gradients accumulate and are reduced over DP in fp32 "main grads"
-            (`--accumulate-allreduce-grads-in-fp32`; train.py's and Megatron's default with --bf16): 4 gradient
-            bytes a parameter instead of 2 (ZeRO 0: 2 + 4 + 12 = 18), twice the DP gradient traffic, and no
-            separate fp32 master-gradient copy in the step.
+            (train.py's and Megatron's default with --bf16, and `hybrid plan`'s with --precision mixed since round
+            23, off with `--grad-reduce-in-bf16` there as in train.py): 4 gradient bytes a parameter instead of 2
+            (ZeRO 0: 2 + 4 + 12 = 18), twice the DP gradient traffic, and no separate fp32 master-gradient copy in
+            the step. The field's own default (False: bf16 gradients) is what the published rows' builders were
+            written against; `hybrid plan` (cli.grads_in_fp32) and `train.py --auto-parallel` set it.
         kernels: how the non-matmul ops are implemented (`--kernels`; hybrid/planner/ops.py): FUSED
             (Megatron-LM / Megatron-core, apex, Transformer Engine) or EAGER (plain PyTorch: this runtime,
             torchtitan without torch.compile); None: FUSED for the korthikanti profile, EAGER for the flash

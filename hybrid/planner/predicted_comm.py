@@ -36,7 +36,8 @@ size for stages 1-3 (its reduce-scatter and all-gather sizes). Per step (`zero_l
 and the TP partial-gradient all-reduce runs once per reduction of each unit holding partial gradients (per
 micro-batch at stages 2-3). The time model (time.py) prices DP volume by Psi in buckets (the same bytes up to
 padding; the tied unit's separate call is one collective latency). Gradient collectives move `Workload.grad_bytes`
-an element: 4 with fp32 gradients (`--accumulate-allreduce-grads-in-fp32`, twice the mixed-precision bytes).
+an element: 4 with fp32 gradients (`Workload.fp32_grads`: `hybrid plan`'s mixed-precision default, train.py's
+--bf16; twice the bytes of bf16 gradients, `--grad-reduce-in-bf16`).
 
 `step_ledger` puts it all together for one pipeline rank and one step -- TP, pipeline send/recv, DP, the
 tied-embedding all-reduce -- and tests/test_planner_runtime.py checks it equals the runtime's ledger exactly.

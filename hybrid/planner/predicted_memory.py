@@ -14,7 +14,8 @@ size, bytes per device:
 Precision.FP32 (this runtime on CPU) keeps fp32 parameters and gradients and two fp32 Adam moments, no master
 copy: 4 + 4 + 8 bytes (`model_states(..., precision)`).
 
-fp32 gradients (`Workload.fp32_grads`, `--accumulate-allreduce-grads-in-fp32`: Megatron's main grads) price the
+fp32 gradients (`Workload.fp32_grads`: Megatron's main grads, train.py's --bf16 default and `hybrid plan`'s with
+--precision mixed; `--grad-reduce-in-bf16` turns them off) price the
 gradient at 4 bytes instead of 2: ZeRO 0 (2 + 4 + 12) Psi = 18 Psi, ZeRO 1 6 Psi + 12 Psi / Nd, ZeRO 2
 2 Psi + 16 Psi / Nd, ZeRO 3 18 Psi / Nd -- and the step needs no separate fp32 master gradient
 (`step_transient_bytes`), the reduced fp32 shard being it.

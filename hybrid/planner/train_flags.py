@@ -46,12 +46,12 @@ def layout_flags(work: Workload, lay: Layout) -> dict[str, object]:
 
 
 def workload_flags(work: Workload) -> dict[str, object]:
-    """The flags of the workload a plan was made for: the batch, the sequence, and the number format (a mixed-
-    precision plan counts bf16 parameters and gradients, 2 + 2 + 12 bytes, which train.py's --bf16 runs with
-    --grad-reduce-in-bf16 -- its default is fp32 gradients, as Megatron's; with fp32 gradients 2 + 4 + 12, the flag
-    --accumulate-allreduce-grads-in-fp32 emitted though --bf16 needs it no more: the plan says what it counted)."""
+    """The flags of the workload a plan was made for: the batch, the sequence, and the number format. A
+    mixed-precision plan is --bf16, whose gradients train.py (as Megatron-LM) accumulates and reduces in fp32 by
+    default: a plan with fp32 gradients (Workload.fp32_grads, 2 + 4 + 12 bytes a parameter) needs no other flag, one
+    with bf16 gradients (2 + 2 + 12, `hybrid plan --grad-reduce-in-bf16`) adds --grad-reduce-in-bf16, so train.py's
+    grads_in_fp32 reads back the dtype the plan counted."""
     return {"global_batch_size": work.global_batch, "seq_length": work.seq_length, "bf16": work.precision.mixed,
-            "accumulate_allreduce_grads_in_fp32": work.fp32_grads,
             "grad_reduce_in_bf16": work.precision.mixed and not work.fp32_grads}
 
 
