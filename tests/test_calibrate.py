@@ -87,6 +87,11 @@ def test_profile_records_what_was_measured(profile_path):
         for e in measured["collectives"][op]:
             assert len(e["rank0_block_seconds"]) == COLLECTIVE_BLOCKS
             assert e["seconds"] >= statistics.median(e["rank0_block_seconds"]) > 0
+    # round 23: every rank timed the probe layers at once; the profile fits the median rank's readings
+    per = measured["layer_forward_backward_seconds_per_rank"]
+    assert measured["layer_probe_ranks_at_once"] == len(per) == 2
+    assert measured["layer_forward_backward_seconds"] == [
+        pytest.approx([statistics.median(r[i][j] for r in per) for j in (0, 1)]) for i in range(len(per[0]))]
     before, after = measured["load_average_before_after"]
     assert before >= 0 and after >= 0
     assert profile["matmul_tflops"]["fp32"] > 0 and hw["compute_efficiency"] == 1.0

@@ -17,7 +17,9 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   bound prices (time.py) -- an idle pipeline rank gives its core to the others;
 * memory bandwidth: a large tensor copy, read + write bytes / second (alone on a CPU, as above) -> `hbm_tbps`
   (the GEMMs' operand-traffic bound);
-* real Transformer layers (models.GPT2Block, no dropout; `LayerProbe`), forward and backward (alone on a CPU).
+* real Transformer layers (models.GPT2Block, no dropout; `LayerProbe`), forward and backward (on a CPU every
+  rank at once, each on its CPU clock, the median rank's reading: `occupied_seconds`, round 23 -- the cores as
+  busy as in training; rank 0 alone on a GPU).
   On a CPU, fp32 at small shapes unlike the benchmarks' (so they validate it), two measurements: the per-pass
   layer PASS_SHAPE (one token, h 64: its GEMMs and bytes vanish) whose time beyond its GEMMs is a fixed cost per
   layer pass -> `layer_forward_overhead_s` / `layer_backward_overhead_s` (Python, the dispatcher, autograd:
@@ -77,9 +79,9 @@ On a CPU the collectives and the pair probe keep the median of their blocks (`bl
 cores a block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
 docs/results/bench_planner_mainjob.md).
 
-On a CPU every probe a rank runs alone (the GEMM curve, the copy, the layers) is timed on its CPU clock
-(`solo_clock`: user + sys seconds of the process), the same as wall on a quiet core and not stretched by other
-processes on a loaded machine; the all-at-once rates stay wall (they measure the sharing).
+On a CPU every probe a rank runs alone (the GEMM curve, the copy, the optimizer) or every rank at once (the layers)
+is timed on its CPU clock (`solo_clock`: user + sys seconds of the process), the same as wall on a quiet core and not
+stretched by other processes on a loaded machine; the all-at-once rates stay wall (they measure the sharing).
 
 Not measured (one machine cannot): the network between nodes, PCIe, host memory for offload. Those fields
 keep the `cpu` preset's values (or `--base` preset's) and the profile says so.
@@ -145,6 +147,21 @@ def block_median(means: list[float]) -> float:
     if not means:
         raise ValueError("block_median: no blocks")
     return statistics.median(means)
+
+
+def occupied_seconds(seconds: float, world: int, cores: int) -> float:
+    """CPU seconds each rank times a probe for when all `world` ranks run it at once on `cores` cores: `seconds`
+    x cores / world where the ranks outnumber the cores, so the cores' wall time stays `seconds` (what rank 0 alone
+    took), else `seconds` (a core each)."""
+    return seconds * min(1.0, cores / world)
+
+
+def rank_median(readings: list) -> list[float] | None:
+    """Element by element, the median over the ranks that read a probe (None: a rank that did not run it, as on a
+    GPU, where rank 0 alone does): with every rank timing at once each rank is one draw of the cores' sharing
+    (block_median's reasoning), and the median rank's reading is kept. None if no rank read it."""
+    rows = [list(r) for r in readings if r is not None]
+    return [statistics.median(col) for col in zip(*rows)] if rows else None
 
 
 CPU_CLOCK = time.process_time  # a CPU rank's probes alone: user + sys seconds of the process (all its threads)
@@ -996,6 +1013,14 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         latency.take()
         return value
 
+    def occupied(fn):
+        """fn() on every rank at once (the cores as busy as in training); then a round, as `alone`."""
+        dist.barrier()
+        value = fn()
+        dist.barrier()
+        latency.take()
+        return value
+
     for name, dtype in DTYPES.items():
         dist.barrier()
         together = matmul_flops(dtype, cfg.matmul_n, cfg.seconds, device)
@@ -1021,15 +1046,16 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
             f"{world} at once, {out['copy_bytes_per_s_alone'] / GB:.2f} alone (rank 0)")
     probe = probe_for(device)
     shapes = probe.shapes + ((probe.pass_shape,) if probe.pass_shape else ())
-    timed = [alone(lambda shape=shape: layer_seconds(shape, cfg.seconds, device, DTYPES[probe.dtype], clock))
-             for shape in shapes]
+    timed = [_layer_probe(shape, probe, cfg, device, clock, alone, occupied) for shape in shapes]
     out["layer_seconds"] = timed[:len(probe.shapes)]
     if probe.pass_shape:
         out["layer_pass_seconds"] = timed[-1]
     if rank == 0:
+        who = ("rank 0 alone" if device.type == "cuda" or world == 1
+               else f"rank 0's, {world} ranks at once: the profile fits the median rank's")
         for shape, (f, b) in zip(shapes, timed):
             say(f"one {probe.dtype} GPT-2 layer (b, s, h) = {shape[:3]}: forward {f * 1e3:.2f} ms, backward "
-                f"{b * 1e3:.2f} ms (rank 0 alone)")
+                f"{b * 1e3:.2f} ms ({who})")
     if cfg.backend == "gloo":  # a CPU: the optimizer's work beyond its bytes, rank 0 alone on its CPU clock
         out["optimizer_step"] = alone(lambda: optimizer_step_cpu(clock=clock))
         if rank == 0:
@@ -1069,6 +1095,18 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
     return out
 
 
+def _layer_probe(shape, probe: LayerProbe, cfg: CalibrationConfig, device: torch.device, clock, alone, occupied):
+    """(forward, backward) seconds of one probe layer of `shape`. On a CPU every rank times it at once, each on its
+    CPU clock for occupied_seconds (make_profile keeps the median rank's): a pass of a small layer is mostly
+    Python, the dispatcher and autograd, and what it costs a core depends on what else the cores run -- rank 0 alone
+    beside an idle core read the per-pass layer 0.13 / 0.38 ms, with the 8 ranks at once 0.18-0.23 / 0.53-0.60
+    (load 14, round 23), and the main job runs 8 ranks on 2 cores throughout. On a GPU rank 0 alone (its device)."""
+    if device.type == "cuda":
+        return alone(lambda: layer_seconds(shape, cfg.seconds, device, DTYPES[probe.dtype], clock))
+    seconds = occupied_seconds(cfg.seconds, dist.get_world_size(), os.cpu_count() or 1)
+    return occupied(lambda: layer_seconds(shape, seconds, device, DTYPES[probe.dtype], clock))
+
+
 def calibrate(cfg: CalibrationConfig = CalibrationConfig(), timeout: float = 300.0) -> dict:
     """Spawn cfg.ranks processes, measure, and return the profile (a JSON-ready dict; see `load_hardware`)."""
     from hybrid.testing import run_distributed
@@ -1080,6 +1118,26 @@ def calibrate(cfg: CalibrationConfig = CalibrationConfig(), timeout: float = 300
     # quiet the machine was. The 1-minute average before the ranks start, and after (theirs included).
     profile["measured"]["load_average_before_after"] = [load, os.getloadavg()[0]]
     return profile
+
+
+def layer_readings(per_rank: list[dict]) -> dict:
+    """The probe layers' (forward, backward) seconds the profile fits: per shape (and the per-pass layer), the
+    median over the ranks that timed it (rank_median: every rank at once on a CPU; rank 0 alone on a GPU)."""
+    out = {"layer_seconds": [rank_median([r["layer_seconds"][i] for r in per_rank])
+                             for i in range(len(per_rank[0]["layer_seconds"]))]}
+    if "layer_pass_seconds" in per_rank[0]:
+        out["layer_pass_seconds"] = rank_median([r["layer_pass_seconds"] for r in per_rank])
+    return out
+
+
+def _layer_ranks_record(per_rank: list[dict]) -> dict:
+    """Every rank's probe-layer readings where more than one rank timed them (a CPU): what the medians came from."""
+    if sum(r["layer_seconds"][0] is not None for r in per_rank) < 2:
+        return {}
+    return {"layer_probe_ranks_at_once": len(per_rank),
+            "layer_forward_backward_seconds_per_rank": [r["layer_seconds"] for r in per_rank],
+            **({"layer_pass_forward_backward_seconds_per_rank": [r["layer_pass_seconds"] for r in per_rank]}
+               if "layer_pass_seconds" in per_rank[0] else {})}
 
 
 def _pass_record(rank0: dict, hw: Hardware, curve: Hardware, probe: LayerProbe) -> dict:
@@ -1163,14 +1221,15 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
     # the layer's GEMMs on its dtype's curve (the probe's: fp32 on a CPU, bf16 on a GPU)
     probe = CPU_PROBE if cfg.backend == "gloo" else GPU_PROBE
     curve = hw.with_overrides(peak_tflops=peaks[probe.dtype], gemm_overhead_s=overheads[probe.dtype])
-    layers = [tuple(x) for x in per_rank[0]["layer_seconds"]]
+    read = layer_readings(per_rank)
+    layers = [tuple(x) for x in read["layer_seconds"]]
     if cores and cfg.ranks > 1:  # gloo's CPU per collective call, message and byte (the shared-compute bound)
         hw = hw.with_overrides(**fit_comm_cpu([r.get("comm_cpu") for r in per_rank]))
         hw = hw.with_overrides(**fit_executor([r.get("comm_cpu") for r in per_rank]))
     if per_rank[0].get("skew"):  # a core per rank: what a collective waits for its ranks after compute
         hw = hw.with_overrides(**fit_skew(per_rank[0]["skew"], node["intra_latency_s"]))
     if cores:  # a CPU: a cost per layer pass (Python, the dispatcher, autograd) timed, a rate net of it
-        rate, fixed_fwd, fixed_bwd = fit_layer(curve, layers, tuple(per_rank[0]["layer_pass_seconds"]), probe)
+        rate, fixed_fwd, fixed_bwd = fit_layer(curve, layers, tuple(read["layer_pass_seconds"]), probe)
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
                                layer_backward_overhead_s=fixed_bwd, kernel_overhead_s=0.0)
         if per_rank[0].get("optimizer_step"):  # the optimizer's CPU beyond its bytes, at this profile's rate
@@ -1199,11 +1258,12 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                                                   for k, v in ((k, per_rank[0]["matmul_curve"][k]) for k in curves)},
                      "memory_copy_gbps": copy / GB, "layer_shapes_b_s_h_heads": [list(x) for x in probe.shapes],
                      "layer_dtype": probe.dtype,
-                     "layer_forward_backward_seconds": [list(x) for x in per_rank[0]["layer_seconds"]],
+                     "layer_forward_backward_seconds": [list(x) for x in layers],
                      "layer_forward_backward_planned_seconds": planned_layer_seconds(
                          dataclasses.replace(hw, peak_tflops=curve.peak_tflops, gemm_overhead_s=curve.gemm_overhead_s),
                          probe),
-                     **_pass_record(per_rank[0], hw, curve, probe),
+                     **_pass_record(read, hw, curve, probe),
+                     **_layer_ranks_record(per_rank),
                      **_tp_pass_record(per_rank, probe),
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "intra_latency_rounds_s": per_rank[0].get("latency_rounds", []),
