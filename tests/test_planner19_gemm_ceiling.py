@@ -46,7 +46,8 @@ def _row(name: str):
 @pytest.mark.parametrize("name, error", [
     # since round 21 with fc1's bias gradient (ops._bias_grad_ops; before it +18.5 / +13.2 / +27.0 %)
     ("DGXC 24.11.1 GPT3-175B BF16, 2048 H100, t4 p8 v12, b1, GBS 4096", 0.183),  # +22.5 % without the ceiling
-    ("DGXC 25.04.01 GPT3-175B FP8, 2048 H100, t4 p8 v6, b1, GBS 4096", 0.128),  # +16.2 %
+    # since round 23b with the FP8 weight gathers its YAML states (+12.8 % before; +16.2 % without the ceiling then)
+    ("DGXC 25.04.01 GPT3-175B FP8, 2048 H100, t4 p8 v6, b1, GBS 4096", 0.142),
     ("Megatron-Core 1.7B, 48 H100, t1 p1 d48", 0.262),  # +30.7 %; +28.0 % before round 20's attention-dropout cost
 ])
 def test_the_rows_it_targets(name, error):

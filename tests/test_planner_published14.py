@@ -84,7 +84,9 @@ def test_what_each_release_states_reaches_the_workload():
                     assert s == replace(round11.stated(replace(t, release="24.11.1")), where=s.where)
                 assert w.model.num_kv_heads == (16 if t.model == "Llama3.1-405B" else 8)
             else:
-                assert s == round11.stated(replace(t, release="25.04.01")) and not w.fp32_grads
+                assert s == replace(round11.stated(replace(t, release="25.04.01")), where=s.where) and not w.fp32_grads
+                # NeMo 2.0's DDP config: the reduce-scatter under the last backward (round 23b)
+                assert w.overlap_grad_reduce and "6f2c6fd" in s.where and "b4148d2" in s.where
     assert {r.space.v for r in runs14() if "25.05.05 Nemotron4-340B" in r.name} == {(12,)}
 
 

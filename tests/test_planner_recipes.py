@@ -83,8 +83,14 @@ def test_what_the_recipes_state_reaches_the_workload():
                                                                              s.zero)
             assert run.space.zero == (ZeroStage.OPTIMIZER,) and not w.fp32_grads  # both releases (LOGGED_MEMORY)
             assert not w.tp_comm_overlap  # stated by most recipes; planned synchronous (a what-if: docs)
+            # every recipe overlaps the gradient reduction: NeMo 1.0's `overlap_grad_sync: true`, NeMo 2.0's
+            # DistributedDataParallelConfig(overlap_grad_reduce=True) (round 23b, NEMO2_DDP_OVERLAP)
+            assert w.overlap_grad_reduce and w.overlap_param_gather
+            if t.release == "25.04.01" and t.model != "GPT3-175B":
+                assert "d2b21556" in s.where and "overlap_grad_reduce=True" in s.where
+            # FP8 weights where the recipe states them (round 23 / 23b): FP8 rows only
+            assert w.fp8_param_gather == (w.fp8 and (t.release == "25.04.01" or t.model == "GPT3-175B"))
             if t.release == "24.11.1":
-                assert w.overlap_grad_reduce
                 selective = t.model == "Nemotron4-340B"
                 assert run.space.recompute == ((Recompute.SELECTIVE,) if selective else (Recompute.NONE,))
                 assert w.model.dropout == (0.1 if t.model == "GPT3-175B" else 0.0)

@@ -34,7 +34,9 @@ Sources, each read at the commit named:
   bf16 grad dtype` -- ZeRO 1, FP8 through bf16_with_fp8_mixed(), delayed; Megatron-core's embedding / loss pipeline
   split for the 405B; VP 12 for the 340B, now in the README's own table). Not re-read file by file at this
   release's containers, but for the FP8 weights (round 23, NEMO2505_FP8_PARAMS): the FP8 rows hold them and
-  all-gather 1 byte a parameter (Workload.fp8_param_gather), as v25.04.01's do (published_recipes.NEMO2_FP8_PARAMS).
+  all-gather 1 byte a parameter (Workload.fp8_param_gather), as v25.04.01's do (published_recipes.NEMO2_FP8_PARAMS);
+  and the DP overlap (round 23b, NEMO2505_DDP_OVERLAP): Megatron-core's DDP overlaps the gradient reduce-scatter
+  with the last backward (Workload.overlap_grad_reduce), as v25.04.01's does (published_recipes.NEMO2_DDP_OVERLAP).
 * pytorch/torchtitan benchmarks/llama3_8b_h200_2025-06_torchtitan.md (commit bcdeaa3; the same table in
   llama3_8b_h200_2025-06_torchtitan_trainy_whitefiber.md at b3eec1e): Trainy's Llama 3.1 8B on 4 and 8 hosts of
   8 H200 (400 Gb/s a GPU), torchtitan e7c0cae's llama3_8b.toml (s 8192, FSDP over every rank, selective
@@ -137,6 +139,13 @@ TABLES = (
 # `fp8_param` and `fp8_param_gather` (lightning/pytorch/plugins/mixed_precision.py:148-149). Read with `fetch`.
 NEMO2505_FP8_PARAMS = ("v25.05.05 setup.sh NEMO_COMMIT 6f2c6fd / b4148d2: bf16_with_fp8_mixed `fp8_param_gather = "
                        "True` (recipes/precision/mixed_precision.py:70; 9d4e41e5's form, 2025-04-10)")
+# Round 23b: and Megatron-core's DDP with `overlap_grad_reduce=True, overlap_param_gather=True` (nemo/collections/llm/
+# recipes/llama31_405b.py:123-130 at 6f2c6fd, nemotron.py:128-135 at b4148d2; MegatronCommOverlapCallback sets them
+# again at dp > 1, megatron_comm_overlap.py:185-192; no override in scripts/performance/utils.py's
+# set_primary_perf_configs or the launch.sh at c5c765f): published_recipes.NEMO2_DDP_OVERLAP has the whole reading.
+NEMO2505_DDP_OVERLAP = ("NeMo 2.0 recipe DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather="
+                        "True) (llama31_405b.py:123-130 at 6f2c6fd, nemotron.py:128-135 at b4148d2) and "
+                        "MegatronCommOverlapCallback at dp > 1 (megatron_comm_overlap.py:185-192)")
 
 # v25.02.02's nemotron4-15b-synth.yaml (see the module docstring): what differs from v24.11.1's reading
 NEMOTRON15_2502 = Stated(zero=(ZeroStage.OPTIMIZER,), recompute=(Recompute.NONE,), fp32_grads=True,
@@ -154,7 +163,9 @@ def stated(t: Table) -> Stated:
             return NEMOTRON15_2502
         return replace(stated_round11(replace(t, release="24.11.1")), where=f"llama3.1 YAMLs at {RELEASES[t.release]} "
                                                                            "(identical to v24.11.1's)")
-    return stated_round11(replace(t, release="25.04.01"))
+    known = stated_round11(replace(t, release="25.04.01"))
+    return replace(known, where=f"{t.file} at {RELEASES[t.release]}, launched as v25.04.01's; {NEMO2505_FP8_PARAMS}; "
+                                f"{NEMO2505_DDP_OVERLAP}")
 
 
 def _run(t: Table, column: tuple) -> PublishedRun:

@@ -20,8 +20,10 @@ fitted (`latency_what_if`, the what-if of `what_if_table`):
   of these rows are rings: at dp 1,024 on 256 nodes one call is 6.2 ms, at dp 8 on 2 nodes 43 us. Megatron-core
   grows its buckets with dp to keep the calls bandwidth-bound (distributed_data_parallel.py at ee6737da, lines
   52-59: bucket_size = max(4e7, 1e6 x dp) parameters), so the calls a step makes fall as their latency rises and
-  their sum stays ~0.1 s from dp 64 on; what is exposed after the last backward is the last reduce-scatter bucket and
-  the first all-gather bucket: 2 calls. The what-if charges those 2 calls NCCL's ring latency instead of the
+  their sum stays ~0.1 s from dp 64 on -- but only where `bucket_size` is unset: NeMo 2.0's MegatronCommOverlapCallback
+  sets it to 128 Mi parameters at dp > 1 (megatron_comm_overlap.py:185-192 at d2b21556; round 23b), so the NeMo 2.0
+  rows' buckets do not grow with dp; what is exposed after the last backward is the last reduce-scatter bucket and
+  the first all-gather bucket: 2 calls either way. The what-if charges those 2 calls NCCL's ring latency instead of the
   planner's 30 us.
 * FP8 delayed scaling's amax reduction. Megatron-core's TransformerBlock enters TE's fp8_autocast with
   fp8_group = parallel_state.get_amax_reduction_group(with_context_parallel=True) (transformer_block.py:488-494 at
@@ -223,39 +225,13 @@ def what_if_rows(evaluated: list[tuple[PublishedRun, Result]]) -> list[FamilyRow
     return out + narayanan_reference_rows()  # shared/reference's rows (ZeRO 0: the what-if leaves them)
 
 
-def _both(runs: list[PublishedRun], change: dict, header: str) -> str:
-    """Each run's error as planned and with the Workload fields `change` (a what-if table)."""
-    lines = [f"| row | error as planned | {header} |", "|---|---|---|"]
-    for run in runs:
-        alt = evaluate(replace(run, workload=replace(run.workload, **change)))
-        lines.append(f"| {run.name} | {100 * evaluate(run).error:+.1f} % | {100 * alt.error:+.1f} % |")
-    return "\n".join(lines)
-
-
-def gpt3_what_if(runs: list[PublishedRun]) -> str:
-    """The DGXC GPT-3 175B FP8 rows (hydra YAML `fp8_params: true`, published_recipes.GPT3_FP8_PARAMS) with FP8
-    parameter gathers: stated, not set (v24.11.1's 2048-GPU row would leave the band)."""
-    rows = [r for r in runs if r.name.startswith("DGXC") and "GPT3-175B FP8" in r.name]
-    return _both(rows, {"fp8_param_gather": True}, "with FP8 parameter gathers (the YAML's fp8_params)")
-
-
-def overlap_what_if(runs: list[PublishedRun]) -> str:
-    """The NeMo 2.0 rows (v25.04.01, v25.05.05; GPT-3 aside) with Workload.overlap_grad_reduce, as NeMo's recipes
-    state it (nemo/collections/llm/recipes/nemotron.py:129-134, llama31_8b.py:120-125 at d2b21556:
-    DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather=True)); planned off today (Stated
-    leaves it unread)."""
-    rows = [r for r in runs if r.name.startswith(("DGXC 25.04.01", "DGXC 25.05.05")) and "GPT3" not in r.name
-            and ("Nemotron4-15B" in r.name or "Llama3.1-8B" in r.name)]
-    return _both(rows, {"overlap_grad_reduce": True}, "with overlap_grad_reduce (as NeMo's recipe states)")
-
-
 def report() -> str:
     evaluated = _evaluated()
     rows = [plan_row(run, lambda _run, r=res: r) for run, res in evaluated] + narayanan_reference_rows()
     moved = what_if_rows(evaluated)
-    runs = [run for run, _ in evaluated]
+    # round 23's gpt3_what_if / overlap_what_if are the plan since round 23b: published23b_stated prints both ways
     return "\n\n".join([family_trends(rows), trend_table(rows), what_if_table(evaluated),
-                        family_table(moved), slice_table(moved), gpt3_what_if(runs), overlap_what_if(runs)])
+                        family_table(moved), slice_table(moved)])
 
 
 def main() -> None:

@@ -73,7 +73,10 @@ class Stated:
         zero: ZeRO stages to try (apex / Megatron distributed_fused_adam: the optimizer states sharded, ZeRO 1).
         recompute: `activations_checkpoint_granularity` (null: none; selective: Megatron's selective).
         fp32_grads: gradients reduced in fp32 (`grad_reduce_in_fp32`; `grad_sync_dtype: bf16` is False).
-        overlap_grad_reduce: `overlap_grad_sync: true`.
+        overlap_grad_reduce: `overlap_grad_sync: true` (the NeMo 1.0 YAMLs), or NeMo 2.0's Megatron-core DDP config
+            `overlap_grad_reduce=True` (the v25.04.01 / v25.05.05 recipes and their comm-overlap callback at dp > 1:
+            NEMO2_DDP_OVERLAP, round 23b). Workload.overlap_param_gather is the planner's default (True) on every
+            table, as every recipe here states it (`overlap_param_sync: true`, `overlap_param_gather=True`).
         dropout: `hidden_dropout` (and `attention_dropout`, equal in every recipe here).
         kv_heads: `num_query_groups` where it differs from the model's.
         vp: chunks per rank where the README says NA and the launch script sets it.
@@ -90,8 +93,9 @@ class Stated:
             (BLOCKING); `overlap_p2p_comm: true` (the Llama 3.1 and GPT-3 YAMLs) is OVERLAPPED.
         fp8_params: the weights held in FP8, so the distributed optimizer all-gathers 1 byte a parameter
             (Workload.fp8_param_gather, round 22's term): v25.04.01's Llama 3.1 and Nemotron4 FP8 rows, whose
-            bf16_with_fp8_mixed() states it (NEMO2_FP8_PARAMS, round 23). Off on every other table (its recipe does
-            not state it, or, for the GPT-3 hydra YAML's `fp8_params: true`, see GPT3_FP8_PARAMS).
+            bf16_with_fp8_mixed() states it (NEMO2_FP8_PARAMS, round 23), and both releases' GPT-3 175B FP8 rows,
+            whose hydra YAML states `fp8_params: true` (GPT3_FP8_PARAMS, round 23b). Off on every other table (its
+            recipe does not state it); FP8 rows only (a BF16 run holds no FP8 weights).
         tp_comm_overlap: `ub_tp_comm_overlap` (v24.11.1's YAMLs, the GPT-3 hydra YAML) or the NeMo 2.0 script
             setting the comm-overlap callback's `tp_comm_overlap_cfg` (v25.04.01's Llama 70B / 405B and Nemotron).
             Recorded, not planned: with Workload.tp_comm_overlap these rows move away (tp_overlap_what_if,
@@ -233,13 +237,36 @@ TABLES = (
 NEMO2_FP8_PARAMS = ("v25.04.01 setup.sh NEMO_COMMIT d2b21556: bf16_with_fp8_mixed `fp8_params = True` "
                     "(recipes/precision/mixed_precision.py:53, 3e251a04 2024-09-19) -> FP8_PARAMETERS and "
                     "`fp8_param_gather = True` (lightning/pytorch/plugins/mixed_precision.py:121-131)")
-# Not set (a what-if, published23_dp.gpt3_what_if): the GPT-3 175B hydra YAML (v24.11.1 gpt3_175b_hydra.yaml:221,
-# v25.04.01 cfg/gpt3_175b_hydra.yaml:221) states `fp8_params: true` under NeMo 1.0's megatron_gpt_model with
-# distributed_fused_adam (containers 24.05 / 24.12; NeMo v2.0.0rc0's megatron_gpt_model.py:339-340 builds the model
-# under TE's fp8_model_init and distributed_adam.py syncs Float8Tensor buckets as uint8, the MLPerf v4.x path of
-# round 22). Planned as stated it moves those 10 rows 1.1-1.4 points further optimistic and v24.11.1's 2048-GPU row
-# out of the band (+13.7 -> +15.1 %), which the round's rule (rows in the band stay there) does not allow.
-GPT3_FP8_PARAMS = "gpt3_175b_hydra.yaml:221 `fp8_params: true` (NeMo 1.0 distributed_fused_adam, uint8 buckets)"
+# Set (round 23b: a published row is planned as it ran): the GPT-3 175B hydra YAML (v24.11.1 nemo_megatron/
+# gpt3_175b_hydra.yaml:221 at 35a9aec, v25.04.01 nemo_megatron/cfg/gpt3_175b_hydra.yaml:221 at 85380ff) states
+# `fp8_params: true`; launch.sh overrides only `model.fp8=${FP8_ENABLED}` (35a9aec launch.sh:67, 85380ff
+# configure.sh:83), so the FP8 rows run it. NeMo 1.0's megatron_gpt_model builds the model under TE's fp8_model_init
+# when fp8 and fp8_params (containers 24.05 / 24.12: NeMo v2.0.0rc0 megatron_gpt_model.py:339-340, v2.1.0 :396-397)
+# and distributed_adam.py all-gathers the Float8Tensor buckets as uint8 (v2.0.0rc0 :217-229, v2.1.0 :283-295), the
+# MLPerf v4.x path of round 22. It moves the 10 FP8 rows 1.1-1.4 points further optimistic (round23-fp8-dp.md).
+GPT3_FP8_PARAMS = ("gpt3_175b_hydra.yaml:221 `fp8_params: true` -> NeMo 1.0 megatron_gpt_model.py fp8_model_init "
+                   "(v2.0.0rc0 :339-340, v2.1.0 :396-397), distributed_adam.py uint8 parameter buckets")
+# Round 23b: every NeMo 2.0 row (v25.04.01: NeMo d2b21556; v25.05.05: 6f2c6fd / b4148d2) builds Megatron-core's DDP
+# with `overlap_grad_reduce=True, overlap_param_gather=True` (nemo/collections/llm/recipes/llama3_8b.py:115-122,
+# llama3_70b.py:115-122, llama31_405b.py:123-130, nemotron.py:128-135 at d2b21556; llama31_405b.py:123-130 at
+# 6f2c6fd, nemotron.py:128-135 at b4148d2), the recipes the DGXC scripts call with performance_mode=True
+# (dgxc-benchmarking 85380ff llama3.1/pretrain_llama31.py:73,76,89; NeMo's scripts/performance/llm/
+# pretrain_nemotron4_15b.py:54 and _340b.py:56 at d2b21556, :58 and :62 at b4148d2; pretrain_llama31_405b.py:65 at
+# 6f2c6fd). performance_mode adds MegatronCommOverlapCallback, which at dp > 1 with the distributed optimizer sets
+# the same two flags again, `bucket_size = 128 * 1024 * 1024` parameters and, at pp > 1 with vp > 1,
+# `align_param_gather` (nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py:185-192, applied :272-283 at
+# d2b21556, :274-285 at 6f2c6fd; _get_optimizer_overlap_cfgs is the same at d2b21556, 6f2c6fd, b4148d2 and NeMo
+# v2.2.0-v2.3.1, the containers' NeMo -- the launchers ship no code: llama31_utils.py:109 and
+# scripts/performance/utils.py:137 `packager=run.Packager()`). No DGXC script, patch or launch.sh overrides them.
+# NeMo's scripts/performance/utils.py also sets the callback's `overlap_param_gather_with_optimizer_step` at dp > 1,
+# pp > 1, vp > 1 (d2b21556 :229-233, 6f2c6fd :365-371; unset only when checkpointing, which these runs do not).
+# Planned: Workload.overlap_grad_reduce (the last bucket and what does not fit under the last backward exposed:
+# time._dp_step_seconds) and overlap_param_gather (already the default). Not planned (no planner term, no constant
+# changed): the 128 Mi-parameter buckets (the planner's are 25 MiB, predicted_comm.BUCKET_BYTES), align_param_gather
+# and the gather's overlap with the optimizer step.
+NEMO2_DDP_OVERLAP = ("NeMo 2.0 recipe DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather="
+                     "True) (llama3_8b.py:115-122, llama3_70b.py:115-122, llama31_405b.py:123-130, nemotron.py:128-135 "
+                     "at d2b21556) and MegatronCommOverlapCallback at dp > 1 (megatron_comm_overlap.py:185-192)")
 
 
 README_ONLY = Stated(fp32_grads=True)  # the first pass (round 11): the README's table alone, the rest picked
@@ -277,18 +304,21 @@ def stated(t: Table) -> Stated:
                       kv_heads=16 if t.model == "Llama3.1-405B" else None, fp8_scaling=delayed,
                       optimizer_dtype_bytes=2 if t.model == "Nemotron4-340B" else 4,
                       p2p=PipelineP2P.BLOCKING if t.model.startswith("Nemotron") else PipelineP2P.OVERLAPPED,
-                      tp_comm_overlap=t.model not in ("Nemotron4-340B", "Llama3.1-8B"), where=where)
+                      tp_comm_overlap=t.model not in ("Nemotron4-340B", "Llama3.1-8B"),
+                      fp8_params=t.model == "GPT3-175B",
+                      where=f"{where}; {GPT3_FP8_PARAMS}" if t.model == "GPT3-175B" else where)
     # v25.04.01: bf16 gradients and the distributed optimizer, by the READMEs' own log lines (LOGGED_MEMORY)
     if t.model.startswith("Llama"):
         split = PipelineSplit(embedding=True, loss=True) if t.model == "Llama3.1-405B" else None
-        return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, fp8_scaling=delayed, pipeline_split=split,
-                      tp_comm_overlap=t.model != "Llama3.1-8B", fp8_params=True,
+        return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, overlap_grad_reduce=True, fp8_scaling=delayed,
+                      pipeline_split=split, tp_comm_overlap=t.model != "Llama3.1-8B", fp8_params=True,
                       where=f"llama3.1/pretrain_llama31.py, README.md's log line at {RELEASES[t.release]}; "
-                            f"{NEMO2_FP8_PARAMS}")
-    return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, vp=12 if t.model == "Nemotron4-340B" else None,
-                  fp8_scaling=delayed, tp_comm_overlap=True, fp8_params=True,
+                            f"{NEMO2_FP8_PARAMS}; {NEMO2_DDP_OVERLAP}")
+    return Stated(zero=(ZeroStage.OPTIMIZER,), fp32_grads=False, overlap_grad_reduce=True,
+                  vp=12 if t.model == "Nemotron4-340B" else None, fp8_scaling=delayed, tp_comm_overlap=True,
+                  fp8_params=True,
                   where=f"nemotron/launch.sh, gsw_nemo.patch, README.md's log line at {RELEASES[t.release]}; "
-                        f"{NEMO2_FP8_PARAMS}")
+                        f"{NEMO2_FP8_PARAMS}; {NEMO2_DDP_OVERLAP}")
 
 
 # The v25.04.01 READMEs' example log lines (BF16: their step times are the 8-GPU 8B's and the 64-GPU 15B's):
