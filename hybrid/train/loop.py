@@ -134,9 +134,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     tokens_per_step = batch.global_batch * batch.seq_length
     metrics = RunMetrics.start(run, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
     log0(mesh, metrics.header())
-    if local.cfg:
-        log0(mesh, local.describe(run.zero.stage))  # hybrid/diloco: replicas, H, the outer optimizer
-    if line := compress_line(run.compress, diloco=local.cfg is not None):  # hybrid/compress: the scheme, from when
+    for line in feature_lines(run, local):  # hybrid/diloco's and hybrid/compress's start-up lines
         log0(mesh, line)
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
@@ -222,6 +220,18 @@ def _header(run: RunConfig, model, optimizer: ZeroOptimizer, device: torch.devic
             f"{' | offload optimizer (' + optimizer.optimizer_kind + ')' if z.offload_optimizer else ''}"
             f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
             f"{_grads_part(z)} | clip-grad {run.optimizer.clip_grad}")
+
+
+def feature_lines(run: RunConfig, local: LocalUpdates) -> list[str]:
+    """The start-up lines of DiLoCo (replicas, H, the outer optimizer; a replica of several DP ranks names the run's
+    ZeRO stage, hybrid/diloco/run.py) and of gradient compression (the scheme, from when; under DiLoCo its simulated
+    link is the cross-replica one, named on the DiLoCo line). A function of the run and its LocalUpdates, so the
+    wiring is tested without the 4 ranks a DiLoCo replica of 2 DP ranks needs (round 22 left `describe(0)` here
+    alive: tests/test_mutation23_catches.py)."""
+    lines = [local.describe(run.zero.stage)] if local.cfg else []
+    if line := compress_line(run.compress, diloco=local.cfg is not None):
+        lines.append(line)
+    return lines
 
 
 def _grads_part(z) -> str:
