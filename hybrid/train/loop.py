@@ -143,9 +143,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
                           owners={"fault.": ft, **moe_owners(model), **local.owners(),
                                   **compress_owners(reduction)})  # every owner of state
     start, consumed = ckpt.resume()
-    # a resume at a smaller global batch reads past --train-iters x G: the train split is built to its end, so the
-    # run reads on from the checkpoint's samples rather than wrapping around to ones the saved run read
-    data = data.covering(train_samples(run.training.train_iters, batch.global_batch, start, consumed))
+    data = resumed_data(run, data, start, consumed)  # a resume at a smaller global batch reads on
     if mesh.rank == 0:  # model, weights, data, schedule, the planner's figures; on resume what changed
         for line in explain.startup_lines(run, run_info(run), data, start, consumed, device, baseline):
             print(line, flush=True)
@@ -220,6 +218,15 @@ def _header(run: RunConfig, model, optimizer: ZeroOptimizer, device: torch.devic
             f"{' | offload optimizer (' + optimizer.optimizer_kind + ')' if z.offload_optimizer else ''}"
             f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
             f"{_grads_part(z)} | clip-grad {run.optimizer.clip_grad}")
+
+
+def resumed_data(run: RunConfig, data: DataSource, start: int, consumed: int) -> DataSource:
+    """The data a run resumed at iteration `start` with `consumed` samples read trains on: a resume at a smaller
+    global batch reads past --train-iters x G, so the train split is built to the end of its reads (hybrid/data/
+    source.py's train_samples) and the run reads on from the checkpoint's samples rather than wrapping around to
+    ones the saved run read. A function of the run, so the call is tested in-process (round 22's tests of it
+    launched train.py: slow tier only; tests/test_mutation23_catches.py)."""
+    return data.covering(train_samples(run.training.train_iters, run.training.batch.global_batch, start, consumed))
 
 
 def feature_lines(run: RunConfig, local: LocalUpdates) -> list[str]:
