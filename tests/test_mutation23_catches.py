@@ -99,6 +99,17 @@ def test_the_loop_builds_a_resumed_runs_split_to_the_end_of_its_reads():
     assert resumed_data(run, data, 0, 0) is data
 
 
+
+def test_a_resume_with_no_step_left_keeps_megatrons_split():
+    """A run resumed at its last iteration (--train-iters = the checkpoint's: Megatron's --skip-train, evaluation
+    only) reads no training sample: its split is Megatron's train_iters x G even when the checkpoint read more (a
+    larger saved batch), so its shuffle is the one a fresh run of those flags draws. D1-no-step-left-ge (train_samples'
+    `train_iters > start` as `>=`: the split sized to the checkpoint's 80 samples) lived through the data files."""
+    from hybrid.data.source import train_samples
+    assert train_samples(10, 4, 10, 80) == 40  # saved at 8 a step, resumed at 4 a step with no step left
+    assert train_samples(11, 4, 10, 80) == 84  # one step left: to the end of its reads, 80 + 4
+
+
 # --- C: `hybrid plan --context-parallel-size` views (hybrid/planner/cli.py) ---------------------------------------
 def test_a_cp_1_plan_emits_no_cp_flags_and_names_no_comm_type(capsys):
     """--context-parallel-size 1 plans with no ring: its train.py flags are the plain plan's (no
@@ -188,3 +199,68 @@ def test_a_demand_beside_an_oom_reason_is_in_its_unit():
     assert demand_text(1918 * 2**20, cpu) == "1,918 MiB" and demand_text(2.0e9, gpu) == "2.0 GB"
     demand = cpu.capacity_bytes + 5000 * 2**20  # an OOM: needs_of's figure is demand_text's
     assert needs_of(demand, cpu).startswith(f"needs {demand_text(demand, cpu)} of "), needs_of(demand, cpu)
+
+
+# --- L: calibrate's latency rounds (hybrid/planner/calibrate.py) --------------------------------------------------
+def test_a_latency_round_times_its_own_blocks_calls_and_warm_up():
+    """_collective_seconds on a CPU: `warmup` untimed calls, then `blocks` blocks of `calls` calls, then one
+    all-reduce of the slowest rank's block median -- a latency round's 10 + 2 x 20 + 1 all-reduces and 2 block
+    means. L6-blocks-ignored (COLLECTIVE_BLOCKS = 5 blocks whatever `blocks` said: 2.5x the round's cost) lived
+    through the calibrate files: test_calibrate22_latency mocks _collective_seconds whole. torch.distributed
+    stood in for: no process group."""
+    from unittest import mock
+
+    import torch
+
+    from hybrid.planner import calibrate as cal
+    reduces = []
+    fake = SimpleNamespace(all_reduce=lambda t, op=None: reduces.append(op), barrier=lambda: None,
+                           ReduceOp=SimpleNamespace(MAX="max"))
+    with mock.patch.object(cal, "dist", fake):
+        _, means = cal._collective_seconds("all_reduce", 8, 8, torch.device("cpu"), blocks=2, calls=20, warmup=10)
+    assert len(means) == 2 and len(reduces) == 10 + 2 * 20 + 1 and reduces[-1] == "max"
+
+
+# --- G: Megatron's flags ported (hybrid/train/args.py) -------------------------------------------------------------
+def test_block_recomputation_must_cover_the_largest_chunk():
+    """tiny-gpt2's 4 layers as pp 2 with --pipeline-layers-per-stage 3,1: megatron-core's block method with N
+    checkpoints each chunk's first N layers, so only N >= 3 (the largest chunk) is every layer -- full here; N = 1
+    would leave 2 of the first chunk's 3 layers unrecomputed, refused. G6-most-is-min (the smallest chunk's layers:
+    N = 1 accepted as full) lived through test_newuser22_megatron, whose chunks are even (2 and 2)."""
+    from hybrid.train.args import parse_args, run_config
+    from models import Recompute
+    base = ["--model", "tiny-gpt2", "--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "3,1",
+            "--global-batch-size", "8", "--recompute-granularity", "full", "--recompute-method", "block"]
+    assert run_config(parse_args(base + ["--recompute-num-layers", "3"]), 2).model.recompute is Recompute.FULL
+    with pytest.raises(ValueError, match=r"block --recompute-num-layers 1 recomputes 1 layers of each model chunk "
+                                         r"\(up to 3 layers here\)"):
+        run_config(parse_args(base + ["--recompute-num-layers", "1"]), 2)
+
+
+@pytest.mark.parametrize("flags", [["--lr-warmup-iters", "5"], ["--lr-decay-style", "linear"]])
+def test_a_deepspeed_optimizer_without_scheduler_is_not_warned_of_when_a_schedule_flag_is_given(tmp_path, capsys,
+                                                                                                 flags):
+    """The DeepSpeed no-scheduler warning says train.py's default schedule runs where DeepSpeed would run a constant
+    rate; a schedule flag given is the user's choice, said nothing of (args.deepspeed_schedule_warning's
+    SCHEDULE_DESTS test). G9-ds-warn-despite-flags (that test dropped) lived through test_newuser22_megatron: its
+    flags-given case is --lr-decay-style constant --lr-warmup-iters 0, which the constant-rate test silences too."""
+    import json
+
+    from hybrid.train.main import validate
+    (tmp_path / "ds.json").write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}}))
+    capsys.readouterr()
+    validate(["--deepspeed-config", str(tmp_path / "ds.json"), *flags])
+    assert "no scheduler" not in capsys.readouterr().err
+    validate(["--deepspeed-config", str(tmp_path / "ds.json")])  # no schedule flag: warned
+    assert "has an optimizer section and no scheduler" in capsys.readouterr().err
+
+
+# --- B: bf16 gradients (hybrid/train/args.py) ----------------------------------------------------------------------
+@pytest.mark.parametrize("precision", [[], ["--fp16"]], ids=["fp32", "fp16"])
+def test_grad_reduce_in_bf16_needs_bf16_whatever_else_the_run_trains_in(precision):
+    """--grad-reduce-in-bf16 reduces bf16 gradients: without --bf16 -- fp32 training as much as --fp16 -- it means
+    nothing and is one line. B3-bf16-needed-check-wrong (the guard `not args.bf16` as `args.fp16`: fp32 training
+    accepted it, silently) lived through the bf16-gradient files: test_inputs asks with --fp16 only."""
+    from hybrid.train.args import parse_args, run_config
+    with pytest.raises(ValueError, match=r"^--grad-reduce-in-bf16 needs --bf16 "):
+        run_config(parse_args(["--grad-reduce-in-bf16", *precision]), 1)
