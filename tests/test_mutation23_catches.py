@@ -264,3 +264,71 @@ def test_grad_reduce_in_bf16_needs_bf16_whatever_else_the_run_trains_in(precisio
     from hybrid.train.args import parse_args, run_config
     with pytest.raises(ValueError, match=r"^--grad-reduce-in-bf16 needs --bf16 "):
         run_config(parse_args(["--grad-reduce-in-bf16", *precision]), 1)
+
+
+def test_auto_parallel_plans_the_gradient_dtype_the_run_has(monkeypatch, capsys):
+    """--auto-parallel --bf16 runs fp32 gradients (Megatron's default; args.grads_in_fp32): its plan must count
+    4 gradient bytes a parameter, and 2 with --grad-reduce-in-bf16 -- the layout chosen to fit memory and traffic
+    the run has. B7-auto-plan-old-flag (the planner's Workload from --accumulate-allreduce-grads-in-fp32 alone: bf16
+    gradients planned for a run of fp32 ones) lived through the bf16-gradient files."""
+    from hybrid.train import args as train_args
+    planned, search = [], train_args._plan_without_cp
+    monkeypatch.setattr(train_args, "_plan_without_cp",
+                        lambda work, cluster, space: planned.append(work) or search(work, cluster, space))
+    for extra in ([], ["--grad-reduce-in-bf16"]):
+        train_args.apply_auto_parallel(train_args.parse_args(["--auto-parallel", "--bf16", "--global-batch-size", "8",
+                                                              *extra]), 2)
+    assert [(w.fp32_grads, w.grad_bytes) for w in planned] == [(True, 4), (False, 2)]
+
+
+# --- S: the scripts' pictures (scripts/plot_*.py) -------------------------------------------------------------------
+def _script(name: str):
+    """scripts/<name>.py as a module, registered (its dataclasses look their module up in sys.modules)."""
+    import importlib.util
+    import os
+    import sys
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_mutation23_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cp_pictures_memory_is_in_gib_as_its_axis_says():
+    """plot_cp.py's memory panel reads "GiB" and draws an H100's 80 GB at 74.5 GiB: its curves are the planner's
+    attention bytes (context.attention_memory_per_rank, every layer) over 2^30. S3-cp-memory-GB (over 1e9: 7 %
+    high against the 74.5 GiB line) lived through test_pictures22, whose checks are ratios (1/cp, linear in s)."""
+    from dataclasses import replace
+
+    from hybrid.planner.context import attention_memory_per_rank, llama3_405b_131k
+    from hybrid.planner.layout import Layout
+    plot = _script("plot_cp")
+    curves, layers = plot.memory_curves()
+    work = llama3_405b_131k()[0]
+    assert layers == work.model.num_layers == 126
+    bytes_8k = attention_memory_per_rank(replace(work, seq_length=plot.SEQS[0]), Layout(tp=8), 1) * layers
+    assert curves[1][0] == pytest.approx(bytes_8k / 2**30, rel=1e-12)
+
+
+def test_the_accuracy_pictures_prediction_is_the_published_rate_times_one_plus_the_error():
+    """A row's error is predicted / published throughput - 1 (published.py), so the scatter's predicted point is
+    published x (1 + error): 100 published at +10 % is 110, and a rejected row (no error) is not drawn.
+    S7-predicted-divides (published / (1 + error): 90.9, the error's sign half undone) lived through
+    test_pictures22's fast tier, which counts the drawn points and the band but reads no point."""
+    plot = _script("plot_planner_accuracy")
+    assert plot.Point(SimpleNamespace(error=0.1), 100.0).predicted == pytest.approx(110.0, rel=1e-12)
+    assert plot.Point(SimpleNamespace(error=-0.2), 50.0).predicted == pytest.approx(40.0, rel=1e-12)
+    assert plot.Point(SimpleNamespace(error=None), 50.0).predicted is None
+
+
+def test_the_accuracy_picture_plots_a_step_time_row_as_its_rate():
+    """Throughput axes: a row published as a step time (Metric.STEP_S, the MLPerf rows) is drawn as 1 / step, so
+    that predicted = published x (1 + error) holds in its unit too (error is over throughputs); a rate row as
+    published. S8-step-not-inverted (a 10.98 s step drawn at 10.98, its error's sign then against the axes) lived
+    through test_pictures22's fast tier."""
+    from hybrid.planner.published import Metric
+    plot = _script("plot_planner_accuracy")
+    assert plot._throughput(SimpleNamespace(metric=Metric.STEP_S, published=4.0)) == 0.25
+    rate = next(m for m in Metric if m is not Metric.STEP_S)
+    assert plot._throughput(SimpleNamespace(metric=rate, published=150.0)) == 150.0
