@@ -135,9 +135,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
     tokens_per_step = batch.global_batch * batch.seq_length
     metrics = RunMetrics.start(run, cfg, batch, mesh)  # hybrid/metrics: FLOPs, MFU, TensorBoard, JSON lines
     log0(mesh, metrics.header())
-    if local.cfg:
-        log0(mesh, diloco_line(run))  # hybrid/diloco: replicas, their DP ranks and ZeRO stage, H, the outer optimizer
-    if line := compress_line(run.compress, diloco=local.cfg is not None):  # hybrid/compress: the scheme, from when
+    for line in feature_lines(run, local):  # hybrid/diloco's and hybrid/compress's start-up lines
         log0(mesh, line)
     if mesh.rank == 0 and (line := predicted_split_line(run, cfg, dims, batch, plan)):  # with --hardware
         log0(mesh, line)
@@ -146,12 +144,7 @@ def run(run: RunConfig, data: DataSource, device: torch.device) -> None:
                           owners={"fault.": ft, **moe_owners(model), **local.owners(),
                                   **compress_owners(reduction)})  # every owner of state
     start, consumed = ckpt.resume()
-    # a resume at a smaller global batch reads past --train-iters x G: the train split is built to its end, so the
-    # run reads on from the checkpoint's samples rather than wrapping around to ones the saved run read; one past
-    # --train-iters evaluates at its own iteration: the valid split is built to that evaluation's block
-    data = data.covering(train_samples(run.training.train_iters, batch.global_batch, start, consumed),
-                         valid_samples(run.training.train_iters, batch.global_batch, run.data.eval_interval,
-                                       run.data.eval_iters, start))
+    data = resumed_data(run, data, start, consumed)  # a resume at a smaller global batch reads on
     if mesh.rank == 0:  # model, weights, data, schedule, the planner's figures; on resume what changed
         for line in explain.startup_lines(run, run_info(run), data, start, consumed, device, baseline):
             print(line, flush=True)
@@ -226,6 +219,30 @@ def _header(run: RunConfig, model, optimizer: ZeroOptimizer, device: torch.devic
             f"{' | offload optimizer (' + optimizer.optimizer_kind + ')' if z.offload_optimizer else ''}"
             f"{' | offload params' if z.offload_params else ''}{' | keep gathered' if z.keep_gathered else ''}"
             f"{_grads_part(z)} | clip-grad {run.optimizer.clip_grad}")
+
+
+def resumed_data(run: RunConfig, data: DataSource, start: int, consumed: int) -> DataSource:
+    """The data a run resumed at iteration `start` with `consumed` samples read trains on: a resume at a smaller
+    global batch reads past --train-iters x G, so the train split is built to the end of its reads (hybrid/data/
+    source.py's train_samples) and the run reads on from the checkpoint's samples rather than wrapping around to
+    ones the saved run read. A function of the run, so the call is tested in-process (round 22's tests of it
+    launched train.py: slow tier only; tests/test_mutation23_catches.py)."""
+    t, g = run.training, run.training.batch.global_batch
+    # one past --train-iters evaluates at its own iteration: the valid split is built to that evaluation's block
+    return data.covering(train_samples(t.train_iters, g, start, consumed),
+                         valid_samples(t.train_iters, g, run.data.eval_interval, run.data.eval_iters, start))
+
+
+def feature_lines(run: RunConfig, local: LocalUpdates) -> list[str]:
+    """The start-up lines of DiLoCo (replicas, H, the outer optimizer; a replica of several DP ranks names the run's
+    ZeRO stage, hybrid/diloco/run.py) and of gradient compression (the scheme, from when; under DiLoCo its simulated
+    link is the cross-replica one, named on the DiLoCo line). A function of the run and its LocalUpdates, so the
+    wiring is tested without the 4 ranks a DiLoCo replica of 2 DP ranks needs (round 22 left `describe(0)` here
+    alive: tests/test_mutation23_catches.py)."""
+    lines = [diloco_line(run)] if local.cfg else []
+    if line := compress_line(run.compress, diloco=local.cfg is not None):
+        lines.append(line)
+    return lines
 
 
 def _grads_part(z) -> str:
