@@ -1,0 +1,78 @@
+"""Round 23's new-user pass over docs/moe.md ("Seeing it": the log line names "the most loaded expert and the rank
+holding it"). docs/moe.md's first command, shrunk to 4 ranks (tp 2 + SP x pp 2 x ep 2, 8 experts), logged
+"hot: layer 3 expert 3 on rank 0": layer 3 is on pipeline stage 1, whose ranks are 2 and 3, and expert 3 of it is
+on rank 2. step_statistics looked the expert up over every rank's experts and took the first holder -- always a
+stage-0 rank, since every stage holds experts 0..E-1 of its own layers. The table now carries each layer's stage.
+In-process: a stage-1 rank's statistics with stand-in groups for its DP partner and the other stage.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hybrid.mesh import ParallelDims
+from hybrid.moe.config import MoEConfig
+from hybrid.moe.parallel import ExpertLayout
+from hybrid.moe.runtime import step_statistics
+
+E = 4  # experts; world 4 = dp 2 x pp 2, ep 2: stage 0 is ranks 0-1, stage 1 ranks 2-3; ep rank 1 holds experts 2-3
+
+
+class _Group:
+    """A stand-in group: its other ranks add `other` to a SUM all-reduce; `rank` is this rank's index in it."""
+
+    def __init__(self, other: torch.Tensor | None = None, rank: int = 0, size: int = 2):
+        self.other, self.rank, self.size = other, rank, size
+
+    def all_reduce(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
+        return t if self.other is None else t.add_(self.other)
+
+
+def _stage_one() -> nn.Module:
+    """Stage 1 of a 4-layer model: MoE blocks named by their global ids 2 and 3, as models/llama.py names them."""
+    from hybrid.moe.layer import ExpertContext, MoELayer
+    from hybrid.tp.sharding import REPLICATED
+    cfg = SimpleNamespace(num_experts=E, hidden_size=8, moe_ffn_hidden_size=16, moe_top_k=2,
+                          moe_router_pre_softmax=True, moe_norm_topk_prob=True, moe_shared_expert_gate=False)
+    tp = SimpleNamespace(size=1, sequence_parallel=False, replicated_spec=lambda: REPLICATED, group=None)
+    stage = nn.Module()
+    stage.cfg = SimpleNamespace(num_experts=E, num_layers=4)
+    stage.layers = nn.ModuleDict({str(i): nn.Module() for i in (2, 3)})
+    for block in stage.layers.values():
+        block.mlp = MoELayer(cfg, tp, ExpertContext(MoEConfig()), F.silu).train()
+        block.mlp(torch.randn(1, 4, 8, generator=torch.Generator().manual_seed(0)))
+    return stage
+
+
+def _hot(layer: int, expert: int) -> tuple[int, int, int]:
+    """The hot expert step_statistics names on rank 2 (stage 1, dp 0) when `layer`'s `expert` got 100 slots."""
+    stage = _stage_one()
+    for lid, block in stage.layers.items():
+        block.mlp.stat_counts = torch.zeros(E)
+        if int(lid) == layer:
+            block.mlp.stat_counts[expert] = 100.0
+    partner = torch.zeros(4, E + 3, dtype=torch.float64)  # the DP partner (rank 3): the same layers, stage 1
+    partner[2:, E + 2] = 2.0
+    other_stage = torch.zeros(4, E + 3, dtype=torch.float64)  # stage 0's rows, summed over its 2 ranks
+    other_stage[:2, :E] = 10.0
+    other_stage[:2, E + 2] = 2 * 1.0
+    if layer < 2:
+        other_stage[layer, expert] = 100.0
+    mesh = SimpleNamespace(tp=_Group(size=1), cp=_Group(size=1), dp=_Group(partner), pp=_Group(other_stage, rank=1),
+                           device=torch.device("cpu"))
+    layout = ExpertLayout(ParallelDims(pp=2, dp=2), ep=2)
+    return step_statistics(stage, mesh, micro_batches=1, layout=layout).hot_expert
+
+
+def test_the_hot_expert_is_named_on_the_ranks_of_its_layers_stage():
+    assert _hot(3, 3) == (3, 3, 3)  # stage 1, ep rank 1: rank 3 (it was rank 1, on stage 0)
+    assert _hot(2, 0) == (2, 0, 2)  # stage 1, ep rank 0: rank 2 (it was rank 0)
+
+
+def test_a_hot_expert_of_the_other_stage_is_named_on_that_stages_ranks():
+    assert _hot(1, 2) == (1, 2, 1)  # stage 0's layer 1, expert 2 on ep rank 1: rank 1
+    assert _hot(0, 0) == (0, 0, 0)
