@@ -75,7 +75,8 @@ def check(args: argparse.Namespace) -> DiLoCoConfig | None:
         raise ValueError(f"--diloco-outer-momentum must be in [0, 1), got {args.diloco_outer_momentum}")
     k = args.diloco_fragments
     if k < 1 or h % k:
-        raise ValueError(f"--diloco-fragments {k} must be a positive divisor of --diloco-inner-steps {h}")
+        raise ValueError(f"--diloco-fragments {k} must be a positive divisor of --diloco-inner-steps {h}; give "
+                         f"{one_of(divisors(h))}")
     tau, alpha = args.diloco_fragment_sync_delay, args.diloco_fragment_update_alpha
     if not 0 <= tau < h // k:  # torchft's rule: a fragment lands before the next one is posted (one in flight)
         per = f"--diloco-inner-steps {h} / --diloco-fragments {k}" if "diloco_fragments" in \

@@ -17,8 +17,8 @@ import sys
 
 import torch
 
-from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_file, in_range, is_finite, nearest_multiples,
-                            one_of)
+from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_file, divisors, in_range, is_finite,
+                            nearest_multiples, one_of)
 from hybrid.compress import args as compress_args
 from hybrid.checkpoint import args as ckpt_args
 from hybrid.cp import args as cp_args
@@ -279,8 +279,10 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     if args.num_layers_per_virtual_pipeline_stage is not None:
         per = args.num_layers_per_virtual_pipeline_stage
         if per < 1 or cfg.num_layers % (dims.pp * per):
+            fits = [d for d in divisors(cfg.num_layers) if cfg.num_layers % (dims.pp * d) == 0]
             raise ValueError(f"--num-layers-per-virtual-pipeline-stage {per} must divide the {cfg.num_layers} layers "
-                             f"/ --pipeline-model-parallel-size {dims.pp}")
+                             f"/ --pipeline-model-parallel-size {dims.pp}"
+                             + (f"; give {one_of(fits)}" if fits else f", which is not a whole number of layers"))
         v = cfg.num_layers // (dims.pp * per)
     if args.virtual_pipeline_model_parallel_size is not None:
         if args.num_layers_per_virtual_pipeline_stage is not None:
@@ -774,6 +776,10 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     # --compile runs with every ZeRO stage (check_compile): the search keeps to what the run accepts
     pinned_ep = "expert_model_parallel_size" in getattr(args, "explicit", set())  # MoE: else the planner's EP
     pinned_etp = "expert_tensor_parallel_size" in getattr(args, "explicit", set())  # and expert-TP
+    if cfg.num_experts and (pinned_ep or pinned_etp):  # one that cannot fold is its one line, not "no layout fits"
+        from hybrid.moe.parallel import ExpertLayout  # (a stage's ranks divide the world: pp 1 is the widest)
+        ExpertLayout(ParallelDims(dp=world), args.expert_model_parallel_size,
+                     args.expert_tensor_parallel_size).check_experts(cfg.num_experts, cfg.moe_ffn_hidden_size)
     # and no zero-bubble schedule (check_zero_bubble refuses it with --compile: B could not leave W to later)
     traced_sac = args.compile and args.recompute_granularity == "selective-op"  # check_compile: at tp 1 only
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),), tp=(1,) if traced_sac else None,
