@@ -76,3 +76,14 @@ def test_the_hot_expert_is_named_on_the_ranks_of_its_layers_stage():
 def test_a_hot_expert_of_the_other_stage_is_named_on_that_stages_ranks():
     assert _hot(1, 2) == (1, 2, 1)  # stage 0's layer 1, expert 2 on ep rank 1: rank 1
     assert _hot(0, 0) == (0, 0, 0)
+
+
+def test_hybrid_layout_names_one_expert_a_rank_as_one(capsys):
+    """`hybrid layout --world 8 --expert-model-parallel-size 2` (docs/moe.md's layout command without --num-experts:
+    one expert a rank) printed "rank 6: experts 0-0"."""
+    from hybrid.cli import main as hybrid_main
+    hybrid_main(["layout", "--world", "8", "--expert-model-parallel-size", "2"])
+    out = capsys.readouterr().out
+    assert "  rank 6: expert 0\n" in out and "  rank 7: expert 1\n" in out and "-0\n" not in out, out
+    hybrid_main(["layout", "--world", "8", "--expert-model-parallel-size", "2", "--num-experts", "8"])
+    assert "  rank 7: experts 4-7\n" in capsys.readouterr().out
