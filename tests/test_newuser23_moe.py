@@ -87,3 +87,31 @@ def test_hybrid_layout_names_one_expert_a_rank_as_one(capsys):
     assert "  rank 6: expert 0\n" in out and "  rank 7: expert 1\n" in out and "-0\n" not in out, out
     hybrid_main(["layout", "--world", "8", "--expert-model-parallel-size", "2", "--num-experts", "8"])
     assert "  rank 7: experts 4-7\n" in capsys.readouterr().out
+
+
+def test_resuming_a_checkpoint_without_expert_bias_with_the_bias_on_is_named_before_start_up(
+        tmp_path, monkeypatch, one_line, capsys):
+    """docs/moe.md's expert bias (--moe-router-enable-expert-bias) given to a run resuming a checkpoint saved without
+    it (or a `hybrid convert` of a transformers Mixtral) passed the checks and failed after start-up: "--load
+    ck/iter_0000002: RuntimeError: Missing key in checkpoint state_dict: moe/layers.0.mlp.gate.expert_bias." Now
+    one line before any process group; the same checkpoint resumes without the flag, and the fix it names (the
+    weights as a transformers folder, --load'ed with the bias on) passes the checks too."""
+    import transformers
+
+    from hybrid.cli import main as hybrid_main
+    from hybrid.train.main import validate
+    hf = transformers.MixtralConfig(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                    num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
+                                    num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.MixtralForCausalLM(hf).save_pretrained(tmp_path / "hf")
+    assert hybrid_main(["convert", str(tmp_path / "hf"), str(tmp_path / "ck"), "--no-verify", "-q"]) in (0, None)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    for name in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    flags = ["--model", str(tmp_path / "hf"), "--seq-length", "16", "--micro-batch-size", "1", "--train-iters", "2"]
+    line = one_line(lambda: validate(flags + ["--load", str(tmp_path / "ck"), "--moe-router-enable-expert-bias"]))
+    assert line.startswith(f"train.py: error: --moe-router-enable-expert-bias: the checkpoint --load resumes "
+                           f"({tmp_path / 'ck' / 'iter_0000000'}) holds no expert bias"), line
+    assert validate(flags + ["--load", str(tmp_path / "ck")])[0].checkpoint.load == str(tmp_path / "ck")
+    assert validate(flags + ["--load", str(tmp_path / "hf"), "--moe-router-enable-expert-bias"])[0].moe.expert_bias

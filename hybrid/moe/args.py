@@ -88,6 +88,23 @@ def check(args: argparse.Namespace, cfg, dims: ParallelDims) -> MoEConfig | None
     return moe
 
 
+def check_resume(moe: MoEConfig | None, checkpoint) -> None:
+    """The expert bias is checkpointed state (moe/<layer>.gate.expert_bias, runtime.ExpertBiasState): a run with
+    --moe-router-enable-expert-bias resuming a checkpoint that has none (saved without the flag, or a `hybrid
+    convert` of a transformers model) failed after start-up, "Missing key in checkpoint state_dict: moe/...".
+    Named here, before any process group, from the checkpoint's DCP metadata. (The reverse, a saved bias resumed
+    without the flag, runs without it; the resume's "flags changed" line names the change.)"""
+    if moe is None or not moe.expert_bias or checkpoint.load is None:
+        return
+    from hybrid.checkpoint.args import _resume_candidate
+    directory, _, meta = _resume_candidate(checkpoint.load, checkpoint.ckpt_step)
+    if not any(key.startswith("moe/") for key in meta.state_dict_metadata):
+        raise ValueError(f"--moe-router-enable-expert-bias: the checkpoint --load resumes ({directory}) holds no "
+                         f"expert bias (saved without the flag, or converted from transformers); drop the flag to "
+                         f"resume it, or start from its weights with the bias at zero: `hybrid convert {directory} "
+                         f"DIR`, then --load DIR (a fresh optimizer)")
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
     for dest in ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_bias_update_rate"):
         check_number(_flag(dest), getattr(args, dest), 0)
