@@ -45,3 +45,34 @@ def test_a_pinned_ep_that_folds_is_planned_with_it(capsys):
 def test_train_flags_plan_searches_or_does_not_price_say_so(flag, value, hint, one_line):
     got = one_line(lambda: hybrid_main(PLAN + ["--gpus", "8", flag, value]))
     assert f"unrecognized arguments: {flag}; {flag}: {hint}" in got and "did you mean" not in got, got
+
+
+CP = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "h100-80g", "--global-batch-size", "16"]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--seq-length", "8192", "--context-parallel-size", "2", "--tensor-model-parallel-size", "8"],
+     "--context-parallel-size 2 with --tensor-model-parallel-size 8 and --pipeline-model-parallel-size 1: tp x cp x pp "
+     "divides --gpus 8 at none of the sizes; give a smaller --tensor-model-parallel-size or "
+     "--pipeline-model-parallel-size"),
+    (["--seq-length", "8192", "--context-parallel-size", "4,8", "--tensor-model-parallel-size", "4"],
+     "tp x cp x pp divides --gpus 8 at none of the sizes; give CP sizes dividing 2"),
+    (["--seq-length", "4090", "--context-parallel-size", "2"],
+     "--seq-length 4090 is not divisible by 2 x --context-parallel-size 2 = 4; causal load balancing splits each "
+     "sequence into 4 equal chunks: use a multiple of 4 (4088 or 4092)"),
+])
+def test_cp_sizes_no_layout_can_take_name_the_pin_or_the_sequence(argv, line, one_line):
+    """docs/context-parallel.md's `hybrid plan --context-parallel-size` with tp pinned: tp 8 x cp 2 on 8 GPUs said
+    "no layout fits at --context-parallel-size 2 (a size must divide --gpus and half the --seq-length ...)" after
+    the search -- but 2 divides both; the pinned tp left no room. Now the line names the pin, or, for a sequence
+    no size splits, train.py's line with the lengths that do."""
+    got = one_line(lambda: hybrid_main(CP + argv))
+    assert line in got and "no layout fits" not in got, got
+
+
+def test_cp_sizes_some_of_which_fit_are_searched(capsys):
+    """cp 1 fits beside tp 8 on 8 GPUs, cp 2 does not: the search runs and its row is the cp 1 layout."""
+    hybrid_main(CP + ["--seq-length", "8192", "--context-parallel-size", "1,2", "--tensor-model-parallel-size", "8",
+                      "--top", "1"])
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.lstrip().startswith("1 ")]
+    assert len(rows) == 1 and "tp8 pp1 dp1" in rows[0] and "cp2" not in rows[0], rows

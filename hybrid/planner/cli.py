@@ -389,6 +389,24 @@ def _check_cp(args: argparse.Namespace) -> None:
     if args.scan_gpus:  # --json, --emit-args, --plot and --explain take the CP plans (round 22)
         raise ValueError(f"--context-parallel-size {args.context_parallel_size} does not run with --scan-gpus "
                          f"(not implemented for CP plans); drop one of them")
+    _check_cp_pins(args, sizes)
+
+
+def _check_cp_pins(args: argparse.Namespace, sizes: tuple[int, ...]) -> None:
+    """Round 23: with tp / pp pinned, a CP size must also divide --gpus / (tp x pp); when none does, the search's
+    "no layout fits at --context-parallel-size 2 (a size must divide --gpus ...)" blamed a size that divides --gpus
+    (tp 8 x cp 2 on 8 GPUs). Likewise every size against the sequence's 2 CP load-balanced chunks."""
+    tp, pp = args.tensor_model_parallel_size or 1, args.pipeline_model_parallel_size or 1
+    if args.gpus is not None and all(args.gpus % (tp * pp * c) for c in sizes):
+        free = args.gpus // (tp * pp) if args.gpus % (tp * pp) == 0 else 0
+        fits = (f"give CP sizes dividing {free}" if free > 1 else "give a smaller --tensor-model-parallel-size or "
+                f"--pipeline-model-parallel-size")
+        raise ValueError(f"--context-parallel-size {args.context_parallel_size} with --tensor-model-parallel-size "
+                         f"{tp} and --pipeline-model-parallel-size {pp}: tp x cp x pp divides --gpus {args.gpus} at "
+                         f"none of the sizes; {fits}")
+    if args.seq_length is not None and all(args.seq_length % (2 * c) for c in sizes):
+        from hybrid.cp.balance import check_divisible
+        check_divisible(args.seq_length, sizes[0])  # train.py's line: the sequence lengths that split
 
 
 def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: SearchSpace) -> None:
