@@ -141,6 +141,22 @@ def single_replica_warning(cfg: DiLoCoConfig | None, dp: int) -> tuple[str, ...]
             f"(Lookahead-like, docs/diloco.md); for replicas, give more DP ranks or --diloco-replicas R >= 2",)
 
 
+def unsharded_zero_warning(cfg: DiLoCoConfig | None, dims, zero_stage: int) -> tuple[str, ...]:
+    """Round 23: ZeRO shards inside a replica (over its dp / R DP ranks x every CP rank), so at one rank a replica
+    -- the default, R = dp -- a --zero-stage 1-3 shards nothing, while the start-up `zero: stage 3` line read as if
+    it sharded over the DP ranks. Said once at start."""
+    if cfg is None or not zero_stage or (cfg.replicas or dims.dp) == 1:
+        return ()
+    r = cfg.replicas or dims.dp
+    if dims.dp // r * dims.cp > 1:
+        return ()
+    fits = [n for n in divisors(dims.dp) if 1 < n < r]
+    return (f"--zero-stage {zero_stage} with --diloco-inner-steps: ZeRO shards inside each replica, and each of the "
+            f"{r} replicas is one rank (data-parallel size {dims.dp} / {r} replicas), so nothing is sharded; give "
+            + (f"--diloco-replicas {one_of(fits)} for several ranks a replica, or " if fits else "more ranks a "
+               "replica (--diloco-replicas R < dp), or ") + "drop --zero-stage",)
+
+
 def check_optimizer(args: argparse.Namespace, saves: bool) -> None:
     """`--optimizer sgd` (Megatron's name; here for DiLoCo's exactness against synchronous SGD) with what it has
     been built for: the device step and no checkpoint (the checkpoint stores Adam's moments)."""

@@ -575,6 +575,7 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     warnings += compress_args.onebit_warnings(compress, ns)
     diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe)  # hybrid/diloco: None without
     warnings += diloco_args.single_replica_warning(diloco, dims.dp)
+    warnings += diloco_args.unsharded_zero_warning(diloco, dims, zero.stage)
     check_shm_gather(ns, zero, dims, diloco, compress.enabled)
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
