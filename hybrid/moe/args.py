@@ -88,17 +88,17 @@ def check(args: argparse.Namespace, cfg, dims: ParallelDims) -> MoEConfig | None
     return moe
 
 
-def check_resume(moe: MoEConfig | None, checkpoint) -> None:
-    """The expert bias is checkpointed state (moe/<layer>.gate.expert_bias, runtime.ExpertBiasState): a run with
-    --moe-router-enable-expert-bias resuming a checkpoint that has none (saved without the flag, or a `hybrid
-    convert` of a transformers model) failed after start-up, "Missing key in checkpoint state_dict: moe/...".
-    Named here, before any process group, from the checkpoint's DCP metadata. (The reverse, a saved bias resumed
-    without the flag, runs without it; the resume's "flags changed" line names the change.)"""
-    if moe is None or not moe.expert_bias or checkpoint.load is None:
+def check_resume(saved: tuple[str, frozenset[str]] | None) -> None:
+    """A run with --moe-router-enable-expert-bias resuming the checkpoint `saved` (its directory and the tensor
+    keys of its DCP metadata; None without a resume). The expert bias is checkpointed state
+    (moe/<layer>.gate.expert_bias, runtime.ExpertBiasState): a checkpoint with none (saved without the flag, or a
+    `hybrid convert` of a transformers model) failed after start-up, "Missing key in checkpoint state_dict:
+    moe/...". Named here, before any process group. (The reverse, a saved bias resumed without the flag, runs
+    without it; the resume's "flags changed" line names the change.)"""
+    if saved is None:
         return
-    from hybrid.checkpoint.args import _resume_candidate
-    directory, _, meta = _resume_candidate(checkpoint.load, checkpoint.ckpt_step)
-    if not any(key.startswith("moe/") for key in meta.state_dict_metadata):
+    directory, keys = saved
+    if not any(key.startswith("moe/") for key in keys):
         raise ValueError(f"--moe-router-enable-expert-bias: the checkpoint --load resumes ({directory}) holds no "
                          f"expert bias (saved without the flag, or converted from transformers); drop the flag to "
                          f"resume it, or start from its weights with the bias at zero: `hybrid convert {directory} "

@@ -569,7 +569,8 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     warnings += deepspeed_schedule_warning(ns)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
-    moe_args.check_resume(moe, checkpoint)  # the expert bias a resume needs is in the checkpoint
+    if moe is not None and moe.expert_bias:  # the bias a resume needs is in the checkpoint
+        moe_args.check_resume(ckpt_args.resume_keys(checkpoint))
     compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None,  # hybrid/compress
                                    moe=moe is not None)
     warnings += compress_args.onebit_warnings(compress, ns)
