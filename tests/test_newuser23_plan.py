@@ -76,3 +76,17 @@ def test_cp_sizes_some_of_which_fit_are_searched(capsys):
                       "--top", "1"])
     rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.lstrip().startswith("1 ")]
     assert len(rows) == 1 and "tp8 pp1 dp1" in rows[0] and "cp2" not in rows[0], rows
+
+
+
+def test_the_cp_pin_checks_import_no_torch(monkeypatch, one_line):
+    """`hybrid plan` runs without torch (tests/test_startup18_torch_free.py); its CP refusals do too: the sequence's
+    line is written in the planner, not imported from hybrid/cp/balance.py (which imports torch). In-process: both
+    made unimportable (None in sys.modules), any import of them on this path would raise."""
+    import sys
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "hybrid.cp.balance", None)
+    line = one_line(lambda: hybrid_main(CP + ["--seq-length", "4090", "--context-parallel-size", "2,4"]))
+    assert line == ("hybrid plan: error: --seq-length 4090 is not divisible by 2 x --context-parallel-size 2 = 4 (nor "
+                    "at the other sizes); causal load balancing splits each sequence into 4 equal chunks: use a "
+                    "multiple of 4 (4088 or 4092)")

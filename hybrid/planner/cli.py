@@ -404,9 +404,13 @@ def _check_cp_pins(args: argparse.Namespace, sizes: tuple[int, ...]) -> None:
         raise ValueError(f"--context-parallel-size {args.context_parallel_size} with --tensor-model-parallel-size "
                          f"{tp} and --pipeline-model-parallel-size {pp}: tp x cp x pp divides --gpus {args.gpus} at "
                          f"none of the sizes; {fits}")
-    if args.seq_length is not None and all(args.seq_length % (2 * c) for c in sizes):
-        from hybrid.cp.balance import check_divisible
-        check_divisible(args.seq_length, sizes[0])  # train.py's line: the sequence lengths that split
+    seq = args.seq_length
+    if seq is not None and all(seq % (2 * c) for c in sizes):  # train.py's rule (hybrid/cp/balance.py), torch-free
+        step = 2 * sizes[0]
+        raise ValueError(f"--seq-length {seq} is not divisible by 2 x --context-parallel-size {sizes[0]} = {step}"
+                         + (" (nor at the other sizes)" if len(sizes) > 1 else "") + "; causal load balancing splits "
+                         f"each sequence into {step} equal chunks: use a multiple of {step} "
+                         f"({one_of(nearest_multiples(seq, step))})")
 
 
 def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: SearchSpace) -> None:
