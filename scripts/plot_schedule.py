@@ -262,6 +262,12 @@ def all_pictures(args: argparse.Namespace) -> list[tuple[argparse.Namespace, str
     return out
 
 
+def _simulation_flags(args: argparse.Namespace) -> tuple[tuple[str, bool], ...]:
+    """(flag, given) of the flags that shape a simulated schedule (given: not its default)."""
+    return (("--schedule", args.schedule != "1f1b"), ("--pp", args.pp != 4), ("--microbatches", args.microbatches != 8),
+            ("--v", args.v is not None), ("--tb-ratio", args.tb_ratio != 1.0))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = _Parser(prog="plot_schedule.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--schedule", choices=[k.value for k in ScheduleKind], default="1f1b",
@@ -297,6 +303,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if matplotlib is None:
             p.error("drawing needs matplotlib, which is not installed: pip install matplotlib")
         return args
+    if args.trace:  # a measured run's own schedule, pp and micro-batches: a simulation flag would be ignored
+        for flag, given in _simulation_flags(args):
+            if given:
+                p.error(f"{flag} does not go with --trace (the trace draws the run's own schedule, ranks and "
+                        f"micro-batches, as timed); drop one")
     if args.v is None:
         args.v = 2 if args.schedule in ("interleaved", "zbv") else 1
     if args.schedule == "zbv" and args.v != 2:

@@ -87,7 +87,7 @@ def test_cp_flags_are_checked_by_name():
     (["--context-parallel-size", "3"], 4, "--context-parallel-size (3)"),
     (["--context-parallel-size", "0"], 1, "--context-parallel-size must be"),
     (["--context-parallel-size", "4", "--seq-length", "36"], 4, "--seq-length 36 is not divisible by 2 x "
-                                                                "--context-parallel-size (8)"),
+                                                                "--context-parallel-size 4 = 8"),
     (["--model", "tiny-llama", "--context-parallel-size", "4", "--cp-comm-type", "a2a", "--seq-length", "32"], 4,
      "--cp-comm-type a2a splits heads over --context-parallel-size 4"),
     (["--context-parallel-size", "2", "--attention-dropout", "0.1"], 2, "--attention-dropout 0"),

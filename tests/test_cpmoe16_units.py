@@ -152,9 +152,9 @@ def test_step_statistics_sum_the_cp_ranks_shares():
     stage.layers[0].mlp = _layer(MoEConfig(aux_loss_coeff=0.1), _Adds(torch.zeros(E)))
     stage.layers[0].mlp(torch.randn(2, 4, H, generator=torch.Generator().manual_seed(6)))
     own = stage.layers[0].mlp.stat_aux
-    other = torch.zeros(1, E + 2, dtype=torch.float64)
+    other = torch.zeros(1, E + 3, dtype=torch.float64)  # columns: slots, aux, z, stage
     other[0, :E + 1] = torch.tensor([5.0, 5.0, 3.0, 3.0, 0.25])
-    same = _Adds(torch.zeros(1, E + 2, dtype=torch.float64), size=1)
+    same = _Adds(torch.zeros(1, E + 3, dtype=torch.float64), size=1)
     mesh = SimpleNamespace(tp=same, cp=_Adds(other), dp=same, pp=same, device=torch.device("cpu"))
     st = step_statistics(stage, mesh, micro_batches=1)
     assert st.aux_loss == pytest.approx(own + 0.25, rel=1e-12)

@@ -105,7 +105,7 @@ def test_moe_step_statistics_read_the_other_pipeline_stages_layers():
         block.mlp = _moe_layer(1, MoEConfig(aux_loss_coeff=0.1))
         block.mlp(torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(6)))
     own_aux = sum(b.mlp.stat_aux for b in stage.layers)
-    other = torch.zeros(4, 6, dtype=torch.float64)  # rows: layers; columns: 4 experts' slots, aux, z
+    other = torch.zeros(4, 7, dtype=torch.float64)  # rows: layers; columns: 4 experts' slots, aux, z, stage
     other[2, :5] = torch.tensor([0.0, 0.0, 90.0, 0.0, 0.5])
     other[3, :5] = torch.tensor([10.0, 10.0, 10.0, 10.0, 0.25])
     mesh = SimpleNamespace(tp=_Same(), cp=_Same(), dp=_Same(), pp=_Adds(other), device=torch.device("cpu"))

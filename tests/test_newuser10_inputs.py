@@ -219,8 +219,9 @@ def test_cp_sequence_length_that_does_not_split_names_the_nearest_that_do(cp, se
     _world(monkeypatch, cp)
     line = one_line(lambda: validate(["--model", "tiny-llama", "--context-parallel-size", str(cp), "--seq-length",
                                       str(seq)]))
-    assert line == (f"train.py: error: --seq-length {seq} is not divisible by 2 x --context-parallel-size ({2 * cp}); "
-                    f"causal load balancing splits each sequence into 2 CP equal chunks: use a multiple of {2 * cp} "
+    assert line == (f"train.py: error: --seq-length {seq} is not divisible by 2 x --context-parallel-size {cp} = "
+                    f"{2 * cp}; causal load balancing splits each sequence into {2 * cp} equal chunks: use a multiple "
+                    f"of {2 * cp} "
                     f"({near})")
     for good in near.split(" or "):
         run = validate(["--model", "tiny-llama", "--context-parallel-size", str(cp), "--seq-length", good])[0]

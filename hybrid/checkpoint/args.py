@@ -328,6 +328,15 @@ def _resume_candidate(load: str, step: int | None) -> tuple[str, dict, object]:
                      f"inspect {load}`")
 
 
+def resume_keys(checkpoint: CheckpointConfig) -> tuple[str, frozenset[str]] | None:
+    """(directory, the tensor keys of its DCP metadata) of the checkpoint the run resumes; None without one. For
+    the checks of state a feature keeps under its own keys (hybrid/moe/args.check_resume: the expert bias)."""
+    if checkpoint.load is None:
+        return None
+    directory, _, meta = _resume_candidate(checkpoint.load, checkpoint.ckpt_step)
+    return directory, frozenset(meta.state_dict_metadata)
+
+
 def _check_model(load: str, step: int | None, model: str, cfg) -> None:
     """The checkpoint to resume holds --model's model: the same identity (config fields, not the path) and every
     parameter's shape in DCP's metadata. ValueError (one line, the first differing field) otherwise."""

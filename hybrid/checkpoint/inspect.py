@@ -74,6 +74,12 @@ def loadable_at(state: dict, target: Target) -> tuple[bool, str]:
             BatchSpec(gbs, micro, seq, dims.dp)
         except ValueError as e:
             notes.append(f"the saved batch does not split at dp {dims.dp} ({e})")  # the line gives the values
+    if type(seq) is int and seq > 0 and dims.cp > 1:  # the saved sequence, kept unless the run passes another
+        from hybrid.cp.balance import check_divisible
+        try:
+            check_divisible(seq, dims.cp)
+        except ValueError as e:
+            notes.append(f"the saved sequence does not split at cp {dims.cp} ({e})")
     return True, "; ".join(notes)
 
 
@@ -242,12 +248,18 @@ CHECKPOINT_ACTION_HINTS = {f"action={word}": hint for words, hint in (
 ) for word in words}
 
 
+# round 23: "did you mean --expert-model-parallel-size?" named another thing
+ETP_HINT = {"--expert-tensor-parallel-size": "--expert-tensor-parallel-size: inspect does not take it: a checkpoint "
+                                             "stores every expert whole, so it loads at any expert-TP train.py "
+                                             "accepts (train.py checks it against the experts' width)"}
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("checkpoint", help="inspect checkpoints", description=__doc__,
                               formatter_class=HelpFormatter, hints=CHECKPOINT_ACTION_HINTS)
     sub = p.add_subparsers(dest="action", required=True)
     q = sub.add_parser("inspect", help="iteration, layout, size and checksum verdict of checkpoints",
-                       formatter_class=HelpFormatter, hints=parallel_hints("--world-size"))
+                       formatter_class=HelpFormatter, hints={**parallel_hints("--world-size"), **ETP_HINT})
     q.add_argument("dir", metavar="DIR", help="a --save directory or one iter_* directory")
     q.add_argument("--tensor-model-parallel-size", type=positive_int, metavar="N", default=None,
                    help="with --world-size: can it be loaded at this tp (default 1)?")

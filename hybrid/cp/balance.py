@@ -20,8 +20,10 @@ def check_divisible(seq_len: int, cp: int) -> None:
     step = 2 * cp
     if seq_len % step:
         near = [n for n in (seq_len // step * step, (seq_len // step + 1) * step) if n > 0]
-        raise ValueError(f"--seq-length {seq_len} is not divisible by 2 x --context-parallel-size ({step}); "
-                         f"causal load balancing splits each sequence into 2 CP equal chunks: use a multiple of "
+        # "2 x --context-parallel-size 4 = 8": "(8)" read as the flag's value, as in the world-size line's
+        # "--context-parallel-size (3)" (round 23)
+        raise ValueError(f"--seq-length {seq_len} is not divisible by 2 x --context-parallel-size {cp} = {step}; "
+                         f"causal load balancing splits each sequence into {step} equal chunks: use a multiple of "
                          f"{step} ({' or '.join(map(str, near))})")
 
 

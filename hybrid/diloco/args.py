@@ -75,7 +75,8 @@ def check(args: argparse.Namespace) -> DiLoCoConfig | None:
         raise ValueError(f"--diloco-outer-momentum must be in [0, 1), got {args.diloco_outer_momentum}")
     k = args.diloco_fragments
     if k < 1 or h % k:
-        raise ValueError(f"--diloco-fragments {k} must be a positive divisor of --diloco-inner-steps {h}")
+        raise ValueError(f"--diloco-fragments {k} must be a positive divisor of --diloco-inner-steps {h}; give "
+                         f"{one_of(divisors(h))}")
     tau, alpha = args.diloco_fragment_sync_delay, args.diloco_fragment_update_alpha
     if not 0 <= tau < h // k:  # torchft's rule: a fragment lands before the next one is posted (one in flight)
         per = f"--diloco-inner-steps {h} / --diloco-fragments {k}" if "diloco_fragments" in \
@@ -138,6 +139,22 @@ def single_replica_warning(cfg: DiLoCoConfig | None, dp: int) -> tuple[str, ...]
     return (f"--diloco-inner-steps {cfg.inner_steps} with one replica ({why}): nothing to average and no "
             f"communication saved; the outer Nesterov step acts on the one replica's {cfg.inner_steps}-step delta "
             f"(Lookahead-like, docs/diloco.md); for replicas, give more DP ranks or --diloco-replicas R >= 2",)
+
+
+def unsharded_zero_warning(cfg: DiLoCoConfig | None, dims, zero_stage: int) -> tuple[str, ...]:
+    """Round 23: ZeRO shards inside a replica (over its dp / R DP ranks x every CP rank), so at one rank a replica
+    -- the default, R = dp -- a --zero-stage 1-3 shards nothing, while the start-up `zero: stage 3` line read as if
+    it sharded over the DP ranks. Said once at start."""
+    if cfg is None or not zero_stage or (cfg.replicas or dims.dp) == 1:
+        return ()
+    r = cfg.replicas or dims.dp
+    if dims.dp // r * dims.cp > 1:
+        return ()
+    fits = [n for n in divisors(dims.dp) if 1 < n < r]
+    return (f"--zero-stage {zero_stage} with --diloco-inner-steps: ZeRO shards inside each replica, and each of the "
+            f"{r} replicas is one rank (data-parallel size {dims.dp} / {r} replicas), so nothing is sharded; give "
+            + (f"--diloco-replicas {one_of(fits)} for several ranks a replica, or " if fits else "more ranks a "
+               "replica (--diloco-replicas R < dp), or ") + "drop --zero-stage",)
 
 
 def check_optimizer(args: argparse.Namespace, saves: bool) -> None:

@@ -88,6 +88,23 @@ def check(args: argparse.Namespace, cfg, dims: ParallelDims) -> MoEConfig | None
     return moe
 
 
+def check_resume(saved: tuple[str, frozenset[str]] | None) -> None:
+    """A run with --moe-router-enable-expert-bias resuming the checkpoint `saved` (its directory and the tensor
+    keys of its DCP metadata; None without a resume). The expert bias is checkpointed state
+    (moe/<layer>.gate.expert_bias, runtime.ExpertBiasState): a checkpoint with none (saved without the flag, or a
+    `hybrid convert` of a transformers model) failed after start-up, "Missing key in checkpoint state_dict:
+    moe/...". Named here, before any process group. (The reverse, a saved bias resumed without the flag, runs
+    without it; the resume's "flags changed" line names the change.)"""
+    if saved is None:
+        return
+    directory, keys = saved
+    if not any(key.startswith("moe/") for key in keys):
+        raise ValueError(f"--moe-router-enable-expert-bias: the checkpoint --load resumes ({directory}) holds no "
+                         f"expert bias (saved without the flag, or converted from transformers); drop the flag to "
+                         f"resume it, or start from its weights with the bias at zero: `hybrid convert {directory} "
+                         f"DIR`, then --load DIR (a fresh optimizer)")
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
     for dest in ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_bias_update_rate"):
         check_number(_flag(dest), getattr(args, dest), 0)

@@ -146,7 +146,8 @@ class ExpertLayout:
             lines.append(f"tp x cp groups (a micro-batch's tokens: routing counts summed): "
                          f"{self.dims.group_ranks((Axis.TP, Axis.CP))}")
         for rank, experts in self.placement(num_experts):
-            line = f"  rank {rank}: experts {experts.start}-{experts.stop - 1}"
+            held = f"expert {experts.start}" if len(experts) == 1 else f"experts {experts.start}-{experts.stop - 1}"
+            line = f"  rank {rank}: {held}"  # one each (--num-experts = ep): "expert 3", not "experts 3-3"
             if self.etp > 1:
                 j = self.coords(rank).etp
                 line += f", width shard {j + 1}/{self.etp}"

@@ -106,12 +106,14 @@ def step_statistics(model: nn.Module, mesh, micro_batches: int, layout=None) -> 
     E = _cfg(model).num_experts
     ids = [int(name.split(".")[-2]) for name, m in model.named_modules() if isinstance(m, MoELayer)]
     num_layers = _max_layers(model)
-    table = torch.zeros(num_layers, E + 2, dtype=torch.float64, device=mesh.device)
+    table = torch.zeros(num_layers, E + 3, dtype=torch.float64, device=mesh.device)  # slots, aux, z, stage
     for lid, layer in zip(ids, layers):
         if layer.stat_counts is not None:
             table[lid, :E] = layer.stat_counts.double()
         table[lid, E] = layer.stat_aux + sum(p.value() for p in layer.pools)
         table[lid, E + 1] = layer.stat_z
+        if layout is not None:  # summed over the stage's S = tp cp dp ranks below: S (pp rank + 1)
+            table[lid, E + 2] = mesh.pp.rank + 1
         layer.reset_stats()
     for group in (mesh.tp, mesh.cp, mesh.dp, mesh.pp):  # each stage's layers over its ranks, stages' rows over PP
         group.all_reduce(table, tag="moe")
@@ -122,12 +124,20 @@ def step_statistics(model: nn.Module, mesh, micro_batches: int, layout=None) -> 
     c = counts[used]
     hot = int(torch.argmax(counts.flatten()))
     layer_id, expert = divmod(hot, E)
-    owner = next((r for r, ex in layout.placement(E) if expert in ex), 0) if layout is not None else 0
+    owner = _owner(layout, E, expert, float(table[layer_id, E + 2])) if layout is not None else 0
     replicas = mesh.dp.size * micro_batches
     return MoEStatistics(tokens_min=float(c.min()), tokens_max=float(c.max()),
                          imbalance=float((c.max(1).values / c.mean(1)).max()),
                          aux_loss=float(table[:, E].sum()) / replicas, z_loss=float(table[:, E + 1].sum()) / replicas,
                          hot_expert=(layer_id, expert, owner))
+
+
+def _owner(layout, num_experts: int, expert: int, stage_sum: float) -> int:
+    """The first rank (expert-DP replica 0) holding `expert` in the pipeline stage that holds its layer, from the
+    table's stage column, S (pp rank + 1). Every stage holds experts 0..E-1 of its own layers, so without the stage
+    the hot expert of a later stage was named on stage 0's ranks (at pp 2 stage 1's are ranks S..2S-1)."""
+    stage = round(stage_sum / layout.stage_size) - 1
+    return next(r for r, ex in layout.placement(num_experts) if expert in ex and layout.coords(r).pp == stage)
 
 
 def _cfg(model: nn.Module):

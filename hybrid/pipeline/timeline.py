@@ -3,9 +3,10 @@
 Each rank's executed actions (`PipelineExecutor.events`) become complete ("X") events: one track
 (pid) per pipeline stage, one row (tid) per global rank, named like the schedule pictures -- F3 is
 the forward of micro-batch 3, B3 its backward (its input gradient, under a zero-bubble schedule), W3 its
-weight gradients (zero-bubble schedules), with the chunk shown as F3.1 when v > 1; batches of
-sends and receives appear as "comm" events. Times are wall-clock microseconds from the earliest
-event, so ranks on one host line up.
+weight gradients (zero-bubble schedules), with the chunk shown as F3.1 when v > 1; each send and
+receive of a batch appears under its op's name (send_act, recv_act, send_grad, recv_grad: the time the batch
+took to post), and a compute's lazy wait for its input, or the step's final wait for its sends, as "wait".
+Times are wall-clock microseconds from the earliest event, so ranks on one host line up.
 """
 
 from __future__ import annotations

@@ -67,7 +67,17 @@ _MIXED = ("plan prices bf16 and fp16 alike: --precision mixed, the default on GP
 PLAN_HINTS = {**parallel_hints("--gpus"),
               **{flag: f"{flag}: {_MIXED}" for flag in ("--bf16", "--fp16")},
               **{flag: f"{flag}: give --gpus N (all GPUs of the job; --gpus-per-node N for a node's)"
-                 for flag in ("--num-gpus", "--world", "--world-size")}}
+                 for flag in ("--num-gpus", "--world", "--world-size")},
+              # round 23: train.py's flags that plan searches or does not price ("did you mean
+              # --expert-model-parallel-size?" for expert-TP, "see --help" for the schedule)
+              "--expert-tensor-parallel-size": "--expert-tensor-parallel-size: plan searches expert-TP with EP and "
+                                               "has no flag to pin it (train.py --auto-parallel "
+                                               "--expert-tensor-parallel-size N plans around one)",
+              "--pipeline-schedule": "--pipeline-schedule: plan searches the schedule (1f1b, interleaved, zbh1, zbv) "
+                                     "with the layout; the table's layout cell names it and --emit-args gives the "
+                                     "flag; drop it",
+              "--moe-token-dispatcher-type": "--moe-token-dispatcher-type: plan prices the alltoall dispatcher "
+                                             "(train.py's default); drop the flag"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -382,6 +392,28 @@ def _check_cp(args: argparse.Namespace) -> None:
         raise ValueError(f"--context-parallel-size {args.context_parallel_size}: {odd[0]} does not divide --gpus "
                          f"{args.gpus} (the GPUs split into CP groups of that size); give sizes that divide it, e.g. "
                          f"{fits}")
+    _check_cp_pins(args, sizes)
+
+
+def _check_cp_pins(args: argparse.Namespace, sizes: tuple[int, ...]) -> None:
+    """Round 23: with tp / pp pinned, a CP size must also divide --gpus / (tp x pp); when none does, the search's
+    "no layout fits at --context-parallel-size 2 (a size must divide --gpus ...)" blamed a size that divides --gpus
+    (tp 8 x cp 2 on 8 GPUs). Likewise every size against the sequence's 2 CP load-balanced chunks."""
+    tp, pp = args.tensor_model_parallel_size or 1, args.pipeline_model_parallel_size or 1
+    if args.gpus is not None and all(args.gpus % (tp * pp * c) for c in sizes):
+        free = args.gpus // (tp * pp) if args.gpus % (tp * pp) == 0 else 0
+        fits = (f"give CP sizes dividing {free}" if free > 1 else "give a smaller --tensor-model-parallel-size or "
+                f"--pipeline-model-parallel-size")
+        raise ValueError(f"--context-parallel-size {args.context_parallel_size} with --tensor-model-parallel-size "
+                         f"{tp} and --pipeline-model-parallel-size {pp}: tp x cp x pp divides --gpus {args.gpus} at "
+                         f"none of the sizes; {fits}")
+    seq = args.seq_length
+    if seq is not None and all(seq % (2 * c) for c in sizes):  # train.py's rule (hybrid/cp/balance.py), torch-free
+        step = 2 * sizes[0]
+        raise ValueError(f"--seq-length {seq} is not divisible by 2 x --context-parallel-size {sizes[0]} = {step}"
+                         + (" (nor at the other sizes)" if len(sizes) > 1 else "") + "; causal load balancing splits "
+                         f"each sequence into {step} equal chunks: use a multiple of {step} "
+                         f"({one_of(nearest_multiples(seq, step))})")
 
 
 def _plan_cp(args: argparse.Namespace, work: Workload, cluster: Cluster, space: SearchSpace) -> None:
@@ -550,6 +582,7 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
     seq = args.seq_length or min(2048, model.max_position_embeddings)
     if not model.num_experts and args.expert_model_parallel_size is not None:
         raise ValueError("--expert-model-parallel-size: the model has no experts (a dense model); drop the flag")
+    _check_pinned_ep(args.expert_model_parallel_size, model.num_experts, args.gpus)
     if model.arch == ARCH_GPT2 and seq > model.max_position_embeddings:
         raise ValueError(f"--seq-length {seq} exceeds the model's {model.max_position_embeddings} learned "
                          f"positions; use at most {model.max_position_embeddings}")
@@ -565,6 +598,20 @@ def workload_from_args(args: argparse.Namespace, model: ModelConfig) -> Workload
                     fused_cross_entropy=args.fused_cross_entropy, pipeline_split=_pipeline_split(args, model),
                     zero3_runtime=Zero3Runtime(args.zero3_runtime) if args.zero3_runtime else None,
                     tp_plan=TpPlan(args.tp_plan))
+
+
+def _check_pinned_ep(ep: int | None, experts: int, gpus: int | None) -> None:
+    """A pinned EP splits the experts and folds over a stage's tp x cp x dp ranks (a divisor of --gpus): one that
+    divides neither is one line naming the sizes that do, not "no layout runs" over every layout the search tried."""
+    if ep is None:
+        return
+    fits = [n for n in divisors(experts) if gpus is None or gpus % n == 0]
+    if experts % ep:
+        raise ValueError(f"--expert-model-parallel-size {ep} does not divide the model's {experts} experts; give "
+                         f"{one_of(fits)}, or drop it (EP is searched)")
+    if gpus is not None and gpus % ep:
+        raise ValueError(f"--expert-model-parallel-size {ep} does not divide --gpus {gpus} (an EP group is ranks of "
+                         f"one pipeline stage); give {one_of(fits)}, or drop it (EP is searched)")
 
 
 def _pipeline_split(args: argparse.Namespace, model: ModelConfig) -> PipelineSplit | None:

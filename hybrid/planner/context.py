@@ -79,7 +79,8 @@ SEARCH_MARGIN = 4  # plans asked of each reduced search per plan wanted (some re
 def reduce(work: Workload, layout: Layout, cp: int) -> tuple[Workload, Layout]:
     """The plain problem a CP layout equals per rank (see the module doc)."""
     if work.seq_length % (2 * cp):
-        raise ValueError(f"--seq-length {work.seq_length} is not divisible by 2 x --context-parallel-size ({2 * cp})")
+        raise ValueError(f"--seq-length {work.seq_length} is not divisible by 2 x --context-parallel-size {cp} = "
+                         f"{2 * cp}")
     return (replace(work, global_batch=work.global_batch * cp, seq_length=work.seq_length // cp),
             replace(layout, dp=layout.dp * cp))
 

@@ -17,8 +17,8 @@ import sys
 
 import torch
 
-from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_file, in_range, is_finite, nearest_multiples,
-                            one_of)
+from hybrid.cliutil import (HelpFormatter, OneLineParser, check_output_file, divisors, in_range, is_finite,
+                            nearest_multiples, one_of)
 from hybrid.compress import args as compress_args
 from hybrid.checkpoint import args as ckpt_args
 from hybrid.cp import args as cp_args
@@ -279,8 +279,10 @@ def check_pipeline(args: argparse.Namespace, cfg: ModelConfig, dims: ParallelDim
     if args.num_layers_per_virtual_pipeline_stage is not None:
         per = args.num_layers_per_virtual_pipeline_stage
         if per < 1 or cfg.num_layers % (dims.pp * per):
+            fits = [d for d in divisors(cfg.num_layers) if cfg.num_layers % (dims.pp * d) == 0]
             raise ValueError(f"--num-layers-per-virtual-pipeline-stage {per} must divide the {cfg.num_layers} layers "
-                             f"/ --pipeline-model-parallel-size {dims.pp}")
+                             f"/ --pipeline-model-parallel-size {dims.pp}"
+                             + (f"; give {one_of(fits)}" if fits else f", which is not a whole number of layers"))
         v = cfg.num_layers // (dims.pp * per)
     if args.virtual_pipeline_model_parallel_size is not None:
         if args.num_layers_per_virtual_pipeline_stage is not None:
@@ -567,11 +569,14 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
     warnings += deepspeed_schedule_warning(ns)
     cp_args.check_model(cp, cfg, dims.tp, ns.seq_length, ns.sequence_parallel)
     moe = moe_args.check(ns, cfg, dims)  # hybrid/moe: None for a dense model
+    if moe is not None and moe.expert_bias:  # the bias a resume needs is in the checkpoint
+        moe_args.check_resume(ckpt_args.resume_keys(checkpoint))
     compress = compress_args.check(ns, dims.dp * dims.cp, resuming=checkpoint.load is not None,  # hybrid/compress
                                    moe=moe is not None)
     warnings += compress_args.onebit_warnings(compress, ns)
     diloco = diloco_args.check_run(ns, dims, checkpoint, zero, moe)  # hybrid/diloco: None without
     warnings += diloco_args.single_replica_warning(diloco, dims.dp)
+    warnings += diloco_args.unsharded_zero_warning(diloco, dims, zero.stage)
     check_shm_gather(ns, zero, dims, diloco, compress.enabled)
     if ns.seq_length > cfg.max_position_embeddings:
         raise ValueError(f"--seq-length {ns.seq_length} exceeds the model's {cfg.max_position_embeddings} "
@@ -789,6 +794,10 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
     # --compile runs with every ZeRO stage (check_compile): the search keeps to what the run accepts
     pinned_ep = "expert_model_parallel_size" in getattr(args, "explicit", set())  # MoE: else the planner's EP
     pinned_etp = "expert_tensor_parallel_size" in getattr(args, "explicit", set())  # and expert-TP
+    if cfg.num_experts and (pinned_ep or pinned_etp):  # one that cannot fold is its one line, not "no layout fits"
+        from hybrid.moe.parallel import ExpertLayout  # (a stage's ranks divide the world: pp 1 is the widest)
+        ExpertLayout(ParallelDims(dp=world), args.expert_model_parallel_size,
+                     args.expert_tensor_parallel_size).check_experts(cfg.num_experts, cfg.moe_ffn_hidden_size)
     # and no zero-bubble schedule (check_zero_bubble refuses it with --compile: B could not leave W to later)
     traced_sac = args.compile and args.recompute_granularity == "selective-op"  # check_compile: at tp 1 only
     space = SearchSpace(recompute=(Recompute(args.recompute_granularity or "none"),), tp=(1,) if traced_sac else None,

@@ -257,6 +257,15 @@ INSTEAD.update({
     "--moe-router-group-topk": "group-limited routing (DeepSeek-V3's node groups) is not implemented; drop the flag",
 })
 
+# round 23: docs/comm-efficient.md's diagnostics, flags of scripts/bench_comm_efficient.py only ("see --help")
+BENCH_ONLY = "a diagnostic of scripts/bench_comm_efficient.py (docs/comm-efficient.md); train.py runs "
+INSTEAD.update({
+    "--powersgd-min-compression-rate": BENCH_ONLY + "torch's rate 2 (a matrix is compressed when n m > 2 r (n + m), "
+                                                    "else sent whole); drop the flag",
+    "--powersgd-variant": BENCH_ONLY + "torch's powerSGD_hook (one power iteration a step); drop the flag",
+    "--powersgd-no-error-feedback": BENCH_ONLY + "PowerSGD with error feedback, as torch's hook; drop the flag",
+})
+
 # round 16's new-user pass: the flags of transformers' Trainer (TrainingArguments, accelerate) and of the launchers,
 # which said "see --help" or a misleading near spelling (--max_steps -> --max-skipped-steps, --eval_steps ->
 # --eval-iters). Trainer's own spelling is underscored: hints() adds it beside the dashed one

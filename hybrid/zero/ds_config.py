@@ -186,6 +186,17 @@ ONEBIT_PARAMS = {"freeze_step"}  # hybrid/compress/args.py reads it
 ADAM_EPS = 1e-8  # hybrid.train_step.OptimizerConfig.eps: no flag sets it (DeepSpeed's and torch's default too)
 
 
+def _refuse_param(key: str, kind: str, onebit: bool) -> None:
+    """An optimizer.params key train.py does not read: a near spelling of one it reads is named (freez_step was
+    "remove it", which would drop the 1-bit warm-up the file meant; round 23), any other key is to be removed."""
+    import difflib
+    valid = READ_PARAMS | KERNEL_PARAMS | (ONEBIT_PARAMS if onebit else set())
+    close = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.75)
+    fix = f"did you mean {close[0]}?" if close else "remove it"
+    raise ValueError(f"--deepspeed-config: optimizer.params.{key} is not one train.py reads for {kind} (lr, betas, "
+                     f"eps, weight_decay{', freeze_step' if onebit else ''}); {fix}")
+
+
 def _read_optimizer(ds: dict, out: DeepSpeedSettings) -> None:
     """optimizer.params: lr, betas and weight_decay set --lr, --adam-beta1/2 and --weight-decay; eps,
     adam_w_mode, bias_correction and amsgrad are checked against what train.py runs; any other key is refused by
@@ -201,9 +212,7 @@ def _read_optimizer(ds: dict, out: DeepSpeedSettings) -> None:
         if key in KERNEL_PARAMS:
             out.unsupported.append(f"optimizer.params.{key}")
         elif key not in READ_PARAMS and not (key in ONEBIT_PARAMS and out.optimizer == "onebitadam"):
-            onebit = ", freeze_step" if out.optimizer == "onebitadam" else ""
-            raise ValueError(f"--deepspeed-config: optimizer.params.{key} is not one train.py reads for "
-                             f"{opt['type']} (lr, betas, eps, weight_decay{onebit}); remove it")
+            _refuse_param(key, opt["type"], out.optimizer == "onebitadam")
     out.lr = _float(params, "lr", "optimizer.params.lr", 0.0, low_open=True)
     if out.optimizer == "onebitadam":
         if "freeze_step" not in params:
