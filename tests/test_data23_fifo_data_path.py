@@ -1,4 +1,4 @@
-"""Round 23's review: --data-path naming a FIFO (or a device) itself, not a prefix, is "not a regular file" -- not
+"""Round 23's review: --data-path naming a FIFO (or a socket or a device) itself, not a prefix, is "not a regular file" -- not
 "no such file, nor PATH.bin / PATH.idx", the line for a path that does not exist -- refused before any open (a
 FIFO's open for reading blocks until a writer comes), as polish23 refuses a FIFO at PREFIX.bin / PREFIX.idx."""
 
@@ -17,8 +17,8 @@ def test_a_fifo_data_path_is_not_a_regular_file(tmp_path, monkeypatch):
     monkeypatch.setattr("builtins.open", lambda *a, **k: pytest.fail(f"opened {a[0]}"))  # would block on the FIFO
     with pytest.raises(ValueError) as err:
         open_dataset(path)
-    assert str(err.value) == (f"--data-path {path!r} is not a regular file (a FIFO or a device); give a UTF-8 text "
-                              f"file or an indexed-dataset prefix (PREFIX.bin + PREFIX.idx)")
+    assert str(err.value) == (f"--data-path {path!r} is not a regular file (a FIFO, a socket or a device); give a "
+                              f"UTF-8 text file or an indexed-dataset prefix (PREFIX.bin + PREFIX.idx)")
 
 
 def test_a_device_data_path_is_not_a_regular_file():
