@@ -54,6 +54,9 @@ def open_dataset(path: str | None) -> IndexedDataset | InMemoryDocuments:
     if os.path.isdir(path):
         raise ValueError(f"--data-path {path!r} is a directory; give a UTF-8 text file or an indexed-dataset "
                          f"prefix (PREFIX.bin + PREFIX.idx)")
+    if os.path.exists(path):  # a FIFO, socket or device, never opened (a FIFO's open blocks): was "no such file"
+        raise ValueError(f"--data-path {path!r} is not a regular file (a FIFO, a socket or a device); give a UTF-8 "
+                         f"text file or an indexed-dataset prefix (PREFIX.bin + PREFIX.idx)")
     raise ValueError(f"--data-path {path!r}: no such file, nor {bin_path(path)} / {idx_path(path)}; give a UTF-8 "
                      f"text file or a prefix written by scripts/preprocess_data.py")
 
