@@ -609,7 +609,7 @@ def speed(c: Check) -> dict:
 # --- the step taken apart ---------------------------------------------------------------------------------------
 
 def breakdown(c: Check) -> dict:
-    """train.py's step of the speed model (ZeRO 0, bf16, clip 1.0), taken apart in one process: device bytes of
+    """train.py's step of the speed model (ZeRO 0, bf16 with its default fp32 gradients, clip 1.0), taken apart in one process: device bytes of
     the model states, of one micro-batch's forward (what it keeps) and at the forward + backward peak, and of the
     optimizer step; device time of the micro-batches' forward + backward, of the gradient sync and of the
     optimizer step -- each beside the planner's term for it (h200 preset)."""
@@ -624,7 +624,7 @@ def breakdown(c: Check) -> dict:
     cfg = from_hf(speed_config(c))
     mesh = Mesh.single(dev)
     model = nn.ModuleList([build_model(cfg, solo_tp(), seed=1234)]).to(dev)
-    opt = ZeroOptimizer(model, mesh, ZeroConfig(stage=0, precision=Precision.BF16), OptimizerConfig(lr=1e-4, clip_grad=1.0))
+    opt = ZeroOptimizer(model, mesh, ZeroConfig(stage=0, precision=Precision.BF16, accumulate_fp32_grads=True), OptimizerConfig(lr=1e-4, clip_grad=1.0))
     runner = LocalForwardBackward(model[0], dev)
     ids = torch.randint(0, cfg.vocab_size, (s.micro_batches, 1, s.seq), generator=torch.Generator().manual_seed(3))
     batches = [(x, shift_labels(x)) for x in ids]
@@ -652,7 +652,8 @@ def breakdown(c: Check) -> dict:
     loss.backward()
     one_mb_peak = (peak_memory(dev) or 0) - states
     work = Workload(cfg, global_batch=s.micro_batches, seq_length=s.seq, precision=PlanPrecision.MIXED,
-                    activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.EAGER)  # train.py's layers
+                    activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.EAGER,
+                    fp32_grads=True)  # train.py's layers and --bf16's fp32 gradients (round 22's default)
     plan = evaluate(work, Cluster(gpus=1, hw=hardware("h200")), Layout(micro_batch=1))
     rank = plan.memory.ranks[0]
     return {"measured": {"states_bytes": states, "one_micro_batch_forward_kept_bytes": kept,
