@@ -1,6 +1,7 @@
 """The probes time what the main job's step does (round 23, issue 26; docs/results/bench_planner_mainjob.md,
-"Twenty-third round"): the layer's forward records the autograd graph, as training's does (until round 23 it ran
-under no_grad and the graph's cost landed in the backward), and the optimizer probe runs on every rank at once, the
+"Twenty-third round"): the layer's forwards record the autograd graph and keep it while more forwards run, their
+backwards later, as training does (until round 23 the forward ran under no_grad and the graph's cost landed in the
+backward, timed right after its own forward), and the optimizer probe runs on every rank at once, the
 profile fitting the median rank's reading (until round 23 rank 0 alone beside idle ranks)."""
 
 from __future__ import annotations
@@ -14,19 +15,25 @@ from hybrid.planner import calibrate as cal
 from models.gpt2 import GPT2Block
 
 
-def test_the_probe_layers_forward_records_the_autograd_graph():
-    """Every forward layer_seconds times runs with grad enabled and returns an output attached to the graph (the
-    per-pass layer, no time asked for: the warm-up and two calls of each of its two timings)."""
-    seen = []
+def test_the_probe_layer_keeps_its_forwards_graphs_and_runs_their_backwards_later():
+    """layer_seconds runs each forward with the autograd graph recorded, IN_FLIGHT of them before their backwards
+    (oldest first), as training does: no time asked for, the warm-up round and one timed round. Until round 23 it
+    timed the forward under no_grad and then forward + backward back to back."""
+    events = []
     forward0 = GPT2Block.forward
 
     def forward(self, x, *a, **kw):
         y = forward0(self, x, *a, **kw)
-        seen.append(torch.is_grad_enabled() and y.requires_grad)
+        k = sum(e[0] == "f" for e in events)
+        events.append(("f", torch.is_grad_enabled() and y.requires_grad))
+        y.register_hook(lambda g: events.append(("b", k)))
         return y
     with mock.patch.object(GPT2Block, "forward", forward):
-        cal.layer_seconds(cal.PASS_SHAPE, 0.0, torch.device("cpu"))
-    assert len(seen) == 6 and all(seen)
+        fwd, bwd = cal.layer_seconds(cal.PASS_SHAPE, 0.0, torch.device("cpu"))
+    n = cal.IN_FLIGHT
+    assert n >= 2 and fwd > 0 and bwd > 0
+    one_round = [("f", True)] * n + [("b", k) for k in range(n)]
+    assert events == one_round + [("f", True)] * n + [("b", k) for k in range(n, 2 * n)]
 
 
 def test_the_optimizer_fit_gets_the_median_ranks_steps():

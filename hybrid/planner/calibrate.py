@@ -277,13 +277,22 @@ def layer_config(shape: tuple[int, int, int, int]):
                               embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
 
 
+# Micro-batches whose graphs a probe layer keeps before their backwards, as training does: 1F1B's first stage at
+# pp 2 holds 2 (the main job), and in any schedule a layer's forward and its backward are apart, other passes
+# between. Timed back to back instead (each forward freed at once, each backward right after its own forward), the
+# per-pass layer's forward read 0.198 ms against 0.265 with 2 in flight (5 alternations each, load 12, round 23).
+IN_FLIGHT = 2
+
+
 def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torch.device,
                   dtype: torch.dtype = torch.float32, clock=time.perf_counter) -> tuple[float, float]:
-    """(forward, backward) seconds of one GPT-2 block of `shape` in `dtype` (backward = forward + backward timed
-    together, less the forward). The forward records the autograd graph, as a training step's does: until round 23
-    it ran under torch.no_grad(), and the graph's cost (+55 us a pass on the per-pass layer, round 23) was booked
-    into the backward -- the sum right, the split not, and the planner prices the passes apart (the forward's
-    fixed cost read low, the backward's high)."""
+    """(forward, backward) seconds of one GPT-2 block of `shape` in `dtype`, each pass timed on its own as training
+    runs it: rounds of IN_FLIGHT forwards (the autograd graph recorded and kept), then their backwards, oldest
+    first, until 2 x `seconds` have passed on `clock` (after a warm-up round); the mean forward and backward.
+    Until round 23 the forward ran alone under torch.no_grad() and the backward was forward + backward timed
+    together less it: the graph's cost (+55 us a pass on the per-pass layer) was booked into the backward, and
+    neither pass paid for following other work (the main job's layers' forward took 96.6 ms of CPU a step
+    against 61.1 planned, round 23)."""
     from hybrid.comm import Group
     from hybrid.tp import TPContext
     from models.gpt2 import GPT2Block
@@ -293,18 +302,25 @@ def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torc
     grad = torch.randn(b, s, h, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def forward() -> None:  # as training runs it: the autograd graph recorded (freed with the output, unused)
-        block(x)
+    def timed(fn):
+        start = clock()
+        out = fn()
         sync()
+        return out, clock() - start
 
-    def both() -> None:
-        block(x).backward(grad)
-        sync()
-    # One mean over `seconds`, not block_median: round 10 tried 5 blocks of the same seconds and the layers'
+    def one_round() -> tuple[float, float]:
+        outs = [timed(lambda: block(x)) for _ in range(IN_FLIGHT)]
+        return sum(t for _, t in outs), sum(timed(lambda: y.backward(grad))[1] for y, _ in outs)
+    # One mean over the seconds, not block_median: round 10 tried 5 blocks of the same seconds and the layers'
     # times spread as much (4-14 % under load 7-28, on the CPU clock: other processes' cache and memory traffic,
     # not stalls a median drops), the fitted per-pass costs more (sd 54 / 82 % against 31 / 54 %).
-    fwd = _timed(forward, seconds, clock=clock)
-    return fwd, max(0.0, _timed(both, seconds, clock=clock) - fwd)
+    one_round()
+    fwd = bwd = 0.0
+    passes, start = 0, clock()
+    while passes == 0 or clock() - start < 2 * seconds:
+        f, bw = one_round()
+        fwd, bwd, passes = fwd + f, bwd + bw, passes + IN_FLIGHT
+    return fwd / passes, bwd / passes
 
 
 def _probe_workload(shape: tuple[int, int, int, int], probe: LayerProbe):
