@@ -17,9 +17,10 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   bound prices (time.py) -- an idle pipeline rank gives its core to the others;
 * memory bandwidth: a large tensor copy, read + write bytes / second (alone on a CPU, as above) -> `hbm_tbps`
   (the GEMMs' operand-traffic bound);
-* real Transformer layers (models.GPT2Block, no dropout; `LayerProbe`), forward and backward (on a CPU every
-  rank at once, each on its CPU clock, the median rank's reading: `occupied_seconds`, round 23 -- the cores as
-  busy as in training; rank 0 alone on a GPU).
+* real Transformer layers (models.GPT2Block, no dropout; `LayerProbe`), forward and backward, each pass timed as
+  training runs it (`layer_seconds`: IN_FLIGHT forwards with their graphs kept, then their backwards; round 23),
+  on a CPU every rank at once, each on its CPU clock, the median rank's reading (`occupied_seconds`, round 23 --
+  the cores as busy as in training); rank 0 alone on a GPU.
   On a CPU, fp32 at small shapes unlike the benchmarks' (so they validate it), two measurements: the per-pass
   layer PASS_SHAPE (one token, h 64: its GEMMs and bytes vanish) whose time beyond its GEMMs is a fixed cost per
   layer pass -> `layer_forward_overhead_s` / `layer_backward_overhead_s` (Python, the dispatcher, autograd:
