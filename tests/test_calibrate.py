@@ -39,13 +39,16 @@ def test_calibrate_measures_gloos_cpu_costs_on_pairs_and_the_profile_keeps_them(
     assert hw["collective_cpu_s"] > 0 and hw["p2p_cpu_s"] > 0 and hw["comm_cpu_s_per_byte"] >= 0
     assert set(profile["measured"]["comm_cpu_seconds_rank0"]) == {"tp_layer", "send_recv", "tp_pass", "edge_pass",
                                                                   "executor"}
-    # round 14: the executor's CPU per action (every rank of the pairs) and the optimizer's (rank 0 alone, two
-    # sizes) recorded; the fields are theirs: the executor's the median over ranks, clamped at 0
+    # round 14: the executor's CPU per action (every rank of the pairs) and the optimizer's (two sizes; every rank
+    # at once since round 23, the median rank's kept) recorded; the fields are theirs: the medians over ranks
     execs = profile["measured"]["executor_action_cpu_seconds_per_rank"]
     for k in ("forward", "backward"):
         assert hw[f"executor_{k}_cpu_s"] == max(0.0, statistics.median(r[k] for r in execs))
     sizes = profile["measured"]["optimizer_step_tensors_params_cpu_seconds"]
     assert [k for k, _, _ in sizes] == [20, 68] and all(c > 0 for _, _, c in sizes)
+    per_rank = profile["measured"]["optimizer_step_cpu_seconds_per_rank"]
+    assert len(per_rank) == profile["measured"]["ranks"]
+    assert [c for _, _, c in sizes] == [statistics.median(r[i] for r in per_rank) for i in (0, 1)]
     assert hw["optimizer_tensor_cpu_s"] >= 0 and hw["optimizer_step_cpu_s"] >= 0
     # the 1-token layer at tp 2 and unsharded, per pass: both measured (> 0), the extra field derived from them
     passes = profile["measured"]["tp_pass_forward_backward_cpu_seconds"]

@@ -17,9 +17,10 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   bound prices (time.py) -- an idle pipeline rank gives its core to the others;
 * memory bandwidth: a large tensor copy, read + write bytes / second (alone on a CPU, as above) -> `hbm_tbps`
   (the GEMMs' operand-traffic bound);
-* real Transformer layers (models.GPT2Block, no dropout; `LayerProbe`), forward and backward (on a CPU every
-  rank at once, each on its CPU clock, the median rank's reading: `occupied_seconds`, round 23 -- the cores as
-  busy as in training; rank 0 alone on a GPU).
+* real Transformer layers (models.GPT2Block, no dropout; `LayerProbe`), forward and backward, each pass timed as
+  training runs it (`layer_seconds`: IN_FLIGHT forwards with their graphs kept, then their backwards; round 23),
+  on a CPU every rank at once, each on its CPU clock, the median rank's reading (`occupied_seconds`, round 23 --
+  the cores as busy as in training); rank 0 alone on a GPU.
   On a CPU, fp32 at small shapes unlike the benchmarks' (so they validate it), two measurements: the per-pass
   layer PASS_SHAPE (one token, h 64: its GEMMs and bytes vanish) whose time beyond its GEMMs is a fixed cost per
   layer pass -> `layer_forward_overhead_s` / `layer_backward_overhead_s` (Python, the dispatcher, autograd:
@@ -69,9 +70,9 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   CPU per forward / backward action less the stage's call, the autograd call and the receives' waits ->
   `executor_forward_cpu_s` / `executor_backward_cpu_s` (the executor's Python, priced per chunk pass).
 
-* gloo only, rank 0 alone on its CPU clock (`optimizer_step_cpu`, round 14): the runtime's ZeroOptimizer at
-  train.py's defaults (stage 0, fp32, clip 1.0, fused AdamW) over one-token GPT-2 stages of 1 and 4 layers, 8 wide
-  (20 and 68 parameter tensors, next to no bytes): zero_grad + begin_step + finish_backward + step, CPU seconds a
+* gloo only, every rank at once on its CPU clock, the median rank's (`optimizer_step_cpu`, round 14; rank 0 alone
+  until round 23): the runtime's ZeroOptimizer at train.py's defaults (stage 0, fp32, clip 1.0, fused AdamW) over
+  one-token GPT-2 stages of 1 and 4 layers, 8 wide (20 and 68 parameter tensors, next to no bytes): zero_grad + begin_step + finish_backward + step, CPU seconds a
   step; the line through the two sizes, less the planner's own bytes -> `optimizer_tensor_cpu_s` (a tensor) and
   `optimizer_step_cpu_s` (a step), added to the optimizer term (`fit_optimizer_step`).
 
@@ -79,7 +80,7 @@ On a CPU the collectives and the pair probe keep the median of their blocks (`bl
 cores a block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
 docs/results/bench_planner_mainjob.md).
 
-On a CPU every probe a rank runs alone (the GEMM curve, the copy, the optimizer) or every rank at once (the layers)
+On a CPU every probe a rank runs alone (the GEMM curve, the copy) or every rank at once (the layers, the optimizer)
 is timed on its CPU clock (`solo_clock`: user + sys seconds of the process), the same as wall on a quiet core and not
 stretched by other processes on a loaded machine; the all-at-once rates stay wall (they measure the sharing).
 
@@ -277,10 +278,22 @@ def layer_config(shape: tuple[int, int, int, int]):
                               embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
 
 
+# Micro-batches whose graphs a probe layer keeps before their backwards, as training does: 1F1B's first stage at
+# pp 2 holds 2 (the main job), and in any schedule a layer's forward and its backward are apart, other passes
+# between. Timed back to back instead (each forward freed at once, each backward right after its own forward), the
+# per-pass layer's forward read 0.198 ms against 0.265 with 2 in flight (5 alternations each, load 12, round 23).
+IN_FLIGHT = 2
+
+
 def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torch.device,
                   dtype: torch.dtype = torch.float32, clock=time.perf_counter) -> tuple[float, float]:
-    """(forward, backward) seconds of one GPT-2 block of `shape` in `dtype` (backward = forward + backward timed
-    together, less the forward)."""
+    """(forward, backward) seconds of one GPT-2 block of `shape` in `dtype`, each pass timed on its own as training
+    runs it: rounds of IN_FLIGHT forwards (the autograd graph recorded and kept), then their backwards, oldest
+    first, until 2 x `seconds` have passed on `clock` (after a warm-up round); the mean forward and backward.
+    Until round 23 the forward ran alone under torch.no_grad() and the backward was forward + backward timed
+    together less it: the graph's cost (+55 us a pass on the per-pass layer) was booked into the backward, and
+    neither pass paid for following other work (the main job's layers' forward took 96.6 ms of CPU a step
+    against 61.1 planned, round 23)."""
     from hybrid.comm import Group
     from hybrid.tp import TPContext
     from models.gpt2 import GPT2Block
@@ -290,19 +303,25 @@ def layer_seconds(shape: tuple[int, int, int, int], seconds: float, device: torc
     grad = torch.randn(b, s, h, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def forward() -> None:
-        with torch.no_grad():
-            block(x)
+    def timed(fn):
+        start = clock()
+        out = fn()
         sync()
+        return out, clock() - start
 
-    def both() -> None:
-        block(x).backward(grad)
-        sync()
-    # One mean over `seconds`, not block_median: round 10 tried 5 blocks of the same seconds and the layers'
+    def one_round() -> tuple[float, float]:
+        outs = [timed(lambda: block(x)) for _ in range(IN_FLIGHT)]
+        return sum(t for _, t in outs), sum(timed(lambda: y.backward(grad))[1] for y, _ in outs)
+    # One mean over the seconds, not block_median: round 10 tried 5 blocks of the same seconds and the layers'
     # times spread as much (4-14 % under load 7-28, on the CPU clock: other processes' cache and memory traffic,
     # not stalls a median drops), the fitted per-pass costs more (sd 54 / 82 % against 31 / 54 %).
-    fwd = _timed(forward, seconds, clock=clock)
-    return fwd, max(0.0, _timed(both, seconds, clock=clock) - fwd)
+    one_round()
+    fwd = bwd = 0.0
+    passes, start = 0, clock()
+    while passes == 0 or clock() - start < 2 * seconds:
+        f, bw = one_round()
+        fwd, bwd, passes = fwd + f, bwd + bw, passes + IN_FLIGHT
+    return fwd / passes, bwd / passes
 
 
 def _probe_workload(shape: tuple[int, int, int, int], probe: LayerProbe):
@@ -879,7 +898,7 @@ def _probe_stage(layers: int, width: int = OPTIMIZER_PROBE_WIDTH):
 
 def optimizer_step_cpu(layers: tuple[int, ...] = OPTIMIZER_PROBE_LAYERS, steps: int = OPTIMIZER_STEPS,
                        blocks: int = OPTIMIZER_BLOCKS, clock=CPU_CLOCK) -> list[tuple[int, int, float]]:
-    """The train step's optimizer work as train_step runs it (hybrid/train_step.py), on this rank alone: the
+    """The train step's optimizer work as train_step runs it (hybrid/train_step.py), on this rank: the
     runtime's ZeroOptimizer at the defaults train.py runs (stage 0, fp32, clip 1.0, torch's fused AdamW) over a
     one-token GPT-2 stage of each size in `layers` (OPTIMIZER_PROBE_WIDTH wide: next to no bytes), on a one-rank
     mesh (its collectives are no-ops: their CPU is the pair probe's) -- zero_grad, begin_step, finish_backward (the
@@ -1056,11 +1075,12 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
         for shape, (f, b) in zip(shapes, timed):
             say(f"one {probe.dtype} GPT-2 layer (b, s, h) = {shape[:3]}: forward {f * 1e3:.2f} ms, backward "
                 f"{b * 1e3:.2f} ms ({who})")
-    if cfg.backend == "gloo":  # a CPU: the optimizer's work beyond its bytes, rank 0 alone on its CPU clock
-        out["optimizer_step"] = alone(lambda: optimizer_step_cpu(clock=clock))
+    if cfg.backend == "gloo":  # a CPU: the optimizer's work beyond its bytes, every rank at once on its CPU clock
+        out["optimizer_step"] = occupied(lambda: optimizer_step_cpu(clock=clock))
         if rank == 0:
             say("the optimizer step (ZeroOptimizer, stage 0, fp32) of one-token GPT-2 stages, CPU ms a step: "
-                + ", ".join(f"{k} tensors {c * 1e3:.3f}" for k, _, c in out["optimizer_step"]) + " (rank 0 alone)")
+                + ", ".join(f"{k} tensors {c * 1e3:.3f}" for k, _, c in out["optimizer_step"])
+                + f" (rank 0's, {world} ranks at once: the profile fits the median rank's)")
     for op in ("all_reduce", "all_gather") if world > 1 else ():  # one rank: nothing to time
         for size in cfg.sizes:
             seconds, blocks = _collective_seconds(op, size, world, device)
@@ -1130,6 +1150,16 @@ def layer_readings(per_rank: list[dict]) -> dict:
     return out
 
 
+def optimizer_readings(per_rank: list[dict]) -> list[tuple[int, int, float]]:
+    """optimizer_step_cpu's (tensors, parameters, CPU seconds a step) per stage size, the median over the ranks
+    that ran it (rank_median; every rank at once on a CPU since round 23, as the main job's 8 ranks step on 2
+    cores: rank 0 alone beside an idle core read 0.39 / 0.83 ms a step where the 8 at once read 0.83 / 1.47, and
+    the job's optimizer took 20.5 ms of CPU a step against 10.4 planned from rank 0 alone)."""
+    runs = [r.get("optimizer_step") for r in per_rank]
+    sizes = [rank_median([run[i] for run in runs if run]) for i in range(len(per_rank[0]["optimizer_step"]))]
+    return [(int(k), int(n), c) for k, n, c in sizes]
+
+
 def _layer_ranks_record(per_rank: list[dict]) -> dict:
     """Every rank's probe-layer readings where more than one rank timed them (a CPU): what the medians came from."""
     if sum(r["layer_seconds"][0] is not None for r in per_rank) < 2:
@@ -1168,13 +1198,16 @@ def _tp_pass_record(per_rank: list[dict], probe: LayerProbe) -> dict:
 
 def _glue_record(per_rank: list[dict]) -> dict:
     """The executor and optimizer probes' raw numbers in the profile: the executor's per-action CPU seconds of
-    every rank that ran it, and rank 0's optimizer steps (tensors, parameters, CPU seconds); empty where none ran."""
+    every rank that ran it, and the optimizer steps (tensors, parameters, the median rank's CPU seconds; and every
+    rank's CPU seconds); empty where none ran."""
     execs = [r["comm_cpu"]["executor"] for r in per_rank if r.get("comm_cpu") and "executor" in r["comm_cpu"]]
     out = {}
     if execs:
         out["executor_action_cpu_seconds_per_rank"] = execs
     if per_rank[0].get("optimizer_step"):
-        out["optimizer_step_tensors_params_cpu_seconds"] = [list(x) for x in per_rank[0]["optimizer_step"]]
+        out["optimizer_step_tensors_params_cpu_seconds"] = [list(x) for x in optimizer_readings(per_rank)]
+        out["optimizer_step_cpu_seconds_per_rank"] = [[c for _, _, c in r["optimizer_step"]]
+                                                      for r in per_rank if r.get("optimizer_step")]
     return out
 
 
@@ -1233,7 +1266,7 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
         hw = hw.with_overrides(elementwise_tbps=rate / 1e12 if rate else None, layer_forward_overhead_s=fixed_fwd,
                                layer_backward_overhead_s=fixed_bwd, kernel_overhead_s=0.0)
         if per_rank[0].get("optimizer_step"):  # the optimizer's CPU beyond its bytes, at this profile's rate
-            hw = hw.with_overrides(**fit_optimizer_step(per_rank[0]["optimizer_step"], hw))
+            hw = hw.with_overrides(**fit_optimizer_step(optimizer_readings(per_rank), hw))
         if cfg.ranks > 1:  # what a pass at tp > 1 costs beyond the sharded layer (the pair probe's 1-token layers)
             comm = [r.get("comm_cpu") for r in per_rank]
             for fit in (fit_tp_pass, fit_edge_pass):  # each against the planner on this profile's GEMM curve
