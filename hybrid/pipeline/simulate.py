@@ -423,20 +423,22 @@ class LazyTape:
         entries = [self._entries(rank, rank_steps, inputs[rank], row, stage[rank], slot)
                    for rank, rank_steps in enumerate(steps)]
         cursor, posted = [0] * pp, set()  # posted: the slots of the batches posted so far
+        ranks, durations, owns, partners = self.rank.append, self.duration.append, self.own.append, self.partner.append
         moved = True
         while moved:
             moved = False
             for rank in range(pp):
-                rank_entries, n = entries[rank], len(entries[rank])
-                while cursor[rank] < n:
-                    duration, own, partner = rank_entries[cursor[rank]]
+                rank_entries, n, i = entries[rank], len(entries[rank]), cursor[rank]
+                while i < n:
+                    duration, own, partner = rank_entries[i]
                     if duration < 0:
                         posted.add(own)
                     elif own >= 0 and (partner is None or partner not in posted):
                         break  # its input's send is not posted yet (None: it has no partner; a deadlock)
-                    self._append(rank, duration, own, -1 if partner is None else partner)
-                    cursor[rank] += 1
-                    moved = True
+                    ranks(rank), durations(duration), owns(own), partners(-1 if partner is None else partner)
+                    i += 1
+                moved = moved or i > cursor[rank]
+                cursor[rank] = i
         posted_at = {key: 0.0 for key, index in slot.items() if index in posted}
         _raise_if_lazy_stuck(steps, cursor, inputs, posted_at)
 
@@ -459,12 +461,6 @@ class LazyTape:
                 own, partner = slot[(rank, where[0])], None if other is None else slot[other]
             out.append((row[step.op] + stage[step.chunk], own, partner))
         return out
-
-    def _append(self, rank: int, duration: int, own: int, partner: int) -> None:
-        self.rank.append(rank)
-        self.duration.append(duration)
-        self.own.append(own)
-        self.partner.append(partner)
 
     def makespan(self, costs: Costs) -> float:
         """simulate(schedule, costs, Transfer.LAZY, placement).makespan, bit for bit."""
