@@ -80,33 +80,26 @@ class Op(enum.Enum):
     SEND_GRAD = "send_grad"  # send the gradient w.r.t. this chunk's input to the previous stage
     RECV_GRAD = "recv_grad"  # receive the gradient w.r.t. this chunk's output from the next stage
 
-    @property
-    def is_compute(self) -> bool:
-        return self in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)
+    # Plain per-member attributes, set once below (not properties): the list builder and the simulator read them
+    # for every action, and an attribute read is several times cheaper than a property evaluating a tuple test.
+    is_compute: bool  # FORWARD, BACKWARD, BACKWARD_INPUT or BACKWARD_WEIGHT
+    is_backward: bool  # consumes the output gradient and produces the input gradient: BACKWARD or BACKWARD_INPUT
+    # The compute after which a (micro-batch, chunk)'s saved activations are gone: the full backward, or W (W still
+    # needs F's saved inputs; the executor keeps the whole graph until W).
+    frees_activations: bool
+    letter: str  # F, B or W, as the schedule pictures draw them (a full backward is drawn as B too); "?" otherwise
+    is_send: bool  # SEND_ACT or SEND_GRAD
+    is_recv: bool  # RECV_ACT or RECV_GRAD
 
-    @property
-    def is_backward(self) -> bool:
-        """Consumes the output gradient and produces the input gradient: BACKWARD or BACKWARD_INPUT."""
-        return self in (Op.BACKWARD, Op.BACKWARD_INPUT)
 
-    @property
-    def frees_activations(self) -> bool:
-        """The compute after which a (micro-batch, chunk)'s saved activations are gone: the full backward, or W
-        (W still needs F's saved inputs; the executor keeps the whole graph until W)."""
-        return self in (Op.BACKWARD, Op.BACKWARD_WEIGHT)
-
-    @property
-    def letter(self) -> str:
-        """F, B or W, as the schedule pictures draw them (a full backward is drawn as B too)."""
-        return {Op.FORWARD: "F", Op.BACKWARD: "B", Op.BACKWARD_INPUT: "B", Op.BACKWARD_WEIGHT: "W"}.get(self, "?")
-
-    @property
-    def is_send(self) -> bool:
-        return self in (Op.SEND_ACT, Op.SEND_GRAD)
-
-    @property
-    def is_recv(self) -> bool:
-        return self in (Op.RECV_ACT, Op.RECV_GRAD)
+for _op in Op:
+    _op.is_compute = _op in (Op.FORWARD, Op.BACKWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)
+    _op.is_backward = _op in (Op.BACKWARD, Op.BACKWARD_INPUT)
+    _op.frees_activations = _op in (Op.BACKWARD, Op.BACKWARD_WEIGHT)
+    _op.letter = {Op.FORWARD: "F", Op.BACKWARD: "B", Op.BACKWARD_INPUT: "B", Op.BACKWARD_WEIGHT: "W"}.get(_op, "?")
+    _op.is_send = _op in (Op.SEND_ACT, Op.SEND_GRAD)
+    _op.is_recv = _op in (Op.RECV_ACT, Op.RECV_GRAD)
+del _op
 
 
 @dataclass(frozen=True)
@@ -432,10 +425,10 @@ def _message_pair(action: Action, rank: int, pp: int, v: int,
     if not (action.op is Op.FORWARD or action.op.is_backward):
         return None
     forward = action.op is Op.FORWARD
-    target = stage_of(rank, action.chunk, pp, placement) + (1 if forward else -1)
+    target = placement.stage(rank, action.chunk, pp) + (1 if forward else -1)  # stage_of, without the call
     if not 0 <= target < pp * v:
         return None
-    peer, peer_chunk = rank_chunk_of(target, pp, placement)
+    peer, peer_chunk = placement.rank_chunk(target, pp)
     if peer == rank:
         return None
     send = Action(Op.SEND_ACT if forward else Op.SEND_GRAD, action.microbatch, action.chunk, peer)
@@ -462,23 +455,31 @@ def _unit_time_starts(orders: list[list[Action]], pp: int, v: int,
     for backward at s+1 (or its own forward at the last stage) and its own forward; W waits for its own B.
     ValueError if the orders cannot all run (inconsistent)."""
     done: dict[tuple[str, int, int], int] = {}  # (F|B|W, micro-batch, global stage) -> end time
+    # per compute, what it waits for and the key it completes, worked out once (not at every retry while blocked)
+    needs = [[dependencies(a, rank, pp, v, placement) for a in order] for rank, order in enumerate(orders)]
+    made = [[_done_key(a, rank, pp, placement) for a in order] for rank, order in enumerate(orders)]
     starts: list[list[int]] = [[] for _ in range(pp)]
     clock, cursor, moved = [0] * pp, [0] * pp, True
     while moved:
         moved = False
         for rank in range(pp):
-            while cursor[rank] < len(orders[rank]):
-                action = orders[rank][cursor[rank]]
-                ready = _ready_time(action, rank, pp, v, done, placement)
-                if ready is None:
-                    break
-                start = max(clock[rank], ready)
-                starts[rank].append(start)
-                clock[rank] = start + 1
-                kind, mb, chunk = _dependency_key(action)
-                done[(kind, mb, stage_of(rank, chunk, pp, placement))] = start + 1
-                cursor[rank] += 1
-                moved = True
+            rank_needs, rank_made, rank_starts, n = needs[rank], made[rank], starts[rank], len(orders[rank])
+            while cursor[rank] < n:
+                ready = 0  # max over the dependencies' end times (0 for none); ints, so exact in any order
+                for key in rank_needs[cursor[rank]]:
+                    end = done.get(key)
+                    if end is None:
+                        break
+                    ready = max(ready, end)
+                else:
+                    start = max(clock[rank], ready)
+                    rank_starts.append(start)
+                    clock[rank] = start + 1
+                    done[rank_made[cursor[rank]]] = start + 1
+                    cursor[rank] += 1
+                    moved = True
+                    continue
+                break
     if any(cursor[r] < len(orders[r]) for r in range(pp)):
         raise ValueError(f"compute orders cannot run: ranks stuck at positions {cursor}")
     return starts
@@ -499,9 +500,7 @@ def dependencies(action: Action, rank: int, pp: int, v: int,
     return needs
 
 
-def _ready_time(action: Action, rank: int, pp: int, v: int, done: dict[tuple[str, int, int], int],
-                placement: Placement = Placement.LOOP) -> int | None:
-    needs = dependencies(action, rank, pp, v, placement)
-    if any(key not in done for key in needs):
-        return None
-    return max((done[key] for key in needs), default=0)
+def _done_key(action: Action, rank: int, pp: int, placement: Placement) -> tuple[str, int, int]:
+    """The (F|B|W, micro-batch, global stage) that `action` completes, as `dependencies` names it."""
+    kind, mb, chunk = _dependency_key(action)
+    return kind, mb, stage_of(rank, chunk, pp, placement)

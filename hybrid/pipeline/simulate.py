@@ -210,7 +210,8 @@ def _match_messages(steps: list[list[_Step]], pp: int, placement: Placement) -> 
         for index, step in enumerate(rank_steps):
             if isinstance(step, _Batch):
                 for position, action in enumerate(step.actions):
-                    _check_peer(action, rank, pp)
+                    if action.peer is None or not 0 <= action.peer < pp or action.peer == rank:
+                        _check_peer(action, rank, pp)  # raises
                     if action.op.is_send:
                         sends.setdefault((rank, action.peer), []).append((rank, index, position))
                     else:
@@ -237,10 +238,12 @@ def _pair(send: _Endpoint, recv: _Endpoint, steps: list[list[_Step]], pp: int, p
 
 def _same_payload(send: Action, s_rank: int, recv: Action, r_rank: int, pp: int, placement: Placement) -> bool:
     """SEND_ACT of stage s pairs with RECV_ACT of stage s + 1; SEND_GRAD of stage s with RECV_GRAD of s - 1."""
-    expected = {Op.SEND_ACT: (Op.RECV_ACT, 1), Op.SEND_GRAD: (Op.RECV_GRAD, -1)}[send.op]
-    return (recv.op is expected[0] and recv.microbatch == send.microbatch
-            and stage_of(r_rank, recv.chunk, pp, placement) == stage_of(s_rank, send.chunk, pp, placement)
-            + expected[1])
+    expected, step = _PAYLOAD[send.op]
+    return (recv.op is expected and recv.microbatch == send.microbatch
+            and placement.stage(r_rank, recv.chunk, pp) == placement.stage(s_rank, send.chunk, pp) + step)
+
+
+_PAYLOAD = {Op.SEND_ACT: (Op.RECV_ACT, 1), Op.SEND_GRAD: (Op.RECV_GRAD, -1)}  # a send's receive, stage step
 
 
 def _run(steps: list[list[_Step]], costs: "_Durations", pp: int,
@@ -417,35 +420,47 @@ class LazyTape:
         row = {op: i * stages for i, op in enumerate(self._OPS)}
         stage = [[stage_of(rank, chunk, pp, placement) for chunk in range(self.v)] for rank in range(pp)]
         inputs = [_input_messages(rank_steps) for rank_steps in steps]
-        cursor, posted = [0] * pp, set()
+        entries = [self._entries(rank, rank_steps, inputs[rank], row, stage[rank], slot)
+                   for rank, rank_steps in enumerate(steps)]
+        cursor, posted = [0] * pp, set()  # posted: the slots of the batches posted so far
+        ranks, durations, owns, partners = self.rank.append, self.duration.append, self.own.append, self.partner.append
         moved = True
         while moved:
             moved = False
             for rank in range(pp):
-                while cursor[rank] < len(steps[rank]):
-                    index, step = cursor[rank], steps[rank][cursor[rank]]
-                    if isinstance(step, _Batch):
-                        posted.add((rank, index))
-                        self._append(rank, -1, slot[(rank, index)], -1)
-                    else:
-                        key = _input_key(step)
-                        where = None if key is None else inputs[rank].get(key)
-                        own = partner = -1
-                        if where is not None:
-                            other = steps[rank][where[0]].partners[where[1]]
-                            if other is None or other not in posted:
-                                break
-                            own, partner = slot[(rank, where[0])], slot[other]
-                        self._append(rank, row[step.op] + stage[rank][step.chunk], own, partner)
-                    cursor[rank] += 1
-                    moved = True
-        _raise_if_lazy_stuck(steps, cursor, inputs, dict.fromkeys(posted, 0.0))
+                rank_entries, n, i = entries[rank], len(entries[rank]), cursor[rank]
+                while i < n:
+                    duration, own, partner = rank_entries[i]
+                    if duration < 0:
+                        posted.add(own)
+                    elif own >= 0 and (partner is None or partner not in posted):
+                        break  # its input's send is not posted yet (None: it has no partner; a deadlock)
+                    ranks(rank), durations(duration), owns(own), partners(-1 if partner is None else partner)
+                    i += 1
+                moved = moved or i > cursor[rank]
+                cursor[rank] = i
+        posted_at = {key: 0.0 for key, index in slot.items() if index in posted}
+        _raise_if_lazy_stuck(steps, cursor, inputs, posted_at)
 
-    def _append(self, rank: int, duration: int, own: int, partner: int) -> None:
-        self.rank.append(rank)
-        self.duration.append(duration)
-        self.own.append(own)
-        self.partner.append(partner)
+    @staticmethod
+    def _entries(rank: int, rank_steps: list[_Step], inputs: dict, row: dict, stage: list[int],
+                 slot: dict) -> list[tuple[int, int, int | None]]:
+        """Each step of the rank as the tape will hold it: (-1, its slot, -1) for a batch; (duration index, its
+        input's own slot, the partner's slot) for a compute, (.., -1, -1) when it receives nothing, partner None
+        when the receive has no matching send."""
+        out = []
+        for index, step in enumerate(rank_steps):
+            if isinstance(step, _Batch):
+                out.append((-1, slot[(rank, index)], -1))
+                continue
+            key = _input_key(step)
+            where = None if key is None else inputs.get(key)
+            own = partner = -1
+            if where is not None:
+                other = rank_steps[where[0]].partners[where[1]]
+                own, partner = slot[(rank, where[0])], None if other is None else slot[other]
+            out.append((row[step.op] + stage[step.chunk], own, partner))
+        return out
 
     def makespan(self, costs: Costs) -> float:
         """simulate(schedule, costs, Transfer.LAZY, placement).makespan, bit for bit."""
