@@ -4,6 +4,7 @@ FIFO's open for reading blocks until a writer comes), as polish23 refuses a FIFO
 
 from __future__ import annotations
 
+import builtins
 import os
 
 import pytest
@@ -14,7 +15,14 @@ from hybrid.data.source import open_dataset
 def test_a_fifo_data_path_is_not_a_regular_file(tmp_path, monkeypatch):
     path = str(tmp_path / "corpus.txt")
     os.mkfifo(path)
-    monkeypatch.setattr("builtins.open", lambda *a, **k: pytest.fail(f"opened {a[0]}"))  # would block on the FIFO
+    real_open = builtins.open
+
+    def opener(file, *a, **k):  # only the FIFO's open fails (it would block); pytest's own opens go through
+        if isinstance(file, (str, os.PathLike)) and os.fspath(file) == path:
+            raise AssertionError(f"opened {file}")
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", opener)
     with pytest.raises(ValueError) as err:
         open_dataset(path)
     assert str(err.value) == (f"--data-path {path!r} is not a regular file (a FIFO, a socket or a device); give a "
