@@ -18,7 +18,7 @@ from hybrid.planner.published import Role, all_runs
 from hybrid.planner.published14 import runs14
 from hybrid.planner.published15 import (KEMPNER_GPUS_PER_NODE, KEMPNER_MODELS, KEMPNER_ROWS, KEMPNER_SEQ,
                                         KEMPNER_VALIDATION_ROWS, KEMPNER_WEAK_BATCH, KEMPNER_WEAK_ROWS,
-                                        evaluate_all, fsdp2_copy_bytes,
+                                        evaluate_all, kempner_weak_setting, fsdp2_copy_bytes,
                                         kempner_runs, kempner_weak_runs, report, runs15, summary_line,
                                         tp_missing)
 from hybrid.planner.published_more import more_runs
@@ -49,7 +49,7 @@ def test_the_report_hangs_together():
         assert dp * tp == gpus
         assert tok * step == pytest.approx(b * accum * KEMPNER_SEQ * dp, rel=0.01), exp
     for size, gpus, tok, mem, step in KEMPNER_WEAK_ROWS:
-        b, accum = KEMPNER_WEAK_BATCH[size]
+        b, accum, _compiled = kempner_weak_setting(size, gpus)
         assert tok * step == pytest.approx(b * accum * KEMPNER_SEQ * gpus // 4, rel=0.01), (size, gpus)
     for config, gpus, tp, b, accum, tok, mem, step in KEMPNER_VALIDATION_ROWS:
         assert tok * step == pytest.approx(b * accum * KEMPNER_SEQ * gpus // tp, rel=0.01), config
@@ -72,10 +72,15 @@ def test_stated_settings_reach_the_workload():
         assert w.stack is Stack.PYTORCH and w.fp32_grads == (dp > 1) and w.optimizer_dtype_bytes == 2
         assert w.seq_length == KEMPNER_SEQ and run.published == tok / gpus
     for run, (size, gpus, tok, mem, step) in zip(kempner_weak_runs(), KEMPNER_WEAK_ROWS, strict=True):
-        b, accum = KEMPNER_WEAK_BATCH[size]
+        b, accum, compiled = kempner_weak_setting(size, gpus)
         assert run.space.tp == (4,) and run.space.zero == (ZeroStage.PARAMETERS,) and run.space.micro_batch == (b,)
         assert run.workload.global_batch == b * accum * gpus // 4 and run.workload.fp32_grads
-        assert run.workload.kernel_profile is KernelProfile.FUSED and run.hardware().gpus_per_node == 4
+        assert run.workload.kernel_profile is (KernelProfile.FUSED if compiled else KernelProfile.EAGER)
+        assert run.hardware().gpus_per_node == 4
+    # the driver's B13 / B70 everywhere but the 70B pre-flight, whose log ran b1 x 8 eager (round 24)
+    assert [kempner_weak_setting(size, gpus) for size, gpus, *_rest in KEMPNER_WEAK_ROWS] == [
+        (*KEMPNER_WEAK_BATCH[size], True) if (size, gpus) != ("70B", 8) else (1, 8, False)
+        for size, gpus, *_rest in KEMPNER_WEAK_ROWS]
 
 
 def test_fsdp2_copy_ledger():
@@ -110,7 +115,7 @@ def test_layouts_are_the_published_ones_and_the_misses_are_the_known_ones(evalua
     """Each plan keeps its row's t, dp and micro-batch; no layout is rejected; the rows outside +-15 % are the known
     ones (the ratchet), and every FSDP-only / one-GPU row is within +-15 % (the H200 preset with no stack clock)."""
     layouts = [(gpus, tp, b) for exp, gpus, size, tp, b, *_rest in KEMPNER_ROWS]
-    layouts += [(gpus, 4, KEMPNER_WEAK_BATCH[size][0]) for size, gpus, *_rest in KEMPNER_WEAK_ROWS]
+    layouts += [(gpus, 4, kempner_weak_setting(size, gpus)[0]) for size, gpus, *_rest in KEMPNER_WEAK_ROWS]
     layouts += [(gpus, tp, b) for config, gpus, tp, b, *_rest in KEMPNER_VALIDATION_ROWS]
     for r, (gpus, tp, b) in zip(evaluated, layouts, strict=True):
         assert r.error is not None and r.layout.startswith(f"tp{tp} pp1 dp{gpus // tp} v1 b{b} "), r.layout

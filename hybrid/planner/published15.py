@@ -98,6 +98,23 @@ KEMPNER_WEAK_ROWS = (("13B", 8, 29860, 45.0, 4.39), ("13B", 32, 110373, 36.2, 4.
                      ("70B", 96, 52190, 84.6, 15.07), ("70B", 128, 69985, 83.6, 14.98),
                      ("70B", 160, 85571, 82.9, 15.32))
 KEMPNER_WEAK_BATCH = {"13B": (4, 4), "70B": (2, 4)}
+# Rows whose own log records settings other than the driver's (round 24, planner24c): the README's 8-GPU points
+# "came from a 2-node pre-flight" (weak_scaling_160gpu_bench.sh), and the 70B pre-flight's log
+# (results/preflight_70b_008gpu_tp4_fsdp2.log at 17248f8, SLURM job 26365020 "kf-mfu-preflight") prints its
+# JobConfig as `batch_size=1 ... grad_accum_steps=8 ... compile_model=False`, has no "Compiling model with
+# torch.compile..." line (the 32-GPU 70B log, and the 13B pre-flight of the same job, have it and print b2 x 4 /
+# b4 x 4, compile_model=True), and ends "30 steps, 1,966,080 tokens" = 30 x 1 x 8 x 4096 x DP 2. The README's
+# 3,623 tok/s and 18.09 s are the median of that log's steps 16-30. (model, GPUs) -> (micro-batch, accumulation,
+# compiled, the log).
+KEMPNER_WEAK_AS_LOGGED = {("70B", 8): (1, 8, False, "results/preflight_70b_008gpu_tp4_fsdp2.log at 17248f8")}
+
+
+def kempner_weak_setting(size: str, gpus: int) -> tuple[int, int, bool]:
+    """(micro-batch, accumulation, torch.compile) a weak-scaling row ran: its log's where it differs from the
+    driver's B13 / B70 (KEMPNER_WEAK_AS_LOGGED), else the driver's."""
+    return KEMPNER_WEAK_AS_LOGGED.get((size, gpus), (*KEMPNER_WEAK_BATCH[size], True, None))[:3]
+
+
 KEMPNER_VALIDATION_SOURCE = ("KempnerInstitute/KempnerForge benchmarks/config_validation/"
                              "config_validation_2026-04-06.md at 5d3e723 (runs at git 6a9a08a + uncommitted fixes; "
                              "4 H200 a node, InfiniBand NDR 400 Gb/s), 'Summary' tok/s over the GPUs (the last 5 of 10 "
@@ -157,12 +174,16 @@ def kempner_runs() -> list[PublishedRun]:
 
 def kempner_weak_runs() -> list[PublishedRun]:
     """KempnerForge's weak-scaling runs (2026-06): TP 4 x FSDP on 8-160 H200, the 1-32 GPU sweep's settings (the
-    code at 3ad9d9a not re-read: the driver's flags are the same ones)."""
+    code at 3ad9d9a not re-read: the driver's flags are the same ones), but the 70B at 8 GPUs, planned as its log
+    ran it (b1 x 8, eager: KEMPNER_WEAK_AS_LOGGED)."""
     runs = []
     for size, gpus, tok, _mem, _step in KEMPNER_WEAK_ROWS:
-        b, accum = KEMPNER_WEAK_BATCH[size]
-        name = f"KempnerForge {size} weak scaling, {gpus} H200, TP 4 x FSDP {gpus // 4} + compile, b{b} x {accum}, full"
-        runs.append(_kempner_run(name, KEMPNER_WEAK_SOURCE, gpus, size, 4, b, accum, True, tok))
+        b, accum, compiled = kempner_weak_setting(size, gpus)
+        name = (f"KempnerForge {size} weak scaling, {gpus} H200, TP 4 x FSDP {gpus // 4}"
+                f"{' + compile' if compiled else ', eager'}, b{b} x {accum}, full")
+        logged = KEMPNER_WEAK_AS_LOGGED.get((size, gpus))
+        source = KEMPNER_WEAK_SOURCE + (f"; settings as its log ran them, {logged[3]}" if logged else "")
+        runs.append(_kempner_run(name, source, gpus, size, 4, b, accum, compiled, tok))
     return runs
 
 
