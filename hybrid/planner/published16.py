@@ -202,8 +202,10 @@ NEMOTRON4_340B_SOURCE = ("Nemotron-4 340B Technical Report (arXiv 2406.11704) Ta
                          "aiportalx.com/nvidia/nemotron-4-340b (6144 H100, GBS 2304, 8.0 s an iteration)")
 
 
-def nemotron4_340b_run() -> PublishedRun:
-    """Nemotron-4 340B's production stage on 6,144 H100: t 8, p 12, d 64, GBS 2,304 x 4,096, 8.0 s a step."""
+def nemotron4_340b_run(stated: bool = True) -> PublishedRun:
+    """Nemotron-4 340B's production stage on 6,144 H100: t 8, p 12, d 64, GBS 2,304 x 4,096, 8.0 s a step; `stated`
+    (round 24): with its pretraining config's settings, v 8 included (published24b_pipelines.as_stated,
+    LAUNCHER_340B); False: the planner's picks, as rounds 16-23 planned it."""
     from hybrid.planner.layout import Offload, Workload, ZeroStage
     from hybrid.planner.model import ActivationProfile
     from hybrid.planner.ops import Stack
@@ -214,8 +216,12 @@ def nemotron4_340b_run() -> PublishedRun:
                     activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.MEGATRON)
     space = SearchSpace(tp=(8,), pp=(12,), zero=(ZeroStage.NONE, ZeroStage.OPTIMIZER), offload=(Offload.NONE,),
                         sequence_parallel=(True,))
-    return PublishedRun("Nemotron-4 340B pretraining, 6144 H100, t8 p12 d64, GBS 2304 (bf16)", NEMOTRON4_340B_SOURCE,
-                        work, "h100-80g", 6144, space, Metric.STEP_S, 8.0)
+    run = PublishedRun("Nemotron-4 340B pretraining, 6144 H100, t8 p12 d64, GBS 2304 (bf16)", NEMOTRON4_340B_SOURCE,
+                       work, "h100-80g", 6144, space, Metric.STEP_S, 8.0)
+    if not stated:
+        return run
+    from hybrid.planner.published24b_pipelines import PRODUCTION_VP, as_stated
+    return as_stated(run, vp=PRODUCTION_VP)
 
 
 def runs16() -> list[PublishedRun]:

@@ -205,6 +205,10 @@ def nemo_runs() -> list[PublishedRun]:
     # 2.0's default_layer_spec), whose MLP leaves fc1's bias gradient to autograd (round 21 review)
     runs = [_nemo(f"NeMo 24.07 {m} FP8, {_layout_name(g, t, p, c, v, b, gbs)}", NEMO_2407_SOURCE, models[m], g, gbs,
                   b, s, t, p, c, v, tok) for m, g, gbs, b, s, t, p, c, v, tok in NEMO_2407_ROWS]
+    # round 24: the 340B with its own config's settings (published24b_pipelines.as_stated: bf16 optimizer states,
+    # selective recomputation, blocking p2p, ...), which the same layout's DGXC YAML states line for line
+    from hybrid.planner.published24b_pipelines import as_stated
+    runs = [as_stated(r) if r.name.startswith("NeMo 24.07 Nemotron-340B") else r for r in runs]
     runs += [_nemo(f"Megatron-Bridge {ver} {m} FP8, {_layout_name(g, t, p, c, v, b, gbs)}", BRIDGE_SOURCE,
                    models[m], g, gbs, b, s, t, p, c, v, tok) for ver, m, g, gbs, b, s, t, p, c, v, tok in BRIDGE_ROWS]
     return runs
