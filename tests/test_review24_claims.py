@@ -85,3 +85,38 @@ def test_zero_md_benchmark_section_names_the_run_the_bench_file_holds():
     for peer, _ in peers():
         median, low, high = peer["ratio"].replace("(", "").replace(")", "").replace(" - ", " ").split()
         assert f"{median}x ({low} - {high})" in section, peer["framework"]
+
+
+WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten",
+         11: "eleven", 12: "twelve"}
+
+
+def _met_paragraph() -> str:
+    """docs/planner.md's "What is met and what is not" paragraph under 'How accurate is it', on one line."""
+    text = _read("docs", "planner.md")
+    start = text.index("What is met and what is not (issue 26")
+    return " ".join(text[start:text.index("\n\n", start)].split())
+
+
+def test_planner_md_met_paragraph_counts_the_rejected_layouts():
+    """The paragraph's word on rejected layouts agrees with the family table above it (held equal to `python -m
+    hybrid.planner.families` by test_planner19_docs_families): it said "no published layout is rejected" beside an
+    'all families' row with 2 rejected (NeMo 22.08's GPT-3 5B, planner/validation.md)."""
+    row = next(line for line in _read("docs", "planner.md").splitlines() if line.startswith("| **all families** |"))
+    rejected = int(row.strip().strip("|").split("|")[-1])
+    paragraph = _met_paragraph()
+    if rejected:
+        assert "no published layout is rejected" not in paragraph
+        assert f"{WORDS[rejected]} published layouts are" in paragraph, rejected
+    else:
+        assert "no published layout is rejected" in paragraph
+
+
+def test_planner_md_main_job_claim_is_the_benchmarks_tally():
+    """The paragraph's "the step time of the README's main job" gives the tally of quiet runs within 10 % that the
+    latest round of docs/results/bench_planner_mainjob.md states, not "within 10 %" alone (round 23: one of three
+    clean runs within it; rounds 19-23: six of eleven)."""
+    tallies = re.findall(r"Over rounds (\d+-\d+)'s (\w+) clean quiet runs (\w+) are within 10 %",
+                         " ".join(_read("docs", "results", "bench_planner_mainjob.md").split()))
+    rounds, runs, within = tallies[-1]
+    assert f"{within} of rounds {rounds}'s {runs} clean quiet runs within it" in _met_paragraph()
