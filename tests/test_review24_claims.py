@@ -120,3 +120,16 @@ def test_planner_md_main_job_claim_is_the_benchmarks_tally():
                          " ".join(_read("docs", "results", "bench_planner_mainjob.md").split()))
     rounds, runs, within = tallies[-1]
     assert f"{within} of rounds {rounds}'s {runs} clean quiet runs within it" in _met_paragraph()
+
+
+def test_readme_equivalence_tolerance_is_the_one_test_tp_models_asserts():
+    """README's lead claim (our models equal transformers' within 1e-5 ... at tp = 1, 2, 4 with and without sequence
+    parallelism) states the measure tests/test_tp_models.py asserts: max |ours - theirs| / max |theirs| <= RTOL, a
+    bound relative to the tensor's largest entry (an element-wise 1e-5 would be a stronger claim than tested), over
+    cases at every tp named, each with sequence parallelism at tp > 1."""
+    readme = " ".join(_read("README.md").split())
+    source = _read("tests", "test_tp_models.py")
+    rtol = re.search(r"^RTOL = (\S+)$", source, re.M).group(1)
+    assert f"within {rtol} of the tensor's largest entry in fp32 at tp = 1, 2, 4 with and without sequence" in readme
+    assert "return ((a - b).abs().max() / b.abs().max()" in source and 'r["grads"] <= RTOL' in source
+    assert "for tp in (1, 2, 4) for sp in (False, True)" in source
