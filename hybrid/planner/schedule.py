@@ -247,9 +247,11 @@ def _tape(kind: ScheduleKind, pp: int, m: int, v: int) -> LazyTape:
 def gc_paused():
     """The cyclic garbage collector off for the block (back on after, if it was on). Building a tape allocates
     about ten objects per action (Actions, batches, tuples, dict entries) and frees them all by reference counting
-    (no cycles), yet every ~700 net allocations start a collection and every tenth of those walks the older
-    generations -- the whole planner's live objects, collecting nothing: a quarter of a cold all_rows(). Pausing
-    it changes no result (nothing it would free is made here; it runs again after)."""
+    (no cycles), yet every ~700 net allocations start a collection of the youngest generation, every tenth of those
+    the middle one too, and every hundredth -- once the survivors awaiting it pass a quarter of the oldest
+    generation, as a tape's build makes them -- a full one that walks every live object of the planner, collecting
+    nothing (gc.get_threshold() = (700, 10, 10)): those full walks were a quarter of a cold all_rows(). Pausing it
+    changes no result (nothing it would free is made here; it runs again after)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
