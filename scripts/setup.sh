@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs hybrid (editable) with its dependencies and test extra.
-# torch first, pinned: on a machine without a GPU `torch==2.13.0` takes the CPU wheel (seconds, from
-# local disk here), while an unpinned torch would pull a multi-GB CUDA build.
+# torch first, pinned: on a machine without a GPU the CPU wheel `torch==2.13.0+cpu` -- from a local wheel
+# directory or index when pip is configured with one (this project's CI machine), else from PyTorch's CPU index
+# (PyPI's Linux `torch==2.13.0` is the multi-GB CUDA build, as is an unpinned torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,7 +10,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then
     "$PY" -m pip install -q "torch>=2.4,<=2.14.1"
   else
-    "$PY" -m pip install -q torch==2.13.0
+    "$PY" -m pip install -q "torch==2.13.0+cpu" 2>/dev/null \
+      || "$PY" -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
 # test + bench: the suite runs every benchmark's --quick mode with its peers (megatron-core among them) and checks
