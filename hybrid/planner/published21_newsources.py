@@ -201,10 +201,12 @@ def nemo22_runs() -> list[PublishedRun]:
       all-reduce, megatron_gpt_model.py): overlap_grad_reduce off;
     * 22.08 (`distributed_fused_adam`, apex DistributedFusedAdam: "the ZeRO-2 algorithm, which distributes the
       optimizer state and gradients between parallel processes" -- but NeMo runs every micro-batch but the last
-      under the optimizer's `no_sync`, so the gradients are reduce-scattered once a step, from full local buffers,
-      overlapped with the last backward, `overlap_grad_sync`): the planner's ZeRO 1 with overlap_grad_reduce, as
-      published_recipes.py reads the same optimizer (its ZeRO 2 would reduce-scatter every micro-batch); ZeRO 0 at
-      d 1, where nothing is sharded. Its gradients are the fp32_grads' 4 bytes a parameter, whole on every rank:
+      under the optimizer's `no_sync` (p 1) or with its overlapped sync off (p > 1 or SP), so the gradients are
+      reduce-scattered once a step, from full local buffers; under the last backward only where NeMo leaves
+      `overlap_grad_sync` on -- the 5B, not the 175B -- and the updated parameters all-gathered inside step(),
+      exposed: nemo22_dp_overlap, round 24): the planner's ZeRO 1, as published_recipes.py reads the same
+      optimizer (its ZeRO 2 would reduce-scatter every micro-batch); ZeRO 0 at d 1, where nothing is sharded.
+      Its gradients are the fp32_grads' 4 bytes a parameter, whole on every rank:
       NeMo 1.11 passes contiguous_grad_buffer=True (megatron_gpt_model.py setup_optimization) and apex's
       nm_v1.11.0 (e8e57616 = 6f7d8ac3 + setup.py, NeMo 1.11's README pin) allocates that buffer as
       torch.zeros(all parameters, dtype=self.dtype) -- the optimizer's fp32, not grad_sync_dtype -- for the
@@ -224,7 +226,7 @@ def _nemo22_run(release: str, commit: str, distributed: bool, label: str, spec: 
     layers, hidden, heads = NEMO22_SHAPES[label]
     vocab = -(-50257 // (128 * tp)) * 128 * tp  # make_vocab_size_divisible_by 128, times t (Megatron's padding)
     work = Workload(gpt_model(layers, hidden, heads, vocab, 2048), global_batch=batch, seq_length=2048,
-                    fp32_grads=True, overlap_grad_reduce=distributed, p2p=PipelineP2P.BLOCKING_SCATTER)
+                    fp32_grads=True, p2p=PipelineP2P.BLOCKING_SCATTER, **nemo22_dp_overlap(distributed, pp, sp))
     gpus = 8 * nodes
     dp = gpus // (tp * pp)
     zero = ZeroStage.OPTIMIZER if distributed and dp > 1 else ZeroStage.NONE
@@ -233,6 +235,24 @@ def _nemo22_run(release: str, commit: str, distributed: bool, label: str, spec: 
     ac = "selective + SP" if sp else "no AC"
     return PublishedRun(f"NeMo {release} GPT-3 {label}, {gpus} A100, t{tp} p{pp} d{dp}, b2, GBS {batch}, {ac}",
                         NEMO22_SOURCE + commit, work, "a100-80g", gpus, space, Metric.TOKENS_PER_GPU, tokens / gpus)
+
+
+def nemo22_dp_overlap(distributed: bool, pp: int, sp: bool) -> dict:
+    """What of a 22.0x row's DP traffic runs under compute (round 24, planner24a; docs/planner/round24-nemo22-neox-
+    mcore.md), read from the code at the tables' commits:
+
+    * 22.08's apex DistributedFusedAdam (nm_v1.11.0 = 6f7d8ac3) all-gathers the updated parameters inside step(),
+      bucket by bucket on the main stream after each bucket's Adam kernel -- before step() returns, so before the
+      next forward: nothing hides the all-gather (overlap_param_gather False; the option to overlap it,
+      overlap_param_sync, came to apex and NeMo in 2023);
+    * its gradient reduce-scatter runs under the last micro-batch's backward only where NeMo 1.11 leaves
+      `overlap_grad_sync` on: MegatronGPTModel.configure_optimizers turns it off "for pipeline parallelism and
+      sequence parallelism" (p > 1 or SP: the 175B), and step()'s grad_sync() then reduces every bucket after the
+      pipeline's flush; the 5B (p 1, no SP) runs its micro-batches but the last under no_sync(greedy_grad_copy=True)
+      and reduces under that last backward (overlap_grad_reduce);
+    * 22.06's fused_adam: ZeRO 0, O2's main-gradient all-reduce after the backward (async off with gradient-
+      accumulation fusion, megatron_base_model.configure_optimizers): nothing overlapped, no all-gather."""
+    return dict(overlap_grad_reduce=distributed and pp == 1 and not sp, overlap_param_gather=not distributed)
 
 
 # ---- TinyLlama ----------------------------------------------------------------------------------------------------
