@@ -34,7 +34,7 @@ def _plan_cli(flags: list[str]) -> Workload:
 
 def test_the_api_default_is_hybrid_plans_and_train_pys_gradient_dtype():
     from hybrid.train.args import parse_args, run_config
-    api = Workload(GPT, global_batch=8, seq_length=1024, fp32_grads=False)
+    api = Workload(GPT, global_batch=8, seq_length=1024)
     assert api.precision is Precision.MIXED and api.fp32_grads is True
     assert _plan_cli(["--precision", "mixed"]).fp32_grads == api.fp32_grads  # `hybrid plan`'s default
     assert api.grad_bytes == 4
@@ -45,7 +45,7 @@ def test_the_api_default_is_hybrid_plans_and_train_pys_gradient_dtype():
 def test_the_default_prices_megatrons_18_bytes_a_parameter():
     """bf16 weights (2) + fp32 main gradients (4) + fp32 master weights and two Adam moments (12): Megatron-LM's
     distributed-optimizer guide's 18 bytes a parameter without ZeRO; bf16 gradients were 16."""
-    for work, want in ((Workload(GPT, global_batch=8, seq_length=1024, fp32_grads=False), 18),
+    for work, want in ((Workload(GPT, global_batch=8, seq_length=1024), 18),
                        (Workload(GPT, global_batch=8, seq_length=1024, fp32_grads=False), 16)):
         s = model_states(1.0, ZeroStage.NONE, 1, Offload.NONE, work.precision, work.fp32_grads)
         assert (s.params, s.grads, s.optimizer) == (2, want - 14, 12)
