@@ -106,8 +106,68 @@ def _forkserver():
     return ctx
 
 
+# --- no fork outlives the process that asked for it ---------------------------------------------------------------
+# A fork's parent in the kernel is the forkserver, not the process that asked for it (a pytest worker, a command run
+# as a fork that launches ranks of its own, fork_service's thread for a torchrun worker), and the forkserver lives as
+# long as any fork holds its `alive` pipe: a crashed pytest worker left the forkserver and two gloo ranks polling for
+# 40 minutes (round 23's CI). prctl(PR_SET_PDEATHSIG) cannot tie a fork to its asker -- it fires on the death of the
+# kernel parent's forking thread -- so each fork watches the asker instead: multiprocessing hands every child the
+# read end of a pipe whose write end only the asker holds (`parent_process().sentinel`, for the forkserver, spawn and
+# fork start methods alike; under fork, siblings forked later hold copies too), and a read there returns EOF once the
+# asker has exited or been killed, whichever of its threads asked (the asker keeps that end open while the child
+# runs: multiprocessing holds every running child's Process object). No poll interval and no race: a fork whose
+# asker died before the watch began reads EOF at once. The forkserver then exits on its own: its `alive` pipe
+# reaches EOF once the asker and every fork have closed it. A new interpreter this module starts and waits for
+# (torchrun_cli's real torchrun) is a kernel child of the waiting thread, which lives until the child ends: there
+# PR_SET_PDEATHSIG is the tie (`_die_with_parent`).
+def _die_with_requester() -> None:
+    """SIGKILL this process when the process that asked for it ends (a daemon thread blocked in one read)."""
+    import multiprocessing
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.sentinel is not None:
+        threading.Thread(target=_kill_self_at_eof, args=(parent.sentinel,), name="hybrid-requester-watch",
+                         daemon=True).start()
+
+
+def _kill_self_at_eof(fd: int) -> None:
+    try:
+        while os.read(fd, 512):  # nothing is written there: only EOF ends the read
+            pass
+    except OSError:  # the fd was closed under the watch: stop watching rather than guess
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(sig: int) -> Callable[[], None] | None:
+    """A subprocess preexec_fn that has the kernel send the child `sig` when this process's calling thread ends
+    (prctl(PR_SET_PDEATHSIG), through ctypes; Linux only, None elsewhere). Only for a child that thread waits for
+    (subprocess.run): the signal follows the thread, not the process. A parent gone before the prctl (the child
+    then has another parent) is answered at once."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+    return preexec
+
+
+def _run_child(argv: list[str], cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run of a new interpreter that ends with this process: SIGTERM when it dies, which a torchrun
+    agent answers by stopping its workers (SIGTERM to each worker's process group, SIGKILL 30 s later) and exiting."""
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=_die_with_parent(signal.SIGTERM))
+
+
 def _worker(fn: Callable, rank: int, world: int, port: int, backend: str, args: tuple, queue,
             environ: dict[str, str]) -> None:
+    _die_with_requester()
     os.environ.clear()  # the caller's environment at the call, not the forkserver's
     os.environ.update(environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -315,6 +375,7 @@ def _run_as_main(entry: Callable, argv: list[str], environ: dict[str, str], cwd:
                  unbuffered: bool = False) -> None:
     """`_rank`'s body, the rank's streams on `fds` ({1: fd, 2: fd}, each moved there); `unbuffered`: as
     `python -u`."""
+    _die_with_requester()
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(environ)
@@ -520,8 +581,7 @@ def torchrun_cli(args: list[str], env: dict[str, str | None] | None = None, cwd:
     if ta.nnodes in ("1", "1:1") and not ta.max_restarts and not ta.no_python and str(ta.nproc_per_node).isdigit():
         target = (["-m"] if ta.module else []) + [ta.training_script, *ta.training_script_args]
         return torchrun(target, int(ta.nproc_per_node), env=env, cwd=cwd, timeout=timeout, entry=python_main)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], cwd=cwd or ROOT,
-                          env=environment(env), capture_output=True, text=True, timeout=timeout)
+    return _run_child([sys.executable, "-m", "torch.distributed.run", *args], cwd or ROOT, environment(env), timeout)
 
 
 def run(argv: list[str], env: dict[str, str | None] | None = None, cwd: str | None = None, timeout: float = 600.0,

@@ -67,7 +67,7 @@ def test_auto_parallel_cp_run_equals_its_flags_given_by_hand(monkeypatch, capsys
     """4 ranks, 3 iterations: --auto-parallel --context-parallel-size 2, and the flags it chose written out (tp,
     pp, micro-batch, ZeRO, schedule ... and the CP size): the same losses, bit for bit."""
     args, line, _ = _planned(monkeypatch, capsys, [])
-    chosen = layout_flags(Workload(load_config(args.model), global_batch=8, seq_length=64), Layout())
+    chosen = layout_flags(Workload(load_config(args.model), global_batch=8, seq_length=64, fp32_grads=False), Layout())
     by_hand = to_argv({dest: getattr(args, dest) for dest in chosen})  # the flags --auto-parallel set
     common = ["--train-iters", "3", "--log-interval", "1", "--eval-iters", "0"]
     metrics = {name: str(tmp_path / f"{name}.jsonl") for name in ("auto", "hand")}

@@ -25,7 +25,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "context-parallel.md"
 
 def _work(seq: int, batch: int = 16) -> Workload:
     cfg = dataclasses.replace(load_config("llama-3-8b"), max_position_embeddings=seq)
-    return Workload(cfg, global_batch=batch, seq_length=seq, activations=ActivationProfile.BF16_FLASH)
+    return Workload(cfg, global_batch=batch, seq_length=seq, activations=ActivationProfile.BF16_FLASH, fp32_grads=False)
 
 
 H100x64 = Cluster(gpus=64, hw=hardware("h100-80g"))

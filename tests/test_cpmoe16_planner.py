@@ -21,7 +21,7 @@ CP = 2
 
 
 def _work(seq: int = 1024, gbs: int = 16) -> Workload:
-    return Workload(load_config("tiny-mixtral"), global_batch=gbs, seq_length=seq)
+    return Workload(load_config("tiny-mixtral"), global_batch=gbs, seq_length=seq, fp32_grads=False)
 
 
 def test_cp_plan_of_an_moe_model_prices_the_experts_at_s_over_cp_tokens():

@@ -125,7 +125,7 @@ def test_plot_bars_of_cp_plans_add_up_to_their_table_memory(capsys, tmp_path):
     _run(capsys, GPU + ["--plot", str(out)])
     assert out.stat().st_size > 0
     work = Workload(load_config("llama-3-8b"), global_batch=8, seq_length=8192,
-                    activations=ActivationProfile.BF16_FLASH)
+                    activations=ActivationProfile.BF16_FLASH, fp32_grads=False)
     plans = context.search_cp(work, Cluster(gpus=16, hw=hardware("h100-80g")), SearchSpace(tp=(4,)), cps=(2,),
                               comms=tuple(CommType), top=3)
     assert any(p.ring_bytes > 0 for p in plans)  # p2p and allgather hold buffers (a2a none)
@@ -141,7 +141,7 @@ def test_plain_plot_bars_add_up_to_the_tables_memory_with_the_loss_gradient():
     from hybrid.planner import search
     from hybrid.planner.plot import bar_parts
     work = Workload(load_config("llama-3-8b"), global_batch=8, seq_length=8192,
-                    activations=ActivationProfile.BF16_FLASH)
+                    activations=ActivationProfile.BF16_FLASH, fp32_grads=False)
     plans = search(work, Cluster(gpus=8, hw=hardware("h100-80g")), SearchSpace(tp=(4,), pp=(1,)), top=2).plans
     assert plans and all(p.memory.peak.backward_transient > 0 for p in plans)
     for p in plans:

@@ -178,7 +178,7 @@ def test_the_layout_the_planner_picks_runs(capsys):
 
 
 def _mixtral_8x7b(space: SearchSpace):
-    work = Workload(load_config(MIXTRAL_8X7B), global_batch=256, seq_length=4096)
+    work = Workload(load_config(MIXTRAL_8X7B), global_batch=256, seq_length=4096, fp32_grads=False)
     return search(work, Cluster(gpus=32, hw=hardware("h100-80g")), space, top=1)
 
 
@@ -212,7 +212,7 @@ def test_expert_tp_is_chosen_when_ep_cannot_split_the_experts_further():
     best = res.plans[0]
     assert best.experts.ep == 1 and best.experts.etp >= 2, best.experts
     assert best.memory.peak.total + best.experts.extra_bytes <= hardware("h100-80g").capacity_bytes
-    work = Workload(load_config(MIXTRAL_8X7B), global_batch=256, seq_length=4096)
+    work = Workload(load_config(MIXTRAL_8X7B), global_batch=256, seq_length=4096, fp32_grads=False)
     whole = expert_plan(work, Cluster(gpus=32, hw=hardware("h100-80g")), best.layout, 1)
     assert best.experts.expert_params * best.experts.etp == whole.expert_params
     assert best.experts.etp_bytes > 0 and best.experts.etp_s > 0
@@ -223,13 +223,14 @@ def test_expert_tp_is_chosen_when_ep_cannot_split_the_experts_further():
 
 
 def test_moe_layouts_train_py_refuses_are_not_planned():
-    work = Workload(load_config("tiny-mixtral"), global_batch=8, seq_length=32)
+    work = Workload(load_config("tiny-mixtral"), global_batch=8, seq_length=32, fp32_grads=False)
     assert layout_problems(work, Layout(tp=2, dp=2, sequence_parallel=False)) == [
         "MoE with tp > 1 needs sequence parallelism (each TP rank routes its own tokens)"]
     assert layout_problems(work, Layout(tp=2, dp=2, sequence_parallel=True)) == []
     assert "no ep of [3]" in layout_problems(work, Layout(dp=4), pinned=(3,))[0]
     assert "no expert-tp of [3]" in layout_problems(work, Layout(dp=4), pinned_etp=(3,))[0]
-    assert layout_problems(Workload(load_config("tiny-llama"), global_batch=8, seq_length=32), Layout(tp=2)) == []
+    assert layout_problems(Workload(load_config("tiny-llama"), global_batch=8, seq_length=32,
+                                    fp32_grads=False), Layout(tp=2)) == []
 
 
 def test_ep_flag_with_a_dense_model_is_refused(capsys):

@@ -31,7 +31,7 @@ def test_unfused_gradient_accumulation_under_zero_2_and_3_adds_into_the_ranks_sh
     only (`>` for `>=` GRADIENTS) lived."""
     from hybrid.planner.time import _context, _grad_accumulation
     work = Workload(gpt_model(4, 1024, 16, 51200, 1024), global_batch=16, seq_length=1024,
-                    grad_accumulation_fusion=False)
+                    grad_accumulation_fusion=False, fp32_grads=False)
     cluster, params, dp = Cluster(gpus=4, hw=hardware("a100-80g")), 1_000_000, 4
 
     def memory(stage: ZeroStage) -> float:

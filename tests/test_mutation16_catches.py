@@ -274,7 +274,7 @@ def test_a_pipeline_send_on_the_dp_link_is_priced_at_the_message_the_runtime_sen
     from hybrid.planner.layout import pipeline_crosses_nodes
     from hybrid.planner.predicted_comm import step_ledger
     from hybrid.planner.time import _context, _pp_send_on_dp_link
-    work = Workload(gpt_model(32, 2560, 32, 51200, 2048), global_batch=64, seq_length=2048)
+    work = Workload(gpt_model(32, 2560, 32, 51200, 2048), global_batch=64, seq_length=2048, fp32_grads=False)
     cluster = Cluster(gpus=32, hw=hardware("a100-80g"))
     layout = Layout(tp=2, pp=2, dp=8, micro_batch=1, sequence_parallel=sp)
     ctx = _context(work, cluster, layout)
@@ -322,7 +322,7 @@ def test_the_optimizer_step_prices_the_ranks_partition_and_offload_moves_gradien
     from hybrid.planner.hardware import GB
     from hybrid.planner.layout import Offload
     from hybrid.planner.time import _context, _optimizer_seconds
-    work = Workload(gpt_model(24, 2048, 16, 51200, 2048), global_batch=64, seq_length=2048)
+    work = Workload(gpt_model(24, 2048, 16, 51200, 2048), global_batch=64, seq_length=2048, fp32_grads=False)
     cluster, psi, nd = Cluster(gpus=8, hw=hardware("a100-80g")), 1.3e9, 8
     whole = _optimizer_seconds(_context(work, cluster, Layout(dp=nd, zero=ZeroStage.NONE)), psi / nd)
     assert _optimizer_seconds(_context(work, cluster, Layout(dp=nd, zero=zero)), psi) == pytest.approx(whole, rel=1e-12)
@@ -343,7 +343,7 @@ def test_host_memory_per_node_is_the_offloaded_states_of_the_gpus_on_that_node(g
     on it, test_planner_runtime and test_zero included."""
     from hybrid.planner import plan_memory
     from hybrid.planner.layout import Offload
-    work = Workload(gpt_model(24, 2048, 16, 51200, 2048), global_batch=gpus, seq_length=2048)
+    work = Workload(gpt_model(24, 2048, 16, 51200, 2048), global_batch=gpus, seq_length=2048, fp32_grads=False)
     cluster = Cluster(gpus=gpus, hw=hardware("a100-80g"))
     layout = Layout(dp=gpus, micro_batch=1, zero=ZeroStage.PARAMETERS, offload=Offload.OPTIMIZER_AND_PARAMS)
     mem = plan_memory(work, cluster, layout)

@@ -25,7 +25,8 @@ DATA = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "data")
 # --- B: KempnerForge's gathered logits (hybrid/planner/predicted_comm.py, time.py) -------------------------------
 def _kempner_like(gathered: bool) -> Workload:
     from models.config import load_config
-    return Workload(load_config("tiny-llama"), global_batch=4, seq_length=32, gathered_logits=gathered)
+    return Workload(load_config("tiny-llama"), global_batch=4, seq_length=32, gathered_logits=gathered,
+                    fp32_grads=False)
 
 
 def test_gathered_logits_replace_the_loss_all_reduces_without_sequence_parallelism_too():
@@ -194,7 +195,8 @@ def test_megatrons_formula_counts_selective_ops_rerun_as_torch_runs_it():
     cfg = load_config("tiny-gpt2")
     h, f, batch, s = cfg.hidden_size, cfg.ffn_hidden_size, 4, 32
     for dropout, rerun in ((0.0, 2 * h * h), (0.1, 2 * h * h + f * h)):
-        work = Workload(replace(cfg, dropout=dropout), global_batch=batch, seq_length=s, kernels=KernelProfile.EAGER)
+        work = Workload(replace(cfg, dropout=dropout), global_batch=batch, seq_length=s, kernels=KernelProfile.EAGER,
+                        fp32_grads=False)
         extra = (step_flops(work, Layout(micro_batch=1, recompute=Recompute.SELECTIVE_OP), FlopsFormula.MEGATRON)
                  - step_flops(work, Layout(micro_batch=1), FlopsFormula.MEGATRON))
         assert extra == pytest.approx(batch * s * cfg.num_layers * 2 * rerun, rel=1e-12), dropout
@@ -213,7 +215,7 @@ def test_the_rerun_pass_prices_the_gemms_the_early_stop_leaves():
     from hybrid.planner.ops import KernelProfile
     from models.config import load_config
     work = Workload(load_config("tiny-gpt2"), global_batch=8, seq_length=32, kernels=KernelProfile.EAGER,
-                    activations=ActivationProfile.BF16_FLASH)
+                    activations=ActivationProfile.BF16_FLASH, fp32_grads=False)
     cluster = Cluster(gpus=8, hw=hardware("h100-80g"))
     ctx, (_, plain) = (ptime._context(work, cluster, Layout(dp=8)),
                        ptime.layer_passes(ptime._context(work, cluster, Layout(dp=8))))
@@ -238,7 +240,7 @@ def test_the_attention_dropout_cost_follows_the_attention_dropout_not_the_hidden
     cluster, lay = Cluster(gpus=8, hw=hardware("h100-80g")), Layout(dp=8, micro_batch=1)
     for attention, hidden, cost in ((0.1, 0.0, HOPPER_ATTENTION_DROPOUT), (0.0, 0.1, 1.0)):
         work = Workload(replace(cfg, attention_dropout=attention, dropout=hidden), global_batch=8, seq_length=32,
-                        stack=Stack.MEGATRON)
+                        stack=Stack.MEGATRON, fp32_grads=False)
         assert _context(work, cluster, lay).attention_dropout_cost() == cost, (attention, hidden)
 
 

@@ -62,7 +62,7 @@ def test_only_the_saved_order_reads_samples_none_read_before():
 def _tiny_plans(gpu: str, model: str = "tiny-gpt2", top: int = 2):
     from hybrid.planner import Cluster, Workload, hardware, search
     from models import load_config
-    work = Workload(load_config(model), global_batch=16, seq_length=128)
+    work = Workload(load_config(model), global_batch=16, seq_length=128, fp32_grads=False)
     cluster = Cluster(gpus=4, hw=hardware(gpu))
     return work, cluster, search(work, cluster, top=top).plans
 

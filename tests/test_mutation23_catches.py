@@ -49,7 +49,7 @@ def test_one_bucket_of_fp8_weights_has_nothing_to_hide_behind():
 
     def exposed(fp8_params: bool, overlap: bool) -> float:
         work = Workload(gpt_model(2, 512, 8, 32000, 1024), global_batch=8, seq_length=1024, fp8=True,
-                        fp8_param_gather=fp8_params, overlap_param_gather=overlap)
+                        fp8_param_gather=fp8_params, overlap_param_gather=overlap, fp32_grads=False)
         return step_time(work, cluster, layout).term("dp_exposed")
 
     assert exposed(False, True) < exposed(False, False)  # bf16: two buckets, the second hidden
@@ -70,7 +70,8 @@ def test_fp8_weights_leave_the_gradient_reduction_and_its_overlap_as_they_were()
 
     def saved(fp8_params: bool) -> float:
         times = [step_time(Workload(gpt_model(2, 512, 8, 32000, 1024), global_batch=8, seq_length=1024, fp8=True,
-                                    fp8_param_gather=fp8_params, overlap_grad_reduce=overlap), cluster, layout)
+                                    fp8_param_gather=fp8_params, overlap_grad_reduce=overlap,
+                                    fp32_grads=False), cluster, layout)
                  for overlap in (False, True)]
         return times[0].term("dp_exposed") - times[1].term("dp_exposed")
 
@@ -132,7 +133,7 @@ def _cpu_cp_plans():
     from hybrid.cp.comm_type import CommType
     from hybrid.planner import Cluster, SearchSpace, Workload, context, hardware
     from models.config import load_config
-    work = Workload(load_config("tiny-llama"), global_batch=8, seq_length=128)
+    work = Workload(load_config("tiny-llama"), global_batch=8, seq_length=128, fp32_grads=False)
     return context.search_cp(work, Cluster(gpus=4, hw=hardware("cpu")), SearchSpace(), cps=(2,),
                              comms=tuple(CommType), top=3)
 
@@ -180,7 +181,8 @@ def test_a_bar_whose_step_gradient_outgrows_the_activations_adds_up_to_the_table
     from hybrid.planner.model import ActivationProfile
     from hybrid.planner.plot import bar_parts
     from models.config import load_config
-    work = Workload(load_config("llama-3-8b"), global_batch=8, seq_length=512, activations=ActivationProfile.BF16_FLASH)
+    work = Workload(load_config("llama-3-8b"), global_batch=8, seq_length=512, activations=ActivationProfile.BF16_FLASH,
+                    fp32_grads=False)
     plans = search(work, Cluster(gpus=8, hw=hardware("h100-80g")), SearchSpace(tp=(8,), pp=(1,), zero=(
         ZeroStage.NONE,)), top=2).plans
     for p in plans:

@@ -169,7 +169,7 @@ def test_explain_expert_options_say_which_do_not_fit():
     from test_moe_planner import MIXTRAL_8X7B
     best = _mixtral_8x7b(SearchSpace(**PINNED, recompute=(Recompute.NONE,), offload=(Offload.NONE,),
                                      expert_tensor_parallel=(1,))).plans[0]
-    work = Workload(load_config(MIXTRAL_8X7B), global_batch=256, seq_length=4096)
+    work = Workload(load_config(MIXTRAL_8X7B), global_batch=256, seq_length=4096, fp32_grads=False)
     lines = why(work, Cluster(gpus=32, hw=hardware("h100-80g")), best.layout, best.memory.peak.total, best.experts)
     options = {tuple(int(v) for v in line.split()[1:4:2]): line for line in lines[1:]}
     assert options[(1, 1)].endswith("-- does not fit")

@@ -62,7 +62,7 @@ def test_ring_attention_transfers_are_collectives_not_pipeline_waits():
 
 
 def test_cp_plan_on_a_cpu_is_in_the_plain_tables_rss_mib():
-    work = Workload(load_config("tiny-llama"), global_batch=16, seq_length=256)
+    work = Workload(load_config("tiny-llama"), global_batch=16, seq_length=256, fp32_grads=False)
     cluster = Cluster(gpus=4, hw=hardware("cpu"))
     baseline = 300 * 2**20
     plans = context.search_cp(work, cluster, cps=(1, 2), top=40)
@@ -77,7 +77,7 @@ def test_cp_plan_on_a_cpu_is_in_the_plain_tables_rss_mib():
 
 
 def test_cp_plan_on_a_gpu_keeps_gb():
-    work = Workload(load_config("tiny-llama"), global_batch=16, seq_length=256)
+    work = Workload(load_config("tiny-llama"), global_batch=16, seq_length=256, fp32_grads=False)
     plans = context.search_cp(work, Cluster(gpus=4, hw=hardware("h100-80g")), cps=(1, 2), top=3)
     table = context.report(work, Cluster(gpus=4, hw=hardware("h100-80g")), plans)
     assert "mem GB" in table and "RSS MiB" not in table

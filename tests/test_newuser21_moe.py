@@ -10,7 +10,7 @@ from models import load_config
 
 
 def _experts_line(gpu: str) -> str:
-    work = Workload(load_config("tiny-mixtral"), global_batch=16, seq_length=128)
+    work = Workload(load_config("tiny-mixtral"), global_batch=16, seq_length=128, fp32_grads=False)
     return search(work, Cluster(gpus=4, hw=hardware(gpu)), top=1).plans[0].experts.explain()
 
 

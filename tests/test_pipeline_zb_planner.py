@@ -139,7 +139,7 @@ def test_zbv_activations_equal_the_ledgers_peak(measured, case):
 
 
 def _llama_8b_pp4():
-    work = Workload(load_config("llama-3-8b"), global_batch=64, seq_length=2048)
+    work = Workload(load_config("llama-3-8b"), global_batch=64, seq_length=2048, fp32_grads=False)
     hw = hardware("h100-80g")
     space = SearchSpace(pp=(4,), v=(1,), tp=(1,), micro_batch=(1,), zero=(ZeroStage(1),))
     return work, Cluster(gpus=16, hw=hw), space
@@ -250,7 +250,7 @@ def test_search_keeps_1f1b_over_zbv_when_zbv_does_not_fit_and_says_why():
     twins (ZBV holds 2 pp half-size chunk sets on every rank, and rank 0 the embedding and the head too):
     1F1B is kept, and the note under its layout names ZBV's memory. Pinned to v = 1, ZBV is not tried."""
     from dataclasses import replace
-    work = Workload(load_config("llama-3-8b"), global_batch=64, seq_length=2048)
+    work = Workload(load_config("llama-3-8b"), global_batch=64, seq_length=2048, fp32_grads=False)
     cluster = Cluster(gpus=16, hw=hardware("h100-80g"))
     space = SearchSpace(pp=(4,), v=(1, 2), tp=(1,), micro_batch=(1,), zero=(ZeroStage(1),),
                         recompute=(Recompute.NONE,))

@@ -25,6 +25,7 @@ P, G = 2, 2  # bf16 parameters, bf16 gradients (mixed precision, no fp32 reducti
 
 
 def _work(runtime: Zero3Runtime | None, global_batch: int = 16, **kw) -> Workload:
+    kw.setdefault("fp32_grads", False)  # P, G above: bf16 gradients
     return Workload(llama_model(L, H, A, KV, FFN, V, 2048), global_batch=global_batch, seq_length=2048,
                     activations=ActivationProfile.BF16_FLASH, zero3_runtime=runtime, **kw)
 

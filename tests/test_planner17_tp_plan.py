@@ -21,7 +21,7 @@ B, S, L = 2, 4096, 3
 
 
 def _shard(t: int = 4):
-    return Workload(llama_model(*LLAMA3_8B, S), global_batch=8, seq_length=S).shard(t)
+    return Workload(llama_model(*LLAMA3_8B, S), global_batch=8, seq_length=S, fp32_grads=False).shard(t)
 
 
 def _calls(book: dict, op: str) -> int:
@@ -55,7 +55,7 @@ def test_without_sp_each_projection_all_reduces_its_input_gradient():
 
 
 def test_block_is_the_default_and_a_bad_plan_is_refused_by_name():
-    work = Workload(llama_model(*LLAMA3_8B, S), global_batch=8, seq_length=S)
+    work = Workload(llama_model(*LLAMA3_8B, S), global_batch=8, seq_length=S, fp32_grads=False)
     assert work.tp_plan is TpPlan.BLOCK
     with pytest.raises(ValueError, match="Workload.tp_plan must be a TpPlan"):
         replace(work, tp_plan="projection")

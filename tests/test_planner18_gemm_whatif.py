@@ -29,8 +29,8 @@ def test_the_ceiling_is_the_measured_ratio_of_the_four_named_shapes():
 def test_float8_sac_what_if_reruns_every_linear_of_an_fp8_shard_only_and_is_undone():
     from hybrid.planner.layout import Workload
     from hybrid.planner.published import LLAMA3_8B, llama_model
-    bf16 = Workload(llama_model(*LLAMA3_8B, 4096), global_batch=8, seq_length=4096).shard(1)
-    fp8 = Workload(llama_model(*LLAMA3_8B, 4096), global_batch=8, seq_length=4096, fp8=True).shard(1)
+    bf16 = Workload(llama_model(*LLAMA3_8B, 4096), global_batch=8, seq_length=4096, fp32_grads=False).shard(1)
+    fp8 = Workload(llama_model(*LLAMA3_8B, 4096), global_batch=8, seq_length=4096, fp8=True, fp32_grads=False).shard(1)
     shipped = (len(fp8.selective_op_rerun_gemms(1, 4096, False)), fp8.selective_op_kept_bytes(1, 4096, False))
     with float8_sac_recomputes_linears():
         assert len(fp8.selective_op_rerun_gemms(1, 4096, False)) == 7 and len(bf16.selective_op_rerun_gemms(1, 4096, True)) == 3

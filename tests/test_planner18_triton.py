@@ -19,7 +19,7 @@ from hybrid.planner.published import mpt_model
 def _rate(kernel: AttentionKernel, gpu: str, seq: int = 16384) -> float:
     """TFLOP/s of `kernel` as an eager (PyTorch-stack) MPT-1B workload sees the `gpu` preset (Workload.device)."""
     work = Workload(mpt_model("1b", seq), global_batch=8, seq_length=seq, activations=ActivationProfile.BF16_FLASH,
-                    kernels=KernelProfile.EAGER, attention_kernel=kernel)
+                    kernels=KernelProfile.EAGER, attention_kernel=kernel, fp32_grads=False)
     hw = work.device(hardware(gpu), None)
     return kernel.efficiency(hw, 128, seq) * hw.peak_tflops
 

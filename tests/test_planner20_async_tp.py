@@ -82,7 +82,8 @@ def test_a_gather_hides_only_under_its_products():
     from hybrid.planner.layout import Cluster, Layout, Workload
     from hybrid.planner.ops import Stack
     work = Workload(llama_model(*LLAMA3_8B, 4096), global_batch=8, seq_length=4096, sp_copies=True,
-                    activations=ActivationProfile.BF16_FLASH, stack=Stack.PYTORCH, tp_comm_overlap=True)
+                    activations=ActivationProfile.BF16_FLASH, stack=Stack.PYTORCH, tp_comm_overlap=True,
+                    fp32_grads=False)
     cluster = Cluster(gpus=8, hw=hardware("h100-80g").with_overrides(intra_node_gbps=150.0))
     ctx = ptime._context(work, cluster, Layout(tp=8, micro_batch=1, sequence_parallel=True))
     hw, t, bsh = ctx.cluster.hw, 8, 4096 * 4096 * 2

@@ -102,7 +102,7 @@ def _stops_early(cfg) -> bool:
     """time.recompute_stops_early for `cfg` trained as our runtime trains it: PyTorch-native (eager kernels), bf16
     linears of torch (no FP8)."""
     work = Workload(cfg, global_batch=B, seq_length=S, activations=ActivationProfile.BF16_FLASH,
-                    kernels=KernelProfile.EAGER)
+                    kernels=KernelProfile.EAGER, fp32_grads=False)
     return recompute_stops_early(work, Layout(micro_batch=B, recompute=Recompute.SELECTIVE_OP))
 
 
@@ -160,7 +160,7 @@ def test_the_step_prices_that_rerun():
     from hybrid.planner.time import FlopsFormula, exact_step_flops, step_flops
     cfg = replace(load_config("tiny-gpt2"), ffn_hidden_size=96)
     work = Workload(cfg, global_batch=B, seq_length=S, activations=ActivationProfile.BF16_FLASH,
-                    kernels=KernelProfile.EAGER)
+                    kernels=KernelProfile.EAGER, fp32_grads=False)
     extra = step_flops(work, Layout(micro_batch=B, recompute=Recompute.SELECTIVE_OP), FlopsFormula.EXACT) - \
         exact_step_flops(work)
     h = cfg.hidden_size

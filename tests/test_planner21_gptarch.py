@@ -15,7 +15,8 @@ from hybrid.planner.reference import gpt_model
 
 
 def _ops(cfg, t: int, kernels: KernelProfile = KernelProfile.FUSED) -> dict:
-    work = Workload(cfg, global_batch=8, seq_length=2048, activations=ActivationProfile.BF16_FLASH, kernels=kernels)
+    work = Workload(cfg, global_batch=8, seq_length=2048, activations=ActivationProfile.BF16_FLASH, kernels=kernels,
+                    fp32_grads=False)
     return {o.name: o for o in layer_ops(work.shard(t), 2048, t > 1, 2, kernels)}
 
 
@@ -52,7 +53,7 @@ def test_te_full_layer_reduces_fc1s_bias_gradient_inside_te():
     bias gradient inside TE: no separate pass."""
     cfg = gpt_model(24, 4096, 32, 50257, 2048)
     work = Workload(cfg, global_batch=8, seq_length=2048, activations=ActivationProfile.BF16_FLASH,
-                    kernels=KernelProfile.FUSED)
+                    kernels=KernelProfile.FUSED, fp32_grads=False)
     assert "fc1 bias grad" not in {o.name for o in layer_ops(work.shard(1), 2048, False, 2, KernelProfile.FUSED,
                                                               te_full_layer=True)}
 

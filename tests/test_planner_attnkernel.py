@@ -27,7 +27,8 @@ def _attention(work: Workload, gpu: str) -> float:
 
 
 def _mpt(size: str, seq: int, kernel: AttentionKernel | None = None) -> Workload:
-    work = Workload(mpt_model(size, seq), global_batch=8, seq_length=seq, activations=ActivationProfile.BF16_FLASH)
+    work = Workload(mpt_model(size, seq), global_batch=8, seq_length=seq, activations=ActivationProfile.BF16_FLASH,
+                    fp32_grads=False)
     return work if kernel is None else replace(work, attention_kernel=kernel)
 
 

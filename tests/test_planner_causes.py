@@ -15,7 +15,7 @@ from hybrid.planner.reference import gpt_model
 
 
 def _case(pp: int, v: int):
-    work = Workload(gpt_model(4, 1024, 16, 50257, 1024), global_batch=8, seq_length=1024)
+    work = Workload(gpt_model(4, 1024, 16, 50257, 1024), global_batch=8, seq_length=1024, fp32_grads=False)
     return work, Cluster(gpus=pp, hw=hardware("h100-80g")), Layout(pp=pp, v=v, micro_batch=1)
 
 

@@ -33,7 +33,7 @@ P2P_RINGS = (RingSchedule.ACCUMULATOR, RingSchedule.TRAVELLING)  # _ring's (torc
 def _work(seq: int, stack: Stack = Stack.MEGATRON, batch: int = 8) -> Workload:
     cfg = dataclasses.replace(load_config("llama-3-8b"), max_position_embeddings=seq)
     return Workload(cfg, global_batch=batch, seq_length=seq, activations=ActivationProfile.BF16_FLASH,
-                    kernels=KernelProfile.FUSED, stack=stack)
+                    kernels=KernelProfile.FUSED, stack=stack, fp32_grads=False)
 
 
 def _flash_seconds(flops: float, hw) -> float:

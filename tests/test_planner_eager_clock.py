@@ -17,7 +17,7 @@ from models.config import load_config
 
 def _work(kernels: KernelProfile) -> Workload:
     return Workload(load_config("llama-3-8b"), global_batch=16, seq_length=4096,
-                    activations=ActivationProfile.BF16_FLASH, kernels=kernels)
+                    activations=ActivationProfile.BF16_FLASH, kernels=kernels, fp32_grads=False)
 
 
 def test_eager_clock_scales_the_tensor_core_terms_and_nothing_else():

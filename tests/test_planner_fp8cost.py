@@ -20,7 +20,7 @@ E = 2  # bf16
 
 def _mpt_shard(size: str = "3b", seq: int = 2048):
     work = Workload(mpt_model(size, seq), global_batch=8, seq_length=seq, activations=ActivationProfile.BF16_FLASH,
-                    fp8=True)
+                    fp8=True, fp32_grads=False)
     return work.shard(1)
 
 
@@ -59,9 +59,9 @@ def test_layer_pays_the_casts_at_the_elementwise_rate():
     """The layer's memory-bound time grows by exactly the casts' bytes at Hardware.elementwise_bytes_per_s, and its
     launches by their kernels x kernel_overhead_s, forward and backward (no recomputation)."""
     base = Workload(mpt_model("3b", 2048), global_batch=80, seq_length=2048,
-                    activations=ActivationProfile.BF16_FLASH, fused_cross_entropy=True)
+                    activations=ActivationProfile.BF16_FLASH, fused_cross_entropy=True, fp32_grads=False)
     fp8 = Workload(mpt_model("3b", 2048), global_batch=80, seq_length=2048, activations=ActivationProfile.BF16_FLASH,
-                   fused_cross_entropy=True, fp8=True, fp8_scaling=Fp8Scaling.DELAYED)
+                   fused_cross_entropy=True, fp8=True, fp8_scaling=Fp8Scaling.DELAYED, fp32_grads=False)
     layout = Layout(tp=1, pp=1, dp=8, micro_batch=10, zero=ZeroStage.PARAMETERS, recompute=Recompute.NONE)
     cluster = Cluster(gpus=8, hw=hardware("h100-80g"))
     (f0, b0), (f1, b1) = (layer_passes(_context(w, cluster, layout)) for w in (base, fp8))
@@ -84,7 +84,7 @@ def test_mpt_fp8_rows_are_planned_with_composers_delayed_scaling():
 def test_fp8_scaling_without_fp8_is_rejected_by_name():
     with pytest.raises(ValueError, match="--fp8-scaling"):
         Workload(mpt_model("1b", 2048), global_batch=8, seq_length=2048, activations=ActivationProfile.BF16_FLASH,
-                 fp8_scaling=Fp8Scaling.DELAYED)
+                 fp8_scaling=Fp8Scaling.DELAYED, fp32_grads=False)
 
 
 CLI = ["--model", "llama-3-8b", "--gpus", "8", "--gpu", "h100-80g", "--global-batch-size", "8", "--seq-length",

@@ -21,7 +21,8 @@ from models.config import load_config
 def test_fused_loss_keeps_two_bytes_a_logit_and_writes_two_in_its_backward():
     """One micro-batch of 2 x 1024 tokens, V 50257 padded to 50257 at t 1: kept logits 2 V + 4 bytes a token
     against 6 V; the backward's transient 2 V against 8 V. The rest of the head (norm and head inputs) is the same."""
-    work = Workload(load_config("gpt2"), global_batch=2, seq_length=1024, activations=ActivationProfile.BF16_FLASH)
+    work = Workload(load_config("gpt2"), global_batch=2, seq_length=1024, activations=ActivationProfile.BF16_FLASH,
+                    fp32_grads=False)
     plain, fused = work.shard(1), replace(work, fused_cross_entropy=True).shard(1)
     tokens, vocab = 2 * 1024, plain.vocab
     assert plain.head_activation_bytes(2, 1024, False) - fused.head_activation_bytes(2, 1024, False) == \
@@ -62,4 +63,4 @@ def test_the_flag_reaches_the_plan_and_is_refused_where_it_means_nothing(capsys)
         err = capsys.readouterr().err
         assert "--fused-cross-entropy" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(ValueError, match="--fused-cross-entropy"):
-        Workload(load_config("gpt2"), global_batch=8, seq_length=1024, fused_cross_entropy=True)
+        Workload(load_config("gpt2"), global_batch=8, seq_length=1024, fused_cross_entropy=True, fp32_grads=False)

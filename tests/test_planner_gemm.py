@@ -93,7 +93,7 @@ def test_a100_curve_checks_against_korthikanti_table4():
     (Table 5, hybrid/planner/fit.py), so this layer is a check: planned 7.5 + 13.1 ms, within 6 % in sum, the
     forward within 10 % and the backward within 11 % (the fused backward rule, 1.5x the forward's bytes, and the
     materialised softmax's backward are where it is long)."""
-    work = Workload(gpt_model(48, 6144, 64, 51200, 2048), global_batch=4, seq_length=2048)
+    work = Workload(gpt_model(48, 6144, 64, 51200, 2048), global_batch=4, seq_length=2048, fp32_grads=False)
     layout = Layout(tp=8, pp=1, dp=1, micro_batch=4, recompute=Recompute.NONE)
     cost = _layer_cost(_context(work, Cluster(gpus=8, hw=hardware("a100-80g")), layout))
     fwd, bwd = cost.forward_compute + cost.forward_comm, cost.backward_compute + cost.backward_comm
@@ -140,7 +140,7 @@ def test_pipeline_messages_contend_with_zero3_traffic_only_on_the_same_link(monk
     from hybrid.planner.layout import ZeroStage
     # overlap_slowdown 1: the link alone (SM contention, Hardware.overlap_slowdown, would hide the message's cost)
     hw = hardware("a100-80g").with_overrides(intra_node_gbps=20.0, overlap_slowdown=1.0)
-    work = Workload(load_config("gpt2-xl"), global_batch=32, seq_length=1024)
+    work = Workload(load_config("gpt2-xl"), global_batch=32, seq_length=1024, fp32_grads=False)
     shared = Layout(tp=1, pp=2, dp=4, micro_batch=4, zero=ZeroStage.PARAMETERS)
     apart = Layout(tp=1, pp=2, dp=8, micro_batch=2, zero=ZeroStage.PARAMETERS)
     with_link = {name: evaluate(work, Cluster(gpus=lay.world, hw=hw), lay).time.total
@@ -160,7 +160,7 @@ def test_a_layout_whose_dp_traffic_exceeds_its_compute_is_not_best():
     from hybrid.planner.layout import ZeroStage
     from hybrid.planner.predicted_memory import rank_parameters
     hw = hardware("a100-80g").with_overrides(inter_node_gbps=0.5)
-    work = Workload(load_config("gpt2-xl"), global_batch=64, seq_length=1024)
+    work = Workload(load_config("gpt2-xl"), global_batch=64, seq_length=1024, fp32_grads=False)
     cluster = Cluster(gpus=16, hw=hw)
     z3 = Layout(tp=1, pp=1, dp=16, micro_batch=4, zero=ZeroStage.PARAMETERS)
     plan = evaluate(work, cluster, z3)
@@ -180,7 +180,7 @@ def test_a_whole_step_runs_more_efficiently_with_a_larger_micro_batch_and_hidden
     cluster = Cluster(gpus=32, hw=hardware("a100-80g"))
 
     def tflops(h: int, b: int) -> float:
-        work = Workload(gpt_model(24, h, h // 96, 51200, 2048), global_batch=512, seq_length=2048)
+        work = Workload(gpt_model(24, h, h // 96, 51200, 2048), global_batch=512, seq_length=2048, fp32_grads=False)
         return evaluate(work, cluster, Layout(tp=1, pp=1, dp=32, micro_batch=b, recompute=Recompute.FULL)).tflops_per_gpu
     by_b = [tflops(2304, b) for b in (1, 2, 4, 8)]
     assert by_b == sorted(by_b) and by_b[-1] > by_b[0]

@@ -36,7 +36,7 @@ def _workload() -> Workload:
                       intermediate_size=8192, vocab_size=128256, max_position_embeddings=4096,
                       tie_word_embeddings=True, rope_theta=500000.0)
     return Workload(from_hf(cfg), global_batch=8, seq_length=4096, precision=Precision.MIXED,
-                    activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.EAGER)
+                    activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.EAGER, fp32_grads=False)
 
 
 def test_the_h200_preset_curve_fits_the_gemms_measured_on_an_h200():

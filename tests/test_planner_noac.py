@@ -39,7 +39,7 @@ def test_compute_under_a_collective_ends_at_c_plus_cost_times_d_or_with_the_coll
 
 def _work(seq: int = 2048, batch: int = 64) -> Workload:
     return Workload(load_config("gpt2-xl"), global_batch=batch, seq_length=seq,
-                    activations=ActivationProfile.BF16_FLASH)
+                    activations=ActivationProfile.BF16_FLASH, fp32_grads=False)
 
 
 def test_the_overlap_term_is_the_cost_of_every_hidden_zero3_second_and_explain_names_it():

@@ -158,7 +158,7 @@ def test_param_gather_without_overlap_is_exposed_in_full():
     overlapped pricing gives when no forward runs under it."""
     cluster = Cluster(gpus=8, hw=hardware("a100-80g"))
     layout = Layout(dp=8, micro_batch=1, zero=ZeroStage.OPTIMIZER)
-    work = Workload(GPT, global_batch=8, seq_length=1024)
+    work = Workload(GPT, global_batch=8, seq_length=1024, fp32_grads=False)
     hidden = evaluate(work, cluster, layout).time
     exposed = evaluate(dataclasses.replace(work, overlap_param_gather=False), cluster, layout).time
     psi = _gpt_params(4, 1024, 51200, 1024)

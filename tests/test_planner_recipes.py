@@ -170,7 +170,7 @@ def _tp_overlap_case(intra_node_gbps: float = 450.0, sp: bool = True):
     from hybrid.planner.ops import Stack
     from hybrid.planner.published import llama_model
     work = Workload(llama_model(40, 5120, 40, 40, 13824, 32000, 4096), global_batch=8, seq_length=4096,
-                    activations=ActivationProfile.BF16_FLASH, stack=Stack.MEGATRON)
+                    activations=ActivationProfile.BF16_FLASH, stack=Stack.MEGATRON, fp32_grads=False)
     cluster = Cluster(gpus=4, hw=hardware("h100-80g").with_overrides(intra_node_gbps=intra_node_gbps))
     layout = Layout(tp=4, micro_batch=1, sequence_parallel=sp)
     return (ptime._context(work, cluster, layout),
@@ -277,9 +277,9 @@ def test_bf16_optimizer_states_are_six_bytes_a_parameter():
     psi = rank_parameters(w, Layout(tp=8, pp=8, dp=2, v=12, micro_batch=1, sequence_parallel=True))[0]
     states = model_states(psi, ZeroStage.OPTIMIZER, 2, optimizer_bytes=w.optimizer_bytes)
     assert states.device == pytest.approx((2 + 2 + 6 / 2) * psi) and states.optimizer == pytest.approx(3 * psi)
-    assert optimizer_bytes_per_param(w) == optimizer_bytes_per_param(Workload(w.model, 32, 4096)) - 12
+    assert optimizer_bytes_per_param(w) == optimizer_bytes_per_param(Workload(w.model, 32, 4096, fp32_grads=False)) - 12
     with pytest.raises(ValueError, match="optimizer_dtype_bytes"):
-        Workload(w.model, 32, 4096, optimizer_dtype_bytes=1)
+        Workload(w.model, 32, 4096, optimizer_dtype_bytes=1, fp32_grads=False)
 
 
 def test_hybrid_plan_takes_megatrons_split_flags():

@@ -66,7 +66,7 @@ def measured() -> list[dict]:
 
 def _work(precision: Precision) -> Workload:
     return Workload(load_config(MODEL), global_batch=GLOBAL, seq_length=SEQ, precision=precision.planned,
-                    activations=ActivationProfile.FP32_FLASH)
+                    activations=ActivationProfile.FP32_FLASH, fp32_grads=False)  # _train's ZeroConfig: b = 2 in bf16
 
 
 def _predicted_steps(zero: int, precision: Precision) -> list[dict[str, int]]:

@@ -21,7 +21,7 @@ FSDP = Layout(dp=8, micro_batch=2, zero=ZeroStage.PARAMETERS)
 
 def _work(kernels: KernelProfile, stack: Stack | None = None) -> Workload:
     return Workload(load_config("llama-3-8b"), global_batch=16, seq_length=4096,
-                    activations=ActivationProfile.BF16_FLASH, kernels=kernels, stack=stack)
+                    activations=ActivationProfile.BF16_FLASH, kernels=kernels, stack=stack, fp32_grads=False)
 
 
 def test_a_compiled_pytorch_run_gets_the_stack_clock_and_only_the_clock():
@@ -51,7 +51,8 @@ def test_a_compiled_pytorch_run_gets_the_stack_clock_and_only_the_clock():
     (KernelProfile.FUSED, Layout(tp=2, pp=2, dp=2), False)])
 def test_auto_decides_by_layout_and_a_stated_stack_wins(kernels, layout, pytorch):
     assert _work(kernels).pytorch_native(layout) is pytorch
-    megatron_profile = Workload(load_config("llama-3-8b"), global_batch=16, seq_length=4096, kernels=kernels)
+    megatron_profile = Workload(load_config("llama-3-8b"), global_batch=16, seq_length=4096, kernels=kernels,
+                                fp32_grads=False)
     assert megatron_profile.pytorch_native(layout) is (kernels is KernelProfile.EAGER)  # korthikanti: Megatron's
     assert _work(kernels, Stack.PYTORCH).pytorch_native(layout) is True
     assert _work(kernels, Stack.MEGATRON).pytorch_native(layout) is False
@@ -66,7 +67,7 @@ def test_the_cli_flag():
         args = parser.parse_args(["--model", "llama-3-8b", "--global-batch-size", "8"] + flag)
         assert workload_from_args(args, model).stack is stack
     with pytest.raises(ValueError, match="Workload.stack"):
-        Workload(model, global_batch=8, seq_length=128, stack="pytorch")
+        Workload(model, global_batch=8, seq_length=128, stack="pytorch", fp32_grads=False)
 
 
 def _auto_decisions(run) -> set[bool]:

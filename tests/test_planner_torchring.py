@@ -28,7 +28,8 @@ H100x64 = Cluster(gpus=64, hw=hardware("h100-80g"))
 def _work(seq: int, ring: RingSchedule | None = None, repeated: bool = False) -> Workload:
     cfg = dataclasses.replace(load_config("llama-3-8b"), max_position_embeddings=seq)  # 32 q heads, 8 kv, d 128
     return Workload(cfg, global_batch=8, seq_length=seq, activations=ActivationProfile.BF16_FLASH,
-                    kernels=KernelProfile.FUSED, stack=Stack.PYTORCH, cp_ring=ring, kv_repeated=repeated)
+                    kernels=KernelProfile.FUSED, stack=Stack.PYTORCH, cp_ring=ring, kv_repeated=repeated,
+                    fp32_grads=False)
 
 
 def test_the_workload_names_torchs_ring():

@@ -31,7 +31,7 @@ def test_llama3_405b_on_16_stages_is_the_published_split():
 
 
 def test_the_planner_chooses_uneven_stages_interleaved_or_not():
-    work = Workload(load_config("llama-3-405b"), global_batch=2048, seq_length=8192)
+    work = Workload(load_config("llama-3-405b"), global_batch=2048, seq_length=8192, fp32_grads=False)
     cluster = Cluster(gpus=16384, hw=hardware("h100-80g"))
     for pp, v in ((16, 1), (8, 2)):
         found = search(work, cluster, SearchSpace(tp=(8,), pp=(pp,), v=(v,)), top=1)
@@ -43,7 +43,7 @@ def test_the_planner_chooses_uneven_stages_interleaved_or_not():
 
 def test_emitted_flags_give_train_py_the_planners_split():
     """tiny-gpt2 (4 layers) on pp 3: balanced 1, 2, 1; the flags train.py gets reproduce that split."""
-    work = Workload(load_config("tiny-gpt2"), global_batch=6, seq_length=32)
+    work = Workload(load_config("tiny-gpt2"), global_batch=6, seq_length=32, fp32_grads=False)
     layout = Layout(tp=1, pp=3, dp=1, micro_batch=2)
     counts = stage_layers(work.model, 3, 1, 32)
     assert counts == (1, 2, 1)

@@ -16,7 +16,7 @@ DENSE_HEADER = " #  layout                             mem GB   step s   tokens/
 
 
 def _result(model: str, gpu: str = "h100-80g"):
-    work = Workload(load_config(model), global_batch=16, seq_length=128)
+    work = Workload(load_config(model), global_batch=16, seq_length=128, fp32_grads=False)
     cluster = Cluster(gpus=4, hw=hardware(gpu))
     return work, cluster, search(work, cluster, top=3)
 

@@ -18,7 +18,7 @@ BASELINE = 200 * MIB  # a process's resident bytes, fixed (cli._baseline measure
 
 
 def _plan(gpu: str):
-    work = Workload(load_config("tiny-mixtral"), global_batch=16, seq_length=128)
+    work = Workload(load_config("tiny-mixtral"), global_batch=16, seq_length=128, fp32_grads=False)
     cluster = Cluster(gpus=4, hw=hardware(gpu))
     return work, cluster, search(work, cluster, top=1)
 

@@ -53,7 +53,7 @@ def test_plot_bars_name_the_tables_layout_cell(tmp_path, monkeypatch, capsys):
 def test_zero_bubble_note_compares_both_plans_with_their_experts(gpu):
     """The note's first figure is the zero-bubble plan's own memory, experts included: on a CPU its tensors (the
     table's RSS less the process) in MiB, on a GPU memory_gb in GB."""
-    work = Workload(load_config("tiny-mixtral"), global_batch=16, seq_length=256)
+    work = Workload(load_config("tiny-mixtral"), global_batch=16, seq_length=256, fp32_grads=False)
     result = search(work, Cluster(gpus=8, hw=hardware(gpu)), SearchSpace(pp=(2,)), top=3)
     plans = {p.layout.short(): p for p in result.plans}
     checked = 0

@@ -22,7 +22,7 @@ from hybrid.planner.search import memory_problem
 from models import load_config
 
 MIB = 2**20
-WORK = Workload(load_config("tiny-mixtral"), global_batch=16, seq_length=128)
+WORK = Workload(load_config("tiny-mixtral"), global_batch=16, seq_length=128, fp32_grads=False)
 LAYOUT = Layout(tp=1, pp=1, dp=4, micro_batch=4, zero=ZeroStage.NONE)
 CPU_RUN = ["--model", "tiny-mixtral", "--gpus", "4", "--global-batch-size", "16", "--seq-length", "128",
            "--gpu-memory", "2.01", "--expert-model-parallel-size", "1", "--zero-stage", "0", "--show-rejected", "20"]
@@ -101,7 +101,7 @@ def test_schedule_notes_are_in_the_reasons_unit(gpu):
     """The zero-bubble notes beside the table ('fullest stage 8.1 vs 7.0 MiB of tensors', 'zbh1 does not fit (OOM on
     stage 1: needs ...; 1f1b 2.0 GB)') in one unit with their OOM reason: MiB on a CPU, GB (as before) on a GPU."""
     from hybrid.planner import SearchSpace, search
-    work = Workload(load_config("tiny-gpt2"), global_batch=16, seq_length=128)
+    work = Workload(load_config("tiny-gpt2"), global_batch=16, seq_length=128, fp32_grads=False)
     result = search(work, Cluster(gpus=4, hw=hardware(gpu).with_overrides(memory_gb=2.0089)), SearchSpace(pp=(2,)))
     notes = " ".join(result.notes.values())
     assert notes

@@ -84,7 +84,7 @@ def test_selective_op_reruns_the_tp_collectives_the_planner_prices(runs, model):
     it (the same as full recomputation's rerun): one all-reduce per layer and micro-batch."""
     cfg = load_config(model)
     shard = Workload(cfg, global_batch=GLOBAL, seq_length=SEQ, activations=ActivationProfile.FP32_FLASH
-                     if cfg.dropout == 0 else ActivationProfile.KORTHIKANTI).shard(TP)
+                     if cfg.dropout == 0 else ActivationProfile.KORTHIKANTI, fp32_grads=False).shard(TP)
     m = GLOBAL // MICRO
     for rank, got in enumerate(runs):
         layers = cfg.num_layers // PP

@@ -84,7 +84,8 @@ def _configs() -> dict:
     from models.config import load_config
     return {c.__class__.__name__: c for c in (
         OptimizerConfig(), ZeroConfig(), ParallelDims(), Layout(), Cluster(8, hardware("a100-80g")),
-        Workload(load_config("tiny-gpt2"), global_batch=8, seq_length=32), MethodConfig(Method.STREAMING, fragments=2),
+        Workload(load_config("tiny-gpt2"), global_batch=8, seq_length=32,
+                 fp32_grads=False), MethodConfig(Method.STREAMING, fragments=2),
         SlowLink(1.0), ExpertLayout(ParallelDims(dp=2)), CalibrationConfig(), Costs(),
         SamplingConfig(temperature=1.0), PowerSGDConfig(rank=2), BatchSpec(8, 1, 32, 2),
         hardware("cpu").with_overrides(compute_units=2, memory_bytes=64e9, elementwise_tbps=0.05, fp8_tflops=1.0,

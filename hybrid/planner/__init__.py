@@ -3,8 +3,8 @@
     from hybrid.planner import Cluster, Workload, hardware, search, evaluate
     from models.config import load_config
 
-    work = Workload(load_config("llama-3-70b"), global_batch=1024, seq_length=4096,
-                    fp32_grads=True)  # as `hybrid plan` at its defaults and train.py's --bf16 (Workload's: bf16)
+    work = Workload(load_config("llama-3-70b"), global_batch=1024, seq_length=4096)  # mixed precision with fp32
+    # gradients by default: as `hybrid plan` at its defaults and train.py's --bf16
     result = search(work, Cluster(gpus=256, hw=hardware("h100-80g")), top=5)
     best = result.plans[0]          # Plan: layout, memory per pipeline rank, step time, tokens/s, MFU
 

@@ -331,7 +331,7 @@ def _probe_workload(shape: tuple[int, int, int, int], probe: LayerProbe):
     from hybrid.planner.ops import KernelProfile
     b, s = shape[:2]
     return Workload(layer_config(shape), global_batch=b, seq_length=s, precision=probe.precision,
-                    activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER)
+                    activations=ActivationProfile(probe.profile), kernels=KernelProfile.EAGER, fp32_grads=False)
 
 
 def layer_parts_of(hw: Hardware, shape: tuple[int, int, int, int], probe: LayerProbe = CPU_PROBE):

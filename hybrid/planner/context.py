@@ -474,5 +474,5 @@ def llama3_405b_131k() -> tuple[Workload, Cluster, SearchSpace, int]:
     cfg = replace(llama3_405b(), max_position_embeddings=131072)
     from hybrid.planner.ops import KernelProfile
     work = Workload(cfg, global_batch=128, seq_length=131072, activations=ActivationProfile.BF16_FLASH,
-                    kernels=KernelProfile.FUSED)  # Meta's stack, fused, as published.py's 8k rows
+                    kernels=KernelProfile.FUSED, fp32_grads=False)  # Meta's stack, fused, as published.py's 8k rows
     return work, Cluster(gpus=16384, hw=hardware("h100-80g")), SearchSpace(tp=(8,), pp=(16,), offload=(Offload.NONE,)), 16

@@ -57,7 +57,7 @@ def h200_llama_workload():
                       tie_embeddings=True, qkv_bias=False, mlp_bias=False, out_bias=False, activation="silu",
                       dropout=0.0)
     return Workload(cfg, global_batch=8, seq_length=4096, precision=Precision.MIXED,
-                    activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.EAGER)
+                    activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.EAGER, fp32_grads=False)
 
 
 def h200_forward_backward(hw: Hardware) -> float:
@@ -79,7 +79,7 @@ def korthikanti_layer(hw: Hardware) -> float:
     from hybrid.planner.layout import Cluster, Layout, Recompute, Workload
     from hybrid.planner.reference import gpt_model
     from hybrid.planner.time import _context, _layer_cost
-    work = Workload(gpt_model(48, 6144, 64, 51200, 2048), global_batch=4, seq_length=2048)
+    work = Workload(gpt_model(48, 6144, 64, 51200, 2048), global_batch=4, seq_length=2048, fp32_grads=False)
     cost = _layer_cost(_context(work, Cluster(gpus=8, hw=hw), Layout(tp=8, micro_batch=4,
                                                                       recompute=Recompute.NONE)))
     return cost.forward_compute + cost.backward_compute + cost.forward_comm + cost.backward_comm

@@ -239,8 +239,12 @@ class Workload:
             (train.py's and Megatron's default with --bf16, and `hybrid plan`'s with --precision mixed since round
             23, off with `--grad-reduce-in-bf16` there as in train.py): 4 gradient bytes a parameter instead of 2
             (ZeRO 0: 2 + 4 + 12 = 18), twice the DP gradient traffic, and no separate fp32 master-gradient copy in
-            the step. The field's own default (False: bf16 gradients) is what the published rows' builders were
-            written against; `hybrid plan` (cli.grads_in_fp32) and `train.py --auto-parallel` set it.
+            the step. None (the default): the precision's own choice, what train.py runs -- True under MIXED
+            (train.py's --bf16, `hybrid plan --precision mixed`), False otherwise (fp32 gradients are already 4
+            bytes; True there is refused) -- resolved at construction, so the field reads a bool. Before round 24
+            the default was False (bf16 gradients) while the CLI's and train.py's were fp32: every published
+            row's builder now states its gradient dtype (fp32_grads=False where its source states none, as they
+            were planned), `hybrid plan` (cli.grads_in_fp32) and `train.py --auto-parallel` pass the flags'.
         kernels: how the non-matmul ops are implemented (`--kernels`; hybrid/planner/ops.py): FUSED
             (Megatron-LM / Megatron-core, apex, Transformer Engine) or EAGER (plain PyTorch: this runtime,
             torchtitan without torch.compile); None: FUSED for the korthikanti profile, EAGER for the flash
@@ -361,7 +365,7 @@ class Workload:
     pad_vocab_to: int = 1
     precision: Precision = Precision.MIXED
     activations: ActivationProfile = ActivationProfile.KORTHIKANTI
-    fp32_grads: bool = False
+    fp32_grads: bool | None = None
     kernels: KernelProfile | None = None
     stack: Stack | None = None
     fp8: bool = False
@@ -409,6 +413,8 @@ class Workload:
         for name, kind in (("precision", Precision), ("activations", ActivationProfile)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"Workload.{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if self.fp32_grads is None:  # the precision's own: what train.py runs (see the field)
+            object.__setattr__(self, "fp32_grads", self.precision is Precision.MIXED)
         if self.fp32_grads and self.precision is not Precision.MIXED:
             raise ValueError("--accumulate-allreduce-grads-in-fp32 needs --precision mixed (fp32 gradients are "
                              "already 4 bytes); drop the flag or plan mixed precision")

@@ -149,7 +149,8 @@ def korthikanti_runs() -> list[PublishedRun]:
         # 2-byte gradients, as the Narayanan rows (reference.py): the paper does not state fp16 or bf16, and only
         # Megatron's --bf16 defaults to fp32 main grads
         work = Workload(gpt_model(layers, h, a, 51200, 2048), global_batch=batch, seq_length=2048,
-                        p2p=PipelineP2P.BLOCKING_SCATTER)  # Megatron-LM 2022: waited on, scatter-gather
+                        p2p=PipelineP2P.BLOCKING_SCATTER,  # Megatron-LM 2022: waited on, scatter-gather
+                        fp32_grads=False)
         for recompute, sp, seconds in ((Recompute.FULL, False, full_s), (Recompute.SELECTIVE, True, selective_s)):
             space = SearchSpace(tp=(8,), pp=(pp,), v=(v,), micro_batch=(b,), zero=(ZeroStage.NONE,),
                                 offload=(Offload.NONE,), recompute=(recompute,), sequence_parallel=(sp,))
@@ -179,7 +180,7 @@ def published_runs() -> list[PublishedRun]:
     # micro-batch, would force full recomputation
     # 2-byte gradients: our source for these rows (Table 4, via a third-party page) does not state the gradient dtype
     llama = Workload(llama3_405b(), global_batch=2048, seq_length=8192, activations=ActivationProfile.BF16_FLASH,
-                     kernels=KernelProfile.FUSED)  # Meta's production stack: fused kernels (assumed)
+                     kernels=KernelProfile.FUSED, fp32_grads=False)  # Meta's production stack: fused kernels (assumed)
     llama_space = SearchSpace(tp=(8,), pp=(16,), offload=(Offload.NONE,))
     return [PublishedRun("BLOOM-176B, 384 A100 80GB, t4 p12 d8", BLOOM_SOURCE, bloom, "a100-80g", 384, bloom_space,
                          Metric.STEP_S, 104.70, inter_node_gbps=4 * 100 / 8 / 8),
@@ -231,7 +232,7 @@ def mtnlg_runs() -> list[PublishedRun]:
     1.351, not b 1's 274 / 194 = 1.412 or b 4's 94 / 74 = 1.270 (tests/test_planner_pipeline_physics.py). BLOOM's
     team picked b 2 on the same framework and GPU. Before issue 26's second round the rows were planned at b 1."""
     work = Workload(gpt_model(105, 20480, 128, 51200, 2048), global_batch=1920, seq_length=2048,
-                    **DEEPSPEED_PIPELINE_ENGINE)
+                    **DEEPSPEED_PIPELINE_ENGINE, fp32_grads=False)
     runs = []
     b = MTNLG_MICRO_BATCH
     for dp, seconds in MTNLG_STEPS:
@@ -263,7 +264,7 @@ def _torchtitan(name: str, source: str, arch: tuple, seq: int, gpus: int, local_
     commit d4c86e3 and the June 2025 ones alike); async TP rows (Workload.tp_comm_overlap) price no copies."""
     work = Workload(llama_model(*arch, seq), global_batch=local_batch * gpus // tp, seq_length=seq,
                     activations=ActivationProfile.BF16_FLASH, kernels=kernels, stack=Stack.PYTORCH, fp8=fp8,
-                    sp_copies=True, float8_tp_gathers=fp8)
+                    sp_copies=True, float8_tp_gathers=fp8, fp32_grads=False)
     space = SearchSpace(tp=(tp,), pp=(1,), v=(1,), micro_batch=(local_batch,), zero=(ZeroStage.PARAMETERS,),
                         offload=(Offload.NONE,), recompute=(recompute,), sequence_parallel=(tp > 1,))
     return PublishedRun(name, source, work, gpu, gpus, space, Metric.TOKENS_PER_GPU, published, role=role, fits=fits,
@@ -318,7 +319,8 @@ def torchtitan_pipeline_runs() -> list[PublishedRun]:
     the planner's ZeRO 3 does not. Float8's TP all-gathers move float8 (Workload.float8_tp_gathers); AsyncTP ran,
     so no DTensor copies are priced (Workload.sp_copies off, as for every async TP row)."""
     work = Workload(llama3_405b(), global_batch=256, seq_length=8192, activations=ActivationProfile.BF16_FLASH,
-                    kernels=KernelProfile.FUSED, stack=Stack.PYTORCH, fp8=True, float8_tp_gathers=True)
+                    kernels=KernelProfile.FUSED, stack=Stack.PYTORCH, fp8=True, float8_tp_gathers=True,
+                    fp32_grads=False)
     runs = []
     for v, published, memory in ((1, 100, 82.5), (2, 128, 72.7)):
         space = SearchSpace(tp=(8,), pp=(8,), v=(v,), micro_batch=(4,), zero=(ZeroStage.PARAMETERS,),
@@ -345,7 +347,7 @@ def nemo_runs() -> list[PublishedRun]:
             ("NeMo Llama 3 70B FP8, 64 H100, t4 p8 v5, b1", LLAMA3_70B, 64, 4, 8, 5, ZeroStage.NONE, 1619)):
         work = Workload(llama_model(*arch, 8192), global_batch=128, seq_length=8192,
                         activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED,
-                        stack=Stack.MEGATRON, fp8=True)  # Megatron-Bridge: its FSDP 8B row too
+                        stack=Stack.MEGATRON, fp8=True, fp32_grads=False)  # Megatron-Bridge: its FSDP 8B row too
         dp = gpus // (tp * pp)
         zeros = (zero,) if zero is ZeroStage.PARAMETERS else (ZeroStage.NONE, ZeroStage.OPTIMIZER)  # distributed opt.
         space = SearchSpace(tp=(tp,), pp=(pp,), v=(v,), micro_batch=(1,), zero=zeros,
@@ -539,7 +541,7 @@ def _fsdp(name: str, source: str, arch: tuple, seq: int, gpus: int, global_batch
     planner's pick (not published); `sp_copies` for a DTensor TP runtime (torchtitan: Workload.sp_copies)."""
     work = Workload(llama_model(*arch, seq), global_batch=global_batch, seq_length=seq,
                     activations=ActivationProfile.BF16_FLASH, kernels=kernels, stack=Stack.PYTORCH,
-                    sp_copies=sp_copies)
+                    sp_copies=sp_copies, fp32_grads=False)
     space = SearchSpace(tp=(tp,), pp=(1,), v=(1,), zero=(ZeroStage.PARAMETERS,), offload=(Offload.NONE,),
                         sequence_parallel=(tp > 1,), micro_batch=None if micro_batch is None else (micro_batch,),
                         recompute=None if recompute is None else (recompute,))

@@ -213,7 +213,8 @@ def nemotron4_340b_run(stated: bool = True) -> PublishedRun:
     from hybrid.planner.published_more import _nemo_models
     from hybrid.planner.search import SearchSpace
     work = Workload(_nemo_models()["Nemotron-340B"], global_batch=2304, seq_length=4096,
-                    activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.MEGATRON)
+                    activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.MEGATRON,
+                    fp32_grads=False)
     space = SearchSpace(tp=(8,), pp=(12,), zero=(ZeroStage.NONE, ZeroStage.OPTIMIZER), offload=(Offload.NONE,),
                         sequence_parallel=(True,))
     run = PublishedRun("Nemotron-4 340B pretraining, 6144 H100, t8 p12 d64, GBS 2304 (bf16)", NEMOTRON4_340B_SOURCE,

@@ -54,7 +54,7 @@ def megatron_gpt3_run() -> PublishedRun:
     README's TFLOP/s a GPU, eq. (3) with recomputation (FlopsFormula.MEGATRON): 138 x 1024 x 32 s = 4.52e18, eq.
     (3)'s 4.5e18 FLOPs a step -- the two README numbers agree."""
     work = Workload(gpt_model(96, 12288, 96, 51200, 2048), global_batch=1536, seq_length=2048,
-                    p2p=PipelineP2P.BLOCKING_SCATTER)
+                    p2p=PipelineP2P.BLOCKING_SCATTER, fp32_grads=False)
     space = SearchSpace(tp=(8,), pp=(16,), v=(1,), micro_batch=(1,), zero=(ZeroStage.NONE,), offload=(Offload.NONE,),
                         recompute=(Recompute.FULL,), sequence_parallel=(False,), zero_bubble=(False,))
     return PublishedRun("Megatron-LM GPT-3 175B example, 1024 A100, t8 p16 d8, b1, GBS 1536, full AC",
@@ -153,7 +153,7 @@ def neox20b_run() -> PublishedRun:
     get_flops that the code of 2022 does not have (planner21c, docs/planner/round21-nemo-memory-neox-flops.md)."""
     from hybrid.planner.published import DEEPSPEED_PIPELINE_ENGINE
     model = replace(gpt_model(44, 6144, 64, 50432, 2048), tie_embeddings=False, dropout=0.0, attention_dropout=0.0)
-    work = Workload(model, global_batch=1536, seq_length=2048, **DEEPSPEED_PIPELINE_ENGINE)
+    work = Workload(model, global_batch=1536, seq_length=2048, **DEEPSPEED_PIPELINE_ENGINE, fp32_grads=False)
     space = SearchSpace(tp=(2,), pp=(4,), v=(1,), micro_batch=(4,), zero=(ZeroStage.OPTIMIZER,),
                         offload=(Offload.NONE,), recompute=(Recompute.FULL,), sequence_parallel=(False,),
                         zero_bubble=(False,))
@@ -277,7 +277,7 @@ def tinyllama_run() -> PublishedRun:
     what-if)."""
     work = Workload(llama_model(22, 2048, 32, 4, 5632, 32000, 2048), global_batch=1024, seq_length=2048,
                     activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.PYTORCH,
-                    fused_cross_entropy=True)
+                    fused_cross_entropy=True, fp32_grads=False)
     space = SearchSpace(tp=(1,), pp=(1,), v=(1,), micro_batch=(8,), zero=(ZeroStage.PARAMETERS,),
                         offload=(Offload.NONE,), recompute=(Recompute.NONE,), sequence_parallel=(False,))
     return A100_40GRun("TinyLlama 1.1B, 16 A100 40GB, FSDP z3, b8 x 8, no AC", TINYLLAMA_SOURCE, work, "a100-80g", 16,

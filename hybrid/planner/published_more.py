@@ -182,7 +182,7 @@ def _nemo(name: str, source: str, cfg: ModelConfig, gpus: int, gbs: int, mbs: in
     November 2024 on; no row here runs them)."""
     work = Workload(replace(cfg, max_position_embeddings=max(seq, cfg.max_position_embeddings)), global_batch=gbs,
                     seq_length=seq, activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED,
-                    stack=Stack.MEGATRON, fp8=True, te_full_layer=te_full_layer)
+                    stack=Stack.MEGATRON, fp8=True, te_full_layer=te_full_layer, fp32_grads=False)
     space = SearchSpace(tp=(tp,), pp=(pp,), v=(vp,), micro_batch=(mbs,), zero=(ZeroStage.NONE, ZeroStage.OPTIMIZER),
                         offload=(Offload.NONE,), sequence_parallel=(tp > 1,))
     if cp > 1:
@@ -232,7 +232,7 @@ def nemo_long_runs() -> list[PublishedRun]:
         seq = 1024 * k
         work = Workload(replace(cfg, max_position_embeddings=seq), global_batch=batch, seq_length=seq,
                         activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.MEGATRON,
-                        fp8=True)
+                        fp8=True, fp32_grads=False)
         space = SearchSpace(tp=(tp,), pp=(pp,), zero=(ZeroStage.NONE, ZeroStage.OPTIMIZER), offload=(Offload.NONE,),
                             sequence_parallel=(tp > 1,), zero_bubble=(False,))  # 1F1B: NeMo 24.03 had no ZB
         runs.append(ContextRun(f"NeMo 24.03 LLAMA2-7B FP8, s {k}K, {gpus} H100, t{tp} p{pp} d{dp} cp{cp}",
@@ -256,7 +256,8 @@ def _titan_work(cfg: ModelConfig, seq: int, global_batch: int) -> Workload:
     copies are priced (Workload.sp_copies off)."""
     return Workload(replace(cfg, max_position_embeddings=seq), global_batch=global_batch, seq_length=seq,
                     activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.PYTORCH,
-                    fp8=True, cp_ring=RingSchedule.TORCH_ALLGATHER, kv_repeated=True, float8_tp_gathers=True)
+                    fp8=True, cp_ring=RingSchedule.TORCH_ALLGATHER, kv_repeated=True, float8_tp_gathers=True,
+                    fp32_grads=False)
 
 
 def torchtitan_runs() -> list[PublishedRun]:

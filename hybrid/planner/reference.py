@@ -71,7 +71,8 @@ class MegatronRow:
         # pipeline communication came later), with the paper's scatter-gather (Sec. 4.1); Megatron's fused kernels
         # (KernelProfile.FUSED, the default)
         return Workload(gpt_model(self.layers, self.hidden, self.heads, self.vocab, self.seq),
-                        global_batch=self.global_batch, seq_length=self.seq, p2p=PipelineP2P.BLOCKING_SCATTER)
+                        global_batch=self.global_batch, seq_length=self.seq, p2p=PipelineP2P.BLOCKING_SCATTER,
+                        fp32_grads=False)
 
 
 def megatron_rows(directory: Path | None = None) -> list[MegatronRow]:

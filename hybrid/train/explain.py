@@ -546,10 +546,57 @@ def resume_lines(saved: dict, now: dict, start: int, consumed: int, facts: DataF
                                         new.get("micro_batch_size"), lay_old.get("dp"), lay_new.get("dp")))
     if facts is not None and (line := data_order_line(old, new, facts, global_batch, saved_gb, consumed, start)):
         lines.append(line)
+    if (line := powersgd_cast_line(saved, now)) is not None:
+        lines.append(line)
     if not lines:
         lines.append(f"resume: the checkpoint's run had the same flags and layout: iterations {start + 1}-"
                      f"{new['train_iters']} run as the uninterrupted run would (same learning rates, same samples)")
     return lines
+
+
+def grads_dtype(flags: dict) -> str:
+    """The dtype a run's gradients accumulate and reduce in, from its flags as state.json records them: "fp32" with
+    fp32 main gradients (hybrid/train/args.py grads_in_fp32, the run's own reading), else the compute dtype. A
+    checkpoint saved before round 22 records no --grad-reduce-in-bf16: --bf16 then reduced in bf16 unless
+    --accumulate-allreduce-grads-in-fp32."""
+    from argparse import Namespace
+    from hybrid.train.args import grads_in_fp32
+    compute = "bf16" if flags.get("bf16") else "fp16" if flags.get("fp16") else "fp32"
+    fp32_flag = bool(flags.get("accumulate_allreduce_grads_in_fp32"))
+    if "grad_reduce_in_bf16" in flags:
+        fp32_flag = grads_in_fp32(Namespace(bf16=bool(flags.get("bf16")), accumulate_allreduce_grads_in_fp32=fp32_flag,
+                                            grad_reduce_in_bf16=bool(flags["grad_reduce_in_bf16"])))
+    return "fp32" if fp32_flag else compute
+
+
+def _gradient_powersgd(flags: dict) -> bool:
+    """PowerSGD of the gradients (--powersgd-rank R; not 1-bit Adam's momentum compressor, which takes that rank)."""
+    return bool(flags.get("powersgd_rank")) and flags.get("onebit_compressor", "sign") != "powersgd"
+
+
+GRADS_FLAG = {"bf16": " (--grad-reduce-in-bf16)", "fp16": " (--fp16)", "fp32": ""}
+
+
+def powersgd_cast_line(saved: dict, now: dict) -> str | None:
+    """The cast of PowerSGD's error feedback and warm-start Q when the gradient dtype changed since the checkpoint
+    (hybrid/compress/state.py: each buffer is allocated in this run's gradient dtype and the load casts into it).
+    None unless both runs compress the gradients with PowerSGD and the checkpoint holds state the load reads: its
+    counters' iteration past this run's --powersgd-start-iter, the loader's own test (else the state starts empty).
+    Widening to fp32 is exact; narrowing rounds each value once, as the narrower run rounds its own residual every
+    step (tests/test_compress23_bf16_grads.py checks both casts bit for bit)."""
+    old, new = saved.get("args", {}), now["args"]
+    counters = saved.get("compress/powersgd")
+    if not (_gradient_powersgd(old) and _gradient_powersgd(new) and isinstance(counters, dict)):
+        return None
+    if not counters.get("iter", 0) > new.get("powersgd_start_iter", 0):
+        return None
+    was, dtype = grads_dtype(old), grads_dtype(new)
+    if was == dtype:
+        return None
+    how = "exact" if dtype == "fp32" else f"each value rounded to {dtype} once, as this run rounds its own residual " \
+                                          f"every step"
+    return f"resume: PowerSGD's error feedback and warm-start Q cast from the checkpoint's {was} gradients" \
+           f"{GRADS_FLAG[was]} to this run's {dtype}{GRADS_FLAG[dtype]}: {how}"
 
 
 # --- gathering the facts (rank 0) -----------------------------------------------------------------------------
