@@ -45,6 +45,8 @@ class Heartbeat:
         # env:// without torchrun's agent store: rank 0's process is the store (init_process_group's TCPStore)
         self.hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
         self._prefix = f"hybrid/heartbeat/{attempt_id()}"
+        # under torchrun this process is its agent's child: a parent pid that changes means the agent is gone
+        self._agent = os.getppid() if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else None
         self._store = self._connect()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True, name="hybrid-heartbeat")
@@ -60,15 +62,33 @@ class Heartbeat:
         collective with that rank, which only a timeout would end."""
         key, last = f"{self._prefix}/{self.rank}", 0.0
         while not self._stop.is_set():
+            self._stop_if_orphaned()
             try:
                 if time.monotonic() - last >= self.interval:
                     self._store.add(key, 1)
                     last = time.monotonic()
                 if self._store.check([self._claim_key]):
                     self._stop_for(self._store.get(self._claim_key).decode())
-            except Exception:  # the store is gone; the post-mortem reports it
+            except Exception:  # the store is gone; the post-mortem reports it -- or the agent that hosted it died
+                while not self._stop.wait(1.0):
+                    self._stop_if_orphaned()
                 return
             self._stop.wait(min(1.0, self.interval))
+
+    def _stop_if_orphaned(self) -> None:
+        """Exit 1 with one line if torchrun's agent, this rank's parent, is gone. torch 2.13 starts each worker in
+        a session of its own with no parent-death signal, so a SIGKILLed agent (the OOM killer, `kill -9` of
+        torchrun's pid) left its ranks training with nothing to restart or stop them -- 800 iterations in 60 s, and
+        still writing checkpoints into --save where a restarted job would write too (round 24,
+        docs/operations.md). The kernel re-parents an orphan at once, so os.getppid() is the test (a rank polls
+        it every second; PR_SET_PDEATHSIG would fire on the death of the agent's forking thread instead)."""
+        if self._agent is None or os.getppid() == self._agent:
+            return
+        print(f"{os.path.basename(sys.argv[0]) or 'hybrid'}: rank {self.rank}: stopped: torchrun's agent (pid "
+              f"{self._agent}) is gone -- nothing is left to restart or stop this rank; start the job again (it "
+              f"resumes from --save's latest checkpoint)", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
 
     @property
     def _claim_key(self) -> str:
