@@ -16,8 +16,8 @@ from hybrid.planner import calibrate as cal
 
 def rank(layer: float, message: float, rounds: list[tuple[float, float]]) -> dict:
     """One rank's pair probe output: the layer's per-call CPU, three message sizes 1 ns a byte apart, rounds."""
-    return {"tp_layer": [(49152, layer)], "send_recv": [(8, message), (2**16, message), (2**20, message + 2**20 * 1e-9)],
-            "rounds": rounds}
+    sizes = [(8, message), (2**16, message), (2**20, message + 2**20 * 1e-9)]
+    return {"tp_layer": [(49152, layer)], "send_recv": sizes, "rounds": rounds}
 
 
 def test_the_fields_are_the_median_over_the_rounds_and_the_probes_reading_not_one_reading():

@@ -58,9 +58,9 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per
   byte -> `collective_cpu_s`, `p2p_cpu_s`, `comm_cpu_s_per_byte`: with more ranks than cores that CPU is work the
   cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds). Each the median of
-  PAIR_BLOCKS runs (1: more did not pay, below); the all-reduce's and the smallest message's also taken in 10
-  rounds between the other probes (`PairRounds`, round 24: as the latency's, one reading is one moment), the fit
-  per rank the median of the probe's reading and the rounds'. On the same pairs (`tp_pass_cpu`): the per-pass layer at tp 2
+  PAIR_BLOCKS runs (1: more did not pay, below); the all-reduce's and the smallest message's also in 10 rounds
+  between the other probes, per rank the median of the probe's reading and the rounds' (`PairRounds`, round 24:
+  as the latency's, one reading is one moment). On the same pairs (`tp_pass_cpu`): the per-pass layer at tp 2
   and unsharded, the calling thread's CPU outside its TP all-reduces, forward and backward -> what a pass at
   tp > 1 costs beyond the planner's sharded layer, `tp_layer_forward_overhead_s` / `tp_layer_backward_overhead_s`
   (`fit_tp_pass`: the TP autograd Functions, the first touches after each blocking all-reduce; round 11); and
@@ -677,7 +677,8 @@ class Pair:
                 if i % 2 == self.rank % 2:
                     a @ w
                 t0 = time.thread_time()
-                for sends, recvs in (([(t, self.peer)], []), ([], [(buf, self.peer)]))[::1 if self.rank % 2 == 0 else -1]:
+                order = 1 if self.rank % 2 == 0 else -1  # the even rank sends first, the odd one receives first
+                for sends, recvs in (([(t, self.peer)], []), ([], [(buf, self.peer)]))[::order]:
                     self.group.batch_p2p(sends, recvs)
                 inside += time.thread_time() - t0
             return inside
@@ -1169,7 +1170,8 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
                 f"{op} " + ", ".join(f"{size:,d} B {c * 1e6:.0f} us" for size, c in rows)
                 for op, rows in out["comm_cpu"].items() if op in ("tp_layer", "send_recv")))
             say(f"gloo CPU in {len(pair_rounds.readings)} rounds between the probes (rank 0's), a TP all-reduce / "
-                "an 8-byte message, us: " + ", ".join(f"{c * 1e6:.0f} / {m * 1e6:.0f}" for c, m in pair_rounds.readings))
+                "an 8-byte message, us: "
+                + ", ".join(f"{c * 1e6:.0f} / {m * 1e6:.0f}" for c, m in pair_rounds.readings))
             say("a 1-token layer pass outside its TP all-reduces, CPU ms (forward, backward): " + "; ".join(
                 f"{k} {f * 1e3:.3f}, {b * 1e3:.3f}" for k, (f, b) in out["comm_cpu"]["tp_pass"].items()))
             say("a 1-token stage edge outside its TP all-reduces, CPU ms (forward, backward): " + "; ".join(
