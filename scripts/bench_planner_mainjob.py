@@ -126,7 +126,25 @@ def install_accounting(out_dir: str, warmup: int):
             json.dump({"rank": rank, "iterations": len(counted), "phases": acc, "ru_utime": ru.ru_utime,
                        "ru_stime": ru.ru_stime, "ru_nvcsw": ru.ru_nvcsw, "ru_nivcsw": ru.ru_nivcsw}, f)
     trail.Trail._switch, trail.Trail.begin_iteration, trail.Trail.take_phase_seconds = switch, begin, take
+    _finish_backward_is_optimizer()
     return dump
+
+
+def _finish_backward_is_optimizer() -> None:
+    """The gradients' end-of-backward work (ZeroOptimizer.finish_backward: the buckets, the TP / embedding / DP
+    gradient syncs' Python) counted in the "optimizer" phase, where the planner prices it (calibrate's optimizer
+    probe times it: hybrid/planner/calibrate.py optimizer_step_cpu). The runtime enters no phase for it, so it fell
+    in whichever phase the executor's last action left: "backward" on the first stage (its last action is a
+    backward), "p2p" on the last (a send) -- round 24 read 2.5 ms a step on each first-stage rank of the main job
+    as "executor backward", 1.0 on the last stage's (docs/results/bench_planner_mainjob.md, "Twenty-fourth round")."""
+    from hybrid import trail
+    from hybrid.zero.engine import ZeroOptimizer
+    finish0 = ZeroOptimizer.finish_backward
+
+    def finish_backward(self, *a, **kw):
+        trail.TRAIL.enter("optimizer")
+        return finish0(self, *a, **kw)
+    ZeroOptimizer.finish_backward = finish_backward
 
 
 COMPONENTS = ("embedding forward", "layers forward", "head and loss forward", "head and loss backward",

@@ -38,7 +38,13 @@ def test_calibrate_measures_gloos_cpu_costs_on_pairs_and_the_profile_keeps_them(
     hw = profile["hardware"]
     assert hw["collective_cpu_s"] > 0 and hw["p2p_cpu_s"] > 0 and hw["comm_cpu_s_per_byte"] >= 0
     assert set(profile["measured"]["comm_cpu_seconds_rank0"]) == {"tp_layer", "send_recv", "tp_pass", "edge_pass",
-                                                                  "executor"}
+                                                                  "executor", "rounds"}
+    # round 24: every rank of a pair took a round of the TP all-reduce's and the message's CPU wherever the latency
+    # took one (test_calibrate24_pairrounds.py: the fit); the probe's readings alone are kept beside the fields
+    rounds = profile["measured"]["pair_cpu_rounds_s_per_rank"]
+    assert len(rounds) == 2 and all(len(r) == len(profile["measured"]["intra_latency_rounds_s"]) >= 9 for r in rounds)
+    assert all(c > 0 and m > 0 for r in rounds for c, m in r)
+    assert set(profile["measured"]["pair_cpu_one_reading"]) == {"collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte"}
     # round 14: the executor's CPU per action (every rank of the pairs) and the optimizer's (two sizes; every rank
     # at once since round 23, the median rank's kept) recorded; the fields are theirs: the medians over ranks
     execs = profile["measured"]["executor_action_cpu_seconds_per_rank"]

@@ -24,8 +24,10 @@ def busy(seconds: float) -> None:
 
 
 def test_the_step_phases_count_cpu_seconds_and_leave_out_warmup_and_between(tmp_path, monkeypatch):
+    from hybrid.zero.engine import ZeroOptimizer
     for name in ("_switch", "begin_iteration", "take_phase_seconds"):  # restored after the test
         monkeypatch.setattr(trail.Trail, name, getattr(trail.Trail, name))
+    monkeypatch.setattr(ZeroOptimizer, "finish_backward", ZeroOptimizer.finish_backward)
     monkeypatch.setenv("RANK", "0")
     dump = bench.install_accounting(str(tmp_path), warmup=1)
     t = trail.Trail()

@@ -58,7 +58,9 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per
   byte -> `collective_cpu_s`, `p2p_cpu_s`, `comm_cpu_s_per_byte`: with more ranks than cores that CPU is work the
   cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds). Each the median of
-  PAIR_BLOCKS runs (1: more did not pay, below). On the same pairs (`tp_pass_cpu`): the per-pass layer at tp 2
+  PAIR_BLOCKS runs (1: more did not pay, below); the all-reduce's and the smallest message's also in 10 rounds
+  between the other probes, per rank the median of the probe's reading and the rounds' (`PairRounds`, round 24:
+  as the latency's, one reading is one moment). On the same pairs (`tp_pass_cpu`): the per-pass layer at tp 2
   and unsharded, the calling thread's CPU outside its TP all-reduces, forward and backward -> what a pass at
   tp > 1 costs beyond the planner's sharded layer, `tp_layer_forward_overhead_s` / `tp_layer_backward_overhead_s`
   (`fit_tp_pass`: the TP autograd Functions, the first touches after each blocking all-reduce; round 11); and
@@ -607,8 +609,84 @@ class ThreadTimedGroup(Group):
 PAIR_BLOCKS = 1  # runs of each pair_comm_cpu measurement, their median kept (5 tried in round 10: COLLECTIVE_BLOCKS)
 
 
+@dataclass
+class Pair:
+    """A rank's pair for the gloo CPU probes: ranks (0, 1), (2, 3), ... each a tp-2 `hybrid.comm.Group`, timed
+    (ThreadTimedGroup), counted on `ledger`; `peer` the other rank of the pair (0 or 1 within it). Made once, at the
+    start of a calibration (every rank creates every group: new_group is collective), and shared by pair_comm_cpu
+    and PairRounds."""
+
+    group: "ThreadTimedGroup"
+    ledger: CommLedger
+    peer: int
+    rank: int
+    layer: tuple | None = None  # (the TP probe layer: GPT2Block at TP_PROBE_SHAPE on `group`, input, gradient)
+    burst: tuple | None = None  # the late side's matmul operands (message_call)
+
+    @classmethod
+    def make(cls, rank: int, world: int) -> "Pair | None":
+        """This rank's pair, or None on the odd rank out (it still creates every group)."""
+        ledger = CommLedger()
+        groups = [Group.create("tp", [2 * i, 2 * i + 1], ledger) for i in range(world // 2)]
+        if rank >= 2 * (world // 2):
+            return None
+        return cls(ThreadTimedGroup.of(groups[rank // 2]), ledger, 1 - rank % 2, rank)
+
+    def per_call(self, run, count, blocks: int = 1) -> float:
+        """CPU seconds per call of run()'s collectives: inside them on this thread (the group's all-reduces, and
+        what run() returns), and gloo's threads -- the block_median of `blocks` runs (one run is one draw of the
+        scheduler: a call's CPU grows with how long gloo polls for a peer that is not on a core)."""
+        per_call = []
+        for _ in range(blocks):
+            self.group.all_reduce_thread_s = 0.0
+            self.ledger.reset()
+            start, start_main = CPU_CLOCK(), time.thread_time()
+            extra = run()
+            others = (CPU_CLOCK() - start) - (time.thread_time() - start_main)
+            per_call.append((self.group.all_reduce_thread_s + (extra or 0.0) + others) / max(1, count(self.ledger)))
+        return block_median(per_call)
+
+    def layer_call(self, blocks: int = 1) -> tuple[int, float]:
+        """(bytes of one TP all-reduce, CPU seconds per call): the TP probe layer's forward + backward 6 times."""
+        from hybrid.tp import TPContext
+        from models.gpt2 import GPT2Block
+        b, s_, h, _ = TP_PROBE_SHAPE
+        if self.layer is None:  # made at the first use, one warm-up pass
+            self.layer = (GPT2Block(layer_config(TP_PROBE_SHAPE), TPContext(self.group)),
+                          torch.randn(b, s_, h, requires_grad=True), torch.randn(b, s_, h))
+            self.layer[0](self.layer[1]).backward(self.layer[2])
+        block, x, grad = self.layer
+
+        def layers() -> None:
+            for _ in range(6):
+                block(x).backward(grad)
+        return b * s_ * h * 4, self.per_call(layers, lambda lg: lg.calls("all_reduce", "tp"), blocks)
+
+    def message_call(self, size: int, blocks: int = 1, rounds: int = 12) -> float:
+        """CPU seconds per pipeline message of `size` bytes: `rounds` round trips (each rank one send and one
+        receive), one side late each (a matmul burst with operands beyond a core's L2 first, not counted)."""
+        if self.burst is None:
+            self.burst = torch.randn(512, 2048), torch.randn(2048, 512)
+        a, w = self.burst
+        t = torch.ones(max(1, size // 4))
+        buf = torch.empty_like(t)
+
+        def messages() -> float:
+            inside = 0.0
+            for i in range(rounds):
+                if i % 2 == self.rank % 2:
+                    a @ w
+                t0 = time.thread_time()
+                order = 1 if self.rank % 2 == 0 else -1  # the even rank sends first, the odd one receives first
+                for sends, recvs in (([(t, self.peer)], []), ([], [(buf, self.peer)]))[::order]:
+                    self.group.batch_p2p(sends, recvs)
+                inside += time.thread_time() - t0
+            return inside
+        return self.per_call(messages, lambda lg: lg.calls("send", "tp") + lg.calls("recv", "tp"), blocks)
+
+
 def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES,
-                  blocks: int = PAIR_BLOCKS) -> dict | None:
+                  blocks: int = PAIR_BLOCKS, pair: Pair | None = None) -> dict | None:
     """gloo: the CPU seconds a rank's process burns per collective call and per pipeline message (a send or a
     receive), every pair of ranks (0, 1), (2, 3), ... at it at once -- the groups a TP 2 / DP 2 / pipeline
     neighbour pair runs on, sharing the cores as in training; through the runtime's `hybrid.comm.Group` (ledger,
@@ -622,65 +700,39 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
 
     With more ranks than cores a collective's wall time is mostly waiting for a core, but its CPU seconds are
     work the cores must do: the shared-compute bound adds them (time.py). Each number is the median of `blocks`
-    runs (block_median): one run's collective_cpu_s read 0.33-0.81 ms over four calibrations (round 10). None on
-    the odd rank out."""
-    from hybrid.tp import TPContext
-    from models.gpt2 import GPT2Block
-    ledger = CommLedger()
-    groups = [Group.create("tp", [2 * i, 2 * i + 1], ledger) for i in range(world // 2)]
-    if rank >= 2 * (world // 2):  # every rank creates every group; the odd one out only waits
+    runs (block_median): one run's collective_cpu_s read 0.33-0.81 ms over four calibrations (round 10); on a
+    calibration PairRounds adds readings of the first two taken between the other probes. `pair`: this rank's
+    (Pair.make; made here when not given). None on the odd rank out."""
+    if pair is None:
+        pair = Pair.make(rank, world)
+    if pair is None:  # the odd rank out only waits
         dist.barrier()
         return None
-    group, peer = ThreadTimedGroup.of(groups[rank // 2]), 1 - rank % 2
-    out: dict = {"tp_layer": [], "send_recv": []}
-
-    def comm_cpu(run, count) -> float:
-        """CPU seconds per call of run()'s collectives: inside them on this thread (the group's all-reduces, and
-        what run() returns), and gloo's threads -- the block_median of PAIR_BLOCKS runs (one run is one draw of
-        the scheduler: a call's CPU grows with how long gloo polls for a peer that is not on a core)."""
-        per_call = []
-        for _ in range(blocks):
-            group.all_reduce_thread_s = 0.0
-            ledger.reset()
-            start, start_main = CPU_CLOCK(), time.thread_time()
-            extra = run()
-            others = (CPU_CLOCK() - start) - (time.thread_time() - start_main)
-            per_call.append((group.all_reduce_thread_s + (extra or 0.0) + others) / max(1, count(ledger)))
-        return block_median(per_call)
-
-    b, s_, h, _ = TP_PROBE_SHAPE
-    block = GPT2Block(layer_config(TP_PROBE_SHAPE), TPContext(group))
-    x = torch.randn(b, s_, h, requires_grad=True)
-    grad = torch.randn(b, s_, h)
-    block(x).backward(grad)  # warm-up
-    size = b * s_ * h * 4
-
-    def layers() -> None:
-        for _ in range(6):
-            block(x).backward(grad)
-    out["tp_layer"].append((size, comm_cpu(layers, lambda lg: lg.calls("all_reduce", "tp"))))
-    out["tp_pass"] = tp_pass_cpu(group)
-    out["edge_pass"] = edge_pass_cpu(group)
-    out["executor"] = executor_action_cpu(group)
-    a, w = torch.randn(512, 2048), torch.randn(2048, 512)
+    out: dict = {"tp_layer": [pair.layer_call(blocks)], "send_recv": []}
+    out["tp_pass"] = tp_pass_cpu(pair.group)
+    out["edge_pass"] = edge_pass_cpu(pair.group)
+    out["executor"] = executor_action_cpu(pair.group)
     for size in sizes:
-        t = torch.ones(max(1, size // 4))
-        buf = torch.empty_like(t)
-        rounds = 12
-
-        def messages() -> float:
-            inside = 0.0
-            for i in range(rounds):  # a round trip: each rank one send and one receive; one side late
-                if i % 2 == rank % 2:
-                    a @ w
-                t0 = time.thread_time()
-                for sends, recvs in (([(t, peer)], []), ([], [(buf, peer)]))[::1 if rank % 2 == 0 else -1]:
-                    group.batch_p2p(sends, recvs)
-                inside += time.thread_time() - t0
-            return inside
-        out["send_recv"].append((size, comm_cpu(messages, lambda lg: lg.calls("send", "tp") + lg.calls("recv", "tp"))))
+        out["send_recv"].append((size, pair.message_call(size, blocks)))
     dist.barrier()
     return out
+
+
+class PairRounds:
+    """Readings of the pair probe's two gloo CPU costs that set the plan -- a TP all-reduce's (Pair.layer_call)
+    and the smallest pipeline message's (Pair.message_call) -- taken between calibrate's probes, as LatencyRounds
+    takes the latency's (every rank calls `take` at the same points; each pair times its own). `readings`: this
+    rank's (collective s a call, message s a call) per round, in time order; empty where none ran (one rank, a GPU,
+    the odd rank out). Round 23's quiet profiles read collective_cpu_s 250-401 us and p2p_cpu_s 553-1060 us, one
+    reading each at one moment (docs/results/bench_planner_mainjob.md, "Twenty-fourth round")."""
+
+    def __init__(self, pair: Pair | None, on: bool):
+        self.pair, self.on = pair, on and pair is not None
+        self.readings: list[tuple[float, float]] = []
+
+    def take(self) -> None:
+        if self.on:
+            self.readings.append((self.pair.layer_call()[1], self.pair.message_call(CPU_COMM_SIZES[0])))
 
 
 TP_PASS_CALLS = 20  # passes of each layer a block (round 11: a 1-token tp-2 pass 2.4-2.9 ms CPU, 36 ms wall at load 15)
@@ -998,18 +1050,25 @@ def fit_edge_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe =
     return out
 
 
-def fit_comm_cpu(per_rank: list[dict | None]) -> dict[str, float]:
+def fit_comm_cpu(per_rank: list[dict | None], rounds: bool = True) -> dict[str, float]:
     """Hardware's gloo CPU fields from pair_comm_cpu's measurements (median over ranks): `collective_cpu_s` the
     TP-2 probe layer's CPU per all-reduce, less its bytes at the per-byte cost; `p2p_cpu_s` the smallest
-    message's, and `comm_cpu_s_per_byte` the messages' rise from the smallest to the largest over their bytes."""
+    message's, and `comm_cpu_s_per_byte` the messages' rise from the smallest to the largest over their bytes
+    (the pair probe's own readings: one moment). With `rounds` (PairRounds' readings, where a rank has them) the
+    layer's and the smallest message's per-call CPU is first, per rank, the median of the probe's reading and the
+    rounds' -- a median of medians, as latency_of: one round that met a stall moves it one place in the order."""
     rows = [r for r in per_rank if r]
+
+    def per_rank_call(r: dict, one: float, i: int) -> float:
+        return statistics.median([one, *(x[i] for x in r.get("rounds", ()))]) if rounds else one
     msgs = [(size, statistics.median(r["send_recv"][i][1] for r in rows))
             for i, (size, _) in enumerate(rows[0]["send_recv"])]
     (s0, c0), (s1, c1) = msgs[0], msgs[-1]
     per_byte = max(0.0, (c1 - c0) / (s1 - s0)) if s1 > s0 else 0.0
     layer_size = rows[0]["tp_layer"][0][0]
-    layer_call = statistics.median(r["tp_layer"][0][1] for r in rows)
-    return {"collective_cpu_s": max(0.0, layer_call - per_byte * layer_size), "p2p_cpu_s": c0,
+    layer_call = statistics.median(per_rank_call(r, r["tp_layer"][0][1], 0) for r in rows)
+    message = statistics.median(per_rank_call(r, r["send_recv"][0][1], 1) for r in rows)
+    return {"collective_cpu_s": max(0.0, layer_call - per_byte * layer_size), "p2p_cpu_s": message,
             "comm_cpu_s_per_byte": per_byte}
 
 
@@ -1022,22 +1081,29 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
                  "collectives": {"all_reduce": [], "all_gather": []}}
     clock = solo_clock(device)  # the probes alone (the all-at-once rates are wall: they measure the sharing)
     latency = LatencyRounds(min(cfg.sizes), world, device)
+    pair = Pair.make(rank, world) if world > 1 and cfg.backend == "gloo" else None  # collective: every rank
+    pair_rounds = PairRounds(pair, on=world > 1 and cfg.backend == "gloo")
+
+    def rounds() -> None:
+        """A round of the smallest all-reduce (LatencyRounds) and of the pairs' gloo CPU (PairRounds): the rounds
+        spread over the calibration, between its probes."""
+        latency.take()
+        pair_rounds.take()
 
     def alone(fn):
-        """fn() on rank 0 while the others wait; then a round of the smallest all-reduce (LatencyRounds: the rounds
-        spread over the calibration, between its probes)."""
+        """fn() on rank 0 while the others wait; then the rounds."""
         dist.barrier()
         value = fn() if rank == 0 else None
         dist.barrier()
-        latency.take()
+        rounds()
         return value
 
     def occupied(fn):
-        """fn() on every rank at once (the cores as busy as in training); then a round, as `alone`."""
+        """fn() on every rank at once (the cores as busy as in training); then the rounds, as `alone`."""
         dist.barrier()
         value = fn()
         dist.barrier()
-        latency.take()
+        rounds()
         return value
 
     for name, dtype in DTYPES.items():
@@ -1095,12 +1161,17 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
             say("8-byte all-reduce after compute: " + ", ".join(f"{c * 1e3:.2f} ms -> {w * 1e6:.0f} us"
                                                                   for c, w in out["skew"]) + " (mean over ranks)")
     if world > 1 and cfg.backend == "gloo":
-        out["comm_cpu"] = pair_comm_cpu(rank, world)
-        latency.take()
+        out["comm_cpu"] = pair_comm_cpu(rank, world, pair=pair)
+        rounds()
+        if out["comm_cpu"] is not None:
+            out["comm_cpu"]["rounds"] = pair_rounds.readings
         if rank == 0:
             say("gloo CPU seconds per call, pairs at once: " + "; ".join(
                 f"{op} " + ", ".join(f"{size:,d} B {c * 1e6:.0f} us" for size, c in rows)
-                for op, rows in out["comm_cpu"].items() if op not in ("tp_pass", "edge_pass", "executor")))
+                for op, rows in out["comm_cpu"].items() if op in ("tp_layer", "send_recv")))
+            say(f"gloo CPU in {len(pair_rounds.readings)} rounds between the probes (rank 0's), a TP all-reduce / "
+                "an 8-byte message, us: "
+                + ", ".join(f"{c * 1e6:.0f} / {m * 1e6:.0f}" for c, m in pair_rounds.readings))
             say("a 1-token layer pass outside its TP all-reduces, CPU ms (forward, backward): " + "; ".join(
                 f"{k} {f * 1e3:.3f}, {b * 1e3:.3f}" for k, (f, b) in out["comm_cpu"]["tp_pass"].items()))
             say("a 1-token stage edge outside its TP all-reduces, CPU ms (forward, backward): " + "; ".join(
@@ -1194,6 +1265,16 @@ def _tp_pass_record(per_rank: list[dict], probe: LayerProbe) -> dict:
                                                      for k in ("tp2", "tp1")},
             **({"edge_pass_forward_backward_cpu_seconds": {k: [statistics.median(r[k][i] for r in edges)
                                                                for i in (0, 1)] for k in edges[0]}} if edges else {})}
+
+
+def _pair_rounds_record(per_rank: list[dict]) -> dict:
+    """Every rank's PairRounds readings, and the gloo CPU fields the pair probe's own readings alone give (what
+    calibrate fitted before round 24), beside the fitted ones; {} where no pair probe ran."""
+    comm = [r.get("comm_cpu") for r in per_rank]
+    if not any(comm):
+        return {}
+    return {"pair_cpu_rounds_s_per_rank": [c.get("rounds", []) if c else None for c in comm],
+            "pair_cpu_one_reading": fit_comm_cpu(comm, rounds=False)}
 
 
 def _glue_record(per_rank: list[dict]) -> dict:
@@ -1301,6 +1382,7 @@ def make_profile(cfg: CalibrationConfig, per_rank: list[dict]) -> dict:
                      "elementwise_gbps": rate / GB if rate else None, "cpu_count": os.cpu_count(), "collectives": collectives,
                      "intra_latency_rounds_s": per_rank[0].get("latency_rounds", []),
                      "comm_cpu_seconds_rank0": per_rank[0].get("comm_cpu"),
+                     **_pair_rounds_record(per_rank),
                      **_glue_record(per_rank),
                      "all_reduce_8_bytes_after_compute_s": per_rank[0].get("skew"),
                      "probe_clock": "cpu" if cores else "wall",
