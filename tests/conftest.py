@@ -29,6 +29,9 @@ loadfile`) without changing what any test sees, the fast tier's marker, and per-
   ended (seconds after the controller's start), and the gap between the two workers' ends -- the time one core
   sat idle at the run's end (loadfile keeps a file on one worker, so a long file late in the order shows here).
   The cache keeps it (`workers`) beside the per-file records.
+* After collection, hybrid.testing's forkserver is given one more module to preload,
+  hybrid/testing_preload_inductor.py: inductor's per-process start-up (imports, CPU ISA probes, header hash) done
+  once there instead of in every rank that compiles (round 24: ~2-2.5 s of CPU a compiling rank).
 """
 
 from __future__ import annotations
@@ -192,6 +195,9 @@ def balance_lines(workers: dict[str, dict]) -> list[str]:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config._hybrid_durations is not None:
         session.config._hybrid_durations.collection([item.nodeid for item in session.items])
+    testing = sys.modules.get("hybrid.testing")  # imported by the collected tests that fork ranks (not the controller)
+    if testing is not None and "hybrid.testing_preload_inductor" not in testing.PRELOAD:
+        testing.PRELOAD.append("hybrid.testing_preload_inductor")  # inductor: once in the forkserver
 
 
 @pytest.hookimpl(optionalhook=True)

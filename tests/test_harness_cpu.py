@@ -13,6 +13,16 @@ import pytest
 from hybrid import testing
 
 
+@pytest.fixture(autouse=True, scope="module")
+def no_inductor_preload():
+    """This file stops the forkserver and starts new ones; none of its ranks compiles, so those start without the
+    suite's inductor warm-up (tests/conftest.py, hybrid/testing_preload_inductor.py: ~2.5 s of CPU a start)."""
+    saved = list(testing.PRELOAD)
+    testing.PRELOAD[:] = [m for m in saved if m != "hybrid.testing_preload_inductor"]
+    yield
+    testing.PRELOAD[:] = saved
+
+
 def _burn(rank: int, world: int, seconds: float) -> float:
     start = time.process_time()
     while time.process_time() - start < seconds:
