@@ -337,8 +337,33 @@ class Workload:
             place of the vocab-parallel loss's three statistics all-reduces, and the loss's memory-bound passes
             over V_p logits a token, not V_p / t (predicted_comm.tp_ledger, ops.head_ops). Its backward slices the
             replicated gradient (no collective). False (the default): Megatron's vocab-parallel loss, torchtitan's
-            `loss_parallel`, this runtime's. Time only (the logits' memory is still planned at V_p / t). The
-            planner only (the API; no flag).
+            `loss_parallel`, this runtime's. Memory too since round 24 (planner24d): the last stage keeps and the
+            loss's backward makes the t = 1 loss's tensors over all V_p logits, not V_p / t (model.Shard
+            .head_activation_bytes). The planner only (the API; no flag).
+        bf16_cross_entropy: the loss is torch's `F.cross_entropy` called on the bf16 logits, no upcast
+            (KempnerForge kempnerforge/training/loss.py `cross_entropy_loss`, `ce_chunk_size=0`): the last stage
+            keeps the bf16 logits (the trainer's `logits` stays referenced through the backward) and the bf16
+            log-softmax nll_loss saves, 2 + 2 bytes a logit, and the backward writes the log-softmax's and the
+            logits' bf16 gradients, 2 + 2 more -- where torch's cross-entropy on fp32-upcast logits (this runtime,
+            torchtitan) keeps 6 and briefly needs 8 more. Memory only (the loss's passes are still timed as
+            torch's). The bf16-flash profile only; the planner only (the API; no flag).
+        unsharded_grad_accumulation: under ZeRO 3 with more than one micro-batch, the runtime skips the
+            gradients' reduce-scatter on all but the last micro-batch (FSDP2's `set_requires_gradient_sync(False)`:
+            KempnerForge's `maybe_no_sync`, kempnerforge/training/grad.py), so every rank keeps the whole
+            unsharded gradient of its parameters from the first micro-batch's backward to the last's
+            reduce-scatter -- in the reduce dtype (fp32_grads: 4 bytes) when it differs from the parameters',
+            as FSDP2 upcasts it to accumulate (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+            `to_accumulated_grad_if_needed`), else 2 -- while no sharded gradient exists (the optimizer's
+            `zero_grad()` freed them; the last micro-batch's reduce-scatters make them as they free the
+            unsharded ones): grads Psi x grad bytes, not / Nd (predicted_memory.grads_unsharded). Memory only:
+            the reduce-scatters are still timed a micro-batch each. The planner only (the API; no flag);
+            round 24, docs/planner/round24-kempner-memory.md.
+        adam_master_copy: mixed precision's optimizer keeps a master copy of the weights beside its two moments
+            (True, the default: Megatron, apex, this runtime). False: the optimizer steps the bf16 parameters
+            themselves, its states the two moments in optimizer_dtype_bytes (torch's AdamW built on a model
+            cast to bf16: KempnerForge's `model.to(dtype=param_dtype)` before `build_optimizer`), K = 2 x
+            optimizer_dtype_bytes. Memory only (the step's passes are still timed with the master's). The
+            planner only (the API; no flag); round 24.
         te_full_layer: the layer is Transformer Engine's whole TransformerLayer (NeMo 2.0's GPT configs,
             `use_transformer_engine_full_layer_spec: True`): its LayerNormMLP adds fc1's bias and reduces its
             gradient inside TE's kernels. False (the default): Megatron-core's / Megatron-LM's own layer, whose
@@ -388,6 +413,9 @@ class Workload:
     gathered_logits: bool = False
     te_full_layer: bool = False
     fp8_param_gather: bool = False
+    bf16_cross_entropy: bool = False
+    unsharded_grad_accumulation: bool = False
+    adam_master_copy: bool = True
 
     @property
     def param_gather_bytes(self) -> int:
@@ -421,6 +449,10 @@ class Workload:
         if self.fused_cross_entropy and self.activations is not ActivationProfile.BF16_FLASH:
             raise ValueError(f"--fused-cross-entropy models a fused loss over bf16 logits: use it with "
                              f"--activation-profile bf16-flash, not {self.activations.value}")
+        if self.bf16_cross_entropy and (self.fused_cross_entropy
+                                        or self.activations is not ActivationProfile.BF16_FLASH):
+            raise ValueError("Workload.bf16_cross_entropy models torch's cross-entropy on bf16 logits: use it with "
+                             "the bf16-flash profile and without fused_cross_entropy (one loss at a time)")
         if self.cp_ring is not None and not isinstance(self.cp_ring, RingSchedule):
             raise ValueError(f"Workload.cp_ring must be a RingSchedule or None, got {self.cp_ring!r}")
         if not isinstance(self.attention_kernel, AttentionKernel):
@@ -495,9 +527,10 @@ class Workload:
     @property
     def optimizer_bytes(self) -> int:
         """K, the optimizer-state bytes a parameter: the precision's (12 mixed, 8 fp32), or 3 x
-        optimizer_dtype_bytes in mixed precision (6 with bf16 states)."""
+        optimizer_dtype_bytes in mixed precision (6 with bf16 states; 2 x without a master copy, 4 with
+        bf16 states: adam_master_copy)."""
         if self.precision is Precision.MIXED:
-            return 3 * self.optimizer_dtype_bytes
+            return (3 if self.adam_master_copy else 2) * self.optimizer_dtype_bytes
         return self.precision.optimizer_bytes
 
     @property
@@ -514,7 +547,8 @@ class Workload:
 
     def shard(self, tp: int) -> Shard:
         """The model seen from one TP rank at size tp, with this workload's vocabulary padding and profile."""
-        return Shard(self.model, tp, self.padded_vocab(tp), self.activations, self.fp8, self.fused_cross_entropy)
+        return Shard(self.model, tp, self.padded_vocab(tp), self.activations, self.fp8, self.fused_cross_entropy,
+                     self.gathered_logits and tp > 1, self.bf16_cross_entropy)
 
     def padded_vocab(self, tp: int) -> int:
         """Vocabulary rows after padding to a multiple of pad_vocab_to x tp (hybrid/tp/layers.vocab_spec)."""

@@ -57,6 +57,9 @@ class Shard:
         fp8: FP8 linears (Workload.fp8).
         fused_cross_entropy: the loss is a fused cross-entropy kernel over the bf16 logits
             (Workload.fused_cross_entropy): no fp32 copy of them is kept.
+        gathered_logits: t > 1 and the head gathers the whole logits to every TP rank, whose loss runs over all
+            V_p of them as at t = 1 (Workload.gathered_logits): the loss's memory is the t = 1 loss's.
+        bf16_cross_entropy: torch's cross-entropy on the bf16 logits, no upcast (Workload.bf16_cross_entropy).
     """
 
     cfg: ModelConfig
@@ -65,6 +68,8 @@ class Shard:
     profile: ActivationProfile = ActivationProfile.KORTHIKANTI
     fp8: bool = False
     fused_cross_entropy: bool = False
+    gathered_logits: bool = False
+    bf16_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         if self.profile is ActivationProfile.FP32_FLASH and self.cfg.dropout > 0:
@@ -317,32 +322,41 @@ class Shard:
 
     def head_activation_bytes(self, b: int, s: int, sp: bool) -> float:
         """Last stage per micro-batch in flight: final-norm input 2sbh (/t under SP), LM-head input 2sbh
-        (gathered), logits 2sbV_p/t in bf16 and 4sbV_p/t in fp32 for the vocab-parallel cross-entropy."""
+        (gathered), logits 2sbV_p/t in bf16 and 4sbV_p/t in fp32 for the vocab-parallel cross-entropy; over all
+        V_p logits on every rank under gathered_logits; bf16_cross_entropy keeps the bf16 logits and torch's
+        bf16 log-softmax, 2 + 2 bytes a logit."""
         h = self.cfg.hidden_size
         if self.profile is ActivationProfile.FP32_FLASH:
             return self._runtime_head_bytes(b, s, sp)
         norm_in = s * b * h * ACT_BYTES / (self.t if sp else 1)
         head_in = s * b * h * ACT_BYTES
         if self.fused_cross_entropy:  # flash-attn's CrossEntropyLoss: the bf16 logits and a fp32 logsumexp a token
-            return norm_in + head_in + s * b * (self.vocab / self.t * ACT_BYTES + FP32)
-        logits = s * b * self.vocab / self.t * (ACT_BYTES + 4)
+            return norm_in + head_in + s * b * (self.loss_vocab * ACT_BYTES + FP32)
+        logits = s * b * self.loss_vocab * (ACT_BYTES + (ACT_BYTES if self.bf16_cross_entropy else 4))
         return norm_in + head_in + logits
+
+    @property
+    def loss_vocab(self) -> float:
+        """Logits a token the loss reads on one rank: V_p / t (vocab-parallel), V_p under gathered_logits."""
+        return self.vocab if self.gathered_logits else self.vocab / self.t
 
     def head_backward_transient_bytes(self, b: int, s: int) -> float:
         """What the loss's backward allocates over one micro-batch's logits beyond what the forward kept, for a
         moment, on the last stage (this runtime's profiles; Korthikanti's Table 2 counts saved tensors only: 0).
         t = 1, torch's fused cross-entropy on fp32 logits: the gradient w.r.t. its log-softmax and the
         log-softmax's input gradient, both fp32: 8 bytes a logit (measured on an H200: a 1.2B Llama at s 4096
-        peaked 4.2 GB = 8.0 x 4096 x 128256 bytes above its kept activations, docs/results/gpu_h200.md).
-        t > 1, hybrid's vocab-parallel cross-entropy writes its gradient into the saved fp32 softmax in place:
-        only the cast back to the bf16 logits' dtype, 2 bytes a logit (none in fp32). Derived, not measured."""
+        peaked 4.2 GB = 8.0 x 4096 x 128256 bytes above its kept activations, docs/results/gpu_h200.md); the
+        same two in bf16 under bf16_cross_entropy, 4 bytes a logit. gathered_logits: the t = 1 loss over all
+        V_p logits on every rank. t > 1, hybrid's vocab-parallel cross-entropy writes its gradient into the
+        saved fp32 softmax in place: only the cast back to the bf16 logits' dtype, 2 bytes a logit (none in
+        fp32). Derived, not measured."""
         if self.profile is ActivationProfile.KORTHIKANTI:
             return 0.0
-        logits = b * s * self.vocab / self.t
+        logits = b * s * self.loss_vocab
         if self.fused_cross_entropy:  # its backward writes one bf16 gradient over the logits (not in place)
             return ACT_BYTES * logits
-        if self.t == 1:
-            return 2 * FP32 * logits
+        if self.t == 1 or self.gathered_logits:
+            return 2 * (ACT_BYTES if self.bf16_cross_entropy else FP32) * logits
         return 0.0 if self.profile is ActivationProfile.FP32_FLASH else ACT_BYTES * logits
 
     def _runtime_head_bytes(self, b: int, s: int, sp: bool) -> float:

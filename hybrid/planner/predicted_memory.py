@@ -20,6 +20,11 @@ gradient at 4 bytes instead of 2: ZeRO 0 (2 + 4 + 12) Psi = 18 Psi, ZeRO 1 6 Psi
 2 Psi + 16 Psi / Nd, ZeRO 3 18 Psi / Nd -- and the step needs no separate fp32 master gradient
 (`step_transient_bytes`), the reduced fp32 shard being it.
 
+A ZeRO 3 runtime that skips the reduce-scatter on all but the last micro-batch (FSDP2 without gradient sync:
+`Workload.unsharded_grad_accumulation`, `grads_unsharded`) holds the whole unsharded gradient instead: 4 Psi with
+fp32 reduction (FSDP2 upcasts to accumulate), 2 Psi without, not / Nd (round 24,
+docs/planner/round24-kempner-memory.md).
+
 Offload (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021) moves the K Psi / Nd optimizer
 bytes to the host, and with parameter offload (ZeRO 3) the 2 Psi / Nd parameters too.
 
@@ -137,14 +142,16 @@ def step_transient_bytes(psi: float, zero: ZeroStage, dp: int, offload: Offload 
 
 def model_states(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offload.NONE,
                  precision: Precision = Precision.MIXED, fp32_grads: bool = False,
-                 optimizer_bytes: int | None = None) -> ModelStates:
+                 optimizer_bytes: int | None = None, unsharded_grads: bool = False) -> ModelStates:
     """Split of `model_state_bytes` into parameters, gradients and optimizer, with offload applied.
     Precision.FP32 (this runtime on CPU): 4 + 4 + 8 bytes per parameter instead of 2 + 2 + 12; `fp32_grads`
     (mixed precision with fp32 main grads): 2 + 4 + 12; `optimizer_bytes` overrides the precision's K
-    (Workload.optimizer_bytes: 6 with bf16 optimizer states)."""
+    (Workload.optimizer_bytes: 6 with bf16 optimizer states); `unsharded_grads` (grads_unsharded): the
+    gradients are the whole Psi's at any ZeRO stage."""
     zero = ZeroStage(zero)
     params = precision.param_bytes * psi / (dp if zero >= ZeroStage.PARAMETERS else 1)
-    grads = (4 if fp32_grads else precision.grad_bytes) * psi / (dp if zero >= ZeroStage.GRADIENTS else 1)
+    sharded = zero >= ZeroStage.GRADIENTS and not unsharded_grads
+    grads = (4 if fp32_grads else precision.grad_bytes) * psi / (dp if sharded else 1)
     k = precision.optimizer_bytes if optimizer_bytes is None else optimizer_bytes
     optimizer = k * psi / (dp if zero >= ZeroStage.OPTIMIZER else 1)
     host = 0.0
@@ -153,6 +160,22 @@ def model_states(psi: float, zero: ZeroStage, dp: int, offload: Offload = Offloa
     if offload is Offload.OPTIMIZER_AND_PARAMS:
         host, params = host + params, 0.0
     return ModelStates(params=params, grads=grads, optimizer=optimizer, host=host)
+
+
+def grads_unsharded(work: Workload, layout: Layout) -> bool:
+    """Workload.unsharded_grad_accumulation in force: ZeRO 3 over dp > 1 with more than one micro-batch a
+    step, where the runtime accumulates each rank's whole unsharded gradient (FSDP2 without gradient sync,
+    in the reduce dtype) through every micro-batch's backward but the last, and no sharded gradient exists
+    meanwhile: grads 4 Psi (fp32_grads, else 2 Psi) where ZeRO 3 plans 4 Psi / Nd. The backward's peak holds
+    them; the optimizer step's sharded gradients are fewer, so the step's peak is no higher."""
+    return (work.unsharded_grad_accumulation and layout.zero is ZeroStage.PARAMETERS and layout.dp > 1
+            and work.num_microbatches(layout) > 1)
+
+
+def _states_unit(work: Workload, layout: Layout) -> ModelStates:
+    """The model states of one parameter of a rank of `layout` (states are linear in Psi)."""
+    return model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads,
+                        work.optimizer_bytes, grads_unsharded(work, layout))
 
 
 @dataclass(frozen=True)
@@ -261,8 +284,7 @@ def plan_memory(work: Workload, cluster: Cluster, layout: Layout, schedule: Sche
     flight, psis, acts, bufs, extra = _rank_parts(work, layout, schedule)
     ranks = tuple(_rank_memory(work, layout, r, psi, act, buf, more)
                   for r, (psi, act, buf, more) in enumerate(zip(psis, acts, bufs, extra)))
-    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads,
-                        work.optimizer_bytes)
+    unit = _states_unit(work, layout)
     return MemoryPlan(ranks=ranks, in_flight=flight, host_per_node=_host_per_node(cluster, unit, max(psis)))
 
 
@@ -270,8 +292,7 @@ def peak_memory(work: Workload, cluster: Cluster, layout: Layout) -> tuple[int, 
     """(fullest pipeline rank, its device bytes, host bytes per node) without building every RankMemory:
     the search's fast path. Equal to plan_memory's peak (states are linear in Psi)."""
     _, psis, acts, bufs, extra = _rank_parts(work, layout)
-    unit = model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads,
-                        work.optimizer_bytes)
+    unit = _states_unit(work, layout)
     step = step_transient_bytes(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads)
     device = unit.device  # (a property: read once, not twice a rank)
     totals = [psi * device + max(act + buf + more, step * psi) + FRAGMENTATION * (psi * device + act + buf)
@@ -387,7 +408,7 @@ def _zero3_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
 def _rank_memory(work: Workload, layout: Layout, r: int, psi: float, activations: float,
                  buffers: float, backward_transient: float) -> RankMemory:
     states = model_states(psi, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads,
-                          work.optimizer_bytes)
+                          work.optimizer_bytes, grads_unsharded(work, layout))
     workspace = WORKSPACE_BYTES + FRAGMENTATION * (states.device + activations + buffers)
     return RankMemory(rank=r, parameters=psi, states=states, activations=activations, buffers=buffers,
                       workspace=workspace, step_transient=step_transient_bytes(psi, layout.zero, layout.dp,

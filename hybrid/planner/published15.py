@@ -23,7 +23,8 @@ Source of the new rows, read at the commit named:
   forward, `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)` (fp32 gradient reduction:
   Workload.fp32_grads where DP > 1), `checkpoint_wrapper(CheckpointImpl.NO_REENTRANT)` per TransformerBlock (full
   AC, torch's non-reentrant early stop), the model cast to bf16 before the optimizer is built (`model.to(dtype=
-  param_dtype)`: bf16 parameters and AdamW states, planned as optimizer_dtype_bytes=2); tensor_parallel.py --
+  param_dtype)`: bf16 parameters and AdamW states, planned as optimizer_dtype_bytes=2 and, since round 24, no master
+  copy: adam_master_copy=False, K = 4); tensor_parallel.py --
   DTensor Colwise / Rowwise with SequenceParallel norms (SP with TP), `ColwiseParallel(input_layouts=Shard(1))` on
   each of q, k, v, gate and up, so each all-gathers the layer's input on its own (Workload.tp_plan PROJECTION:
   round 17; rounds 15-16 planned one all-gather a block); scripts/train.py -- `maybe_no_sync` on all
@@ -151,13 +152,17 @@ def _kempner_run(name: str, source: str, gpus: int, size: str, tp: int, b: int, 
     torch.compile = FUSED, PyTorch stack, full AC, fp32 reduction where DP > 1, bf16 AdamW states, 4 GPUs a node,
     and its TP plan's one all-gather per column-parallel projection (TpPlan.PROJECTION, round 17), each DTensor
     SP collective with its torch.cat on the batch-first activations (Workload.sp_copies, round 18), and its TP head's
-    gathered logits with the loss over the whole vocabulary on every TP rank (Workload.gathered_logits, round 20)."""
+    gathered logits with the loss over the whole vocabulary on every TP rank (Workload.gathered_logits, round 20).
+    Its memory (round 24, published24d_kempner_memory): FSDP2's unsharded fp32 gradients under `maybe_no_sync`
+    (unsharded_grad_accumulation), AdamW's two bf16 moments on the bf16 model (adam_master_copy=False), the loss on
+    the bf16 logits (bf16_cross_entropy) and the gathered logits' bytes on every TP rank."""
     dp = gpus // tp
     work = Workload(llama_model(*KEMPNER_MODELS[size], KEMPNER_SEQ), global_batch=b * accum * dp,
                     seq_length=KEMPNER_SEQ, activations=ActivationProfile.BF16_FLASH,
                     kernels=KernelProfile.FUSED if compiled else KernelProfile.EAGER, stack=Stack.PYTORCH,
                     fp32_grads=dp > 1, optimizer_dtype_bytes=2, tp_plan=TpPlan.PROJECTION,
-                    sp_copies=True, gathered_logits=tp > 1)
+                    sp_copies=True, gathered_logits=tp > 1, bf16_cross_entropy=True,
+                    unsharded_grad_accumulation=True, adam_master_copy=False)
     space = SearchSpace(tp=(tp,), pp=(1,), v=(1,), micro_batch=(b,),
                         zero=(ZeroStage.PARAMETERS if dp > 1 else ZeroStage.NONE,), offload=(Offload.NONE,),
                         recompute=(Recompute.FULL,), sequence_parallel=(tp > 1,))
