@@ -278,3 +278,32 @@ def test_one_rank_diloco_with_zero_gets_no_unsharded_zero_warning():
     (line,) = unsharded_zero_warning(DiLoCoConfig(inner_steps=4), NS(dp=4, cp=1), 1)
     assert line.startswith("--zero-stage 1 with --diloco-inner-steps: ZeRO shards inside each replica, and each of "
                            "the 4 replicas is one rank"), line
+
+
+# --- S: the pipeline simulation (hybrid/pipeline/simulate.py _match_messages) --------------------------------------
+@pytest.mark.parametrize("peer", [0, 2, None])
+def test_a_message_to_its_own_rank_or_none_is_refused_by_name(peer):
+    """A send whose peer is the sending rank itself, outside [0, pp) or missing is a broken list: ValueError naming
+    the action, before any matching. S6-peer-check-self (the inlined pre-check without `peer == rank`, so
+    _check_peer never ran for a send to itself: a deadlock report, or a message matched to itself) lived through
+    the pipeline files' fast tier (179 tests): none hands the simulator a message to its own rank."""
+    from hybrid.pipeline.schedules import Action, Op
+    from hybrid.pipeline.simulate import simulate
+    lists = [[Action(Op.FORWARD, 0), Action(Op.SEND_ACT, 0, peer=peer)], []]
+    with pytest.raises(ValueError, match=r"rank 0: SEND_ACT\(mb=0,c=0\).* needs a peer pipeline rank in \[0, 2\) "
+                                         r"other than itself"):
+        simulate(lists)
+
+
+def test_the_tape_stops_a_compute_whose_input_has_no_sender_and_names_it():
+    """Rank 1 receives an activation rank 0 never sends: the compiled tape (LazyTape, the planner's makespans)
+    stops at the forward that needs it and says so, as simulate does. S7-tape-no-partner-runs (a receive without a
+    partner let its compute run: the report named only the unmatched receive's end-of-step wait, not the stuck
+    forward) lived through the pipeline files' fast tier (179 tests)."""
+    from hybrid.pipeline.schedules import Action, Op
+    from hybrid.pipeline.simulate import DeadlockError, LazyTape, simulate
+    lists = [[], [Action(Op.RECV_ACT, 0, peer=0), Action(Op.FORWARD, 0)]]
+    stuck = r"rank 1 stuck at FORWARD\(mb=0,c=0\): its input RECV_ACT\(mb=0,c=0\)@0 waits for no matching message"
+    for build in (lambda: simulate(lists), lambda: LazyTape(lists)):
+        with pytest.raises(DeadlockError, match=stuck):
+            build()
