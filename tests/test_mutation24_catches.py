@@ -42,8 +42,9 @@ def test_an_fp32_plan_says_fp32_gradients_and_emits_no_bf16_opt_out():
     """An fp32 plan's gradients are fp32 (Workload.grad_bytes 4) though Workload.fp32_grads, the mixed-precision
     choice, is False: --json's grad_dtype says "fp32", --explain's gradients line "fp32, 4 bytes", and --emit-args
     gives no --grad-reduce-in-bf16 (train.py refuses it without --bf16). G4-grad-dtype-from-fp32-grads (grad_dtype
-    read from fp32_grads: "bf16" for every fp32 plan) and G6-emit-bf16-flag-fp32-plan (the opt-out emitted for any
-    plan without fp32_grads) lived through the plan's round-23 files: their plans are all mixed."""
+    read from fp32_grads: "bf16" for every fp32 plan) lived through the plan's round-23 files: their --json plans
+    are all mixed. (G6-emit-bf16-flag-fp32-plan, the opt-out emitted for any plan without fp32_grads, dies here too;
+    test_cpviews22's cpu --emit-args case kills it already.)"""
     from hybrid.planner.cli import grad_dtype, grads_line
     from hybrid.planner.model import Precision
     from hybrid.planner.train_flags import workload_flags
@@ -95,10 +96,10 @@ def test_the_dp_what_if_prices_from_the_rows_groups():
       6.8 + 2 (3 x 0.6 + 3 x 5.0) = 40.4, x 2; delayed-scaling FP8: 2 amax all-reduces a micro-batch over tp x DP x CP
       = 64 at 8 a node, 6.8 + 2 (7 x 0.6 + 3 x 5.0) = 45.2, x 2 x 2;
     * ZeRO 3: not the distributed optimizer, nothing priced.
-    D5-flat-latency-comparison (a one-node DP charged the inter-node latency: ring 0), D6-amax-one-a-microbatch,
-    D7-loss-over-dp-cp (the loss averaged over DP x CP), D9-applies-any-zero and D11-shape-ga-uses-dp-cp (micro-batches
-    from DP x CP) lived through the round-23 planner files: their rows are ZeRO 1, multi-node, and cp 1 in the
-    what-if's doc table."""
+    D5-flat-latency-comparison (a one-node DP charged the inter-node latency: ring 0), D7-loss-over-dp-cp (the loss
+    averaged over DP x CP), D9-applies-any-zero and D11-shape-ga-uses-dp-cp (micro-batches from DP x CP) lived
+    through the round-23 planner files: their rows are ZeRO 1, multi-node, and cp 1 in the what-if's doc table.
+    (D6-amax-one-a-microbatch dies here too; test_planner23_fp8_dp's doc-table test kills it already.)"""
     ring, amax, loss = _what_if(tp=2, gpus=8, cp=1)
     assert (ring, amax, loss) == (pytest.approx(27.2e-6), 0.0, pytest.approx(16 * 10.4e-6))
     ring, amax, loss = _what_if(tp=1, gpus=64, cp=2, fp8=True)
