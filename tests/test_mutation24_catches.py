@@ -114,8 +114,8 @@ def test_the_loop_builds_a_resume_past_train_iters_its_final_evaluations_valid_b
     (20 // 10 + 1) x 4 = 12. Resumed at iteration 30 (a checkpoint past --train-iters: nothing to train), the run
     evaluates at its own iteration, block 30 // 10 = 3, samples 12-15: the loop's split is built to 16, not wrapped
     onto an earlier evaluation's. U11-resumed-valid-no-start (the loop's valid_samples without the resume's
-    iteration) lived through the data / polish / DiLoCo round-23 files: test_data23_final_eval_valid calls
-    valid_samples and covering, not the loop."""
+    iteration) lived through the data / polish / DiLoCo round-23 files' fast tier: test_data23_final_eval_valid's
+    fast tests call valid_samples and covering, not the loop (its slow train.py resume kills it)."""
     import numpy as np
 
     from hybrid.data.indexed import InMemoryDocuments
