@@ -49,11 +49,11 @@ def test_an_fp32_plan_says_fp32_gradients_and_emits_no_bf16_opt_out():
     from hybrid.planner.model import Precision
     from hybrid.planner.train_flags import workload_flags
     fp32, mixed = _gpt_work(precision=Precision.FP32), _gpt_work(precision=Precision.MIXED, fp32_grads=True)
-    assert (grad_dtype(fp32), grad_dtype(mixed), grad_dtype(_gpt_work(precision=Precision.MIXED))) == (
+    assert (grad_dtype(fp32), grad_dtype(mixed), grad_dtype(_gpt_work(precision=Precision.MIXED, fp32_grads=False))) == (
         "fp32", "fp32", "bf16")
     assert grads_line(fp32) == "  gradients: fp32, 4 bytes a parameter in memory and in the DP reductions (fp32 training)"
     assert workload_flags(fp32)["grad_reduce_in_bf16"] is False and workload_flags(fp32)["bf16"] is False
-    assert workload_flags(_gpt_work(precision=Precision.MIXED))["grad_reduce_in_bf16"] is True
+    assert workload_flags(_gpt_work(precision=Precision.MIXED, fp32_grads=False))["grad_reduce_in_bf16"] is True
 
 
 # --- G: `hybrid plan --scan-gpus` with --context-parallel-size (cli._scan_cp) --------------------------------------
