@@ -95,6 +95,38 @@ def check_appendable(path: str) -> None:
                          f"--metrics-file of the run this one resumes")
 
 
+def check_not_another_run(path: str | None, continues: bool) -> None:
+    """A run that continues no checkpoint starts at iteration 1. Appended to another run's --metrics-file, its records
+    follow that run's, and plot_run (the later record of a repeated iteration wins) draws one curve of two runs: this
+    run's iterations up to its end, the other's after it. ValueError naming the file instead. `continues`: the run
+    resumes a checkpoint, or is `--save D --load D` before D's first one (the same command again after a kill: its
+    own file); a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) continues its attempt's file too."""
+    if continues or path is None or not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+        return
+    last = _last_iteration(path)
+    held = f" (up to iteration {last})" if last is not None else ""
+    raise ValueError(f"--metrics-file {path!r} holds another run's records{held}, and this run resumes no checkpoint: "
+                     f"it starts at iteration 1 and would append after them (plot_run.py would draw the two runs as "
+                     f"one); give a new file, or --load the checkpoint of the run that wrote it")
+
+
+def _last_iteration(path: str, tail: int = 1 << 16) -> int | None:
+    """The "iteration" of the last whole record in the file's last `tail` bytes; None if none reads."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+        lines = f.read().splitlines()
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("iteration"), int):
+            return record["iteration"]
+    return None
+
+
 def check(args: argparse.Namespace, world: int = 1) -> MetricsConfig:
     """Needs args.zero (the precision) set; `world` gives the local ranks when LOCAL_WORLD_SIZE is unset."""
     if args.tensorboard_dir is not None:
