@@ -259,6 +259,8 @@ CASES = [
     ("model-near-preset", "train", ["--model", "tiny-gpt3"], {}, {}, "did you mean 'tiny-gpt2'"),
     ("metrics-file-of-another-run", "train", ["--metrics-file", "run.jsonl"],  # newuser24: appended after it
      {"run.jsonl": '{"iteration": 20, "lm_loss": 4.28}\n'}, {}, "--metrics-file 'run.jsonl' holds another run's"),
+    ("tensorboard-dir-of-another-run", "train", ["--tensorboard-dir", "tb"],  # newuser24: merged with it
+     {"tb/events.out.tfevents.1796687085.vm.1.0": b"x"}, {}, "--tensorboard-dir 'tb' holds another run's"),
     ("model-hub-id", "train", ["--model", "meta-llama/Meta-Llama-3-8B"], {}, {}, "hf download"),  # newuser24
     ("model-size-suffix", "train", ["--model", "gpt2-small"], {}, {}, "did you mean 'gpt2'?"),  # not gpt2-xl
     ("model-dir-no-config", "train", ["--model", "{d}/m"], {"m/readme.txt": "x"}, {}, "config.json"),
