@@ -73,3 +73,12 @@ def test_a_first_attempt_killed_before_its_first_save_continues_its_file(tmp_pat
     assert validate(TRAIN + ["--save", d, "--load", d] + outputs)[0].metrics.metrics_file == str(metrics)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert validate(TRAIN + outputs)[0].metrics.tensorboard_dir == str(tb)
+
+
+def test_a_restart_count_that_is_no_number_is_no_restart(tmp_path, one_line, one_process, monkeypatch):
+    """torchrun sets TORCHELASTIC_RESTART_COUNT; any other value is read as no restart, never as int()'s message."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "abc")
+    assert validate(TRAIN + ["--metrics-file", str(tmp_path / "new.jsonl")])[0].metrics.metrics_file
+    (tmp_path / "m.jsonl").write_text('{"iteration": 3, "lm_loss": 5.0}\n')
+    line = one_line(lambda: validate(TRAIN + ["--metrics-file", str(tmp_path / "m.jsonl")]))
+    assert "holds another run's records (up to iteration 3)" in line

@@ -103,7 +103,8 @@ def check_not_another_run(path: str | None, tensorboard_dir: str | None, continu
     TensorBoard and plot_run merge the two the same way. ValueError naming the output instead. `continues`: the run
     resumes a checkpoint, or is `--save D --load D` before D's first one (the same command again after a kill: its
     own files); a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) continues its attempt's files too."""
-    if continues or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")  # torchrun's; anything else is no restart
+    if continues or (restart.isdigit() and int(restart) > 0):
         return
     fix = "and this run resumes no checkpoint: it starts at iteration 1"
     if path is not None and os.path.isfile(path) and os.path.getsize(path) > 0:
