@@ -39,6 +39,7 @@ def trained(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow  # the module's forked run: ~3-5 s of CPU
 def test_a_text_prompt_is_refused_before_any_process_group(trained, one_line, one_process):
     line = one_line(lambda: hybrid_main(["generate", str(trained / "ck"), "--prompt", "Hi", "--max-new-tokens", "2"]))
     assert line == (f"hybrid generate: error: --prompt: SRC's run read --data-path {trained / 'corpus_text_document'} "
@@ -77,6 +78,7 @@ def test_bytes_stay_where_they_are_the_data(tmp_path):
         check_guessed_bytes(_Args("Hi"), _Cfg(4096), _Codec(True), indexed)
 
 
+@pytest.mark.slow  # the module's forked run: ~3-5 s of CPU
 def test_a_transformers_folder_with_no_tokenizer_and_a_larger_vocabulary_is_refused(trained, one_line, one_process,
                                                                                   tmp_path):
     """The run's export (`hybrid convert`: "tokenizer: none written") read as bytes the same way."""

@@ -29,6 +29,7 @@ def finished(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow  # the module's forked run: ~3-5 s of CPU
 def test_a_fresh_run_into_another_runs_metrics_file_is_refused_and_the_file_kept(finished, one_line, one_process):
     metrics = finished / "m.jsonl"
     before = metrics.read_bytes()
@@ -40,6 +41,7 @@ def test_a_fresh_run_into_another_runs_metrics_file_is_refused_and_the_file_kept
     assert metrics.read_bytes() == before
 
 
+@pytest.mark.slow  # the module's forked run: ~3-5 s of CPU
 def test_a_fresh_run_into_another_runs_tensorboard_dir_is_refused_and_the_folder_kept(finished, one_line,
                                                                                     one_process):
     """TensorBoard merges the event files of a folder by step, and plot_run reads them the same way: the new run's
@@ -54,6 +56,7 @@ def test_a_fresh_run_into_another_runs_tensorboard_dir_is_refused_and_the_folder
     assert sorted(p.name for p in tb.iterdir()) == before
 
 
+@pytest.mark.slow  # the module's forked run: ~3-5 s of CPU
 def test_the_resume_of_the_run_that_wrote_them_still_appends(finished, one_process):
     metrics, tb = str(finished / "m.jsonl"), str(finished / "tb")
     run = validate(TRAIN + ["--train-iters", "3", "--load", str(finished / "ck"), "--metrics-file", metrics,
