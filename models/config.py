@@ -256,6 +256,24 @@ _SIZE_KEYS = {"n_embd": False, "n_head": False, "n_layer": False, "n_positions":
               "decoder_sparse_step": False}
 
 
+def preset_hint(key: str, presets) -> str:
+    """The "did you mean" of a --model that is no preset and no file. "org/name" whose org is no folder here (a
+    Hugging Face Hub id: nothing is downloaded) says how to get the folder; a preset in capitals, or one with a
+    suffix after a dash ('gpt2-small', 'llama-3-8b-instruct': the longest preset it starts with), is named; else
+    difflib's nearest spelling ('tiny-lama'). difflib alone sent 'gpt2-small', GPT-2's 124M, to 'gpt2-xl', its 1.5B."""
+    parts = key.split("/")
+    if len(parts) == 2 and all(parts) and not os.path.exists(parts[0]):
+        return (f"as a Hugging Face Hub id it is not downloaded here: fetch the folder first (`hf download {key} "
+                f"--local-dir DIR`), then give --model DIR (train.py: `--load DIR` too, for its weights); ")
+    low = key.lower()
+    prefix = [p for p in presets if low.startswith(p + "-") or low.startswith(p + "_")]
+    if low in presets or prefix:
+        return f"did you mean {low if low in presets else max(prefix, key=len)!r}? "
+    import difflib
+    close = difflib.get_close_matches(low, presets, n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
 def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
     """A preset name, a directory holding config.json, or a config.json file. Every unreadable, malformed or
     unsupported config is a ValueError naming the file and what is wrong (never transformers' OSError/KeyError)."""
@@ -269,11 +287,8 @@ def load_config(name_or_path: str | os.PathLike) -> ModelConfig:
         raise ValueError(f"--model {path!r}: the directory has no config.json (a transformers model directory "
                          f"holds one; write it with config.save_pretrained)")
     if not os.path.isfile(file):
-        import difflib
-        close = difflib.get_close_matches(key, PRESETS, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(f"--model {key!r} is neither a preset nor a directory with config.json; {hint}"
-                         f"presets: {', '.join(PRESETS)} (hybrid models)")
+        raise ValueError(f"--model {key!r} is neither a preset nor a directory with config.json; "
+                         f"{preset_hint(key, PRESETS)}presets: {', '.join(PRESETS)} (hybrid models)")
     raw = read_config_json(file)
     from huggingface_hub.errors import StrictDataclassError  # transformers' config validation (it imports it)
     from transformers import AutoConfig

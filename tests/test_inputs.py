@@ -257,6 +257,12 @@ CASES = [
     # --- train.py: the --model config.json -----------------------------------------------------------------
     ("model-unknown", "train", ["--model", "no-such-model"], {}, {}, "--model"),
     ("model-near-preset", "train", ["--model", "tiny-gpt3"], {}, {}, "did you mean 'tiny-gpt2'"),
+    ("metrics-file-of-another-run", "train", ["--metrics-file", "run.jsonl"],  # newuser24: appended after it
+     {"run.jsonl": '{"iteration": 20, "lm_loss": 4.28}\n'}, {}, "--metrics-file 'run.jsonl' holds another run's"),
+    ("tensorboard-dir-of-another-run", "train", ["--tensorboard-dir", "tb"],  # newuser24: merged with it
+     {"tb/events.out.tfevents.1796687085.vm.1.0": b"x"}, {}, "--tensorboard-dir 'tb' holds another run's"),
+    ("model-hub-id", "train", ["--model", "meta-llama/Meta-Llama-3-8B"], {}, {}, "hf download"),  # newuser24
+    ("model-size-suffix", "train", ["--model", "gpt2-small"], {}, {}, "did you mean 'gpt2'?"),  # not gpt2-xl
     ("model-dir-no-config", "train", ["--model", "{d}/m"], {"m/readme.txt": "x"}, {}, "config.json"),
     ("config-malformed", "train", ["--model", "{d}/m"], {"m/config.json": "{\"model_type\": "}, {}, "config.json"),
     ("config-not-utf8", "train", ["--model", "{d}/m"], {"m/config.json": b"{\"model_type\": \"\xff\"}"}, {},
@@ -418,6 +424,8 @@ CASES = [
     ("plan-sim-budget-too-small", "plan", ["--model", "tiny-gpt2", "--gpus", "2", "--global-batch-size", "64",
                                            "--seq-length", "32", "--pipeline-model-parallel-size", "2",
                                            "--sim-budget", "10"], {}, {}, "rerun with --sim-budget"),
+    ("plan-model-hub-id", "plan", ["--model", "Qwen/Qwen2-7B", "--gpus", "8", "--global-batch-size", "8"], {}, {},
+     "hf download"),  # newuser24: no --load suggested to a command without it
     ("plan-layers-zero", "plan", ["--num-layers", "0", "--hidden-size", "64", "--num-attention-heads", "4", "--gpus",
                                   "2", "--global-batch-size", "8"], {}, {}, "--num-layers"),
     ("plan-layers-100000", "plan", ["--num-layers", "100000", "--hidden-size", "64", "--num-attention-heads", "4",

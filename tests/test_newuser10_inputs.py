@@ -206,11 +206,15 @@ def test_metrics_file_that_is_not_a_metrics_file_is_refused_and_kept(content, tm
 
 
 def test_metrics_file_of_an_earlier_run_or_empty_is_taken(tmp_path):
+    """An earlier run's file by the run that continues it (round 24: a fresh run is refused there,
+    tests/test_newuser24_metrics.py): here `--save D --load D` before D's first checkpoint."""
     earlier = tmp_path / "run.jsonl"
     earlier.write_text('{"iteration": 1, "lm loss": 5.5}\n{"iteration": 2, "lm loss": 5.4}\n')
     (tmp_path / "empty.jsonl").write_text("")
-    for path in (earlier, tmp_path / "empty.jsonl", tmp_path / "new.jsonl"):
-        assert validate(["--metrics-file", str(path)])[0].metrics.metrics_file == str(path)
+    ck = str(tmp_path / "ck")
+    for path, more in ((earlier, ["--save", ck, "--load", ck]), (tmp_path / "empty.jsonl", []),
+                       (tmp_path / "new.jsonl", [])):
+        assert validate(["--metrics-file", str(path)] + more)[0].metrics.metrics_file == str(path)
 
 
 # --- 9. a --seq-length context parallelism cannot split: the line gives the lengths that work -----------------------

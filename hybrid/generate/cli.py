@@ -10,6 +10,7 @@ built, the model loaded and decoded (decode.py).
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -64,6 +65,37 @@ def _check_layout(args: argparse.Namespace, world: int, cfg) -> Layout:
     return Layout(tp, pp, stages)
 
 
+def check_guessed_bytes(args: argparse.Namespace, cfg, codec, state: dict | None) -> None:
+    """A train.py run that read an indexed dataset (--data-path PREFIX) and recorded no tokenizer (the tokenizer
+    flags are optional there: the ids are in the .bin) left a checkpoint whose ids are the preprocessing
+    tokenizer's; its `hybrid convert` export carries none either. Read as UTF-8 bytes (find_codec's last resort), a
+    --prompt became other tokens and every id >= 256 the model generated was dropped from the text: a blank answer,
+    silently. Refused when the model's vocabulary is larger than bytes' 256 and SRC is a transformers folder (no
+    tokenizer beside it) or a run whose --data-path entry is not a text file here (text and ByteLevel data are
+    bytes)."""
+    if args.prompt is None or not codec.guessed or cfg.vocab_size <= 256:
+        return
+    fix = "give --tokenizer (that tokenizer's folder or tokenizer.json) or --prompt-ids"
+    if state is None:
+        raise ValueError(f"--prompt: SRC carries no tokenizer, and its vocabulary of {cfg.vocab_size} is not UTF-8 "
+                         f"bytes' 256 (a `hybrid convert` of a run that recorded none, or a folder of weights alone); "
+                         f"{fix}")
+    paths = [p for p in state.get("args", {}).get("data_path") or [] if not _is_number(p)]
+    indexed = [p for p in paths if not os.path.isfile(p)]
+    if indexed:
+        raise ValueError(f"--prompt: SRC's run read --data-path {indexed[0]} (token ids of the tokenizer it was "
+                         f"preprocessed with) and recorded no tokenizer, and its vocabulary of {cfg.vocab_size} is "
+                         f"not UTF-8 bytes' 256; {fix}")
+
+
+def _is_number(text) -> bool:
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _validate(args: argparse.Namespace):
     """Every check, before any process group: (world, layout, sampling, codec, prompt, (cfg, folder, state))."""
     if (args.prompt is None) == (args.prompt_ids is None):
@@ -78,6 +110,7 @@ def _validate(args: argparse.Namespace):
     if codec.vocab_size > cfg.vocab_size and not codec.guessed:  # as train.py; --prompt-ids decoded wrong
         raise ValueError(f"tokenizer {codec.source}: vocabulary {codec.vocab_size} exceeds the model's "
                          f"{cfg.vocab_size}; give the tokenizer the model was trained with (--tokenizer)")
+    check_guessed_bytes(args, cfg, codec, state)
     ids = prompt_ids(args, cfg, codec)
     room = cfg.max_position_embeddings - ids.shape[1]  # prompt_ids leaves at least one position
     if args.max_new_tokens > room:  # decode.generate would stop at the context, short of what was asked

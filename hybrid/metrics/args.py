@@ -4,6 +4,7 @@ before any process group."""
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib
 import json
 import os
@@ -93,6 +94,44 @@ def check_appendable(path: str) -> None:
         raise ValueError(f"--metrics-file {path!r} exists and is not a metrics file (its first line is not a JSON "
                          f"record with an \"iteration\"); the run appends to it: give a new file, or the "
                          f"--metrics-file of the run this one resumes")
+
+
+def check_not_another_run(path: str | None, tensorboard_dir: str | None, continues: bool) -> None:
+    """A run that continues no checkpoint starts at iteration 1. Appended to another run's --metrics-file, its records
+    follow that run's, and plot_run (the later record of a repeated iteration wins) draws one curve of two runs: this
+    run's iterations up to its end, the other's after it; beside another run's event files in a --tensorboard-dir,
+    TensorBoard and plot_run merge the two the same way. ValueError naming the output instead. `continues`: the run
+    resumes a checkpoint, or is `--save D --load D` before D's first one (the same command again after a kill: its
+    own files); a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) continues its attempt's files too."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")  # torchrun's; anything else is no restart
+    if continues or (restart.isdigit() and int(restart) > 0):
+        return
+    fix = "and this run resumes no checkpoint: it starts at iteration 1"
+    if path is not None and os.path.isfile(path) and os.path.getsize(path) > 0:
+        last = _last_iteration(path)
+        held = f" (up to iteration {last})" if last is not None else ""
+        raise ValueError(f"--metrics-file {path!r} holds another run's records{held}, {fix} and would append after "
+                         f"them (plot_run.py would draw the two runs as one); give a new file, or --load the "
+                         f"checkpoint of the run that wrote it")
+    if tensorboard_dir is not None and glob.glob(os.path.join(glob.escape(tensorboard_dir), "events.out.tfevents.*")):
+        raise ValueError(f"--tensorboard-dir {tensorboard_dir!r} holds another run's event files, {fix} beside them "
+                         f"(TensorBoard and plot_run.py would draw the two runs as one); give a new folder, or --load "
+                         f"the checkpoint of the run that wrote them")
+
+
+def _last_iteration(path: str, tail: int = 1 << 16) -> int | None:
+    """The "iteration" of the last whole record in the file's last `tail` bytes; None if none reads."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+        lines = f.read().splitlines()
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("iteration"), int):
+            return record["iteration"]
+    return None
 
 
 def check(args: argparse.Namespace, world: int = 1) -> MetricsConfig:

@@ -558,6 +558,8 @@ def run_config(args: argparse.Namespace, world: int) -> RunConfig:
                                             "--tensorboard-dir": ns.tensorboard_dir}, frozenset({"--tensorboard-dir"}))
     metrics = metrics_args.check(ns, world)
     checkpoint = ckpt_args.check(ns)  # a --load naming a checkpoint directory moves to checkpoint.load
+    metrics_args.check_not_another_run(ns.metrics_file, ns.tensorboard_dir, continues=checkpoint.load is not None
+                                       or checkpoint.fresh_start_note is not None)
     cfg = load_config(ns.model)
     check_files(ns, cfg)  # --load readable, outputs writable
     cfg = model_cli.check(ns, cfg)  # dropout flags; --load tensor shapes
