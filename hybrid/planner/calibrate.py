@@ -939,7 +939,7 @@ OPTIMIZER_PROBE_LAYERS = (1, 4)  # GPT-2 stages of 1 and 4 layers: 20 and 68 par
 # at the profile's memory-bound rate first, which on this VM (3.6 GB/s: the layer's GELU / softmax mix) priced the
 # larger stage's bytes above its whole measured step -- fused AdamW streams faster -- and clamped the slope at 0.
 OPTIMIZER_PROBE_WIDTH = 8
-OPTIMIZER_STEPS = 20  # optimizer steps a block
+OPTIMIZER_STEPS = 8  # optimizer steps a block (20 until round 24: on the job's mesh a step is ~20 collectives)
 OPTIMIZER_BLOCKS = 3  # blocks per stage size, the sizes alternated; the median block kept (block_median)
 
 
