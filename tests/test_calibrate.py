@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hybrid.planner import Cluster, Layout, evaluate
-from hybrid.planner.calibrate import (COLLECTIVE_BLOCKS, EDGE_FIELDS, FORMAT, CalibrationConfig, bus_bandwidth,
-                                      calibrate, load_hardware, save_profile)
+from hybrid.planner.calibrate import (COLLECTIVE_BLOCKS, EDGE_FIELDS, FORMAT, OPTIMIZER_PROBE_LAYERS, CalibrationConfig,
+                                      _probe_stage, bus_bandwidth, calibrate, load_hardware, save_profile)
 from hybrid.planner.cli import main as plan_main
 from hybrid.planner.layout import Workload
 from hybrid.planner.model import ActivationProfile, Precision
@@ -56,6 +56,10 @@ def test_calibrate_measures_gloos_cpu_costs_on_pairs_and_the_profile_keeps_them(
     assert len(per_rank) == profile["measured"]["ranks"]
     assert [c for _, _, c in sizes] == [statistics.median(r[i] for r in per_rank) for i in (0, 1)]
     assert hw["optimizer_tensor_cpu_s"] >= 0 and hw["optimizer_step_cpu_s"] >= 0
+    # round 24: on the main job's mesh as far as 2 ranks factor it (tp 2), each size a TP shard of the stage
+    assert profile["measured"]["optimizer_step_mesh"] == {"tp": 2, "pp": 1, "dp": 1}
+    one_rank = [sum(p.numel() for p in _probe_stage(n).parameters()) for n in OPTIMIZER_PROBE_LAYERS]
+    assert all(n < whole for (_, n, _), whole in zip(sizes, one_rank))
     # the 1-token layer at tp 2 and unsharded, per pass: both measured (> 0), the extra field derived from them
     passes = profile["measured"]["tp_pass_forward_backward_cpu_seconds"]
     assert all(t > 0 for k in ("tp2", "tp1") for t in passes[k])

@@ -76,7 +76,10 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   until round 23): the runtime's ZeroOptimizer at train.py's defaults (stage 0, fp32, clip 1.0, fused AdamW) over
   one-token GPT-2 stages of 1 and 4 layers, 8 wide (20 and 68 parameter tensors, next to no bytes): zero_grad + begin_step + finish_backward + step, CPU seconds a
   step; the line through the two sizes, less the planner's own bytes -> `optimizer_tensor_cpu_s` (a tensor) and
-  `optimizer_step_cpu_s` (a step), added to the optimizer term (`fit_optimizer_step`).
+  `optimizer_step_cpu_s` (a step), added to the optimizer term (`fit_optimizer_step`). Since round 24 on the main
+  job's mesh as far as the world factors (`job_mesh_dims`: tp 2 x pp 2 x dp 2 on 8 ranks), each rank its stage's
+  TP shard, timed outside the collectives' waits (`outside_comm_waits`: the pair probe prices those) -- on a
+  one-rank mesh every gradient sync was a no-op and the job's optimizer read ~1.6x its plan.
 
 On a CPU the collectives and the pair probe keep the median of their blocks (`block_median`): with more ranks than
 cores a block is one draw of the OS scheduler, and a stall in one block moves a mean but not the median (round 10:
@@ -102,6 +105,7 @@ import signal
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from unittest import mock
 
@@ -935,54 +939,114 @@ OPTIMIZER_PROBE_LAYERS = (1, 4)  # GPT-2 stages of 1 and 4 layers: 20 and 68 par
 # at the profile's memory-bound rate first, which on this VM (3.6 GB/s: the layer's GELU / softmax mix) priced the
 # larger stage's bytes above its whole measured step -- fused AdamW streams faster -- and clamped the slope at 0.
 OPTIMIZER_PROBE_WIDTH = 8
-OPTIMIZER_STEPS = 20  # optimizer steps a block
+OPTIMIZER_STEPS = 8  # optimizer steps a block (20 until round 24: on the job's mesh a step is ~20 collectives)
 OPTIMIZER_BLOCKS = 3  # blocks per stage size, the sizes alternated; the median block kept (block_median)
 
 
-def _probe_stage(layers: int, width: int = OPTIMIZER_PROBE_WIDTH):
-    """The runtime's GPT-2 (one pipeline stage holding everything) of `layers` layers at `width` (2 heads), one
-    rank."""
+def _probe_stage(layers: int, width: int = OPTIMIZER_PROBE_WIDTH, mesh=None):
+    """The runtime's GPT-2 stage of `layers` layers at `width` (2 heads): on `mesh` (hybrid.mesh.Mesh) this rank's
+    -- its TP shard, the first stage's embedding or the last's head and loss (tied to the first's at pp 2) --
+    else one stage holding everything, one rank."""
     from hybrid.tp import TPContext
+    from models.common import StageLayout
     from models.gpt2 import GPT2
     cfg = dataclasses.replace(layer_config((1, PASS_SHAPE[1], width, 2)), num_layers=layers)
-    return GPT2(cfg, TPContext(Group.solo("tp")))
+    if mesh is None:
+        return GPT2(cfg, TPContext(Group.solo("tp")))
+    return GPT2(cfg, TPContext(mesh.tp), StageLayout(tuple(range(layers)), mesh.is_first_stage, mesh.is_last_stage))
+
+
+def job_mesh_dims(world: int):
+    """The parallel sizes the optimizer probe runs at with `world` ranks: the main job's (README: tp 2 x pp 2 x dp
+    2 on 8 ranks) where the world factors so -- tp 2, pp 2 and the rest data-parallel -- else as much of it as
+    divides (tp 2, dp the rest; one rank: nothing). What finish_backward and step do around their collectives
+    (the TP partial-gradient and tied-embedding syncs, the DP buckets, clipping's norm over every rank) only runs
+    on a mesh of more than one rank."""
+    from hybrid.mesh import ParallelDims
+    tp = 2 if world % 2 == 0 else 1
+    pp = 2 if world % 4 == 0 else 1
+    return ParallelDims.from_world(world, tp=tp, pp=pp)
+
+
+@contextmanager
+def outside_comm_waits(clock=CPU_CLOCK):
+    """A clock of `clock`'s seconds outside the op trail's blocking waits (hybrid/trail.py: a collective's wait is
+    "comm", a pipeline message's "p2p"): what the main job's `--account` books in a phase that calls collectives --
+    the waits (and gloo's CPU in them) go to comm, which the planner prices per call from the pair probe
+    (collective_cpu_s; time.comm_cpu_seconds). Yields the clock; the trail's own switch is restored after."""
+    from hybrid.trail import TRAIL
+    waits = {"s": 0.0, "since": None}
+    switch0 = TRAIL._switch  # the bound method: an attribute of this instance only, deleted below
+
+    def switch(phase: str) -> str:
+        if waits["since"] is not None:
+            waits["s"] += clock() - waits["since"]
+        waits["since"] = clock() if phase in ("comm", "p2p") else None
+        return switch0(phase)
+    TRAIL._switch = switch
+    try:
+        yield lambda: clock() - waits["s"]
+    finally:
+        del TRAIL._switch
+
+
+class _ProbeRunner:
+    """train_step's forward_backward for the optimizer probe: the stage's forward and backward of one micro-batch
+    (a loss on the last stage, else its activation's gradient of ones), its seconds on `clock` summed in `seconds`
+    (the model's: left out of the optimizer's). Returns the loss share as the pipeline executor does (0 off the
+    last stage)."""
+
+    def __init__(self, model, inputs, clock):
+        self.model, self.inputs, self.clock, self.seconds = model, inputs, clock, 0.0
+
+    def forward_backward(self, batches) -> torch.Tensor:
+        t0 = self.clock()
+        out = self.model(*self.inputs)
+        out.backward(None if out.dim() == 0 else torch.ones_like(out))
+        self.seconds += self.clock() - t0
+        return out.detach() if out.dim() == 0 else torch.zeros(())
 
 
 def optimizer_step_cpu(layers: tuple[int, ...] = OPTIMIZER_PROBE_LAYERS, steps: int = OPTIMIZER_STEPS,
-                       blocks: int = OPTIMIZER_BLOCKS, clock=CPU_CLOCK) -> list[tuple[int, int, float]]:
-    """The train step's optimizer work as train_step runs it (hybrid/train_step.py), on this rank: the
-    runtime's ZeroOptimizer at the defaults train.py runs (stage 0, fp32, clip 1.0, torch's fused AdamW) over a
-    one-token GPT-2 stage of each size in `layers` (OPTIMIZER_PROBE_WIDTH wide: next to no bytes), on a one-rank
-    mesh (its collectives are no-ops: their CPU is the pair probe's) -- zero_grad, begin_step, finish_backward (the
-    gradient buckets' bookkeeping), step (master gradients, the clip norm, AdamW, the write-back) timed on `clock`;
-    a forward and backward of one token between (untimed: the model's). Per size: (parameter tensors, parameters,
-    CPU seconds a step), the block_median of `blocks` blocks of `steps` steps, the sizes alternated by block."""
+                       blocks: int = OPTIMIZER_BLOCKS, clock=CPU_CLOCK, dims=None) -> list[tuple[int, int, float]]:
+    """The train step's optimizer work as train.py runs it, on this rank: hybrid.train_step.train_step itself with
+    the runtime's ZeroOptimizer at train.py's defaults (stage 0, fp32, clip 1.0, torch's fused AdamW) behind the
+    default NaN guard (hybrid/fault: its finite check and flag all-reduce before the step) over a one-token GPT-2
+    stage of each size in `layers` (OPTIMIZER_PROBE_WIDTH wide: next to no bytes) -- zero_grad, begin_step,
+    finish_backward (the gradient buckets, the TP partial-gradient and tied-embedding syncs, the DP reductions),
+    the loss's reduction, the guarded step (master gradients, the clip norm and its all-reduce, AdamW, the
+    write-back), timed on `clock` less the stage's forward and backward (_ProbeRunner: the model's) and outside
+    the collectives' waits (outside_comm_waits: their CPU is the pair probe's). `dims` (hybrid.mesh.ParallelDims;
+    collective: every rank at once) runs it on that mesh, as the job: round 24's --account read the main job's
+    optimizer at 29-30 ms of CPU a step (all ranks) against 18-19 planned from a one-rank mesh, where every sync
+    is a no-op; None: one rank. Per size: (parameter tensors, parameters, CPU seconds a step), the block_median
+    of `blocks` blocks of `steps` steps, the sizes alternated by block."""
+    from hybrid.fault.nan_guard import GuardedOptimizer, GuardedRunner, NanGuard
     from hybrid.mesh import Mesh
-    from hybrid.train_step import OptimizerConfig
+    from hybrid.train_step import OptimizerConfig, train_step
     from hybrid.zero.config import ZeroConfig
     from hybrid.zero.engine import ZeroOptimizer
+    mesh = Mesh.single() if dims is None or dims.world == 1 else Mesh.build(dims, torch.device("cpu"))
     runs = []
-    for n in layers:
-        model = _probe_stage(n)
-        ids = torch.zeros(1, PASS_SHAPE[1], dtype=torch.long)
-        opt = ZeroOptimizer(model, Mesh.single(), ZeroConfig(), OptimizerConfig())
-        runs.append((model, ids, opt, []))
+    with outside_comm_waits(clock) as timed:
+        for n in layers:
+            model = _probe_stage(n, mesh=mesh if dims is not None else None)
+            ids = torch.zeros(1, PASS_SHAPE[1], dtype=torch.long)  # a later stage's input: the activation
+            x = ids if model.stage.first else torch.randn(1, PASS_SHAPE[1], OPTIMIZER_PROBE_WIDTH)
+            runner = GuardedRunner(_ProbeRunner(model, (x, ids), timed))
+            opt = GuardedOptimizer(ZeroOptimizer(model, mesh, ZeroConfig(), OptimizerConfig()),
+                                   NanGuard(mesh, model, max_skipped=10), runner)
+            runs.append((model, runner, opt, []))
 
-    def step(model, ids, opt) -> float:
-        t0 = clock()
-        opt.zero_grad(set_to_none=True)
-        opt.begin_step(1)
-        t1 = clock()
-        model(ids, ids).backward()
-        t2 = clock()
-        opt.finish_backward(model)
-        opt.step()
-        return clock() - t2 + t1 - t0
-    for model, ids, opt, _ in runs:
-        step(model, ids, opt)  # warm-up: the optimizer's state is made in its first step
-    for _ in range(blocks):
-        for model, ids, opt, means in runs:
-            means.append(sum(step(model, ids, opt) for _ in range(steps)) / steps)
+        def step(model, runner, opt) -> float:
+            model0, t0 = runner.inner.seconds, timed()
+            train_step(model, [runner.inner.inputs], opt, mesh, runner=runner)  # one micro-batch: begin_step(1)
+            return timed() - t0 - (runner.inner.seconds - model0)
+        for model, runner, opt, _ in runs:
+            step(model, runner, opt)  # warm-up: the optimizer's state is made in its first step
+        for _ in range(blocks):
+            for model, runner, opt, means in runs:
+                means.append(sum(step(model, runner, opt) for _ in range(steps)) / steps)
     return [(len(list(model.parameters())), sum(p.numel() for p in model.parameters()), block_median(means))
             for model, _, _, means in runs]
 
@@ -1142,11 +1206,14 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
             say(f"one {probe.dtype} GPT-2 layer (b, s, h) = {shape[:3]}: forward {f * 1e3:.2f} ms, backward "
                 f"{b * 1e3:.2f} ms ({who})")
     if cfg.backend == "gloo":  # a CPU: the optimizer's work beyond its bytes, every rank at once on its CPU clock
-        out["optimizer_step"] = occupied(lambda: optimizer_step_cpu(clock=clock))
+        dims = job_mesh_dims(world)  # the main job's mesh, as far as the world factors (round 24)
+        out["optimizer_step"] = occupied(lambda: optimizer_step_cpu(clock=clock, dims=dims))
+        out["optimizer_mesh"] = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp}
         if rank == 0:
             say("the optimizer step (ZeroOptimizer, stage 0, fp32) of one-token GPT-2 stages, CPU ms a step: "
                 + ", ".join(f"{k} tensors {c * 1e3:.3f}" for k, _, c in out["optimizer_step"])
-                + f" (rank 0's, {world} ranks at once: the profile fits the median rank's)")
+                + f" (rank 0's on a tp {dims.tp} x pp {dims.pp} x dp {dims.dp} mesh, outside the collectives' waits; "
+                f"{world} ranks at once: the profile fits the median rank's)")
     for op in ("all_reduce", "all_gather") if world > 1 else ():  # one rank: nothing to time
         for size in cfg.sizes:
             seconds, blocks = _collective_seconds(op, size, world, device)
@@ -1287,6 +1354,7 @@ def _glue_record(per_rank: list[dict]) -> dict:
         out["executor_action_cpu_seconds_per_rank"] = execs
     if per_rank[0].get("optimizer_step"):
         out["optimizer_step_tensors_params_cpu_seconds"] = [list(x) for x in optimizer_readings(per_rank)]
+        out["optimizer_step_mesh"] = per_rank[0].get("optimizer_mesh")  # None: a profile before round 24
         out["optimizer_step_cpu_seconds_per_rank"] = [[c for _, _, c in r["optimizer_step"]]
                                                       for r in per_rank if r.get("optimizer_step")]
     return out
