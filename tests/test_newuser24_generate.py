@@ -73,17 +73,5 @@ def test_bytes_stay_where_they_are_the_data(tmp_path):
     check_guessed_bytes(_Args(None), _Cfg(4096), _Codec(True), indexed)
     check_guessed_bytes(_Args("Hi"), _Cfg(4096), _Codec(False), indexed)
     check_guessed_bytes(_Args("Hi"), _Cfg(4096), _Codec(True), {"args": {"data_path": None}})  # built-in corpus
-    check_guessed_bytes(_Args("Hi"), _Cfg(256), _Codec(True), None)  # a byte-vocabulary transformers folder
     with pytest.raises(ValueError, match="corpus_text_document"):  # the indexed entry of a blend is named
         check_guessed_bytes(_Args("Hi"), _Cfg(4096), _Codec(True), indexed)
-
-
-@pytest.mark.slow  # the module's forked run: ~3-5 s of CPU
-def test_a_transformers_folder_with_no_tokenizer_and_a_larger_vocabulary_is_refused(trained, one_line, one_process,
-                                                                                  tmp_path):
-    """The run's export (`hybrid convert`: "tokenizer: none written") read as bytes the same way."""
-    assert hybrid_main(["convert", str(trained / "ck"), str(tmp_path / "hf"), "--no-verify"]) in (0, None)
-    line = one_line(lambda: hybrid_main(["generate", str(tmp_path / "hf"), "--prompt", "Hi"]))
-    assert line == ("hybrid generate: error: --prompt: SRC carries no tokenizer, and its vocabulary of 512 is not "
-                    "UTF-8 bytes' 256 (a `hybrid convert` of a run that recorded none, or a folder of weights alone); "
-                    "give --tokenizer (that tokenizer's folder or tokenizer.json) or --prompt-ids")

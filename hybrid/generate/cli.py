@@ -68,24 +68,18 @@ def _check_layout(args: argparse.Namespace, world: int, cfg) -> Layout:
 def check_guessed_bytes(args: argparse.Namespace, cfg, codec, state: dict | None) -> None:
     """A train.py run that read an indexed dataset (--data-path PREFIX) and recorded no tokenizer (the tokenizer
     flags are optional there: the ids are in the .bin) left a checkpoint whose ids are the preprocessing
-    tokenizer's; its `hybrid convert` export carries none either. Read as UTF-8 bytes (find_codec's last resort), a
-    --prompt became other tokens and every id >= 256 the model generated was dropped from the text: a blank answer,
-    silently. Refused when the model's vocabulary is larger than bytes' 256 and SRC is a transformers folder (no
-    tokenizer beside it) or a run whose --data-path entry is not a text file here (text and ByteLevel data are
-    bytes)."""
-    if args.prompt is None or not codec.guessed or cfg.vocab_size <= 256:
+    tokenizer's. Read as UTF-8 bytes (find_codec's last resort), a --prompt became other tokens and every id >= 256
+    the model generated was dropped from the text: a blank answer, silently. Refused when the model's vocabulary is
+    larger than bytes' 256 and a --data-path entry is not a text file here (text and ByteLevel data are bytes)."""
+    if args.prompt is None or not codec.guessed or state is None or cfg.vocab_size <= 256:
         return
-    fix = "give --tokenizer (that tokenizer's folder or tokenizer.json) or --prompt-ids"
-    if state is None:
-        raise ValueError(f"--prompt: SRC carries no tokenizer, and its vocabulary of {cfg.vocab_size} is not UTF-8 "
-                         f"bytes' 256 (a `hybrid convert` of a run that recorded none, or a folder of weights alone); "
-                         f"{fix}")
     paths = [p for p in state.get("args", {}).get("data_path") or [] if not _is_number(p)]
     indexed = [p for p in paths if not os.path.isfile(p)]
     if indexed:
         raise ValueError(f"--prompt: SRC's run read --data-path {indexed[0]} (token ids of the tokenizer it was "
                          f"preprocessed with) and recorded no tokenizer, and its vocabulary of {cfg.vocab_size} is "
-                         f"not UTF-8 bytes' 256; {fix}")
+                         f"not UTF-8 bytes' 256; give --tokenizer (that tokenizer's folder or tokenizer.json) or "
+                         f"--prompt-ids")
 
 
 def _is_number(text) -> bool:
