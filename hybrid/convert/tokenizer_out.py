@@ -63,17 +63,8 @@ def _is_byte_data(args: dict) -> bool:
         return kind == "ByteLevel"
     if "data_path" not in args:  # not recorded (an older checkpoint): unknown
         return False
-    paths = args["data_path"] or []
-    entries = [p for p in paths if not _is_number(p)]
-    return all(os.path.isfile(p) for p in entries)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
+    from hybrid.data.args import not_text_files
+    return not not_text_files(args["data_path"])
 
 
 def export_tokenizer(dst: str, carried: list[str], state: dict, max_length: int) -> str:

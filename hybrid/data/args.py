@@ -84,6 +84,13 @@ def _number(text: str) -> float | None:
         return None
 
 
+def not_text_files(data_path: list[str] | None) -> list[str]:
+    """The --data-path entries, blend weights skipped, that are no file here: indexed prefixes (PREFIX.bin/.idx, token
+    ids of the tokenizer they were preprocessed with) or files gone. None of them: the run read bytes (text files or
+    the built-in corpus)."""
+    return [p for p in data_path or [] if _number(p) is None and not os.path.isfile(p)]
+
+
 def check(args: argparse.Namespace) -> DataConfig:
     """The flags alone (no file opened): ValueError naming the flag."""
     paths, weights = parse_blend(args.data_path)

@@ -10,7 +10,6 @@ built, the model loaded and decoded (decode.py).
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -73,21 +72,13 @@ def check_guessed_bytes(args: argparse.Namespace, cfg, codec, state: dict | None
     larger than bytes' 256 and a --data-path entry is not a text file here (text and ByteLevel data are bytes)."""
     if args.prompt is None or not codec.guessed or state is None or cfg.vocab_size <= 256:
         return
-    paths = [p for p in state.get("args", {}).get("data_path") or [] if not _is_number(p)]
-    indexed = [p for p in paths if not os.path.isfile(p)]
+    from hybrid.data.args import not_text_files
+    indexed = not_text_files(state.get("args", {}).get("data_path"))
     if indexed:
         raise ValueError(f"--prompt: SRC's run read --data-path {indexed[0]} (token ids of the tokenizer it was "
                          f"preprocessed with) and recorded no tokenizer, and its vocabulary of {cfg.vocab_size} is "
                          f"not UTF-8 bytes' 256; give --tokenizer (that tokenizer's folder or tokenizer.json) or "
                          f"--prompt-ids")
-
-
-def _is_number(text) -> bool:
-    try:
-        float(text)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def _validate(args: argparse.Namespace):
