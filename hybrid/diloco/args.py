@@ -145,10 +145,10 @@ def unsharded_zero_warning(cfg: DiLoCoConfig | None, dims, zero_stage: int) -> t
     """Round 23: ZeRO shards inside a replica (over its dp / R DP ranks x every CP rank), so at one rank a replica
     -- the default, R = dp -- a --zero-stage 1-3 shards nothing, while the start-up `zero: stage 3` line read as if
     it sharded over the DP ranks. Said once at start."""
-    if cfg is None or not zero_stage or (cfg.replicas or dims.dp) == 1:
+    if cfg is None or not zero_stage:
         return ()
     r = cfg.replicas or dims.dp
-    if dims.dp // r * dims.cp > 1:
+    if r == 1 or dims.dp // r * dims.cp > 1:
         return ()
     fits = [n for n in divisors(dims.dp) if 1 < n < r]
     return (f"--zero-stage {zero_stage} with --diloco-inner-steps: ZeRO shards inside each replica, and each of the "
