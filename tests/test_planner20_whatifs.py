@@ -33,8 +33,9 @@ def test_the_17b_pays_it_and_a_row_stating_no_dropout_does_not():
     assert run.name.startswith("Megatron-Core 1.7B")
     with attention_dropout_cost({}):
         before = _error(run)
-    # +28.0 / +27.0 % before round 21's fc1 bias gradient (ops._bias_grad_ops), which moves both 0.9 point
-    assert before == pytest.approx(0.271, abs=0.002) and _error(run) == pytest.approx(0.262, abs=0.002)
+    # +28.0 / +27.0 % before round 21's fc1 bias gradient (ops._bias_grad_ops), which moves both 0.9 point; 0.271 /
+    # 0.262 before round 25's unfused Megatron loss (Workload.megatron_unfused_loss), which moves both 3.1 points
+    assert before == pytest.approx(0.240, abs=0.002) and _error(run) == pytest.approx(0.231, abs=0.002)
     # the flash core's seconds: x 1.034 on the Megatron stack with attention dropout; not on the PyTorch stack,
     # not without it (NeMo 24.07's GPT-3 175B states none: its attention_dropout is 0 too)
     work, cluster, lay = run.workload, Cluster(gpus=48, hw=hardware("h100-80g")), Layout(dp=48, micro_batch=4)

@@ -36,8 +36,10 @@ def test_no_bias_no_reduction_and_eager_not_priced():
 
 
 @pytest.mark.parametrize("name, before, after", [
-    ("Megatron-Core 1.7B, 48 H100, t1 p1 d48", 0.270, 0.262),
-    ("Megatron-Core 7.1B, 96 H100, t2 p1 d48", 0.161, 0.156),
+    # since round 25 with the loss Megatron-core ran (Workload.megatron_unfused_loss; before it 0.270 / 0.262 and
+    # 0.161 / 0.156)
+    ("Megatron-Core 1.7B, 48 H100, t1 p1 d48", 0.239, 0.231),
+    ("Megatron-Core 7.1B, 96 H100, t2 p1 d48", 0.153, 0.148),
 ])
 def test_named_rows_move_by_the_bias_gradients(name, before, after):
     """The two rows the term moves most: round 20's error without it, round 21's with it (0.2-point tolerance:

@@ -283,6 +283,12 @@ class Workload:
             them -- 2 + 2 bytes a logit where torch's cross-entropy on fp32-upcast logits (this runtime,
             torchtitan, transformers) keeps 6 and briefly needs 8 more. Memory only: the head's memory-bound
             time is still torch's. The bf16-flash profile only; the planner only.
+        megatron_unfused_loss: the loss is Megatron-core's unfused `_VocabParallelCrossEntropy`
+            (megatron/core/tensor_parallel/cross_entropy.py, run when `--cross-entropy-loss-fusion` is off, the
+            argparse default): its forward also divides the exponentials in place into the softmax it saves
+            (`exp_logits.div_(sum_exp_logits)`), a sixth pass over the fp32 logits -- e + 36 bytes a logit in six
+            kernels where the FUSED profile's loss prices e + 24 in five (ops.head_ops; round 25, planner25b). FUSED
+            kernels only (the EAGER loss is torch's); the planner only (the API; no flag).
         attention_kernel: which flash-attention kernel times the attention core (hardware.AttentionKernel):
             FLASH2 (FlashAttention-2 / SDPA, the default), FLASH1 (flash-attn 1.x) or TRITON (llm-foundry's
             `attn_impl: triton`, as MosaicML's published MPT runs used: docs/planner/rounds.md "Attention kernels of the
@@ -400,6 +406,7 @@ class Workload:
     overlap_param_gather: bool = True
     overlap_grad_reduce: bool = False
     fused_cross_entropy: bool = False
+    megatron_unfused_loss: bool = False
     attention_kernel: AttentionKernel = AttentionKernel.FLASH2
     cp_ring: RingSchedule | None = None
     kv_repeated: bool = False
@@ -453,6 +460,9 @@ class Workload:
                                         or self.activations is not ActivationProfile.BF16_FLASH):
             raise ValueError("Workload.bf16_cross_entropy models torch's cross-entropy on bf16 logits: use it with "
                              "the bf16-flash profile and without fused_cross_entropy (one loss at a time)")
+        if self.megatron_unfused_loss and (self.fused_cross_entropy or self.bf16_cross_entropy):
+            raise ValueError("Workload.megatron_unfused_loss models Megatron-core's unfused vocab-parallel loss: "
+                             "drop fused_cross_entropy / bf16_cross_entropy (one loss at a time)")
         if self.cp_ring is not None and not isinstance(self.cp_ring, RingSchedule):
             raise ValueError(f"Workload.cp_ring must be a RingSchedule or None, got {self.cp_ring!r}")
         if not isinstance(self.attention_kernel, AttentionKernel):

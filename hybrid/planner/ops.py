@@ -180,16 +180,22 @@ def _core_ops(shard: Shard, s: int, e: int, kernels: KernelProfile) -> list[Op]:
     return ops
 
 
-def head_ops(shard: Shard, sp: bool, e: int, kernels: KernelProfile, gathered: bool = False) -> tuple[Op, ...]:
+def head_ops(shard: Shard, sp: bool, e: int, kernels: KernelProfile, gathered: bool = False,
+             megatron_unfused: bool = False) -> tuple[Op, ...]:
     """The last stage's final norm and the loss over V_p / t logits a token (V_p when `gathered`: the head
     gathers the logits to every TP rank, Workload.gathered_logits), cross-entropy in fp32:
     FUSED (Megatron's vocab-parallel loss): cast, max, subtract, exp, sum forward (e + 24 bytes a logit, five
-    kernels), softmax minus one-hot and the cast back in backward (12 + e, two kernels). EAGER (F.cross_entropy on
-    .float() logits; hybrid's vocab-parallel loss alike): cast and log-softmax forward (e + 16, three kernels),
-    the nll and log-softmax gradients and the cast back (20 + e, four kernels)."""
+    kernels), softmax minus one-hot and the cast back in backward (12 + e, two kernels). `megatron_unfused`
+    (Workload.megatron_unfused_loss; FUSED only): Megatron-core's `_VocabParallelCrossEntropy` as its code runs it,
+    the cast (e + 4), max (4), in-place subtract (8), in-place exp (8), sum (4) and the in-place `div_` that makes
+    the saved softmax (8): e + 36 bytes in six kernels. EAGER (F.cross_entropy on .float() logits; hybrid's
+    vocab-parallel loss alike): cast and log-softmax forward (e + 16, three kernels), the nll and log-softmax
+    gradients and the cast back (20 + e, four kernels)."""
     h_r = shard.cfg.hidden_size / (shard.t if sp else 1)
     logits = shard.vocab if gathered else shard.vocab / shard.t
-    if kernels is KernelProfile.FUSED:
+    if kernels is KernelProfile.FUSED and megatron_unfused:
+        loss = Op("cross-entropy", (e + 36) * logits, (12 + e) * logits, 6, 2)
+    elif kernels is KernelProfile.FUSED:
         loss = Op("cross-entropy", (e + 24) * logits, (12 + e) * logits, 5, 2)
     else:
         loss = Op("cross-entropy", (e + 16) * logits, (20 + e) * logits, 3, 4)

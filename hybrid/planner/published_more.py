@@ -117,7 +117,10 @@ def mcore_weak_runs() -> list[PublishedRun]:
         work = Workload(mcore_model(layers, hidden, heads), global_batch=batch, seq_length=MCORE_SEQ,
                         activations=ActivationProfile.BF16_FLASH, kernels=KernelProfile.FUSED, stack=Stack.MEGATRON,
                         fp32_grads=True,  # --bf16: fp32 main gradients (Megatron's default)
-                        overlap_grad_reduce=True)  # stated: --overlap-grad-reduce --overlap-param-gather
+                        overlap_grad_reduce=True,  # stated: --overlap-grad-reduce --overlap-param-gather
+                        # f2e5db4's argparse leaves --cross-entropy-loss-fusion off and the README states only the
+                        # overlap flags: the unfused vocab-parallel loss with its in-place softmax pass (round 25)
+                        megatron_unfused_loss=True)
         space = SearchSpace(tp=(tp,), pp=(pp,), zero=(ZeroStage.OPTIMIZER,), offload=(Offload.NONE,),
                             sequence_parallel=(tp > 1,), v=None if pp > 1 else (1,))
         runs.append(PublishedRun(f"Megatron-Core {billions}B, {gpus} H100, t{tp} p{pp} d{gpus // (tp * pp)}",

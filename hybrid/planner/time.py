@@ -570,7 +570,8 @@ def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
         bwd = bwd + _ops_pass(ctx, emb, b * s, True) + Pass(launches=hw.tp_embedding_backward_overhead_s if hw else 0.0)
     if last:
         head = (ctx.shard.head_gemm(b, s),)
-        loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile, work.gathered_logits))
+        loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile, work.gathered_logits,
+                                   work.megatron_unfused_loss))
         fwd = fwd + Pass(gemm=ctx.gemm_seconds(head), launches=hw.tp_head_forward_overhead_s if hw else 0.0) \
             + _ops_pass(ctx, loss, b * s, False)
         bwd = bwd + Pass(gemm=ctx.backward_gemm_seconds(head), launches=hw.tp_head_backward_overhead_s if hw else 0.0) \
