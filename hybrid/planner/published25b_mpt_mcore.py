@@ -37,8 +37,9 @@ MCORE_CODE_SOURCE = ("NVIDIA/Megatron-LM f2e5db4: megatron/training/{training.py
 # "bf16 | PURE | FULL_SHARD | activation checkpointing | cpu offload False").
 MPT_40GB_STACK = (
     ("Composer", "0.13.3", "examples/llm/requirements.txt at 9fa3ceb9 (`mosaicml==0.13.3`); the table's precision "
-     "`bf16` is mapped to amp_bf16 up to 0.13.3 (trainer.py: \"'bf16' is deprecated ... Use 'amp_bf16'\") and "
-     "refused from 0.13.4, which llm-foundry's first commit pins"),
+     "`bf16` is mapped to amp_bf16 up to 0.13.5 (trainer.py: \"'bf16' is deprecated ... Use 'amp_bf16'\") and "
+     "refused from 0.14.0 (`Precision('bf16')`); llm-foundry's first setup.py as llm-foundry (300cc5c5) pins "
+     "0.13.4, which still maps it"),
     ("torch", "1.13.1", "requirements.txt and sweep.sh's image mosaicml/pytorch:1.13.1_cu117"),
     ("precision", "bf16 = amp_bf16 (autocast)", "submit_benchmarks.py `parameters['precision'] = precision` ('bf16'); "
      "Composer 0.13.3 maps it to AMP_BF16"),
