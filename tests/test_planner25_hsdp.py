@@ -165,3 +165,18 @@ def test_ibm_rows_that_stated_hsdp_are_planned_so():
         plan = evaluate(run)
         assert plan.plan.layout.dp_shard == 8 and plan.error == pytest.approx(after, abs=0.002)
         assert evaluate(as_full_shard(run)).error == pytest.approx(before, abs=0.002)
+
+
+def test_docs_hold_what_the_module_prints():
+    """docs/planner/round25-hsdp.md holds every line `python -m hybrid.planner.published25_hsdp` prints."""
+    import contextlib
+    import io
+    import os
+    from hybrid.planner import published25_hsdp
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        published25_hsdp.main()
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planner", "round25-hsdp.md")) as f:
+        docs = f.read()
+    missing = [line for line in out.getvalue().splitlines() if line not in docs]
+    assert not missing, missing
