@@ -155,7 +155,8 @@ def test_pipeline_messages_contend_with_zero3_traffic_only_on_the_same_link(monk
 def test_a_layout_whose_dp_traffic_exceeds_its_compute_is_not_best():
     """GPT-2 XL on 16 GPUs in 2 nodes with 0.5 GB/s per NIC: ZeRO 3 at dp 16 moves 3 x 2 Psi bytes x 15/16 per
     micro-batch (Psi: the layers) over 8 NICs a ring (4 GB/s), far more seconds than the micro-batch computes. Its predicted step
-    is at least that traffic, and the search picks something else."""
+    is at least that traffic, and the search picks something else (since round 25 possibly ZeRO 3 as HSDP, whose
+    gathers and reduce-scatters stay inside a node and only the reduced shards cross the slow NICs)."""
     from hybrid.planner import SearchSpace, evaluate, search
     from hybrid.planner.layout import ZeroStage
     from hybrid.planner.predicted_memory import rank_parameters
@@ -170,7 +171,8 @@ def test_a_layout_whose_dp_traffic_exceeds_its_compute_is_not_best():
     assert traffic > plan.time.compute  # the premise: DP traffic exceeds compute
     assert plan.time.total >= traffic
     best = search(work, cluster, SearchSpace(tp=(1,), pp=(1,)), top=1).plans[0]
-    assert best.layout.zero is not ZeroStage.PARAMETERS and best.time.total < plan.time.total
+    full_shard = best.layout.zero is ZeroStage.PARAMETERS and best.layout.dp_replicate == 1
+    assert not full_shard and best.time.total < plan.time.total
 
 
 def test_a_whole_step_runs_more_efficiently_with_a_larger_micro_batch_and_hidden_size():

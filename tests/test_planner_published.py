@@ -103,7 +103,8 @@ DOCUMENTED = {
     'MPT-1b, s 512, 8 H100, FSDP z3, b56 x 4, FP8': ('tp1 pp1 dp8 v1 b56 z3 none', '69022.5', -1.8),
     'OLMo-core 7B, 8 H100, FSDP2 + compile, b2, no AC': ('tp1 pp1 dp8 v1 b2 z3 none', '9514.7', -4.9),
     'OLMo-core 13B, 8 H100, FSDP2 + compile, b1, no AC': ('tp1 pp1 dp8 v1 b1 z3 none', '4949.7', 7.6),
-    'fms-fsdp Llama 2 7B, 96 H100, FSDP, b2, no AC': ('tp1 pp1 dp96 v1 b2 z3 none', '8139.3', 8.5),
+    # round 25: the 7B ran HSDP (fms-fsdp README at 5e522b4; was 'FSDP', ZeRO 3 over 96: 8139.3, +8.5 %)
+    'fms-fsdp Llama 2 7B, 96 H100, HSDP 8 x 12, b2, no AC': ('tp1 pp1 dp96 v1 b2 z3 hsdp8x12 none', '7999.3', 6.7),
     'fms-fsdp CodeLlama-34B shape, 96 H100, FSDP, b2, full AC': ('tp1 pp1 dp96 v1 b2 z3 full', '1552.2', 0.1),
     'fms-fsdp Llama 2 70B, 96 H100, FSDP, b2, full AC': ('tp1 pp1 dp96 v1 b2 z3 full', '788.5', -1.4),
     "float8 blog Llama 3 8B bf16, 128 H100, FSDP2 + compile (batch, AC: planner's)": ('tp1 pp1 dp128 v1 b1 z3 none', '7578.9', -5.3),

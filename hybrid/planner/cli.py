@@ -47,7 +47,7 @@ from hybrid.planner.ops import Fp8Scaling, KernelProfile, Stack
 from hybrid.planner.schedule import SIM_BUDGET
 from hybrid.planner.search import (MAX_MICRO_BATCH, MAX_V, Plan, Rejection, SearchResult, SearchSpace, evaluate,
                                    search, summarize_rejections)
-from hybrid.planner.time import TERMS, FlopsFormula, recompute_stops_early, step_flops
+from hybrid.planner.time import TERMS, FlopsFormula, hsdp_traffic, recompute_stops_early, step_flops
 from hybrid.planner.train_flags import MAX_GLOBAL_BATCH, plan_flags
 from models.config import ARCH_GPT2, ARCH_LLAMA, ModelConfig, load_config
 
@@ -209,6 +209,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pin the chunks per pipeline rank (v)")
     g.add_argument("--micro-batch-size", type=positive_int, metavar="N", help="pin the micro-batch")
     g.add_argument("--zero-stage", type=int, choices=[int(z) for z in ZeroStage], help="pin the ZeRO stage")
+    g.add_argument("--data-parallel-replicate-degree", type=positive_int, metavar="N", default=None,
+                   help="pin HSDP's replicas (torchtitan's --parallelism.data_parallel_replicate_degree; FSDP1's "
+                        "HYBRID_SHARD: the nodes): ZeRO 3 sharded over dp / N ranks, the reduced gradient shards "
+                        "all-reduced over the N replicas; 1: ZeRO 3 over all dp; needs ZeRO 3 (implied). None: 1, "
+                        "and a node-sized shard group tried where the ZeRO stage is searched; the planner only "
+                        "(train.py shards over all dp: --emit-args skips HSDP plans)")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None, help="pin SP")
     g.add_argument("--recompute-granularity", choices=[r.value for r in Recompute], help="pin recomputation")
     g.add_argument("--context-parallel-size", metavar="N[,N...]",
@@ -285,6 +291,7 @@ def run(args: argparse.Namespace) -> None:
     """Search and print; ValueError (shown without a traceback by the caller) when nothing can run."""
     check_outputs(args)
     model = model_from_args(args)
+    check_replicate_degree(args, model)
     work = workload_from_args(args, model)
     space = space_from_args(args)
     formula = FlopsFormula(args.flops_formula)
@@ -525,6 +532,9 @@ def accepted_train_args(work: Workload, plans: list, args: argparse.Namespace) -
 
     reasons = []
     for plan in plans:
+        if plan.layout.dp_replicate > 1:  # the planner only: train.py shards ZeRO 3 over all dp
+            reasons.append(f"{plan.short()}: HSDP (--data-parallel-replicate-degree), which train.py does not run")
+            continue
         flags = train_args(work, plan, args.model)
         world = plan.world if isinstance(plan, context.ContextPlan) else plan.layout.world  # CP: tp pp dp cp
         try:
@@ -670,13 +680,46 @@ def space_from_args(args: argparse.Namespace) -> SearchSpace:
     return SearchSpace(
         tp=one(args.tensor_model_parallel_size), pp=one(args.pipeline_model_parallel_size),
         v=one(args.virtual_pipeline_model_parallel_size), micro_batch=one(args.micro_batch_size),
-        zero=None if args.zero_stage is None else (ZeroStage(args.zero_stage),),
+        zero=_zero_stages(args),
         offload=_offloads(args.offload_optimizer, args.offload_params),
         recompute=None if args.recompute_granularity is None else (Recompute(args.recompute_granularity),),
         sequence_parallel=one(args.sequence_parallel),
         layers_per_chunk=args.num_layers_per_virtual_pipeline_stage,
         max_micro_batch=args.max_micro_batch_size, max_v=args.max_virtual_stages,
-        expert_parallel=one(args.expert_model_parallel_size), moe_imbalance=args.moe_imbalance)
+        expert_parallel=one(args.expert_model_parallel_size), moe_imbalance=args.moe_imbalance,
+        dp_replicate=one(args.data_parallel_replicate_degree))
+
+
+def check_replicate_degree(args: argparse.Namespace, model: ModelConfig) -> None:
+    """--data-parallel-replicate-degree N (HSDP) before the search, one line each: ZeRO 3 only (implied when the stage
+    is not pinned), N dividing the data-parallel ranks --gpus leaves after tp x pp (when pinned), no MoE model, and
+    no --emit-args (train.py runs no HSDP)."""
+    r = args.data_parallel_replicate_degree
+    if r is None or r == 1:
+        return
+    flag = f"--data-parallel-replicate-degree {r}"
+    if args.zero_stage is not None and args.zero_stage != int(ZeroStage.PARAMETERS):
+        raise ValueError(f"{flag} (HSDP) shards ZeRO 3's states inside each replica: give --zero-stage 3 (or drop "
+                         f"--zero-stage), or drop {flag}")
+    if model.num_experts:
+        raise ValueError(f"{flag}: HSDP is not planned for an MoE model; drop it")
+    if args.emit_args:
+        raise ValueError(f"{flag}: train.py shards ZeRO 3 over all the data-parallel ranks (no HSDP), so --emit-args "
+                         f"has no flags for it; drop one of them")
+    tp, pp = args.tensor_model_parallel_size or 1, args.pipeline_model_parallel_size or 1
+    for n in ([args.gpus] if args.gpus else []):
+        dp = n // (tp * pp) if n % (tp * pp) == 0 else 0
+        if dp and (dp % r or dp == r):
+            fits = ", ".join(str(d) for d in divisors(dp)[:-1][:6]) or "1"
+            raise ValueError(f"{flag} must divide the {dp} data-parallel ranks of --gpus {n} (/ tp {tp} x pp {pp}) "
+                             f"and leave a shard group of 2 or more: give one of {fits}")
+
+
+def _zero_stages(args: argparse.Namespace) -> tuple[ZeroStage, ...] | None:
+    """--zero-stage pinned, or ZeRO 3 implied by --data-parallel-replicate-degree N > 1 (HSDP is ZeRO 3)."""
+    if args.zero_stage is not None:
+        return (ZeroStage(args.zero_stage),)
+    return (ZeroStage.PARAMETERS,) if (args.data_parallel_replicate_degree or 1) > 1 else None
 
 
 def _offloads(optimizer: bool | None, params: bool | None) -> tuple[Offload, ...] | None:
@@ -820,7 +863,7 @@ def _device_lines(work: Workload, cluster: Cluster, plan: Plan, baseline: float 
              "attention as GEMMs")
     ceiling = (f" (x {hw.large_gemm_ratio:g} beyond {hw.large_gemm_flops:.3g} FLOPs, past the measured table)"
                if hw.large_gemm_flops is not None else "")  # Hardware.large_gemm_ratio
-    lines = [grads_line(work),
+    lines = [grads_line(work), *hsdp_lines(work, cluster, plan.layout),
              f"  on {hw.name}: GEMMs at up to {hw.compute_efficiency:g} x {hw.peak_tflops:g} TFLOP/s + "
              f"{hw.gemm_overhead_s * 1e6:.3g} us each{ceiling}; {flash}; memory-bound ops at "
              f"{hw.elementwise_bytes_per_s / 1e12:.3g} TB/s + {hw.kernel_overhead_s * 1e6:.3g} us a kernel; "
@@ -832,6 +875,19 @@ def _device_lines(work: Workload, cluster: Cluster, plan: Plan, baseline: float 
         lines.append(f"  + {plan.experts.explain(host=baseline is not None)}")
         lines += ["  " + line for line in moe.why(work, cluster, plan.layout, peak.total, plan.experts, offset)]
     return lines
+
+
+def hsdp_lines(work: Workload, cluster: Cluster, layout) -> list[str]:
+    """--explain's HSDP line (time.hsdp_traffic; none without HSDP): each group's ranks, link and traffic a step."""
+    groups = hsdp_traffic(work, cluster, layout)
+    if groups is None:
+        return []
+    sh, rep = groups["shard"], groups["replicate"]
+    return [f"  HSDP {layout.dp_shard} x {layout.dp_replicate}: ZeRO 3 over shard groups of {sh['ranks']} ({sh['link']}): "
+            f"{sh['calls']} all-gathers / reduce-scatters, {sh['bytes'] / GB:.4g} GB a step, {sh['seconds']:.4g} s "
+            f"on its link; the reduced shards all-reduced over {rep['ranks']} replicas ({rep['link']}, "
+            f"{rep['per_node']} a node): {rep['calls']} calls, {rep['bytes'] / GB:.4g} GB, {rep['seconds']:.4g} s "
+            f"(alone; both run under the passes: dp_in_passes is what they leave exposed)"]
 
 
 def grad_dtype(work: Workload) -> str:
@@ -999,13 +1055,15 @@ def train_args(work: Workload, plan: Plan | context.ContextPlan, model: str | No
     return argv
 
 
-def plan_json(work: Workload, plan: Plan) -> dict:
-    """One plan as plain data (a CP plan's: cp_plan_json)."""
+def plan_json(work: Workload, plan: Plan, cluster: Cluster | None = None) -> dict:
+    """One plan as plain data (a CP plan's: cp_plan_json); with `cluster`, an HSDP plan's "dp_groups"
+    (time.hsdp_traffic: each group's ranks, link, calls, bytes and seconds a step; None otherwise)."""
     lay, t = plan.layout, plan.time
     return {
         "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "v": lay.v, "micro_batch": lay.micro_batch,
                    "zero_stage": int(lay.zero), "offload": lay.offload.value, "recompute": lay.recompute.value,
-                   "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule.value},
+                   "sequence_parallel": lay.sequence_parallel, "schedule": lay.schedule.value,
+                   "dp_replicate": lay.dp_replicate},
         "memory_gb": plan.memory_gb,
         "memory_per_stage_gb": [{"rank": r.rank, "parameters": r.parameters,
                                  "params": r.states.params / GB, "grads": r.states.grads / GB,
@@ -1026,6 +1084,7 @@ def plan_json(work: Workload, plan: Plan) -> dict:
         "grad_dtype": grad_dtype(work),
         "train_args": train_args(work, plan),
         "experts": None if plan.experts is None else asdict(plan.experts),
+        "dp_groups": hsdp_traffic(work, cluster, lay) if cluster is not None else None,
     }
 
 
@@ -1036,7 +1095,7 @@ def cp_plan_json(work: Workload, cluster: Cluster, plan: context.ContextPlan) ->
     -- and under "context_parallel" what CP adds; "time" and memory_per_stage_gb are the reduced plan's (a rank
     at s/c tokens, dp x c: context.reduce)."""
     reduced, _ = context.reduce(work, plan.layout, plan.cp)
-    out = plan_json(reduced, plan.base)
+    out = plan_json(reduced, plan.base, cluster)
     lay, c = plan.layout, plan.cost
     out["layout"] = {**out["layout"], "dp": lay.dp, "context_parallel_size": plan.cp,
                      "cp_comm_type": plan.comm.value if plan.cp > 1 else None}  # cp 1: no exchange
@@ -1056,7 +1115,7 @@ def cp_plan_json(work: Workload, cluster: Cluster, plan: context.ContextPlan) ->
 
 def _json(work: Workload, cluster: Cluster, result: SearchResult, show: int) -> dict:
     return {"gpus": cluster.gpus, "gpu": cluster.hw.name, "global_batch": work.global_batch,
-            "seq_length": work.seq_length, "plans": [plan_json(work, p) for p in result.plans],
+            "seq_length": work.seq_length, "plans": [plan_json(work, p, cluster) for p in result.plans],
             "considered": result.considered, "dominated": result.dominated, "timed": result.timed,
             "rejected": [{"count": n, "example": r.what, "reason": r.reason}
                          for n, r in summarize_rejections(result.rejected, show)]}
@@ -1081,8 +1140,8 @@ def _scan(args: argparse.Namespace, work: Workload, space: SearchSpace, formula:
         result = search(work, cluster, space, top=1, formula=formula, budget=args.sim_budget)
         rows.append((n, result))
     if args.json:
-        print(json.dumps([{"gpus": n, "best": plan_json(work, r.plans[0]) if r.plans else None,
-                           "rejected": [str(x) for _, x in summarize_rejections(r.rejected, 3)]}
+        print(json.dumps([{"gpus": n, "best": plan_json(work, r.plans[0], cluster_from_args(args, n)) if r.plans
+                           else None, "rejected": [str(x) for _, x in summarize_rejections(r.rejected, 3)]}
                           for n, r in rows], indent=2))
         return
     width = _width([r.plans[0] for _, r in rows if r.plans])

@@ -159,6 +159,16 @@ class Layout:
             (`--pipeline-schedule zbh1`); with v = 2 ZBV (`--pipeline-schedule zbv`): two chunks a rank placed in
             a V, rank r holding stages r and 2 pp - 1 - r (`Placement.V`), so rank 0 holds the embedding and the
             LM head.
+        dp_replicate: hybrid-sharded data parallelism (HSDP) at ZeRO 3: the dp ranks form dp_replicate replicas of
+            dp_shard = dp / dp_replicate ranks each; ZeRO 3 runs inside a shard group (its states sharded over
+            dp_shard ranks, its all-gathers and reduce-scatters over them) and each reduced gradient shard is
+            all-reduced over the dp_replicate ranks holding the same shard (FSDP1's HYBRID_SHARD: a shard group
+            is a node's GPUs, torch/distributed/fsdp/_init_utils.py `_init_intra_and_inter_node_groups`, the
+            all-reduce on its own stream after each reduce-scatter, _runtime_utils.py `_reduce_grad`; torchtitan's
+            `--parallelism.data_parallel_replicate_degree`, FSDP2 on a 2-D mesh). A shard group is dp_shard
+            consecutive DP ranks (t apart), a replica group dp_replicate ranks t dp_shard apart
+            (`shard_placement`, `replicate_placement`). 1: ZeRO over all dp ranks. The planner only: train.py
+            shards over all of them.
     """
 
     tp: int = 1
@@ -171,11 +181,13 @@ class Layout:
     recompute: Recompute = Recompute.NONE
     sequence_parallel: bool = False
     zero_bubble: bool = False
+    dp_replicate: int = 1
 
     def __post_init__(self) -> None:
         for flag, value in (("--tensor-model-parallel-size", self.tp), ("--pipeline-model-parallel-size", self.pp),
                             ("data-parallel size", self.dp), ("virtual pipeline size v", self.v),
-                            ("--micro-batch-size", self.micro_batch)):
+                            ("--micro-batch-size", self.micro_batch),
+                            ("--data-parallel-replicate-degree", self.dp_replicate)):
             check_number(flag, value, 1, integer=True)
         if not isinstance(self.zero, ZeroStage):
             object.__setattr__(self, "zero", ZeroStage(self.zero))
@@ -188,6 +200,11 @@ class Layout:
     @property
     def world(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def dp_shard(self) -> int:
+        """The ranks ZeRO shards the states over: dp, or under HSDP a shard group's dp / dp_replicate."""
+        return self.dp // self.dp_replicate
 
     @property
     def schedule(self) -> ScheduleKind:
@@ -210,6 +227,8 @@ class Layout:
         """Compact one-line description, e.g. 'tp8 pp2 dp32 v1 b1 z1 sp full'."""
         bits = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"v{self.v}", f"b{self.micro_batch}",
                 f"z{int(self.zero)}"]
+        if self.dp_replicate > 1:  # HSDP: shard group x replicas
+            bits.append(f"hsdp{self.dp_shard}x{self.dp_replicate}")
         if self.offload is not Offload.NONE:
             bits.append(f"off:{self.offload.value}")
         if self.sequence_parallel:
@@ -604,6 +623,9 @@ def layout_problems(work: Workload, cluster: Cluster, layout: Layout) -> list[st
     out += pp_problems(cfg, p, v, work.pipeline_split)
     out += _batch_problems(work, layout)
     out += _switch_problems(layout)
+    if layout.dp_replicate > 1 and cfg.num_experts:
+        out.append(f"--data-parallel-replicate-degree {layout.dp_replicate}: HSDP is not planned for an MoE model "
+                   f"(its expert groups are priced over the whole DP group); give 1")
     return out
 
 
@@ -661,7 +683,22 @@ def _switch_problems(layout: Layout) -> list[str]:
         out.append("optimizer offload needs ZeRO >= 1 (the CPU updates this rank's partition)")
     if layout.offload is Offload.OPTIMIZER_AND_PARAMS and layout.zero is not ZeroStage.PARAMETERS:
         out.append("parameter offload needs ZeRO 3")
-    return out
+    return out + hsdp_problems(layout)
+
+
+def hsdp_problems(layout: Layout) -> list[str]:
+    """Why layout.dp_replicate cannot split its DP ranks (empty when it can, or at 1): HSDP is ZeRO 3 inside a
+    shard group, so it needs ZeRO 3, replicas dividing dp, and a shard group of at least 2 ranks (1 is ZeRO 0)."""
+    r, d = layout.dp_replicate, layout.dp
+    if r == 1:
+        return []
+    if layout.zero is not ZeroStage.PARAMETERS:
+        return [f"--data-parallel-replicate-degree {r} (HSDP) shards ZeRO 3's states inside each replica: it needs "
+                f"--zero-stage 3, not {int(layout.zero)}"]
+    if d % r or d == r:
+        return [f"--data-parallel-replicate-degree {r} must divide the data-parallel size {d} and leave a shard "
+                f"group of 2 or more ranks (e.g. {d // 2 if d % 2 == 0 and d > 2 else 1}; 1: shard over all)"]
+    return []
 
 
 def check_layout(work: Workload, cluster: Cluster, layout: Layout) -> None:
@@ -686,6 +723,26 @@ def dp_placement(cluster: Cluster, layout: Layout) -> GroupPlacement:
     if g % block == 0:
         return GroupPlacement(size=d, per_node=d)
     return GroupPlacement(size=d, per_node=max(1, math.gcd(block, g) // t))
+
+
+def shard_placement(cluster: Cluster, layout: Layout) -> GroupPlacement:
+    """The ZeRO shard group: all the DP group (dp_placement), or under HSDP dp_shard consecutive DP ranks, t apart
+    in a block of t dp_shard ranks: a node's GPUs when t dp_shard is the node size (FSDP1's HYBRID_SHARD)."""
+    if layout.dp_replicate == 1:
+        return dp_placement(cluster, layout)
+    t, s, g = layout.tp, layout.dp_shard, cluster.hw.gpus_per_node
+    if g % (t * s) == 0:
+        return GroupPlacement(size=s, per_node=s)
+    return GroupPlacement(size=s, per_node=max(1, math.gcd(t * s, g) // t))
+
+
+def replicate_placement(cluster: Cluster, layout: Layout) -> GroupPlacement:
+    """HSDP's replica group: the dp_replicate ranks holding the same shard, t dp_shard apart (one a node when a
+    shard group fills a node); a group of one without HSDP."""
+    r, stride, g = layout.dp_replicate, layout.tp * layout.dp_shard, cluster.hw.gpus_per_node
+    if r == 1:
+        return GroupPlacement(size=1, per_node=1)
+    return GroupPlacement(size=r, per_node=max(1, min(r, g // stride)) if g % stride == 0 else 1)
 
 
 def pipeline_crosses_nodes(cluster: Cluster, layout: Layout) -> bool:

@@ -217,9 +217,22 @@ def dp_microbatch_ledger(psi: float, zero: ZeroStage, dp: int, grad_bytes: int =
     return {"forward": fwd.ledger(), "backward": bwd.ledger()}
 
 
-def _bucketed(book: _Book, op: Collective, size: float) -> None:
+def hsdp_replicate_ledger(psi: float, shard: int, replicate: int, grad_bytes: int = 2) -> Ledger:
+    """HSDP's replica traffic inside one micro-batch's backward for `psi` parameters (Layout.dp_replicate): each
+    reduce-scatter over the `shard` ranks of a shard group leaves a rank grad_bytes x psi / shard reduced bytes,
+    which it all-reduces over the `replicate` ranks holding the same shard (FSDP1's `_reduce_grad`: all_reduce of
+    the new sharded gradient over `_inter_node_pg`; FSDP2's HSDP likewise), bucketed as the shard group's traffic:
+
+        all_reduce@dp_replicate: grad_bytes psi / shard bytes     (nothing at replicate 1)"""
+    book = _Book()
+    if replicate > 1:
+        _bucketed(book, Collective.ALL_REDUCE, grad_bytes * psi / shard, "dp_replicate")
+    return book.ledger()
+
+
+def _bucketed(book: _Book, op: Collective, size: float, group: str = "dp") -> None:
     calls = max(1, math.ceil(size / BUCKET_BYTES))
-    book.add(op, "dp", size / calls, calls)
+    book.add(op, group, size / calls, calls)
 
 
 @dataclass(frozen=True)
@@ -280,8 +293,10 @@ def zero_units(work: Workload, layout: Layout, pp_rank: int, bucket_bytes: int =
 
 
 def zero_ledger(units: list[ZeroUnit], zero: ZeroStage, dp: int, t: int, m: int, grad_bytes: int,
-                param_bytes: int) -> Ledger:
-    """DP (and TP partial-gradient) collectives of one step over `units` (see the module docstring)."""
+                param_bytes: int, replicate: int = 1) -> Ledger:
+    """DP (and TP partial-gradient) collectives of one step over `units` (see the module docstring); `dp` the
+    ranks ZeRO shards over (Layout.dp_shard). HSDP (`replicate` > 1, ZeRO 3): after each reduce-scatter the
+    rank's reduced shard, padded / dp x grad_bytes, is all-reduced over the replicas (all_reduce@dp_replicate)."""
     book = _Book()
     parts = dp if zero >= ZeroStage.OPTIMIZER else 1
     for u in units:
@@ -292,6 +307,8 @@ def zero_ledger(units: list[ZeroUnit], zero: ZeroStage, dp: int, t: int, m: int,
                 book.add(Collective.ALL_REDUCE, "dp", u.numel * grad_bytes)
             else:
                 book.add(Collective.REDUCE_SCATTER, "dp", padded * grad_bytes, reductions)
+                if replicate > 1:
+                    book.add(Collective.ALL_REDUCE, "dp_replicate", padded // dp * grad_bytes, reductions)
             if zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
                 book.add(Collective.ALL_GATHER, "dp", padded * param_bytes)
             if zero is ZeroStage.PARAMETERS:  # forward and backward, a lookup's forward only
@@ -342,8 +359,8 @@ def step_ledger(work: Workload, layout: Layout, pp_rank: int) -> Ledger:
             pipe.add(Message.SEND, "pp", message, m * hops)
             pipe.add(Message.RECV, "pp", message, m * hops)
     units = zero_units(work, layout, pp_rank)
-    per_step = [pipe.ledger(), zero_ledger(units, layout.zero, layout.dp, layout.tp, m, work.grad_bytes,
-                                           work.param_gather_bytes)]
+    per_step = [pipe.ledger(), zero_ledger(units, layout.zero, layout.dp_shard, layout.tp, m, work.grad_bytes,
+                                           work.param_gather_bytes, layout.dp_replicate)]
     if cfg.tie_embeddings and pp > 1 and layout.stage_rank(last_stage) != 0 and pp_rank in (0, pp - 1):
         tied = _Book()
         tied.add(Collective.ALL_REDUCE, "embedding", shard.vocab // shard.t * cfg.hidden_size * work.grad_bytes)

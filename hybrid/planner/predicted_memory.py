@@ -174,7 +174,7 @@ def grads_unsharded(work: Workload, layout: Layout) -> bool:
 
 def _states_unit(work: Workload, layout: Layout) -> ModelStates:
     """The model states of one parameter of a rank of `layout` (states are linear in Psi)."""
-    return model_states(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads,
+    return model_states(1.0, layout.zero, layout.dp_shard, layout.offload, work.precision, work.fp32_grads,
                         work.optimizer_bytes, grads_unsharded(work, layout))
 
 
@@ -293,7 +293,7 @@ def peak_memory(work: Workload, cluster: Cluster, layout: Layout) -> tuple[int, 
     the search's fast path. Equal to plan_memory's peak (states are linear in Psi)."""
     _, psis, acts, bufs, extra = _rank_parts(work, layout)
     unit = _states_unit(work, layout)
-    step = step_transient_bytes(1.0, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads)
+    step = step_transient_bytes(1.0, layout.zero, layout.dp_shard, layout.offload, work.precision, work.fp32_grads)
     device = unit.device  # (a property: read once, not twice a rank)
     totals = [psi * device + max(act + buf + more, step * psi) + FRAGMENTATION * (psi * device + act + buf)
               + WORKSPACE_BYTES for psi, act, buf, more in zip(psis, acts, bufs, extra)]
@@ -407,11 +407,11 @@ def _zero3_buffers(work: Workload, layout: Layout) -> tuple[float, ...]:
 
 def _rank_memory(work: Workload, layout: Layout, r: int, psi: float, activations: float,
                  buffers: float, backward_transient: float) -> RankMemory:
-    states = model_states(psi, layout.zero, layout.dp, layout.offload, work.precision, work.fp32_grads,
-                          work.optimizer_bytes, grads_unsharded(work, layout))
+    states = model_states(psi, layout.zero, layout.dp_shard, layout.offload, work.precision, work.fp32_grads,
+                          work.optimizer_bytes, grads_unsharded(work, layout))  # HSDP: over a shard group
     workspace = WORKSPACE_BYTES + FRAGMENTATION * (states.device + activations + buffers)
     return RankMemory(rank=r, parameters=psi, states=states, activations=activations, buffers=buffers,
-                      workspace=workspace, step_transient=step_transient_bytes(psi, layout.zero, layout.dp,
+                      workspace=workspace, step_transient=step_transient_bytes(psi, layout.zero, layout.dp_shard,
                                                                                layout.offload, work.precision,
                                                                                work.fp32_grads),
                       backward_transient=backward_transient)

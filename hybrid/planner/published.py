@@ -580,7 +580,8 @@ def heldout_h100_runs() -> list[PublishedRun]:
         (_fsdp("torchtitan Llama 3.1 405B, 128 H100 94GB, FSDP 16 x TP 8, b2, full (2024)", TORCHTITAN_2024_SOURCE,
                (126, 16384, 128, 8, 53248, 128256), 8192, 128, 32, 2, full, eager, gpu="h100-96g-500w", tp=8,
                sp_copies=True), 109)]
-    return [replace(run, published=float(published)) for run, published in rows]
+    from hybrid.planner.published25_hsdp import as_run  # fms-fsdp's 7B ran HSDP (round 25)
+    return [as_run(replace(run, published=float(published))) for run, published in rows]
 
 
 def _plan_on(run: PublishedRun, hw) -> Plan:

@@ -187,14 +187,16 @@ FMS_FSDP_A100_GPUS = 128
 
 
 def fms_fsdp_a100_runs() -> list[PublishedRun]:
-    """fms-fsdp's four A100 rows, planned as published.heldout_h100_runs plans its H100 rows."""
+    """fms-fsdp's four A100 rows, planned as published.heldout_h100_runs plans its H100 rows; the two the README
+    states HSDP (7B, 13B) as HSDP over node-sized shard groups (round 25: published25_hsdp.as_run)."""
+    from hybrid.planner.published25_hsdp import as_run
     runs = []
     for name, shape, mb, ac, tokens in FMS_FSDP_A100_ROWS:
         recompute = Recompute.FULL if ac else Recompute.NONE
         run = _fsdp(f"fms-fsdp {name}, {FMS_FSDP_A100_GPUS} A100, FSDP, b{mb}, {'full AC' if ac else 'no AC'}",
                     FMS_FSDP_A100_SOURCE, shape, 4096, FMS_FSDP_A100_GPUS, mb * FMS_FSDP_A100_GPUS, mb, recompute,
                     KernelProfile.EAGER, gpu="a100-80g")
-        runs.append(replace(run, published=float(tokens)))
+        runs.append(as_run(replace(run, published=float(tokens))))  # the 7B / 13B ran HSDP (round 25)
     return runs
 
 

@@ -75,8 +75,10 @@ def kempner_70b_table() -> str:
 
 
 def ibm_rows() -> list[PublishedRun]:
-    """IBM's seven fms-fsdp rows: the README's four on 128 A100, the post's three on 96 H100."""
-    return fms_fsdp_a100_runs() + [r for r in heldout_h100_runs() if r.name.startswith("fms-fsdp")]
+    """IBM's seven fms-fsdp rows: the README's four on 128 A100, the post's three on 96 H100, as round 24 planned
+    them (ZeRO 3 over all the GPUs; round 25 plans the three that ran HSDP as HSDP: published25_hsdp)."""
+    from hybrid.planner.published25_hsdp import as_full_shard
+    return [as_full_shard(r) for r in fms_fsdp_a100_runs() + heldout_h100_runs() if r.name.startswith("fms-fsdp")]
 
 
 def stated_link(run: PublishedRun) -> float:

@@ -59,6 +59,10 @@ class SearchSpace:
         expert_tensor_parallel: an MoE model's expert-TP sizes to try (`--expert-tensor-parallel-size`); None: every
             size the layout allows.
         moe_imbalance: an MoE model's load imbalance lambda, max / mean tokens per expert (`--moe-imbalance`).
+        dp_replicate: HSDP's replica counts to try at ZeRO 3 (Layout.dp_replicate, `--data-parallel-replicate-
+            degree`); None: 1 (ZeRO 3 over all the DP ranks), and where the ZeRO stage is searched (`zero` None
+            or more than one stage) also the replicas of a node-sized shard group (`hsdp_replicas`). A pinned
+            `--zero-stage 3` alone is FSDP's full sharding (the published FSDP rows pin it so).
     """
 
     tp: tuple[int, ...] | None = None
@@ -76,6 +80,7 @@ class SearchSpace:
     expert_parallel: tuple[int, ...] | None = None
     expert_tensor_parallel: tuple[int, ...] | None = None
     moe_imbalance: float = moe.IMBALANCE
+    dp_replicate: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -367,7 +372,30 @@ def _sizes_for(work: Workload, cluster: Cluster, space: SearchSpace, tp: int, pp
     for v, b, sp, zero in itertools.product(vs, bs, sps, zeros):
         if v > 1 and (per_replica // b) % pp and not pinned_v:
             continue  # interleaving needs m to be a multiple of pp: not a layout, unless asked for
-        yield Layout(tp=tp, pp=pp, dp=dp, v=v, micro_batch=b, zero=zero, sequence_parallel=sp)
+        for r in _replicas(space, cluster, tp, dp, zero):
+            yield Layout(tp=tp, pp=pp, dp=dp, v=v, micro_batch=b, zero=zero, sequence_parallel=sp, dp_replicate=r)
+
+
+def hsdp_replicas(cluster: Cluster, tp: int, dp: int) -> int | None:
+    """The replica count of HSDP with a node-sized shard group -- gpus_per_node / tp DP ranks, FSDP1's
+    HYBRID_SHARD default (a node's GPUs) -- when that splits dp into 2 or more groups of 2 or more; else None."""
+    g = cluster.hw.gpus_per_node
+    if g % tp:
+        return None
+    shard = g // tp
+    return dp // shard if 1 < shard < dp and dp % shard == 0 else None
+
+
+def _replicas(space: SearchSpace, cluster: Cluster, tp: int, dp: int, zero: ZeroStage) -> tuple[int, ...]:
+    """HSDP replica counts to try for one ZeRO stage (SearchSpace.dp_replicate): 1 below ZeRO 3; at ZeRO 3 the
+    pinned ones, else 1 and, where the ZeRO stage is searched, the node-sized shard group's."""
+    if zero is not ZeroStage.PARAMETERS:
+        return (1,)
+    if space.dp_replicate is not None:
+        return space.dp_replicate
+    node = hsdp_replicas(cluster, tp, dp)
+    searched = space.zero is None or len(space.zero) > 1
+    return (1, node) if searched and node is not None else (1,)
 
 
 def _fitting_variants(work: Workload, cluster: Cluster, space: SearchSpace, base: Layout,

@@ -554,6 +554,8 @@ def predict(work: Workload, cluster: Cluster, layouts: list[Layout], methods: li
     fewer bytes can win. The first method must be synchronous (the speed-ups are over it)."""
     if not methods or methods[0].method is not Method.SYNC:
         raise ValueError("slowlink.predict: the first method must be synchronous (the speed-ups are over it)")
+    # an HSDP plan (Layout.dp_replicate) is priced as its ZeRO-over-all twin: these methods replace the DP sync
+    layouts = list(dict.fromkeys(replace(layout, dp_replicate=1) for layout in layouts))
     layouts = [layout for layout in layouts if layout.dp % SITES == 0] or layouts[:1]
     check_layout(layouts[0])  # none splits over the sites: say so
     rows: list[MethodRow] = []

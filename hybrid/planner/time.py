@@ -79,9 +79,11 @@ from hybrid.pipeline import Placement
 from hybrid.planner.hardware import (ATTENTION_DROPOUT_COST, GB, Collective, Gemm, GroupPlacement, Hardware,
                                      collective_seconds, p2p_seconds, sync_wait_seconds, wire_bytes)
 from hybrid.planner.layout import (Cluster, Layout, Offload, PipelineP2P, Recompute, Workload, Zero3Runtime, ZeroStage,
-                                   dp_placement, pipeline_crosses_nodes, rank_stages, stage_layers, tp_placement)
-from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger, ledger_seconds,
-                                   partial_grad_ledger, step_ledger, tp_ledger)
+                                   pipeline_crosses_nodes, rank_stages, replicate_placement, shard_placement,
+                                   stage_layers, tp_placement)
+from hybrid.planner.predicted_comm import (BUCKET_BYTES, Ledger, dp_microbatch_ledger, dp_step_ledger,
+                                           hsdp_replicate_ledger, ledger_seconds, partial_grad_ledger, step_ledger,
+                                           tp_ledger)
 from hybrid.planner.predicted_memory import rank_parameters
 from hybrid.planner.model import ActivationProfile, Precision, Shard
 from hybrid.planner.ops import KernelProfile, Traffic, embedding_ops, fp8_casts, head_ops, layer_ops
@@ -217,13 +219,17 @@ class _Context:
     layout: Layout
     shard: Shard
     tp_group: GroupPlacement
-    dp_group: GroupPlacement
+    dp_group: GroupPlacement  # the ranks ZeRO shards over: the DP group, or HSDP's shard group
+    replicate_group: GroupPlacement = GroupPlacement(size=1, per_node=1)  # HSDP's replicas (size 1: none)
 
     def tp_seconds(self, ledger: Ledger) -> float:
         return ledger_seconds(ledger, self.cluster.hw, self.tp_group)
 
     def dp_seconds(self, ledger: Ledger) -> float:
         return ledger_seconds(ledger, self.cluster.hw, self.dp_group)
+
+    def replicate_seconds(self, ledger: Ledger) -> float:
+        return ledger_seconds(ledger, self.cluster.hw, self.replicate_group)
 
     def gemm_seconds(self, gemms: tuple[Gemm, ...], fp8: bool = False) -> float:
         """Forward seconds of `gemms` on the GEMM curve (roofline + fixed cost, in the activation dtype; at the
@@ -273,7 +279,8 @@ def _context(work: Workload, cluster: Cluster, layout: Layout) -> _Context:
     cluster = replace(cluster, hw=work.device(cluster.hw, layout))
     return _Context(work=work, cluster=cluster, layout=layout,
                     shard=work.shard(layout.tp),
-                    tp_group=tp_placement(cluster, layout), dp_group=dp_placement(cluster, layout))
+                    tp_group=tp_placement(cluster, layout), dp_group=shard_placement(cluster, layout),
+                    replicate_group=replicate_placement(cluster, layout))
 
 
 FLASH_BACKWARD = 2.5  # flash attention's backward runs five s x s products to the forward's two (Dao et al.)
@@ -579,19 +586,24 @@ def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
     return _Cost(fwd, bwd, *_tp_cost(ctx, 0, first, last, fwd, bwd))
 
 
-def _chunk_dp_overlap(ctx: _Context, chunk_params: float) -> tuple[float, float, float]:
-    """Per-micro-batch (forward, backward) seconds of ZeRO 2/3 collectives and parameter fetches of one chunk,
-    and the collectives' share of them; they run under the chunk's compute (prefetching), so the chunk takes the
-    longer of the two. A fetch over PCIe runs on the copy engines and takes no SM (no overlap cost)."""
+def _chunk_dp_overlap(ctx: _Context, chunk_params: float) -> tuple[float, float, float, float]:
+    """Per-micro-batch (forward, backward) seconds of ZeRO 2/3 collectives and parameter fetches of one chunk on
+    the shard group's link, the collectives' share of all its DP seconds, and the backward's seconds on HSDP's
+    replica link (the reduced shards' all-reduce, hsdp_replicate_ledger; 0 without HSDP); they run under the
+    chunk's compute (prefetching), so the chunk takes the longer of the two. A fetch over PCIe runs on the copy
+    engines and takes no SM (no overlap cost)."""
     lay, hw = ctx.layout, ctx.cluster.hw
     pr = ctx.work.precision
-    book = dp_microbatch_ledger(chunk_params, lay.zero, lay.dp, ctx.work.grad_bytes, pr.param_bytes)
+    book = dp_microbatch_ledger(chunk_params, lay.zero, lay.dp_shard, ctx.work.grad_bytes, pr.param_bytes)
     fwd, bwd = ctx.dp_seconds(book["forward"]), ctx.dp_seconds(book["backward"])
-    collectives = fwd + bwd
+    replica = ctx.replicate_seconds(hsdp_replicate_ledger(chunk_params, lay.dp_shard, lay.dp_replicate,
+                                                          ctx.work.grad_bytes))
+    collectives = fwd + bwd + replica
     if lay.offload is Offload.OPTIMIZER_AND_PARAMS:  # this rank's parameter partition over PCIe, each way
-        fetch = pr.param_bytes * chunk_params / lay.dp / (hw.pcie_gbps * GB)
+        fetch = pr.param_bytes * chunk_params / lay.dp_shard / (hw.pcie_gbps * GB)
         fwd, bwd = fwd + fetch, bwd + fetch
-    return fwd, bwd, collectives / (fwd + bwd) if fwd + bwd > 0 else 0.0
+    total = fwd + bwd + replica
+    return fwd, bwd, collectives / total if total > 0 else 0.0, replica
 
 
 @dataclass(frozen=True)
@@ -610,7 +622,7 @@ class _StageCost:
 
 
 def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bool,
-                pp_link: float = 0.0, cost: float = 0.0) -> tuple[float, float]:
+                pp_link: float = 0.0, cost: float = 0.0, replica: float = 0.0) -> tuple[float, float]:
     """(seconds, hidden DP seconds) of one pass of a stage whose `layers` layers compute for `compute` seconds,
     spend `tp` in synchronous TP collectives and move `dp` seconds of ZeRO 2/3 traffic (or parameter fetches).
 
@@ -626,14 +638,22 @@ def _overlapped(compute: float, tp: float, dp: float, layers: int, contended: bo
     collectives): cost = 1 - 1/sigma, 0 when overlap is free.
     `pp_link`: seconds of this pass's outgoing pipeline message when it leaves on the DP ring's link (both on
     NVLink, or both on the NICs): the link carries it too, so it takes from the window the DP traffic runs in.
-    The message's own transfer stays where the pipeline simulation places it."""
-    if dp <= 0:
+    The message's own transfer stays where the pipeline simulation places it.
+    `replica`: HSDP's replica all-reduce seconds in this pass (another link: the NICs where the shard group's
+    traffic is on NVLink), on a stream of its own (FSDP1's `_all_reduce_stream`), so the two links run at once:
+    the last layer's reduce-scatter and then its all-reduce are exposed, one layer's share of both, (dp +
+    replica) / layers; the rest needs the busier link's time, max(dp, replica) (1 - 1/layers); every hidden
+    collective second costs the compute under it (cost x (dp + replica)(1 - 1/layers)). At replica 0 this is
+    the formula above."""
+    if dp <= 0 and replica <= 0:
         return compute + tp, 0.0
-    exposed = dp / max(1, layers)
-    rest = dp - exposed
+    both, busier = dp + replica, max(dp, replica)
+    exposed = both / max(1, layers)
+    rest = busier - busier / max(1, layers)  # the busier link's time to move the rest
+    slowed = cost * (both - exposed)  # every hidden collective second slows the compute under it
     if contended:
-        return exposed + tp + max(compute + cost * rest, rest + pp_link), min(compute, rest)
-    return exposed + max(compute + tp + cost * rest, rest + pp_link), min(compute + tp, rest)
+        return exposed + tp + max(compute + slowed, rest + pp_link), min(compute, rest)
+    return exposed + max(compute + tp + slowed, rest + pp_link), min(compute + tp, rest)
 
 
 def _grad_accumulation(ctx: _Context, params: float) -> Pass:
@@ -650,7 +670,7 @@ def _grad_accumulation(ctx: _Context, params: float) -> Pass:
     if ctx.work.fused_grad_accumulation:
         return Pass()
     m = ctx.work.num_microbatches(ctx.layout)
-    share = 1.0 / ctx.layout.dp if ctx.layout.zero >= ZeroStage.GRADIENTS else 1.0
+    share = 1.0 / ctx.layout.dp_shard if ctx.layout.zero >= ZeroStage.GRADIENTS else 1.0
     per_param = ctx.work.precision.param_bytes + 2 * ctx.work.grad_bytes
     nbytes = per_param * params * share * (m - 1) / m
     return Pass(memory=nbytes / ctx.cluster.hw.streaming_bytes_per_s)  # an add: the copy rate (a CPU's too)
@@ -727,14 +747,14 @@ def _stage_cost(ctx: _Context, cost: _Cost, n: int, first: bool, last: bool) -> 
     b_comp = n * cost.backward_compute + edge.backward_compute
     f_tp = n * cost.forward_comm + edge.forward_comm
     b_tp = n * cost.backward_comm + edge.backward_comm
-    dp_f, dp_b, share = _chunk_dp_overlap(ctx, n * ctx.shard.layer_params())
+    dp_f, dp_b, share, replica = _chunk_dp_overlap(ctx, n * ctx.shard.layer_params())
     contended = ctx.layout.tp > 1 and not ctx.dp_group.spans_nodes  # TP and DP rings on the same NVLink
     send = _pp_send_on_dp_link(ctx)  # forward: to the next stage (not the last); backward: to the previous
     loss = ctx.cluster.hw.overlap_cost * share  # per hidden second (the collectives' part of it)
     f, f_hidden = _overlapped(f_comp, f_tp, dp_f, n, contended, 0.0 if last else send, loss)
-    b, b_hidden = _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send, loss)
+    b, b_hidden = _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send, loss, replica)
     lost = (f - _overlapped(f_comp, f_tp, dp_f, n, contended, 0.0 if last else send)[0]
-            + b - _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send)[0])
+            + b - _overlapped(b_comp, b_tp, dp_b, n, contended, 0.0 if first else send, 0.0, replica)[0])
     parts = (cost.forward + cost.backward).scaled(n) + edge.forward + edge.backward
     return _StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden,
                       parts=parts, lost=lost, wait=n * cost.wait + edge.wait, forward_compute=f_comp)
@@ -927,7 +947,7 @@ def _optimizer_seconds(ctx: _Context, psi: float) -> float:
     (eager: OPTIMIZER_KERNELS_PER_TENSOR a parameter tensor; fused multi-tensor kernels: that many per 25 MiB
     bucket) -- or, offloaded, the partition over PCIe and Adam on the host CPUs."""
     lay, hw = ctx.layout, ctx.cluster.hw
-    part = psi / (lay.dp if lay.zero >= ZeroStage.OPTIMIZER else 1)
+    part = psi / (lay.dp_shard if lay.zero >= ZeroStage.OPTIMIZER else 1)
     pr, grad = ctx.work.precision, ctx.work.grad_bytes
     if lay.offload is Offload.NONE:
         nbytes = optimizer_bytes_per_param(ctx.work) * part
@@ -1017,6 +1037,28 @@ def step_time(work: Workload, cluster: Cluster, layout: Layout, budget: float = 
                     optimizer=opt, other=other, bubble_fraction=run.bubble_fraction, run=run, terms=terms)
 
 
+def hsdp_traffic(work: Workload, cluster: Cluster, layout: Layout) -> dict | None:
+    """HSDP's two groups' traffic in one step (Layout.dp_replicate > 1; None otherwise), for the plan's JSON and
+    --explain: per group its ranks, where they sit, and the fullest pipeline rank's ledger entries on it
+    (predicted_comm.step_ledger: the shard group's all-gathers and reduce-scatters, the replica group's
+    all-reduces of the reduced shards) -- calls, bytes (nccl-tests sizes) and their seconds on that group's link
+    if run alone (ledger_seconds; the step overlaps them with the compute and with each other: _overlapped)."""
+    if layout.dp_replicate == 1:
+        return None
+    rank = max(range(layout.pp), key=lambda r: rank_parameters(work, layout)[r])
+    ledger = step_ledger(work, layout, rank)
+    out = {}
+    for name, group, place in (("shard", "dp", shard_placement(cluster, layout)),
+                               ("replicate", "dp_replicate", replicate_placement(cluster, layout))):
+        mine = {k: e for k, e in ledger.items() if k.endswith("@" + group)}
+        out[name] = {"ranks": place.size, "per_node": place.per_node,
+                     "link": "across nodes" if place.spans_nodes else "inside a node",
+                     "calls": sum(int(e["calls"]) for e in mine.values()),
+                     "bytes": sum(e["bytes"] for e in mine.values()),
+                     "seconds": ledger_seconds(mine, cluster.hw, place)}
+    return out
+
+
 def _devices_per_node(cluster: Cluster) -> int:
     return min(cluster.gpus, cluster.hw.gpus_per_node)
 
@@ -1057,7 +1099,7 @@ def comm_cpu_seconds(work: Workload, cluster: Cluster, layout: Layout, pp_rank: 
     if hw.shared_compute_factor(_devices_per_node(cluster)) == 1.0 or not (
             hw.collective_cpu_s or hw.p2p_cpu_s or hw.comm_cpu_s_per_byte):
         return 0.0
-    sizes = {"tp": layout.tp, "dp": layout.dp, "embedding": 2, "pp": 2}
+    sizes = {"tp": layout.tp, "dp": layout.dp_shard, "dp_replicate": layout.dp_replicate, "embedding": 2, "pp": 2}
     scalars = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp}
     total = sum(hw.collective_cpu_s * (scalars[g] - 1) for g in STEP_SCALAR_ALL_REDUCES)
     return total + _ledger_cpu(hw, step_ledger(work, layout, pp_rank), sizes)

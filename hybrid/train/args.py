@@ -806,7 +806,8 @@ def apply_auto_parallel(args: argparse.Namespace, world: int) -> None:
                         zero=tuple(ZeroStage(z) for z in COMPILE_ZERO_STAGES) if args.compile else None,
                         zero_bubble=(False,) if args.compile else None,
                         expert_parallel=(args.expert_model_parallel_size,) if pinned_ep else None,
-                        expert_tensor_parallel=(args.expert_tensor_parallel_size,) if pinned_etp else None)
+                        expert_tensor_parallel=(args.expert_tensor_parallel_size,) if pinned_etp else None,
+                        dp_replicate=(1,))  # no HSDP: this runtime's ZeRO 3 shards over all the DP ranks
     cluster = Cluster(gpus=world, hw=hw)
     cp = args.context_parallel_size
     plan, seconds, note = (_plan_with_cp(args, work, cluster, space) if cp > 1 else _plan_without_cp(work, cluster, space))
