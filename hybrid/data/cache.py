@@ -75,9 +75,9 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _load(folder: str, key: str) -> dict[str, np.ndarray] | None:
+def _load(folder: str, key: str, say: bool = True) -> dict[str, np.ndarray] | None:
     """The arrays of `key`, verified against the description; None when absent. A damaged entry: one line naming
-    the file, then None (rebuilt)."""
+    the file (when `say`), then None (rebuilt)."""
     desc = os.path.join(folder, f"{key}-description.json")
     if not os.path.exists(desc):
         return None
@@ -92,7 +92,8 @@ def _load(folder: str, key: str) -> dict[str, np.ndarray] | None:
             out[name] = np.load(path, mmap_mode="r", allow_pickle=False)
         return out
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        print(f"data cache: {desc}: {e}; not trusted, rebuilding it", file=sys.stderr, flush=True)
+        if say:
+            print(f"data cache: {desc}: {e}; not trusted, rebuilding it", file=sys.stderr, flush=True)
         return None
 
 
@@ -128,7 +129,7 @@ def cached(folder: str | None, key: str, what: dict, build: Callable[[], dict[st
     arrays = _load(folder, key)
     if arrays is None:
         with _locked(os.path.join(folder, f"{key}.lock")):
-            arrays = _load(folder, key)  # another rank may have built it while this one waited
+            arrays = _load(folder, key, say=False)  # another rank may have built it while this one waited
             if arrays is None:
                 arrays = timed_build(build, label, samples)
                 BUILDS["count"] += 1
