@@ -216,3 +216,24 @@ def test_data_cache_path_flag(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="--data-cache-path .* is not a folder"):
         data_args.check(p.parse_args(["--data-cache-path", str(tmp_path / "file")]))
+
+
+def test_train_flags_reach_the_cache(tmp_path):
+    """train.py's data flags as given (hybrid/data/args.py check + build): --data-cache-path DIR holds the run's
+    indices after the first build, and a second run's build loads them."""
+    from hybrid.data import args as data_args
+    from hybrid.data.text import BatchSpec
+    prefix = _indexed(tmp_path)
+    p = argparse.ArgumentParser()
+    data_args.add_arguments(p)
+    ns = p.parse_args(["--data-path", prefix, "--data-cache-path", str(tmp_path / "c"), "--eval-iters", "2"])
+    ns.train_iters, ns.seq_length, ns.seed = 50, 8, 1
+    batch = BatchSpec(micro_batch=2, global_batch=4, dp=1, seq_length=8)
+    before = _builds()
+    first = data_args.build(ns, data_args.check(ns), batch, 512)
+    built = _builds() - before
+    # train and valid (the test split's 0.1 % of 200 documents holds none)
+    assert built == 2 and len(_files(tmp_path / "c", "-description.json")) == 2 and first.has(2) is False
+    second = data_args.build(ns, data_args.check(ns), batch, 512)
+    assert _builds() - before == built
+    assert np.array_equal(first.samples(0, 0, 200).numpy(), second.samples(0, 0, 200).numpy())

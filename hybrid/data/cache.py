@@ -123,8 +123,8 @@ def cached(folder: str | None, key: str, what: dict, build: Callable[[], dict[st
            samples: int) -> dict[str, np.ndarray]:
     """The arrays of `key` from `folder` (verified), else built -- by the first process to take the folder's lock
     for this key, the others waiting on it -- and written there. `folder` None: built here, nothing written."""
-    if folder is None:
-        return timed_build(build, label, samples)
+    if folder is None:  # every rank builds its own: rank 0 alone says so
+        return timed_build(build, label, samples, say=not _quiet())
     t0 = time.perf_counter()
     arrays = _load(folder, key)
     if arrays is None:
@@ -140,9 +140,10 @@ def cached(folder: str | None, key: str, what: dict, build: Callable[[], dict[st
     return arrays
 
 
-def timed_build(build: Callable[[], dict[str, np.ndarray]], label: str, samples: int) -> dict[str, np.ndarray]:
-    """build(), with a progress line around a long one (PROGRESS_MIN_SAMPLES or more)."""
-    big = samples >= PROGRESS_MIN_SAMPLES
+def timed_build(build: Callable[[], dict[str, np.ndarray]], label: str, samples: int,
+                say: bool = True) -> dict[str, np.ndarray]:
+    """build(), with a progress line around a long one (PROGRESS_MIN_SAMPLES or more) when `say`."""
+    big = say and samples >= PROGRESS_MIN_SAMPLES
     t0 = time.perf_counter()
     if big:
         print(f"data: building {label} ...", flush=True)
