@@ -8,7 +8,6 @@ in memory, built through the cache (build + write), and loaded from it (verify +
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import shutil
 import tempfile
@@ -16,6 +15,7 @@ import time
 
 import numpy as np
 
+from hybrid.cliutil import OneLineParser, int_in
 from hybrid.data.gpt import Blend, GPTSamples
 from hybrid.data.indexed import InMemoryDocuments
 
@@ -27,11 +27,11 @@ def cpu(fn) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("samples", type=int, nargs="+")
-    p.add_argument("--documents", type=int, default=200_000)
-    p.add_argument("--seq-length", type=int, default=2048)
-    p.add_argument("--blend-max", type=int, default=4_000_000, help="blend sizes above this are skipped")
+    p = OneLineParser(description=__doc__.splitlines()[0])
+    p.add_argument("samples", type=int_in(1), nargs="+", help="sample counts to time")
+    p.add_argument("--documents", type=int_in(1), default=200_000, help="synthetic documents of 100-4,000 tokens")
+    p.add_argument("--seq-length", type=int_in(1), default=2048, help="tokens per sample")
+    p.add_argument("--blend-max", type=int_in(1), default=4_000_000, help="blend sizes above this are skipped")
     a = p.parse_args()
     lengths = np.random.default_rng(0).integers(100, 4000, a.documents).astype(np.int32)
     docs = InMemoryDocuments(np.zeros(1, np.uint16), lengths, "synthetic")
