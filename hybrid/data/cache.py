@@ -104,10 +104,14 @@ def _save(folder: str, key: str, arrays: dict[str, np.ndarray], what: dict) -> N
     for name, arr in arrays.items():
         path = os.path.join(folder, f"{key}-{name}.npy")
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}-{name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
-        files[name] = {"bytes": os.path.getsize(tmp), "sha256": _sha256(tmp)}
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
+            files[name] = {"bytes": os.path.getsize(tmp), "sha256": _sha256(tmp)}
+            os.replace(tmp, path)
+        finally:  # a failed write (a full disk) leaves no temporary behind
+            if os.path.exists(tmp):
+                os.remove(tmp)
     fault_hook.crash_point("index_cache_written")  # arrays renamed, description not yet: nothing trusted
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}-description.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
