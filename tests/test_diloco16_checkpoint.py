@@ -7,8 +7,9 @@ tests/test_diloco_checkpoint.py: a sync on each side of the mid-round save, 4 + 
   saves at iteration 3 -- mid-round, the replicas apart, the outer momentum nonzero since the sync at 2 -- and at
   4. Resumed from 3 it logs the same loss for 4 and ends, after the sync at 4, with every tensor of its checkpoint
   equal, bit for bit: both replicas' master weights and Adam moments, theta and the outer momentum (stored from
-  the ZeRO-3 shards, each piece once). That iteration-3 checkpoint loaded at another layout -- tp 2 x dp 2 at ZeRO 1 -- by train.py's own objects and saved again at
-  once holds the same tensors, bit for bit (the RNG streams aside): the outer state reshards from ZeRO-3 shards.
+  the ZeRO-3 shards, each piece once). That iteration-3 checkpoint loaded at another layout -- tp 2 x dp 2 at
+  ZeRO 1 -- by train.py's own objects and saved again at once holds the same tensors, bit for bit (the RNG streams
+  aside): the outer state reshards from ZeRO-3 shards.
 * MoE at ZeRO-3 over DP ranks: tiny-mixtral, dp 4, 2 replicas of 2 ranks with EP 2 inside each, ZeRO-3 over the
   replica's 2 DP ranks (the dense parameters; each rank alone holds its experts). Saved at 3 and resumed: the same
   loss, every tensor equal (both replicas' experts, their theta and momentum); the checkpoint loaded at EP 1

@@ -11,11 +11,12 @@
   train.py's own objects (the loop's build_runner, LocalUpdates, RunCheckpoints) and saved again at once holds the
   same tensors, bit for bit (the RNG streams aside: per rank, not restored at another layout): DiLoCo's state
   reshards with the rest.
-* Mid-overlap (Streaming DiLoCo, 2 ranks: H = 4, K = 2, tau = 1, alpha 0.5): at iteration 6 fragment 0's all-reduce is in
-  flight (posted after step 6, applied after 7). The save waits for it and stores its average; the run resumed
-  from there applies it after step 7 as the straight run did: the same losses for 7 and 8, every tensor equal.
-* DiLoCo starting from a checkpoint saved without it (at iteration 2) (a synchronous run's, the paper's start from a pretrained
-  model): every replica takes its weights and Adam state, theta its weights -- the first loss after the resume is
+* Mid-overlap (Streaming DiLoCo, 2 ranks: H = 4, K = 2, tau = 1, alpha 0.5): at iteration 6 fragment 0's
+  all-reduce is in flight (posted after step 6, applied after 7). The save waits for it and stores its average;
+  the run resumed from there applies it after step 7 as the straight run did: the same losses for 7 and 8, every
+  tensor equal.
+* DiLoCo starting from a checkpoint saved without it (a synchronous run's at iteration 2, the paper's start from a
+  pretrained model): every replica takes its weights and Adam state, theta its weights -- the first loss after the resume is
   the synchronous run's own next loss, bit for bit -- and a checkpoint of another number of replicas is one line.
 """
 
@@ -145,8 +146,8 @@ def test_another_number_of_replicas_is_one_line(straight):
 
 
 # H = 4 here (COMMON's 2 overridden: the last flag wins): K = 2 fragments sync in turn every H / K = 2 steps
-OVERLAP = ["--diloco-inner-steps", "4", "--diloco-fragments", "2", "--diloco-fragment-sync-delay", "1", "--diloco-fragment-update-alpha", "0.5",
-           "--train-iters", "8"]
+OVERLAP = ["--diloco-inner-steps", "4", "--diloco-fragments", "2", "--diloco-fragment-sync-delay", "1",
+           "--diloco-fragment-update-alpha", "0.5", "--train-iters", "8"]
 
 
 def test_overlapped_diloco_resumes_mid_flight_bit_for_bit(tmp_path):
