@@ -16,8 +16,9 @@
   the run resumed from there applies it after step 7 as the straight run did: the same losses for 7 and 8, every
   tensor equal.
 * DiLoCo starting from a checkpoint saved without it (a synchronous run's at iteration 2, the paper's start from a
-  pretrained model): every replica takes its weights and Adam state, theta its weights -- the first loss after the resume is
-  the synchronous run's own next loss, bit for bit -- and a checkpoint of another number of replicas is one line.
+  pretrained model): every replica takes its weights and Adam state, theta its weights -- the first loss after the
+  resume is the synchronous run's own next loss, bit for bit -- and a checkpoint of another number of replicas is
+  one line.
 """
 
 from __future__ import annotations
