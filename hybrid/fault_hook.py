@@ -123,7 +123,8 @@ POINTS = ("after_rank_files", "after_data", "before_rename", "before_latest",
                                  # PREFIX.idx not yet
           "tokenizer_staged",    # train_tokenizer: its three files whole under temporary names, none renamed
           "tokenizer_first_renamed",  # train_tokenizer: the first of its three files renamed, the others not
-          "export_written")      # convert: the staged DST directory whole, not yet renamed onto DST
+          "export_written",      # convert: the staged DST directory whole, not yet renamed onto DST
+          "index_cache_written")  # data index cache: its .npy files renamed, their description not yet
 
 
 class SimulatedCrash(RuntimeError):

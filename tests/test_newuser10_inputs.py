@@ -173,7 +173,7 @@ def test_convert_dst_that_is_a_file_says_so(tmp_path):
 @pytest.mark.parametrize("argv, hint", [
     # --recompute-method / --recompute-num-layers: train.py's flags since round 22 (tests/test_newuser22_megatron.py)
     (["--lr-decay-samples", "100"], "--lr-decay-samples: give --lr-decay-iters (samples / --global-batch-size)"),
-    (["--data-cache-path", "cache"], "--data-cache-path: the sample indexes are built in memory"),
+    # --data-cache-path: train.py's flag since round 25 (tests/test_data25_index_cache.py)
     (["--rampup-batch-size", "4", "4", "100"], "--rampup-batch-size: a batch-size ramp is not implemented"),
     (["--swiglu"], "--swiglu: the model's shape comes from --model (a preset, or a transformers config.json: write "
                    "model_type llama"),

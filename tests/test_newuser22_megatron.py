@@ -140,9 +140,10 @@ LLAMA3_8B = ("--use-mcore-models --num-layers 32 --hidden-size 4096 --ffn-hidden
              "4.5e-5 --cross-entropy-loss-fusion --calculate-per-token-loss --manual-gc "
              "--empty-unused-memory-level 1 --exit-duration-in-mins 235 --fp8-format hybrid --fp8-amax-history-len "
              "1024 --fp8-amax-compute-algo max --fp8-param-gather --use-distributed-optimizer --overlap-grad-reduce "
-             "--mock-data --vocab-size 128256 --data-cache-path cache --tiktoken-pattern v2 "
+             "--mock-data --vocab-size 128256 --tiktoken-pattern v2 "
              "--no-create-attention-mask-in-dataloader --no-mmap-bin-files --num-workers 1 --log-throughput "
              "--profile --profile-step-start 4 --profile-step-end 6 --ckpt-format torch_dist").split()
+# the script's --data-cache-path cache is a flag train.py takes since round 25 (the sample-index cache, docs/data.md)
 # the script's --grad-reduce-in-bf16 is a flag train.py takes since round 22 (Megatron's meaning: bf16 gradients;
 # tests/test_zero22_bf16_grads.py), so it is not among the refused flags here
 GPT3_175B = ("--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --max-position-embeddings 2048 "

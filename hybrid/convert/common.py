@@ -20,7 +20,8 @@ from models.config import ARCH_GPT2, ModelConfig, load_config
 
 # files of a transformers folder that are not weights and that we carry through unchanged
 PASS_THROUGH = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+                "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json",
+                "hybrid_tokens.json")
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

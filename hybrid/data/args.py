@@ -8,6 +8,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from hybrid.data.cache import usable
 from hybrid.data.gpt import parse_split
 from hybrid.data.source import DataSource, SplitSizes, open_dataset
 from hybrid.data.text import BYTE_VOCAB, BatchSpec
@@ -29,6 +30,7 @@ class DataConfig:
         split: train/valid/test document shares, normalised.
         eval_interval: iterations between validation runs (`--eval-interval`).
         eval_iters: global batches per validation run (`--eval-iters`; 0: no validation).
+        cache_path: `--data-cache-path`: the sample-index cache's folder (None: the default, hybrid/data/cache.py).
     """
 
     paths: list[str | None]
@@ -36,6 +38,7 @@ class DataConfig:
     split: tuple[float, float, float]
     eval_interval: int
     eval_iters: int
+    cache_path: str | None = None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,6 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the tokenizer the data was preprocessed with: its vocabulary is checked against the model's")
     g.add_argument("--tokenizer-model", default=None, metavar="PATH",
                    help="HuggingFaceTokenizer: a tokenizer.json or a folder holding one")
+    g.add_argument("--data-cache-path", default=None, metavar="DIR",
+                   help="where the sample indices (document, shuffle, blend) are built once and kept as .npy files "
+                        "for the other ranks and later runs (Megatron's flag); default: PREFIX/cache/"
+                        "GPTDataset_indices beside an indexed dataset, for indices of 2^20 samples or more")
     g.add_argument("--eval-interval", type=int, default=1000, metavar="N",
                    help="validation loss every this many iterations (and at the end)")
     g.add_argument("--eval-iters", type=int, default=EVAL_ITERS, metavar="N",
@@ -112,8 +119,13 @@ def check(args: argparse.Namespace) -> DataConfig:
     if split[0] == 0:
         raise ValueError(f"--split {args.split!r} gives training no data; give the train share first")
     _check_eval_split(args, split)
+    cache_path = getattr(args, "data_cache_path", None)
+    if cache_path is not None and (not cache_path.strip() or os.path.exists(cache_path)
+                                   and not os.path.isdir(cache_path)):
+        raise ValueError(f"--data-cache-path {cache_path!r} is not a folder; give a writable folder (made if missing) "
+                         f"or omit it for the default beside the data")
     return DataConfig(paths=paths, weights=weights or [], split=split, eval_interval=args.eval_interval,
-                      eval_iters=args.eval_iters)
+                      eval_iters=args.eval_iters, cache_path=cache_path)
 
 
 def _check_eval_split(args: argparse.Namespace, split) -> None:
@@ -142,8 +154,11 @@ def build(args: argparse.Namespace, data: DataConfig, batch: BatchSpec, vocab_si
                              f"vocab_size or the tokenizer the model was built for")
     check_token_ids(datasets, vocab_size)
     check_tokenizer_matches(datasets, args.tokenizer_type, args.tokenizer_model)
+    if data.cache_path and not usable(data.cache_path):
+        raise ValueError(f"--data-cache-path {data.cache_path}: cannot be made or written; give a writable folder or "
+                         f"omit it for the default beside the data")
     sizes = SplitSizes.for_run(args.train_iters, batch.global_batch, data.eval_interval, data.eval_iters)
-    return DataSource(datasets, weights, data.split, args.seq_length, args.seed, sizes)
+    return DataSource(datasets, weights, data.split, args.seq_length, args.seed, sizes, data.cache_path)
 
 
 def check_tokenizer_matches(datasets: list, tokenizer_type: str | None, tokenizer_model: str | None) -> None:

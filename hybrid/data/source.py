@@ -19,9 +19,13 @@ import numpy as np
 import torch
 
 from hybrid.cliutil import plural
+from hybrid.data import cache
 from hybrid.data.gpt import Blend, GPTSamples, samples_per_dataset, split_ranges
 from hybrid.data.indexed import IndexedDataset, InMemoryDocuments, bin_path, idx_path
 from hybrid.data.text import BatchSpec, read_text
+
+
+_WARNED: set[str] = set()  # default cache folders already named as not writable
 
 
 class Split(IntEnum):
@@ -104,8 +108,9 @@ class DataSource:
     """Blended train/valid/test samples of one or more datasets, and the micro-batches of a step."""
 
     def __init__(self, datasets: list, weights: list[float], split: tuple[float, float, float], seq_length: int,
-                 seed: int, sizes: SplitSizes):
+                 seed: int, sizes: SplitSizes, cache_path: str | None = None):
         self.datasets, self.weights, self.seq_length, self.seed = datasets, weights, seq_length, seed
+        self.cache_path = cache_path  # --data-cache-path (checked writable by data.args.build); None: the default
         self.split, self.sizes = split, sizes
         self.splits: dict[Split, Blend | None] = {}
         for s, size in zip(Split, (sizes.train, sizes.valid, sizes.test)):
@@ -122,12 +127,29 @@ class DataSource:
                                      f"({plural(len(docs), 'document')}); give more data or a larger train share")
                 return None
             try:
-                parts.append(GPTSamples(docs, np.arange(*rng), self.seq_length, n, self.seed))
+                parts.append(GPTSamples(docs, np.arange(*rng), self.seq_length, n, self.seed, self._cache_dir(docs, n)))
             except ValueError as e:
                 if s is Split.TRAIN:
                     raise ValueError(f"--data-path {e}; give more data or a shorter --seq-length") from None
                 return None  # a valid/test split too small for one sample: no evaluation on it
-        return Blend(parts, self.weights, size)
+        return Blend(parts, self.weights, size, self._cache_dir(self.datasets[0], size) if len(parts) > 1 else None)
+
+    def _cache_dir(self, docs, samples: int) -> str | None:
+        """Where an index of `samples` samples over `docs` is cached: --data-cache-path, else Megatron's default
+        beside an indexed dataset (PREFIX/cache/GPTDataset_indices) for an index of CACHE_MIN_ENTRIES samples or
+        more when it can be written; None (built in memory) otherwise, with one line the first time."""
+        if self.cache_path:
+            return self.cache_path
+        if not isinstance(docs, IndexedDataset) or samples < cache.CACHE_MIN_ENTRIES:
+            return None
+        folder = cache.default_dir(docs.prefix)
+        if cache.usable(folder):
+            return folder
+        if folder not in _WARNED:
+            _WARNED.add(folder)
+            print(f"data cache: {folder} cannot be made or written; the sample index is built in memory on every "
+                  f"rank and every run (give --data-cache-path DIR to build it once)", flush=True)
+        return None
 
     def covering(self, train: int, valid: int = 0) -> "DataSource":
         """This source with a train split of at least `train` samples and a valid split of at least `valid`

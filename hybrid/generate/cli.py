@@ -64,13 +64,22 @@ def _check_layout(args: argparse.Namespace, world: int, cfg) -> Layout:
     return Layout(tp, pp, stages)
 
 
-def check_guessed_bytes(args: argparse.Namespace, cfg, codec, state: dict | None) -> None:
+def check_guessed_bytes(args: argparse.Namespace, cfg, codec, state: dict | None, folder: str = "") -> None:
     """A train.py run that read an indexed dataset (--data-path PREFIX) and recorded no tokenizer (the tokenizer
     flags are optional there: the ids are in the .bin) left a checkpoint whose ids are the preprocessing
     tokenizer's. Read as UTF-8 bytes (find_codec's last resort), a --prompt became other tokens and every id >= 256
     the model generated was dropped from the text: a blank answer, silently. Refused when the model's vocabulary is
-    larger than bytes' 256 and a --data-path entry is not a text file here (text and ByteLevel data are bytes)."""
-    if args.prompt is None or not codec.guessed or state is None or cfg.vocab_size <= 256:
+    larger than bytes' 256 and a --data-path entry is not a text file here (text and ByteLevel data are bytes); for a
+    transformers folder, when its export's hybrid_tokens.json says "ids" (README's byte-level export says "bytes")."""
+    if args.prompt is None or not codec.guessed or cfg.vocab_size <= 256:
+        return
+    if state is None:  # a transformers folder: what its export recorded (hybrid/convert/tokenizer_out.py)
+        from hybrid.convert.tokenizer_out import TOKENS_FILE, export_tokens
+        if export_tokens(folder) == "ids":
+            raise ValueError(f"--prompt: SRC's {TOKENS_FILE} says its tokens are the ids of an indexed dataset whose "
+                             f"tokenizer the run did not record (no tokenizer in SRC), and its vocabulary of "
+                             f"{cfg.vocab_size} is not UTF-8 bytes' 256; give --tokenizer (the tokenizer the data "
+                             f"was preprocessed with) or --prompt-ids")
         return
     from hybrid.data.args import not_text_files
     indexed = not_text_files(state.get("args", {}).get("data_path"))
@@ -95,7 +104,7 @@ def _validate(args: argparse.Namespace):
     if codec.vocab_size > cfg.vocab_size and not codec.guessed:  # as train.py; --prompt-ids decoded wrong
         raise ValueError(f"tokenizer {codec.source}: vocabulary {codec.vocab_size} exceeds the model's "
                          f"{cfg.vocab_size}; give the tokenizer the model was trained with (--tokenizer)")
-    check_guessed_bytes(args, cfg, codec, state)
+    check_guessed_bytes(args, cfg, codec, state, folder)
     ids = prompt_ids(args, cfg, codec)
     room = cfg.max_position_embeddings - ids.shape[1]  # prompt_ids leaves at least one position
     if args.max_new_tokens > room:  # decode.generate would stop at the context, short of what was asked

@@ -150,15 +150,17 @@ def _stage_cost_post(T, ctx, cost, n: int, first: bool, last: bool):
     b_comp = n * cost.backward_compute + edge.backward_compute
     f_tp = n * cost.forward_comm + edge.forward_comm
     b_tp = n * cost.backward_comm + edge.backward_comm
-    dp_f, dp_b, share = T._chunk_dp_overlap(ctx, n * ctx.shard.layer_params())
+    dp_f, dp_b, share, replica = T._chunk_dp_overlap(ctx, n * ctx.shard.layer_params())
     gather = dp_f  # the backward's all-gather moves the forward's bytes (dp_microbatch_ledger)
     contended = ctx.layout.tp > 1 and not ctx.dp_group.spans_nodes
     send = T._pp_send_on_dp_link(ctx)
     loss = ctx.cluster.hw.overlap_cost * share
     f, f_hidden = T._overlapped(f_comp, f_tp, dp_f, n, contended, 0.0 if last else send, loss)
-    b, b_hidden = T._overlapped(b_comp, b_tp + gather, dp_b - gather, n, contended, 0.0 if first else send, loss)
+    b, b_hidden = T._overlapped(b_comp, b_tp + gather, dp_b - gather, n, contended, 0.0 if first else send, loss,
+                                replica)
     lost = (f - T._overlapped(f_comp, f_tp, dp_f, n, contended, 0.0 if last else send)[0]
-            + b - T._overlapped(b_comp, b_tp + gather, dp_b - gather, n, contended, 0.0 if first else send)[0])
+            + b - T._overlapped(b_comp, b_tp + gather, dp_b - gather, n, contended, 0.0 if first else send, 0.0,
+                                replica)[0])
     parts = (cost.forward + cost.backward).scaled(n) + edge.forward + edge.backward
     return T._StageCost(forward=f, backward=b, compute=f_comp + b_comp, comm=f_tp + b_tp, hidden=f_hidden + b_hidden,
                         parts=parts, lost=lost, wait=n * cost.wait + edge.wait, forward_compute=f_comp)

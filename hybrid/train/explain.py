@@ -290,7 +290,7 @@ def prediction_line(p: Prediction) -> str:
 RUN_CONTROL = {"load", "save", "save_interval", "save_keep", "ckpt_step", "no_load_optim", "no_load_rng",
                "overwrite_save", "async_save", "exit_signal_handler", "exit_interval", "log_interval",
                "timing_log_interval", "tensorboard_dir", "metrics_file", "timeline", "distributed_timeout_minutes", "hardware",
-               "peak_tflops", "watchdog_timeout", "straggler_factor", "auto_parallel"}
+               "peak_tflops", "watchdog_timeout", "straggler_factor", "auto_parallel", "data_cache_path"}
 # the layout, compared as one (the layout line)
 LAYOUT_FLAGS = {"tensor_model_parallel_size", "context_parallel_size", "pipeline_model_parallel_size",
                 "num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size", "pipeline_schedule", "pipeline_partition",

@@ -109,7 +109,6 @@ INSTEAD = {
     "--rampup-batch-size": "a batch-size ramp is not implemented; --global-batch-size is constant",
     "--start-weight-decay": "a weight-decay schedule is not implemented; --weight-decay is constant",
     "--weight-decay-incr-style": "a weight-decay schedule is not implemented; --weight-decay is constant",
-    "--data-cache-path": "the sample indexes are built in memory at start-up, nothing is cached; drop the flag",
     "--mock-data": "omit --data-path for the built-in corpus (docs/data.md)",
     # on in every run, nothing to switch: the flags of Megatron-LM's example scripts (examples/gpt3/*.sh)
     "--overlap-grad-reduce": "gradient reductions always overlap backward (each bucket of --zero-bucket-bytes is "
