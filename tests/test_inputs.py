@@ -149,6 +149,11 @@ CASES = [
      "--compile with --recompute-granularity selective-op does not run on an MoE model"),
     ("overlap-param-gather-stage-0", "train", ["--overlap-param-gather"], {}, {},
      "--overlap-param-gather applies to --zero-stage 1 or 2"),
+    # a flag whose feature is off does nothing, its default value written out included (round 25)
+    ("onebit-compressor-without-onebit-adam", "train", ["--onebit-compressor", "sign"], {}, {},
+     "--onebit-compressor sign is 1-bit Adam's momentum compressor; the run's optimizer is adam"),
+    ("moe-bias-rate-default-without-bias", "train", ["--model", "tiny-mixtral", "--moe-router-bias-update-rate",
+                                                     "1e-3"], {}, {}, "add --moe-router-enable-expert-bias"),
     ("layers-per-stage-text", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "a,b"],
      {}, {"WORLD_SIZE": "2"}, "--pipeline-layers-per-stage"),
     ("lr-decay-iters-zero", "train", ["--lr-decay-iters", "0"], {}, {}, "--lr-decay-iters must be >= 1"),
