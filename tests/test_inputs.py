@@ -170,6 +170,12 @@ CASES = [
     ("rank-without-master-addr", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1"}, "MASTER_ADDR is not"),
     ("rank-without-master-port", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"},
      "MASTER_PORT is not"),
+    # a RANK outside the world is set by hand, not by torchrun: no rank 0 prints for it, so it prints at once (it
+    # waited 60 s for one, then printed; round 25)
+    ("rank-outside-world", "train", [], {}, {"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost",
+                                             "MASTER_PORT": "29500"}, "RANK '2' is not an integer in [0, WORLD_SIZE 2)"),
+    ("rank-not-a-number", "train", [], {}, {"RANK": "-1", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost",
+                                            "MASTER_PORT": "29500"}, "RANK '-1' is not an integer in [0, WORLD_SIZE 2)"),
     ("master-port-text", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost",
                                            "MASTER_PORT": "http"}, "MASTER_PORT 'http'"),
     ("local-world-text", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost",
@@ -618,6 +624,7 @@ def test_a_rank_that_outlives_rank_zero_prints_the_line_itself(monkeypatch, caps
     """If torchrun has not stopped rank 1 within the grace period, rank 0 did not report: rank 1 says it."""
     from hybrid.cliutil import fail, outlive_rank_zero
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's rank 1 of 2 (RANK 1 of a world of 1 prints at once)
     error = fail("train.py: error: --lr must be a finite number, got inf")
     assert error.code == 1
     outlive_rank_zero(error, grace_s=0.1)
@@ -784,7 +791,8 @@ def test_script_bad_flag_is_one_error_line_before_any_work(case, tmp_path, monke
 
 @pytest.mark.parametrize("rank", ["0x", "2", "-1"])
 def test_a_rank_outside_the_world_is_an_error_not_a_rendezvous_that_never_completes(rank, monkeypatch):
-    """(Not a table row: a rank other than "0" prints nothing and waits for the launcher, by design.)"""
+    """(The check alone; the rows rank-outside-world and rank-not-a-number run it through train.py: such a RANK is
+    set by hand, so the process prints its line at once rather than wait for a rank 0, as a torchrun worker does.)"""
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("MASTER_ADDR", "localhost")
     monkeypatch.setenv("MASTER_PORT", "29500")
