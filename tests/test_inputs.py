@@ -336,6 +336,10 @@ CASES = [
      "m/config.json: not a config.json hybrid reads"),
     ("hardware-deep-nesting", "train", ["--hardware", "{d}/hw.json"], {"hw.json": "[" * 100000 + "]" * 100000}, {},
      "--hardware {d}/hw.json: not a JSON file hybrid reads"),
+    ("qwen2-moe-mlp-only-layer-outside", "train", ["--model", "{d}/c.json"],
+     {"c.json": _cfg(model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=64, mlp_only_layers=[2])}, {},
+     "mlp_only_layers [2] names no layer of the model's 2 (indices 0 to 1)"),
     # --- train.py: the DeepSpeed JSON ----------------------------------------------------------------------
     ("ds-bf16-string", "ds", {"bf16": {"enabled": "false"}}, {}, {}, "bf16.enabled"),
     ("ds-fp16-string", "ds", {"fp16": {"enabled": "true"}}, {}, {}, "fp16.enabled"),
