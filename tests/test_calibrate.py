@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from hybrid.planner import Cluster, Layout, evaluate
-from hybrid.planner.calibrate import (COLLECTIVE_BLOCKS, EDGE_FIELDS, FORMAT, OPTIMIZER_PROBE_LAYERS, CalibrationConfig,
-                                      _probe_stage, bus_bandwidth, calibrate, load_hardware, save_profile)
+from hybrid.planner.calibrate import (COLLECTIVE_BLOCKS, EDGE_FIELDS, FORMAT, OPTIMIZER_PROBE_LAYERS,
+                                      PAIR_ROUND_EVERY, CalibrationConfig, _probe_stage, bus_bandwidth, calibrate,
+                                      load_hardware, save_profile)
 from hybrid.planner.cli import main as plan_main
 from hybrid.planner.layout import Workload
 from hybrid.planner.model import ActivationProfile, Precision
@@ -40,9 +41,11 @@ def test_calibrate_measures_gloos_cpu_costs_on_pairs_and_the_profile_keeps_them(
     assert set(profile["measured"]["comm_cpu_seconds_rank0"]) == {"tp_layer", "send_recv", "tp_pass", "edge_pass",
                                                                   "executor", "rounds"}
     # round 24: every rank of a pair took a round of the TP all-reduce's and the message's CPU wherever the latency
-    # took one (test_calibrate24_pairrounds.py: the fit); the probe's readings alone are kept beside the fields
+    # took one (test_calibrate24_pairrounds.py: the fit), at every other one since round 25 (PAIR_ROUND_EVERY); the
+    # probe's readings alone are kept beside the fields
     rounds = profile["measured"]["pair_cpu_rounds_s_per_rank"]
-    assert len(rounds) == 2 and all(len(r) == len(profile["measured"]["intra_latency_rounds_s"]) >= 9 for r in rounds)
+    points = len(profile["measured"]["intra_latency_rounds_s"])
+    assert points >= 9 and len(rounds) == 2 and all(len(r) == -(-points // PAIR_ROUND_EVERY) for r in rounds)
     assert all(c > 0 and m > 0 for r in rounds for c, m in r)
     assert set(profile["measured"]["pair_cpu_one_reading"]) == {"collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte"}
     # round 14: the executor's CPU per action (every rank of the pairs) and the optimizer's (two sizes; every rank

@@ -58,8 +58,9 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per
   byte -> `collective_cpu_s`, `p2p_cpu_s`, `comm_cpu_s_per_byte`: with more ranks than cores that CPU is work the
   cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds). Each the median of
-  PAIR_BLOCKS runs (1: more did not pay, below); the all-reduce's and the smallest message's also in 10 rounds
-  between the other probes, per rank the median of the probe's reading and the rounds' (`PairRounds`, round 24:
+  PAIR_BLOCKS runs (1: more did not pay, below); the all-reduce's and the smallest message's also in 5 rounds
+  between the other probes (at every other latency round since round 25: PAIR_ROUND_EVERY), per rank the median
+  of the probe's reading and the rounds' (`PairRounds`, round 24:
   as the latency's, one reading is one moment). On the same pairs (`tp_pass_cpu`): the per-pass layer at tp 2
   and unsharded, the calling thread's CPU outside its TP all-reduces, forward and backward -> what a pass at
   tp > 1 costs beyond the planner's sharded layer, `tp_layer_forward_overhead_s` / `tp_layer_backward_overhead_s`
@@ -722,20 +723,33 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
     return out
 
 
+# A pair round at every PAIR_ROUND_EVERY-th of the latency's points (round 25; every point until then): 5 rounds on
+# a calibration's 10 points. A pair round is the dearest repeat calibrate makes -- ~0.3 s of CPU a rank (the TP probe
+# layer's 6 passes and 12 message round trips with their matmul bursts), a third of README's 4-rank calibration's CPU
+# with 10 -- and what it buys is the median's place: on round 24's three quiet 8-rank profiles the fields from the
+# even or the odd 5 of the 10 rounds moved the main job's plan -1.8..+2.5 % from all 10's, where the plan spread
+# 9.7 % between those calibrations (the latency and the TP pass overheads: docs/results/bench_planner_mainjob.md,
+# "Twenty-fifth round"). The latency's rounds (~0.03 s a rank each) stay at every point.
+PAIR_ROUND_EVERY = 2
+
+
 class PairRounds:
     """Readings of the pair probe's two gloo CPU costs that set the plan -- a TP all-reduce's (Pair.layer_call)
     and the smallest pipeline message's (Pair.message_call) -- taken between calibrate's probes, as LatencyRounds
-    takes the latency's (every rank calls `take` at the same points; each pair times its own). `readings`: this
-    rank's (collective s a call, message s a call) per round, in time order; empty where none ran (one rank, a GPU,
-    the odd rank out). Round 23's quiet profiles read collective_cpu_s 250-401 us and p2p_cpu_s 553-1060 us, one
-    reading each at one moment (docs/results/bench_planner_mainjob.md, "Twenty-fourth round")."""
+    takes the latency's (every rank calls `take` at the same points; each pair times its own), at the first of
+    every `every` points (PAIR_ROUND_EVERY). `readings`: this rank's (collective s a call, message s a call) per
+    round, in time order; empty where none ran (one rank, a GPU, the odd rank out). Round 23's quiet profiles read
+    collective_cpu_s 250-401 us and p2p_cpu_s 553-1060 us, one reading each at one moment
+    (docs/results/bench_planner_mainjob.md, "Twenty-fourth round")."""
 
-    def __init__(self, pair: Pair | None, on: bool):
-        self.pair, self.on = pair, on and pair is not None
+    def __init__(self, pair: Pair | None, on: bool, every: int = PAIR_ROUND_EVERY):
+        self.pair, self.on, self.every = pair, on and pair is not None, every
+        self.points = 0  # take() calls so far: the same count on every rank, so every pair's rounds are at once
         self.readings: list[tuple[float, float]] = []
 
     def take(self) -> None:
-        if self.on:
+        point, self.points = self.points, self.points + 1
+        if self.on and point % self.every == 0:
             self.readings.append((self.pair.layer_call()[1], self.pair.message_call(CPU_COMM_SIZES[0])))
 
 
