@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.planner import Cluster, Layout, evaluate
-from hybrid.planner.calibrate import (COLLECTIVE_BLOCKS, EDGE_FIELDS, FORMAT, OPTIMIZER_PROBE_LAYERS,
+from hybrid.planner.calibrate import (COLLECTIVE_BLOCKS, EDGE_FIELDS, EDGE_FIXED_FIELDS, FORMAT, OPTIMIZER_PROBE_LAYERS,
                                       PAIR_ROUND_EVERY, CalibrationConfig, _probe_stage, bus_bandwidth, calibrate,
                                       load_hardware, save_profile)
 from hybrid.planner.cli import main as plan_main
@@ -75,6 +75,10 @@ def test_calibrate_measures_gloos_cpu_costs_on_pairs_and_the_profile_keeps_them(
     for edge, names in EDGE_FIELDS.items():
         for i, name in enumerate(names):
             assert 0 <= hw[name] <= max(0.0, edges[f"{edge}_tp2"][i] - edges[f"{edge}_tp1"][i]) + 1e-5, name
+            # round 25: the unsharded edge's own fixed cost, at most its reading (less the planner's kernels)
+            fixed = EDGE_FIXED_FIELDS[edge][i]
+            assert 0 <= hw[fixed] <= edges[f"{edge}_tp1"][i]
+            assert getattr(load_hardware(str(profile_path)), fixed) == hw[fixed]
     assert profile["measured"]["probe_clock"] == "cpu"
     assert load_hardware(str(profile_path)).collective_cpu_s == hw["collective_cpu_s"]
 

@@ -1098,6 +1098,7 @@ def fit_tp_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe = C
 
 EDGE_FIELDS = {"embedding": ("tp_embedding_forward_overhead_s", "tp_embedding_backward_overhead_s"),
                "head": ("tp_head_forward_overhead_s", "tp_head_backward_overhead_s")}
+EDGE_FIXED_FIELDS = {edge: tuple(f"{edge}_{d}_overhead_s" for d in ("forward", "backward")) for edge in EDGES}
 
 
 def planned_edge_seconds(hw: Hardware, shape: tuple[int, int, int, int], tp: int,
@@ -1112,19 +1113,28 @@ def planned_edge_seconds(hw: Hardware, shape: tuple[int, int, int, int], tp: int
 
 
 def fit_edge_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe = CPU_PROBE) -> dict[str, float]:
-    """Hardware's tp_{embedding,head}_{forward,backward}_overhead_s from edge_pass_cpu's measurements (median over
-    ranks), as fit_tp_pass does the layer's: per pass, the tp-2 edge's CPU less the unsharded one's, less what the
-    planner already makes of that difference on `hw`; clamped at 0 (the raw medians are in the profile)."""
+    """Hardware's stage-edge fixed costs from edge_pass_cpu's measurements (median over ranks), per pass, clamped
+    at 0 (the raw medians are in the profile):
+
+    * {embedding,head}_{forward,backward}_overhead_s (round 25): the unsharded edge's CPU less the planner's
+      kernels for it on `hw` -- its fixed cost, as layer_*_overhead_s is a layer's. At one token the kernels plan
+      ~0 where the pass read 0.12-0.16 ms (round 24: calib24b), a cost the plan missed at every tp (the tp fields
+      below are differences, so it cancelled out of them); the main job runs 16 passes of each edge a step;
+    * tp_{embedding,head}_{forward,backward}_overhead_s: as fit_tp_pass does the layer's, the tp-2 edge's CPU
+      less the unsharded one's, less what the planner already makes of that difference on `hw`."""
     rows = [r["edge_pass"] for r in per_rank if r and "edge_pass" in r]
     if not rows:
         return {}
-    plain = dataclasses.replace(hw, **{f: 0.0 for pair in EDGE_FIELDS.values() for f in pair})
+    fields = [f for pairs in (EDGE_FIELDS, EDGE_FIXED_FIELDS) for pair in pairs.values() for f in pair]
+    plain = dataclasses.replace(hw, **dict.fromkeys(fields, 0.0))
     tp2, tp1 = (planned_edge_seconds(plain, probe.pass_shape, tp, probe) for tp in (2, 1))
     out = {}
     for edge, names in EDGE_FIELDS.items():
         for i, name in enumerate(names):
             measured = statistics.median(r[f"{edge}_tp2"][i] - r[f"{edge}_tp1"][i] for r in rows)
             out[name] = max(0.0, measured - (tp2[edge][i] - tp1[edge][i]))
+            alone = statistics.median(r[f"{edge}_tp1"][i] for r in rows)
+            out[EDGE_FIXED_FIELDS[edge][i]] = max(0.0, alone - tp1[edge][i])
     return out
 
 
