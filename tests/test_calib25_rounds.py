@@ -1,7 +1,7 @@
-"""calibrate's pair rounds at every other latency point (round 25, issue 26): a pair round (the TP probe layer's six
-passes and twelve message round trips) was a third of README's 4-rank calibration's CPU at every point; the median
-over five rounds and the probe's reading moved round 24's quiet plans by -1.8..+2.5 % against ten's
-(docs/results/bench_planner_mainjob.md, "Twenty-fifth round")."""
+"""calibrate's cost (round 25, issue 26; docs/results/bench_planner_mainjob.md, "Twenty-fifth round"): the pair
+rounds at every other latency point -- a pair round (the TP probe layer's six passes and twelve message round trips)
+at every point was a third of README's 4-rank calibration's CPU; the median over five rounds and the probe's reading
+moved round 24's quiet plans by -1.8..+2.5 % against ten's -- and, on a CPU, the all-reduce without the all-gather."""
 
 from unittest import mock
 
@@ -23,3 +23,10 @@ def test_a_pair_round_is_taken_at_every_other_latency_point_from_the_first():
     off = cal.PairRounds(pair, on=False)
     off.take()
     assert off.readings == [] and pair.layer_call.call_count == 5
+
+
+def test_a_cpu_times_the_all_reduce_alone_a_gpu_the_all_gather_beside_it():
+    """No field reads the all-gather (intra_node_gbps and intra_latency_s are the all-reduce's), and on gloo it
+    was about half of the collectives' time: timed on nccl only, as nccl-tests reports both."""
+    assert cal.timed_collectives("gloo") == ("all_reduce",)
+    assert cal.timed_collectives("nccl") == ("all_reduce", "all_gather")

@@ -35,9 +35,10 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   copy rate and the larger probe layer alone gives `kernel_overhead_s` (`fit_gpu_kernel_overhead`: the smaller one
   was host-bound on an H200), both layers' plans kept beside their measurements. On a CPU, when noise leaves no
   positive rate the copy rate is kept and the fixed costs are the per-pass layer's time beyond its GEMMs;
-* all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
-  output), timed back to back over a few calls after a warm-up (on a CPU a block of calls untimed, then the
-  median of COLLECTIVE_BLOCKS = 5 blocks' means; rank 0's block means kept in the profile):
+* all-reduce (and on GPUs all-gather: `timed_collectives`) over all ranks for sizes S (nccl-tests' size: the
+  reduced tensor, the gathered output), timed back to back over a few calls after a warm-up (on a CPU a block
+  of calls untimed, then the median of COLLECTIVE_BLOCKS = 5 blocks' means; rank 0's block means kept in the
+  profile):
   algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or x (n - 1)/n (all-gather), the nccl-tests
   convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the all-reduce busbw at the largest size,
   `intra_latency_s` the time of the smallest all-reduce -- on a CPU the median of that reading and of 10 short
@@ -485,6 +486,14 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device, bl
     took = torch.tensor([block_median(block_means)], dtype=torch.float64)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     return took.item(), block_means
+
+
+def timed_collectives(backend: str) -> tuple[str, ...]:
+    """The collectives calibrate times at every size: the all-reduce (`intra_node_gbps`, `intra_latency_s`) and, on
+    GPUs (nccl), the all-gather beside it as nccl-tests reports both. On a CPU (gloo) the all-reduce alone since
+    round 25: no field reads the all-gather, and its sizes were about half of the collectives' time -- 6.9 of
+    14.1 s of rank 0's wall in an 8-rank calibration (load 16), the collectives ~28 % of its CPU."""
+    return ("all_reduce", "all_gather") if backend == "nccl" else ("all_reduce",)
 
 
 # `intra_latency_s` on a CPU (round 22): short rounds of the smallest all-reduce between calibrate's other probes,
@@ -1238,7 +1247,7 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
                 + ", ".join(f"{k} tensors {c * 1e3:.3f}" for k, _, c in out["optimizer_step"])
                 + f" (rank 0's on a tp {dims.tp} x pp {dims.pp} x dp {dims.dp} mesh, outside the collectives' waits; "
                 f"{world} ranks at once: the profile fits the median rank's)")
-    for op in ("all_reduce", "all_gather") if world > 1 else ():  # one rank: nothing to time
+    for op in timed_collectives(cfg.backend) if world > 1 else ():  # one rank: nothing to time
         for size in cfg.sizes:
             seconds, blocks = _collective_seconds(op, size, world, device)
             algbw, busbw = bus_bandwidth(op, size, seconds, world)
