@@ -236,6 +236,11 @@ def moe_fields(hf: PretrainedConfig) -> dict:
         return dict(num_experts=hf.num_local_experts, moe_top_k=hf.num_experts_per_tok,
                     moe_ffn_hidden_size=hf.intermediate_size, moe_layers=tuple(layers))
     if hf.model_type == "qwen2_moe":
+        outside = sorted(set(hf.mlp_only_layers or ()) - set(layers))
+        if outside:  # transformers compares each layer's index with the list: an index past the model is ignored
+            raise ValueError(f"--model: mlp_only_layers {outside} names no layer of the model's "
+                             f"{hf.num_hidden_layers} (indices 0 to {hf.num_hidden_layers - 1}); give those layers' "
+                             f"indices, counted from 0")
         moe = tuple(i for i in layers if i not in (hf.mlp_only_layers or ())
                     and hf.num_experts > 0 and (i + 1) % hf.decoder_sparse_step == 0)
         return dict(num_experts=hf.num_experts if moe else 0, moe_top_k=hf.num_experts_per_tok,

@@ -172,7 +172,7 @@ def check(args) -> None:
 
 
 def main(argv=None) -> None:
-    p = _one_line_parser()(description=__doc__.splitlines()[0])
+    p = _one_line_parser()(prog="bench_cp.py", description=__doc__.splitlines()[0])
     p.add_argument("--seq", type=int, default=8192, help="tokens of the one sequence (divisible by 2 x --cp)")
     p.add_argument("--cp", type=int, default=2, help="context-parallel ranks, 2 to 8 and at most the machine's "
                    "cores (gloo, one thread each)")
@@ -193,7 +193,7 @@ def main(argv=None) -> None:
     try:
         check(args)
     except ValueError as e:
-        p.exit(2, f"bench_cp.py: {e}\n")
+        p.error(str(e))  # "bench_cp.py: error: ...", as its flag errors (it lacked "error:")
     text = table(args)
     print(text, end="")
     if args.out:

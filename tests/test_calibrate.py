@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from hybrid.planner import Cluster, Layout, evaluate
-from hybrid.planner.calibrate import (COLLECTIVE_BLOCKS, EDGE_FIELDS, FORMAT, OPTIMIZER_PROBE_LAYERS, CalibrationConfig,
-                                      _probe_stage, bus_bandwidth, calibrate, load_hardware, save_profile)
+from hybrid.planner.calibrate import (COLLECTIVE_BLOCKS, EDGE_FIELDS, EDGE_FIXED_FIELDS, FORMAT, OPTIMIZER_PROBE_LAYERS,
+                                      PAIR_ROUND_EVERY, CalibrationConfig, _probe_stage, bus_bandwidth, calibrate,
+                                      load_hardware, save_profile)
 from hybrid.planner.cli import main as plan_main
 from hybrid.planner.layout import Workload
 from hybrid.planner.model import ActivationProfile, Precision
@@ -40,9 +41,11 @@ def test_calibrate_measures_gloos_cpu_costs_on_pairs_and_the_profile_keeps_them(
     assert set(profile["measured"]["comm_cpu_seconds_rank0"]) == {"tp_layer", "send_recv", "tp_pass", "edge_pass",
                                                                   "executor", "rounds"}
     # round 24: every rank of a pair took a round of the TP all-reduce's and the message's CPU wherever the latency
-    # took one (test_calibrate24_pairrounds.py: the fit); the probe's readings alone are kept beside the fields
+    # took one (test_calibrate24_pairrounds.py: the fit), at every other one since round 25 (PAIR_ROUND_EVERY); the
+    # probe's readings alone are kept beside the fields
     rounds = profile["measured"]["pair_cpu_rounds_s_per_rank"]
-    assert len(rounds) == 2 and all(len(r) == len(profile["measured"]["intra_latency_rounds_s"]) >= 9 for r in rounds)
+    points = len(profile["measured"]["intra_latency_rounds_s"])
+    assert points >= 9 and len(rounds) == 2 and all(len(r) == -(-points // PAIR_ROUND_EVERY) for r in rounds)
     assert all(c > 0 and m > 0 for r in rounds for c, m in r)
     assert set(profile["measured"]["pair_cpu_one_reading"]) == {"collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte"}
     # round 14: the executor's CPU per action (every rank of the pairs) and the optimizer's (two sizes; every rank
@@ -72,6 +75,10 @@ def test_calibrate_measures_gloos_cpu_costs_on_pairs_and_the_profile_keeps_them(
     for edge, names in EDGE_FIELDS.items():
         for i, name in enumerate(names):
             assert 0 <= hw[name] <= max(0.0, edges[f"{edge}_tp2"][i] - edges[f"{edge}_tp1"][i]) + 1e-5, name
+            # round 25: the unsharded edge's own fixed cost, at most its reading (less the planner's kernels)
+            fixed = EDGE_FIXED_FIELDS[edge][i]
+            assert 0 <= hw[fixed] <= edges[f"{edge}_tp1"][i]
+            assert getattr(load_hardware(str(profile_path)), fixed) == hw[fixed]
     assert profile["measured"]["probe_clock"] == "cpu"
     assert load_hardware(str(profile_path)).collective_cpu_s == hw["collective_cpu_s"]
 
@@ -96,7 +103,8 @@ def test_profile_records_what_was_measured(profile_path):
     alone_probes = 2 * len(measured["matmul_curve_rank0_alone"]) + 1 + len(measured["layer_shapes_b_s_h_heads"]) + 2
     assert len(rounds) == alone_probes + 1 and all(t > 0 for t in rounds)
     assert hw["intra_latency_s"] == statistics.median([measured["collectives"]["all_reduce"][0]["seconds"], *rounds])
-    for op in ("all_reduce", "all_gather"):  # COLLECTIVE_BLOCKS blocks, the slowest rank's median all-reduced
+    assert measured["collectives"]["all_gather"] == []  # round 25: gloo times the all-reduce alone
+    for op in ("all_reduce",):  # COLLECTIVE_BLOCKS blocks, the slowest rank's median all-reduced
         for e in measured["collectives"][op]:
             assert len(e["rank0_block_seconds"]) == COLLECTIVE_BLOCKS
             assert e["seconds"] >= statistics.median(e["rank0_block_seconds"]) > 0

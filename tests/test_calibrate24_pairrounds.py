@@ -53,7 +53,7 @@ def test_a_round_is_the_pair_probes_layer_and_its_smallest_message_on_a_cpus_pai
     pair = mock.Mock(spec=cal.Pair)
     pair.layer_call.return_value = (49152, 3e-4)
     pair.message_call.return_value = 8e-4
-    rounds = cal.PairRounds(pair, on=True)
+    rounds = cal.PairRounds(pair, on=True, every=1)  # a round at every point (the default: test_calib25_rounds)
     for _ in range(3):
         rounds.take()
     assert rounds.readings == [(3e-4, 8e-4)] * 3

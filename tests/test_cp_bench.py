@@ -49,7 +49,7 @@ def test_bench_cp_rejects_bad_sizes_in_one_line_before_any_process(argv, message
     with pytest.raises(SystemExit) as exit_:
         bench.main(argv)
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.startswith(f"bench_cp.py: {message}") and err.count("\n") == 1, err
+    assert exit_.value.code == 2 and err.startswith(f"bench_cp.py: error: {message}") and err.count("\n") == 1, err
 
 
 def test_bench_cp_defaults_time_a_median_of_ten_within_the_cores_and_oversubscribe_is_explicit(monkeypatch):

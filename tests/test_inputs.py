@@ -149,6 +149,11 @@ CASES = [
      "--compile with --recompute-granularity selective-op does not run on an MoE model"),
     ("overlap-param-gather-stage-0", "train", ["--overlap-param-gather"], {}, {},
      "--overlap-param-gather applies to --zero-stage 1 or 2"),
+    # a flag whose feature is off does nothing, its default value written out included (round 25)
+    ("onebit-compressor-without-onebit-adam", "train", ["--onebit-compressor", "sign"], {}, {},
+     "--onebit-compressor sign is 1-bit Adam's momentum compressor; the run's optimizer is adam"),
+    ("moe-bias-rate-default-without-bias", "train", ["--model", "tiny-mixtral", "--moe-router-bias-update-rate",
+                                                     "1e-3"], {}, {}, "add --moe-router-enable-expert-bias"),
     ("layers-per-stage-text", "train", ["--pipeline-model-parallel-size", "2", "--pipeline-layers-per-stage", "a,b"],
      {}, {"WORLD_SIZE": "2"}, "--pipeline-layers-per-stage"),
     ("lr-decay-iters-zero", "train", ["--lr-decay-iters", "0"], {}, {}, "--lr-decay-iters must be >= 1"),
@@ -165,6 +170,12 @@ CASES = [
     ("rank-without-master-addr", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1"}, "MASTER_ADDR is not"),
     ("rank-without-master-port", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"},
      "MASTER_PORT is not"),
+    # a RANK outside the world is set by hand, not by torchrun: no rank 0 prints for it, so it prints at once (it
+    # waited 60 s for one, then printed; round 25)
+    ("rank-outside-world", "train", [], {}, {"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost",
+                                             "MASTER_PORT": "29500"}, "RANK '2' is not an integer in [0, WORLD_SIZE 2)"),
+    ("rank-not-a-number", "train", [], {}, {"RANK": "-1", "WORLD_SIZE": "2", "MASTER_ADDR": "localhost",
+                                            "MASTER_PORT": "29500"}, "RANK '-1' is not an integer in [0, WORLD_SIZE 2)"),
     ("master-port-text", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost",
                                            "MASTER_PORT": "http"}, "MASTER_PORT 'http'"),
     ("local-world-text", "train", [], {}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost",
@@ -325,6 +336,10 @@ CASES = [
      "m/config.json: not a config.json hybrid reads"),
     ("hardware-deep-nesting", "train", ["--hardware", "{d}/hw.json"], {"hw.json": "[" * 100000 + "]" * 100000}, {},
      "--hardware {d}/hw.json: not a JSON file hybrid reads"),
+    ("qwen2-moe-mlp-only-layer-outside", "train", ["--model", "{d}/c.json"],
+     {"c.json": _cfg(model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=64, mlp_only_layers=[2])}, {},
+     "mlp_only_layers [2] names no layer of the model's 2 (indices 0 to 1)"),
     # --- train.py: the DeepSpeed JSON ----------------------------------------------------------------------
     ("ds-bf16-string", "ds", {"bf16": {"enabled": "false"}}, {}, {}, "bf16.enabled"),
     ("ds-fp16-string", "ds", {"fp16": {"enabled": "true"}}, {}, {}, "fp16.enabled"),
@@ -613,6 +628,7 @@ def test_a_rank_that_outlives_rank_zero_prints_the_line_itself(monkeypatch, caps
     """If torchrun has not stopped rank 1 within the grace period, rank 0 did not report: rank 1 says it."""
     from hybrid.cliutil import fail, outlive_rank_zero
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's rank 1 of 2 (RANK 1 of a world of 1 prints at once)
     error = fail("train.py: error: --lr must be a finite number, got inf")
     assert error.code == 1
     outlive_rank_zero(error, grace_s=0.1)
@@ -779,7 +795,8 @@ def test_script_bad_flag_is_one_error_line_before_any_work(case, tmp_path, monke
 
 @pytest.mark.parametrize("rank", ["0x", "2", "-1"])
 def test_a_rank_outside_the_world_is_an_error_not_a_rendezvous_that_never_completes(rank, monkeypatch):
-    """(Not a table row: a rank other than "0" prints nothing and waits for the launcher, by design.)"""
+    """(The check alone; the rows rank-outside-world and rank-not-a-number run it through train.py: such a RANK is
+    set by hand, so the process prints its line at once rather than wait for a rank 0, as a torchrun worker does.)"""
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("MASTER_ADDR", "localhost")
     monkeypatch.setenv("MASTER_PORT", "29500")

@@ -102,12 +102,15 @@ def _check_momentum_compressor(args: argparse.Namespace) -> int:
     """`--onebit-compressor powersgd`: the momentum's PowerSGD rank (--powersgd-rank), else 0. Needs 1-bit Adam and a
     rank; --powersgd-start-iter is refused (the compression starts at --onebit-freeze-iters)."""
     compressor = getattr(args, "onebit_compressor", "sign")
-    if compressor == "sign":
+    given = "onebit_compressor" in getattr(args, "explicit", set())  # `sign` is the default: given, it is asked for
+    if compressor == "sign" and not given:
         return 0
     if getattr(args, "optimizer", "adam") != "onebit-adam" and _deepspeed_freeze(args) is None:
         raise ValueError(f"--onebit-compressor {compressor} is 1-bit Adam's momentum compressor; the run's optimizer "
                          f"is {getattr(args, 'optimizer', 'adam')}: add --optimizer onebit-adam or drop "
                          f"--onebit-compressor")
+    if compressor == "sign":
+        return 0
     rank = args.powersgd_rank
     if not is_integer(rank) or rank < 1:
         raise ValueError(f"--onebit-compressor powersgd needs --powersgd-rank R >= 1 (the rank of each momentum "

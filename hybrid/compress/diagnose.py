@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from hybrid.cliutil import atomic_output, check_output_file
+from hybrid.cliutil import OneLineParser, atomic_output, check_output_file, int_in
 from hybrid.comm import Group
 from hybrid.compress import powersgd as psgd
 from hybrid.compress.reduction import PowerSGDReduction
@@ -235,37 +235,61 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> dict:
     return {"losses": losses, "records": getattr(red, "records", {}), "adam": adam}
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m hybrid.compress.diagnose", description=__doc__.split("\n\n")[0])
+PROCS = 2  # the DP 2 proxy's ranks (run_distributed below); a global batch is micro-batches of 2 on each
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags, each bad value one line naming it (OneLineParser: no usage block) before the two ranks start."""
+    p = OneLineParser(prog="python -m hybrid.compress.diagnose", description=__doc__.split("\n\n")[0])
     p.add_argument("--start", type=int, default=60, help="PowerSGD's start iteration")
-    p.add_argument("--rank", type=int, default=4)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--global-batch", type=int, default=16)
-    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--rank", type=int_in(1), default=4)
+    p.add_argument("--steps", type=int_in(1), default=300)
+    p.add_argument("--global-batch", type=int_in(1), default=16)
+    p.add_argument("--seq", type=int_in(1), default=128)
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--only", type=lambda v: v.split(","), default=None, metavar="G,G",
                    help=f"compress only these groups' matrices ({', '.join(GROUPS)}), the rest whole")
     p.add_argument("--stats", action="store_true", help="per group: err, ef, cos, scale each compressed step")
     p.add_argument("--adam", action="store_true", help="per group: Adam's normalised update, every second step")
     p.add_argument("--adamw", action="store_true", help="synchronous AdamW instead of PowerSGD")
-    p.add_argument("--freeze-variance", type=int, default=None, metavar="N", help="lever: Adam's v frozen from N")
+    p.add_argument("--freeze-variance", type=int_in(1), default=None, metavar="N",
+                   help="lever: Adam's v frozen from N (>= 1: v and its bias correction 1 - b2^N are 0 before)")
     p.add_argument("--ef21", action="store_true", help="lever: EF21 with PowerSGD instead of error feedback")
-    p.add_argument("--error-reset", type=int, default=0, metavar="H",
-                   help="lever: every H-th compressed step sends M' = g + e whole (CSER's error reset)")
+    p.add_argument("--error-reset", type=int_in(0), default=0, metavar="H",
+                   help="lever: every H-th compressed step sends M' = g + e whole (CSER's error reset); 0: off")
     p.add_argument("--json", default=None, metavar="PATH")
     args = p.parse_args(argv)
-    if args.only and set(args.only) - set(GROUPS):
-        p.error(f"--only: groups are {', '.join(GROUPS)}")
-    if not 2 <= args.start < args.steps:
-        p.error(f"--start must be >= 2 and below --steps ({args.steps})")
-    if args.json is not None:
-        try:
+    try:
+        _check(args)
+        if args.json is not None:
             check_output_file("--json", args.json)  # before the run, not after its minutes
-        except ValueError as e:
-            p.error(str(e))
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.only and set(args.only) - set(GROUPS):
+        raise ValueError(f"--only: groups are {', '.join(GROUPS)}")
+    if not 2 <= args.start < args.steps:
+        raise ValueError(f"--start must be >= 2 and below --steps ({args.steps})")
+    if args.global_batch % (2 * PROCS):
+        raise ValueError(f"--global-batch {args.global_batch} must be a multiple of {2 * PROCS} (micro-batches of "
+                         f"2 on each of the {PROCS} ranks)")
+    if args.freeze_variance is not None and args.freeze_variance >= args.steps:
+        raise ValueError(f"--freeze-variance {args.freeze_variance} is not below --steps {args.steps}: v would "
+                         f"never freeze; give N < {args.steps}")
+    powersgd_only = [f for f, on in (("--only", args.only), ("--stats", args.stats), ("--ef21", args.ef21),
+                                      ("--error-reset", args.error_reset)) if on]
+    if args.adamw and powersgd_only:  # red is None under --adamw (_rank): they would do nothing
+        raise ValueError(f"{powersgd_only[0]} diagnoses PowerSGD and --adamw runs none; drop one of them")
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     from hybrid.testing import run_distributed
     t0 = time.time()
-    res = run_distributed(_rank, 2, args=(args,), timeout=3600)[0]
+    res = run_distributed(_rank, PROCS, args=(args,), timeout=3600)[0]
     out = {"args": vars(args), "final": statistics.fmean(res["losses"][-10:]), "losses": res["losses"],
            "stats": summarise(res["records"]), "adam": res["adam"]}
     print(f"final loss (mean of the last 10) {out['final']:.4f} ({time.time() - t0:.0f} s)", file=sys.stderr)

@@ -70,8 +70,9 @@ def check(args: argparse.Namespace, cfg, dims: ParallelDims) -> MoEConfig | None
         if given:
             raise ValueError(f"{_flag(given[0])}: --model {args.model} has no experts (a dense model); drop the flag")
         return None
-    if not args.moe_router_enable_expert_bias and args.moe_router_bias_update_rate != DEFAULTS[
-            "moe_router_bias_update_rate"]:  # the rate moves the expert bias, which is off
+    rate_given = args.moe_router_bias_update_rate != DEFAULTS["moe_router_bias_update_rate"] or \
+        "moe_router_bias_update_rate" in getattr(args, "explicit", set())  # the default 1e-3 written out too
+    if not args.moe_router_enable_expert_bias and rate_given:  # the rate moves the expert bias, which is off
         raise ValueError("--moe-router-bias-update-rate sets how fast the expert bias moves; add "
                          "--moe-router-enable-expert-bias or drop the rate")
     _check_balancing(args)

@@ -35,9 +35,10 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   copy rate and the larger probe layer alone gives `kernel_overhead_s` (`fit_gpu_kernel_overhead`: the smaller one
   was host-bound on an H200), both layers' plans kept beside their measurements. On a CPU, when noise leaves no
   positive rate the copy rate is kept and the fixed costs are the per-pass layer's time beyond its GEMMs;
-* all-reduce and all-gather over all ranks for sizes S (nccl-tests' size: the reduced tensor, the gathered
-  output), timed back to back over a few calls after a warm-up (on a CPU a block of calls untimed, then the
-  median of COLLECTIVE_BLOCKS = 5 blocks' means; rank 0's block means kept in the profile):
+* all-reduce (and on GPUs all-gather: `timed_collectives`) over all ranks for sizes S (nccl-tests' size: the
+  reduced tensor, the gathered output), timed back to back over a few calls after a warm-up (on a CPU a block
+  of calls untimed, then the median of COLLECTIVE_BLOCKS = 5 blocks' means; rank 0's block means kept in the
+  profile):
   algbw = S / t, busbw = algbw x 2(n - 1)/n (all-reduce) or x (n - 1)/n (all-gather), the nccl-tests
   convention (doc/PERFORMANCE.md there) -> `intra_node_gbps` is the all-reduce busbw at the largest size,
   `intra_latency_s` the time of the smallest all-reduce -- on a CPU the median of that reading and of 10 short
@@ -58,8 +59,9 @@ rank has one intra-op thread, as hybrid.testing.run_distributed and the CPU scri
   TP all-reduce of the small probe layer run at tp 2 on the pair, per pipeline message (its peer late) and per
   byte -> `collective_cpu_s`, `p2p_cpu_s`, `comm_cpu_s_per_byte`: with more ranks than cores that CPU is work the
   cores do besides compute, which the shared-compute bound adds (time.comm_cpu_seconds). Each the median of
-  PAIR_BLOCKS runs (1: more did not pay, below); the all-reduce's and the smallest message's also in 10 rounds
-  between the other probes, per rank the median of the probe's reading and the rounds' (`PairRounds`, round 24:
+  PAIR_BLOCKS runs (1: more did not pay, below); the all-reduce's and the smallest message's also in 5 rounds
+  between the other probes (at every other latency round since round 25: PAIR_ROUND_EVERY), per rank the median
+  of the probe's reading and the rounds' (`PairRounds`, round 24:
   as the latency's, one reading is one moment). On the same pairs (`tp_pass_cpu`): the per-pass layer at tp 2
   and unsharded, the calling thread's CPU outside its TP all-reduces, forward and backward -> what a pass at
   tp > 1 costs beyond the planner's sharded layer, `tp_layer_forward_overhead_s` / `tp_layer_backward_overhead_s`
@@ -486,6 +488,14 @@ def _collective_seconds(op: str, size: int, world: int, device: torch.device, bl
     return took.item(), block_means
 
 
+def timed_collectives(backend: str) -> tuple[str, ...]:
+    """The collectives calibrate times at every size: the all-reduce (`intra_node_gbps`, `intra_latency_s`) and, on
+    GPUs (nccl), the all-gather beside it as nccl-tests reports both. On a CPU (gloo) the all-reduce alone since
+    round 25: no field reads the all-gather, and its sizes were about half of the collectives' time -- 6.9 of
+    14.1 s of rank 0's wall in an 8-rank calibration (load 16), the collectives ~28 % of its CPU."""
+    return ("all_reduce", "all_gather") if backend == "nccl" else ("all_reduce",)
+
+
 # `intra_latency_s` on a CPU (round 22): short rounds of the smallest all-reduce between calibrate's other probes,
 # the median over them and the collectives' own reading (`latency_of`). With 8 ranks on 2 cores a run of back-to-back
 # calls reads the OS scheduler of that moment: within one calibration-long span (77 s, load 9-17) the median of 5
@@ -722,20 +732,33 @@ def pair_comm_cpu(rank: int, world: int, sizes: tuple[int, ...] = CPU_COMM_SIZES
     return out
 
 
+# A pair round at every PAIR_ROUND_EVERY-th of the latency's points (round 25; every point until then): 5 rounds on
+# a calibration's 10 points. A pair round is the dearest repeat calibrate makes -- ~0.3 s of CPU a rank (the TP probe
+# layer's 6 passes and 12 message round trips with their matmul bursts), a third of README's 4-rank calibration's CPU
+# with 10 -- and what it buys is the median's place: on round 24's three quiet 8-rank profiles the fields from the
+# even or the odd 5 of the 10 rounds moved the main job's plan -1.8..+2.5 % from all 10's, where the plan spread
+# 9.7 % between those calibrations (the latency and the TP pass overheads: docs/results/bench_planner_mainjob.md,
+# "Twenty-fifth round"). The latency's rounds (~0.03 s a rank each) stay at every point.
+PAIR_ROUND_EVERY = 2
+
+
 class PairRounds:
     """Readings of the pair probe's two gloo CPU costs that set the plan -- a TP all-reduce's (Pair.layer_call)
     and the smallest pipeline message's (Pair.message_call) -- taken between calibrate's probes, as LatencyRounds
-    takes the latency's (every rank calls `take` at the same points; each pair times its own). `readings`: this
-    rank's (collective s a call, message s a call) per round, in time order; empty where none ran (one rank, a GPU,
-    the odd rank out). Round 23's quiet profiles read collective_cpu_s 250-401 us and p2p_cpu_s 553-1060 us, one
-    reading each at one moment (docs/results/bench_planner_mainjob.md, "Twenty-fourth round")."""
+    takes the latency's (every rank calls `take` at the same points; each pair times its own), at the first of
+    every `every` points (PAIR_ROUND_EVERY). `readings`: this rank's (collective s a call, message s a call) per
+    round, in time order; empty where none ran (one rank, a GPU, the odd rank out). Round 23's quiet profiles read
+    collective_cpu_s 250-401 us and p2p_cpu_s 553-1060 us, one reading each at one moment
+    (docs/results/bench_planner_mainjob.md, "Twenty-fourth round")."""
 
-    def __init__(self, pair: Pair | None, on: bool):
-        self.pair, self.on = pair, on and pair is not None
+    def __init__(self, pair: Pair | None, on: bool, every: int = PAIR_ROUND_EVERY):
+        self.pair, self.on, self.every = pair, on and pair is not None, every
+        self.points = 0  # take() calls so far: the same count on every rank, so every pair's rounds are at once
         self.readings: list[tuple[float, float]] = []
 
     def take(self) -> None:
-        if self.on:
+        point, self.points = self.points, self.points + 1
+        if self.on and point % self.every == 0:
             self.readings.append((self.pair.layer_call()[1], self.pair.message_call(CPU_COMM_SIZES[0])))
 
 
@@ -1084,6 +1107,7 @@ def fit_tp_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe = C
 
 EDGE_FIELDS = {"embedding": ("tp_embedding_forward_overhead_s", "tp_embedding_backward_overhead_s"),
                "head": ("tp_head_forward_overhead_s", "tp_head_backward_overhead_s")}
+EDGE_FIXED_FIELDS = {edge: tuple(f"{edge}_{d}_overhead_s" for d in ("forward", "backward")) for edge in EDGES}
 
 
 def planned_edge_seconds(hw: Hardware, shape: tuple[int, int, int, int], tp: int,
@@ -1098,19 +1122,28 @@ def planned_edge_seconds(hw: Hardware, shape: tuple[int, int, int, int], tp: int
 
 
 def fit_edge_pass(per_rank: list[dict | None], hw: Hardware, probe: LayerProbe = CPU_PROBE) -> dict[str, float]:
-    """Hardware's tp_{embedding,head}_{forward,backward}_overhead_s from edge_pass_cpu's measurements (median over
-    ranks), as fit_tp_pass does the layer's: per pass, the tp-2 edge's CPU less the unsharded one's, less what the
-    planner already makes of that difference on `hw`; clamped at 0 (the raw medians are in the profile)."""
+    """Hardware's stage-edge fixed costs from edge_pass_cpu's measurements (median over ranks), per pass, clamped
+    at 0 (the raw medians are in the profile):
+
+    * {embedding,head}_{forward,backward}_overhead_s (round 25): the unsharded edge's CPU less the planner's
+      kernels for it on `hw` -- its fixed cost, as layer_*_overhead_s is a layer's. At one token the kernels plan
+      ~0 where the pass read 0.12-0.16 ms (round 24: calib24b), a cost the plan missed at every tp (the tp fields
+      below are differences, so it cancelled out of them); the main job runs 16 passes of each edge a step;
+    * tp_{embedding,head}_{forward,backward}_overhead_s: as fit_tp_pass does the layer's, the tp-2 edge's CPU
+      less the unsharded one's, less what the planner already makes of that difference on `hw`."""
     rows = [r["edge_pass"] for r in per_rank if r and "edge_pass" in r]
     if not rows:
         return {}
-    plain = dataclasses.replace(hw, **{f: 0.0 for pair in EDGE_FIELDS.values() for f in pair})
+    fields = [f for pairs in (EDGE_FIELDS, EDGE_FIXED_FIELDS) for pair in pairs.values() for f in pair]
+    plain = dataclasses.replace(hw, **dict.fromkeys(fields, 0.0))
     tp2, tp1 = (planned_edge_seconds(plain, probe.pass_shape, tp, probe) for tp in (2, 1))
     out = {}
     for edge, names in EDGE_FIELDS.items():
         for i, name in enumerate(names):
             measured = statistics.median(r[f"{edge}_tp2"][i] - r[f"{edge}_tp1"][i] for r in rows)
             out[name] = max(0.0, measured - (tp2[edge][i] - tp1[edge][i]))
+            alone = statistics.median(r[f"{edge}_tp1"][i] for r in rows)
+            out[EDGE_FIXED_FIELDS[edge][i]] = max(0.0, alone - tp1[edge][i])
     return out
 
 
@@ -1214,7 +1247,7 @@ def _measure_rank(rank: int, world: int, cfg: CalibrationConfig) -> dict:
                 + ", ".join(f"{k} tensors {c * 1e3:.3f}" for k, _, c in out["optimizer_step"])
                 + f" (rank 0's on a tp {dims.tp} x pp {dims.pp} x dp {dims.dp} mesh, outside the collectives' waits; "
                 f"{world} ranks at once: the profile fits the median rank's)")
-    for op in ("all_reduce", "all_gather") if world > 1 else ():  # one rank: nothing to time
+    for op in timed_collectives(cfg.backend) if world > 1 else ():  # one rank: nothing to time
         for size in cfg.sizes:
             seconds, blocks = _collective_seconds(op, size, world, device)
             algbw, busbw = bus_bandwidth(op, size, seconds, world)

@@ -323,7 +323,9 @@ def flash_tflops(card: GpuKind | str, kernel: AttentionKernel, head_dim: int, se
 ZERO_OK_FIELDS = ("gemm_overhead_s", "layer_forward_overhead_s", "layer_backward_overhead_s",
                   "tp_layer_forward_overhead_s", "tp_layer_backward_overhead_s",
                   "tp_embedding_forward_overhead_s", "tp_embedding_backward_overhead_s",
-                  "tp_head_forward_overhead_s", "tp_head_backward_overhead_s", "kernel_overhead_s",
+                  "tp_head_forward_overhead_s", "tp_head_backward_overhead_s",
+                  "embedding_forward_overhead_s", "embedding_backward_overhead_s",
+                  "head_forward_overhead_s", "head_backward_overhead_s", "kernel_overhead_s",
                   "collective_cpu_s", "p2p_cpu_s", "comm_cpu_s_per_byte",
                   "collective_skew_s", "collective_skew_per_s", "executor_forward_cpu_s", "executor_backward_cpu_s",
                   "optimizer_tensor_cpu_s", "optimizer_step_cpu_s")
@@ -409,6 +411,12 @@ class Hardware:
             unsharded runs torch's fused loss); `hybrid calibrate`'s pair probe times the runtime's edge-only GPT-2
             stages at one token, tp 2 and unsharded (calibrate.fit_edge_pass). Read only at tp > 1 (time._edge_cost);
             0 on GPUs and in profiles older than the fields.
+        embedding_forward_overhead_s, embedding_backward_overhead_s, head_forward_overhead_s,
+            head_backward_overhead_s: fixed seconds of a pipeline stage's edge pass at any tp beyond its kernels'
+            work (the stage's Python around them, the dispatcher, autograd), as layer_*_overhead_s for a layer:
+            the unsharded edge-only stage's pass at one token less the planner's kernels for it
+            (calibrate.fit_edge_pass, round 25; the tp_* fields above are what tp > 1 adds beyond it). 0 on GPUs
+            and in profiles older than the fields.
         kernel_overhead_s: seconds each memory-bound kernel costs beyond its bytes (launch, the first and last
             wave of a kernel too small to fill the device; ops.py counts the kernels), `hybrid calibrate`'s layer
             fit on a GPU; 0 on CPUs (the per-pass costs above).
@@ -493,6 +501,10 @@ class Hardware:
     tp_embedding_backward_overhead_s: float = 0.0
     tp_head_forward_overhead_s: float = 0.0
     tp_head_backward_overhead_s: float = 0.0
+    embedding_forward_overhead_s: float = 0.0
+    embedding_backward_overhead_s: float = 0.0
+    head_forward_overhead_s: float = 0.0
+    head_backward_overhead_s: float = 0.0
     kernel_overhead_s: float = 0.0
     flash_efficiency: float | None = None
     flash_rates: str | None = None

@@ -565,25 +565,35 @@ def layer_parts(work: Workload, cluster: Cluster, layout: Layout) -> LayerParts:
 
 
 def _edge_cost(ctx: _Context, first: bool, last: bool) -> _Cost:
-    """The embedding (first stage: a gather) and the final norm, LM head and loss (last stage); at tp > 1 a
-    calibrated CPU's fixed cost a pass of each (Hardware.tp_embedding_* / tp_head_*_overhead_s)."""
+    """The embedding (first stage: a gather) and the final norm, LM head and loss (last stage), each with a
+    calibrated CPU's fixed cost a pass (_edge_fixed)."""
     fwd, bwd = Pass(), Pass()
     lay, work = ctx.layout, ctx.work
     b, s, sp, e = lay.micro_batch, work.seq_length, lay.sequence_parallel, work.precision.activation_bytes
-    hw = ctx.cluster.hw if lay.tp > 1 else None  # a sharded edge's fixed cost a pass (calibrate.fit_edge_pass)
     if first:
         emb = Traffic.of(embedding_ops(ctx.shard, sp, e, work.kernel_profile))
-        fwd = fwd + _ops_pass(ctx, emb, b * s, False) + Pass(launches=hw.tp_embedding_forward_overhead_s if hw else 0.0)
-        bwd = bwd + _ops_pass(ctx, emb, b * s, True) + Pass(launches=hw.tp_embedding_backward_overhead_s if hw else 0.0)
+        fixed_f, fixed_b = _edge_fixed(ctx, "embedding")
+        fwd = fwd + _ops_pass(ctx, emb, b * s, False) + Pass(launches=fixed_f)
+        bwd = bwd + _ops_pass(ctx, emb, b * s, True) + Pass(launches=fixed_b)
     if last:
         head = (ctx.shard.head_gemm(b, s),)
         loss = Traffic.of(head_ops(ctx.shard, sp, e, work.kernel_profile, work.gathered_logits,
                                    work.megatron_unfused_loss))
-        fwd = fwd + Pass(gemm=ctx.gemm_seconds(head), launches=hw.tp_head_forward_overhead_s if hw else 0.0) \
-            + _ops_pass(ctx, loss, b * s, False)
-        bwd = bwd + Pass(gemm=ctx.backward_gemm_seconds(head), launches=hw.tp_head_backward_overhead_s if hw else 0.0) \
-            + _ops_pass(ctx, loss, b * s, True)
+        fixed_f, fixed_b = _edge_fixed(ctx, "head")
+        fwd = fwd + Pass(gemm=ctx.gemm_seconds(head), launches=fixed_f) + _ops_pass(ctx, loss, b * s, False)
+        bwd = bwd + Pass(gemm=ctx.backward_gemm_seconds(head), launches=fixed_b) + _ops_pass(ctx, loss, b * s, True)
     return _Cost(fwd, bwd, *_tp_cost(ctx, 0, first, last, fwd, bwd))
+
+
+def _edge_fixed(ctx: _Context, edge: str) -> tuple[float, float]:
+    """(forward, backward) fixed seconds a pass of a stage edge ("embedding" or "head") beyond its kernels: the
+    unsharded edge's own (Hardware.{edge}_*_overhead_s: the stage's Python, the dispatcher, autograd -- round 25:
+    ~0.12-0.16 ms a pass on the 2-core VM where the kernels plan ~0, 16 passes of each a step in the main job)
+    plus, at tp > 1, what sharding adds beyond it (tp_{edge}_*_overhead_s). Both from calibrate.fit_edge_pass; 0
+    on presets."""
+    hw, tp = ctx.cluster.hw, ctx.layout.tp > 1
+    return tuple(getattr(hw, f"{edge}_{d}_overhead_s") + (getattr(hw, f"tp_{edge}_{d}_overhead_s") if tp else 0.0)
+                 for d in ("forward", "backward"))
 
 
 def _chunk_dp_overlap(ctx: _Context, chunk_params: float) -> tuple[float, float, float, float]:

@@ -418,7 +418,11 @@ def data_order_line(saved_flags: dict, now_flags: dict, facts: DataFacts, global
     than the checkpoint's (round 22: the split ended at train_iters x G and the run wrapped around to samples the
     saved run read). The saved run's split is the same function of its flags and this checkpoint: its reads, from
     wherever it started, end at consumed + (its train_iters - start) x its G. The same epoch plan is the same
-    order (same_order_up_to), so the run then reads the saved order's next samples."""
+    order (same_order_up_to), so the run then reads the saved order's next samples. None when --train-iters is not
+    past the checkpoint's iteration: the run reads no sample ("nothing left to train" says so; a range here read
+    "samples 16-15 (the checkpoint's 16 + -1 iterations x 8)")."""
+    if now_flags["train_iters"] <= start:
+        return None
     for k in DATA_FLAGS:
         if k in saved_flags and _json(saved_flags[k]) != _json(now_flags.get(k)):
             return (f"resume: data order changed: {_flag(k)} differs from the saved run's, so the samples from "
