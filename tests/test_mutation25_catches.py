@@ -71,7 +71,7 @@ def test_a_tensorboard_dir_with_another_runs_event_files_is_refused_in_the_fast_
         check_not_another_run(None, str(tb), continues=False)
 
 
-# --- GEN: generate's guessed-bytes refusal (hybrid/generate/cli.py check_guessed_bytes) ---------------------------
+# --- GEN, DAT: generate's guessed-bytes refusal (hybrid/generate/cli.py), hybrid.data.args.not_text_files -------
 LLAMA = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,
          "num_hidden_layers": 1, "intermediate_size": 64, "vocab_size": 512, "max_position_embeddings": 64}
 
@@ -137,7 +137,8 @@ def test_no_cast_line_when_this_run_compresses_only_one_bit_adams_momentum():
     """--powersgd-rank with --onebit-compressor powersgd is 1-bit Adam's momentum compressor, not gradient
     PowerSGD: this run loads no gradient error feedback, so a gradient-PowerSGD checkpoint's casts are not this
     run's to announce. PSG3-onebit-counted (the compressor test dropped from _gradient_powersgd) said the cast
-    line; the cast-line tests have no 1-bit Adam run."""
+    line; PSG11-onebit-flag-default (a state.json without the key read as 1-bit Adam's) said none for gradient
+    PowerSGD; the cast-line tests have no 1-bit Adam run and always record the key."""
     from hybrid.train.explain import powersgd_cast_line
     saved = {"args": {"bf16": True, "grad_reduce_in_bf16": True, "powersgd_rank": 2, "powersgd_start_iter": 2},
              "compress/powersgd": {"iter": 4, "dp": 2, "tp": 1, "pp": 1, "rank": 2}}
@@ -209,6 +210,45 @@ def test_the_h200_rows_are_still_planned_with_bf16_gradients():
     assert plan.memory.peak.states.grads == pytest.approx(2 * plan.memory.peak.parameters)
 
 
+# --- CAL: calibrate's PairRounds record (hybrid/planner/calibrate.py _pair_rounds_record) -------------------------
+def test_the_profiles_one_reading_fields_are_the_probes_alone():
+    """The profile keeps, beside the fitted fields, what the pair probe's own readings alone give (what calibrate
+    fitted before round 24) and every rank's rounds, the odd rank out None; a calibration with no pair probe (one
+    rank, a GPU) records neither. CAL8-one-reading-rounds (`fit_comm_cpu(comm)`: the rounds folded in) recorded the
+    fitted fields twice; the PairRounds tests call fit_comm_cpu, not the record."""
+    from hybrid.planner import calibrate as cal
+    rounds = [(3.0e-4, 8.0e-4), (3.2e-4, 8.2e-4), (3.1e-4, 8.1e-4)]
+    sizes = [(8, 2.4e-3), (2**16, 2.4e-3), (2**20, 2.4e-3 + 2**20 * 1e-9)]
+    comm = {"tp_layer": [(49152, 9e-4)], "send_recv": sizes, "rounds": rounds}
+    record = cal._pair_rounds_record([{"comm_cpu": comm}, {"comm_cpu": comm}, {"comm_cpu": None}])
+    assert record["pair_cpu_rounds_s_per_rank"] == [rounds, rounds, None]
+    one = record["pair_cpu_one_reading"]
+    assert one["p2p_cpu_s"] == 2.4e-3 and one == cal.fit_comm_cpu([comm, comm], rounds=False)
+    assert cal.fit_comm_cpu([comm, comm])["p2p_cpu_s"] == pytest.approx(8.15e-4)  # median of 2.4 ms and 0.80-0.82
+    assert cal._pair_rounds_record([{"comm_cpu": None}]) == {}
+
+def test_the_optimizer_probe_leaves_out_the_stages_forward_and_backward(monkeypatch):
+    """optimizer_step_cpu times train_step less the stage's forward and backward (_ProbeRunner's seconds: the
+    model's, priced by the pass probes): a forward that takes 1 s of the clock adds nothing to a step's reading
+    (one rank, in-process; the clock is the test's, advanced only by the forward). CAL11-model-counted (the
+    runner's seconds not subtracted) read 1 s a step; the optimizer-mesh tests time only the clock's waits."""
+    from hybrid.planner import calibrate as cal
+    now = [0.0]
+    make = cal._probe_stage
+
+    def stage(layers, mesh=None):
+        model = make(layers, mesh=mesh)
+        forward = model.forward
+
+        def timed_forward(*args):
+            now[0] += 1.0
+            return forward(*args)
+        model.forward = timed_forward
+        return model
+    monkeypatch.setattr(cal, "_probe_stage", stage)
+    ((tensors, params, seconds),) = cal.optimizer_step_cpu(layers=(1,), steps=2, blocks=1, clock=lambda: now[0])
+    assert tensors > 0 and seconds == 0.0
+
 
 # --- LIV: the heartbeat's parent check (hybrid/liveness.py Heartbeat._beat / _stop_if_orphaned) -----------------
 class _AgentStore:
@@ -257,8 +297,9 @@ def _beat_until_exit(monkeypatch, store: _AgentStore) -> list[int]:
 def test_a_rank_whose_agent_dies_while_its_store_answers_exits_1(monkeypatch, capsys):
     """The agent gone while the store still answers (a store not in the agent's process): the beat loop's own check
     stops the rank, exit 1, one line naming the agent. LIV4-loop-check-gone (the check at the top of the loop
-    dropped) kept the rank training; LIV5-exit0 (exit 0) ended it as a success torchrun would not restart; the
-    launch test kills the agent that hosts the store, so only the store-lost path ran."""
+    dropped) kept the rank training; LIV5-exit0 (exit 0) ended it as a success. The launch test
+    (tests/test_liveness24_agent_gone.py) kills the agent that hosts the store, so only the store-lost path runs
+    there, in minutes of wall on a loaded machine; this one takes about a second."""
     assert _beat_until_exit(monkeypatch, _AgentStore(fails=False)) == [1]
     assert "stopped: torchrun's agent (pid 4242) is gone" in capsys.readouterr().err
 
@@ -266,6 +307,7 @@ def test_a_rank_whose_agent_dies_while_its_store_answers_exits_1(monkeypatch, ca
 def test_a_rank_whose_agent_and_store_die_together_still_exits_1(monkeypatch, capsys):
     """The agent that hosts the store SIGKILLed between two checks: the beat meets the lost store first, and the
     thread keeps checking its parent (every second) rather than ending. LIV3-except-returns (the store-lost path
-    returning at once) left the orphaned rank running with no heartbeat and no check."""
+    returning at once) left the orphaned rank running with no heartbeat and no check (the launch test, minutes of
+    wall here, was not rerun cleanly on it)."""
     assert _beat_until_exit(monkeypatch, _AgentStore(fails=True)) == [1]
     assert "is gone" in capsys.readouterr().err
