@@ -311,3 +311,43 @@ def test_a_rank_whose_agent_and_store_die_together_still_exits_1(monkeypatch, ca
     wall here, was not rerun cleanly on it)."""
     assert _beat_until_exit(monkeypatch, _AgentStore(fails=True)) == [1]
     assert "is gone" in capsys.readouterr().err
+
+
+# --- ORP: the fork watch (hybrid/testing.py _kill_self_at_eof, _die_with_parent, _run_child) ---------------------
+class _Prctl:
+    """ctypes.CDLL(None).prctl recorded, not called (the test process keeps its own parent-death signal)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        return 0
+
+
+def _preexec(monkeypatch, sig, parent_gone: bool):
+    """_die_with_parent(sig)'s preexec_fn run in this process with prctl and os.kill recorded, the parent pid
+    as a child would read it when its parent is (not) gone: (prctl calls, os.kill calls)."""
+    import ctypes
+    import os
+
+    from hybrid import testing
+    prctl, kills = _Prctl(), []
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a, **k: type("Libc", (), {"prctl": prctl})())
+    preexec = testing._die_with_parent(sig)
+    parent = os.getpid()
+    monkeypatch.setattr(testing.os, "getppid", lambda: 1 if parent_gone else parent)
+    monkeypatch.setattr(testing.os, "kill", lambda pid, s: kills.append((pid, s)))
+    preexec()
+    return prctl.calls, kills
+
+
+def test_a_child_whose_parent_died_before_its_prctl_signals_itself(monkeypatch):
+    """PR_SET_PDEATHSIG only covers a parent that dies after the prctl: a child whose parent was already gone
+    (re-parented: another parent pid) sends itself the signal at once. ORP6-parent-gone-race (that check dropped)
+    left such a child running; the orphan tests kill the parent long after the child's start."""
+    import os
+    import signal
+    calls, kills = _preexec(monkeypatch, signal.SIGTERM, parent_gone=True)
+    assert calls == [(1, int(signal.SIGTERM), 0, 0, 0)] and kills == [(os.getpid(), signal.SIGTERM)]
+    assert _preexec(monkeypatch, signal.SIGTERM, parent_gone=False)[1] == []
