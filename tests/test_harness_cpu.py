@@ -30,17 +30,6 @@ def _burn(rank: int, world: int, seconds: float) -> float:
     return time.process_time() - start
 
 
-@pytest.mark.slow  # restarts the forkserver for the next test (its ~4 s of preload CPU): the full suite runs it
-def test_stopping_the_forkserver_brings_its_ranks_cpu_into_this_process_children():
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    burned = sum(testing.run_distributed(_burn, 2, args=(0.5,), timeout=120))
-    testing.stop_forkserver()  # the next launch starts a new one
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    counted = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    assert burned >= 1.0 and counted >= burned, (burned, counted)
-    testing.stop_forkserver()  # none running: nothing to do
-
-
 def _parent(rank: int, world: int) -> int:
     return os.getppid()
 
@@ -91,11 +80,25 @@ def test_the_per_worker_balance_counts_each_workers_files_seconds_and_end():
                                       "workers' ends differ by 60.0 s (one worker idle that long at the end)"]
 
 
-@pytest.mark.slow  # restarts the forkserver for the next test, as above
-def test_a_fork_left_running_does_not_hang_the_sessions_end():
+# the two stopping tests come last: the file's other launches run on the forkserver they found
+@pytest.mark.slow  # stops the forkserver: the next file's launch starts a new one (~5 s of preload CPU)
+def test_stopping_the_forkserver_brings_its_ranks_cpu_into_this_process_children():
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    burned = sum(testing.run_distributed(_burn, 2, args=(0.5,), timeout=120))
+    testing.stop_forkserver()  # the next launch starts a new one
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    counted = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    assert burned >= 1.0 and counted >= burned, (burned, counted)
+    testing.stop_forkserver()  # none running: nothing to do
+
+
+@pytest.mark.slow  # starts a forkserver of its own (the test above stopped the file's) and stops it
+def test_a_fork_left_running_does_not_hang_the_sessions_end(monkeypatch):
     """The forkserver outlives a fork still holding its `alive` fd (here one stopped with SIGSTOP): stopping it
-    waits at most `wait` seconds, then leaves it to exit after that fork, as before."""
+    waits at most `wait` seconds, then leaves it to exit after that fork, as before. Its one fork runs a sleep:
+    the forkserver preloads only hybrid.testing (the fork's entry), not the ranks' PRELOAD (~2 s of CPU less)."""
     import signal
+    monkeypatch.setattr(testing, "PRELOAD", ["hybrid.testing"])  # read when the forkserver starts
     p = testing.start(["-c", "import time; time.sleep(600)"])
     try:
         p.send_signal(signal.SIGSTOP)
