@@ -1,6 +1,7 @@
 """An export says what its tokens are (hybrid_tokens.json, hybrid/convert/tokenizer_out.py), and `hybrid generate
 EXPORT --prompt` refuses text for an export of token ids with no tokenizer -- and only then (README's byte-level
-`hybrid generate exported/` is tests/test_docs_commands.py's).
+`hybrid generate exported/` is tests/test_docs_commands.py's; the end-to-end refusal -- train on ids, convert,
+generate -- shares tests/test_newuser24_generate.py's forked run).
 
 Repro (round 24's, one step further): train.py on a preprocessed dataset with no tokenizer flag, `hybrid convert
 ck exported/`, `hybrid generate exported/ --prompt Hi`: the prompt went in as UTF-8 bytes, the answer's ids >= 256
@@ -10,47 +11,10 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from hybrid.cli import main as hybrid_main
 from hybrid.convert.tokenizer_out import TOKENS_FILE, export_tokenizer, export_tokens
-from hybrid.data.indexed import IndexedDatasetWriter
 from hybrid.generate.cli import check_guessed_bytes
-from hybrid.testing import launch
-
-LLAMA = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,
-         "num_hidden_layers": 1, "intermediate_size": 64, "vocab_size": 512, "max_position_embeddings": 64}
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """One iteration on an indexed dataset of ids up to 511, no tokenizer flag (one forked rank), exported."""
-    d = tmp_path_factory.mktemp("run")
-    (d / "cfg.json").write_text(json.dumps(LLAMA))
-    w = IndexedDatasetWriter(str(d / "corpus_text_document"), np.uint16)
-    rng = np.random.default_rng(0)
-    for _ in range(40):
-        w.add_document(rng.integers(0, 512, 50))
-    w.finalize()
-    (run,) = launch(["--model", str(d / "cfg.json"), "--data-path", str(d / "corpus_text_document"), "--seq-length",
-                     "16", "--micro-batch-size", "1", "--global-batch-size", "1", "--train-iters", "1", "--eval-iters",
-                     "0", "--save", str(d / "ck")], 1, launcher_env=False)
-    assert run.returncode == 0, run.stderr[-2000:]
-    hybrid_main(["convert", str(d / "ck"), str(d / "exported"), "--no-verify"])
-    return d
-
-
-@pytest.mark.slow  # the module's forked run: ~3-5 s of CPU
-def test_an_export_of_ids_refuses_a_text_prompt(exported, one_line, one_process, capsys):
-    assert export_tokens(str(exported / "exported")) == "ids"
-    line = one_line(lambda: hybrid_main(["generate", str(exported / "exported"), "--prompt", "Hi",
-                                         "--max-new-tokens", "2"]))
-    assert line == (f"hybrid generate: error: --prompt: SRC's {TOKENS_FILE} says its tokens are the ids of an indexed "
-                    f"dataset whose tokenizer the run did not record (no tokenizer in SRC), and its vocabulary of 512 "
-                    f"is not UTF-8 bytes' 256; give --tokenizer (the tokenizer the data was preprocessed with) or "
-                    f"--prompt-ids")
-
 
 def _kind(tmp_path, state: dict, carried=()) -> str:
     dst = tmp_path / "dst"

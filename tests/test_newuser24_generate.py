@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from hybrid.cli import main as hybrid_main
+from hybrid.convert.tokenizer_out import TOKENS_FILE, export_tokens
 from hybrid.data.indexed import IndexedDatasetWriter
 from hybrid.generate.cli import check_guessed_bytes
 from hybrid.testing import launch
@@ -61,6 +62,19 @@ class _Codec:
 class _Cfg:
     def __init__(self, vocab_size):
         self.vocab_size = vocab_size
+
+@pytest.mark.slow  # the module's forked run, converted (round 25: tests/test_convert25_export_tokens.py's case)
+def test_an_export_of_ids_refuses_a_text_prompt(trained, one_line, one_process):
+    """`hybrid convert` of that run records ids (hybrid_tokens.json); `hybrid generate EXPORT --prompt` refuses."""
+    exported = trained / "exported"
+    if not exported.exists():
+        hybrid_main(["convert", str(trained / "ck"), str(exported), "--no-verify"])
+    assert export_tokens(str(exported)) == "ids"
+    line = one_line(lambda: hybrid_main(["generate", str(exported), "--prompt", "Hi", "--max-new-tokens", "2"]))
+    assert line == (f"hybrid generate: error: --prompt: SRC's {TOKENS_FILE} says its tokens are the ids of an indexed "
+                    f"dataset whose tokenizer the run did not record (no tokenizer in SRC), and its vocabulary of 512 "
+                    f"is not UTF-8 bytes' 256; give --tokenizer (the tokenizer the data was preprocessed with) or "
+                    f"--prompt-ids")
 
 
 def test_bytes_stay_where_they_are_the_data(tmp_path):
