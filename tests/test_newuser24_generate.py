@@ -63,6 +63,7 @@ class _Cfg:
     def __init__(self, vocab_size):
         self.vocab_size = vocab_size
 
+
 @pytest.mark.slow  # the module's forked run, converted (round 25: tests/test_convert25_export_tokens.py's case)
 def test_an_export_of_ids_refuses_a_text_prompt(trained, one_line, one_process):
     """`hybrid convert` of that run records ids (hybrid_tokens.json); `hybrid generate EXPORT --prompt` refuses."""
