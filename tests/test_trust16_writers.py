@@ -229,7 +229,14 @@ WRITERS = {
     ("hybrid/convert/to_hybrid.py", "_from_saved_keys", "to_json_file"): "a TemporaryDirectory of its own",
     ("hybrid/convert/to_hybrid.py", "_from_saved_keys", "save_file"): "a TemporaryDirectory of its own",
     ("hybrid/convert/tokenizer_out.py", "_config", "open(w)"): "TL: inside staged_dst's mkdtemp folder",
-    ("hybrid/convert/tokenizer_out.py", "export_tokenizer", "save"): "TL: inside staged_dst's mkdtemp folder",
+    ("hybrid/convert/tokenizer_out.py", "_tokenizer_files", "save"): "TL: inside staged_dst's mkdtemp folder",
+    ("hybrid/convert/tokenizer_out.py", "export_tokenizer", "open(w)"): "TL: inside staged_dst's mkdtemp folder "
+    "(hybrid_tokens.json, round 25)",
+    ("hybrid/data/cache.py", "_save", "os.fdopen"): "TL: mkstemp temporaries renamed over the key's names (a link "
+    "there is replaced, not followed); the description renamed last",
+    ("hybrid/data/cache.py", "_save", "save"): "TL: np.save into _save's mkstemp temporary, renamed",
+    ("hybrid/data/cache.py", "_locked.__enter__", "open(a)"): "N: the index cache's lock file, opened only to flock, "
+    "nothing written (a planted link's target is at most created empty)",
     ("hybrid/data/train_tokenizer.py", "train", "save"): "TL: mkstemp temporaries; N: check_fresh_output",
     ("hybrid/data/train_tokenizer.py", "_dump", "open(w)"): "TL: mkstemp temporaries; N: check_fresh_output",
     ("hybrid/data/indexed.py", "IndexedDatasetWriter.__init__", "open(wb)"): "TL: mkstemp; N: preprocess refuses "
