@@ -15,6 +15,7 @@ import pytest
 
 from hybrid.convert.tokenizer_out import TOKENS_FILE, export_tokenizer, export_tokens
 from hybrid.generate.cli import check_guessed_bytes
+from test_newuser24_generate import _Args, _Cfg, _Codec  # generate's argument stand-ins
 
 def _kind(tmp_path, state: dict, carried=()) -> str:
     dst = tmp_path / "dst"
@@ -41,21 +42,6 @@ def test_a_carried_record_is_kept_where_the_run_adds_nothing(tmp_path):
     (dst / TOKENS_FILE).write_text(json.dumps({"tokens": "ids", "how": "x"}))
     export_tokenizer(str(dst), [TOKENS_FILE], {"converted_from": {"path": "somewhere"}}, 64)
     assert export_tokens(str(dst)) == "ids"
-
-
-class _Args:
-    def __init__(self, prompt):
-        self.prompt = prompt
-
-
-class _Codec:
-    def __init__(self, guessed):
-        self.guessed = guessed
-
-
-class _Cfg:
-    def __init__(self, vocab_size):
-        self.vocab_size = vocab_size
 
 
 @pytest.mark.parametrize("kind", ["bytes", "unknown", "tokenizer", None, "{broken"])
