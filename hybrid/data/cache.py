@@ -3,8 +3,9 @@ once, written as .npy files, and loaded by every other rank and every restart.
 
 - Key: sha256 of everything that defines the arrays -- the kind (GPT split or blend), this format's version, and
   for a split its sequence lengths (the split's documents, byte for byte), --seq-length, the samples asked for and
-  --seed; for a blend its weights and size and its parts' keys. Two runs share a file only when the arrays would be
-  equal, whatever the paths (a dataset rewritten in place gets a new key; Megatron keys on the path and sizes).
+  --seed; for a blend its weights and size (blend_indices reads nothing else). Two runs share a file only when the
+  arrays would be equal, whatever the paths (a dataset rewritten in place gets a new key; Megatron keys on the path
+  and sizes).
 - Where: --data-cache-path DIR, else Megatron's default PREFIX/cache/GPTDataset_indices beside an indexed dataset's
   PREFIX.bin when that can be made and written; else (a read-only data folder) the index is built in memory on
   every rank, as before, with one line saying so. Builds under CACHE_MIN_ENTRIES (milliseconds) are not cached
@@ -31,6 +32,8 @@ import time
 from typing import Callable
 
 import numpy as np
+
+from hybrid.cliutil import is_rank_zero
 
 VERSION = 1
 # index entries (document + shuffle index, or blend) under which nothing is cached by default: ~50 ms to build
@@ -120,7 +123,7 @@ def _save(folder: str, key: str, arrays: dict[str, np.ndarray], what: dict) -> N
 
 
 def _quiet() -> bool:
-    return os.environ.get("RANK", "0") != "0"
+    return not is_rank_zero()
 
 
 def cached(folder: str | None, key: str, what: dict, build: Callable[[], dict[str, np.ndarray]], label: str,
