@@ -166,10 +166,6 @@ def test_calibrate_keeps_a_users_ds_accelerator(monkeypatch):
     assert calibrate._quiet_deepspeed() == {}
 
 
-EDGE_FIELDS_R25 = ("embedding_forward_overhead_s", "embedding_backward_overhead_s", "head_forward_overhead_s",
-                   "head_backward_overhead_s")
-
-
 def test_a_cpu_profile_without_the_gpu_kernel_overhead_is_not_called_older(tmp_path):
     """A gloo calibration measures no per-kernel overhead (calibrate.py writes kernel_overhead_s 0 on a CPU), so a
     profile without the field loses nothing and is not said to be older. N15-cpu-costs-all (kernel_overhead_s among
@@ -178,8 +174,9 @@ def test_a_cpu_profile_without_the_gpu_kernel_overhead_is_not_called_older(tmp_p
     with open(os.path.join(DATA, "mainjob_r19_run1.hw8.json")) as f:
         prof = json.load(f)
     assert prof["hardware"]["kernel_overhead_s"] == 0.0
-    for k in EDGE_FIELDS_R25:  # round 25's CPU costs, which this round-19 profile predates: present, as a new one's
-        prof["hardware"][k] = 0.0
+    from hybrid.planner.calibrate import EDGE_FIXED_FIELDS
+    for k in (f for pair in EDGE_FIXED_FIELDS.values() for f in pair):  # round 25's CPU costs, which this round-19
+        prof["hardware"][k] = 0.0  # profile predates: present, as in a new one
     del prof["hardware"]["kernel_overhead_s"]
     path = tmp_path / "p.json"
     path.write_text(json.dumps(prof))

@@ -173,9 +173,9 @@ def test_a_cpu_profile_from_an_older_calibrate_is_said_so_and_still_plans(tmp_pa
     root = os.path.join(os.path.dirname(__file__), "..", "docs", "results", "data")
     with open(os.path.join(root, "mainjob_r19_run1.hw8.json")) as f:
         prof = json.load(f)
-    for k in ("embedding_forward_overhead_s", "embedding_backward_overhead_s", "head_forward_overhead_s",
-              "head_backward_overhead_s"):  # round 25's CPU costs (calib25), which round 19's profile predates
-        prof["hardware"][k] = 0.0
+    from hybrid.planner.calibrate import EDGE_FIXED_FIELDS
+    for k in (f for pair in EDGE_FIXED_FIELDS.values() for f in pair):  # round 25's CPU costs (calib25), which
+        prof["hardware"][k] = 0.0  # round 19's profile predates
     full, old = tmp_path / "full.json", tmp_path / "old.json"
     full.write_text(json.dumps(prof))
     for k in ("executor_forward_cpu_s", "optimizer_step_cpu_s"):
